@@ -1,0 +1,53 @@
+"""The ``affidavit`` command line.
+
+Each sub-command lives in its own module exposing ``add_commands(subparsers)``; the module list
+below is the only place that names them.  Every handler returns an exit status: 0 success,
+1 the action answered with an error envelope (or a check failed), 2 usage or config error
+(message on stderr, never a traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+__all__ = ["main"]
+
+COMMAND_MODULES: tuple[str, ...] = (
+    "affidavit.diagrams",
+)
+
+
+class UsageError(Exception):
+    """A usage or configuration problem: printed on stderr, exit status 2."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="affidavit",
+        description="A secrets broker whose every error is backed by durable evidence.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).add_commands(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        status: int = args.handler(args)
+    except UsageError as exc:
+        print(f"affidavit: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return status
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,47 @@
+"""Affidavit's pure core: the contract, the lifecycle machine, protocol tables, projection and
+retry decisions.  No I/O happens in this package."""
+
+from .contract import CODES, Code, CodeInfo, EvidenceSource, Outcome, Phase, Retry
+from .envelope import envelope_schema, render_envelope
+from .events import BARRIER_KINDS, Event, EventKind
+from .lifecycle import DISPATCHED_STATES, INITIAL, STATES, TRANSITIONS, StateSpec, build_machine
+from .projection import Budget, ImpossibleEvent, Projector, Record, project, project_all
+from .protocol import ProtocolMachine, ProtocolTable, ProtocolViolation, Step, register, registered
+from .retry import Decision, Operation, compute_retry, decide
+
+__all__ = [
+    "BARRIER_KINDS",
+    "CODES",
+    "DISPATCHED_STATES",
+    "INITIAL",
+    "STATES",
+    "TRANSITIONS",
+    "Budget",
+    "Code",
+    "CodeInfo",
+    "Decision",
+    "Event",
+    "EventKind",
+    "EvidenceSource",
+    "ImpossibleEvent",
+    "Operation",
+    "Outcome",
+    "Phase",
+    "ProtocolMachine",
+    "ProtocolTable",
+    "ProtocolViolation",
+    "Projector",
+    "Record",
+    "Retry",
+    "StateSpec",
+    "Step",
+    "build_machine",
+    "compute_retry",
+    "decide",
+    "envelope_schema",
+    "project",
+    "project_all",
+    "register",
+    "registered",
+    "render_envelope",
+]

@@ -1,0 +1,300 @@
+"""The public contract: closed enumerations and the closed set of error codes.
+
+Seed, "Cause and outcome answer different questions": every error carries a *phase* (where the
+broker stopped — for the operator), an *outcome* (what may already have happened remotely — for
+the caller) and a *retry* hint (what automation may do now).  They are independent facts, so they
+are independent enums.  Callers branch on these values; the ``message`` text is for humans only.
+
+Everything here is closed: adding a value is a contract change that must update ``docs/`` (the
+contract doc is generated from this module and a test fails when it drifts).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+__all__ = [
+    "CODES",
+    "Code",
+    "CodeInfo",
+    "EvidenceSource",
+    "Outcome",
+    "Phase",
+    "Retry",
+]
+
+
+class Phase(StrEnum):
+    """Where the broker stopped.  For diagnosis, never for retry policy."""
+
+    VALIDATION = "validation"
+    """The broker rejected the action before selecting or using a secret."""
+    CREDENTIAL_INJECTION = "credential_injection"
+    """The broker could not obtain, resolve, approve or inject the credential."""
+    CONNECTION_SETUP = "connection_setup"
+    """Name resolution, TCP, TLS, SSH transport, host verification or remote auth failed."""
+    REMOTE_EXECUTION = "remote_execution"
+    """The operation was dispatched; the broker waits for, or has, the remote result."""
+    RESULT_DELIVERY = "result_delivery"
+    """The broker recorded the remote result but could not fully deliver it."""
+
+
+class Outcome(StrEnum):
+    """What the durable records prove about the remote operation."""
+
+    NOT_ATTEMPTED = "not_attempted"
+    """Durable evidence shows the operation did not cross the dispatch boundary."""
+    REJECTED = "rejected"
+    """A complete, authoritative rejection was received; the remote did not claim success."""
+    COMMITTED = "committed"
+    """A complete, authoritative result was received (not necessarily a success)."""
+    UNKNOWN = "unknown"
+    """Dispatch may have happened and no complete result determines the outcome."""
+
+
+class Retry(StrEnum):
+    """What automation may do now, derived from evidence — never from an exception's text."""
+
+    NEVER = "never"
+    AFTER_CORRECTION = "after_correction"
+    BACKOFF = "backoff"
+    SAME_IDEMPOTENCY_KEY = "same_idempotency_key"
+    RECONCILE = "reconcile"
+    FETCH_RESULT = "fetch_result"
+
+
+class EvidenceSource(StrEnum):
+    """How the broker knows what an event claims (seed: "a stated source of confidence")."""
+
+    TRANSPORT_OBSERVED = "transport_observed"
+    """The broker's own transport saw it (bytes handed over, socket closed, ...)."""
+    REMOTE_RESPONSE = "remote_response"
+    """A complete, authenticated response on the original connection."""
+    REMOTE_QUERY = "remote_query"
+    """A later query of the remote system by a stable identifier (reconciliation)."""
+    OPERATOR_ATTESTED = "operator_attested"
+    """A human inspected the remote system and attested the outcome."""
+
+
+@dataclass(frozen=True, slots=True)
+class CodeInfo:
+    """Documentation of one error code: where it arises and what it usually means."""
+
+    phase: Phase
+    outcome: Outcome
+    retry: Retry
+    """The default hint.  The projection may refine it from evidence (idempotency, budget...)."""
+    meaning: str
+
+
+class Code(StrEnum):
+    """Closed set of stable machine codes.  See ``CODES`` for phase, outcome and meaning."""
+
+    # validation
+    INVALID_TARGET = "INVALID_TARGET"
+    UNSUPPORTED_ACTION = "UNSUPPORTED_ACTION"
+    PAYLOAD_LIMIT = "PAYLOAD_LIMIT"
+    MISSING_FIELD = "MISSING_FIELD"
+    INVALID_FIELD = "INVALID_FIELD"
+    FORBIDDEN_HEADER = "FORBIDDEN_HEADER"
+    UNKNOWN_CREDENTIAL = "UNKNOWN_CREDENTIAL"
+    APPROVAL_STALE = "APPROVAL_STALE"
+    CONFIG_CHANGED = "CONFIG_CHANGED"
+    IDEMPOTENCY_MISMATCH = "IDEMPOTENCY_MISMATCH"
+    # credential injection
+    CREDENTIAL_MISSING = "CREDENTIAL_MISSING"
+    CREDENTIAL_INVALID = "CREDENTIAL_INVALID"
+    VAULT_LOCKED = "VAULT_LOCKED"
+    APPROVAL_DENIED = "APPROVAL_DENIED"
+    # connection setup
+    DNS_FAILED = "DNS_FAILED"
+    CONNECTION_REFUSED = "CONNECTION_REFUSED"
+    CONNECT_TIMEOUT = "CONNECT_TIMEOUT"
+    TLS_FAILED = "TLS_FAILED"
+    CERTIFICATE_INVALID = "CERTIFICATE_INVALID"
+    HOST_KEY_MISMATCH = "HOST_KEY_MISMATCH"
+    REMOTE_AUTH_FAILED = "REMOTE_AUTH_FAILED"
+    PROXY_FAILED = "PROXY_FAILED"
+    SETUP_FAILED = "SETUP_FAILED"
+    LEASE_LOST = "LEASE_LOST"
+    # remote execution
+    REMOTE_OUTCOME_UNKNOWN = "REMOTE_OUTCOME_UNKNOWN"
+    REMOTE_RESULT_INCOMPLETE = "REMOTE_RESULT_INCOMPLETE"
+    CALLER_CANCELLED = "CALLER_CANCELLED"
+    REMOTE_REJECTED = "REMOTE_REJECTED"
+    REMOTE_THROTTLED = "REMOTE_THROTTLED"
+    REMOTE_ERROR = "REMOTE_ERROR"
+    REMOTE_COMMAND_FAILED = "REMOTE_COMMAND_FAILED"
+    EXEC_REJECTED = "EXEC_REJECTED"
+    RETRY_BUDGET_EXHAUSTED = "RETRY_BUDGET_EXHAUSTED"
+    # result delivery
+    RESULT_STORE_FAILED = "RESULT_STORE_FAILED"
+    RESULT_DELIVERY_FAILED = "RESULT_DELIVERY_FAILED"
+
+    @property
+    def info(self) -> CodeInfo:
+        return CODES[self]
+
+
+_V, _CI, _CS, _RE, _RD = (
+    Phase.VALIDATION,
+    Phase.CREDENTIAL_INJECTION,
+    Phase.CONNECTION_SETUP,
+    Phase.REMOTE_EXECUTION,
+    Phase.RESULT_DELIVERY,
+)
+_NA, _RJ, _CM, _UN = Outcome.NOT_ATTEMPTED, Outcome.REJECTED, Outcome.COMMITTED, Outcome.UNKNOWN
+
+CODES: dict[Code, CodeInfo] = {
+    Code.INVALID_TARGET: CodeInfo(
+        _V, _NA, Retry.AFTER_CORRECTION, "The target is not configured or is malformed."
+    ),
+    Code.UNSUPPORTED_ACTION: CodeInfo(
+        _V, _NA, Retry.AFTER_CORRECTION, "The method or action is not allowed for this target."
+    ),
+    Code.PAYLOAD_LIMIT: CodeInfo(
+        _V, _NA, Retry.AFTER_CORRECTION, "The request body or a field exceeds a configured limit."
+    ),
+    Code.MISSING_FIELD: CodeInfo(
+        _V, _NA, Retry.AFTER_CORRECTION, "A required field of the action is absent."
+    ),
+    Code.INVALID_FIELD: CodeInfo(
+        _V, _NA, Retry.AFTER_CORRECTION, "A field of the action has the wrong type or form."
+    ),
+    Code.FORBIDDEN_HEADER: CodeInfo(
+        _V,
+        _NA,
+        Retry.AFTER_CORRECTION,
+        "The caller tried to set a credential-bearing header the broker owns.",
+    ),
+    Code.UNKNOWN_CREDENTIAL: CodeInfo(
+        _V, _NA, Retry.AFTER_CORRECTION, "The target names a credential reference of unknown form."
+    ),
+    Code.APPROVAL_STALE: CodeInfo(
+        _V,
+        _NA,
+        Retry.AFTER_CORRECTION,
+        "The request fingerprint changed after approval; a new invocation needs a new approval.",
+    ),
+    Code.CONFIG_CHANGED: CodeInfo(
+        _V,
+        _NA,
+        Retry.AFTER_CORRECTION,
+        "The target configuration changed between validation and dispatch; start a new invocation.",
+    ),
+    Code.IDEMPOTENCY_MISMATCH: CodeInfo(
+        _V,
+        _NA,
+        Retry.AFTER_CORRECTION,
+        "The idempotency key was already bound to a request with a different fingerprint.",
+    ),
+    Code.CREDENTIAL_MISSING: CodeInfo(
+        _CI, _NA, Retry.AFTER_CORRECTION, "The referenced secret does not exist or is empty."
+    ),
+    Code.CREDENTIAL_INVALID: CodeInfo(
+        _CI,
+        _NA,
+        Retry.AFTER_CORRECTION,
+        "The secret exists but cannot be used (key import/decryption failed, bad form).",
+    ),
+    Code.VAULT_LOCKED: CodeInfo(
+        _CI, _NA, Retry.AFTER_CORRECTION, "The vault is locked; unlock it, then retry."
+    ),
+    Code.APPROVAL_DENIED: CodeInfo(
+        _CI, _NA, Retry.NEVER, "A human denied this invocation; it must not be retried."
+    ),
+    Code.DNS_FAILED: CodeInfo(_CS, _NA, Retry.BACKOFF, "The target host name did not resolve."),
+    Code.CONNECTION_REFUSED: CodeInfo(
+        _CS, _NA, Retry.BACKOFF, "The TCP connection was refused on a fresh connection."
+    ),
+    Code.CONNECT_TIMEOUT: CodeInfo(
+        _CS, _NA, Retry.BACKOFF, "Connection setup did not finish within its timeout."
+    ),
+    Code.TLS_FAILED: CodeInfo(
+        _CS, _NA, Retry.BACKOFF, "The TLS or SSH handshake failed before any request was sent."
+    ),
+    Code.CERTIFICATE_INVALID: CodeInfo(
+        _CS,
+        _NA,
+        Retry.AFTER_CORRECTION,
+        "The server certificate was rejected (untrusted, expired, wrong host).",
+    ),
+    Code.HOST_KEY_MISMATCH: CodeInfo(
+        _CS, _NA, Retry.AFTER_CORRECTION, "The SSH host key differs from the pinned key."
+    ),
+    Code.REMOTE_AUTH_FAILED: CodeInfo(
+        _CS, _NA, Retry.AFTER_CORRECTION, "The remote refused the broker's authentication."
+    ),
+    Code.PROXY_FAILED: CodeInfo(
+        _CS, _NA, Retry.BACKOFF, "The proxy refused or failed to open a tunnel before dispatch."
+    ),
+    Code.SETUP_FAILED: CodeInfo(
+        _CS, _NA, Retry.BACKOFF, "Connection setup failed for another transport reason."
+    ),
+    Code.LEASE_LOST: CodeInfo(
+        _CS,
+        _UN,
+        Retry.RECONCILE,
+        "Another worker holds a newer retry lease; this worker was stopped before dispatch.",
+    ),
+    Code.REMOTE_OUTCOME_UNKNOWN: CodeInfo(
+        _RE,
+        _UN,
+        Retry.RECONCILE,
+        "The request may have been received; no complete response was recorded.",
+    ),
+    Code.REMOTE_RESULT_INCOMPLETE: CodeInfo(
+        _RE,
+        _UN,
+        Retry.RECONCILE,
+        "The remote result ended without a completion signal (framing, exit status).",
+    ),
+    Code.CALLER_CANCELLED: CodeInfo(
+        _RE,
+        _UN,
+        Retry.RECONCILE,
+        "The caller stopped waiting after dispatch; the remote may still be running.",
+    ),
+    Code.REMOTE_REJECTED: CodeInfo(
+        _RE, _RJ, Retry.AFTER_CORRECTION, "The remote returned a complete, authoritative rejection."
+    ),
+    Code.REMOTE_THROTTLED: CodeInfo(
+        _RE, _RJ, Retry.BACKOFF, "The remote asked the broker to slow down (429/503)."
+    ),
+    Code.REMOTE_ERROR: CodeInfo(
+        _RE,
+        _CM,
+        Retry.RECONCILE,
+        "The remote answered completely with a server error; it may have changed state first.",
+    ),
+    Code.REMOTE_COMMAND_FAILED: CodeInfo(
+        _RE,
+        _CM,
+        Retry.NEVER,
+        "The command ran and exited non-zero or by a signal (it did not fail to run).",
+    ),
+    Code.EXEC_REJECTED: CodeInfo(
+        _RE, _RJ, Retry.AFTER_CORRECTION, "The SSH server refused the exec request."
+    ),
+    Code.RETRY_BUDGET_EXHAUSTED: CodeInfo(
+        _RE,
+        _UN,
+        Retry.RECONCILE,
+        "The invocation's retry budget is spent; the latest evidence stands, reconcile.",
+    ),
+    Code.RESULT_STORE_FAILED: CodeInfo(
+        _RD,
+        _UN,
+        Retry.NEVER,
+        "The remote result could not be stored durably; operator intervention is required.",
+    ),
+    Code.RESULT_DELIVERY_FAILED: CodeInfo(
+        _RD,
+        _CM,
+        Retry.FETCH_RESULT,
+        "The result is stored but could not be delivered; fetch it, do not re-run the action.",
+    ),
+}
+
+assert set(CODES) == set(Code), "every code must be documented"

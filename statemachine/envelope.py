@@ -1,0 +1,132 @@
+"""The public envelope, rendered from the projected record — never from an exception.
+
+Seed shape::
+
+    {"invocation_id": "...",
+     "error": {"code", "phase", "outcome", "retry", "message"},   # or "result": {...}
+     "evidence": {"dispatch_started", "request_complete", "response_headers_received",
+                  "response_complete", "attempts": [...], "idempotency": {...}, ...}}
+
+``code``, ``phase``, ``outcome`` and ``retry`` are closed enumerations.  New evidence fields may be
+added without changing the meaning of existing ones.  A committed or rejected remote result may
+accompany an error (exit status 23, HTTP 401): the error says how to treat it, the result is what
+the remote returned (redacted).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from .contract import Code, EvidenceSource, Outcome, Phase, Retry
+from .projection import Record
+
+__all__ = ["ENVELOPE_SCHEMA_ID", "envelope_schema", "render_envelope"]
+
+ENVELOPE_SCHEMA_ID = "https://affidavit.dev/schema/envelope-v1.json"
+
+
+def render_envelope(record: Record, result: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The caller-facing envelope for ``record``; ``result`` is the stored (redacted) result."""
+    env: dict[str, Any] = {"invocation_id": record.invocation_id}
+    if record.code is not None:
+        error: dict[str, Any] = {
+            "code": record.code.value,
+            "phase": record.phase.value,
+            "outcome": record.outcome.value,
+            "retry": record.retry.value,
+            "message": record.message,
+        }
+        if record.field is not None:
+            error["field"] = record.field
+        env["error"] = error
+    if result is not None:
+        env["result"] = dict(result)
+    elif record.code is None:
+        env["result"] = None
+    evidence = dict(record.evidence)
+    evidence["outcome"] = record.outcome.value
+    evidence["phase"] = record.phase.value
+    evidence["attempts"] = [dict(a) for a in record.attempts]
+    evidence["generation"] = record.generation
+    evidence["budget"] = {"total": record.budget.total, "used": record.budget.used}
+    evidence["record_seq"] = record.last_seq
+    evidence["state"] = record.state
+    env["evidence"] = evidence
+    return env
+
+
+def _enum(values: type[Any]) -> dict[str, Any]:
+    return {"type": "string", "enum": [v.value for v in values]}
+
+
+def envelope_schema() -> dict[str, Any]:
+    """JSON Schema (draft 2020-12) of the envelope, generated from the closed enums."""
+    attempt = {
+        "type": "object",
+        "required": ["n", "stage", "outcome"],
+        "properties": {
+            "n": {"type": "integer", "minimum": 1},
+            "generation": {"type": "integer", "minimum": 0},
+            "stage": {"type": ["string", "null"]},
+            "outcome": _enum(Outcome),
+            "code": {"type": ["string", "null"]},
+            "seq": {"type": ["integer", "null"]},
+        },
+    }
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "$id": ENVELOPE_SCHEMA_ID,
+        "title": "Affidavit envelope",
+        "type": "object",
+        "required": ["invocation_id", "evidence"],
+        "anyOf": [{"required": ["error"]}, {"required": ["result"]}],
+        "properties": {
+            "invocation_id": {"type": "string", "minLength": 1},
+            "error": {
+                "type": "object",
+                "required": ["code", "phase", "outcome", "retry", "message"],
+                "additionalProperties": False,
+                "properties": {
+                    "code": _enum(Code),
+                    "phase": _enum(Phase),
+                    "outcome": _enum(Outcome),
+                    "retry": _enum(Retry),
+                    "message": {"type": "string"},
+                    "field": {"type": "string"},
+                },
+            },
+            "result": {"type": ["object", "null"]},
+            "evidence": {
+                "type": "object",
+                "required": ["dispatch_started", "outcome", "phase", "attempts"],
+                "properties": {
+                    "dispatch_started": {"type": "boolean"},
+                    "request_complete": {"type": "boolean"},
+                    "response_headers_received": {"type": "boolean"},
+                    "response_complete": {"type": "boolean"},
+                    "outcome": _enum(Outcome),
+                    "phase": _enum(Phase),
+                    "source": _enum(EvidenceSource),
+                    "attempts": {"type": "array", "items": attempt},
+                    "generation": {"type": "integer"},
+                    "budget": {
+                        "type": "object",
+                        "properties": {"total": {"type": "integer"}, "used": {"type": "integer"}},
+                    },
+                    "idempotency": {
+                        "type": "object",
+                        "properties": {
+                            "key": {"type": ["string", "null"]},
+                            "scope": {"type": ["string", "null"]},
+                            "fingerprint": {"type": ["string", "null"]},
+                            "remote_contract": {"type": ["string", "null"]},
+                        },
+                    },
+                    "record_seq": {"type": ["integer", "null"]},
+                    "dispatch_seq": {"type": ["integer", "null"]},
+                    "state": {"type": "string"},
+                },
+            },
+        },
+    }

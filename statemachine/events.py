@@ -1,0 +1,109 @@
+"""Lifecycle events: what the journal stores and the projection folds.
+
+An event is a fact the broker (or a second observer) recorded about one invocation.  The journal
+assigns ``seq`` — the only order that counts (seed: "Record monotonic sequence numbers; do not rely
+on wall-clock ordering").  ``at`` is a wall-clock label for operators, never used for ordering.
+
+Rule: an event's ``attrs`` hold machine-relevant, secret-free facts only (ids, codes, stages,
+fingerprints, hashes, statuses).  Sensitive detail (bodies, stdout) goes to the journal's sealed
+payload, never here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from .contract import EvidenceSource
+
+__all__ = ["BARRIER_KINDS", "Event", "EventKind"]
+
+
+class EventKind(StrEnum):
+    # --- the seed's durable happy path -----------------------------------------------------
+    ACTION_ACCEPTED = "ACTION_ACCEPTED"
+    """An invocation exists.  attrs: operation (target, protocol, idempotent, fingerprint,
+    idempotency contract or None, budget), session."""
+    PREFLIGHT_VALIDATED = "PREFLIGHT_VALIDATED"
+    """The action is valid against the bound config snapshot.  attrs: config_hash."""
+    CREDENTIAL_AUTHORIZED = "CREDENTIAL_AUTHORIZED"
+    """The credential was resolved (never its value).  attrs: credential, version, inject."""
+    DISPATCH_STARTED = "DISPATCH_STARTED"
+    """Durable barrier written *before* the first byte of the application request (or the SSH
+    ``exec`` request) is handed to the transport.  attrs: attempt, generation, connection..."""
+    REQUEST_SENT = "REQUEST_SENT"
+    """The complete request was handed to the transport (not proof the remote read it)."""
+    REMOTE_RESPONSE_STARTED = "REMOTE_RESPONSE_STARTED"
+    """Final response headers / exec acceptance were received."""
+    REMOTE_RESPONSE_COMPLETE = "REMOTE_RESPONSE_COMPLETE"
+    """A complete, authentic final result was received and classified.  attrs: outcome
+    (rejected|committed), code (or None for success), status / exit_status, retry_after..."""
+    RESULT_COMMITTED = "RESULT_COMMITTED"
+    """Durable barrier: the result and its hash are stored under the invocation id."""
+    RESULT_DELIVERED = "RESULT_DELIVERED"
+    """The caller's channel confirmed complete transfer."""
+    # --- stopping before dispatch ------------------------------------------------------------
+    PREFLIGHT_FAILED = "PREFLIGHT_FAILED"
+    """Validation refused the action.  attrs: code (a validation code), field."""
+    APPROVAL_REQUESTED = "APPROVAL_REQUESTED"
+    """A human approval was requested for the bound fingerprint."""
+    APPROVAL_GRANTED = "APPROVAL_GRANTED"
+    APPROVAL_DENIED = "APPROVAL_DENIED"
+    CREDENTIAL_FAILED = "CREDENTIAL_FAILED"
+    """The credential could not be obtained or injected.  attrs: code."""
+    SETUP_ATTEMPT_FAILED = "SETUP_ATTEMPT_FAILED"
+    """One in-broker connection attempt failed before dispatch.  attrs: n, stage, code."""
+    SETUP_FAILED = "SETUP_FAILED"
+    """Connection setup gave up before dispatch.  attrs: code, stage."""
+    # --- after dispatch ------------------------------------------------------------------------
+    ATTEMPT_INTERRUPTED = "ATTEMPT_INTERRUPTED"
+    """The dispatched attempt ended without a complete result.  attrs: code
+    (REMOTE_OUTCOME_UNKNOWN | REMOTE_RESULT_INCOMPLETE | CALLER_CANCELLED)."""
+    RESULT_STORE_FAILED = "RESULT_STORE_FAILED"
+    """Storing the result failed; rendered from what the durable record proves."""
+    RESULT_DELIVERY_FAILED = "RESULT_DELIVERY_FAILED"
+    """The stored result could not be delivered; the caller must fetch it."""
+    # --- retries, leases, reconciliation ---------------------------------------------------------
+    RETRY_LEASE_ACQUIRED = "RETRY_LEASE_ACQUIRED"
+    """A worker took the invocation's retry lease.  attrs: generation (strictly increasing),
+    holder, expires_at."""
+    LEASE_LOST = "LEASE_LOST"
+    """A worker with a stale generation was refused before dispatch.  attrs: generation."""
+    RETRY_BUDGET_EXHAUSTED = "RETRY_BUDGET_EXHAUSTED"
+    """No retry attempts remain; the latest evidence stands."""
+    RECONCILED = "RECONCILED"
+    """A second observer resolved an unknown outcome.  attrs: outcome (rejected|committed);
+    the event's source must be remote_query or operator_attested."""
+    # --- diagnostics -------------------------------------------------------------------------------
+    PROTOCOL_OBSERVED = "PROTOCOL_OBSERVED"
+    """A protocol machine's fine-grained step (e.g. http.informational, ssh.exec_accepted).
+    attrs: protocol, state, plus facts.  Improves the evidence, never changes the outcome."""
+
+
+BARRIER_KINDS: frozenset[EventKind] = frozenset(
+    {EventKind.DISPATCH_STARTED, EventKind.RESULT_COMMITTED}
+)
+"""Kinds the engine must await as durable before acting (DESIGN: durability barriers).  The
+engine also makes the last event of every call a barrier before it answers the caller."""
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One recorded fact.  Immutable; the journal assigns ``seq`` when it appends."""
+
+    kind: EventKind
+    invocation_id: str
+    attrs: Mapping[str, Any] = field(default_factory=dict)
+    source: EvidenceSource = EvidenceSource.TRANSPORT_OBSERVED
+    seq: int | None = None
+    at: float | None = None
+    """Wall-clock label (seconds since the epoch).  Never used for ordering."""
+    observer: str | None = None
+    """Name of the second observer an imported event came from (None: this broker)."""
+    observer_seq: int | None = None
+    """The observer's own local sequence number, kept as imported."""
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.attrs.get(key, default)

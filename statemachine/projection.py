@@ -1,0 +1,632 @@
+"""Projection: an ordered event list in, the current record out.  Pure and synchronous.
+
+Seed, "The error envelope must contain evidence": store transitions as append-only events, then
+project the current state.  The projection refuses impossible events (``ImpossibleEvent``) and
+never rewrites history: a refused event leaves the fold exactly as it was, so a caller that
+catches the error still holds the last good record.
+
+Speed matters (recovery projects whole journals), so events fold through a dict compiled from
+``lifecycle.TRANSITIONS``; ``tests/`` prove the dict and the ``transitions`` machine agree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
+
+from .contract import CODES, Code, EvidenceSource, Outcome, Phase, Retry
+from .events import Event, EventKind
+from .lifecycle import INITIAL, OUTCOME_SPLIT, STATES, TRANSITIONS
+from .retry import HintInputs, compute_retry
+
+__all__ = ["Budget", "ImpossibleEvent", "Projector", "Record", "project", "project_all"]
+
+E = EventKind
+
+DEFAULT_BUDGET = 3
+DEFAULT_MAX_RETRY_AFTER = 300.0
+
+_INTERRUPT_CODES = frozenset(
+    {Code.REMOTE_OUTCOME_UNKNOWN, Code.REMOTE_RESULT_INCOMPLETE, Code.CALLER_CANCELLED}
+)
+_SECOND_OBSERVER = frozenset({EvidenceSource.REMOTE_QUERY, EvidenceSource.OPERATOR_ATTESTED})
+_RESOLVED = frozenset({Outcome.REJECTED, Outcome.COMMITTED})
+
+
+class ImpossibleEvent(ValueError):
+    """An event the table (or an event rule) does not allow in the current state."""
+
+    def __init__(self, event: Event, state: str, reason: str) -> None:
+        self.event = event
+        self.state = state
+        self.reason = reason
+        where = f" (seq {event.seq})" if event.seq is not None else ""
+        super().__init__(
+            f"{event.kind.value}{where} is impossible in state {state!r} of invocation "
+            f"{event.invocation_id}: {reason}"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Budget:
+    total: int
+    used: int
+
+    @property
+    def left(self) -> int:
+        return max(0, self.total - self.used)
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """The projected state of one invocation; what envelopes and ``decide()`` read."""
+
+    invocation_id: str
+    state: str
+    phase: Phase
+    outcome: Outcome
+    retry: Retry
+    code: Code | None
+    message: str
+    session: str | None
+    target: str | None
+    protocol: str | None
+    idempotent: bool
+    fingerprint: str | None
+    idempotency: Mapping[str, Any] | None
+    generation: int
+    budget: Budget
+    attempts: tuple[Mapping[str, Any], ...]
+    evidence: Mapping[str, Any]
+    retry_after: float | None
+    last_seq: int | None
+    events: int
+    field: str | None = None
+    """For validation errors: the path of the action field to fix."""
+
+    @property
+    def final(self) -> bool:
+        return STATES[self.state].final
+
+    @property
+    def is_error(self) -> bool:
+        return self.code is not None
+
+
+# --- compiled table -------------------------------------------------------------------------
+
+_Compiled = dict[str, dict[EventKind, str]]
+
+
+def _compile() -> _Compiled:
+    return {state: dict(row) for state, row in TRANSITIONS.items()}
+
+
+_TABLE: _Compiled = _compile()
+
+
+class Projector:
+    """Folds events for one invocation.  ``apply`` is atomic: it validates, then mutates."""
+
+    __slots__ = (
+        "_at",
+        "_attempts",
+        "_budget_total",
+        "_budget_used",
+        "_code",
+        "_evidence",
+        "_events",
+        "_field",
+        "_fingerprint",
+        "_generation",
+        "_idempotency",
+        "_idempotent",
+        "_invocation_id",
+        "_last_seq",
+        "_max_retry_after",
+        "_message",
+        "_protocol",
+        "_result_code",
+        "_retry_after",
+        "_session",
+        "_state",
+        "_target",
+    )
+
+    def __init__(self, invocation_id: str | None = None) -> None:
+        self._invocation_id = invocation_id
+        self._state = INITIAL
+        self._code: Code | None = None
+        self._message: str | None = None
+        self._field: str | None = None
+        self._session: str | None = None
+        self._target: str | None = None
+        self._protocol: str | None = None
+        self._idempotent = False
+        self._fingerprint: str | None = None
+        self._idempotency: dict[str, Any] | None = None
+        self._generation = 0
+        self._budget_total = DEFAULT_BUDGET
+        self._budget_used = 0
+        self._attempts: list[dict[str, Any]] = []
+        self._evidence: dict[str, Any] = {"dispatch_started": False}
+        self._retry_after: float | None = None
+        self._result_code: Code | None = None
+        self._max_retry_after = DEFAULT_MAX_RETRY_AFTER
+        self._last_seq: int | None = None
+        self._events = 0
+        self._at: float | None = None
+
+    @property
+    def state(self) -> str:
+        return self._state
+
+    # -- folding ------------------------------------------------------------------------------
+
+    def apply(self, event: Event) -> str:
+        """Fold one event; return the new state.  Raises ``ImpossibleEvent`` and changes nothing
+        when the event is not allowed."""
+        state = self._state
+        if self._invocation_id is None:
+            self._invocation_id = event.invocation_id
+        elif event.invocation_id != self._invocation_id:
+            raise ImpossibleEvent(event, state, "belongs to another invocation")
+        seq = event.seq
+        if seq is not None and self._last_seq is not None and seq <= self._last_seq:
+            raise ImpossibleEvent(event, state, f"seq {seq} does not follow {self._last_seq}")
+        dest = _TABLE[state].get(event.kind)
+        if dest is None:
+            raise ImpossibleEvent(event, state, "no such transition in the lifecycle table")
+        check = _CHECKS.get(event.kind)
+        if check is not None:
+            reason = check(self, event)
+            if reason is not None:
+                raise ImpossibleEvent(event, state, reason)
+        if dest == "=":
+            dest = state
+        elif dest in OUTCOME_SPLIT:
+            dest = OUTCOME_SPLIT[dest][Outcome(event.attrs["outcome"])]
+        # -- validated: mutate --
+        effect = _EFFECTS.get(event.kind)
+        if effect is not None:
+            effect(self, event)
+        self._state = dest
+        if seq is not None:
+            self._last_seq = seq
+        if event.at is not None:
+            self._at = event.at
+        self._events += 1
+        return dest
+
+    def extend(self, events: Iterable[Event]) -> Projector:
+        for event in events:
+            self.apply(event)
+        return self
+
+    # -- reading ------------------------------------------------------------------------------
+
+    def record(self, now: float | None = None) -> Record:
+        spec = STATES[self._state]
+        if now is None:
+            now = self._at if self._at is not None else 0.0
+        idem = self._idempotency
+        hint = compute_retry(
+            HintInputs(
+                state=self._state,
+                outcome=spec.outcome,
+                code=self._code,
+                idempotent=self._idempotent,
+                has_key=bool(idem and idem.get("key")),
+                key_expires_at=idem.get("expires_at") if idem else None,
+                retry_after=self._retry_after,
+                max_retry_after=self._max_retry_after,
+                budget_left=self._budget_total - self._budget_used,
+                now=now,
+            )
+        )
+        code = self._code
+        message = self._message or (CODES[code].meaning if code is not None else "")
+        return Record(
+            invocation_id=self._invocation_id or "",
+            state=self._state,
+            phase=spec.phase,
+            outcome=spec.outcome,
+            retry=hint,
+            code=code,
+            message=message,
+            session=self._session,
+            target=self._target,
+            protocol=self._protocol,
+            idempotent=self._idempotent,
+            fingerprint=self._fingerprint,
+            idempotency=MappingProxyType(dict(idem)) if idem else None,
+            generation=self._generation,
+            budget=Budget(self._budget_total, self._budget_used),
+            attempts=tuple(MappingProxyType(dict(a)) for a in self._attempts),
+            evidence=MappingProxyType(_freeze_evidence(self._evidence)),
+            retry_after=self._retry_after,
+            last_seq=self._last_seq,
+            events=self._events,
+            field=self._field,
+        )
+
+
+def _freeze_evidence(ev: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in ev.items():
+        if isinstance(v, dict):
+            out[k] = dict(v)
+        elif isinstance(v, list):
+            out[k] = list(v)
+        else:
+            out[k] = v
+    return out
+
+
+# --- per-event rules: a check (returns a reason or None) and an effect -----------------------
+
+
+def _code_of(event: Event) -> Code | None:
+    raw = event.attrs.get("code")
+    if raw is None:
+        return None
+    try:
+        return Code(raw)
+    except ValueError:
+        return None
+
+
+def _check_phase_code(phase: Phase) -> Callable[[Projector, Event], str | None]:
+    def check(p: Projector, event: Event) -> str | None:
+        code = _code_of(event)
+        if code is None:
+            return "attrs.code must be a known code"
+        if CODES[code].phase is not phase:
+            return f"{code.value} is a {CODES[code].phase.value} code, not {phase.value}"
+        return None
+
+    return check
+
+
+def _check_accepted(p: Projector, event: Event) -> str | None:
+    op = event.attrs.get("operation")
+    if not isinstance(op, Mapping):
+        return "attrs.operation is required"
+    budget = op.get("budget", DEFAULT_BUDGET)
+    if not isinstance(budget, int) or budget < 1:
+        return "operation.budget must be a positive integer"
+    return None
+
+
+def _check_lease(p: Projector, event: Event) -> str | None:
+    gen = event.attrs.get("generation")
+    if not isinstance(gen, int) or gen <= p._generation:
+        return f"lease generation must exceed {p._generation}"
+    if p._budget_used >= p._budget_total:
+        return "retry budget exhausted"
+    return None
+
+
+def _check_dispatch(p: Projector, event: Event) -> str | None:
+    gen = event.attrs.get("generation", p._generation)
+    if gen != p._generation:
+        return f"stale generation {gen}; the current lease generation is {p._generation}"
+    return None
+
+
+def _check_lease_lost(p: Projector, event: Event) -> str | None:
+    gen = event.attrs.get("generation")
+    if not isinstance(gen, int) or gen > p._generation:
+        return "LEASE_LOST must name a generation not newer than the current one"
+    return None
+
+
+def _check_complete(p: Projector, event: Event) -> str | None:
+    raw = event.attrs.get("outcome")
+    if raw not in _RESOLVED:
+        return "attrs.outcome must be rejected or committed"
+    if event.source is not EvidenceSource.REMOTE_RESPONSE:
+        return "a complete result must come from remote_response"
+    code = _code_of(event)
+    if event.attrs.get("code") is not None and code is None:
+        return "attrs.code is not a known code"
+    if code is None:
+        if raw != Outcome.COMMITTED:
+            return "a rejection needs a code"
+        return None
+    info = CODES[code]
+    if info.phase is not Phase.REMOTE_EXECUTION or info.outcome.value != raw:
+        return f"{code.value} cannot classify a {raw} result"
+    return None
+
+
+def _check_interrupted(p: Projector, event: Event) -> str | None:
+    if _code_of(event) not in _INTERRUPT_CODES:
+        return "attrs.code must be REMOTE_OUTCOME_UNKNOWN, REMOTE_RESULT_INCOMPLETE or CALLER_CANCELLED"
+    return None
+
+
+def _check_reconciled(p: Projector, event: Event) -> str | None:
+    if event.attrs.get("outcome") not in _RESOLVED:
+        return "attrs.outcome must be rejected or committed (never not_attempted)"
+    if event.source not in _SECOND_OBSERVER:
+        return "reconciliation must name remote_query or operator_attested as its source"
+    return None
+
+
+_CHECKS: dict[EventKind, Callable[[Projector, Event], str | None]] = {
+    E.ACTION_ACCEPTED: _check_accepted,
+    E.PREFLIGHT_FAILED: _check_phase_code(Phase.VALIDATION),
+    E.CREDENTIAL_FAILED: _check_phase_code(Phase.CREDENTIAL_INJECTION),
+    E.APPROVAL_DENIED: _check_phase_code(Phase.CREDENTIAL_INJECTION),
+    E.SETUP_ATTEMPT_FAILED: _check_phase_code(Phase.CONNECTION_SETUP),
+    E.SETUP_FAILED: _check_phase_code(Phase.CONNECTION_SETUP),
+    E.RETRY_LEASE_ACQUIRED: _check_lease,
+    E.DISPATCH_STARTED: _check_dispatch,
+    E.LEASE_LOST: _check_lease_lost,
+    E.REMOTE_RESPONSE_COMPLETE: _check_complete,
+    E.ATTEMPT_INTERRUPTED: _check_interrupted,
+    E.RECONCILED: _check_reconciled,
+}
+
+
+def _set_error(p: Projector, event: Event, code: Code | None = None) -> None:
+    p._code = code if code is not None else _code_of(event)
+    p._message = event.attrs.get("message")
+    p._field = event.attrs.get("field")
+
+
+def _eff_accepted(p: Projector, event: Event) -> None:
+    op: Mapping[str, Any] = event.attrs["operation"]
+    p._session = event.attrs.get("session")
+    p._target = op.get("target")
+    p._protocol = op.get("protocol")
+    p._idempotent = bool(op.get("idempotent", False))
+    p._fingerprint = op.get("fingerprint")
+    p._budget_total = op.get("budget", DEFAULT_BUDGET)
+    p._budget_used = 1
+    p._max_retry_after = float(op.get("max_retry_after", DEFAULT_MAX_RETRY_AFTER))
+    idem = op.get("idempotency")
+    if idem:
+        p._idempotency = dict(idem)
+        p._idempotency.setdefault("fingerprint", p._fingerprint)
+        p._idempotency.setdefault("remote_contract", "configured")
+        p._evidence["idempotency"] = {
+            k: p._idempotency.get(k) for k in ("key", "scope", "fingerprint", "remote_contract")
+        }
+    p._evidence["fingerprint"] = p._fingerprint
+
+
+def _eff_error(p: Projector, event: Event) -> None:
+    _set_error(p, event)
+
+
+def _eff_setup_attempt(p: Projector, event: Event) -> None:
+    p._attempts.append(
+        {
+            "n": len(p._attempts) + 1,
+            "generation": p._generation,
+            "stage": event.attrs.get("stage"),
+            "outcome": Outcome.NOT_ATTEMPTED.value,
+            "code": event.attrs.get("code"),
+        }
+    )
+
+
+def _eff_setup_failed(p: Projector, event: Event) -> None:
+    _set_error(p, event)
+    # The final setup failure is itself an attempt unless it repeats the last recorded one.
+    last = p._attempts[-1] if p._attempts else None
+    if last is None or last.get("seq") is not None or last["generation"] != p._generation or (
+        last["stage"],
+        last["code"],
+    ) != (event.attrs.get("stage"), event.attrs.get("code")):
+        _eff_setup_attempt(p, event)
+
+
+def _eff_lease(p: Projector, event: Event) -> None:
+    p._generation = event.attrs["generation"]
+    p._budget_used += 1
+    p._evidence["lease"] = {
+        "generation": p._generation,
+        "holder": event.attrs.get("holder"),
+        "seq": event.seq,
+    }
+
+
+def _eff_dispatch(p: Projector, event: Event) -> None:
+    # A new attempt: per-attempt flags start over; dispatch_started never goes back.
+    ev = p._evidence
+    ev["dispatch_started"] = True
+    ev["dispatch_seq"] = event.seq
+    ev["request_complete"] = False
+    ev["response_headers_received"] = False
+    ev["response_complete"] = False
+    for k in ("status", "exit_status", "exit_signal", "response_sha256", "steps"):
+        ev.pop(k, None)
+    for k in ("connection", "reused_connection", "peer", "hop"):
+        if k in event.attrs:
+            ev[k] = event.attrs[k]
+    p._code = None
+    p._message = None
+    p._field = None
+    p._retry_after = None
+    p._attempts.append(
+        {
+            "n": len(p._attempts) + 1,
+            "generation": p._generation,
+            "stage": "dispatch",
+            "outcome": Outcome.UNKNOWN.value,
+            "code": None,
+            "seq": event.seq,
+        }
+    )
+
+
+def _current_attempt(p: Projector) -> dict[str, Any] | None:
+    return p._attempts[-1] if p._attempts and p._attempts[-1]["stage"] == "dispatch" else None
+
+
+def _eff_request_sent(p: Projector, event: Event) -> None:
+    p._evidence["request_complete"] = True
+
+
+def _eff_response_started(p: Projector, event: Event) -> None:
+    p._evidence["response_headers_received"] = True
+    if "status" in event.attrs:
+        p._evidence["status"] = event.attrs["status"]
+
+
+_RESULT_FACTS = ("status", "exit_status", "exit_signal", "response_sha256", "remote_request_id")
+
+
+def _eff_complete(p: Projector, event: Event) -> None:
+    ev = p._evidence
+    ev["response_complete"] = True
+    ev["response_headers_received"] = True
+    ev["source"] = event.source.value
+    for k in _RESULT_FACTS:
+        if k in event.attrs:
+            ev[k] = event.attrs[k]
+    _set_error(p, event)
+    ra = event.attrs.get("retry_after")
+    p._retry_after = float(ra) if ra is not None else None
+    attempt = _current_attempt(p)
+    if attempt is not None:
+        attempt["outcome"] = event.attrs["outcome"]
+        attempt["code"] = event.attrs.get("code")
+
+
+def _eff_interrupted(p: Projector, event: Event) -> None:
+    _set_error(p, event)
+    p._evidence["source"] = event.source.value
+    attempt = _current_attempt(p)
+    if attempt is not None:
+        attempt["code"] = event.attrs.get("code")
+
+
+def _eff_result_committed(p: Projector, event: Event) -> None:
+    p._evidence["result"] = {
+        "seq": event.seq,
+        "sha256": event.attrs.get("sha256"),
+        "chunks": event.attrs.get("chunks"),
+    }
+
+
+def _eff_store_failed(p: Projector, event: Event) -> None:
+    _set_error(p, event, Code.RESULT_STORE_FAILED)
+
+
+def _eff_delivery_failed(p: Projector, event: Event) -> None:
+    p._result_code = p._code
+    _set_error(p, event, Code.RESULT_DELIVERY_FAILED)
+
+
+def _eff_delivered(p: Projector, event: Event) -> None:
+    if p._code is Code.RESULT_DELIVERY_FAILED:
+        # Delivery now succeeded: the remote result's own classification stands again.
+        p._code = p._result_code
+        p._message = None
+    p._evidence["delivered_seq"] = event.seq
+
+
+def _eff_budget(p: Projector, event: Event) -> None:
+    p._budget_used = p._budget_total
+    p._evidence["budget_exhausted"] = True
+
+
+def _eff_reconciled(p: Projector, event: Event) -> None:
+    # The original attempt stays as recorded; the reconciliation is added beside it.
+    p._evidence["reconciliation"] = {
+        "outcome": event.attrs["outcome"],
+        "source": event.source.value,
+        "observer": event.observer,
+        "observer_seq": event.observer_seq,
+        "seq": event.seq,
+        "note": event.attrs.get("note"),
+    }
+    p._evidence["source"] = event.source.value
+    p._code = None if event.attrs["outcome"] == Outcome.COMMITTED else Code.REMOTE_REJECTED
+    p._message = event.attrs.get("message")
+
+
+def _eff_observed(p: Projector, event: Event) -> None:
+    proto = event.attrs.get("protocol", "protocol")
+    step = f"{proto}.{event.attrs.get('state')}"
+    steps = p._evidence.setdefault("steps", [])
+    steps.append(step)
+    facts = event.attrs.get("facts")
+    if facts:
+        p._evidence.setdefault(proto, {}).update(facts)
+
+
+def _eff_lease_lost(p: Projector, event: Event) -> None:
+    p._evidence.setdefault("stale_workers", []).append(
+        {"generation": event.attrs.get("generation"), "seq": event.seq}
+    )
+
+
+def _eff_approval(p: Projector, event: Event) -> None:
+    p._evidence["approval"] = event.kind.value.removeprefix("APPROVAL_").lower()
+
+
+def _eff_credential(p: Projector, event: Event) -> None:
+    p._evidence["credential"] = {
+        k: event.attrs.get(k) for k in ("credential", "version", "inject") if k in event.attrs
+    }
+
+
+def _eff_validated(p: Projector, event: Event) -> None:
+    if "config_hash" in event.attrs:
+        p._evidence["config_hash"] = event.attrs["config_hash"]
+
+
+def _eff_approval_denied(p: Projector, event: Event) -> None:
+    _eff_approval(p, event)
+    _set_error(p, event)
+
+
+_EFFECTS: dict[EventKind, Callable[[Projector, Event], None]] = {
+    E.ACTION_ACCEPTED: _eff_accepted,
+    E.PREFLIGHT_VALIDATED: _eff_validated,
+    E.PREFLIGHT_FAILED: _eff_error,
+    E.APPROVAL_REQUESTED: _eff_approval,
+    E.APPROVAL_GRANTED: _eff_approval,
+    E.APPROVAL_DENIED: _eff_approval_denied,
+    E.CREDENTIAL_AUTHORIZED: _eff_credential,
+    E.CREDENTIAL_FAILED: _eff_error,
+    E.SETUP_ATTEMPT_FAILED: _eff_setup_attempt,
+    E.SETUP_FAILED: _eff_setup_failed,
+    E.RETRY_LEASE_ACQUIRED: _eff_lease,
+    E.DISPATCH_STARTED: _eff_dispatch,
+    E.REQUEST_SENT: _eff_request_sent,
+    E.REMOTE_RESPONSE_STARTED: _eff_response_started,
+    E.REMOTE_RESPONSE_COMPLETE: _eff_complete,
+    E.ATTEMPT_INTERRUPTED: _eff_interrupted,
+    E.RESULT_COMMITTED: _eff_result_committed,
+    E.RESULT_STORE_FAILED: _eff_store_failed,
+    E.RESULT_DELIVERY_FAILED: _eff_delivery_failed,
+    E.RESULT_DELIVERED: _eff_delivered,
+    E.RETRY_BUDGET_EXHAUSTED: _eff_budget,
+    E.RECONCILED: _eff_reconciled,
+    E.PROTOCOL_OBSERVED: _eff_observed,
+    E.LEASE_LOST: _eff_lease_lost,
+}
+
+
+def project(events: Iterable[Event], now: float | None = None) -> Record:
+    """Fold one invocation's events (in ``seq`` order) into its record."""
+    return Projector().extend(events).record(now)
+
+
+def project_all(events: Iterable[Event], now: float | None = None) -> dict[str, Record]:
+    """Fold an interleaved log of many invocations; one record per invocation id."""
+    folds: dict[str, Projector] = {}
+    for event in events:
+        p = folds.get(event.invocation_id)
+        if p is None:
+            p = folds[event.invocation_id] = Projector(event.invocation_id)
+        p.apply(event)
+    return {iid: p.record(now) for iid, p in folds.items()}

@@ -1,0 +1,212 @@
+"""The protocol-machine base: how an adapter declares its own fine-grained table.
+
+The lifecycle machine knows nothing of HTTP or SSH.  Each adapter declares, as data, the steps its
+protocol goes through (HTTP: headers_sent, body_sent, informational, response_headers,
+framing_complete, closed_early; SSH: exec_requesting, exec_accepted, exit_status_seen, ...) and
+marks two kinds of transitions:
+
+* **dispatch** — crossing it means application bytes (or the SSH ``exec`` request) may reach the
+  remote.  The driver must ask ``crosses_dispatch()`` *before* it writes and await the engine's
+  durable DISPATCH_STARTED barrier first (seed: "Before the first handoff to the transport, append
+  dispatch_started").
+* **completes** — reaching it proves the remote result is complete and authentic (h11's
+  EndOfMessage of a final response; SSH exit-status/signal plus EOF on both streams and close).
+
+From those marks the base derives, for any failure at any moment, the only thing the engine needs:
+was the boundary crossed (``dispatched``) and was completeness proven (``complete``).  The
+outcome of a failure is decided by the *last proven boundary*, never by which function raised.
+
+``ProtocolTable`` validates itself on construction and the model-checking tests run the same graph
+checks over every registered table, so a table that lets a dispatched state lead back to a
+pre-dispatch state cannot be registered.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from .graph import post_boundary_states, reachable
+
+__all__ = [
+    "ProtocolMachine",
+    "ProtocolTable",
+    "ProtocolViolation",
+    "Step",
+    "register",
+    "registered",
+]
+
+
+class ProtocolViolation(Exception):
+    """An event the protocol table does not allow in the current state (our misuse or the peer's
+    misbehaviour — the driver decides which and converts it, ``raise ... from``)."""
+
+    def __init__(self, table: str, state: str, event: str) -> None:
+        self.table, self.state, self.event = table, state, event
+        super().__init__(f"{table}: event {event!r} is not allowed in state {state!r}")
+
+
+@dataclass(frozen=True)
+class ProtocolTable:
+    """A protocol's fine-grained states and transitions, declared as data."""
+
+    name: str
+    initial: str
+    states: Mapping[str, str]
+    """state name -> one-line description"""
+    transitions: Mapping[str, Mapping[str, str]]
+    """state -> {event: destination}; a missing key is an impossible event"""
+    dispatch: frozenset[tuple[str, str]]
+    """(state, event) pairs that cross the dispatch boundary"""
+    completes: frozenset[tuple[str, str]]
+    """(state, event) pairs whose destination proves a complete, authentic result"""
+    final: frozenset[str] = field(default_factory=frozenset)
+    """states where the machine may rest (closed, failed, complete)"""
+    doc: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "states", MappingProxyType(dict(self.states)))
+        object.__setattr__(
+            self,
+            "transitions",
+            MappingProxyType({s: MappingProxyType(dict(t)) for s, t in self.transitions.items()}),
+        )
+        problems = self.problems()
+        if problems:
+            raise ValueError(f"protocol table {self.name!r} is inconsistent: " + "; ".join(problems))
+
+    # -- derived facts --------------------------------------------------------------------------
+
+    def edges(self) -> list[tuple[str, str, str]]:
+        """(source, event, dest) triples, sorted."""
+        return sorted(
+            (src, ev, dst) for src, row in self.transitions.items() for ev, dst in row.items()
+        )
+
+    @property
+    def post_dispatch(self) -> frozenset[str]:
+        """States only reachable by crossing a dispatch transition."""
+        return post_boundary_states(self.initial, self.edges(), self.dispatch)
+
+    @property
+    def complete_states(self) -> frozenset[str]:
+        return frozenset(self.transitions[s][e] for s, e in self.completes)
+
+    def problems(self) -> list[str]:
+        """Every structural rule this table breaks (empty when sound)."""
+        out: list[str] = []
+        names = set(self.states)
+        if self.initial not in names:
+            out.append(f"initial state {self.initial!r} is not declared")
+        for src, row in self.transitions.items():
+            if src not in names:
+                out.append(f"transition source {src!r} is not declared")
+            for ev, dst in row.items():
+                if dst not in names:
+                    out.append(f"{src} --{ev}--> {dst!r}: destination not declared")
+        for kind, pairs in (("dispatch", self.dispatch), ("completes", self.completes)):
+            for src, ev in sorted(pairs):
+                if ev not in self.transitions.get(src, {}):
+                    out.append(f"{kind} marks {src} --{ev}--> which is not a transition")
+        for s in sorted(self.final - names):
+            out.append(f"final state {s!r} is not declared")
+        if out:
+            return out
+        if not self.dispatch:
+            out.append("no transition is marked as the dispatch boundary")
+        if not self.completes:
+            out.append("no transition is marked as proving completeness")
+        post = self.post_dispatch
+        for src, ev, dst in self.edges():
+            if src in post and dst not in post:
+                out.append(f"{src} --{ev}--> {dst}: leads from a dispatched state back before dispatch")
+        for src, ev in sorted(self.completes):
+            if src not in post and (src, ev) not in self.dispatch:
+                out.append(f"{src} --{ev}--> proves completeness before dispatch")
+        seen = reachable(self.initial, self.edges())
+        for s in sorted(names - seen):
+            out.append(f"state {s!r} is unreachable")
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """What one fired event did."""
+
+    source: str
+    event: str
+    dest: str
+    crossed_dispatch: bool
+    completed: bool
+
+
+class ProtocolMachine:
+    """A running instance of a ``ProtocolTable``; the adapter's sans-IO core drives it."""
+
+    __slots__ = ("_complete", "_dispatched", "_post", "_state", "history", "table")
+
+    def __init__(self, table: ProtocolTable) -> None:
+        self.table = table
+        self._state = table.initial
+        self._dispatched = False
+        self._complete = False
+        self._post = table.post_dispatch
+        self.history: list[Step] = []
+
+    @property
+    def state(self) -> str:
+        return self._state
+
+    @property
+    def dispatched(self) -> bool:
+        """True once any dispatch transition fired (or is about to: see ``crosses_dispatch``)."""
+        return self._dispatched
+
+    @property
+    def complete(self) -> bool:
+        return self._complete
+
+    def allows(self, event: str) -> bool:
+        return event in self.table.transitions.get(self._state, {})
+
+    def crosses_dispatch(self, event: str) -> bool:
+        """Ask *before* writing: would firing ``event`` now cross the dispatch boundary?"""
+        return (self._state, event) in self.table.dispatch
+
+    def fire(self, event: str) -> Step:
+        row = self.table.transitions.get(self._state, {})
+        dest = row.get(event)
+        if dest is None:
+            raise ProtocolViolation(self.table.name, self._state, event)
+        key = (self._state, event)
+        crossed = key in self.table.dispatch
+        completed = key in self.table.completes
+        step = Step(self._state, event, dest, crossed, completed)
+        self._state = dest
+        if crossed or dest in self._post:
+            self._dispatched = True
+        if completed:
+            self._complete = True
+        self.history.append(step)
+        return step
+
+    def fire_all(self, events: Iterable[str]) -> list[Step]:
+        return [self.fire(e) for e in events]
+
+
+_REGISTRY: dict[str, ProtocolTable] = {}
+
+
+def register(table: ProtocolTable) -> ProtocolTable:
+    """Make a table known to diagrams and the model-checking tests.  Idempotent per name."""
+    existing = _REGISTRY.get(table.name)
+    if existing is not None and existing is not table:
+        raise ValueError(f"another protocol table is already registered as {table.name!r}")
+    _REGISTRY[table.name] = table
+    return table
+
+
+def registered() -> dict[str, ProtocolTable]:
+    """All registered protocol tables by name (adapters register on import)."""
+    return dict(sorted(_REGISTRY.items()))

@@ -1,0 +1,144 @@
+"""Retry hints and ``decide()``.
+
+Seed, "Retry code must be simple and testable": the hint is derived from the evidence (state,
+outcome, code), the operation's semantics (idempotent *by configuration*, not by method name),
+the configured remote idempotency contract and its retention, Retry-After and the remaining
+budget.  It is never derived from an exception's text — no function here sees an exception.
+
+``decide()`` is the seed's pseudocode, line for line.  Automation may add rate limits on top of it,
+but it must not upgrade an unsafe hint.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import TYPE_CHECKING
+
+from .contract import CODES, Code, Outcome, Retry
+
+if TYPE_CHECKING:
+    from .projection import Record
+
+__all__ = ["Decision", "Operation", "compute_retry", "decide"]
+
+RETENTION_MARGIN_S = 60.0
+"""Stop retrying with the same key this long before the remote forgets it (seed: "stop automatic
+retries before it arrives, and then perform reconciliation")."""
+
+
+class Decision(StrEnum):
+    FETCH = "FETCH"
+    RETRY_NEW_ATTEMPT = "RETRY_NEW_ATTEMPT"
+    STOP_FOR_CORRECTION = "STOP_FOR_CORRECTION"
+    RETRY_SAME_KEY = "RETRY_SAME_KEY"
+    RECONCILE = "RECONCILE"
+    RETRY_WHEN_ALLOWED = "RETRY_WHEN_ALLOWED"
+    RETURN_RECORDED_RESULT = "RETURN_RECORDED_RESULT"
+
+
+@dataclass(frozen=True, slots=True)
+class Operation:
+    """What the caller is about to (re)do: its configured semantics and its fingerprint."""
+
+    idempotent: bool
+    fingerprint: str | None = None
+
+
+def decide(record: Record, operation: Operation) -> Decision:
+    """The seed's ``decide(record, operation)``, exactly."""
+    if record.retry == Retry.FETCH_RESULT:
+        return Decision.FETCH
+
+    if record.outcome == Outcome.NOT_ATTEMPTED:
+        if record.retry == Retry.BACKOFF:
+            return Decision.RETRY_NEW_ATTEMPT
+        return Decision.STOP_FOR_CORRECTION
+
+    if record.outcome == Outcome.UNKNOWN:
+        if operation.idempotent:
+            return Decision.RETRY_NEW_ATTEMPT
+        if (
+            record.retry == Retry.SAME_IDEMPOTENCY_KEY
+            and operation.fingerprint == record.fingerprint
+        ):
+            return Decision.RETRY_SAME_KEY
+        return Decision.RECONCILE
+
+    if record.outcome == Outcome.REJECTED and record.retry == Retry.BACKOFF:
+        return Decision.RETRY_WHEN_ALLOWED
+
+    return Decision.RETURN_RECORDED_RESULT
+
+
+@dataclass(frozen=True, slots=True)
+class HintInputs:
+    """Everything ``compute_retry`` may look at — and nothing else."""
+
+    state: str
+    outcome: Outcome
+    code: Code | None
+    idempotent: bool
+    key_expires_at: float | None
+    """When the remote forgets the idempotency key; None when there is no usable key."""
+    has_key: bool
+    retry_after: float | None
+    """Seconds the remote asked to wait (Retry-After), if it said."""
+    max_retry_after: float
+    budget_left: int
+    now: float
+
+
+def compute_retry(h: HintInputs) -> Retry:
+    """The retry hint for a record; see docs/contract.md for the table this implements."""
+    state = h.state
+    if state.startswith("delivery_failed_"):
+        # Seed: "keep outcome=committed or rejected, and set retry=fetch_result".
+        return Retry.FETCH_RESULT
+    if state.startswith("store_failed_"):
+        # Seed: what needs fixing is storage, "not a retry of the remote action".
+        return Retry.NEVER
+    if state == "reconciled_committed":
+        return Retry.NEVER
+    if state == "reconciled_rejected":
+        return Retry.AFTER_CORRECTION
+
+    if h.outcome == Outcome.NOT_ATTEMPTED:
+        if h.code is None:
+            return Retry.NEVER  # not finished yet; nothing to retry
+        base = CODES[h.code].retry
+        if base == Retry.BACKOFF and h.budget_left <= 0:
+            return Retry.AFTER_CORRECTION
+        return base
+
+    if h.outcome == Outcome.UNKNOWN:
+        return _unknown_hint(h)
+
+    if h.code is None:
+        return Retry.NEVER  # a complete success: use it
+    if h.code == Code.REMOTE_THROTTLED:
+        # Seed: "may permit backoff if the method is safe to retry and the response specifies a
+        # suitable time".  Without either, the caller must look before sending again.
+        safe = h.idempotent or _key_usable(h)
+        timely = h.retry_after is None or h.retry_after <= h.max_retry_after
+        if safe and timely and h.budget_left > 0:
+            return Retry.BACKOFF
+        return Retry.RECONCILE
+    return CODES[h.code].retry
+
+
+def _key_usable(h: HintInputs) -> bool:
+    if not h.has_key:
+        return False
+    return h.key_expires_at is None or h.now < h.key_expires_at - RETENTION_MARGIN_S
+
+
+def _unknown_hint(h: HintInputs) -> Retry:
+    # The three safe paths out of unknown (seed, "Idempotency is defined by the remote contract").
+    if h.budget_left <= 0:
+        return Retry.RECONCILE
+    if h.idempotent:
+        return Retry.BACKOFF
+    if _key_usable(h):
+        return Retry.SAME_IDEMPOTENCY_KEY
+    return Retry.RECONCILE
