@@ -15,9 +15,7 @@ from collections.abc import Sequence
 
 __all__ = ["main"]
 
-COMMAND_MODULES: tuple[str, ...] = (
-    "affidavit.diagrams",
-)
+COMMAND_MODULES: tuple[str, ...] = ("affidavit.diagrams",)
 
 
 class UsageError(Exception):

@@ -76,7 +76,7 @@ class EventKind(StrEnum):
     RECONCILED = "RECONCILED"
     """A second observer resolved an unknown outcome.  attrs: outcome (rejected|committed);
     the event's source must be remote_query or operator_attested."""
-    # --- diagnostics -------------------------------------------------------------------------------
+    # --- diagnostics ---------------------------------------------------------------------
     PROTOCOL_OBSERVED = "PROTOCOL_OBSERVED"
     """A protocol machine's fine-grained step (e.g. http.informational, ssh.exec_accepted).
     attrs: protocol, state, plus facts.  Improves the evidence, never changes the outcome."""

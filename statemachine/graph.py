@@ -17,7 +17,9 @@ def _adjacency(edges: Iterable[Edge]) -> dict[str, set[str]]:
     return adj
 
 
-def reachable(initial: str, edges: Iterable[Edge], *, skip: Collection[tuple[str, str]] = ()) -> set[str]:
+def reachable(
+    initial: str, edges: Iterable[Edge], *, skip: Collection[tuple[str, str]] = ()
+) -> set[str]:
     """States reachable from ``initial``, not following the (source, event) pairs in ``skip``."""
     by_src: dict[str, list[tuple[str, str]]] = {}
     for src, ev, dst in edges:

@@ -116,8 +116,8 @@ class Projector:
         "_budget_total",
         "_budget_used",
         "_code",
-        "_evidence",
         "_events",
+        "_evidence",
         "_field",
         "_fingerprint",
         "_generation",
@@ -344,7 +344,7 @@ def _check_complete(p: Projector, event: Event) -> str | None:
 
 def _check_interrupted(p: Projector, event: Event) -> str | None:
     if _code_of(event) not in _INTERRUPT_CODES:
-        return "attrs.code must be REMOTE_OUTCOME_UNKNOWN, REMOTE_RESULT_INCOMPLETE or CALLER_CANCELLED"
+        return "attrs.code must be one of " + ", ".join(sorted(_INTERRUPT_CODES))
     return None
 
 
@@ -419,10 +419,16 @@ def _eff_setup_failed(p: Projector, event: Event) -> None:
     _set_error(p, event)
     # The final setup failure is itself an attempt unless it repeats the last recorded one.
     last = p._attempts[-1] if p._attempts else None
-    if last is None or last.get("seq") is not None or last["generation"] != p._generation or (
-        last["stage"],
-        last["code"],
-    ) != (event.attrs.get("stage"), event.attrs.get("code")):
+    if (
+        last is None
+        or last.get("seq") is not None
+        or last["generation"] != p._generation
+        or (
+            last["stage"],
+            last["code"],
+        )
+        != (event.attrs.get("stage"), event.attrs.get("code"))
+    ):
         _eff_setup_attempt(p, event)
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+
 from .graph import post_boundary_states, reachable
 
 __all__ = [
@@ -74,7 +75,9 @@ class ProtocolTable:
         )
         problems = self.problems()
         if problems:
-            raise ValueError(f"protocol table {self.name!r} is inconsistent: " + "; ".join(problems))
+            raise ValueError(
+                f"protocol table {self.name!r} is inconsistent: " + "; ".join(problems)
+            )
 
     # -- derived facts --------------------------------------------------------------------------
 
@@ -120,7 +123,9 @@ class ProtocolTable:
         post = self.post_dispatch
         for src, ev, dst in self.edges():
             if src in post and dst not in post:
-                out.append(f"{src} --{ev}--> {dst}: leads from a dispatched state back before dispatch")
+                out.append(
+                    f"{src} --{ev}--> {dst}: leads from a dispatched state back before dispatch"
+                )
         for src, ev in sorted(self.completes):
             if src not in post and (src, ev) not in self.dispatch:
                 out.append(f"{src} --{ev}--> proves completeness before dispatch")
