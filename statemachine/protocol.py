@@ -39,6 +39,9 @@ __all__ = [
 ]
 
 
+MILESTONE_EVENTS = frozenset({"REQUEST_SENT", "REMOTE_RESPONSE_STARTED"})
+
+
 class ProtocolViolation(Exception):
     """An event the protocol table does not allow in the current state (our misuse or the peer's
     misbehaviour — the driver decides which and converts it, ``raise ... from``)."""
@@ -64,10 +67,15 @@ class ProtocolTable:
     """(state, event) pairs whose destination proves a complete, authentic result"""
     final: frozenset[str] = field(default_factory=frozenset)
     """states where the machine may rest (closed, failed, complete)"""
+    milestones: Mapping[str, str] = field(default_factory=dict)
+    """state -> lifecycle event the engine records on first entering it: ``REQUEST_SENT`` (the
+    whole request reached the transport) or ``REMOTE_RESPONSE_STARTED`` (final response headers /
+    exec accepted).  Both must be post-dispatch states."""
     doc: str = ""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "states", MappingProxyType(dict(self.states)))
+        object.__setattr__(self, "milestones", MappingProxyType(dict(self.milestones)))
         object.__setattr__(
             self,
             "transitions",
@@ -114,6 +122,11 @@ class ProtocolTable:
                     out.append(f"{kind} marks {src} --{ev}--> which is not a transition")
         for s in sorted(self.final - names):
             out.append(f"final state {s!r} is not declared")
+        for s, kind in sorted(self.milestones.items()):
+            if s not in names:
+                out.append(f"milestone state {s!r} is not declared")
+            if kind not in MILESTONE_EVENTS:
+                out.append(f"milestone {s!r} names {kind!r}, not one of {sorted(MILESTONE_EVENTS)}")
         if out:
             return out
         if not self.dispatch:
@@ -126,6 +139,9 @@ class ProtocolTable:
                 out.append(
                     f"{src} --{ev}--> {dst}: leads from a dispatched state back before dispatch"
                 )
+        for s in sorted(self.milestones):
+            if s not in post:
+                out.append(f"milestone state {s!r} is reachable before dispatch")
         for src, ev in sorted(self.completes):
             if src not in post and (src, ev) not in self.dispatch:
                 out.append(f"{src} --{ev}--> proves completeness before dispatch")
