@@ -153,7 +153,7 @@ TRANSITIONS: Final[MappingProxyType[str, MappingProxyType[E, str]]] = MappingPro
     },
     "setup_failed": {
         **_DIAG,
-        E.RETRY_LEASE_ACQUIRED: "authorized",         # a new attempt; nothing was dispatched yet
+        E.RETRY_LEASE_ACQUIRED: "validated",          # a new attempt re-resolves the credential
         E.RETRY_BUDGET_EXHAUSTED: "setup_failed",
     },
     "dispatched": {
@@ -176,6 +176,7 @@ TRANSITIONS: Final[MappingProxyType[str, MappingProxyType[E, str]]] = MappingPro
     "retry_pending": {
         **_DIAG,
         E.PREFLIGHT_FAILED: "retry_invalid",
+        E.CREDENTIAL_AUTHORIZED: "retry_pending",     # the retry re-resolved the credential
         E.CREDENTIAL_FAILED: "retry_credential_failed",
         E.SETUP_ATTEMPT_FAILED: "retry_pending",
         E.SETUP_FAILED: "retry_setup_failed",
