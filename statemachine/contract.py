@@ -57,11 +57,18 @@ class Retry(StrEnum):
     """What automation may do now, derived from evidence — never from an exception's text."""
 
     NEVER = "never"
+    """Do not retry this invocation: use the recorded result, or an operator must act."""
     AFTER_CORRECTION = "after_correction"
+    """Retrying the same request cannot help; fix the request, configuration or credential."""
     BACKOFF = "backoff"
+    """A new attempt is safe after a delay (nothing was dispatched, or the operation is
+    idempotent / the remote asked to slow down and the retry is safe)."""
     SAME_IDEMPOTENCY_KEY = "same_idempotency_key"
+    """Retry only with the recorded idempotency key and an identical request fingerprint."""
     RECONCILE = "reconcile"
+    """Query the remote state by a stable identifier before any new action."""
     FETCH_RESULT = "fetch_result"
+    """The result is stored under the invocation id: fetch it, never re-run the action."""
 
 
 class EvidenceSource(StrEnum):
