@@ -1,0 +1,333 @@
+"""Credential references, resolution, HTTP injection and output redaction.
+
+Seed, "Validation and credential injection finish before dispatch": failing to obtain, resolve or
+inject a credential is ``phase=credential_injection, outcome=not_attempted`` — *if* the broker
+stops before a single byte of the request left.  Everything here is local and synchronous, so it
+always finishes before the engine opens a connection.
+
+"Do not put credential contents into either the error or the action record.  You may record the
+secret's identifier or its non-secret version, the injection method, and the decision that
+stopped the call."  Hence:
+
+* ``CredentialError`` messages name the reference and the reason, never the value.  A *malformed*
+  reference is not echoed at all: the classic way to get one is pasting the secret itself into
+  ``credential = "…"``.
+* ``Credential`` carries a non-secret ``version`` (vault entry version, file mtime+size, or
+  ``"env"``) for the engine to journal, and its ``repr``/``str`` never show the value.
+* ``redactor`` scrubs the exact injected value (and the encodings it travels in) out of anything
+  the remote echoes back before it reaches a journal row, a log line or the caller.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import re
+import urllib.parse
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from affidavit.statemachine import Code
+
+from .vault import EntryMissing, Vault, VaultCorrupt, VaultError, VaultLocked, VaultMissing
+
+__all__ = [
+    "INJECTION_SCHEMES",
+    "REDACTED",
+    "Credential",
+    "CredentialError",
+    "Injection",
+    "Redactor",
+    "apply_query",
+    "inject_http",
+    "parse_inject",
+    "parse_ref",
+    "redactor",
+    "resolve",
+    "secret_forms",
+]
+
+REDACTED = b"[REDACTED]"
+INJECTION_SCHEMES = ("bearer", "basic", "header:NAME", "query:NAME")
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,254}")
+_VAULT_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,128}")
+# RFC 9110 §5.6.2 token
+_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+# RFC 3986 unreserved: a query parameter name we inject must not need escaping (it also appears
+# in docs and error messages, and must match what the caller is forbidden to send).
+_QUERY_NAME = re.compile(r"[A-Za-z0-9_.\-~]{1,128}")
+# Headers the transport owns; injecting a credential into them would corrupt framing/routing.
+_RESERVED_HEADERS = frozenset(
+    {"host", "content-length", "transfer-encoding", "connection", "te", "upgrade", "trailer"}
+)
+
+
+class CredentialError(Exception):
+    """A credential could not be obtained or injected.  ``str()`` never contains the value."""
+
+    def __init__(self, code: Code, message: str) -> None:
+        self.code = code
+        self.message = message
+        super().__init__(f"{code.value}: {message}")
+
+
+@dataclass(frozen=True, repr=False)
+class Credential:
+    """A resolved secret.  ``ref`` and ``version`` are safe to record; ``value`` never is."""
+
+    ref: str
+    value: bytes
+    version: str
+
+    def __repr__(self) -> str:
+        return f"Credential(ref={self.ref!r}, version={self.version!r}, value=<redacted>)"
+
+    __str__ = __repr__
+
+
+def parse_ref(ref: str) -> tuple[str, str]:
+    """Split ``env:NAME`` / ``file:PATH`` / ``vault:NAME``.  Anything else is UNKNOWN_CREDENTIAL
+    (seed: "unknown credential references" are rejected at validation).  Used by the config
+    loader too, so a bad reference fails at load time, not on the first call."""
+    if isinstance(ref, str):
+        kind, sep, name = ref.partition(":")
+        if sep:
+            if kind == "env" and _ENV_NAME.fullmatch(name):
+                return kind, name
+            if kind == "file" and name and "\x00" not in name:
+                return kind, name
+            if kind == "vault" and _VAULT_NAME.fullmatch(name):
+                return kind, name
+    # Never echo the reference: a malformed one is often the secret pasted in by mistake.
+    raise CredentialError(
+        Code.UNKNOWN_CREDENTIAL,
+        "credential reference must be env:NAME, file:PATH or vault:NAME",
+    )
+
+
+def resolve(ref: str, *, vault: Vault | None, base_dir: Path | None = None) -> Credential:
+    """Fetch the secret a reference names.  Every failure is a ``CredentialError`` whose code
+    says what the operator must fix: CREDENTIAL_MISSING (absent/empty), VAULT_LOCKED (unlock and
+    retry), CREDENTIAL_INVALID (exists but unusable: unreadable, tampered vault, wrong key)."""
+    kind, name = parse_ref(ref)
+    if kind == "env":
+        raw = os.environb.get(name.encode())
+        if not raw:
+            raise CredentialError(
+                Code.CREDENTIAL_MISSING, f"{ref}: environment variable is not set or empty"
+            )
+        return Credential(ref, raw, "env")
+    if kind == "file":
+        path = Path(name)
+        if not path.is_absolute() and base_dir is not None:
+            path = base_dir / path
+        try:
+            with open(path, "rb") as fh:
+                st = os.fstat(fh.fileno())
+                data = fh.read()
+        except FileNotFoundError:
+            raise CredentialError(Code.CREDENTIAL_MISSING, f"{ref}: file not found") from None
+        except OSError as exc:
+            # The exception text is the OS's reason (permission denied, is a directory): it
+            # names the path we chose, never the contents we failed to read.
+            raise CredentialError(
+                Code.CREDENTIAL_INVALID, f"{ref}: cannot read file ({exc.strerror})"
+            ) from None
+        # Editors and `echo` add a final newline that is not part of the secret; a token sent
+        # with it would be a malformed header.
+        if data.endswith(b"\r\n"):
+            data = data[:-2]
+        elif data.endswith(b"\n"):
+            data = data[:-1]
+        if not data:
+            raise CredentialError(Code.CREDENTIAL_MISSING, f"{ref}: file is empty")
+        return Credential(ref, data, f"{st.st_mtime_ns}:{st.st_size}")
+    # vault
+    if vault is None:
+        raise CredentialError(Code.CREDENTIAL_MISSING, f"{ref}: no vault is configured")
+    try:
+        value, version = vault.get(name)
+    except VaultLocked as exc:
+        raise CredentialError(Code.VAULT_LOCKED, f"{ref}: {exc}") from None
+    except (EntryMissing, VaultMissing) as exc:
+        raise CredentialError(Code.CREDENTIAL_MISSING, f"{ref}: {exc}") from None
+    except (VaultCorrupt, VaultError) as exc:
+        # Seed: "a local key decryption error" stays preflight, with its own code.
+        raise CredentialError(Code.CREDENTIAL_INVALID, f"{ref}: {exc}") from None
+    if not value:
+        raise CredentialError(Code.CREDENTIAL_MISSING, f"{ref}: vault entry is empty")
+    return Credential(ref, value, str(version))
+
+
+# --- injection --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Injection:
+    """What the adapter adds to the request.  ``headers`` and ``query`` carry the secret, so an
+    ``Injection`` must never be logged or journaled; ``header_names``/``query_param`` may be.
+
+    ``query`` values are already percent-encoded (RFC 3986 §2.1, every reserved character
+    escaped); use ``apply_query`` to append them to a request target."""
+
+    headers: tuple[tuple[str, str], ...]
+    query: tuple[tuple[str, str], ...]
+    header_names: frozenset[str]
+    query_param: str | None
+
+    def __repr__(self) -> str:
+        return (
+            f"Injection(header_names={sorted(self.header_names)!r}, "
+            f"query_param={self.query_param!r}, values=<redacted>)"
+        )
+
+    __str__ = __repr__
+
+
+def parse_inject(scheme: str) -> tuple[str, str | None]:
+    """Validate an injection scheme: ``("bearer"|"basic", None)`` or ``("header"|"query", NAME)``.
+    Raises ``ValueError`` with a human message (the config loader adds the field path)."""
+    if scheme in ("bearer", "basic"):
+        return scheme, None
+    kind, sep, name = scheme.partition(":") if isinstance(scheme, str) else ("", "", "")
+    if sep and kind == "header":
+        if not _TOKEN.fullmatch(name):
+            raise ValueError("header:NAME needs an RFC 9110 token as NAME")
+        if name.lower() in _RESERVED_HEADERS:
+            raise ValueError(f"header:{name} is owned by the transport and cannot carry a secret")
+        return kind, name
+    if sep and kind == "query":
+        if not _QUERY_NAME.fullmatch(name):
+            raise ValueError("query:NAME needs NAME of A-Z a-z 0-9 _ . - ~ (1-128 characters)")
+        return kind, name
+    raise ValueError("must be bearer, basic, header:NAME or query:NAME")
+
+
+def _header_safe(value: bytes, ref: str) -> str:
+    # RFC 9110 §5.5: field values are visible characters with inner spaces; CR/LF/NUL would
+    # let the secret's owner (or an attacker who planted it) inject headers.
+    try:
+        text = value.decode("ascii")
+    except UnicodeDecodeError:
+        raise CredentialError(
+            Code.CREDENTIAL_INVALID, f"{ref}: value is not ASCII and cannot go in a header"
+        ) from None
+    if not text or text != text.strip() or any(c < " " or c == "\x7f" for c in text):
+        raise CredentialError(
+            Code.CREDENTIAL_INVALID,
+            f"{ref}: value has control characters or surrounding whitespace",
+        )
+    return text
+
+
+def inject_http(scheme: str, credential: Credential) -> Injection:
+    """Build the injection for ``scheme``.  A bad value is CREDENTIAL_INVALID (phase
+    credential_injection): nothing has been sent yet, so the outcome stays not_attempted."""
+    try:
+        kind, name = parse_inject(scheme)
+    except ValueError as exc:
+        raise CredentialError(Code.CREDENTIAL_INVALID, f"injection scheme: {exc}") from None
+    ref = credential.ref
+    if kind == "bearer":
+        token = _header_safe(credential.value, ref)
+        if " " in token:
+            raise CredentialError(Code.CREDENTIAL_INVALID, f"{ref}: a bearer token has no spaces")
+        return Injection(
+            (("Authorization", f"Bearer {token}"),), (), frozenset({"authorization"}), None
+        )
+    if kind == "basic":
+        # RFC 7617: user-id ":" password, user-id without a colon; sent base64 (UTF-8).
+        if b":" not in credential.value or credential.value.startswith(b":"):
+            raise CredentialError(
+                Code.CREDENTIAL_INVALID,
+                f"{ref}: basic credentials must have the form user:password",
+            )
+        if any(b < 0x20 or b == 0x7F for b in credential.value):
+            raise CredentialError(Code.CREDENTIAL_INVALID, f"{ref}: value has control characters")
+        encoded = base64.b64encode(credential.value).decode("ascii")
+        return Injection(
+            (("Authorization", f"Basic {encoded}"),), (), frozenset({"authorization"}), None
+        )
+    assert name is not None
+    if kind == "header":
+        value = _header_safe(credential.value, ref)
+        return Injection(((name, value),), (), frozenset({name.lower()}), None)
+    quoted = urllib.parse.quote_from_bytes(credential.value, safe="")
+    return Injection((), ((name, quoted),), frozenset(), name)
+
+
+def apply_query(target: str, injection: Injection) -> str:
+    """Append the injected query parameters to a request target (``/path?x=1`` or ``/path``)."""
+    if not injection.query:
+        return target
+    extra = "&".join(f"{k}={v}" for k, v in injection.query)
+    if "?" not in target:
+        return f"{target}?{extra}"
+    return f"{target}{extra}" if target.endswith(("?", "&")) else f"{target}&{extra}"
+
+
+# --- redaction --------------------------------------------------------------------------------
+
+
+def secret_forms(value: bytes) -> set[bytes]:
+    """The byte strings a secret travels as: raw, base64 (standard and URL-safe, padded or not —
+    the Basic scheme, JWT-ish echoes) and percent-encoded (query injection)."""
+    if not value:
+        return set()
+    forms = {value}
+    for enc in (base64.b64encode(value), base64.urlsafe_b64encode(value)):
+        forms.add(enc)
+        forms.add(enc.rstrip(b"="))
+    quoted = urllib.parse.quote_from_bytes(value, safe="")
+    forms.add(quoted.encode("ascii"))
+    forms.add(quoted.replace("%20", "+").encode("ascii"))  # form encoding
+    forms.discard(b"")
+    return forms
+
+
+class Redactor:
+    """Streaming replacement of secret byte strings with ``[REDACTED]``.
+
+    Output is identical however the input is chunked: a position is only decided once the
+    longest secret could fit after it (or at ``flush``), and matching is leftmost-longest, which
+    is exactly what one ``re.sub`` over the whole input does."""
+
+    def __init__(self, secrets: Iterable[bytes]) -> None:
+        forms: set[bytes] = set()
+        for s in secrets:
+            forms |= secret_forms(s)
+        ordered = sorted(forms, key=lambda f: (-len(f), f))
+        self._max = len(ordered[0]) if ordered else 0
+        self._re = re.compile(b"|".join(re.escape(f) for f in ordered)) if ordered else None
+        self._buf = b""
+
+    def feed(self, data: bytes) -> bytes:
+        if self._re is None:
+            return data
+        buf = self._buf + data
+        safe = len(buf) - (self._max - 1)
+        out: list[bytes] = []
+        pos = 0
+        while pos < safe:
+            m = self._re.search(buf, pos)
+            if m is None or m.start() >= safe:
+                out.append(buf[pos:safe])
+                pos = safe
+                break
+            out.append(buf[pos : m.start()])
+            out.append(REDACTED)
+            pos = m.end()
+        self._buf = buf[pos:]
+        return b"".join(out)
+
+    def flush(self) -> bytes:
+        if self._re is None:
+            return b""
+        buf, self._buf = self._buf, b""
+        return self._re.sub(REDACTED, buf)
+
+
+def redactor(secret_values: Iterable[bytes]) -> Redactor:
+    return Redactor(secret_values)

@@ -1,0 +1,343 @@
+"""The secrets vault: one encrypted file, lockable across processes.
+
+Seed, "Validation and credential injection finish before dispatch": a locked vault and a local
+key decryption error are *credential_injection* failures with ``outcome=not_attempted``.  So the
+vault must tell "locked" apart from "missing entry" apart from "the file was tampered with" — the
+engine turns each into its own stable code (see ``affidavit.credentials``).
+
+File layout (all integers big-endian)::
+
+    magic   8  b"AFVAULT\\x01"
+    n_log2  1  scrypt cost (N = 2**n_log2), bounded on read so a tampered header cannot make
+    r       1  the broker allocate gigabytes
+    p       1
+    salt   16  scrypt salt
+    check  16  HMAC-SHA256(key, "affidavit-vault-check")[:16]: tells a wrong passphrase (or a
+               stale unlock file) apart from a tampered ciphertext
+    nonce  12  AES-GCM nonce, fresh for every write
+    ct     ..  AES-GCM(key, nonce, payload JSON, aad = every header byte before the nonce)
+
+The payload holds every entry (names too: a name can itself be sensitive) with a per-entry
+version that ``put`` bumps.  The version is the non-secret fact the engine binds to an invocation
+(seed: "You may record the secret's identifier or its non-secret version").
+
+Locking works across processes because the broker and ``affidavit vault unlock`` are separate
+processes: ``unlock`` derives the key and stores it in ``<vault>.unlock`` (mode 0600, atomic);
+``lock`` deletes that file; a process finds the vault locked when neither that file nor
+``$AFFIDAVIT_VAULT_PASSPHRASE`` provides a key.  Nothing keeps the key in memory beyond one
+operation, so a ``lock`` in another process takes effect on the broker's very next lookup.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import fcntl
+import hashlib
+import hmac
+import json
+import os
+import re
+import secrets
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from cryptography.hazmat.primitives.kdf.scrypt import Scrypt
+
+__all__ = [
+    "PASSPHRASE_ENV",
+    "EntryMissing",
+    "Vault",
+    "VaultCorrupt",
+    "VaultError",
+    "VaultExists",
+    "VaultLocked",
+    "VaultMissing",
+    "WrongPassphrase",
+    "valid_entry_name",
+]
+
+PASSPHRASE_ENV = "AFFIDAVIT_VAULT_PASSPHRASE"
+MAGIC = b"AFVAULT\x01"
+_UNLOCK_MAGIC = b"AFUNLK\x00\x01"
+_SALT_LEN, _CHECK_LEN, _NONCE_LEN, _KEY_LEN = 16, 16, 12, 32
+_HEADER_LEN = len(MAGIC) + 3 + _SALT_LEN + _CHECK_LEN
+DEFAULT_N_LOG2 = 15
+"""scrypt N = 2**15, r = 8, p = 1: ~32 MiB and ~0.1 s per derivation (RFC 7914's interactive
+recommendation), paid once per ``unlock``, not per lookup."""
+_N_LOG2_RANGE = range(10, 21)
+_ENTRY_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,128}")
+
+
+class VaultError(Exception):
+    """Base class.  Messages name files and entries, never values or passphrases."""
+
+
+class VaultMissing(VaultError):
+    """The vault file does not exist."""
+
+
+class VaultExists(VaultError):
+    """``init`` refused to overwrite an existing vault."""
+
+
+class VaultLocked(VaultError):
+    """No key is available: run ``affidavit vault unlock`` (or set the passphrase variable)."""
+
+
+class WrongPassphrase(VaultError):
+    """The passphrase (or the stored unlock key) does not open this vault."""
+
+
+class VaultCorrupt(VaultError):
+    """The file is not a vault, or its contents failed authentication (modified or damaged)."""
+
+
+class EntryMissing(VaultError, KeyError):
+    """No entry with that name."""
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0]) if self.args else "no such entry"
+
+
+def valid_entry_name(name: str) -> bool:
+    return bool(_ENTRY_NAME.fullmatch(name))
+
+
+def _derive(passphrase: str, salt: bytes, n_log2: int, r: int, p: int) -> bytes:
+    kdf = Scrypt(salt=salt, length=_KEY_LEN, n=2**n_log2, r=r, p=p)
+    return kdf.derive(passphrase.encode("utf-8"))
+
+
+def _check_value(key: bytes) -> bytes:
+    return hmac.new(key, b"affidavit-vault-check", hashlib.sha256).digest()[:_CHECK_LEN]
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` via a 0600 temp file + fsync + rename, so a crash leaves the
+    old file or the new one, never a torn mix, and the secret never sits in a wider-mode file."""
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    dfd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+class _Header:
+    __slots__ = ("check", "n_log2", "p", "r", "raw", "salt")
+
+    def __init__(self, raw: bytes) -> None:
+        if len(raw) < _HEADER_LEN or raw[: len(MAGIC)] != MAGIC:
+            raise VaultCorrupt("not an affidavit vault file (bad magic or truncated header)")
+        o = len(MAGIC)
+        self.n_log2, self.r, self.p = raw[o], raw[o + 1], raw[o + 2]
+        if self.n_log2 not in _N_LOG2_RANGE or not (1 <= self.r <= 32) or not (1 <= self.p <= 16):
+            raise VaultCorrupt("vault header has out-of-range key derivation parameters")
+        o += 3
+        self.salt = raw[o : o + _SALT_LEN]
+        o += _SALT_LEN
+        self.check = raw[o : o + _CHECK_LEN]
+        self.raw = raw[:_HEADER_LEN]
+
+
+class Vault:
+    """An encrypted secrets file.  Construct with ``Vault.init`` or ``Vault.open``."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.unlock_path = self.path.with_name(self.path.name + ".unlock")
+        self._lock_path = self.path.with_name(self.path.name + ".lock")
+        self._env_cache: tuple[str, bytes, bytes] | None = None
+
+    def __repr__(self) -> str:
+        return f"Vault({str(self.path)!r})"
+
+    # -- construction ---------------------------------------------------------------------
+
+    @classmethod
+    def init(cls, path: str | Path, passphrase: str, *, n_log2: int = DEFAULT_N_LOG2) -> Vault:
+        """Create an empty vault at ``path`` (0600).  It starts locked: ``unlock`` to use it."""
+        if not passphrase:
+            raise WrongPassphrase("the passphrase must not be empty")
+        if n_log2 not in _N_LOG2_RANGE:
+            raise ValueError(f"n_log2 must be within {_N_LOG2_RANGE.start}..{_N_LOG2_RANGE.stop}")
+        vault = cls(Path(path))
+        if vault.path.exists():
+            raise VaultExists(f"{vault.path}: a vault already exists; refusing to overwrite it")
+        salt = secrets.token_bytes(_SALT_LEN)
+        r, p = 8, 1
+        key = _derive(passphrase, salt, n_log2, r, p)
+        header = MAGIC + bytes([n_log2, r, p]) + salt + _check_value(key)
+        with vault._exclusive():
+            if vault.path.exists():
+                raise VaultExists(f"{vault.path}: a vault already exists; refusing to overwrite it")
+            vault._write(_Header(header), key, {})
+        return vault
+
+    @classmethod
+    def open(cls, path: str | Path) -> Vault:
+        vault = cls(Path(path))
+        vault._read_header()
+        return vault
+
+    # -- locking --------------------------------------------------------------------------
+
+    def unlock(self, passphrase: str) -> None:
+        """Derive the key, prove it opens the vault, and store it in the 0600 unlock file."""
+        header = self._read_header()
+        key = _derive(passphrase, header.salt, header.n_log2, header.r, header.p)
+        if not hmac.compare_digest(_check_value(key), header.check):
+            raise WrongPassphrase(f"{self.path}: wrong passphrase")
+        self._decrypt(header, key, self._read_raw())  # tampering is reported at unlock already
+        _atomic_write(self.unlock_path, _UNLOCK_MAGIC + header.salt + key)
+
+    def lock(self) -> None:
+        """Forget the stored key (every process sees the vault locked from now on)."""
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.unlock_path)
+
+    @property
+    def is_locked(self) -> bool:
+        try:
+            self._key(self._read_header())
+        except VaultLocked:
+            return True
+        return False
+
+    # -- entries --------------------------------------------------------------------------
+
+    def put(self, name: str, value: bytes) -> int:
+        """Store ``value`` under ``name``; returns the entry's new version (1 for a new entry)."""
+        if not valid_entry_name(name):
+            raise VaultError("entry names are 1-128 characters of A-Z a-z 0-9 _ . -")
+        if not isinstance(value, bytes) or not value:
+            raise VaultError("the value must be non-empty bytes")
+        with self._exclusive():
+            raw = self._read_raw()
+            header = _Header(raw)
+            key = self._key(header)
+            entries = self._decrypt(header, key, raw)
+            old = entries.get(name)
+            version = (int(old["version"]) if old else 0) + 1
+            entries[name] = {
+                "value": base64.b64encode(value).decode("ascii"),
+                "version": version,
+                "updated_at": time.time(),
+            }
+            self._write(header, key, entries)
+        return version
+
+    def get(self, name: str) -> tuple[bytes, int]:
+        """The entry's value and its version."""
+        raw = self._read_raw()
+        header = _Header(raw)
+        entries = self._decrypt(header, self._key(header), raw)
+        entry = entries.get(name)
+        if entry is None:
+            raise EntryMissing(f"{self.path}: no entry with that name")
+        return base64.b64decode(entry["value"]), int(entry["version"])
+
+    def list(self) -> list[tuple[str, int, float]]:
+        """``(name, version, updated_at)`` for every entry, sorted by name.  Never values."""
+        raw = self._read_raw()
+        header = _Header(raw)
+        entries = self._decrypt(header, self._key(header), raw)
+        return [
+            (name, int(e["version"]), float(e["updated_at"])) for name, e in sorted(entries.items())
+        ]
+
+    # -- internals ------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _exclusive(self) -> Iterator[None]:
+        """Serialize read-modify-write across processes (two concurrent ``put``s must not lose
+        one another's entry)."""
+        fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+    def _read_raw(self) -> bytes:
+        try:
+            return self.path.read_bytes()
+        except FileNotFoundError:
+            raise VaultMissing(
+                f"{self.path}: no vault file (create one with `affidavit vault init`)"
+            ) from None
+        except IsADirectoryError:
+            raise VaultCorrupt(f"{self.path}: is a directory, not a vault file") from None
+
+    def _read_header(self) -> _Header:
+        return _Header(self._read_raw())
+
+    def _key(self, header: _Header) -> bytes:
+        passphrase = os.environ.get(PASSPHRASE_ENV)
+        if passphrase:
+            cached = self._env_cache
+            if cached and cached[0] == passphrase and cached[1] == header.raw:
+                return cached[2]
+            key = _derive(passphrase, header.salt, header.n_log2, header.r, header.p)
+            if not hmac.compare_digest(_check_value(key), header.check):
+                raise WrongPassphrase(f"{self.path}: ${PASSPHRASE_ENV} does not open this vault")
+            self._env_cache = (passphrase, header.raw, key)
+            return key
+        try:
+            blob = self.unlock_path.read_bytes()
+        except FileNotFoundError:
+            raise VaultLocked(f"{self.path}: the vault is locked") from None
+        if (
+            len(blob) != len(_UNLOCK_MAGIC) + _SALT_LEN + _KEY_LEN
+            or blob[: len(_UNLOCK_MAGIC)] != _UNLOCK_MAGIC
+        ):
+            raise VaultLocked(f"{self.unlock_path}: unreadable unlock file; unlock again")
+        salt = blob[len(_UNLOCK_MAGIC) : len(_UNLOCK_MAGIC) + _SALT_LEN]
+        key = blob[len(_UNLOCK_MAGIC) + _SALT_LEN :]
+        if salt != header.salt or not hmac.compare_digest(_check_value(key), header.check):
+            # The vault was re-created (or its header edited) since the unlock: the stored key
+            # belongs to another vault, so for this one we are locked.
+            raise VaultLocked(f"{self.path}: the unlock key belongs to another vault; unlock again")
+        return key
+
+    def _decrypt(self, header: _Header, key: bytes, raw: bytes) -> dict[str, dict[str, Any]]:
+        body = raw[_HEADER_LEN:]
+        if len(body) < _NONCE_LEN + 16:
+            raise VaultCorrupt(f"{self.path}: vault file is truncated")
+        nonce, ct = body[:_NONCE_LEN], body[_NONCE_LEN:]
+        try:
+            plain = AESGCM(key).decrypt(nonce, ct, header.raw)
+        except InvalidTag:
+            raise VaultCorrupt(
+                f"{self.path}: vault contents failed authentication (modified or corrupted)"
+            ) from None
+        try:
+            doc = json.loads(plain)
+            entries = doc["entries"]
+            if not isinstance(entries, dict):
+                raise TypeError
+        except (ValueError, KeyError, TypeError):
+            raise VaultCorrupt(f"{self.path}: vault payload is malformed") from None
+        return entries
+
+    def _write(self, header: _Header, key: bytes, entries: dict[str, dict[str, Any]]) -> None:
+        plain = json.dumps({"entries": entries}, sort_keys=True).encode("utf-8")
+        nonce = secrets.token_bytes(_NONCE_LEN)
+        ct = AESGCM(key).encrypt(nonce, plain, header.raw)
+        _atomic_write(self.path, header.raw + nonce + ct)
