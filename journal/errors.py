@@ -1,0 +1,125 @@
+"""Journal errors and the small records the journal hands out.
+
+Every message names ids, seqs, files and codes — never a payload, a result or a key (seed: "Do not
+put credential contents into either the error or the action record").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = [
+    "IdempotencyMismatch",
+    "IdempotencyRecord",
+    "JournalError",
+    "JournalWriteError",
+    "Lease",
+    "LeaseBusy",
+    "LeaseLost",
+    "ResultStoreFailed",
+    "VerifyReport",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """An invocation's retry lease (seed: "take a lease on the invocation, record the retry
+    generation, and allow only one active attempt")."""
+
+    generation: int
+    expires_at: float
+    holder: str
+    invocation_id: str = ""
+    seq: int | None = None
+    """The seq of the RETRY_LEASE_ACQUIRED event that granted it."""
+
+
+@dataclass(frozen=True, slots=True)
+class IdempotencyRecord:
+    """The four facts the seed requires before dispatch: key, fingerprint, scope, retention."""
+
+    scope: str
+    key: str
+    fingerprint: str
+    invocation_id: str
+    expires_at: float | None
+    """Earliest time a retry with this key is no longer safe (end of the retention window)."""
+    created_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class VerifyReport:
+    ok: bool
+    count: int
+    """Rows checked and found intact (all of them when ``ok``)."""
+    first_bad_seq: int | None
+    reason: str
+    head_hash: str | None = None
+    """Hash of the last intact row: compare it with an external anchor to detect truncation of
+    the tail, which no chain can detect on its own."""
+
+
+class JournalError(Exception):
+    """The journal cannot do what was asked (bad key, corrupt row, closed journal, misuse)."""
+
+
+class JournalWriteError(JournalError):
+    """A storage fault (disk full, I/O error, read-only database) stopped a write.  The
+    transaction was rolled back: nothing of it is durable and every earlier row is intact."""
+
+
+class ResultStoreFailed(JournalWriteError):
+    """A storage fault while storing a result (chunk or completeness marker).  The engine
+    records RESULT_STORE_FAILED and renders only what the durable record proves."""
+
+
+class LeaseBusy(JournalError):
+    """Another holder's lease on the invocation has not expired."""
+
+    def __init__(self, current: Lease) -> None:
+        self.current = current
+        super().__init__(
+            f"invocation {current.invocation_id} is leased to {current.holder!r} "
+            f"(generation {current.generation}) until {current.expires_at:.3f}"
+        )
+
+
+class LeaseLost(JournalError):
+    """The caller's lease is stale or expired; the event was not written (a LEASE_LOST event
+    was, when the lifecycle allows it).  Seed: "the generation check must stop it before
+    dispatch"."""
+
+    def __init__(
+        self,
+        invocation_id: str,
+        holder: str,
+        generation: int,
+        current: Lease | None,
+        seq: int | None,
+    ) -> None:
+        self.invocation_id = invocation_id
+        self.holder = holder
+        self.generation = generation
+        self.current = current
+        self.seq = seq
+        now = (
+            f"generation {current.generation} held by {current.holder!r}"
+            if current is not None
+            else "no lease"
+        )
+        super().__init__(
+            f"lease generation {generation} of {holder!r} on invocation {invocation_id} "
+            f"is stale or expired (current: {now})"
+        )
+
+
+class IdempotencyMismatch(JournalError):
+    """The key is already bound to a different request fingerprint (IDEMPOTENCY_MISMATCH)."""
+
+    def __init__(self, existing: IdempotencyRecord, fingerprint: str) -> None:
+        self.existing = existing
+        self.fingerprint = fingerprint
+        super().__init__(
+            f"idempotency key in scope {existing.scope!r} is bound to fingerprint "
+            f"{existing.fingerprint} (invocation {existing.invocation_id}), not {fingerprint}"
+        )

@@ -1,0 +1,217 @@
+"""Sealing: AEAD for payloads and results, and write-only audit copies.
+
+Two keys (DESIGN, "Journal"):
+
+* the **broker key** — 32 random bytes in a 0600 file — seals what the broker must read back
+  (stored results, payloads).  AES-256-GCM, random 96-bit nonce, associated data binding the
+  ciphertext to its place (invocation, kind/stream, index) so a sealed blob moved to another row
+  does not open.
+* the optional **auditor public key** (X25519).  Each audit copy is sealed to it with an
+  ephemeral X25519 key (ECIES: X25519 -> HKDF-SHA256 -> AES-256-GCM), so the broker can append
+  what it cannot read back — Sallyport's write-only journal.
+
+A wrong key is a ``JournalError`` naming the key file, never garbage plaintext.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import stat
+from pathlib import Path
+
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+from .errors import JournalError
+
+__all__ = [
+    "AuditSealer",
+    "BrokerKey",
+    "generate_auditor_keypair",
+    "load_auditor_private_key",
+    "open_audit",
+]
+
+_KEY_HEADER = "affidavit-journal-key-v1 "
+_BROKER_V1 = b"\x01"
+_AUDIT_V1 = b"\x02"
+_NONCE = 12
+
+
+def _write_secret_file(path: Path, data: bytes) -> None:
+    # O_EXCL: never clobber an existing key; mode 0600 from the first byte (no chmod race).
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _read_secret_file(path: Path, what: str) -> bytes:
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        raise JournalError(f"{what} {path} does not exist") from None
+    if st.st_mode & 0o077:
+        raise JournalError(
+            f"{what} {path} is readable by group or others (mode "
+            f"{stat.S_IMODE(st.st_mode):04o}); it must be 0600"
+        )
+    return path.read_bytes()
+
+
+class BrokerKey:
+    """The broker's own symmetric key."""
+
+    __slots__ = ("_aead", "key_id", "path")
+
+    def __init__(self, key: bytes, path: Path) -> None:
+        self.path = path
+        self._aead = AESGCM(key)
+        self.key_id = hashlib.sha256(b"affidavit-key-id\0" + key).hexdigest()[:32]
+        """A public fingerprint of the key, stored in the journal to detect a wrong key file."""
+
+    @classmethod
+    def create(cls, path: str | os.PathLike[str]) -> BrokerKey:
+        p = Path(path)
+        key = AESGCM.generate_key(bit_length=256)
+        try:
+            _write_secret_file(p, (_KEY_HEADER + base64.b64encode(key).decode() + "\n").encode())
+        except OSError as exc:
+            raise JournalError(f"cannot create broker key file {p}: {exc.strerror}") from None
+        return cls(key, p)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> BrokerKey:
+        p = Path(path)
+        raw = _read_secret_file(p, "broker key file")
+        try:
+            text = raw.decode("ascii").strip()
+            if not text.startswith(_KEY_HEADER):
+                raise ValueError
+            key = base64.b64decode(text[len(_KEY_HEADER) :], validate=True)
+            if len(key) != 32:
+                raise ValueError
+        except ValueError:
+            raise JournalError(f"broker key file {p} is not an affidavit journal key") from None
+        return cls(key, p)
+
+    def seal(self, data: bytes, aad: bytes) -> bytes:
+        nonce = os.urandom(_NONCE)
+        return _BROKER_V1 + nonce + self._aead.encrypt(nonce, data, aad)
+
+    def open(self, sealed: bytes, aad: bytes) -> bytes:
+        if sealed[:1] != _BROKER_V1 or len(sealed) < 1 + _NONCE + 16:
+            raise JournalError(f"sealed blob is not a broker-key blob (key file {self.path})")
+        try:
+            return self._aead.decrypt(sealed[1 : 1 + _NONCE], sealed[1 + _NONCE :], aad)
+        except InvalidTag:
+            raise JournalError(
+                f"sealed data does not open with broker key file {self.path} "
+                "(wrong key, or the row was altered)"
+            ) from None
+
+
+def _derive(shared: bytes, eph_pub: bytes, recipient_pub: bytes) -> bytes:
+    return HKDF(
+        algorithm=hashes.SHA256(),
+        length=32,
+        salt=eph_pub + recipient_pub,
+        info=b"affidavit-audit-v1",
+    ).derive(shared)
+
+
+def _raw_public(key: X25519PublicKey) -> bytes:
+    return key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+
+
+class AuditSealer:
+    """Seals to the auditor's X25519 public key.  Holds no secret: the broker cannot open what
+    it seals."""
+
+    __slots__ = ("_pub", "_raw", "path")
+
+    def __init__(self, public_key: X25519PublicKey, path: Path) -> None:
+        self._pub = public_key
+        self._raw = _raw_public(public_key)
+        self.path = path
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> AuditSealer:
+        p = Path(path)
+        try:
+            key = serialization.load_pem_public_key(p.read_bytes())
+        except FileNotFoundError:
+            raise JournalError(f"auditor public key file {p} does not exist") from None
+        except ValueError:
+            raise JournalError(f"auditor public key file {p} is not a PEM public key") from None
+        if not isinstance(key, X25519PublicKey):
+            raise JournalError(f"auditor public key file {p} is not an X25519 key")
+        return cls(key, p)
+
+    def seal(self, data: bytes, aad: bytes) -> bytes:
+        eph = X25519PrivateKey.generate()
+        eph_pub = _raw_public(eph.public_key())
+        key = _derive(eph.exchange(self._pub), eph_pub, self._raw)
+        nonce = os.urandom(_NONCE)
+        return _AUDIT_V1 + eph_pub + nonce + AESGCM(key).encrypt(nonce, data, aad)
+
+
+def load_auditor_private_key(path: str | os.PathLike[str]) -> X25519PrivateKey:
+    p = Path(path)
+    raw = _read_secret_file(p, "auditor private key file")
+    try:
+        key = serialization.load_pem_private_key(raw, password=None)
+    except (ValueError, TypeError):
+        raise JournalError(f"auditor private key file {p} is not a PEM private key") from None
+    if not isinstance(key, X25519PrivateKey):
+        raise JournalError(f"auditor private key file {p} is not an X25519 key")
+    return key
+
+
+def open_audit(sealed: bytes, private_key_file: str | os.PathLike[str], aad: bytes) -> bytes:
+    """Open an audit copy with the auditor's private key (the auditor's side, not the broker's)."""
+    priv = load_auditor_private_key(private_key_file)
+    if sealed[:1] != _AUDIT_V1 or len(sealed) < 1 + 32 + _NONCE + 16:
+        raise JournalError("sealed blob is not an audit copy")
+    eph_pub = sealed[1:33]
+    nonce = sealed[33 : 33 + _NONCE]
+    key = _derive(
+        priv.exchange(X25519PublicKey.from_public_bytes(eph_pub)),
+        eph_pub,
+        _raw_public(priv.public_key()),
+    )
+    try:
+        return AESGCM(key).decrypt(nonce, sealed[33 + _NONCE :], aad)
+    except InvalidTag:
+        raise JournalError(
+            f"audit copy does not open with auditor key file {private_key_file} "
+            "(wrong key, or the row was altered)"
+        ) from None
+
+
+def generate_auditor_keypair(
+    private_path: str | os.PathLike[str], public_path: str | os.PathLike[str]
+) -> None:
+    """Write a new auditor key pair: the private key 0600 (keep it off the broker host), the
+    public key for ``Journal.open(auditor_public_key=...)``."""
+    priv = X25519PrivateKey.generate()
+    _write_secret_file(
+        Path(private_path),
+        priv.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        ),
+    )
+    Path(public_path).write_bytes(
+        priv.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+    )

@@ -1,0 +1,1016 @@
+"""The journal: append-only SQLite store with durability barriers and group commit.
+
+Seed, "Dispatch shifts the burden of proof": DISPATCH_STARTED must be durable before the first
+byte reaches the transport, and RESULT_COMMITTED before delivery.  ``append(..., barrier=True)``
+returns only after the commit that makes the event durable (WAL, ``synchronous=FULL``: SQLite
+fsyncs the WAL at that commit).  One writer task batches everything queued into one transaction,
+so concurrent invocations share one fsync (group commit).  A batch with no barrier commits with
+``synchronous=NORMAL``: it survives a process crash (the WAL is in the OS cache) and becomes
+power-loss durable with the next barrier's fsync, which covers every earlier WAL frame — recovery
+never depends on such events.
+
+``seq`` and ``prev_hash`` are computed inside ``BEGIN IMMEDIATE``, so a second process appending
+to the same file (SQLite serialises writers) extends the same chain instead of forking it.
+
+Reading methods are synchronous and use their own connection: WAL lets them run while the writer
+commits, and from other processes.  ``JournalReader`` opens a journal read-only, without the
+broker key, for views and ``verify``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import sqlite3
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Generic, TypeVar
+from urllib.parse import quote
+
+import trio
+from affidavit.statemachine import (
+    BARRIER_KINDS,
+    Event,
+    EventKind,
+    EvidenceSource,
+    ImpossibleEvent,
+    Outcome,
+    Phase,
+    Projector,
+    Record,
+)
+
+from .chain import (
+    EVENT_COLUMNS,
+    GENESIS,
+    SCHEMA,
+    SCHEMA_VERSION,
+    canonical_json,
+    row_hash,
+    verify_connection,
+)
+from .errors import (
+    IdempotencyMismatch,
+    IdempotencyRecord,
+    JournalError,
+    JournalWriteError,
+    Lease,
+    LeaseBusy,
+    LeaseLost,
+    ResultStoreFailed,
+    VerifyReport,
+)
+from .sealing import AuditSealer, BrokerKey, open_audit
+
+__all__ = ["Journal", "JournalReader", "StoredResult"]
+
+T = TypeVar("T")
+
+BUSY_TIMEOUT_MS = 30_000
+MAX_BATCH = 2048
+_PROJECTOR_CACHE = 50_000
+_KINDS = {k.value: k for k in EventKind}
+_SOURCES = {s.value: s for s in EvidenceSource}
+_READ_COLUMNS = "seq, at, invocation_id, session_id, kind, source, observer, observer_seq, attrs"
+
+
+@dataclass(frozen=True, slots=True)
+class StoredResult:
+    """A complete stored result: only ever built from a completeness marker whose hashes match."""
+
+    invocation_id: str
+    summary: Mapping[str, Any]
+    streams: dict[str, bytes]
+    sha256: str
+    seq: int
+    """The RESULT_COMMITTED event's seq."""
+
+
+def _event_from_row(row: tuple[Any, ...]) -> Event:
+    return Event(
+        kind=_KINDS[row[4]],
+        invocation_id=row[2],
+        attrs=json.loads(row[8]),
+        source=_SOURCES[row[5]],
+        seq=row[0],
+        at=row[1],
+        observer=row[6],
+        observer_seq=row[7],
+    )
+
+
+def _aad(*parts: str | int) -> bytes:
+    return "\0".join(str(p) for p in parts).encode("utf-8")
+
+
+def payload_aad(invocation_id: str, kind: str) -> bytes:
+    """Associated data of an event payload (broker copy and audit copy)."""
+    return _aad("payload", invocation_id, kind)
+
+
+def open_audit_payload(
+    sealed: bytes, private_key_file: str | os.PathLike[str], invocation_id: str, kind: str
+) -> Mapping[str, Any]:
+    """The auditor's side: open an event's audit copy with the auditor's private key."""
+    data = open_audit(sealed, private_key_file, payload_aad(invocation_id, kind))
+    value: Mapping[str, Any] = json.loads(data)
+    return value
+
+
+def _whole_sha256(per_stream: Mapping[str, Mapping[str, Any]]) -> str:
+    """The whole result's hash: SHA-256 of the canonical JSON ``{stream: stream_sha256}``."""
+    return hashlib.sha256(
+        canonical_json({s: v["sha256"] for s, v in per_stream.items()}).encode()
+    ).hexdigest()
+
+
+def _lease_from_row(invocation_id: str, row: tuple[Any, ...] | None) -> Lease | None:
+    if row is None:
+        return None
+    return Lease(
+        generation=row[1], expires_at=row[2], holder=row[0], invocation_id=invocation_id, seq=row[3]
+    )
+
+
+def _idem_from_row(row: tuple[Any, ...] | None) -> IdempotencyRecord | None:
+    if row is None:
+        return None
+    return IdempotencyRecord(
+        scope=row[0],
+        key=row[1],
+        fingerprint=row[2],
+        invocation_id=row[3],
+        expires_at=row[4],
+        created_at=row[5],
+    )
+
+
+# --- reading -------------------------------------------------------------------------------
+
+
+class JournalReader:
+    """Synchronous reads.  Opened on its own (``JournalReader.open``) it is read-only and needs
+    no key unless results or payloads are read."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        key_file: str | os.PathLike[str] | None = None,
+        readonly: bool = True,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.path = Path(path)
+        self._clock = clock
+        self._key_file = Path(key_file) if key_file is not None else Path(f"{self.path}.key")
+        self._key: BrokerKey | None = None
+        if readonly:
+            if not self.path.exists():
+                raise JournalError(f"no journal at {self.path}")
+            uri = f"file:{quote(str(self.path.resolve()))}?mode=ro"
+            self._rconn = sqlite3.connect(
+                uri, uri=True, isolation_level=None, check_same_thread=False
+            )
+            try:
+                self._rconn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+                self._rconn.execute("SELECT 1 FROM events LIMIT 1").fetchall()
+            except sqlite3.Error as exc:
+                self._rconn.close()
+                raise JournalError(f"{self.path} is not a readable journal: {exc}") from None
+        else:
+            self._rconn = sqlite3.connect(
+                str(self.path), isolation_level=None, check_same_thread=False
+            )
+            self._rconn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+
+    @classmethod
+    def open(
+        cls, path: str | os.PathLike[str], *, key_file: str | os.PathLike[str] | None = None
+    ) -> JournalReader:
+        return cls(path, key_file=key_file, readonly=True)
+
+    def __enter__(self) -> JournalReader:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._rconn.close()
+
+    # -- keys ---------------------------------------------------------------------------------
+
+    def _broker_key(self) -> BrokerKey:
+        if self._key is None:
+            key = BrokerKey.load(self._key_file)
+            stored = self._meta("key_id")
+            if stored is not None and stored != key.key_id:
+                raise JournalError(f"broker key file {self._key_file} does not match this journal")
+            self._key = key
+        return self._key
+
+    def _meta(self, name: str) -> str | None:
+        row = self._rconn.execute("SELECT value FROM meta WHERE name = ?", (name,)).fetchone()
+        return None if row is None else str(row[0])
+
+    # -- events and records -------------------------------------------------------------------
+
+    def events(self, invocation_id: str) -> list[Event]:
+        cur = self._rconn.execute(
+            f"SELECT {_READ_COLUMNS} FROM events WHERE invocation_id = ? ORDER BY seq",
+            (invocation_id,),
+        )
+        return [_event_from_row(r) for r in cur]
+
+    def record(self, invocation_id: str, now: float | None = None) -> Record | None:
+        events = self.events(invocation_id)
+        if not events:
+            return None
+        return Projector(invocation_id).extend(events).record(now)
+
+    def payload(self, seq: int) -> Mapping[str, Any] | None:
+        """The broker copy of an event's sealed payload (None if the event has none)."""
+        row = self._rconn.execute(
+            "SELECT invocation_id, kind, payload FROM events WHERE seq = ?", (seq,)
+        ).fetchone()
+        if row is None or row[2] is None:
+            return None
+        data = self._broker_key().open(row[2], payload_aad(row[0], row[1]))
+        value: Mapping[str, Any] = json.loads(data)
+        return value
+
+    def audit_copy(self, seq: int) -> tuple[str, str, bytes] | None:
+        """``(invocation_id, kind, sealed)`` of an event's audit copy, for the auditor to open
+        with ``open_audit_payload``; the broker cannot open it."""
+        row = self._rconn.execute(
+            "SELECT invocation_id, kind, audit FROM events WHERE seq = ?", (seq,)
+        ).fetchone()
+        if row is None or row[2] is None:
+            return None
+        return str(row[0]), str(row[1]), bytes(row[2])
+
+    def head(self) -> tuple[int, str]:
+        row = self._rconn.execute(
+            "SELECT seq, hash FROM events ORDER BY seq DESC LIMIT 1"
+        ).fetchone()
+        return (0, GENESIS) if row is None else (int(row[0]), str(row[1]))
+
+    # -- results ------------------------------------------------------------------------------
+
+    def read_result(self, invocation_id: str) -> StoredResult | None:
+        """The stored result, or None unless its completeness marker exists.  A read, never a
+        re-execution (seed: "treat repeated requests as reads")."""
+        conn = self._rconn
+        conn.execute("BEGIN")
+        try:
+            marker = conn.execute(
+                "SELECT seq, sha256, streams, summary FROM results WHERE invocation_id = ?",
+                (invocation_id,),
+            ).fetchone()
+            if marker is None:
+                return None
+            seq, sha, streams_json, summary_blob = marker
+            ev = conn.execute(
+                "SELECT kind, invocation_id, attrs FROM events WHERE seq = ?", (seq,)
+            ).fetchone()
+            chunks = conn.execute(
+                "SELECT stream, idx, data FROM result_chunks WHERE invocation_id = ? "
+                "ORDER BY stream, idx",
+                (invocation_id,),
+            ).fetchall()
+        finally:
+            conn.execute("COMMIT")
+        bad = f"stored result of invocation {invocation_id} (seq {seq}) fails verification"
+        if ev is None or ev[0] != EventKind.RESULT_COMMITTED.value or ev[1] != invocation_id:
+            raise JournalError(f"{bad}: no RESULT_COMMITTED event at its seq")
+        if json.loads(ev[2]).get("sha256") != sha:
+            raise JournalError(f"{bad}: marker hash differs from the chained event")
+        declared: dict[str, dict[str, Any]] = json.loads(streams_json)
+        key = self._broker_key()
+        parts: dict[str, list[bytes]] = {s: [] for s in declared}
+        for stream, idx, data in chunks:
+            if stream not in parts or idx != len(parts[stream]):
+                continue  # chunks beyond the marker's count are not part of the result
+            parts[stream].append(key.open(data, _aad("result", invocation_id, stream, idx)))
+        streams: dict[str, bytes] = {}
+        for stream, info in declared.items():
+            got = parts[stream][: info["chunks"]]
+            body = b"".join(got)
+            if len(got) != info["chunks"] or hashlib.sha256(body).hexdigest() != info["sha256"]:
+                raise JournalError(f"{bad}: stream {stream!r} is incomplete or altered")
+            streams[stream] = body
+        if _whole_sha256(declared) != sha:
+            raise JournalError(f"{bad}: whole-result hash differs")
+        summary: Mapping[str, Any] = json.loads(
+            key.open(summary_blob, _aad("summary", invocation_id))
+        )
+        return StoredResult(invocation_id, summary, streams, sha, seq)
+
+    # -- leases and idempotency ---------------------------------------------------------------
+
+    def lease(self, invocation_id: str) -> Lease | None:
+        row = self._rconn.execute(
+            "SELECT holder, generation, expires_at, seq FROM leases WHERE invocation_id = ?",
+            (invocation_id,),
+        ).fetchone()
+        return _lease_from_row(invocation_id, row)
+
+    def find_idempotency(self, scope: str, key: str) -> IdempotencyRecord | None:
+        row = self._rconn.execute(
+            "SELECT scope, key, fingerprint, invocation_id, expires_at, created_at "
+            "FROM idempotency WHERE scope = ? AND key = ?",
+            (scope, key),
+        ).fetchone()
+        return _idem_from_row(row)
+
+    # -- views --------------------------------------------------------------------------------
+
+    def _fold(
+        self, session: str | None, now: float | None
+    ) -> list[tuple[Record, float | None, float | None]]:
+        """(record, first_at, last_at) per invocation, in order of first appearance."""
+        if session is None:
+            cur = self._rconn.execute(f"SELECT {_READ_COLUMNS} FROM events ORDER BY seq")
+        else:
+            cur = self._rconn.execute(
+                f"SELECT {_READ_COLUMNS} FROM events WHERE session_id = ? ORDER BY seq",
+                (session,),
+            )
+        folds: dict[str, Projector] = {}
+        first: dict[str, float] = {}
+        last: dict[str, float] = {}
+        for row in cur:
+            iid = row[2]
+            p = folds.get(iid)
+            if p is None:
+                p = folds[iid] = Projector(iid)
+                first[iid] = row[1]
+            p.apply(_event_from_row(row))
+            last[iid] = row[1]
+        return [(p.record(now), first.get(iid), last.get(iid)) for iid, p in folds.items()]
+
+    def list_actions(
+        self,
+        session: str | None = None,
+        outcome: Outcome | str | None = None,
+        phase: Phase | str | None = None,
+        since: float | None = None,
+        until: float | None = None,
+        now: float | None = None,
+    ) -> list[Record]:
+        """Projected records, oldest first.  ``since``/``until`` bound the time the action was
+        accepted (a wall-clock label, inclusive)."""
+        want_outcome = Outcome(outcome) if outcome is not None else None
+        want_phase = Phase(phase) if phase is not None else None
+        out: list[Record] = []
+        for rec, first_at, _ in self._fold(session, now):
+            if want_outcome is not None and rec.outcome is not want_outcome:
+                continue
+            if want_phase is not None and rec.phase is not want_phase:
+                continue
+            if since is not None and (first_at is None or first_at < since):
+                continue
+            if until is not None and (first_at is None or first_at > until):
+                continue
+            out.append(rec)
+        return out
+
+    def sessions(self) -> list[dict[str, Any]]:
+        """One entry per session: its action count, counts by outcome, first and last seen."""
+        by: dict[str | None, dict[str, Any]] = {}
+        for rec, first_at, last_at in self._fold(None, None):
+            s = by.setdefault(
+                rec.session,
+                {
+                    "session": rec.session,
+                    "actions": 0,
+                    "outcomes": {},
+                    "first_seen": first_at,
+                    "last_seen": last_at,
+                },
+            )
+            s["actions"] += 1
+            s["outcomes"][rec.outcome.value] = s["outcomes"].get(rec.outcome.value, 0) + 1
+            if first_at is not None and (s["first_seen"] is None or first_at < s["first_seen"]):
+                s["first_seen"] = first_at
+            if last_at is not None and (s["last_seen"] is None or last_at > s["last_seen"]):
+                s["last_seen"] = last_at
+        return list(by.values())
+
+    def verify(self) -> VerifyReport:
+        """Recompute the hash chain (no key needed); report the first bad seq."""
+        self._rconn.execute("BEGIN")
+        try:
+            return verify_connection(self._rconn)
+        finally:
+            self._rconn.execute("COMMIT")
+
+
+# --- writing -------------------------------------------------------------------------------
+
+
+@dataclass(eq=False)
+class _Fail:
+    """An op's answer when it wrote something (LEASE_LOST) but must still raise to the caller."""
+
+    error: BaseException
+
+
+@dataclass(eq=False)
+class _Req(Generic[T]):
+    op: Callable[[_Txn], T | _Fail]
+    barrier: bool
+    result_store: bool
+    done: trio.Event = field(default_factory=trio.Event)
+    result: T | None = None
+    error: BaseException | None = None
+
+
+class _Txn:
+    """State of one writer transaction: the chain head as this transaction extends it."""
+
+    __slots__ = ("conn", "hash", "journal", "seq")
+
+    def __init__(self, journal: Journal, conn: sqlite3.Connection, seq: int, hash_: str) -> None:
+        self.journal = journal
+        self.conn = conn
+        self.seq = seq
+        self.hash = hash_
+
+    def insert(
+        self,
+        event: Event,
+        attrs_text: str,
+        payload: bytes | None = None,
+        audit: bytes | None = None,
+    ) -> Event:
+        j = self.journal
+        iid = event.invocation_id
+        proj, session = j._projector(self.conn, iid)
+        if event.kind is EventKind.ACTION_ACCEPTED:
+            raw = event.attrs.get("session")
+            session = None if raw is None else str(raw)
+        seq = self.seq + 1
+        at = float(event.at) if event.at is not None else j._clock()
+        stored = dataclasses.replace(event, seq=seq, at=at)
+        proj.apply(stored)  # ImpossibleEvent: nothing written, projector unchanged
+        j._sessions[iid] = session
+        kind = event.kind.value
+        source = event.source.value
+        h = row_hash(
+            self.hash,
+            seq,
+            at,
+            iid,
+            session,
+            kind,
+            source,
+            event.observer,
+            event.observer_seq,
+            attrs_text,
+            payload,
+            audit,
+        )
+        self.conn.execute(
+            f"INSERT INTO events ({EVENT_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            (
+                seq,
+                at,
+                iid,
+                session,
+                kind,
+                source,
+                event.observer,
+                event.observer_seq,
+                attrs_text,
+                payload,
+                audit,
+                self.hash,
+                h,
+            ),
+        )
+        self.seq, self.hash = seq, h
+        return stored
+
+
+class _Opener:
+    """``async with Journal.open(...) as j``: open, start the writer, drain and close."""
+
+    def __init__(self, args: dict[str, Any]) -> None:
+        self._args = args
+        self._journal: Journal | None = None
+
+    async def __aenter__(self) -> Journal:
+        j = await trio.to_thread.run_sync(lambda: Journal(**self._args))
+        try:
+            await j._start()
+        except BaseException:
+            j.close()
+            raise
+        self._journal = j
+        return j
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        assert self._journal is not None
+        await self._journal._stop()
+
+
+class Journal(JournalReader):
+    """The writing journal.  Use ``async with Journal.open(path) as j``."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        key_file: str | os.PathLike[str] | None = None,
+        auditor_public_key: str | os.PathLike[str] | None = None,
+        payload_copy: bool = True,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        super().__init__(path, key_file=key_file, readonly=False, clock=clock)
+        self._audit = AuditSealer.load(auditor_public_key) if auditor_public_key else None
+        self._payload_copy = payload_copy or self._audit is None
+        try:
+            self._wconn = sqlite3.connect(
+                str(self.path),
+                isolation_level=None,
+                check_same_thread=False,
+                timeout=BUSY_TIMEOUT_MS / 1000,
+            )
+            self._wconn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+            mode = self._wconn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+            if str(mode).lower() != "wal":
+                raise JournalError(f"{self.path}: cannot switch the journal to WAL mode")
+            self._wconn.execute("PRAGMA synchronous=FULL")
+            self._sync = "FULL"
+            self._init_schema()
+        except sqlite3.Error as exc:
+            self.close()
+            raise JournalError(f"cannot open journal {self.path}: {exc}") from None
+        except BaseException:
+            self.close()
+            raise
+        self._projectors: dict[str, Projector] = {}
+        self._sessions: dict[str, str | None] = {}
+        self._known_head: int | None = None
+        self._send: trio.MemorySendChannel[_Req[Any]] | None = None
+        self._recv: trio.MemoryReceiveChannel[_Req[Any]] | None = None
+        self._nursery_mgr: contextlib.AbstractAsyncContextManager[trio.Nursery] | None = None
+        self._nursery: trio.Nursery | None = None
+        self._limiter = trio.CapacityLimiter(1)
+        self._before_commit: Callable[[], None] | None = None
+        """Test hook: runs in the writer thread inside the open transaction (crash tests)."""
+
+    @classmethod
+    def open(  # type: ignore[override]
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        key_file: str | os.PathLike[str] | None = None,
+        auditor_public_key: str | os.PathLike[str] | None = None,
+        payload_copy: bool = True,
+        clock: Callable[[], float] = time.time,
+    ) -> _Opener:
+        """Open (creating if absent) and start the single writer task.  ``key_file`` defaults
+        to ``<path>.key`` and is created 0600 for a new journal.  ``payload_copy=False`` with an
+        auditor key makes payloads write-only: sealed to the auditor alone."""
+        return _Opener(
+            {
+                "path": path,
+                "key_file": key_file,
+                "auditor_public_key": auditor_public_key,
+                "payload_copy": payload_copy,
+                "clock": clock,
+            }
+        )
+
+    def _init_schema(self) -> None:
+        c = self._wconn
+        c.execute("BEGIN IMMEDIATE")
+        try:
+            # executescript() would COMMIT first; run the statements inside our transaction.
+            for stmt in _split_sql(SCHEMA):
+                c.execute(stmt)
+            c.execute(
+                "INSERT OR IGNORE INTO meta (name, value) VALUES ('schema', ?)",
+                (str(SCHEMA_VERSION),),
+            )
+            row = c.execute("SELECT value FROM meta WHERE name = 'key_id'").fetchone()
+            if row is None:
+                key = (
+                    BrokerKey.load(self._key_file)
+                    if self._key_file.exists()
+                    else BrokerKey.create(self._key_file)
+                )
+                c.execute("INSERT INTO meta (name, value) VALUES ('key_id', ?)", (key.key_id,))
+            else:
+                key = BrokerKey.load(self._key_file)
+                if key.key_id != row[0]:
+                    raise JournalError(
+                        f"broker key file {self._key_file} does not match journal {self.path}"
+                    )
+            self._key = key
+            c.execute("COMMIT")
+        except BaseException:
+            if c.in_transaction:
+                c.execute("ROLLBACK")
+            raise
+
+    def close(self) -> None:
+        conn = getattr(self, "_wconn", None)
+        if conn is not None:
+            conn.close()
+        super().close()
+
+    # -- writer task --------------------------------------------------------------------------
+
+    async def _start(self) -> None:
+        self._send, self._recv = trio.open_memory_channel[_Req[Any]](MAX_BATCH * 4)
+        mgr = trio.open_nursery()
+        nursery = await mgr.__aenter__()
+        self._nursery_mgr = mgr
+        self._nursery = nursery
+        nursery.start_soon(self._writer)
+
+    async def _stop(self) -> None:
+        assert self._send is not None
+        self._send.close()
+        try:
+            # The writer drains what is queued even if our caller was cancelled: a queued
+            # barrier's submitter is waiting (shielded) for its answer.
+            assert self._nursery_mgr is not None and self._nursery is not None
+            self._nursery.cancel_scope.shield = True
+            await self._nursery_mgr.__aexit__(None, None, None)
+        finally:
+            self.close()
+
+    async def _writer(self) -> None:
+        assert self._recv is not None
+        recv = self._recv
+        with trio.CancelScope(shield=True):
+            while True:
+                try:
+                    first = await recv.receive()
+                except trio.EndOfChannel:
+                    return
+                # Let appenders woken by the previous commit queue up, so they share this fsync.
+                await trio.sleep(0)
+                batch = [first]
+                while len(batch) < MAX_BATCH:
+                    try:
+                        batch.append(recv.receive_nowait())
+                    except (trio.WouldBlock, trio.EndOfChannel):
+                        break
+                try:
+                    await trio.to_thread.run_sync(self._run_batch, batch, limiter=self._limiter)
+                except Exception as exc:  # a bug, not a storage fault: fail the batch, go on
+                    self._forget()
+                    for r in batch:
+                        r.error = JournalError(f"journal writer failed: {exc!r}")
+                finally:
+                    for r in batch:
+                        r.done.set()
+
+    def _forget(self) -> None:
+        self._projectors.clear()
+        self._sessions.clear()
+        self._known_head = None
+
+    def _run_batch(self, batch: list[_Req[Any]]) -> None:
+        conn = self._wconn
+        want = "FULL" if any(r.barrier for r in batch) else "NORMAL"
+        try:
+            if self._sync != want:
+                conn.execute(f"PRAGMA synchronous={want}")
+                self._sync = want
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                row = conn.execute(
+                    "SELECT seq, hash FROM events ORDER BY seq DESC LIMIT 1"
+                ).fetchone()
+                seq, h = (0, GENESIS) if row is None else (int(row[0]), str(row[1]))
+                if seq != self._known_head or len(self._projectors) > _PROJECTOR_CACHE:
+                    # Another process appended (or we lost track): reload projections lazily.
+                    self._forget()
+                txn = _Txn(self, conn, seq, h)
+                for r in batch:
+                    mark = (txn.seq, txn.hash)
+                    conn.execute("SAVEPOINT op")
+                    try:
+                        out = r.op(txn)
+                    except sqlite3.Error:
+                        raise
+                    except Exception as exc:
+                        conn.execute("ROLLBACK TO op")
+                        txn.seq, txn.hash = mark
+                        r.error = exc
+                    else:
+                        if isinstance(out, _Fail):
+                            r.error = out.error
+                        else:
+                            r.result = out
+                    conn.execute("RELEASE op")
+                if self._before_commit is not None:
+                    self._before_commit()
+                conn.execute("COMMIT")
+                self._known_head = txn.seq
+            except BaseException:
+                if conn.in_transaction:
+                    with contextlib.suppress(sqlite3.Error):
+                        conn.execute("ROLLBACK")
+                raise
+        except sqlite3.Error as exc:
+            self._forget()
+            for r in batch:
+                r.result = None
+                cls = ResultStoreFailed if r.result_store else JournalWriteError
+                r.error = cls(f"journal {self.path}: write not committed: {exc}")
+
+    def _projector(self, conn: sqlite3.Connection, iid: str) -> tuple[Projector, str | None]:
+        p = self._projectors.get(iid)
+        if p is not None:
+            return p, self._sessions.get(iid)
+        p = Projector(iid)
+        session: str | None = None
+        for row in conn.execute(
+            f"SELECT {_READ_COLUMNS} FROM events WHERE invocation_id = ? ORDER BY seq", (iid,)
+        ):
+            p.apply(_event_from_row(row))
+            if session is None and row[3] is not None:
+                session = row[3]
+        self._projectors[iid] = p
+        self._sessions[iid] = session
+        return p, session
+
+    async def _submit(
+        self, op: Callable[[_Txn], T | _Fail], *, barrier: bool, result_store: bool = False
+    ) -> T:
+        if self._send is None:
+            raise JournalError("journal is not open for writing (use `async with Journal.open`)")
+        req: _Req[T] = _Req(op, barrier, result_store)
+        try:
+            await self._send.send(req)
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            raise JournalError(f"journal {self.path} is closed") from None
+        # Once queued, the write will happen: wait for its answer even if cancelled, so the
+        # caller never loses track of a barrier that did commit (seed: classify by the last
+        # proven boundary).
+        with trio.CancelScope(shield=True):
+            await req.done.wait()
+        if req.error is not None:
+            raise req.error
+        return req.result  # type: ignore[return-value]
+
+    # -- public writes --------------------------------------------------------------------------
+
+    def _seal_payload(
+        self, event: Event, payload: Mapping[str, Any] | None
+    ) -> tuple[bytes | None, bytes | None]:
+        if payload is None:
+            return None, None
+        data = canonical_json(payload).encode("utf-8")
+        aad = payload_aad(event.invocation_id, event.kind.value)
+        assert self._key is not None
+        mine = self._key.seal(data, aad) if self._payload_copy else None
+        audit = self._audit.seal(data, aad) if self._audit is not None else None
+        return mine, audit
+
+    async def append(
+        self,
+        event: Event,
+        *,
+        barrier: bool = False,
+        payload: Mapping[str, Any] | None = None,
+        lease: tuple[str, int] | None = None,
+    ) -> Event:
+        """Append one event; return it with ``seq`` and ``at`` assigned.
+
+        Raises ``ImpossibleEvent`` (nothing written) if the lifecycle refuses it, ``LeaseLost``
+        if ``lease=(holder, generation)`` is stale or expired (checked in the same transaction),
+        ``JournalWriteError`` on a storage fault.  DISPATCH_STARTED and RESULT_COMMITTED are
+        always barriers."""
+        attrs_text = _attrs_json(event)
+        sealed, audit = self._seal_payload(event, payload)
+        barrier = barrier or event.kind in BARRIER_KINDS
+
+        def op(txn: _Txn) -> Event | _Fail:
+            if lease is not None:
+                lost = self._check_lease(txn, event.invocation_id, lease)
+                if lost is not None:
+                    return lost
+            return txn.insert(event, attrs_text, sealed, audit)
+
+        return await self._submit(op, barrier=barrier)
+
+    def _check_lease(self, txn: _Txn, iid: str, lease: tuple[str, int]) -> _Fail | None:
+        holder, generation = lease
+        row = txn.conn.execute(
+            "SELECT holder, generation, expires_at, seq FROM leases WHERE invocation_id = ?",
+            (iid,),
+        ).fetchone()
+        current = _lease_from_row(iid, row)
+        if (
+            current is not None
+            and current.holder == holder
+            and current.generation == generation
+            and current.expires_at > self._clock()
+        ):
+            return None
+        lost = Event(
+            EventKind.LEASE_LOST,
+            iid,
+            attrs={"generation": generation, "holder": holder},
+        )
+        try:
+            seq = txn.insert(lost, _attrs_json(lost)).seq
+        except ImpossibleEvent:
+            seq = None
+        return _Fail(LeaseLost(iid, holder, generation, current, seq))
+
+    async def acquire_lease(self, invocation_id: str, holder: str, ttl: float) -> Lease:
+        """Take the invocation's retry lease: bump the generation, write the lease row and a
+        RETRY_LEASE_ACQUIRED event in one barrier transaction.  ``LeaseBusy`` if another
+        holder's lease is unexpired; ``ImpossibleEvent`` if the lifecycle refuses a retry."""
+        if not (ttl > 0 and math.isfinite(ttl)):
+            raise ValueError("ttl must be a positive number of seconds")
+
+        def op(txn: _Txn) -> Lease | _Fail:
+            row = txn.conn.execute(
+                "SELECT holder, generation, expires_at, seq FROM leases WHERE invocation_id = ?",
+                (invocation_id,),
+            ).fetchone()
+            current = _lease_from_row(invocation_id, row)
+            now = self._clock()
+            if current is not None and current.expires_at > now and current.holder != holder:
+                return _Fail(LeaseBusy(current))
+            proj, _ = self._projector(txn.conn, invocation_id)
+            recorded = proj.record(now).generation
+            generation = max(recorded, current.generation if current else 0) + 1
+            expires = now + ttl
+            ev = Event(
+                EventKind.RETRY_LEASE_ACQUIRED,
+                invocation_id,
+                attrs={"generation": generation, "holder": holder, "expires_at": expires},
+                at=now,
+            )
+            stored = txn.insert(ev, _attrs_json(ev))
+            txn.conn.execute(
+                "INSERT OR REPLACE INTO leases (invocation_id, holder, generation, expires_at, "
+                "seq) VALUES (?,?,?,?,?)",
+                (invocation_id, holder, generation, expires, stored.seq),
+            )
+            return Lease(generation, expires, holder, invocation_id, stored.seq)
+
+        return await self._submit(op, barrier=True)
+
+    async def bind_idempotency(
+        self,
+        scope: str,
+        key: str,
+        fingerprint: str,
+        invocation_id: str,
+        expires_at: float | None,
+    ) -> IdempotencyRecord:
+        """Bind an idempotency key to a request fingerprint (durable).  The first binding wins;
+        the same fingerprint returns it; another fingerprint raises ``IdempotencyMismatch``."""
+
+        def op(txn: _Txn) -> IdempotencyRecord | _Fail:
+            row = txn.conn.execute(
+                "SELECT scope, key, fingerprint, invocation_id, expires_at, created_at "
+                "FROM idempotency WHERE scope = ? AND key = ?",
+                (scope, key),
+            ).fetchone()
+            existing = _idem_from_row(row)
+            if existing is not None:
+                if existing.fingerprint == fingerprint:
+                    return existing
+                return _Fail(IdempotencyMismatch(existing, fingerprint))
+            rec = IdempotencyRecord(
+                scope, key, fingerprint, invocation_id, expires_at, self._clock()
+            )
+            txn.conn.execute(
+                "INSERT INTO idempotency (scope, key, fingerprint, invocation_id, expires_at, "
+                "created_at) VALUES (?,?,?,?,?,?)",
+                (scope, key, fingerprint, invocation_id, expires_at, rec.created_at),
+            )
+            return rec
+
+        return await self._submit(op, barrier=True)
+
+    async def put_result_chunk(
+        self, invocation_id: str, stream: str, index: int, data: bytes
+    ) -> None:
+        """Store one sealed chunk of a result stream (not complete until ``commit_result``).
+        Index 0 starts the stream over, dropping chunks of an earlier, uncommitted attempt."""
+        if index < 0:
+            raise ValueError("chunk index must be >= 0")
+        assert self._key is not None
+        sealed = self._key.seal(bytes(data), _aad("result", invocation_id, stream, index))
+
+        def op(txn: _Txn) -> None:
+            done = txn.conn.execute(
+                "SELECT 1 FROM results WHERE invocation_id = ?", (invocation_id,)
+            ).fetchone()
+            if done is not None:
+                raise JournalError(f"the result of invocation {invocation_id} is already stored")
+            if index == 0:
+                txn.conn.execute(
+                    "DELETE FROM result_chunks WHERE invocation_id = ? AND stream = ?",
+                    (invocation_id, stream),
+                )
+            txn.conn.execute(
+                "INSERT OR REPLACE INTO result_chunks (invocation_id, stream, idx, data) "
+                "VALUES (?,?,?,?)",
+                (invocation_id, stream, index, sealed),
+            )
+
+        await self._submit(op, barrier=False, result_store=True)
+
+    async def commit_result(self, event: Event, *, summary: Mapping[str, Any]) -> Event:
+        """Write the completeness marker and RESULT_COMMITTED in one barrier transaction.
+
+        The marker holds each stream's chunk count and SHA-256 and the whole result's SHA-256;
+        the returned event's attrs carry ``sha256``, ``chunks`` and ``bytes`` (and so does the
+        hash chain).  Any storage fault raises ``ResultStoreFailed``; nothing of it is kept."""
+        if event.kind is not EventKind.RESULT_COMMITTED:
+            raise ValueError("commit_result takes a RESULT_COMMITTED event")
+        iid = event.invocation_id
+        assert self._key is not None
+        key = self._key
+        sealed_summary = key.seal(canonical_json(summary).encode("utf-8"), _aad("summary", iid))
+
+        def op(txn: _Txn) -> Event:
+            per: dict[str, dict[str, Any]] = {}
+            hashers: dict[str, Any] = {}
+            for stream, idx, data in txn.conn.execute(
+                "SELECT stream, idx, data FROM result_chunks WHERE invocation_id = ? "
+                "ORDER BY stream, idx",
+                (iid,),
+            ):
+                info = per.setdefault(stream, {"chunks": 0, "bytes": 0})
+                if idx != info["chunks"]:
+                    raise JournalError(
+                        f"result of invocation {iid}: stream {stream!r} lacks chunk "
+                        f"{info['chunks']}"
+                    )
+                plain = key.open(data, _aad("result", iid, stream, idx))
+                hashers.setdefault(stream, hashlib.sha256()).update(plain)
+                info["chunks"] += 1
+                info["bytes"] += len(plain)
+            for stream, info in per.items():
+                info["sha256"] = hashers[stream].hexdigest()
+            whole = _whole_sha256(per)
+            attrs = {
+                **event.attrs,
+                "sha256": whole,
+                "chunks": {s: v["chunks"] for s, v in per.items()},
+                "bytes": sum(v["bytes"] for v in per.values()),
+            }
+            ev = dataclasses.replace(event, attrs=attrs)
+            stored = txn.insert(ev, _attrs_json(ev))
+            txn.conn.execute(
+                "INSERT INTO results (invocation_id, seq, sha256, streams, summary) "
+                "VALUES (?,?,?,?,?)",
+                (iid, stored.seq, whole, canonical_json(per), sealed_summary),
+            )
+            return stored
+
+        return await self._submit(op, barrier=True, result_store=True)
+
+
+def _attrs_json(event: Event) -> str:
+    try:
+        return canonical_json(dict(event.attrs))
+    except (TypeError, ValueError) as exc:
+        raise JournalError(
+            f"{event.kind.value} attrs of invocation {event.invocation_id} are not JSON: {exc}"
+        ) from None
+
+
+def _split_sql(script: str) -> Iterable[str]:
+    """Split the schema into statements (``sqlite3.complete_statement`` respects triggers)."""
+    buf = ""
+    for line in script.splitlines(keepends=True):
+        buf += line
+        if sqlite3.complete_statement(buf):
+            stmt = buf.strip()
+            if stmt:
+                yield stmt
+            buf = ""
