@@ -1,0 +1,228 @@
+"""Pure classification of a *complete* final response, plus the small parsers it needs.
+
+Seed, "A complete remote result determines the execution outcome": a complete 401/403 is an
+authoritative rejection; 429/503 may permit backoff with the server's Retry-After; a complete 500
+is *known* (the application may have changed state first) — committed, never "failed to
+execute".  Seed, "Connection setup needs a precise end point": a proxy's complete error is
+certainty about the proxy's own attempt, not about the origin; its hop is recorded and the
+origin's outcome stays unknown (RFC 9209 Proxy-Status says where forwarding failed).
+"""
+
+from __future__ import annotations
+
+import email.utils
+import re
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from affidavit.statemachine import Code, Outcome
+
+__all__ = [
+    "Classification",
+    "Redactor",
+    "classify_response",
+    "header_value",
+    "parse_proxy_status",
+    "parse_retry_after",
+]
+
+THROTTLE_STATUSES = frozenset({429, 503})
+PROXY_SUSPECT_STATUSES = frozenset({502, 504})
+"""Statuses a forward proxy generates about its own attempt (RFC 9110 §15.6.3, §15.6.5)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Classification:
+    hop: str
+    """"origin" or "proxy" — which hop produced the evidence."""
+    outcome: Outcome | None
+    """committed / rejected for an origin response; None when a proxy produced it (unknown)."""
+    code: Code | None
+    retry_after: float | None = None
+
+
+def header_value(headers: Iterable[tuple[str, str]], name: str) -> str | None:
+    """All values of ``name`` joined with ", " (RFC 9110 §5.3), or None."""
+    vals = [v for n, v in headers if n.lower() == name]
+    return ", ".join(vals) if vals else None
+
+
+def parse_retry_after(value: str | None, *, now: float | None = None) -> float | None:
+    """RFC 9110 §10.2.3: delta-seconds or an HTTP-date; None when absent or unparseable."""
+    if value is None:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(int(value))
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:  # asctime form carries no zone; HTTP-dates are GMT (RFC 9110 §5.6.7)
+        return None
+    now = time.time() if now is None else now
+    return max(0.0, when.timestamp() - now)
+
+
+# -- RFC 9209 Proxy-Status: an RFC 8941 structured-field list of items with parameters --------
+
+_TOKEN = re.compile(r"[A-Za-z*][A-Za-z0-9:/!#$%&'*+\-.^_`|~]*")
+_KEY = re.compile(r"[a-z*][a-z0-9_\-.*]*")
+_INT = re.compile(r"-?\d{1,15}")
+
+
+class _SfError(ValueError):
+    pass
+
+
+def _bare_item(s: str, i: int) -> tuple[Any, int]:
+    if i < len(s) and s[i] == '"':
+        out = []
+        i += 1
+        while i < len(s):
+            c = s[i]
+            if c == "\\" and i + 1 < len(s) and s[i + 1] in '"\\':
+                out.append(s[i + 1])
+                i += 2
+            elif c == '"':
+                return "".join(out), i + 1
+            elif c == "\\" or not (" " <= c <= "~"):
+                raise _SfError("bad string")
+            else:
+                out.append(c)
+                i += 1
+        raise _SfError("unterminated string")
+    if s.startswith("?1", i) or s.startswith("?0", i):
+        return s[i + 1] == "1", i + 2
+    m = _INT.match(s, i)
+    if m and not (m.end() < len(s) and s[m.end()] == "."):
+        return int(m.group()), m.end()
+    m = _TOKEN.match(s, i)
+    if m:
+        return m.group(), m.end()
+    raise _SfError("bad item")
+
+
+def parse_proxy_status(value: str | None) -> list[dict[str, Any]] | None:
+    """Parse a Proxy-Status field into ``[{"proxy": name, "error": …, "received_status": …,
+    "details": …, "next_hop": …}, …]`` (nearest-to-origin last).  None when absent;
+    ``[{"malformed": True}]`` when it does not parse (the header still proves a proxy spoke)."""
+    if value is None:
+        return None
+    s = value
+    i, n = 0, len(s)
+    members: list[dict[str, Any]] = []
+    try:
+        while True:
+            while i < n and s[i] in " \t":
+                i += 1
+            if i >= n:
+                break
+            item, i = _bare_item(s, i)
+            if not isinstance(item, str):
+                raise _SfError("proxy name must be a token or string")
+            entry: dict[str, Any] = {"proxy": item}
+            while i < n and s[i] == ";":
+                i += 1
+                while i < n and s[i] == " ":
+                    i += 1
+                m = _KEY.match(s, i)
+                if not m:
+                    raise _SfError("bad key")
+                key, i = m.group(), m.end()
+                val: Any = True
+                if i < n and s[i] == "=":
+                    val, i = _bare_item(s, i + 1)
+                entry[key.replace("-", "_")] = val
+            members.append(entry)
+            while i < n and s[i] in " \t":
+                i += 1
+            if i >= n:
+                break
+            if s[i] != ",":
+                raise _SfError("expected comma")
+            i += 1
+    except _SfError:
+        return [{"malformed": True}]
+    return [
+        {
+            k: v
+            for k, v in m.items()
+            if k in {"proxy", "error", "received_status", "details", "next_hop", "rcode"}
+        }
+        for m in members
+    ]
+
+
+def proxy_generated(
+    status: int, proxy_status: Sequence[dict[str, Any]] | None, *, via_forward_proxy: bool
+) -> bool:
+    """Did an intermediary generate this response about its own attempt?
+
+    * any Proxy-Status member with an ``error`` (RFC 9209 §2.1.1) — wherever it arrived from;
+    * a malformed Proxy-Status — some proxy spoke, and we cannot tell what it said;
+    * a 502/504 through a forward proxy, unless a Proxy-Status member proves the proxy merely
+      relayed the origin's own status (``received-status`` equal to it, no ``error``)."""
+    if proxy_status and any("error" in m or m.get("malformed") for m in proxy_status):
+        return True
+    if via_forward_proxy and status in PROXY_SUSPECT_STATUSES:
+        relayed = any(m.get("received_status") == status for m in proxy_status or ())
+        return not relayed
+    return False
+
+
+def classify_response(
+    status: int,
+    headers: Sequence[tuple[str, str]],
+    *,
+    via_forward_proxy: bool,
+    now: float | None = None,
+) -> Classification:
+    """Classify a complete final response (seed table; see module docstring)."""
+    ps = parse_proxy_status(header_value(headers, "proxy-status"))
+    if proxy_generated(status, ps, via_forward_proxy=via_forward_proxy):
+        return Classification("proxy", None, None)
+    if 200 <= status < 400:
+        return Classification("origin", Outcome.COMMITTED, None)
+    if status in THROTTLE_STATUSES:
+        retry = parse_retry_after(header_value(headers, "retry-after"), now=now)
+        return Classification("origin", Outcome.REJECTED, Code.REMOTE_THROTTLED, retry)
+    if 400 <= status < 500:
+        return Classification("origin", Outcome.REJECTED, Code.REMOTE_REJECTED)
+    # Other 5xx (and anything stranger): the application answered completely, it may have
+    # changed state before doing so — known, not retryable by status alone.
+    return Classification("origin", Outcome.COMMITTED, Code.REMOTE_ERROR)
+
+
+class Redactor:
+    """Knows the credential's values (from the injected headers / query) and keeps them out of
+    everything the adapter hands back: summaries, facts, exception text."""
+
+    MIN_LEN = 4
+
+    def __init__(self, secrets: Iterable[str]) -> None:
+        vals: set[str] = set()
+        for s in secrets:
+            s = s.strip()
+            if len(s) >= self.MIN_LEN:
+                vals.add(s)
+            # "Bearer <token>": the token alone is the secret too.
+            for part in s.split():
+                if len(part) >= self.MIN_LEN:
+                    vals.add(part)
+        self._values = sorted(vals, key=len, reverse=True)
+
+    def contains(self, text: str) -> bool:
+        return any(v in text for v in self._values)
+
+    def scrub(self, value: Any) -> Any:
+        """Replace any string containing a secret, recursively through lists and dicts."""
+        if isinstance(value, str):
+            return "[redacted]" if self.contains(value) else value
+        if isinstance(value, dict):
+            return {k: self.scrub(v) for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return [self.scrub(v) for v in value]
+        return value

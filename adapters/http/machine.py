@@ -1,0 +1,400 @@
+"""The HTTP protocol table and its sans-IO core (bytes in, events out; no sockets here).
+
+Rule 1 (after h11's ``_state.py``): every step an HTTP attempt can take lives in ``HTTP_TABLE``
+below.  The driver never decides phase or outcome by itself; it fires table events and the
+``ProtocolMachine`` derives ``dispatched`` / ``complete`` from the two marks:
+
+* **dispatch** — ``send_headers`` from a connected (or reused) state: the first byte of the
+  application request is about to be handed to the transport (seed, "Dispatch shifts the burden
+  of proof": "For HTTP, dispatch begins before the first byte of the request is passed to the
+  connection").  Every redirect hop crosses it again from its own ``redirect_*`` states.
+* **completes** — ``end`` (h11 ``EndOfMessage``) of a *final* response.  A 1xx never completes
+  (seed: "Informational HTTP responses do not determine the outcome of the action").
+
+Rule 2: a post-dispatch state never leads to a pre-dispatch state (``ProtocolTable`` refuses
+that).  So a redirect hop's connection setup has its own ``redirect_*`` states and its own
+``redirect_setup_failed``; they are post-dispatch because the previous hop was dispatched.
+
+Pre-dispatch (connection_setup)::
+
+    idle ─resolve─▶ dns_resolved ─connect─▶ tcp_connected ─tunnel─▶ proxy_tunnel_open
+      │                                          │  └─tls─▶ tls_established ◀─tls─┘
+      └─reuse─▶ connection_reused                 │
+    any of them ─setup_fail─▶ setup_failed;  ─gate_refused─▶ abandoned
+
+Post-dispatch (remote_execution)::
+
+    {tcp_connected, tls_established, connection_reused, redirect_*} ─send_headers─▶ headers_sent
+    headers_sent ─send_body─▶ body_sent ─informational─▶ informational ─response_headers─▶ …
+    response_headers ─body─▶ body ─end─▶ framing_complete ─follow_redirect─▶ redirect_pending
+    any unfinished state ─peer_closed | malformed | timed_out | transport_error | cancelled─▶
+    closed_early
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import h11
+from affidavit.statemachine import ProtocolMachine, ProtocolTable, Step, register
+
+__all__ = [
+    "ABORT_EVENTS",
+    "HTTP_TABLE",
+    "FramingError",
+    "HttpExchange",
+    "Observation",
+]
+
+ABORT_EVENTS: Final = ("peer_closed", "malformed", "timed_out", "transport_error", "cancelled")
+"""Ways an unfinished exchange ends early; all lead to ``closed_early`` (outcome decided by the
+last proven boundary, never by which of these it was)."""
+
+_SETUP_FAIL = {"setup_fail": "setup_failed", "gate_refused": "abandoned"}
+_REDIRECT_FAIL = {"setup_fail": "redirect_setup_failed", "gate_refused": "redirect_abandoned"}
+_ABORT = dict.fromkeys(ABORT_EVENTS, "closed_early")
+
+_STATES: Final = {
+    # -- before dispatch: connection_setup ------------------------------------------------------
+    "idle": "no connection chosen yet",
+    "dns_resolved": "the origin (or proxy) host name resolved to addresses",
+    "tcp_connected": "a fresh TCP connection to the origin or proxy is open",
+    "proxy_tunnel_open": "an HTTP CONNECT tunnel through the proxy is open (not yet TLS)",
+    "tls_established": "TLS handshake done; certificate and host name verified",
+    "connection_reused": "an idle pooled connection (already verified) was taken",
+    "setup_failed": "connection setup failed; no request byte was handed to the transport",
+    "abandoned": "the dispatch gate refused; nothing was written",
+    # -- after dispatch: remote_execution -------------------------------------------------------
+    "headers_sent": "the request head was handed to the transport (the dispatch boundary)",
+    "body_sent": "the whole request body and its framing were handed to the transport",
+    "informational": "a 1xx response arrived; the final response is still pending",
+    "response_headers": "the final response head arrived",
+    "body": "final-response body bytes are arriving",
+    "framing_complete": "h11 EndOfMessage of the final response: a complete result",
+    "closed_early": "the exchange ended without a complete final response",
+    # -- redirect hops (each one dispatches again) ----------------------------------------------
+    "redirect_pending": "a complete 3xx is being followed; the next hop is not connected yet",
+    "redirect_dns_resolved": "next hop: host name resolved",
+    "redirect_tcp_connected": "next hop: TCP connection open",
+    "redirect_proxy_tunnel_open": "next hop: CONNECT tunnel open",
+    "redirect_tls_established": "next hop: TLS verified",
+    "redirect_connection_reused": "next hop: pooled connection taken",
+    "redirect_setup_failed": "next hop: connection setup failed before its request was written",
+    "redirect_abandoned": "next hop: the dispatch gate refused; nothing was written",
+}
+
+_TRANSITIONS: Final[dict[str, dict[str, str]]] = {
+    "idle": {
+        "resolve": "dns_resolved",
+        "reuse": "connection_reused",
+        # An idle pooled socket that turned readable (EOF/RST) is discarded before the
+        # boundary; a self-loop keeps that evidence in the history.
+        "stale_connection_discarded": "idle",
+        **_SETUP_FAIL,
+    },
+    "dns_resolved": {"connect": "tcp_connected", **_SETUP_FAIL},
+    "tcp_connected": {
+        "tunnel": "proxy_tunnel_open",
+        "tls": "tls_established",
+        "send_headers": "headers_sent",
+        **_SETUP_FAIL,
+    },
+    "proxy_tunnel_open": {"tls": "tls_established", **_SETUP_FAIL},
+    "tls_established": {"send_headers": "headers_sent", **_SETUP_FAIL},
+    "connection_reused": {"send_headers": "headers_sent", **_SETUP_FAIL},
+    "setup_failed": {},
+    "abandoned": {},
+    "headers_sent": {
+        "send_body": "body_sent",
+        "informational": "informational",
+        "response_headers": "response_headers",
+        **_ABORT,
+    },
+    "body_sent": {
+        "informational": "informational",
+        "response_headers": "response_headers",
+        **_ABORT,
+    },
+    "informational": {
+        "send_body": "body_sent",
+        "informational": "informational",
+        "response_headers": "response_headers",
+        **_ABORT,
+    },
+    "response_headers": {"body": "body", "end": "framing_complete", **_ABORT},
+    "body": {"body": "body", "end": "framing_complete", **_ABORT},
+    "framing_complete": {"follow_redirect": "redirect_pending"},
+    "closed_early": {},
+    "redirect_pending": {
+        "resolve": "redirect_dns_resolved",
+        "reuse": "redirect_connection_reused",
+        "stale_connection_discarded": "redirect_pending",
+        **_REDIRECT_FAIL,
+    },
+    "redirect_dns_resolved": {"connect": "redirect_tcp_connected", **_REDIRECT_FAIL},
+    "redirect_tcp_connected": {
+        "tunnel": "redirect_proxy_tunnel_open",
+        "tls": "redirect_tls_established",
+        "send_headers": "headers_sent",
+        **_REDIRECT_FAIL,
+    },
+    "redirect_proxy_tunnel_open": {"tls": "redirect_tls_established", **_REDIRECT_FAIL},
+    "redirect_tls_established": {"send_headers": "headers_sent", **_REDIRECT_FAIL},
+    "redirect_connection_reused": {"send_headers": "headers_sent", **_REDIRECT_FAIL},
+    "redirect_setup_failed": {},
+    "redirect_abandoned": {},
+}
+
+HTTP_TABLE: Final = register(
+    ProtocolTable(
+        name="http",
+        initial="idle",
+        states=_STATES,
+        transitions=_TRANSITIONS,
+        dispatch=frozenset(
+            (src, "send_headers")
+            for src in (
+                "tcp_connected",
+                "tls_established",
+                "connection_reused",
+                "redirect_tcp_connected",
+                "redirect_tls_established",
+                "redirect_connection_reused",
+            )
+        ),
+        completes=frozenset({("response_headers", "end"), ("body", "end")}),
+        final=frozenset(
+            {
+                "setup_failed",
+                "abandoned",
+                "framing_complete",
+                "closed_early",
+                "redirect_setup_failed",
+                "redirect_abandoned",
+            }
+        ),
+        doc="HTTP/1.1 over h11: setup, dispatch at the first request byte, completion at "
+        "EndOfMessage of the final response; redirect hops dispatch again.",
+    )
+)
+
+
+class FramingError(Exception):
+    """The peer broke HTTP/1.1 framing (RFC 9112) or closed mid-message.  The message names the
+    problem only — never a header value or URL (they may carry the credential)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Observation:
+    """One fired step with its secret-free facts; ``data`` carries body bytes for the sink."""
+
+    step: Step
+    facts: Mapping[str, Any]
+    data: bytes = b""
+    status: int | None = None
+    reason: str = ""
+    headers: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass
+class HttpExchange:
+    """One request/response exchange of one hop, sans-IO.
+
+    The driver owns the bytes; this object owns the h11 connection state and fires the table's
+    events on ``machine``.  Call order, mirroring the driver::
+
+        ex.setup("resolve" | "connect" | "tunnel" | "tls" | "reuse", facts)
+        if machine.crosses_dispatch("send_headers"): await gate(...)   # driver's job
+        head = ex.start_request(method, target, headers, has_body)     # fires send_headers
+        -> write head; ex.body_bytes(body) -> write; ex.body_written()  # fires send_body
+        ex.receive(data) / ex.receive(b"") -> [Observation, ...]       # fires response steps
+        ex.abort("peer_closed" | ...)                                  # on any early end
+    """
+
+    machine: ProtocolMachine
+    conn: h11.Connection = field(default_factory=lambda: h11.Connection(h11.CLIENT))
+    hop: int = 1
+    bytes_received: int = 0
+    final_response_started: bool = False
+    final_status: int | None = None
+    informational_seen: list[int] = field(default_factory=list)
+    body_bytes_received: int = 0
+    request_body_bytes: int = 0
+
+    # -- setup --------------------------------------------------------------------------------
+
+    def setup(self, event: str, facts: Mapping[str, Any] | None = None) -> Observation:
+        step = self.machine.fire(event)
+        return Observation(step, {"hop": self.hop, **(facts or {})})
+
+    # -- request ------------------------------------------------------------------------------
+
+    def start_request(
+        self,
+        method: str,
+        target: str,
+        headers: list[tuple[str, str]],
+        *,
+        has_body: bool,
+    ) -> tuple[Observation, bytes]:
+        """Fire ``send_headers`` (the dispatch boundary) and return the head's bytes.
+
+        The caller must already have passed the dispatch gate when ``crosses_dispatch`` said so:
+        h11 is told about the request only now, so a refused gate leaves a pooled connection
+        untouched and reusable."""
+        step = self.machine.fire("send_headers")
+        try:
+            head = self.conn.send(
+                h11.Request(method=method, target=target.encode("ascii"), headers=headers)
+            )
+        except h11.LocalProtocolError as e:
+            # Our own request was unencodable; h11's message may quote a header value.
+            raise ValueError("request head could not be encoded") from e
+        assert head is not None
+        facts = {
+            "hop": self.hop,
+            "method": method,
+            "header_names": sorted({n.lower() for n, _ in headers}),
+            "head_bytes": len(head),
+            "expects_body": has_body,
+        }
+        return Observation(step, facts), head
+
+    def body_bytes(self, body: bytes) -> bytes:
+        """The body plus its framing (Content-Length or chunked terminator), not yet sent."""
+        out = b""
+        if body:
+            data = self.conn.send(h11.Data(data=body))
+            out += data or b""
+        out += self.conn.send(h11.EndOfMessage()) or b""
+        self.request_body_bytes = len(body)
+        return out
+
+    def body_written(self) -> Observation:
+        step = self.machine.fire("send_body")
+        return Observation(step, {"hop": self.hop, "body_bytes": self.request_body_bytes})
+
+    @property
+    def awaiting_body(self) -> bool:
+        """True while h11 still expects our request body (e.g. after ``Expect: 100-continue``)."""
+        return self.conn.our_state is h11.SEND_BODY
+
+    # -- response -----------------------------------------------------------------------------
+
+    def receive(self, data: bytes) -> list[Observation]:
+        """Feed bytes read from the transport (``b""`` = EOF) and fire every resulting step.
+
+        Raises ``FramingError`` after firing ``malformed`` or ``peer_closed`` when the response
+        cannot complete; partial body bytes already returned were only ever *chunks* — the
+        driver never presents them as a result (seed: "never present a partial body")."""
+        self.bytes_received += len(data)
+        try:
+            self.conn.receive_data(data)
+        except RuntimeError as e:  # data after EOF: our bug, not the peer's
+            raise FramingError("bytes after end of stream") from e
+        out: list[Observation] = []
+        while True:
+            try:
+                ev = self.conn.next_event()
+            except h11.RemoteProtocolError as e:
+                closed = self._receive_closed()
+                self._fire_abort(out, "peer_closed" if closed else "malformed")
+                raise FramingError(self._framing_reason(closed)) from e
+            if ev is h11.NEED_DATA or ev is h11.PAUSED:
+                return out
+            if isinstance(ev, h11.InformationalResponse):
+                self.informational_seen.append(ev.status_code)
+                step = self.machine.fire("informational")
+                out.append(Observation(step, {"hop": self.hop, "status": ev.status_code}))
+            elif isinstance(ev, h11.Response):
+                self.final_response_started = True
+                self.final_status = ev.status_code
+                headers = tuple((n.decode("latin-1"), v.decode("latin-1")) for n, v in ev.headers)
+                step = self.machine.fire("response_headers")
+                facts = {
+                    "hop": self.hop,
+                    "status": ev.status_code,
+                    "header_names": sorted({n.lower() for n, _ in headers}),
+                }
+                out.append(
+                    Observation(
+                        step,
+                        facts,
+                        status=ev.status_code,
+                        reason=ev.reason.decode("latin-1"),
+                        headers=headers,
+                    )
+                )
+            elif isinstance(ev, h11.Data):
+                chunk = bytes(ev.data)
+                self.body_bytes_received += len(chunk)
+                step = self.machine.fire("body")
+                out.append(
+                    Observation(
+                        step,
+                        {"hop": self.hop, "bytes": len(chunk), "total": self.body_bytes_received},
+                        data=chunk,
+                    )
+                )
+            elif isinstance(ev, h11.EndOfMessage):
+                step = self.machine.fire("end")
+                out.append(
+                    Observation(step, {"hop": self.hop, "body_bytes": self.body_bytes_received})
+                )
+                return out
+            elif isinstance(ev, h11.ConnectionClosed):
+                self._fire_abort(out, "peer_closed")
+                raise FramingError("connection closed before a complete response")
+            else:  # pragma: no cover - h11 emits no other client-side events
+                raise FramingError(f"unexpected h11 event {type(ev).__name__}")
+
+    def abort(self, event: str, facts: Mapping[str, Any] | None = None) -> Observation | None:
+        """Record an early end (timeout, reset, cancellation) if the exchange is unfinished."""
+        if not self.machine.allows(event):
+            return None
+        step = self.machine.fire(event)
+        return Observation(step, {"hop": self.hop, **self.progress(), **(facts or {})})
+
+    def progress(self) -> dict[str, Any]:
+        """Secret-free progress facts for an early end."""
+        return {
+            "response_bytes": self.bytes_received,
+            "final_response_started": self.final_response_started or self._pending(),
+            "informational": list(self.informational_seen),
+            "body_bytes": self.body_bytes_received,
+        }
+
+    @property
+    def response_started(self) -> bool:
+        """Did any byte of a *final* response arrive (parsed or still buffered)?  Decides
+        REMOTE_RESULT_INCOMPLETE (a result was cut) versus REMOTE_OUTCOME_UNKNOWN (nothing of a
+        result arrived)."""
+        return self.final_response_started or self._pending()
+
+    @property
+    def reusable(self) -> bool:
+        """Both sides finished cleanly with keep-alive: the connection may go back to the pool."""
+        return self.conn.our_state is h11.DONE and self.conn.their_state is h11.DONE
+
+    # -- internals ----------------------------------------------------------------------------
+
+    def _pending(self) -> bool:
+        data, _closed = self.conn.trailing_data
+        return bool(data)
+
+    def _receive_closed(self) -> bool:
+        return bool(self.conn.trailing_data[1])
+
+    def _framing_reason(self, closed: bool) -> str:
+        if self.final_response_started:
+            return "response body framing broken or cut short"
+        if self._pending():
+            return "response head cut short or malformed"
+        return "connection closed before any response" if closed else "malformed response"
+
+    def _fire_abort(self, out: list[Observation], event: str) -> None:
+        obs = self.abort(event)
+        if obs is not None:
+            out.append(obs)
