@@ -1,0 +1,469 @@
+"""The trio driver: ssh-python (libssh) in non-blocking mode, one exec per connection.
+
+Why libssh and not libssh2: see ``docs/ssh-driver.md`` — libssh2 cannot tell exit-status 0 from
+no exit-status, so it cannot implement REMOTE_RESULT_INCOMPLETE (RFC 4254 §6.10).
+
+How it stays non-blocking: trio resolves and connects the TCP socket itself (libssh would resolve
+names inside ``ssh_connect`` and block the loop), sets TCP_NODELAY (Nagle cost ~45 ms per round
+trip), then hands the fd to libssh, which owns and closes it.  Every libssh call is made with the
+session in non-blocking mode; when it answers "again" we park on
+``trio.lowlevel.wait_readable/wait_writable`` for the direction libssh says it is waiting on.
+
+What each failure proves is decided by the protocol machine (``table.py``), never by the name of
+the exception: before ``exec`` is handed over everything is ``SetupError``; after it, only a
+remote CHANNEL_CLOSE that follows an exit report and EOF — seen while the connection was still
+alive — yields a ``RemoteResult``.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import hashlib
+import os
+import socket
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, NoReturn
+
+import ssh.exceptions
+import ssh.options
+import ssh.session
+import trio
+from affidavit.adapters.base import AttemptContext, AttemptInterrupted, RemoteResult, SetupError
+from affidavit.statemachine import Code, Outcome
+
+from .keys import SshCredential, fingerprint, parse_pin
+
+__all__ = ["CHUNK", "SshTarget", "SshTimeouts", "perform"]
+
+# libssh return codes (libssh.h): SSH_AGAIN for connect/open/exec/read, SSH_AUTH_AGAIN for
+# userauth_*; SSH_WRITE_PENDING in ssh_get_poll_flags() means libssh waits to write, not read.
+_SSH_AGAIN = -2
+_SSH_AUTH_AGAIN = 4
+_SSH_AUTH_SUCCESS = 0
+_SSH_WRITE_PENDING = 0x08
+
+CHUNK = 64 * 1024
+"""Largest piece read from libssh and handed to the sink at once: output is never held whole."""
+
+_CLEANUP_SECONDS = 1.0
+
+
+@dataclass(frozen=True)
+class SshTimeouts:
+    connect: float = 10.0
+    """name resolution + TCP connect + SSH transport handshake"""
+    auth: float = 10.0
+    """user authentication + session channel open"""
+    exec: float = 3600.0
+    """from the exec request to the channel close"""
+
+
+@dataclass(frozen=True)
+class SshTarget:
+    host: str
+    port: int
+    user: str
+    host_keys: tuple[str, ...]
+    """pinned host keys, ``"ssh-ed25519 AAAA…"`` (known_hosts key fields)"""
+    timeouts: SshTimeouts = field(default_factory=SshTimeouts)
+
+
+class _Lost(Exception):
+    """The SSH connection died (libssh reported a socket/session error)."""
+
+
+class _Io:
+    """The libssh session plus the fd trio waits on."""
+
+    def __init__(self, session: Any, fd: int) -> None:
+        self.session = session
+        self.fd = fd
+
+    async def wait(self) -> None:
+        if self.session.get_poll_flags() & _SSH_WRITE_PENDING:
+            await trio.lowlevel.wait_writable(self.fd)
+        else:
+            await trio.lowlevel.wait_readable(self.fd)
+
+    async def call(self, fn: Callable[..., Any], *args: Any, again: int = _SSH_AGAIN) -> Any:
+        while True:
+            rc = fn(*args)
+            code = rc[0] if isinstance(rc, tuple) else rc
+            if code != again:
+                return rc
+            await self.wait()
+
+    def alive(self) -> bool:
+        return bool(self.session.is_connected())
+
+
+def _describe(exc: BaseException) -> str:
+    """A short, secret-free description of a library exception for ``detail``."""
+    args = getattr(exc, "args", ())
+    text = next((a for a in reversed(args) if isinstance(a, bytes | str)), "")
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", "replace")
+    return f"{type(exc).__name__}: {text}"[:200] if text else type(exc).__name__
+
+
+async def _open_tcp(target: SshTarget) -> trio.socket.SocketType:
+    try:
+        infos = await trio.socket.getaddrinfo(
+            target.host, target.port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP
+        )
+    except socket.gaierror as exc:
+        raise SetupError(Code.DNS_FAILED, "dns", _describe(exc)) from exc
+    last: OSError | None = None
+    for family, type_, proto, _canon, addr in infos:
+        sock = trio.socket.socket(family, type_, proto)
+        try:
+            await sock.connect(addr)
+        except OSError as exc:
+            sock.close()
+            last = exc
+            continue
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return sock
+    if isinstance(last, ConnectionRefusedError):
+        raise SetupError(Code.CONNECTION_REFUSED, "tcp_connect") from last
+    raise SetupError(Code.SETUP_FAILED, "tcp_connect", _describe(last) if last else "no address")
+
+
+class _Run:
+    """One attempt: fires machine events, observes them, classifies the end."""
+
+    def __init__(
+        self,
+        target: SshTarget,
+        credential: SshCredential,
+        command: str,
+        stdin: bytes | None,
+        ctx: AttemptContext,
+    ) -> None:
+        self.t = target
+        self.cred = credential
+        self.command = command
+        self.stdin = stdin
+        self.ctx = ctx
+        self.io: _Io | None = None
+        self.channel: Any = None
+        self.host_key = ""
+        self.exit_status: int | None = None
+        self.exit_signal: str | None = None
+        self.core_dumped = False
+        self.counts = {"stdout": 0, "stderr": 0}
+        self.hashes = {"stdout": hashlib.sha256(), "stderr": hashlib.sha256()}
+
+    # -- machine --------------------------------------------------------------------------------
+
+    def fire(self, event: str, facts: Mapping[str, Any] | None = None) -> None:
+        step = self.ctx.machine.fire(event)
+        self.ctx.observe(step, dict(facts or {}))
+
+    def setup_failed(self, code: Code, stage: str, detail: str = "") -> NoReturn:
+        self.fire("setup_failed", {"stage": stage, "code": code.value})
+        raise SetupError(code, stage, detail)
+
+    def interrupted(self, event: str, code: Code, detail: str) -> NoReturn:
+        facts = self.result_facts()
+        self.fire(event, {"code": code.value})
+        raise AttemptInterrupted(code, detail, facts)
+
+    def result_facts(self) -> dict[str, Any]:
+        facts: dict[str, Any] = {
+            "exit_status": self.exit_status,
+            "exit_signal": self.exit_signal,
+            "core_dumped": self.core_dumped,
+            "host_key": self.host_key,
+        }
+        for name in ("stdout", "stderr"):
+            facts[f"{name}_bytes"] = self.counts[name]
+            facts[f"{name}_sha256"] = self.hashes[name].hexdigest()
+        return facts
+
+    # -- setup ----------------------------------------------------------------------------------
+
+    async def setup(self) -> None:
+        t = self.t
+        try:
+            with trio.fail_after(t.timeouts.connect):
+                sock = await _open_tcp(t)
+                peer = sock.getpeername()
+                self.fire("tcp_connected", {"peer": f"{peer[0]}:{peer[1]}"})
+                await self.handshake(sock)
+        except trio.TooSlowError:
+            stage = "tcp_connect" if self.ctx.machine.state == "start" else "ssh_handshake"
+            self.setup_failed(Code.CONNECT_TIMEOUT, stage)
+        except SetupError as exc:
+            if self.ctx.machine.allows("setup_failed"):
+                self.fire("setup_failed", {"stage": exc.stage, "code": exc.code.value})
+            raise
+        self.verify_host_key()
+        try:
+            with trio.fail_after(t.timeouts.auth):
+                await self.authenticate()
+                await self.open_session()
+        except trio.TooSlowError:
+            stage = "userauth" if self.ctx.machine.state == "host_key_verified" else "session_open"
+            self.setup_failed(Code.CONNECT_TIMEOUT, stage)
+
+    async def handshake(self, sock: trio.socket.SocketType) -> None:
+        session = ssh.session.Session()
+        session.options_set(ssh.options.HOST, self.t.host)
+        session.options_set(ssh.options.USER, self.t.user)
+        session.options_set_port(self.t.port)
+        # Never read ~/.ssh/config: the target's config is the broker's, not the host account's.
+        session.options_set_int_val(ssh.options.PROCESS_CONFIG, 0)
+        fd = sock.detach()  # libssh owns the fd from here and closes it when the session is freed
+        session.set_socket(fd)
+        session.set_blocking(False)
+        self.io = _Io(session, fd)
+        try:
+            await self.io.call(session.connect)
+        except ssh.exceptions.BaseSSHError as exc:
+            raise SetupError(Code.TLS_FAILED, "ssh_handshake", _describe(exc)) from exc
+        self.fire("transport_ready", {"kex": _text(session.get_kex_algo())})
+
+    def verify_host_key(self) -> None:
+        # libssh's is_server_known() accepted a mismatched known_hosts entry (measured, see
+        # docs/ssh-driver.md), so the broker compares the presented key blob itself, before any
+        # credential is used (seed: "a rejected ... SSH host key ... occurs before ... could run").
+        assert self.io is not None
+        presented = self.io.session.get_server_publickey()
+        blob = base64.b64decode(presented.export_pubkey_base64())
+        self.host_key = fingerprint(blob)
+        pins: list[bytes] = []
+        for pin in self.t.host_keys:
+            try:
+                pins.append(parse_pin(pin))
+            except ValueError as exc:
+                self.setup_failed(Code.HOST_KEY_MISMATCH, "host_key", f"unusable pin: {exc}")
+        if blob not in pins:
+            detail = f"presented {self.host_key}" + ("" if pins else "; no host key is pinned")
+            self.setup_failed(Code.HOST_KEY_MISMATCH, "host_key", detail)
+        self.fire("host_key_verified", {"host_key": self.host_key})
+
+    async def authenticate(self) -> None:
+        assert self.io is not None
+        session = self.io.session
+        cred = self.cred
+        try:
+            if cred.kind == "private_key":
+                rc = await self.io.call(
+                    session.userauth_publickey, cred._key, again=_SSH_AUTH_AGAIN
+                )
+            elif cred.kind == "password":
+                assert cred._password is not None
+                rc = await self.io.call(
+                    session.userauth_password, self.t.user, cred._password, again=_SSH_AUTH_AGAIN
+                )
+            else:
+                self.setup_failed(Code.SETUP_FAILED, "userauth", f"unknown kind {cred.kind!r}")
+        except (ssh.exceptions.AuthenticationDenied, ssh.exceptions.AuthenticationPartial):
+            self.setup_failed(Code.REMOTE_AUTH_FAILED, "userauth", f"{cred.kind} refused")
+        except ssh.exceptions.BaseSSHError as exc:
+            code = Code.SETUP_FAILED if not self.io.alive() else Code.REMOTE_AUTH_FAILED
+            self.setup_failed(code, "userauth", _describe(exc))
+        if rc != _SSH_AUTH_SUCCESS:
+            self.setup_failed(Code.REMOTE_AUTH_FAILED, "userauth", f"{cred.kind} refused")
+        facts = {"method": "publickey" if cred.kind == "private_key" else "password"}
+        if cred.public_fingerprint:
+            facts["client_key"] = cred.public_fingerprint
+        self.fire("authenticated", facts)
+
+    async def open_session(self) -> None:
+        assert self.io is not None
+        channel = self.io.session.channel_new()
+        channel.set_blocking(False)
+        try:
+            await self.io.call(channel.open_session)
+        except ssh.exceptions.BaseSSHError as exc:
+            self.setup_failed(Code.SETUP_FAILED, "session_open", _describe(exc))
+        self.channel = channel
+        self.fire("session_open", {})
+
+    # -- dispatch and result --------------------------------------------------------------------
+
+    async def dispatch(self) -> None:
+        machine = self.ctx.machine
+        assert machine.crosses_dispatch("exec"), machine.state
+        # The engine journals DISPATCH_STARTED durably inside the gate; if it raises, nothing
+        # has been written and the exec request never leaves this process.
+        await self.ctx.gate(
+            {
+                "host_key": self.host_key,
+                "user": self.t.user,
+                "command_sha256": hashlib.sha256(self.command.encode()).hexdigest(),
+                "stdin_bytes": len(self.stdin or b""),
+            }
+        )
+        self.fire("exec", {})
+
+    async def request_exec(self) -> RemoteResult | None:
+        """Hand the exec request over and wait for CHANNEL_SUCCESS / CHANNEL_FAILURE."""
+        assert self.io is not None
+        io, channel = self.io, self.channel
+        try:
+            await io.call(channel.request_exec, self.command)
+        except ssh.exceptions.BaseSSHError as exc:
+            # CHANNEL_FAILURE is an authoritative refusal only if it arrived on a live
+            # connection and an open channel; libssh reports a dead socket the same way.
+            if io.alive() and channel.is_open():
+                self.fire("exec_failure", {"reply": "CHANNEL_FAILURE"})
+                return RemoteResult(
+                    Outcome.REJECTED,
+                    Code.EXEC_REJECTED,
+                    facts={"host_key": self.host_key, "reply": "CHANNEL_FAILURE"},
+                    summary=self.summary(),
+                )
+            self.interrupted("connection_lost", Code.REMOTE_OUTCOME_UNKNOWN, _describe(exc))
+        self.fire("exec_accepted", {})
+        return None
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "exit_status": self.exit_status,
+            "exit_signal": self.exit_signal,
+            "core_dumped": self.core_dumped,
+        }
+
+    def lost(self, detail: str) -> NoReturn:
+        # An exit report without the proven end of the streams is not a result (seed: "send the
+        # exit status before the output stream is cut off" must stay unknown).
+        exited = self.exit_status is not None or self.exit_signal is not None
+        code = Code.REMOTE_RESULT_INCOMPLETE if exited else Code.REMOTE_OUTCOME_UNKNOWN
+        self.interrupted("connection_lost", code, detail)
+
+    async def collect(self) -> RemoteResult:
+        assert self.io is not None
+        io, channel = self.io, self.channel
+        pending = memoryview(self.stdin or b"")
+        stdin_open = True
+        eof = {"stdout": False, "stderr": False}
+        eof_fired = False
+        status: int = _SSH_AGAIN
+        signal: bytes = b""
+        core: Any = False
+        while True:
+            progressed = False
+            try:
+                if stdin_open and pending:
+                    _rc, written = channel.write(bytes(pending[:CHUNK]))
+                    pending = pending[written:]
+                    progressed = written > 0
+                if stdin_open and not pending:
+                    channel.send_eof()
+                    stdin_open = False
+                for name in ("stdout", "stderr"):
+                    if eof[name]:
+                        continue
+                    try:
+                        _rc, data = channel.read_nonblocking(CHUNK, name == "stderr")
+                    except ssh.exceptions.EOF:
+                        eof[name] = True
+                        progressed = True
+                        continue
+                    if data:
+                        progressed = True
+                        self.counts[name] += len(data)
+                        self.hashes[name].update(data)
+                        self.fire(name, {"bytes": len(data)})
+                        await self.ctx.sink(name, data)
+                exited = self.exit_status is not None or self.exit_signal is not None
+                if not exited:
+                    # get_exit_state() also pumps packets: after EOF the read calls stop doing
+                    # so, and exit-status / CHANNEL_CLOSE would never be processed.
+                    status, signal, core = channel.get_exit_state()
+            except ssh.exceptions.BaseSSHError as exc:
+                if not io.alive():
+                    self.lost(_describe(exc))
+                raise
+            if not io.alive():
+                self.lost("connection closed")
+            if not exited and signal:
+                self.exit_signal = _text(signal)
+                self.core_dumped = bool(core)
+                self.fire("exit_signal", {"exit_signal": self.exit_signal, "core": bool(core)})
+                progressed = True
+            elif not exited and status != _SSH_AGAIN:
+                self.exit_status = int(status)
+                self.fire("exit_status", {"exit_status": self.exit_status})
+                progressed = True
+            if eof["stdout"] and eof["stderr"] and not eof_fired:
+                self.fire("eof", {f"{n}_bytes": self.counts[n] for n in eof})
+                eof_fired = True
+            if eof_fired and channel.is_closed():
+                # Seen on a live connection (checked above): a real CHANNEL_CLOSE.  libssh
+                # processes packets in order, so an exit report sent before it is already in.
+                facts = self.result_facts()
+                if self.exit_status is None and self.exit_signal is None:
+                    self.interrupted(
+                        "channel_closed",
+                        Code.REMOTE_RESULT_INCOMPLETE,
+                        "channel closed without exit-status or exit-signal",
+                    )
+                self.fire("channel_closed", {})
+                failed = self.exit_signal is not None or self.exit_status != 0
+                return RemoteResult(
+                    Outcome.COMMITTED,
+                    Code.REMOTE_COMMAND_FAILED if failed else None,
+                    facts=facts,
+                    summary=self.summary(),
+                )
+            if not progressed:
+                await io.wait()
+
+    async def close(self) -> None:
+        """Best effort, bounded, shielded: close our side of the channel, then end the TCP
+        connection.
+
+        The connection is shut down *now* instead of when libssh frees the session: a traceback
+        kept by the caller would otherwise hold it open.  We shut down a duplicate of the fd
+        rather than closing it — libssh still owns the fd and closes it when freed, and
+        ``ssh_silent_disconnect`` would free channels our ``Channel`` objects still point to."""
+        io, channel = self.io, self.channel
+        if io is None:
+            return
+        if channel is not None and io.alive():
+            with trio.move_on_after(_CLEANUP_SECONDS) as scope:
+                scope.shield = True
+                with contextlib.suppress(ssh.exceptions.BaseSSHError):
+                    await io.call(channel.close)
+        with contextlib.suppress(OSError), socket.socket(fileno=os.dup(io.fd)) as dup:
+            dup.shutdown(socket.SHUT_RDWR)
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+async def perform(
+    target: SshTarget,
+    credential: SshCredential,
+    command: str,
+    stdin: bytes | None,
+    ctx: AttemptContext,
+) -> RemoteResult:
+    """Run ``command`` once on ``target``; see ``adapters/base.py`` for the contract."""
+    run = _Run(target, credential, command, stdin, ctx)
+    try:
+        await run.setup()
+        await run.dispatch()
+        try:
+            with trio.fail_after(target.timeouts.exec):
+                rejected = await run.request_exec()
+                if rejected is not None:
+                    return rejected
+                return await run.collect()
+        except trio.TooSlowError:
+            exited = run.exit_status is not None or run.exit_signal is not None
+            code = Code.REMOTE_RESULT_INCOMPLETE if exited else Code.REMOTE_OUTCOME_UNKNOWN
+            run.interrupted("timed_out", code, f"no complete result within {target.timeouts.exec}s")
+    except trio.Cancelled:
+        if ctx.machine.allows("cancelled"):
+            run.fire("cancelled", {"code": Code.CALLER_CANCELLED.value})
+        raise
+    finally:
+        await run.close()

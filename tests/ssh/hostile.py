@@ -1,0 +1,144 @@
+"""A scripted hostile SSH server (asyncssh, test-only) whose exec behaviour is chosen per command.
+
+It runs its own asyncio loop in a daemon thread because our tests run under trio.  Every exec
+request that reaches it is recorded (``exec_requests``) so tests can prove that nothing was
+requested when the dispatch gate refused.
+
+Commands (the first word selects the behaviour):
+  exit <n>         write "out\\n"/"err\\n", send exit-status n, EOF, close
+  signal           write "out\\n", send exit-signal KILL, EOF, close
+  refuse           reply CHANNEL_FAILURE to the exec request
+  noexit           write "partial\\n", EOF, close — never an exit-status (RFC 4254 §6.10)
+  closeonly        write "partial\\n", close without EOF or exit-status
+  drop             accept exec, write "partial\\n", then abort the TCP connection
+  status_then_break  write "partial\\n", send exit-status 0 (no EOF/close), abort the TCP connection
+  hang             accept exec and never answer again
+Users: "refuse" is denied every authentication; "pwuser" authenticates with password
+``PASSWORD`` only; anyone else with any public key.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+import asyncssh
+from asyncssh.packet import UInt32
+
+PASSWORD = "correct horse battery staple"
+
+
+class _Session(asyncssh.SSHServerSession):  # type: ignore[misc]
+    def __init__(self, server: HostileServer) -> None:
+        self._srv = server
+        self._chan: Any = None
+        self._command = ""
+
+    def connection_made(self, chan: Any) -> None:
+        self._chan = chan
+
+    def exec_requested(self, command: str) -> bool:
+        self._srv.exec_requests.append(command)
+        self._command = command
+        return command != "refuse"
+
+    def session_started(self) -> None:
+        words = self._command.split()
+        verb = words[0] if words else ""
+        chan = self._chan
+        conn = chan.get_extra_info("connection")
+        loop = asyncio.get_running_loop()
+        if verb == "exit":
+            chan.write("out\n")
+            chan.write_stderr("err\n")
+            chan.exit(int(words[1]))
+        elif verb == "signal":
+            chan.write("out\n")
+            chan.exit_with_signal("KILL")
+        elif verb == "noexit":
+            chan.write("partial\n")
+            chan.write_eof()
+            chan.close()
+        elif verb == "closeonly":
+            chan.write("partial\n")
+            chan.close()
+        elif verb == "drop":
+            chan.write("partial\n")
+            loop.call_later(0.1, conn.abort)
+        elif verb == "status_then_break":
+            chan.write("partial\n")
+            # exit-status without EOF or close, then the transport dies (seed: "send the exit
+            # status before the output stream is cut off").
+            chan._send_request(b"exit-status", UInt32(0))
+            loop.call_later(0.1, conn.abort)
+        # "hang": nothing, ever.
+
+    def eof_received(self) -> bool:
+        return True  # keep the channel half-open: our behaviours decide when to close
+
+
+class _Server(asyncssh.SSHServer):  # type: ignore[misc]
+    def __init__(self, srv: HostileServer) -> None:
+        self._srv = srv
+        self._user = ""
+
+    def begin_auth(self, username: str) -> bool:
+        self._user = username
+        return True
+
+    def public_key_auth_supported(self) -> bool:
+        return True
+
+    def validate_public_key(self, username: str, key: Any) -> bool:
+        return username not in ("refuse", "pwuser")
+
+    def password_auth_supported(self) -> bool:
+        return True
+
+    def validate_password(self, username: str, password: str) -> bool:
+        return username == "pwuser" and password == PASSWORD
+
+    def session_requested(self) -> Any:
+        self._srv.sessions_opened += 1
+        return _Session(self._srv)
+
+
+class HostileServer:
+    """Start with ``start()``; ``pin`` is the host key as a known_hosts-style pin."""
+
+    def __init__(self) -> None:
+        self.exec_requests: list[str] = []
+        self.sessions_opened = 0
+        self.port = 0
+        self._key = asyncssh.generate_private_key("ssh-ed25519")
+        self.pin = " ".join(self._key.export_public_key("openssh").decode().split()[:2])
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._server: Any = None
+
+    def start(self) -> HostileServer:
+        self._thread.start()
+        fut = asyncio.run_coroutine_threadsafe(self._listen(), self._loop)
+        fut.result(timeout=10)
+        return self
+
+    async def _listen(self) -> None:
+        self._server = await asyncssh.create_server(
+            lambda: _Server(self),
+            "127.0.0.1",
+            0,
+            server_host_keys=[self._key],
+            login_timeout=30,
+        )
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    def stop(self) -> None:
+        async def _close() -> None:
+            self._server.close()
+            await self._server.wait_closed()
+
+        asyncio.run_coroutine_threadsafe(_close(), self._loop).result(timeout=10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)
+        self._loop.close()
