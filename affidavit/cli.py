@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 __all__ = ["main"]
 
-COMMAND_MODULES: tuple[str, ...] = ("affidavit.diagrams",)
+COMMAND_MODULES: tuple[str, ...] = ("affidavit.diagrams", "affidavit.vault_cli")
 
 
 class UsageError(Exception):

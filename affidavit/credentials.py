@@ -46,6 +46,7 @@ __all__ = [
     "redactor",
     "resolve",
     "secret_forms",
+    "trim_final_newline",
 ]
 
 REDACTED = b"[REDACTED]"
@@ -85,6 +86,16 @@ class Credential:
         return f"Credential(ref={self.ref!r}, version={self.version!r}, value=<redacted>)"
 
     __str__ = __repr__
+
+
+def trim_final_newline(data: bytes) -> bytes:
+    """Drop the final newline editors and ``echo`` add (a token sent with it would be a malformed
+    header) — only for single-line values, so a PEM/OpenSSH private key keeps its exact bytes."""
+    for ending in (b"\r\n", b"\n"):
+        if data.endswith(ending):
+            head = data[: -len(ending)]
+            return head if b"\n" not in head else data
+    return data
 
 
 def parse_ref(ref: str) -> tuple[str, str]:
@@ -135,12 +146,7 @@ def resolve(ref: str, *, vault: Vault | None, base_dir: Path | None = None) -> C
             raise CredentialError(
                 Code.CREDENTIAL_INVALID, f"{ref}: cannot read file ({exc.strerror})"
             ) from None
-        # Editors and `echo` add a final newline that is not part of the secret; a token sent
-        # with it would be a malformed header.
-        if data.endswith(b"\r\n"):
-            data = data[:-2]
-        elif data.endswith(b"\n"):
-            data = data[:-1]
+        data = trim_final_newline(data)
         if not data:
             raise CredentialError(Code.CREDENTIAL_MISSING, f"{ref}: file is empty")
         return Credential(ref, data, f"{st.st_mtime_ns}:{st.st_size}")

@@ -1,0 +1,196 @@
+"""``affidavit vault init|put|list|lock|unlock``.
+
+Secrets enter through stdin or a no-echo prompt, never argv: argv is visible to every user via the
+process list and lands in shell history.  Nothing here ever prints a value or a passphrase.
+The vault file comes from ``--vault`` or the ``[vault] path`` of the config (``--config``,
+``$AFFIDAVIT_CONFIG``, ``./affidavit.toml``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import getpass
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from .cli import UsageError
+from .config import ConfigError, load_config
+from .credentials import trim_final_newline
+from .vault import PASSPHRASE_ENV, Vault, VaultError, valid_entry_name
+
+__all__ = ["add_commands"]
+
+MAX_VALUE = 1024 * 1024
+
+
+def add_commands(subparsers: Any) -> None:
+    vault = subparsers.add_parser(
+        "vault",
+        help="manage the encrypted secrets vault",
+        description="Create, fill, list, lock and unlock the encrypted vault file.",
+    )
+    sub = vault.add_subparsers(dest="vault_command", metavar="ACTION")
+    sub.required = True
+
+    def common(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--vault", metavar="PATH", help="vault file (default: [vault] path)")
+        p.add_argument("--config", metavar="PATH", help="config file (for [vault] path)")
+
+    p = sub.add_parser("init", help="create an empty vault (it starts locked)")
+    common(p)
+    p.add_argument(
+        "--passphrase-stdin",
+        action="store_true",
+        help=f"read the passphrase from the first line of stdin (else ${PASSPHRASE_ENV} or a "
+        "prompt)",
+    )
+    p.set_defaults(handler=_init)
+
+    p = sub.add_parser(
+        "put",
+        help="store a secret read from stdin (never from the command line)",
+        description="Read the value from stdin (or a no-echo prompt on a terminal).  A single-"
+        "line value loses its final newline (`echo token | …`); multi-line values such as "
+        "private keys are stored byte for byte.",
+    )
+    common(p)
+    p.add_argument("name", help="entry name (A-Z a-z 0-9 _ . -)")
+    p.set_defaults(handler=_put)
+
+    p = sub.add_parser("list", help="list entries with their versions (never values)")
+    common(p)
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(handler=_list)
+
+    p = sub.add_parser("lock", help="forget the stored key; every process sees the vault locked")
+    common(p)
+    p.set_defaults(handler=_lock)
+
+    p = sub.add_parser("unlock", help="derive the key and store it for the broker (0600 file)")
+    common(p)
+    p.add_argument(
+        "--passphrase-stdin",
+        action="store_true",
+        help="read the passphrase from the first line of stdin",
+    )
+    p.set_defaults(handler=_unlock)
+
+
+def _vault_path(args: argparse.Namespace) -> Path:
+    if args.vault:
+        return Path(args.vault)
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        raise UsageError(f"{exc} (or pass --vault PATH)") from None
+    if config.vault_path is None:
+        raise UsageError(f"{config.path}: no [vault] section (add one or pass --vault PATH)")
+    return config.vault_path
+
+
+def _passphrase(args: argparse.Namespace, *, confirm: bool) -> str:
+    if getattr(args, "passphrase_stdin", False):
+        line = sys.stdin.buffer.readline(4096)
+        try:
+            passphrase = trim_final_newline(line).decode("utf-8")
+        except UnicodeDecodeError:
+            raise UsageError("the passphrase is not valid UTF-8") from None
+    elif os.environ.get(PASSPHRASE_ENV):
+        passphrase = os.environ[PASSPHRASE_ENV]
+    elif sys.stdin.isatty():
+        passphrase = getpass.getpass("Vault passphrase: ")
+        if confirm and getpass.getpass("Repeat passphrase: ") != passphrase:
+            raise UsageError("the passphrases differ")
+    else:
+        raise UsageError(f"no passphrase: use a terminal, --passphrase-stdin or ${PASSPHRASE_ENV}")
+    if not passphrase:
+        raise UsageError("the passphrase must not be empty")
+    return passphrase
+
+
+def _init(args: argparse.Namespace) -> int:
+    path = _vault_path(args)
+    try:
+        passphrase = _passphrase(args, confirm=True)
+        Vault.init(path, passphrase)
+    except VaultError as exc:
+        raise UsageError(str(exc)) from None
+    print(f"created {path} (locked); run `affidavit vault unlock` to use it")
+    return 0
+
+
+def _put(args: argparse.Namespace) -> int:
+    if not valid_entry_name(args.name):
+        raise UsageError("entry names are 1-128 characters of A-Z a-z 0-9 _ . -")
+    path = _vault_path(args)
+    try:
+        vault = Vault.open(path)
+        if vault.is_locked:
+            raise UsageError(f"{path}: the vault is locked; run `affidavit vault unlock` first")
+        if sys.stdin.isatty():
+            value = getpass.getpass(f"Value for {args.name}: ").encode("utf-8")
+        else:
+            value = trim_final_newline(sys.stdin.buffer.read(MAX_VALUE + 1))
+        if len(value) > MAX_VALUE:
+            raise UsageError(f"the value is larger than {MAX_VALUE} bytes")
+        if not value:
+            raise UsageError("the value is empty (it is read from stdin)")
+        version = vault.put(args.name, value)
+    except VaultError as exc:
+        raise UsageError(str(exc)) from None
+    print(f"stored {args.name} version {version}")
+    return 0
+
+
+def _list(args: argparse.Namespace) -> int:
+    path = _vault_path(args)
+    try:
+        entries = Vault.open(path).list()
+    except VaultError as exc:
+        raise UsageError(str(exc)) from None
+    if args.json:
+        print(
+            json.dumps(
+                [{"name": n, "version": v, "updated_at": t} for n, v, t in entries], indent=2
+            )
+        )
+        return 0
+    for name, version, updated in entries:
+        stamp = datetime.datetime.fromtimestamp(updated, datetime.UTC).strftime(
+            "%Y-%m-%dT%H:%M:%SZ"
+        )
+        print(f"{name}\tv{version}\t{stamp}")
+    return 0
+
+
+def _lock(args: argparse.Namespace) -> int:
+    path = _vault_path(args)
+    try:
+        Vault.open(path).lock()
+    except VaultError as exc:
+        raise UsageError(str(exc)) from None
+    print(f"locked {path}")
+    if os.environ.get(PASSPHRASE_ENV):
+        print(
+            f"affidavit: warning: ${PASSPHRASE_ENV} is set; processes that inherit it can still "
+            "open the vault",
+            file=sys.stderr,
+        )
+    return 0
+
+
+def _unlock(args: argparse.Namespace) -> int:
+    path = _vault_path(args)
+    try:
+        vault = Vault.open(path)
+        vault.unlock(_passphrase(args, confirm=False))
+    except VaultError as exc:
+        raise UsageError(str(exc)) from None
+    print(
+        f"unlocked {path} (key in {vault.unlock_path}, mode 0600; `affidavit vault lock` ends it)"
+    )
+    return 0
