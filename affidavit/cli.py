@@ -15,7 +15,12 @@ from collections.abc import Sequence
 
 __all__ = ["main"]
 
-COMMAND_MODULES: tuple[str, ...] = ("affidavit.diagrams", "affidavit.vault_cli")
+COMMAND_MODULES: tuple[str, ...] = (
+    "affidavit.commands",
+    "affidavit.demo",
+    "affidavit.diagrams",
+    "affidavit.vault_cli",
+)
 
 
 class UsageError(Exception):

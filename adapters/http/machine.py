@@ -165,6 +165,8 @@ HTTP_TABLE: Final = register(
             )
         ),
         completes=frozenset({("response_headers", "end"), ("body", "end")}),
+        # The seed's REQUEST_SENT / REMOTE_RESPONSE_STARTED, recorded by the engine on entry.
+        milestones={"body_sent": "REQUEST_SENT", "response_headers": "REMOTE_RESPONSE_STARTED"},
         final=frozenset(
             {
                 "setup_failed",

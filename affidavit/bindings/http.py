@@ -1,0 +1,104 @@
+"""HTTP binding: a validated ``HttpAction`` + ``HttpTarget`` + credential → ``HttpRequest``."""
+
+from __future__ import annotations
+
+import urllib.parse
+from typing import Any
+
+from affidavit import __version__
+from affidavit.actions import HttpAction
+from affidavit.adapters.base import AttemptContext, RemoteResult
+from affidavit.adapters.http import HTTP_TABLE, HttpClient, HttpRequest, RedirectDecision, Timeouts
+from affidavit.bindings import Prepared
+from affidavit.config import HttpTarget
+from affidavit.credentials import Credential, apply_query, inject_http, secret_forms
+
+__all__ = ["BINDING_CLASS", "HttpBinding"]
+
+
+class HttpBinding:
+    kind = "http"
+    table = HTTP_TABLE
+
+    def __init__(self) -> None:
+        self._client = HttpClient()
+
+    def connect_timeout(self, target: HttpTarget) -> float:
+        return float(target.timeout.connect)
+
+    def prepare(
+        self,
+        action: HttpAction,
+        target: HttpTarget,
+        credential: Credential,
+        idempotency_key: str | None,
+    ) -> Prepared:
+        injection = inject_http(target.inject, credential)
+        path = target.base_path.rstrip("/") + action.path
+        url = target.origin + apply_query(path, injection)
+        headers = [("User-Agent", f"affidavit/{__version__}"), *action.headers, *injection.headers]
+        evidence: dict[str, Any] = {"inject": target.inject.split(":", 1)[0]}
+        contract = target.idempotency
+        if contract is not None and idempotency_key is not None:
+            # Only for a declared remote contract (seed: "Do not silently add an idempotency
+            # header for targets that do not document its semantics").
+            headers.append((contract.header, idempotency_key))
+            evidence["idempotency_header"] = contract.header
+        request = HttpRequest(
+            method=action.method,
+            url=url,
+            headers=headers,
+            body=action.body,
+            credential_headers=injection.header_names,
+            credential_query=injection.query_param,
+            ca_file=str(target.ca_file) if target.ca_file else None,
+            proxy=target.proxy,
+            follow_redirects=target.follow_redirects,
+            redirect_policy=_redirect_policy(target),
+            timeouts=Timeouts(
+                connect=target.timeout.connect,
+                write=target.timeout.total,
+                read=target.timeout.total,
+            ),
+        )
+        return Prepared(
+            request=request, secrets=tuple(secret_forms(credential.value)), evidence=evidence
+        )
+
+    async def perform(self, prepared: Prepared, ctx: AttemptContext) -> RemoteResult:
+        return await self._client.perform(prepared.request, ctx)
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+
+def _redirect_policy(target: HttpTarget) -> Any:
+    """Re-validate every hop (seed: "re-validate the target, the credential scope, and the
+    method"): the method must be allowed for the target; the credential stays only on the
+    target's own origin and base path."""
+
+    def policy(method: str, url: str) -> RedirectDecision:
+        if method.upper() not in target.methods:
+            return RedirectDecision(False, False, f"method {method} is not allowed for the target")
+        parts = urllib.parse.urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            return RedirectDecision(False, False, "redirect to a non-HTTP location")
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        origin = f"{parts.scheme}://{parts.hostname}:{port}"
+        same = origin == _origin_with_port(target.origin)
+        base = target.base_path.rstrip("/")
+        in_scope = same and (not base or parts.path == base or parts.path.startswith(base + "/"))
+        return RedirectDecision(
+            True, keep_credential=bool(in_scope), reason="" if in_scope else "other origin"
+        )
+
+    return policy
+
+
+def _origin_with_port(origin: str) -> str:
+    parts = urllib.parse.urlsplit(origin)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    return f"{parts.scheme}://{parts.hostname}:{port}"
+
+
+BINDING_CLASS = HttpBinding

@@ -1,0 +1,817 @@
+"""The engine: runs one invocation through the lifecycle, journaling every transition.
+
+accept → validate against a bound config snapshot → resolve the credential → connection setup
+with bounded in-broker retries (each attempt recorded) → DISPATCH_STARTED as a durable barrier →
+send → classify the complete result → store it and RESULT_COMMITTED as a barrier → deliver.
+
+Three rules shape this module (seed sections in brackets):
+
+* The envelope is rendered from the projected *durable* record, never from an exception
+  ["The error envelope must contain evidence"].  Every path ends by appending its last event as a
+  barrier and projecting the journal.
+* DISPATCH_STARTED is durable before the adapter writes the first byte ["Dispatch shifts the
+  burden of proof"].  The adapter calls our gate; the gate's append is shielded from
+  cancellation so that, afterwards, the journal alone says whether dispatch was recorded.
+* After a failure the outcome follows the last proven boundary — ``ctx.machine.dispatched`` or
+  the journal's own DISPATCH_STARTED — not the exception's type ["Classify the error by the last
+  proven boundary, not by the function in whose stack the exception was caught"].
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import hashlib
+import logging
+import os
+import secrets
+import socket
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+
+from affidavit.actions import ActionInvalid, fingerprint, is_idempotent, parse_action
+from affidavit.adapters.base import AttemptContext, AttemptInterrupted, RemoteResult, SetupError
+from affidavit.bindings import Binding, Prepared
+from affidavit.config import Config, ConfigError, load_config, snapshot_hash
+from affidavit.credentials import CredentialError, redactor, resolve
+from affidavit.journal import (
+    IdempotencyMismatch,
+    Journal,
+    LeaseBusy,
+    LeaseLost,
+    ResultStoreFailed,
+)
+from affidavit.statemachine import (
+    Code,
+    Decision,
+    Event,
+    EventKind,
+    EvidenceSource,
+    ImpossibleEvent,
+    Operation,
+    Outcome,
+    ProtocolMachine,
+    Record,
+    Step,
+    decide,
+    project,
+    render_envelope,
+)
+
+__all__ = ["Engine", "new_invocation_id"]
+
+log = logging.getLogger("affidavit.engine")
+
+E = EventKind
+CHUNK = 64 * 1024
+SETUP_ATTEMPTS = 2
+"""In-broker connection attempts per try (seed: "Limit the number of attempts and show them in
+a single action record"); only codes whose hint is backoff are retried."""
+SETUP_RETRY_DELAY = 0.05
+LEASE_MARGIN = 30.0
+_PRE_DISPATCH_RETRYABLE = frozenset(
+    {
+        Code.DNS_FAILED,
+        Code.CONNECTION_REFUSED,
+        Code.CONNECT_TIMEOUT,
+        Code.TLS_FAILED,
+        Code.PROXY_FAILED,
+    }
+)
+_CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+
+
+def new_invocation_id() -> str:
+    """``act_`` + 26 Crockford base32 characters: 48-bit ms time + 80 random bits (sortable)."""
+    value = (int(time.time() * 1000) << 80) | int.from_bytes(secrets.token_bytes(10), "big")
+    chars = []
+    for _ in range(26):
+        chars.append(_CROCKFORD[value & 31])
+        value >>= 5
+    return "act_" + "".join(reversed(chars))
+
+
+class _ConfigChanged(Exception):
+    """The gate found the bound target config changed; nothing was written."""
+
+
+class _LeaseRefusal(Exception):
+    """The gate was refused for a stale lease generation; nothing was written to the remote.
+    ``recorded``: the journal already wrote LEASE_LOST in the refusing transaction."""
+
+    def __init__(self, recorded: bool) -> None:
+        self.recorded = recorded
+        super().__init__("lease lost")
+
+
+_CONFIG_CHANGED_ATTRS = {"code": Code.CONFIG_CHANGED.value, "field": "target"}
+
+
+@dataclass
+class _Attempt:
+    """Per-try bookkeeping shared between the engine and the gate/observer/sink closures."""
+
+    iid: str
+    generation: int
+    holder: str
+    lease: tuple[str, int] | None
+    target_name: str
+    expected_hash: str
+    machine: ProtocolMachine
+    n: int
+    gate_entered: bool = False
+    dispatch_recorded: bool = False
+    hops: int = 0
+    milestones_seen: set[str] = field(default_factory=set)
+    pending: list[Event] = field(default_factory=list)
+    steps: list[str] = field(default_factory=list)
+    facts: dict[str, Any] = field(default_factory=dict)
+
+
+class _StreamSink:
+    """Redacts, hashes and journals result streams in chunks as they arrive (never whole)."""
+
+    def __init__(self, journal: Journal, iid: str, secret_values: tuple[bytes, ...]) -> None:
+        self._journal = journal
+        self._iid = iid
+        self._secrets = secret_values
+        self._streams: dict[str, dict[str, Any]] = {}
+
+    def _stream(self, name: str) -> dict[str, Any]:
+        st = self._streams.get(name)
+        if st is None:
+            st = self._streams[name] = {
+                "redactor": redactor(self._secrets),
+                "buf": bytearray(),
+                "index": 0,
+                "sha": hashlib.sha256(),
+                "bytes": 0,
+            }
+        return st
+
+    async def __call__(self, name: str, data: bytes) -> None:
+        st = self._stream(name)
+        st["buf"] += st["redactor"].feed(data)
+        while len(st["buf"]) >= CHUNK:
+            await self._put(name, st, bytes(st["buf"][:CHUNK]))
+            del st["buf"][:CHUNK]
+
+    async def _put(self, name: str, st: dict[str, Any], chunk: bytes) -> None:
+        st["sha"].update(chunk)
+        st["bytes"] += len(chunk)
+        await self._journal.put_result_chunk(self._iid, name, st["index"], chunk)
+        st["index"] += 1
+
+    async def finish(self) -> dict[str, dict[str, Any]]:
+        """Flush every stream; return per-stream {sha256, bytes, chunks} (redacted bytes)."""
+        out: dict[str, dict[str, Any]] = {}
+        for name, st in sorted(self._streams.items()):
+            st["buf"] += st["redactor"].flush()
+            if st["buf"]:
+                await self._put(name, st, bytes(st["buf"]))
+                st["buf"].clear()
+            out[name] = {
+                "sha256": "sha256:" + st["sha"].hexdigest(),
+                "bytes": st["bytes"],
+                "chunks": st["index"],
+            }
+        return out
+
+    def digest(self) -> str:
+        whole = hashlib.sha256()
+        for name, st in sorted(self._streams.items()):
+            whole.update(name.encode() + b"\0" + st["sha"].digest())
+        return "sha256:" + whole.hexdigest()
+
+
+Deliver = Callable[[dict[str, Any]], Awaitable[None]]
+
+
+class Engine:
+    """Runs invocations for one broker process.  Holds no outcome state of its own: every
+    decision re-reads the journal (seed: in-memory state "gives no grounds for a retry")."""
+
+    def __init__(
+        self,
+        config: Config,
+        journal: Journal,
+        bindings: Mapping[str, Binding],
+        *,
+        holder: str | None = None,
+        vault: Any = None,
+    ) -> None:
+        self.config = config
+        self.journal = journal
+        self.bindings = dict(bindings)
+        self.holder = holder or f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+        self.vault = vault
+        self._config_stat = self._stat()
+
+    # -- public ---------------------------------------------------------------------------------
+
+    async def call(
+        self,
+        action: object,
+        *,
+        timeout: float | None = None,
+        deliver: Deliver | None = None,
+    ) -> dict[str, Any]:
+        """Run one action; return its envelope.  Never raises for remote or preflight trouble:
+        those are envelopes.  ``deliver`` (optional) sends the envelope to the caller; a failure
+        there is recorded as RESULT_DELIVERY_FAILED and the result stays fetchable."""
+        now = time.time()
+        iid = new_invocation_id()
+        session = action.get("session") if isinstance(action, Mapping) else None
+        if session is not None and not isinstance(session, str):
+            session = None
+        try:
+            parsed = parse_action(action, self.config)
+        except ActionInvalid as exc:
+            return await self._refuse_new(iid, session, None, exc.code, exc.field, exc.message, now)
+
+        target = self.config.targets[parsed.target]
+        binding = self.bindings.get(target.kind)
+        if binding is None:  # a configured kind with no binding cannot be run
+            return await self._refuse_new(
+                iid,
+                session,
+                target,
+                Code.UNSUPPORTED_ACTION,
+                "target",
+                "no adapter for this kind",
+                now,
+            )
+        idempotent = is_idempotent(parsed, target)
+        fp = fingerprint(parsed, target)
+        contract = getattr(target, "idempotency", None)
+        key: str | None = getattr(parsed, "idempotency_key", None)
+        if contract is not None and key is None and not idempotent:
+            # A declared remote contract makes an unknown outcome retryable with the same key;
+            # the broker mints one so the caller can use it (seed: "Idempotency is defined by
+            # the remote contract").
+            key = "idem_" + secrets.token_urlsafe(18)
+        idem: dict[str, Any] | None = None
+        if contract is not None and key is not None:
+            expires = now + contract.retention_s
+            idem = {
+                "key": key,
+                "scope": contract.scope,
+                "header": contract.header,
+                "retention_s": contract.retention_s,
+                "expires_at": expires,
+            }
+            try:
+                bound = await self.journal.bind_idempotency(contract.scope, key, fp, iid, expires)
+            except IdempotencyMismatch:
+                return await self._refuse_new(
+                    iid,
+                    session,
+                    target,
+                    Code.IDEMPOTENCY_MISMATCH,
+                    "idempotency_key",
+                    "this idempotency key is bound to a request with a different fingerprint",
+                    now,
+                )
+            if bound.invocation_id != iid and self.journal.record(bound.invocation_id) is not None:
+                op = Operation(idempotent=idempotent, fingerprint=fp)
+                return await self._resume(
+                    bound.invocation_id, parsed, target, binding, op, key, timeout, deliver
+                )
+            iid = bound.invocation_id
+        operation = {
+            "target": target.name,
+            "protocol": target.kind,
+            "idempotent": idempotent,
+            "fingerprint": fp,
+            "idempotency": idem,
+            "budget": target.budget,
+        }
+        await self._append(
+            Event(
+                E.ACTION_ACCEPTED,
+                iid,
+                {
+                    "operation": operation,
+                    "session": session,
+                    "holder": self.holder,
+                    "lease_expires_at": now + self._lease_ttl(target, timeout),
+                },
+            )
+        )
+        expected = snapshot_hash(target)
+        await self._append(Event(E.PREFLIGHT_VALIDATED, iid, {"config_hash": expected}))
+        return await self._run_attempt(
+            iid, parsed, target, binding, key, timeout, deliver, generation=0, lease=None
+        )
+
+    async def fetch_result(self, invocation_id: str) -> dict[str, Any] | None:
+        """The stored envelope of an invocation: a read, never a re-execution."""
+        record = self.journal.record(invocation_id)
+        if record is None:
+            return None
+        return self._envelope(record)
+
+    # -- the attempt ------------------------------------------------------------------------------
+
+    async def _run_attempt(
+        self,
+        iid: str,
+        action: Any,
+        target: Any,
+        binding: Binding,
+        key: str | None,
+        timeout: float | None,
+        deliver: Deliver | None,
+        *,
+        generation: int,
+        lease: tuple[str, int] | None,
+    ) -> dict[str, Any]:
+        # Credential injection (seed: still preflight while no byte of the request has left).
+        try:
+            credential = resolve(
+                target.credential,
+                vault=self.vault,
+                base_dir=self.config.path.parent if self.config.path else None,
+            )
+            prepared = binding.prepare(action, target, credential, key)
+        except CredentialError as exc:
+            return await self._finish(
+                iid, Event(E.CREDENTIAL_FAILED, iid, {"code": exc.code.value})
+            )
+        await self._append(
+            Event(
+                E.CREDENTIAL_AUTHORIZED,
+                iid,
+                {
+                    "credential": target.credential,
+                    "version": credential.version,
+                    **prepared.evidence,
+                },
+            )
+        )
+
+        expected = snapshot_hash(target)
+        total = target.timeout.total if timeout is None else min(timeout, target.timeout.total)
+        # Who gave up decides the code: the caller's shorter deadline is a cancellation; the
+        # target's own total timeout is the remote failing to answer in time.
+        timeout_code = (
+            Code.CALLER_CANCELLED if total < target.timeout.total else Code.REMOTE_OUTCOME_UNKNOWN
+        )
+        sink = _StreamSink(self.journal, iid, prepared.secrets)
+        attempt = self._new_attempt(iid, generation, lease, target.name, expected, binding, 1)
+        result: RemoteResult | None = None
+        failure: Event | _LeaseRefusal | None = None
+        try:
+            with trio.move_on_after(total) as scope:
+                for n in range(1, SETUP_ATTEMPTS + 1):
+                    attempt = self._new_attempt(
+                        iid, generation, lease, target.name, expected, binding, n
+                    )
+                    result, failure, again = await self._try_once(binding, prepared, attempt, sink)
+                    if not again:
+                        break
+                    await trio.sleep(SETUP_RETRY_DELAY)
+        except BaseException:
+            # The caller's own cancellation (or an interrupt) after we started: record what the
+            # boundary proves, shielded, then let it propagate.
+            closing = self._boundary_failure(
+                attempt, after=Code.CALLER_CANCELLED, before=Code.CONNECT_TIMEOUT
+            )
+            with trio.CancelScope(shield=True):
+                await self._record_observed(attempt)
+                await self._append(closing, barrier=True)
+            raise
+        if scope.cancelled_caught and result is None and failure is None:
+            failure = self._boundary_failure(
+                attempt, after=timeout_code, before=Code.CONNECT_TIMEOUT
+            )
+        await self._record_observed(attempt)
+        if isinstance(failure, _LeaseRefusal):
+            return await self._lease_refused(attempt, failure)
+        if failure is not None:
+            return await self._finish(iid, failure)
+        assert result is not None
+        return await self._complete(iid, result, sink, deliver)
+
+    def _new_attempt(
+        self,
+        iid: str,
+        generation: int,
+        lease: tuple[str, int] | None,
+        target_name: str,
+        expected: str,
+        binding: Binding,
+        n: int,
+    ) -> _Attempt:
+        return _Attempt(
+            iid=iid,
+            generation=generation,
+            holder=self.holder,
+            lease=lease,
+            target_name=target_name,
+            expected_hash=expected,
+            machine=ProtocolMachine(binding.table),
+            n=n,
+        )
+
+    async def _try_once(
+        self, binding: Binding, prepared: Prepared, attempt: _Attempt, sink: _StreamSink
+    ) -> tuple[RemoteResult | None, Event | _LeaseRefusal | None, bool]:
+        """One connection attempt: (result, failure event, whether to try setup again)."""
+        iid = attempt.iid
+        ctx = AttemptContext(
+            machine=attempt.machine,
+            gate=self._gate(attempt),
+            observe=self._observer(attempt),
+            sink=sink,
+            attempt=attempt.n,
+        )
+        try:
+            return await binding.perform(prepared, ctx), None, False
+        except SetupError as exc:
+            if self._dispatched(attempt):
+                # An adapter bug must never turn a dispatched attempt into not_attempted.
+                return None, self._interrupted(iid, Code.REMOTE_OUTCOME_UNKNOWN), False
+            attrs = {"stage": exc.stage, "code": exc.code.value}
+            if exc.code in _PRE_DISPATCH_RETRYABLE and attempt.n < SETUP_ATTEMPTS:
+                await self._append(Event(E.SETUP_ATTEMPT_FAILED, iid, attrs))
+                return None, None, True
+            return None, Event(E.SETUP_FAILED, iid, attrs), False
+        except _ConfigChanged:
+            return None, Event(E.PREFLIGHT_FAILED, iid, _CONFIG_CHANGED_ATTRS), False
+        except _LeaseRefusal as exc:
+            return None, exc, False
+        except AttemptInterrupted as exc:
+            if not self._dispatched(attempt):
+                # Only a dispatched attempt can be interrupted; before the gate it is setup.
+                attrs = {"stage": attempt.machine.state, "code": Code.SETUP_FAILED.value}
+                return None, Event(E.SETUP_FAILED, iid, attrs), False
+            return None, self._interrupted(iid, exc.code), False
+        except Exception as exc:  # classify by the boundary, never by the exception
+            # Type name only: library messages may quote remote bytes or request lines.
+            log.warning("attempt %s of %s ended by %s", attempt.n, iid, type(exc).__name__)
+            failure = self._boundary_failure(
+                attempt, after=Code.REMOTE_OUTCOME_UNKNOWN, before=Code.SETUP_FAILED
+            )
+            return None, failure, False
+
+    def _boundary_failure(self, attempt: _Attempt, after: Code, before: Code) -> Event:
+        """The failure the last proven boundary supports: ``after`` once dispatch may have
+        happened (outcome unknown), ``before`` otherwise (not_attempted)."""
+        if self._dispatched(attempt):
+            return self._interrupted(attempt.iid, after)
+        attrs = {"stage": attempt.machine.state, "code": before.value}
+        return Event(E.SETUP_FAILED, attempt.iid, attrs)
+
+    def _dispatched(self, attempt: _Attempt) -> bool:
+        # The gate was entered: its shielded append decides; machine flag as a second witness.
+        return attempt.dispatch_recorded or attempt.gate_entered or attempt.machine.dispatched
+
+    def _interrupted(self, iid: str, code: Code) -> Event:
+        return Event(E.ATTEMPT_INTERRUPTED, iid, {"code": code.value})
+
+    async def _lease_refused(self, attempt: _Attempt, refusal: _LeaseRefusal) -> dict[str, Any]:
+        if not refusal.recorded:
+            # The projection refused our stale generation; record that we were stopped.
+            with contextlib.suppress(ImpossibleEvent):
+                await self._append(
+                    Event(E.LEASE_LOST, attempt.iid, {"generation": attempt.generation}),
+                    barrier=True,
+                )
+        return self._envelope(self._record(attempt.iid), busy=True)
+
+    def _gate(self, attempt: _Attempt) -> Any:
+        async def gate(facts: Mapping[str, Any]) -> None:
+            hop = int(facts.get("hop", 1) or 1)
+            if attempt.dispatch_recorded or hop > 1:
+                # A redirect hop is a new dispatch boundary with its own durable evidence.
+                attempt.hops = max(attempt.hops, hop)
+                with trio.CancelScope(shield=True):
+                    await self.journal.append(
+                        Event(
+                            E.PROTOCOL_OBSERVED,
+                            attempt.iid,
+                            {
+                                "protocol": attempt.machine.table.name,
+                                "state": "hop_dispatch",
+                                "facts": {f"hop{hop}": dict(facts)},
+                            },
+                        ),
+                        barrier=True,
+                    )
+                return
+            # Re-check the bound config immediately before the write (seed: "re-check it
+            # immediately before the write"); a change means a new invocation.
+            if self._config_changed(attempt.target_name, attempt.expected_hash):
+                raise _ConfigChanged
+            attrs: dict[str, Any] = {"generation": attempt.generation, "attempt": attempt.n}
+            for k in ("connection", "reused_connection", "peer", "hop", "origin", "via_proxy"):
+                if k in facts:
+                    attrs[k] = facts[k]
+            attempt.gate_entered = True
+            try:
+                with trio.CancelScope(shield=True):
+                    await self.journal.append(
+                        Event(E.DISPATCH_STARTED, attempt.iid, attrs),
+                        barrier=True,
+                        lease=attempt.lease,
+                    )
+            except LeaseLost:
+                attempt.gate_entered = False
+                raise _LeaseRefusal(recorded=True) from None
+            except ImpossibleEvent:
+                attempt.gate_entered = False
+                raise _LeaseRefusal(recorded=False) from None
+            except BaseException:
+                # Unknown whether the barrier landed; the journal will tell (see _dispatched).
+                rec = self.journal.record(attempt.iid)
+                attempt.gate_entered = rec is not None and rec.evidence.get(
+                    "dispatch_started", False
+                )
+                raise
+            attempt.dispatch_recorded = True
+
+        return gate
+
+    def _observer(self, attempt: _Attempt) -> Callable[[Step, Mapping[str, Any]], None]:
+        milestones = attempt.machine.table.milestones
+
+        def observe(step: Step, facts: Mapping[str, Any]) -> None:
+            attempt.steps.append(step.dest)
+            for k, v in facts.items():
+                attempt.facts[k] = v
+            kind = milestones.get(step.dest)
+            if (
+                kind is not None
+                and kind not in attempt.milestones_seen
+                and attempt.dispatch_recorded
+            ):
+                attempt.milestones_seen.add(kind)
+                # The observer is synchronous (adapters call it inside their I/O loop), so the
+                # milestone waits on the attempt and is appended, in order, when it ends; it is
+                # diagnostic-grade evidence that recovery never depends on.
+                attempt.pending.append(Event(EventKind(kind), attempt.iid, _milestone_attrs(facts)))
+
+        return observe
+
+    async def _record_observed(self, attempt: _Attempt) -> None:
+        for ev in attempt.pending:
+            await self._append(ev)
+        if attempt.steps:
+            facts = {k: v for k, v in attempt.facts.items() if _jsonable(v)}
+            await self._append(
+                Event(
+                    E.PROTOCOL_OBSERVED,
+                    attempt.iid,
+                    {
+                        "protocol": attempt.machine.table.name,
+                        "state": attempt.machine.state,
+                        "facts": {"path": attempt.steps, **facts},
+                    },
+                )
+            )
+
+    # -- completion ---------------------------------------------------------------------
+
+    async def _complete(
+        self, iid: str, result: RemoteResult, sink: _StreamSink, deliver: Deliver | None
+    ) -> dict[str, Any]:
+        streams = await sink.finish()
+        attrs: dict[str, Any] = {
+            "outcome": result.outcome.value,
+            "code": result.code.value if result.code else None,
+            "response_sha256": sink.digest(),
+        }
+        for k in ("status", "exit_status", "exit_signal", "remote_request_id", "hop"):
+            if k in result.facts:
+                attrs[k] = result.facts[k]
+        if result.retry_after is not None:
+            attrs["retry_after"] = result.retry_after
+        await self._append(
+            Event(E.REMOTE_RESPONSE_COMPLETE, iid, attrs, source=EvidenceSource.REMOTE_RESPONSE)
+        )
+        summary = {**result.summary, "streams": streams}
+        try:
+            with trio.CancelScope(shield=True):
+                await self.journal.commit_result(
+                    Event(E.RESULT_COMMITTED, iid, {"sha256": sink.digest()}), summary=summary
+                )
+        except ResultStoreFailed:
+            # Render only what the durable record proves, plus the failure itself.
+            durable = self.journal.events(iid)
+            rec = project([*durable, Event(E.RESULT_STORE_FAILED, iid, {})])
+            return render_envelope(rec)
+        record = self._record(iid)
+        envelope = self._envelope(record)
+        return await self._deliver(iid, envelope, deliver)
+
+    async def _deliver(
+        self, iid: str, envelope: dict[str, Any], deliver: Deliver | None
+    ) -> dict[str, Any]:
+        if deliver is None:
+            # In-process return: handing the dict back is the complete transfer.
+            await self._append(Event(E.RESULT_DELIVERED, iid, {"channel": "return"}))
+            return envelope
+        try:
+            await deliver(envelope)
+        except Exception as exc:
+            log.warning("delivery of %s failed: %s", iid, type(exc).__name__)
+            await self._append(
+                Event(E.RESULT_DELIVERY_FAILED, iid, {"channel": "deliver"}), barrier=True
+            )
+            return self._envelope(self._record(iid))
+        await self._append(Event(E.RESULT_DELIVERED, iid, {"channel": "deliver"}), barrier=True)
+        return envelope
+
+    async def _finish(self, iid: str, event: Event) -> dict[str, Any]:
+        """Append the call's last event as a barrier and render the durable record."""
+        await self._append(event, barrier=True)
+        return self._envelope(self._record(iid))
+
+    async def _refuse_new(
+        self,
+        iid: str,
+        session: str | None,
+        target: Any,
+        code: Code,
+        field_path: str,
+        message: str,
+        now: float,
+    ) -> dict[str, Any]:
+        operation = {
+            "target": target.name if target is not None else None,
+            "protocol": target.kind if target is not None else None,
+            "idempotent": False,
+            "fingerprint": None,
+        }
+        await self._append(
+            Event(E.ACTION_ACCEPTED, iid, {"operation": operation, "session": session})
+        )
+        return await self._finish(
+            iid,
+            Event(
+                E.PREFLIGHT_FAILED,
+                iid,
+                {"code": code.value, "field": field_path, "message": message},
+            ),
+        )
+
+    # -- resuming an invocation (same idempotency key) ---------------------------------------------
+
+    async def _resume(
+        self,
+        iid: str,
+        action: Any,
+        target: Any,
+        binding: Binding,
+        op: Operation,
+        key: str | None,
+        timeout: float | None,
+        deliver: Deliver | None,
+    ) -> dict[str, Any]:
+        record = self._record(iid)
+        if not record.final:
+            record = await self._recover_stale(record)
+            if not record.final:
+                return self._envelope(record, busy=True)
+        decision = decide(record, op)
+        if decision in (Decision.RETRY_SAME_KEY, Decision.RETRY_NEW_ATTEMPT):
+            if record.budget.left <= 0:
+                return await self._finish(iid, Event(E.RETRY_BUDGET_EXHAUSTED, iid, {}))
+            try:
+                lease = await self.journal.acquire_lease(
+                    iid, self.holder, self._lease_ttl(target, timeout)
+                )
+            except LeaseBusy:
+                return self._envelope(self._record(iid), busy=True)
+            except ImpossibleEvent:
+                return self._envelope(self._record(iid))
+            return await self._run_attempt(
+                iid,
+                action,
+                target,
+                binding,
+                key,
+                timeout,
+                deliver,
+                generation=lease.generation,
+                lease=(self.holder, lease.generation),
+            )
+        # FETCH, RETURN_RECORDED_RESULT, RECONCILE, STOP_FOR_CORRECTION, RETRY_WHEN_ALLOWED:
+        # answer from the record; nothing is sent again.
+        return self._envelope(record)
+
+    async def _recover_stale(self, record: Record) -> Record:
+        """A non-final record whose holder's lease expired: its broker stopped mid-call.
+        Close the stale attempt with what the durable record proves."""
+        events = self.journal.events(record.invocation_id)
+        expires = None
+        for ev in events:
+            if ev.kind is E.ACTION_ACCEPTED:
+                expires = ev.attrs.get("lease_expires_at")
+            elif ev.kind is E.RETRY_LEASE_ACQUIRED:
+                expires = ev.attrs.get("expires_at")
+        if expires is not None and time.time() < float(expires):
+            return record
+        if record.evidence.get("dispatch_started") and record.outcome is Outcome.UNKNOWN:
+            closing = Event(
+                E.ATTEMPT_INTERRUPTED,
+                record.invocation_id,
+                {
+                    "code": Code.REMOTE_OUTCOME_UNKNOWN.value,
+                    "message": "The broker stopped after dispatch, before a result was recorded.",
+                },
+            )
+        elif record.state == "authorized" or record.state == "retry_pending":
+            closing = Event(
+                E.SETUP_FAILED,
+                record.invocation_id,
+                {"code": Code.SETUP_FAILED.value, "stage": "broker_stopped"},
+            )
+        else:
+            return record
+        with contextlib.suppress(ImpossibleEvent):  # someone closed it first; the journal knows
+            await self._append(closing, barrier=True)
+        return self._record(record.invocation_id)
+
+    # -- helpers ------------------------------------------------------------------------
+
+    async def _append(self, event: Event, *, barrier: bool = False) -> Event:
+        # Shielded: a caller's cancellation must not leave it unclear whether a record landed.
+        with trio.CancelScope(shield=True):
+            stored = await self.journal.append(event, barrier=barrier)
+        return stored
+
+    def _record(self, iid: str) -> Record:
+        record = self.journal.record(iid, now=time.time())
+        assert record is not None, iid
+        return record
+
+    def _envelope(self, record: Record, *, busy: bool = False) -> dict[str, Any]:
+        result = self.journal.read_result(record.invocation_id)
+        payload = _result_payload(result) if result is not None else None
+        env = render_envelope(record, payload)
+        if busy:
+            # Another worker holds the invocation's lease right now.  The record is rendered as
+            # is; the error says why this caller did not act.
+            env["error"] = {
+                "code": Code.LEASE_LOST.value,
+                "phase": record.phase.value,
+                "outcome": record.outcome.value,
+                "retry": "reconcile" if record.outcome is Outcome.UNKNOWN else record.retry.value,
+                "message": "Another worker holds this invocation's lease; nothing was sent.",
+            }
+        return env
+
+    def _lease_ttl(self, target: Any, timeout: float | None) -> float:
+        total = target.timeout.total if timeout is None else min(timeout, target.timeout.total)
+        return float(total) + LEASE_MARGIN
+
+    def _stat(self) -> tuple[int, int] | None:
+        path = self.config.path
+        if path is None:
+            return None
+        try:
+            st = os.stat(path)
+        except OSError:
+            return None
+        return (st.st_mtime_ns, st.st_size)
+
+    def _config_changed(self, target_name: str, expected_hash: str) -> bool:
+        path = self.config.path
+        if path is None:
+            return False
+        current = self._stat()
+        if current == self._config_stat:
+            return False
+        try:
+            fresh = load_config(path)
+        except (ConfigError, OSError):
+            return True
+        target = fresh.targets.get(target_name)
+        return target is None or snapshot_hash(target) != expected_hash
+
+
+def _milestone_attrs(facts: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: facts[k] for k in ("status",) if k in facts}
+
+
+def _jsonable(value: Any) -> bool:
+    return isinstance(value, str | int | float | bool | type(None) | list | dict)
+
+
+def _result_payload(result: Any) -> dict[str, Any]:
+    """The caller-facing result: the stored summary plus each stream, text when it decodes."""
+    out: dict[str, Any] = dict(result.summary)
+    out.pop("streams", None)
+    for name, data in sorted(result.streams.items()):
+        try:
+            out[name] = data.decode("utf-8")
+        except UnicodeDecodeError:
+            out[f"{name}_base64"] = base64.b64encode(data).decode("ascii")
+    out["sha256"] = result.sha256
+    return out
