@@ -30,6 +30,7 @@ import ssh.exceptions
 import ssh.options
 import ssh.session
 import trio
+
 from affidavit.adapters.base import AttemptContext, AttemptInterrupted, RemoteResult, SetupError
 from affidavit.statemachine import Code, Outcome
 
@@ -306,11 +307,14 @@ class _Run:
         assert self.io is not None
         io, channel = self.io, self.channel
         try:
-            await io.call(channel.request_exec, self.command)
+            rc = channel.request_exec(self.command)  # writes the request into libssh's transport
+            self.fire("exec_sent", {})
+            if rc == _SSH_AGAIN:
+                await io.call(channel.request_exec, self.command)  # now only polls for the reply
         except ssh.exceptions.BaseSSHError as exc:
             # CHANNEL_FAILURE is an authoritative refusal only if it arrived on a live
             # connection and an open channel; libssh reports a dead socket the same way.
-            if io.alive() and channel.is_open():
+            if self.ctx.machine.state == "exec_sent" and io.alive() and channel.is_open():
                 self.fire("exec_failure", {"reply": "CHANNEL_FAILURE"})
                 return RemoteResult(
                     Outcome.REJECTED,

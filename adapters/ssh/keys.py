@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import ssh.key
+
 from affidavit.statemachine import Code
 
 __all__ = [

@@ -43,6 +43,7 @@ _RUNNING = ("exec_accepted", "stdout", "stderr")
 _OUTPUT_OPEN = (*_RUNNING, "exit_status_seen", "exit_signal_seen")
 _POST_DISPATCH_OPEN = (
     "exec_requesting",
+    "exec_sent",
     *_RUNNING,
     "eof",
     "exit_status_seen",
@@ -58,7 +59,8 @@ _STATES = {
     "authenticated": "user authentication accepted",
     "session_open": "session channel open; setup is complete, nothing requested yet",
     "setup_failed": "setup stopped before dispatch; the command was never requested",
-    "exec_requesting": "DISPATCH boundary: exec request handed to the transport, no reply yet",
+    "exec_requesting": "DISPATCH boundary crossed (journaled); the exec request is being written",
+    "exec_sent": "the exec request was handed to libssh's transport; no reply yet",
     "exec_rejected": "the server refused the exec request (CHANNEL_FAILURE)",
     "exec_accepted": "the server accepted the exec request (CHANNEL_SUCCESS); command running",
     "stdout": "receiving stdout data",
@@ -79,7 +81,8 @@ _T: dict[str, dict[str, str]] = {
     "host_key_verified": {"authenticated": "authenticated"},
     "authenticated": {"session_open": "session_open"},
     "session_open": {"exec": "exec_requesting"},
-    "exec_requesting": {"exec_accepted": "exec_accepted", "exec_failure": "exec_rejected"},
+    "exec_requesting": {"exec_sent": "exec_sent"},
+    "exec_sent": {"exec_accepted": "exec_accepted", "exec_failure": "exec_rejected"},
     "eof": {
         "exit_status": "drained",
         "exit_signal": "drained",
@@ -119,10 +122,12 @@ SSH_TABLE: ProtocolTable = register(
         states=_STATES,
         transitions=MappingProxyType(_T),
         dispatch=frozenset({("session_open", "exec")}),
-        completes=frozenset({("drained", "channel_closed"), ("exec_requesting", "exec_failure")}),
+        completes=frozenset({("drained", "channel_closed"), ("exec_sent", "exec_failure")}),
         final=frozenset(
             {"setup_failed", "exec_rejected", "closed", "closed_incomplete", "interrupted"}
         ),
+        # The engine records the seed's REQUEST_SENT / REMOTE_RESPONSE_STARTED on first entry.
+        milestones={"exec_sent": "REQUEST_SENT", "exec_accepted": "REMOTE_RESPONSE_STARTED"},
         doc=__doc__ or "",
     )
 )

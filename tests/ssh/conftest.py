@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from affidavit.adapters.base import AttemptContext
 from affidavit.adapters.ssh import SSH_TABLE, SshTarget, SshTimeouts
 from affidavit.statemachine import ProtocolMachine, Step
@@ -143,7 +144,7 @@ class Recorder:
         )  # fmt: skip
 
     async def _gate(self, facts: Mapping[str, Any]) -> None:
-        self.gate_calls.append(dict(facts))
+        self.gate_calls.append({**facts, "_steps_before": len(self.steps)})
         if self.gate_raises is not None:
             raise self.gate_raises
 

@@ -7,6 +7,7 @@ import socket
 
 import pytest
 import trio
+
 from affidavit.adapters.base import AttemptInterrupted, SetupError
 from affidavit.adapters.ssh import (
     CHUNK,
@@ -44,9 +45,9 @@ async def test_exit_status_zero_is_committed_success_with_separate_streams(sshd:
         "session_open",
         "exec",
     ]
-    assert ev[6] == "exec_accepted" and ev[-1] == "channel_closed"
+    assert ev[6:8] == ["exec_sent", "exec_accepted"] and ev[-1] == "channel_closed"
     # The gate was awaited exactly once, before the dispatch step was fired.
-    assert len(rec.gate_calls) == 1
+    assert len(rec.gate_calls) == 1 and rec.gate_calls[0]["_steps_before"] == 5
     assert (
         rec.gate_calls[0]["command_sha256"] == hashlib.sha256(b"echo out; echo err >&2").hexdigest()
     )

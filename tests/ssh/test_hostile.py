@@ -1,0 +1,179 @@
+"""The driver against the scripted hostile server: the rows a well-behaved sshd never produces.
+
+Seed, "Retry code must be simple and testable": "For SSH, close the channel after accepting
+`exec`, omit `exit-status`, and send the exit status before the output stream is cut off.  The
+expected outcome must always follow the evidence."
+"""
+
+from __future__ import annotations
+
+import pytest
+import trio
+
+from affidavit.adapters.base import AttemptInterrupted, SetupError
+from affidavit.adapters.ssh import SshTarget, SshTimeouts, perform, prepare_credential
+from affidavit.statemachine import Code, Outcome
+
+from .conftest import GateRefused, Recorder, Sshd, hostile_target
+from .hostile import PASSWORD, HostileServer
+
+
+@pytest.fixture
+def key(sshd: Sshd) -> bytes:
+    return sshd.client_key  # any key is accepted by the hostile server
+
+
+async def _run(srv: HostileServer, key: bytes, command: str, rec: Recorder, **kw: float):
+    with trio.fail_after(10):
+        return await perform(hostile_target(srv, **kw), prepare_credential(key), command, None,
+                             rec.ctx)  # fmt: skip
+
+
+async def test_exit_status_zero_from_a_scripted_server(hostile: HostileServer, key: bytes) -> None:
+    rec = Recorder()
+    res = await _run(hostile, key, "exit 0", rec)
+    assert (res.outcome, res.code, res.summary["exit_status"]) == (Outcome.COMMITTED, None, 0)
+    assert rec.stream("stdout") == b"out\n" and rec.stream("stderr") == b"err\n"
+
+
+async def test_exit_status_23_from_a_scripted_server(hostile: HostileServer, key: bytes) -> None:
+    res = await _run(hostile, key, "exit 23", Recorder())
+    assert (res.outcome, res.code) == (Outcome.COMMITTED, Code.REMOTE_COMMAND_FAILED)
+    assert res.summary["exit_status"] == 23
+
+
+async def test_exit_signal_from_a_scripted_server(hostile: HostileServer, key: bytes) -> None:
+    res = await _run(hostile, key, "signal", Recorder())
+    assert (res.outcome, res.code) == (Outcome.COMMITTED, Code.REMOTE_COMMAND_FAILED)
+    assert res.summary["exit_signal"] == "KILL" and res.summary["exit_status"] is None
+
+
+async def test_exec_refused_with_channel_failure_is_rejected(
+    hostile: HostileServer, key: bytes
+) -> None:
+    rec = Recorder()
+    res = await _run(hostile, key, "refuse", rec)
+    assert (res.outcome, res.code) == (Outcome.REJECTED, Code.EXEC_REJECTED)
+    assert rec.ctx.machine.state == "exec_rejected" and rec.ctx.machine.complete
+    assert rec.ctx.machine.dispatched  # it was requested; the refusal is authoritative
+
+
+@pytest.mark.parametrize("command", ["noexit", "closeonly"])
+async def test_channel_closed_without_exit_status_is_result_incomplete(
+    hostile: HostileServer, key: bytes, command: str
+) -> None:
+    rec = Recorder()
+    with pytest.raises(AttemptInterrupted) as ei:
+        await _run(hostile, key, command, rec)
+    assert ei.value.code == Code.REMOTE_RESULT_INCOMPLETE
+    assert ei.value.facts["exit_status"] is None and ei.value.facts["stdout_bytes"] == 8
+    assert rec.stream("stdout") == b"partial\n"
+    assert rec.ctx.machine.state == "closed_incomplete" and not rec.ctx.machine.complete
+
+
+async def test_connection_dropped_after_exec_accepted_is_outcome_unknown(
+    hostile: HostileServer, key: bytes
+) -> None:
+    rec = Recorder()
+    with pytest.raises(AttemptInterrupted) as ei:
+        await _run(hostile, key, "drop", rec)
+    assert ei.value.code == Code.REMOTE_OUTCOME_UNKNOWN
+    assert "exec_accepted" in rec.events and rec.events[-1] == "connection_lost"
+    assert rec.ctx.machine.dispatched and not rec.ctx.machine.complete
+
+
+async def test_exit_status_before_the_stream_breaks_is_not_a_complete_result(
+    hostile: HostileServer, key: bytes
+) -> None:
+    rec = Recorder()
+    with pytest.raises(AttemptInterrupted) as ei:
+        await _run(hostile, key, "status_then_break", rec)
+    # The exit-status was seen (and is kept as a fact), but the output never reached EOF/close:
+    # the output must not be presented as complete.
+    assert ei.value.code == Code.REMOTE_RESULT_INCOMPLETE
+    assert ei.value.facts["exit_status"] == 0
+    assert "exit_status" in rec.events and "eof" not in rec.events
+    assert rec.events[-1] == "connection_lost" and not rec.ctx.machine.complete
+
+
+async def test_caller_timeout_when_the_server_never_answers(
+    hostile: HostileServer, key: bytes
+) -> None:
+    rec = Recorder()
+    with trio.move_on_after(0.5) as scope:
+        await _run(hostile, key, "hang", rec)
+    assert scope.cancelled_caught
+    assert rec.ctx.machine.dispatched and rec.events[-1] == "cancelled"
+
+
+async def test_authentication_refused_by_the_server(hostile: HostileServer, key: bytes) -> None:
+    rec = Recorder()
+    target = hostile_target(hostile, user="refuse")
+    with trio.fail_after(10), pytest.raises(SetupError) as ei:
+        await perform(target, prepare_credential(key), "exit 0", None, rec.ctx)
+    assert (ei.value.code, ei.value.stage) == (Code.REMOTE_AUTH_FAILED, "userauth")
+    assert not rec.ctx.machine.dispatched
+
+
+async def test_password_credential_where_a_target_insists(hostile: HostileServer) -> None:
+    rec = Recorder()
+    target = hostile_target(hostile, user="pwuser")
+    with trio.fail_after(10):
+        res = await perform(target, prepare_credential(PASSWORD.encode()), "exit 0", None, rec.ctx)
+    assert res.code is None
+    assert any(f.get("method") == "password" for _s, f in rec.steps)
+    with trio.fail_after(10), pytest.raises(SetupError) as ei:
+        await perform(target, prepare_credential(b"wrong"), "exit 0", None, Recorder().ctx)
+    assert ei.value.code == Code.REMOTE_AUTH_FAILED
+
+
+async def test_gate_refusal_means_no_exec_request_reaches_the_server(
+    hostile: HostileServer, key: bytes
+) -> None:
+    rec = Recorder(gate_raises=GateRefused("lease lost"))
+    before_exec, before_sessions = len(hostile.exec_requests), hostile.sessions_opened
+    with pytest.raises(GateRefused):
+        await _run(hostile, key, "exit 0", rec)
+    # The session channel was opened (setup complete), the exec request never left.
+    assert hostile.sessions_opened == before_sessions + 1
+    # A later, allowed exec on a fresh connection is recorded: the recorder works.
+    await _run(hostile, key, "exit 0", Recorder())
+    assert hostile.exec_requests[before_exec:] == ["exit 0"]
+    assert not rec.ctx.machine.dispatched and rec.ctx.machine.state == "session_open"
+
+
+async def _serve(handler, task_status=trio.TASK_STATUS_IGNORED) -> None:  # type: ignore[no-untyped-def]
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    task_status.started(listeners[0].socket.getsockname()[1])
+    await trio.serve_listeners(handler, listeners)
+
+
+async def test_handshake_failure_is_setup_not_attempted(sshd: Sshd) -> None:
+    async def garbage(stream: trio.SocketStream) -> None:
+        await stream.send_all(b"SSH-2.0-hostile\r\n" + b"\x00\x00\x00\x0c\x0a\x14" + b"x" * 64)
+        await stream.aclose()
+
+    rec = Recorder()
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(_serve, garbage)
+        target = SshTarget("127.0.0.1", port, "bob", ("ssh-ed25519 AAAA",))
+        with trio.fail_after(10), pytest.raises(SetupError) as ei:
+            await perform(target, prepare_credential(sshd.client_key), "true", None, rec.ctx)
+        nursery.cancel_scope.cancel()
+    assert (ei.value.code, ei.value.stage) == (Code.TLS_FAILED, "ssh_handshake")
+    assert rec.events == ["tcp_connected", "setup_failed"]
+
+
+async def test_silent_server_is_a_connect_timeout_in_the_handshake(sshd: Sshd) -> None:
+    async def silent(stream: trio.SocketStream) -> None:
+        await trio.sleep_forever()
+
+    rec = Recorder()
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(_serve, silent)
+        target = SshTarget("127.0.0.1", port, "bob", ("x",), SshTimeouts(connect=0.3))
+        with trio.fail_after(10), pytest.raises(SetupError) as ei:
+            await perform(target, prepare_credential(sshd.client_key), "true", None, rec.ctx)
+        nursery.cancel_scope.cancel()
+    assert (ei.value.code, ei.value.stage) == (Code.CONNECT_TIMEOUT, "ssh_handshake")
+    assert not rec.ctx.machine.dispatched

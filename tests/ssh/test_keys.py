@@ -1,0 +1,136 @@
+"""Host-key pins, known_hosts parsing and in-memory credential import."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from affidavit.adapters.ssh import (
+    CredentialInvalid,
+    fingerprint,
+    load_known_hosts,
+    parse_pin,
+    prepare_credential,
+)
+from affidavit.statemachine import Code
+
+from .conftest import Sshd
+
+
+@pytest.fixture
+def pins(sshd: Sshd) -> tuple[str, str]:
+    """Two distinct real ed25519 public keys as pins."""
+    other_pub = sshd.client_key_path.with_suffix(".pub").read_text().split()
+    return sshd.host_pin, f"{other_pub[0]} {other_pub[1]}"
+
+
+def test_fingerprint_matches_ssh_keygen(sshd: Sshd) -> None:
+    pub = sshd.client_key_path.with_suffix(".pub")
+    out = subprocess.run(
+        ["ssh-keygen", "-l", "-f", str(pub)], check=True, capture_output=True, text=True
+    ).stdout.split()
+    assert fingerprint(parse_pin(pub.read_text())) == f"ssh-ed25519 {out[1]}"
+
+
+def test_pin_errors_name_the_problem(pins: tuple[str, str]) -> None:
+    with pytest.raises(ValueError, match="'<type> <base64>'"):
+        parse_pin("ssh-ed25519")
+    with pytest.raises(ValueError, match="not valid base64"):
+        parse_pin("ssh-ed25519 !!!!")
+    blob_b64 = pins[0].split()[1]
+    with pytest.raises(ValueError, match="declares 'ssh-rsa' but holds a 'ssh-ed25519'"):
+        parse_pin(f"ssh-rsa {blob_b64}")
+
+
+def test_known_hosts_plain_bracketed_wildcard_negated_and_comments(
+    tmp_path: Path, pins: tuple[str, str]
+) -> None:
+    a, b = pins
+    kh = tmp_path / "known_hosts"
+    kh.write_text(
+        "# comment\n\n"
+        f"example.org,10.0.0.1 {a} c1\n"
+        f"[example.org]:2222 {b}\n"
+        f"*.example.net,!bad.example.net {a}\n"
+        "@cert-authority *.example.org " + a + "\n"
+    )
+    assert load_known_hosts(str(kh), "example.org", 22) == (a,)
+    assert load_known_hosts(str(kh), "EXAMPLE.org", 22) == (a,)
+    assert load_known_hosts(str(kh), "10.0.0.1", 22) == (a,)
+    assert load_known_hosts(str(kh), "example.org", 2222) == (b,)
+    assert load_known_hosts(str(kh), "x.example.net", 22) == (a,)
+    assert load_known_hosts(str(kh), "bad.example.net", 22) == ()
+    assert load_known_hosts(str(kh), "other.org", 22) == ()
+
+
+def test_known_hosts_hashed_entries_from_ssh_keygen(tmp_path: Path, pins: tuple[str, str]) -> None:
+    a, b = pins
+    kh = tmp_path / "known_hosts"
+    kh.write_text(f"db.internal {a}\n[db.internal]:2200 {b}\n")
+    subprocess.run(["ssh-keygen", "-H", "-f", str(kh)], check=True, capture_output=True)
+    assert "db.internal" not in kh.read_text() and "|1|" in kh.read_text()
+    assert load_known_hosts(str(kh), "db.internal", 22) == (a,)
+    assert load_known_hosts(str(kh), "db.internal", 2200) == (b,)
+    assert load_known_hosts(str(kh), "other", 22) == ()
+
+
+def test_known_hosts_revoked_key_is_never_a_pin(tmp_path: Path, pins: tuple[str, str]) -> None:
+    a, b = pins
+    kh = tmp_path / "known_hosts"
+    kh.write_text(f"h {a}\nh {b}\n@revoked * {a}\n")
+    assert load_known_hosts(str(kh), "h", 22) == (b,)
+
+
+def test_private_key_is_imported_in_memory(sshd: Sshd) -> None:
+    cred = prepare_credential(sshd.client_key)
+    assert cred.kind == "private_key"
+    assert cred.public_fingerprint == fingerprint(
+        parse_pin(sshd.client_key_path.with_suffix(".pub").read_text())
+    )
+    assert prepare_credential(sshd.client_key, kind="private_key").kind == "private_key"
+
+
+def test_password_is_wrapped(sshd: Sshd) -> None:
+    assert prepare_credential(b"s3cret").kind == "password"
+    assert prepare_credential(b"-----BEGIN x", kind="password").kind == "password"
+
+
+@pytest.mark.parametrize(
+    ("secret", "kind"),
+    [
+        (b"", "auto"),
+        (b"-----BEGIN OPENSSH PRIVATE KEY-----\nAAAA\n-----END OPENSSH PRIVATE KEY-----\n", "auto"),
+        (b"not a key", "private_key"),
+        (b"pw", "token"),
+        (b"pw\x00x", "password"),
+    ],
+)
+def test_unusable_credentials_raise_credential_invalid(secret: bytes, kind: str) -> None:
+    with pytest.raises(CredentialInvalid) as ei:
+        prepare_credential(secret, kind=kind)
+    assert ei.value.code == Code.CREDENTIAL_INVALID and isinstance(ei.value, ValueError)
+    assert ei.value.__context__ is None and ei.value.__cause__ is None
+
+
+def test_passphrase_protected_key_is_invalid_and_not_echoed(tmp_path: Path) -> None:
+    path = tmp_path / "locked"
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "hunter2", "-f", str(path)], check=True
+    )
+    secret = path.read_bytes()
+    with pytest.raises(CredentialInvalid) as ei:
+        prepare_credential(secret)
+    body = b"".join(secret.splitlines()[1:-1]).decode()
+    for text in (str(ei.value), repr(ei.value)):
+        assert body[:40] not in text and "passphrase" in text
+
+
+def test_credential_repr_never_shows_the_secret(sshd: Sshd) -> None:
+    key = prepare_credential(sshd.client_key)
+    pw = prepare_credential(b"canary-password-123")
+    body = b"".join(sshd.client_key.splitlines()[1:-1]).decode()
+    for text in (repr(key), str(key), repr(pw), str(pw)):
+        assert body[:32] not in text and "canary-password" not in text
+    assert repr(pw) == "SshCredential(password)"
