@@ -262,7 +262,7 @@ def protocol_graph(table: ProtocolTable) -> Graph:
         )
     notes.append("Double border / rounded: final state")
     notes.append("Red bold edge: dispatch boundary; green bold edge: proves a complete result")
-    doc = " ".join(table.doc.split())
+    doc = _first_sentence(table.doc)
     return Graph(
         name=f"protocol-{_slug(table.name)}",
         title=f"Protocol table {table.name!r}" + (f": {doc}" if doc else ""),
@@ -278,6 +278,14 @@ def protocol_graph(table: ProtocolTable) -> Graph:
             ("committed", "proven complete"),
         ),
     )
+
+
+def _first_sentence(doc: str, limit: int = 160) -> str:
+    """The table doc's first sentence: a title, not the whole module docstring."""
+    text = " ".join(doc.strip().split("\n\n", 1)[0].split())
+    head, dot, _rest = text.partition(". ")
+    text = head + ("." if dot else "")
+    return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
 
 
 def _slug(name: str) -> str:
@@ -349,11 +357,15 @@ def _dq(text: str) -> str:
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
+def _wrap(text: str, width: int = 110) -> str:
+    return "\n".join(textwrap.wrap(text, width=width)) or text
+
+
 def dot_source(g: Graph) -> str:
     lines = [
         f"// {BANNER}",
         f"digraph {_dq(g.name)} {{",
-        f"  graph [rankdir=LR, fontname=Helvetica, labelloc=t, label={_dq(g.title)}];",
+        f"  graph [rankdir=LR, fontname=Helvetica, labelloc=t, label={_dq(_wrap(g.title))}];",
         '  node [shape=box, style="rounded,filled", fontname=Helvetica, fontsize=11];',
         "  edge [fontname=Helvetica, fontsize=9];",
     ]
@@ -536,9 +548,9 @@ def _retry_sections() -> list[str]:
     for idem in (True, False):
         for key in ("none", "no expiry", "within retention", "past retention"):
             code = Code.REMOTE_OUTCOME_UNKNOWN
-            left = _hint("interrupted", code, idempotent=idem, key=key)
+            with_budget = _hint("interrupted", code, idempotent=idem, key=key)
             spent = _hint("interrupted", code, idempotent=idem, key=key, budget_left=0)
-            rows.append(("yes" if idem else "no", key, f"`{left}`", f"`{spent}`"))
+            rows.append(("yes" if idem else "no", key, f"`{with_budget}`", f"`{spent}`"))
     out += _table(("idempotent", "idempotency key", "budget left", "budget spent"), rows)
     out += ["", "### Complete result (`rejected` / `committed`)", ""]
     rows = [("success (no code)", "—", "—", f"`{_hint('stored_committed', None)}`")]

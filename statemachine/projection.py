@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any
+from typing import Any, TypeGuard
 
 from .contract import CODES, Code, EvidenceSource, Outcome, Phase, Retry
 from .events import Event, EventKind
@@ -270,12 +270,29 @@ def _freeze_evidence(ev: dict[str, Any]) -> dict[str, Any]:
 
 def _code_of(event: Event) -> Code | None:
     raw = event.attrs.get("code")
-    if raw is None:
+    if not isinstance(raw, str):
         return None
     try:
         return Code(raw)
     except ValueError:
         return None
+
+
+def _resolved_outcome(event: Event) -> Outcome | None:
+    """attrs.outcome when it names a resolved outcome (rejected | committed), else None."""
+    raw = event.attrs.get("outcome")
+    if isinstance(raw, str) and raw in _RESOLVED:
+        return Outcome(raw)
+    return None
+
+
+def _is_int(value: object) -> TypeGuard[int]:
+    # bool is an int subclass; True must not pass for generation 1.
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> TypeGuard[int | float]:
+    return isinstance(value, int | float) and not isinstance(value, bool) and value >= 0
 
 
 def _check_phase_code(phase: Phase) -> Callable[[Projector, Event], str | None]:
@@ -295,14 +312,29 @@ def _check_accepted(p: Projector, event: Event) -> str | None:
     if not isinstance(op, Mapping):
         return "attrs.operation is required"
     budget = op.get("budget", DEFAULT_BUDGET)
-    if not isinstance(budget, int) or budget < 1:
+    if not _is_int(budget) or budget < 1:
         return "operation.budget must be a positive integer"
+    if not _is_number(op.get("max_retry_after", DEFAULT_MAX_RETRY_AFTER)):
+        return "operation.max_retry_after must be a non-negative number"
+    for key in ("target", "protocol", "fingerprint"):
+        if op.get(key) is not None and not isinstance(op.get(key), str):
+            return f"operation.{key} must be a string"
+    idem = op.get("idempotency")
+    if idem is not None:
+        if not isinstance(idem, Mapping):
+            return "operation.idempotency must be an object"
+        for key in ("key", "scope", "fingerprint", "remote_contract"):
+            if idem.get(key) is not None and not isinstance(idem.get(key), str):
+                return f"operation.idempotency.{key} must be a string"
+        expires = idem.get("expires_at")
+        if expires is not None and not _is_number(expires):
+            return "operation.idempotency.expires_at must be a number"
     return None
 
 
 def _check_lease(p: Projector, event: Event) -> str | None:
     gen = event.attrs.get("generation")
-    if not isinstance(gen, int) or gen <= p._generation:
+    if not _is_int(gen) or gen <= p._generation:
         return f"lease generation must exceed {p._generation}"
     if p._budget_used >= p._budget_total:
         return "retry budget exhausted"
@@ -311,22 +343,26 @@ def _check_lease(p: Projector, event: Event) -> str | None:
 
 def _check_dispatch(p: Projector, event: Event) -> str | None:
     gen = event.attrs.get("generation", p._generation)
-    if gen != p._generation:
+    if not _is_int(gen) or gen != p._generation:
         return f"stale generation {gen}; the current lease generation is {p._generation}"
     return None
 
 
 def _check_lease_lost(p: Projector, event: Event) -> str | None:
     gen = event.attrs.get("generation")
-    if not isinstance(gen, int) or gen > p._generation:
+    if not _is_int(gen) or gen > p._generation:
         return "LEASE_LOST must name a generation not newer than the current one"
     return None
 
 
 def _check_complete(p: Projector, event: Event) -> str | None:
-    raw = event.attrs.get("outcome")
-    if raw not in _RESOLVED:
+    outcome = _resolved_outcome(event)
+    if outcome is None:
         return "attrs.outcome must be rejected or committed"
+    raw = outcome.value
+    ra = event.attrs.get("retry_after")
+    if ra is not None and not _is_number(ra):
+        return "attrs.retry_after must be a non-negative number of seconds"
     if event.source is not EvidenceSource.REMOTE_RESPONSE:
         return "a complete result must come from remote_response"
     code = _code_of(event)
@@ -349,10 +385,24 @@ def _check_interrupted(p: Projector, event: Event) -> str | None:
 
 
 def _check_reconciled(p: Projector, event: Event) -> str | None:
-    if event.attrs.get("outcome") not in _RESOLVED:
+    if _resolved_outcome(event) is None:
         return "attrs.outcome must be rejected or committed (never not_attempted)"
     if event.source not in _SECOND_OBSERVER:
         return "reconciliation must name remote_query or operator_attested as its source"
+    return None
+
+
+def _check_observed(p: Projector, event: Event) -> str | None:
+    proto = event.attrs.get("protocol", "protocol")
+    if not isinstance(proto, str) or not proto.isidentifier():
+        return "attrs.protocol must be an identifier"
+    if not isinstance(p._evidence.get(proto, {}), dict):
+        return f"attrs.protocol {proto!r} collides with an evidence field"
+    if not isinstance(event.attrs.get("state"), str):
+        return "attrs.state must name the protocol state"
+    facts = event.attrs.get("facts")
+    if facts is not None and not isinstance(facts, Mapping):
+        return "attrs.facts must be an object"
     return None
 
 
@@ -369,6 +419,7 @@ _CHECKS: dict[EventKind, Callable[[Projector, Event], str | None]] = {
     E.REMOTE_RESPONSE_COMPLETE: _check_complete,
     E.ATTEMPT_INTERRUPTED: _check_interrupted,
     E.RECONCILED: _check_reconciled,
+    E.PROTOCOL_OBSERVED: _check_observed,
 }
 
 

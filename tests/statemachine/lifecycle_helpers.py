@@ -1,0 +1,211 @@
+"""Building valid lifecycle events for any (state, event, destination) — shared by the model
+checks, the rule-based machine, the decide() property and the benchmark.
+
+Every choice an event could vary on (which validation code, which outcome, which reconciliation
+source...) goes through ``choose`` so hypothesis can explore it (``choose = data.draw(...)``) and
+plain tests stay deterministic (``choose = first``).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
+
+from affidavit.statemachine import (
+    CODES,
+    TRANSITIONS,
+    Code,
+    Event,
+    EventKind,
+    EvidenceSource,
+    Outcome,
+    Phase,
+    Projector,
+)
+from affidavit.statemachine.lifecycle import INITIAL, STATES, edges, expand
+
+T = TypeVar("T")
+Choose = Callable[[Sequence[T]], T]
+
+E = EventKind
+IID = "act_test"
+
+
+def first(options: Sequence[T]) -> T:
+    return options[0]
+
+
+def codes_of(phase: Phase, outcome: Outcome | None = None) -> list[Code]:
+    return [
+        c
+        for c in Code
+        if CODES[c].phase is phase and (outcome is None or CODES[c].outcome is outcome)
+    ]
+
+
+PRE_DISPATCH_SETUP_CODES = [
+    c for c in codes_of(Phase.CONNECTION_SETUP) if CODES[c].outcome is Outcome.NOT_ATTEMPTED
+]
+INTERRUPT_CODES = [
+    Code.REMOTE_OUTCOME_UNKNOWN,
+    Code.REMOTE_RESULT_INCOMPLETE,
+    Code.CALLER_CANCELLED,
+]
+REJECT_CODES = codes_of(Phase.REMOTE_EXECUTION, Outcome.REJECTED)
+COMMIT_CODES: list[Code | None] = [None, *codes_of(Phase.REMOTE_EXECUTION, Outcome.COMMITTED)]
+
+
+def operation(
+    *,
+    idempotent: bool = False,
+    fingerprint: str = "sha256:aaaa",
+    key: str | None = None,
+    expires_at: float | None = None,
+    budget: int = 3,
+    max_retry_after: float = 300.0,
+) -> dict[str, Any]:
+    op: dict[str, Any] = {
+        "target": "payments",
+        "protocol": "http",
+        "idempotent": idempotent,
+        "fingerprint": fingerprint,
+        "budget": budget,
+        "max_retry_after": max_retry_after,
+    }
+    if key is not None:
+        idem: dict[str, Any] = {"key": key, "scope": "payments.create"}
+        if expires_at is not None:
+            idem["expires_at"] = expires_at
+        op["idempotency"] = idem
+    return op
+
+
+def valid_moves(p: Projector) -> list[tuple[EventKind, str]]:
+    """Every (event, destination) the table allows now and whose event rules can be met."""
+    rec = p.record()
+    out = []
+    for kind in sorted(TRANSITIONS[p.state]):
+        if kind is E.RETRY_LEASE_ACQUIRED and rec.budget.used >= rec.budget.total:
+            continue  # the projection refuses a lease once the budget is spent
+        for dest in expand(p.state, kind):
+            out.append((kind, dest))
+    return out
+
+
+def make_event(
+    p: Projector,
+    kind: EventKind,
+    dest: str,
+    seq: int | None,
+    choose: Choose[Any] = first,
+    op: Mapping[str, Any] | None = None,
+) -> Event:
+    """A valid event of ``kind`` that takes ``p`` to ``dest``."""
+    rec = p.record()
+    attrs: dict[str, Any] = {}
+    source = EvidenceSource.TRANSPORT_OBSERVED
+    observer = observer_seq = None
+    if kind is E.ACTION_ACCEPTED:
+        attrs = {"operation": dict(op) if op is not None else operation(), "session": "s1"}
+    elif kind is E.PREFLIGHT_VALIDATED:
+        attrs = {"config_hash": "sha256:c0f1"}
+    elif kind is E.PREFLIGHT_FAILED:
+        attrs = {"code": choose(codes_of(Phase.VALIDATION)).value, "field": "body.amount"}
+    elif kind is E.CREDENTIAL_AUTHORIZED:
+        attrs = {"credential": "payments-api", "version": 3, "inject": "bearer"}
+    elif kind is E.CREDENTIAL_FAILED:
+        attrs = {"code": choose(codes_of(Phase.CREDENTIAL_INJECTION)).value}
+    elif kind is E.APPROVAL_DENIED:
+        attrs = {"code": Code.APPROVAL_DENIED.value}
+    elif kind in (E.SETUP_ATTEMPT_FAILED, E.SETUP_FAILED):
+        attrs = {
+            "code": choose(PRE_DISPATCH_SETUP_CODES).value,
+            "stage": choose(["dns", "tcp_connect", "tls_handshake", "ssh_auth"]),
+        }
+    elif kind is E.RETRY_LEASE_ACQUIRED:
+        attrs = {"generation": rec.generation + choose([1, 2]), "holder": choose(["w1", "w2"])}
+    elif kind is E.DISPATCH_STARTED:
+        attrs = {"generation": rec.generation, "connection": "c1"}
+    elif kind is E.LEASE_LOST:
+        attrs = {"generation": choose(sorted({0, rec.generation}))}
+    elif kind is E.REMOTE_RESPONSE_STARTED:
+        attrs = {"status": choose([200, 201, 401, 429, 500])}
+    elif kind is E.REMOTE_RESPONSE_COMPLETE:
+        outcome = STATES[dest].outcome
+        code = choose(REJECT_CODES) if outcome is Outcome.REJECTED else choose(COMMIT_CODES)
+        attrs = {
+            "outcome": outcome.value,
+            "code": code.value if code is not None else None,
+            "status": 200,
+            "response_sha256": "sha256:beef",
+        }
+        if code is Code.REMOTE_THROTTLED:
+            ra = choose([None, 1.0, 30.0, 3_600.0])
+            if ra is not None:
+                attrs["retry_after"] = ra
+        source = EvidenceSource.REMOTE_RESPONSE
+    elif kind is E.ATTEMPT_INTERRUPTED:
+        attrs = {"code": choose(INTERRUPT_CODES).value}
+    elif kind is E.RESULT_COMMITTED:
+        attrs = {"sha256": "sha256:beef", "chunks": 1}
+    elif kind is E.RECONCILED:
+        attrs = {"outcome": STATES[dest].outcome.value, "note": "checked by id"}
+        source = choose([EvidenceSource.REMOTE_QUERY, EvidenceSource.OPERATOR_ATTESTED])
+        observer, observer_seq = "ops-console", choose([1, 17])
+    elif kind is E.PROTOCOL_OBSERVED:
+        attrs = {"protocol": "http", "state": "headers_sent", "facts": {"reused": False}}
+    return Event(
+        kind,
+        IID,
+        attrs,
+        source=source,
+        seq=seq,
+        observer=observer,
+        observer_seq=observer_seq,
+    )
+
+
+def path_to(target: str) -> list[tuple[EventKind, str]]:
+    """A shortest (event, destination) path from the initial state to ``target``."""
+    prev: dict[str, tuple[str, EventKind]] = {}
+    todo = deque([INITIAL])
+    seen = {INITIAL}
+    while todo:
+        s = todo.popleft()
+        if s == target:
+            break
+        for src, ev, dst in edges():
+            if src == s and dst not in seen:
+                seen.add(dst)
+                prev[dst] = (src, EventKind(ev))
+                todo.append(dst)
+    if target not in seen:
+        raise AssertionError(f"{target} is unreachable")
+    steps: list[tuple[EventKind, str]] = []
+    s = target
+    while s != INITIAL:
+        src, ev = prev[s]
+        steps.append((ev, s))
+        s = src
+    return steps[::-1]
+
+
+def projector_in(state: str, op: Mapping[str, Any] | None = None) -> Projector:
+    """A projector driven to ``state`` by valid events (seq 1, 2, ...)."""
+    p = Projector(IID)
+    for seq, (kind, dest) in enumerate(path_to(state), start=1):
+        got = p.apply(make_event(p, kind, dest, seq, op=op))
+        assert got == dest
+    return p
+
+
+def drive(
+    moves: Sequence[tuple[EventKind, str]],
+    op: Mapping[str, Any] | None = None,
+    choose: Choose[Any] = first,
+) -> Projector:
+    p = Projector(IID)
+    for seq, (kind, dest) in enumerate(moves, start=1):
+        assert p.apply(make_event(p, kind, dest, seq, choose, op=op)) == dest
+    return p
