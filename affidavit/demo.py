@@ -204,7 +204,9 @@ SCENES: list[tuple[str, dict[str, Any], float | None]] = [
 ]
 
 
-async def run_demo(tmp: Path, out: Any, *, as_json: bool = False) -> list[dict[str, Any]]:
+async def run_demo(
+    tmp: Path, out: Any, *, as_json: bool = False, keep: bool = False
+) -> list[dict[str, Any]]:
     """Run every scene against a fresh server; print and return the envelopes."""
     from affidavit.broker import Broker
     from affidavit.config import load_config
@@ -227,10 +229,12 @@ async def run_demo(tmp: Path, out: Any, *, as_json: bool = False) -> list[dict[s
                 out.write("    why: " + explain(envelope) + "\n")
         nursery.cancel_scope.cancel()
     if not as_json:
-        out.write(
-            f"\nThe server applied {len(server.applied)} payment(s) for one key; "
-            f"journal: {tmp / 'demo.db'} (try `affidavit record ID --journal {tmp / 'demo.db'}`).\n"
-        )
+        out.write(f"\nThe server applied {len(server.applied)} payment(s) for one key.\n")
+        if keep:
+            out.write(
+                f"Journal kept at {tmp / 'demo.db'}: try "
+                f"`affidavit actions --journal {tmp / 'demo.db'}`.\n"
+            )
     return envelopes
 
 
@@ -251,7 +255,7 @@ def _demo(args: argparse.Namespace) -> int:
     os.environ.setdefault("AFFIDAVIT_DEMO_TOKEN", "demo-" + secrets.token_urlsafe(16))
     tmp = Path(tempfile.mkdtemp(prefix="affidavit-demo-"))
     try:
-        trio.run(functools.partial(run_demo, tmp, sys.stdout, as_json=args.json))
+        trio.run(functools.partial(run_demo, tmp, sys.stdout, as_json=args.json, keep=args.keep))
     finally:
         if not args.keep:
             for p in sorted(tmp.iterdir(), reverse=True):
