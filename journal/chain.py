@@ -10,9 +10,10 @@ prefix).  Sealed blobs enter as their SHA-256, so the chain covers them without 
 ``verify`` needs no key at all.
 
 The schema makes a fork or a gap impossible: ``seq`` is the primary key, ``prev_hash`` is unique,
-and a trigger refuses any insert that does not extend the chain by exactly one.  Update and delete
-triggers make the table append-only for anyone using the journal normally; someone editing the file
-directly can drop them, which is what ``verify`` is for.
+and a trigger refuses any insert that does not extend the chain by exactly one (so ``hash`` needs
+no index of its own: every random-keyed index costs one more WAL page per row at each fsync).
+Update and delete triggers make the table append-only for anyone using the journal normally;
+someone editing the file directly can drop them, which is what ``verify`` is for.
 """
 
 from __future__ import annotations
@@ -48,10 +49,9 @@ CREATE TABLE IF NOT EXISTS events (
   payload       BLOB,
   audit         BLOB,
   prev_hash     TEXT NOT NULL UNIQUE,
-  hash          TEXT NOT NULL UNIQUE
+  hash          TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS events_invocation ON events (invocation_id, seq);
-CREATE INDEX IF NOT EXISTS events_session ON events (session_id, seq);
 CREATE TRIGGER IF NOT EXISTS events_extend_chain BEFORE INSERT ON events
 WHEN NEW.seq IS NOT (SELECT coalesce(max(seq), 0) + 1 FROM events)
   OR NEW.prev_hash IS NOT coalesce((SELECT hash FROM events WHERE seq = NEW.seq - 1),

@@ -28,13 +28,14 @@ import os
 import sqlite3
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Generic, TypeVar
 from urllib.parse import quote
 
 import trio
+
 from affidavit.statemachine import (
     BARRIER_KINDS,
     Event,
@@ -433,7 +434,9 @@ class _Req(Generic[T]):
     op: Callable[[_Txn], T | _Fail]
     barrier: bool
     result_store: bool
-    done: trio.Event = field(default_factory=trio.Event)
+    task: trio.lowlevel.Task | None = None
+    parked: bool = False
+    finished: bool = False
     result: T | None = None
     error: BaseException | None = None
 
@@ -464,7 +467,16 @@ class _Txn:
             session = None if raw is None else str(raw)
         seq = self.seq + 1
         at = float(event.at) if event.at is not None else j._clock()
-        stored = dataclasses.replace(event, seq=seq, at=at)
+        stored = Event(
+            event.kind,
+            iid,
+            event.attrs,
+            event.source,
+            seq,
+            at,
+            event.observer,
+            event.observer_seq,
+        )
         proj.apply(stored)  # ImpossibleEvent: nothing written, projector unchanged
         j._sessions[iid] = session
         kind = event.kind.value
@@ -559,6 +571,10 @@ class Journal(JournalReader):
             if str(mode).lower() != "wal":
                 raise JournalError(f"{self.path}: cannot switch the journal to WAL mode")
             self._wconn.execute("PRAGMA synchronous=FULL")
+            # Checkpoint less often (each checkpoint fsyncs the database file as well), and cap
+            # the WAL file left behind after one.
+            self._wconn.execute("PRAGMA wal_autocheckpoint=10000")
+            self._wconn.execute("PRAGMA journal_size_limit=67108864")
             self._sync = "FULL"
             self._init_schema()
         except sqlite3.Error as exc:
@@ -686,7 +702,10 @@ class Journal(JournalReader):
                         r.error = JournalError(f"journal writer failed: {exc!r}")
                 finally:
                     for r in batch:
-                        r.done.set()
+                        r.finished = True
+                        if r.parked:
+                            assert r.task is not None
+                            trio.lowlevel.reschedule(r.task)
 
     def _forget(self) -> None:
         self._projectors.clear()
@@ -711,22 +730,23 @@ class Journal(JournalReader):
                     self._forget()
                 txn = _Txn(self, conn, seq, h)
                 for r in batch:
-                    mark = (txn.seq, txn.hash)
-                    conn.execute("SAVEPOINT op")
+                    # Ops raise their refusals (ImpossibleEvent, JournalError...) before they
+                    # write anything, so a refusal needs no savepoint; one that wrote first is a
+                    # bug, and the whole batch is rolled back rather than half-kept.
+                    mark = txn.seq
                     try:
                         out = r.op(txn)
                     except sqlite3.Error:
                         raise
                     except Exception as exc:
-                        conn.execute("ROLLBACK TO op")
-                        txn.seq, txn.hash = mark
+                        if txn.seq != mark:
+                            raise
                         r.error = exc
                     else:
                         if isinstance(out, _Fail):
                             r.error = out.error
                         else:
                             r.result = out
-                    conn.execute("RELEASE op")
                 if self._before_commit is not None:
                     self._before_commit()
                 conn.execute("COMMIT")
@@ -764,16 +784,20 @@ class Journal(JournalReader):
     ) -> T:
         if self._send is None:
             raise JournalError("journal is not open for writing (use `async with Journal.open`)")
-        req: _Req[T] = _Req(op, barrier, result_store)
+        req: _Req[T] = _Req(op, barrier, result_store, trio.lowlevel.current_task())
         try:
-            await self._send.send(req)
+            try:
+                self._send.send_nowait(req)  # no checkpoint between queueing and parking
+            except trio.WouldBlock:
+                await self._send.send(req)
         except (trio.ClosedResourceError, trio.BrokenResourceError):
             raise JournalError(f"journal {self.path} is closed") from None
-        # Once queued, the write will happen: wait for its answer even if cancelled, so the
-        # caller never loses track of a barrier that did commit (seed: classify by the last
-        # proven boundary).
-        with trio.CancelScope(shield=True):
-            await req.done.wait()
+        # Once queued, the write will happen: wait for its answer without being cancellable,
+        # so a caller never loses track of a barrier that did commit (seed: classify by the
+        # last proven boundary).  A pending cancellation is delivered at the next checkpoint.
+        if not req.finished:
+            req.parked = True
+            await trio.lowlevel.wait_task_rescheduled(_cannot_abort)
         if req.error is not None:
             raise req.error
         return req.result  # type: ignore[return-value]
@@ -993,6 +1017,10 @@ class Journal(JournalReader):
             return stored
 
         return await self._submit(op, barrier=True, result_store=True)
+
+
+def _cannot_abort(_: Any) -> trio.lowlevel.Abort:
+    return trio.lowlevel.Abort.FAILED
 
 
 def _attrs_json(event: Event) -> str:
