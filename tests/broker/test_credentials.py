@@ -1,0 +1,393 @@
+"""Credential references, resolution, injection and redaction.
+
+Seed, "Validation and credential injection finish before dispatch": "Do not put credential
+contents into either the error or the action record.  You may record the secret's identifier or
+its non-secret version, the injection method, and the decision that stopped the call."  Every
+test that handles a secret uses a canary value and checks it never leaks into an exception,
+a repr or a log record.
+"""
+
+from __future__ import annotations
+
+import base64
+import itertools
+import logging
+import os
+import urllib.parse
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from affidavit.credentials import (
+    REDACTED,
+    Credential,
+    CredentialError,
+    Injection,
+    apply_query,
+    inject_http,
+    parse_ref,
+    redactor,
+    resolve,
+    secret_forms,
+    trim_final_newline,
+)
+from affidavit.statemachine import Code
+from affidavit.vault import Vault
+
+CANARY = "CANARY-s3cr3t-7f1d2c9a"
+CANARY_B = CANARY.encode()
+
+
+def no_leak(*objects: object) -> None:
+    for obj in objects:
+        assert CANARY not in str(obj)
+        assert CANARY not in repr(obj)
+        if isinstance(obj, BaseException):
+            assert all(CANARY not in str(a) for a in obj.args)
+
+
+@pytest.fixture(autouse=True)
+def _capture_logs(caplog: pytest.LogCaptureFixture) -> object:
+    caplog.set_level(logging.DEBUG)
+    yield
+    assert CANARY not in caplog.text
+
+
+# --- parse_ref --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("ref", "parsed"),
+    [
+        ("env:BILLING_TOKEN", ("env", "BILLING_TOKEN")),
+        ("env:_x1", ("env", "_x1")),
+        ("file:/etc/tok", ("file", "/etc/tok")),
+        ("file:rel/tok:with:colons", ("file", "rel/tok:with:colons")),
+        ("vault:deploy_key", ("vault", "deploy_key")),
+        ("vault:a.b-c_1", ("vault", "a.b-c_1")),
+    ],
+)
+def test_parse_ref_kinds(ref: str, parsed: tuple[str, str]) -> None:
+    assert parse_ref(ref) == parsed
+
+
+@pytest.mark.parametrize(
+    "ref",
+    [CANARY, "env:", "env:1A", "env:A-B", "file:", "vault:", "vault:a/b", "ssm:x", "", ":x",
+     "ENV:X", "file:a\x00b", f"vault:{'x' * 129}"],
+)  # fmt: skip
+def test_parse_ref_rejects_unknown_forms_without_echoing_them(ref: str) -> None:
+    with pytest.raises(CredentialError) as info:
+        parse_ref(ref)
+    assert info.value.code is Code.UNKNOWN_CREDENTIAL
+    if ref not in {"", "env:", "file:", "vault:"}:  # those are in the usage hint itself
+        assert ref not in str(info.value)
+    no_leak(info.value)
+
+
+def test_parse_ref_rejects_non_strings() -> None:
+    with pytest.raises(CredentialError) as info:
+        parse_ref(42)  # type: ignore[arg-type]
+    assert info.value.code is Code.UNKNOWN_CREDENTIAL
+
+
+# --- resolve: env and file ----------------------------------------------------------------------
+
+
+def test_env_ref(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AFF_TEST_TOKEN", CANARY)
+    cred = resolve("env:AFF_TEST_TOKEN", vault=None)
+    assert cred.value == CANARY_B
+    assert cred.version == "env"
+    assert cred.ref == "env:AFF_TEST_TOKEN"
+    no_leak(cred)
+
+
+@pytest.mark.parametrize("value", [None, ""])
+def test_missing_or_empty_env_is_credential_missing(
+    monkeypatch: pytest.MonkeyPatch, value: str | None
+) -> None:
+    if value is None:
+        monkeypatch.delenv("AFF_TEST_ABSENT", raising=False)
+    else:
+        monkeypatch.setenv("AFF_TEST_ABSENT", value)
+    with pytest.raises(CredentialError) as info:
+        resolve("env:AFF_TEST_ABSENT", vault=None)
+    assert info.value.code is Code.CREDENTIAL_MISSING
+    assert "env:AFF_TEST_ABSENT" in str(info.value)  # the reference helps the operator
+
+
+def test_file_ref_relative_to_base_dir_with_version(tmp_path: Path) -> None:
+    (tmp_path / "tok").write_bytes(CANARY_B + b"\n")
+    cred = resolve("file:tok", vault=None, base_dir=tmp_path)
+    assert cred.value == CANARY_B  # editors' final newline is not part of a token
+    st_ = os.stat(tmp_path / "tok")
+    assert cred.version == f"{st_.st_mtime_ns}:{st_.st_size}"
+    no_leak(cred)
+    (tmp_path / "tok").write_bytes(CANARY_B + b"-rotated")
+    os.utime(tmp_path / "tok", ns=(st_.st_mtime_ns + 10**9, st_.st_mtime_ns + 10**9))
+    assert resolve(f"file:{tmp_path / 'tok'}", vault=None).version != cred.version
+
+
+def test_file_ref_keeps_multiline_values_exact(tmp_path: Path) -> None:
+    key = b"-----BEGIN OPENSSH PRIVATE KEY-----\nAAAA\n-----END OPENSSH PRIVATE KEY-----\n"
+    (tmp_path / "id").write_bytes(key)
+    assert resolve("file:id", vault=None, base_dir=tmp_path).value == key
+
+
+@pytest.mark.parametrize(
+    ("data", "expected"),
+    [(b"tok\n", b"tok"), (b"tok\r\n", b"tok"), (b"tok", b"tok"), (b"a\nb\n", b"a\nb\n"),
+     (b"tok\n\n", b"tok\n\n"), (b"\n", b"")],
+)  # fmt: skip
+def test_trim_final_newline(data: bytes, expected: bytes) -> None:
+    assert trim_final_newline(data) == expected
+
+
+def test_file_ref_errors(tmp_path: Path) -> None:
+    with pytest.raises(CredentialError) as info:
+        resolve("file:absent", vault=None, base_dir=tmp_path)
+    assert info.value.code is Code.CREDENTIAL_MISSING
+    (tmp_path / "empty").write_bytes(b"\n")
+    with pytest.raises(CredentialError) as info:
+        resolve("file:empty", vault=None, base_dir=tmp_path)
+    assert info.value.code is Code.CREDENTIAL_MISSING
+    (tmp_path / "dir").mkdir()
+    with pytest.raises(CredentialError) as info:
+        resolve("file:dir", vault=None, base_dir=tmp_path)
+    assert info.value.code is Code.CREDENTIAL_INVALID
+
+
+# --- resolve: vault -----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def vault(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Vault:
+    monkeypatch.delenv("AFFIDAVIT_VAULT_PASSPHRASE", raising=False)
+    v = Vault.init(tmp_path / "v.vault", "pw", n_log2=10)
+    v.unlock("pw")
+    v.put("api", CANARY_B)
+    v.put("api", CANARY_B + b"2")
+    return v
+
+
+def test_vault_ref_returns_value_and_entry_version(vault: Vault) -> None:
+    cred = resolve("vault:api", vault=vault)
+    assert (cred.value, cred.version) == (CANARY_B + b"2", "2")
+    no_leak(cred)
+
+
+def test_locked_vault_is_vault_locked(vault: Vault) -> None:
+    vault.lock()
+    with pytest.raises(CredentialError) as info:
+        resolve("vault:api", vault=vault)
+    assert info.value.code is Code.VAULT_LOCKED
+    no_leak(info.value)
+
+
+def test_vault_missing_entry_or_vault(vault: Vault, tmp_path: Path) -> None:
+    with pytest.raises(CredentialError) as info:
+        resolve("vault:nope", vault=vault)
+    assert info.value.code is Code.CREDENTIAL_MISSING
+    with pytest.raises(CredentialError) as info:
+        resolve("vault:api", vault=None)
+    assert info.value.code is Code.CREDENTIAL_MISSING
+    with pytest.raises(CredentialError) as info:
+        resolve("vault:api", vault=Vault(tmp_path / "never-created.vault"))
+    assert info.value.code is Code.CREDENTIAL_MISSING
+
+
+def test_tampered_vault_is_credential_invalid(vault: Vault) -> None:
+    raw = bytearray(vault.path.read_bytes())
+    raw[-1] ^= 1
+    vault.path.write_bytes(bytes(raw))
+    with pytest.raises(CredentialError) as info:
+        resolve("vault:api", vault=vault)
+    assert info.value.code is Code.CREDENTIAL_INVALID
+    assert "modified or corrupted" in str(info.value)
+    no_leak(info.value)
+
+
+def test_unknown_ref_at_resolve_time() -> None:
+    with pytest.raises(CredentialError) as info:
+        resolve(CANARY, vault=None)
+    assert info.value.code is Code.UNKNOWN_CREDENTIAL
+    no_leak(info.value)
+
+
+# --- Credential / Injection reprs ---------------------------------------------------------------
+
+
+def test_credential_repr_and_str_are_redacted() -> None:
+    cred = Credential("env:X", CANARY_B, "env")
+    assert repr(cred) == "Credential(ref='env:X', version='env', value=<redacted>)"
+    assert str(cred) == repr(cred)
+    no_leak(cred, [cred], {"c": cred})
+    logging.getLogger("affidavit.test").debug("resolved %s %r", cred, cred)
+
+
+def test_injection_repr_is_redacted() -> None:
+    inj = inject_http("query:key", Credential("env:X", CANARY_B, "env"))
+    no_leak(inj)
+    assert "query_param='key'" in repr(inj)
+
+
+# --- inject_http ----------------------------------------------------------------------------
+
+
+def cred(value: bytes) -> Credential:
+    return Credential("vault:t", value, "1")
+
+
+def test_bearer() -> None:
+    inj = inject_http("bearer", cred(CANARY_B))
+    assert inj.headers == (("Authorization", f"Bearer {CANARY}"),)
+    assert inj.header_names == {"authorization"}
+    assert (inj.query, inj.query_param) == ((), None)
+
+
+def test_basic() -> None:
+    inj = inject_http("basic", cred(b"alice:" + CANARY_B))
+    expected = base64.b64encode(b"alice:" + CANARY_B).decode()
+    assert inj.headers == (("Authorization", f"Basic {expected}"),)
+    assert inj.header_names == {"authorization"}
+    utf8 = inject_http("basic", cred("jürgen:pä:ss".encode()))
+    assert base64.b64decode(utf8.headers[0][1].split()[1]) == "jürgen:pä:ss".encode()
+
+
+def test_custom_header() -> None:
+    inj = inject_http("header:X-Api-Key", cred(CANARY_B))
+    assert inj.headers == (("X-Api-Key", CANARY),)
+    assert inj.header_names == {"x-api-key"}
+
+
+def test_query_param_is_percent_encoded() -> None:
+    inj = inject_http("query:api_key", cred(b"a b&c=d/" + CANARY_B))
+    assert inj.query == (("api_key", "a%20b%26c%3Dd%2F" + CANARY),)
+    assert inj.query_param == "api_key"
+    assert inj.headers == () and inj.header_names == frozenset()
+    assert urllib.parse.parse_qs(apply_query("/x", inj).split("?")[1])["api_key"] == [
+        "a b&c=d/" + CANARY
+    ]
+
+
+@pytest.mark.parametrize(
+    ("target", "expected"),
+    [("/x", "/x?k=v"), ("/x?", "/x?k=v"), ("/x?a=1", "/x?a=1&k=v"), ("/x?a=1&", "/x?a=1&k=v")],
+)
+def test_apply_query(target: str, expected: str) -> None:
+    inj = Injection((), (("k", "v"),), frozenset(), "k")
+    assert apply_query(target, inj) == expected
+    assert apply_query(target, Injection((), (), frozenset(), None)) == target
+
+
+@pytest.mark.parametrize(
+    ("scheme", "value"),
+    [
+        ("bearer", CANARY_B + b"\r\nX-Evil: 1"),
+        ("bearer", CANARY_B + b" two"),
+        ("bearer", b" " + CANARY_B),
+        ("bearer", CANARY_B + "é".encode()),
+        ("basic", CANARY_B),  # no colon
+        ("basic", b":" + CANARY_B),  # empty user-id
+        ("basic", b"u:" + CANARY_B + b"\n"),
+        ("header:X-Key", CANARY_B + b"\x00"),
+        ("cookie", CANARY_B),
+        ("header:Host", CANARY_B),
+    ],
+)
+def test_unusable_values_are_credential_invalid_and_never_echoed(scheme: str, value: bytes) -> None:
+    with pytest.raises(CredentialError) as info:
+        inject_http(scheme, cred(value))
+    assert info.value.code is Code.CREDENTIAL_INVALID
+    no_leak(info.value)
+
+
+# --- redactor ---------------------------------------------------------------------------------
+
+
+def test_redacts_raw_base64_and_percent_forms() -> None:
+    secret = b"user:p@ss w/rd"
+    forms = secret_forms(secret)
+    assert base64.b64encode(secret) in forms
+    assert urllib.parse.quote_from_bytes(secret, safe="").encode() in forms
+    text = b"a " + secret + b" b " + base64.b64encode(secret) + b" c " + b"user%3Ap%40ss%20w%2Frd"
+    r = redactor([secret])
+    out = r.feed(text) + r.flush()
+    assert out == b"a [REDACTED] b [REDACTED] c [REDACTED]"
+
+
+def test_redactor_across_chunk_boundaries() -> None:
+    r = redactor([CANARY_B])
+    data = b"xx" + CANARY_B + b"yy" + CANARY_B
+    out = b"".join(r.feed(data[i : i + 1]) for i in range(len(data))) + r.flush()
+    assert out == b"xx[REDACTED]yy[REDACTED]"
+
+
+def test_redactor_prefers_the_longest_secret_at_a_position() -> None:
+    r = redactor([b"abc", b"abcdef"])
+    assert r.feed(b"_abcdef_abc_ab") + r.flush() == b"_[REDACTED]_[REDACTED]_ab"
+
+
+def test_redactor_without_secrets_is_passthrough() -> None:
+    r = redactor([b""])
+    assert r.feed(b"data") == b"data"
+    assert r.flush() == b""
+
+
+def test_redactor_holds_back_only_a_possible_prefix() -> None:
+    r = redactor([b"secret"])
+    # the longest form is base64("secret") = 8 bytes: at most 7 bytes are held back
+    out = r.feed(b"0123456789")
+    assert out == b"012" and r.flush() == b"3456789"
+
+
+_secrets = st.lists(st.binary(min_size=1, max_size=12), min_size=1, max_size=3)
+
+
+@st.composite
+def _stream(draw: st.DrawFn) -> tuple[list[bytes], bytes, list[int]]:
+    secrets = draw(_secrets)
+    pieces = draw(
+        st.lists(
+            st.one_of(st.sampled_from(secrets), st.binary(max_size=8), st.just(b"[REDACTED]")),
+            max_size=12,
+        )
+    )
+    data = b"".join(pieces)
+    cuts = sorted(draw(st.lists(st.integers(0, len(data)), max_size=10)))
+    return secrets, data, cuts
+
+
+def _naive(forms: set[bytes], data: bytes) -> bytes:
+    """Reference semantics: scan left to right, replace the longest form starting here."""
+    out, i = [], 0
+    while i < len(data):
+        match = max((f for f in forms if data.startswith(f, i)), key=len, default=None)
+        if match:
+            out.append(REDACTED)
+            i += len(match)
+        else:
+            out.append(data[i : i + 1])
+            i += 1
+    return b"".join(out)
+
+
+@given(_stream())
+def test_arbitrary_chunking_gives_the_same_output_as_whole(
+    case: tuple[list[bytes], bytes, list[int]],
+) -> None:
+    secrets, data, cuts = case
+    whole = redactor(secrets)
+    expected = whole.feed(data) + whole.flush()
+    chunked = redactor(secrets)
+    bounds = [0, *cuts, len(data)]
+    out = b"".join(chunked.feed(data[a:b]) for a, b in itertools.pairwise(bounds))
+    assert out + chunked.flush() == expected
+    forms = set().union(*(secret_forms(s) for s in secrets))
+    assert expected == _naive(forms, data)
+    # Between markers only original bytes remain, and none of them holds a secret form.
+    for part in expected.split(REDACTED):
+        assert not any(f in part for f in forms)
