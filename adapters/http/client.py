@@ -29,6 +29,7 @@ from typing import Any, Final
 
 import h11
 import trio
+
 from affidavit.adapters.base import AttemptContext, AttemptInterrupted, RemoteResult, SetupError
 from affidavit.statemachine import Code
 
@@ -363,6 +364,9 @@ class HttpClient:
     ) -> _HopResult:
         conn, reused = await self._acquire(request, ctx, hop, target)
         ex = HttpExchange(ctx.machine, conn.h11, hop)
+        ex.proxy_judge = lambda status, hdrs: (
+            classify_response(status, hdrs, via_forward_proxy=conn.forward_proxy).hop == "proxy"
+        )
         gate_facts = {
             "hop": hop,
             "origin": target.origin,
@@ -448,14 +452,16 @@ class HttpClient:
                 obs = ex.body_written()
                 ctx.observe(obs.step, obs.facts)
             state["during"] = "read"
-            while ctx.machine.state != "framing_complete":
+            while not ex.finished:
                 await read_some(t.read)
         except trio.TooSlowError:
             exc = self._interrupted(ctx, ex, conn, reused, "timed_out", state)
             await trio.aclose_forcefully(conn.stream)
             raise exc from None
         except FramingError as e:
-            # ``receive`` already fired peer_closed / malformed.
+            # ``receive`` already fired peer_closed / malformed; report what it fired.
+            for o in e.observations:
+                ctx.observe(o.step, o.facts)
             await trio.aclose_forcefully(conn.stream)
             raise self._interrupted_code(ex, conn, reused, str(e), state) from None
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as e:

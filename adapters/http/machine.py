@@ -27,17 +27,20 @@ Post-dispatch (remote_execution)::
     {tcp_connected, tls_established, connection_reused, redirect_*} ─send_headers─▶ headers_sent
     headers_sent ─send_body─▶ body_sent ─informational─▶ informational ─response_headers─▶ …
     response_headers ─body─▶ body ─end─▶ framing_complete ─follow_redirect─▶ redirect_pending
+    … ─proxy_response_headers─▶ proxy_error_headers ─proxy_body / proxy_end─▶ proxy_error_complete
+      (a proxy's own error: complete framing, yet never a completes transition)
     any unfinished state ─peer_closed | malformed | timed_out | transport_error | cancelled─▶
     closed_early
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 import h11
+
 from affidavit.statemachine import ProtocolMachine, ProtocolTable, Step, register
 
 __all__ = [
@@ -55,6 +58,13 @@ last proven boundary, never by which of these it was)."""
 _SETUP_FAIL = {"setup_fail": "setup_failed", "gate_refused": "abandoned"}
 _REDIRECT_FAIL = {"setup_fail": "redirect_setup_failed", "gate_refused": "redirect_abandoned"}
 _ABORT = dict.fromkeys(ABORT_EVENTS, "closed_early")
+_RESPONSE_START = {
+    "informational": "informational",
+    "response_headers": "response_headers",
+    # Seed: "Do not pass off an intermediary's certainty about its own response as certainty
+    # about the effects on the origin system" — a proxy's complete error never completes.
+    "proxy_response_headers": "proxy_error_headers",
+}
 
 _STATES: Final = {
     # -- before dispatch: connection_setup ------------------------------------------------------
@@ -74,6 +84,9 @@ _STATES: Final = {
     "body": "final-response body bytes are arriving",
     "framing_complete": "h11 EndOfMessage of the final response: a complete result",
     "closed_early": "the exchange ended without a complete final response",
+    "proxy_error_headers": "a proxy's own error response head arrived (not the origin's result)",
+    "proxy_error_body": "the proxy's error body is arriving",
+    "proxy_error_complete": "the proxy's error response is complete; the origin's outcome is not",
     # -- redirect hops (each one dispatches again) ----------------------------------------------
     "redirect_pending": "a complete 3xx is being followed; the next hop is not connected yet",
     "redirect_dns_resolved": "next hop: host name resolved",
@@ -106,27 +119,24 @@ _TRANSITIONS: Final[dict[str, dict[str, str]]] = {
     "connection_reused": {"send_headers": "headers_sent", **_SETUP_FAIL},
     "setup_failed": {},
     "abandoned": {},
-    "headers_sent": {
-        "send_body": "body_sent",
-        "informational": "informational",
-        "response_headers": "response_headers",
-        **_ABORT,
-    },
-    "body_sent": {
-        "informational": "informational",
-        "response_headers": "response_headers",
-        **_ABORT,
-    },
-    "informational": {
-        "send_body": "body_sent",
-        "informational": "informational",
-        "response_headers": "response_headers",
-        **_ABORT,
-    },
+    "headers_sent": {"send_body": "body_sent", **_RESPONSE_START, **_ABORT},
+    "body_sent": {**_RESPONSE_START, **_ABORT},
+    "informational": {"send_body": "body_sent", **_RESPONSE_START, **_ABORT},
     "response_headers": {"body": "body", "end": "framing_complete", **_ABORT},
     "body": {"body": "body", "end": "framing_complete", **_ABORT},
     "framing_complete": {"follow_redirect": "redirect_pending"},
     "closed_early": {},
+    "proxy_error_headers": {
+        "proxy_body": "proxy_error_body",
+        "proxy_end": "proxy_error_complete",
+        **_ABORT,
+    },
+    "proxy_error_body": {
+        "proxy_body": "proxy_error_body",
+        "proxy_end": "proxy_error_complete",
+        **_ABORT,
+    },
+    "proxy_error_complete": {},
     "redirect_pending": {
         "resolve": "redirect_dns_resolved",
         "reuse": "redirect_connection_reused",
@@ -173,6 +183,7 @@ HTTP_TABLE: Final = register(
                 "abandoned",
                 "framing_complete",
                 "closed_early",
+                "proxy_error_complete",
                 "redirect_setup_failed",
                 "redirect_abandoned",
             }
@@ -185,7 +196,13 @@ HTTP_TABLE: Final = register(
 
 class FramingError(Exception):
     """The peer broke HTTP/1.1 framing (RFC 9112) or closed mid-message.  The message names the
-    problem only — never a header value or URL (they may carry the credential)."""
+    problem only — never a header value or URL (they may carry the credential).
+    ``observations`` are the steps fired by the failing ``receive`` call (ending with the abort
+    step), so the driver can still report them."""
+
+    def __init__(self, message: str, observations: list[Observation] | None = None) -> None:
+        super().__init__(message)
+        self.observations = list(observations or [])
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,6 +241,10 @@ class HttpExchange:
     informational_seen: list[int] = field(default_factory=list)
     body_bytes_received: int = 0
     request_body_bytes: int = 0
+    proxy_judge: Callable[[int, tuple[tuple[str, str], ...]], bool] | None = None
+    """Set by the driver: does this final response head come from a proxy about its own
+    attempt?  Then the proxy_* events fire and the exchange can never complete."""
+    proxy_response: bool = False
 
     # -- setup --------------------------------------------------------------------------------
 
@@ -303,7 +324,7 @@ class HttpExchange:
             except h11.RemoteProtocolError as e:
                 closed = self._receive_closed()
                 self._fire_abort(out, "peer_closed" if closed else "malformed")
-                raise FramingError(self._framing_reason(closed)) from e
+                raise FramingError(self._framing_reason(closed), out) from e
             if ev is h11.NEED_DATA or ev is h11.PAUSED:
                 return out
             if isinstance(ev, h11.InformationalResponse):
@@ -313,8 +334,15 @@ class HttpExchange:
             elif isinstance(ev, h11.Response):
                 self.final_response_started = True
                 self.final_status = ev.status_code
-                headers = tuple((n.decode("latin-1"), v.decode("latin-1")) for n, v in ev.headers)
-                step = self.machine.fire("response_headers")
+                headers = tuple(
+                    (n.decode("latin-1"), v.decode("latin-1")) for n, v in ev.headers.raw_items()
+                )
+                self.proxy_response = bool(
+                    self.proxy_judge and self.proxy_judge(ev.status_code, headers)
+                )
+                step = self.machine.fire(
+                    "proxy_response_headers" if self.proxy_response else "response_headers"
+                )
                 facts = {
                     "hop": self.hop,
                     "status": ev.status_code,
@@ -332,7 +360,7 @@ class HttpExchange:
             elif isinstance(ev, h11.Data):
                 chunk = bytes(ev.data)
                 self.body_bytes_received += len(chunk)
-                step = self.machine.fire("body")
+                step = self.machine.fire("proxy_body" if self.proxy_response else "body")
                 out.append(
                     Observation(
                         step,
@@ -341,16 +369,16 @@ class HttpExchange:
                     )
                 )
             elif isinstance(ev, h11.EndOfMessage):
-                step = self.machine.fire("end")
+                step = self.machine.fire("proxy_end" if self.proxy_response else "end")
                 out.append(
                     Observation(step, {"hop": self.hop, "body_bytes": self.body_bytes_received})
                 )
                 return out
             elif isinstance(ev, h11.ConnectionClosed):
                 self._fire_abort(out, "peer_closed")
-                raise FramingError("connection closed before a complete response")
+                raise FramingError("connection closed before a complete response", out)
             else:  # pragma: no cover - h11 emits no other client-side events
-                raise FramingError(f"unexpected h11 event {type(ev).__name__}")
+                raise FramingError(f"unexpected h11 event {type(ev).__name__}", out)
 
     def abort(self, event: str, facts: Mapping[str, Any] | None = None) -> Observation | None:
         """Record an early end (timeout, reset, cancellation) if the exchange is unfinished."""
@@ -367,6 +395,11 @@ class HttpExchange:
             "informational": list(self.informational_seen),
             "body_bytes": self.body_bytes_received,
         }
+
+    @property
+    def finished(self) -> bool:
+        """The final response (the origin's or a proxy's own) was fully framed."""
+        return self.machine.state in ("framing_complete", "proxy_error_complete")
 
     @property
     def response_started(self) -> bool:

@@ -1,0 +1,100 @@
+"""Pure classification of complete responses, Retry-After, Proxy-Status and redaction."""
+
+from __future__ import annotations
+
+import email.utils
+
+import pytest
+
+from affidavit.adapters.http import Redactor, classify_response, parse_proxy_status
+from affidavit.adapters.http import parse_retry_after as pra
+from affidavit.statemachine import Code, Outcome
+
+NOW = 1_700_000_000.0
+
+
+@pytest.mark.parametrize(
+    ("status", "outcome", "code"),
+    [
+        (200, Outcome.COMMITTED, None),
+        (202, Outcome.COMMITTED, None),
+        (304, Outcome.COMMITTED, None),
+        (307, Outcome.COMMITTED, None),
+        (400, Outcome.REJECTED, Code.REMOTE_REJECTED),
+        (401, Outcome.REJECTED, Code.REMOTE_REJECTED),
+        (403, Outcome.REJECTED, Code.REMOTE_REJECTED),
+        (429, Outcome.REJECTED, Code.REMOTE_THROTTLED),
+        (503, Outcome.REJECTED, Code.REMOTE_THROTTLED),
+        (500, Outcome.COMMITTED, Code.REMOTE_ERROR),
+        (502, Outcome.COMMITTED, Code.REMOTE_ERROR),
+        (504, Outcome.COMMITTED, Code.REMOTE_ERROR),
+    ],
+)
+def test_origin_status_table(status: int, outcome: Outcome, code: Code | None) -> None:
+    c = classify_response(status, [], via_forward_proxy=False)
+    assert (c.hop, c.outcome, c.code) == ("origin", outcome, code)
+
+
+def test_retry_after_delta_seconds_and_http_date() -> None:
+    assert pra("120", now=NOW) == 120.0
+    date = email.utils.formatdate(NOW + 30, usegmt=True)
+    assert pra(date, now=NOW) == pytest.approx(30.0)
+    past = email.utils.formatdate(NOW - 30, usegmt=True)
+    assert pra(past, now=NOW) == 0.0
+    assert pra("soon", now=NOW) is None
+    assert pra("-5", now=NOW) is None
+    assert pra(None) is None
+
+
+def test_throttle_carries_retry_after() -> None:
+    c = classify_response(429, [("Retry-After", "7")], via_forward_proxy=False)
+    assert c.retry_after == 7.0
+
+
+def test_proxy_status_parses_rfc9209_members() -> None:
+    ps = parse_proxy_status(
+        'edge; error=connection_refused; details="no route", '
+        'origin-side; received-status=502; next-hop="10.0.0.1"'
+    )
+    assert ps == [
+        {"proxy": "edge", "error": "connection_refused", "details": "no route"},
+        {"proxy": "origin-side", "received_status": 502, "next_hop": "10.0.0.1"},
+    ]
+    assert parse_proxy_status(None) is None
+    assert parse_proxy_status("edge; error=") == [{"malformed": True}]
+    assert parse_proxy_status('"quoted-proxy"; rcode=?1') == [
+        {"proxy": "quoted-proxy", "rcode": True}
+    ]
+
+
+@pytest.mark.parametrize(
+    ("status", "headers", "via_forward_proxy", "hop"),
+    [
+        (502, [], True, "proxy"),
+        (504, [], True, "proxy"),
+        (502, [], False, "origin"),
+        (502, [("Proxy-Status", "p; received-status=502")], True, "origin"),
+        (502, [("Proxy-Status", "p; received-status=500")], True, "proxy"),
+        (503, [("Proxy-Status", "p; error=destination_unavailable")], True, "proxy"),
+        (503, [("Proxy-Status", "p; error=destination_unavailable")], False, "proxy"),
+        (200, [("Proxy-Status", "p; received-status=200")], True, "origin"),
+        (500, [("Proxy-Status", "p; error=")], True, "proxy"),
+    ],
+)
+def test_proxy_generated_errors_are_attributed_to_the_proxy(
+    status: int, headers: list[tuple[str, str]], via_forward_proxy: bool, hop: str
+) -> None:
+    c = classify_response(status, headers, via_forward_proxy=via_forward_proxy)
+    assert c.hop == hop
+    if hop == "proxy":
+        assert c.outcome is None and c.code is None
+
+
+def test_redactor_scrubs_whole_values_and_bearer_tokens() -> None:
+    r = Redactor(["Bearer canary-123456", "abc"])
+    assert r.contains("x canary-123456 y")
+    assert not r.contains("abc")  # too short to be a meaningful secret match
+    assert r.scrub({"a": ["ok", "has canary-123456"], "b": 3}) == {
+        "a": ["ok", "[redacted]"],
+        "b": 3,
+    }

@@ -1,0 +1,200 @@
+"""The HTTP protocol table and its sans-IO exchange, without sockets."""
+
+from __future__ import annotations
+
+import h11
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from affidavit.adapters.http import HTTP_TABLE, FramingError, HttpExchange
+from affidavit.statemachine import ProtocolMachine, ProtocolViolation, registered
+
+ALL_EVENTS = sorted({ev for row in HTTP_TABLE.transitions.values() for ev in row})
+PRE_DISPATCH_SETUP = {
+    "idle",
+    "dns_resolved",
+    "tcp_connected",
+    "proxy_tunnel_open",
+    "tls_established",
+    "connection_reused",
+    "setup_failed",
+    "abandoned",
+}
+
+
+def test_table_is_sound_and_registered() -> None:
+    assert HTTP_TABLE.problems() == []
+    assert registered()["http"] is HTTP_TABLE
+
+
+def test_dispatch_is_the_first_request_byte_and_completion_is_end_of_final_response() -> None:
+    assert {ev for _s, ev in HTTP_TABLE.dispatch} == {"send_headers"}
+    assert {HTTP_TABLE.transitions[s][e] for s, e in HTTP_TABLE.dispatch} == {"headers_sent"}
+    assert HTTP_TABLE.complete_states == frozenset({"framing_complete"})
+    # 1xx never completes: no completes mark leaves the informational state.
+    assert all(src != "informational" for src, _ in HTTP_TABLE.completes)
+
+
+def test_setup_states_are_pre_dispatch_and_everything_after_headers_is_post_dispatch() -> None:
+    post = HTTP_TABLE.post_dispatch
+    assert PRE_DISPATCH_SETUP.isdisjoint(post)
+    assert set(HTTP_TABLE.states) - PRE_DISPATCH_SETUP == set(post)
+
+
+@given(st.sampled_from(sorted(HTTP_TABLE.states)), st.sampled_from(ALL_EVENTS))
+def test_every_state_event_pair_lands_in_a_declared_state_or_is_refused(
+    state: str, event: str
+) -> None:
+    # h2's shape: feed every (state, input) pair.
+    m = ProtocolMachine(HTTP_TABLE)
+    m._state = state  # the machine under test starts from an arbitrary state
+    if event in HTTP_TABLE.transitions.get(state, {}):
+        step = m.fire(event)
+        assert step.dest in HTTP_TABLE.states
+    else:
+        with pytest.raises(ProtocolViolation):
+            m.fire(event)
+        assert m.state == state
+
+
+@settings(max_examples=300)
+@given(st.lists(st.sampled_from(ALL_EVENTS), max_size=40))
+def test_random_walks_never_return_before_dispatch(events: list[str]) -> None:
+    m = ProtocolMachine(HTTP_TABLE)
+    was_dispatched = False
+    for ev in events:
+        if not m.allows(ev):
+            continue
+        m.fire(ev)
+        if was_dispatched:
+            assert m.state in HTTP_TABLE.post_dispatch
+            assert m.dispatched
+        was_dispatched = m.dispatched
+        if m.complete:
+            assert any(s.dest == "framing_complete" for s in m.history)
+
+
+def _exchange() -> tuple[ProtocolMachine, HttpExchange]:
+    m = ProtocolMachine(HTTP_TABLE)
+    ex = HttpExchange(m)
+    ex.setup("resolve")
+    ex.setup("connect")
+    return m, ex
+
+
+def _send_get(m: ProtocolMachine, ex: HttpExchange) -> None:
+    assert m.crosses_dispatch("send_headers")
+    obs, head = ex.start_request("GET", "/", [("Host", "example")], has_body=False)
+    assert obs.step.crossed_dispatch and head.startswith(b"GET / HTTP/1.1\r\n")
+    ex.body_bytes(b"")
+    ex.body_written()
+
+
+def test_complete_response_fires_completion_and_leaves_connection_reusable() -> None:
+    m, ex = _exchange()
+    _send_get(m, ex)
+    obs = ex.receive(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nX-Request-Id: r1\r\n\r\nhel")
+    assert [o.step.event for o in obs] == ["response_headers", "body"]
+    assert obs[0].status == 200 and ("X-Request-Id", "r1") in obs[0].headers
+    assert obs[0].facts["header_names"] == ["content-length", "x-request-id"]
+    assert not m.complete
+    obs = ex.receive(b"lo")
+    assert [o.step.event for o in obs] == ["body", "end"]
+    assert m.complete and m.state == "framing_complete" and ex.reusable
+    assert b"".join(o.data for o in obs) == b"lo"
+
+
+def test_informational_response_does_not_complete() -> None:
+    m, ex = _exchange()
+    _send_get(m, ex)
+    obs = ex.receive(b"HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\n")
+    assert [o.step.event for o in obs] == ["informational"]
+    assert not m.complete and ex.informational_seen == [103]
+    assert not ex.response_started
+
+
+def test_close_before_any_response_is_not_a_cut_result() -> None:
+    m, ex = _exchange()
+    _send_get(m, ex)
+    with pytest.raises(FramingError):
+        ex.receive(b"")
+    assert m.state == "closed_early" and m.dispatched and not m.complete
+    assert not ex.response_started
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"HTTP/1.1 200 OK\r\nContent-Le",
+        b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n5\r\nab",
+    ],
+    ids=["mid-headers", "mid-body-length", "mid-body-chunked"],
+)
+def test_cut_responses_end_closed_early_with_a_started_result(data: bytes) -> None:
+    m, ex = _exchange()
+    _send_get(m, ex)
+    ex.receive(data)
+    with pytest.raises(FramingError) as info:
+        ex.receive(b"")
+    assert m.state == "closed_early" and not m.complete
+    assert ex.response_started
+    assert "HTTP/1.1" not in str(info.value)
+
+
+def test_malformed_framing_fires_malformed_without_eof() -> None:
+    m, ex = _exchange()
+    _send_get(m, ex)
+    with pytest.raises(FramingError):
+        ex.receive(b"HTTP/1.1 200 OK\r\nContent-Length: nope\r\n\r\n")
+    assert m.history[-1].event == "malformed" and m.state == "closed_early"
+
+
+def test_expect_continue_body_follows_the_100() -> None:
+    m, ex = _exchange()
+    ex.start_request(
+        "POST",
+        "/",
+        [("Host", "x"), ("Content-Length", "3"), ("Expect", "100-continue")],
+        has_body=True,
+    )
+    assert ex.awaiting_body
+    obs = ex.receive(b"HTTP/1.1 100 Continue\r\n\r\n")
+    assert m.state == "informational" and [o.step.event for o in obs] == ["informational"]
+    assert ex.body_bytes(b"abc").endswith(b"abc")
+    ex.body_written()
+    assert m.state == "body_sent"
+    ex.receive(b"HTTP/1.1 201 Created\r\nContent-Length: 0\r\n\r\n")
+    assert m.complete
+
+
+def test_abort_is_ignored_once_complete_and_recorded_before() -> None:
+    m, ex = _exchange()
+    _send_get(m, ex)
+    obs = ex.abort("timed_out")
+    assert obs is not None and m.state == "closed_early"
+    assert obs.facts["response_bytes"] == 0
+    m2, ex2 = _exchange()
+    _send_get(m2, ex2)
+    ex2.receive(b"HTTP/1.1 204 No Content\r\n\r\n")
+    assert ex2.abort("timed_out") is None and m2.state == "framing_complete"
+
+
+def test_gate_refusal_before_request_leaves_h11_idle() -> None:
+    m = ProtocolMachine(HTTP_TABLE)
+    ex = HttpExchange(m)
+    ex.setup("reuse")
+    ex.setup("gate_refused")
+    assert m.state == "abandoned" and not m.dispatched
+    assert ex.conn.our_state is h11.IDLE
+
+
+def test_a_proxys_own_complete_error_never_completes() -> None:
+    m, ex = _exchange()
+    ex.proxy_judge = lambda status, headers: status == 502
+    _send_get(m, ex)
+    obs = ex.receive(b"HTTP/1.1 502 Bad Gateway\r\nContent-Length: 2\r\n\r\nno")
+    assert [o.step.event for o in obs] == ["proxy_response_headers", "proxy_body", "proxy_end"]
+    assert m.state == "proxy_error_complete" and ex.finished
+    assert not m.complete and m.dispatched
