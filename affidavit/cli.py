@@ -19,6 +19,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "affidavit.commands",
     "affidavit.demo",
     "affidavit.diagrams",
+    "affidavit.journal_cli",
     "affidavit.vault_cli",
 )
 

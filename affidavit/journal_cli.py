@@ -1,0 +1,251 @@
+"""Journal views on the command line: ``affidavit journal verify``, ``affidavit actions``,
+``affidavit record ID`` and ``affidavit sessions`` (each with ``--json``).
+
+All of them open the journal read-only and need no key: the views read only plaintext,
+secret-free columns, and ``verify`` recomputes the hash chain without any key.
+
+Exit status: 0 success; 1 ``journal verify`` found a bad row; 2 usage or config error (for
+example no journal at the path) — the message on stderr, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from affidavit.cli import UsageError
+from affidavit.config import CONFIG_ENV, DEFAULT_CONFIG, ConfigError, load_config
+from affidavit.journal import JournalError, JournalReader
+from affidavit.statemachine import Event, Outcome, Phase, Record
+
+__all__ = ["add_commands", "record_to_json"]
+
+
+def add_commands(sub: Any) -> None:
+    p = sub.add_parser("journal", help="journal maintenance")
+    jsub = p.add_subparsers(dest="journal_command", metavar="JOURNAL_COMMAND")
+    jsub.required = True
+    v = jsub.add_parser(
+        "verify", help="recompute the hash chain; exit 1 and name the first bad seq if broken"
+    )
+    _common(v)
+    v.set_defaults(handler=_verify)
+
+    a = sub.add_parser("actions", help="list actions with their phase, outcome and retry hint")
+    _common(a)
+    a.add_argument("--session", help="only this session")
+    a.add_argument("--outcome", choices=[o.value for o in Outcome])
+    a.add_argument("--phase", choices=[ph.value for ph in Phase])
+    a.add_argument("--since", help="accepted at or after (ISO 8601 or epoch seconds)")
+    a.add_argument("--until", help="accepted at or before (ISO 8601 or epoch seconds)")
+    a.set_defaults(handler=_actions)
+
+    r = sub.add_parser("record", help="one invocation's events and projected record")
+    _common(r)
+    r.add_argument("invocation_id")
+    r.set_defaults(handler=_record)
+
+    s = sub.add_parser("sessions", help="sessions with their action counts")
+    _common(s)
+    s.set_defaults(handler=_sessions)
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--journal", help="journal file (default: [journal] path of the config)")
+    p.add_argument("--config", help="config file (default: $AFFIDAVIT_CONFIG or ./affidavit.toml)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+# --- opening -------------------------------------------------------------------------------
+
+
+def _journal_path(args: argparse.Namespace) -> Path:
+    """``--journal`` beats the config's ``[journal] path``; without any config file the
+    default is ``affidavit.db``."""
+    if args.journal:
+        return Path(args.journal)
+    explicit = args.config or os.environ.get(CONFIG_ENV)
+    if not explicit and not Path(DEFAULT_CONFIG).exists():
+        return Path("affidavit.db")
+    try:
+        return load_config(args.config).journal.path
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _open(args: argparse.Namespace) -> JournalReader:
+    path = _journal_path(args)
+    try:
+        return JournalReader.open(path)
+    except JournalError as exc:
+        raise UsageError(str(exc)) from None
+
+
+# --- rendering -----------------------------------------------------------------------------
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    if hasattr(value, "value") and isinstance(value.value, str):  # StrEnum
+        return value.value
+    return value
+
+
+def record_to_json(rec: Record) -> dict[str, Any]:
+    """A projected record as plain JSON (enums as their values)."""
+    return {
+        "invocation_id": rec.invocation_id,
+        "state": rec.state,
+        "phase": rec.phase.value,
+        "outcome": rec.outcome.value,
+        "retry": rec.retry.value,
+        "code": rec.code.value if rec.code is not None else None,
+        "message": rec.message,
+        "field": rec.field,
+        "session": rec.session,
+        "target": rec.target,
+        "protocol": rec.protocol,
+        "idempotent": rec.idempotent,
+        "fingerprint": rec.fingerprint,
+        "idempotency": _plain(rec.idempotency) if rec.idempotency is not None else None,
+        "generation": rec.generation,
+        "budget": {"total": rec.budget.total, "used": rec.budget.used, "left": rec.budget.left},
+        "attempts": _plain(rec.attempts),
+        "evidence": _plain(rec.evidence),
+        "retry_after": rec.retry_after,
+        "last_seq": rec.last_seq,
+        "events": rec.events,
+        "final": rec.final,
+    }
+
+
+def _event_to_json(ev: Event) -> dict[str, Any]:
+    return {
+        "seq": ev.seq,
+        "at": ev.at,
+        "kind": ev.kind.value,
+        "source": ev.source.value,
+        "observer": ev.observer,
+        "observer_seq": ev.observer_seq,
+        "attrs": _plain(ev.attrs),
+    }
+
+
+def _when(at: float | None) -> str:
+    if at is None:
+        return "-"
+    return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _time_arg(value: str | None, name: str) -> float | None:
+    if value is None:
+        return None
+    try:
+        t = float(value)
+        if math.isfinite(t):
+            return t
+    except ValueError:
+        pass
+    try:
+        dt = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        raise UsageError(f"--{name}: expected ISO 8601 or epoch seconds, got {value!r}") from None
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=UTC)
+    return dt.timestamp()
+
+
+def _print_json(value: Any) -> None:
+    json.dump(value, sys.stdout, indent=2, sort_keys=True)
+    sys.stdout.write("\n")
+
+
+# --- handlers ------------------------------------------------------------------------------
+
+
+def _verify(args: argparse.Namespace) -> int:
+    with _open(args) as j:
+        report = j.verify()
+    if args.json:
+        _print_json(
+            {
+                "ok": report.ok,
+                "count": report.count,
+                "first_bad_seq": report.first_bad_seq,
+                "reason": report.reason,
+                "head_hash": report.head_hash,
+            }
+        )
+    elif report.ok:
+        print(f"journal intact: {report.count} events, head {report.head_hash}")
+    else:
+        print(
+            f"journal BROKEN at seq {report.first_bad_seq}: {report.reason} "
+            f"({report.count} events before it are intact)"
+        )
+    return 0 if report.ok else 1
+
+
+def _actions(args: argparse.Namespace) -> int:
+    since = _time_arg(args.since, "since")
+    until = _time_arg(args.until, "until")
+    with _open(args) as j:
+        records = j.list_actions(
+            session=args.session, outcome=args.outcome, phase=args.phase, since=since, until=until
+        )
+    if args.json:
+        _print_json([record_to_json(r) for r in records])
+        return 0
+    print(f"{'INVOCATION':28} {'SESSION':14} {'PHASE':20} {'OUTCOME':14} {'RETRY':20} CODE")
+    for r in records:
+        print(
+            f"{r.invocation_id:28} {r.session or '-':14} {r.phase.value:20} "
+            f"{r.outcome.value:14} {r.retry.value:20} {r.code.value if r.code else '-'}"
+        )
+    return 0
+
+
+def _record(args: argparse.Namespace) -> int:
+    with _open(args) as j:
+        events = j.events(args.invocation_id)
+        rec = j.record(args.invocation_id)
+    if rec is None:
+        raise UsageError(f"no invocation {args.invocation_id} in the journal")
+    if args.json:
+        _print_json({"record": record_to_json(rec), "events": [_event_to_json(e) for e in events]})
+        return 0
+    print(f"invocation {rec.invocation_id}  session {rec.session or '-'}  state {rec.state}")
+    print(
+        f"  phase {rec.phase.value}  outcome {rec.outcome.value}  retry {rec.retry.value}  "
+        f"code {rec.code.value if rec.code else '-'}"
+    )
+    for ev in events:
+        attrs = json.dumps(_plain(ev.attrs), sort_keys=True, separators=(",", ":"))
+        print(f"  {ev.seq:>8}  {_when(ev.at)}  {ev.kind.value:26} {ev.source.value:18} {attrs}")
+    return 0
+
+
+def _sessions(args: argparse.Namespace) -> int:
+    with _open(args) as j:
+        sessions = j.sessions()
+    if args.json:
+        _print_json(sessions)
+        return 0
+    print(f"{'SESSION':24} {'ACTIONS':>8}  {'FIRST SEEN':28} {'LAST SEEN':28} OUTCOMES")
+    for s in sessions:
+        outcomes = " ".join(f"{k}={v}" for k, v in sorted(s["outcomes"].items()))
+        print(
+            f"{s['session'] or '-':24} {s['actions']:>8}  {_when(s['first_seen']):28} "
+            f"{_when(s['last_seen']):28} {outcomes}"
+        )
+    return 0
