@@ -1,0 +1,456 @@
+"""Action validation, fingerprint and idempotency-by-configuration.
+
+Seed, "Validation and credential injection finish before dispatch": every deterministic mistake
+gets a stable code and the field path to fix; nothing but ``ActionInvalid`` ever escapes, whatever
+JSON the caller sends.  The fingerprint binds the request to the target snapshot so that a change
+of body, path, method, headers or target configuration is a different request.
+"""
+
+# ruff: noqa: E501  (the error table reads best as one case per line)
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import json
+import struct
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from affidavit.actions import (
+    ActionInvalid,
+    HttpAction,
+    SshAction,
+    fingerprint,
+    full_path,
+    is_idempotent,
+    parse_action,
+)
+from affidavit.config import Config, HttpTarget, SshTarget, config_from_dict, snapshot_hash
+from affidavit.statemachine import CODES, Code, Outcome, Phase
+
+_blob = struct.pack(">I", 11) + b"ssh-ed25519" + struct.pack(">I", 32) + bytes(32)
+HOST_KEY = "ssh-ed25519 " + base64.b64encode(_blob).decode()
+
+
+def make_config() -> Config:
+    return config_from_dict(
+        {
+            "vault": {"path": "v.vault"},
+            "targets": {
+                "billing": {
+                    "kind": "http",
+                    "url": "https://billing.example.com/api",
+                    "methods": ["GET", "POST", "PUT"],
+                    "idempotent": ["GET", "PUT"],
+                    "credential": "env:BILLING_TOKEN",
+                    "inject": "header:X-Api-Key",
+                    "max_body": 16,
+                    "idempotency": {
+                        "header": "Idempotency-Key",
+                        "scope": "payments.create",
+                        "retention": "24h",
+                    },
+                },
+                "search": {
+                    "kind": "http",
+                    "url": "http://127.0.0.1:8080",
+                    "methods": ["GET"],
+                    "credential": "env:SEARCH_KEY",
+                    "inject": "query:api_key",
+                },
+                "deploy": {
+                    "kind": "ssh",
+                    "host": "127.0.0.1",
+                    "user": "deploy",
+                    "host_key": HOST_KEY,
+                    "credential": "vault:deploy_key",
+                    "idempotent_commands": ["systemctl is-active app"],
+                    "max_stdin": 8,
+                },
+            },
+        },
+        base_dir=Path("/tmp"),
+    )
+
+
+CONFIG = make_config()
+
+
+def http(**over: Any) -> dict[str, Any]:
+    action: dict[str, Any] = {"target": "billing", "method": "POST", "path": "/v1/charges"}
+    action.update(over)
+    return {k: v for k, v in action.items() if v is not ...}
+
+
+def ssh(**over: Any) -> dict[str, Any]:
+    action: dict[str, Any] = {"target": "deploy", "command": "deploy --release r1"}
+    action.update(over)
+    return {k: v for k, v in action.items() if v is not ...}
+
+
+def invalid(action: object, config: Config = CONFIG) -> ActionInvalid:
+    with pytest.raises(ActionInvalid) as info:
+        parse_action(action, config)
+    return info.value
+
+
+# --- valid actions --------------------------------------------------------------------------
+
+
+def test_http_action_is_normalized() -> None:
+    action = parse_action(
+        http(
+            method="post",
+            headers={"X-B": "2", "Accept": "application/json", "x-a": "1"},
+            body='{"amount": 5}',
+            idempotency_key="req_01",
+            session="s1",
+        ),
+        CONFIG,
+    )
+    assert action == HttpAction(
+        target="billing",
+        method="POST",
+        path="/v1/charges",
+        headers=(("accept", "application/json"), ("x-a", "1"), ("x-b", "2")),
+        body=b'{"amount": 5}',
+        idempotency_key="req_01",
+        session="s1",
+    )
+    assert full_path(action, CONFIG.targets["billing"]) == "/api/v1/charges"  # type: ignore[arg-type]
+
+
+def test_body_base64_and_empty_body() -> None:
+    a = parse_action(http(body_base64=base64.b64encode(b"\x00\xff").decode()), CONFIG)
+    assert isinstance(a, HttpAction) and a.body == b"\x00\xff"
+    b = parse_action(http(body=None, headers=None, session=None), CONFIG)
+    assert isinstance(b, HttpAction) and b.body == b"" and b.headers == ()
+
+
+def test_ssh_action() -> None:
+    action = parse_action(ssh(stdin="hi\n", session="s"), CONFIG)
+    assert action == SshAction("deploy", "deploy --release r1", b"hi\n", "s")
+    assert parse_action(ssh(), CONFIG) == SshAction("deploy", "deploy --release r1", None, None)
+
+
+def test_query_path_is_allowed_when_it_does_not_touch_the_credential_param() -> None:
+    a = parse_action({"target": "search", "method": "GET", "path": "/q?term=a%20b&page=2"}, CONFIG)
+    assert isinstance(a, HttpAction) and a.path == "/q?term=a%20b&page=2"
+
+
+# --- every error code with its field path -----------------------------------------------------
+
+CASES: list[tuple[object, Code, str]] = [
+    # shape
+    ([], Code.INVALID_FIELD, "action"),
+    ("GET /", Code.INVALID_FIELD, "action"),
+    (None, Code.INVALID_FIELD, "action"),
+    ({1: "x"}, Code.INVALID_FIELD, "action"),
+    # target
+    (http(target=...), Code.MISSING_FIELD, "target"),
+    (http(target=None), Code.MISSING_FIELD, "target"),
+    (http(target=5), Code.INVALID_FIELD, "target"),
+    (http(target="nope"), Code.INVALID_TARGET, "target"),
+    (http(target="billing\n"), Code.INVALID_FIELD, "target"),
+    # unknown / foreign fields
+    (http(idempotencyKey="k"), Code.INVALID_FIELD, "idempotencyKey"),
+    (http(**{"x" * 100: 1}), Code.INVALID_FIELD, "action"),
+    (http(command="ls"), Code.UNSUPPORTED_ACTION, "command"),
+    (http(stdin="x"), Code.UNSUPPORTED_ACTION, "stdin"),
+    (ssh(method="GET"), Code.UNSUPPORTED_ACTION, "method"),
+    (ssh(path="/"), Code.UNSUPPORTED_ACTION, "path"),
+    (ssh(headers={}), Code.UNSUPPORTED_ACTION, "headers"),
+    (ssh(body="x"), Code.UNSUPPORTED_ACTION, "body"),
+    (ssh(idempotency_key="k"), Code.UNSUPPORTED_ACTION, "idempotency_key"),
+    # method
+    (http(method=...), Code.MISSING_FIELD, "method"),
+    (http(method=1), Code.INVALID_FIELD, "method"),
+    (http(method="GE T"), Code.INVALID_FIELD, "method"),
+    (http(method="DELETE"), Code.UNSUPPORTED_ACTION, "method"),
+    (http(method="POST\r\n"), Code.INVALID_FIELD, "method"),
+    # path
+    (http(path=...), Code.MISSING_FIELD, "path"),
+    (http(path=["/"]), Code.INVALID_FIELD, "path"),
+    (http(path="v1/charges"), Code.INVALID_FIELD, "path"),
+    (http(path="//evil.example/x"), Code.INVALID_FIELD, "path"),
+    (http(path="https://evil.example/x"), Code.INVALID_FIELD, "path"),
+    (http(path="/x\r\nHost: evil"), Code.INVALID_FIELD, "path"),
+    (http(path="/x\x00"), Code.INVALID_FIELD, "path"),
+    (http(path="/a b"), Code.INVALID_FIELD, "path"),
+    (http(path="/a#frag"), Code.INVALID_FIELD, "path"),
+    (http(path="/a\\b"), Code.INVALID_FIELD, "path"),
+    (http(path="/ü"), Code.INVALID_FIELD, "path"),
+    (http(path="/a%zz"), Code.INVALID_FIELD, "path"),
+    (http(path="/../admin"), Code.INVALID_FIELD, "path"),
+    (http(path="/a/%2e%2E/admin"), Code.INVALID_FIELD, "path"),
+    (http(path="/a/./b"), Code.INVALID_FIELD, "path"),
+    (http(path="/" + "a" * 9000), Code.PAYLOAD_LIMIT, "path"),
+    (
+        {"target": "search", "method": "GET", "path": "/q?api_key=mine"},
+        Code.FORBIDDEN_HEADER,
+        "path",
+    ),
+    (
+        {"target": "search", "method": "GET", "path": "/q?a=1&api%5Fkey=x"},
+        Code.FORBIDDEN_HEADER,
+        "path",
+    ),
+    # headers
+    (http(headers=[["a", "b"]]), Code.INVALID_FIELD, "headers"),
+    (http(headers={"Bad Name": "x"}), Code.INVALID_FIELD, "headers"),
+    (http(headers={"X-Foo": 5}), Code.INVALID_FIELD, "headers.X-Foo"),
+    (http(headers={"X-Foo": "a\r\nb: c"}), Code.INVALID_FIELD, "headers.X-Foo"),
+    (http(headers={"X-Foo": "a\nb"}), Code.INVALID_FIELD, "headers.X-Foo"),
+    (http(headers={"X-Foo": "a\x00"}), Code.INVALID_FIELD, "headers.X-Foo"),
+    (http(headers={"X-Foo": " padded"}), Code.INVALID_FIELD, "headers.X-Foo"),
+    (http(headers={"X-Foo": "é"}), Code.INVALID_FIELD, "headers.X-Foo"),
+    (http(headers={"X-Foo": "a", "x-foo": "b"}), Code.INVALID_FIELD, "headers.x-foo"),
+    (http(headers={"X-Foo": "a" * 9000}), Code.PAYLOAD_LIMIT, "headers.X-Foo"),
+    (http(headers={f"X-{i}": "v" for i in range(65)}), Code.PAYLOAD_LIMIT, "headers"),
+    (
+        http(headers={"Authorization": "Bearer mine"}),
+        Code.FORBIDDEN_HEADER,
+        "headers.Authorization",
+    ),
+    (
+        http(headers={"proxy-authorization": "x"}),
+        Code.FORBIDDEN_HEADER,
+        "headers.proxy-authorization",
+    ),
+    (http(headers={"Cookie": "a=b"}), Code.FORBIDDEN_HEADER, "headers.Cookie"),
+    (http(headers={"X-API-KEY": "mine"}), Code.FORBIDDEN_HEADER, "headers.X-API-KEY"),
+    (http(headers={"idempotency-key": "k"}), Code.FORBIDDEN_HEADER, "headers.idempotency-key"),
+    (http(headers={"Host": "evil"}), Code.FORBIDDEN_HEADER, "headers.Host"),
+    (http(headers={"Content-Length": "0"}), Code.FORBIDDEN_HEADER, "headers.Content-Length"),
+    (
+        http(headers={"Transfer-Encoding": "chunked"}),
+        Code.FORBIDDEN_HEADER,
+        "headers.Transfer-Encoding",
+    ),
+    (http(headers={"Connection": "close"}), Code.FORBIDDEN_HEADER, "headers.Connection"),
+    # body
+    (http(body=5), Code.INVALID_FIELD, "body"),
+    (http(body="x" * 17), Code.PAYLOAD_LIMIT, "body"),
+    (http(body="é" * 9), Code.PAYLOAD_LIMIT, "body"),  # 18 UTF-8 bytes
+    (http(body="\ud800"), Code.INVALID_FIELD, "body"),
+    (http(body="a", body_base64="YQ=="), Code.INVALID_FIELD, "body_base64"),
+    (http(body_base64="not base64!"), Code.INVALID_FIELD, "body_base64"),
+    (http(body_base64="é"), Code.INVALID_FIELD, "body_base64"),
+    (http(body_base64=7), Code.INVALID_FIELD, "body_base64"),
+    (http(body_base64=base64.b64encode(b"x" * 17).decode()), Code.PAYLOAD_LIMIT, "body_base64"),
+    (http(body_base64="A" * 1000), Code.PAYLOAD_LIMIT, "body_base64"),
+    # idempotency key
+    (
+        {"target": "search", "method": "GET", "path": "/", "idempotency_key": "k"},
+        Code.UNSUPPORTED_ACTION,
+        "idempotency_key",
+    ),
+    (http(idempotency_key=5), Code.INVALID_FIELD, "idempotency_key"),
+    (http(idempotency_key="has space"), Code.INVALID_FIELD, "idempotency_key"),
+    (http(idempotency_key="k\r\n"), Code.INVALID_FIELD, "idempotency_key"),
+    (http(idempotency_key="k" * 256), Code.INVALID_FIELD, "idempotency_key"),
+    # session
+    (http(session=1), Code.INVALID_FIELD, "session"),
+    (http(session="s\n"), Code.INVALID_FIELD, "session"),
+    (http(session="x" * 256), Code.INVALID_FIELD, "session"),
+    # ssh
+    (ssh(command=...), Code.MISSING_FIELD, "command"),
+    (ssh(command=["ls"]), Code.INVALID_FIELD, "command"),
+    (ssh(command="  "), Code.INVALID_FIELD, "command"),
+    (ssh(command="ls\nrm -rf /"), Code.INVALID_FIELD, "command"),
+    (ssh(command="ls\x00"), Code.INVALID_FIELD, "command"),
+    (ssh(command="\udc80"), Code.INVALID_FIELD, "command"),
+    (ssh(command="x" * 40000), Code.PAYLOAD_LIMIT, "command"),
+    (ssh(stdin=b"bytes"), Code.INVALID_FIELD, "stdin"),
+    (ssh(stdin="123456789"), Code.PAYLOAD_LIMIT, "stdin"),
+    (ssh(stdin="éééé" + "é"), Code.PAYLOAD_LIMIT, "stdin"),
+    (ssh(stdin="\ud800"), Code.INVALID_FIELD, "stdin"),
+]
+
+
+@pytest.mark.parametrize(("action", "code", "field"), CASES)
+def test_error_code_and_field_path(action: object, code: Code, field: str) -> None:
+    err = invalid(action)
+    assert (err.code, err.field) == (code, field), err.message
+    # every code used here is a validation code: phase=validation, outcome=not_attempted
+    assert CODES[err.code].phase is Phase.VALIDATION
+    assert CODES[err.code].outcome is Outcome.NOT_ATTEMPTED
+    assert err.message and "\n" not in str(err)
+
+
+def test_unknown_target_message_never_echoes_the_callers_string() -> None:
+    canary = "vault:ghp_CANARY_4a7c0ffee"
+    err = invalid(http(target=canary))
+    assert err.code is Code.INVALID_TARGET
+    assert canary not in str(err) and canary not in repr(err)
+    assert "billing" in err.message  # the configured names help the caller fix it
+
+
+def test_forbidden_header_values_are_not_echoed() -> None:
+    canary = "Bearer CANARY_caller_token"
+    err = invalid(http(headers={"Authorization": canary}))
+    assert canary not in str(err)
+
+
+def test_idempotency_header_is_only_forbidden_with_a_contract() -> None:
+    a = parse_action(
+        {"target": "search", "method": "GET", "path": "/", "headers": {"Idempotency-Key": "k"}},
+        CONFIG,
+    )
+    assert isinstance(a, HttpAction) and a.headers == (("idempotency-key", "k"),)
+
+
+# --- hypothesis: junk never escapes as anything but ActionInvalid -----------------------------
+
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text(max_size=20),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=10), children, max_size=4)
+    ),
+    max_leaves=12,
+)
+_field_names = st.sampled_from(
+    ["target", "method", "path", "headers", "body", "body_base64", "idempotency_key",
+     "session", "command", "stdin", "extra"]
+)  # fmt: skip
+_targets = st.sampled_from(["billing", "search", "deploy", "nope"])
+_strings = st.one_of(
+    st.text(max_size=30),
+    st.sampled_from(["GET", "POST", "/", "/v1/x", "/../x", "//h/x", "a\r\nb", "ls", "YQ=="]),
+)
+_actions = st.fixed_dictionaries(
+    {"target": _targets},
+    optional={
+        name: st.one_of(_json, _strings, st.dictionaries(_strings, _strings, max_size=3))
+        for name in ["method", "path", "headers", "body", "body_base64", "idempotency_key",
+                     "session", "command", "stdin", "extra"]
+    },
+)  # fmt: skip
+
+
+def _check(obj: object) -> None:
+    try:
+        result = parse_action(obj, CONFIG)
+    except ActionInvalid as exc:
+        assert isinstance(exc.code, Code)
+        assert CODES[exc.code].phase is Phase.VALIDATION
+        assert isinstance(exc.field, str) and exc.field
+        return
+    assert isinstance(result, HttpAction | SshAction)
+    json.dumps(dataclasses.asdict(result), default=lambda b: b.hex())
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(_json, st.dictionaries(_field_names, _json, max_size=8)))
+def test_junk_json_only_raises_action_invalid(obj: object) -> None:
+    _check(obj)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_actions)
+def test_near_miss_actions_only_raise_action_invalid(obj: dict[str, Any]) -> None:
+    _check(obj)
+
+
+# --- fingerprint ------------------------------------------------------------------------------
+
+
+def fp(action: dict[str, Any], config: Config = CONFIG) -> str:
+    parsed = parse_action(action, config)
+    return fingerprint(parsed, config.targets[parsed.target])
+
+
+def test_fingerprint_is_stable_and_canonical() -> None:
+    a = fp(http(headers={"X-A": "1", "X-B": "2"}, body="b"))
+    b = fp({"body": "b", "headers": {"x-b": "2", "X-A": "1"}, "path": "/v1/charges",
+            "method": "post", "target": "billing"})  # fmt: skip
+    assert a == b
+    assert a.startswith("sha256:") and len(a) == len("sha256:") + 64
+    # body and body_base64 with the same bytes are the same request
+    assert fp(http(body="b")) == fp(http(body_base64="Yg=="))
+
+
+def test_fingerprint_excludes_session_and_idempotency_key() -> None:
+    base = fp(http(body="b"))
+    assert fp(http(body="b", session="other")) == base
+    # the key is the lookup for the fingerprint, not part of it: reusing it with another body
+    # must be detectable as a mismatch (seed: IDEMPOTENCY_MISMATCH)
+    assert fp(http(body="b", idempotency_key="k1")) == base
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"body": "c"},
+        {"body": None, "body_base64": "Yw=="},
+        {"path": "/v1/charges/"},
+        {"path": "/v1/charges?x=1"},
+        {"method": "PUT"},
+        {"headers": {"X-A": "1"}},
+        {"headers": {"X-A": "2", "X-B": "2"}},
+    ],
+)
+def test_fingerprint_changes_with_the_request(change: dict[str, Any]) -> None:
+    assert fp(http(**{"body": "b", "headers": {"X-A": "2"}, **change})) != fp(
+        http(body="b", headers={"X-A": "2"})
+    )
+
+
+def test_fingerprint_changes_with_the_target_snapshot() -> None:
+    action = parse_action(http(body="b"), CONFIG)
+    target = CONFIG.targets["billing"]
+    assert isinstance(target, HttpTarget)
+    for change in (
+        {"url": "https://billing.example.com/api2", "base_path": "/api2"},
+        {"origin": "https://evil.example:443"},
+        {"credential": "env:OTHER"},
+        {"inject": "bearer"},
+        {"follow_redirects": True},
+    ):
+        other = dataclasses.replace(target, **change)  # type: ignore[arg-type]
+        assert snapshot_hash(other) != snapshot_hash(target)
+        assert fingerprint(action, other) != fingerprint(action, target)
+
+
+def test_ssh_fingerprint() -> None:
+    base = fp(ssh(stdin="x"))
+    assert fp(ssh(stdin="x", session="s")) == base
+    assert fp(ssh(stdin="y")) != base
+    assert fp(ssh()) != fp(ssh(stdin=""))  # no stdin is not an empty stdin
+    assert fp(ssh(command="deploy --release r2", stdin="x")) != base
+    target = CONFIG.targets["deploy"]
+    assert isinstance(target, SshTarget)
+    other = dataclasses.replace(target, host="10.0.0.9")
+    assert fingerprint(parse_action(ssh(stdin="x"), CONFIG), other) != base
+
+
+def test_fingerprint_refuses_a_mismatched_target_kind() -> None:
+    with pytest.raises(TypeError):
+        fingerprint(parse_action(ssh(), CONFIG), CONFIG.targets["billing"])
+    with pytest.raises(TypeError):
+        fingerprint(parse_action(http(), CONFIG), CONFIG.targets["deploy"])
+
+
+# --- idempotency by configuration -------------------------------------------------------------
+
+
+def test_is_idempotent_reads_configuration_not_method_names() -> None:
+    billing = CONFIG.targets["billing"]
+    search = CONFIG.targets["search"]
+    deploy = CONFIG.targets["deploy"]
+    assert is_idempotent(parse_action(http(method="GET"), CONFIG), billing)
+    assert is_idempotent(parse_action(http(method="PUT"), CONFIG), billing)
+    assert not is_idempotent(parse_action(http(method="POST"), CONFIG), billing)
+    # `search` lists no idempotent methods: its GET is not assumed safe
+    get = parse_action({"target": "search", "method": "GET", "path": "/"}, CONFIG)
+    assert not is_idempotent(get, search)
+    assert is_idempotent(parse_action(ssh(command="systemctl is-active app"), CONFIG), deploy)
+    # exact match only: a different spelling of the "same" command is not the configured one
+    assert not is_idempotent(parse_action(ssh(command="systemctl  is-active app"), CONFIG), deploy)
+    assert not is_idempotent(parse_action(ssh(), CONFIG), deploy)
+    assert not is_idempotent(parse_action(ssh(), CONFIG), billing)
