@@ -211,11 +211,14 @@ class Peer:
                     await dst.send_all(data)
             await trio.aclose_forcefully(dst)
 
-        if pending:
-            await other.send_all(pending)
-        async with trio.open_nursery() as n:
-            n.start_soon(pump, self.stream, other)
-            n.start_soon(pump, other, self.stream)
+        try:
+            if pending:
+                await other.send_all(pending)
+            async with trio.open_nursery() as n:
+                n.start_soon(pump, self.stream, other)
+                n.start_soon(pump, other, self.stream)
+        finally:
+            await trio.aclose_forcefully(other)
 
 
 class HostileServer:
@@ -452,39 +455,45 @@ class scripts:
                     continue
                 u = urllib.parse.urlsplit(req.target)
                 assert u.hostname and u.port
-                up = await trio.open_tcp_stream(u.hostname, u.port)
-                c = h11.Connection(h11.CLIENT)
-                pq = u.path + (f"?{u.query}" if u.query else "")
-                hdrs = [(n, v) for n, v in req.headers if n.lower() != "content-length"]
-                if req.body or req.method in {"POST", "PUT", "PATCH"}:
-                    hdrs.append(("Content-Length", str(len(req.body))))
-                out = c.send(h11.Request(method=req.method, target=pq, headers=hdrs)) or b""
-                if req.body:
-                    out += c.send(h11.Data(data=req.body)) or b""
-                out += c.send(h11.EndOfMessage()) or b""
-                await up.send_all(out)
-                status, rh, body = 0, [], b""
-                while True:
-                    ev = c.next_event()
-                    if ev is h11.NEED_DATA:
-                        c.receive_data(bytes(await up.receive_some(65536)))
-                    elif isinstance(ev, h11.Response):
-                        status = ev.status_code
-                        rh = [
-                            (n.decode(), v.decode())
-                            for n, v in ev.headers
-                            if n.lower() not in (b"content-length", b"transfer-encoding")
-                        ]
-                    elif isinstance(ev, h11.Data):
-                        body += bytes(ev.data)
-                    else:
-                        break
-                await trio.aclose_forcefully(up)
+                async with await trio.open_tcp_stream(u.hostname, u.port) as up:
+                    status, rh, body = await _forward(up, req, u)
                 if relayed_marker:
                     rh.append(("Proxy-Status", f"hostile; received-status={status}"))
                 await peer.respond(Reply(status, headers=rh, body=body))
 
         return script
+
+
+async def _forward(
+    up: trio.SocketStream, req: Received, u: urllib.parse.SplitResult
+) -> tuple[int, list[tuple[str, str]], bytes]:
+    c = h11.Connection(h11.CLIENT)
+    pq = u.path + (f"?{u.query}" if u.query else "")
+    hdrs = [(n, v) for n, v in req.headers if n.lower() != "content-length"]
+    if req.body or req.method in {"POST", "PUT", "PATCH"}:
+        hdrs.append(("Content-Length", str(len(req.body))))
+    out = c.send(h11.Request(method=req.method, target=pq, headers=hdrs)) or b""
+    if req.body:
+        out += c.send(h11.Data(data=req.body)) or b""
+    out += c.send(h11.EndOfMessage()) or b""
+    await up.send_all(out)
+    status, rh, body = 0, [], b""
+    while True:
+        ev = c.next_event()
+        if ev is h11.NEED_DATA:
+            c.receive_data(bytes(await up.receive_some(65536)))
+        elif isinstance(ev, h11.Response):
+            status = ev.status_code
+            rh = [
+                (n.decode(), v.decode())
+                for n, v in ev.headers
+                if n.lower() not in (b"content-length", b"transfer-encoding")
+            ]
+        elif isinstance(ev, h11.Data):
+            body += bytes(ev.data)
+        else:
+            break
+    return status, rh, body
 
 
 @contextlib.asynccontextmanager

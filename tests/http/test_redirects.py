@@ -1,0 +1,170 @@
+"""Redirects: every hop is its own dispatch boundary, re-validated, and the credential never
+follows to another origin (seed, "A redirect creates a second dispatch boundary")."""
+
+from __future__ import annotations
+
+import urllib.parse
+from typing import Any
+
+import pytest
+import trio
+
+from affidavit.adapters.base import RemoteResult
+from affidavit.adapters.http import HttpClient, HttpRequest, RedirectDecision, Timeouts
+from affidavit.statemachine import Outcome
+
+from .fakes import FakeEngine
+from .hostile import HostileServer, Received, Reply, scripts
+
+FAST = Timeouts(connect=2.0, write=2.0, read=2.0)
+TOKEN = "Bearer redirect-secret-0001"
+QTOKEN = "qsecret-0002"
+
+
+class Policy:
+    """Allows any http(s) target; keeps the credential only on the original origin."""
+
+    def __init__(self, origin: str, allow: bool = True) -> None:
+        self.origin = origin
+        self.allow = allow
+        self.calls: list[tuple[str, str]] = []
+
+    def __call__(self, method: str, url: str) -> RedirectDecision:
+        self.calls.append((method, url))
+        u = urllib.parse.urlsplit(url)
+        same = f"{u.scheme}://{u.hostname}:{u.port}" == self.origin
+        return RedirectDecision(self.allow, same, "" if self.allow else "target not allowed")
+
+
+def req(url: str, policy: Policy, method: str = "GET", body: bytes = b"", **kw: Any) -> HttpRequest:
+    return HttpRequest(
+        method,
+        url + ("&" if "?" in url else "?") + f"api_key={QTOKEN}",
+        [("Authorization", TOKEN), ("Content-Type", "application/json")],
+        body,
+        credential_headers=frozenset({"authorization"}),
+        credential_query="api_key",
+        follow_redirects=True,
+        redirect_policy=policy,
+        timeouts=FAST,
+        **kw,
+    )
+
+
+async def perform(client: HttpClient, request: HttpRequest) -> tuple[FakeEngine, RemoteResult]:
+    fe = FakeEngine()
+    with trio.fail_after(10):
+        res = await client.perform(request, fe.ctx)
+    return fe, res
+
+
+def carries_credential(r: Received) -> bool:
+    raw = r.target + " ".join(f"{n}: {v}" for n, v in r.headers)
+    return "redirect-secret-0001" in raw or QTOKEN in raw
+
+
+def by_path(routes: dict[str, Reply]) -> Any:
+    return scripts.serve(lambda r: routes[urllib.parse.urlsplit(r.target).path])
+
+
+async def test_redirect_within_origin_keeps_the_credential(client: HttpClient) -> None:
+    routes = {
+        "/old": Reply(308, headers=[("Location", "/new?x=1")]),
+        "/new": Reply(200, body=b"new"),
+    }
+    async with HostileServer.running(by_path(routes)) as srv:
+        policy = Policy(srv.origin)
+        fe, res = await perform(client, req(srv.url + "/old", policy, "PUT", b"{}"))
+    assert (res.outcome, res.facts["status"]) == (Outcome.COMMITTED, 200)
+    assert [r.method for r in srv.requests] == ["PUT", "PUT"]  # 308 keeps method and body
+    assert srv.requests[1].body == b"{}"
+    assert all(carries_credential(r) for r in srv.requests)
+    assert urllib.parse.parse_qs(urllib.parse.urlsplit(srv.requests[1].target).query) == {
+        "x": ["1"],
+        "api_key": [QTOKEN],
+    }
+    assert [g["hop"] for g in fe.gates] == [1, 2]
+    assert fe.gates[1]["reused_connection"] is True
+    assert fe.dispatched_at_gate == [False, True]
+    assert policy.calls == [("PUT", srv.url + "/new?x=1")]  # credential query not shown to it
+    assert [h["status"] for h in res.summary["hops"]] == [308, 200]
+    assert fe.body == b"new"  # the 3xx body is not mixed into the result's stream
+
+
+async def test_redirect_to_another_origin_strips_the_credential(client: HttpClient) -> None:
+    async with HostileServer.running(scripts.serve(Reply(200, body=b"other"))) as other:
+        location = other.url + "/landing?from=a"
+        async with HostileServer.running(scripts.redirect(location, 307)) as first:
+            policy = Policy(first.origin)
+            fe, res = await perform(client, req(first.url + "/start", policy, "POST", b"{}"))
+    assert res.facts["status"] == 200 and fe.body == b"other"
+    assert carries_credential(first.requests[0])
+    assert len(other.requests) == 1 and not carries_credential(other.requests[0])
+    assert other.requests[0].method == "POST" and other.requests[0].body == b"{}"
+    assert policy.calls == [("POST", location)]
+    assert [(g["hop"], g["origin"]) for g in fe.gates] == [(1, first.origin), (2, other.origin)]
+    assert fe.gates[1]["reused_connection"] is False
+    follow = fe.facts_of("follow_redirect")[0]
+    assert follow["to_origin"] == other.origin and follow["credential_kept"] is False
+
+
+async def test_303_turns_post_into_get_without_body(client: HttpClient) -> None:
+    routes = {"/submit": Reply(303, headers=[("Location", "/status")]), "/status": Reply(200)}
+    async with HostileServer.running(by_path(routes)) as srv:
+        policy = Policy(srv.origin)
+        await perform(client, req(srv.url + "/submit", policy, "POST", b'{"a":1}'))
+    second = srv.requests[1]
+    assert (second.method, second.body) == ("GET", b"")
+    assert second.header("content-type") is None and second.header("content-length") is None
+    assert policy.calls[0][0] == "GET"
+
+
+async def test_policy_refusal_returns_the_3xx_as_committed(client: HttpClient) -> None:
+    async with HostileServer.running(scripts.redirect("http://127.0.0.1:9/x", 302)) as srv:
+        policy = Policy(srv.origin, allow=False)
+        fe, res = await perform(client, req(srv.url + "/", policy))
+    assert (res.outcome, res.code, res.facts["status"]) == (Outcome.COMMITTED, None, 302)
+    assert res.facts["redirect_not_followed"]["reason"] == "target not allowed"
+    assert len(fe.gates) == 1 and fe.body == b"moved"
+
+
+async def test_too_many_redirects_returns_the_last_3xx_noting_the_limit(client: HttpClient) -> None:
+    async with HostileServer.running(scripts.redirect("/again", 307)) as srv:
+        policy = Policy(srv.origin)
+        fe, res = await perform(client, req(srv.url + "/", policy, max_redirects=2))
+    assert (res.outcome, res.facts["status"]) == (Outcome.COMMITTED, 307)
+    assert res.facts["redirect_limit"] == 2
+    assert len(srv.requests) == 3 and len(fe.gates) == 3
+
+
+async def test_redirect_hop_setup_failure_keeps_the_complete_3xx(client: HttpClient) -> None:
+    async with HostileServer.running(scripts.redirect("http://127.0.0.1:1/x", 307)) as srv:
+        fe, res = await perform(client, req(srv.url + "/", Policy(srv.origin)))
+    assert (res.outcome, res.facts["status"]) == (Outcome.COMMITTED, 307)
+    assert res.facts["redirect_not_followed"] == {
+        "hop": 2,
+        "code": "CONNECTION_REFUSED",
+        "stage": "tcp_connect",
+    }
+    assert fe.machine.state == "redirect_setup_failed" and len(fe.gates) == 1
+    assert fe.body == b"moved"
+
+
+async def test_without_a_policy_redirects_are_not_followed(client: HttpClient) -> None:
+    async with HostileServer.running(scripts.redirect("/next", 301)) as srv:
+        request = req(srv.url + "/", Policy(srv.origin))
+        request.redirect_policy = None
+        _fe, res = await perform(client, request)
+    assert res.facts["status"] == 301
+    assert res.facts["redirect_not_followed"]["reason"] == "no redirect policy"
+
+
+@pytest.mark.parametrize("location", ["ftp://127.0.0.1/x", "http://user:pw@127.0.0.1:1/"])
+async def test_unsupported_redirect_targets_are_not_followed(
+    client: HttpClient, location: str
+) -> None:
+    async with HostileServer.running(scripts.redirect(location, 302)) as srv:
+        policy = Policy(srv.origin)
+        _fe, res = await perform(client, req(srv.url + "/", policy))
+    assert res.facts["status"] == 302 and policy.calls == []
+    assert "redirect_not_followed" in res.facts
