@@ -1,0 +1,225 @@
+"""Hash chain and tamper detection (issue 3: "editing, deleting or swapping any row ... makes
+`journal verify` fail at that row")."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import trio
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from affidavit.cli import main as cli_main
+from affidavit.journal import GENESIS, Journal, JournalReader
+from affidavit.journal.chain import row_hash
+
+from .helpers import happy, interrupted
+
+N_INVOCATIONS = 3
+
+
+def _build(path: Path) -> int:
+    async def fill() -> int:
+        async with Journal.open(path) as j:
+            n = 0
+            for i in range(N_INVOCATIONS):
+                for ev in happy(f"inv-{i}"):
+                    await j.append(ev, payload={"note": f"row of inv-{i}"})
+                    n += 1
+            return n
+
+    return trio.run(fill)
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int]:
+    path = tmp_path_factory.mktemp("chain") / "j.db"
+    count = _build(path)
+    return path, count
+
+
+def _copy(pristine: tuple[Path, int], tmp_path: Path) -> tuple[Path, int]:
+    src, count = pristine
+    dst = tmp_path / "j.db"
+    with sqlite3.connect(src) as a, sqlite3.connect(dst) as b:
+        a.backup(b)
+    a.close()
+    b.close()
+    return dst, count
+
+
+def _tamper(path: Path, *statements: tuple[str, tuple[object, ...]]) -> None:
+    """Edit the file directly, the way an attacker with write access would: first drop the
+    append-only triggers, then rewrite rows."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    for trigger in ("events_no_update", "events_no_delete", "events_extend_chain"):
+        conn.execute(f"DROP TRIGGER {trigger}")
+    for sql, params in statements:
+        conn.execute(sql, params)
+    conn.close()
+
+
+def _verify(path: Path) -> tuple[bool, int | None]:
+    with JournalReader.open(path) as r:
+        report = r.verify()
+    return report.ok, report.first_bad_seq
+
+
+def test_intact_journal_verifies_and_cli_exits_0_with_the_count(
+    pristine: tuple[Path, int], capsys: pytest.CaptureFixture[str]
+) -> None:
+    path, count = pristine
+    with JournalReader.open(path) as r:
+        report = r.verify()
+    assert report.ok and report.count == count and report.first_bad_seq is None
+    assert cli_main(["journal", "verify", "--journal", str(path)]) == 0
+    assert f"{count} events" in capsys.readouterr().out
+
+
+def test_first_row_links_to_genesis(pristine: tuple[Path, int]) -> None:
+    path, _ = pristine
+    conn = sqlite3.connect(path)
+    row = conn.execute("SELECT * FROM events WHERE seq = 1").fetchone()
+    conn.close()
+    assert row[11] == GENESIS
+    assert row[12] == row_hash(GENESIS, *row[:11])
+
+
+EDITS: dict[str, Callable[[int], tuple[str, tuple[object, ...]]]] = {
+    "attrs": lambda s: ("UPDATE events SET attrs = '{\"status\":200}' WHERE seq = ?", (s,)),
+    "kind": lambda s: ("UPDATE events SET kind = 'RECONCILED' WHERE seq = ?", (s,)),
+    "at": lambda s: ("UPDATE events SET at = at + 1 WHERE seq = ?", (s,)),
+    "invocation": lambda s: ("UPDATE events SET invocation_id = 'other' WHERE seq = ?", (s,)),
+    "session": lambda s: ("UPDATE events SET session_id = 'evil' WHERE seq = ?", (s,)),
+    "source": lambda s: ("UPDATE events SET source = 'operator_attested' WHERE seq = ?", (s,)),
+    "payload": lambda s: ("UPDATE events SET payload = x'0102' WHERE seq = ?", (s,)),
+    "prev_hash": lambda s: (f"UPDATE events SET prev_hash = '{'f' * 64}' WHERE seq = ?", (s,)),
+}
+
+
+@pytest.mark.parametrize("column", sorted(EDITS))
+def test_editing_a_row_fails_verify_at_that_row(
+    pristine: tuple[Path, int], tmp_path: Path, column: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path, _ = _copy(pristine, tmp_path)
+    _tamper(path, EDITS[column](5))
+    assert _verify(path) == (False, 5)
+    assert cli_main(["journal", "verify", "--journal", str(path)]) == 1
+    assert "seq 5" in capsys.readouterr().out
+
+
+def test_editing_a_row_and_recomputing_its_hash_fails_at_the_next_row(
+    pristine: tuple[Path, int], tmp_path: Path
+) -> None:
+    path, _ = _copy(pristine, tmp_path)
+    conn = sqlite3.connect(path)
+    row = list(conn.execute("SELECT * FROM events WHERE seq = 5").fetchone())
+    conn.close()
+    row[8] = '{"status":500}'
+    forged = row_hash(row[11], *row[:11])
+    _tamper(path, ("UPDATE events SET attrs = ?, hash = ? WHERE seq = 5", (row[8], forged)))
+    assert _verify(path) == (False, 6)
+
+
+def test_deleting_a_row_fails_at_that_seq(pristine: tuple[Path, int], tmp_path: Path) -> None:
+    path, _ = _copy(pristine, tmp_path)
+    _tamper(path, ("DELETE FROM events WHERE seq = ?", (7,)))
+    assert _verify(path) == (False, 7)
+
+
+def test_truncating_the_middle_fails_at_the_first_missing_seq(
+    pristine: tuple[Path, int], tmp_path: Path
+) -> None:
+    path, _ = _copy(pristine, tmp_path)
+    _tamper(path, ("DELETE FROM events WHERE seq BETWEEN ? AND ?", (4, 12)))
+    assert _verify(path) == (False, 4)
+
+
+def test_swapping_two_rows_fails_at_the_first_of_them(
+    pristine: tuple[Path, int], tmp_path: Path
+) -> None:
+    path, _ = _copy(pristine, tmp_path)
+    cols = "at, invocation_id, session_id, kind, source, observer, observer_seq, attrs, payload"
+    _tamper(
+        path,
+        (f"CREATE TEMP TABLE a AS SELECT {cols}, audit, prev_hash, hash FROM events "
+         "WHERE seq = 9", ()),
+        (f"CREATE TEMP TABLE b AS SELECT {cols}, audit, prev_hash, hash FROM events "
+         "WHERE seq = 10", ()),
+        ("DELETE FROM events WHERE seq IN (9, 10)", ()),
+        (f"INSERT INTO events SELECT 9, {cols}, audit, prev_hash, hash FROM b", ()),
+        (f"INSERT INTO events SELECT 10, {cols}, audit, prev_hash, hash FROM a", ()),
+    )
+    assert _verify(path) == (False, 9)
+
+
+def test_reordering_by_renumbering_fails(pristine: tuple[Path, int], tmp_path: Path) -> None:
+    # Swapping whole rows including their seq: move row 3 to the end, shift the rest down.
+    path, count = _copy(pristine, tmp_path)
+    _tamper(
+        path,
+        ("UPDATE events SET seq = ? WHERE seq = 3", (count + 1,)),
+        ("UPDATE events SET seq = seq - 1 WHERE seq > 3", ()),
+    )
+    assert _verify(path) == (False, 3)
+
+
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(data=st.data())
+def test_any_single_edit_or_delete_is_found_at_its_row(
+    pristine: tuple[Path, int], tmp_path_factory: pytest.TempPathFactory, data: st.DataObject
+) -> None:
+    path, count = _copy(pristine, tmp_path_factory.mktemp("h"))
+    seq = data.draw(st.integers(1, count - 1), label="seq")
+    how = data.draw(st.sampled_from([*sorted(EDITS), "delete"]), label="how")
+    stmt = ("DELETE FROM events WHERE seq = ?", (seq,)) if how == "delete" else EDITS[how](seq)
+    _tamper(path, stmt)
+    assert _verify(path) == (False, seq)
+
+
+def test_schema_refuses_forks_gaps_and_rewrites(pristine: tuple[Path, int], tmp_path: Path) -> None:
+    path, count = _copy(pristine, tmp_path)
+    conn = sqlite3.connect(path, isolation_level=None)
+    row = list(conn.execute("SELECT * FROM events WHERE seq = ?", (count,)).fetchone())
+    fork = [count + 1, *row[1:11], row[11], "0" * 64]  # reuses the head's prev_hash: a fork
+    gap = [count + 2, *row[1:11], row[12], "1" * 64]
+    with pytest.raises(sqlite3.IntegrityError):
+        conn.execute(f"INSERT INTO events VALUES ({','.join('?' * 13)})", fork)
+    with pytest.raises(sqlite3.IntegrityError):
+        conn.execute(f"INSERT INTO events VALUES ({','.join('?' * 13)})", gap)
+    with pytest.raises(sqlite3.IntegrityError):
+        conn.execute("UPDATE events SET attrs = '{}' WHERE seq = 1")
+    with pytest.raises(sqlite3.IntegrityError):
+        conn.execute("DELETE FROM events WHERE seq = 1")
+    conn.close()
+    assert _verify(path) == (True, None)
+
+
+def test_verify_json_reports_the_bad_seq(
+    pristine: tuple[Path, int], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    path, _ = _copy(pristine, tmp_path)
+    _tamper(path, EDITS["attrs"](2))
+    assert cli_main(["journal", "verify", "--journal", str(path), "--json"]) == 1
+    out = json.loads(capsys.readouterr().out)
+    assert out["ok"] is False and out["first_bad_seq"] == 2 and out["count"] == 1
+
+
+def test_two_interleaved_invocations_chain_in_seq_order(tmp_path: Path) -> None:
+    async def fill() -> None:
+        async with Journal.open(tmp_path / "j.db") as j:
+            for a, b in zip(interrupted("a"), interrupted("b"), strict=True):
+                await j.append(a)
+                await j.append(b)
+
+    trio.run(fill)
+    with JournalReader.open(tmp_path / "j.db") as r:
+        assert [e.seq for e in r.events("a")] == [1, 3, 5, 7, 9]
+        assert r.verify().count == 10

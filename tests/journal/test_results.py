@@ -1,0 +1,144 @@
+"""Results: sequenced sealed chunks, a completeness marker, fetch as a read (issue 3: results)."""
+
+from __future__ import annotations
+
+import hashlib
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from affidavit.journal import Journal, JournalError, JournalReader
+from affidavit.statemachine import Event, ImpossibleEvent, Outcome, Retry
+from affidavit.statemachine import EventKind as E
+
+from .helpers import happy, interrupted
+
+
+async def _completed(j: Journal, iid: str) -> None:
+    for ev in happy(iid):
+        await j.append(ev)
+
+
+async def test_chunks_plus_marker_make_a_complete_result(tmp_path: Path) -> None:
+    async with Journal.open(tmp_path / "j.db") as j:
+        await _completed(j, "inv-1")
+        for i, part in enumerate([b"hello ", b"wor", b"ld"]):
+            await j.put_result_chunk("inv-1", "stdout", i, part)
+        await j.put_result_chunk("inv-1", "stderr", 0, b"warn")
+        ev = await j.commit_result(
+            Event(E.RESULT_COMMITTED, "inv-1"), summary={"exit_status": 0}
+        )
+        assert ev.seq == 8
+        assert ev.attrs["chunks"] == {"stdout": 3, "stderr": 1}
+        assert ev.attrs["bytes"] == 15
+        res = j.read_result("inv-1")
+        assert res is not None
+        assert res.streams == {"stdout": b"hello world", "stderr": b"warn"}
+        assert res.summary == {"exit_status": 0}
+        assert res.sha256 == ev.attrs["sha256"] and res.seq == ev.seq
+        rec = j.record("inv-1")
+        assert rec is not None and rec.evidence["result"]["sha256"] == res.sha256
+    # Fetching again — from a fresh reader after a restart — is a read of the same bytes.
+    with JournalReader.open(tmp_path / "j.db") as r:
+        again = r.read_result("inv-1")
+        assert again == res
+        assert r.verify().ok
+
+
+async def test_chunks_without_the_marker_are_never_a_complete_result(tmp_path: Path) -> None:
+    async with Journal.open(tmp_path / "j.db") as j:
+        await _completed(j, "inv-1")
+        await j.put_result_chunk("inv-1", "body", 0, b'{"partial":')
+        assert j.read_result("inv-1") is None
+        assert j.read_result("no-such-invocation") is None
+
+
+async def test_a_gap_in_the_chunks_refuses_the_commit_and_writes_nothing(tmp_path: Path) -> None:
+    async with Journal.open(tmp_path / "j.db") as j:
+        await _completed(j, "inv-1")
+        await j.put_result_chunk("inv-1", "body", 0, b"a")
+        await j.put_result_chunk("inv-1", "body", 2, b"c")
+        with pytest.raises(JournalError, match="lacks chunk 1"):
+            await j.commit_result(Event(E.RESULT_COMMITTED, "inv-1"), summary={})
+        assert j.read_result("inv-1") is None
+        assert j.events("inv-1")[-1].kind is E.REMOTE_RESPONSE_COMPLETE
+        # Completing the stream lets the commit through.
+        await j.put_result_chunk("inv-1", "body", 1, b"b")
+        await j.commit_result(Event(E.RESULT_COMMITTED, "inv-1"), summary={})
+        res = j.read_result("inv-1")
+        assert res is not None and res.streams["body"] == b"abc"
+
+
+async def test_index_zero_starts_a_stream_over(tmp_path: Path) -> None:
+    async with Journal.open(tmp_path / "j.db") as j:
+        await _completed(j, "inv-1")
+        for i, part in enumerate([b"old-0", b"old-1", b"old-2"]):
+            await j.put_result_chunk("inv-1", "body", i, part)
+        await j.put_result_chunk("inv-1", "body", 0, b"new")
+        ev = await j.commit_result(Event(E.RESULT_COMMITTED, "inv-1"), summary={})
+        assert ev.attrs["chunks"] == {"body": 1}
+        res = j.read_result("inv-1")
+        assert res is not None and res.streams == {"body": b"new"}
+        assert res.streams["body"] and hashlib.sha256(b"new").hexdigest()
+
+
+async def test_a_result_cannot_be_committed_before_a_complete_response(tmp_path: Path) -> None:
+    async with Journal.open(tmp_path / "j.db") as j:
+        for ev in interrupted("inv-1"):
+            await j.append(ev)
+        await j.put_result_chunk("inv-1", "body", 0, b"x")
+        with pytest.raises(ImpossibleEvent):
+            await j.commit_result(Event(E.RESULT_COMMITTED, "inv-1"), summary={})
+        assert j.read_result("inv-1") is None
+        with pytest.raises(ValueError, match="RESULT_COMMITTED"):
+            await j.commit_result(Event(E.RESULT_DELIVERED, "inv-1"), summary={})
+
+
+async def test_no_chunk_may_be_added_after_the_commit(tmp_path: Path) -> None:
+    async with Journal.open(tmp_path / "j.db") as j:
+        await _completed(j, "inv-1")
+        await j.commit_result(Event(E.RESULT_COMMITTED, "inv-1"), summary={"empty": True})
+        with pytest.raises(JournalError, match="already stored"):
+            await j.put_result_chunk("inv-1", "body", 0, b"late")
+        res = j.read_result("inv-1")
+        assert res is not None and res.streams == {} and res.summary == {"empty": True}
+
+
+async def test_an_altered_stored_result_is_an_error_not_a_result(tmp_path: Path) -> None:
+    async with Journal.open(tmp_path / "j.db") as j:
+        await _completed(j, "inv-1")
+        await j.put_result_chunk("inv-1", "body", 0, b"one")
+        await j.put_result_chunk("inv-1", "body", 1, b"two")
+        await j.commit_result(Event(E.RESULT_COMMITTED, "inv-1"), summary={})
+    conn = sqlite3.connect(tmp_path / "j.db", isolation_level=None)
+    # Swap the two sealed chunks: each still decrypts only at its own index.
+    conn.execute("UPDATE result_chunks SET idx = 9 WHERE idx = 0")
+    conn.execute("UPDATE result_chunks SET idx = 0 WHERE idx = 1")
+    conn.execute("UPDATE result_chunks SET idx = 1 WHERE idx = 9")
+    conn.close()
+    with JournalReader.open(tmp_path / "j.db") as r, pytest.raises(JournalError):
+        r.read_result("inv-1")
+    conn = sqlite3.connect(tmp_path / "j.db", isolation_level=None)
+    conn.execute("DELETE FROM result_chunks WHERE idx = 0")
+    conn.close()
+    with JournalReader.open(tmp_path / "j.db") as r, pytest.raises(JournalError, match="incomplete"):
+        r.read_result("inv-1")
+    conn = sqlite3.connect(tmp_path / "j.db", isolation_level=None)
+    conn.execute("UPDATE results SET sha256 = 'f00d'")
+    conn.close()
+    with JournalReader.open(tmp_path / "j.db") as r, pytest.raises(JournalError, match="marker"):
+        r.read_result("inv-1")
+
+
+async def test_stored_result_then_delivery_failure_means_fetch_result(tmp_path: Path) -> None:
+    async with Journal.open(tmp_path / "j.db") as j:
+        await _completed(j, "inv-1")
+        await j.put_result_chunk("inv-1", "body", 0, b"ok")
+        await j.commit_result(Event(E.RESULT_COMMITTED, "inv-1"), summary={})
+        await j.append(Event(E.RESULT_DELIVERY_FAILED, "inv-1"), barrier=True)
+    with JournalReader.open(tmp_path / "j.db") as r:
+        rec = r.record("inv-1")
+        assert rec is not None
+        assert (rec.outcome, rec.retry) == (Outcome.COMMITTED, Retry.FETCH_RESULT)
+        assert r.read_result("inv-1") is not None

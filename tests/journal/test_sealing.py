@@ -1,0 +1,155 @@
+"""Sealing: broker key files, wrong keys, and the write-only auditor copy (issue 3: sealing)."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+import trio
+
+from affidavit.journal import (
+    Journal,
+    JournalError,
+    JournalReader,
+    generate_auditor_keypair,
+    open_audit_payload,
+)
+from affidavit.statemachine import Event
+from affidavit.statemachine import EventKind as E
+
+from .helpers import CANARY, accepted, happy
+
+
+async def test_key_file_is_created_0600_beside_the_journal(tmp_path: Path) -> None:
+    async with Journal.open(tmp_path / "j.db"):
+        pass
+    mode = stat.S_IMODE(os.stat(tmp_path / "j.db.key").st_mode)
+    assert mode == 0o600
+
+
+async def test_payload_round_trips_with_the_broker_key(tmp_path: Path) -> None:
+    async with Journal.open(tmp_path / "j.db", key_file=tmp_path / "k") as j:
+        ev = await j.append(accepted("inv-1"), payload={"body": CANARY})
+        assert j.payload(ev.seq) == {"body": CANARY}
+        assert j.audit_copy(ev.seq) is None  # no auditor configured
+
+
+async def test_a_wrong_key_file_is_a_clear_error_naming_it(tmp_path: Path) -> None:
+    async with Journal.open(tmp_path / "j.db") as j:
+        await j.append(accepted("inv-1"), payload={"x": 1})
+    other = tmp_path / "other.key"
+    async with Journal.open(tmp_path / "o.db", key_file=other):
+        pass
+    with pytest.raises(JournalError, match=r"other\.key.*does not match"):
+        async with Journal.open(tmp_path / "j.db", key_file=other):
+            pass
+    with JournalReader.open(tmp_path / "j.db", key_file=other) as r:
+        with pytest.raises(JournalError, match=r"other\.key"):
+            r.payload(1)
+
+
+async def test_missing_or_loose_or_garbled_key_files_are_refused(tmp_path: Path) -> None:
+    async with Journal.open(tmp_path / "j.db"):
+        pass
+    key = tmp_path / "j.db.key"
+    key.chmod(0o644)
+    with pytest.raises(JournalError, match="must be 0600"):
+        async with Journal.open(tmp_path / "j.db"):
+            pass
+    key.unlink()
+    # An existing journal never silently gets a fresh key.
+    with pytest.raises(JournalError, match="does not exist"):
+        async with Journal.open(tmp_path / "j.db"):
+            pass
+    assert not key.exists()
+    fd = os.open(key, os.O_WRONLY | os.O_CREAT, 0o600)
+    os.write(fd, b"not a key")
+    os.close(fd)
+    with pytest.raises(JournalError, match="not an affidavit journal key"):
+        async with Journal.open(tmp_path / "j.db"):
+            pass
+
+
+async def test_a_sealed_payload_moved_to_another_row_does_not_open(tmp_path: Path) -> None:
+    import sqlite3
+
+    async with Journal.open(tmp_path / "j.db") as j:
+        for ev in happy("inv-1")[:2]:
+            await j.append(ev, payload={"n": ev.kind.value})
+    conn = sqlite3.connect(tmp_path / "j.db", isolation_level=None)
+    conn.execute("DROP TRIGGER events_no_update")
+    conn.execute("UPDATE events SET payload = (SELECT payload FROM events WHERE seq = 1) "
+                 "WHERE seq = 2")
+    conn.close()
+    with JournalReader.open(tmp_path / "j.db") as r:
+        assert r.payload(1) == {"n": "ACTION_ACCEPTED"}
+        with pytest.raises(JournalError, match="does not open"):
+            r.payload(2)
+
+
+async def test_write_only_audit_copy_opens_only_with_the_auditor_private_key(
+    tmp_path: Path,
+) -> None:
+    # The auditor's key pair is made elsewhere; the broker is given only the public half.
+    auditor_dir = tmp_path / "auditor"
+    auditor_dir.mkdir()
+    priv, pub = auditor_dir / "auditor.pem", tmp_path / "auditor.pub.pem"
+    generate_auditor_keypair(priv, pub)
+    assert stat.S_IMODE(os.stat(priv).st_mode) == 0o600
+    async with Journal.open(tmp_path / "j.db", auditor_public_key=pub, payload_copy=False) as j:
+        ev = await j.append(accepted("inv-1"), payload={"stdout": CANARY})
+        # Write-only: the broker keeps no copy it could read back ...
+        assert j.payload(ev.seq) is None
+        copy = j.audit_copy(ev.seq)
+        assert copy is not None
+        iid, kind, sealed = copy
+        # ... and nothing the broker holds opens the audit copy.
+        assert j._key is not None
+        with pytest.raises(JournalError):
+            j._key.open(sealed, b"")
+        with pytest.raises(JournalError, match="not a PEM private key"):
+            open_audit_payload(sealed, tmp_path / "j.db.key", iid, kind)
+    # The auditor's private key does.
+    assert open_audit_payload(sealed, priv, iid, kind) == {"stdout": CANARY}
+    other_priv = auditor_dir / "other.pem"
+    generate_auditor_keypair(other_priv, auditor_dir / "other.pub")
+    with pytest.raises(JournalError, match=r"other\.pem"):
+        open_audit_payload(sealed, other_priv, iid, kind)
+
+
+async def test_with_an_auditor_both_copies_are_written_by_default(tmp_path: Path) -> None:
+    priv, pub = tmp_path / "a.pem", tmp_path / "a.pub"
+    generate_auditor_keypair(priv, pub)
+    async with Journal.open(tmp_path / "j.db", auditor_public_key=pub) as j:
+        ev = await j.append(accepted("inv-1"), payload={"k": 1})
+        assert j.payload(ev.seq) == {"k": 1}
+        copy = j.audit_copy(ev.seq)
+        assert copy is not None
+        assert open_audit_payload(copy[2], priv, copy[0], copy[1]) == {"k": 1}
+        assert j.verify().ok
+
+
+def test_a_bad_auditor_key_file_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "pub").write_text("nope")
+
+    async def go() -> None:
+        async with Journal.open(tmp_path / "j.db", auditor_public_key=tmp_path / "pub"):
+            pass
+
+    with pytest.raises(JournalError, match="auditor public key file"):
+        trio.run(go)
+    with pytest.raises(JournalError, match="does not exist"):
+        trio.run(_open_with, tmp_path / "j2.db", tmp_path / "absent.pub")
+
+
+async def _open_with(path: Path, pub: Path) -> None:
+    async with Journal.open(path, auditor_public_key=pub):
+        pass
+
+
+async def test_events_without_payload_have_no_sealed_columns(tmp_path: Path) -> None:
+    async with Journal.open(tmp_path / "j.db") as j:
+        ev = await j.append(Event(E.ACTION_ACCEPTED, "inv-1", accepted("inv-1").attrs))
+        assert j.payload(ev.seq) is None

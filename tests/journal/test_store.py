@@ -1,0 +1,191 @@
+"""Appending, group commit, barriers and reading (issue 3: store, durability barriers)."""
+
+from __future__ import annotations
+
+import sqlite3
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import trio
+
+from affidavit.journal import Journal, JournalError, JournalReader
+from affidavit.statemachine import Event, ImpossibleEvent, Outcome
+from affidavit.statemachine import EventKind as E
+
+from .helpers import accepted, happy, interrupted, until_dispatch
+
+
+async def test_append_assigns_monotonic_seq_and_remembers_the_session(tmp_path: Path) -> None:
+    async with Journal.open(tmp_path / "j.db") as j:
+        stored = [await j.append(ev) for ev in happy("inv-1")]
+        assert [e.seq for e in stored] == list(range(1, 8))
+        assert all(e.at is not None for e in stored)
+        events = j.events("inv-1")
+        assert [e.kind for e in events] == [e.kind for e in happy("inv-1")]
+        assert [e.seq for e in events] == [e.seq for e in stored]
+    conn = sqlite3.connect(tmp_path / "j.db")
+    sessions = {r[0] for r in conn.execute("SELECT session_id FROM events")}
+    conn.close()
+    assert sessions == {"sess-1"}
+
+
+async def test_impossible_event_is_refused_and_nothing_is_written(tmp_path: Path) -> None:
+    async with Journal.open(tmp_path / "j.db") as j:
+        await j.append(accepted("inv-1"))
+        with pytest.raises(ImpossibleEvent):
+            await j.append(Event(E.DISPATCH_STARTED, "inv-1"))
+        with pytest.raises(ImpossibleEvent):
+            await j.append(Event(E.REQUEST_SENT, "never-accepted"))
+        assert [e.kind for e in j.events("inv-1")] == [E.ACTION_ACCEPTED]
+        assert j.events("never-accepted") == []
+        # The projection was not advanced by the refused event: the real next step still fits.
+        ev = await j.append(Event(E.PREFLIGHT_VALIDATED, "inv-1"))
+        assert ev.seq == 2
+        assert j.verify().ok
+
+
+async def test_attrs_that_are_not_json_are_a_clear_error(tmp_path: Path) -> None:
+    async with Journal.open(tmp_path / "j.db") as j:
+        await j.append(accepted("inv-1"))
+        with pytest.raises(JournalError, match="not JSON"):
+            await j.append(Event(E.PREFLIGHT_VALIDATED, "inv-1", {"blob": b"\x00"}))
+        assert len(j.events("inv-1")) == 1
+
+
+async def test_concurrent_barriers_share_commits(tmp_path: Path) -> None:
+    commits = 0
+    async with Journal.open(tmp_path / "j.db") as j:
+
+        def count() -> None:
+            nonlocal commits
+            commits += 1
+
+        j._before_commit = count
+
+        async def invocation(i: int) -> None:
+            for ev in happy(f"inv-{i}"):
+                await j.append(ev, barrier=True)
+
+        with trio.fail_after(30):
+            async with trio.open_nursery() as n:
+                for i in range(64):
+                    n.start_soon(invocation, i)
+        total = 64 * len(happy("x"))
+        assert len({e.seq for i in range(64) for e in j.events(f"inv-{i}")}) == total
+        # Group commit: one transaction (one fsync) serves many queued barriers.
+        assert commits <= total // 4
+        assert j.verify().ok and j.verify().count == total
+
+
+async def test_barrier_kinds_are_always_committed_with_full_sync(tmp_path: Path) -> None:
+    modes: list[str] = []
+    async with Journal.open(tmp_path / "j.db") as j:
+        j._before_commit = lambda: modes.append(j._sync)
+        for ev in until_dispatch("inv-1")[:3]:
+            await j.append(ev)  # diagnostics-grade: no barrier requested
+        assert modes == ["NORMAL"] * 3
+        await j.append(Event(E.DISPATCH_STARTED, "inv-1"), barrier=False)
+        assert modes[-1] == "FULL"
+        await j.append(Event(E.REQUEST_SENT, "inv-1"), barrier=True)
+        assert modes[-1] == "FULL"
+
+
+async def test_a_barrier_is_readable_by_another_connection_when_append_returns(
+    tmp_path: Path,
+) -> None:
+    async with Journal.open(tmp_path / "j.db") as j:
+        for ev in until_dispatch("inv-1"):
+            await j.append(ev, barrier=ev.kind is E.DISPATCH_STARTED)
+        conn = sqlite3.connect(tmp_path / "j.db")
+        kinds = [r[0] for r in conn.execute("SELECT kind FROM events ORDER BY seq")]
+        conn.close()
+        assert kinds[-1] == "DISPATCH_STARTED"
+
+
+async def test_a_cancelled_appender_still_learns_its_queued_barrier_committed(
+    tmp_path: Path,
+) -> None:
+    async with Journal.open(tmp_path / "j.db") as j:
+        for ev in until_dispatch("inv-1")[:3]:
+            await j.append(ev)
+        result: list[Event] = []
+        with trio.CancelScope() as scope:
+            scope.cancel()  # already cancelled: the append's wait must not be interruptible
+            result.append(await j.append(Event(E.DISPATCH_STARTED, "inv-1")))
+        assert result and result[0].seq == 4
+        assert j.events("inv-1")[-1].kind is E.DISPATCH_STARTED
+
+
+async def test_leaving_the_block_drains_queued_appends_and_then_refuses(tmp_path: Path) -> None:
+    events = happy("inv-1")
+    async with Journal.open(tmp_path / "j.db") as j:
+        await j.append(events[0])
+        got: list[Event] = []
+
+        async def late() -> None:
+            for ev in events[1:]:
+                got.append(await j.append(ev))
+
+        async with trio.open_nursery() as n:
+            n.start_soon(late)
+    assert len(got) == len(events) - 1
+    with pytest.raises(JournalError, match="closed"):
+        await j.append(Event(E.PROTOCOL_OBSERVED, "inv-1", {"protocol": "http", "state": "x"}))
+    with JournalReader.open(tmp_path / "j.db") as r:
+        assert len(r.events("inv-1")) == len(events)
+
+
+async def test_reopen_continues_the_chain_and_the_projection(tmp_path: Path) -> None:
+    async with Journal.open(tmp_path / "j.db") as j:
+        for ev in interrupted("inv-1"):
+            await j.append(ev)
+    async with Journal.open(tmp_path / "j.db") as j:
+        rec = j.record("inv-1")
+        assert rec is not None and rec.outcome is Outcome.UNKNOWN
+        with pytest.raises(ImpossibleEvent):  # the reopened writer still knows the state
+            await j.append(Event(E.PREFLIGHT_VALIDATED, "inv-1"))
+        lease = await j.acquire_lease("inv-1", "w1", ttl=60)
+        assert lease.generation == 1 and lease.seq == 6
+        assert j.verify().ok
+
+
+async def test_reads_work_from_a_second_process_while_the_writer_runs(tmp_path: Path) -> None:
+    path = tmp_path / "j.db"
+    script = textwrap.dedent(
+        f"""
+        from affidavit.journal import JournalReader
+        with JournalReader.open({str(path)!r}) as r:
+            rec = r.record("inv-1")
+            print(r.verify().count, rec.state, rec.outcome.value)
+        """
+    )
+    async with Journal.open(path) as j:
+        for ev in interrupted("inv-1"):
+            await j.append(ev)
+        with trio.fail_after(60):
+            proc = await trio.run_process(
+                [sys.executable, "-c", script], capture_stdout=True, capture_stderr=True
+            )
+        assert proc.stdout.decode().split() == ["5", "interrupted", "unknown"]
+
+
+def test_read_only_open_needs_no_key_and_refuses_a_missing_journal(tmp_path: Path) -> None:
+    async def fill() -> None:
+        async with Journal.open(tmp_path / "j.db") as j:
+            for ev in happy("inv-1"):
+                await j.append(ev)
+            await j.put_result_chunk("inv-1", "body", 0, b"{}")
+            await j.commit_result(Event(E.RESULT_COMMITTED, "inv-1"), summary={"status": 201})
+
+    trio.run(fill)
+    (tmp_path / "j.db.key").unlink()
+    with JournalReader.open(tmp_path / "j.db") as r:
+        assert r.verify().ok
+        assert r.record("inv-1") is not None
+        assert len(r.list_actions()) == 1
+        with pytest.raises(JournalError, match=r"j\.db\.key"):
+            r.read_result("inv-1")
+    with pytest.raises(JournalError, match="no journal"):
+        JournalReader.open(tmp_path / "absent.db")
