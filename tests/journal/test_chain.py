@@ -145,10 +145,16 @@ def test_swapping_two_rows_fails_at_the_first_of_them(
     cols = "at, invocation_id, session_id, kind, source, observer, observer_seq, attrs, payload"
     _tamper(
         path,
-        (f"CREATE TEMP TABLE a AS SELECT {cols}, audit, prev_hash, hash FROM events "
-         "WHERE seq = 9", ()),
-        (f"CREATE TEMP TABLE b AS SELECT {cols}, audit, prev_hash, hash FROM events "
-         "WHERE seq = 10", ()),
+        (
+            f"CREATE TEMP TABLE a AS SELECT {cols}, audit, prev_hash, hash FROM events "
+            "WHERE seq = 9",
+            (),
+        ),
+        (
+            f"CREATE TEMP TABLE b AS SELECT {cols}, audit, prev_hash, hash FROM events "
+            "WHERE seq = 10",
+            (),
+        ),
         ("DELETE FROM events WHERE seq IN (9, 10)", ()),
         (f"INSERT INTO events SELECT 9, {cols}, audit, prev_hash, hash FROM b", ()),
         (f"INSERT INTO events SELECT 10, {cols}, audit, prev_hash, hash FROM a", ()),

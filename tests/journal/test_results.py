@@ -26,9 +26,7 @@ async def test_chunks_plus_marker_make_a_complete_result(tmp_path: Path) -> None
         for i, part in enumerate([b"hello ", b"wor", b"ld"]):
             await j.put_result_chunk("inv-1", "stdout", i, part)
         await j.put_result_chunk("inv-1", "stderr", 0, b"warn")
-        ev = await j.commit_result(
-            Event(E.RESULT_COMMITTED, "inv-1"), summary={"exit_status": 0}
-        )
+        ev = await j.commit_result(Event(E.RESULT_COMMITTED, "inv-1"), summary={"exit_status": 0})
         assert ev.seq == 8
         assert ev.attrs["chunks"] == {"stdout": 3, "stderr": 1}
         assert ev.attrs["bytes"] == 15
@@ -122,7 +120,8 @@ async def test_an_altered_stored_result_is_an_error_not_a_result(tmp_path: Path)
     conn = sqlite3.connect(tmp_path / "j.db", isolation_level=None)
     conn.execute("DELETE FROM result_chunks WHERE idx = 0")
     conn.close()
-    with JournalReader.open(tmp_path / "j.db") as r, pytest.raises(JournalError, match="incomplete"):
+    reader = JournalReader.open(tmp_path / "j.db")
+    with reader as r, pytest.raises(JournalError, match="incomplete"):
         r.read_result("inv-1")
     conn = sqlite3.connect(tmp_path / "j.db", isolation_level=None)
     conn.execute("UPDATE results SET sha256 = 'f00d'")

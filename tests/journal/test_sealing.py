@@ -45,9 +45,9 @@ async def test_a_wrong_key_file_is_a_clear_error_naming_it(tmp_path: Path) -> No
     with pytest.raises(JournalError, match=r"other\.key.*does not match"):
         async with Journal.open(tmp_path / "j.db", key_file=other):
             pass
-    with JournalReader.open(tmp_path / "j.db", key_file=other) as r:
-        with pytest.raises(JournalError, match=r"other\.key"):
-            r.payload(1)
+    reader = JournalReader.open(tmp_path / "j.db", key_file=other)
+    with reader as r, pytest.raises(JournalError, match=r"other\.key"):
+        r.payload(1)
 
 
 async def test_missing_or_loose_or_garbled_key_files_are_refused(tmp_path: Path) -> None:
@@ -80,8 +80,9 @@ async def test_a_sealed_payload_moved_to_another_row_does_not_open(tmp_path: Pat
             await j.append(ev, payload={"n": ev.kind.value})
     conn = sqlite3.connect(tmp_path / "j.db", isolation_level=None)
     conn.execute("DROP TRIGGER events_no_update")
-    conn.execute("UPDATE events SET payload = (SELECT payload FROM events WHERE seq = 1) "
-                 "WHERE seq = 2")
+    conn.execute(
+        "UPDATE events SET payload = (SELECT payload FROM events WHERE seq = 1) WHERE seq = 2"
+    )
     conn.close()
     with JournalReader.open(tmp_path / "j.db") as r:
         assert r.payload(1) == {"n": "ACTION_ACCEPTED"}
