@@ -182,6 +182,7 @@ TRANSITIONS: Final[MappingProxyType[str, MappingProxyType[E, str]]] = MappingPro
         E.SETUP_FAILED: "retry_setup_failed",
         E.DISPATCH_STARTED: "dispatched",
         E.RECONCILED: "reconciled_*",
+        E.RETRY_LEASE_ACQUIRED: "retry_pending",      # the holder stalled, its lease expired
     },
     "retry_invalid": {**_DIAG, **_UNKNOWN_AT_REST},
     "retry_credential_failed": {**_DIAG, **_UNKNOWN_AT_REST},

@@ -1,0 +1,214 @@
+"""Item 8c: random valid *and* invalid event sequences through the projection, with the seed's
+invariants checked after every step (hypothesis ``RuleBasedStateMachine``)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import hypothesis
+import jsonschema
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+
+from affidavit.statemachine import (
+    TRANSITIONS,
+    Event,
+    EventKind,
+    EvidenceSource,
+    ImpossibleEvent,
+    Outcome,
+    Projector,
+    Record,
+    compute_retry,
+    envelope_schema,
+    render_envelope,
+)
+from affidavit.statemachine.retry import HintInputs
+
+from .lifecycle_helpers import IID, make_event, operation, valid_moves
+from .test_model_check import ATTRS
+
+E = EventKind
+VALIDATOR = jsonschema.Draft202012Validator(envelope_schema())
+RESOLVED = (Outcome.REJECTED, Outcome.COMMITTED)
+PRE_DISPATCH_FAILURES = {
+    E.PREFLIGHT_FAILED,
+    E.CREDENTIAL_FAILED,
+    E.SETUP_ATTEMPT_FAILED,
+    E.SETUP_FAILED,
+}
+
+
+class ProjectionMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.p = Projector(IID)
+        self.seq = 0
+        self.now = 1_000.0
+        self.max_retry_after = 300.0
+        self.dispatched = False
+        self.resolved = False
+        self.prev = self.p.record(self.now)
+
+    @initialize(
+        idempotent=st.booleans(),
+        key=st.sampled_from([None, "req_01"]),
+        expires_in=st.sampled_from([None, 30.0, 3_600.0]),
+        budget=st.integers(1, 4),
+        max_retry_after=st.sampled_from([0.0, 60.0, 300.0]),
+    )
+    def accept(
+        self,
+        idempotent: bool,
+        key: str | None,
+        expires_in: float | None,
+        budget: int,
+        max_retry_after: float,
+    ) -> None:
+        op = operation(
+            idempotent=idempotent,
+            key=key,
+            expires_at=None if expires_in is None else self.now + expires_in,
+            budget=budget,
+            max_retry_after=max_retry_after,
+        )
+        self.max_retry_after = max_retry_after
+        self._apply(make_event(self.p, E.ACTION_ACCEPTED, "accepted", self._next(), op=op))
+
+    def _next(self) -> int:
+        self.seq += 1
+        return self.seq
+
+    def _apply(self, event: Event) -> bool:
+        before = self.p.record(self.now)
+        state_before = self.p.state
+        try:
+            self.p.apply(event)
+        except ImpossibleEvent:
+            assert self.p.record(self.now) == before, "a refused event changed the record"
+            assert self.p.state == state_before
+            return False
+        after = self.p.record(self.now)
+        if event.kind is E.DISPATCH_STARTED:
+            self.dispatched = True
+        if (
+            event.kind in PRE_DISPATCH_FAILURES
+            and before.outcome is Outcome.UNKNOWN
+            and after.outcome is not Outcome.UNKNOWN
+        ):
+            raise AssertionError(f"{event.kind} after an unknown attempt left {after.outcome}")
+        assert after.events == before.events + 1
+        return True
+
+    # -- rules ---------------------------------------------------------------------------------
+
+    @rule(data=st.data(), n=st.integers(1, 8))
+    def valid_run(self, data: st.DataObject, n: int) -> None:
+        # Several valid steps per rule, so sequences get deep into the table (retries,
+        # reconciliation, delivery) instead of dying at the first refused random event.
+        for _ in range(n):
+            self.valid_event(data)
+            self.seed_invariants()
+
+    @rule(data=st.data())
+    def valid_event(self, data: st.DataObject) -> None:
+        moves = valid_moves(self.p)
+        if not moves:
+            return
+        onward = [m for m in moves if not _absorbing(m[1]) and m[1] != self.p.state]
+        if onward and data.draw(st.integers(0, 9)) < 8:
+            moves = onward  # mostly go somewhere that still has a future
+        kind, dest = data.draw(st.sampled_from(moves))
+
+        def choose(options: Any) -> Any:
+            return data.draw(st.sampled_from(list(options)))
+
+        event = make_event(self.p, kind, dest, self._next(), choose)
+        assert self._apply(event), f"valid {kind} -> {dest} was refused in {self.p.state}"
+        assert self.p.state == dest
+
+    @rule(
+        kind=st.sampled_from(list(EventKind)),
+        attrs=ATTRS,
+        source=st.sampled_from(list(EvidenceSource)),
+        fresh_seq=st.booleans(),
+    )
+    def random_event(
+        self, kind: EventKind, attrs: dict[str, Any], source: EvidenceSource, fresh_seq: bool
+    ) -> None:
+        # A stale seq must be refused whatever the event; a fresh one is up to the table.
+        seq = self._next() if fresh_seq else max(self.seq - 1, 0)
+        self._apply(Event(kind, IID, attrs, source=source, seq=seq))
+
+    @rule(iid=st.sampled_from(["act_other", "act_x"]))
+    def event_for_another_invocation(self, iid: str) -> None:
+        event = Event(E.PROTOCOL_OBSERVED, iid, {"protocol": "http", "state": "s"}, seq=10**9)
+        assert not self._apply(event)
+
+    @rule(dt=st.sampled_from([1.0, 60.0, 3_600.0]))
+    def time_passes(self, dt: float) -> None:
+        self.now += dt
+        self.prev = self.p.record(self.now)
+
+    # -- invariants ----------------------------------------------------------------------------
+
+    @invariant()
+    def seed_invariants(self) -> None:
+        rec = self.p.record(self.now)
+        prev = self.prev
+        hypothesis.event(f"state {rec.state}")
+        if self.dispatched:
+            # "The broker never moves it back to not_attempted."
+            assert rec.outcome is not Outcome.NOT_ATTEMPTED
+            assert rec.evidence["dispatch_started"] is True
+        else:
+            assert rec.evidence["dispatch_started"] is False
+        if prev.outcome in RESOLVED:
+            # committed / rejected never become unknown or not_attempted
+            assert rec.outcome in RESOLVED
+        if prev.outcome is Outcome.UNKNOWN:
+            assert rec.outcome is not Outcome.NOT_ATTEMPTED
+        assert rec.generation >= prev.generation
+        assert rec.budget.used <= rec.budget.total
+        assert rec.budget.used >= prev.budget.used
+        assert len(rec.attempts) >= len(prev.attempts)
+        # an attempt once recorded keeps its number, generation and dispatch seq
+        for old, new in zip(prev.attempts, rec.attempts, strict=False):
+            for k in ("n", "generation", "seq", "stage"):
+                assert old.get(k) == new.get(k)
+        if prev.last_seq is not None:
+            assert rec.last_seq is not None and rec.last_seq >= prev.last_seq
+        assert rec.retry is _expected_retry(rec, self.now, self.max_retry_after)
+        env = render_envelope(rec)
+        VALIDATOR.validate(json.loads(json.dumps(env)))
+        self.prev = rec
+
+
+def _absorbing(state: str) -> bool:
+    return all(dest in ("=", state) for dest in TRANSITIONS[state].values())
+
+
+def _expected_retry(rec: Record, now: float, max_retry_after: float) -> Any:
+    idem = rec.idempotency
+    return compute_retry(
+        HintInputs(
+            state=rec.state,
+            outcome=rec.outcome,
+            code=rec.code,
+            idempotent=rec.idempotent,
+            has_key=bool(idem and idem.get("key")),
+            key_expires_at=idem.get("expires_at") if idem else None,
+            retry_after=rec.retry_after,
+            max_retry_after=max_retry_after,
+            budget_left=rec.budget.total - rec.budget.used,
+            now=now,
+        )
+    )
+
+
+ProjectionMachine.TestCase.settings = settings(
+    max_examples=150, stateful_step_count=40, deadline=None
+)
+TestProjectionMachine = ProjectionMachine.TestCase

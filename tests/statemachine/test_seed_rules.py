@@ -1,0 +1,522 @@
+"""One test per evidence rule of the seed, named after the rule it proves.
+
+Each builds an invocation from journal-shaped events and reads the projected record, the retry
+hint, ``decide()`` and the envelope — never an exception class.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from affidavit.statemachine import (
+    Code,
+    Decision,
+    Event,
+    EventKind,
+    EvidenceSource,
+    ImpossibleEvent,
+    Operation,
+    Outcome,
+    Phase,
+    Projector,
+    Record,
+    Retry,
+    decide,
+    render_envelope,
+)
+from affidavit.statemachine.retry import RETENTION_MARGIN_S
+
+from .lifecycle_helpers import IID, operation
+
+E = EventKind
+S = EvidenceSource
+FP = "sha256:aaaa"
+
+
+class Inv:
+    """An invocation under test: append events with increasing seq, read the record."""
+
+    def __init__(self, **op: Any) -> None:
+        self.p = Projector(IID)
+        self.seq = 0
+        self.ev(E.ACTION_ACCEPTED, operation=operation(**op))
+
+    def ev(
+        self,
+        kind: EventKind,
+        source: EvidenceSource = S.TRANSPORT_OBSERVED,
+        observer: str | None = None,
+        observer_seq: int | None = None,
+        **attrs: Any,
+    ) -> Inv:
+        self.seq += 1
+        event = Event(
+            kind,
+            IID,
+            attrs,
+            source=source,
+            seq=self.seq,
+            observer=observer,
+            observer_seq=observer_seq,
+        )
+        self.p.apply(event)
+        return self
+
+    def refused(
+        self, kind: EventKind, source: EvidenceSource = S.TRANSPORT_OBSERVED, **attrs: Any
+    ) -> str:
+        before = self.p.record()
+        with pytest.raises(ImpossibleEvent) as info:
+            self.p.apply(Event(kind, IID, attrs, source=source, seq=self.seq + 1))
+        assert self.p.record() == before
+        return info.value.reason
+
+    def authorized(self) -> Inv:
+        return self.ev(E.PREFLIGHT_VALIDATED).ev(E.CREDENTIAL_AUTHORIZED, credential="api")
+
+    def dispatched(self, generation: int = 0) -> Inv:
+        return self.ev(E.DISPATCH_STARTED, generation=generation)
+
+    def interrupted(self, code: Code = Code.REMOTE_OUTCOME_UNKNOWN) -> Inv:
+        return self.ev(E.ATTEMPT_INTERRUPTED, code=code.value)
+
+    def complete(self, outcome: Outcome, code: Code | None = None, **attrs: Any) -> Inv:
+        return self.ev(
+            E.REMOTE_RESPONSE_COMPLETE,
+            source=S.REMOTE_RESPONSE,
+            outcome=outcome.value,
+            code=code.value if code else None,
+            **attrs,
+        )
+
+    def rec(self, now: float | None = None) -> Record:
+        return self.p.record(now)
+
+
+def unknown_post(**op: Any) -> Inv:
+    """A POST whose connection closed after the whole request was written."""
+    return Inv(**op).authorized().dispatched().ev(E.REQUEST_SENT).interrupted()
+
+
+# --- "Validation and credential injection finish before dispatch" -----------------------------
+
+
+def test_validation_error_is_not_attempted_with_field_path_and_after_correction() -> None:
+    inv = Inv().ev(E.PREFLIGHT_FAILED, code="PAYLOAD_LIMIT", field="body")
+    r = inv.rec()
+    assert (r.phase, r.outcome, r.retry, r.code) == (
+        Phase.VALIDATION,
+        Outcome.NOT_ATTEMPTED,
+        Retry.AFTER_CORRECTION,
+        Code.PAYLOAD_LIMIT,
+    )
+    assert render_envelope(r)["error"]["field"] == "body"
+    assert decide(r, Operation(idempotent=True)) is Decision.STOP_FOR_CORRECTION
+
+
+def test_denied_approval_says_never_for_this_invocation() -> None:
+    r = Inv().ev(E.PREFLIGHT_VALIDATED).ev(E.APPROVAL_REQUESTED)
+    r.ev(E.APPROVAL_DENIED, code="APPROVAL_DENIED")
+    rec = r.rec()
+    assert (rec.phase, rec.outcome, rec.retry) == (
+        Phase.CREDENTIAL_INJECTION,
+        Outcome.NOT_ATTEMPTED,
+        Retry.NEVER,
+    )
+
+
+def test_locked_vault_is_credential_injection_not_attempted() -> None:
+    rec = Inv().ev(E.PREFLIGHT_VALIDATED).ev(E.CREDENTIAL_FAILED, code="VAULT_LOCKED").rec()
+    assert (rec.phase, rec.outcome, rec.code) == (
+        Phase.CREDENTIAL_INJECTION,
+        Outcome.NOT_ATTEMPTED,
+        Code.VAULT_LOCKED,
+    )
+
+
+def test_fingerprint_change_after_approval_is_validation_not_attempted() -> None:
+    inv = Inv().ev(E.PREFLIGHT_VALIDATED).ev(E.APPROVAL_REQUESTED).ev(E.APPROVAL_GRANTED)
+    inv.ev(E.CREDENTIAL_AUTHORIZED).ev(E.PREFLIGHT_FAILED, code="APPROVAL_STALE")
+    rec = inv.rec()
+    assert (rec.phase, rec.outcome, rec.code) == (
+        Phase.VALIDATION,
+        Outcome.NOT_ATTEMPTED,
+        Code.APPROVAL_STALE,
+    )
+    assert inv.refused(E.DISPATCH_STARTED)
+
+
+def test_a_validation_event_must_carry_a_validation_code() -> None:
+    reason = Inv().refused(E.PREFLIGHT_FAILED, code="CONNECTION_REFUSED")
+    assert "connection_setup code" in reason
+
+
+def test_credential_values_never_reach_the_record_or_envelope() -> None:
+    canary = "sk_live_CANARY_5f1e"
+    inv = Inv().ev(E.PREFLIGHT_VALIDATED)
+    inv.ev(E.CREDENTIAL_AUTHORIZED, credential="api", version=2, authorization=f"Bearer {canary}")
+    inv.ev(E.DISPATCH_STARTED, generation=0, headers={"Authorization": canary})
+    inv.interrupted()
+    assert canary not in json.dumps(render_envelope(inv.rec()))
+    assert canary not in repr(inv.rec())
+
+
+# --- "Connection setup needs a precise end point" ---------------------------------------------
+
+
+def test_setup_attempts_are_each_recorded_and_none_reached_the_remote() -> None:
+    inv = Inv().authorized()
+    inv.ev(E.SETUP_ATTEMPT_FAILED, code="CONNECTION_REFUSED", stage="tcp_connect")
+    inv.ev(E.SETUP_FAILED, code="CERTIFICATE_INVALID", stage="tls_handshake")
+    rec = inv.rec()
+    assert [(a["n"], a["stage"], a["outcome"], a["code"]) for a in rec.attempts] == [
+        (1, "tcp_connect", "not_attempted", "CONNECTION_REFUSED"),
+        (2, "tls_handshake", "not_attempted", "CERTIFICATE_INVALID"),
+    ]
+    assert (rec.phase, rec.outcome, rec.retry) == (
+        Phase.CONNECTION_SETUP,
+        Outcome.NOT_ATTEMPTED,
+        Retry.AFTER_CORRECTION,
+    )
+    assert render_envelope(rec)["evidence"]["dispatch_started"] is False
+
+
+def test_refused_connection_may_back_off_until_the_budget_is_spent() -> None:
+    inv = Inv(budget=2).authorized().ev(E.SETUP_FAILED, code="CONNECTION_REFUSED", stage="tcp")
+    assert inv.rec().retry is Retry.BACKOFF
+    assert decide(inv.rec(), Operation(idempotent=False)) is Decision.RETRY_NEW_ATTEMPT
+    inv.ev(E.RETRY_LEASE_ACQUIRED, generation=1).ev(E.CREDENTIAL_AUTHORIZED)
+    inv.ev(E.SETUP_FAILED, code="CONNECTION_REFUSED", stage="tcp")
+    assert inv.rec().budget.left == 0
+    assert inv.rec().retry is Retry.AFTER_CORRECTION
+    assert "budget" in inv.refused(E.RETRY_LEASE_ACQUIRED, generation=2)
+
+
+# --- "Dispatch shifts the burden of proof" ----------------------------------------------------
+
+
+def test_failure_after_dispatch_is_unknown_whatever_the_local_error_said() -> None:
+    rec = unknown_post().rec()
+    assert (rec.phase, rec.outcome, rec.code) == (
+        Phase.REMOTE_EXECUTION,
+        Outcome.UNKNOWN,
+        Code.REMOTE_OUTCOME_UNKNOWN,
+    )
+    assert rec.evidence["dispatch_started"] is True
+
+
+def test_cancellation_after_dispatch_is_unknown() -> None:
+    rec = Inv().authorized().dispatched().interrupted(Code.CALLER_CANCELLED).rec()
+    assert (rec.phase, rec.outcome, rec.code, rec.retry) == (
+        Phase.REMOTE_EXECUTION,
+        Outcome.UNKNOWN,
+        Code.CALLER_CANCELLED,
+        Retry.RECONCILE,
+    )
+
+
+@pytest.mark.parametrize(
+    ("kind", "code"),
+    [
+        (E.SETUP_FAILED, "CONNECTION_REFUSED"),
+        (E.SETUP_ATTEMPT_FAILED, "CONNECT_TIMEOUT"),
+        (E.PREFLIGHT_FAILED, "CONFIG_CHANGED"),
+        (E.CREDENTIAL_FAILED, "VAULT_LOCKED"),
+    ],
+)
+def test_nothing_returns_to_not_attempted_after_dispatch(kind: EventKind, code: str) -> None:
+    inv = Inv().authorized().dispatched()
+    inv.refused(kind, code=code, stage="tcp")
+    inv.interrupted()
+    inv.refused(kind, code=code, stage="tcp")
+    assert inv.rec().outcome is Outcome.UNKNOWN
+
+
+def test_retry_setup_failure_after_unknown_stays_unknown() -> None:
+    inv = unknown_post(budget=3)
+    inv.ev(E.RETRY_LEASE_ACQUIRED, generation=1, holder="w1").ev(E.CREDENTIAL_AUTHORIZED)
+    inv.ev(E.SETUP_FAILED, code="CONNECTION_REFUSED", stage="tcp_connect")
+    rec = inv.rec()
+    assert (rec.phase, rec.outcome, rec.code) == (
+        Phase.CONNECTION_SETUP,
+        Outcome.UNKNOWN,
+        Code.CONNECTION_REFUSED,
+    )
+    assert rec.retry is Retry.RECONCILE
+    assert [a["outcome"] for a in rec.attempts] == ["unknown", "not_attempted"]
+
+
+def test_a_new_attempt_resets_per_attempt_flags_but_never_dispatch_started() -> None:
+    inv = unknown_post(idempotent=True)
+    assert inv.rec().evidence["request_complete"] is True
+    inv.ev(E.RETRY_LEASE_ACQUIRED, generation=1).dispatched(generation=1)
+    ev = inv.rec().evidence
+    assert ev["dispatch_started"] is True
+    assert ev["request_complete"] is False
+    assert [a["generation"] for a in inv.rec().attempts] == [0, 1]
+
+
+def test_stale_lease_holder_is_stopped_before_dispatch() -> None:
+    # Seed: "Stop one worker after it acquires a retry lease, wait for the lease to expire, and
+    # start another.  When the first one resumes, the generation check must stop it."
+    inv = unknown_post(budget=4)
+    inv.ev(E.RETRY_LEASE_ACQUIRED, generation=1, holder="w1")
+    inv.ev(E.RETRY_LEASE_ACQUIRED, generation=2, holder="w2")  # w1's lease expired
+    assert "stale generation 1" in inv.refused(E.DISPATCH_STARTED, generation=1)
+    inv.ev(E.LEASE_LOST, generation=1)
+    assert inv.rec().evidence["stale_workers"] == [{"generation": 1, "seq": inv.seq}]
+    assert "must exceed 2" in inv.refused(E.RETRY_LEASE_ACQUIRED, generation=2)
+    inv.dispatched(generation=2)
+    assert inv.rec().generation == 2
+    assert [a["generation"] for a in inv.rec().attempts] == [0, 2]
+
+
+def test_early_final_response_before_the_body_was_sent_is_accepted() -> None:
+    inv = Inv().authorized().dispatched().ev(E.REMOTE_RESPONSE_STARTED, status=413)
+    inv.ev(E.REQUEST_SENT).complete(Outcome.REJECTED, Code.REMOTE_REJECTED, status=413)
+    assert inv.rec().outcome is Outcome.REJECTED
+
+
+# --- "A complete remote result determines the execution outcome" -----------------------------
+
+
+def test_complete_500_post_is_committed_and_says_reconcile_never_backoff() -> None:
+    inv = Inv().authorized().dispatched().complete(Outcome.COMMITTED, Code.REMOTE_ERROR)
+    rec = inv.rec()
+    assert (rec.outcome, rec.retry) == (Outcome.COMMITTED, Retry.RECONCILE)
+    assert decide(rec, Operation(idempotent=False, fingerprint=FP)) is (
+        Decision.RETURN_RECORDED_RESULT
+    )
+
+
+def test_complete_401_is_rejected_and_needs_correction() -> None:
+    inv = Inv().authorized().dispatched().complete(Outcome.REJECTED, Code.REMOTE_REJECTED)
+    assert (inv.rec().outcome, inv.rec().retry) == (Outcome.REJECTED, Retry.AFTER_CORRECTION)
+
+
+def test_exit_status_23_is_committed_not_a_failure_to_run() -> None:
+    inv = Inv().authorized().dispatched()
+    inv.complete(Outcome.COMMITTED, Code.REMOTE_COMMAND_FAILED, exit_status=23)
+    rec = inv.rec()
+    assert (rec.outcome, rec.retry, rec.evidence["exit_status"]) == (
+        Outcome.COMMITTED,
+        Retry.NEVER,
+        23,
+    )
+
+
+def test_429_on_idempotent_operation_with_retry_after_is_backoff() -> None:
+    inv = Inv(idempotent=True).authorized().dispatched()
+    inv.complete(Outcome.REJECTED, Code.REMOTE_THROTTLED, status=429, retry_after=30)
+    rec = inv.rec()
+    assert (rec.outcome, rec.retry, rec.retry_after) == (Outcome.REJECTED, Retry.BACKOFF, 30.0)
+    assert decide(rec, Operation(idempotent=True)) is Decision.RETRY_WHEN_ALLOWED
+
+
+def test_429_whose_retry_after_exceeds_the_configured_maximum_is_not_backoff() -> None:
+    inv = Inv(idempotent=True, max_retry_after=60).authorized().dispatched()
+    inv.complete(Outcome.REJECTED, Code.REMOTE_THROTTLED, retry_after=3_600)
+    assert inv.rec().retry is Retry.RECONCILE
+
+
+def test_429_on_unsafe_post_without_key_is_not_backoff() -> None:
+    inv = Inv(idempotent=False).authorized().dispatched()
+    inv.complete(Outcome.REJECTED, Code.REMOTE_THROTTLED, retry_after=1)
+    assert inv.rec().retry is Retry.RECONCILE
+
+
+def test_a_complete_result_must_come_from_the_remote_response() -> None:
+    inv = Inv().authorized().dispatched()
+    reason = inv.refused(
+        E.REMOTE_RESPONSE_COMPLETE, source=S.TRANSPORT_OBSERVED, outcome="committed"
+    )
+    assert "remote_response" in reason
+    assert "cannot classify" in inv.refused(
+        E.REMOTE_RESPONSE_COMPLETE,
+        source=S.REMOTE_RESPONSE,
+        outcome="committed",
+        code="REMOTE_REJECTED",
+    )
+
+
+def test_committed_never_becomes_unknown_or_not_attempted() -> None:
+    inv = Inv().authorized().dispatched().complete(Outcome.COMMITTED).ev(E.RESULT_COMMITTED)
+    inv.refused(E.ATTEMPT_INTERRUPTED, code="REMOTE_OUTCOME_UNKNOWN")
+    inv.refused(E.RECONCILED, source=S.OPERATOR_ATTESTED, outcome="rejected")
+    inv.refused(E.RETRY_LEASE_ACQUIRED, generation=1)
+    inv.refused(E.SETUP_FAILED, code="CONNECTION_REFUSED")
+    assert inv.rec().outcome is Outcome.COMMITTED
+
+
+# --- "A result delivery error must not repeat execution" --------------------------------------
+
+
+def test_result_delivery_failure_keeps_committed_and_says_fetch_result() -> None:
+    inv = Inv().authorized().dispatched().complete(Outcome.COMMITTED, status=201)
+    inv.ev(E.RESULT_COMMITTED, sha256="sha256:beef").ev(E.RESULT_DELIVERY_FAILED)
+    rec = inv.rec()
+    assert (rec.phase, rec.outcome, rec.retry, rec.code) == (
+        Phase.RESULT_DELIVERY,
+        Outcome.COMMITTED,
+        Retry.FETCH_RESULT,
+        Code.RESULT_DELIVERY_FAILED,
+    )
+    assert decide(rec, Operation(idempotent=False)) is Decision.FETCH
+    assert rec.evidence["result"]["sha256"] == "sha256:beef"
+
+
+def test_delivery_after_a_failed_delivery_restores_the_remote_classification() -> None:
+    inv = Inv().authorized().dispatched().complete(Outcome.REJECTED, Code.REMOTE_REJECTED)
+    inv.ev(E.RESULT_COMMITTED).ev(E.RESULT_DELIVERY_FAILED).ev(E.RESULT_DELIVERED)
+    rec = inv.rec()
+    assert (rec.state, rec.outcome, rec.code) == (
+        "delivered_rejected",
+        Outcome.REJECTED,
+        Code.REMOTE_REJECTED,
+    )
+
+
+def test_result_store_failure_keeps_only_what_the_record_proves() -> None:
+    after_result = Inv().authorized().dispatched().complete(Outcome.COMMITTED)
+    after_result.ev(E.RESULT_STORE_FAILED)
+    rec = after_result.rec()
+    assert (rec.phase, rec.outcome, rec.retry, rec.code) == (
+        Phase.RESULT_DELIVERY,
+        Outcome.COMMITTED,
+        Retry.NEVER,
+        Code.RESULT_STORE_FAILED,
+    )
+    no_result = Inv().authorized().dispatched().ev(E.RESULT_STORE_FAILED).rec()
+    assert (no_result.outcome, no_result.retry) == (Outcome.UNKNOWN, Retry.NEVER)
+
+
+# --- "Idempotency is defined by the remote contract" -----------------------------------------
+
+
+def test_unknown_idempotent_operation_is_backoff() -> None:
+    rec = unknown_post(idempotent=True).rec()
+    assert rec.retry is Retry.BACKOFF
+    assert decide(rec, Operation(idempotent=True)) is Decision.RETRY_NEW_ATTEMPT
+
+
+def test_unknown_with_configured_key_within_retention_is_same_idempotency_key() -> None:
+    rec = unknown_post(key="req_01", expires_at=10_000.0).rec(now=1_000.0)
+    assert rec.retry is Retry.SAME_IDEMPOTENCY_KEY
+    assert decide(rec, Operation(idempotent=False, fingerprint=FP)) is Decision.RETRY_SAME_KEY
+    # a modified body under the same key must not be sent again
+    changed = Operation(idempotent=False, fingerprint="sha256:bbbb")
+    assert decide(rec, changed) is Decision.RECONCILE
+
+
+def test_unknown_with_key_past_retention_is_reconcile() -> None:
+    inv = unknown_post(key="req_01", expires_at=10_000.0)
+    assert inv.rec(now=10_000.0 - RETENTION_MARGIN_S - 1).retry is Retry.SAME_IDEMPOTENCY_KEY
+    # "stop automatic retries before it arrives, and then perform reconciliation"
+    assert inv.rec(now=10_000.0 - RETENTION_MARGIN_S).retry is Retry.RECONCILE
+    assert inv.rec(now=20_000.0).retry is Retry.RECONCILE
+
+
+def test_unknown_without_idempotency_is_reconcile() -> None:
+    rec = unknown_post().rec()
+    assert rec.retry is Retry.RECONCILE
+    assert decide(rec, Operation(idempotent=False, fingerprint=FP)) is Decision.RECONCILE
+
+
+def test_budget_exhausted_keeps_latest_code_and_says_reconcile() -> None:
+    inv = unknown_post(idempotent=True)
+    inv.ev(E.RETRY_BUDGET_EXHAUSTED)
+    rec = inv.rec()
+    # "A generic 'attempt limit exceeded' error would destroy the safer diagnosis."
+    assert rec.code is Code.REMOTE_OUTCOME_UNKNOWN
+    assert rec.retry is Retry.RECONCILE
+    assert rec.evidence["budget_exhausted"] is True
+    assert rec.budget.left == 0
+
+
+# --- "The error envelope must contain evidence" ------------------------------------------------
+
+
+def test_reconciliation_keeps_original_attempt() -> None:
+    inv = unknown_post()
+    attempts_before = inv.rec().attempts
+    inv.ev(E.RECONCILED, source=S.REMOTE_QUERY, outcome="committed", note="payment found")
+    rec = inv.rec()
+    assert rec.outcome is Outcome.COMMITTED
+    assert rec.attempts == attempts_before  # not rewritten as though it never happened
+    assert rec.attempts[0]["outcome"] == "unknown"
+    assert rec.evidence["dispatch_started"] is True
+    assert rec.evidence["reconciliation"]["source"] == "remote_query"
+    assert rec.evidence["source"] == "remote_query"
+
+
+def test_reconciliation_cannot_claim_not_attempted() -> None:
+    inv = unknown_post()
+    reason = inv.refused(E.RECONCILED, source=S.OPERATOR_ATTESTED, outcome="not_attempted")
+    assert "never not_attempted" in reason
+
+
+def test_reconciliation_must_name_a_second_observer() -> None:
+    # An operator's finding must not pass for a response received on the original connection.
+    inv = unknown_post()
+    assert "remote_query or operator_attested" in inv.refused(
+        E.RECONCILED, source=S.REMOTE_RESPONSE, outcome="committed"
+    )
+
+
+def test_imported_evidence_keeps_observer_seq() -> None:
+    inv = unknown_post()
+    inv.ev(
+        E.RECONCILED,
+        source=S.OPERATOR_ATTESTED,
+        observer="ops-console",
+        observer_seq=17,
+        outcome="rejected",
+    )
+    rec = inv.rec()
+    rc = rec.evidence["reconciliation"]
+    assert (rc["observer"], rc["observer_seq"], rc["seq"]) == ("ops-console", 17, inv.seq)
+    assert rec.last_seq == inv.seq  # appended at the end of the history, not inserted into it
+
+
+def test_log_sequence_defines_order_not_wall_clock() -> None:
+    p = Projector(IID)
+    p.apply(Event(E.ACTION_ACCEPTED, IID, {"operation": operation()}, seq=5, at=2_000.0))
+    p.apply(Event(E.PREFLIGHT_VALIDATED, IID, seq=6, at=1_000.0))  # clock went backwards: fine
+    with pytest.raises(ImpossibleEvent, match="does not follow"):
+        p.apply(Event(E.CREDENTIAL_AUTHORIZED, IID, seq=6))
+    assert p.state == "validated"
+
+
+def test_events_of_another_invocation_are_refused() -> None:
+    inv = Inv()
+    with pytest.raises(ImpossibleEvent, match="another invocation"):
+        inv.p.apply(Event(E.PREFLIGHT_VALIDATED, "act_other", seq=99))
+
+
+def test_envelope_has_the_seed_shape() -> None:
+    rec = unknown_post(key="req_01J", expires_at=None).rec()
+    env = render_envelope(rec)
+    assert env["invocation_id"] == IID
+    assert env["error"] == {
+        "code": "REMOTE_OUTCOME_UNKNOWN",
+        "phase": "remote_execution",
+        "outcome": "unknown",
+        "retry": "same_idempotency_key",
+        "message": Code.REMOTE_OUTCOME_UNKNOWN.info.meaning,
+    }
+    ev = env["evidence"]
+    assert (
+        ev["dispatch_started"],
+        ev["request_complete"],
+        ev["response_headers_received"],
+        ev["response_complete"],
+    ) == (True, True, False, False)
+    assert ev["idempotency"] == {
+        "key": "req_01J",
+        "scope": "payments.create",
+        "fingerprint": FP,
+        "remote_contract": "configured",
+    }
