@@ -1,0 +1,115 @@
+"""A journal writer in its own process, driven by the crash and lease tests.
+
+    python child.py crash PATH          append the happy path + result, one barrier at a time,
+                                        printing "durable SEQ KIND" after each; then wait forever
+    python child.py midtxn PATH N       append N events, then block inside the next transaction
+                                        (after its rows are written, before COMMIT): "in-txn"
+    python child.py bulk PATH           64 tasks append big-payload invocations forever,
+                                        printing "durable SEQ" after each barrier
+    python child.py worker PATH HOLDER  JSON commands on stdin, one JSON answer per line
+
+Not collected by pytest (no test_ prefix).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+import trio
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+from affidavit.journal import Journal, LeaseBusy, LeaseLost
+from affidavit.statemachine import Event, EventKind
+from tests.journal.helpers import happy
+
+
+def say(line: str) -> None:
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+async def crash(path: str) -> None:
+    async with Journal.open(path) as j:
+        for ev in happy("inv-1"):
+            stored = await j.append(ev, barrier=True)
+            say(f"durable {stored.seq} {stored.kind.value}")
+        for i, part in enumerate([b"chunk-0 ", b"chunk-1 ", b"chunk-2"]):
+            await j.put_result_chunk("inv-1", "body", i, part)
+            say(f"chunk {i}")
+        stored = await j.commit_result(
+            Event(EventKind.RESULT_COMMITTED, "inv-1"), summary={"status": 201}
+        )
+        say(f"durable {stored.seq} {stored.kind.value}")
+        stored = await j.append(Event(EventKind.RESULT_DELIVERED, "inv-1"), barrier=True)
+        say(f"durable {stored.seq} {stored.kind.value}")
+        await trio.sleep_forever()
+
+
+async def midtxn(path: str, n: int) -> None:
+    events = happy("inv-1")
+    async with Journal.open(path) as j:
+        for ev in events[:n]:
+            await j.append(ev, barrier=True)
+
+        def block() -> None:
+            say("in-txn")
+            time.sleep(3600)
+
+        j._before_commit = block
+        await j.append(events[n], barrier=True)
+
+
+async def bulk(path: str) -> None:
+    payload = {"body": "x" * 20_000}
+    async with Journal.open(path) as j:
+
+        async def worker(w: int) -> None:
+            for n in range(1_000_000):
+                for ev in happy(f"w{w}-{n}"):
+                    stored = await j.append(ev, barrier=True, payload=payload)
+                    say(f"durable {stored.seq}")
+
+        async with trio.open_nursery() as nursery:
+            for w in range(64):
+                nursery.start_soon(worker, w)
+
+
+async def worker(path: str, holder: str) -> None:
+    async with Journal.open(path) as j:
+        while True:
+            line = await trio.to_thread.run_sync(sys.stdin.readline)
+            if not line:
+                return
+            cmd = json.loads(line)
+            try:
+                if cmd["op"] == "acquire":
+                    lease = await j.acquire_lease(cmd["iid"], holder, cmd["ttl"])
+                    say(json.dumps({"ok": True, "generation": lease.generation}))
+                elif cmd["op"] == "dispatch":
+                    ev = Event(EventKind.DISPATCH_STARTED, cmd["iid"], {"attempt": cmd["attempt"]})
+                    stored = await j.append(ev, lease=(holder, cmd["generation"]))
+                    say(json.dumps({"ok": True, "seq": stored.seq}))
+            except LeaseBusy as exc:
+                say(json.dumps({"ok": False, "error": "busy", "holder": exc.current.holder}))
+            except LeaseLost as exc:
+                say(json.dumps({"ok": False, "error": "lost", "seq": exc.seq}))
+
+
+def main() -> None:
+    mode, path, *rest = sys.argv[1:]
+    if mode == "crash":
+        trio.run(crash, path)
+    elif mode == "midtxn":
+        trio.run(midtxn, path, int(rest[0]))
+    elif mode == "bulk":
+        trio.run(bulk, path)
+    elif mode == "worker":
+        trio.run(worker, path, rest[0])
+
+
+if __name__ == "__main__":
+    main()

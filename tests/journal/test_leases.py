@@ -1,0 +1,213 @@
+"""Leases and idempotency records: records that outlive the process (issue 3, item 6; seed:
+"Include competing workers and stale leases in the recovery tests")."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import trio
+
+from affidavit.journal import (
+    IdempotencyMismatch,
+    Journal,
+    JournalReader,
+    LeaseBusy,
+    LeaseLost,
+)
+from affidavit.statemachine import Event, ImpossibleEvent, Outcome
+from affidavit.statemachine import EventKind as E
+
+from .helpers import accepted, interrupted
+
+CHILD = Path(__file__).with_name("child.py")
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def _interrupted(j: Journal, iid: str = "inv-1") -> None:
+    for ev in interrupted(iid):
+        await j.append(ev)
+
+
+async def test_acquiring_bumps_the_generation_and_records_it(tmp_path: Path) -> None:
+    clock = Clock()
+    async with Journal.open(tmp_path / "j.db", clock=clock) as j:
+        await _interrupted(j)
+        lease = await j.acquire_lease("inv-1", "w1", ttl=10)
+        assert (lease.generation, lease.holder, lease.expires_at) == (1, "w1", clock.now + 10)
+        assert j.lease("inv-1") == lease
+        ev = j.events("inv-1")[-1]
+        assert ev.kind is E.RETRY_LEASE_ACQUIRED and ev.attrs["generation"] == 1
+        rec = j.record("inv-1")
+        assert rec is not None and rec.generation == 1 and rec.budget.used == 2
+
+
+async def test_an_unexpired_lease_of_another_holder_is_busy(tmp_path: Path) -> None:
+    clock = Clock()
+    async with Journal.open(tmp_path / "j.db", clock=clock) as j:
+        await _interrupted(j)
+        await j.acquire_lease("inv-1", "w1", ttl=10)
+        with pytest.raises(LeaseBusy) as info:
+            await j.acquire_lease("inv-1", "w2", ttl=10)
+        assert info.value.current.holder == "w1"
+        clock.now += 10.5
+        # Expired: w2 takes it over with a higher generation.
+        taken = await j.acquire_lease("inv-1", "w2", ttl=10)
+        assert (taken.holder, taken.generation) == ("w2", 2)
+        with pytest.raises(LeaseBusy):
+            await j.acquire_lease("inv-1", "w1", ttl=10)
+
+
+async def test_a_stale_generation_is_refused_before_dispatch(tmp_path: Path) -> None:
+    clock = Clock()
+    async with Journal.open(tmp_path / "j.db", clock=clock) as j:
+        await _interrupted(j)
+        first = await j.acquire_lease("inv-1", "w1", ttl=5)
+        clock.now += 6  # w1 stalls past its lease
+        with pytest.raises(LeaseLost) as info:
+            await j.append(Event(E.DISPATCH_STARTED, "inv-1"), lease=("w1", first.generation))
+        assert info.value.seq is not None
+        lost = j.events("inv-1")[-1]
+        assert lost.kind is E.LEASE_LOST and lost.attrs["generation"] == first.generation
+        assert all(e.kind is not E.DISPATCH_STARTED for e in j.events("inv-1")[4:])
+        # A live lease dispatches.
+        clock.now -= 6
+        second = await j.acquire_lease("inv-1", "w1", ttl=5)
+        assert second.generation == first.generation + 1
+        with pytest.raises(LeaseLost):
+            await j.append(Event(E.DISPATCH_STARTED, "inv-1"), lease=("w1", first.generation))
+        ev = await j.append(Event(E.DISPATCH_STARTED, "inv-1"), lease=("w1", second.generation))
+        assert ev.kind is E.DISPATCH_STARTED
+        with pytest.raises(ImpossibleEvent):  # no retry lease while an attempt is in flight
+            await j.acquire_lease("inv-1", "w1", ttl=5)
+
+
+async def test_the_retry_budget_survives_a_restart(tmp_path: Path) -> None:
+    path = tmp_path / "j.db"
+    clock = Clock()
+    async with Journal.open(path, clock=clock) as j:
+        for ev in interrupted("inv-1")[:-2]:
+            await j.append(ev)
+        await j.append(Event(E.DISPATCH_STARTED, "inv-1"))
+        await j.append(Event(E.ATTEMPT_INTERRUPTED, "inv-1", {"code": "REMOTE_OUTCOME_UNKNOWN"}))
+        lease = await j.acquire_lease("inv-1", "w1", ttl=60)
+        await j.append(Event(E.DISPATCH_STARTED, "inv-1"), lease=("w1", lease.generation))
+        await j.append(Event(E.ATTEMPT_INTERRUPTED, "inv-1", {"code": "CALLER_CANCELLED"}))
+    clock.now += 61  # w1's lease ran out while the broker was down
+    async with Journal.open(path, clock=clock) as j:  # a restart: nothing in memory
+        rec = j.record("inv-1")
+        assert rec is not None and (rec.budget.total, rec.budget.used) == (3, 2)
+        assert rec.evidence["config_hash"] == "sha256:c0ff"
+        lease = await j.acquire_lease("inv-1", "w2", ttl=60)
+        assert lease.generation == 2
+        await j.append(Event(E.DISPATCH_STARTED, "inv-1"), lease=("w2", 2))
+        await j.append(Event(E.ATTEMPT_INTERRUPTED, "inv-1", {"code": "CALLER_CANCELLED"}))
+        clock.now += 61
+        with pytest.raises(ImpossibleEvent, match="budget"):
+            await j.acquire_lease("inv-1", "w3", ttl=60)
+        assert j.lease("inv-1") == lease
+
+
+def _worker(path: Path, holder: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, str(CHILD), "worker", str(path), holder],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _ask(proc: subprocess.Popen[str], **cmd: object) -> dict[str, object]:
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write(json.dumps(cmd) + "\n")
+    proc.stdin.flush()
+    line = proc.stdout.readline()
+    assert line, proc.stderr.read() if proc.stderr else "worker died"
+    answer: dict[str, object] = json.loads(line)
+    return answer
+
+
+def test_two_processes_compete_for_one_retry_lease(tmp_path: Path) -> None:
+    path = tmp_path / "j.db"
+
+    async def setup() -> None:
+        async with Journal.open(path) as j:
+            await _interrupted(j)
+
+    trio.run(setup)
+    ttl = 1.0
+    a, b = _worker(path, "worker-a"), _worker(path, "worker-b")
+    try:
+        first_a = _ask(a, op="acquire", iid="inv-1", ttl=ttl)
+        first_b = _ask(b, op="acquire", iid="inv-1", ttl=ttl)
+        # One wins (generation 1); the other is told the lease is busy.
+        assert first_a == {"ok": True, "generation": 1}
+        assert first_b == {"ok": False, "error": "busy", "holder": "worker-a"}
+        time.sleep(ttl + 0.2)  # worker-a stalls past its lease
+        second_b = _ask(b, op="acquire", iid="inv-1", ttl=30)
+        assert second_b == {"ok": True, "generation": 2}
+        # worker-a resumes and tries to dispatch under generation 1: refused before dispatch.
+        resumed_a = _ask(a, op="dispatch", iid="inv-1", attempt=2, generation=1)
+        assert resumed_a["ok"] is False and resumed_a["error"] == "lost"
+        dispatch_b = _ask(b, op="dispatch", iid="inv-1", attempt=2, generation=2)
+        assert dispatch_b["ok"] is True
+    finally:
+        for p in (a, b):
+            assert p.stdin is not None
+            p.stdin.close()
+            p.wait(timeout=60)
+            for s in (p.stdout, p.stderr):
+                if s is not None:
+                    s.close()
+    with JournalReader.open(path) as r:
+        assert r.verify().ok
+        kinds = [(e.kind, e.attrs.get("generation")) for e in r.events("inv-1")[5:]]
+        assert kinds == [
+            (E.RETRY_LEASE_ACQUIRED, 1),
+            (E.RETRY_LEASE_ACQUIRED, 2),
+            (E.LEASE_LOST, 1),
+            (E.DISPATCH_STARTED, None),
+        ]
+        rec = r.record("inv-1")
+        assert rec is not None and rec.generation == 2
+        assert rec.outcome is Outcome.UNKNOWN
+        assert [w["generation"] for w in rec.evidence["stale_workers"]] == [1]
+        dispatches = [x for x in rec.attempts if x["stage"] == "dispatch"]
+        assert [x["generation"] for x in dispatches] == [0, 2]
+
+
+async def test_idempotency_first_binding_wins_and_survives_restart(tmp_path: Path) -> None:
+    path = tmp_path / "j.db"
+    clock = Clock()
+    async with Journal.open(path, clock=clock) as j:
+        await j.append(accepted("inv-1"))
+        rec = await j.bind_idempotency("payments.create", "req_01", "sha256:aa", "inv-1", 2e6)
+        assert (rec.invocation_id, rec.expires_at, rec.created_at) == ("inv-1", 2e6, clock.now)
+        again = await j.bind_idempotency("payments.create", "req_01", "sha256:aa", "inv-2", 3e6)
+        assert again == rec  # the same request retries under the first invocation
+        with pytest.raises(IdempotencyMismatch) as info:
+            await j.bind_idempotency("payments.create", "req_01", "sha256:bb", "inv-3", None)
+        assert info.value.existing == rec
+        other = await j.bind_idempotency("refunds", "req_01", "sha256:bb", "inv-4", None)
+        assert other.invocation_id == "inv-4"
+    with JournalReader.open(path) as r:
+        assert r.find_idempotency("payments.create", "req_01") == rec
+        assert r.find_idempotency("payments.create", "nope") is None
+
+
+async def test_ttl_must_be_positive(tmp_path: Path) -> None:
+    async with Journal.open(tmp_path / "j.db") as j:
+        with pytest.raises(ValueError, match="ttl"):
+            await j.acquire_lease("inv-1", "w", ttl=0)
