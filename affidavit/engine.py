@@ -440,6 +440,11 @@ class Engine:
             if exc.code in _PRE_DISPATCH_RETRYABLE and attempt.n < SETUP_ATTEMPTS:
                 await self._append(Event(E.SETUP_ATTEMPT_FAILED, iid, attrs))
                 return None, None, True
+            if attempt.n > 1:
+                # The last try is an attempt of its own (seed: "show them in a single action
+                # record ... The final error must not erase the earlier evidence").  SETUP_FAILED
+                # alone would be folded into the previous attempt when stage and code repeat.
+                await self._append(Event(E.SETUP_ATTEMPT_FAILED, iid, attrs))
             return None, Event(E.SETUP_FAILED, iid, attrs), False
         except _ConfigChanged:
             return None, Event(E.PREFLIGHT_FAILED, iid, _CONFIG_CHANGED_ATTRS), False
