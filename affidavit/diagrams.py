@@ -164,8 +164,8 @@ def _everywhere_self_loops(
 
 def lifecycle_graph() -> Graph:
     """The lifecycle table as a graph: states grouped by phase, coloured by outcome; the
-    DISPATCH_STARTED edges (outcome leaves not_attempted) and the edges that resolve an unknown
-    outcome are derived from the states' outcomes, not named here."""
+    DISPATCH_STARTED edges are the dispatch boundary, and the edges that resolve an unknown
+    outcome (complete result or reconciliation) are found from the states' outcomes."""
     outcomes = {name: spec.outcome for name, spec in STATES.items()}
     triples = _lifecycle.edges()
     hidden = _everywhere_self_loops(STATES, INITIAL, triples)
@@ -173,7 +173,9 @@ def lifecycle_graph() -> Graph:
 
     def style(src: str, ev: str, dst: str) -> str:
         a, b = outcomes[src], outcomes[dst]
-        if a is Outcome.NOT_ATTEMPTED and b is not Outcome.NOT_ATTEMPTED:
+        if ev == EventKind.DISPATCH_STARTED.value:
+            # The first attempt's and every retry's boundary (seed: "The moment of dispatch
+            # must be an explicit, durable state transition").
             return "dispatch"
         if a is Outcome.UNKNOWN and b in (Outcome.REJECTED, Outcome.COMMITTED):
             return "complete"
@@ -198,7 +200,7 @@ def lifecycle_graph() -> Graph:
             + ", ".join(hidden)
         )
     notes.append("Double border / rounded: final state (an invocation may rest there)")
-    notes.append("Red bold edge: dispatch boundary (outcome leaves not_attempted)")
+    notes.append("Red bold edge: dispatch boundary (DISPATCH_STARTED, durable before any byte)")
     notes.append("Green bold edge: complete result or reconciliation resolves an unknown outcome")
     notes.append("EVENT:outcome = the event's attrs.outcome selects the destination")
     return Graph(
