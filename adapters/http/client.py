@@ -315,7 +315,8 @@ class HttpClient:
                     },
                 )
             if plan.disposition != "follow":
-                return await self._result(res, ctx, hops, redactor, plan.redirect_facts)
+                extra = {"redirects": redirects, **plan.redirect_facts}
+                return await self._result(res, ctx, hops, redactor, extra)
             assert plan.next_url is not None
             redirects += 1
             step = ctx.machine.fire("follow_redirect")
@@ -470,11 +471,13 @@ class HttpClient:
             exc = self._interrupted(ctx, ex, conn, reused, "transport_error", state, _errno_name(e))
             await trio.aclose_forcefully(conn.stream)
             raise exc from None
-        except BaseException:
+        except BaseException as e:
             # Cancellation (or a sink/observer failure) after dispatch: the remote may be
             # running; the engine classifies by ``machine.dispatched`` (seed: "Cancellation
-            # after dispatch is not a preflight error").
-            obs2 = ex.abort("cancelled", {"during": state["during"]})
+            # after dispatch is not a preflight error").  Only the exception's type is kept.
+            obs2 = ex.abort(
+                "cancelled", {"during": state["during"], "local_error": type(e).__name__}
+            )
             if obs2 is not None:
                 ctx.observe(obs2.step, obs2.facts)
             await trio.aclose_forcefully(conn.stream)
@@ -911,7 +914,9 @@ class HttpClient:
         # result was cut short; otherwise nothing of a result is known at all.
         code = Code.REMOTE_RESULT_INCOMPLETE if ex.response_started else Code.REMOTE_OUTCOME_UNKNOWN
         facts = {
-            "hop": "origin",
+            # Through a forward proxy our transport only ever saw the proxy's socket.
+            "hop": "proxy" if conn.forward_proxy else "origin",
+            "via_proxy": conn.via_proxy,
             "hop_number": ex.hop,
             "connection": conn.id,
             "reused_connection": reused,

@@ -316,3 +316,14 @@ async def test_forward_proxy_relaying_origin_502_is_the_origins_result(client: H
     assert proxy.requests[0].target == origin.url + "/x"  # absolute-form to a forward proxy
     assert origin.requests[0].target == "/x"
     assert fe.gates[0]["via_proxy"] == proxy.hostport
+
+
+async def test_forward_proxy_closing_without_answer_is_unknown_from_the_proxy_hop(
+    client: HttpClient,
+) -> None:
+    async with HostileServer.running(scripts.apply_then_close()) as proxy:
+        _fe, err = await interrupted(
+            client, req("http://origin.example/pay", "POST", b"{}", proxy=proxy.url)
+        )
+    assert err.code is Code.REMOTE_OUTCOME_UNKNOWN
+    assert (err.facts["hop"], err.facts["via_proxy"]) == ("proxy", proxy.hostport)
