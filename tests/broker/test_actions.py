@@ -6,8 +6,6 @@ JSON the caller sends.  The fingerprint binds the request to the target snapshot
 of body, path, method, headers or target configuration is a different request.
 """
 
-# ruff: noqa: E501  (the error table reads best as one case per line)
-
 from __future__ import annotations
 
 import base64
