@@ -1,0 +1,131 @@
+"""Views (issue 3, item 7): list actions, one invocation's record, sessions — Python API and
+CLI (`affidavit actions`, `affidavit record ID`, `affidavit sessions`) with `--json`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import trio
+
+from affidavit.cli import main as cli_main
+from affidavit.journal import Journal, JournalReader
+from affidavit.statemachine import Event, Outcome, Phase
+from affidavit.statemachine import EventKind as E
+
+from .helpers import accepted, happy, interrupted
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_700_000_000.0
+
+    def __call__(self) -> float:
+        self.now += 1.0
+        return self.now
+
+
+@pytest.fixture(scope="module")
+def journal(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("views") / "j.db"
+
+    async def fill() -> None:
+        async with Journal.open(path, clock=Clock()) as j:
+            for ev in happy("ok-1", "alice"):
+                await j.append(ev)
+            for ev in interrupted("lost-1", "alice"):
+                await j.append(ev)
+            await j.append(accepted("bad-1", "bob"))
+            await j.append(
+                Event(E.PREFLIGHT_FAILED, "bad-1", {"code": "INVALID_TARGET", "field": "target"})
+            )
+            for ev in happy("ok-2", None):
+                await j.append(ev)
+
+    trio.run(fill)
+    return path
+
+
+def test_list_actions_filters(journal: Path) -> None:
+    with JournalReader.open(journal) as r:
+        assert [x.invocation_id for x in r.list_actions()] == ["ok-1", "lost-1", "bad-1", "ok-2"]
+        assert [x.invocation_id for x in r.list_actions(session="alice")] == ["ok-1", "lost-1"]
+        assert [x.invocation_id for x in r.list_actions(outcome=Outcome.UNKNOWN)] == ["lost-1"]
+        assert [x.invocation_id for x in r.list_actions(phase="validation")] == ["bad-1"]
+        assert [x.invocation_id for x in r.list_actions(outcome="committed")] == ["ok-1", "ok-2"]
+        accepted_at = {x.invocation_id: r.events(x.invocation_id)[0].at for x in r.list_actions()}
+        since = accepted_at["lost-1"]
+        until = accepted_at["bad-1"]
+        assert [x.invocation_id for x in r.list_actions(since=since, until=until)] == [
+            "lost-1",
+            "bad-1",
+        ]
+        bad = r.list_actions(phase=Phase.VALIDATION)[0]
+        assert (bad.code is not None and bad.code.value, bad.field) == ("INVALID_TARGET", "target")
+
+
+def test_record_and_sessions(journal: Path) -> None:
+    with JournalReader.open(journal) as r:
+        rec = r.record("lost-1")
+        assert rec is not None and rec.outcome is Outcome.UNKNOWN and rec.session == "alice"
+        assert r.record("nope") is None
+        sessions = {s["session"]: s for s in r.sessions()}
+    assert set(sessions) == {"alice", "bob", None}
+    assert sessions["alice"]["actions"] == 2
+    assert sessions["alice"]["outcomes"] == {"committed": 1, "unknown": 1}
+    assert sessions["bob"]["outcomes"] == {"not_attempted": 1}
+    assert sessions["alice"]["first_seen"] < sessions["alice"]["last_seen"]
+
+
+def test_cli_views_json(journal: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    j = ["--journal", str(journal), "--json"]
+    assert cli_main(["actions", *j, "--outcome", "unknown"]) == 0
+    actions = json.loads(capsys.readouterr().out)
+    assert [(a["invocation_id"], a["outcome"], a["retry"]) for a in actions] == [
+        ("lost-1", "unknown", "reconcile")
+    ]
+    assert cli_main(["actions", *j, "--session", "alice", "--since", "2023-11-14T22:13:00Z"]) == 0
+    assert [a["invocation_id"] for a in json.loads(capsys.readouterr().out)] == ["ok-1", "lost-1"]
+    assert cli_main(["record", "bad-1", *j]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["record"]["code"] == "INVALID_TARGET"
+    assert [e["kind"] for e in shown["events"]] == ["ACTION_ACCEPTED", "PREFLIGHT_FAILED"]
+    assert cli_main(["sessions", *j]) == 0
+    assert {s["session"] for s in json.loads(capsys.readouterr().out)} == {"alice", "bob", None}
+
+
+def test_cli_views_text_and_usage_errors(
+    journal: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    j = ["--journal", str(journal)]
+    assert cli_main(["actions", *j]) == 0
+    assert "lost-1" in capsys.readouterr().out
+    assert cli_main(["record", "ok-1", *j]) == 0
+    assert "RESPONSE_COMPLETE" in capsys.readouterr().out
+    assert cli_main(["sessions", *j]) == 0
+    assert "alice" in capsys.readouterr().out
+    assert cli_main(["record", "nope", *j]) == 2
+    assert "no invocation nope" in capsys.readouterr().err
+    assert cli_main(["actions", *j, "--since", "yesterday"]) == 2
+    assert "--since" in capsys.readouterr().err
+    assert cli_main(["sessions", "--journal", str(tmp_path / "absent.db")]) == 2
+    assert "no journal" in capsys.readouterr().err
+
+
+def test_cli_finds_the_journal_through_the_config(
+    journal: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    cfg = tmp_path / "broker.toml"
+    cfg.write_text(f'[journal]\npath = "{journal}"\n')
+    assert cli_main(["journal", "verify", "--config", str(cfg)]) == 0
+    assert "intact" in capsys.readouterr().out
+    monkeypatch.setenv("AFFIDAVIT_CONFIG", str(cfg))
+    assert cli_main(["sessions", "--json"]) == 0
+    assert len(json.loads(capsys.readouterr().out)) == 3
+    monkeypatch.setenv("AFFIDAVIT_CONFIG", str(tmp_path / "missing.toml"))
+    assert cli_main(["sessions"]) == 2
+    assert "missing.toml" in capsys.readouterr().err
