@@ -73,9 +73,13 @@ def _call(args: argparse.Namespace) -> int:
     config = _load(args.config)
     action = _read_action(args.action)
 
+    delivering = False
+
     async def deliver(envelope: dict[str, Any]) -> None:
         # Delivery is the write to stdout; a closed pipe is RESULT_DELIVERY_FAILED, and the
         # result stays fetchable with `affidavit result ID`.
+        nonlocal delivering
+        delivering = True
         _print(envelope)
 
     async def main() -> dict[str, Any]:
@@ -83,6 +87,10 @@ def _call(args: argparse.Namespace) -> int:
             return await broker.call(action, timeout=args.timeout, deliver=deliver)
 
     envelope = trio.run(main)
+    if not delivering:
+        # The engine calls ``deliver`` only for a stored remote result; every other envelope
+        # (preflight, setup, unknown, busy) is printed here — exactly one envelope either way.
+        _print(envelope)
     return 1 if "error" in envelope else 0
 
 
