@@ -1,0 +1,230 @@
+"""``affidavit call | result | init`` as a caller sees them: exactly one envelope on stdout,
+exit 0 (no error) / 1 (error envelope) / 2 (usage or config error, message on stderr, never a
+traceback).  Real subprocesses against the hostile server on loopback."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from affidavit.config import load_config
+from affidavit.journal import JournalReader
+from tests.http.hostile import HostileServer, Reply, scripts
+
+from .helpers import TOKEN_ENV, http_target, write_config
+
+LIMIT = 30
+
+
+async def _cli(
+    *args: str, stdin: bytes = b"", cwd: Path | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[bytes]:
+    full = {**os.environ, TOKEN_ENV: "cli-token-" + "x" * 8, **(env or {})}
+    with trio.fail_after(LIMIT):
+        return await trio.run_process(
+            [sys.executable, "-m", "affidavit", *args],
+            stdin=stdin,
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+            env=full,
+            cwd=str(cwd) if cwd else None,
+        )
+
+
+def _one_envelope(out: bytes) -> dict[str, Any]:
+    """stdout holds exactly one JSON document (raw_decode consumes it, only space remains)."""
+    text = out.decode()
+    doc, end = json.JSONDecoder().raw_decode(text.lstrip())
+    assert text.lstrip()[end:].strip() == "", "more than one document on stdout"
+    assert isinstance(doc, dict) and "invocation_id" in doc and "evidence" in doc
+    return doc
+
+
+def _no_traceback(p: subprocess.CompletedProcess[bytes]) -> None:
+    assert b"Traceback" not in p.stderr and b"Traceback" not in p.stdout
+
+
+GET = {"target": "api", "method": "GET", "path": "/hello"}
+
+
+async def test_call_success_prints_one_envelope_and_exits_0(tmp_path: Path) -> None:
+    async with HostileServer.running(scripts.serve(Reply(200, body=b'{"hi":1}'))) as srv:
+        cfg = write_config(tmp_path, {"api": http_target(srv.url)})
+        action = tmp_path / "a.json"
+        action.write_text(json.dumps(GET))
+        p = await _cli("call", str(action), "--config", str(cfg))
+    assert p.returncode == 0, p.stderr
+    env = _one_envelope(p.stdout)
+    assert "error" not in env
+    assert env["result"]["status"] == 200 and env["result"]["body"] == '{"hi":1}'
+    assert p.stderr == b""
+
+
+async def test_call_reads_the_action_from_stdin(tmp_path: Path) -> None:
+    async with HostileServer.running(scripts.serve(Reply(200))) as srv:
+        cfg = write_config(tmp_path, {"api": http_target(srv.url)})
+        p = await _cli("call", "-", "--config", str(cfg), stdin=json.dumps(GET).encode())
+        implicit = await _cli("call", "--config", str(cfg), stdin=json.dumps(GET).encode())
+    assert p.returncode == 0 and implicit.returncode == 0
+    assert len(srv.requests) == 2
+
+
+async def test_call_error_envelope_exits_1(tmp_path: Path) -> None:
+    async with HostileServer.running(scripts.serve(Reply(403, body=b"no"))) as srv:
+        cfg = write_config(tmp_path, {"api": http_target(srv.url)})
+        p = await _cli("call", "-", "--config", str(cfg), stdin=json.dumps(GET).encode())
+    assert p.returncode == 1
+    env = _one_envelope(p.stdout)
+    assert env["error"]["code"] == "REMOTE_REJECTED"
+    assert env["error"]["outcome"] == "rejected"
+
+
+async def test_call_prints_the_envelope_of_errors_that_never_reach_delivery(
+    tmp_path: Path,
+) -> None:
+    """Preflight, setup and unknown outcomes have no stored result to deliver; the CLI must
+    still print their envelope (the bug: it printed nothing and exited 1)."""
+    async with HostileServer.running(scripts.apply_then_close()) as srv:
+        cfg = write_config(
+            tmp_path,
+            {"api": http_target(srv.url), "down": http_target("http://127.0.0.1:1")},
+        )
+        cases = {
+            "INVALID_TARGET": {"target": "nope", "method": "GET", "path": "/"},
+            "CONNECTION_REFUSED": {"target": "down", "method": "GET", "path": "/"},
+            "REMOTE_OUTCOME_UNKNOWN": {"target": "api", "method": "POST", "path": "/x"},
+        }
+        for code, action in cases.items():
+            p = await _cli("call", "-", "--config", str(cfg), stdin=json.dumps(action).encode())
+            assert p.returncode == 1, (code, p.stderr)
+            assert p.stdout, (code, p.stderr)
+            assert _one_envelope(p.stdout)["error"]["code"] == code
+            _no_traceback(p)
+
+
+async def test_call_timeout_flag_is_the_caller_deadline(tmp_path: Path) -> None:
+    async with HostileServer.running(scripts.slow(3.0)) as srv:
+        cfg = write_config(tmp_path, {"api": http_target(srv.url)})
+        action = {"target": "api", "method": "POST", "path": "/slow"}
+        p = await _cli(
+            "call", "-", "--config", str(cfg), "--timeout", "0.3", stdin=json.dumps(action).encode()
+        )
+    assert p.returncode == 1
+    err = _one_envelope(p.stdout)["error"]
+    assert (err["code"], err["phase"], err["outcome"]) == (
+        "CALLER_CANCELLED",
+        "remote_execution",
+        "unknown",
+    )
+
+
+async def test_call_usage_errors_exit_2_with_message_on_stderr(tmp_path: Path) -> None:
+    cfg = write_config(tmp_path, {"api": http_target("http://127.0.0.1:1")})
+    cases: list[tuple[list[str], bytes, bytes]] = [
+        (["call", "-", "--config", str(cfg)], b"{not json", b"action is not valid JSON"),
+        (
+            ["call", str(tmp_path / "missing.json"), "--config", str(cfg)],
+            b"",
+            b"cannot read action",
+        ),
+        (
+            ["call", "-", "--config", str(tmp_path / "nope.toml")],
+            b"{}",
+            b"config file not found",
+        ),
+    ]
+    bad_utf8 = tmp_path / "bad.json"
+    bad_utf8.write_bytes(b'{"target": "\xff"}')
+    cases.append((["call", str(bad_utf8), "--config", str(cfg)], b"", b"is not UTF-8"))
+    broken_cfg = tmp_path / "broken.toml"
+    broken_cfg.write_text('[targets.x]\nkind = "ftp"\n')
+    cases.append((["call", "-", "--config", str(broken_cfg)], b"{}", b"targets.x.kind"))
+    for args, stdin, message in cases:
+        p = await _cli(*args, stdin=stdin)
+        assert p.returncode == 2, (args, p.stdout, p.stderr)
+        assert p.stdout == b""
+        assert p.stderr.startswith(b"affidavit: ")
+        assert message in p.stderr, (message, p.stderr)
+        _no_traceback(p)
+
+
+async def test_call_of_a_non_object_action_is_a_validation_envelope(tmp_path: Path) -> None:
+    cfg = write_config(tmp_path, {"api": http_target("http://127.0.0.1:1")})
+    p = await _cli("call", "-", "--config", str(cfg), stdin=b"[1, 2]")
+    assert p.returncode == 1
+    err = _one_envelope(p.stdout)["error"]
+    assert (err["code"], err["phase"], err["outcome"], err["field"]) == (
+        "INVALID_FIELD",
+        "validation",
+        "not_attempted",
+        "action",
+    )
+
+
+async def test_result_prints_the_stored_result_without_re_running(tmp_path: Path) -> None:
+    async with HostileServer.running(scripts.serve(Reply(201, body=b'{"id":7}'))) as srv:
+        cfg = write_config(tmp_path, {"api": http_target(srv.url)})
+        action = {"target": "api", "method": "POST", "path": "/make", "body": "{}"}
+        first = await _cli("call", "-", "--config", str(cfg), stdin=json.dumps(action).encode())
+        env = _one_envelope(first.stdout)
+        again = await _cli("result", env["invocation_id"], "--config", str(cfg))
+    assert again.returncode == 0, again.stderr
+    stored = _one_envelope(again.stdout)
+    assert stored["invocation_id"] == env["invocation_id"]
+    assert stored["result"] == env["result"]
+    assert len(srv.requests) == 1
+
+
+async def test_result_of_an_error_exits_1_and_unknown_id_exits_2(tmp_path: Path) -> None:
+    cfg = write_config(tmp_path, {"api": http_target("http://127.0.0.1:1")})
+    failed = await _cli(
+        "call", "-", "--config", str(cfg), stdin=b'{"target":"api","method":"GET","path":"/"}'
+    )
+    iid = _one_envelope(failed.stdout)["invocation_id"]
+    shown = await _cli("result", iid, "--config", str(cfg))
+    assert shown.returncode == 1
+    assert _one_envelope(shown.stdout)["error"]["code"] == "CONNECTION_REFUSED"
+    missing = await _cli("result", "act_NOSUCHINVOCATION", "--config", str(cfg))
+    assert missing.returncode == 2
+    assert b"no invocation act_NOSUCHINVOCATION" in missing.stderr
+    assert missing.stdout == b""
+
+
+async def test_init_writes_a_loadable_config_and_an_empty_journal(tmp_path: Path) -> None:
+    target = tmp_path / "fresh" / "affidavit.toml"
+    target.parent.mkdir()
+    p = await _cli("init", "--config", str(target))
+    assert p.returncode == 0, p.stderr
+    config = load_config(target)
+    assert set(config.targets) == {"example", "deploy"}
+    with JournalReader.open(config.journal.path) as reader:
+        assert reader.list_actions() == []
+        assert reader.verify().ok
+    # Refuses to overwrite; --force does.
+    again = await _cli("init", "--config", str(target))
+    assert again.returncode == 2
+    assert b"exists" in again.stderr
+    forced = await _cli("init", "--config", str(target), "--force")
+    assert forced.returncode == 0
+
+
+async def test_init_default_location_is_the_current_directory(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "AFFIDAVIT_CONFIG"}
+    p = await trio.run_process(
+        [sys.executable, "-m", "affidavit", "init"],
+        cwd=str(tmp_path),
+        env=env,
+        capture_stdout=True,
+        capture_stderr=True,
+        check=False,
+    )
+    assert p.returncode == 0, p.stderr
+    assert (tmp_path / "affidavit.toml").is_file()
+    assert (tmp_path / "affidavit.db").is_file()
