@@ -45,11 +45,9 @@ class Broker:
         """Open the journal named by the config and the protocol bindings; close both after."""
         if config is None:
             config = load_config(config_path)
-        vault = (
-            Vault.open(config.vault_path)
-            if config.vault_path and config.vault_path.exists()
-            else None
-        )
+        # A configured vault is handed over even before its file exists: a lookup then says
+        # the vault file is missing (CREDENTIAL_MISSING), not that no vault is configured.
+        vault = Vault(config.vault_path) if config.vault_path else None
         bindings: dict[str, Binding] = load_bindings()
         try:
             async with Journal.open(

@@ -11,7 +11,7 @@ from affidavit.adapters.base import AttemptContext, RemoteResult
 from affidavit.adapters.http import HTTP_TABLE, HttpClient, HttpRequest, RedirectDecision, Timeouts
 from affidavit.bindings import Prepared
 from affidavit.config import HttpTarget
-from affidavit.credentials import Credential, apply_query, inject_http, secret_forms
+from affidavit.credentials import Credential, apply_query, inject_http
 
 __all__ = ["BINDING_CLASS", "HttpBinding"]
 
@@ -61,9 +61,7 @@ class HttpBinding:
                 read=target.timeout.total,
             ),
         )
-        return Prepared(
-            request=request, secrets=tuple(secret_forms(credential.value)), evidence=evidence
-        )
+        return Prepared(request=request, secrets=(credential.value,), evidence=evidence)
 
     async def perform(self, prepared: Prepared, ctx: AttemptContext) -> RemoteResult:
         return await self._client.perform(prepared.request, ctx)
