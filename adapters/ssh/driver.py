@@ -313,8 +313,16 @@ class _Run:
                 await io.call(channel.request_exec, self.command)  # now only polls for the reply
         except ssh.exceptions.BaseSSHError as exc:
             # CHANNEL_FAILURE is an authoritative refusal only if it arrived on a live
-            # connection and an open channel; libssh reports a dead socket the same way.
-            if self.ctx.machine.state == "exec_sent" and io.alive() and channel.is_open():
+            # connection: libssh raises the same SSHError for a dead socket.  It reports the
+            # denied state (SSH_CHANNEL_REQ_STATE_DENIED, i.e. CHANNEL_FAILURE received) as
+            # "Channel request exec failed"; a server may close the channel right after
+            # refusing, so "still open" is not required (that raced in practice).
+            denied = "request exec failed" in _describe(exc) and io.alive()
+            if denied and self.ctx.machine.state == "exec_requesting":
+                # On loopback the first non-blocking call can write the request *and* read the
+                # reply: the denial proves the request was sent.
+                self.fire("exec_sent", {})
+            if denied:
                 self.fire("exec_failure", {"reply": "CHANNEL_FAILURE"})
                 return RemoteResult(
                     Outcome.REJECTED,

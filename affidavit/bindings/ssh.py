@@ -1,0 +1,86 @@
+"""SSH binding: a validated ``SshAction`` + ``SshTarget`` + credential → one exec via the
+ssh-python driver (``affidavit.adapters.ssh``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from affidavit.actions import SshAction
+from affidavit.adapters.base import AttemptContext, RemoteResult
+from affidavit.adapters.ssh import (
+    SSH_TABLE,
+    CredentialInvalid,
+    SshCredential,
+    SshTimeouts,
+    perform,
+    prepare_credential,
+)
+from affidavit.adapters.ssh import SshTarget as AdapterTarget
+from affidavit.bindings import Prepared
+from affidavit.config import SshTarget
+from affidavit.credentials import Credential, CredentialError, secret_forms
+
+__all__ = ["BINDING_CLASS", "SshBinding"]
+
+
+@dataclass(frozen=True)
+class SshRequest:
+    target: AdapterTarget
+    credential: SshCredential
+    command: str
+    stdin: bytes | None
+
+
+def _key_lines(value: bytes) -> set[bytes]:
+    """Each base64 line of a PEM/OpenSSH key body: a command that prints part of the key file
+    would otherwise leak it line by line past the whole-value redaction."""
+    lines = value.strip().splitlines()
+    if len(lines) < 3 or not lines[0].startswith(b"-----BEGIN "):
+        return set()
+    body = [ln.strip() for ln in lines[1:-1] if len(ln.strip()) >= 24]
+    return {*body, b"".join(ln.strip() for ln in lines[1:-1])}
+
+
+class SshBinding:
+    kind = "ssh"
+    table = SSH_TABLE
+
+    def connect_timeout(self, target: SshTarget) -> float:
+        return float(target.timeout.connect)
+
+    def prepare(
+        self,
+        action: SshAction,
+        target: SshTarget,
+        credential: Credential,
+        idempotency_key: str | None,
+    ) -> Prepared:
+        try:
+            cred = prepare_credential(credential.value)
+        except CredentialInvalid as exc:
+            raise CredentialError(exc.code, str(exc)) from None
+        timeouts = SshTimeouts(
+            connect=target.timeout.connect, auth=target.timeout.connect, exec=target.timeout.total
+        )
+        request = SshRequest(
+            target=AdapterTarget(target.host, target.port, target.user, target.host_keys, timeouts),
+            credential=cred,
+            command=action.command,
+            stdin=action.stdin,
+        )
+        evidence: dict[str, Any] = {"auth": cred.kind}
+        if cred.public_fingerprint:
+            evidence["client_key"] = cred.public_fingerprint
+        secrets = secret_forms(credential.value) | _key_lines(credential.value)
+        return Prepared(request=request, secrets=tuple(sorted(secrets)), evidence=evidence)
+
+    async def perform(self, prepared: Prepared, ctx: AttemptContext) -> RemoteResult:
+        req: SshRequest = prepared.request
+        return await perform(req.target, req.credential, req.command, req.stdin, ctx)
+
+    async def aclose(self) -> None:
+        return None
+
+
+BINDING_CLASS = SshBinding
