@@ -20,7 +20,10 @@ it with ``ImpossibleEvent`` and the record stays as it was (h11's "a missing key
 path").  ``final`` marks states where an invocation may rest; some final states still accept a
 retry lease or a reconciliation.
 
-The phase of a state is where the broker stopped; it is for diagnosis.  The outcome of a state is
+The phase of a state is where the broker stopped; it is for diagnosis.  ``result_delivery`` is
+only for a result that could not be stored or delivered (seed: "the broker recorded the remote
+result but could not fully deliver it"); a delivered result keeps ``remote_execution``, the phase
+in which its outcome was decided.  The outcome of a state is
 what the durable records prove.  Both are static per state — the table doubles a few states by
 outcome (``stored_rejected`` / ``stored_committed``) so that no rule hides in code.
 """
@@ -91,8 +94,8 @@ STATES: Final[MappingProxyType[str, StateSpec]] = MappingProxyType({
     "store_failed_unknown":      StateSpec(_RD, _UN, True,  "result could not be stored; record proves only dispatch"),
     "store_failed_rejected":     StateSpec(_RD, _RJ, True,  "rejection could not be stored"),
     "store_failed_committed":    StateSpec(_RD, _CM, True,  "result could not be stored"),
-    "delivered_rejected":        StateSpec(_RD, _RJ, True,  "stored rejection delivered to the caller"),
-    "delivered_committed":       StateSpec(_RD, _CM, True,  "stored result delivered to the caller"),
+    "delivered_rejected":        StateSpec(_RE, _RJ, True,  "stored rejection delivered to the caller"),
+    "delivered_committed":       StateSpec(_RE, _CM, True,  "stored result delivered to the caller"),
     "delivery_failed_rejected":  StateSpec(_RD, _RJ, True,  "stored rejection not delivered; fetch it"),
     "delivery_failed_committed": StateSpec(_RD, _CM, True,  "stored result not delivered; fetch it"),
     "reconciled_rejected":       StateSpec(_RE, _RJ, True,  "a second observer proved the effect absent"),
