@@ -166,8 +166,12 @@ async def test_reads_work_from_a_second_process_while_the_writer_runs(tmp_path: 
             await j.append(ev)
         with trio.fail_after(60):
             proc = await trio.run_process(
-                [sys.executable, "-c", script], capture_stdout=True, capture_stderr=True
+                [sys.executable, "-c", script],
+                capture_stdout=True,
+                capture_stderr=True,
+                check=False,
             )
+        assert proc.returncode == 0, proc.stderr.decode()
         assert proc.stdout.decode().split() == ["5", "interrupted", "unknown"]
 
 
