@@ -13,6 +13,7 @@ Commands (the first word selects the behaviour):
   drop             accept exec, write "partial\\n", then abort the TCP connection
   status_then_break  write "partial\\n", send exit-status 0 (no EOF/close), abort the TCP connection
   hang             accept exec and never answer again
+  big <n>          write ``big_output(n)`` (n bytes of numbered ASCII lines), exit-status 0
 Users: "refuse" is denied every authentication; "pwuser" authenticates with password
 ``PASSWORD`` only; anyone else with any public key.
 """
@@ -20,13 +21,50 @@ Users: "refuse" is denied every authentication; "pwuser" authenticates with pass
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
+from collections.abc import AsyncIterator
 from typing import Any
 
 import asyncssh
+import trio
 from asyncssh.packet import UInt32
 
 PASSWORD = "correct horse battery staple"
+
+
+def big_output(n: int) -> bytes:
+    """Deterministic n-byte ASCII output (numbered lines) the test can recompute and hash."""
+    line_no = 0
+    parts: list[bytes] = []
+    size = 0
+    while size < n:
+        line = b"%09d the quick brown fox jumps over the lazy dog\n" % line_no
+        parts.append(line)
+        size += len(line)
+        line_no += 1
+    return b"".join(parts)[:n]
+
+
+@contextlib.asynccontextmanager
+async def garbage_handshake_server(reply: bytes) -> AsyncIterator[int]:
+    """A trio TCP listener on 127.0.0.1 that answers every connection with ``reply`` (not a
+    valid SSH transport) and closes; yields its port."""
+
+    async def handler(stream: trio.SocketStream) -> None:
+        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+            await stream.send_all(reply)
+            await trio.sleep(0.2)  # let the client read it before the close
+        await stream.aclose()
+
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    port = int(listeners[0].socket.getsockname()[1])
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(trio.serve_listeners, handler, listeners)
+        try:
+            yield port
+        finally:
+            nursery.cancel_scope.cancel()
 
 
 class _Session(asyncssh.SSHServerSession):  # type: ignore[misc]
@@ -53,6 +91,9 @@ class _Session(asyncssh.SSHServerSession):  # type: ignore[misc]
             chan.write("out\n")
             chan.write_stderr("err\n")
             chan.exit(int(words[1]))
+        elif verb == "big":
+            chan.write(big_output(int(words[1])).decode("ascii"))
+            chan.exit(0)
         elif verb == "signal":
             chan.write("out\n")
             chan.exit_with_signal("KILL")
