@@ -23,9 +23,9 @@ Targets (issue: HTTP overhead): at concurrency 64 the broker keeps >= 50% of the
 throughput; at concurrency 1 it adds no more than two fsyncs plus 0.3 ms per call.  This is a
 script, not a test: it prints the ratios and asserts nothing about time.
 
-``--profile FILE`` additionally runs the broker phases under cProfile (main thread only; the
-journal writer thread is not seen) and writes the stats to FILE (``python -m pstats FILE``),
-printing the top functions by cumulative and own time.
+``--profile FILE`` additionally runs the broker phases under cProfile and writes the stats of
+the main thread to FILE and of the journal writer thread's transactions to FILE.writer
+(``python -m pstats FILE``), printing the top functions by cumulative and own time.
 """
 
 from __future__ import annotations
@@ -54,6 +54,8 @@ PATH = "/v1/ok"
 TOKEN_ENV = "AFFIDAVIT_BENCH_TOKEN"
 READ_SIZE = 65536
 BLOCK = 50
+WAL_COMMIT_BYTES = 4 * (4096 + 24)
+"""What one barrier commit appends to the WAL here (strace: four page frames, then fdatasync)."""
 
 
 # -- the server (subprocess) --------------------------------------------------------------------
@@ -183,6 +185,8 @@ class TxnCounter:
     """Time spent inside the writer thread's transactions (SQLite work, fsync included)."""
     barrier_s: list[float] = field(default_factory=list)
     plain_s: list[float] = field(default_factory=list)
+    profile: cProfile.Profile | None = None
+    """With --profile: the writer thread's transactions (cProfile sees one thread at a time)."""
 
     def install(self, journal: Any) -> None:
         inner = journal._run_batch
@@ -193,9 +197,13 @@ class TxnCounter:
             barrier = any(r.barrier for r in batch)
             self.barrier_txns += barrier
             t0 = time.perf_counter()
+            if self.profile is not None:
+                self.profile.enable()
             try:
                 inner(batch)
             finally:
+                if self.profile is not None:
+                    self.profile.disable()
                 took = time.perf_counter() - t0
                 self.seconds += took
                 (self.barrier_s if barrier else self.plain_s).append(took)
@@ -220,15 +228,15 @@ def _delta(
 # -- measurement helpers ------------------------------------------------------------------------
 
 
-def fsync_probe(directory: Path, n: int, times: list[float]) -> None:
-    """Append ``n`` samples of ``write(64 bytes) + os.fsync`` on a file in ``directory``.  The
+def fsync_probe(directory: Path, n: int, times: list[float], size: int = 64) -> None:
+    """Append ``n`` samples of ``write(size bytes) + os.fsync`` on a file in ``directory``.  The
     probe runs between the measured blocks, so a shared disk's varying load is sampled over the
     same period as the calls."""
-    fd = os.open(directory / "fsync-probe", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    fd = os.open(directory / f"fsync-probe-{size}", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     try:
         for _ in range(n):
             t0 = time.perf_counter()
-            os.write(fd, b"x" * 64)
+            os.write(fd, b"x" * size)
             os.fsync(fd)
             times.append(time.perf_counter() - t0)
     finally:
@@ -309,8 +317,9 @@ async def run(args: argparse.Namespace, port: int, tmp: Path) -> None:
     prof = cProfile.Profile() if args.profile else None
     bare = BareClient(port, token)
     action = {"target": "api", "method": "GET", "path": PATH}
-    counter = TxnCounter()
+    counter = TxnCounter(profile=cProfile.Profile() if args.profile else None)
     fsync_times: list[float] = []
+    wal_like: list[float] = []
 
     async def bare_call() -> None:
         if await bare.get(PATH) != 200:
@@ -344,6 +353,7 @@ async def run(args: argparse.Namespace, port: int, tmp: Path) -> None:
         for i in range(0, args.seq, BLOCK):
             k = min(BLOCK, args.seq - i)
             fsync_probe(tmp, 20, fsync_times)
+            fsync_probe(tmp, 5, wal_like, WAL_COMMIT_BYTES)
             bare_lat += await sequential(bare_call, k)
             with _profiled(prof):
                 brk_lat += await sequential(broker_call, k)
@@ -364,6 +374,10 @@ async def run(args: argparse.Namespace, port: int, tmp: Path) -> None:
     print(
         f"fsync (write 64 B + os.fsync, same disk, median of {len(fsync_times)} samples taken "
         f"between the sequential blocks): {ms(fsync_s)} ms"
+    )
+    print(
+        f"  for comparison, append {WAL_COMMIT_BYTES} B (a barrier's four WAL frames) + fsync: "
+        f"{ms(statistics.median(wal_like))} ms"
     )
     print()
     print("one broker call:")
@@ -411,13 +425,15 @@ async def run(args: argparse.Namespace, port: int, tmp: Path) -> None:
         f"{c_bar / args.calls:.3f} fsyncs/call, {c_req / max(c_txn, 1):.1f} writes per "
         f"transaction, {c_s:.2f} s inside them"
     )
-    if prof is not None:
+    if prof is not None and counter.profile is not None:
         prof.dump_stats(args.profile)
-        for key in ("cumulative", "tottime"):
-            buf = io.StringIO()
-            pstats.Stats(prof, stream=buf).sort_stats(key).print_stats(25)
-            print(f"\n--- broker phases, cProfile by {key} (main thread only) ---")
-            print(buf.getvalue())
+        counter.profile.dump_stats(args.profile + ".writer")
+        for name, stats in (("main thread", prof), ("journal writer thread", counter.profile)):
+            for key in ("cumulative", "tottime"):
+                buf = io.StringIO()
+                pstats.Stats(stats, stream=buf).sort_stats(key).print_stats(25)
+                print(f"\n--- broker phases, {name}, cProfile by {key} ---")
+                print(buf.getvalue())
 
 
 def main() -> None:
