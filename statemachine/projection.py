@@ -11,15 +11,16 @@ Speed matters (recovery projects whole journals), so events fold through a dict 
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, TypeGuard
+from typing import Any, TypeGuard, cast
 
 from .contract import CODES, Code, EvidenceSource, Outcome, Phase, Retry
 from .events import Event, EventKind
 from .lifecycle import INITIAL, OUTCOME_SPLIT, STATES, TRANSITIONS
-from .retry import HintInputs, compute_retry
+from .retry import retry_hint
 
 __all__ = ["Budget", "ImpossibleEvent", "Projector", "Record", "project", "project_all"]
 
@@ -95,6 +96,20 @@ class Record:
         return self.code is not None
 
 
+_BUDGETS: dict[tuple[int, int], Budget] = {}
+
+
+def _budget(total: int, used: int) -> Budget:
+    # Budgets are immutable and few distinct ones exist; share them between records.
+    key = (total, used)
+    b = _BUDGETS.get(key)
+    if b is None:
+        if len(_BUDGETS) > 4096:
+            _BUDGETS.clear()
+        b = _BUDGETS[key] = Budget(total, used)
+    return b
+
+
 # --- compiled table -------------------------------------------------------------------------
 
 _Compiled = dict[str, dict[EventKind, str]]
@@ -122,11 +137,13 @@ class Projector:
         "_fingerprint",
         "_generation",
         "_idempotency",
+        "_idempotency_view",
         "_idempotent",
         "_invocation_id",
         "_last_seq",
         "_max_retry_after",
         "_message",
+        "_mutable",
         "_protocol",
         "_result_code",
         "_retry_after",
@@ -147,10 +164,16 @@ class Projector:
         self._idempotent = False
         self._fingerprint: str | None = None
         self._idempotency: dict[str, Any] | None = None
+        self._idempotency_view: Mapping[str, Any] | None = None
         self._generation = 0
         self._budget_total = DEFAULT_BUDGET
         self._budget_used = 0
-        self._attempts: list[dict[str, Any]] = []
+        # Attempts are read-only views, replaced (never edited) when an attempt's outcome is
+        # learnt, so record() can hand them out without copying.
+        self._attempts: list[Mapping[str, Any]] = []
+        # Evidence keys whose values effects mutate in place (steps, protocol facts, stale
+        # workers); record() copies only those, every other value is replaced, never edited.
+        self._mutable: set[str] = set()
         self._evidence: dict[str, Any] = {"dispatch_started": False}
         self._retry_after: float | None = None
         self._result_code: Code | None = None
@@ -168,28 +191,32 @@ class Projector:
     def apply(self, event: Event) -> str:
         """Fold one event; return the new state.  Raises ``ImpossibleEvent`` and changes nothing
         when the event is not allowed."""
+        # Hot path (recovery folds whole journals; tests/benchmarks/projection.py): one table
+        # lookup, one rule lookup, locals instead of repeated attribute reads.
         state = self._state
-        if self._invocation_id is None:
-            self._invocation_id = event.invocation_id
-        elif event.invocation_id != self._invocation_id:
+        iid = event.invocation_id
+        if iid != self._invocation_id and self._invocation_id is not None:
             raise ImpossibleEvent(event, state, "belongs to another invocation")
         seq = event.seq
-        if seq is not None and self._last_seq is not None and seq <= self._last_seq:
-            raise ImpossibleEvent(event, state, f"seq {seq} does not follow {self._last_seq}")
-        dest = _TABLE[state].get(event.kind)
+        last = self._last_seq
+        if seq is not None and last is not None and seq <= last:
+            raise ImpossibleEvent(event, state, f"seq {seq} does not follow {last}")
+        kind = event.kind
+        dest = _TABLE[state].get(kind)
         if dest is None:
             raise ImpossibleEvent(event, state, "no such transition in the lifecycle table")
-        check = _CHECKS.get(event.kind)
+        check, effect = _RULES[kind]
         if check is not None:
             reason = check(self, event)
             if reason is not None:
                 raise ImpossibleEvent(event, state, reason)
         if dest == "=":
             dest = state
-        elif dest in OUTCOME_SPLIT:
-            dest = OUTCOME_SPLIT[dest][Outcome(event.attrs["outcome"])]
+        elif dest in _SPLIT:
+            # the check proved attrs.outcome is "rejected" or "committed"
+            dest = _SPLIT[dest][event.attrs["outcome"]]
         # -- validated: mutate --
-        effect = _EFFECTS.get(event.kind)
+        self._invocation_id = iid
         if effect is not None:
             effect(self, event)
         self._state = dest
@@ -207,24 +234,30 @@ class Projector:
 
     # -- reading ------------------------------------------------------------------------------
 
+    def _evidence_snapshot(self) -> dict[str, Any]:
+        ev = self._evidence.copy()
+        for key in self._mutable:
+            value = ev.get(key)
+            if value is not None:
+                ev[key] = value.copy()
+        return ev
+
     def record(self, now: float | None = None) -> Record:
         spec = STATES[self._state]
         if now is None:
             now = self._at if self._at is not None else 0.0
         idem = self._idempotency
-        hint = compute_retry(
-            HintInputs(
-                state=self._state,
-                outcome=spec.outcome,
-                code=self._code,
-                idempotent=self._idempotent,
-                has_key=bool(idem and idem.get("key")),
-                key_expires_at=idem.get("expires_at") if idem else None,
-                retry_after=self._retry_after,
-                max_retry_after=self._max_retry_after,
-                budget_left=self._budget_total - self._budget_used,
-                now=now,
-            )
+        hint = retry_hint(
+            self._state,
+            spec.outcome,
+            self._code,
+            self._idempotent,
+            idem.get("expires_at") if idem else None,
+            bool(idem and idem.get("key")),
+            self._retry_after,
+            self._max_retry_after,
+            self._budget_total - self._budget_used,
+            now,
         )
         code = self._code
         message = self._message or (CODES[code].meaning if code is not None else "")
@@ -241,11 +274,11 @@ class Projector:
             protocol=self._protocol,
             idempotent=self._idempotent,
             fingerprint=self._fingerprint,
-            idempotency=MappingProxyType(dict(idem)) if idem else None,
+            idempotency=self._idempotency_view,
             generation=self._generation,
-            budget=Budget(self._budget_total, self._budget_used),
-            attempts=tuple(MappingProxyType(dict(a)) for a in self._attempts),
-            evidence=MappingProxyType(_freeze_evidence(self._evidence)),
+            budget=_budget(self._budget_total, self._budget_used),
+            attempts=tuple(self._attempts),
+            evidence=MappingProxyType(self._evidence_snapshot()),
             retry_after=self._retry_after,
             last_seq=self._last_seq,
             events=self._events,
@@ -253,37 +286,26 @@ class Projector:
         )
 
 
-def _freeze_evidence(ev: dict[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in ev.items():
-        if isinstance(v, dict):
-            out[k] = dict(v)
-        elif isinstance(v, list):
-            out[k] = list(v)
-        else:
-            out[k] = v
-    return out
-
-
 # --- per-event rules: a check (returns a reason or None) and an effect -----------------------
+
+
+# Enum lookups by value through plain dicts: ``Code(raw)`` goes through EnumMeta.__call__ and an
+# exception for unknown values, several times slower than a dict get on the hot path.
+_CODE_BY_VALUE: dict[str, Code] = {c.value: c for c in Code}
+_SOURCE: dict[EvidenceSource, str] = {s: s.value for s in EvidenceSource}
+_UNKNOWN, _NOT_ATTEMPTED = Outcome.UNKNOWN.value, Outcome.NOT_ATTEMPTED.value
+_RESOLVED_BY_VALUE: dict[str, Outcome] = {o.value: o for o in _RESOLVED}
 
 
 def _code_of(event: Event) -> Code | None:
     raw = event.attrs.get("code")
-    if not isinstance(raw, str):
-        return None
-    try:
-        return Code(raw)
-    except ValueError:
-        return None
+    return _CODE_BY_VALUE.get(raw) if type(raw) is str else None
 
 
 def _resolved_outcome(event: Event) -> Outcome | None:
     """attrs.outcome when it names a resolved outcome (rejected | committed), else None."""
     raw = event.attrs.get("outcome")
-    if isinstance(raw, str) and raw in _RESOLVED:
-        return Outcome(raw)
-    return None
+    return _RESOLVED_BY_VALUE.get(raw) if type(raw) is str else None
 
 
 def _is_int(value: object) -> TypeGuard[int]:
@@ -307,24 +329,32 @@ def _check_phase_code(phase: Phase) -> Callable[[Projector, Event], str | None]:
     return check
 
 
+def _is_mapping(value: object) -> bool:
+    # ``type() is dict`` first: the ABC instance check is slow and events are nearly always dicts
+    return type(value) is dict or isinstance(value, Mapping)
+
+
 def _check_accepted(p: Projector, event: Event) -> str | None:
     op = event.attrs.get("operation")
-    if not isinstance(op, Mapping):
+    if not _is_mapping(op):
         return "attrs.operation is required"
+    op = cast(Mapping[str, Any], op)
     budget = op.get("budget", DEFAULT_BUDGET)
     if not _is_int(budget) or budget < 1:
         return "operation.budget must be a positive integer"
     if not _is_number(op.get("max_retry_after", DEFAULT_MAX_RETRY_AFTER)):
         return "operation.max_retry_after must be a non-negative number"
     for key in ("target", "protocol", "fingerprint"):
-        if op.get(key) is not None and not isinstance(op.get(key), str):
+        value = op.get(key)
+        if value is not None and not isinstance(value, str):
             return f"operation.{key} must be a string"
     idem = op.get("idempotency")
     if idem is not None:
-        if not isinstance(idem, Mapping):
+        if not _is_mapping(idem):
             return "operation.idempotency must be an object"
         for key in ("key", "scope", "fingerprint", "remote_contract"):
-            if idem.get(key) is not None and not isinstance(idem.get(key), str):
+            value = idem.get(key)
+            if value is not None and not isinstance(value, str):
                 return f"operation.idempotency.{key} must be a string"
         expires = idem.get("expires_at")
         if expires is not None and not _is_number(expires):
@@ -359,7 +389,7 @@ def _check_complete(p: Projector, event: Event) -> str | None:
     outcome = _resolved_outcome(event)
     if outcome is None:
         return "attrs.outcome must be rejected or committed"
-    raw = outcome.value
+    raw = event.attrs["outcome"]
     ra = event.attrs.get("retry_after")
     if ra is not None and not _is_number(ra):
         return "attrs.retry_after must be a non-negative number of seconds"
@@ -373,7 +403,7 @@ def _check_complete(p: Projector, event: Event) -> str | None:
             return "a rejection needs a code"
         return None
     info = CODES[code]
-    if info.phase is not Phase.REMOTE_EXECUTION or info.outcome.value != raw:
+    if info.phase is not Phase.REMOTE_EXECUTION or info.outcome is not outcome:
         return f"{code.value} cannot classify a {raw} result"
     return None
 
@@ -401,7 +431,7 @@ def _check_observed(p: Projector, event: Event) -> str | None:
     if not isinstance(event.attrs.get("state"), str):
         return "attrs.state must name the protocol state"
     facts = event.attrs.get("facts")
-    if facts is not None and not isinstance(facts, Mapping):
+    if facts is not None and not _is_mapping(facts):
         return "attrs.facts must be an object"
     return None
 
@@ -444,6 +474,7 @@ def _eff_accepted(p: Projector, event: Event) -> None:
         p._idempotency = dict(idem)
         p._idempotency.setdefault("fingerprint", p._fingerprint)
         p._idempotency.setdefault("remote_contract", "configured")
+        p._idempotency_view = MappingProxyType(dict(p._idempotency))
         p._evidence["idempotency"] = {
             k: p._idempotency.get(k) for k in ("key", "scope", "fingerprint", "remote_contract")
         }
@@ -456,13 +487,15 @@ def _eff_error(p: Projector, event: Event) -> None:
 
 def _eff_setup_attempt(p: Projector, event: Event) -> None:
     p._attempts.append(
-        {
-            "n": len(p._attempts) + 1,
-            "generation": p._generation,
-            "stage": event.attrs.get("stage"),
-            "outcome": Outcome.NOT_ATTEMPTED.value,
-            "code": event.attrs.get("code"),
-        }
+        MappingProxyType(
+            {
+                "n": len(p._attempts) + 1,
+                "generation": p._generation,
+                "stage": event.attrs.get("stage"),
+                "outcome": _NOT_ATTEMPTED,
+                "code": event.attrs.get("code"),
+            }
+        )
     )
 
 
@@ -511,19 +544,23 @@ def _eff_dispatch(p: Projector, event: Event) -> None:
     p._field = None
     p._retry_after = None
     p._attempts.append(
-        {
-            "n": len(p._attempts) + 1,
-            "generation": p._generation,
-            "stage": "dispatch",
-            "outcome": Outcome.UNKNOWN.value,
-            "code": None,
-            "seq": event.seq,
-        }
+        MappingProxyType(
+            {
+                "n": len(p._attempts) + 1,
+                "generation": p._generation,
+                "stage": "dispatch",
+                "outcome": _UNKNOWN,
+                "code": None,
+                "seq": event.seq,
+            }
+        )
     )
 
 
-def _current_attempt(p: Projector) -> dict[str, Any] | None:
-    return p._attempts[-1] if p._attempts and p._attempts[-1]["stage"] == "dispatch" else None
+def _update_dispatched_attempt(p: Projector, **changes: Any) -> None:
+    """Replace the current dispatched attempt's view with one carrying ``changes``."""
+    if p._attempts and p._attempts[-1]["stage"] == "dispatch":
+        p._attempts[-1] = MappingProxyType({**p._attempts[-1], **changes})
 
 
 def _eff_request_sent(p: Projector, event: Event) -> None:
@@ -543,25 +580,20 @@ def _eff_complete(p: Projector, event: Event) -> None:
     ev = p._evidence
     ev["response_complete"] = True
     ev["response_headers_received"] = True
-    ev["source"] = event.source.value
+    ev["source"] = _SOURCE[event.source]
     for k in _RESULT_FACTS:
         if k in event.attrs:
             ev[k] = event.attrs[k]
     _set_error(p, event)
     ra = event.attrs.get("retry_after")
     p._retry_after = float(ra) if ra is not None else None
-    attempt = _current_attempt(p)
-    if attempt is not None:
-        attempt["outcome"] = event.attrs["outcome"]
-        attempt["code"] = event.attrs.get("code")
+    _update_dispatched_attempt(p, outcome=event.attrs["outcome"], code=event.attrs.get("code"))
 
 
 def _eff_interrupted(p: Projector, event: Event) -> None:
     _set_error(p, event)
-    p._evidence["source"] = event.source.value
-    attempt = _current_attempt(p)
-    if attempt is not None:
-        attempt["code"] = event.attrs.get("code")
+    p._evidence["source"] = _SOURCE[event.source]
+    _update_dispatched_attempt(p, code=event.attrs.get("code"))
 
 
 def _eff_result_committed(p: Projector, event: Event) -> None:
@@ -598,13 +630,13 @@ def _eff_reconciled(p: Projector, event: Event) -> None:
     # The original attempt stays as recorded; the reconciliation is added beside it.
     p._evidence["reconciliation"] = {
         "outcome": event.attrs["outcome"],
-        "source": event.source.value,
+        "source": _SOURCE[event.source],
         "observer": event.observer,
         "observer_seq": event.observer_seq,
         "seq": event.seq,
         "note": event.attrs.get("note"),
     }
-    p._evidence["source"] = event.source.value
+    p._evidence["source"] = _SOURCE[event.source]
     p._code = None if event.attrs["outcome"] == Outcome.COMMITTED else Code.REMOTE_REJECTED
     p._message = event.attrs.get("message")
 
@@ -614,15 +646,18 @@ def _eff_observed(p: Projector, event: Event) -> None:
     step = f"{proto}.{event.attrs.get('state')}"
     steps = p._evidence.setdefault("steps", [])
     steps.append(step)
+    p._mutable.add("steps")
     facts = event.attrs.get("facts")
     if facts:
         p._evidence.setdefault(proto, {}).update(facts)
+        p._mutable.add(proto)
 
 
 def _eff_lease_lost(p: Projector, event: Event) -> None:
     p._evidence.setdefault("stale_workers", []).append(
         {"generation": event.attrs.get("generation"), "seq": event.seq}
     )
+    p._mutable.add("stale_workers")
 
 
 def _eff_approval(p: Projector, event: Event) -> None:
@@ -630,9 +665,12 @@ def _eff_approval(p: Projector, event: Event) -> None:
 
 
 def _eff_credential(p: Projector, event: Event) -> None:
-    p._evidence["credential"] = {
-        k: event.attrs.get(k) for k in ("credential", "version", "inject") if k in event.attrs
-    }
+    attrs = event.attrs
+    cred = {}
+    for k in ("credential", "version", "inject"):  # never the secret itself
+        if k in attrs:
+            cred[k] = attrs[k]
+    p._evidence["credential"] = cred
 
 
 def _eff_validated(p: Projector, event: Event) -> None:
@@ -672,6 +710,19 @@ _EFFECTS: dict[EventKind, Callable[[Projector, Event], None]] = {
     E.LEASE_LOST: _eff_lease_lost,
 }
 
+_RULES: dict[
+    EventKind,
+    tuple[
+        Callable[[Projector, Event], str | None] | None, Callable[[Projector, Event], None] | None
+    ],
+] = {kind: (_CHECKS.get(kind), _EFFECTS.get(kind)) for kind in EventKind}
+"""One lookup per event for its check and its effect."""
+
+_SPLIT: dict[str, dict[str, str]] = {
+    dest: {outcome.value: state for outcome, state in split.items()}
+    for dest, split in OUTCOME_SPLIT.items()
+}
+
 
 def project(events: Iterable[Event], now: float | None = None) -> Record:
     """Fold one invocation's events (in ``seq`` order) into its record."""
@@ -681,9 +732,22 @@ def project(events: Iterable[Event], now: float | None = None) -> Record:
 def project_all(events: Iterable[Event], now: float | None = None) -> dict[str, Record]:
     """Fold an interleaved log of many invocations; one record per invocation id."""
     folds: dict[str, Projector] = {}
-    for event in events:
-        p = folds.get(event.invocation_id)
-        if p is None:
-            p = folds[event.invocation_id] = Projector(event.invocation_id)
-        p.apply(event)
-    return {iid: p.record(now) for iid, p in folds.items()}
+    get = folds.get
+    apply = Projector.apply  # bound once: this loop runs once per journal row on recovery
+    # The fold allocates many small, acyclic containers (records, evidence dicts, attempt views)
+    # while the caller holds a large event list: every automatic cyclic-GC pass re-walks that
+    # list, which cost as much as the fold itself (tests/benchmarks/projection.py).  Nothing
+    # here can form a reference cycle, so pausing the cyclic collector loses nothing;
+    # reference counting still frees everything.
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        for event in events:
+            p = get(event.invocation_id)
+            if p is None:
+                p = folds[event.invocation_id] = Projector(event.invocation_id)
+            apply(p, event)
+        return {iid: p.record(now) for iid, p in folds.items()}
+    finally:
+        if gc_was_enabled:
+            gc.enable()

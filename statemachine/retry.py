@@ -91,7 +91,34 @@ class HintInputs:
 
 def compute_retry(h: HintInputs) -> Retry:
     """The retry hint for a record; see docs/contract.md for the table this implements."""
-    state = h.state
+    return retry_hint(
+        h.state,
+        h.outcome,
+        h.code,
+        h.idempotent,
+        h.key_expires_at,
+        h.has_key,
+        h.retry_after,
+        h.max_retry_after,
+        h.budget_left,
+        h.now,
+    )
+
+
+def retry_hint(
+    state: str,
+    outcome: Outcome,
+    code: Code | None,
+    idempotent: bool,
+    key_expires_at: float | None,
+    has_key: bool,
+    retry_after: float | None,
+    max_retry_after: float,
+    budget_left: int,
+    now: float,
+) -> Retry:
+    """``compute_retry`` with positional inputs: the projection calls it once per record and
+    building a ``HintInputs`` there cost more than the rules themselves."""
     if state.startswith("delivery_failed_"):
         # Seed: "keep outcome=committed or rejected, and set retry=fetch_result".
         return Retry.FETCH_RESULT
@@ -103,42 +130,44 @@ def compute_retry(h: HintInputs) -> Retry:
     if state == "reconciled_rejected":
         return Retry.AFTER_CORRECTION
 
-    if h.outcome == Outcome.NOT_ATTEMPTED:
-        if h.code is None:
+    if outcome == Outcome.NOT_ATTEMPTED:
+        if code is None:
             return Retry.NEVER  # not finished yet; nothing to retry
-        base = CODES[h.code].retry
-        if base == Retry.BACKOFF and h.budget_left <= 0:
+        base = CODES[code].retry
+        if base == Retry.BACKOFF and budget_left <= 0:
             return Retry.AFTER_CORRECTION
         return base
 
-    if h.outcome == Outcome.UNKNOWN:
-        return _unknown_hint(h)
+    if outcome == Outcome.UNKNOWN:
+        return _unknown_hint(idempotent, has_key, key_expires_at, budget_left, now)
 
-    if h.code is None:
+    if code is None:
         return Retry.NEVER  # a complete success: use it
-    if h.code == Code.REMOTE_THROTTLED:
+    if code == Code.REMOTE_THROTTLED:
         # Seed: "may permit backoff if the method is safe to retry and the response specifies a
         # suitable time".  Without either, the caller must look before sending again.
-        safe = h.idempotent or _key_usable(h)
-        timely = h.retry_after is None or h.retry_after <= h.max_retry_after
-        if safe and timely and h.budget_left > 0:
+        safe = idempotent or _key_usable(has_key, key_expires_at, now)
+        timely = retry_after is None or retry_after <= max_retry_after
+        if safe and timely and budget_left > 0:
             return Retry.BACKOFF
         return Retry.RECONCILE
-    return CODES[h.code].retry
+    return CODES[code].retry
 
 
-def _key_usable(h: HintInputs) -> bool:
-    if not h.has_key:
+def _key_usable(has_key: bool, key_expires_at: float | None, now: float) -> bool:
+    if not has_key:
         return False
-    return h.key_expires_at is None or h.now < h.key_expires_at - RETENTION_MARGIN_S
+    return key_expires_at is None or now < key_expires_at - RETENTION_MARGIN_S
 
 
-def _unknown_hint(h: HintInputs) -> Retry:
+def _unknown_hint(
+    idempotent: bool, has_key: bool, key_expires_at: float | None, budget_left: int, now: float
+) -> Retry:
     # The three safe paths out of unknown (seed, "Idempotency is defined by the remote contract").
-    if h.budget_left <= 0:
+    if budget_left <= 0:
         return Retry.RECONCILE
-    if h.idempotent:
+    if idempotent:
         return Retry.BACKOFF
-    if _key_usable(h):
+    if _key_usable(has_key, key_expires_at, now):
         return Retry.SAME_IDEMPOTENCY_KEY
     return Retry.RECONCILE

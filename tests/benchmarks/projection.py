@@ -1,0 +1,230 @@
+"""Projection throughput: ``project_all`` over a 1M-event synthetic journal, side by side with a
+bare Python loop doing the minimal honest work over the same events (one table lookup per event
+per invocation).  Recovery projects whole journals, so the fold must stay within ~10x of that.
+
+Run:  .venv/bin/python tests/benchmarks/projection.py [--events N] [--repeat R]
+Prints events/s for both and their ratio; asserts nothing (speed targets are shown, not tested).
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import gc
+import pstats
+import random
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from affidavit.statemachine import Event, EventKind, EvidenceSource, Projector, project_all
+from affidavit.statemachine.lifecycle import OUTCOME_SPLIT
+from affidavit.statemachine.projection import _TABLE
+
+E = EventKind
+S = EvidenceSource
+
+Step = tuple[EventKind, dict[str, Any], EvidenceSource]
+
+
+def _op(idempotent: bool, key: bool) -> dict[str, Any]:
+    op: dict[str, Any] = {
+        "target": "payments",
+        "protocol": "http",
+        "idempotent": idempotent,
+        "fingerprint": "sha256:8b1e",
+        "budget": 3,
+    }
+    if key:
+        op["idempotency"] = {"key": "req_1", "scope": "payments.create"}
+    return {"operation": op, "session": "s1"}
+
+
+T = S.TRANSPORT_OBSERVED
+_OBS = {"protocol": "http", "state": "headers_sent", "facts": {"reused": False}}
+_PRE: list[Step] = [
+    (E.PREFLIGHT_VALIDATED, {"config_hash": "sha256:c0f1"}, T),
+    (E.CREDENTIAL_AUTHORIZED, {"credential": "api", "version": 3, "inject": "bearer"}, T),
+]
+_DISPATCH: list[Step] = [
+    (E.DISPATCH_STARTED, {"generation": 0, "connection": "c1"}, T),
+    (E.PROTOCOL_OBSERVED, _OBS, T),
+    (E.REQUEST_SENT, {}, T),
+    (E.REMOTE_RESPONSE_STARTED, {"status": 200}, T),
+]
+_DONE: list[Step] = [
+    (
+        E.REMOTE_RESPONSE_COMPLETE,
+        {"outcome": "committed", "code": None, "status": 200},
+        S.REMOTE_RESPONSE,
+    ),
+    (E.RESULT_COMMITTED, {"sha256": "sha256:beef", "chunks": 1}, T),
+    (E.RESULT_DELIVERED, {}, T),
+]
+_REJECTED: list[Step] = [
+    (
+        E.REMOTE_RESPONSE_COMPLETE,
+        {"outcome": "rejected", "code": "REMOTE_REJECTED", "status": 401},
+        S.REMOTE_RESPONSE,
+    ),
+    (E.RESULT_COMMITTED, {"sha256": "sha256:0401"}, T),
+    (E.RESULT_DELIVERED, {}, T),
+]
+_SETUP_FAILED: list[Step] = [
+    (E.SETUP_ATTEMPT_FAILED, {"code": "CONNECTION_REFUSED", "stage": "tcp_connect"}, T),
+    (E.SETUP_FAILED, {"code": "CERTIFICATE_INVALID", "stage": "tls_handshake"}, T),
+]
+_RETRIED: list[Step] = [
+    (E.ATTEMPT_INTERRUPTED, {"code": "REMOTE_OUTCOME_UNKNOWN"}, T),
+    (E.RETRY_LEASE_ACQUIRED, {"generation": 1, "holder": "w2"}, T),
+    (E.CREDENTIAL_AUTHORIZED, {"credential": "api", "version": 3}, T),
+    (E.DISPATCH_STARTED, {"generation": 1, "connection": "c2"}, T),
+    (E.REQUEST_SENT, {}, T),
+]
+_RECONCILED: list[Step] = [
+    (E.ATTEMPT_INTERRUPTED, {"code": "CALLER_CANCELLED"}, T),
+    (E.RECONCILED, {"outcome": "committed", "note": "found by id"}, S.REMOTE_QUERY),
+]
+
+# (weight, steps after ACTION_ACCEPTED): a plausible production mix.
+TEMPLATES: list[tuple[int, list[Step]]] = [
+    (62, [*_PRE, *_DISPATCH, *_DONE]),
+    (8, [*_PRE, _DISPATCH[0], *_REJECTED]),
+    (8, [(E.PREFLIGHT_FAILED, {"code": "INVALID_FIELD", "field": "body.amount"}, T)]),
+    (4, [_PRE[0], (E.CREDENTIAL_FAILED, {"code": "VAULT_LOCKED"}, T)]),
+    (6, [*_PRE, *_SETUP_FAILED]),
+    (7, [*_PRE, *_DISPATCH[:3], *_RETRIED, *_DONE]),
+    (3, [*_PRE, *_DISPATCH[:3], *_RECONCILED]),
+    (2, [*_PRE, *_DISPATCH, *_DONE[:2], (E.RESULT_DELIVERY_FAILED, {}, T)]),
+]
+
+
+def synthetic_log(n_events: int, seed: int = 7, concurrency: int = 64) -> list[Event]:
+    """~n_events events of many invocations, interleaved as concurrent workers would write them
+    (each invocation's events in order; a global, increasing seq)."""
+    rng = random.Random(seed)
+    weights = [w for w, _ in TEMPLATES]
+    plans: list[list[Step]] = []
+    total = 0
+    while total < n_events:
+        _w, steps = rng.choices(TEMPLATES, weights)[0]
+        accepted: Step = (E.ACTION_ACCEPTED, _op(rng.random() < 0.3, rng.random() < 0.4), T)
+        plan = [accepted, *steps]
+        plans.append(plan)
+        total += len(plan)
+    events: list[Event] = []
+    active: list[tuple[str, list[Step], int]] = []
+    pending = iter(enumerate(plans))
+    seq = 0
+    while True:
+        while len(active) < concurrency:
+            nxt = next(pending, None)
+            if nxt is None:
+                break
+            i, plan = nxt
+            active.append((f"act_{i:08d}", plan, 0))
+        if not active:
+            break
+        j = rng.randrange(len(active))
+        iid, plan, pos = active[j]
+        kind, attrs, source = plan[pos]
+        seq += 1
+        events.append(Event(kind, iid, attrs, source=source, seq=seq))
+        if pos + 1 == len(plan):
+            active[j] = active[-1]
+            active.pop()
+        else:
+            active[j] = (iid, plan, pos + 1)
+    return events
+
+
+def bare_loop(events: Sequence[Event]) -> dict[str, str]:
+    """The minimal honest work: one table lookup per event, per invocation."""
+    table = _TABLE
+    split = OUTCOME_SPLIT
+    states: dict[str, str] = {}
+    for ev in events:
+        iid = ev.invocation_id
+        state = states.get(iid, "new")
+        dest = table[state][ev.kind]
+        if dest == "=":
+            dest = state
+        elif dest in split:
+            dest = split[dest][ev.attrs["outcome"]]
+        states[iid] = dest
+    return states
+
+
+def fold_only(events: Sequence[Event]) -> dict[str, Projector]:
+    """``project_all`` without building the records (and with the same GC pause): where the
+    time goes."""
+    folds: dict[str, Projector] = {}
+    gc.disable()
+    try:
+        for ev in events:
+            p = folds.get(ev.invocation_id)
+            if p is None:
+                p = folds[ev.invocation_id] = Projector(ev.invocation_id)
+            p.apply(ev)
+    finally:
+        gc.enable()
+    return folds
+
+
+def _race(fns: dict[str, Callable[[], object]], repeat: int) -> dict[str, float]:
+    """Best-of-``repeat`` seconds per function, run interleaved so that load from other processes
+    hits all of them alike (the ratio is what this script reports)."""
+    best = dict.fromkeys(fns, float("inf"))
+    for _ in range(repeat):
+        for name, fn in fns.items():
+            gc.collect()
+            t0 = time.perf_counter()
+            fn()
+            best[name] = min(best[name], time.perf_counter() - t0)
+    return best
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--events", type=int, default=1_000_000)
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--profile", action="store_true", help="cProfile one project_all run")
+    args = ap.parse_args()
+
+    t0 = time.perf_counter()
+    events = synthetic_log(args.events)
+    n = len(events)
+    print(f"synthetic log: {n:,} events, built in {time.perf_counter() - t0:.1f}s")
+
+    states = bare_loop(events)
+    records = project_all(events)
+    assert {iid: r.state for iid, r in records.items()} == states, "the two folds disagree"
+    t = _race(
+        {
+            "bare": lambda: bare_loop(events),
+            "fold": lambda: fold_only(events),
+            "project_all": lambda: project_all(events),
+        },
+        args.repeat,
+    )
+    bare_s, fold_s, proj_s = t["bare"], t["fold"], t["project_all"]
+
+    print(f"invocations:  {len(records):,}")
+    print(f"bare loop:    {n / bare_s:>12,.0f} events/s  ({bare_s:.3f}s)")
+    print(
+        f"fold only:    {n / fold_s:>12,.0f} events/s  ({fold_s:.3f}s, no records: "
+        f"{fold_s / bare_s:.1f}x)"
+    )
+    print(f"project_all:  {n / proj_s:>12,.0f} events/s  ({proj_s:.3f}s, records included)")
+    print(f"ratio:        {proj_s / bare_s:.1f}x slower than the bare loop (target: within 10x)")
+
+    if args.profile:
+        prof = cProfile.Profile()
+        prof.enable()
+        project_all(events)
+        prof.disable()
+        pstats.Stats(prof).sort_stats("tottime").print_stats(15)
+
+
+if __name__ == "__main__":
+    main()
