@@ -20,7 +20,7 @@ from .errors import (
     VerifyReport,
 )
 from .sealing import generate_auditor_keypair
-from .store import Journal, JournalReader, StoredResult, open_audit_payload
+from .store import Journal, JournalReader, Posted, StoredResult, open_audit_payload
 
 __all__ = [
     "GENESIS",
@@ -33,6 +33,7 @@ __all__ = [
     "Lease",
     "LeaseBusy",
     "LeaseLost",
+    "Posted",
     "ResultStoreFailed",
     "StoredResult",
     "VerifyReport",

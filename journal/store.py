@@ -70,7 +70,7 @@ from .errors import (
 )
 from .sealing import AuditSealer, BrokerKey, open_audit
 
-__all__ = ["Journal", "JournalReader", "StoredResult"]
+__all__ = ["Journal", "JournalReader", "Posted", "StoredResult"]
 
 T = TypeVar("T")
 
@@ -441,6 +441,32 @@ class _Req(Generic[T]):
     error: BaseException | None = None
 
 
+class Posted(Generic[T]):
+    """A write queued by ``Journal.post`` whose commit its author did not wait for."""
+
+    __slots__ = ("_req",)
+
+    def __init__(self, req: _Req[T]) -> None:
+        self._req = req
+
+    @property
+    def finished(self) -> bool:
+        return self._req.finished
+
+    async def wait(self) -> T:
+        """The write's answer once its transaction ended (raising its error, if it failed).
+        Not cancellable, like every journal write; one task at a time may wait."""
+        req = self._req
+        if not req.finished:
+            assert not req.parked, "another task already waits for this write"
+            req.task = trio.lowlevel.current_task()
+            req.parked = True
+            await trio.lowlevel.wait_task_rescheduled(_cannot_abort)
+        if req.error is not None:
+            raise req.error
+        return req.result  # type: ignore[return-value]
+
+
 class _Txn:
     """State of one writer transaction: the chain head as this transaction extends it."""
 
@@ -779,12 +805,17 @@ class Journal(JournalReader):
         self._sessions[iid] = session
         return p, session
 
-    async def _submit(
-        self, op: Callable[[_Txn], T | _Fail], *, barrier: bool, result_store: bool = False
-    ) -> T:
+    async def _enqueue(
+        self,
+        op: Callable[[_Txn], T | _Fail],
+        *,
+        barrier: bool,
+        result_store: bool = False,
+        task: trio.lowlevel.Task | None = None,
+    ) -> _Req[T]:
         if self._send is None:
             raise JournalError("journal is not open for writing (use `async with Journal.open`)")
-        req: _Req[T] = _Req(op, barrier, result_store, trio.lowlevel.current_task())
+        req: _Req[T] = _Req(op, barrier, result_store, task)
         try:
             try:
                 self._send.send_nowait(req)  # no checkpoint between queueing and parking
@@ -792,15 +823,18 @@ class Journal(JournalReader):
                 await self._send.send(req)
         except (trio.ClosedResourceError, trio.BrokenResourceError):
             raise JournalError(f"journal {self.path} is closed") from None
+        return req
+
+    async def _submit(
+        self, op: Callable[[_Txn], T | _Fail], *, barrier: bool, result_store: bool = False
+    ) -> T:
+        req = await self._enqueue(
+            op, barrier=barrier, result_store=result_store, task=trio.lowlevel.current_task()
+        )
         # Once queued, the write will happen: wait for its answer without being cancellable,
         # so a caller never loses track of a barrier that did commit (seed: classify by the
         # last proven boundary).  A pending cancellation is delivered at the next checkpoint.
-        if not req.finished:
-            req.parked = True
-            await trio.lowlevel.wait_task_rescheduled(_cannot_abort)
-        if req.error is not None:
-            raise req.error
-        return req.result  # type: ignore[return-value]
+        return await Posted(req).wait()
 
     # -- public writes --------------------------------------------------------------------------
 
@@ -842,6 +876,27 @@ class Journal(JournalReader):
             return txn.insert(event, attrs_text, sealed, audit)
 
         return await self._submit(op, barrier=barrier)
+
+    async def post(
+        self, event: Event, *, payload: Mapping[str, Any] | None = None
+    ) -> Posted[Event]:
+        """Queue a diagnostic (non-barrier) event and return without waiting for its commit.
+
+        DESIGN, "Durability barriers": diagnostic events between barriers may ride along with
+        the next barrier's transaction; recovery never depends on them.  The single writer keeps
+        queue order, so once any write queued later has returned, this event has been committed
+        in that transaction or an earlier one -- or it failed, and ``Posted.wait()`` raises why
+        (``ImpossibleEvent``, ``JournalWriteError``, as ``append`` would have).  Barrier kinds
+        (DISPATCH_STARTED, RESULT_COMMITTED) cannot be posted."""
+        if event.kind in BARRIER_KINDS:
+            raise ValueError(f"{event.kind.value} is a durability barrier: use append()")
+        attrs_text = _attrs_json(event)
+        sealed, audit = self._seal_payload(event, payload)
+
+        def op(txn: _Txn) -> Event:
+            return txn.insert(event, attrs_text, sealed, audit)
+
+        return Posted(await self._enqueue(op, barrier=False))
 
     def _check_lease(self, txn: _Txn, iid: str, lease: tuple[str, int]) -> _Fail | None:
         holder, generation = lease
@@ -943,6 +998,22 @@ class Journal(JournalReader):
     ) -> None:
         """Store one sealed chunk of a result stream (not complete until ``commit_result``).
         Index 0 starts the stream over, dropping chunks of an earlier, uncommitted attempt."""
+        op = self._chunk_op(invocation_id, stream, index, data)
+        await self._submit(op, barrier=False, result_store=True)
+
+    async def post_result_chunk(
+        self, invocation_id: str, stream: str, index: int, data: bytes
+    ) -> Posted[None]:
+        """``put_result_chunk`` without waiting for its commit (see ``post``), so that the last
+        chunk shares the transaction of the ``commit_result`` that follows.  Pass that call
+        ``expect=`` the streams' hashes: a chunk lost with a failed batch then makes the commit
+        fail instead of completing a result without it."""
+        op = self._chunk_op(invocation_id, stream, index, data)
+        return Posted(await self._enqueue(op, barrier=False, result_store=True))
+
+    def _chunk_op(
+        self, invocation_id: str, stream: str, index: int, data: bytes
+    ) -> Callable[[_Txn], None]:
         if index < 0:
             raise ValueError("chunk index must be >= 0")
         assert self._key is not None
@@ -965,14 +1036,22 @@ class Journal(JournalReader):
                 (invocation_id, stream, index, sealed),
             )
 
-        await self._submit(op, barrier=False, result_store=True)
+        return op
 
-    async def commit_result(self, event: Event, *, summary: Mapping[str, Any]) -> Event:
+    async def commit_result(
+        self,
+        event: Event,
+        *,
+        summary: Mapping[str, Any],
+        expect: Mapping[str, str] | None = None,
+    ) -> Event:
         """Write the completeness marker and RESULT_COMMITTED in one barrier transaction.
 
         The marker holds each stream's chunk count and SHA-256 and the whole result's SHA-256;
         the returned event's attrs carry ``sha256``, ``chunks`` and ``bytes`` (and so does the
-        hash chain).  Any storage fault raises ``ResultStoreFailed``; nothing of it is kept."""
+        hash chain).  Any storage fault raises ``ResultStoreFailed``; nothing of it is kept.
+        ``expect`` ({stream: hex SHA-256 of its bytes}): the stored streams must be exactly
+        these, or ``ResultStoreFailed`` is raised and nothing is written."""
         if event.kind is not EventKind.RESULT_COMMITTED:
             raise ValueError("commit_result takes a RESULT_COMMITTED event")
         iid = event.invocation_id
@@ -1000,6 +1079,10 @@ class Journal(JournalReader):
                 info["bytes"] += len(plain)
             for stream, info in per.items():
                 info["sha256"] = hashers[stream].hexdigest()
+            if expect is not None and {s: v["sha256"] for s, v in per.items()} != dict(expect):
+                raise ResultStoreFailed(
+                    f"result of invocation {iid}: stored streams differ from what was written"
+                )
             whole = _whole_sha256(per)
             attrs = {
                 **event.attrs,

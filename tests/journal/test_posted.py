@@ -1,0 +1,119 @@
+"""Posted writes: diagnostic events and a result's tail ride along with the next barrier's
+transaction (DESIGN, "Durability barriers": "Diagnostic events between barriers may ride along
+with the next barrier's transaction; recovery must never depend on them")."""
+
+from __future__ import annotations
+
+import hashlib
+import sqlite3
+from pathlib import Path
+
+import pytest
+import trio
+
+from affidavit.journal import Journal, ResultStoreFailed
+from affidavit.statemachine import Event, ImpossibleEvent
+from affidavit.statemachine import EventKind as E
+
+from .helpers import happy, until_dispatch
+
+LIMIT = 10
+
+
+def _count_commits(j: Journal) -> list[int]:
+    commits = [0]
+
+    def count() -> None:
+        commits[0] += 1
+
+    j._before_commit = count
+    return commits
+
+
+async def test_posted_events_commit_with_the_barrier_that_follows_in_one_transaction(
+    tmp_path: Path,
+) -> None:
+    async with Journal.open(tmp_path / "j.db") as j:
+        commits = _count_commits(j)
+        *diagnostic, dispatch = until_dispatch("inv-1")
+        with trio.fail_after(LIMIT):
+            posted = [await j.post(ev) for ev in diagnostic]
+            stored = await j.append(dispatch, barrier=True)
+            # Queue order: everything posted before the barrier is committed once it returns.
+            assert all(p.finished for p in posted)
+            answers = [await p.wait() for p in posted]
+        assert commits[0] == 1
+        assert [e.seq for e in answers] == [1, 2, 3]
+        assert stored.seq == 4
+        assert [e.kind for e in j.events("inv-1")] == [e.kind for e in until_dispatch("inv-1")]
+        assert j.verify().ok
+
+
+async def test_a_durability_barrier_cannot_be_posted(tmp_path: Path) -> None:
+    async with Journal.open(tmp_path / "j.db") as j:
+        for ev in until_dispatch("inv-1")[:3]:
+            await j.append(ev)
+        for kind in (E.DISPATCH_STARTED, E.RESULT_COMMITTED):
+            with pytest.raises(ValueError, match="barrier"):
+                await j.post(Event(kind, "inv-1", {"attempt": 1}))
+        assert len(j.events("inv-1")) == 3
+
+
+async def test_a_refused_posted_event_raises_at_wait_and_writes_nothing(tmp_path: Path) -> None:
+    async with Journal.open(tmp_path / "j.db") as j:
+        with trio.fail_after(LIMIT):
+            refused = await j.post(Event(E.REQUEST_SENT, "never-accepted"))
+            with pytest.raises(ImpossibleEvent):
+                await refused.wait()
+            ok = await j.post(until_dispatch("inv-1")[0])
+            assert (await ok.wait()).seq == 1
+        assert j.events("never-accepted") == []
+
+
+async def test_a_result_tail_and_its_commit_share_one_transaction(tmp_path: Path) -> None:
+    body = b'{"id":"pay_1"}'
+    async with Journal.open(tmp_path / "j.db") as j:
+        for ev in happy("inv-1"):
+            await j.append(ev)
+        commits = _count_commits(j)
+        with trio.fail_after(LIMIT):
+            await j.post_result_chunk("inv-1", "body", 0, body)
+            await j.commit_result(
+                Event(E.RESULT_COMMITTED, "inv-1"),
+                summary={"status": 201},
+                expect={"body": hashlib.sha256(body).hexdigest()},
+            )
+        assert commits[0] == 1
+        result = j.read_result("inv-1")
+        assert result is not None and result.streams == {"body": body}
+
+
+async def test_a_lost_tail_fails_the_commit_instead_of_completing_an_older_attempt(
+    tmp_path: Path,
+) -> None:
+    """An earlier, uncommitted attempt left chunk 0; this attempt's tail is lost with a failed
+    batch.  Without ``expect`` the commit would complete the *old* bytes; with it, it fails and
+    nothing is kept (the engine then records RESULT_STORE_FAILED)."""
+    new = b"this attempt's body"
+    async with Journal.open(tmp_path / "j.db") as j:
+        for ev in happy("inv-1"):
+            await j.append(ev)
+        await j.put_result_chunk("inv-1", "body", 0, b"an earlier attempt's partial body")
+
+        def disk_error() -> None:
+            raise sqlite3.OperationalError("disk I/O error")
+
+        with trio.fail_after(LIMIT):
+            j._before_commit = disk_error
+            tail = await j.post_result_chunk("inv-1", "body", 0, new)
+            with pytest.raises(ResultStoreFailed):
+                await tail.wait()
+            j._before_commit = None
+            with pytest.raises(ResultStoreFailed, match="differ"):
+                await j.commit_result(
+                    Event(E.RESULT_COMMITTED, "inv-1"),
+                    summary={"status": 201},
+                    expect={"body": hashlib.sha256(new).hexdigest()},
+                )
+        assert j.read_result("inv-1") is None
+        assert E.RESULT_COMMITTED not in [e.kind for e in j.events("inv-1")]
