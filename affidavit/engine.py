@@ -43,9 +43,11 @@ from affidavit.journal import (
     Journal,
     LeaseBusy,
     LeaseLost,
+    Posted,
     ResultStoreFailed,
 )
 from affidavit.statemachine import (
+    BARRIER_KINDS,
     Code,
     Decision,
     Event,
@@ -160,11 +162,22 @@ class _StreamSink:
             await self._put(name, st, bytes(st["buf"][:CHUNK]))
             del st["buf"][:CHUNK]
 
-    async def _put(self, name: str, st: dict[str, Any], chunk: bytes) -> None:
+    async def _put(
+        self, name: str, st: dict[str, Any], chunk: bytes, *, last: bool = False
+    ) -> None:
         st["sha"].update(chunk)
         st["bytes"] += len(chunk)
-        await self._journal.put_result_chunk(self._iid, name, st["index"], chunk)
+        if last:
+            # The tail rides along with commit_result's transaction; that commit checks
+            # ``expected()``, so a tail lost with a failed batch fails it (ResultStoreFailed).
+            await self._journal.post_result_chunk(self._iid, name, st["index"], chunk)
+        else:
+            await self._journal.put_result_chunk(self._iid, name, st["index"], chunk)
         st["index"] += 1
+
+    def expected(self) -> dict[str, str]:
+        """{stream: hex SHA-256 of the redacted bytes written}, for ``commit_result(expect=)``."""
+        return {name: st["sha"].hexdigest() for name, st in self._streams.items()}
 
     async def finish(self) -> dict[str, dict[str, Any]]:
         """Flush every stream; return per-stream {sha256, bytes, chunks} (redacted bytes)."""
@@ -172,7 +185,7 @@ class _StreamSink:
         for name, st in sorted(self._streams.items()):
             st["buf"] += st["redactor"].flush()
             if st["buf"]:
-                await self._put(name, st, bytes(st["buf"]))
+                await self._put(name, st, bytes(st["buf"]), last=True)
                 st["buf"].clear()
             out[name] = {
                 "sha256": "sha256:" + st["sha"].hexdigest(),
@@ -210,6 +223,8 @@ class Engine:
         self.holder = holder or f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
         self.vault = vault
         self._config_stat = self._stat()
+        self._posted: dict[trio.lowlevel.Task, list[Posted[Event]]] = {}
+        """Diagnostic events each running call posted and has not yet settled (see _append)."""
 
     # -- public ---------------------------------------------------------------------------------
 
@@ -223,6 +238,15 @@ class Engine:
         """Run one action; return its envelope.  Never raises for remote or preflight trouble:
         those are envelopes.  ``deliver`` (optional) sends the envelope to the caller; a failure
         there is recorded as RESULT_DELIVERY_FAILED and the result stays fetchable."""
+        try:
+            return await self._call(action, timeout, deliver)
+        finally:
+            # Normally settled already; after an exception, forget what is left.
+            self._posted.pop(trio.lowlevel.current_task(), None)
+
+    async def _call(
+        self, action: object, timeout: float | None, deliver: Deliver | None
+    ) -> dict[str, Any]:
         now = time.time()
         iid = new_invocation_id()
         session = action.get("session") if isinstance(action, Mapping) else None
@@ -487,7 +511,7 @@ class Engine:
                     Event(E.LEASE_LOST, attempt.iid, {"generation": attempt.generation}),
                     barrier=True,
                 )
-        return self._envelope(self._record(attempt.iid), busy=True)
+        return self._envelope(await self._record(attempt.iid), busy=True)
 
     def _gate(self, attempt: _Attempt) -> Any:
         async def gate(facts: Mapping[str, Any]) -> None:
@@ -603,14 +627,17 @@ class Engine:
         try:
             with trio.CancelScope(shield=True):
                 await self.journal.commit_result(
-                    Event(E.RESULT_COMMITTED, iid, {"sha256": sink.digest()}), summary=summary
+                    Event(E.RESULT_COMMITTED, iid, {"sha256": sink.digest()}),
+                    summary=summary,
+                    expect=sink.expected(),
                 )
         except ResultStoreFailed:
             # Render only what the durable record proves, plus the failure itself.
+            self._posted.pop(trio.lowlevel.current_task(), None)  # that batch failed with it
             durable = self.journal.events(iid)
             rec = project([*durable, Event(E.RESULT_STORE_FAILED, iid, {})])
             return render_envelope(rec)
-        record = self._record(iid)
+        record = await self._record(iid)
         envelope = self._envelope(record)
         return await self._deliver(iid, envelope, deliver)
 
@@ -620,6 +647,7 @@ class Engine:
         if deliver is None:
             # In-process return: handing the dict back is the complete transfer.
             await self._append(Event(E.RESULT_DELIVERED, iid, {"channel": "return"}))
+            await self._settle()  # whoever reads the journal next sees the delivery
             return envelope
         try:
             await deliver(envelope)
@@ -628,14 +656,14 @@ class Engine:
             await self._append(
                 Event(E.RESULT_DELIVERY_FAILED, iid, {"channel": "deliver"}), barrier=True
             )
-            return self._envelope(self._record(iid))
+            return self._envelope(await self._record(iid))
         await self._append(Event(E.RESULT_DELIVERED, iid, {"channel": "deliver"}), barrier=True)
         return envelope
 
     async def _finish(self, iid: str, event: Event) -> dict[str, Any]:
         """Append the call's last event as a barrier and render the durable record."""
         await self._append(event, barrier=True)
-        return self._envelope(self._record(iid))
+        return self._envelope(await self._record(iid))
 
     async def _refuse_new(
         self,
@@ -678,7 +706,7 @@ class Engine:
         timeout: float | None,
         deliver: Deliver | None,
     ) -> dict[str, Any]:
-        record = self._record(iid)
+        record = await self._record(iid)
         if not record.final:
             record = await self._recover_stale(record)
             if not record.final:
@@ -692,9 +720,9 @@ class Engine:
                     iid, self.holder, self._lease_ttl(target, timeout)
                 )
             except LeaseBusy:
-                return self._envelope(self._record(iid), busy=True)
+                return self._envelope(await self._record(iid), busy=True)
             except ImpossibleEvent:
-                return self._envelope(self._record(iid))
+                return self._envelope(await self._record(iid))
             return await self._run_attempt(
                 iid,
                 action,
@@ -741,17 +769,38 @@ class Engine:
             return record
         with contextlib.suppress(ImpossibleEvent):  # someone closed it first; the journal knows
             await self._append(closing, barrier=True)
-        return self._record(record.invocation_id)
+        return await self._record(record.invocation_id)
 
     # -- helpers ------------------------------------------------------------------------
 
-    async def _append(self, event: Event, *, barrier: bool = False) -> Event:
+    async def _append(self, event: Event, *, barrier: bool = False) -> None:
         # Shielded: a caller's cancellation must not leave it unclear whether a record landed.
         with trio.CancelScope(shield=True):
-            stored = await self.journal.append(event, barrier=barrier)
-        return stored
+            if barrier or event.kind in BARRIER_KINDS:
+                await self.journal.append(event, barrier=True)
+                return
+            # A diagnostic event rides along with the next barrier's transaction instead of
+            # costing a writer round trip of its own (DESIGN, "Durability barriers"; recovery
+            # never depends on it).  Queue order puts it before every later write of this call;
+            # _record settles it before the journal is read for the envelope.
+            posted = await self.journal.post(event)
+        self._posted.setdefault(trio.lowlevel.current_task(), []).append(posted)
 
-    def _record(self, iid: str) -> Record:
+    async def _settle(self) -> None:
+        """Wait for this call's posted events (committed by now, unless the write that follows
+        them has not returned yet); raise the first one's failure, as ``append`` would have."""
+        posted = self._posted.pop(trio.lowlevel.current_task(), None)
+        error: BaseException | None = None
+        for p in posted or ():
+            try:
+                await p.wait()
+            except Exception as exc:
+                error = error or exc
+        if error is not None:
+            raise error
+
+    async def _record(self, iid: str) -> Record:
+        await self._settle()
         record = self.journal.record(iid, now=time.time())
         assert record is not None, iid
         return record

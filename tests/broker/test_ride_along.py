@@ -1,0 +1,55 @@
+"""A call's diagnostic events ride along with its barriers (DESIGN, "Durability barriers"): a
+successful HTTP call costs three journal transactions -- DISPATCH_STARTED with everything before
+it, RESULT_COMMITTED with the response events and the result's tail, then RESULT_DELIVERED --
+two of them fsynced barriers, and the whole record is readable the moment ``call`` returns."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from affidavit.statemachine import EventKind
+from tests.http.hostile import HostileServer, Reply, scripts
+
+from .helpers import assert_ok, event_kinds, http_target, open_broker, raw_kinds, write_config
+
+E = EventKind
+LIMIT = 10
+GET = {"target": "api", "method": "GET", "path": "/thing"}
+
+
+def _count_transactions(journal: Any) -> list[tuple[int, bool]]:
+    """(writes, barrier?) per writer transaction, by wrapping the journal's batch commit."""
+    seen: list[tuple[int, bool]] = []
+    inner = journal._run_batch
+
+    def counted(batch: list[Any]) -> None:
+        seen.append((len(batch), any(r.barrier for r in batch)))
+        inner(batch)
+
+    journal._run_batch = counted
+    return seen
+
+
+async def test_a_successful_call_commits_in_three_transactions_two_of_them_barriers(
+    tmp_path: Path, token: str
+) -> None:
+    async with HostileServer.running(scripts.serve(Reply(200, body=b"ok"))) as srv:
+        cfg = write_config(tmp_path, {"api": http_target(srv.url)})
+        async with open_broker(cfg) as broker:
+            with trio.fail_after(LIMIT):
+                await broker.call(GET)  # warm: the connection is pooled
+                seen = _count_transactions(broker.journal)
+                env = await broker.call(GET)
+            assert_ok(broker, env)
+            iid = env["invocation_id"]
+            kinds = event_kinds(broker, iid)
+            assert [barrier for _, barrier in seen] == [True, True, False]
+            # Every event and the result's tail were written, in those three transactions.
+            assert sum(writes for writes, _ in seen) == len(kinds) + 1
+            assert kinds[0] is E.ACTION_ACCEPTED
+            assert kinds[-1] is E.RESULT_DELIVERED
+            # Read-your-writes: another connection sees the delivery as soon as call returns.
+            assert raw_kinds(tmp_path / "journal.db", iid)[-1] == E.RESULT_DELIVERED.value
