@@ -1,18 +1,31 @@
-"""SSH overhead, side by side in one run against the same sshd on 127.0.0.1:
+"""SSH overhead, side by side in one run against the same sshd on 127.0.0.1 (issue 5):
 
-  driver   affidavit's ``perform()`` of ``true`` (phase 1; phase 2 switches to ``Broker.call``)
+  broker   ``Broker.call({"target": "box", "command": "true"})`` with the journal on (temp
+           config and journal, key from an ``env:`` reference): every call is journaled,
+           DISPATCH_STARTED and RESULT_COMMITTED are fsync barriers, the result is stored
+  driver   affidavit's adapter alone, ``perform()`` with a no-op gate/observer/sink (the broker
+           minus engine and journal: where the difference goes)
   bare     the same exec done by a minimal non-blocking ssh-python client under trio
   openssh  OpenSSH's ``ssh`` binary (a process per call)
 
-sequentially and 8 concurrent.  Target: driver within 1.2x of bare.  A script, not a test:
+sequentially and 8 concurrent, columns interleaved round by round so drift hits them alike.
+Target: the broker within 1.2x of the bare ssh-python client.  Also printed: the journal's
+transactions and fsync barriers per broker call and the raw fsync cost of the journal's disk.
+A script, not a test (it asserts nothing about time):
 
-    .venv/bin/python tests/benchmarks/ssh_overhead.py [--calls N]
+    .venv/bin/python tests/benchmarks/ssh_overhead.py [--calls N] [--rounds R] [--profile FILE]
+
+``--profile FILE`` runs extra sequential broker calls under cProfile, writes the stats to FILE
+and prints the top functions by own time.
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
+import io
 import os
+import pstats
 import socket
 import statistics
 import sys
@@ -30,10 +43,84 @@ import trio
 
 from affidavit.adapters.base import AttemptContext
 from affidavit.adapters.ssh import SSH_TABLE, perform, prepare_credential
+from affidavit.broker import Broker
+from affidavit.config import load_config
 from affidavit.statemachine import ProtocolMachine, Step
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script from anywhere
 from tests.ssh.sshd import Sshd, start_sshd
+
+KEY_ENV = "AFFIDAVIT_BENCH_SSH_KEY"
+COLUMNS = ("broker", "driver", "bare", "openssh")
+
+
+class JournalCounter:
+    """Wraps the journal writer's batch commit (``Journal._run_batch``, as
+    ``http_overhead.py`` does): one call is one SQLite transaction; one holding a barrier
+    commits with ``synchronous=FULL`` (an fsync)."""
+
+    def __init__(self, journal: Any) -> None:
+        self.txns = 0
+        self.barriers = 0
+        self.seconds = 0.0
+        inner = journal._run_batch
+
+        def counted(batch: list[Any]) -> None:
+            t0 = time.perf_counter()
+            try:
+                inner(batch)
+            finally:
+                self.seconds += time.perf_counter() - t0
+                self.txns += 1
+                self.barriers += any(r.barrier for r in batch)
+
+        journal._run_batch = counted
+
+
+def broker_call(broker: Broker) -> Callable[[], Awaitable[None]]:
+    action = {"target": "box", "command": "true"}
+
+    async def call() -> None:
+        env = await broker.call(action)
+        if "error" in env or env["result"]["exit_status"] != 0:
+            raise RuntimeError(f"broker call failed: {env.get('error')}")
+
+    return call
+
+
+def _config(d: Path, server: Sshd) -> Path:
+    cfg = d / "affidavit.toml"
+    cfg.write_text(
+        f"""[journal]
+path = "{d / "journal.db"}"
+
+[targets.box]
+kind = "ssh"
+host = "127.0.0.1"
+port = {server.port}
+user = "{server.user}"
+host_key = "{server.host_pin}"
+credential = "env:{KEY_ENV}"
+timeout = {{ connect = 10, total = 60 }}
+""",
+        encoding="utf-8",
+    )
+    return cfg
+
+
+def fsync_ms(directory: Path, n: int = 30) -> float:
+    """Median of ``write(64 B) + os.fsync`` on the journal's disk, in ms."""
+    fd = os.open(directory / "fsync-probe", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    times = []
+    try:
+        for _ in range(n):
+            t0 = time.perf_counter()
+            os.write(fd, b"x" * 64)
+            os.fsync(fd)
+            times.append(time.perf_counter() - t0)
+    finally:
+        os.close(fd)
+    return statistics.median(times) * 1000
 
 
 async def _noop_gate(facts: Mapping[str, Any]) -> None:
@@ -146,28 +233,78 @@ async def _measure(call: Callable[[], Awaitable[None]], n: int, concurrency: int
     return (time.perf_counter() - t0) * 1000 / n
 
 
-async def main(calls: int, rounds: int) -> None:
+async def main(calls: int, rounds: int, profile: str | None) -> None:
     with tempfile.TemporaryDirectory() as d, start_sshd(Path(d)) as server:
-        makers = {"driver": driver_call, "bare": bare_call, "openssh": openssh_call}
-        funcs = {name: make(server) for name, make in makers.items()}
-        print(f"{calls} calls of `true` per cell, median of {rounds} interleaved rounds, ms/call")
-        print(f"{'mode':<14}{'driver':>10}{'bare':>10}{'openssh':>10}{'drv/bare':>10}"
-              f"{'drv/ossh':>10}")  # fmt: skip
-        for label, conc in (("sequential", 1), ("8 concurrent", 8)):
-            samples: dict[str, list[float]] = {k: [] for k in funcs}
-            for _ in range(rounds):  # interleaved so drift hits every column alike
-                for name, fn in funcs.items():
-                    samples[name].append(await _measure(fn, calls, conc))
-            med = {k: statistics.median(v) for k, v in samples.items()}
+        os.environ[KEY_ENV] = server.client_key.decode()
+        work = Path(d) / "broker"
+        work.mkdir()
+        async with Broker.open(config=load_config(_config(work, server))) as broker:
+            counter = JournalCounter(broker.journal)
+            funcs = {
+                "broker": broker_call(broker),
+                "driver": driver_call(server),
+                "bare": bare_call(server),
+                "openssh": openssh_call(server),
+            }
+            print(f"{calls} calls of `true` per cell, median of {rounds} interleaved rounds, "
+                  "ms/call (wall time / calls)")  # fmt: skip
             print(
-                f"{label:<14}{med['driver']:>10.2f}{med['bare']:>10.2f}{med['openssh']:>10.2f}"
-                f"{med['driver'] / med['bare']:>10.2f}{med['driver'] / med['openssh']:>10.2f}"
+                f"{'mode':<14}" + "".join(f"{c:>9}" for c in COLUMNS)
+                + f"{'brk/bare':>10}{'drv/bare':>10}{'brk/ossh':>10}"
+            )  # fmt: skip
+            paired: list[tuple[str, float]] = []
+            for label, conc in (("sequential", 1), ("8 concurrent", 8)):
+                samples: dict[str, list[float]] = {k: [] for k in funcs}
+                for _ in range(rounds):  # interleaved so drift hits every column alike
+                    for name, fn in funcs.items():
+                        samples[name].append(await _measure(fn, calls, conc))
+                med = {k: statistics.median(v) for k, v in samples.items()}
+                # Each round's own broker/bare ratio (measured back to back): robust to drift
+                # from other load on the machine between rounds.
+                paired.append(
+                    (label, statistics.median(
+                        b / r for b, r in zip(samples["broker"], samples["bare"], strict=True)
+                    ))
+                )  # fmt: skip
+                print(
+                    f"{label:<14}" + "".join(f"{med[c]:>9.2f}" for c in COLUMNS)
+                    + f"{med['broker'] / med['bare']:>10.2f}"
+                    + f"{med['driver'] / med['bare']:>10.2f}"
+                    + f"{med['broker'] / med['openssh']:>10.2f}"
+                )  # fmt: skip
+
+            print(
+                "median of per-round broker/bare ratios: "
+                + ", ".join(f"{label} {ratio:.2f}" for label, ratio in paired)
+                + " (target <= 1.20)"
             )
+            one = broker_call(broker)
+            t0, b0, s0 = counter.txns, counter.barriers, counter.seconds
+            n = 10
+            for _ in range(n):
+                await one()
+            print(
+                f"journal per broker call: {(counter.txns - t0) / n:.1f} transactions, "
+                f"{(counter.barriers - b0) / n:.1f} fsync barriers, "
+                f"{(counter.seconds - s0) * 1000 / n:.2f} ms in the writer thread; "
+                f"raw fsync on this disk: {fsync_ms(work):.2f} ms"
+            )
+            if profile:
+                prof = cProfile.Profile()
+                prof.enable()
+                for _ in range(calls):
+                    await one()
+                prof.disable()
+                prof.dump_stats(profile)
+                out = io.StringIO()
+                pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(15)
+                print(out.getvalue())
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=40)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--profile", help="write cProfile stats of extra broker calls here")
     args = parser.parse_args()
-    trio.run(main, args.calls, args.rounds)
+    trio.run(main, args.calls, args.rounds, args.profile)

@@ -16,6 +16,8 @@ from affidavit.statemachine import ProtocolMachine, Step
 from .hostile import HostileServer
 from .sshd import Sshd, SshdUnavailable, start_sshd
 
+__all__ = ["GateRefused", "Recorder", "Sshd", "hostile_target"]
+
 
 @pytest.fixture(scope="session")
 def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sshd]:

@@ -67,7 +67,7 @@ async def garbage_handshake_server(reply: bytes) -> AsyncIterator[int]:
             nursery.cancel_scope.cancel()
 
 
-class _Session(asyncssh.SSHServerSession):  # type: ignore[misc]
+class _Session(asyncssh.SSHServerSession[str]):
     def __init__(self, server: HostileServer) -> None:
         self._srv = server
         self._chan: Any = None
@@ -119,7 +119,7 @@ class _Session(asyncssh.SSHServerSession):  # type: ignore[misc]
         return True  # keep the channel half-open: our behaviours decide when to close
 
 
-class _Server(asyncssh.SSHServer):  # type: ignore[misc]
+class _Server(asyncssh.SSHServer):
     def __init__(self, srv: HostileServer) -> None:
         self._srv = srv
         self._user = ""

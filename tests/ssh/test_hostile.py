@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import trio
 
-from affidavit.adapters.base import AttemptInterrupted, SetupError
+from affidavit.adapters.base import AttemptInterrupted, RemoteResult, SetupError
 from affidavit.adapters.ssh import SshTarget, SshTimeouts, perform, prepare_credential
 from affidavit.statemachine import Code, Outcome
 
@@ -23,10 +23,12 @@ def key(sshd: Sshd) -> bytes:
     return sshd.client_key  # any key is accepted by the hostile server
 
 
-async def _run(srv: HostileServer, key: bytes, command: str, rec: Recorder, **kw: float):
+async def _run(
+    srv: HostileServer, key: bytes, command: str, rec: Recorder, **kw: float
+) -> RemoteResult:
     with trio.fail_after(10):
-        return await perform(hostile_target(srv, **kw), prepare_credential(key), command, None,
-                             rec.ctx)  # fmt: skip
+        target = hostile_target(srv, "bob", **kw)
+        return await perform(target, prepare_credential(key), command, None, rec.ctx)
 
 
 async def test_exit_status_zero_from_a_scripted_server(hostile: HostileServer, key: bytes) -> None:

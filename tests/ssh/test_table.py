@@ -30,7 +30,7 @@ def test_the_exec_request_is_the_only_dispatch_boundary() -> None:
     m = _run(SETUP)
     assert not m.dispatched and m.crosses_dispatch("exec")
     m.fire("exec")
-    assert m.dispatched and m.state == "exec_requesting"
+    assert (m.dispatched, m.state) == (True, "exec_requesting")
 
 
 def test_every_setup_state_can_fail_as_not_attempted() -> None:
