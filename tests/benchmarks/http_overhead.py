@@ -185,6 +185,8 @@ class TxnCounter:
     """Time spent inside the writer thread's transactions (SQLite work, fsync included)."""
     barrier_s: list[float] = field(default_factory=list)
     plain_s: list[float] = field(default_factory=list)
+    cpu: float = 0.0
+    """CPU time of the writer thread inside transactions (``time.thread_time``)."""
     profile: cProfile.Profile | None = None
     """With --profile: the writer thread's transactions (cProfile sees one thread at a time)."""
 
@@ -197,6 +199,7 @@ class TxnCounter:
             barrier = any(r.barrier for r in batch)
             self.barrier_txns += barrier
             t0 = time.perf_counter()
+            c0 = time.thread_time()
             if self.profile is not None:
                 self.profile.enable()
             try:
@@ -205,6 +208,7 @@ class TxnCounter:
                 if self.profile is not None:
                     self.profile.disable()
                 took = time.perf_counter() - t0
+                self.cpu += time.thread_time() - c0
                 self.seconds += took
                 (self.barrier_s if barrier else self.plain_s).append(took)
 
@@ -363,9 +367,12 @@ async def run(args: argparse.Namespace, port: int, tmp: Path) -> None:
         # Throughput at concurrency.
         bare_rate = await concurrent(bare_call, args.calls, args.concurrency)
         conc_before = counter.snapshot()
+        cpu0, wcpu0 = time.process_time(), counter.cpu
         with _profiled(prof):
             brk_rate = await concurrent(broker_call, args.calls, args.concurrency)
         c_txn, c_bar, c_req, c_s = _delta(counter.snapshot(), conc_before)
+        writer_cpu = counter.cpu - wcpu0
+        main_cpu = time.process_time() - cpu0 - writer_cpu
     await bare.aclose()
 
     fsync_s = statistics.median(fsync_times)
@@ -424,6 +431,11 @@ async def run(args: argparse.Namespace, port: int, tmp: Path) -> None:
         f"  journal: {c_txn} transactions ({c_bar} with fsync) for {args.calls} calls = "
         f"{c_bar / args.calls:.3f} fsyncs/call, {c_req / max(c_txn, 1):.1f} writes per "
         f"transaction, {c_s:.2f} s inside them"
+    )
+    print(
+        f"  broker CPU per call: {ms(main_cpu / args.calls)} ms event-loop thread + "
+        f"{ms(writer_cpu / args.calls)} ms journal writer thread (one GIL); the bare client's "
+        f"whole budget per call at its rate is {ms(1 / bare_rate)} ms"
     )
     if prof is not None and counter.profile is not None:
         prof.dump_stats(args.profile)
