@@ -25,7 +25,7 @@ from affidavit.config import CONFIG_ENV, DEFAULT_CONFIG, ConfigError, load_confi
 from affidavit.journal import JournalError, JournalReader
 from affidavit.statemachine import Event, Outcome, Phase, Record
 
-__all__ = ["add_commands", "record_to_json"]
+__all__ = ["add_commands", "metrics", "record_to_json"]
 
 
 def add_commands(sub: Any) -> None:
@@ -55,6 +55,15 @@ def add_commands(sub: Any) -> None:
     s = sub.add_parser("sessions", help="sessions with their action counts")
     _common(s)
     s.set_defaults(handler=_sessions)
+
+    m = sub.add_parser(
+        "metrics", help="invocation counts by phase and outcome (and by code), never merged"
+    )
+    _common(m)
+    m.add_argument("--session", help="only this session")
+    m.add_argument("--since", help="accepted at or after (ISO 8601 or epoch seconds)")
+    m.add_argument("--prometheus", action="store_true", help="Prometheus text exposition format")
+    m.set_defaults(handler=_metrics)
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -248,4 +257,63 @@ def _sessions(args: argparse.Namespace) -> int:
             f"{s['session'] or '-':24} {s['actions']:>8}  {_when(s['first_seen']):28} "
             f"{_when(s['last_seen']):28} {outcomes}"
         )
+    return 0
+
+
+def metrics(records: list[Record]) -> dict[str, Any]:
+    """Counts of invocations by (phase, outcome) and by (code, outcome).
+
+    Seed, "Retry code must be simple and testable": metrics must count phase and outcome
+    separately — a rise in connection_setup/not_attempted points at routing, certificates or
+    credentials; a rise in remote_execution/unknown needs reconciliation.  Lumping them together
+    as "errors" hides both."""
+    by_phase: dict[tuple[str, str], int] = {}
+    by_code: dict[tuple[str, str], int] = {}
+    for rec in records:
+        key = (rec.phase.value, rec.outcome.value)
+        by_phase[key] = by_phase.get(key, 0) + 1
+        code = rec.code.value if rec.code is not None else "OK"
+        ckey = (code, rec.outcome.value)
+        by_code[ckey] = by_code.get(ckey, 0) + 1
+    return {
+        "invocations": len(records),
+        "by_phase_outcome": [
+            {"phase": ph, "outcome": oc, "count": n} for (ph, oc), n in sorted(by_phase.items())
+        ],
+        "by_code_outcome": [
+            {"code": c, "outcome": oc, "count": n} for (c, oc), n in sorted(by_code.items())
+        ],
+    }
+
+
+def _metrics(args: argparse.Namespace) -> int:
+    since = _time_arg(args.since, "since")
+    with _open(args) as j:
+        data = metrics(j.list_actions(session=args.session, since=since))
+    if args.json:
+        _print_json(data)
+    elif args.prometheus:
+        print("# HELP affidavit_invocations Invocations by phase and outcome.")
+        print("# TYPE affidavit_invocations gauge")
+        for row in data["by_phase_outcome"]:
+            print(
+                f'affidavit_invocations{{phase="{row["phase"]}",outcome="{row["outcome"]}"}} '
+                f"{row['count']}"
+            )
+        print("# HELP affidavit_invocations_by_code Invocations by error code and outcome.")
+        print("# TYPE affidavit_invocations_by_code gauge")
+        for row in data["by_code_outcome"]:
+            print(
+                f'affidavit_invocations_by_code{{code="{row["code"]}",outcome="{row["outcome"]}"}} '
+                f"{row['count']}"
+            )
+    else:
+        print(f"{data['invocations']} invocations")
+        print(f"{'phase':<22} {'outcome':<14} count")
+        for row in data["by_phase_outcome"]:
+            print(f"{row['phase']:<22} {row['outcome']:<14} {row['count']}")
+        print()
+        print(f"{'code':<26} {'outcome':<14} count")
+        for row in data["by_code_outcome"]:
+            print(f"{row['code']:<26} {row['outcome']:<14} {row['count']}")
     return 0

@@ -1,0 +1,108 @@
+"""`affidavit metrics`: phase and outcome are counted separately, never merged as "errors"."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from affidavit.journal import Journal
+from affidavit.journal_cli import metrics
+from affidavit.statemachine import Event, EventKind, EvidenceSource
+
+E = EventKind
+OP = {"target": "t", "protocol": "http", "idempotent": False, "fingerprint": "sha256:x"}
+
+
+async def _write(path: Path) -> None:
+    async with Journal.open(path) as j:
+        # connection_setup / not_attempted
+        await j.append(Event(E.ACTION_ACCEPTED, "a1", {"operation": OP, "session": "s1"}))
+        await j.append(Event(E.PREFLIGHT_VALIDATED, "a1", {}))
+        await j.append(Event(E.CREDENTIAL_AUTHORIZED, "a1", {}))
+        await j.append(
+            Event(E.SETUP_FAILED, "a1", {"code": "CONNECTION_REFUSED", "stage": "tcp_connect"}),
+            barrier=True,
+        )
+        # remote_execution / unknown
+        for iid in ("a2", "a3"):
+            await j.append(Event(E.ACTION_ACCEPTED, iid, {"operation": OP, "session": "s2"}))
+            await j.append(Event(E.PREFLIGHT_VALIDATED, iid, {}))
+            await j.append(Event(E.CREDENTIAL_AUTHORIZED, iid, {}))
+            await j.append(Event(E.DISPATCH_STARTED, iid, {"generation": 0}))
+            await j.append(
+                Event(E.ATTEMPT_INTERRUPTED, iid, {"code": "REMOTE_OUTCOME_UNKNOWN"}), barrier=True
+            )
+        # remote_execution / committed with an error code (HTTP 500): known, not a success
+        await j.append(Event(E.ACTION_ACCEPTED, "a4", {"operation": OP, "session": "s2"}))
+        await j.append(Event(E.PREFLIGHT_VALIDATED, "a4", {}))
+        await j.append(Event(E.CREDENTIAL_AUTHORIZED, "a4", {}))
+        await j.append(Event(E.DISPATCH_STARTED, "a4", {"generation": 0}))
+        await j.append(
+            Event(
+                E.REMOTE_RESPONSE_COMPLETE,
+                "a4",
+                {"outcome": "committed", "code": "REMOTE_ERROR", "status": 500},
+                source=EvidenceSource.REMOTE_RESPONSE,
+            ),
+            barrier=True,
+        )
+
+
+async def test_metrics_count_phase_and_outcome_separately(tmp_path: Path) -> None:
+    db = tmp_path / "j.db"
+    await _write(db)
+    with _reader(db) as j:
+        data = metrics(j.list_actions())
+    assert data["invocations"] == 4
+    rows = {(r["phase"], r["outcome"]): r["count"] for r in data["by_phase_outcome"]}
+    assert rows == {
+        ("connection_setup", "not_attempted"): 1,
+        ("remote_execution", "unknown"): 2,
+        ("remote_execution", "committed"): 1,
+    }
+    codes = {(r["code"], r["outcome"]): r["count"] for r in data["by_code_outcome"]}
+    assert codes[("REMOTE_ERROR", "committed")] == 1
+    assert codes[("CONNECTION_REFUSED", "not_attempted")] == 1
+
+
+def _reader(db: Path):  # type: ignore[no-untyped-def]
+    from affidavit.journal import JournalReader
+
+    return JournalReader.open(db)
+
+
+async def test_metrics_cli_json_and_prometheus(tmp_path: Path) -> None:
+    db = tmp_path / "j.db"
+    await _write(db)
+    base = [sys.executable, "-m", "affidavit", "metrics", "--journal", str(db)]
+    out = subprocess.run(
+        [*base, "--json", "--session", "s2"], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert data["invocations"] == 3
+    prom = subprocess.run([*base, "--prometheus"], capture_output=True, text=True, timeout=60)
+    assert prom.returncode == 0, prom.stderr
+    assert 'affidavit_invocations{phase="remote_execution",outcome="unknown"} 2' in prom.stdout
+    assert (
+        'affidavit_invocations{phase="connection_setup",outcome="not_attempted"} 1' in prom.stdout
+    )
+
+
+async def test_a_closed_reader_pipe_is_not_a_traceback(tmp_path: Path) -> None:
+    """`affidavit actions | head -1`: the reader leaving early is not the broker's error."""
+    db = tmp_path / "j.db"
+    await _write(db)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "affidavit", "actions", "--journal", str(db)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # the reader is gone before the first line is written
+    with proc.stderr:
+        err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 141
+    assert "Traceback" not in err
