@@ -51,6 +51,8 @@ def render_envelope(record: Record, result: Mapping[str, Any] | None = None) -> 
     evidence["generation"] = record.generation
     evidence["budget"] = {"total": record.budget.total, "used": record.budget.used}
     evidence["record_seq"] = record.last_seq
+    if record.retry_after is not None:
+        evidence["retry_after"] = record.retry_after  # seconds the remote asked us to wait
     evidence["state"] = record.state
     env["evidence"] = evidence
     return env
@@ -124,6 +126,7 @@ def envelope_schema() -> dict[str, Any]:
                         },
                     },
                     "record_seq": {"type": ["integer", "null"]},
+                    "retry_after": {"type": "number", "minimum": 0},
                     "dispatch_seq": {"type": ["integer", "null"]},
                     "state": {"type": "string"},
                 },

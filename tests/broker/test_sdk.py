@@ -1,0 +1,114 @@
+"""The checked SDK style: raise with the envelope; auto-retry only backoff / same key."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import trio
+
+from affidavit.broker import Broker
+from affidavit.config import load_config
+from affidavit.demo import DemoServer, _config
+from affidavit.sdk import AffidavitError, call_checked
+
+
+@pytest.fixture
+async def demo(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[tuple[Broker, DemoServer]]:
+    monkeypatch.setenv("AFFIDAVIT_DEMO_TOKEN", "sdk-canary-token-1")
+    server = DemoServer()
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(server.serve)
+        cfg = tmp_path / "affidavit.toml"
+        cfg.write_text(_config(tmp_path, port), encoding="utf-8")
+        async with Broker.open(config=load_config(cfg)) as broker:
+            yield broker, server
+        nursery.cancel_scope.cancel()
+
+
+async def test_success_returns_the_envelope(demo: tuple[Broker, DemoServer]) -> None:
+    broker, _ = demo
+    with trio.fail_after(10):
+        env = await call_checked(broker, {"target": "api", "method": "GET", "path": "/hello"})
+    assert env["result"]["status"] == 200
+
+
+async def test_error_raises_with_the_whole_envelope(demo: tuple[Broker, DemoServer]) -> None:
+    broker, server = demo
+    with trio.fail_after(10), pytest.raises(AffidavitError) as info:
+        await call_checked(
+            broker, {"target": "api", "method": "GET", "path": "/forbidden"}, auto_retry=3
+        )
+    err = info.value
+    assert (err.code, err.outcome, err.retry) == ("REMOTE_REJECTED", "rejected", "after_correction")
+    assert err.envelope["error"]["code"] == "REMOTE_REJECTED"
+    assert server.requests == 1  # after_correction is never retried automatically
+    assert "sdk-canary-token-1" not in str(err)
+
+
+async def test_reconcile_is_never_retried_automatically(demo: tuple[Broker, DemoServer]) -> None:
+    broker, server = demo
+    action = {"target": "api", "method": "POST", "path": "/charge", "body": "{}"}
+    with trio.fail_after(10), pytest.raises(AffidavitError) as info:
+        await call_checked(broker, action, auto_retry=5)
+    assert (info.value.outcome, info.value.retry) == ("unknown", "reconcile")
+    assert server.requests == 1
+
+
+async def test_same_idempotency_key_is_retried_on_the_same_invocation(
+    demo: tuple[Broker, DemoServer],
+) -> None:
+    broker, server = demo
+    action = {"target": "payments", "method": "POST", "path": "/payments", "body": "{}"}
+    with trio.fail_after(10):
+        env = await call_checked(broker, action, auto_retry=1)
+    assert env["result"]["status"] == 201
+    assert env["evidence"]["budget"]["used"] == 2  # one invocation, two attempts
+    assert len(server.applied) == 1  # the key the broker minted made the retry safe
+    assert server.requests == 2
+
+
+class _Scripted:
+    """A caller answering from a script, to pin the retry schedule without a server."""
+
+    def __init__(self, envelopes: list[dict[str, object]]) -> None:
+        self.envelopes = envelopes
+        self.actions: list[dict[str, object]] = []
+        self.times: list[float] = []
+
+    async def call(self, action: object, *, timeout: float | None = None) -> dict[str, object]:
+        self.actions.append(dict(action))  # type: ignore[call-overload]
+        self.times.append(trio.current_time())
+        return self.envelopes.pop(0)
+
+
+def _err(retry: str, outcome: str, **evidence: object) -> dict[str, object]:
+    return {
+        "invocation_id": "act_x",
+        "error": {
+            "code": "REMOTE_THROTTLED",
+            "phase": "remote_execution",
+            "outcome": outcome,
+            "retry": retry,
+            "message": "slow down",
+        },
+        "evidence": evidence,
+    }
+
+
+async def test_backoff_waits_at_least_retry_after(autojump_clock: object) -> None:
+    ok = {"invocation_id": "act_y", "result": {"status": 200}, "evidence": {}}
+    caller = _Scripted([_err("backoff", "rejected", retry_after=7.0), ok])
+    env = await call_checked(caller, {"target": "t"}, auto_retry=2, backoff_base=0.1)
+    assert env is ok
+    assert caller.times[1] - caller.times[0] >= 7.0
+
+
+async def test_same_key_hint_without_a_recorded_key_raises(autojump_clock: object) -> None:
+    caller = _Scripted([_err("same_idempotency_key", "unknown")])
+    with pytest.raises(AffidavitError):
+        await call_checked(caller, {"target": "t"}, auto_retry=2)
+    assert len(caller.actions) == 1
