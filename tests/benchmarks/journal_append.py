@@ -1,27 +1,70 @@
 """Journal append throughput: group commit vs raw SQLite, measured side by side on one disk.
 
-    .venv/bin/python tests/benchmarks/journal_append.py [--dir DIR] [--seconds S]
+    .venv/bin/python tests/benchmarks/journal_append.py [--dir DIR] [--seconds S] [--runs R]
+        [--events N] [--ids engine|worker] [--profile FILE]
 
 Prints barrier appends per second from 1 task and from 64 concurrent trio tasks, next to raw
 ``sqlite3`` single-row ``synchronous=FULL`` commits and raw 100-row batched commits, plus the time
 to project a 100k-event journal from disk.  Targets (issue 3): 64 tasks >= 20x one task, and
 within 3x of the raw batched rate; projection of 100k events under 1 s.
+
+Every column of one run uses the same directory (``--dir``, default: the system temp dir), so
+the same disk.  The disk is noisy (fsync ~0.1-4 ms here), so the four rates are measured
+``--runs`` times, interleaved, and the table shows medians (min-max); the ratios are of medians.
+``--dir /dev/shm`` takes fsync out and shows the CPU-bound ceiling.
+
+``--ids engine`` (default) names invocations the way the engine does (``act_`` + a
+time-sortable ULID, ``affidavit.engine.new_invocation_id``), so the ``(invocation_id, seq)``
+index sees production's locality; ``--ids worker`` is the older ``w<task>-<n>`` naming, which
+keeps 64 index leaves hot at once.
+
+``--profile FILE`` runs the 64-task phase once more under cProfile: the trio thread's stats go
+to FILE, the journal writer thread's (cProfile sees one thread at a time) to FILE.writer, and
+the top entries of both are printed.
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
+import itertools
 import os
+import pstats
+import secrets
 import sqlite3
+import statistics
 import tempfile
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import trio
 
 from affidavit.journal import Journal, JournalReader
 from affidavit.statemachine import Event, EvidenceSource
 from affidavit.statemachine import EventKind as E
+
+_CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+
+
+def engine_id(_w: int, _n: int) -> str:
+    """Same shape as ``affidavit.engine.new_invocation_id`` (48-bit ms time + 80 random bits,
+    Crockford base32), without importing the engine."""
+    value = (int(time.time() * 1000) << 80) | int.from_bytes(secrets.token_bytes(10), "big")
+    chars = []
+    for _ in range(26):
+        chars.append(_CROCKFORD[value & 31])
+        value >>= 5
+    return "act_" + "".join(reversed(chars))
+
+
+def worker_id(w: int, n: int) -> str:
+    return f"w{w}-{n}"
+
+
+IDS: dict[str, Callable[[int, int], str]] = {"engine": engine_id, "worker": worker_id}
 
 
 def _happy(iid: str) -> list[Event]:
@@ -48,24 +91,67 @@ def _happy(iid: str) -> list[Event]:
     ]
 
 
-async def _journal_rate(path: Path, tasks: int, seconds: float) -> float:
+@dataclass
+class WriterStats:
+    """Counts the writer's transactions by wrapping ``Journal._run_batch`` (one call is one
+    SQLite transaction), and its CPU time (``time.thread_time`` in the writer thread)."""
+
+    txns: int = 0
+    requests: int = 0
+    cpu: float = 0.0
+    profile: cProfile.Profile | None = None
+
+    def install(self, journal: Any) -> None:
+        inner = journal._run_batch
+
+        def counted(batch: list[Any]) -> None:
+            self.txns += 1
+            self.requests += len(batch)
+            c0 = time.thread_time()
+            if self.profile is not None:
+                self.profile.enable()
+            try:
+                inner(batch)
+            finally:
+                if self.profile is not None:
+                    self.profile.disable()
+                self.cpu += time.thread_time() - c0
+
+        journal._run_batch = counted
+
+
+async def _journal_rate(
+    path: Path,
+    tasks: int,
+    seconds: float,
+    ids: Callable[[int, int], str],
+    stats: WriterStats,
+    profile: cProfile.Profile | None = None,
+) -> float:
     count = 0
     async with Journal.open(path) as j:
+        stats.install(j)
 
         async def worker(w: int) -> None:
             nonlocal count
             n = 0
             deadline = trio.current_time() + seconds
             while trio.current_time() < deadline:
-                for ev in _happy(f"w{w}-{n}"):
+                for ev in _happy(ids(w, n)):
                     await j.append(ev, barrier=True)
                     count += 1
                 n += 1
 
         start = time.perf_counter()
-        async with trio.open_nursery() as nursery:
-            for w in range(tasks):
-                nursery.start_soon(worker, w)
+        if profile is not None:
+            profile.enable()
+        try:
+            async with trio.open_nursery() as nursery:
+                for w in range(tasks):
+                    nursery.start_soon(worker, w)
+        finally:
+            if profile is not None:
+                profile.disable()
         elapsed = time.perf_counter() - start
     return count / elapsed
 
@@ -93,13 +179,13 @@ def _raw_rate(path: Path, batch: int, seconds: float) -> float:
     return count / elapsed
 
 
-async def _fill(path: Path, events: int) -> None:
+async def _fill(path: Path, events: int, ids: Callable[[int, int], str]) -> None:
     async with Journal.open(path) as j:
         per = len(_happy("x"))
 
         async def worker(w: int, n: int) -> None:
             for i in range(n):
-                for ev in _happy(f"f{w}-{i}"):
+                for ev in _happy(ids(w, i)):
                     await j.append(ev, barrier=False)
 
         invocations = events // per
@@ -108,43 +194,98 @@ async def _fill(path: Path, events: int) -> None:
                 nursery.start_soon(worker, w, invocations // 64)
 
 
+def _cell(values: list[float], unit: str = "/s") -> str:
+    med = statistics.median(values)
+    if unit == "/s":
+        return f"{med:12,.0f} /s  ({min(values):,.0f}-{max(values):,.0f})"
+    return f"{med:12.3f} s   ({min(values):.3f}-{max(values):.3f})"
+
+
+def _verdict(ok: bool) -> str:
+    return "MET" if ok else "MISSED"
+
+
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--dir", default=None, help="directory on the disk to measure (default: tmp)")
-    ap.add_argument("--seconds", type=float, default=3.0)
+    ap.add_argument("--seconds", type=float, default=3.0, help="per rate measurement")
+    ap.add_argument("--runs", type=int, default=3, help="interleaved repetitions (medians)")
     ap.add_argument("--events", type=int, default=100_000)
+    ap.add_argument("--ids", choices=sorted(IDS), default="engine")
+    ap.add_argument("--profile", default=None, help="cProfile the 64-task phase into FILE")
     args = ap.parse_args()
     base = Path(tempfile.mkdtemp(prefix="affidavit-bench-", dir=args.dir))
     s = args.seconds
-    one = trio.run(_journal_rate, base / "one.db", 1, s)
-    many = trio.run(_journal_rate, base / "many.db", 64, s)
-    raw1 = _raw_rate(base / "raw1.db", 1, s)
-    raw100 = _raw_rate(base / "raw100.db", 100, s)
+    ids = IDS[args.ids]
+    names = itertools.count()
+    one: list[float] = []
+    many: list[float] = []
+    raw1: list[float] = []
+    raw100: list[float] = []
+    batch: list[float] = []
+    wcpu: list[float] = []
+    for _ in range(args.runs):
+        one.append(trio.run(_journal_rate, base / f"one{next(names)}.db", 1, s, ids, WriterStats()))
+        st = WriterStats()
+        rate = trio.run(_journal_rate, base / f"many{next(names)}.db", 64, s, ids, st)
+        many.append(rate)
+        batch.append(st.requests / max(st.txns, 1))
+        wcpu.append(st.cpu / max(st.requests, 1) * 1e6)
+        raw1.append(_raw_rate(base / f"raw1-{next(names)}.db", 1, s))
+        raw100.append(_raw_rate(base / f"raw100-{next(names)}.db", 100, s))
 
     big = base / "big.db"
     t0 = time.perf_counter()
-    trio.run(_fill, big, args.events)
+    trio.run(_fill, big, args.events, ids)
     fill = time.perf_counter() - t0
-    with JournalReader.open(big) as r:
-        t0 = time.perf_counter()
-        records = r.list_actions()
-        project = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        report = r.verify()
-        verify = time.perf_counter() - t0
+    project: list[float] = []
+    verify: list[float] = []
+    for _ in range(args.runs):
+        # A fresh reader each time: nothing of an earlier fold is cached in this process.
+        with JournalReader.open(big) as r:
+            t0 = time.perf_counter()
+            records = r.list_actions()
+            project.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            report = r.verify()
+            verify.append(time.perf_counter() - t0)
 
-    print(f"disk: {base} ({os.statvfs(base).f_bsize}-byte blocks)")
-    print(f"{'journal barrier appends, 1 task':44} {one:12,.0f} /s")
-    print(f"{'journal barrier appends, 64 tasks':44} {many:12,.0f} /s")
-    print(f"{'raw sqlite3 FULL commit, 1 row each':44} {raw1:12,.0f} /s")
-    print(f"{'raw sqlite3 FULL commit, 100 rows each':44} {raw100:12,.0f} /s")
-    print(f"64 tasks / 1 task          = {many / one:6.1f}x   (target >= 20x)")
-    print(f"raw 100-row batch / 64 tasks = {raw100 / many:6.1f}x   (target <= 3x)")
-    print(f"journal 1 task / raw 1 row   = {one / raw1:6.2f}x")
+    m_one, m_many = statistics.median(one), statistics.median(many)
+    m_raw1, m_raw100 = statistics.median(raw1), statistics.median(raw100)
+    m_project = statistics.median(project)
+    print(f"disk: {base} ({os.statvfs(base).f_bsize}-byte blocks); ids: {args.ids}; ", end="")
+    print(f"{args.runs} runs of {s:g} s, median (min-max)")
+    print(f"{'journal barrier appends, 1 task':40} {_cell(one)}")
+    print(f"{'journal barrier appends, 64 tasks':40} {_cell(many)}")
+    print(f"{'raw sqlite3 FULL commit, 1 row each':40} {_cell(raw1)}")
+    print(f"{'raw sqlite3 FULL commit, 100 rows each':40} {_cell(raw100)}")
+    print(
+        f"64 tasks: {statistics.median(batch):.1f} appends per transaction, writer thread CPU "
+        f"{statistics.median(wcpu):.1f} us per append"
+    )
+    r_group = m_many / m_one
+    r_raw = m_raw100 / m_many
+    print(
+        f"64 tasks / 1 task             = {r_group:6.1f}x  (target >= 20x)  "
+        f"{_verdict(r_group >= 20)}"
+    )
+    print(f"raw 100-row batch / 64 tasks  = {r_raw:6.1f}x  (target <= 3x)   {_verdict(r_raw <= 3)}")
+    print(f"journal 1 task / raw 1 row    = {m_one / m_raw1:6.2f}x")
     print(
         f"projection of {report.count:,} events ({len(records):,} actions) from disk: "
-        f"{project:.2f} s (target < 1 s); verify: {verify:.2f} s; fill: {fill:.1f} s"
+        f"{_cell(project, 's')}  (target < 1 s)  {_verdict(m_project < 1.0)}"
     )
+    print(f"verify of the same journal:   {_cell(verify, 's')};  fill: {fill:.1f} s")
+
+    if args.profile:
+        main_prof, writer = cProfile.Profile(), WriterStats(profile=cProfile.Profile())
+        trio.run(_journal_rate, base / "profiled.db", 64, s, ids, writer, main_prof)
+        assert writer.profile is not None
+        main_prof.dump_stats(args.profile)
+        writer.profile.dump_stats(args.profile + ".writer")
+        for name, prof in (("trio thread", main_prof), ("journal writer thread", writer.profile)):
+            print(f"\n--- 64 tasks, {name}, cProfile by tottime ---")
+            pstats.Stats(prof).sort_stats("tottime").print_stats(15)
 
 
 if __name__ == "__main__":
