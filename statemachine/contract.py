@@ -135,6 +135,7 @@ class Code(StrEnum):
     REMOTE_COMMAND_FAILED = "REMOTE_COMMAND_FAILED"
     EXEC_REJECTED = "EXEC_REJECTED"
     RETRY_BUDGET_EXHAUSTED = "RETRY_BUDGET_EXHAUSTED"
+    IN_PROGRESS = "IN_PROGRESS"
     # result delivery
     RESULT_STORE_FAILED = "RESULT_STORE_FAILED"
     RESULT_DELIVERY_FAILED = "RESULT_DELIVERY_FAILED"
@@ -289,6 +290,13 @@ CODES: dict[Code, CodeInfo] = {
         _UN,
         Retry.RECONCILE,
         "The invocation's retry budget is spent; the latest evidence stands, reconcile.",
+    ),
+    Code.IN_PROGRESS: CodeInfo(
+        _RE,
+        _UN,
+        Retry.FETCH_RESULT,
+        "The invocation has not finished (or its broker stopped and its lease has not expired):"
+        " no result is recorded yet; fetch it later, never send it again.",
     ),
     Code.RESULT_STORE_FAILED: CodeInfo(
         _RD,

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .contract import Code, EvidenceSource, Outcome, Phase, Retry
+from .contract import CODES, Code, EvidenceSource, Outcome, Phase, Retry
 from .projection import Record
 
 __all__ = ["ENVELOPE_SCHEMA_ID", "envelope_schema", "render_envelope"]
@@ -29,7 +29,18 @@ ENVELOPE_SCHEMA_ID = "https://affidavit.dev/schema/envelope-v1.json"
 def render_envelope(record: Record, result: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The caller-facing envelope for ``record``; ``result`` is the stored (redacted) result."""
     env: dict[str, Any] = {"invocation_id": record.invocation_id}
-    if record.code is not None:
+    if not record.final:
+        # Not finished (running elsewhere, or its broker stopped and its lease has not expired
+        # yet): there is no result to present, and "no error" would read as success.  The
+        # caller may fetch later; it must not send the action again.
+        env["error"] = {
+            "code": Code.IN_PROGRESS.value,
+            "phase": record.phase.value,
+            "outcome": record.outcome.value,
+            "retry": Retry.FETCH_RESULT.value,
+            "message": CODES[Code.IN_PROGRESS].meaning,
+        }
+    elif record.code is not None:
         error: dict[str, Any] = {
             "code": record.code.value,
             "phase": record.phase.value,
@@ -42,7 +53,7 @@ def render_envelope(record: Record, result: Mapping[str, Any] | None = None) -> 
         env["error"] = error
     if result is not None:
         env["result"] = dict(result)
-    elif record.code is None:
+    elif "error" not in env:
         env["result"] = None
     evidence = dict(record.evidence)
     evidence["outcome"] = record.outcome.value

@@ -20,12 +20,13 @@ def test_throttled_envelope_carries_retry_after() -> None:
             source=EvidenceSource.REMOTE_RESPONSE,
             seq=5,
         ),
+        Event(E.RESULT_COMMITTED, "a", {"sha256": "sha256:00"}, seq=6),
     ]
     env = render_envelope(project(events))
     assert env["error"]["retry"] == "backoff"
     assert env["evidence"]["retry_after"] == 7.0
     # Without a Retry-After there is no such field (absence is not zero).
-    events[-1] = Event(
+    events[-2] = Event(
         E.REMOTE_RESPONSE_COMPLETE,
         "a",
         {"outcome": "rejected", "code": "REMOTE_THROTTLED", "status": 429},
@@ -33,3 +34,22 @@ def test_throttled_envelope_carries_retry_after() -> None:
         seq=5,
     )
     assert "retry_after" not in render_envelope(project(events))["evidence"]
+
+
+def test_an_unfinished_record_is_in_progress_never_a_bare_success() -> None:
+    """A record stopped at DISPATCH_STARTED (running elsewhere, or its broker was killed) has no
+    result: rendering it must not read as success (no error) nor invite a re-send."""
+    events = [
+        Event(E.ACTION_ACCEPTED, "a", {"operation": OP}, seq=1),
+        Event(E.PREFLIGHT_VALIDATED, "a", {}, seq=2),
+        Event(E.CREDENTIAL_AUTHORIZED, "a", {}, seq=3),
+        Event(E.DISPATCH_STARTED, "a", {"generation": 0}, seq=4),
+    ]
+    env = render_envelope(project(events))
+    assert env["error"]["code"] == "IN_PROGRESS"
+    assert (env["error"]["outcome"], env["error"]["retry"]) == ("unknown", "fetch_result")
+    assert env["evidence"]["dispatch_started"] is True
+    assert env.get("result") is None
+    # Before dispatch the same holds, with the outcome the record proves.
+    env = render_envelope(project(events[:3]))
+    assert (env["error"]["code"], env["error"]["outcome"]) == ("IN_PROGRESS", "not_attempted")
