@@ -19,7 +19,6 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
-import hmac
 import ipaddress
 import json
 import math
@@ -34,6 +33,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Literal
 
+from .adapters.ssh.known_hosts import known_host_keys
 from .credentials import CredentialError, parse_inject, parse_ref
 
 __all__ = [
@@ -412,66 +412,6 @@ def _check_host_key(line: str) -> str:
     if blob[4 : 4 + n] != key_type.encode():
         raise ValueError("key data does not match its key type")
     return f"{key_type} {b64}"
-
-
-def _host_pattern_match(pattern: str, name: str) -> bool:
-    # OpenSSH sshd(8) "SSH_KNOWN_HOSTS FILE FORMAT": `*` and `?` wildcards, case-insensitive.
-    rx = "".join(".*" if c == "*" else "." if c == "?" else re.escape(c) for c in pattern.lower())
-    return re.fullmatch(rx, name.lower()) is not None
-
-
-def _hosts_field_matches(field: str, names: tuple[str, ...]) -> bool:
-    if field.startswith("|1|"):
-        # Hashed entry: |1|base64(salt)|base64(HMAC-SHA1(salt, name))
-        try:
-            _, _, salt_b64, mac_b64 = field.split("|")
-            salt, mac = base64.b64decode(salt_b64), base64.b64decode(mac_b64)
-        except (ValueError, binascii.Error):
-            return False
-        return any(
-            hmac.compare_digest(hmac.new(salt, n.encode(), hashlib.sha1).digest(), mac)
-            for n in names
-        )
-    matched = False
-    for pattern in field.split(","):
-        negated = pattern.startswith("!")
-        if _host_pattern_match(pattern.lstrip("!"), names[0]):
-            if negated:
-                return False
-            matched = True
-    return matched
-
-
-def known_host_keys(text: str, host: str, port: int) -> tuple[str, ...]:
-    """Keys for ``host:port`` in OpenSSH known_hosts text, minus ``@revoked`` ones.
-    ``@cert-authority`` lines are skipped: we pin keys, not CAs."""
-    name = host if port == 22 else f"[{_host_for_url(host).strip('[]')}]:{port}"
-    names = (name,)
-    keys: set[str] = set()
-    revoked: set[str] = set()
-    for raw_line in text.splitlines():
-        line = raw_line.strip()
-        if not line or line.startswith("#"):
-            continue
-        marker = None
-        if line.startswith("@"):
-            marker, _, line = line.partition(" ")
-            line = line.strip()
-        fields = line.split()
-        if len(fields) < 3:
-            continue
-        try:
-            key = _check_host_key(" ".join(fields[1:3]))
-        except ValueError:
-            continue
-        if marker == "@revoked":
-            revoked.add(key)
-            continue
-        if marker is not None:
-            continue
-        if _hosts_field_matches(fields[0], names):
-            keys.add(key)
-    return tuple(sorted(keys - revoked))
 
 
 # --- the loader ---------------------------------------------------------------------------------
