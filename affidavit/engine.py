@@ -22,6 +22,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import hashlib
+import json
 import logging
 import os
 import secrets
@@ -74,6 +75,9 @@ SETUP_ATTEMPTS = 2
 """In-broker connection attempts per try (seed: "Limit the number of attempts and show them in
 a single action record"); only codes whose hint is backoff are retried."""
 SETUP_RETRY_DELAY = 0.05
+INLINE_RESULT_LIMIT = 1024 * 1024
+"""Results up to this many (redacted) bytes are kept in memory while they are journaled, so the
+envelope is rendered without reading them back; larger ones are read from the store."""
 LEASE_MARGIN = 30.0
 _PRE_DISPATCH_RETRYABLE = frozenset(
     {
@@ -135,13 +139,18 @@ class _Attempt:
 
 
 class _StreamSink:
-    """Redacts, hashes and journals result streams in chunks as they arrive (never whole)."""
+    """Redacts, hashes and journals result streams in chunks as they arrive (never whole).
+
+    A copy of the redacted bytes is kept while the whole result stays within
+    ``INLINE_RESULT_LIMIT``, for the envelope (``kept``)."""
 
     def __init__(self, journal: Journal, iid: str, secret_values: tuple[bytes, ...]) -> None:
         self._journal = journal
         self._iid = iid
         self._secrets = secret_values
         self._streams: dict[str, dict[str, Any]] = {}
+        self._kept = 0
+        self._keep = True
 
     def _stream(self, name: str) -> dict[str, Any]:
         st = self._streams.get(name)
@@ -152,6 +161,7 @@ class _StreamSink:
                 "index": 0,
                 "sha": hashlib.sha256(),
                 "bytes": 0,
+                "kept": [],
             }
         return st
 
@@ -167,6 +177,14 @@ class _StreamSink:
     ) -> None:
         st["sha"].update(chunk)
         st["bytes"] += len(chunk)
+        if self._keep:
+            self._kept += len(chunk)
+            if self._kept <= INLINE_RESULT_LIMIT:
+                st["kept"].append(chunk)
+            else:
+                self._keep = False
+                for other in self._streams.values():
+                    other["kept"].clear()
         if last:
             # The tail rides along with commit_result's transaction; that commit checks
             # ``expected()``, so a tail lost with a failed batch fails it (ResultStoreFailed).
@@ -194,11 +212,28 @@ class _StreamSink:
             }
         return out
 
+    def kept(self) -> dict[str, bytes] | None:
+        """After ``finish``: every stored stream's redacted bytes, as the journal holds them
+        (streams that stored no chunk are not part of a stored result), or None if the result
+        was too large to keep."""
+        if not self._keep:
+            return None
+        return {n: b"".join(st["kept"]) for n, st in self._streams.items() if st["index"]}
+
     def digest(self) -> str:
         whole = hashlib.sha256()
         for name, st in sorted(self._streams.items()):
             whole.update(name.encode() + b"\0" + st["sha"].digest())
         return "sha256:" + whole.hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class _Stored:
+    """A just-committed result in the shape of ``StoredResult``, for ``_result_payload``."""
+
+    summary: Mapping[str, Any]
+    streams: dict[str, bytes]
+    sha256: str
 
 
 Deliver = Callable[[dict[str, Any]], Awaitable[None]]
@@ -223,6 +258,7 @@ class Engine:
         self.holder = holder or f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
         self.vault = vault
         self._config_stat = self._stat()
+        self._snapshots: dict[str, tuple[Any, str]] = {}
         self._posted: dict[trio.lowlevel.Task, list[Posted[Event]]] = {}
         """Diagnostic events each running call posted and has not yet settled (see _append)."""
 
@@ -314,7 +350,9 @@ class Engine:
             "idempotency": idem,
             "budget": target.budget,
         }
-        await self._append(
+        # Written in the credential step's shielded section (one cancel scope for the three
+        # preflight events, instead of one per event).
+        preamble = (
             Event(
                 E.ACTION_ACCEPTED,
                 iid,
@@ -324,12 +362,20 @@ class Engine:
                     "holder": self.holder,
                     "lease_expires_at": now + self._lease_ttl(target, timeout),
                 },
-            )
+            ),
+            Event(E.PREFLIGHT_VALIDATED, iid, {"config_hash": self._snapshot_hash(target)}),
         )
-        expected = snapshot_hash(target)
-        await self._append(Event(E.PREFLIGHT_VALIDATED, iid, {"config_hash": expected}))
         return await self._run_attempt(
-            iid, parsed, target, binding, key, timeout, deliver, generation=0, lease=None
+            iid,
+            parsed,
+            target,
+            binding,
+            key,
+            timeout,
+            deliver,
+            generation=0,
+            lease=None,
+            preamble=preamble,
         )
 
     async def fetch_result(self, invocation_id: str) -> dict[str, Any] | None:
@@ -353,32 +399,40 @@ class Engine:
         *,
         generation: int,
         lease: tuple[str, int] | None,
+        preamble: tuple[Event, ...] = (),
     ) -> dict[str, Any]:
-        # Credential injection (seed: still preflight while no byte of the request has left).
-        try:
-            credential = resolve(
-                target.credential,
-                vault=self.vault,
-                base_dir=self.config.path.parent if self.config.path else None,
+        # One shielded section for the preflight events and the credential step: a caller's
+        # cancellation must not leave it unclear which of them landed, and one cancel scope per
+        # section is far cheaper than one per event (tests/benchmarks/http_overhead.py).
+        with trio.CancelScope(shield=True):
+            for event in preamble:
+                await self._write(event)
+            # Credential injection (seed: still preflight while no byte of the request has
+            # left).
+            try:
+                credential = resolve(
+                    target.credential,
+                    vault=self.vault,
+                    base_dir=self.config.path.parent if self.config.path else None,
+                )
+                prepared = binding.prepare(action, target, credential, key)
+            except CredentialError as exc:
+                return await self._finish(
+                    iid, Event(E.CREDENTIAL_FAILED, iid, {"code": exc.code.value})
+                )
+            await self._write(
+                Event(
+                    E.CREDENTIAL_AUTHORIZED,
+                    iid,
+                    {
+                        "credential": target.credential,
+                        "version": credential.version,
+                        **prepared.evidence,
+                    },
+                )
             )
-            prepared = binding.prepare(action, target, credential, key)
-        except CredentialError as exc:
-            return await self._finish(
-                iid, Event(E.CREDENTIAL_FAILED, iid, {"code": exc.code.value})
-            )
-        await self._append(
-            Event(
-                E.CREDENTIAL_AUTHORIZED,
-                iid,
-                {
-                    "credential": target.credential,
-                    "version": credential.version,
-                    **prepared.evidence,
-                },
-            )
-        )
 
-        expected = snapshot_hash(target)
+        expected = self._snapshot_hash(target)
         total = target.timeout.total if timeout is None else min(timeout, target.timeout.total)
         # Who gave up decides the code: the caller's shorter deadline is a cancellation; the
         # target's own total timeout is the remote failing to answer in time.
@@ -392,9 +446,10 @@ class Engine:
         try:
             with trio.move_on_after(total) as scope:
                 for n in range(1, SETUP_ATTEMPTS + 1):
-                    attempt = self._new_attempt(
-                        iid, generation, lease, target.name, expected, binding, n
-                    )
+                    if n > 1:
+                        attempt = self._new_attempt(
+                            iid, generation, lease, target.name, expected, binding, n
+                        )
                     result, failure, again = await self._try_once(binding, prepared, attempt, sink)
                     if not again:
                         break
@@ -407,19 +462,31 @@ class Engine:
             )
             with trio.CancelScope(shield=True):
                 await self._record_observed(attempt)
-                await self._append(closing, barrier=True)
+                await self._write(closing, barrier=True)
             raise
         if scope.cancelled_caught and result is None and failure is None:
             failure = self._boundary_failure(
                 attempt, after=timeout_code, before=Code.CONNECT_TIMEOUT
             )
-        await self._record_observed(attempt)
-        if isinstance(failure, _LeaseRefusal):
-            return await self._lease_refused(attempt, failure)
-        if failure is not None:
-            return await self._finish(iid, failure)
-        assert result is not None
-        return await self._complete(iid, result, sink, deliver)
+        # The journal-only tail runs in one shielded section (see above); delivery to a caller's
+        # channel is outside it, so a stuck channel stays cancellable.
+        with trio.CancelScope(shield=True):
+            await self._record_observed(attempt)
+            if isinstance(failure, _LeaseRefusal):
+                return await self._lease_refused(attempt, failure)
+            if failure is not None:
+                return await self._finish(iid, failure)
+            assert result is not None
+            envelope, committed = await self._commit(iid, result, sink)
+            if not committed:
+                return envelope
+            if deliver is None:
+                # In-process return: handing the dict back is the complete transfer.
+                await self._write(Event(E.RESULT_DELIVERED, iid, {"channel": "return"}))
+                await self._settle()  # whoever reads the journal next sees the delivery
+                return envelope
+        assert deliver is not None  # (the scope cannot swallow a return; mypy cannot tell)
+        return await self._deliver(iid, envelope, deliver)
 
     def _new_attempt(
         self,
@@ -588,67 +655,74 @@ class Engine:
         return observe
 
     async def _record_observed(self, attempt: _Attempt) -> None:
+        """Queue the attempt's milestones and protocol summary (caller holds a shield)."""
         for ev in attempt.pending:
-            await self._append(ev)
+            await self._write(ev)
         if attempt.steps:
             facts = {k: v for k, v in attempt.facts.items() if _jsonable(v)}
-            await self._append(
+            facts["path"] = attempt.steps
+            await self._write(
                 Event(
                     E.PROTOCOL_OBSERVED,
                     attempt.iid,
                     {
                         "protocol": attempt.machine.table.name,
                         "state": attempt.machine.state,
-                        "facts": {"path": attempt.steps, **facts},
+                        "facts": facts,
                     },
                 )
             )
 
     # -- completion ---------------------------------------------------------------------
 
-    async def _complete(
-        self, iid: str, result: RemoteResult, sink: _StreamSink, deliver: Deliver | None
-    ) -> dict[str, Any]:
+    async def _commit(
+        self, iid: str, result: RemoteResult, sink: _StreamSink
+    ) -> tuple[dict[str, Any], bool]:
+        """Store the result and RESULT_COMMITTED (a barrier); return the envelope rendered from
+        the durable record and whether the result was committed.  Caller holds a shield."""
         streams = await sink.finish()
+        digest = sink.digest()
         attrs: dict[str, Any] = {
             "outcome": result.outcome.value,
             "code": result.code.value if result.code else None,
-            "response_sha256": sink.digest(),
+            "response_sha256": digest,
         }
         for k in ("status", "exit_status", "exit_signal", "remote_request_id", "hop"):
             if k in result.facts:
                 attrs[k] = result.facts[k]
         if result.retry_after is not None:
             attrs["retry_after"] = result.retry_after
-        await self._append(
+        await self._write(
             Event(E.REMOTE_RESPONSE_COMPLETE, iid, attrs, source=EvidenceSource.REMOTE_RESPONSE)
         )
         summary = {**result.summary, "streams": streams}
         try:
-            with trio.CancelScope(shield=True):
-                await self.journal.commit_result(
-                    Event(E.RESULT_COMMITTED, iid, {"sha256": sink.digest()}),
-                    summary=summary,
-                    expect=sink.expected(),
-                )
+            committed = await self.journal.commit_result(
+                Event(E.RESULT_COMMITTED, iid, {"sha256": digest}),
+                summary=summary,
+                expect=sink.expected(),
+            )
         except ResultStoreFailed:
             # Render only what the durable record proves, plus the failure itself.
             self._posted.pop(trio.lowlevel.current_task(), None)  # that batch failed with it
             durable = self.journal.events(iid)
             rec = project([*durable, Event(E.RESULT_STORE_FAILED, iid, {})])
-            return render_envelope(rec)
+            return render_envelope(rec), False
         record = await self._record(iid)
-        envelope = self._envelope(record)
-        return await self._deliver(iid, envelope, deliver)
+        kept = sink.kept()
+        if kept is None:
+            return self._envelope(record), True
+        # The result the journal just stored: commit_result(expect=) verified, in the committing
+        # transaction, that the stored streams hash to exactly these bytes, and its event
+        # carries the stored result's hash -- reading it back would only decrypt and re-hash the
+        # same bytes.  The summary goes through JSON as the stored copy did, so this payload
+        # equals what fetch_result reads (tests/broker/test_http_e2e.py).
+        stored = _Stored(json.loads(json.dumps(summary)), kept, committed.attrs["sha256"])
+        return render_envelope(record, _result_payload(stored)), True
 
     async def _deliver(
-        self, iid: str, envelope: dict[str, Any], deliver: Deliver | None
+        self, iid: str, envelope: dict[str, Any], deliver: Deliver
     ) -> dict[str, Any]:
-        if deliver is None:
-            # In-process return: handing the dict back is the complete transfer.
-            await self._append(Event(E.RESULT_DELIVERED, iid, {"channel": "return"}))
-            await self._settle()  # whoever reads the journal next sees the delivery
-            return envelope
         try:
             await deliver(envelope)
         except Exception as exc:
@@ -776,15 +850,24 @@ class Engine:
     async def _append(self, event: Event, *, barrier: bool = False) -> None:
         # Shielded: a caller's cancellation must not leave it unclear whether a record landed.
         with trio.CancelScope(shield=True):
-            if barrier or event.kind in BARRIER_KINDS:
-                await self.journal.append(event, barrier=True)
-                return
-            # A diagnostic event rides along with the next barrier's transaction instead of
-            # costing a writer round trip of its own (DESIGN, "Durability barriers"; recovery
-            # never depends on it).  Queue order puts it before every later write of this call;
-            # _record settles it before the journal is read for the envelope.
-            posted = await self.journal.post(event)
-        self._posted.setdefault(trio.lowlevel.current_task(), []).append(posted)
+            await self._write(event, barrier=barrier)
+
+    async def _write(self, event: Event, *, barrier: bool = False) -> None:
+        """``_append`` for a caller already inside a shielded section."""
+        if barrier or event.kind in BARRIER_KINDS:
+            await self.journal.append(event, barrier=True)
+            return
+        # A diagnostic event rides along with the next barrier's transaction instead of costing
+        # a writer round trip of its own (DESIGN, "Durability barriers"; recovery never depends
+        # on it).  Queue order puts it before every later write of this call; _record settles
+        # it before the journal is read for the envelope.
+        posted = await self.journal.post(event)
+        task = trio.lowlevel.current_task()
+        mine = self._posted.get(task)
+        if mine is None:
+            self._posted[task] = [posted]
+        else:
+            mine.append(posted)
 
     async def _settle(self) -> None:
         """Wait for this call's posted events (committed by now, unless the write that follows
@@ -820,6 +903,15 @@ class Engine:
                 "message": "Another worker holds this invocation's lease; nothing was sent.",
             }
         return env
+
+    def _snapshot_hash(self, target: Any) -> str:
+        """``snapshot_hash`` of one of ``self.config``'s (frozen) targets, computed once."""
+        cached = self._snapshots.get(target.name)
+        if cached is not None and cached[0] is target:
+            return cached[1]
+        value = snapshot_hash(target)
+        self._snapshots[target.name] = (target, value)
+        return value
 
     def _lease_ttl(self, target: Any, timeout: float | None) -> float:
         total = target.timeout.total if timeout is None else min(timeout, target.timeout.total)

@@ -1,0 +1,116 @@
+"""The envelope of a call carries the result the sink just stored without reading it back
+(affidavit/engine.py, ``_StreamSink.kept``): it must be exactly what ``fetch_result`` -- a real
+read of the stored, verified result -- returns, for small, multi-chunk, binary, redacted and
+too-large-to-keep results alike (seed, "A result delivery error must not repeat execution":
+the delivered result and the retrievable one are the same result)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from affidavit import engine as engine_mod
+from tests.http.hostile import HostileServer, Received, Reply, scripts
+
+from .helpers import assert_ok, http_target, open_broker, write_config
+
+LIMIT = 10
+GET = {"target": "api", "method": "GET", "path": "/thing"}
+
+
+async def _call_and_fetch(tmp_path: Path, reply: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    async with HostileServer.running(scripts.serve(reply)) as srv:
+        cfg = write_config(tmp_path, {"api": http_target(srv.url)})
+        async with open_broker(cfg) as broker:
+            with trio.fail_after(LIMIT):
+                env = await broker.call(GET)
+                assert_ok(broker, env)
+                fetched = await broker.fetch_result(env["invocation_id"])
+    assert fetched is not None
+    return env, fetched
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"",
+        b'{"ok":true}',
+        bytes(range(256)) * 3,  # not UTF-8: delivered as body_base64
+        b"x" * (engine_mod.CHUNK * 2 + 17),  # several stored chunks, kept in memory
+    ],
+    ids=["empty", "small", "binary", "multi-chunk"],
+)
+async def test_the_delivered_result_is_the_stored_result(tmp_path: Path, token: str, body: bytes):
+    env, fetched = await _call_and_fetch(
+        tmp_path, Reply(200, headers=[("x-request-id", "r-1")], body=body)
+    )
+    assert env["result"] == fetched["result"]
+    assert env["result"]["sha256"] == env["evidence"]["result"]["sha256"]
+    if body:
+        assert env["result"]["sha256"] != ""
+
+
+async def test_a_result_over_the_inline_limit_is_read_back_from_the_store(
+    tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(engine_mod, "INLINE_RESULT_LIMIT", engine_mod.CHUNK)
+    reads: list[str] = []
+    body = b"y" * (engine_mod.CHUNK * 2)
+
+    async with HostileServer.running(scripts.serve(Reply(200, body=body))) as srv:
+        cfg = write_config(tmp_path, {"api": http_target(srv.url)})
+        async with open_broker(cfg) as broker:
+            inner = broker.journal.read_result
+
+            def counted(iid: str) -> Any:
+                reads.append(iid)
+                return inner(iid)
+
+            monkeypatch.setattr(broker.journal, "read_result", counted)
+            with trio.fail_after(LIMIT):
+                env = await broker.call(GET)
+                assert_ok(broker, env)
+                assert reads == [env["invocation_id"]]  # rendered from the stored copy
+                fetched = await broker.fetch_result(env["invocation_id"])
+    assert fetched is not None
+    assert env["result"]["body"] == body.decode()
+    assert env["result"] == fetched["result"]
+
+
+async def test_a_small_result_is_not_read_back_but_fetch_result_still_reads(
+    tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    reads: list[str] = []
+    async with HostileServer.running(scripts.serve(Reply(200, body=b"ok"))) as srv:
+        cfg = write_config(tmp_path, {"api": http_target(srv.url)})
+        async with open_broker(cfg) as broker:
+            inner = broker.journal.read_result
+
+            def counted(iid: str) -> Any:
+                reads.append(iid)
+                return inner(iid)
+
+            monkeypatch.setattr(broker.journal, "read_result", counted)
+            with trio.fail_after(LIMIT):
+                env = await broker.call(GET)
+                assert reads == []
+                fetched = await broker.fetch_result(env["invocation_id"])
+                assert reads == [env["invocation_id"]]  # fetch_result is a real read
+    assert fetched is not None and fetched["result"] == env["result"]
+
+
+async def test_an_echoed_credential_is_redacted_in_the_kept_copy_too(
+    tmp_path: Path, token: str
+) -> None:
+    def echo(req: Received) -> Reply:
+        auth = req.header("authorization") or ""
+        # Split across what a reader might see as two reads, and repeated.
+        return Reply(200, body=(f"before {auth} middle {auth.split()[-1]} after").encode())
+
+    env, fetched = await _call_and_fetch(tmp_path, echo)
+    assert token not in repr(env) and token not in repr(fetched)
+    assert "[REDACTED]" in env["result"]["body"]
+    assert env["result"] == fetched["result"]
