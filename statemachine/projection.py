@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import gc
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from types import MappingProxyType
-from typing import Any, TypeGuard, cast
+from typing import Any, NoReturn, TypeGuard, cast
 
 from .contract import CODES, Code, EvidenceSource, Outcome, Phase, Retry
 from .events import Event, EventKind
 from .lifecycle import INITIAL, OUTCOME_SPLIT, STATES, TRANSITIONS
-from .retry import retry_hint
+from .retry import retry_hint, static_retry_hint
 
 __all__ = ["Budget", "ImpossibleEvent", "Projector", "Record", "project", "project_all"]
 
@@ -120,6 +120,28 @@ def _compile() -> _Compiled:
 
 
 _TABLE: _Compiled = _compile()
+"""The lifecycle table as plain dicts ("=" and the ``*_*`` split destinations kept as declared);
+the model checks compare it with the ``transitions`` machine."""
+
+_Rule = Callable[["Projector", Event], str | None]
+"""Validates one event against the fold, raising ``ImpossibleEvent`` before changing anything,
+then applies its effect.  Returns the outcome that picks a split destination, else None."""
+
+_new = object.__new__
+_set = object.__setattr__
+
+
+class _RecordSlots:
+    """``Record``'s slot layout without its frozen ``__setattr__``.
+
+    A frozen dataclass's ``__init__`` sets each of Record's 21 fields through
+    ``object.__setattr__``, ~2.5 us per record — as much as folding a whole invocation's events
+    (tests/benchmarks/projection.py).  ``_build`` fills an instance of this twin with plain
+    attribute stores and then makes it a ``Record`` (``__class__`` assignment is allowed between
+    classes with identical slots); the result is an ordinary, frozen ``Record``.
+    """
+
+    __slots__ = tuple(f.name for f in fields(Record))
 
 
 class Projector:
@@ -137,13 +159,11 @@ class Projector:
         "_fingerprint",
         "_generation",
         "_idempotency",
-        "_idempotency_view",
         "_idempotent",
         "_invocation_id",
         "_last_seq",
         "_max_retry_after",
         "_message",
-        "_mutable",
         "_protocol",
         "_result_code",
         "_retry_after",
@@ -163,17 +183,16 @@ class Projector:
         self._protocol: str | None = None
         self._idempotent = False
         self._fingerprint: str | None = None
-        self._idempotency: dict[str, Any] | None = None
-        self._idempotency_view: Mapping[str, Any] | None = None
+        # A read-only view, set once by ACTION_ACCEPTED and handed to every record as is.
+        self._idempotency: Mapping[str, Any] | None = None
         self._generation = 0
         self._budget_total = DEFAULT_BUDGET
         self._budget_used = 0
         # Attempts are read-only views, replaced (never edited) when an attempt's outcome is
-        # learnt, so record() can hand them out without copying.
+        # learnt, so a record can hold them without copying.
         self._attempts: list[Mapping[str, Any]] = []
-        # Evidence keys whose values effects mutate in place (steps, protocol facts, stale
-        # workers); record() copies only those, every other value is replaced, never edited.
-        self._mutable: set[str] = set()
+        # Evidence values are replaced, never edited in place (steps, protocol facts and stale
+        # workers grow by copy): a record's snapshot is then one shallow copy of this dict.
         self._evidence: dict[str, Any] = {"dispatch_started": False}
         self._retry_after: float | None = None
         self._result_code: Code | None = None
@@ -191,41 +210,41 @@ class Projector:
     def apply(self, event: Event) -> str:
         """Fold one event; return the new state.  Raises ``ImpossibleEvent`` and changes nothing
         when the event is not allowed."""
-        # Hot path (recovery folds whole journals; tests/benchmarks/projection.py): one table
-        # lookup, one rule lookup, locals instead of repeated attribute reads.
-        state = self._state
-        iid = event.invocation_id
-        if iid != self._invocation_id and self._invocation_id is not None:
-            raise ImpossibleEvent(event, state, "belongs to another invocation")
+        # Hot path (recovery folds whole journals; tests/benchmarks/projection.py): one lookup
+        # gives the destination and the kind's rule, which checks and then applies the event.
+        rule = _ROWS[self._state].get(event.kind)
         seq = event.seq
-        last = self._last_seq
-        if seq is not None and last is not None and seq <= last:
-            raise ImpossibleEvent(event, state, f"seq {seq} does not follow {last}")
-        kind = event.kind
-        dest = _TABLE[state].get(kind)
-        if dest is None:
-            raise ImpossibleEvent(event, state, "no such transition in the lifecycle table")
-        check, effect = _RULES[kind]
-        if check is not None:
-            reason = check(self, event)
-            if reason is not None:
-                raise ImpossibleEvent(event, state, reason)
-        if dest == "=":
-            dest = state
-        elif dest in _SPLIT:
-            # the check proved attrs.outcome is "rejected" or "committed"
-            dest = _SPLIT[dest][event.attrs["outcome"]]
-        # -- validated: mutate --
-        self._invocation_id = iid
-        if effect is not None:
-            effect(self, event)
+        iid = self._invocation_id
+        if (
+            rule is None
+            or (seq is not None and self._last_seq is not None and seq <= self._last_seq)
+            or (iid is not None and event.invocation_id != iid)
+        ):
+            raise self._refusal(event)
+        dest, check_and_apply = rule
+        outcome = check_and_apply(self, event)
+        # -- the rule validated and applied the event; record that it happened --
+        if outcome is not None:
+            dest = _SPLIT[dest][outcome]  # the rule proved outcome is rejected or committed
         self._state = dest
         if seq is not None:
             self._last_seq = seq
         if event.at is not None:
             self._at = event.at
         self._events += 1
+        if iid is None:
+            self._invocation_id = event.invocation_id
         return dest
+
+    def _refusal(self, event: Event) -> ImpossibleEvent:
+        """Why ``apply`` refuses an event the lifecycle or the fold's order rules out."""
+        state = self._state
+        if event.invocation_id != self._invocation_id and self._invocation_id is not None:
+            return ImpossibleEvent(event, state, "belongs to another invocation")
+        seq, last = event.seq, self._last_seq
+        if seq is not None and last is not None and seq <= last:
+            return ImpossibleEvent(event, state, f"seq {seq} does not follow {last}")
+        return ImpossibleEvent(event, state, "no such transition in the lifecycle table")
 
     def extend(self, events: Iterable[Event]) -> Projector:
         for event in events:
@@ -234,67 +253,73 @@ class Projector:
 
     # -- reading ------------------------------------------------------------------------------
 
-    def _evidence_snapshot(self) -> dict[str, Any]:
-        ev = self._evidence.copy()
-        for key in self._mutable:
-            value = ev.get(key)
-            if value is not None:
-                ev[key] = value.copy()
-        return ev
-
     def record(self, now: float | None = None) -> Record:
-        spec = STATES[self._state]
-        if now is None:
-            now = self._at if self._at is not None else 0.0
-        idem = self._idempotency
-        hint = retry_hint(
-            self._state,
-            spec.outcome,
-            self._code,
-            self._idempotent,
-            idem.get("expires_at") if idem else None,
-            bool(idem and idem.get("key")),
-            self._retry_after,
-            self._max_retry_after,
-            self._budget_total - self._budget_used,
-            now,
-        )
+        """A snapshot of the fold: later events do not change it."""
+        return self._build(now, self._evidence.copy())
+
+    def _build(self, now: float | None, evidence: dict[str, Any]) -> Record:
+        """The record, with ``evidence`` as its evidence.  ``project``/``project_all`` pass the
+        fold's own dict (no copy): they drop the projector right after."""
+        state = self._state
+        phase, outcome, hints = _STATE_INFO[state]
         code = self._code
-        message = self._message or (CODES[code].meaning if code is not None else "")
-        return Record(
-            invocation_id=self._invocation_id or "",
-            state=self._state,
-            phase=spec.phase,
-            outcome=spec.outcome,
-            retry=hint,
-            code=code,
-            message=message,
-            session=self._session,
-            target=self._target,
-            protocol=self._protocol,
-            idempotent=self._idempotent,
-            fingerprint=self._fingerprint,
-            idempotency=self._idempotency_view,
-            generation=self._generation,
-            budget=_budget(self._budget_total, self._budget_used),
-            attempts=tuple(self._attempts),
-            evidence=MappingProxyType(self._evidence_snapshot()),
-            retry_after=self._retry_after,
-            last_seq=self._last_seq,
-            events=self._events,
-            field=self._field,
-        )
+        retry = hints[code]
+        if retry is None:  # the hint depends on the operation, the budget or the clock
+            if now is None:
+                now = self._at if self._at is not None else 0.0
+            idem = self._idempotency
+            retry = retry_hint(
+                state,
+                outcome,
+                code,
+                self._idempotent,
+                idem.get("expires_at") if idem else None,
+                bool(idem and idem.get("key")),
+                self._retry_after,
+                self._max_retry_after,
+                self._budget_total - self._budget_used,
+                now,
+            )
+        r: Any = _new(_RecordSlots)
+        r.invocation_id = self._invocation_id or ""
+        r.state = state
+        r.phase = phase
+        r.outcome = outcome
+        r.retry = retry
+        r.code = code
+        r.message = self._message or _MEANING[code]
+        r.session = self._session
+        r.target = self._target
+        r.protocol = self._protocol
+        r.idempotent = self._idempotent
+        r.fingerprint = self._fingerprint
+        r.idempotency = self._idempotency
+        r.generation = self._generation
+        r.budget = _budget(self._budget_total, self._budget_used)
+        r.attempts = tuple(self._attempts)
+        r.evidence = MappingProxyType(evidence)
+        r.retry_after = self._retry_after
+        r.last_seq = self._last_seq
+        r.events = self._events
+        r.field = self._field
+        _set(r, "__class__", Record)
+        return cast(Record, r)
 
 
-# --- per-event rules: a check (returns a reason or None) and an effect -----------------------
+# --- per-kind rules: check (refuse before any change), then apply ---------------------------
 
 
 # Enum lookups by value through plain dicts: ``Code(raw)`` goes through EnumMeta.__call__ and an
 # exception for unknown values, several times slower than a dict get on the hot path.
 _CODE_BY_VALUE: dict[str, Code] = {c.value: c for c in Code}
+_MEANING: dict[Code | None, str] = {None: "", **{c: CODES[c].meaning for c in Code}}
 _SOURCE: dict[EvidenceSource, str] = {s: s.value for s in EvidenceSource}
 _UNKNOWN, _NOT_ATTEMPTED = Outcome.UNKNOWN.value, Outcome.NOT_ATTEMPTED.value
 _RESOLVED_BY_VALUE: dict[str, Outcome] = {o.value: o for o in _RESOLVED}
+
+
+def _refuse(p: Projector, event: Event, reason: str) -> NoReturn:
+    raise ImpossibleEvent(event, p._state, reason)
 
 
 def _code_of(event: Event) -> Code | None:
@@ -317,175 +342,122 @@ def _is_number(value: object) -> TypeGuard[int | float]:
     return isinstance(value, int | float) and not isinstance(value, bool) and value >= 0
 
 
-def _check_phase_code(phase: Phase) -> Callable[[Projector, Event], str | None]:
-    def check(p: Projector, event: Event) -> str | None:
-        code = _code_of(event)
-        if code is None:
-            return "attrs.code must be a known code"
-        if CODES[code].phase is not phase:
-            return f"{code.value} is a {CODES[code].phase.value} code, not {phase.value}"
-        return None
-
-    return check
-
-
-def _is_mapping(value: object) -> bool:
+def _is_mapping(value: object) -> TypeGuard[Mapping[str, Any]]:
     # ``type() is dict`` first: the ABC instance check is slow and events are nearly always dicts
     return type(value) is dict or isinstance(value, Mapping)
 
 
-def _check_accepted(p: Projector, event: Event) -> str | None:
-    op = event.attrs.get("operation")
-    if not _is_mapping(op):
-        return "attrs.operation is required"
-    op = cast(Mapping[str, Any], op)
-    budget = op.get("budget", DEFAULT_BUDGET)
-    if not _is_int(budget) or budget < 1:
-        return "operation.budget must be a positive integer"
-    if not _is_number(op.get("max_retry_after", DEFAULT_MAX_RETRY_AFTER)):
-        return "operation.max_retry_after must be a non-negative number"
-    for key in ("target", "protocol", "fingerprint"):
-        value = op.get(key)
-        if value is not None and not isinstance(value, str):
-            return f"operation.{key} must be a string"
-    idem = op.get("idempotency")
-    if idem is not None:
-        if not _is_mapping(idem):
-            return "operation.idempotency must be an object"
-        for key in ("key", "scope", "fingerprint", "remote_contract"):
-            value = idem.get(key)
-            if value is not None and not isinstance(value, str):
-                return f"operation.idempotency.{key} must be a string"
-        expires = idem.get("expires_at")
-        if expires is not None and not _is_number(expires):
-            return "operation.idempotency.expires_at must be a number"
-    return None
-
-
-def _check_lease(p: Projector, event: Event) -> str | None:
-    gen = event.attrs.get("generation")
-    if not _is_int(gen) or gen <= p._generation:
-        return f"lease generation must exceed {p._generation}"
-    if p._budget_used >= p._budget_total:
-        return "retry budget exhausted"
-    return None
-
-
-def _check_dispatch(p: Projector, event: Event) -> str | None:
-    gen = event.attrs.get("generation", p._generation)
-    if not _is_int(gen) or gen != p._generation:
-        return f"stale generation {gen}; the current lease generation is {p._generation}"
-    return None
-
-
-def _check_lease_lost(p: Projector, event: Event) -> str | None:
-    gen = event.attrs.get("generation")
-    if not _is_int(gen) or gen > p._generation:
-        return "LEASE_LOST must name a generation not newer than the current one"
-    return None
-
-
-def _check_complete(p: Projector, event: Event) -> str | None:
-    outcome = _resolved_outcome(event)
-    if outcome is None:
-        return "attrs.outcome must be rejected or committed"
-    raw = event.attrs["outcome"]
-    ra = event.attrs.get("retry_after")
-    if ra is not None and not _is_number(ra):
-        return "attrs.retry_after must be a non-negative number of seconds"
-    if event.source is not EvidenceSource.REMOTE_RESPONSE:
-        return "a complete result must come from remote_response"
+def _phase_code(p: Projector, event: Event, phase: Phase) -> Code:
+    """attrs.code, refused unless it is a known code of ``phase``."""
     code = _code_of(event)
-    if event.attrs.get("code") is not None and code is None:
-        return "attrs.code is not a known code"
     if code is None:
-        if raw != Outcome.COMMITTED:
-            return "a rejection needs a code"
-        return None
-    info = CODES[code]
-    if info.phase is not Phase.REMOTE_EXECUTION or info.outcome is not outcome:
-        return f"{code.value} cannot classify a {raw} result"
-    return None
+        _refuse(p, event, "attrs.code must be a known code")
+    if CODES[code].phase is not phase:
+        _refuse(p, event, f"{code.value} is a {CODES[code].phase.value} code, not {phase.value}")
+    return code
 
 
-def _check_interrupted(p: Projector, event: Event) -> str | None:
-    if _code_of(event) not in _INTERRUPT_CODES:
-        return "attrs.code must be one of " + ", ".join(sorted(_INTERRUPT_CODES))
-    return None
-
-
-def _check_reconciled(p: Projector, event: Event) -> str | None:
-    if _resolved_outcome(event) is None:
-        return "attrs.outcome must be rejected or committed (never not_attempted)"
-    if event.source not in _SECOND_OBSERVER:
-        return "reconciliation must name remote_query or operator_attested as its source"
-    return None
-
-
-def _check_observed(p: Projector, event: Event) -> str | None:
-    proto = event.attrs.get("protocol", "protocol")
-    if not isinstance(proto, str) or not proto.isidentifier():
-        return "attrs.protocol must be an identifier"
-    if not isinstance(p._evidence.get(proto, {}), dict):
-        return f"attrs.protocol {proto!r} collides with an evidence field"
-    if not isinstance(event.attrs.get("state"), str):
-        return "attrs.state must name the protocol state"
-    facts = event.attrs.get("facts")
-    if facts is not None and not _is_mapping(facts):
-        return "attrs.facts must be an object"
-    return None
-
-
-_CHECKS: dict[EventKind, Callable[[Projector, Event], str | None]] = {
-    E.ACTION_ACCEPTED: _check_accepted,
-    E.PREFLIGHT_FAILED: _check_phase_code(Phase.VALIDATION),
-    E.CREDENTIAL_FAILED: _check_phase_code(Phase.CREDENTIAL_INJECTION),
-    E.APPROVAL_DENIED: _check_phase_code(Phase.CREDENTIAL_INJECTION),
-    E.SETUP_ATTEMPT_FAILED: _check_phase_code(Phase.CONNECTION_SETUP),
-    E.SETUP_FAILED: _check_phase_code(Phase.CONNECTION_SETUP),
-    E.RETRY_LEASE_ACQUIRED: _check_lease,
-    E.DISPATCH_STARTED: _check_dispatch,
-    E.LEASE_LOST: _check_lease_lost,
-    E.REMOTE_RESPONSE_COMPLETE: _check_complete,
-    E.ATTEMPT_INTERRUPTED: _check_interrupted,
-    E.RECONCILED: _check_reconciled,
-    E.PROTOCOL_OBSERVED: _check_observed,
-}
-
-
-def _set_error(p: Projector, event: Event, code: Code | None = None) -> None:
-    p._code = code if code is not None else _code_of(event)
+def _set_error(p: Projector, event: Event, code: Code | None) -> None:
+    p._code = code
     p._message = event.attrs.get("message")
     p._field = event.attrs.get("field")
 
 
-def _eff_accepted(p: Projector, event: Event) -> None:
-    op: Mapping[str, Any] = event.attrs["operation"]
-    p._session = event.attrs.get("session")
-    p._target = op.get("target")
-    p._protocol = op.get("protocol")
-    p._idempotent = bool(op.get("idempotent", False))
-    p._fingerprint = op.get("fingerprint")
-    p._budget_total = op.get("budget", DEFAULT_BUDGET)
-    p._budget_used = 1
-    p._max_retry_after = float(op.get("max_retry_after", DEFAULT_MAX_RETRY_AFTER))
+def _on_accepted(p: Projector, event: Event) -> None:
+    attrs = event.attrs
+    op = attrs.get("operation")
+    if not _is_mapping(op):
+        _refuse(p, event, "attrs.operation is required")
+    budget = op.get("budget", DEFAULT_BUDGET)
+    if not _is_int(budget) or budget < 1:
+        _refuse(p, event, "operation.budget must be a positive integer")
+    max_retry_after = op.get("max_retry_after", DEFAULT_MAX_RETRY_AFTER)
+    if not _is_number(max_retry_after):
+        _refuse(p, event, "operation.max_retry_after must be a non-negative number")
+    target, protocol, fingerprint = op.get("target"), op.get("protocol"), op.get("fingerprint")
+    if target is not None and not isinstance(target, str):
+        _refuse(p, event, "operation.target must be a string")
+    if protocol is not None and not isinstance(protocol, str):
+        _refuse(p, event, "operation.protocol must be a string")
+    if fingerprint is not None and not isinstance(fingerprint, str):
+        _refuse(p, event, "operation.fingerprint must be a string")
     idem = op.get("idempotency")
+    if idem is not None:
+        _check_idempotency(p, event, idem)
+    # -- validated: apply --
+    p._session = attrs.get("session")
+    p._target = target
+    p._protocol = protocol
+    p._idempotent = bool(op.get("idempotent", False))
+    p._fingerprint = fingerprint
+    p._budget_total = budget
+    p._budget_used = 1
+    p._max_retry_after = float(max_retry_after)
+    ev = p._evidence
     if idem:
-        p._idempotency = dict(idem)
-        p._idempotency.setdefault("fingerprint", p._fingerprint)
-        p._idempotency.setdefault("remote_contract", "configured")
-        p._idempotency_view = MappingProxyType(dict(p._idempotency))
-        p._evidence["idempotency"] = {
-            k: p._idempotency.get(k) for k in ("key", "scope", "fingerprint", "remote_contract")
+        contract = dict(idem)
+        contract.setdefault("fingerprint", fingerprint)
+        contract.setdefault("remote_contract", "configured")
+        p._idempotency = MappingProxyType(contract)  # never edited: records share the view
+        ev["idempotency"] = {
+            "key": contract.get("key"),
+            "scope": contract.get("scope"),
+            "fingerprint": contract.get("fingerprint"),
+            "remote_contract": contract.get("remote_contract"),
         }
-    p._evidence["fingerprint"] = p._fingerprint
+    ev["fingerprint"] = fingerprint
+    return None
 
 
-def _eff_error(p: Projector, event: Event) -> None:
-    _set_error(p, event)
+def _check_idempotency(p: Projector, event: Event, idem: object) -> None:
+    if not _is_mapping(idem):
+        _refuse(p, event, "operation.idempotency must be an object")
+    for key in ("key", "scope", "fingerprint", "remote_contract"):
+        value = idem.get(key)
+        if value is not None and not isinstance(value, str):
+            _refuse(p, event, f"operation.idempotency.{key} must be a string")
+    expires = idem.get("expires_at")
+    if expires is not None and not _is_number(expires):
+        _refuse(p, event, "operation.idempotency.expires_at must be a number")
 
 
-def _eff_setup_attempt(p: Projector, event: Event) -> None:
+def _on_validated(p: Projector, event: Event) -> None:
+    if "config_hash" in event.attrs:
+        p._evidence["config_hash"] = event.attrs["config_hash"]
+
+
+def _on_preflight_failed(p: Projector, event: Event) -> None:
+    _set_error(p, event, _phase_code(p, event, Phase.VALIDATION))
+
+
+def _on_credential_failed(p: Projector, event: Event) -> None:
+    _set_error(p, event, _phase_code(p, event, Phase.CREDENTIAL_INJECTION))
+
+
+def _on_approval_requested(p: Projector, event: Event) -> None:
+    p._evidence["approval"] = "requested"
+
+
+def _on_approval_granted(p: Projector, event: Event) -> None:
+    p._evidence["approval"] = "granted"
+
+
+def _on_approval_denied(p: Projector, event: Event) -> None:
+    code = _phase_code(p, event, Phase.CREDENTIAL_INJECTION)
+    p._evidence["approval"] = "denied"
+    _set_error(p, event, code)
+
+
+def _on_credential(p: Projector, event: Event) -> None:
+    attrs = event.attrs
+    cred = {}
+    for k in ("credential", "version", "inject"):  # never the secret itself
+        if k in attrs:
+            cred[k] = attrs[k]
+    p._evidence["credential"] = cred
+
+
+def _add_setup_attempt(p: Projector, event: Event) -> None:
     p._attempts.append(
         MappingProxyType(
             {
@@ -499,34 +471,50 @@ def _eff_setup_attempt(p: Projector, event: Event) -> None:
     )
 
 
-def _eff_setup_failed(p: Projector, event: Event) -> None:
-    _set_error(p, event)
+def _on_setup_attempt(p: Projector, event: Event) -> None:
+    _phase_code(p, event, Phase.CONNECTION_SETUP)
+    _add_setup_attempt(p, event)
+
+
+def _on_setup_failed(p: Projector, event: Event) -> None:
+    _set_error(p, event, _phase_code(p, event, Phase.CONNECTION_SETUP))
     # The final setup failure is itself an attempt unless it repeats the last recorded one.
     last = p._attempts[-1] if p._attempts else None
     if (
         last is None
         or last.get("seq") is not None
         or last["generation"] != p._generation
-        or (
-            last["stage"],
-            last["code"],
-        )
-        != (event.attrs.get("stage"), event.attrs.get("code"))
+        or (last["stage"], last["code"]) != (event.attrs.get("stage"), event.attrs.get("code"))
     ):
-        _eff_setup_attempt(p, event)
+        _add_setup_attempt(p, event)
 
 
-def _eff_lease(p: Projector, event: Event) -> None:
-    p._generation = event.attrs["generation"]
+def _on_lease(p: Projector, event: Event) -> None:
+    gen = event.attrs.get("generation")
+    if not _is_int(gen) or gen <= p._generation:
+        _refuse(p, event, f"lease generation must exceed {p._generation}")
+    if p._budget_used >= p._budget_total:
+        _refuse(p, event, "retry budget exhausted")
+    p._generation = gen
     p._budget_used += 1
     p._evidence["lease"] = {
-        "generation": p._generation,
+        "generation": gen,
         "holder": event.attrs.get("holder"),
         "seq": event.seq,
     }
 
 
-def _eff_dispatch(p: Projector, event: Event) -> None:
+_PER_ATTEMPT_FACTS = ("status", "exit_status", "exit_signal", "response_sha256", "steps")
+_DISPATCH_FACTS = ("connection", "reused_connection", "peer", "hop")
+
+
+def _on_dispatch(p: Projector, event: Event) -> None:
+    attrs = event.attrs
+    gen = attrs.get("generation", p._generation)
+    if not _is_int(gen) or gen != p._generation:
+        _refuse(
+            p, event, f"stale generation {gen}; the current lease generation is {p._generation}"
+        )
     # A new attempt: per-attempt flags start over; dispatch_started never goes back.
     ev = p._evidence
     ev["dispatch_started"] = True
@@ -534,11 +522,12 @@ def _eff_dispatch(p: Projector, event: Event) -> None:
     ev["request_complete"] = False
     ev["response_headers_received"] = False
     ev["response_complete"] = False
-    for k in ("status", "exit_status", "exit_signal", "response_sha256", "steps"):
-        ev.pop(k, None)
-    for k in ("connection", "reused_connection", "peer", "hop"):
-        if k in event.attrs:
-            ev[k] = event.attrs[k]
+    for k in _PER_ATTEMPT_FACTS:
+        if k in ev:
+            del ev[k]
+    for k in _DISPATCH_FACTS:
+        if k in attrs:
+            ev[k] = attrs[k]
     p._code = None
     p._message = None
     p._field = None
@@ -557,46 +546,76 @@ def _eff_dispatch(p: Projector, event: Event) -> None:
     )
 
 
-def _update_dispatched_attempt(p: Projector, **changes: Any) -> None:
-    """Replace the current dispatched attempt's view with one carrying ``changes``."""
-    if p._attempts and p._attempts[-1]["stage"] == "dispatch":
-        p._attempts[-1] = MappingProxyType({**p._attempts[-1], **changes})
-
-
-def _eff_request_sent(p: Projector, event: Event) -> None:
+def _on_request_sent(p: Projector, event: Event) -> None:
     p._evidence["request_complete"] = True
 
 
-def _eff_response_started(p: Projector, event: Event) -> None:
-    p._evidence["response_headers_received"] = True
+def _on_response_started(p: Projector, event: Event) -> None:
+    ev = p._evidence
+    ev["response_headers_received"] = True
     if "status" in event.attrs:
-        p._evidence["status"] = event.attrs["status"]
+        ev["status"] = event.attrs["status"]
 
 
 _RESULT_FACTS = ("status", "exit_status", "exit_signal", "response_sha256", "remote_request_id")
 
 
-def _eff_complete(p: Projector, event: Event) -> None:
+def _on_complete(p: Projector, event: Event) -> str:
+    attrs = event.attrs
+    raw = attrs.get("outcome")
+    outcome = _RESOLVED_BY_VALUE.get(raw) if type(raw) is str else None
+    if outcome is None:
+        _refuse(p, event, "attrs.outcome must be rejected or committed")
+    ra = attrs.get("retry_after")
+    if ra is not None and not _is_number(ra):
+        _refuse(p, event, "attrs.retry_after must be a non-negative number of seconds")
+    if event.source is not EvidenceSource.REMOTE_RESPONSE:
+        _refuse(p, event, "a complete result must come from remote_response")
+    raw_code = attrs.get("code")
+    if raw_code is None:
+        if outcome is not Outcome.COMMITTED:
+            _refuse(p, event, "a rejection needs a code")
+        code = None
+    else:
+        code = _CODE_BY_VALUE.get(raw_code) if type(raw_code) is str else None
+        if code is None:
+            _refuse(p, event, "attrs.code is not a known code")
+        info = CODES[code]
+        if info.phase is not Phase.REMOTE_EXECUTION or info.outcome is not outcome:
+            _refuse(p, event, f"{code.value} cannot classify a {raw} result")
+    # -- validated: apply --
     ev = p._evidence
     ev["response_complete"] = True
     ev["response_headers_received"] = True
     ev["source"] = _SOURCE[event.source]
     for k in _RESULT_FACTS:
-        if k in event.attrs:
-            ev[k] = event.attrs[k]
-    _set_error(p, event)
-    ra = event.attrs.get("retry_after")
+        if k in attrs:
+            ev[k] = attrs[k]
+    _set_error(p, event, code)
     p._retry_after = float(ra) if ra is not None else None
-    _update_dispatched_attempt(p, outcome=event.attrs["outcome"], code=event.attrs.get("code"))
+    _update_dispatched_attempt(p, raw, raw_code)
+    return cast(str, raw)
 
 
-def _eff_interrupted(p: Projector, event: Event) -> None:
-    _set_error(p, event)
+def _update_dispatched_attempt(p: Projector, outcome: object, code: object) -> None:
+    """Replace the current dispatched attempt's view with one carrying its outcome and code."""
+    attempts = p._attempts
+    if attempts and attempts[-1]["stage"] == "dispatch":
+        attempts[-1] = MappingProxyType({**attempts[-1], "outcome": outcome, "code": code})
+
+
+def _on_interrupted(p: Projector, event: Event) -> None:
+    code = _code_of(event)
+    if code not in _INTERRUPT_CODES:
+        _refuse(p, event, "attrs.code must be one of " + ", ".join(sorted(_INTERRUPT_CODES)))
+    _set_error(p, event, code)
     p._evidence["source"] = _SOURCE[event.source]
-    _update_dispatched_attempt(p, code=event.attrs.get("code"))
+    attempts = p._attempts
+    if attempts and attempts[-1]["stage"] == "dispatch":
+        attempts[-1] = MappingProxyType({**attempts[-1], "code": event.attrs.get("code")})
 
 
-def _eff_result_committed(p: Projector, event: Event) -> None:
+def _on_result_committed(p: Projector, event: Event) -> None:
     p._evidence["result"] = {
         "seq": event.seq,
         "sha256": event.attrs.get("sha256"),
@@ -604,16 +623,16 @@ def _eff_result_committed(p: Projector, event: Event) -> None:
     }
 
 
-def _eff_store_failed(p: Projector, event: Event) -> None:
+def _on_store_failed(p: Projector, event: Event) -> None:
     _set_error(p, event, Code.RESULT_STORE_FAILED)
 
 
-def _eff_delivery_failed(p: Projector, event: Event) -> None:
+def _on_delivery_failed(p: Projector, event: Event) -> None:
     p._result_code = p._code
     _set_error(p, event, Code.RESULT_DELIVERY_FAILED)
 
 
-def _eff_delivered(p: Projector, event: Event) -> None:
+def _on_delivered(p: Projector, event: Event) -> None:
     if p._code is Code.RESULT_DELIVERY_FAILED:
         # Delivery now succeeded: the remote result's own classification stands again.
         p._code = p._result_code
@@ -621,102 +640,103 @@ def _eff_delivered(p: Projector, event: Event) -> None:
     p._evidence["delivered_seq"] = event.seq
 
 
-def _eff_budget(p: Projector, event: Event) -> None:
+def _on_budget(p: Projector, event: Event) -> None:
     p._budget_used = p._budget_total
     p._evidence["budget_exhausted"] = True
 
 
-def _eff_reconciled(p: Projector, event: Event) -> None:
+def _on_reconciled(p: Projector, event: Event) -> str:
+    outcome = _resolved_outcome(event)
+    if outcome is None:
+        _refuse(p, event, "attrs.outcome must be rejected or committed (never not_attempted)")
+    if event.source not in _SECOND_OBSERVER:
+        _refuse(
+            p, event, "reconciliation must name remote_query or operator_attested as its source"
+        )
     # The original attempt stays as recorded; the reconciliation is added beside it.
-    p._evidence["reconciliation"] = {
-        "outcome": event.attrs["outcome"],
+    raw: str = event.attrs["outcome"]
+    ev = p._evidence
+    ev["reconciliation"] = {
+        "outcome": raw,
         "source": _SOURCE[event.source],
         "observer": event.observer,
         "observer_seq": event.observer_seq,
         "seq": event.seq,
         "note": event.attrs.get("note"),
     }
-    p._evidence["source"] = _SOURCE[event.source]
-    p._code = None if event.attrs["outcome"] == Outcome.COMMITTED else Code.REMOTE_REJECTED
+    ev["source"] = _SOURCE[event.source]
+    p._code = None if outcome is Outcome.COMMITTED else Code.REMOTE_REJECTED
     p._message = event.attrs.get("message")
+    return raw
 
 
-def _eff_observed(p: Projector, event: Event) -> None:
-    proto = event.attrs.get("protocol", "protocol")
-    step = f"{proto}.{event.attrs.get('state')}"
-    steps = p._evidence.setdefault("steps", [])
-    steps.append(step)
-    p._mutable.add("steps")
-    facts = event.attrs.get("facts")
-    if facts:
-        p._evidence.setdefault(proto, {}).update(facts)
-        p._mutable.add(proto)
+_LISTS = frozenset({"steps", "stale_workers"})
+"""Evidence fields holding lists: a protocol's facts cannot be merged into them."""
 
 
-def _eff_lease_lost(p: Projector, event: Event) -> None:
-    p._evidence.setdefault("stale_workers", []).append(
-        {"generation": event.attrs.get("generation"), "seq": event.seq}
-    )
-    p._mutable.add("stale_workers")
-
-
-def _eff_approval(p: Projector, event: Event) -> None:
-    p._evidence["approval"] = event.kind.value.removeprefix("APPROVAL_").lower()
-
-
-def _eff_credential(p: Projector, event: Event) -> None:
+def _on_observed(p: Projector, event: Event) -> None:
     attrs = event.attrs
-    cred = {}
-    for k in ("credential", "version", "inject"):  # never the secret itself
-        if k in attrs:
-            cred[k] = attrs[k]
-    p._evidence["credential"] = cred
+    proto = attrs.get("protocol", "protocol")
+    if not isinstance(proto, str) or not proto.isidentifier():
+        _refuse(p, event, "attrs.protocol must be an identifier")
+    ev = p._evidence
+    known = ev.get(proto, _NO_FACTS)
+    if not isinstance(known, dict) or proto in _LISTS:
+        _refuse(p, event, f"attrs.protocol {proto!r} collides with an evidence field")
+    state = attrs.get("state")
+    if not isinstance(state, str):
+        _refuse(p, event, "attrs.state must name the protocol state")
+    facts = attrs.get("facts")
+    if facts is not None and not _is_mapping(facts):
+        _refuse(p, event, "attrs.facts must be an object")
+    # -- validated: apply (by replacing values, never editing them; see Projector) --
+    steps = ev.get("steps")
+    ev["steps"] = [*steps, f"{proto}.{state}"] if steps else [f"{proto}.{state}"]
+    if facts:
+        ev[proto] = {**known, **facts}
 
 
-def _eff_validated(p: Projector, event: Event) -> None:
-    if "config_hash" in event.attrs:
-        p._evidence["config_hash"] = event.attrs["config_hash"]
+_NO_FACTS: dict[str, Any] = {}
 
 
-def _eff_approval_denied(p: Projector, event: Event) -> None:
-    _eff_approval(p, event)
-    _set_error(p, event)
+def _on_lease_lost(p: Projector, event: Event) -> None:
+    gen = event.attrs.get("generation")
+    if not _is_int(gen) or gen > p._generation:
+        _refuse(p, event, "LEASE_LOST must name a generation not newer than the current one")
+    ev = p._evidence
+    ev["stale_workers"] = [*ev.get("stale_workers", ()), {"generation": gen, "seq": event.seq}]
 
 
-_EFFECTS: dict[EventKind, Callable[[Projector, Event], None]] = {
-    E.ACTION_ACCEPTED: _eff_accepted,
-    E.PREFLIGHT_VALIDATED: _eff_validated,
-    E.PREFLIGHT_FAILED: _eff_error,
-    E.APPROVAL_REQUESTED: _eff_approval,
-    E.APPROVAL_GRANTED: _eff_approval,
-    E.APPROVAL_DENIED: _eff_approval_denied,
-    E.CREDENTIAL_AUTHORIZED: _eff_credential,
-    E.CREDENTIAL_FAILED: _eff_error,
-    E.SETUP_ATTEMPT_FAILED: _eff_setup_attempt,
-    E.SETUP_FAILED: _eff_setup_failed,
-    E.RETRY_LEASE_ACQUIRED: _eff_lease,
-    E.DISPATCH_STARTED: _eff_dispatch,
-    E.REQUEST_SENT: _eff_request_sent,
-    E.REMOTE_RESPONSE_STARTED: _eff_response_started,
-    E.REMOTE_RESPONSE_COMPLETE: _eff_complete,
-    E.ATTEMPT_INTERRUPTED: _eff_interrupted,
-    E.RESULT_COMMITTED: _eff_result_committed,
-    E.RESULT_STORE_FAILED: _eff_store_failed,
-    E.RESULT_DELIVERY_FAILED: _eff_delivery_failed,
-    E.RESULT_DELIVERED: _eff_delivered,
-    E.RETRY_BUDGET_EXHAUSTED: _eff_budget,
-    E.RECONCILED: _eff_reconciled,
-    E.PROTOCOL_OBSERVED: _eff_observed,
-    E.LEASE_LOST: _eff_lease_lost,
+_RULES: dict[EventKind, _Rule] = {
+    E.ACTION_ACCEPTED: _on_accepted,
+    E.PREFLIGHT_VALIDATED: _on_validated,
+    E.PREFLIGHT_FAILED: _on_preflight_failed,
+    E.APPROVAL_REQUESTED: _on_approval_requested,
+    E.APPROVAL_GRANTED: _on_approval_granted,
+    E.APPROVAL_DENIED: _on_approval_denied,
+    E.CREDENTIAL_AUTHORIZED: _on_credential,
+    E.CREDENTIAL_FAILED: _on_credential_failed,
+    E.SETUP_ATTEMPT_FAILED: _on_setup_attempt,
+    E.SETUP_FAILED: _on_setup_failed,
+    E.RETRY_LEASE_ACQUIRED: _on_lease,
+    E.DISPATCH_STARTED: _on_dispatch,
+    E.REQUEST_SENT: _on_request_sent,
+    E.REMOTE_RESPONSE_STARTED: _on_response_started,
+    E.REMOTE_RESPONSE_COMPLETE: _on_complete,
+    E.ATTEMPT_INTERRUPTED: _on_interrupted,
+    E.RESULT_COMMITTED: _on_result_committed,
+    E.RESULT_STORE_FAILED: _on_store_failed,
+    E.RESULT_DELIVERY_FAILED: _on_delivery_failed,
+    E.RESULT_DELIVERED: _on_delivered,
+    E.RETRY_BUDGET_EXHAUSTED: _on_budget,
+    E.RECONCILED: _on_reconciled,
+    E.PROTOCOL_OBSERVED: _on_observed,
+    E.LEASE_LOST: _on_lease_lost,
 }
+"""Each kind's rule: checks that refuse before any change, then the effect."""
 
-_RULES: dict[
-    EventKind,
-    tuple[
-        Callable[[Projector, Event], str | None] | None, Callable[[Projector, Event], None] | None
-    ],
-] = {kind: (_CHECKS.get(kind), _EFFECTS.get(kind)) for kind in EventKind}
-"""One lookup per event for its check and its effect."""
+_SPLITTING = frozenset({E.REMOTE_RESPONSE_COMPLETE, E.RECONCILED})
+"""Kinds whose rule returns the outcome that picks a split destination."""
 
 _SPLIT: dict[str, dict[str, str]] = {
     dest: {outcome.value: state for outcome, state in split.items()}
@@ -724,9 +744,35 @@ _SPLIT: dict[str, dict[str, str]] = {
 }
 
 
+def _compile_rows() -> dict[str, dict[EventKind, tuple[str, _Rule]]]:
+    """(state, kind) -> (destination, rule): ``apply``'s single lookup per event."""
+    rows: dict[str, dict[EventKind, tuple[str, _Rule]]] = {}
+    for state, row in TRANSITIONS.items():
+        rows[state] = {}
+        for kind, dest in row.items():
+            if (dest in _SPLIT) != (kind in _SPLITTING):
+                raise RuntimeError(f"{state} --{kind.value}--> {dest}: rules cannot split this")
+            rows[state][kind] = (state if dest == "=" else dest, _RULES[kind])
+    return rows
+
+
+_ROWS = _compile_rows()
+
+_STATE_INFO: dict[str, tuple[Phase, Outcome, dict[Code | None, Retry | None]]] = {
+    state: (
+        spec.phase,
+        spec.outcome,
+        {code: static_retry_hint(state, spec.outcome, code) for code in (None, *Code)},
+    )
+    for state, spec in STATES.items()
+}
+"""Per state: its phase, its outcome and, per code, the retry hint when those alone decide it."""
+
+
 def project(events: Iterable[Event], now: float | None = None) -> Record:
     """Fold one invocation's events (in ``seq`` order) into its record."""
-    return Projector().extend(events).record(now)
+    p = Projector().extend(events)
+    return p._build(now, p._evidence)
 
 
 def project_all(events: Iterable[Event], now: float | None = None) -> dict[str, Record]:
@@ -747,7 +793,8 @@ def project_all(events: Iterable[Event], now: float | None = None) -> dict[str, 
             if p is None:
                 p = folds[event.invocation_id] = Projector(event.invocation_id)
             apply(p, event)
-        return {iid: p.record(now) for iid, p in folds.items()}
+        # The folds are dropped here, so each record takes its fold's evidence without a copy.
+        return {iid: p._build(now, p._evidence) for iid, p in folds.items()}
     finally:
         if gc_was_enabled:
             gc.enable()

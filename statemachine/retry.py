@@ -20,7 +20,7 @@ from .contract import CODES, Code, Outcome, Retry
 if TYPE_CHECKING:
     from .projection import Record
 
-__all__ = ["Decision", "Operation", "compute_retry", "decide"]
+__all__ = ["Decision", "Operation", "compute_retry", "decide", "static_retry_hint"]
 
 RETENTION_MARGIN_S = 60.0
 """Stop retrying with the same key this long before the remote forgets it (seed: "stop automatic
@@ -105,20 +105,11 @@ def compute_retry(h: HintInputs) -> Retry:
     )
 
 
-def retry_hint(
-    state: str,
-    outcome: Outcome,
-    code: Code | None,
-    idempotent: bool,
-    key_expires_at: float | None,
-    has_key: bool,
-    retry_after: float | None,
-    max_retry_after: float,
-    budget_left: int,
-    now: float,
-) -> Retry:
-    """``compute_retry`` with positional inputs: the projection calls it once per record and
-    building a ``HintInputs`` there cost more than the rules themselves."""
+def static_retry_hint(state: str, outcome: Outcome, code: Code | None) -> Retry | None:
+    """The hint when the state, its outcome and the code alone decide it; None when it also
+    depends on the operation's semantics, the idempotency key's retention, Retry-After, the
+    budget or the clock.  ``retry_hint`` starts here, and the projection tabulates it once per
+    (state, code) so that building a record looks the common cases up instead of deriving them."""
     if state.startswith("delivery_failed_"):
         # Seed: "keep outcome=committed or rejected, and set retry=fetch_result".
         return Retry.FETCH_RESULT
@@ -134,24 +125,51 @@ def retry_hint(
         if code is None:
             return Retry.NEVER  # not finished yet; nothing to retry
         base = CODES[code].retry
-        if base == Retry.BACKOFF and budget_left <= 0:
-            return Retry.AFTER_CORRECTION
-        return base
+        return None if base == Retry.BACKOFF else base  # backoff needs budget left
 
     if outcome == Outcome.UNKNOWN:
-        return _unknown_hint(idempotent, has_key, key_expires_at, budget_left, now)
+        return None  # the three safe paths depend on the operation and the budget
 
     if code is None:
         return Retry.NEVER  # a complete success: use it
     if code == Code.REMOTE_THROTTLED:
-        # Seed: "may permit backoff if the method is safe to retry and the response specifies a
-        # suitable time".  Without either, the caller must look before sending again.
-        safe = idempotent or _key_usable(has_key, key_expires_at, now)
-        timely = retry_after is None or retry_after <= max_retry_after
-        if safe and timely and budget_left > 0:
-            return Retry.BACKOFF
-        return Retry.RECONCILE
+        return None  # depends on safety, Retry-After and the budget
     return CODES[code].retry
+
+
+def retry_hint(
+    state: str,
+    outcome: Outcome,
+    code: Code | None,
+    idempotent: bool,
+    key_expires_at: float | None,
+    has_key: bool,
+    retry_after: float | None,
+    max_retry_after: float,
+    budget_left: int,
+    now: float,
+) -> Retry:
+    """``compute_retry`` with positional inputs: the projection calls it once per record and
+    building a ``HintInputs`` there cost more than the rules themselves."""
+    hint = static_retry_hint(state, outcome, code)
+    if hint is not None:
+        return hint
+
+    if outcome == Outcome.NOT_ATTEMPTED:
+        # a backoff code before dispatch: only while the budget lasts
+        return Retry.AFTER_CORRECTION if budget_left <= 0 else Retry.BACKOFF
+
+    if outcome == Outcome.UNKNOWN:
+        return _unknown_hint(idempotent, has_key, key_expires_at, budget_left, now)
+
+    # REMOTE_THROTTLED.  Seed: "may permit backoff if the method is safe to retry and the
+    # response specifies a suitable time".  Without either, the caller must look before
+    # sending again.
+    safe = idempotent or _key_usable(has_key, key_expires_at, now)
+    timely = retry_after is None or retry_after <= max_retry_after
+    if safe and timely and budget_left > 0:
+        return Retry.BACKOFF
+    return Retry.RECONCILE
 
 
 def _key_usable(has_key: bool, key_expires_at: float | None, now: float) -> bool:

@@ -1,20 +1,33 @@
 """Projection details the model checks do not name: records are snapshots, refusal is atomic
-from the very first event, and project_all's GC pause is undone whatever happens."""
+from the very first event, project_all's GC pause is undone whatever happens, records built
+without the dataclass ``__init__`` are ordinary frozen records, and the tabulated retry hints
+agree with ``retry_hint``."""
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import gc
+from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from affidavit.statemachine import (
+    STATES,
+    Code,
     Event,
     EventKind,
     ImpossibleEvent,
+    Outcome,
     Projector,
+    Record,
     project,
     project_all,
 )
+from affidavit.statemachine.projection import _RecordSlots
+from affidavit.statemachine.retry import retry_hint, static_retry_hint
 
 from .lifecycle_helpers import IID, drive, make_event, operation, path_to, projector_in
 
@@ -94,3 +107,96 @@ def test_drive_helper_reaches_every_state() -> None:
     # guards the helpers the model checks rely on
     for state in ("reconciled_committed", "retry_setup_failed", "delivery_failed_rejected"):
         assert drive(path_to(state)).state == state
+
+
+# --- the record builder and the hint table (tests/benchmarks/projection.py made them fast) -------
+
+
+def test_records_are_ordinary_frozen_dataclasses_equal_to_constructed_ones() -> None:
+    rec = project(_events("delivered_committed"), now=5.0)
+    assert type(rec) is Record
+    values = {f.name: getattr(rec, f.name) for f in dataclasses.fields(Record)}
+    assert Record(**values) == rec
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        rec.state = "new"  # type: ignore[misc]
+    assert dataclasses.replace(rec, state="x").state == "x"
+    assert rec.final and not rec.is_error
+    # the builder twin has exactly Record's slots (the __class__ switch depends on it)
+    assert _RecordSlots.__slots__ == Record.__slots__  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("live", [True, False])
+def test_records_never_share_evidence_with_a_fold_that_goes_on(live: bool) -> None:
+    events = _events("dispatched")
+    first = Projector(IID).extend(events).record() if live else project(events)
+    again = project(events)
+    assert first == again and first.evidence is not again.evidence
+    p = Projector(IID).extend(events)
+    snap = p.record()
+    p.apply(Event(E.PROTOCOL_OBSERVED, IID, {"protocol": "http", "state": "x", "facts": {"y": 1}}))
+    assert "http" not in snap.evidence and snap.evidence.get("steps") is None
+    assert project(events) == snap
+
+
+def test_folding_never_edits_an_events_attrs() -> None:
+    # Events are recorded facts; evidence values are replaced, never edited in place, so even a
+    # protocol whose name matches a dict taken from an event leaves that event as it was.
+    hop = {"from": "a", "to": "b"}
+    events = [*_events("authorized")]
+    seq = len(events)
+    events += [
+        Event(E.DISPATCH_STARTED, IID, {"generation": 0, "hop": hop}, seq=seq + 1),
+        Event(E.PROTOCOL_OBSERVED, IID, {"protocol": "hop", "state": "s", "facts": {"z": 1}}),
+        Event(E.LEASE_LOST, IID, {"generation": 0}),
+        Event(E.LEASE_LOST, IID, {"generation": 0}),
+    ]
+    before = copy.deepcopy([e.attrs for e in events])
+    rec = project(events)
+    assert [e.attrs for e in events] == before
+    assert hop == {"from": "a", "to": "b"}
+    assert rec.evidence["hop"] == {"from": "a", "to": "b", "z": 1}
+    assert rec.evidence["steps"] == ["hop.s"]
+    assert [w["generation"] for w in rec.evidence["stale_workers"]] == [0, 0]
+
+
+@pytest.mark.parametrize("facts", [None, {"k": 1}])
+@pytest.mark.parametrize("name", ["steps", "stale_workers"])
+def test_protocol_facts_cannot_be_merged_into_a_list_field(name: str, facts: Any) -> None:
+    # These evidence fields hold lists; merging facts into them used to raise AttributeError.
+    p = projector_in("dispatched")
+    p.apply(Event(E.LEASE_LOST, IID, {"generation": 0}))
+    before = p.record()
+    attrs = {"protocol": name, "state": "s", "facts": facts}
+    with pytest.raises(ImpossibleEvent, match="collides with an evidence field"):
+        p.apply(Event(E.PROTOCOL_OBSERVED, IID, attrs))
+    assert p.record() == before
+
+
+_dynamic = st.tuples(
+    st.booleans(),
+    st.one_of(st.none(), st.floats(0, 1e4)),
+    st.booleans(),
+    st.one_of(st.none(), st.floats(0, 1e4)),
+    st.floats(0, 600),
+    st.integers(-1, 4),
+    st.floats(0, 1e4),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    state=st.sampled_from(sorted(STATES)),
+    code=st.sampled_from([None, *Code]),
+    dynamic=st.lists(_dynamic, min_size=1, max_size=8),
+)
+def test_a_tabulated_hint_is_what_retry_hint_returns_for_any_operation_budget_or_time(
+    state: str, code: Code | None, dynamic: list[tuple[Any, ...]]
+) -> None:
+    outcome = STATES[state].outcome
+    static = static_retry_hint(state, outcome, code)
+    hints = {retry_hint(state, outcome, code, *d) for d in dynamic}
+    if static is not None:
+        assert hints == {static}
+    else:
+        # untabulated: the hint must depend on something besides (state, code)
+        assert outcome is Outcome.UNKNOWN or code is not None
