@@ -229,3 +229,89 @@ def test_two_interleaved_invocations_chain_in_seq_order(tmp_path: Path) -> None:
     with JournalReader.open(tmp_path / "j.db") as r:
         assert [e.seq for e in r.events("a")] == [1, 3, 5, 7, 9]
         assert r.verify().count == 10
+
+
+# The chain's bytes must never change: journals written earlier must still verify.  These pin
+# the fast encoders to the reference ``json.dumps`` calls the chain was defined with.
+_JSON = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    max_leaves=12,
+)
+
+
+@given(value=st.dictionaries(st.text(), _JSON, max_size=5))
+def test_canonical_json_is_the_reference_encoding(value: dict[str, object]) -> None:
+    import json
+
+    from affidavit.journal.chain import canonical_json
+
+    ref = json.dumps(
+        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+    )
+    assert canonical_json(value) == ref
+
+
+def test_canonical_json_refuses_nan_and_non_json() -> None:
+    from affidavit.journal.chain import canonical_json
+
+    with pytest.raises(ValueError):
+        canonical_json({"x": float("nan")})
+    with pytest.raises(TypeError):
+        canonical_json({"x": object()})
+
+
+@given(
+    seq=st.integers(min_value=1, max_value=2**62),
+    at=st.floats(allow_nan=False, allow_infinity=False),
+    iid=st.text(),
+    session=st.none() | st.text(),
+    attrs=st.text(),
+    payload=st.none() | st.binary(max_size=64),
+)
+def test_row_hash_is_the_reference_hash(
+    seq: int, at: float, iid: str, session: str | None, attrs: str, payload: bytes | None
+) -> None:
+    import hashlib
+    import json
+
+    prev = hashlib.sha256(iid.encode("utf-8", "surrogatepass")).hexdigest()
+    row = [seq, at, iid, session, "REQUEST_SENT", "transport_observed", None, None, attrs]
+    digests = [None if payload is None else hashlib.sha256(payload).hexdigest(), None]
+    canonical = json.dumps([*row, *digests], separators=(",", ":"), ensure_ascii=False)
+    ref = hashlib.sha256(bytes.fromhex(prev) + canonical.encode("utf-8")).hexdigest()
+    args = (seq, at, iid, session, "REQUEST_SENT", "transport_observed", None, None, attrs)
+    assert row_hash(prev, *args, payload, None) == ref
+
+
+def test_row_hash_of_a_known_row_is_pinned() -> None:
+    # Computed once with the original implementation; a change here breaks every stored chain.
+    h = row_hash(GENESIS, 1, 1.5, "inv-1", "s", "ACTION_ACCEPTED", "transport_observed",
+                 None, None, '{"a":1}', b"p", None)  # fmt: skip
+    assert h == "17c5212c8b7780ce69139a12d5034018463c38e575336b97b44b2564b1a596e5"
+
+
+def test_journal_created_with_a_unique_prev_hash_still_opens_appends_and_verifies(
+    tmp_path: Path,
+) -> None:
+    from affidavit.journal.chain import SCHEMA
+
+    path = tmp_path / "old.db"
+    old = SCHEMA.replace("prev_hash     TEXT NOT NULL,", "prev_hash     TEXT NOT NULL UNIQUE,")
+    assert old != SCHEMA
+    conn = sqlite3.connect(path)
+    conn.executescript(old)
+    conn.close()
+
+    async def fill() -> None:
+        async with Journal.open(path) as j:
+            for ev in happy("inv-old"):
+                await j.append(ev)
+
+    trio.run(fill)
+    with JournalReader.open(path) as r:
+        assert r.verify().count == len(happy("x"))
