@@ -54,7 +54,7 @@ from .chain import (
     SCHEMA,
     SCHEMA_VERSION,
     canonical_json,
-    row_hash,
+    row_digest,
     verify_connection,
 )
 from .errors import (
@@ -94,16 +94,12 @@ class StoredResult:
     """The RESULT_COMMITTED event's seq."""
 
 
+_loads = json.JSONDecoder().decode  # json.loads without its per-call argument checks
+
+
 def _event_from_row(row: tuple[Any, ...]) -> Event:
     return Event(
-        kind=_KINDS[row[4]],
-        invocation_id=row[2],
-        attrs=json.loads(row[8]),
-        source=_SOURCES[row[5]],
-        seq=row[0],
-        at=row[1],
-        observer=row[6],
-        observer_seq=row[7],
+        _KINDS[row[4]], row[2], _loads(row[8]), _SOURCES[row[5]], row[0], row[1], row[6], row[7]
     )
 
 
@@ -429,16 +425,39 @@ class _Fail:
     error: BaseException
 
 
-@dataclass(eq=False)
 class _Req(Generic[T]):
-    op: Callable[[_Txn], T | _Fail]
-    barrier: bool
-    result_store: bool
-    task: trio.lowlevel.Task | None = None
-    parked: bool = False
-    finished: bool = False
-    result: T | None = None
-    error: BaseException | None = None
+    """One queued write: ``op`` runs in the writer's transaction, or, for a plain append
+    (``op`` None), ``_Txn.insert(*args)`` does without a closure."""
+
+    __slots__ = (
+        "args",
+        "barrier",
+        "error",
+        "finished",
+        "op",
+        "parked",
+        "result",
+        "result_store",
+        "task",
+    )
+
+    def __init__(
+        self,
+        op: Callable[[_Txn], T | _Fail] | None,
+        args: tuple[Any, ...] | None,
+        barrier: bool,
+        result_store: bool,
+        task: trio.lowlevel.Task | None,
+    ) -> None:
+        self.op = op
+        self.args = args
+        self.barrier = barrier
+        self.result_store = result_store
+        self.task = task
+        self.parked = False
+        self.finished = False
+        self.result: T | None = None
+        self.error: BaseException | None = None
 
 
 class Posted(Generic[T]):
@@ -467,16 +486,28 @@ class Posted(Generic[T]):
         return req.result  # type: ignore[return-value]
 
 
-class _Txn:
-    """State of one writer transaction: the chain head as this transaction extends it."""
+_INSERT = f"INSERT INTO events ({EVENT_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)"
 
-    __slots__ = ("conn", "hash", "journal", "seq")
+
+class _Txn:
+    """State of one writer transaction: the chain head as this transaction extends it, and the
+    rows computed but not yet handed to SQLite (one ``executemany`` per run of appends)."""
+
+    __slots__ = ("conn", "digest", "hash", "journal", "rows", "seq")
 
     def __init__(self, journal: Journal, conn: sqlite3.Connection, seq: int, hash_: str) -> None:
         self.journal = journal
         self.conn = conn
         self.seq = seq
         self.hash = hash_
+        self.digest = bytes.fromhex(hash_)
+        self.rows: list[tuple[Any, ...]] = []
+
+    def flush(self) -> None:
+        """Insert the pending rows (the schema's trigger checks each extends the chain)."""
+        if self.rows:
+            self.conn.executemany(_INSERT, self.rows)
+            self.rows.clear()
 
     def insert(
         self,
@@ -484,62 +515,73 @@ class _Txn:
         attrs_text: str,
         payload: bytes | None = None,
         audit: bytes | None = None,
+        attrs: Mapping[str, Any] | None = None,
     ) -> Event:
+        """Validate (projection), chain and queue one row; return the stored event.  ``attrs``
+        is ``attrs_text`` decoded, so the writer's projection holds exactly what a reader of the
+        file folds (see ``Journal.record``)."""
         j = self.journal
         iid = event.invocation_id
-        proj, session = j._projector(self.conn, iid)
-        if event.kind is EventKind.ACTION_ACCEPTED:
+        proj = j._projectors.get(iid)
+        if proj is None:
+            proj = j._load_projector(self.conn, iid)
+        kind = event.kind
+        if kind is EventKind.ACTION_ACCEPTED:
             raw = event.attrs.get("session")
             session = None if raw is None else str(raw)
+        else:
+            session = j._sessions.get(iid)
         seq = self.seq + 1
         at = float(event.at) if event.at is not None else j._clock()
+        observer = event.observer
+        observer_seq = event.observer_seq
         stored = Event(
-            event.kind,
+            kind,
             iid,
-            event.attrs,
+            event.attrs if attrs is None else attrs,
             event.source,
             seq,
             at,
-            event.observer,
-            event.observer_seq,
+            observer,
+            observer_seq,
         )
         proj.apply(stored)  # ImpossibleEvent: nothing written, projector unchanged
         j._sessions[iid] = session
-        kind = event.kind.value
-        source = event.source.value
-        h = row_hash(
-            self.hash,
+        kind_v = kind.value
+        source_v = event.source.value
+        digest = row_digest(
+            self.digest,
             seq,
             at,
             iid,
             session,
-            kind,
-            source,
-            event.observer,
-            event.observer_seq,
+            kind_v,
+            source_v,
+            observer,
+            observer_seq,
             attrs_text,
             payload,
             audit,
         )
-        self.conn.execute(
-            f"INSERT INTO events ({EVENT_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+        h = digest.hex()
+        self.rows.append(
             (
                 seq,
                 at,
                 iid,
                 session,
-                kind,
-                source,
-                event.observer,
-                event.observer_seq,
+                kind_v,
+                source_v,
+                observer,
+                observer_seq,
                 attrs_text,
                 payload,
                 audit,
                 self.hash,
                 h,
-            ),
+            )
         )
-        self.seq, self.hash = seq, h
+        self.seq, self.hash, self.digest = seq, h, digest
         return stored
 
 
@@ -755,13 +797,24 @@ class Journal(JournalReader):
                     # Another process appended (or we lost track): reload projections lazily.
                     self._forget()
                 txn = _Txn(self, conn, seq, h)
+                insert = txn.insert
                 for r in batch:
                     # Ops raise their refusals (ImpossibleEvent, JournalError...) before they
                     # write anything, so a refusal needs no savepoint; one that wrote first is a
                     # bug, and the whole batch is rolled back rather than half-kept.
+                    op = r.op
+                    if op is None:  # a plain append: its row joins the pending executemany
+                        try:
+                            r.result = insert(*r.args)  # type: ignore[misc]
+                        except sqlite3.Error:
+                            raise
+                        except Exception as exc:  # refused before queueing a row
+                            r.error = exc
+                        continue
+                    txn.flush()  # other ops may read or write rows (results, leases...)
                     mark = txn.seq
                     try:
-                        out = r.op(txn)
+                        out = op(txn)
                     except sqlite3.Error:
                         raise
                     except Exception as exc:
@@ -773,6 +826,7 @@ class Journal(JournalReader):
                             r.error = out.error
                         else:
                             r.result = out
+                txn.flush()
                 if self._before_commit is not None:
                     self._before_commit()
                 conn.execute("COMMIT")
@@ -789,10 +843,9 @@ class Journal(JournalReader):
                 cls = ResultStoreFailed if r.result_store else JournalWriteError
                 r.error = cls(f"journal {self.path}: write not committed: {exc}")
 
-    def _projector(self, conn: sqlite3.Connection, iid: str) -> tuple[Projector, str | None]:
-        p = self._projectors.get(iid)
-        if p is not None:
-            return p, self._sessions.get(iid)
+    def _load_projector(self, conn: sqlite3.Connection, iid: str) -> Projector:
+        """Fold an invocation the writer has not cached (writer thread, inside its
+        transaction)."""
         p = Projector(iid)
         session: str | None = None
         for row in conn.execute(
@@ -803,38 +856,54 @@ class Journal(JournalReader):
                 session = row[3]
         self._projectors[iid] = p
         self._sessions[iid] = session
-        return p, session
+        return p
+
+    def _projector(self, conn: sqlite3.Connection, iid: str) -> Projector:
+        p = self._projectors.get(iid)
+        return self._load_projector(conn, iid) if p is None else p
 
     async def _enqueue(
         self,
-        op: Callable[[_Txn], T | _Fail],
+        op: Callable[[_Txn], T | _Fail] | None,
+        args: tuple[Any, ...] | None = None,
         *,
         barrier: bool,
         result_store: bool = False,
         task: trio.lowlevel.Task | None = None,
     ) -> _Req[T]:
-        if self._send is None:
+        send = self._send
+        if send is None:
             raise JournalError("journal is not open for writing (use `async with Journal.open`)")
-        req: _Req[T] = _Req(op, barrier, result_store, task)
+        req: _Req[T] = _Req(op, args, barrier, result_store, task)
         try:
             try:
-                self._send.send_nowait(req)  # no checkpoint between queueing and parking
+                send.send_nowait(req)  # no checkpoint between queueing and parking
             except trio.WouldBlock:
-                await self._send.send(req)
+                await send.send(req)
         except (trio.ClosedResourceError, trio.BrokenResourceError):
             raise JournalError(f"journal {self.path} is closed") from None
         return req
 
     async def _submit(
-        self, op: Callable[[_Txn], T | _Fail], *, barrier: bool, result_store: bool = False
+        self,
+        op: Callable[[_Txn], T | _Fail] | None,
+        args: tuple[Any, ...] | None = None,
+        *,
+        barrier: bool,
+        result_store: bool = False,
     ) -> T:
-        req = await self._enqueue(
-            op, barrier=barrier, result_store=result_store, task=trio.lowlevel.current_task()
-        )
+        task = trio.lowlevel.current_task()
+        req = await self._enqueue(op, args, barrier=barrier, result_store=result_store, task=task)
         # Once queued, the write will happen: wait for its answer without being cancellable,
         # so a caller never loses track of a barrier that did commit (seed: classify by the
         # last proven boundary).  A pending cancellation is delivered at the next checkpoint.
-        return await Posted(req).wait()
+        # (Posted.wait inlined: this runs once per append.)
+        if not req.finished:
+            req.parked = True
+            await trio.lowlevel.wait_task_rescheduled(_cannot_abort)
+        if req.error is not None:
+            raise req.error
+        return req.result  # type: ignore[return-value]
 
     # -- public writes --------------------------------------------------------------------------
 
@@ -865,15 +934,17 @@ class Journal(JournalReader):
         ``JournalWriteError`` on a storage fault.  DISPATCH_STARTED and RESULT_COMMITTED are
         always barriers."""
         attrs_text = _attrs_json(event)
-        sealed, audit = self._seal_payload(event, payload)
+        # Decoded here, in the submitting task, not in the single writer.
+        args = (event, attrs_text, *self._seal_payload(event, payload), _loads(attrs_text))
         barrier = barrier or event.kind in BARRIER_KINDS
+        if lease is None:
+            return await self._submit(None, args, barrier=barrier)
 
         def op(txn: _Txn) -> Event | _Fail:
-            if lease is not None:
-                lost = self._check_lease(txn, event.invocation_id, lease)
-                if lost is not None:
-                    return lost
-            return txn.insert(event, attrs_text, sealed, audit)
+            lost = self._check_lease(txn, event.invocation_id, lease)
+            if lost is not None:
+                return lost
+            return txn.insert(*args)
 
         return await self._submit(op, barrier=barrier)
 
@@ -891,12 +962,8 @@ class Journal(JournalReader):
         if event.kind in BARRIER_KINDS:
             raise ValueError(f"{event.kind.value} is a durability barrier: use append()")
         attrs_text = _attrs_json(event)
-        sealed, audit = self._seal_payload(event, payload)
-
-        def op(txn: _Txn) -> Event:
-            return txn.insert(event, attrs_text, sealed, audit)
-
-        return Posted(await self._enqueue(op, barrier=False))
+        args = (event, attrs_text, *self._seal_payload(event, payload), _loads(attrs_text))
+        return Posted(await self._enqueue(None, args, barrier=False))
 
     def _check_lease(self, txn: _Txn, iid: str, lease: tuple[str, int]) -> _Fail | None:
         holder, generation = lease
@@ -939,7 +1006,7 @@ class Journal(JournalReader):
             now = self._clock()
             if current is not None and current.expires_at > now and current.holder != holder:
                 return _Fail(LeaseBusy(current))
-            proj, _ = self._projector(txn.conn, invocation_id)
+            proj = self._projector(txn.conn, invocation_id)
             recorded = proj.record(now).generation
             generation = max(recorded, current.generation if current else 0) + 1
             expires = now + ttl
@@ -1107,9 +1174,10 @@ def _cannot_abort(_: Any) -> trio.lowlevel.Abort:
 
 
 def _attrs_json(event: Event) -> str:
+    attrs = event.attrs
     try:
-        return canonical_json(dict(event.attrs))
-    except (TypeError, ValueError) as exc:
+        return canonical_json(attrs if type(attrs) is dict else dict(attrs))
+    except (TypeError, ValueError, RecursionError) as exc:
         raise JournalError(
             f"{event.kind.value} attrs of invocation {event.invocation_id} are not JSON: {exc}"
         ) from None
