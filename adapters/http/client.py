@@ -19,6 +19,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import logging
+import math
 import select
 import ssl
 import urllib.parse
@@ -421,9 +422,17 @@ class HttpClient:
                         else:
                             buffered_complete = False
 
+        # One cancel scope for the whole exchange, re-armed per phase (``io.deadline``), instead
+        # of a new ``fail_after`` scope per handoff and per read: a stalled peer still times out
+        # per write and per read (``Timeouts``), at a fraction of the cost.  The deadline is
+        # lifted while received bytes are handled: the sink's journal writes are not the
+        # peer's silence.
+        io = trio.CancelScope()
+
         async def read_some(limit: float) -> None:
-            with trio.fail_after(limit):
-                data = await conn.stream.receive_some(READ_SIZE)
+            io.deadline = trio.current_time() + limit
+            data = await conn.stream.receive_some(READ_SIZE)
+            io.deadline = math.inf
             await handle(ex.receive(bytes(data)))
 
         has_body = bool(body) or method in {"POST", "PUT", "PATCH"}
@@ -437,26 +446,29 @@ class HttpClient:
         req_target = target.absolute if conn.forward_proxy else target.path_query
         t = request.timeouts
         try:
-            obs, head = ex.start_request(method, req_target, out_headers, has_body=has_body)
-            ctx.observe(obs.step, obs.facts)
-            with trio.fail_after(t.write):
-                await conn.stream.send_all(head)
-            if expect:
-                state["during"] = "expect_continue"
-                with trio.move_on_after(min(t.read, EXPECT_CONTINUE_WAIT)):
-                    while not ex.informational_seen and not ex.final_response_started:
-                        await read_some(t.read)
-            if not ex.final_response_started:
-                state["during"] = "write"
-                tail = ex.body_bytes(body)
-                with trio.fail_after(t.write):
-                    if tail:
-                        await conn.stream.send_all(tail)
-                obs = ex.body_written()
+            with io:
+                obs, head = ex.start_request(method, req_target, out_headers, has_body=has_body)
                 ctx.observe(obs.step, obs.facts)
-            state["during"] = "read"
-            while not ex.finished:
-                await read_some(t.read)
+                io.deadline = trio.current_time() + t.write
+                await conn.stream.send_all(head)
+                if expect:
+                    state["during"] = "expect_continue"
+                    with trio.move_on_after(min(t.read, EXPECT_CONTINUE_WAIT)):
+                        while not ex.informational_seen and not ex.final_response_started:
+                            await read_some(t.read)
+                if not ex.final_response_started:
+                    state["during"] = "write"
+                    tail = ex.body_bytes(body)
+                    if tail:
+                        io.deadline = trio.current_time() + t.write
+                        await conn.stream.send_all(tail)
+                    obs = ex.body_written()
+                    ctx.observe(obs.step, obs.facts)
+                state["during"] = "read"
+                while not ex.finished:
+                    await read_some(t.read)
+            if io.cancelled_caught:
+                raise trio.TooSlowError
         except trio.TooSlowError:
             exc = self._interrupted(ctx, ex, conn, reused, "timed_out", state)
             await trio.aclose_forcefully(conn.stream)
