@@ -89,16 +89,22 @@ _PRE_DISPATCH_RETRYABLE = frozenset(
     }
 )
 _CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+_TO_CROCKFORD = bytes.maketrans(b"ABCDEFGHIJKLMNOPQRSTUVWXYZ234567", _CROCKFORD.encode("ascii"))
 
 
 def new_invocation_id() -> str:
     """``act_`` + 26 Crockford base32 characters: 48-bit ms time + 80 random bits (sortable)."""
     value = (int(time.time() * 1000) << 80) | int.from_bytes(secrets.token_bytes(10), "big")
-    chars = []
-    for _ in range(26):
-        chars.append(_CROCKFORD[value & 31])
-        value >>= 5
-    return "act_" + "".join(reversed(chars))
+    return _encode_id(value)
+
+
+def _encode_id(value: int) -> str:
+    """``act_`` + the 26 Crockford base32 characters of ``value`` (< 2**130), most significant
+    first.  Shifted left by 30, the value fills 20 bytes whose first 26 base32 characters are
+    exactly those 130 bits (RFC 4648 alphabet, translated to Crockford's) -- one C call instead
+    of a 26-step loop on every invocation."""
+    raw = base64.b32encode((value << 30).to_bytes(20, "big"))[:26]
+    return "act_" + raw.translate(_TO_CROCKFORD).decode("ascii")
 
 
 class _ConfigChanged(Exception):
@@ -638,8 +644,7 @@ class Engine:
 
         def observe(step: Step, facts: Mapping[str, Any]) -> None:
             attempt.steps.append(step.dest)
-            for k, v in facts.items():
-                attempt.facts[k] = v
+            attempt.facts.update(facts)
             kind = milestones.get(step.dest)
             if (
                 kind is not None
@@ -946,8 +951,11 @@ def _milestone_attrs(facts: Mapping[str, Any]) -> dict[str, Any]:
     return {k: facts[k] for k in ("status",) if k in facts}
 
 
+_JSONABLE = (str, int, float, bool, type(None), list, dict)
+
+
 def _jsonable(value: Any) -> bool:
-    return isinstance(value, str | int | float | bool | type(None) | list | dict)
+    return isinstance(value, _JSONABLE)  # a tuple: isinstance with a union type is slower
 
 
 def _result_payload(result: Any) -> dict[str, Any]:
