@@ -26,6 +26,7 @@ import json
 import math
 import os
 import sqlite3
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -545,10 +546,10 @@ class _Txn:
             observer,
             observer_seq,
         )
-        proj.apply(stored)  # ImpossibleEvent: nothing written, projector unchanged
-        j._sessions[iid] = session
         kind_v = kind.value
         source_v = event.source.value
+        # The digest first: once the projection has applied the event, nothing may fail before
+        # its row is queued (``Journal.record`` serves that projection as the file's state).
         digest = row_digest(
             self.digest,
             seq,
@@ -563,6 +564,14 @@ class _Txn:
             payload,
             audit,
         )
+        try:
+            proj.apply(stored)  # ImpossibleEvent: nothing written, projector unchanged
+        except ImpossibleEvent:
+            raise
+        except Exception:
+            j._projectors.pop(iid, None)  # a fold that failed midway: reload it from the file
+            raise
+        j._sessions[iid] = session
         h = digest.hex()
         self.rows.append(
             (
@@ -654,6 +663,11 @@ class Journal(JournalReader):
         self._projectors: dict[str, Projector] = {}
         self._sessions: dict[str, str | None] = {}
         self._known_head: int | None = None
+        """The seq this writer last committed (None: unknown; the caches are empty)."""
+        self._busy = False
+        """A batch is in the writer thread: the cached projectors may be mid-change."""
+        self._loop_thread: int | None = None
+        """The thread running the trio loop (the only one that may read the caches)."""
         self._send: trio.MemorySendChannel[_Req[Any]] | None = None
         self._recv: trio.MemoryReceiveChannel[_Req[Any]] | None = None
         self._nursery_mgr: contextlib.AbstractAsyncContextManager[trio.Nursery] | None = None
@@ -717,6 +731,30 @@ class Journal(JournalReader):
                 c.execute("ROLLBACK")
             raise
 
+    # -- reads served from the writer's projections -------------------------------------------
+
+    def record(self, invocation_id: str, now: float | None = None) -> Record | None:
+        """As ``JournalReader.record``; for an invocation this writer has folded, answered from
+        its projection without reading the events back -- but only when that projection is the
+        file's state: called on the trio thread while no batch is in the writer thread, and the
+        file's last seq is the one this writer committed (another process may append to the
+        same file; then the events are read and folded as usual).  The writer's projection
+        folds the same stored events a reader would (attrs decoded from their stored JSON)."""
+        p = self._projectors.get(invocation_id)
+        if (
+            p is not None
+            and not self._busy
+            and self._known_head is not None
+            and threading.get_ident() == self._loop_thread
+            and self._last_seq() == self._known_head
+        ):
+            return p.record(now)
+        return super().record(invocation_id, now)
+
+    def _last_seq(self) -> int:
+        row = self._rconn.execute("SELECT max(seq) FROM events").fetchone()
+        return 0 if row is None or row[0] is None else int(row[0])
+
     def close(self) -> None:
         conn = getattr(self, "_wconn", None)
         if conn is not None:
@@ -726,6 +764,7 @@ class Journal(JournalReader):
     # -- writer task --------------------------------------------------------------------------
 
     async def _start(self) -> None:
+        self._loop_thread = threading.get_ident()
         self._send, self._recv = trio.open_memory_channel[_Req[Any]](MAX_BATCH * 4)
         mgr = trio.open_nursery()
         nursery = await mgr.__aenter__()
@@ -762,6 +801,7 @@ class Journal(JournalReader):
                         batch.append(recv.receive_nowait())
                     except (trio.WouldBlock, trio.EndOfChannel):
                         break
+                self._busy = True
                 try:
                     await trio.to_thread.run_sync(self._run_batch, batch, limiter=self._limiter)
                 except Exception as exc:  # a bug, not a storage fault: fail the batch, go on
@@ -769,6 +809,7 @@ class Journal(JournalReader):
                     for r in batch:
                         r.error = JournalError(f"journal writer failed: {exc!r}")
                 finally:
+                    self._busy = False
                     for r in batch:
                         r.finished = True
                         if r.parked:
@@ -985,7 +1026,7 @@ class Journal(JournalReader):
             attrs={"generation": generation, "holder": holder},
         )
         try:
-            seq = txn.insert(lost, _attrs_json(lost)).seq
+            seq = txn.insert(*_row_args(lost)).seq
         except ImpossibleEvent:
             seq = None
         return _Fail(LeaseLost(iid, holder, generation, current, seq))
@@ -1016,7 +1057,7 @@ class Journal(JournalReader):
                 attrs={"generation": generation, "holder": holder, "expires_at": expires},
                 at=now,
             )
-            stored = txn.insert(ev, _attrs_json(ev))
+            stored = txn.insert(*_row_args(ev))
             txn.conn.execute(
                 "INSERT OR REPLACE INTO leases (invocation_id, holder, generation, expires_at, "
                 "seq) VALUES (?,?,?,?,?)",
@@ -1158,7 +1199,7 @@ class Journal(JournalReader):
                 "bytes": sum(v["bytes"] for v in per.values()),
             }
             ev = dataclasses.replace(event, attrs=attrs)
-            stored = txn.insert(ev, _attrs_json(ev))
+            stored = txn.insert(*_row_args(ev))
             txn.conn.execute(
                 "INSERT INTO results (invocation_id, seq, sha256, streams, summary) "
                 "VALUES (?,?,?,?,?)",
@@ -1171,6 +1212,12 @@ class Journal(JournalReader):
 
 def _cannot_abort(_: Any) -> trio.lowlevel.Abort:
     return trio.lowlevel.Abort.FAILED
+
+
+def _row_args(event: Event) -> tuple[Event, str, None, None, Any]:
+    """``_Txn.insert`` arguments of an event without payload (attrs encoded and decoded)."""
+    text = _attrs_json(event)
+    return event, text, None, None, _loads(text)
 
 
 def _attrs_json(event: Event) -> str:

@@ -194,6 +194,30 @@ async def _fill(path: Path, events: int, ids: Callable[[int, int], str]) -> None
                 nursery.start_soon(worker, w, invocations // 64)
 
 
+async def _read_costs(path: Path, n: int = 500) -> dict[str, float]:
+    """Microseconds per read the engine makes after a call, for invocations just written."""
+    out: dict[str, float] = {}
+    async with Journal.open(path) as j:
+        iids = [engine_id(0, i) for i in range(n)]
+        for iid in iids:
+            for ev in _happy(iid):
+                await j.append(ev, barrier=False)
+            await j.put_result_chunk(iid, "body", 0, b"x" * 512)
+            await j.commit_result(Event(E.RESULT_COMMITTED, iid, {}), summary={"status": 200})
+        with JournalReader.open(path) as r:
+            for name, fn in (
+                ("Journal.record (writer's projection)", j.record),
+                ("JournalReader.record (read and fold)", r.record),
+                ("Journal.events", j.events),
+                ("Journal.read_result (hashes verified)", j.read_result),
+            ):
+                t0 = time.perf_counter()
+                for iid in iids:
+                    fn(iid)
+                out[name] = (time.perf_counter() - t0) / n * 1e6
+    return out
+
+
 def _cell(values: list[float], unit: str = "/s") -> str:
     med = statistics.median(values)
     if unit == "/s":
@@ -276,6 +300,9 @@ def main() -> None:
         f"{_cell(project, 's')}  (target < 1 s)  {_verdict(m_project < 1.0)}"
     )
     print(f"verify of the same journal:   {_cell(verify, 's')};  fill: {fill:.1f} s")
+
+    for name, us in trio.run(_read_costs, base / "reads.db").items():
+        print(f"{name:40} {us:8.1f} us per call")
 
     if args.profile:
         main_prof, writer = cProfile.Profile(), WriterStats(profile=cProfile.Profile())

@@ -1,0 +1,163 @@
+"""``Journal.record`` answers from the writer's projection when that projection is the file's
+state, and reads the file whenever it might not be: another writer appended, a batch is in the
+writer thread, a batch failed.  Every answer must equal a fresh reader's fold of the file."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from affidavit.journal import Journal, JournalReader
+from affidavit.statemachine import Event, Record
+from affidavit.statemachine import EventKind as E
+
+from .helpers import happy, interrupted, until_dispatch
+
+
+def _fresh(path: Path, iid: str) -> Record | None:
+    with JournalReader.open(path) as r:
+        return r.record(iid, now=0.0)
+
+
+class ReadCounter:
+    """Counts the event reads behind ``record`` (the fallback path) on one journal."""
+
+    def __init__(self, journal: Journal) -> None:
+        self.reads = 0
+        inner = journal.events
+
+        def counted(invocation_id: str) -> list[Event]:
+            self.reads += 1
+            return inner(invocation_id)
+
+        journal.events = counted  # type: ignore[method-assign]
+
+
+@pytest.fixture
+def path(tmp_path: Path) -> Iterator[Path]:
+    yield tmp_path / "j.db"
+
+
+async def test_record_of_what_this_writer_wrote_needs_no_read_and_equals_the_file(
+    path: Path,
+) -> None:
+    async with Journal.open(path) as j:
+        reads = ReadCounter(j)
+        for ev in happy("a"):
+            await j.append(ev)
+            assert j.record("a", now=0.0) == _fresh(path, "a")
+        for ev in interrupted("b"):
+            await j.append(ev, payload={"attrs": ("tuple", "decoded", "as", "list")})
+        assert j.record("b", now=0.0) == _fresh(path, "b")
+        assert reads.reads == 0
+        assert j.record("nobody") is None  # unknown ids still read the file
+        assert reads.reads == 1
+
+
+async def test_tuple_and_mapping_attrs_project_as_a_reader_sees_them(path: Path) -> None:
+    # The writer folds the stored (JSON-decoded) attrs, not the caller's objects.
+    from types import MappingProxyType
+
+    async with Journal.open(path) as j:
+        for ev in until_dispatch("t"):
+            await j.append(ev)
+        odd = Event(
+            E.PROTOCOL_OBSERVED,
+            "t",
+            MappingProxyType({"protocol": "http", "state": "sent", "facts": {"hops": (1, 2)}}),
+        )
+        stored = await j.append(odd)
+        assert stored.attrs == {"protocol": "http", "state": "sent", "facts": {"hops": [1, 2]}}
+        assert j.record("t", now=0.0) == _fresh(path, "t")
+
+
+async def test_another_writer_appending_makes_record_read_the_file(path: Path) -> None:
+    async with Journal.open(path) as mine, Journal.open(path) as other:
+        reads = ReadCounter(mine)
+        for ev in until_dispatch("x"):
+            await mine.append(ev)
+        assert mine.record("x", now=0.0) == _fresh(path, "x")
+        assert reads.reads == 0
+        # A second writer on the same file (as another process would be) extends "x".
+        await other.append(Event(E.REQUEST_SENT, "x"))
+        got = mine.record("x", now=0.0)
+        assert got is not None and got.events == 5
+        assert got == _fresh(path, "x")
+        assert reads.reads == 1
+        # ...and to another invocation: the head moved, so "x" is read again too.
+        for ev in until_dispatch("y"):
+            await other.append(ev)
+        assert mine.record("x", now=0.0) == _fresh(path, "x")
+        assert reads.reads == 2
+        # The next write of ours reloads its projections from the file and chains on.
+        await mine.append(Event(E.REMOTE_RESPONSE_STARTED, "x", {"status": 200}))
+        assert mine.record("x", now=0.0) == _fresh(path, "x")
+        assert mine.record("x", now=0.0).events == 6  # type: ignore[union-attr]
+        assert reads.reads == 2
+    with JournalReader.open(path) as r:
+        assert r.verify().ok
+
+
+async def test_a_batch_in_the_writer_thread_is_not_visible_to_record(path: Path) -> None:
+    entered, release = threading.Event(), threading.Event()
+    async with Journal.open(path) as j:
+        for ev in until_dispatch("z"):
+            await j.append(ev)
+        before = j.record("z", now=0.0)
+        assert before is not None and before.events == 4
+
+        def hold() -> None:  # runs in the writer thread, inside the open transaction
+            entered.set()
+            release.wait(10)
+
+        j._before_commit = hold
+        done: list[Any] = []
+        with trio.fail_after(10):
+            async with trio.open_nursery() as nursery:
+
+                async def write() -> None:
+                    done.append(await j.append(Event(E.REQUEST_SENT, "z")))
+
+                nursery.start_soon(write)
+                try:
+                    await trio.to_thread.run_sync(entered.wait, 10)
+                    # The projection already holds REQUEST_SENT; the file does not.
+                    assert j.record("z", now=0.0) == before == _fresh(path, "z")
+                finally:
+                    release.set()
+        j._before_commit = None
+        assert done and j.record("z", now=0.0) == _fresh(path, "z")
+        assert j.record("z", now=0.0).events == 5  # type: ignore[union-attr]
+
+
+async def test_a_failed_batch_leaves_record_equal_to_the_file(path: Path) -> None:
+    async with Journal.open(path) as j:
+        for ev in until_dispatch("f"):
+            await j.append(ev)
+
+        def fail() -> None:
+            raise RuntimeError("writer bug in the middle of a batch")
+
+        j._before_commit = fail
+        with pytest.raises(Exception, match="writer bug"):
+            await j.append(Event(E.REQUEST_SENT, "f"))
+        j._before_commit = None
+        assert j.record("f", now=0.0) == _fresh(path, "f")
+        assert j.record("f", now=0.0).events == 4  # type: ignore[union-attr]
+        await j.append(Event(E.REQUEST_SENT, "f"))
+        assert j.record("f", now=0.0) == _fresh(path, "f")
+
+
+async def test_record_from_another_thread_reads_the_file(path: Path) -> None:
+    async with Journal.open(path) as j:
+        reads = ReadCounter(j)
+        for ev in until_dispatch("o"):
+            await j.append(ev)
+        got = await trio.to_thread.run_sync(lambda: j.record("o", now=0.0))
+        assert got == _fresh(path, "o")
+        assert reads.reads == 1
