@@ -19,10 +19,13 @@ from typing import Any
 
 from affidavit.statemachine import Event, EventKind, EvidenceSource, Projector, project_all
 from affidavit.statemachine.lifecycle import OUTCOME_SPLIT
-from affidavit.statemachine.projection import _TABLE
+from affidavit.statemachine.projection import _TABLE, _fold_all
 
 E = EventKind
 S = EvidenceSource
+
+TARGET_RATIO = 10.0
+"""Issue 2: the projection within 10x of the bare loop over the same events."""
 
 Step = tuple[EventKind, dict[str, Any], EvidenceSource]
 
@@ -156,8 +159,18 @@ def bare_loop(events: Sequence[Event]) -> dict[str, str]:
 
 
 def fold_only(events: Sequence[Event]) -> dict[str, Projector]:
-    """``project_all`` without building the records (and with the same GC pause): where the
-    time goes."""
+    """``project_all``'s own fold loop without building the records (and with the same GC
+    pause): where the time goes."""
+    gc.disable()
+    try:
+        return _fold_all(events)
+    finally:
+        gc.enable()
+
+
+def apply_loop(events: Sequence[Event]) -> dict[str, Projector]:
+    """The same fold through the public ``Projector.apply``, one call per event (what the
+    journal's own folds do)."""
     folds: dict[str, Projector] = {}
     gc.disable()
     try:
@@ -203,11 +216,12 @@ def main() -> None:
         {
             "bare": lambda: bare_loop(events),
             "fold": lambda: fold_only(events),
+            "apply": lambda: apply_loop(events),
             "project_all": lambda: project_all(events),
         },
         args.repeat,
     )
-    bare_s, fold_s, proj_s = t["bare"], t["fold"], t["project_all"]
+    bare_s, fold_s, apply_s, proj_s = t["bare"], t["fold"], t["apply"], t["project_all"]
 
     print(f"invocations:  {len(records):,}")
     print(f"bare loop:    {n / bare_s:>12,.0f} events/s  ({bare_s:.3f}s)")
@@ -215,8 +229,17 @@ def main() -> None:
         f"fold only:    {n / fold_s:>12,.0f} events/s  ({fold_s:.3f}s, no records: "
         f"{fold_s / bare_s:.1f}x)"
     )
+    print(
+        f"apply loop:   {n / apply_s:>12,.0f} events/s  ({apply_s:.3f}s, Projector.apply per "
+        f"event, no records: {apply_s / bare_s:.1f}x)"
+    )
     print(f"project_all:  {n / proj_s:>12,.0f} events/s  ({proj_s:.3f}s, records included)")
-    print(f"ratio:        {proj_s / bare_s:.1f}x slower than the bare loop (target: within 10x)")
+    ratio = proj_s / bare_s
+    verdict = "MET" if ratio <= TARGET_RATIO else "MISSED"
+    print(
+        f"ratio:        {ratio:.1f}x slower than the bare loop "
+        f"(target: within {TARGET_RATIO:.0f}x: {verdict})"
+    )
 
     if args.profile:
         prof = cProfile.Profile()

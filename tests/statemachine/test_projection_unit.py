@@ -19,6 +19,7 @@ from affidavit.statemachine import (
     Code,
     Event,
     EventKind,
+    EvidenceSource,
     ImpossibleEvent,
     Outcome,
     Projector,
@@ -29,7 +30,16 @@ from affidavit.statemachine import (
 from affidavit.statemachine.projection import _RecordSlots
 from affidavit.statemachine.retry import retry_hint, static_retry_hint
 
-from .lifecycle_helpers import IID, drive, make_event, operation, path_to, projector_in
+from .lifecycle_helpers import (
+    IID,
+    drive,
+    make_event,
+    operation,
+    path_to,
+    projector_in,
+    valid_moves,
+)
+from .test_model_check import ATTRS
 
 E = EventKind
 
@@ -200,3 +210,70 @@ def test_a_tabulated_hint_is_what_retry_hint_returns_for_any_operation_budget_or
     else:
         # untabulated: the hint must depend on something besides (state, code)
         assert outcome is Outcome.UNKNOWN or code is not None
+
+
+# --- project_all inlines Projector.apply: the two must agree, refusals included ---------------
+
+_any_event = st.builds(
+    Event,
+    st.sampled_from(list(EventKind)),
+    st.sampled_from(["act_a", "act_b", "act_c"]),
+    ATTRS,
+    source=st.sampled_from(list(EvidenceSource)),
+    seq=st.one_of(st.none(), st.integers(0, 400)),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.data(), junk=st.lists(st.tuples(st.integers(0, 60), _any_event), max_size=3))
+def test_project_all_agrees_with_projector_apply_on_interleaved_logs(
+    data: st.DataObject, junk: list[tuple[int, Event]]
+) -> None:
+    def choose(options: Any) -> Any:
+        return data.draw(st.sampled_from(list(options)))
+
+    per_invocation: list[list[Event]] = []
+    seq = 0
+    for iid in ("act_a", "act_b", "act_c"):
+        p, events = Projector(iid), []
+        for _ in range(data.draw(st.integers(0, 12))):
+            moves = valid_moves(p)
+            if not moves:
+                break
+            kind, dest = choose(moves)
+            seq += 1
+            ev = make_event(p, kind, dest, seq, choose)
+            ev = Event(
+                ev.kind, iid, ev.attrs, ev.source, ev.seq, ev.at, ev.observer, ev.observer_seq
+            )
+            p.apply(ev)
+            events.append(ev)
+        per_invocation.append(events)
+    log: list[Event] = []
+    queues = [list(evs) for evs in per_invocation]
+    while any(queues):
+        q = choose([q for q in queues if q])
+        log.append(q.pop(0))
+    for pos, ev in junk:
+        log.insert(min(pos, len(log)), ev)
+
+    # the reference: one Projector per invocation, through the public apply
+    folds: dict[str, Projector] = {}
+    refused: ImpossibleEvent | None = None
+    for ev in log:
+        p = folds.setdefault(ev.invocation_id, Projector(ev.invocation_id))
+        try:
+            p.apply(ev)
+        except ImpossibleEvent as exc:
+            refused = exc
+            break
+    if refused is not None:
+        with pytest.raises(ImpossibleEvent) as info:
+            project_all(log, now=7.0)
+        assert (info.value.event, info.value.state, info.value.reason) == (
+            refused.event,
+            refused.state,
+            refused.reason,
+        )
+    else:
+        assert project_all(log, now=7.0) == {iid: p.record(7.0) for iid, p in folds.items()}
