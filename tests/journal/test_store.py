@@ -193,3 +193,34 @@ def test_read_only_open_needs_no_key_and_refuses_a_missing_journal(tmp_path: Pat
             r.read_result("inv-1")
     with pytest.raises(JournalError, match="no journal"):
         JournalReader.open(tmp_path / "absent.db")
+
+
+def test_reading_attrs_the_writer_did_not_write(tmp_path: Path) -> None:
+    """Rows are decoded with the JSON scanner directly; JSON with whitespace still reads, and
+    a malformed row raises a JSON error (a ValueError), never the scanner's StopIteration."""
+    import json
+    import sqlite3
+
+    from affidavit.journal.store import _loads
+
+    assert _loads(' {"a": [1, 2]} ') == {"a": [1, 2]}
+    assert _loads('{"a":1}') == {"a": 1}
+    for bad in ("", "{", '{"a":1} trailing', "nope"):
+        with pytest.raises(json.JSONDecodeError):
+            _loads(bad)
+
+    path = tmp_path / "j.db"
+
+    async def fill() -> None:
+        async with Journal.open(path) as j:
+            await j.append(accepted("ws"))
+
+    trio.run(fill)
+    conn = sqlite3.connect(path)
+    conn.execute("DROP TRIGGER events_no_update")
+    conn.execute("UPDATE events SET attrs = ' ' || attrs || ' ' WHERE seq = 1")
+    conn.commit()
+    conn.close()
+    with JournalReader.open(path) as r:
+        assert r.events("ws")[0].attrs["session"] == "sess-1"
+        assert r.verify().first_bad_seq == 1
