@@ -80,6 +80,8 @@ BUSY_TIMEOUT_MS = 30_000
 MAX_BATCH = 2048
 _PROJECTOR_CACHE = 50_000
 _KINDS = {k.value: k for k in EventKind}
+_BARRIER_VALUES = frozenset(k.value for k in BARRIER_KINDS)
+"""By value: ``kind in BARRIER_KINDS`` hashes the enum in Python (``Enum.__hash__``)."""
 _SOURCES = {s.value: s for s in EvidenceSource}
 _READ_COLUMNS = "seq, at, invocation_id, session_id, kind, source, observer, observer_seq, attrs"
 
@@ -96,7 +98,7 @@ class StoredResult:
     """The RESULT_COMMITTED event's seq."""
 
 
-_scan = json.JSONDecoder().scan_once
+_scan: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
 
 
 def _loads(text: str) -> Any:
@@ -576,8 +578,8 @@ class _Txn:
             observer,
             observer_seq,
         )
-        kind_v = kind.value
-        source_v = event.source.value
+        kind_v = kind._value_  # not .value: a Python-level property, twice per row
+        source_v = event.source._value_
         # The digest first: once the projection has applied the event, nothing may fail before
         # its row is queued (``Journal.record`` serves that projection as the file's state).
         digest = row_digest(
@@ -1005,9 +1007,12 @@ class Journal(JournalReader):
         ``JournalWriteError`` on a storage fault.  DISPATCH_STARTED and RESULT_COMMITTED are
         always barriers."""
         attrs_text = _attrs_json(event)
-        # Decoded here, in the submitting task, not in the single writer.
-        args = (event, attrs_text, *self._seal_payload(event, payload), _loads(attrs_text))
-        barrier = barrier or event.kind in BARRIER_KINDS
+        # Encoded and decoded here, in the submitting task, not in the single writer.
+        if payload is None:
+            args: tuple[Any, ...] = (event, attrs_text, None, None, _loads(attrs_text))
+        else:
+            args = (event, attrs_text, *self._seal_payload(event, payload), _loads(attrs_text))
+        barrier = barrier or event.kind._value_ in _BARRIER_VALUES
         if lease is None:
             return await self._submit(None, args, barrier=barrier)
 
