@@ -389,6 +389,11 @@ class Engine:
         record = self.journal.record(invocation_id)
         if record is None:
             return None
+        if not record.final:
+            # A record whose holder's lease ran out belongs to a broker that stopped mid-call:
+            # close it with what the journal proves, so the answer is unknown/reconcile rather
+            # than "in progress" forever.  Still a read of the remote: nothing is sent.
+            record = await self._recover_stale(record)
         return self._envelope(record)
 
     # -- the attempt ------------------------------------------------------------------------------
@@ -789,7 +794,8 @@ class Engine:
         if not record.final:
             record = await self._recover_stale(record)
             if not record.final:
-                return self._envelope(record, busy=True)
+                # Another worker is running it: IN_PROGRESS, fetch later (rendered as such).
+                return self._envelope(record)
         decision = decide(record, op)
         if decision in (Decision.RETRY_SAME_KEY, Decision.RETRY_NEW_ATTEMPT):
             if record.budget.left <= 0:
@@ -799,7 +805,8 @@ class Engine:
                     iid, self.holder, self._lease_ttl(target, timeout)
                 )
             except LeaseBusy:
-                return self._envelope(await self._record(iid), busy=True)
+                # Another worker took the lease between our read and our acquire.
+                return self._envelope(await self._record(iid))
             except ImpossibleEvent:
                 return self._envelope(await self._record(iid))
             return await self._run_attempt(
@@ -898,8 +905,8 @@ class Engine:
         payload = _result_payload(result) if result is not None else None
         env = render_envelope(record, payload)
         if busy:
-            # Another worker holds the invocation's lease right now.  The record is rendered as
-            # is; the error says why this caller did not act.
+            # This worker's lease was lost at its dispatch gate: another worker holds a newer
+            # one.  The record is rendered as is; the error says why this caller did not act.
             env["error"] = {
                 "code": Code.LEASE_LOST.value,
                 "phase": record.phase.value,

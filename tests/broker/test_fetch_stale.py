@@ -1,0 +1,61 @@
+"""fetch_result on a record a killed broker left at DISPATCH_STARTED.
+
+While the dead holder's lease could still be live, the journal cannot tell a crash from a slow
+call: IN_PROGRESS, fetch later.  Once the lease has expired, the record is closed with what it
+proves — unknown, never not_attempted — and the answer says reconcile.  Neither sends anything.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import trio
+
+from affidavit.broker import Broker
+from affidavit.config import load_config
+from affidavit.demo import _config
+from affidavit.journal import Journal
+from affidavit.statemachine import Event, EventKind
+
+E = EventKind
+OP = {"target": "api", "protocol": "http", "idempotent": False, "fingerprint": "sha256:f"}
+
+
+async def _crashed_record(db: Path, iid: str, lease_expires_at: float) -> None:
+    async with Journal.open(db) as j:
+        await j.append(
+            Event(
+                E.ACTION_ACCEPTED,
+                iid,
+                {"operation": OP, "holder": "dead-broker", "lease_expires_at": lease_expires_at},
+            )
+        )
+        await j.append(Event(E.PREFLIGHT_VALIDATED, iid, {}))
+        await j.append(Event(E.CREDENTIAL_AUTHORIZED, iid, {}))
+        await j.append(Event(E.DISPATCH_STARTED, iid, {"generation": 0}), barrier=True)
+
+
+@pytest.mark.parametrize(
+    ("expires_in", "code", "retry"),
+    [(3600.0, "IN_PROGRESS", "fetch_result"), (-1.0, "REMOTE_OUTCOME_UNKNOWN", "reconcile")],
+)
+async def test_fetch_of_a_crashed_dispatch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, expires_in: float, code: str, retry: str
+) -> None:
+    monkeypatch.setenv("AFFIDAVIT_DEMO_TOKEN", "unused-token")
+    cfg = tmp_path / "affidavit.toml"
+    cfg.write_text(_config(tmp_path, 9), encoding="utf-8")
+    config = load_config(cfg)
+    await _crashed_record(config.journal.path, "act_crashed", time.time() + expires_in)
+    with trio.fail_after(10):
+        async with Broker.open(config=config) as broker:
+            env = await broker.fetch_result("act_crashed")
+            assert env is not None
+            assert (env["error"]["code"], env["error"]["retry"]) == (code, retry)
+            assert env["error"]["outcome"] == "unknown"
+            assert env["evidence"]["dispatch_started"] is True
+            record = broker.record("act_crashed")
+            assert record is not None and record.outcome.value == "unknown"
+            assert "result" not in env or env["result"] is None
