@@ -5,8 +5,11 @@ project the current state.  The projection refuses impossible events (``Impossib
 never rewrites history: a refused event leaves the fold exactly as it was, so a caller that
 catches the error still holds the last good record.
 
-Speed matters (recovery projects whole journals), so events fold through a dict compiled from
-``lifecycle.TRANSITIONS``; ``tests/`` prove the dict and the ``transitions`` machine agree.
+Speed matters (recovery projects whole journals; tests/benchmarks/projection.py holds
+``project_all`` within 10x of a bare table-lookup loop), so each event costs one lookup in a dict
+compiled from ``lifecycle.TRANSITIONS``: (state, kind) -> (destination, the kind's rule), where
+the rule checks the event and only then applies it.  ``tests/`` prove the dict and the
+``transitions`` machine agree.
 """
 
 from __future__ import annotations

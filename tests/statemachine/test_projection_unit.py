@@ -27,7 +27,7 @@ from affidavit.statemachine import (
     project,
     project_all,
 )
-from affidavit.statemachine.projection import _RecordSlots
+from affidavit.statemachine.projection import _ROWS, _RULES, _TABLE, _RecordSlots
 from affidavit.statemachine.retry import retry_hint, static_retry_hint
 
 from .lifecycle_helpers import (
@@ -277,3 +277,16 @@ def test_project_all_agrees_with_projector_apply_on_interleaved_logs(
         )
     else:
         assert project_all(log, now=7.0) == {iid: p.record(7.0) for iid, p in folds.items()}
+
+
+def test_the_fold_dict_is_the_lifecycle_table_with_a_rule_per_kind() -> None:
+    # _ROWS is what apply and project_all look up; _TABLE is what the model checks compare with
+    # the transitions machine.  Same pairs, same destinations ("=" resolved), every kind ruled.
+    assert set(_ROWS) == set(_TABLE) == set(STATES)
+    for state, row in _TABLE.items():
+        assert set(_ROWS[state]) == set(row)
+        for kind, dest in row.items():
+            got, rule = _ROWS[state][kind]
+            assert got == (state if dest == "=" else dest)
+            assert rule is _RULES[kind]
+    assert set(_RULES) == set(EventKind)
