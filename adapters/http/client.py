@@ -16,6 +16,8 @@ failure is classified by the last boundary the ``ProtocolMachine`` proved (adapt
 
 from __future__ import annotations
 
+import base64
+import binascii
 import errno
 import hashlib
 import logging
@@ -625,6 +627,16 @@ class HttpClient:
 
     def _secret_values(self, request: HttpRequest) -> list[str]:
         vals = [v for n, v in request.headers if n.lower() in request.credential_headers]
+        for v in list(vals):
+            scheme, _, token = v.partition(" ")
+            if scheme.lower() == "basic" and token:
+                # RFC 7617: the decoded user-id:password, and the password alone, are what a
+                # server that decodes the header would echo back.
+                try:
+                    user_pass = base64.b64decode(token.strip(), validate=True).decode("utf-8")
+                except (binascii.Error, ValueError):
+                    continue
+                vals += [user_pass, user_pass.partition(":")[2]]
         for v in _query_values(request.url, request.credential_query):
             vals += [v, urllib.parse.quote_plus(v), urllib.parse.quote(v, safe="")]
         return vals

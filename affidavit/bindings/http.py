@@ -61,7 +61,13 @@ class HttpBinding:
                 read=target.timeout.total,
             ),
         )
-        return Prepared(request=request, secrets=(credential.value,), evidence=evidence)
+        secrets: tuple[bytes, ...] = (credential.value,)
+        if target.inject.split(":", 1)[0] == "basic":
+            # RFC 7617 user-id ":" password: a server that decodes the header may echo the
+            # password alone, which no form of the whole value matches (seed: "Exclude
+            # secrets ... from the envelope").
+            secrets += (credential.value.split(b":", 1)[1],)
+        return Prepared(request=request, secrets=secrets, evidence=evidence)
 
     async def perform(self, prepared: Prepared, ctx: AttemptContext) -> RemoteResult:
         return await self._client.perform(prepared.request, ctx)
