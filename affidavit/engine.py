@@ -836,7 +836,18 @@ class Engine:
                 expires = ev.attrs.get("expires_at")
         if expires is not None and time.time() < float(expires):
             return record
-        if record.evidence.get("dispatch_started") and record.outcome is Outcome.UNKNOWN:
+        if record.state == "authorized" or record.state == "retry_pending":
+            # The current attempt never reached its own DISPATCH_STARTED (that would have moved
+            # the state to ``dispatched``).  In ``retry_pending`` an *earlier* attempt did, so
+            # ``dispatch_started`` is already true and the outcome stays unknown
+            # (retry_setup_failed); ATTEMPT_INTERRUPTED is impossible there and would leave the
+            # record IN_PROGRESS for ever.
+            closing = Event(
+                E.SETUP_FAILED,
+                record.invocation_id,
+                {"code": Code.SETUP_FAILED.value, "stage": "broker_stopped"},
+            )
+        elif record.evidence.get("dispatch_started") and record.outcome is Outcome.UNKNOWN:
             closing = Event(
                 E.ATTEMPT_INTERRUPTED,
                 record.invocation_id,
@@ -844,12 +855,6 @@ class Engine:
                     "code": Code.REMOTE_OUTCOME_UNKNOWN.value,
                     "message": "The broker stopped after dispatch, before a result was recorded.",
                 },
-            )
-        elif record.state == "authorized" or record.state == "retry_pending":
-            closing = Event(
-                E.SETUP_FAILED,
-                record.invocation_id,
-                {"code": Code.SETUP_FAILED.value, "stage": "broker_stopped"},
             )
         else:
             return record

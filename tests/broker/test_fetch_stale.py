@@ -59,3 +59,35 @@ async def test_fetch_of_a_crashed_dispatch(
             record = broker.record("act_crashed")
             assert record is not None and record.outcome.value == "unknown"
             assert "result" not in env or env["result"] is None
+
+
+async def test_fetch_of_a_retry_whose_worker_died_before_its_own_dispatch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker took a retry lease (retry_pending) and died before its DISPATCH_STARTED.  The
+    earlier attempt keeps the outcome unknown; the dead retry is closed as a setup failure of
+    that retry (never as not_attempted, never left IN_PROGRESS once the lease has expired)."""
+    monkeypatch.setenv("AFFIDAVIT_DEMO_TOKEN", "unused-token")
+    cfg = tmp_path / "affidavit.toml"
+    cfg.write_text(_config(tmp_path, 9), encoding="utf-8")
+    config = load_config(cfg)
+    iid = "act_dead_retry"
+    await _crashed_record(config.journal.path, iid, time.time() - 60)
+    async with Journal.open(config.journal.path) as j:
+        await j.append(
+            Event(E.ATTEMPT_INTERRUPTED, iid, {"code": "REMOTE_OUTCOME_UNKNOWN"}), barrier=True
+        )
+        lease = await j.acquire_lease(iid, "dead-retrier", 0.05)
+    assert lease.generation == 1
+    await trio.sleep(0.1)  # the retrier's lease runs out
+    with trio.fail_after(10):
+        async with Broker.open(config=config) as broker:
+            env = await broker.fetch_result(iid)
+            assert env is not None
+            assert env["error"]["code"] != "IN_PROGRESS", env["error"]
+            assert env["error"]["outcome"] == "unknown"
+            assert env["error"]["retry"] != "fetch_result"
+            assert env["evidence"]["dispatch_started"] is True
+            record = broker.record(iid)
+            assert record is not None and record.final
+            assert record.outcome.value == "unknown"
