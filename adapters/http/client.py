@@ -74,9 +74,11 @@ class RedirectDecision:
 @dataclass
 class HttpRequest:
     method: str
-    url: str
+    # repr=False: the URL and headers carry the injected credential, and a dataclass repr
+    # (a debug line, an assertion message) would print it.
+    url: str = field(repr=False)
     """Absolute; the credential query parameter (if any) is already added."""
-    headers: list[tuple[str, str]]
+    headers: list[tuple[str, str]] = field(repr=False)
     """Credential header(s) already injected."""
     body: bytes = b""
     credential_headers: frozenset[str] = frozenset()

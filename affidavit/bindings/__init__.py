@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from affidavit.adapters.base import AttemptContext, RemoteResult
@@ -26,7 +26,7 @@ class Prepared:
     """A request ready for the adapter, plus what must never leave the broker."""
 
     request: Any
-    secrets: tuple[bytes, ...]
+    secrets: tuple[bytes, ...] = field(repr=False)
     """Exact injected values (and their encodings) to redact from stored/returned results."""
     evidence: Mapping[str, Any]
     """Secret-free facts about the injection, e.g. {"inject": "bearer", "idempotency_header": …}."""
