@@ -856,6 +856,13 @@ class Engine:
                     "message": "The broker stopped after dispatch, before a result was recorded.",
                 },
             )
+        elif record.state == "completed_committed" or record.state == "completed_rejected":
+            # A complete result was recorded but never stored (the broker stopped before
+            # RESULT_COMMITTED): keep the proven outcome, never re-run (seed: "Storing the
+            # result can fail after remote execution ... not a retry of the remote action").
+            closing = Event(
+                E.RESULT_STORE_FAILED, record.invocation_id, {"stage": "broker_stopped"}
+            )
         else:
             return record
         with contextlib.suppress(ImpossibleEvent):  # someone closed it first; the journal knows

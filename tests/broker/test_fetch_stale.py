@@ -17,7 +17,7 @@ from affidavit.broker import Broker
 from affidavit.config import load_config
 from affidavit.demo import _config
 from affidavit.journal import Journal
-from affidavit.statemachine import Event, EventKind
+from affidavit.statemachine import Event, EventKind, EvidenceSource
 
 E = EventKind
 OP = {"target": "api", "protocol": "http", "idempotent": False, "fingerprint": "sha256:f"}
@@ -91,3 +91,36 @@ async def test_fetch_of_a_retry_whose_worker_died_before_its_own_dispatch(
             record = broker.record(iid)
             assert record is not None and record.final
             assert record.outcome.value == "unknown"
+
+
+async def test_fetch_of_a_result_that_was_complete_but_never_stored(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The broker died between REMOTE_RESPONSE_COMPLETE and RESULT_COMMITTED.  Once its lease
+    has expired the record is closed as a store failure: the outcome the journal proves stays,
+    nothing is re-run (retry never), and it is not left IN_PROGRESS for ever."""
+    monkeypatch.setenv("AFFIDAVIT_DEMO_TOKEN", "unused-token")
+    cfg = tmp_path / "affidavit.toml"
+    cfg.write_text(_config(tmp_path, 9), encoding="utf-8")
+    config = load_config(cfg)
+    iid = "act_unstored"
+    await _crashed_record(config.journal.path, iid, time.time() - 60)
+    async with Journal.open(config.journal.path) as j:
+        await j.append(
+            Event(
+                E.REMOTE_RESPONSE_COMPLETE,
+                iid,
+                {"outcome": "committed", "code": None, "status": 200},
+                source=EvidenceSource.REMOTE_RESPONSE,
+            ),
+            barrier=True,
+        )
+    with trio.fail_after(10):
+        async with Broker.open(config=config) as broker:
+            env = await broker.fetch_result(iid)
+            assert env is not None
+            assert env["error"]["code"] != "IN_PROGRESS", env["error"]
+            assert (env["error"]["outcome"], env["error"]["retry"]) == ("committed", "never")
+            record = broker.record(iid)
+            assert record is not None and record.final
+            assert record.outcome.value == "committed"
