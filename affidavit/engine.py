@@ -411,6 +411,7 @@ class Engine:
         generation: int,
         lease: tuple[str, int] | None,
         preamble: tuple[Event, ...] = (),
+        bound_version: str | None = None,
     ) -> dict[str, Any]:
         # One shielded section for the preflight events and the credential step: a caller's
         # cancellation must not leave it unclear which of them landed, and one cancel scope per
@@ -430,6 +431,23 @@ class Engine:
             except CredentialError as exc:
                 return await self._finish(
                     iid, Event(E.CREDENTIAL_FAILED, iid, {"code": exc.code.value})
+                )
+            if bound_version is not None and credential.version != bound_version:
+                # Seed: the credential version is bound to the invocation; "if any bound value
+                # changes, create a new invocation; do not edit the previous record".  A retry
+                # under the old invocation must not silently act with a rotated credential.
+                return await self._finish(
+                    iid,
+                    Event(
+                        E.PREFLIGHT_FAILED,
+                        iid,
+                        {
+                            "code": Code.CONFIG_CHANGED.value,
+                            "field": "credential",
+                            "message": "The credential's version changed since this invocation "
+                            "was bound; reconcile, then start a new invocation.",
+                        },
+                    ),
                 )
             await self._write(
                 Event(
@@ -819,6 +837,7 @@ class Engine:
                 deliver,
                 generation=lease.generation,
                 lease=(self.holder, lease.generation),
+                bound_version=(record.evidence.get("credential") or {}).get("version"),
             )
         # FETCH, RETURN_RECORDED_RESULT, RECONCILE, STOP_FOR_CORRECTION, RETRY_WHEN_ALLOWED:
         # answer from the record; nothing is sent again.

@@ -120,6 +120,11 @@ def static_retry_hint(state: str, outcome: Outcome, code: Code | None) -> Retry 
         return Retry.NEVER
     if state == "reconciled_rejected":
         return Retry.AFTER_CORRECTION
+    if state == "retry_invalid":
+        # A value bound to the invocation (config snapshot, credential version) changed before a
+        # retry.  Seed: "create a new invocation; do not edit the previous record" — and a new
+        # one is only safe once the earlier, unknown attempt has been reconciled.
+        return Retry.RECONCILE
 
     if outcome == Outcome.NOT_ATTEMPTED:
         if code is None:
