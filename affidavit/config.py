@@ -51,6 +51,7 @@ __all__ = [
     "config_path",
     "known_host_keys",
     "load_config",
+    "origin_of",
     "parse_duration",
     "sample_config",
     "snapshot",
@@ -144,6 +145,9 @@ class HttpTarget:
     ca_file: Path | None
     proxy: str | None
     follow_redirects: bool
+    redirect_origins: frozenset[str]
+    """Other origins a followed redirect may go to (normalized ``scheme://host:port``), never
+    with the credential.  Empty: only the target's own origin."""
     max_body: int
     budget: int
     timeout: Timeouts
@@ -414,6 +418,13 @@ def _check_host_key(line: str) -> str:
     return f"{key_type} {b64}"
 
 
+def origin_of(url: str) -> str:
+    """The normalized origin ``scheme://host:port`` of an absolute http(s) URL, as targets'
+    ``origin`` and ``redirect_origins`` are stored.  Raises ``ValueError`` for anything else."""
+    scheme, host, port, _path, _parts = _parse_url(url, ("http", "https"), "url")
+    return f"{scheme}://{_host_for_url(host)}:{port}"
+
+
 # --- the loader ---------------------------------------------------------------------------------
 
 
@@ -566,6 +577,21 @@ class _Loader:
             proxy = f"http://{_host_for_url(phost)}:{pport}"
 
         follow = t.boolean("follow_redirects", False)
+        redirect_origins: set[str] = set()
+        for i, raw_origin in enumerate(t.string_list("redirect_origins", [])):
+            where = f"{t.path('redirect_origins')}[{i}]"
+            try:
+                _s, _h, _p, rpath, rparts = _parse_url(raw_origin, ("http", "https"), "origin")
+                normalized = origin_of(raw_origin)
+            except ValueError as exc:
+                raise ConfigError(where, str(exc)) from None
+            if rpath not in ("", "/") or rparts.query or rparts.fragment:
+                raise ConfigError(where, "must be an origin: scheme://host[:port] with no path")
+            redirect_origins.add(normalized)
+        if redirect_origins and not follow:
+            raise ConfigError(
+                t.path("redirect_origins"), "only applies with follow_redirects = true"
+            )
         max_body = t.integer("max_body", DEFAULT_MAX_BODY, 0, 1 << 40)
 
         idem = None
@@ -591,7 +617,7 @@ class _Loader:
 
         t.finish(
             "kind, url, methods, idempotent, credential, inject, ca_file, proxy, "
-            "follow_redirects, max_body, budget, timeout, idempotency"
+            "follow_redirects, redirect_origins, max_body, budget, timeout, idempotency"
         )
         return HttpTarget(
             name=name,
@@ -605,6 +631,7 @@ class _Loader:
             ca_file=ca_file,
             proxy=proxy,
             follow_redirects=follow,
+            redirect_origins=frozenset(redirect_origins),
             max_body=max_body,
             budget=budget,
             timeout=timeout,
@@ -706,6 +733,7 @@ def snapshot(target: Target) -> dict[str, Any]:
             "ca_file": str(target.ca_file) if target.ca_file else None,
             "proxy": target.proxy,
             "follow_redirects": target.follow_redirects,
+            "redirect_origins": sorted(target.redirect_origins),
             "max_body": target.max_body,
             "budget": target.budget,
             "timeout": timeout,
@@ -760,6 +788,7 @@ inject = "bearer"                     # bearer | basic | header:NAME | query:NAM
 # ca_file = "ca.pem"                  # trust only this CA bundle
 # proxy = "http://127.0.0.1:3128"
 follow_redirects = false
+# redirect_origins = ["https://files.example.com"]  # other origins a redirect may reach
 max_body = 1048576                    # request body limit, bytes
 budget = 3                            # attempts per invocation, recorded in the journal
 timeout = { connect = 5, total = 30 }

@@ -10,7 +10,7 @@ from affidavit.actions import HttpAction
 from affidavit.adapters.base import AttemptContext, RemoteResult
 from affidavit.adapters.http import HTTP_TABLE, HttpClient, HttpRequest, RedirectDecision, Timeouts
 from affidavit.bindings import Prepared
-from affidavit.config import HttpTarget
+from affidavit.config import HttpTarget, origin_of
 from affidavit.credentials import Credential, apply_query, inject_http
 
 __all__ = ["BINDING_CLASS", "HttpBinding"]
@@ -78,31 +78,27 @@ class HttpBinding:
 
 def _redirect_policy(target: HttpTarget) -> Any:
     """Re-validate every hop (seed: "re-validate the target, the credential scope, and the
-    method"): the method must be allowed for the target; the credential stays only on the
-    target's own origin and base path."""
+    method"): the method must be allowed for the target; the destination must be the target's own
+    origin or one listed in ``redirect_origins``; the credential stays only on the target's own
+    origin and base path (seed: "Do not forward authorization credentials across origins")."""
+    base = target.base_path.rstrip("/")
 
     def policy(method: str, url: str) -> RedirectDecision:
         if method.upper() not in target.methods:
             return RedirectDecision(False, False, f"method {method} is not allowed for the target")
-        parts = urllib.parse.urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            return RedirectDecision(False, False, "redirect to a non-HTTP location")
-        port = parts.port or (443 if parts.scheme == "https" else 80)
-        origin = f"{parts.scheme}://{parts.hostname}:{port}"
-        same = origin == _origin_with_port(target.origin)
-        base = target.base_path.rstrip("/")
-        in_scope = same and (not base or parts.path == base or parts.path.startswith(base + "/"))
-        return RedirectDecision(
-            True, keep_credential=bool(in_scope), reason="" if in_scope else "other origin"
-        )
+        try:
+            origin = origin_of(url)
+        except ValueError:
+            return RedirectDecision(False, False, "redirect to a location that is not http(s)")
+        if origin != target.origin:
+            if origin not in target.redirect_origins:
+                return RedirectDecision(False, False, "origin is not in redirect_origins")
+            return RedirectDecision(True, keep_credential=False, reason="other origin")
+        path = urllib.parse.urlsplit(url).path
+        in_scope = not base or path == base or path.startswith(base + "/")
+        return RedirectDecision(True, keep_credential=in_scope, reason="" if in_scope else "path")
 
     return policy
-
-
-def _origin_with_port(origin: str) -> str:
-    parts = urllib.parse.urlsplit(origin)
-    port = parts.port or (443 if parts.scheme == "https" else 80)
-    return f"{parts.scheme}://{parts.hostname}:{port}"
 
 
 BINDING_CLASS = HttpBinding

@@ -125,7 +125,11 @@ async def test_canary_never_appears_in_envelopes_journal_logs_or_cli_output(
                     cut.url, credential=ref, inject=inject
                 )
                 targets[f"redirect_{slug}_{ref_kind}"] = http_target(
-                    redirect.url, credential=ref, inject=inject, follow_redirects=True
+                    redirect.url,
+                    credential=ref,
+                    inject=inject,
+                    follow_redirects=True,
+                    redirect_origins=[elsewhere.url],
                 )
         cfg = write_config(tmp_path, targets, vault=str(canary_vault))
         async with open_broker(cfg) as broker:

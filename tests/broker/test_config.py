@@ -562,6 +562,7 @@ HTTP_CHANGES: dict[str, object] = {
     "ca_file": Path("/other/ca.pem"),
     "proxy": None,
     "follow_redirects": True,
+    "redirect_origins": frozenset({"https://files.example.com:443"}),
     "max_body": 10,
     "budget": 1,
     "timeout": Timeouts(5.0, 31.0),
@@ -607,3 +608,28 @@ def test_env_var_file_is_used_when_no_explicit_path(
     monkeypatch.setenv(CONFIG_ENV, os.fspath(path))
     monkeypatch.chdir("/")
     assert load_config().path == path
+
+
+def test_redirect_origins_are_normalized_and_need_follow_redirects(tmp_path: Path) -> None:
+    text = BASE.replace(
+        "follow_redirects = false",
+        'follow_redirects = true\nredirect_origins = ["HTTPS://Files.Example.com", "http://[::1]:8080/"]',
+    )
+    target = load(tmp_path, text).targets["billing"]
+    assert target.redirect_origins == frozenset(
+        {"https://files.example.com:443", "http://[::1]:8080"}
+    )
+    bad_path = BASE.replace(
+        "follow_redirects = false",
+        'follow_redirects = true\nredirect_origins = ["https://files.example.com/x"]',
+    )
+    with pytest.raises(ConfigError) as info:
+        load(tmp_path, bad_path)
+    assert info.value.field == "targets.billing.redirect_origins[0]"
+    without_follow = BASE.replace(
+        "follow_redirects = false",
+        'follow_redirects = false\nredirect_origins = ["https://files.example.com"]',
+    )
+    with pytest.raises(ConfigError) as info:
+        load(tmp_path, without_follow)
+    assert info.value.field == "targets.billing.redirect_origins"

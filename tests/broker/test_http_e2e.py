@@ -741,7 +741,13 @@ async def test_307_to_another_origin_does_not_forward_the_credential(
     async with HostileServer.running(scripts.serve(Reply(200, body=b"elsewhere"))) as other:
         location = f"{other.url}/landing"
         async with HostileServer.running(scripts.redirect(location, 307)) as srv:
-            cfg = _cfg(tmp_path, srv.url, follow_redirects=True, inject=inject)
+            cfg = _cfg(
+                tmp_path,
+                srv.url,
+                follow_redirects=True,
+                inject=inject,
+                redirect_origins=[other.url],
+            )
             async with open_broker(cfg) as broker:
                 with trio.fail_after(LIMIT):
                     env = await broker.call(GET)
@@ -757,6 +763,20 @@ async def test_307_to_another_origin_does_not_forward_the_credential(
         assert token not in leaked
         assert hop2.header("Authorization") is None
         assert hop2.header("X-Api-Key") is None
+
+
+async def test_307_to_an_origin_not_allowed_is_not_followed(tmp_path: Path, token: str) -> None:
+    """The redirect target is re-validated against the target's allow-list: an origin the
+    config does not list gets no request at all; the complete 307 is the recorded result."""
+    async with HostileServer.running(scripts.serve(Reply(200, body=b"elsewhere"))) as other:
+        async with HostileServer.running(scripts.redirect(f"{other.url}/landing", 307)) as srv:
+            cfg = _cfg(tmp_path, srv.url, follow_redirects=True)
+            async with open_broker(cfg) as broker:
+                with trio.fail_after(LIMIT):
+                    env = await broker.call(GET)
+                assert_ok(broker, env)
+                assert env["result"]["status"] == 307
+        assert other.requests == []
 
 
 # -- the durable dispatch boundary --------------------------------------------------------------
