@@ -171,7 +171,9 @@ def retry_hint(
     # response specifies a suitable time".  Without either, the caller must look before
     # sending again.
     safe = idempotent or _key_usable(has_key, key_expires_at, now)
-    timely = retry_after is None or retry_after <= max_retry_after
+    # Seed: backoff only if "the response specifies a suitable time" — no Retry-After, no
+    # backoff: the caller must look before sending again.
+    timely = retry_after is not None and retry_after <= max_retry_after
     if safe and timely and budget_left > 0:
         return Retry.BACKOFF
     return Retry.RECONCILE

@@ -33,7 +33,11 @@ def test_throttled_envelope_carries_retry_after() -> None:
         source=EvidenceSource.REMOTE_RESPONSE,
         seq=5,
     )
-    assert "retry_after" not in render_envelope(project(events))["evidence"]
+    env = render_envelope(project(events))
+    assert "retry_after" not in env["evidence"]
+    # Seed: backoff only if "the response specifies a suitable time"; without one the caller
+    # must look before sending again, even for an idempotent method.
+    assert (env["error"]["outcome"], env["error"]["retry"]) == ("rejected", "reconcile")
 
 
 def test_an_unfinished_record_is_in_progress_never_a_bare_success() -> None:
