@@ -205,7 +205,12 @@ class Vault:
         if not hmac.compare_digest(_check_value(key), header.check):
             raise WrongPassphrase(f"{self.path}: wrong passphrase")
         self._decrypt(header, key, self._read_raw())  # tampering is reported at unlock already
-        _atomic_write(self.unlock_path, _UNLOCK_MAGIC + header.salt + key)
+        try:
+            _atomic_write(self.unlock_path, _UNLOCK_MAGIC + header.salt + key)
+        except OSError as exc:
+            raise VaultError(
+                f"{self.unlock_path}: cannot write the unlock file: {exc.strerror}"
+            ) from None
 
     def lock(self) -> None:
         """Forget the stored key (every process sees the vault locked from now on)."""
@@ -268,7 +273,14 @@ class Vault:
     def _exclusive(self) -> Iterator[None]:
         """Serialize read-modify-write across processes (two concurrent ``put``s must not lose
         one another's entry)."""
-        fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as exc:
+            # A missing directory or a read-only one: a clear error, never a traceback (the
+            # message is the OS's reason and our own path, no caller value).
+            raise VaultError(
+                f"{self._lock_path}: cannot open the lock file: {exc.strerror}"
+            ) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             yield
@@ -284,6 +296,8 @@ class Vault:
             ) from None
         except IsADirectoryError:
             raise VaultCorrupt(f"{self.path}: is a directory, not a vault file") from None
+        except OSError as exc:
+            raise VaultError(f"{self.path}: cannot read the vault file: {exc.strerror}") from None
 
     def _read_header(self) -> _Header:
         return _Header(self._read_raw())
@@ -303,6 +317,10 @@ class Vault:
             blob = self.unlock_path.read_bytes()
         except FileNotFoundError:
             raise VaultLocked(f"{self.path}: the vault is locked") from None
+        except OSError as exc:
+            raise VaultLocked(
+                f"{self.unlock_path}: cannot read the unlock file ({exc.strerror}); unlock again"
+            ) from None
         if (
             len(blob) != len(_UNLOCK_MAGIC) + _SALT_LEN + _KEY_LEN
             or blob[: len(_UNLOCK_MAGIC)] != _UNLOCK_MAGIC
@@ -340,4 +358,7 @@ class Vault:
         plain = json.dumps({"entries": entries}, sort_keys=True).encode("utf-8")
         nonce = secrets.token_bytes(_NONCE_LEN)
         ct = AESGCM(key).encrypt(nonce, plain, header.raw)
-        _atomic_write(self.path, header.raw + nonce + ct)
+        try:
+            _atomic_write(self.path, header.raw + nonce + ct)
+        except OSError as exc:
+            raise VaultError(f"{self.path}: cannot write the vault file: {exc.strerror}") from None

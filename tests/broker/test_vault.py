@@ -314,3 +314,20 @@ def test_cli_usage_errors(tmp_path: Path) -> None:
     assert r.returncode == 2 and b"no vault file" in r.stderr
     r = cli(tmp_path, "init", "--vault", "e.vault", "--passphrase-stdin", stdin=b"\n")
     assert r.returncode == 2 and b"must not be empty" in r.stderr
+
+
+def test_cli_os_errors_are_clear_errors_not_tracebacks(tmp_path: Path) -> None:
+    # A vault in a directory that does not exist: init cannot create its lock file.
+    r = cli(tmp_path, "init", "--vault", "no/such/dir/s.vault", "--passphrase-stdin", stdin=b"pw\n")
+    assert r.returncode == 2 and b"cannot open the lock file" in r.stderr, r.stderr
+    assert b"Traceback" not in r.stderr
+    # The unlock file's place is taken by a directory: unlock cannot write it, and every
+    # lookup reads the vault as locked (not a traceback from read_bytes()).
+    Vault.init(tmp_path / "s.vault", PASS, n_log2=FAST)
+    (tmp_path / "s.vault.unlock").mkdir()
+    r = cli(tmp_path, "unlock", "--vault", "s.vault", "--passphrase-stdin", stdin=PASS.encode())
+    assert r.returncode == 2 and b"cannot write the unlock file" in r.stderr, r.stderr
+    assert b"Traceback" not in r.stderr and PASS.encode() not in r.stderr
+    r = cli(tmp_path, "list", "--vault", "s.vault")
+    assert r.returncode == 2 and b"cannot read the unlock file" in r.stderr, r.stderr
+    assert b"Traceback" not in r.stderr
