@@ -189,9 +189,14 @@ class JournalReader:
             if not self.path.exists():
                 raise JournalError(f"no journal at {self.path}")
             uri = f"file:{quote(str(self.path.resolve()))}?mode=ro"
-            self._rconn = sqlite3.connect(
-                uri, uri=True, isolation_level=None, check_same_thread=False
-            )
+            try:
+                # connect() itself fails on a directory or an unopenable file ("disk I/O
+                # error"): the same clear JournalError as a file that is not a journal.
+                self._rconn = sqlite3.connect(
+                    uri, uri=True, isolation_level=None, check_same_thread=False
+                )
+            except sqlite3.Error as exc:
+                raise JournalError(f"{self.path} is not a readable journal: {exc}") from None
             try:
                 self._rconn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
                 self._rconn.execute("SELECT 1 FROM events LIMIT 1").fetchall()

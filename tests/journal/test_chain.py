@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from affidavit.cli import main as cli_main
-from affidavit.journal import GENESIS, Journal, JournalReader
+from affidavit.journal import GENESIS, Journal, JournalError, JournalReader
 from affidavit.journal.chain import row_hash
 
 from .helpers import happy, interrupted
@@ -315,3 +315,18 @@ def test_journal_created_with_a_unique_prev_hash_still_opens_appends_and_verifie
     trio.run(fill)
     with JournalReader.open(path) as r:
         assert r.verify().count == len(happy("x"))
+
+
+def test_a_directory_or_garbage_at_the_journal_path_is_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # sqlite3.connect() itself raises on a directory; that must be the same clear error as a
+    # file that is not a journal (exit 2, message on stderr), never a traceback.
+    (tmp_path / "d.db").mkdir()
+    (tmp_path / "junk.db").write_bytes(b"\x00not sqlite\xff" * 100)
+    for name in ("d.db", "junk.db"):
+        with pytest.raises(JournalError, match="not a readable journal"):
+            JournalReader.open(tmp_path / name)
+        for cmd in (["journal", "verify"], ["actions"], ["sessions"], ["metrics"]):
+            assert cli_main([*cmd, "--journal", str(tmp_path / name)]) == 2
+            assert "not a readable journal" in capsys.readouterr().err
