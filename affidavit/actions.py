@@ -241,9 +241,12 @@ def _check_path(path: str, target: HttpTarget) -> None:
     route, _, query = path.partition("?")
     # A "." or ".." segment (also percent-encoded) would let the path climb out of the
     # target's base path once the server normalizes it (RFC 3986 §5.2.4).
+    # Servers that decode "%2F" (or "%5C", "\\" on Windows/IIS) before normalizing see
+    # "..%2Fadmin" as "../admin", so the decoded segment is split on both separators too.
     for segment in route.split("/"):
-        if urllib.parse.unquote(segment) in (".", ".."):
-            raise _bad(Code.INVALID_FIELD, "path", 'must not contain "." or ".." segments')
+        for part in re.split(r"[/\\]", urllib.parse.unquote(segment)):
+            if part in (".", ".."):
+                raise _bad(Code.INVALID_FIELD, "path", 'must not contain "." or ".." segments')
     scheme, param = parse_inject(target.inject)
     if scheme == "query" and query:
         for pair in query.split("&"):

@@ -141,6 +141,14 @@ def test_query_path_is_allowed_when_it_does_not_touch_the_credential_param() -> 
     assert isinstance(a, HttpAction) and a.path == "/q?term=a%20b&page=2"
 
 
+def test_encoded_separators_and_dotted_names_stay_allowed() -> None:
+    # Only a decoded "." or ".." segment climbs; an encoded slash between names, "..." and
+    # "a..b" do not.
+    for path in ("/files/a%2Fb", "/v1/a..b", "/v1/...", "/v1/.well-known", "/v1/x%5Cy"):
+        a = parse_action(http(path=path), CONFIG)
+        assert isinstance(a, HttpAction) and a.path == path
+
+
 # --- every error code with its field path -----------------------------------------------------
 
 CASES: list[tuple[object, Code, str]] = [
@@ -186,6 +194,12 @@ CASES: list[tuple[object, Code, str]] = [
     (http(path="/a%zz"), Code.INVALID_FIELD, "path"),
     (http(path="/../admin"), Code.INVALID_FIELD, "path"),
     (http(path="/a/%2e%2E/admin"), Code.INVALID_FIELD, "path"),
+    # an encoded separator inside a segment: "..%2Fadmin" is "../admin" to a server that
+    # decodes %2F (or %5C) before normalizing
+    (http(path="/..%2Fadmin"), Code.INVALID_FIELD, "path"),
+    (http(path="/a/%2e%2e%2fadmin"), Code.INVALID_FIELD, "path"),
+    (http(path="/a/..%5Cadmin"), Code.INVALID_FIELD, "path"),
+    (http(path="/a/x%2F.%2Fy"), Code.INVALID_FIELD, "path"),
     (http(path="/a/./b"), Code.INVALID_FIELD, "path"),
     (http(path="/" + "a" * 9000), Code.PAYLOAD_LIMIT, "path"),
     (
