@@ -14,7 +14,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-__all__ = ["main"]
+__all__ = ["UsageError", "main", "text_arg"]
 
 COMMAND_MODULES: tuple[str, ...] = (
     "affidavit.commands",
@@ -27,6 +27,18 @@ COMMAND_MODULES: tuple[str, ...] = (
 
 class UsageError(Exception):
     """A usage or configuration problem: printed on stderr, exit status 2."""
+
+
+def text_arg(value: str | None, what: str) -> str | None:
+    """``value`` if it is valid text.  argv bytes that are not UTF-8 arrive as lone surrogates
+    (PEP 383); an identifier or filter holding one is refused here instead of failing with a
+    UnicodeEncodeError traceback where SQLite binds it.  The value itself is not echoed."""
+    if value is not None:
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise UsageError(f"{what} is not valid UTF-8 text") from None
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -14,7 +14,7 @@ from typing import Any
 
 import trio
 
-from affidavit.cli import UsageError
+from affidavit.cli import UsageError, text_arg
 from affidavit.config import ConfigError, config_path, load_config, sample_config
 
 __all__ = ["add_commands"]
@@ -70,6 +70,10 @@ def _print(envelope: dict[str, Any]) -> None:
 def _call(args: argparse.Namespace) -> int:
     from affidavit.broker import Broker
 
+    # NaN or a negative deadline made trio.fail_after raise after ACTION_ACCEPTED was
+    # journaled (a traceback, and a record never closed); it is a usage error before anything.
+    if args.timeout is not None and not args.timeout >= 0:
+        raise UsageError("--timeout must be a number of seconds >= 0")
     config = _load(args.config)
     action = _read_action(args.action)
 
@@ -97,6 +101,7 @@ def _call(args: argparse.Namespace) -> int:
 def _result(args: argparse.Namespace) -> int:
     from affidavit.broker import Broker
 
+    text_arg(args.invocation_id, "the invocation id")
     config = _load(args.config)
 
     async def main() -> dict[str, Any] | None:

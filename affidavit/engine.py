@@ -279,7 +279,12 @@ class Engine:
     ) -> dict[str, Any]:
         """Run one action; return its envelope.  Never raises for remote or preflight trouble:
         those are envelopes.  ``deliver`` (optional) sends the envelope to the caller; a failure
-        there is recorded as RESULT_DELIVERY_FAILED and the result stays fetchable."""
+        there is recorded as RESULT_DELIVERY_FAILED and the result stays fetchable.
+
+        ``timeout`` must be ``None`` or seconds >= 0: NaN or a negative value is a caller bug,
+        refused before anything is journaled (it used to fail mid-call, inside trio)."""
+        if timeout is not None and not timeout >= 0:
+            raise ValueError("timeout must be None or a number of seconds >= 0")
         try:
             return await self._call(action, timeout, deliver)
         finally:

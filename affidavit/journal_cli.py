@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from affidavit.cli import UsageError
+from affidavit.cli import UsageError, text_arg
 from affidavit.config import CONFIG_ENV, DEFAULT_CONFIG, ConfigError, load_config
 from affidavit.journal import JournalError, JournalReader
 from affidavit.statemachine import Event, Outcome, Phase, Record
@@ -210,7 +210,11 @@ def _actions(args: argparse.Namespace) -> int:
     until = _time_arg(args.until, "until")
     with _open(args) as j:
         records = j.list_actions(
-            session=args.session, outcome=args.outcome, phase=args.phase, since=since, until=until
+            session=text_arg(args.session, "--session"),
+            outcome=args.outcome,
+            phase=args.phase,
+            since=since,
+            until=until,
         )
     if args.json:
         _print_json([record_to_json(r) for r in records])
@@ -225,6 +229,7 @@ def _actions(args: argparse.Namespace) -> int:
 
 
 def _record(args: argparse.Namespace) -> int:
+    text_arg(args.invocation_id, "the invocation id")
     with _open(args) as j:
         events = j.events(args.invocation_id)
         rec = j.record(args.invocation_id)
@@ -289,7 +294,7 @@ def metrics(records: list[Record]) -> dict[str, Any]:
 def _metrics(args: argparse.Namespace) -> int:
     since = _time_arg(args.since, "since")
     with _open(args) as j:
-        data = metrics(j.list_actions(session=args.session, since=since))
+        data = metrics(j.list_actions(session=text_arg(args.session, "--session"), since=since))
     if args.json:
         _print_json(data)
     elif args.prometheus:

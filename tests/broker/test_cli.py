@@ -228,3 +228,28 @@ async def test_init_default_location_is_the_current_directory(tmp_path: Path) ->
     assert p.returncode == 0, p.stderr
     assert (tmp_path / "affidavit.toml").is_file()
     assert (tmp_path / "affidavit.db").is_file()
+
+
+async def test_bad_timeout_and_non_utf8_identifiers_are_usage_errors(tmp_path: Path) -> None:
+    # argv bytes that are not UTF-8 arrive as lone surrogates: binding one into SQLite raised
+    # UnicodeEncodeError; a NaN or negative --timeout failed inside trio after ACTION_ACCEPTED.
+    cfg = write_config(tmp_path, {"api": http_target("http://127.0.0.1:1")})
+    journal = str(load_config(cfg).journal.path)
+    bad = os.fsdecode(b"act_\xff")
+    cases: list[tuple[list[str], bytes]] = [
+        (["call", "-", "--config", str(cfg), "--timeout", "nan"], b"--timeout"),
+        (["call", "-", "--config", str(cfg), "--timeout", "-1"], b"--timeout"),
+        (["result", bad, "--config", str(cfg)], b"invocation id is not valid UTF-8"),
+    ]
+    p = await _cli("call", "-", "--config", str(cfg), stdin=json.dumps(GET).encode())
+    assert p.returncode == 1  # creates the journal (connection refused envelope)
+    for cmd in (["record", bad], ["actions", "--session", bad], ["metrics", "--session", bad]):
+        cases.append(([*cmd, "--journal", journal], b"not valid UTF-8"))
+    for args, message in cases:
+        p = await _cli(*args, stdin=json.dumps(GET).encode())
+        assert p.returncode == 2, (args, p.stderr)
+        assert p.stderr.startswith(b"affidavit: ") and message in p.stderr, (args, p.stderr)
+        assert b"\xff" not in p.stderr
+        _no_traceback(p)
+    with JournalReader.open(journal) as reader:
+        assert len(reader.list_actions()) == 1  # the refused calls recorded nothing

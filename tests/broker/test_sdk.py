@@ -112,3 +112,16 @@ async def test_same_key_hint_without_a_recorded_key_raises(autojump_clock: objec
     with pytest.raises(AffidavitError):
         await call_checked(caller, {"target": "t"}, auto_retry=2)
     assert len(caller.actions) == 1
+
+
+@pytest.mark.parametrize("timeout", [float("nan"), -1.0])
+async def test_a_nan_or_negative_timeout_is_refused_before_anything_is_journaled(
+    demo: tuple[Broker, DemoServer], timeout: float
+) -> None:
+    # NaN reached the journal as a non-JSON lease expiry and -1 made trio.fail_after raise
+    # mid-call; both are caller bugs, refused up front with nothing recorded or sent.
+    broker, server = demo
+    with trio.fail_after(10), pytest.raises(ValueError, match="timeout"):
+        await broker.call({"target": "api", "method": "GET", "path": "/hello"}, timeout=timeout)
+    assert broker.journal.list_actions() == []
+    assert server.requests == 0
