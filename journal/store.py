@@ -314,7 +314,8 @@ class JournalReader:
         bad = f"stored result of invocation {invocation_id} (seq {seq}) fails verification"
         if ev is None or ev[0] != EventKind.RESULT_COMMITTED.value or ev[1] != invocation_id:
             raise JournalError(f"{bad}: no RESULT_COMMITTED event at its seq")
-        if json.loads(ev[2]).get("sha256") != sha:
+        chained = json.loads(ev[2])
+        if chained.get("sha256") != sha:
             raise JournalError(f"{bad}: marker hash differs from the chained event")
         declared: dict[str, dict[str, Any]] = json.loads(streams_json)
         key = self._broker_key()
@@ -332,9 +333,11 @@ class JournalReader:
             streams[stream] = body
         if _whole_sha256(declared) != sha:
             raise JournalError(f"{bad}: whole-result hash differs")
-        summary: Mapping[str, Any] = json.loads(
-            key.open(summary_blob, _aad("summary", invocation_id))
-        )
+        summary_bytes = key.open(summary_blob, _aad("summary", invocation_id))
+        want = chained.get("summary_sha256")
+        if want is not None and hashlib.sha256(summary_bytes).hexdigest() != want:
+            raise JournalError(f"{bad}: summary differs from the chained event")
+        summary: Mapping[str, Any] = json.loads(summary_bytes)
         return StoredResult(invocation_id, summary, streams, sha, seq)
 
     # -- leases and idempotency ---------------------------------------------------------------
@@ -1205,7 +1208,11 @@ class Journal(JournalReader):
         iid = event.invocation_id
         assert self._key is not None
         key = self._key
-        sealed_summary = key.seal(canonical_json(summary).encode("utf-8"), _aad("summary", iid))
+        summary_bytes = canonical_json(summary).encode("utf-8")
+        # The summary's hash rides in the chained event, so the summary (status, headers, exit
+        # status) is as tamper-evident as the streams — not only sealed.
+        summary_sha = hashlib.sha256(summary_bytes).hexdigest()
+        sealed_summary = key.seal(summary_bytes, _aad("summary", iid))
 
         def op(txn: _Txn) -> Event:
             per: dict[str, dict[str, Any]] = {}
@@ -1237,6 +1244,7 @@ class Journal(JournalReader):
                 "sha256": whole,
                 "chunks": {s: v["chunks"] for s, v in per.items()},
                 "bytes": sum(v["bytes"] for v in per.values()),
+                "summary_sha256": summary_sha,
             }
             ev = dataclasses.replace(event, attrs=attrs)
             stored = txn.insert(*_row_args(ev))
