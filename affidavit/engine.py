@@ -49,6 +49,7 @@ from affidavit.journal import (
 )
 from affidavit.statemachine import (
     BARRIER_KINDS,
+    CODES,
     Code,
     Decision,
     Event,
@@ -57,8 +58,10 @@ from affidavit.statemachine import (
     ImpossibleEvent,
     Operation,
     Outcome,
+    Phase,
     ProtocolMachine,
     Record,
+    Retry,
     Step,
     decide,
     project,
@@ -80,14 +83,13 @@ INLINE_RESULT_LIMIT = 1024 * 1024
 envelope is rendered without reading them back; larger ones are read from the store."""
 LEASE_MARGIN = 30.0
 _PRE_DISPATCH_RETRYABLE = frozenset(
-    {
-        Code.DNS_FAILED,
-        Code.CONNECTION_REFUSED,
-        Code.CONNECT_TIMEOUT,
-        Code.TLS_FAILED,
-        Code.PROXY_FAILED,
-    }
-)
+    code
+    for code, info in CODES.items()
+    if info.phase is Phase.CONNECTION_SETUP and info.retry is Retry.BACKOFF
+) - {Code.SETUP_FAILED}
+"""Setup failures worth a second in-broker try: the contract's connection_setup codes whose hint
+is backoff, except the catch-all SETUP_FAILED (a bad URL or a closed pool fails the same way
+twice)."""
 _CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 _TO_CROCKFORD = bytes.maketrans(b"ABCDEFGHIJKLMNOPQRSTUVWXYZ234567", _CROCKFORD.encode("ascii"))
 
@@ -302,7 +304,7 @@ class Engine:
         try:
             parsed = parse_action(action, self.config)
         except ActionInvalid as exc:
-            return await self._refuse_new(iid, session, None, exc.code, exc.field, exc.message, now)
+            return await self._refuse_new(iid, session, None, exc.code, exc.field, exc.message)
 
         target = self.config.targets[parsed.target]
         binding = self.bindings.get(target.kind)
@@ -314,7 +316,6 @@ class Engine:
                 Code.UNSUPPORTED_ACTION,
                 "target",
                 "no adapter for this kind",
-                now,
             )
         idempotent = is_idempotent(parsed, target)
         fp = fingerprint(parsed, target)
@@ -345,7 +346,6 @@ class Engine:
                     Code.IDEMPOTENCY_MISMATCH,
                     "idempotency_key",
                     "this idempotency key is bound to a request with a different fingerprint",
-                    now,
                 )
             if bound.invocation_id != iid and self.journal.record(bound.invocation_id) is not None:
                 op = Operation(idempotent=idempotent, fingerprint=fp)
@@ -780,7 +780,6 @@ class Engine:
         code: Code,
         field_path: str,
         message: str,
-        now: float,
     ) -> dict[str, Any]:
         operation = {
             "target": target.name if target is not None else None,
