@@ -12,13 +12,13 @@ __version__ = "0.1.0"
 __all__ = ["Broker", "__version__"]
 
 if TYPE_CHECKING:
-    from affidavit.broker import Broker
+    from affidavit.api.broker import Broker
 
 
 def __getattr__(name: str) -> Any:
     # Lazy: `affidavit.statemachine` users (diagrams, property tests) need not import trio/h11.
     if name == "Broker":
-        from affidavit.broker import Broker
+        from affidavit.api.broker import Broker
 
         return Broker
     raise AttributeError(name)

@@ -312,7 +312,7 @@ def _profiled(prof: cProfile.Profile | None) -> Iterator[None]:
 
 
 async def run(args: argparse.Namespace, port: int, tmp: Path) -> None:
-    from affidavit.broker import Broker
+    from affidavit.api.broker import Broker
     from affidavit.config import load_config
 
     token = os.environ[TOKEN_ENV]

@@ -43,7 +43,7 @@ import trio
 
 from affidavit.adapters.base import AttemptContext
 from affidavit.adapters.ssh import SSH_TABLE, perform, prepare_credential
-from affidavit.broker import Broker
+from affidavit.api.broker import Broker
 from affidavit.config import load_config
 from affidavit.statemachine import ProtocolMachine, Step
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import trio
 
-from affidavit.broker import Broker
+from affidavit.api.broker import Broker
 from affidavit.config import load_config
 from affidavit.statemachine import EventKind, Record
 

@@ -19,7 +19,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from affidavit.actions import (
+from affidavit.config import Config, HttpTarget, SshTarget, config_from_dict, snapshot_hash
+from affidavit.protocols.actions import (
     ActionInvalid,
     HttpAction,
     SshAction,
@@ -28,7 +29,6 @@ from affidavit.actions import (
     is_idempotent,
     parse_action,
 )
-from affidavit.config import Config, HttpTarget, SshTarget, config_from_dict, snapshot_hash
 from affidavit.statemachine import CODES, Code, Outcome, Phase
 
 _blob = struct.pack(">I", 11) + b"ssh-ed25519" + struct.pack(">I", 32) + bytes(32)

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import trio
 
-from affidavit.broker import Broker
+from affidavit.api.broker import Broker
+from affidavit.cli.demo import DemoServer, _config
 from affidavit.config import load_config
-from affidavit.demo import DemoServer, _config
 
 ACTION = {
     "target": "payments",

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 import trio
 
-from affidavit.vault import PASSPHRASE_ENV, Vault
+from affidavit.secrets.vault import PASSPHRASE_ENV, Vault
 from tests.http.hostile import HostileServer, Peer, Received, Reply, scripts
 
 from .helpers import TOKEN_ENV, http_target, open_broker, write_config

@@ -30,7 +30,7 @@ make this test wait half a minute for the dead holder's lease to expire); everyt
 real command line.  The second call is the plain ``python -m affidavit``."""
 
 KILLABLE_CLI = (
-    "import sys, affidavit.engine as e\n"
+    "import sys, affidavit.engine.core as e\n"
     f"e.LEASE_MARGIN = {LEASE_MARGIN}\n"
     "from affidavit.cli import main\n"
     "sys.exit(main(sys.argv[1:]))\n"

@@ -20,7 +20,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from affidavit.credentials import (
+from affidavit.secrets.credentials import (
     REDACTED,
     Credential,
     CredentialError,
@@ -33,8 +33,8 @@ from affidavit.credentials import (
     secret_forms,
     trim_final_newline,
 )
+from affidavit.secrets.vault import Vault
 from affidavit.statemachine import Code
-from affidavit.vault import Vault
 
 CANARY = "CANARY-s3cr3t-7f1d2c9a"
 CANARY_B = CANARY.encode()

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import trio
 
-from affidavit.broker import Broker
+from affidavit.api.broker import Broker
+from affidavit.cli.demo import _config
 from affidavit.config import load_config
-from affidavit.demo import _config
 from affidavit.journal import Journal
 from affidavit.statemachine import Event, EventKind, EvidenceSource
 

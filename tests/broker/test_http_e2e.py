@@ -21,8 +21,8 @@ import pytest
 import trio
 
 from affidavit.journal import JournalReader
+from affidavit.secrets.vault import PASSPHRASE_ENV, Vault
 from affidavit.statemachine import EventKind
-from affidavit.vault import PASSPHRASE_ENV, Vault
 from tests.http.hostile import HostileServer, Peer, Received, Reply, make_tls, scripts
 
 from .helpers import (

@@ -1,5 +1,5 @@
 """The envelope of a call carries the result the sink just stored without reading it back
-(affidavit/engine.py, ``_StreamSink.kept``): it must be exactly what ``fetch_result`` -- a real
+(affidavit/engine/core.py, ``_StreamSink.kept``): it must be exactly what ``fetch_result`` -- a real
 read of the stored, verified result -- returns, for small, multi-chunk, binary, redacted and
 too-large-to-keep results alike (seed, "A result delivery error must not repeat execution":
 the delivered result and the retrievable one are the same result)."""
@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import trio
 
-from affidavit import engine as engine_mod
+from affidavit.engine import core as engine_mod
 from tests.http.hostile import HostileServer, Received, Reply, scripts
 
 from .helpers import assert_ok, http_target, open_broker, write_config

@@ -9,7 +9,7 @@ import time
 from hypothesis import given
 from hypothesis import strategies as st
 
-from affidavit.engine import _encode_id, new_invocation_id
+from affidavit.engine.core import _encode_id, new_invocation_id
 
 CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 

@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 
 from affidavit.journal import Journal
-from affidavit.journal_cli import metrics
 from affidavit.statemachine import Event, EventKind, EvidenceSource
+from affidavit.views import metrics
 
 E = EventKind
 OP = {"target": "t", "protocol": "http", "idempotent": False, "fingerprint": "sha256:x"}

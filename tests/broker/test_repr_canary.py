@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from affidavit.actions import parse_action
-from affidavit.bindings.http import HttpBinding
 from affidavit.config import load_config
-from affidavit.credentials import Credential
+from affidavit.protocols.actions import parse_action
+from affidavit.protocols.http import HttpBinding
+from affidavit.secrets.credentials import Credential
 
 from .helpers import http_target, write_config
 

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import trio
 
-from affidavit.broker import Broker
+from affidavit.api.broker import Broker
+from affidavit.api.sdk import AffidavitError, call_checked
+from affidavit.cli.demo import DemoServer, _config
 from affidavit.config import load_config
-from affidavit.demo import DemoServer, _config
-from affidavit.sdk import AffidavitError, call_checked
 
 
 @pytest.fixture

@@ -16,9 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from affidavit.credentials import CredentialError, resolve
-from affidavit.statemachine import Code
-from affidavit.vault import (
+from affidavit.secrets.credentials import CredentialError, resolve
+from affidavit.secrets.vault import (
     PASSPHRASE_ENV,
     EntryMissing,
     Vault,
@@ -29,6 +28,7 @@ from affidavit.vault import (
     VaultMissing,
     WrongPassphrase,
 )
+from affidavit.statemachine import Code
 
 CANARY = b"CANARY-vault-9c4e1b77d0"
 PASS = "correct horse battery staple"

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from affidavit.broker import Broker
+from affidavit.api.broker import Broker
 from affidavit.statemachine import EventKind
 from tests.broker.helpers import (
     assert_error,

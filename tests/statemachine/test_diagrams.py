@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from affidavit import diagrams as dg
 from affidavit.cli import main
+from affidavit.docgen import generate as dg
 from affidavit.statemachine import (
     CODES,
     STATES,

@@ -6,7 +6,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from affidavit.actions import SshAction
 from affidavit.adapters.base import AttemptContext, RemoteResult
 from affidavit.adapters.ssh import (
     SSH_TABLE,
@@ -17,9 +16,10 @@ from affidavit.adapters.ssh import (
     prepare_credential,
 )
 from affidavit.adapters.ssh import SshTarget as AdapterTarget
-from affidavit.bindings import Prepared
 from affidavit.config import SshTarget
-from affidavit.credentials import Credential, CredentialError, secret_forms
+from affidavit.protocols import Prepared
+from affidavit.protocols.actions import SshAction
+from affidavit.secrets.credentials import Credential, CredentialError, secret_forms
 
 __all__ = ["BINDING_CLASS", "SshBinding"]
 

@@ -26,9 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from affidavit.statemachine import Code
-
-from .config import (
+from affidavit.config.loader import (
     CREDENTIAL_HEADERS,
     TRANSPORT_HEADERS,
     Config,
@@ -38,7 +36,8 @@ from .config import (
     canonical_json,
     snapshot_hash,
 )
-from .credentials import parse_inject
+from affidavit.secrets.credentials import parse_inject
+from affidavit.statemachine import Code
 
 __all__ = [
     "ActionInvalid",

@@ -208,7 +208,7 @@ async def run_demo(
     tmp: Path, out: Any, *, as_json: bool = False, keep: bool = False
 ) -> list[dict[str, Any]]:
     """Run every scene against a fresh server; print and return the envelopes."""
-    from affidavit.broker import Broker
+    from affidavit.api.broker import Broker
     from affidavit.config import load_config
 
     server = DemoServer()

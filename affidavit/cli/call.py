@@ -68,7 +68,7 @@ def _print(envelope: dict[str, Any]) -> None:
 
 
 def _call(args: argparse.Namespace) -> int:
-    from affidavit.broker import Broker
+    from affidavit.api.broker import Broker
 
     # NaN or a negative deadline made trio.fail_after raise after ACTION_ACCEPTED was
     # journaled (a traceback, and a record never closed); it is a usage error before anything.
@@ -99,7 +99,7 @@ def _call(args: argparse.Namespace) -> int:
 
 
 def _result(args: argparse.Namespace) -> int:
-    from affidavit.broker import Broker
+    from affidavit.api.broker import Broker
 
     text_arg(args.invocation_id, "the invocation id")
     config = _load(args.config)

@@ -17,10 +17,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .cli import UsageError
-from .config import ConfigError, load_config
-from .credentials import trim_final_newline
-from .vault import PASSPHRASE_ENV, Vault, VaultError, valid_entry_name
+from affidavit.cli import UsageError
+from affidavit.config import ConfigError, load_config
+from affidavit.secrets.credentials import trim_final_newline
+from affidavit.secrets.vault import PASSPHRASE_ENV, Vault, VaultError, valid_entry_name
 
 __all__ = ["add_commands"]
 

@@ -34,11 +34,8 @@ from typing import Any
 
 import trio
 
-from affidavit.actions import ActionInvalid, fingerprint, is_idempotent, parse_action
 from affidavit.adapters.base import AttemptContext, AttemptInterrupted, RemoteResult, SetupError
-from affidavit.bindings import Binding, Prepared
 from affidavit.config import Config, ConfigError, load_config, snapshot_hash
-from affidavit.credentials import CredentialError, redactor, resolve
 from affidavit.journal import (
     IdempotencyMismatch,
     Journal,
@@ -47,6 +44,9 @@ from affidavit.journal import (
     Posted,
     ResultStoreFailed,
 )
+from affidavit.protocols import Binding, Prepared
+from affidavit.protocols.actions import ActionInvalid, fingerprint, is_idempotent, parse_action
+from affidavit.secrets.credentials import CredentialError, redactor, resolve
 from affidavit.statemachine import (
     BARRIER_KINDS,
     CODES,

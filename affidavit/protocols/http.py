@@ -6,12 +6,12 @@ import urllib.parse
 from typing import Any
 
 from affidavit import __version__
-from affidavit.actions import HttpAction
 from affidavit.adapters.base import AttemptContext, RemoteResult
 from affidavit.adapters.http import HTTP_TABLE, HttpClient, HttpRequest, RedirectDecision, Timeouts
-from affidavit.bindings import Prepared
 from affidavit.config import HttpTarget, origin_of
-from affidavit.credentials import Credential, apply_query, inject_http
+from affidavit.protocols import Prepared
+from affidavit.protocols.actions import HttpAction
+from affidavit.secrets.credentials import Credential, apply_query, inject_http
 
 __all__ = ["BINDING_CLASS", "HttpBinding"]
 

@@ -15,7 +15,6 @@ import json
 import math
 import os
 import sys
-from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -23,9 +22,10 @@ from typing import Any
 from affidavit.cli import UsageError, text_arg
 from affidavit.config import CONFIG_ENV, DEFAULT_CONFIG, ConfigError, load_config
 from affidavit.journal import JournalError, JournalReader
-from affidavit.statemachine import Event, Outcome, Phase, Record
+from affidavit.statemachine import Outcome, Phase
+from affidavit.views import event_to_json, metrics, plain, record_to_json
 
-__all__ = ["add_commands", "metrics", "record_to_json"]
+__all__ = ["add_commands"]
 
 
 def add_commands(sub: Any) -> None:
@@ -98,56 +98,6 @@ def _open(args: argparse.Namespace) -> JournalReader:
 
 
 # --- rendering -----------------------------------------------------------------------------
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, Mapping):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
-    if hasattr(value, "value") and isinstance(value.value, str):  # StrEnum
-        return value.value
-    return value
-
-
-def record_to_json(rec: Record) -> dict[str, Any]:
-    """A projected record as plain JSON (enums as their values)."""
-    return {
-        "invocation_id": rec.invocation_id,
-        "state": rec.state,
-        "phase": rec.phase.value,
-        "outcome": rec.outcome.value,
-        "retry": rec.retry.value,
-        "code": rec.code.value if rec.code is not None else None,
-        "message": rec.message,
-        "field": rec.field,
-        "session": rec.session,
-        "target": rec.target,
-        "protocol": rec.protocol,
-        "idempotent": rec.idempotent,
-        "fingerprint": rec.fingerprint,
-        "idempotency": _plain(rec.idempotency) if rec.idempotency is not None else None,
-        "generation": rec.generation,
-        "budget": {"total": rec.budget.total, "used": rec.budget.used, "left": rec.budget.left},
-        "attempts": _plain(rec.attempts),
-        "evidence": _plain(rec.evidence),
-        "retry_after": rec.retry_after,
-        "last_seq": rec.last_seq,
-        "events": rec.events,
-        "final": rec.final,
-    }
-
-
-def _event_to_json(ev: Event) -> dict[str, Any]:
-    return {
-        "seq": ev.seq,
-        "at": ev.at,
-        "kind": ev.kind.value,
-        "source": ev.source.value,
-        "observer": ev.observer,
-        "observer_seq": ev.observer_seq,
-        "attrs": _plain(ev.attrs),
-    }
 
 
 def _when(at: float | None) -> str:
@@ -236,7 +186,7 @@ def _record(args: argparse.Namespace) -> int:
     if rec is None:
         raise UsageError(f"no invocation {args.invocation_id} in the journal")
     if args.json:
-        _print_json({"record": record_to_json(rec), "events": [_event_to_json(e) for e in events]})
+        _print_json({"record": record_to_json(rec), "events": [event_to_json(e) for e in events]})
         return 0
     print(f"invocation {rec.invocation_id}  session {rec.session or '-'}  state {rec.state}")
     print(
@@ -244,7 +194,7 @@ def _record(args: argparse.Namespace) -> int:
         f"code {rec.code.value if rec.code else '-'}"
     )
     for ev in events:
-        attrs = json.dumps(_plain(ev.attrs), sort_keys=True, separators=(",", ":"))
+        attrs = json.dumps(plain(ev.attrs), sort_keys=True, separators=(",", ":"))
         print(f"  {ev.seq:>8}  {_when(ev.at)}  {ev.kind.value:26} {ev.source.value:18} {attrs}")
     return 0
 
@@ -263,32 +213,6 @@ def _sessions(args: argparse.Namespace) -> int:
             f"{_when(s['last_seen']):28} {outcomes}"
         )
     return 0
-
-
-def metrics(records: list[Record]) -> dict[str, Any]:
-    """Counts of invocations by (phase, outcome) and by (code, outcome).
-
-    Seed, "Retry code must be simple and testable": metrics must count phase and outcome
-    separately — a rise in connection_setup/not_attempted points at routing, certificates or
-    credentials; a rise in remote_execution/unknown needs reconciliation.  Lumping them together
-    as "errors" hides both."""
-    by_phase: dict[tuple[str, str], int] = {}
-    by_code: dict[tuple[str, str], int] = {}
-    for rec in records:
-        key = (rec.phase.value, rec.outcome.value)
-        by_phase[key] = by_phase.get(key, 0) + 1
-        code = rec.code.value if rec.code is not None else "OK"
-        ckey = (code, rec.outcome.value)
-        by_code[ckey] = by_code.get(ckey, 0) + 1
-    return {
-        "invocations": len(records),
-        "by_phase_outcome": [
-            {"phase": ph, "outcome": oc, "count": n} for (ph, oc), n in sorted(by_phase.items())
-        ],
-        "by_code_outcome": [
-            {"code": c, "outcome": oc, "count": n} for (c, oc), n in sorted(by_code.items())
-        ],
-    }
 
 
 def _metrics(args: argparse.Namespace) -> int:

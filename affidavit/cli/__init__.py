@@ -17,11 +17,11 @@ from collections.abc import Sequence
 __all__ = ["UsageError", "main", "text_arg"]
 
 COMMAND_MODULES: tuple[str, ...] = (
-    "affidavit.commands",
-    "affidavit.demo",
-    "affidavit.diagrams",
-    "affidavit.journal_cli",
-    "affidavit.vault_cli",
+    "affidavit.cli.call",
+    "affidavit.cli.demo",
+    "affidavit.cli.diagrams",
+    "affidavit.cli.journal",
+    "affidavit.cli.vault",
 )
 
 

@@ -33,8 +33,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Literal
 
-from .adapters.ssh.known_hosts import known_host_keys
-from .credentials import CredentialError, parse_inject, parse_ref
+from affidavit.adapters.ssh.known_hosts import known_host_keys
+from affidavit.secrets.credentials import CredentialError, parse_inject, parse_ref
 
 __all__ = [
     "CONFIG_ENV",

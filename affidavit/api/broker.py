@@ -17,12 +17,12 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from affidavit.bindings import Binding, load_bindings
 from affidavit.config import Config, load_config
-from affidavit.engine import Deliver, Engine
+from affidavit.engine.core import Deliver, Engine
 from affidavit.journal import Journal
+from affidavit.protocols import Binding, load_bindings
+from affidavit.secrets.vault import Vault
 from affidavit.statemachine import Event, Record
-from affidavit.vault import Vault
 
 __all__ = ["Broker"]
 

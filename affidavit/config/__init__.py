@@ -1,0 +1,48 @@
+"""``affidavit.toml``: the broker's configuration — loading, validation, and the target snapshot
+the engine binds to each invocation (see ``loader``)."""
+
+from affidavit.config.loader import (
+    CONFIG_ENV,
+    DEFAULT_CONFIG,
+    Config,
+    ConfigError,
+    HttpTarget,
+    IdempotencyContract,
+    JournalConfig,
+    SshTarget,
+    Target,
+    Timeouts,
+    canonical_json,
+    config_from_dict,
+    config_path,
+    known_host_keys,
+    load_config,
+    origin_of,
+    parse_duration,
+    sample_config,
+    snapshot,
+    snapshot_hash,
+)
+
+__all__ = [
+    "CONFIG_ENV",
+    "DEFAULT_CONFIG",
+    "Config",
+    "ConfigError",
+    "HttpTarget",
+    "IdempotencyContract",
+    "JournalConfig",
+    "SshTarget",
+    "Target",
+    "Timeouts",
+    "canonical_json",
+    "config_from_dict",
+    "config_path",
+    "known_host_keys",
+    "load_config",
+    "origin_of",
+    "parse_duration",
+    "sample_config",
+    "snapshot",
+    "snapshot_hash",
+]

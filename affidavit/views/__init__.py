@@ -1,0 +1,5 @@
+"""Views over the journal as plain data, shared by every interface."""
+
+from affidavit.views.records import event_to_json, metrics, plain, record_to_json
+
+__all__ = ["event_to_json", "metrics", "plain", "record_to_json"]

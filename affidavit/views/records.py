@@ -1,0 +1,90 @@
+"""Views over the journal as plain data, shared by every interface (CLI, Python API, daemon,
+MCP, console): a projected record and its events as JSON, and the metrics counts.
+
+Enums become their string values; nothing here reads a sealed payload, so no view can show a
+secret the journal's plaintext columns do not hold (and they hold none)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from affidavit.statemachine import Event, Record
+
+__all__ = ["event_to_json", "metrics", "plain", "record_to_json"]
+
+
+def plain(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [plain(v) for v in value]
+    if hasattr(value, "value") and isinstance(value.value, str):  # StrEnum
+        return value.value
+    return value
+
+
+def record_to_json(rec: Record) -> dict[str, Any]:
+    """A projected record as plain JSON (enums as their values)."""
+    return {
+        "invocation_id": rec.invocation_id,
+        "state": rec.state,
+        "phase": rec.phase.value,
+        "outcome": rec.outcome.value,
+        "retry": rec.retry.value,
+        "code": rec.code.value if rec.code is not None else None,
+        "message": rec.message,
+        "field": rec.field,
+        "session": rec.session,
+        "target": rec.target,
+        "protocol": rec.protocol,
+        "idempotent": rec.idempotent,
+        "fingerprint": rec.fingerprint,
+        "idempotency": plain(rec.idempotency) if rec.idempotency is not None else None,
+        "generation": rec.generation,
+        "budget": {"total": rec.budget.total, "used": rec.budget.used, "left": rec.budget.left},
+        "attempts": plain(rec.attempts),
+        "evidence": plain(rec.evidence),
+        "retry_after": rec.retry_after,
+        "last_seq": rec.last_seq,
+        "events": rec.events,
+        "final": rec.final,
+    }
+
+
+def event_to_json(ev: Event) -> dict[str, Any]:
+    return {
+        "seq": ev.seq,
+        "at": ev.at,
+        "kind": ev.kind.value,
+        "source": ev.source.value,
+        "observer": ev.observer,
+        "observer_seq": ev.observer_seq,
+        "attrs": plain(ev.attrs),
+    }
+
+
+def metrics(records: list[Record]) -> dict[str, Any]:
+    """Counts of invocations by (phase, outcome) and by (code, outcome).
+
+    Seed, "Retry code must be simple and testable": metrics must count phase and outcome
+    separately — a rise in connection_setup/not_attempted points at routing, certificates or
+    credentials; a rise in remote_execution/unknown needs reconciliation.  Lumping them together
+    as "errors" hides both."""
+    by_phase: dict[tuple[str, str], int] = {}
+    by_code: dict[tuple[str, str], int] = {}
+    for rec in records:
+        key = (rec.phase.value, rec.outcome.value)
+        by_phase[key] = by_phase.get(key, 0) + 1
+        code = rec.code.value if rec.code is not None else "OK"
+        ckey = (code, rec.outcome.value)
+        by_code[ckey] = by_code.get(ckey, 0) + 1
+    return {
+        "invocations": len(records),
+        "by_phase_outcome": [
+            {"phase": ph, "outcome": oc, "count": n} for (ph, oc), n in sorted(by_phase.items())
+        ],
+        "by_code_outcome": [
+            {"code": c, "outcome": oc, "count": n} for (c, oc), n in sorted(by_code.items())
+        ],
+    }

@@ -1,0 +1,194 @@
+"""The import-layer contract (DESIGN, "Layers"), checked on every import statement in the tree.
+
+    statemachine/   imports nothing of ours
+    adapters/       statemachine only; a protocol's package never imports another protocol's
+    journal/        statemachine only; adapters and journal never import each other
+    affidavit/      the service: may import all three, and its own sub-packages only downwards
+
+import-linter (grimp) would be the usual tool, but it only builds graphs of top-level packages
+found on disk under their import names, and ``affidavit.statemachine`` lives in ``statemachine/``
+(setuptools ``package-dir``).  So this test walks the same module list the type check uses
+(``tests/layout.py``).  Imports inside functions and under ``TYPE_CHECKING`` count: a lazy import
+is still a dependency.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+import pytest
+
+from tests.layout import ROOT, Module, modules
+
+# Each group may import the groups listed for it (and itself).  A group is the import name up to
+# the part that names a layer or a service sub-package; ``adapters.<proto>`` groups per protocol.
+# A new sub-package must be given its place here: an unknown group fails the test.
+SERVICE_BASE = {
+    "affidavit.statemachine",
+    "affidavit.journal",
+    "affidavit.adapters",
+    "affidavit.adapters.<proto>",
+}
+ALLOWED: Mapping[str, frozenset[str]] = {
+    "affidavit.statemachine": frozenset(),
+    "affidavit.journal": frozenset({"affidavit.statemachine"}),
+    "affidavit.adapters": frozenset({"affidavit.statemachine"}),  # adapters/__init__, base
+    "affidavit.adapters.<proto>": frozenset({"affidavit.statemachine", "affidavit.adapters"}),
+    # The service, bottom to top.
+    "affidavit": frozenset({"affidavit.api"}),  # the lazy ``affidavit.Broker``
+    "affidavit.__main__": frozenset({"affidavit.cli"}),
+    "affidavit.secrets": frozenset({"affidavit.statemachine"}),
+    "affidavit.views": frozenset({"affidavit.statemachine", "affidavit.journal"}),
+    "affidavit.config": frozenset(
+        {"affidavit.statemachine", "affidavit.adapters.<proto>", "affidavit.secrets"}
+    ),
+    "affidavit.protocols": frozenset(
+        {"affidavit", "affidavit.config", "affidavit.secrets", *SERVICE_BASE}
+    ),
+    "affidavit.engine": frozenset(
+        {"affidavit.config", "affidavit.protocols", "affidavit.secrets", *SERVICE_BASE}
+    ),
+    "affidavit.api": frozenset(
+        {
+            "affidavit.engine",
+            "affidavit.config",
+            "affidavit.protocols",
+            "affidavit.secrets",
+            "affidavit.views",
+            *SERVICE_BASE,
+        }
+    ),
+    "affidavit.sdk": frozenset({"affidavit.api"}),
+    "affidavit.docgen": frozenset({"affidavit.statemachine", "affidavit.adapters"}),
+    "affidavit.cli": frozenset(
+        {
+            "affidavit",
+            "affidavit.api",
+            "affidavit.engine",
+            "affidavit.config",
+            "affidavit.protocols",
+            "affidavit.secrets",
+            "affidavit.views",
+            "affidavit.docgen",
+            *SERVICE_BASE,
+        }
+    ),
+}
+
+
+def group(name: str) -> str:
+    parts = name.split(".")
+    if parts[0] != "affidavit" or len(parts) == 1:
+        return name
+    if parts[1] == "adapters":
+        # adapters/__init__.py and adapters/base.py are the shared adapter base.
+        if len(parts) == 2 or parts[2] == "base":
+            return "affidavit.adapters"
+        return "affidavit.adapters.<proto>"
+    return ".".join(parts[:2])
+
+
+def _same_protocol(a: str, b: str) -> bool:
+    return a.split(".")[:3] == b.split(".")[:3]
+
+
+def imported_names(module: Module) -> Iterable[tuple[int, str]]:
+    tree = ast.parse(module.path.read_text(encoding="utf-8"), str(module.path))
+    package = module.name if module.is_package else module.name.rpartition(".")[0]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield node.lineno, alias.name
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                stem = ".".join(base + ([node.module] if node.module else []))
+                # ``from . import x`` may name a submodule: count it as one.
+                for alias in node.names:
+                    yield node.lineno, stem if node.module else f"{stem}.{alias.name}"
+            elif node.module:
+                yield node.lineno, node.module
+
+
+def violations(mods: Iterable[Module]) -> list[str]:
+    found = []
+    for mod in mods:
+        mine = group(mod.name)
+        allowed = ALLOWED.get(mine)
+        if allowed is None:
+            found.append(f"{mod.path}: {mod.name} belongs to no declared layer ({mine})")
+            continue
+        for lineno, name in imported_names(mod):
+            if name.split(".")[0] != "affidavit":
+                continue
+            theirs = group(name)
+            if theirs == mine:
+                if mine == "affidavit.adapters.<proto>" and not _same_protocol(mod.name, name):
+                    found.append(f"{mod.path}:{lineno}: {mod.name} imports another protocol {name}")
+                continue
+            if theirs not in allowed:
+                found.append(f"{mod.path}:{lineno}: {mod.name} ({mine}) may not import {name}")
+    return found
+
+
+def test_the_tree_keeps_its_import_layers() -> None:
+    assert violations(modules()) == []
+
+
+def test_every_module_is_found_under_its_import_name() -> None:
+    names = {m.name for m in modules()}
+    assert {"affidavit.statemachine.lifecycle", "affidavit.journal", "affidavit.cli"} <= names
+    assert not any(".statemachine." in n and not n.startswith("affidavit.") for n in names)
+
+
+def _tree(tmp_path: Path, files: Mapping[str, str]) -> list[Module]:
+    """A fake distribution: {import name: source}."""
+    out = []
+    for name, source in files.items():
+        path = tmp_path / (name.replace(".", "/") + ".py")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(source, encoding="utf-8")
+        out.append(Module(name, path, is_package=False))
+    return out
+
+
+@pytest.mark.parametrize(
+    ("importer", "source", "why"),
+    [
+        ("affidavit.statemachine.x", "from affidavit.journal import Journal\n", "may not import"),
+        ("affidavit.journal.x", "import affidavit.adapters.http\n", "may not import"),
+        ("affidavit.adapters.http.x", "from affidavit.journal import Journal\n", "may not"),
+        ("affidavit.adapters.http.x", "from affidavit.adapters.ssh import k\n", "another protocol"),
+        ("affidavit.statemachine.x", "def f():\n    from affidavit.engine import E\n", "may not"),
+        (
+            "affidavit.statemachine.x",
+            "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import affidavit.config\n",
+            "may not import",
+        ),
+        ("affidavit.engine.x", "from affidavit.cli import main\n", "may not import"),
+        ("affidavit.newpart.x", "import os\n", "no declared layer"),
+    ],
+)
+def test_a_wrong_import_is_reported(tmp_path: Path, importer: str, source: str, why: str) -> None:
+    found = violations(_tree(tmp_path, {importer: source}))
+    assert len(found) == 1 and why in found[0], found
+
+
+def test_relative_imports_resolve_to_their_layer(tmp_path: Path) -> None:
+    mods = _tree(tmp_path, {"affidavit.journal.x": "from ..engine import core\n"})
+    assert violations(mods) == [
+        f"{mods[0].path}:1: affidavit.journal.x (affidavit.journal) may not import affidavit.engine"
+    ]
+    ok = _tree(tmp_path, {"affidavit.journal.y": "from .chain import row_hash\n"})
+    assert violations(ok) == []
+
+
+def test_pyproject_lists_every_package_and_no_symlinks_are_tracked() -> None:
+    from tests.layout import declared_packages, package_folders
+
+    assert sorted(declared_packages()) == sorted(package_folders())
+    links = [p for p in ROOT.rglob("*") if p.is_symlink() and ".git" not in p.parts]
+    assert [p for p in links if ".venv" not in p.parts] == []
