@@ -6,7 +6,15 @@ from .envelope import envelope_schema, render_envelope
 from .events import BARRIER_KINDS, Event, EventKind
 from .lifecycle import DISPATCHED_STATES, INITIAL, STATES, TRANSITIONS, StateSpec, build_machine
 from .projection import Budget, ImpossibleEvent, Projector, Record, project, project_all
-from .protocol import ProtocolMachine, ProtocolTable, ProtocolViolation, Step, register, registered
+from .protocol import (
+    ProtocolMachine,
+    ProtocolTable,
+    ProtocolViolation,
+    Step,
+    register,
+    registered,
+    unregister,
+)
 from .retry import Decision, Operation, compute_retry, decide
 
 __all__ = [
@@ -44,4 +52,5 @@ __all__ = [
     "register",
     "registered",
     "render_envelope",
+    "unregister",
 ]

@@ -37,6 +37,7 @@ __all__ = [
     "Step",
     "register",
     "registered",
+    "unregister",
 ]
 
 
@@ -229,6 +230,11 @@ def register(table: ProtocolTable) -> ProtocolTable:
         raise ValueError(f"another protocol table is already registered as {table.name!r}")
     _REGISTRY[table.name] = table
     return table
+
+
+def unregister(name: str) -> None:
+    """Forget a registered table (a protocol removed at run time, or a test's)."""
+    _REGISTRY.pop(name, None)
 
 
 def registered() -> dict[str, ProtocolTable]:
