@@ -41,11 +41,25 @@ ALLOWED: Mapping[str, frozenset[str]] = {
     "affidavit.__main__": frozenset({"affidavit.cli"}),
     "affidavit.secrets": frozenset({"affidavit.statemachine"}),
     "affidavit.views": frozenset({"affidavit.statemachine", "affidavit.journal"}),
-    "affidavit.config": frozenset(
-        {"affidavit.statemachine", "affidavit.adapters.<proto>", "affidavit.secrets"}
-    ),
+    # The schema language knows no protocol; protocols declare their target schemas with it,
+    # and config finds a target's protocol in the registry — so schema < protocols < config.
+    "affidavit.schema": frozenset({"affidavit.secrets"}),
+    # The registry and the common action parsing: they find protocols through entry points,
+    # never by importing one (a protocol is added without editing them).
     "affidavit.protocols": frozenset(
-        {"affidavit", "affidavit.config", "affidavit.secrets", *SERVICE_BASE}
+        {"affidavit.schema", "affidavit.statemachine", "affidavit.adapters"}
+    ),
+    "affidavit.protocols.<proto>": frozenset(
+        {
+            "affidavit",  # __version__ in the User-Agent
+            "affidavit.schema",
+            "affidavit.secrets",
+            "affidavit.protocols",
+            *SERVICE_BASE,
+        }
+    ),
+    "affidavit.config": frozenset(
+        {"affidavit.schema", "affidavit.protocols", "affidavit.secrets", "affidavit.statemachine"}
     ),
     "affidavit.engine": frozenset(
         {"affidavit.config", "affidavit.protocols", "affidavit.secrets", *SERVICE_BASE}
@@ -78,15 +92,23 @@ ALLOWED: Mapping[str, frozenset[str]] = {
 }
 
 
+# Per-protocol packages: every sub-package or module of these is one protocol's, except the
+# shared modules listed (adapters' base; the protocol registry and common action parsing).
+PER_PROTOCOL = {
+    "adapters": {"base"},
+    "protocols": {"spec", "registry", "actions"},
+}
+
+
 def group(name: str) -> str:
     parts = name.split(".")
     if parts[0] != "affidavit" or len(parts) == 1:
         return name
-    if parts[1] == "adapters":
-        # adapters/__init__.py and adapters/base.py are the shared adapter base.
-        if len(parts) == 2 or parts[2] == "base":
-            return "affidavit.adapters"
-        return "affidavit.adapters.<proto>"
+    shared = PER_PROTOCOL.get(parts[1])
+    if shared is not None:
+        if len(parts) == 2 or parts[2] in shared:
+            return f"affidavit.{parts[1]}"
+        return f"affidavit.{parts[1]}.<proto>"
     return ".".join(parts[:2])
 
 
@@ -126,7 +148,7 @@ def violations(mods: Iterable[Module]) -> list[str]:
                 continue
             theirs = group(name)
             if theirs == mine:
-                if mine == "affidavit.adapters.<proto>" and not _same_protocol(mod.name, name):
+                if mine.endswith(".<proto>") and not _same_protocol(mod.name, name):
                     found.append(f"{mod.path}:{lineno}: {mod.name} imports another protocol {name}")
                 continue
             if theirs not in allowed:
@@ -169,6 +191,10 @@ def _tree(tmp_path: Path, files: Mapping[str, str]) -> list[Module]:
             "may not import",
         ),
         ("affidavit.engine.x", "from affidavit.cli import main\n", "may not import"),
+        ("affidavit.protocols.http.x", "from affidavit.protocols.ssh import S\n", "another"),
+        ("affidavit.protocols.registry", "import affidavit.protocols.http\n", "may not import"),
+        ("affidavit.schema.x", "from affidavit.protocols import get\n", "may not import"),
+        ("affidavit.schema.x", "from affidavit.config import Config\n", "may not import"),
         ("affidavit.newpart.x", "import os\n", "no declared layer"),
     ],
 )

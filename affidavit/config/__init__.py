@@ -1,46 +1,40 @@
-"""``affidavit.toml``: the broker's configuration — loading, validation, and the target snapshot
-the engine binds to each invocation (see ``loader``)."""
+"""``affidavit.toml``: the broker's configuration — locating and loading it (``loader``), the
+sample ``affidavit init`` writes (``sample``), and, re-exported from ``affidavit.schema``, the
+error type and the target snapshot the engine binds to each invocation."""
 
-from affidavit.config.loader import (
-    CONFIG_ENV,
-    DEFAULT_CONFIG,
-    Config,
+from affidavit.schema import (
     ConfigError,
-    HttpTarget,
-    IdempotencyContract,
-    JournalConfig,
-    SshTarget,
     Target,
     Timeouts,
     canonical_json,
-    config_from_dict,
-    config_path,
-    known_host_keys,
-    load_config,
-    origin_of,
     parse_duration,
-    sample_config,
     snapshot,
     snapshot_hash,
 )
+
+from .loader import (
+    CONFIG_ENV,
+    DEFAULT_CONFIG,
+    Config,
+    JournalConfig,
+    config_from_dict,
+    config_path,
+    load_config,
+)
+from .sample import sample_config
 
 __all__ = [
     "CONFIG_ENV",
     "DEFAULT_CONFIG",
     "Config",
     "ConfigError",
-    "HttpTarget",
-    "IdempotencyContract",
     "JournalConfig",
-    "SshTarget",
     "Target",
     "Timeouts",
     "canonical_json",
     "config_from_dict",
     "config_path",
-    "known_host_keys",
     "load_config",
-    "origin_of",
     "parse_duration",
     "sample_config",
     "snapshot",

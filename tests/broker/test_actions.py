@@ -19,16 +19,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from affidavit.config import Config, HttpTarget, SshTarget, config_from_dict, snapshot_hash
-from affidavit.protocols.actions import (
-    ActionInvalid,
-    HttpAction,
-    SshAction,
-    fingerprint,
-    full_path,
-    is_idempotent,
-    parse_action,
-)
+from affidavit.config import Config, config_from_dict, snapshot_hash
+from affidavit.protocols.actions import ActionInvalid, fingerprint, is_idempotent, parse_action
+from affidavit.protocols.http import HttpAction, HttpTarget, full_path
+from affidavit.protocols.ssh import SshAction, SshTarget
 from affidavit.statemachine import CODES, Code, Outcome, Phase
 
 _blob = struct.pack(">I", 11) + b"ssh-ed25519" + struct.pack(">I", 32) + bytes(32)

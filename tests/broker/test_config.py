@@ -18,21 +18,20 @@ from typing import Any
 
 import pytest
 
+from affidavit.adapters.ssh.known_hosts import known_host_keys
 from affidavit.config import (
     CONFIG_ENV,
     ConfigError,
-    HttpTarget,
-    IdempotencyContract,
-    SshTarget,
     Timeouts,
     config_path,
-    known_host_keys,
     load_config,
     parse_duration,
     sample_config,
     snapshot,
     snapshot_hash,
 )
+from affidavit.protocols.http import HttpTarget, IdempotencyContract
+from affidavit.protocols.ssh import SshTarget
 
 
 def _key(kind: str = "ssh-ed25519", fill: int = 0) -> str:

@@ -8,12 +8,13 @@ from typing import Any
 from affidavit import __version__
 from affidavit.adapters.base import AttemptContext, RemoteResult
 from affidavit.adapters.http import HTTP_TABLE, HttpClient, HttpRequest, RedirectDecision, Timeouts
-from affidavit.config import HttpTarget, origin_of
-from affidavit.protocols import Prepared
-from affidavit.protocols.actions import HttpAction
+from affidavit.protocols.spec import Prepared
 from affidavit.secrets.credentials import Credential, apply_query, inject_http
 
-__all__ = ["BINDING_CLASS", "HttpBinding"]
+from .action import HttpAction
+from .target import HttpTarget, origin_of
+
+__all__ = ["HttpBinding"]
 
 
 class HttpBinding:
@@ -99,6 +100,3 @@ def _redirect_policy(target: HttpTarget) -> Any:
         return RedirectDecision(True, keep_credential=in_scope, reason="" if in_scope else "path")
 
     return policy
-
-
-BINDING_CLASS = HttpBinding

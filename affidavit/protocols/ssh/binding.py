@@ -16,12 +16,13 @@ from affidavit.adapters.ssh import (
     prepare_credential,
 )
 from affidavit.adapters.ssh import SshTarget as AdapterTarget
-from affidavit.config import SshTarget
-from affidavit.protocols import Prepared
-from affidavit.protocols.actions import SshAction
+from affidavit.protocols.spec import Prepared
 from affidavit.secrets.credentials import Credential, CredentialError, secret_forms
 
-__all__ = ["BINDING_CLASS", "SshBinding"]
+from .action import SshAction
+from .target import SshTarget
+
+__all__ = ["SshBinding"]
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,3 @@ class SshBinding:
 
     async def aclose(self) -> None:
         return None
-
-
-BINDING_CLASS = SshBinding

@@ -1,0 +1,55 @@
+"""The commented sample ``affidavit init`` writes (tested to load cleanly)."""
+
+from __future__ import annotations
+
+__all__ = ["sample_config"]
+
+_SAMPLE = """\
+# Affidavit configuration.  Relative paths resolve against this file's directory.
+# Reference: docs/configuration.md
+
+[journal]
+path = "affidavit.db"               # the append-only evidence journal (SQLite)
+# key_file = "affidavit.db.key"     # broker sealing key (default: <path>.key)
+# auditor_public_key = "auditor.pub"
+
+[vault]
+path = "affidavit.vault"            # `affidavit vault init`, then `affidavit vault put NAME`
+
+# An HTTP target.  The caller names it; the broker injects the credential.
+[targets.example]
+kind = "http"
+url = "https://api.example.com/v1"   # origin plus an optional base path
+methods = ["GET", "POST"]             # what callers may send
+idempotent = ["GET"]                  # methods THIS service treats as idempotent (retried on
+                                      # unknown outcome); never assumed from the method name
+credential = "env:EXAMPLE_TOKEN"      # env:NAME | file:PATH | vault:NAME
+inject = "bearer"                     # bearer | basic | header:NAME | query:NAME
+# ca_file = "ca.pem"                  # trust only this CA bundle
+# proxy = "http://127.0.0.1:3128"
+follow_redirects = false
+# redirect_origins = ["https://files.example.com"]  # other origins a redirect may reach
+max_body = 1048576                    # request body limit, bytes
+budget = 3                            # attempts per invocation, recorded in the journal
+timeout = { connect = 5, total = 30 }
+# Only if the service documents key-based deduplication:
+# idempotency = { header = "Idempotency-Key", scope = "payments.create", retention = "24h" }
+
+# An SSH target.  Pin the host key (replace this placeholder with the real one, e.g. from
+# `ssh-keyscan -t ed25519 HOST`) or point known_hosts at a file.
+[targets.deploy]
+kind = "ssh"
+host = "127.0.0.1"
+port = 22
+user = "deploy"
+host_key = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"
+# known_hosts = "known_hosts"
+credential = "vault:deploy_key"       # an OpenSSH private key stored in the vault
+idempotent_commands = []              # exact commands known to be safe to repeat
+timeout = { connect = 10, total = 600 }
+"""
+
+
+def sample_config() -> str:
+    """The commented sample ``affidavit init`` writes.  It loads cleanly (tested)."""
+    return _SAMPLE

@@ -1,0 +1,35 @@
+"""HTTP(S): target settings (``target``), the caller's action (``action``) and the binding to
+the h11 adapter (``binding``), registered as the ``http`` protocol by the entry point
+``affidavit.protocols:http`` (pyproject.toml)."""
+
+from affidavit.adapters.http import HTTP_TABLE
+from affidavit.protocols.spec import ProtocolSpec
+
+from .action import HTTP_ACTION, HttpAction, full_path
+from .binding import HttpBinding
+from .target import (
+    CREDENTIAL_HEADERS,
+    HTTP_TARGET,
+    TRANSPORT_HEADERS,
+    HttpTarget,
+    IdempotencyContract,
+    origin_of,
+)
+
+__all__ = [
+    "CREDENTIAL_HEADERS",
+    "HTTP_ACTION",
+    "HTTP_TARGET",
+    "PROTOCOL",
+    "TRANSPORT_HEADERS",
+    "HttpAction",
+    "HttpBinding",
+    "HttpTarget",
+    "IdempotencyContract",
+    "full_path",
+    "origin_of",
+]
+
+PROTOCOL = ProtocolSpec(
+    kind="http", target=HTTP_TARGET, action=HTTP_ACTION, binding=HttpBinding, table=HTTP_TABLE
+)

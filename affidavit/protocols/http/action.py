@@ -1,0 +1,242 @@
+"""An HTTP action: ``{"target", "method", "path", "headers", "body" | "body_base64",
+"idempotency_key", "session"}`` validated against its ``HttpTarget`` (``HTTP_ACTION``).
+
+Seed: "Reject ... unsupported methods, missing fields, oversized payloads ... and forbidden header
+overrides before resolving the host name or accessing the secret."
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import re
+import urllib.parse
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from affidavit.protocols.actions import MAX_TOKEN_FIELD, VISIBLE, bad, no_ctl, session, string
+from affidavit.protocols.spec import ActionSpec
+from affidavit.secrets.credentials import parse_inject
+from affidavit.statemachine import Code
+
+from .target import CREDENTIAL_HEADERS, TOKEN, TRANSPORT_HEADERS, HttpTarget
+
+__all__ = ["HTTP_ACTION", "HttpAction", "full_path"]
+
+MAX_PATH = 8192
+MAX_HEADERS = 64
+MAX_HEADER_VALUE = 8192
+
+# RFC 3986 origin-form: pchar / "/" / "?" plus "%" for escapes (checked separately).  Anything
+# else (space, quotes, backslash, non-ASCII, "#") is either ambiguous between servers or a
+# smuggling vector; the caller must percent-encode it.
+_TARGET_CHARS = re.compile(r"[A-Za-z0-9\-._~!$&'()*+,;=:@/?%]*")
+_BAD_PERCENT = re.compile(r"%(?![0-9A-Fa-f]{2})")
+_HEADER_VALUE = re.compile(r"[\x21-\x7e](?:[\x20-\x7e\t]*[\x21-\x7e])?|")
+# Hop-by-hop headers (RFC 9110 §7.6.1) are the transport's to manage, as are framing headers.
+_HOP_HEADERS = frozenset({"keep-alive", "proxy-connection", "proxy-authenticate"})
+
+
+@dataclass(frozen=True)
+class HttpAction:
+    target: str
+    method: str
+    path: str
+    """As given by the caller (origin-form, relative to the target's base path)."""
+    headers: tuple[tuple[str, str], ...]
+    """Caller headers, names lower-cased, sorted by name (canonical for the fingerprint)."""
+    body: bytes
+    idempotency_key: str | None
+    session: str | None
+    kind: ClassVar[str] = "http"
+
+
+def parse(obj: Mapping[str, Any], name: str, target: HttpTarget) -> HttpAction:
+    method = string(obj, "method", required=True)
+    assert method is not None
+    if not TOKEN.fullmatch(method) or len(method) > 32:
+        raise bad(Code.INVALID_FIELD, "method", "must be an HTTP method token")
+    method = method.upper()
+    if method not in target.methods:
+        allowed = ", ".join(sorted(target.methods))
+        raise bad(Code.UNSUPPORTED_ACTION, "method", f"not allowed for this target ({allowed})")
+
+    path = string(obj, "path", required=True)
+    assert path is not None
+    _check_path(path, target)
+
+    headers = _parse_headers(obj.get("headers"), target)
+    body = _parse_body(obj, target)
+
+    key = string(obj, "idempotency_key", required=False)
+    if key is not None:
+        if target.idempotency is None:
+            # Seed: "Do not silently add an idempotency header for targets that do not document
+            # its semantics."  Nor drop one: the caller believes it is protected.
+            raise bad(
+                Code.UNSUPPORTED_ACTION,
+                "idempotency_key",
+                "this target declares no idempotency contract",
+            )
+        if len(key) > MAX_TOKEN_FIELD or not VISIBLE.fullmatch(key):
+            raise bad(
+                Code.INVALID_FIELD, "idempotency_key", "must be 1-255 visible ASCII characters"
+            )
+
+    return HttpAction(
+        target=name,
+        method=method,
+        path=path,
+        headers=headers,
+        body=body,
+        idempotency_key=key,
+        session=session(obj),
+    )
+
+
+def _check_path(path: str, target: HttpTarget) -> None:
+    if len(path) > MAX_PATH:
+        raise bad(Code.PAYLOAD_LIMIT, "path", f"is longer than {MAX_PATH} characters")
+    if not path.startswith("/") or path.startswith("//"):
+        # "//host/x" is a network-path reference (RFC 3986 §4.2): it would name another host.
+        raise bad(Code.INVALID_FIELD, "path", 'must start with a single "/" (origin-form)')
+    if not _TARGET_CHARS.fullmatch(path):
+        raise bad(
+            Code.INVALID_FIELD,
+            "path",
+            "has characters that must be percent-encoded (space, #, \\, non-ASCII, ...)",
+        )
+    if _BAD_PERCENT.search(path):
+        raise bad(Code.INVALID_FIELD, "path", 'has a "%" not followed by two hex digits')
+    route, _, query = path.partition("?")
+    # A "." or ".." segment (also percent-encoded) would let the path climb out of the
+    # target's base path once the server normalizes it (RFC 3986 §5.2.4).
+    # Servers that decode "%2F" (or "%5C", "\\" on Windows/IIS) before normalizing see
+    # "..%2Fadmin" as "../admin", so the decoded segment is split on both separators too.
+    for segment in route.split("/"):
+        for part in re.split(r"[/\\]", urllib.parse.unquote(segment)):
+            if part in (".", ".."):
+                raise bad(Code.INVALID_FIELD, "path", 'must not contain "." or ".." segments')
+    scheme, param = parse_inject(target.inject)
+    if scheme == "query" and query:
+        for pair in query.split("&"):
+            pname = urllib.parse.unquote_plus(pair.partition("=")[0])
+            if pname == param:
+                raise bad(
+                    Code.FORBIDDEN_HEADER,
+                    "path",
+                    f"query parameter {param} carries the credential; the broker sets it",
+                )
+
+
+def _forbidden_headers(target: HttpTarget) -> frozenset[str]:
+    names = set(CREDENTIAL_HEADERS | TRANSPORT_HEADERS | _HOP_HEADERS)
+    scheme, header = parse_inject(target.inject)
+    if scheme == "header" and header:
+        names.add(header.lower())
+    if target.idempotency is not None:
+        # The broker sends the key it recorded; a caller-set header would bypass the record.
+        names.add(target.idempotency.header.lower())
+    return frozenset(names)
+
+
+def _parse_headers(raw: object, target: HttpTarget) -> tuple[tuple[str, str], ...]:
+    if raw is None:
+        return ()
+    if not isinstance(raw, Mapping):
+        raise bad(Code.INVALID_FIELD, "headers", "must be an object of name: value strings")
+    if len(raw) > MAX_HEADERS:
+        raise bad(Code.PAYLOAD_LIMIT, "headers", f"more than {MAX_HEADERS} headers")
+    forbidden = _forbidden_headers(target)
+    out: dict[str, str] = {}
+    for hname, value in raw.items():
+        if not isinstance(hname, str) or not TOKEN.fullmatch(hname) or len(hname) > 128:
+            raise bad(Code.INVALID_FIELD, "headers", "a header name is not an RFC 9110 token")
+        field = f"headers.{hname}"
+        lower = hname.lower()
+        if lower in forbidden:
+            raise bad(
+                Code.FORBIDDEN_HEADER, field, "is set by the broker or the transport, not callers"
+            )
+        if lower in out:
+            raise bad(Code.INVALID_FIELD, field, "is given twice (names are case-insensitive)")
+        if not isinstance(value, str):
+            raise bad(Code.INVALID_FIELD, field, "must be a string")
+        no_ctl(value, field)
+        if len(value) > MAX_HEADER_VALUE:
+            raise bad(Code.PAYLOAD_LIMIT, field, f"is longer than {MAX_HEADER_VALUE} characters")
+        if not _HEADER_VALUE.fullmatch(value):
+            raise bad(
+                Code.INVALID_FIELD,
+                field,
+                "must be visible ASCII without leading or trailing whitespace",
+            )
+        out[lower] = value
+    return tuple(sorted(out.items()))
+
+
+def _parse_body(obj: Mapping[str, Any], target: HttpTarget) -> bytes:
+    text = obj.get("body")
+    b64 = obj.get("body_base64")
+    if text is not None and b64 is not None:
+        raise bad(Code.INVALID_FIELD, "body_base64", "give body or body_base64, not both")
+    limit = target.max_body
+    if text is not None:
+        if not isinstance(text, str):
+            raise bad(Code.INVALID_FIELD, "body", "must be a string (use body_base64 for bytes)")
+        if len(text) > limit:  # every character is at least one UTF-8 byte
+            raise bad(Code.PAYLOAD_LIMIT, "body", f"exceeds this target's max_body ({limit})")
+        try:
+            data = text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise bad(Code.INVALID_FIELD, "body", "is not valid Unicode text") from None
+        if len(data) > limit:
+            raise bad(Code.PAYLOAD_LIMIT, "body", f"exceeds this target's max_body ({limit})")
+        return data
+    if b64 is not None:
+        if not isinstance(b64, str):
+            raise bad(Code.INVALID_FIELD, "body_base64", "must be a base64 string")
+        if len(b64) > (limit + 2) // 3 * 4:
+            raise bad(
+                Code.PAYLOAD_LIMIT, "body_base64", f"exceeds this target's max_body ({limit})"
+            )
+        try:
+            data = base64.b64decode(b64.encode("ascii"), validate=True)
+        except (binascii.Error, ValueError, UnicodeEncodeError):
+            raise bad(Code.INVALID_FIELD, "body_base64", "is not valid base64") from None
+        if len(data) > limit:
+            raise bad(
+                Code.PAYLOAD_LIMIT, "body_base64", f"exceeds this target's max_body ({limit})"
+            )
+        return data
+    return b""
+
+
+def full_path(action: HttpAction, target: HttpTarget) -> str:
+    """The request target actually sent: the target's base path + the action's path."""
+    return target.base_path + action.path
+
+
+def identity(action: HttpAction, target: HttpTarget) -> dict[str, Any]:
+    """Method, full path, sorted caller headers and the body hash."""
+    return {
+        "method": action.method,
+        "path": full_path(action, target),
+        "headers": [list(h) for h in sorted(action.headers)],
+        "body_sha256": hashlib.sha256(action.body).hexdigest(),
+    }
+
+
+def idempotent(action: HttpAction, target: HttpTarget) -> bool:
+    """The method is listed in the target's ``idempotent`` (configuration, not the method name)."""
+    return action.method in target.idempotent
+
+
+HTTP_ACTION = ActionSpec(
+    fields=frozenset({"method", "path", "headers", "body", "body_base64", "idempotency_key"}),
+    parse=parse,
+    fingerprint=identity,
+    idempotent=idempotent,
+)

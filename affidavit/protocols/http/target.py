@@ -1,0 +1,317 @@
+"""An HTTP target's settings, each declared once (``HTTP_TARGET``), and the normalized value the
+engine binds (``HttpTarget``).
+
+The URL is normalized (lower-case scheme and host, IDNA for names, default port dropped, base
+path without duplicate or trailing slashes) and its origin kept with the port explicit, so that
+two spellings of one target bind the same snapshot and redirects compare origins exactly.
+"""
+
+from __future__ import annotations
+
+import re
+import urllib.parse
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from affidavit.schema import (
+    COMMON,
+    MISSING,
+    Field,
+    Read,
+    Schema,
+    TargetSchema,
+    Timeouts,
+    check_host,
+    host_for_url,
+    parse_duration,
+)
+from affidavit.secrets.credentials import parse_inject
+
+__all__ = [
+    "CREDENTIAL_HEADERS",
+    "HTTP_TARGET",
+    "TRANSPORT_HEADERS",
+    "HttpTarget",
+    "IdempotencyContract",
+    "origin_of",
+]
+
+# Headers a caller may never set and an idempotency contract may never name: credential-bearing
+# ones the broker owns, and framing/routing ones the transport owns.
+TRANSPORT_HEADERS = frozenset(
+    {"host", "content-length", "transfer-encoding", "connection", "te", "upgrade", "trailer"}
+)
+CREDENTIAL_HEADERS = frozenset({"authorization", "proxy-authorization", "cookie"})
+
+TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+# RFC 3986 pchar + "/" (a base path carries no query or fragment)
+_PATH_CHARS = re.compile(r"[A-Za-z0-9\-._~!$&'()*+,;=:@/%]*")
+_DEFAULT_PORT = {"http": 80, "https": 443}
+
+
+@dataclass(frozen=True)
+class IdempotencyContract:
+    """The target's documented deduplication contract (seed, "Idempotency is defined by the
+    remote contract"): the header it reads, the scope it deduplicates in, how long it keeps keys."""
+
+    header: str
+    scope: str
+    retention_s: float
+
+
+@dataclass(frozen=True)
+class HttpTarget:
+    name: str
+    url: str
+    """Normalized: lower-case scheme and host, port only when not the default, base path."""
+    origin: str
+    """``scheme://host:port`` with the port always explicit (IPv6 hosts in brackets)."""
+    base_path: str
+    """``""`` or ``/segment...`` without a trailing slash; prefixed to every action path."""
+    methods: frozenset[str]
+    idempotent: frozenset[str]
+    credential: str
+    inject: str
+    ca_file: Path | None
+    proxy: str | None
+    follow_redirects: bool
+    redirect_origins: frozenset[str]
+    """Other origins a followed redirect may go to (normalized ``scheme://host:port``), never
+    with the credential.  Empty: only the target's own origin."""
+    max_body: int
+    budget: int
+    timeout: Timeouts
+    idempotency: IdempotencyContract | None
+    kind: Literal["http"] = "http"
+
+    @property
+    def scheme(self) -> str:
+        return self.origin.split("://", 1)[0]
+
+    @property
+    def host(self) -> str:
+        """Host name or IP literal (IPv6 without brackets)."""
+        hostport = self.origin.split("://", 1)[1]
+        return hostport.rsplit(":", 1)[0].strip("[]")
+
+    @property
+    def port(self) -> int:
+        return int(self.origin.rsplit(":", 1)[1])
+
+
+def parse_url(
+    value: str, schemes: tuple[str, ...], what: str
+) -> tuple[str, str, int, str, urllib.parse.SplitResult]:
+    if any(c.isspace() for c in value):
+        raise ValueError(f"{what} must not contain whitespace")
+    parts = urllib.parse.urlsplit(value)
+    scheme = parts.scheme.lower()
+    if scheme not in schemes:
+        raise ValueError(f"{what} must start with " + " or ".join(f"{s}://" for s in schemes))
+    if "@" in parts.netloc:
+        # Credentials in a URL end up in logs, snapshots and journal rows.
+        raise ValueError(f"{what} must not embed user:password; use `credential`")
+    if not parts.hostname:
+        raise ValueError(f"{what} has no host")
+    try:
+        port = parts.port
+    except ValueError:
+        raise ValueError(f"{what} has an invalid port") from None
+    host = check_host(parts.hostname)
+    if port == 0:
+        raise ValueError(f"{what} has an invalid port")
+    return scheme, host, port or _DEFAULT_PORT[scheme], parts.path, parts
+
+
+def origin_of(url: str) -> str:
+    """The normalized origin ``scheme://host:port`` of an absolute http(s) URL, as targets'
+    ``origin`` and ``redirect_origins`` are stored.  Raises ``ValueError`` for anything else."""
+    scheme, host, port, _path, _parts = parse_url(url, ("http", "https"), "url")
+    return f"{scheme}://{host_for_url(host)}:{port}"
+
+
+# --- field parsers, in declaration order --------------------------------------------------------
+
+
+def _url(r: Read) -> str:
+    raw: str = r.string()
+    try:
+        scheme, host, port, path, parts = parse_url(raw, ("http", "https"), "url")
+    except ValueError as exc:
+        raise r.error(str(exc)) from None
+    if parts.query or parts.fragment or "?" in raw or "#" in raw:
+        raise r.error("must not have a query or fragment")
+    if not _PATH_CHARS.fullmatch(path) or re.search(r"%(?![0-9A-Fa-f]{2})", path):
+        raise r.error("base path has characters that need percent-encoding")
+    segments = [s for s in path.split("/") if s]
+    if any(urllib.parse.unquote(s) in (".", "..") for s in segments):
+        raise r.error('base path must not contain "." or ".." segments')
+    base_path = "/" + "/".join(segments) if segments else ""
+    netloc = host_for_url(host) + ("" if port == _DEFAULT_PORT[scheme] else f":{port}")
+    return f"{scheme}://{netloc}{base_path}"
+
+
+def _methods(r: Read) -> frozenset[str]:
+    items = r.string_list()
+    if r.default is MISSING and not items:  # a required list of methods may not be empty
+        raise r.error("must list at least one method")
+    out = set()
+    for i, m in enumerate(items):
+        if not TOKEN.fullmatch(m):
+            raise r.error("is not an HTTP method token", f"[{i}]")
+        out.add(m.upper())
+    return frozenset(out)
+
+
+def _inject(r: Read) -> str:
+    inject: str = r.string()
+    try:
+        parse_inject(inject)
+    except ValueError as exc:
+        raise r.error(str(exc)) from None
+    return inject
+
+
+def _ca_file(r: Read) -> Path | None:
+    raw = r.string()
+    if not raw:
+        return None
+    if not r.values["origin"].startswith("https://"):
+        raise r.error("only applies to an https:// url")
+    ca_file = r.resolve_path(raw)
+    if not ca_file.is_file():
+        raise r.error(f"file not found: {ca_file}")
+    return ca_file
+
+
+def _proxy(r: Read) -> str | None:
+    raw = r.string()
+    if not raw:
+        return None
+    try:
+        _, host, port, path, parts = parse_url(raw, ("http",), "proxy")
+    except ValueError as exc:
+        raise r.error(str(exc)) from None
+    if path not in ("", "/") or parts.query or parts.fragment:
+        raise r.error("must be http://host:port with no path")
+    return f"http://{host_for_url(host)}:{port}"
+
+
+def _redirect_origins(r: Read) -> frozenset[str]:
+    out: set[str] = set()
+    for i, raw in enumerate(r.string_list()):
+        try:
+            _s, _h, _p, path, parts = parse_url(raw, ("http", "https"), "origin")
+            normalized = origin_of(raw)
+        except ValueError as exc:
+            raise r.error(str(exc), f"[{i}]") from None
+        if path not in ("", "/") or parts.query or parts.fragment:
+            raise r.error("must be an origin: scheme://host[:port] with no path", f"[{i}]")
+        out.add(normalized)
+    if out and not r.values["follow_redirects"]:
+        raise r.error("only applies with follow_redirects = true")
+    return frozenset(out)
+
+
+def _idempotency_header(r: Read) -> str:
+    header: str = r.string(max_len=128)
+    lower = header.lower()
+    if not TOKEN.fullmatch(header):
+        raise r.error("is not an HTTP header name")
+    assert r.outer is not None
+    inject_kind, inject_name = parse_inject(r.outer.values["inject"])
+    if (
+        lower in TRANSPORT_HEADERS
+        or lower in CREDENTIAL_HEADERS
+        or (inject_kind == "header" and inject_name and lower == inject_name.lower())
+    ):
+        raise r.error("names a header the broker already owns")
+    return header
+
+
+def _retention(r: Read) -> float:
+    try:
+        return parse_duration(r.raw())
+    except ValueError as exc:
+        raise r.error(str(exc)) from None
+
+
+IDEMPOTENCY = Schema(
+    IdempotencyContract,
+    (
+        Field("header", _idempotency_header, doc="the header the service reads the key from"),
+        Field("scope", lambda r: r.string(max_len=256), doc="what it deduplicates within"),
+        Field("retention_s", _retention, key="retention", doc="how long it keeps a key"),
+    ),
+)
+
+
+HTTP_TARGET = TargetSchema(
+    "http",
+    HttpTarget,
+    (
+        Field(
+            "url",
+            _url,
+            doc="`http(s)://host[:port][/base/path]` — no user:password, query or fragment, "
+            "no `.`/`..` segments",
+        ),
+        Field("origin", lambda r: origin_of(r.values["url"]), key=None),
+        Field("base_path", lambda r: urllib.parse.urlsplit(r.values["url"]).path, key=None),
+        Field("methods", _methods, doc="methods callers may send (normalized to upper case)"),
+        Field(
+            "idempotent",
+            _methods,
+            default=[],
+            doc="methods **this service** treats as idempotent (see below)",
+        ),
+        *COMMON,
+        Field(
+            "inject",
+            _inject,
+            default="bearer",
+            doc="`bearer`, `basic`, `header:NAME` or `query:NAME`",
+        ),
+        Field(
+            "ca_file",
+            _ca_file,
+            default=None,
+            shown="system trust",
+            doc="PEM bundle to trust instead (https only; must exist)",
+        ),
+        Field(
+            "proxy",
+            _proxy,
+            default=None,
+            doc="`http://host:port` forward proxy (no credentials in the URL)",
+        ),
+        Field(
+            "follow_redirects",
+            Read.boolean,
+            default=False,
+            doc="follow redirects, re-validating every hop",
+        ),
+        Field(
+            "redirect_origins",
+            _redirect_origins,
+            default=[],
+            doc="other origins (`scheme://host[:port]`) a followed redirect may reach; the "
+            "credential is never sent there. Any other origin is not followed: the complete 3xx "
+            "is the result",
+        ),
+        Field(
+            "max_body",
+            lambda r: r.integer(0, 1 << 40),
+            default=1024 * 1024,
+            doc="request body limit in bytes (`PAYLOAD_LIMIT` above it)",
+        ),
+        Field(
+            "idempotency",
+            IDEMPOTENCY.parse_optional_table,
+            default=None,
+            doc="`{ header, scope, retention }`: the service's documented key-deduplication "
+            "contract",
+        ),
+    ),
+)

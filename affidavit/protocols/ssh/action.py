@@ -1,0 +1,71 @@
+"""An SSH action: ``{"target", "command", "stdin", "session"}`` validated against its
+``SshTarget`` (``SSH_ACTION``).  A command is one line; a script goes to ``sh -s`` as stdin."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from affidavit.protocols.actions import bad, session, string
+from affidavit.protocols.spec import ActionSpec
+from affidavit.statemachine import Code
+
+from .target import SshTarget
+
+__all__ = ["SSH_ACTION", "SshAction"]
+
+MAX_COMMAND = 32768
+
+
+@dataclass(frozen=True)
+class SshAction:
+    target: str
+    command: str
+    stdin: bytes | None
+    session: str | None
+    kind: ClassVar[str] = "ssh"
+
+
+def parse(obj: Mapping[str, Any], name: str, target: SshTarget) -> SshAction:
+    command = string(obj, "command", required=True)
+    assert command is not None
+    if not command.strip():
+        raise bad(Code.INVALID_FIELD, "command", "must not be empty")
+    if len(command) > MAX_COMMAND:
+        raise bad(Code.PAYLOAD_LIMIT, "command", f"is longer than {MAX_COMMAND} characters")
+    try:
+        command.encode("utf-8")
+    except UnicodeEncodeError:
+        raise bad(Code.INVALID_FIELD, "command", "is not valid Unicode text") from None
+    stdin: bytes | None = None
+    raw = obj.get("stdin")
+    if raw is not None:
+        if not isinstance(raw, str):
+            raise bad(Code.INVALID_FIELD, "stdin", "must be a string")
+        if len(raw) > target.max_stdin:
+            raise bad(Code.PAYLOAD_LIMIT, "stdin", "exceeds this target's max_stdin")
+        try:
+            stdin = raw.encode("utf-8")
+        except UnicodeEncodeError:
+            raise bad(Code.INVALID_FIELD, "stdin", "is not valid Unicode text") from None
+        if len(stdin) > target.max_stdin:
+            raise bad(Code.PAYLOAD_LIMIT, "stdin", "exceeds this target's max_stdin")
+    return SshAction(target=name, command=command, stdin=stdin, session=session(obj))
+
+
+def identity(action: SshAction, target: SshTarget) -> dict[str, Any]:
+    """The command and the stdin hash (no stdin is not an empty stdin)."""
+    stdin = None if action.stdin is None else hashlib.sha256(action.stdin).hexdigest()
+    return {"command": action.command, "stdin_sha256": stdin}
+
+
+def idempotent(action: SshAction, target: SshTarget) -> bool:
+    """The exact command is listed in the target's ``idempotent_commands``."""
+    return action.command in target.idempotent_commands
+
+
+SSH_ACTION = ActionSpec(
+    fields=frozenset({"command", "stdin"}), parse=parse, fingerprint=identity, idempotent=idempotent
+)

@@ -1,0 +1,52 @@
+"""The configuration's schema language: a setting is declared once (``Field``) and parsing,
+unknown-key errors, the bound snapshot and the docs table are derived from the declaration.
+
+``affidavit.config`` reads ``affidavit.toml`` with it; every protocol declares its target schema
+with it (``TargetSchema``: ``COMMON`` plus the protocol's own fields).  It knows no protocol.
+"""
+
+from .fields import Field, Key, LoadContext, Read, Schema, doc_table
+from .section import MISSING, ConfigError, Section, kind_of
+from .target import (
+    BUDGET,
+    COMMON,
+    CREDENTIAL,
+    TIMEOUT,
+    Target,
+    TargetSchema,
+    Timeouts,
+    canonical_json,
+    canonical_value,
+    schema_of,
+    snapshot,
+    snapshot_hash,
+)
+from .values import check_host, host_for_url, parse_duration
+
+__all__ = [
+    "BUDGET",
+    "COMMON",
+    "CREDENTIAL",
+    "MISSING",
+    "TIMEOUT",
+    "ConfigError",
+    "Field",
+    "Key",
+    "LoadContext",
+    "Read",
+    "Schema",
+    "Section",
+    "Target",
+    "TargetSchema",
+    "Timeouts",
+    "canonical_json",
+    "canonical_value",
+    "check_host",
+    "doc_table",
+    "host_for_url",
+    "kind_of",
+    "parse_duration",
+    "schema_of",
+    "snapshot",
+    "snapshot_hash",
+]

@@ -1,0 +1,214 @@
+"""What every target has, how a protocol declares the rest, and the snapshot derived from it.
+
+Seed, "Validation and credential injection finish before dispatch": "If validation used one route
+definition and an already modified one was read before dispatch, the evidence does not describe
+the action that was actually performed.  Before approval, bind the normalized target, the
+credential version, the resolved injection method, and the request fingerprint to the
+invocation."  So a target is loaded once into a frozen, normalized value; ``snapshot()`` is its
+canonical, secret-free description and ``snapshot_hash()`` the digest the engine records and
+re-checks before the write (CONFIG_CHANGED).  The snapshot is derived from the target's schema:
+every declared field is in it unless declared ``binding=False`` with a reason, so a new setting
+cannot be left out of the binding by forgetting to list it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol, TypeVar
+
+from affidavit.secrets.credentials import CredentialError, parse_ref
+
+from .fields import Field, LoadContext, Read, Schema
+from .section import ConfigError, Section, kind_of
+
+__all__ = [
+    "BUDGET",
+    "COMMON",
+    "CREDENTIAL",
+    "TIMEOUT",
+    "Target",
+    "TargetSchema",
+    "Timeouts",
+    "canonical_json",
+    "canonical_value",
+    "schema_of",
+    "snapshot",
+    "snapshot_hash",
+]
+
+MAX_BUDGET = 100
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    connect: float
+    total: float
+
+
+class Target(Protocol):
+    """What the engine reads of any target; a protocol's target class adds its own fields."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def kind(self) -> str: ...
+    @property
+    def credential(self) -> str: ...
+    @property
+    def budget(self) -> int: ...
+    @property
+    def timeout(self) -> Timeouts: ...
+
+
+# --- the common fields ----------------------------------------------------------------------------
+
+
+def _credential(r: Read) -> str:
+    ref: str = r.string()
+    try:
+        kind, name = parse_ref(ref)
+    except CredentialError as exc:
+        raise r.error(exc.message) from None
+    if kind == "vault" and not r.context.has_vault:
+        raise r.error("a vault: reference needs a [vault] section")
+    if kind == "file":
+        ref = f"file:{r.resolve_path(name)}"
+    return ref
+
+
+def _seconds(r: Read) -> float:
+    v = r.raw()
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        raise r.error(f"must be a number of seconds, not {kind_of(v)}")
+    if not math.isfinite(v) or v <= 0 or v > 86400:
+        raise r.error("must be > 0 and at most 86400 seconds")
+    return float(v)
+
+
+def _connect_within_total(timeouts: Timeouts, section: Section) -> None:
+    if timeouts.connect > timeouts.total:
+        raise ConfigError(section.path("connect"), "must not exceed timeout.total")
+
+
+TIMEOUTS = Schema(
+    Timeouts,
+    (
+        Field("connect", _seconds, default=10.0, doc="connection setup, seconds"),
+        Field("total", _seconds, default=60.0, doc="the whole attempt, seconds"),
+    ),
+    check=_connect_within_total,
+)
+
+CREDENTIAL = Field(
+    "credential", _credential, doc="`env:NAME`, `file:PATH` or `vault:NAME` (see below)"
+)
+BUDGET = Field(
+    "budget",
+    lambda r: r.integer(1, MAX_BUDGET),
+    default=3,
+    doc=f"attempts per invocation (1–{MAX_BUDGET}), stored in the journal, not in memory",
+)
+TIMEOUT = Field(
+    "timeout",
+    TIMEOUTS.parse_table,
+    default={},
+    shown="`{ connect = 10, total = 60 }`",
+    doc="seconds; `connect` ≤ `total`",
+)
+COMMON: tuple[Field, ...] = (CREDENTIAL, BUDGET, TIMEOUT)
+"""Every target's schema includes these (a protocol places them among its own fields)."""
+
+
+# --- target schemas -------------------------------------------------------------------------------
+
+_SCHEMAS: dict[type, TargetSchema[Any]] = {}
+
+
+class TargetSchema(Schema[T]):
+    """The settings of one kind of target: ``COMMON`` plus the protocol's own fields, over a
+    frozen dataclass with those attributes plus ``name`` and ``kind`` (defaulting to ``kind``)."""
+
+    def __init__(self, kind: str, cls: type[T], fields: Sequence[Field]) -> None:
+        left_out = [f.name for f in COMMON if not any(f is g for g in fields)]
+        if left_out:
+            raise TypeError(f"target schema {kind!r} leaves out common fields {left_out}")
+        super().__init__(cls, fields, implicit=("name", "kind"))
+        declared = {a.name: a.default for a in dataclasses.fields(cls)}  # type: ignore[arg-type]
+        if declared.get("kind") != kind or "name" not in declared:
+            raise TypeError(f"{cls.__name__} needs `name: str` and `kind: ... = {kind!r}`")
+        if cls in _SCHEMAS:
+            raise TypeError(f"{cls.__name__} already has a target schema")
+        _SCHEMAS[cls] = self
+        self.kind = kind
+
+    @property
+    def allowed(self) -> tuple[str, ...]:
+        return ("kind", *self.keys)
+
+    @property
+    def own_fields(self) -> tuple[Field, ...]:
+        """The fields besides ``COMMON``, as the protocol's docs table lists them."""
+        return tuple(f for f in self.fields if not any(f is c for c in COMMON))
+
+    def read_target(self, name: str, section: Section, context: LoadContext) -> T:
+        """``section`` is ``targets.<name>``, its ``kind`` already read."""
+        return self.read(section, context, {"name": name})
+
+    def snapshot(self, target: T) -> dict[str, Any]:
+        out: dict[str, Any] = {"kind": self.kind, "name": getattr(target, "name")}  # noqa: B009
+        for f in self.fields:
+            if f.binding:
+                out[f.name] = (f.encode or canonical_value)(getattr(target, f.name))
+        return out
+
+
+def schema_of(target: object) -> TargetSchema[Any]:
+    try:
+        return _SCHEMAS[type(target)]
+    except KeyError:
+        raise TypeError(f"no target schema declares {type(target).__name__}") from None
+
+
+# --- snapshot -------------------------------------------------------------------------------------
+
+
+def canonical_value(value: Any) -> Any:
+    """A JSON form of a setting's value: sets sorted, paths as strings, dataclasses as objects."""
+    if value is None or isinstance(value, str | int | float):
+        return value
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, frozenset | set):
+        return sorted(canonical_value(v) for v in value)
+    if isinstance(value, tuple | list):
+        return [canonical_value(v) for v in value]
+    if isinstance(value, Mapping):
+        return {str(k): canonical_value(v) for k, v in value.items()}
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: canonical_value(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    raise TypeError(f"no canonical form for {type(value).__name__}; give the field an encode")
+
+
+def canonical_json(value: object) -> bytes:
+    """Sorted keys, no whitespace, UTF-8: one byte string per value, for hashing."""
+    return json.dumps(
+        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+    ).encode("utf-8")
+
+
+def snapshot(target: object) -> dict[str, Any]:
+    """The normalized, canonical, secret-free description of ``target`` that an invocation is
+    bound to.  Credential *references* are included (changing the selected secret must change
+    the binding); credential values never are — they are not even loaded here."""
+    return schema_of(target).snapshot(target)
+
+
+def snapshot_hash(target: object) -> str:
+    return "sha256:" + hashlib.sha256(canonical_json(snapshot(target))).hexdigest()

@@ -1,0 +1,50 @@
+"""Value checks more than one protocol's settings use: durations and host names."""
+
+from __future__ import annotations
+
+import ipaddress
+import math
+import re
+
+__all__ = ["check_host", "host_for_url", "parse_duration"]
+
+_HOST_LABEL = r"[A-Za-z0-9_](?:[A-Za-z0-9_\-]{0,61}[A-Za-z0-9_])?"
+_HOSTNAME = re.compile(rf"(?=.{{1,253}}$){_HOST_LABEL}(?:\.{_HOST_LABEL})*\.?")
+_DURATION = re.compile(r"(?:(\d+(?:\.\d+)?)([dhms]))+")
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)([dhms])")
+_UNITS = {"d": 86400.0, "h": 3600.0, "m": 60.0, "s": 1.0}
+
+
+def parse_duration(value: object) -> float:
+    """``"24h"``, ``"90m"``, ``"1h30m"``, ``"7d"``, ``"45s"`` or a number of seconds."""
+    if isinstance(value, bool):
+        raise ValueError('must be a duration like "24h" or a number of seconds')
+    if isinstance(value, int | float):
+        seconds = float(value)
+    elif isinstance(value, str) and _DURATION.fullmatch(value.strip()):
+        seconds = sum(float(n) * _UNITS[u] for n, u in _DURATION_PART.findall(value))
+    else:
+        raise ValueError('must be a duration like "24h" or a number of seconds')
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise ValueError("must be a positive duration")
+    return seconds
+
+
+def check_host(host: str) -> str:
+    """Validate and normalize a host name or IP literal (lower-case, IDNA for names)."""
+    try:
+        return str(ipaddress.ip_address(host))
+    except ValueError:
+        pass
+    try:
+        ascii_host = host.encode("idna").decode("ascii") if not host.isascii() else host
+    except UnicodeError:
+        raise ValueError("is not a valid host name") from None
+    if not _HOSTNAME.fullmatch(ascii_host):
+        raise ValueError("is not a valid host name")
+    return ascii_host.lower().rstrip(".")
+
+
+def host_for_url(host: str) -> str:
+    """An IPv6 literal in brackets, anything else as it is."""
+    return f"[{host}]" if ":" in host else host
