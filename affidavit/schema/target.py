@@ -158,7 +158,8 @@ class TargetSchema(Schema[T]):
         return tuple(f for f in self.fields if not any(f is c for c in COMMON))
 
     def read_target(self, name: str, section: Section, context: LoadContext) -> T:
-        """``section`` is ``targets.<name>``, its ``kind`` already read."""
+        """``section`` is ``targets.<name>``, whose ``kind`` chose this schema."""
+        section.seen.add("kind")
         return self.read(section, context, {"name": name})
 
     def snapshot(self, target: T) -> dict[str, Any]:

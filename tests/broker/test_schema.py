@@ -1,0 +1,146 @@
+"""Each config field is declared once (issue 8, item 6): parsing, unknown-key errors, the snapshot
+that CONFIG_CHANGED compares and the docs tables all come from the ``Field`` declarations.
+
+Seed, "Validation and credential injection finish before dispatch": "bind the normalized target
+... If any bound value changes, create a new invocation" — so a new setting must be part of the
+binding unless somebody declares, with a reason, that it cannot change what is sent or to whom.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from affidavit.config.loader import JOURNAL, VAULT
+from affidavit.protocols import registered
+from affidavit.protocols.http import HTTP_TARGET
+from affidavit.protocols.ssh import SSH_TARGET
+from affidavit.schema import (
+    COMMON,
+    ConfigError,
+    Field,
+    LoadContext,
+    Read,
+    Section,
+    TargetSchema,
+    Timeouts,
+    doc_table,
+    snapshot,
+    snapshot_hash,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+CONTEXT = LoadContext(Path("/etc/affidavit"))
+HOST = Field("host", lambda r: r.string(), doc="where")
+
+
+def _target_class(*extra: str) -> type:
+    """A fresh frozen target dataclass with ``host``, the common attributes and ``extra``."""
+    attrs: list[Any] = [("name", str), ("host", str), ("credential", str), ("budget", int)]
+    attrs += [("timeout", Timeouts), *((a, Any) for a in extra), ("kind", str, "box")]
+    return dataclasses.make_dataclass("Box", attrs, frozen=True)
+
+
+def _load(schema: TargetSchema[Any], **settings: Any) -> Any:
+    table = {"kind": "box", "host": "a.example", "credential": "env:T", **settings}
+    return schema.read_target("t", Section(table, "targets.t"), CONTEXT)
+
+
+def test_a_field_added_to_a_schema_is_bound_by_the_snapshot() -> None:
+    colour = Field("colour", lambda r: r.string(), default="red", doc="a new setting")
+    schema = TargetSchema("box", _target_class("colour"), (HOST, *COMMON, colour))
+    red, blue = _load(schema), _load(schema, colour="blue")
+    # Nobody listed "colour" anywhere else: declaring it is what puts it in the binding.
+    assert snapshot(red)["colour"] == "red"
+    assert snapshot(blue)["colour"] == "blue"
+    assert snapshot_hash(red) != snapshot_hash(blue)
+    assert set(snapshot(red)) == {
+        "kind",
+        "name",
+        "host",
+        "credential",
+        "budget",
+        "timeout",
+        "colour",
+    }
+
+
+def test_leaving_a_field_out_of_the_snapshot_needs_a_declared_reason() -> None:
+    with pytest.raises(ValueError, match="non-binding without a reason"):
+        Field("label", Read.string, default="x", binding=False)
+    with pytest.raises(ValueError, match="only for binding=False"):
+        Field("label", Read.string, default="x", reason="a binding field needs no excuse")
+    label = Field(
+        "label",
+        lambda r: r.string(),
+        default="x",
+        binding=False,
+        reason="shown to operators only; never sent",
+    )
+    schema = TargetSchema("box", _target_class("label"), (HOST, *COMMON, label))
+    a, b = _load(schema, label="one"), _load(schema, label="two")
+    assert a.label == "one" and "label" not in snapshot(a)
+    assert snapshot_hash(a) == snapshot_hash(b)
+
+
+def test_an_attribute_without_a_field_cannot_bypass_the_declaration() -> None:
+    with pytest.raises(TypeError, match=r"attributes without a field: \['colour'\]"):
+        TargetSchema("box", _target_class("colour"), (HOST, *COMMON))
+    with pytest.raises(TypeError, match=r"fields without an attribute: \['colour'\]"):
+        TargetSchema("box", _target_class(), (HOST, *COMMON, Field("colour", Read.string)))
+    with pytest.raises(TypeError, match="leaves out common fields"):
+        TargetSchema("box", _target_class(), (HOST,))
+
+
+def test_parsing_and_unknown_keys_follow_the_declaration() -> None:
+    port = Field("port", lambda r: r.integer(1, 65535), default=7, doc="TCP port")
+    schema = TargetSchema("box", _target_class("port"), (HOST, port, *COMMON))
+    assert _load(schema).port == 7
+    with pytest.raises(ConfigError) as info:
+        _load(schema, port=0)
+    assert (info.value.field, info.value.message) == (
+        "targets.t.port",
+        "must be between 1 and 65535",
+    )
+    with pytest.raises(ConfigError) as info:
+        _load(schema, prot=8)
+    assert info.value.field == "targets.t.prot"
+    allowed = "kind, host, port, credential, budget, timeout"
+    assert info.value.message == f"unknown setting (allowed: {allowed})"
+
+
+@pytest.mark.parametrize("kind", ["http", "ssh"])
+def test_every_attribute_of_a_builtin_target_is_bound(kind: str) -> None:
+    schema = registered()[kind].target
+    attrs = {f.name for f in dataclasses.fields(schema.cls)}  # type: ignore[arg-type]
+    assert all(f.binding for f in schema.fields)
+    assert {"kind", "name", *(f.name for f in schema.fields)} == attrs
+
+
+@pytest.mark.parametrize(
+    ("section", "fields"),
+    [
+        ("[journal]", JOURNAL.fields),
+        ("[vault]", VAULT.fields),
+        ("Settings every target has", COMMON),
+        ("HTTP targets", HTTP_TARGET.own_fields),
+        ("SSH targets", SSH_TARGET.own_fields),
+    ],
+)
+def test_configuration_docs_list_every_declared_key(section: str, fields: Any) -> None:
+    """docs/configuration.md shows each table exactly as the declarations generate it (no key
+    missing, none extra, defaults as declared)."""
+    doc = (ROOT / "docs/configuration.md").read_text(encoding="utf-8")
+    heading = doc.index(section)
+    assert f"\n\n{doc_table(fields)}\n\n" in doc[heading:]
+    for key in (k for f in fields for k in _table_keys(f)):
+        assert f"`{key}`" in doc[heading:], key  # a table-valued setting's keys, in the text
+
+
+def _table_keys(field: Field) -> tuple[str, ...]:
+    """The keys of a table-valued field (its parser is ``Schema.parse_table`` of a schema)."""
+    owner = getattr(field.parse, "__self__", None)
+    return tuple(getattr(owner, "keys", ()))
