@@ -48,7 +48,8 @@ class Broker:
         # A configured vault is handed over even before its file exists: a lookup then says
         # the vault file is missing (CREDENTIAL_MISSING), not that no vault is configured.
         vault = Vault(config.vault_path) if config.vault_path else None
-        bindings: dict[str, Binding] = load_bindings()
+        # Only the configured kinds: an HTTP-only config never imports the SSH library.
+        bindings: dict[str, Binding] = load_bindings({t.kind for t in config.targets.values()})
         try:
             async with Journal.open(
                 config.journal.path,
