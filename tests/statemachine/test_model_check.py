@@ -18,6 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from affidavit import protocols
 from affidavit.adapters import load_all
 from affidavit.statemachine import (
     DISPATCHED_STATES,
@@ -46,8 +47,11 @@ from .lifecycle_helpers import IID, make_event, operation, projector_in
 E = EventKind
 
 
-def _protocol_tables() -> list[ProtocolTable]:
+def protocol_tables() -> list[ProtocolTable]:
+    """Every table the checks below cover: the adapters', every protocol's that is installed or
+    registered in-process (a plugin's too: tests/toy_protocol), and the example."""
     load_all()
+    protocols.registered()  # loads each installed protocol, registering its table
     return [*registered().values(), EXAMPLE]
 
 
@@ -222,32 +226,36 @@ def _protocol_states(table: ProtocolTable) -> dict[str, list[str]]:
 
 
 def test_every_protocol_pair_is_declared_or_refused() -> None:
-    tables = _protocol_tables()
+    tables = protocol_tables()
     assert EXAMPLE in tables
     for table in tables:
-        paths = _protocol_states(table)
-        assert set(paths) == set(table.states), f"{table.name}: unreachable states"
-        events = sorted({ev for _s, ev, _d in table.edges()} | {"not-an-event"})
-        for state, path in sorted(paths.items()):
-            for ev in events:
-                m = ProtocolMachine(table)
-                m.fire_all(path)
-                snapshot = (m.state, m.dispatched, m.complete, list(m.history))
-                dest = table.transitions.get(state, {}).get(ev)
-                if dest is None:
-                    with pytest.raises(ProtocolViolation):
-                        m.fire(ev)
-                    assert (m.state, m.dispatched, m.complete, list(m.history)) == snapshot
-                else:
-                    step = m.fire(ev)
-                    assert (step.source, step.event, step.dest) == (state, ev, dest)
-                    assert m.state == dest
-                    assert step.crossed_dispatch == ((state, ev) in table.dispatch)
-                    assert step.completed == ((state, ev) in table.completes)
-                    # dispatched is sticky and exactly "we are past the boundary"
-                    assert m.dispatched == (
-                        snapshot[1] or step.crossed_dispatch or dest in table.post_dispatch
-                    )
+        check_every_pair_is_declared_or_refused(table)
+
+
+def check_every_pair_is_declared_or_refused(table: ProtocolTable) -> None:
+    paths = _protocol_states(table)
+    assert set(paths) == set(table.states), f"{table.name}: unreachable states"
+    events = sorted({ev for _s, ev, _d in table.edges()} | {"not-an-event"})
+    for state, path in sorted(paths.items()):
+        for ev in events:
+            m = ProtocolMachine(table)
+            m.fire_all(path)
+            snapshot = (m.state, m.dispatched, m.complete, list(m.history))
+            dest = table.transitions.get(state, {}).get(ev)
+            if dest is None:
+                with pytest.raises(ProtocolViolation):
+                    m.fire(ev)
+                assert (m.state, m.dispatched, m.complete, list(m.history)) == snapshot
+            else:
+                step = m.fire(ev)
+                assert (step.source, step.event, step.dest) == (state, ev, dest)
+                assert m.state == dest
+                assert step.crossed_dispatch == ((state, ev) in table.dispatch)
+                assert step.completed == ((state, ev) in table.completes)
+                # dispatched is sticky and exactly "we are past the boundary"
+                assert m.dispatched == (
+                    snapshot[1] or step.crossed_dispatch or dest in table.post_dispatch
+                )
 
 
 # --- (b) graph checks ------------------------------------------------------------------------
@@ -258,7 +266,7 @@ def test_real_lifecycle_table_has_no_structural_problems() -> None:
 
 
 def test_real_protocol_tables_have_no_structural_problems() -> None:
-    for table in _protocol_tables():
+    for table in protocol_tables():
         assert table.problems() == [], table.name
 
 
