@@ -1,0 +1,130 @@
+"""The protocol registry: built-in protocols are found like any plugin (entry points in the
+``affidavit.protocols`` group), only what is needed is imported, and a broken installation is a
+clear configuration error rather than a traceback."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.metadata
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import affidavit.protocols.http
+import affidavit.protocols.ssh
+from affidavit.protocols import GROUP, get, kinds, register, registered
+
+PROTOCOL_MODULES = ("affidavit.protocols.http", "affidavit.protocols.ssh")
+ADAPTER_MODULES = ("affidavit.adapters.http", "affidavit.adapters.ssh", "ssh")
+
+
+def _python(code: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_builtin_protocols_are_found_through_their_entry_points() -> None:
+    declared = {ep.name: ep.value for ep in importlib.metadata.entry_points(group=GROUP)}
+    assert declared["http"] == "affidavit.protocols.http:PROTOCOL"
+    assert declared["ssh"] == "affidavit.protocols.ssh:PROTOCOL"
+    assert {"http", "ssh"} <= set(kinds())
+    assert get("http") is affidavit.protocols.http.PROTOCOL
+    assert registered()["ssh"] is affidavit.protocols.ssh.PROTOCOL
+    assert get("gopher") is None
+
+
+def test_another_spec_cannot_take_a_registered_kind() -> None:
+    http = get("http")
+    assert http is not None
+    assert register(http) is http  # the same spec again is a no-op
+    with pytest.raises(ValueError, match="already registered as 'http'"):
+        register(dataclasses.replace(http, binding=affidavit.protocols.http.HttpBinding))
+    assert get("http") is http
+
+
+def test_help_imports_no_protocol_and_scans_no_metadata() -> None:
+    """``affidavit --help`` stays fast: protocols are imported when a config names them."""
+    p = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "affidavit", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert p.returncode == 0 and "diagrams" in p.stdout
+    imported = {line.rsplit("|", 1)[-1].strip() for line in p.stderr.splitlines()}
+    assert "affidavit.protocols.registry" in imported  # the CLI does reach the registry
+    for name in (*PROTOCOL_MODULES, *ADAPTER_MODULES, "importlib.metadata"):
+        assert name not in imported, name
+
+
+def test_a_config_imports_only_the_protocols_it_names(tmp_path: Path) -> None:
+    cfg = tmp_path / "affidavit.toml"
+    cfg.write_text(
+        f'[journal]\npath = "{tmp_path / "j.db"}"\n[targets.api]\nkind = "http"\n'
+        'url = "https://api.example"\nmethods = ["GET"]\ncredential = "env:T"\n'
+    )
+    code = (
+        "import sys, json, trio\n"
+        "from affidavit.api.broker import Broker\n"
+        "async def main():\n"
+        f"    async with Broker.open({str(cfg)!r}):\n"
+        "        pass\n"
+        "trio.run(main)\n"
+        "print(json.dumps(sorted(sys.modules)))\n"
+    )
+    p = _python(code)
+    assert p.returncode == 0, p.stderr
+    imported = set(json.loads(p.stdout))
+    assert {"affidavit.protocols.http", "affidavit.adapters.http"} <= imported
+    assert not {"affidavit.protocols.ssh", "affidavit.adapters.ssh", "ssh"} & imported
+
+
+def test_a_broken_installed_protocol_is_a_config_error_naming_it(tmp_path: Path) -> None:
+    info = tmp_path / "site" / "broken_protocol-1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-protocol\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text(
+        "[affidavit.protocols]\nbroken = no_such_module_anywhere:PROTOCOL\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "site")}
+    cfg = tmp_path / "affidavit.toml"
+    cfg.write_text('[targets.x]\nkind = "broken"\ncredential = "env:T"\n')
+    p = subprocess.run(
+        [sys.executable, "-m", "affidavit", "call", "--config", str(cfg)],
+        input="{}",
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=False,
+    )
+    assert p.returncode == 2
+    assert "Traceback" not in p.stderr
+    assert p.stderr.startswith(
+        f"affidavit: {cfg}: targets.x.kind: cannot load no_such_module_anywhere:PROTOCOL "
+        "(ModuleNotFoundError("
+    ), p.stderr
+    # A config that does not name it is unaffected (nothing imports it).
+    code = (
+        "from affidavit.config import config_from_dict\n"
+        "from affidavit.protocols import kinds\n"
+        "from pathlib import Path\n"
+        "t = {'kind': 'http', 'url': 'https://a.example', 'methods': ['GET'], "
+        "'credential': 'env:T'}\n"
+        "config_from_dict({'targets': {'a': t}}, base_dir=Path('/'))\n"
+        "print(kinds())\n"
+    )
+    ok = _python(code, env)
+    assert ok.returncode == 0, ok.stderr
+    assert ok.stdout.strip() == "['broken', 'http', 'ssh']"
