@@ -17,6 +17,7 @@ import dataclasses
 import hashlib
 import json
 import math
+import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -147,6 +148,7 @@ class TargetSchema(Schema[T]):
             raise TypeError(f"{cls.__name__} already has a target schema")
         _SCHEMAS[cls] = self
         self.kind = kind
+        self._bound = tuple((f.name, f.encode or canonical_value) for f in self.fields if f.binding)
 
     @property
     def allowed(self) -> tuple[str, ...]:
@@ -164,9 +166,8 @@ class TargetSchema(Schema[T]):
 
     def snapshot(self, target: T) -> dict[str, Any]:
         out: dict[str, Any] = {"kind": self.kind, "name": getattr(target, "name")}  # noqa: B009
-        for f in self.fields:
-            if f.binding:
-                out[f.name] = (f.encode or canonical_value)(getattr(target, f.name))
+        for name, encode in self._bound:
+            out[name] = encode(getattr(target, name))
         return out
 
 
@@ -180,16 +181,21 @@ def schema_of(target: object) -> TargetSchema[Any]:
 # --- snapshot -------------------------------------------------------------------------------------
 
 
+_PLAIN = frozenset({str, int, float, bool, type(None)})
+
+
 def canonical_value(value: Any) -> Any:
     """A JSON form of a setting's value: sets sorted, paths as strings, dataclasses as objects."""
-    if value is None or isinstance(value, str | int | float):
+    # Exact-type checks first: fingerprint() hashes the snapshot on every call.
+    kind = type(value)
+    if kind in _PLAIN:
         return value
+    if kind is frozenset or kind is set:
+        return sorted([canonical_value(v) for v in value])
+    if kind is tuple or kind is list:
+        return [canonical_value(v) for v in value]
     if isinstance(value, Path):
         return str(value)
-    if isinstance(value, frozenset | set):
-        return sorted(canonical_value(v) for v in value)
-    if isinstance(value, tuple | list):
-        return [canonical_value(v) for v in value]
     if isinstance(value, Mapping):
         return {str(k): canonical_value(v) for k, v in value.items()}
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
@@ -211,5 +217,21 @@ def snapshot(target: object) -> dict[str, Any]:
     return schema_of(target).snapshot(target)
 
 
+_HASHES: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+
+
 def snapshot_hash(target: object) -> str:
+    """``sha256:`` of the canonical snapshot.  Remembered per target value: targets are frozen,
+    and ``fingerprint()`` asks on every call (tests/benchmarks/http_overhead.py counts µs)."""
+    try:
+        return _HASHES[target]
+    except KeyError:
+        pass
+    except TypeError:  # unhashable or not weak-referenceable: compute every time
+        return _compute_hash(target)
+    value = _HASHES[target] = _compute_hash(target)
+    return value
+
+
+def _compute_hash(target: object) -> str:
     return "sha256:" + hashlib.sha256(canonical_json(snapshot(target))).hexdigest()

@@ -144,3 +144,15 @@ def _table_keys(field: Field) -> tuple[str, ...]:
     """The keys of a table-valued field (its parser is ``Schema.parse_table`` of a schema)."""
     owner = getattr(field.parse, "__self__", None)
     return tuple(getattr(owner, "keys", ()))
+
+
+def test_the_snapshot_hash_of_an_unhashable_target_is_computed_each_time() -> None:
+    """Hashes are remembered per (frozen, hashable) target; a target holding a list is not
+    hashable and must still be bound by its current value."""
+    tags = Field("tags", lambda r: r.string_list(), default=[], doc="labels")
+    schema = TargetSchema("box", _target_class("tags"), (HOST, *COMMON, tags))
+    a, b = _load(schema, tags=["x"]), _load(schema, tags=["y"])
+    with pytest.raises(TypeError):
+        hash(a)
+    assert snapshot_hash(a) != snapshot_hash(b)
+    assert snapshot_hash(a) == snapshot_hash(_load(schema, tags=["x"]))
