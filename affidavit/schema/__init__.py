@@ -21,7 +21,7 @@ from .target import (
     snapshot,
     snapshot_hash,
 )
-from .values import check_host, host_for_url, parse_duration
+from .values import check_host, host_for_url, host_setting, parse_duration
 
 __all__ = [
     "BUDGET",
@@ -44,6 +44,7 @@ __all__ = [
     "check_host",
     "doc_table",
     "host_for_url",
+    "host_setting",
     "kind_of",
     "parse_duration",
     "schema_of",

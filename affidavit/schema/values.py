@@ -6,7 +6,9 @@ import ipaddress
 import math
 import re
 
-__all__ = ["check_host", "host_for_url", "parse_duration"]
+from .fields import Read
+
+__all__ = ["check_host", "host_for_url", "host_setting", "parse_duration"]
 
 _HOST_LABEL = r"[A-Za-z0-9_](?:[A-Za-z0-9_\-]{0,61}[A-Za-z0-9_])?"
 _HOSTNAME = re.compile(rf"(?=.{{1,253}}$){_HOST_LABEL}(?:\.{_HOST_LABEL})*\.?")
@@ -48,3 +50,11 @@ def check_host(host: str) -> str:
 def host_for_url(host: str) -> str:
     """An IPv6 literal in brackets, anything else as it is."""
     return f"[{host}]" if ":" in host else host
+
+
+def host_setting(r: Read) -> str:
+    """A ``Field`` parser for a host name or IP address setting (normalized by ``check_host``)."""
+    try:
+        return check_host(r.string(max_len=253))
+    except ValueError as exc:
+        raise r.error(str(exc)) from None

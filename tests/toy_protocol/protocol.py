@@ -23,7 +23,7 @@ from typing import Any, ClassVar, Literal
 from affidavit.adapters.base import AttemptContext, RemoteResult
 from affidavit.protocols import ActionSpec, Prepared, ProtocolSpec
 from affidavit.protocols.actions import bad, session, string
-from affidavit.schema import COMMON, Field, Read, TargetSchema, Timeouts, check_host
+from affidavit.schema import COMMON, Field, TargetSchema, Timeouts, host_setting
 from affidavit.secrets.credentials import Credential, CredentialError, secret_forms
 from affidavit.statemachine import Code, ProtocolTable
 
@@ -74,18 +74,11 @@ class ToyTarget:
     kind: Literal["toy"] = "toy"
 
 
-def _host(r: Read) -> str:
-    try:
-        return check_host(r.string(max_len=253))
-    except ValueError as exc:
-        raise r.error(str(exc)) from None
-
-
 TOY_TARGET = TargetSchema(
     "toy",
     ToyTarget,
     (
-        Field("host", _host, default="127.0.0.1", doc="server address"),
+        Field("host", host_setting, default="127.0.0.1", doc="server address"),
         Field("port", lambda r: r.integer(1, 65535), doc="TCP port"),
         *COMMON,
         Field(

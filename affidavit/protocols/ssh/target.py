@@ -20,7 +20,7 @@ from affidavit.schema import (
     Read,
     TargetSchema,
     Timeouts,
-    check_host,
+    host_setting,
 )
 
 __all__ = ["SSH_TARGET", "SshTarget"]
@@ -76,13 +76,6 @@ def check_host_key(line: str) -> str:
     return f"{key_type} {b64}"
 
 
-def _host(r: Read) -> str:
-    try:
-        return check_host(r.string(max_len=253))
-    except ValueError as exc:
-        raise r.error(str(exc)) from None
-
-
 def _user(r: Read) -> str:
     user: str = r.string(max_len=64)
     if not _SSH_USER.fullmatch(user):
@@ -126,7 +119,7 @@ SSH_TARGET = TargetSchema(
     "ssh",
     SshTarget,
     (
-        Field("host", _host, doc="host name or IP address"),
+        Field("host", host_setting, doc="host name or IP address"),
         Field("port", lambda r: r.integer(1, 65535), default=22, doc="TCP port"),
         Field("user", _user, doc="remote user name"),
         Field(
