@@ -9,13 +9,16 @@ binding unless somebody declares, with a reason, that it cannot change what is s
 from __future__ import annotations
 
 import dataclasses
+import tomllib
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from affidavit.config import config_from_dict, sample_config
 from affidavit.config.loader import JOURNAL, VAULT
 from affidavit.protocols import registered
+from affidavit.protocols.actions import fingerprint, parse_action
 from affidavit.protocols.http import HTTP_TARGET
 from affidavit.protocols.ssh import SSH_TARGET
 from affidavit.schema import (
@@ -156,3 +159,24 @@ def test_the_snapshot_hash_of_an_unhashable_target_is_computed_each_time() -> No
         hash(a)
     assert snapshot_hash(a) != snapshot_hash(b)
     assert snapshot_hash(a) == snapshot_hash(_load(schema, tags=["x"]))
+
+
+def test_hashes_recorded_before_the_declarations_still_match() -> None:
+    """Journals written before the snapshot was derived hold these values (computed by the
+    hand-written snapshot); a same-key retry compares against them, so they must not move."""
+    config = config_from_dict(tomllib.loads(sample_config()), base_dir=Path("/elsewhere"))
+    example, deploy = config.targets["example"], config.targets["deploy"]
+    assert snapshot_hash(example) == (
+        "sha256:53f9bd9989f0d9099238d8220ed18606f28a218f7f4194e4b1324c66c0295580"
+    )
+    assert snapshot_hash(deploy) == (
+        "sha256:c8f803da609547ee049f2ff6a4732bc1895647d3d7afab208061c52fffe85bab"
+    )
+    post = {"target": "example", "method": "POST", "path": "/charges", "headers": {"X-A": "1"}}
+    assert fingerprint(parse_action({**post, "body": "{}"}, config), example) == (
+        "sha256:b77edd69e5c149204ee54139945e3e6dbfd08a606fc426f34d4427c2014d3c65"
+    )
+    run = parse_action({"target": "deploy", "command": "uptime", "stdin": "x"}, config)
+    assert fingerprint(run, deploy) == (
+        "sha256:c4e121c56a0b13d8d32da92a7a303af6c6c504bfeb178f9061bfb51e8c2f82c2"
+    )
