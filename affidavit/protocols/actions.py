@@ -35,7 +35,6 @@ __all__ = [
     "MAX_TOKEN_FIELD",
     "VISIBLE",
     "ActionInvalid",
-    "bad",
     "fingerprint",
     "is_idempotent",
     "no_ctl",
@@ -70,15 +69,11 @@ class Configured(Protocol):
     def targets(self) -> Mapping[str, Target]: ...
 
 
-def bad(code: Code, field: str, message: str) -> ActionInvalid:
-    return ActionInvalid(code, field, message)
-
-
 def no_ctl(value: str, field: str) -> None:
     # CR/LF/NUL anywhere would split a header, an SSH request or a log line (request smuggling,
     # log forging); they are rejected in every string field, whatever else the field allows.
     if "\r" in value or "\n" in value or "\x00" in value:
-        raise bad(Code.INVALID_FIELD, field, "must not contain CR, LF or NUL")
+        raise ActionInvalid(Code.INVALID_FIELD, field, "must not contain CR, LF or NUL")
 
 
 def string(obj: Mapping[str, Any], key: str, *, required: bool) -> str | None:
@@ -86,10 +81,10 @@ def string(obj: Mapping[str, Any], key: str, *, required: bool) -> str | None:
     value = obj.get(key)
     if value is None:
         if required:
-            raise bad(Code.MISSING_FIELD, key, "is required")
+            raise ActionInvalid(Code.MISSING_FIELD, key, "is required")
         return None
     if not isinstance(value, str):
-        raise bad(Code.INVALID_FIELD, key, "must be a string")
+        raise ActionInvalid(Code.INVALID_FIELD, key, "must be a string")
     no_ctl(value, key)
     return value
 
@@ -98,17 +93,19 @@ def session(obj: Mapping[str, Any]) -> str | None:
     """The common ``session`` field (who asked; never part of the fingerprint)."""
     value = string(obj, "session", required=False)
     if value is not None and (len(value) > MAX_TOKEN_FIELD or not _SESSION.fullmatch(value)):
-        raise bad(Code.INVALID_FIELD, "session", "must be 1-255 printable ASCII characters")
+        raise ActionInvalid(
+            Code.INVALID_FIELD, "session", "must be 1-255 printable ASCII characters"
+        )
     return value
 
 
 def parse_action(obj: object, config: Configured) -> Action:
     """Validate a caller's action (already JSON-decoded) against ``config``."""
     if not isinstance(obj, Mapping):
-        raise bad(Code.INVALID_FIELD, "action", "must be a JSON object")
+        raise ActionInvalid(Code.INVALID_FIELD, "action", "must be a JSON object")
     for key in obj:
         if not isinstance(key, str):
-            raise bad(Code.INVALID_FIELD, "action", "field names must be strings")
+            raise ActionInvalid(Code.INVALID_FIELD, "action", "field names must be strings")
     name = string(obj, "target", required=True)
     assert name is not None
     target = config.targets.get(name)
@@ -116,10 +113,12 @@ def parse_action(obj: object, config: Configured) -> Action:
         # Never echo the caller's string: an agent that confuses fields may have put a secret
         # reference or the secret itself here (seed: do not return a sensitive reference).
         known = ", ".join(sorted(config.targets)) or "none"
-        raise bad(Code.INVALID_TARGET, "target", f"no such target is configured (known: {known})")
+        raise ActionInvalid(
+            Code.INVALID_TARGET, "target", f"no such target is configured (known: {known})"
+        )
     spec = get(target.kind)
     if spec is None:  # a loaded config names only kinds the registry knows
-        raise bad(Code.UNSUPPORTED_ACTION, "target", "no protocol for this kind")
+        raise ActionInvalid(Code.UNSUPPORTED_ACTION, "target", "no protocol for this kind")
     _reject_foreign(obj, COMMON_FIELDS | spec.action.fields)
     return spec.action.parse(obj, name, target)
 
@@ -129,12 +128,12 @@ def _reject_foreign(obj: Mapping[str, Any], own: frozenset[str]) -> None:
         if key in own:
             continue
         if key in _other_protocols_fields():
-            raise bad(
+            raise ActionInvalid(
                 Code.UNSUPPORTED_ACTION, key, "is not supported by this target's kind of action"
             )
         # Unknown fields are refused, not dropped: a misspelt "idempotency_key" silently ignored
         # would turn a retryable call into an unretryable one without anybody noticing.
-        raise bad(Code.INVALID_FIELD, _field_name(key), "unknown field")
+        raise ActionInvalid(Code.INVALID_FIELD, _field_name(key), "unknown field")
 
 
 def _other_protocols_fields() -> frozenset[str]:

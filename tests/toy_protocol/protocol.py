@@ -22,7 +22,7 @@ from typing import Any, ClassVar, Literal
 
 from affidavit.adapters.base import AttemptContext, RemoteResult
 from affidavit.protocols import ActionSpec, Prepared, ProtocolSpec
-from affidavit.protocols.actions import bad, session, string
+from affidavit.protocols.actions import ActionInvalid, session, string
 from affidavit.schema import COMMON, Field, TargetSchema, Timeouts, host_setting
 from affidavit.secrets.credentials import Credential, CredentialError, secret_forms
 from affidavit.statemachine import Code, ProtocolTable
@@ -106,7 +106,7 @@ def _parse(obj: Mapping[str, Any], name: str, target: ToyTarget) -> ToyAction:
     line = string(obj, "line", required=True)
     assert line is not None
     if not line.isascii() or not line.isprintable() or len(line) > 200:
-        raise bad(Code.INVALID_FIELD, "line", "must be 1-200 printable ASCII characters")
+        raise ActionInvalid(Code.INVALID_FIELD, "line", "must be 1-200 printable ASCII characters")
     return ToyAction(target=name, line=line, session=session(obj))
 
 

@@ -16,7 +16,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from affidavit.protocols.actions import MAX_TOKEN_FIELD, VISIBLE, bad, no_ctl, session, string
+from affidavit.protocols.actions import (
+    MAX_TOKEN_FIELD,
+    VISIBLE,
+    ActionInvalid,
+    no_ctl,
+    session,
+    string,
+)
 from affidavit.protocols.spec import ActionSpec
 from affidavit.secrets.credentials import parse_inject
 from affidavit.statemachine import Code
@@ -57,11 +64,13 @@ def parse(obj: Mapping[str, Any], name: str, target: HttpTarget) -> HttpAction:
     method = string(obj, "method", required=True)
     assert method is not None
     if not TOKEN.fullmatch(method) or len(method) > 32:
-        raise bad(Code.INVALID_FIELD, "method", "must be an HTTP method token")
+        raise ActionInvalid(Code.INVALID_FIELD, "method", "must be an HTTP method token")
     method = method.upper()
     if method not in target.methods:
         allowed = ", ".join(sorted(target.methods))
-        raise bad(Code.UNSUPPORTED_ACTION, "method", f"not allowed for this target ({allowed})")
+        raise ActionInvalid(
+            Code.UNSUPPORTED_ACTION, "method", f"not allowed for this target ({allowed})"
+        )
 
     path = string(obj, "path", required=True)
     assert path is not None
@@ -75,13 +84,13 @@ def parse(obj: Mapping[str, Any], name: str, target: HttpTarget) -> HttpAction:
         if target.idempotency is None:
             # Seed: "Do not silently add an idempotency header for targets that do not document
             # its semantics."  Nor drop one: the caller believes it is protected.
-            raise bad(
+            raise ActionInvalid(
                 Code.UNSUPPORTED_ACTION,
                 "idempotency_key",
                 "this target declares no idempotency contract",
             )
         if len(key) > MAX_TOKEN_FIELD or not VISIBLE.fullmatch(key):
-            raise bad(
+            raise ActionInvalid(
                 Code.INVALID_FIELD, "idempotency_key", "must be 1-255 visible ASCII characters"
             )
 
@@ -98,18 +107,20 @@ def parse(obj: Mapping[str, Any], name: str, target: HttpTarget) -> HttpAction:
 
 def _check_path(path: str, target: HttpTarget) -> None:
     if len(path) > MAX_PATH:
-        raise bad(Code.PAYLOAD_LIMIT, "path", f"is longer than {MAX_PATH} characters")
+        raise ActionInvalid(Code.PAYLOAD_LIMIT, "path", f"is longer than {MAX_PATH} characters")
     if not path.startswith("/") or path.startswith("//"):
         # "//host/x" is a network-path reference (RFC 3986 §4.2): it would name another host.
-        raise bad(Code.INVALID_FIELD, "path", 'must start with a single "/" (origin-form)')
+        raise ActionInvalid(
+            Code.INVALID_FIELD, "path", 'must start with a single "/" (origin-form)'
+        )
     if not _TARGET_CHARS.fullmatch(path):
-        raise bad(
+        raise ActionInvalid(
             Code.INVALID_FIELD,
             "path",
             "has characters that must be percent-encoded (space, #, \\, non-ASCII, ...)",
         )
     if _BAD_PERCENT.search(path):
-        raise bad(Code.INVALID_FIELD, "path", 'has a "%" not followed by two hex digits')
+        raise ActionInvalid(Code.INVALID_FIELD, "path", 'has a "%" not followed by two hex digits')
     route, _, query = path.partition("?")
     # A "." or ".." segment (also percent-encoded) would let the path climb out of the
     # target's base path once the server normalizes it (RFC 3986 §5.2.4).
@@ -118,13 +129,15 @@ def _check_path(path: str, target: HttpTarget) -> None:
     for segment in route.split("/"):
         for part in re.split(r"[/\\]", urllib.parse.unquote(segment)):
             if part in (".", ".."):
-                raise bad(Code.INVALID_FIELD, "path", 'must not contain "." or ".." segments')
+                raise ActionInvalid(
+                    Code.INVALID_FIELD, "path", 'must not contain "." or ".." segments'
+                )
     scheme, param = parse_inject(target.inject)
     if scheme == "query" and query:
         for pair in query.split("&"):
             pname = urllib.parse.unquote_plus(pair.partition("=")[0])
             if pname == param:
-                raise bad(
+                raise ActionInvalid(
                     Code.FORBIDDEN_HEADER,
                     "path",
                     f"query parameter {param} carries the credential; the broker sets it",
@@ -146,29 +159,37 @@ def _parse_headers(raw: object, target: HttpTarget) -> tuple[tuple[str, str], ..
     if raw is None:
         return ()
     if not isinstance(raw, Mapping):
-        raise bad(Code.INVALID_FIELD, "headers", "must be an object of name: value strings")
+        raise ActionInvalid(
+            Code.INVALID_FIELD, "headers", "must be an object of name: value strings"
+        )
     if len(raw) > MAX_HEADERS:
-        raise bad(Code.PAYLOAD_LIMIT, "headers", f"more than {MAX_HEADERS} headers")
+        raise ActionInvalid(Code.PAYLOAD_LIMIT, "headers", f"more than {MAX_HEADERS} headers")
     forbidden = _forbidden_headers(target)
     out: dict[str, str] = {}
     for hname, value in raw.items():
         if not isinstance(hname, str) or not TOKEN.fullmatch(hname) or len(hname) > 128:
-            raise bad(Code.INVALID_FIELD, "headers", "a header name is not an RFC 9110 token")
+            raise ActionInvalid(
+                Code.INVALID_FIELD, "headers", "a header name is not an RFC 9110 token"
+            )
         field = f"headers.{hname}"
         lower = hname.lower()
         if lower in forbidden:
-            raise bad(
+            raise ActionInvalid(
                 Code.FORBIDDEN_HEADER, field, "is set by the broker or the transport, not callers"
             )
         if lower in out:
-            raise bad(Code.INVALID_FIELD, field, "is given twice (names are case-insensitive)")
+            raise ActionInvalid(
+                Code.INVALID_FIELD, field, "is given twice (names are case-insensitive)"
+            )
         if not isinstance(value, str):
-            raise bad(Code.INVALID_FIELD, field, "must be a string")
+            raise ActionInvalid(Code.INVALID_FIELD, field, "must be a string")
         no_ctl(value, field)
         if len(value) > MAX_HEADER_VALUE:
-            raise bad(Code.PAYLOAD_LIMIT, field, f"is longer than {MAX_HEADER_VALUE} characters")
+            raise ActionInvalid(
+                Code.PAYLOAD_LIMIT, field, f"is longer than {MAX_HEADER_VALUE} characters"
+            )
         if not _HEADER_VALUE.fullmatch(value):
-            raise bad(
+            raise ActionInvalid(
                 Code.INVALID_FIELD,
                 field,
                 "must be visible ASCII without leading or trailing whitespace",
@@ -181,33 +202,39 @@ def _parse_body(obj: Mapping[str, Any], target: HttpTarget) -> bytes:
     text = obj.get("body")
     b64 = obj.get("body_base64")
     if text is not None and b64 is not None:
-        raise bad(Code.INVALID_FIELD, "body_base64", "give body or body_base64, not both")
+        raise ActionInvalid(Code.INVALID_FIELD, "body_base64", "give body or body_base64, not both")
     limit = target.max_body
     if text is not None:
         if not isinstance(text, str):
-            raise bad(Code.INVALID_FIELD, "body", "must be a string (use body_base64 for bytes)")
+            raise ActionInvalid(
+                Code.INVALID_FIELD, "body", "must be a string (use body_base64 for bytes)"
+            )
         if len(text) > limit:  # every character is at least one UTF-8 byte
-            raise bad(Code.PAYLOAD_LIMIT, "body", f"exceeds this target's max_body ({limit})")
+            raise ActionInvalid(
+                Code.PAYLOAD_LIMIT, "body", f"exceeds this target's max_body ({limit})"
+            )
         try:
             data = text.encode("utf-8")
         except UnicodeEncodeError:
-            raise bad(Code.INVALID_FIELD, "body", "is not valid Unicode text") from None
+            raise ActionInvalid(Code.INVALID_FIELD, "body", "is not valid Unicode text") from None
         if len(data) > limit:
-            raise bad(Code.PAYLOAD_LIMIT, "body", f"exceeds this target's max_body ({limit})")
+            raise ActionInvalid(
+                Code.PAYLOAD_LIMIT, "body", f"exceeds this target's max_body ({limit})"
+            )
         return data
     if b64 is not None:
         if not isinstance(b64, str):
-            raise bad(Code.INVALID_FIELD, "body_base64", "must be a base64 string")
+            raise ActionInvalid(Code.INVALID_FIELD, "body_base64", "must be a base64 string")
         if len(b64) > (limit + 2) // 3 * 4:
-            raise bad(
+            raise ActionInvalid(
                 Code.PAYLOAD_LIMIT, "body_base64", f"exceeds this target's max_body ({limit})"
             )
         try:
             data = base64.b64decode(b64.encode("ascii"), validate=True)
         except (binascii.Error, ValueError, UnicodeEncodeError):
-            raise bad(Code.INVALID_FIELD, "body_base64", "is not valid base64") from None
+            raise ActionInvalid(Code.INVALID_FIELD, "body_base64", "is not valid base64") from None
         if len(data) > limit:
-            raise bad(
+            raise ActionInvalid(
                 Code.PAYLOAD_LIMIT, "body_base64", f"exceeds this target's max_body ({limit})"
             )
         return data

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from affidavit.protocols.actions import bad, session, string
+from affidavit.protocols.actions import ActionInvalid, session, string
 from affidavit.protocols.spec import ActionSpec
 from affidavit.statemachine import Code
 
@@ -32,26 +32,28 @@ def parse(obj: Mapping[str, Any], name: str, target: SshTarget) -> SshAction:
     command = string(obj, "command", required=True)
     assert command is not None
     if not command.strip():
-        raise bad(Code.INVALID_FIELD, "command", "must not be empty")
+        raise ActionInvalid(Code.INVALID_FIELD, "command", "must not be empty")
     if len(command) > MAX_COMMAND:
-        raise bad(Code.PAYLOAD_LIMIT, "command", f"is longer than {MAX_COMMAND} characters")
+        raise ActionInvalid(
+            Code.PAYLOAD_LIMIT, "command", f"is longer than {MAX_COMMAND} characters"
+        )
     try:
         command.encode("utf-8")
     except UnicodeEncodeError:
-        raise bad(Code.INVALID_FIELD, "command", "is not valid Unicode text") from None
+        raise ActionInvalid(Code.INVALID_FIELD, "command", "is not valid Unicode text") from None
     stdin: bytes | None = None
     raw = obj.get("stdin")
     if raw is not None:
         if not isinstance(raw, str):
-            raise bad(Code.INVALID_FIELD, "stdin", "must be a string")
+            raise ActionInvalid(Code.INVALID_FIELD, "stdin", "must be a string")
         if len(raw) > target.max_stdin:
-            raise bad(Code.PAYLOAD_LIMIT, "stdin", "exceeds this target's max_stdin")
+            raise ActionInvalid(Code.PAYLOAD_LIMIT, "stdin", "exceeds this target's max_stdin")
         try:
             stdin = raw.encode("utf-8")
         except UnicodeEncodeError:
-            raise bad(Code.INVALID_FIELD, "stdin", "is not valid Unicode text") from None
+            raise ActionInvalid(Code.INVALID_FIELD, "stdin", "is not valid Unicode text") from None
         if len(stdin) > target.max_stdin:
-            raise bad(Code.PAYLOAD_LIMIT, "stdin", "exceeds this target's max_stdin")
+            raise ActionInvalid(Code.PAYLOAD_LIMIT, "stdin", "exceeds this target's max_stdin")
     return SshAction(target=name, command=command, stdin=stdin, session=session(obj))
 
 
