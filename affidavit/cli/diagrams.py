@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from affidavit.cli import UsageError
-from affidavit.docgen.generate import (
+from affidavit.docgen import (
     DiagramError,
     check_files,
     find_root,

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from affidavit import docgen as dg
 from affidavit.cli import main
-from affidavit.docgen import generate as dg
 from affidavit.statemachine import (
     CODES,
     STATES,
@@ -58,7 +58,7 @@ def test_contract_doc_lists_every_value_code_and_state() -> None:
     for enum in (Phase, Outcome, Retry, EvidenceSource, EventKind):
         docs = dg.member_docs(enum)
         for m in enum:
-            assert f"| `{m.value}` | {dg._cell(docs[m.value])} |" in text
+            assert f"| `{m.value}` | {dg.table_cell(docs[m.value])} |" in text
     for code in Code:
         info = CODES[code]
         assert (

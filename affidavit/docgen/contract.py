@@ -1,0 +1,383 @@
+"""``docs/contract.md`` and ``docs/envelope.schema.json``, rendered from the code: the contract
+enums and their member docstrings, ``CODES``, the lifecycle table, ``compute_retry()`` (whose
+tables are computed by calling it) and ``decide()`` (quoted from its source), the registered
+protocol tables and an example envelope rendered by ``render_envelope()``."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import json
+import textwrap
+from collections.abc import Iterable, Mapping
+from enum import Enum
+from typing import Any
+
+from affidavit.statemachine import (
+    CODES,
+    STATES,
+    Code,
+    Event,
+    EventKind,
+    EvidenceSource,
+    Outcome,
+    Phase,
+    ProtocolTable,
+    Retry,
+    envelope_schema,
+    project,
+    registered,
+    render_envelope,
+)
+from affidavit.statemachine import lifecycle as _lifecycle
+from affidavit.statemachine.retry import RETENTION_MARGIN_S, HintInputs, compute_retry, decide
+
+from .common import BANNER
+from .graphs import protocol_slug, split_trigger
+
+__all__ = ["contract_markdown", "member_docs", "schema_json", "table_cell"]
+
+
+def member_docs(cls: type[Enum]) -> dict[str, str]:
+    """Attribute docstrings of an enum's members (the string literal under each member), read
+    from the source so the docs quote the code instead of a second copy of it."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    classdef = tree.body[0]
+    assert isinstance(classdef, ast.ClassDef)
+    out: dict[str, str] = {}
+    body = classdef.body
+    for node, nxt in zip(body, [*body[1:], None], strict=True):
+        if not (
+            isinstance(node, ast.Assign)
+            and len(node.targets) == 1
+            and isinstance(node.targets[0], ast.Name)
+        ):
+            continue
+        name = node.targets[0].id
+        if name not in cls.__members__:
+            continue
+        if (
+            isinstance(nxt, ast.Expr)
+            and isinstance(nxt.value, ast.Constant)
+            and isinstance(nxt.value.value, str)
+        ):
+            out[cls[name].value] = " ".join(inspect.cleandoc(nxt.value.value).split())
+    return out
+
+
+def table_cell(text: object) -> str:
+    """A Markdown table cell: ``|`` escaped, newlines folded."""
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def _table(header: tuple[str, ...], rows: Iterable[Iterable[object]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(table_cell(c) for c in row) + " |" for row in rows]
+    return lines
+
+
+def _enum_section(title: str, cls: type[Enum], intro: str) -> list[str]:
+    docs = member_docs(cls)
+    rows = [(f"`{m.value}`", docs.get(m.value, "")) for m in cls]
+    return [f"## {title}", "", intro, "", *_table(("value", "meaning"), rows), ""]
+
+
+def _hint(
+    state: str,
+    code: Code | None,
+    *,
+    idempotent: bool = False,
+    key: str = "none",
+    retry_after: float | None = None,
+    budget_left: int = 2,
+) -> Retry:
+    now = 1_000.0
+    expires = {
+        "none": None,
+        "no expiry": None,
+        "within retention": now + 3_600.0,
+        "past retention": now + RETENTION_MARGIN_S / 2,
+    }[key]
+    return compute_retry(
+        HintInputs(
+            state=state,
+            outcome=STATES[state].outcome,
+            code=code,
+            idempotent=idempotent,
+            key_expires_at=expires,
+            has_key=key != "none",
+            retry_after=retry_after,
+            max_retry_after=300.0,
+            budget_left=budget_left,
+            now=now,
+        )
+    )
+
+
+def _retry_sections() -> list[str]:
+    out = [
+        "## How the retry hint is computed",
+        "",
+        "`compute_retry()` (statemachine/retry.py) derives the hint from the recorded evidence, "
+        "the operation's configured semantics, the configured idempotency contract and its "
+        "retention, Retry-After and the retry budget kept in the record — never from an "
+        "exception's text. Its rules, in order:",
+        "",
+        "1. `delivery_failed_*` states: `fetch_result` (the result is stored; do not re-run).",
+        "2. `store_failed_*` states: `never` (storage needs an operator, not a remote retry).",
+        "3. `reconciled_committed`: `never`; `reconciled_rejected`: `after_correction`.",
+        "4. `not_attempted`: the code's default hint; a `backoff` code with the budget spent "
+        "becomes `after_correction`; no code yet (in progress): `never`.",
+        "5. `unknown`: budget spent → `reconcile`; operation configured idempotent → `backoff`; "
+        "an idempotency key usable (no expiry, or more than "
+        f"{RETENTION_MARGIN_S:g} s before the remote forgets it) → `same_idempotency_key`; "
+        "otherwise `reconcile`.",
+        "6. `rejected`/`committed` without a code (success): `never`.",
+        "7. `REMOTE_THROTTLED`: `backoff` only when the retry is safe (idempotent, or a usable "
+        "key), Retry-After is absent or within the configured maximum, and budget is left; "
+        "otherwise `reconcile`.",
+        "8. Any other code: its default hint (table above).",
+        "",
+        "The tables below are computed by calling `compute_retry()` while generating this file.",
+        "",
+        "### Before dispatch (`not_attempted`)",
+        "",
+    ]
+    pre = [c for c in Code if CODES[c].outcome is Outcome.NOT_ATTEMPTED]
+    state_of = {
+        Phase.VALIDATION: "validation_failed",
+        Phase.CREDENTIAL_INJECTION: "credential_failed",
+        Phase.CONNECTION_SETUP: "setup_failed",
+    }
+    rows: list[tuple[str, ...]] = []
+    for c in pre:
+        st = state_of[CODES[c].phase]
+        rows.append((f"`{c.value}`", f"`{_hint(st, c)}`", f"`{_hint(st, c, budget_left=0)}`"))
+    out += _table(("code", "budget left", "budget spent"), rows)
+    out += ["", "### After dispatch without a complete result (`unknown`)", ""]
+    rows = []
+    for idem in (True, False):
+        for key in ("none", "no expiry", "within retention", "past retention"):
+            code = Code.REMOTE_OUTCOME_UNKNOWN
+            with_budget = _hint("interrupted", code, idempotent=idem, key=key)
+            spent = _hint("interrupted", code, idempotent=idem, key=key, budget_left=0)
+            rows.append(("yes" if idem else "no", key, f"`{with_budget}`", f"`{spent}`"))
+    out += _table(("idempotent", "idempotency key", "budget left", "budget spent"), rows)
+    out += ["", "### Complete result (`rejected` / `committed`)", ""]
+    rows = [("success (no code)", "—", "—", f"`{_hint('stored_committed', None)}`")]
+    for c in Code:
+        info = CODES[c]
+        if info.phase is Phase.REMOTE_EXECUTION and info.outcome in (
+            Outcome.REJECTED,
+            Outcome.COMMITTED,
+        ):
+            if c is Code.REMOTE_THROTTLED:
+                continue
+            st = f"stored_{info.outcome.value}"
+            rows.append((f"`{c.value}`", "any", "any", f"`{_hint(st, c)}`"))
+    throttled = [
+        ("idempotent", True, "none", None, 2),
+        ("idempotent", True, "none", 30.0, 2),
+        ("idempotent", True, "none", 3_600.0, 2),
+        ("idempotent, budget spent", True, "none", 30.0, 0),
+        ("key within retention", False, "within retention", 30.0, 2),
+        ("key past retention", False, "past retention", 30.0, 2),
+        ("neither", False, "none", 30.0, 2),
+    ]
+    for label, idem, key, ra, left in throttled:
+        hint = _hint(
+            "stored_rejected",
+            Code.REMOTE_THROTTLED,
+            idempotent=idem,
+            key=key,
+            retry_after=ra,
+            budget_left=left,
+        )
+        ra_text = "absent" if ra is None else f"{ra:g} s (max 300 s)"
+        rows.append(("`REMOTE_THROTTLED`", label, ra_text, f"`{hint}`"))
+    out += _table(("code", "safe to retry", "Retry-After", "hint"), rows)
+    out += ["", "### Special states", ""]
+    rows = []
+    for st in sorted(STATES):
+        if st.startswith(("delivery_failed_", "store_failed_", "reconciled_")):
+            rows.append((f"`{st}`", f"`{_hint(st, None)}`"))
+    out += _table(("state", "hint"), rows)
+    out += [
+        "",
+        "## decide(record, operation)",
+        "",
+        "Automation acts on the hint with the seed's `decide()`, transcribed line for line "
+        "(statemachine/retry.py). It may add rate and attempt limits, never upgrade a hint.",
+        "",
+        "```python",
+        inspect.getsource(decide).rstrip(),
+        "```",
+        "",
+    ]
+    return out
+
+
+def _example_envelope() -> str:
+    iid = "act_01JEXAMPLE"
+    events = [
+        Event(
+            EventKind.ACTION_ACCEPTED,
+            iid,
+            {
+                "operation": {
+                    "target": "payments",
+                    "protocol": "http",
+                    "idempotent": False,
+                    "fingerprint": "sha256:8b1e",
+                    "idempotency": {"key": "req_01JEXAMPLE", "scope": "payments.create"},
+                }
+            },
+            seq=1,
+        ),
+        Event(EventKind.PREFLIGHT_VALIDATED, iid, {"config_hash": "sha256:c0f1"}, seq=2),
+        Event(EventKind.CREDENTIAL_AUTHORIZED, iid, {"credential": "payments-api"}, seq=3),
+        Event(EventKind.DISPATCH_STARTED, iid, {"generation": 0}, seq=4),
+        Event(EventKind.REQUEST_SENT, iid, seq=5),
+        Event(
+            EventKind.ATTEMPT_INTERRUPTED,
+            iid,
+            {
+                "code": Code.REMOTE_OUTCOME_UNKNOWN.value,
+                "message": "Connection closed before a complete response was recorded.",
+            },
+            seq=6,
+        ),
+    ]
+    return json.dumps(render_envelope(project(events)), indent=2)
+
+
+def contract_markdown(protocols: Mapping[str, ProtocolTable] | None = None) -> str:
+    """docs/contract.md, rendered from the code; ``protocols`` defaults to the registered
+    tables."""
+    out = [
+        f"<!-- {BANNER} -->",
+        "",
+        "# The Affidavit contract",
+        "",
+        "Every error envelope carries a `phase` (where the broker stopped — for the operator), "
+        "an `outcome` (what may already have happened remotely — for the caller) and a `retry` "
+        "hint (what automation may do now), plus a stable `code`. All four are closed "
+        "enumerations: branch on them; show `message` to humans and never parse it. The JSON "
+        "Schema of the envelope is [envelope.schema.json](envelope.schema.json).",
+        "",
+        "This file is generated from statemachine/contract.py, statemachine/lifecycle.py and "
+        "statemachine/retry.py; a test fails when it is stale.",
+        "",
+    ]
+    out += _enum_section("Phases", Phase, "Where the broker stopped. For diagnosis only.")
+    out += _enum_section(
+        "Outcomes",
+        Outcome,
+        "What the durable records prove about the remote operation. `rejected` and `committed` "
+        "are never merged: after a rejection a corrected request may be sent; a committed "
+        "result must be used or reconciled. `committed` does not mean success.",
+    )
+    out += _enum_section("Retry hint values", Retry, "What automation may do now.")
+    out += _enum_section(
+        "Evidence sources",
+        EvidenceSource,
+        "How the broker knows what an event claims; `evidence.source` names it.",
+    )
+    out += [
+        "## Codes",
+        "",
+        "Phase, typical outcome and default retry of every code. The projection may refine "
+        "the retry hint from evidence (see How the retry hint is computed).",
+        "",
+    ]
+    out += _table(
+        ("code", "phase", "typical outcome", "default retry", "meaning"),
+        (
+            (
+                f"`{c.value}`",
+                CODES[c].phase.value,
+                CODES[c].outcome.value,
+                CODES[c].retry.value,
+                CODES[c].meaning,
+            )
+            for c in Code
+        ),
+    )
+    out += [
+        "",
+        "## Lifecycle states",
+        "",
+        "Every state carries its phase and outcome; `final` states are where an invocation may "
+        "rest. Diagram: [../diagrams/lifecycle.mmd](../diagrams/lifecycle.mmd).",
+        "",
+    ]
+    out += _table(
+        ("state", "phase", "outcome", "final", "meaning"),
+        (
+            (f"`{name}`", s.phase.value, s.outcome.value, "yes" if s.final else "no", s.doc)
+            for name, s in sorted(STATES.items())
+        ),
+    )
+    out += [
+        "",
+        "## Events",
+        "",
+        "The journal stores these append-only; the projection folds them through the "
+        "transition table below.",
+        "",
+    ]
+    ev_docs = member_docs(EventKind)
+    out += _table(
+        ("event", "meaning"), ((f"`{k.value}`", ev_docs.get(k.value, "")) for k in EventKind)
+    )
+    out += [
+        "",
+        "## Transition table",
+        "",
+        "A (state, event) pair not listed is impossible: the projection refuses it and the "
+        "record stays as it was. `EVENT:outcome` means the event's `attrs.outcome` selects the "
+        "destination.",
+        "",
+    ]
+    rows = []
+    for src, ev, dst in _lifecycle.edges():
+        rows.append((f"`{src}`", f"`{split_trigger(src, ev, dst)}`", f"`{dst}`"))
+    out += _table(("state", "event", "next state"), rows)
+    out += [""]
+    out += _retry_sections()
+    protos = registered() if protocols is None else dict(sorted(protocols.items()))
+    out += ["## Protocol tables", ""]
+    if protos:
+        out += [
+            "Registered by the adapters; each marks its dispatch boundary and the transitions "
+            "that prove a complete result.",
+            "",
+        ]
+        for name, table in protos.items():
+            slug = protocol_slug(name)
+            dispatch = ", ".join(f"`{s} --{e}-->`" for s, e in sorted(table.dispatch))
+            completes = ", ".join(f"`{s} --{e}-->`" for s, e in sorted(table.completes))
+            out.append(
+                f"- `{name}` ([diagram](../diagrams/protocol-{slug}.mmd)): dispatch at "
+                f"{dispatch}; completes at {completes}."
+            )
+    else:
+        out.append("No protocol table is registered.")
+    out += [
+        "",
+        "## Example envelope",
+        "",
+        "A non-idempotent POST with a configured idempotency key whose connection closed after "
+        "the request was written (rendered by `render_envelope()` from projected events):",
+        "",
+        "```json",
+        _example_envelope(),
+        "```",
+        "",
+    ]
+    return "\n".join(out)
+
+
+def schema_json() -> str:
+    schema: dict[str, Any] = {"$comment": BANNER, **envelope_schema()}
+    return json.dumps(schema, indent=2) + "\n"
