@@ -1,0 +1,86 @@
+"""The rule for tests that need an external program (tests/external.py): skipped with the
+reason ``<package> not installed`` when it is missing, a failure instead when
+``AFFIDAVIT_REQUIRE_PROGRAMS=1`` (what CI sets), so CI can never lose a real peer silently."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.external import HIDE_ENV, REQUIRE_ENV, Program
+
+ROOT = Path(__file__).resolve().parents[1]
+PYTHON = Path(sys.executable)
+
+MISSING_PROGRAM_TEST = """
+from tests.external import Program
+
+def test_needs_it():
+    Program("affidavit-no-such-program", "no-such-package").require()
+"""
+
+
+def _pytest(args: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    """pytest in a child process, with the environment the rule reads set or cleared."""
+    full = {k: v for k, v in os.environ.items() if k not in (REQUIRE_ENV, HIDE_ENV)}
+    full.update(env, PYTHONPATH=str(ROOT))
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-rsfE", "-p", "no:cacheprovider", *args],
+        cwd=cwd,
+        env=full,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+@pytest.fixture
+def missing_program_test(tmp_path: Path) -> Path:
+    (tmp_path / "test_needs_program.py").write_text(MISSING_PROGRAM_TEST)
+    return tmp_path
+
+
+@pytest.mark.parametrize("require", ["", "0"])
+def test_a_missing_program_skips_with_the_package_named(
+    missing_program_test: Path, require: str
+) -> None:
+    proc = _pytest([], missing_program_test, **{REQUIRE_ENV: require})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "1 skipped" in proc.stdout
+    assert "no-such-package not installed" in proc.stdout
+
+
+def test_with_require_programs_a_missing_program_fails(missing_program_test: Path) -> None:
+    proc = _pytest([], missing_program_test, **{REQUIRE_ENV: "1"})
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "1 failed" in proc.stdout and "skipped" not in proc.stdout
+    assert (
+        f"no-such-package not installed (affidavit-no-such-program not found; {REQUIRE_ENV}=1"
+        in (proc.stdout)
+    )
+
+
+def test_a_program_is_found_on_path_or_in_its_extra_dirs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    python = Program(PYTHON.name, "python3", dirs=(str(PYTHON.parent),))
+    monkeypatch.setenv("PATH", str(tmp_path))  # not on PATH: found in its own dirs (sbin)
+    assert python.find() == str(PYTHON)
+    assert python.require() == str(PYTHON)
+    assert Program(PYTHON.name, "python3").find() is None
+
+
+def test_a_hidden_program_counts_as_missing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    python = Program(PYTHON.name, "python3", dirs=(str(PYTHON.parent),))
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setenv(HIDE_ENV, f"dot, {PYTHON.name}")
+    assert python.find() is None
+    monkeypatch.setenv(HIDE_ENV, "dot")
+    assert python.find() == str(PYTHON)
