@@ -1,5 +1,6 @@
 """``affidavit diagrams [--check]``: regenerate (or check) diagrams/, docs/contract.md and the
-envelope schema from the tables (``affidavit.docgen``)."""
+envelope schema from the tables (``affidavit.docgen``); ``affidavit diagrams --svg DIR``
+renders the diagrams as SVG with Graphviz, on demand and outside the checked set."""
 
 from __future__ import annotations
 
@@ -10,32 +11,39 @@ from typing import Any
 
 from affidavit.cli import UsageError
 from affidavit.docgen import (
+    DIAGRAM_DIR,
     DiagramError,
     check_files,
     find_root,
     generated_files,
+    svg_files,
     write_files,
 )
 
 __all__ = ["add_commands"]
 
 
-def _run(args: argparse.Namespace) -> int:
+def _root(args: argparse.Namespace) -> Path | None:
     root: Path | None = args.root
     if root is None:
-        root = find_root(Path.cwd())
-        if root is None:
-            raise UsageError("run inside the affidavit checkout, or pass --root DIR")
-    elif not root.is_dir():
+        return find_root(Path.cwd())
+    if not root.is_dir():
         raise UsageError(f"--root {root}: not a directory")
-    dot = shutil.which("dot")
+    return root
+
+
+def _run(args: argparse.Namespace) -> int:
+    if args.svg is not None:
+        return _svg(args, args.svg)
+    root = _root(args)
+    if root is None:
+        raise UsageError("run inside the affidavit checkout, or pass --root DIR")
     try:
-        files = generated_files(dot)
+        files = generated_files()
     except DiagramError as exc:
         raise UsageError(str(exc)) from exc
-    with_svg = dot is not None
     if args.check:
-        report = check_files(root, files, with_svg)
+        report = check_files(root, files)
         if report.ok:
             print(f"diagrams: {len(files)} generated files are current")
             return 0
@@ -44,17 +52,43 @@ def _run(args: argparse.Namespace) -> int:
             print(f"  {line}")
         print("run `affidavit diagrams` and commit the result")
         return 1
-    report = write_files(root, files, with_svg)
+    report = write_files(root, files)
     for rel in report.stale:
         print(f"updated {rel}")
     for rel in report.missing:
         print(f"wrote   {rel}")
     for rel in report.extra:
         print(f"removed {rel}")
-    if not with_svg:
-        print("diagrams: `dot` not found; .svg files were not regenerated (install graphviz)")
     if report.ok:
         print(f"diagrams: {len(files)} generated files already current")
+    return 0
+
+
+def _svg(args: argparse.Namespace, dest: Path) -> int:
+    root = _root(args)
+    if root is not None and dest.resolve() == (root / DIAGRAM_DIR).resolve():
+        # An SVG there is an extra file to --check (and `affidavit diagrams` removes it).
+        raise UsageError(
+            f"--svg {dest}: SVGs are not committed; render them elsewhere (e.g. --svg /tmp/svg)"
+        )
+    dot = shutil.which("dot")
+    if dot is None:
+        raise UsageError(
+            "--svg needs Graphviz's `dot` on PATH (install graphviz); the committed .mmd and "
+            ".dot files need no tool"
+        )
+    try:
+        svgs = svg_files(dot)
+    except DiagramError as exc:
+        raise UsageError(str(exc)) from exc
+    try:
+        dest.mkdir(parents=True, exist_ok=True)
+        for name, text in svgs.items():
+            (dest / name).write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"--svg {dest}: {exc.strerror or exc}") from exc
+    for name in svgs:
+        print(f"wrote   {dest / name}")
     return 0
 
 
@@ -63,13 +97,19 @@ def add_commands(subparsers: Any) -> None:
         "diagrams",
         help="generate state diagrams and contract docs from the tables",
         description=(
-            "Write diagrams/ (Mermaid, dot, and SVG when Graphviz `dot` is on PATH) for the "
-            "lifecycle machine and every registered protocol table, plus docs/contract.md and "
-            "docs/envelope.schema.json.  With --check, write nothing and exit 1 when any "
-            "generated file is stale, missing or extra."
+            "Write diagrams/ (Mermaid and Graphviz dot) for the lifecycle machine and every "
+            "registered protocol table, plus docs/contract.md and docs/envelope.schema.json.  "
+            "With --check, write nothing and exit 1 when any generated file is stale, missing "
+            "or extra.  None of these files depends on an installed tool.  --svg DIR renders "
+            "SVGs with Graphviz into DIR instead (not committed: Graphviz's output differs "
+            "between versions)."
         ),
     )
-    p.add_argument("--check", action="store_true", help="fail if generated files are stale")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--check", action="store_true", help="fail if generated files are stale")
+    mode.add_argument(
+        "--svg", type=Path, default=None, metavar="DIR", help="render SVGs into DIR (needs dot)"
+    )
     p.add_argument(
         "--root", type=Path, default=None, help="checkout root (default: found from cwd)"
     )

@@ -14,6 +14,7 @@ from .generate import (
     check_files,
     find_root,
     generated_files,
+    svg_files,
     write_files,
 )
 from .graphs import GEdge, Graph, Node, lifecycle_graph, protocol_graph, protocol_slug
@@ -39,6 +40,7 @@ __all__ = [
     "protocol_graph",
     "protocol_slug",
     "schema_json",
+    "svg_files",
     "svg_source",
     "table_cell",
     "write_files",

@@ -8,6 +8,14 @@ iteration order), so ``--check`` can compare bytes and CI can fail when a table 
 generated files did not (trio's ``gen_exports.py --test`` habit).  Adapters register their
 tables when imported; ``load_all()`` imports every adapter package, so a new protocol shows up
 here with no edit to this package.
+
+SVG is not in the set.  Its bytes are Graphviz's layout, which changes between Graphviz versions
+and installed fonts, so a committed SVG made ``--check`` report "stale" on any machine with
+another Graphviz, and machines without Graphviz could not judge it at all (the verdict depended
+on what happened to be installed).  Laying a graph out without Graphviz would mean writing a
+layout engine.  Mermaid renders natively where people read the repository (diagrams/README.md
+embeds every graph), the ``.dot`` files stay committed for Graphviz users, and
+``affidavit diagrams --svg DIR`` renders SVGs on demand (``svg_files``).
 """
 
 from __future__ import annotations
@@ -16,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from affidavit.statemachine import registered
+from affidavit.statemachine import ProtocolTable, registered
 
 from .common import BANNER
 from .contract import contract_markdown, schema_json
@@ -29,46 +37,67 @@ __all__ = [
     "check_files",
     "find_root",
     "generated_files",
+    "svg_files",
     "write_files",
 ]
 
 DIAGRAM_DIR = "diagrams"
 
 
-def _graphs() -> list[Graph]:
+def _tables(protocols: Mapping[str, ProtocolTable] | None) -> dict[str, ProtocolTable]:
+    if protocols is not None:
+        return dict(sorted(protocols.items()))
     from affidavit.adapters import load_all
 
     load_all()
-    return [lifecycle_graph()] + [protocol_graph(t) for t in registered().values()]
+    return registered()
 
 
-def _index(graphs: list[Graph], with_svg: bool) -> str:
-    lines = [f"<!-- {BANNER} -->", "", "# Diagrams", ""]
+def _graphs(protocols: Mapping[str, ProtocolTable]) -> list[Graph]:
+    return [lifecycle_graph()] + [protocol_graph(t) for t in protocols.values()]
+
+
+def _index(graphs: list[Graph]) -> str:
+    lines = [
+        f"<!-- {BANNER} -->",
+        "",
+        "# Diagrams",
+        "",
+        "Each diagram below is drawn by Mermaid where the repository is read; the `.dot` files "
+        "are the same graphs for Graphviz. SVGs are not committed (Graphviz's output differs "
+        "between versions): `affidavit diagrams --svg DIR` renders them where Graphviz is "
+        "installed.",
+        "",
+    ]
     for g in graphs:
         files = [f"[{g.name}.mmd]({g.name}.mmd)", f"[{g.name}.dot]({g.name}.dot)"]
-        if with_svg:
-            files.append(f"[{g.name}.svg]({g.name}.svg)")
         lines += [f"## {g.title}", "", " · ".join(files), "", "```mermaid"]
         lines += [ln for ln in mermaid_source(g).splitlines() if not ln.startswith("%%")]
         lines += ["```", ""]
     return "\n".join(lines)
 
 
-def generated_files(dot: str | None) -> dict[str, str]:
-    """Every generated file (path relative to the repository root -> text).  SVGs only when
-    ``dot`` (the Graphviz binary) is given."""
-    graphs = _graphs()
+def generated_files(protocols: Mapping[str, ProtocolTable] | None = None) -> dict[str, str]:
+    """Every committed generated file (path relative to the repository root -> text), for the
+    lifecycle and ``protocols`` (default: every adapter's registered table).  Plain text only,
+    identical on every machine: no file depends on an installed tool."""
+    tables = _tables(protocols)
+    graphs = _graphs(tables)
     files: dict[str, str] = {}
     for g in graphs:
-        dot_text = dot_source(g)
         files[f"{DIAGRAM_DIR}/{g.name}.mmd"] = mermaid_source(g)
-        files[f"{DIAGRAM_DIR}/{g.name}.dot"] = dot_text
-        if dot is not None:
-            files[f"{DIAGRAM_DIR}/{g.name}.svg"] = svg_source(dot_text, dot)
-    files[f"{DIAGRAM_DIR}/README.md"] = _index(graphs, dot is not None)
-    files["docs/contract.md"] = contract_markdown()
+        files[f"{DIAGRAM_DIR}/{g.name}.dot"] = dot_source(g)
+    files[f"{DIAGRAM_DIR}/README.md"] = _index(graphs)
+    files["docs/contract.md"] = contract_markdown(tables)
     files["docs/envelope.schema.json"] = schema_json()
     return dict(sorted(files.items()))
+
+
+def svg_files(dot: str, protocols: Mapping[str, ProtocolTable] | None = None) -> dict[str, str]:
+    """``<graph>.svg`` -> SVG text for every graph, rendered by the Graphviz binary ``dot``:
+    on demand (``affidavit diagrams --svg DIR``), never committed nor checked."""
+    graphs = _graphs(_tables(protocols))
+    return {f"{g.name}.svg": svg_source(dot_source(g), dot) for g in graphs}
 
 
 @dataclass
@@ -89,21 +118,17 @@ class CheckReport:
         )
 
 
-def _existing(root: Path, with_svg: bool) -> set[str]:
+def _existing(root: Path) -> set[str]:
+    """Every file in diagrams/: anything not generated there (an SVG too) is extra."""
     d = root / DIAGRAM_DIR
     if not d.is_dir():
         return set()
-    out = set()
-    for p in d.iterdir():
-        if p.name.startswith(".") or not p.is_file():
-            continue
-        if p.suffix == ".svg" and not with_svg:
-            continue  # without dot we cannot judge SVGs; CI (with graphviz) does
-        out.add(f"{DIAGRAM_DIR}/{p.name}")
-    return out
+    return {
+        f"{DIAGRAM_DIR}/{p.name}" for p in d.iterdir() if p.is_file() and not p.name.startswith(".")
+    }
 
 
-def check_files(root: Path, files: Mapping[str, str], with_svg: bool) -> CheckReport:
+def check_files(root: Path, files: Mapping[str, str]) -> CheckReport:
     report = CheckReport()
     for rel, text in files.items():
         path = root / rel
@@ -111,13 +136,13 @@ def check_files(root: Path, files: Mapping[str, str], with_svg: bool) -> CheckRe
             report.missing.append(rel)
         elif path.read_bytes() != text.encode():
             report.stale.append(rel)
-    report.extra = sorted(_existing(root, with_svg) - set(files))
+    report.extra = sorted(_existing(root) - set(files))
     return report
 
 
-def write_files(root: Path, files: Mapping[str, str], with_svg: bool) -> CheckReport:
+def write_files(root: Path, files: Mapping[str, str]) -> CheckReport:
     """Write what changed and delete extra files in diagrams/; report what was done."""
-    before = check_files(root, files, with_svg)
+    before = check_files(root, files)
     for rel in before.stale + before.missing:
         path = root / rel
         path.parent.mkdir(parents=True, exist_ok=True)
