@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import pytest
 
-__all__ = ["DOT", "HIDE_ENV", "REQUIRE_ENV", "SSHD", "SSH_KEYGEN", "Program"]
+__all__ = ["DOT", "HIDE_ENV", "PROGRAMS", "REQUIRE_ENV", "SSHD", "SSH_KEYGEN", "Program"]
 
 REQUIRE_ENV = "AFFIDAVIT_REQUIRE_PROGRAMS"
 HIDE_ENV = "AFFIDAVIT_HIDE_PROGRAMS"
@@ -65,3 +65,6 @@ class Program:
 SSHD = Program("sshd", "openssh-server", dirs=SBIN)
 SSH_KEYGEN = Program("ssh-keygen", "openssh-client")
 DOT = Program("dot", "graphviz")
+
+PROGRAMS = (SSHD, SSH_KEYGEN, DOT)
+"""Every program a test requires: ``.ci/run`` installs each one's package."""

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.external import HIDE_ENV, REQUIRE_ENV, Program
+from tests.external import HIDE_ENV, PROGRAMS, REQUIRE_ENV, Program
 
 ROOT = Path(__file__).resolve().parents[1]
 PYTHON = Path(sys.executable)
@@ -84,3 +84,28 @@ def test_a_hidden_program_counts_as_missing(
     assert python.find() is None
     monkeypatch.setenv(HIDE_ENV, "dot")
     assert python.find() == str(PYTHON)
+
+
+SSHD_TEST = (
+    "tests/ssh/test_sshd.py::test_exit_status_zero_is_committed_success_with_separate_streams"
+)
+
+
+def test_the_real_sshd_tests_skip_without_openssh_server_and_fail_when_required() -> None:
+    # The fixture every real-OpenSSH test uses, on a machine without sshd (hidden here).
+    skipped = _pytest([SSHD_TEST], ROOT, **{HIDE_ENV: "sshd"})
+    assert skipped.returncode == 0, skipped.stdout + skipped.stderr
+    assert "1 skipped" in skipped.stdout
+    assert "openssh-server not installed" in skipped.stdout
+    required = _pytest([SSHD_TEST], ROOT, **{HIDE_ENV: "sshd", REQUIRE_ENV: "1"})
+    assert required.returncode == 1, required.stdout + required.stderr
+    assert "1 error" in required.stdout and "skipped" not in required.stdout
+    assert f"openssh-server not installed (sshd not found; {REQUIRE_ENV}=1" in required.stdout
+
+
+def test_ci_installs_every_program_and_forbids_the_skip() -> None:
+    lines = (ROOT / ".ci" / "run").read_text().splitlines()
+    install = next(ln for ln in lines if "apt-get install" in ln)
+    assert {p.package for p in PROGRAMS} <= set(install.split())
+    pytest_line = lines.index("python3 -m pytest")
+    assert f"export {REQUIRE_ENV}=1" in lines[:pytest_line]

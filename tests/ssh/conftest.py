@@ -1,5 +1,7 @@
-"""Fixtures: a real OpenSSH ``sshd`` on 127.0.0.1, the scripted hostile server, a fake
-``AttemptContext`` that records gate/observe/sink calls."""
+"""Fixtures: the test keys, a real OpenSSH ``sshd`` on 127.0.0.1 (skipped as "openssh-server not
+installed" without it, a failure under ``AFFIDAVIT_REQUIRE_PROGRAMS=1``: tests/external.py), the
+scripted hostile server (asyncssh, runs everywhere), a fake ``AttemptContext`` that records
+gate/observe/sink calls."""
 
 from __future__ import annotations
 
@@ -12,21 +14,36 @@ import pytest
 from affidavit.adapters.base import AttemptContext
 from affidavit.adapters.ssh import SSH_TABLE, SshTarget, SshTimeouts
 from affidavit.statemachine import ProtocolMachine, Step
+from tests.external import SSH_KEYGEN, SSHD
 
 from .hostile import HostileServer
-from .sshd import Sshd, SshdUnavailable, start_sshd
+from .sshd import Sshd, SshdUnavailable, SshKeys, make_keys, start_sshd
 
-__all__ = ["GateRefused", "Recorder", "Sshd", "hostile_target"]
+__all__ = ["GateRefused", "Recorder", "SshKeys", "Sshd", "hostile_target"]
 
 
 @pytest.fixture(scope="session")
-def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sshd]:
-    """A real OpenSSH server (session-scoped: every test reuses it)."""
+def ssh_keys(tmp_path_factory: pytest.TempPathFactory) -> SshKeys:
+    """The client key sshd authorises and one it does not (no OpenSSH program needed)."""
+    return make_keys(tmp_path_factory.mktemp("ssh-keys"))
+
+
+@pytest.fixture(scope="session")
+def sshd(tmp_path_factory: pytest.TempPathFactory, ssh_keys: SshKeys) -> Iterator[Sshd]:
+    """A real OpenSSH server (session-scoped: every test reuses it).  Installed but failing to
+    start is a failure, never a skip."""
+    program = SSHD.require()
     try:
-        with start_sshd(tmp_path_factory.mktemp("sshd")) as server:
+        with start_sshd(tmp_path_factory.mktemp("sshd"), ssh_keys, program) as server:
             yield server
     except SshdUnavailable as exc:
         pytest.fail(str(exc))
+
+
+@pytest.fixture(scope="session")
+def ssh_keygen() -> str:
+    """OpenSSH's ssh-keygen, for the tests that check our parsing against its output."""
+    return SSH_KEYGEN.require()
 
 
 @pytest.fixture(scope="session")

@@ -1,12 +1,15 @@
-"""Start a real OpenSSH ``sshd`` on 127.0.0.1 with generated ed25519 host and client keys —
-shared by the test fixtures and ``tests/benchmarks/ssh_overhead.py``."""
+"""Start a real OpenSSH ``sshd`` on 127.0.0.1 — shared by the test fixtures and
+``tests/benchmarks/ssh_overhead.py`` — and make the ed25519 keys the SSH tests use.
+
+Keys are made with ``cryptography`` (a dependency), not ssh-keygen: the scripted asyncssh peer's
+tests need keys but no OpenSSH program, so they run on any machine.  ``sshd`` itself is found by
+``tests.external.SSHD`` (PATH, then the sbin directories)."""
 
 from __future__ import annotations
 
 import contextlib
 import getpass
 import os
-import shutil
 import socket
 import subprocess
 import time
@@ -14,9 +17,17 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from affidavit.adapters.ssh import SshTarget, SshTimeouts
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.serialization import (
+    Encoding,
+    NoEncryption,
+    PrivateFormat,
+    PublicFormat,
+    load_ssh_private_key,
+)
 
-SSHD = "/usr/sbin/sshd"
+from affidavit.adapters.ssh import SshTarget, SshTimeouts
+from tests.external import SSHD
 
 
 class SshdUnavailable(RuntimeError):
@@ -29,10 +40,45 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _keygen(path: Path) -> None:
-    subprocess.run(
-        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "affidavit-test", "-f", str(path)],
-        check=True,
+def _keypair(path: Path) -> bytes:
+    """A fresh ed25519 key in OpenSSH format at ``path`` (mode 0600: sshd ignores a host key
+    others can read) and its public line at ``path.pub``; returns the private key."""
+    key = Ed25519PrivateKey.generate()
+    pem = key.private_bytes(Encoding.PEM, PrivateFormat.OpenSSH, NoEncryption())
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(pem)
+    public = key.public_key().public_bytes(Encoding.OpenSSH, PublicFormat.OpenSSH)
+    path.with_suffix(".pub").write_bytes(public + b" affidavit-test\n")
+    return pem
+
+
+@dataclass(frozen=True)
+class SshKeys:
+    client_key: bytes
+    """the key sshd authorises"""
+    client_key_path: Path
+    """its file; the public line is ``client_key_path.with_suffix(".pub")``"""
+    other_key: bytes
+    """a valid key sshd does not authorise"""
+
+    @property
+    def client_pin(self) -> str:
+        """The client's public key as a pin (``<type> <base64>``)."""
+        return " ".join(self.client_key_path.with_suffix(".pub").read_text().split()[:2])
+
+    @property
+    def other_pin(self) -> str:
+        """The other key's public key as a pin."""
+        key = load_ssh_private_key(self.other_key, password=None)
+        return key.public_key().public_bytes(Encoding.OpenSSH, PublicFormat.OpenSSH).decode()
+
+
+def make_keys(d: Path) -> SshKeys:
+    return SshKeys(
+        client_key=_keypair(d / "client"),
+        client_key_path=d / "client",
+        other_key=_keypair(d / "other"),
     )
 
 
@@ -41,11 +87,20 @@ class Sshd:
     port: int
     user: str
     host_pin: str
-    client_key: bytes
-    client_key_path: Path
-    other_key: bytes
-    """a valid key the server does not authorise"""
+    keys: SshKeys
     known_hosts: Path
+
+    @property
+    def client_key(self) -> bytes:
+        return self.keys.client_key
+
+    @property
+    def client_key_path(self) -> Path:
+        return self.keys.client_key_path
+
+    @property
+    def other_key(self) -> bytes:
+        return self.keys.other_key
 
     def target(self, **timeouts: float) -> SshTarget:
         return SshTarget(
@@ -54,14 +109,15 @@ class Sshd:
 
 
 @contextlib.contextmanager
-def start_sshd(d: Path) -> Iterator[Sshd]:
-    """Run sshd as the current user (CI runs as root: privilege separation needs /run/sshd),
-    always torn down."""
-    if not os.path.exists(SSHD):
+def start_sshd(d: Path, keys: SshKeys | None = None, program: str | None = None) -> Iterator[Sshd]:
+    """Run ``program`` (default: the installed sshd) as the current user (CI runs as root:
+    privilege separation needs /run/sshd), authorising ``keys.client_key``; always torn down."""
+    program = program or SSHD.find()
+    if program is None:
         raise SshdUnavailable("openssh-server is required: apt-get install -y openssh-server")
-    for name in ("host", "client", "other"):
-        _keygen(d / name)
-    shutil.copy(d / "client.pub", d / "authorized_keys")
+    keys = keys or make_keys(d)
+    _keypair(d / "host")
+    (d / "authorized_keys").write_bytes(keys.client_key_path.with_suffix(".pub").read_bytes())
     port = _free_port()
     cfg = d / "sshd_config"
     cfg.write_text(
@@ -74,7 +130,7 @@ def start_sshd(d: Path) -> Iterator[Sshd]:
     if os.geteuid() == 0:
         os.makedirs("/run/sshd", exist_ok=True)
     log = open(d / "sshd.log", "wb")  # noqa: SIM115 - closed in teardown
-    proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(cfg)], stdout=log, stderr=log)
+    proc = subprocess.Popen([program, "-D", "-e", "-f", str(cfg)], stdout=log, stderr=log)
     try:
         deadline = time.monotonic() + 10
         while True:
@@ -94,9 +150,7 @@ def start_sshd(d: Path) -> Iterator[Sshd]:
             port=port,
             user=getpass.getuser(),
             host_pin=host_pin,
-            client_key=(d / "client").read_bytes(),
-            client_key_path=d / "client",
-            other_key=(d / "other").read_bytes(),
+            keys=keys,
             known_hosts=kh,
         )
     finally:

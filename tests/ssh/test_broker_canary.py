@@ -19,15 +19,15 @@ from tests.broker.helpers import open_broker, write_config
 
 from .brokerkit import KEY_ENV, OTHER_KEY_ENV, leaked, ssh_target
 from .hostile import HostileServer
-from .sshd import Sshd
+from .sshd import Sshd, SshKeys
 
 LIMIT = 30
 
 
 @pytest.fixture
-def key_env(sshd: Sshd) -> Iterator[None]:
-    os.environ[KEY_ENV] = sshd.client_key.decode()
-    os.environ[OTHER_KEY_ENV] = sshd.other_key.decode()
+def key_env(ssh_keys: SshKeys) -> Iterator[None]:
+    os.environ[KEY_ENV] = ssh_keys.client_key.decode()
+    os.environ[OTHER_KEY_ENV] = ssh_keys.other_key.decode()
     try:
         yield
     finally:

@@ -29,15 +29,15 @@ from tests.broker.helpers import (
 
 from .brokerkit import KEY_ENV, OTHER_KEY_ENV, leaked, ssh_target
 from .hostile import HostileServer, big_output, garbage_handshake_server
-from .sshd import Sshd
+from .sshd import Sshd, SshKeys
 
 LIMIT = 20
 
 
 @pytest.fixture(autouse=True)
-def key_env(sshd: Sshd) -> Iterator[None]:
-    os.environ[KEY_ENV] = sshd.client_key.decode()
-    os.environ[OTHER_KEY_ENV] = sshd.other_key.decode()
+def key_env(ssh_keys: SshKeys) -> Iterator[None]:
+    os.environ[KEY_ENV] = ssh_keys.client_key.decode()
+    os.environ[OTHER_KEY_ENV] = ssh_keys.other_key.decode()
     try:
         yield
     finally:
@@ -58,7 +58,7 @@ def _not_attempted(b: Broker, env: dict[str, object]) -> None:
     assert all(a["outcome"] == "not_attempted" for a in evidence["attempts"])
 
 
-async def test_every_row_through_broker_call(
+async def test_every_row_sshd_produces_through_broker_call(
     tmp_path: Path, sshd: Sshd, hostile: HostileServer
 ) -> None:
     cfg = write_config(
@@ -66,7 +66,6 @@ async def test_every_row_through_broker_call(
         {
             "box": ssh_target(sshd.port, sshd.user, sshd.host_pin),
             "wrongkey": ssh_target(sshd.port, sshd.user, hostile.pin),
-            "evil": ssh_target(hostile.port, "bob", hostile.pin),
         },
     )
     with trio.fail_after(LIMIT):
@@ -81,6 +80,15 @@ async def test_every_row_through_broker_call(
             assert_error(b, env, phase="connection_setup", outcome="not_attempted",
                          retry="after_correction", code="HOST_KEY_MISMATCH")  # fmt: skip
             _not_attempted(b, env)
+    assert leaked(_journal_bytes(tmp_path), sshd.client_key) == []
+
+
+async def test_every_scripted_row_through_broker_call(
+    tmp_path: Path, ssh_keys: SshKeys, hostile: HostileServer
+) -> None:
+    cfg = write_config(tmp_path, {"evil": ssh_target(hostile.port, "bob", hostile.pin)})
+    with trio.fail_after(LIMIT):
+        async with open_broker(cfg) as b:
             env = await b.call({"target": "evil", "command": "refuse"})
             assert_error(b, env, phase="remote_execution", outcome="rejected",
                          retry="after_correction", code="EXEC_REJECTED")  # fmt: skip
@@ -96,13 +104,13 @@ async def test_every_row_through_broker_call(
             # The exit status arrived, but the output is not presented as a complete result.
             assert "result" not in env and not env["evidence"]["response_complete"]
             assert b.journal.read_result(env["invocation_id"]) is None
-    assert leaked(_journal_bytes(tmp_path), sshd.client_key) == []
+    assert leaked(_journal_bytes(tmp_path), ssh_keys.client_key) == []
 
 
 async def test_connection_refused_is_setup_not_attempted_backoff_with_every_attempt_recorded(
-    tmp_path: Path, sshd: Sshd
+    tmp_path: Path, ssh_keys: SshKeys
 ) -> None:
-    cfg = write_config(tmp_path, {"down": ssh_target(closed_port(), sshd.user, sshd.host_pin)})
+    cfg = write_config(tmp_path, {"down": ssh_target(closed_port(), "bob", ssh_keys.other_pin)})
     with trio.fail_after(LIMIT):
         async with open_broker(cfg) as b:
             env = await b.call({"target": "down", "command": "true"})
@@ -123,11 +131,11 @@ async def test_connection_refused_is_setup_not_attempted_backoff_with_every_atte
     ],
 )
 async def test_handshake_failure_is_setup_not_attempted_backoff(
-    tmp_path: Path, sshd: Sshd, reply: bytes
+    tmp_path: Path, ssh_keys: SshKeys, reply: bytes
 ) -> None:
     with trio.fail_after(LIMIT):
         async with garbage_handshake_server(reply) as port:
-            cfg = write_config(tmp_path, {"junk": ssh_target(port, sshd.user, sshd.host_pin)})
+            cfg = write_config(tmp_path, {"junk": ssh_target(port, "bob", ssh_keys.other_pin)})
             async with open_broker(cfg) as b:
                 env = await b.call({"target": "junk", "command": "true"})
                 assert_error(b, env, phase="connection_setup", outcome="not_attempted",
@@ -201,13 +209,14 @@ async def test_caller_timeout_after_exec_sent_is_caller_cancelled_unknown_reconc
 
 @pytest.mark.parametrize("where", ["sshd", "scripted"])
 async def test_exit_signal_is_committed_command_failed_with_the_signal_in_evidence(
-    tmp_path: Path, sshd: Sshd, hostile: HostileServer, where: str
+    tmp_path: Path, request: pytest.FixtureRequest, where: str
 ) -> None:
-    targets = {
-        "sshd": (ssh_target(sshd.port, sshd.user, sshd.host_pin), "kill -KILL $$"),
-        "scripted": (ssh_target(hostile.port, "bob", hostile.pin), "signal"),
-    }
-    target, command = targets[where]
+    if where == "sshd":
+        sshd: Sshd = request.getfixturevalue("sshd")
+        target, command = ssh_target(sshd.port, sshd.user, sshd.host_pin), "kill -KILL $$"
+    else:
+        hostile: HostileServer = request.getfixturevalue("hostile")
+        target, command = ssh_target(hostile.port, "bob", hostile.pin), "signal"
     cfg = write_config(tmp_path, {"t": target})
     with trio.fail_after(LIMIT):
         async with open_broker(cfg) as b:

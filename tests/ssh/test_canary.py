@@ -12,7 +12,7 @@ import trio
 from affidavit.adapters.base import AttemptInterrupted, SetupError
 from affidavit.adapters.ssh import SshTarget, perform, prepare_credential
 
-from .conftest import Recorder, Sshd, hostile_target
+from .conftest import Recorder, Sshd, SshKeys, hostile_target
 from .hostile import HostileServer
 
 CANARY_PASSWORD = b"canary-Pa55word-7f3a9c"
@@ -33,22 +33,33 @@ def _haystack(rec: Recorder, extra: list[object]) -> str:
     return "\n".join(repr(p) + str(p) for p in parts)
 
 
+def _rows(peer: str, request: pytest.FixtureRequest) -> list[tuple[SshTarget, str]]:
+    """Successes and failures against the real sshd, or the scripted server's own rows."""
+    if peer == "sshd":
+        sshd: Sshd = request.getfixturevalue("sshd")
+        return [
+            (sshd.target(), "echo ok"),
+            (sshd.target(), "exit 3"),
+            (SshTarget("127.0.0.1", sshd.port, sshd.user, ("ssh-ed25519 AAAA",)), "true"),
+        ]
+    hostile: HostileServer = request.getfixturevalue("hostile")
+    return [
+        (hostile_target(hostile), "status_then_break"),
+        (hostile_target(hostile), "noexit"),
+        (hostile_target(hostile, user="refuse"), "exit 0"),
+    ]
+
+
+@pytest.mark.parametrize("peer", ["sshd", "scripted"])
 async def test_private_key_never_leaks_on_success_or_failure(
-    sshd: Sshd, hostile: HostileServer, caplog: pytest.LogCaptureFixture
+    ssh_keys: SshKeys, peer: str, request: pytest.FixtureRequest, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.DEBUG)
-    cred = prepare_credential(sshd.client_key)
+    cred = prepare_credential(ssh_keys.client_key)
     seen: list[object] = [cred]
     recs = []
     with trio.fail_after(20):
-        for target, command in [
-            (sshd.target(), "echo ok"),
-            (sshd.target(), "exit 3"),
-            (hostile_target(hostile), "status_then_break"),
-            (hostile_target(hostile), "noexit"),
-            (hostile_target(hostile, user="refuse"), "exit 0"),
-            (SshTarget("127.0.0.1", sshd.port, sshd.user, ("ssh-ed25519 AAAA",)), "true"),
-        ]:
+        for target, command in _rows(peer, request):
             rec = Recorder()
             recs.append(rec)
             try:
@@ -59,7 +70,7 @@ async def test_private_key_never_leaks_on_success_or_failure(
     text = "\n".join(_haystack(r, seen) for r in recs)
     text += "\n".join(r.getMessage() for r in caplog.records)
     assert "SHA256:" in text  # the haystack is real: fingerprints are in it
-    for needle in _needles(sshd.client_key):
+    for needle in _needles(ssh_keys.client_key):
         assert needle not in text
 
 

@@ -25,7 +25,7 @@ from tests.broker.helpers import raw_kinds, write_config
 
 from .brokerkit import KEY_ENV, leaked, ssh_target
 from .hostile import HostileServer
-from .sshd import Sshd
+from .sshd import Sshd, SshKeys
 
 LIMIT = 30
 
@@ -50,11 +50,12 @@ async def _wait_for(cond: Callable[[], bool]) -> None:
 
 @pytest.mark.parametrize("server", ["sshd", "scripted"])
 async def test_sigkill_after_exec_arrived_leaves_unknown_never_not_attempted(
-    tmp_path: Path, sshd: Sshd, hostile: HostileServer, server: str
+    tmp_path: Path, ssh_keys: SshKeys, request: pytest.FixtureRequest, server: str
 ) -> None:
-    env = {**os.environ, KEY_ENV: sshd.client_key.decode()}
+    env = {**os.environ, KEY_ENV: ssh_keys.client_key.decode()}
     pidfile = tmp_path / "remote.pid"
     if server == "sshd":
+        sshd: Sshd = request.getfixturevalue("sshd")
         target = ssh_target(sshd.port, sshd.user, sshd.host_pin)
         # Written atomically by the remote shell, which then becomes `sleep 30`.
         command = f"echo $$ > {pidfile}.tmp && mv {pidfile}.tmp {pidfile}; exec sleep 30"
@@ -62,6 +63,7 @@ async def test_sigkill_after_exec_arrived_leaves_unknown_never_not_attempted(
         def arrived() -> bool:
             return pidfile.exists()
     else:
+        hostile: HostileServer = request.getfixturevalue("hostile")
         target = ssh_target(hostile.port, "bob", hostile.pin)
         command = f"hang {uuid.uuid4().hex}"  # accepted, then never answered
 
@@ -122,7 +124,7 @@ async def test_sigkill_after_exec_arrived_leaves_unknown_never_not_attempted(
 
         journal = b"".join(p.read_bytes() for p in tmp_path.iterdir() if "journal" in p.name)
         for blob in (journal, err.read_bytes(), listed.stdout, shown.stdout, fetched.stdout):
-            assert leaked(blob, sshd.client_key) == []
+            assert leaked(blob, ssh_keys.client_key) == []
     finally:
         with contextlib.suppress(FileNotFoundError, ValueError, ProcessLookupError):
             os.kill(int(pidfile.read_text()), signal.SIGKILL)

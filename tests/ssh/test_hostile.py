@@ -14,13 +14,13 @@ from affidavit.adapters.base import AttemptInterrupted, RemoteResult, SetupError
 from affidavit.adapters.ssh import SshTarget, SshTimeouts, perform, prepare_credential
 from affidavit.statemachine import Code, Outcome
 
-from .conftest import GateRefused, Recorder, Sshd, hostile_target
+from .conftest import GateRefused, Recorder, SshKeys, hostile_target
 from .hostile import PASSWORD, HostileServer
 
 
 @pytest.fixture
-def key(sshd: Sshd) -> bytes:
-    return sshd.client_key  # any key is accepted by the hostile server
+def key(ssh_keys: SshKeys) -> bytes:
+    return ssh_keys.client_key  # any key is accepted by the hostile server
 
 
 async def _run(
@@ -150,7 +150,7 @@ async def _serve(handler, task_status=trio.TASK_STATUS_IGNORED) -> None:  # type
     await trio.serve_listeners(handler, listeners)
 
 
-async def test_handshake_failure_is_setup_not_attempted(sshd: Sshd) -> None:
+async def test_handshake_failure_is_setup_not_attempted(key: bytes) -> None:
     async def garbage(stream: trio.SocketStream) -> None:
         await stream.send_all(b"SSH-2.0-hostile\r\n" + b"\x00\x00\x00\x0c\x0a\x14" + b"x" * 64)
         await stream.aclose()
@@ -160,13 +160,13 @@ async def test_handshake_failure_is_setup_not_attempted(sshd: Sshd) -> None:
         port = await nursery.start(_serve, garbage)
         target = SshTarget("127.0.0.1", port, "bob", ("ssh-ed25519 AAAA",))
         with trio.fail_after(10), pytest.raises(SetupError) as ei:
-            await perform(target, prepare_credential(sshd.client_key), "true", None, rec.ctx)
+            await perform(target, prepare_credential(key), "true", None, rec.ctx)
         nursery.cancel_scope.cancel()
     assert (ei.value.code, ei.value.stage) == (Code.TLS_FAILED, "ssh_handshake")
     assert rec.events == ["tcp_connected", "setup_failed"]
 
 
-async def test_silent_server_is_a_connect_timeout_in_the_handshake(sshd: Sshd) -> None:
+async def test_silent_server_is_a_connect_timeout_in_the_handshake(key: bytes) -> None:
     async def silent(stream: trio.SocketStream) -> None:
         await trio.sleep_forever()
 
@@ -175,7 +175,7 @@ async def test_silent_server_is_a_connect_timeout_in_the_handshake(sshd: Sshd) -
         port = await nursery.start(_serve, silent)
         target = SshTarget("127.0.0.1", port, "bob", ("x",), SshTimeouts(connect=0.3))
         with trio.fail_after(10), pytest.raises(SetupError) as ei:
-            await perform(target, prepare_credential(sshd.client_key), "true", None, rec.ctx)
+            await perform(target, prepare_credential(key), "true", None, rec.ctx)
         nursery.cancel_scope.cancel()
     assert (ei.value.code, ei.value.stage) == (Code.CONNECT_TIMEOUT, "ssh_handshake")
     assert not rec.ctx.machine.dispatched

@@ -16,20 +16,19 @@ from affidavit.adapters.ssh import (
 )
 from affidavit.statemachine import Code
 
-from .conftest import Sshd
+from .conftest import SshKeys
 
 
 @pytest.fixture
-def pins(sshd: Sshd) -> tuple[str, str]:
+def pins(ssh_keys: SshKeys) -> tuple[str, str]:
     """Two distinct real ed25519 public keys as pins."""
-    other_pub = sshd.client_key_path.with_suffix(".pub").read_text().split()
-    return sshd.host_pin, f"{other_pub[0]} {other_pub[1]}"
+    return ssh_keys.other_pin, ssh_keys.client_pin
 
 
-def test_fingerprint_matches_ssh_keygen(sshd: Sshd) -> None:
-    pub = sshd.client_key_path.with_suffix(".pub")
+def test_fingerprint_matches_ssh_keygen(ssh_keys: SshKeys, ssh_keygen: str) -> None:
+    pub = ssh_keys.client_key_path.with_suffix(".pub")
     out = subprocess.run(
-        ["ssh-keygen", "-l", "-f", str(pub)], check=True, capture_output=True, text=True
+        [ssh_keygen, "-l", "-f", str(pub)], check=True, capture_output=True, text=True
     ).stdout.split()
     assert fingerprint(parse_pin(pub.read_text())) == f"ssh-ed25519 {out[1]}"
 
@@ -65,11 +64,13 @@ def test_known_hosts_plain_bracketed_wildcard_negated_and_comments(
     assert load_known_hosts(str(kh), "other.org", 22) == ()
 
 
-def test_known_hosts_hashed_entries_from_ssh_keygen(tmp_path: Path, pins: tuple[str, str]) -> None:
+def test_known_hosts_hashed_entries_from_ssh_keygen(
+    tmp_path: Path, pins: tuple[str, str], ssh_keygen: str
+) -> None:
     a, b = pins
     kh = tmp_path / "known_hosts"
     kh.write_text(f"db.internal {a}\n[db.internal]:2200 {b}\n")
-    subprocess.run(["ssh-keygen", "-H", "-f", str(kh)], check=True, capture_output=True)
+    subprocess.run([ssh_keygen, "-H", "-f", str(kh)], check=True, capture_output=True)
     assert "db.internal" not in kh.read_text() and "|1|" in kh.read_text()
     assert load_known_hosts(str(kh), "db.internal", 22) == (a,)
     assert load_known_hosts(str(kh), "db.internal", 2200) == (b,)
@@ -83,16 +84,16 @@ def test_known_hosts_revoked_key_is_never_a_pin(tmp_path: Path, pins: tuple[str,
     assert load_known_hosts(str(kh), "h", 22) == (b,)
 
 
-def test_private_key_is_imported_in_memory(sshd: Sshd) -> None:
-    cred = prepare_credential(sshd.client_key)
+def test_private_key_is_imported_in_memory(ssh_keys: SshKeys) -> None:
+    cred = prepare_credential(ssh_keys.client_key)
     assert cred.kind == "private_key"
     assert cred.public_fingerprint == fingerprint(
-        parse_pin(sshd.client_key_path.with_suffix(".pub").read_text())
+        parse_pin(ssh_keys.client_key_path.with_suffix(".pub").read_text())
     )
-    assert prepare_credential(sshd.client_key, kind="private_key").kind == "private_key"
+    assert prepare_credential(ssh_keys.client_key, kind="private_key").kind == "private_key"
 
 
-def test_password_is_wrapped(sshd: Sshd) -> None:
+def test_password_is_wrapped() -> None:
     assert prepare_credential(b"s3cret").kind == "password"
     assert prepare_credential(b"-----BEGIN x", kind="password").kind == "password"
 
@@ -114,10 +115,13 @@ def test_unusable_credentials_raise_credential_invalid(secret: bytes, kind: str)
     assert ei.value.__context__ is None and ei.value.__cause__ is None
 
 
-def test_passphrase_protected_key_is_invalid_and_not_echoed(tmp_path: Path) -> None:
+def test_passphrase_protected_key_is_invalid_and_not_echoed(
+    tmp_path: Path, ssh_keygen: str
+) -> None:
+    # ssh-keygen makes the locked key: cryptography would need bcrypt to encrypt one.
     path = tmp_path / "locked"
     subprocess.run(
-        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "hunter2", "-f", str(path)], check=True
+        [ssh_keygen, "-q", "-t", "ed25519", "-N", "hunter2", "-f", str(path)], check=True
     )
     secret = path.read_bytes()
     with pytest.raises(CredentialInvalid) as ei:
@@ -127,10 +131,10 @@ def test_passphrase_protected_key_is_invalid_and_not_echoed(tmp_path: Path) -> N
         assert body[:40] not in text and "passphrase" in text
 
 
-def test_credential_repr_never_shows_the_secret(sshd: Sshd) -> None:
-    key = prepare_credential(sshd.client_key)
+def test_credential_repr_never_shows_the_secret(ssh_keys: SshKeys) -> None:
+    key = prepare_credential(ssh_keys.client_key)
     pw = prepare_credential(b"canary-password-123")
-    body = b"".join(sshd.client_key.splitlines()[1:-1]).decode()
+    body = b"".join(ssh_keys.client_key.splitlines()[1:-1]).decode()
     for text in (repr(key), str(key), repr(pw), str(pw)):
         assert body[:32] not in text and "canary-password" not in text
     assert repr(pw) == "SshCredential(password)"

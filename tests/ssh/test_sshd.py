@@ -21,8 +21,6 @@ from affidavit.statemachine import Code, Outcome
 
 from .conftest import Recorder, Sshd
 
-pytestmark = pytest.mark.usefixtures("sshd")
-
 
 async def test_exit_status_zero_is_committed_success_with_separate_streams(sshd: Sshd) -> None:
     rec = Recorder()
