@@ -79,6 +79,7 @@ async def test_fetch_of_a_retry_whose_worker_died_before_its_own_dispatch(
         )
         lease = await j.acquire_lease(iid, "dead-retrier", 0.05)
     assert lease.generation == 1
+    # A real wait: lease expiry is wall-clock time in the journal, not trio's clock.
     await trio.sleep(0.1)  # the retrier's lease runs out
     with trio.fail_after(10):
         async with Broker.open(config=config) as broker:

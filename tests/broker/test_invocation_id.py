@@ -36,6 +36,6 @@ def test_ids_sort_by_creation_time_and_do_not_repeat() -> None:
     ids = []
     for _ in range(3):
         ids.append(new_invocation_id())
-        time.sleep(0.002)
+        time.sleep(0.002)  # ids carry wall-clock milliseconds: a real tick between them
     assert ids == sorted(ids) and len(set(ids)) == len(ids)
     assert all(len(i) == 30 and set(i[4:]) <= set(CROCKFORD) for i in ids)

@@ -1,7 +1,11 @@
 """The exchange's single deadline scope keeps the per-phase timeout semantics of ``Timeouts``
 (adapters/http/client.py, ``_hop``): ``read`` is an inactivity limit per wait for response
 bytes -- not a limit on the whole response -- and the time the engine's sink spends journaling
-received bytes is not counted as the peer's silence."""
+received bytes is not counted as the peer's silence.
+
+Time is the subject here, so it runs on trio's fake clock (``autojump_clock``): the client's
+deadlines and the scripted peer's pauses are both trio's clock, the peer is a task in the same
+run, so the gaps are exact and nothing waits in real time."""
 
 from __future__ import annotations
 
@@ -9,6 +13,7 @@ from typing import Any
 
 import pytest
 import trio
+from trio.testing import MockClock
 
 from affidavit.adapters.base import AttemptInterrupted
 from affidavit.adapters.http import HttpClient, HttpRequest, Timeouts
@@ -32,7 +37,9 @@ def req(url: str, **kw: Any) -> HttpRequest:
     )
 
 
-async def test_a_slow_but_steady_body_is_not_a_read_timeout(client: HttpClient) -> None:
+async def test_a_slow_but_steady_body_is_not_a_read_timeout(
+    client: HttpClient, autojump_clock: MockClock
+) -> None:
     async def drip(peer: Peer) -> None:
         await peer.read_request()
         await peer.send_raw(f"HTTP/1.1 200 OK\r\nContent-Length: {PIECES}\r\n\r\n".encode())
@@ -50,7 +57,9 @@ async def test_a_slow_but_steady_body_is_not_a_read_timeout(client: HttpClient) 
     assert took > READ  # the whole response took longer than one read's limit
 
 
-async def test_a_stall_after_steady_bytes_still_times_out_per_read(client: HttpClient) -> None:
+async def test_a_stall_after_steady_bytes_still_times_out_per_read(
+    client: HttpClient, autojump_clock: MockClock
+) -> None:
     async def drip_then_stall(peer: Peer) -> None:
         await peer.read_request()
         await peer.send_raw(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n")
@@ -68,7 +77,9 @@ async def test_a_stall_after_steady_bytes_still_times_out_per_read(client: HttpC
     assert fe.events[-1] == "timed_out"
 
 
-async def test_time_spent_in_the_sink_is_not_the_peers_silence(client: HttpClient) -> None:
+async def test_time_spent_in_the_sink_is_not_the_peers_silence(
+    client: HttpClient, autojump_clock: MockClock
+) -> None:
     body = b"y" * 10
 
     class SlowSink(FakeEngine):
@@ -84,7 +95,9 @@ async def test_time_spent_in_the_sink_is_not_the_peers_silence(client: HttpClien
     assert "timed_out" not in fe.events
 
 
-async def test_a_callers_cancellation_is_not_reported_as_a_timeout(client: HttpClient) -> None:
+async def test_a_callers_cancellation_is_not_reported_as_a_timeout(
+    client: HttpClient, autojump_clock: MockClock
+) -> None:
     async with HostileServer.running(scripts.silent()) as srv:
         fe = FakeEngine()
         with trio.move_on_after(READ / 3) as outer:

@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 import trio
+from trio.testing import MockClock
 
 from affidavit.adapters.base import SetupError
 from affidavit.adapters.http import HttpClient, HttpRequest, Timeouts
@@ -63,7 +64,7 @@ async def test_idle_connection_closed_by_server_is_discarded_before_the_boundary
     assert srv.connections == 2 and srv.requests[1].connection == 1
 
 
-async def test_idle_timeout_discards_old_connections() -> None:
+async def test_idle_timeout_discards_old_connections(autojump_clock: MockClock) -> None:
     async with (
         HostileServer.running(scripts.serve(Reply(200))) as srv,
         HttpClient(idle_timeout=0.05) as client,

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import trio
+from trio.testing import MockClock
 
 from affidavit.adapters.base import AttemptInterrupted, RemoteResult, SetupError
 from affidavit.adapters.http import HttpClient, HttpRequest, Timeouts
@@ -199,7 +200,7 @@ async def test_pooled_connection_reset_before_reuse_is_unknown_after_the_gate(
 
 
 async def test_caller_cancellation_after_the_gate_propagates_and_stays_dispatched(
-    client: HttpClient,
+    client: HttpClient, autojump_clock: MockClock
 ) -> None:
     async with HostileServer.running(scripts.slow(5.0)) as srv:
         fe = FakeEngine()

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 import trio
+from trio.testing import MockClock
 
 from affidavit.adapters.base import AttemptInterrupted, SetupError
 from affidavit.adapters.http import HttpClient, HttpRequest, Timeouts
@@ -72,6 +73,7 @@ async def test_https_through_connect_tunnel(client: HttpClient, tls: TlsFixture)
 
 
 # -- per-phase timeouts ---------------------------------------------------------------------------
+# On trio's fake clock: the deadlines are trio's and every peer is a task in this trio run.
 
 
 class HangingResolver(trio.abc.HostnameResolver):
@@ -91,7 +93,9 @@ class HangingResolver(trio.abc.HostnameResolver):
         raise NotImplementedError
 
 
-async def test_dns_timeout_is_connect_timeout_at_dns(client: HttpClient) -> None:
+async def test_dns_timeout_is_connect_timeout_at_dns(
+    client: HttpClient, autojump_clock: MockClock
+) -> None:
     trio.socket.set_custom_hostname_resolver(HangingResolver())
     try:
         fe = FakeEngine()
@@ -106,7 +110,7 @@ async def test_dns_timeout_is_connect_timeout_at_dns(client: HttpClient) -> None
 
 
 async def test_tls_handshake_timeout_is_connect_timeout(
-    client: HttpClient, tls: TlsFixture
+    client: HttpClient, tls: TlsFixture, autojump_clock: MockClock
 ) -> None:
     async with HostileServer.running(scripts.silent()) as srv:
         fe = FakeEngine()
@@ -121,7 +125,9 @@ async def test_tls_handshake_timeout_is_connect_timeout(
     assert fe.gates == [] and not fe.machine.dispatched
 
 
-async def test_read_timeout_before_response_is_unknown(client: HttpClient) -> None:
+async def test_read_timeout_before_response_is_unknown(
+    client: HttpClient, autojump_clock: MockClock
+) -> None:
     async with HostileServer.running(scripts.slow(3.0)) as srv:
         fe = FakeEngine()
         with trio.fail_after(5), pytest.raises(AttemptInterrupted) as info:
@@ -133,7 +139,9 @@ async def test_read_timeout_before_response_is_unknown(client: HttpClient) -> No
     assert fe.events[-1] == "timed_out" and fe.machine.dispatched
 
 
-async def test_read_timeout_mid_body_is_incomplete(client: HttpClient) -> None:
+async def test_read_timeout_mid_body_is_incomplete(
+    client: HttpClient, autojump_clock: MockClock
+) -> None:
     async def stall(peer: Peer) -> None:
         await peer.read_request()
         await peer.send_raw(b"HTTP/1.1 200 OK\r\nContent-Length: 50\r\n\r\npartial")
@@ -147,7 +155,9 @@ async def test_read_timeout_mid_body_is_incomplete(client: HttpClient) -> None:
     assert info.value.facts["body_bytes"] == 7
 
 
-async def test_write_timeout_after_dispatch_is_unknown(client: HttpClient) -> None:
+async def test_write_timeout_after_dispatch_is_unknown(
+    client: HttpClient, autojump_clock: MockClock
+) -> None:
     body = b"x" * (32 * 1024 * 1024)  # more than loopback socket buffers hold
     async with HostileServer.running(scripts.silent()) as srv:
         fe = FakeEngine()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 import trio
+from trio.testing import MockClock
 
 from affidavit.adapters.base import AttemptInterrupted, RemoteResult, SetupError
 from affidavit.adapters.ssh import SshTarget, SshTimeouts, perform, prepare_credential
@@ -166,7 +167,9 @@ async def test_handshake_failure_is_setup_not_attempted(key: bytes) -> None:
     assert rec.events == ["tcp_connected", "setup_failed"]
 
 
-async def test_silent_server_is_a_connect_timeout_in_the_handshake(key: bytes) -> None:
+async def test_silent_server_is_a_connect_timeout_in_the_handshake(
+    key: bytes, autojump_clock: MockClock
+) -> None:
     async def silent(stream: trio.SocketStream) -> None:
         await trio.sleep_forever()
 
