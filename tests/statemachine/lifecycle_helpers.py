@@ -22,6 +22,7 @@ from affidavit.statemachine import (
     Outcome,
     Phase,
     Projector,
+    ProtocolTable,
 )
 from affidavit.statemachine.lifecycle import INITIAL, STATES, edges, expand
 
@@ -189,6 +190,20 @@ def path_to(target: str) -> list[tuple[EventKind, str]]:
         steps.append((ev, s))
         s = src
     return steps[::-1]
+
+
+def protocol_paths(table: ProtocolTable) -> dict[str, list[str]]:
+    """A shortest path of events from a protocol table's initial state to every reachable
+    state: how a test brings a ``ProtocolMachine`` to any state through ``fire_all``."""
+    paths: dict[str, list[str]] = {table.initial: []}
+    todo = deque([table.initial])
+    while todo:
+        s = todo.popleft()
+        for ev, dst in sorted(table.transitions.get(s, {}).items()):
+            if dst not in paths:
+                paths[dst] = [*paths[s], ev]
+                todo.append(dst)
+    return paths
 
 
 def projector_in(state: str, op: Mapping[str, Any] | None = None) -> Projector:

@@ -42,7 +42,7 @@ from affidavit.statemachine.graph import lifecycle_problems
 from affidavit.statemachine.projection import _TABLE
 
 from .example_protocol import EXAMPLE
-from .lifecycle_helpers import IID, make_event, operation, projector_in
+from .lifecycle_helpers import IID, make_event, operation, projector_in, protocol_paths
 
 E = EventKind
 
@@ -212,19 +212,6 @@ def test_every_lifecycle_pair_with_generated_attrs_is_declared_or_refused(
 # --- (a) the same shape over every protocol table ---------------------------------------------
 
 
-def _protocol_states(table: ProtocolTable) -> dict[str, list[str]]:
-    """A path of events from the initial state to every reachable state."""
-    paths: dict[str, list[str]] = {table.initial: []}
-    todo = [table.initial]
-    while todo:
-        s = todo.pop(0)
-        for ev, dst in sorted(table.transitions.get(s, {}).items()):
-            if dst not in paths:
-                paths[dst] = [*paths[s], ev]
-                todo.append(dst)
-    return paths
-
-
 def test_every_protocol_pair_is_declared_or_refused() -> None:
     tables = protocol_tables()
     assert EXAMPLE in tables
@@ -233,7 +220,7 @@ def test_every_protocol_pair_is_declared_or_refused() -> None:
 
 
 def check_every_pair_is_declared_or_refused(table: ProtocolTable) -> None:
-    paths = _protocol_states(table)
+    paths = protocol_paths(table)
     assert set(paths) == set(table.states), f"{table.name}: unreachable states"
     events = sorted({ev for _s, ev, _d in table.edges()} | {"not-an-event"})
     for state, path in sorted(paths.items()):
