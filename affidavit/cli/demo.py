@@ -22,7 +22,7 @@ from typing import Any
 import h11
 import trio
 
-__all__ = ["DemoServer", "add_commands", "explain", "run_demo"]
+__all__ = ["DemoServer", "add_commands", "demo_config", "explain", "run_demo"]
 
 
 def add_commands(sub: Any) -> None:
@@ -144,7 +144,9 @@ def explain(envelope: dict[str, Any]) -> str:
     return f"unknown: {sent} and no complete response was recorded; {how}."
 
 
-def _config(tmp: Path, port: int) -> str:
+def demo_config(tmp: Path, port: int) -> str:
+    """The throw-away config `affidavit demo` writes: targets `api` and `payments` on a
+    `DemoServer` at `port`, a journal in `tmp`, the token from `AFFIDAVIT_DEMO_TOKEN`."""
     return f"""# throw-away config written by `affidavit demo`
 [journal]
 path = "{tmp / "demo.db"}"
@@ -216,7 +218,7 @@ async def run_demo(
     async with trio.open_nursery() as nursery:
         port = await nursery.start(server.serve)
         cfg = tmp / "affidavit.toml"
-        cfg.write_text(_config(tmp, port), encoding="utf-8")
+        cfg.write_text(demo_config(tmp, port), encoding="utf-8")
         async with Broker.open(config=load_config(cfg)) as broker:
             for n, (title, action, timeout) in enumerate(SCENES, 1):
                 envelope = await broker.call(action, timeout=timeout)

@@ -10,7 +10,7 @@ from pathlib import Path
 import trio
 
 from affidavit.api.broker import Broker
-from affidavit.cli.demo import DemoServer, _config
+from affidavit.cli.demo import DemoServer, demo_config
 from affidavit.config import load_config
 
 ACTION = {
@@ -29,7 +29,7 @@ async def test_same_key_retry_after_credential_rotation_is_config_changed(tmp_pa
     server = DemoServer()
     async with trio.open_nursery() as nursery:
         port = await nursery.start(server.serve)
-        text = _config(tmp_path, port).replace(
+        text = demo_config(tmp_path, port).replace(
             'credential = "env:AFFIDAVIT_DEMO_TOKEN"', f'credential = "file:{token}"'
         )
         cfg.write_text(text, encoding="utf-8")

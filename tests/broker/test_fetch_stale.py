@@ -14,7 +14,7 @@ import pytest
 import trio
 
 from affidavit.api.broker import Broker
-from affidavit.cli.demo import _config
+from affidavit.cli.demo import demo_config
 from affidavit.config import load_config
 from affidavit.journal import Journal
 from affidavit.statemachine import Event, EventKind, EvidenceSource
@@ -46,7 +46,7 @@ async def test_fetch_of_a_crashed_dispatch(
 ) -> None:
     monkeypatch.setenv("AFFIDAVIT_DEMO_TOKEN", "unused-token")
     cfg = tmp_path / "affidavit.toml"
-    cfg.write_text(_config(tmp_path, 9), encoding="utf-8")
+    cfg.write_text(demo_config(tmp_path, 9), encoding="utf-8")
     config = load_config(cfg)
     await _crashed_record(config.journal.path, "act_crashed", time.time() + expires_in)
     with trio.fail_after(10):
@@ -69,7 +69,7 @@ async def test_fetch_of_a_retry_whose_worker_died_before_its_own_dispatch(
     that retry (never as not_attempted, never left IN_PROGRESS once the lease has expired)."""
     monkeypatch.setenv("AFFIDAVIT_DEMO_TOKEN", "unused-token")
     cfg = tmp_path / "affidavit.toml"
-    cfg.write_text(_config(tmp_path, 9), encoding="utf-8")
+    cfg.write_text(demo_config(tmp_path, 9), encoding="utf-8")
     config = load_config(cfg)
     iid = "act_dead_retry"
     await _crashed_record(config.journal.path, iid, time.time() - 60)
@@ -102,7 +102,7 @@ async def test_fetch_of_a_result_that_was_complete_but_never_stored(
     nothing is re-run (retry never), and it is not left IN_PROGRESS for ever."""
     monkeypatch.setenv("AFFIDAVIT_DEMO_TOKEN", "unused-token")
     cfg = tmp_path / "affidavit.toml"
-    cfg.write_text(_config(tmp_path, 9), encoding="utf-8")
+    cfg.write_text(demo_config(tmp_path, 9), encoding="utf-8")
     config = load_config(cfg)
     iid = "act_unstored"
     await _crashed_record(config.journal.path, iid, time.time() - 60)

@@ -10,7 +10,7 @@ import trio
 
 from affidavit.api.broker import Broker
 from affidavit.api.sdk import AffidavitError, call_checked
-from affidavit.cli.demo import DemoServer, _config
+from affidavit.cli.demo import DemoServer, demo_config
 from affidavit.config import load_config
 
 
@@ -23,7 +23,7 @@ async def demo(
     async with trio.open_nursery() as nursery:
         port = await nursery.start(server.serve)
         cfg = tmp_path / "affidavit.toml"
-        cfg.write_text(_config(tmp_path, port), encoding="utf-8")
+        cfg.write_text(demo_config(tmp_path, port), encoding="utf-8")
         async with Broker.open(config=load_config(cfg)) as broker:
             yield broker, server
         nursery.cancel_scope.cancel()
