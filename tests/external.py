@@ -7,6 +7,9 @@ passes and says what it did not run — unless ``AFFIDAVIT_REQUIRE_PROGRAMS=1`` 
 missing program fails the test.  CI (``.ci/run``) installs every program and sets that
 variable, so it can never lose the real-peer coverage silently.
 
+Call ``require()`` from a fixture (the ``sshd`` fixture) or a synchronous test: under
+pytest-trio a skip raised inside an async test body is reported without its reason.
+
 ``AFFIDAVIT_HIDE_PROGRAMS=sshd,dot`` makes ``require()`` treat those programs as missing even
 when installed: how a machine without them is tried on one that has them (daemons live in
 sbin directories that hiding from PATH alone would not cover).

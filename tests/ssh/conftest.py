@@ -40,6 +40,17 @@ def sshd(tmp_path_factory: pytest.TempPathFactory, ssh_keys: SshKeys) -> Iterato
         pytest.fail(str(exc))
 
 
+@pytest.fixture(params=["sshd", "scripted"])
+def either_server(request: pytest.FixtureRequest) -> Sshd | HostileServer:
+    """The real sshd (skipped without it), then the scripted server: for a test that proves one
+    rule against both.  Resolved here, in a synchronous fixture, because a skip raised inside an
+    async test body loses its reason under pytest-trio."""
+    server: Sshd | HostileServer = request.getfixturevalue(
+        "sshd" if request.param == "sshd" else "hostile"
+    )
+    return server
+
+
 @pytest.fixture(scope="session")
 def ssh_keygen() -> str:
     """OpenSSH's ssh-keygen, for the tests that check our parsing against its output."""

@@ -207,15 +207,14 @@ async def test_caller_timeout_after_exec_sent_is_caller_cancelled_unknown_reconc
             os.kill(int(pidfile.read_text()), signal.SIGKILL)
 
 
-@pytest.mark.parametrize("where", ["sshd", "scripted"])
 async def test_exit_signal_is_committed_command_failed_with_the_signal_in_evidence(
-    tmp_path: Path, request: pytest.FixtureRequest, where: str
+    tmp_path: Path, either_server: Sshd | HostileServer
 ) -> None:
-    if where == "sshd":
-        sshd: Sshd = request.getfixturevalue("sshd")
+    if isinstance(either_server, Sshd):
+        sshd = either_server
         target, command = ssh_target(sshd.port, sshd.user, sshd.host_pin), "kill -KILL $$"
     else:
-        hostile: HostileServer = request.getfixturevalue("hostile")
+        hostile = either_server
         target, command = ssh_target(hostile.port, "bob", hostile.pin), "signal"
     cfg = write_config(tmp_path, {"t": target})
     with trio.fail_after(LIMIT):

@@ -33,16 +33,16 @@ def _haystack(rec: Recorder, extra: list[object]) -> str:
     return "\n".join(repr(p) + str(p) for p in parts)
 
 
-def _rows(peer: str, request: pytest.FixtureRequest) -> list[tuple[SshTarget, str]]:
+def _rows(server: Sshd | HostileServer) -> list[tuple[SshTarget, str]]:
     """Successes and failures against the real sshd, or the scripted server's own rows."""
-    if peer == "sshd":
-        sshd: Sshd = request.getfixturevalue("sshd")
+    if isinstance(server, Sshd):
+        sshd = server
         return [
             (sshd.target(), "echo ok"),
             (sshd.target(), "exit 3"),
             (SshTarget("127.0.0.1", sshd.port, sshd.user, ("ssh-ed25519 AAAA",)), "true"),
         ]
-    hostile: HostileServer = request.getfixturevalue("hostile")
+    hostile = server
     return [
         (hostile_target(hostile), "status_then_break"),
         (hostile_target(hostile), "noexit"),
@@ -50,16 +50,15 @@ def _rows(peer: str, request: pytest.FixtureRequest) -> list[tuple[SshTarget, st
     ]
 
 
-@pytest.mark.parametrize("peer", ["sshd", "scripted"])
 async def test_private_key_never_leaks_on_success_or_failure(
-    ssh_keys: SshKeys, peer: str, request: pytest.FixtureRequest, caplog: pytest.LogCaptureFixture
+    ssh_keys: SshKeys, either_server: Sshd | HostileServer, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.DEBUG)
     cred = prepare_credential(ssh_keys.client_key)
     seen: list[object] = [cred]
     recs = []
     with trio.fail_after(20):
-        for target, command in _rows(peer, request):
+        for target, command in _rows(either_server):
             rec = Recorder()
             recs.append(rec)
             try:

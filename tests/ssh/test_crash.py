@@ -18,7 +18,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import pytest
 import trio
 
 from tests.broker.helpers import raw_kinds, write_config
@@ -48,14 +47,13 @@ async def _wait_for(cond: Callable[[], bool]) -> None:
         await trio.sleep(0.02)
 
 
-@pytest.mark.parametrize("server", ["sshd", "scripted"])
 async def test_sigkill_after_exec_arrived_leaves_unknown_never_not_attempted(
-    tmp_path: Path, ssh_keys: SshKeys, request: pytest.FixtureRequest, server: str
+    tmp_path: Path, ssh_keys: SshKeys, either_server: Sshd | HostileServer
 ) -> None:
     env = {**os.environ, KEY_ENV: ssh_keys.client_key.decode()}
     pidfile = tmp_path / "remote.pid"
-    if server == "sshd":
-        sshd: Sshd = request.getfixturevalue("sshd")
+    if isinstance(either_server, Sshd):
+        sshd = either_server
         target = ssh_target(sshd.port, sshd.user, sshd.host_pin)
         # Written atomically by the remote shell, which then becomes `sleep 30`.
         command = f"echo $$ > {pidfile}.tmp && mv {pidfile}.tmp {pidfile}; exec sleep 30"
@@ -63,7 +61,7 @@ async def test_sigkill_after_exec_arrived_leaves_unknown_never_not_attempted(
         def arrived() -> bool:
             return pidfile.exists()
     else:
-        hostile: HostileServer = request.getfixturevalue("hostile")
+        hostile = either_server
         target = ssh_target(hostile.port, "bob", hostile.pin)
         command = f"hang {uuid.uuid4().hex}"  # accepted, then never answered
 
