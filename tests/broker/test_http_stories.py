@@ -11,13 +11,16 @@ network wait is under ``trio.fail_after``.
 
 from __future__ import annotations
 
+import contextlib
 from collections import Counter
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
 
+from affidavit.api.broker import Broker
 from affidavit.journal import JournalReader
 from affidavit.secrets.vault import PASSPHRASE_ENV, Vault
 from affidavit.statemachine import EventKind
@@ -175,33 +178,45 @@ def _idempotent_api(*, honour: bool, effects: Counter[str]) -> Any:
     return script
 
 
+@contextlib.asynccontextmanager
+async def _payments(
+    tmp_path: Path, *, honour: bool
+) -> AsyncIterator[tuple[HostileServer, Broker, Counter[str]]]:
+    """That API behind a target with a declared key contract: (server, broker, effects)."""
+    effects: Counter[str] = Counter()
+    script = _idempotent_api(honour=honour, effects=effects)
+    async with (
+        HostileServer.running(script) as srv,
+        open_broker(_cfg(tmp_path, srv.url, idempotency=IDEM)) as broker,
+    ):
+        yield srv, broker, effects
+
+
 async def test_idempotency_key_honoured_retry_reuses_invocation_and_key(
     tmp_path: Path, token: str
 ) -> None:
-    effects: Counter[str] = Counter()
     action = {**POST, "idempotency_key": "pay-key-1"}
-    async with HostileServer.running(_idempotent_api(honour=True, effects=effects)) as srv:
-        async with open_broker(_cfg(tmp_path, srv.url, idempotency=IDEM)) as broker:
-            with trio.fail_after(LIMIT):
-                first = await broker.call(action)
-            assert_error(
-                broker,
-                first,
-                phase="remote_execution",
-                outcome="unknown",
-                retry="same_idempotency_key",
-                code="REMOTE_OUTCOME_UNKNOWN",
-            )
-            assert first["evidence"]["idempotency"]["key"] == "pay-key-1"
-            with trio.fail_after(LIMIT):
-                second = await broker.call(action)
-            rec = assert_ok(broker, second)
-            assert second["invocation_id"] == first["invocation_id"]
-            assert rec.budget.used == 2
-            assert [a["outcome"] for a in rec.attempts] == ["unknown", "committed"]
-            assert second["result"]["status"] == 201
-        assert [r.header("Idempotency-Key") for r in srv.requests] == ["pay-key-1", "pay-key-1"]
-        assert effects == Counter({"pay-key-1": 1})
+    async with _payments(tmp_path, honour=True) as (srv, broker, effects):
+        with trio.fail_after(LIMIT):
+            first = await broker.call(action)
+        assert_error(
+            broker,
+            first,
+            phase="remote_execution",
+            outcome="unknown",
+            retry="same_idempotency_key",
+            code="REMOTE_OUTCOME_UNKNOWN",
+        )
+        assert first["evidence"]["idempotency"]["key"] == "pay-key-1"
+        with trio.fail_after(LIMIT):
+            second = await broker.call(action)
+        rec = assert_ok(broker, second)
+        assert second["invocation_id"] == first["invocation_id"]
+        assert rec.budget.used == 2
+        assert [a["outcome"] for a in rec.attempts] == ["unknown", "committed"]
+        assert second["result"]["status"] == 201
+    assert [r.header("Idempotency-Key") for r in srv.requests] == ["pay-key-1", "pay-key-1"]
+    assert effects == Counter({"pay-key-1": 1})
 
 
 async def test_idempotency_key_ignored_by_server_is_reported_as_configured_not_proven(
@@ -209,48 +224,44 @@ async def test_idempotency_key_ignored_by_server_is_reported_as_configured_not_p
 ) -> None:
     """The broker cannot see that a server ignores the key: it sends the same key and records
     that the guarantee rests on the *configured* contract — it never claims it was verified."""
-    effects: Counter[str] = Counter()
     action = {**POST, "idempotency_key": "pay-key-2"}
-    async with HostileServer.running(_idempotent_api(honour=False, effects=effects)) as srv:
-        async with open_broker(_cfg(tmp_path, srv.url, idempotency=IDEM)) as broker:
-            with trio.fail_after(LIMIT):
-                first = await broker.call(action)
-                second = await broker.call(action)
-            assert second["invocation_id"] == first["invocation_id"]
-            assert_ok(broker, second)
-            assert second["evidence"]["idempotency"]["remote_contract"] == "configured"
-        assert [r.header("Idempotency-Key") for r in srv.requests] == ["pay-key-2", "pay-key-2"]
-        assert effects == Counter({"pay-key-2": 2})  # the duplicate is the server's doing
+    async with _payments(tmp_path, honour=False) as (srv, broker, effects):
+        with trio.fail_after(LIMIT):
+            first = await broker.call(action)
+            second = await broker.call(action)
+        assert second["invocation_id"] == first["invocation_id"]
+        assert_ok(broker, second)
+        assert second["evidence"]["idempotency"]["remote_contract"] == "configured"
+    assert [r.header("Idempotency-Key") for r in srv.requests] == ["pay-key-2", "pay-key-2"]
+    assert effects == Counter({"pay-key-2": 2})  # the duplicate is the server's doing
 
 
 async def test_idempotency_key_reused_with_changed_body_is_mismatch_and_sends_nothing(
     tmp_path: Path, token: str
 ) -> None:
-    effects: Counter[str] = Counter()
     action = {**POST, "idempotency_key": "pay-key-3"}
-    async with HostileServer.running(_idempotent_api(honour=True, effects=effects)) as srv:
-        async with open_broker(_cfg(tmp_path, srv.url, idempotency=IDEM)) as broker:
-            with trio.fail_after(LIMIT):
-                first = await broker.call(action)
-            before = (srv.connections, len(srv.requests))
-            with trio.fail_after(LIMIT):
-                env = await broker.call({**action, "body": '{"amount":999}'})
-            assert_error(
-                broker,
-                env,
-                phase="validation",
-                outcome="not_attempted",
-                retry="after_correction",
-                code="IDEMPOTENCY_MISMATCH",
-            )
-            assert env["error"]["field"] == "idempotency_key"
-            assert env["invocation_id"] != first["invocation_id"]
-            assert not _dispatched(broker, env["invocation_id"])
-            # The first invocation's record is untouched: still unknown, one attempt.
-            original = broker.record(first["invocation_id"])
-            assert original is not None and original.outcome.value == "unknown"
-            assert original.budget.used == 1
-        assert (srv.connections, len(srv.requests)) == before
+    async with _payments(tmp_path, honour=True) as (srv, broker, _):
+        with trio.fail_after(LIMIT):
+            first = await broker.call(action)
+        before = (srv.connections, len(srv.requests))
+        with trio.fail_after(LIMIT):
+            env = await broker.call({**action, "body": '{"amount":999}'})
+        assert_error(
+            broker,
+            env,
+            phase="validation",
+            outcome="not_attempted",
+            retry="after_correction",
+            code="IDEMPOTENCY_MISMATCH",
+        )
+        assert env["error"]["field"] == "idempotency_key"
+        assert env["invocation_id"] != first["invocation_id"]
+        assert not _dispatched(broker, env["invocation_id"])
+        # The first invocation's record is untouched: still unknown, one attempt.
+        original = broker.record(first["invocation_id"])
+        assert original is not None and original.outcome.value == "unknown"
+        assert original.budget.used == 1
+    assert (srv.connections, len(srv.requests)) == before
 
 
 # -- the durable dispatch boundary --------------------------------------------------------------
