@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from affidavit.config import Config, load_config
-from affidavit.engine.core import Deliver, Engine
+from affidavit.engine import Deliver, Engine, EngineSettings
 from affidavit.journal import Journal
 from affidavit.protocols import Binding, load_bindings
 from affidavit.secrets.vault import Vault
@@ -41,8 +41,10 @@ class Broker:
         *,
         config: Config | None = None,
         holder: str | None = None,
+        settings: EngineSettings | None = None,
     ) -> AsyncIterator[Broker]:
-        """Open the journal named by the config and the protocol bindings; close both after."""
+        """Open the journal named by the config and the protocol bindings; close both after.
+        ``settings`` overrides the engine's own numbers (lease margin, inline result limit)."""
         if config is None:
             config = load_config(config_path)
         # A configured vault is handed over even before its file exists: a lookup then says
@@ -56,7 +58,9 @@ class Broker:
                 key_file=config.journal.key_file,
                 auditor_public_key=config.journal.auditor_public_key,
             ) as journal:
-                engine = Engine(config, journal, bindings, holder=holder, vault=vault)
+                engine = Engine(
+                    config, journal, bindings, holder=holder, vault=vault, settings=settings
+                )
                 yield cls(config, journal, engine)
         finally:
             for binding in bindings.values():

@@ -1,5 +1,11 @@
-"""The engine: runs one invocation through the lifecycle, journaling every transition."""
+"""The engine: runs one invocation through the lifecycle, journaling every transition.
 
-from affidavit.engine.core import Deliver, Engine, new_invocation_id
+``engine.py`` is the front door (``Engine.call``, ``Engine.fetch_result``); its docstring lists
+the parts in the order a call meets them."""
 
-__all__ = ["Deliver", "Engine", "new_invocation_id"]
+from affidavit.engine.engine import Deliver, Engine
+from affidavit.engine.ids import new_invocation_id
+from affidavit.engine.settings import EngineSettings
+from affidavit.engine.sink import RESULT_CHUNK
+
+__all__ = ["RESULT_CHUNK", "Deliver", "Engine", "EngineSettings", "new_invocation_id"]

@@ -1,5 +1,5 @@
-"""Crash test (seed, "Dispatch shifts the burden of proof"): a real ``affidavit call`` process
-is SIGKILLed after the server has received its request.  The journal on disk must then say
+"""Crash test (seed, "Dispatch shifts the burden of proof"): a real broker process is SIGKILLed
+after the server has received its request.  The journal on disk must then say
 ``unknown`` — never ``not_attempted`` — and a second ``affidavit call`` of the same action with
 the same idempotency key must resume *that* invocation and send the *same* key, with the retry
 budget in the record (not in a process) saying this is attempt 2.
@@ -25,15 +25,22 @@ from .helpers import TOKEN_ENV, http_target, raw_kinds, write_config
 
 LIMIT = 30
 LEASE_MARGIN = 0.5
-"""The first CLI runs with the engine's lease margin shortened (the shipped 30 s margin would
-make this test wait half a minute for the dead holder's lease to expire); everything else is the
-real command line.  The second call is the plain ``python -m affidavit``."""
+"""The first broker runs with the engine's lease margin shortened (the shipped 30 s margin would
+make this test wait half a minute for the dead holder's lease to expire), through the public
+``Broker.open(settings=EngineSettings(lease_margin=...))``; it is killed while waiting for the
+answer, before anything the command line adds (printing) could matter.  The second call is the
+plain ``python -m affidavit call``."""
 
-KILLABLE_CLI = (
-    "import sys, affidavit.engine.core as e\n"
-    f"e.LEASE_MARGIN = {LEASE_MARGIN}\n"
-    "from affidavit.cli import main\n"
-    "sys.exit(main(sys.argv[1:]))\n"
+KILLABLE_BROKER = (
+    "import json, sys, trio\n"
+    "from affidavit import Broker\n"
+    "from affidavit.engine import EngineSettings\n"
+    "async def main():\n"
+    "    action = json.loads(open(sys.argv[1], encoding='utf-8').read())\n"
+    f"    settings = EngineSettings(lease_margin={LEASE_MARGIN})\n"
+    "    async with Broker.open(sys.argv[2], settings=settings) as broker:\n"
+    "        print(json.dumps(await broker.call(action)))\n"
+    "trio.run(main)\n"
 )
 
 
@@ -101,7 +108,7 @@ async def test_sigkill_after_server_received_request_leaves_unknown_and_retry_re
         db = tmp_path / "journal.db"
 
         proc = await trio.lowlevel.open_process(
-            [sys.executable, "-c", KILLABLE_CLI, "call", str(action), "--config", str(cfg)],
+            [sys.executable, "-c", KILLABLE_BROKER, str(action), str(cfg)],
             env=env,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,

@@ -1,5 +1,5 @@
 """The envelope of a call carries the result the sink just stored without reading it back
-(affidavit/engine/core.py, ``_StreamSink.kept``): it must be exactly what ``fetch_result`` -- a real
+(affidavit/engine/sink.py, ``StreamSink.kept``): it must be exactly what ``fetch_result`` -- a real
 read of the stored, verified result -- returns, for small, multi-chunk, binary, redacted and
 too-large-to-keep results alike (seed, "A result delivery error must not repeat execution":
 the delivered result and the retrievable one are the same result)."""
@@ -12,7 +12,9 @@ from typing import Any
 import pytest
 import trio
 
-from affidavit.engine import core as engine_mod
+from affidavit.api import Broker
+from affidavit.config import load_config
+from affidavit.engine import RESULT_CHUNK, EngineSettings
 from tests.http.hostile import HostileServer, Received, Reply, scripts
 
 from .helpers import assert_ok, http_target, open_broker, write_config
@@ -39,7 +41,7 @@ async def _call_and_fetch(tmp_path: Path, reply: Any) -> tuple[dict[str, Any], d
         b"",
         b'{"ok":true}',
         bytes(range(256)) * 3,  # not UTF-8: delivered as body_base64
-        b"x" * (engine_mod.CHUNK * 2 + 17),  # several stored chunks, kept in memory
+        b"x" * (RESULT_CHUNK * 2 + 17),  # several stored chunks, kept in memory
     ],
     ids=["empty", "small", "binary", "multi-chunk"],
 )
@@ -56,13 +58,13 @@ async def test_the_delivered_result_is_the_stored_result(tmp_path: Path, token: 
 async def test_a_result_over_the_inline_limit_is_read_back_from_the_store(
     tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(engine_mod, "INLINE_RESULT_LIMIT", engine_mod.CHUNK)
+    settings = EngineSettings(inline_result_limit=RESULT_CHUNK)
     reads: list[str] = []
-    body = b"y" * (engine_mod.CHUNK * 2)
+    body = b"y" * (RESULT_CHUNK * 2)
 
     async with HostileServer.running(scripts.serve(Reply(200, body=body))) as srv:
         cfg = write_config(tmp_path, {"api": http_target(srv.url)})
-        async with open_broker(cfg) as broker:
+        async with Broker.open(config=load_config(cfg), settings=settings) as broker:
             inner = broker.journal.read_result
 
             def counted(iid: str) -> Any:

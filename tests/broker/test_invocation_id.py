@@ -9,7 +9,7 @@ import time
 from hypothesis import given
 from hypothesis import strategies as st
 
-from affidavit.engine.core import _encode_id, new_invocation_id
+from affidavit.engine.ids import encode_invocation_id, new_invocation_id
 
 CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 
@@ -24,12 +24,12 @@ def reference(value: int) -> str:
 
 @given(st.integers(min_value=0, max_value=(1 << 128) - 1))
 def test_the_id_is_the_crockford_encoding_of_the_value(value: int) -> None:
-    assert _encode_id(value) == reference(value)
+    assert encode_invocation_id(value) == reference(value)
 
 
 def test_extremes_encode_like_the_reference() -> None:
     for value in (0, 1, (1 << 80) - 1, 1 << 80, (1 << 128) - 1):
-        assert _encode_id(value) == reference(value)
+        assert encode_invocation_id(value) == reference(value)
 
 
 def test_ids_sort_by_creation_time_and_do_not_repeat() -> None:

@@ -1,0 +1,358 @@
+"""One attempt: connection setup with bounded in-broker retries, the dispatch gate and the
+observer the adapter calls back, and the classification of how the attempt ended.
+
+Seed, "Dispatch shifts the burden of proof": DISPATCH_STARTED is durable before the adapter
+writes the first byte.  The adapter awaits our ``gate``; its journal append is shielded from
+cancellation so that, afterwards, the journal alone says whether dispatch was recorded.
+
+Seed, "Classify the error by the last proven boundary, not by the function in whose stack the
+exception was caught": after a failure the outcome follows ``dispatched()`` -- the gate was
+entered, or the protocol machine crossed a dispatch transition -- never the exception's type.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from affidavit.adapters.base import AttemptContext, AttemptInterrupted, RemoteResult, SetupError
+from affidavit.journal import LeaseLost
+from affidavit.protocols import Binding, Prepared
+from affidavit.statemachine import (
+    CODES,
+    Code,
+    Event,
+    EventKind,
+    ImpossibleEvent,
+    Phase,
+    ProtocolMachine,
+    Retry,
+    Step,
+)
+
+from .sink import StreamSink
+
+if TYPE_CHECKING:
+    from .engine import Engine
+
+__all__ = ["Attempt", "LeaseRefusal", "run_tries"]
+
+log = logging.getLogger("affidavit.engine")
+
+E = EventKind
+SETUP_ATTEMPTS = 2
+"""In-broker connection attempts per try (seed: "Limit the number of attempts and show them in
+a single action record"); only codes whose hint is backoff are retried."""
+SETUP_RETRY_DELAY = 0.05
+_PRE_DISPATCH_RETRYABLE = frozenset(
+    code
+    for code, info in CODES.items()
+    if info.phase is Phase.CONNECTION_SETUP and info.retry is Retry.BACKOFF
+) - {Code.SETUP_FAILED}
+"""Setup failures worth a second in-broker try: the contract's connection_setup codes whose hint
+is backoff, except the catch-all SETUP_FAILED (a bad URL or a closed pool fails the same way
+twice)."""
+
+
+class _ConfigChanged(Exception):
+    """The gate found the bound target config changed; nothing was written."""
+
+
+class LeaseRefusal(Exception):
+    """The gate was refused for a stale lease generation; nothing was written to the remote.
+    ``recorded``: the journal already wrote LEASE_LOST in the refusing transaction."""
+
+    def __init__(self, recorded: bool) -> None:
+        self.recorded = recorded
+        super().__init__("lease lost")
+
+
+_CONFIG_CHANGED_ATTRS = {"code": Code.CONFIG_CHANGED.value, "field": "target"}
+
+
+@dataclass
+class Attempt:
+    """Per-try bookkeeping shared between the engine and the gate/observer/sink closures."""
+
+    iid: str
+    generation: int
+    holder: str
+    lease: tuple[str, int] | None
+    target_name: str
+    expected_hash: str
+    machine: ProtocolMachine
+    n: int
+    gate_entered: bool = False
+    dispatch_recorded: bool = False
+    hops: int = 0
+    milestones_seen: set[str] = field(default_factory=set)
+    pending: list[Event] = field(default_factory=list)
+    steps: list[str] = field(default_factory=list)
+    facts: dict[str, Any] = field(default_factory=dict)
+
+
+Failure = Event | LeaseRefusal
+"""How an attempt ended without a result: the closing event to append, or a lease refusal."""
+
+
+async def run_tries(
+    engine: Engine,
+    iid: str,
+    target: Any,
+    binding: Binding,
+    prepared: Prepared,
+    sink: StreamSink,
+    timeout: float | None,
+    *,
+    generation: int,
+    lease: tuple[str, int] | None,
+) -> tuple[Attempt, RemoteResult | None, Failure | None]:
+    """Run the attempt within the caller's deadline, trying connection setup again (at most
+    ``SETUP_ATTEMPTS`` times) while the failure's code allows it.  Returns the last try with its
+    result or its failure; the caller records the ending.  A cancellation of the caller is
+    recorded here (shielded) with what the boundary proves, then re-raised."""
+    expected = engine.snapshot.hash(target)
+    total = target.timeout.total if timeout is None else min(timeout, target.timeout.total)
+    # Who gave up decides the code: the caller's shorter deadline is a cancellation; the
+    # target's own total timeout is the remote failing to answer in time.
+    timeout_code = (
+        Code.CALLER_CANCELLED if total < target.timeout.total else Code.REMOTE_OUTCOME_UNKNOWN
+    )
+    attempt = _new_attempt(engine, iid, generation, lease, target.name, expected, binding, 1)
+    result: RemoteResult | None = None
+    failure: Failure | None = None
+    try:
+        with trio.move_on_after(total) as scope:
+            for n in range(1, SETUP_ATTEMPTS + 1):
+                if n > 1:
+                    attempt = _new_attempt(
+                        engine, iid, generation, lease, target.name, expected, binding, n
+                    )
+                result, failure, again = await _try_once(engine, binding, prepared, attempt, sink)
+                if not again:
+                    break
+                await trio.sleep(SETUP_RETRY_DELAY)
+    except BaseException:
+        # The caller's own cancellation (or an interrupt) after we started: record what the
+        # boundary proves, shielded, then let it propagate.
+        closing = _boundary_failure(
+            attempt, after=Code.CALLER_CANCELLED, before=Code.CONNECT_TIMEOUT
+        )
+        with trio.CancelScope(shield=True):
+            await record_observed(engine, attempt)
+            await engine.recorder.write(closing, barrier=True)
+        raise
+    if scope.cancelled_caught and result is None and failure is None:
+        failure = _boundary_failure(attempt, after=timeout_code, before=Code.CONNECT_TIMEOUT)
+    return attempt, result, failure
+
+
+def _new_attempt(
+    engine: Engine,
+    iid: str,
+    generation: int,
+    lease: tuple[str, int] | None,
+    target_name: str,
+    expected: str,
+    binding: Binding,
+    n: int,
+) -> Attempt:
+    return Attempt(
+        iid=iid,
+        generation=generation,
+        holder=engine.holder,
+        lease=lease,
+        target_name=target_name,
+        expected_hash=expected,
+        machine=ProtocolMachine(binding.table),
+        n=n,
+    )
+
+
+async def _try_once(
+    engine: Engine, binding: Binding, prepared: Prepared, attempt: Attempt, sink: StreamSink
+) -> tuple[RemoteResult | None, Failure | None, bool]:
+    """One connection attempt: (result, failure event, whether to try setup again)."""
+    iid = attempt.iid
+    ctx = AttemptContext(
+        machine=attempt.machine,
+        gate=_gate(engine, attempt),
+        observe=_observer(attempt),
+        sink=sink,
+        attempt=attempt.n,
+    )
+    try:
+        return await binding.perform(prepared, ctx), None, False
+    except SetupError as exc:
+        if _dispatched(attempt):
+            # An adapter bug must never turn a dispatched attempt into not_attempted.
+            return None, _interrupted(iid, Code.REMOTE_OUTCOME_UNKNOWN), False
+        attrs = {"stage": exc.stage, "code": exc.code.value}
+        if exc.code in _PRE_DISPATCH_RETRYABLE and attempt.n < SETUP_ATTEMPTS:
+            await engine.recorder.append(Event(E.SETUP_ATTEMPT_FAILED, iid, attrs))
+            return None, None, True
+        if attempt.n > 1:
+            # The last try is an attempt of its own (seed: "show them in a single action
+            # record ... The final error must not erase the earlier evidence").  SETUP_FAILED
+            # alone would be folded into the previous attempt when stage and code repeat.
+            await engine.recorder.append(Event(E.SETUP_ATTEMPT_FAILED, iid, attrs))
+        return None, Event(E.SETUP_FAILED, iid, attrs), False
+    except _ConfigChanged:
+        return None, Event(E.PREFLIGHT_FAILED, iid, _CONFIG_CHANGED_ATTRS), False
+    except LeaseRefusal as exc:
+        return None, exc, False
+    except AttemptInterrupted as exc:
+        if not _dispatched(attempt):
+            # Only a dispatched attempt can be interrupted; before the gate it is setup.
+            attrs = {"stage": attempt.machine.state, "code": Code.SETUP_FAILED.value}
+            return None, Event(E.SETUP_FAILED, iid, attrs), False
+        return None, _interrupted(iid, exc.code), False
+    except Exception as exc:  # classify by the boundary, never by the exception
+        # Type name only: library messages may quote remote bytes or request lines.
+        log.warning("attempt %s of %s ended by %s", attempt.n, iid, type(exc).__name__)
+        failure = _boundary_failure(
+            attempt, after=Code.REMOTE_OUTCOME_UNKNOWN, before=Code.SETUP_FAILED
+        )
+        return None, failure, False
+
+
+def _boundary_failure(attempt: Attempt, after: Code, before: Code) -> Event:
+    """The failure the last proven boundary supports: ``after`` once dispatch may have
+    happened (outcome unknown), ``before`` otherwise (not_attempted)."""
+    if _dispatched(attempt):
+        return _interrupted(attempt.iid, after)
+    attrs = {"stage": attempt.machine.state, "code": before.value}
+    return Event(E.SETUP_FAILED, attempt.iid, attrs)
+
+
+def _dispatched(attempt: Attempt) -> bool:
+    # The gate was entered: its shielded append decides; machine flag as a second witness.
+    return attempt.dispatch_recorded or attempt.gate_entered or attempt.machine.dispatched
+
+
+def _interrupted(iid: str, code: Code) -> Event:
+    return Event(E.ATTEMPT_INTERRUPTED, iid, {"code": code.value})
+
+
+async def lease_refused(engine: Engine, attempt: Attempt, refusal: LeaseRefusal) -> dict[str, Any]:
+    """The envelope of a worker stopped at its gate by a newer lease (nothing was sent)."""
+    recorder = engine.recorder
+    if not refusal.recorded:
+        # The projection refused our stale generation; record that we were stopped.
+        with contextlib.suppress(ImpossibleEvent):
+            await recorder.append(
+                Event(E.LEASE_LOST, attempt.iid, {"generation": attempt.generation}),
+                barrier=True,
+            )
+    return recorder.envelope(await recorder.record(attempt.iid), busy=True)
+
+
+# -- what the adapter calls back ------------------------------------------------------------
+
+
+def _gate(engine: Engine, attempt: Attempt) -> Any:
+    journal = engine.journal
+
+    async def gate(facts: Mapping[str, Any]) -> None:
+        hop = int(facts.get("hop", 1) or 1)
+        if attempt.dispatch_recorded or hop > 1:
+            # A redirect hop is a new dispatch boundary with its own durable evidence.
+            attempt.hops = max(attempt.hops, hop)
+            with trio.CancelScope(shield=True):
+                await journal.append(
+                    Event(
+                        E.PROTOCOL_OBSERVED,
+                        attempt.iid,
+                        {
+                            "protocol": attempt.machine.table.name,
+                            "state": "hop_dispatch",
+                            "facts": {f"hop{hop}": dict(facts)},
+                        },
+                    ),
+                    barrier=True,
+                )
+            return
+        # Re-check the bound config immediately before the write (seed: "re-check it
+        # immediately before the write"); a change means a new invocation.
+        if engine.snapshot.changed(attempt.target_name, attempt.expected_hash):
+            raise _ConfigChanged
+        attrs: dict[str, Any] = {"generation": attempt.generation, "attempt": attempt.n}
+        for k in ("connection", "reused_connection", "peer", "hop", "origin", "via_proxy"):
+            if k in facts:
+                attrs[k] = facts[k]
+        attempt.gate_entered = True
+        try:
+            with trio.CancelScope(shield=True):
+                await journal.append(
+                    Event(E.DISPATCH_STARTED, attempt.iid, attrs),
+                    barrier=True,
+                    lease=attempt.lease,
+                )
+        except LeaseLost:
+            attempt.gate_entered = False
+            raise LeaseRefusal(recorded=True) from None
+        except ImpossibleEvent:
+            attempt.gate_entered = False
+            raise LeaseRefusal(recorded=False) from None
+        except BaseException:
+            # Unknown whether the barrier landed; the journal will tell (see _dispatched).
+            rec = journal.record(attempt.iid)
+            attempt.gate_entered = rec is not None and rec.evidence.get("dispatch_started", False)
+            raise
+        attempt.dispatch_recorded = True
+
+    return gate
+
+
+def _observer(attempt: Attempt) -> Callable[[Step, Mapping[str, Any]], None]:
+    milestones = attempt.machine.table.milestones
+
+    def observe(step: Step, facts: Mapping[str, Any]) -> None:
+        attempt.steps.append(step.dest)
+        attempt.facts.update(facts)
+        kind = milestones.get(step.dest)
+        if kind is not None and kind not in attempt.milestones_seen and attempt.dispatch_recorded:
+            attempt.milestones_seen.add(kind)
+            # The observer is synchronous (adapters call it inside their I/O loop), so the
+            # milestone waits on the attempt and is appended, in order, when it ends; it is
+            # diagnostic-grade evidence that recovery never depends on.
+            attempt.pending.append(Event(EventKind(kind), attempt.iid, _milestone_attrs(facts)))
+
+    return observe
+
+
+async def record_observed(engine: Engine, attempt: Attempt) -> None:
+    """Queue the attempt's milestones and protocol summary (caller holds a shield)."""
+    write = engine.recorder.write
+    for ev in attempt.pending:
+        await write(ev)
+    if attempt.steps:
+        facts = {k: v for k, v in attempt.facts.items() if _jsonable(v)}
+        facts["path"] = attempt.steps
+        await write(
+            Event(
+                E.PROTOCOL_OBSERVED,
+                attempt.iid,
+                {
+                    "protocol": attempt.machine.table.name,
+                    "state": attempt.machine.state,
+                    "facts": facts,
+                },
+            )
+        )
+
+
+def _milestone_attrs(facts: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: facts[k] for k in ("status",) if k in facts}
+
+
+_JSONABLE = (str, int, float, bool, type(None), list, dict)
+
+
+def _jsonable(value: Any) -> bool:
+    return isinstance(value, _JSONABLE)  # a tuple: isinstance with a union type is slower

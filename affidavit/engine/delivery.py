@@ -1,0 +1,131 @@
+"""The end of an attempt: record how it ended, store a complete result, deliver the envelope.
+
+Seed, "A result delivery error must not repeat execution" -- the order of writes:
+
+1. Complete and verify the remote response (the adapter's ``RemoteResult``).
+2. Append the definite result and its hash to the durable record (REMOTE_RESPONSE_COMPLETE).
+3. Commit the retrievable result under the invocation identifier (chunks, completeness marker
+   and RESULT_COMMITTED in one barrier transaction).
+4. Deliver the result to the caller (RESULT_DELIVERED, or RESULT_DELIVERY_FAILED: the result
+   stays fetchable and nothing is sent again).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from affidavit.adapters.base import RemoteResult
+from affidavit.journal import ResultStoreFailed
+from affidavit.statemachine import Event, EventKind, EvidenceSource, project, render_envelope
+
+from .attempt import Attempt, Failure, LeaseRefusal, lease_refused, record_observed
+from .recorder import result_payload
+from .sink import Stored, StreamSink
+
+if TYPE_CHECKING:
+    from .engine import Deliver, Engine
+
+__all__ = ["conclude"]
+
+log = logging.getLogger("affidavit.engine")
+
+E = EventKind
+
+
+async def conclude(
+    engine: Engine,
+    attempt: Attempt,
+    result: RemoteResult | None,
+    failure: Failure | None,
+    sink: StreamSink,
+    deliver: Deliver | None,
+) -> dict[str, Any]:
+    """Record the attempt's ending and render its envelope.  The journal-only part runs in one
+    shielded section (one cancel scope instead of one per event); delivery to a caller's
+    channel is outside it, so a stuck channel stays cancellable."""
+    iid = attempt.iid
+    recorder = engine.recorder
+    with trio.CancelScope(shield=True):
+        await record_observed(engine, attempt)
+        if isinstance(failure, LeaseRefusal):
+            return await lease_refused(engine, attempt, failure)
+        if failure is not None:
+            return await recorder.finish(iid, failure)
+        assert result is not None
+        envelope, committed = await _commit(engine, iid, result, sink)
+        if not committed:
+            return envelope
+        if deliver is None:
+            # In-process return: handing the dict back is the complete transfer.
+            await recorder.write(Event(E.RESULT_DELIVERED, iid, {"channel": "return"}))
+            await recorder.settle()  # whoever reads the journal next sees the delivery
+            return envelope
+    assert deliver is not None  # (the scope cannot swallow a return; mypy cannot tell)
+    return await _deliver(engine, iid, envelope, deliver)
+
+
+async def _commit(
+    engine: Engine, iid: str, result: RemoteResult, sink: StreamSink
+) -> tuple[dict[str, Any], bool]:
+    """Store the result and RESULT_COMMITTED (a barrier); return the envelope rendered from
+    the durable record and whether the result was committed.  Caller holds a shield."""
+    journal, recorder = engine.journal, engine.recorder
+    streams = await sink.finish()
+    digest = sink.digest()
+    attrs: dict[str, Any] = {
+        "outcome": result.outcome.value,
+        "code": result.code.value if result.code else None,
+        "response_sha256": digest,
+    }
+    for k in ("status", "exit_status", "exit_signal", "remote_request_id", "hop"):
+        if k in result.facts:
+            attrs[k] = result.facts[k]
+    if result.retry_after is not None:
+        attrs["retry_after"] = result.retry_after
+    await recorder.write(
+        Event(E.REMOTE_RESPONSE_COMPLETE, iid, attrs, source=EvidenceSource.REMOTE_RESPONSE)
+    )
+    summary = {**result.summary, "streams": streams}
+    try:
+        committed = await journal.commit_result(
+            Event(E.RESULT_COMMITTED, iid, {"sha256": digest}),
+            summary=summary,
+            expect=sink.expected(),
+        )
+    except ResultStoreFailed:
+        # Render only what the durable record proves, plus the failure itself.
+        recorder.forget()  # that batch failed with it
+        durable = journal.events(iid)
+        rec = project([*durable, Event(E.RESULT_STORE_FAILED, iid, {})])
+        return render_envelope(rec), False
+    record = await recorder.record(iid)
+    kept = sink.kept()
+    if kept is None:
+        return recorder.envelope(record), True
+    # The result the journal just stored: commit_result(expect=) verified, in the committing
+    # transaction, that the stored streams hash to exactly these bytes, and its event
+    # carries the stored result's hash -- reading it back would only decrypt and re-hash the
+    # same bytes.  The summary goes through JSON as the stored copy did, so this payload
+    # equals what fetch_result reads (tests/broker/test_inline_result.py).
+    stored = Stored(json.loads(json.dumps(summary)), kept, committed.attrs["sha256"])
+    return render_envelope(record, result_payload(stored)), True
+
+
+async def _deliver(
+    engine: Engine, iid: str, envelope: dict[str, Any], deliver: Deliver
+) -> dict[str, Any]:
+    recorder = engine.recorder
+    try:
+        await deliver(envelope)
+    except Exception as exc:
+        log.warning("delivery of %s failed: %s", iid, type(exc).__name__)
+        await recorder.append(
+            Event(E.RESULT_DELIVERY_FAILED, iid, {"channel": "deliver"}), barrier=True
+        )
+        return recorder.envelope(await recorder.record(iid))
+    await recorder.append(Event(E.RESULT_DELIVERED, iid, {"channel": "deliver"}), barrier=True)
+    return envelope

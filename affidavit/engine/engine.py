@@ -1,0 +1,106 @@
+"""The engine's front door: ``Engine.call`` runs one action, ``Engine.fetch_result`` reads one.
+
+Three rules shape the engine (seed sections in brackets):
+
+* The envelope is rendered from the projected *durable* record, never from an exception
+  ["The error envelope must contain evidence"].  Every path ends by appending its last event as a
+  barrier and projecting the journal (``recorder.py``).
+* DISPATCH_STARTED is durable before the adapter writes the first byte ["Dispatch shifts the
+  burden of proof"].  The adapter calls our gate; the gate's append is shielded from
+  cancellation so that, afterwards, the journal alone says whether dispatch was recorded
+  (``attempt.py``).
+* After a failure the outcome follows the last proven boundary -- ``ctx.machine.dispatched`` or
+  the journal's own DISPATCH_STARTED -- not the exception's type ["Classify the error by the last
+  proven boundary, not by the function in whose stack the exception was caught"].
+
+The parts, in the order a call meets them: ``invocation.py`` (accept, idempotency, resume, the
+credential step), ``attempt.py`` (setup retries, gate, observer), ``sink.py`` (result streams),
+``delivery.py`` (store and deliver), ``recovery.py`` (stale records); ``recorder.py`` is how they
+all write the journal, ``snapshot.py`` the bound config, ``settings.py`` the engine's numbers.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+from affidavit.config import Config
+from affidavit.journal import Journal
+from affidavit.protocols import Binding
+
+from . import invocation
+from .recorder import Recorder
+from .recovery import recover_stale
+from .settings import EngineSettings
+from .snapshot import ConfigSnapshot
+
+__all__ = ["Deliver", "Engine"]
+
+Deliver = Callable[[dict[str, Any]], Awaitable[None]]
+"""Sends an envelope to the caller; raising means the transfer failed (RESULT_DELIVERY_FAILED)."""
+
+
+class Engine:
+    """Runs invocations for one broker process.  Holds no outcome state of its own: every
+    decision re-reads the journal (seed: in-memory state "gives no grounds for a retry")."""
+
+    def __init__(
+        self,
+        config: Config,
+        journal: Journal,
+        bindings: Mapping[str, Binding],
+        *,
+        holder: str | None = None,
+        vault: Any = None,
+        settings: EngineSettings | None = None,
+    ) -> None:
+        self.config = config
+        self.journal = journal
+        self.bindings = dict(bindings)
+        self.holder = holder or f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+        self.vault = vault
+        self.settings = settings if settings is not None else EngineSettings()
+        self.recorder = Recorder(journal)
+        self.snapshot = ConfigSnapshot(config)
+
+    async def call(
+        self,
+        action: object,
+        *,
+        timeout: float | None = None,
+        deliver: Deliver | None = None,
+    ) -> dict[str, Any]:
+        """Run one action; return its envelope.  Never raises for remote or preflight trouble:
+        those are envelopes.  ``deliver`` (optional) sends the envelope to the caller; a failure
+        there is recorded as RESULT_DELIVERY_FAILED and the result stays fetchable.
+
+        ``timeout`` must be ``None`` or seconds >= 0: NaN or a negative value is a caller bug,
+        refused before anything is journaled (it used to fail mid-call, inside trio)."""
+        if timeout is not None and not timeout >= 0:
+            raise ValueError("timeout must be None or a number of seconds >= 0")
+        try:
+            return await invocation.start(self, action, timeout, deliver)
+        finally:
+            # Normally settled already; after an exception, forget what is left.
+            self.recorder.forget()
+
+    async def fetch_result(self, invocation_id: str) -> dict[str, Any] | None:
+        """The stored envelope of an invocation: a read, never a re-execution."""
+        record = self.journal.record(invocation_id)
+        if record is None:
+            return None
+        if not record.final:
+            # A record whose holder's lease ran out belongs to a broker that stopped mid-call:
+            # close it with what the journal proves, so the answer is unknown/reconcile rather
+            # than "in progress" forever.  Still a read of the remote: nothing is sent.
+            record = await recover_stale(self.recorder, record)
+        return self.recorder.envelope(record)
+
+    def lease_ttl(self, target: Any, timeout: float | None) -> float:
+        """How long a call on ``target`` holds its invocation: its total timeout (the caller's,
+        when shorter) plus ``settings.lease_margin``."""
+        total = target.timeout.total if timeout is None else min(timeout, target.timeout.total)
+        return float(total) + self.settings.lease_margin

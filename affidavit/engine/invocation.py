@@ -1,0 +1,324 @@
+"""One invocation: accept the action, bind its idempotency key, resume an invocation the key
+already names, and run a try -- the credential step, then the attempt, then its ending.
+
+accept → validate against a bound config snapshot → resolve the credential → connection setup
+with bounded in-broker retries (``attempt.py``) → DISPATCH_STARTED as a durable barrier → send →
+classify the complete result → store it and RESULT_COMMITTED as a barrier → deliver
+(``delivery.py``).
+
+Seed, "Validation and credential injection finish before dispatch": a refusal here is
+``not_attempted`` -- ACTION_ACCEPTED then PREFLIGHT_FAILED or CREDENTIAL_FAILED, and nothing
+has left the machine.  Seed, "Idempotency is defined by the remote contract": a key is bound
+to the request's fingerprint before anything is sent, and the same key names the same
+invocation from then on.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from affidavit.journal import IdempotencyMismatch, LeaseBusy
+from affidavit.protocols import Binding, Prepared
+from affidavit.protocols.actions import ActionInvalid, fingerprint, is_idempotent, parse_action
+from affidavit.secrets.credentials import CredentialError, resolve
+from affidavit.statemachine import (
+    Code,
+    Decision,
+    Event,
+    EventKind,
+    ImpossibleEvent,
+    Operation,
+    decide,
+)
+
+from .attempt import run_tries
+from .delivery import conclude
+from .ids import new_invocation_id
+from .recorder import Recorder
+from .recovery import recover_stale
+from .sink import StreamSink
+
+if TYPE_CHECKING:
+    from .engine import Deliver, Engine
+
+__all__ = ["refuse_new", "resume", "start"]
+
+E = EventKind
+
+
+async def start(
+    engine: Engine, action: object, timeout: float | None, deliver: Deliver | None
+) -> dict[str, Any]:
+    """Accept ``action`` as a new invocation (or resume the one its idempotency key names) and
+    run it; return its envelope."""
+    now = time.time()
+    iid = new_invocation_id()
+    session = action.get("session") if isinstance(action, Mapping) else None
+    if session is not None and not isinstance(session, str):
+        session = None
+    recorder = engine.recorder
+    try:
+        parsed = parse_action(action, engine.config)
+    except ActionInvalid as exc:
+        return await refuse_new(recorder, iid, session, None, exc.code, exc.field, exc.message)
+
+    target = engine.config.targets[parsed.target]
+    binding = engine.bindings.get(target.kind)
+    if binding is None:  # a configured kind with no binding cannot be run
+        return await refuse_new(
+            recorder,
+            iid,
+            session,
+            target,
+            Code.UNSUPPORTED_ACTION,
+            "target",
+            "no adapter for this kind",
+        )
+    idempotent = is_idempotent(parsed, target)
+    fp = fingerprint(parsed, target)
+    contract = getattr(target, "idempotency", None)
+    key: str | None = getattr(parsed, "idempotency_key", None)
+    if contract is not None and key is None and not idempotent:
+        # A declared remote contract makes an unknown outcome retryable with the same key;
+        # the broker mints one so the caller can use it (seed: "Idempotency is defined by
+        # the remote contract").
+        key = "idem_" + secrets.token_urlsafe(18)
+    idem: dict[str, Any] | None = None
+    if contract is not None and key is not None:
+        expires = now + contract.retention_s
+        idem = {
+            "key": key,
+            "scope": contract.scope,
+            "header": contract.header,
+            "retention_s": contract.retention_s,
+            "expires_at": expires,
+        }
+        journal = engine.journal
+        try:
+            bound = await journal.bind_idempotency(contract.scope, key, fp, iid, expires)
+        except IdempotencyMismatch:
+            return await refuse_new(
+                recorder,
+                iid,
+                session,
+                target,
+                Code.IDEMPOTENCY_MISMATCH,
+                "idempotency_key",
+                "this idempotency key is bound to a request with a different fingerprint",
+            )
+        if bound.invocation_id != iid and journal.record(bound.invocation_id) is not None:
+            op = Operation(idempotent=idempotent, fingerprint=fp)
+            return await resume(
+                engine, bound.invocation_id, parsed, target, binding, op, key, timeout, deliver
+            )
+        iid = bound.invocation_id
+    operation = {
+        "target": target.name,
+        "protocol": target.kind,
+        "idempotent": idempotent,
+        "fingerprint": fp,
+        "idempotency": idem,
+        "budget": target.budget,
+    }
+    # Written in the credential step's shielded section (one cancel scope for the three
+    # preflight events, instead of one per event).
+    preamble = (
+        Event(
+            E.ACTION_ACCEPTED,
+            iid,
+            {
+                "operation": operation,
+                "session": session,
+                "holder": engine.holder,
+                "lease_expires_at": now + engine.lease_ttl(target, timeout),
+            },
+        ),
+        Event(E.PREFLIGHT_VALIDATED, iid, {"config_hash": engine.snapshot.hash(target)}),
+    )
+    return await run(
+        engine,
+        iid,
+        parsed,
+        target,
+        binding,
+        key,
+        timeout,
+        deliver,
+        generation=0,
+        lease=None,
+        preamble=preamble,
+    )
+
+
+async def refuse_new(
+    recorder: Recorder,
+    iid: str,
+    session: str | None,
+    target: Any,
+    code: Code,
+    field_path: str,
+    message: str,
+) -> dict[str, Any]:
+    """Accept and at once refuse a new invocation in validation (nothing attempted)."""
+    operation = {
+        "target": target.name if target is not None else None,
+        "protocol": target.kind if target is not None else None,
+        "idempotent": False,
+        "fingerprint": None,
+    }
+    await recorder.append(
+        Event(E.ACTION_ACCEPTED, iid, {"operation": operation, "session": session})
+    )
+    return await recorder.finish(
+        iid,
+        Event(
+            E.PREFLIGHT_FAILED,
+            iid,
+            {"code": code.value, "field": field_path, "message": message},
+        ),
+    )
+
+
+async def resume(
+    engine: Engine,
+    iid: str,
+    action: Any,
+    target: Any,
+    binding: Binding,
+    op: Operation,
+    key: str | None,
+    timeout: float | None,
+    deliver: Deliver | None,
+) -> dict[str, Any]:
+    """The same idempotency key again: answer from the record, or -- when ``decide()`` allows
+    a retry -- take the invocation's lease and run one more try under it."""
+    recorder = engine.recorder
+    record = await recorder.record(iid)
+    if not record.final:
+        record = await recover_stale(recorder, record)
+        if not record.final:
+            # Another worker is running it: IN_PROGRESS, fetch later (rendered as such).
+            return recorder.envelope(record)
+    decision = decide(record, op)
+    if decision in (Decision.RETRY_SAME_KEY, Decision.RETRY_NEW_ATTEMPT):
+        if record.budget.left <= 0:
+            return await recorder.finish(iid, Event(E.RETRY_BUDGET_EXHAUSTED, iid, {}))
+        try:
+            lease = await engine.journal.acquire_lease(
+                iid, engine.holder, engine.lease_ttl(target, timeout)
+            )
+        except LeaseBusy:
+            # Another worker took the lease between our read and our acquire.
+            return recorder.envelope(await recorder.record(iid))
+        except ImpossibleEvent:
+            return recorder.envelope(await recorder.record(iid))
+        return await run(
+            engine,
+            iid,
+            action,
+            target,
+            binding,
+            key,
+            timeout,
+            deliver,
+            generation=lease.generation,
+            lease=(engine.holder, lease.generation),
+            bound_version=(record.evidence.get("credential") or {}).get("version"),
+        )
+    # FETCH, RETURN_RECORDED_RESULT, RECONCILE, STOP_FOR_CORRECTION, RETRY_WHEN_ALLOWED:
+    # answer from the record; nothing is sent again.
+    return recorder.envelope(record)
+
+
+async def run(
+    engine: Engine,
+    iid: str,
+    action: Any,
+    target: Any,
+    binding: Binding,
+    key: str | None,
+    timeout: float | None,
+    deliver: Deliver | None,
+    *,
+    generation: int,
+    lease: tuple[str, int] | None,
+    preamble: tuple[Event, ...] = (),
+    bound_version: str | None = None,
+) -> dict[str, Any]:
+    """One try of the invocation: the credential step, the attempt, its ending."""
+    prepared = await _authorize(engine, iid, action, target, binding, key, preamble, bound_version)
+    if isinstance(prepared, dict):
+        return prepared  # refused before dispatch: the envelope
+    sink = StreamSink(engine.journal, iid, prepared.secrets, engine.settings.inline_result_limit)
+    attempt, result, failure = await run_tries(
+        engine, iid, target, binding, prepared, sink, timeout, generation=generation, lease=lease
+    )
+    return await conclude(engine, attempt, result, failure, sink, deliver)
+
+
+async def _authorize(
+    engine: Engine,
+    iid: str,
+    action: Any,
+    target: Any,
+    binding: Binding,
+    key: str | None,
+    preamble: tuple[Event, ...],
+    bound_version: str | None,
+) -> Prepared | dict[str, Any]:
+    """Write the preamble, resolve the credential and prepare the request; CREDENTIAL_AUTHORIZED
+    on success, else the refusal's envelope."""
+    recorder = engine.recorder
+    # One shielded section for the preflight events and the credential step: a caller's
+    # cancellation must not leave it unclear which of them landed, and one cancel scope per
+    # section is far cheaper than one per event (tests/benchmarks/http_overhead.py).
+    with trio.CancelScope(shield=True):
+        for event in preamble:
+            await recorder.write(event)
+        # Credential injection (seed: still preflight while no byte of the request has
+        # left).
+        try:
+            credential = resolve(
+                target.credential,
+                vault=engine.vault,
+                base_dir=engine.config.path.parent if engine.config.path else None,
+            )
+            prepared = binding.prepare(action, target, credential, key)
+        except CredentialError as exc:
+            return await recorder.finish(
+                iid, Event(E.CREDENTIAL_FAILED, iid, {"code": exc.code.value})
+            )
+        if bound_version is not None and credential.version != bound_version:
+            # Seed: the credential version is bound to the invocation; "if any bound value
+            # changes, create a new invocation; do not edit the previous record".  A retry
+            # under the old invocation must not silently act with a rotated credential.
+            return await recorder.finish(
+                iid,
+                Event(
+                    E.PREFLIGHT_FAILED,
+                    iid,
+                    {
+                        "code": Code.CONFIG_CHANGED.value,
+                        "field": "credential",
+                        "message": "The credential's version changed since this invocation "
+                        "was bound; reconcile, then start a new invocation.",
+                    },
+                ),
+            )
+        await recorder.write(
+            Event(
+                E.CREDENTIAL_AUTHORIZED,
+                iid,
+                {
+                    "credential": target.credential,
+                    "version": credential.version,
+                    **prepared.evidence,
+                },
+            )
+        )
+    return prepared

@@ -1,0 +1,127 @@
+"""The journal as one call uses it: shielded appends, diagnostic events riding along with the
+next barrier, and envelopes rendered from the durable record.
+
+Seed, "The error envelope must contain evidence": every path of a call ends by appending its
+last event as a barrier and rendering the envelope from the projected journal -- never from an
+exception or from what the engine holds in memory.
+"""
+
+from __future__ import annotations
+
+import base64
+import time
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+import trio
+
+from affidavit.journal import Journal, Posted
+from affidavit.statemachine import (
+    BARRIER_KINDS,
+    Code,
+    Event,
+    Outcome,
+    Record,
+    render_envelope,
+)
+
+__all__ = ["Recorder", "result_payload"]
+
+
+class Recorder:
+    """Writes and reads one engine's calls.  The only per-call state it keeps is each running
+    call's posted-but-unsettled diagnostic events, keyed by the call's trio task."""
+
+    def __init__(self, journal: Journal) -> None:
+        self.journal = journal
+        self._posted: dict[trio.lowlevel.Task, list[Posted[Event]]] = {}
+        """Diagnostic events each running call posted and has not yet settled (see write)."""
+
+    async def append(self, event: Event, *, barrier: bool = False) -> None:
+        # Shielded: a caller's cancellation must not leave it unclear whether a record landed.
+        with trio.CancelScope(shield=True):
+            await self.write(event, barrier=barrier)
+
+    async def write(self, event: Event, *, barrier: bool = False) -> None:
+        """``append`` for a caller already inside a shielded section."""
+        if barrier or event.kind in BARRIER_KINDS:
+            await self.journal.append(event, barrier=True)
+            return
+        # A diagnostic event rides along with the next barrier's transaction instead of costing
+        # a writer round trip of its own (DESIGN, "Durability barriers"; recovery never depends
+        # on it).  Queue order puts it before every later write of this call; ``record``
+        # settles it before the journal is read for the envelope.
+        posted = await self.journal.post(event)
+        task = trio.lowlevel.current_task()
+        mine = self._posted.get(task)
+        if mine is None:
+            self._posted[task] = [posted]
+        else:
+            mine.append(posted)
+
+    async def settle(self) -> None:
+        """Wait for this call's posted events (committed by now, unless the write that follows
+        them has not returned yet); raise the first one's failure, as ``append`` would have."""
+        posted = self._posted.pop(trio.lowlevel.current_task(), None)
+        error: BaseException | None = None
+        for p in posted or ():
+            try:
+                await p.wait()
+            except Exception as exc:
+                error = error or exc
+        if error is not None:
+            raise error
+
+    def forget(self) -> None:
+        """Drop this call's unsettled events: the call is over (after an exception), or the
+        batch that carried them failed and said so."""
+        self._posted.pop(trio.lowlevel.current_task(), None)
+
+    async def record(self, iid: str) -> Record:
+        await self.settle()
+        record = self.journal.record(iid, now=time.time())
+        assert record is not None, iid
+        return record
+
+    async def finish(self, iid: str, event: Event) -> dict[str, Any]:
+        """Append the call's last event as a barrier and render the durable record."""
+        await self.append(event, barrier=True)
+        return self.envelope(await self.record(iid))
+
+    def envelope(self, record: Record, *, busy: bool = False) -> dict[str, Any]:
+        result = self.journal.read_result(record.invocation_id)
+        payload = result_payload(result) if result is not None else None
+        env = render_envelope(record, payload)
+        if busy:
+            # This worker's lease was lost at its dispatch gate: another worker holds a newer
+            # one.  The record is rendered as is; the error says why this caller did not act.
+            env["error"] = {
+                "code": Code.LEASE_LOST.value,
+                "phase": record.phase.value,
+                "outcome": record.outcome.value,
+                "retry": "reconcile" if record.outcome is Outcome.UNKNOWN else record.retry.value,
+                "message": "Another worker holds this invocation's lease; nothing was sent.",
+            }
+        return env
+
+
+class _StoredLike(Protocol):
+    @property
+    def summary(self) -> Mapping[str, Any]: ...
+    @property
+    def streams(self) -> Mapping[str, bytes]: ...
+    @property
+    def sha256(self) -> str: ...
+
+
+def result_payload(result: _StoredLike) -> dict[str, Any]:
+    """The caller-facing result: the stored summary plus each stream, text when it decodes."""
+    out: dict[str, Any] = dict(result.summary)
+    out.pop("streams", None)
+    for name, data in sorted(result.streams.items()):
+        try:
+            out[name] = data.decode("utf-8")
+        except UnicodeDecodeError:
+            out[f"{name}_base64"] = base64.b64encode(data).decode("ascii")
+    out["sha256"] = result.sha256
+    return out

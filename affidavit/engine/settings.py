@@ -1,0 +1,34 @@
+"""The engine's own numbers: what no target's config decides.
+
+``Engine(..., settings=EngineSettings(...))`` and ``Broker.open(..., settings=...)`` take them;
+the defaults are what ships.  They are constructor arguments rather than module constants so an
+embedding application (or a test) changes them for one broker without patching module globals
+that every broker in the process shares.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+__all__ = ["EngineSettings"]
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSettings:
+    lease_margin: float = 30.0
+    """Seconds a record's lease outlives its call's total timeout (design-notes, "Leases for the
+    first attempt"): until ``timeout + lease_margin`` a resuming caller is answered from the
+    record; after it, the holder is presumed gone and the stale attempt is closed with what the
+    journal proves."""
+    inline_result_limit: int = 1024 * 1024
+    """Results up to this many (redacted) bytes are kept in memory while they are journaled, so
+    the envelope is rendered without reading them back; larger ones are read from the store."""
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.lease_margin) and self.lease_margin >= 0):
+            raise ValueError("lease_margin must be a finite number of seconds >= 0")
+        if isinstance(self.inline_result_limit, bool) or not (
+            isinstance(self.inline_result_limit, int) and self.inline_result_limit >= 0
+        ):
+            raise ValueError("inline_result_limit must be an integer number of bytes >= 0")

@@ -1,0 +1,124 @@
+"""The result sink: what an adapter hands every received byte to (``AttemptContext.sink``).
+
+Seed, "A result delivery error must not repeat execution": "Store chunks with sequence numbers
+and a final completeness marker."  Each stream is redacted (no credential echoed by the remote
+reaches the journal), hashed and journaled in ``RESULT_CHUNK``-sized chunks as it arrives --
+never held whole.  The completeness marker is written later, with RESULT_COMMITTED
+(``delivery.commit``), from what this sink reports.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from affidavit.journal import Journal
+from affidavit.secrets.credentials import redactor
+
+__all__ = ["RESULT_CHUNK", "Stored", "StreamSink"]
+
+RESULT_CHUNK = 64 * 1024
+"""Bytes per stored result chunk (the last chunk of a stream may be shorter)."""
+
+
+class StreamSink:
+    """Redacts, hashes and journals result streams in chunks as they arrive (never whole).
+
+    A copy of the redacted bytes is kept while the whole result stays within ``keep_limit``
+    bytes, for the envelope (``kept``)."""
+
+    def __init__(
+        self, journal: Journal, iid: str, secret_values: tuple[bytes, ...], keep_limit: int
+    ) -> None:
+        self._journal = journal
+        self._iid = iid
+        self._secrets = secret_values
+        self._keep_limit = keep_limit
+        self._streams: dict[str, dict[str, Any]] = {}
+        self._kept = 0
+        self._keep = True
+
+    def _stream(self, name: str) -> dict[str, Any]:
+        st = self._streams.get(name)
+        if st is None:
+            st = self._streams[name] = {
+                "redactor": redactor(self._secrets),
+                "buf": bytearray(),
+                "index": 0,
+                "sha": hashlib.sha256(),
+                "bytes": 0,
+                "kept": [],
+            }
+        return st
+
+    async def __call__(self, name: str, data: bytes) -> None:
+        st = self._stream(name)
+        st["buf"] += st["redactor"].feed(data)
+        while len(st["buf"]) >= RESULT_CHUNK:
+            await self._put(name, st, bytes(st["buf"][:RESULT_CHUNK]))
+            del st["buf"][:RESULT_CHUNK]
+
+    async def _put(
+        self, name: str, st: dict[str, Any], chunk: bytes, *, last: bool = False
+    ) -> None:
+        st["sha"].update(chunk)
+        st["bytes"] += len(chunk)
+        if self._keep:
+            self._kept += len(chunk)
+            if self._kept <= self._keep_limit:
+                st["kept"].append(chunk)
+            else:
+                self._keep = False
+                for other in self._streams.values():
+                    other["kept"].clear()
+        if last:
+            # The tail rides along with commit_result's transaction; that commit checks
+            # ``expected()``, so a tail lost with a failed batch fails it (ResultStoreFailed).
+            await self._journal.post_result_chunk(self._iid, name, st["index"], chunk)
+        else:
+            await self._journal.put_result_chunk(self._iid, name, st["index"], chunk)
+        st["index"] += 1
+
+    def expected(self) -> dict[str, str]:
+        """{stream: hex SHA-256 of the redacted bytes written}, for ``commit_result(expect=)``."""
+        return {name: st["sha"].hexdigest() for name, st in self._streams.items()}
+
+    async def finish(self) -> dict[str, dict[str, Any]]:
+        """Flush every stream; return per-stream {sha256, bytes, chunks} (redacted bytes)."""
+        out: dict[str, dict[str, Any]] = {}
+        for name, st in sorted(self._streams.items()):
+            st["buf"] += st["redactor"].flush()
+            if st["buf"]:
+                await self._put(name, st, bytes(st["buf"]), last=True)
+                st["buf"].clear()
+            out[name] = {
+                "sha256": "sha256:" + st["sha"].hexdigest(),
+                "bytes": st["bytes"],
+                "chunks": st["index"],
+            }
+        return out
+
+    def kept(self) -> dict[str, bytes] | None:
+        """After ``finish``: every stored stream's redacted bytes, as the journal holds them
+        (streams that stored no chunk are not part of a stored result), or None if the result
+        was too large to keep."""
+        if not self._keep:
+            return None
+        return {n: b"".join(st["kept"]) for n, st in self._streams.items() if st["index"]}
+
+    def digest(self) -> str:
+        whole = hashlib.sha256()
+        for name, st in sorted(self._streams.items()):
+            whole.update(name.encode() + b"\0" + st["sha"].digest())
+        return "sha256:" + whole.hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class Stored:
+    """A just-committed result in the shape of ``StoredResult``, for ``result_payload``."""
+
+    summary: Mapping[str, Any]
+    streams: dict[str, bytes]
+    sha256: str
