@@ -17,9 +17,12 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import os
 import stat
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives import hashes, serialization
@@ -32,9 +35,13 @@ from .errors import JournalError
 __all__ = [
     "AuditSealer",
     "BrokerKey",
+    "chunk_aad",
     "generate_auditor_keypair",
     "load_auditor_private_key",
     "open_audit",
+    "open_audit_payload",
+    "payload_aad",
+    "summary_aad",
 ]
 
 _KEY_HEADER = "affidavit-journal-key-v1 "
@@ -215,3 +222,34 @@ def generate_auditor_keypair(
             serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
         )
     )
+
+
+# -- associated data: where a sealed blob belongs -----------------------------------------------
+
+
+def _aad(*parts: str | int) -> bytes:
+    return "\0".join(str(p) for p in parts).encode("utf-8")
+
+
+def payload_aad(invocation_id: str, kind: str) -> bytes:
+    """Associated data of an event payload (broker copy and audit copy)."""
+    return _aad("payload", invocation_id, kind)
+
+
+def chunk_aad(invocation_id: str, stream: str, index: int) -> bytes:
+    """Associated data of one stored result chunk."""
+    return _aad("result", invocation_id, stream, index)
+
+
+def summary_aad(invocation_id: str) -> bytes:
+    """Associated data of a stored result's summary (status, headers, exit status)."""
+    return _aad("summary", invocation_id)
+
+
+def open_audit_payload(
+    sealed: bytes, private_key_file: str | os.PathLike[str], invocation_id: str, kind: str
+) -> Mapping[str, Any]:
+    """The auditor's side: open an event's audit copy with the auditor's private key."""
+    data = open_audit(sealed, private_key_file, payload_aad(invocation_id, kind))
+    value: Mapping[str, Any] = json.loads(data)
+    return value

@@ -44,10 +44,13 @@ import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import h11
 import trio
+
+if TYPE_CHECKING:  # imported lazily at run time: the --serve subprocess needs none of it
+    from affidavit.journal import Batch, Journal
 
 BODY = b'{"ok":true,"items":[1,2,3],"note":"loopback benchmark response"}'
 PATH = "/v1/ok"
@@ -174,9 +177,9 @@ class BareClient:
 
 @dataclass
 class TxnCounter:
-    """Wraps the journal writer's batch commit (``Journal._run_batch``): one call is one SQLite
-    transaction; one holding a barrier commits with ``synchronous=FULL``, i.e. one WAL fsync
-    (a ``NORMAL`` commit does not fsync)."""
+    """Wraps each journal writer transaction (``Journal.around_transaction``); one holding a
+    barrier commits with ``synchronous=FULL``, i.e. one WAL fsync (a ``NORMAL`` commit does not
+    fsync)."""
 
     txns: int = 0
     barrier_txns: int = 0
@@ -190,20 +193,19 @@ class TxnCounter:
     profile: cProfile.Profile | None = None
     """With --profile: the writer thread's transactions (cProfile sees one thread at a time)."""
 
-    def install(self, journal: Any) -> None:
-        inner = journal._run_batch
-
-        def counted(batch: list[Any]) -> None:
+    def install(self, journal: Journal) -> None:
+        @contextlib.contextmanager
+        def counted(batch: Batch) -> Iterator[None]:
             self.txns += 1
-            self.requests += len(batch)
-            barrier = any(r.barrier for r in batch)
+            self.requests += batch.writes
+            barrier = batch.barrier
             self.barrier_txns += barrier
             t0 = time.perf_counter()
             c0 = time.thread_time()
             if self.profile is not None:
                 self.profile.enable()
             try:
-                inner(batch)
+                yield
             finally:
                 if self.profile is not None:
                     self.profile.disable()
@@ -212,7 +214,7 @@ class TxnCounter:
                 self.seconds += took
                 (self.barrier_s if barrier else self.plain_s).append(took)
 
-        journal._run_batch = counted
+        journal.around_transaction = counted
 
     def snapshot(self) -> tuple[int, int, int, float]:
         return self.txns, self.barrier_txns, self.requests, self.seconds

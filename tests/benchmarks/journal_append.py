@@ -26,6 +26,7 @@ the top entries of both are printed.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import itertools
 import os
@@ -35,14 +36,13 @@ import sqlite3
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import trio
 
-from affidavit.journal import Journal, JournalReader
+from affidavit.journal import Batch, Journal, JournalReader
 from affidavit.statemachine import Event, EvidenceSource
 from affidavit.statemachine import EventKind as E
 
@@ -93,7 +93,7 @@ def _happy(iid: str) -> list[Event]:
 
 @dataclass
 class WriterStats:
-    """Counts the writer's transactions by wrapping ``Journal._run_batch`` (one call is one
+    """Counts the writer's transactions through ``Journal.around_transaction`` (one call is one
     SQLite transaction), and its CPU time (``time.thread_time`` in the writer thread)."""
 
     txns: int = 0
@@ -101,23 +101,22 @@ class WriterStats:
     cpu: float = 0.0
     profile: cProfile.Profile | None = None
 
-    def install(self, journal: Any) -> None:
-        inner = journal._run_batch
-
-        def counted(batch: list[Any]) -> None:
+    def install(self, journal: Journal) -> None:
+        @contextlib.contextmanager
+        def counted(batch: Batch) -> Iterator[None]:
             self.txns += 1
-            self.requests += len(batch)
+            self.requests += batch.writes
             c0 = time.thread_time()
             if self.profile is not None:
                 self.profile.enable()
             try:
-                inner(batch)
+                yield
             finally:
                 if self.profile is not None:
                     self.profile.disable()
                 self.cpu += time.thread_time() - c0
 
-        journal._run_batch = counted
+        journal.around_transaction = counted
 
 
 async def _journal_rate(

@@ -22,6 +22,7 @@ and prints the top functions by own time.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import io
 import os
@@ -31,7 +32,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,7 @@ from affidavit.adapters.base import AttemptContext
 from affidavit.adapters.ssh import SSH_TABLE, perform, prepare_credential
 from affidavit.api.broker import Broker
 from affidavit.config import load_config
+from affidavit.journal import Batch, Journal
 from affidavit.statemachine import ProtocolMachine, Step
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script from anywhere
@@ -55,26 +57,26 @@ COLUMNS = ("broker", "driver", "bare", "openssh")
 
 
 class JournalCounter:
-    """Wraps the journal writer's batch commit (``Journal._run_batch``, as
-    ``http_overhead.py`` does): one call is one SQLite transaction; one holding a barrier
-    commits with ``synchronous=FULL`` (an fsync)."""
+    """Wraps each journal writer transaction (``Journal.around_transaction``, as
+    ``http_overhead.py`` does); one holding a barrier commits with ``synchronous=FULL`` (an
+    fsync)."""
 
-    def __init__(self, journal: Any) -> None:
+    def __init__(self, journal: Journal) -> None:
         self.txns = 0
         self.barriers = 0
         self.seconds = 0.0
-        inner = journal._run_batch
 
-        def counted(batch: list[Any]) -> None:
+        @contextlib.contextmanager
+        def counted(batch: Batch) -> Iterator[None]:
             t0 = time.perf_counter()
             try:
-                inner(batch)
+                yield
             finally:
                 self.seconds += time.perf_counter() - t0
                 self.txns += 1
-                self.barriers += any(r.barrier for r in batch)
+                self.barriers += batch.barrier
 
-        journal._run_batch = counted
+        journal.around_transaction = counted
 
 
 def broker_call(broker: Broker) -> Callable[[], Awaitable[None]]:

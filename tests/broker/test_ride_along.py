@@ -6,10 +6,10 @@ two of them fsynced barriers, and the whole record is readable the moment ``call
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import trio
 
+from affidavit.journal import Batch, Journal
 from affidavit.statemachine import EventKind
 from tests.http.hostile import HostileServer, Reply, scripts
 
@@ -20,16 +20,14 @@ LIMIT = 10
 GET = {"target": "api", "method": "GET", "path": "/thing"}
 
 
-def _count_transactions(journal: Any) -> list[tuple[int, bool]]:
-    """(writes, barrier?) per writer transaction, by wrapping the journal's batch commit."""
+def _count_transactions(journal: Journal) -> list[tuple[int, bool]]:
+    """(writes, barrier?) per writer transaction, from the journal's ``before_commit`` hook."""
     seen: list[tuple[int, bool]] = []
-    inner = journal._run_batch
 
-    def counted(batch: list[Any]) -> None:
-        seen.append((len(batch), any(r.barrier for r in batch)))
-        inner(batch)
+    def counted(batch: Batch) -> None:
+        seen.append((batch.writes, batch.barrier))
 
-    journal._run_batch = counted
+    journal.before_commit = counted
     return seen
 
 

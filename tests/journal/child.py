@@ -22,7 +22,7 @@ import trio
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from affidavit.journal import Journal, LeaseBusy, LeaseLost
+from affidavit.journal import Batch, Journal, LeaseBusy, LeaseLost
 from affidavit.statemachine import Event, EventKind
 from tests.journal.helpers import happy
 
@@ -55,11 +55,11 @@ async def midtxn(path: str, n: int) -> None:
         for ev in events[:n]:
             await j.append(ev, barrier=True)
 
-        def block() -> None:
+        def block(_: Batch) -> None:
             say("in-txn")
             time.sleep(3600)
 
-        j._before_commit = block
+        j.before_commit = block
         await j.append(events[n], barrier=True)
 
 

@@ -17,7 +17,7 @@ from .helpers import CANARY, happy, until_dispatch
 
 
 def _pages(j: Journal) -> int:
-    return int(j._wconn.execute("PRAGMA page_count").fetchone()[0])
+    return int(j.write_connection.execute("PRAGMA page_count").fetchone()[0])
 
 
 async def test_disk_full_during_the_result_commit_is_result_store_failed(tmp_path: Path) -> None:
@@ -27,7 +27,7 @@ async def test_disk_full_during_the_result_commit_is_result_store_failed(tmp_pat
             await j.append(ev, barrier=True)
         before = j.verify()
         # The disk "fills": the database may not grow by a single page.
-        j._wconn.execute(f"PRAGMA max_page_count = {_pages(j)}")
+        j.write_connection.execute(f"PRAGMA max_page_count = {_pages(j)}")
         with pytest.raises(ResultStoreFailed, match="full") as info:
             await j.put_result_chunk("inv-1", "body", 0, CANARY.encode() * 2000)
         assert CANARY not in str(info.value)
@@ -40,7 +40,7 @@ async def test_disk_full_during_the_result_commit_is_result_store_failed(tmp_pat
         assert j.record("inv-1") is not None
         assert j.record("inv-1").state == "completed_committed"  # type: ignore[union-attr]
         # Space comes back: the journal goes on from the same intact chain.
-        j._wconn.execute("PRAGMA max_page_count = 1073741823")
+        j.write_connection.execute("PRAGMA max_page_count = 1073741823")
         await j.put_result_chunk("inv-1", "body", 0, b"ok")
         ev = await j.commit_result(Event(E.RESULT_COMMITTED, "inv-1"), summary={"s": 1})
         assert ev.seq == before.count + 1
@@ -58,7 +58,7 @@ async def test_disk_full_during_a_dispatch_barrier_is_an_error_not_a_success(
         for ev in until_dispatch("inv-1")[:3]:
             await j.append(ev)
         # Fill the last page so the next row needs a new one.
-        j._wconn.execute(f"PRAGMA max_page_count = {_pages(j)}")
+        j.write_connection.execute(f"PRAGMA max_page_count = {_pages(j)}")
         with pytest.raises(JournalWriteError):
             for i in range(500):
                 await j.append(
@@ -76,10 +76,10 @@ async def test_read_only_database_is_a_clear_error(tmp_path: Path) -> None:
     async with Journal.open(tmp_path / "j.db") as j:
         for ev in until_dispatch("inv-1")[:3]:
             await j.append(ev)
-        j._wconn.execute("PRAGMA query_only = ON")
+        j.write_connection.execute("PRAGMA query_only = ON")
         with pytest.raises(JournalWriteError, match="readonly"):
             await j.append(Event(E.DISPATCH_STARTED, "inv-1"), barrier=True)
-        j._wconn.execute("PRAGMA query_only = OFF")
+        j.write_connection.execute("PRAGMA query_only = OFF")
         ev = await j.append(Event(E.DISPATCH_STARTED, "inv-1"), barrier=True)
         assert ev.seq == 4 and j.verify().ok
 
@@ -91,7 +91,7 @@ async def test_a_lost_database_handle_fails_the_barrier_and_the_file_stays_intac
     async with Journal.open(path) as j:
         for ev in until_dispatch("inv-1")[:3]:
             await j.append(ev, barrier=True)
-        j._wconn.close()  # the I/O path is gone underneath the writer
+        j.write_connection.close()  # the I/O path is gone underneath the writer
         with pytest.raises(ResultStoreFailed):
             await j.put_result_chunk("inv-1", "body", 0, b"x")
         with pytest.raises(JournalWriteError):

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from affidavit.journal import Journal, ResultStoreFailed
+from affidavit.journal import Batch, Journal, ResultStoreFailed
 from affidavit.statemachine import Event, ImpossibleEvent
 from affidavit.statemachine import EventKind as E
 
@@ -23,10 +23,10 @@ LIMIT = 10
 def _count_commits(j: Journal) -> list[int]:
     commits = [0]
 
-    def count() -> None:
+    def count(_: Batch) -> None:
         commits[0] += 1
 
-    j._before_commit = count
+    j.before_commit = count
     return commits
 
 
@@ -100,15 +100,15 @@ async def test_a_lost_tail_fails_the_commit_instead_of_completing_an_older_attem
             await j.append(ev)
         await j.put_result_chunk("inv-1", "body", 0, b"an earlier attempt's partial body")
 
-        def disk_error() -> None:
+        def disk_error(_: Batch) -> None:
             raise sqlite3.OperationalError("disk I/O error")
 
         with trio.fail_after(LIMIT):
-            j._before_commit = disk_error
+            j.before_commit = disk_error
             tail = await j.post_result_chunk("inv-1", "body", 0, new)
             with pytest.raises(ResultStoreFailed):
                 await tail.wait()
-            j._before_commit = None
+            j.before_commit = None
             with pytest.raises(ResultStoreFailed, match="differ"):
                 await j.commit_result(
                     Event(E.RESULT_COMMITTED, "inv-1"),

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import trio
 
-from affidavit.journal import Journal, JournalReader
+from affidavit.journal import Batch, Journal, JournalReader
 from affidavit.statemachine import Event, Record
 from affidavit.statemachine import EventKind as E
 
@@ -111,11 +111,11 @@ async def test_a_batch_in_the_writer_thread_is_not_visible_to_record(path: Path)
         before = j.record("z", now=0.0)
         assert before is not None and before.events == 4
 
-        def hold() -> None:  # runs in the writer thread, inside the open transaction
+        def hold(_: Batch) -> None:  # runs in the writer thread, inside the transaction
             entered.set()
             release.wait(10)
 
-        j._before_commit = hold
+        j.before_commit = hold
         done: list[Any] = []
         with trio.fail_after(10):
             async with trio.open_nursery() as nursery:
@@ -130,7 +130,7 @@ async def test_a_batch_in_the_writer_thread_is_not_visible_to_record(path: Path)
                     assert j.record("z", now=0.0) == before == _fresh(path, "z")
                 finally:
                     release.set()
-        j._before_commit = None
+        j.before_commit = None
         assert done and j.record("z", now=0.0) == _fresh(path, "z")
         assert j.record("z", now=0.0).events == 5  # type: ignore[union-attr]
 
@@ -140,13 +140,13 @@ async def test_a_failed_batch_leaves_record_equal_to_the_file(path: Path) -> Non
         for ev in until_dispatch("f"):
             await j.append(ev)
 
-        def fail() -> None:
+        def fail(_: Batch) -> None:
             raise RuntimeError("writer bug in the middle of a batch")
 
-        j._before_commit = fail
+        j.before_commit = fail
         with pytest.raises(Exception, match="writer bug"):
             await j.append(Event(E.REQUEST_SENT, "f"))
-        j._before_commit = None
+        j.before_commit = None
         assert j.record("f", now=0.0) == _fresh(path, "f")
         assert j.record("f", now=0.0).events == 4  # type: ignore[union-attr]
         await j.append(Event(E.REQUEST_SENT, "f"))

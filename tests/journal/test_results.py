@@ -145,7 +145,7 @@ async def test_stored_result_then_delivery_failure_means_fetch_result(tmp_path: 
 async def test_a_resealed_summary_is_caught_by_the_chained_hash(tmp_path: Path) -> None:
     """The summary (status, exit status, headers) is sealed *and* its hash rides in the chained
     RESULT_COMMITTED event: even someone holding the broker key cannot rewrite it unnoticed."""
-    from affidavit.journal.store import _aad
+    from affidavit.journal.sealing import BrokerKey, summary_aad
 
     db = tmp_path / "j.db"
     async with Journal.open(db) as j:
@@ -153,7 +153,8 @@ async def test_a_resealed_summary_is_caught_by_the_chained_hash(tmp_path: Path) 
         await j.put_result_chunk("inv-s", "stdout", 0, b"ok")
         ev = await j.commit_result(Event(E.RESULT_COMMITTED, "inv-s"), summary={"exit_status": 0})
         assert len(ev.attrs["summary_sha256"]) == 64
-        forged = j._broker_key().seal(b'{"exit_status":23}', _aad("summary", "inv-s"))
+    # Holding the broker key: the journal's key file.
+    forged = BrokerKey.load(tmp_path / "j.db.key").seal(b'{"exit_status":23}', summary_aad("inv-s"))
     with sqlite3.connect(db) as conn:
         conn.execute("UPDATE results SET summary = ? WHERE invocation_id = ?", (forged, "inv-s"))
     with JournalReader.open(db) as r, pytest.raises(JournalError, match="summary differs"):

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 import sys
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import trio
 
-from affidavit.journal import Journal, JournalError, JournalReader
+from affidavit.journal import Batch, Journal, JournalError, JournalReader, JournalWriteError
 from affidavit.statemachine import Event, ImpossibleEvent, Outcome
 from affidavit.statemachine import EventKind as E
 
@@ -58,11 +60,11 @@ async def test_concurrent_barriers_share_commits(tmp_path: Path) -> None:
     commits = 0
     async with Journal.open(tmp_path / "j.db") as j:
 
-        def count() -> None:
+        def count(_: Batch) -> None:
             nonlocal commits
             commits += 1
 
-        j._before_commit = count
+        j.before_commit = count
 
         async def invocation(i: int) -> None:
             for ev in happy(f"inv-{i}"):
@@ -82,7 +84,7 @@ async def test_concurrent_barriers_share_commits(tmp_path: Path) -> None:
 async def test_barrier_kinds_are_always_committed_with_full_sync(tmp_path: Path) -> None:
     modes: list[str] = []
     async with Journal.open(tmp_path / "j.db") as j:
-        j._before_commit = lambda: modes.append(j._sync)
+        j.before_commit = lambda batch: modes.append(batch.synchronous)
         for ev in until_dispatch("inv-1")[:3]:
             await j.append(ev)  # diagnostics-grade: no barrier requested
         assert modes == ["NORMAL"] * 3
@@ -90,6 +92,47 @@ async def test_barrier_kinds_are_always_committed_with_full_sync(tmp_path: Path)
         assert modes[-1] == "FULL"
         await j.append(Event(E.REQUEST_SENT, "inv-1"), barrier=True)
         assert modes[-1] == "FULL"
+
+
+async def test_around_transaction_wraps_every_transaction_committed_or_not(
+    tmp_path: Path,
+) -> None:
+    """The instrumentation hook is entered before BEGIN and left after COMMIT or ROLLBACK, once
+    per transaction, committed or failed; ``before_commit`` runs inside it."""
+    log: list[tuple[str, int, bool]] = []
+
+    @contextlib.contextmanager
+    def around(batch: Batch) -> Iterator[None]:
+        log.append(("enter", batch.writes, batch.barrier))
+        try:
+            yield
+        finally:
+            log.append(("exit", batch.writes, batch.barrier))
+
+    def disk_error(batch: Batch) -> None:
+        log.append(("commit", batch.writes, batch.barrier))
+        raise sqlite3.OperationalError("disk I/O error")
+
+    async with Journal.open(tmp_path / "j.db") as j:
+        j.around_transaction = around
+        await j.append(accepted("inv-1"))
+        await j.append(Event(E.PREFLIGHT_VALIDATED, "inv-1"), barrier=True)
+        j.before_commit = disk_error
+        with pytest.raises(JournalWriteError):
+            await j.append(Event(E.CREDENTIAL_AUTHORIZED, "inv-1"), barrier=True)
+        j.before_commit = None
+        j.around_transaction = None
+        await j.append(Event(E.CREDENTIAL_AUTHORIZED, "inv-1"))
+        assert len(j.events("inv-1")) == 3
+    assert log == [
+        ("enter", 1, False),
+        ("exit", 1, False),
+        ("enter", 1, True),
+        ("exit", 1, True),
+        ("enter", 1, True),
+        ("commit", 1, True),
+        ("exit", 1, True),
+    ]
 
 
 async def test_a_barrier_is_readable_by_another_connection_when_append_returns(
@@ -201,13 +244,13 @@ def test_reading_attrs_the_writer_did_not_write(tmp_path: Path) -> None:
     import json
     import sqlite3
 
-    from affidavit.journal.store import _loads
+    from affidavit.journal.rows import decode_attrs
 
-    assert _loads(' {"a": [1, 2]} ') == {"a": [1, 2]}
-    assert _loads('{"a":1}') == {"a": 1}
+    assert decode_attrs(' {"a": [1, 2]} ') == {"a": [1, 2]}
+    assert decode_attrs('{"a":1}') == {"a": 1}
     for bad in ("", "{", '{"a":1} trailing', "nope"):
         with pytest.raises(json.JSONDecodeError):
-            _loads(bad)
+            decode_attrs(bad)
 
     path = tmp_path / "j.db"
 

@@ -1,0 +1,115 @@
+"""Opening the SQLite file: the reading connection, the writer's connection with its WAL and
+sync settings, and the schema with the broker key it is bound to.
+
+DESIGN, "Durability barriers": the journal runs in WAL mode with ``synchronous=FULL`` at
+barriers, so a barrier's commit fsyncs the WAL (the writer lowers it to NORMAL for batches with
+no barrier; see ``writer.py``).  Readers use their own connection: WAL lets them read while the
+writer commits, from this process or another.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterable
+from pathlib import Path
+from urllib.parse import quote
+
+from .chain import SCHEMA, SCHEMA_VERSION
+from .errors import JournalError
+from .sealing import BrokerKey
+
+__all__ = ["BUSY_TIMEOUT_MS", "connect_reader", "connect_writer", "init_schema"]
+
+BUSY_TIMEOUT_MS = 30_000
+
+
+def connect_reader(path: Path, *, readonly: bool) -> sqlite3.Connection:
+    """A connection for reads.  ``readonly``: the file must exist and hold a journal (opened
+    ``mode=ro``, so a reader can never create or change one); otherwise a plain connection for
+    the writing journal's own reads."""
+    if not readonly:
+        conn = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
+        conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+        return conn
+    if not path.exists():
+        raise JournalError(f"no journal at {path}")
+    uri = f"file:{quote(str(path.resolve()))}?mode=ro"
+    try:
+        # connect() itself fails on a directory or an unopenable file ("disk I/O
+        # error"): the same clear JournalError as a file that is not a journal.
+        conn = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
+    except sqlite3.Error as exc:
+        raise JournalError(f"{path} is not a readable journal: {exc}") from None
+    try:
+        conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+        conn.execute("SELECT 1 FROM events LIMIT 1").fetchall()
+    except sqlite3.Error as exc:
+        conn.close()
+        raise JournalError(f"{path} is not a readable journal: {exc}") from None
+    return conn
+
+
+def connect_writer(path: Path) -> sqlite3.Connection:
+    """The single writer's connection: WAL, ``synchronous=FULL``.  Raises ``sqlite3.Error`` or
+    ``JournalError``; the caller closes what it opened."""
+    conn = sqlite3.connect(
+        str(path),
+        isolation_level=None,
+        check_same_thread=False,
+        timeout=BUSY_TIMEOUT_MS / 1000,
+    )
+    try:
+        conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+        mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+        if str(mode).lower() != "wal":
+            raise JournalError(f"{path}: cannot switch the journal to WAL mode")
+        conn.execute("PRAGMA synchronous=FULL")
+        # Checkpoint less often (each checkpoint fsyncs the database file as well), and cap
+        # the WAL file left behind after one.
+        conn.execute("PRAGMA wal_autocheckpoint=10000")
+        conn.execute("PRAGMA journal_size_limit=67108864")
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def init_schema(conn: sqlite3.Connection, path: Path, key_file: Path) -> BrokerKey:
+    """Create the tables (if absent) and bind the journal to its broker key: a new journal
+    records the key's id (creating the key file 0600 if there is none); an existing one must
+    be opened with the key it recorded."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        # executescript() would COMMIT first; run the statements inside our transaction.
+        for stmt in _split_sql(SCHEMA):
+            conn.execute(stmt)
+        conn.execute(
+            "INSERT OR IGNORE INTO meta (name, value) VALUES ('schema', ?)",
+            (str(SCHEMA_VERSION),),
+        )
+        row = conn.execute("SELECT value FROM meta WHERE name = 'key_id'").fetchone()
+        if row is None:
+            key = BrokerKey.load(key_file) if key_file.exists() else BrokerKey.create(key_file)
+            conn.execute("INSERT INTO meta (name, value) VALUES ('key_id', ?)", (key.key_id,))
+        else:
+            key = BrokerKey.load(key_file)
+            if key.key_id != row[0]:
+                raise JournalError(f"broker key file {key_file} does not match journal {path}")
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+    return key
+
+
+def _split_sql(script: str) -> Iterable[str]:
+    """Split the schema into statements (``sqlite3.complete_statement`` respects triggers)."""
+    buf = ""
+    for line in script.splitlines(keepends=True):
+        buf += line
+        if sqlite3.complete_statement(buf):
+            stmt = buf.strip()
+            if stmt:
+                yield stmt
+            buf = ""

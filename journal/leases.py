@@ -1,0 +1,119 @@
+"""Leases and idempotency records: the writes that decide who may act on an invocation.
+
+Seed, "Idempotency is defined by the remote contract": "the broker still needs to take a lease
+on the invocation, record the retry generation, and allow only one active attempt", and the key,
+fingerprint, scope and retention are persisted before dispatch.  Each check runs inside the
+writer's transaction (``BEGIN IMMEDIATE``), so two processes sharing the file cannot both win.
+Lease expiry is wall-clock time (the journal's ``clock``): it is compared across processes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from affidavit.statemachine import Event, EventKind, ImpossibleEvent
+
+from .errors import IdempotencyMismatch, IdempotencyRecord, Lease, LeaseBusy, LeaseLost
+from .rows import IDEMPOTENCY_COLUMNS, LEASE_COLUMNS, idempotency_from_row, lease_from_row
+from .txn import Txn, row_args
+from .writer import Fail
+
+__all__ = ["acquire_op", "bind_op", "check_lease"]
+
+
+def _current_lease(txn: Txn, iid: str) -> Lease | None:
+    row = txn.conn.execute(
+        f"SELECT {LEASE_COLUMNS} FROM leases WHERE invocation_id = ?",
+        (iid,),
+    ).fetchone()
+    return lease_from_row(iid, row)
+
+
+def check_lease(
+    txn: Txn, iid: str, lease: tuple[str, int], clock: Callable[[], float]
+) -> Fail | None:
+    """None if ``lease`` (holder, generation) is the invocation's current, unexpired lease;
+    otherwise write LEASE_LOST (when the lifecycle allows it) and answer ``LeaseLost``."""
+    holder, generation = lease
+    current = _current_lease(txn, iid)
+    if (
+        current is not None
+        and current.holder == holder
+        and current.generation == generation
+        and current.expires_at > clock()
+    ):
+        return None
+    lost = Event(
+        EventKind.LEASE_LOST,
+        iid,
+        attrs={"generation": generation, "holder": holder},
+    )
+    try:
+        seq = txn.insert(*row_args(lost)).seq
+    except ImpossibleEvent:
+        seq = None
+    return Fail(LeaseLost(iid, holder, generation, current, seq))
+
+
+def acquire_op(
+    invocation_id: str, holder: str, ttl: float, clock: Callable[[], float]
+) -> Callable[[Txn], Lease | Fail]:
+    """Bump the generation, write the lease row and RETRY_LEASE_ACQUIRED (see
+    ``Journal.acquire_lease``)."""
+
+    def op(txn: Txn) -> Lease | Fail:
+        current = _current_lease(txn, invocation_id)
+        now = clock()
+        if current is not None and current.expires_at > now and current.holder != holder:
+            return Fail(LeaseBusy(current))
+        proj = txn.projector(invocation_id)
+        recorded = proj.record(now).generation
+        generation = max(recorded, current.generation if current else 0) + 1
+        expires = now + ttl
+        ev = Event(
+            EventKind.RETRY_LEASE_ACQUIRED,
+            invocation_id,
+            attrs={"generation": generation, "holder": holder, "expires_at": expires},
+            at=now,
+        )
+        stored = txn.insert(*row_args(ev))
+        txn.conn.execute(
+            "INSERT OR REPLACE INTO leases (invocation_id, holder, generation, expires_at, "
+            "seq) VALUES (?,?,?,?,?)",
+            (invocation_id, holder, generation, expires, stored.seq),
+        )
+        return Lease(generation, expires, holder, invocation_id, stored.seq)
+
+    return op
+
+
+def bind_op(
+    scope: str,
+    key: str,
+    fingerprint: str,
+    invocation_id: str,
+    expires_at: float | None,
+    clock: Callable[[], float],
+) -> Callable[[Txn], IdempotencyRecord | Fail]:
+    """Bind a key to a fingerprint; the first binding wins (see
+    ``Journal.bind_idempotency``)."""
+
+    def op(txn: Txn) -> IdempotencyRecord | Fail:
+        row = txn.conn.execute(
+            f"SELECT {IDEMPOTENCY_COLUMNS} FROM idempotency WHERE scope = ? AND key = ?",
+            (scope, key),
+        ).fetchone()
+        existing = idempotency_from_row(row)
+        if existing is not None:
+            if existing.fingerprint == fingerprint:
+                return existing
+            return Fail(IdempotencyMismatch(existing, fingerprint))
+        rec = IdempotencyRecord(scope, key, fingerprint, invocation_id, expires_at, clock())
+        txn.conn.execute(
+            "INSERT INTO idempotency (scope, key, fingerprint, invocation_id, expires_at, "
+            "created_at) VALUES (?,?,?,?,?,?)",
+            (scope, key, fingerprint, invocation_id, expires_at, rec.created_at),
+        )
+        return rec
+
+    return op

@@ -1,0 +1,98 @@
+"""Rows as Python values: an event's attrs to and from the journal's canonical JSON, and the
+SQLite rows of ``events``, ``leases`` and ``idempotency`` to ``Event``, ``Lease`` and
+``IdempotencyRecord``.
+
+Column order is the schema's (``chain.SCHEMA``); every query that feeds these functions selects
+exactly the columns named here.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+from affidavit.statemachine import BARRIER_KINDS, Event, EventKind, EvidenceSource
+
+from .chain import canonical_json
+from .errors import IdempotencyRecord, JournalError, Lease
+
+__all__ = [
+    "EVENT_READ_COLUMNS",
+    "IDEMPOTENCY_COLUMNS",
+    "LEASE_COLUMNS",
+    "attrs_json",
+    "decode_attrs",
+    "event_from_row",
+    "idempotency_from_row",
+    "lease_from_row",
+]
+
+EVENT_READ_COLUMNS = (
+    "seq, at, invocation_id, session_id, kind, source, observer, observer_seq, attrs"
+)
+"""What a reader needs of an event row (no sealed blobs, no hashes)."""
+LEASE_COLUMNS = "holder, generation, expires_at, seq"
+IDEMPOTENCY_COLUMNS = "scope, key, fingerprint, invocation_id, expires_at, created_at"
+
+KINDS = {k.value: k for k in EventKind}
+SOURCES = {s.value: s for s in EvidenceSource}
+BARRIER_VALUES = frozenset(k.value for k in BARRIER_KINDS)
+"""By value: ``kind in BARRIER_KINDS`` hashes the enum in Python (``Enum.__hash__``)."""
+
+_scan: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
+
+
+def decode_attrs(text: str) -> Any:
+    """``json.loads`` for the journal's own canonical JSON (no surrounding whitespace): the C
+    scanner straight away, skipping ``loads``' argument checks and whitespace regexes (one call
+    per row read); anything else goes through ``json.loads`` and its errors."""
+    try:
+        value, end = _scan(text, 0)
+    except StopIteration:
+        return json.loads(text)
+    if end != len(text):
+        return json.loads(text)
+    return value
+
+
+def attrs_json(event: Event) -> str:
+    """An event's attrs as canonical JSON; ``JournalError`` (naming kind and invocation, never
+    the value) if they are not JSON."""
+    attrs = event.attrs
+    try:
+        return canonical_json(attrs if type(attrs) is dict else dict(attrs))
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise JournalError(
+            f"{event.kind.value} attrs of invocation {event.invocation_id} are not JSON: {exc}"
+        ) from None
+
+
+def event_from_row(row: tuple[Any, ...]) -> Event:
+    """An ``EVENT_READ_COLUMNS`` row as the stored event."""
+    return Event(
+        KINDS[row[4]], row[2], decode_attrs(row[8]), SOURCES[row[5]], row[0], row[1], row[6], row[7]
+    )
+
+
+def lease_from_row(invocation_id: str, row: tuple[Any, ...] | None) -> Lease | None:
+    """A ``LEASE_COLUMNS`` row (or None) as a ``Lease``."""
+    if row is None:
+        return None
+    return Lease(
+        generation=row[1], expires_at=row[2], holder=row[0], invocation_id=invocation_id, seq=row[3]
+    )
+
+
+def idempotency_from_row(row: tuple[Any, ...] | None) -> IdempotencyRecord | None:
+    """An ``IDEMPOTENCY_COLUMNS`` row (or None) as an ``IdempotencyRecord``."""
+    if row is None:
+        return None
+    return IdempotencyRecord(
+        scope=row[0],
+        key=row[1],
+        fingerprint=row[2],
+        invocation_id=row[3],
+        expires_at=row[4],
+        created_at=row[5],
+    )

@@ -1,0 +1,159 @@
+"""One writer transaction: validate each event against its invocation's projection, chain it
+and queue its row.
+
+Seed, "The projection must reject impossible state reversals": an event is inserted only after
+the invocation's projection accepted it (``ImpossibleEvent`` otherwise, and nothing is
+written).  ``seq`` and ``prev_hash`` come from the chain head read inside ``BEGIN IMMEDIATE``,
+so a second process appending to the same file extends the same chain instead of forking it;
+the schema's trigger checks every row extends it by exactly one.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from affidavit.statemachine import Event, EventKind, ImpossibleEvent, Projector
+
+from .chain import EVENT_COLUMNS, row_digest
+from .rows import EVENT_READ_COLUMNS, attrs_json, decode_attrs, event_from_row
+
+if TYPE_CHECKING:
+    from .writer import Writer
+
+__all__ = ["Txn", "row_args"]
+
+_INSERT = f"INSERT INTO events ({EVENT_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)"
+
+
+class Txn:
+    """State of one writer transaction: the chain head as this transaction extends it, and the
+    rows computed but not yet handed to SQLite (one ``executemany`` per run of appends)."""
+
+    __slots__ = ("conn", "digest", "hash", "rows", "seq", "writer")
+
+    def __init__(self, writer: Writer, conn: sqlite3.Connection, seq: int, hash_: str) -> None:
+        self.writer = writer
+        self.conn = conn
+        self.seq = seq
+        self.hash = hash_
+        self.digest = bytes.fromhex(hash_)
+        self.rows: list[tuple[Any, ...]] = []
+
+    def flush(self) -> None:
+        """Insert the pending rows (the schema's trigger checks each extends the chain)."""
+        if self.rows:
+            self.conn.executemany(_INSERT, self.rows)
+            self.rows.clear()
+
+    def projector(self, iid: str) -> Projector:
+        """The invocation's projection as of this transaction (folded from the file if the
+        writer has not cached it)."""
+        p = self.writer.projectors.get(iid)
+        return self.load_projector(iid) if p is None else p
+
+    def load_projector(self, iid: str) -> Projector:
+        """Fold an invocation the writer has not cached (writer thread, inside this
+        transaction)."""
+        w = self.writer
+        p = Projector(iid)
+        session: str | None = None
+        for row in self.conn.execute(
+            f"SELECT {EVENT_READ_COLUMNS} FROM events WHERE invocation_id = ? ORDER BY seq", (iid,)
+        ):
+            p.apply(event_from_row(row))
+            if session is None and row[3] is not None:
+                session = row[3]
+        w.projectors[iid] = p
+        w.sessions[iid] = session
+        return p
+
+    def insert(
+        self,
+        event: Event,
+        attrs_text: str,
+        payload: bytes | None = None,
+        audit: bytes | None = None,
+        attrs: Mapping[str, Any] | None = None,
+    ) -> Event:
+        """Validate (projection), chain and queue one row; return the stored event.  ``attrs``
+        is ``attrs_text`` decoded, so the writer's projection holds exactly what a reader of the
+        file folds (see ``Journal.record``)."""
+        w = self.writer
+        iid = event.invocation_id
+        proj = w.projectors.get(iid)
+        if proj is None:
+            proj = self.load_projector(iid)
+        kind = event.kind
+        if kind is EventKind.ACTION_ACCEPTED:
+            raw = event.attrs.get("session")
+            session = None if raw is None else str(raw)
+        else:
+            session = w.sessions.get(iid)
+        seq = self.seq + 1
+        at = float(event.at) if event.at is not None else w.clock()
+        observer = event.observer
+        observer_seq = event.observer_seq
+        stored = Event(
+            kind,
+            iid,
+            event.attrs if attrs is None else attrs,
+            event.source,
+            seq,
+            at,
+            observer,
+            observer_seq,
+        )
+        kind_v = kind._value_  # not .value: a Python-level property, twice per row
+        source_v = event.source._value_
+        # The digest first: once the projection has applied the event, nothing may fail before
+        # its row is queued (``Journal.record`` serves that projection as the file's state).
+        digest = row_digest(
+            self.digest,
+            seq,
+            at,
+            iid,
+            session,
+            kind_v,
+            source_v,
+            observer,
+            observer_seq,
+            attrs_text,
+            payload,
+            audit,
+        )
+        try:
+            proj.apply(stored)  # ImpossibleEvent: nothing written, projector unchanged
+        except ImpossibleEvent:
+            raise
+        except Exception:
+            w.projectors.pop(iid, None)  # a fold that failed midway: reload it from the file
+            raise
+        w.sessions[iid] = session
+        h = digest.hex()
+        self.rows.append(
+            (
+                seq,
+                at,
+                iid,
+                session,
+                kind_v,
+                source_v,
+                observer,
+                observer_seq,
+                attrs_text,
+                payload,
+                audit,
+                self.hash,
+                h,
+            )
+        )
+        self.seq, self.hash, self.digest = seq, h, digest
+        return stored
+
+
+def row_args(event: Event) -> tuple[Event, str, None, None, Any]:
+    """``Txn.insert`` arguments of an event without payload (attrs encoded and decoded)."""
+    text = attrs_json(event)
+    return event, text, None, None, decode_attrs(text)

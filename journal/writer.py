@@ -1,0 +1,363 @@
+"""The single writer task and group commit.
+
+Seed, "Dispatch shifts the burden of proof": DISPATCH_STARTED must be durable before the first
+byte reaches the transport, and RESULT_COMMITTED before delivery.  A barrier's submitter waits
+until the commit that makes its write durable (WAL, ``synchronous=FULL``: SQLite fsyncs the WAL
+at that commit).  One writer task takes everything queued into one transaction, so concurrent
+invocations share one fsync (group commit; DESIGN, "Durability barriers").  A batch with no
+barrier commits with ``synchronous=NORMAL``: it survives a process crash (the WAL is in the OS
+cache) and becomes power-loss durable with the next barrier's fsync, which covers every earlier
+WAL frame -- recovery never depends on such events.
+
+The writer also keeps each invocation's projection as of its last commit (``projectors``), so
+``Journal.record`` can answer without reading the events back while no other process writes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+import threading
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Generic, TypeVar
+
+import trio
+
+from affidavit.statemachine import Projector
+
+from .chain import GENESIS
+from .errors import JournalError, JournalWriteError, ResultStoreFailed
+from .txn import Txn
+
+__all__ = ["Batch", "Fail", "Posted", "Writer"]
+
+T = TypeVar("T")
+
+MAX_BATCH = 2048
+_PROJECTOR_CACHE = 50_000
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """One writer transaction as ``Journal.before_commit`` and ``Journal.around_transaction``
+    see it."""
+
+    writes: int
+    """Queued writes (appends, posts, result chunks, lease and idempotency operations) in it."""
+    barrier: bool
+    """Whether any of them asked for a durability barrier."""
+    synchronous: str
+    """The ``PRAGMA synchronous`` it commits under: ``FULL`` for a barrier, else ``NORMAL``."""
+
+
+Hook = Callable[[Batch], None]
+Around = Callable[[Batch], AbstractContextManager[object]]
+
+
+@dataclass(eq=False)
+class Fail:
+    """An op's answer when it wrote something (LEASE_LOST) but must still raise to the caller."""
+
+    error: BaseException
+
+
+class _Req(Generic[T]):
+    """One queued write: ``op`` runs in the writer's transaction, or, for a plain append
+    (``op`` None), ``Txn.insert(*args)`` does without a closure."""
+
+    __slots__ = (
+        "args",
+        "barrier",
+        "error",
+        "finished",
+        "op",
+        "parked",
+        "result",
+        "result_store",
+        "task",
+    )
+
+    def __init__(
+        self,
+        op: Callable[[Txn], T | Fail] | None,
+        args: tuple[Any, ...] | None,
+        barrier: bool,
+        result_store: bool,
+        task: trio.lowlevel.Task | None,
+    ) -> None:
+        self.op = op
+        self.args = args
+        self.barrier = barrier
+        self.result_store = result_store
+        self.task = task
+        self.parked = False
+        self.finished = False
+        self.result: T | None = None
+        self.error: BaseException | None = None
+
+
+class Posted(Generic[T]):
+    """A write queued by ``Journal.post`` whose commit its author did not wait for."""
+
+    __slots__ = ("_req",)
+
+    def __init__(self, req: _Req[T]) -> None:
+        self._req = req
+
+    @property
+    def finished(self) -> bool:
+        return self._req.finished
+
+    async def wait(self) -> T:
+        """The write's answer once its transaction ended (raising its error, if it failed).
+        Not cancellable, like every journal write; one task at a time may wait."""
+        req = self._req
+        if not req.finished:
+            assert not req.parked, "another task already waits for this write"
+            req.task = trio.lowlevel.current_task()
+            req.parked = True
+            await trio.lowlevel.wait_task_rescheduled(_cannot_abort)
+        if req.error is not None:
+            raise req.error
+        return req.result  # type: ignore[return-value]
+
+
+class Writer:
+    """Owns the writer connection, the queue of writes and the task that commits them."""
+
+    def __init__(self, path: Path, conn: sqlite3.Connection, clock: Callable[[], float]) -> None:
+        self.path = path
+        self.conn = conn
+        self.clock = clock
+        self.sync = "FULL"
+        self.projectors: dict[str, Projector] = {}
+        self.sessions: dict[str, str | None] = {}
+        self.known_head: int | None = None
+        """The seq this writer last committed (None: unknown; the caches are empty)."""
+        self.busy = False
+        """A batch is in the writer thread: the cached projectors may be mid-change."""
+        self.loop_thread: int | None = None
+        """The thread running the trio loop (the only one that may read the caches)."""
+        self.before_commit: Hook | None = None
+        """See ``Journal.before_commit``."""
+        self.around_transaction: Around | None = None
+        """See ``Journal.around_transaction``."""
+        self._send: trio.MemorySendChannel[_Req[Any]] | None = None
+        self._recv: trio.MemoryReceiveChannel[_Req[Any]] | None = None
+        self._nursery_mgr: contextlib.AbstractAsyncContextManager[trio.Nursery] | None = None
+        self._nursery: trio.Nursery | None = None
+        self._limiter = trio.CapacityLimiter(1)
+
+    # -- the task -------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self.loop_thread = threading.get_ident()
+        self._send, self._recv = trio.open_memory_channel[_Req[Any]](MAX_BATCH * 4)
+        mgr = trio.open_nursery()
+        nursery = await mgr.__aenter__()
+        self._nursery_mgr = mgr
+        self._nursery = nursery
+        nursery.start_soon(self._run)
+
+    async def stop(self) -> None:
+        """Stop taking writes and wait until everything queued is committed (or failed)."""
+        assert self._send is not None
+        self._send.close()
+        # The writer drains what is queued even if our caller was cancelled: a queued
+        # barrier's submitter is waiting (shielded) for its answer.
+        assert self._nursery_mgr is not None and self._nursery is not None
+        self._nursery.cancel_scope.shield = True
+        await self._nursery_mgr.__aexit__(None, None, None)
+
+    async def _run(self) -> None:
+        assert self._recv is not None
+        recv = self._recv
+        with trio.CancelScope(shield=True):
+            while True:
+                try:
+                    first = await recv.receive()
+                except trio.EndOfChannel:
+                    return
+                # Let appenders woken by the previous commit queue up, so they share this fsync.
+                await trio.sleep(0)
+                batch = [first]
+                while len(batch) < MAX_BATCH:
+                    try:
+                        batch.append(recv.receive_nowait())
+                    except (trio.WouldBlock, trio.EndOfChannel):
+                        break
+                self.busy = True
+                try:
+                    await trio.to_thread.run_sync(self._run_batch, batch, limiter=self._limiter)
+                except Exception as exc:  # a bug, not a storage fault: fail the batch, go on
+                    self.forget()
+                    for r in batch:
+                        r.error = JournalError(f"journal writer failed: {exc!r}")
+                finally:
+                    self.busy = False
+                    for r in batch:
+                        r.finished = True
+                        if r.parked:
+                            assert r.task is not None
+                            trio.lowlevel.reschedule(r.task)
+
+    def forget(self) -> None:
+        self.projectors.clear()
+        self.sessions.clear()
+        self.known_head = None
+
+    # -- one batch, one transaction (writer thread) --------------------------------------------
+
+    def _run_batch(self, batch: list[_Req[Any]]) -> None:
+        barrier = any(r.barrier for r in batch)
+        want = "FULL" if barrier else "NORMAL"
+        around = self.around_transaction
+        if around is None:
+            self._transaction(batch, barrier, want)
+        else:
+            with around(Batch(len(batch), barrier, want)):
+                self._transaction(batch, barrier, want)
+
+    def _transaction(self, batch: list[_Req[Any]], barrier: bool, want: str) -> None:
+        """Run the batch in one transaction; a storage fault fails every write in it."""
+        conn = self.conn
+        try:
+            if self.sync != want:
+                conn.execute(f"PRAGMA synchronous={want}")
+                self.sync = want
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                row = conn.execute(
+                    "SELECT seq, hash FROM events ORDER BY seq DESC LIMIT 1"
+                ).fetchone()
+                seq, h = (0, GENESIS) if row is None else (int(row[0]), str(row[1]))
+                if seq != self.known_head or len(self.projectors) > _PROJECTOR_CACHE:
+                    # Another process appended (or we lost track): reload projections lazily.
+                    self.forget()
+                txn = Txn(self, conn, seq, h)
+                insert = txn.insert
+                for r in batch:
+                    # Ops raise their refusals (ImpossibleEvent, JournalError...) before they
+                    # write anything, so a refusal needs no savepoint; one that wrote first is a
+                    # bug, and the whole batch is rolled back rather than half-kept.
+                    op = r.op
+                    if op is None:  # a plain append: its row joins the pending executemany
+                        try:
+                            r.result = insert(*r.args)  # type: ignore[misc]
+                        except sqlite3.Error:
+                            raise
+                        except Exception as exc:  # refused before queueing a row
+                            r.error = exc
+                        continue
+                    txn.flush()  # other ops may read or write rows (results, leases...)
+                    mark = txn.seq
+                    try:
+                        out = op(txn)
+                    except sqlite3.Error:
+                        raise
+                    except Exception as exc:
+                        if txn.seq != mark:
+                            raise
+                        r.error = exc
+                    else:
+                        if isinstance(out, Fail):
+                            r.error = out.error
+                        else:
+                            r.result = out
+                txn.flush()
+                hook = self.before_commit
+                if hook is not None:
+                    hook(Batch(len(batch), barrier, want))
+                conn.execute("COMMIT")
+                self.known_head = txn.seq
+            except BaseException:
+                if conn.in_transaction:
+                    with contextlib.suppress(sqlite3.Error):
+                        conn.execute("ROLLBACK")
+                raise
+        except sqlite3.Error as exc:
+            self.forget()
+            for r in batch:
+                r.result = None
+                cls = ResultStoreFailed if r.result_store else JournalWriteError
+                r.error = cls(f"journal {self.path}: write not committed: {exc}")
+
+    # -- queueing -------------------------------------------------------------------------------
+
+    async def enqueue(
+        self,
+        op: Callable[[Txn], T | Fail] | None,
+        args: tuple[Any, ...] | None = None,
+        *,
+        barrier: bool,
+        result_store: bool = False,
+        task: trio.lowlevel.Task | None = None,
+    ) -> _Req[T]:
+        send = self._send
+        if send is None:
+            raise JournalError("journal is not open for writing (use `async with Journal.open`)")
+        req: _Req[T] = _Req(op, args, barrier, result_store, task)
+        try:
+            try:
+                send.send_nowait(req)  # no checkpoint between queueing and parking
+            except trio.WouldBlock:
+                await send.send(req)
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            raise JournalError(f"journal {self.path} is closed") from None
+        return req
+
+    async def post(
+        self,
+        op: Callable[[Txn], T | Fail] | None,
+        args: tuple[Any, ...] | None = None,
+        *,
+        result_store: bool = False,
+    ) -> Posted[T]:
+        """Queue a non-barrier write; return without waiting for its commit."""
+        return Posted(await self.enqueue(op, args, barrier=False, result_store=result_store))
+
+    async def submit(
+        self,
+        op: Callable[[Txn], T | Fail] | None,
+        args: tuple[Any, ...] | None = None,
+        *,
+        barrier: bool,
+        result_store: bool = False,
+    ) -> T:
+        """Queue a write and wait for its transaction's answer."""
+        task = trio.lowlevel.current_task()
+        req = await self.enqueue(op, args, barrier=barrier, result_store=result_store, task=task)
+        # Once queued, the write will happen: wait for its answer without being cancellable,
+        # so a caller never loses track of a barrier that did commit (seed: classify by the
+        # last proven boundary).  A pending cancellation is delivered at the next checkpoint.
+        # (Posted.wait inlined: this runs once per append.)
+        if not req.finished:
+            req.parked = True
+            await trio.lowlevel.wait_task_rescheduled(_cannot_abort)
+        if req.error is not None:
+            raise req.error
+        return req.result  # type: ignore[return-value]
+
+    # -- the cached projections ----------------------------------------------------------------
+
+    def committed_projector(self, invocation_id: str) -> Projector | None:
+        """The invocation's projection as of this writer's last commit, when the writer may
+        vouch for it: called on the trio thread while no batch is in the writer thread, with a
+        committed head known.  (The caller still checks that the file's last seq is that head:
+        another process may append to the same file.)"""
+        p = self.projectors.get(invocation_id)
+        if (
+            p is not None
+            and not self.busy
+            and self.known_head is not None
+            and threading.get_ident() == self.loop_thread
+        ):
+            return p
+        return None
+
+
+def _cannot_abort(_: Any) -> trio.lowlevel.Abort:
+    return trio.lowlevel.Abort.FAILED
