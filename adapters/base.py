@@ -1,6 +1,6 @@
 """What every adapter's trio driver receives from the engine and hands back.
 
-The engine (``affidavit/engine.py``) owns the journal; adapters never touch it.  A driver gets an
+The engine (``affidavit/engine/``) owns the journal; adapters never touch it.  A driver gets an
 ``AttemptContext`` and must:
 
 1. Drive its ``ProtocolMachine`` (``ctx.machine``) through its declared table, calling

@@ -1,7 +1,7 @@
 """The exchange's single deadline scope keeps the per-phase timeout semantics of ``Timeouts``
-(adapters/http/client.py, ``_hop``): ``read`` is an inactivity limit per wait for response
-bytes -- not a limit on the whole response -- and the time the engine's sink spends journaling
-received bytes is not counted as the peer's silence.
+(adapters/http/exchange.py, ``_Hop.transfer``): ``read`` is an inactivity limit per wait for
+response bytes -- not a limit on the whole response -- and the time the engine's sink spends
+journaling received bytes is not counted as the peer's silence.
 
 Time is the subject here, so it runs on trio's fake clock (``autojump_clock``): the client's
 deadlines and the scripted peer's pauses are both trio's clock, the peer is a task in the same

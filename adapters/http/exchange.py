@@ -1,0 +1,333 @@
+"""One hop: a request written and its response read on one connection, through ``HttpExchange``
+(sans-IO, ``machine.py``).
+
+The steps, in order (``exchange()``):
+
+1. ``pass_gate`` -- the engine's dispatch gate is awaited before the first request byte, on
+   fresh and pooled connections alike; if it raises, nothing was written and the connection
+   goes back to the pool.
+2. ``transfer`` -- write the head (and, with ``Expect: 100-continue``, wait a bounded time for
+   the interim answer), write the body, read until the response is complete.  Every received
+   byte goes through ``handle``: observed, hashed, and sent to the sink (or buffered, for a 3xx
+   about to be followed) as its head's ``Plan`` decided.
+3. on failure, ``interrupted`` -- the attempt ended after the boundary: the code follows what
+   the machine proved (bytes of a final response arrived: REMOTE_RESULT_INCOMPLETE; otherwise
+   REMOTE_OUTCOME_UNKNOWN).  A reused connection's write error after the gate is ``unknown``
+   too: "A failed write says almost nothing about what the other side has already read" (seed).
+4. ``finish`` -- a reusable connection goes back to the pool, any other is closed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass
+from typing import Any, Final
+
+import trio
+
+from affidavit.adapters.base import AttemptContext, AttemptInterrupted
+from affidavit.statemachine import Code
+
+from .classify import Redactor, classify_response
+from .connect import READ_SIZE, Connection, errno_name
+from .machine import FramingError, HttpExchange, Observation
+from .pool import Pool
+from .redirects import Plan, plan_response
+from .request import HttpRequest
+from .urls import Url
+
+__all__ = ["HopResult", "exchange"]
+
+EXPECT_CONTINUE_WAIT: Final = 1.0
+"""RFC 9110 §10.1.1: a client that sent ``Expect: 100-continue`` need not wait indefinitely."""
+REDIRECT_BODY_BUFFER: Final = 64 * 1024
+"""Bytes of a to-be-followed 3xx body kept in case the next hop cannot be set up and the 3xx
+becomes the result after all."""
+_DROP_REQUEST_HEADERS: Final = frozenset({"host", "content-length", "transfer-encoding", "expect"})
+_WITH_BODY: Final = frozenset({"POST", "PUT", "PATCH"})
+
+
+@dataclass(frozen=True, slots=True)
+class _Head:
+    """The request line and headers as they will be written."""
+
+    target: str
+    headers: list[tuple[str, str]]
+    has_body: bool
+    expect_continue: bool
+
+
+@dataclass
+class HopResult:
+    status: int
+    reason: str
+    headers: list[tuple[str, str]]
+    hop_summary: dict[str, Any]
+    peer: dict[str, Any] | None
+    body_bytes: int
+    body_sha256: str
+    buffered_body: bytes | None
+    buffered_complete: bool
+
+
+async def exchange(
+    pool: Pool,
+    request: HttpRequest,
+    ctx: AttemptContext,
+    hop: int,
+    method: str,
+    target: Url,
+    headers: list[tuple[str, str]],
+    body: bytes,
+    redactor: Redactor,
+    plan: Plan,
+    redirects: int,
+) -> HopResult:
+    """Run one hop; ``plan`` is filled in at the response head."""
+    conn, reused = await pool.acquire(request, ctx, hop, target)
+    h = _Hop(request, ctx, conn, reused, hop, method, target, redactor, plan, redirects)
+    await h.pass_gate(pool)
+    conn.requests += 1
+    hop_summary: dict[str, Any] = {
+        "hop": hop,
+        "method": method,
+        "origin": target.origin,
+        "connection": conn.id,
+        "reused_connection": reused,
+        "via_proxy": conn.via_proxy,
+        "status": None,
+    }
+    head = h.request_head(headers, body)
+    try:
+        await h.transfer(head, body)
+    except trio.TooSlowError:
+        exc = h.interrupted("timed_out")
+        await trio.aclose_forcefully(conn.stream)
+        raise exc from None
+    except FramingError as e:
+        # ``receive`` already fired peer_closed / malformed; report what it fired.
+        for o in e.observations:
+            ctx.observe(o.step, o.facts)
+        await trio.aclose_forcefully(conn.stream)
+        raise h.interruption(str(e)) from None
+    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as e:
+        # trio wraps OS and TLS errors in BrokenResourceError; the cause's errno name is the
+        # only detail kept (its text could echo request bytes in exotic stacks).
+        exc = h.interrupted("transport_error", errno_name(e))
+        await trio.aclose_forcefully(conn.stream)
+        raise exc from None
+    except BaseException as e:
+        # Cancellation (or a sink/observer failure) after dispatch: the remote may be
+        # running; the engine classifies by ``machine.dispatched`` (seed: "Cancellation
+        # after dispatch is not a preflight error").  Only the exception's type is kept.
+        obs = h.ex.abort("cancelled", {"during": h.during, "local_error": type(e).__name__})
+        if obs is not None:
+            ctx.observe(obs.step, obs.facts)
+        await trio.aclose_forcefully(conn.stream)
+        raise
+    await h.finish(pool)
+    return h.result(hop_summary)
+
+
+class _Hop:
+    """The state of one hop's exchange: what has been received and where it went."""
+
+    def __init__(
+        self,
+        request: HttpRequest,
+        ctx: AttemptContext,
+        conn: Connection,
+        reused: bool,
+        hop: int,
+        method: str,
+        target: Url,
+        redactor: Redactor,
+        plan: Plan,
+        redirects: int,
+    ) -> None:
+        self.request = request
+        self.ctx = ctx
+        self.conn = conn
+        self.reused = reused
+        self.hop = hop
+        self.method = method
+        self.target = target
+        self.redactor = redactor
+        self.plan = plan
+        self.redirects = redirects
+        self.ex = HttpExchange(ctx.machine, conn.h11, hop)
+        forward_proxy = conn.forward_proxy
+        self.ex.proxy_judge = lambda status, hdrs: (
+            classify_response(status, hdrs, via_forward_proxy=forward_proxy).hop == "proxy"
+        )
+        self.during = "write"
+        """What the hop was doing (write, expect_continue, read): reported when it fails."""
+        self.sha = hashlib.sha256()
+        self.buffered = bytearray()
+        self.buffered_complete = True
+        self.head: Observation | None = None
+        # One cancel scope for the whole exchange, re-armed per phase (``io.deadline``), instead
+        # of a new ``fail_after`` scope per handoff and per read: a stalled peer still times out
+        # per write and per read (``Timeouts``), at a fraction of the cost.  The deadline is
+        # lifted while received bytes are handled: the sink's journal writes are not the
+        # peer's silence.
+        self.io = trio.CancelScope()
+
+    # -- 1. the dispatch gate -------------------------------------------------------------------
+
+    async def pass_gate(self, pool: Pool) -> None:
+        ctx, conn = self.ctx, self.conn
+        if not ctx.machine.crosses_dispatch("send_headers"):
+            return
+        gate_facts = {
+            "hop": self.hop,
+            "origin": self.target.origin,
+            "connection": conn.id,
+            "reused_connection": self.reused,
+            "peer": conn.peer,
+            "via_proxy": conn.via_proxy,
+        }
+        try:
+            await ctx.gate(gate_facts)
+        except BaseException:
+            # Nothing was written and h11 never heard of the request: the connection is as
+            # good as before and goes back to the pool.
+            obs = self.ex.setup("gate_refused", {"connection": conn.id})
+            ctx.observe(obs.step, obs.facts)
+            pool.release(conn)
+            raise
+
+    # -- 2. write the request, read the response ------------------------------------------------
+
+    def request_head(self, headers: list[tuple[str, str]], body: bytes) -> _Head:
+        has_body = bool(body) or self.method in _WITH_BODY
+        out = [(n, v) for n, v in headers if n.lower() not in _DROP_REQUEST_HEADERS]
+        out.insert(0, ("Host", self.target.authority))
+        if has_body:
+            out.append(("Content-Length", str(len(body))))
+        expect = self.request.expect_continue and bool(body)
+        if expect:
+            out.append(("Expect", "100-continue"))
+        target = self.target
+        req_target = target.absolute if self.conn.forward_proxy else target.path_query
+        return _Head(req_target, out, has_body, expect)
+
+    async def transfer(self, head: _Head, body: bytes) -> None:
+        """Write the request and read the response to its end (``trio.TooSlowError`` when a
+        write or a wait for bytes outlasts its limit)."""
+        ctx, ex, io, stream = self.ctx, self.ex, self.io, self.conn.stream
+        expect = head.expect_continue
+        t = self.request.timeouts
+        with io:
+            obs, data = ex.start_request(
+                self.method, head.target, head.headers, has_body=head.has_body
+            )
+            ctx.observe(obs.step, obs.facts)
+            io.deadline = trio.current_time() + t.write
+            await stream.send_all(data)
+            if expect:
+                self.during = "expect_continue"
+                with trio.move_on_after(min(t.read, EXPECT_CONTINUE_WAIT)):
+                    while not ex.informational_seen and not ex.final_response_started:
+                        await self._read_some(t.read)
+            if not ex.final_response_started:
+                self.during = "write"
+                tail = ex.body_bytes(body)
+                if tail:
+                    io.deadline = trio.current_time() + t.write
+                    await stream.send_all(tail)
+                obs = ex.body_written()
+                ctx.observe(obs.step, obs.facts)
+            self.during = "read"
+            while not ex.finished:
+                await self._read_some(t.read)
+        if io.cancelled_caught:
+            raise trio.TooSlowError
+
+    async def _read_some(self, limit: float) -> None:
+        io = self.io
+        io.deadline = trio.current_time() + limit
+        data = await self.conn.stream.receive_some(READ_SIZE)
+        io.deadline = math.inf
+        await self._handle(self.ex.receive(bytes(data)))
+
+    async def _handle(self, observations: list[Observation]) -> None:
+        ctx, plan = self.ctx, self.plan
+        for obs in observations:
+            ctx.observe(obs.step, obs.facts)
+            if obs.status is not None:
+                self.head = obs
+                plan_response(
+                    self.request,
+                    plan,
+                    self.method,
+                    self.target,
+                    obs,
+                    self.conn.forward_proxy,
+                    self.redirects,
+                    self.redactor,
+                )
+            if obs.data:
+                self.sha.update(obs.data)
+                if plan.disposition == "sink":
+                    await ctx.sink("body", obs.data)
+                elif plan.disposition == "follow":
+                    if len(self.buffered) + len(obs.data) <= REDIRECT_BODY_BUFFER:
+                        self.buffered.extend(obs.data)
+                    else:
+                        self.buffered_complete = False
+
+    # -- 3. how a dispatched hop ends without a response --------------------------------------
+
+    def interrupted(self, event: str, errname: str | None = None) -> AttemptInterrupted:
+        """Fire ``event`` (timed_out, transport_error) and build the interruption."""
+        obs = self.ex.abort(event, {"during": self.during, "error": errname})
+        if obs is not None:
+            self.ctx.observe(obs.step, obs.facts)
+        what = {"timed_out": "timed out", "transport_error": "transport failed"}[event]
+        return self.interruption(f"{what} during {self.during}")
+
+    def interruption(self, detail: str) -> AttemptInterrupted:
+        ex, conn = self.ex, self.conn
+        # The last proven boundary decides (seed): bytes of a final response arrived -> that
+        # result was cut short; otherwise nothing of a result is known at all.
+        code = Code.REMOTE_RESULT_INCOMPLETE if ex.response_started else Code.REMOTE_OUTCOME_UNKNOWN
+        facts = {
+            # Through a forward proxy our transport only ever saw the proxy's socket.
+            "hop": "proxy" if conn.forward_proxy else "origin",
+            "via_proxy": conn.via_proxy,
+            "hop_number": ex.hop,
+            "connection": conn.id,
+            "reused_connection": self.reused,
+            "during": self.during,
+            **ex.progress(),
+        }
+        return AttemptInterrupted(code, detail, facts)
+
+    # -- 4. the connection afterwards, and the hop's result -----------------------------------
+
+    async def finish(self, pool: Pool) -> None:
+        assert self.head is not None and self.head.status is not None
+        conn = self.conn
+        if self.ex.reusable:
+            conn.h11.start_next_cycle()
+            pool.release(conn)
+        else:
+            await trio.aclose_forcefully(conn.stream)
+
+    def result(self, hop_summary: dict[str, Any]) -> HopResult:
+        head = self.head
+        assert head is not None and head.status is not None
+        hop_summary["status"] = head.status
+        return HopResult(
+            status=head.status,
+            reason=head.reason,
+            headers=list(head.headers),
+            hop_summary=hop_summary,
+            peer=self.conn.peer,
+            body_bytes=self.ex.body_bytes_received,
+            body_sha256=self.sha.hexdigest(),
+            buffered_body=bytes(self.buffered) if self.plan.disposition == "follow" else None,
+            buffered_complete=self.buffered_complete,
+        )

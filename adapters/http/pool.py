@@ -1,0 +1,111 @@
+"""The connection pool: idle keep-alive connections per (scheme, host, port, proxy, CA file).
+
+A pooled connection is reused only if it has stayed silent while idle (``looks_stale``) and not
+beyond ``idle_timeout``; either check failing discards it *before* the dispatch boundary, where
+that costs nothing (seed: "When a reused connection breaks, the broker may not know whether the
+other side received the written data" -- so do not reuse one that already looks broken).
+"""
+
+from __future__ import annotations
+
+import logging
+import ssl
+
+import trio
+
+from affidavit.adapters.base import AttemptContext
+
+from .connect import Connection, PoolKey, open_connection, step
+from .request import HttpRequest
+from .urls import Url
+
+__all__ = ["Pool"]
+
+log = logging.getLogger("affidavit.adapters.http")
+
+
+class Pool:
+    def __init__(self, *, max_per_origin: int, idle_timeout: float) -> None:
+        self._max_idle = max_per_origin
+        self._idle_timeout = idle_timeout
+        self._idle: dict[PoolKey, list[Connection]] = {}
+        self._ssl: dict[str | None, ssl.SSLContext] = {}
+        self._next_id = 0
+        self.closed = False
+
+    async def aclose(self) -> None:
+        self.closed = True
+        idle, self._idle = self._idle, {}
+        for conns in idle.values():
+            for c in conns:
+                await trio.aclose_forcefully(c.stream)
+
+    def idle_connections(self) -> int:
+        return sum(len(v) for v in self._idle.values())
+
+    def ssl_context(self, ca_file: str | None) -> ssl.SSLContext:
+        ctx = self._ssl.get(ca_file)
+        if ctx is None:
+            # Verification on, host name checked (create_default_context's defaults); a custom
+            # CA file per target replaces the system store for that target only.
+            ctx = ssl.create_default_context(cafile=ca_file)
+            self._ssl[ca_file] = ctx
+        return ctx
+
+    def _new_id(self) -> str:
+        self._next_id += 1
+        return f"http-{self._next_id}"
+
+    def release(self, conn: Connection) -> None:
+        """Keep ``conn`` for reuse (a closed pool closes it instead)."""
+        if self.closed:
+            conn.socket_stream.socket.close()
+            return
+        conn.idle_since = trio.current_time()
+        idle = self._idle.setdefault(conn.key, [])
+        idle.append(conn)
+        while len(idle) > self._max_idle:
+            old = idle.pop(0)
+            old.socket_stream.socket.close()
+
+    async def acquire(
+        self, request: HttpRequest, ctx: AttemptContext, hop: int, target: Url
+    ) -> tuple[Connection, bool]:
+        """A connection to ``target`` and whether it is a reused one."""
+        key: PoolKey = (target.scheme, target.host, target.port, request.proxy, request.ca_file)
+        idle = self._idle.get(key, [])
+        now = trio.current_time()
+        while idle:
+            conn = idle.pop()  # most recently used first: least likely to have been closed
+            too_old = now - conn.idle_since > self._idle_timeout
+            if too_old or conn.looks_stale():
+                await trio.aclose_forcefully(conn.stream)
+                log.debug("discarded idle connection %s to %s", conn.id, target.origin)
+                step(
+                    ctx,
+                    "stale_connection_discarded",
+                    {
+                        "hop": hop,
+                        "connection": conn.id,
+                        "reason": "idle_timeout" if too_old else "readable_while_idle",
+                    },
+                )
+                continue
+            step(
+                ctx,
+                "reuse",
+                {
+                    "hop": hop,
+                    "connection": conn.id,
+                    "origin": target.origin,
+                    "requests_before": conn.requests,
+                    "peer": conn.peer,
+                    "via_proxy": conn.via_proxy,
+                },
+            )
+            log.debug("reusing connection %s to %s", conn.id, target.origin)
+            return conn, True
+        conn = await open_connection(
+            request, ctx, hop, target, key, ssl_context=self.ssl_context, new_id=self._new_id
+        )
+        return conn, False

@@ -1,0 +1,136 @@
+"""Redirects: decided at a response's head (before any byte of its body), followed as a new hop.
+
+Design notes, "Redirect hops": each followed hop is a new dispatch boundary with its own durable
+evidence.  The target's policy decides whether to follow and whether the credential goes along;
+a 3xx that is not followed is the result.  The credential query parameter never reaches the
+policy or the evidence.
+"""
+
+from __future__ import annotations
+
+import urllib.parse
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from .classify import Redactor, classify_response, header_value
+from .machine import Observation
+from .request import HttpRequest, RedirectDecision
+from .urls import BadUrl, Url, parse_url, query_values, set_query
+
+__all__ = ["REDIRECT_STATUSES", "NextHop", "Plan", "next_hop", "plan_response"]
+
+REDIRECT_STATUSES: Final = frozenset({301, 302, 303, 307, 308})
+_CONTENT_HEADERS: Final = frozenset({"content-type", "content-encoding", "content-language"})
+
+
+@dataclass
+class Plan:
+    """What to do with the response being read, decided at its head."""
+
+    disposition: str = "sink"  # sink | follow | proxy_error
+    next_url: str | None = None
+    next_method: str = ""
+    keep_credential: bool = False
+    redirect_facts: dict[str, Any] = field(default_factory=dict)
+
+
+def plan_response(
+    request: HttpRequest,
+    plan: Plan,
+    method: str,
+    target: Url,
+    head: Observation,
+    forward_proxy: bool,
+    redirects: int,
+    redactor: Redactor,
+) -> None:
+    """Decide at the response head where its body goes (before any byte of it arrives)."""
+    assert head.status is not None
+    cls = classify_response(head.status, head.headers, via_forward_proxy=forward_proxy)
+    if cls.hop == "proxy":
+        plan.disposition = "proxy_error"
+        return
+    if head.status not in REDIRECT_STATUSES or not request.follow_redirects:
+        return
+    location = header_value(head.headers, "location")
+    if location is None:
+        plan.redirect_facts = {"redirect_not_followed": {"reason": "no Location"}}
+        return
+    if redirects >= request.max_redirects:
+        plan.redirect_facts = {
+            "redirect_limit": request.max_redirects,
+            "redirects": redirects,
+        }
+        return
+    try:
+        nxt = urllib.parse.urljoin(target.absolute, location.strip())
+        parse_url(nxt)
+    except (BadUrl, ValueError) as e:
+        plan.redirect_facts = {"redirect_not_followed": {"reason": str(e)}}
+        return
+    if request.credential_query:
+        nxt = set_query(nxt, request.credential_query, [])
+    nxt = urllib.parse.urldefrag(nxt).url
+    new_method = method
+    if (head.status == 303 and method != "HEAD") or (
+        head.status in (301, 302) and method == "POST"
+    ):
+        new_method = "GET"
+    if request.redirect_policy is None:
+        decision = RedirectDecision(False, False, "no redirect policy")
+    else:
+        decision = request.redirect_policy(new_method, nxt)
+    new_origin = parse_url(nxt).origin
+    if not decision.allowed:
+        plan.redirect_facts = {
+            "redirect_not_followed": {
+                "reason": redactor.scrub(decision.reason) or "policy refused",
+                "origin": new_origin,
+            }
+        }
+        return
+    plan.disposition = "follow"
+    plan.next_url = nxt
+    plan.next_method = new_method
+    plan.keep_credential = decision.keep_credential
+    plan.redirect_facts = {
+        "to_origin": new_origin,
+        "method": new_method,
+        "credential_kept": decision.keep_credential,
+    }
+
+
+@dataclass(frozen=True)
+class NextHop:
+    method: str
+    url: str
+    headers: list[tuple[str, str]]
+    body: bytes
+
+
+def next_hop(
+    request: HttpRequest,
+    plan: Plan,
+    method: str,
+    headers: list[tuple[str, str]],
+    body: bytes,
+) -> NextHop:
+    """The request of the hop ``plan`` follows: method and content rewritten as RFC 9110 says,
+    the credential kept or dropped as the policy decided."""
+    assert plan.next_url is not None
+    if plan.next_method != method:
+        # RFC 9110 §15.4.4 (303) and §15.4.2/3 (POST after 301/302): GET, no content.
+        body = b""
+        headers = [(n, v) for n, v in headers if n.lower() not in _CONTENT_HEADERS]
+    if plan.keep_credential:
+        url = plan.next_url
+        if request.credential_query:
+            url = set_query(
+                plan.next_url,
+                request.credential_query,
+                query_values(request.url, request.credential_query),
+            )
+    else:
+        url = plan.next_url
+        headers = [(n, v) for n, v in headers if n.lower() not in request.credential_headers]
+    return NextHop(plan.next_method, url, headers, body)

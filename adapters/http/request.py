@@ -1,0 +1,75 @@
+"""What the HTTP driver is asked to do: ``HttpRequest`` with its ``Timeouts`` and redirect
+policy (built by the broker's HTTP binding, credential already injected)."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import urllib.parse
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from .urls import query_values
+
+__all__ = ["HttpRequest", "RedirectDecision", "Timeouts", "secret_values"]
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    """Per-phase limits in seconds.  ``connect`` applies to each setup stage on its own, ``write``
+    to each handoff of bytes, ``read`` to each wait for response bytes (an inactivity limit)."""
+
+    connect: float = 5.0
+    write: float = 30.0
+    read: float = 30.0
+
+
+@dataclass(frozen=True)
+class RedirectDecision:
+    allowed: bool
+    keep_credential: bool
+    reason: str = ""
+
+
+@dataclass
+class HttpRequest:
+    method: str
+    # repr=False: the URL and headers carry the injected credential, and a dataclass repr
+    # (a debug line, an assertion message) would print it.
+    url: str = field(repr=False)
+    """Absolute; the credential query parameter (if any) is already added."""
+    headers: list[tuple[str, str]] = field(repr=False)
+    """Credential header(s) already injected."""
+    body: bytes = b""
+    credential_headers: frozenset[str] = frozenset()
+    """Lower-case names of the headers carrying the credential."""
+    credential_query: str | None = None
+    """Name of the query parameter carrying the credential."""
+    ca_file: str | None = None
+    proxy: str | None = None
+    """``http://host:port``: a forward proxy for http:// URLs, a CONNECT tunnel for https://."""
+    follow_redirects: bool = False
+    redirect_policy: Callable[[str, str], RedirectDecision] | None = None
+    """(method, absolute url) -> decision; the url passed has the credential query removed."""
+    max_redirects: int = 5
+    timeouts: Timeouts = field(default_factory=Timeouts)
+    expect_continue: bool = False
+
+
+def secret_values(request: HttpRequest) -> list[str]:
+    """Every form in which the injected credential could come back in a response: the header
+    values, a Basic credential decoded, the query value raw and percent-encoded."""
+    vals = [v for n, v in request.headers if n.lower() in request.credential_headers]
+    for v in list(vals):
+        scheme, _, token = v.partition(" ")
+        if scheme.lower() == "basic" and token:
+            # RFC 7617: the decoded user-id:password, and the password alone, are what a
+            # server that decodes the header would echo back.
+            try:
+                user_pass = base64.b64decode(token.strip(), validate=True).decode("utf-8")
+            except (binascii.Error, ValueError):
+                continue
+            vals += [user_pass, user_pass.partition(":")[2]]
+    for v in query_values(request.url, request.credential_query):
+        vals += [v, urllib.parse.quote_plus(v), urllib.parse.quote(v, safe="")]
+    return vals

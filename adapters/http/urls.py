@@ -1,0 +1,78 @@
+"""URLs as the driver needs them: scheme, host, port and request target, origin and authority,
+and the credential query parameter taken off or put back.
+
+Error texts name the problem, never the URL: its query may carry the credential.
+"""
+
+from __future__ import annotations
+
+import urllib.parse
+from dataclasses import dataclass
+
+__all__ = ["BadUrl", "Url", "parse_url", "query_values", "set_query"]
+
+
+@dataclass(frozen=True, slots=True)
+class Url:
+    scheme: str
+    host: str
+    port: int
+    path_query: str
+
+    @property
+    def authority(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        default = 443 if self.scheme == "https" else 80
+        return host if self.port == default else f"{host}:{self.port}"
+
+    @property
+    def hostport(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{host}:{self.port}"
+
+    @property
+    def origin(self) -> str:
+        return f"{self.scheme}://{self.hostport}"
+
+    @property
+    def absolute(self) -> str:
+        return f"{self.scheme}://{self.authority}{self.path_query}"
+
+
+class BadUrl(ValueError):
+    pass
+
+
+def parse_url(url: str, *, schemes: frozenset[str] = frozenset({"http", "https"})) -> Url:
+    try:
+        parts = urllib.parse.urlsplit(url)
+        port = parts.port
+    except ValueError as e:
+        raise BadUrl("URL does not parse") from e
+    scheme = parts.scheme.lower()
+    if scheme not in schemes:
+        raise BadUrl("URL scheme must be " + " or ".join(sorted(schemes)))
+    if not parts.hostname:
+        raise BadUrl("URL has no host")
+    if parts.username is not None or parts.password is not None:
+        raise BadUrl("URL must not carry userinfo")
+    path = parts.path or "/"
+    pq = f"{path}?{parts.query}" if parts.query else path
+    return Url(scheme, parts.hostname, port or (443 if scheme == "https" else 80), pq)
+
+
+def query_values(url: str, name: str | None) -> list[str]:
+    if not name:
+        return []
+    q = urllib.parse.urlsplit(url).query
+    return [v for k, v in urllib.parse.parse_qsl(q, keep_blank_values=True) if k == name]
+
+
+def set_query(url: str, name: str, values: list[str]) -> str:
+    """``url`` with every ``name`` parameter removed, then ``values`` appended under it."""
+    parts = urllib.parse.urlsplit(url)
+    kept = [
+        (k, v) for k, v in urllib.parse.parse_qsl(parts.query, keep_blank_values=True) if k != name
+    ]
+    kept += [(name, v) for v in values]
+    return urllib.parse.urlunsplit(parts._replace(query=urllib.parse.urlencode(kept)))
