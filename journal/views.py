@@ -9,7 +9,6 @@ durable events -- nothing is stored twice, so a view can never disagree with the
 
 from __future__ import annotations
 
-import gc
 import sqlite3
 from typing import Any
 
@@ -37,28 +36,20 @@ def _fold(
     get = folds.get
     apply = Projector.apply
     kinds, sources, loads = KINDS, SOURCES, decode_attrs
-    # As statemachine.project_all: the fold allocates many small acyclic objects, and
-    # automatic cyclic-GC passes over them cost as much as the fold; refcounting frees all.
-    gc_was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        for seq, at, iid, _session, kind, source, observer, observer_seq, attrs in cur:
-            p = get(iid)
-            if p is None:
-                p = folds[iid] = Projector(iid)
-                first[iid] = at
-            apply(
-                p,
-                Event(
-                    kinds[kind], iid, loads(attrs), sources[source], seq, at, observer,
-                    observer_seq,
-                ),
-            )  # fmt: skip
-            last[iid] = at
-        return [(p.record(now), first[iid], last[iid]) for iid, p in folds.items()]
-    finally:
-        if gc_was_enabled:
-            gc.enable()
+    # No pause of the cyclic GC here (statemachine.project_all has one): the rows are read and
+    # dropped one at a time, so there is no large list for a collection to re-walk -- with and
+    # without a pause, 100k events fold in the same time (1.32 s vs 1.38 s, best of 5).
+    for seq, at, iid, _session, kind, source, observer, observer_seq, attrs in cur:
+        p = get(iid)
+        if p is None:
+            p = folds[iid] = Projector(iid)
+            first[iid] = at
+        apply(
+            p,
+            Event(kinds[kind], iid, loads(attrs), sources[source], seq, at, observer, observer_seq),
+        )
+        last[iid] = at
+    return [(p.record(now), first[iid], last[iid]) for iid, p in folds.items()]
 
 
 def list_actions(

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .contract import CODES, Code, EvidenceSource, Outcome, Phase, Retry
-from .projection import Record
+from .record import Record
 
 __all__ = ["ENVELOPE_SCHEMA_ID", "envelope_schema", "render_envelope"]
 

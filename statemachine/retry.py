@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from .contract import CODES, Code, Outcome, Retry
 
 if TYPE_CHECKING:
-    from .projection import Record
+    from .record import Record
 
 __all__ = ["Decision", "Operation", "compute_retry", "decide", "static_retry_hint"]
 

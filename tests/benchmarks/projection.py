@@ -19,9 +19,16 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from affidavit.statemachine import Event, EventKind, EvidenceSource, Projector, project_all
+from affidavit.statemachine import (
+    TRANSITIONS,
+    Event,
+    EventKind,
+    EvidenceSource,
+    Projector,
+    project_all,
+)
 from affidavit.statemachine.lifecycle import OUTCOME_SPLIT
-from affidavit.statemachine.projection import _TABLE, _fold_all
+from affidavit.statemachine.projection import _fold_all
 
 E = EventKind
 S = EvidenceSource
@@ -141,6 +148,10 @@ def synthetic_log(n_events: int, seed: int = 7, concurrency: int = 64) -> list[E
         else:
             active[j] = (iid, plan, pos + 1)
     return events
+
+
+_TABLE = {state: dict(row) for state, row in TRANSITIONS.items()}
+"""The lifecycle table as plain dicts (a mapping proxy's lookup is slower than a dict's)."""
 
 
 def bare_loop(events: Sequence[Event]) -> dict[str, str]:

@@ -39,7 +39,7 @@ from affidavit.statemachine import (
 )
 from affidavit.statemachine import lifecycle as lc
 from affidavit.statemachine.graph import lifecycle_problems
-from affidavit.statemachine.projection import _TABLE
+from affidavit.statemachine.projection import fold_rows
 
 from .example_protocol import EXAMPLE
 from .lifecycle_helpers import IID, make_event, operation, projector_in, protocol_paths
@@ -61,10 +61,8 @@ def protocol_tables() -> list[ProtocolTable]:
 def _declared(state: str) -> set[tuple[str, str]]:
     """(trigger, dest) pairs of the projection's dict for one state, split like the machine."""
     out = set()
-    for kind, raw in _TABLE[state].items():
-        if raw == "=":
-            out.add((kind.value, state))
-        elif raw in lc.OUTCOME_SPLIT:
+    for kind, (raw, _rule) in fold_rows()[state].items():
+        if raw in lc.OUTCOME_SPLIT:
             for outcome, dest in lc.OUTCOME_SPLIT[raw].items():
                 out.add((f"{kind.value}:{outcome.value}", dest))
         else:
@@ -100,7 +98,7 @@ def test_transitions_machine_agrees_with_projection_table_on_every_pair() -> Non
                 with pytest.raises(MachineError):
                     m.trigger(trigger)
     # the dict is compiled from the same table
-    assert set(_TABLE) == set(STATES) == set(TRANSITIONS)
+    assert set(fold_rows()) == set(STATES) == set(TRANSITIONS)
 
 
 # --- (a) every (state, event) pair: declared, or refused cleanly ------------------------------

@@ -1,7 +1,6 @@
 """Projection details the model checks do not name: records are snapshots, refusal is atomic
-from the very first event, project_all's GC pause is undone whatever happens, records built
-without the dataclass ``__init__`` are ordinary frozen records, and the tabulated retry hints
-agree with ``retry_hint``."""
+from the very first event, project_all's GC pause is undone whatever happens, records are
+ordinary frozen records, and the tabulated retry hints agree with ``retry_hint``."""
 
 from __future__ import annotations
 
@@ -16,6 +15,7 @@ from hypothesis import strategies as st
 
 from affidavit.statemachine import (
     STATES,
+    TRANSITIONS,
     Code,
     Event,
     EventKind,
@@ -27,8 +27,9 @@ from affidavit.statemachine import (
     project,
     project_all,
 )
-from affidavit.statemachine.projection import _ROWS, _RULES, _TABLE, _RecordSlots
+from affidavit.statemachine.projection import fold_rows
 from affidavit.statemachine.retry import retry_hint, static_retry_hint
+from affidavit.statemachine.rules import RULES
 
 from .lifecycle_helpers import (
     IID,
@@ -131,8 +132,6 @@ def test_records_are_ordinary_frozen_dataclasses_equal_to_constructed_ones() -> 
         rec.state = "new"  # type: ignore[misc]
     assert dataclasses.replace(rec, state="x").state == "x"
     assert rec.final and not rec.is_error
-    # the builder twin has exactly Record's slots (the __class__ switch depends on it)
-    assert _RecordSlots.__slots__ == Record.__slots__  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize("live", [True, False])
@@ -280,13 +279,18 @@ def test_project_all_agrees_with_projector_apply_on_interleaved_logs(
 
 
 def test_the_fold_dict_is_the_lifecycle_table_with_a_rule_per_kind() -> None:
-    # _ROWS is what apply and project_all look up; _TABLE is what the model checks compare with
-    # the transitions machine.  Same pairs, same destinations ("=" resolved), every kind ruled.
-    assert set(_ROWS) == set(_TABLE) == set(STATES)
-    for state, row in _TABLE.items():
-        assert set(_ROWS[state]) == set(row)
+    # fold_rows() is what apply and project_all look up.  Same pairs as the lifecycle table,
+    # same destinations ("=" resolved), every kind ruled -- and it cannot be edited from outside.
+    rows = fold_rows()
+    assert set(rows) == set(TRANSITIONS) == set(STATES)
+    for state, row in TRANSITIONS.items():
+        assert set(rows[state]) == set(row)
         for kind, dest in row.items():
-            got, rule = _ROWS[state][kind]
+            got, rule = rows[state][kind]
             assert got == (state if dest == "=" else dest)
-            assert rule is _RULES[kind]
-    assert set(_RULES) == set(EventKind)
+            assert rule is RULES[kind]
+    assert set(RULES) == set(EventKind)
+    with pytest.raises(TypeError):
+        rows["new"] = {}  # type: ignore[index]
+    with pytest.raises(TypeError):
+        rows["new"][EventKind.ACTION_ACCEPTED] = ("x", RULES[EventKind.ACTION_ACCEPTED])  # type: ignore[index]

@@ -1,0 +1,92 @@
+"""The record: the projected state of one invocation, what envelopes and ``decide()`` read.
+
+A record is a frozen snapshot; folding further events never changes one already handed out
+(``projection.py`` builds them, ``rules.py`` says what each event does to the fold).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .contract import Code, Outcome, Phase, Retry
+from .events import Event
+from .lifecycle import STATES
+
+__all__ = ["Budget", "ImpossibleEvent", "Record"]
+
+
+class ImpossibleEvent(ValueError):
+    """An event the table (or an event rule) does not allow in the current state."""
+
+    def __init__(self, event: Event, state: str, reason: str) -> None:
+        self.event = event
+        self.state = state
+        self.reason = reason
+        where = f" (seq {event.seq})" if event.seq is not None else ""
+        super().__init__(
+            f"{event.kind.value}{where} is impossible in state {state!r} of invocation "
+            f"{event.invocation_id}: {reason}"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Budget:
+    total: int
+    used: int
+
+    @property
+    def left(self) -> int:
+        return max(0, self.total - self.used)
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """The projected state of one invocation; what envelopes and ``decide()`` read."""
+
+    invocation_id: str
+    state: str
+    phase: Phase
+    outcome: Outcome
+    retry: Retry
+    code: Code | None
+    message: str
+    session: str | None
+    target: str | None
+    protocol: str | None
+    idempotent: bool
+    fingerprint: str | None
+    idempotency: Mapping[str, Any] | None
+    generation: int
+    budget: Budget
+    attempts: tuple[Mapping[str, Any], ...]
+    evidence: Mapping[str, Any]
+    retry_after: float | None
+    last_seq: int | None
+    events: int
+    field: str | None = None
+    """For validation errors: the path of the action field to fix."""
+
+    @property
+    def final(self) -> bool:
+        return STATES[self.state].final
+
+    @property
+    def is_error(self) -> bool:
+        return self.code is not None
+
+
+_BUDGETS: dict[tuple[int, int], Budget] = {}
+
+
+def shared_budget(total: int, used: int) -> Budget:
+    """``Budget(total, used)``; budgets are immutable and few distinct ones exist, so records
+    share them."""
+    key = (total, used)
+    b = _BUDGETS.get(key)
+    if b is None:
+        if len(_BUDGETS) > 4096:
+            _BUDGETS.clear()
+        b = _BUDGETS[key] = Budget(total, used)
+    return b
