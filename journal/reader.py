@@ -164,11 +164,42 @@ class JournalReader:
     ) -> list[Record]:
         """Projected records, oldest first.  ``since``/``until`` bound the time the action was
         accepted (a wall-clock label, inclusive)."""
-        return views.list_actions(self._rconn, session, outcome, phase, since, until, now)
+        want_outcome = Outcome(outcome) if outcome is not None else None
+        want_phase = Phase(phase) if phase is not None else None
+        out: list[Record] = []
+        for rec, first_at, _ in views.fold(self._rconn, session, now):
+            if want_outcome is not None and rec.outcome is not want_outcome:
+                continue
+            if want_phase is not None and rec.phase is not want_phase:
+                continue
+            if since is not None and (first_at is None or first_at < since):
+                continue
+            if until is not None and (first_at is None or first_at > until):
+                continue
+            out.append(rec)
+        return out
 
     def sessions(self) -> list[dict[str, Any]]:
         """One entry per session: its action count, counts by outcome, first and last seen."""
-        return views.sessions(self._rconn)
+        by: dict[str | None, dict[str, Any]] = {}
+        for rec, first_at, last_at in views.fold(self._rconn, None, None):
+            s = by.setdefault(
+                rec.session,
+                {
+                    "session": rec.session,
+                    "actions": 0,
+                    "outcomes": {},
+                    "first_seen": first_at,
+                    "last_seen": last_at,
+                },
+            )
+            s["actions"] += 1
+            s["outcomes"][rec.outcome.value] = s["outcomes"].get(rec.outcome.value, 0) + 1
+            if first_at is not None and (s["first_seen"] is None or first_at < s["first_seen"]):
+                s["first_seen"] = first_at
+            if last_at is not None and (s["last_seen"] is None or last_at > s["last_seen"]):
+                s["last_seen"] = last_at
+        return list(by.values())
 
     def verify(self) -> VerifyReport:
         """Recompute the hash chain (no key needed); report the first bad seq."""
