@@ -2,9 +2,10 @@
 retry decisions.  No I/O happens in this package."""
 
 from .contract import CODES, Code, CodeInfo, EvidenceSource, Outcome, Phase, Retry
-from .envelope import envelope_schema, render_envelope
+from .envelope import envelope_schema, operation_json, operation_view, render_envelope
 from .events import BARRIER_KINDS, Event, EventKind
 from .lifecycle import DISPATCHED_STATES, INITIAL, STATES, TRANSITIONS, StateSpec, build_machine
+from .operation import invocation_of, operation_id
 from .projection import Budget, ImpossibleEvent, Projector, Record, project, project_all
 from .protocol import (
     ProtocolMachine,
@@ -47,6 +48,10 @@ __all__ = [
     "compute_retry",
     "decide",
     "envelope_schema",
+    "invocation_of",
+    "operation_id",
+    "operation_json",
+    "operation_view",
     "project",
     "project_all",
     "register",

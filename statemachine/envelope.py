@@ -11,6 +11,10 @@ Seed shape::
 added without changing the meaning of existing ones.  A committed or rejected remote result may
 accompany an error (exit status 23, HTTP 401): the error says how to treat it, the result is what
 the remote returned (redacted).
+
+Two more top-level members say what a complete result established beyond its own outcome:
+``operation`` (a job a 202 accepted, tracked on its own: id, job_id, status_url, state) and
+``items`` (a batch's per-item outcomes: id, outcome, code, retry), beside the parent's.
 """
 
 from __future__ import annotations
@@ -19,9 +23,16 @@ from collections.abc import Mapping
 from typing import Any
 
 from .contract import CODES, Code, EvidenceSource, Outcome, Phase, Retry
+from .operation import STATES as OPERATION_STATES
 from .record import Record
 
-__all__ = ["ENVELOPE_SCHEMA_ID", "envelope_schema", "render_envelope"]
+__all__ = [
+    "ENVELOPE_SCHEMA_ID",
+    "envelope_schema",
+    "operation_json",
+    "operation_view",
+    "render_envelope",
+]
 
 ENVELOPE_SCHEMA_ID = "https://affidavit.dev/schema/envelope-v1.json"
 
@@ -55,6 +66,10 @@ def render_envelope(record: Record, result: Mapping[str, Any] | None = None) -> 
         env["result"] = dict(result)
     elif "error" not in env:
         env["result"] = None
+    if record.operation is not None:
+        env["operation"] = operation_view(record.operation)
+    if record.items is not None:
+        env["items"] = [dict(i) for i in record.items]
     evidence = dict(record.evidence)
     evidence["outcome"] = record.outcome.value
     evidence["phase"] = record.phase.value
@@ -67,6 +82,34 @@ def render_envelope(record: Record, result: Mapping[str, Any] | None = None) -> 
     evidence["state"] = record.state
     env["evidence"] = evidence
     return env
+
+
+def operation_view(op: Mapping[str, Any]) -> dict[str, Any]:
+    """The caller-facing part of a record's operation (``status_path`` is the broker's own)."""
+    last = op.get("last_poll")
+    return {
+        "id": op["id"],
+        "job_id": op.get("job_id"),
+        "status_url": op.get("status_url"),
+        "state": op["state"],
+        "polls": op.get("polls", 0),
+        "last_poll": dict(last) if last is not None else None,
+    }
+
+
+def operation_json(record: Record) -> dict[str, Any]:
+    """A record's operation as every interface lists it: ``operation_view`` plus the submitting
+    invocation, its target and session, and where the job was accepted in the journal."""
+    op = record.operation
+    if op is None:
+        raise ValueError(f"{record.invocation_id} accepted no job")
+    return {
+        **operation_view(op),
+        "invocation_id": record.invocation_id,
+        "target": record.target,
+        "session": record.session,
+        "accepted_seq": op.get("accepted_seq"),
+    }
 
 
 def _enum(values: type[Any]) -> dict[str, Any]:
@@ -110,6 +153,36 @@ def envelope_schema() -> dict[str, Any]:
                 },
             },
             "result": {"type": ["object", "null"]},
+            "operation": {
+                "type": "object",
+                "description": "A job the complete 202 accepted, tracked as its own operation; "
+                "the submission's outcome is only its acceptance.",
+                "required": ["id", "state"],
+                "properties": {
+                    "id": {"type": "string"},
+                    "job_id": {"type": ["string", "null"]},
+                    "status_url": {"type": ["string", "null"]},
+                    "state": {"type": "string", "enum": sorted(OPERATION_STATES)},
+                    "polls": {"type": "integer", "minimum": 0},
+                    "last_poll": {"type": ["object", "null"]},
+                },
+            },
+            "items": {
+                "type": "array",
+                "description": "A batch's items, one per item sent, each with its own outcome "
+                "and retry hint beside the parent's transport outcome.",
+                "items": {
+                    "type": "object",
+                    "required": ["id", "outcome", "code", "retry"],
+                    "properties": {
+                        "id": {"type": ["string", "integer"]},
+                        "outcome": _enum(Outcome),
+                        "code": {"anyOf": [_enum(Code), {"type": "null"}]},
+                        "retry": _enum(Retry),
+                        "status": {"type": ["string", "integer", "null"]},
+                    },
+                },
+            },
             "evidence": {
                 "type": "object",
                 "required": ["dispatch_started", "outcome", "phase", "attempts"],
@@ -140,6 +213,18 @@ def envelope_schema() -> dict[str, Any]:
                     "retry_after": {"type": "number", "minimum": 0},
                     "dispatch_seq": {"type": ["integer", "null"]},
                     "state": {"type": "string"},
+                    "evidence_from": {
+                        "type": "object",
+                        "description": "Which hop produced this attempt's evidence: the origin, "
+                        "or a proxy answering for itself (then the outcome stays unknown).",
+                        "required": ["hop"],
+                        "properties": {
+                            "hop": {"type": "string", "enum": ["origin", "proxy"]},
+                            "proxy": {"type": "string"},
+                            "status": {"type": "integer"},
+                            "proxy_status": {"type": "array", "items": {"type": "object"}},
+                        },
+                    },
                 },
             },
         },

@@ -78,6 +78,23 @@ class EventKind(StrEnum):
     RECONCILED = "RECONCILED"
     """A second observer resolved an unknown outcome.  attrs: outcome (rejected|committed);
     the event's source must be remote_query or operator_attested."""
+    # --- what a complete result says beyond its outcome -------------------------------------
+    BATCH_ITEMS_RECORDED = "BATCH_ITEMS_RECORDED"
+    """A complete response gave the batch's items their own outcomes (seed: "Record the parent
+    transport outcome and five child outcomes").  attrs: items [{id, outcome, code, retry,
+    status}], one per item sent, in order; source remote_response."""
+    OPERATION_ACCEPTED = "OPERATION_ACCEPTED"
+    """A complete 202 accepted a job that runs on after the response (seed: "Record the job
+    identifier and its status resource ... and then track the job as a separate operation").
+    attrs: operation_id, job_id, status_url, status_path; source remote_response.  The
+    operation's own table (``operation.py``) folds it and the polls below."""
+    OPERATION_POLLED = "OPERATION_POLLED"
+    """A linked invocation queried the job's status resource and read its state.  attrs:
+    operation_id, poll_invocation, state (pending | succeeded | failed), remote_status;
+    source remote_query."""
+    OPERATION_POLL_FAILED = "OPERATION_POLL_FAILED"
+    """A status query gave no readable state (no complete 2xx, or no status in it); the
+    operation keeps its state.  attrs: operation_id, poll_invocation, code, reason."""
     # --- diagnostics ---------------------------------------------------------------------
     PROTOCOL_OBSERVED = "PROTOCOL_OBSERVED"
     """A protocol machine's fine-grained step (e.g. http.informational, ssh.exec_accepted).

@@ -114,6 +114,13 @@ _AFTER_DISPATCH = {
     E.RECONCILED: "reconciled_*",                     # a crashed record may be reconciled as is
 }
 
+# What a complete result says beyond its outcome, read from it before it is stored: the
+# batch's item outcomes, the job a 202 accepted (``batch.py``, ``operation.py``).
+_READING = {E.BATCH_ITEMS_RECORDED: "="}
+# The accepted job is tracked as its own operation once the 202 is known; its polls are
+# folded by the operation table, never moving the invocation's state.
+_OPERATION_POLLS = {E.OPERATION_POLLED: "=", E.OPERATION_POLL_FAILED: "="}
+
 # What an unknown-and-resting invocation accepts.
 _UNKNOWN_AT_REST = {
     E.RETRY_LEASE_ACQUIRED: "retry_pending",
@@ -192,11 +199,14 @@ TRANSITIONS: Final[MappingProxyType[str, MappingProxyType[E, str]]] = MappingPro
     "retry_setup_failed": {**_DIAG, **_UNKNOWN_AT_REST},
     "completed_rejected": {
         **_DIAG,
+        **_READING,
         E.RESULT_COMMITTED: "stored_rejected",
         E.RESULT_STORE_FAILED: "store_failed_rejected",
     },
     "completed_committed": {
         **_DIAG,
+        **_READING,
+        E.OPERATION_ACCEPTED: "=",
         E.RESULT_COMMITTED: "stored_committed",
         E.RESULT_STORE_FAILED: "store_failed_committed",
     },
@@ -207,16 +217,25 @@ TRANSITIONS: Final[MappingProxyType[str, MappingProxyType[E, str]]] = MappingPro
     },
     "stored_committed": {
         **_DIAG,
+        **_OPERATION_POLLS,
         E.RESULT_DELIVERED: "delivered_committed",
         E.RESULT_DELIVERY_FAILED: "delivery_failed_committed",
     },
     "store_failed_unknown": {**_DIAG, E.RECONCILED: "reconciled_*"},
     "store_failed_rejected": {**_DIAG},
-    "store_failed_committed": {**_DIAG},
+    "store_failed_committed": {**_DIAG, **_OPERATION_POLLS},
     "delivered_rejected": {**_DIAG, E.RESULT_DELIVERED: "delivered_rejected"},
-    "delivered_committed": {**_DIAG, E.RESULT_DELIVERED: "delivered_committed"},
+    "delivered_committed": {
+        **_DIAG,
+        **_OPERATION_POLLS,
+        E.RESULT_DELIVERED: "delivered_committed",
+    },
     "delivery_failed_rejected": {**_DIAG, E.RESULT_DELIVERED: "delivered_rejected"},
-    "delivery_failed_committed": {**_DIAG, E.RESULT_DELIVERED: "delivered_committed"},
+    "delivery_failed_committed": {
+        **_DIAG,
+        **_OPERATION_POLLS,
+        E.RESULT_DELIVERED: "delivered_committed",
+    },
     "reconciled_rejected": {**_DIAG},
     "reconciled_committed": {**_DIAG},
     }.items()

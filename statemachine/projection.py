@@ -21,6 +21,7 @@ from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 from typing import Any
 
+from .batch import items_view
 from .contract import CODES, Code, Outcome, Phase, Retry
 from .events import Event, EventKind
 from .lifecycle import INITIAL, OUTCOME_SPLIT, STATES, TRANSITIONS
@@ -45,6 +46,7 @@ class Projector:
     __slots__ = (
         "_at",
         "_attempts",
+        "_batch",
         "_budget_total",
         "_budget_used",
         "_code",
@@ -59,6 +61,7 @@ class Projector:
         "_last_seq",
         "_max_retry_after",
         "_message",
+        "_operation",
         "_protocol",
         "_result_code",
         "_retry_after",
@@ -95,6 +98,11 @@ class Projector:
         self._last_seq: int | None = None
         self._events = 0
         self._at: float | None = None
+        # Read-only views, replaced (never edited) by the operation and batch rules.
+        self._operation: Mapping[str, Any] | None = None
+        """The job this invocation's complete 202 accepted (``operation.py``), if any."""
+        self._batch: Mapping[str, Any] | None = None
+        """The items this invocation sent as a batch and their outcomes (``batch.py``)."""
 
     @property
     def state(self) -> str:
@@ -175,6 +183,7 @@ class Projector:
                 self._budget_total - self._budget_used,
                 now,
             )
+        batch = self._batch
         return Record(
             invocation_id=self._invocation_id or "",
             state=state,
@@ -197,6 +206,8 @@ class Projector:
             last_seq=self._last_seq,
             events=self._events,
             field=self._field,
+            operation=self._operation,
+            items=None if batch is None else items_view(batch, outcome, code, retry),
         )
 
 

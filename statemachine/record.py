@@ -67,6 +67,11 @@ class Record:
     events: int
     field: str | None = None
     """For validation errors: the path of the action field to fix."""
+    operation: Mapping[str, Any] | None = None
+    """The job a complete 202 accepted, tracked as its own operation (``operation.py``): id,
+    job_id, status_url, status_path, state, polls, last_poll, accepted_seq."""
+    items: tuple[Mapping[str, Any], ...] | None = None
+    """A batch's items, one per item sent: id, outcome, code, retry (``batch.py``)."""
 
     @property
     def final(self) -> bool:

@@ -18,8 +18,10 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, NoReturn, TypeGuard, cast
 
+from .batch import check_batch, on_items_recorded
 from .contract import CODES, Code, EvidenceSource, Outcome, Phase
 from .events import Event, EventKind
+from .operation import OPERATION_RULES
 from .record import ImpossibleEvent
 
 if TYPE_CHECKING:
@@ -139,7 +141,11 @@ def _on_accepted(p: Projector, event: Event) -> None:
     idem = op.get("idempotency")
     if idem is not None:
         _check_idempotency(p, event, idem)
+    batch = op.get("batch")
+    if batch is not None:
+        batch = check_batch(p, event, batch)
     # -- validated: apply --
+    p._batch = batch
     p._session = attrs.get("session")
     p._target = target
     p._protocol = protocol
@@ -259,7 +265,14 @@ def _on_lease(p: Projector, event: Event) -> None:
     }
 
 
-_PER_ATTEMPT_FACTS = ("status", "exit_status", "exit_signal", "response_sha256", "steps")
+_PER_ATTEMPT_FACTS = (
+    "status",
+    "exit_status",
+    "exit_signal",
+    "response_sha256",
+    "steps",
+    "evidence_from",
+)
 _DISPATCH_FACTS = ("connection", "reused_connection", "peer", "hop")
 
 
@@ -326,6 +339,7 @@ def _on_complete(p: Projector, event: Event) -> str:
         _refuse(p, event, "attrs.retry_after must be a non-negative number of seconds")
     if event.source is not _REMOTE_RESPONSE:
         _refuse(p, event, "a complete result must come from remote_response")
+    hop = _evidence_from(p, event)
     raw_code = attrs.get("code")
     if raw_code is None:
         if outcome is not _COMMITTED:
@@ -346,6 +360,8 @@ def _on_complete(p: Projector, event: Event) -> str:
     for k in _RESULT_FACTS:
         if k in attrs:
             ev[k] = attrs[k]
+    if hop is not None:
+        ev["evidence_from"] = hop
     _set_error(p, event, code)
     p._retry_after = float(ra) if ra is not None else None
     _update_dispatched_attempt(p, raw, raw_code)
@@ -367,13 +383,30 @@ def _on_interrupted(p: Projector, event: Event) -> None:
     code = _code_of(event)
     if code not in _INTERRUPT_CODES:
         _refuse(p, event, "attrs.code must be one of " + ", ".join(sorted(_INTERRUPT_CODES)))
+    hop = _evidence_from(p, event)
     _set_error(p, event, code)
     p._evidence["source"] = _SOURCE[event.source]
+    if hop is not None:
+        p._evidence["evidence_from"] = hop
     attempts = p._attempts
     if attempts and attempts[-1]["stage"] == "dispatch":
         attempt = attempts[-1].copy()
         attempt["code"] = event.attrs.get("code")
         attempts[-1] = MappingProxyType(attempt)
+
+
+_HOPS = frozenset({"origin", "proxy"})
+
+
+def _evidence_from(p: Projector, event: Event) -> Mapping[str, Any] | None:
+    """attrs.evidence_from: which hop produced the evidence (seed: "Record which hop produced
+    the evidence"), as ``{"hop": "origin" | "proxy", "proxy"?, "status"?, "proxy_status"?}``."""
+    value = event.attrs.get("evidence_from")
+    if value is None:
+        return None
+    if not _is_mapping(value) or value.get("hop") not in _HOPS:
+        _refuse(p, event, 'attrs.evidence_from must be an object whose hop is "origin" or "proxy"')
+    return value
 
 
 def _on_result_committed(p: Projector, event: Event) -> None:
@@ -494,6 +527,8 @@ RULES: Mapping[EventKind, Rule] = {
     E.RECONCILED: _on_reconciled,
     E.PROTOCOL_OBSERVED: _on_observed,
     E.LEASE_LOST: _on_lease_lost,
+    E.BATCH_ITEMS_RECORDED: on_items_recorded,
+    **OPERATION_RULES,
 }
 """Each kind's rule: checks that refuse before any change, then the effect."""
 

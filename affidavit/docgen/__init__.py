@@ -17,7 +17,15 @@ from .generate import (
     svg_files,
     write_files,
 )
-from .graphs import GEdge, Graph, Node, lifecycle_graph, protocol_graph, protocol_slug
+from .graphs import (
+    GEdge,
+    Graph,
+    Node,
+    lifecycle_graph,
+    operation_graph,
+    protocol_graph,
+    protocol_slug,
+)
 from .render import COLOURS, dot_source, mermaid_source, svg_source
 
 __all__ = [
@@ -37,6 +45,7 @@ __all__ = [
     "lifecycle_graph",
     "member_docs",
     "mermaid_source",
+    "operation_graph",
     "protocol_graph",
     "protocol_slug",
     "schema_json",

@@ -30,6 +30,7 @@ from affidavit.statemachine import (
     render_envelope,
 )
 from affidavit.statemachine import lifecycle as _lifecycle
+from affidavit.statemachine import operation as _operation
 from affidavit.statemachine.retry import RETENTION_MARGIN_S, HintInputs, compute_retry, decide
 
 from .common import BANNER
@@ -217,6 +218,49 @@ def _retry_sections() -> list[str]:
     return out
 
 
+def _operation_section() -> list[str]:
+    out = [
+        "## Operations",
+        "",
+        "A complete 202 on a target that declares `operations` is a committed result — the job "
+        'was accepted — and the job is tracked as an operation of its own (seed: "track the '
+        "job as a separate operation\"). Its events live in the submitting invocation's "
+        "stream (the lifecycle table above allows them after the complete 202, never moving the "
+        "invocation's state); its id is the submission's with `op_` for `act_`; the envelope "
+        "carries it as `operation`. A poll is a linked invocation; what it read moves the "
+        "operation, a poll without a readable answer leaves it as it was, and a terminal state "
+        "is never left. Diagram: [../diagrams/operation.mmd](../diagrams/operation.mmd).",
+        "",
+    ]
+    out += _table(
+        ("state", "terminal", "meaning"),
+        (
+            (f"`{name}`", "yes" if spec.terminal else "no", spec.doc)
+            for name, spec in sorted(_operation.STATES.items())
+        ),
+    )
+    out += ["", "Transitions (`EVENT:state`: the event's `attrs.state` selects the state):", ""]
+    rows = [
+        (f"`{src}`", f"`{_operation.trigger(src, ev, dst)}`", f"`{dst}`")
+        for src, ev, dst in _operation.edges()
+    ]
+    out += _table(("state", "event", "next state"), rows)
+    out += [
+        "",
+        "## Batch items",
+        "",
+        "A batch's items are bound when the invocation is accepted (`operation.batch` of "
+        "ACTION_ACCEPTED); the envelope's `items` gives each one an outcome, code and retry hint "
+        "beside the parent's. Only a complete response (BATCH_ITEMS_RECORDED) gives an item its "
+        "own; until then every item shares the parent's outcome, code and hint "
+        "(`not_attempted` before dispatch, `unknown` after it), and a parent resolved without "
+        "item outcomes leaves every item `unknown` / `REMOTE_RESULT_INCOMPLETE` / `reconcile`. "
+        "An item is never `not_attempted` once its batch was dispatched.",
+        "",
+    ]
+    return out
+
+
 def _example_envelope() -> str:
     iid = "act_01JEXAMPLE"
     events = [
@@ -344,6 +388,7 @@ def contract_markdown(protocols: Mapping[str, ProtocolTable] | None = None) -> s
         rows.append((f"`{src}`", f"`{split_trigger(src, ev, dst)}`", f"`{dst}`"))
     out += _table(("state", "event", "next state"), rows)
     out += [""]
+    out += _operation_section()
     out += _retry_sections()
     protos = registered() if protocols is None else dict(sorted(protocols.items()))
     out += ["## Protocol tables", ""]

@@ -28,7 +28,7 @@ from affidavit.statemachine import ProtocolTable, registered
 
 from .common import BANNER
 from .contract import contract_markdown, schema_json
-from .graphs import Graph, lifecycle_graph, protocol_graph
+from .graphs import Graph, lifecycle_graph, operation_graph, protocol_graph
 from .render import dot_source, mermaid_source, svg_source
 
 __all__ = [
@@ -54,7 +54,7 @@ def _tables(protocols: Mapping[str, ProtocolTable] | None) -> dict[str, Protocol
 
 
 def _graphs(protocols: Mapping[str, ProtocolTable]) -> list[Graph]:
-    return [lifecycle_graph()] + [protocol_graph(t) for t in protocols.values()]
+    return [lifecycle_graph(), operation_graph()] + [protocol_graph(t) for t in protocols.values()]
 
 
 def _index(graphs: list[Graph]) -> str:

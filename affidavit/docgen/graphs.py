@@ -22,6 +22,7 @@ from affidavit.statemachine import (
     ProtocolTable,
 )
 from affidavit.statemachine import lifecycle as _lifecycle
+from affidavit.statemachine import operation as _operation
 
 from .common import DiagramError
 
@@ -30,6 +31,7 @@ __all__ = [
     "Graph",
     "Node",
     "lifecycle_graph",
+    "operation_graph",
     "protocol_graph",
     "protocol_slug",
     "split_trigger",
@@ -156,6 +158,54 @@ def lifecycle_graph() -> Graph:
         ),
         notes=tuple(notes),
         legend=tuple((o.value, f"outcome {o.value}") for o in Outcome),
+    )
+
+
+# The operation's states drawn in the contract's colours: no job yet, pending (unknown), and
+# the two ends a status query can read.
+_OPERATION_COLOURS = {
+    "none": "not_attempted",
+    "pending": "unknown",
+    "succeeded": "committed",
+    "failed": "rejected",
+}
+
+
+def operation_graph() -> Graph:
+    """The operation table (``statemachine/operation.py``) as a graph: a job a complete 202
+    accepted, moved only by what a status query read; the edges that end it are marked."""
+    triples = [(src, _operation.trigger(src, ev, dst), dst) for src, ev, dst in _operation.edges()]
+
+    def style(src: str, ev: str, dst: str) -> str:
+        return "complete" if _operation.STATES[dst].terminal else "plain"
+
+    nodes = tuple(
+        Node(
+            id=name,
+            label=(name, "terminal" if spec.terminal else "open"),
+            group="operation",
+            colour=_OPERATION_COLOURS[name],
+            final=spec.terminal,
+        )
+        for name, spec in sorted(_operation.STATES.items())
+    )
+    return Graph(
+        name="operation",
+        title="Operation of a job accepted by a 202 (statemachine/operation.py)",
+        groups=(("operation", "operation"),),
+        nodes=nodes,
+        edges=_merge_edges(triples, style, {"complete": "[job ended]"}),
+        notes=(
+            "The events live in the submitting invocation's stream, after its complete 202",
+            "Green bold edge: a status query (remote_query) read that the job ended",
+            "EVENT:state = the event's attrs.state selects the destination",
+        ),
+        legend=(
+            ("not_attempted", "no job accepted"),
+            ("unknown", "job pending"),
+            ("committed", "job succeeded"),
+            ("rejected", "job failed"),
+        ),
     )
 
 

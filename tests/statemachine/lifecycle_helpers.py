@@ -23,6 +23,8 @@ from affidavit.statemachine import (
     Phase,
     Projector,
     ProtocolTable,
+    Record,
+    operation_id,
 )
 from affidavit.statemachine.lifecycle import INITIAL, STATES, edges, expand
 
@@ -65,6 +67,8 @@ def operation(
     expires_at: float | None = None,
     budget: int = 3,
     max_retry_after: float = 300.0,
+    batch: Sequence[str | int] | None = None,
+    atomic: bool = False,
 ) -> dict[str, Any]:
     op: dict[str, Any] = {
         "target": "payments",
@@ -79,7 +83,24 @@ def operation(
         if expires_at is not None:
             idem["expires_at"] = expires_at
         op["idempotency"] = idem
+    if batch is not None:
+        op["batch"] = {"items": list(batch), "atomic": atomic}
     return op
+
+
+def rule_refuses(rec: Record, kind: EventKind) -> bool:
+    """Declared in the current state, yet refused by its rule whatever its attrs: a lease with
+    the budget spent, item outcomes of an invocation that sent no batch, an operation event the
+    operation table does not allow in the operation's state."""
+    if kind is E.RETRY_LEASE_ACQUIRED:
+        return rec.budget.used >= rec.budget.total
+    if kind is E.BATCH_ITEMS_RECORDED:
+        return rec.items is None
+    if kind is E.OPERATION_ACCEPTED:
+        return rec.operation is not None
+    if kind in (E.OPERATION_POLLED, E.OPERATION_POLL_FAILED):
+        return rec.operation is None or rec.operation["state"] != "pending"
+    return False
 
 
 def valid_moves(p: Projector) -> list[tuple[EventKind, str]]:
@@ -87,8 +108,8 @@ def valid_moves(p: Projector) -> list[tuple[EventKind, str]]:
     rec = p.record()
     out = []
     for kind in sorted(TRANSITIONS[p.state]):
-        if kind is E.RETRY_LEASE_ACQUIRED and rec.budget.used >= rec.budget.total:
-            continue  # the projection refuses a lease once the budget is spent
+        if rule_refuses(rec, kind):
+            continue
         for dest in expand(p.state, kind):
             out.append((kind, dest))
     return out
@@ -154,6 +175,33 @@ def make_event(
         attrs = {"outcome": STATES[dest].outcome.value, "note": "checked by id"}
         source = choose([EvidenceSource.REMOTE_QUERY, EvidenceSource.OPERATOR_ATTESTED])
         observer, observer_seq = "ops-console", choose([1, 17])
+    elif kind is E.BATCH_ITEMS_RECORDED:
+        ids = [i["id"] for i in rec.items] if rec.items is not None else ["a"]
+        attrs = {"items": [_item(i, choose) for i in ids]}
+        source = EvidenceSource.REMOTE_RESPONSE
+    elif kind is E.OPERATION_ACCEPTED:
+        attrs = {
+            "operation_id": operation_id(IID),
+            "job_id": "j123",
+            "status_url": "https://api.example/jobs/j123",
+            "status_path": "/jobs/j123",
+        }
+        source = EvidenceSource.REMOTE_RESPONSE
+    elif kind is E.OPERATION_POLLED:
+        state = choose(["pending", "succeeded", "failed"])
+        attrs = {
+            "operation_id": operation_id(IID),
+            "poll_invocation": "act_poll",
+            "state": state,
+            "remote_status": state,
+        }
+        source = EvidenceSource.REMOTE_QUERY
+    elif kind is E.OPERATION_POLL_FAILED:
+        attrs = {
+            "operation_id": operation_id(IID),
+            "poll_invocation": "act_poll",
+            "code": Code.REMOTE_OUTCOME_UNKNOWN.value,
+        }
     elif kind is E.PROTOCOL_OBSERVED:
         attrs = {"protocol": "http", "state": "headers_sent", "facts": {"reused": False}}
     return Event(
@@ -165,6 +213,26 @@ def make_event(
         observer=observer,
         observer_seq=observer_seq,
     )
+
+
+ITEM_RESULTS: list[tuple[Outcome, Code | None, str]] = [
+    (Outcome.COMMITTED, None, "never"),
+    (Outcome.REJECTED, Code.REMOTE_REJECTED, "after_correction"),
+    (Outcome.REJECTED, Code.REMOTE_THROTTLED, "backoff"),
+    (Outcome.COMMITTED, Code.REMOTE_ERROR, "reconcile"),
+    (Outcome.UNKNOWN, Code.REMOTE_RESULT_INCOMPLETE, "reconcile"),
+]
+"""What a complete response may say of one item: (outcome, code, retry)."""
+
+
+def _item(item_id: object, choose: Choose[Any]) -> dict[str, Any]:
+    outcome, code, retry = choose(ITEM_RESULTS)
+    return {
+        "id": item_id,
+        "outcome": outcome.value,
+        "code": code.value if code is not None else None,
+        "retry": retry,
+    }
 
 
 def path_to(target: str) -> list[tuple[EventKind, str]]:

@@ -272,7 +272,12 @@ def test_cli_reports_a_failing_dot_without_a_traceback(
 def test_real_graphviz_renders_every_diagram() -> None:
     # The committed .dot files are valid for Graphviz itself, not only for a fake.
     svgs = dg.svg_files(DOT.require())
-    assert set(svgs) == {"lifecycle.svg", "protocol-http.svg", "protocol-ssh.svg"}
+    assert set(svgs) == {
+        "lifecycle.svg",
+        "operation.svg",
+        "protocol-http.svg",
+        "protocol-ssh.svg",
+    }
     for name, svg in svgs.items():
         lines = svg.splitlines()
         assert lines[0].startswith("<?xml"), name

@@ -58,6 +58,8 @@ class ProjectionMachine(RuleBasedStateMachine):
         expires_in=st.sampled_from([None, 30.0, 3_600.0]),
         budget=st.integers(1, 4),
         max_retry_after=st.sampled_from([0.0, 60.0, 300.0]),
+        batch=st.sampled_from([None, ["a", "b", 3]]),
+        atomic=st.booleans(),
     )
     def accept(
         self,
@@ -66,6 +68,8 @@ class ProjectionMachine(RuleBasedStateMachine):
         expires_in: float | None,
         budget: int,
         max_retry_after: float,
+        batch: list[str | int] | None,
+        atomic: bool,
     ) -> None:
         op = operation(
             idempotent=idempotent,
@@ -73,6 +77,8 @@ class ProjectionMachine(RuleBasedStateMachine):
             expires_at=None if expires_in is None else self.now + expires_in,
             budget=budget,
             max_retry_after=max_retry_after,
+            batch=batch,
+            atomic=atomic,
         )
         self.max_retry_after = max_retry_after
         self._apply(make_event(self.p, E.ACTION_ACCEPTED, "accepted", self._next(), op=op))
@@ -181,9 +187,41 @@ class ProjectionMachine(RuleBasedStateMachine):
         if prev.last_seq is not None:
             assert rec.last_seq is not None and rec.last_seq >= prev.last_seq
         assert rec.retry is _expected_retry(rec, self.now, self.max_retry_after)
+        _item_invariants(rec, prev)
+        _operation_invariants(rec, prev)
         env = render_envelope(rec)
         VALIDATOR.validate(json.loads(json.dumps(env)))
         self.prev = rec
+
+
+def _item_invariants(rec: Record, prev: Record) -> None:
+    """Seed: a batch's items have outcomes of their own, never better known than the evidence:
+    before dispatch each is not_attempted; no item is not_attempted after it; an unresolved
+    parent leaves every item sharing its outcome and hint."""
+    if rec.items is None:
+        return
+    outcomes = {Outcome(i["outcome"]) for i in rec.items}
+    if rec.evidence["dispatch_started"]:
+        assert Outcome.NOT_ATTEMPTED not in outcomes
+    else:
+        assert outcomes == {Outcome.NOT_ATTEMPTED}
+    if rec.outcome in (Outcome.NOT_ATTEMPTED, Outcome.UNKNOWN):
+        assert outcomes == {rec.outcome}
+        assert {i["retry"] for i in rec.items} == {rec.retry.value}
+    if prev.items is not None:
+        assert [i["id"] for i in rec.items] == [i["id"] for i in prev.items]
+
+
+def _operation_invariants(rec: Record, prev: Record) -> None:
+    """Seed: the job is tracked apart from the submission; its terminal state never moves, and
+    a poll never takes a job back to none."""
+    if prev.operation is not None:
+        assert rec.operation is not None and rec.operation["id"] == prev.operation["id"]
+        assert rec.operation["polls"] >= prev.operation["polls"]
+        if prev.operation["state"] in ("succeeded", "failed"):
+            assert rec.operation["state"] == prev.operation["state"]
+    if rec.operation is not None:
+        assert rec.outcome is Outcome.COMMITTED  # only a complete, committed 202 accepts a job
 
 
 def _absorbing(state: str) -> bool:

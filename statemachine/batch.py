@@ -1,0 +1,128 @@
+"""Batches: one outcome per item beside the parent's transport outcome.
+
+Seed, "Dispatch shifts the burden of proof": "A batch request needs an outcome for each item.
+If the broker sends five changes in one HTTP request and receives a complete response for only
+four of them, a single retry hint cannot safely be assigned to the whole batch.  Record the
+parent transport outcome and five child outcomes.  Retry only the item for which the records and
+the remote contract permit it, or reconcile the batch as a whole if the remote API applies
+changes atomically."
+
+The items sent are bound with the invocation (ACTION_ACCEPTED's ``operation.batch``: their ids
+and whether the remote applies them atomically).  Until a complete response gives them outcomes
+of their own (BATCH_ITEMS_RECORDED, written by the protocol's reading of that response), every
+item shares what the parent's record proves -- ``not_attempted`` before dispatch, ``unknown``
+after it -- with the parent's code and retry hint: no item can be known better than the request
+that carried it.  A parent resolved without item outcomes (its store failed, or the response
+named none) leaves every item ``unknown``: the response did not say what happened to it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, Final, NoReturn
+
+from .contract import CODES, Code, EvidenceSource, Outcome, Phase, Retry
+from .events import Event
+from .record import ImpossibleEvent
+
+if TYPE_CHECKING:
+    from .projection import Projector
+
+__all__ = ["ITEM_OUTCOMES", "check_batch", "items_view", "on_items_recorded"]
+
+ITEM_OUTCOMES: Final = frozenset({Outcome.REJECTED, Outcome.COMMITTED, Outcome.UNKNOWN})
+"""What a complete response can say of one item (never ``not_attempted``: it was sent)."""
+_OUTCOMES = {o.value: o for o in ITEM_OUTCOMES}
+_CODES = {c.value: c for c in Code}
+_RETRIES = {r.value for r in Retry}
+_UNRESOLVED = (Outcome.NOT_ATTEMPTED, Outcome.UNKNOWN)
+
+
+def _refuse(p: Projector, event: Event, reason: str) -> NoReturn:
+    raise ImpossibleEvent(event, p._state, reason)
+
+
+def _is_id(value: object) -> bool:
+    return (isinstance(value, str) and bool(value)) or (
+        isinstance(value, int) and not isinstance(value, bool)
+    )
+
+
+def check_batch(p: Projector, event: Event, value: object) -> Mapping[str, Any]:
+    """ACTION_ACCEPTED's ``operation.batch``: ``{"items": [id, ...], "atomic": bool}`` with
+    distinct string or integer ids; refused otherwise.  Returns the fold's read-only view."""
+    if not isinstance(value, Mapping):
+        _refuse(p, event, "operation.batch must be an object")
+    ids = value.get("items")
+    if not isinstance(ids, list | tuple) or not all(_is_id(i) for i in ids):
+        _refuse(p, event, "operation.batch.items must list string or integer item ids")
+    if len(set(ids)) != len(ids):
+        _refuse(p, event, "operation.batch.items must not repeat an id")
+    atomic = value.get("atomic", False)
+    if not isinstance(atomic, bool):
+        _refuse(p, event, "operation.batch.atomic must be true or false")
+    return MappingProxyType({"ids": tuple(ids), "atomic": atomic, "items": None, "seq": None})
+
+
+def _check_item(p: Projector, event: Event, item: object, want_id: object) -> dict[str, Any]:
+    if not isinstance(item, Mapping) or item.get("id") != want_id:
+        _refuse(p, event, "attrs.items must give every item sent, in order, by its id")
+    outcome = _OUTCOMES.get(item.get("outcome"))  # type: ignore[arg-type]
+    if outcome is None:
+        _refuse(p, event, "an item's outcome must be rejected, committed or unknown")
+    raw_code = item.get("code")
+    code = None if raw_code is None else _CODES.get(raw_code)
+    if raw_code is not None and code is None:
+        _refuse(p, event, "an item's code must be a known code")
+    if code is None:
+        if outcome is not Outcome.COMMITTED:
+            _refuse(p, event, "only a committed item may go without a code")
+    elif CODES[code].phase is not Phase.REMOTE_EXECUTION or CODES[code].outcome is not outcome:
+        _refuse(p, event, f"{code.value} cannot classify a {outcome.value} item")
+    if item.get("retry") not in _RETRIES:
+        _refuse(p, event, "an item's retry must be a retry hint")
+    out = {"id": want_id, "outcome": outcome.value, "code": raw_code, "retry": item["retry"]}
+    if "status" in item:
+        out["status"] = item["status"]
+    return out
+
+
+def on_items_recorded(p: Projector, event: Event) -> None:
+    batch = p._batch
+    if batch is None:
+        _refuse(p, event, "the invocation was not accepted as a batch")
+    if event.source is not EvidenceSource.REMOTE_RESPONSE:
+        _refuse(p, event, "item outcomes come from a complete remote_response")
+    items = event.attrs.get("items")
+    ids = batch["ids"]
+    if not isinstance(items, list | tuple) or len(items) != len(ids):
+        _refuse(p, event, "attrs.items must give every item sent")
+    checked = tuple(
+        MappingProxyType(_check_item(p, event, item, want))
+        for item, want in zip(items, ids, strict=True)
+    )
+    # Only a complete result records them (the lifecycle allows it in ``completed_*`` alone),
+    # and no dispatch follows one: they are the last attempt's for good.
+    p._batch = MappingProxyType({**batch, "items": checked, "seq": event.seq})
+
+
+def items_view(
+    batch: Mapping[str, Any], outcome: Outcome, code: Code | None, retry: Retry
+) -> tuple[Mapping[str, Any], ...]:
+    """The record's items: recorded outcomes, else what the parent proves (module docstring)."""
+    recorded = batch["items"]
+    if recorded is not None:
+        return tuple(recorded)
+    if outcome in _UNRESOLVED:
+        shared = {"outcome": outcome.value, "code": code.value if code else None}
+        return tuple({"id": i, **shared, "retry": retry.value} for i in batch["ids"])
+    return tuple(
+        {
+            "id": i,
+            "outcome": Outcome.UNKNOWN.value,
+            "code": Code.REMOTE_RESULT_INCOMPLETE.value,
+            "retry": Retry.RECONCILE.value,
+        }
+        for i in batch["ids"]
+    )
