@@ -18,7 +18,7 @@ from .registry import (
     registered,
     unregister,
 )
-from .spec import Action, ActionSpec, Binding, Prepared, ProtocolSpec
+from .spec import Action, ActionSpec, Binding, Prepared, ProtocolSpec, Reading, ResultContracts
 
 __all__ = [
     "GROUP",
@@ -28,6 +28,8 @@ __all__ = [
     "Prepared",
     "ProtocolLoadError",
     "ProtocolSpec",
+    "Reading",
+    "ResultContracts",
     "get",
     "kinds",
     "load_bindings",

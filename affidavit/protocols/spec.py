@@ -9,7 +9,7 @@ value; see ``affidavit.protocols.registry`` for how specs are found.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
@@ -17,7 +17,15 @@ from affidavit.adapters.base import AttemptContext, RemoteResult
 from affidavit.schema import TargetSchema
 from affidavit.statemachine import ProtocolTable
 
-__all__ = ["Action", "ActionSpec", "Binding", "Prepared", "ProtocolSpec"]
+__all__ = [
+    "Action",
+    "ActionSpec",
+    "Binding",
+    "Prepared",
+    "ProtocolSpec",
+    "Reading",
+    "ResultContracts",
+]
 
 
 class Action(Protocol):
@@ -83,6 +91,42 @@ class Binding(Protocol):
 
 
 @dataclass(frozen=True)
+class Reading:
+    """What a complete result establishes beyond its own outcome."""
+
+    operation: Mapping[str, Any] | None = None
+    """A job it accepted, to be tracked as an operation: ``{"job_id", "status_url",
+    "status_path"}`` (each may be None when the result did not say)."""
+    items: Sequence[Mapping[str, Any]] | None = None
+    """A batch's items, one per item sent, in order: ``{"id", "outcome", "code", "retry"}``
+    plus the item's own ``status`` when it had one."""
+
+
+@dataclass(frozen=True)
+class ResultContracts:
+    """How a protocol reads the remote's contracts for asynchronous jobs and for batches (seed:
+    "A complete HTTP 202 response confirms that the job was accepted, not that the queued work
+    was completed"; "A batch request needs an outcome for each item").  Optional: a protocol
+    without them has neither operations nor batches.  Each function is pure and never sees a
+    secret (bodies are the redacted bytes the journal stores)."""
+
+    batch: Callable[[Any, Any], Mapping[str, Any] | None]
+    """``(action, target) -> {"items": [id, ...], "atomic": bool}`` when the target declares
+    batches and the action sends one, else None.  Bound to the invocation when it is accepted,
+    so the items are known whatever happens after dispatch."""
+    read: Callable[[Any, Any, RemoteResult, bytes | None], Reading]
+    """``(action, target, result, body) -> Reading`` of a complete result (``body`` None: too
+    large to have been kept in memory, and not read)."""
+    poll: Callable[[Any, Mapping[str, Any]], Mapping[str, Any]]
+    """``(target, operation) -> action`` that queries the job's status resource on the same
+    target; ``ValueError`` (its message for the operator) when there is none to query."""
+    poll_state: Callable[[Any, Mapping[str, Any], bytes | None], tuple[str | None, Any]]
+    """``(target, summary, body) -> (state, remote_status)`` from the status resource's
+    complete 2xx answer: ``pending``, ``succeeded`` or ``failed``, or None when it named
+    none."""
+
+
+@dataclass(frozen=True)
 class ProtocolSpec:
     """One protocol, registered under ``kind`` (the targets' ``kind = "…"``)."""
 
@@ -94,6 +138,8 @@ class ProtocolSpec:
     table: ProtocolTable
     """The protocol machine's table: registered for the diagrams and the model checks, and the
     one the binding's driver runs."""
+    contracts: ResultContracts | None = None
+    """Operations and batches, if the protocol has them (``ResultContracts``)."""
 
     def __post_init__(self) -> None:
         if self.target.kind != self.kind:

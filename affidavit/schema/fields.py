@@ -147,6 +147,10 @@ class Field:
     reason: str = ""
     encode: Callable[[Any], Any] | None = None
     """The snapshot form of the value; default: ``affidavit.schema.target.canonical_value``."""
+    unset_omitted: bool = False
+    """The snapshot leaves the field out while its value is None.  For a setting added after
+    journals were written: targets that do not use it keep their snapshot hash, and so every
+    fingerprint (a same-key retry across the upgrade still matches); once set, it binds."""
 
     def __post_init__(self) -> None:
         if self.key == "":

@@ -148,7 +148,9 @@ class TargetSchema(Schema[T]):
             raise TypeError(f"{cls.__name__} already has a target schema")
         _SCHEMAS[cls] = self
         self.kind = kind
-        self._bound = tuple((f.name, f.encode or canonical_value) for f in self.fields if f.binding)
+        self._bound = tuple(
+            (f.name, f.encode or canonical_value, f.unset_omitted) for f in self.fields if f.binding
+        )
 
     @property
     def allowed(self) -> tuple[str, ...]:
@@ -166,8 +168,11 @@ class TargetSchema(Schema[T]):
 
     def snapshot(self, target: T) -> dict[str, Any]:
         out: dict[str, Any] = {"kind": self.kind, "name": getattr(target, "name")}  # noqa: B009
-        for name, encode in self._bound:
-            out[name] = encode(getattr(target, name))
+        for name, encode, unset_omitted in self._bound:
+            value = getattr(target, name)
+            if value is None and unset_omitted:
+                continue
+            out[name] = encode(value)
         return out
 
 

@@ -31,6 +31,9 @@ from affidavit.config import (
     snapshot_hash,
 )
 from affidavit.protocols.http import HttpTarget, IdempotencyContract
+from affidavit.protocols.http.batch import BatchContract
+from affidavit.protocols.http.operations import OperationsContract
+from affidavit.protocols.http.selectors import Selector
 from affidavit.protocols.ssh import SshTarget
 
 
@@ -566,6 +569,22 @@ HTTP_CHANGES: dict[str, object] = {
     "budget": 1,
     "timeout": Timeouts(5.0, 31.0),
     "idempotency": IdempotencyContract("Idempotency-Key", "payments.create", 3600.0),
+    "operations": OperationsContract(
+        Selector("json", "/id"),
+        Selector("header", "Location"),
+        Selector("json", "/status"),
+        frozenset({"done"}),
+        frozenset({"failed"}),
+    ),
+    "batch": BatchContract(
+        Selector("json", "/results"),
+        Selector("json", "/items"),
+        None,
+        Selector("json", "/status"),
+        (200,),
+        (),
+        False,
+    ),
 }
 SSH_CHANGES: dict[str, object] = {
     "name": "deploy2",

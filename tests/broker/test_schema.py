@@ -20,6 +20,8 @@ from affidavit.config.loader import JOURNAL, VAULT
 from affidavit.protocols import registered
 from affidavit.protocols.actions import fingerprint, parse_action
 from affidavit.protocols.http import HTTP_TARGET
+from affidavit.protocols.http.batch import BATCH
+from affidavit.protocols.http.operations import OPERATIONS
 from affidavit.protocols.ssh import SSH_TARGET
 from affidavit.schema import (
     COMMON,
@@ -131,6 +133,8 @@ def test_every_attribute_of_a_builtin_target_is_bound(kind: str) -> None:
         ("Settings every target has", COMMON),
         ("HTTP targets", HTTP_TARGET.own_fields),
         ("SSH targets", SSH_TARGET.own_fields),
+        ("Asynchronous jobs: `operations`", OPERATIONS.fields),
+        ("Batches: `batch`", BATCH.fields),
     ],
 )
 def test_configuration_docs_list_every_declared_key(section: str, fields: Any) -> None:

@@ -7,6 +7,7 @@ from affidavit.protocols.spec import ProtocolSpec
 
 from .action import HTTP_ACTION, HttpAction, full_path
 from .binding import HttpBinding
+from .contracts import HTTP_CONTRACTS
 from .target import (
     CREDENTIAL_HEADERS,
     HTTP_TARGET,
@@ -19,6 +20,7 @@ from .target import (
 __all__ = [
     "CREDENTIAL_HEADERS",
     "HTTP_ACTION",
+    "HTTP_CONTRACTS",
     "HTTP_TARGET",
     "PROTOCOL",
     "TRANSPORT_HEADERS",
@@ -31,5 +33,10 @@ __all__ = [
 ]
 
 PROTOCOL = ProtocolSpec(
-    kind="http", target=HTTP_TARGET, action=HTTP_ACTION, binding=HttpBinding, table=HTTP_TABLE
+    kind="http",
+    target=HTTP_TARGET,
+    action=HTTP_ACTION,
+    binding=HttpBinding,
+    table=HTTP_TABLE,
+    contracts=HTTP_CONTRACTS,
 )

@@ -28,6 +28,9 @@ from affidavit.schema import (
 )
 from affidavit.secrets.credentials import parse_inject
 
+from .batch import BATCH, BatchContract
+from .operations import OperationsContract, parse_operations
+
 __all__ = [
     "CREDENTIAL_HEADERS",
     "HTTP_TARGET",
@@ -83,6 +86,10 @@ class HttpTarget:
     budget: int
     timeout: Timeouts
     idempotency: IdempotencyContract | None
+    operations: OperationsContract | None
+    """How a 202's job is read and its status resource queried (``operations.py``)."""
+    batch: BatchContract | None
+    """How a batch request names its items and a response their results (``batch.py``)."""
     kind: Literal["http"] = "http"
 
     @property
@@ -312,6 +319,22 @@ HTTP_TARGET = TargetSchema(
             default=None,
             doc="`{ header, scope, retention }`: the service's documented key-deduplication "
             "contract",
+        ),
+        Field(
+            "operations",
+            parse_operations,
+            default=None,
+            unset_omitted=True,
+            doc="`{ id, status_url, status, succeeded, failed }`: a complete 202 accepts a job, "
+            "tracked as an operation (see below)",
+        ),
+        Field(
+            "batch",
+            BATCH.parse_optional_table,
+            default=None,
+            unset_omitted=True,
+            doc="`{ items, request_items, item_id, item_status, ok, rejected, atomic }`: an "
+            "outcome per item of a batch (see below)",
         ),
     ),
 )
