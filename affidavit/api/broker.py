@@ -4,6 +4,7 @@
         envelope = await broker.call({"target": "billing", "method": "GET", "path": "/v1/x"})
         again = await broker.fetch_result(envelope["invocation_id"])   # a read, never a re-run
         record = broker.record(envelope["invocation_id"])              # the projected record
+        polled = await broker.poll_operation(envelope["operation"]["id"])  # after a 202
 
 Runs under trio.  ``call`` never raises for preflight, connection or remote trouble — those are
 envelopes whose phase, outcome and retry hint come from the journal.  Exceptions are for misuse
@@ -22,7 +23,7 @@ from affidavit.engine import Deliver, Engine, EngineSettings
 from affidavit.journal import Journal
 from affidavit.protocols import Binding, load_bindings
 from affidavit.secrets.vault import Vault
-from affidavit.statemachine import Event, Record
+from affidavit.statemachine import Event, Record, operation_json
 
 __all__ = ["Broker"]
 
@@ -80,6 +81,23 @@ class Broker:
     async def fetch_result(self, invocation_id: str) -> dict[str, Any] | None:
         """The recorded envelope of an invocation — never a re-execution.  None if unknown id."""
         return await self._engine.fetch_result(invocation_id)
+
+    async def poll_operation(
+        self, operation_id: str, *, timeout: float | None = None
+    ) -> dict[str, Any]:
+        """Query a job's status resource once, as a linked invocation of its target, and return
+        ``{"operation": {...}, "poll": the poll's envelope}`` (``poll`` is None when the job had
+        already succeeded or failed: nothing is sent).  A poll that gets no readable answer
+        leaves the operation's state as it was; the submission is never sent again.  Raises
+        ``OperationError`` for an unknown id or a job with no status resource to query.
+
+        The seam for every interface that polls (``affidavit operation poll``, the daemon, the
+        MCP tool ``poll_operation``): each calls this, none re-implements it."""
+        return await self._engine.poll_operation(operation_id, timeout=timeout)
+
+    def operations(self) -> list[dict[str, Any]]:
+        """Every operation in the journal, oldest first (``statemachine.operation_json``)."""
+        return [operation_json(r) for r in self.journal.list_actions() if r.operation is not None]
 
     def record(self, invocation_id: str) -> Record | None:
         return self.journal.record(invocation_id)

@@ -21,6 +21,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "affidavit.cli.demo",
     "affidavit.cli.diagrams",
     "affidavit.cli.journal",
+    "affidavit.cli.operations",
     "affidavit.cli.vault",
 )
 

@@ -17,7 +17,7 @@ import trio
 from affidavit.cli import UsageError, text_arg
 from affidavit.config import ConfigError, config_path, load_config, sample_config
 
-__all__ = ["add_commands"]
+__all__ = ["add_commands", "load_or_usage"]
 
 
 def add_commands(sub: Any) -> None:
@@ -38,7 +38,7 @@ def add_commands(sub: Any) -> None:
     p.set_defaults(handler=_init)
 
 
-def _load(path: str | None) -> Any:
+def load_or_usage(path: str | None) -> Any:
     try:
         return load_config(path)
     except ConfigError as exc:
@@ -74,7 +74,7 @@ def _call(args: argparse.Namespace) -> int:
     # journaled (a traceback, and a record never closed); it is a usage error before anything.
     if args.timeout is not None and not args.timeout >= 0:
         raise UsageError("--timeout must be a number of seconds >= 0")
-    config = _load(args.config)
+    config = load_or_usage(args.config)
     action = _read_action(args.action)
 
     delivering = False
@@ -102,7 +102,7 @@ def _result(args: argparse.Namespace) -> int:
     from affidavit.api.broker import Broker
 
     text_arg(args.invocation_id, "the invocation id")
-    config = _load(args.config)
+    config = load_or_usage(args.config)
 
     async def main() -> dict[str, Any] | None:
         async with Broker.open(config=config) as broker:
@@ -122,7 +122,7 @@ def _init(args: argparse.Namespace) -> int:
     if path.exists() and not args.force:
         raise UsageError(f"{path} exists; use --force to overwrite")
     path.write_text(sample_config(), encoding="utf-8")
-    config = _load(str(path))
+    config = load_or_usage(str(path))
 
     async def create() -> None:
         async with Journal.open(

@@ -25,7 +25,7 @@ from affidavit.journal import JournalError, JournalReader
 from affidavit.statemachine import Outcome, Phase
 from affidavit.views import event_to_json, metrics, plain, record_to_json
 
-__all__ = ["add_commands"]
+__all__ = ["add_commands", "common_options", "open_reader", "print_json"]
 
 
 def add_commands(sub: Any) -> None:
@@ -35,11 +35,11 @@ def add_commands(sub: Any) -> None:
     v = jsub.add_parser(
         "verify", help="recompute the hash chain; exit 1 and name the first bad seq if broken"
     )
-    _common(v)
+    common_options(v)
     v.set_defaults(handler=_verify)
 
     a = sub.add_parser("actions", help="list actions with their phase, outcome and retry hint")
-    _common(a)
+    common_options(a)
     a.add_argument("--session", help="only this session")
     a.add_argument("--outcome", choices=[o.value for o in Outcome])
     a.add_argument("--phase", choices=[ph.value for ph in Phase])
@@ -48,25 +48,25 @@ def add_commands(sub: Any) -> None:
     a.set_defaults(handler=_actions)
 
     r = sub.add_parser("record", help="one invocation's events and projected record")
-    _common(r)
+    common_options(r)
     r.add_argument("invocation_id")
     r.set_defaults(handler=_record)
 
     s = sub.add_parser("sessions", help="sessions with their action counts")
-    _common(s)
+    common_options(s)
     s.set_defaults(handler=_sessions)
 
     m = sub.add_parser(
         "metrics", help="invocation counts by phase and outcome (and by code), never merged"
     )
-    _common(m)
+    common_options(m)
     m.add_argument("--session", help="only this session")
     m.add_argument("--since", help="accepted at or after (ISO 8601 or epoch seconds)")
     m.add_argument("--prometheus", action="store_true", help="Prometheus text exposition format")
     m.set_defaults(handler=_metrics)
 
 
-def _common(p: argparse.ArgumentParser) -> None:
+def common_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--journal", help="journal file (default: [journal] path of the config)")
     p.add_argument("--config", help="config file (default: $AFFIDAVIT_CONFIG or ./affidavit.toml)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
@@ -89,7 +89,7 @@ def _journal_path(args: argparse.Namespace) -> Path:
         raise UsageError(str(exc)) from None
 
 
-def _open(args: argparse.Namespace) -> JournalReader:
+def open_reader(args: argparse.Namespace) -> JournalReader:
     path = _journal_path(args)
     try:
         return JournalReader.open(path)
@@ -124,7 +124,7 @@ def _time_arg(value: str | None, name: str) -> float | None:
     return dt.timestamp()
 
 
-def _print_json(value: Any) -> None:
+def print_json(value: Any) -> None:
     json.dump(value, sys.stdout, indent=2, sort_keys=True)
     sys.stdout.write("\n")
 
@@ -133,10 +133,10 @@ def _print_json(value: Any) -> None:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    with _open(args) as j:
+    with open_reader(args) as j:
         report = j.verify()
     if args.json:
-        _print_json(
+        print_json(
             {
                 "ok": report.ok,
                 "count": report.count,
@@ -158,7 +158,7 @@ def _verify(args: argparse.Namespace) -> int:
 def _actions(args: argparse.Namespace) -> int:
     since = _time_arg(args.since, "since")
     until = _time_arg(args.until, "until")
-    with _open(args) as j:
+    with open_reader(args) as j:
         records = j.list_actions(
             session=text_arg(args.session, "--session"),
             outcome=args.outcome,
@@ -167,7 +167,7 @@ def _actions(args: argparse.Namespace) -> int:
             until=until,
         )
     if args.json:
-        _print_json([record_to_json(r) for r in records])
+        print_json([record_to_json(r) for r in records])
         return 0
     print(f"{'INVOCATION':28} {'SESSION':14} {'PHASE':20} {'OUTCOME':14} {'RETRY':20} CODE")
     for r in records:
@@ -180,13 +180,13 @@ def _actions(args: argparse.Namespace) -> int:
 
 def _record(args: argparse.Namespace) -> int:
     text_arg(args.invocation_id, "the invocation id")
-    with _open(args) as j:
+    with open_reader(args) as j:
         events = j.events(args.invocation_id)
         rec = j.record(args.invocation_id)
     if rec is None:
         raise UsageError(f"no invocation {args.invocation_id} in the journal")
     if args.json:
-        _print_json({"record": record_to_json(rec), "events": [event_to_json(e) for e in events]})
+        print_json({"record": record_to_json(rec), "events": [event_to_json(e) for e in events]})
         return 0
     print(f"invocation {rec.invocation_id}  session {rec.session or '-'}  state {rec.state}")
     print(
@@ -200,10 +200,10 @@ def _record(args: argparse.Namespace) -> int:
 
 
 def _sessions(args: argparse.Namespace) -> int:
-    with _open(args) as j:
+    with open_reader(args) as j:
         sessions = j.sessions()
     if args.json:
-        _print_json(sessions)
+        print_json(sessions)
         return 0
     print(f"{'SESSION':24} {'ACTIONS':>8}  {'FIRST SEEN':28} {'LAST SEEN':28} OUTCOMES")
     for s in sessions:
@@ -217,10 +217,10 @@ def _sessions(args: argparse.Namespace) -> int:
 
 def _metrics(args: argparse.Namespace) -> int:
     since = _time_arg(args.since, "since")
-    with _open(args) as j:
+    with open_reader(args) as j:
         data = metrics(j.list_actions(session=text_arg(args.session, "--session"), since=since))
     if args.json:
-        _print_json(data)
+        print_json(data)
     elif args.prometheus:
         print("# HELP affidavit_invocations Invocations by phase and outcome.")
         print("# TYPE affidavit_invocations gauge")
@@ -236,6 +236,19 @@ def _metrics(args: argparse.Namespace) -> int:
                 f'affidavit_invocations_by_code{{code="{row["code"]}",outcome="{row["outcome"]}"}} '
                 f"{row['count']}"
             )
+        print(
+            "# HELP affidavit_batch_items Batch items by outcome and code, apart from invocations."
+        )
+        print("# TYPE affidavit_batch_items gauge")
+        for row in data["batch_items"]:
+            print(
+                f'affidavit_batch_items{{outcome="{row["outcome"]}",code="{row["code"]}"}} '
+                f"{row['count']}"
+            )
+        print("# HELP affidavit_operations Jobs accepted by a 202, by state.")
+        print("# TYPE affidavit_operations gauge")
+        for row in data["operations"]:
+            print(f'affidavit_operations{{state="{row["state"]}"}} {row["count"]}')
     else:
         print(f"{data['invocations']} invocations")
         print(f"{'phase':<22} {'outcome':<14} count")
@@ -245,4 +258,14 @@ def _metrics(args: argparse.Namespace) -> int:
         print(f"{'code':<26} {'outcome':<14} count")
         for row in data["by_code_outcome"]:
             print(f"{row['code']:<26} {row['outcome']:<14} {row['count']}")
+        if data["batch_items"]:
+            print()
+            print(f"{'batch item outcome':<22} {'code':<26} count")
+            for row in data["batch_items"]:
+                print(f"{row['outcome']:<22} {row['code']:<26} {row['count']}")
+        if data["operations"]:
+            print()
+            print(f"{'operation state':<22} count")
+            for row in data["operations"]:
+                print(f"{row['state']:<22} {row['count']}")
     return 0

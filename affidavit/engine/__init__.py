@@ -5,7 +5,15 @@ the parts in the order a call meets them."""
 
 from affidavit.engine.engine import Deliver, Engine
 from affidavit.engine.ids import new_invocation_id
+from affidavit.engine.operations import OperationError
 from affidavit.engine.settings import EngineSettings
 from affidavit.engine.sink import RESULT_CHUNK
 
-__all__ = ["RESULT_CHUNK", "Deliver", "Engine", "EngineSettings", "new_invocation_id"]
+__all__ = [
+    "RESULT_CHUNK",
+    "Deliver",
+    "Engine",
+    "EngineSettings",
+    "OperationError",
+    "new_invocation_id",
+]

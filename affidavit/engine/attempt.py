@@ -211,7 +211,7 @@ async def _try_once(
             # Only a dispatched attempt can be interrupted; before the gate it is setup.
             attrs = {"stage": attempt.machine.state, "code": Code.SETUP_FAILED.value}
             return None, Event(E.SETUP_FAILED, iid, attrs), False
-        return None, _interrupted(iid, exc.code), False
+        return None, _interrupted(iid, exc.code, exc.facts), False
     except Exception as exc:  # classify by the boundary, never by the exception
         # Type name only: library messages may quote remote bytes or request lines.
         log.warning("attempt %s of %s ended by %s", attempt.n, iid, type(exc).__name__)
@@ -235,8 +235,19 @@ def _dispatched(attempt: Attempt) -> bool:
     return attempt.dispatch_recorded or attempt.gate_entered or attempt.machine.dispatched
 
 
-def _interrupted(iid: str, code: Code) -> Event:
-    return Event(E.ATTEMPT_INTERRUPTED, iid, {"code": code.value})
+def _interrupted(iid: str, code: Code, facts: Mapping[str, Any] | None = None) -> Event:
+    """ATTEMPT_INTERRUPTED with what the adapter knew of the interruption (secret-free by the
+    driver contract): which hop produced the evidence -- a proxy's own error is not the origin's
+    result (seed: "Record which hop produced the evidence") -- and the rest as diagnostics."""
+    attrs: dict[str, Any] = {"code": code.value}
+    if facts:
+        hop = facts.get("evidence_from")
+        if isinstance(hop, Mapping):
+            attrs["evidence_from"] = dict(hop)
+        rest = {k: v for k, v in facts.items() if k != "evidence_from" and _jsonable(v)}
+        if rest:
+            attrs["facts"] = rest
+    return Event(E.ATTEMPT_INTERRUPTED, iid, attrs)
 
 
 async def lease_refused(engine: Engine, attempt: Attempt, refusal: LeaseRefusal) -> dict[str, Any]:

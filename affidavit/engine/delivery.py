@@ -23,6 +23,7 @@ from affidavit.journal import ResultStoreFailed
 from affidavit.statemachine import Event, EventKind, EvidenceSource, project, render_envelope
 
 from .attempt import Attempt, Failure, LeaseRefusal, lease_refused, record_observed
+from .contracts import Reader
 from .recorder import result_payload
 from .sink import Stored, StreamSink
 
@@ -43,6 +44,7 @@ async def conclude(
     failure: Failure | None,
     sink: StreamSink,
     deliver: Deliver | None,
+    reading: Reader | None = None,
 ) -> dict[str, Any]:
     """Record the attempt's ending and render its envelope.  The journal-only part runs in one
     shielded section (one cancel scope instead of one per event); delivery to a caller's
@@ -56,7 +58,7 @@ async def conclude(
         if failure is not None:
             return await recorder.finish(iid, failure)
         assert result is not None
-        envelope, committed = await _commit(engine, iid, result, sink)
+        envelope, committed = await _commit(engine, iid, result, sink, reading)
         if not committed:
             return envelope
         if deliver is None:
@@ -69,7 +71,7 @@ async def conclude(
 
 
 async def _commit(
-    engine: Engine, iid: str, result: RemoteResult, sink: StreamSink
+    engine: Engine, iid: str, result: RemoteResult, sink: StreamSink, reading: Reader | None
 ) -> tuple[dict[str, Any], bool]:
     """Store the result and RESULT_COMMITTED (a barrier); return the envelope rendered from
     the durable record and whether the result was committed.  Caller holds a shield."""
@@ -81,7 +83,7 @@ async def _commit(
         "code": result.code.value if result.code else None,
         "response_sha256": digest,
     }
-    for k in ("status", "exit_status", "exit_signal", "remote_request_id", "hop"):
+    for k in ("status", "exit_status", "exit_signal", "remote_request_id", "hop", "evidence_from"):
         if k in result.facts:
             attrs[k] = result.facts[k]
     if result.retry_after is not None:
@@ -89,6 +91,11 @@ async def _commit(
     await recorder.write(
         Event(E.REMOTE_RESPONSE_COMPLETE, iid, attrs, source=EvidenceSource.REMOTE_RESPONSE)
     )
+    if reading is not None:
+        # What the result establishes beyond its outcome rides along with RESULT_COMMITTED's
+        # transaction: a batch's item outcomes, the job a 202 accepted.
+        for event in reading(iid, result, sink.kept()):
+            await recorder.write(event)
     summary = {**result.summary, "streams": streams}
     try:
         committed = await journal.commit_result(

@@ -15,8 +15,10 @@ Three rules shape the engine (seed sections in brackets):
 
 The parts, in the order a call meets them: ``invocation.py`` (accept, idempotency, resume, the
 credential step), ``attempt.py`` (setup retries, gate, observer), ``sink.py`` (result streams),
-``delivery.py`` (store and deliver), ``recovery.py`` (stale records); ``recorder.py`` is how they
-all write the journal, ``snapshot.py`` the bound config, ``settings.py`` the engine's numbers.
+``delivery.py`` (store and deliver), ``recovery.py`` (stale records), ``contracts.py`` (what a
+complete result says of jobs and batch items) and ``operations.py`` (polling a job);
+``recorder.py`` is how they all write the journal, ``snapshot.py`` the bound config,
+``settings.py`` the engine's numbers.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from affidavit.config import Config
 from affidavit.journal import Journal
 from affidavit.protocols import Binding
 
-from . import invocation
+from . import invocation, operations
 from .recorder import Recorder
 from .recovery import recover_stale
 from .settings import EngineSettings
@@ -72,6 +74,7 @@ class Engine:
         *,
         timeout: float | None = None,
         deliver: Deliver | None = None,
+        link: Mapping[str, Any] | None = None,
     ) -> dict[str, Any]:
         """Run one action; return its envelope.  Never raises for remote or preflight trouble:
         those are envelopes.  ``deliver`` (optional) sends the envelope to the caller; a failure
@@ -82,7 +85,7 @@ class Engine:
         if timeout is not None and not timeout >= 0:
             raise ValueError("timeout must be None or a number of seconds >= 0")
         try:
-            return await invocation.start(self, action, timeout, deliver)
+            return await invocation.start(self, action, timeout, deliver, link)
         finally:
             # Normally settled already; after an exception, forget what is left.
             self.recorder.forget()
@@ -98,6 +101,14 @@ class Engine:
             # than "in progress" forever.  Still a read of the remote: nothing is sent.
             record = await recover_stale(self.recorder, record)
         return self.recorder.envelope(record)
+
+    async def poll_operation(
+        self, operation_id: str, *, timeout: float | None = None
+    ) -> dict[str, Any]:
+        """Query an operation's status resource once as a linked invocation and fold what it
+        read (``operations.py``): ``{"operation": ..., "poll": the poll's envelope or None}``.
+        ``OperationError`` when there is no such operation or nothing to query."""
+        return await operations.poll(self, operation_id, timeout=timeout)
 
     def lease_ttl(self, target: Any, timeout: float | None) -> float:
         """How long a call on ``target`` holds its invocation: its total timeout (the caller's,

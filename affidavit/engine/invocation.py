@@ -37,6 +37,7 @@ from affidavit.statemachine import (
 )
 
 from .attempt import run_tries
+from .contracts import batch_facts, reader
 from .delivery import conclude
 from .ids import new_invocation_id
 from .recorder import Recorder
@@ -52,10 +53,15 @@ E = EventKind
 
 
 async def start(
-    engine: Engine, action: object, timeout: float | None, deliver: Deliver | None
+    engine: Engine,
+    action: object,
+    timeout: float | None,
+    deliver: Deliver | None,
+    link: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Accept ``action`` as a new invocation (or resume the one its idempotency key names) and
-    run it; return its envelope."""
+    run it; return its envelope.  ``link`` (secret-free) is recorded with ACTION_ACCEPTED: the
+    invocation this one serves, e.g. the submission whose job a poll queries."""
     now = time.time()
     iid = new_invocation_id()
     session = action.get("session") if isinstance(action, Mapping) else None
@@ -125,6 +131,9 @@ async def start(
         "idempotency": idem,
         "budget": target.budget,
     }
+    batch = batch_facts(parsed, target)
+    if batch is not None:
+        operation["batch"] = batch  # the items sent, bound before anything is sent
     # Written in the credential step's shielded section (one cancel scope for the three
     # preflight events, instead of one per event).
     preamble = (
@@ -136,6 +145,7 @@ async def start(
                 "session": session,
                 "holder": engine.holder,
                 "lease_expires_at": now + engine.lease_ttl(target, timeout),
+                **({"link": dict(link)} if link else {}),
             },
         ),
         Event(E.PREFLIGHT_VALIDATED, iid, {"config_hash": engine.snapshot.hash(target)}),
@@ -258,7 +268,7 @@ async def run(
     attempt, result, failure = await run_tries(
         engine, iid, target, binding, prepared, sink, timeout, generation=generation, lease=lease
     )
-    return await conclude(engine, attempt, result, failure, sink, deliver)
+    return await conclude(engine, attempt, result, failure, sink, deliver, reader(action, target))
 
 
 async def _authorize(

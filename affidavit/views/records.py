@@ -49,6 +49,8 @@ def record_to_json(rec: Record) -> dict[str, Any]:
         "last_seq": rec.last_seq,
         "events": rec.events,
         "final": rec.final,
+        "operation": plain(rec.operation) if rec.operation is not None else None,
+        "items": plain(rec.items) if rec.items is not None else None,
     }
 
 
@@ -70,10 +72,21 @@ def metrics(records: list[Record]) -> dict[str, Any]:
     Seed, "Retry code must be simple and testable": metrics must count phase and outcome
     separately — a rise in connection_setup/not_attempted points at routing, certificates or
     credentials; a rise in remote_execution/unknown needs reconciliation.  Lumping them together
-    as "errors" hides both."""
+    as "errors" hides both.  For the same reason a batch's items are counted apart from the
+    invocations that carried them (``batch_items``, by outcome and code: a committed 207 may
+    hold rejected and unknown items), and jobs accepted by a 202 by their own state
+    (``operations``)."""
     by_phase: dict[tuple[str, str], int] = {}
     by_code: dict[tuple[str, str], int] = {}
+    by_item: dict[tuple[str, str], int] = {}
+    by_job: dict[str, int] = {}
     for rec in records:
+        for item in rec.items or ():
+            ikey = (str(item["outcome"]), str(item["code"] or "OK"))
+            by_item[ikey] = by_item.get(ikey, 0) + 1
+        if rec.operation is not None:
+            state = str(rec.operation["state"])
+            by_job[state] = by_job.get(state, 0) + 1
         key = (rec.phase.value, rec.outcome.value)
         by_phase[key] = by_phase.get(key, 0) + 1
         code = rec.code.value if rec.code is not None else "OK"
@@ -87,4 +100,8 @@ def metrics(records: list[Record]) -> dict[str, Any]:
         "by_code_outcome": [
             {"code": c, "outcome": oc, "count": n} for (c, oc), n in sorted(by_code.items())
         ],
+        "batch_items": [
+            {"outcome": oc, "code": c, "count": n} for (oc, c), n in sorted(by_item.items())
+        ],
+        "operations": [{"state": st, "count": n} for st, n in sorted(by_job.items())],
     }

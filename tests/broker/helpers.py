@@ -27,6 +27,7 @@ from affidavit.statemachine import EventKind, Record
 __all__ = [
     "TOKEN_ENV",
     "FakeResolver",
+    "affidavit_cli",
     "assert_error",
     "assert_ok",
     "closed_port",
@@ -157,6 +158,22 @@ def raw_kinds(db: Path, iid: str | None = None) -> list[str]:
     finally:
         conn.close()
     return [str(r[0]) for r in rows]
+
+
+async def affidavit_cli(
+    *args: str, env: Mapping[str, str] | None = None, cwd: Path | None = None, limit: float = 90
+) -> Any:
+    """Run ``python -m affidavit ARGS`` as a subprocess from trio (the test's peers keep
+    serving meanwhile), within ``limit`` seconds; ``env`` adds to this process's environment."""
+    with trio.fail_after(limit):
+        return await trio.run_process(
+            [sys.executable, "-m", "affidavit", *args],
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+            env={**os.environ, **(env or {})},
+            cwd=str(cwd) if cwd is not None else None,
+        )
 
 
 def run_cli(*args: str, env: Mapping[str, str] | None = None, stdin: bytes = b"") -> Any:

@@ -1,0 +1,85 @@
+"""``affidavit operations`` and ``affidavit operation poll ID``: jobs a complete 202 accepted,
+tracked as operations of their own (docs/configuration.md, "Asynchronous jobs").
+
+``operations`` reads the journal only (read-only, no key).  ``operation poll`` runs one linked
+invocation that queries the job's status resource (``Broker.poll_operation``) and prints
+``{"operation": ..., "poll": the poll's envelope or null}``.
+
+Exit status: 0 the poll read the job's state (or the job had already ended: nothing was sent);
+1 the poll got no readable answer and the state was kept; 2 usage or config error (an unknown
+operation, or one with no status resource the broker may query).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+import trio
+
+from affidavit.cli import UsageError, text_arg
+from affidavit.cli.call import load_or_usage
+from affidavit.cli.journal import common_options, open_reader, print_json
+from affidavit.statemachine import operation_json
+
+__all__ = ["add_commands"]
+
+
+def add_commands(sub: Any) -> None:
+    p = sub.add_parser("operations", help="list the jobs 202 responses accepted, with their state")
+    common_options(p)
+    p.set_defaults(handler=_list)
+
+    op = sub.add_parser("operation", help="one job accepted by a 202")
+    osub = op.add_subparsers(dest="operation_command", metavar="OPERATION_COMMAND")
+    osub.required = True
+    poll = osub.add_parser(
+        "poll", help="query the job's status resource once, as a linked invocation"
+    )
+    poll.add_argument("operation_id")
+    poll.add_argument(
+        "--config", help="config file (default: $AFFIDAVIT_CONFIG or ./affidavit.toml)"
+    )
+    poll.add_argument("--timeout", type=float, help="caller timeout in seconds for the query")
+    poll.set_defaults(handler=_poll)
+
+
+def _list(args: argparse.Namespace) -> int:
+    with open_reader(args) as j:
+        ops = [operation_json(r) for r in j.list_actions() if r.operation is not None]
+    if args.json:
+        print_json(ops)
+        return 0
+    print(f"{'OPERATION':28} {'STATE':10} {'POLLS':>5}  {'JOB':24} SUBMITTED BY")
+    for o in ops:
+        print(
+            f"{o['id']:28} {o['state']:10} {o['polls']:>5}  {o['job_id'] or '-'!s:24} "
+            f"{o['invocation_id']}"
+        )
+    return 0
+
+
+def _poll(args: argparse.Namespace) -> int:
+    from affidavit.api.broker import Broker
+    from affidavit.engine import OperationError
+
+    op_id = text_arg(args.operation_id, "the operation id")
+    assert op_id is not None
+    if args.timeout is not None and not args.timeout >= 0:
+        raise UsageError("--timeout must be a number of seconds >= 0")
+    config = load_or_usage(args.config)
+
+    async def main() -> dict[str, Any]:
+        async with Broker.open(config=config) as broker:
+            return await broker.poll_operation(op_id, timeout=args.timeout)
+
+    try:
+        answer = trio.run(main)
+    except OperationError as exc:
+        raise UsageError(str(exc)) from None
+    sys.stdout.write(json.dumps(answer, sort_keys=True, indent=2) + "\n")
+    last = answer["operation"]["last_poll"] or {}
+    read_a_state = answer["poll"] is None or "state" in last
+    return 0 if read_a_state else 1

@@ -1,0 +1,229 @@
+"""Batches end to end (issue 14, item 2), against the scripted HTTP server: the parent's
+transport outcome and one outcome per item, from the complete response only.
+
+Seed: "If the broker sends five changes in one HTTP request and receives a complete response for
+only four of them, a single retry hint cannot safely be assigned to the whole batch.  Record the
+parent transport outcome and five child outcomes.  Retry only the item for which the records and
+the remote contract permit it, or reconcile the batch as a whole if the remote API applies
+changes atomically."
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from affidavit.statemachine import EventKind, EvidenceSource
+from affidavit.views import metrics
+from tests.http.hostile import HostileServer, Peer, Reply, Script, scripts
+
+from .helpers import (
+    affidavit_cli,
+    assert_error,
+    assert_ok,
+    event_kinds,
+    http_target,
+    open_broker,
+    write_config,
+)
+from .http_rows import LIMIT
+
+E = EventKind
+ITEMS = [{"id": n, "op": "set", "value": n * 10} for n in range(1, 6)]
+BATCH_CALL = {
+    "target": "bulk",
+    "method": "POST",
+    "path": "/batch",
+    "body": json.dumps({"items": ITEMS}),
+}
+BATCH = {
+    "items": "json:/results",
+    "request_items": "json:/items",
+    "item_id": "json:/id",
+    "item_status": "json:/status",
+    "ok": [200, 201],
+}
+
+
+def _results(statuses: dict[int, Any]) -> bytes:
+    return json.dumps({"results": [{"id": i, "status": s} for i, s in statuses.items()]}).encode()
+
+
+async def _run(
+    tmp_path: Path, script: Script, batch: dict[str, Any] | None = None
+) -> tuple[dict[str, Any], list[EventKind], dict[str, Any]]:
+    """One batch call on a fresh config and journal in ``tmp_path``; (envelope, the
+    invocation's event kinds, the metrics), read while the broker is open."""
+    tmp_path.mkdir(exist_ok=True)
+    async with HostileServer.running(script) as srv:
+        target = http_target(srv.url, batch={**BATCH, **(batch or {})})
+        cfg = write_config(tmp_path, {"bulk": target})
+        async with open_broker(cfg) as broker:
+            with trio.fail_after(LIMIT):
+                env = await broker.call(BATCH_CALL)
+            kinds = event_kinds(broker, env["invocation_id"])
+            if "error" in env:
+                rec = broker.record(env["invocation_id"])
+                assert rec is not None and rec.items is not None
+            else:
+                assert_ok(broker, env)
+            events = broker.events(env["invocation_id"])
+            for e in (e for e in events if e.kind is E.BATCH_ITEMS_RECORDED):
+                assert e.source is EvidenceSource.REMOTE_RESPONSE
+                assert [dict(i) for i in e.attrs["items"]] == env["items"]
+            m = metrics(broker.journal.list_actions())
+    assert len(srv.requests) == 1  # nothing was retried on its own
+    return env, kinds, m
+
+
+def _outcomes(env: dict[str, Any]) -> list[tuple[Any, str, str | None, str]]:
+    return [(i["id"], i["outcome"], i["code"], i["retry"]) for i in env["items"]]
+
+
+async def test_a_207_gives_each_item_its_own_outcome_and_retry_hint(
+    tmp_path: Path, token: str
+) -> None:
+    body = _results({1: 200, 2: 201, 3: 409, 4: 200, 5: 500})
+    env, kinds, m = await _run(tmp_path, scripts.serve(Reply(207, body=body)))
+    # The parent: a complete 207 is a committed transport outcome ...
+    assert env["evidence"]["outcome"] == "committed" and env["result"]["status"] == 207
+    # ... and five child outcomes: only item 3 may be corrected and resent; item 5 answered
+    # with a server error and may have been applied.
+    assert _outcomes(env) == [
+        (1, "committed", None, "never"),
+        (2, "committed", None, "never"),
+        (3, "rejected", "REMOTE_REJECTED", "after_correction"),
+        (4, "committed", None, "never"),
+        (5, "committed", "REMOTE_ERROR", "reconcile"),
+    ]
+    assert [i["status"] for i in env["items"]] == [200, 201, 409, 200, 500]
+    assert kinds.index(E.BATCH_ITEMS_RECORDED) < kinds.index(E.RESULT_COMMITTED)
+    # Metrics count the items apart from the invocation.
+    assert m["invocations"] == 1
+    assert m["batch_items"] == [
+        {"outcome": "committed", "code": "OK", "count": 3},
+        {"outcome": "committed", "code": "REMOTE_ERROR", "count": 1},
+        {"outcome": "rejected", "code": "REMOTE_REJECTED", "count": 1},
+    ]
+
+
+async def test_a_200_with_item_errors_in_the_json_is_not_a_batch_success(
+    tmp_path: Path, token: str
+) -> None:
+    body = json.dumps(
+        {
+            "results": [
+                {"id": 1, "status": "ok"},
+                {"id": 2, "status": "ok"},
+                {"id": 3, "status": "invalid"},
+                {"id": 4, "status": "throttled"},
+                # item 5 is not in the response at all
+            ]
+        }
+    ).encode()
+    batch = {"ok": ["ok"], "rejected": ["invalid"]}
+    env, _kinds, _m = await _run(tmp_path, scripts.serve(Reply(200, body=body)), batch)
+    assert "error" not in env  # the parent answered completely
+    assert _outcomes(env) == [
+        (1, "committed", None, "never"),
+        (2, "committed", None, "never"),
+        (3, "rejected", "REMOTE_REJECTED", "after_correction"),
+        (4, "committed", "REMOTE_ERROR", "reconcile"),  # an unknown status: may be applied
+        (5, "unknown", "REMOTE_RESULT_INCOMPLETE", "reconcile"),  # the response is silent
+    ]
+
+
+async def test_throttled_items_may_back_off_and_a_whole_batch_rejection_rejects_each(
+    tmp_path: Path, token: str
+) -> None:
+    body = _results({1: 200, 2: 429, 3: 503, 4: 200, 5: 200})
+    env, _k, _m = await _run(tmp_path, scripts.serve(Reply(207, body=body)))
+    assert [i["retry"] for i in env["items"]] == ["never", "backoff", "backoff", "never", "never"]
+    refused = Reply(400, body=b'{"error":"malformed batch"}')
+    env, _k, _m = await _run(tmp_path / "whole", scripts.serve(refused))
+    assert env["error"]["code"] == "REMOTE_REJECTED"
+    assert {(o, c, r) for _i, o, c, r in _outcomes(env)} == {
+        ("rejected", "REMOTE_REJECTED", "after_correction")
+    }
+
+
+def _cut_mid_body() -> Script:
+    """Read the batch, start a 207 whose body promises more than it sends, then close."""
+
+    async def script(peer: Peer) -> None:
+        await peer.read_request()
+        partial = _results({1: 200, 2: 200, 3: 409, 4: 200})[:-30]
+        head = b"HTTP/1.1 207 Multi-Status\r\nContent-Length: 400\r\n\r\n"
+        await peer.send_raw(head + partial)
+        await peer.close()
+
+    return script
+
+
+async def test_a_batch_response_cut_in_the_middle_leaves_every_item_unknown(
+    tmp_path: Path, token: str
+) -> None:
+    env, kinds, m = await _run(tmp_path, _cut_mid_body())
+    err = env["error"]
+    assert (err["outcome"], err["code"], err["retry"]) == (
+        "unknown",
+        "REMOTE_RESULT_INCOMPLETE",
+        "reconcile",
+    )
+    # Four results arrived before the cut, yet none is a complete result: no item is known.
+    assert _outcomes(env) == [
+        (n, "unknown", "REMOTE_RESULT_INCOMPLETE", "reconcile") for n in range(1, 6)
+    ]
+    assert E.BATCH_ITEMS_RECORDED not in kinds
+    assert m["batch_items"] == [
+        {"outcome": "unknown", "code": "REMOTE_RESULT_INCOMPLETE", "count": 5}
+    ]
+
+
+async def test_an_atomic_batch_with_mixed_answers_is_reconciled_as_a_whole(
+    tmp_path: Path, token: str
+) -> None:
+    body = _results({1: 200, 2: 200, 3: 409, 4: 200, 5: 200})
+    env, _k, _m = await _run(tmp_path, scripts.serve(Reply(207, body=body)), {"atomic": True})
+    assert [i["outcome"] for i in env["items"]] == ["committed"] * 2 + ["rejected"] + [
+        "committed"
+    ] * 2
+    assert {i["retry"] for i in env["items"]} == {"reconcile"}
+    ok = _results(dict.fromkeys(range(1, 6), 200))
+    env, _k, _m = await _run(tmp_path / "ok", scripts.serve(Reply(200, body=ok)), {"atomic": True})
+    assert {i["retry"] for i in env["items"]} == {"never"}
+
+
+async def test_items_before_dispatch_are_not_attempted(tmp_path: Path, token: str) -> None:
+    from .helpers import closed_port
+
+    target = http_target(f"http://127.0.0.1:{closed_port()}", batch=BATCH)
+    async with open_broker(write_config(tmp_path, {"bulk": target})) as broker:
+        with trio.fail_after(LIMIT):
+            env = await broker.call(BATCH_CALL)
+        assert_error(
+            broker,
+            env,
+            phase="connection_setup",
+            outcome="not_attempted",
+            retry="backoff",
+            code="CONNECTION_REFUSED",
+        )
+    assert _outcomes(env) == [
+        (n, "not_attempted", "CONNECTION_REFUSED", "backoff") for n in range(1, 6)
+    ]
+
+
+async def test_metrics_on_the_command_line_count_items_apart(tmp_path: Path, token: str) -> None:
+    body = _results({1: 200, 2: 201, 3: 409, 4: 200, 5: 500})
+    await _run(tmp_path, scripts.serve(Reply(207, body=body)))
+    p = await affidavit_cli("metrics", "--prometheus", cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.decode().splitlines()
+    assert 'affidavit_invocations{phase="remote_execution",outcome="committed"} 1' in lines
+    assert 'affidavit_batch_items{outcome="committed",code="OK"} 3' in lines
+    assert 'affidavit_batch_items{outcome="rejected",code="REMOTE_REJECTED"} 1' in lines
+    assert 'affidavit_batch_items{outcome="committed",code="REMOTE_ERROR"} 1' in lines
