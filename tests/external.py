@@ -1,5 +1,5 @@
-"""Tests that need a program from outside Python (OpenSSH's ``sshd``, Graphviz's ``dot``; later
-PostgreSQL and chromium): one rule for all of them.
+"""Tests that need a program from outside Python (OpenSSH's ``sshd``, Graphviz's ``dot``,
+``tinyproxy``; later PostgreSQL and chromium): one rule for all of them.
 
 ``PROGRAM.require()`` returns the program's path when it is installed.  When it is not, the
 test is skipped with the reason ``<package> not installed`` — a newcomer's ``python3 -m pytest``
@@ -17,13 +17,31 @@ sbin directories that hiding from PATH alone would not cover).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
-__all__ = ["DOT", "HIDE_ENV", "PROGRAMS", "REQUIRE_ENV", "SSHD", "SSH_KEYGEN", "Program"]
+__all__ = [
+    "DOT",
+    "HIDE_ENV",
+    "PROGRAMS",
+    "REQUIRE_ENV",
+    "SSHD",
+    "SSH_KEYGEN",
+    "TINYPROXY",
+    "Program",
+    "ProgramFailed",
+    "free_port",
+    "listening",
+]
 
 REQUIRE_ENV = "AFFIDAVIT_REQUIRE_PROGRAMS"
 HIDE_ENV = "AFFIDAVIT_HIDE_PROGRAMS"
@@ -65,9 +83,55 @@ class Program:
         pytest.skip(reason)
 
 
+class ProgramFailed(RuntimeError):
+    """A program started by ``listening`` exited or did not listen in time; the message holds
+    its log."""
+
+
+def free_port() -> int:
+    """A loopback port nobody listens on right now (bound, then released)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def listening(
+    argv: Sequence[str], port: int, log: Path, *, start_wait: float = 10.0
+) -> Iterator[subprocess.Popen[bytes]]:
+    """Run ``argv`` (a daemon kept in the foreground) with its output in ``log``; wait, at most
+    ``start_wait`` seconds, until it accepts connections on 127.0.0.1:``port``; stop it (by its
+    own pid: terminate, then kill) when the block ends.  ``ProgramFailed`` with the log if it
+    exits or does not listen in time."""
+    out = log.open("wb")
+    proc = subprocess.Popen(list(argv), stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + start_wait
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    out.flush()
+                    text = log.read_text(errors="replace")
+                    raise ProgramFailed(f"{argv[0]} did not listen on {port}: {text}") from None
+                time.sleep(0.05)
+        yield proc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+        out.close()
+
+
 SSHD = Program("sshd", "openssh-server", dirs=SBIN)
 SSH_KEYGEN = Program("ssh-keygen", "openssh-client")
 DOT = Program("dot", "graphviz")
+TINYPROXY = Program("tinyproxy", "tinyproxy", dirs=SBIN)
 
-PROGRAMS = (SSHD, SSH_KEYGEN, DOT)
+PROGRAMS = (SSHD, SSH_KEYGEN, DOT, TINYPROXY)
 """Every program a test requires: ``.ci/run`` installs each one's package."""

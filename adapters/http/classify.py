@@ -23,14 +23,15 @@ __all__ = [
     "Classification",
     "Redactor",
     "classify_response",
+    "evidence_from",
     "header_value",
     "parse_proxy_status",
     "parse_retry_after",
 ]
 
 THROTTLE_STATUSES = frozenset({429, 503})
-PROXY_SUSPECT_STATUSES = frozenset({502, 504})
-"""Statuses a forward proxy generates about its own attempt (RFC 9110 §15.6.3, §15.6.5)."""
+PROXY_AUTH_REQUIRED = 407
+"""RFC 9110 §15.5.8: the proxy, not the origin, wants credentials -- always the proxy's own."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,18 +160,46 @@ def parse_proxy_status(value: str | None) -> list[dict[str, Any]] | None:
 def proxy_generated(
     status: int, proxy_status: Sequence[dict[str, Any]] | None, *, via_forward_proxy: bool
 ) -> bool:
-    """Did an intermediary generate this response about its own attempt?
+    """Did an intermediary generate this response about its own attempt?  The rule
+    (docs/proxies.md):
 
     * any Proxy-Status member with an ``error`` (RFC 9209 §2.1.1) — wherever it arrived from;
     * a malformed Proxy-Status — some proxy spoke, and we cannot tell what it said;
-    * a 502/504 through a forward proxy, unless a Proxy-Status member proves the proxy merely
-      relayed the origin's own status (``received-status`` equal to it, no ``error``)."""
+    * through a forward (non-tunnel) proxy, a 5xx or a 407 that nothing attributes to the
+      origin.  The only attribution a plain-HTTP proxy can give is RFC 9209's
+      ``received-status`` equal to the status (the proxy says it relayed the next hop's own
+      answer); a proxy's own error page — tinyproxy's ``500 Unable to connect`` when the origin
+      was never reached — carries none, so it is never taken for the origin's committed result.
+      A 2xx–4xx other than 407 is relayed as the origin's: a proxy answers for itself with 5xx
+      and 407 (RFC 9110 §15.6, §15.5.8).  Through a CONNECT tunnel the origin's response is
+      TLS-authenticated end to end and needs no attribution."""
     if proxy_status and any("error" in m or m.get("malformed") for m in proxy_status):
         return True
-    if via_forward_proxy and status in PROXY_SUSPECT_STATUSES:
+    if via_forward_proxy and (status >= 500 or status == PROXY_AUTH_REQUIRED):
         relayed = any(m.get("received_status") == status for m in proxy_status or ())
         return not relayed
     return False
+
+
+def evidence_from(
+    hop: str,
+    *,
+    proxy: str | None = None,
+    status: int | None = None,
+    proxy_status: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """Which hop produced an attempt's evidence (seed: "Record which hop produced the
+    evidence"): ``origin`` or ``proxy``, the proxy used (``host:port``), the status that hop
+    answered and the parsed Proxy-Status, each only when known.  Secret-free: the caller scrubs
+    ``proxy_status``."""
+    out: dict[str, Any] = {"hop": hop}
+    if proxy is not None:
+        out["proxy"] = proxy
+    if status is not None:
+        out["status"] = status
+    if proxy_status is not None:
+        out["proxy_status"] = proxy_status
+    return out
 
 
 def classify_response(

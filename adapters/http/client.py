@@ -21,7 +21,7 @@ from typing import Any, Final
 from affidavit.adapters.base import AttemptContext, AttemptInterrupted, RemoteResult, SetupError
 from affidavit.statemachine import Code
 
-from .classify import Redactor, classify_response, header_value, parse_proxy_status
+from .classify import Redactor, classify_response, evidence_from, header_value, parse_proxy_status
 from .connect import HopSetupFailed
 from .exchange import HopResult, exchange
 from .pool import Pool
@@ -115,16 +115,20 @@ class HttpClient:
                 )
             hops.append(res.hop_summary)
             if plan.disposition == "proxy_error":
-                ps = parse_proxy_status(header_value(res.headers, "proxy-status"))
+                ps = redactor.scrub(parse_proxy_status(header_value(res.headers, "proxy-status")))
+                via = res.hop_summary["via_proxy"]
                 raise AttemptInterrupted(
                     Code.REMOTE_OUTCOME_UNKNOWN,
                     "a proxy answered with its own error; the origin's outcome is unknown",
                     facts={
                         "hop": "proxy",
                         "status": res.status,
-                        "proxy_status": redactor.scrub(ps),
-                        "via_proxy": res.hop_summary["via_proxy"],
+                        "proxy_status": ps,
+                        "via_proxy": via,
                         "hops": hops,
+                        "evidence_from": evidence_from(
+                            "proxy", proxy=via, status=res.status, proxy_status=ps
+                        ),
                     },
                 )
             if plan.disposition != "follow":
@@ -155,7 +159,7 @@ async def _result(
     if sink_buffer and res.buffered_body:
         await ctx.sink("body", res.buffered_body)
     cls = classify_response(res.status, res.headers, via_forward_proxy=False)
-    ps = parse_proxy_status(header_value(res.headers, "proxy-status"))
+    ps = redactor.scrub(parse_proxy_status(header_value(res.headers, "proxy-status")))
     summary = {
         "status": res.status,
         "reason": redactor.scrub(res.reason),
@@ -173,7 +177,10 @@ async def _result(
         "status": res.status,
         "hop": "origin",
         "remote_request_id": redactor.scrub(header_value(res.headers, "x-request-id")),
-        "proxy_status": redactor.scrub(ps),
+        "proxy_status": ps,
+        "evidence_from": evidence_from(
+            "origin", proxy=res.hop_summary["via_proxy"], status=res.status, proxy_status=ps
+        ),
         "peer": res.peer,
         "body_bytes": res.body_bytes,
         "body_sha256": res.body_sha256,

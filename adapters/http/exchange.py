@@ -29,7 +29,7 @@ import trio
 from affidavit.adapters.base import AttemptContext, AttemptInterrupted
 from affidavit.statemachine import Code
 
-from .classify import Redactor, classify_response
+from .classify import Redactor, classify_response, evidence_from
 from .connect import READ_SIZE, Connection, errno_name
 from .machine import FramingError, HttpExchange, Observation
 from .pool import Pool
@@ -293,9 +293,12 @@ class _Hop:
         # The last proven boundary decides (seed): bytes of a final response arrived -> that
         # result was cut short; otherwise nothing of a result is known at all.
         code = Code.REMOTE_RESULT_INCOMPLETE if ex.response_started else Code.REMOTE_OUTCOME_UNKNOWN
+        # Through a forward proxy our transport only ever saw the proxy's socket; through a
+        # CONNECT tunnel it spoke TLS with the origin itself.
+        hop = "proxy" if conn.forward_proxy else "origin"
         facts = {
-            # Through a forward proxy our transport only ever saw the proxy's socket.
-            "hop": "proxy" if conn.forward_proxy else "origin",
+            "hop": hop,
+            "evidence_from": evidence_from(hop, proxy=conn.via_proxy, status=ex.final_status),
             "via_proxy": conn.via_proxy,
             "hop_number": ex.hop,
             "connection": conn.id,

@@ -79,6 +79,20 @@ def test_proxy_status_parses_rfc9209_members() -> None:
         (503, [("Proxy-Status", "p; error=destination_unavailable")], False, "proxy"),
         (200, [("Proxy-Status", "p; received-status=200")], True, "origin"),
         (500, [("Proxy-Status", "p; error=")], True, "proxy"),
+        # Through a forward proxy any 5xx and a 407 are the proxy's own unless received-status
+        # attributes them to the origin (tinyproxy's "500 Unable to connect"; docs/proxies.md).
+        (500, [], True, "proxy"),
+        (503, [], True, "proxy"),
+        (599, [], True, "proxy"),
+        (407, [], True, "proxy"),
+        (500, [("Proxy-Status", "p; received-status=500")], True, "origin"),
+        (503, [("Proxy-Status", "p; received-status=503")], True, "origin"),
+        (500, [], False, "origin"),
+        (407, [], False, "origin"),
+        # Other statuses through a forward proxy are relayed as the origin's.
+        (200, [], True, "origin"),
+        (404, [], True, "origin"),
+        (409, [], True, "origin"),
     ],
 )
 def test_proxy_generated_errors_are_attributed_to_the_proxy(

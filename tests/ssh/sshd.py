@@ -10,9 +10,6 @@ from __future__ import annotations
 import contextlib
 import getpass
 import os
-import socket
-import subprocess
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,17 +24,11 @@ from cryptography.hazmat.primitives.serialization import (
 )
 
 from affidavit.adapters.ssh import SshTarget, SshTimeouts
-from tests.external import SSHD
+from tests.external import SSHD, ProgramFailed, free_port, listening
 
 
 class SshdUnavailable(RuntimeError):
     pass
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _keypair(path: Path) -> bytes:
@@ -118,7 +109,7 @@ def start_sshd(d: Path, keys: SshKeys | None = None, program: str | None = None)
     keys = keys or make_keys(d)
     _keypair(d / "host")
     (d / "authorized_keys").write_bytes(keys.client_key_path.with_suffix(".pub").read_bytes())
-    port = _free_port()
+    port = free_port()
     cfg = d / "sshd_config"
     cfg.write_text(
         f"Port {port}\nListenAddress 127.0.0.1\nHostKey {d / 'host'}\nPidFile none\n"
@@ -129,35 +120,18 @@ def start_sshd(d: Path, keys: SshKeys | None = None, program: str | None = None)
     )
     if os.geteuid() == 0:
         os.makedirs("/run/sshd", exist_ok=True)
-    log = open(d / "sshd.log", "wb")  # noqa: SIM115 - closed in teardown
-    proc = subprocess.Popen([program, "-D", "-e", "-f", str(cfg)], stdout=log, stderr=log)
+    argv = [program, "-D", "-e", "-f", str(cfg)]
     try:
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise SshdUnavailable(
-                        f"sshd did not start: {(d / 'sshd.log').read_text()}"
-                    ) from None
-                time.sleep(0.05)
-        host_pin = " ".join((d / "host.pub").read_text().split()[:2])
-        kh = d / "known_hosts"
-        kh.write_text(f"[127.0.0.1]:{port} {host_pin}\n")
-        yield Sshd(
-            port=port,
-            user=getpass.getuser(),
-            host_pin=host_pin,
-            keys=keys,
-            known_hosts=kh,
-        )
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
-        log.close()
+        with listening(argv, port, d / "sshd.log"):
+            host_pin = " ".join((d / "host.pub").read_text().split()[:2])
+            kh = d / "known_hosts"
+            kh.write_text(f"[127.0.0.1]:{port} {host_pin}\n")
+            yield Sshd(
+                port=port,
+                user=getpass.getuser(),
+                host_pin=host_pin,
+                keys=keys,
+                known_hosts=kh,
+            )
+    except ProgramFailed as exc:  # it exited or did not listen: the log says why
+        raise SshdUnavailable(f"sshd did not start: {exc}") from None
