@@ -22,7 +22,7 @@ __all__ = ["Reader", "batch_facts", "contracts_of", "reader"]
 
 E = EventKind
 
-Reader = Callable[[str, RemoteResult, "Mapping[str, bytes] | None"], list[Event]]
+Reader = Callable[[str, RemoteResult, Mapping[str, bytes] | None], list[Event]]
 """``(invocation id, complete result, its kept streams or None) -> events`` to journal with it."""
 
 

@@ -81,11 +81,11 @@ async def _record_poll(
     event: Event
     error = envelope.get("error")
     stored = engine.journal.read_result(poll_iid) if error is None else None
-    status = stored.summary.get("status") if stored is not None else None
-    if error is not None or stored is None or not (isinstance(status, int) and status < 300):
-        # No complete 2xx answer (refused, unknown, a 404...): the job's state is what it was.
+    if error is not None or stored is None:
+        # No complete successful answer (refused, unknown, a 404...): the job's state is what
+        # it was.
         code = error["code"] if error is not None else None
-        reason = "no complete 2xx answer from the status resource"
+        reason = "no complete successful answer from the status resource"
         event = Event(E.OPERATION_POLL_FAILED, iid, {**attrs, "code": code, "reason": reason})
     else:
         state, remote = contracts.poll_state(target, stored.summary, stored.streams.get("body"))

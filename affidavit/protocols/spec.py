@@ -122,8 +122,8 @@ class ResultContracts:
     target; ``ValueError`` (its message for the operator) when there is none to query."""
     poll_state: Callable[[Any, Mapping[str, Any], bytes | None], tuple[str | None, Any]]
     """``(target, summary, body) -> (state, remote_status)`` from the status resource's
-    complete 2xx answer: ``pending``, ``succeeded`` or ``failed``, or None when it named
-    none."""
+    complete answer without an error: ``pending``, ``succeeded`` or ``failed``, or None when
+    it names none."""
 
 
 @dataclass(frozen=True)

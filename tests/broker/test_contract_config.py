@@ -6,10 +6,15 @@ guess."""
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
+from affidavit.adapters.base import RemoteResult
+from affidavit.protocols.http.operations import poll_action, poll_state, read_operation
 from affidavit.protocols.http.selectors import Selector, pointer
+from affidavit.statemachine import Outcome
 
 from .test_config import BASE, error, load
 
@@ -99,3 +104,60 @@ def test_operations_need_get_to_query_the_status_resource(tmp_path: Path) -> Non
 )
 def test_json_pointers_follow_rfc_6901(text: str, tokens: tuple[str, ...]) -> None:
     assert pointer(text) == tokens
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "expected"),
+    [
+        (200, b'{"status": "succeeded"}', ("succeeded", "succeeded")),
+        (200, b'{"status": "failed"}', ("failed", "failed")),
+        (200, b'{"status": "running"}', ("pending", "running")),
+        (200, b'{"status": 7}', ("pending", 7)),
+        (200, b'{"status": null}', (None, None)),
+        (200, b"not json", (None, None)),
+        (303, b'{"status": "succeeded"}', (None, None)),  # only a 2xx names a state
+        (204, b"", (None, None)),
+    ],
+)
+def test_a_status_answer_names_a_state_only_from_its_status_value(
+    tmp_path: Path, status: int, body: bytes, expected: tuple[Any, Any]
+) -> None:
+    target = load(tmp_path, _with("operations = {}")).targets["billing"]
+    assert poll_state(target, {"status": status, "headers": []}, body) == expected
+
+
+@pytest.mark.parametrize(
+    ("location", "status_url", "status_path"),
+    [
+        ("/v2/jobs/j1", "https://billing.example.com/v2/jobs/j1", "/jobs/j1"),
+        ("jobs/j1?full=1", "https://billing.example.com/v2/jobs/j1?full=1", "/jobs/j1?full=1"),
+        ("https://billing.example.com:443/v2/j#x", "https://billing.example.com:443/v2/j", "/j"),
+        ("/other/jobs/j1", "https://billing.example.com/other/jobs/j1", None),  # off base path
+        ("https://evil.example/v2/jobs/j1", "https://evil.example/v2/jobs/j1", None),
+        ("http://billing.example.com/v2/j", "http://billing.example.com/v2/j", None),  # scheme
+        ("ftp://x/y", None, None),
+    ],
+)
+def test_a_status_resource_is_queried_only_on_the_targets_origin_and_base_path(
+    tmp_path: Path, location: str, status_url: str | None, status_path: str | None
+) -> None:
+    text = _with("operations = {}").replace(
+        'url = "https://billing.example.com"', 'url = "https://billing.example.com/v2"'
+    )
+    target = load(tmp_path, text).targets["billing"]
+    action = SimpleNamespace(path="/jobs", body=b"")
+    result = RemoteResult(
+        Outcome.COMMITTED, None, summary={"status": 202, "headers": [["Location", location]]}
+    )
+    read = read_operation(action, target, result, b'{"id": "j1"}')
+    assert read == {"job_id": "j1", "status_url": status_url, "status_path": status_path}
+    op = {**read, "id": "op_1"}
+    if status_path is None:
+        with pytest.raises(ValueError, match="reconcile the job by hand"):
+            poll_action(target, op)
+    else:
+        assert poll_action(target, op) == {
+            "target": "billing",
+            "method": "GET",
+            "path": status_path,
+        }

@@ -139,7 +139,7 @@ def _status_resource(
 
     if raw is None:
         return None, None
-    request_url = target.origin + target.base_path + action.path
+    request_url = target.url + action.path  # (``url`` holds the base path, default port dropped)
     try:
         url = urllib.parse.urldefrag(urllib.parse.urljoin(request_url, raw.strip())).url
         origin = origin_of(url)
@@ -170,9 +170,12 @@ def poll_state(
     target: HttpTarget, summary: Mapping[str, Any], body: bytes | None
 ) -> tuple[str | None, Any]:
     """(pending | succeeded | failed, the value read) from the status resource's answer; (None,
-    None) when it names no state."""
+    None) when it names no state -- or is no 2xx (a 303 to the result, a 204) at all."""
     contract = target.operations
     assert contract is not None
+    status = summary.get("status")
+    if not (isinstance(status, int) and 200 <= status < 300):
+        return None, None
     doc = json_body(body) if contract.status.source == "json" else None
     value = scalar(select(contract.status, summary.get("headers", ()), doc))
     if value is None or value is ABSENT:
