@@ -9,9 +9,10 @@ reversals").  Which (state, kind) pairs are possible at all is the lifecycle tab
 The rules are the ``Projector``'s own code, kept in a module of their own so they read as one
 list: they write its (package-private) fields directly.  That list is why the file runs past
 ~500 lines; the rules of the operation table and of batch items, which fold state of their own,
-live in ``operation.py`` and ``batch.py`` and are merged into ``RULES`` below.  Speed notes below (enum lookups through
-plain dicts, exact-type checks before the general one) come from tests/benchmarks/projection.py:
-these functions run once per journal row when a whole journal is folded.
+live in ``operation.py`` and ``batch.py`` and are merged into ``RULES`` below.  Speed notes
+below (enum lookups through plain dicts, exact-type checks before the general one) come from
+tests/benchmarks/projection.py: these functions run once per journal row when a whole journal is
+folded.
 """
 
 from __future__ import annotations
