@@ -1,4 +1,4 @@
-"""Schema, canonical row bytes and the hash chain.
+"""Schema, canonical row bytes and the hash chain (``verify.py`` walks it).
 
 Seed, "Audit integrity and outcome evidence solve different problems": a hash chain confirms that
 recorded events were not altered later.  Each row's hash is
@@ -7,7 +7,7 @@ recorded events were not altered later.  Each row's hash is
 
 where the canonical bytes cover every column except ``hash`` and ``prev_hash`` (which is the
 prefix).  Sealed blobs enter as their SHA-256, so the chain covers them without the key and
-``verify`` needs no key at all.
+checking the chain needs no key at all.
 
 The schema makes a fork or a gap impossible: ``seq`` is the primary key and a trigger refuses any
 insert that does not extend the chain by exactly one (``seq`` = last + 1 and ``prev_hash`` = the
@@ -16,7 +16,9 @@ index: a random-keyed index costs one more WAL page per row at each fsync, which
 group commit write ~130 pages instead of ~70 (``tests/benchmarks/journal_append.py``).  Journals
 created before that keep their (redundant) ``UNIQUE`` on ``prev_hash``; rows are identical.
 Update and delete triggers make the table append-only for anyone using the journal normally;
-someone editing the file directly can drop them, which is what ``verify`` is for.
+someone editing the file directly can drop them and re-chain: the signed ``checkpoints``
+(``signing.py``) and ``verify.py`` are for that.  ``result_audit`` holds the result copies sealed
+to the auditor's key (schema 2; a schema-1 journal gains both tables when a writer opens it).
 """
 
 from __future__ import annotations
@@ -24,16 +26,13 @@ from __future__ import annotations
 import hashlib
 import json
 import json.encoder
-import sqlite3
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from .errors import VerifyReport
-
-__all__ = ["GENESIS", "SCHEMA", "canonical_json", "row_digest", "row_hash", "verify_rows"]
+__all__ = ["GENESIS", "SCHEMA", "canonical_json", "row_digest", "row_hash"]
 
 GENESIS = "0" * 64
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS meta (
@@ -79,6 +78,26 @@ CREATE TABLE IF NOT EXISTS results (
   streams       TEXT NOT NULL,
   summary       BLOB NOT NULL
 );
+CREATE TABLE IF NOT EXISTS result_audit (
+  invocation_id TEXT NOT NULL,
+  stream        TEXT NOT NULL,
+  idx           INTEGER NOT NULL CHECK (idx >= 0),
+  data          BLOB NOT NULL,
+  PRIMARY KEY (invocation_id, stream, idx)
+);
+CREATE TABLE IF NOT EXISTS checkpoints (
+  seq           INTEGER PRIMARY KEY CHECK (seq >= 1),
+  hash          TEXT NOT NULL,
+  prev          INTEGER NOT NULL,
+  at            REAL NOT NULL,
+  adopted       INTEGER NOT NULL,
+  key_id        TEXT NOT NULL,
+  signature     BLOB NOT NULL
+);
+CREATE TRIGGER IF NOT EXISTS checkpoints_no_update BEFORE UPDATE ON checkpoints
+BEGIN SELECT RAISE(ABORT, 'journal checkpoints are append-only'); END;
+CREATE TRIGGER IF NOT EXISTS checkpoints_no_delete BEFORE DELETE ON checkpoints
+BEGIN SELECT RAISE(ABORT, 'journal checkpoints are append-only'); END;
 CREATE TABLE IF NOT EXISTS leases (
   invocation_id TEXT PRIMARY KEY,
   holder        TEXT NOT NULL,
@@ -202,39 +221,3 @@ def row_hash(
         payload,
         audit,
     ).hex()
-
-
-def verify_rows(rows: Iterable[tuple[Any, ...]]) -> VerifyReport:
-    """Recompute the chain over rows in ``seq`` order (columns as ``EVENT_COLUMNS``)."""
-    expected = 1
-    prev = GENESIS
-    prev_digest = bytes(32)
-    count = 0
-    for row in rows:
-        seq = row[0]
-        stored_prev, stored_hash = row[11], row[12]
-        if seq != expected:
-            # A deleted row (or a truncated middle) shows up as the first missing seq.
-            return VerifyReport(False, count, expected, f"row {expected} is missing", prev)
-        if stored_prev != prev:
-            return VerifyReport(
-                False, count, seq, f"row {seq} does not link to row {seq - 1}", prev
-            )
-        try:
-            digest = row_digest(prev_digest, *row[:11])
-        except (TypeError, ValueError, RecursionError):
-            digest = None
-        if digest is None or digest.hex() != stored_hash:
-            return VerifyReport(False, count, seq, f"row {seq} was altered", prev)
-        prev, prev_digest = stored_hash, digest
-        count += 1
-        expected += 1
-    return VerifyReport(True, count, None, "intact", prev)
-
-
-def verify_connection(conn: sqlite3.Connection) -> VerifyReport:
-    cur = conn.execute(f"SELECT {EVENT_COLUMNS} FROM events ORDER BY seq")
-    try:
-        return verify_rows(cur)
-    finally:
-        cur.close()

@@ -1,5 +1,5 @@
 """Opening the SQLite file: the reading connection, the writer's connection with its WAL and
-sync settings, and the schema with the broker key it is bound to.
+sync settings, and the schema with the broker and signing keys it is bound to.
 
 DESIGN, "Durability barriers": the journal runs in WAL mode with ``synchronous=FULL`` at
 barriers, so a barrier's commit fsyncs the WAL (the writer lowers it to NORMAL for batches with
@@ -9,14 +9,17 @@ writer commits, from this process or another.
 
 from __future__ import annotations
 
+import base64
 import sqlite3
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from urllib.parse import quote
 
+from . import checkpoints
 from .chain import SCHEMA, SCHEMA_VERSION
 from .errors import JournalError
 from .sealing import BrokerKey
+from .signing import SigningKey
 
 __all__ = ["BUSY_TIMEOUT_MS", "connect_reader", "connect_writer", "init_schema"]
 
@@ -74,33 +77,94 @@ def connect_writer(path: Path) -> sqlite3.Connection:
     return conn
 
 
-def init_schema(conn: sqlite3.Connection, path: Path, key_file: Path) -> BrokerKey:
-    """Create the tables (if absent) and bind the journal to its broker key: a new journal
-    records the key's id (creating the key file 0600 if there is none); an existing one must
-    be opened with the key it recorded."""
+def init_schema(
+    conn: sqlite3.Connection,
+    path: Path,
+    key_file: Path,
+    signing_key_file: Path,
+    clock: Callable[[], float],
+) -> tuple[BrokerKey, SigningKey]:
+    """Create the tables (if absent) and bind the journal to its two keys.
+
+    The broker key (sealing): a new journal records its id (creating the file 0600 if there is
+    none); an existing one must be opened with the key it recorded.  The signing key
+    (checkpoints): the same, and a journal that has rows must end in a checkpoint this key
+    signed -- the writer refuses to sign over rows it cannot vouch for
+    (``checkpoints.require_covered``).  A journal written before signing existed (rows, no
+    recorded signing key, no checkpoint, no signing key file yet) is *adopted*: the new key signs
+    its head in a checkpoint marked ``adopted``, which ``verify`` reports."""
     conn.execute("BEGIN IMMEDIATE")
     try:
         # executescript() would COMMIT first; run the statements inside our transaction.
         for stmt in _split_sql(SCHEMA):
             conn.execute(stmt)
         conn.execute(
-            "INSERT OR IGNORE INTO meta (name, value) VALUES ('schema', ?)",
+            "INSERT INTO meta (name, value) VALUES ('schema', ?) ON CONFLICT (name) DO UPDATE "
+            "SET value = max(CAST(value AS INTEGER), CAST(excluded.value AS INTEGER))",
             (str(SCHEMA_VERSION),),
         )
-        row = conn.execute("SELECT value FROM meta WHERE name = 'key_id'").fetchone()
-        if row is None:
-            key = BrokerKey.load(key_file) if key_file.exists() else BrokerKey.create(key_file)
-            conn.execute("INSERT INTO meta (name, value) VALUES ('key_id', ?)", (key.key_id,))
-        else:
-            key = BrokerKey.load(key_file)
-            if key.key_id != row[0]:
-                raise JournalError(f"broker key file {key_file} does not match journal {path}")
+        key = _broker_key(conn, path, key_file)
+        signer = _signing_key(conn, path, signing_key_file, clock)
         conn.execute("COMMIT")
     except BaseException:
         if conn.in_transaction:
             conn.execute("ROLLBACK")
         raise
+    return key, signer
+
+
+def _meta(conn: sqlite3.Connection, name: str) -> str | None:
+    row = conn.execute("SELECT value FROM meta WHERE name = ?", (name,)).fetchone()
+    return None if row is None else str(row[0])
+
+
+def _broker_key(conn: sqlite3.Connection, path: Path, key_file: Path) -> BrokerKey:
+    recorded = _meta(conn, "key_id")
+    if recorded is None:
+        key = BrokerKey.load(key_file) if key_file.exists() else BrokerKey.create(key_file)
+        conn.execute("INSERT INTO meta (name, value) VALUES ('key_id', ?)", (key.key_id,))
+        return key
+    key = BrokerKey.load(key_file)
+    if key.key_id != recorded:
+        raise JournalError(f"broker key file {key_file} does not match journal {path}")
     return key
+
+
+def _signing_key(
+    conn: sqlite3.Connection, path: Path, key_file: Path, clock: Callable[[], float]
+) -> SigningKey:
+    head = conn.execute("SELECT seq, hash FROM events ORDER BY seq DESC LIMIT 1").fetchone()
+    recorded = _meta(conn, "signing_key_id")
+    if recorded is not None:
+        signer = SigningKey.load(key_file)
+        if signer.key_id != recorded:
+            raise JournalError(
+                f"signing key file {key_file} does not match journal {path} (it records key "
+                f"{recorded}, the file holds {signer.key_id})"
+            )
+        if head is not None:
+            checkpoints.require_covered(conn, path, int(head[0]), str(head[1]), signer.public_raw)
+        return signer
+    if head is not None and (key_file.exists() or checkpoints.count(conn)):
+        # Rows, no recorded key, yet a key file or checkpoints: not a journal from before
+        # signing but one whose record of its key was removed.  Adopting it would sign over
+        # whatever was done to it.
+        raise JournalError(
+            f"journal {path} has rows but records no signing key, although "
+            + (f"signing key file {key_file} exists" if key_file.exists() else "it has checkpoints")
+            + ": its signing records were removed -- run `affidavit journal verify`"
+        )
+    signer = SigningKey.load(key_file) if key_file.exists() else SigningKey.create(key_file)
+    conn.executemany(
+        "INSERT INTO meta (name, value) VALUES (?, ?)",
+        [
+            ("signing_key_id", signer.key_id),
+            ("signing_public_key", base64.b64encode(signer.public_raw).decode("ascii")),
+        ],
+    )
+    if head is not None:
+        checkpoints.adopt(conn, signer, clock)
+    return signer
 
 
 def _split_sql(script: str) -> Iterable[str]:

@@ -55,8 +55,24 @@ class VerifyReport:
     first_bad_seq: int | None
     reason: str
     head_hash: str | None = None
-    """Hash of the last intact row: compare it with an external anchor to detect truncation of
-    the tail, which no chain can detect on its own."""
+    """Hash of the last intact row."""
+    signed_seq: int | None = None
+    """The last seq covered by a valid signed checkpoint."""
+    signed_at: float | None = None
+    """When that checkpoint was signed."""
+    key_id: str | None = None
+    """Fingerprint of the public key checkpoints were checked with."""
+    key_source: str = "journal"
+    """Where that key came from: ``public-key`` (a file passed in), ``anchor``, ``journal``
+    (recorded in the journal itself: not independent of it) or ``none``."""
+    anchor_seq: int | None = None
+    """The seq of the anchor checked against, if any."""
+    unsigned_through: int | None = None
+    """Rows 1..this were written before the journal was signed (accepted only on request)."""
+    results: int = 0
+    """Stored results checked against their chained hashes."""
+    also: tuple[str, ...] = ()
+    """Further problems found after the first."""
 
 
 class JournalError(Exception):

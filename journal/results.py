@@ -1,12 +1,25 @@
-"""Stored results: sealed chunks, the completeness marker, and reading a result back verified.
+"""Stored results: sealed chunks, the completeness marker, and reading a result back verified --
+whole, or chunk by chunk from any chunk on.
 
 Seed, "A result delivery error must not repeat execution": "Store chunks with sequence numbers
-and a final completeness marker ... the broker must not declare the result complete until it
-receives the terminator".  A result exists only once its marker does: the marker (``results``
-row) and RESULT_COMMITTED are written in one barrier transaction, and both carry the whole
-result's SHA-256, so the hash chain covers what the marker promises.  Reading a result back
-checks every chunk, every stream's hash, the whole hash and the summary's hash against that
-chained event; anything else is a ``JournalError``, never a partial result.
+and a final completeness marker ... The caller may resume delivery from the last verified chunk,
+but the broker must not declare the result complete until it receives the terminator".  A result
+exists only once its marker does: the marker (``results`` row) and RESULT_COMMITTED are written
+in one barrier transaction.
+
+What the chained RESULT_COMMITTED event carries, so that every stored byte is covered by the hash
+chain and the signed checkpoints without any key:
+
+* ``sha256`` -- the whole result (SHA-256 over the streams' plaintext hashes), as the marker;
+* ``summary_sha256`` -- the summary's plaintext (status, headers, exit status);
+* ``marker_sha256`` -- the marker's stream table, which lists the SHA-256 of every *sealed* chunk
+  (and of every auditor copy), so one chunk is checked on its own, before it is opened;
+* ``sealed_summary_sha256`` (and ``audit_summary_sha256``) -- the sealed summary blobs.
+
+Reading checks the event, the marker and each chunk against those hashes; anything else is a
+``JournalError`` naming the invocation, stream and chunk -- never a partial or altered result.
+Results stored before ``marker_sha256`` existed are checked as before: by opening every chunk of
+a stream and comparing the stream's plaintext hash (so they are read whole).
 """
 
 from __future__ import annotations
@@ -15,7 +28,7 @@ import dataclasses
 import hashlib
 import json
 import sqlite3
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,15 +36,27 @@ from affidavit.statemachine import Event, EventKind
 
 from .chain import canonical_json
 from .errors import JournalError, ResultStoreFailed
-from .sealing import BrokerKey, chunk_aad, summary_aad
+from .sealing import AuditSealer, BrokerKey, chunk_aad, summary_aad
 from .txn import Txn, row_args
 
-__all__ = ["StoredResult", "chunk_op", "commit_op", "read"]
+__all__ = [
+    "ResultStream",
+    "StoredResult",
+    "StreamInfo",
+    "chunk_op",
+    "commit_op",
+    "open_result",
+    "sql_error",
+]
+
+SUMMARY_STREAM = ""
+"""``result_audit``'s stream name for the summary's auditor copy (no result stream is empty)."""
 
 
 @dataclass(frozen=True, slots=True)
 class StoredResult:
-    """A complete stored result: only ever built from a completeness marker whose hashes match."""
+    """A complete stored result: only ever built from a completeness marker whose hashes match.
+    ``from_chunk`` > 0: each stream holds its bytes from that chunk on (a resumed read)."""
 
     invocation_id: str
     summary: Mapping[str, Any]
@@ -39,6 +64,105 @@ class StoredResult:
     sha256: str
     seq: int
     """The RESULT_COMMITTED event's seq."""
+    from_chunk: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class StreamInfo:
+    """One stream as its completeness marker declares it."""
+
+    chunks: int
+    bytes: int
+    sha256: str
+    """Hex SHA-256 of the stream's (redacted) plaintext."""
+    sealed: tuple[str, ...] | None
+    """Hex SHA-256 of each sealed chunk as stored (None: a result from before they were kept)."""
+    audit: tuple[str, ...] | None
+    """Hex SHA-256 of each chunk's auditor copy (None: no auditor key was configured)."""
+
+
+Fetch = Callable[[str, int], "bytes | None"]
+
+
+class ResultStream:
+    """A committed result whose marker matches its chained event: the summary and the stream
+    table are verified; ``chunks`` reads and verifies one chunk at a time.  The seam for
+    resumable delivery (``affidavit result --from-chunk``, the daemon, MCP): nothing it yields
+    has failed verification, and a chunk that fails stops the iteration with ``JournalError``."""
+
+    def __init__(
+        self,
+        invocation_id: str,
+        seq: int,
+        sha256: str,
+        summary: Mapping[str, Any],
+        streams: Mapping[str, StreamInfo],
+        fetch: Fetch,
+        key: BrokerKey,
+    ) -> None:
+        self.invocation_id = invocation_id
+        self.seq = seq
+        self.sha256 = sha256
+        self.summary = summary
+        self.streams = dict(streams)
+        self._fetch = fetch
+        self._key = key
+
+    def _bad(self, stream: str, what: str) -> JournalError:
+        return JournalError(
+            f"stored result of invocation {self.invocation_id} (seq {self.seq}) fails "
+            f"verification: stream {stream!r} {what}"
+        )
+
+    def chunks(self, stream: str, from_chunk: int = 0) -> Iterator[bytes]:
+        """The stream's plaintext chunks from ``from_chunk`` on, each verified before it is
+        yielded (its sealed bytes against the chained hash, then the AEAD tag); reading from
+        chunk 0 to the end also checks the stream's plaintext hash.  ``KeyError`` for a stream
+        the result does not have."""
+        if from_chunk < 0:
+            raise ValueError("from_chunk must be >= 0")
+        return self._chunks(stream, self.streams[stream], from_chunk)
+
+    def _chunks(self, stream: str, info: StreamInfo, from_chunk: int) -> Iterator[bytes]:
+        if info.sealed is None:
+            # A result from before per-chunk hashes: only the whole stream can be checked.
+            whole = self._legacy_stream(stream, info)
+            yield from whole[from_chunk:]
+            return
+        plain = hashlib.sha256() if from_chunk == 0 else None
+        for idx in range(from_chunk, info.chunks):
+            data = self._fetch(stream, idx)
+            if data is None:
+                raise self._bad(stream, f"is incomplete: chunk {idx} is missing")
+            if hashlib.sha256(data).hexdigest() != info.sealed[idx]:
+                raise self._bad(stream, f"chunk {idx} differs from its chained hash")
+            try:
+                chunk = self._key.open(data, chunk_aad(self.invocation_id, stream, idx))
+            except JournalError as exc:
+                raise self._bad(stream, f"chunk {idx} does not open: {exc}") from None
+            if plain is not None:
+                plain.update(chunk)
+            yield chunk
+        if plain is not None and plain.hexdigest() != info.sha256:
+            raise self._bad(stream, "is incomplete or altered (plaintext hash differs)")
+
+    def _legacy_stream(self, stream: str, info: StreamInfo) -> list[bytes]:
+        out: list[bytes] = []
+        for idx in range(info.chunks):
+            data = self._fetch(stream, idx)
+            if data is None:
+                raise self._bad(stream, f"is incomplete: chunk {idx} is missing")
+            out.append(self._key.open(data, chunk_aad(self.invocation_id, stream, idx)))
+        if hashlib.sha256(b"".join(out)).hexdigest() != info.sha256:
+            raise self._bad(stream, "is incomplete or altered")
+        return out
+
+    def read(self, from_chunk: int = 0) -> StoredResult:
+        """Every stream (from ``from_chunk`` on) as one ``StoredResult``."""
+        streams = {s: b"".join(self.chunks(s, from_chunk)) for s in self.streams}
+        return StoredResult(
+            self.invocation_id, self.summary, streams, self.sha256, self.seq, from_chunk
+        )
 
 
 def whole_sha256(per_stream: Mapping[str, Mapping[str, Any]]) -> str:
@@ -48,69 +172,175 @@ def whole_sha256(per_stream: Mapping[str, Mapping[str, Any]]) -> str:
     ).hexdigest()
 
 
-def read(
-    conn: sqlite3.Connection, broker_key: Callable[[], BrokerKey], invocation_id: str
-) -> StoredResult | None:
-    """The stored result, or None unless its completeness marker exists (``broker_key`` is
-    called only then)."""
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _hash_list(value: Any) -> tuple[str, ...] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(isinstance(h, str) for h in value):
+        raise ValueError("not a list of hashes")
+    return tuple(value)
+
+
+def _stream_table(declared: Any) -> dict[str, StreamInfo]:
+    """The marker's stream table, shape-checked (ValueError if it is not one)."""
+    if not isinstance(declared, dict):
+        raise ValueError("not a table")
+    out: dict[str, StreamInfo] = {}
+    for name, v in declared.items():
+        chunks, size, sha = v["chunks"], v["bytes"], v["sha256"]
+        if type(chunks) is not int or type(size) is not int or not isinstance(sha, str):
+            raise ValueError("bad stream entry")
+        sealed, audit = _hash_list(v.get("sealed")), _hash_list(v.get("audit"))
+        for hashes in (sealed, audit):
+            if hashes is not None and len(hashes) != chunks:
+                raise ValueError("hash list and chunk count differ")
+        out[name] = StreamInfo(chunks, size, sha, sealed, audit)
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Marker:
+    """A completeness marker checked against its chained RESULT_COMMITTED event (no key)."""
+
+    invocation_id: str
+    seq: int
+    sha256: str
+    streams: dict[str, StreamInfo]
+    attrs: Mapping[str, Any]
+    """The chained event's attrs."""
+    summary_blob: bytes
+
+
+def load_marker(
+    conn: sqlite3.Connection, invocation_id: str, *, covered: Callable[[int], None]
+) -> Marker | None:
+    """The invocation's marker, checked against its chained event, or None if it has none.
+    ``covered(seq)`` raises unless the event row at ``seq`` is covered by a signed checkpoint."""
     conn.execute("BEGIN")
     try:
         marker = conn.execute(
-            "SELECT seq, sha256, streams, summary FROM results WHERE invocation_id = ?",
+            # Blob columns are read as blobs even if someone stored text in them.
+            "SELECT seq, sha256, CAST(streams AS BLOB), CAST(summary AS BLOB) FROM results "
+            "WHERE invocation_id = ?",
             (invocation_id,),
         ).fetchone()
         if marker is None:
             return None
         seq, sha, streams_json, summary_blob = marker
         ev = conn.execute(
-            "SELECT kind, invocation_id, attrs FROM events WHERE seq = ?", (seq,)
+            "SELECT kind, invocation_id, CAST(attrs AS BLOB) FROM events WHERE seq = ?", (seq,)
         ).fetchone()
-        chunks = conn.execute(
-            "SELECT stream, idx, data FROM result_chunks WHERE invocation_id = ? "
-            "ORDER BY stream, idx",
-            (invocation_id,),
-        ).fetchall()
     finally:
         conn.execute("COMMIT")
     bad = f"stored result of invocation {invocation_id} (seq {seq}) fails verification"
     if ev is None or ev[0] != EventKind.RESULT_COMMITTED.value or ev[1] != invocation_id:
         raise JournalError(f"{bad}: no RESULT_COMMITTED event at its seq")
-    chained = json.loads(ev[2])
-    if chained.get("sha256") != sha:
+    try:
+        chained = json.loads(ev[2])
+        declared = json.loads(streams_json)
+        streams = _stream_table(declared)
+    except (TypeError, ValueError, KeyError):
+        raise JournalError(f"{bad}: its marker or event is not readable") from None
+    if not isinstance(chained, dict) or chained.get("sha256") != sha:
         raise JournalError(f"{bad}: marker hash differs from the chained event")
-    declared: dict[str, dict[str, Any]] = json.loads(streams_json)
-    key = broker_key()
-    parts: dict[str, list[bytes]] = {s: [] for s in declared}
-    for stream, idx, data in chunks:
-        if stream not in parts or idx != len(parts[stream]):
-            continue  # chunks beyond the marker's count are not part of the result
-        parts[stream].append(key.open(data, chunk_aad(invocation_id, stream, idx)))
-    streams: dict[str, bytes] = {}
-    for stream, info in declared.items():
-        got = parts[stream][: info["chunks"]]
-        body = b"".join(got)
-        if len(got) != info["chunks"] or hashlib.sha256(body).hexdigest() != info["sha256"]:
-            raise JournalError(f"{bad}: stream {stream!r} is incomplete or altered")
-        streams[stream] = body
     if whole_sha256(declared) != sha:
         raise JournalError(f"{bad}: whole-result hash differs")
-    summary_bytes = key.open(summary_blob, summary_aad(invocation_id))
-    want = chained.get("summary_sha256")
-    if want is not None and hashlib.sha256(summary_bytes).hexdigest() != want:
-        raise JournalError(f"{bad}: summary differs from the chained event")
-    summary: Mapping[str, Any] = json.loads(summary_bytes)
-    return StoredResult(invocation_id, summary, streams, sha, seq)
+    summary_blob = bytes(summary_blob)
+    if "marker_sha256" in chained:
+        if _sha(canonical_json(declared).encode("utf-8")) != chained["marker_sha256"]:
+            raise JournalError(f"{bad}: marker differs from the chained event")
+        if _sha(summary_blob) != chained.get("sealed_summary_sha256"):
+            raise JournalError(f"{bad}: sealed summary differs from the chained event")
+        covered(int(seq))
+    return Marker(invocation_id, int(seq), sha, streams, chained, summary_blob)
+
+
+def _opened_summary(marker: Marker, plain: bytes) -> Mapping[str, Any]:
+    want = marker.attrs.get("summary_sha256")
+    if want is not None and _sha(plain) != want:
+        raise JournalError(
+            f"stored result of invocation {marker.invocation_id} (seq {marker.seq}) fails "
+            "verification: summary differs from the chained event"
+        )
+    try:
+        summary: Mapping[str, Any] = json.loads(plain)
+    except ValueError:
+        raise JournalError(
+            f"stored result of invocation {marker.invocation_id}: summary is not JSON"
+        ) from None
+    return summary
+
+
+def sql_error(exc: sqlite3.Error) -> str:
+    """An SQLite error's message without the data it may quote (a text column that is not
+    UTF-8 is reported "... with text '<its bytes>'")."""
+    return str(exc).split(" with text ", 1)[0]
+
+
+def _fetcher(conn: sqlite3.Connection, table: str, invocation_id: str) -> Fetch:
+    sql = (
+        f"SELECT CAST(data AS BLOB) FROM {table} WHERE invocation_id = ? AND stream = ? AND idx = ?"
+    )
+
+    def fetch(stream: str, idx: int) -> bytes | None:
+        try:
+            row = conn.execute(sql, (invocation_id, stream, idx)).fetchone()
+        except sqlite3.Error as exc:
+            raise JournalError(
+                f"result of invocation {invocation_id}: stream {stream!r} chunk {idx} cannot be "
+                f"read: {sql_error(exc)}"
+            ) from None
+        return None if row is None else bytes(row[0])
+
+    return fetch
+
+
+def open_result(
+    conn: sqlite3.Connection,
+    broker_key: Callable[[], BrokerKey],
+    invocation_id: str,
+    *,
+    covered: Callable[[int], None],
+) -> ResultStream | None:
+    """The stored result as a ``ResultStream``, or None unless its completeness marker exists
+    (``broker_key`` is called only then).  Stored results never change, so its chunks are read
+    later, one query each."""
+    marker = load_marker(conn, invocation_id, covered=covered)
+    if marker is None:
+        return None
+    key = broker_key()
+    summary = _opened_summary(marker, key.open(marker.summary_blob, summary_aad(invocation_id)))
+    fetch = _fetcher(conn, "result_chunks", invocation_id)
+    return ResultStream(
+        invocation_id, marker.seq, marker.sha256, summary, marker.streams, fetch, key
+    )
+
+
+# -- writing ------------------------------------------------------------------------------------
 
 
 def chunk_op(
-    key: BrokerKey, invocation_id: str, stream: str, index: int, data: bytes
+    key: BrokerKey,
+    audit: AuditSealer | None,
+    invocation_id: str,
+    stream: str,
+    index: int,
+    data: bytes,
 ) -> Callable[[Txn], None]:
-    """The write of one sealed chunk (sealed here, in the submitting task).  Index 0 starts the
-    stream over, dropping chunks of an earlier, uncommitted attempt; a stored result is never
-    added to."""
+    """The write of one sealed chunk (and its auditor copy), sealed here, in the submitting
+    task.  Index 0 starts the stream over, dropping chunks of an earlier, uncommitted attempt;
+    a stored result is never added to."""
     if index < 0:
         raise ValueError("chunk index must be >= 0")
-    sealed = key.seal(bytes(data), chunk_aad(invocation_id, stream, index))
+    if not stream:
+        raise ValueError("a result stream needs a name")
+    aad = chunk_aad(invocation_id, stream, index)
+    plain = bytes(data)
+    sealed = key.seal(plain, aad)
+    audit_copy = audit.seal(plain, aad) if audit is not None else None
 
     def op(txn: Txn) -> None:
         done = txn.conn.execute(
@@ -119,21 +349,73 @@ def chunk_op(
         if done is not None:
             raise JournalError(f"the result of invocation {invocation_id} is already stored")
         if index == 0:
-            txn.conn.execute(
-                "DELETE FROM result_chunks WHERE invocation_id = ? AND stream = ?",
-                (invocation_id, stream),
-            )
+            for table in ("result_chunks", "result_audit"):
+                txn.conn.execute(
+                    f"DELETE FROM {table} WHERE invocation_id = ? AND stream = ?",
+                    (invocation_id, stream),
+                )
         txn.conn.execute(
             "INSERT OR REPLACE INTO result_chunks (invocation_id, stream, idx, data) "
             "VALUES (?,?,?,?)",
             (invocation_id, stream, index, sealed),
         )
+        if audit_copy is not None:
+            txn.conn.execute(
+                "INSERT OR REPLACE INTO result_audit (invocation_id, stream, idx, data) "
+                "VALUES (?,?,?,?)",
+                (invocation_id, stream, index, audit_copy),
+            )
 
     return op
 
 
+def _stored_streams(txn: Txn, key: BrokerKey, iid: str) -> dict[str, dict[str, Any]]:
+    """Per stream: chunk count, bytes, plaintext SHA-256 and each sealed chunk's SHA-256, read
+    back inside the committing transaction, so the marker describes exactly what is stored."""
+    per: dict[str, dict[str, Any]] = {}
+    hashers: dict[str, Any] = {}
+    for stream, idx, data in txn.conn.execute(
+        "SELECT stream, idx, data FROM result_chunks WHERE invocation_id = ? ORDER BY stream, idx",
+        (iid,),
+    ):
+        info = per.setdefault(stream, {"chunks": 0, "bytes": 0, "sealed": []})
+        if idx != info["chunks"]:
+            raise JournalError(
+                f"result of invocation {iid}: stream {stream!r} lacks chunk {info['chunks']}"
+            )
+        plain = key.open(data, chunk_aad(iid, stream, idx))
+        hashers.setdefault(stream, hashlib.sha256()).update(plain)
+        info["sealed"].append(_sha(data))
+        info["chunks"] += 1
+        info["bytes"] += len(plain)
+    for stream, info in per.items():
+        info["sha256"] = hashers[stream].hexdigest()
+    return per
+
+
+def _audit_hashes(txn: Txn, iid: str, per: dict[str, dict[str, Any]]) -> None:
+    """Add each stream's auditor-copy hashes; the copies must match the chunks one for one."""
+    audit: dict[str, list[str]] = {}
+    for stream, idx, data in txn.conn.execute(
+        "SELECT stream, idx, data FROM result_audit WHERE invocation_id = ? AND stream != ? "
+        "ORDER BY stream, idx",
+        (iid, SUMMARY_STREAM),
+    ):
+        hashes = audit.setdefault(stream, [])
+        if idx != len(hashes):
+            break
+        hashes.append(_sha(data))
+    for stream, info in per.items():
+        if len(audit.get(stream, ())) != info["chunks"]:
+            raise JournalError(
+                f"result of invocation {iid}: stream {stream!r} lacks auditor copies"
+            )
+        info["audit"] = audit[stream]
+
+
 def commit_op(
     key: BrokerKey,
+    audit: AuditSealer | None,
     event: Event,
     summary: Mapping[str, Any],
     expect: Mapping[str, str] | None,
@@ -145,32 +427,18 @@ def commit_op(
     summary_bytes = canonical_json(summary).encode("utf-8")
     # The summary's hash rides in the chained event, so the summary (status, headers, exit
     # status) is as tamper-evident as the streams — not only sealed.
-    summary_sha = hashlib.sha256(summary_bytes).hexdigest()
+    summary_sha = _sha(summary_bytes)
     sealed_summary = key.seal(summary_bytes, summary_aad(iid))
+    audit_summary = audit.seal(summary_bytes, summary_aad(iid)) if audit is not None else None
 
     def op(txn: Txn) -> Event:
-        per: dict[str, dict[str, Any]] = {}
-        hashers: dict[str, Any] = {}
-        for stream, idx, data in txn.conn.execute(
-            "SELECT stream, idx, data FROM result_chunks WHERE invocation_id = ? "
-            "ORDER BY stream, idx",
-            (iid,),
-        ):
-            info = per.setdefault(stream, {"chunks": 0, "bytes": 0})
-            if idx != info["chunks"]:
-                raise JournalError(
-                    f"result of invocation {iid}: stream {stream!r} lacks chunk {info['chunks']}"
-                )
-            plain = key.open(data, chunk_aad(iid, stream, idx))
-            hashers.setdefault(stream, hashlib.sha256()).update(plain)
-            info["chunks"] += 1
-            info["bytes"] += len(plain)
-        for stream, info in per.items():
-            info["sha256"] = hashers[stream].hexdigest()
+        per = _stored_streams(txn, key, iid)
         if expect is not None and {s: v["sha256"] for s, v in per.items()} != dict(expect):
             raise ResultStoreFailed(
                 f"result of invocation {iid}: stored streams differ from what was written"
             )
+        if audit_summary is not None:
+            _audit_hashes(txn, iid, per)
         whole = whole_sha256(per)
         attrs = {
             **event.attrs,
@@ -178,13 +446,23 @@ def commit_op(
             "chunks": {s: v["chunks"] for s, v in per.items()},
             "bytes": sum(v["bytes"] for v in per.values()),
             "summary_sha256": summary_sha,
+            "marker_sha256": _sha(canonical_json(per).encode("utf-8")),
+            "sealed_summary_sha256": _sha(sealed_summary),
         }
+        if audit_summary is not None:
+            attrs["audit_summary_sha256"] = _sha(audit_summary)
         ev = dataclasses.replace(event, attrs=attrs)
         stored = txn.insert(*row_args(ev))
         txn.conn.execute(
             "INSERT INTO results (invocation_id, seq, sha256, streams, summary) VALUES (?,?,?,?,?)",
             (iid, stored.seq, whole, canonical_json(per), sealed_summary),
         )
+        if audit_summary is not None:
+            txn.conn.execute(
+                "INSERT OR REPLACE INTO result_audit (invocation_id, stream, idx, data) "
+                "VALUES (?,?,?,?)",
+                (iid, SUMMARY_STREAM, 0, audit_summary),
+            )
         return stored
 
     return op

@@ -33,6 +33,7 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from .errors import JournalError
 
 __all__ = [
+    "AuditOpener",
     "AuditSealer",
     "BrokerKey",
     "chunk_aad",
@@ -41,7 +42,9 @@ __all__ = [
     "open_audit",
     "open_audit_payload",
     "payload_aad",
+    "read_secret_file",
     "summary_aad",
+    "write_secret_file",
 ]
 
 _KEY_HEADER = "affidavit-journal-key-v1 "
@@ -50,7 +53,7 @@ _AUDIT_V1 = b"\x02"
 _NONCE = 12
 
 
-def _write_secret_file(path: Path, data: bytes) -> None:
+def write_secret_file(path: Path, data: bytes) -> None:
     # O_EXCL: never clobber an existing key; mode 0600 from the first byte (no chmod race).
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
@@ -60,7 +63,7 @@ def _write_secret_file(path: Path, data: bytes) -> None:
         os.close(fd)
 
 
-def _read_secret_file(path: Path, what: str) -> bytes:
+def read_secret_file(path: Path, what: str) -> bytes:
     try:
         st = path.stat()
     except FileNotFoundError:
@@ -70,7 +73,10 @@ def _read_secret_file(path: Path, what: str) -> bytes:
             f"{what} {path} is readable by group or others (mode "
             f"{stat.S_IMODE(st.st_mode):04o}); it must be 0600"
         )
-    return path.read_bytes()
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise JournalError(f"cannot read {what} {path}: {exc.strerror}") from None
 
 
 class BrokerKey:
@@ -89,7 +95,7 @@ class BrokerKey:
         p = Path(path)
         key = AESGCM.generate_key(bit_length=256)
         try:
-            _write_secret_file(p, (_KEY_HEADER + base64.b64encode(key).decode() + "\n").encode())
+            write_secret_file(p, (_KEY_HEADER + base64.b64encode(key).decode() + "\n").encode())
         except OSError as exc:
             raise JournalError(f"cannot create broker key file {p}: {exc.strerror}") from None
         return cls(key, p)
@@ -97,7 +103,7 @@ class BrokerKey:
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> BrokerKey:
         p = Path(path)
-        raw = _read_secret_file(p, "broker key file")
+        raw = read_secret_file(p, "broker key file")
         try:
             text = raw.decode("ascii").strip()
             if not text.startswith(_KEY_HEADER):
@@ -172,7 +178,7 @@ class AuditSealer:
 
 def load_auditor_private_key(path: str | os.PathLike[str]) -> X25519PrivateKey:
     p = Path(path)
-    raw = _read_secret_file(p, "auditor private key file")
+    raw = read_secret_file(p, "auditor private key file")
     try:
         key = serialization.load_pem_private_key(raw, password=None)
     except (ValueError, TypeError):
@@ -182,25 +188,41 @@ def load_auditor_private_key(path: str | os.PathLike[str]) -> X25519PrivateKey:
     return key
 
 
+class AuditOpener:
+    """The auditor's side: opens audit copies with the auditor's X25519 private key (kept off
+    the broker host; the broker never holds one)."""
+
+    __slots__ = ("_priv", "_raw", "path")
+
+    def __init__(self, private_key: X25519PrivateKey, path: Path) -> None:
+        self._priv = private_key
+        self._raw = _raw_public(private_key.public_key())
+        self.path = path
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> AuditOpener:
+        return cls(load_auditor_private_key(path), Path(path))
+
+    def open(self, sealed: bytes, aad: bytes) -> bytes:
+        if sealed[:1] != _AUDIT_V1 or len(sealed) < 1 + 32 + _NONCE + 16:
+            raise JournalError("sealed blob is not an audit copy")
+        eph_pub = sealed[1:33]
+        nonce = sealed[33 : 33 + _NONCE]
+        try:
+            shared = self._priv.exchange(X25519PublicKey.from_public_bytes(eph_pub))
+            return AESGCM(_derive(shared, eph_pub, self._raw)).decrypt(
+                nonce, sealed[33 + _NONCE :], aad
+            )
+        except (InvalidTag, ValueError):
+            raise JournalError(
+                f"audit copy does not open with auditor key file {self.path} "
+                "(wrong key, or the row was altered)"
+            ) from None
+
+
 def open_audit(sealed: bytes, private_key_file: str | os.PathLike[str], aad: bytes) -> bytes:
     """Open an audit copy with the auditor's private key (the auditor's side, not the broker's)."""
-    priv = load_auditor_private_key(private_key_file)
-    if sealed[:1] != _AUDIT_V1 or len(sealed) < 1 + 32 + _NONCE + 16:
-        raise JournalError("sealed blob is not an audit copy")
-    eph_pub = sealed[1:33]
-    nonce = sealed[33 : 33 + _NONCE]
-    key = _derive(
-        priv.exchange(X25519PublicKey.from_public_bytes(eph_pub)),
-        eph_pub,
-        _raw_public(priv.public_key()),
-    )
-    try:
-        return AESGCM(key).decrypt(nonce, sealed[33 + _NONCE :], aad)
-    except InvalidTag:
-        raise JournalError(
-            f"audit copy does not open with auditor key file {private_key_file} "
-            "(wrong key, or the row was altered)"
-        ) from None
+    return AuditOpener.load(private_key_file).open(sealed, aad)
 
 
 def generate_auditor_keypair(
@@ -209,7 +231,7 @@ def generate_auditor_keypair(
     """Write a new auditor key pair: the private key 0600 (keep it off the broker host), the
     public key for ``Journal.open(auditor_public_key=...)``."""
     priv = X25519PrivateKey.generate()
-    _write_secret_file(
+    write_secret_file(
         Path(private_path),
         priv.private_bytes(
             serialization.Encoding.PEM,

@@ -16,6 +16,7 @@ import os
 import sqlite3
 import time
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from types import TracebackType
 from typing import Any
 
@@ -27,7 +28,7 @@ from . import leases, results
 from .chain import canonical_json
 from .connect import connect_writer, init_schema
 from .errors import IdempotencyRecord, JournalError, Lease
-from .reader import JournalReader
+from .reader import JournalReader, default_signing_key
 from .rows import BARRIER_VALUES, attrs_json, decode_attrs
 from .sealing import AuditSealer, payload_aad
 from .txn import Txn
@@ -87,6 +88,7 @@ class Journal(JournalReader):
         path: str | os.PathLike[str],
         *,
         key_file: str | os.PathLike[str] | None = None,
+        signing_key: str | os.PathLike[str] | None = None,
         auditor_public_key: str | os.PathLike[str] | None = None,
         payload_copy: bool = True,
         clock: Callable[[], float] = time.time,
@@ -94,10 +96,16 @@ class Journal(JournalReader):
         super().__init__(path, key_file=key_file, readonly=False, clock=clock)
         self._audit = AuditSealer.load(auditor_public_key) if auditor_public_key else None
         self._payload_copy = payload_copy or self._audit is None
+        self.signing_key_file = (
+            Path(signing_key) if signing_key is not None else default_signing_key(self.path)
+        )
         try:
             conn = connect_writer(self.path)
             self._writer = Writer(self.path, conn, clock)
-            self._key = init_schema(conn, self.path, self._key_file)
+            self._key, self._writer.signer = init_schema(
+                conn, self.path, self._key_file, self.signing_key_file, clock
+            )
+            self._known_checkpoints = self._writer.signed
         except sqlite3.Error as exc:
             self.close()
             raise JournalError(f"cannot open journal {self.path}: {exc}") from None
@@ -111,17 +119,21 @@ class Journal(JournalReader):
         path: str | os.PathLike[str],
         *,
         key_file: str | os.PathLike[str] | None = None,
+        signing_key: str | os.PathLike[str] | None = None,
         auditor_public_key: str | os.PathLike[str] | None = None,
         payload_copy: bool = True,
         clock: Callable[[], float] = time.time,
     ) -> _Opener:
-        """Open (creating if absent) and start the single writer task.  ``key_file`` defaults
-        to ``<path>.key`` and is created 0600 for a new journal.  ``payload_copy=False`` with an
-        auditor key makes payloads write-only: sealed to the auditor alone."""
+        """Open (creating if absent) and start the single writer task.  ``key_file`` (the
+        sealing key) defaults to ``<path>.key``, ``signing_key`` (the Ed25519 key that signs
+        each transaction's checkpoint) to ``<path>.signing.key``; both are created 0600 for a new
+        journal.  ``payload_copy=False`` with an auditor key makes payloads write-only: sealed
+        to the auditor alone."""
         return _Opener(
             {
                 "path": path,
                 "key_file": key_file,
+                "signing_key": signing_key,
                 "auditor_public_key": auditor_public_key,
                 "payload_copy": payload_copy,
                 "clock": clock,
@@ -165,6 +177,19 @@ class Journal(JournalReader):
             return p.record(now)
         return super().record(invocation_id, now)
 
+    def _trusted_public_key(self) -> bytes | None:
+        # The writer holds the signing key itself: it checks with that, not with whatever
+        # public key the file records.
+        signer = self._writer.signer
+        return signer.public_raw if signer is not None else None
+
+    @property
+    def public_key(self) -> bytes:
+        """The signing key's public half (raw Ed25519), for auditors."""
+        signer = self._writer.signer
+        assert signer is not None
+        return signer.public_raw
+
     def _last_seq(self) -> int:
         row = self._rconn.execute("SELECT max(seq) FROM events").fetchone()
         return 0 if row is None or row[0] is None else int(row[0])
@@ -182,7 +207,13 @@ class Journal(JournalReader):
     ) -> tuple[bytes | None, bytes | None]:
         if payload is None:
             return None, None
-        data = canonical_json(payload).encode("utf-8")
+        try:
+            data = canonical_json(payload).encode("utf-8")
+        except (TypeError, ValueError, RecursionError) as exc:
+            raise JournalError(
+                f"{event.kind.value} payload of invocation {event.invocation_id} is not JSON: "
+                f"{type(exc).__name__}"
+            ) from None
         aad = payload_aad(event.invocation_id, event.kind.value)
         assert self._key is not None
         mine = self._key.seal(data, aad) if self._payload_copy else None
@@ -268,7 +299,7 @@ class Journal(JournalReader):
         """Store one sealed chunk of a result stream (not complete until ``commit_result``).
         Index 0 starts the stream over, dropping chunks of an earlier, uncommitted attempt."""
         assert self._key is not None
-        op = results.chunk_op(self._key, invocation_id, stream, index, data)
+        op = results.chunk_op(self._key, self._audit, invocation_id, stream, index, data)
         await self._writer.submit(op, barrier=False, result_store=True)
 
     async def post_result_chunk(
@@ -279,7 +310,7 @@ class Journal(JournalReader):
         ``expect=`` the streams' hashes: a chunk lost with a failed batch then makes the commit
         fail instead of completing a result without it."""
         assert self._key is not None
-        op = results.chunk_op(self._key, invocation_id, stream, index, data)
+        op = results.chunk_op(self._key, self._audit, invocation_id, stream, index, data)
         return await self._writer.post(op, result_store=True)
 
     async def commit_result(
@@ -299,5 +330,5 @@ class Journal(JournalReader):
         if event.kind is not EventKind.RESULT_COMMITTED:
             raise ValueError("commit_result takes a RESULT_COMMITTED event")
         assert self._key is not None
-        op = results.commit_op(self._key, event, summary, expect)
+        op = results.commit_op(self._key, self._audit, event, summary, expect)
         return await self._writer.submit(op, barrier=True, result_store=True)

@@ -9,6 +9,13 @@ barrier commits with ``synchronous=NORMAL``: it survives a process crash (the WA
 cache) and becomes power-loss durable with the next barrier's fsync, which covers every earlier
 WAL frame -- recovery never depends on such events.
 
+Each transaction that appends rows also writes a checkpoint signed with the broker's signing
+key -- the seq and hash of its last row -- before its ``COMMIT`` (``signing.py``): every committed
+row is covered, and a crash cannot leave unsigned rows.  The cost is one Ed25519 signature and one
+small row per transaction, so group commit keeps it per batch, not per row.  Before extending a
+head it did not write itself, the writer checks that a valid checkpoint covers it
+(``checkpoints.require_covered``): it never signs over rows someone else appended to the file.
+
 The writer also keeps each invocation's projection as of its last commit (``projectors``), so
 ``Journal.record`` can answer without reading the events back while no other process writes.
 """
@@ -28,8 +35,10 @@ import trio
 
 from affidavit.statemachine import Projector
 
+from . import checkpoints
 from .chain import GENESIS
 from .errors import JournalError, JournalWriteError, ResultStoreFailed
+from .signing import SigningKey
 from .txn import Txn
 
 __all__ = ["Batch", "Fail", "Posted", "Writer"]
@@ -132,6 +141,13 @@ class Writer:
         self.path = path
         self.conn = conn
         self.clock = clock
+        self.signer: SigningKey | None = None
+        """Signs each transaction's checkpoint (set by ``Journal`` once the schema is bound)."""
+        self.signed_head: tuple[int, str] | None = None
+        """(seq, hash) of the head this writer last committed or checked as covered."""
+        self.signed: dict[int, bytes] = {}
+        """Checkpoints this writer committed, seq -> signature (shared with the journal's
+        reads, which then need not verify them again)."""
         self.sync = "FULL"
         self.projectors: dict[str, Projector] = {}
         self.sessions: dict[str, str | None] = {}
@@ -237,6 +253,11 @@ class Writer:
                 if seq != self.known_head or len(self.projectors) > _PROJECTOR_CACHE:
                     # Another process appended (or we lost track): reload projections lazily.
                     self.forget()
+                signer = self.signer
+                assert signer is not None, "the journal binds its signing key before writing"
+                if seq and (seq, h) != self.signed_head:
+                    checkpoints.require_covered(conn, self.path, seq, h, signer.public_raw)
+                    self.signed_head = (seq, h)
                 txn = Txn(self, conn, seq, h)
                 insert = txn.insert
                 for r in batch:
@@ -268,22 +289,35 @@ class Writer:
                         else:
                             r.result = out
                 txn.flush()
+                cp = None
+                if txn.seq != seq:
+                    # prev = seq: the head this transaction extended is covered by a checkpoint
+                    # at exactly that seq (checked above, or this writer's own last commit).
+                    cp = checkpoints.sign(conn, signer, txn.seq, txn.hash, seq, self.clock())
                 hook = self.before_commit
                 if hook is not None:
                     hook(Batch(len(batch), barrier, want))
                 conn.execute("COMMIT")
                 self.known_head = txn.seq
+                if cp is not None:
+                    self.signed_head = (cp.seq, cp.hash)
+                    checkpoints.remember(self.signed, cp.seq, cp.signature)
             except BaseException:
                 if conn.in_transaction:
                     with contextlib.suppress(sqlite3.Error):
                         conn.execute("ROLLBACK")
                 raise
-        except sqlite3.Error as exc:
+        except (sqlite3.Error, JournalError) as exc:
+            # A storage fault, or a head this writer must not sign over: nothing is kept.
             self.forget()
+            if isinstance(exc, sqlite3.Error):
+                why = f"journal {self.path}: write not committed: {exc}"
+            else:
+                why = f"write refused: {exc}"
             for r in batch:
                 r.result = None
                 cls = ResultStoreFailed if r.result_store else JournalWriteError
-                r.error = cls(f"journal {self.path}: write not committed: {exc}")
+                r.error = cls(why)
 
     # -- queueing -------------------------------------------------------------------------------
 

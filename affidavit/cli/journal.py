@@ -1,16 +1,22 @@
-"""Journal views on the command line: ``affidavit journal verify``, ``affidavit actions``,
-``affidavit record ID`` and ``affidavit sessions`` (each with ``--json``).
+"""Journal views and checks on the command line: ``affidavit journal verify|anchor|public-key|
+audit-keygen|audit-open``, ``affidavit actions``, ``affidavit record ID``, ``affidavit
+sessions`` and ``affidavit metrics`` (each with ``--json`` where it prints data).
 
-All of them open the journal read-only and need no key: the views read only plaintext,
-secret-free columns, and ``verify`` recomputes the hash chain without any key.
+All of them open the journal read-only and need no secret key: the views read only plaintext,
+secret-free columns; ``verify`` and ``anchor`` check the hash chain, the signed checkpoints and
+the stored results with a public key (``--public-key``, an ``--anchor``'s, or the one the journal
+records); ``audit-open`` uses the *auditor's* private key, which the broker never holds.  Only
+``public-key`` reads the broker's signing key file, to export its public half.
 
-Exit status: 0 success; 1 ``journal verify`` found a bad row; 2 usage or config error (for
-example no journal at the path) — the message on stderr, never a traceback.
+Exit status: 0 success; 1 ``journal verify`` (or ``anchor``) found a bad row; 2 usage or
+config error (for example no journal at the path, an unreadable key or anchor file) — the
+message on stderr, never a traceback.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -21,7 +27,16 @@ from typing import Any
 
 from affidavit.cli import UsageError, text_arg
 from affidavit.config import CONFIG_ENV, DEFAULT_CONFIG, ConfigError, load_config
-from affidavit.journal import JournalError, JournalReader
+from affidavit.journal import (
+    JournalError,
+    JournalReader,
+    SigningKey,
+    generate_auditor_keypair,
+    load_anchor,
+    load_public_key,
+    public_key_pem,
+)
+from affidavit.journal.reader import default_signing_key
 from affidavit.statemachine import Outcome, Phase
 from affidavit.views import event_to_json, metrics, plain, record_to_json
 
@@ -33,10 +48,58 @@ def add_commands(sub: Any) -> None:
     jsub = p.add_subparsers(dest="journal_command", metavar="JOURNAL_COMMAND")
     jsub.required = True
     v = jsub.add_parser(
-        "verify", help="recompute the hash chain; exit 1 and name the first bad seq if broken"
+        "verify",
+        help="check the hash chain, signed checkpoints and stored results; exit 1 and name the "
+        "first bad seq",
     )
     common_options(v)
+    _trust_args(v)
+    v.add_argument(
+        "--anchor", metavar="FILE", help="an anchor from `journal anchor`, kept elsewhere"
+    )
+    v.add_argument(
+        "--accept-unsigned",
+        action="store_true",
+        help="accept rows written before the journal was signed, on the hash chain alone",
+    )
     v.set_defaults(handler=_verify)
+
+    an = jsub.add_parser(
+        "anchor", help="verify, then export the signed head (seq, hash, signature, key) to keep"
+    )
+    common_options(an)
+    _trust_args(an)
+    an.add_argument("--out", metavar="FILE", help="write it here (default: stdout)")
+    an.set_defaults(handler=_anchor)
+
+    pk = jsub.add_parser(
+        "public-key", help="export the signing key's public half (PEM) for auditors"
+    )
+    common_options(pk)
+    pk.add_argument(
+        "--signing-key", metavar="FILE", help="default: [journal] signing_key of the config"
+    )
+    pk.add_argument("--out", metavar="FILE", help="write it here (default: stdout)")
+    pk.set_defaults(handler=_public_key)
+
+    kg = jsub.add_parser(
+        "audit-keygen",
+        help="make an auditor key pair (run it on the auditor's host; the broker gets PUBLIC)",
+    )
+    kg.add_argument("private", metavar="PRIVATE", help="auditor private key file (created 0600)")
+    kg.add_argument("public", metavar="PUBLIC", help="public key file for auditor_public_key")
+    kg.set_defaults(handler=_audit_keygen)
+
+    ao = jsub.add_parser(
+        "audit-open",
+        help="open an event's or a result's auditor copy with the auditor's private key",
+    )
+    common_options(ao)
+    ao.add_argument("--key", required=True, metavar="FILE", help="the auditor's private key")
+    which = ao.add_mutually_exclusive_group(required=True)
+    which.add_argument("--seq", type=int, help="the event whose sealed payload to open")
+    which.add_argument("--result", metavar="ID", help="the invocation whose result to open")
+    ao.set_defaults(handler=_audit_open)
 
     a = sub.add_parser("actions", help="list actions with their phase, outcome and retry hint")
     common_options(a)
@@ -72,6 +135,15 @@ def common_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
 
+def _trust_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--public-key",
+        metavar="FILE",
+        help="the signing public key (PEM) to check checkpoints with (default: the anchor's, "
+        "else the one the journal records -- which is not independent of the file)",
+    )
+
+
 # --- opening -------------------------------------------------------------------------------
 
 
@@ -85,6 +157,19 @@ def _journal_path(args: argparse.Namespace) -> Path:
         return Path("affidavit.db")
     try:
         return load_config(args.config).journal.path
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _signing_key_path(args: argparse.Namespace) -> Path:
+    """The config's ``[journal] signing_key`` (or the default beside ``--journal``)."""
+    if args.journal:
+        return default_signing_key(Path(args.journal))
+    explicit = args.config or os.environ.get(CONFIG_ENV)
+    if not explicit and not Path(DEFAULT_CONFIG).exists():
+        return default_signing_key(Path("affidavit.db"))
+    try:
+        return load_config(args.config).journal.signing_key
     except ConfigError as exc:
         raise UsageError(str(exc)) from None
 
@@ -132,27 +217,129 @@ def print_json(value: Any) -> None:
 # --- handlers ------------------------------------------------------------------------------
 
 
+def _journal_call(fn: Any, *args: Any, **kwargs: Any) -> Any:
+    """``fn(...)`` with a ``JournalError`` (unreadable key, anchor or result) as a usage error."""
+    try:
+        return fn(*args, **kwargs)
+    except JournalError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _public_key_arg(args: argparse.Namespace) -> bytes | None:
+    return _journal_call(load_public_key, args.public_key) if args.public_key else None
+
+
 def _verify(args: argparse.Namespace) -> int:
+    public_key = _public_key_arg(args)
+    anchor = _journal_call(load_anchor, args.anchor) if args.anchor else None
     with open_reader(args) as j:
-        report = j.verify()
-    if args.json:
-        print_json(
-            {
-                "ok": report.ok,
-                "count": report.count,
-                "first_bad_seq": report.first_bad_seq,
-                "reason": report.reason,
-                "head_hash": report.head_hash,
-            }
+        report = j.verify(
+            public_key=public_key, anchor=anchor, accept_unsigned=args.accept_unsigned
         )
-    elif report.ok:
+    if args.json:
+        print_json(dataclasses.asdict(report))
+        return 0 if report.ok else 1
+    key = f"key {report.key_id} ({_KEY_SOURCES[report.key_source]})" if report.key_id else "no key"
+    if report.ok:
         print(f"journal intact: {report.count} events, head {report.head_hash}")
+        if report.signed_seq:
+            print(f"  signed through seq {report.signed_seq} at {_when(report.signed_at)}, {key}")
+        if report.anchor_seq is not None:
+            print(f"  matches the anchor at seq {report.anchor_seq}")
+        if report.unsigned_through:
+            print(f"  rows 1..{report.unsigned_through} predate signing (accepted on the chain)")
+        print(f"  {report.results} stored results match their chained hashes")
+        if report.key_source == "journal":
+            print(
+                "  note: checked with the public key the journal records itself; pass "
+                "--public-key or --anchor for a check independent of the file"
+            )
     else:
         print(
             f"journal BROKEN at seq {report.first_bad_seq}: {report.reason} "
-            f"({report.count} events before it are intact)"
+            f"({report.count} events before it are intact; checked with {key})"
         )
+        for more in report.also:
+            print(f"  also: {more}")
     return 0 if report.ok else 1
+
+
+_KEY_SOURCES = {
+    "public-key": "--public-key",
+    "anchor": "the anchor's",
+    "journal": "recorded in the journal",
+    "none": "none",
+}
+
+
+def _write_out(path: str | None, data: bytes, what: str) -> None:
+    if path is None:
+        sys.stdout.buffer.write(data)
+        sys.stdout.flush()
+        return
+    try:
+        Path(path).write_bytes(data)
+    except OSError as exc:
+        raise UsageError(f"cannot write {what} {path}: {exc.strerror}") from None
+
+
+def _anchor(args: argparse.Namespace) -> int:
+    public_key = _public_key_arg(args)
+    with open_reader(args) as j:
+        report, anchor = j.anchor(public_key)
+    if not report.ok:
+        print(
+            f"journal BROKEN at seq {report.first_bad_seq}: {report.reason}; no anchor "
+            "written (an anchor must vouch only for a journal that verifies)"
+        )
+        return 1
+    if anchor is None:
+        raise UsageError("the journal has no signed checkpoint to anchor yet")
+    text = json.dumps(anchor.to_json(), indent=2, sort_keys=True) + "\n"
+    _write_out(args.out, text.encode("utf-8"), "anchor file")
+    if args.out:
+        cp = anchor.checkpoint
+        print(f"anchored seq {cp.seq} (hash {cp.hash}, key {cp.key_id}) in {args.out}")
+    return 0
+
+
+def _public_key(args: argparse.Namespace) -> int:
+    path = Path(args.signing_key) if args.signing_key else _signing_key_path(args)
+    key = _journal_call(SigningKey.load, path)
+    _write_out(args.out, public_key_pem(key.public_raw), "public key file")
+    if args.out:
+        print(f"public key {key.key_id} written to {args.out}")
+    return 0
+
+
+def _audit_keygen(args: argparse.Namespace) -> int:
+    try:
+        generate_auditor_keypair(args.private, args.public)
+    except FileExistsError as exc:
+        raise UsageError(f"{exc.filename} exists; not overwriting a key") from None
+    except OSError as exc:
+        raise UsageError(f"cannot write {exc.filename}: {exc.strerror}") from None
+    print(f"auditor private key {args.private} (keep it off the broker host); public key "
+          f"{args.public} (set it as [journal] auditor_public_key)")  # fmt: skip
+    return 0
+
+
+def _audit_open(args: argparse.Namespace) -> int:
+    from affidavit.engine.recorder import result_payload
+
+    with open_reader(args) as j:
+        if args.seq is not None:
+            value: Any = _journal_call(j.audit_payload, args.seq, args.key)
+            what = f"event {args.seq}"
+        else:
+            text_arg(args.result, "--result")
+            stored = _journal_call(j.audit_result, args.result, args.key)
+            value = None if stored is None else result_payload(stored)
+            what = f"invocation {args.result}"
+    if value is None:
+        raise UsageError(f"{what} has no auditor copy in the journal")
+    print_json(value)
+    return 0
 
 
 def _actions(args: argparse.Namespace) -> int:

@@ -43,6 +43,7 @@ _TARGET_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}")
 class JournalConfig:
     path: Path
     key_file: Path
+    signing_key: Path
     auditor_public_key: Path | None
 
 
@@ -66,6 +67,11 @@ def _path(r: Read) -> Path:
 def _key_file(r: Read) -> Path:
     raw = r.string()
     return r.resolve_path(raw) if raw else Path(f"{r.values['path']}.key")
+
+
+def _signing_key(r: Read) -> Path:
+    raw = r.string()
+    return r.resolve_path(raw) if raw else Path(f"{r.values['path']}.signing.key")
 
 
 def _existing_file(r: Read) -> Path | None:
@@ -95,10 +101,19 @@ JOURNAL = Schema(
             doc="the broker's sealing key for sensitive payloads",
         ),
         Field(
+            "signing_key",
+            _signing_key,
+            default=None,
+            shown="`<path>.signing.key`",
+            doc="the Ed25519 key that signs each transaction's checkpoint (created 0600 if "
+            "absent; `affidavit journal public-key` exports its public half for auditors)",
+        ),
+        Field(
             "auditor_public_key",
             _existing_file,
             default=None,
-            doc="seal the audit copy to this public key (the file must exist)",
+            doc="seal an auditor copy of event payloads and stored results to this X25519 "
+            "public key (the file must exist; the broker cannot open them)",
         ),
     ),
 )

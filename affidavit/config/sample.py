@@ -11,7 +11,9 @@ _SAMPLE = """\
 [journal]
 path = "affidavit.db"               # the append-only evidence journal (SQLite)
 # key_file = "affidavit.db.key"     # broker sealing key (default: <path>.key)
-# auditor_public_key = "auditor.pub"
+# signing_key = "affidavit.db.signing.key"  # signs checkpoints (default: <path>.signing.key);
+#                                   # `affidavit journal public-key` exports it for auditors
+# auditor_public_key = "auditor.pub"  # from `affidavit journal audit-keygen` on the auditor's host
 
 [vault]
 path = "affidavit.vault"            # `affidavit vault init`, then `affidavit vault put NAME`

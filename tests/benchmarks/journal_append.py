@@ -5,8 +5,9 @@
 
 Prints barrier appends per second from 1 task and from 64 concurrent trio tasks, next to raw
 ``sqlite3`` single-row ``synchronous=FULL`` commits and raw 100-row batched commits, plus the time
-to project a 100k-event journal from disk.  Targets (issue 3): 64 tasks >= 20x one task, and
-within 3x of the raw batched rate; projection of 100k events under 1 s.
+to project a 100k-event journal from disk, and what the signed checkpoint each transaction
+writes costs next to the writer's CPU per transaction.  Targets (issue 3): 64 tasks >= 20x one
+task, and within 3x of the raw batched rate; projection of 100k events under 1 s.
 
 Every column of one run uses the same directory (``--dir``, default: the system temp dir), so
 the same disk.  The disk is noisy (fsync ~0.1-4 ms here), so the four rates are measured
@@ -42,7 +43,7 @@ from pathlib import Path
 
 import trio
 
-from affidavit.journal import Batch, Journal, JournalReader
+from affidavit.journal import Batch, Journal, JournalReader, SigningKey
 from affidavit.statemachine import Event, EvidenceSource
 from affidavit.statemachine import EventKind as E
 
@@ -217,6 +218,16 @@ async def _read_costs(path: Path, n: int = 500) -> dict[str, float]:
     return out
 
 
+def _sign_cost(base: Path, n: int = 2000) -> float:
+    """Microseconds per checkpoint signature (``SigningKey.sign``: message plus Ed25519)."""
+    key = SigningKey.create(base / "bench.signing.key")
+    h = "ab" * 32
+    t0 = time.perf_counter()
+    for i in range(1, n + 1):
+        key.sign(i, h, i - 1, 1.7e9)
+    return (time.perf_counter() - t0) / n * 1e6
+
+
 def _cell(values: list[float], unit: str = "/s") -> str:
     med = statistics.median(values)
     if unit == "/s":
@@ -247,8 +258,11 @@ def main() -> None:
     raw100: list[float] = []
     batch: list[float] = []
     wcpu: list[float] = []
+    one_cpu: list[float] = []
     for _ in range(args.runs):
-        one.append(trio.run(_journal_rate, base / f"one{next(names)}.db", 1, s, ids, WriterStats()))
+        st1 = WriterStats()
+        one.append(trio.run(_journal_rate, base / f"one{next(names)}.db", 1, s, ids, st1))
+        one_cpu.append(st1.cpu / max(st1.txns, 1) * 1e6)
         st = WriterStats()
         rate = trio.run(_journal_rate, base / f"many{next(names)}.db", 64, s, ids, st)
         many.append(rate)
@@ -285,6 +299,14 @@ def main() -> None:
     print(
         f"64 tasks: {statistics.median(batch):.1f} appends per transaction, writer thread CPU "
         f"{statistics.median(wcpu):.1f} us per append"
+    )
+    sign = _sign_cost(base)
+    m_one_cpu = statistics.median(one_cpu)
+    print(
+        f"checkpoint signature (one per transaction): {sign:.1f} us = "
+        f"{sign / m_one_cpu * 100:.0f}% of the writer's CPU per 1-task transaction "
+        f"({m_one_cpu:.1f} us), {sign / statistics.median(batch):.1f} us per append at "
+        f"{statistics.median(batch):.0f} appends per transaction"
     )
     r_group = m_many / m_one
     r_raw = m_raw100 / m_many

@@ -111,9 +111,11 @@ def test_editing_a_row_fails_verify_at_that_row(
     assert "seq 5" in capsys.readouterr().out
 
 
-def test_editing_a_row_and_recomputing_its_hash_fails_at_the_next_row(
+def test_editing_a_row_and_recomputing_its_hash_fails_at_that_row(
     pristine: tuple[Path, int], tmp_path: Path
 ) -> None:
+    # The chain alone would notice only at row 6 (which no longer links); the checkpoint signed
+    # over row 5's original hash names row 5 itself (each append here is one transaction).
     path, _ = _copy(pristine, tmp_path)
     conn = sqlite3.connect(path)
     row = list(conn.execute("SELECT * FROM events WHERE seq = 5").fetchone())
@@ -121,7 +123,7 @@ def test_editing_a_row_and_recomputing_its_hash_fails_at_the_next_row(
     row[8] = '{"status":500}'
     forged = row_hash(row[11], *row[:11])
     _tamper(path, ("UPDATE events SET attrs = ?, hash = ? WHERE seq = 5", (row[8], forged)))
-    assert _verify(path) == (False, 6)
+    assert _verify(path) == (False, 5)
 
 
 def test_deleting_a_row_fails_at_that_seq(pristine: tuple[Path, int], tmp_path: Path) -> None:

@@ -1,6 +1,7 @@
 """Crash safety (issue 3): a real child process appends an invocation's events and is killed with
 SIGKILL at each durable boundary in turn, and mid-transaction; recovery from the file must
-project what was durable and never ``not_attempted`` once DISPATCH_STARTED was committed."""
+project what was durable and never ``not_attempted`` once DISPATCH_STARTED was committed -- and
+(issue 9) verify with the signing public key, every committed row signed."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from affidavit.journal import JournalReader
+from affidavit.journal import JournalReader, SigningKey, VerifyReport
 from affidavit.statemachine import Event, EventKind, Outcome, Projector
 
 from .helpers import happy
@@ -67,10 +68,19 @@ def _kill_cleanup(proc: subprocess.Popen[str]) -> None:
             stream.close()
 
 
+def _verified(r: JournalReader, path: Path) -> VerifyReport:
+    """A killed journal verifies with the signing *public* key alone, and every committed row
+    is covered by a signed checkpoint: a crash never leaves unsigned rows."""
+    public = SigningKey.load(f"{path}.signing.key").public_raw
+    report = r.verify(public_key=public)
+    assert report.ok, report
+    assert report.signed_seq == (report.count or None), report
+    return report
+
+
 def _recover(path: Path) -> tuple[list[Event], Projector]:
     with JournalReader.open(path) as r:
-        report = r.verify()
-        assert report.ok, report
+        _verified(r, path)
         events = r.events("inv-1")
         return events, Projector("inv-1").extend(events)
 
@@ -167,8 +177,7 @@ def test_kill_during_a_stream_of_large_group_commits(tmp_path: Path, delay: floa
         _kill_cleanup(proc)
     acked_seq = max(acked)
     with JournalReader.open(path) as r:
-        report = r.verify()
-        assert report.ok, report
+        report = _verified(r, path)
         assert report.count >= acked_seq
         for rec in r.list_actions():
             if rec.evidence.get("dispatch_started"):

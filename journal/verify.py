@@ -1,0 +1,369 @@
+"""``verify``: the hash chain, the signed checkpoints, an optional anchor, and every stored result
+against the hashes its chained event carries -- with a public key alone, never a secret key.
+
+What it proves depends on the key it trusts (docs/journal.md, "Threat model"):
+
+* the chain alone (every backend, no key) -- that no row was edited or removed *without
+  re-computing the chain*; anybody who can write the file can re-chain;
+* with the signing public key -- that every row up to the last checkpoint is what the holder of
+  the signing key committed: a re-chained edit no longer matches a signed hash, a forged appended
+  row is after the last valid checkpoint, a removed checkpoint breaks the ``prev`` links, and a
+  checkpoint signed by another key (a swapped key file) is refused.  A tail cut back to an earlier
+  checkpoint, with the later checkpoints removed too, still looks whole;
+* with an anchor kept elsewhere -- also that the journal still reaches the anchor's seq with the
+  anchor's hash, which catches that cut.
+
+Stored results are checked without the broker key: the marker against the chained
+RESULT_COMMITTED event, and each sealed chunk (and auditor copy) against the hash the marker
+lists.  The trusted key is the ``--public-key`` file, else the anchor's, else the one recorded in
+the journal itself -- which someone rewriting the file could have replaced, so the report says
+which one it was.
+
+Nothing here knows SQLite: a backend hands over its rows, checkpoints and results (``Source``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+from affidavit.statemachine import EventKind
+
+from .chain import GENESIS, canonical_json, row_digest
+from .errors import VerifyReport
+from .signing import Anchor, Checkpoint, key_id_of, verify_signature
+
+__all__ = ["Source", "Trust", "verify_journal"]
+
+_RESULT_COMMITTED = EventKind.RESULT_COMMITTED.value
+
+
+class Source(Protocol):
+    """What ``verify_journal`` reads from a backend, each in seq (or key) order."""
+
+    def event_rows(self) -> Iterable[tuple[Any, ...]]:
+        """Rows as ``chain.EVENT_COLUMNS``, by seq."""
+        ...
+
+    def checkpoints(self) -> Iterable[Checkpoint]:
+        """By seq."""
+        ...
+
+    def markers(self) -> Iterable[tuple[str, int, str, str, bytes]]:
+        """(invocation_id, seq, sha256, streams JSON, sealed summary) of every results row."""
+        ...
+
+    def digests(self, invocation_id: str, audit: bool) -> Iterable[tuple[str, int, str]]:
+        """(stream, idx, hex SHA-256 of the stored blob) of the result's chunks (``audit``: of
+        its auditor copies, the summary's under stream ``""``), by stream and idx."""
+        ...
+
+
+@dataclass(frozen=True)
+class Trust:
+    """The key checkpoints must be signed with, where it came from, and what else to check."""
+
+    public_raw: bytes | None
+    source: str
+    """``public-key`` (a file the operator passed), ``anchor``, ``journal`` (recorded in the
+    journal itself), or ``none`` (a journal from before signing)."""
+    anchor: Anchor | None = None
+    accept_unsigned: bool = False
+    """Accept rows written before signing (a journal adopted by a signing broker, or one never
+    opened by one) on the strength of the hash chain alone."""
+
+
+@dataclass
+class _Problems:
+    """The first bad seq found so far, and why (the smallest seq wins)."""
+
+    seq: int | None = None
+    reason: str = ""
+    extra: list[str] = field(default_factory=list)
+
+    def add(self, seq: int | None, reason: str) -> None:
+        if seq is None:
+            if self.seq is None and not self.reason:
+                self.reason = reason
+            else:
+                self.extra.append(reason)
+            return
+        if self.seq is None or seq < self.seq:
+            if self.reason:
+                self.extra.append(self.reason)
+            self.seq, self.reason = seq, reason
+        else:
+            self.extra.append(reason)
+
+    @property
+    def found(self) -> bool:
+        return self.seq is not None or bool(self.reason)
+
+
+@dataclass
+class _Walk:
+    """State of the pass over rows and checkpoints."""
+
+    rows: int = 0
+    """Rows checked (the last intact seq)."""
+    complete: bool = False
+    """Every row was checked (the pass did not stop at a problem)."""
+    head: str = GENESIS
+    signed_seq: int = 0
+    signed_at: float | None = None
+    last_checkpoint: int = 0
+    unsigned_through: int | None = None
+    unsigned_at: float | None = None
+    anchor_hash: str | None = None
+    committed: dict[str, tuple[int, str]] = field(default_factory=dict)
+    """RESULT_COMMITTED rows: invocation -> (seq, attrs JSON)."""
+
+
+def verify_journal(source: Source, trust: Trust) -> VerifyReport:
+    problems = _Problems()
+    walk = _walk(source, trust, problems)
+    limit = problems.seq if problems.seq is not None else walk.rows + 1
+    if walk.complete and walk.signed_seq < walk.rows:
+        _unsigned_tail(walk, trust, problems)
+    if walk.unsigned_through and not trust.accept_unsigned:
+        problems.add(
+            1,
+            f"rows 1..{walk.unsigned_through} were written before this journal was signed "
+            + (
+                "(adopted by a signing broker at " + _when(walk.unsigned_at) + ")"
+                if walk.unsigned_at is not None
+                else "(it has no checkpoint)"
+            )
+            + "; they rest on the hash chain alone -- pass --accept-unsigned to accept them",
+        )
+    if trust.anchor is not None:
+        _check_anchor(walk, trust, trust.anchor, problems)
+    results = _check_results(source, walk, limit, problems)
+    ok = not problems.found
+    intact = walk.rows if problems.seq is None else max(0, min(walk.rows, problems.seq - 1))
+    return VerifyReport(
+        ok=ok,
+        count=intact,
+        first_bad_seq=problems.seq,
+        reason="intact" if ok else problems.reason,
+        head_hash=walk.head,
+        signed_seq=walk.signed_seq or None,
+        signed_at=walk.signed_at,
+        key_id=key_id_of(trust.public_raw) if trust.public_raw is not None else None,
+        key_source=trust.source,
+        anchor_seq=trust.anchor.checkpoint.seq if trust.anchor is not None else None,
+        unsigned_through=walk.unsigned_through,
+        results=results,
+        also=tuple(problems.extra),
+    )
+
+
+def _when(at: float | None) -> str:
+    if at is None:
+        return "?"
+    return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _walk(source: Source, trust: Trust, problems: _Problems) -> _Walk:
+    """One pass over rows and checkpoints together; stops at the first problem."""
+    walk = _Walk()
+    checkpoints: Iterator[Checkpoint] = iter(source.checkpoints())
+    cp = next(checkpoints, None)
+    anchor_seq = trust.anchor.checkpoint.seq if trust.anchor is not None else None
+    expected, prev_digest = 1, bytes(32)
+    for row in source.event_rows():
+        seq = row[0]
+        if seq != expected:
+            problems.add(expected, f"row {expected} is missing")
+            return walk
+        if row[11] != walk.head:
+            problems.add(seq, f"row {seq} does not link to row {seq - 1}")
+            return walk
+        try:
+            digest = row_digest(prev_digest, *row[:11])
+        except (TypeError, ValueError, RecursionError):
+            digest = None
+        if digest is None or digest.hex() != row[12]:
+            problems.add(seq, f"row {seq} was altered")
+            return walk
+        walk.head, prev_digest = row[12], digest
+        walk.rows = seq
+        expected += 1
+        if seq == anchor_seq:
+            walk.anchor_hash = walk.head
+        if row[4] == _RESULT_COMMITTED:
+            walk.committed[row[2]] = (seq, row[8])
+        if cp is not None and cp.seq == seq:
+            if not _check_checkpoint(walk, trust, cp, problems):
+                return walk
+            cp = next(checkpoints, None)
+    walk.complete = True
+    if cp is not None:
+        problems.add(
+            walk.rows + 1,
+            f"the journal ends at seq {walk.rows} but a checkpoint covers seq {cp.seq}: rows "
+            f"{walk.rows + 1}..{cp.seq} were removed",
+        )
+    return walk
+
+
+def _check_checkpoint(walk: _Walk, trust: Trust, cp: Checkpoint, problems: _Problems) -> bool:
+    first = walk.signed_seq + 1
+    if trust.public_raw is None:
+        problems.add(first, f"checkpoint at seq {cp.seq}: no public key to check it with")
+        return False
+    if not verify_signature(cp, trust.public_raw):
+        problems.add(
+            first,
+            f"checkpoint at seq {cp.seq} is not signed by key {key_id_of(trust.public_raw)} "
+            f"({trust.source}); it names key {cp.key_id}: rows {first}..{cp.seq} are not "
+            "authenticated",
+        )
+        return False
+    if cp.prev != walk.last_checkpoint:
+        missing = cp.prev if cp.prev > walk.last_checkpoint else walk.last_checkpoint
+        problems.add(
+            missing,
+            f"checkpoint at seq {cp.seq} follows the one at seq {cp.prev}, but the checkpoint "
+            f"before it is at seq {walk.last_checkpoint}: a checkpoint was removed",
+        )
+        return False
+    if cp.hash != walk.head:
+        problems.add(
+            first,
+            f"rows {first}..{cp.seq} differ from the signed checkpoint at seq {cp.seq} "
+            "(altered and re-chained)",
+        )
+        return False
+    if cp.adopted:
+        if cp.prev != 0:
+            problems.add(first, f"checkpoint at seq {cp.seq} claims adoption mid-journal")
+            return False
+        walk.unsigned_through, walk.unsigned_at = cp.seq, cp.at
+    walk.signed_seq, walk.signed_at, walk.last_checkpoint = cp.seq, cp.at, cp.seq
+    return True
+
+
+def _unsigned_tail(walk: _Walk, trust: Trust, problems: _Problems) -> None:
+    if walk.signed_seq == 0 and trust.source == "none":
+        # Never signed at all: a journal from before signing (reported as an unsigned prefix).
+        walk.unsigned_through = walk.rows
+        return
+    first = walk.signed_seq + 1
+    problems.add(
+        first,
+        f"rows {first}..{walk.rows} are not covered by a signed checkpoint (appended without the "
+        "signing key, or their checkpoints were removed)",
+    )
+
+
+def _check_anchor(walk: _Walk, trust: Trust, anchor: Anchor, problems: _Problems) -> None:
+    a = anchor.checkpoint
+    if trust.public_raw is not None and anchor.public_raw != trust.public_raw:
+        problems.add(None, f"the anchor (seq {a.seq}) is signed by key {a.key_id}, not the "
+                     f"trusted key {key_id_of(trust.public_raw)}")  # fmt: skip
+        return
+    if walk.complete and walk.rows < a.seq:
+        problems.add(
+            walk.rows + 1,
+            f"the journal ends at seq {walk.rows}, before the anchor's seq {a.seq}: rows "
+            f"{walk.rows + 1}..{a.seq} were removed",
+        )
+    elif walk.anchor_hash is not None and walk.anchor_hash != a.hash:
+        problems.add(
+            a.seq,
+            f"the journal's history up to seq {a.seq} differs from the anchor's (signed at "
+            f"{_when(a.at)})",
+        )
+
+
+def _check_results(source: Source, walk: _Walk, limit: int, problems: _Problems) -> int:
+    """Each results row against its chained event, each stored blob against the marker's list.
+    Only results whose event is before ``limit`` (the first bad row) are checked."""
+    checked = 0
+    seen: set[str] = set()
+    for iid, seq, sha, streams_json, summary in source.markers():
+        seen.add(iid)
+        chained = walk.committed.get(iid)
+        if chained is None or chained[0] != seq:
+            if seq < limit:
+                problems.add(seq, f"results row of invocation {iid} names seq {seq}, which is "
+                             "not its RESULT_COMMITTED event")  # fmt: skip
+            continue
+        if seq >= limit:
+            continue
+        why = _check_result(source, iid, sha, streams_json, bytes(summary), chained[1])
+        if why is not None:
+            problems.add(seq, f"stored result of invocation {iid} (seq {seq}): {why}")
+        checked += 1
+    for iid, (seq, _) in walk.committed.items():
+        if iid not in seen and seq < limit:
+            problems.add(seq, f"the result of invocation {iid} (seq {seq}) has no completeness "
+                         "marker (its results row was removed)")  # fmt: skip
+    return checked
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _check_result(
+    source: Source, iid: str, sha: str, streams_json: str, summary: bytes, attrs_json: str
+) -> str | None:
+    try:
+        return _check_result_fields(source, iid, sha, streams_json, summary, attrs_json)
+    except (TypeError, ValueError, KeyError, AttributeError):  # rows not as the broker writes them
+        return "its marker is not readable"
+
+
+def _check_result_fields(
+    source: Source, iid: str, sha: str, streams_json: str, summary: bytes, attrs_json: str
+) -> str | None:
+    attrs = json.loads(attrs_json)
+    declared = json.loads(streams_json)
+    whole = _sha(canonical_json({s: v["sha256"] for s, v in declared.items()}).encode())
+    if attrs.get("sha256") != sha or whole != sha:
+        return "marker hash differs from the chained event"
+    if "marker_sha256" not in attrs:
+        return None  # stored before per-chunk hashes: opening it with the broker key checks it
+    if _sha(canonical_json(declared).encode("utf-8")) != attrs["marker_sha256"]:
+        return "marker differs from the chained event"
+    if _sha(summary) != attrs.get("sealed_summary_sha256"):
+        return "sealed summary differs from the chained event"
+    why = _check_blobs(source.digests(iid, False), declared, "sealed", "chunk")
+    if why is not None:
+        return why
+    if "audit_summary_sha256" in attrs:
+        audit = list(source.digests(iid, True))
+        summary_copy = [d for s, i, d in audit if s == "" and i == 0]
+        if summary_copy != [attrs["audit_summary_sha256"]]:
+            return "the summary's auditor copy differs from the chained event"
+        return _check_blobs(
+            ((s, i, d) for s, i, d in audit if s != ""), declared, "audit", "auditor copy"
+        )
+    return None
+
+
+def _check_blobs(
+    digests: Iterable[tuple[str, int, str]],
+    declared: Mapping[str, Any],
+    which: str,
+    what: str,
+) -> str | None:
+    stored: dict[str, dict[int, str]] = {}
+    for stream, idx, digest in digests:
+        stored.setdefault(stream, {})[idx] = digest
+    for stream, info in declared.items():
+        listed = info.get(which) or []
+        have = stored.get(stream, {})
+        for idx, want in enumerate(listed):
+            got = have.get(idx)
+            if got is None:
+                return f"stream {stream!r} {what} {idx} is missing"
+            if got != want:
+                return f"stream {stream!r} {what} {idx} differs from its chained hash"
+    return None

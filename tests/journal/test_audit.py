@@ -1,0 +1,135 @@
+"""Auditor copies of results (issue 9, item 3): with ``auditor_public_key`` configured, every
+stored result chunk and summary is also sealed to the auditor's X25519 key.  The auditor opens
+them with its private key, checked against the same chained hashes as the broker's copy; the
+broker's key does not open them; ``verify`` checks them without any key."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import stat
+from pathlib import Path
+
+import pytest
+
+from affidavit.cli import main as cli_main
+from affidavit.journal import Journal, JournalError, JournalReader
+from affidavit.journal.sealing import BrokerKey, chunk_aad
+from affidavit.statemachine import Event, EventKind
+
+from .helpers import happy
+
+OUT = [b"line one\n", b"line two\n", b"\xff\xfe binary tail"]
+
+
+async def _store(db: Path, auditor: Path | None) -> int:
+    async with Journal.open(db, auditor_public_key=auditor) as j:
+        for ev in happy("inv-a"):
+            await j.append(ev, payload={"action": {"command": "deploy"}})
+        for i, part in enumerate(OUT):
+            await j.put_result_chunk("inv-a", "stdout", i, part)
+        await j.put_result_chunk("inv-a", "stderr", 0, b"warning")
+        ev = await j.commit_result(
+            Event(EventKind.RESULT_COMMITTED, "inv-a"), summary={"exit_status": 0}
+        )
+        assert ev.seq is not None
+        return ev.seq
+
+
+@pytest.fixture
+def keys(tmp_path: Path) -> tuple[Path, Path]:
+    d = tmp_path / "auditor-host"
+    d.mkdir()
+    priv, pub = d / "auditor.pem", tmp_path / "auditor.pub"
+    assert cli_main(["journal", "audit-keygen", str(priv), str(pub)]) == 0
+    assert stat.S_IMODE(priv.stat().st_mode) == 0o600
+    return priv, pub
+
+
+async def test_the_auditor_opens_the_result_and_the_broker_cannot(
+    tmp_path: Path, keys: tuple[Path, Path]
+) -> None:
+    priv, pub = keys
+    db = tmp_path / "j.db"
+    await _store(db, pub)
+    with JournalReader.open(db) as r:
+        broker_copy = r.read_result("inv-a")
+        audit_copy = r.audit_result("inv-a", priv)
+    assert broker_copy is not None and audit_copy is not None
+    assert audit_copy.streams == {"stdout": b"".join(OUT), "stderr": b"warning"}
+    assert audit_copy.summary == broker_copy.summary == {"exit_status": 0}
+    assert audit_copy.sha256 == broker_copy.sha256
+    # The broker's own key does not open an auditor copy...
+    conn = sqlite3.connect(db)
+    (blob,) = conn.execute(
+        "SELECT data FROM result_audit WHERE invocation_id = 'inv-a' AND stream = 'stdout' "
+        "AND idx = 0"
+    ).fetchone()
+    (n_events,) = conn.execute("SELECT sum(audit IS NOT NULL) FROM events").fetchone()
+    conn.close()
+    with pytest.raises(JournalError):
+        BrokerKey.load(f"{db}.key").open(blob, chunk_aad("inv-a", "stdout", 0))
+    # ...nor does another auditor's.
+    other = tmp_path / "other.pem"
+    assert cli_main(["journal", "audit-keygen", str(other), str(tmp_path / "other.pub")]) == 0
+    with JournalReader.open(db) as r, pytest.raises(JournalError, match="does not open"):
+        r.audit_result("inv-a", other)
+    # Every event with a payload got its auditor copy (the issue's query, no longer 0).
+    assert n_events == len(happy("x"))
+
+
+async def test_audit_open_on_the_command_line(
+    tmp_path: Path, keys: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    priv, pub = keys
+    db = tmp_path / "j.db"
+    await _store(db, pub)
+    base = ["journal", "audit-open", "--journal", str(db), "--key", str(priv)]
+    assert cli_main([*base, "--seq", "1"]) == 0
+    assert json.loads(capsys.readouterr().out) == {"action": {"command": "deploy"}}
+    assert cli_main([*base, "--result", "inv-a"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["stderr"] == "warning" and shown["exit_status"] == 0
+    assert "stdout_base64" in shown  # not UTF-8: shown as base64, like any result
+    assert cli_main([*base, "--result", "no-such"]) == 2
+    assert "no auditor copy" in capsys.readouterr().err
+
+
+async def test_without_an_auditor_key_there_is_no_copy_to_open(
+    tmp_path: Path, keys: tuple[Path, Path]
+) -> None:
+    priv, _ = keys
+    db = tmp_path / "j.db"
+    await _store(db, None)
+    with JournalReader.open(db) as r, pytest.raises(JournalError, match="does not exist"):
+        r.audit_result("inv-a", priv)
+
+
+async def test_verify_checks_the_auditor_copies_without_any_key(
+    tmp_path: Path, keys: tuple[Path, Path]
+) -> None:
+    _, pub = keys
+    db = tmp_path / "j.db"
+    seq = await _store(db, pub)
+    with JournalReader.open(db) as r:
+        assert r.verify().ok
+    conn = sqlite3.connect(db, isolation_level=None)
+    conn.execute(
+        "UPDATE result_audit SET data = zeroblob(length(data)) "
+        "WHERE invocation_id = 'inv-a' AND stream = 'stderr'"
+    )
+    conn.close()
+    with JournalReader.open(db) as r:
+        report = r.verify()
+    assert (report.ok, report.first_bad_seq) == (False, seq)
+    assert "auditor copy 0 differs" in report.reason
+
+
+def test_audit_keygen_never_overwrites_a_key(
+    keys: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    priv, pub = keys
+    before = priv.read_bytes()
+    assert cli_main(["journal", "audit-keygen", str(priv), str(pub)]) == 2
+    assert "exists" in capsys.readouterr().err
+    assert priv.read_bytes() == before

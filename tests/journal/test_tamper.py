@@ -1,0 +1,464 @@
+"""Tamper evidence beyond the chain (issue 9, item 3): someone who can write the journal file but
+holds no key rewrites history; ``journal verify`` names the first bad seq, checked once with an
+anchor kept elsewhere and once with the signing public key alone -- never with a secret key.
+
+One test per case the issue lists: truncate the tail, forge an appended row with a recomputed
+hash (an ``unknown`` turned ``reconciled_rejected``), edit and re-chain from genesis, corrupt a
+result row, corrupt a chunk, delete a checkpoint, swap the signing key file.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sqlite3
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import trio
+
+from affidavit.cli import main as cli_main
+from affidavit.journal import (
+    Anchor,
+    Journal,
+    JournalError,
+    JournalReader,
+    SigningKey,
+    VerifyReport,
+    load_public_key,
+    public_key_pem,
+)
+from affidavit.journal.chain import row_hash
+from affidavit.statemachine import Event, EventKind, Outcome, Projector
+
+from .helpers import happy, interrupted
+
+BODY = bytes(range(256)) * 700  # three 64 KiB chunks (the last one short)
+CHUNK = 64 * 1024
+TRUST = ["anchor", "public-key"]
+
+
+@dataclass(frozen=True)
+class Built:
+    db: Path
+    anchor: Path
+    public_key: Path
+    rows: int
+    result_seq: int
+    """The RESULT_COMMITTED of ``inv-r`` (a three-chunk body)."""
+    unknown: str
+    """An invocation left ``unknown`` (dispatched, then interrupted)."""
+
+
+async def _fill(db: Path) -> int:
+    async with Journal.open(db) as j:
+        for ev in happy("inv-r"):
+            await j.append(ev)
+        for i in range(0, len(BODY), CHUNK):
+            await j.put_result_chunk("inv-r", "body", i // CHUNK, BODY[i : i + CHUNK])
+        stored = await j.commit_result(
+            Event(EventKind.RESULT_COMMITTED, "inv-r"), summary={"status": 201}
+        )
+        for ev in interrupted("inv-u"):
+            await j.append(ev)
+        for ev in happy("inv-z"):
+            await j.append(ev)
+        assert stored.seq is not None
+        return stored.seq
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
+    d = tmp_path_factory.mktemp("tamper")
+    db = d / "j.db"
+    result_seq = trio.run(_fill, db)
+    (d / "journal.pub").write_bytes(
+        public_key_pem(SigningKey.load(d / "j.db.signing.key").public_raw)
+    )
+    assert (
+        cli_main(["journal", "anchor", "--journal", str(db), "--out", str(d / "anchor.json")]) == 0
+    )
+    with JournalReader.open(db) as r:
+        rows = r.head()[0]
+    return Built(db, d / "anchor.json", d / "journal.pub", rows, result_seq, "inv-u")
+
+
+@pytest.fixture
+def j(built: Built, tmp_path: Path) -> Iterator[Built]:
+    """A private copy of the built journal (and its key files) to tamper with."""
+    db = tmp_path / "j.db"
+    with sqlite3.connect(built.db) as a, sqlite3.connect(db) as b:
+        a.backup(b)
+    a.close()
+    b.close()
+    for suffix in (".key", ".signing.key"):
+        shutil.copy2(f"{built.db}{suffix}", f"{db}{suffix}")
+    yield Built(db, built.anchor, built.public_key, built.rows, built.result_seq, built.unknown)
+
+
+def _sql(db: Path, *statements: tuple[str, tuple[object, ...]]) -> None:
+    """Edit the file directly, as someone with write access and no key would: drop the
+    append-only triggers first."""
+    conn = sqlite3.connect(db, isolation_level=None)
+    for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'trigger'").fetchall():
+        conn.execute(f"DROP TRIGGER {name}")
+    for sql, params in statements:
+        conn.execute(sql, params)
+    conn.close()
+
+
+def _verify(b: Built, trust: str, **kw: bool) -> VerifyReport:
+    with JournalReader.open(b.db) as r:
+        if trust == "anchor":
+            from affidavit.journal import load_anchor
+
+            return r.verify(anchor=load_anchor(b.anchor), **kw)
+        return r.verify(public_key=load_public_key(b.public_key), **kw)
+
+
+def _cli_verify(b: Built, trust: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    flag = ["--anchor", str(b.anchor)] if trust == "anchor" else ["--public-key", str(b.public_key)]
+    code = cli_main(["journal", "verify", "--journal", str(b.db), *flag])
+    return code, capsys.readouterr().out
+
+
+def _rechain_from(db: Path, seq: int) -> None:
+    """Recompute every row's prev_hash and hash from ``seq`` on, as a forger would."""
+    conn = sqlite3.connect(db, isolation_level=None)
+    rows = conn.execute("SELECT * FROM events WHERE seq >= ? ORDER BY seq", (seq,)).fetchall()
+    prev = conn.execute("SELECT hash FROM events WHERE seq = ?", (seq - 1,)).fetchone()
+    prev_hash = prev[0] if prev else "0" * 64
+    for row in rows:
+        h = row_hash(prev_hash, *row[:11])
+        conn.execute(
+            "UPDATE events SET prev_hash = ?, hash = ? WHERE seq = ?", (prev_hash, h, row[0])
+        )
+        prev_hash = h
+    conn.close()
+
+
+# -- the untouched journal ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("trust", TRUST)
+def test_an_untouched_journal_verifies_with_a_public_key_alone(
+    j: Built, trust: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    report = _verify(j, trust)
+    assert report.ok and report.count == j.rows and report.results == 1, report
+    assert report.signed_seq == j.rows and report.key_source == trust
+    code, out = _cli_verify(j, trust, capsys)
+    assert code == 0 and f"signed through seq {j.rows}" in out
+    # No secret key was needed: verify works with both key files gone.
+    Path(f"{j.db}.key").unlink()
+    Path(f"{j.db}.signing.key").unlink()
+    assert _verify(j, trust).ok
+
+
+def test_every_committing_transaction_signs_a_checkpoint(j: Built) -> None:
+    conn = sqlite3.connect(j.db)
+    (n,) = conn.execute("SELECT count(*) FROM checkpoints").fetchone()
+    (head,) = conn.execute("SELECT max(seq) FROM checkpoints").fetchone()
+    conn.close()
+    assert head == j.rows
+    assert n == j.rows  # sequential appends: one transaction, so one checkpoint, per row
+
+
+# -- truncate the tail ----------------------------------------------------------------------------
+
+
+def test_truncating_the_tail_at_a_checkpoint_is_caught_by_the_anchor_only(
+    j: Built, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cut = j.rows - 3
+    _sql(
+        j.db,
+        ("DELETE FROM events WHERE seq > ?", (cut,)),
+        ("DELETE FROM checkpoints WHERE seq > ?", (cut,)),
+    )
+    report = _verify(j, "anchor")
+    assert (report.ok, report.first_bad_seq) == (False, cut + 1)
+    assert "before the anchor's seq" in report.reason
+    code, out = _cli_verify(j, "anchor", capsys)
+    assert code == 1 and f"seq {cut + 1}" in out
+    # The public key alone sees a shorter journal whose every row is signed: a clean cut back to
+    # a checkpoint is exactly what an anchor kept elsewhere is for (docs/journal.md).
+    report = _verify(j, "public-key")
+    assert report.ok and report.signed_seq == cut
+
+
+@pytest.mark.parametrize("trust", TRUST)
+def test_truncating_rows_but_not_their_checkpoints_is_caught(j: Built, trust: str) -> None:
+    cut = j.rows - 3
+    _sql(j.db, ("DELETE FROM events WHERE seq > ?", (cut,)))
+    report = _verify(j, trust)
+    assert (report.ok, report.first_bad_seq) == (False, cut + 1)
+    assert "were removed" in report.reason
+
+
+# -- forge an appended row ------------------------------------------------------------------------
+
+
+def _forge_reconciled(b: Built) -> int:
+    """Append RECONCILED (operator_attested, outcome rejected) to the unknown invocation, with a
+    correctly recomputed hash: the chain alone cannot tell."""
+    conn = sqlite3.connect(b.db, isolation_level=None)
+    seq, prev = conn.execute("SELECT seq, hash FROM events ORDER BY seq DESC LIMIT 1").fetchone()
+    at = 1_900_000_000.0
+    row = (seq + 1, at, b.unknown, "sess-1", "RECONCILED", "operator_attested", None, None,
+           '{"outcome":"rejected"}', None, None)  # fmt: skip
+    conn.execute(
+        f"INSERT INTO events VALUES ({','.join('?' * 13)})", (*row, prev, row_hash(prev, *row))
+    )
+    conn.close()
+    return int(seq) + 1
+
+
+@pytest.mark.parametrize("trust", TRUST)
+def test_a_forged_appended_row_with_a_recomputed_hash_is_caught(
+    j: Built, trust: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    forged = _forge_reconciled(j)
+    with JournalReader.open(j.db) as r:
+        events = r.events(j.unknown)
+        # The forgery would matter: the record now reads as reconciled and rejected.
+        assert Projector(j.unknown).extend(events).record().outcome is Outcome.REJECTED
+    report = _verify(j, trust)
+    assert (report.ok, report.first_bad_seq) == (False, forged)
+    assert "not covered by a signed checkpoint" in report.reason
+    code, out = _cli_verify(j, trust, capsys)
+    assert code == 1 and f"BROKEN at seq {forged}" in out
+
+
+async def test_the_broker_refuses_to_sign_over_a_forged_row(j: Built) -> None:
+    forged = _forge_reconciled(j)
+    with pytest.raises(JournalError, match=f"seq {forged}.*not covered"):
+        async with Journal.open(j.db):
+            pass
+
+
+# -- edit and re-chain ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("trust", TRUST)
+@pytest.mark.parametrize("seq", [1, 9, "last"])
+def test_an_edit_rechained_from_genesis_is_caught_at_its_row(
+    j: Built, trust: str, seq: int | str
+) -> None:
+    target = j.rows if seq == "last" else int(seq)
+    _sql(j.db, ("UPDATE events SET at = at + 1 WHERE seq = ?", (target,)))
+    _rechain_from(j.db, 1)
+    report = _verify(j, trust)
+    assert (report.ok, report.first_bad_seq) == (False, target), report
+    assert "differ from the signed checkpoint" in report.reason
+
+
+@pytest.mark.parametrize("trust", TRUST)
+def test_a_rewritten_outcome_rechained_is_caught(j: Built, trust: str) -> None:
+    # Turn the committed REMOTE_RESPONSE_COMPLETE of inv-z into a rejection and re-chain.
+    conn = sqlite3.connect(j.db)
+    (seq,) = conn.execute(
+        "SELECT seq FROM events WHERE invocation_id = 'inv-z' AND kind = ?",
+        (EventKind.REMOTE_RESPONSE_COMPLETE.value,),
+    ).fetchone()
+    conn.close()
+    _sql(
+        j.db,
+        ("UPDATE events SET attrs = ? WHERE seq = ?", ('{"outcome":"rejected","status":409}', seq)),
+    )
+    _rechain_from(j.db, seq)
+    report = _verify(j, trust)
+    assert (report.ok, report.first_bad_seq) == (False, seq)
+
+
+# -- corrupt a result -----------------------------------------------------------------------------
+
+RESULT_EDITS = {
+    "marker hash": ("UPDATE results SET sha256 = 'f00d' WHERE invocation_id = 'inv-r'", ()),
+    "marker streams": (
+        "UPDATE results SET streams = replace(streams, '\"chunks\":3', '\"chunks\":2') "
+        "WHERE invocation_id = 'inv-r'",
+        (),
+    ),
+    "sealed summary": (
+        "UPDATE results SET summary = substr(summary, 1, 20) || x'00' || substr(summary, 22) "
+        "WHERE invocation_id = 'inv-r'",
+        (),
+    ),
+    "marker removed": ("DELETE FROM results WHERE invocation_id = 'inv-r'", ()),
+}
+
+
+@pytest.mark.parametrize("trust", TRUST)
+@pytest.mark.parametrize("edit", sorted(RESULT_EDITS))
+def test_a_corrupted_result_row_is_caught_at_its_result_committed(
+    j: Built, trust: str, edit: str
+) -> None:
+    _sql(j.db, RESULT_EDITS[edit])
+    report = _verify(j, trust)
+    assert (report.ok, report.first_bad_seq) == (False, j.result_seq), report
+    assert "inv-r" in report.reason
+    with JournalReader.open(j.db) as r:
+        if edit == "marker removed":
+            assert r.read_result("inv-r") is None  # no marker: no result, never a partial one
+        else:
+            with pytest.raises(JournalError, match="inv-r"):
+                r.read_result("inv-r")
+
+
+_R = "invocation_id = 'inv-r'"
+CHUNK_EDITS: dict[str, list[tuple[str, tuple[object, ...]]]] = {
+    # substr() || x'ff' also turns the blob into text: read back as bytes all the same.
+    "flipped byte": [
+        (f"UPDATE result_chunks SET data = substr(data, 1, 100) || x'ff' || substr(data, 102) "
+         f"WHERE {_R} AND idx = 1", ()),
+    ],
+    "deleted": [(f"DELETE FROM result_chunks WHERE {_R} AND idx = 1", ())],
+    "swapped": [
+        (f"UPDATE result_chunks SET idx = 99 WHERE {_R} AND idx = 0", ()),
+        (f"UPDATE result_chunks SET idx = 0 WHERE {_R} AND idx = 1", ()),
+        (f"UPDATE result_chunks SET idx = 1 WHERE {_R} AND idx = 99", ()),
+    ],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("trust", TRUST)
+@pytest.mark.parametrize("edit", sorted(CHUNK_EDITS))
+def test_a_corrupted_chunk_is_caught_without_the_broker_key(
+    j: Built, trust: str, edit: str
+) -> None:
+    _sql(j.db, *CHUNK_EDITS[edit])
+    Path(f"{j.db}.key").unlink()  # verify needs no broker key to check chunks
+    report = _verify(j, trust)
+    assert (report.ok, report.first_bad_seq) == (False, j.result_seq), report
+    assert "chunk" in report.reason
+
+
+# -- delete a checkpoint --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("trust", TRUST)
+def test_deleting_the_last_checkpoint_leaves_its_rows_unauthenticated(j: Built, trust: str) -> None:
+    _sql(j.db, ("DELETE FROM checkpoints WHERE seq = ?", (j.rows,)))
+    report = _verify(j, trust)
+    assert (report.ok, report.first_bad_seq) == (False, j.rows)
+
+
+@pytest.mark.parametrize("trust", TRUST)
+def test_deleting_a_middle_checkpoint_breaks_the_links(j: Built, trust: str) -> None:
+    _sql(j.db, ("DELETE FROM checkpoints WHERE seq = ?", (7,)))
+    report = _verify(j, trust)
+    assert (report.ok, report.first_bad_seq) == (False, 7)
+    assert "a checkpoint was removed" in report.reason
+
+
+@pytest.mark.parametrize("trust", TRUST)
+def test_a_checkpoint_with_a_forged_signature_is_refused(j: Built, trust: str) -> None:
+    _sql(j.db, ("UPDATE checkpoints SET signature = zeroblob(64) WHERE seq = ?", (5,)))
+    report = _verify(j, trust)
+    assert (report.ok, report.first_bad_seq) == (False, 5)
+    assert "is not signed by key" in report.reason
+
+
+# -- swap the signing key file --------------------------------------------------------------------
+
+
+async def test_a_swapped_signing_key_file_is_refused_at_open(j: Built) -> None:
+    key = Path(f"{j.db}.signing.key")
+    key.unlink()
+    SigningKey.create(key)
+    with pytest.raises(JournalError, match=r"signing key file .* does not match"):
+        async with Journal.open(j.db):
+            pass
+
+
+@pytest.mark.parametrize("trust", TRUST)
+def test_rows_signed_with_a_swapped_key_fail_verification(j: Built, trust: str) -> None:
+    # The forger swaps the key file *and* the journal's record of it, so the broker opens and
+    # signs on with the forger's key; only a key kept elsewhere tells.
+    import base64
+
+    key = Path(f"{j.db}.signing.key")
+    key.unlink()
+    new = SigningKey.create(key)
+    _sql(
+        j.db,
+        ("UPDATE meta SET value = ? WHERE name = 'signing_key_id'", (new.key_id,)),
+        (
+            "UPDATE meta SET value = ? WHERE name = 'signing_public_key'",
+            (base64.b64encode(new.public_raw).decode(),),
+        ),
+        # ...and re-signs the head with it, so that the broker agrees to extend it.
+        *_resign_head(new, j),
+    )
+
+    async def more() -> None:
+        async with Journal.open(j.db) as jj:
+            for ev in happy("inv-after"):
+                await jj.append(ev)
+
+    trio.run(more)
+    report = _verify(j, trust)
+    assert not report.ok and report.first_bad_seq == j.rows, report
+    assert "is not signed by key" in report.reason
+    # The journal's own record of the key now names the forger's: checked with it, the rows
+    # the real key signed fail instead -- never a pass.
+    with JournalReader.open(j.db) as r:
+        assert not r.verify().ok
+
+
+def _resign_head(new: SigningKey, b: Built) -> list[tuple[str, tuple[object, ...]]]:
+    conn = sqlite3.connect(b.db)
+    prev, h = conn.execute("SELECT prev, hash FROM checkpoints WHERE seq = ?", (b.rows,)).fetchone()
+    conn.close()
+    cp = new.sign(b.rows, h, prev, 1_900_000_000.0)
+    row = (cp.seq, cp.hash, cp.prev, cp.at, 0, cp.key_id, cp.signature)
+    return [
+        ("DELETE FROM checkpoints WHERE seq = ?", (b.rows,)),
+        ("INSERT INTO checkpoints VALUES (?,?,?,?,?,?,?)", row),
+    ]
+
+
+# -- anchors --------------------------------------------------------------------------------------
+
+
+def test_an_anchor_is_a_signed_head_that_names_its_key(built: Built) -> None:
+    data = json.loads(built.anchor.read_text())
+    assert data["seq"] == built.rows and data["format"] == "affidavit-anchor-v1"
+    assert {"hash", "signature", "key_id", "public_key"} <= set(data)
+    assert data["key_id"] == SigningKey.load(f"{built.db}.signing.key").key_id
+
+
+def test_an_anchor_from_another_key_is_refused(j: Built, tmp_path: Path) -> None:
+    other = SigningKey.create(tmp_path / "other.key")
+    forged = Anchor(other.sign(j.rows, "ab" * 32, j.rows - 1, 1.0), other.public_raw)
+    path = tmp_path / "forged.json"
+    path.write_text(json.dumps(forged.to_json()))
+    from affidavit.journal import load_anchor
+
+    with JournalReader.open(j.db) as r:
+        report = r.verify(public_key=load_public_key(j.public_key), anchor=load_anchor(path))
+    assert not report.ok and "not the trusted key" in report.reason
+
+
+def test_a_tampered_anchor_file_is_a_usage_error(
+    j: Built, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = json.loads(j.anchor.read_text())
+    data["seq"] += 5  # the signature no longer holds
+    path = tmp_path / "a.json"
+    path.write_text(json.dumps(data))
+    assert cli_main(["journal", "verify", "--journal", str(j.db), "--anchor", str(path)]) == 2
+    assert "signature does not hold" in capsys.readouterr().err
+
+
+def test_no_anchor_is_written_for_a_journal_that_does_not_verify(
+    j: Built, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _forge_reconciled(j)
+    out = tmp_path / "anchor.json"
+    assert cli_main(["journal", "anchor", "--journal", str(j.db), "--out", str(out)]) == 1
+    assert "no anchor written" in capsys.readouterr().out
+    assert not out.exists()
