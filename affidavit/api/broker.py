@@ -3,6 +3,7 @@
     async with affidavit.Broker.open("affidavit.toml") as broker:
         envelope = await broker.call({"target": "billing", "method": "GET", "path": "/v1/x"})
         again = await broker.fetch_result(envelope["invocation_id"])   # a read, never a re-run
+        rest = await broker.fetch_result(envelope["invocation_id"], from_chunk=3)  # resume
         record = broker.record(envelope["invocation_id"])              # the projected record
         polled = await broker.poll_operation(envelope["operation"]["id"])  # after a 202
 
@@ -20,7 +21,7 @@ from typing import Any
 
 from affidavit.config import Config, load_config
 from affidavit.engine import Deliver, Engine, EngineSettings
-from affidavit.journal import Journal
+from affidavit.journal import Journal, ResultStream
 from affidavit.protocols import Binding, load_bindings
 from affidavit.secrets.vault import Vault
 from affidavit.statemachine import Event, Record, operation_json
@@ -57,6 +58,7 @@ class Broker:
             async with Journal.open(
                 config.journal.path,
                 key_file=config.journal.key_file,
+                signing_key=config.journal.signing_key,
                 auditor_public_key=config.journal.auditor_public_key,
             ) as journal:
                 engine = Engine(
@@ -78,9 +80,20 @@ class Broker:
         ``evidence``)."""
         return await self._engine.call(action, timeout=timeout, deliver=deliver)
 
-    async def fetch_result(self, invocation_id: str) -> dict[str, Any] | None:
-        """The recorded envelope of an invocation — never a re-execution.  None if unknown id."""
-        return await self._engine.fetch_result(invocation_id)
+    async def fetch_result(
+        self, invocation_id: str, *, from_chunk: int | None = None
+    ) -> dict[str, Any] | None:
+        """The recorded envelope of an invocation — never a re-execution.  None if unknown id.
+        ``from_chunk=N``: the result's streams from chunk N on, plus ``result.resume`` (each
+        stream's chunk count, size and hash) — to resume an interrupted delivery.  Raises
+        ``JournalError`` if the stored result fails verification (never altered bytes)."""
+        return await self._engine.fetch_result(invocation_id, from_chunk=from_chunk)
+
+    def result_stream(self, invocation_id: str) -> ResultStream | None:
+        """The stored result, chunk by chunk: ``stream.chunks(name, from_chunk)`` yields each
+        chunk of stream ``name`` (``body``; ``stdout``/``stderr``) only after verifying it,
+        and raises ``JournalError`` at the first that fails.  None without a stored result."""
+        return self._engine.result_stream(invocation_id)
 
     async def poll_operation(
         self, operation_id: str, *, timeout: float | None = None

@@ -1,7 +1,10 @@
 """``affidavit call``, ``affidavit result`` and ``affidavit init``.
 
 Exit status: 0 when the envelope has no ``error``, 1 when it has one, 2 for usage or config
-errors (message on stderr).  Exactly one envelope is printed on stdout as JSON.
+errors and for a journal that cannot be used or a stored result that fails verification
+(message on stderr).  Exactly one envelope is printed on stdout as JSON -- except for
+``result --raw``, which writes one result stream's bytes, each chunk verified before it is
+written; a chunk that fails stops the output there (exit 2, the message names the chunk).
 """
 
 from __future__ import annotations
@@ -9,8 +12,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Awaitable, Callable
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import trio
 
@@ -18,6 +23,8 @@ from affidavit.cli import UsageError, text_arg
 from affidavit.config import ConfigError, config_path, load_config, sample_config
 
 __all__ = ["add_commands", "load_or_usage"]
+
+T = TypeVar("T")
 
 
 def add_commands(sub: Any) -> None:
@@ -30,6 +37,24 @@ def add_commands(sub: Any) -> None:
     p = sub.add_parser("result", help="print the stored envelope of an invocation (no re-run)")
     p.add_argument("invocation_id")
     p.add_argument("--config")
+    p.add_argument(
+        "--from-chunk",
+        type=int,
+        metavar="N",
+        help="resume: each result stream from chunk N on (the envelope gains result.resume)",
+    )
+    p.add_argument(
+        "--raw",
+        action="store_true",
+        help="write the stored bytes of one stream to stdout, each chunk verified before it is "
+        "written (no envelope)",
+    )
+    p.add_argument(
+        "--stream",
+        metavar="NAME",
+        help="with --raw: the stream to write (body; stdout or stderr); needed when the result "
+        "has more than one",
+    )
     p.set_defaults(handler=_result)
 
     p = sub.add_parser("init", help="write a commented sample config and an empty journal")
@@ -90,7 +115,7 @@ def _call(args: argparse.Namespace) -> int:
         async with Broker.open(config=config) as broker:
             return await broker.call(action, timeout=args.timeout, deliver=deliver)
 
-    envelope = trio.run(main)
+    envelope = _journal_errors(main)
     if not delivering:
         # The engine calls ``deliver`` only for a stored remote result; every other envelope
         # (preflight, setup, unknown, busy) is printed here — exactly one envelope either way.
@@ -102,17 +127,86 @@ def _result(args: argparse.Namespace) -> int:
     from affidavit.api.broker import Broker
 
     text_arg(args.invocation_id, "the invocation id")
+    text_arg(args.stream, "--stream")
+    if args.from_chunk is not None and args.from_chunk < 0:
+        raise UsageError("--from-chunk must be a chunk number >= 0")
+    if args.stream is not None and not args.raw:
+        raise UsageError("--stream goes with --raw")
     config = load_or_usage(args.config)
+    if args.raw:
+        return _journal_errors(partial(_raw_result, config, args))
 
     async def main() -> dict[str, Any] | None:
         async with Broker.open(config=config) as broker:
-            return await broker.fetch_result(args.invocation_id)
+            return await broker.fetch_result(args.invocation_id, from_chunk=args.from_chunk)
 
-    envelope = trio.run(main)
+    envelope = _journal_errors(main)
     if envelope is None:
         raise UsageError(f"no invocation {args.invocation_id} in {config.journal.path}")
     _print(envelope)
     return 1 if "error" in envelope else 0
+
+
+async def _raw_result(config: Any, args: argparse.Namespace) -> int:
+    """``result --raw``: one stream's stored bytes, verified chunk by chunk as they are written.
+    A chunk that fails verification stops the output there: nothing of it is written, and the
+    message (exit 2) says which chunk and how much was written before it."""
+    from affidavit.api.broker import Broker
+    from affidavit.journal import JournalError
+
+    iid = args.invocation_id
+    start = args.from_chunk or 0
+    async with Broker.open(config=config) as broker:
+        stored = broker.result_stream(iid)
+        if stored is None:
+            envelope = await broker.fetch_result(iid)
+            if envelope is None:
+                raise UsageError(f"no invocation {iid} in {config.journal.path}")
+            err = envelope.get("error") or {}
+            print(
+                f"affidavit: invocation {iid} has no stored result (outcome "
+                f"{err.get('outcome', '-')}, retry {err.get('retry', '-')})",
+                file=sys.stderr,
+            )
+            return 1
+        names = sorted(stored.streams)
+        name = args.stream
+        if name is None:
+            if len(names) > 1:
+                raise UsageError(
+                    f"the result has streams {', '.join(names)}: pick one with --stream"
+                )
+            if not names:
+                return 0  # an empty result: no stream, no bytes
+            name = names[0]
+        if name not in stored.streams:
+            raise UsageError(f"the result has no stream {name!r} (it has: {', '.join(names)})")
+        out = sys.stdout.buffer
+        written, index = 0, start
+        try:
+            for chunk in stored.chunks(name, start):
+                out.write(chunk)
+                out.flush()
+                written += len(chunk)
+                index += 1
+        except JournalError as exc:
+            out.flush()
+            raise UsageError(
+                f"{exc} -- output stopped before chunk {index} of stream {name!r} "
+                f"({index - start} verified chunks, {written} bytes written from chunk {start})"
+            ) from None
+    return 0
+
+
+def _journal_errors(main: Callable[[], Awaitable[T]]) -> T:
+    """``trio.run(main)``; a journal that cannot be used or a stored result that fails
+    verification is a usage-level error (exit 2, one line), never a traceback."""
+    from affidavit.journal import JournalError
+
+    try:
+        return trio.run(main)
+    except JournalError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def _init(args: argparse.Namespace) -> int:
@@ -128,10 +222,15 @@ def _init(args: argparse.Namespace) -> int:
         async with Journal.open(
             config.journal.path,
             key_file=config.journal.key_file,
+            signing_key=config.journal.signing_key,
             auditor_public_key=config.journal.auditor_public_key,
         ):
             pass
 
-    trio.run(create)
+    _journal_errors(create)
     print(f"wrote {path} and an empty journal at {config.journal.path}")
+    print(
+        f"checkpoints are signed with {config.journal.signing_key}; give auditors its public "
+        "half: affidavit journal public-key --out journal.pub"
+    )
     return 0

@@ -30,7 +30,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from affidavit.config import Config
-from affidavit.journal import Journal
+from affidavit.journal import Journal, ResultStream
 from affidavit.protocols import Binding
 
 from . import invocation, operations
@@ -90,8 +90,14 @@ class Engine:
             # Normally settled already; after an exception, forget what is left.
             self.recorder.forget()
 
-    async def fetch_result(self, invocation_id: str) -> dict[str, Any] | None:
-        """The stored envelope of an invocation: a read, never a re-execution."""
+    async def fetch_result(
+        self, invocation_id: str, *, from_chunk: int | None = None
+    ) -> dict[str, Any] | None:
+        """The stored envelope of an invocation: a read, never a re-execution.  ``from_chunk``:
+        the result's streams from that chunk on (with a ``resume`` table), for a caller resuming
+        an interrupted delivery.  ``JournalError`` if the stored result fails verification."""
+        if from_chunk is not None and from_chunk < 0:
+            raise ValueError("from_chunk must be >= 0")
         record = self.journal.record(invocation_id)
         if record is None:
             return None
@@ -100,7 +106,14 @@ class Engine:
             # close it with what the journal proves, so the answer is unknown/reconcile rather
             # than "in progress" forever.  Still a read of the remote: nothing is sent.
             record = await recover_stale(self.recorder, record)
-        return self.recorder.envelope(record)
+        return self.recorder.envelope(record, from_chunk=from_chunk)
+
+    def result_stream(self, invocation_id: str) -> ResultStream | None:
+        """The stored result for delivery chunk by chunk (the daemon's and MCP's seam):
+        ``ResultStream.chunks(stream, from_chunk)`` yields each chunk only after verifying it
+        against the chained hashes and raises ``JournalError`` at the first that fails.  None
+        unless a complete result (its completeness marker) is stored."""
+        return self.journal.result_stream(invocation_id)
 
     async def poll_operation(
         self, operation_id: str, *, timeout: float | None = None

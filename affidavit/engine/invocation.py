@@ -51,6 +51,9 @@ __all__ = ["refuse_new", "resume", "start"]
 
 E = EventKind
 
+Preamble = tuple[tuple[Event, Mapping[str, Any] | None], ...]
+"""Events written before the credential step, each with its sealed payload (or None)."""
+
 
 async def start(
     engine: Engine,
@@ -135,20 +138,25 @@ async def start(
     if batch is not None:
         operation["batch"] = batch  # the items sent, bound before anything is sent
     # Written in the credential step's shielded section (one cancel scope for the three
-    # preflight events, instead of one per event).
-    preamble = (
-        Event(
-            E.ACTION_ACCEPTED,
-            iid,
-            {
-                "operation": operation,
-                "session": session,
-                "holder": engine.holder,
-                "lease_expires_at": now + engine.lease_ttl(target, timeout),
-                **({"link": dict(link)} if link else {}),
-            },
+    # preflight events, instead of one per event).  The action as the caller sent it (no
+    # credential is in it yet) is the accepted event's sealed payload: the attrs keep only its
+    # fingerprint, and an auditor's copy lets an auditor see what was asked for.
+    preamble: Preamble = (
+        (
+            Event(
+                E.ACTION_ACCEPTED,
+                iid,
+                {
+                    "operation": operation,
+                    "session": session,
+                    "holder": engine.holder,
+                    "lease_expires_at": now + engine.lease_ttl(target, timeout),
+                    **({"link": dict(link)} if link else {}),
+                },
+            ),
+            {"action": dict(action)} if isinstance(action, Mapping) else None,
         ),
-        Event(E.PREFLIGHT_VALIDATED, iid, {"config_hash": engine.snapshot.hash(target)}),
+        (Event(E.PREFLIGHT_VALIDATED, iid, {"config_hash": engine.snapshot.hash(target)}), None),
     )
     return await run(
         engine,
@@ -257,7 +265,7 @@ async def run(
     *,
     generation: int,
     lease: tuple[str, int] | None,
-    preamble: tuple[Event, ...] = (),
+    preamble: Preamble = (),
     bound_version: str | None = None,
 ) -> dict[str, Any]:
     """One try of the invocation: the credential step, the attempt, its ending."""
@@ -278,7 +286,7 @@ async def _authorize(
     target: Any,
     binding: Binding,
     key: str | None,
-    preamble: tuple[Event, ...],
+    preamble: Preamble,
     bound_version: str | None,
 ) -> Prepared | dict[str, Any]:
     """Write the preamble, resolve the credential and prepare the request; CREDENTIAL_AUTHORIZED
@@ -288,8 +296,8 @@ async def _authorize(
     # cancellation must not leave it unclear which of them landed, and one cancel scope per
     # section is far cheaper than one per event (tests/benchmarks/http_overhead.py).
     with trio.CancelScope(shield=True):
-        for event in preamble:
-            await recorder.write(event)
+        for event, payload in preamble:
+            await recorder.write(event, payload=payload)
         # Credential injection (seed: still preflight while no byte of the request has
         # left).
         try:

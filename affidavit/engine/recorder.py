@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 import trio
 
-from affidavit.journal import Journal, Posted
+from affidavit.journal import Journal, Posted, ResultStream
 from affidavit.statemachine import (
     BARRIER_KINDS,
     Code,
@@ -25,7 +25,7 @@ from affidavit.statemachine import (
     render_envelope,
 )
 
-__all__ = ["Recorder", "result_payload"]
+__all__ = ["Recorder", "result_payload", "resume_table"]
 
 
 class Recorder:
@@ -42,16 +42,23 @@ class Recorder:
         with trio.CancelScope(shield=True):
             await self.write(event, barrier=barrier)
 
-    async def write(self, event: Event, *, barrier: bool = False) -> None:
-        """``append`` for a caller already inside a shielded section."""
+    async def write(
+        self,
+        event: Event,
+        *,
+        barrier: bool = False,
+        payload: Mapping[str, Any] | None = None,
+    ) -> None:
+        """``append`` for a caller already inside a shielded section.  ``payload`` is sealed
+        (broker copy, and an auditor copy when an auditor key is configured), never plaintext."""
         if barrier or event.kind in BARRIER_KINDS:
-            await self.journal.append(event, barrier=True)
+            await self.journal.append(event, barrier=True, payload=payload)
             return
         # A diagnostic event rides along with the next barrier's transaction instead of costing
         # a writer round trip of its own (DESIGN, "Durability barriers"; recovery never depends
         # on it).  Queue order puts it before every later write of this call; ``record``
         # settles it before the journal is read for the envelope.
-        posted = await self.journal.post(event)
+        posted = await self.journal.post(event, payload=payload)
         task = trio.lowlevel.current_task()
         mine = self._posted.get(task)
         if mine is None:
@@ -88,9 +95,22 @@ class Recorder:
         await self.append(event, barrier=True)
         return self.envelope(await self.record(iid))
 
-    def envelope(self, record: Record, *, busy: bool = False) -> dict[str, Any]:
-        result = self.journal.read_result(record.invocation_id)
-        payload = result_payload(result) if result is not None else None
+    def envelope(
+        self, record: Record, *, busy: bool = False, from_chunk: int | None = None
+    ) -> dict[str, Any]:
+        """The envelope of ``record`` with its stored result (verified; ``JournalError`` if it
+        fails).  ``from_chunk``: each stream from that chunk on, plus a ``resume`` table of
+        every stream's whole size and hash (seed: "The caller may resume delivery from the
+        last verified chunk")."""
+        payload: dict[str, Any] | None = None
+        if from_chunk is None:
+            result = self.journal.read_result(record.invocation_id)
+            payload = result_payload(result) if result is not None else None
+        else:
+            stream = self.journal.result_stream(record.invocation_id)
+            if stream is not None:
+                payload = result_payload(stream.read(from_chunk))
+                payload["resume"] = resume_table(stream, from_chunk)
         env = render_envelope(record, payload)
         if busy:
             # This worker's lease was lost at its dispatch gate: another worker holds a newer
@@ -112,6 +132,18 @@ class _StoredLike(Protocol):
     def streams(self) -> Mapping[str, bytes]: ...
     @property
     def sha256(self) -> str: ...
+
+
+def resume_table(stream: ResultStream, from_chunk: int) -> dict[str, Any]:
+    """Where a resumed read starts, and each stream's whole extent (to check the reassembled
+    bytes against)."""
+    return {
+        "from_chunk": from_chunk,
+        "streams": {
+            name: {"chunks": info.chunks, "bytes": info.bytes, "sha256": "sha256:" + info.sha256}
+            for name, info in sorted(stream.streams.items())
+        },
+    }
 
 
 def result_payload(result: _StoredLike) -> dict[str, Any]:
