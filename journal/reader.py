@@ -236,17 +236,10 @@ class JournalReader:
     def result_stream(self, invocation_id: str) -> results.ResultStream | None:
         """The stored result for reading chunk by chunk, each verified before it is handed
         out (``ResultStream.chunks``), or None unless its completeness marker exists."""
-        try:
+        with self._reading(f"the stored result of invocation {invocation_id}"):
             return results.open_result(
                 self._rconn, self._broker_key, invocation_id, covered=self._covered
             )
-        except sqlite3.Error as exc:
-            if self._rconn.in_transaction:
-                self._rconn.execute("ROLLBACK")
-            raise JournalError(
-                f"journal {self.path}: the stored result of invocation {invocation_id} cannot "
-                f"be read: {results.sql_error(exc)}"
-            ) from None
 
     def audit_result(
         self, invocation_id: str, private_key_file: str | os.PathLike[str]
@@ -254,16 +247,22 @@ class JournalReader:
         """The auditor's side: the result's auditor copy opened with the auditor's private key
         and checked against the chained hashes (None if the invocation has no stored result).
         The broker holds no key that opens it."""
-        try:
+        with self._reading(f"the auditor copy of invocation {invocation_id}"):
             return audit.read_result(
                 self._rconn, invocation_id, private_key_file, covered=self._covered
             )
+
+    @contextlib.contextmanager
+    def _reading(self, what: str) -> Iterator[None]:
+        """A stored row SQLite cannot hand back (a text column that is not UTF-8...) is a
+        ``JournalError`` naming ``what``, like any other altered row."""
+        try:
+            yield
         except sqlite3.Error as exc:
             if self._rconn.in_transaction:
                 self._rconn.execute("ROLLBACK")
             raise JournalError(
-                f"journal {self.path}: the auditor copy of invocation {invocation_id} cannot "
-                f"be read: {results.sql_error(exc)}"
+                f"journal {self.path}: {what} cannot be read: {results.sql_error(exc)}"
             ) from None
 
     def audit_payload(

@@ -26,6 +26,7 @@ from typing import Any
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
@@ -42,6 +43,7 @@ __all__ = [
     "open_audit",
     "open_audit_payload",
     "payload_aad",
+    "read_pem_key",
     "read_secret_file",
     "summary_aad",
     "write_secret_file",
@@ -158,14 +160,7 @@ class AuditSealer:
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> AuditSealer:
         p = Path(path)
-        try:
-            key = serialization.load_pem_public_key(p.read_bytes())
-        except FileNotFoundError:
-            raise JournalError(f"auditor public key file {p} does not exist") from None
-        except ValueError:
-            raise JournalError(f"auditor public key file {p} is not a PEM public key") from None
-        if not isinstance(key, X25519PublicKey):
-            raise JournalError(f"auditor public key file {p} is not an X25519 key")
+        key: X25519PublicKey = read_pem_key(p, "auditor public key file", X25519PublicKey)
         return cls(key, p)
 
     def seal(self, data: bytes, aad: bytes) -> bytes:
@@ -177,14 +172,35 @@ class AuditSealer:
 
 
 def load_auditor_private_key(path: str | os.PathLike[str]) -> X25519PrivateKey:
-    p = Path(path)
-    raw = read_secret_file(p, "auditor private key file")
+    key: X25519PrivateKey = read_pem_key(Path(path), "auditor private key file", X25519PrivateKey)
+    return key
+
+
+def read_pem_key(path: Path, what: str, kind: type) -> Any:
+    """A PEM key file holding a key of ``kind`` (an instance of it, typed by the caller): a
+    private key is read as a secret file (0600 only), a public one as any file.
+    ``JournalError`` naming ``what`` and the file otherwise."""
+    private = kind in (X25519PrivateKey, Ed25519PrivateKey)
+    if private:
+        raw = read_secret_file(path, what)
+    else:
+        try:
+            raw = path.read_bytes()
+        except FileNotFoundError:
+            raise JournalError(f"{what} {path} does not exist") from None
+        except OSError as exc:
+            raise JournalError(f"cannot read {what} {path}: {exc.strerror}") from None
     try:
-        key = serialization.load_pem_private_key(raw, password=None)
+        if private:
+            key: object = serialization.load_pem_private_key(raw, password=None)
+        else:
+            key = serialization.load_pem_public_key(raw)
     except (ValueError, TypeError):
-        raise JournalError(f"auditor private key file {p} is not a PEM private key") from None
-    if not isinstance(key, X25519PrivateKey):
-        raise JournalError(f"auditor private key file {p} is not an X25519 key")
+        sort = "private" if private else "public"
+        raise JournalError(f"{what} {path} is not a PEM {sort} key") from None
+    if not isinstance(key, kind):
+        label = kind.__name__.replace("PrivateKey", "").replace("PublicKey", "")
+        raise JournalError(f"{what} {path} is not an {label} key")
     return key
 
 

@@ -33,7 +33,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 
 from .chain import canonical_json
 from .errors import JournalError
-from .sealing import read_secret_file, write_secret_file
+from .sealing import read_pem_key, write_secret_file
 
 __all__ = [
     "ANCHOR_FORMAT",
@@ -139,13 +139,7 @@ class SigningKey:
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> SigningKey:
         p = Path(path)
-        raw = read_secret_file(p, "signing key file")
-        try:
-            key = serialization.load_pem_private_key(raw, password=None)
-        except (ValueError, TypeError):
-            raise JournalError(f"signing key file {p} is not a PEM private key") from None
-        if not isinstance(key, Ed25519PrivateKey):
-            raise JournalError(f"signing key file {p} is not an Ed25519 key")
+        key: Ed25519PrivateKey = read_pem_key(p, "signing key file", Ed25519PrivateKey)
         return cls(key, p)
 
     def sign(self, seq: int, hash_: str, prev: int, at: float, adopted: bool = False) -> Checkpoint:
@@ -156,17 +150,7 @@ class SigningKey:
 def load_public_key(path: str | os.PathLike[str]) -> bytes:
     """An Ed25519 public key file (PEM, as ``affidavit journal public-key`` writes it) as its 32
     raw bytes."""
-    p = Path(path)
-    try:
-        key = serialization.load_pem_public_key(p.read_bytes())
-    except FileNotFoundError:
-        raise JournalError(f"public key file {p} does not exist") from None
-    except OSError as exc:
-        raise JournalError(f"cannot read public key file {p}: {exc.strerror}") from None
-    except (ValueError, TypeError):
-        raise JournalError(f"public key file {p} is not a PEM public key") from None
-    if not isinstance(key, Ed25519PublicKey):
-        raise JournalError(f"public key file {p} is not an Ed25519 public key")
+    key: Ed25519PublicKey = read_pem_key(Path(path), "public key file", Ed25519PublicKey)
     return _raw(key)
 
 

@@ -16,8 +16,21 @@ import trio
 from affidavit.cli import main as cli_main
 from affidavit.journal import Batch, Journal, JournalError, JournalReader, SigningKey
 from affidavit.journal.signing import load_public_key
+from affidavit.statemachine import Event
 
 from .helpers import happy, interrupted
+
+
+def _written(db: Path, events: list[Event]) -> Path:
+    """A journal at ``db`` holding ``events``, written by a (signing) broker and closed."""
+
+    async def write() -> None:
+        async with Journal.open(db) as j:
+            for ev in events:
+                await j.append(ev)
+
+    trio.run(write)
+    return db
 
 
 async def test_a_new_journal_creates_its_signing_key_0600(tmp_path: Path) -> None:
@@ -67,11 +80,7 @@ async def test_a_transaction_that_appends_no_row_signs_nothing(tmp_path: Path) -
 
 
 def test_public_key_export_for_auditors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    async def make() -> None:
-        async with Journal.open(tmp_path / "j.db") as j:
-            await j.append(happy("inv-1")[0])
-
-    trio.run(make)
+    _written(tmp_path / "j.db", happy("inv-1")[:1])
     out = tmp_path / "journal.pub"
     assert (
         cli_main(["journal", "public-key", "--journal", str(tmp_path / "j.db"), "--out", str(out)])
@@ -98,12 +107,7 @@ def test_public_key_export_for_auditors(tmp_path: Path, capsys: pytest.CaptureFi
 def test_verify_json_tells_what_was_checked_and_with_which_key(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    async def make() -> None:
-        async with Journal.open(tmp_path / "j.db") as j:
-            for ev in interrupted("inv-1"):
-                await j.append(ev)
-
-    trio.run(make)
+    _written(tmp_path / "j.db", interrupted("inv-1"))
     assert cli_main(["journal", "verify", "--journal", str(tmp_path / "j.db"), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["ok"] and out["signed_seq"] == out["count"] == 5
@@ -117,14 +121,7 @@ def test_verify_json_tells_what_was_checked_and_with_which_key(
 
 def _unsigned(tmp_path: Path) -> Path:
     """A journal as a broker before signing left it: rows, no checkpoints, no signing key."""
-    db = tmp_path / "old.db"
-
-    async def make() -> None:
-        async with Journal.open(db) as j:
-            for ev in happy("inv-old"):
-                await j.append(ev)
-
-    trio.run(make)
+    db = _written(tmp_path / "old.db", happy("inv-old"))
     conn = sqlite3.connect(db, isolation_level=None)
     conn.execute("DROP TABLE checkpoints")
     conn.execute("DELETE FROM meta WHERE name IN ('signing_key_id', 'signing_public_key')")
@@ -152,15 +149,8 @@ def test_an_unsigned_journal_fails_verify_unless_accepted(
 
 
 def test_a_signing_broker_adopts_an_unsigned_journal_and_says_so(tmp_path: Path) -> None:
-    db = _unsigned(tmp_path)
+    db = _written(_unsigned(tmp_path), interrupted("inv-new"))
     n = len(happy("x"))
-
-    async def more() -> None:
-        async with Journal.open(db) as j:
-            for ev in interrupted("inv-new"):
-                await j.append(ev)
-
-    trio.run(more)
     key = SigningKey.load(f"{db}.signing.key")
     conn = sqlite3.connect(db)
     assert conn.execute(
@@ -183,14 +173,7 @@ def test_a_signing_broker_adopts_an_unsigned_journal_and_says_so(tmp_path: Path)
 def test_a_journal_whose_signing_records_were_removed_is_not_adopted(tmp_path: Path) -> None:
     """Rows and a signing key file, but no checkpoints and no recorded key: someone removed
     them (to rewrite history and have the broker sign it).  The broker refuses to open it."""
-    db = tmp_path / "j.db"
-
-    async def make() -> None:
-        async with Journal.open(db) as j:
-            for ev in happy("inv-1"):
-                await j.append(ev)
-
-    trio.run(make)
+    db = _written(tmp_path / "j.db", happy("inv-1"))
     conn = sqlite3.connect(db, isolation_level=None)
     conn.execute("DROP TRIGGER checkpoints_no_delete")
     conn.execute("DELETE FROM checkpoints")
