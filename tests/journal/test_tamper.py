@@ -275,6 +275,13 @@ def test_a_rewritten_outcome_rechained_is_caught(j: Built, trust: str) -> None:
 
 # -- corrupt a result -----------------------------------------------------------------------------
 
+
+def _other_byte(column: str, pos: int) -> str:
+    """SQL for a byte that differs from the one at ``pos`` (sealed bytes are random: a fixed
+    replacement byte would equal the original once in 256 runs)."""
+    return f"(CASE WHEN substr({column}, {pos}, 1) = x'00' THEN x'01' ELSE x'00' END)"
+
+
 RESULT_EDITS = {
     "marker hash": ("UPDATE results SET sha256 = 'f00d' WHERE invocation_id = 'inv-r'", ()),
     "marker streams": (
@@ -283,8 +290,8 @@ RESULT_EDITS = {
         (),
     ),
     "sealed summary": (
-        "UPDATE results SET summary = substr(summary, 1, 20) || x'00' || substr(summary, 22) "
-        "WHERE invocation_id = 'inv-r'",
+        f"UPDATE results SET summary = substr(summary, 1, 20) || {_other_byte('summary', 21)} "
+        "|| substr(summary, 22) WHERE invocation_id = 'inv-r'",
         (),
     ),
     "marker removed": ("DELETE FROM results WHERE invocation_id = 'inv-r'", ()),
@@ -310,10 +317,10 @@ def test_a_corrupted_result_row_is_caught_at_its_result_committed(
 
 _R = "invocation_id = 'inv-r'"
 CHUNK_EDITS: dict[str, list[tuple[str, tuple[object, ...]]]] = {
-    # substr() || x'ff' also turns the blob into text: read back as bytes all the same.
+    # substr() || ... also turns the blob into text: read back as bytes all the same.
     "flipped byte": [
-        (f"UPDATE result_chunks SET data = substr(data, 1, 100) || x'ff' || substr(data, 102) "
-         f"WHERE {_R} AND idx = 1", ()),
+        (f"UPDATE result_chunks SET data = substr(data, 1, 100) || {_other_byte('data', 101)} "
+         f"|| substr(data, 102) WHERE {_R} AND idx = 1", ()),
     ],
     "deleted": [(f"DELETE FROM result_chunks WHERE {_R} AND idx = 1", ())],
     "swapped": [
