@@ -22,13 +22,16 @@ from .loader import (
     load_config,
 )
 from .sample import sample_config
+from .service import SERVICE, ServiceConfig
 
 __all__ = [
     "CONFIG_ENV",
     "DEFAULT_CONFIG",
+    "SERVICE",
     "Config",
     "ConfigError",
     "JournalConfig",
+    "ServiceConfig",
     "Target",
     "Timeouts",
     "canonical_json",

@@ -1,9 +1,9 @@
 """``affidavit.toml``: locating, reading and validating it into a frozen ``Config``.
 
-``[journal]`` and ``[vault]`` are declared here; each ``[targets.NAME]`` is read by the target
-schema of the protocol its ``kind`` names, found in the protocol registry
-(``affidavit.protocols``).  Every problem is a ``ConfigError`` naming the file, the field path to
-fix (``targets.billing.inject``) and why — never a traceback.
+``[journal]`` and ``[vault]`` are declared here, ``[service]`` in ``service``; each
+``[targets.NAME]`` is read by the target schema of the protocol its ``kind`` names, found in
+the protocol registry (``affidavit.protocols``).  Every problem is a ``ConfigError`` naming the
+file, the field path to fix (``targets.billing.inject``) and why — never a traceback.
 """
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ from typing import Any
 from affidavit.protocols import ProtocolLoadError, get, kinds
 from affidavit.schema import ConfigError, Field, LoadContext, Read, Schema, Section, Target
 
+from .service import SERVICE, ServiceConfig
+
 __all__ = [
     "CONFIG_ENV",
     "DEFAULT_CONFIG",
@@ -34,7 +36,7 @@ __all__ = [
 
 CONFIG_ENV = "AFFIDAVIT_CONFIG"
 DEFAULT_CONFIG = "affidavit.toml"
-SECTIONS = ("journal", "vault", "targets")
+SECTIONS = ("journal", "vault", "service", "targets")
 
 _TARGET_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}")
 
@@ -58,6 +60,8 @@ class Config:
     journal: JournalConfig
     vault_path: Path | None
     targets: Mapping[str, Target]
+    service: ServiceConfig
+    """``[service]``, read by ``affidavit serve`` only (defaults when the section is absent)."""
 
 
 def _path(r: Read) -> Path:
@@ -176,6 +180,7 @@ def _config(data: Mapping[str, Any], context: LoadContext, path: Path | None) ->
     top = Section(data, "")
     journal = JOURNAL.load(top.get("journal", {}), "journal", context)
     vault_path = VAULT.load(top.get("vault"), "vault", context).path if top.has("vault") else None
+    service = SERVICE.load(top.get("service", {}), "service", context)
     context = LoadContext(context.base_dir, has_vault=vault_path is not None)
     raw_targets = top.get("targets", {})
     section = Section(raw_targets, "targets")
@@ -189,7 +194,11 @@ def _config(data: Mapping[str, Any], context: LoadContext, path: Path | None) ->
         targets[name] = _target(name, raw_targets[name], context)
     top.finish(SECTIONS)
     return Config(
-        path=path, journal=journal, vault_path=vault_path, targets=MappingProxyType(targets)
+        path=path,
+        journal=journal,
+        vault_path=vault_path,
+        targets=MappingProxyType(targets),
+        service=service,
     )
 
 

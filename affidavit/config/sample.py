@@ -18,6 +18,13 @@ path = "affidavit.db"               # the append-only evidence journal (SQLite)
 [vault]
 path = "affidavit.vault"            # `affidavit vault init`, then `affidavit vault put NAME`
 
+# `affidavit serve`: the broker as its own process (docs/deployment.md).
+# [service]
+# socket = "affidavit.sock"           # Unix socket, created mode 0660
+# allow_uids = [1001]                 # default: the uid the daemon runs as
+# allow_gids = []                     # or: the group of the socket's users
+# shutdown_grace = 30                 # seconds in-flight calls may finish after SIGTERM
+
 # An HTTP target.  The caller names it; the broker injects the credential.
 [targets.example]
 kind = "http"

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from affidavit.config import config_from_dict, sample_config
+from affidavit.config import SERVICE
 from affidavit.config.loader import JOURNAL, VAULT
 from affidavit.protocols import registered
 from affidavit.protocols.actions import fingerprint, parse_action
@@ -130,6 +131,7 @@ def test_every_attribute_of_a_builtin_target_is_bound(kind: str) -> None:
     [
         ("[journal]", JOURNAL.fields),
         ("[vault]", VAULT.fields),
+        ("[service]", SERVICE.fields),
         ("Settings every target has", COMMON),
         ("HTTP targets", HTTP_TARGET.own_fields),
         ("SSH targets", SSH_TARGET.own_fields),

@@ -1,0 +1,99 @@
+"""``[service]``: how ``affidavit serve`` listens and whom it answers (docs/deployment.md).
+
+Declared once here like every other setting (``affidavit.schema``); only the daemon reads it.
+Embedded use (``affidavit call`` without ``--socket``, ``Broker.open``) ignores the section.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from affidavit.schema import Field, Read, Schema, parse_duration
+
+__all__ = ["SERVICE", "ServiceConfig"]
+
+_MAX_ID = 2**32 - 2
+"""uid_t/gid_t are 32 bits; 2**32 - 1 is (uid_t)-1, "no id", never a real account."""
+
+
+@dataclass(frozen=True)
+class ServiceConfig:
+    socket: Path
+    allow_uids: tuple[int, ...] | None
+    """None: the uid the daemon runs as (known only when it starts)."""
+    allow_gids: tuple[int, ...]
+    shutdown_grace: float
+    max_calls: int
+
+
+def _socket(r: Read) -> Path:
+    return r.resolve_path(r.string())
+
+
+def _ids(r: Read) -> tuple[int, ...] | None:
+    value = r.raw()
+    if value is None:
+        return None
+    if not isinstance(value, list):
+        raise r.error("must be an array of numeric ids")
+    out: list[int] = []
+    for i, item in enumerate(value):
+        # bool is an int subclass: `allow_uids = [true]` is a mistake, not uid 1.
+        if not isinstance(item, int) or isinstance(item, bool) or not 0 <= item <= _MAX_ID:
+            raise r.error(f"must be a numeric id between 0 and {_MAX_ID}", f"[{i}]")
+        out.append(item)
+    return tuple(out)
+
+
+def _gids(r: Read) -> tuple[int, ...]:
+    return _ids(r) or ()
+
+
+def _grace(r: Read) -> float:
+    try:
+        return parse_duration(r.raw())
+    except ValueError as exc:
+        raise r.error(str(exc)) from None
+
+
+def _max_calls(r: Read) -> int:
+    return r.integer(1, 100_000)
+
+
+SERVICE = Schema(
+    ServiceConfig,
+    (
+        Field(
+            "socket",
+            _socket,
+            default="affidavit.sock",
+            doc="the Unix socket `affidavit serve` listens on (created mode 0660)",
+        ),
+        Field(
+            "allow_uids",
+            _ids,
+            default=None,
+            shown="the daemon's own uid",
+            doc="peers (SO_PEERCRED) whose uid may use the socket",
+        ),
+        Field(
+            "allow_gids",
+            _gids,
+            default=[],
+            doc="peers whose primary or supplementary group may use the socket",
+        ),
+        Field(
+            "shutdown_grace",
+            _grace,
+            default=30,
+            doc="seconds in-flight calls may finish after SIGTERM before they are stopped",
+        ),
+        Field(
+            "max_calls",
+            _max_calls,
+            default=256,
+            doc="calls running at once; one more is answered 503 (overloaded)",
+        ),
+    ),
+)
