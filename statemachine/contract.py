@@ -93,6 +93,11 @@ class CodeInfo:
     retry: Retry
     """The default hint.  The projection may refine it from evidence (idempotency, budget...)."""
     meaning: str
+    before_dispatch: Retry | None = None
+    """Set for a *stop cause* (the caller went away, the broker shut down): such a code may also
+    end an attempt before its dispatch gate, recorded by SETUP_FAILED -- phase
+    connection_setup, outcome not_attempted -- with this hint.  Seed, "Cause and outcome answer
+    different questions": the code names the cause; where it struck decides the outcome."""
 
 
 class Code(StrEnum):
@@ -129,6 +134,7 @@ class Code(StrEnum):
     REMOTE_OUTCOME_UNKNOWN = "REMOTE_OUTCOME_UNKNOWN"
     REMOTE_RESULT_INCOMPLETE = "REMOTE_RESULT_INCOMPLETE"
     CALLER_CANCELLED = "CALLER_CANCELLED"
+    BROKER_SHUTDOWN = "BROKER_SHUTDOWN"
     REMOTE_REJECTED = "REMOTE_REJECTED"
     REMOTE_THROTTLED = "REMOTE_THROTTLED"
     REMOTE_ERROR = "REMOTE_ERROR"
@@ -262,7 +268,18 @@ CODES: dict[Code, CodeInfo] = {
         _RE,
         _UN,
         Retry.RECONCILE,
-        "The caller stopped waiting after dispatch; the remote may still be running.",
+        "The caller stopped waiting or hung up.  After dispatch the remote may still be running;"
+        " before it, nothing was sent (connection_setup, not_attempted).",
+        before_dispatch=Retry.BACKOFF,
+    ),
+    Code.BROKER_SHUTDOWN: CodeInfo(
+        _RE,
+        _UN,
+        Retry.RECONCILE,
+        "The broker shut down and its grace period ran out while the call was running.  After"
+        " dispatch the remote may still be running; before it, nothing was sent"
+        " (connection_setup, not_attempted).",
+        before_dispatch=Retry.BACKOFF,
     ),
     Code.REMOTE_REJECTED: CodeInfo(
         _RE, _RJ, Retry.AFTER_CORRECTION, "The remote returned a complete, authoritative rejection."

@@ -62,7 +62,8 @@ class EventKind(StrEnum):
     # --- after dispatch ------------------------------------------------------------------------
     ATTEMPT_INTERRUPTED = "ATTEMPT_INTERRUPTED"
     """The dispatched attempt ended without a complete result.  attrs: code
-    (REMOTE_OUTCOME_UNKNOWN | REMOTE_RESULT_INCOMPLETE | CALLER_CANCELLED)."""
+    (REMOTE_OUTCOME_UNKNOWN | REMOTE_RESULT_INCOMPLETE | CALLER_CANCELLED |
+    BROKER_SHUTDOWN)."""
     RESULT_STORE_FAILED = "RESULT_STORE_FAILED"
     """Storing the result failed; rendered from what the durable record proves."""
     RESULT_DELIVERY_FAILED = "RESULT_DELIVERY_FAILED"

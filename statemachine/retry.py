@@ -129,7 +129,11 @@ def static_retry_hint(state: str, outcome: Outcome, code: Code | None) -> Retry 
     if outcome == Outcome.NOT_ATTEMPTED:
         if code is None:
             return Retry.NEVER  # not finished yet; nothing to retry
-        base = CODES[code].retry
+        info = CODES[code]
+        # A stop cause (CALLER_CANCELLED, BROKER_SHUTDOWN) that struck before dispatch takes
+        # its before-dispatch hint; its default one is for an unknown outcome.
+        base = info.before_dispatch if info.outcome is not Outcome.NOT_ATTEMPTED else None
+        base = base or info.retry
         return None if base == Retry.BACKOFF else base  # backoff needs budget left
 
     if outcome == Outcome.UNKNOWN:

@@ -42,7 +42,12 @@ Rule = Callable[["Projector", Event], str | None]
 then applies its effect.  Returns the outcome that picks a split destination, else None."""
 
 _INTERRUPT_CODES = frozenset(
-    {Code.REMOTE_OUTCOME_UNKNOWN, Code.REMOTE_RESULT_INCOMPLETE, Code.CALLER_CANCELLED}
+    {
+        Code.REMOTE_OUTCOME_UNKNOWN,
+        Code.REMOTE_RESULT_INCOMPLETE,
+        Code.CALLER_CANCELLED,
+        Code.BROKER_SHUTDOWN,
+    }
 )
 _SECOND_OBSERVER = frozenset({EvidenceSource.REMOTE_QUERY, EvidenceSource.OPERATOR_ATTESTED})
 _RESOLVED = frozenset({Outcome.REJECTED, Outcome.COMMITTED})
@@ -105,8 +110,12 @@ def _phase_code(p: Projector, event: Event, phase: Phase) -> Code:
     code = _code_of(event)
     if code is None:
         _refuse(p, event, "attrs.code must be a known code")
-    if CODES[code].phase is not phase:
-        _refuse(p, event, f"{code.value} is a {CODES[code].phase.value} code, not {phase.value}")
+    info = CODES[code]
+    if info.phase is not phase and not (
+        # A stop cause may strike before the dispatch gate (contract: CodeInfo.before_dispatch).
+        phase is Phase.CONNECTION_SETUP and info.before_dispatch is not None
+    ):
+        _refuse(p, event, f"{code.value} is a {info.phase.value} code, not {phase.value}")
     return code
 
 

@@ -144,7 +144,12 @@ def _retry_sections() -> list[str]:
         "### Before dispatch (`not_attempted`)",
         "",
     ]
-    pre = [c for c in Code if CODES[c].outcome is Outcome.NOT_ATTEMPTED]
+    # Stop causes (CodeInfo.before_dispatch) too: before the gate they end in setup_failed.
+    pre = [
+        c
+        for c in Code
+        if CODES[c].outcome is Outcome.NOT_ATTEMPTED or CODES[c].before_dispatch is not None
+    ]
     state_of = {
         Phase.VALIDATION: "validation_failed",
         Phase.CREDENTIAL_INJECTION: "credential_failed",
@@ -152,7 +157,11 @@ def _retry_sections() -> list[str]:
     }
     rows: list[tuple[str, ...]] = []
     for c in pre:
-        st = state_of[CODES[c].phase]
+        st = (
+            state_of[CODES[c].phase]
+            if CODES[c].outcome is Outcome.NOT_ATTEMPTED
+            else "setup_failed"
+        )
         rows.append((f"`{c.value}`", f"`{_hint(st, c)}`", f"`{_hint(st, c, budget_left=0)}`"))
     out += _table(("code", "budget left", "budget spent"), rows)
     out += ["", "### After dispatch without a complete result (`unknown`)", ""]
@@ -331,7 +340,11 @@ def contract_markdown(protocols: Mapping[str, ProtocolTable] | None = None) -> s
         "## Codes",
         "",
         "Phase, typical outcome and default retry of every code. The projection may refine "
-        "the retry hint from evidence (see How the retry hint is computed).",
+        "the retry hint from evidence (see How the retry hint is computed). The stop causes "
+        + ", ".join(f"`{c.value}`" for c in Code if CODES[c].before_dispatch is not None)
+        + " name why a running call ended; where it stood decides the rest: after dispatch "
+        "they are the row shown, before it they end connection setup with outcome "
+        "`not_attempted` (table Before dispatch).",
         "",
     ]
     out += _table(
