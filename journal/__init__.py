@@ -47,6 +47,7 @@ from .errors import (
     ResultStoreFailed,
     VerifyReport,
 )
+from .lock import JournalLocked
 from .reader import JournalReader
 from .results import ResultStream, StoredResult, StreamInfo
 from .sealing import AuditOpener, generate_auditor_keypair, open_audit_payload
@@ -64,6 +65,7 @@ __all__ = [
     "IdempotencyRecord",
     "Journal",
     "JournalError",
+    "JournalLocked",
     "JournalReader",
     "JournalWriteError",
     "Lease",

@@ -28,6 +28,7 @@ from . import leases, results
 from .chain import canonical_json
 from .connect import connect_writer, init_schema
 from .errors import IdempotencyRecord, JournalError, Lease
+from .lock import WriterLock
 from .reader import JournalReader, default_signing_key
 from .rows import BARRIER_VALUES, attrs_json, decode_attrs
 from .sealing import AuditSealer, payload_aad
@@ -92,8 +93,15 @@ class Journal(JournalReader):
         auditor_public_key: str | os.PathLike[str] | None = None,
         payload_copy: bool = True,
         clock: Callable[[], float] = time.time,
+        owner: str | None = None,
     ) -> None:
-        super().__init__(path, key_file=key_file, readonly=False, clock=clock)
+        # Before anything else: a journal the daemon owns is not opened for writing at all.
+        self._writer_lock: WriterLock | None = WriterLock.acquire(Path(path), owner)
+        try:
+            super().__init__(path, key_file=key_file, readonly=False, clock=clock)
+        except BaseException:
+            self._writer_lock.release()
+            raise
         self._audit = AuditSealer.load(auditor_public_key) if auditor_public_key else None
         self._payload_copy = payload_copy or self._audit is None
         self.signing_key_file = (
@@ -123,12 +131,15 @@ class Journal(JournalReader):
         auditor_public_key: str | os.PathLike[str] | None = None,
         payload_copy: bool = True,
         clock: Callable[[], float] = time.time,
+        owner: str | None = None,
     ) -> _Opener:
         """Open (creating if absent) and start the single writer task.  ``key_file`` (the
         sealing key) defaults to ``<path>.key``, ``signing_key`` (the Ed25519 key that signs
         each transaction's checkpoint) to ``<path>.signing.key``; both are created 0600 for a new
         journal.  ``payload_copy=False`` with an auditor key makes payloads write-only: sealed
-        to the auditor alone."""
+        to the auditor alone.  ``owner``
+        (the daemon's description) opens it as its only writer (``lock.py``); without it, a
+        journal an owner holds raises ``JournalLocked``."""
         return _Opener(
             {
                 "path": path,
@@ -137,6 +148,7 @@ class Journal(JournalReader):
                 "auditor_public_key": auditor_public_key,
                 "payload_copy": payload_copy,
                 "clock": clock,
+                "owner": owner,
             }
         )
 
@@ -199,6 +211,9 @@ class Journal(JournalReader):
         if writer is not None:
             writer.conn.close()
         super().close()
+        lock = getattr(self, "_writer_lock", None)
+        if lock is not None:
+            lock.release()
 
     # -- public writes --------------------------------------------------------------------------
 

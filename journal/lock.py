@@ -1,0 +1,100 @@
+"""Who may write a journal: any number of embedded writers, or one owner (the daemon) alone.
+
+An advisory lock on ``<journal>.lock`` (flock(2)).  Embedded writers (``affidavit call``,
+``Broker.open``) take it shared, so several of them may still share a journal as before (SQLite
+serialises their transactions).  An owner -- ``affidavit serve`` -- takes it exclusive: it
+starts only when no embedded writer has the journal open, and while it runs every embedded
+writer is refused with ``JournalLocked``, whose message is the owner's own description (the
+socket to use instead).  Never two writers racing, one of them unaware.  Readers take no lock:
+the views may still read a journal a daemon owns.
+
+A flock belongs to the open file description, so it is released however the holder exits,
+SIGKILL included: a killed daemon never leaves a stale lock behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+from pathlib import Path
+
+from .errors import JournalError
+
+__all__ = ["JournalLocked", "WriterLock"]
+
+_MAX_OWNER = 4096
+
+
+class JournalLocked(JournalError):
+    """The journal is owned by another process (``owner`` describes it when it said)."""
+
+    def __init__(self, message: str, owner: str | None) -> None:
+        self.owner = owner
+        super().__init__(message)
+
+
+class WriterLock:
+    def __init__(self, fd: int, path: Path) -> None:
+        self._fd: int | None = fd
+        self.path = path
+
+    @classmethod
+    def acquire(cls, journal: Path, owner: str | None = None) -> WriterLock:
+        """Shared for an embedded writer (``owner=None``); exclusive for an owner, which then
+        writes ``owner`` into the lock file for the writers it refuses."""
+        path = Path(f"{journal}.lock")
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        except OSError as exc:
+            raise JournalError(f"cannot open the journal's lock {path}: {exc.strerror}") from None
+        mode = fcntl.LOCK_EX if owner is not None else fcntl.LOCK_SH
+        try:
+            fcntl.flock(fd, mode | fcntl.LOCK_NB)
+        except OSError as exc:
+            held = _read_owner(fd)
+            os.close(fd)
+            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                raise JournalError(f"cannot lock {path}: {exc.strerror}") from None
+            raise _refusal(journal, held, owner is not None) from None
+        lock = cls(fd, path)
+        if owner is not None:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, owner.encode("utf-8")[:_MAX_OWNER], 0)
+        return lock
+
+    def release(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is None:
+            return
+        with contextlib.suppress(OSError):
+            # The last one out clears an owner's description (EX only when nobody else holds
+            # the lock; otherwise this raises and the text stays for its holder).
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            os.ftruncate(fd, 0)
+        os.close(fd)
+
+
+def _read_owner(fd: int) -> str | None:
+    try:
+        text = os.pread(fd, _MAX_OWNER, 0).decode("utf-8", "replace").strip()
+    except OSError:
+        return None
+    return text or None
+
+
+def _refusal(journal: Path, held_by: str | None, as_owner: bool) -> JournalLocked:
+    if held_by is not None:
+        return JournalLocked(
+            f"journal {journal} is owned by {held_by}: ask the daemon on its socket "
+            "(--socket or $AFFIDAVIT_SOCKET) instead of opening the journal",
+            held_by,
+        )
+    if as_owner:
+        return JournalLocked(
+            f"journal {journal} is open in another process (an embedded broker); a daemon "
+            "must be its only writer -- stop that process first",
+            None,
+        )
+    return JournalLocked(f"journal {journal} is owned by another process", None)
