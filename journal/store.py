@@ -137,9 +137,8 @@ class Journal(JournalReader):
         sealing key) defaults to ``<path>.key``, ``signing_key`` (the Ed25519 key that signs
         each transaction's checkpoint) to ``<path>.signing.key``; both are created 0600 for a new
         journal.  ``payload_copy=False`` with an auditor key makes payloads write-only: sealed
-        to the auditor alone.  ``owner``
-        (the daemon's description) opens it as its only writer (``lock.py``); without it, a
-        journal an owner holds raises ``JournalLocked``."""
+        to the auditor alone.  ``owner`` (the daemon's description) opens it as its only writer
+        (``lock.py``); without it, a journal an owner holds raises ``JournalLocked``."""
         return _Opener(
             {
                 "path": path,

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from affidavit.config import Config, load_config
-from affidavit.engine import Deliver, Engine, EngineSettings
+from affidavit.engine import CallControl, Deliver, Engine, EngineSettings
 from affidavit.journal import Journal, ResultStream
 from affidavit.protocols import Binding, load_bindings
 from affidavit.secrets.vault import Vault
@@ -44,9 +44,12 @@ class Broker:
         config: Config | None = None,
         holder: str | None = None,
         settings: EngineSettings | None = None,
+        owner: str | None = None,
     ) -> AsyncIterator[Broker]:
         """Open the journal named by the config and the protocol bindings; close both after.
-        ``settings`` overrides the engine's own numbers (lease margin, inline result limit)."""
+        ``settings`` overrides the engine's own numbers (lease margin, inline result limit).
+        ``owner`` (the daemon's description, naming its socket) opens the journal as its only
+        writer; without it, a journal a daemon owns raises ``JournalLocked`` naming it."""
         if config is None:
             config = load_config(config_path)
         # A configured vault is handed over even before its file exists: a lookup then says
@@ -60,6 +63,7 @@ class Broker:
                 key_file=config.journal.key_file,
                 signing_key=config.journal.signing_key,
                 auditor_public_key=config.journal.auditor_public_key,
+                owner=owner,
             ) as journal:
                 engine = Engine(
                     config, journal, bindings, holder=holder, vault=vault, settings=settings
@@ -75,10 +79,17 @@ class Broker:
         *,
         timeout: float | None = None,
         deliver: Deliver | None = None,
+        control: CallControl | None = None,
     ) -> dict[str, Any]:
         """Perform one action; return its envelope (``invocation_id``, ``error`` or ``result``,
-        ``evidence``)."""
-        return await self._engine.call(action, timeout=timeout, deliver=deliver)
+        ``evidence``).  ``control`` lets a host (the daemon) withdraw or stop it."""
+        return await self._engine.call(action, timeout=timeout, deliver=deliver, control=control)
+
+    async def recover(self) -> list[Record]:
+        """Close every record a stopped broker left open, with what its events prove (dispatched
+        without a result: unknown, never not_attempted).  Only for the journal's owner, which
+        knows no other writer is alive: the daemon at start-up."""
+        return await self._engine.recover_orphans()
 
     async def fetch_result(
         self, invocation_id: str, *, from_chunk: int | None = None

@@ -3,6 +3,7 @@
 ``engine.py`` is the front door (``Engine.call``, ``Engine.fetch_result``); its docstring lists
 the parts in the order a call meets them."""
 
+from affidavit.engine.control import CallControl
 from affidavit.engine.engine import Deliver, Engine
 from affidavit.engine.ids import new_invocation_id
 from affidavit.engine.operations import OperationError
@@ -11,6 +12,7 @@ from affidavit.engine.sink import RESULT_CHUNK
 
 __all__ = [
     "RESULT_CHUNK",
+    "CallControl",
     "Deliver",
     "Engine",
     "EngineSettings",

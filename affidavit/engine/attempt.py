@@ -35,6 +35,7 @@ from affidavit.statemachine import (
     Step,
 )
 
+from .control import CallControl
 from .sink import StreamSink
 
 if TYPE_CHECKING:
@@ -87,6 +88,8 @@ class Attempt:
     expected_hash: str
     machine: ProtocolMachine
     n: int
+    control: CallControl | None = None
+    """The host's handle on the call (the daemon's): a stop before the gate wins."""
     gate_entered: bool = False
     dispatch_recorded: bool = False
     hops: int = 0
@@ -111,11 +114,14 @@ async def run_tries(
     *,
     generation: int,
     lease: tuple[str, int] | None,
+    control: CallControl | None = None,
 ) -> tuple[Attempt, RemoteResult | None, Failure | None]:
     """Run the attempt within the caller's deadline, trying connection setup again (at most
     ``SETUP_ATTEMPTS`` times) while the failure's code allows it.  Returns the last try with its
     result or its failure; the caller records the ending.  A cancellation of the caller is
-    recorded here (shielded) with what the boundary proves, then re-raised."""
+    recorded here (shielded) with what the boundary proves, then re-raised.  A stop through
+    ``control`` (``control.py``) is not re-raised: it ends the attempt with the control's code
+    at the boundary the attempt had reached."""
     expected = engine.snapshot.hash(target)
     total = target.timeout.total if timeout is None else min(timeout, target.timeout.total)
     # Who gave up decides the code: the caller's shorter deadline is a cancellation; the
@@ -124,15 +130,18 @@ async def run_tries(
         Code.CALLER_CANCELLED if total < target.timeout.total else Code.REMOTE_OUTCOME_UNKNOWN
     )
     attempt = _new_attempt(engine, iid, generation, lease, target.name, expected, binding, 1)
+    attempt.control = control
     result: RemoteResult | None = None
     failure: Failure | None = None
+    stop = control.scope if control is not None else trio.CancelScope()
     try:
-        with trio.move_on_after(total) as scope:
+        with stop, trio.move_on_after(total) as scope:
             for n in range(1, SETUP_ATTEMPTS + 1):
                 if n > 1:
                     attempt = _new_attempt(
                         engine, iid, generation, lease, target.name, expected, binding, n
                     )
+                    attempt.control = control
                 result, failure, again = await _try_once(engine, binding, prepared, attempt, sink)
                 if not again:
                     break
@@ -147,7 +156,12 @@ async def run_tries(
             await record_observed(engine, attempt)
             await engine.recorder.write(closing, barrier=True)
         raise
-    if scope.cancelled_caught and result is None and failure is None:
+    if stop.cancelled_caught and result is None and failure is None:
+        # Withdrawn (the caller hung up before the gate) or stopped (the daemon's shutdown):
+        # the cause is the control's, the outcome the boundary's.
+        assert control is not None and control.code is not None
+        failure = _boundary_failure(attempt, after=control.code, before=control.code)
+    elif scope.cancelled_caught and result is None and failure is None:
         failure = _boundary_failure(attempt, after=timeout_code, before=Code.CONNECT_TIMEOUT)
     return attempt, result, failure
 
@@ -296,7 +310,13 @@ def _gate(engine: Engine, attempt: Attempt) -> Any:
         for k in ("connection", "reused_connection", "peer", "hop", "origin", "via_proxy"):
             if k in facts:
                 attrs[k] = facts[k]
+        # A withdrawal or stop asked for before this line wins (nothing is written); from the
+        # next line on the call is dispatching and a withdrawal is refused.  No checkpoint in
+        # between: both sides run on one trio thread (control.py).
+        await trio.lowlevel.checkpoint_if_cancelled()
         attempt.gate_entered = True
+        if attempt.control is not None:
+            attempt.control.dispatching = True
         try:
             with trio.CancelScope(shield=True):
                 await journal.append(

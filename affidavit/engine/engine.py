@@ -32,8 +32,10 @@ from typing import Any
 from affidavit.config import Config
 from affidavit.journal import Journal, ResultStream
 from affidavit.protocols import Binding
+from affidavit.statemachine import Record
 
 from . import invocation, operations
+from .control import CallControl
 from .recorder import Recorder
 from .recovery import recover_stale
 from .settings import EngineSettings
@@ -75,17 +77,20 @@ class Engine:
         timeout: float | None = None,
         deliver: Deliver | None = None,
         link: Mapping[str, Any] | None = None,
+        control: CallControl | None = None,
     ) -> dict[str, Any]:
         """Run one action; return its envelope.  Never raises for remote or preflight trouble:
         those are envelopes.  ``deliver`` (optional) sends the envelope to the caller; a failure
         there is recorded as RESULT_DELIVERY_FAILED and the result stays fetchable.
+        ``control`` (optional) lets the host running the call for a caller -- the daemon --
+        withdraw or stop it, recorded with its cause at the boundary the evidence proves.
 
         ``timeout`` must be ``None`` or seconds >= 0: NaN or a negative value is a caller bug,
         refused before anything is journaled (it used to fail mid-call, inside trio)."""
         if timeout is not None and not timeout >= 0:
             raise ValueError("timeout must be None or a number of seconds >= 0")
         try:
-            return await invocation.start(self, action, timeout, deliver, link)
+            return await invocation.start(self, action, timeout, deliver, link, control)
         finally:
             # Normally settled already; after an exception, forget what is left.
             self.recorder.forget()
@@ -122,6 +127,20 @@ class Engine:
         read (``operations.py``): ``{"operation": ..., "poll": the poll's envelope or None}``.
         ``OperationError`` when there is no such operation or nothing to query."""
         return await operations.poll(self, operation_id, timeout=timeout)
+
+    async def recover_orphans(self) -> list[Record]:
+        """Close every non-final record with what its durable events prove, leases or not.
+        Only for a caller that knows no other writer is alive -- the daemon, which holds the
+        journal's exclusive lock: every record left open then belongs to a process that
+        stopped.  Returns the records it closed."""
+        closed = []
+        for record in self.journal.list_actions():
+            if record.final:
+                continue
+            after = await recover_stale(self.recorder, record, holder_gone=True)
+            if after.last_seq != record.last_seq:
+                closed.append(after)
+        return closed
 
     def lease_ttl(self, target: Any, timeout: float | None) -> float:
         """How long a call on ``target`` holds its invocation: its total timeout (the caller's,

@@ -38,6 +38,7 @@ from affidavit.statemachine import (
 
 from .attempt import run_tries
 from .contracts import batch_facts, reader
+from .control import CallControl
 from .delivery import conclude
 from .ids import new_invocation_id
 from .recorder import Recorder
@@ -61,6 +62,7 @@ async def start(
     timeout: float | None,
     deliver: Deliver | None,
     link: Mapping[str, Any] | None = None,
+    control: CallControl | None = None,
 ) -> dict[str, Any]:
     """Accept ``action`` as a new invocation (or resume the one its idempotency key names) and
     run it; return its envelope.  ``link`` (secret-free) is recorded with ACTION_ACCEPTED: the
@@ -123,7 +125,16 @@ async def start(
         if bound.invocation_id != iid and journal.record(bound.invocation_id) is not None:
             op = Operation(idempotent=idempotent, fingerprint=fp)
             return await resume(
-                engine, bound.invocation_id, parsed, target, binding, op, key, timeout, deliver
+                engine,
+                bound.invocation_id,
+                parsed,
+                target,
+                binding,
+                op,
+                key,
+                timeout,
+                deliver,
+                control,
             )
         iid = bound.invocation_id
     operation = {
@@ -170,6 +181,7 @@ async def start(
         generation=0,
         lease=None,
         preamble=preamble,
+        control=control,
     )
 
 
@@ -212,9 +224,12 @@ async def resume(
     key: str | None,
     timeout: float | None,
     deliver: Deliver | None,
+    control: CallControl | None = None,
 ) -> dict[str, Any]:
     """The same idempotency key again: answer from the record, or -- when ``decide()`` allows
     a retry -- take the invocation's lease and run one more try under it."""
+    if control is not None:
+        control.invocation_id = iid
     recorder = engine.recorder
     record = await recorder.record(iid)
     if not record.final:
@@ -247,6 +262,7 @@ async def resume(
             generation=lease.generation,
             lease=(engine.holder, lease.generation),
             bound_version=(record.evidence.get("credential") or {}).get("version"),
+            control=control,
         )
     # FETCH, RETURN_RECORDED_RESULT, RECONCILE, STOP_FOR_CORRECTION, RETRY_WHEN_ALLOWED:
     # answer from the record; nothing is sent again.
@@ -267,14 +283,26 @@ async def run(
     lease: tuple[str, int] | None,
     preamble: Preamble = (),
     bound_version: str | None = None,
+    control: CallControl | None = None,
 ) -> dict[str, Any]:
     """One try of the invocation: the credential step, the attempt, its ending."""
+    if control is not None:
+        control.invocation_id = iid
     prepared = await _authorize(engine, iid, action, target, binding, key, preamble, bound_version)
     if isinstance(prepared, dict):
         return prepared  # refused before dispatch: the envelope
     sink = StreamSink(engine.journal, iid, prepared.secrets, engine.settings.inline_result_limit)
     attempt, result, failure = await run_tries(
-        engine, iid, target, binding, prepared, sink, timeout, generation=generation, lease=lease
+        engine,
+        iid,
+        target,
+        binding,
+        prepared,
+        sink,
+        timeout,
+        generation=generation,
+        lease=lease,
+        control=control,
     )
     return await conclude(engine, attempt, result, failure, sink, deliver, reader(action, target))
 

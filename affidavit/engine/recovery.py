@@ -21,10 +21,11 @@ __all__ = ["recover_stale"]
 E = EventKind
 
 
-async def recover_stale(recorder: Recorder, record: Record) -> Record:
-    """Close ``record``'s stale attempt if its holder's lease has expired; return the record as
-    the journal then holds it (unchanged while the lease runs, or when nothing can be proven
-    beyond what it says)."""
+async def recover_stale(recorder: Recorder, record: Record, *, holder_gone: bool = False) -> Record:
+    """Close ``record``'s stale attempt if its holder's lease has expired -- or at once when the
+    caller knows the holder is gone (``holder_gone``: the daemon at start-up, holding the
+    journal's exclusive lock); return the record as the journal then holds it (unchanged while
+    the lease runs, or when nothing can be proven beyond what it says)."""
     events = recorder.journal.events(record.invocation_id)
     expires = None
     for ev in events:
@@ -32,7 +33,7 @@ async def recover_stale(recorder: Recorder, record: Record) -> Record:
             expires = ev.attrs.get("lease_expires_at")
         elif ev.kind is E.RETRY_LEASE_ACQUIRED:
             expires = ev.attrs.get("expires_at")
-    if expires is not None and time.time() < float(expires):
+    if not holder_gone and expires is not None and time.time() < float(expires):
         return record
     if record.state == "authorized" or record.state == "retry_pending":
         # The current attempt never reached its own DISPATCH_STARTED (that would have moved

@@ -1,0 +1,53 @@
+"""``CallControl``: how whoever runs a call for a caller stops it, and with which recorded cause.
+
+The daemon runs each call in a task of its own (a caller hanging up must not tear the call down
+half-observed) and needs two ways to stop one:
+
+* ``withdraw()`` -- the caller is gone.  Seed, "Cancellation after dispatch is not a preflight
+  error": only a call that has not reached its dispatch gate may be cancelled; it is recorded
+  CALLER_CANCELLED with outcome not_attempted.  After the gate, withdrawing does nothing: the
+  call runs on, its result is stored, and the lost answer is RESULT_DELIVERY_FAILED.
+* ``stop(code)`` -- the daemon is shutting down and the grace ran out: cancel wherever the call
+  is, recorded with ``code`` (BROKER_SHUTDOWN) at the boundary its evidence proves:
+  not_attempted before the gate, unknown after it.
+
+Race-free by construction: both sides run on one trio thread, and the gate checks for a stop and
+sets ``dispatching`` with no checkpoint in between (``attempt.py``'s gate), so a withdrawal is
+either seen by the gate -- nothing is written -- or refused because the gate was entered.
+"""
+
+from __future__ import annotations
+
+import trio
+
+from affidavit.statemachine import Code
+
+__all__ = ["CallControl"]
+
+
+class CallControl:
+    def __init__(self) -> None:
+        self.scope = trio.CancelScope()
+        """Entered by the engine around the attempt; cancelled by ``withdraw`` / ``stop``."""
+        self.code: Code | None = None
+        """The recorded cause once stopped."""
+        self.dispatching = False
+        """Set by the dispatch gate, atomically with its last check for a stop."""
+        self.invocation_id: str | None = None
+        """Known once the engine has created (or resumed) the invocation."""
+
+    def withdraw(self) -> bool:
+        """Cancel the call if it has not reached its dispatch gate; True if it was cancelled."""
+        if self.dispatching:
+            return False
+        self._cancel(Code.CALLER_CANCELLED)
+        return True
+
+    def stop(self, code: Code = Code.BROKER_SHUTDOWN) -> None:
+        """Cancel the call wherever it is; its record says what its evidence proves."""
+        self._cancel(code)
+
+    def _cancel(self, code: Code) -> None:
+        if self.code is None:
+            self.code = code
+        self.scope.cancel()
