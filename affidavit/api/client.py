@@ -1,0 +1,214 @@
+"""``affidavit.Client``: the broker daemon (``affidavit serve``) from Python, under trio.
+
+    async with affidavit.Client.open("/run/affidavit/affidavit.sock") as client:
+        envelope = await client.call({"target": "billing", "method": "GET", "path": "/v1/x"})
+        again = await client.fetch_result(envelope["invocation_id"])   # a read, never a re-run
+
+The same ``call`` / ``fetch_result`` / ``record`` as ``Broker``, so ``affidavit.sdk.call_checked``
+takes either; the caller holds no secret, journal or config -- only the socket.  Records and
+events come back as the plain JSON ``affidavit record --json`` prints (the daemon's process owns
+the journal; no ``Record`` object crosses the socket).
+
+Keep-alive connections are pooled (one per concurrent request).  A call is never re-sent by the
+client: if the connection breaks before the answer, ``AnswerLost`` says so and the daemon keeps
+what happened (seed, "A result delivery error must not repeat execution").  Reads (``GET``) are
+retried once on a fresh connection when a pooled one turns out closed before any answer byte.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from typing import Any
+
+import h11
+import trio
+
+from .wire import (
+    READ_SIZE,
+    AnswerLost,
+    DaemonUnavailable,
+    Response,
+    ResponseReader,
+    encode_request,
+    invocation_path,
+    socket_path,
+    target,
+)
+
+__all__ = ["Client"]
+
+
+class _Conn:
+    __slots__ = ("h11", "stream")
+
+    def __init__(self, stream: trio.SocketStream) -> None:
+        self.stream = stream
+        self.h11 = h11.Connection(h11.CLIENT)
+
+    def alive(self) -> bool:
+        """An idle keep-alive connection with nothing to read is still open; one that is
+        readable was closed by the daemon (or holds stray bytes): either way, not reusable."""
+        try:
+            readable, _, _ = select.select([self.stream.socket.fileno()], [], [], 0)
+        except (OSError, ValueError):
+            return False
+        return not readable
+
+
+class Client:
+    """A client of one daemon socket.  Use ``async with Client.open(path)`` (or call ``aclose``)."""
+
+    def __init__(self, path: str | os.PathLike[str] | None = None, *, max_idle: int = 64) -> None:
+        resolved = socket_path(path)
+        if resolved is None:
+            raise ValueError("no daemon socket: pass its path or set $AFFIDAVIT_SOCKET")
+        self.path = resolved
+        self._idle: list[_Conn] = []
+        self._max_idle = max_idle
+
+    @classmethod
+    @asynccontextmanager
+    async def open(
+        cls, path: str | os.PathLike[str] | None = None, *, max_idle: int = 64
+    ) -> AsyncIterator[Client]:
+        client = cls(path, max_idle=max_idle)
+        try:
+            yield client
+        finally:
+            await client.aclose()
+
+    async def aclose(self) -> None:
+        idle, self._idle = self._idle, []
+        for conn in idle:
+            await conn.stream.aclose()
+
+    # -- the Broker-like API --------------------------------------------------------------------
+
+    async def call(
+        self, action: Mapping[str, Any], *, timeout: float | None = None
+    ) -> dict[str, Any]:
+        """Perform one action in the daemon; return its envelope (as ``Broker.call``)."""
+        if timeout is not None and not timeout >= 0:
+            raise ValueError("timeout must be None or a number of seconds >= 0")
+        body = json.dumps(action).encode("utf-8")
+        response = await self._request(
+            "POST", target("/v1/calls", {"timeout": timeout}), body, retry=False
+        )
+        envelope: dict[str, Any] = response.json()
+        return envelope
+
+    async def fetch_result(self, invocation_id: str) -> dict[str, Any] | None:
+        """The recorded envelope of an invocation -- never a re-execution.  None if unknown."""
+        envelope: dict[str, Any] | None = await self._get_or_none(
+            invocation_path(invocation_id, "/result")
+        )
+        return envelope
+
+    async def record(self, invocation_id: str) -> dict[str, Any] | None:
+        """The projected record as plain JSON (``affidavit record --json``'s ``record``)."""
+        found = await self._get_or_none(invocation_path(invocation_id))
+        if found is None:
+            return None
+        record: dict[str, Any] = found["record"]
+        return record
+
+    async def events(self, invocation_id: str) -> list[dict[str, Any]]:
+        found = await self._get_or_none(invocation_path(invocation_id))
+        return [] if found is None else list(found["events"])
+
+    # -- views ------------------------------------------------------------------------------------
+
+    async def actions(
+        self,
+        *,
+        session: str | None = None,
+        outcome: str | None = None,
+        phase: str | None = None,
+        since: float | None = None,
+        until: float | None = None,
+    ) -> list[dict[str, Any]]:
+        params = {"session": session, "outcome": outcome, "phase": phase, "since": since}
+        params["until"] = until
+        rows: list[dict[str, Any]] = await self._get(target("/v1/actions", params))
+        return rows
+
+    async def sessions(self) -> list[dict[str, Any]]:
+        rows: list[dict[str, Any]] = await self._get("/v1/sessions")
+        return rows
+
+    async def metrics(
+        self, *, session: str | None = None, since: float | None = None
+    ) -> dict[str, Any]:
+        """Counts by phase x outcome and code x outcome (``GET /v1/metrics?format=json``)."""
+        params = {"format": "json", "session": session, "since": since}
+        data: dict[str, Any] = await self._get(target("/v1/metrics", params))
+        return data
+
+    async def health(self) -> dict[str, Any]:
+        data: dict[str, Any] = await self._get("/v1/health")
+        return data
+
+    # -- transport ----------------------------------------------------------------------------
+
+    async def _get(self, request_target: str) -> Any:
+        return (await self._request("GET", request_target, None, retry=True)).json()
+
+    async def _get_or_none(self, request_target: str) -> Any:
+        response = await self._request("GET", request_target, None, retry=True)
+        return None if response.status == 404 else response.json()
+
+    async def _take(self) -> tuple[_Conn, bool]:
+        while self._idle:
+            conn = self._idle.pop()
+            if conn.alive():
+                return conn, True
+            await conn.stream.aclose()
+        try:
+            stream = await trio.open_unix_socket(self.path)
+        except OSError as exc:
+            raise DaemonUnavailable(
+                f"cannot reach the affidavit daemon at {self.path} ({exc.strerror or exc})"
+            ) from None
+        return _Conn(stream), False
+
+    async def _request(
+        self, method: str, request_target: str, body: bytes | None, *, retry: bool
+    ) -> Response:
+        for _ in range(2):
+            conn, reused = await self._take()
+            reader = ResponseReader(conn.h11)
+            try:
+                await conn.stream.send_all(encode_request(conn.h11, method, request_target, body))
+                while True:
+                    data = await conn.stream.receive_some(READ_SIZE)
+                    response = reader.feed(data)
+                    if response is not None:
+                        break
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+                await conn.stream.aclose()
+                if retry and reused and not reader.started:
+                    continue
+                raise AnswerLost(
+                    f"the connection to the daemon broke before it answered ({exc})"
+                ) from None
+            except AnswerLost:
+                await conn.stream.aclose()
+                if retry and reused and not reader.started:
+                    continue
+                raise
+            except BaseException:
+                # Cancelled mid-request: the connection's state is unknown; closing it tells
+                # the daemon the caller is gone (it cancels a call that was not yet dispatched).
+                with trio.CancelScope(shield=True):
+                    await conn.stream.aclose()
+                raise
+            if reader.reusable() and len(self._idle) < self._max_idle:
+                self._idle.append(conn)
+            else:
+                await conn.stream.aclose()
+            return response
+        raise AssertionError("unreachable")  # pragma: no cover
