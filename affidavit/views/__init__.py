@@ -1,5 +1,11 @@
 """Views over the journal as plain data, shared by every interface."""
 
-from affidavit.views.records import event_to_json, metrics, plain, record_to_json
+from affidavit.views.records import (
+    event_to_json,
+    metrics,
+    plain,
+    prometheus_text,
+    record_to_json,
+)
 
-__all__ = ["event_to_json", "metrics", "plain", "record_to_json"]
+__all__ = ["event_to_json", "metrics", "plain", "prometheus_text", "record_to_json"]

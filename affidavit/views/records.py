@@ -11,7 +11,7 @@ from typing import Any
 
 from affidavit.statemachine import Event, Record
 
-__all__ = ["event_to_json", "metrics", "plain", "record_to_json"]
+__all__ = ["event_to_json", "metrics", "plain", "prometheus_text", "record_to_json"]
 
 
 def plain(value: Any) -> Any:
@@ -105,3 +105,27 @@ def metrics(records: list[Record]) -> dict[str, Any]:
         ],
         "operations": [{"state": st, "count": n} for st, n in sorted(by_job.items())],
     }
+
+
+def prometheus_text(data: dict[str, Any]) -> str:
+    """``metrics()`` in the Prometheus text exposition format (``affidavit metrics
+    --prometheus`` and the daemon's ``GET /v1/metrics``): two gauges, never merged."""
+    lines = [
+        "# HELP affidavit_invocations Invocations by phase and outcome.",
+        "# TYPE affidavit_invocations gauge",
+    ]
+    for row in data["by_phase_outcome"]:
+        lines.append(
+            f'affidavit_invocations{{phase="{row["phase"]}",outcome="{row["outcome"]}"}} '
+            f"{row['count']}"
+        )
+    lines += [
+        "# HELP affidavit_invocations_by_code Invocations by error code and outcome.",
+        "# TYPE affidavit_invocations_by_code gauge",
+    ]
+    for row in data["by_code_outcome"]:
+        lines.append(
+            f'affidavit_invocations_by_code{{code="{row["code"]}",outcome="{row["outcome"]}"}} '
+            f"{row['count']}"
+        )
+    return "\n".join(lines) + "\n"
