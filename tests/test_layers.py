@@ -75,6 +75,17 @@ ALLOWED: Mapping[str, frozenset[str]] = {
         }
     ),
     "affidavit.sdk": frozenset({"affidavit.api"}),
+    # The daemon sits with the interfaces: the API (Broker) and views below it, never the CLI.
+    "affidavit.daemon": frozenset(
+        {
+            "affidavit",  # __version__ in GET /v1/health
+            "affidavit.api",
+            "affidavit.engine",
+            "affidavit.config",
+            "affidavit.views",
+            *SERVICE_BASE,
+        }
+    ),
     "affidavit.docgen": frozenset({"affidavit.statemachine", "affidavit.adapters"}),
     "affidavit.cli": frozenset(
         {
@@ -86,6 +97,7 @@ ALLOWED: Mapping[str, frozenset[str]] = {
             "affidavit.secrets",
             "affidavit.views",
             "affidavit.docgen",
+            "affidavit.daemon",
             *SERVICE_BASE,
         }
     ),

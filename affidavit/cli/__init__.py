@@ -2,8 +2,13 @@
 
 Each sub-command lives in its own module exposing ``add_commands(subparsers)``; the module list
 below is the only place that names them.  Every handler returns an exit status: 0 success,
-1 the action answered with an error envelope (or a check failed), 2 usage or config error
-(message on stderr, never a traceback).
+1 the action answered with an error envelope (or a check failed), 2 usage or config error, or
+the daemon could not be reached (message on stderr, never a traceback).
+
+Building the parser imports every command module, so their top level imports nothing heavy:
+handlers import the engine, journal, config or trio when they run.  That keeps ``--help`` quick
+and lets ``call|result|record|actions|sessions|metrics --socket PATH`` (or
+``$AFFIDAVIT_SOCKET``) reach the daemon without loading any of them (tests/cli/).
 """
 
 from __future__ import annotations
@@ -13,8 +18,21 @@ import importlib
 import os
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["UsageError", "main", "text_arg"]
+if TYPE_CHECKING:
+    from affidavit.api.wire import Response
+
+__all__ = [
+    "UsageError",
+    "add_socket_arg",
+    "ask_daemon",
+    "daemon_json",
+    "daemon_socket",
+    "daemon_text",
+    "main",
+    "text_arg",
+]
 
 COMMAND_MODULES: tuple[str, ...] = (
     "affidavit.cli.call",
@@ -22,6 +40,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "affidavit.cli.diagrams",
     "affidavit.cli.journal",
     "affidavit.cli.operations",
+    "affidavit.cli.serve",
     "affidavit.cli.vault",
 )
 
@@ -40,6 +59,62 @@ def text_arg(value: str | None, what: str) -> str | None:
         except UnicodeEncodeError:
             raise UsageError(f"{what} is not valid UTF-8 text") from None
     return value
+
+
+def add_socket_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--socket",
+        help="ask the daemon on this socket (default: $AFFIDAVIT_SOCKET; neither: run embedded)",
+    )
+
+
+def daemon_socket(args: argparse.Namespace, *embedded_only: str) -> str | None:
+    """The daemon's socket when this command should ask it (``--socket`` or
+    ``$AFFIDAVIT_SOCKET``), else None.  An option only embedded use reads (``--config``,
+    ``--journal``) beside a socket is refused rather than silently ignored."""
+    from affidavit.api.wire import SOCKET_ENV, socket_path
+
+    path = socket_path(args.socket)
+    if path is None:
+        return None
+    for name in embedded_only:
+        if getattr(args, name, None):
+            raise UsageError(
+                f"--{name} is for embedded use; the daemon at {path} has its own "
+                f"(drop --socket or unset {SOCKET_ENV})"
+            )
+    return path
+
+
+def ask_daemon(path: str, method: str, target: str, body: bytes | None = None) -> Response:
+    """One request to the daemon; no answer, or an API-level refusal, is a UsageError-style
+    message (exit 2) -- an action's own error is an envelope, answered with HTTP 200."""
+    from affidavit.api.wire import ClientError, blocking_request
+
+    try:
+        response = blocking_request(path, method, target, body)
+    except ClientError as exc:
+        raise UsageError(str(exc)) from None
+    return response
+
+
+def daemon_json(response: Response) -> Any:
+    """The JSON of a 200 answer; the daemon's refusal (``ApiError``) as a usage error."""
+    from affidavit.api.wire import ClientError
+
+    try:
+        return response.json()
+    except ClientError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def daemon_text(response: Response) -> str:
+    from affidavit.api.wire import ClientError
+
+    try:
+        return response.text()
+    except ClientError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -5,6 +5,11 @@ errors and for a journal that cannot be used or a stored result that fails verif
 (message on stderr).  Exactly one envelope is printed on stdout as JSON -- except for
 ``result --raw``, which writes one result stream's bytes, each chunk verified before it is
 written; a chunk that fails stops the output there (exit 2, the message names the chunk).
+
+With ``--socket PATH`` (or ``$AFFIDAVIT_SOCKET``) ``call`` and ``result`` ask the daemon and print
+the very envelope it answers, in the same form and with the same exit status as embedded; the
+process then loads neither the engine nor the config (it may have no right to read them).  A
+daemon that cannot be reached is exit 2 as well.
 """
 
 from __future__ import annotations
@@ -17,10 +22,14 @@ from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
-import trio
-
-from affidavit.cli import UsageError, text_arg
-from affidavit.config import ConfigError, config_path, load_config, sample_config
+from affidavit.cli import (
+    UsageError,
+    add_socket_arg,
+    ask_daemon,
+    daemon_json,
+    daemon_socket,
+    text_arg,
+)
 
 __all__ = ["add_commands", "load_or_usage"]
 
@@ -32,6 +41,7 @@ def add_commands(sub: Any) -> None:
     p.add_argument("action", nargs="?", default="-", help="action JSON file, or - for stdin")
     p.add_argument("--config", help="config file (default: $AFFIDAVIT_CONFIG or ./affidavit.toml)")
     p.add_argument("--timeout", type=float, help="caller timeout in seconds")
+    add_socket_arg(p)
     p.set_defaults(handler=_call)
 
     p = sub.add_parser("result", help="print the stored envelope of an invocation (no re-run)")
@@ -55,6 +65,7 @@ def add_commands(sub: Any) -> None:
         help="with --raw: the stream to write (body; stdout or stderr); needed when the result "
         "has more than one",
     )
+    add_socket_arg(p)
     p.set_defaults(handler=_result)
 
     p = sub.add_parser("init", help="write a commented sample config and an empty journal")
@@ -64,6 +75,8 @@ def add_commands(sub: Any) -> None:
 
 
 def load_or_usage(path: str | None) -> Any:
+    from affidavit.config import ConfigError, load_config
+
     try:
         return load_config(path)
     except ConfigError as exc:
@@ -93,12 +106,20 @@ def _print(envelope: dict[str, Any]) -> None:
 
 
 def _call(args: argparse.Namespace) -> int:
-    from affidavit.api.broker import Broker
-
     # NaN or a negative deadline made trio.fail_after raise after ACTION_ACCEPTED was
     # journaled (a traceback, and a record never closed); it is a usage error before anything.
     if args.timeout is not None and not args.timeout >= 0:
         raise UsageError("--timeout must be a number of seconds >= 0")
+    socket = daemon_socket(args, "config")
+    if socket is not None:
+        from affidavit.api.wire import target
+
+        action = _read_action(args.action)
+        body = json.dumps(action).encode("utf-8")
+        response = ask_daemon(socket, "POST", target("/v1/calls", {"timeout": args.timeout}), body)
+        return _print_answer(daemon_json(response))
+    from affidavit.api.broker import Broker
+
     config = load_or_usage(args.config)
     action = _read_action(args.action)
 
@@ -124,14 +145,24 @@ def _call(args: argparse.Namespace) -> int:
 
 
 def _result(args: argparse.Namespace) -> int:
-    from affidavit.api.broker import Broker
-
     text_arg(args.invocation_id, "the invocation id")
     text_arg(args.stream, "--stream")
     if args.from_chunk is not None and args.from_chunk < 0:
         raise UsageError("--from-chunk must be a chunk number >= 0")
     if args.stream is not None and not args.raw:
         raise UsageError("--stream goes with --raw")
+    socket = daemon_socket(args, "config")
+    if socket is not None:
+        from affidavit.api.wire import invocation_path, target
+
+        if args.raw:
+            raise UsageError("--raw reads the journal itself; the daemon serves envelopes")
+        path = target(
+            invocation_path(args.invocation_id, "/result"), {"from_chunk": args.from_chunk}
+        )
+        return _print_answer(daemon_json(ask_daemon(socket, "GET", path)))
+    from affidavit.api.broker import Broker
+
     config = load_or_usage(args.config)
     if args.raw:
         return _journal_errors(partial(_raw_result, config, args))
@@ -143,6 +174,10 @@ def _result(args: argparse.Namespace) -> int:
     envelope = _journal_errors(main)
     if envelope is None:
         raise UsageError(f"no invocation {args.invocation_id} in {config.journal.path}")
+    return _print_answer(envelope)
+
+
+def _print_answer(envelope: dict[str, Any]) -> int:
     _print(envelope)
     return 1 if "error" in envelope else 0
 
@@ -200,7 +235,10 @@ async def _raw_result(config: Any, args: argparse.Namespace) -> int:
 
 def _journal_errors(main: Callable[[], Awaitable[T]]) -> T:
     """``trio.run(main)``; a journal that cannot be used or a stored result that fails
-    verification is a usage-level error (exit 2, one line), never a traceback."""
+    verification is a usage-level error (exit 2, one line), never a traceback -- as is a
+    journal the daemon owns (``JournalLocked``: the message names its socket)."""
+    import trio
+
     from affidavit.journal import JournalError
 
     try:
@@ -210,6 +248,7 @@ def _journal_errors(main: Callable[[], Awaitable[T]]) -> T:
 
 
 def _init(args: argparse.Namespace) -> int:
+    from affidavit.config import config_path, sample_config
     from affidavit.journal import Journal
 
     path = config_path(args.config)

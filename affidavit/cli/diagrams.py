@@ -10,20 +10,13 @@ from pathlib import Path
 from typing import Any
 
 from affidavit.cli import UsageError
-from affidavit.docgen import (
-    DIAGRAM_DIR,
-    DiagramError,
-    check_files,
-    find_root,
-    generated_files,
-    svg_files,
-    write_files,
-)
 
 __all__ = ["add_commands"]
 
 
 def _root(args: argparse.Namespace) -> Path | None:
+    from affidavit.docgen import find_root
+
     root: Path | None = args.root
     if root is None:
         return find_root(Path.cwd())
@@ -33,6 +26,10 @@ def _root(args: argparse.Namespace) -> Path | None:
 
 
 def _run(args: argparse.Namespace) -> int:
+    # The docgen (and the tables it reads) only when this command runs: every command's
+    # parser imports this module.
+    from affidavit.docgen import DiagramError, check_files, generated_files, write_files
+
     if args.svg is not None:
         return _svg(args, args.svg)
     root = _root(args)
@@ -65,6 +62,8 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _svg(args: argparse.Namespace, dest: Path) -> int:
+    from affidavit.docgen import DIAGRAM_DIR, DiagramError, svg_files
+
     root = _root(args)
     if root is not None and dest.resolve() == (root / DIAGRAM_DIR).resolve():
         # An SVG there is an extra file to --check (and `affidavit diagrams` removes it).

@@ -8,6 +8,10 @@ the stored results with a public key (``--public-key``, an ``--anchor``'s, or th
 records); ``audit-open`` uses the *auditor's* private key, which the broker never holds.  Only
 ``public-key`` reads the broker's signing key file, to export its public half.
 
+With ``--socket PATH`` (or ``$AFFIDAVIT_SOCKET``) ``actions``, ``record``, ``sessions`` and
+``metrics`` ask the daemon instead and print the same bytes: both paths render the same plain
+JSON (``affidavit.views``), here, from data.
+
 Exit status: 0 success; 1 ``journal verify`` (or ``anchor``) found a bad row; 2 usage or
 config error (for example no journal at the path, an unreadable key or anchor file) — the
 message on stderr, never a traceback.
@@ -16,31 +20,38 @@ message on stderr, never a traceback.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
-import math
 import os
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from affidavit.cli import UsageError, text_arg
-from affidavit.config import CONFIG_ENV, DEFAULT_CONFIG, ConfigError, load_config
-from affidavit.journal import (
-    JournalError,
-    JournalReader,
-    SigningKey,
-    generate_auditor_keypair,
-    load_anchor,
-    load_public_key,
-    public_key_pem,
+from affidavit.cli import (
+    UsageError,
+    add_socket_arg,
+    ask_daemon,
+    daemon_json,
+    daemon_socket,
+    daemon_text,
+    text_arg,
 )
-from affidavit.journal.reader import default_signing_key
-from affidavit.statemachine import Outcome, Phase
-from affidavit.views import event_to_json, metrics, plain, record_to_json
 
-__all__ = ["add_commands", "common_options", "open_reader", "print_json"]
+if TYPE_CHECKING:
+    from affidavit.journal import JournalReader
+
+__all__ = ["OUTCOMES", "PHASES", "add_commands", "common_options", "open_reader", "print_json"]
+
+OUTCOMES = ("not_attempted", "rejected", "committed", "unknown")
+PHASES = (
+    "validation",
+    "credential_injection",
+    "connection_setup",
+    "remote_execution",
+    "result_delivery",
+)
+"""The contract's ``Outcome`` and ``Phase`` values, written out: importing the contract costs
+the parser ~0.1 s (tests/cli/test_light_imports.py checks these equal the enums)."""
 
 
 def add_commands(sub: Any) -> None:
@@ -102,37 +113,43 @@ def add_commands(sub: Any) -> None:
     ao.set_defaults(handler=_audit_open)
 
     a = sub.add_parser("actions", help="list actions with their phase, outcome and retry hint")
-    common_options(a)
+    common_options(a, socket=True)
     a.add_argument("--session", help="only this session")
-    a.add_argument("--outcome", choices=[o.value for o in Outcome])
-    a.add_argument("--phase", choices=[ph.value for ph in Phase])
+    a.add_argument("--outcome", choices=OUTCOMES)
+    a.add_argument("--phase", choices=PHASES)
     a.add_argument("--since", help="accepted at or after (ISO 8601 or epoch seconds)")
     a.add_argument("--until", help="accepted at or before (ISO 8601 or epoch seconds)")
     a.set_defaults(handler=_actions)
 
     r = sub.add_parser("record", help="one invocation's events and projected record")
-    common_options(r)
+    common_options(r, socket=True)
     r.add_argument("invocation_id")
     r.set_defaults(handler=_record)
 
     s = sub.add_parser("sessions", help="sessions with their action counts")
-    common_options(s)
+    common_options(s, socket=True)
     s.set_defaults(handler=_sessions)
 
     m = sub.add_parser(
         "metrics", help="invocation counts by phase and outcome (and by code), never merged"
     )
-    common_options(m)
+    common_options(m, socket=True)
     m.add_argument("--session", help="only this session")
     m.add_argument("--since", help="accepted at or after (ISO 8601 or epoch seconds)")
     m.add_argument("--prometheus", action="store_true", help="Prometheus text exposition format")
     m.set_defaults(handler=_metrics)
 
 
-def common_options(p: argparse.ArgumentParser) -> None:
+def common_options(p: argparse.ArgumentParser, *, socket: bool = False) -> None:
     p.add_argument("--journal", help="journal file (default: [journal] path of the config)")
     p.add_argument("--config", help="config file (default: $AFFIDAVIT_CONFIG or ./affidavit.toml)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    if socket:
+        add_socket_arg(p)
+
+
+def _daemon(args: argparse.Namespace) -> str | None:
+    return daemon_socket(args, "config", "journal")
 
 
 def _trust_args(p: argparse.ArgumentParser) -> None:
@@ -150,6 +167,8 @@ def _trust_args(p: argparse.ArgumentParser) -> None:
 def _journal_path(args: argparse.Namespace) -> Path:
     """``--journal`` beats the config's ``[journal] path``; without any config file the
     default is ``affidavit.db``."""
+    from affidavit.config import CONFIG_ENV, DEFAULT_CONFIG, ConfigError, load_config
+
     if args.journal:
         return Path(args.journal)
     explicit = args.config or os.environ.get(CONFIG_ENV)
@@ -163,6 +182,9 @@ def _journal_path(args: argparse.Namespace) -> Path:
 
 def _signing_key_path(args: argparse.Namespace) -> Path:
     """The config's ``[journal] signing_key`` (or the default beside ``--journal``)."""
+    from affidavit.config import CONFIG_ENV, DEFAULT_CONFIG, ConfigError, load_config
+    from affidavit.journal.reader import default_signing_key
+
     if args.journal:
         return default_signing_key(Path(args.journal))
     explicit = args.config or os.environ.get(CONFIG_ENV)
@@ -175,6 +197,8 @@ def _signing_key_path(args: argparse.Namespace) -> Path:
 
 
 def open_reader(args: argparse.Namespace) -> JournalReader:
+    from affidavit.journal import JournalError, JournalReader
+
     path = _journal_path(args)
     try:
         return JournalReader.open(path)
@@ -194,19 +218,12 @@ def _when(at: float | None) -> str:
 def _time_arg(value: str | None, name: str) -> float | None:
     if value is None:
         return None
+    from affidavit.api.wire import parse_time
+
     try:
-        t = float(value)
-        if math.isfinite(t):
-            return t
-    except ValueError:
-        pass
-    try:
-        dt = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        raise UsageError(f"--{name}: expected ISO 8601 or epoch seconds, got {value!r}") from None
-    if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=UTC)
-    return dt.timestamp()
+        return parse_time(value)
+    except ValueError as exc:
+        raise UsageError(f"--{name}: {exc}") from None
 
 
 def print_json(value: Any) -> None:
@@ -219,6 +236,8 @@ def print_json(value: Any) -> None:
 
 def _journal_call(fn: Any, *args: Any, **kwargs: Any) -> Any:
     """``fn(...)`` with a ``JournalError`` (unreadable key, anchor or result) as a usage error."""
+    from affidavit.journal import JournalError
+
     try:
         return fn(*args, **kwargs)
     except JournalError as exc:
@@ -226,10 +245,16 @@ def _journal_call(fn: Any, *args: Any, **kwargs: Any) -> Any:
 
 
 def _public_key_arg(args: argparse.Namespace) -> bytes | None:
+    from affidavit.journal import load_public_key
+
     return _journal_call(load_public_key, args.public_key) if args.public_key else None
 
 
 def _verify(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    from affidavit.journal import load_anchor
+
     public_key = _public_key_arg(args)
     anchor = _journal_call(load_anchor, args.anchor) if args.anchor else None
     with open_reader(args) as j:
@@ -304,6 +329,8 @@ def _anchor(args: argparse.Namespace) -> int:
 
 
 def _public_key(args: argparse.Namespace) -> int:
+    from affidavit.journal import SigningKey, public_key_pem
+
     path = Path(args.signing_key) if args.signing_key else _signing_key_path(args)
     key = _journal_call(SigningKey.load, path)
     _write_out(args.out, public_key_pem(key.public_raw), "public key file")
@@ -313,6 +340,8 @@ def _public_key(args: argparse.Namespace) -> int:
 
 
 def _audit_keygen(args: argparse.Namespace) -> int:
+    from affidavit.journal import generate_auditor_keypair
+
     try:
         generate_auditor_keypair(args.private, args.public)
     except FileExistsError as exc:
@@ -345,50 +374,78 @@ def _audit_open(args: argparse.Namespace) -> int:
 def _actions(args: argparse.Namespace) -> int:
     since = _time_arg(args.since, "since")
     until = _time_arg(args.until, "until")
-    with open_reader(args) as j:
-        records = j.list_actions(
-            session=text_arg(args.session, "--session"),
-            outcome=args.outcome,
-            phase=args.phase,
-            since=since,
-            until=until,
-        )
+    session = text_arg(args.session, "--session")
+    filters = {
+        "session": session,
+        "outcome": args.outcome,
+        "phase": args.phase,
+        "since": since,
+        "until": until,
+    }
+    socket = _daemon(args)
+    if socket is not None:
+        from affidavit.api.wire import target
+
+        rows = daemon_json(ask_daemon(socket, "GET", target("/v1/actions", filters)))
+    else:
+        from affidavit.views import record_to_json
+
+        with open_reader(args) as j:
+            rows = [record_to_json(r) for r in j.list_actions(**filters)]
     if args.json:
-        print_json([record_to_json(r) for r in records])
+        print_json(rows)
         return 0
     print(f"{'INVOCATION':28} {'SESSION':14} {'PHASE':20} {'OUTCOME':14} {'RETRY':20} CODE")
-    for r in records:
+    for r in rows:
         print(
-            f"{r.invocation_id:28} {r.session or '-':14} {r.phase.value:20} "
-            f"{r.outcome.value:14} {r.retry.value:20} {r.code.value if r.code else '-'}"
+            f"{r['invocation_id']:28} {r['session'] or '-':14} {r['phase']:20} "
+            f"{r['outcome']:14} {r['retry']:20} {r['code'] or '-'}"
         )
     return 0
 
 
 def _record(args: argparse.Namespace) -> int:
     text_arg(args.invocation_id, "the invocation id")
-    with open_reader(args) as j:
-        events = j.events(args.invocation_id)
-        rec = j.record(args.invocation_id)
-    if rec is None:
-        raise UsageError(f"no invocation {args.invocation_id} in the journal")
+    socket = _daemon(args)
+    if socket is not None:
+        from affidavit.api.wire import invocation_path
+
+        response = ask_daemon(socket, "GET", invocation_path(args.invocation_id))
+        data = daemon_json(response)
+    else:
+        from affidavit.views import event_to_json, record_to_json
+
+        with open_reader(args) as j:
+            events = j.events(args.invocation_id)
+            rec = j.record(args.invocation_id)
+        if rec is None:
+            raise UsageError(f"no invocation {args.invocation_id} in the journal")
+        data = {"record": record_to_json(rec), "events": [event_to_json(e) for e in events]}
     if args.json:
-        print_json({"record": record_to_json(rec), "events": [event_to_json(e) for e in events]})
+        print_json(data)
         return 0
-    print(f"invocation {rec.invocation_id}  session {rec.session or '-'}  state {rec.state}")
+    rec_json = data["record"]
     print(
-        f"  phase {rec.phase.value}  outcome {rec.outcome.value}  retry {rec.retry.value}  "
-        f"code {rec.code.value if rec.code else '-'}"
+        f"invocation {rec_json['invocation_id']}  session {rec_json['session'] or '-'}  "
+        f"state {rec_json['state']}"
     )
-    for ev in events:
-        attrs = json.dumps(plain(ev.attrs), sort_keys=True, separators=(",", ":"))
-        print(f"  {ev.seq:>8}  {_when(ev.at)}  {ev.kind.value:26} {ev.source.value:18} {attrs}")
+    print(
+        f"  phase {rec_json['phase']}  outcome {rec_json['outcome']}  retry {rec_json['retry']}  "
+        f"code {rec_json['code'] or '-'}"
+    )
+    for ev in data["events"]:
+        attrs = json.dumps(ev["attrs"], sort_keys=True, separators=(",", ":"))
+        print(f"  {ev['seq']:>8}  {_when(ev['at'])}  {ev['kind']:26} {ev['source']:18} {attrs}")
     return 0
 
 
 def _sessions(args: argparse.Namespace) -> int:
-    with open_reader(args) as j:
-        sessions = j.sessions()
+    socket = _daemon(args)
+    if socket is not None:
+        sessions = daemon_json(ask_daemon(socket, "GET", "/v1/sessions"))
+    else:
+        with open_reader(args) as j:
+            sessions = j.sessions()
     if args.json:
         print_json(sessions)
         return 0
@@ -404,38 +461,29 @@ def _sessions(args: argparse.Namespace) -> int:
 
 def _metrics(args: argparse.Namespace) -> int:
     since = _time_arg(args.since, "since")
-    with open_reader(args) as j:
-        data = metrics(j.list_actions(session=text_arg(args.session, "--session"), since=since))
+    session = text_arg(args.session, "--session")
+    socket = _daemon(args)
+    if socket is not None:
+        from affidavit.api.wire import target
+
+        fmt = "prometheus" if args.prometheus and not args.json else "json"
+        query = {"session": session, "since": since, "format": fmt}
+        response = ask_daemon(socket, "GET", target("/v1/metrics", query))
+        if fmt == "prometheus":
+            sys.stdout.write(daemon_text(response))
+            return 0
+        data = daemon_json(response)
+    else:
+        from affidavit.views import metrics
+
+        with open_reader(args) as j:
+            data = metrics(j.list_actions(session=session, since=since))
     if args.json:
         print_json(data)
     elif args.prometheus:
-        print("# HELP affidavit_invocations Invocations by phase and outcome.")
-        print("# TYPE affidavit_invocations gauge")
-        for row in data["by_phase_outcome"]:
-            print(
-                f'affidavit_invocations{{phase="{row["phase"]}",outcome="{row["outcome"]}"}} '
-                f"{row['count']}"
-            )
-        print("# HELP affidavit_invocations_by_code Invocations by error code and outcome.")
-        print("# TYPE affidavit_invocations_by_code gauge")
-        for row in data["by_code_outcome"]:
-            print(
-                f'affidavit_invocations_by_code{{code="{row["code"]}",outcome="{row["outcome"]}"}} '
-                f"{row['count']}"
-            )
-        print(
-            "# HELP affidavit_batch_items Batch items by outcome and code, apart from invocations."
-        )
-        print("# TYPE affidavit_batch_items gauge")
-        for row in data["batch_items"]:
-            print(
-                f'affidavit_batch_items{{outcome="{row["outcome"]}",code="{row["code"]}"}} '
-                f"{row['count']}"
-            )
-        print("# HELP affidavit_operations Jobs accepted by a 202, by state.")
-        print("# TYPE affidavit_operations gauge")
-        for row in data["operations"]:
-            print(f'affidavit_operations{{state="{row["state"]}"}} {row["count"]}')
+        from affidavit.views import prometheus_text
+
+        sys.stdout.write(prometheus_text(data))
     else:
         print(f"{data['invocations']} invocations")
         print(f"{'phase':<22} {'outcome':<14} count")

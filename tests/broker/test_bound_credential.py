@@ -10,7 +10,7 @@ from pathlib import Path
 import trio
 
 from affidavit.api.broker import Broker
-from affidavit.cli.demo import DemoServer, demo_config
+from affidavit.cli.tour import DemoServer, demo_config
 from affidavit.config import load_config
 
 ACTION = {

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from affidavit.cli.demo import explain, run_demo
+from affidavit.cli.tour import explain, run_demo
 
 
 @pytest.fixture

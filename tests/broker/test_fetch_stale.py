@@ -14,7 +14,7 @@ import pytest
 import trio
 
 from affidavit.api.broker import Broker
-from affidavit.cli.demo import demo_config
+from affidavit.cli.tour import demo_config
 from affidavit.config import load_config
 from affidavit.journal import Journal
 from affidavit.statemachine import Event, EventKind, EvidenceSource

@@ -10,7 +10,7 @@ import trio
 
 from affidavit.api.broker import Broker
 from affidavit.api.sdk import AffidavitError, call_checked
-from affidavit.cli.demo import DemoServer, demo_config
+from affidavit.cli.tour import DemoServer, demo_config
 from affidavit.config import load_config
 
 

@@ -1,0 +1,54 @@
+"""``affidavit serve``: run the broker as its own process behind a Unix socket (docs/deployment.md).
+
+Runs until SIGTERM or SIGINT, then stops accepting, lets calls in flight finish within
+``[service] shutdown_grace`` and exits 0.  Exit 2 when it cannot start: a bad config, a journal
+another process writes, a live daemon already on the socket -- the message says which.
+Log lines go to stderr; none carries a secret (only ids, uids, codes and counts).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import Any
+
+from affidavit.cli import UsageError
+
+__all__ = ["add_commands"]
+
+
+def add_commands(sub: Any) -> None:
+    p = sub.add_parser("serve", help="run the broker as a daemon on a Unix socket")
+    p.add_argument("--config", help="config file (default: $AFFIDAVIT_CONFIG or ./affidavit.toml)")
+    p.add_argument(
+        "--socket", help="listen here (default: [service] socket, affidavit.sock beside the config)"
+    )
+    p.set_defaults(handler=_serve)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import functools
+
+    import trio
+
+    from affidavit.config import ConfigError, load_config
+    from affidavit.daemon import DaemonError, serve
+    from affidavit.journal import JournalError
+
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
+    except OSError as exc:
+        raise UsageError(f"cannot read config: {exc.strerror}") from None
+    logging.basicConfig(
+        stream=sys.stderr,
+        level=logging.INFO,
+        format="%(asctime)s affidavit serve[%(process)d] %(levelname)s %(message)s",
+    )
+    try:
+        trio.run(functools.partial(serve, config, socket_path=args.socket))
+    except (DaemonError, JournalError) as exc:
+        raise UsageError(str(exc)) from None
+    return 0

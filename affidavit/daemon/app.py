@@ -1,0 +1,251 @@
+"""The API on the socket: a dict of routes, each answering what the embedded command prints.
+
+    POST /v1/calls                     the envelope of ``affidavit call`` (HTTP 200, error or not)
+    GET  /v1/invocations/{id}          {"record", "events"}, as ``affidavit record --json``
+    GET  /v1/invocations/{id}/result   the envelope of ``affidavit result`` (a read, no re-run)
+    GET  /v1/actions                   ``affidavit actions --json`` (same filters)
+    GET  /v1/sessions                  ``affidavit sessions --json``
+    GET  /v1/metrics                   Prometheus text (``?format=json``: ``metrics --json``)
+    GET  /v1/health                    {"ok": true, ...}
+
+Everything else is the API's own trouble: 400 bad JSON or query, 403 peer refused, 404, 405,
+413, 503 overloaded or shutting down -- ``{"api_error": {"code", "message"}}``.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import trio
+
+import affidavit
+from affidavit.api.broker import Broker
+from affidavit.api.wire import parse_time
+from affidavit.journal import JournalReader
+from affidavit.statemachine import Outcome, Phase
+from affidavit.views import event_to_json, metrics, prometheus_text, record_to_json
+
+from .calls import Calls, Overloaded, Running
+from .http import ApiProblem, ClientGone, Message, Receive, Request, Send
+from .link import Link
+from .peer import Peer, PeerPolicy
+
+__all__ = ["Api"]
+
+log = logging.getLogger("affidavit.daemon")
+
+Handler = Callable[["Api", Request], Awaitable[None]]
+_INVOCATION = re.compile(r"/v1/invocations/([^/]+)(/result)?")
+_PROMETHEUS = b"text/plain; version=0.0.4; charset=utf-8"
+
+
+class Api:
+    def __init__(self, broker: Broker, policy: PeerPolicy, calls: Calls) -> None:
+        self.broker = broker
+        self.policy = policy
+        self.calls = calls
+        self.journal_path: Path = broker.config.journal.path
+
+    def for_connection(self, peer: Peer, link: Link) -> Callable[[Message, Receive, Send], Any]:
+        """The ASGI app one accepted connection talks to: the routes for an allowed peer; for
+        any other, a 403 to every request and nothing else."""
+        if not self.policy.allows(peer):
+            log.warning(
+                "refused peer %s: not in [service] allow_uids / allow_gids", peer.describe()
+            )
+            problem = ApiProblem(
+                403,
+                "PEER_REFUSED",
+                f"uid {peer.uid} may not use this broker "
+                "(the daemon's [service] allow_uids / allow_gids)",
+            )
+
+            async def refuse(scope: Message, receive: Receive, send: Send) -> None:
+                if scope["type"] == "http":
+                    await Request(scope, receive, send, peer, link).respond_problem(
+                        problem, close=True
+                    )
+
+            return refuse
+
+        async def app(scope: Message, receive: Receive, send: Send) -> None:
+            if scope["type"] == "http":
+                await self.handle(Request(scope, receive, send, peer, link))
+
+        return app
+
+    async def handle(self, req: Request) -> None:
+        try:
+            handler, args = self._route(req)
+            await handler(self, req, *args)
+        except ApiProblem as problem:
+            if not req.answered:
+                await req.respond_problem(problem)
+        except ClientGone:
+            pass
+
+    def _route(self, req: Request) -> tuple[Callable[..., Awaitable[None]], tuple[str, ...]]:
+        path = req.path
+        methods: dict[str, Callable[..., Awaitable[None]]] | None = ROUTES.get(path)
+        args: tuple[str, ...] = ()
+        if methods is None:
+            m = _INVOCATION.fullmatch(path)
+            if m is not None:
+                methods = {"GET": Api.result if m.group(2) else Api.record}
+                args = (m.group(1),)
+        if methods is None:
+            raise ApiProblem(404, "NOT_FOUND", f"no such API path: {path}")
+        handler = methods.get(req.method)
+        if handler is None:
+            allowed = ", ".join(sorted(methods))
+            raise ApiProblem(405, "METHOD_NOT_ALLOWED", f"{path} takes {allowed}")
+        return handler, args
+
+    # -- calls ----------------------------------------------------------------------------------
+
+    async def call(self, req: Request) -> None:
+        action = await req.json()
+        timeout = req.float_param("timeout")
+        if not self.calls.accepting:
+            raise ApiProblem(503, "SHUTTING_DOWN", "the broker is shutting down; call again later")
+
+        async def deliver(envelope: dict[str, Any]) -> None:
+            # Called by the engine for a stored result only; see link.py for what counts.
+            running.answering = True
+            if req.link.hung_up.is_set():
+                raise ClientGone("the client hung up before its answer")
+            with running.delivery:
+                await req.respond_json(envelope)
+            if running.delivery.cancelled_caught or req.link.broken:
+                raise ClientGone("the answer could not be written whole")
+
+        async def run(call: Running) -> dict[str, Any]:
+            return await self.broker.call(
+                action, timeout=timeout, deliver=deliver, control=call.control
+            )
+
+        try:
+            running = self.calls.start(run)
+        except Overloaded:
+            raise ApiProblem(
+                503, "OVERLOADED", f"{self.calls.limit} calls are running; call again later"
+            ) from None
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_withdraw_on_hang_up, req.link, running)
+            await running.done.wait()
+            nursery.cancel_scope.cancel()
+        if running.answering or req.link.hung_up.is_set():
+            return
+        if running.envelope is None:
+            raise ApiProblem(
+                500, "INTERNAL", f"the call failed inside the broker ({running.failure})"
+            )
+        await req.respond_json(running.envelope)
+
+    # -- reads ------------------------------------------------------------------------------------
+
+    async def result(self, req: Request, invocation_id: str) -> None:
+        envelope = await self.broker.fetch_result(invocation_id)
+        if envelope is None:
+            # The words of `affidavit result` run embedded: the thin client prints them as is.
+            raise ApiProblem(
+                404, "NO_SUCH_INVOCATION", f"no invocation {invocation_id} in {self.journal_path}"
+            )
+        await req.respond_json(envelope)
+
+    async def record(self, req: Request, invocation_id: str) -> None:
+        rec = self.broker.record(invocation_id)
+        if rec is None:
+            raise ApiProblem(
+                404, "NO_SUCH_INVOCATION", f"no invocation {invocation_id} in the journal"
+            )
+        events = self.broker.events(invocation_id)
+        await req.respond_json(
+            {"record": record_to_json(rec), "events": [event_to_json(e) for e in events]}
+        )
+
+    async def actions(self, req: Request) -> None:
+        session = req.text_param("session")
+        outcome = _enum_param(req, "outcome", Outcome)
+        phase = _enum_param(req, "phase", Phase)
+        since, until = _time_param(req, "since"), _time_param(req, "until")
+        records = await self._read(
+            lambda j: j.list_actions(
+                session=session, outcome=outcome, phase=phase, since=since, until=until
+            )
+        )
+        await req.respond_json([record_to_json(r) for r in records])
+
+    async def sessions(self, req: Request) -> None:
+        await req.respond_json(await self._read(lambda j: j.sessions()))
+
+    async def metrics(self, req: Request) -> None:
+        session, since = req.text_param("session"), _time_param(req, "since")
+        data = metrics(await self._read(lambda j: j.list_actions(session=session, since=since)))
+        fmt = req.params.get("format", "prometheus")
+        if fmt == "json":
+            await req.respond_json(data)
+        elif fmt == "prometheus":
+            await req.respond(200, prometheus_text(data).encode("utf-8"), _PROMETHEUS)
+        else:
+            raise ApiProblem(400, "BAD_REQUEST", "format: expected prometheus or json")
+
+    async def health(self, req: Request) -> None:
+        await req.respond_json(
+            {
+                "ok": True,
+                "version": affidavit.__version__,
+                "calls_in_flight": len(self.calls.running),
+                "accepting": self.calls.accepting,
+                "peer": {"uid": req.peer.uid, "gid": req.peer.gid},
+            }
+        )
+
+    async def _read(self, view: Callable[[JournalReader], Any]) -> Any:
+        """A whole-journal view, on its own read-only connection in a worker thread: a long
+        scan must not stall the calls on the event loop."""
+
+        def run() -> Any:
+            with JournalReader.open(self.journal_path) as reader:
+                return view(reader)
+
+        return await trio.to_thread.run_sync(run)
+
+
+ROUTES: dict[str, dict[str, Callable[..., Awaitable[None]]]] = {
+    "/v1/calls": {"POST": Api.call},
+    "/v1/actions": {"GET": Api.actions},
+    "/v1/sessions": {"GET": Api.sessions},
+    "/v1/metrics": {"GET": Api.metrics},
+    "/v1/health": {"GET": Api.health},
+}
+
+
+async def _withdraw_on_hang_up(link: Link, running: Running) -> None:
+    await link.hung_up.wait()
+    if running.control.withdraw():
+        log.info("the client hung up before dispatch; the call is withdrawn")
+
+
+def _enum_param(req: Request, name: str, enum: type[Outcome] | type[Phase]) -> str | None:
+    raw = req.text_param(name)
+    if raw is None:
+        return None
+    allowed = [str(v.value) for v in enum]
+    if raw not in allowed:
+        raise ApiProblem(400, "BAD_REQUEST", f"{name}: expected one of {', '.join(allowed)}")
+    return raw
+
+
+def _time_param(req: Request, name: str) -> float | None:
+    raw = req.text_param(name)
+    if raw is None:
+        return None
+    try:
+        return parse_time(raw)
+    except ValueError as exc:
+        raise ApiProblem(400, "BAD_REQUEST", f"{name}: {exc}") from None

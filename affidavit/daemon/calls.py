@@ -1,0 +1,108 @@
+"""Calls in flight: each runs in a task the daemon owns, never in the request's handler.
+
+Seed, "A result delivery error must not repeat execution": a caller hanging up must not abandon
+an effect half-observed.  So a call is started in the daemon's own nursery; the handler only
+waits for it.  What a hang-up may still do is decided by the engine's dispatch gate
+(``CallControl.withdraw``): before DISPATCH_STARTED the call is cancelled and recorded
+CALLER_CANCELLED / not_attempted; after it, the call runs on, its result is stored, and the
+failed answer is recorded RESULT_DELIVERY_FAILED (result_delivery, fetch_result).
+
+At shutdown the daemon stops taking calls, waits up to ``[service] shutdown_grace`` for these to
+finish, then ``stop``s the rest: each is recorded BROKER_SHUTDOWN with what its evidence proves
+(not_attempted before its dispatch gate, unknown after it).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import trio
+
+from affidavit.engine import CallControl
+
+__all__ = ["Calls", "Overloaded", "Running"]
+
+log = logging.getLogger("affidavit.daemon")
+
+Run = Callable[["Running"], Awaitable[dict[str, Any]]]
+
+
+class Overloaded(Exception):
+    """``[service] max_calls`` calls are running; the caller should try again later."""
+
+
+class Running:
+    """One call in flight, shared by its task and the request handler waiting for it."""
+
+    def __init__(self) -> None:
+        self.control = CallControl()
+        self.done = trio.Event()
+        self.envelope: dict[str, Any] | None = None
+        self.failure: str | None = None
+        """The exception type name, when the call ended without an envelope."""
+        self.answering = False
+        """The engine handed the envelope to ``deliver``: the handler must not answer again."""
+        self.delivery = trio.CancelScope()
+        """Bounds the answer's write; cancelled with everything else at the end of shutdown."""
+
+    def stop(self) -> None:
+        """The shutdown grace ran out: stop wherever the call is (see module docstring)."""
+        self.control.stop()
+        self.delivery.cancel()
+
+
+class Calls:
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.running: set[Running] = set()
+        self.accepting = True
+        self._nursery: trio.Nursery | None = None
+        self._idle = trio.Event()
+        self._idle.set()
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """The nursery the calls run in; returns once it is cancelled and every call is over."""
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            task_status.started()
+            await trio.sleep_forever()
+
+    def start(self, run: Run) -> Running:
+        if len(self.running) >= self.limit:
+            raise Overloaded
+        assert self._nursery is not None, "Calls.run is not running"
+        call = Running()
+        self.running.add(call)
+        self._idle = trio.Event()
+        self._nursery.start_soon(self._one, run, call)
+        return call
+
+    async def _one(self, run: Run, call: Running) -> None:
+        try:
+            call.envelope = await run(call)
+        except Exception as exc:
+            # A journal that cannot be written, a broken binding: the type only, for the log
+            # (an exception's text may quote remote bytes).
+            call.failure = type(exc).__name__
+            log.error("a call ended without an envelope: %s", call.failure)
+        finally:
+            call.done.set()
+            self.running.discard(call)
+            if not self.running:
+                self._idle.set()
+
+    async def drain(self, grace: float) -> int:
+        """Stop taking calls; wait up to ``grace`` seconds for the running ones.  Returns how
+        many were still running when the grace ran out (then stopped, and waited for)."""
+        self.accepting = False
+        with trio.move_on_after(grace):
+            await self._idle.wait()
+        left = list(self.running)
+        for call in left:
+            call.stop()
+        # Stopping only records the boundary each call reached (shielded journal writes).
+        with trio.move_on_after(max(grace, 5.0)):
+            await self._idle.wait()
+        return len(left)

@@ -1,0 +1,134 @@
+"""The few ASGI pieces the routes need: a request with its peer and link, JSON answers, and
+the API's own errors (``{"api_error": {"code", "message"}}``; never an envelope).
+
+Status codes are the API's, never the action's: every envelope -- error or not -- is HTTP 200.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import parse_qsl
+
+from .link import Link
+from .peer import Peer
+
+__all__ = ["ASGIApp", "ApiProblem", "Receive", "Request", "Send", "api_error_body", "json_body"]
+
+Message = dict[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Message, Receive, Send], Awaitable[None]]
+
+MAX_BODY = 16 * 1024 * 1024
+"""An action is small; targets enforce their own ``max_body`` (PAYLOAD_LIMIT, an envelope)."""
+
+
+class ApiProblem(Exception):
+    """An API-level refusal: answered with ``status`` and ``{"api_error": ...}``."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        self.status = status
+        self.code = code
+        self.message = message
+        super().__init__(message)
+
+
+class ClientGone(Exception):
+    """The client hung up (before its body arrived, or before its answer could be written)."""
+
+
+def json_body(value: Any) -> bytes:
+    return json.dumps(value, separators=(",", ":")).encode("utf-8") + b"\n"
+
+
+def api_error_body(code: str, message: str) -> bytes:
+    return json_body({"api_error": {"code": code, "message": message}})
+
+
+@dataclass
+class Request:
+    scope: Mapping[str, Any]
+    receive: Receive
+    send: Send
+    peer: Peer
+    link: Link
+    params: dict[str, str] = field(default_factory=dict)
+    answered: bool = False
+
+    def __post_init__(self) -> None:
+        raw = self.scope.get("query_string", b"").decode("latin-1")
+        self.params = dict(parse_qsl(raw, keep_blank_values=True))
+
+    @property
+    def method(self) -> str:
+        return str(self.scope["method"])
+
+    @property
+    def path(self) -> str:
+        return str(self.scope["path"])
+
+    async def body(self) -> bytes:
+        data = bytearray()
+        while True:
+            message = await self.receive()
+            if message["type"] == "http.disconnect":
+                raise ClientGone
+            data += message.get("body", b"")
+            if len(data) > MAX_BODY:
+                raise ApiProblem(413, "BODY_TOO_LARGE", f"the body exceeds {MAX_BODY} bytes")
+            if not message.get("more_body", False):
+                return bytes(data)
+
+    async def json(self) -> Any:
+        raw = await self.body()
+        try:
+            return json.loads(raw)
+        except UnicodeDecodeError:
+            raise ApiProblem(400, "BAD_JSON", "the body is not UTF-8 text") from None
+        except json.JSONDecodeError as exc:
+            raise ApiProblem(
+                400,
+                "BAD_JSON",
+                f"the body is not valid JSON (line {exc.lineno}, column {exc.colno})",
+            ) from None
+
+    def text_param(self, name: str) -> str | None:
+        return self.params.get(name) or None
+
+    def float_param(self, name: str) -> float | None:
+        raw = self.params.get(name)
+        if not raw:
+            return None
+        try:
+            value = float(raw)
+        except ValueError:
+            value = float("nan")
+        if not value >= 0 or value == float("inf"):
+            raise ApiProblem(400, "BAD_REQUEST", f"{name}: expected a number of seconds >= 0")
+        return value
+
+    async def respond(
+        self,
+        status: int,
+        body: bytes,
+        content_type: bytes = b"application/json",
+        *,
+        close: bool = False,
+    ) -> None:
+        headers = [(b"content-type", content_type), (b"content-length", b"%d" % len(body))]
+        if close:
+            headers.append((b"connection", b"close"))
+        self.answered = True
+        await self.send({"type": "http.response.start", "status": status, "headers": headers})
+        await self.send({"type": "http.response.body", "body": body})
+
+    async def respond_json(self, value: Any) -> None:
+        await self.respond(200, json_body(value))
+
+    async def respond_problem(self, problem: ApiProblem, *, close: bool = False) -> None:
+        await self.respond(
+            problem.status, api_error_body(problem.code, problem.message), close=close
+        )

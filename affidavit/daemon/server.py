@@ -1,0 +1,220 @@
+"""``affidavit serve``: the broker as its own process, the journal's only writer, on a Unix socket.
+
+Life of the daemon:
+
+1. Refuse to start if a live daemon already answers on the socket (a stale socket file left by
+   a killed one is removed) or if another process writes the journal: the journal is opened as
+   its only writer (``owner=``; an exclusive lock embedded writers respect).
+2. Start-up recovery: every record left non-final is closed with what its durable events prove
+   -- dispatched without a result is unknown, never not_attempted (``Broker.recover``).  The
+   exclusive lock proves their holders are gone, so their leases need not be waited out.
+3. Listen: the socket is created mode 0660 (umask around ``bind``, then ``chmod``).  Each
+   accepted connection's peer is read from the kernel (SO_PEERCRED) and checked against
+   ``[service] allow_uids`` / ``allow_gids`` before a byte of it is parsed; HTTP/1.1 is
+   hypercorn's, per connection (``TCPServer``) -- the daemon owns only the accept loop, which
+   is where the peer's credentials are.
+4. SIGTERM or SIGINT: stop accepting (the socket file goes), answer 503 to new calls on open
+   connections, let calls in flight finish within ``[service] shutdown_grace``, then stop the
+   rest (``calls.py``), let the answers go out, close the journal.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import socket
+import stat
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import trio
+from hypercorn.app_wrappers import ASGIWrapper
+from hypercorn.config import Config as HypercornConfig
+from hypercorn.trio.tcp_server import TCPServer
+from hypercorn.trio.worker_context import WorkerContext
+from hypercorn.typing import ConnectionState
+
+from affidavit.api.broker import Broker
+from affidavit.config import Config
+
+from .app import Api
+from .calls import Calls
+from .link import Link
+from .peer import PeerPolicy, peer_credentials_supported, peer_of
+
+__all__ = ["Daemon", "DaemonError", "serve"]
+
+log = logging.getLogger("affidavit.daemon")
+
+SOCKET_MODE = 0o660
+BACKLOG = 128
+KEEP_ALIVE = 300.0
+"""Idle keep-alive connections live this long: a client pool reuses them across calls."""
+ANSWER_WAIT = 5.0
+"""After the calls are over, how long their answers may take to be written before the
+connections are closed."""
+
+
+class DaemonError(Exception):
+    """The daemon cannot start (the message says why and what to do)."""
+
+
+class Daemon:
+    def __init__(self, config: Config, *, socket_path: str | os.PathLike[str] | None = None):
+        self.config = config
+        self.socket_path = Path(socket_path) if socket_path else config.service.socket
+        service = config.service
+        uids = service.allow_uids if service.allow_uids is not None else (os.getuid(),)
+        self.policy = PeerPolicy(frozenset(uids), frozenset(service.allow_gids))
+        self.shutdown = trio.Event()
+        """Set to stop the daemon (SIGTERM and SIGINT set it)."""
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        if not peer_credentials_supported():
+            raise DaemonError("this platform has no SO_PEERCRED: peers could not be identified")
+        _refuse_live_daemon(self.socket_path)
+        owner = f"affidavit serve (pid {os.getpid()}) on {self.socket_path}"
+        async with Broker.open(config=self.config, owner=owner) as broker:
+            recovered = await broker.recover()
+            if recovered:
+                log.warning(
+                    "start-up recovery closed %d record(s) a stopped broker left open: %s",
+                    len(recovered),
+                    ", ".join(f"{r.invocation_id} {r.outcome.value}" for r in recovered),
+                )
+            calls = Calls(self.config.service.max_calls)
+            api = Api(broker, self.policy, calls)
+            listener, inode = _bind(self.socket_path)
+            log.info(
+                "listening on %s (allow uids %s, gids %s); journal %s",
+                self.socket_path,
+                sorted(self.policy.uids),
+                sorted(self.policy.gids),
+                self.config.journal.path,
+            )
+            try:
+                await self._serve(api, calls, listener, task_status)
+            finally:
+                listener.socket.close()
+                _unlink_if_ours(self.socket_path, inode)
+        log.info("stopped")
+
+    async def _serve(
+        self,
+        api: Api,
+        calls: Calls,
+        listener: trio.SocketListener,
+        task_status: trio.TaskStatus[None],
+    ) -> None:
+        hconfig = HypercornConfig()
+        hconfig.keep_alive_timeout = KEEP_ALIVE
+        hconfig.accesslog = None
+        hconfig.errorlog = logging.getLogger("affidavit.daemon.http")
+        context = WorkerContext(None)
+
+        async def connection(stream: trio.SocketStream) -> None:
+            try:
+                peer = peer_of(stream.socket)
+            except OSError:
+                log.warning("closed a connection that has no peer credentials")
+                await stream.aclose()
+                return
+            link = Link(stream)
+            app = ASGIWrapper(api.for_connection(peer, link))  # type: ignore[arg-type]
+            server = TCPServer(app, hconfig, context, ConnectionState({}), link)  # type: ignore[arg-type]
+            await server.run()
+
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async with trio.open_nursery() as outer:
+                outer.start_soon(self._watch_signals, signals)
+                await outer.start(calls.run)
+                async with trio.open_nursery() as connections:
+                    accepting = trio.CancelScope()
+                    connections.start_soon(_accept, listener, connection, connections, accepting)
+                    task_status.started()
+                    await self.shutdown.wait()
+                    accepting.cancel()
+                    await listener.aclose()
+                    await self._drain(calls, context, connections)
+                outer.cancel_scope.cancel()
+
+    async def _drain(self, calls: Calls, context: WorkerContext, connections: trio.Nursery) -> None:
+        grace = self.config.service.shutdown_grace
+        log.info("shutting down: %d call(s) in flight, grace %gs", len(calls.running), grace)
+        stopped = await calls.drain(grace)
+        if stopped:
+            log.warning("the grace ran out: %d call(s) stopped (BROKER_SHUTDOWN)", stopped)
+        # Idle keep-alive connections close now; busy ones once their answer is written.
+        await context.terminated.set()
+        connections.cancel_scope.deadline = trio.current_time() + ANSWER_WAIT
+
+    async def _watch_signals(self, signals: AsyncIterator[int]) -> None:
+        async for signum in signals:
+            log.info("received %s", signal.Signals(signum).name)
+            self.shutdown.set()
+
+
+async def _accept(
+    listener: trio.SocketListener,
+    handler: object,
+    nursery: trio.Nursery,
+    scope: trio.CancelScope,
+) -> None:
+    with scope:
+        await trio.serve_listeners(handler, [listener], handler_nursery=nursery)  # type: ignore[arg-type]
+
+
+def _refuse_live_daemon(path: Path) -> None:
+    """A socket file nobody answers on is stale (its daemon was killed): remove it.  One that
+    answers belongs to a live daemon: refuse.  Anything else at the path is not ours to touch."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(st.st_mode):
+        raise DaemonError(f"{path} exists and is not a socket; refusing to replace it")
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(2.0)
+    try:
+        probe.connect(str(path))
+    except (ConnectionRefusedError, FileNotFoundError):
+        os.unlink(path)
+        log.info("removed the stale socket %s", path)
+        return
+    except OSError as exc:
+        raise DaemonError(f"cannot check the socket {path}: {exc.strerror or exc}") from None
+    finally:
+        probe.close()
+    raise DaemonError(f"a daemon already listens on {path}")
+
+
+def _bind(path: Path) -> tuple[trio.SocketListener, int]:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        # The file is created with the umask applied: never wider than 0660, even for the
+        # instant before chmod (which then makes it exactly 0660 whatever the umask was).
+        old = os.umask(0o117)
+        try:
+            sock.bind(str(path))
+        finally:
+            os.umask(old)
+        os.chmod(path, SOCKET_MODE)
+        sock.listen(BACKLOG)
+    except OSError as exc:
+        sock.close()
+        raise DaemonError(f"cannot listen on {path}: {exc.strerror or exc}") from None
+    inode = os.stat(path).st_ino
+    return trio.SocketListener(trio.socket.from_stdlib_socket(sock)), inode
+
+
+def _unlink_if_ours(path: Path, inode: int) -> None:
+    with contextlib.suppress(OSError):
+        if os.stat(path).st_ino == inode:
+            os.unlink(path)
+
+
+async def serve(config: Config, *, socket_path: str | os.PathLike[str] | None = None) -> None:
+    """Run the daemon until SIGTERM or SIGINT (``affidavit serve``)."""
+    await Daemon(config, socket_path=socket_path).run()
