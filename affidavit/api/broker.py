@@ -92,13 +92,21 @@ class Broker:
         return await self._engine.recover_orphans()
 
     async def fetch_result(
-        self, invocation_id: str, *, from_chunk: int | None = None
+        self,
+        invocation_id: str,
+        *,
+        from_chunk: int | None = None,
+        deliver: Deliver | None = None,
     ) -> dict[str, Any] | None:
         """The recorded envelope of an invocation — never a re-execution.  None if unknown id.
         ``from_chunk=N``: the result's streams from chunk N on, plus ``result.resume`` (each
         stream's chunk count, size and hash) — to resume an interrupted delivery.  Raises
-        ``JournalError`` if the stored result fails verification (never altered bytes)."""
-        return await self._engine.fetch_result(invocation_id, from_chunk=from_chunk)
+        ``JournalError`` if the stored result fails verification (never altered bytes).  A whole
+        result that had not reached its caller is recorded RESULT_DELIVERED by this read (after
+        ``deliver``, when given, has handed the envelope over)."""
+        return await self._engine.fetch_result(
+            invocation_id, from_chunk=from_chunk, deliver=deliver
+        )
 
     def result_stream(self, invocation_id: str) -> ResultStream | None:
         """The stored result, chunk by chunk: ``stream.chunks(name, from_chunk)`` yields each

@@ -166,15 +166,26 @@ def _result(args: argparse.Namespace) -> int:
     config = load_or_usage(args.config)
     if args.raw:
         return _journal_errors(partial(_raw_result, config, args))
+    delivering = False
+
+    async def deliver(envelope: dict[str, Any]) -> None:
+        # As for `call`: a stored result not yet delivered is delivered by this print.
+        nonlocal delivering
+        delivering = True
+        _print(envelope)
 
     async def main() -> dict[str, Any] | None:
         async with Broker.open(config=config) as broker:
-            return await broker.fetch_result(args.invocation_id, from_chunk=args.from_chunk)
+            return await broker.fetch_result(
+                args.invocation_id, from_chunk=args.from_chunk, deliver=deliver
+            )
 
     envelope = _journal_errors(main)
     if envelope is None:
         raise UsageError(f"no invocation {args.invocation_id} in {config.journal.path}")
-    return _print_answer(envelope)
+    if not delivering:
+        _print(envelope)
+    return 1 if "error" in envelope else 0
 
 
 def _print_answer(envelope: dict[str, Any]) -> int:

@@ -9,7 +9,6 @@ Log lines go to stderr; none carries a secret (only ids, uids, codes and counts)
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 from typing import Any
 
@@ -29,6 +28,7 @@ def add_commands(sub: Any) -> None:
 
 def _serve(args: argparse.Namespace) -> int:
     import functools
+    import logging
 
     import trio
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import getpass
 import json
 import os
 import sys
@@ -107,6 +106,8 @@ def _passphrase(args: argparse.Namespace, *, confirm: bool) -> str:
     elif os.environ.get(PASSPHRASE_ENV):
         passphrase = os.environ[PASSPHRASE_ENV]
     elif sys.stdin.isatty():
+        import getpass
+
         passphrase = getpass.getpass("Vault passphrase: ")
         if confirm and getpass.getpass("Repeat passphrase: ") != passphrase:
             raise UsageError("the passphrases differ")
@@ -142,6 +143,8 @@ def _put(args: argparse.Namespace) -> int:
         if vault.is_locked:
             raise UsageError(f"{path}: the vault is locked; run `affidavit vault unlock` first")
         if sys.stdin.isatty():
+            import getpass
+
             value = getpass.getpass(f"Value for {args.name}: ").encode("utf-8")
         else:
             value = trim_final_newline(sys.stdin.buffer.read(MAX_VALUE + 1))

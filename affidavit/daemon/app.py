@@ -114,14 +114,9 @@ class Api:
             raise ApiProblem(503, "SHUTTING_DOWN", "the broker is shutting down; call again later")
 
         async def deliver(envelope: dict[str, Any]) -> None:
-            # Called by the engine for a stored result only; see link.py for what counts.
+            # Called by the engine for a stored result only.
             running.answering = True
-            if req.link.hung_up.is_set():
-                raise ClientGone("the client hung up before its answer")
-            with running.delivery:
-                await req.respond_json(envelope)
-            if running.delivery.cancelled_caught or req.link.broken:
-                raise ClientGone("the answer could not be written whole")
+            await _deliver(req, envelope, running.delivery)
 
         async def run(call: Running) -> dict[str, Any]:
             return await self.broker.call(
@@ -149,7 +144,12 @@ class Api:
     # -- reads ------------------------------------------------------------------------------------
 
     async def result(self, req: Request, invocation_id: str) -> None:
-        envelope = await self.broker.fetch_result(invocation_id)
+        async def deliver(envelope: dict[str, Any]) -> None:
+            await _deliver(req, envelope, trio.CancelScope())
+
+        envelope = await self.broker.fetch_result(invocation_id, deliver=deliver)
+        if req.answered or req.link.hung_up.is_set():
+            return
         if envelope is None:
             # The words of `affidavit result` run embedded: the thin client prints them as is.
             raise ApiProblem(
@@ -223,6 +223,17 @@ ROUTES: dict[str, dict[str, Callable[..., Awaitable[None]]]] = {
     "/v1/metrics": {"GET": Api.metrics},
     "/v1/health": {"GET": Api.health},
 }
+
+
+async def _deliver(req: Request, envelope: dict[str, Any], scope: trio.CancelScope) -> None:
+    """Answer with ``envelope``; raise ``ClientGone`` unless it was delivered -- the client had
+    not hung up and every byte went into its socket (link.py says why that is the line)."""
+    if req.link.hung_up.is_set():
+        raise ClientGone("the client hung up before its answer")
+    with scope:
+        await req.respond_json(envelope)
+    if scope.cancelled_caught or req.link.broken:
+        raise ClientGone("the answer could not be written whole")
 
 
 async def _withdraw_on_hang_up(link: Link, running: Running) -> None:

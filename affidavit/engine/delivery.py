@@ -20,7 +20,15 @@ import trio
 
 from affidavit.adapters.base import RemoteResult
 from affidavit.journal import ResultStoreFailed
-from affidavit.statemachine import Event, EventKind, EvidenceSource, project, render_envelope
+from affidavit.statemachine import (
+    Event,
+    EventKind,
+    EvidenceSource,
+    Record,
+    project,
+    render_envelope,
+)
+from affidavit.statemachine.lifecycle import TRANSITIONS
 
 from .attempt import Attempt, Failure, LeaseRefusal, lease_refused, record_observed
 from .contracts import Reader
@@ -30,11 +38,17 @@ from .sink import Stored, StreamSink
 if TYPE_CHECKING:
     from .engine import Deliver, Engine
 
-__all__ = ["conclude"]
+__all__ = ["AWAITING_DELIVERY", "conclude", "deliver_stored"]
 
 log = logging.getLogger("affidavit.engine")
 
 E = EventKind
+
+AWAITING_DELIVERY = frozenset(
+    state for state, row in TRANSITIONS.items() if row.get(E.RESULT_DELIVERED) not in (None, state)
+)
+"""States whose stored result has not reached its caller (stored, or its answer failed): the
+lifecycle table's states that RESULT_DELIVERED moves on."""
 
 
 async def conclude(
@@ -135,4 +149,38 @@ async def _deliver(
         )
         return recorder.envelope(await recorder.record(iid))
     await recorder.append(Event(E.RESULT_DELIVERED, iid, {"channel": "deliver"}), barrier=True)
+    return envelope
+
+
+async def deliver_stored(engine: Engine, record: Record, deliver: Deliver | None) -> dict[str, Any]:
+    """A stored result read again by its caller (``fetch_result``): seed, "treat repeated
+    requests as reads" -- nothing is sent to the remote.  A result not yet delivered (never, or
+    its first answer failed) is delivered by this read: RESULT_DELIVERED (channel ``fetch``) is
+    recorded once the envelope was handed over whole (seed: "Mark RESULT_DELIVERED only after
+    the protocol has confirmed complete transfer"); an in-process return is that transfer.  An
+    already delivered result is only read (no event per read)."""
+    recorder = engine.recorder
+    if record.state not in AWAITING_DELIVERY:
+        return recorder.envelope(record)
+    iid = record.invocation_id
+    delivered = Event(E.RESULT_DELIVERED, iid, {"channel": "fetch"})
+    if deliver is None:
+        await recorder.append(delivered)
+        return recorder.envelope(await recorder.record(iid))
+    # Rendered as the record will stand once delivered (as _commit renders a store failure):
+    # the caller is told what the journal will say, and the journal says it only afterwards.
+    stored = engine.journal.read_result(iid)
+    envelope = render_envelope(
+        project([*engine.journal.events(iid), delivered]),
+        result_payload(stored) if stored is not None else None,
+    )
+    try:
+        await deliver(envelope)
+    except Exception as exc:
+        log.warning("delivery of %s (fetched) failed: %s", iid, type(exc).__name__)
+        if record.state.startswith("stored_"):
+            failed = Event(E.RESULT_DELIVERY_FAILED, iid, {"channel": "fetch"})
+            await recorder.append(failed, barrier=True)
+        return recorder.envelope(await recorder.record(iid))
+    await recorder.append(delivered, barrier=True)
     return envelope

@@ -36,6 +36,7 @@ from affidavit.statemachine import Record
 
 from . import invocation, operations
 from .control import CallControl
+from .delivery import deliver_stored
 from .recorder import Recorder
 from .recovery import recover_stale
 from .settings import EngineSettings
@@ -96,11 +97,18 @@ class Engine:
             self.recorder.forget()
 
     async def fetch_result(
-        self, invocation_id: str, *, from_chunk: int | None = None
+        self,
+        invocation_id: str,
+        *,
+        from_chunk: int | None = None,
+        deliver: Deliver | None = None,
     ) -> dict[str, Any] | None:
         """The stored envelope of an invocation: a read, never a re-execution.  ``from_chunk``:
         the result's streams from that chunk on (with a ``resume`` table), for a caller resuming
-        an interrupted delivery.  ``JournalError`` if the stored result fails verification."""
+        an interrupted delivery.  ``JournalError`` if the stored result fails verification.
+        A whole stored result that had not reached its caller is delivered by this read:
+        RESULT_DELIVERED once it is returned, or once ``deliver`` (the daemon's answer) has
+        handed it over whole; a resumed read (``from_chunk``) records nothing."""
         if from_chunk is not None and from_chunk < 0:
             raise ValueError("from_chunk must be >= 0")
         record = self.journal.record(invocation_id)
@@ -111,7 +119,9 @@ class Engine:
             # close it with what the journal proves, so the answer is unknown/reconcile rather
             # than "in progress" forever.  Still a read of the remote: nothing is sent.
             record = await recover_stale(self.recorder, record)
-        return self.recorder.envelope(record, from_chunk=from_chunk)
+        if from_chunk is not None:
+            return self.recorder.envelope(record, from_chunk=from_chunk)
+        return await deliver_stored(self, record, deliver)
 
     def result_stream(self, invocation_id: str) -> ResultStream | None:
         """The stored result for delivery chunk by chunk (the daemon's and MCP's seam):

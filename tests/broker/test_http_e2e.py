@@ -135,10 +135,16 @@ async def _retry_after_recorded(s: Seen) -> None:
 async def _stored_then_delivery_failed(s: Seen) -> None:
     kinds = s.kinds
     assert kinds.index(E.RESULT_COMMITTED) < kinds.index(E.RESULT_DELIVERY_FAILED)
+    assert s.env["error"]["retry"] == "fetch_result"
     fetched = await s.broker.fetch_result(s.iid)
     assert fetched is not None
     assert fetched["result"]["body"] == "done"
-    assert fetched["error"]["retry"] == "fetch_result"
+    # The fetch delivered it -- a read, nothing sent again -- and says so after it returned.
+    assert "error" not in fetched
+    assert [e.kind for e in s.broker.events(s.iid)][-2:] == [
+        E.RESULT_DELIVERY_FAILED,
+        E.RESULT_DELIVERED,
+    ]
 
 
 async def _no_key_and_none_accepted(s: Seen) -> None:
