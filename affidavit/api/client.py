@@ -69,6 +69,7 @@ class Client:
         self.path = resolved
         self._idle: list[_Conn] = []
         self._max_idle = max_idle
+        self._closed = False
 
     @classmethod
     @asynccontextmanager
@@ -82,6 +83,8 @@ class Client:
             await client.aclose()
 
     async def aclose(self) -> None:
+        """Close the idle connections; a request still running closes its own when done."""
+        self._closed = True
         idle, self._idle = self._idle, []
         for conn in idle:
             await conn.stream.aclose()
@@ -206,7 +209,7 @@ class Client:
                 with trio.CancelScope(shield=True):
                     await conn.stream.aclose()
                 raise
-            if reader.reusable() and len(self._idle) < self._max_idle:
+            if reader.reusable() and not self._closed and len(self._idle) < self._max_idle:
                 self._idle.append(conn)
             else:
                 await conn.stream.aclose()

@@ -95,7 +95,7 @@ class Daemon:
                 self.config.journal.path,
             )
             try:
-                await self._serve(api, calls, listener, task_status)
+                await self._serve(api, calls, listener, inode, task_status)
             finally:
                 listener.socket.close()
                 _unlink_if_ours(self.socket_path, inode)
@@ -106,6 +106,7 @@ class Daemon:
         api: Api,
         calls: Calls,
         listener: trio.SocketListener,
+        inode: int,
         task_status: trio.TaskStatus[None],
     ) -> None:
         hconfig = HypercornConfig()
@@ -135,8 +136,11 @@ class Daemon:
                     connections.start_soon(_accept, listener, connection, connections, accepting)
                     task_status.started()
                     await self.shutdown.wait()
+                    # Stop accepting: no new connection, and the socket file goes at once (a
+                    # client sees "no daemon", not a hang), before the grace starts.
                     accepting.cancel()
                     await listener.aclose()
+                    _unlink_if_ours(self.socket_path, inode)
                     await self._drain(calls, context, connections)
                 outer.cancel_scope.cancel()
 
