@@ -1,5 +1,6 @@
 """Tests that need a program from outside Python (OpenSSH's ``sshd``, Graphviz's ``dot``,
-``tinyproxy``; later PostgreSQL and chromium): one rule for all of them.
+``tinyproxy``, curl, util-linux's ``setpriv``; later PostgreSQL and chromium) -- or root, to run a
+client as another uid: one rule for all of them.
 
 ``PROGRAM.require()`` returns the program's path when it is installed.  When it is not, the
 test is skipped with the reason ``<package> not installed`` — a newcomer's ``python3 -m pytest``
@@ -30,10 +31,12 @@ from pathlib import Path
 import pytest
 
 __all__ = [
+    "CURL",
     "DOT",
     "HIDE_ENV",
     "PROGRAMS",
     "REQUIRE_ENV",
+    "SETPRIV",
     "SSHD",
     "SSH_KEYGEN",
     "TINYPROXY",
@@ -41,6 +44,7 @@ __all__ = [
     "ProgramFailed",
     "free_port",
     "listening",
+    "require_root",
 ]
 
 REQUIRE_ENV = "AFFIDAVIT_REQUIRE_PROGRAMS"
@@ -77,10 +81,21 @@ class Program:
         path = self.find()
         if path is not None:
             return path
-        reason = f"{self.package} not installed"
-        if _flag(REQUIRE_ENV):
-            pytest.fail(f"{reason} ({self.name} not found; {REQUIRE_ENV}=1 forbids the skip)")
-        pytest.skip(reason)
+        _skip_or_fail(f"{self.package} not installed", f"{self.name} not found")
+
+
+def _skip_or_fail(reason: str, detail: str) -> None:
+    if _flag(REQUIRE_ENV):
+        pytest.fail(f"{reason} ({detail}; {REQUIRE_ENV}=1 forbids the skip)")
+    pytest.skip(reason)
+
+
+def require_root() -> None:
+    """Tests that run a client as another uid (the daemon's privilege boundary) need root to
+    switch: skipped with the reason ``needs root to switch uid`` elsewhere, a failure when
+    ``AFFIDAVIT_REQUIRE_PROGRAMS=1`` (CI runs as root)."""
+    if os.geteuid() != 0:
+        _skip_or_fail("needs root to switch uid", f"running as uid {os.geteuid()}")
 
 
 class ProgramFailed(RuntimeError):
@@ -132,6 +147,8 @@ SSHD = Program("sshd", "openssh-server", dirs=SBIN)
 SSH_KEYGEN = Program("ssh-keygen", "openssh-client")
 DOT = Program("dot", "graphviz")
 TINYPROXY = Program("tinyproxy", "tinyproxy", dirs=SBIN)
+CURL = Program("curl", "curl")
+SETPRIV = Program("setpriv", "util-linux")
 
-PROGRAMS = (SSHD, SSH_KEYGEN, DOT, TINYPROXY)
+PROGRAMS = (SSHD, SSH_KEYGEN, DOT, TINYPROXY, CURL, SETPRIV)
 """Every program a test requires: ``.ci/run`` installs each one's package."""

@@ -1,0 +1,243 @@
+"""A real ``affidavit serve`` process for the daemon tests, and the clients that talk to it.
+
+    async with running_daemon(tmp_path, targets, service={...}) as daemon:
+        daemon.socket, daemon.journal, daemon.log_text(), daemon.proc
+        await cli(daemon, "call", "-", stdin=action_bytes)       # affidavit call --socket ...
+
+The daemon is a child process started with ``python -m affidavit serve`` (its own environment:
+the credential lives there, not in the clients').  The remote it calls is a ``HostileServer``
+in the test's own process.  Every wait is bounded (``WAIT``); a daemon that outlives its test is
+killed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from tests.broker.helpers import TOKEN_ENV, http_target, write_config
+
+__all__ = [
+    "WAIT",
+    "DaemonProc",
+    "Run",
+    "action",
+    "action_bytes",
+    "api_target",
+    "cli",
+    "client_env",
+    "curl_api",
+    "embedded",
+    "run",
+    "running_daemon",
+    "start_daemon",
+    "stop",
+    "wait_until",
+    "write_daemon_config",
+]
+
+WAIT = 20.0
+"""The bound on any wait in these tests (start-up, an event, a shutdown)."""
+PYTHON = sys.executable
+
+
+@dataclass
+class Run:
+    returncode: int
+    stdout: bytes
+    stderr: bytes
+
+    def json(self) -> Any:
+        return json.loads(self.stdout)
+
+
+@dataclass
+class DaemonProc:
+    config: Path
+    socket: Path
+    journal: Path
+    log: Path
+    proc: subprocess.Popen[bytes]
+
+    def log_text(self) -> str:
+        return self.log.read_text(encoding="utf-8", errors="replace")
+
+    def signal(self, signum: int) -> None:
+        self.proc.send_signal(signum)
+
+    async def wait(self, timeout: float = WAIT) -> int:
+        with trio.fail_after(timeout):
+            while self.proc.poll() is None:
+                await trio.sleep(0.02)
+        return self.proc.returncode
+
+
+def daemon_env(token: str | None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AFFIDAVIT_")}
+    if token is not None:
+        env[TOKEN_ENV] = token
+    return env
+
+
+def write_daemon_config(
+    tmp: Path,
+    targets: Mapping[str, Mapping[str, Any]],
+    *,
+    socket: Path,
+    service: Mapping[str, Any] | None = None,
+) -> Path:
+    path = write_config(tmp, targets)
+    lines = ["", "[service]", f"socket = {json.dumps(str(socket))}"]
+    for key, value in (service or {}).items():
+        lines.append(f"{key} = {json.dumps(value)}")
+    with path.open("a", encoding="utf-8") as f:
+        f.write("\n".join(lines) + "\n")
+    return path
+
+
+async def start_daemon(config: Path, socket: Path, log: Path, token: str | None) -> DaemonProc:
+    """Start ``affidavit serve`` and wait (bounded) until its socket answers ``/v1/health``."""
+    out = log.open("ab")
+    proc = subprocess.Popen(
+        [PYTHON, "-m", "affidavit", "serve", "--config", str(config)],
+        stdin=subprocess.DEVNULL,
+        stdout=out,
+        stderr=out,
+        env=daemon_env(token),
+    )
+    out.close()
+    daemon = DaemonProc(config, socket, config.parent / "journal.db", log, proc)
+    try:
+        await wait_until(lambda: _answers(daemon), "the daemon answers on its socket")
+    except BaseException:
+        stop(daemon)
+        raise
+    return daemon
+
+
+async def _answers(daemon: DaemonProc) -> bool:
+    """Any HTTP answer counts (a daemon that refuses this test's uid answers 403)."""
+    if daemon.proc.poll() is not None:
+        raise AssertionError(f"the daemon exited {daemon.proc.returncode}:\n{daemon.log_text()}")
+    if not daemon.socket.exists():
+        return False
+    from affidavit.api.wire import ClientError, blocking_request
+
+    try:
+        await trio.to_thread.run_sync(blocking_request, str(daemon.socket), "GET", "/v1/health")
+    except ClientError:
+        return False
+    return True
+
+
+@contextlib.asynccontextmanager
+async def running_daemon(
+    tmp: Path,
+    targets: Mapping[str, Mapping[str, Any]],
+    *,
+    token: str | None,
+    service: Mapping[str, Any] | None = None,
+    socket_dir: Path | None = None,
+) -> AsyncIterator[DaemonProc]:
+    socket = (socket_dir or tmp) / "affidavit.sock"
+    config = write_daemon_config(tmp, targets, socket=socket, service=service)
+    daemon = await start_daemon(config, socket, tmp / "daemon.log", token)
+    try:
+        yield daemon
+    finally:
+        stop(daemon)
+
+
+def stop(daemon: DaemonProc) -> None:
+    if daemon.proc.poll() is None:
+        daemon.proc.send_signal(signal.SIGTERM)
+        try:
+            daemon.proc.wait(timeout=WAIT)
+        except subprocess.TimeoutExpired:
+            daemon.proc.kill()
+            daemon.proc.wait(timeout=WAIT)
+
+
+async def run(
+    argv: Sequence[str], *, stdin: bytes = b"", env: Mapping[str, str] | None = None
+) -> Run:
+    """Run a program to its end (bounded) and capture its output."""
+    with trio.fail_after(WAIT):
+        proc = await trio.run_process(
+            list(argv), stdin=stdin, capture_stdout=True, capture_stderr=True, check=False, env=env
+        )
+    return Run(proc.returncode, proc.stdout, proc.stderr)
+
+
+def client_env(socket: Path | None = None) -> dict[str, str]:
+    """A client's environment: no credential, no config, only (perhaps) the socket."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AFFIDAVIT_") and k != TOKEN_ENV}
+    if socket is not None:
+        env["AFFIDAVIT_SOCKET"] = str(socket)
+    return env
+
+
+async def cli(daemon: DaemonProc, *args: str, stdin: bytes = b"") -> Run:
+    """``affidavit ARGS --socket SOCKET`` in a child process without the credential."""
+    return await run(
+        [PYTHON, "-m", "affidavit", *args, "--socket", str(daemon.socket)],
+        stdin=stdin,
+        env=client_env(),
+    )
+
+
+async def embedded(*args: str, stdin: bytes = b"", token: str | None = None) -> Run:
+    """``affidavit ARGS`` run embedded (no socket)."""
+    env = client_env()
+    if token is not None:
+        env[TOKEN_ENV] = token
+    return await run([PYTHON, "-m", "affidavit", *args], stdin=stdin, env=env)
+
+
+async def wait_until(predicate: Any, what: str, timeout: float = WAIT) -> Any:
+    """Poll an async or plain predicate until it returns something truthy (bounded)."""
+    try:
+        with trio.fail_after(timeout):
+            while True:
+                value = predicate()
+                if hasattr(value, "__await__"):
+                    value = await value
+                if value:
+                    return value
+                await trio.sleep(0.05)
+    except trio.TooSlowError:
+        raise AssertionError(f"not within {timeout} s: {what}") from None
+
+
+def action(path: str = "/v1/ok", method: str = "GET", **extra: Any) -> dict[str, Any]:
+    return {"target": "api", "method": method, "path": path, **extra}
+
+
+def action_bytes(path: str = "/v1/ok", method: str = "GET", **extra: Any) -> bytes:
+    return json.dumps(action(path, method, **extra)).encode()
+
+
+def api_target(url: str, **overrides: Any) -> dict[str, dict[str, Any]]:
+    return {"api": http_target(url, **overrides)}
+
+
+async def curl_api(
+    curl: str, socket: Path, path: str, body: bytes | None = None
+) -> tuple[int, Any]:
+    """``curl --unix-socket``: (HTTP status, the JSON body).  POST when ``body`` is given."""
+    argv = [curl, "-sS", "-o", "-", "-w", "\n%{http_code}", "--unix-socket", str(socket)]
+    if body is not None:
+        argv += ["-H", "Content-Type: application/json", "--data-binary", "@-"]
+    done = await run([*argv, f"http://affidavit{path}"], stdin=body or b"")
+    payload, _, status = done.stdout.rpartition(b"\n")
+    return int(status), json.loads(payload)

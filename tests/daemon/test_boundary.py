@@ -1,0 +1,265 @@
+"""The privilege boundary and the caller's end of it: who may connect, what a client without the
+broker's files still gets, and what a client that goes away leaves behind.
+
+Seed, "A result delivery error must not repeat execution": a caller that hangs up after dispatch
+does not abandon the effect -- the daemon finishes, stores the result and records the failed
+delivery; the result is fetched, never re-run.  Before dispatch the call is withdrawn
+(CALLER_CANCELLED, not_attempted).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import trio
+
+from affidavit.api.client import Client
+from tests.external import SETPRIV, require_root
+from tests.http.hostile import HostileServer, Peer, Reply, unresponsive_listener
+
+from .kit import (
+    WAIT,
+    action_bytes,
+    api_target,
+    cli,
+    client_env,
+    curl_api,
+    run,
+    running_daemon,
+    wait_until,
+)
+
+NOBODY = 65534
+
+
+def held_until_released(reply: Reply) -> object:
+    """A remote that reads the request, says so (``received``), and answers only once the test
+    sets ``release``."""
+
+    async def script(peer: Peer) -> None:
+        if await peer.read_request() is None:
+            return
+        peer.server.event("received").set()
+        await peer.server.event("release").wait()
+        await peer.respond(reply)
+
+    return script
+
+
+async def _final_record(client: Client, states: tuple[str, ...] = ()) -> dict[str, object]:
+    """The only record, once final (and, with ``states``, in one of them)."""
+
+    async def final() -> dict[str, object] | None:
+        rows = await client.actions()
+        if rows and rows[0]["final"] and (not states or rows[0]["state"] in states):
+            return rows[0]
+        return None
+
+    found: dict[str, object] = await wait_until(final, f"the record reached {states or 'final'}")
+    return found
+
+
+async def test_a_client_killed_after_the_remote_got_the_request_finds_its_result_stored(
+    tmp_path: Path, token: str
+) -> None:
+    ok = Reply(200, body=b'{"charged": true}')
+    async with (
+        HostileServer.running(held_until_released(ok)) as srv,  # type: ignore[arg-type]
+        running_daemon(tmp_path, api_target(srv.url), token=token) as daemon,
+    ):
+        caller = await trio.lowlevel.open_process(
+            [sys.executable, "-m", "affidavit", "call", "-", "--socket", str(daemon.socket)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            env=client_env(),
+        )
+        assert caller.stdin is not None
+        await caller.stdin.send_all(action_bytes("/v1/charge", "POST", body="{}"))
+        await caller.stdin.aclose()
+        with trio.fail_after(WAIT):
+            await srv.event("received").wait()
+        caller.kill()
+        with trio.fail_after(WAIT):
+            await caller.wait()
+        srv.event("release").set()
+
+        async with Client.open(daemon.socket) as client:
+            record = await _final_record(
+                client, ("delivery_failed_committed", "delivered_committed")
+            )
+            assert record["state"] == "delivery_failed_committed"
+            assert (record["phase"], record["outcome"], record["retry"]) == (
+                "result_delivery",
+                "committed",
+                "fetch_result",
+            )
+            iid = str(record["invocation_id"])
+
+            fetched = await cli(daemon, "result", iid)
+            envelope = fetched.json()
+            assert envelope["result"]["status"] == 200
+            assert json.loads(envelope["result"]["body"]) == {"charged": True}
+            events = [e["kind"] for e in await client.events(iid)]
+        # Stored, then the failed answer, then the fetch that delivered it -- and one request.
+        tail = events[events.index("RESULT_COMMITTED") :]
+        assert tail == ["RESULT_COMMITTED", "RESULT_DELIVERY_FAILED", "RESULT_DELIVERED"]
+        assert fetched.returncode == 0
+        assert len(srv.requests) == 1
+
+
+async def test_a_client_gone_before_dispatch_withdraws_the_call(tmp_path: Path, token: str) -> None:
+    async with unresponsive_listener() as port:
+        target = api_target(f"http://127.0.0.1:{port}", timeout={"connect": 15, "total": 20})
+        async with running_daemon(tmp_path, target, token=token) as daemon:
+            caller = await trio.lowlevel.open_process(
+                [sys.executable, "-m", "affidavit", "call", "-", "--socket", str(daemon.socket)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL,
+                env=client_env(),
+            )
+            assert caller.stdin is not None
+            await caller.stdin.send_all(action_bytes("/v1/charge", "POST", body="{}"))
+            await caller.stdin.aclose()
+            async with Client.open(daemon.socket) as client:
+
+                async def connecting() -> bool:
+                    rows = await client.actions()
+                    return bool(rows) and rows[0]["state"] == "authorized"
+
+                await wait_until(connecting, "the call is in connection setup")
+                caller.kill()
+                with trio.fail_after(WAIT):
+                    await caller.wait()
+                # Well before the 15 s connect timeout: the hang-up itself ended the call.
+                with trio.fail_after(5):
+                    record = await _final_record(client)
+            events = [e["kind"] for e in await _events(daemon.socket, str(record["invocation_id"]))]
+    assert (record["code"], record["phase"], record["outcome"], record["retry"]) == (
+        "CALLER_CANCELLED",
+        "connection_setup",
+        "not_attempted",
+        "backoff",
+    )
+    assert "DISPATCH_STARTED" not in events
+
+
+async def _events(socket: Path, iid: str) -> list[dict[str, object]]:
+    async with Client.open(socket) as client:
+        return await client.events(iid)
+
+
+async def test_a_uid_not_allowed_is_refused_with_403_and_a_log_line(
+    tmp_path: Path, token: str, curl: str
+) -> None:
+    me = os.geteuid()
+    someone_else = me + 12345
+    async with (
+        HostileServer.running(held_until_released(Reply(200))) as srv,  # type: ignore[arg-type]
+        running_daemon(
+            tmp_path, api_target(srv.url), token=token, service={"allow_uids": [someone_else]}
+        ) as daemon,
+    ):
+        by_cli = await cli(daemon, "call", "-", stdin=action_bytes())
+        status, body = await curl_api(curl, daemon.socket, "/v1/calls", action_bytes())
+        log = daemon.log_text()
+    assert by_cli.returncode == 2
+    assert f"uid {me} may not use this broker".encode() in by_cli.stderr
+    assert by_cli.stdout == b""
+    assert status == 403
+    assert body["api_error"]["code"] == "PEER_REFUSED"
+    assert f"refused peer uid={me} " in log
+    assert srv.requests == []
+
+
+def test_the_socket_is_created_mode_0660(tmp_path: Path, token: str) -> None:
+    async def main() -> int:
+        async with running_daemon(tmp_path, api_target("http://127.0.0.1:9"), token=token) as d:
+            return os.stat(d.socket).st_mode
+
+    mode = trio.run(main)
+    assert stat.S_ISSOCK(mode)
+    assert stat.S_IMODE(mode) == 0o660
+
+
+@pytest.fixture
+def shared_socket_dir() -> Iterator[Path]:
+    """A directory whose group is nogroup and setgid: the daemon's socket inside it belongs to
+    that group (the socket-group deployment of docs/deployment.md), so a client running as
+    nobody may connect -- and may read nothing else of the daemon's."""
+    require_root()
+    path = Path(tempfile.mkdtemp(prefix="affidavit-sock-"))
+    os.chown(path, 0, NOBODY)
+    os.chmod(path, 0o2750)
+    try:
+        yield path
+    finally:
+        for p in path.iterdir():
+            p.unlink()
+        path.rmdir()
+
+
+CLIENT_SCRIPT = """
+import json, sys, trio, affidavit
+
+async def main():
+    async with affidavit.Client.open() as client:   # the socket from $AFFIDAVIT_SOCKET
+        envelope = await client.call(json.loads(sys.argv[1]))
+        print(json.dumps(envelope))
+
+trio.run(main)
+"""
+
+
+async def test_a_client_of_another_uid_without_the_brokers_files_gets_results(
+    tmp_path: Path, token: str, shared_socket_dir: Path
+) -> None:
+    setpriv = SETPRIV.require()
+    as_nobody = [setpriv, f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"]
+    ok = Reply(200, body=b'{"deployed": "v7"}')
+    from tests.http.hostile import scripts
+
+    async with (
+        HostileServer.running(scripts.serve(ok)) as srv,
+        running_daemon(
+            tmp_path,
+            api_target(srv.url),
+            token=token,
+            service={"allow_gids": [NOBODY]},
+            socket_dir=shared_socket_dir,
+        ) as daemon,
+    ):
+        env = client_env(daemon.socket)
+        env["HOME"] = "/nonexistent"
+        assert token not in "".join(env.values())
+        python = [*as_nobody, sys.executable]
+
+        # Nothing of the broker's is readable to this client: journal, key, config.
+        for secret_file in (daemon.journal, Path(f"{daemon.journal}.key"), daemon.config):
+            probe = await run([*python, "-c", f"open({str(secret_file)!r}).read()"], env=env)
+            assert probe.returncode == 1 and b"PermissionError" in probe.stderr, secret_file
+
+        by_cli = await run([*python, "-m", "affidavit", "call", "-"], stdin=action_bytes(), env=env)
+        by_client = await run(
+            [
+                *python,
+                "-c",
+                CLIENT_SCRIPT,
+                json.dumps({"target": "api", "method": "GET", "path": "/v1/x"}),
+            ],
+            env=env,
+        )
+    assert by_cli.returncode == 0, by_cli.stderr
+    assert by_client.returncode == 0, by_client.stderr
+    for envelope in (by_cli.json(), json.loads(by_client.stdout)):
+        assert json.loads(envelope["result"]["body"]) == {"deployed": "v7"}
+    assert [r.header("authorization") for r in srv.requests] == [f"Bearer {token}"] * 2
+    _ = signal  # (SIGKILL above is sent through Process.kill)

@@ -1,0 +1,150 @@
+"""Calls through a real daemon: the command line, ``affidavit.Client`` and ``curl --unix-socket``
+get the same envelopes; the thin clients print what the embedded commands print, byte for byte.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import trio
+
+from affidavit.api.client import Client
+from affidavit.sdk import AffidavitError, call_checked
+from tests.http.hostile import HostileServer, Reply, scripts
+
+from .kit import action, action_bytes, api_target, cli, curl_api, embedded, running_daemon
+
+OK = Reply(200, headers=[("Content-Type", "application/json")], body=b'{"balance": 42}')
+
+
+def _printed(envelope: dict[str, object]) -> bytes:
+    """What ``affidavit call`` prints for an envelope."""
+    return (json.dumps(envelope, sort_keys=True, indent=2) + "\n").encode()
+
+
+async def test_the_cli_the_client_and_curl_call_through_the_daemon(
+    tmp_path: Path, token: str, curl: str
+) -> None:
+    async with (
+        HostileServer.running(scripts.serve(OK)) as srv,
+        running_daemon(tmp_path, api_target(srv.url), token=token) as daemon,
+    ):
+        by_cli = await cli(daemon, "call", "-", stdin=action_bytes())
+        assert by_cli.returncode == 0, by_cli.stderr
+        from_cli = by_cli.json()
+        assert by_cli.stdout == _printed(from_cli)
+
+        async with Client.open(daemon.socket) as client:
+            from_client = await client.call(action())
+            stored = await client.fetch_result(from_cli["invocation_id"])
+            record = await client.record(from_cli["invocation_id"])
+
+        status, from_curl = await curl_api(curl, daemon.socket, "/v1/calls", action_bytes())
+        assert status == 200
+
+        for envelope in (from_cli, from_client, from_curl):
+            assert "error" not in envelope, envelope
+            assert envelope["result"]["status"] == 200
+            assert json.loads(envelope["result"]["body"]) == {"balance": 42}
+        assert len({e["invocation_id"] for e in (from_cli, from_client, from_curl)}) == 3
+        # The remote saw three requests, each with the credential the daemon injected.
+        assert [r.header("authorization") for r in srv.requests] == [f"Bearer {token}"] * 3
+        assert stored is not None and stored["result"] == from_cli["result"]
+        assert record is not None and record["outcome"] == "committed"
+
+
+async def test_an_error_envelope_is_http_200_and_exit_status_1(tmp_path: Path, token: str) -> None:
+    refused = Reply(403, body=b'{"error": "no"}')
+    async with (
+        HostileServer.running(scripts.serve(refused)) as srv,
+        running_daemon(tmp_path, api_target(srv.url), token=token) as daemon,
+    ):
+        by_cli = await cli(daemon, "call", "-", stdin=action_bytes())
+        assert by_cli.returncode == 1
+        envelope = by_cli.json()
+        assert envelope["error"]["code"] == "REMOTE_REJECTED"
+        assert envelope["error"]["outcome"] == "rejected"
+        async with Client.open(daemon.socket) as client:
+            try:
+                await call_checked(client, action())
+            except AffidavitError as err:
+                assert (err.code, err.outcome) == ("REMOTE_REJECTED", "rejected")
+            else:
+                raise AssertionError("call_checked did not raise for an error envelope")
+
+
+async def test_the_views_print_the_same_bytes_through_the_daemon_as_embedded(
+    tmp_path: Path, token: str
+) -> None:
+    """``record``, ``actions``, ``sessions`` and ``metrics`` in every output form: the socket
+    and an embedded read-only view of the same journal print identical bytes."""
+    async with (
+        HostileServer.running(scripts.serve(OK)) as srv,
+        running_daemon(tmp_path, api_target(srv.url), token=token) as daemon,
+    ):
+        first = (await cli(daemon, "call", "-", stdin=action_bytes(session="s1"))).json()
+        await cli(daemon, "call", "-", stdin=action_bytes("/v1/other", session="s2"))
+        iid = first["invocation_id"]
+        forms = [
+            ("record", iid),
+            ("record", iid, "--json"),
+            ("actions",),
+            ("actions", "--json", "--session", "s1"),
+            ("actions", "--outcome", "committed", "--since", "2000-01-01T00:00:00Z"),
+            ("sessions",),
+            ("sessions", "--json"),
+            ("metrics",),
+            ("metrics", "--json"),
+            ("metrics", "--prometheus", "--session", "s2"),
+        ]
+        for form in forms:
+            through = await cli(daemon, *form)
+            local = await embedded(*form, "--journal", str(daemon.journal))
+            assert through.returncode == local.returncode == 0, (form, through.stderr)
+            assert through.stdout == local.stdout, form
+            assert through.stdout, form
+
+
+async def test_the_same_refusal_both_ways_for_an_unknown_invocation(
+    tmp_path: Path, token: str
+) -> None:
+    async with (
+        HostileServer.running(scripts.serve(OK)) as srv,
+        running_daemon(tmp_path, api_target(srv.url), token=token) as daemon,
+    ):
+        through = await cli(daemon, "record", "act_NOPE")
+        local = await embedded("record", "act_NOPE", "--journal", str(daemon.journal))
+        assert (through.returncode, through.stderr) == (local.returncode, local.stderr)
+        assert through.returncode == 2
+        assert b"no invocation act_NOPE" in through.stderr
+        via_socket = await cli(daemon, "result", "act_NOPE")
+    # `affidavit result` embedded writes the journal: only once the daemon has stopped.
+    local = await embedded("result", "act_NOPE", "--config", str(daemon.config))
+    assert (via_socket.returncode, via_socket.stderr) == (local.returncode, local.stderr)
+    assert b"no invocation act_NOPE in " in via_socket.stderr
+
+
+async def test_api_level_trouble_has_its_own_status_and_never_an_envelope(
+    tmp_path: Path, token: str
+) -> None:
+    async with (
+        HostileServer.running(scripts.serve(OK)) as srv,
+        running_daemon(tmp_path, api_target(srv.url), token=token) as daemon,
+    ):
+        from affidavit.api.wire import blocking_request
+
+        sock = str(daemon.socket)
+        bad = await trio.to_thread.run_sync(blocking_request, sock, "POST", "/v1/calls", b"{nope")
+        assert bad.status == 400 and bad.error().code == "BAD_JSON"
+        missing = await trio.to_thread.run_sync(blocking_request, sock, "GET", "/v1/nothing")
+        assert missing.status == 404 and missing.error().code == "NOT_FOUND"
+        wrong = await trio.to_thread.run_sync(blocking_request, sock, "GET", "/v1/calls")
+        assert wrong.status == 405
+        filt = await trio.to_thread.run_sync(
+            blocking_request, sock, "GET", "/v1/actions?outcome=maybe"
+        )
+        assert filt.status == 400 and "outcome" in filt.error().message
+        for response in (bad, missing, wrong, filt):
+            assert "invocation_id" not in json.loads(response.body)
+        assert srv.requests == []
