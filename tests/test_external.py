@@ -109,3 +109,20 @@ def test_ci_installs_every_program_and_forbids_the_skip() -> None:
     assert {p.package for p in PROGRAMS} <= set(install.split())
     pytest_line = lines.index("python3 -m pytest")
     assert f"export {REQUIRE_ENV}=1" in lines[:pytest_line]
+
+
+def test_a_test_needing_root_skips_with_the_reason_or_fails_when_required(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The daemon's other-uid tests need root to switch uid: the same rule as a program."""
+    from tests.external import require_root
+
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    monkeypatch.delenv(REQUIRE_ENV, raising=False)
+    with pytest.raises(pytest.skip.Exception, match="needs root to switch uid"):
+        require_root()
+    monkeypatch.setenv(REQUIRE_ENV, "1")
+    with pytest.raises(pytest.fail.Exception, match="needs root to switch uid"):
+        require_root()
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    require_root()  # root: nothing to skip

@@ -15,8 +15,7 @@ from typing import Any
 
 import pytest
 
-from affidavit.config import config_from_dict, sample_config
-from affidavit.config import SERVICE
+from affidavit.config import SERVICE, config_from_dict, sample_config
 from affidavit.config.loader import JOURNAL, VAULT
 from affidavit.protocols import registered
 from affidavit.protocols.actions import fingerprint, parse_action

@@ -1,0 +1,169 @@
+"""The daemon's parts without a process: the wire format both clients share, the peer policy,
+what the link counts as delivered, and the ``[service]`` settings."""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+import h11
+import pytest
+import trio
+
+from affidavit.api.wire import (
+    AnswerLost,
+    ApiError,
+    Response,
+    ResponseReader,
+    encode_request,
+    invocation_path,
+    parse_time,
+    target,
+)
+from affidavit.config import ConfigError, config_from_dict
+from affidavit.daemon.link import Link
+from affidavit.daemon.peer import Peer, PeerPolicy, peer_of
+
+
+def _answer(status: int, body: bytes) -> bytes:
+    server = h11.Connection(h11.SERVER)
+    server.receive_data(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+    server.next_event()
+    server.next_event()
+    headers = [("content-type", "application/json"), ("content-length", str(len(body)))]
+    out = server.send(h11.Response(status_code=status, headers=headers)) or b""
+    return (
+        out + (server.send(h11.Data(data=body)) or b"") + (server.send(h11.EndOfMessage()) or b"")
+    )
+
+
+def _reader() -> ResponseReader:
+    conn = h11.Connection(h11.CLIENT)
+    encode_request(conn, "GET", "/")
+    return ResponseReader(conn)
+
+
+def test_a_response_is_read_whole_however_it_is_split() -> None:
+    data = _answer(200, b'{"ok": true}')
+    for size in (1, 7, len(data)):
+        reader = _reader()
+        got = None
+        for i in range(0, len(data), size):
+            got = reader.feed(data[i : i + size]) or got
+        assert got == Response(200, "application/json", b'{"ok": true}')
+        assert got.json() == {"ok": True}
+        assert reader.reusable()
+
+
+def test_an_answer_cut_short_is_answer_lost_never_a_partial_body() -> None:
+    data = _answer(200, b'{"ok": true}')
+    reader = _reader()
+    assert reader.feed(data[:-3]) is None
+    with pytest.raises(AnswerLost):
+        reader.feed(b"")
+
+
+def test_an_api_error_carries_its_code_and_message() -> None:
+    refused = Response(
+        403, "application/json", b'{"api_error": {"code": "PEER_REFUSED", "message": "no"}}'
+    )
+    with pytest.raises(ApiError) as info:
+        refused.json()
+    assert (info.value.status, info.value.code, info.value.message) == (403, "PEER_REFUSED", "no")
+    odd = Response(502, "text/html", b"<html>")
+    assert odd.error().code == "HTTP_ERROR"
+
+
+def test_request_targets_quote_the_caller_text() -> None:
+    assert invocation_path("act_1/../x?y", "/result") == "/v1/invocations/act_1%2F..%2Fx%3Fy/result"
+    assert target("/v1/actions", {"session": "a b", "outcome": None}) == "/v1/actions?session=a+b"
+    assert target("/v1/health", {}) == "/v1/health"
+
+
+def test_times_are_epoch_seconds_or_iso_8601() -> None:
+    assert parse_time("1700000000.5") == 1700000000.5
+    assert parse_time("2023-11-14T22:13:20Z") == 1700000000.0
+    assert parse_time("2023-11-14T22:13:20") == 1700000000.0  # naive means UTC
+    with pytest.raises(ValueError, match="expected ISO 8601 or epoch seconds"):
+        parse_time("yesterday")
+    with pytest.raises(ValueError):
+        parse_time("nan")
+
+
+@pytest.mark.parametrize(
+    ("peer", "allowed"),
+    [
+        (Peer(pid=1, uid=1001, gid=1001), True),  # listed uid
+        (Peer(pid=1, uid=2000, gid=500), True),  # primary group
+        (Peer(pid=1, uid=2000, gid=2000, groups=(7, 500)), True),  # supplementary group
+        (Peer(pid=1, uid=2000, gid=2000, groups=(7,)), False),
+    ],
+)
+def test_a_peer_is_allowed_by_its_uid_or_any_of_its_groups(peer: Peer, allowed: bool) -> None:
+    policy = PeerPolicy(uids=frozenset({1001}), gids=frozenset({500}))
+    assert policy.allows(peer) is allowed
+
+
+def test_peer_credentials_come_from_the_kernel() -> None:
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    with a, b:
+        peer = peer_of(a)
+    assert (peer.pid, peer.uid, peer.gid) == (os.getpid(), os.geteuid(), os.getegid())
+
+
+async def test_the_link_notes_a_hang_up_and_a_failed_write() -> None:
+    a, b = trio.socket.socketpair()
+    link = Link(trio.SocketStream(a))
+    peer = trio.SocketStream(b)
+    await peer.send_all(b"x")
+    assert await link.receive_some(10) == b"x"
+    assert not link.hung_up.is_set()
+    await link.send_all(b"answer")  # accepted by the kernel: delivered
+    assert not link.broken
+    assert await peer.receive_some(10) == b"answer"
+    await peer.aclose()
+    assert await link.receive_some(10) == b""
+    assert link.hung_up.is_set()
+    with pytest.raises(trio.BrokenResourceError):
+        for _ in range(64):  # a write to a closed Unix socket fails (EPIPE) at once
+            await link.send_all(b"y" * 65536)
+    assert link.broken
+    await link.aclose()
+
+
+def _service(**table: Any) -> Any:
+    return config_from_dict({"service": table}, base_dir=Path("/etc/affidavit")).service
+
+
+def test_service_defaults_resolve_beside_the_config() -> None:
+    svc = _service()
+    assert svc.socket == Path("/etc/affidavit/affidavit.sock")
+    assert (svc.allow_uids, svc.allow_gids, svc.shutdown_grace, svc.max_calls) == (
+        None,
+        (),
+        30.0,
+        256,
+    )
+    assert _service(shutdown_grace="2m", allow_uids=[0, 1001]).shutdown_grace == 120.0
+
+
+@pytest.mark.parametrize(
+    ("table", "field", "message"),
+    [
+        ({"allow_uids": [True]}, "service.allow_uids[0]", "must be a numeric id"),
+        ({"allow_uids": ["alice"]}, "service.allow_uids[0]", "must be a numeric id"),
+        ({"allow_gids": 5}, "service.allow_gids", "must be an array of numeric ids"),
+        ({"shutdown_grace": "soon"}, "service.shutdown_grace", "must be a duration"),
+        ({"max_calls": 0}, "service.max_calls", "must be between 1 and 100000"),
+        ({"sockett": "x"}, "service.sockett", "unknown setting"),
+    ],
+)
+def test_bad_service_settings_name_the_field(
+    table: dict[str, Any], field: str, message: str
+) -> None:
+    with pytest.raises(ConfigError) as info:
+        _service(**table)
+    assert info.value.field == field
+    assert message in info.value.message

@@ -1,0 +1,90 @@
+"""The thin client stays thin: ``affidavit call --socket`` loads h11 and the wire module, never
+the engine, journal, config, cryptography, ssh or trio; ``affidavit --help`` loads no command's
+implementation.  (Its speed is shown by tests/benchmarks/service_overhead.py, not asserted.)"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from affidavit.cli.journal import OUTCOMES, PHASES
+from affidavit.cli.vault import PASSPHRASE_ENV_SHOWN
+from affidavit.secrets.vault import PASSPHRASE_ENV
+from affidavit.statemachine import Outcome, Phase
+from tests.http.hostile import HostileServer, Reply, scripts
+
+from .kit import action_bytes, api_target, client_env, run, running_daemon
+
+HEAVY = (
+    "affidavit.adapters",
+    "affidavit.config",
+    "affidavit.daemon",
+    "affidavit.engine",
+    "affidavit.journal",
+    "affidavit.protocols",
+    "affidavit.secrets",
+    "affidavit.statemachine",
+    "affidavit.views",
+    "cryptography",
+    "hypercorn",
+    "ssh",
+    "trio",
+)
+
+MODULES_AFTER = """
+import json, sys
+from affidavit.cli import main
+try:
+    status = main(sys.argv[1:])
+except SystemExit as exc:
+    status = exc.code
+sys.stderr.write("\\nMODULES " + json.dumps(sorted(sys.modules)) + "\\n")
+sys.exit(status)
+"""
+
+
+def _loaded(stderr: bytes) -> list[str]:
+    line = stderr.decode().rsplit("MODULES ", 1)[1]
+    return list(json.loads(line))
+
+
+def _heavy(modules: list[str]) -> list[str]:
+    return [m for m in modules if m.startswith(HEAVY)]
+
+
+async def test_a_call_through_the_daemon_loads_nothing_of_the_broker(
+    tmp_path: Path, token: str
+) -> None:
+    async with (
+        HostileServer.running(scripts.serve(Reply(200, body=b"{}"))) as srv,
+        running_daemon(tmp_path, api_target(srv.url), token=token) as daemon,
+    ):
+        done = await run(
+            [sys.executable, "-c", MODULES_AFTER, "call", "-", "--socket", str(daemon.socket)],
+            stdin=action_bytes(),
+            env=client_env(),
+        )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["result"]["status"] == 200
+    modules = _loaded(done.stderr)
+    assert "affidavit.api.wire" in modules and "h11" in modules
+    assert _heavy(modules) == []
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["call", "--help"], ["actions", "--help"]])
+async def test_help_loads_no_command_implementation(argv: list[str]) -> None:
+    done = await run([sys.executable, "-c", MODULES_AFTER, *argv], env=client_env())
+    assert done.returncode == 0
+    assert b"usage: affidavit" in done.stdout
+    assert _heavy(_loaded(done.stderr)) == []
+
+
+def test_the_parser_spells_the_contract_and_vault_names_as_their_sources_do() -> None:
+    """The command line writes these out rather than import them (module docstrings say why);
+    they must not drift from the enums and the vault."""
+    assert tuple(o.value for o in Outcome) == OUTCOMES
+    assert tuple(p.value for p in Phase) == PHASES
+    assert PASSPHRASE_ENV_SHOWN == PASSPHRASE_ENV
