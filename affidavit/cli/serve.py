@@ -3,12 +3,14 @@
 Runs until SIGTERM or SIGINT, then stops accepting, lets calls in flight finish within
 ``[service] shutdown_grace`` and exits 0.  Exit 2 when it cannot start: a bad config, a journal
 another process writes, a live daemon already on the socket -- the message says which.
-Log lines go to stderr; none carries a secret (only ids, uids, codes and counts).
+Log lines go to stderr; none carries a secret (only ids, uids, codes and counts).  The process
+runs with umask 077: the files it creates are readable by its own user only.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Any
 
@@ -36,6 +38,9 @@ def _serve(args: argparse.Namespace) -> int:
     from affidavit.daemon import DaemonError, serve
     from affidavit.journal import JournalError
 
+    # Everything the daemon creates -- journal, WAL, sealing key, lock -- is its user's alone
+    # (0600); the socket is the one file others reach (0660, set where it is bound).
+    os.umask(0o077)
     try:
         config = load_config(args.config)
     except ConfigError as exc:

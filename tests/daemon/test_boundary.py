@@ -180,14 +180,16 @@ async def test_a_uid_not_allowed_is_refused_with_403_and_a_log_line(
     assert srv.requests == []
 
 
-def test_the_socket_is_created_mode_0660(tmp_path: Path, token: str) -> None:
-    async def main() -> int:
+def test_the_socket_is_0660_and_the_daemons_own_files_0600(tmp_path: Path, token: str) -> None:
+    async def main() -> tuple[int, dict[str, int]]:
         async with running_daemon(tmp_path, api_target("http://127.0.0.1:9"), token=token) as d:
-            return os.stat(d.socket).st_mode
+            own = [d.journal, Path(f"{d.journal}.key"), Path(f"{d.journal}.lock")]
+            return os.stat(d.socket).st_mode, {p.name: stat.S_IMODE(p.stat().st_mode) for p in own}
 
-    mode = trio.run(main)
+    mode, files = trio.run(main)
     assert stat.S_ISSOCK(mode)
     assert stat.S_IMODE(mode) == 0o660
+    assert files == {"journal.db": 0o600, "journal.db.key": 0o600, "journal.db.lock": 0o600}
 
 
 @pytest.fixture
