@@ -14,6 +14,7 @@ Everything else is the API's own trouble: 400 bad JSON or query, 403 peer refuse
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 from collections.abc import Awaitable, Callable
@@ -129,10 +130,14 @@ class Api:
             raise ApiProblem(
                 503, "OVERLOADED", f"{self.calls.limit} calls are running; call again later"
             ) from None
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(_withdraw_on_hang_up, req.link, running)
+        withdraw = functools.partial(_withdraw, running)
+        req.link.on_hang_up.add(withdraw)
+        if req.link.hung_up.is_set():
+            withdraw()  # gone while the body was read: never dispatch it
+        try:
             await running.done.wait()
-            nursery.cancel_scope.cancel()
+        finally:
+            req.link.on_hang_up.discard(withdraw)
         if running.answering or req.link.hung_up.is_set():
             return
         if running.envelope is None:
@@ -236,8 +241,9 @@ async def _deliver(req: Request, envelope: dict[str, Any], scope: trio.CancelSco
         raise ClientGone("the answer could not be written whole")
 
 
-async def _withdraw_on_hang_up(link: Link, running: Running) -> None:
-    await link.hung_up.wait()
+def _withdraw(running: Running) -> None:
+    """The caller hung up: withdraw its call -- refused (and nothing happens) once the call has
+    reached its dispatch gate; the engine decides (affidavit/engine/control.py)."""
     if running.control.withdraw():
         log.info("the client hung up before dispatch; the call is withdrawn")
 

@@ -122,8 +122,12 @@ class Request:
         if close:
             headers.append((b"connection", b"close"))
         self.answered = True
-        await self.send({"type": "http.response.start", "status": status, "headers": headers})
-        await self.send({"type": "http.response.body", "body": body})
+        self.link.cork()  # one answer, one write (link.py)
+        try:
+            await self.send({"type": "http.response.start", "status": status, "headers": headers})
+            await self.send({"type": "http.response.body", "body": body})
+        finally:
+            await self.link.uncork()
 
     async def respond_json(self, value: Any) -> None:
         await self.respond(200, json_body(value))

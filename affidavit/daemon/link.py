@@ -16,9 +16,15 @@ is alive reads it; one killed after that instant loses it unread -- HTTP/1.1 has
 say otherwise -- and the stored result stays fetchable (``GET /v1/invocations/{id}/result``).
 Anything less -- hang-up first, or a failed write -- is RESULT_DELIVERY_FAILED, and the result
 is fetched, never re-run (seed, "A result delivery error must not repeat execution").
+
+One answer, one write: the app corks the link around an answer (``cork`` / ``uncork``), so the
+head and body hypercorn writes apart leave in one ``send``.  Each write to a Unix socket wakes
+the reader; two per answer measurably cost throughput (tests/benchmarks/service_overhead.py).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import trio
 
@@ -35,8 +41,29 @@ class Link:
         self.socket = stream.socket
         self.hung_up = trio.Event()
         self.broken = False
+        self.on_hang_up: set[Callable[[], object]] = set()
+        """Called once, synchronously, when the hang-up is seen (a call's withdrawal): no task
+        per request waits for it."""
+        self._held: bytearray | None = None
+
+    def cork(self) -> None:
+        """Hold writes until ``uncork``."""
+        if self._held is None:
+            self._held = bytearray()
+
+    async def uncork(self) -> None:
+        """Write what was held, in one ``send_all``; ``broken`` says whether it failed."""
+        held, self._held = self._held, None
+        if held:
+            await self._write(bytes(held))
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        if self._held is not None:
+            self._held += data
+            return
+        await self._write(data)
+
+    async def _write(self, data: bytes | bytearray | memoryview) -> None:
         try:
             await self._stream.send_all(data)
         except BaseException:
@@ -48,15 +75,28 @@ class Link:
         try:
             data = await self._stream.receive_some(max_bytes)
         except _GONE:
-            self.hung_up.set()
+            self._hang_up()
             raise
         if not data:
-            self.hung_up.set()
+            self._hang_up()
         return data
 
+    def _hang_up(self) -> None:
+        if self.hung_up.is_set():
+            return
+        self.hung_up.set()
+        for callback in list(self.on_hang_up):
+            callback()
+
     async def send_eof(self) -> None:
+        await self.uncork()
         await self._stream.send_eof()
 
     async def aclose(self) -> None:
-        self.hung_up.set()
-        await self._stream.aclose()
+        self._hang_up()
+        try:
+            await self.uncork()  # hypercorn closes right after a `connection: close` answer
+        except (*_GONE, trio.BusyResourceError):
+            pass
+        finally:
+            await self._stream.aclose()

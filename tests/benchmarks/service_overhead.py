@@ -1,0 +1,231 @@
+"""Service overhead: the broker embedded vs the daemon (``affidavit serve``), side by side.
+
+    .venv/bin/python tests/benchmarks/service_overhead.py [--seq N] [--calls N]
+                                                         [--concurrency C] [--starts N]
+
+One run, one loopback HTTP server (``http_overhead.py --serve``, its own process), one disk:
+
+* throughput at concurrency 1 (``--seq`` sequential calls) and at ``--concurrency`` (``--calls``
+  calls): ``Broker.call`` in this process vs ``affidavit.Client.call`` to a daemon process, in
+  alternating blocks so load drift hits both alike -- with the CPU each call cost: this process
+  (embedded), or the daemon plus this process as its client;
+* process start to envelope: ``affidavit call`` as a new process, through the daemon
+  (``--socket``) vs embedded (``--config``), alternating, ``--starts`` each; with the start-up
+  of a bare ``python -c pass`` as the floor no command can beat.
+
+The embedded broker and the daemon each have their own journal (the daemon is its journal's
+only writer); both journal every call with the same barriers.  Targets (issue 10): the daemon
+keeps >= 0.8x the embedded throughput; ``affidavit call`` through it takes <= 100 ms from process
+start to envelope.  A script, not a test: it prints the figures and their ratios and asserts
+nothing about time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import trio
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from affidavit.api.broker import Broker  # noqa: E402
+from affidavit.api.client import Client  # noqa: E402
+from affidavit.config import load_config  # noqa: E402
+
+SERVER = Path(__file__).with_name("http_overhead.py")
+TOKEN_ENV = "AFFIDAVIT_BENCH_TOKEN"
+ACTION = {"target": "api", "method": "GET", "path": "/v1/ok"}
+BLOCKS = 4
+
+
+def _config(dir: Path, port: int, name: str) -> Path:
+    path = dir / f"{name}.toml"
+    path.write_text(
+        f"""[journal]
+path = "{dir / f"{name}.db"}"
+
+[service]
+socket = "{dir / f"{name}.sock"}"
+
+[targets.api]
+kind = "http"
+url = "http://127.0.0.1:{port}"
+methods = ["GET"]
+idempotent = ["GET"]
+credential = "env:{TOKEN_ENV}"
+inject = "bearer"
+timeout = {{ connect = 5, total = 30 }}
+""",
+        encoding="utf-8",
+    )
+    return path
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AFFIDAVIT_")}
+    env[TOKEN_ENV] = "bench-token"
+    return env
+
+
+def _affidavit() -> list[str]:
+    script = Path(sys.executable).with_name("affidavit")
+    return [str(script)] if script.exists() else [sys.executable, "-m", "affidavit"]
+
+
+async def _timed(calls: int, concurrency: int, call: Callable[[], Awaitable[Any]]) -> float:
+    """Seconds for ``calls`` calls made by ``concurrency`` tasks."""
+    left = calls
+
+    async def worker() -> None:
+        nonlocal left
+        while left > 0:
+            left -= 1
+            envelope = await call()
+            if "error" in envelope:
+                raise RuntimeError(f"benchmark call failed: {envelope['error']}")
+
+    start = time.perf_counter()
+    async with trio.open_nursery() as nursery:
+        for _ in range(concurrency):
+            nursery.start_soon(worker)
+    return time.perf_counter() - start
+
+
+def _cpu_of(pid: int) -> float:
+    """CPU seconds (user + system) a process has used so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def throughput(
+    args: argparse.Namespace, embedded_cfg: Path, socket: Path, daemon_pid: int
+) -> None:
+    async with (
+        Broker.open(config=load_config(embedded_cfg)) as broker,
+        Client.open(socket, max_idle=args.concurrency) as client,
+    ):
+        await _timed(20, 4, lambda: broker.call(ACTION))  # warm both: pools, caches
+        await _timed(20, 4, lambda: client.call(ACTION))
+        print(f"{'':22} {'embedded':>12} {'daemon':>12} {'daemon/embedded':>16}")
+        for conc, calls in ((1, args.seq), (args.concurrency, args.calls)):
+            per_block = max(1, calls // BLOCKS)
+            spent = {"embedded": 0.0, "daemon": 0.0}
+            cpu = {"embedded": 0.0, "client": 0.0, "daemon": 0.0}
+            for _ in range(BLOCKS):
+                mine = time.process_time()
+                spent["embedded"] += await _timed(per_block, conc, lambda: broker.call(ACTION))
+                cpu["embedded"] += time.process_time() - mine
+                mine, theirs = time.process_time(), _cpu_of(daemon_pid)
+                spent["daemon"] += await _timed(per_block, conc, lambda: client.call(ACTION))
+                cpu["client"] += time.process_time() - mine
+                cpu["daemon"] += _cpu_of(daemon_pid) - theirs
+            done = per_block * BLOCKS
+            rate = {k: done / v for k, v in spent.items()}
+            print(
+                f"{f'concurrency {conc}':22} {rate['embedded']:>8.0f} c/s {rate['daemon']:>8.0f}"
+                f" c/s {rate['daemon'] / rate['embedded']:>15.2f}x"
+            )
+            ms = {k: v * 1000 / done for k, v in cpu.items()}
+            print(
+                f"{'  CPU ms per call':22} {ms['embedded']:>11.2f} {ms['daemon']:>5.2f}+"
+                f"{ms['client']:.2f} client"
+            )
+
+
+def _start_to_envelope(argv: list[str], env: dict[str, str]) -> float:
+    start = time.perf_counter()
+    done = subprocess.run(
+        argv, input=json.dumps(ACTION).encode(), capture_output=True, env=env, check=False
+    )
+    took = time.perf_counter() - start
+    if done.returncode != 0 or not done.stdout.startswith(b"{"):
+        raise RuntimeError(f"{argv}: exit {done.returncode}: {done.stderr.decode()[-300:]}")
+    return took
+
+
+def starts(args: argparse.Namespace, embedded_cfg: Path, socket: Path) -> None:
+    cli = _affidavit()
+    through = [*cli, "call", "-", "--socket", str(socket)]
+    local = [*cli, "call", "-", "--config", str(embedded_cfg)]
+    env = _env()
+    times: dict[str, list[float]] = {"daemon": [], "embedded": [], "python": []}
+    for _ in range(args.starts):
+        times["daemon"].append(_start_to_envelope(through, env))
+        times["embedded"].append(_start_to_envelope(local, env))
+        start = time.perf_counter()
+        subprocess.run([sys.executable, "-c", "pass"], check=True)
+        times["python"].append(time.perf_counter() - start)
+    print()
+    print(f"process start to envelope ({args.starts} runs each, alternating; ms)")
+    print(f"{'':26} {'median':>8} {'p90':>8} {'min':>8}")
+    for label, key in (
+        ("affidavit call --socket", "daemon"),
+        ("affidavit call (embedded)", "embedded"),
+        ("python -c pass (floor)", "python"),
+    ):
+        ms = sorted(t * 1000 for t in times[key])
+        p90 = ms[min(len(ms) - 1, int(len(ms) * 0.9))]
+        print(f"{label:26} {statistics.median(ms):>8.1f} {p90:>8.1f} {ms[0]:>8.1f}")
+    ratio = statistics.median(times["embedded"]) / statistics.median(times["daemon"])
+    print(f"embedded / daemon (median): {ratio:.1f}x")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--seq", type=int, default=400, help="sequential calls per side")
+    parser.add_argument("--calls", type=int, default=4000, help="calls per side at concurrency")
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--starts", type=int, default=20, help="process starts per side")
+    args = parser.parse_args()
+    os.environ[TOKEN_ENV] = "bench-token"
+    server = subprocess.Popen(
+        [sys.executable, str(SERVER), "--serve"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    with tempfile.TemporaryDirectory(prefix="affidavit-service-bench-") as tmp:
+        daemon: subprocess.Popen[bytes] | None = None
+        try:
+            assert server.stdout is not None
+            port = int(server.stdout.readline())
+            dir = Path(tmp)
+            embedded_cfg = _config(dir, port, "embedded")
+            daemon_cfg = _config(dir, port, "daemon")
+            socket = dir / "daemon.sock"
+            daemon = subprocess.Popen(
+                [*_affidavit(), "serve", "--config", str(daemon_cfg)],
+                env=_env(),
+                stderr=subprocess.DEVNULL,
+            )
+            deadline = time.monotonic() + 30
+            while not socket.exists():
+                if time.monotonic() > deadline or daemon.poll() is not None:
+                    raise RuntimeError("the daemon did not start")
+                time.sleep(0.05)
+            print(f"loopback server :{port}; daemon pid {daemon.pid}; journals in {dir}")
+            print()
+            trio.run(throughput, args, embedded_cfg, socket, daemon.pid)
+            starts(args, embedded_cfg, socket)
+        finally:
+            if daemon is not None:
+                daemon.terminate()
+                daemon.wait(timeout=30)
+            if server.stdin is not None:
+                server.stdin.close()
+            server.wait(timeout=10)
+
+
+if __name__ == "__main__":
+    main()
