@@ -13,11 +13,7 @@ no other command's parser may pay for (every parser imports this module).
 from __future__ import annotations
 
 import argparse
-import functools
-import os
-import secrets
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -32,11 +28,16 @@ def add_commands(sub: Any) -> None:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    os.environ.setdefault("AFFIDAVIT_DEMO_TOKEN", "demo-" + secrets.token_urlsafe(16))
+    import functools
+    import os
+    import secrets
+    import tempfile
+
     import trio
 
     from affidavit.cli.tour import run_demo
 
+    os.environ.setdefault("AFFIDAVIT_DEMO_TOKEN", "demo-" + secrets.token_urlsafe(16))
     tmp = Path(tempfile.mkdtemp(prefix="affidavit-demo-"))
     try:
         trio.run(functools.partial(run_demo, tmp, sys.stdout, as_json=args.json, keep=args.keep))
