@@ -20,13 +20,10 @@ if TYPE_CHECKING:
 
 
 def __getattr__(name: str) -> Any:
-    # Lazy: `affidavit.statemachine` users (diagrams, property tests) need not import trio/h11.
-    if name == "Broker":
-        from affidavit.api.broker import Broker
+    # Lazy: `affidavit.statemachine` users (diagrams, property tests) need not import trio/h11,
+    # and the thin clients need not import the engine (affidavit.api resolves these lazily too).
+    if name in ("Broker", "Client"):
+        from affidavit import api
 
-        return Broker
-    if name == "Client":
-        from affidavit.api.client import Client
-
-        return Client
+        return getattr(api, name)
     raise AttributeError(name)

@@ -43,32 +43,23 @@ from affidavit.api.broker import Broker  # noqa: E402
 from affidavit.api.client import Client  # noqa: E402
 from affidavit.config import load_config  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).parent))
+import http_overhead  # noqa: E402  (its loopback server and benchmark config)
+
 SERVER = Path(__file__).with_name("http_overhead.py")
-TOKEN_ENV = "AFFIDAVIT_BENCH_TOKEN"
+TOKEN_ENV = http_overhead.TOKEN_ENV
 ACTION = {"target": "api", "method": "GET", "path": "/v1/ok"}
 BLOCKS = 4
 
 
 def _config(dir: Path, port: int, name: str) -> Path:
-    path = dir / f"{name}.toml"
-    path.write_text(
-        f"""[journal]
-path = "{dir / f"{name}.db"}"
-
-[service]
-socket = "{dir / f"{name}.sock"}"
-
-[targets.api]
-kind = "http"
-url = "http://127.0.0.1:{port}"
-methods = ["GET"]
-idempotent = ["GET"]
-credential = "env:{TOKEN_ENV}"
-inject = "bearer"
-timeout = {{ connect = 5, total = 30 }}
-""",
-        encoding="utf-8",
-    )
+    """http_overhead.py's benchmark config (same target, same journal settings) in its own
+    directory, with the daemon's socket beside it."""
+    home = dir / name
+    home.mkdir()
+    path = home / "affidavit.toml"
+    service = f'\n[service]\nsocket = "{home / "affidavit.sock"}"\n'
+    path.write_text(http_overhead._config(home, port) + service, encoding="utf-8")
     return path
 
 
@@ -203,7 +194,7 @@ def main() -> None:
             dir = Path(tmp)
             embedded_cfg = _config(dir, port, "embedded")
             daemon_cfg = _config(dir, port, "daemon")
-            socket = dir / "daemon.sock"
+            socket = daemon_cfg.parent / "affidavit.sock"
             daemon = subprocess.Popen(
                 [*_affidavit(), "serve", "--config", str(daemon_cfg)],
                 env=_env(),

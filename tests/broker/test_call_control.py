@@ -19,7 +19,7 @@ import trio
 from affidavit.api.broker import Broker
 from affidavit.engine import CallControl
 from affidavit.statemachine import EventKind
-from tests.http.hostile import HostileServer, Peer, Reply, unresponsive_listener
+from tests.http.hostile import HostileServer, Reply, scripts, unresponsive_listener
 
 from .helpers import (
     FakeResolver,
@@ -34,23 +34,6 @@ from .test_fetch_stale import _crashed_record
 E = EventKind
 LIMIT = 20
 POST = {"target": "api", "method": "POST", "path": "/v1/pay", "body": "{}"}
-
-
-def _held(reply: Reply | None) -> Any:
-    """Reads the request, says so (``received``), answers once ``release`` is set (never when
-    ``reply`` is None)."""
-
-    async def script(peer: Peer) -> None:
-        if await peer.read_request() is None:
-            return
-        peer.server.event("received").set()
-        await peer.server.event("release").wait()
-        if reply is not None:
-            await peer.respond(reply)
-        else:
-            await trio.sleep_forever()
-
-    return script
 
 
 async def _run(broker: Broker, control: CallControl, out: list[dict[str, Any]]) -> None:
@@ -107,7 +90,7 @@ async def test_a_withdrawal_just_before_connecting_still_sends_nothing(
     async def on_lookup(name: str) -> None:
         assert control.withdraw() is True
 
-    async with HostileServer.running(_held(Reply(200))) as srv:
+    async with HostileServer.running(scripts.held(Reply(200))) as srv:
         target = http_target(f"http://api.test:{srv.port}")
         with custom_resolver(FakeResolver({"api.test": "127.0.0.1"}, on_lookup)):
             async with open_broker(write_config(tmp_path, {"api": target})) as broker:
@@ -120,7 +103,7 @@ async def test_a_withdrawal_just_before_connecting_still_sends_nothing(
 async def test_after_the_gate_a_withdrawal_is_refused_and_the_call_completes(
     tmp_path: Path, token: str
 ) -> None:
-    async with HostileServer.running(_held(Reply(201, body=b'{"id": 1}'))) as srv:
+    async with HostileServer.running(scripts.held(Reply(201, body=b'{"id": 1}'))) as srv:
         config = write_config(tmp_path, {"api": http_target(srv.url)})
         async with open_broker(config) as broker, trio.open_nursery() as nursery:
             out: list[dict[str, Any]] = []
@@ -136,7 +119,7 @@ async def test_after_the_gate_a_withdrawal_is_refused_and_the_call_completes(
 
 async def test_after_the_gate_a_stop_leaves_the_outcome_unknown(tmp_path: Path, token: str) -> None:
     out: list[dict[str, Any]] = []
-    async with HostileServer.running(_held(None)) as srv:
+    async with HostileServer.running(scripts.held()) as srv:
         config = write_config(tmp_path, {"api": http_target(srv.url)})
         async with open_broker(config) as broker:
             control = CallControl()

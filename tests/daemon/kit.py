@@ -40,6 +40,8 @@ __all__ = [
     "embedded",
     "run",
     "running_daemon",
+    "serving",
+    "start_caller",
     "start_daemon",
     "stop",
     "wait_until",
@@ -158,6 +160,20 @@ async def running_daemon(
         stop(daemon)
 
 
+@contextlib.asynccontextmanager
+async def serving(
+    tmp: Path, script: Any, *, token: str, **daemon_kw: Any
+) -> AsyncIterator[tuple[Any, DaemonProc]]:
+    """A scripted remote (``HostileServer``) and a daemon whose target ``api`` is it."""
+    from tests.http.hostile import HostileServer
+
+    async with (
+        HostileServer.running(script) as srv,
+        running_daemon(tmp, api_target(srv.url), token=token, **daemon_kw) as daemon,
+    ):
+        yield srv, daemon
+
+
 def stop(daemon: DaemonProc) -> None:
     if daemon.proc.poll() is None:
         daemon.proc.send_signal(signal.SIGTERM)
@@ -241,3 +257,17 @@ async def curl_api(
     done = await run([*argv, f"http://affidavit{path}"], stdin=body or b"")
     payload, _, status = done.stdout.rpartition(b"\n")
     return int(status), json.loads(payload)
+
+
+async def start_caller(daemon: DaemonProc, body: bytes) -> trio.Process:
+    """``affidavit call - --socket ...`` as a child process the test may kill mid-call."""
+    caller = await trio.lowlevel.open_process(
+        [PYTHON, "-m", "affidavit", "call", "-", "--socket", str(daemon.socket)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        env=client_env(),
+    )
+    assert caller.stdin is not None
+    await caller.stdin.send_all(body)
+    await caller.stdin.aclose()
+    return caller

@@ -13,7 +13,6 @@ import json
 import os
 import signal
 import stat
-import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -24,7 +23,7 @@ import trio
 
 from affidavit.api.client import Client
 from tests.external import SETPRIV, require_root
-from tests.http.hostile import HostileServer, Peer, Reply, unresponsive_listener
+from tests.http.hostile import HostileServer, Reply, scripts, unresponsive_listener
 
 from .kit import (
     WAIT,
@@ -35,24 +34,11 @@ from .kit import (
     curl_api,
     run,
     running_daemon,
+    start_caller,
     wait_until,
 )
 
 NOBODY = 65534
-
-
-def held_until_released(reply: Reply) -> object:
-    """A remote that reads the request, says so (``received``), and answers only once the test
-    sets ``release``."""
-
-    async def script(peer: Peer) -> None:
-        if await peer.read_request() is None:
-            return
-        peer.server.event("received").set()
-        await peer.server.event("release").wait()
-        await peer.respond(reply)
-
-    return script
 
 
 async def _final_record(client: Client, states: tuple[str, ...] = ()) -> dict[str, object]:
@@ -73,18 +59,10 @@ async def test_a_client_killed_after_the_remote_got_the_request_finds_its_result
 ) -> None:
     ok = Reply(200, body=b'{"charged": true}')
     async with (
-        HostileServer.running(held_until_released(ok)) as srv,  # type: ignore[arg-type]
+        HostileServer.running(scripts.held(ok)) as srv,
         running_daemon(tmp_path, api_target(srv.url), token=token) as daemon,
     ):
-        caller = await trio.lowlevel.open_process(
-            [sys.executable, "-m", "affidavit", "call", "-", "--socket", str(daemon.socket)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.DEVNULL,
-            env=client_env(),
-        )
-        assert caller.stdin is not None
-        await caller.stdin.send_all(action_bytes("/v1/charge", "POST", body="{}"))
-        await caller.stdin.aclose()
+        caller = await start_caller(daemon, action_bytes("/v1/charge", "POST", body="{}"))
         with trio.fail_after(WAIT):
             await srv.event("received").wait()
         caller.kill()
@@ -120,15 +98,7 @@ async def test_a_client_gone_before_dispatch_withdraws_the_call(tmp_path: Path, 
     async with unresponsive_listener() as port:
         target = api_target(f"http://127.0.0.1:{port}", timeout={"connect": 15, "total": 20})
         async with running_daemon(tmp_path, target, token=token) as daemon:
-            caller = await trio.lowlevel.open_process(
-                [sys.executable, "-m", "affidavit", "call", "-", "--socket", str(daemon.socket)],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.DEVNULL,
-                env=client_env(),
-            )
-            assert caller.stdin is not None
-            await caller.stdin.send_all(action_bytes("/v1/charge", "POST", body="{}"))
-            await caller.stdin.aclose()
+            caller = await start_caller(daemon, action_bytes("/v1/charge", "POST", body="{}"))
             async with Client.open(daemon.socket) as client:
 
                 async def connecting() -> bool:
@@ -163,7 +133,7 @@ async def test_a_uid_not_allowed_is_refused_with_403_and_a_log_line(
     me = os.geteuid()
     someone_else = me + 12345
     async with (
-        HostileServer.running(held_until_released(Reply(200))) as srv,  # type: ignore[arg-type]
+        HostileServer.running(scripts.held(Reply(200))) as srv,
         running_daemon(
             tmp_path, api_target(srv.url), token=token, service={"allow_uids": [someone_else]}
         ) as daemon,
@@ -227,8 +197,6 @@ async def test_a_client_of_another_uid_without_the_brokers_files_gets_results(
     setpriv = SETPRIV.require()
     as_nobody = [setpriv, f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"]
     ok = Reply(200, body=b'{"deployed": "v7"}')
-    from tests.http.hostile import scripts
-
     async with (
         HostileServer.running(scripts.serve(ok)) as srv,
         running_daemon(

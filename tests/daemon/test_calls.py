@@ -11,9 +11,9 @@ import trio
 
 from affidavit.api.client import Client
 from affidavit.sdk import AffidavitError, call_checked
-from tests.http.hostile import HostileServer, Reply, scripts
+from tests.http.hostile import Reply, scripts
 
-from .kit import action, action_bytes, api_target, cli, curl_api, embedded, running_daemon
+from .kit import action, action_bytes, cli, curl_api, embedded, serving
 
 OK = Reply(200, headers=[("Content-Type", "application/json")], body=b'{"balance": 42}')
 
@@ -26,10 +26,7 @@ def _printed(envelope: dict[str, object]) -> bytes:
 async def test_the_cli_the_client_and_curl_call_through_the_daemon(
     tmp_path: Path, token: str, curl: str
 ) -> None:
-    async with (
-        HostileServer.running(scripts.serve(OK)) as srv,
-        running_daemon(tmp_path, api_target(srv.url), token=token) as daemon,
-    ):
+    async with serving(tmp_path, scripts.serve(OK), token=token) as (srv, daemon):
         by_cli = await cli(daemon, "call", "-", stdin=action_bytes())
         assert by_cli.returncode == 0, by_cli.stderr
         from_cli = by_cli.json()
@@ -56,10 +53,7 @@ async def test_the_cli_the_client_and_curl_call_through_the_daemon(
 
 async def test_an_error_envelope_is_http_200_and_exit_status_1(tmp_path: Path, token: str) -> None:
     refused = Reply(403, body=b'{"error": "no"}')
-    async with (
-        HostileServer.running(scripts.serve(refused)) as srv,
-        running_daemon(tmp_path, api_target(srv.url), token=token) as daemon,
-    ):
+    async with serving(tmp_path, scripts.serve(refused), token=token) as (_srv, daemon):
         by_cli = await cli(daemon, "call", "-", stdin=action_bytes())
         assert by_cli.returncode == 1
         envelope = by_cli.json()
@@ -79,10 +73,7 @@ async def test_the_views_print_the_same_bytes_through_the_daemon_as_embedded(
 ) -> None:
     """``record``, ``actions``, ``sessions`` and ``metrics`` in every output form: the socket
     and an embedded read-only view of the same journal print identical bytes."""
-    async with (
-        HostileServer.running(scripts.serve(OK)) as srv,
-        running_daemon(tmp_path, api_target(srv.url), token=token) as daemon,
-    ):
+    async with serving(tmp_path, scripts.serve(OK), token=token) as (_srv, daemon):
         first = (await cli(daemon, "call", "-", stdin=action_bytes(session="s1"))).json()
         await cli(daemon, "call", "-", stdin=action_bytes("/v1/other", session="s2"))
         iid = first["invocation_id"]
@@ -109,10 +100,7 @@ async def test_the_views_print_the_same_bytes_through_the_daemon_as_embedded(
 async def test_the_same_refusal_both_ways_for_an_unknown_invocation(
     tmp_path: Path, token: str
 ) -> None:
-    async with (
-        HostileServer.running(scripts.serve(OK)) as srv,
-        running_daemon(tmp_path, api_target(srv.url), token=token) as daemon,
-    ):
+    async with serving(tmp_path, scripts.serve(OK), token=token) as (_srv, daemon):
         through = await cli(daemon, "record", "act_NOPE")
         local = await embedded("record", "act_NOPE", "--journal", str(daemon.journal))
         assert (through.returncode, through.stderr) == (local.returncode, local.stderr)
@@ -128,10 +116,7 @@ async def test_the_same_refusal_both_ways_for_an_unknown_invocation(
 async def test_api_level_trouble_has_its_own_status_and_never_an_envelope(
     tmp_path: Path, token: str
 ) -> None:
-    async with (
-        HostileServer.running(scripts.serve(OK)) as srv,
-        running_daemon(tmp_path, api_target(srv.url), token=token) as daemon,
-    ):
+    async with serving(tmp_path, scripts.serve(OK), token=token) as (srv, daemon):
         from affidavit.api.wire import blocking_request
 
         sock = str(daemon.socket)

@@ -38,17 +38,6 @@ from .kit import (
 )
 
 
-def holds_forever() -> Any:
-    """A remote that reads the request, says so, and never answers."""
-
-    async def script(peer: Peer) -> None:
-        if await peer.read_request() is not None:
-            peer.server.event("received").set()
-            await trio.sleep_forever()
-
-    return script
-
-
 def answers_after(delay: float, reply: Reply) -> Any:
     async def script(peer: Peer) -> None:
         if await peer.read_request() is not None:
@@ -75,7 +64,7 @@ PAYMENTS = {"header": "Idempotency-Key", "scope": "payments.create", "retention"
 async def test_a_daemon_killed_after_dispatch_leaves_unknown_on_restart(
     tmp_path: Path, token: str, contract: dict[str, str] | None, retry: str
 ) -> None:
-    async with HostileServer.running(holds_forever()) as srv:
+    async with HostileServer.running(scripts.held()) as srv:
         target = api_target(srv.url, idempotency=contract, timeout={"connect": 5, "total": 60})
         async with running_daemon(tmp_path, target, token=token) as daemon:
             async with trio.open_nursery() as nursery:
@@ -152,7 +141,7 @@ async def test_sigterm_past_the_grace_records_what_the_evidence_proves(
     """After dispatch: BROKER_SHUTDOWN, unknown.  Before it (the connect hangs): BROKER_SHUTDOWN,
     not_attempted.  Each caller is answered with its envelope before the daemon exits."""
     async with (
-        HostileServer.running(holds_forever()) as srv,
+        HostileServer.running(scripts.held()) as srv,
         unresponsive_listener() as port,
     ):
         targets = {
@@ -234,7 +223,7 @@ async def test_one_writer_per_journal_and_one_daemon_per_socket(tmp_path: Path, 
 
 async def test_one_call_over_max_calls_is_refused_503(tmp_path: Path, token: str) -> None:
     async with (
-        HostileServer.running(holds_forever()) as srv,
+        HostileServer.running(scripts.held()) as srv,
         running_daemon(
             tmp_path,
             api_target(srv.url, timeout={"connect": 5, "total": 60}),

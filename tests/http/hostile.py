@@ -25,10 +25,12 @@ Reusable API (the lead's engine/broker tests use it too)::
   ``serve(reply | fn(req) -> Reply)`` (keep-alive loop), ``apply_then_close()``,
   ``cut_mid_headers()``, ``cut_mid_body(chunked=False)``, ``malformed()``,
   ``continue_then_close()``, ``error_after_commit(status=500)``, ``slow(delay, reply)``,
-  ``silent()`` (accepts, never reads nor writes), ``keep_alive_then_reset(trigger="reset")``
-  (serves one request, waits for ``srv.event(trigger)``, answers with RST and sets
-  ``srv.event(trigger + ".done")``), ``keep_alive_then_close()`` (serves one request, closes the
-  idle connection, sets ``srv.event("idle_closed")``), ``redirect(location, status=307)``,
+  ``silent()`` (accepts, never reads nor writes), ``held(reply=None)`` (reads the request, sets
+  ``srv.event("received")``, answers once ``srv.event("release")`` is set, or never),
+  ``keep_alive_then_reset(trigger="reset")`` (serves one request, waits for
+  ``srv.event(trigger)``, answers with RST and sets ``srv.event(trigger + ".done")``),
+  ``keep_alive_then_close()`` (serves one request, closes the idle connection, sets
+  ``srv.event("idle_closed")``), ``redirect(location, status=307)``,
   ``connect_proxy(refuse=None, proxy_status=None)`` (CONNECT tunnel; ``refuse=403`` answers
   that status instead), ``forward_proxy(error=None, proxy_status=None, relayed_marker=True)``
   (forwards absolute-form requests to the origin; ``error=502`` answers its own error).
@@ -376,6 +378,22 @@ class scripts:
             if await peer.read_request() is not None:
                 await trio.sleep(delay)
                 await peer.respond(reply or Reply(200, body=b"late"))
+
+        return script
+
+    @staticmethod
+    def held(reply: Reply | None = None) -> Script:
+        """Read the whole request, set ``srv.event("received")``, then answer ``reply`` once the
+        test sets ``srv.event("release")`` -- or never, when ``reply`` is None."""
+
+        async def script(peer: Peer) -> None:
+            if await peer.read_request() is None:
+                return
+            peer.server.event("received").set()
+            if reply is None:
+                await trio.sleep_forever()
+            await peer.server.event("release").wait()
+            await peer.respond(reply)
 
         return script
 
