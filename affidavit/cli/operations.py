@@ -17,12 +17,9 @@ import json
 import sys
 from typing import Any
 
-import trio
-
 from affidavit.cli import UsageError, text_arg
 from affidavit.cli.call import load_or_usage
 from affidavit.cli.journal import common_options, open_reader, print_json
-from affidavit.statemachine import operation_json
 
 __all__ = ["add_commands"]
 
@@ -47,6 +44,9 @@ def add_commands(sub: Any) -> None:
 
 
 def _list(args: argparse.Namespace) -> int:
+    # Imported here, as in every command module: every command's parser imports this one.
+    from affidavit.statemachine import operation_json
+
     with open_reader(args) as j:
         ops = [operation_json(r) for r in j.list_actions() if r.operation is not None]
     if args.json:
@@ -62,6 +62,8 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _poll(args: argparse.Namespace) -> int:
+    import trio
+
     from affidavit.api.broker import Broker
     from affidavit.engine import OperationError
 
