@@ -109,7 +109,7 @@ def metrics(records: list[Record]) -> dict[str, Any]:
 
 def prometheus_text(data: dict[str, Any]) -> str:
     """``metrics()`` in the Prometheus text exposition format (``affidavit metrics
-    --prometheus`` and the daemon's ``GET /v1/metrics``): two gauges, never merged."""
+    --prometheus`` and the daemon's ``GET /v1/metrics``): separate gauges, never merged."""
     lines = [
         "# HELP affidavit_invocations Invocations by phase and outcome.",
         "# TYPE affidavit_invocations gauge",
@@ -128,4 +128,19 @@ def prometheus_text(data: dict[str, Any]) -> str:
             f'affidavit_invocations_by_code{{code="{row["code"]}",outcome="{row["outcome"]}"}} '
             f"{row['count']}"
         )
+    lines += [
+        "# HELP affidavit_batch_items Batch items by outcome and code, apart from invocations.",
+        "# TYPE affidavit_batch_items gauge",
+    ]
+    for row in data["batch_items"]:
+        lines.append(
+            f'affidavit_batch_items{{outcome="{row["outcome"]}",code="{row["code"]}"}} '
+            f"{row['count']}"
+        )
+    lines += [
+        "# HELP affidavit_operations Jobs accepted by a 202, by state.",
+        "# TYPE affidavit_operations gauge",
+    ]
+    for row in data["operations"]:
+        lines.append(f'affidavit_operations{{state="{row["state"]}"}} {row["count"]}')
     return "\n".join(lines) + "\n"

@@ -123,7 +123,9 @@ def make_event(
     choose: Choose[Any] = first,
     op: Mapping[str, Any] | None = None,
 ) -> Event:
-    """A valid event of ``kind`` that takes ``p`` to ``dest``."""
+    """A valid event of ``kind`` that takes ``p`` to ``dest`` (for ``p``'s own invocation, when
+    it was made for one: an operation's id names its submitting invocation)."""
+    iid = p._invocation_id or IID
     rec = p.record()
     attrs: dict[str, Any] = {}
     source = EvidenceSource.TRANSPORT_OBSERVED
@@ -181,7 +183,7 @@ def make_event(
         source = EvidenceSource.REMOTE_RESPONSE
     elif kind is E.OPERATION_ACCEPTED:
         attrs = {
-            "operation_id": operation_id(IID),
+            "operation_id": operation_id(iid),
             "job_id": "j123",
             "status_url": "https://api.example/jobs/j123",
             "status_path": "/jobs/j123",
@@ -190,7 +192,7 @@ def make_event(
     elif kind is E.OPERATION_POLLED:
         state = choose(["pending", "succeeded", "failed"])
         attrs = {
-            "operation_id": operation_id(IID),
+            "operation_id": operation_id(iid),
             "poll_invocation": "act_poll",
             "state": state,
             "remote_status": state,
@@ -198,7 +200,7 @@ def make_event(
         source = EvidenceSource.REMOTE_QUERY
     elif kind is E.OPERATION_POLL_FAILED:
         attrs = {
-            "operation_id": operation_id(IID),
+            "operation_id": operation_id(iid),
             "poll_invocation": "act_poll",
             "code": Code.REMOTE_OUTCOME_UNKNOWN.value,
         }
@@ -206,7 +208,7 @@ def make_event(
         attrs = {"protocol": "http", "state": "headers_sent", "facts": {"reused": False}}
     return Event(
         kind,
-        IID,
+        iid,
         attrs,
         source=source,
         seq=seq,
