@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from affidavit.api.wire import Response
 
 __all__ = [
+    "COMMANDS",
     "UsageError",
     "add_socket_arg",
     "ask_daemon",
@@ -34,15 +35,26 @@ __all__ = [
     "text_arg",
 ]
 
-COMMAND_MODULES: tuple[str, ...] = (
-    "affidavit.cli.call",
-    "affidavit.cli.demo",
-    "affidavit.cli.diagrams",
-    "affidavit.cli.journal",
-    "affidavit.cli.operations",
-    "affidavit.cli.serve",
-    "affidavit.cli.vault",
-)
+COMMANDS: dict[str, str] = {
+    "call": "affidavit.cli.call",
+    "result": "affidavit.cli.call",
+    "init": "affidavit.cli.call",
+    "demo": "affidavit.cli.demo",
+    "diagrams": "affidavit.cli.diagrams",
+    "journal": "affidavit.cli.journal",
+    "actions": "affidavit.cli.journal",
+    "record": "affidavit.cli.journal",
+    "sessions": "affidavit.cli.journal",
+    "metrics": "affidavit.cli.journal",
+    "operations": "affidavit.cli.operations",
+    "operation": "affidavit.cli.operations",
+    "serve": "affidavit.cli.serve",
+    "vault": "affidavit.cli.vault",
+}
+"""Each command and the module that declares it.  Running one command builds only its module's
+parsers: all of them cost a start ~20-30 ms (argparse), a third of what a thin client may spend
+in all.  tests/daemon/test_thin_client.py checks this map against what the modules declare."""
+COMMAND_MODULES: tuple[str, ...] = tuple(dict.fromkeys(COMMANDS.values()))
 
 
 class UsageError(Exception):
@@ -117,20 +129,23 @@ def daemon_text(response: Response) -> str:
         raise UsageError(str(exc)) from None
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The whole command line; with ``command`` (a key of ``COMMANDS``), only the parsers of
+    the module that declares it -- what running that command needs."""
     parser = argparse.ArgumentParser(
         prog="affidavit",
         description="A secrets broker whose every error is backed by durable evidence.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    for name in COMMAND_MODULES:
+    for name in (COMMANDS[command],) if command in COMMANDS else COMMAND_MODULES:
         importlib.import_module(name).add_commands(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(argv[0] if argv else None)
     args = parser.parse_args(argv)
     try:
         status: int = args.handler(args)

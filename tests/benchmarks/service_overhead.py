@@ -11,7 +11,10 @@ One run, one loopback HTTP server (``http_overhead.py --serve``, its own process
   (embedded), or the daemon plus this process as its client;
 * process start to envelope: ``affidavit call`` as a new process, through the daemon
   (``--socket``) vs embedded (``--config``), alternating, ``--starts`` each; with the start-up
-  of a bare ``python -c pass`` as the floor no command can beat.
+  of a bare ``python -c pass`` as the floor no command can beat.  These processes may cache
+  bytecode (``PYTHONDONTWRITEBYTECODE`` is dropped from their environment and one warm-up run
+  each fills the caches), as an installed package has its ``.pyc`` files: a checkout that
+  recompiles every module at each start measures the compiler, not the command.
 
 The embedded broker and the daemon each have their own journal (the daemon is its journal's
 only writer); both journal every call with the same barriers.  Targets (issue 10): the daemon
@@ -149,13 +152,15 @@ def starts(args: argparse.Namespace, embedded_cfg: Path, socket: Path) -> None:
     cli = _affidavit()
     through = [*cli, "call", "-", "--socket", str(socket)]
     local = [*cli, "call", "-", "--config", str(embedded_cfg)]
-    env = _env()
+    env = {k: v for k, v in _env().items() if k != "PYTHONDONTWRITEBYTECODE"}
+    _start_to_envelope(through, env)  # warm-up: bytecode caches
+    _start_to_envelope(local, env)
     times: dict[str, list[float]] = {"daemon": [], "embedded": [], "python": []}
     for _ in range(args.starts):
         times["daemon"].append(_start_to_envelope(through, env))
         times["embedded"].append(_start_to_envelope(local, env))
         start = time.perf_counter()
-        subprocess.run([sys.executable, "-c", "pass"], check=True)
+        subprocess.run([sys.executable, "-c", "pass"], check=True, env=env)
         times["python"].append(time.perf_counter() - start)
     print()
     print(f"process start to envelope ({args.starts} runs each, alternating; ms)")

@@ -88,3 +88,20 @@ def test_the_parser_spells_the_contract_and_vault_names_as_their_sources_do() ->
     assert tuple(o.value for o in Outcome) == OUTCOMES
     assert tuple(p.value for p in Phase) == PHASES
     assert PASSPHRASE_ENV_SHOWN == PASSPHRASE_ENV
+
+
+def test_the_command_map_names_what_each_module_declares() -> None:
+    """``main`` builds only the running command's module (affidavit.cli.COMMANDS): the map must
+    name every command the modules declare, each with the module that declares it."""
+    import argparse
+
+    from affidavit.cli import COMMANDS, build_parser
+
+    def commands(parser: argparse.ArgumentParser) -> set[str]:
+        sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        return set(sub.choices)
+
+    assert commands(build_parser()) == set(COMMANDS)
+    for command, module in COMMANDS.items():
+        assert command in commands(build_parser(command)), (command, module)
+        assert commands(build_parser(command)) == {c for c, m in COMMANDS.items() if m == module}
