@@ -28,18 +28,77 @@ import h11
 import trio
 
 from .wire import (
+    HEADERS,
     READ_SIZE,
     AnswerLost,
     DaemonUnavailable,
     Response,
-    ResponseReader,
-    encode_request,
     invocation_path,
     socket_path,
     target,
 )
 
-__all__ = ["Client"]
+__all__ = ["Client", "ResponseReader", "encode_request"]
+
+
+def encode_request(
+    conn: h11.Connection, method: str, request_target: str, body: bytes | None = None
+) -> bytes:
+    """One request on a keep-alive connection, through h11."""
+    headers = list(HEADERS)
+    if body is not None:
+        headers += [("content-type", "application/json"), ("content-length", str(len(body)))]
+    data = conn.send(h11.Request(method=method, target=request_target, headers=headers)) or b""
+    if body:
+        data += conn.send(h11.Data(data=body)) or b""
+    data += conn.send(h11.EndOfMessage()) or b""
+    return data
+
+
+class ResponseReader:
+    """Feeds received bytes to h11 until one whole response has arrived."""
+
+    def __init__(self, conn: h11.Connection) -> None:
+        self._conn = conn
+        self._status = 0
+        self._type = ""
+        self._body = bytearray()
+        self.started = False
+        """A byte of the answer arrived (a retry would no longer be a first try)."""
+
+    def feed(self, data: bytes) -> Response | None:
+        """The response once complete, else None (call again with more bytes).  ``data=b""``
+        is the end of the stream: ``AnswerLost`` if the answer is not complete."""
+        if data:
+            self.started = True
+        try:
+            self._conn.receive_data(data)
+            while True:
+                event = self._conn.next_event()
+                if event is h11.NEED_DATA:
+                    if not data:
+                        raise AnswerLost("the daemon closed the connection before answering")
+                    return None
+                if isinstance(event, h11.Response):
+                    self._status = event.status_code
+                    for name, value in event.headers:
+                        if name == b"content-type":
+                            self._type = value.decode("latin-1")
+                elif isinstance(event, h11.Data):
+                    self._body += event.data
+                elif isinstance(event, h11.EndOfMessage):
+                    return Response(self._status, self._type, bytes(self._body))
+                elif isinstance(event, h11.ConnectionClosed):
+                    raise AnswerLost("the daemon closed the connection before answering")
+        except h11.RemoteProtocolError as exc:
+            raise AnswerLost(f"the daemon's answer is not valid HTTP/1.1 ({exc})") from None
+
+    def reusable(self) -> bool:
+        """After a complete response: both sides are done, the connection can carry another."""
+        if self._conn.our_state is h11.DONE and self._conn.their_state is h11.DONE:
+            self._conn.start_next_cycle()
+            return True
+        return False
 
 
 class _Conn:

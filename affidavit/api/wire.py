@@ -1,9 +1,15 @@
 """The daemon's API as its clients speak it: HTTP/1.1 with JSON bodies over a Unix socket.
 
-Sans-IO (h11) so that the async ``Client`` and the command line's blocking client share one
-reading of requests and answers.  This module imports only the standard library and h11: it is
-on the path of ``affidavit call --socket``, whose whole process must stay light (no engine,
-journal, cryptography or config).
+What both clients share -- the answer (``Response``) and its errors, request targets, the
+socket's location -- and the command line's one-shot request (``blocking_request``).  Standard
+library only: this is the whole of ``affidavit call --socket``'s path, which must stay light
+(no engine, journal, cryptography or config; tests/daemon/test_thin_client.py).
+
+The one-shot request reads one answer from the daemon on a ``Connection: close`` request, and
+reads it strictly: a status line, headers, a ``Content-Length`` body (what hypercorn sends);
+anything else is ``AnswerLost``, never a guess.  h11 (with the dataclasses and inspect it
+imports) would cost such a process ~15 ms of its ~100 ms budget; the long-lived async
+``Client``, which keeps connections alive and pools them, reads with h11 (``client.py``).
 
 Answers: HTTP 200 carries the JSON the embedded command would print (an envelope, a record, a
 list).  Any other status is the API's own trouble, never the action's, with the body
@@ -17,12 +23,8 @@ import math
 import os
 import socket
 from collections.abc import Mapping
-from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote, urlencode
-
-import h11
 
 __all__ = [
     "READ_SIZE",
@@ -32,18 +34,19 @@ __all__ = [
     "ClientError",
     "DaemonUnavailable",
     "Response",
-    "ResponseReader",
     "blocking_request",
-    "encode_request",
     "invocation_path",
     "parse_time",
+    "read_answer",
     "socket_path",
     "target",
 ]
 
 SOCKET_ENV = "AFFIDAVIT_SOCKET"
 READ_SIZE = 65536
-_HEADERS = [("host", "affidavit"), ("accept", "application/json")]
+HEADERS = (("host", "affidavit"), ("accept", "application/json"))
+"""Sent with every request (HTTP/1.1 needs a Host; the socket names the server)."""
+MAX_HEAD = 64 * 1024
 
 
 class ClientError(Exception):
@@ -71,11 +74,29 @@ class ApiError(ClientError):
         super().__init__(message)
 
 
-@dataclass(frozen=True, slots=True)
 class Response:
-    status: int
-    content_type: str
-    body: bytes
+    """One complete answer.  (A plain class: ``dataclasses`` would import ``inspect``.)"""
+
+    __slots__ = ("body", "content_type", "status")
+
+    def __init__(self, status: int, content_type: str, body: bytes) -> None:
+        self.status = status
+        self.content_type = content_type
+        self.body = body
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Response):
+            return NotImplemented
+        return (self.status, self.content_type, self.body) == (
+            other.status,
+            other.content_type,
+            other.body,
+        )
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"Response({self.status}, {self.content_type!r}, {len(self.body)} bytes)"
 
     def json(self) -> Any:
         """The decoded body of a 200 answer; ``ApiError`` for any other status."""
@@ -115,6 +136,8 @@ def parse_time(value: str) -> float:
             return t
     except ValueError:
         pass
+    from datetime import UTC, datetime  # only a filter by date needs it
+
     try:
         dt = datetime.fromisoformat(value.replace("Z", "+00:00"))
     except ValueError:
@@ -135,65 +158,6 @@ def invocation_path(invocation_id: str, suffix: str = "") -> str:
     return f"/v1/invocations/{quote(invocation_id, safe='')}{suffix}"
 
 
-def encode_request(
-    conn: h11.Connection, method: str, request_target: str, body: bytes | None = None
-) -> bytes:
-    headers = list(_HEADERS)
-    if body is not None:
-        headers += [("content-type", "application/json"), ("content-length", str(len(body)))]
-    data = conn.send(h11.Request(method=method, target=request_target, headers=headers)) or b""
-    if body:
-        data += conn.send(h11.Data(data=body)) or b""
-    data += conn.send(h11.EndOfMessage()) or b""
-    return data
-
-
-class ResponseReader:
-    """Feeds received bytes to h11 until one whole response has arrived."""
-
-    def __init__(self, conn: h11.Connection) -> None:
-        self._conn = conn
-        self._status = 0
-        self._type = ""
-        self._body = bytearray()
-        self.started = False
-        """A byte of the answer arrived (a retry would no longer be a first try)."""
-
-    def feed(self, data: bytes) -> Response | None:
-        """The response once complete, else None (call again with more bytes).  ``data=b""``
-        is the end of the stream: ``AnswerLost`` if the answer is not complete."""
-        if data:
-            self.started = True
-        try:
-            self._conn.receive_data(data)
-            while True:
-                event = self._conn.next_event()
-                if event is h11.NEED_DATA:
-                    if not data:
-                        raise AnswerLost("the daemon closed the connection before answering")
-                    return None
-                if isinstance(event, h11.Response):
-                    self._status = event.status_code
-                    for name, value in event.headers:
-                        if name == b"content-type":
-                            self._type = value.decode("latin-1")
-                elif isinstance(event, h11.Data):
-                    self._body += event.data
-                elif isinstance(event, h11.EndOfMessage):
-                    return Response(self._status, self._type, bytes(self._body))
-                elif isinstance(event, h11.ConnectionClosed):
-                    raise AnswerLost("the daemon closed the connection before answering")
-        except h11.RemoteProtocolError as exc:
-            raise AnswerLost(f"the daemon's answer is not valid HTTP/1.1 ({exc})") from None
-
-    def reusable(self) -> bool:
-        """After a complete response: both sides are done, the connection can carry another."""
-        if self._conn.our_state is h11.DONE and self._conn.their_state is h11.DONE:
-            self._conn.start_next_cycle()
-            return True
-        return False
-
-
 def blocking_request(
     path: str, method: str, request_target: str, body: bytes | None = None
 ) -> Response:
@@ -207,17 +171,51 @@ def blocking_request(
             raise DaemonUnavailable(
                 f"cannot reach the affidavit daemon at {path} ({exc.strerror or exc})"
             ) from None
-        conn = h11.Connection(h11.CLIENT)
-        reader = ResponseReader(conn)
+        head = [f"{method} {request_target} HTTP/1.1", *(f"{k}: {v}" for k, v in HEADERS)]
+        head.append("connection: close")
+        if body is not None:
+            head += ["content-type: application/json", f"content-length: {len(body)}"]
         try:
-            sock.sendall(encode_request(conn, method, request_target, body))
-            while True:
-                response = reader.feed(sock.recv(READ_SIZE))
-                if response is not None:
-                    return response
+            sock.sendall("\r\n".join(head).encode("ascii") + b"\r\n\r\n" + (body or b""))
+            return read_answer(sock.recv)
         except OSError as exc:
             raise AnswerLost(
                 f"the connection to the daemon broke before it answered ({exc.strerror or exc})"
             ) from None
     finally:
         sock.close()
+
+
+def read_answer(recv: Any) -> Response:
+    """Read one whole answer with ``recv(n) -> bytes`` (b"" at the end of the stream):
+    ``HTTP/1.1 <status>``, headers, then exactly ``Content-Length`` bytes.  ``AnswerLost`` for a
+    short or malformed answer -- a partial body is never presented as an answer."""
+    data = bytearray()
+    while (end := data.find(b"\r\n\r\n")) < 0:
+        if len(data) > MAX_HEAD:
+            raise AnswerLost("the daemon's answer has no end of headers")
+        chunk = recv(READ_SIZE)
+        if not chunk:
+            raise AnswerLost("the daemon closed the connection before answering")
+        data += chunk
+    lines = bytes(data[:end]).decode("latin-1").split("\r\n")
+    version, _, rest = lines[0].partition(" ")
+    status = rest[:3]
+    if version != "HTTP/1.1" or not (status.isdigit() and rest[3:4] in ("", " ")):
+        raise AnswerLost("the daemon's answer is not HTTP/1.1")
+    headers: dict[str, str] = {}
+    for line in lines[1:]:
+        name, colon, value = line.partition(":")
+        if not colon or not name or name != name.strip():
+            raise AnswerLost("the daemon's answer has a malformed header")
+        headers[name.lower()] = value.strip()
+    length = headers.get("content-length", "")
+    if "transfer-encoding" in headers or not length.isdigit():
+        raise AnswerLost("the daemon's answer has no length this client reads")
+    body = data[end + 4 :]
+    while len(body) < int(length):
+        chunk = recv(READ_SIZE)
+        if not chunk:
+            raise AnswerLost("the daemon closed the connection in the middle of its answer")
+        body += chunk
+    return Response(int(status), headers.get("content-type", ""), bytes(body[: int(length)]))

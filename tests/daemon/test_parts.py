@@ -12,14 +12,14 @@ import h11
 import pytest
 import trio
 
+from affidavit.api.client import ResponseReader, encode_request
 from affidavit.api.wire import (
     AnswerLost,
     ApiError,
     Response,
-    ResponseReader,
-    encode_request,
     invocation_path,
     parse_time,
+    read_answer,
     target,
 )
 from affidavit.config import ConfigError, config_from_dict
@@ -63,6 +63,34 @@ def test_an_answer_cut_short_is_answer_lost_never_a_partial_body() -> None:
     assert reader.feed(data[:-3]) is None
     with pytest.raises(AnswerLost):
         reader.feed(b"")
+
+
+def _recv_from(data: bytes, size: int) -> Any:
+    chunks = [data[i : i + size] for i in range(0, len(data), size)]
+    return lambda n: chunks.pop(0) if chunks else b""
+
+
+def test_the_command_lines_reader_reads_the_same_answer_however_it_is_split() -> None:
+    data = _answer(200, b'{"ok": true}')
+    for size in (1, 7, len(data)):
+        got = read_answer(_recv_from(data, size))
+        assert got == Response(200, "application/json", b'{"ok": true}')
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"",  # closed before answering
+        b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nshort",  # cut body
+        b"HTTP/1.0 200 OK\r\ncontent-length: 0\r\n\r\n",  # not HTTP/1.1
+        b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n0\r\n\r\n",  # no length
+        b"HTTP/1.1 200 OK\r\nbroken header\r\ncontent-length: 0\r\n\r\n",
+        b"HTTP/1.1 2000\r\ncontent-length: 0\r\n\r\n",
+    ],
+)
+def test_the_command_lines_reader_never_takes_a_short_or_odd_answer(data: bytes) -> None:
+    with pytest.raises(AnswerLost):
+        read_answer(_recv_from(data, 5))
 
 
 def test_an_api_error_carries_its_code_and_message() -> None:
