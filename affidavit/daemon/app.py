@@ -2,7 +2,8 @@
 
     POST /v1/calls                     the envelope of ``affidavit call`` (HTTP 200, error or not)
     GET  /v1/invocations/{id}          {"record", "events"}, as ``affidavit record --json``
-    GET  /v1/invocations/{id}/result   the envelope of ``affidavit result`` (a read, no re-run)
+    GET  /v1/invocations/{id}/result   the envelope of ``affidavit result`` (a read, no re-run;
+                                       ``?from_chunk=N`` resumes, as ``--from-chunk N``)
     GET  /v1/actions                   ``affidavit actions --json`` (same filters)
     GET  /v1/sessions                  ``affidavit sessions --json``
     GET  /v1/metrics                   Prometheus text (``?format=json``: ``metrics --json``)
@@ -26,7 +27,7 @@ import trio
 import affidavit
 from affidavit.api.broker import Broker
 from affidavit.api.wire import parse_time
-from affidavit.journal import JournalReader
+from affidavit.journal import JournalError, JournalReader
 from affidavit.statemachine import Outcome, Phase
 from affidavit.views import event_to_json, metrics, prometheus_text, record_to_json
 
@@ -152,7 +153,13 @@ class Api:
         async def deliver(envelope: dict[str, Any]) -> None:
             await _deliver(req, envelope, trio.CancelScope())
 
-        envelope = await self.broker.fetch_result(invocation_id, deliver=deliver)
+        from_chunk = req.count_param("from_chunk")
+        try:
+            envelope = await self.broker.fetch_result(
+                invocation_id, from_chunk=from_chunk, deliver=deliver
+            )
+        except JournalError as exc:  # a stored result that fails verification: never its bytes
+            raise ApiProblem(500, "RESULT_UNVERIFIED", str(exc)) from None
         if req.answered or req.link.hung_up.is_set():
             return
         if envelope is None:

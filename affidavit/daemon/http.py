@@ -98,6 +98,14 @@ class Request:
     def text_param(self, name: str) -> str | None:
         return self.params.get(name) or None
 
+    def count_param(self, name: str) -> int | None:
+        raw = self.params.get(name)
+        if not raw:
+            return None
+        if not raw.isdigit():
+            raise ApiProblem(400, "BAD_REQUEST", f"{name}: expected a whole number >= 0")
+        return int(raw)
+
     def float_param(self, name: str) -> float | None:
         raw = self.params.get(name)
         if not raw:

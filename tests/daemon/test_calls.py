@@ -133,3 +133,19 @@ async def test_api_level_trouble_has_its_own_status_and_never_an_envelope(
         for response in (bad, missing, wrong, filt):
             assert "invocation_id" not in json.loads(response.body)
         assert srv.requests == []
+
+
+async def test_a_resumed_result_is_the_same_through_the_daemon_as_embedded(
+    tmp_path: Path, token: str
+) -> None:
+    """``affidavit result ID --from-chunk N`` (a read resuming an interrupted delivery): the
+    daemon answers exactly what the embedded command prints; ``--raw`` stays embedded-only."""
+    async with serving(tmp_path, scripts.serve(OK), token=token) as (_srv, daemon):
+        iid = (await cli(daemon, "call", "-", stdin=action_bytes())).json()["invocation_id"]
+        through = await cli(daemon, "result", iid, "--from-chunk", "0")
+        raw = await cli(daemon, "result", iid, "--raw")
+    local = await embedded("result", iid, "--from-chunk", "0", "--config", str(daemon.config))
+    assert through.returncode == local.returncode == 0, through.stderr
+    assert through.stdout == local.stdout
+    assert "resume" in through.json()["result"]
+    assert raw.returncode == 2 and b"--raw reads the journal itself" in raw.stderr

@@ -1,6 +1,7 @@
 """The thin client stays thin: ``affidavit call --socket`` loads the wire module, never the
-engine, journal, config, cryptography, ssh, trio or even h11; ``affidavit --help`` loads no command's
-implementation.  (Its speed is shown by tests/benchmarks/service_overhead.py, not asserted.)"""
+engine, journal, config, cryptography, ssh, trio or even h11; ``affidavit --help`` loads no
+command's implementation.  (Its speed is shown by tests/benchmarks/service_overhead.py, not
+asserted.)"""
 
 from __future__ import annotations
 
