@@ -1,2 +1,3 @@
 """What the broker keeps from its callers: credential references and their resolution, HTTP
-injection, output redaction (``credentials``) and the encrypted vault file (``vault``)."""
+injection (``credentials``), output redaction in every form docs/redaction.md lists
+(``redaction``) and the encrypted vault file (``vault``)."""

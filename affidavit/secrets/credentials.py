@@ -1,4 +1,4 @@
-"""Credential references, resolution, HTTP injection and output redaction.
+"""Credential references, resolution and HTTP injection.
 
 Seed, "Validation and credential injection finish before dispatch": failing to obtain, resolve or
 inject a credential is ``phase=credential_injection, outcome=not_attempted`` — *if* the broker
@@ -14,8 +14,9 @@ stopped the call."  Hence:
   ``credential = "…"``.
 * ``Credential`` carries a non-secret ``version`` (vault entry version, file mtime+size, or
   ``"env"``) for the engine to journal, and its ``repr``/``str`` never show the value.
-* ``redactor`` scrubs the exact injected value (and the encodings it travels in) out of anything
-  the remote echoes back before it reaches a journal row, a log line or the caller.
+* ``redactor`` (``affidavit.secrets.redaction``, re-exported here) scrubs the injected values,
+  in every form docs/redaction.md lists, out of anything the remote echoes back before it
+  reaches a journal row, a log line or the caller.
 """
 
 from __future__ import annotations
@@ -24,12 +25,12 @@ import base64
 import os
 import re
 import urllib.parse
-from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 from affidavit.statemachine import Code
 
+from .redaction import REDACTED, Redactor, redactor, secret_forms
 from .vault import EntryMissing, Vault, VaultCorrupt, VaultError, VaultLocked, VaultMissing
 
 __all__ = [
@@ -49,7 +50,6 @@ __all__ = [
     "trim_final_newline",
 ]
 
-REDACTED = b"[REDACTED]"
 INJECTION_SCHEMES = ("bearer", "basic", "header:NAME", "query:NAME")
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,254}")
@@ -272,68 +272,3 @@ def apply_query(target: str, injection: Injection) -> str:
     if "?" not in target:
         return f"{target}?{extra}"
     return f"{target}{extra}" if target.endswith(("?", "&")) else f"{target}&{extra}"
-
-
-# --- redaction --------------------------------------------------------------------------------
-
-
-def secret_forms(value: bytes) -> set[bytes]:
-    """The byte strings a secret travels as: raw, base64 (standard and URL-safe, padded or not —
-    the Basic scheme, JWT-ish echoes) and percent-encoded (query injection)."""
-    if not value:
-        return set()
-    forms = {value}
-    for enc in (base64.b64encode(value), base64.urlsafe_b64encode(value)):
-        forms.add(enc)
-        forms.add(enc.rstrip(b"="))
-    quoted = urllib.parse.quote_from_bytes(value, safe="")
-    forms.add(quoted.encode("ascii"))
-    forms.add(quoted.replace("%20", "+").encode("ascii"))  # form encoding
-    forms.discard(b"")
-    return forms
-
-
-class Redactor:
-    """Streaming replacement of secret byte strings with ``[REDACTED]``.
-
-    Output is identical however the input is chunked: a position is only decided once the
-    longest secret could fit after it (or at ``flush``), and matching is leftmost-longest, which
-    is exactly what one ``re.sub`` over the whole input does."""
-
-    def __init__(self, secrets: Iterable[bytes]) -> None:
-        forms: set[bytes] = set()
-        for s in secrets:
-            forms |= secret_forms(s)
-        ordered = sorted(forms, key=lambda f: (-len(f), f))
-        self._max = len(ordered[0]) if ordered else 0
-        self._re = re.compile(b"|".join(re.escape(f) for f in ordered)) if ordered else None
-        self._buf = b""
-
-    def feed(self, data: bytes) -> bytes:
-        if self._re is None:
-            return data
-        buf = self._buf + data
-        safe = len(buf) - (self._max - 1)
-        out: list[bytes] = []
-        pos = 0
-        while pos < safe:
-            m = self._re.search(buf, pos)
-            if m is None or m.start() >= safe:
-                out.append(buf[pos:safe])
-                pos = safe
-                break
-            out.append(buf[pos : m.start()])
-            out.append(REDACTED)
-            pos = m.end()
-        self._buf = buf[pos:]
-        return b"".join(out)
-
-    def flush(self) -> bytes:
-        if self._re is None:
-            return b""
-        buf, self._buf = self._buf, b""
-        return self._re.sub(REDACTED, buf)
-
-
-def redactor(secret_values: Iterable[bytes]) -> Redactor:
-    return Redactor(secret_values)

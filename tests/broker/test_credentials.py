@@ -1,4 +1,4 @@
-"""Credential references, resolution, injection and redaction.
+"""Credential references, resolution and injection (redaction: tests/broker/test_redaction.py).
 
 Seed, "Validation and credential injection finish before dispatch": "Do not put credential
 contents into either the error or the action record.  You may record the secret's identifier or
@@ -10,27 +10,21 @@ a repr or a log record.
 from __future__ import annotations
 
 import base64
-import itertools
 import logging
 import os
 import urllib.parse
 from pathlib import Path
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 
 from affidavit.secrets.credentials import (
-    REDACTED,
     Credential,
     CredentialError,
     Injection,
     apply_query,
     inject_http,
     parse_ref,
-    redactor,
     resolve,
-    secret_forms,
     trim_final_newline,
 )
 from affidavit.secrets.vault import Vault
@@ -303,91 +297,3 @@ def test_unusable_values_are_credential_invalid_and_never_echoed(scheme: str, va
         inject_http(scheme, cred(value))
     assert info.value.code is Code.CREDENTIAL_INVALID
     no_leak(info.value)
-
-
-# --- redactor ---------------------------------------------------------------------------------
-
-
-def test_redacts_raw_base64_and_percent_forms() -> None:
-    secret = b"user:p@ss w/rd"
-    forms = secret_forms(secret)
-    assert base64.b64encode(secret) in forms
-    assert urllib.parse.quote_from_bytes(secret, safe="").encode() in forms
-    text = b"a " + secret + b" b " + base64.b64encode(secret) + b" c " + b"user%3Ap%40ss%20w%2Frd"
-    r = redactor([secret])
-    out = r.feed(text) + r.flush()
-    assert out == b"a [REDACTED] b [REDACTED] c [REDACTED]"
-
-
-def test_redactor_across_chunk_boundaries() -> None:
-    r = redactor([CANARY_B])
-    data = b"xx" + CANARY_B + b"yy" + CANARY_B
-    out = b"".join(r.feed(data[i : i + 1]) for i in range(len(data))) + r.flush()
-    assert out == b"xx[REDACTED]yy[REDACTED]"
-
-
-def test_redactor_prefers_the_longest_secret_at_a_position() -> None:
-    r = redactor([b"abc", b"abcdef"])
-    assert r.feed(b"_abcdef_abc_ab") + r.flush() == b"_[REDACTED]_[REDACTED]_ab"
-
-
-def test_redactor_without_secrets_is_passthrough() -> None:
-    r = redactor([b""])
-    assert r.feed(b"data") == b"data"
-    assert r.flush() == b""
-
-
-def test_redactor_holds_back_only_a_possible_prefix() -> None:
-    r = redactor([b"secret"])
-    # the longest form is base64("secret") = 8 bytes: at most 7 bytes are held back
-    out = r.feed(b"0123456789")
-    assert out == b"012" and r.flush() == b"3456789"
-
-
-_secrets = st.lists(st.binary(min_size=1, max_size=12), min_size=1, max_size=3)
-
-
-@st.composite
-def _stream(draw: st.DrawFn) -> tuple[list[bytes], bytes, list[int]]:
-    secrets = draw(_secrets)
-    pieces = draw(
-        st.lists(
-            st.one_of(st.sampled_from(secrets), st.binary(max_size=8), st.just(b"[REDACTED]")),
-            max_size=12,
-        )
-    )
-    data = b"".join(pieces)
-    cuts = sorted(draw(st.lists(st.integers(0, len(data)), max_size=10)))
-    return secrets, data, cuts
-
-
-def _naive(forms: set[bytes], data: bytes) -> bytes:
-    """Reference semantics: scan left to right, replace the longest form starting here."""
-    out, i = [], 0
-    while i < len(data):
-        match = max((f for f in forms if data.startswith(f, i)), key=len, default=None)
-        if match:
-            out.append(REDACTED)
-            i += len(match)
-        else:
-            out.append(data[i : i + 1])
-            i += 1
-    return b"".join(out)
-
-
-@given(_stream())
-def test_arbitrary_chunking_gives_the_same_output_as_whole(
-    case: tuple[list[bytes], bytes, list[int]],
-) -> None:
-    secrets, data, cuts = case
-    whole = redactor(secrets)
-    expected = whole.feed(data) + whole.flush()
-    chunked = redactor(secrets)
-    bounds = [0, *cuts, len(data)]
-    out = b"".join(chunked.feed(data[a:b]) for a, b in itertools.pairwise(bounds))
-    assert out + chunked.flush() == expected
-    forms = set().union(*(secret_forms(s) for s in secrets))
-    assert expected == _naive(forms, data)
-    # Between markers only original bytes remain, and none of them holds a secret form.
-    for part in expected.split(REDACTED):
-        assert not any(f in part for f in forms)

@@ -24,7 +24,7 @@ from affidavit.adapters.base import AttemptContext, RemoteResult
 from affidavit.protocols import ActionSpec, Prepared, ProtocolSpec
 from affidavit.protocols.actions import ActionInvalid, session, string
 from affidavit.schema import COMMON, Field, TargetSchema, Timeouts, host_setting
-from affidavit.secrets.credentials import Credential, CredentialError, secret_forms
+from affidavit.secrets.credentials import Credential, CredentialError
 from affidavit.statemachine import Code, ProtocolTable
 
 from .driver import ToyRequest, perform
@@ -135,7 +135,7 @@ class ToyBinding:
         if not token or any(b < 0x21 or b > 0x7E for b in token):
             raise CredentialError(Code.CREDENTIAL_INVALID, "a toy token is visible ASCII")
         request = ToyRequest(target.host, target.port, token, action.line.encode(), target.timeout)
-        return Prepared(request, tuple(sorted(secret_forms(token))), {"inject": "auth-line"})
+        return Prepared(request, (token,), {"inject": "auth-line"})
 
     async def perform(self, prepared: Prepared, ctx: AttemptContext) -> RemoteResult:
         return await perform(prepared.request, ctx)

@@ -62,7 +62,13 @@ class HttpBinding:
                 read=target.timeout.total,
             ),
         )
-        secrets: tuple[bytes, ...] = (credential.value,)
+        # The secret and each whole injected value (``Bearer <token>``, ``Basic <base64>``, the
+        # percent-encoded query value): a server may echo, base64 or hex-dump either.
+        secrets = (
+            credential.value,
+            *(v.encode("ascii") for _, v in injection.headers),
+            *(v.encode("ascii") for _, v in injection.query),
+        )
         if target.inject.split(":", 1)[0] == "basic":
             # RFC 7617 user-id ":" password: a server that decodes the header may echo the
             # password alone, which no form of the whole value matches (seed: "Exclude

@@ -17,7 +17,7 @@ from affidavit.adapters.ssh import (
 )
 from affidavit.adapters.ssh import SshTarget as AdapterTarget
 from affidavit.protocols.spec import Prepared
-from affidavit.secrets.credentials import Credential, CredentialError, secret_forms
+from affidavit.secrets.credentials import Credential, CredentialError
 
 from .action import SshAction
 from .target import SshTarget
@@ -31,16 +31,6 @@ class SshRequest:
     credential: SshCredential
     command: str
     stdin: bytes | None
-
-
-def _key_lines(value: bytes) -> set[bytes]:
-    """Each base64 line of a PEM/OpenSSH key body: a command that prints part of the key file
-    would otherwise leak it line by line past the whole-value redaction."""
-    lines = value.strip().splitlines()
-    if len(lines) < 3 or not lines[0].startswith(b"-----BEGIN "):
-        return set()
-    body = [ln.strip() for ln in lines[1:-1] if len(ln.strip()) >= 24]
-    return {*body, b"".join(ln.strip() for ln in lines[1:-1])}
 
 
 class SshBinding:
@@ -73,8 +63,8 @@ class SshBinding:
         evidence: dict[str, Any] = {"auth": cred.kind}
         if cred.public_fingerprint:
             evidence["client_key"] = cred.public_fingerprint
-        secrets = secret_forms(credential.value) | _key_lines(credential.value)
-        return Prepared(request=request, secrets=tuple(sorted(secrets)), evidence=evidence)
+        # The redactor derives every form, and a PEM key's body lines, from the value.
+        return Prepared(request=request, secrets=(credential.value,), evidence=evidence)
 
     async def perform(self, prepared: Prepared, ctx: AttemptContext) -> RemoteResult:
         req: SshRequest = prepared.request

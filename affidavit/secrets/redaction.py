@@ -1,0 +1,482 @@
+"""Redaction: every form of an injected secret the broker removes, as one compiled matcher.
+
+Seed: "Exclude secrets, full authorization headers, private keys, and unfiltered remote bodies"
+from the envelope, and "Do not put credential contents into either the error or the action
+record".  A server that echoes the credential rarely echoes it byte for byte: it re-encodes a
+query value with its own safe set, escapes it inside JSON, base64s a header, hex-dumps a body.
+docs/redaction.md states the promise; this module keeps it.
+
+One mechanism, two layers:
+
+* **Whole-value forms** (``secret_forms``): the value itself, its base64 (standard and URL-safe,
+  padded or not), the base64 *cores* of the value at the two other alignments inside a longer
+  base64 blob (the characters that depend on the value's bytes alone), and its hex in lower and
+  upper case.  The binding lists the values: the secret and the whole injected value
+  (``Bearer <token>``, ``user:password``, the password alone).
+* **Unit encodings**: every whole-value form is matched with each of its characters written in any
+  of the ways a server may write it -- literally; as ``%XX`` with either hex case (percent
+  encoding with *any* safe set is then one pattern); ``+`` for a space (form encoding); or as a
+  JSON string escape (``\\"``, ``\\\\``, ``\\/``, ``\\b\\f\\n\\r\\t``, ``\\uXXXX`` of any code
+  point in either hex case, a surrogate pair beyond the BMP).  A non-ASCII character is its UTF-8
+  bytes (each literal or ``%XX``) or its JSON escape.
+
+Speed (tests/benchmarks/redaction.py): ``re`` scans any pattern that does not start with one
+literal string at roughly 150 MB/s, ``bytes.find`` at several GB/s.  So the regex never scans a
+whole body.  Every match of a form contains either a literal *needle* (a form written without
+escapes) or an escape sequence of one of the needles' characters; ``bytes.find`` locates those
+candidates, and the regex runs only in the windows around them, each as wide as the widest match
+on either side.  Matches found that way are exactly those one ``re.sub`` over the whole input
+would find (see ``_Scan``), so a clean 50 MiB body costs a few ``find`` passes.
+
+A value longer than ``LONG_VALUE`` (a private key, a JWT) and each base64 line of a PEM value
+are matched as written only, in their raw and whole-base64 forms: with unit encodings, hex and
+shifted base64, a 3 KiB key would be megabytes of regex for forms nobody echoes a key in.
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import re
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+__all__ = ["LONG_VALUE", "REDACTED", "Redactor", "redactor", "secret_forms"]
+
+REDACTED = b"[REDACTED]"
+LONG_VALUE = 128
+"""Values longer than this are matched as written, raw and whole base64 (module docstring):
+compiling the pattern of a 128-byte value with every encoding takes a few hundred ms."""
+MIN_CORE = 8
+"""A shifted base64 core shorter than this would match unrelated base64 text."""
+
+# JSON's two-character escapes (RFC 8259 §7), by code point.
+_JSON_SHORT = {0x22: b'"', 0x5C: b"\\", 0x2F: b"/", 0x08: b"b", 0x0C: b"f", 0x0A: b"n"}
+_JSON_SHORT |= {0x0D: b"r", 0x09: b"t"}
+_HEX = b"0123456789abcdef"
+_B64 = (base64.b64encode, base64.urlsafe_b64encode)
+_UNRESERVED = frozenset(
+    bytes([c]) for c in b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~"
+)
+"""RFC 3986 unreserved characters: no encoder escapes them unasked, so an escape of one is a
+rare sight in a body and needs no follower to be a good candidate."""
+
+
+def _cores(value: bytes, shift: int) -> list[bytes]:
+    """The base64 characters (both alphabets) of ``value`` placed ``shift`` bytes into a 3-byte
+    group, without the characters that carry bits of the neighbouring bytes."""
+    padded = bytes(shift) + value
+    whole = len(padded) // 3 * 3
+    skip = (shift * 4 + 2) // 3
+    return [enc(padded[:whole])[skip:] for enc in _B64]
+
+
+def _pem_lines(value: bytes) -> set[bytes]:
+    """The base64 body lines of a PEM value (an OpenSSH or PKCS#8 private key), and the body as
+    one string: a command that prints part of a key file would otherwise leak it line by line
+    past the whole-value forms."""
+    lines = value.strip().splitlines()
+    if len(lines) < 3 or not lines[0].startswith(b"-----BEGIN "):
+        return set()
+    body = [ln.strip() for ln in lines[1:-1] if len(ln.strip()) >= 24]
+    return {*body, b"".join(ln.strip() for ln in lines[1:-1])}
+
+
+def _literal_forms(value: bytes) -> set[bytes]:
+    """The value and its whole base64 (both alphabets, padded or not)."""
+    if not value:
+        return set()
+    forms = {value}
+    for enc in _B64:
+        forms |= {enc(value), enc(value).rstrip(b"=")}
+    return forms
+
+
+def secret_forms(value: bytes) -> set[bytes]:
+    """The whole-value forms of ``value`` as concrete byte strings; each is matched in every
+    unit encoding (and the base64 alphabets and hex cases may mix: see ``_value_slots``)."""
+    forms = _literal_forms(value)
+    if value and len(value) <= LONG_VALUE:
+        for shift in (0, 1, 2):
+            forms |= {c for c in _cores(value, shift) if len(c) >= MIN_CORE}
+        hexed = value.hex().encode("ascii")
+        forms |= {hexed, hexed.upper()}
+    forms.discard(b"")
+    return forms
+
+
+# --- the pattern ------------------------------------------------------------------------------
+
+Char = tuple[bytes, int | None]
+"""A character of a form: its bytes, and its code point (None: a byte of a non-UTF-8 value)."""
+Slot = tuple[tuple[Char, ...], bool]
+"""One position of a form: the characters it may be (base64 alphabets, hex cases), optional?"""
+
+
+def _chars(data: bytes) -> list[Char]:
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        return [(bytes([b]), b if b < 0x80 else None) for b in data]
+    return [(ch.encode("utf-8"), ord(ch)) for ch in text]
+
+
+def _merge(variants: Sequence[bytes], optional_from: int | None = None) -> list[Slot]:
+    """Equal-length variants of one form as slots of alternative characters; every position
+    from ``optional_from`` on optional (``optional_from`` is only given for base64, where it
+    makes the padding optional as well)."""
+    cols = zip(*(_chars(v) for v in variants), strict=True)
+    slots: list[Slot] = []
+    for i, col in enumerate(cols):
+        chars = tuple(dict.fromkeys(col))
+        optional = optional_from is not None and (i >= optional_from or chars == ((b"=", 0x3D),))
+        slots.append((chars, optional))
+    return slots
+
+
+def _value_slots(value: bytes) -> list[list[Slot]]:
+    """``secret_forms(value)`` as few patterns: the base64 alphabets merged position by position
+    (one pattern, padding and the last, neighbour-dependent character optional), the hex cases
+    merged likewise.  Fewer, shorter patterns compile faster; each concrete form still matches."""
+    forms = [_merge([value])]
+    plain = [enc(value) for enc in _B64]
+    core0 = len(_cores(value, 0)[0])
+    forms.append(_merge(plain, optional_from=core0 if core0 >= MIN_CORE else len(plain[0])))
+    if len(value) <= LONG_VALUE:
+        for shift in (1, 2):
+            cores = _cores(value, shift)
+            if len(cores[0]) >= MIN_CORE:
+                forms.append(_merge(cores))
+        hexed = value.hex().encode("ascii")
+        forms.append(_merge([hexed, hexed.upper()]))
+    return forms
+
+
+Alt = tuple[int, bytes, int]
+"""One way to write a character: (its literal first byte, regex for the rest, width)."""
+
+
+def _hex_digit(d: int) -> bytes:
+    c = _HEX[d]
+    return bytes([c]) if c < 0x61 else b"[" + bytes([c, c - 32]) + b"]"
+
+
+def _hex2(b: int) -> bytes:
+    return _hex_digit(b >> 4) + _hex_digit(b & 15)
+
+
+def _hex4(n: int) -> bytes:
+    return _hex2(n >> 8) + _hex2(n & 0xFF)
+
+
+def _surrogates(cp: int) -> tuple[int, int]:
+    return 0xD800 + ((cp - 0x10000) >> 10), 0xDC00 + ((cp - 0x10000) & 0x3FF)
+
+
+def _alts(char: Char) -> list[Alt]:
+    raw, cp = char
+    tail = b"".join(b"(?:" + re.escape(bytes([b])) + b"|%" + _hex2(b) + b")" for b in raw[1:])
+    tail_w = 3 * (len(raw) - 1)
+    alts: list[Alt] = [(raw[0], tail, 1 + tail_w), (0x25, _hex2(raw[0]) + tail, 3 + tail_w)]
+    if raw == b" ":
+        alts.append((0x2B, b"", 1))  # application/x-www-form-urlencoded
+    if cp is not None:
+        short = _JSON_SHORT.get(cp)
+        if short is not None:
+            alts.append((0x5C, re.escape(short), 2))
+        if cp < 0x10000:
+            alts.append((0x5C, b"u" + _hex4(cp), 6))
+        else:
+            hi, lo = _surrogates(cp)
+            alts.append((0x5C, b"u" + _hex4(hi) + rb"\\u" + _hex4(lo), 12))
+    return alts
+
+
+def _slot_regex(slot: Slot) -> tuple[bytes, int]:
+    chars, optional = slot
+    alts = {(-w, re.escape(bytes([f])) + rest) for c in chars for f, rest, w in _alts(c)}
+    body = b"(?:" + b"|".join(p for _, p in sorted(alts)) + (b")?" if optional else b")")
+    return body, -min(alts)[0]
+
+
+def _alternation(items: Iterable[bytes]) -> bytes:
+    """``(?:a|b|...)`` in the given order (leftmost-first tries them in it), duplicates dropped."""
+    return b"(?:" + b"|".join(dict.fromkeys(items)) + b")"
+
+
+class _Plan:
+    """What a ``Redactor`` needs for one set of values (built once per set, cached)."""
+
+    def __init__(self, values: tuple[bytes, ...]) -> None:
+        # A long value (a private key) and the body lines of a PEM value are matched as written,
+        # in their raw and whole-base64 forms: their patterns with unit encodings would take
+        # seconds to compile, for encodings nobody echoes a key in.
+        literal = {v for v in values if len(v) > LONG_VALUE}
+        for v in values:
+            literal |= _pem_lines(v)
+        forms: set[bytes] = set()
+        groups: dict[int, dict[bytes, int]] = {}
+        widest = 0
+        for v in sorted(literal):
+            for form in _literal_forms(v):
+                branch = groups.setdefault(form[0], {})
+                branch[re.escape(form[1:])] = len(form)
+                forms.add(form)
+                widest = max(widest, len(form))
+        encoded = sorted(set(values) - literal)
+        encoded_forms = set().union(*map(secret_forms, encoded))
+        forms |= encoded_forms
+        self._literal_groups = groups
+        self._encoded = [slots for v in encoded for slots in _value_slots(v)]
+        self._pattern: re.Pattern[bytes] | None = None
+        self.widest = max([widest, *map(_width, self._encoded)])
+        """The widest match: a window this wide on each side of a candidate holds every match."""
+        needles, escapes = _escapes(_minimal(encoded_forms))
+        self.needles = _minimal(forms | needles)
+        """Byte strings to ``find``: every concrete form, written without escapes, holds one."""
+        self.escapes = escapes
+        """One pattern per escape character (a pattern that starts with one literal byte is
+        scanned at memchr-like speed): the escapes that may start a match's escaped part."""
+
+    @property
+    def pattern(self) -> re.Pattern[bytes]:
+        """Built on first use: most bodies hold no candidate, and compiling the pattern of a
+        credential costs more than scanning megabytes."""
+        if self._pattern is None:
+            self._pattern = re.compile(self._source())
+        return self._pattern
+
+    def _source(self) -> bytes:
+        groups = {first: dict(alts) for first, alts in self._literal_groups.items()}
+        for form in self._encoded:
+            rest = [_slot_regex(s) for s in form[1:]]
+            rest_re = b"".join(r for r, _ in rest)
+            rest_w = sum(w for _, w in rest)
+            chars, optional = form[0]
+            assert not optional
+            for f, frag, w in (a for c in chars for a in _alts(c)):
+                branch = groups.setdefault(f, {})
+                branch[frag + rest_re] = max(branch.get(frag + rest_re, 0), w + rest_w)
+        # One top-level branch per first byte, each starting with that literal byte; within a
+        # branch the widest alternatives first, so leftmost-first picks the longest form.
+        parts = []
+        for first in sorted(groups):
+            alts = sorted(groups[first].items(), key=lambda kv: (-kv[1], kv[0]))
+            parts.append(re.escape(bytes([first])) + _alternation(a for a, _ in alts))
+        return b"|".join(parts)
+
+
+def _width(form: list[Slot]) -> int:
+    return sum(max(w for c in chars for *_, w in _alts(c)) for chars, _ in form)
+
+
+def _minimal(forms: set[bytes]) -> tuple[bytes, ...]:
+    """The forms that hold no other form: finding those finds every form."""
+    return tuple(sorted(f for f in forms if not any(g != f and g in f for g in forms)))
+
+
+def _escapes(needles: Iterable[bytes]) -> tuple[set[bytes], tuple[re.Pattern[bytes], ...]]:
+    """(extra needles, escape patterns) such that every match of a needle written with at least
+    one escape holds a candidate.  Take the needle's first character written escaped: if it is
+    the last one, everything before it is literal, so the needle less its last character is an
+    extra needle; otherwise the escape is followed by the next character, written some way, and
+    an escape pattern matches it there (with that follower as a lookahead, so a run of escapes
+    reports each one).  Requiring the follower keeps a body full of escaped slashes (PHP's
+    ``\\/``) from making every slash a candidate.  Escapes inside a non-ASCII character are
+    candidates whatever follows them."""
+    extra: set[bytes] = set()
+    percent: dict[int, set[bytes]] = {}
+    uescape: dict[int, set[bytes]] = {}
+    short: dict[int, set[bytes]] = {}
+    plus: set[bytes] = set()
+    for needle in needles:
+        chars = _chars(needle)
+        if len(chars) > 1:
+            extra.add(needle[: -len(chars[-1][0])])
+        for i, (raw, cp) in enumerate(chars):
+            if len(raw) > 1 or raw in _UNRESERVED:
+                follower = b""
+            elif i + 1 < len(chars):
+                follower = _slot_regex(((chars[i + 1],), False))[0]
+            elif i == 0:
+                follower = b""
+            else:
+                continue  # the last character: covered by the extra needle
+            for b in raw:
+                percent.setdefault(b, set()).add(follower)
+            if raw == b" ":
+                plus.add(follower)
+            if cp is not None:
+                if cp in _JSON_SHORT:
+                    short.setdefault(_JSON_SHORT[cp][0], set()).add(follower)
+                unit = cp if cp < 0x10000 else _surrogates(cp)[0]
+                uescape.setdefault(unit, set()).add(follower)
+    patterns = [b"%" + _digits({b"%02x" % b: f for b, f in percent.items()})] if percent else []
+    if uescape or short:
+        alts = [b"u" + _digits({b"%04x" % u: f for u, f in uescape.items()})] if uescape else []
+        alts += [re.escape(bytes([c])) + _lookahead(f) for c, f in sorted(short.items())]
+        patterns.append(rb"\\" + _alternation(alts))
+    if plus:
+        patterns.append(rb"\+" + _lookahead(plus))
+    return extra, tuple(re.compile(p) for p in patterns)
+
+
+def _lookahead(followers: set[bytes]) -> bytes:
+    return b"" if b"" in followers else b"(?=" + _alternation(sorted(followers)) + b")"
+
+
+def _digits(codes: dict[bytes, set[bytes]]) -> bytes:
+    """A prefix tree over hex codes (either case), each leaf followed by its lookahead: a flat
+    alternation of ``\\uXXXX`` codes made ``re`` try every one at every backslash."""
+    heads: dict[int, dict[bytes, set[bytes]]] = {}
+    for code, followers in codes.items():
+        heads.setdefault(code[0], {})[code[1:]] = followers
+    alts = []
+    for head, rest in sorted(heads.items()):
+        digit = _hex_digit(_HEX.index(head))
+        if b"" in rest:
+            alts.append(digit + _lookahead(rest[b""]))
+        else:
+            alts.append(digit + _digits(rest))
+    return _alternation(alts)
+
+
+@functools.lru_cache(maxsize=64)
+def _plan(values: tuple[bytes, ...]) -> _Plan | None:
+    """Cached: the engine builds a redactor per result stream, and the same credential's plan is
+    the same plan."""
+    return _Plan(values) if values else None
+
+
+def _candidates(plan: _Plan, buf: bytes, limit: int) -> list[int] | None:
+    """Positions every match holds one of: a needle's start, or an escape of a needle's
+    character.  (A match written without escapes is a concrete form, and every concrete form
+    contains a needle; a match with an escape holds the needle's span, and an escape of one of
+    its characters in it.)  None once there are more than ``limit``: their windows would cover
+    the buffer anyway."""
+    out: list[int] = []
+    find = buf.find
+    for needle in plan.needles:
+        i = find(needle)
+        while i >= 0:
+            out.append(i)
+            if len(out) > limit:
+                return None
+            i = find(needle, i + 1)
+    for escape in plan.escapes:
+        for m in escape.finditer(buf):
+            out.append(m.start())
+            if len(out) > limit:
+                return None
+    out.sort()
+    return out
+
+
+def _scan(plan: _Plan, buf: bytes, decided: int) -> tuple[list[bytes], int]:
+    """Redact ``buf`` up to ``decided`` (matches starting before it): (output pieces, where the
+    undecided rest starts).  Bytes from ``decided`` on may be the start of a match that needs
+    more input, unless ``decided == len(buf)``.
+
+    Why this equals ``pattern.sub`` over the whole input: every match starting at ``p`` has a
+    candidate in ``[p, p + widest)``, so windows ``[c - widest + 1, c + widest]`` around the
+    candidates (merged when they overlap) hold every match start, and a match starting at or
+    before a window's last candidate lies wholly inside the window (it is at most ``widest``
+    long).  Within a window ``finditer`` scans exactly as a whole-input scan would; a match it
+    finds beyond the last candidate may be cut by the window's end, so it is left to a later
+    window, which also holds its start."""
+    widest = plan.widest
+    cands = _candidates(plan, buf, len(buf) // (2 * widest) + 8)
+    windows = [(0, len(buf), len(buf))] if cands is None else _windows(cands, widest, len(buf))
+    out: list[bytes] = []
+    pos = 0
+    for start, last, end in windows:
+        if last < pos:
+            continue
+        for m in plan.pattern.finditer(buf, max(pos, start), end):
+            if m.start() > last or m.start() >= decided:
+                break
+            out.append(buf[pos : m.start()])
+            out.append(REDACTED)
+            pos = m.end()
+    if decided > pos:
+        out.append(buf[pos:decided])
+        pos = decided
+    return out, pos
+
+
+def _windows(cands: list[int], widest: int, size: int) -> list[tuple[int, int, int]]:
+    """(start, last candidate, end) of the merged windows around sorted ``cands``."""
+    out: list[tuple[int, int, int]] = []
+    for c in cands:
+        if out and c - widest + 1 <= out[-1][1] + widest:
+            out[-1] = (out[-1][0], c, min(size, c + widest))
+        else:
+            out.append((max(0, c - widest + 1), c, min(size, c + widest)))
+    return out
+
+
+class Redactor:
+    """Streaming replacement of every form of the secret values with ``[REDACTED]``.
+
+    ``feed``/``flush`` stream bytes (the result sink); ``sub`` does one whole byte string;
+    ``scrub`` walks a JSON-able value (header names and values, the reason phrase, facts) and
+    redacts inside every string and mapping key.  Output is the same however the input is
+    chunked: a position is decided only once the widest match could fit after it."""
+
+    def __init__(self, secrets: Iterable[bytes]) -> None:
+        self._plan = _plan(tuple(sorted({s for s in secrets if s})))
+        self._buf = b""
+
+    @property
+    def active(self) -> bool:
+        """False when there is nothing to redact (every method is then the identity)."""
+        return self._plan is not None
+
+    def feed(self, data: bytes) -> bytes:
+        plan = self._plan
+        if plan is None:
+            return data
+        buf = self._buf + data if self._buf else bytes(data)
+        out, pos = _scan(plan, buf, max(0, len(buf) - plan.widest + 1))
+        self._buf = buf[pos:]
+        return b"".join(out)
+
+    def flush(self) -> bytes:
+        plan = self._plan
+        if plan is None:
+            return b""
+        buf, self._buf = self._buf, b""
+        return b"".join(_scan(plan, buf, len(buf))[0])
+
+    def sub(self, data: bytes) -> bytes:
+        """``data`` with every form replaced (not streaming; ``feed``'s state is untouched)."""
+        plan = self._plan
+        return data if plan is None else b"".join(_scan(plan, data, len(data))[0])
+
+    def scrub_text(self, text: str) -> str:
+        """``text`` with every form replaced.  Text is matched as the bytes it was received as:
+        latin-1 when it fits (header fields arrive as bytes decoded latin-1), else UTF-8."""
+        if self._plan is None:
+            return text
+        try:
+            raw, codec = text.encode("latin-1"), "latin-1"
+        except UnicodeEncodeError:
+            raw, codec = text.encode("utf-8", "surrogatepass"), "utf-8"
+        out = self.sub(raw)
+        return text if out == raw else out.decode(codec, "surrogatepass")
+
+    def scrub(self, value: Any) -> Any:
+        """A JSON-able ``value`` with every string (mapping keys included) scrubbed."""
+        if self._plan is None:
+            return value
+        if isinstance(value, str):
+            return self.scrub_text(value)
+        if isinstance(value, dict):
+            return {self.scrub(k): self.scrub(v) for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return [self.scrub(v) for v in value]
+        return value
+
+
+def redactor(secret_values: Iterable[bytes]) -> Redactor:
+    return Redactor(secret_values)
