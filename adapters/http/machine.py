@@ -45,15 +45,36 @@ from affidavit.statemachine import ProtocolMachine, ProtocolTable, Step, registe
 
 __all__ = [
     "ABORT_EVENTS",
+    "CONTENT_CODINGS",
     "HTTP_TABLE",
     "FramingError",
     "HttpExchange",
     "Observation",
+    "content_coding",
 ]
 
 ABORT_EVENTS: Final = ("peer_closed", "malformed", "timed_out", "transport_error", "cancelled")
 """Ways an unfinished exchange ends early; all lead to ``closed_early`` (outcome decided by the
 last proven boundary, never by which of these it was)."""
+
+CONTENT_CODINGS: Final = frozenset({"gzip", "x-gzip", "deflate", "identity"})
+"""Content codings (RFC 9110 §8.4.1) named as themselves in ``content_coding``; any other is
+``"other"``, so the fact stays a closed, secret-free set whatever the peer sent."""
+
+
+def content_coding(headers: tuple[tuple[str, str], ...]) -> list[str]:
+    """The codings of every Content-Encoding field in the order applied (RFC 9110 §8.4: "If one
+    or more encodings have been applied ... the sender MUST list them in the order in which they
+    were applied"), lower-cased; a coding outside ``CONTENT_CODINGS`` is ``"other"``."""
+    out: list[str] = []
+    for name, value in headers:
+        if name.lower() == "content-encoding":
+            for token in value.split(","):
+                coding = token.strip().lower()
+                if coding:
+                    out.append(coding if coding in CONTENT_CODINGS else "other")
+    return out
+
 
 _SETUP_FAIL = {"setup_fail": "setup_failed", "gate_refused": "abandoned"}
 _REDIRECT_FAIL = {"setup_fail": "redirect_setup_failed", "gate_refused": "redirect_abandoned"}
@@ -347,6 +368,7 @@ class HttpExchange:
                     "hop": self.hop,
                     "status": ev.status_code,
                     "header_names": sorted({n.lower() for n, _ in headers}),
+                    "content_coding": content_coding(headers),
                 }
                 out.append(
                     Observation(

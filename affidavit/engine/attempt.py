@@ -88,6 +88,8 @@ class Attempt:
     expected_hash: str
     machine: ProtocolMachine
     n: int
+    scrub: Callable[[Any], Any]
+    """Redacts the secrets' forms from remote-controlled facts before they are journaled."""
     control: CallControl | None = None
     """The host's handle on the call (the daemon's): a stop before the gate wins."""
     gate_entered: bool = False
@@ -129,7 +131,7 @@ async def run_tries(
     timeout_code = (
         Code.CALLER_CANCELLED if total < target.timeout.total else Code.REMOTE_OUTCOME_UNKNOWN
     )
-    attempt = _new_attempt(engine, iid, generation, lease, target.name, expected, binding, 1)
+    attempt = _new_attempt(engine, iid, generation, lease, target.name, expected, binding, sink, 1)
     attempt.control = control
     result: RemoteResult | None = None
     failure: Failure | None = None
@@ -139,7 +141,7 @@ async def run_tries(
             for n in range(1, SETUP_ATTEMPTS + 1):
                 if n > 1:
                     attempt = _new_attempt(
-                        engine, iid, generation, lease, target.name, expected, binding, n
+                        engine, iid, generation, lease, target.name, expected, binding, sink, n
                     )
                     attempt.control = control
                 result, failure, again = await _try_once(engine, binding, prepared, attempt, sink)
@@ -174,6 +176,7 @@ def _new_attempt(
     target_name: str,
     expected: str,
     binding: Binding,
+    sink: StreamSink,
     n: int,
 ) -> Attempt:
     return Attempt(
@@ -185,6 +188,7 @@ def _new_attempt(
         expected_hash=expected,
         machine=ProtocolMachine(binding.table),
         n=n,
+        scrub=sink.scrub,
     )
 
 
@@ -296,7 +300,7 @@ def _gate(engine: Engine, attempt: Attempt) -> Any:
                         {
                             "protocol": attempt.machine.table.name,
                             "state": "hop_dispatch",
-                            "facts": {f"hop{hop}": dict(facts)},
+                            "facts": {f"hop{hop}": attempt.scrub(dict(facts))},
                         },
                     ),
                     barrier=True,
@@ -309,7 +313,7 @@ def _gate(engine: Engine, attempt: Attempt) -> Any:
         attrs: dict[str, Any] = {"generation": attempt.generation, "attempt": attempt.n}
         for k in ("connection", "reused_connection", "peer", "hop", "origin", "via_proxy"):
             if k in facts:
-                attrs[k] = facts[k]
+                attrs[k] = attempt.scrub(facts[k])
         # A withdrawal or stop asked for before this line wins (nothing is written); from the
         # next line on the call is dispatching and a withdrawal is refused.  No checkpoint in
         # between: both sides run on one trio thread (control.py).
@@ -363,7 +367,8 @@ async def record_observed(engine: Engine, attempt: Attempt) -> None:
     for ev in attempt.pending:
         await write(ev)
     if attempt.steps:
-        facts = {k: v for k, v in attempt.facts.items() if _jsonable(v)}
+        # Facts carry remote-controlled strings (response header names, a redirect's origin).
+        facts = attempt.scrub({k: v for k, v in attempt.facts.items() if _jsonable(v)})
         facts["path"] = attempt.steps
         await write(
             Event(

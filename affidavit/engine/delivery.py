@@ -99,7 +99,7 @@ async def _commit(
     }
     for k in ("status", "exit_status", "exit_signal", "remote_request_id", "hop", "evidence_from"):
         if k in result.facts:
-            attrs[k] = result.facts[k]
+            attrs[k] = sink.scrub(result.facts[k])
     if result.retry_after is not None:
         attrs["retry_after"] = result.retry_after
     await recorder.write(
@@ -110,7 +110,9 @@ async def _commit(
         # transaction: a batch's item outcomes, the job a 202 accepted.
         for event in reading(iid, result, sink.kept()):
             await recorder.write(event)
-    summary = {**result.summary, "streams": streams}
+    # The summary holds what the remote wrote besides the streams (header names and values,
+    # the reason phrase): the same forms go (docs/redaction.md, "Surfaces").
+    summary = {**sink.scrub(result.summary), "streams": streams}
     try:
         committed = await journal.commit_result(
             Event(E.RESULT_COMMITTED, iid, {"sha256": digest}),

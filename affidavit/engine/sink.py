@@ -2,9 +2,10 @@
 
 Seed, "A result delivery error must not repeat execution": "Store chunks with sequence numbers
 and a final completeness marker."  Each stream is redacted (no credential echoed by the remote
-reaches the journal), hashed and journaled in ``RESULT_CHUNK``-sized chunks as it arrives --
-never held whole.  The completeness marker is written later, with RESULT_COMMITTED
-(``delivery.commit``), from what this sink reports.
+reaches the journal; ``scrub`` does the same to the structured rest of a result), hashed and
+journaled in ``RESULT_CHUNK``-sized chunks as it arrives -- never held whole.  The completeness
+marker is written later, with RESULT_COMMITTED (``delivery.commit``), from what this sink
+reports.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from affidavit.journal import Journal
-from affidavit.secrets.credentials import redactor
+from affidavit.secrets.redaction import Redactor, redactor
 
 __all__ = ["RESULT_CHUNK", "Stored", "StreamSink"]
 
@@ -39,6 +40,13 @@ class StreamSink:
         self._streams: dict[str, dict[str, Any]] = {}
         self._kept = 0
         self._keep = True
+        self._scrubber = Redactor(secret_values)
+
+    def scrub(self, value: Any) -> Any:
+        """``value`` (JSON-able: a summary, facts) with every form of the secrets redacted in
+        its strings and keys -- header names and values, the reason phrase, a hop's origin --
+        the same forms the streams lose (docs/redaction.md)."""
+        return self._scrubber.scrub(value)
 
     def _stream(self, name: str) -> dict[str, Any]:
         st = self._streams.get(name)

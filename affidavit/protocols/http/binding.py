@@ -12,6 +12,7 @@ from affidavit.protocols.spec import Prepared
 from affidavit.secrets.credentials import Credential, apply_query, inject_http
 
 from .action import HttpAction
+from .decoding import BodyDecoding
 from .target import HttpTarget, origin_of
 
 __all__ = ["HttpBinding"]
@@ -77,7 +78,12 @@ class HttpBinding:
         return Prepared(request=request, secrets=secrets, evidence=evidence)
 
     async def perform(self, prepared: Prepared, ctx: AttemptContext) -> RemoteResult:
-        return await self._client.perform(prepared.request, ctx)
+        # Compressed bodies reach the engine's sink decoded, so its redaction scan sees the
+        # bytes a caller would (docs/redaction.md, "Compressed bodies").
+        decoding = BodyDecoding(ctx)
+        result = await self._client.perform(prepared.request, decoding.context)
+        result.summary.update(await decoding.finish())
+        return result
 
     async def aclose(self) -> None:
         await self._client.aclose()
