@@ -460,3 +460,67 @@ def test_is_idempotent_reads_configuration_not_method_names() -> None:
     assert not is_idempotent(parse_action(ssh(command="systemctl  is-active app"), CONFIG), deploy)
     assert not is_idempotent(parse_action(ssh(), CONFIG), deploy)
     assert not is_idempotent(parse_action(ssh(), CONFIG), billing)
+
+
+# --- the caller cannot shadow the credential (issue 9) ----------------------------------------
+# Servers do not read header and parameter names byte for byte: header names are
+# case-insensitive (RFC 9110 §5.1) and CGI, WSGI and nginx map "_" and "-" to the same
+# HTTP_X_API_KEY; PHP reads "a.b" and "a b" as "a_b".  A spelling any of them reads as the
+# injected name would let the caller's value stand in for (or beside) the credential.
+
+SEARCH = {"target": "search", "method": "GET"}
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["X_Api_Key", "x-api-key", "X-API-KEY", "X-Api-Key ", " x_API-key", "x_api_key"],
+)
+def test_a_header_a_server_reads_as_the_injected_one_is_forbidden(name: str) -> None:
+    with pytest.raises(ActionInvalid) as info:
+        parse_action(http(headers={name: "mine"}), CONFIG)
+    assert (info.value.code, info.value.field) == (Code.FORBIDDEN_HEADER, f"headers.{name}")
+
+
+@pytest.mark.parametrize(
+    "name", ["Idempotency_Key", "AUTHORIZATION", "Proxy_Authorization", "Content_Length", "Host "]
+)
+def test_every_broker_owned_header_is_matched_the_same_way(name: str) -> None:
+    with pytest.raises(ActionInvalid) as info:
+        parse_action(http(headers={name: "x"}), CONFIG)
+    assert (info.value.code, info.value.field) == (Code.FORBIDDEN_HEADER, f"headers.{name}")
+
+
+def test_two_spellings_of_one_header_are_refused_as_a_duplicate() -> None:
+    with pytest.raises(ActionInvalid) as info:
+        parse_action(http(headers={"X-Trace": "a", "x_trace": "b"}), CONFIG)
+    assert (info.value.code, info.value.field) == (Code.INVALID_FIELD, "headers.x_trace")
+
+
+def test_an_unprintable_forbidden_name_is_not_echoed_in_the_field_path() -> None:
+    with pytest.raises(ActionInvalid) as info:
+        parse_action(http(headers={"X-Api-Key\t": "x"}), CONFIG)
+    assert (info.value.code, info.value.field) == (Code.FORBIDDEN_HEADER, "headers")
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/q?API_KEY=mine",
+        "/q?Api-Key=mine",
+        "/q?api.key=mine",
+        "/q?api+key=mine",
+        "/q?api%20key=mine",
+        "/q?x=1;api_key=mine",
+        "/q?api%5Bkey=mine",
+        "/q?a=1&%41PI_KEY=mine",
+    ],
+)
+def test_a_query_parameter_a_server_reads_as_the_injected_one_is_forbidden(path: str) -> None:
+    with pytest.raises(ActionInvalid) as info:
+        parse_action({**SEARCH, "path": path}, CONFIG)
+    assert (info.value.code, info.value.field) == (Code.FORBIDDEN_HEADER, "path")
+
+
+@pytest.mark.parametrize("path", ["/q?api_keys=1", "/q?my_api_key=1", "/q?apikey=1"])
+def test_other_query_parameters_stay_allowed(path: str) -> None:
+    assert parse_action({**SEARCH, "path": path}, CONFIG).path == path

@@ -328,6 +328,16 @@ ROWS: dict[str, Row] = {
     "preflight-override-of-the-injected-query-sends-nothing": _preflight(
         {"method": "GET", "path": "/?api_key=mine"}, "query:api_key", "FORBIDDEN_HEADER", "path"
     ),
+    # Issue 9: CGI/WSGI/nginx read X_Api_Key as X-Api-Key; frameworks fold a query name's case.
+    "preflight-underscore-spelling-of-the-injected-header-sends-nothing": _preflight(
+        {"method": "GET", "path": "/", "headers": {"X_Api_Key": "mine"}},
+        "header:X-Api-Key",
+        "FORBIDDEN_HEADER",
+        "headers.X_Api_Key",
+    ),
+    "preflight-other-case-of-the-injected-query-sends-nothing": _preflight(
+        {"method": "GET", "path": "/?API_KEY=mine"}, "query:api_key", "FORBIDDEN_HEADER", "path"
+    ),
     # Seed: "Credential injection still belongs to the preflight stage ... missing credentials".
     "missing-credential-is-credential-injection-not-attempted": Row(
         ("credential_injection", "not_attempted", "after_correction", "CREDENTIAL_MISSING"),

@@ -41,6 +41,7 @@ MAX_HEADER_VALUE = 8192
 # smuggling vector; the caller must percent-encode it.
 _TARGET_CHARS = re.compile(r"[A-Za-z0-9\-._~!$&'()*+,;=:@/?%]*")
 _BAD_PERCENT = re.compile(r"%(?![0-9A-Fa-f]{2})")
+_PRINTABLE = re.compile(r"[\x20-\x7e]+")
 _HEADER_VALUE = re.compile(r"[\x21-\x7e](?:[\x20-\x7e\t]*[\x21-\x7e])?|")
 # Hop-by-hop headers (RFC 9110 §7.6.1) are the transport's to manage, as are framing headers.
 _HOP_HEADERS = frozenset({"keep-alive", "proxy-connection", "proxy-authenticate"})
@@ -133,15 +134,32 @@ def _check_path(path: str, target: HttpTarget) -> None:
                     Code.INVALID_FIELD, "path", 'must not contain "." or ".." segments'
                 )
     scheme, param = parse_inject(target.inject)
-    if scheme == "query" and query:
-        for pair in query.split("&"):
+    if scheme == "query" and query and param:
+        injected = _query_key(param)
+        for pair in re.split(r"[&;]", query):
             pname = urllib.parse.unquote_plus(pair.partition("=")[0])
-            if pname == param:
+            if _query_key(pname) == injected:
                 raise ActionInvalid(
                     Code.FORBIDDEN_HEADER,
                     "path",
-                    f"query parameter {param} carries the credential; the broker sets it",
+                    f"query parameter {param} carries the credential (in any case, and with "
+                    '"-", "." or " " for "_"); the broker sets it',
                 )
+
+
+def _query_key(name: str) -> str:
+    """A query parameter name as frameworks may read it: case-insensitively, and with ``.``,
+    `` ``, ``[`` and ``-`` read as ``_`` (PHP turns ``a.b`` and ``a b`` into ``a_b``; CGI-style
+    stacks fold case and dashes) -- so a caller cannot shadow the injected parameter with a
+    spelling that one of them reads as it (issue 9)."""
+    return re.sub(r"[-. \[]", "_", name.strip().lower())
+
+
+def _header_key(name: str) -> str:
+    """A header name as servers may read it: case-insensitively (RFC 9110 §5.1), surrounding
+    whitespace dropped, and ``_`` as ``-`` -- CGI, WSGI and nginx map ``X-Api-Key`` and
+    ``X_Api_Key`` to the same ``HTTP_X_API_KEY``, so either one shadows the injected header."""
+    return name.strip().lower().replace("_", "-")
 
 
 def _forbidden_headers(target: HttpTarget) -> frozenset[str]:
@@ -164,23 +182,41 @@ def _parse_headers(raw: object, target: HttpTarget) -> tuple[tuple[str, str], ..
         )
     if len(raw) > MAX_HEADERS:
         raise ActionInvalid(Code.PAYLOAD_LIMIT, "headers", f"more than {MAX_HEADERS} headers")
-    forbidden = _forbidden_headers(target)
+    forbidden = {_header_key(n) for n in _forbidden_headers(target)}
     out: dict[str, str] = {}
+    seen: set[str] = set()
     for hname, value in raw.items():
-        if not isinstance(hname, str) or not TOKEN.fullmatch(hname) or len(hname) > 128:
+        if not isinstance(hname, str):
             raise ActionInvalid(
                 Code.INVALID_FIELD, "headers", "a header name is not an RFC 9110 token"
             )
-        field = f"headers.{hname}"
+        # The name goes into the field path only when it is short printable ASCII (it is
+        # echoed in the envelope and the journal).
+        field = (
+            f"headers.{hname}" if len(hname) <= 128 and _PRINTABLE.fullmatch(hname) else "headers"
+        )
+        key = _header_key(hname)
+        if key in forbidden:
+            # Before the token check: "X-Api-Key " is no token, yet the one a lenient server
+            # would read as the injected header.
+            raise ActionInvalid(
+                Code.FORBIDDEN_HEADER,
+                field,
+                "is set by the broker or the transport, not callers (names compare "
+                'case-insensitively, and "_" as "-")',
+            )
+        if not TOKEN.fullmatch(hname) or len(hname) > 128:
+            raise ActionInvalid(
+                Code.INVALID_FIELD, "headers", "a header name is not an RFC 9110 token"
+            )
         lower = hname.lower()
-        if lower in forbidden:
+        if key in seen:
             raise ActionInvalid(
-                Code.FORBIDDEN_HEADER, field, "is set by the broker or the transport, not callers"
+                Code.INVALID_FIELD,
+                field,
+                'is given twice (names compare case-insensitively, and "_" as "-")',
             )
-        if lower in out:
-            raise ActionInvalid(
-                Code.INVALID_FIELD, field, "is given twice (names are case-insensitive)"
-            )
+        seen.add(key)
         if not isinstance(value, str):
             raise ActionInvalid(Code.INVALID_FIELD, field, "must be a string")
         no_ctl(value, field)
