@@ -51,6 +51,8 @@ _INTERRUPT_CODES = frozenset(
 )
 _SECOND_OBSERVER = frozenset({EvidenceSource.REMOTE_QUERY, EvidenceSource.OPERATOR_ATTESTED})
 _RESOLVED = frozenset({Outcome.REJECTED, Outcome.COMMITTED})
+_RETRY_PREFLIGHT = frozenset({"validated", "retry_pending"})
+"""States a retry (generation > 0) is in between its lease and its connection setup."""
 
 
 # Enum lookups by value through plain dicts: ``Code(raw)`` goes through EnumMeta.__call__ and an
@@ -200,11 +202,21 @@ def _on_validated(p: Projector, event: Event) -> None:
 
 
 def _on_preflight_failed(p: Projector, event: Event) -> None:
+    _refund_refused_retry(p)
     _set_error(p, event, _phase_code(p, event, _VALIDATION))
 
 
 def _on_credential_failed(p: Projector, event: Event) -> None:
+    _refund_refused_retry(p)
     _set_error(p, event, _phase_code(p, event, _CREDENTIAL_INJECTION))
+
+
+def _refund_refused_retry(p: Projector) -> None:
+    """A retry refused in its own preflight (re-validation, credential) never reached setup, let
+    alone dispatch: it was not an attempt, so the budget its lease took is given back (seed:
+    "Store the retry budget in the action record" -- a budget of attempts)."""
+    if p._generation > 0 and p._state in _RETRY_PREFLIGHT:
+        p._budget_used -= 1
 
 
 def _on_approval_requested(p: Projector, event: Event) -> None:

@@ -19,7 +19,6 @@ import json
 import sys
 from collections.abc import Awaitable, Callable
 from functools import partial
-from pathlib import Path
 from typing import Any, TypeVar
 
 from affidavit.cli import (
@@ -85,18 +84,39 @@ def load_or_usage(path: str | None) -> Any:
         raise UsageError(f"cannot read config: {exc.strerror}") from None
 
 
-def _read_action(source: str) -> Any:
+WIRE_ACTION_LIMIT = 16 * 1024 * 1024
+"""Bytes of action JSON sent to a daemon (its own body limit): it checks the text as embedded
+``call`` does, so this process needs neither the config nor the parser."""
+
+
+def _read_bytes(source: str, limit: int) -> bytes:
+    """At most ``limit`` bytes of action JSON from ``source`` (a file, or - for stdin): more is
+    PAYLOAD_LIMIT, before anything is parsed."""
     try:
-        text = sys.stdin.read() if source == "-" else Path(source).read_text(encoding="utf-8")
+        if source == "-":
+            data = sys.stdin.buffer.read(limit + 1)
+        else:
+            with open(source, "rb") as fh:
+                data = fh.read(limit + 1)
     except OSError as exc:
         raise UsageError(f"cannot read action {source}: {exc.strerror}") from None
-    except UnicodeDecodeError:
-        raise UsageError(f"action {source} is not UTF-8 text") from None
+    if len(data) > limit:
+        raise UsageError(f"action refused: PAYLOAD_LIMIT at action: is larger than {limit} bytes")
+    return data
+
+
+def _read_action(source: str, config: Any) -> Any:
+    """The action JSON from ``source``, checked before it is parsed: size (what the configured
+    targets accept), UTF-8, nesting depth, JSON syntax.  A refusal is a usage error naming its
+    stable code (nothing was journaled or sent)."""
+    from affidavit.protocols.actions import ActionInvalid, action_size_limit, load_action_json
+
+    limit = action_size_limit(config.targets.values())
     try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
+        return load_action_json(_read_bytes(source, limit), limit)
+    except ActionInvalid as exc:
         raise UsageError(
-            f"action is not valid JSON (line {exc.lineno}, column {exc.colno})"
+            f"action refused: {exc.code.value} at {exc.field}: {exc.message}"
         ) from None
 
 
@@ -114,14 +134,13 @@ def _call(args: argparse.Namespace) -> int:
     if socket is not None:
         from affidavit.api.wire import target
 
-        action = _read_action(args.action)
-        body = json.dumps(action).encode("utf-8")
+        body = _read_bytes(args.action, WIRE_ACTION_LIMIT)
         response = ask_daemon(socket, "POST", target("/v1/calls", {"timeout": args.timeout}), body)
         return _print_answer(daemon_json(response))
     from affidavit.api.broker import Broker
 
     config = load_or_usage(args.config)
-    action = _read_action(args.action)
+    action = _read_action(args.action, config)
 
     delivering = False
 

@@ -24,7 +24,13 @@ import trio
 
 from affidavit.journal import IdempotencyMismatch, LeaseBusy
 from affidavit.protocols import Binding, Prepared
-from affidavit.protocols.actions import ActionInvalid, fingerprint, is_idempotent, parse_action
+from affidavit.protocols.actions import (
+    ActionInvalid,
+    accepted_session,
+    fingerprint,
+    is_idempotent,
+    parse_action,
+)
 from affidavit.secrets.credentials import CredentialError, resolve
 from affidavit.statemachine import (
     Code,
@@ -69,14 +75,16 @@ async def start(
     invocation this one serves, e.g. the submission whose job a poll queries."""
     now = time.time()
     iid = new_invocation_id()
-    session = action.get("session") if isinstance(action, Mapping) else None
-    if session is not None and not isinstance(session, str):
-        session = None
+    # Validated before anything is journaled: a refused session is recorded bounded, never
+    # whole (a 5 MB one grew the journal by 15 MB; a lone surrogate crashed the insert).
+    session, refused_session = accepted_session(action)
     recorder = engine.recorder
     try:
         parsed = parse_action(action, engine.config)
     except ActionInvalid as exc:
-        return await refuse_new(recorder, iid, session, None, exc.code, exc.field, exc.message)
+        return await refuse_new(
+            recorder, iid, session, None, exc.code, exc.field, exc.message, refused_session
+        )
 
     target = engine.config.targets[parsed.target]
     binding = engine.bindings.get(target.kind)
@@ -193,6 +201,7 @@ async def refuse_new(
     code: Code,
     field_path: str,
     message: str,
+    refused_session: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Accept and at once refuse a new invocation in validation (nothing attempted)."""
     operation = {
@@ -201,9 +210,10 @@ async def refuse_new(
         "idempotent": False,
         "fingerprint": None,
     }
-    await recorder.append(
-        Event(E.ACTION_ACCEPTED, iid, {"operation": operation, "session": session})
-    )
+    accepted: dict[str, Any] = {"operation": operation, "session": session}
+    if refused_session is not None:
+        accepted["refused_session"] = dict(refused_session)
+    await recorder.append(Event(E.ACTION_ACCEPTED, iid, accepted))
     return await recorder.finish(
         iid,
         Event(

@@ -20,8 +20,9 @@ the method name (seed: "The method name serves as evidence, but not as a guarant
 from __future__ import annotations
 
 import hashlib
+import json
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 
 from affidavit.schema import Target, canonical_json, snapshot_hash
@@ -32,11 +33,18 @@ from .spec import Action
 
 __all__ = [
     "COMMON_FIELDS",
+    "MAX_DEPTH",
+    "MAX_NODES",
     "MAX_TOKEN_FIELD",
     "VISIBLE",
     "ActionInvalid",
+    "accepted_session",
+    "action_size_limit",
+    "bounded",
+    "check_shape",
     "fingerprint",
     "is_idempotent",
+    "load_action_json",
     "no_ctl",
     "parse_action",
     "session",
@@ -45,6 +53,13 @@ __all__ = [
 
 MAX_TOKEN_FIELD = 255
 COMMON_FIELDS = frozenset({"target", "session"})
+MAX_DEPTH = 16
+"""Nesting an action may have (its own needs three: action, headers, a value).  Checked before
+anything walks it: 100k nested arrays used to end in a RecursionError traceback."""
+MAX_NODES = 10_000
+"""Values (objects, arrays, scalars) an action may hold in all."""
+BOUNDED_PREFIX = 64
+"""Characters of a refused value kept in the journal (escaped), with its length and hash."""
 
 # Visible ASCII only: these fields travel in headers, journal attrs and envelopes.
 VISIBLE = re.compile(r"[\x21-\x7e]+")
@@ -99,8 +114,106 @@ def session(obj: Mapping[str, Any]) -> str | None:
     return value
 
 
+def load_action_json(data: bytes, limit: int) -> object:
+    """Decode an action's JSON text -- checked *before* the parser runs: at most ``limit`` bytes
+    (PAYLOAD_LIMIT), UTF-8 (INVALID_FIELD), nested at most ``MAX_DEPTH`` deep (PAYLOAD_LIMIT),
+    valid JSON (INVALID_FIELD); every failure is an ``ActionInvalid`` at ``action``."""
+    if len(data) > limit:
+        raise ActionInvalid(Code.PAYLOAD_LIMIT, "action", f"is larger than {limit} bytes")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ActionInvalid(
+            Code.INVALID_FIELD, "action", f"is not UTF-8 text (byte {exc.start})"
+        ) from None
+    depth = 0
+    for m in _JSON_NESTING.finditer(text):
+        bracket = m.group()
+        if bracket in "[{":
+            depth += 1
+            if depth > MAX_DEPTH:
+                raise ActionInvalid(
+                    Code.PAYLOAD_LIMIT, "action", f"nests deeper than {MAX_DEPTH} levels"
+                )
+        elif bracket in "]}":
+            depth -= 1
+    try:
+        return json.loads(text)
+    except ValueError as exc:  # JSONDecodeError, and int() of a 5000-digit number
+        where = (
+            f" (line {exc.lineno}, column {exc.colno})"
+            if isinstance(exc, json.JSONDecodeError)
+            else ""
+        )
+        raise ActionInvalid(Code.INVALID_FIELD, "action", f"is not valid JSON{where}") from None
+
+
+# Strings (skipped whole) or a bracket: the nesting of JSON text without parsing it.
+_JSON_NESTING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"?|[\[\]{}]', re.DOTALL)
+
+
+def action_size_limit(targets: Iterable[object]) -> int:
+    """Bytes of action JSON worth reading for these targets: the largest payload any of them
+    accepts (``max_body``, ``max_stdin``), written at worst as 6-character ``\\uXXXX`` escapes,
+    plus 1 MiB for the rest (path, headers, command)."""
+    payload = max(
+        (max(getattr(t, "max_body", 0), getattr(t, "max_stdin", 0)) for t in targets), default=0
+    )
+    return 6 * payload + (1 << 20)
+
+
+def check_shape(obj: object) -> None:
+    """An action object (from JSON, or built by a Python caller) nested at most ``MAX_DEPTH``
+    deep and holding at most ``MAX_NODES`` values -- walked without recursion, so a deep or
+    cyclic object is refused, not a RecursionError."""
+    stack: list[tuple[object, int]] = [(obj, 1)]
+    nodes = 0
+    while stack:
+        value, depth = stack.pop()
+        nodes += 1
+        if nodes > MAX_NODES:
+            raise ActionInvalid(Code.PAYLOAD_LIMIT, "action", f"holds more than {MAX_NODES} values")
+        if isinstance(value, Mapping | list | tuple):
+            if depth > MAX_DEPTH:
+                raise ActionInvalid(
+                    Code.PAYLOAD_LIMIT, "action", f"nests deeper than {MAX_DEPTH} levels"
+                )
+            children = value.values() if isinstance(value, Mapping) else value
+            stack.extend((child, depth + 1) for child in children)
+
+
+def bounded(value: object) -> dict[str, Any]:
+    """How a refused caller value is journaled: never whole (a refused 5 MB ``session`` grew the
+    journal by 15 MB).  Its type, its length, its first ``BOUNDED_PREFIX`` characters with
+    anything unprintable escaped, and the SHA-256 of its UTF-8 bytes (lone surrogates escaped)."""
+    if not isinstance(value, str):
+        return {"type": type(value).__name__}
+    head = value[:BOUNDED_PREFIX].encode("ascii", "backslashreplace").decode("ascii")
+    head = "".join(c if " " <= c <= "~" else f"\\x{ord(c):02x}" for c in head)
+    raw = value.encode("utf-8", "backslashreplace")
+    return {
+        "type": "str",
+        "length": len(value),
+        "prefix": head,
+        "sha256": hashlib.sha256(raw).hexdigest(),
+    }
+
+
+def accepted_session(obj: object) -> tuple[str | None, dict[str, Any] | None]:
+    """The ``session`` to journal with ACTION_ACCEPTED, and, when the caller's value is refused,
+    its ``bounded`` description (then the session is None).  Runs before anything is journaled,
+    whatever the action: a non-UTF-8 or 5 MB session is recorded bounded, never whole."""
+    if not isinstance(obj, Mapping) or obj.get("session") is None:
+        return None, None
+    try:
+        return session(obj), None
+    except ActionInvalid:
+        return None, bounded(obj.get("session"))
+
+
 def parse_action(obj: object, config: Configured) -> Action:
     """Validate a caller's action (already JSON-decoded) against ``config``."""
+    check_shape(obj)
     if not isinstance(obj, Mapping):
         raise ActionInvalid(Code.INVALID_FIELD, "action", "must be a JSON object")
     for key in obj:

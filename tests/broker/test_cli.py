@@ -128,7 +128,7 @@ async def test_call_timeout_flag_is_the_caller_deadline(tmp_path: Path) -> None:
 async def test_call_usage_errors_exit_2_with_message_on_stderr(tmp_path: Path) -> None:
     cfg = write_config(tmp_path, {"api": http_target("http://127.0.0.1:1")})
     cases: list[tuple[list[str], bytes, bytes]] = [
-        (["call", "-", "--config", str(cfg)], b"{not json", b"action is not valid JSON"),
+        (["call", "-", "--config", str(cfg)], b"{not json", b"at action: is not valid JSON"),
         (
             ["call", str(tmp_path / "missing.json"), "--config", str(cfg)],
             b"",

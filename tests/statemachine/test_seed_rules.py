@@ -195,6 +195,28 @@ def test_refused_connection_may_back_off_until_the_budget_is_spent() -> None:
     assert "budget" in inv.refused(E.RETRY_LEASE_ACQUIRED, generation=2)
 
 
+def test_a_retry_refused_in_its_preflight_does_not_spend_the_budget() -> None:
+    """Issue 9: a retry whose credential or re-validation is refused never reached setup -- it
+    was no attempt, so the budget its lease took comes back."""
+    for refusal, attrs in (
+        (E.CREDENTIAL_FAILED, {"code": "CREDENTIAL_MISSING"}),
+        (E.PREFLIGHT_FAILED, {"code": "CONFIG_CHANGED", "field": "credential"}),
+    ):
+        inv = Inv(budget=2).authorized().ev(E.SETUP_FAILED, code="CONNECTION_REFUSED", stage="t")
+        assert inv.rec().budget.left == 1
+        inv.ev(E.RETRY_LEASE_ACQUIRED, generation=1).ev(refusal, **attrs)
+        assert inv.rec().budget.left == 1, refusal
+        unknown = unknown_post(idempotent=True)
+        left = unknown.rec().budget.left
+        unknown.ev(E.RETRY_LEASE_ACQUIRED, generation=1).ev(refusal, **attrs)
+        assert unknown.rec().budget.left == left, refusal
+    # A retry that reached setup was an attempt.
+    inv = Inv(budget=2).authorized().ev(E.SETUP_FAILED, code="CONNECTION_REFUSED", stage="t")
+    inv.ev(E.RETRY_LEASE_ACQUIRED, generation=1).ev(E.CREDENTIAL_AUTHORIZED)
+    inv.ev(E.SETUP_FAILED, code="CONNECTION_REFUSED", stage="t")
+    assert inv.rec().budget.left == 0
+
+
 # --- "Dispatch shifts the burden of proof" ----------------------------------------------------
 
 

@@ -1,0 +1,188 @@
+"""Every bad input is an envelope or a usage error, never a traceback (issue 9, item 4).
+
+Seed, "Validation and credential injection finish before dispatch": "Return a stable code ...
+along with the path to the field that the caller can fix."  Action JSON is checked before it is
+parsed (size, encoding, nesting); caller strings are checked before anything is journaled, and
+a refused value is journaled bounded -- never whole.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from affidavit.protocols.actions import MAX_DEPTH, MAX_NODES, ActionInvalid, load_action_json
+from tests.http.hostile import HostileServer, Reply, scripts
+
+from .helpers import TOKEN_ENV, assert_error, http_target, open_broker, write_config
+
+LIMIT = 30
+GET = {"target": "api", "method": "GET", "path": "/x"}
+
+
+def _cli(*args: str, stdin: bytes = b"") -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(
+        [sys.executable, "-m", "affidavit", *args],
+        input=stdin,
+        capture_output=True,
+        env={**os.environ, TOKEN_ENV: "tok-bad-input-1234"},
+        timeout=LIMIT,
+        check=False,
+    )
+
+
+def _journal_size(tmp: Path) -> int:
+    return sum(p.stat().st_size for p in tmp.glob("journal.db*") if p.is_file())
+
+
+# --- action JSON, before parsing ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("data", "code", "message"),
+    [
+        (b"[" * 100_000 + b"]" * 100_000, "PAYLOAD_LIMIT", f"nests deeper than {MAX_DEPTH}"),
+        (b'{"a":' * 50_000 + b"1" + b"}" * 50_000, "PAYLOAD_LIMIT", "nests deeper"),
+        (b'{"target": "api", "path": "\xff\xfe"}', "INVALID_FIELD", "is not UTF-8 text"),
+        (b'{"target": "api"', "INVALID_FIELD", "is not valid JSON (line 1"),
+        (b'{"n": ' + b"9" * 5000 + b"}", "INVALID_FIELD", "is not valid JSON"),
+        (b" " * (1 << 21), "PAYLOAD_LIMIT", f"is larger than {1 << 20} bytes"),
+    ],
+)
+def test_action_text_is_checked_before_it_is_parsed(data: bytes, code: str, message: str) -> None:
+    with pytest.raises(ActionInvalid) as info:
+        load_action_json(data, 1 << 20)
+    assert (info.value.code.value, info.value.field) == (code, "action")
+    assert message in info.value.message
+
+
+def test_brackets_inside_strings_do_not_count_as_nesting() -> None:
+    text = json.dumps({"target": "api", "body": "[" * 10_000 + "{" * 10_000 + '\\"]'})
+    assert load_action_json(text.encode(), 1 << 20)["body"].startswith("[[[")
+
+
+@pytest.mark.parametrize(
+    ("stdin", "expect"),
+    [
+        (b"[" * 100_000 + b"]" * 100_000, "PAYLOAD_LIMIT at action: nests deeper than"),
+        (b'{"target": "api", "session": "\xc3\x28"}', "INVALID_FIELD at action: is not UTF-8"),
+        (b"not json", "INVALID_FIELD at action: is not valid JSON"),
+    ],
+)
+def test_the_cli_refuses_bad_action_text_with_one_line_and_exit_2(
+    tmp_path: Path, stdin: bytes, expect: str
+) -> None:
+    cfg = write_config(tmp_path, {"api": http_target("http://127.0.0.1:9")})
+    p = _cli("call", "--config", str(cfg), stdin=stdin)
+    assert p.returncode == 2, p.stderr
+    assert b"Traceback" not in p.stderr and p.stdout == b""
+    line = p.stderr.decode().strip()
+    assert "\n" not in line and line.startswith("affidavit: action refused: ") and expect in line
+
+
+def test_an_action_larger_than_any_target_accepts_is_not_read_whole(tmp_path: Path) -> None:
+    cfg = write_config(tmp_path, {"api": http_target("http://127.0.0.1:9", max_body=16)})
+    p = _cli("call", "--config", str(cfg), stdin=b" " * (2 << 20))  # 6 x 16 + 1 MiB allowed
+    assert p.returncode == 2 and b"PAYLOAD_LIMIT at action: is larger than" in p.stderr
+
+
+# --- objects from the Python API --------------------------------------------------------------
+
+
+def _deep(n: int) -> Any:
+    obj: Any = "x"
+    for _ in range(n):
+        obj = [obj]
+    return obj
+
+
+async def test_a_deep_wide_or_cyclic_object_is_an_envelope_not_a_recursion_error(
+    tmp_path: Path, token: str
+) -> None:
+    cyclic: dict[str, Any] = {**GET}
+    cyclic["headers"] = {"X-Loop": cyclic}
+    cases: list[tuple[object, str]] = [
+        ({**GET, "body": _deep(100_000)}, "nests deeper"),
+        ({**GET, "headers": {"X-A": _deep(50)}}, "nests deeper"),
+        ({**GET, "body": list(range(MAX_NODES + 1))}, f"more than {MAX_NODES} values"),
+        (cyclic, "nests deeper"),
+    ]
+    cfg = write_config(tmp_path, {"api": http_target("http://127.0.0.1:9")})
+    async with open_broker(cfg) as broker:
+        for action, message in cases:
+            env = await broker.call(action)  # type: ignore[arg-type]
+            rec = assert_error(
+                broker,
+                env,
+                phase="validation",
+                outcome="not_attempted",
+                retry="after_correction",
+                code="PAYLOAD_LIMIT",
+            )
+            assert rec.field == "action" and message in env["error"]["message"]
+
+
+# --- caller strings, before anything is journaled --------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "session",
+    ["x" * (5 << 20), "\udc80bad", "tab\there", "\x1b[31mred", "é"],
+    ids=["5MB", "lone-surrogate", "control", "escape-sequence", "non-ascii"],
+)
+async def test_a_refused_session_is_journaled_bounded_never_whole(
+    tmp_path: Path, token: str, session: str
+) -> None:
+    async with HostileServer.running(scripts.serve(Reply(200))) as srv:
+        cfg = write_config(tmp_path, {"api": http_target(srv.url)})
+        async with open_broker(cfg) as broker:
+            before = _journal_size(tmp_path)
+            env = await broker.call({**GET, "session": session})
+            rec = assert_error(
+                broker,
+                env,
+                phase="validation",
+                outcome="not_attempted",
+                retry="after_correction",
+                code="INVALID_FIELD",
+            )
+            assert rec.field == "session" and rec.session is None
+            accepted = broker.events(env["invocation_id"])[0].attrs
+            refused = accepted["refused_session"]
+            assert refused["length"] == len(session)
+            assert len(refused["prefix"]) <= 4 * 64 and refused["prefix"].isprintable()
+            assert len(refused["sha256"]) == 64
+        assert srv.requests == []
+    # The journal grew by rows, not by the value (a 5 MB session grew it by 15 MB).
+    assert _journal_size(tmp_path) - before < 256 * 1024
+
+
+def test_a_non_utf8_session_through_the_cli_is_an_envelope(tmp_path: Path) -> None:
+    cfg = write_config(tmp_path, {"api": http_target("http://127.0.0.1:9")})
+    action = json.dumps({**GET, "session": "\udc80"}).encode()  # JSON escapes it: valid UTF-8
+    p = _cli("call", "--config", str(cfg), stdin=action)
+    assert p.returncode == 1, p.stderr
+    assert b"Traceback" not in p.stderr
+    env = json.loads(p.stdout)
+    assert (env["error"]["code"], env["error"]["field"]) == ("INVALID_FIELD", "session")
+    with sqlite3.connect(tmp_path / "journal.db") as db:
+        (attrs,) = db.execute("SELECT attrs FROM events WHERE kind = 'ACTION_ACCEPTED'").fetchone()
+    assert json.loads(attrs)["refused_session"]["prefix"] == "\\udc80"
+
+
+async def test_nothing_is_sent_for_a_refused_action(tmp_path: Path, token: str) -> None:
+    async with HostileServer.running(scripts.serve(Reply(200))) as srv:
+        cfg = write_config(tmp_path, {"api": http_target(srv.url)})
+        with trio.fail_after(LIMIT):
+            async with open_broker(cfg) as broker:
+                await broker.call({**GET, "session": "\x00"})
+                await broker.call({**GET, "body": _deep(40)})
+        assert srv.requests == []
