@@ -10,6 +10,7 @@ writer commits, from this process or another.
 from __future__ import annotations
 
 import base64
+import os
 import sqlite3
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -21,9 +22,25 @@ from .errors import JournalError
 from .sealing import BrokerKey
 from .signing import SigningKey
 
-__all__ = ["BUSY_TIMEOUT_MS", "connect_reader", "connect_writer", "init_schema"]
+__all__ = ["BUSY_TIMEOUT_MS", "connect_reader", "connect_writer", "init_schema", "unusable"]
 
 BUSY_TIMEOUT_MS = 30_000
+
+
+def unusable(path: Path, exc: BaseException | None = None) -> JournalError:
+    """The error for a journal that cannot be opened: one line naming the path and the reason
+    an operator can act on (SQLite's own says "unable to open database file" for most)."""
+    if path.is_dir():
+        why = "it is a directory"
+    elif not path.parent.is_dir():
+        why = f"its directory {path.parent} does not exist"
+    elif path.exists() and not os.access(path, os.W_OK):
+        why = "it is read-only"
+    elif not os.access(path.parent, os.W_OK):
+        why = f"its directory {path.parent} is read-only"
+    else:
+        why = str(exc) if exc is not None else "unknown error"
+    return JournalError(f"cannot open journal {path}: {why}")
 
 
 def connect_reader(path: Path, *, readonly: bool) -> sqlite3.Connection:
@@ -31,9 +48,14 @@ def connect_reader(path: Path, *, readonly: bool) -> sqlite3.Connection:
     ``mode=ro``, so a reader can never create or change one); otherwise a plain connection for
     the writing journal's own reads."""
     if not readonly:
-        conn = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
-        conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+        try:
+            conn = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
+            conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+        except sqlite3.Error as exc:
+            raise unusable(path, exc) from None
         return conn
+    if path.is_dir():
+        raise unusable(path)
     if not path.exists():
         raise JournalError(f"no journal at {path}")
     uri = f"file:{quote(str(path.resolve()))}?mode=ro"

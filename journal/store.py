@@ -26,7 +26,7 @@ from affidavit.statemachine import BARRIER_KINDS, Event, EventKind, Record
 
 from . import leases, results
 from .chain import canonical_json
-from .connect import connect_writer, init_schema
+from .connect import connect_writer, init_schema, unusable
 from .errors import IdempotencyRecord, JournalError, Lease
 from .lock import WriterLock
 from .reader import JournalReader, default_signing_key
@@ -116,7 +116,7 @@ class Journal(JournalReader):
             self._known_checkpoints = self._writer.signed
         except sqlite3.Error as exc:
             self.close()
-            raise JournalError(f"cannot open journal {self.path}: {exc}") from None
+            raise unusable(self.path, exc) from None
         except BaseException:
             self.close()
             raise

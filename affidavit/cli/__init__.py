@@ -160,6 +160,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 141
+    except OSError as exc:
+        # A file the command needs (config, key, vault) cannot be used; never a traceback.
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"affidavit: {where}{exc.strerror or type(exc).__name__}", file=sys.stderr)
+        return 2
+    except Exception as exc:
+        # An unusable journal (missing directory, a directory, read-only, disk full) is the
+        # operator's to fix: one line naming the path; its messages never hold a payload.  Only
+        # a command that imported the journal can raise one (a thin client never loads it).
+        journal = sys.modules.get("affidavit.journal")
+        if journal is None or not isinstance(exc, journal.JournalError):
+            raise
+        print(f"affidavit: {exc}", file=sys.stderr)
+        return 2
     return status
 
 

@@ -284,7 +284,10 @@ def _init(args: argparse.Namespace) -> int:
     path = config_path(args.config)
     if path.exists() and not args.force:
         raise UsageError(f"{path} exists; use --force to overwrite")
-    path.write_text(sample_config(), encoding="utf-8")
+    try:
+        path.write_text(sample_config(), encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"cannot write {path}: {exc.strerror}") from None
     config = load_or_usage(str(path))
 
     async def create() -> None:

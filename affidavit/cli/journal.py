@@ -226,6 +226,16 @@ def _time_arg(value: str | None, name: str) -> float | None:
         raise UsageError(f"--{name}: {exc}") from None
 
 
+def _out(line: str = "") -> None:
+    """One line of text output, escaped: journal values never reach a terminal raw (a session
+    holding ESC sequences or a CR would rewrite what the operator reads)."""
+    if not (line.isascii() and line.isprintable()):
+        from affidavit.views.text import printable  # only when there is something to escape
+
+        line = printable(line)
+    print(line)
+
+
 def print_json(value: Any) -> None:
     json.dump(value, sys.stdout, indent=2, sort_keys=True)
     sys.stdout.write("\n")
@@ -266,26 +276,26 @@ def _verify(args: argparse.Namespace) -> int:
         return 0 if report.ok else 1
     key = f"key {report.key_id} ({_KEY_SOURCES[report.key_source]})" if report.key_id else "no key"
     if report.ok:
-        print(f"journal intact: {report.count} events, head {report.head_hash}")
+        _out(f"journal intact: {report.count} events, head {report.head_hash}")
         if report.signed_seq:
-            print(f"  signed through seq {report.signed_seq} at {_when(report.signed_at)}, {key}")
+            _out(f"  signed through seq {report.signed_seq} at {_when(report.signed_at)}, {key}")
         if report.anchor_seq is not None:
-            print(f"  matches the anchor at seq {report.anchor_seq}")
+            _out(f"  matches the anchor at seq {report.anchor_seq}")
         if report.unsigned_through:
-            print(f"  rows 1..{report.unsigned_through} predate signing (accepted on the chain)")
-        print(f"  {report.results} stored results match their chained hashes")
+            _out(f"  rows 1..{report.unsigned_through} predate signing (accepted on the chain)")
+        _out(f"  {report.results} stored results match their chained hashes")
         if report.key_source == "journal":
-            print(
+            _out(
                 "  note: checked with the public key the journal records itself; pass "
                 "--public-key or --anchor for a check independent of the file"
             )
     else:
-        print(
+        _out(
             f"journal BROKEN at seq {report.first_bad_seq}: {report.reason} "
             f"({report.count} events before it are intact; checked with {key})"
         )
         for more in report.also:
-            print(f"  also: {more}")
+            _out(f"  also: {more}")
     return 0 if report.ok else 1
 
 
@@ -313,7 +323,7 @@ def _anchor(args: argparse.Namespace) -> int:
     with open_reader(args) as j:
         report, anchor = j.anchor(public_key)
     if not report.ok:
-        print(
+        _out(
             f"journal BROKEN at seq {report.first_bad_seq}: {report.reason}; no anchor "
             "written (an anchor must vouch only for a journal that verifies)"
         )
@@ -324,7 +334,7 @@ def _anchor(args: argparse.Namespace) -> int:
     _write_out(args.out, text.encode("utf-8"), "anchor file")
     if args.out:
         cp = anchor.checkpoint
-        print(f"anchored seq {cp.seq} (hash {cp.hash}, key {cp.key_id}) in {args.out}")
+        _out(f"anchored seq {cp.seq} (hash {cp.hash}, key {cp.key_id}) in {args.out}")
     return 0
 
 
@@ -335,7 +345,7 @@ def _public_key(args: argparse.Namespace) -> int:
     key = _journal_call(SigningKey.load, path)
     _write_out(args.out, public_key_pem(key.public_raw), "public key file")
     if args.out:
-        print(f"public key {key.key_id} written to {args.out}")
+        _out(f"public key {key.key_id} written to {args.out}")
     return 0
 
 
@@ -348,7 +358,7 @@ def _audit_keygen(args: argparse.Namespace) -> int:
         raise UsageError(f"{exc.filename} exists; not overwriting a key") from None
     except OSError as exc:
         raise UsageError(f"cannot write {exc.filename}: {exc.strerror}") from None
-    print(f"auditor private key {args.private} (keep it off the broker host); public key "
+    _out(f"auditor private key {args.private} (keep it off the broker host); public key "
           f"{args.public} (set it as [journal] auditor_public_key)")  # fmt: skip
     return 0
 
@@ -395,9 +405,9 @@ def _actions(args: argparse.Namespace) -> int:
     if args.json:
         print_json(rows)
         return 0
-    print(f"{'INVOCATION':28} {'SESSION':14} {'PHASE':20} {'OUTCOME':14} {'RETRY':20} CODE")
+    _out(f"{'INVOCATION':28} {'SESSION':14} {'PHASE':20} {'OUTCOME':14} {'RETRY':20} CODE")
     for r in rows:
-        print(
+        _out(
             f"{r['invocation_id']:28} {r['session'] or '-':14} {r['phase']:20} "
             f"{r['outcome']:14} {r['retry']:20} {r['code'] or '-'}"
         )
@@ -425,17 +435,17 @@ def _record(args: argparse.Namespace) -> int:
         print_json(data)
         return 0
     rec_json = data["record"]
-    print(
+    _out(
         f"invocation {rec_json['invocation_id']}  session {rec_json['session'] or '-'}  "
         f"state {rec_json['state']}"
     )
-    print(
+    _out(
         f"  phase {rec_json['phase']}  outcome {rec_json['outcome']}  retry {rec_json['retry']}  "
         f"code {rec_json['code'] or '-'}"
     )
     for ev in data["events"]:
         attrs = json.dumps(ev["attrs"], sort_keys=True, separators=(",", ":"))
-        print(f"  {ev['seq']:>8}  {_when(ev['at'])}  {ev['kind']:26} {ev['source']:18} {attrs}")
+        _out(f"  {ev['seq']:>8}  {_when(ev['at'])}  {ev['kind']:26} {ev['source']:18} {attrs}")
     return 0
 
 
@@ -449,10 +459,10 @@ def _sessions(args: argparse.Namespace) -> int:
     if args.json:
         print_json(sessions)
         return 0
-    print(f"{'SESSION':24} {'ACTIONS':>8}  {'FIRST SEEN':28} {'LAST SEEN':28} OUTCOMES")
+    _out(f"{'SESSION':24} {'ACTIONS':>8}  {'FIRST SEEN':28} {'LAST SEEN':28} OUTCOMES")
     for s in sessions:
         outcomes = " ".join(f"{k}={v}" for k, v in sorted(s["outcomes"].items()))
-        print(
+        _out(
             f"{s['session'] or '-':24} {s['actions']:>8}  {_when(s['first_seen']):28} "
             f"{_when(s['last_seen']):28} {outcomes}"
         )
@@ -485,22 +495,22 @@ def _metrics(args: argparse.Namespace) -> int:
 
         sys.stdout.write(prometheus_text(data))
     else:
-        print(f"{data['invocations']} invocations")
-        print(f"{'phase':<22} {'outcome':<14} count")
+        _out(f"{data['invocations']} invocations")
+        _out(f"{'phase':<22} {'outcome':<14} count")
         for row in data["by_phase_outcome"]:
-            print(f"{row['phase']:<22} {row['outcome']:<14} {row['count']}")
-        print()
-        print(f"{'code':<26} {'outcome':<14} count")
+            _out(f"{row['phase']:<22} {row['outcome']:<14} {row['count']}")
+        _out()
+        _out(f"{'code':<26} {'outcome':<14} count")
         for row in data["by_code_outcome"]:
-            print(f"{row['code']:<26} {row['outcome']:<14} {row['count']}")
+            _out(f"{row['code']:<26} {row['outcome']:<14} {row['count']}")
         if data["batch_items"]:
-            print()
-            print(f"{'batch item outcome':<22} {'code':<26} count")
+            _out()
+            _out(f"{'batch item outcome':<22} {'code':<26} count")
             for row in data["batch_items"]:
-                print(f"{row['outcome']:<22} {row['code']:<26} {row['count']}")
+                _out(f"{row['outcome']:<22} {row['code']:<26} {row['count']}")
         if data["operations"]:
-            print()
-            print(f"{'operation state':<22} count")
+            _out()
+            _out(f"{'operation state':<22} count")
             for row in data["operations"]:
-                print(f"{row['state']:<22} {row['count']}")
+                _out(f"{row['state']:<22} {row['count']}")
     return 0

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from affidavit.adapters.base import RemoteResult
-from affidavit.journal import ResultStoreFailed
+from affidavit.journal import JournalWriteError, ResultStoreFailed
 from affidavit.statemachine import (
     Event,
     EventKind,
@@ -102,9 +102,10 @@ async def _commit(
             attrs[k] = sink.scrub(result.facts[k])
     if result.retry_after is not None:
         attrs["retry_after"] = result.retry_after
-    await recorder.write(
-        Event(E.REMOTE_RESPONSE_COMPLETE, iid, attrs, source=EvidenceSource.REMOTE_RESPONSE)
-    )
+    complete = Event(E.REMOTE_RESPONSE_COMPLETE, iid, attrs, source=EvidenceSource.REMOTE_RESPONSE)
+    if sink.store_failed:
+        return await _store_failed(engine, complete), False
+    await recorder.write(complete)
     if reading is not None:
         # What the result establishes beyond its outcome rides along with RESULT_COMMITTED's
         # transaction: a batch's item outcomes, the job a 202 accepted.
@@ -120,11 +121,8 @@ async def _commit(
             expect=sink.expected(),
         )
     except ResultStoreFailed:
-        # Render only what the durable record proves, plus the failure itself.
-        recorder.forget()  # that batch failed with it
-        durable = journal.events(iid)
-        rec = project([*durable, Event(E.RESULT_STORE_FAILED, iid, {})])
-        return render_envelope(rec), False
+        recorder.forget()  # the posted REMOTE_RESPONSE_COMPLETE failed with that batch
+        return await _store_failed(engine, complete), False
     record = await recorder.record(iid)
     kept = sink.kept()
     if kept is None:
@@ -136,6 +134,32 @@ async def _commit(
     # equals what fetch_result reads (tests/broker/test_inline_result.py).
     stored = Stored(json.loads(json.dumps(summary)), kept, committed.attrs["sha256"])
     return render_envelope(record, result_payload(stored)), True
+
+
+async def _store_failed(engine: Engine, complete: Event) -> dict[str, Any]:
+    """A complete response whose storage failed (seed: "Return phase=result_delivery, include
+    outcome=committed only when the durability contract allows this to be confirmed by the
+    current record, and require immediate operator intervention").  The two small events that
+    say so -- the complete response (its outcome and hash) and RESULT_STORE_FAILED -- are
+    appended as barriers of their own: a journal that refused megabytes may take them, and then
+    the record itself confirms the outcome.  What it does not take is rendered in memory on top
+    of the durable record, never claimed as durable: RESULT_STORE_FAILED, retry never, outcome
+    unknown unless the complete response is on record."""
+    iid = complete.invocation_id
+    recorder = engine.recorder
+    pending = [complete, Event(E.RESULT_STORE_FAILED, iid, {"stage": "result_store"})]
+    log.warning("storing the result of %s failed; operator intervention is required", iid)
+    while pending:
+        try:
+            await recorder.append(pending[0], barrier=True)
+        except JournalWriteError:
+            recorder.forget()
+            break
+        pending.pop(0)
+    if pending:
+        # Only the failure is shown: a complete response that is not on record is not proven.
+        return render_envelope(project([*engine.journal.events(iid), pending[-1]]))
+    return recorder.envelope(await recorder.record(iid))
 
 
 async def _deliver(

@@ -30,7 +30,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from affidavit.config import Config
-from affidavit.journal import Journal, ResultStream
+from affidavit.journal import Journal, JournalWriteError, ResultStream
 from affidavit.protocols import Binding
 from affidavit.statemachine import Record
 
@@ -38,7 +38,7 @@ from . import invocation, operations
 from .control import CallControl
 from .delivery import deliver_stored
 from .recorder import Recorder
-from .recovery import recover_stale
+from .recovery import journal_refused, recover_stale
 from .settings import EngineSettings
 from .snapshot import ConfigSnapshot
 
@@ -92,9 +92,15 @@ class Engine:
             raise ValueError("timeout must be None or a number of seconds >= 0")
         try:
             return await invocation.start(self, action, timeout, deliver, link, control)
+        except JournalWriteError as exc:
+            # The journal refused a write mid-call (disk full, I/O error): answer with what the
+            # durable record proves, closed as recovery would close it.  Nothing durable at all:
+            # the journal is unusable, and that is raised (the CLI's exit 2 naming the path).
+            record = await journal_refused(self.recorder, self.recorder.writing(), exc)
+            return self.recorder.envelope(record)
         finally:
             # Normally settled already; after an exception, forget what is left.
-            self.recorder.forget()
+            self.recorder.done()
 
     async def fetch_result(
         self,

@@ -36,6 +36,13 @@ class Recorder:
         self.journal = journal
         self._posted: dict[trio.lowlevel.Task, list[Posted[Event]]] = {}
         """Diagnostic events each running call posted and has not yet settled (see write)."""
+        self._writing: dict[trio.lowlevel.Task, str] = {}
+        """The invocation each running call last wrote for (``writing``)."""
+
+    def writing(self) -> str | None:
+        """The invocation this call last wrote an event for: whose record a journal failure
+        interrupted."""
+        return self._writing.get(trio.lowlevel.current_task())
 
     async def append(self, event: Event, *, barrier: bool = False) -> None:
         # Shielded: a caller's cancellation must not leave it unclear whether a record landed.
@@ -51,6 +58,7 @@ class Recorder:
     ) -> None:
         """``append`` for a caller already inside a shielded section.  ``payload`` is sealed
         (broker copy, and an auditor copy when an auditor key is configured), never plaintext."""
+        self._writing[trio.lowlevel.current_task()] = event.invocation_id
         if barrier or event.kind in BARRIER_KINDS:
             await self.journal.append(event, barrier=True, payload=payload)
             return
@@ -83,6 +91,11 @@ class Recorder:
         """Drop this call's unsettled events: the call is over (after an exception), or the
         batch that carried them failed and said so."""
         self._posted.pop(trio.lowlevel.current_task(), None)
+
+    def done(self) -> None:
+        """The call is over: forget everything kept for it."""
+        self.forget()
+        self._writing.pop(trio.lowlevel.current_task(), None)
 
     async def record(self, iid: str) -> Record:
         await self.settle()

@@ -12,13 +12,26 @@ from __future__ import annotations
 import contextlib
 import time
 
-from affidavit.statemachine import Code, Event, EventKind, ImpossibleEvent, Outcome, Record
+from affidavit.journal import JournalWriteError
+from affidavit.statemachine import (
+    Code,
+    Event,
+    EventKind,
+    ImpossibleEvent,
+    Outcome,
+    Record,
+    project,
+)
 
 from .recorder import Recorder
 
-__all__ = ["recover_stale"]
+__all__ = ["closing_event", "journal_refused", "recover_stale"]
 
 E = EventKind
+_AFTER_DISPATCH = {
+    "broker_stopped": "The broker stopped after dispatch, before a result was recorded.",
+    "journal": "The journal refused a write after dispatch; no result was recorded.",
+}
 
 
 async def recover_stale(recorder: Recorder, record: Record, *, holder_gone: bool = False) -> Record:
@@ -35,33 +48,56 @@ async def recover_stale(recorder: Recorder, record: Record, *, holder_gone: bool
             expires = ev.attrs.get("expires_at")
     if not holder_gone and expires is not None and time.time() < float(expires):
         return record
+    closing = closing_event(record, "broker_stopped")
+    if closing is None:
+        return record
+    with contextlib.suppress(ImpossibleEvent):  # someone closed it first; the journal knows
+        await recorder.append(closing, barrier=True)
+    return await recorder.record(record.invocation_id)
+
+
+def closing_event(record: Record, stage: str) -> Event | None:
+    """The event that closes a non-final ``record`` with exactly what it proves, when its call
+    cannot go on (``stage``: why -- the broker stopped, the journal refused a write); None when
+    the record is not in a state such an event can close."""
+    iid = record.invocation_id
     if record.state == "authorized" or record.state == "retry_pending":
         # The current attempt never reached its own DISPATCH_STARTED (that would have moved
         # the state to ``dispatched``).  In ``retry_pending`` an *earlier* attempt did, so
         # ``dispatch_started`` is already true and the outcome stays unknown
         # (retry_setup_failed); ATTEMPT_INTERRUPTED is impossible there and would leave the
         # record IN_PROGRESS for ever.
-        closing = Event(
-            E.SETUP_FAILED,
-            record.invocation_id,
-            {"code": Code.SETUP_FAILED.value, "stage": "broker_stopped"},
-        )
-    elif record.evidence.get("dispatch_started") and record.outcome is Outcome.UNKNOWN:
-        closing = Event(
+        return Event(E.SETUP_FAILED, iid, {"code": Code.SETUP_FAILED.value, "stage": stage})
+    if record.evidence.get("dispatch_started") and record.outcome is Outcome.UNKNOWN:
+        return Event(
             E.ATTEMPT_INTERRUPTED,
-            record.invocation_id,
-            {
-                "code": Code.REMOTE_OUTCOME_UNKNOWN.value,
-                "message": "The broker stopped after dispatch, before a result was recorded.",
-            },
+            iid,
+            {"code": Code.REMOTE_OUTCOME_UNKNOWN.value, "message": _AFTER_DISPATCH[stage]},
         )
-    elif record.state == "completed_committed" or record.state == "completed_rejected":
-        # A complete result was recorded but never stored (the broker stopped before
-        # RESULT_COMMITTED): keep the proven outcome, never re-run (seed: "Storing the
-        # result can fail after remote execution ... not a retry of the remote action").
-        closing = Event(E.RESULT_STORE_FAILED, record.invocation_id, {"stage": "broker_stopped"})
-    else:
+    if record.state == "completed_committed" or record.state == "completed_rejected":
+        # A complete result was recorded but never stored: keep the proven outcome, never
+        # re-run (seed: "Storing the result can fail after remote execution ... not a retry of
+        # the remote action").
+        return Event(E.RESULT_STORE_FAILED, iid, {"stage": stage})
+    return None
+
+
+async def journal_refused(recorder: Recorder, iid: str | None, error: JournalWriteError) -> Record:
+    """The record of a call the journal stopped (disk full, I/O error): what the durable events
+    prove, closed like a stopped broker's would be -- durably if the journal takes that one
+    small write, else in memory only, as the same closing recovery will write later.  Nothing
+    durable at all means the journal is unusable: ``error`` is raised again."""
+    recorder.forget()
+    durable = recorder.journal.events(iid) if iid is not None else []
+    if iid is None or not durable:
+        raise error
+    record = project(durable)
+    closing = None if record.final else closing_event(record, "journal")
+    if closing is None:
         return record
-    with contextlib.suppress(ImpossibleEvent):  # someone closed it first; the journal knows
+    try:
         await recorder.append(closing, barrier=True)
-    return await recorder.record(record.invocation_id)
+    except (JournalWriteError, ImpossibleEvent):
+        recorder.forget()
+        return project([*recorder.journal.events(iid), closing])
+    return await recorder.record(iid)

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from affidavit.journal import Journal
+from affidavit.journal import Journal, ResultStoreFailed
 from affidavit.secrets.redaction import Redactor, redactor
 
 __all__ = ["RESULT_CHUNK", "Stored", "StreamSink"]
@@ -41,6 +41,10 @@ class StreamSink:
         self._kept = 0
         self._keep = True
         self._scrubber = Redactor(secret_values)
+        self.store_failed = False
+        """The journal refused a chunk (disk full, I/O error): nothing more is stored, and the
+        adapter reads the response to its end all the same -- its outcome is still worth
+        recording (``delivery``: RESULT_STORE_FAILED, never a second dispatch)."""
 
     def scrub(self, value: Any) -> Any:
         """``value`` (JSON-able: a summary, facts) with every form of the secrets redacted in
@@ -81,12 +85,21 @@ class StreamSink:
                 self._keep = False
                 for other in self._streams.values():
                     other["kept"].clear()
-        if last:
-            # The tail rides along with commit_result's transaction; that commit checks
-            # ``expected()``, so a tail lost with a failed batch fails it (ResultStoreFailed).
-            await self._journal.post_result_chunk(self._iid, name, st["index"], chunk)
-        else:
-            await self._journal.put_result_chunk(self._iid, name, st["index"], chunk)
+        if self.store_failed:
+            return
+        try:
+            if last:
+                # The tail rides along with commit_result's transaction; that commit checks
+                # ``expected()``, so a tail lost with a failed batch fails it
+                # (ResultStoreFailed).
+                await self._journal.post_result_chunk(self._iid, name, st["index"], chunk)
+            else:
+                await self._journal.put_result_chunk(self._iid, name, st["index"], chunk)
+        except ResultStoreFailed:
+            # Not raised into the adapter: it would abort the exchange, and a complete answer
+            # not stored is still a known outcome where an aborted one is unknown.
+            self.store_failed = True
+            return
         st["index"] += 1
 
     def expected(self) -> dict[str, str]:

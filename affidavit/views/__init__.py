@@ -7,5 +7,6 @@ from affidavit.views.records import (
     prometheus_text,
     record_to_json,
 )
+from affidavit.views.text import printable
 
-__all__ = ["event_to_json", "metrics", "plain", "prometheus_text", "record_to_json"]
+__all__ = ["event_to_json", "metrics", "plain", "printable", "prometheus_text", "record_to_json"]

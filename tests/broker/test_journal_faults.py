@@ -1,0 +1,210 @@
+"""A journal that refuses writes mid-call (disk full, I/O error) gives an envelope rendered from
+what the durable record proves -- never a traceback, never a claim the record cannot back.
+
+Seed, "A result delivery error must not repeat execution": "Storing the result can fail after
+remote execution.  If the complete response is in the broker's memory but cannot be committed,
+the broker knows more than a plain unknown expresses, yet the evidence will not survive a crash.
+Return phase=result_delivery, include outcome=committed only when the durability contract allows
+this to be confirmed by the current record, and require immediate operator intervention."
+
+The faults are the journal's own: a ``before_commit`` hook that fails a transaction exactly as a
+full disk does (``sqlite3.OperationalError: database or disk is full``, rolled back).  The
+subprocess tests (test_unusable_journal.py) fill a real file limit.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import trio
+
+from affidavit.journal import Batch, Journal, JournalWriteError
+from affidavit.statemachine import EventKind
+from tests.http.hostile import HostileServer, Reply, scripts
+
+from .helpers import (
+    FakeResolver,
+    assert_error,
+    custom_resolver,
+    http_target,
+    open_broker,
+    write_config,
+)
+
+LIMIT = 30
+BIG = b"x" * (300 * 1024)  # several result chunks
+POST = {"target": "api", "method": "POST", "path": "/charge", "body": "{}"}
+
+
+class DiskFull:
+    """A ``before_commit`` hook: the first transaction that writes what ``refuse`` picks (new
+    event kinds, new result chunks) fails as a full disk does; with ``stays_full`` so does every
+    transaction after it."""
+
+    def __init__(
+        self, journal: Journal, refuse: Callable[[list[str], int], bool], stays_full: bool
+    ) -> None:
+        self.conn = journal.write_connection
+        self.refuse = refuse
+        self.stays_full = stays_full
+        self.full = False
+        self.failed = 0
+        self.head = self._head()
+
+    def _head(self) -> tuple[int, int]:
+        seq = self.conn.execute("SELECT coalesce(max(seq), 0) FROM events").fetchone()[0]
+        chunks = self.conn.execute("SELECT count(*) FROM result_chunks").fetchone()[0]
+        return int(seq), int(chunks)
+
+    def __call__(self, batch: Batch) -> None:
+        seq, chunks = self._head()  # inside the transaction: its own rows count
+        kinds = [
+            str(k)
+            for (k,) in self.conn.execute("SELECT kind FROM events WHERE seq > ?", (self.head[0],))
+        ]
+        if (self.full and self.stays_full) or self.refuse(kinds, chunks - self.head[1]):
+            self.full = True
+            self.failed += 1
+            raise sqlite3.OperationalError("database or disk is full")
+        self.head = (seq, chunks)
+
+
+def _kinds(broker: object, iid: str) -> list[EventKind]:
+    return [e.kind for e in broker.events(iid)]  # type: ignore[attr-defined]
+
+
+async def test_a_complete_response_whose_chunks_cannot_be_stored_is_result_store_failed(
+    tmp_path: Path, token: str
+) -> None:
+    """The chunks fail, the small events fit: the record itself confirms the outcome."""
+    async with HostileServer.running(scripts.serve(Reply(201, body=BIG))) as srv:
+        cfg = write_config(tmp_path, {"api": http_target(srv.url)})
+        with trio.fail_after(LIMIT):
+            async with open_broker(cfg) as broker:
+                broker.journal.before_commit = DiskFull(
+                    broker.journal, lambda kinds, chunks: chunks > 0, stays_full=False
+                )
+                env = await broker.call(POST)
+                rec = assert_error(
+                    broker,
+                    env,
+                    phase="result_delivery",
+                    outcome="committed",
+                    retry="never",
+                    code="RESULT_STORE_FAILED",
+                )
+                assert rec.state == "store_failed_committed" and rec.final
+                kinds = _kinds(broker, env["invocation_id"])
+                assert kinds[-2:] == [
+                    EventKind.REMOTE_RESPONSE_COMPLETE,
+                    EventKind.RESULT_STORE_FAILED,
+                ]
+                # A read, never a second dispatch; the record says the same later.
+                again = await broker.fetch_result(env["invocation_id"])
+                assert again is not None and again["error"] == env["error"]
+        assert len(srv.requests) == 1
+
+
+async def test_when_nothing_more_fits_the_outcome_is_not_claimed(
+    tmp_path: Path, token: str
+) -> None:
+    """The disk stays full from the first chunk on: RESULT_STORE_FAILED, retry never, and the
+    outcome is unknown -- the complete response is in memory, not on record."""
+    async with HostileServer.running(scripts.serve(Reply(201, body=BIG))) as srv:
+        cfg = write_config(tmp_path, {"api": http_target(srv.url)})
+        with trio.fail_after(LIMIT):
+            async with open_broker(cfg) as broker:
+                full = DiskFull(broker.journal, lambda kinds, chunks: chunks > 0, stays_full=True)
+                broker.journal.before_commit = full
+                env = await broker.call(POST)
+                err = env["error"]
+                assert (err["code"], err["phase"], err["outcome"], err["retry"]) == (
+                    "RESULT_STORE_FAILED",
+                    "result_delivery",
+                    "unknown",
+                    "never",
+                )
+                assert env["evidence"]["dispatch_started"] is True
+                assert EventKind.REMOTE_RESPONSE_COMPLETE not in _kinds(
+                    broker, env["invocation_id"]
+                )
+                # The next call meets the same full disk before anything of it is durable: the
+                # journal is unusable, said as such (the CLI turns it into exit 2).
+                with pytest.raises(JournalWriteError, match="full"):
+                    await broker.call(POST)
+        assert len(srv.requests) == 1
+
+
+async def test_dispatch_that_cannot_be_recorded_is_not_sent_and_says_connection_setup(
+    tmp_path: Path, token: str
+) -> None:
+    """The preamble is durable (a slow name lookup let the writer commit it), then the disk
+    fills: DISPATCH_STARTED is refused, so the gate stops the write.  The durable record proves
+    a credential step and no dispatch: connection_setup, not_attempted."""
+
+    async def slow(name: str) -> None:
+        await trio.sleep(0.2)
+
+    async with HostileServer.running(scripts.serve(Reply(200, body=b"ok"))) as srv:
+        port = srv.url.rsplit(":", 1)[1]
+        cfg = write_config(tmp_path, {"api": http_target(f"http://api.test:{port}")})
+        with custom_resolver(FakeResolver({"api.test": "127.0.0.1"}, on_lookup=slow)):
+            with trio.fail_after(LIMIT):
+                async with open_broker(cfg) as broker:
+                    broker.journal.before_commit = DiskFull(
+                        broker.journal, lambda kinds, _: "DISPATCH_STARTED" in kinds, True
+                    )
+                    env = await broker.call(POST)
+                    err = env["error"]
+                    assert (err["phase"], err["outcome"], err["code"]) == (
+                        "connection_setup",
+                        "not_attempted",
+                        "SETUP_FAILED",
+                    )
+                    assert env["evidence"]["dispatch_started"] is False
+                    kinds = _kinds(broker, env["invocation_id"])
+                    assert kinds[-1] is EventKind.CREDENTIAL_AUTHORIZED  # all that is durable
+        assert srv.requests == []
+
+
+async def test_a_journal_that_refuses_the_first_write_is_unusable_and_nothing_is_sent(
+    tmp_path: Path, token: str
+) -> None:
+    async with HostileServer.running(scripts.serve(Reply(200, body=b"ok"))) as srv:
+        cfg = write_config(tmp_path, {"api": http_target(srv.url)})
+        with trio.fail_after(LIMIT):
+            async with open_broker(cfg) as broker:
+                broker.journal.before_commit = DiskFull(
+                    broker.journal, lambda kinds, _: bool(kinds), stays_full=True
+                )
+                with pytest.raises(JournalWriteError, match=r"journal\.db: .*full"):
+                    await broker.call(POST)
+        assert srv.requests == []
+
+
+async def test_an_interrupted_attempt_the_journal_cannot_close_stays_unknown(
+    tmp_path: Path, token: str
+) -> None:
+    """Dispatched, the body cut, and the disk full: the envelope says remote_execution/unknown
+    from the durable DISPATCH_STARTED, as recovery will write it later."""
+    async with HostileServer.running(scripts.cut_mid_body()) as srv:
+        cfg = write_config(tmp_path, {"api": http_target(srv.url)})
+        with trio.fail_after(LIMIT):
+            async with open_broker(cfg) as broker:
+                broker.journal.before_commit = DiskFull(
+                    broker.journal, lambda kinds, _: "ATTEMPT_INTERRUPTED" in kinds, True
+                )
+                env = await broker.call(POST)
+                err = env["error"]
+                assert (err["phase"], err["outcome"], err["code"]) == (
+                    "remote_execution",
+                    "unknown",
+                    "REMOTE_OUTCOME_UNKNOWN",
+                )
+                kinds = _kinds(broker, env["invocation_id"])
+                assert EventKind.DISPATCH_STARTED in kinds
+                assert EventKind.ATTEMPT_INTERRUPTED not in kinds
+        assert len(srv.requests) == 1
