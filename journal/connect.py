@@ -54,8 +54,6 @@ def connect_reader(path: Path, *, readonly: bool) -> sqlite3.Connection:
         except sqlite3.Error as exc:
             raise unusable(path, exc) from None
         return conn
-    if path.is_dir():
-        raise unusable(path)
     if not path.exists():
         raise JournalError(f"no journal at {path}")
     uri = f"file:{quote(str(path.resolve()))}?mode=ro"

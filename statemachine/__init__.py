@@ -2,7 +2,13 @@
 retry decisions.  No I/O happens in this package."""
 
 from .contract import CODES, Code, CodeInfo, EvidenceSource, Outcome, Phase, Retry
-from .envelope import envelope_schema, operation_json, operation_view, render_envelope
+from .envelope import (
+    envelope_schema,
+    in_progress_error,
+    operation_json,
+    operation_view,
+    render_envelope,
+)
 from .events import BARRIER_KINDS, Event, EventKind
 from .lifecycle import DISPATCHED_STATES, INITIAL, STATES, TRANSITIONS, StateSpec, build_machine
 from .operation import invocation_of, operation_id
@@ -48,6 +54,7 @@ __all__ = [
     "compute_retry",
     "decide",
     "envelope_schema",
+    "in_progress_error",
     "invocation_of",
     "operation_id",
     "operation_json",

@@ -29,6 +29,7 @@ from .record import Record
 __all__ = [
     "ENVELOPE_SCHEMA_ID",
     "envelope_schema",
+    "in_progress_error",
     "operation_json",
     "operation_view",
     "render_envelope",
@@ -44,13 +45,7 @@ def render_envelope(record: Record, result: Mapping[str, Any] | None = None) -> 
         # Not finished (running elsewhere, or its broker stopped and its lease has not expired
         # yet): there is no result to present, and "no error" would read as success.  The
         # caller may fetch later; it must not send the action again.
-        env["error"] = {
-            "code": Code.IN_PROGRESS.value,
-            "phase": record.phase.value,
-            "outcome": record.outcome.value,
-            "retry": Retry.FETCH_RESULT.value,
-            "message": CODES[Code.IN_PROGRESS].meaning,
-        }
+        env["error"] = in_progress_error(record)
     elif record.code is not None:
         error: dict[str, Any] = {
             "code": record.code.value,
@@ -82,6 +77,17 @@ def render_envelope(record: Record, result: Mapping[str, Any] | None = None) -> 
     evidence["state"] = record.state
     env["evidence"] = evidence
     return env
+
+
+def in_progress_error(record: Record) -> dict[str, Any]:
+    """The IN_PROGRESS error for ``record``: its phase and outcome so far, fetch it later."""
+    return {
+        "code": Code.IN_PROGRESS.value,
+        "phase": record.phase.value,
+        "outcome": record.outcome.value,
+        "retry": Retry.FETCH_RESULT.value,
+        "message": CODES[Code.IN_PROGRESS].meaning,
+    }
 
 
 def operation_view(op: Mapping[str, Any]) -> dict[str, Any]:

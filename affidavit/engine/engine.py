@@ -23,6 +23,7 @@ complete result says of jobs and batch items) and ``operations.py`` (polling a j
 
 from __future__ import annotations
 
+import logging
 import os
 import secrets
 import socket
@@ -43,6 +44,13 @@ from .settings import EngineSettings
 from .snapshot import ConfigSnapshot
 
 __all__ = ["Deliver", "Engine"]
+
+log = logging.getLogger("affidavit.engine")
+
+_UNDELIVERED = frozenset(
+    {"stored_committed", "stored_rejected", "delivery_failed_committed", "delivery_failed_rejected"}
+)
+"""States of a stored result no caller has received yet: a successful fetch delivers it."""
 
 Deliver = Callable[[dict[str, Any]], Awaitable[None]]
 """Sends an envelope to the caller; raising means the transfer failed (RESULT_DELIVERY_FAILED)."""

@@ -39,6 +39,7 @@ from affidavit.statemachine import (
     EventKind,
     ImpossibleEvent,
     Operation,
+    Projector,
     decide,
 )
 
@@ -79,6 +80,7 @@ async def start(
     # whole (a 5 MB one grew the journal by 15 MB; a lone surrogate crashed the insert).
     session, refused_session = accepted_session(action)
     recorder = engine.recorder
+    take_over = False
     try:
         parsed = parse_action(action, engine.config)
     except ActionInvalid as exc:
@@ -130,21 +132,33 @@ async def start(
                 "idempotency_key",
                 "this idempotency key is bound to a request with a different fingerprint",
             )
-        if bound.invocation_id != iid and journal.record(bound.invocation_id) is not None:
+        if bound.invocation_id != iid:
+            # Another call bound this key first: the invocation is its.  Nothing of this call
+            # may be written into that record unless the journal says this call may act (a
+            # lease, or winning the record's first event) -- a loser's stray events landed in
+            # the winner's record, and its ACTION_ACCEPTED crashed on the winner's state.
             op = Operation(idempotent=idempotent, fingerprint=fp)
-            return await resume(
-                engine,
-                bound.invocation_id,
-                parsed,
-                target,
-                binding,
-                op,
-                key,
-                timeout,
-                deliver,
-                control,
-            )
-        iid = bound.invocation_id
+            if journal.record(bound.invocation_id) is not None:
+                return await resume(
+                    engine,
+                    bound.invocation_id,
+                    parsed,
+                    target,
+                    binding,
+                    op,
+                    key,
+                    timeout,
+                    deliver,
+                    control,
+                )
+            if now < bound.created_at + engine.lease_ttl(target, timeout):
+                # Bound a moment ago, nothing recorded yet: the binder is writing its first
+                # events.  In progress; fetch it, never send it again.
+                return recorder.envelope(Projector(bound.invocation_id).record(now))
+            # The binder stopped between binding the key and recording anything: take the
+            # invocation over -- if this call wins its first event (below).
+            iid = bound.invocation_id
+            take_over = True
     operation = {
         "target": target.name,
         "protocol": target.kind,
@@ -160,23 +174,39 @@ async def start(
     # preflight events, instead of one per event).  The action as the caller sent it (no
     # credential is in it yet) is the accepted event's sealed payload: the attrs keep only its
     # fingerprint, and an auditor's copy lets an auditor see what was asked for.
-    preamble: Preamble = (
-        (
-            Event(
-                E.ACTION_ACCEPTED,
-                iid,
-                {
-                    "operation": operation,
-                    "session": session,
-                    "holder": engine.holder,
-                    "lease_expires_at": now + engine.lease_ttl(target, timeout),
-                    **({"link": dict(link)} if link else {}),
-                },
-            ),
-            {"action": dict(action)} if isinstance(action, Mapping) else None,
-        ),
-        (Event(E.PREFLIGHT_VALIDATED, iid, {"config_hash": engine.snapshot.hash(target)}), None),
+    accepted = Event(
+        E.ACTION_ACCEPTED,
+        iid,
+        {
+            "operation": operation,
+            "session": session,
+            "holder": engine.holder,
+            "lease_expires_at": now + engine.lease_ttl(target, timeout),
+            **({"link": dict(link)} if link else {}),
+        },
     )
+    accepted_payload = {"action": dict(action)} if isinstance(action, Mapping) else None
+    validated = Event(E.PREFLIGHT_VALIDATED, iid, {"config_hash": engine.snapshot.hash(target)})
+    preamble: Preamble = ((accepted, accepted_payload), (validated, None))
+    if take_over:
+        # A barrier of its own: the projection refuses a second ACTION_ACCEPTED, so exactly
+        # one taker wins the record, and a loser has written nothing into it.
+        try:
+            await recorder.write(accepted, barrier=True, payload=accepted_payload)
+        except ImpossibleEvent:
+            return await resume(
+                engine,
+                iid,
+                parsed,
+                target,
+                binding,
+                Operation(idempotent, fp),
+                key,
+                timeout,
+                deliver,
+                control,
+            )
+        preamble = ((validated, None),)
     return await run(
         engine,
         iid,
@@ -256,8 +286,10 @@ async def resume(
                 iid, engine.holder, engine.lease_ttl(target, timeout)
             )
         except LeaseBusy:
-            # Another worker took the lease between our read and our acquire.
-            return recorder.envelope(await recorder.record(iid))
+            # Another worker took the lease between our read and our acquire: it is retrying
+            # this invocation now.  In progress (fetch it), not the old record's hint -- that
+            # would invite this caller to retry again at once.
+            return recorder.envelope(await recorder.record(iid), in_progress=True)
         except ImpossibleEvent:
             return recorder.envelope(await recorder.record(iid))
         return await run(

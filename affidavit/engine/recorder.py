@@ -22,6 +22,7 @@ from affidavit.statemachine import (
     Event,
     Outcome,
     Record,
+    in_progress_error,
     render_envelope,
 )
 
@@ -109,12 +110,24 @@ class Recorder:
         return self.envelope(await self.record(iid))
 
     def envelope(
-        self, record: Record, *, busy: bool = False, from_chunk: int | None = None
+        self,
+        record: Record,
+        *,
+        busy: bool = False,
+        from_chunk: int | None = None,
+        in_progress: bool = False,
     ) -> dict[str, Any]:
         """The envelope of ``record`` with its stored result (verified; ``JournalError`` if it
         fails).  ``from_chunk``: each stream from that chunk on, plus a ``resume`` table of
         every stream's whole size and hash (seed: "The caller may resume delivery from the
-        last verified chunk")."""
+        last verified chunk").  ``in_progress``: another worker holds the invocation's lease
+        and is running a new attempt -- the record's last attempt is not the answer, and its
+        result (if any) not the result."""
+        if in_progress:
+            env = render_envelope(record)
+            env.pop("result", None)
+            env["error"] = in_progress_error(record)
+            return env
         payload: dict[str, Any] | None = None
         if from_chunk is None:
             result = self.journal.read_result(record.invocation_id)

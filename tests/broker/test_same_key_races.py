@@ -1,0 +1,189 @@
+"""Same-key races end cleanly (issue 9, item 5).
+
+Seed, "Idempotency is defined by the remote contract": "Two workers may read the same unknown
+record and decide to retry the request with the same key ... the broker still needs to take a
+lease on the invocation, record the retry generation, and allow only one active attempt."
+
+Every concurrent caller of one idempotency key gets an envelope for that invocation (the winner's
+result, or IN_PROGRESS / fetch_result); nothing a loser does is written into the winner's record;
+exactly one dispatch.  Brokers here are separate ``Broker.open``s of one journal file -- separate
+writers, as separate processes are (test_same_key_processes.py runs real ones).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from affidavit.api.broker import Broker
+from affidavit.engine import EngineSettings
+from affidavit.statemachine import Event, EventKind
+from tests.http.hostile import HostileServer, Reply, scripts
+
+from .helpers import assert_error, assert_ok, event_kinds, http_target, open_broker, write_config
+from .http_rows import IDEM, LIMIT, POST
+
+E = EventKind
+WORKERS = 4
+
+
+async def _race(cfg: Path, action: dict[str, Any], n: int) -> list[dict[str, Any]]:
+    envelopes: list[dict[str, Any]] = []
+    async with contextlib.AsyncExitStack() as stack:
+        brokers = [await stack.enter_async_context(open_broker(cfg)) for _ in range(n)]
+        ready = trio.Event()
+
+        async def one(broker: Broker) -> None:
+            await ready.wait()
+            envelopes.append(await broker.call(action))
+
+        async with trio.open_nursery() as nursery:
+            for broker in brokers:
+                nursery.start_soon(one, broker)
+            await trio.sleep(0.05)
+            ready.set()
+    return envelopes
+
+
+async def test_concurrent_callers_of_one_key_share_one_invocation_and_one_dispatch(
+    tmp_path: Path, token: str
+) -> None:
+    slow = Reply(201, body=b'{"payment":"pay_1"}', delay=0.3)
+    async with HostileServer.running(scripts.serve(slow)) as srv:
+        cfg = write_config(tmp_path, {"api": http_target(srv.url, idempotency=IDEM)})
+        for round_ in range(5):
+            action = {**POST, "idempotency_key": f"race-{round_}"}
+            with trio.fail_after(LIMIT * 2):
+                envelopes = await _race(cfg, action, WORKERS)
+            ids = {env["invocation_id"] for env in envelopes}
+            assert len(ids) == 1, envelopes
+            for env in envelopes:
+                err = env.get("error")
+                # The winner's result, or: in progress, fetch it (never "send it again").
+                assert err is None or (err["code"], err["retry"]) == (
+                    "IN_PROGRESS",
+                    "fetch_result",
+                ), env
+            async with open_broker(cfg) as broker:
+                (iid,) = ids
+                kinds = event_kinds(broker, iid)
+                # One invocation's events, written by one worker: no stray loser events.
+                assert kinds.count(E.ACTION_ACCEPTED) == 1
+                assert kinds.count(E.DISPATCH_STARTED) == 1
+                assert E.LEASE_LOST not in kinds
+                assert kinds.count(E.PROTOCOL_OBSERVED) == 1
+                assert_ok(broker, await broker.fetch_result(iid) or {})
+        assert len(srv.requests) == 5  # one dispatch per key
+        assert srv.connections >= 1
+
+
+async def test_a_retry_refused_because_another_holder_has_the_lease_is_in_progress(
+    tmp_path: Path, token: str
+) -> None:
+    async with HostileServer.running(scripts.apply_then_close()) as srv:
+        cfg = write_config(tmp_path, {"api": http_target(srv.url, idempotency=IDEM)})
+        action = {**POST, "idempotency_key": "leased"}
+        async with open_broker(cfg) as broker:
+            with trio.fail_after(LIMIT):
+                first = await broker.call(action)
+            assert first["error"]["retry"] == "same_idempotency_key"
+            # Another worker took the retry lease, and its attempt already ended (its setup
+            # failed): the record is final again, the lease still the other worker's.
+            iid = first["invocation_id"]
+            lease = await broker.journal.acquire_lease(iid, "other-worker", 60.0)
+            await broker.journal.append(
+                Event(E.SETUP_FAILED, iid, {"code": "CONNECTION_REFUSED", "stage": "tcp"}),
+                barrier=True,
+                lease=("other-worker", lease.generation),
+            )
+            with trio.fail_after(LIMIT):
+                second = await broker.call(action)
+            assert second["invocation_id"] == first["invocation_id"]
+            err = second["error"]
+            assert (err["code"], err["retry"], err["outcome"]) == (
+                "IN_PROGRESS",
+                "fetch_result",
+                "unknown",
+            )
+            assert "result" not in second
+        assert len(srv.requests) == 1
+
+
+async def test_a_key_bound_by_a_caller_that_stopped_before_recording_is_taken_over(
+    tmp_path: Path, token: str
+) -> None:
+    """A binding with no record: in progress while its binder may still be writing; after the
+    lease window, one caller takes it over by winning its first event, and runs it."""
+    async with HostileServer.running(scripts.serve(Reply(201))) as srv:
+        cfg = write_config(
+            tmp_path,
+            {"api": http_target(srv.url, idempotency=IDEM, timeout={"connect": 1, "total": 1})},
+        )
+        action = {**POST, "idempotency_key": "orphan"}
+        settings = EngineSettings(lease_margin=0.0)
+        async with Broker.open(cfg, settings=settings) as broker:
+            bound = await broker.journal.bind_idempotency(
+                "payments.create", "orphan", _fingerprint(broker, action), "act_ORPHAN", None
+            )
+            with trio.fail_after(LIMIT):
+                early = await broker.call(action)
+            assert early["invocation_id"] == bound.invocation_id
+            assert early["error"]["code"] == "IN_PROGRESS" and srv.requests == []
+            await trio.sleep(1.1)  # the binder's lease window (total 1 s + margin 0) is over
+            with trio.fail_after(LIMIT):
+                late = await broker.call(action)
+            assert late["invocation_id"] == "act_ORPHAN"
+            assert_ok(broker, late)
+            assert event_kinds(broker, "act_ORPHAN").count(E.ACTION_ACCEPTED) == 1
+        assert len(srv.requests) == 1
+
+
+def _fingerprint(broker: Broker, action: dict[str, Any]) -> str:
+    from affidavit.protocols.actions import fingerprint, parse_action
+
+    target = broker.config.targets["api"]
+    return fingerprint(parse_action(action, broker.config), target)
+
+
+async def test_a_fetch_after_a_delivery_failure_records_the_delivery(
+    tmp_path: Path, token: str
+) -> None:
+    async with HostileServer.running(scripts.serve(Reply(201, body=b"paid"))) as srv:
+        cfg = write_config(tmp_path, {"api": http_target(srv.url)})
+        async with open_broker(cfg) as broker:
+
+            async def broken_pipe(envelope: dict[str, Any]) -> None:
+                raise BrokenPipeError
+
+            with trio.fail_after(LIMIT):
+                env = await broker.call(POST, deliver=broken_pipe)
+            iid = env["invocation_id"]
+            assert_error(
+                broker,
+                env,
+                phase="result_delivery",
+                outcome="committed",
+                retry="fetch_result",
+                code="RESULT_DELIVERY_FAILED",
+            )
+            fetched = await broker.fetch_result(iid)
+            assert fetched is not None and "error" not in fetched
+            assert fetched["result"]["body"] == "paid"
+            assert event_kinds(broker, iid)[-1] is E.RESULT_DELIVERED
+            rec = broker.record(iid)
+            assert rec is not None and rec.state == "delivered_committed"
+            # A failing reader records nothing; the hint stays fetch_result.
+            env2 = await broker.call(POST, deliver=broken_pipe)
+            delivered: list[dict[str, Any]] = []
+
+            async def reader(envelope: dict[str, Any]) -> None:
+                delivered.append(envelope)
+
+            await broker.fetch_result(env2["invocation_id"], deliver=reader)
+            assert (
+                delivered and event_kinds(broker, env2["invocation_id"])[-1] is E.RESULT_DELIVERED
+            )
+        assert len(srv.requests) == 2
