@@ -39,6 +39,18 @@ def _cli(*args: str, stdin: bytes = b"") -> subprocess.CompletedProcess[bytes]:
     )
 
 
+def _refused(broker: Any, env: dict[str, Any], code: str) -> Any:
+    """A validation refusal: nothing attempted, fix the field and send again."""
+    return assert_error(
+        broker,
+        env,
+        phase="validation",
+        outcome="not_attempted",
+        retry="after_correction",
+        code=code,
+    )
+
+
 def _journal_size(tmp: Path) -> int:
     return sum(p.stat().st_size for p in tmp.glob("journal.db*") if p.is_file())
 
@@ -119,14 +131,7 @@ async def test_a_deep_wide_or_cyclic_object_is_an_envelope_not_a_recursion_error
     async with open_broker(cfg) as broker:
         for action, message in cases:
             env = await broker.call(action)  # type: ignore[arg-type]
-            rec = assert_error(
-                broker,
-                env,
-                phase="validation",
-                outcome="not_attempted",
-                retry="after_correction",
-                code="PAYLOAD_LIMIT",
-            )
+            rec = _refused(broker, env, "PAYLOAD_LIMIT")
             assert rec.field == "action" and message in env["error"]["message"]
 
 
@@ -146,14 +151,7 @@ async def test_a_refused_session_is_journaled_bounded_never_whole(
         async with open_broker(cfg) as broker:
             before = _journal_size(tmp_path)
             env = await broker.call({**GET, "session": session})
-            rec = assert_error(
-                broker,
-                env,
-                phase="validation",
-                outcome="not_attempted",
-                retry="after_correction",
-                code="INVALID_FIELD",
-            )
+            rec = _refused(broker, env, "INVALID_FIELD")
             assert rec.field == "session" and rec.session is None
             accepted = broker.events(env["invocation_id"])[0].attrs
             refused = accepted["refused_session"]
