@@ -52,7 +52,7 @@ _INTERRUPT_CODES = frozenset(
 _SECOND_OBSERVER = frozenset({EvidenceSource.REMOTE_QUERY, EvidenceSource.OPERATOR_ATTESTED})
 _RESOLVED = frozenset({Outcome.REJECTED, Outcome.COMMITTED})
 _RETRY_PREFLIGHT = frozenset({"validated", "retry_pending"})
-"""States a retry (generation > 0) is in between its lease and its credential step."""
+"""States a retry (generation > 0) is in between its lease and its dispatch."""
 
 
 # Enum lookups by value through plain dicts: ``Code(raw)`` goes through EnumMeta.__call__ and an
@@ -202,11 +202,24 @@ def _on_validated(p: Projector, event: Event) -> None:
 
 
 def _on_preflight_failed(p: Projector, event: Event) -> None:
-    _set_error(p, event, _phase_code(p, event, _VALIDATION))
+    code = _phase_code(p, event, _VALIDATION)  # validated before anything changes
+    _refund_refused_retry(p)
+    _set_error(p, event, code)
 
 
 def _on_credential_failed(p: Projector, event: Event) -> None:
-    _set_error(p, event, _phase_code(p, event, _CREDENTIAL_INJECTION))
+    code = _phase_code(p, event, _CREDENTIAL_INJECTION)
+    _refund_refused_retry(p)
+    _set_error(p, event, code)
+
+
+def _refund_refused_retry(p: Projector) -> None:
+    """A retry refused in its own preflight (re-validation, credential) right after its lease
+    never reached dispatch: it was no attempt, so the budget its lease took is given back (seed:
+    "Store the retry budget in the action record" -- a budget of attempts).  The lease is where
+    the budget is taken and checked, so no writer can reach dispatch around it."""
+    if p._generation > 0 and p._state in _RETRY_PREFLIGHT:
+        p._budget_used -= 1
 
 
 def _on_approval_requested(p: Projector, event: Event) -> None:
@@ -230,12 +243,6 @@ def _on_credential(p: Projector, event: Event) -> None:
         if k in attrs:
             cred[k] = attrs[k]
     p._evidence["credential"] = cred
-    if p._generation > 0 and p._state in _RETRY_PREFLIGHT:
-        # A retry counts against the budget once its preflight passed: one refused in its own
-        # preflight (re-validation, credential) never reached setup, let alone dispatch, and
-        # was no attempt (seed: "Store the retry budget in the action record" -- a budget of
-        # attempts).  The lease checked that one was left.
-        p._budget_used += 1
 
 
 def _add_setup_attempt(p: Projector, event: Event) -> None:
@@ -277,6 +284,7 @@ def _on_lease(p: Projector, event: Event) -> None:
     if p._budget_used >= p._budget_total:
         _refuse(p, event, "retry budget exhausted")
     p._generation = gen
+    p._budget_used += 1
     p._evidence["lease"] = {
         "generation": gen,
         "holder": event.attrs.get("holder"),
