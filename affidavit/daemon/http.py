@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl
 
-from affidavit.protocols.actions import ActionInvalid, load_action_json
+from affidavit.api.limits import ActionInvalid, load_action_json
 
 from .link import Link
 from .peer import Peer

@@ -122,6 +122,11 @@ async def test_api_level_trouble_has_its_own_status_and_never_an_envelope(
         sock = str(daemon.socket)
         bad = await trio.to_thread.run_sync(blocking_request, sock, "POST", "/v1/calls", b"{nope")
         assert bad.status == 400 and bad.error().code == "BAD_JSON"
+        # Nesting is checked before the parser runs (issue 9: a RecursionError before).
+        deep = b"[" * 100_000 + b"]" * 100_000
+        nested = await trio.to_thread.run_sync(blocking_request, sock, "POST", "/v1/calls", deep)
+        assert nested.status == 400 and nested.error().code == "BAD_JSON"
+        assert "nests deeper than" in str(nested.error())
         missing = await trio.to_thread.run_sync(blocking_request, sock, "GET", "/v1/nothing")
         assert missing.status == 404 and missing.error().code == "NOT_FOUND"
         wrong = await trio.to_thread.run_sync(blocking_request, sock, "GET", "/v1/calls")
