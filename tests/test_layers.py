@@ -86,6 +86,18 @@ ALLOWED: Mapping[str, frozenset[str]] = {
             *SERVICE_BASE,
         }
     ),
+    # The MCP server is an interface beside the daemon: the API (Broker, or the daemon's Client)
+    # and the views; the engine and journal only for their stop handle and error types, and
+    # only embedded (a proxy to the daemon imports neither: tests/mcp/test_proxy_imports.py).
+    "affidavit.mcp": frozenset(
+        {
+            "affidavit",  # __version__ in the server's info
+            "affidavit.api",
+            "affidavit.engine",
+            "affidavit.views",
+            "affidavit.journal",
+        }
+    ),
     "affidavit.docgen": frozenset({"affidavit.statemachine", "affidavit.adapters"}),
     "affidavit.cli": frozenset(
         {
@@ -98,6 +110,7 @@ ALLOWED: Mapping[str, frozenset[str]] = {
             "affidavit.views",
             "affidavit.docgen",
             "affidavit.daemon",
+            "affidavit.mcp",
             *SERVICE_BASE,
         }
     ),
@@ -108,7 +121,7 @@ ALLOWED: Mapping[str, frozenset[str]] = {
 # shared modules listed (adapters' base; the protocol registry and common action parsing).
 PER_PROTOCOL = {
     "adapters": {"base"},
-    "protocols": {"spec", "registry", "actions"},
+    "protocols": {"spec", "registry", "actions", "catalog"},
 }
 
 

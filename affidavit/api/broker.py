@@ -23,6 +23,7 @@ from affidavit.config import Config, load_config
 from affidavit.engine import CallControl, Deliver, Engine, EngineSettings
 from affidavit.journal import Journal, ResultStream
 from affidavit.protocols import Binding, load_bindings
+from affidavit.protocols.catalog import catalog
 from affidavit.secrets.vault import Vault
 from affidavit.statemachine import Event, Record, operation_json
 
@@ -126,6 +127,11 @@ class Broker:
         The seam for every interface that polls (``affidavit operation poll``, the daemon, the
         MCP tool ``poll_operation``): each calls this, none re-implements it."""
         return await self._engine.poll_operation(operation_id, timeout=timeout)
+
+    def catalog(self) -> dict[str, Any]:
+        """The configured targets as callers may know them and one action schema per protocol
+        (``affidavit.protocols.catalog``): what the MCP server's tools are built from."""
+        return catalog(self.config.targets, self.config.descriptions)
 
     def operations(self) -> list[dict[str, Any]]:
         """Every operation in the journal, oldest first (``statemachine.operation_json``)."""

@@ -23,6 +23,7 @@ import select
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
+from urllib.parse import quote
 
 import h11
 import trio
@@ -163,12 +164,35 @@ class Client:
         envelope: dict[str, Any] = response.json()
         return envelope
 
-    async def fetch_result(self, invocation_id: str) -> dict[str, Any] | None:
-        """The recorded envelope of an invocation -- never a re-execution.  None if unknown."""
+    async def fetch_result(
+        self, invocation_id: str, *, from_chunk: int | None = None
+    ) -> dict[str, Any] | None:
+        """The recorded envelope of an invocation -- never a re-execution.  None if unknown.
+        ``from_chunk=N`` resumes (as ``Broker.fetch_result``)."""
+        if from_chunk is not None and from_chunk < 0:
+            raise ValueError("from_chunk must be >= 0")
         envelope: dict[str, Any] | None = await self._get_or_none(
-            invocation_path(invocation_id, "/result")
+            target(invocation_path(invocation_id, "/result"), {"from_chunk": from_chunk})
         )
         return envelope
+
+    async def poll_operation(
+        self, operation_id: str, *, timeout: float | None = None
+    ) -> dict[str, Any]:
+        """Query a job's status resource once, in the daemon (as ``Broker.poll_operation``):
+        ``{"operation", "poll"}``.  ``ApiError`` (422 ``OPERATION_ERROR``) for an unknown id or
+        a job with nothing to query."""
+        if timeout is not None and not timeout >= 0:
+            raise ValueError("timeout must be None or a number of seconds >= 0")
+        path = "/v1/operations/" + quote(operation_id, safe="") + "/poll"
+        response = await self._request("POST", target(path, {"timeout": timeout}), b"", retry=False)
+        answer: dict[str, Any] = response.json()
+        return answer
+
+    async def catalog(self) -> dict[str, Any]:
+        """The targets and each protocol's action schema (``Broker.catalog``)."""
+        data: dict[str, Any] = await self._get("/v1/catalog")
+        return data
 
     async def record(self, invocation_id: str) -> dict[str, Any] | None:
         """The projected record as plain JSON (``affidavit record --json``'s ``record``)."""
@@ -177,6 +201,12 @@ class Client:
             return None
         record: dict[str, Any] = found["record"]
         return record
+
+    async def invocation(self, invocation_id: str) -> dict[str, Any] | None:
+        """``{"record", "events"}`` in one request (``affidavit record --json``); None if
+        unknown."""
+        found: dict[str, Any] | None = await self._get_or_none(invocation_path(invocation_id))
+        return found
 
     async def events(self, invocation_id: str) -> list[dict[str, Any]]:
         found = await self._get_or_none(invocation_path(invocation_id))

@@ -46,6 +46,7 @@ COMMANDS: dict[str, str] = {
     "record": "affidavit.cli.journal",
     "sessions": "affidavit.cli.journal",
     "metrics": "affidavit.cli.journal",
+    "mcp": "affidavit.cli.mcp",
     "operations": "affidavit.cli.operations",
     "operation": "affidavit.cli.operations",
     "serve": "affidavit.cli.serve",

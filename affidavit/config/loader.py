@@ -12,7 +12,7 @@ import os
 import re
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -62,6 +62,9 @@ class Config:
     targets: Mapping[str, Target]
     service: ServiceConfig
     """``[service]``, read by ``affidavit serve`` only (defaults when the section is absent)."""
+    descriptions: Mapping[str, str] = field(default_factory=dict)
+    """Each target's ``description``: for its callers (``list_targets``), so never bound to an
+    invocation -- it changes nothing that is sent, or to whom."""
 
 
 def _path(r: Read) -> Path:
@@ -185,13 +188,14 @@ def _config(data: Mapping[str, Any], context: LoadContext, path: Path | None) ->
     raw_targets = top.get("targets", {})
     section = Section(raw_targets, "targets")
     targets: dict[str, Target] = {}
+    descriptions: dict[str, str] = {}
     for name in raw_targets:
         section.seen.add(name)
         if not isinstance(name, str) or not _TARGET_NAME.fullmatch(name):
             raise ConfigError(
                 f"targets.{name}", "target names are 1-64 characters of A-Z a-z 0-9 _ . -"
             )
-        targets[name] = _target(name, raw_targets[name], context)
+        targets[name], descriptions[name] = _target(name, raw_targets[name], context)
     top.finish(SECTIONS)
     return Config(
         path=path,
@@ -199,12 +203,15 @@ def _config(data: Mapping[str, Any], context: LoadContext, path: Path | None) ->
         vault_path=vault_path,
         targets=MappingProxyType(targets),
         service=service,
+        descriptions=MappingProxyType(descriptions),
     )
 
 
-def _target(name: str, data: object, context: LoadContext) -> Target:
-    """Dispatch on ``kind`` through the protocol registry."""
+def _target(name: str, data: object, context: LoadContext) -> tuple[Target, str]:
+    """Dispatch on ``kind`` through the protocol registry; the ``description`` every kind of
+    target may have is read here, beside ``kind``."""
     t = Section(data, f"targets.{name}")
+    description: str = t.string("description", "", max_len=1024)
     kind = t.get("kind")
     try:
         spec = get(kind) if isinstance(kind, str) else None
@@ -213,7 +220,7 @@ def _target(name: str, data: object, context: LoadContext) -> Target:
     if spec is None:
         raise ConfigError(t.path("kind"), _one_of(kinds()))
     target: Target = spec.target.read_target(name, t, context)
-    return target
+    return target, description
 
 
 def _one_of(names: list[str]) -> str:

@@ -4,6 +4,8 @@
     GET  /v1/invocations/{id}          {"record", "events"}, as ``affidavit record --json``
     GET  /v1/invocations/{id}/result   the envelope of ``affidavit result`` (a read, no re-run;
                                        ``?from_chunk=N`` resumes, as ``--from-chunk N``)
+    POST /v1/operations/{id}/poll      ``affidavit operation poll`` (one linked query of the job)
+    GET  /v1/catalog                   the targets and each protocol's action schema (MCP tools)
     GET  /v1/actions                   ``affidavit actions --json`` (same filters)
     GET  /v1/sessions                  ``affidavit sessions --json``
     GET  /v1/metrics                   Prometheus text (``?format=json``: ``metrics --json``)
@@ -27,6 +29,7 @@ import trio
 import affidavit
 from affidavit.api.broker import Broker
 from affidavit.api.wire import parse_time
+from affidavit.engine import OperationError
 from affidavit.journal import JournalError, JournalReader
 from affidavit.statemachine import Outcome, Phase
 from affidavit.views import event_to_json, metrics, prometheus_text, record_to_json
@@ -42,6 +45,7 @@ log = logging.getLogger("affidavit.daemon")
 
 Handler = Callable[["Api", Request], Awaitable[None]]
 _INVOCATION = re.compile(r"/v1/invocations/([^/]+)(/result)?")
+_OPERATION = re.compile(r"/v1/operations/([^/]+)/poll")
 _PROMETHEUS = b"text/plain; version=0.0.4; charset=utf-8"
 
 
@@ -100,6 +104,10 @@ class Api:
                 methods = {"GET": Api.result if m.group(2) else Api.record}
                 args = (m.group(1),)
         if methods is None:
+            m = _OPERATION.fullmatch(path)
+            if m is not None:
+                methods, args = {"POST": Api.poll}, (m.group(1),)
+        if methods is None:
             raise ApiProblem(404, "NOT_FOUND", f"no such API path: {path}")
         handler = methods.get(req.method)
         if handler is None:
@@ -147,7 +155,22 @@ class Api:
             )
         await req.respond_json(running.envelope)
 
+    async def poll(self, req: Request, operation_id: str) -> None:
+        """One query of a job's status resource (``Broker.poll_operation``): a linked invocation
+        of its own, whose envelope is in the answer's ``poll``."""
+        timeout = req.float_param("timeout")
+        if not self.calls.accepting:
+            raise ApiProblem(503, "SHUTTING_DOWN", "the broker is shutting down; call again later")
+        try:
+            answer = await self.broker.poll_operation(operation_id, timeout=timeout)
+        except OperationError as exc:
+            raise ApiProblem(422, "OPERATION_ERROR", str(exc)) from None
+        await req.respond_json(answer)
+
     # -- reads ------------------------------------------------------------------------------------
+
+    async def catalog(self, req: Request) -> None:
+        await req.respond_json(self.broker.catalog())
 
     async def result(self, req: Request, invocation_id: str) -> None:
         async def deliver(envelope: dict[str, Any]) -> None:
@@ -230,6 +253,7 @@ class Api:
 
 ROUTES: dict[str, dict[str, Callable[..., Awaitable[None]]]] = {
     "/v1/calls": {"POST": Api.call},
+    "/v1/catalog": {"GET": Api.catalog},
     "/v1/actions": {"GET": Api.actions},
     "/v1/sessions": {"GET": Api.sessions},
     "/v1/metrics": {"GET": Api.metrics},

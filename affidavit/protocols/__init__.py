@@ -18,11 +18,21 @@ from .registry import (
     registered,
     unregister,
 )
-from .spec import Action, ActionSpec, Binding, Prepared, ProtocolSpec, Reading, ResultContracts
+from .spec import (
+    Action,
+    ActionField,
+    ActionSpec,
+    Binding,
+    Prepared,
+    ProtocolSpec,
+    Reading,
+    ResultContracts,
+)
 
 __all__ = [
     "GROUP",
     "Action",
+    "ActionField",
     "ActionSpec",
     "Binding",
     "Prepared",

@@ -29,13 +29,14 @@ from affidavit.schema import Target, canonical_json, snapshot_hash
 from affidavit.statemachine import Code
 
 from .registry import ProtocolLoadError, get, kinds
-from .spec import Action
+from .spec import Action, ActionField
 
 __all__ = [
     "COMMON_FIELDS",
     "MAX_DEPTH",
     "MAX_NODES",
     "MAX_TOKEN_FIELD",
+    "SESSION_FIELD",
     "VISIBLE",
     "ActionInvalid",
     "accepted_session",
@@ -64,6 +65,14 @@ BOUNDED_PREFIX = 64
 # Visible ASCII only: these fields travel in headers, journal attrs and envelopes.
 VISIBLE = re.compile(r"[\x21-\x7e]+")
 _SESSION = re.compile(r"[\x20-\x7e]+")
+
+SESSION_FIELD = ActionField(
+    "session",
+    "groups invocations (one agent run); never part of what is sent",
+    max_length=MAX_TOKEN_FIELD,
+    pattern=_SESSION.pattern,
+)
+"""The common ``session`` field, as ``session()`` reads it."""
 
 
 class ActionInvalid(Exception):

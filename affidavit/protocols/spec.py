@@ -11,14 +11,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Literal, Protocol
 
 from affidavit.adapters.base import AttemptContext, RemoteResult
 from affidavit.schema import TargetSchema
-from affidavit.statemachine import ProtocolTable
+from affidavit.statemachine import Code, ProtocolTable
 
 __all__ = [
     "Action",
+    "ActionField",
     "ActionSpec",
     "Binding",
     "Prepared",
@@ -40,6 +41,35 @@ class Action(Protocol):
 
 
 @dataclass(frozen=True)
+class ActionField:
+    """One field of an action as callers see it, declared beside the parser that enforces it
+    and from the parser's own constants.  The JSON Schema an interface publishes (the MCP
+    tools' input schemas, ``affidavit.protocols.catalog``) is derived from these declarations,
+    and tests/mcp/test_schema_agreement.py proves the two agree: whatever the schema accepts,
+    the parser accepts or refuses with one of the field's ``checks``."""
+
+    name: str
+    doc: str
+    type: Literal["string", "object"] = "string"
+    required: bool = False
+    max_length: int | None = None
+    """Characters (an object: properties) the parser accepts at most, whatever the target."""
+    limit: Callable[[Any], int] | None = None
+    """A bound each target sets (``max_body``): the schema publishes the largest over the
+    targets offered; a target's own is one of the ``checks``."""
+    pattern: str | None = None
+    """A regular expression the whole value must match (Python ``re.fullmatch``; written in the
+    common subset of Python and ECMA-262, published as ``^(?:pattern)$``)."""
+    keys: ActionField | None = None
+    """An object's property names."""
+    values: ActionField | None = None
+    """An object's property values."""
+    checks: tuple[tuple[Code, str], ...] = ()
+    """Refusals the schema cannot say -- they depend on the target, on another field or on
+    meaning rather than form -- each with the code the parser gives it."""
+
+
+@dataclass(frozen=True)
 class ActionSpec:
     """The caller's side of a protocol."""
 
@@ -57,6 +87,18 @@ class ActionSpec:
     """``(action, target) -> bool``: safe to repeat *by the target's configuration*, never by a
     method's or command's name (seed: "The method name serves as evidence, but not as a
     guarantee")."""
+    schema: tuple[ActionField, ...] = ()
+    """``fields`` declared one by one, for the published schemas; a protocol without them gets
+    a schema that names its fields and leaves their form to its parser."""
+    tool: str = ""
+    """The MCP tool's name (``http_request``); default ``<kind>_call``."""
+    doc: str = ""
+    """What one action does, in a line or two (the tool's description starts with it)."""
+
+    def __post_init__(self) -> None:
+        declared = [f.name for f in self.schema]
+        if self.schema and (len(set(declared)) != len(declared) or set(declared) != self.fields):
+            raise ValueError(f"the action schema declares {declared}, the fields are {self.fields}")
 
 
 @dataclass
@@ -140,6 +182,10 @@ class ProtocolSpec:
     one the binding's driver runs."""
     contracts: ResultContracts | None = None
     """Operations and batches, if the protocol has them (``ResultContracts``)."""
+    describe: Callable[[Any], Mapping[str, Any]] | None = None
+    """``target -> JSON`` a caller may know of a target (``list_targets``): what it allows,
+    what it declares idempotent, its idempotency contract.  Listed field by field, never a
+    credential reference, a key or a path on the broker's host."""
 
     def __post_init__(self) -> None:
         if self.target.kind != self.kind:

@@ -154,7 +154,8 @@ class TargetSchema(Schema[T]):
 
     @property
     def allowed(self) -> tuple[str, ...]:
-        return ("kind", *self.keys)
+        # ``kind`` and ``description`` are read by the config loader for every kind of target.
+        return ("kind", "description", *self.keys)
 
     @property
     def own_fields(self) -> tuple[Field, ...]:

@@ -113,7 +113,7 @@ def test_parsing_and_unknown_keys_follow_the_declaration() -> None:
     with pytest.raises(ConfigError) as info:
         _load(schema, prot=8)
     assert info.value.field == "targets.t.prot"
-    allowed = "kind, host, port, credential, budget, timeout"
+    allowed = "kind, description, host, port, credential, budget, timeout"
     assert info.value.message == f"unknown setting (allowed: {allowed})"
 
 

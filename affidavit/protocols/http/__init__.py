@@ -5,7 +5,7 @@ the h11 adapter (``binding``), registered as the ``http`` protocol by the entry 
 from affidavit.adapters.http import HTTP_TABLE
 from affidavit.protocols.spec import ProtocolSpec
 
-from .action import HTTP_ACTION, HttpAction, full_path
+from .action import HTTP_ACTION, HttpAction, describe, full_path
 from .binding import HttpBinding
 from .contracts import HTTP_CONTRACTS
 from .target import (
@@ -39,4 +39,5 @@ PROTOCOL = ProtocolSpec(
     binding=HttpBinding,
     table=HTTP_TABLE,
     contracts=HTTP_CONTRACTS,
+    describe=describe,
 )

@@ -24,13 +24,13 @@ from affidavit.protocols.actions import (
     session,
     string,
 )
-from affidavit.protocols.spec import ActionSpec
+from affidavit.protocols.spec import ActionField, ActionSpec
 from affidavit.secrets.credentials import parse_inject
 from affidavit.statemachine import Code
 
 from .target import CREDENTIAL_HEADERS, TOKEN, TRANSPORT_HEADERS, HttpTarget
 
-__all__ = ["HTTP_ACTION", "HttpAction", "full_path"]
+__all__ = ["HTTP_ACTION", "HTTP_FIELDS", "HttpAction", "describe", "full_path"]
 
 MAX_PATH = 8192
 MAX_HEADERS = 64
@@ -39,9 +39,15 @@ MAX_HEADER_VALUE = 8192
 # RFC 3986 origin-form: pchar / "/" / "?" plus "%" for escapes (checked separately).  Anything
 # else (space, quotes, backslash, non-ASCII, "#") is either ambiguous between servers or a
 # smuggling vector; the caller must percent-encode it.
-_TARGET_CHARS = re.compile(r"[A-Za-z0-9\-._~!$&'()*+,;=:@/?%]*")
+_PCHAR = r"A-Za-z0-9\-._~!$&'()*+,;=:@"
+_TARGET_CHARS = re.compile(rf"[{_PCHAR}/?%]*")
 _BAD_PERCENT = re.compile(r"%(?![0-9A-Fa-f]{2})")
 _PRINTABLE = re.compile(r"[\x20-\x7e]+")
+_ESCAPE = "%[0-9A-Fa-f]{2}"
+# What _check_path's form checks accept, as one expression (for the published schema): a single
+# leading "/", then pchar, "/", "?" or a complete escape.
+_PATH_FORM = rf"/(?:(?:[{_PCHAR}?]|{_ESCAPE})(?:[{_PCHAR}/?]|{_ESCAPE})*)?"
+_BASE64 = r"(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?"
 _HEADER_VALUE = re.compile(r"[\x21-\x7e](?:[\x20-\x7e\t]*[\x21-\x7e])?|")
 # Hop-by-hop headers (RFC 9110 §7.6.1) are the transport's to manage, as are framing headers.
 _HOP_HEADERS = frozenset({"keep-alive", "proxy-connection", "proxy-authenticate"})
@@ -297,9 +303,112 @@ def idempotent(action: HttpAction, target: HttpTarget) -> bool:
     return action.method in target.idempotent
 
 
+def describe(target: HttpTarget) -> dict[str, Any]:
+    """What a caller may know of the target (``list_targets``), listed field by field: never
+    its credential reference, injection, CA file or proxy."""
+    contract = target.idempotency
+    return {
+        "url": target.url,
+        "methods": sorted(target.methods),
+        "idempotent": sorted(target.idempotent),
+        "idempotency": None
+        if contract is None
+        else {
+            "header": contract.header,
+            "scope": contract.scope,
+            "retention_s": contract.retention_s,
+        },
+        "operations": target.operations is not None,
+        "batch": target.batch is not None,
+        "max_body": target.max_body,
+        "follow_redirects": target.follow_redirects,
+        "budget": target.budget,
+        "timeout": {"connect": target.timeout.connect, "total": target.timeout.total},
+    }
+
+
+def _encoded_limit(target: HttpTarget) -> int:
+    return (target.max_body + 2) // 3 * 4
+
+
+# The fields as callers see them (the MCP tool's input schema), from the constants above.
+HTTP_FIELDS = (
+    ActionField(
+        "method",
+        "HTTP method; the target allows only its configured ones (list_targets)",
+        required=True,
+        max_length=32,
+        pattern=TOKEN.pattern,
+        checks=((Code.UNSUPPORTED_ACTION, "a method this target does not allow"),),
+    ),
+    ActionField(
+        "path",
+        "origin-form path and query, appended to the target's base URL; percent-encode "
+        "anything else",
+        required=True,
+        max_length=MAX_PATH,
+        pattern=_PATH_FORM,
+        checks=(
+            (Code.INVALID_FIELD, 'a "." or ".." segment, also percent-encoded'),
+            (Code.FORBIDDEN_HEADER, "the query parameter that carries the credential"),
+        ),
+    ),
+    ActionField(
+        "headers",
+        "request headers, name: value",
+        type="object",
+        max_length=MAX_HEADERS,
+        keys=ActionField("name", "an RFC 9110 token", max_length=128, pattern=TOKEN.pattern),
+        values=ActionField(
+            "value",
+            "visible ASCII, no leading or trailing space",
+            max_length=MAX_HEADER_VALUE,
+            pattern=_HEADER_VALUE.pattern,
+        ),
+        checks=(
+            (
+                Code.FORBIDDEN_HEADER,
+                "credential, framing and hop-by-hop headers, the injected header and the "
+                "idempotency header: the broker and the transport set them",
+            ),
+            (Code.INVALID_FIELD, "a name given twice (names compare case-insensitively)"),
+        ),
+    ),
+    ActionField(
+        "body",
+        "request body as text, sent as UTF-8",
+        limit=lambda target: target.max_body,
+        checks=(
+            (Code.PAYLOAD_LIMIT, "more UTF-8 bytes than this target's max_body"),
+            (Code.INVALID_FIELD, "not valid Unicode text"),
+        ),
+    ),
+    ActionField(
+        "body_base64",
+        "request body as base64 (for bytes); not together with body",
+        limit=_encoded_limit,
+        pattern=_BASE64,
+        checks=(
+            (Code.PAYLOAD_LIMIT, "decodes to more bytes than this target's max_body"),
+            (Code.INVALID_FIELD, "given together with body"),
+        ),
+    ),
+    ActionField(
+        "idempotency_key",
+        "your key for this request: calling again with it resumes the same invocation "
+        "instead of sending a second one (targets with an idempotency contract only)",
+        max_length=MAX_TOKEN_FIELD,
+        pattern=VISIBLE.pattern,
+        checks=((Code.UNSUPPORTED_ACTION, "the target declares no idempotency contract"),),
+    ),
+)
+
 HTTP_ACTION = ActionSpec(
-    fields=frozenset({"method", "path", "headers", "body", "body_base64", "idempotency_key"}),
+    fields=frozenset(f.name for f in HTTP_FIELDS),
     parse=parse,
     fingerprint=identity,
     idempotent=idempotent,
+    schema=HTTP_FIELDS,
+    tool="http_request",
+    doc="Make one HTTP request to a configured target; the broker injects the credential.",
 )

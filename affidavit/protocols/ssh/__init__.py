@@ -5,12 +5,17 @@ ssh-python adapter (``binding``), registered as the ``ssh`` protocol by the entr
 from affidavit.adapters.ssh import SSH_TABLE
 from affidavit.protocols.spec import ProtocolSpec
 
-from .action import SSH_ACTION, SshAction
+from .action import SSH_ACTION, SshAction, describe
 from .binding import SshBinding
 from .target import SSH_TARGET, SshTarget
 
 __all__ = ["PROTOCOL", "SSH_ACTION", "SSH_TARGET", "SshAction", "SshBinding", "SshTarget"]
 
 PROTOCOL = ProtocolSpec(
-    kind="ssh", target=SSH_TARGET, action=SSH_ACTION, binding=SshBinding, table=SSH_TABLE
+    kind="ssh",
+    target=SSH_TARGET,
+    action=SSH_ACTION,
+    binding=SshBinding,
+    table=SSH_TABLE,
+    describe=describe,
 )

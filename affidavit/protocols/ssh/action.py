@@ -9,12 +9,12 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from affidavit.protocols.actions import ActionInvalid, session, string
-from affidavit.protocols.spec import ActionSpec
+from affidavit.protocols.spec import ActionField, ActionSpec
 from affidavit.statemachine import Code
 
 from .target import SshTarget
 
-__all__ = ["SSH_ACTION", "SshAction"]
+__all__ = ["SSH_ACTION", "SSH_FIELDS", "SshAction", "describe"]
 
 MAX_COMMAND = 32768
 
@@ -68,6 +68,48 @@ def idempotent(action: SshAction, target: SshTarget) -> bool:
     return action.command in target.idempotent_commands
 
 
+def describe(target: SshTarget) -> dict[str, Any]:
+    """What a caller may know of the target (``list_targets``): never its key or host keys."""
+    return {
+        "host": target.host,
+        "port": target.port,
+        "user": target.user,
+        "idempotent_commands": sorted(target.idempotent_commands),
+        "max_stdin": target.max_stdin,
+        "budget": target.budget,
+        "timeout": {"connect": target.timeout.connect, "total": target.timeout.total},
+    }
+
+
+SSH_FIELDS = (
+    ActionField(
+        "command",
+        "one command line, run by the remote user's shell",
+        required=True,
+        max_length=MAX_COMMAND,
+        pattern=r"[^\r\n\x00]+",
+        checks=(
+            (Code.INVALID_FIELD, "only whitespace"),
+            (Code.INVALID_FIELD, "not valid Unicode text"),
+        ),
+    ),
+    ActionField(
+        "stdin",
+        "text for the command's standard input, sent as UTF-8 (a script: command `sh -s`)",
+        limit=lambda target: target.max_stdin,
+        checks=(
+            (Code.PAYLOAD_LIMIT, "more UTF-8 bytes than this target's max_stdin"),
+            (Code.INVALID_FIELD, "not valid Unicode text"),
+        ),
+    ),
+)
+
 SSH_ACTION = ActionSpec(
-    fields=frozenset({"command", "stdin"}), parse=parse, fingerprint=identity, idempotent=idempotent
+    fields=frozenset(f.name for f in SSH_FIELDS),
+    parse=parse,
+    fingerprint=identity,
+    idempotent=idempotent,
+    schema=SSH_FIELDS,
+    tool="ssh_exec",
+    doc="Run one command on a configured SSH target; the broker holds the key.",
 )

@@ -1,0 +1,61 @@
+"""``affidavit mcp``: the broker as MCP tools on stdin/stdout (docs/mcp.md).
+
+With ``--socket`` or ``$AFFIDAVIT_SOCKET``, a proxy to ``affidavit serve`` that holds no secret
+(the recommended deployment); else an embedded broker on ``--config``.  Runs until the client
+closes its end or SIGTERM/SIGINT arrives.  Log lines go to stderr -- stdout is the protocol's --
+and name ids, codes and counts, never a secret.  Exit 2 when it cannot start (a bad config, a
+journal another process writes), with the reason on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from affidavit.cli import UsageError, add_socket_arg, daemon_socket
+
+__all__ = ["add_commands"]
+
+
+def add_commands(sub: Any) -> None:
+    p = sub.add_parser("mcp", help="serve the broker as MCP tools over stdio")
+    p.add_argument(
+        "--config", help="config file (embedded; default: $AFFIDAVIT_CONFIG or ./affidavit.toml)"
+    )
+    add_socket_arg(p)
+    p.set_defaults(handler=_mcp)
+
+
+def _mcp(args: argparse.Namespace) -> int:
+    import functools
+    import logging
+
+    import trio
+
+    socket = daemon_socket(args, "config")
+    logging.basicConfig(
+        stream=sys.stderr,
+        level=logging.INFO,
+        format="%(asctime)s affidavit mcp[%(process)d] %(levelname)s %(message)s",
+    )
+    logging.getLogger("mcp").setLevel(logging.WARNING)
+    from affidavit.mcp import run
+
+    try:
+        trio.run(functools.partial(run, config=args.config, socket=socket))
+    except Exception as exc:
+        if socket is None:
+            _embedded_failure(exc)
+        raise
+    return 0
+
+
+def _embedded_failure(exc: Exception) -> None:
+    from affidavit.config import ConfigError
+    from affidavit.journal import JournalError
+
+    if isinstance(exc, ConfigError | JournalError):
+        raise UsageError(str(exc)) from None
+    if isinstance(exc, OSError):
+        raise UsageError(f"cannot start: {exc.strerror or exc}") from None

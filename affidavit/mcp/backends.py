@@ -1,0 +1,264 @@
+"""Where the tools' work is done: an embedded ``Broker``, or the daemon through ``Client``.
+
+Both answer the same questions; they differ in who records a delivery:
+
+* **Embedded** (``Broker``): this process is the broker.  A call runs in a task of its own; the
+  engine hands its stored result to ``Exchange.deliver``, which waits for the transport's word
+  -- RESULT_DELIVERED once the answer's line was written whole, RESULT_DELIVERY_FAILED when it
+  was not (the client hung up, cancelled, or the pipe broke).  A client gone before the dispatch
+  gate withdraws the call (CALLER_CANCELLED, not_attempted).
+* **Daemon** (``Client``): the daemon is the broker and its caller is this proxy.  A client
+  gone or cancelling makes the proxy hang up on the daemon, which then applies its own rules
+  (docs/deployment.md): withdrawn before dispatch; after it, run on, stored,
+  RESULT_DELIVERY_FAILED.  An answer the daemon wrote to the proxy counts there as delivered;
+  if the proxy then cannot write it to the client, that is logged on stderr, not journaled
+  (the journal is the daemon's), and ``fetch_result`` still returns it.
+
+Only ``Embedded`` imports the engine; ``Daemon`` keeps the proxy free of the engine, the
+journal, the config and the credentials (tests/mcp/test_proxy_imports.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any, Protocol
+
+import trio
+
+from .tools import api_error, refusal
+
+if TYPE_CHECKING:
+    from affidavit.api.broker import Broker
+    from affidavit.api.client import Client
+
+__all__ = ["Backend", "Daemon", "Embedded", "Exchange", "Undelivered"]
+
+
+class Undelivered(Exception):
+    """The answer was not written to the client (raised into the engine's ``deliver``)."""
+
+
+class Exchange:
+    """One tool request: the answer handed to the waiting handler, and the transport's verdict
+    on whether that answer reached the client."""
+
+    def __init__(self) -> None:
+        self.ready = trio.Event()
+        self.answer: dict[str, Any] | None = None
+        self.gone = False
+        """The handler stopped waiting (the client cancelled or hung up)."""
+        self.written: Any = None
+        """The transport's ``Outcome`` for this request's answer, once expected."""
+        self._on_gone: list[Callable[[], object]] = []
+
+    def on_gone(self, callback: Callable[[], object]) -> None:
+        """Call ``callback`` (synchronously) when the handler stops waiting."""
+        if self.gone:
+            callback()
+        else:
+            self._on_gone.append(callback)
+
+    def abandon(self) -> None:
+        if not self.gone:
+            self.gone = True
+            for callback in self._on_gone:
+                callback()
+
+    def hand_over(self, answer: dict[str, Any]) -> None:
+        if not self.ready.is_set():
+            self.answer = answer
+            self.ready.set()
+
+    async def deliver(self, envelope: dict[str, Any]) -> None:
+        """The engine's ``Deliver``: hand the envelope to the handler and return once it was
+        written whole; ``Undelivered`` otherwise."""
+        if self.gone:
+            raise Undelivered("the client stopped waiting before the answer")
+        self.hand_over(envelope)
+        if self.written is None or not await self.written.wait():
+            raise Undelivered("the answer was not written to the client")
+
+
+class Backend(Protocol):
+    async def catalog(self) -> dict[str, Any]: ...
+    async def call(self, action: Mapping[str, Any], exchange: Exchange) -> dict[str, Any]: ...
+    async def fetch_result(
+        self, invocation_id: str, from_chunk: int | None, exchange: Exchange
+    ) -> dict[str, Any]: ...
+    async def record(self, invocation_id: str) -> dict[str, Any]: ...
+    async def actions(self, session: str | None, outcome: str | None) -> dict[str, Any]: ...
+    async def poll_operation(self, operation_id: str) -> dict[str, Any]: ...
+    def stop(self) -> None: ...
+
+
+def _unknown_id(invocation_id: str) -> dict[str, Any]:
+    return refusal("INVALID_FIELD", "invocation_id", "no such invocation in the journal")
+
+
+class Embedded:
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        self._controls: set[Any] = set()
+        self._stopped = False
+
+    @classmethod
+    @asynccontextmanager
+    async def open(cls, config_path: str | None) -> AsyncIterator[Embedded]:
+        from affidavit.api.broker import Broker
+
+        async with Broker.open(config_path) as broker:
+            yield cls(broker)
+
+    async def catalog(self) -> dict[str, Any]:
+        return self.broker.catalog()
+
+    async def call(self, action: Mapping[str, Any], exchange: Exchange) -> dict[str, Any]:
+        from affidavit.engine import CallControl
+
+        control = CallControl()
+        if self._stopped:  # started just as the process was told to stop: never dispatched
+            control.stop()
+
+        # Refused, and nothing happens, once the call passed its dispatch gate.
+        exchange.on_gone(control.withdraw)
+        self._controls.add(control)
+        try:
+            return await self.broker.call(action, deliver=exchange.deliver, control=control)
+        finally:
+            self._controls.discard(control)
+
+    async def fetch_result(
+        self, invocation_id: str, from_chunk: int | None, exchange: Exchange
+    ) -> dict[str, Any]:
+        from affidavit.journal import JournalError
+
+        try:
+            envelope = await self.broker.fetch_result(
+                invocation_id, from_chunk=from_chunk, deliver=exchange.deliver
+            )
+        except JournalError as exc:  # a stored result that fails verification: never its bytes
+            return api_error("RESULT_UNVERIFIED", str(exc))
+        return _unknown_id(invocation_id) if envelope is None else envelope
+
+    async def record(self, invocation_id: str) -> dict[str, Any]:
+        from affidavit.views import event_to_json, record_to_json
+
+        rec = self.broker.record(invocation_id)
+        if rec is None:
+            return _unknown_id(invocation_id)
+        events = [event_to_json(e) for e in self.broker.events(invocation_id)]
+        return {"record": record_to_json(rec), "events": events}
+
+    async def actions(self, session: str | None, outcome: str | None) -> dict[str, Any]:
+        from affidavit.views import record_to_json
+
+        rows = self.broker.journal.list_actions(session=session, outcome=outcome)
+        return {"actions": [record_to_json(r) for r in rows]}
+
+    async def poll_operation(self, operation_id: str) -> dict[str, Any]:
+        from affidavit.engine import OperationError
+
+        try:
+            return await self.broker.poll_operation(operation_id)
+        except OperationError as exc:
+            return refusal("INVALID_FIELD", "operation_id", str(exc))
+
+    def stop(self) -> None:
+        """The process is told to stop: every call is stopped where it is, recorded
+        BROKER_SHUTDOWN with what its evidence proves (unknown once dispatched)."""
+        self._stopped = True
+        for control in list(self._controls):
+            control.stop()
+
+
+class Daemon:
+    def __init__(self, client: Client) -> None:
+        self.client = client
+        self._scopes: set[trio.CancelScope] = set()
+        self._stopped = False
+
+    @classmethod
+    @asynccontextmanager
+    async def open(cls, socket: str) -> AsyncIterator[Daemon]:
+        from affidavit.api.client import Client
+
+        async with Client.open(socket) as client:
+            yield cls(client)
+
+    async def catalog(self) -> dict[str, Any]:
+        found: dict[str, Any] = await self._ask(self.client.catalog())
+        return found
+
+    async def call(self, action: Mapping[str, Any], exchange: Exchange) -> dict[str, Any]:
+        # The client gone: hang up on the daemon (closing the connection mid-request), which
+        # withdraws the call before its dispatch gate and records a failed delivery after it.
+        if self._stopped:
+            return api_error("SHUTTING_DOWN", "affidavit mcp is stopping; nothing was sent")
+        with trio.CancelScope() as scope:
+            exchange.on_gone(scope.cancel)
+            self._scopes.add(scope)
+            try:
+                answer: dict[str, Any] = await self._ask(self.client.call(action), _LOST_CALL)
+                return answer
+            finally:
+                self._scopes.discard(scope)
+        return api_error("CALLER_GONE", "the client stopped waiting; the daemon keeps the call")
+
+    async def fetch_result(
+        self, invocation_id: str, from_chunk: int | None, exchange: Exchange
+    ) -> dict[str, Any]:
+        found = await self._ask(self.client.fetch_result(invocation_id, from_chunk=from_chunk))
+        return _unknown_id(invocation_id) if found is None else found
+
+    async def record(self, invocation_id: str) -> dict[str, Any]:
+        found = await self._ask(self.client.invocation(invocation_id))
+        return _unknown_id(invocation_id) if found is None else found
+
+    async def actions(self, session: str | None, outcome: str | None) -> dict[str, Any]:
+        rows = await self._ask(self.client.actions(session=session, outcome=outcome))
+        return rows if isinstance(rows, dict) else {"actions": rows}  # else: an api_error
+
+    async def poll_operation(self, operation_id: str) -> dict[str, Any]:
+        from affidavit.api.wire import ApiError
+
+        try:
+            return await self.client.poll_operation(operation_id)
+        except ApiError as exc:
+            if exc.code == "OPERATION_ERROR":
+                return refusal("INVALID_FIELD", "operation_id", exc.message)
+            return api_error(exc.code, exc.message)
+        except Exception as exc:
+            return _client_failure(exc, _LOST_CALL)
+
+    def stop(self) -> None:
+        """Hang up on the daemon for every call: it decides what each one becomes."""
+        self._stopped = True
+        for scope in list(self._scopes):
+            scope.cancel()
+
+    async def _ask(self, request: Any, lost: str = "") -> Any:
+        try:
+            return await request
+        except Exception as exc:
+            return _client_failure(exc, lost)
+
+
+_LOST_CALL = (
+    " The call may have run: the daemon keeps it -- list_actions (this session) finds it, "
+    "fetch_result reads it; a call with an idempotency_key resumes the same invocation."
+)
+
+
+def _client_failure(exc: Exception, lost: str) -> dict[str, Any]:
+    from affidavit.api.wire import AnswerLost, ApiError, ClientError, DaemonUnavailable
+
+    if isinstance(exc, ApiError):
+        return api_error(exc.code, exc.message)
+    if isinstance(exc, AnswerLost):
+        return api_error("ANSWER_LOST", str(exc) + lost)
+    if isinstance(exc, DaemonUnavailable):
+        return api_error("DAEMON_UNAVAILABLE", str(exc))
+    if isinstance(exc, ClientError | ValueError):
+        return api_error("CLIENT_ERROR", str(exc))
+    raise exc

@@ -1,0 +1,250 @@
+"""``affidavit mcp``: the broker as MCP tools over stdio, on the SDK's low-level ``Server``.
+
+The low-level server, not ``MCPServer``: the high-level one builds each tool's schema from a
+Python signature and validates arguments with pydantic before the tool runs, so a malformed
+argument would become the SDK's JSON-RPC error.  Here the schemas are the catalog's (the action
+parser's declarations) and every argument reaches the broker's own checks: a malformed action is
+a validation envelope with a stable code and field path, journaled like any other.
+
+One connection is one session: its broker ``session`` -- the default of every action that names
+none, and of ``list_actions`` -- is ``mcp-`` plus 96 random bits, drawn when the process starts
+(stable for the connection, not guessable by another agent).
+
+Every tool request runs in a task of the process's own (``_Calls``), never in the SDK's handler:
+a client that cancels or hangs up ends the handler, not the call (seed, "A result delivery
+error must not repeat execution").  ``backends.py`` says who then records what.
+
+Stopping: end of input -- the client is gone -- ends the session; calls in flight run to their
+end (bounded by their targets' timeouts), their results stored and their lost answers recorded
+RESULT_DELIVERY_FAILED.  SIGTERM or SIGINT stops them at once: each is recorded BROKER_SHUTDOWN
+with what its evidence proves (unknown once dispatched, never not_attempted).
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import signal
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import mcp_types as types
+import trio
+from mcp.server.lowlevel import Server
+from mcp.server.lowlevel.server import NotificationOptions
+
+import affidavit
+
+from .backends import Backend, Exchange
+from .tools import (
+    CONTRACT,
+    READ_TOOLS,
+    ArgumentError,
+    action_tool_doc,
+    api_error,
+    is_error,
+    refusal,
+    render,
+)
+from .transport import StdioTransport
+
+__all__ = ["McpSession", "new_session_id", "serve"]
+
+log = logging.getLogger("affidavit.mcp")
+
+Work = Callable[[Exchange], Awaitable[dict[str, Any]]]
+DEFAULT_LIMIT = 50
+
+
+def new_session_id() -> str:
+    return "mcp-" + secrets.token_hex(12)
+
+
+class McpSession:
+    """The tools of one MCP connection, answered by ``backend``."""
+
+    def __init__(self, backend: Backend, transport: StdioTransport, session: str) -> None:
+        self.backend = backend
+        self.transport = transport
+        self.session = session
+        self.nursery: trio.Nursery | None = None
+        self.stopping = False
+        self._catalog: dict[str, Any] | None = None
+
+    async def catalog(self) -> dict[str, Any]:
+        if self._catalog is None:
+            found = await self.backend.catalog()
+            if "api_error" in found:
+                return found
+            self._catalog = found
+        return self._catalog
+
+    # -- the SDK's handlers ------------------------------------------------------------------------
+
+    async def list_tools(
+        self, ctx: Any, params: types.PaginatedRequestParams | None
+    ) -> types.ListToolsResult:
+        found = await self.catalog()
+        tools = [
+            types.Tool(
+                name=t["name"],
+                description=action_tool_doc(t["doc"]),
+                input_schema=t["input_schema"],
+                annotations=types.ToolAnnotations(destructive_hint=True, open_world_hint=True),
+            )
+            for t in found.get("tools", ())
+        ]
+        for read in READ_TOOLS.values():
+            tools.append(
+                types.Tool(
+                    name=read.name,
+                    description=read.doc,
+                    input_schema=read.input_schema(),
+                    annotations=types.ToolAnnotations(
+                        read_only_hint=read.read_only, open_world_hint=not read.read_only
+                    ),
+                )
+            )
+        return types.ListToolsResult(tools=tools)
+
+    async def call_tool(
+        self, ctx: Any, params: types.CallToolRequestParams
+    ) -> types.CallToolResult:
+        answer = await self.answer(ctx.request_id, params.name, dict(params.arguments or {}))
+        return types.CallToolResult(
+            content=[types.TextContent(type="text", text=render(answer))],
+            structured_content=answer,
+            is_error=is_error(answer),
+        )
+
+    # -- the tools ---------------------------------------------------------------------------------
+
+    async def answer(self, request_id: Any, name: str, args: dict[str, Any]) -> dict[str, Any]:
+        read = READ_TOOLS.get(name)
+        if read is not None:
+            try:
+                checked = read.read(args)
+            except ArgumentError as exc:
+                return refusal(exc.code, exc.field, exc.message)
+            return await self._read(request_id, name, checked)
+        found = await self.catalog()
+        if "api_error" in found:
+            return found
+        tool = next((t for t in found["tools"] if t["name"] == name), None)
+        if tool is None:
+            return refusal("UNSUPPORTED_ACTION", "name", f"no tool {name!r} (tools/list)")
+        target = args.get("target")
+        kinds = {t["name"]: t["kind"] for t in found["targets"]}
+        if isinstance(target, str) and kinds.get(target, tool["kind"]) != tool["kind"]:
+            return refusal(
+                "UNSUPPORTED_ACTION",
+                "target",
+                f"{target} is a {kinds[target]} target; this tool calls {tool['kind']} targets",
+            )
+        if args.get("session") is None:
+            args["session"] = self.session
+        return await self._run(request_id, lambda ex: self.backend.call(args, ex))
+
+    async def _read(self, request_id: Any, name: str, args: dict[str, Any]) -> dict[str, Any]:
+        backend = self.backend
+        if name == "fetch_result":
+            iid, chunk = args["invocation_id"], args["from_chunk"]
+            return await self._run(request_id, lambda ex: backend.fetch_result(iid, chunk, ex))
+        if name == "poll_operation":
+            op_id = args["operation_id"]
+            return await self._run(request_id, lambda ex: backend.poll_operation(op_id))
+        if name == "get_record":
+            return await backend.record(args["invocation_id"])
+        if name == "list_targets":
+            found = await self.catalog()
+            if "api_error" in found:
+                return found
+            return {"session": self.session, "targets": found["targets"]}
+        assert name == "list_actions"
+        session = args["session"] or self.session
+        listed = await backend.actions(session, args["outcome"])
+        if "actions" not in listed:
+            return listed
+        limit = DEFAULT_LIMIT if args["limit"] is None else args["limit"]
+        rows = listed["actions"][-limit:] if limit else []
+        return {"session": session, "actions": rows}
+
+    async def _run(self, request_id: Any, work: Work) -> dict[str, Any]:
+        """Run ``work`` in a task of the process's own and wait for its answer; if this wait
+        ends first (the client cancelled, or hung up), the work learns it through
+        ``Exchange.abandon`` and runs on."""
+        if self.stopping or self.nursery is None:
+            return api_error("SHUTTING_DOWN", "affidavit mcp is stopping; nothing was run")
+        exchange = Exchange()
+        if request_id is not None:
+            exchange.written = self.transport.expect(request_id)
+        self.nursery.start_soon(self._work, work, exchange, request_id)
+        try:
+            await exchange.ready.wait()
+        except BaseException:
+            exchange.abandon()
+            if request_id is not None:
+                self.transport.forget(request_id)
+            raise
+        assert exchange.answer is not None
+        return exchange.answer
+
+    async def _work(self, work: Work, exchange: Exchange, request_id: Any) -> None:
+        try:
+            answer = await work(exchange)
+        except Exception as exc:
+            # A journal that cannot be written, a broken binding: the type only (an
+            # exception's text may quote remote bytes).
+            log.error("request %r ended without an answer: %s", request_id, type(exc).__name__)
+            answer = api_error("INTERNAL", f"the broker failed ({type(exc).__name__})")
+        exchange.hand_over(answer)
+        if exchange.written is not None and not await exchange.written.wait():
+            log.warning("the answer to request %r was not written (client gone)", request_id)
+
+    def stop(self) -> None:
+        """Stop every call where it is (SIGTERM, SIGINT) and take no more."""
+        self.stopping = True
+        self.backend.stop()
+
+
+def build_server(session: McpSession) -> Server[Any]:
+    return Server(
+        "affidavit",
+        version=affidavit.__version__,
+        instructions=f"Affidavit, a secrets broker: {CONTRACT} This connection's session is "
+        f"{session.session}.",
+        on_list_tools=session.list_tools,
+        on_call_tool=session.call_tool,
+    )
+
+
+async def serve(backend: Backend, transport: StdioTransport, session_id: str) -> None:
+    """Serve one MCP connection over ``transport`` until its input ends or a signal arrives;
+    return once every call it started is over."""
+    session = McpSession(backend, transport, session_id)
+    server = build_server(session)
+    options = server.create_initialization_options(NotificationOptions())
+    async with trio.open_nursery() as top:
+        serving = trio.CancelScope()
+        top.start_soon(_stop_on_signal, session, serving)
+        async with trio.open_nursery() as calls:
+            session.nursery = calls
+            with serving:
+                async with transport.streams() as (read, write):
+                    await server.run(read, write, options)
+            session.nursery = None  # no new calls; leaving waits for those in flight
+            if not serving.cancelled_caught:
+                log.info("the session ended; %d call(s) still running", _running(calls))
+        top.cancel_scope.cancel()
+
+
+def _running(nursery: trio.Nursery) -> int:
+    return len(nursery.child_tasks)
+
+
+async def _stop_on_signal(session: McpSession, serving: trio.CancelScope) -> None:
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async for signum in signals:
+            log.info("signal %d: stopping every call where it is", signum)
+            session.stop()
+            serving.cancel()

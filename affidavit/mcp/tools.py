@@ -1,0 +1,265 @@
+"""The MCP tools as data: names, descriptions that teach the contract, input schemas, the read
+tools' argument checks, and how an answer becomes a tool result.
+
+Pure: no engine, journal or SDK here.  The action tools (``http_request``, ``ssh_exec``, any
+registered protocol's) come from the catalog (``affidavit.protocols.catalog``) -- the broker's
+own, or the daemon's ``GET /v1/catalog`` -- so their schemas are the parser's declarations.  The
+read tools' parameters are declared once below (``Param``): their schema and their check are
+both derived from the declaration.
+
+A tool's answer is a JSON object, handed over as the result's structured content beside a short
+text rendering; ``is_error`` is true exactly when it carries an ``error`` (an envelope's, or one
+this layer found before anything was invoked) or an ``api_error`` (the daemon could not answer).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "CONTRACT",
+    "READ_TOOLS",
+    "ArgumentError",
+    "Param",
+    "ReadTool",
+    "action_tool_doc",
+    "api_error",
+    "is_error",
+    "refusal",
+    "render",
+]
+
+CONTRACT = (
+    "The answer is an envelope: `result`, or `error` {code, phase, outcome, retry, message, "
+    "field}, and `evidence`. Branch on `outcome` and `retry`, never on the message. outcome: "
+    "`not_attempted` nothing was sent; `rejected` or `committed` the remote answered (committed "
+    "is not success: read the result); `unknown` it may have run. retry: `after_correction` fix "
+    "`field`; `backoff` or `same_idempotency_key` call again (with the same idempotency_key); "
+    "`fetch_result` call fetch_result with the invocation_id -- a read, nothing is sent again; "
+    "`reconcile` check the remote state yourself and never repeat the call; `never` do not. "
+    "An `operation` (a job a 202 accepted) is followed with poll_operation, never resubmitted."
+)
+
+
+def action_tool_doc(doc: str) -> str:
+    return f"{doc} {CONTRACT}".strip()
+
+
+class ArgumentError(Exception):
+    """A read tool's argument is wrong: nothing was invoked, so nothing is journaled."""
+
+    def __init__(self, field: str, message: str, code: str = "INVALID_FIELD") -> None:
+        self.field = field
+        self.message = message
+        self.code = code
+        super().__init__(f"{field}: {message}")
+
+
+def refusal(code: str, field: str, message: str) -> dict[str, Any]:
+    """An error found before anything was invoked: the envelope's ``error`` object with the
+    validation phase's facts, and no invocation id (there is none)."""
+    return {
+        "error": {
+            "code": code,
+            "phase": "validation",
+            "outcome": "not_attempted",
+            "retry": "after_correction",
+            "message": message,
+            "field": field,
+        }
+    }
+
+
+def api_error(code: str, message: str) -> dict[str, Any]:
+    """The daemon could not answer (unreachable, the connection lost, an API-level refusal):
+    its ``{"api_error": ...}`` shape, never dressed up as an envelope."""
+    return {"api_error": {"code": code, "message": message}}
+
+
+_VISIBLE = re.compile(r"[\x21-\x7e]{1,255}")
+
+
+@dataclass(frozen=True)
+class Param:
+    """One read tool parameter: its schema and its check both come from here."""
+
+    name: str
+    doc: str
+    type: str = "string"
+    required: bool = False
+    values: tuple[str, ...] = ()
+    maximum: int | None = None
+
+    def schema(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"type": self.type, "description": self.doc}
+        if self.type == "string":
+            if self.values:
+                out["enum"] = list(self.values)
+            else:
+                out.update(maxLength=255, pattern="^(?:[\\x21-\\x7e]+)$")
+        else:
+            out["minimum"] = 0
+            if self.maximum is not None:
+                out["maximum"] = self.maximum
+        return out
+
+    def read(self, args: Mapping[str, Any]) -> Any:
+        value = args.get(self.name)
+        if value is None:
+            if self.required:
+                raise ArgumentError(self.name, "is required", "MISSING_FIELD")
+            return None
+        if self.type == "integer":
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ArgumentError(self.name, "must be a whole number >= 0")
+            if self.maximum is not None and value > self.maximum:
+                raise ArgumentError(self.name, f"must be at most {self.maximum}")
+            return value
+        if not isinstance(value, str):
+            raise ArgumentError(self.name, "must be a string")
+        if self.values and value not in self.values:
+            raise ArgumentError(self.name, "must be one of " + ", ".join(self.values))
+        if not self.values and not _VISIBLE.fullmatch(value):
+            raise ArgumentError(self.name, "must be 1-255 visible ASCII characters")
+        return value
+
+
+@dataclass(frozen=True)
+class ReadTool:
+    name: str
+    doc: str
+    params: tuple[Param, ...]
+    read_only: bool = True
+
+    def input_schema(self) -> dict[str, Any]:
+        return {
+            "type": "object",
+            "properties": {p.name: p.schema() for p in self.params},
+            "required": [p.name for p in self.params if p.required],
+            "additionalProperties": False,
+        }
+
+    def read(self, args: Mapping[str, Any]) -> dict[str, Any]:
+        """The arguments, checked; ``ArgumentError`` for the first wrong or unknown one."""
+        known = {p.name for p in self.params}
+        for key in sorted(args):
+            if key not in known:
+                raise ArgumentError(key if _VISIBLE.fullmatch(key) else "arguments", "unknown")
+        return {p.name: p.read(args) for p in self.params}
+
+
+_ID = Param("invocation_id", "the envelope's invocation_id", required=True)
+OUTCOMES = ("not_attempted", "rejected", "committed", "unknown")
+
+READ_TOOLS: dict[str, ReadTool] = {
+    t.name: t
+    for t in (
+        ReadTool(
+            "fetch_result",
+            "The stored envelope of an invocation: a read -- nothing is sent to the remote "
+            "again, whatever retry said. Use it after retry `fetch_result`, or to find out what "
+            "became of a call whose answer you lost. `from_chunk` resumes a long result "
+            "(its streams from that chunk on, with `result.resume`).",
+            (_ID, Param("from_chunk", "resume from this chunk", type="integer")),
+        ),
+        ReadTool(
+            "get_record",
+            "The journal's record of an invocation and its events: the evidence behind every "
+            "field of its envelope. A read.",
+            (_ID,),
+        ),
+        ReadTool(
+            "list_targets",
+            "The configured targets: kind, what each allows, which methods or commands it "
+            "treats as idempotent, its idempotency contract, its description. Also names this "
+            "connection's `session`. A read.",
+            (),
+        ),
+        ReadTool(
+            "list_actions",
+            "Invocations, newest last: by default this connection's own session (an explicit "
+            "`session` names another, e.g. an earlier connection's). A read.",
+            (
+                Param("session", "the session to list (default: this connection's)"),
+                Param("outcome", "only this outcome", values=OUTCOMES),
+                Param("limit", "at most this many, newest (default 50)", "integer", maximum=1000),
+            ),
+        ),
+        ReadTool(
+            "poll_operation",
+            "Query the status resource of a job a 202 accepted (`operation.id` of an "
+            "envelope) once, as an invocation of its own; the submission is never sent again. "
+            "The answer is {operation, poll}: `poll` is that query's envelope (null when the "
+            "job had already ended and nothing was sent).",
+            (Param("operation_id", "the envelope's operation.id", required=True),),
+            read_only=False,
+        ),
+    )
+}
+
+
+def is_error(answer: Mapping[str, Any]) -> bool:
+    """The tool result's ``isError``: the answer carries an error of the envelope's kind or of
+    the API's -- for ``poll_operation``, the poll's own envelope."""
+    if "error" in answer or "api_error" in answer:
+        return True
+    poll = answer.get("poll")
+    return isinstance(poll, Mapping) and "error" in poll
+
+
+PREVIEW = 2000
+"""Characters of a result's body (or stdout) the text rendering shows; the whole of it is in
+the structured content."""
+
+
+def render(answer: Mapping[str, Any]) -> str:
+    """A short text rendering for clients that show only text: the envelope's contract fields
+    and the start of its result; any other answer as compact JSON, cut at ``PREVIEW``."""
+    lines: list[str] = []
+    error = answer.get("error")
+    iid = answer.get("invocation_id")
+    if isinstance(error, Mapping):
+        lines.append(
+            f"error {error.get('code')}: phase {error.get('phase')}, outcome "
+            f"{error.get('outcome')}, retry {error.get('retry')}"
+            + (f", field {error['field']}" if error.get("field") else "")
+        )
+        lines.append(str(error.get("message", "")))
+    elif "api_error" in answer:
+        api = answer["api_error"]
+        return f"daemon error {api.get('code')}: {api.get('message')}"
+    elif "result" in answer and iid is not None:
+        lines.append("ok: outcome committed" + _result_line(answer.get("result")))
+    else:
+        return _cut(json.dumps(answer, sort_keys=True, separators=(",", ":")))
+    if iid is not None:
+        lines.append(f"invocation_id {iid}")
+    if isinstance(answer.get("operation"), Mapping):
+        op = answer["operation"]
+        lines.append(f"operation {op.get('id')} state {op.get('state')} (poll_operation)")
+    result = answer.get("result")
+    if isinstance(result, Mapping):
+        for stream in ("body", "stdout", "stderr"):
+            text = result.get(stream)
+            if isinstance(text, str) and text:
+                lines.append(f"{stream}: {_cut(text)}")
+    return "\n".join(lines)
+
+
+def _result_line(result: Any) -> str:
+    if not isinstance(result, Mapping):
+        return ""
+    parts: Sequence[str] = [
+        f"{k} {result[k]}" for k in ("status", "exit_status", "exit_signal") if k in result
+    ]
+    return (", " + ", ".join(parts)) if parts else ""
+
+
+def _cut(text: str) -> str:
+    if len(text) <= PREVIEW:
+        return text
+    return text[:PREVIEW] + f"… ({len(text)} characters; the whole is in the structured content)"
