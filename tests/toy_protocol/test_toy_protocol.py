@@ -65,7 +65,8 @@ def test_a_toy_target_loads_through_its_own_schema() -> None:
         (
             {"colour": "red"},
             "targets.box.colour",
-            "unknown setting (allowed: kind, host, port, credential, budget, timeout, "
+            "unknown setting (allowed: kind, description, host, port, credential, budget, "
+            "timeout, "
             "idempotent_lines)",
         ),
     ],

@@ -1,0 +1,236 @@
+"""Every tool through the real SDK client spawning ``affidavit mcp`` (embedded) over stdio,
+against the scripted HTTP service: the envelope arrives as structured content beside its text
+rendering, ``isError`` is true exactly when it carries an error, and the journal's record (read
+back with ``get_record``) says the same."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from .conftest import Remotes, wait_for
+from .kit import Connected, connected, structured
+
+ACTION_TOOLS = {"http_request"}
+READ_TOOLS = {"fetch_result", "get_record", "list_targets", "list_actions", "poll_operation"}
+
+
+async def _record(mcp: Connected, iid: str) -> dict[str, Any]:
+    answer = structured(await mcp.call("get_record", {"invocation_id": iid}))
+    record: dict[str, Any] = answer["record"]
+    record["events"] = answer["events"]
+    return record
+
+
+def delivery(record: dict[str, Any]) -> list[tuple[str, str]]:
+    """The record's delivery events: (kind, channel)."""
+    return [
+        (e["kind"], e["attrs"].get("channel"))
+        for e in record["events"]
+        if e["kind"].startswith("RESULT_DELIVER")
+    ]
+
+
+async def _error(mcp: Connected, args: dict[str, Any], code: str) -> dict[str, Any]:
+    """Call ``http_request``; its answer must be an error envelope with ``code``, flagged
+    isError, rendered in the text, and the journal's record must agree."""
+    result = await mcp.call("http_request", args)
+    envelope = structured(result)
+    assert result.is_error is True, envelope
+    error = envelope["error"]
+    assert error["code"] == code, envelope
+    assert result.content[0].text.startswith(f"error {code}: phase {error['phase']}")
+    record = await _record(mcp, envelope["invocation_id"])
+    if code != "IN_PROGRESS":
+        assert (record["code"], record["outcome"], record["retry"]) == (
+            code,
+            error["outcome"],
+            error["retry"],
+        )
+    return envelope
+
+
+async def test_every_tool_answers_through_the_sdk_client(
+    tmp_path: Path, remotes: Remotes, token: str
+) -> None:
+    cfg = remotes.config(tmp_path)
+    async with connected(["--config", str(cfg)], remotes.env(token), tmp_path / "mcp.log") as mcp:
+        listed = {t.name: t for t in (await mcp.session.list_tools()).tools}
+        assert set(listed) == ACTION_TOOLS | READ_TOOLS
+        for word in ("outcome", "retry", "reconcile", "never repeat", "fetch_result"):
+            assert word in (listed["http_request"].description or "")
+        assert "a read" in (listed["fetch_result"].description or "")
+        assert listed["get_record"].annotations.read_only_hint is True
+
+        targets = structured(await mcp.call("list_targets"))
+        session = targets["session"]
+        assert session.startswith("mcp-") and len(session) == 28
+        by_name = {t["name"]: t for t in targets["targets"]}
+        assert by_name["ok"]["description"] == "answers 200, echoing what it saw"
+        assert by_name["pay"]["idempotency"]["scope"] == "payments"
+        assert by_name["ok"]["methods"] == ["GET", "POST", "PUT"]
+        assert "env:" not in str(targets) and "credential" not in str(targets)
+
+        result = await mcp.call("http_request", {"target": "ok", "method": "GET", "path": "/a"})
+        envelope = structured(result)
+        assert result.is_error is False
+        assert envelope["result"]["status"] == 200
+        assert result.content[0].text.startswith("ok: outcome committed, status 200")
+        iid = envelope["invocation_id"]
+
+        record = await _record(mcp, iid)
+        assert (record["outcome"], record["session"]) == ("committed", session)
+        # Recorded delivered once the answer's line was written whole to the client.
+        assert delivery(record) == [("RESULT_DELIVERED", "deliver")]
+
+        fetched = await mcp.call("fetch_result", {"invocation_id": iid})
+        assert fetched.is_error is False
+        assert structured(fetched)["result"] == envelope["result"]
+
+        listed_actions = structured(await mcp.call("list_actions"))
+        assert listed_actions["session"] == session
+        assert [a["invocation_id"] for a in listed_actions["actions"]] == [iid]
+
+        named = {"target": "ok", "method": "GET", "path": "/b", "session": "my-run"}
+        other = structured(await mcp.call("http_request", named))
+        assert (await _record(mcp, other["invocation_id"]))["session"] == "my-run"
+        mine = structured(await mcp.call("list_actions", {"session": "my-run"}))
+        assert [a["invocation_id"] for a in mine["actions"]] == [other["invocation_id"]]
+
+        submitted = structured(
+            await mcp.call("http_request", {"target": "jobs", "method": "POST", "path": "/jobs"})
+        )
+        op = submitted["operation"]
+        assert op["state"] == "pending"
+        polled = await mcp.call("poll_operation", {"operation_id": op["id"]})
+        answer = structured(polled)
+        assert polled.is_error is False
+        assert answer["operation"]["state"] == "succeeded"
+        assert answer["poll"]["result"]["status"] == 200
+
+    # A new connection is a new session.
+    async with connected(["--config", str(cfg)], remotes.env(token), tmp_path / "mcp.log") as mcp:
+        again = structured(await mcp.call("list_targets"))["session"]
+        assert again != session
+        assert structured(await mcp.call("list_actions"))["actions"] == []
+    assert "Traceback" not in (tmp_path / "mcp.log").read_text()
+
+
+async def test_error_envelopes_arrive_flagged_with_their_structured_content(
+    tmp_path: Path, remotes: Remotes, token: str
+) -> None:
+    cfg = remotes.config(tmp_path)
+    async with connected(["--config", str(cfg)], remotes.env(token), tmp_path / "mcp.log") as mcp:
+        rejected = await _error(
+            mcp, {"target": "rejects", "method": "GET", "path": "/"}, "REMOTE_REJECTED"
+        )
+        assert rejected["error"]["outcome"] == "rejected"
+
+        dropped = await _error(
+            mcp,
+            {"target": "drops", "method": "POST", "path": "/", "body": "{}"},
+            "REMOTE_OUTCOME_UNKNOWN",
+        )
+        assert (dropped["error"]["outcome"], dropped["error"]["retry"]) == ("unknown", "reconcile")
+
+        pay = {
+            "target": "pay",
+            "method": "POST",
+            "path": "/p",
+            "body": "1",
+            "idempotency_key": "k1",
+        }
+        first = await mcp.call("http_request", pay)
+        assert first.is_error is False
+        mismatch = await _error(mcp, {**pay, "body": "2"}, "IDEMPOTENCY_MISMATCH")
+        assert mismatch["error"]["field"] == "idempotency_key"
+
+        # A call held by the remote: while it runs, its record reads IN_PROGRESS (fetch_result,
+        # retry fetch_result) -- the second reader never sends anything.
+        held = {"target": "holds", "method": "POST", "path": "/h", "idempotency_key": "h1"}
+        async with trio.open_nursery() as nursery:
+            finished: list[Any] = []
+
+            async def first_call() -> None:
+                finished.append(await mcp.call("http_request", held))
+
+            nursery.start_soon(first_call)
+            await wait_for(remotes.holds.event("received"))
+            running = structured(await mcp.call("list_actions", {"outcome": "unknown"}))
+            iid = running["actions"][-1]["invocation_id"]
+            in_progress = await mcp.call("fetch_result", {"invocation_id": iid})
+            envelope = structured(in_progress)
+            assert in_progress.is_error is True
+            assert (envelope["error"]["code"], envelope["error"]["retry"]) == (
+                "IN_PROGRESS",
+                "fetch_result",
+            )
+            remotes.holds.event("release").set()
+        assert finished[0].is_error is False
+        assert structured(finished[0])["invocation_id"] == iid
+    assert len(remotes.holds.requests) == 1
+
+
+async def test_malformed_arguments_are_validation_envelopes_never_protocol_errors(
+    tmp_path: Path, remotes: Remotes, token: str
+) -> None:
+    cfg = remotes.config(tmp_path)
+    cases: list[tuple[str, dict[str, Any], str, str]] = [
+        ("http_request", {"target": "ok", "method": 5, "path": "/"}, "INVALID_FIELD", "method"),
+        ("http_request", {"target": "ok", "method": "GET"}, "MISSING_FIELD", "path"),
+        (
+            "http_request",
+            {"target": "nope", "method": "GET", "path": "/"},
+            "INVALID_TARGET",
+            "target",
+        ),
+        (
+            "http_request",
+            {"target": "ok", "method": "GET", "path": "/", "pth": 1},
+            "INVALID_FIELD",
+            "pth",
+        ),
+        (
+            "http_request",
+            {"target": "ok", "method": "GET", "path": "/", "headers": {"Authorization": "x"}},
+            "FORBIDDEN_HEADER",
+            "headers.Authorization",
+        ),
+        (
+            "http_request",
+            {"target": "ok", "method": "GET", "path": "/", "headers": [1]},
+            "INVALID_FIELD",
+            "headers",
+        ),
+        (
+            "http_request",
+            {"target": "ok", "method": "GET", "path": "/", "command": "ls"},
+            "UNSUPPORTED_ACTION",
+            "command",
+        ),
+        ("fetch_result", {}, "MISSING_FIELD", "invocation_id"),
+        ("fetch_result", {"invocation_id": "act_nope"}, "INVALID_FIELD", "invocation_id"),
+        ("fetch_result", {"invocation_id": "x", "from_chunk": -1}, "INVALID_FIELD", "from_chunk"),
+        ("get_record", {"invocation_id": ["x"]}, "INVALID_FIELD", "invocation_id"),
+        ("list_actions", {"limit": "many"}, "INVALID_FIELD", "limit"),
+        ("list_actions", {"outcome": "done"}, "INVALID_FIELD", "outcome"),
+        ("list_targets", {"x": 1}, "INVALID_FIELD", "x"),
+        ("poll_operation", {"operation_id": "op_nope"}, "INVALID_FIELD", "operation_id"),
+        ("no_such_tool", {}, "UNSUPPORTED_ACTION", "name"),
+    ]
+    async with connected(["--config", str(cfg)], remotes.env(token), tmp_path / "mcp.log") as mcp:
+        for tool, args, code, field in cases:
+            result = await mcp.call(tool, args)
+            answer = structured(result)
+            assert result.is_error is True, (tool, args, answer)
+            assert (answer["error"]["code"], answer["error"]["field"]) == (code, field), answer
+            assert answer["error"]["phase"] == "validation"
+            assert answer["error"]["outcome"] == "not_attempted"
+            if tool == "http_request" and code != "INVALID_TARGET":
+                # An action is journaled like any other: refused before anything was sent.
+                record = await _record(mcp, answer["invocation_id"])
+                assert (record["code"], record["field"]) == (code, field)
+    assert not remotes.ok.requests
+    assert "Traceback" not in (tmp_path / "mcp.log").read_text()
