@@ -24,15 +24,17 @@ async def main(spec: dict[str, object]) -> None:
         command=sys.executable, args=["-m", "affidavit", "mcp", *args], env=dict(os.environ)
     )
     with open(str(spec["log"]), "a", encoding="utf-8") as errlog:
-        async with stdio_client(params, errlog=errlog) as (read, write):
-            async with ClientSession(read, write) as session:
-                await session.initialize()
-                targets = await session.call_tool("list_targets", {})
-                content = targets.structured_content or {}
-                print(json.dumps({"session": content.get("session")}), flush=True)
-                call = dict(spec["call"])  # type: ignore[call-overload]
-                await session.call_tool("http_request", call)
-                print(json.dumps({"answered": True}), flush=True)
+        async with (
+            stdio_client(params, errlog=errlog) as (read, write),
+            ClientSession(read, write) as session,
+        ):
+            await session.initialize()
+            targets = await session.call_tool("list_targets", {})
+            content = targets.structured_content or {}
+            print(json.dumps({"session": content.get("session")}), flush=True)
+            call = dict(spec["call"])  # type: ignore[call-overload]
+            await session.call_tool("http_request", call)
+            print(json.dumps({"answered": True}), flush=True)
 
 
 if __name__ == "__main__":
