@@ -136,10 +136,11 @@ class McpSession:
         target = args.get("target")
         kinds = {t["name"]: t["kind"] for t in found["targets"]}
         if isinstance(target, str) and kinds.get(target, tool["kind"]) != tool["kind"]:
+            right = next(t["name"] for t in found["tools"] if t["kind"] == kinds[target])
             return refusal(
                 "UNSUPPORTED_ACTION",
                 "target",
-                f"{target} is a {kinds[target]} target; this tool calls {tool['kind']} targets",
+                f"target {target} is of kind {kinds[target]}: call it with {right}",
             )
         if args.get("session") is None:
             args["session"] = self.session

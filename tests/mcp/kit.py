@@ -74,10 +74,11 @@ def _dump(item: SessionMessage | Exception) -> str:
 
 @contextlib.asynccontextmanager
 async def connected(
-    args: Sequence[str], env: Mapping[str, str], log: Path
+    args: Sequence[str], env: Mapping[str, str], log: Path, python: Sequence[str] = ()
 ) -> AsyncIterator[Connected]:
+    """``python [PYTHON_ARGS] -m affidavit mcp ARGS``, its stderr appended to ``log``."""
     params = StdioServerParameters(
-        command=PYTHON, args=["-m", "affidavit", "mcp", *args], env=dict(env)
+        command=PYTHON, args=[*python, "-m", "affidavit", "mcp", *args], env=dict(env)
     )
     with log.open("a", encoding="utf-8") as errlog, trio.fail_after(WAIT * 4):
         async with stdio_client(params, errlog=errlog) as (read, write):

@@ -1,0 +1,126 @@
+"""Embedded and through the daemon alike: the canary credential is in no MCP message and no log
+line; 32 concurrent tool calls from one session are all answered and the journal verifies; the
+proxy (``--socket``) loads neither the engine, the journal, the config nor the credential code.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import trio
+
+from tests.daemon.kit import run, running_daemon
+from tests.mcp.kit import PYTHON, Connected, connected, env_without_secrets, structured
+
+from .conftest import Remotes
+
+MODES = ["embedded", "daemon"]
+
+
+@contextlib.asynccontextmanager
+async def session(
+    mode: str, tmp: Path, remotes: Remotes, token: str, *python: str
+) -> AsyncIterator[tuple[Connected, Path]]:
+    """An MCP connection in ``mode``; also the config whose journal it writes."""
+    log = tmp / "mcp.log"
+    if mode == "embedded":
+        cfg = remotes.config(tmp)
+        async with connected(["--config", str(cfg)], remotes.env(token), log, python) as mcp:
+            yield mcp, cfg
+        return
+    async with running_daemon(tmp, remotes.targets(), token=token) as daemon:
+        args = ["--socket", str(daemon.socket)]
+        async with connected(args, env_without_secrets(), log, python) as mcp:
+            yield mcp, daemon.config
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_the_canary_is_in_no_mcp_message_and_no_log_line(
+    tmp_path: Path, remotes: Remotes, token: str, mode: str
+) -> None:
+    async with session(mode, tmp_path, remotes, token) as (mcp, _):
+        echoed = structured(
+            await mcp.call("http_request", {"target": "ok", "method": "GET", "path": "/"})
+        )
+        # The remote saw the credential and sent it back; the envelope carries it redacted.
+        assert echoed["result"]["body"].startswith("saw Bearer ")
+        iid = echoed["invocation_id"]
+        await mcp.call("fetch_result", {"invocation_id": iid})
+        await mcp.call("get_record", {"invocation_id": iid})
+        await mcp.call("list_actions")
+        await mcp.call("list_targets")
+        await mcp.call("http_request", {"target": "rejects", "method": "GET", "path": "/"})
+        await mcp.session.list_tools()
+        wire = list(mcp.wire)
+    assert [r.header("authorization") for r in remotes.ok.requests] == [f"Bearer {token}"]
+    assert wire and all(token not in message for message in wire)
+    log = (tmp_path / "mcp.log").read_text()
+    assert "session mcp-" in log
+    assert token not in log
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_32_concurrent_tool_calls_from_one_session_are_all_answered(
+    tmp_path: Path, remotes: Remotes, token: str, mode: str
+) -> None:
+    answers: dict[int, dict[str, object]] = {}
+    async with session(mode, tmp_path, remotes, token) as (mcp, cfg):
+
+        async def one(n: int) -> None:
+            args = {"target": "ok", "method": "GET", "path": f"/n/{n}"}
+            result = await mcp.call("http_request", args)
+            assert result.is_error is False
+            answers[n] = structured(result)
+
+        with trio.fail_after(60):
+            async with trio.open_nursery() as nursery:
+                for n in range(32):
+                    nursery.start_soon(one, n)
+        mine = structured(await mcp.call("list_actions", {"limit": 100}))["actions"]
+    assert sorted(answers) == list(range(32))
+    assert len({a["invocation_id"] for a in answers.values()}) == 32
+    assert sorted(a["invocation_id"] for a in mine) == sorted(
+        str(a["invocation_id"]) for a in answers.values()
+    )
+    assert sorted(r.target for r in remotes.ok.requests) == sorted(f"/n/{n}" for n in range(32))
+    verified = await run([PYTHON, "-m", "affidavit", "journal", "verify", "--config", str(cfg)])
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    assert b"journal intact" in verified.stdout
+
+
+# Loaded by an embedded broker; none of them may be in the proxy.  (``cryptography`` is: the
+# MCP SDK imports it for its OAuth support -- none of the broker's sealing or credential code.)
+BROKER_ONLY = (
+    "affidavit.engine",
+    "affidavit.journal",
+    "affidavit.secrets",
+    "affidavit.config",
+    "affidavit.protocols",
+    "affidavit.adapters",
+    "affidavit.statemachine",
+    "affidavit.api.broker",
+    "ssh",
+)
+
+
+async def test_the_proxy_imports_no_engine_journal_config_or_credential_code(
+    tmp_path: Path, remotes: Remotes, token: str
+) -> None:
+    async with session("daemon", tmp_path, remotes, token, "-X", "importtime") as (mcp, _):
+        assert (await mcp.session.list_tools()).tools
+        done = structured(
+            await mcp.call("http_request", {"target": "ok", "method": "GET", "path": "/"})
+        )
+        await mcp.call("fetch_result", {"invocation_id": done["invocation_id"]})
+        await mcp.call("get_record", {"invocation_id": done["invocation_id"]})
+        await mcp.call("list_actions")
+    imported = re.findall(r"import time:.*\|\s+(\S+)$", (tmp_path / "mcp.log").read_text(), re.M)
+    assert "affidavit.mcp.server" in imported and "affidavit.api.client" in imported
+    loaded = sorted(
+        m for m in imported if any(m == b or m.startswith(b + ".") for b in BROKER_ONLY)
+    )
+    assert loaded == []
