@@ -40,7 +40,14 @@ def _mcp(args: argparse.Namespace) -> int:
         format="%(asctime)s affidavit mcp[%(process)d] %(levelname)s %(message)s",
     )
     logging.getLogger("mcp").setLevel(logging.WARNING)
-    from affidavit.mcp import run
+    try:
+        from affidavit.mcp import run
+    except ModuleNotFoundError as exc:
+        if exc.name is None or exc.name.split(".")[0] not in ("mcp", "mcp_types"):
+            raise
+        raise UsageError(
+            "affidavit mcp needs the MCP SDK, an optional part: pip install 'affidavit[mcp]'"
+        ) from None
 
     try:
         trio.run(functools.partial(run, config=args.config, socket=socket))

@@ -175,3 +175,29 @@ async def test_through_the_daemon_a_killed_client_s_result_is_stored_and_fetched
             assert fetched.is_error is False
             assert structured(fetched)["result"]["body"] == "late and done"
     assert len(remotes.holds.requests) == 1
+
+
+async def test_a_call_the_client_cancels_after_dispatch_runs_on_and_is_fetched(
+    tmp_path: Path, remotes: Remotes, token: str
+) -> None:
+    """The SDK client gives up on a call (its ``notifications/cancelled``): MCP forbids an answer
+    then, so the stored result is RESULT_DELIVERY_FAILED; the same connection fetches it."""
+    args, env = ["--config", str(remotes.config(tmp_path))], remotes.env(token)
+    async with connected(args, env, tmp_path / "mcp.log") as mcp:
+        session = structured(await mcp.call("list_targets"))["session"]
+        with trio.move_on_after(WAIT) as waited:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(mcp.call, "http_request", HELD)
+                await wait_for(remotes.holds.event("received"))
+                nursery.cancel_scope.cancel()
+        assert not waited.cancelled_caught
+        remotes.holds.event("release").set()
+
+        async def failed() -> bool:
+            return (await the_call(mcp, session))["kinds"][-1] == "RESULT_DELIVERY_FAILED"
+
+        await wait_until(failed, "the lost answer is recorded")
+        record = await the_call(mcp, session)
+        fetched = await mcp.call("fetch_result", {"invocation_id": record["invocation_id"]})
+        assert structured(fetched)["result"]["body"] == "late and done"
+    assert len(remotes.holds.requests) == 1
