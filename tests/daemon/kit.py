@@ -162,14 +162,22 @@ async def running_daemon(
 
 @contextlib.asynccontextmanager
 async def serving(
-    tmp: Path, script: Any, *, token: str, **daemon_kw: Any
+    tmp: Path,
+    script: Any,
+    *,
+    token: str,
+    overrides: Mapping[str, Any] | None = None,
+    **daemon_kw: Any,
 ) -> AsyncIterator[tuple[Any, DaemonProc]]:
-    """A scripted remote (``HostileServer``) and a daemon whose target ``api`` is it."""
+    """A scripted remote (``HostileServer``) and a daemon whose target ``api`` is it (with
+    ``overrides`` of its settings)."""
     from tests.http.hostile import HostileServer
 
     async with (
         HostileServer.running(script) as srv,
-        running_daemon(tmp, api_target(srv.url), token=token, **daemon_kw) as daemon,
+        running_daemon(
+            tmp, api_target(srv.url, **(overrides or {})), token=token, **daemon_kw
+        ) as daemon,
     ):
         yield srv, daemon
 

@@ -1,0 +1,64 @@
+"""The routes the MCP proxy needs beside calls: ``GET /v1/catalog`` (the targets and each
+protocol's action schema, exactly ``Broker.catalog``), ``POST /v1/operations/{id}/poll``
+(``Broker.poll_operation`` in the daemon) and ``?from_chunk=`` on a stored result, through
+``affidavit.Client``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from affidavit.api.client import Client
+from affidavit.api.wire import ApiError
+from tests.broker.helpers import TOKEN_ENV, open_broker
+from tests.http.hostile import Received, Reply, scripts
+
+from .kit import serving
+
+JOB = Reply(202, headers=[("Location", "/jobs/j9")], body=b'{"id":"j9"}')
+
+
+def job_api(req: Received) -> Reply:
+    if req.method == "POST":
+        return JOB
+    return Reply(200, body=json.dumps({"state": "done"}).encode())
+
+
+async def test_catalog_poll_and_resumed_results_through_the_client(
+    tmp_path: Path, token: str
+) -> None:
+    async with serving(tmp_path, scripts.serve(job_api), token=token) as (srv, daemon):
+        async with Client.open(daemon.socket) as client:
+            catalog = await client.catalog()
+            envelope = await client.call(
+                {"target": "api", "method": "POST", "path": "/jobs", "body": "{}"}
+            )
+            iid = envelope["invocation_id"]
+            resumed = await client.fetch_result(iid, from_chunk=0)
+            with pytest.raises(ApiError) as refused:
+                await client.poll_operation("op_nope")
+    async with open_broker(daemon.config) as broker:
+        assert catalog == broker.catalog()
+    assert [t["name"] for t in catalog["tools"]] == ["http_request"]
+    assert TOKEN_ENV not in json.dumps(catalog)  # the credential reference names it
+    assert resumed is not None and "resume" in resumed["result"]
+    assert (refused.value.status, refused.value.code) == (422, "OPERATION_ERROR")
+    assert len(srv.requests) == 1
+
+
+async def test_an_operation_is_polled_in_the_daemon(tmp_path: Path, token: str) -> None:
+    operations = {"status": "json:/state", "succeeded": ["done"], "failed": ["failed"]}
+    async with serving(
+        tmp_path, scripts.serve(job_api), token=token, overrides={"operations": operations}
+    ) as (srv, daemon):
+        async with Client.open(daemon.socket) as client:
+            envelope = await client.call(
+                {"target": "api", "method": "POST", "path": "/jobs", "body": "{}"}
+            )
+            op = envelope["operation"]["id"]
+            polled = await client.poll_operation(op)
+    assert polled["operation"]["state"] == "succeeded"
+    assert polled["poll"]["result"]["status"] == 200
+    assert [r.method for r in srv.requests] == ["POST", "GET"]
