@@ -29,16 +29,18 @@ def job_api(req: Received) -> Reply:
 async def test_catalog_poll_and_resumed_results_through_the_client(
     tmp_path: Path, token: str
 ) -> None:
-    async with serving(tmp_path, scripts.serve(job_api), token=token) as (srv, daemon):
-        async with Client.open(daemon.socket) as client:
-            catalog = await client.catalog()
-            envelope = await client.call(
-                {"target": "api", "method": "POST", "path": "/jobs", "body": "{}"}
-            )
-            iid = envelope["invocation_id"]
-            resumed = await client.fetch_result(iid, from_chunk=0)
-            with pytest.raises(ApiError) as refused:
-                await client.poll_operation("op_nope")
+    async with (
+        serving(tmp_path, scripts.serve(job_api), token=token) as (srv, daemon),
+        Client.open(daemon.socket) as client,
+    ):
+        catalog = await client.catalog()
+        envelope = await client.call(
+            {"target": "api", "method": "POST", "path": "/jobs", "body": "{}"}
+        )
+        iid = envelope["invocation_id"]
+        resumed = await client.fetch_result(iid, from_chunk=0)
+        with pytest.raises(ApiError) as refused:
+            await client.poll_operation("op_nope")
     async with open_broker(daemon.config) as broker:
         assert catalog == broker.catalog()
     assert [t["name"] for t in catalog["tools"]] == ["http_request"]
@@ -52,13 +54,12 @@ async def test_an_operation_is_polled_in_the_daemon(tmp_path: Path, token: str) 
     operations = {"status": "json:/state", "succeeded": ["done"], "failed": ["failed"]}
     async with serving(
         tmp_path, scripts.serve(job_api), token=token, overrides={"operations": operations}
-    ) as (srv, daemon):
-        async with Client.open(daemon.socket) as client:
-            envelope = await client.call(
-                {"target": "api", "method": "POST", "path": "/jobs", "body": "{}"}
-            )
-            op = envelope["operation"]["id"]
-            polled = await client.poll_operation(op)
+    ) as (srv, daemon), Client.open(daemon.socket) as client:
+        envelope = await client.call(
+            {"target": "api", "method": "POST", "path": "/jobs", "body": "{}"}
+        )
+        op = envelope["operation"]["id"]
+        polled = await client.poll_operation(op)
     assert polled["operation"]["state"] == "succeeded"
     assert polled["poll"]["result"]["status"] == 200
     assert [r.method for r in srv.requests] == ["POST", "GET"]
