@@ -52,9 +52,12 @@ async def test_catalog_poll_and_resumed_results_through_the_client(
 
 async def test_an_operation_is_polled_in_the_daemon(tmp_path: Path, token: str) -> None:
     operations = {"status": "json:/state", "succeeded": ["done"], "failed": ["failed"]}
-    async with serving(
-        tmp_path, scripts.serve(job_api), token=token, overrides={"operations": operations}
-    ) as (srv, daemon), Client.open(daemon.socket) as client:
+    async with (
+        serving(
+            tmp_path, scripts.serve(job_api), token=token, overrides={"operations": operations}
+        ) as (srv, daemon),
+        Client.open(daemon.socket) as client,
+    ):
         envelope = await client.call(
             {"target": "api", "method": "POST", "path": "/jobs", "body": "{}"}
         )

@@ -243,3 +243,26 @@ def test_the_model_checks_cover_the_registered_toy_table() -> None:
     assert TOY_TABLE in protocol_tables()
     assert TOY_TABLE.problems() == []
     check_every_pair_is_declared_or_refused(TOY_TABLE)
+
+
+async def test_an_installed_protocol_gets_its_mcp_tool_without_an_edit(
+    tmp_path: Path, plugin_env: dict[str, str]
+) -> None:
+    """``affidavit mcp`` offers ``toy_call`` -- the protocol declares no field schema, so the
+    tool's names its fields and leaves their form to the toy's parser -- and runs it."""
+    from tests.mcp.kit import connected, structured
+
+    async with toy_server(TOKEN.encode()) as server:
+        cli = _Cli(tmp_path, plugin_env, server.port)
+        args = ["--config", str(cli.cfg)]
+        async with connected(args, cli.env, tmp_path / "mcp.log") as mcp:
+            tools = {t.name: t for t in (await mcp.session.list_tools()).tools}
+            schema = tools["toy_call"].input_schema
+            assert schema["properties"]["target"]["enum"] == ["box"]
+            assert set(schema["properties"]) == {"target", "line", "session"}
+            done = await mcp.call("toy_call", {"target": "box", "line": "hello"})
+            refused = await mcp.call("toy_call", {"target": "box", "line": "\x01"})
+    assert done.is_error is False
+    assert structured(done)["result"]["stdout"] == "hello\n"
+    assert structured(refused)["error"]["field"] == "line"
+    assert server.ran == [b"hello"]
