@@ -97,13 +97,16 @@ def _order(spec: ProtocolSpec, name: str) -> tuple[int, str]:
 
 
 def target_entry(target: Any, description: str = "") -> dict[str, Any]:
-    """A target as its callers see it: name, kind, description, then what its protocol's
-    ``describe`` lists (an allow-list: no credential reference ever)."""
+    """A target as its callers see it: name, kind, description, what its protocol's
+    ``describe`` lists (an allow-list: no credential reference ever), its budget and timeouts."""
     spec = get(target.kind)
     entry: dict[str, Any] = {"name": target.name, "kind": target.kind}
     entry["description"] = description
     if spec is not None and spec.describe is not None:
         entry.update(spec.describe(target))
+    # What every target has (affidavit.schema.COMMON), but never its credential.
+    entry["budget"] = target.budget
+    entry["timeout"] = {"connect": target.timeout.connect, "total": target.timeout.total}
     return entry
 
 

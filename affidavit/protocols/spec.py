@@ -26,6 +26,7 @@ __all__ = [
     "ProtocolSpec",
     "Reading",
     "ResultContracts",
+    "text_payload",
 ]
 
 
@@ -67,6 +68,20 @@ class ActionField:
     checks: tuple[tuple[Code, str], ...] = ()
     """Refusals the schema cannot say -- they depend on the target, on another field or on
     meaning rather than form -- each with the code the parser gives it."""
+
+
+def text_payload(name: str, doc: str, setting: str) -> ActionField:
+    """A payload given as text and sent as its UTF-8 bytes, bounded by the target's ``setting``
+    (``max_body``, ``max_stdin``): characters in the schema, bytes (and valid text) beyond it."""
+    return ActionField(
+        name,
+        doc,
+        limit=lambda target: int(getattr(target, setting)),
+        checks=(
+            (Code.PAYLOAD_LIMIT, f"more UTF-8 bytes than this target's {setting}"),
+            (Code.INVALID_FIELD, "not valid Unicode text"),
+        ),
+    )
 
 
 @dataclass(frozen=True)

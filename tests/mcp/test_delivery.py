@@ -73,6 +73,22 @@ async def start_client(args: list[str], env: dict[str, str], log: Path) -> tuple
     return client, (await client.line())["session"]
 
 
+async def killed_mid_call(
+    args: list[str], env: dict[str, str], log: Path, remotes: Remotes
+) -> tuple[int, str]:
+    """A client process makes the held call; once the remote has it, the client is killed.
+    Returns the server's pid and the connection's session."""
+    client, session = await start_client(args, env, log)
+    await wait_for(remotes.holds.event("received"))
+    server = client.server_pid()
+    await client.kill()
+    return server, session
+
+
+def read(tmp: Path) -> str:
+    return (tmp / "client.log").read_text()
+
+
 def alive(pid: int) -> bool:
     """Running (a zombie nobody reaps counts as ended)."""
     try:
@@ -101,11 +117,8 @@ async def test_embedded_client_killed_then_server_stopped_records_unknown(
     tmp_path: Path, remotes: Remotes, token: str
 ) -> None:
     args, env = ["--config", str(remotes.config(tmp_path))], remotes.env(token)
-    client, session = await start_client(args, env, tmp_path / "client.log")
-    await wait_for(remotes.holds.event("received"))
-    server = client.server_pid()
-    await client.kill()
-    await wait_until(lambda: "the client closed its end" in client.log.read_text(), "EOF seen")
+    server, session = await killed_mid_call(args, env, tmp_path / "client.log", remotes)
+    await wait_until(lambda: "the client closed its end" in read(tmp_path), "EOF seen")
     assert alive(server)  # the call runs on: nobody stopped it yet
     os.kill(server, signal.SIGTERM)  # the host stops its server
     await ended(server)
@@ -127,11 +140,8 @@ async def test_embedded_client_killed_result_stored_delivery_failed_fetched_late
     tmp_path: Path, remotes: Remotes, token: str
 ) -> None:
     args, env = ["--config", str(remotes.config(tmp_path))], remotes.env(token)
-    client, session = await start_client(args, env, tmp_path / "client.log")
-    await wait_for(remotes.holds.event("received"))
-    server = client.server_pid()
-    await client.kill()
-    await wait_until(lambda: "the client closed its end" in client.log.read_text(), "EOF seen")
+    server, session = await killed_mid_call(args, env, tmp_path / "client.log", remotes)
+    await wait_until(lambda: "the client closed its end" in read(tmp_path), "EOF seen")
     remotes.holds.event("release").set()
     await ended(server)  # the call ran to its end, then the server left on its own
 
@@ -156,10 +166,7 @@ async def test_through_the_daemon_a_killed_client_s_result_is_stored_and_fetched
 ) -> None:
     async with running_daemon(tmp_path, remotes.targets(), token=token) as daemon:
         args, env = ["--socket", str(daemon.socket)], env_without_secrets()
-        client, session = await start_client(args, env, tmp_path / "client.log")
-        await wait_for(remotes.holds.event("received"))
-        server = client.server_pid()
-        await client.kill()
+        server, session = await killed_mid_call(args, env, tmp_path / "client.log", remotes)
         await ended(server)  # the proxy left: it hung up on the daemon
         remotes.holds.event("release").set()
 

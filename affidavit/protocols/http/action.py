@@ -24,7 +24,7 @@ from affidavit.protocols.actions import (
     session,
     string,
 )
-from affidavit.protocols.spec import ActionField, ActionSpec
+from affidavit.protocols.spec import ActionField, ActionSpec, text_payload
 from affidavit.secrets.credentials import parse_inject
 from affidavit.statemachine import Code
 
@@ -322,8 +322,6 @@ def describe(target: HttpTarget) -> dict[str, Any]:
         "batch": target.batch is not None,
         "max_body": target.max_body,
         "follow_redirects": target.follow_redirects,
-        "budget": target.budget,
-        "timeout": {"connect": target.timeout.connect, "total": target.timeout.total},
     }
 
 
@@ -374,15 +372,7 @@ HTTP_FIELDS = (
             (Code.INVALID_FIELD, "a name given twice (names compare case-insensitively)"),
         ),
     ),
-    ActionField(
-        "body",
-        "request body as text, sent as UTF-8",
-        limit=lambda target: target.max_body,
-        checks=(
-            (Code.PAYLOAD_LIMIT, "more UTF-8 bytes than this target's max_body"),
-            (Code.INVALID_FIELD, "not valid Unicode text"),
-        ),
-    ),
+    text_payload("body", "request body as text, sent as UTF-8", "max_body"),
     ActionField(
         "body_base64",
         "request body as base64 (for bytes); not together with body",

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from affidavit.protocols.actions import ActionInvalid, session, string
-from affidavit.protocols.spec import ActionField, ActionSpec
+from affidavit.protocols.spec import ActionField, ActionSpec, text_payload
 from affidavit.statemachine import Code
 
 from .target import SshTarget
@@ -76,8 +76,6 @@ def describe(target: SshTarget) -> dict[str, Any]:
         "user": target.user,
         "idempotent_commands": sorted(target.idempotent_commands),
         "max_stdin": target.max_stdin,
-        "budget": target.budget,
-        "timeout": {"connect": target.timeout.connect, "total": target.timeout.total},
     }
 
 
@@ -93,14 +91,10 @@ SSH_FIELDS = (
             (Code.INVALID_FIELD, "not valid Unicode text"),
         ),
     ),
-    ActionField(
+    text_payload(
         "stdin",
         "text for the command's standard input, sent as UTF-8 (a script: command `sh -s`)",
-        limit=lambda target: target.max_stdin,
-        checks=(
-            (Code.PAYLOAD_LIMIT, "more UTF-8 bytes than this target's max_stdin"),
-            (Code.INVALID_FIELD, "not valid Unicode text"),
-        ),
+        "max_stdin",
     ),
 )
 
