@@ -77,6 +77,7 @@ class McpSession:
             if "api_error" in found:
                 return found
             self._catalog = found
+            self.transport.limit_actions(found["max_action_bytes"])
         return self._catalog
 
     # -- the SDK's handlers ------------------------------------------------------------------------
@@ -225,6 +226,7 @@ async def serve(backend: Backend, transport: StdioTransport, session_id: str) ->
     session = McpSession(backend, transport, session_id)
     server = build_server(session)
     options = server.create_initialization_options(NotificationOptions())
+    await session.catalog()  # the tools, and how large a message may be (retried if it failed)
     async with trio.open_nursery() as top:
         serving = trio.CancelScope()
         top.start_soon(_stop_on_signal, session, serving)

@@ -37,8 +37,11 @@ __all__ = ["MAX_LINE", "Outcome", "StdioTransport"]
 
 log = logging.getLogger("affidavit.mcp")
 
-MAX_LINE = 256 * 1024 * 1024
-"""A message longer than this (no newline within it) ends the session: memory is bounded."""
+MAX_LINE = 64 * 1024 * 1024
+"""The longest message read until the catalog says how large an action may be
+(``max_action_bytes``, the bound ``affidavit call`` and the daemon apply to an action's JSON)."""
+ENVELOPE = 64 * 1024
+"""Room for JSON-RPC's own fields around a tool's arguments."""
 
 
 class Outcome:
@@ -72,6 +75,12 @@ class StdioTransport:
         self.hung_up = trio.Event()
         """The input ended or the output broke: the client is gone."""
         self.broken = False
+        self.max_line = MAX_LINE
+        """A longer message is read past and dropped, never held: memory stays bounded."""
+
+    def limit_actions(self, max_action_bytes: int) -> None:
+        """Messages may be as large as the largest action the targets accept, and no larger."""
+        self.max_line = max_action_bytes + ENVELOPE
 
     @classmethod
     @contextlib.asynccontextmanager
@@ -140,6 +149,7 @@ class StdioTransport:
 
     async def _read(self, out: MemoryObjectSendStream[SessionMessage | Exception]) -> None:
         buffer = bytearray()
+        dropping = False
         async with out:
             try:
                 while True:
@@ -149,11 +159,15 @@ class StdioTransport:
                     buffer += data
                     while (end := buffer.find(b"\n")) >= 0:
                         line, buffer = bytes(buffer[:end]), buffer[end + 1 :]
-                        if line.strip():
+                        if dropping:
+                            dropping = False  # the end of the oversized message
+                        elif line.strip():
                             await out.send(_parse(line))
-                    if len(buffer) > MAX_LINE:
-                        log.warning("a message longer than %d bytes: closing", MAX_LINE)
-                        break
+                    if len(buffer) > self.max_line:
+                        if not dropping:
+                            log.warning("a message over %d bytes: dropped unread", self.max_line)
+                        dropping = True
+                        buffer.clear()
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
                 pass
             except (anyio.BrokenResourceError, anyio.ClosedResourceError):

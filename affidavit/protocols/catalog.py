@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from .actions import SESSION_FIELD
+from .actions import SESSION_FIELD, action_size_limit
 from .registry import get
 from .spec import ActionField, ProtocolSpec
 
@@ -111,8 +111,9 @@ def target_entry(target: Any, description: str = "") -> dict[str, Any]:
 
 
 def catalog(targets: Mapping[str, Any], descriptions: Mapping[str, str]) -> dict[str, Any]:
-    """``{"targets": [...], "tools": [{"name", "kind", "doc", "input_schema"}]}``: one tool per
-    protocol that has a configured target."""
+    """``{"targets": [...], "tools": [{"name", "kind", "doc", "input_schema"}],
+    "max_action_bytes"}``: one tool per protocol that has a configured target, and the bytes of
+    action JSON worth reading for these targets (``action_size_limit``)."""
     by_kind: dict[str, dict[str, Any]] = {}
     for name, target in targets.items():
         by_kind.setdefault(target.kind, {})[name] = target
@@ -132,4 +133,5 @@ def catalog(targets: Mapping[str, Any], descriptions: Mapping[str, str]) -> dict
     return {
         "targets": [target_entry(t, descriptions.get(n, "")) for n, t in sorted(targets.items())],
         "tools": tools,
+        "max_action_bytes": action_size_limit(targets.values()),
     }

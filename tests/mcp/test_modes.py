@@ -47,7 +47,8 @@ async def test_the_canary_is_in_no_mcp_message_and_no_log_line(
             await mcp.call("http_request", {"target": "ok", "method": "GET", "path": "/"})
         )
         # The remote saw the credential and sent it back; the envelope carries it redacted.
-        assert echoed["result"]["body"].startswith("saw Bearer ")
+        body = echoed["result"]["body"]
+        assert body.startswith("saw ") and len(body) > len("saw ") and token not in body
         iid = echoed["invocation_id"]
         await mcp.call("fetch_result", {"invocation_id": iid})
         await mcp.call("get_record", {"invocation_id": iid})

@@ -8,7 +8,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
+
+from tests.daemon.kit import wait_until
 
 from .conftest import Remotes, wait_for
 from .kit import Connected, connected, structured
@@ -82,8 +85,13 @@ async def test_every_tool_answers_through_the_sdk_client(
 
         record = await _record(mcp, iid)
         assert (record["outcome"], record["session"]) == ("committed", session)
-        # Recorded delivered once the answer's line was written whole to the client.
-        assert delivery(record) == [("RESULT_DELIVERED", "deliver")]
+
+        # Recorded delivered once the answer's line was written whole to the client: just
+        # after the client could read it.
+        async def delivered() -> bool:
+            return delivery(await _record(mcp, iid)) == [("RESULT_DELIVERED", "deliver")]
+
+        await wait_until(delivered, "the delivery is recorded")
 
         fetched = await mcp.call("fetch_result", {"invocation_id": iid})
         assert fetched.is_error is False
@@ -234,3 +242,22 @@ async def test_malformed_arguments_are_validation_envelopes_never_protocol_error
                 assert (record["code"], record["field"]) == (code, field)
     assert not remotes.ok.requests
     assert "Traceback" not in (tmp_path / "mcp.log").read_text()
+
+
+async def test_a_message_larger_than_any_action_is_dropped_unread_and_the_session_goes_on(
+    tmp_path: Path, remotes: Remotes, token: str
+) -> None:
+    """The bound ``affidavit call`` and the daemon apply to an action's JSON (issue 9's
+    ``action_size_limit``: every target here takes at most 1 MiB) bounds a message too: the
+    server reads past it without holding it, and answers the next one."""
+    from mcp.shared.exceptions import MCPError
+
+    cfg = remotes.config(tmp_path)
+    huge = {"target": "ok", "method": "POST", "path": "/", "body": "x" * (8 << 20)}
+    async with connected(["--config", str(cfg)], remotes.env(token), tmp_path / "mcp.log") as mcp:
+        with pytest.raises(MCPError):
+            await mcp.session.call_tool("http_request", huge, read_timeout_seconds=3)
+        after = await mcp.call("http_request", {"target": "ok", "method": "GET", "path": "/"})
+        assert after.is_error is False
+    assert "dropped unread" in mcp.stderr()
+    assert len(remotes.ok.requests) == 1
