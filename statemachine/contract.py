@@ -98,6 +98,9 @@ class CodeInfo:
     end an attempt before its dispatch gate, recorded by SETUP_FAILED -- phase
     connection_setup, outcome not_attempted -- with this hint.  Seed, "Cause and outcome answer
     different questions": the code names the cause; where it struck decides the outcome."""
+    pending: bool = False
+    """A code of an invocation that has not finished (IN_PROGRESS, APPROVAL_PENDING): shown while
+    its record rests in a non-final state; the hint is always ``fetch_result``."""
 
 
 class Code(StrEnum):
@@ -112,6 +115,7 @@ class Code(StrEnum):
     FORBIDDEN_HEADER = "FORBIDDEN_HEADER"
     UNKNOWN_CREDENTIAL = "UNKNOWN_CREDENTIAL"
     APPROVAL_STALE = "APPROVAL_STALE"
+    APPROVAL_EXPIRED = "APPROVAL_EXPIRED"
     CONFIG_CHANGED = "CONFIG_CHANGED"
     IDEMPOTENCY_MISMATCH = "IDEMPOTENCY_MISMATCH"
     # credential injection
@@ -119,6 +123,7 @@ class Code(StrEnum):
     CREDENTIAL_INVALID = "CREDENTIAL_INVALID"
     VAULT_LOCKED = "VAULT_LOCKED"
     APPROVAL_DENIED = "APPROVAL_DENIED"
+    APPROVAL_PENDING = "APPROVAL_PENDING"
     # connection setup
     DNS_FAILED = "DNS_FAILED"
     CONNECTION_REFUSED = "CONNECTION_REFUSED"
@@ -189,7 +194,16 @@ CODES: dict[Code, CodeInfo] = {
         _V,
         _NA,
         Retry.AFTER_CORRECTION,
-        "The request fingerprint changed after approval; a new invocation needs a new approval.",
+        "The request fingerprint changed after approval (request, credential version or target"
+        " configuration); nothing was sent under the old approval, a new invocation needs a new"
+        " approval.",
+    ),
+    Code.APPROVAL_EXPIRED: CodeInfo(
+        _V,
+        _NA,
+        Retry.AFTER_CORRECTION,
+        "The approval window ran out before the request was dispatched; nothing was sent, a new"
+        " invocation needs a new approval.",
     ),
     Code.CONFIG_CHANGED: CodeInfo(
         _V,
@@ -217,6 +231,14 @@ CODES: dict[Code, CodeInfo] = {
     ),
     Code.APPROVAL_DENIED: CodeInfo(
         _CI, _NA, Retry.NEVER, "A human denied this invocation; it must not be retried."
+    ),
+    Code.APPROVAL_PENDING: CodeInfo(
+        _CI,
+        _NA,
+        Retry.FETCH_RESULT,
+        "A human approval is pending; nothing was sent.  The result will be stored under this"
+        " invocation id: fetch it later, never send the action again.",
+        pending=True,
     ),
     Code.DNS_FAILED: CodeInfo(_CS, _NA, Retry.BACKOFF, "The target host name did not resolve."),
     Code.CONNECTION_REFUSED: CodeInfo(
@@ -314,6 +336,7 @@ CODES: dict[Code, CodeInfo] = {
         Retry.FETCH_RESULT,
         "The invocation has not finished (or its broker stopped and its lease has not expired):"
         " no result is recorded yet; fetch it later, never send it again.",
+        pending=True,
     ),
     Code.RESULT_STORE_FAILED: CodeInfo(
         _RD,
@@ -330,3 +353,4 @@ CODES: dict[Code, CodeInfo] = {
 }
 
 assert set(CODES) == set(Code), "every code must be documented"
+assert all(i.retry is Retry.FETCH_RESULT for i in CODES.values() if i.pending)

@@ -42,10 +42,14 @@ def render_envelope(record: Record, result: Mapping[str, Any] | None = None) -> 
     """The caller-facing envelope for ``record``; ``result`` is the stored (redacted) result."""
     env: dict[str, Any] = {"invocation_id": record.invocation_id}
     if not record.final:
-        # Not finished (running elsewhere, or its broker stopped and its lease has not expired
-        # yet): there is no result to present, and "no error" would read as success.  The
-        # caller may fetch later; it must not send the action again.
-        env["error"] = in_progress_error(record)
+        # Not finished (running elsewhere, waiting for a human, or its broker stopped and its
+        # lease has not expired yet): there is no result to present, and "no error" would read
+        # as success.  The caller may fetch later; it must not send the action again.  A record
+        # that says why it waits (APPROVAL_PENDING) says so; any other is IN_PROGRESS.
+        code = record.code
+        env["error"] = in_progress_error(
+            record, code if code is not None and CODES[code].pending else Code.IN_PROGRESS
+        )
     elif record.code is not None:
         error: dict[str, Any] = {
             "code": record.code.value,
@@ -79,14 +83,15 @@ def render_envelope(record: Record, result: Mapping[str, Any] | None = None) -> 
     return env
 
 
-def in_progress_error(record: Record) -> dict[str, Any]:
-    """The IN_PROGRESS error for ``record``: its phase and outcome so far, fetch it later."""
+def in_progress_error(record: Record, code: Code = Code.IN_PROGRESS) -> dict[str, Any]:
+    """The error of an invocation that has not finished: ``code`` (IN_PROGRESS, or a pending
+    code the record says it waits with), its phase and outcome so far, fetch it later."""
     return {
-        "code": Code.IN_PROGRESS.value,
+        "code": code.value,
         "phase": record.phase.value,
         "outcome": record.outcome.value,
         "retry": Retry.FETCH_RESULT.value,
-        "message": CODES[Code.IN_PROGRESS].meaning,
+        "message": CODES[code].meaning,
     }
 
 

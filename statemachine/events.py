@@ -48,11 +48,20 @@ class EventKind(StrEnum):
     PREFLIGHT_FAILED = "PREFLIGHT_FAILED"
     """Validation refused the action.  attrs: code (a validation code), field."""
     APPROVAL_REQUESTED = "APPROVAL_REQUESTED"
-    """A human approval was requested for the bound fingerprint."""
+    """A human approval was requested for the bound fingerprint (seed: "Before approval, bind
+    the normalized target, the credential version, the resolved injection method, and the
+    request fingerprint").  attrs: fingerprint (the approval fingerprint), expires_at, ttl,
+    credential (the reference, never the value), version, injection, config_hash, requester;
+    the sealed payload says what will be sent and where, for the operator."""
     APPROVAL_GRANTED = "APPROVAL_GRANTED"
-    """The human approved the bound fingerprint; it is re-checked before dispatch."""
+    """An operator approved the bound fingerprint; it is re-checked immediately before the
+    write.  attrs: fingerprint (must be the requested one), operator, note."""
     APPROVAL_DENIED = "APPROVAL_DENIED"
-    """The human denied the invocation.  attrs: code (APPROVAL_DENIED)."""
+    """An operator denied the invocation.  attrs: code (APPROVAL_DENIED), operator, note."""
+    DISPATCH_LEASE_ACQUIRED = "DISPATCH_LEASE_ACQUIRED"
+    """The process that will dispatch an approved invocation took its lease (attrs: generation,
+    strictly increasing; holder; expires_at).  Its dispatch gate checks the lease, so two
+    processes never both send; no retry budget is spent."""
     CREDENTIAL_FAILED = "CREDENTIAL_FAILED"
     """The credential could not be obtained or injected.  attrs: code."""
     SETUP_ATTEMPT_FAILED = "SETUP_ATTEMPT_FAILED"
@@ -77,8 +86,14 @@ class EventKind(StrEnum):
     RETRY_BUDGET_EXHAUSTED = "RETRY_BUDGET_EXHAUSTED"
     """No retry attempts remain; the latest evidence stands."""
     RECONCILED = "RECONCILED"
-    """A second observer resolved an unknown outcome.  attrs: outcome (rejected|committed);
-    the event's source must be remote_query or operator_attested."""
+    """A second observer resolved an unknown outcome.  attrs: outcome (rejected|committed),
+    note, and query_invocation (remote_query) or operator (operator_attested); the event's
+    source must be remote_query or operator_attested, its observer names who."""
+    RECONCILE_INCONCLUSIVE = "RECONCILE_INCONCLUSIVE"
+    """A reconciliation query ran as a linked invocation and did not settle the outcome (no
+    complete answer, or one neither ``committed_if`` nor ``rejected_if`` matches): the
+    invocation stays unknown; the query's evidence is on its own record.  attrs:
+    query_invocation, code, reason."""
     # --- what a complete result says beyond its outcome -------------------------------------
     BATCH_ITEMS_RECORDED = "BATCH_ITEMS_RECORDED"
     """A complete response gave the batch's items their own outcomes (seed: "Record the parent

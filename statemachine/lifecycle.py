@@ -20,6 +20,17 @@ it with ``ImpossibleEvent`` and the record stays as it was (h11's "a missing key
 path").  ``final`` marks states where an invocation may rest; some final states still accept a
 retry lease or a reconciliation.
 
+Approval (seed, "Validation and credential injection finish before dispatch": "Before approval,
+bind the normalized target, the credential version, the resolved injection method, and the
+request fingerprint to the invocation"):
+
+    validated ──APPROVAL_REQUESTED──▶ awaiting_approval ──APPROVAL_GRANTED──▶ approved
+        approved ──DISPATCH_LEASE_ACQUIRED──▶ approved ──CREDENTIAL_AUTHORIZED──▶ authorized
+
+Both waiting states are ``not_attempted`` and not final: a denial, an expiry or the dispatch gate
+(APPROVAL_STALE, APPROVAL_EXPIRED, both validation codes) ends them; nothing leaves the machine
+before DISPATCH_STARTED, as everywhere else.
+
 The phase of a state is where the broker stopped; it is for diagnosis.  ``result_delivery`` is
 only for a result that could not be stored or delivered (seed: "the broker recorded the remote
 result but could not fully deliver it"); a delivered result keeps ``remote_execution``, the phase
@@ -74,7 +85,8 @@ STATES: Final[MappingProxyType[str, StateSpec]] = MappingProxyType({
     "accepted":                  StateSpec(_V,  _NA, False, "invocation created, config snapshot bound"),
     "validation_failed":         StateSpec(_V,  _NA, True,  "validation refused the action"),
     "validated":                 StateSpec(_CI, _NA, False, "action valid; credential not yet resolved"),
-    "awaiting_approval":         StateSpec(_CI, _NA, False, "a human approval is pending"),
+    "awaiting_approval":         StateSpec(_CI, _NA, False, "a human approval is pending (APPROVAL_PENDING)"),
+    "approved":                  StateSpec(_CI, _NA, False, "approved for the bound fingerprint; not yet dispatched"),
     "approval_denied":           StateSpec(_CI, _NA, True,  "a human denied the invocation"),
     "credential_failed":         StateSpec(_CI, _NA, True,  "credential unavailable or unusable"),
     "authorized":                StateSpec(_CS, _NA, False, "credential resolved; setting up a connection"),
@@ -121,11 +133,13 @@ _READING = {E.BATCH_ITEMS_RECORDED: "="}
 # folded by the operation table, never moving the invocation's state.
 _OPERATION_POLLS = {E.OPERATION_POLLED: "=", E.OPERATION_POLL_FAILED: "="}
 
-# What an unknown-and-resting invocation accepts.
+# What an unknown-and-resting invocation accepts: a retry, or a second observer -- who may
+# settle it (RECONCILED) or fail to (a query whose answer decides nothing).
 _UNKNOWN_AT_REST = {
     E.RETRY_LEASE_ACQUIRED: "retry_pending",
     E.RETRY_BUDGET_EXHAUSTED: "=",
     E.RECONCILED: "reconciled_*",
+    E.RECONCILE_INCONCLUSIVE: "=",
 }
 
 TRANSITIONS: Final[MappingProxyType[str, MappingProxyType[E, str]]] = MappingProxyType({
@@ -148,9 +162,16 @@ TRANSITIONS: Final[MappingProxyType[str, MappingProxyType[E, str]]] = MappingPro
     },
     "awaiting_approval": {
         **_DIAG,
-        E.APPROVAL_GRANTED: "validated",
+        E.APPROVAL_GRANTED: "approved",
         E.APPROVAL_DENIED: "approval_denied",
-        E.PREFLIGHT_FAILED: "validation_failed",      # APPROVAL_STALE: fingerprint moved
+        E.PREFLIGHT_FAILED: "validation_failed",      # APPROVAL_EXPIRED: nobody decided in time
+    },
+    "approved": {
+        **_DIAG,
+        E.DISPATCH_LEASE_ACQUIRED: "=",               # again when its holder stalled
+        E.CREDENTIAL_AUTHORIZED: "authorized",
+        E.CREDENTIAL_FAILED: "credential_failed",
+        E.PREFLIGHT_FAILED: "validation_failed",      # APPROVAL_EXPIRED / APPROVAL_STALE
     },
     "approval_denied": {**_DIAG},
     "credential_failed": {**_DIAG},
@@ -158,7 +179,7 @@ TRANSITIONS: Final[MappingProxyType[str, MappingProxyType[E, str]]] = MappingPro
         **_DIAG,
         E.SETUP_ATTEMPT_FAILED: "authorized",
         E.SETUP_FAILED: "setup_failed",
-        E.PREFLIGHT_FAILED: "validation_failed",      # CONFIG_CHANGED / APPROVAL_STALE re-check
+        E.PREFLIGHT_FAILED: "validation_failed",      # the gate: CONFIG_CHANGED, APPROVAL_*
         E.DISPATCH_STARTED: "dispatched",
     },
     "setup_failed": {
@@ -221,7 +242,11 @@ TRANSITIONS: Final[MappingProxyType[str, MappingProxyType[E, str]]] = MappingPro
         E.RESULT_DELIVERED: "delivered_committed",
         E.RESULT_DELIVERY_FAILED: "delivery_failed_committed",
     },
-    "store_failed_unknown": {**_DIAG, E.RECONCILED: "reconciled_*"},
+    "store_failed_unknown": {
+        **_DIAG,
+        E.RECONCILED: "reconciled_*",
+        E.RECONCILE_INCONCLUSIVE: "=",
+    },
     "store_failed_rejected": {**_DIAG},
     "store_failed_committed": {**_DIAG, **_OPERATION_POLLS},
     "delivered_rejected": {**_DIAG, E.RESULT_DELIVERED: "delivered_rejected"},

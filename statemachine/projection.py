@@ -177,7 +177,9 @@ class Projector:
                 code,
                 self._idempotent,
                 idem.get("expires_at") if idem else None,
-                bool(idem and idem.get("key")),
+                # A key the remote does not deduplicate on (an SSH command's reference) binds
+                # the invocation in the journal but never makes a resend safe.
+                bool(idem and idem.get("key") and idem.get("remote_contract") != "none"),
                 self._retry_after,
                 self._max_retry_after,
                 self._budget_total - self._budget_used,

@@ -70,10 +70,11 @@ _VALIDATION, _CREDENTIAL_INJECTION, _CONNECTION_SETUP, _REMOTE_EXECUTION = (
     Phase.CONNECTION_SETUP,
     Phase.REMOTE_EXECUTION,
 )
-_STORE_FAILED, _DELIVERY_FAILED, _REMOTE_REJECTED = (
+_STORE_FAILED, _DELIVERY_FAILED, _REMOTE_REJECTED, _APPROVAL_PENDING = (
     Code.RESULT_STORE_FAILED,
     Code.RESULT_DELIVERY_FAILED,
     Code.REMOTE_REJECTED,
+    Code.APPROVAL_PENDING,
 )
 _RESOLVED_BY_VALUE: dict[str, Outcome] = {o.value: o for o in _RESOLVED}
 
@@ -113,6 +114,8 @@ def _phase_code(p: Projector, event: Event, phase: Phase) -> Code:
     if code is None:
         _refuse(p, event, "attrs.code must be a known code")
     info = CODES[code]
+    if info.pending:
+        _refuse(p, event, f"{code.value} says an invocation waits; it ends nothing")
     if info.phase is not phase and not (
         # A stop cause may strike before the dispatch gate (contract: CodeInfo.before_dispatch).
         phase is Phase.CONNECTION_SETUP and info.before_dispatch is not None
@@ -223,16 +226,49 @@ def _refund_refused_retry(p: Projector) -> None:
 
 
 def _on_approval_requested(p: Projector, event: Event) -> None:
-    p._evidence["approval"] = "requested"
+    attrs = event.attrs
+    fingerprint, expires = attrs.get("fingerprint"), attrs.get("expires_at")
+    if type(fingerprint) is not str or not fingerprint:
+        _refuse(p, event, "attrs.fingerprint must name the approval fingerprint")
+    if not _is_number(expires):
+        _refuse(p, event, "attrs.expires_at must be a number")
+    # -- validated: apply --
+    p._evidence["approval"] = {
+        "state": "requested",
+        "fingerprint": fingerprint,
+        "expires_at": expires,
+        "credential": attrs.get("credential"),
+        "version": attrs.get("version"),
+        "requested_seq": event.seq,
+    }
+    p._code = _APPROVAL_PENDING  # not an error: what the caller is told while it waits
+    p._message = None
+    p._field = None
+
+
+def _decided(p: Projector, event: Event, state: str) -> dict[str, Any]:
+    """The approval evidence with an operator's decision added (a new dict: see Projector)."""
+    return {
+        **p._evidence["approval"],
+        "state": state,
+        "operator": event.attrs.get("operator"),
+        "note": event.attrs.get("note"),
+        "decided_seq": event.seq,
+    }
 
 
 def _on_approval_granted(p: Projector, event: Event) -> None:
-    p._evidence["approval"] = "granted"
+    requested = p._evidence["approval"]["fingerprint"]
+    if event.attrs.get("fingerprint") != requested:
+        # The grant names what the operator saw; anything else approves nothing.
+        _refuse(p, event, f"attrs.fingerprint must be the requested {requested}")
+    p._evidence["approval"] = _decided(p, event, "granted")
+    p._code = None
 
 
 def _on_approval_denied(p: Projector, event: Event) -> None:
     code = _phase_code(p, event, _CREDENTIAL_INJECTION)
-    p._evidence["approval"] = "denied"
+    p._evidence["approval"] = _decided(p, event, "denied")
     _set_error(p, event, code)
 
 
@@ -285,6 +321,19 @@ def _on_lease(p: Projector, event: Event) -> None:
         _refuse(p, event, "retry budget exhausted")
     p._generation = gen
     p._budget_used += 1
+    p._evidence["lease"] = {
+        "generation": gen,
+        "holder": event.attrs.get("holder"),
+        "seq": event.seq,
+    }
+
+
+def _on_dispatch_lease(p: Projector, event: Event) -> None:
+    gen = event.attrs.get("generation")
+    if not _is_int(gen) or gen <= p._generation:
+        _refuse(p, event, f"lease generation must exceed {p._generation}")
+    # No budget is spent: the approved invocation has not been attempted yet.
+    p._generation = gen
     p._evidence["lease"] = {
         "generation": gen,
         "holder": event.attrs.get("holder"),
@@ -485,13 +534,32 @@ def _on_reconciled(p: Projector, event: Event) -> str:
         "seq": event.seq,
         "note": event.attrs.get("note"),
     }
+    for key in ("query_invocation", "operator", "matched"):
+        if key in event.attrs:
+            ev["reconciliation"][key] = event.attrs[key]
     ev["source"] = _SOURCE[event.source]
     p._code = None if outcome is _COMMITTED else _REMOTE_REJECTED
     p._message = event.attrs.get("message")
     return raw
 
 
-_LISTS = frozenset({"steps", "stale_workers"})
+def _on_reconcile_inconclusive(p: Projector, event: Event) -> None:
+    query = event.attrs.get("query_invocation")
+    if type(query) is not str or not query:
+        _refuse(p, event, "attrs.query_invocation must name the query's invocation")
+    ev = p._evidence
+    ev["reconcile_queries"] = [
+        *ev.get("reconcile_queries", ()),
+        {
+            "query_invocation": query,
+            "code": event.attrs.get("code"),
+            "reason": event.attrs.get("reason"),
+            "seq": event.seq,
+        },
+    ]
+
+
+_LISTS = frozenset({"steps", "stale_workers", "reconcile_queries"})
 """Evidence fields holding lists: a protocol's facts cannot be merged into them."""
 
 
@@ -536,6 +604,7 @@ RULES: Mapping[EventKind, Rule] = {
     E.APPROVAL_REQUESTED: _on_approval_requested,
     E.APPROVAL_GRANTED: _on_approval_granted,
     E.APPROVAL_DENIED: _on_approval_denied,
+    E.DISPATCH_LEASE_ACQUIRED: _on_dispatch_lease,
     E.CREDENTIAL_AUTHORIZED: _on_credential,
     E.CREDENTIAL_FAILED: _on_credential_failed,
     E.SETUP_ATTEMPT_FAILED: _on_setup_attempt,
@@ -552,6 +621,7 @@ RULES: Mapping[EventKind, Rule] = {
     E.RESULT_DELIVERED: _on_delivered,
     E.RETRY_BUDGET_EXHAUSTED: _on_budget,
     E.RECONCILED: _on_reconciled,
+    E.RECONCILE_INCONCLUSIVE: _on_reconcile_inconclusive,
     E.PROTOCOL_OBSERVED: _on_observed,
     E.LEASE_LOST: _on_lease_lost,
     E.BATCH_ITEMS_RECORDED: on_items_recorded,

@@ -157,11 +157,12 @@ def _retry_sections() -> list[str]:
     }
     rows: list[tuple[str, ...]] = []
     for c in pre:
-        st = (
-            state_of[CODES[c].phase]
-            if CODES[c].outcome is Outcome.NOT_ATTEMPTED
-            else "setup_failed"
-        )
+        if CODES[c].pending:
+            st = "awaiting_approval"  # a code a waiting record shows, not an ending
+        elif CODES[c].outcome is Outcome.NOT_ATTEMPTED:
+            st = state_of[CODES[c].phase]
+        else:
+            st = "setup_failed"
         rows.append((f"`{c.value}`", f"`{_hint(st, c)}`", f"`{_hint(st, c, budget_left=0)}`"))
     out += _table(("code", "budget left", "budget spent"), rows)
     out += ["", "### After dispatch without a complete result (`unknown`)", ""]

@@ -33,6 +33,8 @@ Choose = Callable[[Sequence[T]], T]
 
 E = EventKind
 IID = "act_test"
+OPERATOR = {"uid": 1001, "name": "ops", "via": "socket"}
+APPROVAL_FP = "sha256:a990"
 
 
 def first(options: Sequence[T]) -> T:
@@ -43,7 +45,9 @@ def codes_of(phase: Phase, outcome: Outcome | None = None) -> list[Code]:
     return [
         c
         for c in Code
-        if CODES[c].phase is phase and (outcome is None or CODES[c].outcome is outcome)
+        if CODES[c].phase is phase
+        and (outcome is None or CODES[c].outcome is outcome)
+        and not CODES[c].pending  # a waiting record's code ends nothing
     ]
 
 
@@ -140,8 +144,15 @@ def make_event(
         attrs = {"credential": "payments-api", "version": 3, "inject": "bearer"}
     elif kind is E.CREDENTIAL_FAILED:
         attrs = {"code": choose(codes_of(Phase.CREDENTIAL_INJECTION)).value}
+    elif kind is E.APPROVAL_REQUESTED:
+        attrs = {"fingerprint": APPROVAL_FP, "expires_at": 1_900_000_000.0, "credential": "env:T"}
+    elif kind is E.APPROVAL_GRANTED:
+        approval = rec.evidence.get("approval") or {}
+        attrs = {"fingerprint": approval.get("fingerprint", APPROVAL_FP), "operator": OPERATOR}
     elif kind is E.APPROVAL_DENIED:
-        attrs = {"code": Code.APPROVAL_DENIED.value}
+        attrs = {"code": Code.APPROVAL_DENIED.value, "operator": OPERATOR, "note": "no"}
+    elif kind is E.DISPATCH_LEASE_ACQUIRED:
+        attrs = {"generation": rec.generation + choose([1, 2]), "holder": choose(["w1", "w2"])}
     elif kind in (E.SETUP_ATTEMPT_FAILED, E.SETUP_FAILED):
         attrs = {
             "code": choose(PRE_DISPATCH_SETUP_CODES).value,
@@ -177,6 +188,8 @@ def make_event(
         attrs = {"outcome": STATES[dest].outcome.value, "note": "checked by id"}
         source = choose([EvidenceSource.REMOTE_QUERY, EvidenceSource.OPERATOR_ATTESTED])
         observer, observer_seq = "ops-console", choose([1, 17])
+    elif kind is E.RECONCILE_INCONCLUSIVE:
+        attrs = {"query_invocation": "act_query", "code": choose([None, "REMOTE_OUTCOME_UNKNOWN"])}
     elif kind is E.BATCH_ITEMS_RECORDED:
         ids = [i["id"] for i in rec.items] if rec.items is not None else ["a"]
         attrs = {"items": [_item(i, choose) for i in ids]}

@@ -117,15 +117,78 @@ def test_validation_error_is_not_attempted_with_field_path_and_after_correction(
     assert decide(r, Operation(idempotent=True)) is Decision.STOP_FOR_CORRECTION
 
 
+APPROVAL = {"fingerprint": "sha256:a990", "expires_at": 1_900_000_000.0}
+OPS = {"uid": 1001, "name": "ops", "via": "socket"}
+
+
+def awaiting() -> Inv:
+    return Inv().ev(E.PREFLIGHT_VALIDATED).ev(E.APPROVAL_REQUESTED, **APPROVAL)
+
+
+def approved() -> Inv:
+    return awaiting().ev(E.APPROVAL_GRANTED, fingerprint=APPROVAL["fingerprint"], operator=OPS)
+
+
 def test_denied_approval_says_never_for_this_invocation() -> None:
-    r = Inv().ev(E.PREFLIGHT_VALIDATED).ev(E.APPROVAL_REQUESTED)
-    r.ev(E.APPROVAL_DENIED, code="APPROVAL_DENIED")
+    r = awaiting().ev(E.APPROVAL_DENIED, code="APPROVAL_DENIED", operator=OPS, note="no")
     rec = r.rec()
     assert (rec.phase, rec.outcome, rec.retry) == (
         Phase.CREDENTIAL_INJECTION,
         Outcome.NOT_ATTEMPTED,
         Retry.NEVER,
     )
+    assert rec.evidence["approval"]["operator"] == OPS
+    assert rec.evidence["approval"]["note"] == "no"
+
+
+def test_a_pending_approval_is_approval_pending_fetch_result_not_in_progress() -> None:
+    rec = awaiting().rec()
+    err = render_envelope(rec)["error"]
+    assert (err["code"], err["phase"], err["outcome"], err["retry"]) == (
+        "APPROVAL_PENDING",
+        "credential_injection",
+        "not_attempted",
+        "fetch_result",
+    )
+    assert (rec.code, rec.retry) == (Code.APPROVAL_PENDING, Retry.FETCH_RESULT)
+    assert decide(rec, Operation(idempotent=True)) is Decision.FETCH
+    # Once approved it waits for its dispatcher: in progress, never "pending approval".
+    assert render_envelope(approved().rec())["error"]["code"] == "IN_PROGRESS"
+
+
+def test_a_grant_binds_the_requested_fingerprint_and_nothing_else() -> None:
+    reason = awaiting().refused(E.APPROVAL_GRANTED, fingerprint="sha256:other", operator=OPS)
+    assert "sha256:a990" in reason
+    validated = Inv().ev(E.PREFLIGHT_VALIDATED)
+    assert "fingerprint" in validated.refused(E.APPROVAL_REQUESTED, expires_at=1.0)
+
+
+def test_a_pending_code_ends_nothing() -> None:
+    reason = Inv().ev(E.PREFLIGHT_VALIDATED).refused(E.CREDENTIAL_FAILED, code="APPROVAL_PENDING")
+    assert "ends nothing" in reason
+
+
+def test_nobody_deciding_in_time_is_approval_expired_validation_not_attempted() -> None:
+    for inv in (awaiting(), approved()):
+        rec = inv.ev(E.PREFLIGHT_FAILED, code="APPROVAL_EXPIRED", field="approval").rec()
+        assert (rec.phase, rec.outcome, rec.retry, rec.code) == (
+            Phase.VALIDATION,
+            Outcome.NOT_ATTEMPTED,
+            Retry.AFTER_CORRECTION,
+            Code.APPROVAL_EXPIRED,
+        )
+        assert inv.refused(E.CREDENTIAL_AUTHORIZED)
+
+
+def test_the_dispatch_lease_of_an_approved_invocation_spends_no_budget() -> None:
+    inv = approved().ev(E.DISPATCH_LEASE_ACQUIRED, generation=1, holder="w1")
+    inv.ev(E.DISPATCH_LEASE_ACQUIRED, generation=2, holder="w2")  # w1 stalled
+    assert "exceed 2" in inv.refused(E.DISPATCH_LEASE_ACQUIRED, generation=2, holder="w1")
+    inv.ev(E.CREDENTIAL_AUTHORIZED, credential="api")
+    assert "stale generation 1" in inv.refused(E.DISPATCH_STARTED, generation=1)
+    rec = inv.dispatched(generation=2).rec()
+    assert (rec.generation, rec.budget.used) == (2, 1)
+    assert awaiting().refused(E.DISPATCH_LEASE_ACQUIRED, generation=1)
 
 
 def test_locked_vault_is_credential_injection_not_attempted() -> None:
@@ -138,8 +201,7 @@ def test_locked_vault_is_credential_injection_not_attempted() -> None:
 
 
 def test_fingerprint_change_after_approval_is_validation_not_attempted() -> None:
-    inv = Inv().ev(E.PREFLIGHT_VALIDATED).ev(E.APPROVAL_REQUESTED).ev(E.APPROVAL_GRANTED)
-    inv.ev(E.CREDENTIAL_AUTHORIZED).ev(E.PREFLIGHT_FAILED, code="APPROVAL_STALE")
+    inv = approved().ev(E.CREDENTIAL_AUTHORIZED).ev(E.PREFLIGHT_FAILED, code="APPROVAL_STALE")
     rec = inv.rec()
     assert (rec.phase, rec.outcome, rec.code) == (
         Phase.VALIDATION,
@@ -472,6 +534,27 @@ def test_reconciliation_keeps_original_attempt() -> None:
     assert rec.evidence["dispatch_started"] is True
     assert rec.evidence["reconciliation"]["source"] == "remote_query"
     assert rec.evidence["source"] == "remote_query"
+
+
+def test_an_inconclusive_query_leaves_the_invocation_unknown_and_says_so() -> None:
+    inv = unknown_post()
+    before = inv.rec()
+    inv.ev(E.RECONCILE_INCONCLUSIVE, query_invocation="act_q1", code="REMOTE_OUTCOME_UNKNOWN")
+    inv.ev(E.RECONCILE_INCONCLUSIVE, query_invocation="act_q2", code=None, reason="no match")
+    rec = inv.rec()
+    assert (rec.state, rec.outcome, rec.retry, rec.code) == (
+        before.state,
+        Outcome.UNKNOWN,
+        Retry.RECONCILE,
+        before.code,
+    )
+    assert [q["query_invocation"] for q in rec.evidence["reconcile_queries"]] == [
+        "act_q1",
+        "act_q2",
+    ]
+    inv.ev(E.RECONCILED, source=S.REMOTE_QUERY, outcome="rejected", query_invocation="act_q3")
+    assert inv.rec().evidence["reconciliation"]["query_invocation"] == "act_q3"
+    assert inv.refused(E.RECONCILE_INCONCLUSIVE, query_invocation="act_q4")
 
 
 def test_reconciliation_cannot_claim_not_attempted() -> None:
