@@ -18,7 +18,7 @@ from .rows import IDEMPOTENCY_COLUMNS, LEASE_COLUMNS, idempotency_from_row, leas
 from .txn import Txn, row_args
 from .writer import Fail
 
-__all__ = ["acquire_op", "bind_op", "check_lease"]
+__all__ = ["LEASE_KINDS", "acquire_op", "bind_op", "check_lease"]
 
 
 def _current_lease(txn: Txn, iid: str) -> Lease | None:
@@ -55,11 +55,21 @@ def check_lease(
     return Fail(LeaseLost(iid, holder, generation, current, seq))
 
 
+LEASE_KINDS = frozenset({EventKind.RETRY_LEASE_ACQUIRED, EventKind.DISPATCH_LEASE_ACQUIRED})
+"""What a lease's event may be: a retry's, or the dispatch of an approved invocation."""
+
+
 def acquire_op(
-    invocation_id: str, holder: str, ttl: float, clock: Callable[[], float]
+    invocation_id: str,
+    holder: str,
+    ttl: float,
+    clock: Callable[[], float],
+    kind: EventKind = EventKind.RETRY_LEASE_ACQUIRED,
 ) -> Callable[[Txn], Lease | Fail]:
-    """Bump the generation, write the lease row and RETRY_LEASE_ACQUIRED (see
+    """Bump the generation, write the lease row and the lease's event (see
     ``Journal.acquire_lease``)."""
+    if kind not in LEASE_KINDS:
+        raise ValueError(f"{kind.value} is not a lease event")
 
     def op(txn: Txn) -> Lease | Fail:
         current = _current_lease(txn, invocation_id)
@@ -71,7 +81,7 @@ def acquire_op(
         generation = max(recorded, current.generation if current else 0) + 1
         expires = now + ttl
         ev = Event(
-            EventKind.RETRY_LEASE_ACQUIRED,
+            kind,
             invocation_id,
             attrs={"generation": generation, "holder": holder, "expires_at": expires},
             at=now,

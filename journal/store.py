@@ -285,13 +285,21 @@ class Journal(JournalReader):
         args = (event, attrs_text, *self._seal_payload(event, payload), decode_attrs(attrs_text))
         return await self._writer.post(None, args)
 
-    async def acquire_lease(self, invocation_id: str, holder: str, ttl: float) -> Lease:
-        """Take the invocation's retry lease: bump the generation, write the lease row and a
-        RETRY_LEASE_ACQUIRED event in one barrier transaction.  ``LeaseBusy`` if another
-        holder's lease is unexpired; ``ImpossibleEvent`` if the lifecycle refuses a retry."""
+    async def acquire_lease(
+        self,
+        invocation_id: str,
+        holder: str,
+        ttl: float,
+        *,
+        kind: EventKind = EventKind.RETRY_LEASE_ACQUIRED,
+    ) -> Lease:
+        """Take the invocation's lease: bump the generation, write the lease row and its event
+        -- RETRY_LEASE_ACQUIRED for a retry, DISPATCH_LEASE_ACQUIRED for the dispatch of an
+        approved invocation -- in one barrier transaction.  ``LeaseBusy`` if another holder's
+        lease is unexpired; ``ImpossibleEvent`` if the lifecycle refuses the event."""
         if not (ttl > 0 and math.isfinite(ttl)):
             raise ValueError("ttl must be a positive number of seconds")
-        op = leases.acquire_op(invocation_id, holder, ttl, self._clock)
+        op = leases.acquire_op(invocation_id, holder, ttl, self._clock, kind)
         return await self._writer.submit(op, barrier=True)
 
     async def bind_idempotency(

@@ -93,6 +93,44 @@ async def test_a_stale_generation_is_refused_before_dispatch(tmp_path: Path) -> 
             await j.acquire_lease("inv-1", "w1", ttl=5)
 
 
+async def test_one_process_dispatches_an_approved_invocation_and_spends_no_budget(
+    tmp_path: Path,
+) -> None:
+    clock = Clock()
+    fp = "sha256:a990"
+    async with Journal.open(tmp_path / "j.db", clock=clock) as j:
+        for ev in [
+            accepted("inv-1", budget=1),
+            Event(E.PREFLIGHT_VALIDATED, "inv-1", {"config_hash": "sha256:c0ff"}),
+            Event(E.APPROVAL_REQUESTED, "inv-1", {"fingerprint": fp, "expires_at": 2e6}),
+        ]:
+            await j.append(ev)
+        kind = E.DISPATCH_LEASE_ACQUIRED
+        with pytest.raises(ImpossibleEvent):  # nothing to dispatch before the grant
+            await j.acquire_lease("inv-1", "w1", ttl=10, kind=kind)
+        await j.append(Event(E.APPROVAL_GRANTED, "inv-1", {"fingerprint": fp, "operator": {}}))
+        first = await j.acquire_lease("inv-1", "w1", ttl=10, kind=kind)
+        with pytest.raises(LeaseBusy):
+            await j.acquire_lease("inv-1", "w2", ttl=10, kind=kind)
+        clock.now += 11  # w1 stalls: w2 takes over, and w1's gate is refused
+        second = await j.acquire_lease("inv-1", "w2", ttl=10, kind=kind)
+        await j.append(Event(E.CREDENTIAL_AUTHORIZED, "inv-1", {"credential": "c"}))
+        with pytest.raises(LeaseLost):
+            await j.append(
+                Event(E.DISPATCH_STARTED, "inv-1", {"generation": first.generation}),
+                lease=("w1", first.generation),
+            )
+        await j.append(
+            Event(E.DISPATCH_STARTED, "inv-1", {"generation": second.generation}),
+            lease=("w2", second.generation),
+        )
+        rec = j.record("inv-1")
+        assert rec is not None and (rec.budget.total, rec.budget.used) == (1, 1)
+        assert [e.kind for e in j.events("inv-1")].count(E.DISPATCH_STARTED) == 1
+        with pytest.raises(ValueError, match="not a lease event"):
+            await j.acquire_lease("inv-1", "w2", ttl=10, kind=E.RECONCILED)
+
+
 async def test_the_retry_budget_survives_a_restart(tmp_path: Path) -> None:
     path = tmp_path / "j.db"
     clock = Clock()
