@@ -121,7 +121,7 @@ ALLOWED: Mapping[str, frozenset[str]] = {
 # shared modules listed (adapters' base; the protocol registry and common action parsing).
 PER_PROTOCOL = {
     "adapters": {"base"},
-    "protocols": {"spec", "registry", "actions", "catalog"},
+    "protocols": {"spec", "registry", "actions", "catalog", "placeholders"},
 }
 
 

@@ -197,6 +197,13 @@ def _config(data: Mapping[str, Any], context: LoadContext, path: Path | None) ->
             )
         targets[name], descriptions[name] = _target(name, raw_targets[name], context)
     top.finish(SECTIONS)
+    for name, target in targets.items():
+        if getattr(target, "approval", None) is not None and not service.has_operators:
+            # Every such request would wait until it expired.
+            raise ConfigError(
+                f"targets.{name}.approval",
+                "nobody may approve: list operators in [service] operator_uids or operator_gids",
+            )
     return Config(
         path=path,
         journal=journal,

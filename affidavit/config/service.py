@@ -1,7 +1,9 @@
-"""``[service]``: how ``affidavit serve`` listens and whom it answers (docs/deployment.md).
+"""``[service]``: how ``affidavit serve`` listens and whom it answers (docs/deployment.md), and
+who its operators are (docs/approvals.md).
 
-Declared once here like every other setting (``affidavit.schema``); only the daemon reads it.
-Embedded use (``affidavit call`` without ``--socket``, ``Broker.open``) ignores the section.
+Declared once here like every other setting (``affidavit.schema``).  Embedded calls
+(``affidavit call`` without ``--socket``, ``Broker.open``) ignore the section, except the
+operator settings: an operator command run embedded checks its own user against them too.
 """
 
 from __future__ import annotations
@@ -25,6 +27,16 @@ class ServiceConfig:
     allow_gids: tuple[int, ...]
     shutdown_grace: float
     max_calls: int
+    operator_uids: tuple[int, ...]
+    """Who may approve, deny and attest (docs/approvals.md): by uid ..."""
+    operator_gids: tuple[int, ...]
+    """... or by a primary or supplementary group."""
+    allow_self_approval: bool
+    """Whether an operator may decide on a request their own uid made (default: no)."""
+
+    @property
+    def has_operators(self) -> bool:
+        return bool(self.operator_uids or self.operator_gids)
 
 
 def _socket(r: Read) -> Path:
@@ -94,6 +106,25 @@ SERVICE = Schema(
             _max_calls,
             default=256,
             doc="calls running at once; one more is answered 503 (overloaded)",
+        ),
+        Field(
+            "operator_uids",
+            _gids,
+            default=[],
+            doc="uids that may approve, deny and attest (see [approvals](approvals.md)); they "
+            "may also use the socket",
+        ),
+        Field(
+            "operator_gids",
+            _gids,
+            default=[],
+            doc="groups (primary or supplementary) whose members are operators",
+        ),
+        Field(
+            "allow_self_approval",
+            Read.boolean,
+            default=False,
+            doc="let an operator decide on a request made by their own uid",
         ),
     ),
 )

@@ -26,6 +26,7 @@ from .spec import (
     Prepared,
     ProtocolSpec,
     Reading,
+    ReconcileContract,
     ResultContracts,
 )
 
@@ -39,6 +40,7 @@ __all__ = [
     "ProtocolLoadError",
     "ProtocolSpec",
     "Reading",
+    "ReconcileContract",
     "ResultContracts",
     "get",
     "kinds",

@@ -25,6 +25,7 @@ __all__ = [
     "Prepared",
     "ProtocolSpec",
     "Reading",
+    "ReconcileContract",
     "ResultContracts",
     "text_payload",
 ]
@@ -115,6 +116,14 @@ class ActionSpec:
         if self.schema and (len(set(declared)) != len(declared) or set(declared) != self.fields):
             raise ValueError(f"the action schema declares {declared}, the fields are {self.fields}")
 
+    needs_approval: Callable[[Any, Any], bool] | None = None
+    """``(action, target) -> bool``: whether the target's ``approval`` setting covers the action
+    (HTTP: its method; SSH: its command).  None: only ``approval = "always"`` does."""
+    operator_view: Callable[[Any, Any], Mapping[str, Any]] | None = None
+    """``(action, target) -> JSON-able``: what an operator approves -- what will be sent and
+    where, never a credential (it is sealed in the journal).  None: the fingerprint's
+    identity."""
+
 
 @dataclass
 class Prepared:
@@ -184,6 +193,21 @@ class ResultContracts:
 
 
 @dataclass(frozen=True)
+class ReconcileContract:
+    """How a protocol settles an unknown outcome by querying the remote (seed: "Query the remote
+    state by a stable identifier, reconcile it").  Optional: without it, only an operator's
+    attestation reconciles."""
+
+    query: Callable[[Any, Mapping[str, str | None]], Mapping[str, Any]]
+    """``(target, bound values) -> action``: the target's configured query with its
+    placeholders filled (``affidavit.protocols.placeholders``); ``ValueError`` (for the
+    operator) when the target has none or a value it names is missing."""
+    verdict: Callable[[Any, Mapping[str, Any], Mapping[str, bytes]], tuple[Any, str | None]]
+    """``(target, stored summary, stored streams) -> (Outcome.COMMITTED | Outcome.REJECTED |
+    None, what matched)`` from the query's own complete, authoritative result."""
+
+
+@dataclass(frozen=True)
 class ProtocolSpec:
     """One protocol, registered under ``kind`` (the targets' ``kind = "…"``)."""
 
@@ -201,6 +225,8 @@ class ProtocolSpec:
     """``target -> JSON`` a caller may know of a target (``list_targets``): what it allows,
     what it declares idempotent, its idempotency contract.  Listed field by field, never a
     credential reference, a key or a path on the broker's host."""
+    reconcile: ReconcileContract | None = None
+    """The reconciliation query, if the protocol has one (``ReconcileContract``)."""
 
     def __post_init__(self) -> None:
         if self.target.kind != self.kind:

@@ -5,6 +5,7 @@ unknown-key errors, the bound snapshot and the docs table are derived from the d
 with it (``TargetSchema``: ``COMMON`` plus the protocol's own fields).  It knows no protocol.
 """
 
+from .approval import ApprovalPolicy, approval_field
 from .fields import Field, Key, LoadContext, Read, Schema, doc_table
 from .section import MISSING, ConfigError, Section, kind_of
 from .target import (
@@ -29,6 +30,7 @@ __all__ = [
     "CREDENTIAL",
     "MISSING",
     "TIMEOUT",
+    "ApprovalPolicy",
     "ConfigError",
     "Field",
     "Key",
@@ -39,6 +41,7 @@ __all__ = [
     "Target",
     "TargetSchema",
     "Timeouts",
+    "approval_field",
     "canonical_json",
     "canonical_value",
     "check_host",

@@ -17,8 +17,9 @@ _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)([dhms])")
 _UNITS = {"d": 86400.0, "h": 3600.0, "m": 60.0, "s": 1.0}
 
 
-def parse_duration(value: object) -> float:
-    """``"24h"``, ``"90m"``, ``"1h30m"``, ``"7d"``, ``"45s"`` or a number of seconds."""
+def parse_duration(value: object, *, zero: bool = False) -> float:
+    """``"24h"``, ``"90m"``, ``"1h30m"``, ``"7d"``, ``"45s"`` or a number of seconds; positive,
+    or with ``zero=True`` also ``0`` / ``"0s"``."""
     if isinstance(value, bool):
         raise ValueError('must be a duration like "24h" or a number of seconds')
     if isinstance(value, int | float):
@@ -27,8 +28,8 @@ def parse_duration(value: object) -> float:
         seconds = sum(float(n) * _UNITS[u] for n, u in _DURATION_PART.findall(value))
     else:
         raise ValueError('must be a duration like "24h" or a number of seconds')
-    if not math.isfinite(seconds) or seconds <= 0:
-        raise ValueError("must be a positive duration")
+    if not math.isfinite(seconds) or seconds < 0 or (seconds == 0 and not zero):
+        raise ValueError("must be a positive duration" if not zero else "must not be negative")
     return seconds
 
 

@@ -166,7 +166,9 @@ CASES: list[tuple[object, Code, str]] = [
     (ssh(path="/"), Code.UNSUPPORTED_ACTION, "path"),
     (ssh(headers={}), Code.UNSUPPORTED_ACTION, "headers"),
     (ssh(body="x"), Code.UNSUPPORTED_ACTION, "body"),
-    (ssh(idempotency_key="k"), Code.UNSUPPORTED_ACTION, "idempotency_key"),
+    # an SSH key is the caller's identifier of the effect (bound, never sent): checked alike
+    (ssh(idempotency_key=5), Code.INVALID_FIELD, "idempotency_key"),
+    (ssh(idempotency_key="has space"), Code.INVALID_FIELD, "idempotency_key"),
     # method
     (http(method=...), Code.MISSING_FIELD, "method"),
     (http(method=1), Code.INVALID_FIELD, "method"),

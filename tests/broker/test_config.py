@@ -33,8 +33,12 @@ from affidavit.config import (
 from affidavit.protocols.http import HttpTarget, IdempotencyContract
 from affidavit.protocols.http.batch import BatchContract
 from affidavit.protocols.http.operations import OperationsContract
+from affidavit.protocols.http.reconcile import ReconcileQuery as HttpReconcile
 from affidavit.protocols.http.selectors import Selector
+from affidavit.protocols.placeholders import parse_template
 from affidavit.protocols.ssh import SshTarget
+from affidavit.protocols.ssh.reconcile import ReconcileCommand as SshReconcile
+from affidavit.schema import ApprovalPolicy
 
 
 def _key(kind: str = "ssh-ed25519", fill: int = 0) -> str:
@@ -585,6 +589,10 @@ HTTP_CHANGES: dict[str, object] = {
         (),
         False,
     ),
+    "approval": ApprovalPolicy(frozenset({"POST"}), None, 900.0, 0.0),
+    "reconcile": HttpReconcile(
+        "GET", parse_template("/v1/c?k={idempotency_key}", shell=False), None, None
+    ),
 }
 SSH_CHANGES: dict[str, object] = {
     "name": "deploy2",
@@ -597,6 +605,8 @@ SSH_CHANGES: dict[str, object] = {
     "budget": 9,
     "timeout": Timeouts(1.0, 600.0),
     "max_stdin": 5,
+    "approval": ApprovalPolicy(None, ("^deploy ",), 900.0, 0.0),
+    "reconcile": SshReconcile(parse_template("test -e /r/{idempotency_key}", shell=True), 0, 1),
 }
 
 

@@ -3,8 +3,9 @@ the h11 adapter (``binding``), registered as the ``http`` protocol by the entry 
 ``affidavit.protocols:http`` (pyproject.toml)."""
 
 from affidavit.adapters.http import HTTP_TABLE
-from affidavit.protocols.spec import ProtocolSpec
+from affidavit.protocols.spec import ProtocolSpec, ReconcileContract
 
+from . import reconcile
 from .action import HTTP_ACTION, HttpAction, describe, full_path
 from .binding import HttpBinding
 from .contracts import HTTP_CONTRACTS
@@ -40,4 +41,5 @@ PROTOCOL = ProtocolSpec(
     table=HTTP_TABLE,
     contracts=HTTP_CONTRACTS,
     describe=describe,
+    reconcile=ReconcileContract(query=reconcile.query, verdict=reconcile.verdict),
 )

@@ -298,6 +298,33 @@ def identity(action: HttpAction, target: HttpTarget) -> dict[str, Any]:
     }
 
 
+def needs_approval(action: HttpAction, target: HttpTarget) -> bool:
+    """The target's ``approval`` covers every action, or lists this method."""
+    return target.approval is not None and target.approval.requires(method=action.method)
+
+
+BODY_SHOWN = 16 * 1024
+"""Bodies up to this size are shown to the approving operator whole (as text when they are)."""
+
+
+def operator_view(action: HttpAction, target: HttpTarget) -> dict[str, Any]:
+    """What an operator approves: the URL (without the credential: a ``query:`` injection is
+    added at dispatch), the caller's headers, and the body -- whole when small."""
+    out: dict[str, Any] = {
+        "method": action.method,
+        "url": target.origin + full_path(action, target),
+        "headers": dict(action.headers),
+        "body_bytes": len(action.body),
+        "body_sha256": hashlib.sha256(action.body).hexdigest(),
+    }
+    if len(action.body) <= BODY_SHOWN:
+        try:
+            out["body"] = action.body.decode("utf-8")
+        except UnicodeDecodeError:
+            out["body_base64"] = base64.b64encode(action.body).decode("ascii")
+    return out
+
+
 def idempotent(action: HttpAction, target: HttpTarget) -> bool:
     """The method is listed in the target's ``idempotent`` (configuration, not the method name)."""
     return action.method in target.idempotent
@@ -401,4 +428,6 @@ HTTP_ACTION = ActionSpec(
     schema=HTTP_FIELDS,
     tool="http_request",
     doc="Make one HTTP request to a configured target; the broker injects the credential.",
+    needs_approval=needs_approval,
+    operator_view=operator_view,
 )

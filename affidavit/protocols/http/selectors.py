@@ -15,7 +15,16 @@ from typing import Any, Final
 
 from affidavit.schema import Read
 
-__all__ = ["ABSENT", "Selector", "json_body", "pointer", "scalar", "select", "selector_field"]
+__all__ = [
+    "ABSENT",
+    "Selector",
+    "json_body",
+    "parse_selector",
+    "pointer",
+    "scalar",
+    "select",
+    "selector_field",
+]
 
 ABSENT: Final[Any] = object()
 """What a selector finds where the message has no such value."""

@@ -17,11 +17,13 @@ from typing import Literal
 from affidavit.schema import (
     COMMON,
     MISSING,
+    ApprovalPolicy,
     Field,
     Read,
     Schema,
     TargetSchema,
     Timeouts,
+    approval_field,
     check_host,
     host_for_url,
     parse_duration,
@@ -30,6 +32,7 @@ from affidavit.secrets.credentials import parse_inject
 
 from .batch import BATCH, BatchContract
 from .operations import OperationsContract, parse_operations
+from .reconcile import ReconcileQuery, parse_reconcile
 
 __all__ = [
     "CREDENTIAL_HEADERS",
@@ -90,6 +93,10 @@ class HttpTarget:
     """How a 202's job is read and its status resource queried (``operations.py``)."""
     batch: BatchContract | None
     """How a batch request names its items and a response their results (``batch.py``)."""
+    approval: ApprovalPolicy | None
+    """Which actions wait for an operator's yes (``affidavit.schema.approval``)."""
+    reconcile: ReconcileQuery | None
+    """The query that settles an unknown outcome (``reconcile.py``)."""
     kind: Literal["http"] = "http"
 
     @property
@@ -335,6 +342,15 @@ HTTP_TARGET = TargetSchema(
             unset_omitted=True,
             doc="`{ items, request_items, item_id, item_status, ok, rejected, atomic }`: an "
             "outcome per item of a batch (see below)",
+        ),
+        approval_field("methods"),
+        Field(
+            "reconcile",
+            parse_reconcile,
+            default=None,
+            unset_omitted=True,
+            doc="`{ method, path, committed_if, rejected_if }`: the query that settles an "
+            "unknown outcome (see [approvals](approvals.md#reconciliation))",
         ),
     ),
 )

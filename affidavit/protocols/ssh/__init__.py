@@ -3,8 +3,9 @@ ssh-python adapter (``binding``), registered as the ``ssh`` protocol by the entr
 ``affidavit.protocols:ssh`` (pyproject.toml)."""
 
 from affidavit.adapters.ssh import SSH_TABLE
-from affidavit.protocols.spec import ProtocolSpec
+from affidavit.protocols.spec import ProtocolSpec, ReconcileContract
 
+from . import reconcile
 from .action import SSH_ACTION, SshAction, describe
 from .binding import SshBinding
 from .target import SSH_TARGET, SshTarget
@@ -18,4 +19,5 @@ PROTOCOL = ProtocolSpec(
     binding=SshBinding,
     table=SSH_TABLE,
     describe=describe,
+    reconcile=ReconcileContract(query=reconcile.query, verdict=reconcile.verdict),
 )

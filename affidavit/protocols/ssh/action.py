@@ -1,5 +1,14 @@
-"""An SSH action: ``{"target", "command", "stdin", "session"}`` validated against its
-``SshTarget`` (``SSH_ACTION``).  A command is one line; a script goes to ``sh -s`` as stdin."""
+"""An SSH action: ``{"target", "command", "stdin", "idempotency_key", "session"}`` validated
+against its ``SshTarget`` (``SSH_ACTION``).  A command is one line; a script goes to ``sh -s``
+as stdin.
+
+``idempotency_key`` is the caller's stable identifier of the command's effect (a release id).
+Seed: SSH "rarely support[s] an idempotency key at the protocol level.  Define retryability in
+the command's application contract: create a deployment under a unique release identifier".  So
+it is never sent; the journal binds it to the request (the same key with another command is
+IDEMPOTENCY_MISMATCH, the same key again answers from the record) and a reconciliation query
+may name it (``{idempotency_key}``).  It never makes an unknown outcome retryable: no remote
+deduplicates on it (``remote_contract: none``)."""
 
 from __future__ import annotations
 
@@ -8,7 +17,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from affidavit.protocols.actions import ActionInvalid, session, string
+from affidavit.protocols.actions import (
+    MAX_TOKEN_FIELD,
+    VISIBLE,
+    ActionInvalid,
+    session,
+    string,
+)
 from affidavit.protocols.spec import ActionField, ActionSpec, text_payload
 from affidavit.statemachine import Code
 
@@ -25,6 +40,7 @@ class SshAction:
     command: str
     stdin: bytes | None
     session: str | None
+    idempotency_key: str | None = None
     kind: ClassVar[str] = "ssh"
 
 
@@ -54,13 +70,42 @@ def parse(obj: Mapping[str, Any], name: str, target: SshTarget) -> SshAction:
             raise ActionInvalid(Code.INVALID_FIELD, "stdin", "is not valid Unicode text") from None
         if len(stdin) > target.max_stdin:
             raise ActionInvalid(Code.PAYLOAD_LIMIT, "stdin", "exceeds this target's max_stdin")
-    return SshAction(target=name, command=command, stdin=stdin, session=session(obj))
+    key = string(obj, "idempotency_key", required=False)
+    if key is not None and (len(key) > MAX_TOKEN_FIELD or not VISIBLE.fullmatch(key)):
+        raise ActionInvalid(
+            Code.INVALID_FIELD, "idempotency_key", "must be 1-255 visible ASCII characters"
+        )
+    return SshAction(
+        target=name, command=command, stdin=stdin, session=session(obj), idempotency_key=key
+    )
 
 
 def identity(action: SshAction, target: SshTarget) -> dict[str, Any]:
     """The command and the stdin hash (no stdin is not an empty stdin)."""
     stdin = None if action.stdin is None else hashlib.sha256(action.stdin).hexdigest()
     return {"command": action.command, "stdin_sha256": stdin}
+
+
+def needs_approval(action: SshAction, target: SshTarget) -> bool:
+    """The target's ``approval`` covers every command, or one of its patterns matches."""
+    return target.approval is not None and target.approval.requires(command=action.command)
+
+
+STDIN_SHOWN = 16 * 1024
+
+
+def operator_view(action: SshAction, target: SshTarget) -> dict[str, Any]:
+    """What an operator approves: where (user@host:port), the command, and stdin."""
+    out: dict[str, Any] = {
+        "destination": f"{target.user}@{target.host}:{target.port}",
+        "command": action.command,
+    }
+    if action.stdin is not None:
+        out["stdin_bytes"] = len(action.stdin)
+        out["stdin_sha256"] = hashlib.sha256(action.stdin).hexdigest()
+        if len(action.stdin) <= STDIN_SHOWN:
+            out["stdin"] = action.stdin.decode("utf-8")  # parsed from a str: it decodes
+    return out
 
 
 def idempotent(action: SshAction, target: SshTarget) -> bool:
@@ -96,6 +141,14 @@ SSH_FIELDS = (
         "text for the command's standard input, sent as UTF-8 (a script: command `sh -s`)",
         "max_stdin",
     ),
+    ActionField(
+        "idempotency_key",
+        "your identifier of the command's effect (a release id): never sent; calling again "
+        "with it answers from the same invocation, and the target's reconciliation query may "
+        "look it up",
+        max_length=MAX_TOKEN_FIELD,
+        pattern=VISIBLE.pattern,
+    ),
 )
 
 SSH_ACTION = ActionSpec(
@@ -106,4 +159,6 @@ SSH_ACTION = ActionSpec(
     schema=SSH_FIELDS,
     tool="ssh_exec",
     doc="Run one command on a configured SSH target; the broker holds the key.",
+    needs_approval=needs_approval,
+    operator_view=operator_view,
 )

@@ -14,14 +14,18 @@ from typing import Literal
 from affidavit.adapters.ssh.known_hosts import known_host_keys
 from affidavit.schema import (
     COMMON,
+    ApprovalPolicy,
     ConfigError,
     Field,
     Key,
     Read,
     TargetSchema,
     Timeouts,
+    approval_field,
     host_setting,
 )
+
+from .reconcile import ReconcileCommand, parse_reconcile
 
 __all__ = ["SSH_TARGET", "SshTarget"]
 
@@ -52,6 +56,10 @@ class SshTarget:
     budget: int
     timeout: Timeouts
     max_stdin: int
+    approval: ApprovalPolicy | None
+    """Which commands wait for an operator's yes (``affidavit.schema.approval``)."""
+    reconcile: ReconcileCommand | None
+    """The command that settles an unknown outcome (``reconcile.py``)."""
     kind: Literal["ssh"] = "ssh"
 
 
@@ -149,6 +157,15 @@ SSH_TARGET = TargetSchema(
             lambda r: r.integer(0, 1 << 40),
             default=1024 * 1024,
             doc="stdin limit in bytes",
+        ),
+        approval_field("commands"),
+        Field(
+            "reconcile",
+            parse_reconcile,
+            default=None,
+            unset_omitted=True,
+            doc="`{ command, committed_if, rejected_if }`: the command that settles an unknown "
+            "outcome (see [approvals](approvals.md#reconciliation))",
         ),
     ),
 )

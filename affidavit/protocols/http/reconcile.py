@@ -1,0 +1,176 @@
+"""The ``reconcile`` setting of an HTTP target: the query that settles an unknown outcome.
+
+Seed, "Idempotency is defined by the remote contract" -- one of the three safe paths out of
+``unknown`` is to "query the remote state by a stable identifier, reconcile it, and decide
+whether a new action is needed"::
+
+    reconcile = { method = "GET", path = "/v1/charges?idempotency_key={idempotency_key}",
+                  committed_if = "status:200", rejected_if = "status:404" }
+
+The query is an ordinary action on the *same* target (its credential, origin and base path;
+never elsewhere), run by the engine as an invocation linked to the one it reconciles
+(``affidavit.reconcile``).  Its placeholders are the invocation's bound values, percent-encoded
+(``affidavit.protocols.placeholders``).  A condition reads the query's own complete result:
+
+* ``status:NNN`` -- the final status is NNN;
+* ``json:/POINTER=VALUE`` -- the JSON body's value at the RFC 6901 pointer, as text, is VALUE;
+* ``header:NAME=VALUE`` -- the header's values (joined with ", ") are VALUE.
+
+An array of conditions holds when every one of them does.  Only a complete, authoritative answer
+is read at all; one that both or neither of ``committed_if`` / ``rejected_if`` match settles
+nothing (``RECONCILE_INCONCLUSIVE``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from affidavit.protocols.placeholders import Template, parse_template, url_escape
+from affidavit.schema import Field, Read, Schema
+from affidavit.statemachine import Outcome
+
+from .selectors import ABSENT, Selector, json_body, parse_selector, scalar, select
+
+if TYPE_CHECKING:
+    from .target import HttpTarget
+
+__all__ = ["RECONCILE", "Condition", "ReconcileQuery", "parse_reconcile", "query", "verdict"]
+
+_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+
+
+@dataclass(frozen=True)
+class Condition:
+    """``status:NNN`` (``selector`` None) or ``json:/p=VALUE`` / ``header:N=VALUE``."""
+
+    text: str
+    status: int | None
+    selector: Selector | None
+    value: str | None
+
+    def holds(self, summary: Mapping[str, Any], doc: Any) -> bool:
+        if self.selector is None:
+            return summary.get("status") == self.status
+        found = scalar(select(self.selector, summary.get("headers", ()), doc))
+        return found is not None and found is not ABSENT and str(found) == self.value
+
+
+def parse_condition(text: str) -> Condition:
+    source, colon, rest = text.partition(":")
+    if source == "status" and colon:
+        if not (rest.isdigit() and len(rest) == 3 and 100 <= int(rest) <= 599):
+            raise ValueError("status: takes a 3-digit HTTP status (status:200)")
+        return Condition(text, int(rest), None, None)
+    if source in ("json", "header") and colon:
+        where, eq, value = rest.partition("=")
+        if not eq:
+            raise ValueError(
+                f"{source}: takes {source}:{'/POINTER' if source == 'json' else 'NAME'}=VALUE"
+            )
+        return Condition(text, None, parse_selector(f"{source}:{where}", (source,)), value)
+    raise ValueError('must be "status:NNN", "json:/POINTER=VALUE" or "header:NAME=VALUE"')
+
+
+def _conditions(r: Read) -> tuple[Condition, ...] | None:
+    raw = r.raw()
+    if raw is None:
+        return None
+    items = [raw] if isinstance(raw, str) else raw
+    if not isinstance(items, list) or not items or not all(isinstance(i, str) for i in items):
+        raise r.error("must be a condition or a non-empty array of them (all must hold)")
+    out = []
+    for i, text in enumerate(items):
+        try:
+            out.append(parse_condition(text))
+        except ValueError as exc:
+            raise r.error(str(exc), "" if isinstance(raw, str) else f"[{i}]") from None
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class ReconcileQuery:
+    method: str
+    path: Template
+    committed_if: tuple[Condition, ...] | None
+    rejected_if: tuple[Condition, ...] | None
+
+
+def _method(r: Read) -> str:
+    method: str = r.string(max_len=32)
+    if not _TOKEN.fullmatch(method):
+        raise r.error("is not an HTTP method token")
+    method = method.upper()
+    assert r.outer is not None
+    if method not in r.outer.values["methods"]:
+        raise r.error("must be one of the target's methods: the query is an action on it")
+    return method
+
+
+def _path(r: Read) -> Template:
+    text: str = r.string(max_len=8192)
+    if not text.startswith("/") or text.startswith("//"):
+        raise r.error('must start with a single "/" (origin-form, under the target\'s base path)')
+    try:
+        return parse_template(text, shell=False)
+    except ValueError as exc:
+        raise r.error(str(exc)) from None
+
+
+def _rejected_if(r: Read) -> tuple[Condition, ...] | None:
+    conditions = _conditions(r)
+    if conditions is None and r.values["committed_if"] is None:
+        raise r.error("give committed_if, rejected_if or both: a query that can decide nothing")
+    return conditions
+
+
+def _encode_conditions(value: tuple[Condition, ...] | None) -> list[str] | None:
+    return None if value is None else [c.text for c in value]
+
+
+RECONCILE = Schema(
+    ReconcileQuery,
+    (
+        Field("method", _method, default="GET", doc="one of the target's methods"),
+        Field("path", _path, encode=str, doc="origin-form path with placeholders"),
+        Field("committed_if", _conditions, default=None, encode=_encode_conditions),
+        Field("rejected_if", _rejected_if, default=None, encode=_encode_conditions),
+    ),
+)
+
+
+def parse_reconcile(r: Read) -> ReconcileQuery | None:
+    return RECONCILE.parse_optional_table(r)
+
+
+def query(target: HttpTarget, values: Mapping[str, str | None]) -> dict[str, Any]:
+    """The query's action on ``target``; ``ValueError`` (for the operator) when there is none
+    or a value it needs is missing."""
+    rq = target.reconcile
+    if rq is None:
+        raise ValueError(f"target {target.name} declares no reconcile query")
+    return {
+        "target": target.name,
+        "method": rq.method,
+        "path": rq.path.render(values, url_escape),
+    }
+
+
+def verdict(
+    target: HttpTarget, summary: Mapping[str, Any], streams: Mapping[str, bytes]
+) -> tuple[Outcome | None, str | None]:
+    """What the query's complete answer says of the reconciled request: (committed | rejected,
+    the conditions that held), or (None, None) when both or neither match."""
+    rq = target.reconcile
+    assert rq is not None
+    doc = json_body(streams.get("body"))
+    found = []
+    for outcome, conditions in (
+        (Outcome.COMMITTED, rq.committed_if),
+        (Outcome.REJECTED, rq.rejected_if),
+    ):
+        if conditions and all(c.holds(summary, doc) for c in conditions):
+            found.append((outcome, " and ".join(c.text for c in conditions)))
+    return found[0] if len(found) == 1 else (None, None)

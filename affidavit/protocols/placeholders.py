@@ -1,0 +1,128 @@
+"""Templates of a reconciliation query: ``{name}`` placeholders filled with an invocation's bound
+values, escaped for where they land -- a URL path or query, or a POSIX shell command.
+
+Seed, "Idempotency is defined by the remote contract": "Query the remote state by a stable
+identifier, reconcile it, and decide whether a new action is needed."  The identifier is a value
+the journal bound to the invocation (its idempotency key, its id, its session); a template never
+sees anything else, and a value never changes the template's syntax:
+
+* in an HTTP ``path`` a value is percent-encoded as one path segment or query value: every
+  character but ``A-Z a-z 0-9 - . _ ~`` (RFC 3986 unreserved) is escaped, so ``/``, ``?``,
+  ``&``, ``=`` and ``#`` in a key stay data;
+* in an SSH ``command`` a value is single-quoted for the POSIX shell (``shlex.quote``), so
+  ``;``, ``$( )``, backquotes, spaces and quotes in a key stay data.  For that to hold the
+  placeholder must stand outside any quoting of the template (``test -e /srv/{key}``, never
+  ``test -e '/srv/{key}'`` or ``"$HOME/{key}"``) and not right after ``$`` or ``\\``: such a
+  template is refused when the config is loaded.
+
+``{{`` and ``}}`` are literal braces.
+"""
+
+from __future__ import annotations
+
+import shlex
+import string
+import urllib.parse
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+__all__ = ["NAMES", "Template", "parse_template", "shell_escape", "url_escape"]
+
+NAMES = ("invocation_id", "idempotency_key", "session")
+"""What a template may name: values bound to the invocation when it was accepted."""
+
+
+def url_escape(value: str) -> str:
+    return urllib.parse.quote(value, safe="")
+
+
+def shell_escape(value: str) -> str:
+    return shlex.quote(value)
+
+
+@dataclass(frozen=True)
+class Template:
+    text: str
+    names: tuple[str, ...]
+    """The placeholders it uses, in order of first use."""
+
+    def render(self, values: Mapping[str, str | None], escape: Callable[[str], str]) -> str:
+        """The template filled in; ``ValueError`` naming a placeholder the invocation has no
+        value for (e.g. no idempotency key)."""
+        out: list[str] = []
+        for literal, name, _spec, _conv in string.Formatter().parse(self.text):
+            out.append(literal)
+            if name is None:
+                continue
+            value = values.get(name)
+            if not value:
+                raise ValueError(f"the invocation has no {name} for the query's {{{name}}}")
+            out.append(escape(value))
+        return "".join(out)
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def parse_template(text: str, *, shell: bool) -> Template:
+    """Check a template; ``ValueError`` says what is wrong."""
+    try:
+        parts = list(string.Formatter().parse(text))
+    except ValueError as exc:
+        raise ValueError(f"is not a template ({exc}); write {{{{ and }}}} for braces") from None
+    names: list[str] = []
+    quoting = _Quoting()
+    for literal, name, spec, conv in parts:
+        if shell:
+            quoting.feed(literal)
+        if name is None:
+            continue
+        if name not in NAMES or spec or conv:
+            known = ", ".join(f"{{{n}}}" for n in NAMES)
+            raise ValueError(f"has an unknown placeholder {{{name}}} (known: {known})")
+        if shell:
+            quoting.check(name)
+        if name not in names:
+            names.append(name)
+    if shell and quoting.quote is not None:
+        raise ValueError(f"leaves a {quoting.quote} quote open")
+    return Template(text, tuple(names))
+
+
+class _Quoting:
+    """Where the template's literal text leaves the shell's quoting: a placeholder's quoted
+    value is only data outside quotes (inside '...' or "..." the quotes would end and restart
+    the template's own quoting), and not after ``$`` (``$'...'``) or an escaping backslash."""
+
+    def __init__(self) -> None:
+        self.quote: str | None = None
+        self.last = ""
+
+    def feed(self, literal: str) -> None:
+        escaped = False
+        for ch in literal:
+            if escaped:
+                escaped = False
+            elif self.quote == "'":
+                if ch == "'":
+                    self.quote = None
+            elif ch == "\\":
+                escaped = True
+            elif self.quote == '"':
+                if ch == '"':
+                    self.quote = None
+            elif ch in "'\"":
+                self.quote = ch
+            self.last = ch
+        if escaped:
+            self.last = "\\"
+
+    def check(self, name: str) -> None:
+        if self.quote is not None:
+            raise ValueError(
+                f"puts {{{name}}} inside {self.quote} quotes: the broker quotes the value itself; "
+                "write the placeholder unquoted"
+            )
+        if self.last in ("$", "\\"):
+            raise ValueError(f"puts {{{name}}} right after {self.last!r}")
+        self.last = "}"

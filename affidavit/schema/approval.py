@@ -1,0 +1,159 @@
+"""The ``approval`` setting of a target: which of its actions wait for a human, for how long.
+
+Seed, "Validation and credential injection finish before dispatch": "a denied approval" stops a
+call in ``credential_injection`` with nothing sent, and "Before approval, bind the normalized
+target, the credential version, the resolved injection method, and the request fingerprint to
+the invocation".  The setting only says *which* actions need a yes; the engine binds and
+re-checks (``affidavit.engine.approval``), operators decide (``affidavit.approvals``).
+
+    approval = "always"
+    approval = { methods = ["POST", "DELETE"], ttl = "15m", wait = "0s" }     # HTTP
+    approval = { commands = ["^deploy ", "rm "], ttl = "1h", wait = "30s" }    # SSH
+
+A table without ``methods``/``commands`` covers every action.  ``ttl``: how long a request
+stays approvable and an approval dispatchable, from the request; ``wait``: how long the caller
+waits for the decision before it is answered APPROVAL_PENDING.  The policy is part of the
+target's snapshot, so changing it invalidates every approval given under the old one.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from .fields import Field, Read, Schema
+from .section import Section, kind_of
+from .values import parse_duration
+
+__all__ = ["MAX_TTL", "ApprovalPolicy", "approval_field"]
+
+_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+DEFAULT_TTL = "15m"
+MAX_TTL = 7 * 86400.0
+"""An approval is a decision about one request now; a week is already generous."""
+
+
+@dataclass(frozen=True)
+class ApprovalPolicy:
+    methods: frozenset[str] | None
+    """HTTP methods that need a yes (upper case); None: not a selector of this policy."""
+    commands: tuple[str, ...] | None
+    """Regular expressions (``re.search``, anywhere in the command) of SSH commands that need
+    a yes; None: not a selector of this policy."""
+    ttl: float
+    wait: float
+
+    @property
+    def always(self) -> bool:
+        return self.methods is None and self.commands is None
+
+    def requires(self, *, method: str | None = None, command: str | None = None) -> bool:
+        """Whether an action with this method or command needs a human's yes."""
+        if self.always:
+            return True
+        if self.methods is not None and method is not None and method.upper() in self.methods:
+            return True
+        return (
+            self.commands is not None
+            and command is not None
+            and any(re.search(p, command) for p in self.commands)
+        )
+
+
+def _methods(r: Read) -> frozenset[str] | None:
+    if not r.present:
+        return None
+    items = r.string_list()
+    if not items:
+        raise r.error("must list at least one method (or leave the key out: every action)")
+    for i, m in enumerate(items):
+        if not _TOKEN.fullmatch(m):
+            raise r.error("is not an HTTP method token", f"[{i}]")
+    return frozenset(m.upper() for m in items)
+
+
+def _commands(r: Read) -> tuple[str, ...] | None:
+    if not r.present:
+        return None
+    items = r.string_list()
+    if not items:
+        raise r.error("must list at least one pattern (or leave the key out: every action)")
+    for i, pattern in enumerate(items):
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            raise r.error(f"is not a regular expression ({exc.msg})", f"[{i}]") from None
+    return tuple(items)
+
+
+def _ttl(r: Read) -> float:
+    try:
+        ttl = parse_duration(r.raw())
+    except ValueError as exc:
+        raise r.error(str(exc)) from None
+    if ttl > MAX_TTL:
+        raise r.error("must be at most 7 days")
+    return ttl
+
+
+def _wait(r: Read) -> float:
+    try:
+        wait = parse_duration(r.raw(), zero=True)
+    except ValueError as exc:
+        raise r.error(str(exc)) from None
+    if wait > r.values["ttl"]:
+        raise r.error("must not exceed ttl: the request would expire while the caller waits")
+    return wait
+
+
+def _schema(selector: str) -> Schema[ApprovalPolicy]:
+    """The table form, with only the protocol's own selector key (``methods`` or ``commands``);
+    the other is implied None (an unknown key in that protocol's table)."""
+    select = Field(
+        selector,
+        _methods if selector == "methods" else _commands,
+        default=None,
+        doc="HTTP methods that need a yes (default: every action)"
+        if selector == "methods"
+        else "regular expressions (searched anywhere in the command) of commands that need a "
+        "yes (default: every action)",
+    )
+    other = "commands" if selector == "methods" else "methods"
+    return Schema(
+        ApprovalPolicy,
+        (
+            select,
+            Field(other, lambda r: None, key=None),
+            Field("ttl", _ttl, default=DEFAULT_TTL, doc="how long the request stays approvable"),
+            Field("wait", _wait, default="0s", doc="how long the caller waits for the decision"),
+        ),
+    )
+
+
+def approval_field(selector: str) -> Field:
+    """A protocol's ``approval`` setting; ``selector`` is its own key: ``methods`` (HTTP) or
+    ``commands`` (SSH).  Absent: no action needs approval (and the snapshot is unchanged)."""
+    if selector not in ("methods", "commands"):
+        raise ValueError(f"no approval selector {selector!r}")
+    schema = _schema(selector)
+
+    def parse(r: Read) -> ApprovalPolicy | None:
+        if not r.present:
+            return None
+        raw: Any = r.raw()
+        if raw == "always":
+            return schema.read(Section({}, r.path), r.context)
+        if not isinstance(raw, dict):
+            raise r.error(f'must be "always" or a table, not {kind_of(raw)}')
+        return schema.parse_table(r)
+
+    return Field(
+        "approval",
+        parse,
+        default=None,
+        unset_omitted=True,
+        shown="none",
+        doc=f'`"always"` or `{{ {selector}, ttl, wait }}`: actions that wait for an operator\'s '
+        "yes (see [approvals](approvals.md))",
+    )

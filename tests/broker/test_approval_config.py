@@ -1,0 +1,228 @@
+"""The ``approval`` and ``reconcile`` settings and ``[service]``'s operators: what loads, and
+the field path every mistake is reported at (docs/approvals.md)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from affidavit.config import ConfigError, load_config
+from affidavit.protocols.http import HttpTarget
+from affidavit.protocols.ssh import SshTarget
+from affidavit.statemachine import Outcome
+
+from .test_config import KEY_A
+
+OPERATORS = "[service]\noperator_uids = [1001]\n"
+
+
+def _config(tmp_path: Path, http: str = "", ssh: str = "", service: str = OPERATORS) -> Path:
+    text = f"""
+{service}
+[targets.billing]
+kind = "http"
+url = "https://billing.example.com"
+methods = ["GET", "POST"]
+credential = "env:T"
+{http}
+
+[targets.deploy]
+kind = "ssh"
+host = "127.0.0.1"
+user = "deploy"
+host_key = "{KEY_A}"
+credential = "env:K"
+{ssh}
+"""
+    path = tmp_path / "affidavit.toml"
+    path.write_text(text)
+    return path
+
+
+def _error(tmp_path: Path, **kw: str) -> ConfigError:
+    with pytest.raises(ConfigError) as info:
+        load_config(_config(tmp_path, **kw))
+    return info.value
+
+
+def test_approval_always_and_by_method_or_command(tmp_path: Path) -> None:
+    config = load_config(
+        _config(
+            tmp_path,
+            http='approval = "always"',
+            ssh='approval = { commands = ["^deploy ", "rm "], ttl = "1h", wait = "30s" }',
+        )
+    )
+    billing, deploy = config.targets["billing"], config.targets["deploy"]
+    assert isinstance(billing, HttpTarget) and isinstance(deploy, SshTarget)
+    assert billing.approval is not None and deploy.approval is not None
+    assert billing.approval.always and (billing.approval.ttl, billing.approval.wait) == (900, 0)
+    assert billing.approval.requires(method="GET")
+    assert (deploy.approval.ttl, deploy.approval.wait) == (3600, 30)
+    assert deploy.approval.requires(command="deploy --release r42")
+    assert deploy.approval.requires(command="sudo rm -rf /srv/x")
+    assert not deploy.approval.requires(command="uptime")
+    by_method = load_config(_config(tmp_path, http='approval = { methods = ["post"] }'))
+    policy = by_method.targets["billing"].approval  # type: ignore[attr-defined]
+    assert policy.methods == {"POST"}
+    assert policy.requires(method="POST") and not policy.requires(method="GET")
+    assert config.service.operator_uids == (1001,) and not config.service.allow_self_approval
+
+
+@pytest.mark.parametrize(
+    ("kw", "field", "message"),
+    [
+        ({"http": 'approval = "sometimes"'}, "targets.billing.approval", '"always" or a table'),
+        (
+            {"http": 'approval = { commands = ["x"] }'},
+            "targets.billing.approval.commands",
+            "unknown",
+        ),
+        (
+            {"ssh": 'approval = { methods = ["POST"] }'},
+            "targets.deploy.approval.methods",
+            "unknown",
+        ),
+        (
+            {"ssh": 'approval = { commands = ["("] }'},
+            "targets.deploy.approval.commands[0]",
+            "regular",
+        ),
+        ({"http": "approval = { methods = [] }"}, "targets.billing.approval.methods", "at least"),
+        (
+            {"http": 'approval = { ttl = "1m", wait = "2m" }'},
+            "targets.billing.approval.wait",
+            "must not exceed ttl",
+        ),
+        ({"http": 'approval = { ttl = "30d" }'}, "targets.billing.approval.ttl", "7 days"),
+        ({"http": 'approval = { wait = "-1s" }'}, "targets.billing.approval.wait", "duration"),
+        (
+            {"http": 'approval = "always"', "service": ""},
+            "targets.billing.approval",
+            "nobody may approve",
+        ),
+        (
+            {"service": "[service]\nallow_self_approval = 1\n"},
+            "service.allow_self_approval",
+            "true or false",
+        ),
+        ({"service": "[service]\noperator_uids = [-1]\n"}, "service.operator_uids[0]", "id"),
+    ],
+)
+def test_an_approval_mistake_names_its_field(
+    tmp_path: Path, kw: dict[str, str], field: str, message: str
+) -> None:
+    err = _error(tmp_path, **kw)
+    assert err.field == field
+    assert message in err.message
+
+
+def test_reconcile_queries_load_for_http_and_ssh(tmp_path: Path) -> None:
+    config = load_config(
+        _config(
+            tmp_path,
+            http='reconcile = { path = "/v1/charges?idempotency_key={idempotency_key}", '
+            'committed_if = ["status:200", "json:/status=succeeded"], rejected_if = "status:404" }',
+            ssh='reconcile = { command = "test -e /srv/releases/{idempotency_key}", '
+            'committed_if = "exit:0", rejected_if = "exit:1" }',
+        )
+    )
+    billing, deploy = config.targets["billing"], config.targets["deploy"]
+    assert isinstance(billing, HttpTarget) and isinstance(deploy, SshTarget)
+    assert billing.reconcile is not None and deploy.reconcile is not None
+    assert billing.reconcile.method == "GET"
+    action = {"target": "billing", "method": "GET", "path": "/v1/charges?idempotency_key=a%2Fb"}
+    from affidavit.protocols.http import reconcile as http_reconcile
+    from affidavit.protocols.ssh import reconcile as ssh_reconcile
+
+    assert http_reconcile.query(billing, {"idempotency_key": "a/b"}) == action
+    assert ssh_reconcile.query(deploy, {"idempotency_key": "r42; reboot"}) == {
+        "target": "deploy",
+        "command": "test -e /srv/releases/'r42; reboot'",
+    }
+    ok = {"status": 200, "headers": []}
+    body = {"body": b'{"status": "succeeded"}'}
+    assert http_reconcile.verdict(billing, ok, body) == (
+        Outcome.COMMITTED,
+        "status:200 and json:/status=succeeded",
+    )
+    assert http_reconcile.verdict(billing, ok, {"body": b'{"status": "pending"}'}) == (None, None)
+    assert http_reconcile.verdict(billing, {"status": 404}, {})[0] is Outcome.REJECTED
+    assert ssh_reconcile.verdict(deploy, {"exit_status": 1}, {})[0] is Outcome.REJECTED
+    assert ssh_reconcile.verdict(deploy, {"exit_status": 2}, {}) == (None, None)
+    assert ssh_reconcile.verdict(deploy, {"exit_status": None, "exit_signal": "KILL"}, {}) == (
+        None,
+        None,
+    )
+    with pytest.raises(ValueError, match="no idempotency_key"):
+        ssh_reconcile.query(deploy, {"invocation_id": "act_1"})
+
+
+@pytest.mark.parametrize(
+    ("kw", "field", "message"),
+    [
+        (
+            {"http": 'reconcile = { path = "/v1/{amount}", committed_if = "status:200" }'},
+            "targets.billing.reconcile.path",
+            "unknown placeholder {amount}",
+        ),
+        (
+            {"http": 'reconcile = { method = "DELETE", path = "/x", committed_if = "status:200" }'},
+            "targets.billing.reconcile.method",
+            "target's methods",
+        ),
+        (
+            {"http": 'reconcile = { path = "/x" }'},
+            "targets.billing.reconcile.rejected_if",
+            "decide nothing",
+        ),
+        (
+            {"http": 'reconcile = { path = "/x", committed_if = "status:2xx" }'},
+            "targets.billing.reconcile.committed_if",
+            "3-digit",
+        ),
+        (
+            {"http": 'reconcile = { path = "/x", committed_if = ["status:200", "json:/a"] }'},
+            "targets.billing.reconcile.committed_if[1]",
+            "VALUE",
+        ),
+        (
+            {"http": 'reconcile = { path = "x", committed_if = "status:200" }'},
+            "targets.billing.reconcile.path",
+            "single",
+        ),
+        (
+            {
+                "ssh": "reconcile = { command = \"test -e '/srv/{idempotency_key}'\", "
+                'committed_if = "exit:0" }'
+            },
+            "targets.deploy.reconcile.command",
+            "inside ' quotes",
+        ),
+        (
+            {"ssh": 'reconcile = { command = "echo ${session}", committed_if = "exit:0" }'},
+            "targets.deploy.reconcile.command",
+            "right after",
+        ),
+        (
+            {
+                "ssh": 'reconcile = { command = "true", committed_if = "exit:0", '
+                'rejected_if = "exit:0" }'
+            },
+            "targets.deploy.reconcile.rejected_if",
+            "differ",
+        ),
+        (
+            {"ssh": 'reconcile = { command = "true", committed_if = "status:200" }'},
+            "targets.deploy.reconcile.committed_if",
+            "exit:N",
+        ),
+    ],
+)
+def test_a_reconcile_mistake_names_its_field(
+    tmp_path: Path, kw: dict[str, str], field: str, message: str
+) -> None:
+    err = _error(tmp_path, **kw)
+    assert err.field == field
+    assert message in err.message
