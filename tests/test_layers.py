@@ -64,8 +64,15 @@ ALLOWED: Mapping[str, frozenset[str]] = {
     "affidavit.engine": frozenset(
         {"affidavit.config", "affidavit.protocols", "affidavit.secrets", *SERVICE_BASE}
     ),
+    # Operator actions: the rules every interface calls (CLI, daemon, Broker, console).
+    "affidavit.approvals": frozenset({"affidavit.engine", *SERVICE_BASE}),
+    "affidavit.reconcile": frozenset(
+        {"affidavit.approvals", "affidavit.engine", "affidavit.protocols", *SERVICE_BASE}
+    ),
     "affidavit.api": frozenset(
         {
+            "affidavit.approvals",
+            "affidavit.reconcile",
             "affidavit.engine",
             "affidavit.config",
             "affidavit.protocols",
@@ -80,6 +87,8 @@ ALLOWED: Mapping[str, frozenset[str]] = {
         {
             "affidavit",  # __version__ in GET /v1/health
             "affidavit.api",
+            "affidavit.approvals",
+            "affidavit.reconcile",
             "affidavit.engine",
             "affidavit.config",
             "affidavit.views",
@@ -103,6 +112,8 @@ ALLOWED: Mapping[str, frozenset[str]] = {
         {
             "affidavit",
             "affidavit.api",
+            "affidavit.approvals",
+            "affidavit.reconcile",
             "affidavit.engine",
             "affidavit.config",
             "affidavit.protocols",

@@ -7,6 +7,12 @@
         record = broker.record(envelope["invocation_id"])              # the projected record
         polled = await broker.poll_operation(envelope["operation"]["id"])  # after a 202
 
+        # operators (docs/approvals.md): this process's user is the identity
+        waiting = broker.approvals()                    # requests waiting for a decision
+        await broker.approve(waiting[0]["invocation_id"], note="checked the amount")
+        await broker.reconcile(iid, query=True)         # the target's reconciliation query
+        await broker.reconcile(iid, attest="committed", note="seen in the dashboard")
+
 Runs under trio.  ``call`` never raises for preflight, connection or remote trouble — those are
 envelopes whose phase, outcome and retry hint come from the journal.  Exceptions are for misuse
 (bad config file, journal unusable).
@@ -19,8 +25,12 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+from affidavit import approvals, reconcile
+from affidavit.approvals import Operator, OperatorError, OperatorPolicy
 from affidavit.config import Config, load_config
 from affidavit.engine import CallControl, Deliver, Engine, EngineSettings
+from affidavit.engine import approval as engine_approval
+from affidavit.engine.delivery import STORE_ONLY
 from affidavit.journal import Journal, ResultStream
 from affidavit.protocols import Binding, load_bindings
 from affidavit.protocols.catalog import catalog
@@ -81,10 +91,17 @@ class Broker:
         timeout: float | None = None,
         deliver: Deliver | None = None,
         control: CallControl | None = None,
+        requester: int | None = None,
     ) -> dict[str, Any]:
         """Perform one action; return its envelope (``invocation_id``, ``error`` or ``result``,
-        ``evidence``).  ``control`` lets a host (the daemon) withdraw or stop it."""
-        return await self._engine.call(action, timeout=timeout, deliver=deliver, control=control)
+        ``evidence``).  ``control`` lets a host (the daemon) withdraw or stop it;
+        ``requester`` is the uid asking (the daemon's peer; default this process's user), which
+        may not approve its own request.  An action the target's ``approval`` covers waits up
+        to the policy's ``wait`` for an operator, then answers APPROVAL_PENDING (fetch the
+        result later: the approved request is sent once, by whoever holds it)."""
+        return await self._engine.call(
+            action, timeout=timeout, deliver=deliver, control=control, requester=requester
+        )
 
     async def recover(self) -> list[Record]:
         """Close every record a stopped broker left open, with what its events prove (dispatched
@@ -136,6 +153,109 @@ class Broker:
     def operations(self) -> list[dict[str, Any]]:
         """Every operation in the journal, oldest first (``statemachine.operation_json``)."""
         return [operation_json(r) for r in self.journal.list_actions() if r.operation is not None]
+
+    # -- operators: approvals and reconciliation (docs/approvals.md) ---------------------------
+    #
+    # Every interface's operator actions end here, with the ``Operator`` its channel identified
+    # (default: this process's user); the rules live in ``affidavit.approvals`` and
+    # ``affidavit.reconcile``.  Refusals raise ``OperatorError`` (code, message, status).
+
+    @property
+    def operator_policy(self) -> OperatorPolicy:
+        return OperatorPolicy.of(self.config.service)
+
+    def approvals(self) -> list[dict[str, Any]]:
+        """Requests waiting for a decision: what will be sent where, with which credential
+        (by name), by whom, until when."""
+        return approvals.pending(self.journal)
+
+    def approval(self, invocation_id: str) -> dict[str, Any]:
+        """One invocation's approval, whatever became of it."""
+        return approvals.show(self.journal, invocation_id)
+
+    async def approve(
+        self, invocation_id: str, *, note: str | None = None, operator: Operator | None = None
+    ) -> dict[str, Any]:
+        """Approve a pending request (APPROVAL_GRANTED with the operator and the note)."""
+        return await approvals.decide(
+            self._engine,
+            self.operator_policy,
+            operator or Operator.current(),
+            invocation_id,
+            approve=True,
+            note=note,
+        )
+
+    async def deny(
+        self, invocation_id: str, *, note: str | None = None, operator: Operator | None = None
+    ) -> dict[str, Any]:
+        """Deny a pending request (APPROVAL_DENIED: never sent; retry ``never``)."""
+        return await approvals.decide(
+            self._engine,
+            self.operator_policy,
+            operator or Operator.current(),
+            invocation_id,
+            approve=False,
+            note=note,
+        )
+
+    async def reconcile(
+        self,
+        invocation_id: str,
+        *,
+        query: bool = False,
+        attest: str | None = None,
+        note: str | None = None,
+        operator: Operator | None = None,
+        timeout: float | None = None,
+    ) -> dict[str, Any]:
+        """Settle an unknown outcome: ``query=True`` runs the target's reconciliation query as a
+        linked invocation; ``attest="committed" | "rejected"`` (with a ``note``; operators
+        only) records what an operator found.  Returns ``{"reconciled", "envelope"`` (the
+        reconciled invocation's) ``, "query"`` (the query's envelope, for ``query``)``}``."""
+        if query == (attest is not None):
+            raise OperatorError("BAD_REQUEST", "give exactly one of query or attest", 400)
+        if query:
+            return await reconcile.query(self._engine, invocation_id, timeout=timeout)
+        assert attest is not None
+        envelope = await reconcile.attest(
+            self._engine,
+            self.operator_policy,
+            operator or Operator.current(),
+            invocation_id,
+            attest,
+            note,
+        )
+        return {"reconciled": True, "envelope": envelope, "query": None}
+
+    # -- the daemon's dispatcher ----------------------------------------------------------------
+
+    def watch_approvals(self) -> None:
+        """Learn the approvals the journal has open (the daemon, at start)."""
+        engine_approval.watch(self._engine)
+
+    async def approvals_ready(self) -> list[str]:
+        """Approved invocations nobody dispatches: no caller waits here, no live lease holds
+        them (expired ones are closed APPROVAL_EXPIRED on the way)."""
+        return await engine_approval.ready(self._engine)
+
+    async def approvals_changed(self, timeout: float) -> None:
+        """Return when a decision is recorded in this process, or after ``timeout``."""
+        await self._engine.approvals.wait_changed(timeout)
+
+    def forget_dispatch(self, invocation_id: str) -> None:
+        """``approvals_ready`` marked it for a dispatch that will not run (overloaded)."""
+        self._engine.approvals.dispatching.discard(invocation_id)
+
+    async def dispatch_approved(
+        self, invocation_id: str, *, control: CallControl | None = None
+    ) -> dict[str, Any] | None:
+        """Send an approved invocation whose caller is gone, once (under its dispatch lease,
+        through the gate that re-checks the approval); the result is stored for the caller's
+        fetch.  None when there was nothing to do."""
+        return await engine_approval.dispatch_approved(
+            self._engine, invocation_id, STORE_ONLY, control
+        )
 
     def record(self, invocation_id: str) -> Record | None:
         return self.journal.record(invocation_id)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -35,6 +36,7 @@ from affidavit.statemachine import (
     Step,
 )
 
+from .approval import Grant
 from .control import CallControl
 from .sink import StreamSink
 
@@ -60,8 +62,14 @@ is backoff, except the catch-all SETUP_FAILED (a bad URL or a closed pool fails 
 twice)."""
 
 
-class _ConfigChanged(Exception):
-    """The gate found the bound target config changed; nothing was written."""
+class _Refused(Exception):
+    """The gate refused to write: the bound target config changed, or the approval does not
+    cover this dispatch.  ``attrs``: PREFLIGHT_FAILED's (a validation code); nothing was
+    written."""
+
+    def __init__(self, attrs: Mapping[str, Any]) -> None:
+        self.attrs = attrs
+        super().__init__(attrs["code"])
 
 
 class LeaseRefusal(Exception):
@@ -74,6 +82,16 @@ class LeaseRefusal(Exception):
 
 
 _CONFIG_CHANGED_ATTRS = {"code": Code.CONFIG_CHANGED.value, "field": "target"}
+_APPROVAL_MESSAGES = {
+    Code.APPROVAL_STALE: "The request, its credential or its target's configuration changed "
+    "after approval; nothing was sent under the old approval.",
+    Code.APPROVAL_EXPIRED: "The approval window ran out before the request was dispatched; "
+    "nothing was sent.",
+}
+
+
+def _approval_refusal(code: Code) -> dict[str, Any]:
+    return {"code": code.value, "field": "approval", "message": _APPROVAL_MESSAGES[code]}
 
 
 @dataclass
@@ -92,6 +110,8 @@ class Attempt:
     """Redacts the secrets' forms from remote-controlled facts before they are journaled."""
     control: CallControl | None = None
     """The host's handle on the call (the daemon's): a stop before the gate wins."""
+    grant: tuple[Grant, str] | None = None
+    """An approved invocation's grant and the fingerprint of this dispatch, for the gate."""
     gate_entered: bool = False
     dispatch_recorded: bool = False
     hops: int = 0
@@ -117,6 +137,7 @@ async def run_tries(
     generation: int,
     lease: tuple[str, int] | None,
     control: CallControl | None = None,
+    grant: tuple[Grant, str] | None = None,
 ) -> tuple[Attempt, RemoteResult | None, Failure | None]:
     """Run the attempt within the caller's deadline, trying connection setup again (at most
     ``SETUP_ATTEMPTS`` times) while the failure's code allows it.  Returns the last try with its
@@ -132,7 +153,7 @@ async def run_tries(
         Code.CALLER_CANCELLED if total < target.timeout.total else Code.REMOTE_OUTCOME_UNKNOWN
     )
     attempt = _new_attempt(engine, iid, generation, lease, target.name, expected, binding, sink, 1)
-    attempt.control = control
+    attempt.control, attempt.grant = control, grant
     result: RemoteResult | None = None
     failure: Failure | None = None
     stop = control.scope if control is not None else trio.CancelScope()
@@ -143,7 +164,7 @@ async def run_tries(
                     attempt = _new_attempt(
                         engine, iid, generation, lease, target.name, expected, binding, sink, n
                     )
-                    attempt.control = control
+                    attempt.control, attempt.grant = control, grant
                 result, failure, again = await _try_once(engine, binding, prepared, attempt, sink)
                 if not again:
                     break
@@ -220,8 +241,8 @@ async def _try_once(
             # alone would be folded into the previous attempt when stage and code repeat.
             await engine.recorder.append(Event(E.SETUP_ATTEMPT_FAILED, iid, attrs))
         return None, Event(E.SETUP_FAILED, iid, attrs), False
-    except _ConfigChanged:
-        return None, Event(E.PREFLIGHT_FAILED, iid, _CONFIG_CHANGED_ATTRS), False
+    except _Refused as exc:
+        return None, Event(E.PREFLIGHT_FAILED, iid, dict(exc.attrs)), False
     except LeaseRefusal as exc:
         return None, exc, False
     except AttemptInterrupted as exc:
@@ -307,9 +328,19 @@ def _gate(engine: Engine, attempt: Attempt) -> Any:
                 )
             return
         # Re-check the bound config immediately before the write (seed: "re-check it
-        # immediately before the write"); a change means a new invocation.
+        # immediately before the write"); a change means a new invocation -- and for an
+        # approved one, that the approval does not cover what would be sent.
         if engine.snapshot.changed(attempt.target_name, attempt.expected_hash):
-            raise _ConfigChanged
+            if attempt.grant is not None:
+                raise _Refused(_approval_refusal(Code.APPROVAL_STALE))
+            raise _Refused(_CONFIG_CHANGED_ATTRS)
+        if attempt.grant is not None:
+            # Seed: "The broker must confirm the fingerprint of the upcoming dispatch and
+            # re-check it immediately before the write."
+            grant, dispatch_fingerprint = attempt.grant
+            problem = grant.problem(dispatch_fingerprint, time.time())
+            if problem is not None:
+                raise _Refused(_approval_refusal(problem))
         attrs: dict[str, Any] = {"generation": attempt.generation, "attempt": attempt.n}
         for k in ("connection", "reused_connection", "peer", "hop", "origin", "via_proxy"):
             if k in facts:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -36,13 +37,25 @@ from .recorder import result_payload
 from .sink import Stored, StreamSink
 
 if TYPE_CHECKING:
-    from .engine import Deliver, Engine
+    from .engine import Engine
 
-__all__ = ["AWAITING_DELIVERY", "conclude", "deliver_stored"]
+Deliver = Callable[[dict[str, Any]], Awaitable[None]]
+
+__all__ = ["AWAITING_DELIVERY", "STORE_ONLY", "conclude", "deliver_stored"]
 
 log = logging.getLogger("affidavit.engine")
 
 E = EventKind
+
+
+async def _nobody(envelope: dict[str, Any]) -> None:
+    raise AssertionError("STORE_ONLY is never called")
+
+
+STORE_ONLY: Deliver = _nobody
+"""``deliver`` for a call nobody waits for (an approved invocation the daemon dispatched after
+its caller went away): the result is stored and stays undelivered until the caller fetches it
+-- neither RESULT_DELIVERED nor RESULT_DELIVERY_FAILED is recorded."""
 
 AWAITING_DELIVERY = frozenset(
     state for state, row in TRANSITIONS.items() if row.get(E.RESULT_DELIVERED) not in (None, state)
@@ -73,7 +86,7 @@ async def conclude(
             return await recorder.finish(iid, failure)
         assert result is not None
         envelope, committed = await _commit(engine, iid, result, sink, reading)
-        if not committed:
+        if not committed or deliver is STORE_ONLY:
             return envelope
         if deliver is None:
             # In-process return: handing the dict back is the complete transfer.

@@ -27,7 +27,7 @@ import logging
 import os
 import secrets
 import socket
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from affidavit.config import Config
@@ -35,7 +35,8 @@ from affidavit.journal import Journal, JournalWriteError, ResultStream
 from affidavit.protocols import Binding
 from affidavit.statemachine import Record
 
-from . import invocation, operations
+from . import delivery, invocation, operations
+from .approval import ApprovalBoard
 from .control import CallControl
 from .delivery import deliver_stored
 from .recorder import Recorder
@@ -52,8 +53,9 @@ _UNDELIVERED = frozenset(
 )
 """States of a stored result no caller has received yet: a successful fetch delivers it."""
 
-Deliver = Callable[[dict[str, Any]], Awaitable[None]]
-"""Sends an envelope to the caller; raising means the transfer failed (RESULT_DELIVERY_FAILED)."""
+Deliver = delivery.Deliver
+"""Sends an envelope to the caller; raising means the transfer failed (RESULT_DELIVERY_FAILED).
+``STORE_ONLY``: nobody waits; the result is stored for a later fetch."""
 
 
 class Engine:
@@ -78,6 +80,7 @@ class Engine:
         self.settings = settings if settings is not None else EngineSettings()
         self.recorder = Recorder(journal)
         self.snapshot = ConfigSnapshot(config)
+        self.approvals = ApprovalBoard()
 
     async def call(
         self,
@@ -87,19 +90,22 @@ class Engine:
         deliver: Deliver | None = None,
         link: Mapping[str, Any] | None = None,
         control: CallControl | None = None,
+        requester: int | None = None,
     ) -> dict[str, Any]:
         """Run one action; return its envelope.  Never raises for remote or preflight trouble:
         those are envelopes.  ``deliver`` (optional) sends the envelope to the caller; a failure
         there is recorded as RESULT_DELIVERY_FAILED and the result stays fetchable.
         ``control`` (optional) lets the host running the call for a caller -- the daemon --
         withdraw or stop it, recorded with its cause at the boundary the evidence proves.
+        ``requester``: the uid asking (the daemon's socket peer; default this process's), kept
+        with an approval request -- it may not approve itself (``affidavit.approvals``).
 
         ``timeout`` must be ``None`` or seconds >= 0: NaN or a negative value is a caller bug,
         refused before anything is journaled (it used to fail mid-call, inside trio)."""
         if timeout is not None and not timeout >= 0:
             raise ValueError("timeout must be None or a number of seconds >= 0")
         try:
-            return await invocation.start(self, action, timeout, deliver, link, control)
+            return await invocation.start(self, action, timeout, deliver, link, control, requester)
         except JournalWriteError as exc:
             # The journal refused a write mid-call (disk full, I/O error): answer with what the
             # durable record proves, closed as recovery would close it.  Nothing durable at all:

@@ -31,7 +31,7 @@ from affidavit.protocols.actions import (
     is_idempotent,
     parse_action,
 )
-from affidavit.secrets.credentials import CredentialError, resolve
+from affidavit.secrets.credentials import CredentialError
 from affidavit.statemachine import (
     Code,
     Decision,
@@ -43,9 +43,20 @@ from affidavit.statemachine import (
     decide,
 )
 
+from .approval import (
+    APPROVAL_STATES,
+    Grant,
+    approval_fingerprint,
+    await_grant,
+    expire_if_due,
+    grant_of,
+    needs_approval,
+    request_approval,
+)
 from .attempt import run_tries
 from .contracts import batch_facts, reader
 from .control import CallControl
+from .credential import prepare_request
 from .delivery import conclude
 from .ids import new_invocation_id
 from .recorder import Recorder
@@ -70,10 +81,14 @@ async def start(
     deliver: Deliver | None,
     link: Mapping[str, Any] | None = None,
     control: CallControl | None = None,
+    requester: int | None = None,
 ) -> dict[str, Any]:
     """Accept ``action`` as a new invocation (or resume the one its idempotency key names) and
     run it; return its envelope.  ``link`` (secret-free) is recorded with ACTION_ACCEPTED: the
-    invocation this one serves, e.g. the submission whose job a poll queries."""
+    invocation this one serves, e.g. the submission whose job a poll queries -- such a linked
+    query is the target's configured read and needs no approval.  ``requester``: the uid that
+    asked (the daemon's socket peer; embedded, this process's), recorded with an approval
+    request so that it cannot approve itself."""
     now = time.time()
     iid = new_invocation_id()
     # Validated before anything is journaled: a refused session is recorded bounded, never
@@ -110,18 +125,27 @@ async def start(
         # the remote contract").
         key = "idem_" + secrets.token_urlsafe(18)
     idem: dict[str, Any] | None = None
-    if contract is not None and key is not None:
-        expires = now + contract.retention_s
-        idem = {
-            "key": key,
-            "scope": contract.scope,
-            "header": contract.header,
-            "retention_s": contract.retention_s,
-            "expires_at": expires,
-        }
+    if key is not None:
+        if contract is not None:
+            scope: str = contract.scope
+            expires: float | None = now + contract.retention_s
+            idem = {
+                "key": key,
+                "scope": scope,
+                "header": contract.header,
+                "retention_s": contract.retention_s,
+                "expires_at": expires,
+            }
+        else:
+            # The caller's own identifier of the effect (SSH): bound here, so the same key
+            # names the same invocation, but no remote deduplicates on it -- it never makes a
+            # resend safe (seed: SSH "rarely support[s] an idempotency key at the protocol
+            # level").
+            scope, expires = f"{target.kind}:{target.name}", None
+            idem = {"key": key, "scope": scope, "remote_contract": "none"}
         journal = engine.journal
         try:
-            bound = await journal.bind_idempotency(contract.scope, key, fp, iid, expires)
+            bound = await journal.bind_idempotency(scope, key, fp, iid, expires)
         except IdempotencyMismatch:
             return await refuse_new(
                 recorder,
@@ -207,6 +231,7 @@ async def start(
                 control,
             )
         preamble = ((validated, None),)
+    policy = needs_approval(parsed, target) if link is None else None
     return await run(
         engine,
         iid,
@@ -220,6 +245,7 @@ async def start(
         lease=None,
         preamble=preamble,
         control=control,
+        approval=None if policy is None else (policy, requester),
     )
 
 
@@ -271,7 +297,31 @@ async def resume(
     if control is not None:
         control.invocation_id = iid
     recorder = engine.recorder
-    record = await recorder.record(iid)
+    record = await expire_if_due(recorder, await recorder.record(iid))
+    if record.state in APPROVAL_STATES:
+        # Waiting for an operator, or for a dispatcher: this caller waits like the first one
+        # did, and dispatches what gets approved (under the dispatch lease).
+        policy = getattr(target, "approval", None)
+        granted = await await_grant(
+            engine, iid, target, policy.wait if policy else 0.0, timeout, control
+        )
+        if isinstance(granted, dict):
+            return granted
+        claimed, grant, timeout = granted
+        return await run(
+            engine,
+            iid,
+            action,
+            target,
+            binding,
+            key,
+            timeout,
+            deliver,
+            generation=claimed.generation,
+            lease=(engine.holder, claimed.generation),
+            control=control,
+            grant=grant,
+        )
     if not record.final:
         record = await recover_stale(recorder, record)
         if not record.final:
@@ -305,6 +355,7 @@ async def resume(
             lease=(engine.holder, lease.generation),
             bound_version=(record.evidence.get("credential") or {}).get("version"),
             control=control,
+            grant=grant_of(record),  # a retry reuses an approval only as the gate re-checks it
         )
     # FETCH, RETURN_RECORDED_RESULT, RECONCILE, STOP_FOR_CORRECTION, RETRY_WHEN_ALLOWED:
     # answer from the record; nothing is sent again.
@@ -326,13 +377,32 @@ async def run(
     preamble: Preamble = (),
     bound_version: str | None = None,
     control: CallControl | None = None,
+    grant: Grant | None = None,
+    approval: tuple[Any, int | None] | None = None,
 ) -> dict[str, Any]:
-    """One try of the invocation: the credential step, the attempt, its ending."""
+    """One try of the invocation: the credential step, the attempt, its ending.  ``approval``
+    (the target's policy, the requester's uid): this new invocation waits for an operator
+    first (``approval.py``); ``grant``: it was approved, and the gate re-checks that."""
     if control is not None:
         control.invocation_id = iid
-    prepared = await _authorize(engine, iid, action, target, binding, key, preamble, bound_version)
-    if isinstance(prepared, dict):
-        return prepared  # refused before dispatch: the envelope
+    if approval is not None:
+        granted = await request_approval(
+            engine, iid, action, target, binding, key, preamble, approval, timeout, control
+        )
+        if isinstance(granted, dict):
+            return granted  # pending, denied, expired, or another process dispatches it
+        claimed, grant, timeout = granted
+        generation, lease, preamble = claimed.generation, (engine.holder, claimed.generation), ()
+    authorized = await _authorize(
+        engine, iid, action, target, binding, key, preamble, bound_version
+    )
+    if isinstance(authorized, dict):
+        return authorized  # refused before dispatch: the envelope
+    prepared, version = authorized
+    check = None
+    if grant is not None:
+        # The fingerprint of the dispatch about to happen, for the gate to compare.
+        check = (grant, approval_fingerprint(engine, action, target, version, prepared))
     sink = StreamSink(engine.journal, iid, prepared.secrets, engine.settings.inline_result_limit)
     attempt, result, failure = await run_tries(
         engine,
@@ -345,6 +415,7 @@ async def run(
         generation=generation,
         lease=lease,
         control=control,
+        grant=check,
     )
     return await conclude(engine, attempt, result, failure, sink, deliver, reader(action, target))
 
@@ -358,9 +429,10 @@ async def _authorize(
     key: str | None,
     preamble: Preamble,
     bound_version: str | None,
-) -> Prepared | dict[str, Any]:
+) -> tuple[Prepared, str] | dict[str, Any]:
     """Write the preamble, resolve the credential and prepare the request; CREDENTIAL_AUTHORIZED
-    on success, else the refusal's envelope."""
+    on success (the prepared request and the credential's version), else the refusal's
+    envelope."""
     recorder = engine.recorder
     # One shielded section for the preflight events and the credential step: a caller's
     # cancellation must not leave it unclear which of them landed, and one cancel scope per
@@ -371,12 +443,7 @@ async def _authorize(
         # Credential injection (seed: still preflight while no byte of the request has
         # left).
         try:
-            credential = resolve(
-                target.credential,
-                vault=engine.vault,
-                base_dir=engine.config.path.parent if engine.config.path else None,
-            )
-            prepared = binding.prepare(action, target, credential, key)
+            credential, prepared = prepare_request(engine, action, target, binding, key)
         except CredentialError as exc:
             return await recorder.finish(
                 iid, Event(E.CREDENTIAL_FAILED, iid, {"code": exc.code.value})
@@ -409,4 +476,4 @@ async def _authorize(
                 },
             )
         )
-    return prepared
+    return prepared, credential.version

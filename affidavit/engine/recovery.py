@@ -23,6 +23,7 @@ from affidavit.statemachine import (
     project,
 )
 
+from .approval import APPROVAL_STATES, expire_if_due
 from .recorder import Recorder
 
 __all__ = ["closing_event", "journal_refused", "recover_stale"]
@@ -32,6 +33,7 @@ _AFTER_DISPATCH = {
     "broker_stopped": "The broker stopped after dispatch, before a result was recorded.",
     "journal": "The journal refused a write after dispatch; no result was recorded.",
 }
+_LEASES = frozenset({E.RETRY_LEASE_ACQUIRED, E.DISPATCH_LEASE_ACQUIRED})
 
 
 async def recover_stale(recorder: Recorder, record: Record, *, holder_gone: bool = False) -> Record:
@@ -39,12 +41,16 @@ async def recover_stale(recorder: Recorder, record: Record, *, holder_gone: bool
     caller knows the holder is gone (``holder_gone``: the daemon at start-up, holding the
     journal's exclusive lock); return the record as the journal then holds it (unchanged while
     the lease runs, or when nothing can be proven beyond what it says)."""
+    if record.state in APPROVAL_STATES:
+        # Waiting for an operator or a dispatcher is no stale attempt: it ends when decided,
+        # dispatched or expired -- and only the expiry is for a reader to record.
+        return await expire_if_due(recorder, record)
     events = recorder.journal.events(record.invocation_id)
     expires = None
     for ev in events:
         if ev.kind is E.ACTION_ACCEPTED:
             expires = ev.attrs.get("lease_expires_at")
-        elif ev.kind is E.RETRY_LEASE_ACQUIRED:
+        elif ev.kind in _LEASES:
             expires = ev.attrs.get("expires_at")
     if not holder_gone and expires is not None and time.time() < float(expires):
         return record

@@ -1,0 +1,17 @@
+"""Operator actions on approvals (docs/approvals.md): who an operator is (``operator``), and
+listing, showing and deciding requests (``service``) -- the rules every interface calls."""
+
+from .operator import Operator, OperatorError, OperatorPolicy
+from .service import MAX_NOTE, approval_view, check_note, decide, pending, show
+
+__all__ = [
+    "MAX_NOTE",
+    "Operator",
+    "OperatorError",
+    "OperatorPolicy",
+    "approval_view",
+    "check_note",
+    "decide",
+    "pending",
+    "show",
+]

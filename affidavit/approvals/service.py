@@ -1,0 +1,156 @@
+"""The operator's side of approvals: list what waits, show one, approve or deny it.
+
+One set of rules for every interface -- ``affidavit approvals`` (embedded or through the
+daemon), the daemon's API, ``Broker``/``Client``, and the console to come: each passes the
+``Operator`` its channel identified and calls these functions.  No call API and no MCP tool
+reaches them (DESIGN: "an MCP tool never approves or attests").
+
+What an operator sees is what the approval binds (``affidavit.engine.approval``): the request as
+it will be sent and where (sealed in the journal, read with the broker's key), the credential
+by *name* and version -- never its value -- the requester's uid, the expiry and the
+fingerprint.  A decision is APPROVAL_GRANTED (naming that fingerprint) or APPROVAL_DENIED, with
+the operator and the note, appended as a barrier; the approved request is then dispatched by its
+waiting caller or by the daemon (``affidavit.engine.approval.dispatch_approved``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from affidavit.engine.approval import expire_if_due
+from affidavit.journal import JournalError, JournalReader
+from affidavit.statemachine import Code, Event, EventKind, ImpossibleEvent, Record
+
+from .operator import Operator, OperatorError, OperatorPolicy
+
+if TYPE_CHECKING:
+    from affidavit.engine import Engine
+
+__all__ = ["MAX_NOTE", "approval_view", "check_note", "decide", "pending", "show"]
+
+E = EventKind
+MAX_NOTE = 2000
+
+
+def check_note(note: str | None, *, required: bool = False) -> str | None:
+    """An operator's note as the journal keeps it (plain text: it is evidence, in the clear)."""
+    if note is None or not note.strip():
+        if required:
+            raise OperatorError("NOTE_REQUIRED", "give a --note saying what was checked", 400)
+        return None
+    if len(note) > MAX_NOTE or any(ord(c) < 0x20 and c != "\t" for c in note):
+        raise OperatorError("BAD_NOTE", f"a note is one line of at most {MAX_NOTE} characters", 400)
+    return note
+
+
+def approval_view(reader: JournalReader, record: Record) -> dict[str, Any]:
+    """One approval as every interface shows it."""
+    approval = record.evidence.get("approval")
+    assert isinstance(approval, Mapping)
+    requested = next(
+        e for e in reader.events(record.invocation_id) if e.kind is E.APPROVAL_REQUESTED
+    )
+    attrs = requested.attrs
+    view: dict[str, Any] = {
+        "invocation_id": record.invocation_id,
+        "approval": "pending" if approval["state"] == "requested" else approval["state"],
+        "state": record.state,
+        "target": record.target,
+        "session": record.session,
+        "requested_at": requested.at,
+        "expires_at": attrs.get("expires_at"),
+        "expired": record.state in ("awaiting_approval", "approved")
+        and time.time() >= float(attrs.get("expires_at", 0)),
+        "requester": attrs.get("requester"),
+        "credential": attrs.get("credential"),
+        "version": attrs.get("version"),
+        "injection": attrs.get("injection"),
+        "fingerprint": attrs.get("fingerprint"),
+        "operator": approval.get("operator"),
+        "note": approval.get("note"),
+    }
+    try:
+        sealed = reader.payload(requested.seq) if requested.seq is not None else None
+    except JournalError as exc:
+        sealed, view["request_unreadable"] = None, str(exc)
+    view["request"] = dict(sealed.get("request", {})) if sealed is not None else None
+    if record.code is not None and record.state not in ("awaiting_approval", "approved"):
+        view["code"] = record.code.value
+    return view
+
+
+def pending(reader: JournalReader) -> list[dict[str, Any]]:
+    """Every request waiting for a decision, oldest first."""
+    return [
+        approval_view(reader, r) for r in reader.list_actions() if r.state == "awaiting_approval"
+    ]
+
+
+def show(reader: JournalReader, invocation_id: str) -> dict[str, Any]:
+    """One invocation's approval, whatever became of it; ``OperatorError`` (404) when it asked
+    for none."""
+    return approval_view(reader, _approval_record(reader, invocation_id))
+
+
+def _approval_record(reader: JournalReader, invocation_id: str) -> Record:
+    record = reader.record(invocation_id)
+    if record is None or not isinstance(record.evidence.get("approval"), Mapping):
+        raise OperatorError(
+            "NO_SUCH_APPROVAL", f"no approval was requested for {invocation_id}", 404
+        )
+    return record
+
+
+async def decide(
+    engine: Engine,
+    policy: OperatorPolicy,
+    operator: Operator,
+    invocation_id: str,
+    *,
+    approve: bool,
+    note: str | None = None,
+) -> dict[str, Any]:
+    """Record ``operator``'s decision on a pending request; return the approval's view.
+
+    Refused (``OperatorError``): not an operator (403); the requester's own uid while
+    ``allow_self_approval`` is off (403); no such approval (404); not pending any more --
+    decided, or expired, which is recorded now as APPROVAL_EXPIRED (409)."""
+    policy.require(operator, "approve or deny")
+    note = check_note(note)
+    journal = engine.journal
+    record = await expire_if_due(engine.recorder, _approval_record(journal, invocation_id))
+    if record.state != "awaiting_approval":
+        expired = record.code is Code.APPROVAL_EXPIRED
+        raise OperatorError(
+            "APPROVAL_EXPIRED" if expired else "NOT_PENDING",
+            f"{invocation_id} is not waiting for a decision (it is {record.state}"
+            + (", its approval window ran out" if expired else "")
+            + ")",
+            409,
+        )
+    approval = record.evidence["approval"]
+    requested = next(e for e in journal.events(invocation_id) if e.kind is E.APPROVAL_REQUESTED)
+    policy.require_not_requester(operator, (requested.attrs.get("requester") or {}).get("uid"))
+    who = operator.attrs()
+    if approve:
+        event = Event(
+            E.APPROVAL_GRANTED,
+            invocation_id,
+            {"fingerprint": approval["fingerprint"], "operator": who, "note": note},
+        )
+    else:
+        event = Event(
+            E.APPROVAL_DENIED,
+            invocation_id,
+            {"code": Code.APPROVAL_DENIED.value, "operator": who, "note": note},
+        )
+    try:
+        await engine.recorder.append(event, barrier=True)
+    except ImpossibleEvent:
+        raise OperatorError(
+            "NOT_PENDING", f"{invocation_id} was decided or expired meanwhile", 409
+        ) from None
+    engine.approvals.changed()  # the waiting caller or the daemon's dispatcher, at once
+    return approval_view(journal, await engine.recorder.record(invocation_id))

@@ -1,0 +1,430 @@
+"""Approval in the engine: bind the request to a fingerprint, wait for the decision, take the
+dispatch lease, and re-check everything immediately before the write.
+
+Seed, "Validation and credential injection finish before dispatch": "Before approval, bind the
+normalized target, the credential version, the resolved injection method, and the request
+fingerprint to the invocation.  ...  The broker must confirm the fingerprint of the upcoming
+dispatch and re-check it immediately before the write.  A mismatch yields validation/
+not_attempted and does not permit sending a new request under the old approval."
+
+So an action the target's ``approval`` covers goes:
+
+1. ``request``: resolve the credential (its non-secret version) and prepare the request (the
+   resolved injection), then APPROVAL_REQUESTED -- a barrier -- with the *approval fingerprint*
+   (``approval_fingerprint``: request fingerprint, credential reference and version, injection,
+   config snapshot hash), the expiry, the requester's uid, and, sealed, what will be sent where
+   (for the operator; never the credential).
+2. ``wait``: the caller waits up to the policy's ``wait`` (and its own timeout) for an
+   operator's decision (``affidavit.approvals``); past it, the answer is APPROVAL_PENDING.
+3. ``claim``: whoever dispatches an approved invocation -- the waiting caller, or the daemon's
+   dispatcher (``dispatch_approved``) for one whose caller went away -- first takes its
+   DISPATCH_LEASE_ACQUIRED lease; the gate's lease check then lets only one of them write.
+4. The dispatch gate (``attempt.py``) re-checks ``Grant``: the fingerprint of the dispatch it is
+   about to write against the granted one, the config snapshot, and the expiry.  A mismatch is
+   APPROVAL_STALE, a late dispatch APPROVAL_EXPIRED -- both validation, not_attempted, and
+   nothing is sent.  A same-key retry of an approved invocation passes the same gate, so it
+   reuses the approval only while the fingerprint matches and the approval has not expired.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from affidavit.config import canonical_json
+from affidavit.journal import JournalError, Lease, LeaseBusy
+from affidavit.protocols import Binding, Prepared, get
+from affidavit.protocols.actions import ActionInvalid, fingerprint, parse_action
+from affidavit.secrets.credentials import CredentialError
+from affidavit.statemachine import Code, Event, EventKind, ImpossibleEvent, Record
+
+from .control import CallControl
+from .credential import prepare_request
+from .recorder import Recorder
+
+if TYPE_CHECKING:
+    from .engine import Deliver, Engine
+    from .invocation import Preamble
+
+__all__ = [
+    "APPROVAL_STATES",
+    "ApprovalBoard",
+    "Grant",
+    "approval_fingerprint",
+    "await_grant",
+    "claim",
+    "dispatch_approved",
+    "expire_if_due",
+    "grant_of",
+    "needs_approval",
+    "ready",
+    "request_approval",
+    "request_attrs",
+    "wait",
+    "watch",
+]
+
+log = logging.getLogger("affidavit.engine")
+
+E = EventKind
+APPROVAL_STATES = frozenset({"awaiting_approval", "approved"})
+"""Where an invocation waits for an operator, or for its dispatcher."""
+POLL = 0.1
+"""A waiting caller re-reads the record at least this often (another process may decide);
+a decision made in this process wakes it at once (``ApprovalBoard``)."""
+
+
+class ApprovalBoard:
+    """What one broker process knows of approvals in flight -- only to save work: every decision
+    is read from, and every claim made in, the journal."""
+
+    def __init__(self) -> None:
+        self.waiting: set[str] = set()
+        """Invocations whose caller in this process waits for the decision (and will dispatch
+        it): the daemon's dispatcher leaves them to it."""
+        self.open: set[str] = set()
+        """Invocations awaiting a decision or a dispatcher, for the daemon's dispatcher."""
+        self.dispatching: set[str] = set()
+        self._changed = trio.Event()
+
+    def changed(self) -> None:
+        """A decision was recorded in this process: wake whoever waits for one."""
+        self._changed.set()
+        self._changed = trio.Event()
+
+    async def wait_changed(self, timeout: float) -> None:
+        with trio.move_on_after(timeout):
+            await self._changed.wait()
+
+
+@dataclass(frozen=True)
+class Grant:
+    """An approval as the dispatch gate re-checks it, read from the durable record."""
+
+    fingerprint: str
+    expires_at: float
+
+    def problem(self, dispatch_fingerprint: str, now: float) -> Code | None:
+        if dispatch_fingerprint != self.fingerprint:
+            return Code.APPROVAL_STALE
+        if now >= self.expires_at:
+            return Code.APPROVAL_EXPIRED
+        return None
+
+
+def grant_of(record: Record) -> Grant | None:
+    """The granted approval an invocation's dispatches must match (None: it needed none)."""
+    approval = record.evidence.get("approval")
+    if not isinstance(approval, Mapping) or approval.get("state") != "granted":
+        return None
+    return Grant(str(approval["fingerprint"]), float(approval["expires_at"]))
+
+
+def needs_approval(action: Any, target: Any) -> Any:
+    """The target's approval policy when it covers ``action``, else None."""
+    policy = getattr(target, "approval", None)
+    if policy is None:
+        return None
+    spec = get(target.kind)
+    check = spec.action.needs_approval if spec is not None else None
+    covered = check(action, target) if check is not None else policy.always
+    return policy if covered else None
+
+
+def approval_fingerprint(
+    engine: Engine, action: Any, target: Any, version: str, prepared: Prepared
+) -> str:
+    """``sha256:`` over what an approval binds: the request fingerprint (method, path, caller
+    headers, body hash / command, stdin hash -- and the target snapshot), the credential
+    reference and its non-secret version, the resolved injection (``prepared.evidence``) and
+    the config snapshot hash."""
+    doc = {
+        "v": 1,
+        "request": fingerprint(action, target),
+        "credential": target.credential,
+        "version": version,
+        "injection": dict(prepared.evidence),
+        "config_hash": engine.snapshot.hash(target),
+    }
+    return "sha256:" + hashlib.sha256(canonical_json(doc)).hexdigest()
+
+
+def request_attrs(
+    engine: Engine,
+    action: Any,
+    target: Any,
+    policy: Any,
+    version: str,
+    prepared: Prepared,
+    requester: int,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """APPROVAL_REQUESTED's attrs (secret-free, machine-relevant) and its sealed payload (what
+    will be sent where, for the operator)."""
+    now = time.time()
+    attrs = {
+        "fingerprint": approval_fingerprint(engine, action, target, version, prepared),
+        "expires_at": now + policy.ttl,
+        "ttl": policy.ttl,
+        "credential": target.credential,
+        "version": version,
+        "injection": dict(prepared.evidence),
+        "config_hash": engine.snapshot.hash(target),
+        "requester": {"uid": requester},
+    }
+    spec = get(target.kind)
+    describe = spec.action.describe if spec is not None else None
+    what = (
+        describe(action, target)
+        if describe is not None
+        else (spec.action.fingerprint(action, target) if spec is not None else {})
+    )
+    payload = {"target": target.name, "kind": target.kind, "request": dict(what)}
+    return attrs, payload
+
+
+async def request_approval(
+    engine: Engine,
+    iid: str,
+    action: Any,
+    target: Any,
+    binding: Binding,
+    key: str | None,
+    preamble: Preamble,
+    approval: tuple[Any, int | None],
+    timeout: float | None,
+    control: CallControl | None,
+) -> tuple[Lease, Grant, float | None] | dict[str, Any]:
+    """Write the preamble and APPROVAL_REQUESTED (the credential resolved for its version and
+    injection, not yet used), then wait for the decision (``await_grant``)."""
+    policy, requester = approval
+    recorder = engine.recorder
+    started = trio.current_time()
+    with trio.CancelScope(shield=True):
+        for event, payload in preamble:
+            await recorder.write(event, payload=payload)
+        try:
+            credential, prepared = prepare_request(engine, action, target, binding, key)
+        except CredentialError as exc:
+            return await recorder.finish(
+                iid, Event(E.CREDENTIAL_FAILED, iid, {"code": exc.code.value})
+            )
+        attrs, payload = request_attrs(
+            engine,
+            action,
+            target,
+            policy,
+            credential.version,
+            prepared,
+            os.getuid() if requester is None else requester,
+        )
+        await recorder.write(Event(E.APPROVAL_REQUESTED, iid, attrs), barrier=True, payload=payload)
+    engine.approvals.open.add(iid)
+    if timeout is not None:
+        timeout = max(0.0, timeout - (trio.current_time() - started))
+    return await await_grant(engine, iid, target, policy.wait, timeout, control)
+
+
+async def await_grant(
+    engine: Engine,
+    iid: str,
+    target: Any,
+    wait_s: float,
+    timeout: float | None,
+    control: CallControl | None,
+) -> tuple[Lease, Grant, float | None] | dict[str, Any]:
+    """Wait (at most ``wait_s`` and the caller's timeout) for the decision; once approved, take
+    the dispatch lease.  The lease, the grant and the caller's time left -- or the envelope to
+    answer with: APPROVAL_PENDING (nobody decided yet), the denial or expiry, or IN_PROGRESS
+    (approved, and dispatched by whoever holds its lease -- or, the caller having run out of
+    time or gone away, left to the daemon's dispatcher)."""
+    started = trio.current_time()
+    seconds = wait_s if timeout is None else min(wait_s, timeout)
+    board = engine.approvals
+    # Until the claim below, this caller is the one to dispatch: the daemon's dispatcher keeps
+    # off (the lease would stop it anyway; this only saves it the try).
+    board.waiting.add(iid)
+    try:
+        record = await wait(engine, iid, seconds, control)
+        grant = grant_of(record)
+        if timeout is not None:
+            timeout = max(0.0, timeout - (trio.current_time() - started))
+        gone = control is not None and control.code is not None
+        if record.state != "approved" or grant is None or gone or timeout == 0.0:
+            return engine.recorder.envelope(record)
+        claimed = await claim(engine, iid, engine.lease_ttl(target, timeout))
+    finally:
+        board.waiting.discard(iid)
+    if claimed is None:
+        return engine.recorder.envelope(await engine.recorder.record(iid))
+    return claimed, grant, timeout
+
+
+async def wait(engine: Engine, iid: str, seconds: float, control: CallControl | None) -> Record:
+    """Wait up to ``seconds`` for the invocation to leave ``awaiting_approval`` (or for the
+    caller to go away: ``control`` withdrawn or stopped); return the record as it then is."""
+    recorder = engine.recorder
+    deadline = trio.current_time() + seconds
+    while True:
+        record = await recorder.record(iid)
+        left = deadline - trio.current_time()
+        gone = control is not None and control.code is not None
+        if record.state != "awaiting_approval" or left <= 0 or gone:
+            return await expire_if_due(recorder, record)
+        await engine.approvals.wait_changed(min(POLL, left))
+
+
+async def expire_if_due(recorder: Recorder, record: Record) -> Record:
+    """Close an approval nobody decided on, or nobody dispatched, before its expiry:
+    APPROVAL_EXPIRED (validation, not_attempted).  Anything else is returned as it is."""
+    approval = record.evidence.get("approval")
+    if record.state not in APPROVAL_STATES or not isinstance(approval, Mapping):
+        return record
+    if time.time() < float(approval["expires_at"]):
+        return record
+    expired = Event(
+        E.PREFLIGHT_FAILED,
+        record.invocation_id,
+        {
+            "code": Code.APPROVAL_EXPIRED.value,
+            "field": "approval",
+            "message": "The approval window ran out before the request was dispatched; "
+            "nothing was sent.",
+        },
+    )
+    with contextlib.suppress(ImpossibleEvent):  # decided or dispatched meanwhile
+        await recorder.append(expired, barrier=True)
+    return await recorder.record(record.invocation_id)
+
+
+async def claim(engine: Engine, iid: str, ttl: float) -> Lease | None:
+    """The dispatch lease of an approved invocation, or None when another process holds a live
+    one (or the invocation moved on: decided otherwise, expired, dispatched)."""
+    try:
+        return await engine.journal.acquire_lease(
+            iid, engine.holder, ttl, kind=E.DISPATCH_LEASE_ACQUIRED
+        )
+    except (LeaseBusy, ImpossibleEvent):
+        return None
+
+
+async def stale(recorder: Recorder, iid: str, field: str, message: str) -> dict[str, Any]:
+    """APPROVAL_STALE for an approved invocation that can no longer be sent as approved."""
+    event = Event(
+        E.PREFLIGHT_FAILED,
+        iid,
+        {"code": Code.APPROVAL_STALE.value, "field": field, "message": message},
+    )
+    with contextlib.suppress(ImpossibleEvent):
+        await recorder.append(event, barrier=True)
+    return recorder.envelope(await recorder.record(iid))
+
+
+async def dispatch_approved(
+    engine: Engine, iid: str, deliver: Deliver, control: CallControl | None = None
+) -> dict[str, Any] | None:
+    """Dispatch an approved invocation whose caller is gone (the daemon's dispatcher): claim it,
+    read back the action it accepted (the broker's sealed copy), and run it as approved --
+    through the same gate, which re-checks the grant.  None when there is nothing to do (not
+    approved, or another process holds its lease)."""
+    from .invocation import run  # (invocation imports this module)
+
+    board, recorder = engine.approvals, engine.recorder
+    board.dispatching.add(iid)
+    try:
+        record = await expire_if_due(recorder, await recorder.record(iid))
+        grant = grant_of(record)
+        if record.state != "approved" or grant is None:
+            return None
+        action = _accepted_action(engine, iid)
+        if action is None:
+            # Payloads sealed to the auditor alone: the broker cannot read the request back.
+            # Only its caller, resuming with the same key, can still send it (until expiry).
+            log.warning("approved %s cannot be dispatched: its action is not readable", iid)
+            board.open.discard(iid)
+            return None
+        target = engine.config.targets.get(record.target or "")
+        ttl = engine.lease_ttl(target, None) if target else engine.settings.lease_margin
+        lease = await claim(engine, iid, ttl)
+        if lease is None:
+            return None
+        try:
+            parsed = parse_action(action, engine.config)
+        except ActionInvalid as exc:
+            return await stale(
+                recorder,
+                iid,
+                exc.field,
+                "The request no longer validates against the configuration it was approved "
+                f"under ({exc.code.value}); nothing was sent.",
+            )
+        target = engine.config.targets[parsed.target]
+        binding = engine.bindings.get(target.kind)
+        if binding is None or target.kind != record.protocol:
+            return await stale(recorder, iid, "target", "The target changed after approval.")
+        key = (record.idempotency or {}).get("key")
+        return await run(
+            engine,
+            iid,
+            parsed,
+            target,
+            binding,
+            key,
+            None,
+            deliver,
+            generation=lease.generation,
+            lease=(engine.holder, lease.generation),
+            control=control,
+            grant=grant,
+        )
+    finally:
+        board.dispatching.discard(iid)
+
+
+def watch(engine: Engine) -> None:
+    """Learn every invocation the journal has waiting for a decision or a dispatcher (the
+    daemon at start: its own calls add theirs as they ask)."""
+    for record in engine.journal.list_actions():
+        if record.state in APPROVAL_STATES:
+            engine.approvals.open.add(record.invocation_id)
+
+
+async def ready(engine: Engine) -> list[str]:
+    """Approved invocations to dispatch now: no caller in this process waits for them, no live
+    dispatch lease holds them, and their approval has not expired -- an expired one is closed
+    on the way (APPROVAL_EXPIRED).  Each one returned is marked ``dispatching`` until
+    ``dispatch_approved`` is done with it (or ``ApprovalBoard.dispatching`` is cleared)."""
+    board, journal = engine.approvals, engine.journal
+    out = []
+    for iid in sorted(board.open - board.waiting - board.dispatching):
+        record = journal.record(iid)
+        if record is not None:
+            record = await expire_if_due(engine.recorder, record)
+        if record is None or record.state not in APPROVAL_STATES:
+            board.open.discard(iid)
+            continue
+        lease = journal.lease(iid)
+        if record.state == "approved" and (lease is None or lease.expires_at <= time.time()):
+            board.dispatching.add(iid)
+            out.append(iid)
+    return out
+
+
+def _accepted_action(engine: Engine, iid: str) -> Mapping[str, Any] | None:
+    """The action as ACTION_ACCEPTED sealed it (no credential was in it)."""
+    for event in engine.journal.events(iid):
+        if event.kind is E.ACTION_ACCEPTED and event.seq is not None:
+            try:
+                payload = engine.journal.payload(event.seq)
+            except JournalError:
+                return None
+            action = payload.get("action") if payload is not None else None
+            return action if isinstance(action, Mapping) else None
+    return None

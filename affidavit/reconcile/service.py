@@ -1,0 +1,200 @@
+"""Reconciliation: settle an ``unknown`` outcome by a second observer, never by a guess.
+
+Seed, "The error envelope must contain evidence": "A second observer may attach a reconciliation
+result, but it must not rewrite the original attempt as though no dispatch had taken place";
+"``remote_query`` and ``operator_attested`` explain to downstream code why the outcome changed.
+An operator is entitled to determine the outcome of an unknown attempt after inspecting the
+remote system, but that fact must not be passed off as a response the broker received on the
+original connection."  Two ways, one set of rules for every interface:
+
+* ``attest`` -- an operator says what they found: RECONCILED with source ``operator_attested``,
+  ``observer`` = the operator's identity, the note kept.  Operators only.
+* ``query`` -- the target's configured reconciliation query (``reconcile`` setting) runs as an
+  invocation of its own through the same engine (validation, credential injection, its own
+  dispatch barrier and record), linked to the one it reconciles.  Only its own complete,
+  authoritative result, matched by exactly one of ``committed_if`` / ``rejected_if``, is
+  RECONCILED with source ``remote_query`` (``observer`` = the query's invocation id); anything
+  else -- the query refused, unknown itself, or an answer neither or both match -- is
+  RECONCILE_INCONCLUSIVE and the invocation stays unknown.  A read: anyone the broker answers
+  may run it (the MCP server offers it, never ``attest``).
+
+Either way the original DISPATCH_STARTED and ATTEMPT_INTERRUPTED stay as recorded: the event is
+appended after them, and the envelope shows the new outcome with ``evidence.source``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import TYPE_CHECKING, Any
+
+from affidavit.approvals import Operator, OperatorError, OperatorPolicy, check_note
+from affidavit.engine.recovery import recover_stale
+from affidavit.protocols import get
+from affidavit.statemachine import (
+    TRANSITIONS,
+    Event,
+    EventKind,
+    EvidenceSource,
+    ImpossibleEvent,
+    Outcome,
+    Record,
+)
+
+if TYPE_CHECKING:
+    from affidavit.engine import Engine
+
+__all__ = ["ATTESTABLE", "attest", "query"]
+
+E = EventKind
+ATTESTABLE = (Outcome.COMMITTED.value, Outcome.REJECTED.value)
+
+
+async def _unknown_at_rest(engine: Engine, invocation_id: str) -> Record:
+    """The invocation, when it is unknown and no attempt of it is running."""
+    record = engine.journal.record(invocation_id)
+    if record is None:
+        raise OperatorError("NO_SUCH_INVOCATION", f"no invocation {invocation_id}", 404)
+    if not record.final:
+        # A holder whose lease ran out is gone: close its attempt with what it proves first.
+        record = await recover_stale(engine.recorder, record)
+    if not record.final:
+        raise OperatorError(
+            "STILL_RUNNING",
+            f"{invocation_id} is still running ({record.state}); reconcile it once it ends",
+        )
+    if record.outcome is not Outcome.UNKNOWN or E.RECONCILED not in TRANSITIONS[record.state]:
+        raise OperatorError(
+            "NOT_UNKNOWN",
+            f"{invocation_id} is {record.outcome.value} ({record.state}): only an unknown "
+            "outcome is reconciled",
+        )
+    return record
+
+
+async def _reconciled(engine: Engine, event: Event) -> dict[str, Any]:
+    try:
+        await engine.recorder.append(event, barrier=True)
+    except ImpossibleEvent:
+        raise OperatorError(
+            "NOT_UNKNOWN", f"{event.invocation_id} was reconciled or retried meanwhile"
+        ) from None
+    return engine.recorder.envelope(await engine.recorder.record(event.invocation_id))
+
+
+async def attest(
+    engine: Engine,
+    policy: OperatorPolicy,
+    operator: Operator,
+    invocation_id: str,
+    outcome: str,
+    note: str | None,
+) -> dict[str, Any]:
+    """Record what ``operator`` found; return the invocation's envelope."""
+    policy.require(operator, "attest an outcome")
+    if outcome not in ATTESTABLE:
+        raise OperatorError("BAD_OUTCOME", "--attest takes committed or rejected", 400)
+    checked = check_note(note, required=True)
+    await _unknown_at_rest(engine, invocation_id)
+    event = Event(
+        E.RECONCILED,
+        invocation_id,
+        {
+            "outcome": outcome,
+            "note": checked,
+            "operator": operator.attrs(),
+            "message": f"Attested {outcome} by an operator after inspecting the remote system.",
+        },
+        source=EvidenceSource.OPERATOR_ATTESTED,
+        observer=operator.describe(),
+    )
+    return await _reconciled(engine, event)
+
+
+async def query(
+    engine: Engine, invocation_id: str, *, timeout: float | None = None
+) -> dict[str, Any]:
+    """Run the target's reconciliation query once; return ``{"reconciled": bool, "envelope":
+    the reconciled invocation's, "query": the query's own envelope}``."""
+    record = await _unknown_at_rest(engine, invocation_id)
+    target = engine.config.targets.get(record.target or "")
+    spec = get(target.kind) if target is not None else None
+    if target is None or spec is None or spec.reconcile is None or target.kind != record.protocol:
+        raise OperatorError(
+            "NO_QUERY", f"the target of {invocation_id} is not configured as it was", 400
+        )
+    values = {
+        "invocation_id": invocation_id,
+        "idempotency_key": (record.idempotency or {}).get("key"),
+        "session": record.session,
+    }
+    try:
+        action = dict(spec.reconcile.query(target, values))
+    except ValueError as exc:
+        raise OperatorError("NO_QUERY", str(exc), 400) from None
+    if record.session is not None:
+        action["session"] = record.session
+    answer = await engine.call(action, timeout=timeout, link={"reconciles": invocation_id})
+    query_id = answer["invocation_id"]
+    settled, reason, seq = _settles(engine, query_id, target, spec.reconcile.verdict)
+    if settled is not None:
+        outcome, matched = settled
+        event = Event(
+            E.RECONCILED,
+            invocation_id,
+            {
+                "outcome": outcome.value,
+                "query_invocation": query_id,
+                "matched": matched,
+                "message": f"A reconciliation query found the effect {_found(outcome)} "
+                f"({matched}).",
+            },
+            source=EvidenceSource.REMOTE_QUERY,
+            observer=query_id,
+            observer_seq=seq,
+        )
+        # Reconciled or retried meanwhile (OperatorError): the record says by whom.
+        with contextlib.suppress(OperatorError):
+            envelope = await _reconciled(engine, event)
+            return {"reconciled": True, "envelope": envelope, "query": answer}
+    else:
+        error = answer.get("error")
+        inconclusive = Event(
+            E.RECONCILE_INCONCLUSIVE,
+            invocation_id,
+            {
+                "query_invocation": query_id,
+                "code": error["code"] if error else None,
+                "reason": reason,
+            },
+        )
+        with contextlib.suppress(ImpossibleEvent):  # reconciled or retried meanwhile
+            await engine.recorder.append(inconclusive, barrier=True)
+    envelope = engine.recorder.envelope(await engine.recorder.record(invocation_id))
+    return {"reconciled": False, "envelope": envelope, "query": answer}
+
+
+def _found(outcome: Outcome) -> str:
+    return "present" if outcome is Outcome.COMMITTED else "absent"
+
+
+def _settles(
+    engine: Engine, query_id: str, target: Any, verdict: Any
+) -> tuple[tuple[Outcome, str] | None, str, int | None]:
+    """Whether the query's own result settles the question: ((outcome, what matched) or None,
+    why not, the seq of the query's stored result)."""
+    rec = engine.journal.record(query_id)
+    if (
+        rec is None
+        or rec.outcome not in (Outcome.COMMITTED, Outcome.REJECTED)
+        or not rec.evidence.get("response_complete")
+        or rec.evidence.get("source") != EvidenceSource.REMOTE_RESPONSE.value
+    ):
+        return None, "the query has no complete, authoritative result of its own", None
+    stored = engine.journal.read_result(query_id)
+    if stored is None:
+        return None, "the query's result was not stored", None
+    outcome, matched = verdict(target, stored.summary, stored.streams)
+    if outcome is None:
+        return None, "the query's answer matches neither committed_if nor rejected_if", None
+    result = rec.evidence.get("result") or {}
+    return (outcome, str(matched)), "", result.get("seq")
