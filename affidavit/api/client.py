@@ -34,6 +34,7 @@ from .wire import (
     AnswerLost,
     DaemonUnavailable,
     Response,
+    approval_path,
     invocation_path,
     socket_path,
     target,
@@ -243,6 +244,50 @@ class Client:
     async def health(self) -> dict[str, Any]:
         data: dict[str, Any] = await self._get("/v1/health")
         return data
+
+    # -- operators (docs/approvals.md): the socket peer's uid is the identity -------------------
+
+    async def approvals(self) -> list[dict[str, Any]]:
+        """Requests waiting for a decision (``affidavit approvals --json``).  Operators only:
+        any other peer gets ``ApiError`` 403 NOT_AN_OPERATOR."""
+        rows: list[dict[str, Any]] = await self._get("/v1/approvals")
+        return rows
+
+    async def approval(self, invocation_id: str) -> dict[str, Any]:
+        view: dict[str, Any] = await self._get(approval_path(invocation_id))
+        return view
+
+    async def approve(self, invocation_id: str, *, note: str | None = None) -> dict[str, Any]:
+        """Approve a pending request as this peer (``ApiError`` 403 for a non-operator or the
+        requester itself, 409 when it is no longer pending)."""
+        return await self._post_json(approval_path(invocation_id, "/approve"), {"note": note})
+
+    async def deny(self, invocation_id: str, *, note: str | None = None) -> dict[str, Any]:
+        return await self._post_json(approval_path(invocation_id, "/deny"), {"note": note})
+
+    async def reconcile(
+        self,
+        invocation_id: str,
+        *,
+        query: bool = False,
+        attest: str | None = None,
+        note: str | None = None,
+        timeout: float | None = None,
+    ) -> dict[str, Any]:
+        """As ``Broker.reconcile``: ``query=True`` (any peer the daemon admits) or
+        ``attest="committed" | "rejected"`` with a ``note`` (operators only)."""
+        body: dict[str, Any] = {"query": True} if query else {"attest": attest, "note": note}
+        path = target(invocation_path(invocation_id, "/reconcile"), {"timeout": timeout})
+        return await self._post_json(path, body)
+
+    async def _post_json(self, request_target: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        # Not retried: a decision or a reconciliation is a write (the daemon refuses a second
+        # one as NOT_PENDING / NOT_UNKNOWN, never applies it twice).
+        data = json.dumps(body).encode("utf-8")
+        answer: dict[str, Any] = (
+            await self._request("POST", request_target, data, retry=False)
+        ).json()
+        return answer
 
     # -- transport ----------------------------------------------------------------------------
 

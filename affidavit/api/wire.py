@@ -34,6 +34,7 @@ __all__ = [
     "ClientError",
     "DaemonUnavailable",
     "Response",
+    "approval_path",
     "blocking_request",
     "invocation_path",
     "parse_time",
@@ -156,6 +157,10 @@ def target(path: str, params: Mapping[str, object] | None = None) -> str:
 def invocation_path(invocation_id: str, suffix: str = "") -> str:
     # Quoted: an id is the caller's text; a "/" or "?" in it must not change the route.
     return f"/v1/invocations/{quote(invocation_id, safe='')}{suffix}"
+
+
+def approval_path(invocation_id: str, suffix: str = "") -> str:
+    return f"/v1/approvals/{quote(invocation_id, safe='')}{suffix}"
 
 
 def blocking_request(

@@ -49,6 +49,8 @@ COMMANDS: dict[str, str] = {
     "mcp": "affidavit.cli.mcp",
     "operations": "affidavit.cli.operations",
     "operation": "affidavit.cli.operations",
+    "approvals": "affidavit.cli.approvals",
+    "reconcile": "affidavit.cli.approvals",
     "serve": "affidavit.cli.serve",
     "vault": "affidavit.cli.vault",
 }

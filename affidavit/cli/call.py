@@ -30,7 +30,7 @@ from affidavit.cli import (
     text_arg,
 )
 
-__all__ = ["add_commands", "load_or_usage"]
+__all__ = ["add_commands", "load_or_usage", "run_journal"]
 
 T = TypeVar("T")
 
@@ -155,7 +155,7 @@ def _call(args: argparse.Namespace) -> int:
         async with Broker.open(config=config) as broker:
             return await broker.call(action, timeout=args.timeout, deliver=deliver)
 
-    envelope = _journal_errors(main)
+    envelope = run_journal(main)
     if not delivering:
         # The engine calls ``deliver`` only for a stored remote result; every other envelope
         # (preflight, setup, unknown, busy) is printed here — exactly one envelope either way.
@@ -184,7 +184,7 @@ def _result(args: argparse.Namespace) -> int:
 
     config = load_or_usage(args.config)
     if args.raw:
-        return _journal_errors(partial(_raw_result, config, args))
+        return run_journal(partial(_raw_result, config, args))
     delivering = False
 
     async def deliver(envelope: dict[str, Any]) -> None:
@@ -199,7 +199,7 @@ def _result(args: argparse.Namespace) -> int:
                 args.invocation_id, from_chunk=args.from_chunk, deliver=deliver
             )
 
-    envelope = _journal_errors(main)
+    envelope = run_journal(main)
     if envelope is None:
         raise UsageError(f"no invocation {args.invocation_id} in {config.journal.path}")
     if not delivering:
@@ -263,7 +263,7 @@ async def _raw_result(config: Any, args: argparse.Namespace) -> int:
     return 0
 
 
-def _journal_errors(main: Callable[[], Awaitable[T]]) -> T:
+def run_journal(main: Callable[[], Awaitable[T]]) -> T:
     """``trio.run(main)``; a journal that cannot be used or a stored result that fails
     verification is a usage-level error (exit 2, one line), never a traceback -- as is a
     journal the daemon owns (``JournalLocked``: the message names its socket)."""
@@ -299,7 +299,7 @@ def _init(args: argparse.Namespace) -> int:
         ):
             pass
 
-    _journal_errors(create)
+    run_journal(create)
     print(f"wrote {path} and an empty journal at {config.journal.path}")
     print(
         f"checkpoints are signed with {config.journal.signing_key}; give auditors its public "

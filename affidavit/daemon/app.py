@@ -10,6 +10,8 @@
     GET  /v1/sessions                  ``affidavit sessions --json``
     GET  /v1/metrics                   Prometheus text (``?format=json``: ``metrics --json``)
     GET  /v1/health                    {"ok": true, ...}
+    ...  /v1/approvals[/{id}[/approve|/deny]], POST /v1/invocations/{id}/reconcile: the
+         operator routes (``operators.py``)
 
 Everything else is the API's own trouble: 400 bad JSON or query, 403 peer refused, 404, 405,
 413, 503 overloaded or shutting down -- ``{"api_error": {"code", "message"}}``.
@@ -34,6 +36,7 @@ from affidavit.journal import JournalError, JournalReader
 from affidavit.statemachine import Outcome, Phase
 from affidavit.views import event_to_json, metrics, prometheus_text, record_to_json
 
+from . import operators
 from .calls import Calls, Overloaded, Running
 from .http import ApiProblem, ClientGone, Message, Receive, Request, Send
 from .link import Link
@@ -44,8 +47,9 @@ __all__ = ["Api"]
 log = logging.getLogger("affidavit.daemon")
 
 Handler = Callable[["Api", Request], Awaitable[None]]
-_INVOCATION = re.compile(r"/v1/invocations/([^/]+)(/result)?")
+_INVOCATION = re.compile(r"/v1/invocations/([^/]+)(/result|/reconcile)?")
 _OPERATION = re.compile(r"/v1/operations/([^/]+)/poll")
+_APPROVAL = re.compile(r"/v1/approvals/([^/]+)(/approve|/deny)?")
 _PROMETHEUS = b"text/plain; version=0.0.4; charset=utf-8"
 
 
@@ -101,12 +105,26 @@ class Api:
         if methods is None:
             m = _INVOCATION.fullmatch(path)
             if m is not None:
-                methods = {"GET": Api.result if m.group(2) else Api.record}
+                sub = m.group(2)
+                if sub == "/reconcile":
+                    methods = {"POST": operators.reconcile}
+                else:
+                    methods = {"GET": Api.result if sub else Api.record}
                 args = (m.group(1),)
         if methods is None:
             m = _OPERATION.fullmatch(path)
             if m is not None:
                 methods, args = {"POST": Api.poll}, (m.group(1),)
+        if methods is None:
+            m = _APPROVAL.fullmatch(path)
+            if m is not None:
+                verb = m.group(2)
+                if verb:
+                    methods = {"POST": operators.decide}
+                    args = (m.group(1), verb[1:])
+                else:
+                    methods = {"GET": operators.approval}
+                    args = (m.group(1),)
         if methods is None:
             raise ApiProblem(404, "NOT_FOUND", f"no such API path: {path}")
         handler = methods.get(req.method)
@@ -130,7 +148,11 @@ class Api:
 
         async def run(call: Running) -> dict[str, Any]:
             return await self.broker.call(
-                action, timeout=timeout, deliver=deliver, control=call.control
+                action,
+                timeout=timeout,
+                deliver=deliver,
+                control=call.control,
+                requester=req.peer.uid,  # it may not approve its own request
             )
 
         try:
@@ -244,8 +266,10 @@ class Api:
         """A whole-journal view, on its own read-only connection in a worker thread: a long
         scan must not stall the calls on the event loop."""
 
+        key_file = self.broker.config.journal.key_file  # (an approval's request is sealed)
+
         def run() -> Any:
-            with JournalReader.open(self.journal_path) as reader:
+            with JournalReader.open(self.journal_path, key_file=key_file) as reader:
                 return view(reader)
 
         return await trio.to_thread.run_sync(run)
@@ -258,6 +282,7 @@ ROUTES: dict[str, dict[str, Callable[..., Awaitable[None]]]] = {
     "/v1/sessions": {"GET": Api.sessions},
     "/v1/metrics": {"GET": Api.metrics},
     "/v1/health": {"GET": Api.health},
+    "/v1/approvals": {"GET": operators.approvals},
 }
 
 

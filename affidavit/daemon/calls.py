@@ -27,6 +27,7 @@ __all__ = ["Calls", "Overloaded", "Running"]
 log = logging.getLogger("affidavit.daemon")
 
 Run = Callable[["Running"], Awaitable[dict[str, Any]]]
+"""A call's work: the caller's action, or an approved one the dispatcher sends."""
 
 
 class Overloaded(Exception):

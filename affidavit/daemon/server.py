@@ -7,7 +7,9 @@ Life of the daemon:
    its only writer (``owner=``; an exclusive lock embedded writers respect).
 2. Start-up recovery: every record left non-final is closed with what its durable events prove
    -- dispatched without a result is unknown, never not_attempted (``Broker.recover``).  The
-   exclusive lock proves their holders are gone, so their leases need not be waited out.
+   exclusive lock proves their holders are gone, so their leases need not be waited out.  An
+   approval still waiting for a decision or a dispatcher stays open (an expired one is closed
+   APPROVAL_EXPIRED); the dispatcher sends the approved ones (``dispatcher.py``).
 3. Listen: the socket is created mode 0660 (umask around ``bind``, then ``chmod``).  Each
    accepted connection's peer is read from the kernel (SO_PEERCRED) and checked against
    ``[service] allow_uids`` / ``allow_gids`` before a byte of it is parsed; HTTP/1.1 is
@@ -41,6 +43,7 @@ from affidavit.config import Config
 
 from .app import Api
 from .calls import Calls
+from .dispatcher import dispatch_approvals
 from .link import Link
 from .peer import PeerPolicy, peer_credentials_supported, peer_of
 
@@ -67,7 +70,11 @@ class Daemon:
         self.socket_path = Path(socket_path) if socket_path else config.service.socket
         service = config.service
         uids = service.allow_uids if service.allow_uids is not None else (os.getuid(),)
-        self.policy = PeerPolicy(frozenset(uids), frozenset(service.allow_gids))
+        # Operators reach the socket too: their commands go through it (docs/approvals.md).
+        self.policy = PeerPolicy(
+            frozenset(uids) | frozenset(service.operator_uids),
+            frozenset(service.allow_gids) | frozenset(service.operator_gids),
+        )
         self.shutdown = trio.Event()
         """Set to stop the daemon (SIGTERM and SIGINT set it)."""
 
@@ -131,6 +138,7 @@ class Daemon:
             async with trio.open_nursery() as outer:
                 outer.start_soon(self._watch_signals, signals)
                 await outer.start(calls.run)
+                await outer.start(dispatch_approvals, api.broker, calls)
                 async with trio.open_nursery() as connections:
                     accepting = trio.CancelScope()
                     connections.start_soon(_accept, listener, connection, connections, accepting)

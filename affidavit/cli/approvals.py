@@ -1,0 +1,231 @@
+"""``affidavit approvals`` and ``affidavit reconcile``: the operator's commands (docs/approvals.md).
+
+    affidavit approvals [--json]                 requests waiting for a decision
+    affidavit approvals show ID                  one invocation's approval (JSON)
+    affidavit approvals approve ID [--note T]    APPROVAL_GRANTED; the request is then sent once
+    affidavit approvals deny ID [--note T]       APPROVAL_DENIED; it is never sent
+    affidavit reconcile ID --query               run the target's reconciliation query
+    affidavit reconcile ID --attest committed|rejected --note TEXT
+
+Embedded, the identity is this process's user and the journal is read and written here; with
+``--socket`` (or ``$AFFIDAVIT_SOCKET``) the daemon checks the socket peer's uid against
+``[service] operator_uids`` / ``operator_gids`` and records the decision itself.  Either way the
+rules are ``affidavit.approvals`` / ``affidavit.reconcile``'s.
+
+Exit status: 0 done (``reconcile``: the outcome is settled); 1 ``reconcile --query`` settled
+nothing (the invocation stays unknown; the query's evidence is on its own record); 2 refused
+(not an operator, the requester itself, no longer pending, not unknown), usage, config or an
+unreachable daemon -- one line on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from affidavit.cli import (
+    UsageError,
+    add_socket_arg,
+    ask_daemon,
+    daemon_json,
+    daemon_socket,
+    text_arg,
+)
+from affidavit.cli.call import load_or_usage, run_journal
+
+__all__ = ["add_commands"]
+
+T = TypeVar("T")
+
+
+def add_commands(sub: Any) -> None:
+    p = sub.add_parser("approvals", help="requests waiting for an operator; approve or deny one")
+    _options(p)
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(handler=_list)
+    asub = p.add_subparsers(dest="approvals_command", metavar="APPROVALS_COMMAND")
+    show = asub.add_parser("show", help="one invocation's approval, whatever became of it")
+    show.add_argument("invocation_id")
+    _options(show)
+    show.set_defaults(handler=_show)
+    for verb, what in (("approve", "approve: it is then sent once"), ("deny", "deny: never sent")):
+        d = asub.add_parser(verb, help=f"{what} (operators only)")
+        d.add_argument("invocation_id")
+        d.add_argument("--note", help="why, kept in the journal with your identity")
+        _options(d)
+        d.set_defaults(handler=_decide, verb=verb)
+
+    r = sub.add_parser("reconcile", help="settle an unknown outcome: query the remote, or attest")
+    r.add_argument("invocation_id")
+    how = r.add_mutually_exclusive_group(required=True)
+    how.add_argument(
+        "--query",
+        action="store_true",
+        help="run the target's configured reconciliation query as a linked invocation",
+    )
+    how.add_argument(
+        "--attest",
+        choices=("committed", "rejected"),
+        help="record what you found on the remote system (operators only; needs --note)",
+    )
+    r.add_argument("--note", help="what you checked (kept in the journal with your identity)")
+    r.add_argument("--timeout", type=float, help="caller timeout in seconds for the query")
+    _options(r)
+    r.set_defaults(handler=_reconcile)
+
+
+def _options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", help="config file (default: $AFFIDAVIT_CONFIG or ./affidavit.toml)")
+    add_socket_arg(p)
+
+
+def _operator_errors(work: Callable[[], T]) -> T:
+    """The service's refusals as one line, exit 2: ``affidavit: NOT_AN_OPERATOR: ...``."""
+    from affidavit.approvals import OperatorError
+
+    try:
+        return work()
+    except OperatorError as exc:
+        raise UsageError(f"{exc.code}: {exc.message}") from None
+
+
+def _daemon_answer(socket: str, method: str, target: str, body: Any = None) -> Any:
+    data = None if body is None else json.dumps(body).encode("utf-8")
+    return daemon_json(ask_daemon(socket, method, target, data))
+
+
+def _embedded(args: argparse.Namespace, work: Callable[[Any], Awaitable[T]]) -> T:
+    """``work(broker)`` in a broker of this process (the journal written here)."""
+    from affidavit.api.broker import Broker
+
+    config = load_or_usage(args.config)
+
+    async def main() -> T:
+        async with Broker.open(config=config) as broker:
+            return await work(broker)
+
+    return _operator_errors(lambda: run_journal(main))
+
+
+def _reading(args: argparse.Namespace, view: Callable[[Any], T]) -> T:
+    """``view(reader)`` on the journal, read-only, with the broker's key (the request an
+    approval binds is sealed)."""
+    from affidavit.journal import JournalError, JournalReader
+
+    config = load_or_usage(args.config)
+    try:
+        with JournalReader.open(config.journal.path, key_file=config.journal.key_file) as j:
+            return _operator_errors(lambda: view(j))
+    except JournalError as exc:
+        raise UsageError(str(exc)) from None
+
+
+# --- approvals ---------------------------------------------------------------------------------
+
+
+def _list(args: argparse.Namespace) -> int:
+    socket = daemon_socket(args, "config")
+    if socket is not None:
+        rows = _daemon_answer(socket, "GET", "/v1/approvals")
+    else:
+        from affidavit import approvals
+
+        rows = _reading(args, approvals.pending)
+    if args.json:
+        _print(rows)
+        return 0
+    head = ("INVOCATION", "TARGET", "EXPIRES IN", "REQUESTER", "CREDENTIAL")
+    print(f"{head[0]:28} {head[1]:12} {head[2]:>10}  {head[3]:9} {head[4]:24} WHAT")
+    for row in rows:
+        left = float(row["expires_at"]) - time.time()
+        expires = "expired" if left <= 0 else f"{int(left)}s"
+        requester = (row.get("requester") or {}).get("uid", "-")
+        print(
+            f"{row['invocation_id']:28} {row['target'] or '-':12} {expires:>10}  "
+            f"{requester!s:9} {row['credential'] or '-':24} {_what(row.get('request'))}"
+        )
+    return 0
+
+
+def _what(request: Any) -> str:
+    """One line of what will be sent where (``approvals show`` has all of it)."""
+    if not isinstance(request, dict):
+        return "(sealed: not readable here)"
+    if "method" in request:
+        return f"{request['method']} {request.get('url', '')} ({request.get('body_bytes', 0)} B)"
+    if "command" in request:
+        return f"{request.get('destination', '')} $ {request['command']}"
+    return json.dumps(request, sort_keys=True)
+
+
+def _show(args: argparse.Namespace) -> int:
+    iid = text_arg(args.invocation_id, "the invocation id")
+    assert iid is not None
+    socket = daemon_socket(args, "config")
+    if socket is not None:
+        from affidavit.api.wire import approval_path
+
+        _print(_daemon_answer(socket, "GET", approval_path(iid)))
+        return 0
+    from affidavit import approvals
+
+    _print(_reading(args, lambda j: approvals.show(j, iid)))
+    return 0
+
+
+def _decide(args: argparse.Namespace) -> int:
+    iid = text_arg(args.invocation_id, "the invocation id")
+    note = text_arg(args.note, "--note")
+    assert iid is not None
+    socket = daemon_socket(args, "config")
+    if socket is not None:
+        from affidavit.api.wire import approval_path
+
+        path = approval_path(iid, f"/{args.verb}")
+        _print(_daemon_answer(socket, "POST", path, {"note": note}))
+        return 0
+
+    async def decide(broker: Any) -> Any:
+        decision = broker.approve if args.verb == "approve" else broker.deny
+        return await decision(iid, note=note)
+
+    _print(_embedded(args, decide))
+    return 0
+
+
+# --- reconcile -----------------------------------------------------------------------------------
+
+
+def _reconcile(args: argparse.Namespace) -> int:
+    iid = text_arg(args.invocation_id, "the invocation id")
+    note = text_arg(args.note, "--note")
+    assert iid is not None
+    if args.timeout is not None and not args.timeout >= 0:
+        raise UsageError("--timeout must be a number of seconds >= 0")
+    if args.attest is not None and not (note or "").strip():
+        raise UsageError("--attest needs a --note saying what you checked")
+    socket = daemon_socket(args, "config")
+    if socket is not None:
+        from affidavit.api.wire import invocation_path, target
+
+        body = {"query": True} if args.query else {"attest": args.attest, "note": note}
+        path = target(invocation_path(iid, "/reconcile"), {"timeout": args.timeout})
+        answer = _daemon_answer(socket, "POST", path, body)
+    else:
+
+        async def reconcile(broker: Any) -> Any:
+            return await broker.reconcile(
+                iid, query=args.query, attest=args.attest, note=note, timeout=args.timeout
+            )
+
+        answer = _embedded(args, reconcile)
+    _print(answer)
+    return 0 if answer["reconciled"] else 1
+
+
+def _print(value: Any) -> None:
+    sys.stdout.write(json.dumps(value, sort_keys=True, indent=2) + "\n")

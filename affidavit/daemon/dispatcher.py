@@ -1,0 +1,61 @@
+"""The daemon's dispatcher: approved invocations whose caller went away are sent, once.
+
+Seed: "Before approval, bind ... the request fingerprint to the invocation" -- and issue 12: "A
+granted invocation is dispatched by the process that holds it: the waiting caller, or
+``affidavit serve`` (which also picks up granted, unexpired, undispatched invocations at
+start)".  At start the daemon learns every approval the journal has open; while it runs, every
+approval its own calls request.  Each sweep -- at once after a decision recorded here, else every
+``SWEEP`` seconds -- dispatches those approved that nobody holds (``Broker.approvals_ready``:
+no caller here waits for it, no live dispatch lease) as a call of the daemon's own (``calls.py``:
+bounded by ``max_calls``, stopped at shutdown like any other), and closes those expired on the
+way.  The result is stored for the caller's ``fetch_result``; the dispatch lease and the gate's
+re-check of the approval keep it to one send, whoever else tries.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from typing import Any
+
+import trio
+
+from affidavit.api.broker import Broker
+
+from .calls import Calls, Overloaded, Running
+
+__all__ = ["SWEEP", "dispatch_approvals"]
+
+log = logging.getLogger("affidavit.daemon")
+
+SWEEP = 1.0
+
+
+async def dispatch_approvals(
+    broker: Broker, calls: Calls, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+) -> None:
+    """Run until cancelled (the daemon's shutdown)."""
+    broker.watch_approvals()
+    task_status.started()
+    while True:
+        for iid in await broker.approvals_ready():
+            if not calls.accepting:
+                broker.forget_dispatch(iid)
+                continue
+            try:
+                calls.start(functools.partial(_dispatch, broker, iid))
+            except Overloaded:
+                broker.forget_dispatch(iid)  # the next sweep tries again
+        await broker.approvals_changed(SWEEP)
+
+
+async def _dispatch(broker: Broker, iid: str, call: Running) -> dict[str, Any]:
+    envelope = await broker.dispatch_approved(iid, control=call.control)
+    if envelope is not None:
+        error = envelope.get("error")
+        log.info(
+            "dispatched approved %s: %s",
+            iid,
+            f"{error['code']} ({error['outcome']})" if error else "result stored",
+        )
+    return envelope or {}

@@ -1,0 +1,114 @@
+"""The daemon's operator routes: approvals and reconciliation, through ``affidavit.approvals``
+and ``affidavit.reconcile`` with the socket peer as the identity.
+
+    GET  /v1/approvals                      requests waiting for a decision     (operators)
+    GET  /v1/approvals/{id}                 one invocation's approval          (operators)
+    POST /v1/approvals/{id}/approve         {"note"?} -> the approval          (operators)
+    POST /v1/approvals/{id}/deny            {"note"?} -> the approval          (operators)
+    POST /v1/invocations/{id}/reconcile     {"query": true} (anyone admitted) or
+                                            {"attest": "committed"|"rejected", "note"} (operators)
+
+The peer is the kernel's word (SO_PEERCRED, ``peer.py``), checked against ``[service]
+operator_uids`` / ``operator_gids``; the requester of an approval may not decide on it unless
+``allow_self_approval``.  A refusal is an API error with the service's stable code
+(``NOT_AN_OPERATOR``, ``SELF_APPROVAL``, ``NOT_PENDING``, ``APPROVAL_EXPIRED``,
+``NOT_UNKNOWN``, ...).  ``POST /v1/calls`` never decides anything: no call approves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from affidavit.approvals import Operator, OperatorError
+from affidavit.journal import JournalReader
+
+from .http import ApiProblem, Request
+
+if TYPE_CHECKING:
+    from .app import Api
+
+__all__ = ["approval", "approvals", "decide", "reconcile"]
+
+T = TypeVar("T")
+
+
+def operator_of(req: Request) -> Operator:
+    peer = req.peer
+    return Operator.peer(peer.uid, peer.gid, tuple(peer.groups))
+
+
+def _require(api: Api, req: Request, action: str) -> Operator:
+    who = operator_of(req)
+    try:
+        api.broker.operator_policy.require(who, action)
+    except OperatorError as exc:
+        raise _problem(exc) from None
+    return who
+
+
+def _problem(exc: OperatorError) -> ApiProblem:
+    return ApiProblem(exc.status, exc.code, exc.message)
+
+
+async def _run(work: Callable[[], Awaitable[T]]) -> T:
+    try:
+        return await work()
+    except OperatorError as exc:
+        raise _problem(exc) from None
+
+
+async def _reading(api: Api, view: Callable[[JournalReader], T]) -> T:
+    """A view on a read-only connection of its own, in a worker thread (``Api._read``)."""
+    try:
+        result: T = await api._read(view)
+    except OperatorError as exc:
+        raise _problem(exc) from None
+    return result
+
+
+async def approvals(api: Api, req: Request) -> None:
+    _require(api, req, "list approvals")
+    from affidavit import approvals as service
+
+    await req.respond_json(await _reading(api, service.pending))
+
+
+async def approval(api: Api, req: Request, invocation_id: str) -> None:
+    _require(api, req, "see approvals")
+    from affidavit import approvals as service
+
+    await req.respond_json(await _reading(api, lambda r: service.show(r, invocation_id)))
+
+
+async def decide(api: Api, req: Request, invocation_id: str, verb: str) -> None:
+    body = await req.json_object()
+    who = _require(api, req, "approve or deny")
+    note = _note(body)
+    decision = api.broker.approve if verb == "approve" else api.broker.deny
+    view = await _run(lambda: decision(invocation_id, note=note, operator=who))
+    await req.respond_json(view)
+
+
+async def reconcile(api: Api, req: Request, invocation_id: str) -> None:
+    body = await req.json_object()
+    attest = body.get("attest")
+    query = body.get("query", False)
+    if not isinstance(query, bool) or (attest is not None and not isinstance(attest, str)):
+        raise ApiProblem(400, "BAD_REQUEST", 'give {"query": true} or {"attest": ..., "note"}')
+    who = _require(api, req, "attest an outcome") if attest is not None else operator_of(req)
+    timeout = req.float_param("timeout")
+    note = _note(body)
+    answer = await _run(
+        lambda: api.broker.reconcile(
+            invocation_id, query=query, attest=attest, note=note, operator=who, timeout=timeout
+        )
+    )
+    await req.respond_json(answer)
+
+
+def _note(body: dict[str, Any]) -> str | None:
+    note = body.get("note")
+    if note is not None and not isinstance(note, str):
+        raise ApiProblem(400, "BAD_REQUEST", "note: expected a string")
+    return note
