@@ -74,7 +74,13 @@ def acquire_op(
     def op(txn: Txn) -> Lease | Fail:
         current = _current_lease(txn, invocation_id)
         now = clock()
-        if current is not None and current.expires_at > now and current.holder != holder:
+        # A holder may renew its own retry lease; a live dispatch lease is busy to everyone,
+        # its holder's other tasks too (two of them must not both send an approved request).
+        if (
+            current is not None
+            and current.expires_at > now
+            and (current.holder != holder or kind is EventKind.DISPATCH_LEASE_ACQUIRED)
+        ):
             return Fail(LeaseBusy(current))
         proj = txn.projector(invocation_id)
         recorded = proj.record(now).generation

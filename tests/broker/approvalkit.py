@@ -1,0 +1,106 @@
+"""Shared pieces of the approval and reconciliation tests: configs with operators, an operator
+identity that is not the test's own uid, and a scripted payments API that remembers what it
+applied (its reconciliation query reads it back)."""
+
+from __future__ import annotations
+
+import json
+import urllib.parse
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from affidavit.api.broker import Broker
+from affidavit.approvals import Operator
+from tests.http.hostile import Peer, Reply, Script
+
+from .helpers import http_target, write_config
+
+__all__ = [
+    "OPS",
+    "OPS_UID",
+    "PaymentsApi",
+    "approval_config",
+    "reconcile_target",
+    "verify_ok",
+]
+
+OPS_UID = 4242
+OPS = Operator(OPS_UID, OPS_UID, (), "ops")
+"""An operator who is not the requester: this process's uid asks, uid 4242 decides."""
+
+
+def approval_config(
+    tmp: Path,
+    url: str,
+    *,
+    approval: Any = "always",
+    service: Mapping[str, Any] | None = None,
+    name: str = "affidavit.toml",
+    **target: Any,
+) -> Path:
+    """A config with target ``api`` (``approval`` as given) and ``[service]`` naming
+    ``OPS_UID`` an operator (plus ``service``)."""
+    path = write_config(tmp, {"api": http_target(url, approval=approval, **target)}, name=name)
+    lines = ["[service]", f"operator_uids = [{OPS_UID}]"]
+    lines += [f"{k} = {json.dumps(v)}" for k, v in (service or {}).items()]
+    with path.open("a", encoding="utf-8") as f:
+        f.write("\n".join(lines) + "\n")
+    return path
+
+
+def reconcile_target(url: str, **extra: Any) -> dict[str, Any]:
+    """Target ``api`` with a key contract and the payments API's reconciliation query."""
+    return {
+        "api": http_target(
+            url,
+            idempotency={"header": "Idempotency-Key", "scope": "charges", "retention": "24h"},
+            reconcile={
+                "path": "/v1/charges?idempotency_key={idempotency_key}",
+                "committed_if": "status:200",
+                "rejected_if": "status:404",
+            },
+            **extra,
+        )
+    }
+
+
+class PaymentsApi:
+    """``POST /v1/charges``: applies a charge under its Idempotency-Key; with the body
+    ``{"drop": true}`` it applies it and closes without answering, with ``{"refuse": true}``
+    it closes without applying.  ``GET /v1/charges?idempotency_key=K``: 200 if K was applied,
+    404 if not -- unless K is ``drop`` (closed unanswered) or ``boom`` (a 500)."""
+
+    def __init__(self) -> None:
+        self.applied: list[str] = []
+
+    @property
+    def script(self) -> Script:
+        async def script(peer: Peer) -> None:
+            while True:
+                req = await peer.read_request()
+                if req is None:
+                    return
+                if req.method == "POST":
+                    body = json.loads(req.body or b"{}")
+                    if not body.get("refuse"):
+                        self.applied.append(req.header("idempotency-key") or "")
+                    if body.get("drop") or body.get("refuse"):
+                        await peer.close()
+                        return
+                    await peer.respond(Reply(201, body=b'{"id": "ch_1"}'))
+                    continue
+                query = urllib.parse.parse_qs(urllib.parse.urlsplit(req.target).query)
+                key = query.get("idempotency_key", [""])[0]
+                if key == "drop":
+                    await peer.close()
+                    return
+                status = 500 if key == "boom" else 200 if key in self.applied else 404
+                await peer.respond(Reply(status, body=json.dumps({"key": key}).encode()))
+
+        return script
+
+
+def verify_ok(broker: Broker) -> None:
+    report = broker.journal.verify()
+    assert report.ok, report.reason

@@ -1,0 +1,392 @@
+"""Human approval bound to the request fingerprint, through the Python API against a scripted
+HTTP server (issue 12).
+
+Seed, "Validation and credential injection finish before dispatch": "Before approval, bind the
+normalized target, the credential version, the resolved injection method, and the request
+fingerprint to the invocation. ... The broker must confirm the fingerprint of the upcoming
+dispatch and re-check it immediately before the write.  A mismatch yields validation/
+not_attempted and does not permit sending a new request under the old approval."
+
+Each test asserts the envelope, the durable record and what the server received -- and that
+``journal verify`` still passes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from affidavit.api.broker import Broker
+from affidavit.approvals import Operator, OperatorError
+from affidavit.journal.chain import canonical_json
+from affidavit.journal.sealing import BrokerKey, payload_aad
+from affidavit.statemachine import EventKind
+from tests.http.hostile import HostileServer, Reply, scripts
+
+from .approvalkit import OPS, OPS_UID, approval_config, verify_ok
+from .helpers import assert_error, assert_ok, event_kinds, open_broker
+
+E = EventKind
+OK = Reply(200, body=b'{"ok": true}')
+CHARGE = {"target": "api", "method": "POST", "path": "/v1/charges", "body": '{"amount": 5}'}
+LIMIT = 20
+
+
+async def _pending(broker: Broker, count: int = 1) -> list[dict[str, Any]]:
+    """Wait (bounded) until ``count`` requests wait for a decision."""
+    with trio.fail_after(LIMIT):
+        while len(broker.approvals()) < count:
+            await trio.sleep(0.02)
+    return broker.approvals()
+
+
+async def test_an_approved_request_is_sent_once_by_its_waiting_caller(
+    tmp_path: Path, token: str
+) -> None:
+    async with HostileServer.running(scripts.serve(OK)) as srv:
+        cfg = approval_config(tmp_path, srv.url, approval={"methods": ["POST"], "wait": "20s"})
+        async with open_broker(cfg) as b:
+            got: dict[str, Any] = {}
+
+            async def caller() -> None:
+                got["env"] = await b.call(CHARGE)
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(caller)
+                [waiting] = await _pending(b)
+                assert srv.requests == []  # nothing leaves before the yes
+                # What the operator is shown: what, where, which credential by name -- no value.
+                assert waiting["request"]["method"] == "POST"
+                assert waiting["request"]["url"] == f"{srv.url}/v1/charges"
+                assert waiting["request"]["body"] == '{"amount": 5}'
+                assert waiting["credential"] == "env:AFFIDAVIT_TEST_TOKEN"
+                assert waiting["requester"] == {"uid": os.getuid()}
+                assert token not in json.dumps(waiting)
+                decided = await b.approve(waiting["invocation_id"], note="amount ok", operator=OPS)
+                assert decided["approval"] == "granted" and decided["note"] == "amount ok"
+            env = got["env"]
+            rec = assert_ok(b, env)
+            # A GET on the same target needs no approval: only POST was listed.
+            plain = await b.call({"target": "api", "method": "GET", "path": "/v1/balance"})
+            assert_ok(b, plain)
+            assert E.APPROVAL_REQUESTED not in event_kinds(b, plain["invocation_id"])
+            kinds = event_kinds(b, env["invocation_id"])
+            verify_ok(b)
+    assert [r.method for r in srv.requests] == ["POST", "GET"]
+    assert srv.requests[0].header("authorization") == f"Bearer {token}"
+    assert kinds[:6] == [
+        E.ACTION_ACCEPTED,
+        E.PREFLIGHT_VALIDATED,
+        E.APPROVAL_REQUESTED,
+        E.APPROVAL_GRANTED,
+        E.DISPATCH_LEASE_ACQUIRED,
+        E.CREDENTIAL_AUTHORIZED,
+    ]
+    assert kinds.count(E.DISPATCH_STARTED) == 1
+    approval = rec.evidence["approval"]
+    assert approval["operator"] == {"uid": OPS_UID, "name": "ops", "via": "embedded"}
+    assert approval["fingerprint"] == waiting["fingerprint"]
+
+
+async def test_a_denied_request_is_never_sent_and_says_never(tmp_path: Path, token: str) -> None:
+    async with HostileServer.running(scripts.serve(OK)) as srv:
+        cfg = approval_config(tmp_path, srv.url, approval={"wait": "20s"})
+        async with open_broker(cfg) as b:
+            got: dict[str, Any] = {}
+
+            async def caller() -> None:
+                got["env"] = await b.call(CHARGE)
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(caller)
+                [waiting] = await _pending(b)
+                await b.deny(waiting["invocation_id"], note="not this week", operator=OPS)
+            rec = assert_error(
+                b,
+                got["env"],
+                phase="credential_injection",
+                outcome="not_attempted",
+                retry="never",
+                code="APPROVAL_DENIED",
+            )
+            assert rec.evidence["approval"]["note"] == "not this week"
+            with pytest.raises(OperatorError) as info:  # decided once, for good
+                await b.approve(waiting["invocation_id"], operator=OPS)
+            assert info.value.code == "NOT_PENDING"
+            verify_ok(b)
+    assert srv.requests == []
+
+
+async def test_no_decision_within_wait_is_approval_pending_and_nothing_is_sent(
+    tmp_path: Path, token: str
+) -> None:
+    async with HostileServer.running(scripts.serve(OK)) as srv:
+        cfg = approval_config(tmp_path, srv.url)  # "always": wait 0s
+        async with open_broker(cfg) as b:
+            env = await b.call(CHARGE)
+            err = env["error"]
+            assert (err["code"], err["phase"], err["outcome"], err["retry"]) == (
+                "APPROVAL_PENDING",
+                "credential_injection",
+                "not_attempted",
+                "fetch_result",
+            )
+            fetched = await b.fetch_result(env["invocation_id"])
+            assert fetched is not None and fetched["error"]["code"] == "APPROVAL_PENDING"
+            assert [a["invocation_id"] for a in b.approvals()] == [env["invocation_id"]]
+    assert srv.requests == []
+
+
+async def test_an_approval_after_its_expiry_is_refused_and_recorded_expired(
+    tmp_path: Path, token: str
+) -> None:
+    async with HostileServer.running(scripts.serve(OK)) as srv:
+        cfg = approval_config(tmp_path, srv.url, approval={"ttl": "1s"})
+        async with open_broker(cfg) as b:
+            env = await b.call(CHARGE)
+            await trio.sleep(1.1)
+            with pytest.raises(OperatorError) as info:
+                await b.approve(env["invocation_id"], operator=OPS)
+            assert (info.value.code, info.value.status) == ("APPROVAL_EXPIRED", 409)
+            fetched = await b.fetch_result(env["invocation_id"])
+            assert fetched is not None
+            assert_error(
+                b,
+                fetched,
+                phase="validation",
+                outcome="not_attempted",
+                retry="after_correction",
+                code="APPROVAL_EXPIRED",
+            )
+            assert b.approvals() == []
+            verify_ok(b)
+    assert srv.requests == []
+
+
+async def test_only_an_operator_decides_and_never_on_their_own_request(
+    tmp_path: Path, token: str
+) -> None:
+    me = Operator.current()
+    async with HostileServer.running(scripts.serve(OK)) as srv:
+        # This process's uid asks and is an operator too: self-approval stays off.
+        cfg = approval_config(tmp_path, srv.url, service={"operator_gids": [me.gid]})
+        async with open_broker(cfg) as b:
+            env = await b.call(CHARGE)
+            iid = env["invocation_id"]
+            stranger = Operator(OPS_UID + 1, OPS_UID + 1, ())
+            for who, code in ((stranger, "NOT_AN_OPERATOR"), (me, "SELF_APPROVAL")):
+                with pytest.raises(OperatorError) as info:
+                    await b.approve(iid, operator=who)
+                assert (info.value.code, info.value.status) == (code, 403)
+            assert b.approval(iid)["approval"] == "pending"
+        cfg = approval_config(
+            tmp_path,
+            srv.url,
+            service={"operator_gids": [me.gid], "allow_self_approval": True},
+            name="self.toml",
+        )
+        async with open_broker(cfg) as b:
+            assert (await b.approve(iid, operator=me))["approval"] == "granted"
+    assert srv.requests == []
+
+
+async def test_an_approved_request_whose_caller_left_is_dispatched_once(
+    tmp_path: Path, token: str
+) -> None:
+    async with HostileServer.running(scripts.serve(OK)) as srv:
+        cfg = approval_config(tmp_path, srv.url)
+        async with open_broker(cfg) as b:
+            env = await b.call(CHARGE)  # APPROVAL_PENDING: the caller goes away
+            iid = env["invocation_id"]
+            await b.approve(iid, operator=OPS)
+            assert await b.approvals_ready() == [iid]
+            # What the daemon's dispatcher does: twice at once, one send.
+            results: list[Any] = []
+
+            async def dispatch() -> None:
+                results.append(await b.dispatch_approved(iid))
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(dispatch)
+                nursery.start_soon(dispatch)
+            assert sum(r is not None for r in results) == 1
+            stored = b.record(iid)
+            assert stored is not None and stored.state == "stored_committed"  # not delivered
+            fetched = await b.fetch_result(iid)  # the caller comes back: a read
+            assert fetched is not None
+            assert_ok(b, fetched)
+            assert await b.dispatch_approved(iid) is None
+            verify_ok(b)
+    assert len(srv.requests) == 1
+
+
+async def test_a_config_reloaded_after_approval_is_not_sent_under_the_old_approval(
+    tmp_path: Path, token: str
+) -> None:
+    async with HostileServer.running(scripts.serve(OK)) as srv:
+        cfg = approval_config(tmp_path, srv.url)
+        async with open_broker(cfg) as b:
+            env = await b.call(CHARGE)
+            iid = env["invocation_id"]
+            await b.approve(iid, operator=OPS)
+            # The operator approved this target as it was; now it is edited.
+            text = cfg.read_text().replace("total = 5", "total = 6")
+            time.sleep(0.01)  # a new mtime for the broker's re-check
+            cfg.write_text(text)
+            await b.dispatch_approved(iid)
+            rec = assert_error(
+                b,
+                await b.fetch_result(iid) or {},
+                phase="validation",
+                outcome="not_attempted",
+                retry="after_correction",
+                code="APPROVAL_STALE",
+            )
+            assert rec.field == "approval"
+            assert E.DISPATCH_STARTED not in event_kinds(b, iid)
+        async with open_broker(cfg) as b:  # a broker started on the new config: the same
+            env = await b.call(CHARGE)
+            await b.approve(env["invocation_id"], operator=OPS)
+        cfg.write_text(text.replace("total = 6", "total = 7"))
+        async with open_broker(cfg) as b:
+            await b.dispatch_approved(env["invocation_id"])
+            assert (await b.fetch_result(env["invocation_id"]) or {})["error"][
+                "code"
+            ] == "APPROVAL_STALE"
+            verify_ok(b)
+    assert srv.requests == []
+
+
+async def test_a_credential_rotated_after_approval_is_approval_stale(tmp_path: Path) -> None:
+    secret = tmp_path / "token"
+    secret.write_text("first-token\n")
+    async with HostileServer.running(scripts.serve(OK)) as srv:
+        cfg = approval_config(tmp_path, srv.url, credential=f"file:{secret}")
+        async with open_broker(cfg) as b:
+            env = await b.call(CHARGE)
+            iid = env["invocation_id"]
+            await b.approve(iid, operator=OPS)
+            secret.write_text("second-token-rotated\n")  # a new version of the credential
+            await b.dispatch_approved(iid)
+            fetched = await b.fetch_result(iid)
+            assert fetched is not None and fetched["error"]["code"] == "APPROVAL_STALE"
+            verify_ok(b)
+    assert srv.requests == []
+
+
+def _swap_body(cfg: Path, journal: Path, iid: str, body: str) -> None:
+    """Replace the action sealed with ACTION_ACCEPTED by one with another body, sealed with the
+    broker's own key -- what the dispatcher reads back then differs from what was approved.
+    (A row's hash covers its sealed payload: ``journal verify`` finds the edit -- afterwards.
+    Before the send, the approval's fingerprint re-checked at the gate is what stops it.)"""
+    key = BrokerKey.load(Path(f"{journal}.key"))
+    conn = sqlite3.connect(journal)
+    try:
+        seq = conn.execute(
+            "SELECT seq FROM events WHERE invocation_id = ? AND kind = 'ACTION_ACCEPTED'", (iid,)
+        ).fetchone()[0]
+        action = {**CHARGE, "body": body}
+        # Whoever edits the file drops the append-only trigger first (tests/journal/test_tamper)
+        # -- and reopening the journal puts it back.
+        conn.execute("DROP TRIGGER events_no_update")
+        sealed = key.seal(
+            canonical_json({"action": action}).encode(), payload_aad(iid, "ACTION_ACCEPTED")
+        )
+        conn.execute("UPDATE events SET payload = ? WHERE seq = ?", (sealed, seq))
+        conn.commit()
+    finally:
+        conn.close()
+
+
+async def test_a_body_changed_between_approval_and_dispatch_is_stale_and_nothing_is_sent(
+    tmp_path: Path, token: str
+) -> None:
+    async with HostileServer.running(scripts.serve(OK)) as srv:
+        cfg = approval_config(tmp_path, srv.url)
+        async with open_broker(cfg) as b:
+            env = await b.call(CHARGE)
+            iid = env["invocation_id"]
+            await b.approve(iid, operator=OPS)
+        _swap_body(cfg, tmp_path / "journal.db", iid, '{"amount": 5000}')
+        async with open_broker(cfg) as b:  # the daemon, restarted, picks it up
+            assert await b.approvals_ready() == []  # nothing learnt yet: watch first
+            b.watch_approvals()
+            assert await b.approvals_ready() == [iid]
+            await b.dispatch_approved(iid)
+            rec = b.record(iid)
+            assert rec is not None and rec.code is not None
+            assert (rec.code.value, rec.phase.value, rec.outcome.value) == (
+                "APPROVAL_STALE",
+                "validation",
+                "not_attempted",
+            )
+            assert E.DISPATCH_STARTED not in event_kinds(b, iid)
+            assert not b.journal.verify().ok
+    assert srv.requests == []  # the server log: nothing, under the old approval or any other
+
+
+async def test_a_retry_of_an_approved_unknown_request_reuses_the_approval_until_it_expires(
+    tmp_path: Path, token: str
+) -> None:
+    idem = {"header": "Idempotency-Key", "scope": "charges", "retention": "24h"}
+    async with HostileServer.running(scripts.apply_then_close()) as srv:
+        cfg = approval_config(
+            tmp_path, srv.url, approval={"ttl": "3s", "wait": "3s"}, idempotency=idem
+        )
+        async with open_broker(cfg) as b:
+            action = {**CHARGE, "idempotency_key": "charge-1"}
+            got: dict[str, Any] = {}
+
+            async def caller() -> None:
+                got["env"] = await b.call(action)
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(caller)
+                [waiting] = await _pending(b)
+                await b.approve(waiting["invocation_id"], operator=OPS)
+            assert got["env"]["error"]["retry"] == "same_idempotency_key"
+            again = await b.call(action)  # within the window: the approval still covers it
+            assert again["invocation_id"] == got["env"]["invocation_id"]
+            assert len(srv.requests) == 2
+            assert again["error"]["outcome"] == "unknown"
+            await trio.sleep(3.1)
+            late = await b.call(action)  # past it: refused at the gate, still unknown
+            rec = assert_error(
+                b, late, phase="validation", outcome="unknown", retry="reconcile",
+                code="APPROVAL_EXPIRED",
+            )  # fmt: skip
+            assert rec.state == "retry_invalid"
+            verify_ok(b)
+    assert len(srv.requests) == 2
+    assert {r.header("idempotency-key") for r in srv.requests} == {"charge-1"}
+
+
+async def test_two_callers_of_one_approved_request_send_it_once(tmp_path: Path, token: str) -> None:
+    idem = {"header": "Idempotency-Key", "scope": "charges", "retention": "24h"}
+    async with HostileServer.running(scripts.serve(OK)) as srv:
+        cfg = approval_config(tmp_path, srv.url, approval={"wait": "20s"}, idempotency=idem)
+        async with open_broker(cfg) as b:
+            action = {**CHARGE, "idempotency_key": "charge-2"}
+            envs: list[dict[str, Any]] = []
+
+            async def caller() -> None:
+                envs.append(await b.call(action))
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(caller)
+                [waiting] = await _pending(b)
+                nursery.start_soon(caller)  # the same key again: it waits for the same decision
+                await trio.sleep(0.2)
+                await b.approve(waiting["invocation_id"], operator=OPS)
+            assert {e["invocation_id"] for e in envs} == {waiting["invocation_id"]}
+            assert sorted("error" in e for e in envs) == [False, True]  # one sent, one busy
+            assert event_kinds(b, waiting["invocation_id"]).count(E.DISPATCH_STARTED) == 1
+            verify_ok(b)
+    assert len(srv.requests) == 1

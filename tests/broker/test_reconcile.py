@@ -1,0 +1,217 @@
+"""Reconciliation an operator can actually run, through the Python API against a scripted
+payments API (issue 12).
+
+Seed: "There are only three safe paths out of ``unknown`` ... Query the remote state by a
+stable identifier, reconcile it, and decide whether a new action is needed"; "A second observer
+may attach a reconciliation result, but it must not rewrite the original attempt as though no
+dispatch had taken place"; "An operator is entitled to determine the outcome of an unknown
+attempt after inspecting the remote system, but that fact must not be passed off as a response
+the broker received on the original connection."
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import urllib.parse
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from affidavit.api.broker import Broker
+from affidavit.approvals import Operator, OperatorError
+from affidavit.statemachine import EventKind
+from tests.http.hostile import HostileServer
+
+from .approvalkit import OPS, OPS_UID, PaymentsApi, reconcile_target, verify_ok
+from .helpers import event_kinds, open_broker, write_config
+
+E = EventKind
+
+
+@contextlib.asynccontextmanager
+async def payments(tmp_path: Path) -> AsyncIterator[tuple[HostileServer, Broker]]:
+    """The payments API and a broker whose target ``api`` declares its reconciliation query."""
+    async with HostileServer.running(PaymentsApi().script) as srv:
+        path = write_config(tmp_path, reconcile_target(srv.url))
+        with path.open("a") as f:
+            f.write(f"[service]\noperator_uids = [{OPS_UID}]\n")
+        async with open_broker(path) as b:
+            yield srv, b
+
+
+async def _unknown(b: Broker, key: str, **body: bool) -> str:
+    """A POST whose connection dropped after the request: unknown, reconcile."""
+    action = {
+        "target": "api",
+        "method": "POST",
+        "path": "/v1/charges",
+        "body": json.dumps(body or {"drop": True}),
+        "idempotency_key": key,
+    }
+    env = await b.call(action)
+    assert env["error"]["outcome"] == "unknown", env["error"]
+    return str(env["invocation_id"])
+
+
+def _kept_original(b: Broker, iid: str) -> None:
+    """The original attempt as recorded, then the reconciliation after it -- nothing rewritten."""
+    kinds = event_kinds(b, iid)
+    assert kinds.index(E.DISPATCH_STARTED) < kinds.index(E.ATTEMPT_INTERRUPTED)
+    assert kinds[-1] is E.RECONCILED
+    rec = b.record(iid)
+    assert rec is not None and rec.attempts[0]["outcome"] == "unknown"
+    assert rec.evidence["dispatch_started"] is True
+
+
+@pytest.mark.parametrize(
+    ("body", "outcome", "state", "retry", "status"),
+    [
+        ({"drop": True}, "committed", "reconciled_committed", "never", 200),
+        ({"refuse": True}, "rejected", "reconciled_rejected", "after_correction", 404),
+    ],
+    ids=["applied-then-dropped-is-committed", "dropped-unapplied-is-rejected"],
+)
+async def test_an_unknown_post_is_reconciled_by_its_query(
+    tmp_path: Path,
+    token: str,
+    body: dict[str, bool],
+    outcome: str,
+    state: str,
+    retry: str,
+    status: int,
+) -> None:
+    async with payments(tmp_path) as (srv, b):
+        iid = await _unknown(b, "pay/1?x=y&z", **body)
+        answer = await b.reconcile(iid, query=True)
+        assert answer["reconciled"] is True
+        env = answer["envelope"]
+        assert env["evidence"]["outcome"] == outcome
+        assert env["evidence"]["state"] == state
+        assert env["evidence"]["source"] == "remote_query"
+        if outcome == "committed":
+            assert "error" not in env
+        else:
+            assert (env["error"]["code"], env["error"]["retry"]) == ("REMOTE_REJECTED", retry)
+        query = answer["query"]
+        rc = env["evidence"]["reconciliation"]
+        assert (rc["source"], rc["observer"], rc["query_invocation"]) == (
+            "remote_query",
+            query["invocation_id"],
+            query["invocation_id"],
+        )
+        assert rc["matched"] == f"status:{status}"
+        # The query is an invocation of its own, linked to the one it reconciled.
+        accepted = b.events(query["invocation_id"])[0]
+        assert accepted.attrs["link"] == {"reconciles": iid}
+        _kept_original(b, iid)
+        verify_ok(b)
+    # The key is data in the query's URL, percent-encoded: its "/", "?" and "&" change nothing.
+    post, get = srv.requests
+    assert (post.method, get.method) == ("POST", "GET")
+    assert get.target == "/v1/charges?idempotency_key=pay%2F1%3Fx%3Dy%26z"
+    query_of = urllib.parse.parse_qs(urllib.parse.urlsplit(get.target).query)
+    assert query_of == {"idempotency_key": ["pay/1?x=y&z"]}
+    assert get.header("authorization") == f"Bearer {token}"  # through the same engine
+
+
+@pytest.mark.parametrize(
+    ("key", "code", "reason"),
+    [
+        ("drop", "REMOTE_OUTCOME_UNKNOWN", "no complete, authoritative result"),
+        ("boom", "REMOTE_ERROR", "matches neither"),
+    ],
+    ids=["the-query-itself-fails", "an-answer-matching-neither"],
+)
+async def test_a_query_that_settles_nothing_leaves_the_invocation_unknown(
+    tmp_path: Path, token: str, key: str, code: str, reason: str
+) -> None:
+    async with payments(tmp_path) as (srv, b):
+        iid = await _unknown(b, key)
+        answer = await b.reconcile(iid, query=True)
+        assert answer["reconciled"] is False
+        env = answer["envelope"]
+        assert (env["error"]["code"], env["error"]["outcome"], env["error"]["retry"]) == (
+            "REMOTE_OUTCOME_UNKNOWN",
+            "unknown",
+            "same_idempotency_key",
+        )
+        query_id = answer["query"]["invocation_id"]
+        assert answer["query"]["error"]["code"] == code  # its evidence, on its own record
+        [tried] = env["evidence"]["reconcile_queries"]
+        assert tried["query_invocation"] == query_id and reason in tried["reason"]
+        kinds = event_kinds(b, iid)
+        assert E.RECONCILED not in kinds and kinds[-1] is E.RECONCILE_INCONCLUSIVE
+        verify_ok(b)
+    assert [r.method for r in srv.requests] == ["POST", "GET"]
+
+
+async def test_an_operator_attests_and_the_note_and_identity_are_kept(
+    tmp_path: Path, token: str
+) -> None:
+    async with payments(tmp_path) as (srv, b):
+        iid = await _unknown(b, "ch-9")
+        note = "found ch_1 for key ch-9 in the dashboard"
+        answer = await b.reconcile(iid, attest="committed", note=note, operator=OPS)
+        env = answer["envelope"]
+        assert "error" not in env
+        rc = env["evidence"]["reconciliation"]
+        assert (rc["source"], rc["outcome"], rc["note"]) == (
+            "operator_attested",
+            "committed",
+            note,
+        )
+        assert rc["observer"] == f"operator:uid={OPS_UID}(ops)"
+        assert rc["operator"] == {"uid": OPS_UID, "name": "ops", "via": "embedded"}
+        assert env["evidence"]["source"] == "operator_attested"  # not a remote_response
+        _kept_original(b, iid)
+        verify_ok(b)
+        # Settled once: a second attestation, or a query, finds nothing unknown.
+        for again in (
+            b.reconcile(iid, attest="rejected", note="no", operator=OPS),
+            b.reconcile(iid, query=True),
+        ):
+            with pytest.raises(OperatorError) as info:
+                await again
+            assert info.value.code == "NOT_UNKNOWN"
+    assert len(srv.requests) == 1  # attesting sent nothing
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "code"),
+    [
+        (
+            {"attest": "committed", "note": "trust me", "operator": Operator(1, 1, ())},
+            "NOT_AN_OPERATOR",
+        ),
+        ({"attest": "committed", "note": " ", "operator": OPS}, "NOTE_REQUIRED"),
+        ({"attest": "not_attempted", "note": "x", "operator": OPS}, "BAD_OUTCOME"),
+        ({"query": True, "attest": "committed"}, "BAD_REQUEST"),
+    ],
+    ids=["not-an-operator", "no-note", "not-attempted-is-no-finding", "both-forms"],
+)
+async def test_an_attestation_is_refused_unless_an_operator_says_what_they_found(
+    tmp_path: Path, token: str, kwargs: dict[str, Any], code: str
+) -> None:
+    async with payments(tmp_path) as (_srv, b):
+        iid = await _unknown(b, "ch-10")
+        with pytest.raises(OperatorError) as info:
+            await b.reconcile(iid, **kwargs)
+        assert info.value.code == code
+        rec = b.record(iid)
+        assert rec is not None and rec.outcome.value == "unknown"
+        assert E.RECONCILED not in event_kinds(b, iid)
+
+
+async def test_only_an_unknown_outcome_is_reconciled(tmp_path: Path, token: str) -> None:
+    async with payments(tmp_path) as (_srv, b):
+        env = await b.call({"target": "api", "method": "POST", "path": "/v1/charges", "body": "{}"})
+        assert "error" not in env  # committed: nothing to reconcile
+        with pytest.raises(OperatorError) as info:
+            await b.reconcile(env["invocation_id"], attest="rejected", note="x", operator=OPS)
+        assert info.value.code == "NOT_UNKNOWN"
+        with pytest.raises(OperatorError) as info:
+            await b.reconcile("act_nope", query=True)
+        assert (info.value.code, info.value.status) == ("NO_SUCH_INVOCATION", 404)
