@@ -28,6 +28,7 @@ import trio
 from tests.broker.helpers import TOKEN_ENV, http_target, write_config
 
 __all__ = [
+    "NOBODY",
     "WAIT",
     "DaemonProc",
     "Run",
@@ -50,6 +51,8 @@ __all__ = [
 
 WAIT = 20.0
 """The bound on any wait in these tests (start-up, an event, a shutdown)."""
+NOBODY = 65534
+"""The uid (and gid) of ``nobody``: the other user a test runs a client as (root only)."""
 PYTHON = sys.executable
 
 

@@ -14,18 +14,16 @@ import os
 import signal
 import stat
 import sys
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 import trio
 
 from affidavit.api.client import Client
-from tests.external import SETPRIV, require_root
+from tests.external import SETPRIV
 from tests.http.hostile import HostileServer, Reply, scripts, unresponsive_listener
 
 from .kit import (
+    NOBODY,
     WAIT,
     action_bytes,
     api_target,
@@ -37,8 +35,6 @@ from .kit import (
     start_caller,
     wait_until,
 )
-
-NOBODY = 65534
 
 
 async def _final_record(client: Client, states: tuple[str, ...] = ()) -> dict[str, object]:
@@ -160,23 +156,6 @@ def test_the_socket_is_0660_and_the_daemons_own_files_0600(tmp_path: Path, token
     assert stat.S_ISSOCK(mode)
     assert stat.S_IMODE(mode) == 0o660
     assert files == {"journal.db": 0o600, "journal.db.key": 0o600, "journal.db.lock": 0o600}
-
-
-@pytest.fixture
-def shared_socket_dir() -> Iterator[Path]:
-    """A directory whose group is nogroup and setgid: the daemon's socket inside it belongs to
-    that group (the socket-group deployment of docs/deployment.md), so a client running as
-    nobody may connect -- and may read nothing else of the daemon's."""
-    require_root()
-    path = Path(tempfile.mkdtemp(prefix="affidavit-sock-"))
-    os.chown(path, 0, NOBODY)
-    os.chmod(path, 0o2750)
-    try:
-        yield path
-    finally:
-        for p in path.iterdir():
-            p.unlink()
-        path.rmdir()
 
 
 CLIENT_SCRIPT = """

@@ -1,0 +1,146 @@
+"""Approval and reconciliation of SSH commands, through the Python API against the real sshd and
+the scripted peer (issue 12).
+
+Seed, "Idempotency is defined by the remote contract": for SSH, "define retryability in the
+command's application contract: create a deployment under a unique release identifier ... or
+run a query to confirm the desired state."  The release identifier is the action's
+``idempotency_key``; the target's ``reconcile`` command looks for it, with the key quoted for
+the shell -- so a key carrying shell syntax is a file name, never a command.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from affidavit.api.broker import Broker
+from affidavit.statemachine import EventKind
+from tests.broker.approvalkit import OPS, OPS_UID, verify_ok
+from tests.broker.helpers import assert_error, assert_ok, event_kinds, open_broker, write_config
+
+from .brokerkit import KEY_ENV, ssh_target
+from .hostile import HostileServer
+from .sshd import Sshd, SshKeys
+
+E = EventKind
+LIMIT = 30
+
+
+@pytest.fixture(autouse=True)
+def key_env(ssh_keys: SshKeys) -> Iterator[None]:
+    os.environ[KEY_ENV] = ssh_keys.client_key.decode()
+    try:
+        yield
+    finally:
+        del os.environ[KEY_ENV]
+
+
+def _config(tmp_path: Path, target: dict[str, Any]) -> Path:
+    path = write_config(tmp_path, {"box": target})
+    with path.open("a") as f:
+        f.write(f"[service]\noperator_uids = [{OPS_UID}]\n")
+    return path
+
+
+async def _approve_when_asked(b: Broker) -> str:
+    with trio.fail_after(LIMIT):
+        while not b.approvals():
+            await trio.sleep(0.02)
+    [waiting] = b.approvals()
+    await b.approve(waiting["invocation_id"], note="release r7 is ready", operator=OPS)
+    return str(waiting["invocation_id"])
+
+
+async def test_an_approved_command_is_run_once_and_an_unlisted_one_needs_no_approval(
+    tmp_path: Path, hostile: HostileServer
+) -> None:
+    approval = {"commands": ["^exit 0$"], "wait": "20s"}
+    target = ssh_target(hostile.port, "bob", hostile.pin, approval=approval)
+    before = len(hostile.exec_requests)
+    with trio.fail_after(LIMIT):
+        async with open_broker(_config(tmp_path, target)) as b:
+            got: dict[str, Any] = {}
+
+            async def caller() -> None:
+                got["env"] = await b.call({"target": "box", "command": "exit 0"})
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(caller)
+                iid = await _approve_when_asked(b)
+                request = b.approval(iid)["request"]
+                assert request["command"] == "exit 0"
+                assert request["destination"] == f"bob@127.0.0.1:{hostile.port}"
+            assert_ok(b, got["env"])
+            other = await b.call({"target": "box", "command": "exit 1"})
+            assert E.APPROVAL_REQUESTED not in event_kinds(b, other["invocation_id"])
+            verify_ok(b)
+    assert hostile.exec_requests[before:] == ["exit 0", "exit 1"]
+
+
+@pytest.mark.parametrize(
+    ("key", "outcome", "code"),
+    [("0", "committed", None), ("1", "rejected", "REMOTE_REJECTED"), ("2", None, None)],
+    ids=["exit-0-committed", "exit-1-rejected", "exit-2-settles-nothing"],
+)
+async def test_a_dropped_command_is_reconciled_by_its_query_on_the_scripted_peer(
+    tmp_path: Path, hostile: HostileServer, key: str, outcome: str | None, code: str | None
+) -> None:
+    # The scripted peer runs "exit N" as asked: the key stands for what the real check finds.
+    rc = {"command": "exit {idempotency_key}", "committed_if": "exit:0", "rejected_if": "exit:1"}
+    target = ssh_target(hostile.port, "bob", hostile.pin, reconcile=rc)
+    with trio.fail_after(LIMIT):
+        async with open_broker(_config(tmp_path, target)) as b:
+            env = await b.call({"target": "box", "command": "drop", "idempotency_key": key})
+            assert_error(b, env, phase="remote_execution", outcome="unknown", retry="reconcile",
+                         code="REMOTE_OUTCOME_UNKNOWN")  # fmt: skip
+            # The same key again answers from the record: nothing is run twice.
+            again = await b.call({"target": "box", "command": "drop", "idempotency_key": key})
+            assert again["invocation_id"] == env["invocation_id"]
+            answer = await b.reconcile(env["invocation_id"], query=True)
+            assert answer["query"]["evidence"]["exit_status"] == int(key)
+            settled = answer["envelope"]
+            assert answer["reconciled"] is (outcome is not None)
+            assert settled["evidence"]["outcome"] == (outcome or "unknown")
+            if outcome is not None:
+                assert settled["evidence"]["source"] == "remote_query"
+                assert (settled.get("error") or {}).get("code") == code
+            verify_ok(b)
+    assert hostile.exec_requests[-2:] == ["drop", f"exit {key}"]
+
+
+async def test_a_release_is_reconciled_against_sshd_and_a_key_never_runs_as_a_command(
+    tmp_path: Path, sshd: Sshd
+) -> None:
+    releases = tmp_path / "releases"
+    releases.mkdir()
+    rc = {
+        "command": f"test -e {releases}/{{idempotency_key}}",
+        "committed_if": "exit:0",
+        "rejected_if": "exit:1",
+    }
+    target = ssh_target(sshd.port, sshd.user, sshd.host_pin, reconcile=rc)
+    pwned = tmp_path / "pwned"
+    cases = [
+        ("r42", f"touch {releases}/r42 && sleep 30", "reconciled_committed"),
+        ("r43", "sleep 30", "reconciled_rejected"),
+        # Keys are visible ASCII: ${IFS} stands for the space a shell would split on.
+        (f"r44;touch${{IFS}}{pwned}", "sleep 30", "reconciled_rejected"),
+        (f"r45$(touch${{IFS}}{pwned})`touch${{IFS}}{pwned}`", "sleep 30", "reconciled_rejected"),
+    ]
+    with trio.fail_after(LIMIT * 2):
+        async with open_broker(_config(tmp_path, target)) as b:
+            for key, command, state in cases:
+                action = {"target": "box", "command": command, "idempotency_key": key}
+                env = await b.call(action, timeout=1.5)  # the caller gives up mid-command
+                assert env["error"]["outcome"] == "unknown", env["error"]
+                answer = await b.reconcile(env["invocation_id"], query=True)
+                assert answer["envelope"]["evidence"]["state"] == state, answer
+                kinds = event_kinds(b, env["invocation_id"])
+                assert kinds.index(E.ATTEMPT_INTERRUPTED) < kinds.index(E.RECONCILED)
+                verify_ok(b)
+    assert not pwned.exists()  # the key was a file name to `test`, quoted: never a command
