@@ -25,8 +25,8 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from affidavit import approvals, reconcile
 from affidavit.approvals import Operator, OperatorError, OperatorPolicy
+from affidavit.approvals import service as approvals
 from affidavit.config import Config, load_config
 from affidavit.engine import CallControl, Deliver, Engine, EngineSettings
 from affidavit.engine import approval as engine_approval
@@ -34,6 +34,7 @@ from affidavit.engine.delivery import STORE_ONLY
 from affidavit.journal import Journal, ResultStream
 from affidavit.protocols import Binding, load_bindings
 from affidavit.protocols.catalog import catalog
+from affidavit.reconcile import service as reconcile
 from affidavit.secrets.vault import Vault
 from affidavit.statemachine import Event, Record, operation_json
 

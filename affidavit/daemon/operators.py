@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from affidavit.approvals import Operator, OperatorError
+from affidavit.approvals import Operator, OperatorError, service
 from affidavit.journal import JournalReader
 
 from .http import ApiProblem, Request
@@ -69,15 +69,11 @@ async def _reading(api: Api, view: Callable[[JournalReader], T]) -> T:
 
 async def approvals(api: Api, req: Request) -> None:
     _require(api, req, "list approvals")
-    from affidavit import approvals as service
-
     await req.respond_json(await _reading(api, service.pending))
 
 
 async def approval(api: Api, req: Request, invocation_id: str) -> None:
     _require(api, req, "see approvals")
-    from affidavit import approvals as service
-
     await req.respond_json(await _reading(api, lambda r: service.show(r, invocation_id)))
 
 
