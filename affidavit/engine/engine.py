@@ -14,7 +14,9 @@ Three rules shape the engine (seed sections in brackets):
   proven boundary, not by the function in whose stack the exception was caught"].
 
 The parts, in the order a call meets them: ``invocation.py`` (accept, idempotency, resume, the
-credential step), ``attempt.py`` (setup retries, gate, observer), ``sink.py`` (result streams),
+credential step, with ``credential.py``), ``approval.py`` (bind, wait, claim; the grant the
+gate re-checks; the dispatch of an approved invocation whose caller left), ``attempt.py``
+(setup retries, gate, observer), ``sink.py`` (result streams),
 ``delivery.py`` (store and deliver), ``recovery.py`` (stale records), ``contracts.py`` (what a
 complete result says of jobs and batch items) and ``operations.py`` (polling a job);
 ``recorder.py`` is how they all write the journal, ``snapshot.py`` the bound config,

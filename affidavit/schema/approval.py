@@ -30,6 +30,7 @@ __all__ = ["MAX_TTL", "ApprovalPolicy", "approval_field"]
 
 _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 DEFAULT_TTL = "15m"
+MAX_PATTERN = 1024
 MAX_TTL = 7 * 86400.0
 """An approval is a decision about one request now; a week is already generous."""
 
@@ -80,10 +81,14 @@ def _commands(r: Read) -> tuple[str, ...] | None:
     if not items:
         raise r.error("must list at least one pattern (or leave the key out: every action)")
     for i, pattern in enumerate(items):
+        if len(pattern) > MAX_PATTERN:
+            raise r.error(f"is longer than {MAX_PATTERN} characters", f"[{i}]")
         try:
             re.compile(pattern)
         except re.error as exc:
             raise r.error(f"is not a regular expression ({exc.msg})", f"[{i}]") from None
+        except (RecursionError, OverflowError):  # nesting too deep for the parser
+            raise r.error("is not a regular expression this broker can compile", f"[{i}]") from None
     return tuple(items)
 
 

@@ -91,6 +91,11 @@ def test_approval_always_and_by_method_or_command(tmp_path: Path) -> None:
         ),
         ({"http": "approval = { methods = [] }"}, "targets.billing.approval.methods", "at least"),
         (
+            {"ssh": 'approval = { commands = ["' + "(" * 2000 + '"] }'},
+            "targets.deploy.approval.commands[0]",
+            "longer than",
+        ),
+        (
             {"http": 'approval = { ttl = "1m", wait = "2m" }'},
             "targets.billing.approval.wait",
             "must not exceed ttl",
