@@ -178,26 +178,20 @@ class Broker:
         self, invocation_id: str, *, note: str | None = None, operator: Operator | None = None
     ) -> dict[str, Any]:
         """Approve a pending request (APPROVAL_GRANTED with the operator and the note)."""
-        return await approvals.decide(
-            self._engine,
-            self.operator_policy,
-            operator or Operator.current(),
-            invocation_id,
-            approve=True,
-            note=note,
-        )
+        return await self._decide(invocation_id, True, note, operator)
 
     async def deny(
         self, invocation_id: str, *, note: str | None = None, operator: Operator | None = None
     ) -> dict[str, Any]:
         """Deny a pending request (APPROVAL_DENIED: never sent; retry ``never``)."""
+        return await self._decide(invocation_id, False, note, operator)
+
+    async def _decide(
+        self, invocation_id: str, approve: bool, note: str | None, operator: Operator | None
+    ) -> dict[str, Any]:
+        who = operator or Operator.current()
         return await approvals.decide(
-            self._engine,
-            self.operator_policy,
-            operator or Operator.current(),
-            invocation_id,
-            approve=False,
-            note=note,
+            self._engine, self.operator_policy, who, invocation_id, approve=approve, note=note
         )
 
     async def reconcile(

@@ -43,16 +43,14 @@ from affidavit.config import canonical_json
 from affidavit.journal import JournalError, Lease, LeaseBusy
 from affidavit.protocols import Binding, Prepared, get
 from affidavit.protocols.actions import ActionInvalid, fingerprint, parse_action
-from affidavit.secrets.credentials import CredentialError
 from affidavit.statemachine import Code, Event, EventKind, ImpossibleEvent, Record
 
 from .control import CallControl
-from .credential import prepare_request
+from .credential import Preamble, write_and_prepare
 from .recorder import Recorder
 
 if TYPE_CHECKING:
     from .engine import Deliver, Engine
-    from .invocation import Preamble
 
 __all__ = [
     "APPROVAL_STATES",
@@ -208,14 +206,12 @@ async def request_approval(
     recorder = engine.recorder
     started = trio.current_time()
     with trio.CancelScope(shield=True):
-        for event, payload in preamble:
-            await recorder.write(event, payload=payload)
-        try:
-            credential, prepared = prepare_request(engine, action, target, binding, key)
-        except CredentialError as exc:
-            return await recorder.finish(
-                iid, Event(E.CREDENTIAL_FAILED, iid, {"code": exc.code.value})
-            )
+        prepared_or_refused = await write_and_prepare(
+            engine, iid, action, target, binding, key, preamble
+        )
+        if isinstance(prepared_or_refused, dict):
+            return prepared_or_refused
+        credential, prepared = prepared_or_refused
         attrs, payload = request_attrs(
             engine,
             action,

@@ -31,7 +31,6 @@ from affidavit.protocols.actions import (
     is_idempotent,
     parse_action,
 )
-from affidavit.secrets.credentials import CredentialError
 from affidavit.statemachine import (
     Code,
     Decision,
@@ -56,7 +55,7 @@ from .approval import (
 from .attempt import run_tries
 from .contracts import batch_facts, reader
 from .control import CallControl
-from .credential import prepare_request
+from .credential import Preamble, write_and_prepare
 from .delivery import conclude
 from .ids import new_invocation_id
 from .recorder import Recorder
@@ -69,9 +68,6 @@ if TYPE_CHECKING:
 __all__ = ["refuse_new", "resume", "start"]
 
 E = EventKind
-
-Preamble = tuple[tuple[Event, Mapping[str, Any] | None], ...]
-"""Events written before the credential step, each with its sealed payload (or None)."""
 
 
 async def start(
@@ -297,6 +293,27 @@ async def resume(
     if control is not None:
         control.invocation_id = iid
     recorder = engine.recorder
+
+    async def leased(
+        generation: int, timeout: float | None, grant: Grant | None, version: str | None = None
+    ) -> dict[str, Any]:
+        """One more try under the lease of ``generation``, held by this engine."""
+        return await run(
+            engine,
+            iid,
+            action,
+            target,
+            binding,
+            key,
+            timeout,
+            deliver,
+            generation=generation,
+            lease=(engine.holder, generation),
+            bound_version=version,
+            control=control,
+            grant=grant,
+        )
+
     record = await expire_if_due(recorder, await recorder.record(iid))
     if record.state in APPROVAL_STATES:
         # Waiting for an operator, or for a dispatcher: this caller waits like the first one
@@ -307,21 +324,8 @@ async def resume(
         )
         if isinstance(granted, dict):
             return granted
-        claimed, grant, timeout = granted
-        return await run(
-            engine,
-            iid,
-            action,
-            target,
-            binding,
-            key,
-            timeout,
-            deliver,
-            generation=claimed.generation,
-            lease=(engine.holder, claimed.generation),
-            control=control,
-            grant=grant,
-        )
+        claimed, grant, left = granted
+        return await leased(claimed.generation, left, grant)
     if not record.final:
         record = await recover_stale(recorder, record)
         if not record.final:
@@ -342,21 +346,9 @@ async def resume(
             return recorder.envelope(await recorder.record(iid), in_progress=True)
         except ImpossibleEvent:
             return recorder.envelope(await recorder.record(iid))
-        return await run(
-            engine,
-            iid,
-            action,
-            target,
-            binding,
-            key,
-            timeout,
-            deliver,
-            generation=lease.generation,
-            lease=(engine.holder, lease.generation),
-            bound_version=(record.evidence.get("credential") or {}).get("version"),
-            control=control,
-            grant=grant_of(record),  # a retry reuses an approval only as the gate re-checks it
-        )
+        # A retry reuses an approval only as the gate re-checks it (grant_of).
+        version = (record.evidence.get("credential") or {}).get("version")
+        return await leased(lease.generation, timeout, grant_of(record), version)
     # FETCH, RETURN_RECORDED_RESULT, RECONCILE, STOP_FOR_CORRECTION, RETRY_WHEN_ALLOWED:
     # answer from the record; nothing is sent again.
     return recorder.envelope(record)
@@ -438,16 +430,14 @@ async def _authorize(
     # cancellation must not leave it unclear which of them landed, and one cancel scope per
     # section is far cheaper than one per event (tests/benchmarks/http_overhead.py).
     with trio.CancelScope(shield=True):
-        for event, payload in preamble:
-            await recorder.write(event, payload=payload)
         # Credential injection (seed: still preflight while no byte of the request has
         # left).
-        try:
-            credential, prepared = prepare_request(engine, action, target, binding, key)
-        except CredentialError as exc:
-            return await recorder.finish(
-                iid, Event(E.CREDENTIAL_FAILED, iid, {"code": exc.code.value})
-            )
+        prepared_or_refused = await write_and_prepare(
+            engine, iid, action, target, binding, key, preamble
+        )
+        if isinstance(prepared_or_refused, dict):
+            return prepared_or_refused
+        credential, prepared = prepared_or_refused
         if bound_version is not None and credential.version != bound_version:
             # Seed: the credential version is bound to the invocation; "if any bound value
             # changes, create a new invocation; do not edit the previous record".  A retry

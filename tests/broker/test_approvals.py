@@ -17,6 +17,7 @@ import json
 import os
 import sqlite3
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -47,20 +48,39 @@ async def _pending(broker: Broker, count: int = 1) -> list[dict[str, Any]]:
     return broker.approvals()
 
 
+async def _approved_with_caller_gone(broker: Broker) -> str:
+    """A request answered APPROVAL_PENDING (its caller goes away), then approved."""
+    env = await broker.call(CHARGE)
+    assert env["error"]["code"] == "APPROVAL_PENDING"
+    await broker.approve(env["invocation_id"], operator=OPS)
+    return str(env["invocation_id"])
+
+
+async def _decided_while_waiting(
+    broker: Broker, action: dict[str, Any], decide: Callable[[dict[str, Any]], Awaitable[Any]]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Call ``action`` -- its caller waits -- and once it waits for a decision, run
+    ``decide(the approval as listed)``; return the caller's envelope and that approval."""
+    got: dict[str, Any] = {}
+
+    async def caller() -> None:
+        got["env"] = await broker.call(action)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(caller)
+        [waiting] = await _pending(broker)
+        await decide(waiting)
+    return got["env"], waiting
+
+
 async def test_an_approved_request_is_sent_once_by_its_waiting_caller(
     tmp_path: Path, token: str
 ) -> None:
     async with HostileServer.running(scripts.serve(OK)) as srv:
         cfg = approval_config(tmp_path, srv.url, approval={"methods": ["POST"], "wait": "20s"})
         async with open_broker(cfg) as b:
-            got: dict[str, Any] = {}
 
-            async def caller() -> None:
-                got["env"] = await b.call(CHARGE)
-
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(caller)
-                [waiting] = await _pending(b)
+            async def approve(waiting: dict[str, Any]) -> None:
                 assert srv.requests == []  # nothing leaves before the yes
                 # What the operator is shown: what, where, which credential by name -- no value.
                 assert waiting["request"]["method"] == "POST"
@@ -71,7 +91,8 @@ async def test_an_approved_request_is_sent_once_by_its_waiting_caller(
                 assert token not in json.dumps(waiting)
                 decided = await b.approve(waiting["invocation_id"], note="amount ok", operator=OPS)
                 assert decided["approval"] == "granted" and decided["note"] == "amount ok"
-            env = got["env"]
+
+            env, waiting = await _decided_while_waiting(b, CHARGE, approve)
             rec = assert_ok(b, env)
             # A GET on the same target needs no approval: only POST was listed.
             plain = await b.call({"target": "api", "method": "GET", "path": "/v1/balance"})
@@ -99,18 +120,14 @@ async def test_a_denied_request_is_never_sent_and_says_never(tmp_path: Path, tok
     async with HostileServer.running(scripts.serve(OK)) as srv:
         cfg = approval_config(tmp_path, srv.url, approval={"wait": "20s"})
         async with open_broker(cfg) as b:
-            got: dict[str, Any] = {}
 
-            async def caller() -> None:
-                got["env"] = await b.call(CHARGE)
-
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(caller)
-                [waiting] = await _pending(b)
+            async def deny(waiting: dict[str, Any]) -> None:
                 await b.deny(waiting["invocation_id"], note="not this week", operator=OPS)
+
+            env, waiting = await _decided_while_waiting(b, CHARGE, deny)
             rec = assert_error(
                 b,
-                got["env"],
+                env,
                 phase="credential_injection",
                 outcome="not_attempted",
                 retry="never",
@@ -203,9 +220,7 @@ async def test_an_approved_request_whose_caller_left_is_dispatched_once(
     async with HostileServer.running(scripts.serve(OK)) as srv:
         cfg = approval_config(tmp_path, srv.url)
         async with open_broker(cfg) as b:
-            env = await b.call(CHARGE)  # APPROVAL_PENDING: the caller goes away
-            iid = env["invocation_id"]
-            await b.approve(iid, operator=OPS)
+            iid = await _approved_with_caller_gone(b)
             assert await b.approvals_ready() == [iid]
             # What the daemon's dispatcher does: twice at once, one send.
             results: list[Any] = []
@@ -233,9 +248,7 @@ async def test_a_config_reloaded_after_approval_is_not_sent_under_the_old_approv
     async with HostileServer.running(scripts.serve(OK)) as srv:
         cfg = approval_config(tmp_path, srv.url)
         async with open_broker(cfg) as b:
-            env = await b.call(CHARGE)
-            iid = env["invocation_id"]
-            await b.approve(iid, operator=OPS)
+            iid = await _approved_with_caller_gone(b)
             # The operator approved this target as it was; now it is edited.
             text = cfg.read_text().replace("total = 5", "total = 6")
             time.sleep(0.01)  # a new mtime for the broker's re-check
@@ -252,14 +265,11 @@ async def test_a_config_reloaded_after_approval_is_not_sent_under_the_old_approv
             assert rec.field == "approval"
             assert E.DISPATCH_STARTED not in event_kinds(b, iid)
         async with open_broker(cfg) as b:  # a broker started on the new config: the same
-            env = await b.call(CHARGE)
-            await b.approve(env["invocation_id"], operator=OPS)
+            iid = await _approved_with_caller_gone(b)
         cfg.write_text(text.replace("total = 6", "total = 7"))
         async with open_broker(cfg) as b:
-            await b.dispatch_approved(env["invocation_id"])
-            assert (await b.fetch_result(env["invocation_id"]) or {})["error"][
-                "code"
-            ] == "APPROVAL_STALE"
+            await b.dispatch_approved(iid)
+            assert (await b.fetch_result(iid) or {})["error"]["code"] == "APPROVAL_STALE"
             verify_ok(b)
     assert srv.requests == []
 
@@ -270,9 +280,7 @@ async def test_a_credential_rotated_after_approval_is_approval_stale(tmp_path: P
     async with HostileServer.running(scripts.serve(OK)) as srv:
         cfg = approval_config(tmp_path, srv.url, credential=f"file:{secret}")
         async with open_broker(cfg) as b:
-            env = await b.call(CHARGE)
-            iid = env["invocation_id"]
-            await b.approve(iid, operator=OPS)
+            iid = await _approved_with_caller_gone(b)
             secret.write_text("second-token-rotated\n")  # a new version of the credential
             await b.dispatch_approved(iid)
             fetched = await b.fetch_result(iid)
@@ -311,9 +319,7 @@ async def test_a_body_changed_between_approval_and_dispatch_is_stale_and_nothing
     async with HostileServer.running(scripts.serve(OK)) as srv:
         cfg = approval_config(tmp_path, srv.url)
         async with open_broker(cfg) as b:
-            env = await b.call(CHARGE)
-            iid = env["invocation_id"]
-            await b.approve(iid, operator=OPS)
+            iid = await _approved_with_caller_gone(b)
         _swap_body(cfg, tmp_path / "journal.db", iid, '{"amount": 5000}')
         async with open_broker(cfg) as b:  # the daemon, restarted, picks it up
             assert await b.approvals_ready() == []  # nothing learnt yet: watch first
@@ -342,18 +348,14 @@ async def test_a_retry_of_an_approved_unknown_request_reuses_the_approval_until_
         )
         async with open_broker(cfg) as b:
             action = {**CHARGE, "idempotency_key": "charge-1"}
-            got: dict[str, Any] = {}
 
-            async def caller() -> None:
-                got["env"] = await b.call(action)
-
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(caller)
-                [waiting] = await _pending(b)
+            async def approve(waiting: dict[str, Any]) -> None:
                 await b.approve(waiting["invocation_id"], operator=OPS)
-            assert got["env"]["error"]["retry"] == "same_idempotency_key"
+
+            first, _ = await _decided_while_waiting(b, action, approve)
+            assert first["error"]["retry"] == "same_idempotency_key"
             again = await b.call(action)  # within the window: the approval still covers it
-            assert again["invocation_id"] == got["env"]["invocation_id"]
+            assert again["invocation_id"] == first["invocation_id"]
             assert len(srv.requests) == 2
             assert again["error"]["outcome"] == "unknown"
             await trio.sleep(3.1)

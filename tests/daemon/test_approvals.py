@@ -189,10 +189,11 @@ async def test_a_deny_through_the_client_is_never_sent(tmp_path: Path, token: st
 
 
 @asynccontextmanager
-async def _pending_then_stopped(
+async def _approved_while_down(
     tmp_path: Path, token: str, srv: HostileServer
 ) -> AsyncIterator[tuple[DaemonProc, str]]:
-    """A request made through a daemon that then stops, its approval still pending."""
+    """A request made through a daemon that then stops, approved embedded while it is down:
+    the journal is free, and the operator is this process's user."""
     me = os.geteuid()
     service = {"operator_uids": [me], "allow_self_approval": True}
     async with running_daemon(
@@ -201,7 +202,21 @@ async def _pending_then_stopped(
         asked = await cli(daemon, "call", "-", stdin=json.dumps(CHARGE).encode())
         assert asked.json()["error"]["code"] == "APPROVAL_PENDING"
         stop(daemon)
-        yield daemon, asked.json()["invocation_id"]
+        iid = asked.json()["invocation_id"]
+        approved = await embedded("approvals", "approve", iid, "--config", str(daemon.config))
+        assert approved.returncode == 0, approved.stderr
+        assert approved.json()["operator"]["via"] == "embedded"
+        assert srv.requests == []
+        yield daemon, iid
+
+
+@asynccontextmanager
+async def _restarted(down: DaemonProc, token: str) -> AsyncIterator[DaemonProc]:
+    daemon = await start_daemon(down.config, down.socket, down.log, token)
+    try:
+        yield daemon
+    finally:
+        stop(daemon)
 
 
 async def test_an_approval_given_while_the_daemon_was_down_is_sent_when_it_starts(
@@ -209,21 +224,13 @@ async def test_an_approval_given_while_the_daemon_was_down_is_sent_when_it_start
 ) -> None:
     async with (
         HostileServer.running(scripts.serve(OK)) as srv,
-        _pending_then_stopped(tmp_path, token, srv) as (down, iid),
+        _approved_while_down(tmp_path, token, srv) as (down, iid),
+        _restarted(down, token) as daemon,
     ):
-        # Embedded: the journal is free, the operator is this process's user.
-        approved = await embedded("approvals", "approve", iid, "--config", str(down.config))
-        assert approved.returncode == 0, approved.stderr
-        assert approved.json()["operator"]["via"] == "embedded"
-        assert srv.requests == []
-        daemon = await start_daemon(down.config, down.socket, down.log, token)
-        try:
-            await _state(daemon, iid, "stored_committed")
-            fetched = await cli(daemon, "result", iid)
-            assert fetched.returncode == 0
-            assert json.loads(fetched.json()["result"]["body"]) == {"charged": True}
-        finally:
-            stop(daemon)
+        await _state(daemon, iid, "stored_committed")
+        fetched = await cli(daemon, "result", iid)
+        assert fetched.returncode == 0
+        assert json.loads(fetched.json()["result"]["body"]) == {"charged": True}
     assert len(srv.requests) == 1
 
 
@@ -232,18 +239,13 @@ async def test_a_config_edited_after_approval_is_not_sent_under_the_old_approval
 ) -> None:
     async with (
         HostileServer.running(scripts.serve(OK)) as srv,
-        _pending_then_stopped(tmp_path, token, srv) as (down, iid),
+        _approved_while_down(tmp_path, token, srv) as (down, iid),
     ):
-        approved = await embedded("approvals", "approve", iid, "--config", str(down.config))
-        assert approved.returncode == 0, approved.stderr
         # The target is reloaded with another timeout: not what the operator approved.
         down.config.write_text(down.config.read_text().replace("total = 5", "total = 9"))
-        daemon = await start_daemon(down.config, down.socket, down.log, token)
-        try:
+        async with _restarted(down, token) as daemon:
             record = await _state(daemon, iid, "validation_failed")
             assert (record["code"], record["outcome"]) == ("APPROVAL_STALE", "not_attempted")
-        finally:
-            stop(daemon)
     assert srv.requests == []
 
 
