@@ -138,15 +138,20 @@ def _list(args: argparse.Namespace) -> int:
     if args.json:
         _print(rows)
         return 0
+    from affidavit.views.text import printable
+
     head = ("INVOCATION", "TARGET", "EXPIRES IN", "REQUESTER", "CREDENTIAL")
     print(f"{head[0]:28} {head[1]:12} {head[2]:>10}  {head[3]:9} {head[4]:24} WHAT")
     for row in rows:
         left = float(row["expires_at"]) - time.time()
         expires = "expired" if left <= 0 else f"{int(left)}s"
         requester = (row.get("requester") or {}).get("uid", "-")
+        # Escaped: a command or URL came from the caller, and must not drive the terminal.
         print(
-            f"{row['invocation_id']:28} {row['target'] or '-':12} {expires:>10}  "
-            f"{requester!s:9} {row['credential'] or '-':24} {_what(row.get('request'))}"
+            printable(
+                f"{row['invocation_id']:28} {row['target'] or '-':12} {expires:>10}  "
+                f"{requester!s:9} {row['credential'] or '-':24} {_what(row.get('request'))}"
+            )
         )
     return 0
 

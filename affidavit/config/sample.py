@@ -24,6 +24,8 @@ path = "affidavit.vault"            # `affidavit vault init`, then `affidavit va
 # allow_uids = [1001]                 # default: the uid the daemon runs as
 # allow_gids = []                     # or: the group of the socket's users
 # shutdown_grace = 30                 # seconds in-flight calls may finish after SIGTERM
+# operator_uids = [1002]              # who may approve, deny and attest (docs/approvals.md);
+#                                     # never an agent's account
 
 # An HTTP target.  The caller names it; the broker injects the credential.
 [targets.example]
@@ -43,6 +45,10 @@ budget = 3                            # attempts per invocation, recorded in the
 timeout = { connect = 5, total = 30 }
 # Only if the service documents key-based deduplication:
 # idempotency = { header = "Idempotency-Key", scope = "payments.create", retention = "24h" }
+# Risky methods wait for an operator's yes (needs [service] operator_uids; docs/approvals.md):
+# approval = { methods = ["POST"], ttl = "15m", wait = "0s" }
+# How `affidavit reconcile ID --query` settles an unknown outcome:
+# reconcile = { path = "/charges?key={idempotency_key}", committed_if = "status:200", rejected_if = "status:404" }
 
 # An SSH target.  Pin the host key (replace this placeholder with the real one, e.g. from
 # `ssh-keyscan -t ed25519 HOST`) or point known_hosts at a file.
@@ -55,6 +61,8 @@ host_key = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA
 # known_hosts = "known_hosts"
 credential = "vault:deploy_key"       # an OpenSSH private key stored in the vault
 idempotent_commands = []              # exact commands known to be safe to repeat
+# approval = { commands = ["^deploy "] }   # these commands wait for an operator's yes
+# reconcile = { command = "test -e /srv/releases/{idempotency_key}", committed_if = "exit:0", rejected_if = "exit:1" }
 timeout = { connect = 10, total = 600 }
 """
 

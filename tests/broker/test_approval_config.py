@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from affidavit.config import ConfigError, load_config
+from affidavit.config import ConfigError, load_config, sample_config
 from affidavit.protocols.http import HttpTarget
 from affidavit.protocols.ssh import SshTarget
 from affidavit.statemachine import Outcome
@@ -231,3 +231,21 @@ def test_a_reconcile_mistake_names_its_field(
     err = _error(tmp_path, **kw)
     assert err.field == field
     assert message in err.message
+
+
+def test_the_samples_commented_approval_and_reconcile_examples_load(tmp_path: Path) -> None:
+    """``affidavit init``'s sample shows both settings commented out; uncommented, they load."""
+    lines = []
+    for line in sample_config().splitlines():
+        bare = line.lstrip()
+        if bare.startswith(("# approval", "# reconcile", "# operator_uids", "# [service]")):
+            line = bare[2:]
+        lines.append(line)
+    path = tmp_path / "affidavit.toml"
+    path.write_text("\n".join(lines) + "\n")
+    config = load_config(path)
+    example, deploy = config.targets["example"], config.targets["deploy"]
+    assert isinstance(example, HttpTarget) and isinstance(deploy, SshTarget)
+    assert example.approval is not None and example.approval.methods == {"POST"}
+    assert example.reconcile is not None and deploy.reconcile is not None
+    assert deploy.approval is not None and config.service.has_operators
