@@ -47,8 +47,11 @@ timeout = { connect = 5, total = 30 }
 # idempotency = { header = "Idempotency-Key", scope = "payments.create", retention = "24h" }
 # Risky methods wait for an operator's yes (needs [service] operator_uids; docs/approvals.md):
 # approval = { methods = ["POST"], ttl = "15m", wait = "0s" }
-# How `affidavit reconcile ID --query` settles an unknown outcome:
-# reconcile = { path = "/charges?key={idempotency_key}", committed_if = "status:200", rejected_if = "status:404" }
+# How `affidavit reconcile ID --query` settles an unknown outcome (docs/approvals.md):
+# [targets.example.reconcile]
+# path = "/charges?idempotency_key={idempotency_key}"
+# committed_if = "status:200"
+# rejected_if = "status:404"
 
 # An SSH target.  Pin the host key (replace this placeholder with the real one, e.g. from
 # `ssh-keyscan -t ed25519 HOST`) or point known_hosts at a file.
@@ -62,8 +65,11 @@ host_key = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA
 credential = "vault:deploy_key"       # an OpenSSH private key stored in the vault
 idempotent_commands = []              # exact commands known to be safe to repeat
 # approval = { commands = ["^deploy "] }   # these commands wait for an operator's yes
-# reconcile = { command = "test -e /srv/releases/{idempotency_key}", committed_if = "exit:0", rejected_if = "exit:1" }
 timeout = { connect = 10, total = 600 }
+# [targets.deploy.reconcile]
+# command = "test -e /srv/releases/{idempotency_key}"
+# committed_if = "exit:0"
+# rejected_if = "exit:1"
 """
 
 

@@ -238,7 +238,9 @@ def test_the_samples_commented_approval_and_reconcile_examples_load(tmp_path: Pa
     lines = []
     for line in sample_config().splitlines():
         bare = line.lstrip()
-        if bare.startswith(("# approval", "# reconcile", "# operator_uids", "# [service]")):
+        if bare.startswith(
+            ("# approval", "# operator_uids", "# [service]", "# [targets.", "# path", "# command")
+        ) or bare.startswith(("# committed_if", "# rejected_if")):
             line = bare[2:]
         lines.append(line)
     path = tmp_path / "affidavit.toml"
