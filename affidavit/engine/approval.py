@@ -178,10 +178,10 @@ def request_attrs(
         "requester": {"uid": requester},
     }
     spec = get(target.kind)
-    describe = spec.action.describe if spec is not None else None
+    view = spec.action.operator_view if spec is not None else None
     what = (
-        describe(action, target)
-        if describe is not None
+        view(action, target)
+        if view is not None
         else (spec.action.fingerprint(action, target) if spec is not None else {})
     )
     payload = {"target": target.name, "kind": target.kind, "request": dict(what)}

@@ -89,6 +89,7 @@ class Backend(Protocol):
     async def record(self, invocation_id: str) -> dict[str, Any]: ...
     async def actions(self, session: str | None, outcome: str | None) -> dict[str, Any]: ...
     async def poll_operation(self, operation_id: str) -> dict[str, Any]: ...
+    async def reconcile_query(self, invocation_id: str) -> dict[str, Any]: ...
     def stop(self) -> None: ...
 
 
@@ -164,6 +165,15 @@ class Embedded:
         except OperationError as exc:
             return refusal("INVALID_FIELD", "operation_id", str(exc))
 
+    async def reconcile_query(self, invocation_id: str) -> dict[str, Any]:
+        """The query form only (``affidavit.reconcile``): attesting is an operator's."""
+        from affidavit.approvals import OperatorError
+
+        try:
+            return await self.broker.reconcile(invocation_id, query=True)
+        except OperatorError as exc:
+            return refusal("INVALID_FIELD", "invocation_id", f"{exc.code}: {exc.message}")
+
     def stop(self) -> None:
         """The process is told to stop: every call is stopped where it is, recorded
         BROKER_SHUTDOWN with what its evidence proves (unknown once dispatched)."""
@@ -227,6 +237,18 @@ class Daemon:
         except ApiError as exc:
             if exc.code == "OPERATION_ERROR":
                 return refusal("INVALID_FIELD", "operation_id", exc.message)
+            return api_error(exc.code, exc.message)
+        except Exception as exc:
+            return _client_failure(exc, _LOST_CALL)
+
+    async def reconcile_query(self, invocation_id: str) -> dict[str, Any]:
+        from affidavit.api.wire import ApiError
+
+        try:
+            return await self.client.reconcile(invocation_id, query=True)
+        except ApiError as exc:
+            if exc.status in (400, 404, 409):  # the service's refusal: nothing was queried
+                return refusal("INVALID_FIELD", "invocation_id", f"{exc.code}: {exc.message}")
             return api_error(exc.code, exc.message)
         except Exception as exc:
             return _client_failure(exc, _LOST_CALL)

@@ -198,14 +198,26 @@ READ_TOOLS: dict[str, ReadTool] = {
             (Param("operation_id", "the envelope's operation.id", required=True),),
             read_only=False,
         ),
+        ReadTool(
+            "reconcile_query",
+            "After an `unknown` outcome (retry `reconcile`): run the target's configured "
+            "reconciliation query once, as an invocation of its own -- the original call is "
+            "never sent again. The answer is {reconciled, envelope, query}: `envelope` is the "
+            "original's, settled (`evidence.source` remote_query) only when the query's own "
+            "complete answer proves the effect present or absent; else it stays unknown. Only "
+            "an operator can attest an outcome; no tool does.",
+            (_ID,),
+            read_only=False,
+        ),
     )
 }
 
 
 def is_error(answer: Mapping[str, Any]) -> bool:
     """The tool result's ``isError``: the answer carries an error of the envelope's kind or of
-    the API's -- for ``poll_operation``, the poll's own envelope."""
-    if "error" in answer or "api_error" in answer:
+    the API's -- for ``poll_operation``, the poll's own envelope; for ``reconcile_query``,
+    whether the outcome is still unknown."""
+    if "error" in answer or "api_error" in answer or answer.get("reconciled") is False:
         return True
     poll = answer.get("poll")
     return isinstance(poll, Mapping) and "error" in poll

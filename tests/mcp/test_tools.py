@@ -17,7 +17,14 @@ from .conftest import Remotes, wait_for
 from .kit import Connected, connected, structured
 
 ACTION_TOOLS = {"http_request"}
-READ_TOOLS = {"fetch_result", "get_record", "list_targets", "list_actions", "poll_operation"}
+READ_TOOLS = {
+    "fetch_result",
+    "get_record",
+    "list_targets",
+    "list_actions",
+    "poll_operation",
+    "reconcile_query",
+}
 
 
 async def _record(mcp: Connected, iid: str) -> dict[str, Any]:

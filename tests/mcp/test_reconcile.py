@@ -1,0 +1,83 @@
+"""The query form of reconciliation as an MCP tool (issue 12): an agent may ask the broker to run
+the target's configured reconciliation query -- a read of the remote -- but no tool approves,
+denies or attests (DESIGN: "an MCP tool never approves or attests")."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from tests.broker.approvalkit import PaymentsApi, reconcile_target
+from tests.broker.helpers import TOKEN_ENV, write_config
+from tests.daemon.kit import running_daemon
+from tests.http.hostile import HostileServer
+
+from .kit import Connected, connected, env_without_secrets, structured
+
+
+@contextlib.asynccontextmanager
+async def _mcp(mode: str, tmp: Path, url: str, token: str) -> AsyncIterator[Connected]:
+    log = tmp / "mcp.log"
+    if mode == "embedded":
+        cfg = write_config(tmp, reconcile_target(url))
+        env = env_without_secrets(**{TOKEN_ENV: token})
+        async with connected(["--config", str(cfg)], env, log) as mcp:
+            yield mcp
+        return
+    async with (
+        running_daemon(tmp, reconcile_target(url), token=token) as daemon,
+        connected(["--socket", str(daemon.socket)], env_without_secrets(), log) as mcp,
+    ):
+        yield mcp
+
+
+@pytest.mark.parametrize("mode", ["embedded", "daemon"])
+async def test_an_agent_reconciles_by_query_and_no_tool_speaks_for_an_operator(
+    tmp_path: Path, token: str, mode: str
+) -> None:
+    api = PaymentsApi()
+    async with (
+        HostileServer.running(api.script) as srv,
+        _mcp(mode, tmp_path, srv.url, token) as mcp,
+    ):
+        names = {t.name for t in (await mcp.session.list_tools()).tools}
+        assert "reconcile_query" in names
+        assert not any(w in n for n in names for w in ("approv", "deny", "attest"))
+        [tool] = [t for t in (await mcp.session.list_tools()).tools if t.name == "reconcile_query"]
+        assert set(tool.input_schema["properties"]) == {"invocation_id"}
+
+        action = {
+            "target": "api",
+            "method": "POST",
+            "path": "/v1/charges",
+            "body": json.dumps({"drop": True}),
+            "idempotency_key": "mcp-1",
+        }
+        sent = structured(await mcp.call("http_request", action))
+        assert sent["error"]["outcome"] == "unknown"
+        iid = sent["invocation_id"]
+
+        result = await mcp.call("reconcile_query", {"invocation_id": iid})
+        answer = structured(result)
+        assert result.is_error is False
+        assert answer["reconciled"] is True
+        assert answer["envelope"]["evidence"]["source"] == "remote_query"
+        assert answer["envelope"]["evidence"]["outcome"] == "committed"
+        assert answer["query"]["result"]["status"] == 200
+
+        # A query that settles nothing (a 500): still unknown, flagged as an error.
+        boom = structured(await mcp.call("http_request", {**action, "idempotency_key": "boom"}))
+        unsettled = await mcp.call("reconcile_query", {"invocation_id": boom["invocation_id"]})
+        assert unsettled.is_error is True
+        assert structured(unsettled)["envelope"]["error"]["outcome"] == "unknown"
+
+        again = await mcp.call("reconcile_query", {"invocation_id": iid})
+        refused = structured(again)
+        assert again.is_error is True
+        assert refused["error"]["field"] == "invocation_id"
+        assert "NOT_UNKNOWN" in refused["error"]["message"]
+    assert [r.method for r in srv.requests] == ["POST", "GET", "POST", "GET"]  # each sent once
