@@ -1,6 +1,6 @@
 """Tests that need a program from outside Python (OpenSSH's ``sshd``, Graphviz's ``dot``,
-``tinyproxy``, curl, util-linux's ``setpriv``; later PostgreSQL and chromium) -- or root, to run a
-client as another uid: one rule for all of them.
+``tinyproxy``, curl; later PostgreSQL and chromium) -- or root, to run a client as another uid:
+one rule for all of them.
 
 ``PROGRAM.require()`` returns the program's path when it is installed.  When it is not, the
 test is skipped with the reason ``<package> not installed`` — a newcomer's ``python3 -m pytest``
@@ -36,7 +36,6 @@ __all__ = [
     "HIDE_ENV",
     "PROGRAMS",
     "REQUIRE_ENV",
-    "SETPRIV",
     "SSHD",
     "SSH_KEYGEN",
     "TINYPROXY",
@@ -148,7 +147,6 @@ SSH_KEYGEN = Program("ssh-keygen", "openssh-client")
 DOT = Program("dot", "graphviz")
 TINYPROXY = Program("tinyproxy", "tinyproxy", dirs=SBIN)
 CURL = Program("curl", "curl")
-SETPRIV = Program("setpriv", "util-linux")
 
-PROGRAMS = (SSHD, SSH_KEYGEN, DOT, TINYPROXY, CURL, SETPRIV)
+PROGRAMS = (SSHD, SSH_KEYGEN, DOT, TINYPROXY, CURL)
 """Every program a test requires: ``.ci/run`` installs each one's package."""

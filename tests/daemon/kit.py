@@ -26,6 +26,7 @@ from typing import Any
 import trio
 
 from tests.broker.helpers import TOKEN_ENV, http_target, write_config
+from tests.external import require_root
 
 __all__ = [
     "NOBODY",
@@ -35,6 +36,7 @@ __all__ = [
     "action",
     "action_bytes",
     "api_target",
+    "as_user",
     "cli",
     "client_env",
     "curl_api",
@@ -204,6 +206,42 @@ async def run(
             list(argv), stdin=stdin, capture_stdout=True, capture_stderr=True, check=False, env=env
         )
     return Run(proc.returncode, proc.stdout, proc.stderr)
+
+
+_DROP_PRIVILEGES = """
+import importlib, os, pkgutil, runpy, sys
+import affidavit
+for info in pkgutil.walk_packages(affidavit.__path__, "affidavit."):
+    if not info.name.endswith(".__main__"):
+        try:
+            importlib.import_module(info.name)
+        except ModuleNotFoundError:
+            pass  # a module of an optional extra that is not installed
+uid, mode, what, *rest = sys.argv[1:]
+os.setgroups([])
+os.setgid(int(uid))
+os.setuid(int(uid))
+assert (os.getuid(), os.geteuid(), os.getegid(), os.getgroups()) == (int(uid),) * 3 + ([],)
+sys.argv = [what, *rest]
+if mode == "-m":
+    runpy.run_module(what, run_name="__main__", alter_sys=True)
+else:
+    exec(compile(what, "<client>", "exec"), {"__name__": "__main__"})
+"""
+
+
+def as_user(uid: int, *argv: str) -> list[str]:
+    """``python ARGV`` (``-m MODULE ARGS`` or ``-c CODE ARGS``) as ``uid`` (and group ``uid``,
+    no supplementary groups) -- a client of another user, for root-run tests.
+
+    The child imports every affidavit module (and so their dependencies) first and drops its
+    privileges after: the interpreter and site-packages may live where another uid cannot read
+    (``/root/.pyenv``, mode 0700), which says nothing about the broker.  Every file the client
+    opens and every connection it makes happens as ``uid``."""
+    require_root()
+    mode, what, *rest = argv
+    assert mode in ("-m", "-c"), mode
+    return [PYTHON, "-c", _DROP_PRIVILEGES, str(uid), mode, what, *rest]
 
 
 def client_env(socket: Path | None = None) -> dict[str, str]:

@@ -1,7 +1,7 @@
 """Approvals and reconciliation through a real daemon: the socket peer's uid is the identity
 (issue 12).
 
-The agent is another user (``nobody``, through setpriv, as in test_boundary.py): it may call,
+The agent is another user (``nobody``, ``kit.as_user``, as in test_boundary.py): it may call,
 fetch and run a reconciliation query, but an approval or an attestation from it is refused --
 "An agent can never approve".  The operator is this test's own uid, listed in ``[service]
 operator_uids``.  The daemon records every decision and sends an approved request once, also
@@ -23,7 +23,6 @@ import trio
 from affidavit.api.client import Client
 from affidavit.api.wire import ApiError
 from tests.broker.approvalkit import PaymentsApi, reconcile_target
-from tests.external import SETPRIV
 from tests.http.hostile import HostileServer, Reply, scripts
 
 from .kit import (
@@ -32,6 +31,7 @@ from .kit import (
     DaemonProc,
     Run,
     api_target,
+    as_user,
     cli,
     client_env,
     embedded,
@@ -49,11 +49,9 @@ OK = Reply(200, body=b'{"charged": true}')
 async def as_nobody(daemon: DaemonProc, *args: str, stdin: bytes = b"") -> Run:
     """``affidavit ARGS`` as uid nobody: holds only the socket (its group's), no file of the
     broker's, no credential."""
-    setpriv = SETPRIV.require()
     env = client_env(daemon.socket)
     env["HOME"] = "/nonexistent"
-    argv = [setpriv, f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"]
-    return await run([*argv, sys.executable, "-m", "affidavit", *args], stdin=stdin, env=env)
+    return await run(as_user(NOBODY, "-m", "affidavit", *args), stdin=stdin, env=env)
 
 
 async def _state(daemon: DaemonProc, iid: str, *states: str) -> dict[str, Any]:

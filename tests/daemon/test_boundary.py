@@ -13,13 +13,11 @@ import json
 import os
 import signal
 import stat
-import sys
 from pathlib import Path
 
 import trio
 
 from affidavit.api.client import Client
-from tests.external import SETPRIV
 from tests.http.hostile import HostileServer, Reply, scripts, unresponsive_listener
 
 from .kit import (
@@ -27,6 +25,7 @@ from .kit import (
     WAIT,
     action_bytes,
     api_target,
+    as_user,
     cli,
     client_env,
     curl_api,
@@ -173,8 +172,6 @@ trio.run(main)
 async def test_a_client_of_another_uid_without_the_brokers_files_gets_results(
     tmp_path: Path, token: str, shared_socket_dir: Path
 ) -> None:
-    setpriv = SETPRIV.require()
-    as_nobody = [setpriv, f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"]
     ok = Reply(200, body=b'{"deployed": "v7"}')
     async with (
         HostileServer.running(scripts.serve(ok)) as srv,
@@ -189,23 +186,16 @@ async def test_a_client_of_another_uid_without_the_brokers_files_gets_results(
         env = client_env(daemon.socket)
         env["HOME"] = "/nonexistent"
         assert token not in "".join(env.values())
-        python = [*as_nobody, sys.executable]
 
         # Nothing of the broker's is readable to this client: journal, key, config.
         for secret_file in (daemon.journal, Path(f"{daemon.journal}.key"), daemon.config):
-            probe = await run([*python, "-c", f"open({str(secret_file)!r}).read()"], env=env)
+            probe = await run(as_user(NOBODY, "-c", f"open({str(secret_file)!r}).read()"), env=env)
             assert probe.returncode == 1 and b"PermissionError" in probe.stderr, secret_file
 
-        by_cli = await run([*python, "-m", "affidavit", "call", "-"], stdin=action_bytes(), env=env)
-        by_client = await run(
-            [
-                *python,
-                "-c",
-                CLIENT_SCRIPT,
-                json.dumps({"target": "api", "method": "GET", "path": "/v1/x"}),
-            ],
-            env=env,
-        )
+        cli_argv = as_user(NOBODY, "-m", "affidavit", "call", "-")
+        by_cli = await run(cli_argv, stdin=action_bytes(), env=env)
+        action = json.dumps({"target": "api", "method": "GET", "path": "/v1/x"})
+        by_client = await run(as_user(NOBODY, "-c", CLIENT_SCRIPT, action), env=env)
     assert by_cli.returncode == 0, by_cli.stderr
     assert by_client.returncode == 0, by_client.stderr
     for envelope in (by_cli.json(), json.loads(by_client.stdout)):
