@@ -96,12 +96,14 @@ ALLOWED: Mapping[str, frozenset[str]] = {
         }
     ),
     # The MCP server is an interface beside the daemon: the API (Broker, or the daemon's Client)
-    # and the views; the engine and journal only for their stop handle and error types, and
-    # only embedded (a proxy to the daemon imports neither: tests/mcp/test_proxy_imports.py).
+    # and the views; the engine, journal and approvals only for their stop handle and error
+    # types (OperatorError from the reconcile query), and only embedded (a proxy to the daemon
+    # imports none of them: tests/mcp/test_modes.py).
     "affidavit.mcp": frozenset(
         {
             "affidavit",  # __version__ in the server's info
             "affidavit.api",
+            "affidavit.approvals",
             "affidavit.engine",
             "affidavit.views",
             "affidavit.journal",

@@ -15,7 +15,7 @@ Both answer the same questions; they differ in who records a delivery:
   (the journal is the daemon's), and ``fetch_result`` still returns it.
 
 Only ``Embedded`` imports the engine; ``Daemon`` keeps the proxy free of the engine, the
-journal, the config and the credentials (tests/mcp/test_proxy_imports.py).
+journal, the config and the credentials (tests/mcp/test_modes.py).
 """
 
 from __future__ import annotations

@@ -107,7 +107,25 @@ def target_entry(target: Any, description: str = "") -> dict[str, Any]:
     # What every target has (affidavit.schema.COMMON), but never its credential.
     entry["budget"] = target.budget
     entry["timeout"] = {"connect": target.timeout.connect, "total": target.timeout.total}
+    # What a caller must plan for: a call that waits for a human (APPROVAL_PENDING past
+    # ``wait``, then fetch_result), and whether an ``unknown`` outcome can be settled by the
+    # target's own reconciliation query (docs/approvals.md).
+    entry["approval"] = _approval(getattr(target, "approval", None))
+    entry["reconcile_query"] = getattr(target, "reconcile", None) is not None
     return entry
+
+
+def _approval(policy: Any) -> dict[str, Any] | None:
+    if policy is None:
+        return None
+    shown: dict[str, Any] = {"ttl": policy.ttl, "wait": policy.wait}
+    if policy.always:
+        shown["always"] = True
+    if policy.methods is not None:
+        shown["methods"] = sorted(policy.methods)
+    if policy.commands is not None:
+        shown["commands"] = list(policy.commands)
+    return shown
 
 
 def catalog(targets: Mapping[str, Any], descriptions: Mapping[str, str]) -> dict[str, Any]:

@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.broker.approvalkit import PaymentsApi, reconcile_target
+from affidavit.config import load_config
+from affidavit.protocols.catalog import catalog
+from tests.broker.approvalkit import PaymentsApi, approval_config, reconcile_target
 from tests.broker.helpers import TOKEN_ENV, write_config
 from tests.daemon.kit import running_daemon
 from tests.http.hostile import HostileServer
@@ -81,3 +83,30 @@ async def test_an_agent_reconciles_by_query_and_no_tool_speaks_for_an_operator(
         assert refused["error"]["field"] == "invocation_id"
         assert "NOT_UNKNOWN" in refused["error"]["message"]
     assert [r.method for r in srv.requests] == ["POST", "GET", "POST", "GET"]  # each sent once
+
+
+def test_list_targets_says_which_targets_wait_for_a_human_and_which_reconcile_by_query(
+    tmp_path: Path,
+) -> None:
+    """An agent plans for APPROVAL_PENDING and for settling an ``unknown`` from what
+    list_targets (and the daemon's /v1/catalog, the same function) says of each target."""
+    approval = {"methods": ["POST", "DELETE"], "ttl": "15m", "wait": "2s"}
+    cfg = load_config(
+        approval_config(tmp_path, "http://127.0.0.1:9", approval=approval, **_RECONCILE)
+    )
+    [entry] = catalog(cfg.targets, cfg.descriptions)["targets"]
+    assert entry["approval"] == {"methods": ["DELETE", "POST"], "ttl": 900.0, "wait": 2.0}
+    assert entry["reconcile_query"] is True
+
+    always = load_config(approval_config(tmp_path, "http://127.0.0.1:9", name="always.toml"))
+    [entry] = catalog(always.targets, always.descriptions)["targets"]
+    assert entry["approval"]["always"] is True and entry["reconcile_query"] is False
+
+    plain = load_config(write_config(tmp_path, reconcile_target("http://127.0.0.1:9"), name="p"))
+    [entry] = catalog(plain.targets, plain.descriptions)["targets"]
+    assert entry["approval"] is None and entry["reconcile_query"] is True
+    assert "env:" not in json.dumps(entry)
+
+
+_RECONCILE = reconcile_target("http://127.0.0.1:9")["api"]
+_RECONCILE = {k: _RECONCILE[k] for k in ("idempotency", "reconcile")}
