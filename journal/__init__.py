@@ -1,4 +1,5 @@
-"""Affidavit's journal: durable, append-only, hash-chained and sealed (SQLite, WAL).
+"""Affidavit's journal: durable, append-only, hash-chained and sealed -- on SQLite (embedded) or
+PostgreSQL (several brokers sharing one journal).
 
 Seed: "In-memory-only state helps improve the error text, but it provides no grounds for a retry
 after the broker or the caller restarts."  This package is the durable record everything else
@@ -10,9 +11,10 @@ Ed25519 key that ``verify`` checks with the public key alone (docs/journal.md).
 
 The modules, by role (``store.py``'s docstring says how they fit together):
 
-    store.py        Journal: open, the writes the engine needs, the record cache
+    store.py        Journal: open, the writes the engine needs, the record cache -- the
+                    interface everything above the journal holds
     writer.py       the single writer task: queue, group commit, one transaction per batch,
-                    a signed checkpoint per transaction
+                    a signed checkpoint per transaction, a lost connection survived
     txn.py          one transaction: projection check, hash chain, queued rows
     leases.py       lease and idempotency writes (checked inside the writer's transaction)
     results.py      result chunks, the completeness marker, reading a result back verified
@@ -20,23 +22,29 @@ The modules, by role (``store.py``'s docstring says how they fit together):
     audit.py        the auditor's side of results: opening their auditor copies
     reader.py       JournalReader: every read, for the broker and for read-only tools
     views.py        the action and session views (folds over the events table)
-    checkpoints.py  the checkpoints table: sign, refuse an unsigned head, read back
-    connect.py      opening the SQLite file: WAL and sync pragmas, schema, broker and signing keys
+    checkpoints.py  signing a transaction's checkpoint, refusing an unsigned head
+    connect.py      binding a journal to its sealing key and signing keys
+    migrate.py      copying a journal to another backend, verified on both sides
     rows.py         rows to Events/Leases/IdempotencyRecords, attrs to and from canonical JSON
-    chain.py        schema, canonical row bytes and the hash chain
+    chain.py        canonical row bytes and the hash chain
     verify.py       verify: chain, checkpoints, anchor, stored results -- public keys only
     signing.py      the Ed25519 signing key, checkpoint messages, public keys, anchors
     sealing.py      the broker key, write-only audit copies, associated data
     errors.py       errors and the small records handed out
 
-Everything that speaks SQL is in store/writer/txn/leases/results/audit/reader/views/
-checkpoints/connect/rows and chain's schema; errors, sealing, signing and verify know nothing of
-SQLite (a backend hands ``verify`` its rows through ``verify.Source``), nor does the hash
-computation.
+    backend.py      the backend interface, and choosing one for a path or a URL
+    tables.py       every statement the journal runs, as named methods
+    sqlite.py       the SQLite backend: schema, WAL, BEGIN IMMEDIATE, the writer lock
+    postgres.py     the PostgreSQL backend: schema, advisory lock on the chain head, reconnects
+
+Only the last four speak SQL or know a database; everything above ``tables.py`` is the same code
+on every backend, and one conformance suite (tests/journal/conformance/) runs on each.
 """
 
+from .backend import Backend, is_url
 from .chain import GENESIS
 from .errors import (
+    CommitUnknown,
     IdempotencyMismatch,
     IdempotencyRecord,
     JournalError,
@@ -59,8 +67,10 @@ __all__ = [
     "GENESIS",
     "Anchor",
     "AuditOpener",
+    "Backend",
     "Batch",
     "Checkpoint",
+    "CommitUnknown",
     "IdempotencyMismatch",
     "IdempotencyRecord",
     "Journal",
@@ -79,6 +89,7 @@ __all__ = [
     "StreamInfo",
     "VerifyReport",
     "generate_auditor_keypair",
+    "is_url",
     "load_anchor",
     "load_public_key",
     "open_audit_payload",

@@ -13,19 +13,18 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import sqlite3
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from .errors import JournalError
-from .results import SUMMARY_STREAM, StoredResult, load_marker
+from .results import SUMMARY_STREAM, Store, StoredResult, load_marker
 from .sealing import AuditOpener, chunk_aad, summary_aad
 
 __all__ = ["read_result"]
 
 
 def read_result(
-    conn: sqlite3.Connection,
+    store: Store,
     invocation_id: str,
     private_key_file: str | os.PathLike[str],
     *,
@@ -33,7 +32,7 @@ def read_result(
 ) -> StoredResult | None:
     """The auditor copy of a stored result, verified; None without a completeness marker.
     ``JournalError`` if the result has no auditor copy or any part of it fails verification."""
-    marker = load_marker(conn, invocation_id, covered=covered)
+    marker = load_marker(store, invocation_id, covered=covered)
     if marker is None:
         return None
     bad = f"auditor copy of the result of invocation {invocation_id} (seq {marker.seq})"
@@ -41,13 +40,7 @@ def read_result(
     if want_summary is None:
         raise JournalError(f"{bad} does not exist (no auditor key was configured when stored)")
     opener = AuditOpener.load(private_key_file)
-    blobs: dict[tuple[str, int], bytes] = {
-        (str(s), int(i)): bytes(d)
-        for s, i, d in conn.execute(
-            "SELECT stream, idx, CAST(data AS BLOB) FROM result_audit WHERE invocation_id = ?",
-            (invocation_id,),
-        )
-    }
+    blobs = {(str(s), int(i)): d for s, i, d in store.tables.chunks(True, invocation_id)}
     summary_blob = blobs.get((SUMMARY_STREAM, 0))
     if summary_blob is None or hashlib.sha256(summary_blob).hexdigest() != want_summary:
         raise JournalError(f"{bad}: the summary copy differs from the chained event")

@@ -1,4 +1,4 @@
-"""Schema, canonical row bytes and the hash chain (``verify.py`` walks it).
+"""Canonical row bytes and the hash chain (``verify.py`` walks it).
 
 Seed, "Audit integrity and outcome evidence solve different problems": a hash chain confirms that
 recorded events were not altered later.  Each row's hash is
@@ -9,16 +9,10 @@ where the canonical bytes cover every column except ``hash`` and ``prev_hash`` (
 prefix).  Sealed blobs enter as their SHA-256, so the chain covers them without the key and
 checking the chain needs no key at all.
 
-The schema makes a fork or a gap impossible: ``seq`` is the primary key and a trigger refuses any
-insert that does not extend the chain by exactly one (``seq`` = last + 1 and ``prev_hash`` = the
-last row's ``hash``), so two rows can never share a ``prev_hash``.  Neither hash column has an
-index: a random-keyed index costs one more WAL page per row at each fsync, which made a 64-row
-group commit write ~130 pages instead of ~70 (``tests/benchmarks/journal_append.py``).  Journals
-created before that keep their (redundant) ``UNIQUE`` on ``prev_hash``; rows are identical.
-Update and delete triggers make the table append-only for anyone using the journal normally;
-someone editing the file directly can drop them and re-chain: the signed ``checkpoints``
-(``signing.py``) and ``verify.py`` are for that.  ``result_audit`` holds the result copies sealed
-to the auditor's key (schema 2; a schema-1 journal gains both tables when a writer opens it).
+Each backend's schema (``sqlite.py``, ``postgres.py``) makes a fork or a gap impossible -- ``seq``
+is the primary key and a trigger refuses a row that does not extend the chain by exactly one --
+and refuses updates and deletes of rows and checkpoints.  ``EVENT_COLUMNS`` is the column order
+every backend stores and ``verify`` reads; nothing here knows a database.
 """
 
 from __future__ import annotations
@@ -29,93 +23,9 @@ import json.encoder
 from collections.abc import Callable, Mapping
 from typing import Any
 
-__all__ = ["GENESIS", "SCHEMA", "canonical_json", "row_digest", "row_hash"]
+__all__ = ["EVENT_COLUMNS", "GENESIS", "canonical_json", "row_digest", "row_hash"]
 
 GENESIS = "0" * 64
-SCHEMA_VERSION = 2
-
-SCHEMA = f"""
-CREATE TABLE IF NOT EXISTS meta (
-  name  TEXT PRIMARY KEY,
-  value TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS events (
-  seq           INTEGER PRIMARY KEY CHECK (seq >= 1),
-  at            REAL NOT NULL,
-  invocation_id TEXT NOT NULL,
-  session_id    TEXT,
-  kind          TEXT NOT NULL,
-  source        TEXT NOT NULL,
-  observer      TEXT,
-  observer_seq  INTEGER,
-  attrs         TEXT NOT NULL,
-  payload       BLOB,
-  audit         BLOB,
-  prev_hash     TEXT NOT NULL,
-  hash          TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS events_invocation ON events (invocation_id, seq);
-CREATE TRIGGER IF NOT EXISTS events_extend_chain BEFORE INSERT ON events
-WHEN NEW.seq IS NOT (SELECT coalesce(max(seq), 0) + 1 FROM events)
-  OR NEW.prev_hash IS NOT coalesce((SELECT hash FROM events WHERE seq = NEW.seq - 1),
-                                   '{GENESIS}')
-BEGIN SELECT RAISE(ABORT, 'journal rows must extend the hash chain by one'); END;
-CREATE TRIGGER IF NOT EXISTS events_no_update BEFORE UPDATE ON events
-BEGIN SELECT RAISE(ABORT, 'journal events are append-only'); END;
-CREATE TRIGGER IF NOT EXISTS events_no_delete BEFORE DELETE ON events
-BEGIN SELECT RAISE(ABORT, 'journal events are append-only'); END;
-CREATE TABLE IF NOT EXISTS result_chunks (
-  invocation_id TEXT NOT NULL,
-  stream        TEXT NOT NULL,
-  idx           INTEGER NOT NULL CHECK (idx >= 0),
-  data          BLOB NOT NULL,
-  PRIMARY KEY (invocation_id, stream, idx)
-);
-CREATE TABLE IF NOT EXISTS results (
-  invocation_id TEXT PRIMARY KEY,
-  seq           INTEGER NOT NULL UNIQUE REFERENCES events (seq),
-  sha256        TEXT NOT NULL,
-  streams       TEXT NOT NULL,
-  summary       BLOB NOT NULL
-);
-CREATE TABLE IF NOT EXISTS result_audit (
-  invocation_id TEXT NOT NULL,
-  stream        TEXT NOT NULL,
-  idx           INTEGER NOT NULL CHECK (idx >= 0),
-  data          BLOB NOT NULL,
-  PRIMARY KEY (invocation_id, stream, idx)
-);
-CREATE TABLE IF NOT EXISTS checkpoints (
-  seq           INTEGER PRIMARY KEY CHECK (seq >= 1),
-  hash          TEXT NOT NULL,
-  prev          INTEGER NOT NULL,
-  at            REAL NOT NULL,
-  adopted       INTEGER NOT NULL,
-  key_id        TEXT NOT NULL,
-  signature     BLOB NOT NULL
-);
-CREATE TRIGGER IF NOT EXISTS checkpoints_no_update BEFORE UPDATE ON checkpoints
-BEGIN SELECT RAISE(ABORT, 'journal checkpoints are append-only'); END;
-CREATE TRIGGER IF NOT EXISTS checkpoints_no_delete BEFORE DELETE ON checkpoints
-BEGIN SELECT RAISE(ABORT, 'journal checkpoints are append-only'); END;
-CREATE TABLE IF NOT EXISTS leases (
-  invocation_id TEXT PRIMARY KEY,
-  holder        TEXT NOT NULL,
-  generation    INTEGER NOT NULL,
-  expires_at    REAL NOT NULL,
-  seq           INTEGER NOT NULL
-);
-CREATE TABLE IF NOT EXISTS idempotency (
-  scope         TEXT NOT NULL,
-  key           TEXT NOT NULL,
-  fingerprint   TEXT NOT NULL,
-  invocation_id TEXT NOT NULL,
-  expires_at    REAL,
-  created_at    REAL NOT NULL,
-  PRIMARY KEY (scope, key)
-);
-"""
-
 EVENT_COLUMNS = (
     "seq, at, invocation_id, session_id, kind, source, observer, observer_seq, attrs, "
     "payload, audit, prev_hash, hash"

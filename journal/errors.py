@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 __all__ = [
+    "CommitUnknown",
     "IdempotencyMismatch",
     "IdempotencyRecord",
     "JournalError",
@@ -61,7 +62,9 @@ class VerifyReport:
     signed_at: float | None = None
     """When that checkpoint was signed."""
     key_id: str | None = None
-    """Fingerprint of the public key checkpoints were checked with."""
+    """Fingerprint of the public key checkpoints were checked with (when there was one)."""
+    key_ids: tuple[str, ...] = ()
+    """Every trusted key's fingerprint (several on a shared journal: one per broker)."""
     key_source: str = "journal"
     """Where that key came from: ``public-key`` (a file passed in), ``anchor``, ``journal``
     (recorded in the journal itself: not independent of it) or ``none``."""
@@ -82,6 +85,13 @@ class JournalError(Exception):
 class JournalWriteError(JournalError):
     """A storage fault (disk full, I/O error, read-only database) stopped a write.  The
     transaction was rolled back: nothing of it is durable and every earlier row is intact."""
+
+
+class CommitUnknown(JournalWriteError):
+    """The connection to a shared journal was lost while a transaction was committing, and no
+    new connection could read whether it landed.  The write may or may not be durable: the
+    caller must act as if it had failed (the engine does not dispatch on it) while the record,
+    read again later, says which it was."""
 
 
 class ResultStoreFailed(JournalWriteError):

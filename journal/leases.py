@@ -3,8 +3,10 @@
 Seed, "Idempotency is defined by the remote contract": "the broker still needs to take a lease
 on the invocation, record the retry generation, and allow only one active attempt", and the key,
 fingerprint, scope and retention are persisted before dispatch.  Each check runs inside the
-writer's transaction (``BEGIN IMMEDIATE``), so two processes sharing the file cannot both win.
-Lease expiry is wall-clock time (the journal's ``clock``): it is compared across processes.
+writer's transaction, which holds the chain head (``Backend.begin``), so two processes sharing
+a file -- or two brokers sharing a database -- cannot both win.  Lease expiry is wall-clock time
+(the journal's ``clock``): it is compared across processes and, on a shared database, across
+hosts (keep their clocks in sync; a lease's margin is its ``ttl`` beyond the call's timeout).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from collections.abc import Callable
 from affidavit.statemachine import Event, EventKind, ImpossibleEvent
 
 from .errors import IdempotencyMismatch, IdempotencyRecord, Lease, LeaseBusy, LeaseLost
-from .rows import IDEMPOTENCY_COLUMNS, LEASE_COLUMNS, idempotency_from_row, lease_from_row
+from .rows import idempotency_from_row, lease_from_row
 from .txn import Txn, row_args
 from .writer import Fail
 
@@ -22,11 +24,7 @@ __all__ = ["LEASE_KINDS", "acquire_op", "bind_op", "check_lease"]
 
 
 def _current_lease(txn: Txn, iid: str) -> Lease | None:
-    row = txn.conn.execute(
-        f"SELECT {LEASE_COLUMNS} FROM leases WHERE invocation_id = ?",
-        (iid,),
-    ).fetchone()
-    return lease_from_row(iid, row)
+    return lease_from_row(iid, txn.tables.lease(iid))
 
 
 def check_lease(
@@ -93,11 +91,7 @@ def acquire_op(
             at=now,
         )
         stored = txn.insert(*row_args(ev))
-        txn.conn.execute(
-            "INSERT OR REPLACE INTO leases (invocation_id, holder, generation, expires_at, "
-            "seq) VALUES (?,?,?,?,?)",
-            (invocation_id, holder, generation, expires, stored.seq),
-        )
+        txn.tables.put_lease(invocation_id, holder, generation, expires, stored.seq)
         return Lease(generation, expires, holder, invocation_id, stored.seq)
 
     return op
@@ -115,20 +109,14 @@ def bind_op(
     ``Journal.bind_idempotency``)."""
 
     def op(txn: Txn) -> IdempotencyRecord | Fail:
-        row = txn.conn.execute(
-            f"SELECT {IDEMPOTENCY_COLUMNS} FROM idempotency WHERE scope = ? AND key = ?",
-            (scope, key),
-        ).fetchone()
-        existing = idempotency_from_row(row)
+        existing = idempotency_from_row(txn.tables.idempotency(scope, key))
         if existing is not None:
             if existing.fingerprint == fingerprint:
                 return existing
             return Fail(IdempotencyMismatch(existing, fingerprint))
         rec = IdempotencyRecord(scope, key, fingerprint, invocation_id, expires_at, clock())
-        txn.conn.execute(
-            "INSERT INTO idempotency (scope, key, fingerprint, invocation_id, expires_at, "
-            "created_at) VALUES (?,?,?,?,?,?)",
-            (scope, key, fingerprint, invocation_id, expires_at, rec.created_at),
+        txn.tables.insert_idempotency(
+            (scope, key, fingerprint, invocation_id, expires_at, rec.created_at)
         )
         return rec
 

@@ -1,47 +1,43 @@
 """Reading the journal: events, projected records, sealed payloads, stored results (whole or
 chunk by chunk), auditor copies, leases, idempotency records, the action and session views,
-checkpoints, anchors and ``verify``.
+checkpoints, anchors and ``verify`` -- the same code on every backend (``backend.py``).
 
-Reads are synchronous and use their own connection (WAL lets them run while the writer commits,
-and from other processes).  ``JournalReader.open`` opens a journal read-only, without the broker
-key, for views and ``verify``; the key is loaded only when a payload or a result is read.  No
-read needs the signing key: checkpoints are checked with its public half.
+Reads are synchronous and use their own connection (SQLite's WAL lets them run while the writer
+commits, from this process or another; PostgreSQL's MVCC does the same for every broker).
+``JournalReader.open`` opens a journal read-only, without the broker key, for views and
+``verify``; the key is loaded only when a payload or a result is read.  No read needs a signing
+key: checkpoints are checked with public halves.  A read whose connection to a shared database
+was lost reconnects once and is tried again; a read that still fails is a ``JournalError``.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
 import contextlib
 import hashlib
 import json
 import os
-import sqlite3
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 from affidavit.statemachine import Event, Outcome, Phase, Projector, Record
 
 from . import audit, checkpoints, results, views
-from .chain import EVENT_COLUMNS, GENESIS
-from .connect import connect_reader
+from .backend import Backend, open_backend
+from .checkpoints import Keys
+from .connect import recorded_keys
 from .errors import IdempotencyRecord, JournalError, Lease, VerifyReport
-from .rows import (
-    EVENT_READ_COLUMNS,
-    IDEMPOTENCY_COLUMNS,
-    LEASE_COLUMNS,
-    event_from_row,
-    idempotency_from_row,
-    lease_from_row,
-)
+from .rows import event_from_row, idempotency_from_row, lease_from_row
 from .sealing import BrokerKey, open_audit_payload, payload_aad
-from .signing import Anchor, Checkpoint
+from .signing import Anchor, Checkpoint, key_id_of
+from .tables import Tables
 from .verify import Trust, verify_journal
 
 __all__ = ["JournalReader", "default_signing_key"]
+
+T = TypeVar("T")
 
 
 def default_signing_key(path: Path) -> Path:
@@ -49,56 +45,30 @@ def default_signing_key(path: Path) -> Path:
     return Path(f"{path}.signing.key")
 
 
-def _lenient_text(data: bytes) -> str:
-    return data.decode("utf-8", "surrogateescape")
+class _Source:
+    """``verify.Source`` over one read transaction."""
 
-
-class _SqliteSource:
-    """``verify.Source`` over one read transaction of the SQLite file."""
-
-    def __init__(self, conn: sqlite3.Connection) -> None:
-        self.conn = conn
+    def __init__(self, tables: Tables) -> None:
+        self.tables = tables
 
     def event_rows(self) -> Iterator[tuple[Any, ...]]:
-        cur = self.conn.execute(f"SELECT {EVENT_COLUMNS} FROM events ORDER BY seq")
-        try:
-            yield from cur
-        finally:
-            cur.close()
+        return self.tables.event_rows()
 
     def checkpoints(self) -> Iterator[Checkpoint]:
-        return checkpoints.iter_checkpoints(self.conn)
+        return self.tables.checkpoints()
 
     def markers(self) -> Iterator[tuple[str, int, str, str, bytes]]:
-        cur = self.conn.execute(
-            "SELECT invocation_id, seq, sha256, streams, CAST(summary AS BLOB) FROM results "
-            "ORDER BY seq"
-        )
-        try:
-            yield from cur
-        finally:
-            cur.close()
+        return self.tables.markers()
 
     def digests(self, invocation_id: str, audit: bool) -> Iterator[tuple[str, int, str]]:
-        table = "result_audit" if audit else "result_chunks"
-        try:
-            cur = self.conn.execute(
-                f"SELECT stream, idx, CAST(data AS BLOB) FROM {table} WHERE invocation_id = ? "
-                "ORDER BY stream, idx",
-                (invocation_id,),
-            )
-        except sqlite3.OperationalError:  # a journal from before auditor copies of results
-            return
-        try:
-            for stream, idx, data in cur:
-                yield stream, idx, hashlib.sha256(data).hexdigest()
-        finally:
-            cur.close()
+        for stream, idx, data in self.tables.chunks(audit, invocation_id):
+            yield stream, idx, hashlib.sha256(data).hexdigest()
 
 
 class JournalReader:
     """Synchronous reads.  Opened on its own (``JournalReader.open``) it is read-only and needs
-    no key unless results or payloads are read."""
+    no key unless results or payloads are read.  ``path`` is a SQLite file or a
+    ``postgresql://`` URL (``where`` names it in messages, without a password)."""
 
     def __init__(
         self,
@@ -107,14 +77,24 @@ class JournalReader:
         key_file: str | os.PathLike[str] | None = None,
         readonly: bool = True,
         clock: Callable[[], float] = time.time,
+        backend: Backend | None = None,
     ) -> None:
-        self.path = Path(path)
+        self.backend = backend if backend is not None else open_backend(path)
+        self.path = self.backend.path
+        """The SQLite file (None for a database)."""
+        self.where = self.backend.where
         self._clock = clock
-        self._key_file = Path(key_file) if key_file is not None else Path(f"{self.path}.key")
+        if key_file is not None:
+            self._key_file: Path | None = Path(key_file)
+        else:
+            self._key_file = Path(f"{self.path}.key") if self.path is not None else None
         self._key: BrokerKey | None = None
         self._known_checkpoints: dict[int, bytes] = {}
         """Checkpoints found valid (or signed by this process): seq -> signature."""
-        self._rconn = connect_reader(self.path, readonly=readonly)
+        self._recorded: dict[str, bytes] | None = None
+        self._rconn: Any = None
+        self._rconn = self.backend.connect("tool" if readonly else "reader")
+        self.tables = self.backend.tables(self._rconn)
 
     @classmethod
     def open(
@@ -134,57 +114,96 @@ class JournalReader:
         self.close()
 
     def close(self) -> None:
-        self._rconn.close()
+        if self._rconn is not None:
+            with contextlib.suppress(Exception):
+                self.backend.close(self._rconn)
+
+    # -- reading, with a lost connection tried again once -------------------------------------
+
+    def _read(self, fn: Callable[[Tables], T], what: str = "a read") -> T:
+        backend = self.backend
+        try:
+            return fn(self.tables)
+        except backend.errors as exc:
+            if not backend.lost(exc):
+                raise self._error(what, exc) from None
+        with contextlib.suppress(Exception):
+            backend.close(self._rconn)
+        try:
+            self._rconn = backend.connect("reader")
+            self.tables = backend.tables(self._rconn)
+            return fn(self.tables)
+        except backend.errors as exc:
+            raise self._error(what, exc) from None
+
+    def _error(self, what: str, exc: BaseException) -> JournalError:
+        return JournalError(
+            f"journal {self.where}: {what} cannot be read: {self.backend.describe(exc)}"
+        )
+
+    def guarded(self, what: str) -> _Guard:
+        """``results.Store``: a database error inside is a ``JournalError`` naming ``what`` (a
+        stored row the database cannot hand back -- a text column that is not UTF-8 -- is one,
+        like any other altered row)."""
+        return _Guard(self, what)
+
+    def snapshot(self) -> contextlib.AbstractContextManager[None]:
+        """``results.Store``: one read transaction."""
+        return self.backend.snapshot(self._rconn)
 
     # -- keys ---------------------------------------------------------------------------------
 
     def _broker_key(self) -> BrokerKey:
         if self._key is None:
+            if self._key_file is None:
+                raise JournalError(
+                    f"journal {self.where}: reading payloads and results needs the broker key "
+                    "file ([journal] key_file)"
+                )
             key = BrokerKey.load(self._key_file)
-            stored = self._meta("key_id")
+            stored = self._read(lambda t: t.meta("key_id"))
             if stored is not None and stored != key.key_id:
                 raise JournalError(f"broker key file {self._key_file} does not match this journal")
             self._key = key
         return self._key
 
-    def _meta(self, name: str) -> str | None:
-        row = self._rconn.execute("SELECT value FROM meta WHERE name = ?", (name,)).fetchone()
-        return None if row is None else str(row[0])
-
     def recorded_public_key(self) -> bytes | None:
-        """The signing public key the journal records (None before signing).  The file holds
-        it, so whoever rewrites the file can replace it: pass a key kept elsewhere to ``verify``
-        for an independent check."""
-        text = self._meta("signing_public_key")
-        if text is None:
-            return None
-        try:
-            raw = base64.b64decode(text, validate=True)
-        except (ValueError, binascii.Error):
-            return None
-        return raw if len(raw) == 32 else None
+        """The signing public key the journal records, when it records exactly one (None
+        before signing, or on a shared journal with several brokers' keys)."""
+        keys = self.recorded_public_keys()
+        return next(iter(keys.values())) if len(keys) == 1 else None
 
-    def _trusted_public_key(self) -> bytes | None:
-        """The key a read checks checkpoints with (the writing journal uses its own)."""
-        return self.recorded_public_key()
+    def recorded_public_keys(self) -> dict[str, bytes]:
+        """Every signing public key the journal records (key id -> raw): its one key on
+        SQLite, each registered broker's on a shared journal.  The journal holds them, so
+        whoever rewrites it can replace them: pass keys kept elsewhere to ``verify`` for an
+        independent check."""
+        return self._read(recorded_keys)
+
+    def _trusted_keys(self, refresh: bool = False) -> Keys:
+        """The keys a read checks checkpoints with (the writing journal uses its writer's)."""
+        if self._recorded is None or refresh:
+            self._recorded = self.recorded_public_keys()
+        return self._recorded
 
     def _covered(self, seq: int) -> None:
-        """Raise unless the row at ``seq`` is covered by a checkpoint signed with the trusted
+        """Raise unless the row at ``seq`` is covered by a checkpoint signed with a trusted
         key (the rows from it to that checkpoint are re-hashed)."""
-        why = checkpoints.covering_problem(
-            self._rconn, seq, self._trusted_public_key(), self._known_checkpoints
+        known = self._known_checkpoints
+        why = self._read(
+            lambda t: checkpoints.covering_problem(t, seq, self._trusted_keys(), known)
         )
+        if why is not None and self.backend.multi_signer:
+            # A key registered by a broker that joined after these keys were read.
+            keys = self._trusted_keys(refresh=True)
+            why = self._read(lambda t: checkpoints.covering_problem(t, seq, keys, known))
         if why is not None:
-            raise JournalError(f"journal {self.path}: {why}")
+            raise JournalError(f"journal {self.where}: {why}")
 
     # -- events and records -------------------------------------------------------------------
 
     def events(self, invocation_id: str) -> list[Event]:
-        cur = self._rconn.execute(
-            f"SELECT {EVENT_READ_COLUMNS} FROM events WHERE invocation_id = ? ORDER BY seq",
-            (invocation_id,),
-        )
-        return [event_from_row(r) for r in cur]
+        return self._read(lambda t: [event_from_row(r) for r in t.invocation_events(invocation_id)])
 
     def record(self, invocation_id: str, now: float | None = None) -> Record | None:
         events = self.events(invocation_id)
@@ -194,9 +213,7 @@ class JournalReader:
 
     def payload(self, seq: int) -> Mapping[str, Any] | None:
         """The broker copy of an event's sealed payload (None if the event has none)."""
-        row = self._rconn.execute(
-            "SELECT invocation_id, kind, payload FROM events WHERE seq = ?", (seq,)
-        ).fetchone()
+        row = self._read(lambda t: t.sealed_at(seq, False))
         if row is None or row[2] is None:
             return None
         data = self._broker_key().open(row[2], payload_aad(row[0], row[1]))
@@ -206,18 +223,13 @@ class JournalReader:
     def audit_copy(self, seq: int) -> tuple[str, str, bytes] | None:
         """``(invocation_id, kind, sealed)`` of an event's audit copy, for the auditor to open
         with ``open_audit_payload``; the broker cannot open it."""
-        row = self._rconn.execute(
-            "SELECT invocation_id, kind, audit FROM events WHERE seq = ?", (seq,)
-        ).fetchone()
+        row = self._read(lambda t: t.sealed_at(seq, True))
         if row is None or row[2] is None:
             return None
-        return str(row[0]), str(row[1]), bytes(row[2])
+        return row[0], row[1], row[2]
 
     def head(self) -> tuple[int, str]:
-        row = self._rconn.execute(
-            "SELECT seq, hash FROM events ORDER BY seq DESC LIMIT 1"
-        ).fetchone()
-        return (0, GENESIS) if row is None else (int(row[0]), str(row[1]))
+        return self._read(lambda t: t.head())
 
     # -- results, leases and idempotency ------------------------------------------------------
 
@@ -236,10 +248,8 @@ class JournalReader:
     def result_stream(self, invocation_id: str) -> results.ResultStream | None:
         """The stored result for reading chunk by chunk, each verified before it is handed
         out (``ResultStream.chunks``), or None unless its completeness marker exists."""
-        with self._reading(f"the stored result of invocation {invocation_id}"):
-            return results.open_result(
-                self._rconn, self._broker_key, invocation_id, covered=self._covered
-            )
+        with self.guarded(f"the stored result of invocation {invocation_id}"):
+            return results.open_result(self, self._broker_key, invocation_id, covered=self._covered)
 
     def audit_result(
         self, invocation_id: str, private_key_file: str | os.PathLike[str]
@@ -247,23 +257,8 @@ class JournalReader:
         """The auditor's side: the result's auditor copy opened with the auditor's private key
         and checked against the chained hashes (None if the invocation has no stored result).
         The broker holds no key that opens it."""
-        with self._reading(f"the auditor copy of invocation {invocation_id}"):
-            return audit.read_result(
-                self._rconn, invocation_id, private_key_file, covered=self._covered
-            )
-
-    @contextlib.contextmanager
-    def _reading(self, what: str) -> Iterator[None]:
-        """A stored row SQLite cannot hand back (a text column that is not UTF-8...) is a
-        ``JournalError`` naming ``what``, like any other altered row."""
-        try:
-            yield
-        except sqlite3.Error as exc:
-            if self._rconn.in_transaction:
-                self._rconn.execute("ROLLBACK")
-            raise JournalError(
-                f"journal {self.path}: {what} cannot be read: {results.sql_error(exc)}"
-            ) from None
+        with self.guarded(f"the auditor copy of invocation {invocation_id}"):
+            return audit.read_result(self, invocation_id, private_key_file, covered=self._covered)
 
     def audit_payload(
         self, seq: int, private_key_file: str | os.PathLike[str]
@@ -276,18 +271,10 @@ class JournalReader:
         return open_audit_payload(copy[2], private_key_file, copy[0], copy[1])
 
     def lease(self, invocation_id: str) -> Lease | None:
-        row = self._rconn.execute(
-            f"SELECT {LEASE_COLUMNS} FROM leases WHERE invocation_id = ?",
-            (invocation_id,),
-        ).fetchone()
-        return lease_from_row(invocation_id, row)
+        return lease_from_row(invocation_id, self._read(lambda t: t.lease(invocation_id)))
 
     def find_idempotency(self, scope: str, key: str) -> IdempotencyRecord | None:
-        row = self._rconn.execute(
-            f"SELECT {IDEMPOTENCY_COLUMNS} FROM idempotency WHERE scope = ? AND key = ?",
-            (scope, key),
-        ).fetchone()
-        return idempotency_from_row(row)
+        return idempotency_from_row(self._read(lambda t: t.idempotency(scope, key)))
 
     # -- views --------------------------------------------------------------------------------
 
@@ -305,7 +292,7 @@ class JournalReader:
         want_outcome = Outcome(outcome) if outcome is not None else None
         want_phase = Phase(phase) if phase is not None else None
         out: list[Record] = []
-        for rec, first_at, _ in views.fold(self._rconn, session, now):
+        for rec, first_at, _ in self._read(lambda t: views.fold(t, session, now)):
             if want_outcome is not None and rec.outcome is not want_outcome:
                 continue
             if want_phase is not None and rec.phase is not want_phase:
@@ -320,7 +307,7 @@ class JournalReader:
     def sessions(self) -> list[dict[str, Any]]:
         """One entry per session: its action count, counts by outcome, first and last seen."""
         by: dict[str | None, dict[str, Any]] = {}
-        for rec, first_at, last_at in views.fold(self._rconn, None, None):
+        for rec, first_at, last_at in self._read(lambda t: views.fold(t, None, None)):
             s = by.setdefault(
                 rec.session,
                 {
@@ -342,56 +329,83 @@ class JournalReader:
     # -- checkpoints, anchors and verify -------------------------------------------------------
 
     def latest_checkpoint(self) -> Checkpoint | None:
-        return checkpoints.latest(self._rconn)
+        return self._read(lambda t: t.latest_checkpoint())
 
-    def anchor(self, public_key: bytes | None = None) -> tuple[VerifyReport, Anchor | None]:
-        """Verify the journal with ``public_key`` (default: the recorded one) and, in the same
-        read, take its last checkpoint as an anchor to keep elsewhere.  The anchor is None when
-        the journal does not verify (an anchor must vouch only for a journal that does) or has
-        no signed checkpoint.  Rows from before signing are accepted here: the anchor covers
-        them as they are now."""
-        key = public_key if public_key is not None else self.recorded_public_key()
-        trust = Trust(key, "public-key" if public_key is not None else "journal", None, True)
-        with self._verifying() as source:
-            report = verify_journal(source, trust)
-            cp = checkpoints.latest(self._rconn)
-        if not report.ok or cp is None or key is None:
+    def anchor(
+        self, public_key: bytes | None = None, *, public_keys: Sequence[bytes] = ()
+    ) -> tuple[VerifyReport, Anchor | None]:
+        """Verify the journal with ``public_key`` / ``public_keys`` (default: the recorded
+        ones) and, in the same read, take its last checkpoint as an anchor to keep elsewhere,
+        with the key that signed it.  The anchor is None when the journal does not verify (an
+        anchor must vouch only for a journal that does) or has no signed checkpoint.  Rows from
+        before signing are accepted here: the anchor covers them as they are now."""
+        given = _keys(public_key, public_keys)
+        keys = given if given else self.recorded_public_keys()
+        trust = Trust(keys, "public-key" if given else "journal", None, True)
+
+        def run(t: Tables) -> tuple[VerifyReport, Checkpoint | None]:
+            with self.snapshot():
+                return verify_journal(_Source(t), trust), t.latest_checkpoint()
+
+        report, cp = self._read(run, "a verify")
+        if not report.ok or cp is None or cp.key_id not in keys:
             return report, None
-        return report, Anchor(cp, key)
-
-    @contextlib.contextmanager
-    def _verifying(self) -> Iterator[_SqliteSource]:
-        """One read transaction for a verify (a consistent snapshot).  Text columns someone
-        filled with bytes that are not UTF-8 must read as "altered", not stop verify: decoded
-        leniently, they no longer hash to what was chained."""
-        conn = self._rconn
-        conn.text_factory = _lenient_text
-        conn.execute("BEGIN")
-        try:
-            yield _SqliteSource(conn)
-        finally:
-            conn.execute("COMMIT")
-            conn.text_factory = str
+        return report, Anchor(cp, keys[cp.key_id])
 
     def verify(
         self,
         *,
         public_key: bytes | None = None,
+        public_keys: Sequence[bytes] = (),
         anchor: Anchor | None = None,
         accept_unsigned: bool = False,
     ) -> VerifyReport:
         """Check the hash chain, the signed checkpoints, every stored result against its
         chained hashes and, given one, an anchor -- with public keys only; report the first bad
         seq (``verify.py`` says what each key proves).  The checkpoints are checked with
-        ``public_key`` (raw Ed25519 bytes), else the anchor's key, else the key the journal
-        records itself."""
-        if public_key is not None:
-            trust = Trust(public_key, "public-key", anchor, accept_unsigned)
+        ``public_key`` / ``public_keys`` (raw Ed25519 bytes: on a shared journal, one per
+        broker), else the anchor's key, else the keys the journal records itself."""
+        given = _keys(public_key, public_keys)
+        if given:
+            trust = Trust(given, "public-key", anchor, accept_unsigned)
         elif anchor is not None:
-            trust = Trust(anchor.public_raw, "anchor", anchor, accept_unsigned)
+            trust = Trust(_keys(anchor.public_raw, ()), "anchor", anchor, accept_unsigned)
         else:
-            recorded = self.recorded_public_key()
-            origin = "journal" if recorded is not None else "none"
-            trust = Trust(recorded, origin, None, accept_unsigned)
-        with self._verifying() as source:
-            return verify_journal(source, trust)
+            recorded = self.recorded_public_keys()
+            trust = Trust(recorded, "journal" if recorded else "none", None, accept_unsigned)
+
+        def run(t: Tables) -> VerifyReport:
+            with self.snapshot():
+                return verify_journal(_Source(t), trust)
+
+        return self._read(run, "a verify")
+
+
+class _Guard:
+    """``JournalReader.guarded``: never swallows; converts the backend's errors."""
+
+    __slots__ = ("reader", "what")
+
+    def __init__(self, reader: JournalReader, what: str) -> None:
+        self.reader = reader
+        self.what = what
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        reader = self.reader
+        if exc is not None and isinstance(exc, reader.backend.errors):
+            with contextlib.suppress(Exception):
+                reader.backend.rollback(reader._rconn)
+            raise reader._error(self.what, exc) from None
+
+
+def _keys(one: bytes | None, more: Sequence[bytes]) -> dict[str, bytes]:
+    raws = ([one] if one is not None else []) + list(more)
+    return {key_id_of(raw): raw for raw in raws}

@@ -27,27 +27,52 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import sqlite3
 from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from affidavit.statemachine import Event, EventKind
 
 from .chain import canonical_json
 from .errors import JournalError, ResultStoreFailed
 from .sealing import AuditSealer, BrokerKey, chunk_aad, summary_aad
+from .tables import Tables
 from .txn import Txn, row_args
 
 __all__ = [
     "ResultStream",
+    "Store",
     "StoredResult",
     "StreamInfo",
     "chunk_op",
     "commit_op",
     "open_result",
-    "sql_error",
 ]
+
+
+class Store(Protocol):
+    """What reading a result needs of the reader holding it."""
+
+    @property
+    def tables(self) -> Tables: ...
+
+    def snapshot(self) -> AbstractContextManager[None]:
+        """One read transaction (the marker and its event read together)."""
+        ...
+
+    def guarded(self, what: str) -> Guard:
+        """A database error inside becomes a ``JournalError`` naming ``what``."""
+        ...
+
+
+class Guard(Protocol):
+    """A context manager that never swallows an exception (it may replace one)."""
+
+    def __enter__(self) -> None: ...
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None: ...
+
 
 SUMMARY_STREAM = ""
 """``result_audit``'s stream name for the summary's auditor copy (no result stream is empty)."""
@@ -215,26 +240,16 @@ class Marker:
 
 
 def load_marker(
-    conn: sqlite3.Connection, invocation_id: str, *, covered: Callable[[int], None]
+    store: Store, invocation_id: str, *, covered: Callable[[int], None]
 ) -> Marker | None:
     """The invocation's marker, checked against its chained event, or None if it has none.
     ``covered(seq)`` raises unless the event row at ``seq`` is covered by a signed checkpoint."""
-    conn.execute("BEGIN")
-    try:
-        marker = conn.execute(
-            # Blob columns are read as blobs even if someone stored text in them.
-            "SELECT seq, sha256, CAST(streams AS BLOB), CAST(summary AS BLOB) FROM results "
-            "WHERE invocation_id = ?",
-            (invocation_id,),
-        ).fetchone()
+    with store.snapshot():
+        marker = store.tables.marker(invocation_id)
         if marker is None:
             return None
         seq, sha, streams_json, summary_blob = marker
-        ev = conn.execute(
-            "SELECT kind, invocation_id, CAST(attrs AS BLOB) FROM events WHERE seq = ?", (seq,)
-        ).fetchone()
-    finally:
-        conn.execute("COMMIT")
+        ev = store.tables.event_at(seq)
     bad = f"stored result of invocation {invocation_id} (seq {seq}) fails verification"
     if ev is None or ev[0] != EventKind.RESULT_COMMITTED.value or ev[1] != invocation_id:
         raise JournalError(f"{bad}: no RESULT_COMMITTED event at its seq")
@@ -274,32 +289,16 @@ def _opened_summary(marker: Marker, plain: bytes) -> Mapping[str, Any]:
     return summary
 
 
-def sql_error(exc: sqlite3.Error) -> str:
-    """An SQLite error's message without the data it may quote (a text column that is not
-    UTF-8 is reported "... with text '<its bytes>'")."""
-    return str(exc).split(" with text ", 1)[0]
-
-
-def _fetcher(conn: sqlite3.Connection, table: str, invocation_id: str) -> Fetch:
-    sql = (
-        f"SELECT CAST(data AS BLOB) FROM {table} WHERE invocation_id = ? AND stream = ? AND idx = ?"
-    )
-
+def _fetcher(store: Store, invocation_id: str) -> Fetch:
     def fetch(stream: str, idx: int) -> bytes | None:
-        try:
-            row = conn.execute(sql, (invocation_id, stream, idx)).fetchone()
-        except sqlite3.Error as exc:
-            raise JournalError(
-                f"result of invocation {invocation_id}: stream {stream!r} chunk {idx} cannot be "
-                f"read: {sql_error(exc)}"
-            ) from None
-        return None if row is None else bytes(row[0])
+        with store.guarded(f"result of invocation {invocation_id}: stream {stream!r} chunk {idx}"):
+            return store.tables.chunk(False, invocation_id, stream, idx)
 
     return fetch
 
 
 def open_result(
-    conn: sqlite3.Connection,
+    store: Store,
     broker_key: Callable[[], BrokerKey],
     invocation_id: str,
     *,
@@ -308,12 +307,12 @@ def open_result(
     """The stored result as a ``ResultStream``, or None unless its completeness marker exists
     (``broker_key`` is called only then).  Stored results never change, so its chunks are read
     later, one query each."""
-    marker = load_marker(conn, invocation_id, covered=covered)
+    marker = load_marker(store, invocation_id, covered=covered)
     if marker is None:
         return None
     key = broker_key()
     summary = _opened_summary(marker, key.open(marker.summary_blob, summary_aad(invocation_id)))
-    fetch = _fetcher(conn, "result_chunks", invocation_id)
+    fetch = _fetcher(store, invocation_id)
     return ResultStream(
         invocation_id, marker.seq, marker.sha256, summary, marker.streams, fetch, key
     )
@@ -343,28 +342,14 @@ def chunk_op(
     audit_copy = audit.seal(plain, aad) if audit is not None else None
 
     def op(txn: Txn) -> None:
-        done = txn.conn.execute(
-            "SELECT 1 FROM results WHERE invocation_id = ?", (invocation_id,)
-        ).fetchone()
-        if done is not None:
+        tables = txn.tables
+        if tables.has_result(invocation_id):
             raise JournalError(f"the result of invocation {invocation_id} is already stored")
         if index == 0:
-            for table in ("result_chunks", "result_audit"):
-                txn.conn.execute(
-                    f"DELETE FROM {table} WHERE invocation_id = ? AND stream = ?",
-                    (invocation_id, stream),
-                )
-        txn.conn.execute(
-            "INSERT OR REPLACE INTO result_chunks (invocation_id, stream, idx, data) "
-            "VALUES (?,?,?,?)",
-            (invocation_id, stream, index, sealed),
-        )
+            tables.drop_stream(invocation_id, stream)
+        tables.put_chunk(False, invocation_id, stream, index, sealed)
         if audit_copy is not None:
-            txn.conn.execute(
-                "INSERT OR REPLACE INTO result_audit (invocation_id, stream, idx, data) "
-                "VALUES (?,?,?,?)",
-                (invocation_id, stream, index, audit_copy),
-            )
+            tables.put_chunk(True, invocation_id, stream, index, audit_copy)
 
     return op
 
@@ -374,10 +359,7 @@ def _stored_streams(txn: Txn, key: BrokerKey, iid: str) -> dict[str, dict[str, A
     back inside the committing transaction, so the marker describes exactly what is stored."""
     per: dict[str, dict[str, Any]] = {}
     hashers: dict[str, Any] = {}
-    for stream, idx, data in txn.conn.execute(
-        "SELECT stream, idx, data FROM result_chunks WHERE invocation_id = ? ORDER BY stream, idx",
-        (iid,),
-    ):
+    for stream, idx, data in txn.tables.chunks(False, iid):
         info = per.setdefault(stream, {"chunks": 0, "bytes": 0, "sealed": []})
         if idx != info["chunks"]:
             raise JournalError(
@@ -396,11 +378,9 @@ def _stored_streams(txn: Txn, key: BrokerKey, iid: str) -> dict[str, dict[str, A
 def _audit_hashes(txn: Txn, iid: str, per: dict[str, dict[str, Any]]) -> None:
     """Add each stream's auditor-copy hashes; the copies must match the chunks one for one."""
     audit: dict[str, list[str]] = {}
-    for stream, idx, data in txn.conn.execute(
-        "SELECT stream, idx, data FROM result_audit WHERE invocation_id = ? AND stream != ? "
-        "ORDER BY stream, idx",
-        (iid, SUMMARY_STREAM),
-    ):
+    for stream, idx, data in txn.tables.chunks(True, iid):
+        if stream == SUMMARY_STREAM:
+            continue
         hashes = audit.setdefault(stream, [])
         if idx != len(hashes):
             break
@@ -453,16 +433,9 @@ def commit_op(
             attrs["audit_summary_sha256"] = _sha(audit_summary)
         ev = dataclasses.replace(event, attrs=attrs)
         stored = txn.insert(*row_args(ev))
-        txn.conn.execute(
-            "INSERT INTO results (invocation_id, seq, sha256, streams, summary) VALUES (?,?,?,?,?)",
-            (iid, stored.seq, whole, canonical_json(per), sealed_summary),
-        )
+        txn.tables.insert_result(iid, stored.seq, whole, canonical_json(per), sealed_summary)
         if audit_summary is not None:
-            txn.conn.execute(
-                "INSERT OR REPLACE INTO result_audit (invocation_id, stream, idx, data) "
-                "VALUES (?,?,?,?)",
-                (iid, SUMMARY_STREAM, 0, audit_summary),
-            )
+            txn.tables.put_chunk(True, iid, SUMMARY_STREAM, 0, audit_summary)
         return stored
 
     return op

@@ -1,19 +1,21 @@
-"""The writing journal: ``async with Journal.open(path) as j`` opens (or creates) the file,
-starts the single writer task, and offers every write the engine needs -- append with or without
-a barrier, post a diagnostic event, leases, idempotency bindings, result chunks and the result's
-commit.
+"""The writing journal: ``async with Journal.open(path_or_url) as j`` opens (or creates) the
+journal, starts the single writer task, and offers every write the engine needs -- append with
+or without a barrier, post a diagnostic event, leases, idempotency bindings, result chunks and
+the result's commit.  ``Journal`` is the interface the engine, the views, recovery and the
+daemon hold; the database behind it is a backend (``backend.py``: SQLite or PostgreSQL).
 
-Where the parts live: ``connect.py`` opens the SQLite file (WAL, sync, schema, key),
-``writer.py`` is the writer task with group commit, ``txn.py`` one transaction (projection check
-and hash chain), ``leases.py`` and ``results.py`` the writes of their tables, ``reader.py`` every
-read (``Journal`` is a ``JournalReader`` too), ``views.py`` the action and session folds.
+Where the parts live: ``backend.py`` chooses the backend (``sqlite.py``, ``postgres.py``),
+``connect.py`` binds the keys, ``writer.py`` is the writer task with group commit, ``txn.py``
+one transaction (projection check and hash chain), ``leases.py`` and ``results.py`` the writes
+of their tables, ``tables.py`` every statement, ``reader.py`` every read (``Journal`` is a
+``JournalReader`` too), ``views.py`` the action and session folds.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
-import sqlite3
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -25,13 +27,15 @@ import trio
 from affidavit.statemachine import BARRIER_KINDS, Event, EventKind, Record
 
 from . import leases, results
+from .backend import Lock, open_backend
 from .chain import canonical_json
-from .connect import connect_writer, init_schema, unusable
+from .checkpoints import Keys
+from .connect import bind_keys
 from .errors import IdempotencyRecord, JournalError, Lease
-from .lock import WriterLock
 from .reader import JournalReader, default_signing_key
 from .rows import BARRIER_VALUES, attrs_json, decode_attrs
-from .sealing import AuditSealer, payload_aad
+from .sealing import AuditSealer, BrokerKey, payload_aad
+from .signing import SigningKey
 from .txn import Txn
 from .writer import Around, Batch, Fail, Hook, Posted, Writer
 
@@ -69,17 +73,18 @@ class _Opener:
 
 
 class Journal(JournalReader):
-    """The writing journal.  Use ``async with Journal.open(path) as j``.
+    """The writing journal.  Use ``async with Journal.open(path_or_url) as j``.
 
     Two hooks see the writer's transactions, each given a ``Batch`` (how many queued writes it
-    carries, whether one is a barrier, the sync mode it commits under); both run in the writer
+    carries, whether one is a barrier, the durability it commits under); both run in the writer
     thread and may be set or cleared at any time:
 
     * ``before_commit(batch)`` -- fault injection and counting: called inside every
-      transaction, after all of its rows are written and before its ``COMMIT``.  Raising
-      ``sqlite3.Error`` there fails the batch exactly as a storage fault would (rolled back;
-      every write in it raises ``JournalWriteError`` or ``ResultStoreFailed``); blocking there
-      holds the transaction open (crash tests kill the process at that point).
+      transaction, after all of its rows are written and before its ``COMMIT``.  Raising the
+      backend's error (``sqlite3.Error``, ``psycopg.Error``) there fails the batch exactly as a
+      storage fault would (rolled back; every write in it raises ``JournalWriteError`` or
+      ``ResultStoreFailed``); blocking there holds the transaction open (crash tests kill the
+      process at that point; on a shared journal it holds the chain head for every broker).
     * ``around_transaction(batch)`` -- instrumentation: a context manager entered before the
       transaction begins and exited after it committed or rolled back (the benchmarks time,
       profile and count transactions with it)."""
@@ -94,32 +99,65 @@ class Journal(JournalReader):
         payload_copy: bool = True,
         clock: Callable[[], float] = time.time,
         owner: str | None = None,
+        reconnect_within: float | None = None,
     ) -> None:
+        options = {} if reconnect_within is None else {"reconnect_within": reconnect_within}
+        backend = open_backend(path, options=options)
+        self._owner = owner
         # Before anything else: a journal the daemon owns is not opened for writing at all.
-        self._writer_lock: WriterLock | None = WriterLock.acquire(Path(path), owner)
+        self._writer_lock: Lock | None = backend.writer_lock(owner)
         try:
-            super().__init__(path, key_file=key_file, readonly=False, clock=clock)
+            super().__init__(path, key_file=key_file, readonly=False, clock=clock, backend=backend)
         except BaseException:
-            self._writer_lock.release()
+            if self._writer_lock is not None:
+                self._writer_lock.release()
             raise
-        self._audit = AuditSealer.load(auditor_public_key) if auditor_public_key else None
-        self._payload_copy = payload_copy or self._audit is None
-        self.signing_key_file = (
-            Path(signing_key) if signing_key is not None else default_signing_key(self.path)
-        )
         try:
-            conn = connect_writer(self.path)
-            self._writer = Writer(self.path, conn, clock)
-            self._key, self._writer.signer = init_schema(
-                conn, self.path, self._key_file, self.signing_key_file, clock
+            self._audit = AuditSealer.load(auditor_public_key) if auditor_public_key else None
+            self._payload_copy = payload_copy or self._audit is None
+            if signing_key is not None:
+                self.signing_key_file = Path(signing_key)
+            elif self.path is not None:
+                self.signing_key_file = default_signing_key(self.path)
+            else:
+                raise JournalError(
+                    f"journal {self.where}: a shared journal needs its key files named "
+                    "([journal] key_file and signing_key)"
+                )
+            if self._key_file is None:
+                raise JournalError(
+                    f"journal {self.where}: a shared journal needs its key files named "
+                    "([journal] key_file and signing_key)"
+                )
+            self._writer = Writer(backend, backend.connect("writer"), clock)
+            self._key, signer = self._bind(self._key_file, self.signing_key_file)
+            self._writer.signer = signer
+            self._writer.keys = (
+                self.recorded_public_keys()
+                if backend.multi_signer
+                else {signer.key_id: signer.public_raw}
             )
             self._known_checkpoints = self._writer.signed
-        except sqlite3.Error as exc:
+        except backend.errors as exc:
             self.close()
-            raise unusable(self.path, exc) from None
+            raise backend.open_error(exc) from None
         except BaseException:
             self.close()
             raise
+
+    def _bind(self, key_file: Path, signing_key_file: Path) -> tuple[BrokerKey, SigningKey]:
+        """Create or upgrade the schema and bind the keys, in one transaction."""
+        backend, writer = self.backend, self._writer
+        backend.begin(writer.conn, barrier=True)
+        try:
+            backend.create(writer.conn)
+            bound = bind_keys(backend, writer.tables, key_file, signing_key_file, self._clock)
+            backend.commit(writer.conn)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                backend.rollback(writer.conn)
+            raise
+        return bound
 
     @classmethod
     def open(  # type: ignore[override]
@@ -132,13 +170,17 @@ class Journal(JournalReader):
         payload_copy: bool = True,
         clock: Callable[[], float] = time.time,
         owner: str | None = None,
+        reconnect_within: float | None = None,
     ) -> _Opener:
-        """Open (creating if absent) and start the single writer task.  ``key_file`` (the
-        sealing key) defaults to ``<path>.key``, ``signing_key`` (the Ed25519 key that signs
-        each transaction's checkpoint) to ``<path>.signing.key``; both are created 0600 for a new
-        journal.  ``payload_copy=False`` with an auditor key makes payloads write-only: sealed
-        to the auditor alone.  ``owner`` (the daemon's description) opens it as its only writer
-        (``lock.py``); without it, a journal an owner holds raises ``JournalLocked``."""
+        """Open (creating if absent) and start the single writer task.  ``path`` is a SQLite
+        file or a ``postgresql://`` URL (the schema is created on first open).  ``key_file``
+        (the sealing key) defaults to ``<path>.key``, ``signing_key`` (the Ed25519 key that
+        signs each transaction's checkpoint) to ``<path>.signing.key`` -- a database has no
+        path: name both; each is created 0600 if absent.  ``payload_copy=False`` with an
+        auditor key makes payloads write-only: sealed to the auditor alone.  ``owner`` (the
+        daemon's description) opens a SQLite journal as its only writer (``lock.py``); without
+        it, a journal an owner holds raises ``JournalLocked``.  ``reconnect_within``: how long
+        a writer on a shared journal tries to reconnect after losing its connection."""
         return _Opener(
             {
                 "path": path,
@@ -148,8 +190,16 @@ class Journal(JournalReader):
                 "payload_copy": payload_copy,
                 "clock": clock,
                 "owner": owner,
+                "reconnect_within": reconnect_within,
             }
         )
+
+    @property
+    def exclusive(self) -> bool:
+        """This process is the journal's only writer (the daemon's exclusive lock on a SQLite
+        journal): every record left open belongs to a process that stopped.  Never on a shared
+        journal, whose other brokers may be running the calls they left open."""
+        return self._owner is not None and not self.backend.shared
 
     @property
     def before_commit(self) -> Hook | None:
@@ -168,10 +218,11 @@ class Journal(JournalReader):
         self._writer.around_transaction = hook
 
     @property
-    def write_connection(self) -> sqlite3.Connection:
-        """The writer's own SQLite connection, for storage-fault tests (``PRAGMA
+    def write_connection(self) -> Any:
+        """The writer's own connection, for storage-fault tests (SQLite: ``PRAGMA
         max_page_count`` fills the disk, ``PRAGMA query_only`` makes it read-only, ``close()``
-        takes the I/O path away).  Touch it only while no write is in flight."""
+        takes the I/O path away; PostgreSQL: its backend pid, to terminate it).  Touch it only
+        while no write is in flight."""
         return self._writer.conn
 
     # -- reads served from the writer's projections -------------------------------------------
@@ -179,20 +230,23 @@ class Journal(JournalReader):
     def record(self, invocation_id: str, now: float | None = None) -> Record | None:
         """As ``JournalReader.record``; for an invocation this writer has folded, answered from
         its projection without reading the events back -- but only when that projection is the
-        file's state: called on the trio thread while no batch is in the writer thread, and the
-        file's last seq is the one this writer committed (another process may append to the
-        same file; then the events are read and folded as usual).  The writer's projection
-        folds the same stored events a reader would (attrs decoded from their stored JSON)."""
+        journal's state: called on the trio thread while no batch is in the writer thread, and
+        the journal's last seq is the one this writer committed (another process may append to
+        the same journal; then the events are read and folded as usual).  The writer's
+        projection folds the same stored events a reader would (attrs decoded from their stored
+        JSON)."""
         p = self._writer.committed_projector(invocation_id)
-        if p is not None and self._last_seq() == self._writer.known_head:
+        if p is not None and self.head()[0] == self._writer.known_head:
             return p.record(now)
         return super().record(invocation_id, now)
 
-    def _trusted_public_key(self) -> bytes | None:
-        # The writer holds the signing key itself: it checks with that, not with whatever
-        # public key the file records.
-        signer = self._writer.signer
-        return signer.public_raw if signer is not None else None
+    def _trusted_keys(self, refresh: bool = False) -> Keys:
+        # The writer checks with its own key (SQLite), not with whatever key the file records;
+        # on a shared journal with the registered brokers' keys it last loaded.
+        writer = self._writer
+        if refresh and self.backend.multi_signer:
+            writer.keys = {**self.recorded_public_keys(), **writer.keys}
+        return writer.keys
 
     @property
     def public_key(self) -> bytes:
@@ -201,14 +255,11 @@ class Journal(JournalReader):
         assert signer is not None
         return signer.public_raw
 
-    def _last_seq(self) -> int:
-        row = self._rconn.execute("SELECT max(seq) FROM events").fetchone()
-        return 0 if row is None or row[0] is None else int(row[0])
-
     def close(self) -> None:
         writer = getattr(self, "_writer", None)
         if writer is not None:
-            writer.conn.close()
+            with contextlib.suppress(Exception):
+                self.backend.close(writer.conn)
         super().close()
         lock = getattr(self, "_writer_lock", None)
         if lock is not None:

@@ -3,39 +3,40 @@ and queue its row.
 
 Seed, "The projection must reject impossible state reversals": an event is inserted only after
 the invocation's projection accepted it (``ImpossibleEvent`` otherwise, and nothing is
-written).  ``seq`` and ``prev_hash`` come from the chain head read inside ``BEGIN IMMEDIATE``,
-so a second process appending to the same file extends the same chain instead of forking it;
-the schema's trigger checks every row extends it by exactly one.
+written).  ``seq`` and ``prev_hash`` come from the chain head read after the backend's
+``begin`` took it (SQLite's ``BEGIN IMMEDIATE``, PostgreSQL's advisory lock), so another writer
+-- a second process on the file, another broker on the database -- extends the same chain
+instead of forking it; the schema's trigger checks every row extends it by exactly one.
 """
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from affidavit.statemachine import Event, EventKind, ImpossibleEvent, Projector
 
-from .chain import EVENT_COLUMNS, row_digest
-from .rows import EVENT_READ_COLUMNS, attrs_json, decode_attrs, event_from_row
+from .chain import row_digest
+from .errors import JournalError
+from .rows import attrs_json, decode_attrs, event_from_row
+from .tables import Tables
 
 if TYPE_CHECKING:
     from .writer import Writer
 
 __all__ = ["Txn", "row_args"]
 
-_INSERT = f"INSERT INTO events ({EVENT_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)"
-
 
 class Txn:
     """State of one writer transaction: the chain head as this transaction extends it, and the
-    rows computed but not yet handed to SQLite (one ``executemany`` per run of appends)."""
+    rows computed but not yet handed to the database (one ``executemany`` per run of
+    appends)."""
 
-    __slots__ = ("conn", "digest", "hash", "rows", "seq", "writer")
+    __slots__ = ("digest", "hash", "rows", "seq", "tables", "writer")
 
-    def __init__(self, writer: Writer, conn: sqlite3.Connection, seq: int, hash_: str) -> None:
+    def __init__(self, writer: Writer, tables: Tables, seq: int, hash_: str) -> None:
         self.writer = writer
-        self.conn = conn
+        self.tables = tables
         self.seq = seq
         self.hash = hash_
         self.digest = bytes.fromhex(hash_)
@@ -44,8 +45,8 @@ class Txn:
     def flush(self) -> None:
         """Insert the pending rows (the schema's trigger checks each extends the chain)."""
         if self.rows:
-            self.conn.executemany(_INSERT, self.rows)
-            self.rows.clear()
+            self.tables.insert_events(self.rows)
+            self.rows = []
 
     def projector(self, iid: str) -> Projector:
         """The invocation's projection as of this transaction (folded from the file if the
@@ -59,9 +60,7 @@ class Txn:
         w = self.writer
         p = Projector(iid)
         session: str | None = None
-        for row in self.conn.execute(
-            f"SELECT {EVENT_READ_COLUMNS} FROM events WHERE invocation_id = ? ORDER BY seq", (iid,)
-        ):
+        for row in self.tables.invocation_events(iid):
             p.apply(event_from_row(row))
             if session is None and row[3] is not None:
                 session = row[3]
@@ -91,9 +90,17 @@ class Txn:
             session = None if raw is None else str(raw)
         else:
             session = w.sessions.get(iid)
+        observer = event.observer
+        if (
+            "\x00" in iid
+            or (session is not None and "\x00" in session)
+            or (observer is not None and "\x00" in observer)
+        ):
+            # PostgreSQL's text cannot hold NUL: refused alike on every backend, before a row
+            # is queued, so it fails this write alone and not the batch it rides in.
+            raise JournalError(f"{kind.value} of an invocation: an id or session holds NUL")
         seq = self.seq + 1
         at = float(event.at) if event.at is not None else w.clock()
-        observer = event.observer
         observer_seq = event.observer_seq
         stored = Event(
             kind,

@@ -65,9 +65,12 @@ class Source(Protocol):
 
 @dataclass(frozen=True)
 class Trust:
-    """The key checkpoints must be signed with, where it came from, and what else to check."""
+    """The keys checkpoints must be signed with, where they came from, and what else to check.
+    One key for a SQLite journal; on a shared journal each broker signs with its own, and a
+    checkpoint names the key that signed it (``Checkpoint.key_id``)."""
 
-    public_raw: bytes | None
+    keys: Mapping[str, bytes]
+    """key id -> raw Ed25519 public key (empty: no key to check with)."""
     source: str
     """``public-key`` (a file the operator passed), ``anchor``, ``journal`` (recorded in the
     journal itself), or ``none`` (a journal from before signing)."""
@@ -153,13 +156,22 @@ def verify_journal(source: Source, trust: Trust) -> VerifyReport:
         head_hash=walk.head,
         signed_seq=walk.signed_seq or None,
         signed_at=walk.signed_at,
-        key_id=key_id_of(trust.public_raw) if trust.public_raw is not None else None,
+        key_id=next(iter(trust.keys)) if len(trust.keys) == 1 else None,
+        key_ids=tuple(sorted(trust.keys)),
         key_source=trust.source,
         anchor_seq=trust.anchor.checkpoint.seq if trust.anchor is not None else None,
         unsigned_through=walk.unsigned_through,
         results=results,
         also=tuple(problems.extra),
     )
+
+
+def _named(trust: Trust, one: str = "key") -> str:
+    """The trusted keys as a message names them: ``key K (source)`` or ``any of keys ...``."""
+    ids = sorted(trust.keys)
+    if len(ids) == 1:
+        return f"{one} {ids[0]} ({trust.source})"
+    return f"any of the trusted keys {', '.join(ids)} ({trust.source})"
 
 
 def _when(at: float | None) -> str:
@@ -213,15 +225,15 @@ def _walk(source: Source, trust: Trust, problems: _Problems) -> _Walk:
 
 def _check_checkpoint(walk: _Walk, trust: Trust, cp: Checkpoint, problems: _Problems) -> bool:
     first = walk.signed_seq + 1
-    if trust.public_raw is None:
+    if not trust.keys:
         problems.add(first, f"checkpoint at seq {cp.seq}: no public key to check it with")
         return False
-    if not verify_signature(cp, trust.public_raw):
+    raw = trust.keys.get(cp.key_id)
+    if raw is None or not verify_signature(cp, raw):
         problems.add(
             first,
-            f"checkpoint at seq {cp.seq} is not signed by key {key_id_of(trust.public_raw)} "
-            f"({trust.source}); it names key {cp.key_id}: rows {first}..{cp.seq} are not "
-            "authenticated",
+            f"checkpoint at seq {cp.seq} is not signed by {_named(trust)}; it names key "
+            f"{cp.key_id}: rows {first}..{cp.seq} are not authenticated",
         )
         return False
     if cp.prev != walk.last_checkpoint:
@@ -263,9 +275,9 @@ def _unsigned_tail(walk: _Walk, trust: Trust, problems: _Problems) -> None:
 
 def _check_anchor(walk: _Walk, trust: Trust, anchor: Anchor, problems: _Problems) -> None:
     a = anchor.checkpoint
-    if trust.public_raw is not None and anchor.public_raw != trust.public_raw:
-        problems.add(None, f"the anchor (seq {a.seq}) is signed by key {a.key_id}, not the "
-                     f"trusted key {key_id_of(trust.public_raw)}")  # fmt: skip
+    if trust.keys and trust.keys.get(key_id_of(anchor.public_raw)) != anchor.public_raw:
+        problems.add(None, f"the anchor (seq {a.seq}) is signed by key {a.key_id}, not "
+                     f"{_named(trust, 'the trusted key')}")  # fmt: skip
         return
     if walk.complete and walk.rows < a.seq:
         problems.add(

@@ -9,27 +9,20 @@ durable events -- nothing is stored twice, so a view can never disagree with the
 
 from __future__ import annotations
 
-import sqlite3
-
 from affidavit.statemachine import Event, Projector, Record
 
-from .rows import EVENT_READ_COLUMNS, KINDS, SOURCES, decode_attrs
+from .rows import KINDS, SOURCES, decode_attrs
+from .tables import Tables
 
 __all__ = ["fold"]
 
 
 def fold(
-    conn: sqlite3.Connection, session: str | None, now: float | None
+    tables: Tables, session: str | None, now: float | None
 ) -> list[tuple[Record, float | None, float | None]]:
     """(record, first_at, last_at) per invocation -- of ``session`` only, if given -- in order
     of first appearance; ``JournalReader.list_actions`` and ``sessions`` select and count."""
-    if session is None:
-        cur = conn.execute(f"SELECT {EVENT_READ_COLUMNS} FROM events ORDER BY seq")
-    else:
-        cur = conn.execute(
-            f"SELECT {EVENT_READ_COLUMNS} FROM events WHERE session_id = ? ORDER BY seq",
-            (session,),
-        )
+    cur = tables.scan_events(session)
     folds: dict[str, Projector] = {}
     first: dict[str, float] = {}
     last: dict[str, float] = {}

@@ -2,12 +2,14 @@
 
 Seed, "Dispatch shifts the burden of proof": DISPATCH_STARTED must be durable before the first
 byte reaches the transport, and RESULT_COMMITTED before delivery.  A barrier's submitter waits
-until the commit that makes its write durable (WAL, ``synchronous=FULL``: SQLite fsyncs the WAL
-at that commit).  One writer task takes everything queued into one transaction, so concurrent
-invocations share one fsync (group commit; DESIGN, "Durability barriers").  A batch with no
-barrier commits with ``synchronous=NORMAL``: it survives a process crash (the WAL is in the OS
-cache) and becomes power-loss durable with the next barrier's fsync, which covers every earlier
-WAL frame -- recovery never depends on such events.
+until the commit that makes its write durable (SQLite: WAL with ``synchronous=FULL``;
+PostgreSQL: ``synchronous_commit=on``).  One writer task takes everything queued into one
+transaction, so concurrent invocations share one fsync (group commit; DESIGN, "Durability
+barriers").  A batch with no barrier commits without waiting for its flush (``NORMAL``, ``off``):
+it survives a process crash and becomes power-loss durable with the next barrier's flush, which
+covers every earlier log record -- recovery never depends on such events.  Every backend's
+``begin`` holds the chain head for the transaction (``backend.py``), so one writer per process
+is also one chain across processes and, on PostgreSQL, across brokers.
 
 Each transaction that appends rows also writes a checkpoint signed with the broker's signing
 key -- the seq and hash of its last row -- before its ``COMMIT`` (``signing.py``): every committed
@@ -17,18 +19,19 @@ head it did not write itself, the writer checks that a valid checkpoint covers i
 (``checkpoints.require_covered``): it never signs over rows someone else appended to the file.
 
 The writer also keeps each invocation's projection as of its last commit (``projectors``), so
-``Journal.record`` can answer without reading the events back while no other process writes.
+``Journal.record`` can answer without reading the events back while no other process writes;
+when another writer appended, it forgets what that writer touched (``_catch_up``).  A lost
+connection is handled in ``_attempts``: never a success the database cannot prove.
 """
 
 from __future__ import annotations
 
 import contextlib
-import sqlite3
 import threading
+import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 import trio
@@ -36,9 +39,11 @@ import trio
 from affidavit.statemachine import Projector
 
 from . import checkpoints
-from .chain import GENESIS
-from .errors import JournalError, JournalWriteError, ResultStoreFailed
+from .backend import Backend
+from .connect import recorded_keys
+from .errors import CommitUnknown, JournalError, JournalWriteError, ResultStoreFailed
 from .signing import SigningKey
+from .tables import Tables
 from .txn import Txn
 
 __all__ = ["Batch", "Fail", "Posted", "Writer"]
@@ -59,7 +64,8 @@ class Batch:
     barrier: bool
     """Whether any of them asked for a durability barrier."""
     synchronous: str
-    """The ``PRAGMA synchronous`` it commits under: ``FULL`` for a barrier, else ``NORMAL``."""
+    """The durability it commits under: ``FULL`` for a barrier (SQLite's ``PRAGMA
+    synchronous=FULL``, PostgreSQL's ``synchronous_commit=on``), else ``NORMAL`` (``off``)."""
 
 
 Hook = Callable[[Batch], None]
@@ -137,18 +143,21 @@ class Posted(Generic[T]):
 class Writer:
     """Owns the writer connection, the queue of writes and the task that commits them."""
 
-    def __init__(self, path: Path, conn: sqlite3.Connection, clock: Callable[[], float]) -> None:
-        self.path = path
+    def __init__(self, backend: Backend, conn: Any, clock: Callable[[], float]) -> None:
+        self.backend = backend
         self.conn = conn
+        self.tables = backend.tables(conn)
         self.clock = clock
         self.signer: SigningKey | None = None
-        """Signs each transaction's checkpoint (set by ``Journal`` once the schema is bound)."""
+        """Signs each transaction's checkpoint (set by ``Journal`` once the keys are bound)."""
+        self.keys: dict[str, bytes] = {}
+        """The keys a head this writer extends must be signed with: its own; on a shared
+        journal, every registered broker's (reloaded when a checkpoint names a new one)."""
         self.signed_head: tuple[int, str] | None = None
         """(seq, hash) of the head this writer last committed or checked as covered."""
         self.signed: dict[int, bytes] = {}
         """Checkpoints this writer committed, seq -> signature (shared with the journal's
         reads, which then need not verify them again)."""
-        self.sync = "FULL"
         self.projectors: dict[str, Projector] = {}
         self.sessions: dict[str, str | None] = {}
         self.known_head: int | None = None
@@ -161,6 +170,9 @@ class Writer:
         """See ``Journal.before_commit``."""
         self.around_transaction: Around | None = None
         """See ``Journal.around_transaction``."""
+        self._committing = False
+        """The COMMIT of the current transaction was sent: if the connection is lost now, only
+        a re-read can tell whether it landed."""
         self._send: trio.MemorySendChannel[_Req[Any]] | None = None
         self._recv: trio.MemoryReceiveChannel[_Req[Any]] | None = None
         self._nursery_mgr: contextlib.AbstractAsyncContextManager[trio.Nursery] | None = None
@@ -229,95 +241,204 @@ class Writer:
 
     def _run_batch(self, batch: list[_Req[Any]]) -> None:
         barrier = any(r.barrier for r in batch)
-        want = "FULL" if barrier else "NORMAL"
         around = self.around_transaction
         if around is None:
-            self._transaction(batch, barrier, want)
+            self._attempts(batch, barrier)
         else:
+            want = "FULL" if barrier else "NORMAL"
             with around(Batch(len(batch), barrier, want)):
-                self._transaction(batch, barrier, want)
+                self._attempts(batch, barrier)
 
-    def _transaction(self, batch: list[_Req[Any]], barrier: bool, want: str) -> None:
-        """Run the batch in one transaction; a storage fault fails every write in it."""
-        conn = self.conn
-        try:
-            if self.sync != want:
-                conn.execute(f"PRAGMA synchronous={want}")
-                self.sync = want
-            conn.execute("BEGIN IMMEDIATE")
+    def _attempts(self, batch: list[_Req[Any]], barrier: bool) -> None:
+        """Run the batch in one transaction.  A storage fault fails every write in it.  A lost
+        connection (a shared database restarted, the network cut) is not a fault of the
+        writes: the writer reconnects -- within ``Backend.reconnect_within`` -- and, if the
+        transaction had not committed, runs the batch again from the head it then finds.  If
+        the COMMIT had been sent, the new connection first reads whether its last row is
+        there: the writes succeed only if a re-read proves them durable (so the engine never
+        dispatches on a DISPATCH_STARTED it cannot prove), and fail with ``CommitUnknown`` when
+        no re-read is possible."""
+        backend = self.backend
+        errors: tuple[type[BaseException], ...] = (*backend.errors, JournalError)
+        deadline: float | None = None
+        while True:
+            proof: list[tuple[int, str]] = []
             try:
-                row = conn.execute(
-                    "SELECT seq, hash FROM events ORDER BY seq DESC LIMIT 1"
-                ).fetchone()
-                seq, h = (0, GENESIS) if row is None else (int(row[0]), str(row[1]))
-                if seq != self.known_head or len(self.projectors) > _PROJECTOR_CACHE:
-                    # Another process appended (or we lost track): reload projections lazily.
-                    self.forget()
-                signer = self.signer
-                assert signer is not None, "the journal binds its signing key before writing"
-                if seq and (seq, h) != self.signed_head:
-                    checkpoints.require_covered(conn, self.path, seq, h, signer.public_raw)
-                    self.signed_head = (seq, h)
-                txn = Txn(self, conn, seq, h)
-                insert = txn.insert
-                for r in batch:
-                    # Ops raise their refusals (ImpossibleEvent, JournalError...) before they
-                    # write anything, so a refusal needs no savepoint; one that wrote first is a
-                    # bug, and the whole batch is rolled back rather than half-kept.
-                    op = r.op
-                    if op is None:  # a plain append: its row joins the pending executemany
-                        try:
-                            r.result = insert(*r.args)  # type: ignore[misc]
-                        except sqlite3.Error:
-                            raise
-                        except Exception as exc:  # refused before queueing a row
-                            r.error = exc
-                        continue
-                    txn.flush()  # other ops may read or write rows (results, leases...)
-                    mark = txn.seq
-                    try:
-                        out = op(txn)
-                    except sqlite3.Error:
-                        raise
-                    except Exception as exc:
-                        if txn.seq != mark:
-                            raise
-                        r.error = exc
-                    else:
-                        if isinstance(out, Fail):
-                            r.error = out.error
-                        else:
-                            r.result = out
-                txn.flush()
-                cp = None
-                if txn.seq != seq:
-                    # prev = seq: the head this transaction extended is covered by a checkpoint
-                    # at exactly that seq (checked above, or this writer's own last commit).
-                    cp = checkpoints.sign(conn, signer, txn.seq, txn.hash, seq, self.clock())
-                hook = self.before_commit
-                if hook is not None:
-                    hook(Batch(len(batch), barrier, want))
-                conn.execute("COMMIT")
-                self.known_head = txn.seq
-                if cp is not None:
-                    self.signed_head = (cp.seq, cp.hash)
-                    checkpoints.remember(self.signed, cp.seq, cp.signature)
-            except BaseException:
-                if conn.in_transaction:
-                    with contextlib.suppress(sqlite3.Error):
-                        conn.execute("ROLLBACK")
-                raise
-        except (sqlite3.Error, JournalError) as exc:
-            # A storage fault, or a head this writer must not sign over: nothing is kept.
+                self._transaction(batch, barrier, proof)
+                return
+            except errors as exc:
+                if not backend.lost(exc):
+                    self._fail(batch, exc)
+                    return
+                committing = self._committing
             self.forget()
-            if isinstance(exc, sqlite3.Error):
-                why = f"journal {self.path}: write not committed: {exc}"
-            else:
-                why = f"write refused: {exc}"
+            if deadline is None:
+                deadline = time.monotonic() + backend.reconnect_within
+            last = proof[-1] if committing and proof else None
+            durable = self._reconnect_and_check(deadline, last)
+            if durable is None:
+                self._fail_unavailable(batch, committing)
+                return
+            if durable:
+                head = proof[-1]
+                self.signed_head = head
+                return
             for r in batch:
                 r.result = None
-                cls = ResultStoreFailed if r.result_store else JournalWriteError
-                r.error = cls(why)
+                r.error = None
+
+    def _reconnect_and_check(self, deadline: float, proof: tuple[int, str] | None) -> bool | None:
+        """Reconnect; then whether the row ``proof`` names is durable (False without one: run
+        the batch again).  None: no connection before ``deadline``."""
+        backend = self.backend
+        errors: tuple[type[BaseException], ...] = (*backend.errors, JournalError)
+        delay = 0.05
+        while True:
+            with contextlib.suppress(Exception):
+                backend.close(self.conn)
+            try:
+                self.conn = backend.connect("writer")
+                self.tables = backend.tables(self.conn)
+                if proof is None:
+                    return False
+                return self.tables.hash_at(proof[0]) == proof[1]
+            except errors:
+                pass
+            if time.monotonic() + delay > deadline:
+                return None
+            time.sleep(delay)
+            delay = min(delay * 2, 1.0)
+
+    def _fail(self, batch: list[_Req[Any]], exc: BaseException) -> None:
+        # A storage fault, or a head this writer must not sign over: nothing is kept.
+        self.forget()
+        if isinstance(exc, JournalError):
+            why = f"write refused: {exc}"
+        else:
+            why = f"journal {self.backend.where}: write not committed: {self.backend.describe(exc)}"
+        for r in batch:
+            r.result = None
+            cls = ResultStoreFailed if r.result_store else JournalWriteError
+            r.error = cls(why)
+
+    def _fail_unavailable(self, batch: list[_Req[Any]], committing: bool) -> None:
+        where, within = self.backend.where, self.backend.reconnect_within
+        if committing:
+            why = (
+                f"journal {where}: the connection was lost while committing and no new one "
+                f"could be made within {within:g}s: whether the write is durable is unknown "
+                "until the journal is read again"
+            )
+        else:
+            why = (
+                f"journal {where}: the connection was lost and no new one could be made within "
+                f"{within:g}s: write not committed"
+            )
+        for r in batch:
+            r.result = None
+            if r.result_store:
+                r.error = ResultStoreFailed(why)
+            else:
+                r.error = CommitUnknown(why) if committing else JournalWriteError(why)
+
+    def _transaction(
+        self, batch: list[_Req[Any]], barrier: bool, proof: list[tuple[int, str]]
+    ) -> None:
+        """One transaction over the batch; appends (seq, hash) of its last row to ``proof``
+        just before its COMMIT is sent."""
+        backend = self.backend
+        conn, tables = self.conn, self.tables
+        errors = backend.errors
+        self._committing = False
+        want = backend.begin(conn, barrier=barrier)
+        try:
+            seq, h = tables.head()
+            if seq != self.known_head or len(self.projectors) > _PROJECTOR_CACHE:
+                self._catch_up(tables, seq)
+            signer = self.signer
+            assert signer is not None, "the journal binds its signing key before writing"
+            if seq and (seq, h) != self.signed_head:
+                self._require_covered(tables, seq, h)
+                self.signed_head = (seq, h)
+            txn = Txn(self, tables, seq, h)
+            insert = txn.insert
+            for r in batch:
+                # Ops raise their refusals (ImpossibleEvent, JournalError...) before they
+                # write anything, so a refusal needs no savepoint; one that wrote first is a
+                # bug, and the whole batch is rolled back rather than half-kept.
+                op = r.op
+                if op is None:  # a plain append: its row joins the pending executemany
+                    try:
+                        r.result = insert(*r.args)  # type: ignore[misc]
+                    except errors:
+                        raise
+                    except Exception as exc:  # refused before queueing a row
+                        r.error = exc
+                    continue
+                txn.flush()  # other ops may read or write rows (results, leases...)
+                mark = txn.seq
+                try:
+                    out = op(txn)
+                except errors:
+                    raise
+                except Exception as exc:
+                    if txn.seq != mark:
+                        raise
+                    r.error = exc
+                else:
+                    if isinstance(out, Fail):
+                        r.error = out.error
+                    else:
+                        r.result = out
+            txn.flush()
+            cp = None
+            if txn.seq != seq:
+                # prev = seq: the head this transaction extended is covered by a checkpoint
+                # at exactly that seq (checked above, or this writer's own last commit).
+                cp = checkpoints.sign(tables, signer, txn.seq, txn.hash, seq, self.clock())
+                proof.append((txn.seq, txn.hash))
+            hook = self.before_commit
+            if hook is not None:
+                hook(Batch(len(batch), barrier, want))
+            self._committing = True
+            backend.commit(conn)
+            self._committing = False
+            self.known_head = txn.seq
+            if cp is not None:
+                self.signed_head = (cp.seq, cp.hash)
+                checkpoints.remember(self.signed, cp.seq, cp.signature)
+        except BaseException:
+            if not self._committing:
+                with contextlib.suppress(Exception):
+                    backend.rollback(conn)
+            raise
+
+    def _catch_up(self, tables: Tables, seq: int) -> None:
+        """The head is not the one this writer committed: another writer appended.  On a
+        shared journal, forget only the invocations it touched; otherwise start over (the
+        projections reload lazily)."""
+        known = self.known_head
+        if (
+            known is None
+            or known > seq
+            or not self.backend.shared
+            or len(self.projectors) > _PROJECTOR_CACHE
+        ):
+            self.forget()
+            return
+        for iid in tables.touched_after(known):
+            self.projectors.pop(iid, None)
+            self.sessions.pop(iid, None)
+
+    def _require_covered(self, tables: Tables, seq: int, h: str) -> None:
+        try:
+            checkpoints.require_covered(tables, self.backend.where, seq, h, self.keys)
+        except JournalError:
+            if not self.backend.multi_signer:
+                raise
+            # A broker that registered its key after this writer last looked.
+            self.keys = {**recorded_keys(tables), **self.keys}
+            checkpoints.require_covered(tables, self.backend.where, seq, h, self.keys)
 
     # -- queueing -------------------------------------------------------------------------------
 
@@ -340,7 +461,7 @@ class Writer:
             except trio.WouldBlock:
                 await send.send(req)
         except (trio.ClosedResourceError, trio.BrokenResourceError):
-            raise JournalError(f"journal {self.path} is closed") from None
+            raise JournalError(f"journal {self.backend.where} is closed") from None
         return req
 
     async def post(

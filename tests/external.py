@@ -1,6 +1,6 @@
 """Tests that need a program from outside Python (OpenSSH's ``sshd``, Graphviz's ``dot``,
-``tinyproxy``, curl; later PostgreSQL and chromium) -- or root, to run a client as another uid:
-one rule for all of them.
+``tinyproxy``, curl, PostgreSQL's server; later chromium) -- or root, to run a client as another
+uid: one rule for all of them.
 
 ``PROGRAM.require()`` returns the program's path when it is installed.  When it is not, the
 test is skipped with the reason ``<package> not installed`` — a newcomer's ``python3 -m pytest``
@@ -19,6 +19,7 @@ sbin directories that hiding from PATH alone would not cover).
 from __future__ import annotations
 
 import contextlib
+import glob
 import os
 import shutil
 import socket
@@ -33,6 +34,7 @@ import pytest
 __all__ = [
     "CURL",
     "DOT",
+    "POSTGRES",
     "HIDE_ENV",
     "PROGRAMS",
     "REQUIRE_ENV",
@@ -65,14 +67,17 @@ class Program:
     """what installs it (the Debian package name), quoted in the skip reason"""
     dirs: tuple[str, ...] = ()
     """searched after PATH"""
+    only_dirs: bool = False
+    """search ``dirs`` alone: PATH may hold an unrelated program of the same name"""
 
     def find(self) -> str | None:
         """The program's path, or None when it is not installed (or hidden)."""
         hidden = {p.strip() for p in os.environ.get(HIDE_ENV, "").split(",")}
         if self.name in hidden:
             return None
-        search = os.pathsep.join([os.environ.get("PATH", os.defpath), *self.dirs])
-        return shutil.which(self.name, path=search)
+        path = [] if self.only_dirs else [os.environ.get("PATH", os.defpath)]
+        search = os.pathsep.join([*path, *self.dirs])
+        return shutil.which(self.name, path=search) if search else None
 
     def require(self) -> str:
         """The program's path; otherwise skip the calling test or fixture with the reason
@@ -147,6 +152,14 @@ SSH_KEYGEN = Program("ssh-keygen", "openssh-client")
 DOT = Program("dot", "graphviz")
 TINYPROXY = Program("tinyproxy", "tinyproxy", dirs=SBIN)
 CURL = Program("curl", "curl")
+POSTGRES = Program(
+    "postgres",
+    "postgresql",
+    # Debian's server binaries (initdb, pg_ctl, postgres) live in a versioned directory off
+    # PATH, the newest first; another ``initdb`` on PATH may be something else entirely.
+    dirs=tuple(sorted(glob.glob("/usr/lib/postgresql/*/bin"), reverse=True)),
+    only_dirs=True,
+)
 
-PROGRAMS = (SSHD, SSH_KEYGEN, DOT, TINYPROXY, CURL)
+PROGRAMS = (SSHD, SSH_KEYGEN, DOT, TINYPROXY, CURL, POSTGRES)
 """Every program a test requires: ``.ci/run`` installs each one's package."""

@@ -300,7 +300,7 @@ def test_row_hash_of_a_known_row_is_pinned() -> None:
 def test_journal_created_with_a_unique_prev_hash_still_opens_appends_and_verifies(
     tmp_path: Path,
 ) -> None:
-    from affidavit.journal.chain import SCHEMA
+    from affidavit.journal.sqlite import SCHEMA
 
     path = tmp_path / "old.db"
     old = SCHEMA.replace("prev_hash     TEXT NOT NULL,", "prev_hash     TEXT NOT NULL UNIQUE,")

@@ -1,0 +1,122 @@
+"""The backend interface: what a database must do for the journal, and how one is chosen.
+
+The journal's logic -- the projection check, the hash chain, leases checked in the same
+transaction as DISPATCH_STARTED, idempotency bindings, results with their completeness marker,
+signed checkpoints, ``verify`` -- is written once, against ``Tables`` (``tables.py``) and this
+``Backend``.  A backend is one module:
+
+    sqlite.py     the embedded default: one file, WAL, ``BEGIN IMMEDIATE`` serialises writers
+    postgres.py   shared: several brokers on one database, the chain head serialised by a
+                  transaction-scoped advisory lock (``[journal] url = "postgresql://..."``)
+
+and one conformance suite (tests/journal/conformance/) runs the same tests on each.  The engine,
+the views, recovery and the daemon hold ``Journal`` / ``JournalReader`` and never a backend.
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import Any, Protocol
+
+from .errors import JournalError
+from .tables import Tables
+
+__all__ = ["URL_SCHEMES", "Backend", "Lock", "is_url", "open_backend"]
+
+URL_SCHEMES = ("postgresql://", "postgres://")
+
+
+def is_url(location: str | os.PathLike[str]) -> bool:
+    """Whether a journal location names a PostgreSQL database rather than a SQLite file."""
+    return isinstance(location, str) and location.startswith(URL_SCHEMES)
+
+
+class Lock(Protocol):
+    def release(self) -> None: ...
+
+
+class Backend(Protocol):
+    """One database holding one journal."""
+
+    kind: str
+    """``sqlite`` or ``postgresql``."""
+    where: str
+    """How messages name it: the file's path, or the URL without its password."""
+    path: Path | None
+    """The SQLite file (key files default to names beside it); None for a database."""
+    shared: bool
+    """Several brokers may write it at once: no process is ever its only writer, so a record
+    left open is recovered only once its lease has expired (``Journal.exclusive``)."""
+    multi_signer: bool
+    """Each broker signs its transactions' checkpoints with its own key, registered in the
+    journal; otherwise one signing key, recorded when the journal was made, signs them all."""
+    errors: tuple[type[BaseException], ...]
+    """The driver's exceptions: a storage fault (or a lost connection, ``lost``)."""
+
+    def tables(self, conn: Any) -> Tables: ...
+
+    def connect(self, role: str) -> Any:
+        """A connection for ``role``: ``writer`` (the single writer's transactions), ``reader``
+        (the writing journal's own reads) or ``tool`` (a read-only reader, which must never
+        create or change a journal: ``JournalError`` when there is none)."""
+        ...
+
+    def close(self, conn: Any) -> None: ...
+
+    def create(self, conn: Any) -> None:
+        """Create or upgrade the schema (idempotent), inside the transaction ``begin`` opened."""
+        ...
+
+    def begin(self, conn: Any, *, barrier: bool) -> str:
+        """Open a write transaction that holds the chain head until it ends: no other writer,
+        in this process or another, extends the chain meanwhile.  ``barrier``: its commit must
+        be durable when ``commit`` returns; otherwise it may become durable with the next
+        barrier.  Returns the durability it commits under, for ``Batch.synchronous``."""
+        ...
+
+    def commit(self, conn: Any) -> None: ...
+
+    def rollback(self, conn: Any) -> None: ...
+
+    def snapshot(self, conn: Any) -> AbstractContextManager[None]:
+        """A read transaction: one consistent view for a verify or a result's marker."""
+        ...
+
+    def lost(self, exc: BaseException) -> bool:
+        """Whether ``exc`` means the connection is gone: a transaction in flight was rolled
+        back -- unless its COMMIT had been sent, when only a re-read can tell."""
+        ...
+
+    def describe(self, exc: BaseException) -> str:
+        """The driver's message, without data it may quote or a password."""
+        ...
+
+    def open_error(self, exc: BaseException) -> JournalError:
+        """The one-line error for a journal that cannot be opened, with the reason an operator
+        can act on."""
+        ...
+
+    def writer_lock(self, owner: str | None) -> Lock | None:
+        """Who may write: SQLite's ``<journal>.lock`` (``lock.py``); None where writers share
+        the database by design."""
+        ...
+
+    reconnect_within: float
+    """How long a writer that lost its connection tries to reconnect before failing its
+    writes (seconds; 0 for a file)."""
+
+
+def open_backend(
+    location: str | os.PathLike[str], *, options: dict[str, Any] | None = None
+) -> Backend:
+    """The backend for a journal location: a ``postgresql://`` URL, or a SQLite file path."""
+    opts = options or {}
+    if is_url(location):
+        from .postgres import PostgresBackend
+
+        return PostgresBackend(str(location), **opts)
+    from .sqlite import SqliteBackend
+
+    return SqliteBackend(Path(location))

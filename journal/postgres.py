@@ -1,0 +1,337 @@
+"""The PostgreSQL backend: several brokers -- on one host or many -- sharing one journal, one event
+order, one idempotency-key space and leases that fence a retry across machines
+(``[journal] url = "postgresql://..."``; docs/journal.md, "Several brokers on one journal").
+
+One global order.  Every write transaction begins by taking a transaction-scoped advisory lock
+on the chain head (``pg_advisory_xact_lock``) and only then reads the head, so concurrent brokers
+queue for the head instead of forking it; ``seq`` comes from that order.  The lock is released by
+the transaction's end, committed or rolled back -- or by PostgreSQL ending the session of a
+broker that died, so a killed broker never holds it.  Each broker still commits its queued
+writes in one transaction (group commit), so the lock is taken per batch, not per event.  The
+projection check, the lease generation and the idempotency binding are read inside that
+transaction (READ COMMITTED: each statement sees every commit before the lock was granted), so
+DISPATCH_STARTED is checked against the current lease exactly as on SQLite.
+
+Durability.  A barrier commits with ``synchronous_commit = on`` (the commit's WAL is flushed
+before ``COMMIT`` returns); other batches with ``off``: visible at once, durable with the next
+flush, which a later barrier's commit forces for every earlier record.
+
+Append-only in the database.  Triggers refuse ``UPDATE``, ``DELETE`` and ``TRUNCATE`` on events,
+checkpoints and results, and a row that does not extend the chain by one (the primary key also
+turns a concurrent writer that skipped the lock into an error, never a fork).  Whoever owns the
+tables can still drop the triggers: run the brokers as a role that owns nothing and holds only
+the privileges ``grant_statements`` lists -- then the signed checkpoints, and ``verify``, guard
+against the owner alone.
+
+A lost connection (PostgreSQL restarted, the network cut) is ``lost``: the writer reconnects and
+proves or retries what was in flight (``writer.py``).  Messages name the database by its URL with
+the password removed (``redact``); the driver's messages are reduced to their primary line, with
+any password scrubbed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import psycopg
+from psycopg import conninfo as pg_conninfo
+from psycopg.pq import TransactionStatus
+
+from .chain import GENESIS
+from .errors import JournalError
+from .tables import SQL, Tables
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "PostgresBackend",
+    "PostgresTables",
+    "grant_statements",
+    "redact",
+]
+
+SCHEMA_VERSION = 1
+
+_LOCK = 0x61666676  # "affv": the chain head's advisory lock, with the schema's hash as 2nd key
+_APPEND_ONLY = ("events", "checkpoints", "results")
+
+SCHEMA = f"""
+CREATE TABLE IF NOT EXISTS meta (
+  name  TEXT PRIMARY KEY,
+  value TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS events (
+  seq           BIGINT PRIMARY KEY CHECK (seq >= 1),
+  at            DOUBLE PRECISION NOT NULL,
+  invocation_id TEXT NOT NULL,
+  session_id    TEXT,
+  kind          TEXT NOT NULL,
+  source        TEXT NOT NULL,
+  observer      TEXT,
+  observer_seq  BIGINT,
+  attrs         TEXT NOT NULL,
+  payload       BYTEA,
+  audit         BYTEA,
+  prev_hash     TEXT NOT NULL,
+  hash          TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS events_invocation ON events (invocation_id, seq);
+CREATE TABLE IF NOT EXISTS result_chunks (
+  invocation_id TEXT NOT NULL,
+  stream        TEXT NOT NULL,
+  idx           INTEGER NOT NULL CHECK (idx >= 0),
+  data          BYTEA NOT NULL,
+  PRIMARY KEY (invocation_id, stream, idx)
+);
+CREATE TABLE IF NOT EXISTS results (
+  invocation_id TEXT PRIMARY KEY,
+  seq           BIGINT NOT NULL UNIQUE REFERENCES events (seq),
+  sha256        TEXT NOT NULL,
+  streams       TEXT NOT NULL,
+  summary       BYTEA NOT NULL
+);
+CREATE TABLE IF NOT EXISTS result_audit (
+  invocation_id TEXT NOT NULL,
+  stream        TEXT NOT NULL,
+  idx           INTEGER NOT NULL CHECK (idx >= 0),
+  data          BYTEA NOT NULL,
+  PRIMARY KEY (invocation_id, stream, idx)
+);
+CREATE TABLE IF NOT EXISTS checkpoints (
+  seq           BIGINT PRIMARY KEY CHECK (seq >= 1),
+  hash          TEXT NOT NULL,
+  prev          BIGINT NOT NULL,
+  at            DOUBLE PRECISION NOT NULL,
+  adopted       INTEGER NOT NULL,
+  key_id        TEXT NOT NULL,
+  signature     BYTEA NOT NULL
+);
+CREATE TABLE IF NOT EXISTS leases (
+  invocation_id TEXT PRIMARY KEY,
+  holder        TEXT NOT NULL,
+  generation    BIGINT NOT NULL,
+  expires_at    DOUBLE PRECISION NOT NULL,
+  seq           BIGINT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS idempotency (
+  scope         TEXT NOT NULL,
+  key           TEXT NOT NULL,
+  fingerprint   TEXT NOT NULL,
+  invocation_id TEXT NOT NULL,
+  expires_at    DOUBLE PRECISION,
+  created_at    DOUBLE PRECISION NOT NULL,
+  PRIMARY KEY (scope, key)
+);
+CREATE OR REPLACE FUNCTION affidavit_extend_chain() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+  last_seq  BIGINT;
+  last_hash TEXT;
+BEGIN
+  SELECT e.seq, e.hash INTO last_seq, last_hash FROM events e ORDER BY e.seq DESC LIMIT 1;
+  IF NEW.seq IS DISTINCT FROM coalesce(last_seq, 0) + 1
+     OR NEW.prev_hash IS DISTINCT FROM coalesce(last_hash, '{GENESIS}') THEN
+    RAISE EXCEPTION 'journal rows must extend the hash chain by one'
+      USING ERRCODE = 'integrity_constraint_violation';
+  END IF;
+  RETURN NEW;
+END $$;
+CREATE OR REPLACE FUNCTION affidavit_append_only() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  RAISE EXCEPTION 'journal % are append-only', TG_TABLE_NAME
+    USING ERRCODE = 'integrity_constraint_violation';
+END $$;
+CREATE OR REPLACE TRIGGER events_extend_chain BEFORE INSERT ON events
+  FOR EACH ROW EXECUTE FUNCTION affidavit_extend_chain();
+""" + "".join(
+    f"""CREATE OR REPLACE TRIGGER {t}_no_change BEFORE UPDATE OR DELETE ON {t}
+  FOR EACH ROW EXECUTE FUNCTION affidavit_append_only();
+CREATE OR REPLACE TRIGGER {t}_no_truncate BEFORE TRUNCATE ON {t}
+  FOR EACH STATEMENT EXECUTE FUNCTION affidavit_append_only();
+"""
+    for t in _APPEND_ONLY
+)
+
+_READ_ONLY = ("events", "checkpoints", "results", "meta", "idempotency")
+_WRITABLE = ("result_chunks", "result_audit", "leases")
+
+
+def grant_statements(role: str) -> list[str]:
+    """What a broker role needs -- and nothing more: it appends to events, checkpoints, results,
+    idempotency and meta (its signing key) but can neither change nor delete them, nor drop a
+    trigger (only the tables' owner can).  Run by the owner after ``affidavit journal init``."""
+    ident = psycopg.sql.Identifier(role).as_string(None)
+    return [
+        f"GRANT USAGE ON SCHEMA public TO {ident}",
+        f"GRANT SELECT, INSERT ON {', '.join(_READ_ONLY)} TO {ident}",
+        f"GRANT SELECT, INSERT, UPDATE, DELETE ON {', '.join(_WRITABLE)} TO {ident}",
+    ]
+
+
+def redact(url: str) -> str:
+    """The URL with any password (in the authority or a ``password=`` parameter) replaced."""
+    try:
+        parts = urlsplit(url)
+        netloc = parts.netloc
+        if "@" in netloc:
+            userinfo, _, hostport = netloc.rpartition("@")
+            if ":" in userinfo:
+                userinfo = userinfo.split(":", 1)[0] + ":***"
+            netloc = f"{userinfo}@{hostport}"
+        query = parts.query
+        if query:
+            pairs = parse_qsl(query, keep_blank_values=True)
+            query = urlencode(
+                [(k, "***" if k.lower() == "password" else v) for k, v in pairs], safe="/*"
+            )
+        return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+    except ValueError:
+        return "postgresql://(unparsable URL)"
+
+
+def _password(url: str) -> str | None:
+    try:
+        value = pg_conninfo.conninfo_to_dict(url).get("password")
+        return str(value) if value else None
+    except psycopg.Error:
+        return None
+
+
+class PostgresTables(Tables):
+    SQL: ClassVar[dict[str, str]] = Tables.dialect(SQL, "%s")
+
+    __slots__ = ()
+
+    def many(self, name: str, rows: Iterable[Sequence[Any]]) -> None:
+        with self.conn.cursor() as cur:
+            cur.executemany(self.SQL[name], rows)
+
+
+_DEFAULTS = {
+    # A broker that loses the server mid-commit must find out, not wait for hours: TCP
+    # keepalives and a user timeout bound how long a dead peer goes unnoticed.
+    "connect_timeout": "5",
+    "keepalives": "1",
+    "keepalives_idle": "10",
+    "keepalives_interval": "5",
+    "keepalives_count": "3",
+    "tcp_user_timeout": "30000",
+    "application_name": "affidavit",
+}
+
+
+class PostgresBackend:
+    kind = "postgresql"
+    shared = True
+    multi_signer = True
+    path: Path | None = None
+    errors: tuple[type[BaseException], ...] = (psycopg.Error,)
+
+    def __init__(
+        self, url: str, *, reconnect_within: float = 10.0, idle_timeout_ms: int = 60_000
+    ) -> None:
+        self.where = redact(url)
+        self._password = _password(url)
+        try:
+            params = pg_conninfo.conninfo_to_dict(url)
+        except psycopg.Error as exc:
+            raise JournalError(f"not a PostgreSQL URL: {self.describe(exc)}") from None
+        for k, v in _DEFAULTS.items():
+            params.setdefault(k, v)
+        self._conninfo = pg_conninfo.make_conninfo("", **params)
+        self.reconnect_within = float(reconnect_within)
+        self._idle_timeout_ms = int(idle_timeout_ms)
+
+    def tables(self, conn: Any) -> Tables:
+        return PostgresTables(conn)
+
+    def connect(self, role: str) -> psycopg.Connection[Any]:
+        try:
+            conn = psycopg.connect(self._conninfo, autocommit=True)
+        except psycopg.Error as exc:
+            raise JournalError(
+                f"cannot connect to journal {self.where}: {self.describe(exc)}"
+            ) from None
+        try:
+            # A session left idle inside a transaction (its broker gone quiet mid-write)
+            # would hold the chain head for every broker: PostgreSQL ends it after this long.
+            conn.execute(f"SET idle_in_transaction_session_timeout = {self._idle_timeout_ms}")
+            if role == "tool":
+                exists = conn.execute("SELECT to_regclass('events') IS NOT NULL").fetchone()
+                if not exists or not exists[0]:
+                    raise JournalError(
+                        f"no journal at {self.where} (create it with `affidavit init` or a "
+                        "broker's first start)"
+                    )
+        except psycopg.Error as exc:
+            conn.close()
+            raise JournalError(f"journal {self.where}: {self.describe(exc)}") from None
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def close(self, conn: Any) -> None:
+        conn.close()
+
+    def create(self, conn: Any) -> None:
+        have = conn.execute("SELECT to_regclass('meta') IS NOT NULL").fetchone()[0]
+        if have:
+            row = conn.execute("SELECT value FROM meta WHERE name = 'schema'").fetchone()
+            if row is not None and int(row[0]) >= SCHEMA_VERSION:
+                return  # current: a broker role needs no DDL privilege to open it
+        conn.execute(SCHEMA)
+        conn.execute(
+            "INSERT INTO meta (name, value) VALUES ('schema', %s) ON CONFLICT (name) DO UPDATE "
+            "SET value = excluded.value",
+            (str(SCHEMA_VERSION),),
+        )
+
+    def begin(self, conn: Any, *, barrier: bool) -> str:
+        sync = "on" if barrier else "off"
+        conn.execute(
+            f"BEGIN; SET LOCAL synchronous_commit = {sync}; "
+            f"SELECT pg_advisory_xact_lock({_LOCK}, hashtext(current_schema()))"
+        )
+        return "FULL" if barrier else "NORMAL"
+
+    def commit(self, conn: Any) -> None:
+        conn.execute("COMMIT")
+
+    def rollback(self, conn: Any) -> None:
+        if not conn.closed and conn.info.transaction_status != TransactionStatus.IDLE:
+            conn.execute("ROLLBACK")
+
+    @contextlib.contextmanager
+    def snapshot(self, conn: Any) -> Iterator[None]:
+        own = conn.info.transaction_status == TransactionStatus.IDLE
+        if own:
+            conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        try:
+            yield
+        finally:
+            if own and not conn.closed:
+                with contextlib.suppress(psycopg.Error):
+                    conn.execute("COMMIT")
+
+    def lost(self, exc: BaseException) -> bool:
+        if not isinstance(exc, psycopg.OperationalError):
+            return False
+        state = exc.sqlstate
+        # No SQLSTATE: the client lost the server; class 08: connection exceptions; 57P0x:
+        # the server is shutting down or restarting (pg_terminate_backend, pg_ctl restart).
+        return state is None or state.startswith(("08", "57P"))
+
+    def describe(self, exc: BaseException) -> str:
+        diag = getattr(exc, "diag", None)
+        text = getattr(diag, "message_primary", None) if diag is not None else None
+        if not text:
+            text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        if self._password:
+            text = text.replace(self._password, "***")
+        return text
+
+    def writer_lock(self, owner: str | None) -> None:
+        return None

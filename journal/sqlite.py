@@ -1,0 +1,359 @@
+"""The SQLite backend: the embedded default -- one file, WAL, one writer transaction at a time.
+
+DESIGN, "Durability barriers": the journal runs in WAL mode with ``synchronous=FULL`` at
+barriers, so a barrier's commit fsyncs the WAL; a batch with no barrier commits with
+``synchronous=NORMAL`` (it survives a process crash and becomes power-loss durable with the next
+barrier's fsync, which covers every earlier WAL frame).  ``BEGIN IMMEDIATE`` takes the file's
+write lock before the chain head is read, so a second process appending to the same file extends
+the same chain instead of forking it.  Readers use their own connection: WAL lets them read
+while the writer commits, from this process or another.
+
+The schema makes a fork or a gap impossible: ``seq`` is the primary key and a trigger refuses any
+insert that does not extend the chain by exactly one (``seq`` = last + 1 and ``prev_hash`` = the
+last row's ``hash``), so two rows can never share a ``prev_hash``.  Neither hash column has an
+index: a random-keyed index costs one more WAL page per row at each fsync, which made a 64-row
+group commit write ~130 pages instead of ~70 (``tests/benchmarks/journal_append.py``).  Journals
+created before that keep their (redundant) ``UNIQUE`` on ``prev_hash``; rows are identical.
+Update and delete triggers make the table append-only for anyone using the journal normally;
+someone editing the file directly can drop them and re-chain: the signed ``checkpoints``
+(``signing.py``) and ``verify.py`` are for that.  ``result_audit`` holds the result copies sealed
+to the auditor's key (schema 2; a schema-1 journal gains both tables when a writer opens it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sqlite3
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any, ClassVar, TypeVar
+from urllib.parse import quote
+
+from .chain import GENESIS
+from .errors import JournalError
+from .lock import WriterLock
+from .signing import Checkpoint
+from .tables import SQL, Tables
+
+__all__ = ["BUSY_TIMEOUT_MS", "SCHEMA", "SCHEMA_VERSION", "SqliteBackend", "SqliteTables"]
+
+BUSY_TIMEOUT_MS = 30_000
+SCHEMA_VERSION = 2
+
+SCHEMA = f"""
+CREATE TABLE IF NOT EXISTS meta (
+  name  TEXT PRIMARY KEY,
+  value TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS events (
+  seq           INTEGER PRIMARY KEY CHECK (seq >= 1),
+  at            REAL NOT NULL,
+  invocation_id TEXT NOT NULL,
+  session_id    TEXT,
+  kind          TEXT NOT NULL,
+  source        TEXT NOT NULL,
+  observer      TEXT,
+  observer_seq  INTEGER,
+  attrs         TEXT NOT NULL,
+  payload       BLOB,
+  audit         BLOB,
+  prev_hash     TEXT NOT NULL,
+  hash          TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS events_invocation ON events (invocation_id, seq);
+CREATE TRIGGER IF NOT EXISTS events_extend_chain BEFORE INSERT ON events
+WHEN NEW.seq IS NOT (SELECT coalesce(max(seq), 0) + 1 FROM events)
+  OR NEW.prev_hash IS NOT coalesce((SELECT hash FROM events WHERE seq = NEW.seq - 1),
+                                   '{GENESIS}')
+BEGIN SELECT RAISE(ABORT, 'journal rows must extend the hash chain by one'); END;
+CREATE TRIGGER IF NOT EXISTS events_no_update BEFORE UPDATE ON events
+BEGIN SELECT RAISE(ABORT, 'journal events are append-only'); END;
+CREATE TRIGGER IF NOT EXISTS events_no_delete BEFORE DELETE ON events
+BEGIN SELECT RAISE(ABORT, 'journal events are append-only'); END;
+CREATE TABLE IF NOT EXISTS result_chunks (
+  invocation_id TEXT NOT NULL,
+  stream        TEXT NOT NULL,
+  idx           INTEGER NOT NULL CHECK (idx >= 0),
+  data          BLOB NOT NULL,
+  PRIMARY KEY (invocation_id, stream, idx)
+);
+CREATE TABLE IF NOT EXISTS results (
+  invocation_id TEXT PRIMARY KEY,
+  seq           INTEGER NOT NULL UNIQUE REFERENCES events (seq),
+  sha256        TEXT NOT NULL,
+  streams       TEXT NOT NULL,
+  summary       BLOB NOT NULL
+);
+CREATE TABLE IF NOT EXISTS result_audit (
+  invocation_id TEXT NOT NULL,
+  stream        TEXT NOT NULL,
+  idx           INTEGER NOT NULL CHECK (idx >= 0),
+  data          BLOB NOT NULL,
+  PRIMARY KEY (invocation_id, stream, idx)
+);
+CREATE TABLE IF NOT EXISTS checkpoints (
+  seq           INTEGER PRIMARY KEY CHECK (seq >= 1),
+  hash          TEXT NOT NULL,
+  prev          INTEGER NOT NULL,
+  at            REAL NOT NULL,
+  adopted       INTEGER NOT NULL,
+  key_id        TEXT NOT NULL,
+  signature     BLOB NOT NULL
+);
+CREATE TRIGGER IF NOT EXISTS checkpoints_no_update BEFORE UPDATE ON checkpoints
+BEGIN SELECT RAISE(ABORT, 'journal checkpoints are append-only'); END;
+CREATE TRIGGER IF NOT EXISTS checkpoints_no_delete BEFORE DELETE ON checkpoints
+BEGIN SELECT RAISE(ABORT, 'journal checkpoints are append-only'); END;
+CREATE TABLE IF NOT EXISTS leases (
+  invocation_id TEXT PRIMARY KEY,
+  holder        TEXT NOT NULL,
+  generation    INTEGER NOT NULL,
+  expires_at    REAL NOT NULL,
+  seq           INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS idempotency (
+  scope         TEXT NOT NULL,
+  key           TEXT NOT NULL,
+  fingerprint   TEXT NOT NULL,
+  invocation_id TEXT NOT NULL,
+  expires_at    REAL,
+  created_at    REAL NOT NULL,
+  PRIMARY KEY (scope, key)
+);
+"""
+
+_BLOB = "CAST({} AS BLOB)"
+
+
+def _missing_table(exc: sqlite3.Error) -> bool:
+    # A journal from before signing (or auditor copies), opened read-only, lacks the table.
+    return isinstance(exc, sqlite3.OperationalError) and "no such table" in str(exc)
+
+
+class SqliteTables(Tables):
+    """SQLite's statements: blob columns are read ``CAST(... AS BLOB)`` (SQLite's type affinity
+    lets someone editing the file store text there; it must read as altered, not fail), and a
+    read-only journal from before a table existed reads as having none of its rows."""
+
+    SQL: ClassVar[dict[str, str]] = {
+        **SQL,
+        "marker": "SELECT seq, sha256, CAST(streams AS BLOB), CAST(summary AS BLOB) FROM "
+        "results WHERE invocation_id = ?",
+        "markers": "SELECT invocation_id, seq, sha256, streams, CAST(summary AS BLOB) FROM "
+        "results ORDER BY seq",
+        "event_at": "SELECT kind, invocation_id, CAST(attrs AS BLOB) FROM events WHERE seq = ?",
+        **{
+            k: v.replace("SELECT data", "SELECT " + _BLOB.format("data")).replace(
+                "idx, data FROM", "idx, " + _BLOB.format("data") + " FROM"
+            )
+            for k, v in SQL.items()
+            if k.startswith(("chunks_", "chunk_", "every_"))
+        },
+        **{
+            k: v.replace("key_id, signature FROM", "key_id, CAST(signature AS BLOB) FROM")
+            for k, v in SQL.items()
+            if k in ("latest_checkpoint", "checkpoint_from", "checkpoints")
+        },
+    }
+
+    __slots__ = ()
+
+    def latest_checkpoint(self) -> Checkpoint | None:
+        try:
+            return super().latest_checkpoint()
+        except sqlite3.Error as exc:
+            return _absent(exc, None)
+
+    def checkpoint_from(self, seq: int) -> Checkpoint | None:
+        try:
+            return super().checkpoint_from(seq)
+        except sqlite3.Error as exc:
+            return _absent(exc, None)
+
+    def checkpoints(self) -> Iterator[Checkpoint]:
+        try:
+            yield from super().checkpoints()
+        except sqlite3.Error as exc:
+            _absent(exc, None)
+
+    def checkpoint_count(self) -> int:
+        try:
+            return super().checkpoint_count()
+        except sqlite3.Error as exc:
+            return _absent(exc, 0)
+
+    def chunks(self, audit: bool, iid: str) -> Iterator[tuple[str, int, bytes]]:
+        try:
+            yield from super().chunks(audit, iid)
+        except sqlite3.Error as exc:
+            _absent(exc, None)
+
+
+T = TypeVar("T")
+
+
+def _absent(exc: sqlite3.Error, empty: T) -> T:
+    """``empty`` for a table a read-only journal from before it lacks; else re-raise."""
+    if not _missing_table(exc):
+        raise exc
+    return empty
+
+
+def _lenient_text(data: bytes) -> str:
+    return data.decode("utf-8", "surrogateescape")
+
+
+class SqliteBackend:
+    kind = "sqlite"
+    shared = False
+    multi_signer = False
+    errors: tuple[type[BaseException], ...] = (sqlite3.Error,)
+    reconnect_within = 0.0
+
+    def __init__(self, path: Path) -> None:
+        self.path: Path | None = path
+        self.file = path
+        self.where = str(path)
+        self._sync: dict[int, str] = {}
+
+    def tables(self, conn: Any) -> Tables:
+        return SqliteTables(conn)
+
+    def connect(self, role: str) -> sqlite3.Connection:
+        path = self.file
+        if role == "writer":
+            return _connect_writer(path)
+        if role == "reader":
+            try:
+                conn = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
+                conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+            except sqlite3.Error as exc:
+                raise unusable(path, exc) from None
+            return conn
+        if not path.exists():
+            raise JournalError(f"no journal at {path}")
+        uri = f"file:{quote(str(path.resolve()))}?mode=ro"
+        try:
+            # connect() itself fails on a directory or an unopenable file ("disk I/O
+            # error"): the same clear JournalError as a file that is not a journal.
+            conn = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
+        except sqlite3.Error as exc:
+            raise JournalError(f"{path} is not a readable journal: {exc}") from None
+        try:
+            conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+            conn.execute("SELECT 1 FROM events LIMIT 1").fetchall()
+        except sqlite3.Error as exc:
+            conn.close()
+            raise JournalError(f"{path} is not a readable journal: {exc}") from None
+        return conn
+
+    def close(self, conn: Any) -> None:
+        conn.close()
+
+    def create(self, conn: Any) -> None:
+        # executescript() would COMMIT first; run the statements inside our transaction.
+        for stmt in _split_sql(SCHEMA):
+            conn.execute(stmt)
+        conn.execute(
+            "INSERT INTO meta (name, value) VALUES ('schema', ?) ON CONFLICT (name) DO UPDATE "
+            "SET value = max(CAST(value AS INTEGER), CAST(excluded.value AS INTEGER))",
+            (str(SCHEMA_VERSION),),
+        )
+
+    def begin(self, conn: Any, *, barrier: bool) -> str:
+        want = "FULL" if barrier else "NORMAL"
+        if self._sync.get(id(conn), "FULL") != want:
+            conn.execute(f"PRAGMA synchronous={want}")
+            self._sync[id(conn)] = want
+        conn.execute("BEGIN IMMEDIATE")
+        return want
+
+    def commit(self, conn: Any) -> None:
+        conn.execute("COMMIT")
+
+    def rollback(self, conn: Any) -> None:
+        if conn.in_transaction:
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("ROLLBACK")
+
+    @contextlib.contextmanager
+    def snapshot(self, conn: Any) -> Iterator[None]:
+        """One read transaction.  Text columns someone filled with bytes that are not UTF-8 must
+        read as "altered", not stop a verify: decoded leniently, they no longer hash to what was
+        chained."""
+        conn.text_factory = _lenient_text
+        conn.execute("BEGIN")
+        try:
+            yield
+        finally:
+            if conn.in_transaction:
+                conn.execute("COMMIT")
+            conn.text_factory = str
+
+    def lost(self, exc: BaseException) -> bool:
+        return False
+
+    def describe(self, exc: BaseException) -> str:
+        """An SQLite error's message without the data it may quote (a text column that is not
+        UTF-8 is reported "... with text '<its bytes>'")."""
+        return str(exc).split(" with text ", 1)[0]
+
+    def open_error(self, exc: BaseException) -> JournalError:
+        return unusable(self.file, exc)
+
+    def writer_lock(self, owner: str | None) -> WriterLock:
+        return WriterLock.acquire(self.file, owner)
+
+
+def unusable(path: Path, exc: BaseException | None = None) -> JournalError:
+    """The error for a journal that cannot be opened: one line naming the path and the reason
+    an operator can act on (SQLite's own says "unable to open database file" for most)."""
+    if path.is_dir():
+        why = "it is a directory"
+    elif not path.parent.is_dir():
+        why = f"its directory {path.parent} does not exist"
+    elif path.exists() and not os.access(path, os.W_OK):
+        why = "it is read-only"
+    elif not os.access(path.parent, os.W_OK):
+        why = f"its directory {path.parent} is read-only"
+    else:
+        why = str(exc) if exc is not None else "unknown error"
+    return JournalError(f"cannot open journal {path}: {why}")
+
+
+def _connect_writer(path: Path) -> sqlite3.Connection:
+    """The single writer's connection: WAL, ``synchronous=FULL``.  Raises ``sqlite3.Error`` or
+    ``JournalError``; the caller closes what it opened."""
+    conn = sqlite3.connect(
+        str(path),
+        isolation_level=None,
+        check_same_thread=False,
+        timeout=BUSY_TIMEOUT_MS / 1000,
+    )
+    try:
+        conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+        mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+        if str(mode).lower() != "wal":
+            raise JournalError(f"{path}: cannot switch the journal to WAL mode")
+        conn.execute("PRAGMA synchronous=FULL")
+        # Checkpoint less often (each checkpoint fsyncs the database file as well), and cap
+        # the WAL file left behind after one.
+        conn.execute("PRAGMA wal_autocheckpoint=10000")
+        conn.execute("PRAGMA journal_size_limit=67108864")
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def _split_sql(script: str) -> Iterable[str]:
+    """Split the schema into statements (``sqlite3.complete_statement`` respects triggers)."""
+    buf = ""
+    for line in script.splitlines(keepends=True):
+        buf += line
+        if sqlite3.complete_statement(buf):
+            stmt = buf.strip()
+            if stmt:
+                yield stmt
+            buf = ""

@@ -1,0 +1,285 @@
+"""Every read and write of the journal's tables, named: the one place the journal's logic meets
+SQL.
+
+``Tables`` wraps one DB-API connection (SQLite's or psycopg's) and a backend's statement texts
+(``SQL``).  The transaction logic (``txn.py``, ``leases.py``, ``results.py``,
+``checkpoints.py``), the reads (``reader.py``, ``views.py``) and ``verify`` call these methods
+and nothing else, so they are the same code on every backend; a backend (``sqlite.py``,
+``postgres.py``) supplies only its statements where they differ, its schema, and how it
+connects and commits (``backend.py``).
+
+Statements are written with ``?`` placeholders (SQLite's); a backend whose driver wants another
+style translates them once, when its class is made (``Tables.dialect``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any, ClassVar
+
+from .chain import EVENT_COLUMNS, GENESIS
+from .rows import EVENT_READ_COLUMNS, IDEMPOTENCY_COLUMNS, LEASE_COLUMNS
+from .signing import Checkpoint
+
+__all__ = ["CHECKPOINT_COLUMNS", "SQL", "Tables"]
+
+CHECKPOINT_COLUMNS = "seq, hash, prev, at, adopted, key_id, signature"
+
+_CHUNKS = {False: "result_chunks", True: "result_audit"}
+
+SQL: dict[str, str] = {
+    # -- events ------------------------------------------------------------------------------
+    "head": "SELECT seq, hash FROM events ORDER BY seq DESC LIMIT 1",
+    "insert_event": f"INSERT INTO events ({EVENT_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+    "invocation_events": f"SELECT {EVENT_READ_COLUMNS} FROM events WHERE invocation_id = ? "
+    "ORDER BY seq",
+    "scan_events": f"SELECT {EVENT_READ_COLUMNS} FROM events ORDER BY seq",
+    "session_events": f"SELECT {EVENT_READ_COLUMNS} FROM events WHERE session_id = ? ORDER BY seq",
+    "event_rows": f"SELECT {EVENT_COLUMNS} FROM events WHERE seq BETWEEN ? AND ? ORDER BY seq",
+    "all_event_rows": f"SELECT {EVENT_COLUMNS} FROM events ORDER BY seq",
+    "touched_after": "SELECT DISTINCT invocation_id FROM events WHERE seq > ?",
+    "hash_at": "SELECT hash FROM events WHERE seq = ?",
+    "event_at": "SELECT kind, invocation_id, attrs FROM events WHERE seq = ?",
+    "payload_at": "SELECT invocation_id, kind, payload FROM events WHERE seq = ?",
+    "audit_at": "SELECT invocation_id, kind, audit FROM events WHERE seq = ?",
+    # -- leases and idempotency --------------------------------------------------------------
+    "lease": f"SELECT {LEASE_COLUMNS} FROM leases WHERE invocation_id = ?",
+    "put_lease": "INSERT INTO leases (invocation_id, holder, generation, expires_at, seq) "
+    "VALUES (?,?,?,?,?) ON CONFLICT (invocation_id) DO UPDATE SET holder = excluded.holder, "
+    "generation = excluded.generation, expires_at = excluded.expires_at, seq = excluded.seq",
+    "all_leases": f"SELECT invocation_id, {LEASE_COLUMNS} FROM leases ORDER BY invocation_id",
+    "idempotency": f"SELECT {IDEMPOTENCY_COLUMNS} FROM idempotency WHERE scope = ? AND key = ?",
+    "insert_idempotency": f"INSERT INTO idempotency ({IDEMPOTENCY_COLUMNS}) VALUES (?,?,?,?,?,?)",
+    "all_idempotency": f"SELECT {IDEMPOTENCY_COLUMNS} FROM idempotency ORDER BY scope, key",
+    # -- results -----------------------------------------------------------------------------
+    "marker": "SELECT seq, sha256, streams, summary FROM results WHERE invocation_id = ?",
+    "markers": "SELECT invocation_id, seq, sha256, streams, summary FROM results ORDER BY seq",
+    "has_result": "SELECT 1 FROM results WHERE invocation_id = ?",
+    "insert_result": "INSERT INTO results (invocation_id, seq, sha256, streams, summary) "
+    "VALUES (?,?,?,?,?)",
+    **{
+        f"{op}_{table}": sql.replace("TABLE", table)
+        for table in _CHUNKS.values()
+        for op, sql in {
+            "drop": "DELETE FROM TABLE WHERE invocation_id = ? AND stream = ?",
+            "put": "INSERT INTO TABLE (invocation_id, stream, idx, data) VALUES (?,?,?,?) "
+            "ON CONFLICT (invocation_id, stream, idx) DO UPDATE SET data = excluded.data",
+            "chunks": "SELECT stream, idx, data FROM TABLE WHERE invocation_id = ? "
+            "ORDER BY stream, idx",
+            "chunk": "SELECT data FROM TABLE WHERE invocation_id = ? AND stream = ? AND idx = ?",
+            "every": "SELECT invocation_id, stream, idx, data FROM TABLE "
+            "ORDER BY invocation_id, stream, idx",
+        }.items()
+    },
+    # -- checkpoints, keys and meta ----------------------------------------------------------
+    "insert_checkpoint": f"INSERT INTO checkpoints ({CHECKPOINT_COLUMNS}) VALUES (?,?,?,?,?,?,?)",
+    "latest_checkpoint": f"SELECT {CHECKPOINT_COLUMNS} FROM checkpoints ORDER BY seq DESC LIMIT 1",
+    "checkpoint_from": f"SELECT {CHECKPOINT_COLUMNS} FROM checkpoints WHERE seq >= ? "
+    "ORDER BY seq LIMIT 1",
+    "checkpoints": f"SELECT {CHECKPOINT_COLUMNS} FROM checkpoints ORDER BY seq",
+    "checkpoint_count": "SELECT count(*) FROM checkpoints",
+    "meta": "SELECT value FROM meta WHERE name = ?",
+    "meta_like": "SELECT name, value FROM meta WHERE name LIKE ? ORDER BY name",
+    "insert_meta": "INSERT INTO meta (name, value) VALUES (?, ?)",
+}
+
+
+def _checkpoint(row: Sequence[Any]) -> Checkpoint:
+    try:
+        return Checkpoint(
+            int(row[0]), str(row[1]), int(row[2]), float(row[3]), bool(row[4]), str(row[5]),
+            bytes(row[6]),
+        )  # fmt: skip
+    except (TypeError, ValueError):
+        # Columns someone filled with the wrong types: a checkpoint no key verifies.
+        return Checkpoint(int(row[0]), "", -1, 0.0, False, "", b"")
+
+
+class Tables:
+    """The journal's tables over one connection.  Methods return rows as tuples in the column
+    order their statement names; iterators are consumed before the next statement."""
+
+    SQL: ClassVar[Mapping[str, str]] = SQL
+
+    __slots__ = ("conn",)
+
+    def __init__(self, conn: Any) -> None:
+        self.conn = conn
+
+    @staticmethod
+    def dialect(statements: Mapping[str, str], placeholder: str) -> dict[str, str]:
+        """``statements`` with ``?`` placeholders written as ``placeholder`` (our statements
+        hold no other ``?``)."""
+        return {k: v.replace("?", placeholder) for k, v in statements.items()}
+
+    # -- the driver, in four verbs --------------------------------------------------------------
+
+    def one(self, name: str, params: Sequence[Any] = ()) -> Any:
+        return self.conn.execute(self.SQL[name], params).fetchone()
+
+    def rows(self, name: str, params: Sequence[Any] = ()) -> Iterator[Any]:
+        cur = self.conn.execute(self.SQL[name], params)
+        try:
+            yield from cur
+        finally:
+            cur.close()
+
+    def run(self, name: str, params: Sequence[Any] = ()) -> None:
+        self.conn.execute(self.SQL[name], params)
+
+    def many(self, name: str, rows: Iterable[Sequence[Any]]) -> None:
+        self.conn.executemany(self.SQL[name], rows)
+
+    # -- events ---------------------------------------------------------------------------------
+
+    def head(self) -> tuple[int, str]:
+        """(seq, hash) of the last row; (0, ``GENESIS``) when there is none."""
+        row = self.one("head")
+        return (0, GENESIS) if row is None else (int(row[0]), str(row[1]))
+
+    def insert_events(self, rows: list[tuple[Any, ...]]) -> None:
+        """Rows as ``chain.EVENT_COLUMNS`` (the schema checks each extends the chain)."""
+        if len(rows) == 1:
+            self.run("insert_event", rows[0])
+        else:
+            self.many("insert_event", rows)
+
+    def invocation_events(self, iid: str) -> Iterator[Any]:
+        return self.rows("invocation_events", (iid,))
+
+    def scan_events(self, session: str | None = None) -> Iterator[Any]:
+        """Every event (of ``session``, if given) as ``EVENT_READ_COLUMNS``, by seq."""
+        if session is None:
+            return self.rows("scan_events")
+        return self.rows("session_events", (session,))
+
+    def event_rows(self, first: int = 1, last: int | None = None) -> Iterator[Any]:
+        """Whole rows (``chain.EVENT_COLUMNS``) from ``first`` through ``last`` (or the end)."""
+        if first <= 1 and last is None:
+            return self.rows("all_event_rows")
+        return self.rows("event_rows", (first, last if last is not None else 2**62))
+
+    def touched_after(self, seq: int) -> set[str]:
+        """The invocations with an event after ``seq`` (what another writer appended)."""
+        return {str(r[0]) for r in self.rows("touched_after", (seq,))}
+
+    def hash_at(self, seq: int) -> str | None:
+        row = self.one("hash_at", (seq,))
+        return None if row is None else str(row[0])
+
+    def event_at(self, seq: int) -> tuple[str, str, Any] | None:
+        """(kind, invocation_id, attrs) of the row at ``seq``."""
+        row = self.one("event_at", (seq,))
+        return None if row is None else (row[0], row[1], row[2])
+
+    def sealed_at(self, seq: int, audit: bool) -> tuple[str, str, bytes | None] | None:
+        """(invocation_id, kind, sealed payload or its auditor copy) of the row at ``seq``."""
+        row = self.one("audit_at" if audit else "payload_at", (seq,))
+        if row is None:
+            return None
+        return str(row[0]), str(row[1]), None if row[2] is None else bytes(row[2])
+
+    # -- leases and idempotency -----------------------------------------------------------------
+
+    def lease(self, iid: str) -> Any:
+        return self.one("lease", (iid,))
+
+    def put_lease(self, iid: str, holder: str, generation: int, expires: float, seq: int) -> None:
+        self.run("put_lease", (iid, holder, generation, expires, seq))
+
+    def idempotency(self, scope: str, key: str) -> Any:
+        return self.one("idempotency", (scope, key))
+
+    def insert_idempotency(self, row: Sequence[Any]) -> None:
+        """A row as ``IDEMPOTENCY_COLUMNS``."""
+        self.run("insert_idempotency", row)
+
+    # -- results --------------------------------------------------------------------------------
+
+    def marker(self, iid: str) -> tuple[int, str, bytes, bytes] | None:
+        """(seq, sha256, streams JSON, sealed summary) of the invocation's completeness marker."""
+        row = self.one("marker", (iid,))
+        if row is None:
+            return None
+        return row[0], row[1], _bytes(row[2]), bytes(row[3])
+
+    def markers(self) -> Iterator[tuple[str, int, str, str, bytes]]:
+        for iid, seq, sha, streams, summary in self.rows("markers"):
+            yield iid, seq, sha, streams, bytes(summary)
+
+    def has_result(self, iid: str) -> bool:
+        return self.one("has_result", (iid,)) is not None
+
+    def insert_result(self, iid: str, seq: int, sha: str, streams: str, summary: bytes) -> None:
+        self.run("insert_result", (iid, seq, sha, streams, summary))
+
+    def drop_stream(self, iid: str, stream: str) -> None:
+        """Forget a stream's chunks and auditor copies (a new attempt starts it over)."""
+        for table in _CHUNKS.values():
+            self.run(f"drop_{table}", (iid, stream))
+
+    def put_chunk(self, audit: bool, iid: str, stream: str, idx: int, data: bytes) -> None:
+        self.run(f"put_{_CHUNKS[audit]}", (iid, stream, idx, data))
+
+    def chunks(self, audit: bool, iid: str) -> Iterator[tuple[str, int, bytes]]:
+        """(stream, idx, stored blob) of the invocation's chunks (``audit``: auditor copies),
+        by stream and idx."""
+        for stream, idx, data in self.rows(f"chunks_{_CHUNKS[audit]}", (iid,)):
+            yield stream, idx, bytes(data)
+
+    def chunk(self, audit: bool, iid: str, stream: str, idx: int) -> bytes | None:
+        row = self.one(f"chunk_{_CHUNKS[audit]}", (iid, stream, idx))
+        return None if row is None else bytes(row[0])
+
+    def every_chunk(self, audit: bool) -> Iterator[tuple[str, str, int, bytes]]:
+        """Every stored chunk (``audit``: auditor copy): (invocation_id, stream, idx, blob)."""
+        for iid, stream, idx, data in self.rows(f"every_{_CHUNKS[audit]}"):
+            yield iid, stream, idx, bytes(data)
+
+    # -- checkpoints ----------------------------------------------------------------------------
+
+    def insert_checkpoint(self, cp: Checkpoint) -> None:
+        self.run(
+            "insert_checkpoint",
+            (cp.seq, cp.hash, cp.prev, cp.at, int(cp.adopted), cp.key_id, cp.signature),
+        )
+
+    def latest_checkpoint(self) -> Checkpoint | None:
+        row = self.one("latest_checkpoint")
+        return None if row is None else _checkpoint(row)
+
+    def checkpoint_from(self, seq: int) -> Checkpoint | None:
+        """The first checkpoint at or after ``seq``."""
+        row = self.one("checkpoint_from", (seq,))
+        return None if row is None else _checkpoint(row)
+
+    def checkpoints(self) -> Iterator[Checkpoint]:
+        for row in self.rows("checkpoints"):
+            yield _checkpoint(row)
+
+    def checkpoint_count(self) -> int:
+        return int(self.one("checkpoint_count")[0])
+
+    # -- meta and the signing keys it records ---------------------------------------------------
+
+    def meta(self, name: str) -> str | None:
+        row = self.one("meta", (name,))
+        return None if row is None else str(row[0])
+
+    def meta_prefixed(self, prefix: str) -> dict[str, str]:
+        """Meta entries whose name starts with ``prefix`` (no ``%`` or ``_`` in it)."""
+        return {str(n): str(v) for n, v in self.rows("meta_like", (prefix + "%",))}
+
+    def insert_meta(self, name: str, value: str) -> None:
+        self.run("insert_meta", (name, value))
+
+    def leases(self) -> Iterator[Any]:
+        """Every lease row: (invocation_id, holder, generation, expires_at, seq)."""
+        return self.rows("all_leases")
+
+    def idempotency_rows(self) -> Iterator[Any]:
+        return self.rows("all_idempotency")
+
+
+def _bytes(value: Any) -> bytes:
+    return value.encode("utf-8") if isinstance(value, str) else bytes(value)

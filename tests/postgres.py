@@ -1,0 +1,153 @@
+"""A real PostgreSQL for tests and benchmarks: Debian's server (``tests/external.POSTGRES``),
+``initdb`` into a temporary directory and ``postgres`` on a loopback port, run as an
+unprivileged user when we are root (PostgreSQL refuses to run as root; CI runs as root).
+
+One ``Cluster`` per test session (``tests/conftest.py``'s ``pg`` fixture); each test takes a
+fresh database of it (``Cluster.database``).  The superuser's password is a canary: tests check
+it never reaches a message, a log line or a record.  ``restart``/``stop``/``start`` run
+``pg_ctl`` for the failure tests; ``terminate`` ends one session from another connection
+(``pg_terminate_backend``), which is how a lost connection is simulated deterministically.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import pwd
+import secrets
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from tests.external import POSTGRES, free_port
+
+__all__ = ["Cluster", "running_cluster"]
+
+_USER = "nobody"
+_counter = itertools.count(1)
+
+
+def _demote() -> dict[str, Any]:
+    """Popen arguments that run a child as ``nobody`` when we are root (else as ourselves)."""
+    if os.geteuid() != 0:
+        return {}
+    entry = pwd.getpwnam(_USER)
+    return {"user": entry.pw_uid, "group": entry.pw_gid, "extra_groups": []}
+
+
+class Cluster:
+    """A running PostgreSQL server owned by this process."""
+
+    def __init__(self, bindir: Path, root: Path, port: int, password: str) -> None:
+        self.bindir = bindir
+        self.root = root
+        self.data = root / "data"
+        self.port = port
+        self.password = password
+        self.user = "affidavit"
+        self.log = root / "postgres.log"
+
+    # -- life ---------------------------------------------------------------------------------
+
+    @classmethod
+    def create(cls, *, fsync: bool = False) -> Cluster:
+        """``initdb`` and start a new cluster (``fsync=False`` for tests: no power loss is
+        simulated, and process crashes do not need it; benchmarks pass True)."""
+        postgres = Path(POSTGRES.require())
+        root = Path(tempfile.mkdtemp(prefix="affidavit-pg-"))
+        root.chmod(0o700)
+        demote = _demote()
+        if demote:
+            os.chown(root, demote["user"], demote["group"])
+        password = "pg-canary-" + secrets.token_hex(8)
+        pwfile = root / "pw"
+        pwfile.write_text(password + "\n")
+        if demote:
+            os.chown(pwfile, demote["user"], demote["group"])
+        cluster = cls(postgres.parent, root, free_port(), password)
+        cluster._run(
+            "initdb",
+            "-D", str(cluster.data), "-U", cluster.user, f"--pwfile={pwfile}",
+            "--auth-host=scram-sha-256", "--auth-local=trust", "-E", "UTF8", "--no-sync",
+            "--locale=C",
+        )  # fmt: skip
+        pwfile.unlink()
+        conf = cluster.data / "postgresql.conf"
+        with conf.open("a") as f:
+            f.write(
+                f"listen_addresses = '127.0.0.1'\nport = {cluster.port}\n"
+                f"unix_socket_directories = '{root}'\nfsync = {'on' if fsync else 'off'}\n"
+                "max_connections = 200\nshared_buffers = 64MB\n"
+            )
+        cluster.start()
+        return cluster
+
+    def _run(self, program: str, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(self.bindir / program), *args],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=check,
+            cwd=self.root,
+            **_demote(),
+        )
+
+    def start(self) -> None:
+        self._run("pg_ctl", "-D", str(self.data), "-l", str(self.log), "-w", "-t", "60", "start")
+
+    def stop(self, mode: str = "fast") -> None:
+        self._run("pg_ctl", "-D", str(self.data), "-m", mode, "-w", "-t", "60", "stop")
+
+    def restart(self, mode: str = "fast") -> None:
+        self._run(
+            "pg_ctl", "-D", str(self.data), "-l", str(self.log), "-m", mode, "-w", "-t", "60",
+            "restart",
+        )  # fmt: skip
+
+    def destroy(self) -> None:
+        with contextlib.suppress(subprocess.SubprocessError, OSError):
+            self._run("pg_ctl", "-D", str(self.data), "-m", "immediate", "-w", "stop", check=False)
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    # -- databases and sessions ------------------------------------------------------------------
+
+    def url(self, database: str = "postgres", *, user: str | None = None, password: str | None = None) -> str:
+        who = user or self.user
+        secret = self.password if password is None else password
+        return f"postgresql://{who}:{secret}@127.0.0.1:{self.port}/{database}"
+
+    def sql(self, statement: str, database: str = "postgres", params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        """Run one statement as the superuser; its rows (if any)."""
+        import psycopg
+
+        with psycopg.connect(self.url(database), autocommit=True) as conn:
+            cur = conn.execute(statement, params)  # type: ignore[arg-type]
+            return list(cur.fetchall()) if cur.description else []
+
+    def database(self) -> str:
+        """A new, empty database; its URL."""
+        name = f"t{os.getpid()}_{next(_counter)}"
+        self.sql(f'CREATE DATABASE "{name}"')
+        return self.url(name)
+
+    def terminate(self, pid: int, database: str) -> bool:
+        """End one session (``pg_terminate_backend``) from another connection."""
+        rows = self.sql("SELECT pg_terminate_backend(%s)", database, (pid,))
+        return bool(rows and rows[0][0])
+
+    def log_text(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+
+@contextlib.contextmanager
+def running_cluster(*, fsync: bool = False) -> Iterator[Cluster]:
+    cluster = Cluster.create(fsync=fsync)
+    try:
+        yield cluster
+    finally:
+        cluster.destroy()
