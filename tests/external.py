@@ -34,8 +34,8 @@ import pytest
 __all__ = [
     "CURL",
     "DOT",
-    "POSTGRES",
     "HIDE_ENV",
+    "POSTGRES",
     "PROGRAMS",
     "REQUIRE_ENV",
     "SSHD",

@@ -86,7 +86,9 @@ class Cluster:
         cluster.start()
         return cluster
 
-    def _run(self, program: str, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    def _run(
+        self, program: str, *args: str, check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
             [str(self.bindir / program), *args],
             capture_output=True,
@@ -116,12 +118,16 @@ class Cluster:
 
     # -- databases and sessions ------------------------------------------------------------------
 
-    def url(self, database: str = "postgres", *, user: str | None = None, password: str | None = None) -> str:
+    def url(
+        self, database: str = "postgres", *, user: str | None = None, password: str | None = None
+    ) -> str:
         who = user or self.user
         secret = self.password if password is None else password
         return f"postgresql://{who}:{secret}@127.0.0.1:{self.port}/{database}"
 
-    def sql(self, statement: str, database: str = "postgres", params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    def sql(
+        self, statement: str, database: str = "postgres", params: tuple[Any, ...] = ()
+    ) -> list[tuple[Any, ...]]:
         """Run one statement as the superuser; its rows (if any)."""
         import psycopg
 

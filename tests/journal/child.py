@@ -1,4 +1,5 @@
-"""A journal writer in its own process, driven by the crash and lease tests.
+"""A journal writer in its own process, driven by the crash and lease tests.  PATH is a SQLite
+file or a PostgreSQL URL (then $CHILD_KEY_FILE and $CHILD_SIGNING_KEY name the key files).
 
     python child.py crash PATH          append the happy path + result, one barrier at a time,
                                         printing "durable SEQ KIND" after each; then wait forever
@@ -17,6 +18,7 @@ import json
 import os
 import sys
 import time
+from typing import Any
 
 import trio
 
@@ -27,13 +29,21 @@ from affidavit.statemachine import Event, EventKind
 from tests.journal.helpers import happy
 
 
+def _open(path: str) -> Any:
+    keys: dict[str, str] = {}
+    if os.environ.get("CHILD_KEY_FILE"):
+        keys = {"key_file": os.environ["CHILD_KEY_FILE"]}
+        keys["signing_key"] = os.environ["CHILD_SIGNING_KEY"]
+    return Journal.open(path, **keys)  # type: ignore[arg-type]
+
+
 def say(line: str) -> None:
     sys.stdout.write(line + "\n")
     sys.stdout.flush()
 
 
 async def crash(path: str) -> None:
-    async with Journal.open(path) as j:
+    async with _open(path) as j:
         for ev in happy("inv-1"):
             stored = await j.append(ev, barrier=True)
             say(f"durable {stored.seq} {stored.kind.value}")
@@ -51,7 +61,7 @@ async def crash(path: str) -> None:
 
 async def midtxn(path: str, n: int) -> None:
     events = happy("inv-1")
-    async with Journal.open(path) as j:
+    async with _open(path) as j:
         for ev in events[:n]:
             await j.append(ev, barrier=True)
 
@@ -65,7 +75,7 @@ async def midtxn(path: str, n: int) -> None:
 
 async def bulk(path: str) -> None:
     payload = {"body": "x" * 20_000}
-    async with Journal.open(path) as j:
+    async with _open(path) as j:
 
         async def worker(w: int) -> None:
             for n in range(1_000_000):
@@ -79,7 +89,7 @@ async def bulk(path: str) -> None:
 
 
 async def worker(path: str, holder: str) -> None:
-    async with Journal.open(path) as j:
+    async with _open(path) as j:
         while True:
             line = await trio.to_thread.run_sync(sys.stdin.readline)
             if not line:

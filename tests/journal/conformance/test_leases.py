@@ -15,16 +15,16 @@ import trio
 from affidavit.journal import (
     IdempotencyMismatch,
     Journal,
-    JournalReader,
     LeaseBusy,
     LeaseLost,
 )
 from affidavit.statemachine import Event, ImpossibleEvent, Outcome
 from affidavit.statemachine import EventKind as E
 
-from .helpers import accepted, interrupted
+from ..helpers import accepted, interrupted
+from .conftest import Place
 
-CHILD = Path(__file__).with_name("child.py")
+CHILD = Path(__file__).parent.parent / "child.py"
 
 
 class Clock:
@@ -40,9 +40,9 @@ async def _interrupted(j: Journal, iid: str = "inv-1") -> None:
         await j.append(ev)
 
 
-async def test_acquiring_bumps_the_generation_and_records_it(tmp_path: Path) -> None:
+async def test_acquiring_bumps_the_generation_and_records_it(place: Place) -> None:
     clock = Clock()
-    async with Journal.open(tmp_path / "j.db", clock=clock) as j:
+    async with place.open(clock=clock) as j:
         await _interrupted(j)
         lease = await j.acquire_lease("inv-1", "w1", ttl=10)
         assert (lease.generation, lease.holder, lease.expires_at) == (1, "w1", clock.now + 10)
@@ -53,9 +53,9 @@ async def test_acquiring_bumps_the_generation_and_records_it(tmp_path: Path) -> 
         assert rec is not None and rec.generation == 1 and rec.budget.used == 2
 
 
-async def test_an_unexpired_lease_of_another_holder_is_busy(tmp_path: Path) -> None:
+async def test_an_unexpired_lease_of_another_holder_is_busy(place: Place) -> None:
     clock = Clock()
-    async with Journal.open(tmp_path / "j.db", clock=clock) as j:
+    async with place.open(clock=clock) as j:
         await _interrupted(j)
         await j.acquire_lease("inv-1", "w1", ttl=10)
         with pytest.raises(LeaseBusy) as info:
@@ -69,9 +69,9 @@ async def test_an_unexpired_lease_of_another_holder_is_busy(tmp_path: Path) -> N
             await j.acquire_lease("inv-1", "w1", ttl=10)
 
 
-async def test_a_stale_generation_is_refused_before_dispatch(tmp_path: Path) -> None:
+async def test_a_stale_generation_is_refused_before_dispatch(place: Place) -> None:
     clock = Clock()
-    async with Journal.open(tmp_path / "j.db", clock=clock) as j:
+    async with place.open(clock=clock) as j:
         await _interrupted(j)
         first = await j.acquire_lease("inv-1", "w1", ttl=5)
         clock.now += 6  # w1 stalls past its lease
@@ -94,11 +94,11 @@ async def test_a_stale_generation_is_refused_before_dispatch(tmp_path: Path) -> 
 
 
 async def test_one_process_dispatches_an_approved_invocation_and_spends_no_budget(
-    tmp_path: Path,
+    place: Place,
 ) -> None:
     clock = Clock()
     fp = "sha256:a990"
-    async with Journal.open(tmp_path / "j.db", clock=clock) as j:
+    async with place.open(clock=clock) as j:
         for ev in [
             accepted("inv-1", budget=1),
             Event(E.PREFLIGHT_VALIDATED, "inv-1", {"config_hash": "sha256:c0ff"}),
@@ -132,10 +132,9 @@ async def test_one_process_dispatches_an_approved_invocation_and_spends_no_budge
             await j.acquire_lease("inv-1", "w2", ttl=10, kind=E.RECONCILED)
 
 
-async def test_the_retry_budget_survives_a_restart(tmp_path: Path) -> None:
-    path = tmp_path / "j.db"
+async def test_the_retry_budget_survives_a_restart(place: Place) -> None:
     clock = Clock()
-    async with Journal.open(path, clock=clock) as j:
+    async with place.open(clock=clock) as j:
         for ev in interrupted("inv-1")[:-2]:
             await j.append(ev)
         await j.append(Event(E.DISPATCH_STARTED, "inv-1"))
@@ -144,7 +143,7 @@ async def test_the_retry_budget_survives_a_restart(tmp_path: Path) -> None:
         await j.append(Event(E.DISPATCH_STARTED, "inv-1"), lease=("w1", lease.generation))
         await j.append(Event(E.ATTEMPT_INTERRUPTED, "inv-1", {"code": "CALLER_CANCELLED"}))
     clock.now += 61  # w1's lease ran out while the broker was down
-    async with Journal.open(path, clock=clock) as j:  # a restart: nothing in memory
+    async with place.open(clock=clock) as j:  # a restart: nothing in memory
         rec = j.record("inv-1")
         assert rec is not None and (rec.budget.total, rec.budget.used) == (3, 2)
         assert rec.evidence["config_hash"] == "sha256:c0ff"
@@ -158,9 +157,10 @@ async def test_the_retry_budget_survives_a_restart(tmp_path: Path) -> None:
         assert j.lease("inv-1") == lease
 
 
-def _worker(path: Path, holder: str) -> subprocess.Popen[str]:
+def _worker(place: Place, holder: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, str(CHILD), "worker", str(path), holder],
+        [sys.executable, str(CHILD), "worker", place.location, holder],
+        env=place.env(),
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -178,16 +178,14 @@ def _ask(proc: subprocess.Popen[str], **cmd: object) -> dict[str, object]:
     return answer
 
 
-def test_two_processes_compete_for_one_retry_lease(tmp_path: Path) -> None:
-    path = tmp_path / "j.db"
-
+def test_two_processes_compete_for_one_retry_lease(place: Place) -> None:
     async def setup() -> None:
-        async with Journal.open(path) as j:
+        async with place.open() as j:
             await _interrupted(j)
 
     trio.run(setup)
     ttl = 1.0
-    a, b = _worker(path, "worker-a"), _worker(path, "worker-b")
+    a, b = _worker(place, "worker-a"), _worker(place, "worker-b")
     try:
         first_a = _ask(a, op="acquire", iid="inv-1", ttl=ttl)
         first_b = _ask(b, op="acquire", iid="inv-1", ttl=ttl)
@@ -210,7 +208,7 @@ def test_two_processes_compete_for_one_retry_lease(tmp_path: Path) -> None:
             for s in (p.stdout, p.stderr):
                 if s is not None:
                     s.close()
-    with JournalReader.open(path) as r:
+    with place.reader() as r:
         assert r.verify().ok
         kinds = [(e.kind, e.attrs.get("generation")) for e in r.events("inv-1")[5:]]
         assert kinds == [
@@ -227,10 +225,9 @@ def test_two_processes_compete_for_one_retry_lease(tmp_path: Path) -> None:
         assert [x["generation"] for x in dispatches] == [0, 2]
 
 
-async def test_idempotency_first_binding_wins_and_survives_restart(tmp_path: Path) -> None:
-    path = tmp_path / "j.db"
+async def test_idempotency_first_binding_wins_and_survives_restart(place: Place) -> None:
     clock = Clock()
-    async with Journal.open(path, clock=clock) as j:
+    async with place.open(clock=clock) as j:
         await j.append(accepted("inv-1"))
         rec = await j.bind_idempotency("payments.create", "req_01", "sha256:aa", "inv-1", 2e6)
         assert (rec.invocation_id, rec.expires_at, rec.created_at) == ("inv-1", 2e6, clock.now)
@@ -241,12 +238,12 @@ async def test_idempotency_first_binding_wins_and_survives_restart(tmp_path: Pat
         assert info.value.existing == rec
         other = await j.bind_idempotency("refunds", "req_01", "sha256:bb", "inv-4", None)
         assert other.invocation_id == "inv-4"
-    with JournalReader.open(path) as r:
+    with place.reader() as r:
         assert r.find_idempotency("payments.create", "req_01") == rec
         assert r.find_idempotency("payments.create", "nope") is None
 
 
-async def test_ttl_must_be_positive(tmp_path: Path) -> None:
-    async with Journal.open(tmp_path / "j.db") as j:
+async def test_ttl_must_be_positive(place: Place) -> None:
+    async with place.open() as j:
         with pytest.raises(ValueError, match="ttl"):
             await j.acquire_lease("inv-1", "w", ttl=0)

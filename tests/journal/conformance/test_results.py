@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import sqlite3
-from pathlib import Path
-
 import pytest
 
-from affidavit.journal import Journal, JournalError, JournalReader
+from affidavit.journal import Journal, JournalError
 from affidavit.statemachine import Event, ImpossibleEvent, Outcome, Retry
 from affidavit.statemachine import EventKind as E
 
-from .helpers import happy, interrupted
+from ..helpers import happy, interrupted
+from .conftest import Place
 
 
 async def _completed(j: Journal, iid: str) -> None:
@@ -19,8 +17,8 @@ async def _completed(j: Journal, iid: str) -> None:
         await j.append(ev)
 
 
-async def test_chunks_plus_marker_make_a_complete_result(tmp_path: Path) -> None:
-    async with Journal.open(tmp_path / "j.db") as j:
+async def test_chunks_plus_marker_make_a_complete_result(place: Place) -> None:
+    async with place.open() as j:
         await _completed(j, "inv-1")
         for i, part in enumerate([b"hello ", b"wor", b"ld"]):
             await j.put_result_chunk("inv-1", "stdout", i, part)
@@ -37,22 +35,22 @@ async def test_chunks_plus_marker_make_a_complete_result(tmp_path: Path) -> None
         rec = j.record("inv-1")
         assert rec is not None and rec.evidence["result"]["sha256"] == res.sha256
     # Fetching again — from a fresh reader after a restart — is a read of the same bytes.
-    with JournalReader.open(tmp_path / "j.db") as r:
+    with place.reader() as r:
         again = r.read_result("inv-1")
         assert again == res
         assert r.verify().ok
 
 
-async def test_chunks_without_the_marker_are_never_a_complete_result(tmp_path: Path) -> None:
-    async with Journal.open(tmp_path / "j.db") as j:
+async def test_chunks_without_the_marker_are_never_a_complete_result(place: Place) -> None:
+    async with place.open() as j:
         await _completed(j, "inv-1")
         await j.put_result_chunk("inv-1", "body", 0, b'{"partial":')
         assert j.read_result("inv-1") is None
         assert j.read_result("no-such-invocation") is None
 
 
-async def test_a_gap_in_the_chunks_refuses_the_commit_and_writes_nothing(tmp_path: Path) -> None:
-    async with Journal.open(tmp_path / "j.db") as j:
+async def test_a_gap_in_the_chunks_refuses_the_commit_and_writes_nothing(place: Place) -> None:
+    async with place.open() as j:
         await _completed(j, "inv-1")
         await j.put_result_chunk("inv-1", "body", 0, b"a")
         await j.put_result_chunk("inv-1", "body", 2, b"c")
@@ -67,8 +65,8 @@ async def test_a_gap_in_the_chunks_refuses_the_commit_and_writes_nothing(tmp_pat
         assert res is not None and res.streams["body"] == b"abc"
 
 
-async def test_index_zero_starts_a_stream_over(tmp_path: Path) -> None:
-    async with Journal.open(tmp_path / "j.db") as j:
+async def test_index_zero_starts_a_stream_over(place: Place) -> None:
+    async with place.open() as j:
         await _completed(j, "inv-1")
         for i, part in enumerate([b"old-0", b"old-1", b"old-2"]):
             await j.put_result_chunk("inv-1", "body", i, part)
@@ -80,8 +78,8 @@ async def test_index_zero_starts_a_stream_over(tmp_path: Path) -> None:
         assert ev.attrs["bytes"] == 3
 
 
-async def test_a_result_cannot_be_committed_before_a_complete_response(tmp_path: Path) -> None:
-    async with Journal.open(tmp_path / "j.db") as j:
+async def test_a_result_cannot_be_committed_before_a_complete_response(place: Place) -> None:
+    async with place.open() as j:
         for ev in interrupted("inv-1"):
             await j.append(ev)
         await j.put_result_chunk("inv-1", "body", 0, b"x")
@@ -92,8 +90,8 @@ async def test_a_result_cannot_be_committed_before_a_complete_response(tmp_path:
             await j.commit_result(Event(E.RESULT_DELIVERED, "inv-1"), summary={})
 
 
-async def test_no_chunk_may_be_added_after_the_commit(tmp_path: Path) -> None:
-    async with Journal.open(tmp_path / "j.db") as j:
+async def test_no_chunk_may_be_added_after_the_commit(place: Place) -> None:
+    async with place.open() as j:
         await _completed(j, "inv-1")
         await j.commit_result(Event(E.RESULT_COMMITTED, "inv-1"), summary={"empty": True})
         with pytest.raises(JournalError, match="already stored"):
@@ -102,60 +100,54 @@ async def test_no_chunk_may_be_added_after_the_commit(tmp_path: Path) -> None:
         assert res is not None and res.streams == {} and res.summary == {"empty": True}
 
 
-async def test_an_altered_stored_result_is_an_error_not_a_result(tmp_path: Path) -> None:
-    async with Journal.open(tmp_path / "j.db") as j:
+async def test_an_altered_stored_result_is_an_error_not_a_result(place: Place) -> None:
+    async with place.open() as j:
         await _completed(j, "inv-1")
         await j.put_result_chunk("inv-1", "body", 0, b"one")
         await j.put_result_chunk("inv-1", "body", 1, b"two")
         await j.commit_result(Event(E.RESULT_COMMITTED, "inv-1"), summary={})
-    conn = sqlite3.connect(tmp_path / "j.db", isolation_level=None)
     # Swap the two sealed chunks: each still decrypts only at its own index.
-    conn.execute("UPDATE result_chunks SET idx = 9 WHERE idx = 0")
-    conn.execute("UPDATE result_chunks SET idx = 0 WHERE idx = 1")
-    conn.execute("UPDATE result_chunks SET idx = 1 WHERE idx = 9")
-    conn.close()
-    with JournalReader.open(tmp_path / "j.db") as r, pytest.raises(JournalError):
+    place.tamper(
+        "UPDATE result_chunks SET idx = 9 WHERE idx = 0",
+        "UPDATE result_chunks SET idx = 0 WHERE idx = 1",
+        "UPDATE result_chunks SET idx = 1 WHERE idx = 9",
+    )
+    with place.reader() as r, pytest.raises(JournalError):
         r.read_result("inv-1")
-    conn = sqlite3.connect(tmp_path / "j.db", isolation_level=None)
-    conn.execute("DELETE FROM result_chunks WHERE idx = 0")
-    conn.close()
-    reader = JournalReader.open(tmp_path / "j.db")
+    place.tamper("DELETE FROM result_chunks WHERE idx = 0")
+    reader = place.reader()
     with reader as r, pytest.raises(JournalError, match="incomplete"):
         r.read_result("inv-1")
-    conn = sqlite3.connect(tmp_path / "j.db", isolation_level=None)
-    conn.execute("UPDATE results SET sha256 = 'f00d'")
-    conn.close()
-    with JournalReader.open(tmp_path / "j.db") as r, pytest.raises(JournalError, match="marker"):
+    place.tamper("UPDATE results SET sha256 = 'f00d'")
+    with place.reader() as r, pytest.raises(JournalError, match="marker"):
         r.read_result("inv-1")
 
 
-async def test_stored_result_then_delivery_failure_means_fetch_result(tmp_path: Path) -> None:
-    async with Journal.open(tmp_path / "j.db") as j:
+async def test_stored_result_then_delivery_failure_means_fetch_result(place: Place) -> None:
+    async with place.open() as j:
         await _completed(j, "inv-1")
         await j.put_result_chunk("inv-1", "body", 0, b"ok")
         await j.commit_result(Event(E.RESULT_COMMITTED, "inv-1"), summary={})
         await j.append(Event(E.RESULT_DELIVERY_FAILED, "inv-1"), barrier=True)
-    with JournalReader.open(tmp_path / "j.db") as r:
+    with place.reader() as r:
         rec = r.record("inv-1")
         assert rec is not None
         assert (rec.outcome, rec.retry) == (Outcome.COMMITTED, Retry.FETCH_RESULT)
         assert r.read_result("inv-1") is not None
 
 
-async def test_a_resealed_summary_is_caught_by_the_chained_hash(tmp_path: Path) -> None:
+async def test_a_resealed_summary_is_caught_by_the_chained_hash(place: Place) -> None:
     """The summary (status, exit status, headers) is sealed *and* its hash rides in the chained
     RESULT_COMMITTED event: even someone holding the broker key cannot rewrite it unnoticed."""
     from affidavit.journal.sealing import BrokerKey, summary_aad
 
-    db = tmp_path / "j.db"
-    async with Journal.open(db) as j:
+    async with place.open() as j:
         await _completed(j, "inv-s")
         await j.put_result_chunk("inv-s", "stdout", 0, b"ok")
         ev = await j.commit_result(Event(E.RESULT_COMMITTED, "inv-s"), summary={"exit_status": 0})
         assert len(ev.attrs["summary_sha256"]) == 64
     # Holding the broker key: the journal's key file.
-    forged = BrokerKey.load(tmp_path / "j.db.key").seal(b'{"exit_status":23}', summary_aad("inv-s"))
-    with sqlite3.connect(db) as conn:
-        conn.execute("UPDATE results SET summary = ? WHERE invocation_id = ?", (forged, "inv-s"))
-    with JournalReader.open(db) as r, pytest.raises(JournalError, match="summary differs"):
+    forged = BrokerKey.load(place.key_file).seal(b'{"exit_status":23}', summary_aad("inv-s"))
+    place.tamper(f"UPDATE results SET summary = {place.blob(forged)} WHERE invocation_id = 'inv-s'")
+    with place.reader() as r, pytest.raises(JournalError, match="summary differs"):
         r.read_result("inv-s")

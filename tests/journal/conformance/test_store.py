@@ -3,38 +3,35 @@
 from __future__ import annotations
 
 import contextlib
-import sqlite3
 import sys
 import textwrap
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import trio
 
-from affidavit.journal import Batch, Journal, JournalError, JournalReader, JournalWriteError
+from affidavit.journal import Batch, JournalError, JournalReader, JournalWriteError
 from affidavit.statemachine import Event, ImpossibleEvent, Outcome
 from affidavit.statemachine import EventKind as E
 
-from .helpers import accepted, happy, interrupted, until_dispatch
+from ..helpers import accepted, happy, interrupted, until_dispatch
+from .conftest import Place, storage_fault
 
 
-async def test_append_assigns_monotonic_seq_and_remembers_the_session(tmp_path: Path) -> None:
-    async with Journal.open(tmp_path / "j.db") as j:
+async def test_append_assigns_monotonic_seq_and_remembers_the_session(place: Place) -> None:
+    async with place.open() as j:
         stored = [await j.append(ev) for ev in happy("inv-1")]
         assert [e.seq for e in stored] == list(range(1, 8))
         assert all(e.at is not None for e in stored)
         events = j.events("inv-1")
         assert [e.kind for e in events] == [e.kind for e in happy("inv-1")]
         assert [e.seq for e in events] == [e.seq for e in stored]
-    conn = sqlite3.connect(tmp_path / "j.db")
-    sessions = {r[0] for r in conn.execute("SELECT session_id FROM events")}
-    conn.close()
+    sessions = {r[0] for r in place.rows("SELECT session_id FROM events")}
     assert sessions == {"sess-1"}
 
 
-async def test_impossible_event_is_refused_and_nothing_is_written(tmp_path: Path) -> None:
-    async with Journal.open(tmp_path / "j.db") as j:
+async def test_impossible_event_is_refused_and_nothing_is_written(place: Place) -> None:
+    async with place.open() as j:
         await j.append(accepted("inv-1"))
         with pytest.raises(ImpossibleEvent):
             await j.append(Event(E.DISPATCH_STARTED, "inv-1"))
@@ -48,17 +45,17 @@ async def test_impossible_event_is_refused_and_nothing_is_written(tmp_path: Path
         assert j.verify().ok
 
 
-async def test_attrs_that_are_not_json_are_a_clear_error(tmp_path: Path) -> None:
-    async with Journal.open(tmp_path / "j.db") as j:
+async def test_attrs_that_are_not_json_are_a_clear_error(place: Place) -> None:
+    async with place.open() as j:
         await j.append(accepted("inv-1"))
         with pytest.raises(JournalError, match="not JSON"):
             await j.append(Event(E.PREFLIGHT_VALIDATED, "inv-1", {"blob": b"\x00"}))
         assert len(j.events("inv-1")) == 1
 
 
-async def test_concurrent_barriers_share_commits(tmp_path: Path) -> None:
+async def test_concurrent_barriers_share_commits(place: Place) -> None:
     commits = 0
-    async with Journal.open(tmp_path / "j.db") as j:
+    async with place.open() as j:
 
         def count(_: Batch) -> None:
             nonlocal commits
@@ -81,9 +78,9 @@ async def test_concurrent_barriers_share_commits(tmp_path: Path) -> None:
         assert j.verify().ok and j.verify().count == total
 
 
-async def test_barrier_kinds_are_always_committed_with_full_sync(tmp_path: Path) -> None:
+async def test_barrier_kinds_are_always_committed_with_full_sync(place: Place) -> None:
     modes: list[str] = []
-    async with Journal.open(tmp_path / "j.db") as j:
+    async with place.open() as j:
         j.before_commit = lambda batch: modes.append(batch.synchronous)
         for ev in until_dispatch("inv-1")[:3]:
             await j.append(ev)  # diagnostics-grade: no barrier requested
@@ -95,7 +92,7 @@ async def test_barrier_kinds_are_always_committed_with_full_sync(tmp_path: Path)
 
 
 async def test_around_transaction_wraps_every_transaction_committed_or_not(
-    tmp_path: Path,
+    place: Place,
 ) -> None:
     """The instrumentation hook is entered before BEGIN and left after COMMIT or ROLLBACK, once
     per transaction, committed or failed; ``before_commit`` runs inside it."""
@@ -111,9 +108,9 @@ async def test_around_transaction_wraps_every_transaction_committed_or_not(
 
     def disk_error(batch: Batch) -> None:
         log.append(("commit", batch.writes, batch.barrier))
-        raise sqlite3.OperationalError("disk I/O error")
+        raise storage_fault(place)
 
-    async with Journal.open(tmp_path / "j.db") as j:
+    async with place.open() as j:
         j.around_transaction = around
         await j.append(accepted("inv-1"))
         await j.append(Event(E.PREFLIGHT_VALIDATED, "inv-1"), barrier=True)
@@ -136,21 +133,19 @@ async def test_around_transaction_wraps_every_transaction_committed_or_not(
 
 
 async def test_a_barrier_is_readable_by_another_connection_when_append_returns(
-    tmp_path: Path,
+    place: Place,
 ) -> None:
-    async with Journal.open(tmp_path / "j.db") as j:
+    async with place.open() as j:
         for ev in until_dispatch("inv-1"):
             await j.append(ev, barrier=ev.kind is E.DISPATCH_STARTED)
-        conn = sqlite3.connect(tmp_path / "j.db")
-        kinds = [r[0] for r in conn.execute("SELECT kind FROM events ORDER BY seq")]
-        conn.close()
+        kinds = [r[0] for r in place.rows("SELECT kind FROM events ORDER BY seq")]
         assert kinds[-1] == "DISPATCH_STARTED"
 
 
 async def test_a_cancelled_appender_still_learns_its_queued_barrier_committed(
-    tmp_path: Path,
+    place: Place,
 ) -> None:
-    async with Journal.open(tmp_path / "j.db") as j:
+    async with place.open() as j:
         for ev in until_dispatch("inv-1")[:3]:
             await j.append(ev)
         result: list[Event] = []
@@ -161,9 +156,9 @@ async def test_a_cancelled_appender_still_learns_its_queued_barrier_committed(
         assert j.events("inv-1")[-1].kind is E.DISPATCH_STARTED
 
 
-async def test_leaving_the_block_drains_queued_appends_and_then_refuses(tmp_path: Path) -> None:
+async def test_leaving_the_block_drains_queued_appends_and_then_refuses(place: Place) -> None:
     events = happy("inv-1")
-    async with Journal.open(tmp_path / "j.db") as j:
+    async with place.open() as j:
         await j.append(events[0])
         got: list[Event] = []
 
@@ -176,15 +171,15 @@ async def test_leaving_the_block_drains_queued_appends_and_then_refuses(tmp_path
     assert len(got) == len(events) - 1
     with pytest.raises(JournalError, match="closed"):
         await j.append(Event(E.PROTOCOL_OBSERVED, "inv-1", {"protocol": "http", "state": "x"}))
-    with JournalReader.open(tmp_path / "j.db") as r:
+    with place.reader() as r:
         assert len(r.events("inv-1")) == len(events)
 
 
-async def test_reopen_continues_the_chain_and_the_projection(tmp_path: Path) -> None:
-    async with Journal.open(tmp_path / "j.db") as j:
+async def test_reopen_continues_the_chain_and_the_projection(place: Place) -> None:
+    async with place.open() as j:
         for ev in interrupted("inv-1"):
             await j.append(ev)
-    async with Journal.open(tmp_path / "j.db") as j:
+    async with place.open() as j:
         rec = j.record("inv-1")
         assert rec is not None and rec.outcome is Outcome.UNKNOWN
         with pytest.raises(ImpossibleEvent):  # the reopened writer still knows the state
@@ -194,17 +189,16 @@ async def test_reopen_continues_the_chain_and_the_projection(tmp_path: Path) -> 
         assert j.verify().ok
 
 
-async def test_reads_work_from_a_second_process_while_the_writer_runs(tmp_path: Path) -> None:
-    path = tmp_path / "j.db"
+async def test_reads_work_from_a_second_process_while_the_writer_runs(place: Place) -> None:
     script = textwrap.dedent(
         f"""
         from affidavit.journal import JournalReader
-        with JournalReader.open({str(path)!r}) as r:
+        with JournalReader.open({place.location!r}) as r:
             rec = r.record("inv-1")
             print(r.verify().count, rec.state, rec.outcome.value)
         """
     )
-    async with Journal.open(path) as j:
+    async with place.open() as j:
         for ev in interrupted("inv-1"):
             await j.append(ev)
         with trio.fail_after(60):
@@ -218,31 +212,39 @@ async def test_reads_work_from_a_second_process_while_the_writer_runs(tmp_path: 
         assert proc.stdout.decode().split() == ["5", "interrupted", "unknown"]
 
 
-def test_read_only_open_needs_no_key_and_refuses_a_missing_journal(tmp_path: Path) -> None:
+def test_read_only_open_needs_no_key_and_refuses_a_missing_journal(place: Place) -> None:
     async def fill() -> None:
-        async with Journal.open(tmp_path / "j.db") as j:
+        async with place.open() as j:
             for ev in happy("inv-1"):
                 await j.append(ev)
             await j.put_result_chunk("inv-1", "body", 0, b"{}")
             await j.commit_result(Event(E.RESULT_COMMITTED, "inv-1"), summary={"status": 201})
 
     trio.run(fill)
-    (tmp_path / "j.db.key").unlink()
-    with JournalReader.open(tmp_path / "j.db") as r:
+    place.key_file.unlink()
+    with place.reader() as r:
         assert r.verify().ok
         assert r.record("inv-1") is not None
         assert len(r.list_actions()) == 1
-        with pytest.raises(JournalError, match=r"j\.db\.key"):
+        with pytest.raises(JournalError, match=r"journal\.key"):
             r.read_result("inv-1")
+    with place.reader(key_file=None) as r, pytest.raises(JournalError, match="key"):
+        r.read_result("inv-1")
+    absent = place.location.rsplit("/", 1)[0] + "/absent"
     with pytest.raises(JournalError, match="no journal"):
-        JournalReader.open(tmp_path / "absent.db")
+        JournalReader.open(absent if place.cluster is None else _no_schema(place))
 
 
-def test_reading_attrs_the_writer_did_not_write(tmp_path: Path) -> None:
+def _no_schema(place: Place) -> str:
+    """A database that exists but holds no journal."""
+    assert place.cluster is not None
+    return place.cluster.database()
+
+
+def test_reading_attrs_the_writer_did_not_write(place: Place) -> None:
     """Rows are decoded with the JSON scanner directly; JSON with whitespace still reads, and
     a malformed row raises a JSON error (a ValueError), never the scanner's StopIteration."""
     import json
-    import sqlite3
 
     from affidavit.journal.rows import decode_attrs
 
@@ -252,18 +254,12 @@ def test_reading_attrs_the_writer_did_not_write(tmp_path: Path) -> None:
         with pytest.raises(json.JSONDecodeError):
             decode_attrs(bad)
 
-    path = tmp_path / "j.db"
-
     async def fill() -> None:
-        async with Journal.open(path) as j:
+        async with place.open() as j:
             await j.append(accepted("ws"))
 
     trio.run(fill)
-    conn = sqlite3.connect(path)
-    conn.execute("DROP TRIGGER events_no_update")
-    conn.execute("UPDATE events SET attrs = ' ' || attrs || ' ' WHERE seq = 1")
-    conn.commit()
-    conn.close()
-    with JournalReader.open(path) as r:
+    place.tamper("UPDATE events SET attrs = ' ' || attrs || ' ' WHERE seq = 1")
+    with place.reader() as r:
         assert r.events("ws")[0].attrs["session"] == "sess-1"
         assert r.verify().first_bad_seq == 1

@@ -5,8 +5,6 @@ with the next barrier's transaction; recovery must never depend on them")."""
 from __future__ import annotations
 
 import hashlib
-import sqlite3
-from pathlib import Path
 
 import pytest
 import trio
@@ -15,7 +13,8 @@ from affidavit.journal import Batch, Journal, ResultStoreFailed
 from affidavit.statemachine import Event, ImpossibleEvent
 from affidavit.statemachine import EventKind as E
 
-from .helpers import happy, until_dispatch
+from ..helpers import happy, until_dispatch
+from .conftest import Place, storage_fault
 
 LIMIT = 10
 
@@ -31,9 +30,9 @@ def _count_commits(j: Journal) -> list[int]:
 
 
 async def test_posted_events_commit_with_the_barrier_that_follows_in_one_transaction(
-    tmp_path: Path,
+    place: Place,
 ) -> None:
-    async with Journal.open(tmp_path / "j.db") as j:
+    async with place.open() as j:
         commits = _count_commits(j)
         *diagnostic, dispatch = until_dispatch("inv-1")
         with trio.fail_after(LIMIT):
@@ -49,8 +48,8 @@ async def test_posted_events_commit_with_the_barrier_that_follows_in_one_transac
         assert j.verify().ok
 
 
-async def test_a_durability_barrier_cannot_be_posted(tmp_path: Path) -> None:
-    async with Journal.open(tmp_path / "j.db") as j:
+async def test_a_durability_barrier_cannot_be_posted(place: Place) -> None:
+    async with place.open() as j:
         for ev in until_dispatch("inv-1")[:3]:
             await j.append(ev)
         for kind in (E.DISPATCH_STARTED, E.RESULT_COMMITTED):
@@ -59,8 +58,8 @@ async def test_a_durability_barrier_cannot_be_posted(tmp_path: Path) -> None:
         assert len(j.events("inv-1")) == 3
 
 
-async def test_a_refused_posted_event_raises_at_wait_and_writes_nothing(tmp_path: Path) -> None:
-    async with Journal.open(tmp_path / "j.db") as j:
+async def test_a_refused_posted_event_raises_at_wait_and_writes_nothing(place: Place) -> None:
+    async with place.open() as j:
         with trio.fail_after(LIMIT):
             refused = await j.post(Event(E.REQUEST_SENT, "never-accepted"))
             with pytest.raises(ImpossibleEvent):
@@ -70,9 +69,9 @@ async def test_a_refused_posted_event_raises_at_wait_and_writes_nothing(tmp_path
         assert j.events("never-accepted") == []
 
 
-async def test_a_result_tail_and_its_commit_share_one_transaction(tmp_path: Path) -> None:
+async def test_a_result_tail_and_its_commit_share_one_transaction(place: Place) -> None:
     body = b'{"id":"pay_1"}'
-    async with Journal.open(tmp_path / "j.db") as j:
+    async with place.open() as j:
         for ev in happy("inv-1"):
             await j.append(ev)
         commits = _count_commits(j)
@@ -89,19 +88,19 @@ async def test_a_result_tail_and_its_commit_share_one_transaction(tmp_path: Path
 
 
 async def test_a_lost_tail_fails_the_commit_instead_of_completing_an_older_attempt(
-    tmp_path: Path,
+    place: Place,
 ) -> None:
     """An earlier, uncommitted attempt left chunk 0; this attempt's tail is lost with a failed
     batch.  Without ``expect`` the commit would complete the *old* bytes; with it, it fails and
     nothing is kept (the engine then records RESULT_STORE_FAILED)."""
     new = b"this attempt's body"
-    async with Journal.open(tmp_path / "j.db") as j:
+    async with place.open() as j:
         for ev in happy("inv-1"):
             await j.append(ev)
         await j.put_result_chunk("inv-1", "body", 0, b"an earlier attempt's partial body")
 
         def disk_error(_: Batch) -> None:
-            raise sqlite3.OperationalError("disk I/O error")
+            raise storage_fault(place)
 
         with trio.fail_after(LIMIT):
             j.before_commit = disk_error

@@ -1,5 +1,7 @@
-"""Crash safety (issue 3): a real child process appends an invocation's events and is killed with
-SIGKILL at each durable boundary in turn, and mid-transaction; recovery from the file must
+"""Crash safety (issue 3), on every backend: a real child process appends an invocation's events
+and is killed with SIGKILL at each durable boundary in turn, and mid-transaction (on PostgreSQL
+the server then ends its session, rolling the transaction back and releasing the chain head);
+recovery from the journal must
 project what was durable and never ``not_attempted`` once DISPATCH_STARTED was committed -- and
 (issue 9) verify with the signing public key, every committed row signed."""
 
@@ -18,9 +20,10 @@ import pytest
 from affidavit.journal import JournalReader, SigningKey, VerifyReport
 from affidavit.statemachine import Event, EventKind, Outcome, Projector
 
-from .helpers import happy
+from ..helpers import happy
+from .conftest import Place
 
-CHILD = Path(__file__).with_name("child.py")
+CHILD = Path(__file__).parent.parent / "child.py"
 TIMEOUT = 60.0
 
 # What the crash child appends, in order (the chunks are not events).
@@ -31,9 +34,10 @@ SEQUENCE: list[EventKind] = [
 ]
 
 
-def _spawn(*args: str) -> subprocess.Popen[str]:
+def _spawn(place: Place, *args: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, str(CHILD), *args],
+        env=place.env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -68,27 +72,26 @@ def _kill_cleanup(proc: subprocess.Popen[str]) -> None:
             stream.close()
 
 
-def _verified(r: JournalReader, path: Path) -> VerifyReport:
+def _verified(r: JournalReader, place: Place) -> VerifyReport:
     """A killed journal verifies with the signing *public* key alone, and every committed row
     is covered by a signed checkpoint: a crash never leaves unsigned rows."""
-    public = SigningKey.load(f"{path}.signing.key").public_raw
+    public = SigningKey.load(place.signing_key).public_raw
     report = r.verify(public_key=public)
     assert report.ok, report
     assert report.signed_seq == (report.count or None), report
     return report
 
 
-def _recover(path: Path) -> tuple[list[Event], Projector]:
-    with JournalReader.open(path) as r:
-        _verified(r, path)
+def _recover(place: Place) -> tuple[list[Event], Projector]:
+    with place.reader() as r:
+        _verified(r, place)
         events = r.events("inv-1")
         return events, Projector("inv-1").extend(events)
 
 
 @pytest.mark.parametrize("boundary", range(1, len(SEQUENCE) + 1))
-def test_kill_after_each_durable_transition(tmp_path: Path, boundary: int) -> None:
-    path = tmp_path / "j.db"
-    proc = _spawn("crash", str(path))
+def test_kill_after_each_durable_transition(place: Place, boundary: int) -> None:
+    proc = _spawn(place, "crash", place.location)
     try:
         lines = _read_until(
             proc, lambda ls: sum(x.startswith("durable") for x in ls) == boundary, TIMEOUT
@@ -96,7 +99,7 @@ def test_kill_after_each_durable_transition(tmp_path: Path, boundary: int) -> No
     finally:
         _kill(proc)
     acked = [x for x in lines if x.startswith("durable")]
-    events, proj = _recover(path)
+    events, proj = _recover(place)
     kinds = [e.kind for e in events]
     # Every acknowledged barrier survived; at most the events after it are missing.
     assert kinds == SEQUENCE[: len(kinds)]
@@ -108,7 +111,7 @@ def test_kill_after_each_durable_transition(tmp_path: Path, boundary: int) -> No
         assert rec.evidence["dispatch_started"] is True
     else:
         assert rec.outcome is Outcome.NOT_ATTEMPTED
-    with JournalReader.open(path) as r:
+    with place.reader() as r:
         result = r.read_result("inv-1")
         if EventKind.RESULT_COMMITTED in kinds:
             assert result is not None
@@ -118,16 +121,15 @@ def test_kill_after_each_durable_transition(tmp_path: Path, boundary: int) -> No
 
 
 @pytest.mark.parametrize("committed", [2, 3, 6])
-def test_kill_inside_an_open_transaction(tmp_path: Path, committed: int) -> None:
+def test_kill_inside_an_open_transaction(place: Place, committed: int) -> None:
     """The child writes the next event's row, then blocks before COMMIT; SIGKILL lands there.
     Recovery sees exactly the committed prefix, an intact chain and a consistent projection."""
-    path = tmp_path / "j.db"
-    proc = _spawn("midtxn", str(path), str(committed))
+    proc = _spawn(place, "midtxn", place.location, str(committed))
     try:
         _read_until(proc, lambda ls: ls[-1] == "in-txn", TIMEOUT)
     finally:
         _kill(proc)
-    events, proj = _recover(path)
+    events, proj = _recover(place)
     kinds = [e.kind for e in events]
     assert kinds == SEQUENCE[:committed]
     rec = proj.record()
@@ -136,10 +138,8 @@ def test_kill_inside_an_open_transaction(tmp_path: Path, committed: int) -> None
     # The recovered journal accepts the interrupted write again (no half row blocks it).
     import trio
 
-    from affidavit.journal import Journal
-
     async def resume() -> int:
-        async with Journal.open(path) as j:
+        async with place.open() as j:
             ev = await j.append(happy("inv-1")[committed], barrier=True)
             assert ev.seq is not None
             return ev.seq
@@ -148,11 +148,10 @@ def test_kill_inside_an_open_transaction(tmp_path: Path, committed: int) -> None
 
 
 @pytest.mark.parametrize("delay", [0.05, 0.2, 0.45])
-def test_kill_during_a_stream_of_large_group_commits(tmp_path: Path, delay: float) -> None:
+def test_kill_during_a_stream_of_large_group_commits(place: Place, delay: float) -> None:
     """64 tasks commit batches of large sealed payloads; the kill lands at an arbitrary point,
     usually while a batch is being written.  Every acknowledged barrier must survive."""
-    path = tmp_path / "j.db"
-    proc = _spawn("bulk", str(path))
+    proc = _spawn(place, "bulk", place.location)
     acked: list[int] = []
 
     def drain() -> None:
@@ -176,8 +175,8 @@ def test_kill_during_a_stream_of_large_group_commits(tmp_path: Path, delay: floa
         reader.join(timeout=TIMEOUT)
         _kill_cleanup(proc)
     acked_seq = max(acked)
-    with JournalReader.open(path) as r:
-        report = _verified(r, path)
+    with place.reader() as r:
+        report = _verified(r, place)
         assert report.count >= acked_seq
         for rec in r.list_actions():
             if rec.evidence.get("dispatch_started"):
