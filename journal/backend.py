@@ -19,11 +19,12 @@ import os
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, Protocol
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from .errors import JournalError
 from .tables import Tables
 
-__all__ = ["URL_SCHEMES", "Backend", "Lock", "is_url", "open_backend"]
+__all__ = ["URL_SCHEMES", "Backend", "Lock", "is_url", "open_backend", "redact"]
 
 URL_SCHEMES = ("postgresql://", "postgres://")
 
@@ -31,6 +32,27 @@ URL_SCHEMES = ("postgresql://", "postgres://")
 def is_url(location: str | os.PathLike[str]) -> bool:
     """Whether a journal location names a PostgreSQL database rather than a SQLite file."""
     return isinstance(location, str) and location.startswith(URL_SCHEMES)
+
+
+def redact(url: str) -> str:
+    """The URL with any password (in the authority or a ``password=`` parameter) replaced."""
+    try:
+        parts = urlsplit(url)
+        netloc = parts.netloc
+        if "@" in netloc:
+            userinfo, _, hostport = netloc.rpartition("@")
+            if ":" in userinfo:
+                userinfo = userinfo.split(":", 1)[0] + ":***"
+            netloc = f"{userinfo}@{hostport}"
+        query = parts.query
+        if query:
+            pairs = parse_qsl(query, keep_blank_values=True)
+            query = urlencode(
+                [(k, "***" if k.lower() == "password" else v) for k, v in pairs], safe="/*"
+            )
+        return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+    except ValueError:
+        return "postgresql://(unparsable URL)"
 
 
 class Lock(Protocol):

@@ -91,6 +91,7 @@ def acquire_op(
             at=now,
         )
         stored = txn.insert(*row_args(ev))
+        assert stored.seq is not None
         txn.tables.put_lease(invocation_id, holder, generation, expires, stored.seq)
         return Lease(generation, expires, holder, invocation_id, stored.seq)
 

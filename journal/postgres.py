@@ -35,12 +35,12 @@ import contextlib
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import psycopg
 from psycopg import conninfo as pg_conninfo
 from psycopg.pq import TransactionStatus
 
+from .backend import redact
 from .chain import GENESIS
 from .errors import JournalError
 from .tables import SQL, Tables
@@ -50,7 +50,6 @@ __all__ = [
     "PostgresBackend",
     "PostgresTables",
     "grant_statements",
-    "redact",
 ]
 
 SCHEMA_VERSION = 1
@@ -168,27 +167,6 @@ def grant_statements(role: str) -> list[str]:
         f"GRANT SELECT, INSERT ON {', '.join(_READ_ONLY)} TO {ident}",
         f"GRANT SELECT, INSERT, UPDATE, DELETE ON {', '.join(_WRITABLE)} TO {ident}",
     ]
-
-
-def redact(url: str) -> str:
-    """The URL with any password (in the authority or a ``password=`` parameter) replaced."""
-    try:
-        parts = urlsplit(url)
-        netloc = parts.netloc
-        if "@" in netloc:
-            userinfo, _, hostport = netloc.rpartition("@")
-            if ":" in userinfo:
-                userinfo = userinfo.split(":", 1)[0] + ":***"
-            netloc = f"{userinfo}@{hostport}"
-        query = parts.query
-        if query:
-            pairs = parse_qsl(query, keep_blank_values=True)
-            query = urlencode(
-                [(k, "***" if k.lower() == "password" else v) for k, v in pairs], safe="/*"
-            )
-        return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
-    except ValueError:
-        return "postgresql://(unparsable URL)"
 
 
 def _password(url: str) -> str | None:
@@ -332,6 +310,9 @@ class PostgresBackend:
         if self._password:
             text = text.replace(self._password, "***")
         return text
+
+    def open_error(self, exc: BaseException) -> JournalError:
+        return JournalError(f"cannot open journal {self.where}: {self.describe(exc)}")
 
     def writer_lock(self, owner: str | None) -> None:
         return None

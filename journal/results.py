@@ -434,6 +434,7 @@ def commit_op(
         ev = dataclasses.replace(event, attrs=attrs)
         stored = txn.insert(*row_args(ev))
         txn.flush()  # the marker references its event's row (a foreign key on PostgreSQL)
+        assert stored.seq is not None
         txn.tables.insert_result(iid, stored.seq, whole, canonical_json(per), sealed_summary)
         if audit_summary is not None:
             txn.tables.put_chunk(True, iid, SUMMARY_STREAM, 0, audit_summary)

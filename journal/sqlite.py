@@ -189,6 +189,12 @@ class SqliteTables(Tables):
         except sqlite3.Error as exc:
             _absent(exc, None)
 
+    def every_chunk(self, audit: bool) -> Iterator[tuple[str, str, int, bytes]]:
+        try:
+            yield from super().every_chunk(audit)
+        except sqlite3.Error as exc:
+            _absent(exc, None)
+
 
 T = TypeVar("T")
 

@@ -25,7 +25,7 @@ from typing import Any
 
 from tests.external import POSTGRES, free_port
 
-__all__ = ["Cluster", "running_cluster"]
+__all__ = ["Cluster", "Proxy", "running_cluster"]
 
 _USER = "nobody"
 _counter = itertools.count(1)
@@ -157,3 +157,126 @@ def running_cluster(*, fsync: bool = False) -> Iterator[Cluster]:
         yield cluster
     finally:
         cluster.destroy()
+
+
+class Proxy:
+    """A TCP proxy on loopback between journal clients and PostgreSQL, which a test cuts: the
+    network failing under a broker, deterministically.
+
+    * ``cut()``: every connection through it is closed at once and new ones are refused
+      (``restore()`` lets them through again);
+    * ``lose_next_answer(then_cut=...)``: the next bytes a client sends are delivered to the
+      server, and the server's answer to them is dropped with the connection -- a COMMIT that
+      landed while its client never heard so.
+
+    Threads pump each direction; every loop ends when its sockets close (``close()`` closes all).
+    """
+
+    def __init__(self, target_port: int) -> None:
+        import socket
+        import threading
+
+        self._socket = socket
+        self.target = ("127.0.0.1", target_port)
+        self.listener = socket.socket()
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(64)
+        self.listener.settimeout(0.2)
+        self.port = int(self.listener.getsockname()[1])
+        self.refusing = False
+        self._armed = False
+        self._cut_after_loss = False
+        self.lost_answers = 0
+        self._pairs: list[tuple[Any, Any]] = []
+        self._lock = threading.Lock()
+        self._closed = False
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+        self._thread.start()
+
+    def url(self, cluster: Cluster, database_url: str) -> str:
+        """``database_url`` (a ``cluster.database()``) reached through this proxy."""
+        return database_url.replace(f":{cluster.port}/", f":{self.port}/")
+
+    def _accept(self) -> None:
+        import threading
+
+        while not self._closed:
+            try:
+                client, _ = self.listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            if self.refusing:
+                client.close()
+                continue
+            try:
+                server = self._socket.create_connection(self.target, timeout=5)
+            except OSError:
+                client.close()
+                continue
+            server.settimeout(None)
+            with self._lock:
+                self._pairs.append((client, server))
+            pair = {"awaiting": False}
+            for src, dst, up in ((client, server, True), (server, client, False)):
+                threading.Thread(
+                    target=self._pump, args=(src, dst, up, pair, client, server), daemon=True
+                ).start()
+
+    def _pump(self, src: Any, dst: Any, up: bool, pair: dict[str, bool], *both: Any) -> None:
+        while True:
+            try:
+                data = src.recv(65536)
+            except OSError:
+                data = b""
+            if not data:
+                break
+            if not up and pair["awaiting"]:
+                # The server's answer to the armed request: dropped with the connection.
+                self.lost_answers += 1
+                if self._cut_after_loss:
+                    self.refusing = True
+                break
+            if up and self._armed:
+                # Before the bytes go: the answer may come back before sendall returns.
+                self._armed = False
+                pair["awaiting"] = True
+            try:
+                dst.sendall(data)
+            except OSError:
+                break
+        for s in both:
+            _shut(s)
+
+    def lose_next_answer(self, *, then_cut: bool = False) -> None:
+        self._cut_after_loss = then_cut
+        self._armed = True
+
+    def cut(self) -> None:
+        self.refusing = True
+        with self._lock:
+            pairs, self._pairs = self._pairs, []
+        for pair in pairs:
+            for s in pair:
+                _shut(s)
+
+    def restore(self) -> None:
+        self.refusing = False
+
+    def close(self) -> None:
+        self._closed = True
+        self.cut()
+        with contextlib.suppress(OSError):
+            self.listener.close()
+        self._thread.join(timeout=5)
+
+
+def _shut(sock: Any) -> None:
+    # shutdown() wakes a thread blocked in recv() on it; close() alone may not.
+    import socket
+
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
+    with contextlib.suppress(OSError):
+        sock.close()

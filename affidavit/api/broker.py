@@ -71,7 +71,7 @@ class Broker:
         bindings: dict[str, Binding] = load_bindings({t.kind for t in config.targets.values()})
         try:
             async with Journal.open(
-                config.journal.path,
+                config.journal.location,
                 key_file=config.journal.key_file,
                 signing_key=config.journal.signing_key,
                 auditor_public_key=config.journal.auditor_public_key,
@@ -105,10 +105,14 @@ class Broker:
         )
 
     async def recover(self) -> list[Record]:
-        """Close every record a stopped broker left open, with what its events prove (dispatched
-        without a result: unknown, never not_attempted).  Only for the journal's owner, which
-        knows no other writer is alive: the daemon at start-up."""
-        return await self._engine.recover_orphans()
+        """Close the records a stopped broker left open, with what their events prove
+        (dispatched without a result: unknown, never not_attempted): the daemon at start-up.
+        The owner of a SQLite journal (``owner=``) knows no other writer is alive and closes
+        every one; on a shared journal other brokers may be running theirs, so only those
+        whose lease has expired are closed (``Journal.exclusive``)."""
+        if self.journal.exclusive:
+            return await self._engine.recover_orphans()
+        return await self._engine.recover_expired()
 
     async def fetch_result(
         self,

@@ -118,7 +118,7 @@ def _reading(args: argparse.Namespace, view: Callable[[Any], T]) -> T:
 
     config = load_or_usage(args.config)
     try:
-        with JournalReader.open(config.journal.path, key_file=config.journal.key_file) as j:
+        with JournalReader.open(config.journal.location, key_file=config.journal.key_file) as j:
             return _operator_errors(lambda: view(j))
     except JournalError as exc:
         raise UsageError(str(exc)) from None

@@ -70,6 +70,12 @@ def add_commands(sub: Any) -> None:
     p = sub.add_parser("init", help="write a commented sample config and an empty journal")
     p.add_argument("--config", help="where to write the config (default: ./affidavit.toml)")
     p.add_argument("--force", action="store_true", help="overwrite an existing config")
+    p.add_argument(
+        "--journal-url",
+        metavar="URL",
+        help="a shared PostgreSQL journal (postgresql://user@host/db) instead of a SQLite file: "
+        "its schema is created (or checked) now; keep the password in PGPASSWORD or ~/.pgpass",
+    )
     p.set_defaults(handler=_init)
 
 
@@ -201,7 +207,7 @@ def _result(args: argparse.Namespace) -> int:
 
     envelope = run_journal(main)
     if envelope is None:
-        raise UsageError(f"no invocation {args.invocation_id} in {config.journal.path}")
+        raise UsageError(f"no invocation {args.invocation_id} in {config.journal.where}")
     if not delivering:
         _print(envelope)
     return 1 if "error" in envelope else 0
@@ -226,7 +232,7 @@ async def _raw_result(config: Any, args: argparse.Namespace) -> int:
         if stored is None:
             envelope = await broker.fetch_result(iid)
             if envelope is None:
-                raise UsageError(f"no invocation {iid} in {config.journal.path}")
+                raise UsageError(f"no invocation {iid} in {config.journal.where}")
             err = envelope.get("error") or {}
             print(
                 f"affidavit: invocation {iid} has no stored result (outcome "
@@ -284,15 +290,20 @@ def _init(args: argparse.Namespace) -> int:
     path = config_path(args.config)
     if path.exists() and not args.force:
         raise UsageError(f"{path} exists; use --force to overwrite")
+    url = args.journal_url
+    if url is not None and (
+        not url.startswith(("postgresql://", "postgres://")) or any(c in url for c in '"\\\n')
+    ):
+        raise UsageError("--journal-url: expected a postgresql:// URL")
     try:
-        path.write_text(sample_config(), encoding="utf-8")
+        path.write_text(sample_config(url), encoding="utf-8")
     except OSError as exc:
         raise UsageError(f"cannot write {path}: {exc.strerror}") from None
     config = load_or_usage(str(path))
 
     async def create() -> None:
         async with Journal.open(
-            config.journal.path,
+            config.journal.location,
             key_file=config.journal.key_file,
             signing_key=config.journal.signing_key,
             auditor_public_key=config.journal.auditor_public_key,
@@ -300,7 +311,7 @@ def _init(args: argparse.Namespace) -> int:
             pass
 
     run_journal(create)
-    print(f"wrote {path} and an empty journal at {config.journal.path}")
+    print(f"wrote {path} and an empty journal at {config.journal.where}")
     print(
         f"checkpoints are signed with {config.journal.signing_key}; give auditors its public "
         "half: affidavit journal public-key --out journal.pub"

@@ -93,6 +93,21 @@ def add_commands(sub: Any) -> None:
     pk.add_argument("--out", metavar="FILE", help="write it here (default: stdout)")
     pk.set_defaults(handler=_public_key)
 
+    mg = jsub.add_parser(
+        "migrate",
+        help="copy this journal into a new shared PostgreSQL journal and verify both sides",
+    )
+    common_options(mg)
+    mg.add_argument(
+        "--to", required=True, metavar="URL", help="the empty postgresql:// database to fill"
+    )
+    mg.add_argument(
+        "--accept-unsigned",
+        action="store_true",
+        help="accept rows written before the journal was signed, on the hash chain alone",
+    )
+    mg.set_defaults(handler=_migrate)
+
     kg = jsub.add_parser(
         "audit-keygen",
         help="make an auditor key pair (run it on the auditor's host; the broker gets PUBLIC)",
@@ -141,7 +156,10 @@ def add_commands(sub: Any) -> None:
 
 
 def common_options(p: argparse.ArgumentParser, *, socket: bool = False) -> None:
-    p.add_argument("--journal", help="journal file (default: [journal] path of the config)")
+    p.add_argument(
+        "--journal",
+        help="journal file or postgresql:// URL (default: [journal] path or url of the config)",
+    )
     p.add_argument("--config", help="config file (default: $AFFIDAVIT_CONFIG or ./affidavit.toml)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     if socket:
@@ -156,28 +174,34 @@ def _trust_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--public-key",
         metavar="FILE",
-        help="the signing public key (PEM) to check checkpoints with (default: the anchor's, "
-        "else the one the journal records -- which is not independent of the file)",
+        action="append",
+        help="a signing public key (PEM) to check checkpoints with; give one per broker of a "
+        "shared journal (default: the anchor's, else the keys the journal records -- which "
+        "are not independent of it)",
     )
 
 
 # --- opening -------------------------------------------------------------------------------
 
 
-def _journal_path(args: argparse.Namespace) -> Path:
-    """``--journal`` beats the config's ``[journal] path``; without any config file the
-    default is ``affidavit.db``."""
+def _journal_path(args: argparse.Namespace) -> str | Path:
+    """``--journal`` (a file or a ``postgresql://`` URL) beats the config's ``[journal] path``
+    or ``url``; without any config file the default is ``affidavit.db``."""
     from affidavit.config import CONFIG_ENV, DEFAULT_CONFIG, ConfigError, load_config
 
     if args.journal:
-        return Path(args.journal)
+        return args.journal if _is_url(args.journal) else Path(args.journal)
     explicit = args.config or os.environ.get(CONFIG_ENV)
     if not explicit and not Path(DEFAULT_CONFIG).exists():
         return Path("affidavit.db")
     try:
-        return load_config(args.config).journal.path
+        return load_config(args.config).journal.location
     except ConfigError as exc:
         raise UsageError(str(exc)) from None
+
+
+def _is_url(location: str) -> bool:
+    return location.startswith(("postgresql://", "postgres://"))
 
 
 def _signing_key_path(args: argparse.Namespace) -> Path:
@@ -186,6 +210,11 @@ def _signing_key_path(args: argparse.Namespace) -> Path:
     from affidavit.journal.reader import default_signing_key
 
     if args.journal:
+        if _is_url(args.journal):
+            raise UsageError(
+                "a PostgreSQL journal has no signing key beside it: pass --signing-key (or "
+                "--config, whose [journal] signing_key is this broker's)"
+            )
         return default_signing_key(Path(args.journal))
     explicit = args.config or os.environ.get(CONFIG_ENV)
     if not explicit and not Path(DEFAULT_CONFIG).exists():
@@ -254,10 +283,10 @@ def _journal_call(fn: Any, *args: Any, **kwargs: Any) -> Any:
         raise UsageError(str(exc)) from None
 
 
-def _public_key_arg(args: argparse.Namespace) -> bytes | None:
+def _public_keys_arg(args: argparse.Namespace) -> list[bytes]:
     from affidavit.journal import load_public_key
 
-    return _journal_call(load_public_key, args.public_key) if args.public_key else None
+    return [_journal_call(load_public_key, f) for f in args.public_key or ()]
 
 
 def _verify(args: argparse.Namespace) -> int:
@@ -265,16 +294,16 @@ def _verify(args: argparse.Namespace) -> int:
 
     from affidavit.journal import load_anchor
 
-    public_key = _public_key_arg(args)
+    public_keys = _public_keys_arg(args)
     anchor = _journal_call(load_anchor, args.anchor) if args.anchor else None
     with open_reader(args) as j:
-        report = j.verify(
-            public_key=public_key, anchor=anchor, accept_unsigned=args.accept_unsigned
+        report = _journal_call(
+            j.verify, public_keys=public_keys, anchor=anchor, accept_unsigned=args.accept_unsigned
         )
     if args.json:
         print_json(dataclasses.asdict(report))
         return 0 if report.ok else 1
-    key = f"key {report.key_id} ({_KEY_SOURCES[report.key_source]})" if report.key_id else "no key"
+    key = _keys_text(report.key_ids, report.key_source)
     if report.ok:
         _out(f"journal intact: {report.count} events, head {report.head_hash}")
         if report.signed_seq:
@@ -286,8 +315,8 @@ def _verify(args: argparse.Namespace) -> int:
         _out(f"  {report.results} stored results match their chained hashes")
         if report.key_source == "journal":
             _out(
-                "  note: checked with the public key the journal records itself; pass "
-                "--public-key or --anchor for a check independent of the file"
+                "  note: checked with the public keys the journal records itself; pass "
+                "--public-key (one per broker) or --anchor for a check independent of it"
             )
     else:
         _out(
@@ -297,6 +326,13 @@ def _verify(args: argparse.Namespace) -> int:
         for more in report.also:
             _out(f"  also: {more}")
     return 0 if report.ok else 1
+
+
+def _keys_text(key_ids: tuple[str, ...], source: str) -> str:
+    if not key_ids:
+        return "no key"
+    which = f"key {key_ids[0]}" if len(key_ids) == 1 else f"keys {', '.join(key_ids)}"
+    return f"{which} ({_KEY_SOURCES[source]})"
 
 
 _KEY_SOURCES = {
@@ -319,9 +355,9 @@ def _write_out(path: str | None, data: bytes, what: str) -> None:
 
 
 def _anchor(args: argparse.Namespace) -> int:
-    public_key = _public_key_arg(args)
+    public_keys = _public_keys_arg(args)
     with open_reader(args) as j:
-        report, anchor = j.anchor(public_key)
+        report, anchor = _journal_call(j.anchor, public_keys=public_keys)
     if not report.ok:
         _out(
             f"journal BROKEN at seq {report.first_bad_seq}: {report.reason}; no anchor "
@@ -347,6 +383,12 @@ def _public_key(args: argparse.Namespace) -> int:
     if args.out:
         _out(f"public key {key.key_id} written to {args.out}")
     return 0
+
+
+def _migrate(args: argparse.Namespace) -> int:
+    from affidavit.cli.migrate import run
+
+    return run(args, _journal_path(args))
 
 
 def _audit_keygen(args: argparse.Namespace) -> int:

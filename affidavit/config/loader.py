@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import re
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -44,9 +44,25 @@ _TARGET_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}")
 @dataclass(frozen=True)
 class JournalConfig:
     path: Path
+    url: str | None
+    """A shared PostgreSQL journal (``postgresql://...``); None: the SQLite file ``path``."""
     key_file: Path
     signing_key: Path
     auditor_public_key: Path | None
+
+    @property
+    def location(self) -> str | Path:
+        """What ``Journal.open`` takes: the URL, else the file."""
+        return self.url if self.url else self.path
+
+    @property
+    def where(self) -> str:
+        """How messages name the journal: the file, or the URL without its password."""
+        if not self.url:
+            return str(self.path)
+        from affidavit.journal.backend import redact
+
+        return redact(self.url)
 
 
 @dataclass(frozen=True)
@@ -71,14 +87,39 @@ def _path(r: Read) -> Path:
     return r.resolve_path(r.string())
 
 
-def _key_file(r: Read) -> Path:
-    raw = r.string()
-    return r.resolve_path(raw) if raw else Path(f"{r.values['path']}.key")
+_URL_SCHEMES = ("postgresql://", "postgres://")
 
 
-def _signing_key(r: Read) -> Path:
+def _url(r: Read) -> str | None:
     raw = r.string()
-    return r.resolve_path(raw) if raw else Path(f"{r.values['path']}.signing.key")
+    if raw is None:
+        return None
+    # Never quote the value: it may hold a password.
+    if not raw.startswith(_URL_SCHEMES):
+        raise r.error("must be a postgresql:// URL (a SQLite journal is set with path)")
+    if any(c.isspace() for c in raw):
+        raise r.error("must be one URL, without spaces")
+    if r.section.has("path"):
+        raise r.error("set either path (a SQLite file) or url (PostgreSQL), not both")
+    return str(raw)
+
+
+def _broker_file(suffix: str, what: str) -> Callable[[Read], Path]:
+    def parse(r: Read) -> Path:
+        raw = r.string()
+        if raw:
+            return r.resolve_path(raw)
+        if r.values["url"]:
+            raise r.error(f"is required with url: {what}")
+        return Path(f"{r.values['path']}{suffix}")
+
+    return parse
+
+
+_key_file = _broker_file(
+    ".key", "the sealing key file, the same on every broker sharing the journal"
+)
+_signing_key = _broker_file(".signing.key", "this broker's own signing key file")
 
 
 def _existing_file(r: Read) -> Path | None:
@@ -98,14 +139,23 @@ JOURNAL = Schema(
             "path",
             _path,
             default="affidavit.db",
-            doc="the append-only evidence journal (SQLite)",
+            doc="the append-only evidence journal (a SQLite file)",
+        ),
+        Field(
+            "url",
+            _url,
+            default=None,
+            doc="a shared PostgreSQL journal instead of the file (`postgresql://user@host/db`; "
+            "keep the password out of it: libpq reads `PGPASSWORD` or `~/.pgpass`); several "
+            "brokers may share one (docs/journal.md)",
         ),
         Field(
             "key_file",
             _key_file,
             default=None,
             shown="`<path>.key`",
-            doc="the broker's sealing key for sensitive payloads",
+            doc="the broker's sealing key for sensitive payloads (with `url`: required, and "
+            "the same file on every broker)",
         ),
         Field(
             "signing_key",
@@ -113,7 +163,8 @@ JOURNAL = Schema(
             default=None,
             shown="`<path>.signing.key`",
             doc="the Ed25519 key that signs each transaction's checkpoint (created 0600 if "
-            "absent; `affidavit journal public-key` exports its public half for auditors)",
+            "absent; `affidavit journal public-key` exports its public half for auditors; with "
+            "`url`: required, one per broker)",
         ),
         Field(
             "auditor_public_key",

@@ -73,6 +73,20 @@ timeout = { connect = 10, total = 600 }
 """
 
 
-def sample_config() -> str:
-    """The commented sample ``affidavit init`` writes.  It loads cleanly (tested)."""
-    return _SAMPLE
+_SHARED = """\
+[journal]
+url = "{url}"  # a shared journal: several brokers on one database
+key_file = "affidavit.key"          # the sealing key: copy the same file to every broker
+signing_key = "affidavit.signing.key"  # this broker's own signing key (one per broker)
+# auditor_public_key = "auditor.pub"  # from `affidavit journal audit-keygen` on the auditor's host
+"""
+
+
+def sample_config(journal_url: str | None = None) -> str:
+    """The commented sample ``affidavit init`` writes.  It loads cleanly (tested).
+    ``journal_url``: a shared PostgreSQL journal instead of the SQLite file."""
+    if journal_url is None:
+        return _SAMPLE
+    start = _SAMPLE.index("[journal]")
+    end = _SAMPLE.index("[vault]")
+    return _SAMPLE[:start] + _SHARED.format(url=journal_url) + "\n" + _SAMPLE[end:]

@@ -23,7 +23,6 @@ import functools
 import logging
 import re
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import Any
 
 import trio
@@ -58,7 +57,7 @@ class Api:
         self.broker = broker
         self.policy = policy
         self.calls = calls
-        self.journal_path: Path = broker.config.journal.path
+        self.journal = broker.config.journal
 
     def for_connection(self, peer: Peer, link: Link) -> Callable[[Message, Receive, Send], Any]:
         """The ASGI app one accepted connection talks to: the routes for an allowed peer; for
@@ -172,6 +171,22 @@ class Api:
         if running.answering or req.link.hung_up.is_set():
             return
         if running.envelope is None:
+            if running.journal_failed:
+                # No envelope without a durable record to render it from.  What was recorded
+                # stays: once the journal is back, the record (recovered when its lease ran
+                # out) says whether anything was sent.
+                iid = running.control.invocation_id
+                raise ApiProblem(
+                    503,
+                    "JOURNAL_UNAVAILABLE",
+                    "the journal could not record the call"
+                    + (
+                        f" ({iid}: `affidavit result {iid}` once it is back tells whether it "
+                        "was sent)"
+                        if iid
+                        else " before it was accepted: nothing was sent"
+                    ),
+                )
             raise ApiProblem(
                 500, "INTERNAL", f"the call failed inside the broker ({running.failure})"
             )
@@ -210,7 +225,7 @@ class Api:
         if envelope is None:
             # The words of `affidavit result` run embedded: the thin client prints them as is.
             raise ApiProblem(
-                404, "NO_SUCH_INVOCATION", f"no invocation {invocation_id} in {self.journal_path}"
+                404, "NO_SUCH_INVOCATION", f"no invocation {invocation_id} in {self.journal.where}"
             )
         await req.respond_json(envelope)
 
@@ -269,7 +284,7 @@ class Api:
         key_file = self.broker.config.journal.key_file  # (an approval's request is sealed)
 
         def run() -> Any:
-            with JournalReader.open(self.journal_path, key_file=key_file) as reader:
+            with JournalReader.open(self.journal.location, key_file=key_file) as reader:
                 return view(reader)
 
         return await trio.to_thread.run_sync(run)

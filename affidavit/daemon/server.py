@@ -99,7 +99,7 @@ class Daemon:
                 self.socket_path,
                 sorted(self.policy.uids),
                 sorted(self.policy.gids),
-                self.config.journal.path,
+                self.config.journal.where,
             )
             try:
                 await self._serve(api, calls, listener, inode, task_status)

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from affidavit.adapters.base import AttemptContext, AttemptInterrupted, RemoteResult, SetupError
-from affidavit.journal import LeaseLost
+from affidavit.journal import JournalError, LeaseLost
 from affidavit.protocols import Binding, Prepared
 from affidavit.statemachine import (
     CODES,
@@ -366,9 +366,15 @@ def _gate(engine: Engine, attempt: Attempt) -> Any:
             attempt.gate_entered = False
             raise LeaseRefusal(recorded=False) from None
         except BaseException:
-            # Unknown whether the barrier landed; the journal will tell (see _dispatched).
-            rec = journal.record(attempt.iid)
-            attempt.gate_entered = rec is not None and rec.evidence.get("dispatch_started", False)
+            # Unknown whether the barrier landed; the journal will tell (see _dispatched).  A
+            # journal that cannot be read now (a shared database gone: ``CommitUnknown``) tells
+            # nothing: the gate stays entered -- never not_attempted on a guess -- and nothing
+            # is sent either way (the gate raises; the adapter never writes).
+            with contextlib.suppress(JournalError):
+                rec = journal.record(attempt.iid)
+                attempt.gate_entered = rec is not None and bool(
+                    rec.evidence.get("dispatch_started", False)
+                )
             raise
         attempt.dispatch_recorded = True
 

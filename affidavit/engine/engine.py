@@ -174,6 +174,19 @@ class Engine:
                 closed.append(after)
         return closed
 
+    async def recover_expired(self) -> list[Record]:
+        """Close every non-final record whose holder's lease has expired -- safe with other
+        brokers alive on a shared journal (theirs are unexpired while they run).  Returns the
+        records it closed."""
+        closed = []
+        for record in self.journal.list_actions():
+            if record.final:
+                continue
+            after = await recover_stale(self.recorder, record)
+            if after.last_seq != record.last_seq:
+                closed.append(after)
+        return closed
+
     def lease_ttl(self, target: Any, timeout: float | None) -> float:
         """How long a call on ``target`` holds its invocation: its total timeout (the caller's,
         when shorter) plus ``settings.lease_margin``."""

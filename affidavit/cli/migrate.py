@@ -1,0 +1,62 @@
+"""``affidavit journal migrate --to postgresql://...``: a SQLite journal copied into a new shared
+one, verified end to end on both sides (``affidavit.journal.migrate``).
+
+Stop the brokers writing the source first: the copy is taken from one consistent view of it, and
+what they append afterwards would not be in the copy.  Exit 0 when both sides verify to the same
+head; 2 (one line, never a traceback) when the source does not verify, the target is not empty or
+unreachable, or the copy does not verify.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from affidavit.cli import UsageError
+from affidavit.cli.journal import print_json
+
+__all__ = ["run"]
+
+
+def run(args: argparse.Namespace, source: str | Path) -> int:
+    from affidavit.journal import JournalError
+    from affidavit.journal.backend import is_url, redact
+    from affidavit.journal.migrate import migrate
+
+    if not is_url(args.to):
+        raise UsageError("--to: expected a postgresql:// URL (the new shared journal)")
+    if isinstance(source, str) and is_url(source):
+        raise UsageError("the source is already a shared journal: migrate copies a SQLite file")
+    try:
+        done = migrate(source, args.to, accept_unsigned=args.accept_unsigned)
+    except JournalError as exc:
+        raise UsageError(str(exc)) from None
+    target = redact(args.to)
+    if args.json:
+        print_json(
+            {
+                "source": str(source),
+                "target": target,
+                "copied": done.counts,
+                "head_seq": done.target.count,
+                "head_hash": done.target.head_hash,
+                "source_ok": done.source.ok,
+                "target_ok": done.target.ok,
+            }
+        )
+        return 0
+    c = done.counts
+    print(
+        f"copied {c['events']} events, {c['checkpoints']} checkpoints, {c['results']} results "
+        f"({c['chunks']} chunks, {c['auditor_copies']} auditor copies), {c['leases']} leases and "
+        f"{c['idempotency']} idempotency records from {source} to {target}"
+    )
+    print(
+        f"both verify: head seq {done.target.count}, hash {done.target.head_hash}; "
+        f"{done.target.results} stored results match their chained hashes"
+    )
+    print(
+        "next: point every broker's [journal] url at it (with the same key_file; each broker "
+        "its own signing_key)"
+    )
+    return 0

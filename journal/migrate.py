@@ -1,0 +1,138 @@
+"""Copying a journal into a new shared one: ``affidavit journal migrate --to postgresql://...``.
+
+Every stored thing moves as it is -- events (seq, time, hashes), checkpoints with their
+signatures, results with their markers, sealed chunks and auditor copies, leases, idempotency
+records, the sealing key's id and the signing keys -- so the copy is the same evidence, not a
+re-recording of it.  The source must verify first; the target must be empty (a journal is never
+merged into another: two histories would need two orders); the copy is one transaction on the
+target, so it is all there or none of it; and the target is then verified end to end with the
+keys that verified the source, and must reach the same head.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from .backend import Backend, open_backend
+from .connect import REGISTERED
+from .errors import JournalError, VerifyReport
+from .reader import JournalReader
+from .tables import Tables
+
+__all__ = ["Migration", "migrate"]
+
+_BATCH = 1000
+
+
+@dataclass
+class Migration:
+    """What was copied, and both sides' verification."""
+
+    source: VerifyReport
+    target: VerifyReport
+    counts: dict[str, int] = field(default_factory=dict)
+
+
+def migrate(
+    source: str | os.PathLike[str], target: str, *, accept_unsigned: bool = False
+) -> Migration:
+    """Copy the journal at ``source`` into the empty shared journal at ``target`` and verify
+    both.  ``JournalError`` (nothing copied) if the source does not verify or the target is
+    not empty; (everything copied, and the message says the copy fails verification) if the
+    target does not verify to the source's head."""
+    with JournalReader.open(source) as src:
+        keys = src.recorded_public_keys()
+        before = src.verify(public_keys=list(keys.values()), accept_unsigned=accept_unsigned)
+        if not before.ok:
+            raise JournalError(
+                f"the source journal {src.where} does not verify (first bad seq "
+                f"{before.first_bad_seq}: {before.reason}); nothing was copied"
+            )
+        backend = open_backend(target)
+        if not backend.multi_signer:
+            raise JournalError("migrate copies into a shared (postgresql://) journal")
+        conn = backend.connect("writer")
+        try:
+            counts = _copy(src, backend, conn, keys)
+        finally:
+            backend.close(conn)
+    with JournalReader.open(target) as dst:
+        after = dst.verify(public_keys=list(keys.values()), accept_unsigned=accept_unsigned)
+    if not after.ok or after.count != counts["events"] or after.count < before.count:
+        raise JournalError(
+            f"the copy at {backend.where} does not verify ({counts['events']} events copied): "
+            f"{after.reason} at seq {after.first_bad_seq}"
+        )
+    return Migration(before, after, counts)
+
+
+def _copy(
+    src: JournalReader, backend: Backend, conn: Any, keys: dict[str, bytes]
+) -> dict[str, int]:
+    """One transaction on the target: refuse a journal already there, then copy every table."""
+    counts: dict[str, int] = {}
+    out = backend.tables(conn)
+    backend.begin(conn, barrier=True)
+    try:
+        backend.create(conn)
+        seq, _ = out.head()
+        if seq or out.meta("key_id") is not None:
+            raise JournalError(
+                f"the target {backend.where} already holds a journal ({seq} events): migrate "
+                "copies only into an empty one"
+            )
+        with src.snapshot():  # one consistent view of the source (stop its brokers first)
+            _copy_tables(src.tables, out, keys, counts)
+        backend.commit(conn)
+    except backend.errors as exc:
+        with contextlib.suppress(Exception):
+            backend.rollback(conn)
+        raise JournalError(
+            f"copying into {backend.where} failed, nothing was kept: {backend.describe(exc)}"
+        ) from None
+    except BaseException:
+        with contextlib.suppress(Exception):
+            backend.rollback(conn)
+        raise
+    return counts
+
+
+def _copy_tables(src: Tables, out: Tables, keys: dict[str, bytes], counts: dict[str, int]) -> None:
+    key_id = src.meta("key_id")
+    if key_id is not None:
+        out.insert_meta("key_id", key_id)
+    for kid, raw in sorted(keys.items()):
+        out.insert_meta(REGISTERED + kid, base64.b64encode(raw).decode("ascii"))
+    counts["events"] = _batched(src.event_rows(), out.insert_events)
+    counts["checkpoints"] = _each(src.checkpoints(), out.insert_checkpoint)
+    counts["results"] = _each(src.markers(), lambda m: out.insert_result(*m))
+    counts["chunks"] = _each(src.every_chunk(False), lambda c: out.put_chunk(False, *c))
+    counts["auditor_copies"] = _each(src.every_chunk(True), lambda c: out.put_chunk(True, *c))
+    counts["leases"] = _each(src.leases(), lambda r: out.put_lease(*r))
+    counts["idempotency"] = _each(src.idempotency_rows(), out.insert_idempotency)
+
+
+def _batched(rows: Iterator[Any], insert: Callable[[list[tuple[Any, ...]]], None]) -> int:
+    n, batch = 0, []
+    for row in rows:
+        batch.append(tuple(row))
+        if len(batch) >= _BATCH:
+            insert(batch)
+            n, batch = n + len(batch), []
+    if batch:
+        insert(batch)
+        n += len(batch)
+    return n
+
+
+def _each(rows: Iterator[Any], write: Callable[[Any], None]) -> int:
+    n = 0
+    for row in rows:
+        write(row)
+        n += 1
+    return n

@@ -1,0 +1,231 @@
+"""What only a shared journal has: several brokers' signing keys, a database password that must
+never be echoed, a role that may append but not change, and a connection that can be lost in
+the middle of a commit (seed, "Dispatch shifts the burden of proof": DISPATCH_STARTED must be
+durable before the first byte -- so a commit whose answer was lost proves nothing until a
+re-read does).  The conformance suite (tests/journal/conformance/) covers the rest on both
+backends."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import psycopg
+import pytest
+import trio
+
+from affidavit.journal import (
+    Batch,
+    CommitUnknown,
+    Journal,
+    JournalError,
+    JournalReader,
+    SigningKey,
+)
+from affidavit.journal.postgres import grant_statements
+from affidavit.statemachine import Event
+from affidavit.statemachine import EventKind as E
+from tests.postgres import Cluster, Proxy
+
+from .helpers import happy, until_dispatch
+
+LIMIT = 30
+
+
+def _keys(tmp: Path, name: str) -> dict[str, Path]:
+    return {"key_file": tmp / "shared.key", "signing_key": tmp / f"{name}.signing.key"}
+
+
+async def test_each_broker_signs_with_its_own_key_and_verify_trusts_the_set(
+    pg_url: str, tmp_path: Path
+) -> None:
+    async with (
+        Journal.open(pg_url, **_keys(tmp_path, "a")) as a,
+        Journal.open(pg_url, **_keys(tmp_path, "b")) as b,
+    ):
+        for n in range(3):
+            for ev in happy(f"a{n}"):
+                await a.append(ev, barrier=True)
+            for ev in happy(f"b{n}"):
+                await b.append(ev, barrier=True)
+        # Each reads back what the other stored, and checks it against the other's key.
+        await b.put_result_chunk("a0", "body", 0, b"stored by b")
+        await b.commit_result(Event(E.RESULT_COMMITTED, "a0"), summary={})
+        result = a.read_result("a0")
+        assert result is not None and result.streams == {"body": b"stored by b"}
+    ka = SigningKey.load(tmp_path / "a.signing.key").public_raw
+    kb = SigningKey.load(tmp_path / "b.signing.key").public_raw
+    with JournalReader.open(pg_url) as r:
+        recorded = r.verify()
+        assert recorded.ok and recorded.key_source == "journal"
+        assert set(recorded.key_ids) == {SigningKey.load(tmp_path / f"{n}.signing.key").key_id
+                                         for n in "ab"}  # fmt: skip
+        both = r.verify(public_keys=[ka, kb])
+        assert both.ok and both.count == 6 * 7 + 1 and both.results == 1
+        only_a = r.verify(public_keys=[ka])
+        assert not only_a.ok and "not signed by key" in only_a.reason
+        report, anchor = r.anchor(public_keys=[ka, kb])
+        assert report.ok and anchor is not None and anchor.public_raw == kb
+
+
+async def test_every_broker_must_hold_the_same_sealing_key(pg_url: str, tmp_path: Path) -> None:
+    async with Journal.open(pg_url, **_keys(tmp_path, "a")):
+        pass
+    from affidavit.journal.sealing import BrokerKey
+
+    BrokerKey.create(tmp_path / "other.key")
+    other = {"key_file": tmp_path / "other.key", "signing_key": tmp_path / "b.signing.key"}
+    with pytest.raises(JournalError, match="does not match"):
+        async with Journal.open(pg_url, **other):
+            pass
+
+
+async def test_a_shared_journal_needs_its_key_files_named(pg_url: str) -> None:
+    with pytest.raises(JournalError, match="key_file and signing_key"):
+        async with Journal.open(pg_url):
+            pass
+
+
+def test_the_database_password_is_never_echoed(pg: Cluster, tmp_path: Path) -> None:
+    for url in (
+        pg.url("no_such_database"),  # the server refuses the database
+        pg.url("postgres", password="wrong-" + pg.password),  # and a wrong password
+        pg.url("postgres").replace(f":{pg.port}/", ":1/"),  # nothing listens
+    ):
+        with pytest.raises(JournalError) as info:
+            JournalReader.open(url)
+        text = str(info.value)
+        assert pg.password not in text and "***" in text, text
+    with pytest.raises(JournalError, match="no journal") as missing:
+        JournalReader.open(pg.database())
+    assert pg.password not in str(missing.value)
+    assert pg.password not in pg.log_text()
+
+
+async def test_a_broker_role_appends_but_cannot_change_or_unprotect_the_journal(
+    pg: Cluster, pg_url: str, tmp_path: Path
+) -> None:
+    """Append-only by privilege as well as by trigger: the tables' owner creates the schema and
+    grants; the brokers' role can append, but neither update nor delete rows, nor drop the
+    triggers that refuse it."""
+    database = pg_url.rsplit("/", 1)[1]
+    async with Journal.open(pg_url, **_keys(tmp_path, "owner")):
+        pass  # the schema, created by its owner
+    pg.sql("DROP ROLE IF EXISTS broker")
+    pg.sql("CREATE ROLE broker LOGIN PASSWORD 'broker-pw'")
+    for statement in grant_statements("broker"):
+        pg.sql(statement, database)
+    broker_url = pg.url(database, user="broker", password="broker-pw")
+    async with Journal.open(broker_url, **_keys(tmp_path, "broker")) as j:
+        for ev in happy("inv-1"):
+            await j.append(ev)
+        lease_free = await j.bind_idempotency("s", "k", "fp", "inv-1", None)
+        assert lease_free.invocation_id == "inv-1"
+    with psycopg.connect(broker_url, autocommit=True) as conn:
+        for statement in (
+            "UPDATE events SET kind = 'RECONCILED' WHERE seq = 3",
+            "DELETE FROM events WHERE seq = 7",
+            "ALTER TABLE events DISABLE TRIGGER events_no_change",
+            "DROP TRIGGER events_no_change ON events",
+            "UPDATE idempotency SET fingerprint = 'other'",
+        ):
+            with pytest.raises(psycopg.Error, match=r"append-only|must be owner|permission"):
+                conn.execute(statement)  # type: ignore[arg-type]
+    with JournalReader.open(broker_url) as r:
+        assert r.verify().ok and r.verify().count == 7
+
+
+# -- a connection lost around a commit -----------------------------------------------------------
+
+
+async def test_a_connection_lost_before_the_commit_landed_runs_the_batch_again(
+    pg: Cluster, pg_url: str, tmp_path: Path
+) -> None:
+    """The session is terminated just before DISPATCH_STARTED's COMMIT: nothing landed.  The
+    writer reconnects, reads that the row is not there, and commits the batch again -- the
+    append returns only once a commit is known to have landed, and the row is there once."""
+    calls: list[Batch] = []
+    async with Journal.open(pg_url, **_keys(tmp_path, "a")) as j:
+        for ev in until_dispatch("inv-1")[:3]:
+            await j.append(ev)
+
+        def terminate_once(batch: Batch) -> None:
+            calls.append(batch)
+            if len(calls) == 1:
+                pid = j.write_connection.info.backend_pid
+                assert pg.terminate(pid, pg_url.rsplit("/", 1)[1])
+
+        j.before_commit = terminate_once
+        with trio.fail_after(LIMIT):
+            stored = await j.append(Event(E.DISPATCH_STARTED, "inv-1", {"attempt": 1}))
+        j.before_commit = None
+        assert stored.seq == 4 and len(calls) == 2
+        assert [e.kind for e in j.events("inv-1")][-1] is E.DISPATCH_STARTED
+    with JournalReader.open(pg_url) as r:
+        assert [e.seq for e in r.events("inv-1")] == [1, 2, 3, 4]
+        assert r.verify().ok
+
+
+async def test_a_commit_whose_answer_was_lost_is_proven_by_a_reread(
+    pg: Cluster, pg_url: str, tmp_path: Path
+) -> None:
+    """The COMMIT reaches the server and lands; its answer is lost with the connection.  The
+    writer cannot know from the error -- it reconnects, reads the row back, and only then
+    reports the barrier durable (once: the batch is not run again)."""
+    proxy = Proxy(pg.port)
+    try:
+        url = proxy.url(pg, pg_url)
+        calls: list[Batch] = []
+        async with Journal.open(url, **_keys(tmp_path, "a")) as j:
+            for ev in until_dispatch("inv-1")[:3]:
+                await j.append(ev)
+
+            def lose_answer_once(batch: Batch) -> None:
+                calls.append(batch)
+                if len(calls) == 1:
+                    proxy.lose_next_answer()
+
+            j.before_commit = lose_answer_once
+            with trio.fail_after(LIMIT):
+                stored = await j.append(Event(E.DISPATCH_STARTED, "inv-1", {"attempt": 1}))
+            j.before_commit = None
+            assert proxy.lost_answers == 1 and len(calls) == 1
+            assert stored.seq == 4
+    finally:
+        proxy.close()
+    with JournalReader.open(pg_url) as r:
+        assert [e.kind for e in r.events("inv-1")][-1] is E.DISPATCH_STARTED
+        assert r.head()[0] == 4 and r.verify().ok
+
+
+@pytest.mark.parametrize("landed", [False, True], ids=["rolled-back", "landed"])
+async def test_a_commit_no_reread_can_prove_fails_as_commit_unknown(
+    pg: Cluster, pg_url: str, tmp_path: Path, landed: bool
+) -> None:
+    """The connection goes during the commit and no new one can be made within the reconnect
+    window: the append fails with ``CommitUnknown`` -- whether the row landed (the answer was
+    lost) or not (the connection was cut first).  The broker never reports a barrier it cannot
+    prove; what the journal holds, read later, is the truth either way."""
+    proxy = Proxy(pg.port)
+    try:
+        url = proxy.url(pg, pg_url)
+        async with Journal.open(url, reconnect_within=1.0, **_keys(tmp_path, "a")) as j:
+            for ev in until_dispatch("inv-1")[:3]:
+                await j.append(ev)
+
+            def fail(_: Batch) -> None:
+                if landed:
+                    proxy.lose_next_answer(then_cut=True)
+                else:
+                    proxy.cut()
+
+            j.before_commit = fail
+            with trio.fail_after(LIMIT), pytest.raises(CommitUnknown, match="unknown"):
+                await j.append(Event(E.DISPATCH_STARTED, "inv-1", {"attempt": 1}))
+            j.before_commit = None
+            proxy.restore()
+    finally:
+        proxy.close()
+    with JournalReader.open(pg_url) as r:
+        kinds = [e.kind for e in r.events("inv-1")]
+        assert (E.DISPATCH_STARTED in kinds) is landed
+        assert r.verify().ok
