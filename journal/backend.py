@@ -136,8 +136,12 @@ def open_backend(
     """The backend for a journal location: a ``postgresql://`` URL, or a SQLite file path."""
     opts = options or {}
     if is_url(location):
-        from .postgres import PostgresBackend
-
+        try:
+            from .postgres import PostgresBackend
+        except ImportError:
+            raise JournalError(
+                "a postgresql:// journal needs psycopg: pip install 'affidavit[postgresql]'"
+            ) from None
         return PostgresBackend(str(location), **opts)
     from .sqlite import SqliteBackend
 

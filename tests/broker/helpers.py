@@ -78,8 +78,11 @@ def write_config(
     *,
     vault: str | None = None,
     name: str = "affidavit.toml",
+    journal: Mapping[str, Any] | None = None,
 ) -> Path:
-    lines = ["[journal]", f"path = {_toml_value(str(tmp / 'journal.db'))}", ""]
+    """``journal``: the ``[journal]`` table (default: ``path = <tmp>/journal.db``)."""
+    table = journal if journal is not None else {"path": str(tmp / "journal.db")}
+    lines = ["[journal]", *(f"{k} = {_toml_value(v)}" for k, v in table.items()), ""]
     if vault is not None:
         lines += ["[vault]", f"path = {_toml_value(vault)}", ""]
     for tname, table in targets.items():

@@ -1,0 +1,204 @@
+"""A shared journal from the operator's side: ``[journal] url`` in the config (never echoing its
+password), ``affidavit init --journal-url``, the views and ``journal verify`` on a URL with one
+public key per broker, and ``affidavit journal migrate --to postgresql://...`` copying a SQLite
+journal with its chain verified end to end on both sides."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import trio
+
+from affidavit.cli import main as cli_main
+from affidavit.config import ConfigError, config_from_dict, load_config
+from affidavit.journal import Journal, JournalError, JournalReader, SigningKey, public_key_pem
+from affidavit.statemachine import Event, Outcome
+from affidavit.statemachine import EventKind as E
+from tests.journal.helpers import happy, interrupted
+from tests.postgres import Cluster
+
+
+def _config(tmp: Path, journal: dict[str, object]) -> object:
+    return config_from_dict({"journal": journal}, base_dir=tmp)
+
+
+def test_a_shared_journal_is_a_url_with_named_key_files(tmp_path: Path) -> None:
+    secret = "pw-canary-1f2e3d"
+    url = f"postgresql://broker:{secret}@db.example:5432/affidavit"
+    config = _config(tmp_path, {"url": url, "key_file": "k", "signing_key": "s"})
+    journal = config.journal  # type: ignore[attr-defined]
+    assert journal.location == url
+    assert journal.where == "postgresql://broker:***@db.example:5432/affidavit"
+    assert journal.key_file == tmp_path / "k"
+    bad = [
+        ({"url": url}, "journal.key_file", "required with url"),
+        ({"url": url, "key_file": "k"}, "journal.signing_key", "required with url"),
+        ({"url": url, "path": "j.db", "key_file": "k", "signing_key": "s"}, "journal.url",
+         "not both"),
+        ({"url": f"mysql://root:{secret}@h/db"}, "journal.url", "postgresql:// URL"),
+        ({"url": f"postgresql://u:{secret}@h/db x"}, "journal.url", "without spaces"),
+    ]  # fmt: skip
+    for table, field, message in bad:
+        with pytest.raises(ConfigError) as info:
+            _config(tmp_path, table)
+        assert info.value.field == field and message in info.value.message
+        assert secret not in str(info.value)
+
+
+def test_init_writes_a_shared_config_and_creates_the_schema(
+    pg: Cluster, pg_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "affidavit.toml"
+    assert cli_main(["init", "--config", str(config), "--journal-url", pg_url]) == 0
+    out = capsys.readouterr().out
+    assert pg.password not in out and "***" in out
+    loaded = load_config(config)
+    assert loaded.journal.url == pg_url
+    with JournalReader.open(pg_url) as r:
+        assert r.head() == (0, "0" * 64) and r.verify().ok
+    # Idempotent: a second broker's first open finds the schema and registers its own key.
+    assert cli_main(["journal", "verify", "--config", str(config)]) == 0
+    assert (
+        cli_main(["init", "--config", str(tmp_path / "x.toml"), "--journal-url", "http://x"]) == 2
+    )
+    assert "expected a postgresql:// URL" in capsys.readouterr().err
+
+
+async def _two_brokers(url: str, tmp: Path) -> None:
+    keys = {"key_file": tmp / "shared.key"}
+    async with (
+        Journal.open(url, signing_key=tmp / "a.signing.key", **keys) as a,
+        Journal.open(url, signing_key=tmp / "b.signing.key", **keys) as b,
+    ):
+        for ev in happy("inv-a", "alice"):
+            await a.append(ev)
+        for ev in interrupted("inv-b", "bob"):
+            await b.append(ev)
+
+
+def test_views_and_verify_take_a_url_and_one_public_key_per_broker(
+    pg: Cluster, pg_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trio.run(_two_brokers, pg_url, tmp_path)
+    pubs = []
+    for name in "ab":
+        pub = tmp_path / f"{name}.pub"
+        pub.write_bytes(
+            public_key_pem(SigningKey.load(tmp_path / f"{name}.signing.key").public_raw)
+        )
+        pubs += ["--public-key", str(pub)]
+    assert cli_main(["actions", "--journal", pg_url, "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [(r["invocation_id"], r["outcome"]) for r in rows] == [
+        ("inv-a", "committed"),
+        ("inv-b", "unknown"),
+    ]
+    assert cli_main(["journal", "verify", "--journal", pg_url, *pubs]) == 0
+    out = capsys.readouterr().out
+    assert "journal intact: 12 events" in out and "keys " in out and pg.password not in out
+    assert cli_main(["journal", "verify", "--journal", pg_url, *pubs[:2]]) == 1
+    assert "not signed by key" in capsys.readouterr().out
+    assert cli_main(["journal", "public-key", "--journal", pg_url]) == 2
+    assert "--signing-key" in capsys.readouterr().err
+
+
+def test_a_url_that_reaches_no_server_is_one_line_without_the_password(
+    pg: Cluster, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = pg.url("postgres").replace(f":{pg.port}/", ":1/")
+    assert cli_main(["actions", "--journal", url]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "cannot connect" in err and pg.password not in err
+
+
+# -- migrate ----------------------------------------------------------------------------------
+
+
+async def _sqlite_journal(db: Path) -> None:
+    async with Journal.open(db) as j:
+        for ev in happy("inv-r"):
+            await j.append(ev)
+        await j.put_result_chunk("inv-r", "body", 0, b"x" * 70_000)
+        await j.put_result_chunk("inv-r", "body", 1, b"tail")
+        await j.commit_result(Event(E.RESULT_COMMITTED, "inv-r"), summary={"status": 201})
+        for ev in interrupted("inv-u"):
+            await j.append(ev)
+        await j.bind_idempotency("api.create", "key-1", "sha256:aa", "inv-u", 2e9)
+        await j.acquire_lease("inv-u", "old-broker", ttl=1)
+
+
+def test_migrate_copies_a_sqlite_journal_verified_on_both_sides(
+    pg: Cluster, pg_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db = tmp_path / "j.db"
+    trio.run(_sqlite_journal, db)
+    with JournalReader.open(db) as r:
+        head = r.head()
+        result = r.read_result("inv-r")
+    assert cli_main(["journal", "migrate", "--journal", str(db), "--to", pg_url, "--json"]) == 0
+    done = json.loads(capsys.readouterr().out)
+    assert done["copied"] == {
+        "events": head[0], "checkpoints": done["copied"]["checkpoints"], "results": 1,
+        "chunks": 2, "auditor_copies": 0, "leases": 1, "idempotency": 1,
+    }  # fmt: skip
+    assert (done["head_seq"], done["head_hash"]) == head and done["target_ok"]
+    assert pg.password not in json.dumps(done)
+    # The same evidence: rows, records, results (read with the shared sealing key), leases.
+    with JournalReader.open(pg_url, key_file=f"{db}.key") as r:
+        assert r.head() == head and r.verify().ok
+        assert r.read_result("inv-r") == result
+        rec = r.record("inv-u")
+        assert rec is not None and rec.outcome is Outcome.UNKNOWN and rec.generation == 1
+        assert r.find_idempotency("api.create", "key-1") is not None
+        lease = r.lease("inv-u")
+        assert lease is not None and lease.holder == "old-broker"
+
+    async def continue_there() -> None:
+        # A broker on the new journal, with its own signing key, extends the migrated chain.
+        async with Journal.open(
+            pg_url, key_file=f"{db}.key", signing_key=tmp_path / "new.signing.key"
+        ) as j:
+            for ev in happy("inv-next"):
+                await j.append(ev)
+
+    trio.run(continue_there)
+    old = SigningKey.load(f"{db}.signing.key").public_raw
+    new = SigningKey.load(tmp_path / "new.signing.key").public_raw
+    with JournalReader.open(pg_url) as r:
+        assert r.verify(public_keys=[old, new]).ok
+        assert r.verify(public_keys=[old]).first_bad_seq == head[0] + 1
+    # Never into a journal that is not empty; nothing changes there.
+    assert cli_main(["journal", "migrate", "--journal", str(db), "--to", pg_url]) == 2
+    err = capsys.readouterr().err
+    assert "already holds a journal" in err and pg.password not in err
+    with JournalReader.open(pg_url) as r:
+        assert r.head()[0] == head[0] + 7
+
+
+def test_migrate_refuses_a_source_that_does_not_verify_and_copies_nothing(
+    pg_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import sqlite3
+
+    db = tmp_path / "j.db"
+    trio.run(_sqlite_journal, db)
+    conn = sqlite3.connect(db, isolation_level=None)
+    conn.execute("DROP TRIGGER events_no_update")
+    conn.execute("UPDATE events SET attrs = '{}' WHERE seq = 2")
+    conn.close()
+    assert cli_main(["journal", "migrate", "--journal", str(db), "--to", pg_url]) == 2
+    assert "does not verify (first bad seq 2" in capsys.readouterr().err
+    with pytest.raises(JournalError, match="no journal"):
+        JournalReader.open(pg_url)
+    assert cli_main(["journal", "migrate", "--journal", str(db), "--to", str(db)]) == 2
+    assert "expected a postgresql:// URL" in capsys.readouterr().err
+
+
+def test_a_url_without_psycopg_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "psycopg", None)  # import psycopg -> ImportError
+    monkeypatch.delitem(sys.modules, "affidavit.journal.postgres", raising=False)
+    with pytest.raises(JournalError, match=r"affidavit\[postgresql\]"):
+        JournalReader.open("postgresql://u@h/db")
