@@ -76,6 +76,7 @@ class Broker:
                 signing_key=config.journal.signing_key,
                 auditor_public_key=config.journal.auditor_public_key,
                 owner=owner,
+                reconnect_within=config.journal.reconnect,
             ) as journal:
                 engine = Engine(
                     config, journal, bindings, holder=holder, vault=vault, settings=settings

@@ -18,7 +18,16 @@ from types import MappingProxyType
 from typing import Any
 
 from affidavit.protocols import ProtocolLoadError, get, kinds
-from affidavit.schema import ConfigError, Field, LoadContext, Read, Schema, Section, Target
+from affidavit.schema import (
+    ConfigError,
+    Field,
+    LoadContext,
+    Read,
+    Schema,
+    Section,
+    Target,
+    parse_duration,
+)
 
 from .service import SERVICE, ServiceConfig
 
@@ -49,6 +58,9 @@ class JournalConfig:
     key_file: Path
     signing_key: Path
     auditor_public_key: Path | None
+    reconnect: float
+    """A shared journal: seconds a broker that lost the database tries to reconnect before it
+    fails the writes in flight (a restart shorter than this is invisible to callers)."""
 
     @property
     def location(self) -> str | Path:
@@ -122,6 +134,13 @@ _key_file = _broker_file(
 _signing_key = _broker_file(".signing.key", "this broker's own signing key file")
 
 
+def _seconds(r: Read) -> float:
+    try:
+        return parse_duration(r.raw())
+    except ValueError as exc:
+        raise r.error(str(exc)) from None
+
+
 def _existing_file(r: Read) -> Path | None:
     raw = r.string()
     if not raw:
@@ -172,6 +191,13 @@ JOURNAL = Schema(
             default=None,
             doc="seal an auditor copy of event payloads and stored results to this X25519 "
             "public key (the file must exist; the broker cannot open them)",
+        ),
+        Field(
+            "reconnect",
+            _seconds,
+            default=10,
+            doc="with `url`: seconds a broker that lost the database keeps reconnecting before "
+            "it fails the writes in flight (never claiming a commit it cannot read back)",
         ),
     ),
 )

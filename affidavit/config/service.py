@@ -33,6 +33,8 @@ class ServiceConfig:
     """... or by a primary or supplementary group."""
     allow_self_approval: bool
     """Whether an operator may decide on a request their own uid made (default: no)."""
+    lease_margin: float
+    """Seconds a call's lease outlives its timeout (a shared journal's other daemons wait it out)."""
 
     @property
     def has_operators(self) -> bool:
@@ -125,6 +127,14 @@ SERVICE = Schema(
             Read.boolean,
             default=False,
             doc="let an operator decide on a request made by their own uid",
+        ),
+        Field(
+            "lease_margin",
+            _grace,
+            default=30,
+            doc="seconds a call's lease outlives its timeout: after it, a daemon that stopped "
+            "mid-call is presumed gone and another (on a shared journal) may close or retry the "
+            "call",
         ),
     ),
 )

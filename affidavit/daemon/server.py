@@ -1,15 +1,20 @@
-"""``affidavit serve``: the broker as its own process, the journal's only writer, on a Unix socket.
+"""``affidavit serve``: the broker as its own process, on a Unix socket -- its journal's only
+writer, or, on a shared PostgreSQL journal, one of several daemons writing it.
 
 Life of the daemon:
 
 1. Refuse to start if a live daemon already answers on the socket (a stale socket file left by
-   a killed one is removed) or if another process writes the journal: the journal is opened as
-   its only writer (``owner=``; an exclusive lock embedded writers respect).
+   a killed one is removed) or if another process writes a SQLite journal: it is opened as its
+   only writer (``owner=``; an exclusive lock embedded writers respect).  A shared journal takes
+   no such lock: several daemons write it by design, one chain ordered by the database.
 2. Start-up recovery: every record left non-final is closed with what its durable events prove
-   -- dispatched without a result is unknown, never not_attempted (``Broker.recover``).  The
-   exclusive lock proves their holders are gone, so their leases need not be waited out.  An
-   approval still waiting for a decision or a dispatcher stays open (an expired one is closed
-   APPROVAL_EXPIRED); the dispatcher sends the approved ones (``dispatcher.py``).
+   -- dispatched without a result is unknown, never not_attempted (``Broker.recover``).  On a
+   SQLite journal the exclusive lock proves their holders are gone, so their leases need not be
+   waited out; on a shared (PostgreSQL) journal other daemons may be running them, so only those
+   whose lease expired are closed -- the rest as their leases run out (``[service]
+   lease_margin``), by whichever daemon meets them.  An approval still waiting for a decision or
+   a dispatcher stays open (an expired one is closed APPROVAL_EXPIRED); the dispatcher sends the
+   approved ones (``dispatcher.py``).
 3. Listen: the socket is created mode 0660 (umask around ``bind``, then ``chmod``).  Each
    accepted connection's peer is read from the kernel (SO_PEERCRED) and checked against
    ``[service] allow_uids`` / ``allow_gids`` before a byte of it is parsed; HTTP/1.1 is
@@ -40,6 +45,7 @@ from hypercorn.typing import ConnectionState
 
 from affidavit.api.broker import Broker
 from affidavit.config import Config
+from affidavit.engine import EngineSettings
 
 from .app import Api
 from .calls import Calls
@@ -83,7 +89,8 @@ class Daemon:
             raise DaemonError("this platform has no SO_PEERCRED: peers could not be identified")
         _refuse_live_daemon(self.socket_path)
         owner = f"affidavit serve (pid {os.getpid()}) on {self.socket_path}"
-        async with Broker.open(config=self.config, owner=owner) as broker:
+        settings = EngineSettings(lease_margin=self.config.service.lease_margin)
+        async with Broker.open(config=self.config, owner=owner, settings=settings) as broker:
             recovered = await broker.recover()
             if recovered:
                 log.warning(

@@ -102,8 +102,9 @@ def write_daemon_config(
     *,
     socket: Path,
     service: Mapping[str, Any] | None = None,
+    journal: Mapping[str, Any] | None = None,
 ) -> Path:
-    path = write_config(tmp, targets)
+    path = write_config(tmp, targets, journal=journal)
     lines = ["", "[service]", f"socket = {json.dumps(str(socket))}"]
     for key, value in (service or {}).items():
         lines.append(f"{key} = {json.dumps(value)}")
