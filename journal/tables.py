@@ -100,6 +100,7 @@ class Tables:
     order their statement names; iterators are consumed before the next statement."""
 
     SQL: ClassVar[Mapping[str, str]] = SQL
+    PLACEHOLDER: ClassVar[str] = "?"
 
     __slots__ = ("conn",)
 
@@ -146,6 +147,19 @@ class Tables:
 
     def invocation_events(self, iid: str) -> Iterator[Any]:
         return self.rows("invocation_events", (iid,))
+
+    def events_of(self, iids: Sequence[str]) -> Iterator[Any]:
+        """The events of several invocations (``EVENT_READ_COLUMNS``), by seq: one query for
+        a batch's invocations instead of one each (a round trip each on a database)."""
+        marks = ",".join([self.PLACEHOLDER] * len(iids))
+        sql = (
+            f"SELECT {EVENT_READ_COLUMNS} FROM events WHERE invocation_id IN ({marks}) ORDER BY seq"
+        )
+        cur = self.conn.execute(sql, tuple(iids))
+        try:
+            yield from cur
+        finally:
+            cur.close()
 
     def scan_events(self, session: str | None = None) -> Iterator[Any]:
         """Every event (of ``session``, if given) as ``EVENT_READ_COLUMNS``, by seq."""

@@ -54,6 +54,23 @@ class Txn:
         p = self.writer.projectors.get(iid)
         return self.load_projector(iid) if p is None else p
 
+    def preload(self, iids: set[str]) -> None:
+        """Fold the invocations the writer has not cached, of a whole batch, in one read."""
+        w = self.writer
+        missing = [iid for iid in iids if iid not in w.projectors]
+        if not missing:
+            return
+        folds = {iid: Projector(iid) for iid in missing}
+        sessions: dict[str, str | None] = dict.fromkeys(missing)
+        for start in range(0, len(missing), 500):
+            for row in self.tables.events_of(missing[start : start + 500]):
+                iid = row[2]
+                folds[iid].apply(event_from_row(row))
+                if sessions[iid] is None and row[3] is not None:
+                    sessions[iid] = row[3]
+        w.projectors.update(folds)
+        w.sessions.update(sessions)
+
     def load_projector(self, iid: str) -> Projector:
         """Fold an invocation the writer has not cached (writer thread, inside this
         transaction)."""

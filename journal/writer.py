@@ -361,6 +361,7 @@ class Writer:
                 self._require_covered(tables, seq, h)
                 self.signed_head = (seq, h)
             txn = Txn(self, tables, seq, h)
+            txn.preload({r.args[0].invocation_id for r in batch if r.op is None and r.args})
             insert = txn.insert
             for r in batch:
                 # Ops raise their refusals (ImpossibleEvent, JournalError...) before they
