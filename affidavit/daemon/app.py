@@ -14,7 +14,8 @@
          operator routes (``operators.py``)
 
 Everything else is the API's own trouble: 400 bad JSON or query, 403 peer refused, 404, 405,
-413, 503 overloaded or shutting down -- ``{"api_error": {"code", "message"}}``.
+413, 503 overloaded, shutting down or journal unavailable (``JOURNAL_UNAVAILABLE``: a call the
+journal could not record has no envelope to render) -- ``{"api_error": {"code", "message"}}``.
 """
 
 from __future__ import annotations
