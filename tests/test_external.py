@@ -103,6 +103,28 @@ def test_the_real_sshd_tests_skip_without_openssh_server_and_fail_when_required(
     assert f"openssh-server not installed (sshd not found; {REQUIRE_ENV}=1" in required.stdout
 
 
+PG_TEST = "tests/journal/conformance/test_store.py::test_attrs_that_are_not_json_are_a_clear_error"
+
+
+def test_the_postgresql_tests_skip_without_the_server_and_fail_when_required() -> None:
+    """Debian's server lives off PATH (/usr/lib/postgresql/N/bin) and is searched there only."""
+    skipped = _pytest([f"{PG_TEST}[postgresql]"], ROOT, **{HIDE_ENV: "postgres"})
+    assert skipped.returncode == 0, skipped.stdout + skipped.stderr
+    assert "1 skipped" in skipped.stdout and "postgresql not installed" in skipped.stdout
+    required = _pytest([f"{PG_TEST}[postgresql]"], ROOT, **{HIDE_ENV: "postgres", REQUIRE_ENV: "1"})
+    assert required.returncode == 1, required.stdout + required.stderr
+    assert f"postgresql not installed (postgres not found; {REQUIRE_ENV}=1" in required.stdout
+
+
+def test_a_program_searched_in_its_dirs_only_ignores_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PATH", str(PYTHON.parent))  # on PATH, but not where it is looked for
+    only = Program(PYTHON.name, "python3", dirs=(str(tmp_path),), only_dirs=True)
+    assert only.find() is None
+    assert Program(PYTHON.name, "python3", dirs=(str(PYTHON.parent),), only_dirs=True).find()
+
+
 def test_ci_installs_every_program_and_forbids_the_skip() -> None:
     lines = (ROOT / ".ci" / "run").read_text().replace("\\\n", " ").splitlines()
     install = next(ln for ln in lines if "apt-get install" in ln)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from affidavit.statemachine import Event, EvidenceSource
 from affidavit.statemachine import EventKind as E
 
@@ -57,3 +59,46 @@ def interrupted(iid: str, session: str | None = "sess-1") -> list[Event]:
 def db_files(path: object) -> list[str]:
     p = str(path)
     return [p, p + "-wal", p + "-shm"]
+
+
+class Ticking:
+    """A journal clock that moves one second per reading (distinct, ordered labels)."""
+
+    def __init__(self, start: float = 1_700_000_000.0) -> None:
+        self.now = start
+
+    def __call__(self) -> float:
+        self.now += 1.0
+        return self.now
+
+
+async def fill_views(j: Any) -> None:
+    """Four invocations in three sessions for the view tests: committed, unknown, refused in
+    validation, and one without a session."""
+    for ev in happy("ok-1", "alice"):
+        await j.append(ev)
+    for ev in interrupted("lost-1", "alice"):
+        await j.append(ev)
+    await j.append(accepted("bad-1", "bob"))
+    await j.append(
+        Event(E.PREFLIGHT_FAILED, "bad-1", {"code": "INVALID_TARGET", "field": "target"})
+    )
+    for ev in happy("ok-2", None):
+        await j.append(ev)
+
+
+async def fill_results(j: Any, body: bytes) -> int:
+    """A committed invocation with ``body`` stored in 64 KiB chunks, an unknown one and a
+    committed one without a result; returns the RESULT_COMMITTED seq."""
+    chunk = 64 * 1024
+    for ev in happy("inv-r"):
+        await j.append(ev)
+    for i in range(0, len(body), chunk):
+        await j.put_result_chunk("inv-r", "body", i // chunk, body[i : i + chunk])
+    stored = await j.commit_result(Event(E.RESULT_COMMITTED, "inv-r"), summary={"status": 201})
+    for ev in interrupted("inv-u"):
+        await j.append(ev)
+    for ev in happy("inv-z"):
+        await j.append(ev)
+    assert stored.seq is not None
+    return int(stored.seq)

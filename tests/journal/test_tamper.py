@@ -31,9 +31,9 @@ from affidavit.journal import (
     public_key_pem,
 )
 from affidavit.journal.chain import row_hash
-from affidavit.statemachine import Event, EventKind, Outcome, Projector
+from affidavit.statemachine import EventKind, Outcome, Projector
 
-from .helpers import happy, interrupted
+from .helpers import fill_results, happy
 
 BODY = bytes(range(256)) * 700  # three 64 KiB chunks (the last one short)
 CHUNK = 64 * 1024
@@ -54,19 +54,7 @@ class Built:
 
 async def _fill(db: Path) -> int:
     async with Journal.open(db) as j:
-        for ev in happy("inv-r"):
-            await j.append(ev)
-        for i in range(0, len(BODY), CHUNK):
-            await j.put_result_chunk("inv-r", "body", i // CHUNK, BODY[i : i + CHUNK])
-        stored = await j.commit_result(
-            Event(EventKind.RESULT_COMMITTED, "inv-r"), summary={"status": 201}
-        )
-        for ev in interrupted("inv-u"):
-            await j.append(ev)
-        for ev in happy("inv-z"):
-            await j.append(ev)
-        assert stored.seq is not None
-        return stored.seq
+        return await fill_results(j, BODY)
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,5 @@
-"""Views (issue 3, item 7): list actions, one invocation's record, sessions — Python API and
-CLI (`affidavit actions`, `affidavit record ID`, `affidavit sessions`) with `--json`."""
+"""Views on the command line (issue 3, item 7): `affidavit actions`, `affidavit record ID`,
+`affidavit sessions` with `--json` (the Python API's views are in the conformance suite)."""
 
 from __future__ import annotations
 
@@ -11,19 +11,8 @@ import trio
 
 from affidavit.cli import main as cli_main
 from affidavit.journal import Journal
-from affidavit.statemachine import Event
-from affidavit.statemachine import EventKind as E
 
-from .helpers import accepted, happy, interrupted
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_700_000_000.0
-
-    def __call__(self) -> float:
-        self.now += 1.0
-        return self.now
+from .helpers import Ticking, fill_views
 
 
 @pytest.fixture(scope="module")
@@ -31,17 +20,8 @@ def journal(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("views") / "j.db"
 
     async def fill() -> None:
-        async with Journal.open(path, clock=Clock()) as j:
-            for ev in happy("ok-1", "alice"):
-                await j.append(ev)
-            for ev in interrupted("lost-1", "alice"):
-                await j.append(ev)
-            await j.append(accepted("bad-1", "bob"))
-            await j.append(
-                Event(E.PREFLIGHT_FAILED, "bad-1", {"code": "INVALID_TARGET", "field": "target"})
-            )
-            for ev in happy("ok-2", None):
-                await j.append(ev)
+        async with Journal.open(path, clock=Ticking()) as j:
+            await fill_views(j)
 
     trio.run(fill)
     return path

@@ -13,9 +13,8 @@ import trio
 
 from affidavit.journal import JournalError, SigningKey, VerifyReport, load_anchor
 from affidavit.journal.chain import row_hash
-from affidavit.statemachine import Event, EventKind
 
-from ..helpers import happy, interrupted
+from ..helpers import fill_results, happy
 from .conftest import Place
 
 BODY = bytes(range(256)) * 300  # two 64 KiB chunks
@@ -24,19 +23,7 @@ BODY = bytes(range(256)) * 300  # two 64 KiB chunks
 async def _fill(place: Place) -> int:
     """Three invocations and a two-chunk result; returns the RESULT_COMMITTED seq."""
     async with place.open() as j:
-        for ev in happy("inv-r"):
-            await j.append(ev)
-        await j.put_result_chunk("inv-r", "body", 0, BODY[: 64 * 1024])
-        await j.put_result_chunk("inv-r", "body", 1, BODY[64 * 1024 :])
-        stored = await j.commit_result(
-            Event(EventKind.RESULT_COMMITTED, "inv-r"), summary={"status": 201}
-        )
-        for ev in interrupted("inv-u"):
-            await j.append(ev)
-        for ev in happy("inv-z"):
-            await j.append(ev)
-    assert stored.seq is not None
-    return stored.seq
+        return await fill_results(j, BODY)
 
 
 def _verify(place: Place, **kw: object) -> VerifyReport:

@@ -5,35 +5,16 @@ from __future__ import annotations
 
 import trio
 
-from affidavit.statemachine import Event, Outcome, Phase
-from affidavit.statemachine import EventKind as E
+from affidavit.statemachine import Outcome, Phase
 
-from ..helpers import accepted, happy, interrupted
+from ..helpers import Ticking, fill_views
 from .conftest import Place
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_700_000_000.0
-
-    def __call__(self) -> float:
-        self.now += 1.0
-        return self.now
 
 
 def _fill(place: Place) -> None:
     async def fill() -> None:
-        async with place.open(clock=Clock()) as j:
-            for ev in happy("ok-1", "alice"):
-                await j.append(ev)
-            for ev in interrupted("lost-1", "alice"):
-                await j.append(ev)
-            await j.append(accepted("bad-1", "bob"))
-            await j.append(
-                Event(E.PREFLIGHT_FAILED, "bad-1", {"code": "INVALID_TARGET", "field": "target"})
-            )
-            for ev in happy("ok-2", None):
-                await j.append(ev)
+        async with place.open(clock=Ticking()) as j:
+            await fill_views(j)
 
     trio.run(fill)
 
