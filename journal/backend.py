@@ -24,7 +24,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 from .errors import JournalError
 from .tables import Tables
 
-__all__ = ["URL_SCHEMES", "Backend", "Lock", "is_url", "open_backend", "redact"]
+__all__ = ["URL_SCHEMES", "Backend", "Lock", "is_url", "open_backend", "redact", "where"]
 
 URL_SCHEMES = ("postgresql://", "postgres://")
 
@@ -53,6 +53,11 @@ def redact(url: str) -> str:
         return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
     except ValueError:
         return "postgresql://(unparsable URL)"
+
+
+def where(location: str | os.PathLike[str]) -> str:
+    """How messages name a journal location: the file, or the URL without its password."""
+    return redact(str(location)) if is_url(location) else str(location)
 
 
 class Lock(Protocol):

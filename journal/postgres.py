@@ -254,6 +254,7 @@ class PostgresBackend:
         return conn
 
     def close(self, conn: Any) -> None:
+        self._pipes.pop(id(conn), None)
         conn.close()
 
     def create(self, conn: Any) -> None:

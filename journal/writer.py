@@ -409,9 +409,10 @@ class Writer:
                 self.signed_head = (cp.seq, cp.hash)
                 checkpoints.remember(self.signed, cp.seq, cp.signature)
         except BaseException:
-            if not self._committing:
-                with contextlib.suppress(Exception):
-                    backend.rollback(conn)
+            # Also after a failed COMMIT: a database may keep the transaction open (SQLite) or
+            # aborted (PostgreSQL) until told.  On a lost connection this fails, harmlessly.
+            with contextlib.suppress(Exception):
+                backend.rollback(conn)
             raise
 
     def _catch_up(self, tables: Tables, seq: int) -> None:

@@ -207,10 +207,17 @@ def _result(args: argparse.Namespace) -> int:
 
     envelope = run_journal(main)
     if envelope is None:
-        raise UsageError(f"no invocation {args.invocation_id} in {config.journal.where}")
+        raise UsageError(f"no invocation {args.invocation_id} in {_where(config)}")
     if not delivering:
         _print(envelope)
     return 1 if "error" in envelope else 0
+
+
+def _where(config: Any) -> str:
+    """The config's journal as messages name it (a URL without its password)."""
+    from affidavit.journal.backend import where
+
+    return where(config.journal.location)
 
 
 def _print_answer(envelope: dict[str, Any]) -> int:
@@ -232,7 +239,7 @@ async def _raw_result(config: Any, args: argparse.Namespace) -> int:
         if stored is None:
             envelope = await broker.fetch_result(iid)
             if envelope is None:
-                raise UsageError(f"no invocation {iid} in {config.journal.where}")
+                raise UsageError(f"no invocation {iid} in {_where(config)}")
             err = envelope.get("error") or {}
             print(
                 f"affidavit: invocation {iid} has no stored result (outcome "
@@ -311,7 +318,7 @@ def _init(args: argparse.Namespace) -> int:
             pass
 
     run_journal(create)
-    print(f"wrote {path} and an empty journal at {config.journal.where}")
+    print(f"wrote {path} and an empty journal at {_where(config)}")
     print(
         f"checkpoints are signed with {config.journal.signing_key}; give auditors its public "
         "half: affidavit journal public-key --out journal.pub"

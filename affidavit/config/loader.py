@@ -67,15 +67,6 @@ class JournalConfig:
         """What ``Journal.open`` takes: the URL, else the file."""
         return self.url if self.url else self.path
 
-    @property
-    def where(self) -> str:
-        """How messages name the journal: the file, or the URL without its password."""
-        if not self.url:
-            return str(self.path)
-        from affidavit.journal.backend import redact
-
-        return redact(self.url)
-
 
 @dataclass(frozen=True)
 class _VaultConfig:

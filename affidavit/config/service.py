@@ -34,7 +34,7 @@ class ServiceConfig:
     allow_self_approval: bool
     """Whether an operator may decide on a request their own uid made (default: no)."""
     lease_margin: float
-    """Seconds a call's lease outlives its timeout (a shared journal's other daemons wait it out)."""
+    """Seconds a lease outlives its call's timeout (other daemons of a shared journal wait)."""
 
     @property
     def has_operators(self) -> bool:

@@ -33,6 +33,7 @@ from affidavit.api.broker import Broker
 from affidavit.api.wire import parse_time
 from affidavit.engine import OperationError
 from affidavit.journal import JournalError, JournalReader
+from affidavit.journal.backend import where as journal_where
 from affidavit.statemachine import Outcome, Phase
 from affidavit.views import event_to_json, metrics, prometheus_text, record_to_json
 
@@ -226,7 +227,9 @@ class Api:
         if envelope is None:
             # The words of `affidavit result` run embedded: the thin client prints them as is.
             raise ApiProblem(
-                404, "NO_SUCH_INVOCATION", f"no invocation {invocation_id} in {self.journal.where}"
+                404,
+                "NO_SUCH_INVOCATION",
+                f"no invocation {invocation_id} in {journal_where(self.journal.location)}",
             )
         await req.respond_json(envelope)
 

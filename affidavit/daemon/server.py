@@ -46,6 +46,7 @@ from hypercorn.typing import ConnectionState
 from affidavit.api.broker import Broker
 from affidavit.config import Config
 from affidavit.engine import EngineSettings
+from affidavit.journal.backend import where as journal_where
 
 from .app import Api
 from .calls import Calls
@@ -106,7 +107,7 @@ class Daemon:
                 self.socket_path,
                 sorted(self.policy.uids),
                 sorted(self.policy.gids),
-                self.config.journal.where,
+                journal_where(self.config.journal.location),
             )
             try:
                 await self._serve(api, calls, listener, inode, task_status)

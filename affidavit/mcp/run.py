@@ -24,5 +24,5 @@ async def run(*, config: str | None, socket: str | None) -> None:
             await serve(daemon, transport, session)
         return
     async with Embedded.open(config) as embedded, StdioTransport.claim() as transport:
-        log.info("session %s, embedded on %s", session, embedded.broker.config.journal.where)
+        log.info("session %s, embedded on %s", session, embedded.broker.journal.where)
         await serve(embedded, transport, session)

@@ -31,7 +31,9 @@ def test_a_shared_journal_is_a_url_with_named_key_files(tmp_path: Path) -> None:
     config = _config(tmp_path, {"url": url, "key_file": "k", "signing_key": "s"})
     journal = config.journal  # type: ignore[attr-defined]
     assert journal.location == url
-    assert journal.where == "postgresql://broker:***@db.example:5432/affidavit"
+    from affidavit.journal.backend import where
+
+    assert where(journal.location) == "postgresql://broker:***@db.example:5432/affidavit"
     assert journal.key_file == tmp_path / "k"
     bad = [
         ({"url": url}, "journal.key_file", "required with url"),

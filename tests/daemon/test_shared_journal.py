@@ -266,7 +266,10 @@ async def test_postgresql_restarted_mid_run_loses_nothing_and_misclassifies_noth
     calls = 240
     async with (
         HostileServer.running(remote.script) as srv,
-        daemons(tmp_path, pg_url, srv.url, token, n=2, reconnect=1) as procs,
+        # A restart must be invisible within the window (10 s); the stop outlasts its 1 s.
+        daemons(
+            tmp_path, pg_url, srv.url, token, n=2, reconnect=10 if outage == "restart" else 1
+        ) as procs,
     ):
         clients = [Client(p.socket) for p in procs]
         limiter = trio.CapacityLimiter(16)
