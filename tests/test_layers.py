@@ -82,6 +82,16 @@ ALLOWED: Mapping[str, frozenset[str]] = {
         }
     ),
     "affidavit.sdk": frozenset({"affidavit.api"}),
+    # The operator console: pages over the journal's views, decisions through the Broker.
+    "affidavit.console": frozenset(
+        {
+            "affidavit",  # __version__ in the page footer
+            "affidavit.api",
+            "affidavit.approvals",
+            "affidavit.views",
+            *SERVICE_BASE,
+        }
+    ),
     # The daemon sits with the interfaces: the API (Broker) and views below it, never the CLI.
     "affidavit.daemon": frozenset(
         {
@@ -91,6 +101,7 @@ ALLOWED: Mapping[str, frozenset[str]] = {
             "affidavit.reconcile",
             "affidavit.engine",
             "affidavit.config",
+            "affidavit.console",
             "affidavit.views",
             *SERVICE_BASE,
         }
@@ -123,6 +134,7 @@ ALLOWED: Mapping[str, frozenset[str]] = {
             "affidavit.views",
             "affidavit.docgen",
             "affidavit.daemon",
+            "affidavit.console",
             "affidavit.mcp",
             *SERVICE_BASE,
         }

@@ -52,6 +52,7 @@ COMMANDS: dict[str, str] = {
     "approvals": "affidavit.cli.approvals",
     "reconcile": "affidavit.cli.approvals",
     "serve": "affidavit.cli.serve",
+    "console-url": "affidavit.cli.console",
     "vault": "affidavit.cli.vault",
 }
 """Each command and the module that declares it.  Running one command builds only its module's

@@ -25,6 +25,12 @@ def add_commands(sub: Any) -> None:
     p.add_argument(
         "--socket", help="listen here (default: [service] socket, affidavit.sock beside the config)"
     )
+    p.add_argument(
+        "--console",
+        metavar="HOST:PORT",
+        help="also serve the operator console here (default: [service] console; loopback "
+        "only unless [service] console_allow_remote)",
+    )
     p.set_defaults(handler=_serve)
 
 
@@ -34,7 +40,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     import trio
 
-    from affidavit.config import ConfigError, load_config
+    from affidavit.config import ConfigError, console_address, load_config
     from affidavit.daemon import DaemonError, serve
     from affidavit.journal import JournalError
 
@@ -47,13 +53,19 @@ def _serve(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     except OSError as exc:
         raise UsageError(f"cannot read config: {exc.strerror}") from None
+    console = None
+    if args.console is not None:
+        try:
+            console = console_address(args.console, config.service.console_allow_remote)
+        except ValueError as exc:
+            raise UsageError(f"--console: {exc}") from None
     logging.basicConfig(
         stream=sys.stderr,
         level=logging.INFO,
         format="%(asctime)s affidavit serve[%(process)d] %(levelname)s %(message)s",
     )
     try:
-        trio.run(functools.partial(serve, config, socket_path=args.socket))
+        trio.run(functools.partial(serve, config, socket_path=args.socket, console=console))
     except (DaemonError, JournalError) as exc:
         raise UsageError(str(exc)) from None
     return 0

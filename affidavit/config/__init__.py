@@ -12,6 +12,7 @@ from affidavit.schema import (
     snapshot_hash,
 )
 
+from .address import console_address, console_origin, is_loopback
 from .loader import (
     CONFIG_ENV,
     DEFAULT_CONFIG,
@@ -37,6 +38,9 @@ __all__ = [
     "canonical_json",
     "config_from_dict",
     "config_path",
+    "console_address",
+    "console_origin",
+    "is_loopback",
     "load_config",
     "parse_duration",
     "sample_config",

@@ -13,6 +13,8 @@ from pathlib import Path
 
 from affidavit.schema import Field, Read, Schema, parse_duration
 
+from .address import console_address
+
 __all__ = ["SERVICE", "ServiceConfig"]
 
 _MAX_ID = 2**32 - 2
@@ -35,6 +37,10 @@ class ServiceConfig:
     """Whether an operator may decide on a request their own uid made (default: no)."""
     lease_margin: float
     """Seconds a lease outlives its call's timeout (other daemons of a shared journal wait)."""
+    console_allow_remote: bool
+    """Whether ``console`` may name an address other than loopback (docs/console.md)."""
+    console: tuple[str, int] | None
+    """Where ``affidavit serve`` serves the operator console (host, port); None: nowhere."""
 
     @property
     def has_operators(self) -> bool:
@@ -67,6 +73,15 @@ def _gids(r: Read) -> tuple[int, ...]:
 def _grace(r: Read) -> float:
     try:
         return parse_duration(r.raw())
+    except ValueError as exc:
+        raise r.error(str(exc)) from None
+
+
+def _console(r: Read) -> tuple[str, int] | None:
+    if r.raw() is None:
+        return None
+    try:
+        return console_address(r.string(max_len=300), r.values["console_allow_remote"])
     except ValueError as exc:
         raise r.error(str(exc)) from None
 
@@ -135,6 +150,20 @@ SERVICE = Schema(
             doc="seconds a call's lease outlives its timeout: after it, a daemon that stopped "
             "mid-call is presumed gone and another (on a shared journal) may close or retry the "
             "call",
+        ),
+        Field(
+            "console_allow_remote",
+            Read.boolean,
+            default=False,
+            doc="let `console` name an address other than loopback (put TLS in front of it)",
+        ),
+        Field(
+            "console",
+            _console,
+            default=None,
+            shown="none",
+            doc='serve the operator console on this `"HOST:PORT"` (see [console](console.md)); '
+            "loopback only unless `console_allow_remote`",
         ),
     ),
 )

@@ -10,8 +10,8 @@
     GET  /v1/sessions                  ``affidavit sessions --json``
     GET  /v1/metrics                   Prometheus text (``?format=json``: ``metrics --json``)
     GET  /v1/health                    {"ok": true, ...}
-    ...  /v1/approvals[/{id}[/approve|/deny]], POST /v1/invocations/{id}/reconcile: the
-         operator routes (``operators.py``)
+    ...  /v1/approvals[/{id}[/approve|/deny]], POST /v1/invocations/{id}/reconcile,
+         POST /v1/console/login: the operator routes (``operators.py``)
 
 Everything else is the API's own trouble: 400 bad JSON or query, 403 peer refused, 404, 405,
 413, 503 overloaded, shutting down or journal unavailable (``JOURNAL_UNAVAILABLE``: a call the
@@ -31,6 +31,7 @@ import trio
 import affidavit
 from affidavit.api.broker import Broker
 from affidavit.api.wire import parse_time
+from affidavit.console import TokenStore
 from affidavit.engine import OperationError
 from affidavit.journal import JournalError, JournalReader
 from affidavit.journal.backend import where as journal_where
@@ -60,6 +61,10 @@ class Api:
         self.policy = policy
         self.calls = calls
         self.journal = broker.config.journal
+        self.console_url: str | None = None
+        """The operator console's base URL when the daemon serves one (``server.py``)."""
+        self.tokens: TokenStore | None = None
+        """Its one-time login tokens."""
 
     def for_connection(self, peer: Peer, link: Link) -> Callable[[Message, Receive, Send], Any]:
         """The ASGI app one accepted connection talks to: the routes for an allowed peer; for
@@ -302,6 +307,7 @@ ROUTES: dict[str, dict[str, Callable[..., Awaitable[None]]]] = {
     "/v1/metrics": {"GET": Api.metrics},
     "/v1/health": {"GET": Api.health},
     "/v1/approvals": {"GET": operators.approvals},
+    "/v1/console/login": {"POST": operators.console_login},
 }
 
 

@@ -7,12 +7,15 @@ and ``affidavit.reconcile`` with the socket peer as the identity.
     POST /v1/approvals/{id}/deny            {"note"?} -> the approval          (operators)
     POST /v1/invocations/{id}/reconcile     {"query": true} (anyone admitted) or
                                             {"attest": "committed"|"rejected", "note"} (operators)
+    POST /v1/console/login                  -> {"url", "expires_at"}: a one-time login link to
+                                            the operator console for the peer (operators)
 
 The peer is the kernel's word (SO_PEERCRED, ``peer.py``), checked against ``[service]
 operator_uids`` / ``operator_gids``; the requester of an approval may not decide on it unless
 ``allow_self_approval``.  A refusal is an API error with the service's stable code
 (``NOT_AN_OPERATOR``, ``SELF_APPROVAL``, ``NOT_PENDING``, ``APPROVAL_EXPIRED``,
-``NOT_UNKNOWN``, ...).  ``POST /v1/calls`` never decides anything: no call approves.
+``NOT_UNKNOWN``, ...).  ``POST /v1/calls`` never decides anything: no call approves, and no
+peer but an operator gets a console login (an agent on the socket or behind MCP cannot).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from affidavit.approvals import Operator, OperatorError, service
+from affidavit.console import login_url
 from affidavit.journal import JournalReader
 
 from .http import ApiProblem, Request
@@ -28,7 +32,7 @@ from .http import ApiProblem, Request
 if TYPE_CHECKING:
     from .app import Api
 
-__all__ = ["approval", "approvals", "decide", "reconcile"]
+__all__ = ["approval", "approvals", "console_login", "decide", "reconcile"]
 
 T = TypeVar("T")
 
@@ -108,3 +112,18 @@ def _note(body: dict[str, Any]) -> str | None:
     if note is not None and not isinstance(note, str):
         raise ApiProblem(400, "BAD_REQUEST", "note: expected a string")
     return note
+
+
+async def console_login(api: Api, req: Request) -> None:
+    """A one-time console login link for the peer (``affidavit console-url --socket``)."""
+    await req.json_object()
+    who = _require(api, req, "open the operator console")
+    if api.tokens is None or api.console_url is None:
+        raise ApiProblem(
+            409,
+            "NO_CONSOLE",
+            "this daemon serves no console (affidavit serve --console 127.0.0.1:PORT, or "
+            "[service] console)",
+        )
+    token, expires = api.tokens.mint(who)
+    await req.respond_json({"url": login_url(api.console_url, token), "expires_at": expires})

@@ -20,6 +20,10 @@ Life of the daemon:
    ``[service] allow_uids`` / ``allow_gids`` before a byte of it is parsed; HTTP/1.1 is
    hypercorn's, per connection (``TCPServer``) -- the daemon owns only the accept loop, which
    is where the peer's credentials are.
+   With ``--console HOST:PORT`` (or ``[service] console``) the operator console
+   (``affidavit.console``, docs/console.md) is served on that TCP address too -- loopback unless
+   ``console_allow_remote`` -- by hypercorn the same way; its users are operators logged in
+   with a one-time token, never socket peers.
 4. SIGTERM or SIGINT: stop accepting (the socket file goes), answer 503 to new calls on open
    connections, let calls in flight finish within ``[service] shutdown_grace``, then stop the
    rest (``calls.py``), let the answers go out, close the journal.
@@ -44,7 +48,8 @@ from hypercorn.trio.worker_context import WorkerContext
 from hypercorn.typing import ConnectionState
 
 from affidavit.api.broker import Broker
-from affidavit.config import Config
+from affidavit.config import Config, console_origin
+from affidavit.console import Console, TokenStore, token_dir
 from affidavit.engine import EngineSettings
 from affidavit.journal.backend import where as journal_where
 
@@ -72,9 +77,17 @@ class DaemonError(Exception):
 
 
 class Daemon:
-    def __init__(self, config: Config, *, socket_path: str | os.PathLike[str] | None = None):
+    def __init__(
+        self,
+        config: Config,
+        *,
+        socket_path: str | os.PathLike[str] | None = None,
+        console: tuple[str, int] | None = None,
+    ):
         self.config = config
         self.socket_path = Path(socket_path) if socket_path else config.service.socket
+        self.console_address = console or config.service.console
+        """Where the operator console listens (already checked: ``console_address``)."""
         service = config.service
         uids = service.allow_uids if service.allow_uids is not None else (os.getuid(),)
         # Operators reach the socket too: their commands go through it (docs/approvals.md).
@@ -84,6 +97,8 @@ class Daemon:
         )
         self.shutdown = trio.Event()
         """Set to stop the daemon (SIGTERM and SIGINT set it)."""
+        self.console: Console | None = None
+        """The console's one application (its sessions live in it), while it is served."""
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         if not peer_credentials_supported():
@@ -101,6 +116,14 @@ class Daemon:
                 )
             calls = Calls(self.config.service.max_calls)
             api = Api(broker, self.policy, calls)
+            console = None
+            if self.console_address is not None:
+                console = _bind_tcp(*self.console_address)
+                port = console.socket.getsockname()[1]
+                api.console_url = console_origin(self.console_address[0], port)
+                api.tokens = TokenStore(token_dir(self.config.journal.path))
+                self.console = Console(broker, api._read, api.tokens)
+                log.info("operator console on %s", api.console_url)
             listener, inode = _bind(self.socket_path)
             log.info(
                 "listening on %s (allow uids %s, gids %s); journal %s",
@@ -110,9 +133,11 @@ class Daemon:
                 journal_where(self.config.journal.location),
             )
             try:
-                await self._serve(api, calls, listener, inode, task_status)
+                await self._serve(api, calls, listener, inode, console, task_status)
             finally:
                 listener.socket.close()
+                if console is not None:
+                    console.socket.close()
                 _unlink_if_ours(self.socket_path, inode)
         log.info("stopped")
 
@@ -122,6 +147,7 @@ class Daemon:
         calls: Calls,
         listener: trio.SocketListener,
         inode: int,
+        console: trio.SocketListener | None,
         task_status: trio.TaskStatus[None],
     ) -> None:
         hconfig = HypercornConfig()
@@ -142,6 +168,11 @@ class Daemon:
             server = TCPServer(app, hconfig, context, ConnectionState({}), link)  # type: ignore[arg-type]
             await server.run()
 
+        async def console_connection(stream: trio.SocketStream) -> None:
+            app = ASGIWrapper(self.console)  # type: ignore[arg-type]
+            server = TCPServer(app, hconfig, context, ConnectionState({}), stream)  # type: ignore[arg-type]
+            await server.run()
+
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async with trio.open_nursery() as outer:
                 outer.start_soon(self._watch_signals, signals)
@@ -150,12 +181,18 @@ class Daemon:
                 async with trio.open_nursery() as connections:
                     accepting = trio.CancelScope()
                     connections.start_soon(_accept, listener, connection, connections, accepting)
+                    if console is not None:
+                        connections.start_soon(
+                            _accept, console, console_connection, connections, accepting
+                        )
                     task_status.started()
                     await self.shutdown.wait()
                     # Stop accepting: no new connection, and the socket file goes at once (a
                     # client sees "no daemon", not a hang), before the grace starts.
                     accepting.cancel()
                     await listener.aclose()
+                    if console is not None:
+                        await console.aclose()
                     _unlink_if_ours(self.socket_path, inode)
                     await self._drain(calls, context, connections)
                 outer.cancel_scope.cancel()
@@ -229,12 +266,34 @@ def _bind(path: Path) -> tuple[trio.SocketListener, int]:
     return trio.SocketListener(trio.socket.from_stdlib_socket(sock)), inode
 
 
+def _bind_tcp(host: str, port: int) -> trio.SocketListener:
+    """The console's listening TCP socket (the address was checked by ``console_address``)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(BACKLOG)
+    except OSError as exc:
+        sock.close()
+        raise DaemonError(
+            f"cannot serve the console on {host}:{port}: {exc.strerror or exc}"
+        ) from None
+    return trio.SocketListener(trio.socket.from_stdlib_socket(sock))
+
+
 def _unlink_if_ours(path: Path, inode: int) -> None:
     with contextlib.suppress(OSError):
         if os.stat(path).st_ino == inode:
             os.unlink(path)
 
 
-async def serve(config: Config, *, socket_path: str | os.PathLike[str] | None = None) -> None:
-    """Run the daemon until SIGTERM or SIGINT (``affidavit serve``)."""
-    await Daemon(config, socket_path=socket_path).run()
+async def serve(
+    config: Config,
+    *,
+    socket_path: str | os.PathLike[str] | None = None,
+    console: tuple[str, int] | None = None,
+) -> None:
+    """Run the daemon until SIGTERM or SIGINT (``affidavit serve``); ``console`` overrides
+    ``[service] console``."""
+    await Daemon(config, socket_path=socket_path, console=console).run()

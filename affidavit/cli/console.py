@@ -1,0 +1,76 @@
+"""``affidavit console-url``: a one-time login link to the operator console (docs/console.md).
+
+    affidavit console-url --socket PATH   ask the daemon: the socket peer must be an operator
+    affidavit console-url [--config F]    embedded, as the daemon's user: this OS user must be
+                                          an operator; the link uses [service] console
+
+The link holds a random token that logs in once, within five minutes; the session it opens is
+the operator's who asked (the daemon records every decision taken there with that identity,
+``via: console``).  Exit 0 with the URL on stdout; 2 refused (not an operator), no console
+configured, or the daemon unreachable -- one line on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+from affidavit.cli import UsageError, add_socket_arg, ask_daemon, daemon_json, daemon_socket
+
+__all__ = ["add_commands"]
+
+
+def add_commands(sub: Any) -> None:
+    p = sub.add_parser(
+        "console-url", help="print a one-time login link to the operator console (operators)"
+    )
+    p.add_argument("--config", help="config file (default: $AFFIDAVIT_CONFIG or ./affidavit.toml)")
+    add_socket_arg(p)
+    p.add_argument("--json", action="store_true", help='print {"url", "expires_at"}')
+    p.set_defaults(handler=_console_url)
+
+
+def _console_url(args: argparse.Namespace) -> int:
+    socket = daemon_socket(args, "config")
+    if socket is not None:
+        answer = daemon_json(ask_daemon(socket, "POST", "/v1/console/login", b"{}"))
+    else:
+        answer = _embedded(args)
+    if args.json:
+        sys.stdout.write(json.dumps(answer, sort_keys=True) + "\n")
+    else:
+        left = int(float(answer["expires_at"]) - time.time())
+        print(answer["url"])
+        print(f"(one use, within {left} s)", file=sys.stderr)
+    return 0
+
+
+def _embedded(args: argparse.Namespace) -> dict[str, Any]:
+    from affidavit.approvals import Operator, OperatorError, OperatorPolicy
+    from affidavit.cli.call import load_or_usage
+    from affidavit.config import console_origin
+    from affidavit.console import TokenStore, login_url, token_dir
+
+    config = load_or_usage(args.config)
+    address = config.service.console
+    if address is None:
+        raise UsageError(
+            "no [service] console in the config: ask the daemon that serves one "
+            "(affidavit console-url --socket PATH)"
+        )
+    who = Operator.current()
+    try:
+        OperatorPolicy.of(config.service).require(who, "open the operator console")
+    except OperatorError as exc:
+        raise UsageError(f"{exc.code}: {exc.message}") from None
+    try:
+        token, expires = TokenStore(token_dir(config.journal.path)).mint(who)
+    except OSError as exc:
+        raise UsageError(
+            f"cannot write a login token beside the journal: {exc.strerror or exc} "
+            "(run as the daemon's user, or use --socket)"
+        ) from None
+    return {"url": login_url(console_origin(*address), token), "expires_at": expires}

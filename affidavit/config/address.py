@@ -1,0 +1,48 @@
+"""The operator console's address, ``"HOST:PORT"``: loopback unless explicitly allowed.
+
+Read where it is given -- ``[service] console`` (a config error at that field) and
+``affidavit serve --console`` (a usage error) -- by this one function.  The console is an
+operator channel over plain HTTP: on any other address its login links and session cookies
+would cross a network (docs/console.md, "Security model")."""
+
+from __future__ import annotations
+
+import ipaddress
+
+__all__ = ["console_address", "console_origin", "is_loopback"]
+
+
+def is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def console_address(text: str, allow_remote: bool = False) -> tuple[str, int]:
+    """``(host, port)`` of ``"HOST:PORT"`` (``"[::1]:PORT"`` for IPv6; ``localhost`` is
+    127.0.0.1); ``ValueError`` saying what to fix."""
+    host, sep, port_text = text.rpartition(":")
+    if not sep or not host:
+        raise ValueError(f'expected "HOST:PORT" (for example "127.0.0.1:8470"), got {text!r}')
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if host == "localhost":
+        host = "127.0.0.1"
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        raise ValueError(f"{host!r} is not an IP address (name one: 127.0.0.1 or ::1)") from None
+    if not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
+        raise ValueError(f"port {port_text!r}: expected a number from 0 to 65535")
+    if not allow_remote and not is_loopback(host):
+        raise ValueError(
+            f"{host} is not a loopback address: the console serves operators on this machine "
+            "only, unless [service] console_allow_remote = true (then put TLS in front of it)"
+        )
+    return host, int(port_text)
+
+
+def console_origin(host: str, port: int) -> str:
+    """``http://HOST:PORT`` (IPv6 in brackets): the console's base URL."""
+    return f"http://{f'[{host}]' if ':' in host else host}:{port}"

@@ -1,0 +1,384 @@
+"""The console's web application (ASGI, served by the daemon: ``affidavit.daemon.server``).
+
+    GET  /login?token=T                 redeem a one-time token: a session cookie, then on
+    POST /logout                        end the session
+    GET  /approvals                     pending requests; POST /approvals/{id}/approve|deny
+    GET  /actions                       the invocation list, filters, counts, live refresh
+    GET  /invocations/{id}              timeline, attempts, result, lifecycle; POST .../reconcile
+    GET  /invocations/{id}/result.json  the stored envelope, as a download
+    GET  /journal                       verify status, the last signed checkpoint, sessions
+    GET  /static/{console.css,console.js}
+
+Every page but /login and /static needs a session; without one the answer is a redirect to the
+login page.  Every POST needs the session's CSRF token and a same-origin ``Origin`` (or, when a
+browser sends none, ``Referer``): otherwise 403 and nothing is done.  Decisions go to the
+``Broker`` with the session's operator (``via="console"``): the rules -- who is an operator,
+self-approval, still pending, still unknown -- are ``affidavit.approvals`` /
+``affidavit.reconcile``'s, and their refusal is shown with its code.
+
+Headers on every answer (docs/console.md, "Security model"): a strict Content-Security-Policy
+(scripts and styles from /static only, no framing, forms to this origin only), X-Frame-Options
+DENY, ``Referrer-Policy: same-origin`` -- not ``no-referrer``, under which browsers send
+``Origin: null`` with a form POST and the origin check could not tell the console from a
+stranger; same-origin still sends nothing to another site -- nosniff, and ``Cache-Control:
+no-store`` on everything that is not a static file.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Awaitable, Callable, Mapping
+from importlib import resources
+from typing import Any
+from urllib.parse import parse_qsl, quote, urlsplit
+
+import jinja2
+
+import affidavit
+from affidavit.api.broker import Broker
+from affidavit.api.wire import parse_time
+from affidavit.approvals import Operator, OperatorError
+from affidavit.journal import JournalError, JournalReader
+
+from . import pages
+from .auth import Session, Sessions, TokenStore
+
+__all__ = ["COOKIE", "Console"]
+
+Message = dict[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+Read = Callable[[Callable[[JournalReader], Any]], Awaitable[Any]]
+
+COOKIE = "affidavit_console"
+MAX_FORM = 64 * 1024
+CSP = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
+    "form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+)
+STATIC = {"console.css": b"text/css; charset=utf-8", "console.js": b"text/javascript"}
+_DECIDE = re.compile(r"/approvals/([^/]+)/(approve|deny)")
+_INVOCATION = re.compile(r"/invocations/([^/]+)(/reconcile|/result\.json)?")
+
+
+class Refused(Exception):
+    """Answer ``status`` with the error page saying ``message``."""
+
+    def __init__(self, status: int, message: str, code: str = "") -> None:
+        self.status, self.message, self.code = status, message, code
+        super().__init__(message)
+
+
+class Request:
+    def __init__(self, scope: Mapping[str, Any], receive: Receive, send: Send) -> None:
+        self.scope, self.receive, self.send = scope, receive, send
+        self.method = str(scope["method"])
+        self.path = str(scope["path"])
+        self.query = dict(parse_qsl(scope.get("query_string", b"").decode("latin-1")))
+        self.headers: dict[str, str] = {}
+        for k, v in scope.get("headers", []):
+            self.headers[k.decode("latin-1").lower()] = v.decode("latin-1")
+        self.session: Session | None = None
+
+    def cookie(self, name: str) -> str | None:
+        for part in self.headers.get("cookie", "").split(";"):
+            key, _, value = part.strip().partition("=")
+            if key == name:
+                return value
+        return None
+
+    async def form(self) -> dict[str, str]:
+        data = bytearray()
+        while True:
+            message = await self.receive()
+            if message["type"] == "http.disconnect":
+                raise Refused(400, "the request was cut off")
+            data += message.get("body", b"")
+            if len(data) > MAX_FORM:
+                raise Refused(413, "the form is too large")
+            if not message.get("more_body", False):
+                break
+        try:
+            return dict(parse_qsl(data.decode("utf-8"), keep_blank_values=True))
+        except UnicodeDecodeError:
+            raise Refused(400, "the form is not UTF-8") from None
+
+    async def answer(
+        self,
+        status: int,
+        body: bytes,
+        content_type: bytes = b"text/html; charset=utf-8",
+        headers: list[tuple[bytes, bytes]] | None = None,
+        *,
+        cache: bytes = b"no-store",
+    ) -> None:
+        head = [
+            (b"content-type", content_type),
+            (b"content-length", b"%d" % len(body)),
+            (b"content-security-policy", CSP.encode()),
+            (b"x-frame-options", b"DENY"),
+            (b"referrer-policy", b"same-origin"),
+            (b"x-content-type-options", b"nosniff"),
+            (b"cache-control", cache),
+            *(headers or []),
+        ]
+        await self.send({"type": "http.response.start", "status": status, "headers": head})
+        await self.send({"type": "http.response.body", "body": body})
+
+    async def redirect(
+        self, location: str, headers: list[tuple[bytes, bytes]] | None = None
+    ) -> None:
+        await self.answer(303, b"", headers=[(b"location", location.encode()), *(headers or [])])
+
+
+class Console:
+    def __init__(self, broker: Broker, read: Read, tokens: TokenStore) -> None:
+        self.broker = broker
+        self.read = read
+        self.tokens = tokens
+        self.sessions = Sessions()
+        self.templates = jinja2.Environment(
+            loader=jinja2.PackageLoader("affidavit.console", "templates"),
+            autoescape=True,
+            undefined=jinja2.StrictUndefined,
+        )
+        self.templates.filters["when"] = _when
+        self.templates.filters["q"] = lambda s: quote(str(s), safe="")
+
+    async def __call__(self, scope: Message, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        req = Request(scope, receive, send)
+        try:
+            await self._route(req)
+        except Refused as exc:
+            page = self._render("error.html", req, message=exc.message, code=exc.code)
+            await req.answer(exc.status, page)
+
+    def _render(self, name: str, req: Request, **context: Any) -> bytes:
+        session = req.session
+        text = self.templates.get_template(name).render(
+            operator=session.operator if session else None,
+            csrf=session.csrf if session else "",
+            version=affidavit.__version__,
+            path=req.path,
+            **context,
+        )
+        return text.encode("utf-8")
+
+    async def _route(self, req: Request) -> None:
+        path, method = req.path, req.method
+        if path.startswith("/static/"):
+            return await self._static(req, path.removeprefix("/static/"))
+        if path == "/login" and method == "GET":
+            return await self._login(req)
+        req.session = self.sessions.get(req.cookie(COOKIE))
+        if method == "POST":
+            form = await self._checked_form(req)  # 403 before anything else is looked at
+        elif method != "GET":
+            raise Refused(405, f"{method} is not used here")
+        elif req.session is None:
+            return await req.redirect("/login")
+        if path in ("/", "/approvals") and method == "GET":
+            return await self._approvals(req)
+        if path == "/actions" and method == "GET":
+            return await self._actions(req)
+        if path == "/journal" and method == "GET":
+            return await self._journal(req)
+        if path == "/logout" and method == "POST":
+            self.sessions.end(req.session.id)  # type: ignore[union-attr]
+            return await req.redirect("/login", [(b"set-cookie", _cookie("", expire=True))])
+        m = _DECIDE.fullmatch(path)
+        if m is not None and method == "POST":
+            return await self._decide(req, m.group(1), m.group(2), form)
+        m = _INVOCATION.fullmatch(path)
+        if m is not None:
+            iid, sub = m.group(1), m.group(2)
+            if sub == "/reconcile" and method == "POST":
+                return await self._reconcile(req, iid, form)
+            if sub == "/result.json" and method == "GET":
+                return await self._download(req, iid)
+            if sub is None and method == "GET":
+                return await self._invocation(req, iid)
+        raise Refused(404, "no such page")
+
+    async def _checked_form(self, req: Request) -> dict[str, str]:
+        """A POST's form, once its session, origin and CSRF token are proven; else 403."""
+        if req.session is None:
+            raise Refused(403, "not logged in (ask for a link with `affidavit console-url`)")
+        origin = req.headers.get("origin")
+        expected = f"http://{req.headers.get('host', '')}"
+        if origin is None:
+            referer = req.headers.get("referer")
+            parts = urlsplit(referer) if referer else None
+            origin = f"{parts.scheme}://{parts.netloc}" if parts else None
+        if origin != expected:
+            raise Refused(403, "refused: the request did not come from a console page")
+        form = await req.form()
+        if not req.session.csrf_ok(form.get("csrf")):
+            raise Refused(403, "refused: the form's CSRF token is missing or wrong; nothing done")
+        return form
+
+    async def _static(self, req: Request, name: str) -> None:
+        kind = STATIC.get(name)
+        if kind is None or req.method != "GET":
+            raise Refused(404, "no such file")
+        data = resources.files("affidavit.console").joinpath("static", name).read_bytes()
+        await req.answer(200, data, kind, cache=b"max-age=300")
+
+    # -- login ------------------------------------------------------------------------------
+
+    async def _login(self, req: Request) -> None:
+        token = req.query.get("token")
+        if not token:
+            return await req.answer(200, self._render("login.html", req, failed=False))
+        who = self.tokens.redeem(token)
+        if who is not None and not self.broker.operator_policy.is_operator(who):
+            who = None  # no longer an operator (the config changed since the link was made)
+        if who is None:
+            return await req.answer(403, self._render("login.html", req, failed=True))
+        req.session = self.sessions.start(who)
+        page = self._render("welcome.html", req)
+        await req.answer(200, page, headers=[(b"set-cookie", _cookie(req.session.id))])
+
+    # -- pages --------------------------------------------------------------------------------
+
+    async def _approvals(self, req: Request) -> None:
+        rows = await self._reading(pages.approvals_page)
+        page = self._render("approvals.html", req, rows=rows, decided=req.query.get("decided"))
+        await req.answer(200, page)
+
+    async def _actions(self, req: Request) -> None:
+        filters = _filters(req.query)
+        data = await self._reading(lambda r: pages.actions_page(r, filters))
+        page = self._render(
+            "actions.html",
+            req,
+            f=req.query,
+            live=req.query.get("live", "1") != "0",
+            outcomes=pages.OUTCOMES,
+            phases=pages.PHASES,
+            codes=pages.CODES,
+            **data,
+        )
+        await req.answer(200, page)
+
+    async def _invocation(self, req: Request, iid: str, problem: Refused | None = None) -> None:
+        data = await self._reading(lambda r: pages.invocation_page(r, iid))
+        if data is None:
+            raise Refused(404, f"no invocation {iid} in the journal")
+        result = None
+        if data["record"]["final"]:
+            result = pages.result_view(await self._envelope(iid))
+        page = self._render(
+            "invocation.html",
+            req,
+            **data,
+            result=result,
+            problem=problem,
+            done=req.query.get("done"),
+        )
+        await req.answer(problem.status if problem else 200, page)
+
+    async def _download(self, req: Request, iid: str) -> None:
+        envelope = await self._envelope(iid)
+        if envelope is None:
+            raise Refused(404, f"no invocation {iid} in the journal")
+        body = json.dumps(envelope, sort_keys=True, indent=2).encode("utf-8") + b"\n"
+        name = re.sub(r"[^A-Za-z0-9_.-]", "_", iid)
+        disposition = f'attachment; filename="{name}.json"'.encode()
+        await req.answer(200, body, b"application/json", [(b"content-disposition", disposition)])
+
+    async def _journal(self, req: Request) -> None:
+        data = await self._reading(pages.journal_page)
+        await req.answer(200, self._render("journal.html", req, **data))
+
+    # -- decisions ----------------------------------------------------------------------------
+
+    async def _decide(self, req: Request, iid: str, verb: str, form: dict[str, str]) -> None:
+        who = _operator(req)
+        decision = self.broker.approve if verb == "approve" else self.broker.deny
+        try:
+            await decision(iid, note=form.get("note") or None, operator=who)
+        except OperatorError as exc:
+            raise Refused(exc.status, exc.message, exc.code) from None
+        await req.redirect(f"/approvals?decided={quote(iid, safe='')}")
+
+    async def _reconcile(self, req: Request, iid: str, form: dict[str, str]) -> None:
+        who = _operator(req)
+        how = form.get("how")
+        if how not in ("query", "committed", "rejected"):
+            raise Refused(400, "choose query, committed or rejected")
+        try:
+            answer = await self.broker.reconcile(
+                iid,
+                query=how == "query",
+                attest=None if how == "query" else how,
+                note=form.get("note") or None,
+                operator=who,
+            )
+        except OperatorError as exc:
+            problem = Refused(exc.status, exc.message, exc.code)
+            return await self._invocation(req, iid, problem)
+        done = "reconciled" if answer["reconciled"] else "inconclusive"
+        await req.redirect(f"/invocations/{quote(iid, safe='')}?done={done}")
+
+    # -- reading ------------------------------------------------------------------------------
+
+    async def _reading(self, view: Callable[[JournalReader], Any]) -> Any:
+        try:
+            return await self.read(view)
+        except (JournalError, OperatorError) as exc:
+            raise Refused(500, f"the journal could not be read: {exc}") from None
+
+    async def _envelope(self, iid: str) -> dict[str, Any] | None:
+        """The stored envelope, read as a resumed read from chunk 0: it records nothing (the
+        console is not the caller; its look is no delivery)."""
+        try:
+            return await self.broker.fetch_result(iid, from_chunk=0)
+        except JournalError as exc:
+            raise Refused(500, f"the stored result does not verify: {exc}") from None
+
+
+def _operator(req: Request) -> Operator:
+    assert req.session is not None
+    return req.session.operator
+
+
+def _cookie(value: str, *, expire: bool = False) -> bytes:
+    # No Secure: the console speaks plain HTTP on loopback (TLS in front is the deployer's).
+    tail = "; Max-Age=0" if expire else ""
+    return f"{COOKIE}={value}; Path=/; HttpOnly; SameSite=Strict{tail}".encode()
+
+
+def _filters(query: Mapping[str, str]) -> pages.ActionFilters:
+    def pick(name: str, allowed: list[str]) -> str | None:
+        value = query.get(name) or None
+        if value is not None and value not in allowed:
+            raise Refused(400, f"{name}: expected one of {', '.join(allowed)}")
+        return value
+
+    def when(name: str) -> float | None:
+        value = query.get(name) or None
+        try:
+            return parse_time(value) if value else None
+        except ValueError as exc:
+            raise Refused(400, f"{name}: {exc}") from None
+
+    return pages.ActionFilters(
+        session=query.get("session") or None,
+        outcome=pick("outcome", pages.OUTCOMES),
+        phase=pick("phase", pages.PHASES),
+        code=pick("code", ["OK", *pages.CODES]),
+        since=when("since"),
+        until=when("until"),
+    )
+
+
+def _when(at: Any) -> str:
+    import datetime as dt
+
+    if not isinstance(at, int | float):
+        return "-"
+    return dt.datetime.fromtimestamp(at, dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
