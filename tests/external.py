@@ -1,6 +1,6 @@
 """Tests that need a program from outside Python (OpenSSH's ``sshd``, Graphviz's ``dot``,
-``tinyproxy``, curl, PostgreSQL's server; later chromium) -- or root, to run a client as another
-uid: one rule for all of them.
+``tinyproxy``, curl, PostgreSQL's server, chromium and its chromedriver) -- or root, to run a
+client as another uid: one rule for all of them.
 
 ``PROGRAM.require()`` returns the program's path when it is installed.  When it is not, the
 test is skipped with the reason ``<package> not installed`` — a newcomer's ``python3 -m pytest``
@@ -32,6 +32,8 @@ from pathlib import Path
 import pytest
 
 __all__ = [
+    "CHROMEDRIVER",
+    "CHROMIUM",
     "CURL",
     "DOT",
     "HIDE_ENV",
@@ -160,6 +162,8 @@ POSTGRES = Program(
     dirs=tuple(sorted(glob.glob("/usr/lib/postgresql/*/bin"), reverse=True)),
     only_dirs=True,
 )
+CHROMIUM = Program("chromium", "chromium")
+CHROMEDRIVER = Program("chromedriver", "chromium-driver")
 
-PROGRAMS = (SSHD, SSH_KEYGEN, DOT, TINYPROXY, CURL, POSTGRES)
+PROGRAMS = (SSHD, SSH_KEYGEN, DOT, TINYPROXY, CURL, POSTGRES, CHROMIUM, CHROMEDRIVER)
 """Every program a test requires: ``.ci/run`` installs each one's package."""

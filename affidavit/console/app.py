@@ -162,7 +162,7 @@ class Console:
             operator=session.operator if session else None,
             csrf=session.csrf if session else "",
             version=affidavit.__version__,
-            path=req.path,
+            here=req.path,
             **context,
         )
         return text.encode("utf-8")

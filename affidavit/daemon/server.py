@@ -180,16 +180,18 @@ class Daemon:
                 await outer.start(dispatch_approvals, api.broker, calls)
                 async with trio.open_nursery() as connections:
                     accepting = trio.CancelScope()
+                    accepting_console = trio.CancelScope()
                     connections.start_soon(_accept, listener, connection, connections, accepting)
                     if console is not None:
                         connections.start_soon(
-                            _accept, console, console_connection, connections, accepting
+                            _accept, console, console_connection, connections, accepting_console
                         )
                     task_status.started()
                     await self.shutdown.wait()
                     # Stop accepting: no new connection, and the socket file goes at once (a
                     # client sees "no daemon", not a hang), before the grace starts.
                     accepting.cancel()
+                    accepting_console.cancel()
                     await listener.aclose()
                     if console is not None:
                         await console.aclose()

@@ -1,0 +1,222 @@
+"""A daemon serving the operator console, the scripted remotes it calls, and a real headless
+chromium (selenium) for the console tests and the screenshot script.
+
+    async with console_world(tmp_path, token) as world:
+        world.daemon, world.pay (approval-gated POSTs, answered 200), world.flaky (applies a
+        request and hangs up: the outcome is unknown), world.origin (http://127.0.0.1:PORT)
+        url = await world.login_url()          # affidavit console-url --socket ...
+
+The browser is driven from a worker thread (``Browser.run``): selenium blocks, and the scripted
+remotes run on this test's trio loop.  Chromium runs as root here, so without its sandbox
+(``--no-sandbox``), headless, with a fresh profile and no background networking (this machine's
+closed network refuses those connections many at a time).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import trio
+
+from tests.broker.helpers import http_target
+from tests.daemon.kit import WAIT, DaemonProc, cli, running_daemon, start_caller, wait_until
+from tests.external import CHROMEDRIVER, CHROMIUM, free_port
+from tests.http.hostile import HostileServer, Reply, scripts
+
+__all__ = [
+    "CHARGE",
+    "DROPPED",
+    "Browser",
+    "World",
+    "browser",
+    "console_world",
+    "get",
+    "post",
+]
+
+T = TypeVar("T")
+CHARGE = {"target": "pay", "method": "POST", "path": "/v1/charges", "body": '{"amount": 5}'}
+DROPPED = {"target": "flaky", "method": "POST", "path": "/v1/transfers", "body": '{"to": "x"}'}
+
+
+@dataclass
+class World:
+    daemon: DaemonProc
+    pay: HostileServer
+    flaky: HostileServer
+    origin: str
+
+    async def login_url(self) -> str:
+        done = await cli(self.daemon, "console-url")
+        assert done.returncode == 0, done.stderr
+        url = done.stdout.decode().strip()
+        assert url.startswith(f"{self.origin}/login?token="), url
+        return url
+
+    async def call(self, action: dict[str, Any]) -> dict[str, Any]:
+        done = await cli(self.daemon, "call", "-", stdin=json.dumps(action).encode())
+        envelope: dict[str, Any] = json.loads(done.stdout)
+        return envelope
+
+    async def caller(self, action: dict[str, Any]) -> trio.Process:
+        """A caller that waits for the decision (the target's approval ``wait``)."""
+        return await start_caller(self.daemon, json.dumps(action).encode())
+
+    async def pending(self) -> list[dict[str, Any]]:
+        done = await cli(self.daemon, "approvals", "--json")
+        rows: list[dict[str, Any]] = json.loads(done.stdout)
+        return rows
+
+    async def record(self, iid: str) -> dict[str, Any]:
+        done = await cli(self.daemon, "record", iid, "--json")
+        assert done.returncode == 0, done.stderr
+        rec: dict[str, Any] = json.loads(done.stdout)
+        return rec
+
+    async def one_pending(self) -> str:
+        rows = await wait_until(self.pending, "a request waits for a decision")
+        return str(rows[-1]["invocation_id"])
+
+
+@contextlib.asynccontextmanager
+async def console_world(
+    tmp: Path,
+    token: str,
+    *,
+    pay_reply: Reply | None = None,
+    service: dict[str, Any] | None = None,
+) -> AsyncIterator[World]:
+    """Two remotes and a daemon with the console on a free loopback port; this test's uid is
+    an operator and may decide on its own requests (the agent is played by the same uid)."""
+    port = free_port()
+    reply = pay_reply or Reply(200, body=b'{"charged": true}')
+    async with (
+        HostileServer.running(scripts.serve(reply)) as pay,
+        HostileServer.running(scripts.apply_then_close()) as flaky,
+    ):
+        targets = {
+            "pay": http_target(pay.url, approval={"methods": ["POST"], "wait": "20s"}),
+            "flaky": http_target(flaky.url),
+        }
+        settings = {
+            "operator_uids": [os.geteuid()],
+            "allow_self_approval": True,
+            "console": f"127.0.0.1:{port}",
+            **(service or {}),
+        }
+        async with running_daemon(tmp, targets, token=token, service=settings) as daemon:
+            yield World(daemon, pay, flaky, f"http://127.0.0.1:{port}")
+
+
+async def get(url: str, *, cookie: str | None = None) -> tuple[int, dict[str, str], bytes]:
+    """A plain GET (no redirect followed): (status, headers lower-cased, body)."""
+    return await _request("GET", url, None, {"Cookie": cookie} if cookie else {})
+
+
+async def post(
+    url: str, form: dict[str, str], headers: dict[str, str]
+) -> tuple[int, dict[str, str], bytes]:
+    """A form POST as a script would send it (no redirect followed)."""
+    from urllib.parse import urlencode
+
+    head = {"Content-Type": "application/x-www-form-urlencoded", **headers}
+    return await _request("POST", url, urlencode(form).encode(), head)
+
+
+async def _request(
+    method: str, url: str, body: bytes | None, headers: dict[str, str]
+) -> tuple[int, dict[str, str], bytes]:
+    import http.client
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+
+    def run() -> tuple[int, dict[str, str], bytes]:
+        conn = http.client.HTTPConnection(parts.netloc, timeout=WAIT)
+        try:
+            target = parts.path + (f"?{parts.query}" if parts.query else "")
+            conn.request(method, target, body=body, headers=headers)
+            response = conn.getresponse()
+            got = {k.lower(): v for k, v in response.getheaders()}
+            return response.status, got, response.read()
+        finally:
+            conn.close()
+
+    return await trio.to_thread.run_sync(run)
+
+
+class Browser:
+    """A selenium Chrome session over the system chromium; every method blocks."""
+
+    def __init__(self, driver: Any) -> None:
+        self.driver = driver
+
+    async def run(self, step: Callable[[Any], T]) -> T:
+        """``step(driver)`` in a worker thread, so the trio loop (the remotes) keeps going."""
+        return await trio.to_thread.run_sync(step, self.driver)
+
+    async def get(self, url: str) -> None:
+        await self.run(lambda d: d.get(url))
+
+    async def text(self, css: str) -> str:
+        from selenium.webdriver.common.by import By
+
+        return str(await self.run(lambda d: d.find_element(By.CSS_SELECTOR, css).text))
+
+    async def count(self, css: str) -> int:
+        from selenium.webdriver.common.by import By
+
+        return len(await self.run(lambda d: d.find_elements(By.CSS_SELECTOR, css)))
+
+    async def click(self, css: str) -> None:
+        from selenium.webdriver.common.by import By
+
+        await self.run(lambda d: d.find_element(By.CSS_SELECTOR, css).click())
+
+    async def type(self, css: str, text: str) -> None:
+        from selenium.webdriver.common.by import By
+
+        await self.run(lambda d: d.find_element(By.CSS_SELECTOR, css).send_keys(text))
+
+    async def source(self) -> str:
+        return str(await self.run(lambda d: d.page_source))
+
+
+@contextlib.contextmanager
+def browser(width: int = 1280, height: int = 900) -> Iterator[Browser]:
+    """A headless chromium; skipped ("chromium not installed") on a machine without it."""
+    chromium, chromedriver = CHROMIUM.require(), CHROMEDRIVER.require()
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    profile = tempfile.mkdtemp(prefix="affidavit-chromium-")
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for arg in (
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--no-first-run",
+        "--hide-scrollbars",
+        f"--window-size={width},{height}",
+        f"--user-data-dir={profile}",
+    ):
+        options.add_argument(arg)
+    driver = webdriver.Chrome(service=Service(chromedriver), options=options)
+    driver.set_page_load_timeout(20)
+    try:
+        yield Browser(driver)
+    finally:
+        driver.quit()
+        shutil.rmtree(profile, ignore_errors=True)
