@@ -93,9 +93,12 @@ async def console_world(
     *,
     pay_reply: Reply | None = None,
     service: dict[str, Any] | None = None,
+    wait: str = "20s",
 ) -> AsyncIterator[World]:
     """Two remotes and a daemon with the console on a free loopback port; this test's uid is
-    an operator and may decide on its own requests (the agent is played by the same uid)."""
+    an operator and may decide on its own requests (the agent is played by the same uid).
+    ``wait``: how long a caller of ``pay`` waits for the decision; ``service`` overrides
+    ``[service]`` settings (None removes one)."""
     port = free_port()
     reply = pay_reply or Reply(200, body=b'{"charged": true}')
     async with (
@@ -103,7 +106,7 @@ async def console_world(
         HostileServer.running(scripts.apply_then_close()) as flaky,
     ):
         targets = {
-            "pay": http_target(pay.url, approval={"methods": ["POST"], "wait": "20s"}),
+            "pay": http_target(pay.url, approval={"methods": ["POST"], "wait": wait}),
             "flaky": http_target(flaky.url),
         }
         settings = {
@@ -112,6 +115,7 @@ async def console_world(
             "console": f"127.0.0.1:{port}",
             **(service or {}),
         }
+        settings = {k: v for k, v in settings.items() if v is not None}
         async with running_daemon(tmp, targets, token=token, service=settings) as daemon:
             yield World(daemon, pay, flaky, f"http://127.0.0.1:{port}")
 
