@@ -187,3 +187,50 @@ async def test_what_the_remote_sent_renders_inert(
         )
         assert status == 200 and "attachment" in headers["content-disposition"]
         assert json.loads(body)["result"]["body"] == hostile.decode()
+
+
+async def test_actions_filter_and_count_and_the_journal_verifies(
+    tmp_path: Path, token: str, chrome: Browser
+) -> None:
+    async with console_world(tmp_path, token, wait="0s") as world:
+        dropped = (await world.call(dict(DROPPED, session="night-batch")))["invocation_id"]
+        pending = (await world.call(dict(CHARGE, session="day")))["invocation_id"]
+        refused = await world.call({"target": "nowhere", "method": "GET", "path": "/"})
+        await _login(chrome, world)
+
+        await chrome.get(f"{world.origin}/actions")
+        listed = await chrome.text("#actions")
+        assert dropped in listed and pending in listed and refused["invocation_id"] in listed
+        assert await chrome.count("meta[http-equiv=refresh]") == 1  # live by default
+        matrix = await chrome.text("#matrix")
+        assert "remote_execution" in matrix and "credential_injection" in matrix
+        # One unknown in remote_execution: the row's cell under "unknown" counts it.
+        cells = await chrome.run(
+            lambda d: [
+                [c.text for c in row.find_elements("css selector", "th, td")]
+                for row in d.find_elements("css selector", "#matrix tr")
+            ]
+        )
+        head = cells[0]
+        row = next(r for r in cells if r[0] == "remote_execution")
+        assert row[head.index("unknown")] == "1"
+
+        for query, shown, hidden in (
+            ("outcome=unknown", dropped, pending),
+            ("session=day", pending, dropped),
+            ("phase=credential_injection", pending, dropped),
+            ("code=INVALID_TARGET", refused["invocation_id"], dropped),
+            ("until=2000-01-01T00:00:00Z&live=0", None, dropped),
+        ):
+            await chrome.get(f"{world.origin}/actions?{query}")
+            listed = await chrome.text("#actions")
+            assert (shown is None or shown in listed) and hidden not in listed, query
+        assert await chrome.count("meta[http-equiv=refresh]") == 0  # paused
+        await chrome.get(f"{world.origin}/actions?outcome=maybe")
+        assert "outcome: expected one of" in await chrome.text("#problem")
+
+        await chrome.get(f"{world.origin}/journal")
+        assert (await chrome.text("#verify")).startswith("intact:")
+        assert "seq" in await chrome.text("#anchor")
+        sessions = await chrome.text("#sessions")
+        assert "night-batch" in sessions and "day" in sessions
