@@ -1,9 +1,9 @@
 """The operator's side of approvals: list what waits, show one, approve or deny it.
 
 One set of rules for every interface -- ``affidavit approvals`` (embedded or through the
-daemon), the daemon's API, ``Broker``/``Client``, and the console to come: each passes the
-``Operator`` its channel identified and calls these functions.  No call API and no MCP tool
-reaches them (DESIGN: "an MCP tool never approves or attests").
+daemon), the daemon's API, ``Broker``/``Client``, and the console (``affidavit.console``): each
+passes the ``Operator`` its channel identified and calls these functions.  No call API and no
+MCP tool reaches them (DESIGN: "an MCP tool never approves or attests").
 
 What an operator sees is what the approval binds (``affidavit.engine.approval``): the request as
 it will be sent and where (sealed in the journal, read with the broker's key), the credential

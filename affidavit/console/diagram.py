@@ -2,9 +2,9 @@
 
 Why not Graphviz or Mermaid: ``dot`` is a system program the daemon must not need, and
 Mermaid.js is ~3 MB to vendor and runs in the browser (the console's CSP allows one small
-script).  The table is small (about 30 states), so a layered layout computed here is enough:
-each state's column is its distance from ``new`` (breadth first), rows within a column follow
-their predecessors' rows (one barycentre pass), edges are curves, back edges bend below.  The
+script).  The table is small (about 30 states), so a layered layout computed here is enough
+(``_layout``: rows by longest path, top to bottom; curves; retries' back edges bent to the
+right), about 900 pixels wide -- the width of the page, where a person reads it.  The
 invocation's path -- the states its events folded through, in order (``Projector``) -- is
 drawn over it, the current state marked.  Nothing in the picture comes from the remote: names
 are the table's, escaped all the same.  Styling is by class from console.css (the CSP forbids
@@ -22,9 +22,9 @@ from affidavit.statemachine.lifecycle import edges
 
 __all__ = ["lifecycle_svg", "path_of"]
 
-W, H = 168, 24
+W, H = 164, 24
 """A state's box."""
-DX, DY = 196, 32
+DX, DY = 180, 46
 """Column and row pitch."""
 PAD = 12
 
@@ -41,35 +41,53 @@ def path_of(events: Iterable[Event]) -> list[str]:
 
 
 def _layout() -> dict[str, tuple[float, float]]:
+    """Top to bottom: a state's row is the longest path to it from ``new`` once the cycles'
+    back edges (retries) are set aside -- so dispatch, completion, storage and delivery read
+    downwards in order; its place in the row follows its predecessors (one barycentre pass)."""
     succ: dict[str, list[str]] = {}
-    pred: dict[str, list[str]] = {}
     for src, _ev, dst in edges():
-        if src != dst:
-            succ.setdefault(src, []).append(dst)
-            pred.setdefault(dst, []).append(src)
-    depth = {INITIAL: 0}
-    todo = [INITIAL]
-    while todo:
-        nxt = []
-        for s in todo:
-            for d in succ.get(s, ()):
-                if d not in depth:
-                    depth[d] = depth[s] + 1
-                    nxt.append(d)
-        todo = nxt
-    for name in STATES:  # (every state is reachable: statemachine.lifecycle.problems)
-        depth.setdefault(name, max(depth.values()) + 1)
-    row: dict[str, float] = {}
-    for layer in range(max(depth.values()) + 1):
-        names = sorted(n for n in STATES if depth[n] == layer)
+        if src != dst and dst not in succ.setdefault(src, []):
+            succ[src].append(dst)
+    back: set[tuple[str, str]] = set()
+    seen: dict[str, bool] = {}  # state -> still on the depth-first stack
+
+    def visit(u: str) -> None:  # (about 30 states: the recursion is shallow)
+        seen[u] = True
+        for v in sorted(succ.get(u, ())):
+            if seen.get(v):
+                back.add((u, v))
+            elif v not in seen:
+                visit(v)
+        seen[u] = False
+
+    visit(INITIAL)
+    pred: dict[str, list[str]] = {}
+    for u, vs in succ.items():
+        for v in vs:
+            if (u, v) not in back:
+                pred.setdefault(v, []).append(u)
+    row: dict[str, int] = {}
+
+    def depth(v: str) -> int:
+        if v not in row:
+            row[v] = 1 + max((depth(u) for u in pred.get(v, ())), default=-1)
+        return row[v]
+
+    for name in STATES:
+        depth(name)
+    width = max(sum(1 for n in STATES if row[n] == r) for r in set(row.values()))
+    col: dict[str, float] = {}
+    for r in range(max(row.values()) + 1):
+        names = [n for n in STATES if row[n] == r]
 
         def centre(n: str) -> tuple[float, str]:
-            ps = [row[p] for p in pred.get(n, ()) if p in row]
-            return (sum(ps) / len(ps) if ps else 0.0, n)
+            ps = [col[u] for u in pred.get(n, ()) if u in col]
+            return (sum(ps) / len(ps) if ps else (width - 1) / 2, n)
 
+        offset = (width - len(names)) / 2
         for i, n in enumerate(sorted(names, key=centre)):
-            row[n] = float(i)
-    return {n: (PAD + depth[n] * DX, PAD + row[n] * DY) for n in STATES}
+            col[n] = offset + i
+    return {n: (PAD + col[n] * DX, PAD + row[n] * DY) for n in STATES}
 
 
 _POS = _layout()
@@ -77,14 +95,14 @@ _POS = _layout()
 
 def _curve(a: tuple[float, float], b: tuple[float, float]) -> str:
     (x1, y1), (x2, y2) = a, b
-    if x2 > x1:
-        sx, sy, ex, ey = x1 + W, y1 + H / 2, x2, y2 + H / 2
-        c = (ex - sx) / 2
-        return f"M{sx:.0f},{sy:.0f} C{sx + c:.0f},{sy:.0f} {ex - c:.0f},{ey:.0f} {ex:.0f},{ey:.0f}"
-    # Back or same-column edge: out of the bottom, into the bottom.
-    sx, sy, ex, ey = x1 + W / 2 + 8, y1 + H, x2 + W / 2 - 8, y2 + H
-    low = max(sy, ey) + 26
-    return f"M{sx:.0f},{sy:.0f} C{sx:.0f},{low:.0f} {ex:.0f},{low:.0f} {ex:.0f},{ey:.0f}"
+    if y2 > y1:
+        sx, sy, ex, ey = x1 + W / 2, y1 + H, x2 + W / 2, y2
+        c = (ey - sy) / 2
+        return f"M{sx:.0f},{sy:.0f} C{sx:.0f},{sy + c:.0f} {ex:.0f},{ey - c:.0f} {ex:.0f},{ey:.0f}"
+    # Back edge (a retry): out of the right side, into the right side, bent outwards.
+    sx, sy, ex, ey = x1 + W, y1 + H / 2, x2 + W, y2 + H / 2
+    out = max(sx, ex) + 30
+    return f"M{sx:.0f},{sy:.0f} C{out:.0f},{sy:.0f} {out:.0f},{ey:.0f} {ex:.0f},{ey:.0f}"
 
 
 def lifecycle_svg(path: Sequence[str]) -> str:
@@ -96,18 +114,19 @@ def lifecycle_svg(path: Sequence[str]) -> str:
     walked = set(itertools.pairwise(path))
     visited = set(path)
     current = path[-1] if path else None
-    width = max(x for x, _ in _POS.values()) + W + PAD
-    height = max(y for _, y in _POS.values()) + H + PAD + 30
+    width = max(x for x, _ in _POS.values()) + W + PAD + 40
+    height = max(y for _, y in _POS.values()) + H + PAD
     out = [
         f'<svg xmlns="http://www.w3.org/2000/svg" class="lifecycle" width="{width:.0f}" '
         f'height="{height:.0f}" viewBox="0 0 {width:.0f} {height:.0f}" role="img" '
         'aria-label="lifecycle of this invocation">',
         "<defs>",
-        '<marker id="arrow" viewBox="0 0 8 8" refX="8" refY="4" markerWidth="7" '
-        'markerHeight="7" orient="auto"><path d="M0,0 L8,4 L0,8 z" class="arrowhead"/></marker>',
-        '<marker id="arrow-on" viewBox="0 0 8 8" refX="8" refY="4" markerWidth="7" '
-        'markerHeight="7" orient="auto"><path d="M0,0 L8,4 L0,8 z" class="arrowhead on"/>'
-        "</marker>",
+        *(
+            f'<marker id="{mid}" viewBox="0 0 8 8" refX="8" refY="4" markerWidth="8" '
+            'markerHeight="8" markerUnits="userSpaceOnUse" orient="auto">'
+            f'<path d="M0,0 L8,4 L0,8 z" class="{cls}"/></marker>'
+            for mid, cls in (("arrow", "arrowhead"), ("arrow-on", "arrowhead on"))
+        ),
         "</defs>",
     ]
     # Off-path edges first, the path on top of them.
