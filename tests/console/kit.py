@@ -3,7 +3,8 @@ chromium (selenium) for the console tests and the screenshot script.
 
     async with console_world(tmp_path, token) as world:
         world.daemon, world.pay (approval-gated POSTs, answered 200), world.flaky (applies a
-        request and hangs up: the outcome is unknown), world.origin (http://127.0.0.1:PORT)
+        request and hangs up: the outcome is unknown), world.ledger (target ``ledger``: the
+        payments API with a reconciliation query), world.origin (http://127.0.0.1:PORT)
         url = await world.login_url()          # affidavit console-url --socket ...
 
 The browser is driven from a worker thread (``Browser.run``): selenium blocks, and the scripted
@@ -26,6 +27,7 @@ from typing import Any, TypeVar
 
 import trio
 
+from tests.broker.approvalkit import PaymentsApi, reconcile_target
 from tests.broker.helpers import http_target
 from tests.daemon.kit import WAIT, DaemonProc, cli, running_daemon, start_caller, wait_until
 from tests.external import CHROMEDRIVER, CHROMIUM, free_port
@@ -34,6 +36,7 @@ from tests.http.hostile import HostileServer, Reply, scripts
 __all__ = [
     "CHARGE",
     "DROPPED",
+    "LEDGER_DROPPED",
     "Browser",
     "World",
     "browser",
@@ -45,6 +48,14 @@ __all__ = [
 T = TypeVar("T")
 CHARGE = {"target": "pay", "method": "POST", "path": "/v1/charges", "body": '{"amount": 5}'}
 DROPPED = {"target": "flaky", "method": "POST", "path": "/v1/transfers", "body": '{"to": "x"}'}
+LEDGER_DROPPED = {
+    "target": "ledger",
+    "method": "POST",
+    "path": "/v1/charges",
+    "body": '{"drop": true}',
+    "idempotency_key": "k-console-1",
+}
+"""Applied by the payments API, which then hangs up: unknown, and its query finds it."""
 
 
 @dataclass
@@ -52,6 +63,7 @@ class World:
     daemon: DaemonProc
     pay: HostileServer
     flaky: HostileServer
+    ledger: HostileServer
     origin: str
 
     async def login_url(self) -> str:
@@ -104,10 +116,12 @@ async def console_world(
     async with (
         HostileServer.running(scripts.serve(reply)) as pay,
         HostileServer.running(scripts.apply_then_close()) as flaky,
+        HostileServer.running(PaymentsApi().script) as ledger,
     ):
         targets = {
             "pay": http_target(pay.url, approval={"methods": ["POST"], "wait": wait}),
             "flaky": http_target(flaky.url),
+            "ledger": reconcile_target(ledger.url)["api"],
         }
         settings = {
             "operator_uids": [os.geteuid()],
@@ -117,7 +131,7 @@ async def console_world(
         }
         settings = {k: v for k, v in settings.items() if v is not None}
         async with running_daemon(tmp, targets, token=token, service=settings) as daemon:
-            yield World(daemon, pay, flaky, f"http://127.0.0.1:{port}")
+            yield World(daemon, pay, flaky, ledger, f"http://127.0.0.1:{port}")
 
 
 async def get(url: str, *, cookie: str | None = None) -> tuple[int, dict[str, str], bytes]:

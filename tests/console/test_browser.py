@@ -17,7 +17,7 @@ import trio
 from affidavit.console import COOKIE
 from tests.daemon.kit import WAIT, wait_until
 
-from .kit import CHARGE, DROPPED, Browser, World, console_world, get
+from .kit import CHARGE, DROPPED, LEDGER_DROPPED, Browser, World, console_world, get
 
 
 async def _login(chrome: Browser, world: World) -> str:
@@ -132,6 +132,27 @@ async def test_an_unknown_dropped_post_is_reconciled_by_attestation(
         kinds = [e["kind"] for e in record["events"]]
         assert kinds.index("DISPATCH_STARTED") < kinds.index("ATTEMPT_INTERRUPTED")
         assert len(world.flaky.requests) == 1
+
+
+async def test_an_unknown_charge_is_reconciled_by_the_target_s_query(
+    tmp_path: Path, token: str, chrome: Browser
+) -> None:
+    async with console_world(tmp_path, token) as world:
+        envelope = await world.call(LEDGER_DROPPED)
+        assert envelope["error"]["outcome"] == "unknown", envelope
+        iid = envelope["invocation_id"]
+        await _login(chrome, world)
+        await chrome.get(f"{world.origin}/invocations/{iid}")
+        await chrome.click("#reconcile-query")
+        await wait_until(lambda: chrome.count("#done"), "the query's verdict is shown")
+        assert await chrome.text("#outcome") == "committed"
+        assert await chrome.text("#source") == "remote_query"
+        record = await world.record(iid)
+        [event] = [e for e in record["events"] if e["kind"] == "RECONCILED"]
+        assert event["source"] == "remote_query" and event["observer"].startswith("act_")
+        # The query ran as an invocation of its own: a GET of the charge by its key.
+        assert [r.method for r in world.ledger.requests] == ["POST", "GET"]
+        assert "idempotency_key=k-console-1" in world.ledger.requests[1].target
 
 
 async def test_a_forged_or_missing_csrf_token_is_refused_and_nothing_is_recorded(
