@@ -26,6 +26,8 @@ path = "affidavit.vault"            # `affidavit vault init`, then `affidavit va
 # shutdown_grace = 30                 # seconds in-flight calls may finish after SIGTERM
 # operator_uids = [1002]              # who may approve, deny and attest (docs/approvals.md);
 #                                     # never an agent's account
+# console = "127.0.0.1:8470"          # the operator console, loopback (docs/console.md);
+#                                     # log in with `affidavit console-url`
 
 # An HTTP target.  The caller names it; the broker injects the credential.
 [targets.example]
