@@ -44,6 +44,16 @@ async def _decision(world: World, iid: str, kind: str) -> dict[str, Any]:
     return attrs
 
 
+async def _unknown_page(chrome: Browser, world: World, action: dict[str, Any]) -> str:
+    """Call ``action`` (its remote hangs up after the request: unknown), log in, open its page."""
+    envelope = await world.call(action)
+    assert envelope["error"]["outcome"] == "unknown", envelope
+    iid = str(envelope["invocation_id"])
+    await _login(chrome, world)
+    await chrome.get(f"{world.origin}/invocations/{iid}")
+    return iid
+
+
 async def _exit(proc: trio.Process) -> int:
     with trio.fail_after(WAIT):
         return await proc.wait()
@@ -98,11 +108,7 @@ async def test_an_unknown_dropped_post_is_reconciled_by_attestation(
     tmp_path: Path, token: str, chrome: Browser
 ) -> None:
     async with console_world(tmp_path, token) as world:
-        envelope = await world.call(DROPPED)
-        assert envelope["error"]["outcome"] == "unknown", envelope
-        iid = envelope["invocation_id"]
-        await _login(chrome, world)
-        await chrome.get(f"{world.origin}/invocations/{iid}")
+        iid = await _unknown_page(chrome, world, DROPPED)
         assert await chrome.text("#outcome") == "unknown"
         timeline = await chrome.text("#timeline")
         assert "DISPATCH_STARTED" in timeline and "ATTEMPT_INTERRUPTED" in timeline
@@ -138,11 +144,7 @@ async def test_an_unknown_charge_is_reconciled_by_the_target_s_query(
     tmp_path: Path, token: str, chrome: Browser
 ) -> None:
     async with console_world(tmp_path, token) as world:
-        envelope = await world.call(LEDGER_DROPPED)
-        assert envelope["error"]["outcome"] == "unknown", envelope
-        iid = envelope["invocation_id"]
-        await _login(chrome, world)
-        await chrome.get(f"{world.origin}/invocations/{iid}")
+        iid = await _unknown_page(chrome, world, LEDGER_DROPPED)
         await chrome.click("#reconcile-query")
         await wait_until(lambda: chrome.count("#done"), "the query's verdict is shown")
         assert await chrome.text("#outcome") == "committed"
