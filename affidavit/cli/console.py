@@ -2,7 +2,8 @@
 
     affidavit console-url --socket PATH   ask the daemon: the socket peer must be an operator
     affidavit console-url [--config F]    embedded, as the daemon's user: this OS user must be
-                                          an operator; the link uses [service] console
+                                          an operator, and the socket listening on
+                                          [service] console this user's (the daemon's)
 
 The link holds a random token that logs in once, within five minutes; the session it opens is
 the operator's who asked (the daemon records every decision taken there with that identity,
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from typing import Any
@@ -52,7 +54,7 @@ def _embedded(args: argparse.Namespace) -> dict[str, Any]:
     from affidavit.approvals import Operator, OperatorError, OperatorPolicy
     from affidavit.cli.call import load_or_usage
     from affidavit.config import console_origin
-    from affidavit.console import TokenStore, login_url, token_dir
+    from affidavit.console import TokenStore, listener_owners, login_url, token_dir
 
     config = load_or_usage(args.config)
     address = config.service.console
@@ -66,6 +68,17 @@ def _embedded(args: argparse.Namespace) -> dict[str, Any]:
         OperatorPolicy.of(config.service).require(who, "open the operator console")
     except OperatorError as exc:
         raise UsageError(f"{exc.code}: {exc.message}") from None
+    # The link goes to whoever listens there: it must be this user's daemon (a port nobody
+    # holds could be bound by any local user, who would then receive the login).
+    owners = listener_owners(address)
+    if owners != {os.geteuid()}:
+        where = console_origin(*address)
+        raise UsageError(
+            f"nothing listens on {where}: is the daemon running? (or ask it: --socket PATH)"
+            if not owners
+            else f"{where} is served by uid {', '.join(map(str, sorted(owners)))}, not by this "
+            f"user's (uid {os.geteuid()}) daemon: no login link is sent there"
+        )
     try:
         token, expires = TokenStore(token_dir(config.journal.path)).mint(who)
     except OSError as exc:
@@ -73,4 +86,5 @@ def _embedded(args: argparse.Namespace) -> dict[str, Any]:
             f"cannot write a login token beside the journal: {exc.strerror or exc} "
             "(run as the daemon's user, or use --socket)"
         ) from None
-    return {"url": login_url(console_origin(*address), token), "expires_at": expires}
+    base = config.service.console_public_origin or console_origin(*address)
+    return {"url": login_url(base, token), "expires_at": expires}

@@ -8,8 +8,9 @@ would cross a network (docs/console.md, "Security model")."""
 from __future__ import annotations
 
 import ipaddress
+from urllib.parse import urlsplit
 
-__all__ = ["console_address", "console_origin", "is_loopback"]
+__all__ = ["console_address", "console_origin", "is_loopback", "public_origin"]
 
 
 def is_loopback(host: str) -> bool:
@@ -46,3 +47,27 @@ def console_address(text: str, allow_remote: bool = False) -> tuple[str, int]:
 def console_origin(host: str, port: int) -> str:
     """``http://HOST:PORT`` (IPv6 in brackets): the console's base URL."""
     return f"http://{f'[{host}]' if ':' in host else host}:{port}"
+
+
+def public_origin(text: str) -> str:
+    """``[service] console_public_origin`` as browsers send it in ``Origin``: a scheme, a host
+    and perhaps a port -- no path, no user -- lower-cased; ``ValueError`` saying what to fix."""
+    parts = urlsplit(text)
+    try:
+        port = parts.port
+    except ValueError:
+        port = -1
+    if (
+        parts.scheme not in ("http", "https")
+        or not parts.hostname
+        or parts.username is not None
+        or parts.path not in ("", "/")
+        or parts.query
+        or parts.fragment
+        or port == -1
+    ):
+        raise ValueError(
+            f'expected an origin such as "https://console.example:8443" (scheme, host, '
+            f"optional port; no path), got {text!r}"
+        )
+    return f"{parts.scheme}://{parts.netloc.lower()}"

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from affidavit.schema import Field, Read, Schema, parse_duration
 
-from .address import console_address
+from .address import console_address, public_origin
 
 __all__ = ["SERVICE", "ServiceConfig"]
 
@@ -41,6 +41,8 @@ class ServiceConfig:
     """Whether ``console`` may name an address other than loopback (docs/console.md)."""
     console: tuple[str, int] | None
     """Where ``affidavit serve`` serves the operator console (host, port); None: nowhere."""
+    console_public_origin: str | None
+    """``https://HOST[:PORT]`` where a TLS proxy serves the console (its forms post from there)."""
 
     @property
     def has_operators(self) -> bool:
@@ -82,6 +84,15 @@ def _console(r: Read) -> tuple[str, int] | None:
         return None
     try:
         return console_address(r.string(max_len=300), r.values["console_allow_remote"])
+    except ValueError as exc:
+        raise r.error(str(exc)) from None
+
+
+def _public_origin(r: Read) -> str | None:
+    if r.raw() is None:
+        return None
+    try:
+        return public_origin(r.string(max_len=300))
     except ValueError as exc:
         raise r.error(str(exc)) from None
 
@@ -164,6 +175,15 @@ SERVICE = Schema(
             shown="none",
             doc='serve the operator console on this `"HOST:PORT"` (see [console](console.md)); '
             "loopback only unless `console_allow_remote`",
+        ),
+        Field(
+            "console_public_origin",
+            _public_origin,
+            default=None,
+            shown="none",
+            doc='the console\'s origin behind a TLS proxy (`"https://console.example:8443"`): '
+            "its pages are accepted under that name too (the peer check is then off, see "
+            "[console](console.md))",
         ),
     ),
 )

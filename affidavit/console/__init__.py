@@ -3,17 +3,24 @@ loopback TCP address, where an operator sees the evidence and decides approvals 
 reconciliations -- through the same ``Broker`` functions as the CLI and the daemon's API."""
 
 from .app import COOKIE, Console
-from .auth import TOKEN_TTL, Sessions, TokenStore, login_url, token_dir
+from .auth import IDLE_TTL, TOKEN_TTL, Sessions, TokenDirError, TokenStore, login_url, token_dir
 from .diagram import lifecycle_svg, path_of
+from .peer import listener_owners, socket_owner
+from .text import visible
 
 __all__ = [
     "COOKIE",
+    "IDLE_TTL",
     "TOKEN_TTL",
     "Console",
     "Sessions",
+    "TokenDirError",
     "TokenStore",
     "lifecycle_svg",
+    "listener_owners",
     "login_url",
     "path_of",
+    "socket_owner",
     "token_dir",
+    "visible",
 ]

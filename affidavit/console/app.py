@@ -1,6 +1,8 @@
 """The console's web application (ASGI, served by the daemon: ``affidavit.daemon.server``).
 
-    GET  /login?token=T                 redeem a one-time token: a session cookie, then on
+    GET  /login?token=T                 a page whose one button posts the token (a link
+                                        previewer that fetches the URL redeems nothing)
+    POST /login                         redeem a one-time token: a session cookie
     POST /logout                        end the session
     GET  /approvals                     pending requests; POST /approvals/{id}/approve|deny
     GET  /actions                       the invocation list, filters, counts, live refresh
@@ -9,9 +11,14 @@
     GET  /journal                       verify status, the last signed checkpoint, sessions
     GET  /static/{console.css,console.js}
 
-Every page but /login and /static needs a session; without one the answer is a redirect to the
-login page.  Every POST needs the session's CSRF token and a same-origin ``Origin`` (or, when a
-browser sends none, ``Referer``): otherwise 403 and nothing is done.  Decisions go to the
+Every request must name the console in ``Host`` (its bound address, or
+``[service] console_public_origin``): another name is a DNS-rebinding page or a misdirected
+request, 421.  Every page but /login and /static needs a session; without one the answer is a
+redirect to the login page.  On a loopback console the session's operator must also own the
+connecting socket (``peer.socket_owner``: a cookie reaches every port of 127.0.0.1, RFC 6265
+§8.5), and still be an operator: otherwise 403, logged, nothing done.  Every POST needs the
+session's CSRF token and an ``Origin`` (or, when a browser sends none, ``Referer``) that is the
+console's: otherwise 403 and nothing is done.  Decisions go to the
 ``Broker`` with the session's operator (``via="console"``): the rules -- who is an operator,
 self-approval, still pending, still unknown -- are ``affidavit.approvals`` /
 ``affidavit.reconcile``'s, and their refusal is shown with its code.
@@ -27,6 +34,7 @@ no-store`` on everything that is not a static file.
 from __future__ import annotations
 
 import json
+import logging
 import re
 from collections.abc import Awaitable, Callable, Mapping
 from importlib import resources
@@ -34,15 +42,19 @@ from typing import Any
 from urllib.parse import parse_qsl, quote, urlsplit
 
 import jinja2
+import markupsafe
 
 import affidavit
 from affidavit.api.broker import Broker
 from affidavit.api.wire import parse_time
 from affidavit.approvals import Operator, OperatorError
+from affidavit.config import is_loopback
 from affidavit.journal import JournalError, JournalReader
 
 from . import pages
-from .auth import Session, Sessions, TokenStore
+from .auth import Session, Sessions, TokenDirError, TokenStore
+from .peer import socket_owner
+from .text import visible
 
 __all__ = ["COOKIE", "Console"]
 
@@ -51,6 +63,7 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 Read = Callable[[Callable[[JournalReader], Any]], Awaitable[Any]]
 
+log = logging.getLogger("affidavit.console")
 COOKIE = "affidavit_console"
 MAX_FORM = 64 * 1024
 CSP = (
@@ -133,11 +146,28 @@ class Request:
 
 
 class Console:
-    def __init__(self, broker: Broker, read: Read, tokens: TokenStore) -> None:
+    """The console of ``origin`` (``http://HOST:PORT``, where it is bound); ``public_origin``:
+    where a TLS proxy in front of it serves it (``[service] console_public_origin``)."""
+
+    def __init__(
+        self,
+        broker: Broker,
+        read: Read,
+        tokens: TokenStore,
+        *,
+        origin: str,
+        public_origin: str | None = None,
+    ) -> None:
         self.broker = broker
         self.read = read
         self.tokens = tokens
         self.sessions = Sessions()
+        self.origins = frozenset(o for o in (origin, public_origin) if o)
+        self.hosts = frozenset(urlsplit(o).netloc for o in self.origins)
+        # Who is on the other end can be asked of the kernel only when the operator's browser
+        # connects itself, on loopback; through a proxy the proxy is the peer.
+        host = urlsplit(origin).hostname or ""
+        self.check_peer = is_loopback(host) and public_origin is None
         self.templates = jinja2.Environment(
             loader=jinja2.PackageLoader("affidavit.console", "templates"),
             autoescape=True,
@@ -145,6 +175,7 @@ class Console:
         )
         self.templates.filters["when"] = _when
         self.templates.filters["q"] = lambda s: quote(str(s), safe="")
+        self.templates.filters["v"] = visible
 
     async def __call__(self, scope: Message, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -155,6 +186,12 @@ class Console:
         except Refused as exc:
             page = self._render("error.html", req, message=exc.message, code=exc.code)
             await req.answer(exc.status, page)
+        except Exception:
+            log.exception("console: %s %s failed", req.method, req.path)
+            page = self._render(
+                "error.html", req, message="the console failed; see its log", code=""
+            )
+            await req.answer(500, page)
 
     def _render(self, name: str, req: Request, **context: Any) -> bytes:
         session = req.session
@@ -169,11 +206,15 @@ class Console:
 
     async def _route(self, req: Request) -> None:
         path, method = req.path, req.method
+        if req.headers.get("host") not in self.hosts:
+            raise Refused(421, "this console is not served under that name")
         if path.startswith("/static/"):
             return await self._static(req, path.removeprefix("/static/"))
         if path == "/login" and method == "GET":
+            return await self._login_page(req)
+        if path == "/login" and method == "POST":
             return await self._login(req)
-        req.session = self.sessions.get(req.cookie(COOKIE))
+        req.session = self._session(req)
         if method == "POST":
             form = await self._checked_form(req)  # 403 before anything else is looked at
         elif method != "GET":
@@ -203,18 +244,51 @@ class Console:
                 return await self._invocation(req, iid)
         raise Refused(404, "no such page")
 
-    async def _checked_form(self, req: Request) -> dict[str, str]:
-        """A POST's form, once its session, origin and CSRF token are proven; else 403."""
-        if req.session is None:
-            raise Refused(403, "not logged in (ask for a link with `affidavit console-url`)")
+    def _session(self, req: Request) -> Session | None:
+        """The request's session: alive, its operator still one, and (on loopback) the owner of
+        the connecting socket; 403 when the cookie is presented by someone else."""
+        session = self.sessions.get(req.cookie(COOKIE))
+        if session is None:
+            return None
+        if not self.broker.operator_policy.is_operator(session.operator):
+            self.sessions.end(session.id)  # no longer an operator: the session is over
+            log.warning(
+                "console: ended the session of uid %d: not an operator", session.operator.uid
+            )
+            return None
+        self._require_peer(req, session.operator, "a session cookie")
+        return session
+
+    def _require_peer(self, req: Request, operator: Operator, what: str) -> None:
+        if not self.check_peer:
+            return
+        client, server = req.scope.get("client"), req.scope.get("server")
+        uid = socket_owner(tuple(client), tuple(server)) if client and server else None
+        if uid != operator.uid:
+            log.warning(
+                "console: refused %s %s: %s of uid %d presented by %s",
+                req.method,
+                req.path,
+                what,
+                operator.uid,
+                "an unidentified peer" if uid is None else f"uid {uid}",
+            )
+            raise Refused(403, "refused: this connection is not the operator's; nothing done")
+
+    def _same_origin(self, req: Request) -> None:
         origin = req.headers.get("origin")
-        expected = f"http://{req.headers.get('host', '')}"
         if origin is None:
             referer = req.headers.get("referer")
             parts = urlsplit(referer) if referer else None
             origin = f"{parts.scheme}://{parts.netloc}" if parts else None
-        if origin != expected:
+        if origin not in self.origins:
             raise Refused(403, "refused: the request did not come from a console page")
+
+    async def _checked_form(self, req: Request) -> dict[str, str]:
+        """A POST's form, once its session, origin and CSRF token are proven; else 403."""
+        if req.session is None:
+            raise Refused(403, "not logged in (ask for a link with `affidavit console-url`)")
+        self._same_origin(req)
         form = await req.form()
         if not req.session.csrf_ok(form.get("csrf")):
             raise Refused(403, "refused: the form's CSRF token is missing or wrong; nothing done")
@@ -229,15 +303,22 @@ class Console:
 
     # -- login ------------------------------------------------------------------------------
 
+    async def _login_page(self, req: Request) -> None:
+        token = req.query.get("token") or ""
+        await req.answer(200, self._render("login.html", req, failed=False, token=token))
+
     async def _login(self, req: Request) -> None:
-        token = req.query.get("token")
-        if not token:
-            return await req.answer(200, self._render("login.html", req, failed=False))
-        who = self.tokens.redeem(token)
+        self._same_origin(req)
+        token = (await req.form()).get("token") or ""
+        try:
+            who = self.tokens.redeem(token)
+        except TokenDirError as exc:
+            raise Refused(500, str(exc)) from None
         if who is not None and not self.broker.operator_policy.is_operator(who):
             who = None  # no longer an operator (the config changed since the link was made)
         if who is None:
-            return await req.answer(403, self._render("login.html", req, failed=True))
+            return await req.answer(403, self._render("login.html", req, failed=True, token=""))
+        self._require_peer(req, who, "a login token")
         req.session = self.sessions.start(who)
         page = self._render("welcome.html", req)
         await req.answer(200, page, headers=[(b"set-cookie", _cookie(req.session.id))])
@@ -245,7 +326,18 @@ class Console:
     # -- pages --------------------------------------------------------------------------------
 
     async def _approvals(self, req: Request) -> None:
-        rows = await self._reading(pages.approvals_page)
+        rows: list[tuple[str, markupsafe.Markup | None, str | None]] = []
+        for row in await self._reading(pages.approvals_page):
+            iid = str(row.get("invocation_id"))
+            try:
+                html = self.templates.get_template("approval.html").render(
+                    a=row,
+                    csrf=req.session.csrf if req.session else "",
+                )
+                rows.append((iid, markupsafe.Markup(html), None))
+            except Exception as exc:  # one request's failure is its own row's, not the page's
+                log.exception("console: the approval %s could not be rendered", iid)
+                rows.append((iid, None, f"{type(exc).__name__}: {exc}"))
         page = self._render("approvals.html", req, rows=rows, decided=req.query.get("decided"))
         await req.answer(200, page)
 

@@ -6,10 +6,14 @@
   and stored hashed: a file named by its SHA-256 in a directory beside the journal, mode 0600
   in a 0700 directory, holding the operator's identity and the expiry, never the token.  The
   daemon redeems it by unlinking that file -- only one unlink can succeed, so a token logs in
-  once even if two requests race.
+  once even if two requests race.  The directory is trusted only when it is this user's own
+  and closed to everyone else (checked with lstat: not a symlink), and a token file only when
+  this user owns it (opened with O_NOFOLLOW): a directory another user made or can write into
+  could otherwise hand the daemon a forged login.
 * A session lives in the daemon's memory (a restart logs everyone out): a random id in a cookie
   (HttpOnly, SameSite=Strict), the operator the token named, and a CSRF token every
-  state-changing form carries back.  It expires ``SESSION_TTL`` after login.
+  state-changing form carries back.  It expires ``SESSION_TTL`` after login, or ``IDLE_TTL``
+  after its last request, whichever comes first.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import hmac
 import json
 import os
 import secrets
+import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,10 +32,12 @@ from pathlib import Path
 from affidavit.approvals import Operator
 
 __all__ = [
+    "IDLE_TTL",
     "SESSION_TTL",
     "TOKEN_TTL",
     "Session",
     "Sessions",
+    "TokenDirError",
     "TokenStore",
     "login_url",
     "token_dir",
@@ -40,6 +47,8 @@ TOKEN_TTL = 300.0
 """A login link is for now: five minutes."""
 SESSION_TTL = 8 * 3600.0
 """A working day; then ``affidavit console-url`` again."""
+IDLE_TTL = 30 * 60.0
+"""A session nobody used for half an hour ends (a browser left open is not a login)."""
 _HASHED = 64  # hex SHA-256: the file name of a stored token
 
 
@@ -52,13 +61,35 @@ def _digest(token: str) -> str:
     return hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()
 
 
+class TokenDirError(OSError):
+    """The token directory is not this user's private directory: nothing in it is trusted."""
+
+
 class TokenStore:
     def __init__(self, directory: Path) -> None:
         self.directory = directory
 
+    def _checked(self, *, create: bool) -> bool:
+        """Whether the directory exists and is ours alone; ``TokenDirError`` when it exists and
+        is not (a symlink, another owner, or open to group or others)."""
+        if create:
+            with contextlib.suppress(FileExistsError):
+                self.directory.mkdir(mode=0o700)
+        try:
+            st = os.lstat(self.directory)
+        except FileNotFoundError:
+            return False
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+            raise TokenDirError(
+                f"{self.directory} must be a directory owned by uid {os.geteuid()} with mode "
+                f"0700 (it is {'a directory' if stat.S_ISDIR(st.st_mode) else 'not a directory'}"
+                f" of uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):04o}): remove it or fix it"
+            )
+        return True
+
     def mint(self, operator: Operator, *, ttl: float = TOKEN_TTL) -> tuple[str, float]:
         """A new one-time token for ``operator`` and its expiry (wall clock)."""
-        self.directory.mkdir(mode=0o700, exist_ok=True)
+        self._checked(create=True)
         self._sweep()
         token = secrets.token_urlsafe(32)
         expires = time.time() + ttl
@@ -83,8 +114,12 @@ class TokenStore:
             return None
         path = self.directory / _digest(token)
         try:
-            text = path.read_text(encoding="utf-8")
+            if not self._checked(create=False):
+                return None
+            text = _read_own(path)
             path.unlink()  # the one redemption: a second unlink finds nothing
+        except TokenDirError:
+            raise
         except OSError:
             return None
         try:
@@ -108,16 +143,27 @@ class TokenStore:
             if len(path.name) != _HASHED:
                 continue
             with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
-                if float(json.loads(path.read_text("utf-8"))["expires_at"]) < now:
+                if float(json.loads(_read_own(path))["expires_at"]) < now:
                     path.unlink()
 
 
-@dataclass(frozen=True)
+def _read_own(path: Path) -> str:
+    """A token file's text: never through a symlink, and only a file this user owns."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+            raise PermissionError(f"{path.name} is not this user's file")
+        return f.read(4096).decode("utf-8")
+
+
+@dataclass
 class Session:
     id: str
     operator: Operator
     csrf: str
     expires_at: float
+    last_seen: float
 
     def csrf_ok(self, given: str | None) -> bool:
         return given is not None and hmac.compare_digest(
@@ -126,24 +172,30 @@ class Session:
 
 
 class Sessions:
-    def __init__(self, ttl: float = SESSION_TTL) -> None:
-        self.ttl = ttl
+    def __init__(self, ttl: float = SESSION_TTL, idle: float = IDLE_TTL) -> None:
+        self.ttl, self.idle = ttl, idle
         self._by_id: dict[str, Session] = {}
+
+    def _over(self, session: Session, now: float) -> bool:
+        return session.expires_at < now or session.last_seen + self.idle < now
 
     def start(self, operator: Operator) -> Session:
         now = time.time()
-        for sid in [s.id for s in self._by_id.values() if s.expires_at < now]:
+        for sid in [s.id for s in self._by_id.values() if self._over(s, now)]:
             del self._by_id[sid]
         session = Session(
-            secrets.token_urlsafe(32), operator, secrets.token_urlsafe(32), now + self.ttl
+            secrets.token_urlsafe(32), operator, secrets.token_urlsafe(32), now + self.ttl, now
         )
         self._by_id[session.id] = session
         return session
 
     def get(self, sid: str | None) -> Session | None:
+        """The live session of this id (its idle clock restarts); None when there is none."""
         session = self._by_id.get(sid) if sid else None
-        if session is None or session.expires_at < time.time():
+        now = time.time()
+        if session is None or self._over(session, now):
             return None
+        session.last_seen = now
         return session
 
     def end(self, sid: str) -> None:

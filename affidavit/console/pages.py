@@ -3,9 +3,15 @@ the same functions every interface uses (``affidavit.approvals``, ``affidavit.vi
 ``JournalReader``); nothing here decides anything.
 
 Everything a remote or a caller controls (URLs, header values, bodies, session names, notes)
-reaches the templates as data, and Jinja2's autoescaping renders it inert.  Bodies are shown
-bounded; header values whose name says they carry a credential are masked even though a
-caller's headers never hold the broker's (the credential is injected at dispatch).
+reaches the templates as data; Jinja2's autoescaping renders it inert and the ``v`` filter
+(``text.visible``) shows its control, bidi and zero-width characters as escapes.
+
+What an approval binds is shown whole: the protocol's operator view (``operator_view`` of the
+protocol's module, stored with APPROVAL_REQUESTED) is rendered field by field whatever the
+protocol, headers unmasked -- a caller may never set the header carrying the injected
+credential (``FORBIDDEN_HEADER``), so a mask could only hide what the agent chose -- and a
+content (``X`` with ``X_bytes`` and ``X_sha256``: an HTTP body, SSH stdin) with its size and hash,
+its text when the view holds it, and "not shown" saying why when it does not.
 """
 
 from __future__ import annotations
@@ -30,21 +36,13 @@ __all__ = [
     "approvals_page",
     "invocation_page",
     "journal_page",
+    "request_fields",
 ]
 
 PREVIEW = 2000
-"""Characters of a body shown on a page (the download has all of the stored result)."""
-SENSITIVE = ("authorization", "cookie", "token", "secret", "password", "api-key", "apikey")
-
-
-def _masked(headers: Any) -> list[tuple[str, str]]:
-    if not isinstance(headers, Mapping):
-        return []
-    out = []
-    for name, value in sorted(headers.items()):
-        hidden = any(word in str(name).lower() for word in SENSITIVE)
-        out.append((str(name), "(hidden)" if hidden else str(value)))
-    return out
+"""Characters of a stored result's stream shown on the invocation page (the download has all
+of it).  Not used for approvals: an operator sees all the approval view holds."""
+_FIRST = ("method", "url", "destination", "command")
 
 
 def _preview(text: Any) -> tuple[str | None, bool]:
@@ -53,19 +51,63 @@ def _preview(text: Any) -> tuple[str | None, bool]:
     return text[:PREVIEW], len(text) > PREVIEW
 
 
+def request_fields(request: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """A protocol's operator view as rows to render: ``{"name", "kind", ...}`` with kind
+    ``text`` (``value``), ``pairs`` (``pairs``: a mapping such as headers, sorted) or
+    ``content`` (``bytes``, ``sha256``, ``text`` or None, ``withheld``: why the text is not
+    shown)."""
+    contents = sorted(
+        k.removesuffix("_sha256")
+        for k in request
+        if k.endswith("_sha256") and f"{k.removesuffix('_sha256')}_bytes" in request
+    )
+    used = {f"{c}{s}" for c in contents for s in ("", "_bytes", "_sha256", "_base64")}
+    names = [k for k in _FIRST if k in request]
+    names += sorted(k for k in request if k not in used and k not in _FIRST)
+    rows: list[dict[str, Any]] = []
+    for name in names:
+        value = request[name]
+        if isinstance(value, Mapping):
+            pairs = sorted((str(k), _plain(v)) for k, v in value.items())
+            rows.append({"name": name, "kind": "pairs", "pairs": pairs})
+        else:
+            rows.append({"name": name, "kind": "text", "value": _plain(value)})
+    for name in contents:
+        text = request.get(name)
+        size = request[f"{name}_bytes"]
+        if isinstance(text, str):
+            withheld = None
+        elif f"{name}_base64" in request:
+            withheld = "binary: not shown"
+        else:
+            withheld = "larger than the approval view keeps: not shown"
+        rows.append(
+            {
+                "name": name,
+                "kind": "content",
+                "bytes": size,
+                "sha256": request[f"{name}_sha256"],
+                "text": text if isinstance(text, str) else None,
+                "withheld": withheld,
+            }
+        )
+    return rows
+
+
+def _plain(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, sort_keys=True)
+
+
 def approvals_page(reader: JournalReader) -> list[dict[str, Any]]:
-    """The pending requests (``affidavit.approvals.pending``), each with what the page
-    renders: headers masked, the body bounded."""
+    """The pending requests (``affidavit.approvals.pending``), each with its request's rows
+    (``request_fields``) and the seconds left."""
     rows = []
     for view in pending(reader):
-        request = view.get("request") or {}
-        body, cut = _preview(request.get("body"))
+        request = view.get("request")
         rows.append(
             {
                 **view,
-                "headers": _masked(request.get("headers")),
-                "body_preview": body,
-                "body_cut": cut,
+                "fields": request_fields(request) if isinstance(request, Mapping) else None,
                 "left": max(0, int(float(view.get("expires_at") or 0) - time.time())),
             }
         )

@@ -24,7 +24,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from affidavit.approvals import Operator, OperatorError, service
-from affidavit.console import login_url
+from affidavit.console import TokenDirError, login_url
 from affidavit.journal import JournalReader
 
 from .http import ApiProblem, Request
@@ -125,5 +125,8 @@ async def console_login(api: Api, req: Request) -> None:
             "this daemon serves no console (affidavit serve --console 127.0.0.1:PORT, or "
             "[service] console)",
         )
-    token, expires = api.tokens.mint(who)
+    try:
+        token, expires = api.tokens.mint(who)
+    except TokenDirError as exc:
+        raise ApiProblem(500, "CONSOLE_TOKENS", str(exc)) from None
     await req.respond_json({"url": login_url(api.console_url, token), "expires_at": expires})

@@ -120,9 +120,13 @@ class Daemon:
             if self.console_address is not None:
                 console = _bind_tcp(*self.console_address)
                 port = console.socket.getsockname()[1]
-                api.console_url = console_origin(self.console_address[0], port)
+                bound = console_origin(self.console_address[0], port)
+                public = self.config.service.console_public_origin
+                api.console_url = public or bound  # where login links lead
                 api.tokens = TokenStore(token_dir(self.config.journal.path))
-                self.console = Console(broker, api._read, api.tokens)
+                self.console = Console(
+                    broker, api._read, api.tokens, origin=bound, public_origin=public
+                )
                 log.info("operator console on %s", api.console_url)
             listener, inode = _bind(self.socket_path)
             log.info(

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -41,8 +42,12 @@ __all__ = [
     "World",
     "browser",
     "console_world",
+    "csrf_of",
     "get",
+    "log_in",
+    "log_in_to",
     "post",
+    "served",
 ]
 
 T = TypeVar("T")
@@ -134,6 +139,57 @@ async def console_world(
             yield World(daemon, pay, flaky, ledger, f"http://127.0.0.1:{port}")
 
 
+@contextlib.asynccontextmanager
+async def served(broker: Any, tmp: Path) -> AsyncIterator[tuple[str, Any]]:
+    """``broker``'s console served in this process on a free loopback port, as the daemon
+    serves it (hypercorn over a trio listener): (its origin, the ``Console``)."""
+    from hypercorn.app_wrappers import ASGIWrapper
+    from hypercorn.config import Config
+    from hypercorn.trio.tcp_server import TCPServer
+    from hypercorn.trio.worker_context import WorkerContext
+    from hypercorn.typing import ConnectionState
+
+    from affidavit.console import Console, TokenStore
+
+    [listener] = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    origin = f"http://127.0.0.1:{listener.socket.getsockname()[1]}"
+
+    async def read(view: Callable[[Any], T]) -> T:
+        return view(broker.journal)
+
+    console = Console(broker, read, TokenStore(tmp / "console-tokens"), origin=origin)
+    config, context = Config(), WorkerContext(None)
+
+    async def connection(stream: trio.SocketStream) -> None:
+        app = ASGIWrapper(console)  # type: ignore[arg-type]
+        await TCPServer(app, config, context, ConnectionState({}), stream).run()  # type: ignore[arg-type]
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(trio.serve_listeners, connection, [listener])
+        try:
+            yield origin, console
+        finally:
+            nursery.cancel_scope.cancel()
+
+
+async def log_in_to(console: Any, origin: str) -> tuple[str, str]:
+    """Log in to an in-process console (``served``) as this process's user: (Cookie, CSRF)."""
+    from affidavit.approvals import Operator
+
+    token, _ = console.tokens.mint(Operator.current())
+    status, headers, _ = await post(f"{origin}/login", {"token": token}, {"Origin": origin})
+    assert status == 200, status
+    cookie = headers["set-cookie"].split(";")[0]
+    return cookie, await csrf_of(origin, cookie)
+
+
+async def csrf_of(origin: str, cookie: str) -> str:
+    _, _, page = await get(f"{origin}/approvals", cookie=cookie)
+    m = re.search(rb'name="csrf" value="([^"]+)"', page)
+    assert m is not None
+    return m.group(1).decode()
+
+
 async def get(url: str, *, cookie: str | None = None) -> tuple[int, dict[str, str], bytes]:
     """A plain GET (no redirect followed): (status, headers lower-cased, body)."""
     return await _request("GET", url, None, {"Cookie": cookie} if cookie else {})
@@ -147,6 +203,19 @@ async def post(
 
     head = {"Content-Type": "application/x-www-form-urlencoded", **headers}
     return await _request("POST", url, urlencode(form).encode(), head)
+
+
+async def log_in(world: World) -> tuple[str, str]:
+    """Log in over HTTP as this test's uid: (the Cookie header, the session's CSRF token)."""
+    url = await world.login_url()
+    status, _, page = await get(url)  # the confirm page: the token is not used yet
+    assert status == 200 and b'id="login-confirm"' in page
+    status, headers, _ = await post(
+        f"{world.origin}/login", {"token": url.split("=", 1)[1]}, {"Origin": world.origin}
+    )
+    assert status == 200, status
+    cookie = headers["set-cookie"].split(";")[0]
+    return cookie, await csrf_of(world.origin, cookie)
 
 
 async def _request(
@@ -206,6 +275,16 @@ class Browser:
 
     async def source(self) -> str:
         return str(await self.run(lambda d: d.page_source))
+
+    async def log_in(self, url: str) -> None:
+        """Open a login link and press its one button (opening it alone redeems nothing)."""
+        await self.get(url)
+        await self.click("#login-confirm")
+
+        async def answered() -> int:
+            return await self.count("#operator") + await self.count("#login-failed")
+
+        await wait_until(answered, "the login is answered")
 
 
 @contextlib.contextmanager

@@ -33,7 +33,7 @@ async def capture(out: Path) -> list[Path]:
         async with console_world(Path(tmp), token, wait="0s") as world:
             await world.call(dict(CHARGE, session="billing-agent", headers={"X-Request": "r-17"}))
             dropped = await world.call(dict(DROPPED, session="billing-agent"))
-            await chrome.get(await world.login_url())
+            await chrome.log_in(await world.login_url())
             await chrome.get(f"{world.origin}/approvals")
             shots = [out / PAGES[0]]
             await chrome.run(lambda d: d.save_screenshot(str(shots[0])))

@@ -24,7 +24,7 @@ async def _login(chrome: Browser, world: World) -> str:
     await chrome.get(f"{world.origin}/approvals")
     assert await chrome.count("#login") == 1  # no session: the login page
     url = await world.login_url()
-    await chrome.get(url)
+    await chrome.log_in(url)
     await wait_until(lambda: chrome.count("#operator"), "the console shows who is logged in")
     return url
 
@@ -71,7 +71,7 @@ async def test_log_in_approve_a_waiting_call_and_deny_another(
         await _on_approvals_page(chrome, world, iid)
         card = await chrome.text(f"#approval-{iid}")
         # The fingerprint, readably: where, what, with which credential (by name), until when.
-        assert f"POST {world.pay.url}/v1/charges" in card
+        assert "method POST" in card and f"url {world.pay.url}/v1/charges" in card
         assert '{"amount": 5}' in card and "sha256" in card
         assert "env:AFFIDAVIT_TEST_TOKEN" in card and "expires in" in card
         assert token not in await chrome.source()
@@ -100,7 +100,7 @@ async def test_log_in_approve_a_waiting_call_and_deny_another(
         assert denied["operator"]["via"] == "console" and denied["note"] == "not today"
         assert len(world.pay.requests) == 1  # the denied request was never sent
 
-        await chrome.get(url)  # the one-time link, again
+        await chrome.log_in(url)  # the one-time link, again
         assert await chrome.count("#login-failed") == 1
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from pathlib import Path
 
 import pytest
@@ -16,21 +15,20 @@ from affidavit.console import COOKIE
 from tests.daemon.kit import cli, embedded, run, write_daemon_config
 from tests.external import free_port
 
-from .kit import CHARGE, World, console_world, get, post
+from .kit import CHARGE, World, console_world, get, log_in, post
+
+
+async def _redeem(world: World, url: str) -> tuple[int, dict[str, str], bytes]:
+    """Press the login page's button for ``url``'s token (a POST from the console's origin)."""
+    token = url.split("=", 1)[1]
+    return await post(f"{world.origin}/login", {"token": token}, {"Origin": world.origin})
 
 
 async def _session(world: World) -> tuple[str, str]:
     """Log in over HTTP: (the Cookie header, the session's CSRF token)."""
-    status, headers, _ = await get(await world.login_url())
-    assert status == 200
-    cookie = headers["set-cookie"].split(";")[0]
+    cookie, csrf = await log_in(world)
     assert cookie.startswith(f"{COOKIE}=")
-    for attr in ("HttpOnly", "SameSite=Strict", "Path=/"):
-        assert attr in headers["set-cookie"]
-    _, _, page = await get(f"{world.origin}/approvals", cookie=cookie)
-    m = re.search(rb'name="csrf" value="([^"]+)"', page)
-    assert m is not None
-    return cookie, m.group(1).decode()
+    return cookie, csrf
 
 
 async def _events(world: World, iid: str) -> list[str]:
@@ -53,15 +51,18 @@ async def test_without_a_session_every_page_leads_to_the_login_page(
         assert headers["x-frame-options"] == "DENY"
         assert headers["cache-control"] == "no-store"
         assert headers["referrer-policy"] == "same-origin"
-        status, _, page = await get(f"{world.origin}/login?token=not-a-token-anyone-issued")
+        status, _, page = await _redeem(world, "x=not-a-token-anyone-issued")
         assert status == 403 and b'id="login-failed"' in page
 
 
 async def test_a_login_link_works_once(tmp_path: Path, token: str) -> None:
     async with console_world(tmp_path, token) as world:
         url = await world.login_url()
-        assert (await get(url))[0] == 200
-        status, headers, page = await get(url)
+        status, headers, _ = await _redeem(world, url)
+        assert status == 200
+        for attr in ("HttpOnly", "SameSite=Strict", "Path=/"):
+            assert attr in headers["set-cookie"]
+        status, headers, page = await _redeem(world, url)
         assert status == 403 and b'id="login-failed"' in page
         assert "set-cookie" not in headers
 
@@ -146,7 +147,7 @@ async def test_an_operator_on_the_daemon_s_machine_mints_a_link_embedded(
         [stored] = list(tokens.iterdir())
         assert answer["url"].split("=", 1)[1] not in stored.read_text()  # stored hashed
         assert stored.stat().st_mode & 0o077 == 0 and tokens.stat().st_mode & 0o077 == 0
-        status, _, page = await get(answer["url"])
+        status, _, page = await _redeem(world, answer["url"])
         assert status == 200 and f"uid={os.geteuid()}".encode() in page
         assert list(tokens.iterdir()) == []  # redeemed: gone
 

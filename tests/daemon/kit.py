@@ -211,6 +211,7 @@ async def run(
 
 _DROP_PRIVILEGES = """
 import importlib, os, pkgutil, runpy, sys
+import encodings.idna  # socket.getaddrinfo's codec, looked up lazily: after the drop is too late
 import affidavit
 for info in pkgutil.walk_packages(affidavit.__path__, "affidavit."):
     if not info.name.endswith(".__main__"):
