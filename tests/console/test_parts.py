@@ -1,13 +1,17 @@
-"""The console's pieces without a daemon: login tokens, sessions, the lifecycle drawing."""
+"""The console's pieces without a daemon: login tokens (and the directory they wait in),
+sessions, the lifecycle drawing."""
 
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 from pathlib import Path
 
+import pytest
+
 from affidavit.approvals import Operator
-from affidavit.console import Sessions, TokenStore, lifecycle_svg
+from affidavit.console import Sessions, TokenDirError, TokenStore, lifecycle_svg
 from affidavit.statemachine import STATES
 
 OPS = Operator(4242, 4242, (10,), "ops", "socket")
@@ -58,3 +62,50 @@ def test_the_drawing_shows_every_state_and_marks_the_path() -> None:
     ]
     assert svg.count('class="edge on"') == len(path) - 1
     assert "<script" not in svg
+
+
+def test_a_session_left_idle_ends_before_its_expiry() -> None:
+    sessions = Sessions(ttl=8 * 3600, idle=1800)
+    session = sessions.start(OPS)
+    session.last_seen -= 1700
+    assert sessions.get(session.id) is session  # used: its idle clock restarts
+    session.last_seen -= 1801
+    assert sessions.get(session.id) is None
+
+
+def test_the_token_directory_must_be_this_user_s_alone(tmp_path: Path) -> None:
+    store = TokenStore(tmp_path / "tokens")
+    token, _ = store.mint(OPS)
+    directory = tmp_path / "tokens"
+    directory.chmod(0o755)  # open to others: nothing in it is trusted
+    with pytest.raises(TokenDirError, match="mode 0700"):
+        store.mint(OPS)
+    with pytest.raises(TokenDirError):
+        store.redeem(token)
+    directory.chmod(0o700)
+    os.chown(directory, 65534, 65534)  # another user's directory (this test runs as root)
+    with pytest.raises(TokenDirError, match="owned by uid"):
+        store.mint(OPS)
+    os.chown(directory, os.geteuid(), os.getegid())
+    assert store.redeem(token) == Operator(4242, 4242, (10,), "ops", "console")
+
+    # A symlink in place of the directory is refused, not followed.
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir(mode=0o700)
+    (tmp_path / "linked").symlink_to(elsewhere)
+    with pytest.raises(TokenDirError, match="not a directory"):
+        TokenStore(tmp_path / "linked").mint(OPS)
+
+
+def test_a_token_file_is_trusted_only_when_it_is_this_user_s_own_file(tmp_path: Path) -> None:
+    store = TokenStore(tmp_path / "tokens")
+    theirs, _ = store.mint(OPS)
+    path = tmp_path / "tokens" / hashlib.sha256(theirs.encode()).hexdigest()
+    os.chown(path, 65534, 65534)  # a file another user put there
+    assert store.redeem(theirs) is None
+    linked, _ = store.mint(OPS)
+    path = tmp_path / "tokens" / hashlib.sha256(linked.encode()).hexdigest()
+    target = tmp_path / "forged"
+    os.replace(path, target)
+    path.symlink_to(target)  # a symlink to a file elsewhere: not followed
+    assert store.redeem(linked) is None

@@ -1,18 +1,23 @@
 """What the console refuses, over plain HTTP (no browser needed to prove a refusal): no
 session, a forged or missing CSRF token, a foreign origin, a reused or unknown login token, a
-decision the service's rules refuse, a non-operator asking for a link, a non-loopback bind."""
+decision the service's rules refuse, a non-operator asking for a link, a non-loopback bind; a
+login link opened but not confirmed, another Host name (DNS rebinding), an Origin that is not
+the console's, an embedded link to a port this user's daemon does not hold."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import subprocess
 from pathlib import Path
 
 import pytest
+import trio
 
 from affidavit.config import ConfigError, config_from_dict
 from affidavit.console import COOKIE
-from tests.daemon.kit import cli, embedded, run, write_daemon_config
+from tests.daemon.kit import as_user, cli, client_env, embedded, run, write_daemon_config
 from tests.external import free_port
 
 from .kit import CHARGE, World, console_world, get, log_in, post
@@ -193,3 +198,163 @@ async def test_serve_refuses_a_non_loopback_console_flag(tmp_path: Path) -> None
     assert done.returncode == 2
     assert b"--console: 0.0.0.0 is not a loopback address" in done.stderr
     assert not (tmp_path / "s.sock").exists()
+
+
+async def test_opening_a_login_link_redeems_nothing_and_its_post_needs_the_origin(
+    tmp_path: Path, token: str
+) -> None:
+    """A link previewer or prefetcher that GETs the link cannot use it up: the page only offers
+    a button that POSTs the token, and that POST is refused from another origin."""
+    async with console_world(tmp_path, token) as world:
+        url = await world.login_url()
+        for _ in range(2):
+            status, headers, page = await get(url)
+            assert status == 200 and b'id="login-confirm"' in page
+            assert "set-cookie" not in headers
+        code = url.split("=", 1)[1]
+        assert f'name="token" value="{code}"'.encode() in page
+        for origin in ("http://evil.example", "null"):
+            status, headers, _ = await post(
+                f"{world.origin}/login", {"token": code}, {"Origin": origin}
+            )
+            assert status == 403 and "set-cookie" not in headers
+        status, headers, _ = await _redeem(world, url)  # still unused
+        assert status == 200 and headers["set-cookie"].startswith(f"{COOKIE}=")
+
+
+async def test_another_host_name_is_refused_and_origins_are_the_console_s(
+    tmp_path: Path, token: str
+) -> None:
+    """DNS rebinding: a page of evil.example whose name now resolves to 127.0.0.1 reaches the
+    console with ``Host: evil.example:PORT`` -- refused before anything is read.  And the
+    Origin a POST must carry is the console's own, not whatever Host the request names."""
+    async with console_world(tmp_path, token, wait="0s") as world:
+        iid = (await world.call(dict(CHARGE)))["invocation_id"]
+        cookie, csrf = await _session(world)
+        port = world.origin.rsplit(":", 1)[1]
+        for host in (f"evil.example:{port}", f"localhost:{port}", "127.0.0.1"):
+            status, _, page = await _request_with_host(world, "/approvals", host, cookie)
+            assert status == 421, host
+            assert b"not served under that name" in page
+        before = await _events(world, iid)
+        # Host and Origin agreeing with each other is not enough: they must name the console.
+        status, _, _ = await _request_with_host(
+            world, f"/approvals/{iid}/approve", f"evil.example:{port}", cookie, {"csrf": csrf}
+        )
+        assert status == 421
+        for origin in (f"http://localhost:{port}", f"https://127.0.0.1:{port}"):
+            status, _, _ = await post(
+                f"{world.origin}/approvals/{iid}/approve",
+                {"csrf": csrf},
+                {"Origin": origin, "Cookie": cookie},
+            )
+            assert status == 403, origin
+        assert await _events(world, iid) == before
+
+
+async def test_behind_a_tls_proxy_the_public_origin_is_accepted(tmp_path: Path, token: str) -> None:
+    """``[service] console_public_origin``: the login link names it, and forms posted from it
+    are accepted (a proxy is the TCP peer there, so the peer check is off: docs/console.md)."""
+    public = {"console_public_origin": "https://console.example:8443"}
+    async with console_world(tmp_path, token, service=public, wait="0s") as world:
+        iid = (await world.call(dict(CHARGE)))["invocation_id"]
+        url = (await cli(world.daemon, "console-url")).stdout.decode().strip()
+        assert url.startswith("https://console.example:8443/login?token=")
+        proxied = {"Origin": "https://console.example:8443", "Host": "console.example:8443"}
+        status, headers, _ = await post(
+            f"{world.origin}/login", {"token": url.split("=", 1)[1]}, proxied
+        )
+        assert status == 200
+        cookie = headers["set-cookie"].split(";")[0]
+        status, _, page = await _request_with_host(
+            world, "/approvals", "console.example:8443", cookie
+        )
+        assert status == 200
+        m = re.search(rb'name="csrf" value="([^"]+)"', page)
+        assert m is not None
+        status, _, _ = await post(
+            f"{world.origin}/approvals/{iid}/approve",
+            {"csrf": m.group(1).decode()},
+            {**proxied, "Cookie": cookie},
+        )
+        assert status == 303
+        assert "APPROVAL_GRANTED" in await _events(world, iid)
+
+
+def test_a_public_origin_is_an_origin(tmp_path: Path) -> None:
+    base = {"journal": {"path": str(tmp_path / "j.db")}}
+    for bad in ("console.example", "https://console.example/path", "ftp://x", "https://u@x"):
+        with pytest.raises(ConfigError) as info:
+            config_from_dict({**base, "service": {"console_public_origin": bad}}, base_dir=tmp_path)
+        assert "service.console_public_origin" in str(info.value)
+    good = config_from_dict(
+        {**base, "service": {"console_public_origin": "https://Console.Example:8443/"}},
+        base_dir=tmp_path,
+    )
+    assert good.service.console_public_origin == "https://console.example:8443"
+
+
+async def test_an_embedded_link_goes_only_to_this_user_s_listener(tmp_path: Path) -> None:
+    """``affidavit console-url`` embedded prints a link to ``[service] console`` only when this
+    user's daemon listens there: a free port could be taken by any local user, who would then
+    receive the operator's login."""
+    port = free_port()
+    me = os.geteuid()
+    config = write_daemon_config(
+        tmp_path,
+        {},
+        socket=tmp_path / "s.sock",
+        service={"console": f"127.0.0.1:{port}", "operator_uids": [me]},
+    )
+    refused = await embedded("console-url", "--config", str(config))
+    assert refused.returncode == 2 and b"nothing listens on" in refused.stderr
+    assert refused.stdout == b""
+    listen = (
+        "import socket, sys, time\n"
+        "s = socket.socket()\n"
+        f"s.bind(('127.0.0.1', {port}))\n"
+        "s.listen()\n"
+        "print('listening', flush=True)\n"
+        "time.sleep(30)\n"
+    )
+    squatter = await trio.lowlevel.open_process(
+        as_user(65534, "-c", listen), stdout=subprocess.PIPE, env=client_env()
+    )
+    try:
+        assert squatter.stdout is not None
+        with trio.fail_after(20):
+            assert b"listening" in await squatter.stdout.receive_some(100)
+        refused = await embedded("console-url", "--config", str(config))
+        assert refused.returncode == 2 and refused.stdout == b""
+        assert b"is served by uid 65534" in refused.stderr
+        assert not list((tmp_path / "journal.db.console-tokens").glob("*"))
+    finally:
+        squatter.kill()
+        await squatter.wait()
+
+
+async def _request_with_host(
+    world: World, path: str, host: str, cookie: str, form: dict[str, str] | None = None
+) -> tuple[int, dict[str, str], bytes]:
+    """A GET (or with ``form``, a POST from ``http://HOST``) naming ``host`` in ``Host``."""
+    import http.client
+    from urllib.parse import urlencode
+
+    def go() -> tuple[int, dict[str, str], bytes]:
+        conn = http.client.HTTPConnection(world.origin.removeprefix("http://"), timeout=20)
+        try:
+            body = None if form is None else urlencode(form).encode()
+            conn.putrequest("GET" if body is None else "POST", path, skip_host=True)
+            conn.putheader("Host", host)
+            conn.putheader("Cookie", cookie)
+            if body is not None:
+                conn.putheader("Origin", f"http://{host}")
+                conn.putheader("Content-Type", "application/x-www-form-urlencoded")
+                conn.putheader("Content-Length", str(len(body)))
+            conn.endheaders(body)
+            r = conn.getresponse()
+            return r.status, {k.lower(): v for k, v in r.getheaders()}, r.read()
+        finally:
+            conn.close()
+
+    return await trio.to_thread.run_sync(go)

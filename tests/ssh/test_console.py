@@ -48,7 +48,9 @@ async def test_a_pending_ssh_command_shows_its_stdin_in_the_console(
         big_id = (await b.call({"target": "box", "command": "bash -s", "stdin": big}))[
             "invocation_id"
         ]
-        assert len(b.approvals()) == 2
+        bidi = "bash -c 'echo \u202e hs.live lruc' #\u2066"
+        bidi_id = (await b.call({"target": "box", "command": bidi}))["invocation_id"]
+        assert len(b.approvals()) == 3
         cookie, _ = await log_in_to(console, origin)
         status, _, page = await get(f"{origin}/approvals", cookie=cookie)
         assert status == 200, page[:400]
@@ -68,3 +70,8 @@ async def test_a_pending_ssh_command_shows_its_stdin_in_the_console(
         assert hashlib.sha256(big.encode()).hexdigest() in large
         assert "larger than the approval view keeps: not shown" in large
         assert "echo x" not in large
+        shown = text[text.index(f'id="approval-{bidi_id}"') :]
+        shown = shown[: shown.index("</section>")]
+        assert "\u202e" not in shown and "\u2066" not in shown
+        assert '<span class="ctl" title="U+202E">\\u202e</span> hs.live lruc' in shown
+        assert '#<span class="ctl" title="U+2066">\\u2066</span>' in shown

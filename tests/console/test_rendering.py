@@ -1,0 +1,149 @@
+"""What the Approvals page shows of a request (docs/console.md, "What it shows"): everything the
+approval view holds -- headers unmasked, bodies whole (scrollable), withheld content said to be
+withheld with its size and hash -- and every control, bidi or zero-width character as a visible
+escape; one request that cannot be rendered is its own row's error, never the page's.
+
+The console is served in this process as the daemon serves it (a real loopback socket)."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import re
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from affidavit.api.broker import Broker
+from affidavit.approvals import OperatorPolicy
+from affidavit.console import pages, visible
+from tests.broker.helpers import TOKEN_ENV, http_target, open_broker, write_config
+
+from .kit import get, log_in_to, post, served
+
+
+async def _pending(b: Broker, **action: Any) -> str:
+    envelope = await b.call({"target": "pay", "method": "POST", "path": "/v1/x", **action})
+    assert envelope["error"]["code"] == "APPROVAL_PENDING", envelope
+    return str(envelope["invocation_id"])
+
+
+def _card(page: bytes, iid: str) -> str:
+    text = page.decode()
+    card = text[text.index(f'id="approval-{iid}"') :]
+    return card[: card.index("</section>")]
+
+
+@pytest.fixture
+async def world(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[tuple[Broker, str, Any, str]]:
+    """A broker whose ``pay`` asks approval for POSTs (answered pending at once), its console
+    served here, and this process's user logged in: (broker, origin, console, cookie)."""
+    monkeypatch.setenv(TOKEN_ENV, "canary-never-shown")
+    target = http_target("http://127.0.0.1:9", approval={"methods": ["POST"], "wait": "0s"})
+    path = write_config(tmp_path, {"pay": target})
+    with path.open("a") as f:
+        f.write(f"[service]\noperator_uids = [{os.geteuid()}]\n")
+    async with open_broker(path) as b, served(b, tmp_path) as (origin, console):
+        cookie, _ = await log_in_to(console, origin)
+        yield b, origin, console, cookie
+
+
+async def test_headers_are_shown_unmasked_and_bodies_whole(
+    world: tuple[Broker, str, Any, str],
+) -> None:
+    b, origin, _, cookie = world
+    body = "".join(f"line {i:05d}\n" for i in range(1000)) + "THE END"  # 11,007 characters
+    headers = {"X-Session-Token": "agent-chose-this", "X-Api-Secret-Note": "pay twice"}
+    text_id = await _pending(b, headers=headers, body=body)
+    blob = bytes(range(256)) * 4
+    binary_id = await _pending(b, body_base64=base64.b64encode(blob).decode())
+    huge = "y" * 20_000  # more than the approval view keeps (16 KiB)
+    huge_id = await _pending(b, body=huge)
+    status, _, page = await get(f"{origin}/approvals", cookie=cookie)
+    assert status == 200
+    card = _card(page, text_id)
+    assert "x-session-token: agent-chose-this" in card  # no "(hidden)"
+    assert "x-api-secret-note: pay twice" in card and "(hidden)" not in card
+    assert "line 00000" in card and "line 00999" in card and "THE END" in card
+    assert f"{len(body)} bytes" in card
+    card = _card(page, binary_id)
+    assert "binary: not shown" in card and f"{len(blob)} bytes" in card
+    assert hashlib.sha256(blob).hexdigest() in card
+    card = _card(page, huge_id)
+    assert "larger than the approval view keeps: not shown" in card and "yyyy" not in card
+    assert hashlib.sha256(huge.encode()).hexdigest() in card
+    assert b"canary-never-shown" not in page
+
+
+async def test_bidi_control_and_zero_width_characters_are_shown_as_escapes(
+    world: tuple[Broker, str, Any, str],
+) -> None:
+    b, origin, _, cookie = world
+    body = "pay \u202eEVIL\u202c to \u200bbob\x1b[2J\u2066x\u2069"
+    iid = await _pending(b, body=body)
+    status, _, page = await get(f"{origin}/approvals", cookie=cookie)
+    assert status == 200
+    card = _card(page, iid)
+    for char in ("\u202e", "\u202c", "\u200b", "\x1b", "\u2066", "\u2069"):
+        assert char not in card, repr(char)
+    for escape in (r"\u202e", r"\u202c", r"\u200b", r"\u001b", r"\u2066", r"\u2069"):
+        assert f'<span class="ctl" title="U+{escape[2:].upper()}">{escape}</span>' in card
+    assert "EVIL" in card and "bob" in card
+
+
+def test_visible_escapes_what_reorders_and_keeps_what_is_plain() -> None:
+    assert visible("plain <b>text</b> é ü 中") == "plain &lt;b&gt;text&lt;/b&gt; é ü 中"
+    assert str(visible("a\nb\tc", multiline=True)) == "a\nb\tc"
+    assert "\\n" in visible("a\nb") and "\\t" in visible("a\tb")  # one-line fields
+    assert "\\u202e" in visible("\u202e") and "\\u00ad" in visible("\u00ad")
+    assert "\\U000e0001" in visible("\U000e0001")  # a language tag (Cf), outside the BMP
+
+
+async def test_a_request_that_cannot_be_rendered_is_its_own_row_s_error(
+    world: tuple[Broker, str, Any, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    b, origin, _, cookie = world
+    good = await _pending(b, body="fine")
+    real = pages.approvals_page
+
+    def with_a_broken_row(reader: Any) -> list[dict[str, Any]]:
+        rows = real(reader)
+        return [{"invocation_id": "act_BROKEN", "expires_at": 0}, *rows]  # no target, no view
+
+    monkeypatch.setattr(pages, "approvals_page", with_a_broken_row)
+    status, _, page = await get(f"{origin}/approvals", cookie=cookie)
+    assert status == 200
+    broken = _card(page, "act_BROKEN")
+    assert "could not be shown here" in broken and "UndefinedError" in broken
+    assert 'class="approve"' not in broken and 'class="deny"' in broken
+    assert 'class="approve"' in _card(page, good)
+
+
+async def test_an_operator_removed_from_the_policy_loses_the_session_at_once(
+    world: tuple[Broker, str, Any, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    b, origin, _, cookie = world
+    iid = await _pending(b, body="x")
+    csrf = re.search(
+        rb'name="csrf" value="([^"]+)"', (await get(f"{origin}/approvals", cookie=cookie))[2]
+    )
+    assert csrf is not None
+    nobody = OperatorPolicy(frozenset(), frozenset())
+    monkeypatch.setattr(Broker, "operator_policy", property(lambda self: nobody))
+    status, headers, _ = await get(f"{origin}/approvals", cookie=cookie)
+    assert (status, headers["location"]) == (303, "/login")
+    status, _, _ = await post(
+        f"{origin}/approvals/{iid}/approve",
+        {"csrf": csrf.group(1).decode()},
+        {"Origin": origin, "Cookie": cookie},
+    )
+    assert status == 403
+    assert [e.kind.value for e in b.events(iid)][-1] == "APPROVAL_REQUESTED"
+    monkeypatch.undo()
+    status, _, _ = await get(f"{origin}/approvals", cookie=cookie)
+    assert status == 303  # the session ended; it does not come back
