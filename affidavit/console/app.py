@@ -48,12 +48,11 @@ import affidavit
 from affidavit.api.broker import Broker
 from affidavit.api.wire import parse_time
 from affidavit.approvals import Operator, OperatorError
-from affidavit.config import is_loopback
 from affidavit.journal import JournalError, JournalReader
 
 from . import pages
 from .auth import Session, Sessions, TokenDirError, TokenStore
-from .peer import socket_owner
+from .peer import is_loopback, socket_owner
 from .text import visible
 
 __all__ = ["COOKIE", "Console"]
