@@ -1,31 +1,27 @@
-"""HTTP overhead: broker ``call()`` vs a bare h11+trio client, side by side in one run.
+"""HTTP overhead: broker ``call()`` against the HTTP clients people would use instead, one run.
 
     .venv/bin/python tests/benchmarks/http_overhead.py [--dir DIR] [--seq N] [--calls N]
-                                                       [--concurrency C] [--profile FILE]
+        [--concurrency C] [--rounds R] [--ab OLD_CHECKOUT] [--only bare,httpx] [--profile FILE]
 
-Both clients talk to the same loopback h11+trio keep-alive server.  The server runs in a
-*subprocess* (this file with ``--serve``) so its CPU does not share the event loop -- nor the
-GIL -- with the client being measured; each client keeps its own keep-alive connection pool.
-The broker runs with its journal on (``Broker.open``, temp config and journal, credential from
-the environment): every call is journaled, DISPATCH_STARTED and RESULT_COMMITTED are barriers.
+One loopback h11+trio keep-alive server runs in its own process; every client is measured in a
+process of its own against it (``http_clients.py``): bare h11+trio (the floor),
+``httpx.AsyncClient`` under trio, ``urllib3.PoolManager`` with threads, ``aiohttp`` under asyncio
+(httpx and aiohttp are dev extras) and the broker's ``call()`` with its journal on
+(``Broker.open``, temp config and journal under ``--dir``, credential from the environment): every
+call journaled, DISPATCH_STARTED and RESULT_COMMITTED barriers.  The clients run in interleaved
+rounds (order rotated each round) and the table shows medians over the rounds, so load drift on a
+shared machine hits all alike; the load average over the run is printed with it.
 
-Measured in the same run, same server, same disk:
+Per client: ``--seq`` sequential calls (calls/s, p50, p90) and ``--calls`` calls shared by
+``--concurrency`` tasks or threads (calls/s, process CPU per call).  For the broker also: the
+journal rows, transactions and fsync barriers of one call (by wrapping the journal writer's
+transaction), fsyncs per call at concurrency (group commit) and the writer thread's CPU.
 
-* sequential per-call latency (median, p90) for bare vs broker (``--seq`` calls each,
-  interleaved in blocks of 50 so load drift hits both alike);
-* throughput at ``--concurrency`` concurrent tasks (calls/s) for bare vs broker (``--calls``);
-* the raw fsync cost on the journal's disk (``os.fsync`` after a 64-byte write, median of
-  samples taken between the sequential blocks);
-* the journal rows, transactions and fsync barriers of one broker call (by wrapping the
-  journal writer's batch commit), and the fsyncs per call at concurrency (group commit).
-
-Targets (issue: HTTP overhead): at concurrency 64 the broker keeps >= 50% of the bare client's
-throughput; at concurrency 1 it adds no more than two fsyncs plus 0.3 ms per call.  This is a
-script, not a test: it prints the ratios and asserts nothing about time.
-
-``--profile FILE`` additionally runs the broker phases under cProfile and writes the stats of
-the main thread to FILE and of the journal writer thread's transactions to FILE.writer
-(``python -m pstats FILE``), printing the top functions by cumulative and own time.
+Targets (issue 15): at concurrency 64 the broker keeps >= 1.0x httpx's and >= 0.5x urllib3's
+throughput (reach for 0.5x bare); at concurrency 1 it adds no more than two fsyncs plus 0.5 ms
+over bare.  ``--ab DIR`` also measures the broker imported from another checkout (e.g.
+``git archive HEAD~1 | tar -x -C DIR``) in the same rounds: an optimisation's before/after side
+by side.  This is a script, not a test: it prints ratios and asserts nothing about time.
 """
 
 from __future__ import annotations
@@ -34,6 +30,7 @@ import argparse
 import contextlib
 import cProfile
 import io
+import json
 import os
 import pstats
 import statistics
@@ -41,24 +38,22 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import h11
 import trio
 
+sys.path.insert(0, str(Path(__file__).parent))
+import http_clients
+from http_clients import BODY, PATH, READ_SIZE
+
 if TYPE_CHECKING:  # imported lazily at run time: the --serve subprocess needs none of it
     from affidavit.journal import Batch, Journal
 
-BODY = b'{"ok":true,"items":[1,2,3],"note":"loopback benchmark response"}'
-PATH = "/v1/ok"
 TOKEN_ENV = "AFFIDAVIT_BENCH_TOKEN"
-READ_SIZE = 65536
-BLOCK = 50
-WAL_COMMIT_BYTES = 4 * (4096 + 24)
-"""What one barrier commit appends to the WAL here (strace: four page frames, then fdatasync)."""
 
 
 # -- the server (subprocess) --------------------------------------------------------------------
@@ -119,57 +114,6 @@ def _server() -> Iterator[int]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-
-
-# -- the bare client ----------------------------------------------------------------------------
-
-
-class BareClient:
-    """h11 over trio with a keep-alive pool (LIFO, unbounded): the floor the broker is compared
-    against.  Sends the same headers the broker's HTTP binding sends."""
-
-    def __init__(self, port: int, token: str) -> None:
-        self._port = port
-        self._idle: list[tuple[trio.SocketStream, h11.Connection]] = []
-        self._headers = [
-            ("Host", f"127.0.0.1:{port}"),
-            ("User-Agent", "bare/1"),
-            ("Authorization", f"Bearer {token}"),
-        ]
-
-    async def get(self, path: str) -> int:
-        if self._idle:
-            stream, conn = self._idle.pop()
-        else:
-            stream = await trio.open_tcp_stream("127.0.0.1", self._port)
-            conn = h11.Connection(h11.CLIENT)
-        data = conn.send(h11.Request(method="GET", target=path, headers=self._headers)) or b""
-        data += conn.send(h11.EndOfMessage()) or b""
-        await stream.send_all(data)
-        status = 0
-        body = bytearray()
-        while True:
-            event = conn.next_event()
-            if event is h11.NEED_DATA:
-                conn.receive_data(await stream.receive_some(READ_SIZE))
-            elif isinstance(event, h11.Response):
-                status = event.status_code
-            elif isinstance(event, h11.Data):
-                body += event.data
-            elif isinstance(event, h11.EndOfMessage):
-                break
-            else:
-                raise RuntimeError(f"bare client: unexpected {event!r}")
-        if bytes(body) != BODY:
-            raise RuntimeError("bare client: wrong body")
-        conn.start_next_cycle()
-        self._idle.append((stream, conn))
-        return status
-
-    async def aclose(self) -> None:
-        for stream, _ in self._idle:
-            await stream.aclose()
-        self._idle.clear()
 
 
 # -- counting journal transactions ----------------------------------------------------------
@@ -249,36 +193,6 @@ def fsync_probe(directory: Path, n: int, times: list[float], size: int = 64) -> 
         os.close(fd)
 
 
-async def sequential(call: Callable[[], Awaitable[None]], n: int) -> list[float]:
-    times = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        await call()
-        times.append(time.perf_counter() - t0)
-    return times
-
-
-async def concurrent(call: Callable[[], Awaitable[None]], n: int, tasks: int) -> float:
-    """Calls per second with ``tasks`` tasks sharing ``n`` calls."""
-    left = n
-
-    async def worker() -> None:
-        nonlocal left
-        while left > 0:
-            left -= 1
-            await call()
-
-    t0 = time.perf_counter()
-    async with trio.open_nursery() as nursery:
-        for _ in range(tasks):
-            nursery.start_soon(worker)
-    return n / (time.perf_counter() - t0)
-
-
-def p90(values: list[float]) -> float:
-    return statistics.quantiles(values, n=10)[-1]
-
-
 def ms(seconds: float) -> str:
     return f"{seconds * 1000:.3f}"
 
@@ -310,167 +224,244 @@ def _profiled(prof: cProfile.Profile | None) -> Iterator[None]:
         prof.disable()
 
 
-# -- the run --------------------------------------------------------------------------------
+# -- the broker client (its own process) -----------------------------------------------------------
 
 
-async def run(args: argparse.Namespace, port: int, tmp: Path) -> None:
+def _use_source(src: Path) -> None:
+    """Import affidavit from another checkout ``src`` (``--ab``: the commit before a change),
+    ahead of this virtualenv's editable install, which maps the same packages to this tree."""
+    import importlib.util
+
+    roots = {
+        "affidavit": src / "affidavit",
+        "affidavit.adapters": src / "adapters",
+        "affidavit.journal": src / "journal",
+        "affidavit.statemachine": src / "statemachine",
+    }
+
+    class Finder:
+        @classmethod
+        def find_spec(cls, name: str, path: object = None, target: object = None) -> object:
+            root = roots.get(name)
+            if root is None:
+                return None
+            return importlib.util.spec_from_file_location(
+                name, root / "__init__.py", submodule_search_locations=[str(root)]
+            )
+
+    sys.meta_path.insert(0, Finder)  # type: ignore[arg-type]
+
+
+async def measure_broker(args: argparse.Namespace, port: int, tmp: Path) -> dict[str, object]:
     from affidavit.api.broker import Broker
     from affidavit.config import load_config
 
-    token = os.environ[TOKEN_ENV]
     cfg = tmp / "affidavit.toml"
     cfg.write_text(_config(tmp, port), encoding="utf-8")
     prof = cProfile.Profile() if args.profile else None
-    bare = BareClient(port, token)
     action = {"target": "api", "method": "GET", "path": PATH}
     counter = TxnCounter(profile=cProfile.Profile() if args.profile else None)
-    fsync_times: list[float] = []
-    wal_like: list[float] = []
-
-    async def bare_call() -> None:
-        if await bare.get(PATH) != 200:
-            raise RuntimeError("bare client: status")
+    out: dict[str, object] = {}
 
     async with Broker.open(config=load_config(cfg)) as broker:
         counter.install(broker.journal)
 
-        async def broker_call() -> None:
+        async def call() -> None:
             env = await broker.call(action)
             if "error" in env or env["result"]["status"] != 200:
                 raise RuntimeError(f"broker call failed: {env.get('error')}")
 
-        # Warm both (connections opened, imports and caches hot) before measuring.
         for _ in range(20):
-            await bare_call()
-            await broker_call()
-
+            await call()
         # One call, dissected: rows written, transactions and fsync barriers.
         before = counter.snapshot()
         env = await broker.call(action)
-        one_txns, one_barriers, one_reqs, one_s = _delta(counter.snapshot(), before)
+        txns, barriers, reqs, inside = _delta(counter.snapshot(), before)
         events = broker.events(env["invocation_id"])
-        committed = next(e for e in events if e.kind.value == "RESULT_COMMITTED")
-        chunks = sum(dict(committed.attrs.get("chunks", {})).values())
-
-        # Sequential latency, interleaved in blocks with the fsync probe.
-        bare_lat: list[float] = []
-        brk_lat: list[float] = []
-        seq_before = counter.snapshot()
-        for i in range(0, args.seq, BLOCK):
-            k = min(BLOCK, args.seq - i)
-            fsync_probe(tmp, 20, fsync_times)
-            fsync_probe(tmp, 5, wal_like, WAL_COMMIT_BYTES)
-            bare_lat += await sequential(bare_call, k)
-            with _profiled(prof):
-                brk_lat += await sequential(broker_call, k)
-        seq_txn, seq_bar, _, seq_s = _delta(counter.snapshot(), seq_before)
-        fsync_probe(tmp, 20, fsync_times)
-
-        # Throughput at concurrency.
-        bare_rate = await concurrent(bare_call, args.calls, args.concurrency)
-        conc_before = counter.snapshot()
-        cpu0, wcpu0 = time.process_time(), counter.cpu
+        out["events"] = [e.kind.value for e in events]
+        out["one"] = [txns, barriers, reqs, inside]
+        s0 = counter.snapshot()
         with _profiled(prof):
-            brk_rate = await concurrent(broker_call, args.calls, args.concurrency)
-        c_txn, c_bar, c_req, c_s = _delta(counter.snapshot(), conc_before)
-        writer_cpu = counter.cpu - wcpu0
-        main_cpu = time.process_time() - cpu0 - writer_cpu
-    await bare.aclose()
-
-    fsync_s = statistics.median(fsync_times)
-    print(f"server: h11+trio keep-alive on 127.0.0.1:{port}, in a subprocess")
-    print(f"journal: {tmp / 'bench.db'} (WAL; synchronous=FULL at barriers)")
-    print(
-        f"fsync (write 64 B + os.fsync, same disk, median of {len(fsync_times)} samples taken "
-        f"between the sequential blocks): {ms(fsync_s)} ms"
-    )
-    print(
-        f"  for comparison, append {WAL_COMMIT_BYTES} B (a barrier's four WAL frames) + fsync: "
-        f"{ms(statistics.median(wal_like))} ms"
-    )
-    print()
-    print("one broker call:")
-    print(f"  journal events: {len(events)} ({', '.join(e.kind.value for e in events)})")
-    print(f"  result rows: {chunks} chunk(s) + 1 completeness marker")
-    print(f"  journal writes queued: {one_reqs}, in {one_txns} transactions")
-    print(f"  fsync barriers (synchronous=FULL commits): {one_barriers}")
-    print(f"  time inside its journal transactions: {ms(one_s)} ms")
-    print(
-        "  median transaction over the run: with fsync "
-        f"{ms(statistics.median(counter.barrier_s))} ms, without "
-        f"{ms(statistics.median(counter.plain_s or [0.0]))} ms"
-    )
-    print()
-    bm, bp = statistics.median(bare_lat), p90(bare_lat)
-    km, kp = statistics.median(brk_lat), p90(brk_lat)
-    print(f"concurrency 1, {args.seq} sequential calls each     median ms     p90 ms")
-    print(f"  bare h11+trio                            {ms(bm):>9}  {ms(bp):>9}")
-    print(f"  broker call()                            {ms(km):>9}  {ms(kp):>9}")
-    print(f"  latency ratio broker/bare                {km / bm:>8.2f}x  {kp / bp:>8.2f}x")
-    per_call_bar = seq_bar / args.seq
-    print(
-        f"  journal per call: {seq_txn / args.seq:.2f} transactions, {per_call_bar:.2f} with "
-        f"fsync, {ms(seq_s / args.seq)} ms inside them"
-    )
-    overhead = km - bm
-    n_fsync = round(per_call_bar)
-    rest = overhead - n_fsync * fsync_s
-    verdict = "MET" if n_fsync <= 2 and rest <= 0.0003 else "MISSED"
-    print(
-        f"  broker overhead per call = {ms(overhead)} ms = {n_fsync} fsyncs + {ms(rest)} ms"
-        f"   (target: <= 2 fsyncs + 0.300 ms: {verdict})"
-    )
-    print()
-    ratio = brk_rate / bare_rate
-    print(f"concurrency {args.concurrency}, {args.calls} calls each                calls/s")
-    print(f"  bare h11+trio                            {bare_rate:>9.0f}")
-    print(f"  broker call()                            {brk_rate:>9.0f}")
-    print(
-        f"  throughput ratio broker/bare             {ratio:>9.1%}"
-        f"   (target: >= 50%: {'MET' if ratio >= 0.5 else 'MISSED'})"
-    )
-    print(
-        f"  journal: {c_txn} transactions ({c_bar} with fsync) for {args.calls} calls = "
-        f"{c_bar / args.calls:.3f} fsyncs/call, {c_req / max(c_txn, 1):.1f} writes per "
-        f"transaction, {c_s:.2f} s inside them"
-    )
-    print(
-        f"  broker CPU per call: {ms(main_cpu / args.calls)} ms event-loop thread + "
-        f"{ms(writer_cpu / args.calls)} ms journal writer thread (one GIL); the bare client's "
-        f"whole budget per call at its rate is {ms(1 / bare_rate)} ms"
-    )
+            lat, seq_s = await http_clients.trio_seq(call, args.seq)
+        seq_txn, seq_bar, _, seq_in = _delta(counter.snapshot(), s0)
+        out["seq_journal"] = [seq_txn / args.seq, seq_bar / args.seq, seq_in / args.seq]
+        c0, w0 = counter.snapshot(), counter.cpu
+        with _profiled(prof):
+            rate, cpu = await http_clients.trio_conc(call, args.calls, args.concurrency)
+        c_txn, c_bar, c_req, c_s = _delta(counter.snapshot(), c0)
+        fig = http_clients.figures(lat, seq_s, rate, cpu, args.calls)
+        fig["writer_cpu"] = (counter.cpu - w0) / args.calls
+        out["conc_journal"] = [c_txn, c_bar, c_req, c_s]
+        out["txn_ms"] = [
+            statistics.median(counter.barrier_s),
+            statistics.median(counter.plain_s or [0.0]),
+        ]
+    out.update(fig)
     if prof is not None and counter.profile is not None:
         prof.dump_stats(args.profile)
         counter.profile.dump_stats(args.profile + ".writer")
-        for name, stats in (("main thread", prof), ("journal writer thread", counter.profile)):
+    return out
+
+
+def child(args: argparse.Namespace) -> None:
+    """``--client NAME``: measure one client against the server on ``--port``, print JSON."""
+    token = os.environ[TOKEN_ENV]
+    if args.client.startswith("broker"):
+        if args.src:
+            _use_source(Path(args.src))
+        with tempfile.TemporaryDirectory(prefix="affidavit-bench-", dir=args.dir) as d:
+            fig = trio.run(measure_broker, args, args.port, Path(d))
+    else:
+        fig = http_clients.run_client(
+            args.client, args.port, token, args.seq, args.calls, args.concurrency
+        )
+    print(json.dumps(fig))
+
+
+# -- the run (orchestrates the clients, interleaved) ---------------------------------------------
+
+
+def _run_child(args: argparse.Namespace, name: str, port: int, src: str | None) -> dict[str, Any]:
+    cmd = [sys.executable, __file__, "--client", name, "--port", str(port)]
+    cmd += ["--seq", str(args.seq), "--calls", str(args.calls)]
+    cmd += ["--concurrency", str(args.concurrency)]
+    if args.dir:
+        cmd += ["--dir", str(args.dir)]
+    if src:
+        cmd += ["--src", src]
+    if args.profile and name == "broker":
+        cmd += ["--profile", args.profile]
+    out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True).stdout
+    return dict(json.loads(out.strip().splitlines()[-1]))
+
+
+def run(args: argparse.Namespace, port: int, probe_dir: Path) -> None:
+    clients: list[tuple[str, str, str | None]] = [
+        ("bare h11+trio", "bare", None),
+        ("httpx.AsyncClient, trio", "httpx", None),
+        ("urllib3 PoolManager, threads", "urllib3", None),
+        ("aiohttp, asyncio", "aiohttp", None),
+        ("broker call()", "broker", None),
+    ]
+    if args.ab:
+        clients.append((f"broker call() @ {Path(args.ab).name}", "broker", args.ab))
+    if args.only:
+        keep = set(args.only.split(","))
+        clients = [c for c in clients if c[1] in keep or c[0].startswith("broker")]
+    results: dict[str, list[dict[str, Any]]] = {label: [] for label, _, _ in clients}
+    fsyncs: list[float] = []
+    loads = [os.getloadavg()[0]]
+    for r in range(args.rounds):
+        # Rotate the order each round so no client always runs first (or right after another).
+        order = clients[r % len(clients) :] + clients[: r % len(clients)]
+        for label, name, src in order:
+            fsync_probe(probe_dir, 20, fsyncs)
+            results[label].append(_run_child(args, name, port, src))
+        loads.append(os.getloadavg()[0])
+
+    def med(label: str, key: str) -> float:
+        return statistics.median(float(f[key]) for f in results[label])
+
+    fsync_s = statistics.median(fsyncs)
+    print(f"server: h11+trio keep-alive on 127.0.0.1:{port}, its own process; so is each client")
+    print(f"journal and fsync probe on {probe_dir}: fsync (write 64 B + os.fsync) {ms(fsync_s)} ms")
+    print(
+        f"{args.rounds} interleaved rounds, medians; 1-min load average over the run "
+        f"{min(loads):.2f}..{max(loads):.2f} on {os.cpu_count()} cores"
+    )
+    first = results["broker call()"][0]
+    txns, barriers, reqs, inside = first["one"]  # type: ignore[misc]
+    print(f"one broker call: {len(first['events'])} events ({', '.join(first['events'])})")
+    print(
+        f"  {reqs} journal writes queued in {txns} transactions, {barriers} with fsync, "
+        f"{ms(inside)} ms inside them (median transaction with fsync {ms(first['txn_ms'][0])} ms, "
+        f"without {ms(first['txn_ms'][1])} ms)"
+    )
+    print()
+    c = args.concurrency
+    print(f"| client | c=1 calls/s | c={c} calls/s | p50 ms c=1 | p90 ms c=1 | CPU ms/call c={c} |")
+    print("|---|---|---|---|---|---|")
+    for label, _, _ in clients:
+        print(
+            f"| {label} | {med(label, 'seq_rate'):.0f} | {med(label, 'rate'):.0f} | "
+            f"{ms(med(label, 'p50'))} | {ms(med(label, 'p90'))} | {ms(med(label, 'cpu'))} |"
+        )
+    print()
+    brk = "broker call()"
+    rate = med(brk, "rate")
+    for label, want in (
+        ("httpx.AsyncClient, trio", 1.0),
+        ("urllib3 PoolManager, threads", 0.5),
+        ("bare h11+trio", 0.5),
+    ):
+        if label in results:
+            ratio = rate / med(label, "rate")
+            verdict = "MET" if ratio >= want else "MISSED"
+            print(f"c={c} broker / {label}: {ratio:.2f}x (target >= {want}x: {verdict})")
+    overhead = med(brk, "p50") - med("bare h11+trio", "p50")
+    n_fsync = round(statistics.median(float(f["seq_journal"][1]) for f in results[brk]))
+    rest = overhead - n_fsync * fsync_s
+    verdict = "MET" if n_fsync <= 2 and rest <= 0.0005 else "MISSED"
+    print(
+        f"c=1 broker overhead over bare = {ms(overhead)} ms = {n_fsync} fsyncs + {ms(rest)} ms "
+        f"(target <= 2 fsyncs + 0.500 ms: {verdict})"
+    )
+    cj = [f["conc_journal"] for f in results[brk]]
+    print(
+        f"c={c} journal: {statistics.median(b / args.calls for _, b, _, _ in cj):.3f} fsyncs/call, "
+        f"{statistics.median(q / max(t, 1) for t, _, q, _ in cj):.1f} writes per transaction; "
+        f"broker CPU per call {ms(med(brk, 'cpu'))} ms, of it the journal writer thread "
+        f"{ms(med(brk, 'writer_cpu'))} ms"
+    )
+    if args.ab:
+        old = clients[-1][0]
+        for key, what in (("rate", f"c={c} calls/s"), ("p50", "c=1 p50 ms")):
+            a, b = med(old, key), med(brk, key)
+            shown = (f"{a:.0f}", f"{b:.0f}") if key == "rate" else (ms(a), ms(b))
+            print(f"A/B {what}: before {shown[0]}, after {shown[1]} ({b / a:.2f}x)")
+        a, b = med(old, "cpu"), med(brk, "cpu")
+        print(f"A/B CPU ms/call c={c}: before {ms(a)}, after {ms(b)} ({b / a:.2f}x)")
+    if args.profile:
+        for path in (args.profile, args.profile + ".writer"):
             for key in ("cumulative", "tottime"):
                 buf = io.StringIO()
-                pstats.Stats(stats, stream=buf).sort_stats(key).print_stats(25)
-                print(f"\n--- broker phases, {name}, cProfile by {key} ---")
+                pstats.Stats(path, stream=buf).sort_stats(key).print_stats(25)
+                print(f"\n--- broker, {path}, cProfile by {key} (last round) ---")
                 print(buf.getvalue())
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--client", help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--src", help=argparse.SUPPRESS)
     parser.add_argument("--dir", type=Path, help="where the journal goes (default: a temp dir)")
     parser.add_argument("--seq", type=int, default=300, help="sequential calls per client")
     parser.add_argument("--calls", type=int, default=2000, help="calls per client at concurrency")
     parser.add_argument("--concurrency", type=int, default=64)
-    parser.add_argument("--profile", help="write cProfile stats of the broker phases here")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (medians)")
+    parser.add_argument(
+        "--ab", metavar="SRC", help="also measure the broker from another checkout (A/B)"
+    )
+    parser.add_argument("--only", help="comma-separated clients besides the broker (bare,httpx..)")
+    parser.add_argument("--profile", help="write cProfile stats of the broker's last round here")
     args = parser.parse_args()
     if args.serve:
         trio.run(_serve_main)
         return
-    if args.seq < 2 or args.calls < 1 or args.concurrency < 1:
-        parser.error("--seq must be >= 2, --calls and --concurrency >= 1")
+    if args.seq < 2 or args.calls < 1 or args.concurrency < 1 or args.rounds < 1:
+        parser.error("--seq must be >= 2; --calls, --concurrency and --rounds >= 1")
     os.environ.setdefault(TOKEN_ENV, "bench-" + os.urandom(12).hex())
+    if args.client:
+        child(args)
+        return
     t0 = time.perf_counter()
     with (
         tempfile.TemporaryDirectory(prefix="affidavit-bench-", dir=args.dir) as d,
         _server() as port,
     ):
-        trio.run(run, args, port, Path(d))
+        run(args, port, Path(d))
     print(f"\n(total wall time {time.perf_counter() - t0:.1f} s)")
 
 
