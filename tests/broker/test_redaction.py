@@ -138,6 +138,24 @@ def test_scrub_redacts_header_names_values_the_reason_and_mapping_keys() -> None
     assert r.scrub(summary)["status"] == 200
 
 
+def test_scrubbing_the_same_strings_again_gives_the_same_answer_and_keeps_no_secret() -> None:
+    """Clean short strings are remembered per credential (every call scrubs the same header
+    names); a string holding the secret is redacted every time and never remembered."""
+    tok = b"tok-memo-5e3f1a"
+    leaky = f"Bearer {tok.decode()}"
+    for _ in range(3):
+        r = Redactor([tok])  # a new redactor per call, as the engine makes, same plan
+        assert r.scrub_text(leaky) == "Bearer [REDACTED]"
+        assert r.scrub({"content-type": "text/plain", leaky: leaky}) == {
+            "content-type": "text/plain",
+            "Bearer [REDACTED]": "Bearer [REDACTED]",
+        }
+    plan = r._plan
+    assert plan is not None
+    assert "text/plain" in plan.clean
+    assert not any(tok.decode() in text for text in plan.clean)
+
+
 def test_header_text_is_matched_as_the_bytes_it_arrived_as() -> None:
     """Header values arrive as bytes decoded latin-1: a UTF-8 secret echoed in one is mojibake
     text whose latin-1 bytes are the secret's UTF-8 bytes."""
