@@ -79,6 +79,9 @@ async def conclude(
     iid = attempt.iid
     recorder = engine.recorder
     with trio.CancelScope(shield=True):
+        # The chunks still in flight settle first: the diagnostic events posted next must not
+        # share (and fail with) a transaction that refuses a chunk.
+        await sink.drain()
         await record_observed(engine, attempt)
         if isinstance(failure, LeaseRefusal):
             return await lease_refused(engine, attempt, failure)

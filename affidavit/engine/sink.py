@@ -10,18 +10,23 @@ reports.
 
 from __future__ import annotations
 
+import collections
 import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from affidavit.journal import Journal, ResultStoreFailed
+from affidavit.journal import Journal, Posted, ResultStoreFailed
 from affidavit.secrets.redaction import Redactor, redactor
 
 __all__ = ["RESULT_CHUNK", "Stored", "StreamSink"]
 
 RESULT_CHUNK = 64 * 1024
 """Bytes per stored result chunk (the last chunk of a stream may be shorter)."""
+IN_FLIGHT = 16
+"""Chunks queued to the journal and not yet committed, at most (1 MiB): bounded back-pressure
+instead of one wait per chunk, so the writer commits several chunks per transaction while the
+adapter reads on (issue 15: a 50 MiB response waited for 800 transactions one by one)."""
 
 
 class StreamSink:
@@ -41,6 +46,7 @@ class StreamSink:
         self._kept = 0
         self._keep = True
         self._scrubber = Redactor(secret_values)
+        self._in_flight: collections.deque[Posted[None]] = collections.deque()
         self.store_failed = False
         """The journal refused a chunk (disk full, I/O error): nothing more is stored, and the
         adapter reads the response to its end all the same -- its outcome is still worth
@@ -87,20 +93,33 @@ class StreamSink:
                     other["kept"].clear()
         if self.store_failed:
             return
-        try:
-            if last:
-                # The tail rides along with commit_result's transaction; that commit checks
-                # ``expected()``, so a tail lost with a failed batch fails it
-                # (ResultStoreFailed).
-                await self._journal.post_result_chunk(self._iid, name, st["index"], chunk)
-            else:
-                await self._journal.put_result_chunk(self._iid, name, st["index"], chunk)
-        except ResultStoreFailed:
-            # Not raised into the adapter: it would abort the exchange, and a complete answer
-            # not stored is still a known outcome where an aborted one is unknown.
-            self.store_failed = True
-            return
+        # Every chunk is posted: the single writer keeps queue order, so chunk i lands before
+        # chunk i+1, and at most IN_FLIGHT wait uncommitted.  The tail rides along with
+        # commit_result's transaction; that commit checks ``expected()``, so any chunk lost with
+        # a failed batch fails it (ResultStoreFailed) -- and ``finish`` waits for all but the
+        # tail first, so a refused chunk is seen as before.
+        posted = await self._journal.post_result_chunk(self._iid, name, st["index"], chunk)
         st["index"] += 1
+        if not last:
+            self._in_flight.append(posted)
+            if len(self._in_flight) >= IN_FLIGHT:
+                await self._settle(len(self._in_flight) - IN_FLIGHT // 2)
+
+    async def drain(self) -> None:
+        """Wait until every chunk queued so far has committed (or storing failed)."""
+        await self._settle(len(self._in_flight))
+
+    async def _settle(self, n: int) -> None:
+        """Wait for the ``n`` oldest chunks in flight; a refused one ends storing."""
+        for _ in range(n):
+            try:
+                await self._in_flight.popleft().wait()
+            except ResultStoreFailed:
+                # Not raised into the adapter: it would abort the exchange, and a complete
+                # answer not stored is still a known outcome where an aborted one is unknown.
+                # The later ones are still waited for: nothing of this result may be left
+                # queued to share a transaction with what is written next.
+                self.store_failed = True
 
     def expected(self) -> dict[str, str]:
         """{stream: hex SHA-256 of the redacted bytes written}, for ``commit_result(expect=)``."""
@@ -109,6 +128,7 @@ class StreamSink:
     async def finish(self) -> dict[str, dict[str, Any]]:
         """Flush every stream; return per-stream {sha256, bytes, chunks} (redacted bytes)."""
         out: dict[str, dict[str, Any]] = {}
+        await self.drain()
         for name, st in sorted(self._streams.items()):
             st["buf"] += st["redactor"].flush()
             if st["buf"]:

@@ -59,9 +59,15 @@ TOKEN_ENV = "AFFIDAVIT_BENCH_TOKEN"
 # -- the server (subprocess) --------------------------------------------------------------------
 
 
+BIG_PREFIX = "/v1/big/"
+"""``GET /v1/big/N``: N bytes of text (``large_result.py``), sent in 1 MiB pieces."""
+_BLOCK = b"".join(b"%07d line of a large loopback response.......\n" % i for i in range(20000))
+
+
 async def _serve_conn(stream: trio.SocketStream) -> None:
     conn = h11.Connection(h11.SERVER)
     response = [("content-type", "application/json"), ("content-length", str(len(BODY)))]
+    target = b""
     try:
         while True:
             event = conn.next_event()
@@ -70,11 +76,16 @@ async def _serve_conn(stream: trio.SocketStream) -> None:
                 continue
             if isinstance(event, h11.ConnectionClosed) or event is h11.PAUSED:
                 return
+            if isinstance(event, h11.Request):
+                target = event.target
             if isinstance(event, h11.EndOfMessage):
-                out = conn.send(h11.Response(status_code=200, headers=response)) or b""
-                out += conn.send(h11.Data(data=BODY)) or b""
-                out += conn.send(h11.EndOfMessage()) or b""
-                await stream.send_all(out)
+                if target.startswith(BIG_PREFIX.encode()):
+                    await _send_big(stream, conn, int(target[len(BIG_PREFIX) :]))
+                else:
+                    out = conn.send(h11.Response(status_code=200, headers=response)) or b""
+                    out += conn.send(h11.Data(data=BODY)) or b""
+                    out += conn.send(h11.EndOfMessage()) or b""
+                    await stream.send_all(out)
                 if conn.our_state is not h11.DONE or conn.their_state is not h11.DONE:
                     return
                 conn.start_next_cycle()
@@ -82,6 +93,17 @@ async def _serve_conn(stream: trio.SocketStream) -> None:
         return
     finally:
         await trio.aclose_forcefully(stream)
+
+
+async def _send_big(stream: trio.SocketStream, conn: h11.Connection, size: int) -> None:
+    headers = [("content-type", "text/plain"), ("content-length", str(size))]
+    await stream.send_all(conn.send(h11.Response(status_code=200, headers=headers)) or b"")
+    left = size
+    while left:
+        piece = _BLOCK[: min(left, 1 << 20)]
+        left -= len(piece)
+        await stream.send_all(conn.send(h11.Data(data=piece)) or b"")
+    await stream.send_all(conn.send(h11.EndOfMessage()) or b"")
 
 
 async def _serve_main() -> None:

@@ -1,0 +1,191 @@
+"""A large response: broker ``call()`` against httpx streaming the same body, side by side.
+
+    .venv/bin/python tests/benchmarks/large_result.py [--mib N] [--rounds R] [--dir DIR]
+                                                      [--ab OLD_CHECKOUT]
+
+One loopback server (``http_overhead.py --serve``, its own process) answers ``GET /v1/big/N``
+with N bytes.  Each client runs in a process of its own, in interleaved rounds (medians):
+
+* ``httpx``: ``httpx.AsyncClient.stream`` under trio, every byte iterated and hashed, nothing
+  kept -- what a careful client does with 50 MiB;
+* ``broker``: ``Broker.call`` with its journal on: the body redacted, hashed, sealed and
+  journaled in 64 KiB chunks, RESULT_COMMITTED durable before the envelope is returned; above
+  the inline limit (1 MiB) the envelope carries the result's size, hash and fetch reference.
+
+Per client: seconds for the call, MiB/s, and peak RSS growth over the process's RSS just
+before the call (``ru_maxrss``; the process is warmed by one small call first).  Targets (issue
+15): broker >= 0.5x httpx's throughput, peak RSS growth <= 32 MiB.  ``--ab DIR`` also measures
+the broker imported from another checkout (before/after).  A script, not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import trio
+
+sys.path.insert(0, str(Path(__file__).parent))
+import http_overhead  # its server, config and --ab import hook
+
+TOKEN_ENV = http_overhead.TOKEN_ENV
+
+
+def _current_rss_mib() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / (1 << 20)
+
+
+class PeakRss:
+    """Peak RSS growth over the RSS at entry, sampled every 2 ms by a thread (``ru_maxrss``
+    would keep a peak from before, e.g. from imports)."""
+
+    def __enter__(self) -> PeakRss:
+        self.before = self.peak = _current_rss_mib()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.002):
+            self.peak = max(self.peak, _current_rss_mib())
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, _current_rss_mib())
+
+    @property
+    def growth(self) -> float:
+        return self.peak - self.before
+
+
+async def _httpx(port: int, size: int) -> dict[str, Any]:
+    import httpx
+
+    headers = {"Authorization": f"Bearer {os.environ[TOKEN_ENV]}"}
+    async with httpx.AsyncClient() as client:
+        await client.get(f"http://127.0.0.1:{port}/v1/ok", headers=headers)
+        with PeakRss() as rss:
+            t0 = time.perf_counter()
+            sha = hashlib.sha256()
+            got = 0
+            async with client.stream(
+                "GET", f"http://127.0.0.1:{port}{http_overhead.BIG_PREFIX}{size}", headers=headers
+            ) as r:
+                async for piece in r.aiter_bytes():
+                    sha.update(piece)
+                    got += len(piece)
+            took = time.perf_counter() - t0
+    if got != size:
+        raise RuntimeError(f"httpx: {got} bytes of {size}")
+    return {"s": took, "rss": rss.growth}
+
+
+async def _broker(port: int, size: int, tmp: Path) -> dict[str, Any]:
+    from affidavit.api.broker import Broker
+    from affidavit.config import load_config
+
+    cfg = tmp / "affidavit.toml"
+    cfg.write_text(http_overhead._config(tmp, port), encoding="utf-8")
+    async with Broker.open(config=load_config(cfg)) as broker:
+        await broker.call({"target": "api", "method": "GET", "path": "/v1/ok"})
+        with PeakRss() as rss:
+            t0 = time.perf_counter()
+            env = await broker.call(
+                {"target": "api", "method": "GET", "path": f"{http_overhead.BIG_PREFIX}{size}"}
+            )
+            took = time.perf_counter() - t0
+        if "error" in env:
+            raise RuntimeError(f"broker: {env['error']}")
+        result = env["result"]
+        by_ref = "by_reference" in result
+        got = result["by_reference"]["bytes"] if by_ref else len(result["body"])
+        del env, result
+    if got != size:
+        raise RuntimeError(f"broker: {got} bytes of {size}")
+    return {"s": took, "rss": rss.growth, "by_reference": by_ref}
+
+
+def child(args: argparse.Namespace) -> None:
+    size = args.mib << 20
+    if args.client == "httpx":
+        out = trio.run(_httpx, args.port, size)
+    else:
+        if args.src:
+            http_overhead._use_source(Path(args.src))
+        with tempfile.TemporaryDirectory(prefix="affidavit-bench-", dir=args.dir) as d:
+            out = trio.run(_broker, args.port, size, Path(d))
+    print(json.dumps(out))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--client", help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--src", help=argparse.SUPPRESS)
+    parser.add_argument("--mib", type=int, default=50, help="response size in MiB")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--dir", type=Path, help="where the journal goes (default: a temp dir)")
+    parser.add_argument("--ab", metavar="SRC", help="also measure the broker from SRC (A/B)")
+    args = parser.parse_args()
+    os.environ.setdefault(TOKEN_ENV, "bench-" + os.urandom(12).hex())
+    if args.client:
+        child(args)
+        return
+    clients: list[tuple[str, str, str | None]] = [
+        ("httpx streaming, trio", "httpx", None),
+        ("broker call()", "broker", None),
+    ]
+    if args.ab:
+        clients.append((f"broker call() @ {Path(args.ab).name}", "broker", args.ab))
+    results: dict[str, list[dict[str, Any]]] = {c[0]: [] for c in clients}
+    loads = [os.getloadavg()[0]]
+    with http_overhead._server() as port:
+        for r in range(args.rounds):
+            for label, name, src in clients[r % len(clients) :] + clients[: r % len(clients)]:
+                cmd = [sys.executable, __file__, "--client", name, "--port", str(port)]
+                cmd += ["--mib", str(args.mib)]
+                if args.dir:
+                    cmd += ["--dir", str(args.dir)]
+                if src:
+                    cmd += ["--src", src]
+                out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True).stdout
+                results[label].append(json.loads(out.strip().splitlines()[-1]))
+            loads.append(os.getloadavg()[0])
+    print(
+        f"{args.mib} MiB response, {args.rounds} interleaved rounds (medians), 1-min load "
+        f"average {min(loads):.2f}..{max(loads):.2f} on {os.cpu_count()} cores"
+    )
+    print("| client | seconds | MiB/s | peak RSS growth MiB |")
+    print("|---|---|---|---|")
+    med: dict[str, tuple[float, float]] = {}
+    for label, _, _ in clients:
+        s = statistics.median(f["s"] for f in results[label])
+        rss = statistics.median(f["rss"] for f in results[label])
+        med[label] = (s, rss)
+        print(f"| {label} | {s:.3f} | {args.mib / s:.1f} | {rss:.1f} |")
+    (hs, _), (bs, brss) = med["httpx streaming, trio"], med["broker call()"]
+    ratio = hs / bs
+    print(f"broker / httpx throughput: {ratio:.2f}x (target >= 0.5x: {_v(ratio >= 0.5)})")
+    print(f"broker peak RSS growth: {brss:.1f} MiB (target <= 32 MiB: {_v(brss <= 32)})")
+    print(f"by reference: {[f.get('by_reference') for f in results['broker call()']]}")
+
+
+def _v(ok: bool) -> str:
+    return "MET" if ok else "MISSED"
+
+
+if __name__ == "__main__":
+    main()
