@@ -33,7 +33,7 @@ from affidavit.statemachine.lifecycle import TRANSITIONS
 
 from .attempt import Attempt, Failure, LeaseRefusal, lease_refused, record_observed
 from .contracts import Reader
-from .recorder import result_payload
+from .recorder import reference_payload, result_payload
 from .sink import Stored, StreamSink
 
 if TYPE_CHECKING:
@@ -142,7 +142,12 @@ async def _commit(
     record = await recorder.record(iid)
     kept = sink.kept()
     if kept is None:
-        return recorder.envelope(record), True
+        # Larger than the inline limit: the envelope says what was stored and how to fetch
+        # it, and the body stays in the journal -- reading megabytes back, decrypting and
+        # decoding them into one JSON value is what made a 50 MiB answer cost 150 MB (issue 15).
+        summary = json.loads(json.dumps(summary))
+        payload = reference_payload(iid, summary, committed.attrs["sha256"], sink.limit)
+        return render_envelope(record, payload), True
     # The result the journal just stored: commit_result(expect=) verified, in the committing
     # transaction, that the stored streams hash to exactly these bytes, and its event
     # carries the stored result's hash -- reading it back would only decrypt and re-hash the

@@ -26,7 +26,7 @@ from affidavit.statemachine import (
     render_envelope,
 )
 
-__all__ = ["Recorder", "result_payload", "resume_table"]
+__all__ = ["Recorder", "reference_payload", "result_payload", "resume_table"]
 
 
 class Recorder:
@@ -182,4 +182,23 @@ def result_payload(result: _StoredLike) -> dict[str, Any]:
         except UnicodeDecodeError:
             out[f"{name}_base64"] = base64.b64encode(data).decode("ascii")
     out["sha256"] = result.sha256
+    return out
+
+
+def reference_payload(
+    iid: str, summary: Mapping[str, Any], sha256: str, limit: int
+) -> dict[str, Any]:
+    """The caller-facing result of a call whose result is larger than the inline limit: the
+    stored summary (status, headers...), the whole result's hash, and ``by_reference`` -- each
+    stream's size, chunk count and hash, and where to fetch it (``fetch_result``, ``affidavit
+    result ID [--from-chunk N]``), never the bytes."""
+    out: dict[str, Any] = dict(summary)
+    streams = out.pop("streams", None) or {}
+    out["sha256"] = sha256
+    out["by_reference"] = {
+        "reason": f"larger than the inline limit of {limit} bytes",
+        "bytes": sum(int(s["bytes"]) for s in streams.values()),
+        "streams": {name: dict(info) for name, info in sorted(streams.items())},
+        "fetch": {"invocation_id": iid, "from_chunk": 0},
+    }
     return out

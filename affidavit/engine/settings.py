@@ -23,7 +23,9 @@ class EngineSettings:
     journal proves."""
     inline_result_limit: int = 1024 * 1024
     """Results up to this many (redacted) bytes are kept in memory while they are journaled, so
-    the envelope is rendered without reading them back; larger ones are read from the store."""
+    the envelope carries them without reading them back; a larger one is returned by reference
+    (its size, hash and where to fetch it: docs/journal.md, "Large results are returned by
+    reference")."""
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.lease_margin) and self.lease_margin >= 0):

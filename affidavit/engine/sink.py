@@ -42,6 +42,8 @@ class StreamSink:
         self._iid = iid
         self._secrets = secret_values
         self._keep_limit = keep_limit
+        self.limit = keep_limit
+        """The inline limit: a larger result is returned by reference (``delivery``)."""
         self._streams: dict[str, dict[str, Any]] = {}
         self._kept = 0
         self._keep = True

@@ -8,7 +8,9 @@ with a broker that answers from memory.
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import hashlib
 import json
 import os
 import socket
@@ -134,6 +136,26 @@ def assert_error(
     assert rec.phase.value == phase
     assert env["evidence"]["outcome"] == outcome
     return rec
+
+
+def assert_same_result(called: Mapping[str, Any], fetched: Mapping[str, Any]) -> None:
+    """A call's result and ``fetch_result``'s are the same result: equal, or -- above the
+    inline limit -- the call's names by reference (size and hash of each stream) exactly what
+    the fetch returns, and the rest is equal."""
+    ref = called.get("by_reference")
+    if ref is None:
+        assert called == fetched
+        return
+    streams = set(ref["streams"]) | {f"{n}_base64" for n in ref["streams"]}
+    rest = {k: v for k, v in fetched.items() if k not in streams}
+    assert {k: v for k, v in called.items() if k != "by_reference"} == rest
+    for name, info in ref["streams"].items():
+        text = fetched.get(name)
+        data = text.encode() if text is not None else base64.b64decode(fetched[f"{name}_base64"])
+        assert (len(data), "sha256:" + hashlib.sha256(data).hexdigest()) == (
+            info["bytes"],
+            info["sha256"],
+        )
 
 
 def assert_ok(broker: Broker, env: Mapping[str, Any]) -> Record:

@@ -18,7 +18,7 @@ import trio
 from affidavit.protocols.http.decoding import MAX_RATIO, SIZE_FLOOR, BodyDecoder, Withheld
 from tests.http.hostile import HostileServer, Received, Reply, scripts
 
-from .helpers import assert_ok, http_target, open_broker, write_config
+from .helpers import assert_ok, assert_same_result, http_target, open_broker, write_config
 
 
 def _raw_deflate(data: bytes) -> bytes:
@@ -42,7 +42,8 @@ async def _call(tmp: Path, reply: Any) -> tuple[Any, dict[str, Any]]:
                 env = await broker.call({"target": "t", "method": "GET", "path": "/gzip"})
                 assert_ok(broker, env)
                 fetched = await broker.fetch_result(env["invocation_id"])
-                assert fetched is not None and fetched["result"] == env["result"]
+                assert fetched is not None
+                assert_same_result(env["result"], fetched["result"])
                 return broker, env
 
 

@@ -6,6 +6,7 @@ the delivered result and the retrievable one are the same result)."""
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 from typing import Any
 
@@ -55,12 +56,15 @@ async def test_the_delivered_result_is_the_stored_result(tmp_path: Path, token: 
         assert env["result"]["sha256"] != ""
 
 
-async def test_a_result_over_the_inline_limit_is_read_back_from_the_store(
+async def test_a_result_over_the_inline_limit_is_returned_by_reference_not_read_back(
     tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Issue 15: above the inline limit the call's envelope carries the result's size, hash and
+    a fetch reference -- not the body, and without reading it back; ``fetch_result`` (what the
+    reference names) returns the body, whose size and hash are the referenced ones."""
     settings = EngineSettings(inline_result_limit=RESULT_CHUNK)
     reads: list[str] = []
-    body = b"y" * (RESULT_CHUNK * 2)
+    body = b"y" * (RESULT_CHUNK * 2 + 5)
 
     async with HostileServer.running(scripts.serve(Reply(200, body=body))) as srv:
         cfg = write_config(tmp_path, {"api": http_target(srv.url)})
@@ -75,11 +79,26 @@ async def test_a_result_over_the_inline_limit_is_read_back_from_the_store(
             with trio.fail_after(LIMIT):
                 env = await broker.call(GET)
                 assert_ok(broker, env)
-                assert reads == [env["invocation_id"]]  # rendered from the stored copy
+                assert reads == []  # not read back
                 fetched = await broker.fetch_result(env["invocation_id"])
     assert fetched is not None
-    assert env["result"]["body"] == body.decode()
-    assert env["result"] == fetched["result"]
+    result = env["result"]
+    assert "body" not in result and "body_base64" not in result
+    ref = result["by_reference"]
+    digest = "sha256:" + hashlib.sha256(body).hexdigest()
+    assert ref["bytes"] == len(body)
+    chunks = env["evidence"]["result"]["chunks"]["body"]
+    assert chunks >= 2
+    assert ref["streams"] == {"body": {"bytes": len(body), "chunks": chunks, "sha256": digest}}
+    assert ref["fetch"] == {"invocation_id": env["invocation_id"], "from_chunk": 0}
+    assert str(RESULT_CHUNK) in ref["reason"]
+    # The rest of the result is the stored one, and the reference's whole hash is the record's.
+    assert fetched["result"]["body"].encode() == body
+    assert result["sha256"] == fetched["result"]["sha256"] == env["evidence"]["result"]["sha256"]
+    assert result["status"] == fetched["result"]["status"] == 200
+    assert {k: v for k, v in result.items() if k != "by_reference"} == {
+        k: v for k, v in fetched["result"].items() if k != "body"
+    }
 
 
 async def test_a_small_result_is_not_read_back_but_fetch_result_still_reads(

@@ -242,7 +242,13 @@ async def test_large_output_is_stored_in_chunks_and_fetched_intact_without_reexe
             env = await b.call({"target": "evil", "command": command})
             assert_ok(b, env)
             iid = env["invocation_id"]
-            assert env["result"]["stdout"].encode() == expected
+            # Over the inline limit: the envelope carries size, hash and where to fetch it.
+            assert "stdout" not in env["result"]
+            ref = env["result"]["by_reference"]
+            assert ref["bytes"] == size and ref["fetch"]["invocation_id"] == iid
+            assert ref["streams"]["stdout"]["sha256"] == (
+                "sha256:" + hashlib.sha256(expected).hexdigest()
+            )
             # Stored as sequenced chunks of at most 64 KiB with a completeness marker.
             chunks = env["evidence"]["result"]["chunks"]["stdout"]
             assert chunks == -(-size // (64 * 1024))
