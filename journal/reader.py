@@ -17,7 +17,7 @@ import hashlib
 import json
 import os
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
@@ -289,20 +289,27 @@ class JournalReader:
     ) -> list[Record]:
         """Projected records, oldest first.  ``since``/``until`` bound the time the action was
         accepted (a wall-clock label, inclusive)."""
-        want_outcome = Outcome(outcome) if outcome is not None else None
-        want_phase = Phase(phase) if phase is not None else None
-        out: list[Record] = []
-        for rec, first_at, _ in self._read(lambda t: views.fold(t, session, now)):
-            if want_outcome is not None and rec.outcome is not want_outcome:
-                continue
-            if want_phase is not None and rec.phase is not want_phase:
-                continue
-            if since is not None and (first_at is None or first_at < since):
-                continue
-            if until is not None and (first_at is None or first_at > until):
-                continue
-            out.append(rec)
-        return out
+        folded = self._read(lambda t: views.fold(t, session, now))
+        return list(_select(folded, outcome, phase, since, until))
+
+    def iter_actions(
+        self,
+        session: str | None = None,
+        outcome: Outcome | str | None = None,
+        phase: Phase | str | None = None,
+        since: float | None = None,
+        until: float | None = None,
+        now: float | None = None,
+    ) -> Iterator[Record]:
+        """``list_actions``' records one at a time, same order, in bounded memory: the database
+        groups the rows by invocation and one projection is held at a time (``affidavit
+        actions`` streams its output from this).  A database error while iterating is a
+        ``JournalError``."""
+        want = _select(views.fold_each(self.tables, session, now), outcome, phase, since, until)
+        try:
+            yield from want
+        except self.backend.errors as exc:
+            raise self._error("the actions view", exc) from None
 
     def sessions(self) -> list[dict[str, Any]]:
         """One entry per session: its action count, counts by outcome, first and last seen."""
@@ -409,3 +416,25 @@ class _Guard:
 def _keys(one: bytes | None, more: Sequence[bytes]) -> dict[str, bytes]:
     raws = ([one] if one is not None else []) + list(more)
     return {key_id_of(raw): raw for raw in raws}
+
+
+def _select(
+    folded: Iterable[tuple[Record, float | None, float | None]],
+    outcome: Outcome | str | None,
+    phase: Phase | str | None,
+    since: float | None,
+    until: float | None,
+) -> Iterator[Record]:
+    """The actions view's filters over folded (record, first_at, last_at) entries."""
+    want_outcome = Outcome(outcome) if outcome is not None else None
+    want_phase = Phase(phase) if phase is not None else None
+    for rec, first_at, _ in folded:
+        if want_outcome is not None and rec.outcome is not want_outcome:
+            continue
+        if want_phase is not None and rec.phase is not want_phase:
+            continue
+        if since is not None and (first_at is None or first_at < since):
+            continue
+        if until is not None and (first_at is None or first_at > until):
+            continue
+        yield rec

@@ -35,6 +35,15 @@ SQL: dict[str, str] = {
     "ORDER BY seq",
     "scan_events": f"SELECT {EVENT_READ_COLUMNS} FROM events ORDER BY seq",
     "session_events": f"SELECT {EVENT_READ_COLUMNS} FROM events WHERE session_id = ? ORDER BY seq",
+    # Each invocation's events together, invocations in order of first appearance: a view can
+    # fold and emit one invocation at a time (the database sorts, spilling to disk, instead of
+    # the reader holding every invocation's projection).
+    "grouped_events": f"SELECT {EVENT_READ_COLUMNS} FROM events JOIN (SELECT invocation_id AS "
+    "iid, min(seq) AS first FROM events GROUP BY invocation_id) AS f ON invocation_id = f.iid "
+    "ORDER BY f.first, seq",
+    "grouped_session_events": f"SELECT {EVENT_READ_COLUMNS} FROM events JOIN (SELECT "
+    "invocation_id AS iid, min(seq) AS first FROM events WHERE session_id = ? GROUP BY "
+    "invocation_id) AS f ON invocation_id = f.iid WHERE session_id = ? ORDER BY f.first, seq",
     "event_rows": f"SELECT {EVENT_COLUMNS} FROM events WHERE seq BETWEEN ? AND ? ORDER BY seq",
     "all_event_rows": f"SELECT {EVENT_COLUMNS} FROM events ORDER BY seq",
     "touched_after": "SELECT DISTINCT invocation_id FROM events WHERE seq > ?",
@@ -166,6 +175,13 @@ class Tables:
         if session is None:
             return self.rows("scan_events")
         return self.rows("session_events", (session,))
+
+    def grouped_events(self, session: str | None = None) -> Iterator[Any]:
+        """``scan_events``' rows grouped by invocation (by seq within one), the invocations in
+        order of their first event."""
+        if session is None:
+            return self.rows("grouped_events")
+        return self.rows("grouped_session_events", (session, session))
 
     def event_rows(self, first: int = 1, last: int | None = None) -> Iterator[Any]:
         """Whole rows (``chain.EVENT_COLUMNS``) from ``first`` through ``last`` (or the end)."""

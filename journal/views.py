@@ -9,12 +9,14 @@ durable events -- nothing is stored twice, so a view can never disagree with the
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from affidavit.statemachine import Event, Projector, Record
 
 from .rows import KINDS, SOURCES, decode_attrs
 from .tables import Tables
 
-__all__ = ["fold"]
+__all__ = ["fold", "fold_each"]
 
 
 def fold(
@@ -43,3 +45,28 @@ def fold(
         )
         last[iid] = at
     return [(p.record(now), first[iid], last[iid]) for iid, p in folds.items()]
+
+
+def fold_each(
+    tables: Tables, session: str | None, now: float | None
+) -> Iterator[tuple[Record, float | None, float | None]]:
+    """``fold``'s entries one at a time, in the same order, holding one invocation's projection
+    at a time (the rows come grouped by invocation): what a view streams over a journal of
+    millions of events in bounded memory (issue 15: ``actions --json`` held 554 MB for 1M)."""
+    kinds, sources, loads = KINDS, SOURCES, decode_attrs
+    p = Projector(None)  # replaced at the first row
+    current: str | None = None
+    first = last = 0.0
+    for row in tables.grouped_events(session):
+        seq, at, iid, _session, kind, source, observer, observer_seq, attrs = row
+        if iid != current:
+            if current is not None:
+                yield p.record(now), first, last
+            p, current = Projector(iid), iid
+            first = at
+        p.apply(
+            Event(kinds[kind], iid, loads(attrs), sources[source], seq, at, observer, observer_seq)
+        )
+        last = at
+    if current is not None:
+        yield p.record(now), first, last

@@ -23,6 +23,7 @@ import argparse
 import json
 import os
 import sys
+from collections.abc import Iterable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -439,13 +440,26 @@ def _actions(args: argparse.Namespace) -> int:
         from affidavit.api.wire import target
 
         rows = daemon_json(ask_daemon(socket, "GET", target("/v1/actions", filters)))
-    else:
-        from affidavit.views import record_to_json
+        return _print_actions(args.json, rows)
+    from affidavit.views import record_to_json
 
-        with open_reader(args) as j:
-            rows = [record_to_json(r) for r in j.list_actions(**filters)]
-    if args.json:
-        print_json(rows)
+    with open_reader(args) as j:
+        # Streamed: one record folded, rendered and written at a time (issue 15: 1M events
+        # took 51 s and 554 MB held whole).
+        return _print_actions(args.json, (record_to_json(r) for r in j.iter_actions(**filters)))
+
+
+def _print_actions(as_json: bool, rows: Iterable[dict[str, Any]]) -> int:
+    """The actions view, written as the rows come: a JSON array with one record per line (the
+    C encoder: ``indent`` would take Python's, ~200 us a record), or the table."""
+    if as_json:
+        write = sys.stdout.write
+        encode = json.JSONEncoder(sort_keys=True).encode
+        sep = "[\n"
+        for r in rows:
+            write(sep + encode(r))
+            sep = ",\n"
+        write("[]\n" if sep == "[\n" else "\n]\n")
         return 0
     _out(f"{'INVOCATION':28} {'SESSION':14} {'PHASE':20} {'OUTCOME':14} {'RETRY':20} CODE")
     for r in rows:

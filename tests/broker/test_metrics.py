@@ -106,3 +106,37 @@ async def test_a_closed_reader_pipe_is_not_a_traceback(tmp_path: Path) -> None:
         err = proc.stderr.read().decode()
     assert proc.wait(timeout=60) == 141
     assert "Traceback" not in err
+
+
+async def test_streamed_actions_json_is_the_whole_list_one_record_per_line(
+    tmp_path: Path,
+) -> None:
+    """`affidavit actions --json` writes record by record (issue 15): one JSON array, one
+    record per line, equal to the whole list; an empty journal is ``[]``."""
+    from affidavit.journal import JournalReader
+    from affidavit.views import record_to_json
+
+    db = tmp_path / "j.db"
+    for fill in (False, True):
+        if fill:
+            await _write(db)
+        else:
+            async with Journal.open(db):
+                pass
+        out = subprocess.run(
+            [sys.executable, "-m", "affidavit", "actions", "--journal", str(db), "--json"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert out.returncode == 0, out.stderr
+        with JournalReader(db) as r:
+            rows = [record_to_json(x) for x in r.list_actions()]
+        assert bool(rows) is fill
+        assert json.loads(out.stdout) == rows
+        lines = out.stdout.splitlines()
+        if not fill:
+            assert lines == ["[]"]
+            continue
+        assert (lines[0], lines[-1], len(lines)) == ("[", "]", len(rows) + 2)
+        assert [json.loads(line.rstrip(",")) for line in lines[1:-1]] == rows

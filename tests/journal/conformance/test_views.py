@@ -3,11 +3,15 @@ twice (seed: "separate session and action views")."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import Any
+
 import trio
 
+from affidavit.journal import views
 from affidavit.statemachine import Outcome, Phase
 
-from ..helpers import Ticking, fill_views
+from ..helpers import Ticking, fill_views, happy, interrupted
 from .conftest import Place
 
 
@@ -50,3 +54,62 @@ def test_record_and_sessions(place: Place) -> None:
     assert sessions["alice"]["outcomes"] == {"committed": 1, "unknown": 1}
     assert sessions["bob"]["outcomes"] == {"not_attempted": 1}
     assert sessions["alice"]["first_seen"] < sessions["alice"]["last_seen"]
+
+
+def _fill_interleaved(place: Place) -> None:
+    """Three invocations whose events interleave (as concurrent calls write them), and one
+    more after them."""
+
+    async def fill() -> None:
+        async with place.open(clock=Ticking()) as j:
+            runs = [happy("a", "alice"), interrupted("b", "bob"), happy("c", "alice")]
+            for i in range(max(map(len, runs))):
+                for run in runs:
+                    if i < len(run):
+                        await j.append(run[i])
+            await fill_views(j)
+
+    trio.run(fill)
+
+
+def test_iter_actions_is_list_actions_one_record_at_a_time(place: Place) -> None:
+    _fill_interleaved(place)
+    with place.reader() as r:
+        for filters in (
+            {},
+            {"session": "alice"},
+            {"session": "bob"},
+            {"outcome": "unknown"},
+            {"phase": Phase.VALIDATION},
+            {"session": "nobody"},
+        ):
+            listed = r.list_actions(now=5.0, **filters)  # type: ignore[arg-type]
+            assert list(r.iter_actions(now=5.0, **filters)) == listed  # type: ignore[arg-type]
+        ids = [x.invocation_id for x in r.list_actions()]
+        assert ids == ["a", "b", "c", "ok-1", "lost-1", "bad-1", "ok-2"]
+
+
+def test_the_streamed_view_yields_an_invocation_before_reading_the_rest(place: Place) -> None:
+    """Issue 15: ``affidavit actions`` over millions of events holds one projection at a time.
+    The first record comes out once its own rows are read, not after the whole journal."""
+    _fill_interleaved(place)
+    with place.reader() as r:
+        rows = list(r.tables.grouped_events())
+        read = 0
+
+        class Counting:
+            def grouped_events(self, session: str | None = None) -> Iterator[Any]:
+                nonlocal read
+                for row in rows:
+                    read += 1
+                    yield row
+
+        entries = views.fold_each(Counting(), None, None)  # type: ignore[arg-type]
+        rec, first_at, last_at = next(entries)
+        assert rec.invocation_id == "a"
+        a_rows = sum(1 for row in rows if row[2] == "a")
+        assert read == a_rows + 1  # its own rows, and the next invocation's first
+        assert len(rows) > read
+        assert first_at is not None and last_at is not None and first_at < last_at
+        rest = [e[0].invocation_id for e in entries]
+        assert rest == ["b", "c", "ok-1", "lost-1", "bad-1", "ok-2"]
