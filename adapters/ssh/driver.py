@@ -50,6 +50,11 @@ CHUNK = 64 * 1024
 
 _CLEANUP_SECONDS = 1.0
 
+_RECHECK_SECONDS = 0.25
+"""Longest park on the socket without re-asking libssh: a packet libssh already took off the
+socket while answering another call (data for the other stream, EOF, CHANNEL_CLOSE) does not
+make the fd readable again, so a wait for readability alone could outlast the exchange."""
+
 
 @dataclass(frozen=True)
 class SshTimeouts:
@@ -360,6 +365,9 @@ class _Run:
         core: Any = False
         while True:
             progressed = False
+            # Each libssh call below may pump packets for the others: note what the channel
+            # showed before them, so a change they made is seen before parking on the socket.
+            seen = (channel.is_eof(), channel.is_closed())
             try:
                 if stdin_open and pending:
                     _rc, written = channel.write(bytes(pending[:CHUNK]))
@@ -424,8 +432,9 @@ class _Run:
                     facts=facts,
                     summary=self.summary(),
                 )
-            if not progressed:
-                await io.wait()
+            if not progressed and (channel.is_eof(), channel.is_closed()) == seen:
+                with trio.move_on_after(_RECHECK_SECONDS):
+                    await io.wait()
 
     async def close(self) -> None:
         """Best effort, bounded, shielded: close our side of the channel, then end the TCP

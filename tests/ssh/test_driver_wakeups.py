@@ -1,0 +1,137 @@
+"""The collect loop never parks on the socket for a packet libssh already took off it.
+
+libssh pumps packets inside whichever call we make (a read on stdout, on stderr, or
+``get_exit_state``), so the CHANNEL_CLOSE or a data packet can be consumed by one call after the
+call that would have reported it already returned "nothing".  The fd is then not readable again
+(the bytes are in libssh's buffers, not the socket's), and a loop that only waits for
+readability hangs until the exec timeout — an hour by default — although the evidence is
+complete.  Seen as a rare 10 s bound hit in ``test_hostile.py[closeonly]`` under load; this file
+reproduces both orders deterministically with a scripted channel.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import ssh.exceptions
+import trio
+from trio.testing import MockClock
+
+from affidavit.adapters.base import AttemptInterrupted
+from affidavit.adapters.ssh.driver import _SSH_AGAIN, SshTarget, _Run
+from affidavit.statemachine import Code, Outcome
+
+from .conftest import Recorder
+
+_BEFORE_COLLECT = (
+    "tcp_connected", "transport_ready", "host_key_verified", "authenticated", "session_open",
+    "exec", "exec_sent", "exec_accepted",
+)  # fmt: skip
+
+
+class _Channel:
+    """libssh's channel as the loop sees it: every call pumps what is on the "socket" (as
+    ``ssh_channel_read_nonblocking`` and ``get_exit_state`` do); ``arriving`` lands on the socket
+    at the first ``get_exit_state`` — after both reads found nothing, the racy moment."""
+
+    def __init__(self, arriving: list[tuple[str, Any]]) -> None:
+        self.socket: list[tuple[str, Any]] = []
+        self.arriving = arriving
+        self.buffers = {"stdout": bytearray(), "stderr": bytearray()}
+        self.eof = False
+        self.closed = False
+        self.status = _SSH_AGAIN
+
+    def pump(self) -> None:
+        while self.socket:
+            kind, value = self.socket.pop(0)
+            if kind == "data":
+                self.buffers["stdout"] += value
+            elif kind == "status":
+                self.status = value
+            elif kind == "close":
+                self.eof = self.closed = True  # libssh sets remote_eof on CHANNEL_CLOSE
+
+    def read_nonblocking(self, size: int, is_stderr: bool) -> tuple[int, bytes]:
+        buf = self.buffers["stderr" if is_stderr else "stdout"]
+        if not buf:
+            self.pump()
+        if buf:
+            data = bytes(buf[:size])
+            del buf[:size]
+            return len(data), data
+        if self.eof:
+            raise ssh.exceptions.EOF
+        return _SSH_AGAIN, b""
+
+    def get_exit_state(self) -> tuple[int, bytes, bool]:
+        self.socket += self.arriving
+        self.arriving = []
+        self.pump()
+        return self.status, b"", False
+
+    def is_eof(self) -> bool:
+        return self.eof and not any(self.buffers.values())
+
+    def is_closed(self) -> bool:
+        return self.closed
+
+    def send_eof(self) -> None:
+        pass
+
+
+class _Io:
+    """A socket with nothing more to read: every wait lasts until the caller gives up."""
+
+    def __init__(self) -> None:
+        self.waits = 0
+
+    async def wait(self) -> None:
+        self.waits += 1
+        await trio.sleep_forever()
+
+    def alive(self) -> bool:
+        return True
+
+
+def _run(channel: _Channel) -> tuple[_Run, _Io, Recorder]:
+    rec = Recorder()
+    run = _Run(SshTarget("127.0.0.1", 22, "bob", ()), None, "true", None, rec.ctx)  # type: ignore[arg-type]
+    for event in _BEFORE_COLLECT:
+        run.fire(event)
+    io = _Io()
+    run.io, run.channel = io, channel  # type: ignore[assignment]
+    return run, io, rec
+
+
+async def test_close_pumped_by_get_exit_state_is_seen_without_parking() -> None:
+    # "closeonly": the data was read, then CHANNEL_CLOSE (no EOF, no exit-status) is consumed
+    # by get_exit_state() in an iteration where nothing else progressed.
+    channel = _Channel([("close", None)])
+    run, io, rec = _run(channel)
+    with trio.fail_after(5), pytest.raises(AttemptInterrupted) as ei:
+        await run.collect()
+    assert ei.value.code == Code.REMOTE_RESULT_INCOMPLETE
+    assert rec.events[-2:] == ["eof", "channel_closed"] and io.waits == 0
+
+
+async def test_data_pumped_by_get_exit_state_is_read_within_the_recheck(
+    autojump_clock: MockClock,
+) -> None:
+    # A data packet taken off the socket by get_exit_state(): the channel's eof/closed flags do
+    # not change, so the loop parks — but only for the recheck interval, then reads it.
+    channel = _Channel([("data", b"late\n")])
+    run, io, rec = _run(channel)
+
+    async def exit_later() -> None:
+        await trio.sleep(1)
+        channel.socket += [("status", 0), ("close", None)]  # the fd never becomes readable
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(exit_later)
+        with trio.fail_after(10):
+            result = await run.collect()
+    assert (result.outcome, result.code) == (Outcome.COMMITTED, None)
+    assert rec.stream("stdout") == b"late\n" and result.summary["exit_status"] == 0
+    assert 2 <= io.waits <= 10  # re-asked libssh every recheck interval, never hung
