@@ -57,7 +57,7 @@ from .errors import (
 )
 from .lock import JournalLocked
 from .reader import JournalReader
-from .results import ResultStream, StoredResult, StreamInfo
+from .results import ChunkLog, ResultStream, StoredResult, StreamInfo
 from .sealing import AuditOpener, generate_auditor_keypair, open_audit_payload
 from .signing import Anchor, Checkpoint, SigningKey, load_anchor, load_public_key, public_key_pem
 from .store import Journal
@@ -70,6 +70,7 @@ __all__ = [
     "Backend",
     "Batch",
     "Checkpoint",
+    "ChunkLog",
     "CommitUnknown",
     "IdempotencyMismatch",
     "IdempotencyRecord",

@@ -36,11 +36,12 @@ from affidavit.statemachine import Event, EventKind
 
 from .chain import canonical_json
 from .errors import JournalError, ResultStoreFailed
-from .sealing import AuditSealer, BrokerKey, chunk_aad, summary_aad
+from .sealing import AuditSealer, BrokerKey, chunk_aad, seal_ident, summary_aad
 from .tables import Tables
 from .txn import Txn, row_args
 
 __all__ = [
+    "ChunkLog",
     "ResultStream",
     "Store",
     "StoredResult",
@@ -321,6 +322,54 @@ def open_result(
 # -- writing ------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True, slots=True)
+class _Sealed:
+    """One chunk as this process sealed it (``ChunkLog``)."""
+
+    sha256: str
+    """Hex SHA-256 of the sealed blob: the marker's entry for it."""
+    ident: bytes
+    """``seal_ident`` of the blob."""
+    size: int
+    """The sealed blob's length."""
+    plain: int
+    """The plaintext's length."""
+    audit: tuple[str, bytes, int] | None
+    """The auditor copy's (sha256, ident, size), if one was sealed."""
+
+
+class ChunkLog:
+    """What one writer of a result (the engine's sink, one per invocation run) sealed and
+    stored, chunk by chunk: each sealed blob's hash is taken in the writer thread as the chunk
+    is written (``chunk_op``), so the commit need not read 50 MiB back, decrypt it and hash it
+    twice on the barrier's critical path (issue 15).  The commit still reads what is stored and
+    refuses it unless every chunk is one of these (``commit_op``)."""
+
+    __slots__ = ("_chunks",)
+
+    def __init__(self) -> None:
+        self._chunks: dict[tuple[str, int], _Sealed] = {}
+
+    def _record(self, stream: str, index: int, sealed: _Sealed) -> None:
+        self._chunks[(stream, index)] = sealed
+
+    def _get(self, stream: str, index: int) -> _Sealed | None:
+        return self._chunks.get((stream, index))
+
+    def _counts(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for stream, _ in self._chunks:
+            counts[stream] = counts.get(stream, 0) + 1
+        return counts
+
+
+def _sealed_entry(sealed: bytes, plain: int, audit_copy: bytes | None) -> _Sealed:
+    audit = None
+    if audit_copy is not None:
+        audit = (_sha(audit_copy), seal_ident(audit_copy), len(audit_copy))
+    return _Sealed(_sha(sealed), seal_ident(sealed), len(sealed), plain, audit)
+
+
 def chunk_op(
     key: BrokerKey,
     audit: AuditSealer | None,
@@ -328,10 +377,12 @@ def chunk_op(
     stream: str,
     index: int,
     data: bytes,
+    log: ChunkLog | None = None,
 ) -> Callable[[Txn], None]:
     """The write of one sealed chunk (and its auditor copy), sealed here, in the submitting
     task.  Index 0 starts the stream over, dropping chunks of an earlier, uncommitted attempt;
-    a stored result is never added to."""
+    a stored result is never added to.  With ``log``, the sealed blob's hash is taken in the
+    writer's transaction (the writer thread: hashlib releases the GIL) and recorded there."""
     if index < 0:
         raise ValueError("chunk index must be >= 0")
     if not stream:
@@ -350,6 +401,8 @@ def chunk_op(
         tables.put_chunk(False, invocation_id, stream, index, sealed)
         if audit_copy is not None:
             tables.put_chunk(True, invocation_id, stream, index, audit_copy)
+        if log is not None:  # the same entry if the batch runs again after a reconnect
+            log._record(stream, index, _sealed_entry(sealed, len(plain), audit_copy))
 
     return op
 
@@ -393,16 +446,67 @@ def _audit_hashes(txn: Txn, iid: str, per: dict[str, dict[str, Any]]) -> None:
         info["audit"] = audit[stream]
 
 
+def _logged_streams(
+    txn: Txn, iid: str, log: ChunkLog, expect: Mapping[str, str], audit: bool
+) -> dict[str, dict[str, Any]]:
+    """``_stored_streams`` (and ``_audit_hashes``) from ``log``: every stored chunk -- read
+    inside the committing transaction -- must be one ``log`` recorded (same identity and
+    length: ``seal_ident``), every stream exactly the chunks its writer stored, and the
+    streams exactly ``expect``'s, whose plaintext hashes the writer took as it sealed them."""
+    per: dict[str, dict[str, Any]] = {}
+    for table in (False, True) if audit else (False,):
+        for stream, idx, data in txn.tables.chunks(table, iid):
+            if table and stream == SUMMARY_STREAM:
+                continue
+            info = per.setdefault(stream, {"chunks": 0, "bytes": 0, "sealed": []})
+            want = log._get(stream, idx)
+            if table:
+                hashes = info.setdefault("audit", [])
+                copy = want.audit if want is not None else None
+                if copy is None or idx != len(hashes) or copy[1:] != (seal_ident(data), len(data)):
+                    raise JournalError(
+                        f"result of invocation {iid}: stream {stream!r} lacks auditor copies"
+                    )
+                hashes.append(copy[0])
+                continue
+            if idx != info["chunks"]:
+                raise JournalError(
+                    f"result of invocation {iid}: stream {stream!r} lacks chunk {info['chunks']}"
+                )
+            if want is None or (want.ident, want.size) != (seal_ident(data), len(data)):
+                raise ResultStoreFailed(
+                    f"result of invocation {iid}: stored chunk {idx} of stream {stream!r} "
+                    "differs from what was written"
+                )
+            info["sealed"].append(want.sha256)
+            info["chunks"] += 1
+            info["bytes"] += want.plain
+    counts = log._counts()
+    if {s: v["chunks"] for s, v in per.items()} != counts or set(per) != set(expect):
+        raise ResultStoreFailed(
+            f"result of invocation {iid}: stored streams differ from what was written"
+        )
+    for stream, info in per.items():
+        if audit and len(info.get("audit", ())) != info["chunks"]:
+            raise JournalError(
+                f"result of invocation {iid}: stream {stream!r} lacks auditor copies"
+            )
+        info["sha256"] = expect[stream]
+    return per
+
+
 def commit_op(
     key: BrokerKey,
     audit: AuditSealer | None,
     event: Event,
     summary: Mapping[str, Any],
     expect: Mapping[str, str] | None,
+    log: ChunkLog | None = None,
 ) -> Callable[[Txn], Event]:
     """The write of the completeness marker and RESULT_COMMITTED (see ``Journal.commit_result``):
-    it re-reads and hashes the stored chunks inside the transaction, so the marker describes
-    exactly what is stored."""
+    it reads the stored chunks inside the transaction, so the marker describes exactly what is
+    stored -- opening and hashing each one, or, given the ``log`` of what the writer sealed
+    (and ``expect``), checking that each stored chunk is one it sealed."""
     iid = event.invocation_id
     summary_bytes = canonical_json(summary).encode("utf-8")
     # The summary's hash rides in the chained event, so the summary (status, headers, exit
@@ -412,13 +516,16 @@ def commit_op(
     audit_summary = audit.seal(summary_bytes, summary_aad(iid)) if audit is not None else None
 
     def op(txn: Txn) -> Event:
-        per = _stored_streams(txn, key, iid)
-        if expect is not None and {s: v["sha256"] for s, v in per.items()} != dict(expect):
-            raise ResultStoreFailed(
-                f"result of invocation {iid}: stored streams differ from what was written"
-            )
-        if audit_summary is not None:
-            _audit_hashes(txn, iid, per)
+        if log is not None and expect is not None:
+            per = _logged_streams(txn, iid, log, expect, audit_summary is not None)
+        else:
+            per = _stored_streams(txn, key, iid)
+            if expect is not None and {s: v["sha256"] for s, v in per.items()} != dict(expect):
+                raise ResultStoreFailed(
+                    f"result of invocation {iid}: stored streams differ from what was written"
+                )
+            if audit_summary is not None:
+                _audit_hashes(txn, iid, per)
         whole = whole_sha256(per)
         attrs = {
             **event.attrs,

@@ -376,14 +376,21 @@ class Journal(JournalReader):
         await self._writer.submit(op, barrier=False, result_store=True)
 
     async def post_result_chunk(
-        self, invocation_id: str, stream: str, index: int, data: bytes
+        self,
+        invocation_id: str,
+        stream: str,
+        index: int,
+        data: bytes,
+        *,
+        log: results.ChunkLog | None = None,
     ) -> Posted[None]:
         """``put_result_chunk`` without waiting for its commit (see ``post``), so that the last
         chunk shares the transaction of the ``commit_result`` that follows.  Pass that call
         ``expect=`` the streams' hashes: a chunk lost with a failed batch then makes the commit
-        fail instead of completing a result without it."""
+        fail instead of completing a result without it.  ``log`` records what was sealed, for
+        that commit to check the stored chunks against (``ChunkLog``)."""
         assert self._key is not None
-        op = results.chunk_op(self._key, self._audit, invocation_id, stream, index, data)
+        op = results.chunk_op(self._key, self._audit, invocation_id, stream, index, data, log)
         return await self._writer.post(op, result_store=True)
 
     async def commit_result(
@@ -392,6 +399,7 @@ class Journal(JournalReader):
         *,
         summary: Mapping[str, Any],
         expect: Mapping[str, str] | None = None,
+        log: results.ChunkLog | None = None,
     ) -> Event:
         """Write the completeness marker and RESULT_COMMITTED in one barrier transaction.
 
@@ -399,9 +407,11 @@ class Journal(JournalReader):
         the returned event's attrs carry ``sha256``, ``chunks`` and ``bytes`` (and so does the
         hash chain).  Any storage fault raises ``ResultStoreFailed``; nothing of it is kept.
         ``expect`` ({stream: hex SHA-256 of its bytes}): the stored streams must be exactly
-        these, or ``ResultStoreFailed`` is raised and nothing is written."""
+        these, or ``ResultStoreFailed`` is raised and nothing is written.  ``log`` (with
+        ``expect``): the ``ChunkLog`` the chunks were posted with -- the stored chunks are then
+        checked to be the ones sealed, not read back, decrypted and hashed again."""
         if event.kind is not EventKind.RESULT_COMMITTED:
             raise ValueError("commit_result takes a RESULT_COMMITTED event")
         assert self._key is not None
-        op = results.commit_op(self._key, self._audit, event, summary, expect)
+        op = results.commit_op(self._key, self._audit, event, summary, expect, log)
         return await self._writer.submit(op, barrier=True, result_store=True)

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from affidavit.journal import Journal, Posted, ResultStoreFailed
+from affidavit.journal import ChunkLog, Journal, Posted, ResultStoreFailed
 from affidavit.secrets.redaction import Redactor, redactor
 
 __all__ = ["RESULT_CHUNK", "Stored", "StreamSink"]
@@ -49,6 +49,9 @@ class StreamSink:
         self._keep = True
         self._scrubber = Redactor(secret_values)
         self._in_flight: collections.deque[Posted[None]] = collections.deque()
+        self.log = ChunkLog()
+        """What was sealed and stored, for ``commit_result(log=)`` to check the stored chunks
+        against instead of reading them back."""
         self.store_failed = False
         """The journal refused a chunk (disk full, I/O error): nothing more is stored, and the
         adapter reads the response to its end all the same -- its outcome is still worth
@@ -100,7 +103,9 @@ class StreamSink:
         # commit_result's transaction; that commit checks ``expected()``, so any chunk lost with
         # a failed batch fails it (ResultStoreFailed) -- and ``finish`` waits for all but the
         # tail first, so a refused chunk is seen as before.
-        posted = await self._journal.post_result_chunk(self._iid, name, st["index"], chunk)
+        posted = await self._journal.post_result_chunk(
+            self._iid, name, st["index"], chunk, log=self.log
+        )
         st["index"] += 1
         if not last:
             self._in_flight.append(posted)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
+
 import pytest
 
-from affidavit.journal import Journal, JournalError
+from affidavit.journal import ChunkLog, Journal, JournalError, ResultStoreFailed
 from affidavit.statemachine import Event, ImpossibleEvent, Outcome, Retry
 from affidavit.statemachine import EventKind as E
 
@@ -63,6 +65,43 @@ async def test_a_gap_in_the_chunks_refuses_the_commit_and_writes_nothing(place: 
         await j.commit_result(Event(E.RESULT_COMMITTED, "inv-1"), summary={})
         res = j.read_result("inv-1")
         assert res is not None and res.streams["body"] == b"abc"
+
+
+async def test_a_logged_commit_takes_only_the_chunks_that_were_sealed(place: Place) -> None:
+    """With the writer's ``ChunkLog`` the commit does not open and re-hash what is stored: it
+    reads the stored chunks and refuses any that is not one the log recorded (another sealing
+    of the same bytes, a chunk more); the marker carries the hashes
+    taken as the chunks were written, which verify then checks against the stored blobs."""
+    expect = {"body": hashlib.sha256(b"hello world").hexdigest()}
+    commit = Event(E.RESULT_COMMITTED, "inv-1")
+    async with place.open() as j:
+        await _completed(j, "inv-1")
+        log = ChunkLog()
+        for i, part in enumerate([b"hello ", b"world"]):
+            await (await j.post_result_chunk("inv-1", "body", i, part, log=log)).wait()
+        await j.put_result_chunk("inv-1", "body", 1, b"world")  # same bytes, another nonce
+        with pytest.raises(ResultStoreFailed, match="chunk 1 of stream 'body' differs"):
+            await j.commit_result(commit, summary={}, expect=expect, log=log)
+        await (await j.post_result_chunk("inv-1", "body", 1, b"world", log=log)).wait()
+        await j.put_result_chunk("inv-1", "body", 2, b"!")  # a chunk the writer never wrote
+        with pytest.raises(ResultStoreFailed, match="chunk 2 of stream 'body' differs"):
+            await j.commit_result(commit, summary={}, expect=expect, log=log)
+        await (await j.post_result_chunk("inv-1", "body", 2, b"!", log=log)).wait()
+        await (await j.post_result_chunk("inv-1", "body", 0, b"hello ", log=log)).wait()
+        await (await j.post_result_chunk("inv-1", "body", 1, b"world", log=log)).wait()
+        with pytest.raises(ResultStoreFailed, match="stored streams differ"):  # lacks chunk 2
+            await j.commit_result(commit, summary={}, expect=expect, log=log)
+        assert j.read_result("inv-1") is None
+        log = ChunkLog()
+        await (await j.post_result_chunk("inv-1", "body", 0, b"hello ", log=log)).wait()
+        await (await j.post_result_chunk("inv-1", "body", 1, b"world", log=log)).wait()
+        ev = await j.commit_result(commit, summary={}, expect=expect, log=log)
+        assert ev.attrs["chunks"] == {"body": 2} and ev.attrs["bytes"] == 11
+        res = j.read_result("inv-1")
+        assert res is not None and res.streams == {"body": b"hello world"}
+    with place.reader() as r:
+        assert r.read_result("inv-1") == res
+        assert r.verify().ok
 
 
 async def test_index_zero_starts_a_stream_over(place: Place) -> None:
