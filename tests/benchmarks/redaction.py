@@ -1,7 +1,7 @@
 """Redaction throughput: the broker's ``Redactor`` vs the literal-forms redactor it replaced, side
 by side in one run, over 50 MiB bodies fed in the engine's 64 KiB chunks.
 
-    .venv/bin/python tests/benchmarks/redaction.py [--mib N] [--repeat R]
+    .venv/bin/python tests/benchmarks/redaction.py [--mib N] [--repeat R] [--ab OLD_CHECKOUT]
 
 Bodies: ``json`` (records with a URL, an escaped backslash path, a percent escape), ``random``
 (binary), ``php_json`` (every ``/`` escaped as ``\\/`` -- the case where escapes of a base64
@@ -9,7 +9,9 @@ character are everywhere) and ``echo`` (``json`` with the token echoed JSON-esca
 The credential is a bearer token whose base64 forms hold ``/`` and ``+`` (the worst case for
 escape candidates), and the redactor knows it and ``Bearer <token>``, as the HTTP binding lists
 them.  Also printed: building a redactor for a new credential (the pattern is compiled lazily, on
-the first candidate).  A script, not a test: it prints figures and asserts nothing about time.
+the first candidate).  ``--ab DIR`` adds a column for the ``Redactor`` of another checkout (the
+commit before a change), run in the same rounds.  A script, not a test: it prints figures and
+asserts nothing about time.
 """
 
 from __future__ import annotations
@@ -106,7 +108,9 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--mib", type=int, default=50)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--ab", type=Path, help="also time the Redactor of this checkout")
     args = ap.parse_args()
+    other: Any = _load_redaction(args.ab) if args.ab else None
     secrets = (TOKEN, b"Bearer " + TOKEN)
     redaction._plan.cache_clear()
     t = time.perf_counter()
@@ -120,12 +124,31 @@ def main() -> None:
         f"new credential: plan {built * 1000:.0f} ms, pattern compiled on first use "
         f"{compiled * 1000:.0f} ms"
     )
-    print(f"{'body':10} {'literal (old)':>14} {'Redactor':>10} {'time new/old':>13}")
+    ab = f" {'Redactor @' + args.ab.name:>22}" if other else ""
+    print(f"{'body':10} {'literal (old)':>14} {'Redactor':>10} {'time new/old':>13}{ab}")
     for name, body in bodies(args.mib << 20).items():
-        old = min(run(lambda: LiteralRedactor(secrets), body) for _ in range(args.repeat))
-        new = min(run(lambda: Redactor(secrets), body) for _ in range(args.repeat))
+        old = new = then = float("inf")
+        for _ in range(args.repeat):  # interleaved rounds, best of each
+            old = min(old, run(lambda: LiteralRedactor(secrets), body))
+            new = min(new, run(lambda: Redactor(secrets), body))
+            if other:
+                then = min(then, run(lambda: other.Redactor(secrets), body))
         mib = len(body) / 2**20
-        print(f"{name:10} {mib / old:>9.0f} MiB/s {mib / new:>5.0f} MiB/s {new / old:>12.2f}")
+        line = f"{name:10} {mib / old:>9.0f} MiB/s {mib / new:>5.0f} MiB/s {new / old:>12.2f}"
+        print(line + (f" {mib / then:>16.0f} MiB/s" if other else ""))
+
+
+def _load_redaction(src: Path) -> Any:
+    """``affidavit/secrets/redaction.py`` of another checkout, as a module of its own."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "redaction_ab", src / "affidavit" / "secrets" / "redaction.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 if __name__ == "__main__":

@@ -16,7 +16,14 @@ import os
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from affidavit.secrets.redaction import LONG_VALUE, REDACTED, Redactor, secret_forms
+from affidavit.secrets.redaction import (
+    LONG_VALUE,
+    REDACTED,
+    Redactor,
+    _escape_hits,
+    _plan,
+    secret_forms,
+)
 
 from .encoders import ENCODERS, SECRETS
 
@@ -98,6 +105,24 @@ def test_streaming_gives_exactly_one_substitution_over_the_whole_input(
     assert whole.sub(stream) == expected
     for piece in _pieces(expected):
         assert not any(f in piece for f in forms)
+
+
+@settings(max_examples=100, deadline=None)
+@given(values=_VALUES, data=st.data())
+def test_escape_candidates_are_exactly_the_regex_scan_s(
+    values: list[bytes], data: st.DataObject
+) -> None:
+    """Escape bytes are located with ``find`` and the pattern tried only there, until a regex
+    scan takes over a body dense with them (issue 15): either way the candidates are exactly
+    the starts ``finditer`` reports, so the windows redacted stay the same."""
+    plan = _plan(tuple(sorted(set(values))))
+    assert plan is not None
+    forms = sorted(set().union(*(secret_forms(v) for v in values)))
+    body = b"".join(data.draw(st.lists(FILLER | st.sampled_from(forms), max_size=40)))
+    for first, escape in plan.escapes:
+        out: list[int] = []
+        assert _escape_hits(body, first, escape, out, len(body) + 1)
+        assert out == [m.start() for m in escape.finditer(body)]
 
 
 def test_the_longest_form_at_a_position_wins() -> None:
