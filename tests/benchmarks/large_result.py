@@ -12,8 +12,10 @@ with N bytes.  Each client runs in a process of its own, in interleaved rounds (
   journaled in 64 KiB chunks, RESULT_COMMITTED durable before the envelope is returned; above
   the inline limit (1 MiB) the envelope carries the result's size, hash and fetch reference.
 
-Per client: seconds for the call, MiB/s, and peak RSS growth over the process's RSS just
-before the call (``ru_maxrss``; the process is warmed by one small call first).  Targets (issue
+Per client: seconds for the call, MiB/s, the process's CPU seconds during the call (all its
+threads; for the broker also its main thread, the one reading the response), and peak RSS growth
+over the process's RSS just before the call (the process is warmed by one small call first).
+On a loaded machine CPU seconds vary less than wall time.  Targets (issue
 15): broker >= 0.5x httpx's throughput, peak RSS growth <= 32 MiB.  ``--ab DIR`` also measures
 the broker imported from another checkout (before/after).  A script, not a test.
 """
@@ -24,6 +26,7 @@ import argparse
 import hashlib
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -44,6 +47,12 @@ TOKEN_ENV = http_overhead.TOKEN_ENV
 def _current_rss_mib() -> float:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / (1 << 20)
+
+
+def _cpu() -> tuple[float, float]:
+    """(CPU seconds of this process, of the calling thread)."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime, time.thread_time()
 
 
 class PeakRss:
@@ -78,6 +87,7 @@ async def _httpx(port: int, size: int) -> dict[str, Any]:
     async with httpx.AsyncClient() as client:
         await client.get(f"http://127.0.0.1:{port}/v1/ok", headers=headers)
         with PeakRss() as rss:
+            cpu0, main0 = _cpu()
             t0 = time.perf_counter()
             sha = hashlib.sha256()
             got = 0
@@ -88,9 +98,10 @@ async def _httpx(port: int, size: int) -> dict[str, Any]:
                     sha.update(piece)
                     got += len(piece)
             took = time.perf_counter() - t0
+            cpu1, main1 = _cpu()
     if got != size:
         raise RuntimeError(f"httpx: {got} bytes of {size}")
-    return {"s": took, "rss": rss.growth}
+    return {"s": took, "rss": rss.growth, "cpu": cpu1 - cpu0, "main": main1 - main0}
 
 
 async def _broker(port: int, size: int, tmp: Path) -> dict[str, Any]:
@@ -102,11 +113,13 @@ async def _broker(port: int, size: int, tmp: Path) -> dict[str, Any]:
     async with Broker.open(config=load_config(cfg)) as broker:
         await broker.call({"target": "api", "method": "GET", "path": "/v1/ok"})
         with PeakRss() as rss:
+            cpu0, main0 = _cpu()
             t0 = time.perf_counter()
             env = await broker.call(
                 {"target": "api", "method": "GET", "path": f"{http_overhead.BIG_PREFIX}{size}"}
             )
             took = time.perf_counter() - t0
+            cpu1, main1 = _cpu()
         if "error" in env:
             raise RuntimeError(f"broker: {env['error']}")
         result = env["result"]
@@ -115,7 +128,13 @@ async def _broker(port: int, size: int, tmp: Path) -> dict[str, Any]:
         del env, result
     if got != size:
         raise RuntimeError(f"broker: {got} bytes of {size}")
-    return {"s": took, "rss": rss.growth, "by_reference": by_ref}
+    return {
+        "s": took,
+        "rss": rss.growth,
+        "cpu": cpu1 - cpu0,
+        "main": main1 - main0,
+        "by_reference": by_ref,
+    }
 
 
 def child(args: argparse.Namespace) -> None:
@@ -168,14 +187,15 @@ def main() -> None:
         f"{args.mib} MiB response, {args.rounds} interleaved rounds (medians), 1-min load "
         f"average {min(loads):.2f}..{max(loads):.2f} on {os.cpu_count()} cores"
     )
-    print("| client | seconds | MiB/s | peak RSS growth MiB |")
-    print("|---|---|---|---|")
+    print("| client | seconds | MiB/s | CPU s (process / main thread) | peak RSS growth MiB |")
+    print("|---|---|---|---|---|")
     med: dict[str, tuple[float, float]] = {}
     for label, _, _ in clients:
-        s = statistics.median(f["s"] for f in results[label])
-        rss = statistics.median(f["rss"] for f in results[label])
+        s, rss, cpu, main = (
+            statistics.median(f[k] for f in results[label]) for k in ("s", "rss", "cpu", "main")
+        )
         med[label] = (s, rss)
-        print(f"| {label} | {s:.3f} | {args.mib / s:.1f} | {rss:.1f} |")
+        print(f"| {label} | {s:.3f} | {args.mib / s:.1f} | {cpu:.3f} / {main:.3f} | {rss:.1f} |")
     (hs, _), (bs, brss) = med["httpx streaming, trio"], med["broker call()"]
     ratio = hs / bs
     print(f"broker / httpx throughput: {ratio:.2f}x (target >= 0.5x: {_v(ratio >= 0.5)})")
