@@ -78,7 +78,9 @@ class StreamSink:
 
     async def __call__(self, name: str, data: bytes) -> None:
         st = self._stream(name)
-        st["buf"] += st["redactor"].feed(data)
+        redacted = st["redactor"].feed(data)
+        st["sha"].update(redacted)
+        st["buf"] += redacted
         while len(st["buf"]) >= RESULT_CHUNK:
             await self._put(name, st, bytes(st["buf"][:RESULT_CHUNK]))
             del st["buf"][:RESULT_CHUNK]
@@ -86,7 +88,6 @@ class StreamSink:
     async def _put(
         self, name: str, st: dict[str, Any], chunk: bytes, *, last: bool = False
     ) -> None:
-        st["sha"].update(chunk)
         st["bytes"] += len(chunk)
         if self._keep:
             self._kept += len(chunk)
@@ -137,7 +138,9 @@ class StreamSink:
         out: dict[str, dict[str, Any]] = {}
         await self.drain()
         for name, st in sorted(self._streams.items()):
-            st["buf"] += st["redactor"].flush()
+            tail = st["redactor"].flush()
+            st["sha"].update(tail)
+            st["buf"] += tail
             if st["buf"]:
                 await self._put(name, st, bytes(st["buf"]), last=True)
                 st["buf"].clear()
