@@ -58,7 +58,7 @@ from .errors import (
 from .lock import JournalLocked
 from .reader import JournalReader
 from .results import ChunkLog, ResultStream, StoredResult, StreamInfo
-from .sealing import AuditOpener, generate_auditor_keypair, open_audit_payload
+from .sealing import AuditOpener, generate_auditor_keypair, open_audit_payload, random_bytes
 from .signing import Anchor, Checkpoint, SigningKey, load_anchor, load_public_key, public_key_pem
 from .store import Journal
 from .writer import Batch, Posted
@@ -95,4 +95,5 @@ __all__ = [
     "load_public_key",
     "open_audit_payload",
     "public_key_pem",
+    "random_bytes",
 ]

@@ -20,6 +20,7 @@ import hashlib
 import json
 import os
 import stat
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,7 @@ __all__ = [
     "open_audit",
     "open_audit_payload",
     "payload_aad",
+    "random_bytes",
     "read_pem_key",
     "read_secret_file",
     "seal_ident",
@@ -54,6 +56,39 @@ _KEY_HEADER = "affidavit-journal-key-v1 "
 _BROKER_V1 = b"\x01"
 _AUDIT_V1 = b"\x02"
 _NONCE = 12
+_POOL_BYTES = 4096
+
+
+class _RandomPool:
+    """Random bytes from the OS in 4 KiB draws, handed out in slices: the nonces (and the ids)
+    of one call cost one slice each instead of one ``os.urandom`` each.  Every byte handed out
+    is fresh OS randomness used once -- the same random 96-bit nonces as a draw per seal, not a
+    counter.  A draw per seal cost ~114 us under GIL contention (``getrandom`` releases the GIL
+    and the journal writer thread takes it; 0.9 us alone, issue 15).  A forked child starts
+    with an empty pool: it must never hand out the bytes its parent will."""
+
+    def __init__(self) -> None:
+        self._reset()
+        os.register_at_fork(after_in_child=self._reset)
+
+    def _reset(self) -> None:
+        self._lock = threading.Lock()  # the trio thread and the writer thread both seal
+        self._buf = b""
+        self._pos = 0
+
+    def take(self, n: int) -> bytes:
+        with self._lock:
+            pos = self._pos
+            end = pos + n
+            if end > len(self._buf):
+                self._buf = os.urandom(max(_POOL_BYTES, n))
+                pos, end = 0, n
+            self._pos = end
+            return self._buf[pos:end]
+
+
+random_bytes = _RandomPool().take
+"""``random_bytes(n)``: ``n`` fresh random bytes from the OS (see ``_RandomPool``)."""
 
 
 def write_secret_file(path: Path, data: bytes) -> None:
@@ -119,7 +154,7 @@ class BrokerKey:
         return cls(key, p)
 
     def seal(self, data: bytes, aad: bytes) -> bytes:
-        nonce = os.urandom(_NONCE)
+        nonce = random_bytes(_NONCE)
         return _BROKER_V1 + nonce + self._aead.encrypt(nonce, data, aad)
 
     def open(self, sealed: bytes, aad: bytes) -> bytes:
@@ -168,7 +203,7 @@ class AuditSealer:
         eph = X25519PrivateKey.generate()
         eph_pub = _raw_public(eph.public_key())
         key = _derive(eph.exchange(self._pub), eph_pub, self._raw)
-        nonce = os.urandom(_NONCE)
+        nonce = random_bytes(_NONCE)
         return _AUDIT_V1 + eph_pub + nonce + AESGCM(key).encrypt(nonce, data, aad)
 
 

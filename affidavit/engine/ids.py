@@ -5,8 +5,9 @@ appends in order)."""
 from __future__ import annotations
 
 import base64
-import secrets
 import time
+
+from affidavit.journal import random_bytes
 
 __all__ = ["encode_invocation_id", "new_invocation_id"]
 
@@ -16,7 +17,7 @@ _TO_CROCKFORD = bytes.maketrans(b"ABCDEFGHIJKLMNOPQRSTUVWXYZ234567", _CROCKFORD.
 
 def new_invocation_id() -> str:
     """``act_`` + 26 Crockford base32 characters: 48-bit ms time + 80 random bits (sortable)."""
-    value = (int(time.time() * 1000) << 80) | int.from_bytes(secrets.token_bytes(10), "big")
+    value = (int(time.time() * 1000) << 80) | int.from_bytes(random_bytes(10), "big")
     return encode_invocation_id(value)
 
 

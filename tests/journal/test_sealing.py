@@ -15,6 +15,7 @@ from affidavit.journal import (
     JournalReader,
     generate_auditor_keypair,
     open_audit_payload,
+    random_bytes,
 )
 from affidavit.journal.sealing import BrokerKey
 from affidavit.statemachine import Event
@@ -155,3 +156,26 @@ async def test_events_without_payload_have_no_sealed_columns(tmp_path: Path) -> 
     async with Journal.open(tmp_path / "j.db") as j:
         ev = await j.append(Event(E.ACTION_ACCEPTED, "inv-1", accepted("inv-1").attrs))
         assert j.payload(ev.seq) is None
+
+
+def test_nonces_come_from_the_pool_fresh_each_seal(tmp_path: Path) -> None:
+    """The same bytes sealed twice never share a nonce, also across a pool refill."""
+    key = BrokerKey.create(tmp_path / "k")
+    nonces = {key.seal(b"same", b"aad")[1:13] for _ in range(1000)}  # > 4096 bytes of pool
+    assert len(nonces) == 1000
+    assert key.open(key.seal(b"same", b"aad"), b"aad") == b"same"
+
+
+def test_a_forked_child_never_repeats_its_parents_random_bytes() -> None:
+    random_bytes(1)  # the parent's pool holds unused bytes now
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report its next bytes and leave at once
+        os.write(write, random_bytes(32))
+        os._exit(0)
+    os.close(write)
+    child = os.read(read, 32)
+    os.close(read)
+    os.waitpid(pid, 0)
+    assert len(child) == 32
+    assert child != random_bytes(32)
