@@ -82,13 +82,16 @@ class Fail:
 
 class _Req(Generic[T]):
     """One queued write: ``op`` runs in the writer's transaction, or, for a plain append
-    (``op`` None), ``Txn.insert(*args)`` does without a closure."""
+    (``op`` None), ``Txn.insert(*args)`` does without a closure -- or, with ``many``, one
+    ``Txn.insert`` per tuple in ``args`` (several rows computed by their submitter, one
+    request: issue 15, "one journal submission per barrier carrying its rows precomputed")."""
 
     __slots__ = (
         "args",
         "barrier",
         "error",
         "finished",
+        "many",
         "op",
         "parked",
         "result",
@@ -103,9 +106,11 @@ class _Req(Generic[T]):
         barrier: bool,
         result_store: bool,
         task: trio.lowlevel.Task | None,
+        many: bool = False,
     ) -> None:
         self.op = op
         self.args = args
+        self.many = many
         self.barrier = barrier
         self.result_store = result_store
         self.task = task
@@ -404,7 +409,13 @@ class Writer:
                 self._require_covered(tables, seq, h)
                 self.signed_head = (seq, h)
             txn = Txn(self, tables, seq, h)
-            txn.preload({r.args[0].invocation_id for r in batch if r.op is None and r.args})
+            txn.preload(
+                {
+                    (r.args[0][0] if r.many else r.args[0]).invocation_id
+                    for r in batch
+                    if r.op is None and r.args
+                }
+            )
             insert = txn.insert
             for r in batch:
                 # Ops raise their refusals (ImpossibleEvent, JournalError...) before they
@@ -412,6 +423,9 @@ class Writer:
                 # bug, and the whole batch is rolled back rather than half-kept.
                 op = r.op
                 if op is None:  # a plain append: its row joins the pending executemany
+                    if r.many:
+                        r.result = self._insert_each(insert, r, errors)
+                        continue
                     try:
                         r.result = insert(*r.args)  # type: ignore[misc]
                     except errors:
@@ -458,6 +472,24 @@ class Writer:
                 backend.rollback(conn)
             raise
 
+    @staticmethod
+    def _insert_each(
+        insert: Callable[..., Any], r: _Req[Any], errors: tuple[type[BaseException], ...]
+    ) -> list[Any]:
+        """The rows of a ``many`` request, each as its own plain append would be: a row
+        refused (before it queued anything) does not stop the others; the request answers
+        with the first refusal, as the first of separate appends would have."""
+        out = []
+        for args in r.args or ():
+            try:
+                out.append(insert(*args))
+            except errors:
+                raise
+            except Exception as exc:
+                if r.error is None:
+                    r.error = exc
+        return out
+
     def _catch_up(self, tables: Tables, seq: int) -> None:
         """The head is not the one this writer committed: another writer appended.  On a
         shared journal, forget only the invocations it touched; otherwise start over (the
@@ -495,11 +527,12 @@ class Writer:
         barrier: bool,
         result_store: bool = False,
         task: trio.lowlevel.Task | None = None,
+        many: bool = False,
     ) -> _Req[T]:
         send = self._send
         if send is None:
             raise JournalError("journal is not open for writing (use `async with Journal.open`)")
-        req: _Req[T] = _Req(op, args, barrier, result_store, task)
+        req: _Req[T] = _Req(op, args, barrier, result_store, task, many)
         try:
             try:
                 send.send_nowait(req)  # no checkpoint between queueing and parking
@@ -515,9 +548,11 @@ class Writer:
         args: tuple[Any, ...] | None = None,
         *,
         result_store: bool = False,
+        many: bool = False,
     ) -> Posted[T]:
         """Queue a non-barrier write; return without waiting for its commit."""
-        return Posted(await self.enqueue(op, args, barrier=False, result_store=result_store))
+        req = await self.enqueue(op, args, barrier=False, result_store=result_store, many=many)
+        return Posted(req)
 
     async def submit(
         self,

@@ -46,7 +46,7 @@ from affidavit.protocols.actions import ActionInvalid, fingerprint, parse_action
 from affidavit.statemachine import Code, Event, EventKind, ImpossibleEvent, Record
 
 from .control import CallControl
-from .credential import Preamble, write_and_prepare
+from .credential import Preamble, prepare_after
 from .recorder import Recorder
 
 if TYPE_CHECKING:
@@ -206,11 +206,12 @@ async def request_approval(
     recorder = engine.recorder
     started = trio.current_time()
     with trio.CancelScope(shield=True):
-        prepared_or_refused = await write_and_prepare(
+        prepared_or_refused = await prepare_after(
             engine, iid, action, target, binding, key, preamble
         )
         if isinstance(prepared_or_refused, dict):
             return prepared_or_refused
+        await recorder.write_many(preamble)
         credential, prepared = prepared_or_refused
         attrs, payload = request_attrs(
             engine,

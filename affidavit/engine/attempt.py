@@ -43,7 +43,7 @@ from .sink import StreamSink
 if TYPE_CHECKING:
     from .engine import Engine
 
-__all__ = ["Attempt", "LeaseRefusal", "run_tries"]
+__all__ = ["Attempt", "LeaseRefusal", "observed_events", "run_tries"]
 
 log = logging.getLogger("affidavit.engine")
 
@@ -398,26 +398,26 @@ def _observer(attempt: Attempt) -> Callable[[Step, Mapping[str, Any]], None]:
     return observe
 
 
-async def record_observed(engine: Engine, attempt: Attempt) -> None:
-    """Queue the attempt's milestones and protocol summary (caller holds a shield)."""
-    write = engine.recorder.write
-    for ev in attempt.pending:
-        await write(ev)
+def observed_events(attempt: Attempt) -> list[tuple[Event, None]]:
+    """The attempt's milestones and protocol summary, to write (``Recorder.write_many``)."""
+    out: list[tuple[Event, None]] = [(ev, None) for ev in attempt.pending]
     if attempt.steps:
         # Facts carry remote-controlled strings (response header names, a redirect's origin).
         facts = attempt.scrub({k: v for k, v in attempt.facts.items() if _jsonable(v)})
         facts["path"] = attempt.steps
-        await write(
-            Event(
-                E.PROTOCOL_OBSERVED,
-                attempt.iid,
-                {
-                    "protocol": attempt.machine.table.name,
-                    "state": attempt.machine.state,
-                    "facts": facts,
-                },
-            )
-        )
+        summary = {
+            "protocol": attempt.machine.table.name,
+            "state": attempt.machine.state,
+            "facts": facts,
+        }
+        out.append((Event(E.PROTOCOL_OBSERVED, attempt.iid, summary), None))
+    return out
+
+
+async def record_observed(engine: Engine, attempt: Attempt) -> None:
+    """Queue the attempt's milestones and protocol summary, one write (caller holds a
+    shield)."""
+    await engine.recorder.write_many(observed_events(attempt))
 
 
 def _milestone_attrs(facts: Mapping[str, Any]) -> dict[str, Any]:

@@ -19,7 +19,7 @@ from affidavit.statemachine import Event, EventKind
 if TYPE_CHECKING:
     from .engine import Engine
 
-__all__ = ["Preamble", "prepare_request", "write_and_prepare"]
+__all__ = ["Preamble", "prepare_after", "prepare_request"]
 
 Preamble = tuple[tuple[Event, Mapping[str, Any] | None], ...]
 """Events written before the credential step, each with its sealed payload (or None)."""
@@ -37,7 +37,7 @@ def prepare_request(
     return credential, binding.prepare(action, target, credential, key)
 
 
-async def write_and_prepare(
+async def prepare_after(
     engine: Engine,
     iid: str,
     action: Any,
@@ -46,14 +46,20 @@ async def write_and_prepare(
     key: str | None,
     preamble: Preamble,
 ) -> tuple[Credential, Prepared] | dict[str, Any]:
-    """Write ``preamble``, then resolve the credential and prepare the request; a
-    ``CredentialError`` is recorded CREDENTIAL_FAILED and its envelope returned.  The caller
-    holds a shield over this and whatever it writes next (one cancel scope for the section)."""
+    """Resolve the credential and prepare the request, after ``preamble``: the caller writes
+    the preamble together with the event that follows it (``Recorder.write_many``: one queued
+    write for the section, issue 15) -- preparing is local and synchronous, so those events
+    are queued exactly as if written before it.  If preparing fails, the preamble is written
+    here first: a ``CredentialError`` is recorded CREDENTIAL_FAILED and its envelope returned;
+    anything else is raised once the preamble is queued.  The caller holds a shield over this
+    and whatever it writes next (one cancel scope for the section)."""
     recorder = engine.recorder
-    for event, payload in preamble:
-        await recorder.write(event, payload=payload)
     try:
         return prepare_request(engine, action, target, binding, key)
     except CredentialError as exc:
+        await recorder.write_many(preamble)
         failed = Event(EventKind.CREDENTIAL_FAILED, iid, {"code": exc.code.value})
         return await recorder.finish(iid, failed)
+    except BaseException:
+        await recorder.write_many(preamble)
+        raise

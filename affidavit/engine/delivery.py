@@ -31,7 +31,7 @@ from affidavit.statemachine import (
 )
 from affidavit.statemachine.lifecycle import TRANSITIONS
 
-from .attempt import Attempt, Failure, LeaseRefusal, lease_refused, record_observed
+from .attempt import Attempt, Failure, LeaseRefusal, lease_refused, observed_events
 from .contracts import Reader
 from .recorder import reference_payload, result_payload
 from .sink import Stored, StreamSink
@@ -82,13 +82,15 @@ async def conclude(
         # The chunks still in flight settle first: the diagnostic events posted next must not
         # share (and fail with) a transaction that refuses a chunk.
         await sink.drain()
-        await record_observed(engine, attempt)
+        observed = observed_events(attempt)
         if isinstance(failure, LeaseRefusal):
+            await recorder.write_many(observed)
             return await lease_refused(engine, attempt, failure)
         if failure is not None:
+            await recorder.write_many(observed)
             return await recorder.finish(iid, failure)
         assert result is not None
-        envelope, committed = await _commit(engine, iid, result, sink, reading)
+        envelope, committed = await _commit(engine, iid, result, sink, reading, observed)
         if not committed or deliver is STORE_ONLY:
             return envelope
         if deliver is None:
@@ -101,10 +103,16 @@ async def conclude(
 
 
 async def _commit(
-    engine: Engine, iid: str, result: RemoteResult, sink: StreamSink, reading: Reader | None
+    engine: Engine,
+    iid: str,
+    result: RemoteResult,
+    sink: StreamSink,
+    reading: Reader | None,
+    observed: list[tuple[Event, None]],
 ) -> tuple[dict[str, Any], bool]:
     """Store the result and RESULT_COMMITTED (a barrier); return the envelope rendered from
-    the durable record and whether the result was committed.  Caller holds a shield."""
+    the durable record and whether the result was committed.  ``observed``: the attempt's
+    milestones and protocol summary, written first.  Caller holds a shield."""
     journal, recorder = engine.journal, engine.recorder
     streams = await sink.finish()
     digest = sink.digest()
@@ -120,13 +128,16 @@ async def _commit(
         attrs["retry_after"] = result.retry_after
     complete = Event(E.REMOTE_RESPONSE_COMPLETE, iid, attrs, source=EvidenceSource.REMOTE_RESPONSE)
     if sink.store_failed:
+        await recorder.write_many(observed)
         return await _store_failed(engine, complete), False
-    await recorder.write(complete)
+    # One queued write for the attempt's milestones, the complete response and what the result
+    # establishes beyond its outcome (a batch's item outcomes, the job a 202 accepted): they
+    # ride along with RESULT_COMMITTED's transaction, queued after the tail chunk (no
+    # checkpoint since the drain: the same transaction as before, issue 15).
+    rows = [*observed, (complete, None)]
     if reading is not None:
-        # What the result establishes beyond its outcome rides along with RESULT_COMMITTED's
-        # transaction: a batch's item outcomes, the job a 202 accepted.
-        for event in reading(iid, result, sink.kept()):
-            await recorder.write(event)
+        rows.extend((event, None) for event in reading(iid, result, sink.kept()))
+    await recorder.write_many(rows)
     # The summary holds what the remote wrote besides the streams (header names and values,
     # the reason phrase): the same forms go (docs/redaction.md, "Surfaces").
     summary = {**sink.scrub(result.summary), "streams": streams}

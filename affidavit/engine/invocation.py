@@ -55,7 +55,7 @@ from .approval import (
 from .attempt import run_tries
 from .contracts import batch_facts, reader
 from .control import CallControl
-from .credential import Preamble, write_and_prepare
+from .credential import Preamble, prepare_after
 from .delivery import conclude
 from .ids import new_invocation_id
 from .recorder import Recorder
@@ -432,7 +432,7 @@ async def _authorize(
     with trio.CancelScope(shield=True):
         # Credential injection (seed: still preflight while no byte of the request has
         # left).
-        prepared_or_refused = await write_and_prepare(
+        prepared_or_refused = await prepare_after(
             engine, iid, action, target, binding, key, preamble
         )
         if isinstance(prepared_or_refused, dict):
@@ -442,6 +442,7 @@ async def _authorize(
             # Seed: the credential version is bound to the invocation; "if any bound value
             # changes, create a new invocation; do not edit the previous record".  A retry
             # under the old invocation must not silently act with a rotated credential.
+            await recorder.write_many(preamble)
             return await recorder.finish(
                 iid,
                 Event(
@@ -455,15 +456,10 @@ async def _authorize(
                     },
                 ),
             )
-        await recorder.write(
-            Event(
-                E.CREDENTIAL_AUTHORIZED,
-                iid,
-                {
-                    "credential": target.credential,
-                    "version": credential.version,
-                    **prepared.evidence,
-                },
-            )
+        authorized = Event(
+            E.CREDENTIAL_AUTHORIZED,
+            iid,
+            {"credential": target.credential, "version": credential.version, **prepared.evidence},
         )
+        await recorder.write_many((*preamble, (authorized, None)))
     return prepared, credential.version

@@ -48,6 +48,34 @@ async def test_posted_events_commit_with_the_barrier_that_follows_in_one_transac
         assert j.verify().ok
 
 
+async def test_several_events_posted_as_one_write_are_each_validated_and_chained(
+    place: Place,
+) -> None:
+    """``post_many``: one queued write, the same rows as separate posts -- one refused (a
+    second ACTION_ACCEPTED) is not written and does not stop the others; the write answers
+    with that refusal, and every other row is stored and chained in order."""
+    async with place.open() as j:
+        writes: list[int] = []
+        j.before_commit = lambda batch: writes.append(batch.writes)
+        accepted, validated, authorized, dispatch = until_dispatch("inv-1")
+        with trio.fail_after(LIMIT):
+            posted = await j.post_many(
+                [(accepted, {"action": {"path": "/x"}}), (accepted, None), (validated, None)]
+            )
+            more = await j.post_many([(authorized, None)])
+            stored = await j.append(dispatch, barrier=True)
+            with pytest.raises(ImpossibleEvent):
+                await posted.wait()
+            [auth] = await more.wait()
+        assert writes == [3]  # two posted writes and the barrier, one transaction
+        assert auth.seq == 3 and stored.seq == 4
+        assert [e.kind for e in j.events("inv-1")] == [e.kind for e in until_dispatch("inv-1")]
+        assert j.payload(1) == {"action": {"path": "/x"}}
+        assert j.verify().ok
+        with pytest.raises(ValueError, match="barrier"):
+            await j.post_many([(Event(E.DISPATCH_STARTED, "inv-1", {"attempt": 1}), None)])
+
+
 async def test_a_durability_barrier_cannot_be_posted(place: Place) -> None:
     async with place.open() as j:
         for ev in until_dispatch("inv-1")[:3]:
