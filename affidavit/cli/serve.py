@@ -59,6 +59,9 @@ def _serve(args: argparse.Namespace) -> int:
             console = console_address(args.console, config.service.console_allow_remote)
         except ValueError as exc:
             raise UsageError(f"--console: {exc}") from None
+    from affidavit.engine import tune_collector
+
+    tune_collector()  # this process serves calls at concurrency: engine/collector.py
     logging.basicConfig(
         stream=sys.stderr,
         level=logging.INFO,

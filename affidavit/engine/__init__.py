@@ -3,6 +3,7 @@
 ``engine.py`` is the front door (``Engine.call``, ``Engine.fetch_result``); its docstring lists
 the parts in the order a call meets them."""
 
+from affidavit.engine.collector import tune_collector
 from affidavit.engine.control import CallControl
 from affidavit.engine.engine import Deliver, Engine
 from affidavit.engine.ids import new_invocation_id
@@ -18,4 +19,5 @@ __all__ = [
     "EngineSettings",
     "OperationError",
     "new_invocation_id",
+    "tune_collector",
 ]

@@ -2,6 +2,7 @@
 
     .venv/bin/python tests/benchmarks/http_overhead.py [--dir DIR] [--seq N] [--calls N]
         [--concurrency C] [--rounds R] [--ab OLD_CHECKOUT] [--only bare,httpx] [--profile FILE]
+        [--tune-gc]
 
 One loopback h11+trio keep-alive server runs in its own process; every client is measured in a
 process of its own against it (``http_clients.py``): bare h11+trio (the floor),
@@ -21,7 +22,9 @@ Targets (issue 15): at concurrency 64 the broker keeps >= 1.0x httpx's and >= 0.
 throughput (reach for 0.5x bare); at concurrency 1 it adds no more than two fsyncs plus 0.5 ms
 over bare.  ``--ab DIR`` also measures the broker imported from another checkout (e.g.
 ``git archive HEAD~1 | tar -x -C DIR``) in the same rounds: an optimisation's before/after side
-by side.  This is a script, not a test: it prints ratios and asserts nothing about time.
+by side.  ``--tune-gc`` tunes the broker processes' cyclic collector as ``affidavit serve`` tunes
+its own (``affidavit.engine.tune_collector``; an ``--ab`` checkout without it stays untouched).
+This is a script, not a test: it prints ratios and asserts nothing about time.
 """
 
 from __future__ import annotations
@@ -295,6 +298,12 @@ async def measure_broker(args: argparse.Namespace, port: int, tmp: Path) -> dict
 
         for _ in range(20):
             await call()
+        if args.tune_gc:
+            import affidavit.engine
+
+            tune = getattr(affidavit.engine, "tune_collector", None)
+            if tune is not None:  # (an --ab checkout from before it existed: untouched)
+                tune()
         # One call, dissected: rows written, transactions and fsync barriers.
         before = counter.snapshot()
         env = await broker.call(action)
@@ -351,6 +360,8 @@ def _run_child(args: argparse.Namespace, name: str, port: int, src: str | None) 
         cmd += ["--dir", str(args.dir)]
     if src:
         cmd += ["--src", src]
+    if args.tune_gc:
+        cmd += ["--tune-gc"]
     if args.profile and name == "broker":
         cmd += ["--profile", args.profile]
     out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True).stdout
@@ -468,6 +479,11 @@ def main() -> None:
     )
     parser.add_argument("--only", help="comma-separated clients besides the broker (bare,httpx..)")
     parser.add_argument("--profile", help="write cProfile stats of the broker's last round here")
+    parser.add_argument(
+        "--tune-gc",
+        action="store_true",
+        help="tune the broker processes' collector as `affidavit serve` does (tune_collector)",
+    )
     args = parser.parse_args()
     if args.serve:
         trio.run(_serve_main)
