@@ -224,12 +224,12 @@ async def deliver_stored(engine: Engine, record: Record, deliver: Deliver | None
     already delivered result is only read (no event per read)."""
     recorder = engine.recorder
     if record.state not in AWAITING_DELIVERY:
-        return recorder.envelope(record)
+        return recorder.envelope(record, whole=True)
     iid = record.invocation_id
     delivered = Event(E.RESULT_DELIVERED, iid, {"channel": "fetch"})
     if deliver is None:
         await recorder.append(delivered)
-        return recorder.envelope(await recorder.record(iid))
+        return recorder.envelope(await recorder.record(iid), whole=True)
     # Rendered as the record will stand once delivered (as _commit renders a store failure):
     # the caller is told what the journal will say, and the journal says it only afterwards.
     stored = engine.journal.read_result(iid)
@@ -244,7 +244,7 @@ async def deliver_stored(engine: Engine, record: Record, deliver: Deliver | None
         if record.state.startswith("stored_"):
             failed = Event(E.RESULT_DELIVERY_FAILED, iid, {"channel": "fetch"})
             await recorder.append(failed, barrier=True)
-        return recorder.envelope(await recorder.record(iid))
+        return recorder.envelope(await recorder.record(iid), whole=True)
     await recorder.append(delivered)  # as in _deliver: no barrier of its own
     await recorder.settle()
     return envelope

@@ -80,7 +80,7 @@ class Engine:
         self.holder = holder or f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
         self.vault = vault
         self.settings = settings if settings is not None else EngineSettings()
-        self.recorder = Recorder(journal)
+        self.recorder = Recorder(journal, self.settings.inline_result_limit)
         self.snapshot = ConfigSnapshot(config)
         self.approvals = ApprovalBoard()
 

@@ -33,8 +33,11 @@ class Recorder:
     """Writes and reads one engine's calls.  The only per-call state it keeps is each running
     call's posted-but-unsettled diagnostic events, keyed by the call's trio task."""
 
-    def __init__(self, journal: Journal) -> None:
+    def __init__(self, journal: Journal, inline_limit: int | None = None) -> None:
         self.journal = journal
+        self.inline_limit = inline_limit
+        """A call's answer carries a stored result larger than this by reference (as the call
+        that stored it did); None: always whole."""
         self._posted: dict[trio.lowlevel.Task, list[Posted[Any]]] = {}
         """Diagnostic events each running call posted and has not yet settled (see write)."""
         self._writing: dict[trio.lowlevel.Task, str] = {}
@@ -132,13 +135,16 @@ class Recorder:
         busy: bool = False,
         from_chunk: int | None = None,
         in_progress: bool = False,
+        whole: bool = False,
     ) -> dict[str, Any]:
         """The envelope of ``record`` with its stored result (verified; ``JournalError`` if it
         fails).  ``from_chunk``: each stream from that chunk on, plus a ``resume`` table of
         every stream's whole size and hash (seed: "The caller may resume delivery from the
         last verified chunk").  ``in_progress``: another worker holds the invocation's lease
         and is running a new attempt -- the record's last attempt is not the answer, and its
-        result (if any) not the result."""
+        result (if any) not the result.  A result larger than ``inline_limit`` is rendered by
+        reference, as the call that stored it answered (a same-key call gets the same answer),
+        unless ``whole`` -- a fetch, which is what the reference names."""
         if in_progress:
             env = render_envelope(record)
             env.pop("result", None)
@@ -146,8 +152,10 @@ class Recorder:
             return env
         payload: dict[str, Any] | None = None
         if from_chunk is None:
-            result = self.journal.read_result(record.invocation_id)
-            payload = result_payload(result) if result is not None else None
+            payload = None if whole else self._by_reference(record.invocation_id)
+            if payload is None:
+                result = self.journal.read_result(record.invocation_id)
+                payload = result_payload(result) if result is not None else None
         else:
             stream = self.journal.result_stream(record.invocation_id)
             if stream is not None:
@@ -165,6 +173,17 @@ class Recorder:
                 "message": "Another worker holds this invocation's lease; nothing was sent.",
             }
         return env
+
+    def _by_reference(self, iid: str) -> dict[str, Any] | None:
+        """The reference payload of ``iid``'s stored result if it is larger than the inline
+        limit (its marker and summary verified, its chunks not read), else None."""
+        limit = self.inline_limit
+        if limit is None:
+            return None
+        stream = self.journal.result_stream(iid)
+        if stream is None or sum(s.bytes for s in stream.streams.values()) <= limit:
+            return None
+        return reference_payload(iid, stream.summary, stream.sha256, limit)
 
 
 class _StoredLike(Protocol):

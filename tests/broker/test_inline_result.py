@@ -22,6 +22,7 @@ from .helpers import assert_ok, http_target, open_broker, write_config
 
 LIMIT = 10
 GET = {"target": "api", "method": "GET", "path": "/thing"}
+KEYED = {"header": "Idempotency-Key", "scope": "things.read", "retention": "24h"}
 
 
 async def _call_and_fetch(tmp_path: Path, reply: Any) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -135,3 +136,44 @@ async def test_an_echoed_credential_is_redacted_in_the_kept_copy_too(
     assert token not in repr(env) and token not in repr(fetched)
     assert "[REDACTED]" in env["result"]["body"]
     assert env["result"] == fetched["result"]
+
+
+async def test_a_same_key_call_answers_a_large_result_by_reference_as_the_first_did(
+    tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same idempotency key again returns the recorded result (nothing sent): above the
+    inline limit by the same reference the first call answered with, without reading the
+    chunks; a fetch still returns the body the reference names."""
+    settings = EngineSettings(inline_result_limit=RESULT_CHUNK)
+    body = b"z" * (RESULT_CHUNK * 3 + 1)
+    action = {**GET, "idempotency_key": "k-large"}
+    reads: list[str] = []
+    async with HostileServer.running(scripts.serve(Reply(200, body=body))) as srv:
+        cfg = write_config(tmp_path, {"api": http_target(srv.url, idempotency=KEYED)})
+        async with Broker.open(config=load_config(cfg), settings=settings) as broker:
+            with trio.fail_after(LIMIT):
+                first = await broker.call(action)
+                assert_ok(broker, first)
+                inner = broker.journal.read_result
+                monkeypatch.setattr(
+                    broker.journal, "read_result", lambda iid: reads.append(iid) or inner(iid)
+                )
+                again = await broker.call(action)
+                assert reads == []  # answered from the marker, chunks not read
+                fetched = await broker.fetch_result(first["invocation_id"])
+        requests = len(srv.requests)
+    assert requests == 1  # the same key never reached the remote again
+    assert again["invocation_id"] == first["invocation_id"]
+    assert again["result"] == first["result"] and "by_reference" in again["result"]
+    assert fetched is not None and fetched["result"]["body"].encode() == body
+
+
+async def test_a_same_key_call_answers_a_small_result_whole(tmp_path: Path, token: str) -> None:
+    action = {**GET, "idempotency_key": "k-small"}
+    async with HostileServer.running(scripts.serve(Reply(200, body=b"small"))) as srv:
+        cfg = write_config(tmp_path, {"api": http_target(srv.url, idempotency=KEYED)})
+        async with open_broker(cfg) as broker:
+            with trio.fail_after(LIMIT):
+                first = await broker.call(action)
+                again = await broker.call(action)
+    assert again["result"] == first["result"] and again["result"]["body"] == "small"
