@@ -3,9 +3,12 @@ bare Python loop doing the minimal honest work over the same events (one table l
 per invocation).  Recovery projects whole journals, so the fold must stay within ~10x of that.
 
 Run:  .venv/bin/python tests/benchmarks/projection.py [--events N] [--repeat R] [--profile]
+                                                       [--ab OLD_CHECKOUT]
 Prints events/s for the bare loop, ``project_all``'s fold alone, the same fold through the public
 ``Projector.apply`` and ``project_all`` with its records, then the ratio and MET/MISSED against the
-10x target; asserts nothing (speed targets are shown, not tested).
+10x target; asserts nothing (speed targets are shown, not tested).  ``--ab`` also races
+``project_all`` of another checkout's ``statemachine`` (e.g. ``git archive`` of the commit before
+a change), loaded beside this one, over the same log in the same rounds.
 """
 
 from __future__ import annotations
@@ -13,10 +16,14 @@ from __future__ import annotations
 import argparse
 import cProfile
 import gc
+import importlib.util
+import os
 import pstats
 import random
+import sys
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from affidavit.statemachine import (
@@ -197,6 +204,31 @@ def apply_loop(events: Sequence[Event]) -> dict[str, Projector]:
     return folds
 
 
+def _other_project_all(src: Path, events: Sequence[Event]) -> Callable[[], object]:
+    """``project_all`` of the checkout ``src``, imported as a package of its own, over ``events``
+    rebuilt with that package's own event classes (its rules compare enums by identity)."""
+    name = "_ab_statemachine"
+    spec = importlib.util.spec_from_file_location(
+        name,
+        src / "statemachine" / "__init__.py",
+        submodule_search_locations=[str(src / "statemachine")],
+    )
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    kinds = {k.value: k for k in mod.EventKind}
+    sources = {s.value: s for s in mod.EvidenceSource}
+    other = [
+        mod.Event(kinds[e.kind.value], e.invocation_id, e.attrs, sources[e.source.value], e.seq)
+        for e in events
+    ]
+    want = {iid: r.state for iid, r in project_all(events).items()}
+    assert {iid: r.state for iid, r in mod.project_all(other).items()} == want, "A/B disagree"
+    fn = mod.project_all
+    return lambda: fn(other)
+
+
 def _race(fns: dict[str, Callable[[], object]], repeat: int) -> dict[str, float]:
     """Best-of-``repeat`` seconds per function, run interleaved so that load from other processes
     hits all of them alike (the ratio is what this script reports)."""
@@ -215,6 +247,7 @@ def main() -> None:
     ap.add_argument("--events", type=int, default=1_000_000)
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--profile", action="store_true", help="cProfile one project_all run")
+    ap.add_argument("--ab", type=Path, metavar="SRC", help="also race SRC's project_all")
     args = ap.parse_args()
 
     t0 = time.perf_counter()
@@ -225,15 +258,17 @@ def main() -> None:
     states = bare_loop(events)
     records = project_all(events)
     assert {iid: r.state for iid, r in records.items()} == states, "the two folds disagree"
-    t = _race(
-        {
-            "bare": lambda: bare_loop(events),
-            "fold": lambda: fold_only(events),
-            "apply": lambda: apply_loop(events),
-            "project_all": lambda: project_all(events),
-        },
-        args.repeat,
-    )
+    fns: dict[str, Callable[[], object]] = {
+        "bare": lambda: bare_loop(events),
+        "fold": lambda: fold_only(events),
+        "apply": lambda: apply_loop(events),
+        "project_all": lambda: project_all(events),
+    }
+    if args.ab:
+        fns["ab"] = _other_project_all(args.ab, events)
+    load = [os.getloadavg()[0]]
+    t = _race(fns, args.repeat)
+    load.append(os.getloadavg()[0])
     bare_s, fold_s, apply_s, proj_s = t["bare"], t["fold"], t["apply"], t["project_all"]
 
     print(f"invocations:  {len(records):,}")
@@ -253,6 +288,14 @@ def main() -> None:
         f"ratio:        {ratio:.1f}x slower than the bare loop "
         f"(target: within {TARGET_RATIO:.0f}x: {verdict})"
     )
+
+    if args.ab:
+        ab_s = t["ab"]
+        print(
+            f"project_all @ {args.ab.name}: {n / ab_s:>9,.0f} events/s  ({ab_s:.3f}s, "
+            f"{ab_s / bare_s:.1f}x the bare loop; this tree {ratio:.1f}x)"
+        )
+    print(f"1-min load average {min(load):.2f}..{max(load):.2f} on {os.cpu_count()} cores")
 
     if args.profile:
         prof = cProfile.Profile()
