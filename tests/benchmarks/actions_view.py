@@ -1,15 +1,17 @@
 """``affidavit actions --json`` over a large journal: wall time and peak RSS of the command.
 
     .venv/bin/python tests/benchmarks/actions_view.py [--events N] [--journal PATH]
-                                                      [--rounds R] [--ab OLD_CHECKOUT]
+                                                      [--rounds R] [--ab OLD_CHECKOUT]...
+                                                      [--src NEW_CHECKOUT]
 
 Builds (or reuses, with ``--journal``) a journal of about ``--events`` events: invocations of
 the durable happy path and interrupted ones, written by 64 concurrent tasks so their events
 interleave as concurrent calls' do.  Then runs ``affidavit actions --json --journal PATH`` as a
-new process, output to /dev/null, ``--rounds`` times (interleaved with the ``--ab`` checkout's
-command when given), and prints the median wall time and the peak RSS of the command
-(``ru_maxrss`` of the child).  Targets (issue 15): 1M events in <= 10 s and <= 100 MB.  A
-script, not a test.
+new process, output to /dev/null, ``--rounds`` times (interleaved with each ``--ab`` checkout's
+command when given; ``--src`` runs that checkout instead of this tree, so that editing the tree
+during a long A/B run changes neither side), and prints the median wall time and the peak RSS
+of the command (``ru_maxrss`` of the child).  Targets (issue 15): 1M events in <= 10 s and
+<= 100 MB.  A script, not a test.
 """
 
 from __future__ import annotations
@@ -80,7 +82,10 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=1_000_000)
     parser.add_argument("--journal", type=Path, help="reuse (or build and keep) this journal")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--ab", metavar="SRC", help="also run the command from SRC (A/B)")
+    parser.add_argument(
+        "--ab", metavar="SRC", action="append", default=[], help="also run it from SRC (A/B)"
+    )
+    parser.add_argument("--src", metavar="SRC", help="run the main command from SRC")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="affidavit-bench-") as d:
         path = args.journal or Path(d) / "big.db"
@@ -88,9 +93,10 @@ def main() -> None:
             t0 = time.perf_counter()
             written = trio.run(build, path, args.events)
             print(f"built {path}: {written:,} events in {time.perf_counter() - t0:.1f} s")
-        clients: list[tuple[str, str | None]] = [("actions --json", None)]
-        if args.ab:
-            clients.append((f"actions --json @ {Path(args.ab).name}", args.ab))
+        main_label = f"actions --json @ {Path(args.src).name}" if args.src else "actions --json"
+        clients: list[tuple[str, str | None]] = [(main_label, args.src)]
+        for src in args.ab:
+            clients.append((f"actions --json @ {Path(src).name}", src))
         got: dict[str, list[tuple[float, float]]] = {c[0]: [] for c in clients}
         loads = [os.getloadavg()[0]]
         for r in range(args.rounds):

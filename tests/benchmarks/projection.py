@@ -3,7 +3,7 @@ bare Python loop doing the minimal honest work over the same events (one table l
 per invocation).  Recovery projects whole journals, so the fold must stay within ~10x of that.
 
 Run:  .venv/bin/python tests/benchmarks/projection.py [--events N] [--repeat R] [--profile]
-                                                       [--ab OLD_CHECKOUT]
+                                                       [--ab OLD_CHECKOUT]...
 Prints events/s for the bare loop, ``project_all``'s fold alone, the same fold through the public
 ``Projector.apply`` and ``project_all`` with its records, then the ratio and MET/MISSED against the
 10x target; asserts nothing (speed targets are shown, not tested).  ``--ab`` also races
@@ -204,10 +204,9 @@ def apply_loop(events: Sequence[Event]) -> dict[str, Projector]:
     return folds
 
 
-def _other_project_all(src: Path, events: Sequence[Event]) -> Callable[[], object]:
+def _other_project_all(src: Path, events: Sequence[Event], name: str) -> Callable[[], object]:
     """``project_all`` of the checkout ``src``, imported as a package of its own, over ``events``
     rebuilt with that package's own event classes (its rules compare enums by identity)."""
-    name = "_ab_statemachine"
     spec = importlib.util.spec_from_file_location(
         name,
         src / "statemachine" / "__init__.py",
@@ -247,7 +246,9 @@ def main() -> None:
     ap.add_argument("--events", type=int, default=1_000_000)
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--profile", action="store_true", help="cProfile one project_all run")
-    ap.add_argument("--ab", type=Path, metavar="SRC", help="also race SRC's project_all")
+    ap.add_argument(
+        "--ab", type=Path, metavar="SRC", action="append", default=[], help="race SRC's too"
+    )
     args = ap.parse_args()
 
     t0 = time.perf_counter()
@@ -264,8 +265,8 @@ def main() -> None:
         "apply": lambda: apply_loop(events),
         "project_all": lambda: project_all(events),
     }
-    if args.ab:
-        fns["ab"] = _other_project_all(args.ab, events)
+    for i, src in enumerate(args.ab):
+        fns[f"ab{i}"] = _other_project_all(src, events, f"_ab{i}_statemachine")
     load = [os.getloadavg()[0]]
     t = _race(fns, args.repeat)
     load.append(os.getloadavg()[0])
@@ -289,10 +290,10 @@ def main() -> None:
         f"(target: within {TARGET_RATIO:.0f}x: {verdict})"
     )
 
-    if args.ab:
-        ab_s = t["ab"]
+    for i, src in enumerate(args.ab):
+        ab_s = t[f"ab{i}"]
         print(
-            f"project_all @ {args.ab.name}: {n / ab_s:>9,.0f} events/s  ({ab_s:.3f}s, "
+            f"project_all @ {src.name}: {n / ab_s:>9,.0f} events/s  ({ab_s:.3f}s, "
             f"{ab_s / bare_s:.1f}x the bare loop; this tree {ratio:.1f}x)"
         )
     print(f"1-min load average {min(load):.2f}..{max(load):.2f} on {os.cpu_count()} cores")
