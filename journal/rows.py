@@ -12,7 +12,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from affidavit.statemachine import BARRIER_KINDS, Event, EventKind, EvidenceSource
+from affidavit.statemachine import BARRIER_KINDS, Event, EventKind, EvidenceSource, stored_event
 
 from .chain import canonical_json
 from .errors import IdempotencyRecord, JournalError, Lease
@@ -70,7 +70,7 @@ def attrs_json(event: Event) -> str:
 
 def event_from_row(row: tuple[Any, ...]) -> Event:
     """An ``EVENT_READ_COLUMNS`` row as the stored event."""
-    return Event(
+    return stored_event(
         KINDS[row[4]], row[2], decode_attrs(row[8]), SOURCES[row[5]], row[0], row[1], row[6], row[7]
     )
 

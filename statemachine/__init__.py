@@ -9,7 +9,7 @@ from .envelope import (
     operation_view,
     render_envelope,
 )
-from .events import BARRIER_KINDS, Event, EventKind
+from .events import BARRIER_KINDS, Event, EventKind, stored_event
 from .lifecycle import DISPATCHED_STATES, INITIAL, STATES, TRANSITIONS, StateSpec, build_machine
 from .operation import invocation_of, operation_id
 from .projection import Budget, ImpossibleEvent, Projector, Record, project, project_all
@@ -64,5 +64,6 @@ __all__ = [
     "register",
     "registered",
     "render_envelope",
+    "stored_event",
     "unregister",
 ]

@@ -18,7 +18,7 @@ from typing import Any
 
 from .contract import EvidenceSource
 
-__all__ = ["BARRIER_KINDS", "Event", "EventKind"]
+__all__ = ["BARRIER_KINDS", "Event", "EventKind", "stored_event", "unfrozen_twin"]
 
 
 class EventKind(StrEnum):
@@ -142,3 +142,47 @@ class Event:
 
     def get(self, key: str, default: Any = None) -> Any:
         return self.attrs.get(key, default)
+
+
+def unfrozen_twin(cls: type) -> type:
+    """A class with the slots of the frozen dataclass ``cls`` and none of its frozen
+    ``__setattr__``.  An instance filled by plain attribute stores becomes a ``cls`` by assigning
+    ``__class__`` (allowed: same slots, same layout): an ordinary frozen instance, equal to one
+    the constructor makes.  Why: the generated frozen ``__init__`` stores every field through
+    ``object.__setattr__``, several times slower; readers build one ``Event`` per journal row and
+    the projection one ``Record`` per invocation (issue 15, tests/benchmarks/projection.py and
+    actions_view.py).  Whoever fills a twin must set every field (tests compare with the
+    constructor's result)."""
+    slots: tuple[str, ...] = cls.__dict__["__slots__"]
+    return type(f"_Unfrozen{cls.__name__}", (), {"__slots__": slots})
+
+
+_UnfrozenEvent = unfrozen_twin(Event)
+_new = object.__new__
+
+
+def stored_event(
+    kind: EventKind,
+    invocation_id: str,
+    attrs: Mapping[str, Any],
+    source: EvidenceSource,
+    seq: int | None,
+    at: float | None,
+    observer: str | None,
+    observer_seq: int | None,
+) -> Event:
+    """``Event(kind, invocation_id, attrs, source, seq, at, observer, observer_seq)``, built
+    through ``unfrozen_twin``: what the journal's readers make of every row (the constructor
+    was ~10% of ``affidavit actions --json`` over 1M events)."""
+    e: Any = _new(_UnfrozenEvent)
+    e.kind = kind
+    e.invocation_id = invocation_id
+    e.attrs = attrs
+    e.source = source
+    e.seq = seq
+    e.at = at
+    e.observer = observer
+    e.observer_seq = observer_seq
+    e.__class__ = Event
+    event: Event = e
+    return event

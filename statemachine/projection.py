@@ -25,7 +25,7 @@ from .batch import items_view
 from .contract import CODES, Code, Outcome, Phase, Retry
 from .events import Event, EventKind
 from .lifecycle import INITIAL, OUTCOME_SPLIT, STATES, TRANSITIONS
-from .record import Budget, ImpossibleEvent, Record, shared_budget
+from .record import Budget, ImpossibleEvent, Record, Unsealed, shared_budget
 from .retry import retry_hint, static_retry_hint
 from .rules import DEFAULT_BUDGET, DEFAULT_MAX_RETRY_AFTER, RULES, SPLITTING, Rule
 
@@ -186,31 +186,35 @@ class Projector:
                 now,
             )
         batch = self._batch
-        return Record(
-            invocation_id=self._invocation_id or "",
-            state=state,
-            phase=phase,
-            outcome=outcome,
-            retry=retry,
-            code=code,
-            message=self._message or _MEANING[code],
-            session=self._session,
-            target=self._target,
-            protocol=self._protocol,
-            idempotent=self._idempotent,
-            fingerprint=self._fingerprint,
-            idempotency=self._idempotency,
-            generation=self._generation,
-            budget=shared_budget(self._budget_total, self._budget_used),
-            attempts=tuple(self._attempts),
-            evidence=MappingProxyType(evidence),
-            retry_after=self._retry_after,
-            last_seq=self._last_seq,
-            events=self._events,
-            field=self._field,
-            operation=self._operation,
-            items=None if batch is None else items_view(batch, outcome, code, retry),
-        )
+        # Built in a twin without the frozen __setattr__, then made a Record (events.py,
+        # ``unfrozen_twin``, says why and what it saves).
+        r: Any = _blank(Unsealed)
+        r.invocation_id = self._invocation_id or ""
+        r.state = state
+        r.phase = phase
+        r.outcome = outcome
+        r.retry = retry
+        r.code = code
+        r.message = self._message or _MEANING[code]
+        r.session = self._session
+        r.target = self._target
+        r.protocol = self._protocol
+        r.idempotent = self._idempotent
+        r.fingerprint = self._fingerprint
+        r.idempotency = self._idempotency
+        r.generation = self._generation
+        r.budget = shared_budget(self._budget_total, self._budget_used)
+        r.attempts = tuple(self._attempts)
+        r.evidence = MappingProxyType(evidence)
+        r.retry_after = self._retry_after
+        r.last_seq = self._last_seq
+        r.events = self._events
+        r.field = self._field
+        r.operation = self._operation
+        r.items = None if batch is None else items_view(batch, outcome, code, retry)
+        r.__class__ = Record
+        record: Record = r
+        return record
 
 
 # --- the compiled table ------------------------------------------------------------------------
@@ -254,6 +258,8 @@ _STATE_INFO: dict[str, tuple[Phase, Outcome, dict[Code | None, Retry | None]]] =
 """Per state: its phase, its outcome and, per code, the retry hint when those alone decide it."""
 
 _MEANING: dict[Code | None, str] = {None: "", **{c: CODES[c].meaning for c in Code}}
+
+_blank = object.__new__
 
 
 # --- folding whole logs ------------------------------------------------------------------------

@@ -26,6 +26,7 @@ from affidavit.statemachine import (
     Record,
     project,
     project_all,
+    stored_event,
 )
 from affidavit.statemachine.projection import fold_rows
 from affidavit.statemachine.retry import retry_hint, static_retry_hint
@@ -132,6 +133,24 @@ def test_records_are_ordinary_frozen_dataclasses_equal_to_constructed_ones() -> 
         rec.state = "new"  # type: ignore[misc]
     assert dataclasses.replace(rec, state="x").state == "x"
     assert rec.final and not rec.is_error
+
+
+@pytest.mark.parametrize("state", sorted(STATES))
+def test_every_state_builds_every_record_field(state: str) -> None:
+    # the builder fills an unfrozen twin field by field: a field it missed would be unset
+    events = _events(state)
+    for rec in (project(events), Projector(IID).extend(events).record()):
+        values = {f.name: getattr(rec, f.name) for f in dataclasses.fields(Record)}
+        assert type(rec) is Record and Record(**values) == rec
+
+
+def test_stored_events_are_the_constructor_s_events() -> None:
+    args = (EventKind.REQUEST_SENT, IID, {"a": 1}, EvidenceSource.REMOTE_QUERY, 4, 1.5, "o", 9)
+    ev = stored_event(*args)
+    assert type(ev) is Event and ev == Event(*args) and hash(ev.kind) == hash(args[0])
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        ev.seq = 5  # type: ignore[misc]
+    assert dataclasses.replace(ev, seq=5).seq == 5
 
 
 @pytest.mark.parametrize("live", [True, False])
