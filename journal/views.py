@@ -44,7 +44,7 @@ def fold(
             event(kinds[kind], iid, loads(attrs), sources[source], seq, at, observer, observer_seq),
         )
         last[iid] = at
-    return [(p.record(now), first[iid], last[iid]) for iid, p in folds.items()]
+    return [(p.last_record(now), first[iid], last[iid]) for iid, p in folds.items()]
 
 
 def fold_each(
@@ -61,7 +61,7 @@ def fold_each(
         seq, at, iid, _session, kind, source, observer, observer_seq, attrs = row
         if iid != current:
             if current is not None:
-                yield p.record(now), first, last
+                yield p.last_record(now), first, last
             p, current = Projector(iid), iid
             first = at
         p.apply(
@@ -69,4 +69,4 @@ def fold_each(
         )
         last = at
     if current is not None:
-        yield p.record(now), first, last
+        yield p.last_record(now), first, last

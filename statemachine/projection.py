@@ -86,9 +86,10 @@ class Projector:
         self._generation = 0
         self._budget_total = DEFAULT_BUDGET
         self._budget_used = 0
-        # Attempts are read-only views, replaced (never edited) when an attempt's outcome is
-        # learnt, so a record can hold them without copying.
-        self._attempts: list[MappingProxyType[str, Any]] = []
+        # Attempts are the fold's own dicts: only the last one is ever edited (when the
+        # attempt's outcome is learnt), and a record gets read-only views of copies
+        # (``record``) or, when the fold is dropped right after (``last_record``), of these.
+        self._attempts: list[dict[str, Any]] = []
         # Evidence values are replaced, never edited in place (steps, protocol facts and stale
         # workers grow by copy): a record's snapshot is then one shallow copy of this dict.
         self._evidence: dict[str, Any] = {"dispatch_started": False}
@@ -158,11 +159,18 @@ class Projector:
 
     def record(self, now: float | None = None) -> Record:
         """A snapshot of the fold: later events do not change it."""
-        return self._build(now, self._evidence.copy())
+        return self._build(now, self._evidence.copy(), [a.copy() for a in self._attempts])
 
-    def _build(self, now: float | None, evidence: dict[str, Any]) -> Record:
-        """The record, with ``evidence`` as its evidence.  ``project``/``project_all`` pass the
-        fold's own dict (no copy): they drop the projector right after."""
+    def last_record(self, now: float | None = None) -> Record:
+        """``record()`` for a caller that drops the projector right after (``project``,
+        ``project_all``, the journal's views): the record takes the fold's own evidence and
+        attempts, without copies.  Folding on afterwards would change that record."""
+        return self._build(now, self._evidence, self._attempts)
+
+    def _build(
+        self, now: float | None, evidence: dict[str, Any], attempts: list[dict[str, Any]]
+    ) -> Record:
+        """The record, with ``evidence`` as its evidence and views of ``attempts``."""
         state = self._state
         phase, outcome, hints = _STATE_INFO[state]
         code = self._code
@@ -204,7 +212,7 @@ class Projector:
         r.idempotency = self._idempotency
         r.generation = self._generation
         r.budget = shared_budget(self._budget_total, self._budget_used)
-        r.attempts = tuple(self._attempts)
+        r.attempts = tuple(map(MappingProxyType, attempts))
         r.evidence = MappingProxyType(evidence)
         r.retry_after = self._retry_after
         r.last_seq = self._last_seq
@@ -267,8 +275,7 @@ _blank = object.__new__
 
 def project(events: Iterable[Event], now: float | None = None) -> Record:
     """Fold one invocation's events (in ``seq`` order) into its record."""
-    p = Projector().extend(events)
-    return p._build(now, p._evidence)
+    return Projector().extend(events).last_record(now)
 
 
 def _fold_all(events: Iterable[Event]) -> dict[str, Projector]:
@@ -282,20 +289,24 @@ def _fold_all(events: Iterable[Event]) -> dict[str, Projector]:
         if p is None:
             p = folds[iid] = Projector(iid)
         # Projector.apply, inlined: this loop runs once per journal row on recovery and the call
-        # cost ~10% of it.  A fold here only ever sees its own invocation's events.
+        # cost ~10% of it.  A fold here only ever sees its own invocation's events, and a
+        # refusal drops every fold (``project_all`` raises), so the order bookkeeping is done
+        # before the rule runs, with one test of ``seq`` instead of two.
         rule = rows[p._state].get(event.kind)
-        seq = event.seq
-        if rule is None or (seq is not None and p._last_seq is not None and seq <= p._last_seq):
+        if rule is None:
             raise p._refusal(event)
+        seq = event.seq
+        if seq is not None:
+            last = p._last_seq
+            if last is not None and seq <= last:
+                raise p._refusal(event)
+            p._last_seq = seq
         dest, check_and_apply = rule
         outcome = check_and_apply(p, event)
-        if outcome is not None:
-            dest = split[dest][outcome]
-        p._state = dest
-        if seq is not None:
-            p._last_seq = seq
-        if event.at is not None:
-            p._at = event.at
+        p._state = dest if outcome is None else split[dest][outcome]
+        at = event.at
+        if at is not None:
+            p._at = at
         p._events += 1
     return folds
 
@@ -315,7 +326,7 @@ def project_all(events: Iterable[Event], now: float | None = None) -> dict[str, 
     try:
         folds = _fold_all(events)
         # The folds are dropped here, so each record takes its fold's evidence without a copy.
-        return {iid: p._build(now, p._evidence) for iid, p in folds.items()}
+        return {iid: p.last_record(now) for iid, p in folds.items()}
     finally:
         if gc_was_enabled:
             gc.enable()
