@@ -5,8 +5,17 @@ from affidavit.views.records import (
     metrics,
     plain,
     prometheus_text,
+    record_json_encoder,
     record_to_json,
 )
 from affidavit.views.text import printable
 
-__all__ = ["event_to_json", "metrics", "plain", "printable", "prometheus_text", "record_to_json"]
+__all__ = [
+    "event_to_json",
+    "metrics",
+    "plain",
+    "printable",
+    "prometheus_text",
+    "record_json_encoder",
+    "record_to_json",
+]
