@@ -460,15 +460,19 @@ def _write_array(items: Iterable[str]) -> None:
     block: list[str] = []
     add = block.append
     sep = "[\n"
-    for text in items:
-        add(sep)
-        add(text)
-        sep = ",\n"
-        if len(block) >= 1024:
-            write("".join(block))
-            block.clear()
-    add("[]\n" if sep == "[\n" else "\n]\n")
-    write("".join(block))
+    try:
+        for text in items:
+            add(sep)
+            add(text)
+            sep = ",\n"
+            if len(block) >= 1024:
+                write("".join(block))
+                block.clear()
+    finally:
+        # A record that fails part-way (a journal error) still leaves every record before it
+        # written, as one write per record did: nothing folded is held back.
+        write("".join(block))
+    write("[]\n" if sep == "[\n" else "\n]\n")
 
 
 def _print_actions(as_json: bool, rows: Iterable[dict[str, Any]]) -> int:
