@@ -82,6 +82,14 @@ class JournalError(Exception):
     """The journal cannot do what was asked (bad key, corrupt row, closed journal, misuse)."""
 
 
+class JournalUnavailable(JournalError):
+    """A read found the connection to a shared journal lost and could not make a new one (the
+    database restarting, the network cut).  Nothing is wrong with the journal: the same read
+    may succeed within ``Backend.reconnect_within``, as a write would (the writer waits that
+    long itself; a reader on the event loop must not, so it raises this for the caller to wait
+    without blocking)."""
+
+
 class JournalWriteError(JournalError):
     """A storage fault (disk full, I/O error, read-only database) stopped a write.  The
     transaction was rolled back: nothing of it is durable and every earlier row is intact."""

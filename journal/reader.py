@@ -28,7 +28,7 @@ from . import audit, checkpoints, results, views
 from .backend import Backend, open_backend
 from .checkpoints import Keys
 from .connect import recorded_keys
-from .errors import IdempotencyRecord, JournalError, Lease, VerifyReport
+from .errors import IdempotencyRecord, JournalError, JournalUnavailable, Lease, VerifyReport
 from .rows import event_from_row, idempotency_from_row, lease_from_row
 from .sealing import BrokerKey, open_audit_payload, payload_aad
 from .signing import Anchor, Checkpoint, key_id_of
@@ -119,6 +119,7 @@ class JournalReader:
                 self.backend.close(self._rconn)
 
     # -- reading, with a lost connection tried again once -------------------------------------
+    # (then ``JournalUnavailable``: an async caller may wait and read again -- ``Recorder``)
 
     def _read(self, fn: Callable[[Tables], T], what: str = "a read") -> T:
         backend = self.backend
@@ -131,9 +132,14 @@ class JournalReader:
             backend.close(self._rconn)
         try:
             self._rconn = backend.connect("reader")
+        except JournalError as exc:  # no new connection: the database is still away
+            raise JournalUnavailable(f"{what} cannot be read: {exc}") from None
+        try:
             self.tables = backend.tables(self._rconn)
             return fn(self.tables)
         except backend.errors as exc:
+            if backend.lost(exc):
+                raise JournalUnavailable(str(self._error(what, exc))) from None
             raise self._error(what, exc) from None
 
     def _error(self, what: str, exc: BaseException) -> JournalError:

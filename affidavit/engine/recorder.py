@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import base64
 import time
-from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol, TypeVar
 
 import trio
 
-from affidavit.journal import Journal, Posted, ResultStream
+from affidavit.journal import Journal, JournalUnavailable, Posted, ResultStream
 from affidavit.statemachine import (
     BARRIER_KINDS,
     Code,
@@ -27,6 +27,8 @@ from affidavit.statemachine import (
 )
 
 __all__ = ["Recorder", "reference_payload", "result_payload", "resume_table"]
+
+T = TypeVar("T")
 
 
 class Recorder:
@@ -119,9 +121,28 @@ class Recorder:
 
     async def record(self, iid: str) -> Record:
         await self.settle()
-        record = self.journal.record(iid, now=time.time())
+        record = await self.read(lambda: self.journal.record(iid, now=time.time()))
         assert record is not None, iid
         return record
+
+    async def read(self, fn: Callable[[], T]) -> T:
+        """``fn()`` -- a journal read -- tried again while a shared journal's connection is
+        lost (``JournalUnavailable``), for as long as its writer would wait to reconnect
+        (``[journal] reconnect``): a database restart inside that window is invisible to a
+        call, reads included.  Waits on trio, never blocking the event loop."""
+        deadline: float | None = None
+        delay = 0.05
+        while True:
+            try:
+                return fn()
+            except JournalUnavailable:
+                now = trio.current_time()
+                if deadline is None:
+                    deadline = now + self.journal.backend.reconnect_within
+                if now + delay > deadline:
+                    raise
+            await trio.sleep(delay)
+            delay = min(delay * 2, 1.0)
 
     async def finish(self, iid: str, event: Event) -> dict[str, Any]:
         """Append the call's last event as a barrier and render the durable record."""

@@ -13,12 +13,14 @@ import psycopg
 import pytest
 import trio
 
+from affidavit.engine.recorder import Recorder
 from affidavit.journal import (
     Batch,
     CommitUnknown,
     Journal,
     JournalError,
     JournalReader,
+    JournalUnavailable,
     SigningKey,
 )
 from affidavit.journal.postgres import grant_statements
@@ -229,3 +231,40 @@ async def test_a_commit_no_reread_can_prove_fails_as_commit_unknown(
         kinds = [e.kind for e in r.events("inv-1")]
         assert (E.DISPATCH_STARTED in kinds) is landed
         assert r.verify().ok
+
+
+async def test_a_read_while_the_database_is_away_waits_within_the_reconnect_window(
+    pg: Cluster, pg_url: str, tmp_path: Path
+) -> None:
+    """A read finds the connection gone and no new one possible: ``JournalUnavailable`` at
+    once (the reader never blocks the event loop waiting), and the engine's reads wait on trio
+    for as long as the writer would (``reconnect_within``): a database back within that window
+    is invisible to a call's reads too; one still away after it is an error."""
+    proxy = Proxy(pg.port)
+    try:
+        url = proxy.url(pg, pg_url)
+        async with Journal.open(url, reconnect_within=5.0, **_keys(tmp_path, "a")) as j:
+            for ev in until_dispatch("inv-1")[:3]:
+                await j.append(ev)
+            recorder = Recorder(j)
+            proxy.cut()
+            with pytest.raises(JournalUnavailable):
+                j.head()
+
+            async def back_later() -> None:
+                await trio.sleep(0.5)
+                proxy.restore()
+
+            with trio.fail_after(LIMIT):
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(back_later)
+                    started = trio.current_time()
+                    assert (await recorder.read(j.head))[0] == 3
+                    assert trio.current_time() - started >= 0.4
+            j.backend.reconnect_within = 0.5  # type: ignore[misc]
+            proxy.cut()
+            with trio.fail_after(LIMIT), pytest.raises(JournalUnavailable):
+                await recorder.read(j.head)
+            proxy.restore()
+    finally:
+        proxy.close()
