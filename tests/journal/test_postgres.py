@@ -7,7 +7,10 @@ backends."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -35,6 +38,22 @@ LIMIT = 30
 
 def _keys(tmp: Path, name: str) -> dict[str, Path]:
     return {"key_file": tmp / "shared.key", "signing_key": tmp / f"{name}.signing.key"}
+
+
+@contextlib.asynccontextmanager
+async def _through_proxy(
+    pg: Cluster, pg_url: str, tmp_path: Path, **options: Any
+) -> AsyncIterator[tuple[Proxy, Journal]]:
+    """A journal reaching PostgreSQL through a ``Proxy`` the test cuts, holding the first
+    three events of ``inv-1`` (up to its dispatch)."""
+    proxy = Proxy(pg.port)
+    try:
+        async with Journal.open(proxy.url(pg, pg_url), **options, **_keys(tmp_path, "a")) as j:
+            for ev in until_dispatch("inv-1")[:3]:
+                await j.append(ev)
+            yield proxy, j
+    finally:
+        proxy.close()
 
 
 async def test_each_broker_signs_with_its_own_key_and_verify_trusts_the_set(
@@ -173,27 +192,20 @@ async def test_a_commit_whose_answer_was_lost_is_proven_by_a_reread(
     """The COMMIT reaches the server and lands; its answer is lost with the connection.  The
     writer cannot know from the error -- it reconnects, reads the row back, and only then
     reports the barrier durable (once: the batch is not run again)."""
-    proxy = Proxy(pg.port)
-    try:
-        url = proxy.url(pg, pg_url)
-        calls: list[Batch] = []
-        async with Journal.open(url, **_keys(tmp_path, "a")) as j:
-            for ev in until_dispatch("inv-1")[:3]:
-                await j.append(ev)
+    calls: list[Batch] = []
+    async with _through_proxy(pg, pg_url, tmp_path) as (proxy, j):
 
-            def lose_answer_once(batch: Batch) -> None:
-                calls.append(batch)
-                if len(calls) == 1:
-                    proxy.lose_next_answer()
+        def lose_answer_once(batch: Batch) -> None:
+            calls.append(batch)
+            if len(calls) == 1:
+                proxy.lose_next_answer()
 
-            j.before_commit = lose_answer_once
-            with trio.fail_after(LIMIT):
-                stored = await j.append(Event(E.DISPATCH_STARTED, "inv-1", {"attempt": 1}))
-            j.before_commit = None
-            assert proxy.lost_answers == 1 and len(calls) == 1
-            assert stored.seq == 4
-    finally:
-        proxy.close()
+        j.before_commit = lose_answer_once
+        with trio.fail_after(LIMIT):
+            stored = await j.append(Event(E.DISPATCH_STARTED, "inv-1", {"attempt": 1}))
+        j.before_commit = None
+        assert proxy.lost_answers == 1 and len(calls) == 1
+        assert stored.seq == 4
     with JournalReader.open(pg_url) as r:
         assert [e.kind for e in r.events("inv-1")][-1] is E.DISPATCH_STARTED
         assert r.head()[0] == 4 and r.verify().ok
@@ -207,26 +219,19 @@ async def test_a_commit_no_reread_can_prove_fails_as_commit_unknown(
     window: the append fails with ``CommitUnknown`` -- whether the row landed (the answer was
     lost) or not (the connection was cut first).  The broker never reports a barrier it cannot
     prove; what the journal holds, read later, is the truth either way."""
-    proxy = Proxy(pg.port)
-    try:
-        url = proxy.url(pg, pg_url)
-        async with Journal.open(url, reconnect_within=1.0, **_keys(tmp_path, "a")) as j:
-            for ev in until_dispatch("inv-1")[:3]:
-                await j.append(ev)
+    async with _through_proxy(pg, pg_url, tmp_path, reconnect_within=1.0) as (proxy, j):
 
-            def fail(_: Batch) -> None:
-                if landed:
-                    proxy.lose_next_answer(then_cut=True)
-                else:
-                    proxy.cut()
+        def fail(_: Batch) -> None:
+            if landed:
+                proxy.lose_next_answer(then_cut=True)
+            else:
+                proxy.cut()
 
-            j.before_commit = fail
-            with trio.fail_after(LIMIT), pytest.raises(CommitUnknown, match="unknown"):
-                await j.append(Event(E.DISPATCH_STARTED, "inv-1", {"attempt": 1}))
-            j.before_commit = None
-            proxy.restore()
-    finally:
-        proxy.close()
+        j.before_commit = fail
+        with trio.fail_after(LIMIT), pytest.raises(CommitUnknown, match="unknown"):
+            await j.append(Event(E.DISPATCH_STARTED, "inv-1", {"attempt": 1}))
+        j.before_commit = None
+        proxy.restore()
     with JournalReader.open(pg_url) as r:
         kinds = [e.kind for e in r.events("inv-1")]
         assert (E.DISPATCH_STARTED in kinds) is landed
@@ -240,31 +245,24 @@ async def test_a_read_while_the_database_is_away_waits_within_the_reconnect_wind
     once (the reader never blocks the event loop waiting), and the engine's reads wait on trio
     for as long as the writer would (``reconnect_within``): a database back within that window
     is invisible to a call's reads too; one still away after it is an error."""
-    proxy = Proxy(pg.port)
-    try:
-        url = proxy.url(pg, pg_url)
-        async with Journal.open(url, reconnect_within=5.0, **_keys(tmp_path, "a")) as j:
-            for ev in until_dispatch("inv-1")[:3]:
-                await j.append(ev)
-            recorder = Recorder(j)
-            proxy.cut()
-            with pytest.raises(JournalUnavailable):
-                j.head()
+    async with _through_proxy(pg, pg_url, tmp_path, reconnect_within=5.0) as (proxy, j):
+        recorder = Recorder(j)
+        proxy.cut()
+        with pytest.raises(JournalUnavailable):
+            j.head()
 
-            async def back_later() -> None:
-                await trio.sleep(0.5)
-                proxy.restore()
-
-            with trio.fail_after(LIMIT):
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(back_later)
-                    started = trio.current_time()
-                    assert (await recorder.read(j.head))[0] == 3
-                    assert trio.current_time() - started >= 0.4
-            j.backend.reconnect_within = 0.5  # type: ignore[misc]
-            proxy.cut()
-            with trio.fail_after(LIMIT), pytest.raises(JournalUnavailable):
-                await recorder.read(j.head)
+        async def back_later() -> None:
+            await trio.sleep(0.5)
             proxy.restore()
-    finally:
-        proxy.close()
+
+        with trio.fail_after(LIMIT):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(back_later)
+                started = trio.current_time()
+                assert (await recorder.read(j.head))[0] == 3
+                assert trio.current_time() - started >= 0.4
+        j.backend.reconnect_within = 0.5
+        proxy.cut()
+        with trio.fail_after(LIMIT), pytest.raises(JournalUnavailable):
+            await recorder.read(j.head)
+        proxy.restore()
