@@ -43,8 +43,20 @@ def figures(lat: list[float], seq_s: float, rate: float, cpu: float, calls: int)
     }
 
 
-async def trio_seq(call: Callable[[], Awaitable[None]], seq: int) -> tuple[list[float], float]:
-    """Latencies of ``seq`` sequential calls, and their total time."""
+Call = Callable[[], Awaitable[None]]
+Spawn = Callable[[Call, int], Awaitable[None]]
+"""Runs ``n`` copies of a worker concurrently until all return: the one step that depends on
+the event loop (a trio nursery, ``asyncio.gather``)."""
+
+
+async def trio_spawn(worker: Call, n: int) -> None:
+    async with trio.open_nursery() as nursery:
+        for _ in range(n):
+            nursery.start_soon(worker)
+
+
+async def sequential(call: Call, seq: int) -> tuple[list[float], float]:
+    """Latencies of ``seq`` sequential calls, and their total time (any event loop)."""
     lat = []
     t0 = time.perf_counter()
     for _ in range(seq):
@@ -54,8 +66,8 @@ async def trio_seq(call: Callable[[], Awaitable[None]], seq: int) -> tuple[list[
     return lat, time.perf_counter() - t0
 
 
-async def trio_conc(
-    call: Callable[[], Awaitable[None]], calls: int, concurrency: int
+async def concurrent(
+    call: Call, calls: int, concurrency: int, spawn: Spawn = trio_spawn
 ) -> tuple[float, float]:
     """(calls/s, process CPU seconds) of ``calls`` calls shared by ``concurrency`` tasks."""
     left = calls
@@ -68,20 +80,19 @@ async def trio_conc(
 
     c0 = time.process_time()
     t0 = time.perf_counter()
-    async with trio.open_nursery() as nursery:
-        for _ in range(concurrency):
-            nursery.start_soon(worker)
+    await spawn(worker, concurrency)
     return calls / (time.perf_counter() - t0), time.process_time() - c0
 
 
-async def trio_measure(
-    call: Callable[[], Awaitable[None]], seq: int, calls: int, concurrency: int
+async def measure(
+    call: Call, seq: int, calls: int, concurrency: int, spawn: Spawn = trio_spawn
 ) -> Figures:
-    """Sequential latencies, then throughput and CPU at ``concurrency`` tasks, under trio."""
+    """Sequential latencies, then throughput and CPU at ``concurrency`` tasks (under trio
+    unless ``spawn`` is another loop's)."""
     for _ in range(WARMUP):
         await call()
-    lat, seq_s = await trio_seq(call, seq)
-    rate, cpu = await trio_conc(call, calls, concurrency)
+    lat, seq_s = await sequential(call, seq)
+    rate, cpu = await concurrent(call, calls, concurrency, spawn)
     return figures(lat, seq_s, rate, cpu, calls)
 
 
@@ -143,7 +154,7 @@ async def measure_bare(port: int, token: str, seq: int, calls: int, conc: int) -
             raise RuntimeError("bare client: status")
 
     try:
-        return await trio_measure(call, seq, calls, conc)
+        return await measure(call, seq, calls, conc)
     finally:
         await bare.aclose()
 
@@ -164,7 +175,7 @@ async def measure_httpx(port: int, token: str, seq: int, calls: int, conc: int) 
             if r.status_code != 200 or r.content != BODY:
                 raise RuntimeError("httpx: wrong answer")
 
-        return await trio_measure(call, seq, calls, conc)
+        return await measure(call, seq, calls, conc)
 
 
 # -- urllib3, threads -----------------------------------------------------------------------------
@@ -232,28 +243,10 @@ async def _aiohttp_main(port: int, token: str, seq: int, calls: int, conc: int) 
                 if r.status != 200 or await r.read() != BODY:
                     raise RuntimeError("aiohttp: wrong answer")
 
-        for _ in range(WARMUP):
-            await call()
-        lat = []
-        t0 = time.perf_counter()
-        for _ in range(seq):
-            t1 = time.perf_counter()
-            await call()
-            lat.append(time.perf_counter() - t1)
-        seq_s = time.perf_counter() - t0
-        left = calls
+        async def spawn(worker: Call, n: int) -> None:
+            await asyncio.gather(*(worker() for _ in range(n)))
 
-        async def worker() -> None:
-            nonlocal left
-            while left > 0:
-                left -= 1
-                await call()
-
-        c0 = time.process_time()
-        t0 = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(conc)))
-        rate = calls / (time.perf_counter() - t0)
-        return figures(lat, seq_s, rate, time.process_time() - c0, calls)
+        return await measure(call, seq, calls, conc, spawn)
 
 
 def measure_aiohttp(port: int, token: str, seq: int, calls: int, conc: int) -> Figures:

@@ -313,12 +313,12 @@ async def measure_broker(args: argparse.Namespace, port: int, tmp: Path) -> dict
         out["one"] = [txns, barriers, reqs, inside]
         s0 = counter.snapshot()
         with _profiled(prof):
-            lat, seq_s = await http_clients.trio_seq(call, args.seq)
+            lat, seq_s = await http_clients.sequential(call, args.seq)
         seq_txn, seq_bar, _, seq_in = _delta(counter.snapshot(), s0)
         out["seq_journal"] = [seq_txn / args.seq, seq_bar / args.seq, seq_in / args.seq]
         c0, w0 = counter.snapshot(), counter.cpu
         with _profiled(prof):
-            rate, cpu = await http_clients.trio_conc(call, args.calls, args.concurrency)
+            rate, cpu = await http_clients.concurrent(call, args.calls, args.concurrency)
         c_txn, c_bar, c_req, c_s = _delta(counter.snapshot(), c0)
         fig = http_clients.figures(lat, seq_s, rate, cpu, args.calls)
         fig["writer_cpu"] = (counter.cpu - w0) / args.calls
