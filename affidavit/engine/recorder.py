@@ -171,17 +171,19 @@ class Recorder:
             env.pop("result", None)
             env["error"] = in_progress_error(record)
             return env
-        payload: dict[str, Any] | None = None
-        if from_chunk is None:
-            payload = None if whole else self._by_reference(record.invocation_id)
-            if payload is None:
-                result = self.journal.read_result(record.invocation_id)
-                payload = result_payload(result) if result is not None else None
+        iid = record.invocation_id
+        stream = self.journal.result_stream(iid)  # the marker and summary, verified
+        limit = self.inline_limit
+        payload: dict[str, Any] | None
+        if stream is None:
+            payload = None
+        elif from_chunk is not None:
+            payload = result_payload(stream.read(from_chunk))
+            payload["resume"] = resume_table(stream, from_chunk)
+        elif whole or limit is None or sum(s.bytes for s in stream.streams.values()) <= limit:
+            payload = result_payload(stream.read())
         else:
-            stream = self.journal.result_stream(record.invocation_id)
-            if stream is not None:
-                payload = result_payload(stream.read(from_chunk))
-                payload["resume"] = resume_table(stream, from_chunk)
+            payload = reference_payload(iid, stream.summary, stream.sha256, limit)
         env = render_envelope(record, payload)
         if busy:
             # This worker's lease was lost at its dispatch gate: another worker holds a newer
@@ -194,17 +196,6 @@ class Recorder:
                 "message": "Another worker holds this invocation's lease; nothing was sent.",
             }
         return env
-
-    def _by_reference(self, iid: str) -> dict[str, Any] | None:
-        """The reference payload of ``iid``'s stored result if it is larger than the inline
-        limit (its marker and summary verified, its chunks not read), else None."""
-        limit = self.inline_limit
-        if limit is None:
-            return None
-        stream = self.journal.result_stream(iid)
-        if stream is None or sum(s.bytes for s in stream.streams.values()) <= limit:
-            return None
-        return reference_payload(iid, stream.summary, stream.sha256, limit)
 
 
 class _StoredLike(Protocol):

@@ -16,6 +16,7 @@ import trio
 from affidavit.api import Broker
 from affidavit.config import load_config
 from affidavit.engine import RESULT_CHUNK, EngineSettings
+from affidavit.journal import ResultStream
 from tests.http.hostile import HostileServer, Received, Reply, scripts
 
 from .helpers import assert_ok, http_target, open_broker, write_config
@@ -23,6 +24,21 @@ from .helpers import assert_ok, http_target, open_broker, write_config
 LIMIT = 10
 GET = {"target": "api", "method": "GET", "path": "/thing"}
 KEYED = {"header": "Idempotency-Key", "scope": "things.read", "retention": "24h"}
+
+
+@pytest.fixture
+def stored_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The invocations whose stored result was read back (chunks fetched, verified, decrypted):
+    every such read goes through ``ResultStream.read``."""
+    reads: list[str] = []
+    real = ResultStream.read
+
+    def counted(self: ResultStream, from_chunk: int = 0) -> Any:
+        reads.append(self.invocation_id)
+        return real(self, from_chunk)
+
+    monkeypatch.setattr(ResultStream, "read", counted)
+    return reads
 
 
 async def _call_and_fetch(tmp_path: Path, reply: Any) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -58,29 +74,21 @@ async def test_the_delivered_result_is_the_stored_result(tmp_path: Path, token: 
 
 
 async def test_a_result_over_the_inline_limit_is_returned_by_reference_not_read_back(
-    tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, token: str, stored_reads: list[str]
 ) -> None:
     """Issue 15: above the inline limit the call's envelope carries the result's size, hash and
     a fetch reference -- not the body, and without reading it back; ``fetch_result`` (what the
     reference names) returns the body, whose size and hash are the referenced ones."""
     settings = EngineSettings(inline_result_limit=RESULT_CHUNK)
-    reads: list[str] = []
     body = b"y" * (RESULT_CHUNK * 2 + 5)
 
     async with HostileServer.running(scripts.serve(Reply(200, body=body))) as srv:
         cfg = write_config(tmp_path, {"api": http_target(srv.url)})
         async with Broker.open(config=load_config(cfg), settings=settings) as broker:
-            inner = broker.journal.read_result
-
-            def counted(iid: str) -> Any:
-                reads.append(iid)
-                return inner(iid)
-
-            monkeypatch.setattr(broker.journal, "read_result", counted)
             with trio.fail_after(LIMIT):
                 env = await broker.call(GET)
                 assert_ok(broker, env)
-                assert reads == []  # not read back
+                assert stored_reads == []  # not read back
                 fetched = await broker.fetch_result(env["invocation_id"])
     assert fetched is not None
     result = env["result"]
@@ -103,24 +111,16 @@ async def test_a_result_over_the_inline_limit_is_returned_by_reference_not_read_
 
 
 async def test_a_small_result_is_not_read_back_but_fetch_result_still_reads(
-    tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, token: str, stored_reads: list[str]
 ) -> None:
-    reads: list[str] = []
     async with HostileServer.running(scripts.serve(Reply(200, body=b"ok"))) as srv:
         cfg = write_config(tmp_path, {"api": http_target(srv.url)})
         async with open_broker(cfg) as broker:
-            inner = broker.journal.read_result
-
-            def counted(iid: str) -> Any:
-                reads.append(iid)
-                return inner(iid)
-
-            monkeypatch.setattr(broker.journal, "read_result", counted)
             with trio.fail_after(LIMIT):
                 env = await broker.call(GET)
-                assert reads == []
+                assert stored_reads == []
                 fetched = await broker.fetch_result(env["invocation_id"])
-                assert reads == [env["invocation_id"]]  # fetch_result is a real read
+                assert stored_reads == [env["invocation_id"]]  # fetch_result is a real read
     assert fetched is not None and fetched["result"] == env["result"]
 
 
@@ -139,7 +139,7 @@ async def test_an_echoed_credential_is_redacted_in_the_kept_copy_too(
 
 
 async def test_a_same_key_call_answers_a_large_result_by_reference_as_the_first_did(
-    tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, token: str, stored_reads: list[str]
 ) -> None:
     """The same idempotency key again returns the recorded result (nothing sent): above the
     inline limit by the same reference the first call answered with, without reading the
@@ -147,20 +147,16 @@ async def test_a_same_key_call_answers_a_large_result_by_reference_as_the_first_
     settings = EngineSettings(inline_result_limit=RESULT_CHUNK)
     body = b"z" * (RESULT_CHUNK * 3 + 1)
     action = {**GET, "idempotency_key": "k-large"}
-    reads: list[str] = []
     async with HostileServer.running(scripts.serve(Reply(200, body=body))) as srv:
         cfg = write_config(tmp_path, {"api": http_target(srv.url, idempotency=KEYED)})
         async with Broker.open(config=load_config(cfg), settings=settings) as broker:
             with trio.fail_after(LIMIT):
                 first = await broker.call(action)
                 assert_ok(broker, first)
-                inner = broker.journal.read_result
-                monkeypatch.setattr(
-                    broker.journal, "read_result", lambda iid: reads.append(iid) or inner(iid)
-                )
                 again = await broker.call(action)
-                assert reads == []  # answered from the marker, chunks not read
+                assert stored_reads == []  # answered from the marker, chunks not read
                 fetched = await broker.fetch_result(first["invocation_id"])
+                assert stored_reads == [first["invocation_id"]]
         requests = len(srv.requests)
     assert requests == 1  # the same key never reached the remote again
     assert again["invocation_id"] == first["invocation_id"]
