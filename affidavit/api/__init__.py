@@ -6,11 +6,13 @@ not pull in the engine, the journal or cryptography that ``Broker`` needs."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
 __all__ = ["AffidavitError", "Broker", "Client", "call_checked"]
 
+TYPE_CHECKING = False  # not typing's: see affidavit/__init__.py
+
 if TYPE_CHECKING:
+    from typing import Any
+
     from affidavit.api.broker import Broker
     from affidavit.api.client import Client
     from affidavit.api.sdk import AffidavitError, call_checked

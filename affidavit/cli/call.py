@@ -19,7 +19,6 @@ import json
 import sys
 from collections.abc import Awaitable, Callable
 from functools import partial
-from typing import Any, TypeVar
 
 from affidavit.cli import (
     UsageError,
@@ -32,7 +31,12 @@ from affidavit.cli import (
 
 __all__ = ["add_commands", "load_or_usage", "run_journal"]
 
-T = TypeVar("T")
+TYPE_CHECKING = False  # not typing's: see affidavit/__init__.py
+
+if TYPE_CHECKING:
+    from typing import Any, TypeVar
+
+    T = TypeVar("T")
 
 
 def add_commands(sub: Any) -> None:

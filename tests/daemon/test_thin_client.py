@@ -19,6 +19,7 @@ from tests.http.hostile import HostileServer, Reply, scripts
 
 from .kit import action_bytes, api_target, client_env, run, running_daemon
 
+ROOT = Path(__file__).resolve().parents[2]
 HEAVY = (
     "affidavit.adapters",
     "affidavit.config",
@@ -63,13 +64,21 @@ async def test_a_call_through_the_daemon_loads_nothing_of_the_broker(
         HostileServer.running(scripts.serve(Reply(200, body=b"{}"))) as srv,
         running_daemon(tmp_path, api_target(srv.url), token=token) as daemon,
     ):
-        done = await run(
-            [sys.executable, "-c", MODULES_AFTER, "call", "-", "--socket", str(daemon.socket)],
+        argv = ["-c", MODULES_AFTER, "call", "-", "--socket", str(daemon.socket)]
+        done = await run([sys.executable, *argv], stdin=action_bytes(), env=client_env())
+        # Nor the standard library it does not use (affidavit/__init__.py, wire.target,
+        # cli._Formatter): seen with -S, so that no site-packages .pth loads them first.
+        bare = await run(
+            [sys.executable, "-S", *argv],
             stdin=action_bytes(),
-            env=client_env(),
+            env={**client_env(), "PYTHONPATH": str(ROOT)},
         )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["result"]["status"] == 200
+    assert bare.returncode == 0, bare.stderr
+    assert json.loads(bare.stdout)["result"]["status"] == 200
+    stdlib = set(_loaded(bare.stderr))
+    assert not stdlib & {"typing", "shutil", "urllib.parse", "ipaddress", "site"}, sorted(stdlib)
     modules = _loaded(done.stderr)
     assert "affidavit.api.wire" in modules
     assert _heavy(modules) == []
@@ -108,3 +117,20 @@ def test_the_command_map_names_what_each_module_declares() -> None:
     for command, module in COMMANDS.items():
         assert command in commands(build_parser(command)), (command, module)
         assert commands(build_parser(command)) == {c for c, m in COMMANDS.items() if m == module}
+
+
+@pytest.mark.parametrize("columns", ["44", "132"])
+def test_help_is_wrapped_to_the_width_argparse_itself_would_use(
+    monkeypatch: pytest.MonkeyPatch, columns: str
+) -> None:
+    """``cli._Formatter`` finds the width without shutil; the help it formats is argparse's own,
+    byte for byte, at any $COLUMNS."""
+    import argparse
+
+    from affidavit import cli
+
+    monkeypatch.setenv("COLUMNS", columns)
+    ours = cli.build_parser().format_help(), cli.build_parser("call").format_help()
+    monkeypatch.setattr(cli, "_Formatter", argparse.HelpFormatter)
+    assert (cli.build_parser().format_help(), cli.build_parser("call").format_help()) == ours
+    assert max(len(line) for line in "\n".join(ours).splitlines()) <= int(columns)
