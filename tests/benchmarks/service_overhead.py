@@ -2,6 +2,7 @@
 
     .venv/bin/python tests/benchmarks/service_overhead.py [--seq N] [--calls N]
                                                          [--concurrency C] [--starts N]
+                                                         [--installed-client]
 
 One run, one loopback HTTP server (``http_overhead.py --serve``, its own process), one disk:
 
@@ -14,7 +15,10 @@ One run, one loopback HTTP server (``http_overhead.py --serve``, its own process
   of a bare ``python -c pass`` as the floor no command can beat.  These processes may cache
   bytecode (``PYTHONDONTWRITEBYTECODE`` is dropped from their environment and one warm-up run
   each fills the caches), as an installed package has its ``.pyc`` files: a checkout that
-  recompiles every module at each start measures the compiler, not the command.
+  recompiles every module at each start measures the compiler, not the command.  With
+  ``--installed-client`` the thin client (and the floor) run from a regular install in a fresh
+  venv: an editable install's finder and whatever .pth files this interpreter's site-packages
+  holds run at every start of this interpreter, and no deployment has them.
 
 The embedded broker and the daemon each have their own journal (the daemon is its journal's
 only writer); both journal every call with the same barriers.  Targets (issue 10): the daemon
@@ -148,9 +152,25 @@ def _start_to_envelope(argv: list[str], env: dict[str, str]) -> float:
     return took
 
 
+def _installed_client(dir: Path) -> Path:
+    """``affidavit`` from a regular (not editable) install of this checkout in a fresh venv,
+    as a deployment has it: no editable-install finder, nor any .pth this interpreter's own
+    site-packages holds.  ``--no-deps``: the thin client is the standard library only (the
+    daemon, which needs the rest, runs from this interpreter)."""
+    venv = dir / "client-venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    pip = [str(venv / "bin" / "pip"), "install", "-q", "--disable-pip-version-check"]
+    subprocess.run([*pip, "--no-deps", str(ROOT)], check=True)
+    return venv / "bin"
+
+
 def starts(args: argparse.Namespace, embedded_cfg: Path, socket: Path) -> None:
     cli = _affidavit()
-    through = [*cli, "call", "-", "--socket", str(socket)]
+    thin, python = cli, sys.executable
+    if args.installed_client:
+        bin = _installed_client(embedded_cfg.parents[1])
+        thin, python = [str(bin / "affidavit")], str(bin / "python")
+    through = [*thin, "call", "-", "--socket", str(socket)]
     local = [*cli, "call", "-", "--config", str(embedded_cfg)]
     env = {k: v for k, v in _env().items() if k != "PYTHONDONTWRITEBYTECODE"}
     _start_to_envelope(through, env)  # warm-up: bytecode caches
@@ -160,10 +180,11 @@ def starts(args: argparse.Namespace, embedded_cfg: Path, socket: Path) -> None:
         times["daemon"].append(_start_to_envelope(through, env))
         times["embedded"].append(_start_to_envelope(local, env))
         start = time.perf_counter()
-        subprocess.run([sys.executable, "-c", "pass"], check=True, env=env)
+        subprocess.run([python, "-c", "pass"], check=True, env=env)
         times["python"].append(time.perf_counter() - start)
     print()
     print(f"process start to envelope ({args.starts} runs each, alternating; ms)")
+    print(f"thin client and floor: {python}")
     print(f"{'':26} {'median':>8} {'p90':>8} {'min':>8}")
     for label, key in (
         ("affidavit call --socket", "daemon"),
@@ -183,6 +204,12 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=4000, help="calls per side at concurrency")
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--starts", type=int, default=20, help="process starts per side")
+    parser.add_argument(
+        "--installed-client",
+        action="store_true",
+        help="start `affidavit call --socket` from a regular install in a fresh venv "
+        "(needs pip to reach its index for setuptools); default: this interpreter's",
+    )
     args = parser.parse_args()
     os.environ[TOKEN_ENV] = "bench-token"
     server = subprocess.Popen(
