@@ -1,7 +1,7 @@
 """Journal append throughput: group commit vs raw SQLite, measured side by side on one disk.
 
     .venv/bin/python tests/benchmarks/journal_append.py [--dir DIR] [--seconds S] [--runs R]
-        [--events N] [--ids engine|worker] [--profile FILE]
+        [--events N] [--ids engine|worker] [--profile FILE] [--ab OLD_CHECKOUT [--src NEW_CHECKOUT]]
 
 Prints barrier appends per second from 1 task and from 64 concurrent trio tasks, next to raw
 ``sqlite3`` single-row ``synchronous=FULL`` commits and raw 100-row batched commits, plus the time
@@ -22,6 +22,13 @@ keeps 64 index leaves hot at once.
 ``--profile FILE`` runs the 64-task phase once more under cProfile: the trio thread's stats go
 to FILE, the journal writer thread's (cProfile sees one thread at a time) to FILE.writer, and
 the top entries of both are printed.
+
+``--ab DIR`` races the journal imported from another checkout (e.g. the commit before a change)
+against this one: each rate is measured in a process of its own, the two checkouts alternating
+within every run, and both group-commit ratios are printed (then nothing else is measured), with
+the p50 latency of one task's append and each checkout's hand-off alone: a barrier write whose
+transaction does nothing, queued and answered from one task (the writer thread's work replaced).
+``--src DIR`` measures that checkout in place of this one (two commits while the worktree changes).
 """
 
 from __future__ import annotations
@@ -30,18 +37,28 @@ import argparse
 import contextlib
 import cProfile
 import itertools
+import json
 import os
 import pstats
 import secrets
 import sqlite3
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import trio
+
+sys.path.insert(0, str(Path(__file__).parent))
+if "--src" in sys.argv:  # an --ab child: the journal of another checkout, before importing it
+    import http_overhead
+
+    http_overhead._use_source(Path(sys.argv[sys.argv.index("--src") + 1]))
 
 from affidavit.journal import Batch, Journal, JournalReader, SigningKey
 from affidavit.statemachine import Event, EvidenceSource
@@ -127,6 +144,7 @@ async def _journal_rate(
     ids: Callable[[int, int], str],
     stats: WriterStats,
     profile: cProfile.Profile | None = None,
+    latencies: list[float] | None = None,
 ) -> float:
     count = 0
     async with Journal.open(path) as j:
@@ -138,7 +156,12 @@ async def _journal_rate(
             deadline = trio.current_time() + seconds
             while trio.current_time() < deadline:
                 for ev in _happy(ids(w, n)):
-                    await j.append(ev, barrier=True)
+                    if latencies is None:
+                        await j.append(ev, barrier=True)
+                    else:
+                        t0 = time.perf_counter()
+                        await j.append(ev, barrier=True)
+                        latencies.append(time.perf_counter() - t0)
                     count += 1
                 n += 1
 
@@ -239,6 +262,88 @@ def _verdict(ok: bool) -> str:
     return "MET" if ok else "MISSED"
 
 
+async def _handoff(path: Path, n: int = 20_000) -> dict[str, float]:
+    """The writer's hand-off alone: a barrier write whose transaction does nothing (the writer
+    thread's ``_run_batch`` replaced in this process), queued and answered ``n`` times from one
+    task -- what each transaction costs besides its SQL and fsync.  p50 latency and process CPU,
+    microseconds."""
+    from affidavit.journal import writer
+
+    def nothing(self: writer.Writer, batch: list[writer._Req[Any]]) -> None:
+        for r in batch:
+            r.result = None
+
+    writer.Writer._run_batch = nothing  # type: ignore[method-assign]
+    lat = []
+    async with Journal.open(path) as j:
+        w = j._writer
+        cpu = time.process_time()
+        for _ in range(n):
+            t0 = time.perf_counter()
+            await w.submit(None, (), barrier=True)
+            lat.append(time.perf_counter() - t0)
+        cpu = time.process_time() - cpu
+    return {"lat": statistics.median(lat), "proc": cpu / n * 1e6}
+
+
+def _child(base: Path, tasks: int, seconds: float, ids: Callable[[int, int], str]) -> None:
+    """``--child TASKS``: one rate (TASKS 0: the hand-off alone), a JSON line for ``_ab``."""
+    if tasks == 0:
+        print(json.dumps(trio.run(_handoff, base / f"{os.getpid()}-handoff.db")))
+        return
+    st = WriterStats()
+    lat: list[float] = []
+    cpu = time.process_time()
+    path = base / f"{os.getpid()}-{tasks}.db"
+    rate = trio.run(_journal_rate, path, tasks, seconds, ids, st, None, lat)
+    cpu = (time.process_time() - cpu) / max(len(lat), 1) * 1e6
+    out = {"rate": rate, "batch": st.requests / max(st.txns, 1), "lat": statistics.median(lat)}
+    print(json.dumps({**out, "cpu": st.cpu / max(st.requests, 1) * 1e6, "proc": cpu}))
+
+
+def _ab(args: argparse.Namespace, base: Path) -> None:
+    """``--ab SRC``: 1-task and 64-task rates of this checkout (or of ``--src``'s) and of SRC,
+    each in a process of its own, interleaved (the order alternates every run); medians and
+    both ratios."""
+    this = "this checkout" if args.src is None else f"@ {Path(args.src).name}"
+    sides = {this: args.src, f"@ {Path(args.ab).name}": args.ab}
+    got: dict[tuple[str, int], list[dict[str, float]]] = {}
+    for run in range(args.runs):
+        order = list(sides.items())[:: 1 if run % 2 == 0 else -1]
+        for tasks in (0, 1, 64):
+            for label, src in order:
+                cmd = [sys.executable, __file__, "--child", str(tasks), "--dir", str(base)]
+                cmd += ["--seconds", str(args.seconds), "--ids", args.ids]
+                if src is not None:
+                    cmd += ["--src", src]
+                out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True).stdout
+                got.setdefault((label, tasks), []).append(json.loads(out.strip().splitlines()[-1]))
+    print(f"{args.runs} interleaved runs of {args.seconds:g} s, medians (min-max); load {_load()}")
+    for label in sides:
+        one = [r["rate"] for r in got[(label, 1)]]
+        many = [r["rate"] for r in got[(label, 64)]]
+
+        def med(tasks: int, key: str, label: str = label) -> float:
+            return statistics.median(r[key] for r in got[(label, tasks)])
+
+        print(f"{label}:")
+        print(
+            f"  hand-off of an empty transaction: p50 {med(0, 'lat') * 1e6:.1f} us, process CPU "
+            f"{med(0, 'proc'):.1f} us"
+        )
+        print(f"  {'1 task':10} {_cell(one)}  (p50 {med(1, 'lat') * 1e3:.3f} ms per append)")
+        print(
+            f"  {'64 tasks':10} {_cell(many)}  ({med(64, 'batch'):.1f} per txn; CPU per "
+            f"append: process {med(64, 'proc'):.1f} us, writer thread {med(64, 'cpu'):.1f} us)"
+        )
+        ratio = statistics.median(many) / statistics.median(one)
+        print(f"  64 tasks / 1 task = {ratio:.1f}x  (target >= 20x)  {_verdict(ratio >= 20)}")
+
+
+def _load() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--dir", default=None, help="directory on the disk to measure (default: tmp)")
@@ -247,8 +352,17 @@ def main() -> None:
     ap.add_argument("--events", type=int, default=100_000)
     ap.add_argument("--ids", choices=sorted(IDS), default="engine")
     ap.add_argument("--profile", default=None, help="cProfile the 64-task phase into FILE")
+    ap.add_argument("--ab", metavar="SRC", help="race the journal of checkout SRC (A/B)")
+    ap.add_argument("--child", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--src", metavar="DIR", help="with --ab: measure checkout DIR, not this one")
     args = ap.parse_args()
+    if args.child is not None:
+        _child(Path(args.dir), args.child, args.seconds, IDS[args.ids])
+        return
     base = Path(tempfile.mkdtemp(prefix="affidavit-bench-", dir=args.dir))
+    if args.ab:
+        _ab(args, base)
+        return
     s = args.seconds
     ids = IDS[args.ids]
     names = itertools.count()
