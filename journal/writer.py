@@ -26,6 +26,7 @@ connection is handled in ``_attempts``: never a success the database cannot prov
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import queue
 import threading
@@ -52,6 +53,7 @@ __all__ = ["Batch", "Fail", "Posted", "Writer"]
 T = TypeVar("T")
 
 MAX_BATCH = 2048
+MAX_QUEUED = MAX_BATCH * 4
 _PROJECTOR_CACHE = 50_000
 
 
@@ -179,8 +181,15 @@ class Writer:
         self._committing = False
         """The COMMIT of the current transaction was sent: if the connection is lost now, only
         a re-read can tell whether it landed."""
-        self._send: trio.MemorySendChannel[_Req[Any]] | None = None
-        self._recv: trio.MemoryReceiveChannel[_Req[Any]] | None = None
+        self._pending: collections.deque[_Req[Any]] = collections.deque()
+        """Queued writes, oldest first (the writer task takes up to ``MAX_BATCH`` at once)."""
+        self._space = trio.lowlevel.ParkingLot()
+        """Writers waiting for room in a full queue (``MAX_QUEUED``)."""
+        self._idle: trio.lowlevel.Task | None = None
+        """The writer task, while it waits for a first write."""
+        self._closed = True
+        """No writes taken: not started yet, or stopping."""
+        self._token: trio.lowlevel.TrioToken | None = None
         self._nursery_mgr: contextlib.AbstractAsyncContextManager[trio.Nursery] | None = None
         self._nursery: trio.Nursery | None = None
         self._batches: queue.SimpleQueue[_Handoff | None] = queue.SimpleQueue()
@@ -190,7 +199,8 @@ class Writer:
 
     async def start(self) -> None:
         self.loop_thread = threading.get_ident()
-        self._send, self._recv = trio.open_memory_channel[_Req[Any]](MAX_BATCH * 4)
+        self._token = trio.lowlevel.current_trio_token()
+        self._closed = False
         mgr = trio.open_nursery()
         nursery = await mgr.__aenter__()
         self._nursery_mgr = mgr
@@ -201,7 +211,7 @@ class Writer:
         # (issue 15), three times per call at concurrency 1.
         self._thread = threading.Thread(
             target=self._thread_main,
-            args=(trio.lowlevel.current_trio_token(), self._batches),
+            args=(self._token, self._batches),
             name="affidavit-journal-writer",
             daemon=True,
         )
@@ -209,8 +219,9 @@ class Writer:
 
     async def stop(self) -> None:
         """Stop taking writes and wait until everything queued is committed (or failed)."""
-        assert self._send is not None
-        self._send.close()
+        self._closed = True
+        self._wake_runner()
+        self._space.unpark_all()
         # The writer drains what is queued even if our caller was cancelled: a queued
         # barrier's submitter is waiting (shielded) for its answer.
         assert self._nursery_mgr is not None and self._nursery is not None
@@ -223,62 +234,73 @@ class Writer:
                 self._thread.join()
                 self._thread = None
 
-    @staticmethod
-    def _thread_main(token: trio.lowlevel.TrioToken, batches: queue.SimpleQueue[Any]) -> None:
-        """The writer thread: run each handed-off batch, then wake the task that handed it."""
+    def _thread_main(self, token: trio.lowlevel.TrioToken, batches: queue.SimpleQueue[Any]) -> None:
+        """The writer thread: run each handed-off batch, then have the loop wake its writers."""
         while True:
             handoff = batches.get()
             if handoff is None:
                 return
             try:
-                handoff.run()
+                self._run_batch(handoff.batch)
             except BaseException as exc:  # reported to the writer task, which decides
                 handoff.error = exc
             try:
-                token.run_sync_soon(trio.lowlevel.reschedule, handoff.task)
+                token.run_sync_soon(self._done, handoff)
             except trio.RunFinishedError:  # the loop is gone; nobody waits any more
                 return
 
-    async def _in_thread(self, batch: list[_Req[Any]]) -> None:
-        """``_run_batch(batch)`` in the writer thread; not cancellable (the writer task is
-        shielded), raising what it raised."""
-        handoff = _Handoff(self._run_batch, batch, trio.lowlevel.current_task())
-        self._batches.put(handoff)
-        await trio.lowlevel.wait_task_rescheduled(_cannot_abort)
-        if handoff.error is not None:
-            raise handoff.error
+    def _done(self, handoff: _Handoff) -> None:
+        """On the trio thread, as soon as the loop learns a batch ended: wake its waiting
+        writers and the writer task in this same scheduling pass, rather than waking the
+        writer task to wake them one pass later (issue 15: each pass of the loop between a
+        COMMIT and the next batch's hand-off is latency at concurrency 1).  Raises nothing:
+        it runs as a ``run_sync_soon`` callback."""
+        batch, error = handoff.batch, handoff.error
+        if error is not None:  # a bug, not a storage fault: fail the batch
+            self.forget()
+            for r in batch:
+                r.error = JournalError(f"journal writer failed: {error!r}")
+            if isinstance(error, Exception):  # and go on (anything else ends the writer task)
+                handoff.error = None
+        self.busy = False
+        for r in batch:
+            r.finished = True
+            if r.parked:
+                assert r.task is not None
+                trio.lowlevel.reschedule(r.task)
+        trio.lowlevel.reschedule(handoff.task)
+
+    def _wake_runner(self) -> None:
+        task, self._idle = self._idle, None
+        if task is not None:
+            trio.lowlevel.reschedule(task)
 
     async def _run(self) -> None:
-        assert self._recv is not None
-        recv = self._recv
+        pending = self._pending
         with trio.CancelScope(shield=True):
             while True:
-                try:
-                    first = await recv.receive()
-                except trio.EndOfChannel:
+                if pending:
+                    # Let writers woken by the previous commit (in this loop pass) queue up,
+                    # so they share this fsync.
+                    await trio.sleep(0)
+                elif self._closed:
                     return
-                # Let appenders woken by the previous commit queue up, so they share this fsync.
-                await trio.sleep(0)
-                batch = [first]
-                while len(batch) < MAX_BATCH:
-                    try:
-                        batch.append(recv.receive_nowait())
-                    except (trio.WouldBlock, trio.EndOfChannel):
-                        break
+                else:
+                    # Woken by the first write queued: every writer woken with it has run.
+                    self._idle = trio.lowlevel.current_task()
+                    await trio.lowlevel.wait_task_rescheduled(_cannot_abort)
+                    if not pending:
+                        continue
+                n = min(len(pending), MAX_BATCH)
+                batch = [pending.popleft() for _ in range(n)]
+                self._space.unpark_all()
                 self.busy = True
-                try:
-                    await self._in_thread(batch)
-                except Exception as exc:  # a bug, not a storage fault: fail the batch, go on
-                    self.forget()
-                    for r in batch:
-                        r.error = JournalError(f"journal writer failed: {exc!r}")
-                finally:
-                    self.busy = False
-                    for r in batch:
-                        r.finished = True
-                        if r.parked:
-                            assert r.task is not None
-                            trio.lowlevel.reschedule(r.task)
+                handoff = _Handoff(batch, trio.lowlevel.current_task())
+                self._batches.put(handoff)
+                # Not cancellable (shielded); ``_done`` wakes us after the batch's writers.
+                await trio.lowlevel.wait_task_rescheduled(_cannot_abort)
+                if handoff.error is not None:
+                    raise handoff.error
 
     def forget(self) -> None:
         self.projectors.clear()
@@ -529,18 +551,23 @@ class Writer:
         task: trio.lowlevel.Task | None = None,
         many: bool = False,
     ) -> _Req[T]:
-        send = self._send
-        if send is None:
-            raise JournalError("journal is not open for writing (use `async with Journal.open`)")
+        self._refuse_if_closed()
+        while len(self._pending) >= MAX_QUEUED:  # back-pressure: wait for the writer
+            await self._space.park()
+            self._refuse_if_closed()
         req: _Req[T] = _Req(op, args, barrier, result_store, task, many)
-        try:
-            try:
-                send.send_nowait(req)  # no checkpoint between queueing and parking
-            except trio.WouldBlock:
-                await send.send(req)
-        except (trio.ClosedResourceError, trio.BrokenResourceError):
-            raise JournalError(f"journal {self.backend.where} is closed") from None
+        # No checkpoint between queueing and parking (``submit``).
+        self._pending.append(req)
+        if self._idle is not None:
+            self._wake_runner()
         return req
+
+    def _refuse_if_closed(self) -> None:
+        if not self._closed:
+            return
+        if self._token is None:
+            raise JournalError("journal is not open for writing (use `async with Journal.open`)")
+        raise JournalError(f"journal {self.backend.where} is closed")
 
     async def post(
         self,
@@ -595,23 +622,15 @@ class Writer:
 
 
 class _Handoff:
-    """One batch handed to the writer thread, and what it raised."""
+    """One batch handed to the writer thread, the writer task waiting for it, and what the
+    thread raised."""
 
-    __slots__ = ("batch", "error", "fn", "task")
+    __slots__ = ("batch", "error", "task")
 
-    def __init__(
-        self,
-        fn: Callable[[list[_Req[Any]]], None],
-        batch: list[_Req[Any]],
-        task: trio.lowlevel.Task,
-    ) -> None:
-        self.fn = fn
+    def __init__(self, batch: list[_Req[Any]], task: trio.lowlevel.Task) -> None:
         self.batch = batch
         self.task = task
         self.error: BaseException | None = None
-
-    def run(self) -> None:
-        self.fn(self.batch)
 
 
 def _cannot_abort(_: Any) -> trio.lowlevel.Abort:

@@ -9,7 +9,7 @@ import hashlib
 import pytest
 import trio
 
-from affidavit.journal import Batch, Journal, ResultStoreFailed
+from affidavit.journal import Batch, Journal, ResultStoreFailed, writer
 from affidavit.statemachine import Event, ImpossibleEvent
 from affidavit.statemachine import EventKind as E
 
@@ -74,6 +74,24 @@ async def test_several_events_posted_as_one_write_are_each_validated_and_chained
         assert j.verify().ok
         with pytest.raises(ValueError, match="barrier"):
             await j.post_many([(Event(E.DISPATCH_STARTED, "inv-1", {"attempt": 1}), None)])
+
+
+async def test_a_full_queue_makes_writers_wait_and_keeps_their_order(
+    place: Place, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Back-pressure: past ``MAX_QUEUED`` queued writes a writer waits for the writer task to
+    take a batch, then queues; nothing is lost or reordered."""
+    monkeypatch.setattr(writer, "MAX_QUEUED", 2)
+    async with place.open() as j:
+        events = happy("inv-1")
+        with trio.fail_after(LIMIT):
+            # No checkpoint between the posts but the third's wait for room.
+            posted = [await j.post(ev) for ev in events[:3]]
+            stored = [await p.wait() for p in posted]
+            await j.append(events[3], barrier=True)
+        assert [e.seq for e in stored] == [1, 2, 3]
+        assert [e.kind for e in j.events("inv-1")] == [e.kind for e in events[:4]]
+        assert j.verify().ok
 
 
 async def test_a_durability_barrier_cannot_be_posted(place: Place) -> None:
