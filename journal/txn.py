@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from affidavit.statemachine import Event, EventKind, ImpossibleEvent, Projector
+from affidavit.statemachine import Event, EventKind, ImpossibleEvent, Projector, stored_event
 
 from .chain import row_digest
 from .errors import JournalError
@@ -119,7 +119,9 @@ class Txn:
         seq = self.seq + 1
         at = float(event.at) if event.at is not None else w.clock()
         observer_seq = event.observer_seq
-        stored = Event(
+        # Built as the readers build theirs (``stored_event``: no frozen ``__init__``, one per
+        # row in the single writer thread).
+        stored = stored_event(
             kind,
             iid,
             event.attrs if attrs is None else attrs,
