@@ -18,7 +18,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, ClassVar
 
 from .chain import EVENT_COLUMNS, GENESIS
-from .rows import EVENT_READ_COLUMNS, IDEMPOTENCY_COLUMNS, LEASE_COLUMNS
+from .rows import EVENT_READ_COLUMNS, FOLD_COLUMNS, IDEMPOTENCY_COLUMNS, LEASE_COLUMNS
 from .signing import Checkpoint
 
 __all__ = ["CHECKPOINT_COLUMNS", "SQL", "Tables"]
@@ -38,10 +38,10 @@ SQL: dict[str, str] = {
     # Each invocation's events together, invocations in order of first appearance: a view can
     # fold and emit one invocation at a time (the database sorts, spilling to disk, instead of
     # the reader holding every invocation's projection).
-    "grouped_events": f"SELECT {EVENT_READ_COLUMNS} FROM events JOIN (SELECT invocation_id AS "
+    "grouped_events": f"SELECT {FOLD_COLUMNS} FROM events JOIN (SELECT invocation_id AS "
     "iid, min(seq) AS first FROM events GROUP BY invocation_id) AS f ON invocation_id = f.iid "
     "ORDER BY f.first, seq",
-    "grouped_session_events": f"SELECT {EVENT_READ_COLUMNS} FROM events JOIN (SELECT "
+    "grouped_session_events": f"SELECT {FOLD_COLUMNS} FROM events JOIN (SELECT "
     "invocation_id AS iid, min(seq) AS first FROM events WHERE session_id = ? GROUP BY "
     "invocation_id) AS f ON invocation_id = f.iid WHERE session_id = ? ORDER BY f.first, seq",
     "event_rows": f"SELECT {EVENT_COLUMNS} FROM events WHERE seq BETWEEN ? AND ? ORDER BY seq",
@@ -177,8 +177,8 @@ class Tables:
         return self.rows("session_events", (session,))
 
     def grouped_events(self, session: str | None = None) -> Iterator[Any]:
-        """``scan_events``' rows grouped by invocation (by seq within one), the invocations in
-        order of their first event."""
+        """``scan_events``' events grouped by invocation (by seq within one), the invocations in
+        order of their first event, as ``FOLD_COLUMNS`` rows."""
         if session is None:
             return self.rows("grouped_events")
         return self.rows("grouped_session_events", (session, session))

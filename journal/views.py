@@ -54,18 +54,19 @@ def fold_each(
     at a time (the rows come grouped by invocation): what a view streams over a journal of
     millions of events in bounded memory (issue 15: ``actions --json`` held 554 MB for 1M)."""
     kinds, sources, loads, event = KINDS, SOURCES, decode_attrs, stored_event
+    apply = Projector.apply
     p = Projector(None)  # replaced at the first row
     current: str | None = None
     first = last = 0.0
-    for row in tables.grouped_events(session):
-        seq, at, iid, _session, kind, source, observer, observer_seq, attrs = row
+    for seq, at, iid, kind, source, observer, observer_seq, attrs in tables.grouped_events(session):
         if iid != current:
             if current is not None:
                 yield p.last_record(now), first, last
             p, current = Projector(iid), iid
             first = at
-        p.apply(
-            event(kinds[kind], iid, loads(attrs), sources[source], seq, at, observer, observer_seq)
+        apply(
+            p,
+            event(kinds[kind], iid, loads(attrs), sources[source], seq, at, observer, observer_seq),
         )
         last = at
     if current is not None:

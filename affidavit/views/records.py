@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
+from types import MappingProxyType
 from typing import Any
 
 from affidavit.statemachine import Event, Record
@@ -84,7 +85,11 @@ def _record_fields(rec: Record, conv: Callable[[Any], Any]) -> dict[str, Any]:
 
 
 def _view_as_dict(value: Any) -> Any:
-    """The C encoder's fallback for what it cannot take as is: a record's read-only views."""
+    """The C encoder's fallback for what it cannot take as is: a record's read-only views (a
+    record's own are ``MappingProxyType``: tested first, since ``isinstance`` against the
+    ``Mapping`` ABC costs more than the copy)."""
+    if type(value) is MappingProxyType:
+        return value.copy()
     if isinstance(value, Mapping):
         return dict(value)
     raise TypeError(f"{type(value).__name__} is not JSON serializable")
