@@ -61,6 +61,14 @@ def db_files(path: object) -> list[str]:
     return [p, p + "-wal", p + "-shm"]
 
 
+async def append_interleaved(j: Any, runs: list[list[Event]]) -> None:
+    """The runs' events interleaved, as concurrent calls write them."""
+    for i in range(max(map(len, runs))):
+        for run in runs:
+            if i < len(run):
+                await j.append(run[i])
+
+
 class Ticking:
     """A journal clock that moves one second per reading (distinct, ordered labels)."""
 

@@ -1,0 +1,115 @@
+"""SQLite schema 3: ``invocations`` indexes each invocation's first event, kept by a trigger, so
+the actions view streams its rows in order without sorting every row (issue 15).  The view
+uses it only when it matches the events exactly; a journal from before schema 3 reads as before
+and gains the index when a writer opens it."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import trio
+
+from affidavit.journal import Journal, JournalReader
+from affidavit.journal.sqlite import SCHEMA_VERSION, SqliteTables
+from affidavit.statemachine import Event
+
+from .helpers import Ticking, append_interleaved, happy, interrupted
+
+
+def _write(path: Path, runs: list[list[Event]]) -> None:
+    """The runs' events interleaved, as concurrent calls write them."""
+
+    async def fill() -> None:
+        async with Journal.open(path, clock=Ticking()) as j:
+            await append_interleaved(j, runs)
+
+    trio.run(fill)
+
+
+def _sql(path: Path, *statements: str) -> list[tuple[object, ...]]:
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        return [row for stmt in statements for row in conn.execute(stmt).fetchall()]
+    finally:
+        conn.close()
+
+
+def _indexed(r: JournalReader) -> bool:
+    tables = r.tables
+    assert isinstance(tables, SqliteTables)
+    return tables._first_events_indexed()
+
+
+def test_the_trigger_indexes_each_invocations_first_event(tmp_path: Path) -> None:
+    db = tmp_path / "j.db"
+    _write(db, [happy("a"), interrupted("b"), happy("c")])
+    _write(db, [interrupted("a2"), happy("b2")])
+    first = _sql(
+        db,
+        "SELECT invocation_id, min(seq) FROM events GROUP BY invocation_id ORDER BY 2",
+    )
+    assert _sql(db, "SELECT invocation_id, first_seq FROM invocations ORDER BY 2") == first
+    assert [iid for iid, _ in first] == ["a", "b", "c", "a2", "b2"]
+    assert _sql(db, "SELECT value FROM meta WHERE name = 'schema'") == [(str(SCHEMA_VERSION),)]
+    plan = " ".join(
+        str(row[3])
+        for row in _sql(db, "EXPLAIN QUERY PLAN " + SqliteTables.SQL["grouped_by_first"])
+    )
+    assert "TEMP B-TREE" not in plan and "events_invocation" in plan  # streamed, not sorted
+    with JournalReader.open(db) as r:
+        assert _indexed(r)
+        listed = r.list_actions(now=5.0)
+        assert list(r.iter_actions(now=5.0)) == listed
+        assert [x.invocation_id for x in listed] == ["a", "b", "c", "a2", "b2"]
+
+
+def test_a_journal_from_before_schema_3_reads_then_gains_the_index(tmp_path: Path) -> None:
+    db = tmp_path / "old.db"
+    _write(db, [happy("a")[:4], interrupted("b"), happy("c")])
+    # As schema 2 left it: no index, no trigger.
+    _sql(
+        db,
+        "DROP TRIGGER events_first_of_invocation",
+        "DROP TABLE invocations",
+        "UPDATE meta SET value = '2' WHERE name = 'schema'",
+    )
+    with JournalReader.open(db) as r:  # read-only: the view sorts, as schema 2 did
+        assert not _indexed(r)
+        assert [x.invocation_id for x in r.iter_actions()] == ["a", "b", "c"]
+    _write(db, [happy("d"), happy("a")[4:]])  # a writer upgrades it, then appends
+    assert _sql(db, "SELECT value FROM meta WHERE name = 'schema'") == [(str(SCHEMA_VERSION),)]
+    assert _sql(db, "SELECT invocation_id FROM invocations ORDER BY first_seq") == [
+        ("a",),
+        ("b",),
+        ("c",),
+        ("d",),
+    ]
+    with JournalReader.open(db) as r:
+        assert r.verify().ok
+        assert _indexed(r)
+        listed = r.list_actions(now=5.0)
+        assert list(r.iter_actions(now=5.0)) == listed
+        assert [x.invocation_id for x in listed] == ["a", "b", "c", "d"]
+
+
+def test_an_index_that_does_not_match_the_events_is_not_used(tmp_path: Path) -> None:
+    """The index is not covered by the chain: edited, the view reads the events as before
+    (same records, same order), never the index's idea of them."""
+    db = tmp_path / "j.db"
+    _write(db, [happy("a"), interrupted("b"), happy("c")])
+    with JournalReader.open(db) as r:
+        want = r.list_actions(now=5.0)
+    edits = [
+        "DELETE FROM invocations WHERE invocation_id = 'b'",  # an invocation hidden
+        "UPDATE invocations SET first_seq = first_seq + 1000 WHERE invocation_id = 'a'",
+        "INSERT INTO invocations SELECT max(seq) + 1, 'a' FROM events",  # a second 'a'
+        "UPDATE invocations SET invocation_id = 'zz' WHERE invocation_id = 'c'",
+    ]
+    for edit in edits:
+        copy = tmp_path / f"edited{edits.index(edit)}.db"
+        copy.write_bytes(db.read_bytes())
+        _sql(copy, edit)
+        with JournalReader.open(copy) as r:
+            assert not _indexed(r), edit
+            assert list(r.iter_actions(now=5.0)) == want, edit
