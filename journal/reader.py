@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import itertools
 import json
 import os
 import time
@@ -306,16 +307,33 @@ class JournalReader:
         since: float | None = None,
         until: float | None = None,
         now: float | None = None,
+        span: tuple[int, int, int] | None = None,
     ) -> Iterator[Record]:
         """``list_actions``' records one at a time, same order, in bounded memory: the database
         groups the rows by invocation and one projection is held at a time (``affidavit
         actions`` streams its output from this).  A database error while iterating is a
-        ``JournalError``."""
-        want = _select(views.fold_each(self.tables, session, now), outcome, phase, since, until)
+        ``JournalError``.  ``span``: ``(first, before, through)`` from ``action_spans``, only
+        those invocations' records (``session`` must be None)."""
+        if span is not None and session is not None:
+            raise ValueError("a span of the actions view takes no session filter")
+        folded = views.fold_each(self.tables, session, now, span)
+        want = _select(folded, outcome, phase, since, until)
         try:
             yield from want
         except self.backend.errors as exc:
             raise self._error("the actions view", exc) from None
+
+    def action_spans(self, parts: int, min_events: int) -> list[tuple[int, int, int]] | None:
+        """``iter_actions`` (without a session filter) cut into ``parts`` spans of about as
+        many invocations, each ``(first, before, through)``: their records, concatenated in
+        this order, are ``iter_actions``' up to the journal's head now (``through``), so
+        several processes may fold one each.  None for a journal of fewer than ``min_events``
+        events, or one the backend cannot cut (only SQLite with a checked index can)."""
+        cut = self._read(lambda t: t.action_spans(parts, min_events), "the actions view")
+        if cut is None:
+            return None
+        cuts, through = cut
+        return [(a, b, through) for a, b in itertools.pairwise(cuts)]
 
     def sessions(self) -> list[dict[str, Any]]:
         """One entry per session: its action count, counts by outcome, first and last seen."""

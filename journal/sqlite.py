@@ -137,6 +137,12 @@ CREATE TABLE IF NOT EXISTS idempotency (
 """
 
 _BLOB = "CAST({} AS BLOB)"
+_BY_FIRST = (
+    "SELECT "
+    + ", ".join(f"events.{c}" for c in FOLD_COLUMNS.split(", "))
+    + " FROM invocations CROSS JOIN events ON events.invocation_id = invocations.invocation_id"
+)
+"""Each invocation's events (``FOLD_COLUMNS``) through ``invocations`` (schema 3)."""
 
 
 def _missing_table(exc: sqlite3.Error) -> bool:
@@ -156,10 +162,12 @@ class SqliteTables(Tables):
         "markers": "SELECT invocation_id, seq, sha256, streams, CAST(summary AS BLOB) FROM "
         "results ORDER BY seq",
         "event_at": "SELECT kind, invocation_id, CAST(attrs AS BLOB) FROM events WHERE seq = ?",
-        "grouped_by_first": "SELECT "
-        + ", ".join(f"events.{c}" for c in FOLD_COLUMNS.split(", "))
-        + " FROM invocations CROSS JOIN events ON events.invocation_id = "
-        "invocations.invocation_id ORDER BY invocations.first_seq, events.seq",
+        "grouped_by_first": f"{_BY_FIRST} ORDER BY invocations.first_seq, events.seq",
+        "grouped_span": f"{_BY_FIRST} WHERE invocations.first_seq >= ? AND "
+        "invocations.first_seq < ? AND events.seq <= ? ORDER BY invocations.first_seq, events.seq",
+        "first_events_through": "SELECT count(*) FROM invocations WHERE first_seq <= ?",
+        "first_event_at_rank": "SELECT first_seq FROM invocations WHERE first_seq <= ? ORDER BY "
+        "first_seq LIMIT 1 OFFSET ?",
         # Exactly one ``invocations`` row per invocation, at its first event (rows of ``f``
         # missing from the index, and the index's count against ``f``'s): one pass over
         # ``events_invocation`` and a primary-key lookup per invocation, no sort.
@@ -193,6 +201,21 @@ class SqliteTables(Tables):
         if session is None and self._first_events_indexed():
             return self.rows("grouped_by_first")
         return super().grouped_events(session)
+
+    def action_spans(self, parts: int, min_events: int) -> tuple[list[int], int] | None:
+        through = self.head()[0]
+        if through < min_events or not self._first_events_indexed():
+            return None
+        count = int(self.one("first_events_through", (through,))[0])
+        cuts = [0]
+        for k in range(1, parts):
+            row = self.one("first_event_at_rank", (through, count * k // parts))
+            if row is not None and int(row[0]) > cuts[-1]:
+                cuts.append(int(row[0]))
+        return [*cuts, through + 1], through
+
+    def grouped_span(self, first: int, before: int, through: int) -> Iterator[Any]:
+        return self.rows("grouped_span", (first, before, through))
 
     def _first_events_indexed(self) -> bool:
         try:

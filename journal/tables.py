@@ -183,6 +183,18 @@ class Tables:
             return self.rows("grouped_events")
         return self.rows("grouped_session_events", (session, session))
 
+    def action_spans(self, parts: int, min_events: int) -> tuple[list[int], int] | None:
+        """Cut points splitting ``grouped_events``' invocations into ``parts`` runs of about
+        as many invocations, and the last seq they read through (``grouped_span``), for a
+        view folded by several processes; None when the journal has fewer than ``min_events``
+        events or the backend cannot read a span (this one: it cannot)."""
+        return None
+
+    def grouped_span(self, first: int, before: int, through: int) -> Iterator[Any]:
+        """``grouped_events``' rows of the invocations whose first event's seq is in
+        ``[first, before)``, their events up to ``through`` (``action_spans``)."""
+        raise NotImplementedError
+
     def event_rows(self, first: int = 1, last: int | None = None) -> Iterator[Any]:
         """Whole rows (``chain.EVENT_COLUMNS``) from ``first`` through ``last`` (or the end)."""
         if first <= 1 and last is None:

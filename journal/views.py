@@ -48,26 +48,40 @@ def fold(
 
 
 def fold_each(
-    tables: Tables, session: str | None, now: float | None
+    tables: Tables,
+    session: str | None,
+    now: float | None,
+    span: tuple[int, int, int] | None = None,
 ) -> Iterator[tuple[Record, float | None, float | None]]:
     """``fold``'s entries one at a time, in the same order, holding one invocation's projection
     at a time (the rows come grouped by invocation): what a view streams over a journal of
-    millions of events in bounded memory (issue 15: ``actions --json`` held 554 MB for 1M)."""
+    millions of events in bounded memory (issue 15: ``actions --json`` held 554 MB for 1M).
+    ``span``: only the entries of ``Tables.grouped_span(*span)`` (no session filter)."""
+    rows = tables.grouped_events(session) if span is None else tables.grouped_span(*span)
     kinds, sources, loads, event = KINDS, SOURCES, decode_attrs, stored_event
     apply = Projector.apply
     p = Projector(None)  # replaced at the first row
     current: str | None = None
     first = last = 0.0
-    for seq, at, iid, kind, source, observer, observer_seq, attrs in tables.grouped_events(session):
-        if iid != current:
-            if current is not None:
-                yield p.last_record(now), first, last
-            p, current = Projector(iid), iid
-            first = at
-        apply(
-            p,
-            event(kinds[kind], iid, loads(attrs), sources[source], seq, at, observer, observer_seq),
-        )
-        last = at
+    try:
+        for seq, at, iid, kind, source, observer, observer_seq, attrs in rows:
+            if iid != current:
+                if current is not None:
+                    yield p.last_record(now), first, last
+                p, current = Projector(iid), iid
+                first = at
+            apply(
+                p,
+                event(
+                    kinds[kind], iid, loads(attrs), sources[source], seq, at, observer, observer_seq
+                ),
+            )
+            last = at
+    finally:
+        # A fold that fails (or a reader that stops) closes the statement now, while its
+        # connection is open, not whenever the collector finds the cursor.
+        close = getattr(rows, "close", None)
+        if close is not None:
+            close()
     if current is not None:
         yield p.last_record(now), first, last

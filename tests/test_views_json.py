@@ -49,7 +49,7 @@ def test_actions_json_output_keeps_every_record_before_a_failure(
 ) -> None:
     """``affidavit actions --json`` writes in blocks: a record that fails part-way (a journal
     error) must not hold back the records folded before it."""
-    from affidavit.cli.journal import _write_array
+    from affidavit.cli.actions_json import write_array as _write_array
 
     def items() -> Iterator[str]:
         yield from (f'{{"n": {i}}}' for i in range(3))

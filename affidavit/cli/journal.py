@@ -441,45 +441,26 @@ def _actions(args: argparse.Namespace) -> int:
 
         rows = daemon_json(ask_daemon(socket, "GET", target("/v1/actions", filters)))
         return _print_actions(args.json, rows)
-    from affidavit.views import record_json_encoder, record_to_json
+    from affidavit.views import record_to_json
+
+    from .actions_json import write_actions_json
 
     with open_reader(args) as j:
         # Streamed: one record folded, rendered and written at a time (issue 15: 1M events
         # took 51 s and 554 MB held whole).
-        records = j.iter_actions(**filters)
         if args.json:
-            _write_array(map(record_json_encoder(), records))
+            write_actions_json(j, filters)
             return 0
-        return _print_actions(False, (record_to_json(r) for r in records))
-
-
-def _write_array(items: Iterable[str]) -> None:
-    """JSON texts written as one array, one item per line, in blocks of lines (one ``write``
-    per ~500 records instead of one each; the output is the same)."""
-    write = sys.stdout.write
-    block: list[str] = []
-    add = block.append
-    sep = "[\n"
-    try:
-        for text in items:
-            add(sep)
-            add(text)
-            sep = ",\n"
-            if len(block) >= 1024:
-                write("".join(block))
-                block.clear()
-    finally:
-        # A record that fails part-way (a journal error) still leaves every record before it
-        # written, as one write per record did: nothing folded is held back.
-        write("".join(block))
-    write("[]\n" if sep == "[\n" else "\n]\n")
+        return _print_actions(False, (record_to_json(r) for r in j.iter_actions(**filters)))
 
 
 def _print_actions(as_json: bool, rows: Iterable[dict[str, Any]]) -> int:
     """The actions view, written as the rows come: a JSON array with one record per line (the
     C encoder: ``indent`` would take Python's, ~200 us a record), or the table."""
     if as_json:
-        _write_array(map(json.JSONEncoder(sort_keys=True).encode, rows))
+        from .actions_json import write_array
+
+        write_array(map(json.JSONEncoder(sort_keys=True).encode, rows))
         return 0
     _out(f"{'INVOCATION':28} {'SESSION':14} {'PHASE':20} {'OUTCOME':14} {'RETRY':20} CODE")
     for r in rows:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
+import pytest
 import trio
 
 from affidavit.journal import Journal, JournalReader
@@ -113,3 +114,29 @@ def test_an_index_that_does_not_match_the_events_is_not_used(tmp_path: Path) -> 
         with JournalReader.open(copy) as r:
             assert not _indexed(r), edit
             assert list(r.iter_actions(now=5.0)) == want, edit
+
+
+def test_spans_cut_the_view_at_invocations_through_one_head(tmp_path: Path) -> None:
+    """``action_spans``: the view cut in runs of whole invocations, all read through the head
+    seq when they were cut -- what was appended since is in none of them."""
+    db = tmp_path / "j.db"
+    _write(db, [happy(f"i{n}")[:4] for n in range(6)])
+    with JournalReader.open(db) as r:
+        whole = r.list_actions(now=5.0)
+        assert r.action_spans(2, min_events=10_000) is None  # too small to be worth a process
+        spans = r.action_spans(3, min_events=1)
+        assert spans is not None and len(spans) == 3
+        head = r.head()[0]
+        assert spans[0][0] == 0 and spans[-1][1] == head + 1
+        assert all(s[2] == head for s in spans)
+    _write(db, [happy("i0")[4:], happy("late")])  # after the cut
+    with JournalReader.open(db) as r:
+        parts = [list(r.iter_actions(now=5.0, span=s)) for s in spans]
+        assert [len(p) for p in parts] == [2, 2, 2]
+        assert [rec for part in parts for rec in part] == whole
+        assert len(r.list_actions()) == 7
+        with pytest.raises(ValueError, match="session"):
+            next(r.iter_actions(session="sess-1", span=spans[0]))
+    _sql(db, "DELETE FROM invocations WHERE invocation_id = 'i3'")
+    with JournalReader.open(db) as r:
+        assert r.action_spans(2, min_events=1) is None  # an index that does not match: no cut

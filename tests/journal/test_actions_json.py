@@ -1,0 +1,113 @@
+"""``affidavit actions --json`` folded by two processes over a large journal (issue 15): the
+same text as one process writes; and when the child fails, its half is folded here -- the same
+output, and for a journal whose fold fails part-way, the same records before the same error."""
+
+from __future__ import annotations
+
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+from typing import IO, Any
+
+import pytest
+import trio
+
+from affidavit.cli import actions_json
+from affidavit.cli import main as cli_main
+from affidavit.journal import Journal
+from affidavit.statemachine import ImpossibleEvent
+
+from .helpers import Ticking, append_interleaved, happy, interrupted
+
+# (arguments, records listed, whether the child's half holds any of them)
+ARGS = (
+    (["--json"], 12, True),
+    (["--json", "--outcome", "unknown"], 4, True),
+    (["--json", "--since", "1700000012"], 6, True),  # only invocations in the child's half
+    (["--json", "--until", "1700000010"], 5, False),  # none
+)
+
+
+@pytest.fixture(scope="module")
+def journal(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("split") / "j.db"
+    runs = [interrupted(f"i{n}") if n % 3 == 0 else happy(f"i{n}") for n in range(12)]
+
+    async def fill() -> None:
+        async with Journal.open(path, clock=Ticking()) as j:
+            await append_interleaved(j, runs)
+
+    trio.run(fill)
+    return path
+
+
+def _run(
+    db: Path, args: list[str], split: bool, monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> str:
+    monkeypatch.setattr(actions_json, "SPLIT_MIN_EVENTS", 1 if split else 10**9)
+    assert cli_main(["actions", *args, "--journal", str(db)]) == 0
+    out: str = capsys.readouterr().out
+    return out
+
+
+def test_two_processes_write_what_one_writes(
+    journal: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    joined: list[int] = []
+    real = actions_json._Array.joined
+
+    def spy(self: Any, spool: IO[bytes]) -> None:
+        joined.append(spool.seek(0, 2))  # how much the child wrote
+        real(self, spool)
+
+    monkeypatch.setattr(actions_json._Array, "joined", spy)
+    for args, listed, theirs in ARGS:
+        one = _run(journal, args, False, monkeypatch, capsys)
+        assert not joined
+        two = _run(journal, args, True, monkeypatch, capsys)
+        assert len(joined) == 1 and (joined.pop() > 0) == theirs, args  # the child's text
+        assert two == one and one.count("\n{") == listed, args
+
+
+def test_a_failed_child_has_its_half_folded_here(
+    journal: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    one = _run(journal, ["--json"], False, monkeypatch, capsys)
+
+    def failing(path: str, filters: Any, span: Any, spool: IO[bytes]) -> subprocess.Popen[bytes]:
+        code = "import sys; sys.stdout.write('{\"half\": 1}'); sys.exit(3)"
+        return subprocess.Popen([sys.executable, "-c", code], stdout=spool)
+
+    monkeypatch.setattr(actions_json, "_start", failing)
+    assert _run(journal, ["--json"], True, monkeypatch, capsys) == one
+    monkeypatch.setattr(actions_json, "_start", lambda *a: None)  # could not start at all
+    assert _run(journal, ["--json"], True, monkeypatch, capsys) == one
+
+
+def test_a_fold_that_fails_in_the_childs_half_fails_as_one_process_does(
+    journal: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Someone rewrote a row of the last invocation into an event its state cannot take (the
+    journal no longer verifies): the records before it are written, then the fold's error --
+    the child's failure is not what is reported."""
+    db = tmp_path / "edited.db"
+    db.write_bytes(journal.read_bytes())
+    conn = sqlite3.connect(db, isolation_level=None)
+    conn.execute("DROP TRIGGER events_no_update")
+    conn.execute(
+        "UPDATE events SET kind = 'ACTION_ACCEPTED' WHERE seq = (SELECT max(seq) FROM events "
+        "WHERE invocation_id = 'i11')"
+    )
+    conn.close()
+    outs = []
+    for split in (False, True):
+        monkeypatch.setattr(actions_json, "SPLIT_MIN_EVENTS", 1 if split else 10**9)
+        with pytest.raises(ImpossibleEvent, match="i11"):
+            cli_main(["actions", "--json", "--journal", str(db)])
+        outs.append(capsys.readouterr().out)
+    assert outs[0] == outs[1]
+    assert outs[0].count("\n{") == 11 and not outs[0].endswith("]\n")
