@@ -36,7 +36,13 @@ from affidavit.engine import OperationError
 from affidavit.journal import JournalError, JournalReader
 from affidavit.journal.backend import where as journal_where
 from affidavit.statemachine import Outcome, Phase
-from affidavit.views import event_to_json, metrics, prometheus_text, record_to_json
+from affidavit.views import (
+    event_to_json,
+    metrics,
+    prometheus_text,
+    record_json_encoder,
+    record_to_json,
+)
 
 from . import operators
 from .calls import Calls, Overloaded, Running
@@ -254,12 +260,17 @@ class Api:
         outcome = _enum_param(req, "outcome", Outcome)
         phase = _enum_param(req, "phase", Phase)
         since, until = _time_param(req, "since"), _time_param(req, "until")
-        records = await self._read(
-            lambda j: j.list_actions(
+
+        def body(j: JournalReader) -> bytes:
+            # Each record as `affidavit actions --json` writes it: one C encoder call per
+            # record instead of a plain copy of its tree, then one encoding of the whole list.
+            records = j.list_actions(
                 session=session, outcome=outcome, phase=phase, since=since, until=until
             )
-        )
-        await req.respond_json([record_to_json(r) for r in records])
+            texts = map(record_json_encoder(), records)
+            return ("[" + ",".join(texts) + "]\n").encode("utf-8")
+
+        await req.respond(200, await self._read(body))
 
     async def sessions(self, req: Request) -> None:
         await req.respond_json(await self._read(lambda j: j.sessions()))

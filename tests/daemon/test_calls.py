@@ -10,7 +10,9 @@ from pathlib import Path
 import trio
 
 from affidavit.api.client import Client
+from affidavit.journal import JournalReader
 from affidavit.sdk import AffidavitError, call_checked
+from affidavit.views import record_json_encoder
 from tests.http.hostile import Reply, scripts
 
 from .kit import action, action_bytes, cli, curl_api, embedded, serving
@@ -95,6 +97,15 @@ async def test_the_views_print_the_same_bytes_through_the_daemon_as_embedded(
             assert through.returncode == local.returncode == 0, (form, through.stderr)
             assert through.stdout == local.stdout, form
             assert through.stdout, form
+        # The daemon's answer is the records as `actions --json` encodes them, one per item.
+        from affidavit.api.wire import blocking_request
+
+        got = await trio.to_thread.run_sync(
+            blocking_request, str(daemon.socket), "GET", "/v1/actions?session=s1"
+        )
+        with JournalReader.open(daemon.journal) as r:
+            texts = [record_json_encoder()(rec) for rec in r.list_actions(session="s1")]
+        assert got.status == 200 and got.body == ("[" + ",".join(texts) + "]\n").encode()
 
 
 async def test_the_same_refusal_both_ways_for_an_unknown_invocation(
