@@ -1,0 +1,80 @@
+"""The result sink's chunking (affidavit/engine/sink.py): however a response arrives -- in reads
+of any size, a secret cut across them -- the chunks handed to the journal are the redacted stream
+cut at every ``RESULT_CHUNK`` bytes, in order, and the hash the sink reports is of exactly those
+bytes (seed, "Store chunks with sequence numbers and a final completeness marker"; resume offsets
+are chunk indexes times ``RESULT_CHUNK``)."""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+from typing import Any
+
+import trio
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+from affidavit.engine import RESULT_CHUNK
+from affidavit.engine.sink import StreamSink
+from affidavit.secrets.redaction import Redactor
+
+SECRET = b"s3cr3t-t0ken-Zq9"
+
+
+class _Done:
+    async def wait(self) -> None:
+        return None
+
+
+class _Journal:
+    """Records each posted chunk: (stream, index, bytes)."""
+
+    def __init__(self) -> None:
+        self.chunks: list[tuple[str, int, bytes]] = []
+
+    async def post_result_chunk(
+        self, iid: str, stream: str, index: int, data: bytes, *, log: Any = None
+    ) -> _Done:
+        assert type(data) is bytes  # the writer seals it later: never a view of a buffer
+        self.chunks.append((stream, index, data))
+        return _Done()
+
+
+@settings(max_examples=60, deadline=None)
+@example(parts=[b"a" * 1000, SECRET], repeat=300, cuts=[1, 1010, 65536, 70000, 262144])
+@example(parts=[b"b" * 4096], repeat=64, cuts=[RESULT_CHUNK, 3 * RESULT_CHUNK - 1])
+@given(
+    parts=st.lists(
+        st.sampled_from([b"a" * 1000, b"\\u0073" + SECRET[1:], SECRET, b"%73", b"x"])
+        | st.binary(max_size=300),
+        max_size=40,
+    ),
+    repeat=st.integers(1, 700),
+    cuts=st.lists(st.integers(0, 1 << 20), max_size=12),
+)
+def test_chunks_are_the_redacted_stream_cut_every_result_chunk_bytes(
+    parts: list[bytes], repeat: int, cuts: list[int]
+) -> None:
+    body = b"".join(parts) * repeat
+    bounds = [0, *sorted(c for c in cuts if c < len(body)), len(body)]
+    journal = _Journal()
+    sink = StreamSink(journal, "act_1", (SECRET,), keep_limit=1 << 30)  # type: ignore[arg-type]
+
+    async def run() -> dict[str, dict[str, Any]]:
+        for a, b in itertools.pairwise(bounds):
+            await sink("body", body[a:b])
+        return await sink.finish()
+
+    summary = trio.run(run)
+    redacted = Redactor([SECRET]).sub(body)
+    want = [redacted[i : i + RESULT_CHUNK] for i in range(0, len(redacted), RESULT_CHUNK)]
+    assert [c for _, _, c in journal.chunks] == want
+    assert [i for _, i, _ in journal.chunks] == list(range(len(want)))
+    if want:
+        assert summary["body"] == {
+            "sha256": "sha256:" + hashlib.sha256(redacted).hexdigest(),
+            "bytes": len(redacted),
+            "chunks": len(want),
+        }
+        kept = sink.kept()
+        assert kept == {"body": redacted}
