@@ -54,6 +54,10 @@ class AttemptContext:
     sink: ResultSink
     attempt: int = 1
     """1-based number of the in-broker connection attempt (setup retries) within this try."""
+    fed: Callable[[str], tuple[int, str]] | None = None
+    """If set, ``fed(stream)``: (bytes, hex SHA-256) of everything passed to ``sink(stream,
+    ...)`` so far, which the sink hashes anyway -- so an adapter that records the hash of the
+    bytes it sank (HTTP's ``body_sha256``) need not hash them a second time (issue 15)."""
 
 
 class SetupError(Exception):

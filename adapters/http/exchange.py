@@ -172,6 +172,11 @@ class _Hop:
         self.during = "write"
         """What the hop was doing (write, expect_continue, read): reported when it fails."""
         self.sha = hashlib.sha256()
+        self.sink_hashes: bool | None = None
+        """The body goes to the sink, which hashes what it is given anyway (``ctx.fed``): the
+        wire hash is the sink's, not a second pass over every byte here (issue 15).  Decided
+        at the first body byte, only if the sink's body stream is still empty then."""
+        self.sunk = 0
         self.buffered = bytearray()
         self.buffered_complete = True
         self.head: Observation | None = None
@@ -280,15 +285,27 @@ class _Hop:
                     self.redirects,
                     self.redactor,
                 )
-            if obs.data:
-                self.sha.update(obs.data)
-                if plan.disposition == "sink":
-                    await ctx.sink("body", obs.data)
-                elif plan.disposition == "follow":
-                    if len(self.buffered) + len(obs.data) <= REDIRECT_BODY_BUFFER:
-                        self.buffered.extend(obs.data)
-                    else:
-                        self.buffered_complete = False
+            if not obs.data:
+                continue
+            if plan.disposition == "sink":
+                await self._sink(obs.data)
+                continue
+            self.sha.update(obs.data)
+            if plan.disposition == "follow":
+                if len(self.buffered) + len(obs.data) <= REDIRECT_BODY_BUFFER:
+                    self.buffered.extend(obs.data)
+                else:
+                    self.buffered_complete = False
+
+    async def _sink(self, data: bytes) -> None:
+        ctx = self.ctx
+        if self.sink_hashes is None:  # the hop's first body byte
+            fed = ctx.fed
+            self.sink_hashes = fed is not None and fed("body")[0] == 0
+        if not self.sink_hashes:
+            self.sha.update(data)
+        self.sunk += len(data)
+        await ctx.sink("body", data)
 
     # -- 3. how a dispatched hop ends without a response --------------------------------------
 
@@ -331,6 +348,16 @@ class _Hop:
         else:
             await trio.aclose_forcefully(conn.stream)
 
+    def _body_sha256(self) -> str:
+        """The hex SHA-256 of the body bytes received in this hop."""
+        if not self.sink_hashes:
+            return self.sha.hexdigest()
+        assert self.ctx.fed is not None
+        fed, digest = self.ctx.fed("body")
+        if fed != self.sunk:  # the sink's stream is this hop's body, or the hash is not its
+            raise AssertionError(f"the sink holds {fed} body bytes, this hop sank {self.sunk}")
+        return digest
+
     def result(self, hop_summary: dict[str, Any]) -> HopResult:
         head = self.head
         assert head is not None and head.status is not None
@@ -342,7 +369,7 @@ class _Hop:
             hop_summary=hop_summary,
             peer=self.conn.peer,
             body_bytes=self.ex.body_bytes_received,
-            body_sha256=self.sha.hexdigest(),
+            body_sha256=self._body_sha256(),
             buffered_body=bytes(self.buffered) if self.plan.disposition == "follow" else None,
             buffered_complete=self.buffered_complete,
         )

@@ -224,6 +224,7 @@ async def _try_once(
         observe=_observer(attempt),
         sink=sink,
         attempt=attempt.n,
+        fed=sink.fed,
     )
     try:
         return await binding.perform(prepared, ctx), None, False

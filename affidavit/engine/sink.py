@@ -73,17 +73,49 @@ class StreamSink:
                 "sha": hashlib.sha256(),
                 "bytes": 0,
                 "kept": [],
+                "fed": None,
+                "fed_bytes": 0,
             }
         return st
 
     async def __call__(self, name: str, data: bytes) -> None:
         st = self._stream(name)
+        redactor: Redactor = st["redactor"]
+        held = redactor.pending
+        pieces = redactor.feed_pieces(data)
+        st["fed_bytes"] += len(data)
+        self._fork(st, redactor, held)
+        if st["fed"] is not None:
+            st["fed"].update(data)
         chunks: list[bytes] = []
-        for piece in st["redactor"].feed_pieces(data):
+        for piece in pieces:
             st["sha"].update(piece)
             _cut(st["buf"], piece, chunks)
         for chunk in chunks:
             await self._put(name, st, chunk)
+
+    @staticmethod
+    def _fork(st: dict[str, Any], redactor: Redactor, held: bytes) -> None:
+        """At the first replacement in a stream: start hashing its input on its own.  Until
+        then the redacted bytes hashed so far are the input so far, short of what the redactor
+        ``held`` back, so the input's hash is a copy of theirs plus those bytes."""
+        if st["fed"] is None and redactor.changed:
+            fed = st["fed"] = st["sha"].copy()
+            fed.update(held)
+
+    def fed(self, name: str) -> tuple[int, str]:
+        """(bytes, hex SHA-256) of everything passed to stream ``name`` before redaction
+        (``AttemptContext.fed``).  While redaction has changed nothing, that is the redacted
+        stream's own hash plus the bytes the redactor holds back: the response's bytes are
+        hashed once, not once by the adapter and again here (issue 15)."""
+        st = self._streams.get(name)
+        if st is None:
+            return 0, hashlib.sha256().hexdigest()
+        if st["fed"] is not None:
+            return st["fed_bytes"], st["fed"].hexdigest()
+        whole = st["sha"].copy()
+        whole.update(st["redactor"].pending)
+        return st["fed_bytes"], whole.hexdigest()
 
     async def _put(
         self, name: str, st: dict[str, Any], chunk: bytes, *, last: bool = False
@@ -138,7 +170,9 @@ class StreamSink:
         out: dict[str, dict[str, Any]] = {}
         await self.drain()
         for name, st in sorted(self._streams.items()):
+            held = st["redactor"].pending
             tail = st["redactor"].flush()
+            self._fork(st, st["redactor"], held)
             st["sha"].update(tail)
             st["buf"] += tail
             if st["buf"]:

@@ -483,6 +483,15 @@ class Redactor:
     def __init__(self, secrets: Iterable[bytes]) -> None:
         self._plan = _plan(tuple(sorted({s for s in secrets if s})))
         self._buf = b""
+        self.changed = False
+        """True once ``feed``/``flush`` replaced anything: until then their output is their
+        input, only held back by ``pending``."""
+
+    @property
+    def pending(self) -> bytes:
+        """The input ``feed`` holds back (a match may still start there): unless ``changed``,
+        the output so far plus these bytes is exactly the input so far."""
+        return self._buf
 
     @property
     def active(self) -> bool:
@@ -504,14 +513,21 @@ class Redactor:
         buf = self._buf + data if self._buf else bytes(data)
         out, pos = _scan(plan, buf, max(0, len(buf) - plan.widest + 1), memoryview(buf))
         self._buf = buf[pos:]
+        self._note(out)
         return out
+
+    def _note(self, out: list[bytes | memoryview]) -> None:
+        if not self.changed and any(piece is REDACTED for piece in out):
+            self.changed = True
 
     def flush(self) -> bytes:
         plan = self._plan
         if plan is None:
             return b""
         buf, self._buf = self._buf, b""
-        return b"".join(_scan(plan, buf, len(buf))[0])
+        out = _scan(plan, buf, len(buf))[0]
+        self._note(out)
+        return b"".join(out)
 
     def sub(self, data: bytes) -> bytes:
         """``data`` with every form replaced (not streaming; ``feed``'s state is untouched)."""

@@ -1,8 +1,9 @@
 """The result sink's chunking (affidavit/engine/sink.py): however a response arrives -- in reads
 of any size, a secret cut across them -- the chunks handed to the journal are the redacted stream
-cut at every ``RESULT_CHUNK`` bytes, in order, and the hash the sink reports is of exactly those
-bytes (seed, "Store chunks with sequence numbers and a final completeness marker"; resume offsets
-are chunk indexes times ``RESULT_CHUNK``)."""
+cut at every ``RESULT_CHUNK`` bytes, in order; the hash the sink reports is of exactly those
+bytes; and ``fed`` is the hash of the bytes it was given, before redaction (seed, "Store chunks
+with sequence numbers and a final completeness marker"; resume offsets are chunk indexes times
+``RESULT_CHUNK``)."""
 
 from __future__ import annotations
 
@@ -63,6 +64,8 @@ def test_chunks_are_the_redacted_stream_cut_every_result_chunk_bytes(
     async def run() -> dict[str, dict[str, Any]]:
         for a, b in itertools.pairwise(bounds):
             await sink("body", body[a:b])
+            # What the adapter was given so far, hashed once (AttemptContext.fed).
+            assert sink.fed("body") == (b, hashlib.sha256(body[:b]).hexdigest())
         return await sink.finish()
 
     summary = trio.run(run)
@@ -78,3 +81,4 @@ def test_chunks_are_the_redacted_stream_cut_every_result_chunk_bytes(
         }
         kept = sink.kept()
         assert kept == {"body": redacted}
+    assert sink.fed("body") == (len(body), hashlib.sha256(body).hexdigest())

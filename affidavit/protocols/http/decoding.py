@@ -24,6 +24,7 @@ sink (and the journal) before the next step.
 
 from __future__ import annotations
 
+import hashlib
 import zlib
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Final
@@ -148,12 +149,14 @@ class BodyDecoding:
         self._decoder: BodyDecoder | None = None
         self._withheld: str | None = None
         self._received = 0
+        self._raw = hashlib.sha256()
         self.context = AttemptContext(
             machine=ctx.machine,
             gate=ctx.gate,
             observe=self._observe,
             sink=self._sink,
             attempt=ctx.attempt,
+            fed=self._fed if ctx.fed is not None else None,
         )
 
     def _observe(self, step: Step, facts: Mapping[str, Any]) -> None:
@@ -164,6 +167,7 @@ class BodyDecoding:
             self._decoder = BodyDecoder(applied) if applied else None
             self._withheld = None
             self._received = 0
+            self._raw = hashlib.sha256()
         self._ctx.observe(step, facts)
 
     async def _sink(self, name: str, data: bytes) -> None:
@@ -171,12 +175,21 @@ class BodyDecoding:
             await self._ctx.sink(name, data)
             return
         self._received += len(data)
+        self._raw.update(data)
         if self._withheld is not None:
             return
         try:
             await self._decoder.feed(data, self._forward)
         except Withheld as exc:
             self._withheld = exc.reason
+
+    def _fed(self, name: str) -> tuple[int, str]:
+        """What the adapter passed to the sink: a decoded body is not the bytes received, so
+        those are hashed here (as the adapter did before ``AttemptContext.fed``)."""
+        if name != "body" or self._decoder is None:
+            assert self._ctx.fed is not None
+            return self._ctx.fed(name)
+        return self._received, self._raw.hexdigest()
 
     async def _forward(self, data: bytes) -> None:
         await self._ctx.sink("body", data)

@@ -1,0 +1,74 @@
+"""The HTTP result's ``body_sha256`` fact is the SHA-256 of the body bytes received -- the wire
+bytes, before decoding and redaction -- whoever computes it: the exchange itself, or the result
+sink, which hashes what it is given anyway (``AttemptContext.fed``, issue 15).  Checked against
+the bytes the server sent, for bodies the redactor leaves alone and bodies it changes (mid-stream,
+and at the very end, where only ``flush`` decides), plain, chunked and compressed."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from affidavit.engine import RESULT_CHUNK
+from affidavit.protocols.http.binding import HttpBinding
+from tests.http.hostile import HostileServer, Received, Reply, scripts
+
+from .helpers import assert_ok, http_target, open_broker, write_config
+
+FILL = b"0123456789abcdef" * (RESULT_CHUNK // 8)  # two stored chunks' worth
+
+
+def _body(shape: str, auth: bytes) -> bytes:
+    return {
+        "plain": FILL * 3 + b"tail",
+        "echo_mid": FILL + auth + FILL,
+        "echo_end": FILL + auth,
+        "echo_escaped": FILL + auth.replace(b"o", b"\\u006f") + FILL,
+    }[shape]
+
+
+def _reply(shape: str, encoding: str, sent: list[bytes]) -> Callable[[Received], Reply]:
+    def reply(req: Received) -> Reply:
+        body = _body(shape, (req.header("authorization") or "").encode())
+        headers: list[tuple[str, str]] = []
+        if encoding == "gzip":
+            body = gzip.compress(body)
+            headers.append(("Content-Encoding", "gzip"))
+        sent.append(body)
+        return Reply(200, headers=headers, body=body, chunked=encoding == "chunked")
+
+    return reply
+
+
+@pytest.mark.parametrize("encoding", ["length", "chunked", "gzip"])
+@pytest.mark.parametrize("shape", ["plain", "echo_mid", "echo_end", "echo_escaped"])
+async def test_body_sha256_is_the_hash_of_the_bytes_received(
+    tmp_path: Path, token: str, shape: str, encoding: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sent: list[bytes] = []
+    facts: list[dict[str, Any]] = []
+    perform = HttpBinding.perform
+
+    async def recorded(self: HttpBinding, prepared: Any, ctx: Any) -> Any:
+        result = await perform(self, prepared, ctx)
+        facts.append(dict(result.facts))
+        return result
+
+    monkeypatch.setattr(HttpBinding, "perform", recorded)
+    with trio.fail_after(20):
+        async with HostileServer.running(scripts.serve(_reply(shape, encoding, sent))) as srv:
+            cfg = write_config(tmp_path, {"api": http_target(srv.url)})
+            async with open_broker(cfg) as broker:
+                env = await broker.call({"target": "api", "method": "GET", "path": "/x"})
+                assert_ok(broker, env)
+    assert len(sent) == 1 and len(facts) == 1
+    assert facts[0]["body_bytes"] == len(sent[0])
+    assert facts[0]["body_sha256"] == hashlib.sha256(sent[0]).hexdigest()
+    if shape != "plain":
+        assert token not in str(env) and "[REDACTED]" in str(env)
