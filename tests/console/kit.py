@@ -103,6 +103,9 @@ class World:
         return str(rows[-1]["invocation_id"])
 
 
+PORT_ATTEMPTS = 3
+
+
 @contextlib.asynccontextmanager
 async def console_world(
     tmp: Path,
@@ -116,27 +119,40 @@ async def console_world(
     an operator and may decide on its own requests (the agent is played by the same uid).
     ``wait``: how long a caller of ``pay`` waits for the decision; ``service`` overrides
     ``[service]`` settings (None removes one)."""
-    port = free_port()
     reply = pay_reply or Reply(200, body=b'{"charged": true}')
     async with (
         HostileServer.running(scripts.serve(reply)) as pay,
         HostileServer.running(scripts.apply_then_close()) as flaky,
         HostileServer.running(PaymentsApi().script) as ledger,
+        contextlib.AsyncExitStack() as stack,
     ):
         targets = {
             "pay": http_target(pay.url, approval={"methods": ["POST"], "wait": wait}),
             "flaky": http_target(flaky.url),
             "ledger": reconcile_target(ledger.url)["api"],
         }
-        settings = {
-            "operator_uids": [os.geteuid()],
-            "allow_self_approval": True,
-            "console": f"127.0.0.1:{port}",
-            **(service or {}),
-        }
-        settings = {k: v for k, v in settings.items() if v is not None}
-        async with running_daemon(tmp, targets, token=token, service=settings) as daemon:
-            yield World(daemon, pay, flaky, ledger, f"http://127.0.0.1:{port}")
+        # The port is picked once the servers above listen (an ephemeral port they are given
+        # may be the one free_port just released), and picked again, at most twice, if another
+        # process takes it before the daemon binds it: a free port is only free when asked.
+        for attempt in range(PORT_ATTEMPTS):
+            port = free_port()
+            settings = {
+                "operator_uids": [os.geteuid()],
+                "allow_self_approval": True,
+                "console": f"127.0.0.1:{port}",
+                **(service or {}),
+            }
+            settings = {k: v for k, v in settings.items() if v is not None}
+            try:
+                daemon = await stack.enter_async_context(
+                    running_daemon(tmp, targets, token=token, service=settings)
+                )
+            except AssertionError as exc:
+                if "Address already in use" in str(exc) and attempt + 1 < PORT_ATTEMPTS:
+                    continue
+                raise
+            break
+        yield World(daemon, pay, flaky, ledger, f"http://127.0.0.1:{port}")
 
 
 @contextlib.asynccontextmanager
