@@ -39,7 +39,9 @@ class EventKind(StrEnum):
     """Final response headers / exec acceptance were received."""
     REMOTE_RESPONSE_COMPLETE = "REMOTE_RESPONSE_COMPLETE"
     """A complete, authentic final result was received and classified.  attrs: outcome
-    (rejected|committed), code (or None for success), status / exit_status, retry_after..."""
+    (rejected|committed), code (or None for success), status / exit_status, retry_after, the
+    stored response's hash, and what was received of each stream where it reveals no secret
+    (``body_sha256``/``body_bytes`` or ``body_received_withheld``: docs/redaction.md)..."""
     RESULT_COMMITTED = "RESULT_COMMITTED"
     """Durable barrier: the result and its hash are stored under the invocation id."""
     RESULT_DELIVERED = "RESULT_DELIVERED"

@@ -124,6 +124,7 @@ async def _commit(
     for k in ("status", "exit_status", "exit_signal", "remote_request_id", "hop", "evidence_from"):
         if k in result.facts:
             attrs[k] = sink.scrub(result.facts[k])
+    attrs.update(received_evidence(result, sink))
     if result.retry_after is not None:
         attrs["retry_after"] = result.retry_after
     complete = Event(E.REMOTE_RESPONSE_COMPLETE, iid, attrs, source=EvidenceSource.REMOTE_RESPONSE)
@@ -167,6 +168,29 @@ async def _commit(
     # equals what fetch_result reads (tests/broker/test_inline_result.py).
     stored = Stored(json.loads(json.dumps(summary)), kept, committed.attrs["sha256"])
     return render_envelope(record, result_payload(stored)), True
+
+
+def received_evidence(result: RemoteResult, sink: StreamSink) -> dict[str, Any]:
+    """What the adapter says it received of each stream, before decoding and redaction: facts
+    ``<stream>_bytes`` and ``<stream>_sha256`` (HTTP's wire body: docs/redaction.md).  They are
+    recorded only for a stream scanned whole in which redaction replaced nothing: the hash of
+    bytes holding a secret (echoed, or compressed where no scan saw it) would let whoever reads
+    the record test guesses of that secret offline, and their count would give its length.
+    Otherwise ``<stream>_received_withheld`` says why (``redacted`` or ``unscanned``)."""
+    out: dict[str, Any] = {}
+    for key in result.facts:
+        if not key.endswith("_sha256"):
+            continue
+        name = key.removesuffix("_sha256")
+        if f"{name}_withheld" in result.summary:
+            out[f"{name}_received_withheld"] = "unscanned"
+        elif sink.redacted(name):
+            out[f"{name}_received_withheld"] = "redacted"
+        else:
+            out[key] = "sha256:" + str(result.facts[key])
+            if f"{name}_bytes" in result.facts:
+                out[f"{name}_bytes"] = result.facts[f"{name}_bytes"]
+    return out
 
 
 async def _store_failed(engine: Engine, complete: Event) -> dict[str, Any]:

@@ -117,6 +117,12 @@ class StreamSink:
         whole.update(st["redactor"].pending)
         return st["fed_bytes"], whole.hexdigest()
 
+    def redacted(self, name: str) -> bool:
+        """After ``finish``: whether redaction replaced anything in stream ``name`` (a stream
+        never fed was not)."""
+        st = self._streams.get(name)
+        return st is not None and st["fed"] is not None
+
     async def _put(
         self, name: str, st: dict[str, Any], chunk: bytes, *, last: bool = False
     ) -> None:

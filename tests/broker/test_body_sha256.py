@@ -2,7 +2,13 @@
 bytes, before decoding and redaction -- whoever computes it: the exchange itself, or the result
 sink, which hashes what it is given anyway (``AttemptContext.fed``, issue 15).  Checked against
 the bytes the server sent, for bodies the redactor leaves alone and bodies it changes (mid-stream,
-and at the very end, where only ``flush`` decides), plain, chunked and compressed."""
+and at the very end, where only ``flush`` decides), plain, chunked and compressed.
+
+The journal keeps that wire evidence on REMOTE_RESPONSE_COMPLETE (``body_bytes``,
+``body_sha256``) only when it says nothing of a secret: for a body in which redaction replaced
+something, or that no scan saw whole (a coding the broker cannot decode), the hash of the bytes
+received would let a reader of the record test guesses of the secret offline, so
+``body_received_withheld`` says why it is not there."""
 
 from __future__ import annotations
 
@@ -17,6 +23,7 @@ import trio
 
 from affidavit.engine import RESULT_CHUNK
 from affidavit.protocols.http.binding import HttpBinding
+from affidavit.statemachine import EventKind
 from tests.http.hostile import HostileServer, Received, Reply, scripts
 
 from .helpers import assert_ok, http_target, open_broker, write_config
@@ -67,8 +74,45 @@ async def test_body_sha256_is_the_hash_of_the_bytes_received(
             async with open_broker(cfg) as broker:
                 env = await broker.call({"target": "api", "method": "GET", "path": "/x"})
                 assert_ok(broker, env)
+                complete = _complete(broker, env["invocation_id"])
+                events = str(list(broker.events(env["invocation_id"])))
     assert len(sent) == 1 and len(facts) == 1
     assert facts[0]["body_bytes"] == len(sent[0])
     assert facts[0]["body_sha256"] == hashlib.sha256(sent[0]).hexdigest()
     if shape != "plain":
         assert token not in str(env) and "[REDACTED]" in str(env)
+    wire = hashlib.sha256(sent[0]).hexdigest()
+    if shape == "plain":
+        assert complete["body_sha256"] == "sha256:" + wire
+        assert complete["body_bytes"] == len(sent[0])
+        assert "body_received_withheld" not in complete
+    else:
+        assert complete["body_received_withheld"] == "redacted"
+        assert "body_bytes" not in complete and "body_sha256" not in complete
+        assert wire not in events and token not in events
+
+
+def _complete(broker: Any, iid: str) -> dict[str, Any]:
+    [event] = [e for e in broker.events(iid) if e.kind is EventKind.REMOTE_RESPONSE_COMPLETE]
+    return dict(event.attrs)
+
+
+async def test_a_body_no_scan_saw_keeps_no_wire_hash(tmp_path: Path, token: str) -> None:
+    """A coding the broker cannot decode (``br``): the body is withheld unscanned, and so is
+    the hash of its bytes -- they may hold the secret in a form no scan looked for."""
+    body = b"\x8b\x02\x80" + token.encode() + b"\x03"
+
+    def reply(req: Received) -> Reply:
+        return Reply(200, headers=[("Content-Encoding", "br")], body=body)
+
+    with trio.fail_after(20):
+        async with HostileServer.running(scripts.serve(reply)) as srv:
+            cfg = write_config(tmp_path, {"api": http_target(srv.url)})
+            async with open_broker(cfg) as broker:
+                env = await broker.call({"target": "api", "method": "GET", "path": "/x"})
+                assert_ok(broker, env)
+                complete = _complete(broker, env["invocation_id"])
+                events = str(list(broker.events(env["invocation_id"])))
+    assert env["result"]["body_withheld"]["reason"] == "unsupported_content_encoding"
+    assert complete["body_received_withheld"] == "unscanned"
+    assert hashlib.sha256(body).hexdigest() not in events and token not in events

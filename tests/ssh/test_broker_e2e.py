@@ -72,6 +72,19 @@ async def test_every_row_sshd_produces_through_broker_call(
         async with open_broker(cfg) as b:
             env = await b.call({"target": "box", "command": "echo hi"})
             assert_ok(b, env)
+            # What was received, before redaction, is on record when redaction changed
+            # nothing (docs/redaction.md, "What was received").
+            [complete] = [e for e in b.events(env["invocation_id"])
+                          if e.kind is EventKind.REMOTE_RESPONSE_COMPLETE]  # fmt: skip
+            assert complete.attrs["stdout_bytes"] == 3
+            received = hashlib.sha256(b"hi\n").hexdigest()
+            assert complete.attrs["stdout_sha256"] == "sha256:" + received
+            env = await b.call({"target": "box", "command": f"cat {sshd.client_key_path}"})
+            assert_ok(b, env)
+            [complete] = [e for e in b.events(env["invocation_id"])
+                          if e.kind is EventKind.REMOTE_RESPONSE_COMPLETE]  # fmt: skip
+            assert complete.attrs["stdout_received_withheld"] == "redacted"
+            assert "stdout_sha256" not in complete.attrs
             env = await b.call({"target": "box", "command": "exit 23"})
             assert_error(b, env, phase="remote_execution", outcome="committed", retry="never",
                          code="REMOTE_COMMAND_FAILED")  # fmt: skip

@@ -10,7 +10,8 @@ What is stored and returned then (the caller reads it in the result's summary):
 * codings the broker decodes (``gzip``/``x-gzip``, ``deflate`` -- zlib or raw, as servers send
   both --, ``identity``, in any stack): the decoded, redacted body, with
   ``content_encoding_decoded`` naming the codings undone.  A re-compressed redacted body would
-  prove nothing more, and the wire bytes' hash stays in the evidence (``body_sha256``).
+  prove nothing more, and the wire bytes' hash stays in the evidence (``body_sha256`` on
+  REMOTE_RESPONSE_COMPLETE, when it says nothing of a secret: ``engine/delivery.py``).
 * a body the broker cannot scan is never passed through: ``body_withheld`` says why --
   ``unsupported_content_encoding`` (``br``, ``zstd``, anything else: nothing of the body is
   stored), ``corrupt_encoding`` (the stream does not decode, or ends early) or
