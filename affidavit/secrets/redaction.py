@@ -354,6 +354,9 @@ def _digits(codes: dict[bytes, set[bytes]]) -> bytes:
     return _alternation(alts)
 
 
+_LEAVES = frozenset({int, float, bool, type(None)})
+"""Types ``scrub`` returns as they are, without a call (exact types: no string subclass)."""
+
 _MEMO_TEXTS = 4096
 _MEMO_CHARS = 256
 
@@ -558,14 +561,43 @@ class Redactor:
 
     def scrub(self, value: Any) -> Any:
         """A JSON-able ``value`` with every string (mapping keys included) scrubbed."""
-        if self._plan is None:
+        plan = self._plan
+        if plan is None:
+            return value
+        return self._walk(value, plan.clean)
+
+    def _walk(self, value: Any, clean: set[str]) -> Any:
+        # A call scrubs a few hundred values, most of them remembered clean strings and
+        # numbers: those are answered inline, without a call each (issue 15).  Anything but
+        # the exact built-in types takes the general path below.
+        kind = type(value)
+        if kind is str:
+            return value if value in clean else self.scrub_text(value)
+        if kind is dict:
+            out = {}
+            for k, v in value.items():
+                if type(k) is not str or k not in clean:
+                    k = self._walk(k, clean)
+                kv = type(v)
+                if kv not in _LEAVES and (kv is not str or v not in clean):
+                    v = self._walk(v, clean)
+                out[k] = v
+            return out
+        if kind is list or kind is tuple:
+            return [
+                v
+                if (kv := type(v)) in _LEAVES or (kv is str and v in clean)
+                else self._walk(v, clean)
+                for v in value
+            ]
+        if kind in _LEAVES:
             return value
         if isinstance(value, str):
             return self.scrub_text(value)
         if isinstance(value, dict):
-            return {self.scrub(k): self.scrub(v) for k, v in value.items()}
+            return {self._walk(k, clean): self._walk(v, clean) for k, v in value.items()}
         if isinstance(value, list | tuple):
-            return [self.scrub(v) for v in value]
+            return [self._walk(v, clean) for v in value]
         return value
 
 

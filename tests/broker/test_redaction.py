@@ -181,6 +181,69 @@ def test_scrubbing_the_same_strings_again_gives_the_same_answer_and_keeps_no_sec
     assert not any(tok.decode() in text for text in plan.clean)
 
 
+class _Label(str):
+    """A ``str`` subclass (as a ``StrEnum`` member is): scrubbed as text, never taken as clean."""
+
+
+def _reference_scrub(r: Redactor, value: object) -> object:
+    """What ``scrub`` must give: every string (keys too) through ``scrub_text``, containers
+    rebuilt (tuples as lists), anything else as it is."""
+    if isinstance(value, str):
+        return r.scrub_text(value)
+    if isinstance(value, dict):
+        return {_reference_scrub(r, k): _reference_scrub(r, v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_reference_scrub(r, v) for v in value]
+    return value
+
+
+_TOK = "tok-walk-9c1e77"
+_TEXTS = st.sampled_from(["content-type", "OK", "", _TOK, f"Bearer {_TOK}", "x" * 300]) | st.text(
+    max_size=8
+)
+_LEAF = (
+    _TEXTS
+    | _TEXTS.map(_Label)
+    | st.integers()
+    | st.floats(allow_nan=False)
+    | st.booleans()
+    | st.none()
+)
+_JSONISH = st.recursive(
+    _LEAF,
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.lists(inner, max_size=4).map(tuple)
+        | st.dictionaries(_TEXTS | _TEXTS.map(_Label), inner, max_size=4)
+    ),
+    max_leaves=20,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(value=_JSONISH)
+def test_scrub_walks_every_string_of_a_value_as_scrub_text_does(value: object) -> None:
+    """The walk answers remembered clean strings and numbers inline (issue 15): it must give
+    what scrubbing every string one by one gives -- twice, so the second walk meets the
+    strings the first remembered -- and a string subclass is scrubbed, not taken as clean."""
+    r = Redactor([_TOK.encode()])
+    want = _reference_scrub(Redactor([_TOK.encode()]), value)
+    for _ in range(2):
+        got = r.scrub(value)
+        assert got == want
+        assert _TOK not in json.dumps(got)
+
+
+def test_a_string_subclass_holding_the_secret_is_redacted_where_plain_text_is_clean() -> None:
+    r = Redactor([_TOK.encode()])
+    assert r.scrub({"k": "clean"}) == {"k": "clean"}  # "clean" is now remembered
+    leaky = _Label(f"clean {_TOK}")
+    assert r.scrub({"k": [leaky], leaky: 1}) == {
+        "k": ["clean [REDACTED]"],
+        "clean [REDACTED]": 1,
+    }
+
+
 def test_header_text_is_matched_as_the_bytes_it_arrived_as() -> None:
     """Header values arrive as bytes decoded latin-1: a UTF-8 secret echoed in one is mojibake
     text whose latin-1 bytes are the secret's UTF-8 bytes."""
