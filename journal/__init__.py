@@ -59,6 +59,7 @@ from .errors import (
 from .lock import JournalLocked
 from .reader import JournalReader
 from .results import ChunkLog, ResultStream, StoredResult, StreamInfo
+from .rows import json_copy
 from .sealing import AuditOpener, generate_auditor_keypair, open_audit_payload, random_bytes
 from .signing import Anchor, Checkpoint, SigningKey, load_anchor, load_public_key, public_key_pem
 from .store import Journal
@@ -93,6 +94,7 @@ __all__ = [
     "VerifyReport",
     "generate_auditor_keypair",
     "is_url",
+    "json_copy",
     "load_anchor",
     "load_public_key",
     "open_audit_payload",

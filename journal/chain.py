@@ -23,7 +23,7 @@ import json.encoder
 from collections.abc import Callable, Mapping
 from typing import Any
 
-__all__ = ["EVENT_COLUMNS", "GENESIS", "canonical_json", "row_digest", "row_hash"]
+__all__ = ["EVENT_COLUMNS", "GENESIS", "canonical_json", "compact_json", "row_digest", "row_hash"]
 
 GENESIS = "0" * 64
 EVENT_COLUMNS = (
@@ -59,7 +59,10 @@ canonical_json: Callable[[Mapping[str, Any] | Any], str] = _compact_encoder(
 )
 """Sorted keys, no whitespace, no NaN: one byte string per value."""
 
-_encode_row = _compact_encoder(sort_keys=False, allow_nan=True)
+compact_json: Callable[[Any], str] = _compact_encoder(sort_keys=False, allow_nan=True)
+"""``json.dumps(value, separators=(",", ":"), ensure_ascii=False)``: keys in their order."""
+
+_encode_row = compact_json
 
 
 def row_digest(

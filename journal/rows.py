@@ -14,7 +14,7 @@ from typing import Any
 
 from affidavit.statemachine import BARRIER_KINDS, Event, EventKind, EvidenceSource, stored_event
 
-from .chain import canonical_json
+from .chain import canonical_json, compact_json
 from .errors import IdempotencyRecord, JournalError, Lease
 
 __all__ = [
@@ -26,6 +26,7 @@ __all__ = [
     "decode_attrs",
     "event_from_row",
     "idempotency_from_row",
+    "json_copy",
     "lease_from_row",
 ]
 
@@ -58,6 +59,14 @@ def decode_attrs(text: str) -> Any:
     if end != len(text):
         return json.loads(text)
     return value
+
+
+def json_copy(value: Any) -> Any:
+    """``json.loads(json.dumps(value))`` -- ``value`` as it reads back from JSON (tuples as
+    lists, keys as strings, a fresh copy) -- through the C encoder and scanner made once,
+    instead of a ``JSONEncoder`` and the argument checks of ``loads`` per call (issue 15: the
+    engine copies each call's result summary so)."""
+    return decode_attrs(compact_json(value))
 
 
 def attrs_json(event: Event) -> str:

@@ -12,7 +12,6 @@ Seed, "A result delivery error must not repeat execution" -- the order of writes
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
@@ -20,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from affidavit.adapters.base import RemoteResult
-from affidavit.journal import JournalWriteError, ResultStoreFailed
+from affidavit.journal import JournalWriteError, ResultStoreFailed, json_copy
 from affidavit.statemachine import (
     Event,
     EventKind,
@@ -158,7 +157,7 @@ async def _commit(
         # Larger than the inline limit: the envelope says what was stored and how to fetch
         # it, and the body stays in the journal -- reading megabytes back, decrypting and
         # decoding them into one JSON value is what made a 50 MiB answer cost 150 MB (issue 15).
-        summary = json.loads(json.dumps(summary))
+        summary = json_copy(summary)
         payload = reference_payload(iid, summary, committed.attrs["sha256"], sink.limit)
         return render_envelope(record, payload), True
     # The result the journal just stored: commit_result(expect=) verified, in the committing
@@ -166,7 +165,7 @@ async def _commit(
     # carries the stored result's hash -- reading it back would only decrypt and re-hash the
     # same bytes.  The summary goes through JSON as the stored copy did, so this payload
     # equals what fetch_result reads (tests/broker/test_inline_result.py).
-    stored = Stored(json.loads(json.dumps(summary)), kept, committed.attrs["sha256"])
+    stored = Stored(json_copy(summary), kept, committed.attrs["sha256"])
     return render_envelope(record, result_payload(stored)), True
 
 

@@ -332,3 +332,40 @@ def test_a_directory_or_garbage_at_the_journal_path_is_a_usage_error(
         for cmd in (["journal", "verify"], ["actions"], ["sessions"], ["metrics"]):
             assert cli_main([*cmd, "--journal", str(tmp_path / name)]) == 2
             assert "not a readable journal" in capsys.readouterr().err
+
+
+_JSONISH = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats()  # NaN and infinities too: json.dumps writes them, json.loads reads them
+    | st.text(max_size=6),
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.lists(inner, max_size=4).map(tuple)
+        | st.dictionaries(st.text(max_size=4) | st.integers() | st.booleans(), inner, max_size=4)
+    ),
+    max_leaves=16,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(value=_JSONISH)
+def test_json_copy_is_what_json_reads_back(value: object) -> None:
+    """``json_copy`` stands in for ``json.loads(json.dumps(value))`` on the engine's result
+    path: the same value, key order included (tuples as lists, keys as strings), as a copy."""
+    import json
+
+    from affidavit.journal import json_copy
+
+    got, want = json_copy(value), json.loads(json.dumps(value))
+    assert json.dumps(got) == json.dumps(want)  # NaN != NaN: compare the texts, in order
+    if isinstance(value, dict | list):
+        assert got is not value
+
+
+def test_json_copy_refuses_what_json_cannot_hold() -> None:
+    from affidavit.journal import json_copy
+
+    with pytest.raises(TypeError):
+        json_copy({"a": {1, 2}})
