@@ -220,7 +220,8 @@ def _header_safe(value: bytes, ref: str) -> str:
         raise CredentialError(
             Code.CREDENTIAL_INVALID, f"{ref}: value is not ASCII and cannot go in a header"
         ) from None
-    if not text or text != text.strip() or any(c < " " or c == "\x7f" for c in text):
+    # (For ASCII, ``isprintable`` is exactly "no character below space, and no DEL".)
+    if not text or text != text.strip() or not text.isprintable():
         raise CredentialError(
             Code.CREDENTIAL_INVALID,
             f"{ref}: value has control characters or surrounding whitespace",

@@ -288,6 +288,8 @@ def test_apply_query(target: str, expected: str) -> None:
         ("basic", b":" + CANARY_B),  # empty user-id
         ("basic", b"u:" + CANARY_B + b"\n"),
         ("header:X-Key", CANARY_B + b"\x00"),
+        ("header:X-Key", CANARY_B + b"\x7fx"),  # DEL is no visible character either
+        ("bearer", CANARY_B + b"\tx"),  # nor is a tab inside the value
         ("cookie", CANARY_B),
         ("header:Host", CANARY_B),
     ],
