@@ -168,7 +168,8 @@ class BodyDecoding:
             self._decoder = BodyDecoder(applied) if applied else None
             self._withheld = None
             self._received = 0
-            self._raw = hashlib.sha256()
+            if applied:  # only a decoded body is hashed here (``_fed``)
+                self._raw = hashlib.sha256()
         self._ctx.observe(step, facts)
 
     async def _sink(self, name: str, data: bytes) -> None:
