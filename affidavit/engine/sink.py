@@ -180,7 +180,16 @@ class StreamSink:
             tail = st["redactor"].flush()
             self._fork(st, st["redactor"], held)
             st["sha"].update(tail)
-            st["buf"] += tail
+            # What the redactor held back can be more than what fills the chunk being cut
+            # (it keeps every byte a match might still start at): cut it as every read is, so
+            # no stored chunk but the last is shorter and none is longer than RESULT_CHUNK --
+            # ``--from-chunk N`` resumes at byte N * RESULT_CHUNK.
+            chunks: list[bytes] = []
+            _cut(st["buf"], tail, chunks)
+            if chunks:
+                for chunk in chunks:
+                    await self._put(name, st, chunk)
+                await self.drain()  # a refused chunk is seen before the commit, as above
             if st["buf"]:
                 await self._put(name, st, bytes(st["buf"]), last=True)
                 st["buf"].clear()
