@@ -4,13 +4,16 @@ the array writer keeps every record written before a failure."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterator
+from types import MappingProxyType
+from typing import Any
 
 import pytest
 
 from affidavit.journal import JournalError
-from affidavit.statemachine import STATES, Event, EventKind, Projector
+from affidavit.statemachine import STATES, Budget, Event, EventKind, Projector, Record
 from affidavit.views import record_json_encoder, record_to_json
 from tests.statemachine.lifecycle_helpers import IID, make_event, path_to
 
@@ -63,3 +66,50 @@ def test_actions_json_output_keeps_every_record_before_a_failure(
     assert capsys.readouterr().out == "[]\n"
     _write_array(iter(['{"n": 0}']))
     assert capsys.readouterr().out == '[\n{"n": 0}\n]\n'
+
+
+def _expected(rec: Record) -> str:
+    return json.JSONEncoder(sort_keys=True).encode(record_to_json(rec))
+
+
+_ODD: list[dict[str, Any]] = [
+    # What a fold may hold where a field's usual type is not: values taken from attrs as they
+    # are (message, field, session), numbers of every JSON kind, text needing escapes.
+    {"message": {"b": [1, 2.5], "a": None}, "field": 7, "session": ["s", 1]},
+    {"message": 3, "field": True, "session": False, "retry_after": float("inf")},
+    {"message": 'caf\u00e9 \u2603 "q" \\ \n\t\x01', "session": "\u00e9", "retry_after": 0.1},
+    {"target": None, "protocol": None, "fingerprint": None, "last_seq": None, "code": None},
+    {"idempotent": True, "generation": 2**70, "events": 0, "retry_after": float("nan")},
+    {"idempotency": MappingProxyType({"key": "k", "expires_at": 1.5e300}), "idempotent": 1},
+    {"budget": Budget(5, 7), "last_seq": 2**63, "invocation_id": "act_\u00ff"},
+]
+
+
+@pytest.mark.parametrize("odd", _ODD)
+def test_the_encoder_writes_odd_values_as_json_does(odd: dict[str, Any]) -> None:
+    """The encoder writes each value itself when it has an exact type it knows (str, None,
+    int) and hands every other one to the general encoder: the text is still exactly what
+    encoding ``record_to_json`` gives, whatever a field holds."""
+    p = _record_in("completed_committed")
+    base = p.record(now=5.0)
+    rec = dataclasses.replace(base, **odd)
+    assert record_json_encoder()(rec) == _expected(rec)
+
+
+def test_the_encoder_writes_batches_operations_and_unknown_outcomes() -> None:
+    """Nested views of every kind (items, operation, idempotency, several attempts) through
+    the encoder, against ``record_to_json``."""
+    recs: list[Record] = []
+    for state in sorted(STATES):
+        rec = _record_in(state).record(now=5.0)
+        recs.append(
+            dataclasses.replace(
+                rec,
+                items=(MappingProxyType({"id": 1, "outcome": "unknown", "code": None}),),
+                operation=MappingProxyType({"id": "op", "state": "pending", "polls": 0}),
+                attempts=(*rec.attempts, MappingProxyType({"n": 9, "outcome": "unknown"})),
+            )
+        )
+    encode = record_json_encoder()
+    for rec in recs:
+        assert encode(rec) == _expected(rec)
