@@ -15,7 +15,7 @@ import trio
 
 from affidavit.cli import actions_json
 from affidavit.cli import main as cli_main
-from affidavit.journal import Journal
+from affidavit.journal import Journal, JournalReader
 from affidavit.statemachine import ImpossibleEvent
 
 from .helpers import Ticking, append_interleaved, happy, interrupted
@@ -75,14 +75,57 @@ def test_a_failed_child_has_its_half_folded_here(
 ) -> None:
     one = _run(journal, ["--json"], False, monkeypatch, capsys)
 
-    def failing(path: str, filters: Any, span: Any, spool: IO[bytes]) -> subprocess.Popen[bytes]:
-        code = "import sys; sys.stdout.write('{\"half\": 1}'); sys.exit(3)"
-        return subprocess.Popen([sys.executable, "-c", code], stdout=spool)
+    def failing(spool: IO[bytes]) -> subprocess.Popen[bytes]:
+        code = "import sys; sys.stdin.readline(); sys.stdout.write('{\"half\": 1}'); sys.exit(3)"
+        return subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=spool)
+
+    def gone(spool: IO[bytes]) -> subprocess.Popen[bytes]:
+        """A child that has exited before it is told its half (``_send`` finds no reader)."""
+        child = subprocess.Popen([sys.executable, "-c", "pass"], stdin=subprocess.PIPE)
+        child.wait()
+        return child
 
     monkeypatch.setattr(actions_json, "_start", failing)
     assert _run(journal, ["--json"], True, monkeypatch, capsys) == one
+    monkeypatch.setattr(actions_json, "_start", gone)
+    assert _run(journal, ["--json"], True, monkeypatch, capsys) == one
     monkeypatch.setattr(actions_json, "_start", lambda *a: None)  # could not start at all
     assert _run(journal, ["--json"], True, monkeypatch, capsys) == one
+
+
+def test_the_child_starts_before_the_journal_is_cut_and_is_stopped_if_it_is_not(
+    journal: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The child's start-up overlaps the check of the index (``action_spans``); a journal that
+    cannot be cut after all is folded here, and the child that was waiting is stopped."""
+    one = _run(journal, ["--json"], False, monkeypatch, capsys)
+    started: list[subprocess.Popen[bytes] | None] = []
+    real_start, real_spans = actions_json._start, JournalReader.action_spans
+
+    def start(spool: IO[bytes]) -> subprocess.Popen[bytes] | None:
+        started.append(real_start(spool))
+        return started[-1]
+
+    def spans(self: JournalReader, parts: int, min_events: int) -> Any:
+        assert len(started) == 1, "the child must be started before the journal is cut"
+        return real_spans(self, parts, min_events)
+
+    monkeypatch.setattr(actions_json, "_start", start)
+    monkeypatch.setattr(JournalReader, "action_spans", spans)
+    assert _run(journal, ["--json"], True, monkeypatch, capsys) == one
+    monkeypatch.setattr(JournalReader, "action_spans", lambda *a: None)
+    started.clear()
+    assert _run(journal, ["--json"], True, monkeypatch, capsys) == one
+    child = started[0]
+    assert child is not None and child.poll() is not None  # stopped, not left waiting
+
+
+def test_a_child_told_nothing_writes_nothing_and_fails() -> None:
+    code = "from affidavit.cli.actions_json import fold_span; fold_span()"
+    done = subprocess.run(
+        [sys.executable, "-P", "-c", code], stdin=subprocess.DEVNULL, capture_output=True
+    )
+    assert done.returncode == 1 and done.stdout == b""
 
 
 def test_a_fold_that_fails_in_the_childs_half_fails_as_one_process_does(
