@@ -199,7 +199,7 @@ class SqliteTables(Tables):
         read-only, or an index someone edited -- the same rows, sorted as before: the view
         never depends on a table the chain does not cover."""
         if session is None and self._first_events_indexed():
-            return self.rows("grouped_by_first")
+            return self.cursor("grouped_by_first")
         return super().grouped_events(session)
 
     def action_spans(self, parts: int, min_events: int) -> tuple[list[int], int] | None:
@@ -215,7 +215,7 @@ class SqliteTables(Tables):
         return [*cuts, through + 1], through
 
     def grouped_span(self, first: int, before: int, through: int) -> Iterator[Any]:
-        return self.rows("grouped_span", (first, before, through))
+        return self.cursor("grouped_span", (first, before, through))
 
     def _first_events_indexed(self) -> bool:
         try:

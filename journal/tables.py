@@ -122,7 +122,7 @@ class Tables:
         hold no other ``?``)."""
         return {k: v.replace("?", placeholder) for k, v in statements.items()}
 
-    # -- the driver, in four verbs --------------------------------------------------------------
+    # -- the driver, in five verbs --------------------------------------------------------------
 
     def one(self, name: str, params: Sequence[Any] = ()) -> Any:
         return self.conn.execute(self.SQL[name], params).fetchone()
@@ -133,6 +133,13 @@ class Tables:
             yield from cur
         finally:
             cur.close()
+
+    def cursor(self, name: str, params: Sequence[Any] = ()) -> Iterator[Any]:
+        """``rows`` as the driver's cursor itself, which the caller closes: for the views'
+        folds, which read a row per event of the journal -- no generator frame resumed between
+        the driver and each row."""
+        cur: Iterator[Any] = self.conn.execute(self.SQL[name], params)
+        return cur
 
     def run(self, name: str, params: Sequence[Any] = ()) -> None:
         self.conn.execute(self.SQL[name], params)
@@ -178,10 +185,10 @@ class Tables:
 
     def grouped_events(self, session: str | None = None) -> Iterator[Any]:
         """``scan_events``' events grouped by invocation (by seq within one), the invocations in
-        order of their first event, as ``FOLD_COLUMNS`` rows."""
+        order of their first event, as ``FOLD_COLUMNS`` rows (a ``cursor``: close it)."""
         if session is None:
-            return self.rows("grouped_events")
-        return self.rows("grouped_session_events", (session, session))
+            return self.cursor("grouped_events")
+        return self.cursor("grouped_session_events", (session, session))
 
     def action_spans(self, parts: int, min_events: int) -> tuple[list[int], int] | None:
         """Cut points splitting ``grouped_events``' invocations into ``parts`` runs of about

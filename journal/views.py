@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from affidavit.statemachine import Projector, Record, stored_event
+from affidavit.statemachine import Projector, Record, fold_runs, stored_event
 
-from .rows import KINDS, SOURCES, decode_attrs
+from .rows import KINDS, SOURCES, decode_attrs, fold_events
 from .tables import Tables
 
 __all__ = ["fold", "fold_each"]
@@ -58,30 +58,12 @@ def fold_each(
     millions of events in bounded memory (issue 15: ``actions --json`` held 554 MB for 1M).
     ``span``: only the entries of ``Tables.grouped_span(*span)`` (no session filter)."""
     rows = tables.grouped_events(session) if span is None else tables.grouped_span(*span)
-    kinds, sources, loads, event = KINDS, SOURCES, decode_attrs, stored_event
-    apply = Projector.apply
-    p = Projector(None)  # replaced at the first row
-    current: str | None = None
-    first = last = 0.0
     try:
-        for seq, at, iid, kind, source, observer, observer_seq, attrs in rows:
-            if iid != current:
-                if current is not None:
-                    yield p.last_record(now), first, last
-                p, current = Projector(iid), iid
-                first = at
-            apply(
-                p,
-                event(
-                    kinds[kind], iid, loads(attrs), sources[source], seq, at, observer, observer_seq
-                ),
-            )
-            last = at
+        for p, first, last in fold_runs(fold_events(rows)):
+            yield p.last_record(now), first, last
     finally:
         # A fold that fails (or a reader that stops) closes the statement now, while its
         # connection is open, not whenever the collector finds the cursor.
         close = getattr(rows, "close", None)
         if close is not None:
             close()
-    if current is not None:
-        yield p.last_record(now), first, last

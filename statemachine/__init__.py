@@ -12,7 +12,15 @@ from .envelope import (
 from .events import BARRIER_KINDS, Event, EventKind, stored_event
 from .lifecycle import DISPATCHED_STATES, INITIAL, STATES, TRANSITIONS, StateSpec, build_machine
 from .operation import invocation_of, operation_id
-from .projection import Budget, ImpossibleEvent, Projector, Record, project, project_all
+from .projection import (
+    Budget,
+    ImpossibleEvent,
+    Projector,
+    Record,
+    fold_runs,
+    project,
+    project_all,
+)
 from .protocol import (
     ProtocolMachine,
     ProtocolTable,
@@ -54,6 +62,7 @@ __all__ = [
     "compute_retry",
     "decide",
     "envelope_schema",
+    "fold_runs",
     "in_progress_error",
     "invocation_of",
     "operation_id",

@@ -17,7 +17,7 @@ it pauses the cyclic garbage collector (see there for the figures).
 from __future__ import annotations
 
 import gc
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from types import MappingProxyType
 from typing import Any
 
@@ -35,6 +35,7 @@ __all__ = [
     "Projector",
     "Record",
     "fold_rows",
+    "fold_runs",
     "project",
     "project_all",
 ]
@@ -309,6 +310,49 @@ def _fold_all(events: Iterable[Event]) -> dict[str, Projector]:
             p._at = at
         p._events += 1
     return folds
+
+
+def fold_runs(
+    events: Iterable[Event],
+) -> Iterator[tuple[Projector, float | None, float | None]]:
+    """Fold a log whose events come in runs, one run per invocation in ``seq`` order (the
+    journal's grouped views, ``views.fold_each``): each run's projector, with the ``at`` of its
+    first and last events, as soon as the run ends (at the next invocation's first event).
+
+    ``Projector.apply``, inlined as in ``_fold_all`` (issue 15: the call was ~2.5% of the
+    instructions of ``affidavit actions --json``'s fold over 1M events): an event the lifecycle
+    or the order rules out raises ``ImpossibleEvent``, as ``apply`` would, and ends the fold --
+    the projector it was for is never handed out, so the order bookkeeping is done before the
+    rule runs.  A run is one invocation's by construction (it ends where the invocation id
+    changes), so no event is checked against its projector's invocation."""
+    rows, split = _ROWS, _SPLIT
+    p: Projector | None = None
+    first: float | None = None
+    last: float | None = None
+    for event in events:
+        if p is None or event.invocation_id != p._invocation_id:
+            if p is not None:
+                yield p, first, last
+            p = Projector(event.invocation_id)
+            first = event.at
+        rule = rows[p._state].get(event.kind)
+        if rule is None:
+            raise p._refusal(event)
+        seq = event.seq
+        if seq is not None:
+            last_seq = p._last_seq
+            if last_seq is not None and seq <= last_seq:
+                raise p._refusal(event)
+            p._last_seq = seq
+        dest, check_and_apply = rule
+        outcome = check_and_apply(p, event)
+        p._state = dest if outcome is None else split[dest][outcome]
+        last = event.at
+        if last is not None:
+            p._at = last
+        p._events += 1
+    if p is not None:
+        yield p, first, last
 
 
 def project_all(events: Iterable[Event], now: float | None = None) -> dict[str, Record]:

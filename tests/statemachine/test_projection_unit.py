@@ -24,6 +24,7 @@ from affidavit.statemachine import (
     Outcome,
     Projector,
     Record,
+    fold_runs,
     project,
     project_all,
     stored_event,
@@ -295,6 +296,69 @@ def test_project_all_agrees_with_projector_apply_on_interleaved_logs(
         )
     else:
         assert project_all(log, now=7.0) == {iid: p.record(7.0) for iid, p in folds.items()}
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.data(), junk=st.lists(st.tuples(st.integers(0, 60), _any_event), max_size=3))
+def test_fold_runs_agrees_with_projector_apply_on_grouped_logs(
+    data: st.DataObject, junk: list[tuple[int, Event]]
+) -> None:
+    """``fold_runs`` (``Projector.apply`` inlined, for the journal's grouped views) hands out
+    what a new ``Projector`` per run, fed through ``apply``, would hold -- the same records,
+    the ``at`` of each run's first and last events -- and refuses the same event with the same
+    state and reason, after handing out every run before it (never the refused one)."""
+
+    def choose(options: Any) -> Any:
+        return data.draw(st.sampled_from(list(options)))
+
+    log: list[Event] = []
+    seq = 0
+    for iid in ("act_a", "act_b", "act_c"):
+        p = Projector(iid)
+        for _ in range(data.draw(st.integers(0, 12))):
+            moves = valid_moves(p)
+            if not moves:
+                break
+            kind, dest = choose(moves)
+            seq += 1
+            ev = make_event(p, kind, dest, seq, choose)
+            at = data.draw(st.one_of(st.none(), st.floats(0, 1e9)))
+            ev = Event(ev.kind, iid, ev.attrs, ev.source, ev.seq, at, ev.observer, ev.observer_seq)
+            p.apply(ev)
+            log.append(ev)
+    for pos, ev in junk:
+        log.insert(min(pos, len(log)), ev)
+
+    want: list[tuple[Record, float | None, float | None]] = []
+    refused: ImpossibleEvent | None = None
+    run: tuple[Projector, float | None, float | None] | None = None
+    for ev in log:
+        if run is None or ev.invocation_id != run[0]._invocation_id:
+            if run is not None:
+                want.append((run[0].record(7.0), run[1], run[2]))
+            run = (Projector(ev.invocation_id), ev.at, ev.at)
+        try:
+            run[0].apply(ev)
+        except ImpossibleEvent as exc:
+            refused, run = exc, None
+            break
+        run = (run[0], run[1], ev.at)
+    if run is not None:
+        want.append((run[0].record(7.0), run[1], run[2]))
+
+    got: list[tuple[Record, float | None, float | None]] = []
+    if refused is None:
+        got = [(p.record(7.0), first, last) for p, first, last in fold_runs(log)]
+    else:
+        with pytest.raises(ImpossibleEvent) as info:
+            for p, first, last in fold_runs(log):
+                got.append((p.record(7.0), first, last))
+        assert (info.value.event, info.value.state, info.value.reason) == (
+            refused.event,
+            refused.state,
+            refused.reason,
+        )
+    assert got == want
 
 
 def test_the_fold_dict_is_the_lifecycle_table_with_a_rule_per_kind() -> None:
