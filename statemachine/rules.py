@@ -133,7 +133,7 @@ def _set_error(p: Projector, event: Event, code: Code | None) -> None:
 def _on_accepted(p: Projector, event: Event) -> None:
     attrs = event.attrs
     op = attrs.get("operation")
-    if not _is_mapping(op):
+    if type(op) is not dict and not _is_mapping(op):
         _refuse(p, event, "attrs.operation is required")
     # Each check tries the exact type first (one identity test), then the general rule.
     budget = op.get("budget", DEFAULT_BUDGET)
@@ -364,7 +364,7 @@ _NEW_ATTEMPT: dict[str, Any] = {
 def _on_dispatch(p: Projector, event: Event) -> None:
     attrs = event.attrs
     gen = attrs.get("generation", p._generation)
-    if not _is_int(gen) or gen != p._generation:
+    if (type(gen) is not int and not _is_int(gen)) or gen != p._generation:
         _refuse(
             p, event, f"stale generation {gen}; the current lease generation is {p._generation}"
         )
@@ -422,7 +422,9 @@ def _on_complete(p: Projector, event: Event) -> str:
         _refuse(p, event, "attrs.retry_after must be a non-negative number of seconds")
     if event.source is not _REMOTE_RESPONSE:
         _refuse(p, event, "a complete result must come from remote_response")
-    hop = _evidence_from(p, event)
+    hop = attrs.get("evidence_from")
+    if hop is not None:  # a call only when there is one to check (most results name none)
+        hop = _evidence_from(p, event)
     raw_code = attrs.get("code")
     if raw_code is None:
         if outcome is not _COMMITTED:
@@ -459,7 +461,9 @@ def _on_interrupted(p: Projector, event: Event) -> None:
     code = _code_of(event)
     if code not in _INTERRUPT_CODES:
         _refuse(p, event, "attrs.code must be one of " + ", ".join(sorted(_INTERRUPT_CODES)))
-    hop = _evidence_from(p, event)
+    hop = event.attrs.get("evidence_from")
+    if hop is not None:
+        hop = _evidence_from(p, event)
     _set_error(p, event, code)
     p._evidence["source"] = _SOURCE[event.source]
     if hop is not None:
