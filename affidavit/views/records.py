@@ -137,8 +137,11 @@ def record_json_encoder() -> Callable[[Record], str]:
 
     def record_json(rec: Record) -> str:
         b, code = rec.budget, rec.code
+        v: Any  # each inline test below names its value
         # Keys in sorted order, as ``sort_keys`` writes them.  The state, its phase, outcome
-        # and retry hint are strings (enums: str subclasses) by construction.
+        # and retry hint are strings (enums: str subclasses) by construction.  The values most
+        # often None (or False) are tested here, not in ``text``: a call fewer each (~3% of
+        # the encoding).
         return (
             f'{{"attempts": {encode(rec.attempts)}, '
             f'"budget": {{"left": {text(b.left)}, "total": {text(b.total)}, '
@@ -146,22 +149,22 @@ def record_json_encoder() -> Callable[[Record], str]:
             f'"code": {"null" if code is None else string(code)}, '
             f'"events": {text(rec.events)}, '
             f'"evidence": {encode(rec.evidence)}, '
-            f'"field": {text(rec.field)}, '
+            f'"field": {"null" if (v := rec.field) is None else text(v)}, '
             f'"final": {final[rec.state]}, '
             f'"fingerprint": {text(rec.fingerprint)}, '
             f'"generation": {text(rec.generation)}, '
-            f'"idempotency": {text(rec.idempotency)}, '
-            f'"idempotent": {text(rec.idempotent)}, '
+            f'"idempotency": {"null" if (v := rec.idempotency) is None else encode(v)}, '
+            f'"idempotent": {"false" if (v := rec.idempotent) is False else text(v)}, '
             f'"invocation_id": {text(rec.invocation_id)}, '
-            f'"items": {text(rec.items)}, '
+            f'"items": {"null" if (v := rec.items) is None else encode(v)}, '
             f'"last_seq": {text(rec.last_seq)}, '
             f'"message": {text(rec.message)}, '
-            f'"operation": {text(rec.operation)}, '
+            f'"operation": {"null" if (v := rec.operation) is None else encode(v)}, '
             f'"outcome": {string(rec.outcome)}, '
             f'"phase": {string(rec.phase)}, '
             f'"protocol": {text(rec.protocol)}, '
             f'"retry": {string(rec.retry)}, '
-            f'"retry_after": {text(rec.retry_after)}, '
+            f'"retry_after": {"null" if (v := rec.retry_after) is None else text(v)}, '
             f'"session": {text(rec.session)}, '
             f'"state": {string(rec.state)}, '
             f'"target": {text(rec.target)}}}'
