@@ -243,15 +243,12 @@ _any_event = st.builds(
 )
 
 
-@settings(max_examples=200, deadline=None)
-@given(data=st.data(), junk=st.lists(st.tuples(st.integers(0, 60), _any_event), max_size=3))
-def test_project_all_agrees_with_projector_apply_on_interleaved_logs(
-    data: st.DataObject, junk: list[tuple[int, Event]]
-) -> None:
-    def choose(options: Any) -> Any:
-        return data.draw(st.sampled_from(list(options)))
-
-    per_invocation: list[list[Event]] = []
+def _valid_runs(
+    data: st.DataObject, choose: Any, at: st.SearchStrategy[float | None] | None = None
+) -> list[list[Event]]:
+    """Up to 12 events the lifecycle accepts for each of three invocations, ``seq`` rising
+    across all of them; each event's ``at`` is its own, or drawn from ``at`` when given."""
+    runs: list[list[Event]] = []
     seq = 0
     for iid in ("act_a", "act_b", "act_c"):
         p, events = Projector(iid), []
@@ -263,11 +260,30 @@ def test_project_all_agrees_with_projector_apply_on_interleaved_logs(
             seq += 1
             ev = make_event(p, kind, dest, seq, choose)
             ev = Event(
-                ev.kind, iid, ev.attrs, ev.source, ev.seq, ev.at, ev.observer, ev.observer_seq
+                ev.kind,
+                iid,
+                ev.attrs,
+                ev.source,
+                ev.seq,
+                ev.at if at is None else data.draw(at),
+                ev.observer,
+                ev.observer_seq,
             )
             p.apply(ev)
             events.append(ev)
-        per_invocation.append(events)
+        runs.append(events)
+    return runs
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.data(), junk=st.lists(st.tuples(st.integers(0, 60), _any_event), max_size=3))
+def test_project_all_agrees_with_projector_apply_on_interleaved_logs(
+    data: st.DataObject, junk: list[tuple[int, Event]]
+) -> None:
+    def choose(options: Any) -> Any:
+        return data.draw(st.sampled_from(list(options)))
+
+    per_invocation = _valid_runs(data, choose)
     log: list[Event] = []
     queues = [list(evs) for evs in per_invocation]
     while any(queues):
@@ -311,21 +327,7 @@ def test_fold_runs_agrees_with_projector_apply_on_grouped_logs(
     def choose(options: Any) -> Any:
         return data.draw(st.sampled_from(list(options)))
 
-    log: list[Event] = []
-    seq = 0
-    for iid in ("act_a", "act_b", "act_c"):
-        p = Projector(iid)
-        for _ in range(data.draw(st.integers(0, 12))):
-            moves = valid_moves(p)
-            if not moves:
-                break
-            kind, dest = choose(moves)
-            seq += 1
-            ev = make_event(p, kind, dest, seq, choose)
-            at = data.draw(st.one_of(st.none(), st.floats(0, 1e9)))
-            ev = Event(ev.kind, iid, ev.attrs, ev.source, ev.seq, at, ev.observer, ev.observer_seq)
-            p.apply(ev)
-            log.append(ev)
+    log = [ev for run in _valid_runs(data, choose, st.none() | st.floats(0, 1e9)) for ev in run]
     for pos, ev in junk:
         log.insert(min(pos, len(log)), ev)
 
