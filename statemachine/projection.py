@@ -292,7 +292,8 @@ def _fold_all(events: Iterable[Event]) -> dict[str, Projector]:
         # Projector.apply, inlined: this loop runs once per journal row on recovery and the call
         # cost ~10% of it.  A fold here only ever sees its own invocation's events, and a
         # refusal drops every fold (``project_all`` raises), so the order bookkeeping is done
-        # before the rule runs, with one test of ``seq`` instead of two.
+        # before the rule runs, with one test of ``seq`` instead of two.  ``fold_runs`` inlines
+        # the same steps: change both (tests/statemachine compares each with ``apply``).
         rule = rows[p._state].get(event.kind)
         if rule is None:
             raise p._refusal(event)
