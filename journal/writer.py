@@ -54,6 +54,9 @@ T = TypeVar("T")
 
 MAX_BATCH = 2048
 MAX_QUEUED = MAX_BATCH * 4
+EVENTLESS_BATCH = 8
+"""Queued eventless writes (result chunks) the writer thread takes on its own once the loop's
+writer task has nothing in the thread: fewer would pay a transaction's fixed cost for each."""
 _PROJECTOR_CACHE = 50_000
 
 
@@ -86,12 +89,16 @@ class _Req(Generic[T]):
     """One queued write: ``op`` runs in the writer's transaction, or, for a plain append
     (``op`` None), ``Txn.insert(*args)`` does without a closure -- or, with ``many``, one
     ``Txn.insert`` per tuple in ``args`` (several rows computed by their submitter, one
-    request: issue 15, "one journal submission per barrier carrying its rows precomputed")."""
+    request: issue 15, "one journal submission per barrier carrying its rows precomputed").
+
+    An ``eventless`` write (a result chunk) appends no event and reads no cached projection, so
+    the writer thread may commit it without the loop (``Writer._take_eventless``)."""
 
     __slots__ = (
         "args",
         "barrier",
         "error",
+        "eventless",
         "finished",
         "many",
         "op",
@@ -109,10 +116,12 @@ class _Req(Generic[T]):
         result_store: bool,
         task: trio.lowlevel.Task | None,
         many: bool = False,
+        eventless: bool = False,
     ) -> None:
         self.op = op
         self.args = args
         self.many = many
+        self.eventless = eventless
         self.barrier = barrier
         self.result_store = result_store
         self.task = task
@@ -171,7 +180,8 @@ class Writer:
         self.known_head: int | None = None
         """The seq this writer last committed (None: unknown; the caches are empty)."""
         self.busy = False
-        """A batch is in the writer thread: the cached projectors may be mid-change."""
+        """A batch from the writer task is in the writer thread: the cached projectors may be
+        mid-change.  (An eventless batch the thread took on its own never touches them.)"""
         self.loop_thread: int | None = None
         """The thread running the trio loop (the only one that may read the caches)."""
         self.before_commit: Hook | None = None
@@ -182,7 +192,17 @@ class Writer:
         """The COMMIT of the current transaction was sent: if the connection is lost now, only
         a re-read can tell whether it landed."""
         self._pending: collections.deque[_Req[Any]] = collections.deque()
-        """Queued writes, oldest first (the writer task takes up to ``MAX_BATCH`` at once)."""
+        """Queued writes, oldest first (the writer task takes up to ``MAX_BATCH`` at once).
+        Appended on the loop's thread; taken, from the left only, with ``_take`` held."""
+        self._take = threading.Lock()
+        """Held to take writes from ``_pending`` and hand them to the thread in one step, by
+        the writer task, a submitter (``enqueue``) or the thread itself: queue order stays
+        commit order."""
+        self._in_thread = 0
+        """Batches handed to the thread and not yet run through (under ``_take``)."""
+        self._fatal: BaseException | None = None
+        """What a batch the thread took on its own raised that is not an ``Exception``: the
+        writer task raises it, as it would its own batch's."""
         self._space = trio.lowlevel.ParkingLot()
         """Writers waiting for room in a full queue (``MAX_QUEUED``)."""
         self._idle: trio.lowlevel.Task | None = None
@@ -235,40 +255,75 @@ class Writer:
                 self._thread = None
 
     def _thread_main(self, token: trio.lowlevel.TrioToken, batches: queue.SimpleQueue[Any]) -> None:
-        """The writer thread: run each handed-off batch, then have the loop wake its writers."""
+        """The writer thread: run each handed-off batch, then have the loop wake its writers.
+        With nothing else handed off, it takes queued eventless writes on its own
+        (``_take_eventless``): a task posting the chunks of a large response holds the loop
+        for milliseconds per read, and until it yields the writer task cannot hand them off,
+        so the thread sat idle while the reader worked and the reader then waited for the
+        thread (issue 15: ~0.15 s of a 50 MiB response)."""
+        handoff: _Handoff | None = None
         while True:
-            handoff = batches.get()
             if handoff is None:
-                return
+                handoff = batches.get()
+                if handoff is None:
+                    return
             try:
-                self._run_batch(handoff.batch)
+                self._run_batch(handoff.batch, detached=handoff.task is None)
             except BaseException as exc:  # reported to the writer task, which decides
                 handoff.error = exc
             try:
                 token.run_sync_soon(self._done, handoff)
             except trio.RunFinishedError:  # the loop is gone; nobody waits any more
                 return
+            with self._take:
+                self._in_thread -= 1
+                handoff = self._take_eventless() if batches.empty() else None
+
+    def _take_eventless(self) -> _Handoff | None:
+        """With ``_take`` held and nothing in the thread: the queue's leading eventless writes
+        (up to ``MAX_BATCH``) as a batch of their own, once there are ``EVENTLESS_BATCH`` of
+        them; else None, and the writer task takes them with whatever follows.  Only a leading
+        run, so no write commits before one queued earlier."""
+        pending = self._pending
+        if len(pending) < EVENTLESS_BATCH:
+            return None
+        for i in range(EVENTLESS_BATCH):  # by index: the loop's thread may append meanwhile
+            if not pending[i].eventless:
+                return None
+        batch = [pending.popleft()]
+        while pending and pending[0].eventless and len(batch) < MAX_BATCH:
+            batch.append(pending.popleft())
+        self._in_thread += 1
+        return _Handoff(batch, None)
 
     def _done(self, handoff: _Handoff) -> None:
         """On the trio thread, as soon as the loop learns a batch ended: wake its waiting
         writers and the writer task in this same scheduling pass, rather than waking the
         writer task to wake them one pass later (issue 15: each pass of the loop between a
         COMMIT and the next batch's hand-off is latency at concurrency 1).  Raises nothing:
-        it runs as a ``run_sync_soon`` callback."""
-        batch, error = handoff.batch, handoff.error
+        it runs as a ``run_sync_soon`` callback.  A batch the thread took on its own
+        (``handoff.task`` None) touched no cached projection and has no writer task waiting."""
+        batch, error, task = handoff.batch, handoff.error, handoff.task
         if error is not None:  # a bug, not a storage fault: fail the batch
-            self.forget()
+            if task is not None:
+                self.forget()
             for r in batch:
                 r.error = JournalError(f"journal writer failed: {error!r}")
             if isinstance(error, Exception):  # and go on (anything else ends the writer task)
                 handoff.error = None
-        self.busy = False
+            elif task is None:
+                self._fatal = error
+                self._wake_runner()
         for r in batch:
             r.finished = True
             if r.parked:
                 assert r.task is not None
                 trio.lowlevel.reschedule(r.task)
-        trio.lowlevel.reschedule(handoff.task)
+        if task is None:
+            self._space.unpark_all()  # the thread took them from the queue
+        else:
+            self.busy = False
+            trio.lowlevel.reschedule(task)
 
     def _wake_runner(self) -> None:
         task, self._idle = self._idle, None
@@ -279,6 +334,8 @@ class Writer:
         pending = self._pending
         with trio.CancelScope(shield=True):
             while True:
+                if self._fatal is not None:
+                    raise self._fatal
                 if pending:
                     # Let writers woken by the previous commit (in this loop pass) queue up,
                     # so they share this fsync.
@@ -291,12 +348,16 @@ class Writer:
                     await trio.lowlevel.wait_task_rescheduled(_cannot_abort)
                     if not pending:
                         continue
-                n = min(len(pending), MAX_BATCH)
-                batch = [pending.popleft() for _ in range(n)]
+                with self._take:  # the thread may have taken some meanwhile
+                    n = min(len(pending), MAX_BATCH)
+                    if not n:
+                        continue
+                    batch = [pending.popleft() for _ in range(n)]
+                    self.busy = True
+                    handoff = _Handoff(batch, trio.lowlevel.current_task())
+                    self._in_thread += 1
+                    self._batches.put(handoff)
                 self._space.unpark_all()
-                self.busy = True
-                handoff = _Handoff(batch, trio.lowlevel.current_task())
-                self._batches.put(handoff)
                 # Not cancellable (shielded); ``_done`` wakes us after the batch's writers.
                 await trio.lowlevel.wait_task_rescheduled(_cannot_abort)
                 if handoff.error is not None:
@@ -309,17 +370,17 @@ class Writer:
 
     # -- one batch, one transaction (writer thread) --------------------------------------------
 
-    def _run_batch(self, batch: list[_Req[Any]]) -> None:
+    def _run_batch(self, batch: list[_Req[Any]], detached: bool = False) -> None:
         barrier = any(r.barrier for r in batch)
         around = self.around_transaction
         if around is None:
-            self._attempts(batch, barrier)
+            self._attempts(batch, barrier, detached)
         else:
             want = "FULL" if barrier else "NORMAL"
             with around(Batch(len(batch), barrier, want)):
-                self._attempts(batch, barrier)
+                self._attempts(batch, barrier, detached)
 
-    def _attempts(self, batch: list[_Req[Any]], barrier: bool) -> None:
+    def _attempts(self, batch: list[_Req[Any]], barrier: bool, detached: bool = False) -> None:
         """Run the batch in one transaction.  A storage fault fails every write in it.  A lost
         connection (a shared database restarted, the network cut) is not a fault of the
         writes: the writer reconnects -- within ``Backend.reconnect_within`` -- and, if the
@@ -327,21 +388,24 @@ class Writer:
         the COMMIT had been sent, the new connection first reads whether its last row is
         there: the writes succeed only if a re-read proves them durable (so the engine never
         dispatches on a DISPATCH_STARTED it cannot prove), and fail with ``CommitUnknown`` when
-        no re-read is possible."""
+        no re-read is possible.  A ``detached`` batch (eventless writes the thread took on its
+        own) leaves the cached projections alone: the loop may be reading them meanwhile, and
+        nothing it wrote is in them."""
         backend = self.backend
         errors: tuple[type[BaseException], ...] = (*backend.errors, JournalError)
         deadline: float | None = None
         while True:
             proof: list[tuple[int, str]] = []
             try:
-                self._transaction(batch, barrier, proof)
+                self._transaction(batch, barrier, proof, detached)
                 return
             except errors as exc:
                 if not backend.lost(exc):
-                    self._fail(batch, exc)
+                    self._fail(batch, exc, detached)
                     return
                 committing = self._committing
-            self.forget()
+            if not detached:
+                self.forget()
             if deadline is None:
                 deadline = time.monotonic() + backend.reconnect_within
             last = proof[-1] if committing and proof else None
@@ -379,9 +443,10 @@ class Writer:
             time.sleep(delay)
             delay = min(delay * 2, 1.0)
 
-    def _fail(self, batch: list[_Req[Any]], exc: BaseException) -> None:
+    def _fail(self, batch: list[_Req[Any]], exc: BaseException, detached: bool = False) -> None:
         # A storage fault, or a head this writer must not sign over: nothing is kept.
-        self.forget()
+        if not detached:
+            self.forget()
         if isinstance(exc, JournalError):
             why = f"write refused: {exc}"
         else:
@@ -412,10 +477,16 @@ class Writer:
                 r.error = CommitUnknown(why) if committing else JournalWriteError(why)
 
     def _transaction(
-        self, batch: list[_Req[Any]], barrier: bool, proof: list[tuple[int, str]]
+        self,
+        batch: list[_Req[Any]],
+        barrier: bool,
+        proof: list[tuple[int, str]],
+        detached: bool = False,
     ) -> None:
         """One transaction over the batch; appends (seq, hash) of its last row to ``proof``
-        just before its COMMIT is sent."""
+        just before its COMMIT is sent.  A ``detached`` batch appends no row, so it signs
+        nothing and neither catches up with another writer's rows nor checks their cover:
+        the next batch that appends does, before it signs."""
         backend = self.backend
         conn, tables = self.conn, self.tables
         errors = backend.errors
@@ -423,11 +494,13 @@ class Writer:
         want = backend.begin(conn, barrier=barrier)
         try:
             seq, h = tables.head()
-            if seq != self.known_head or len(self.projectors) > _PROJECTOR_CACHE:
+            if detached:
+                pass
+            elif seq != self.known_head or len(self.projectors) > _PROJECTOR_CACHE:
                 self._catch_up(tables, seq)
             signer = self.signer
             assert signer is not None, "the journal binds its signing key before writing"
-            if seq and (seq, h) != self.signed_head:
+            if seq and (seq, h) != self.signed_head and not detached:
                 self._require_covered(tables, seq, h)
                 self.signed_head = (seq, h)
             txn = Txn(self, tables, seq, h)
@@ -471,6 +544,8 @@ class Writer:
                     else:
                         r.result = out
             txn.flush()
+            if detached and txn.seq != seq:  # rolled back below: it would bypass the caches
+                raise JournalError("an eventless journal write appended events")
             cp = None
             if txn.seq != seq:
                 # prev = seq: the head this transaction extended is covered by a checkpoint
@@ -483,7 +558,8 @@ class Writer:
             self._committing = True
             backend.commit(conn)
             self._committing = False
-            self.known_head = txn.seq
+            if not detached:
+                self.known_head = txn.seq
             if cp is not None:
                 self.signed_head = (cp.seq, cp.hash)
                 checkpoints.remember(self.signed, cp.seq, cp.signature)
@@ -550,15 +626,26 @@ class Writer:
         result_store: bool = False,
         task: trio.lowlevel.Task | None = None,
         many: bool = False,
+        eventless: bool = False,
     ) -> _Req[T]:
         self._refuse_if_closed()
         while len(self._pending) >= MAX_QUEUED:  # back-pressure: wait for the writer
             await self._space.park()
             self._refuse_if_closed()
-        req: _Req[T] = _Req(op, args, barrier, result_store, task, many)
+        req: _Req[T] = _Req(op, args, barrier, result_store, task, many, eventless)
         # No checkpoint between queueing and parking (``submit``).
-        self._pending.append(req)
-        if self._idle is not None:
+        pending = self._pending
+        pending.append(req)
+        if eventless and not self._in_thread:
+            # The thread is idle and may stay so until this task yields: hand the leading
+            # eventless writes over now, if there are enough (``_take_eventless``).
+            with self._take:
+                handoff = self._take_eventless() if not self._in_thread else None
+                if handoff is not None:
+                    self._batches.put(handoff)
+            if handoff is not None:
+                self._space.unpark_all()
+        if self._idle is not None and pending:
             self._wake_runner()
         return req
 
@@ -576,9 +663,14 @@ class Writer:
         *,
         result_store: bool = False,
         many: bool = False,
+        eventless: bool = False,
     ) -> Posted[T]:
-        """Queue a non-barrier write; return without waiting for its commit."""
-        req = await self.enqueue(op, args, barrier=False, result_store=result_store, many=many)
+        """Queue a non-barrier write; return without waiting for its commit.  ``eventless``:
+        ``op`` appends no event and reads no cached projection (a result chunk), so the writer
+        thread may commit it on its own (``_take_eventless``)."""
+        req = await self.enqueue(
+            op, args, barrier=False, result_store=result_store, many=many, eventless=eventless
+        )
         return Posted(req)
 
     async def submit(
