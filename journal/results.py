@@ -345,10 +345,16 @@ class ChunkLog:
     twice on the barrier's critical path (issue 15).  The commit still reads what is stored and
     refuses it unless every chunk is one of these (``commit_op``)."""
 
-    __slots__ = ("_chunks",)
+    __slots__ = ("_chunks", "_posted")
 
     def __init__(self) -> None:
         self._chunks: dict[tuple[str, int], _Sealed] = {}
+        self._posted: dict[str, int] = {}
+        """Per stream, the chunks posted (by ``chunk_op``, in the submitting task): one whose
+        batch failed before its op ran was never sealed, so ``_chunks`` cannot tell it lost."""
+
+    def _post(self, stream: str, index: int) -> None:
+        self._posted[stream] = index + 1  # index 0 starts the stream over
 
     def _record(self, stream: str, index: int, sealed: _Sealed) -> None:
         self._chunks[(stream, index)] = sealed
@@ -394,6 +400,8 @@ def chunk_op(
     aad = chunk_aad(invocation_id, stream, index)
     plain = bytes(data)
     blobs: list[tuple[bytes, bytes | None]] = []
+    if log is not None:
+        log._post(stream, index)
 
     def op(txn: Txn) -> None:
         tables = txn.tables
@@ -487,8 +495,8 @@ def _logged_streams(
             info["sealed"].append(want.sha256)
             info["chunks"] += 1
             info["bytes"] += want.plain
-    counts = log._counts()
-    if {s: v["chunks"] for s, v in per.items()} != counts or set(per) != set(expect):
+    stored = {s: v["chunks"] for s, v in per.items()}
+    if stored != log._counts() or stored != log._posted or set(per) != set(expect):
         raise ResultStoreFailed(
             f"result of invocation {iid}: stored streams differ from what was written"
         )
