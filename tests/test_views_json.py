@@ -113,3 +113,36 @@ def test_the_encoder_writes_batches_operations_and_unknown_outcomes() -> None:
     encode = record_json_encoder()
     for rec in recs:
         assert encode(rec) == _expected(rec)
+
+
+def test_a_failed_write_of_a_block_is_not_written_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A block whose ``write`` fails (stdout a non-blocking pipe: ``BlockingIOError`` after the
+    buffer took the text) propagates the error; the ``finally`` that writes what an iterator
+    failure left pending must not write that block a second time -- the output would hold its
+    records twice."""
+    import errno
+    import sys
+
+    from affidavit.cli.actions_json import write_array as _write_array
+
+    class Flaky:
+        def __init__(self) -> None:
+            self.text: list[str] = []
+            self.failed = False
+
+        def write(self, s: str) -> int:
+            self.text.append(s)
+            if not self.failed and s:
+                self.failed = True
+                raise BlockingIOError(errno.EAGAIN, "write would block", len(s))
+            return len(s)
+
+    out = Flaky()
+    monkeypatch.setattr(sys, "stdout", out)
+    with pytest.raises(BlockingIOError):
+        _write_array(f'{{"n": {i}}}' for i in range(600))
+    written = "".join(out.text)
+    assert written.count('{"n": 0}') == 1
+    assert written == "[\n" + ",\n".join(f'{{"n": {i}}}' for i in range(512))

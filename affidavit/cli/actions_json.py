@@ -53,8 +53,9 @@ class _Array:
                 add(text)
                 self.sep = ",\n"
                 if len(block) >= 1024:
-                    write("".join(block))
-                    block.clear()
+                    text = "".join(block)
+                    block.clear()  # before the write: a write that fails is not made again
+                    write(text)
         finally:
             # A record that fails part-way (a journal error) still leaves every record before
             # it written, as one write per record did: nothing folded is held back.
