@@ -181,7 +181,9 @@ def received_evidence(result: RemoteResult, sink: StreamSink) -> dict[str, Any]:
         if not key.endswith("_sha256"):
             continue
         name = key.removesuffix("_sha256")
-        if f"{name}_withheld" in result.summary:
+        # A stream withheld, or cut short (a 3xx that became the result holds only its
+        # buffered part), was not scanned whole: what it received past the scan is unseen.
+        if f"{name}_withheld" in result.summary or result.summary.get(f"{name}_truncated"):
             out[f"{name}_received_withheld"] = "unscanned"
         elif sink.redacted(name):
             out[f"{name}_received_withheld"] = "redacted"

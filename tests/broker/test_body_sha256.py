@@ -26,7 +26,7 @@ from affidavit.protocols.http.binding import HttpBinding
 from affidavit.statemachine import EventKind
 from tests.http.hostile import HostileServer, Received, Reply, scripts
 
-from .helpers import assert_ok, http_target, open_broker, write_config
+from .helpers import assert_ok, closed_port, http_target, open_broker, write_config
 
 FILL = b"0123456789abcdef" * (RESULT_CHUNK // 8)  # two stored chunks' worth
 
@@ -116,3 +116,33 @@ async def test_a_body_no_scan_saw_keeps_no_wire_hash(tmp_path: Path, token: str)
     assert env["result"]["body_withheld"]["reason"] == "unsupported_content_encoding"
     assert complete["body_received_withheld"] == "unscanned"
     assert hashlib.sha256(body).hexdigest() not in events and token not in events
+
+
+async def test_a_3xx_body_cut_to_its_buffer_keeps_no_wire_hash(tmp_path: Path, token: str) -> None:
+    """A 3xx to be followed is buffered only up to ``REDIRECT_BODY_BUFFER``; when the next hop
+    cannot be set up, that 3xx is the result, its stored body cut short (``body_truncated``).
+    The scan saw only the buffered part, so the hash (and size) of the whole body received is
+    an oracle for a secret echoed past it: it must be withheld as unscanned."""
+    port = closed_port()
+    echoed = b"x" * (70 * 1024) + b"echo: " + token.encode() + b"\n"
+
+    def reply(req: Received) -> Reply:
+        return Reply(307, headers=[("Location", f"http://127.0.0.1:{port}/x")], body=echoed)
+
+    with trio.fail_after(20):
+        async with HostileServer.running(scripts.serve(reply)) as srv:
+            target = http_target(
+                srv.url, follow_redirects=True, redirect_origins=[f"http://127.0.0.1:{port}"]
+            )
+            cfg = write_config(tmp_path, {"api": target})
+            async with open_broker(cfg) as broker:
+                env = await broker.call({"target": "api", "method": "GET", "path": "/x"})
+                iid = env["invocation_id"]
+                complete = _complete(broker, iid)
+                events = str(list(broker.events(iid)))
+    assert env["result"]["status"] == 307 and env["result"]["body_truncated"] is True
+    assert token not in str(env)
+    wire = hashlib.sha256(echoed).hexdigest()
+    assert wire not in events and token not in events
+    assert "body_sha256" not in complete and "body_bytes" not in complete
+    assert complete["body_received_withheld"] == "unscanned"
