@@ -242,9 +242,18 @@ class _Hop:
             await stream.send_all(data)
             if expect:
                 self.during = "expect_continue"
-                with trio.move_on_after(min(t.read, EXPECT_CONTINUE_WAIT)):
-                    while not ex.informational_seen and not ex.final_response_started:
-                        await self._read_some(t.read)
+                # The wait bounds the peer's silence only: what it sends in time is handled
+                # outside it, so the sink (blocked by the journal's back-pressure) is never
+                # cancelled out of bytes the exchange then counts as received.
+                until = trio.current_time() + min(t.read, EXPECT_CONTINUE_WAIT)
+                while not ex.informational_seen and not ex.final_response_started:
+                    data = None
+                    with trio.move_on_at(until):
+                        data = await self._receive(t.read)
+                    if data is None:
+                        io.deadline = math.inf
+                        break
+                    await self._handle(ex.receive(data))
             if not ex.final_response_started:
                 self.during = "write"
                 tail = ex.body_bytes(body)
@@ -260,6 +269,10 @@ class _Hop:
             raise trio.TooSlowError
 
     async def _read_some(self, limit: float) -> None:
+        await self._handle(self.ex.receive(await self._receive(limit)))
+
+    async def _receive(self, limit: float) -> bytes:
+        """One read, within ``limit`` seconds of the peer's silence."""
         io = self.io
         io.deadline = trio.current_time() + limit
         size = self.read_size
@@ -267,7 +280,7 @@ class _Hop:
         io.deadline = math.inf
         if len(data) == size and size < MAX_READ_SIZE:
             self.read_size = size * 2
-        await self._handle(self.ex.receive(bytes(data)))
+        return bytes(data)
 
     async def _handle(self, observations: list[Observation]) -> None:
         ctx, plan = self.ctx, self.plan

@@ -206,3 +206,30 @@ async def test_expect_continue_early_final_response_skips_the_body(client: HttpC
 def _order(events: Iterable[str], wanted: list[str]) -> bool:
     it = iter(events)
     return all(any(e == w for e in it) for w in wanted)
+
+
+async def test_expect_continue_wait_never_cancels_the_sink(client: HttpClient) -> None:
+    """The bounded wait for ``100 Continue`` bounds the *peer's* silence only: a final response
+    read inside it is handed to the sink outside that timer.  A sink that blocks past it (the
+    journal's back-pressure) must get every byte, or the attempt must fail -- never a complete
+    result whose body the sink was cancelled out of."""
+    body = b"result-bytes-" * 100
+
+    async def answer_at_once(peer: Peer) -> None:
+        await peer.read_head()
+        await peer.respond(Reply(200, body=body))
+
+    class SlowSink(FakeEngine):
+        async def _sink(self, stream: str, data: bytes) -> None:
+            await trio.sleep(1.5)  # longer than EXPECT_CONTINUE_WAIT
+            await super()._sink(stream, data)
+
+    async with HostileServer.running(answer_at_once) as srv:
+        fe = SlowSink()
+        with trio.fail_after(10):
+            res = await client.perform(
+                req(srv.url + "/", "PUT", b"payload", expect_continue=True), fe.ctx
+            )
+    assert res.outcome is Outcome.COMMITTED and res.facts["body_bytes"] == len(body)
+    assert fe.body == body
+    assert fe.events[-1] == "end"
