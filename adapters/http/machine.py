@@ -432,8 +432,11 @@ class HttpExchange:
 
     @property
     def reusable(self) -> bool:
-        """Both sides finished cleanly with keep-alive: the connection may go back to the pool."""
-        return self.conn.our_state is h11.DONE and self.conn.their_state is h11.DONE
+        """Both sides finished cleanly with keep-alive and nothing unasked-for was read past the
+        response: the connection may go back to the pool.  (Bytes already in h11's buffer are
+        invisible to the pool's readability check, and would answer the next request.)"""
+        conn = self.conn
+        return conn.our_state is h11.DONE and conn.their_state is h11.DONE and not self._pending()
 
     # -- internals ----------------------------------------------------------------------------
 

@@ -1,0 +1,40 @@
+"""A pooled connection is one the peer left silent: nothing read past its last response."""
+
+from __future__ import annotations
+
+import trio
+
+from affidavit.adapters.http import HttpClient
+
+from .fakes import FakeEngine
+from .hostile import HostileServer, Peer
+from .test_tls_proxy_timeouts import req
+
+
+async def test_bytes_after_a_response_keep_the_connection_out_of_the_pool(
+    client: HttpClient,
+) -> None:
+    """Bytes the peer sent after a complete response, taken off the socket by the same read,
+    sit in h11's buffer where ``looks_stale``'s poll of the socket cannot see them: pooled,
+    they would be parsed as the next request's "response" -- sent before it was written."""
+    first = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nfirst"
+    unsolicited = b"HTTP/1.1 201 Created\r\nContent-Length: 4\r\n\r\nfake"
+
+    async def script(peer: Peer) -> None:
+        await peer.read_request()
+        await peer.send_raw(first + unsolicited)  # one write: one read takes both
+        if await peer.stream.receive_some(65536):  # a request on the reused connection
+            await peer.send_raw(b"HTTP/1.1 202 Accepted\r\nContent-Length: 4\r\n\r\nreal")
+        await trio.sleep(1)
+
+    async with HostileServer.running(script) as srv:
+        with trio.fail_after(10):
+            fe1 = FakeEngine()
+            await client.perform(req(srv.url + "/a", "POST", b"x"), fe1.ctx)
+            fe2 = FakeEngine()
+            res = await client.perform(req(srv.url + "/b", "POST", b"y"), fe2.ctx)
+    assert fe1.body == b"first"
+    # The second request's answer is never the one sent before it was written.
+    # A fresh connection (the first was not pooled), answered by the script from its start.
+    assert fe2.facts_of("reuse") == [] and srv.connections == 2
+    assert res.facts["status"] == 200 and fe2.body == b"first"
