@@ -425,7 +425,11 @@ class SqliteBackend:
         conn.execute("COMMIT")
         checkpointer = self._checkpointers.get(id(conn))
         if checkpointer is not None:
-            checkpointer.committed(conn)
+            # The COMMIT landed: whatever waking the checkpointer raises (no thread to be had)
+            # must not report these writes failed -- a durable DISPATCH_STARTED answered as an
+            # error is a record that claims a dispatch the engine then never makes.
+            with contextlib.suppress(Exception):
+                checkpointer.committed(conn)
 
     def rollback(self, conn: Any) -> None:
         if conn.in_transaction:

@@ -8,9 +8,11 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
 import trio
 
 from affidavit.journal import Journal, JournalReader
+from affidavit.journal import sqlite as sqlite_backend
 
 from .helpers import happy
 
@@ -37,4 +39,26 @@ async def test_the_wal_is_checkpointed_beside_the_writer(tmp_path: Path) -> None
         assert THREAD in _threads()
     assert THREAD not in _threads()  # closing the journal stops it
     with JournalReader.open(path) as r:
+        assert r.verify().ok
+
+
+async def test_a_checkpointer_that_cannot_start_does_not_fail_a_committed_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Waking the checkpoint thread runs after COMMIT: if it raises (no thread to be had), the
+    writes are durable all the same and must be answered so, not as failed."""
+    path = tmp_path / "j.db"
+
+    def no_thread(self: threading.Thread) -> None:
+        raise RuntimeError("can't start new thread")
+
+    async with Journal.open(path) as j:
+        monkeypatch.setattr(sqlite_backend, "CHECKPOINT_COMMITS", 1)
+        monkeypatch.setattr(threading.Thread, "start", no_thread)
+        stored = [await j.append(ev, barrier=True) for ev in happy("inv-1")]
+        monkeypatch.undo()
+        assert [e.seq for e in stored] == list(range(1, len(stored) + 1))
+        assert THREAD not in _threads()
+    with JournalReader.open(path) as r:
+        assert len(r.events("inv-1")) == len(stored)
         assert r.verify().ok
