@@ -714,12 +714,12 @@ class Writer:
 
 
 class _Handoff:
-    """One batch handed to the writer thread, the writer task waiting for it, and what the
-    thread raised."""
+    """One batch handed to the writer thread, the writer task waiting for it (None: a batch
+    the thread took on its own), and what the thread raised."""
 
     __slots__ = ("batch", "error", "task")
 
-    def __init__(self, batch: list[_Req[Any]], task: trio.lowlevel.Task) -> None:
+    def __init__(self, batch: list[_Req[Any]], task: trio.lowlevel.Task | None) -> None:
         self.batch = batch
         self.task = task
         self.error: BaseException | None = None

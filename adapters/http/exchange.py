@@ -247,13 +247,13 @@ class _Hop:
                 # cancelled out of bytes the exchange then counts as received.
                 until = trio.current_time() + min(t.read, EXPECT_CONTINUE_WAIT)
                 while not ex.informational_seen and not ex.final_response_started:
-                    data = None
+                    got: bytes | None = None
                     with trio.move_on_at(until):
-                        data = await self._receive(t.read)
-                    if data is None:
+                        got = await self._receive(t.read)
+                    if got is None:
                         io.deadline = math.inf
                         break
-                    await self._handle(ex.receive(data))
+                    await self._handle(ex.receive(got))
             if not ex.final_response_started:
                 self.during = "write"
                 tail = ex.body_bytes(body)
