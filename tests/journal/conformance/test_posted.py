@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 import trio
 
-from affidavit.journal import Batch, Journal, JournalError, ResultStoreFailed, writer
+from affidavit.journal import Batch, Journal, JournalError, Posted, ResultStoreFailed, writer
 from affidavit.statemachine import Event, ImpossibleEvent
 from affidavit.statemachine import EventKind as E
 
@@ -190,6 +190,12 @@ def _chunk(i: int) -> bytes:
     return bytes([65 + i % 26]) * (100 + i)
 
 
+async def _post_chunks(j: Journal, n: int) -> list[Posted[None]]:
+    """Chunks 0..n-1 of inv-1's body, posted with no checkpoint between them (the writer task
+    cannot run until the caller yields)."""
+    return [await j.post_result_chunk("inv-1", "body", i, _chunk(i)) for i in range(n)]
+
+
 async def test_a_run_of_result_chunks_commits_while_the_loop_is_busy(place: Place) -> None:
     """Issue 15: a task posting the chunks of a large response holds the loop between its
     reads, and the writer task cannot hand them off until it yields -- so the writer thread
@@ -201,8 +207,7 @@ async def test_a_run_of_result_chunks_commits_while_the_loop_is_busy(place: Plac
             await j.append(ev)
         commits = _Commits(j)
         with trio.fail_after(LIMIT):
-            # No checkpoint in these posts: the writer task does not run before the wait.
-            posted = [await j.post_result_chunk("inv-1", "body", i, _chunk(i)) for i in range(n)]
+            posted = await _post_chunks(j, n)
             assert commits.ran.wait(LIMIT), "the chunks waited for the loop"
             assert commits.sizes == [n]
             for p in posted:
@@ -230,7 +235,7 @@ async def test_result_chunks_queued_behind_another_write_do_not_overtake_it(
         commits = _Commits(j)
         with trio.fail_after(LIMIT):
             sent = await j.post(Event(E.REQUEST_SENT, "inv-1"))
-            posted = [await j.post_result_chunk("inv-1", "body", i, _chunk(i)) for i in range(n)]
+            posted = await _post_chunks(j, n)
             assert not commits.ran.wait(0.5), "a chunk was committed before the event ahead"
             assert (await sent.wait()).seq == 5
             for p in posted:
@@ -252,7 +257,7 @@ async def test_a_writer_bug_in_a_run_of_chunks_fails_those_chunks_only(place: Pl
 
         j.before_commit = bug
         with trio.fail_after(LIMIT):
-            posted = [await j.post_result_chunk("inv-1", "body", i, _chunk(i)) for i in range(n)]
+            posted = await _post_chunks(j, n)
             assert commits.ran.wait(LIMIT)
             for p in posted:
                 with pytest.raises(JournalError, match="writer bug"):
