@@ -271,13 +271,14 @@ class Writer:
                 self._run_batch(handoff.batch, detached=handoff.task is None)
             except BaseException as exc:  # reported to the writer task, which decides
                 handoff.error = exc
+            with self._take:  # before the loop is told: nothing between its wake-up and ours
+                self._in_thread -= 1
+                after = self._take_eventless() if batches.empty() else None
             try:
                 token.run_sync_soon(self._done, handoff)
             except trio.RunFinishedError:  # the loop is gone; nobody waits any more
                 return
-            with self._take:
-                self._in_thread -= 1
-                handoff = self._take_eventless() if batches.empty() else None
+            handoff = after
 
     def _take_eventless(self) -> _Handoff | None:
         """With ``_take`` held and nothing in the thread: the queue's leading eventless writes
