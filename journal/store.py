@@ -405,12 +405,10 @@ class Journal(JournalReader):
         chunk shares the transaction of the ``commit_result`` that follows.  Pass that call
         ``expect=`` the streams' hashes: a chunk lost with a failed batch then makes the commit
         fail instead of completing a result without it.  ``log`` records what was sealed, for
-        that commit to check the stored chunks against (``ChunkLog``).  A chunk appends no
-        event: once ``EVENTLESS_BATCH`` of them lead the queue, the writer thread commits them
-        on its own, without waiting for the loop (``Writer._take_eventless``)."""
+        that commit to check the stored chunks against (``ChunkLog``)."""
         assert self._key is not None
         op = results.chunk_op(self._key, self._audit, invocation_id, stream, index, data, log)
-        return await self._writer.post(op, result_store=True, eventless=True)
+        return await self._writer.post(op, result_store=True)
 
     async def commit_result(
         self,

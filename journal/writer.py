@@ -54,9 +54,6 @@ T = TypeVar("T")
 
 MAX_BATCH = 2048
 MAX_QUEUED = MAX_BATCH * 4
-EVENTLESS_BATCH = 8
-"""Queued eventless writes (result chunks) the writer thread takes on its own once the loop's
-writer task has nothing in the thread: fewer would pay a transaction's fixed cost for each."""
 _PROJECTOR_CACHE = 50_000
 
 
@@ -89,16 +86,12 @@ class _Req(Generic[T]):
     """One queued write: ``op`` runs in the writer's transaction, or, for a plain append
     (``op`` None), ``Txn.insert(*args)`` does without a closure -- or, with ``many``, one
     ``Txn.insert`` per tuple in ``args`` (several rows computed by their submitter, one
-    request: issue 15, "one journal submission per barrier carrying its rows precomputed").
-
-    An ``eventless`` write (a result chunk) appends no event and reads no cached projection, so
-    the writer thread may commit it without the loop (``Writer._take_eventless``)."""
+    request: issue 15, "one journal submission per barrier carrying its rows precomputed")."""
 
     __slots__ = (
         "args",
         "barrier",
         "error",
-        "eventless",
         "finished",
         "many",
         "op",
@@ -116,12 +109,10 @@ class _Req(Generic[T]):
         result_store: bool,
         task: trio.lowlevel.Task | None,
         many: bool = False,
-        eventless: bool = False,
     ) -> None:
         self.op = op
         self.args = args
         self.many = many
-        self.eventless = eventless
         self.barrier = barrier
         self.result_store = result_store
         self.task = task
@@ -180,8 +171,7 @@ class Writer:
         self.known_head: int | None = None
         """The seq this writer last committed (None: unknown; the caches are empty)."""
         self.busy = False
-        """A batch from the writer task is in the writer thread: the cached projectors may be
-        mid-change.  (An eventless batch the thread took on its own never touches them.)"""
+        """A batch is in the writer thread: the cached projectors may be mid-change."""
         self.loop_thread: int | None = None
         """The thread running the trio loop (the only one that may read the caches)."""
         self.before_commit: Hook | None = None
@@ -192,17 +182,7 @@ class Writer:
         """The COMMIT of the current transaction was sent: if the connection is lost now, only
         a re-read can tell whether it landed."""
         self._pending: collections.deque[_Req[Any]] = collections.deque()
-        """Queued writes, oldest first (the writer task takes up to ``MAX_BATCH`` at once).
-        Appended on the loop's thread; taken, from the left only, with ``_take`` held."""
-        self._take = threading.Lock()
-        """Held to take writes from ``_pending`` and hand them to the thread in one step, by
-        the writer task, a submitter (``enqueue``) or the thread itself: queue order stays
-        commit order."""
-        self._in_thread = 0
-        """Batches handed to the thread and not yet run through (under ``_take``)."""
-        self._fatal: BaseException | None = None
-        """What a batch the thread took on its own raised that is not an ``Exception``: the
-        writer task raises it, as it would its own batch's."""
+        """Queued writes, oldest first (the writer task takes up to ``MAX_BATCH`` at once)."""
         self._space = trio.lowlevel.ParkingLot()
         """Writers waiting for room in a full queue (``MAX_QUEUED``)."""
         self._idle: trio.lowlevel.Task | None = None
@@ -255,76 +235,40 @@ class Writer:
                 self._thread = None
 
     def _thread_main(self, token: trio.lowlevel.TrioToken, batches: queue.SimpleQueue[Any]) -> None:
-        """The writer thread: run each handed-off batch, then have the loop wake its writers.
-        With nothing else handed off, it takes queued eventless writes on its own
-        (``_take_eventless``): a task posting the chunks of a large response holds the loop
-        for milliseconds per read, and until it yields the writer task cannot hand them off,
-        so the thread sat idle while the reader worked and the reader then waited for the
-        thread (issue 15: ~0.15 s of a 50 MiB response)."""
-        handoff: _Handoff | None = None
+        """The writer thread: run each handed-off batch, then have the loop wake its writers."""
         while True:
+            handoff = batches.get()
             if handoff is None:
-                handoff = batches.get()
-                if handoff is None:
-                    return
+                return
             try:
-                self._run_batch(handoff.batch, detached=handoff.task is None)
+                self._run_batch(handoff.batch)
             except BaseException as exc:  # reported to the writer task, which decides
                 handoff.error = exc
-            with self._take:  # before the loop is told: nothing between its wake-up and ours
-                self._in_thread -= 1
-                after = self._take_eventless() if batches.empty() else None
             try:
                 token.run_sync_soon(self._done, handoff)
             except trio.RunFinishedError:  # the loop is gone; nobody waits any more
                 return
-            handoff = after
-
-    def _take_eventless(self) -> _Handoff | None:
-        """With ``_take`` held and nothing in the thread: the queue's leading eventless writes
-        (up to ``MAX_BATCH``) as a batch of their own, once there are ``EVENTLESS_BATCH`` of
-        them; else None, and the writer task takes them with whatever follows.  Only a leading
-        run, so no write commits before one queued earlier."""
-        pending = self._pending
-        if len(pending) < EVENTLESS_BATCH:
-            return None
-        for i in range(EVENTLESS_BATCH):  # by index: the loop's thread may append meanwhile
-            if not pending[i].eventless:
-                return None
-        batch = [pending.popleft()]
-        while pending and pending[0].eventless and len(batch) < MAX_BATCH:
-            batch.append(pending.popleft())
-        self._in_thread += 1
-        return _Handoff(batch, None)
 
     def _done(self, handoff: _Handoff) -> None:
         """On the trio thread, as soon as the loop learns a batch ended: wake its waiting
         writers and the writer task in this same scheduling pass, rather than waking the
         writer task to wake them one pass later (issue 15: each pass of the loop between a
         COMMIT and the next batch's hand-off is latency at concurrency 1).  Raises nothing:
-        it runs as a ``run_sync_soon`` callback.  A batch the thread took on its own
-        (``handoff.task`` None) touched no cached projection and has no writer task waiting."""
-        batch, error, task = handoff.batch, handoff.error, handoff.task
+        it runs as a ``run_sync_soon`` callback."""
+        batch, error = handoff.batch, handoff.error
         if error is not None:  # a bug, not a storage fault: fail the batch
-            if task is not None:
-                self.forget()
+            self.forget()
             for r in batch:
                 r.error = JournalError(f"journal writer failed: {error!r}")
             if isinstance(error, Exception):  # and go on (anything else ends the writer task)
                 handoff.error = None
-            elif task is None:
-                self._fatal = error
-                self._wake_runner()
+        self.busy = False
         for r in batch:
             r.finished = True
             if r.parked:
                 assert r.task is not None
                 trio.lowlevel.reschedule(r.task)
-        if task is None:
-            self._space.unpark_all()  # the thread took them from the queue
-        else:
-            self.busy = False
-            trio.lowlevel.reschedule(task)
+        trio.lowlevel.reschedule(handoff.task)
 
     def _wake_runner(self) -> None:
         task, self._idle = self._idle, None
@@ -335,8 +279,6 @@ class Writer:
         pending = self._pending
         with trio.CancelScope(shield=True):
             while True:
-                if self._fatal is not None:
-                    raise self._fatal
                 if pending:
                     # Let writers woken by the previous commit (in this loop pass) queue up,
                     # so they share this fsync.
@@ -349,16 +291,12 @@ class Writer:
                     await trio.lowlevel.wait_task_rescheduled(_cannot_abort)
                     if not pending:
                         continue
-                with self._take:  # the thread may have taken some meanwhile
-                    n = min(len(pending), MAX_BATCH)
-                    if not n:
-                        continue
-                    batch = [pending.popleft() for _ in range(n)]
-                    self.busy = True
-                    handoff = _Handoff(batch, trio.lowlevel.current_task())
-                    self._in_thread += 1
-                    self._batches.put(handoff)
+                n = min(len(pending), MAX_BATCH)
+                batch = [pending.popleft() for _ in range(n)]
                 self._space.unpark_all()
+                self.busy = True
+                handoff = _Handoff(batch, trio.lowlevel.current_task())
+                self._batches.put(handoff)
                 # Not cancellable (shielded); ``_done`` wakes us after the batch's writers.
                 await trio.lowlevel.wait_task_rescheduled(_cannot_abort)
                 if handoff.error is not None:
@@ -371,17 +309,17 @@ class Writer:
 
     # -- one batch, one transaction (writer thread) --------------------------------------------
 
-    def _run_batch(self, batch: list[_Req[Any]], detached: bool = False) -> None:
+    def _run_batch(self, batch: list[_Req[Any]]) -> None:
         barrier = any(r.barrier for r in batch)
         around = self.around_transaction
         if around is None:
-            self._attempts(batch, barrier, detached)
+            self._attempts(batch, barrier)
         else:
             want = "FULL" if barrier else "NORMAL"
             with around(Batch(len(batch), barrier, want)):
-                self._attempts(batch, barrier, detached)
+                self._attempts(batch, barrier)
 
-    def _attempts(self, batch: list[_Req[Any]], barrier: bool, detached: bool = False) -> None:
+    def _attempts(self, batch: list[_Req[Any]], barrier: bool) -> None:
         """Run the batch in one transaction.  A storage fault fails every write in it.  A lost
         connection (a shared database restarted, the network cut) is not a fault of the
         writes: the writer reconnects -- within ``Backend.reconnect_within`` -- and, if the
@@ -389,24 +327,21 @@ class Writer:
         the COMMIT had been sent, the new connection first reads whether its last row is
         there: the writes succeed only if a re-read proves them durable (so the engine never
         dispatches on a DISPATCH_STARTED it cannot prove), and fail with ``CommitUnknown`` when
-        no re-read is possible.  A ``detached`` batch (eventless writes the thread took on its
-        own) leaves the cached projections alone: the loop may be reading them meanwhile, and
-        nothing it wrote is in them."""
+        no re-read is possible."""
         backend = self.backend
         errors: tuple[type[BaseException], ...] = (*backend.errors, JournalError)
         deadline: float | None = None
         while True:
             proof: list[tuple[int, str]] = []
             try:
-                self._transaction(batch, barrier, proof, detached)
+                self._transaction(batch, barrier, proof)
                 return
             except errors as exc:
                 if not backend.lost(exc):
-                    self._fail(batch, exc, detached)
+                    self._fail(batch, exc)
                     return
                 committing = self._committing
-            if not detached:
-                self.forget()
+            self.forget()
             if deadline is None:
                 deadline = time.monotonic() + backend.reconnect_within
             last = proof[-1] if committing and proof else None
@@ -444,10 +379,9 @@ class Writer:
             time.sleep(delay)
             delay = min(delay * 2, 1.0)
 
-    def _fail(self, batch: list[_Req[Any]], exc: BaseException, detached: bool = False) -> None:
+    def _fail(self, batch: list[_Req[Any]], exc: BaseException) -> None:
         # A storage fault, or a head this writer must not sign over: nothing is kept.
-        if not detached:
-            self.forget()
+        self.forget()
         if isinstance(exc, JournalError):
             why = f"write refused: {exc}"
         else:
@@ -478,16 +412,10 @@ class Writer:
                 r.error = CommitUnknown(why) if committing else JournalWriteError(why)
 
     def _transaction(
-        self,
-        batch: list[_Req[Any]],
-        barrier: bool,
-        proof: list[tuple[int, str]],
-        detached: bool = False,
+        self, batch: list[_Req[Any]], barrier: bool, proof: list[tuple[int, str]]
     ) -> None:
         """One transaction over the batch; appends (seq, hash) of its last row to ``proof``
-        just before its COMMIT is sent.  A ``detached`` batch appends no row, so it signs
-        nothing and neither catches up with another writer's rows nor checks their cover:
-        the next batch that appends does, before it signs."""
+        just before its COMMIT is sent."""
         backend = self.backend
         conn, tables = self.conn, self.tables
         errors = backend.errors
@@ -495,13 +423,11 @@ class Writer:
         want = backend.begin(conn, barrier=barrier)
         try:
             seq, h = tables.head()
-            if detached:
-                pass
-            elif seq != self.known_head or len(self.projectors) > _PROJECTOR_CACHE:
+            if seq != self.known_head or len(self.projectors) > _PROJECTOR_CACHE:
                 self._catch_up(tables, seq)
             signer = self.signer
             assert signer is not None, "the journal binds its signing key before writing"
-            if seq and (seq, h) != self.signed_head and not detached:
+            if seq and (seq, h) != self.signed_head:
                 self._require_covered(tables, seq, h)
                 self.signed_head = (seq, h)
             txn = Txn(self, tables, seq, h)
@@ -545,8 +471,6 @@ class Writer:
                     else:
                         r.result = out
             txn.flush()
-            if detached and txn.seq != seq:  # rolled back below: it would bypass the caches
-                raise JournalError("an eventless journal write appended events")
             cp = None
             if txn.seq != seq:
                 # prev = seq: the head this transaction extended is covered by a checkpoint
@@ -559,8 +483,7 @@ class Writer:
             self._committing = True
             backend.commit(conn)
             self._committing = False
-            if not detached:
-                self.known_head = txn.seq
+            self.known_head = txn.seq
             if cp is not None:
                 self.signed_head = (cp.seq, cp.hash)
                 checkpoints.remember(self.signed, cp.seq, cp.signature)
@@ -627,26 +550,15 @@ class Writer:
         result_store: bool = False,
         task: trio.lowlevel.Task | None = None,
         many: bool = False,
-        eventless: bool = False,
     ) -> _Req[T]:
         self._refuse_if_closed()
         while len(self._pending) >= MAX_QUEUED:  # back-pressure: wait for the writer
             await self._space.park()
             self._refuse_if_closed()
-        req: _Req[T] = _Req(op, args, barrier, result_store, task, many, eventless)
+        req: _Req[T] = _Req(op, args, barrier, result_store, task, many)
         # No checkpoint between queueing and parking (``submit``).
-        pending = self._pending
-        pending.append(req)
-        if eventless and not self._in_thread:
-            # The thread is idle and may stay so until this task yields: hand the leading
-            # eventless writes over now, if there are enough (``_take_eventless``).
-            with self._take:
-                handoff = self._take_eventless() if not self._in_thread else None
-                if handoff is not None:
-                    self._batches.put(handoff)
-            if handoff is not None:
-                self._space.unpark_all()
-        if self._idle is not None and pending:
+        self._pending.append(req)
+        if self._idle is not None:
             self._wake_runner()
         return req
 
@@ -664,14 +576,9 @@ class Writer:
         *,
         result_store: bool = False,
         many: bool = False,
-        eventless: bool = False,
     ) -> Posted[T]:
-        """Queue a non-barrier write; return without waiting for its commit.  ``eventless``:
-        ``op`` appends no event and reads no cached projection (a result chunk), so the writer
-        thread may commit it on its own (``_take_eventless``)."""
-        req = await self.enqueue(
-            op, args, barrier=False, result_store=result_store, many=many, eventless=eventless
-        )
+        """Queue a non-barrier write; return without waiting for its commit."""
+        req = await self.enqueue(op, args, barrier=False, result_store=result_store, many=many)
         return Posted(req)
 
     async def submit(
@@ -715,12 +622,12 @@ class Writer:
 
 
 class _Handoff:
-    """One batch handed to the writer thread, the writer task waiting for it (None: a batch
-    the thread took on its own), and what the thread raised."""
+    """One batch handed to the writer thread, the writer task waiting for it, and what the
+    thread raised."""
 
     __slots__ = ("batch", "error", "task")
 
-    def __init__(self, batch: list[_Req[Any]], task: trio.lowlevel.Task | None) -> None:
+    def __init__(self, batch: list[_Req[Any]], task: trio.lowlevel.Task) -> None:
         self.batch = batch
         self.task = task
         self.error: BaseException | None = None

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import trio
 
-from affidavit.journal import Batch, Journal, JournalReader, writer
+from affidavit.journal import Batch, Journal, JournalReader
 from affidavit.statemachine import Event, Record
 from affidavit.statemachine import EventKind as E
 
@@ -161,28 +161,3 @@ async def test_record_from_another_thread_reads_the_file(path: Path) -> None:
         got = await trio.to_thread.run_sync(lambda: j.record("o", now=0.0))
         assert got == _fresh(path, "o")
         assert reads.reads == 1
-
-
-async def test_chunks_the_writer_thread_commits_alone_do_not_vouch_for_its_cache(
-    path: Path,
-) -> None:
-    """A run of result chunks the writer thread commits on its own (``EVENTLESS_BATCH``)
-    touches no cached projection -- so it must not mark a head another writer moved as this
-    writer's own: ``record`` then still reads the file."""
-    async with Journal.open(path) as mine, Journal.open(path) as other:
-        for ev in until_dispatch("x"):
-            await mine.append(ev)
-        await other.append(Event(E.REQUEST_SENT, "x"))
-        ran = threading.Event()
-        mine.before_commit = lambda _: ran.set()
-        with trio.fail_after(10):
-            posted = [
-                await mine.post_result_chunk("x", "body", i, b"chunk")
-                for i in range(writer.EVENTLESS_BATCH)
-            ]
-            assert ran.wait(10)  # committed by the thread, the loop never having yielded
-            for p in posted:
-                await p.wait()
-        got = mine.record("x", now=0.0)
-        assert got is not None and got.events == 5
-        assert got == _fresh(path, "x")

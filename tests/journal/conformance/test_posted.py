@@ -4,15 +4,12 @@ with the next barrier's transaction; recovery must never depend on them")."""
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import threading
-from collections.abc import Iterator
 
 import pytest
 import trio
 
-from affidavit.journal import Batch, Journal, JournalError, Posted, ResultStoreFailed, writer
+from affidavit.journal import Batch, Journal, ResultStoreFailed, writer
 from affidavit.statemachine import Event, ImpossibleEvent
 from affidavit.statemachine import EventKind as E
 
@@ -165,110 +162,3 @@ async def test_a_lost_tail_fails_the_commit_instead_of_completing_an_older_attem
                 )
         assert j.read_result("inv-1") is None
         assert E.RESULT_COMMITTED not in [e.kind for e in j.events("inv-1")]
-
-
-class _Commits:
-    """Batch sizes of the writer's transactions, and an event set once one has run through
-    (``Journal.around_transaction``, in the writer thread)."""
-
-    def __init__(self, j: Journal) -> None:
-        self.sizes: list[int] = []
-        self.ran = threading.Event()
-
-        @contextlib.contextmanager
-        def around(batch: Batch) -> Iterator[None]:
-            try:
-                yield
-            finally:
-                self.sizes.append(batch.writes)
-                self.ran.set()
-
-        j.around_transaction = around
-
-
-def _chunk(i: int) -> bytes:
-    return bytes([65 + i % 26]) * (100 + i)
-
-
-async def _post_chunks(j: Journal, n: int) -> list[Posted[None]]:
-    """Chunks 0..n-1 of inv-1's body, posted with no checkpoint between them (the writer task
-    cannot run until the caller yields)."""
-    return [await j.post_result_chunk("inv-1", "body", i, _chunk(i)) for i in range(n)]
-
-
-async def test_a_run_of_result_chunks_commits_while_the_loop_is_busy(place: Place) -> None:
-    """Issue 15: a task posting the chunks of a large response holds the loop between its
-    reads, and the writer task cannot hand them off until it yields -- so the writer thread
-    takes ``EVENTLESS_BATCH`` queued chunks on its own.  Here the loop never yields (a
-    blocking wait) and the chunks still commit."""
-    n = writer.EVENTLESS_BATCH
-    async with place.open() as j:
-        for ev in happy("inv-1"):
-            await j.append(ev)
-        commits = _Commits(j)
-        with trio.fail_after(LIMIT):
-            posted = await _post_chunks(j, n)
-            assert commits.ran.wait(LIMIT), "the chunks waited for the loop"
-            assert commits.sizes == [n]
-            for p in posted:
-                await p.wait()
-            body = b"".join(_chunk(i) for i in range(n))
-            await j.commit_result(
-                Event(E.RESULT_COMMITTED, "inv-1"),
-                summary={"status": 201},
-                expect={"body": hashlib.sha256(body).hexdigest()},
-            )
-        result = j.read_result("inv-1")
-        assert result is not None and result.streams == {"body": body}
-        assert j.verify().ok
-
-
-async def test_result_chunks_queued_behind_another_write_do_not_overtake_it(
-    place: Place,
-) -> None:
-    """The writer thread takes only a leading run of chunks: behind a queued event they wait
-    for the writer task, which commits them all in queue order, in one transaction."""
-    n = writer.EVENTLESS_BATCH
-    async with place.open() as j:
-        for ev in until_dispatch("inv-1"):
-            await j.append(ev)
-        commits = _Commits(j)
-        with trio.fail_after(LIMIT):
-            sent = await j.post(Event(E.REQUEST_SENT, "inv-1"))
-            posted = await _post_chunks(j, n)
-            assert not commits.ran.wait(0.5), "a chunk was committed before the event ahead"
-            assert (await sent.wait()).seq == 5
-            for p in posted:
-                await p.wait()
-        assert commits.sizes == [n + 1]
-
-
-async def test_a_writer_bug_in_a_run_of_chunks_fails_those_chunks_only(place: Place) -> None:
-    """A batch the writer thread took on its own that raises (a bug, not a storage fault)
-    fails its writes; the writer goes on and the journal stays consistent."""
-    n = writer.EVENTLESS_BATCH
-    async with place.open() as j:
-        for ev in happy("inv-1"):
-            await j.append(ev)
-        commits = _Commits(j)
-
-        def bug(_: Batch) -> None:
-            raise RuntimeError("writer bug in a run of chunks")
-
-        j.before_commit = bug
-        with trio.fail_after(LIMIT):
-            posted = await _post_chunks(j, n)
-            assert commits.ran.wait(LIMIT)
-            for p in posted:
-                with pytest.raises(JournalError, match="writer bug"):
-                    await p.wait()
-            j.before_commit = None
-            await j.put_result_chunk("inv-1", "body", 0, b"retried")
-            await j.commit_result(
-                Event(E.RESULT_COMMITTED, "inv-1"),
-                summary={"status": 201},
-                expect={"body": hashlib.sha256(b"retried").hexdigest()},
-            )
-        result = j.read_result("inv-1")
-        assert result is not None and result.streams == {"body": b"retried"}
-        assert j.verify().ok
