@@ -232,4 +232,5 @@ async def test_expect_continue_wait_never_cancels_the_sink(client: HttpClient) -
             )
     assert res.outcome is Outcome.COMMITTED and res.facts["body_bytes"] == len(body)
     assert fe.body == body
+    assert fe.body == body
     assert fe.events[-1] == "end"
