@@ -300,10 +300,7 @@ class _Checkpointer:
     def committed(self, conn: sqlite3.Connection) -> None:
         """After each writer commit: wake the thread when enough was written since."""
         self._commits += 1
-        try:
-            pages = int(conn.execute("PRAGMA page_count").fetchone()[0])
-        except sqlite3.Error:  # the COMMIT landed; this is only a hint
-            return
+        pages = int(conn.execute("PRAGMA page_count").fetchone()[0])  # errors: see ``commit``
         if self._pages is None:
             self._pages = pages
         if pages - self._pages < CHECKPOINT_PAGES and self._commits < CHECKPOINT_COMMITS:
