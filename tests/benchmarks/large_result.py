@@ -76,9 +76,8 @@ def _cpu() -> tuple[float, float]:
 
 class PeakRss:
     """Peak RSS growth over the RSS at entry: the kernel's own peak (VmHWM), reset at entry --
-    exact, and no thread in the measured process.  (A sampling thread waking every 2 ms took
-    the GIL from the call it measured: with the journal writer thread working alongside the
-    reader, it made the broker ~5% slower.)  Where the peak cannot be reset it falls back to
+    exact, and no thread in the measured process (a sampling thread waking every 2 ms takes
+    the GIL from the call it measures).  Where the peak cannot be reset it falls back to
     sampling every 2 ms from a thread (``ru_maxrss`` would keep a peak from before, e.g. from
     imports)."""
 
