@@ -19,6 +19,8 @@ The modules, by role (``store.py``'s docstring says how they fit together):
     leases.py       lease and idempotency writes (checked inside the writer's transaction)
     results.py      result chunks, the completeness marker, reading a result back verified
                     (whole, or chunk by chunk: ``ResultStream``)
+    segments.py     long results' chunks in segment files beside a SQLite journal, written
+                    and synced by threads of their own; reading their references
     audit.py        the auditor's side of results: opening their auditor copies
     reader.py       JournalReader: every read, for the broker and for read-only tools
     views.py        the action and session views (folds over the events table)
@@ -34,7 +36,8 @@ The modules, by role (``store.py``'s docstring says how they fit together):
 
     backend.py      the backend interface, and choosing one for a path or a URL
     tables.py       every statement the journal runs, as named methods
-    sqlite.py       the SQLite backend: schema, WAL, BEGIN IMMEDIATE, the writer lock
+    sqlite.py       the SQLite backend: schema, WAL, BEGIN IMMEDIATE, the writer lock (and
+                    ``segments.py``'s reference table)
     postgres.py     the PostgreSQL backend: schema, advisory lock on the chain head, reconnects
 
 Only the last four speak SQL or know a database; everything above ``tables.py`` is the same code
@@ -58,7 +61,7 @@ from .errors import (
 )
 from .lock import JournalLocked
 from .reader import JournalReader
-from .results import ChunkLog, ResultStream, StoredResult, StreamInfo
+from .results import ChunkLog, ResultStream, ResultWriter, StoredResult, StreamInfo
 from .rows import json_copy
 from .sealing import AuditOpener, generate_auditor_keypair, open_audit_payload, random_bytes
 from .signing import Anchor, Checkpoint, SigningKey, load_anchor, load_public_key, public_key_pem
@@ -88,6 +91,7 @@ __all__ = [
     "Posted",
     "ResultStoreFailed",
     "ResultStream",
+    "ResultWriter",
     "SigningKey",
     "StoredResult",
     "StreamInfo",

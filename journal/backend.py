@@ -81,6 +81,10 @@ class Backend(Protocol):
     journal; otherwise one signing key, recorded when the journal was made, signs them all."""
     errors: tuple[type[BaseException], ...]
     """The driver's exceptions: a storage fault (or a lost connection, ``lost``)."""
+    segments: Path | None
+    """Where long results' chunks are stored as files (``segments.py``; SQLite:
+    ``<journal>.results/``), or None: in the database's tables, where a shared journal's brokers
+    on other hosts read them."""
 
     def tables(self, conn: Any) -> Tables: ...
 

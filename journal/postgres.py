@@ -204,6 +204,8 @@ _DEFAULTS = {
 class PostgresBackend:
     kind = "postgresql"
     shared = True
+    # Every broker, on any host, reads every result: chunks stay in the tables.
+    segments: Path | None = None
     multi_signer = True
     path: Path | None = None
     errors: tuple[type[BaseException], ...] = (psycopg.Error,)

@@ -24,13 +24,14 @@ a stream and comparing the stream's plaintext hash (so they are read whole).
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import hashlib
 import json
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from affidavit.statemachine import Event, EventKind
 
@@ -40,9 +41,15 @@ from .sealing import AuditSealer, BrokerKey, chunk_aad, seal_ident, summary_aad
 from .tables import Tables
 from .txn import Txn, row_args
 
+if TYPE_CHECKING:
+    from .writer import Posted
+
 __all__ = [
+    "IN_FLIGHT",
     "ChunkLog",
+    "PostingWriter",
     "ResultStream",
+    "ResultWriter",
     "Store",
     "StoredResult",
     "StreamInfo",
@@ -321,6 +328,111 @@ def open_result(
 
 # -- writing ------------------------------------------------------------------------------------
 
+IN_FLIGHT = 16
+"""Chunks of one result handed to the journal and not yet stored, at most (1 MiB): bounded
+back-pressure instead of one wait per chunk, so the writer takes several chunks at a time while
+the adapter reads on (issue 15: a 50 MiB response waited for 800 transactions one by one)."""
+
+ResultStreams = dict[str, dict[str, Any]]
+"""Per stream, its marker entry: chunks, bytes, sha256, sealed (and audit) hashes."""
+
+
+def stream_info(audit: bool) -> dict[str, Any]:
+    """An empty marker entry, for a stream's chunks to be counted into."""
+    info: dict[str, Any] = {"chunks": 0, "bytes": 0, "sealed": []}
+    if audit:
+        info["audit"] = []
+    return info
+
+
+class ResultWriter(Protocol):
+    """How one result's chunks reach the journal (``Journal.result_writer``): the sink calls
+    ``put``, ``drain`` and ``flush`` on the trio thread; ``commit_result(writer=)`` then asks it,
+    in the committing transaction, for each stream's marker entry and the rows still to write."""
+
+    invocation_id: str
+
+    async def put(self, stream: str, index: int, data: bytes, *, last: bool = False) -> None:
+        """Store chunk ``index`` of ``stream``; chunks come in order, every one ``RESULT_CHUNK``
+        bytes but a stream's ``last``.  ``ResultStoreFailed`` once storing this result failed
+        (the chunk may or may not be stored; the result will not be)."""
+        ...
+
+    async def drain(self) -> None:
+        """Wait until every chunk put so far is stored; ``ResultStoreFailed`` if one was not."""
+        ...
+
+    async def flush(self) -> None:
+        """``drain``, and make what is stored durable enough for the commit to name it."""
+        ...
+
+    def prepare(
+        self, txn: Txn, key: BrokerKey, audit: AuditSealer | None, expect: Mapping[str, str]
+    ) -> tuple[ResultStreams, Callable[[Tables], None]]:
+        """In the committing transaction (writer thread): each stream's marker entry, and the
+        write of what is not yet in the journal -- run only once the RESULT_COMMITTED event is
+        accepted, so a refused commit writes nothing."""
+        ...
+
+
+class PostingWriter:
+    """A result's chunks stored in the journal's tables as they arrive: each posted to the
+    single writer (``chunk_op``), at most ``IN_FLIGHT`` uncommitted; a stream's ``last`` chunk
+    is not waited for, so it shares the commit's transaction.  What every backend can do, and a
+    shared journal's way (its brokers on other hosts read every result)."""
+
+    def __init__(
+        self,
+        invocation_id: str,
+        post: Callable[[str, int, bytes, ChunkLog], Awaitable[Posted[None]]],
+    ) -> None:
+        self.invocation_id = invocation_id
+        self._post = post
+        self.log = ChunkLog()
+        self._in_flight: collections.deque[Posted[None]] = collections.deque()
+        self._error: ResultStoreFailed | None = None
+
+    async def put(self, stream: str, index: int, data: bytes, *, last: bool = False) -> None:
+        if self._error is not None:
+            raise self._error
+        # The single writer keeps queue order: chunk i lands before chunk i+1.
+        posted = await self._post(stream, index, data, self.log)
+        if not last:
+            self._in_flight.append(posted)
+            if len(self._in_flight) >= IN_FLIGHT:
+                await self._settle(len(self._in_flight) - IN_FLIGHT // 2)
+
+    async def drain(self) -> None:
+        await self._settle(len(self._in_flight))
+
+    async def flush(self) -> None:
+        await self.drain()
+
+    async def _settle(self, n: int) -> None:
+        """Wait for the ``n`` oldest chunks in flight.  After a refused one the later ones are
+        still waited for: nothing of this result may stay queued to share a transaction with
+        what is written next."""
+        for _ in range(n):
+            try:
+                await self._in_flight.popleft().wait()
+            except JournalError as exc:  # a storage fault, or a chunk refused ("already stored")
+                if self._error is None:
+                    self._error = (
+                        exc if isinstance(exc, ResultStoreFailed) else ResultStoreFailed(str(exc))
+                    )
+        if self._error is not None:
+            raise self._error
+
+    def prepare(
+        self, txn: Txn, key: BrokerKey, audit: AuditSealer | None, expect: Mapping[str, str]
+    ) -> tuple[ResultStreams, Callable[[Tables], None]]:
+        per = _logged_streams(txn, self.invocation_id, self.log, expect, audit is not None)
+        return per, _nothing
+
+
+def _nothing(tables: Tables) -> None:
+    return None
+
 
 @dataclass(frozen=True, slots=True)
 class _Sealed:
@@ -516,11 +628,13 @@ def commit_op(
     summary: Mapping[str, Any],
     expect: Mapping[str, str] | None,
     log: ChunkLog | None = None,
+    writer: ResultWriter | None = None,
 ) -> Callable[[Txn], Event]:
     """The write of the completeness marker and RESULT_COMMITTED (see ``Journal.commit_result``):
     it reads the stored chunks inside the transaction, so the marker describes exactly what is
     stored -- opening and hashing each one, or, given the ``log`` of what the writer sealed
-    (and ``expect``), checking that each stored chunk is one it sealed."""
+    (and ``expect``), checking that each stored chunk is one it sealed; or, given the result's
+    ``writer`` (and ``expect``), taking its account of what it stored and writing the rest."""
     iid = event.invocation_id
     summary_bytes = canonical_json(summary).encode("utf-8")
     # The summary's hash rides in the chained event, so the summary (status, headers, exit
@@ -530,7 +644,10 @@ def commit_op(
     audit_summary = audit.seal(summary_bytes, summary_aad(iid)) if audit is not None else None
 
     def op(txn: Txn) -> Event:
-        if log is not None and expect is not None:
+        write: Callable[[Tables], None] = _nothing
+        if writer is not None and expect is not None:
+            per, write = writer.prepare(txn, key, audit, expect)
+        elif log is not None and expect is not None:
             per = _logged_streams(txn, iid, log, expect, audit_summary is not None)
         else:
             per = _stored_streams(txn, key, iid)
@@ -556,6 +673,7 @@ def commit_op(
         stored = txn.insert(*row_args(ev))
         txn.flush()  # the marker references its event's row (a foreign key on PostgreSQL)
         assert stored.seq is not None
+        write(txn.tables)
         txn.tables.insert_result(iid, stored.seq, whole, canonical_json(per), sealed_summary)
         if audit_summary is not None:
             txn.tables.put_chunk(True, iid, SUMMARY_STREAM, 0, audit_summary)

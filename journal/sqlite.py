@@ -22,6 +22,9 @@ to the auditor's key (schema 2; a schema-1 journal gains both tables when a writ
 (the writer's code is unchanged) so the actions view reads rows in order without a sort
 (``SqliteTables.grouped_events``); a journal from before gains it, built from its events, when
 a writer opens it.  It is an index, not evidence: the view checks it against the events first.
+``result_segments`` (schema 4) holds a reference (segment file, position, size) for each chunk
+of a long result stored beside the journal in ``<journal>.results/`` (``segments.py``); a
+reader resolves them, so a chunk reads the same from a row or a segment.
 """
 
 from __future__ import annotations
@@ -39,13 +42,14 @@ from .chain import GENESIS
 from .errors import JournalError
 from .lock import WriterLock
 from .rows import FOLD_COLUMNS
+from .segments import SEGMENT_SCHEMA, SEGMENT_SQL, SegmentTables
 from .signing import Checkpoint
 from .tables import SQL, Tables
 
 __all__ = ["BUSY_TIMEOUT_MS", "SCHEMA", "SCHEMA_VERSION", "SqliteBackend", "SqliteTables"]
 
 BUSY_TIMEOUT_MS = 30_000
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS meta (
@@ -134,6 +138,7 @@ CREATE TABLE IF NOT EXISTS idempotency (
   created_at    REAL NOT NULL,
   PRIMARY KEY (scope, key)
 );
+{SEGMENT_SCHEMA.strip()}
 """
 
 _BLOB = "CAST({} AS BLOB)"
@@ -150,13 +155,15 @@ def _missing_table(exc: sqlite3.Error) -> bool:
     return isinstance(exc, sqlite3.OperationalError) and "no such table" in str(exc)
 
 
-class SqliteTables(Tables):
+class SqliteTables(SegmentTables):
     """SQLite's statements: blob columns are read ``CAST(... AS BLOB)`` (SQLite's type affinity
     lets someone editing the file store text there; it must read as altered, not fail), and a
-    read-only journal from before a table existed reads as having none of its rows."""
+    read-only journal from before a table existed reads as having none of its rows.  Long
+    results' chunks may be references to segment files (schema 4, ``segments.py``)."""
 
     SQL: ClassVar[dict[str, str]] = {
         **SQL,
+        **SEGMENT_SQL,
         "marker": "SELECT seq, sha256, CAST(streams AS BLOB), CAST(summary AS BLOB) FROM "
         "results WHERE invocation_id = ?",
         "markers": "SELECT invocation_id, seq, sha256, streams, CAST(summary AS BLOB) FROM "
@@ -350,11 +357,12 @@ class SqliteBackend:
         self.path: Path | None = path
         self.file = path
         self.where = str(path)
+        self.segments: Path | None = Path(f"{path}.results")
         self._sync: dict[int, str] = {}
         self._checkpointers: dict[int, _Checkpointer] = {}
 
     def tables(self, conn: Any) -> Tables:
-        return SqliteTables(conn)
+        return SqliteTables(conn, self.segments)
 
     def connect(self, role: str) -> sqlite3.Connection:
         path = self.file

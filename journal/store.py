@@ -35,6 +35,7 @@ from .errors import IdempotencyRecord, JournalError, Lease
 from .reader import JournalReader, default_signing_key
 from .rows import BARRIER_VALUES, attrs_json, decode_attrs
 from .sealing import AuditSealer, BrokerKey, payload_aad
+from .segments import SegmentStore
 from .signing import SigningKey
 from .txn import Txn
 from .writer import Around, Batch, Fail, Hook, Posted, Writer
@@ -138,6 +139,11 @@ class Journal(JournalReader):
                 else {signer.key_id: signer.public_raw}
             )
             self._known_checkpoints = self._writer.signed
+            self._segments = (
+                None
+                if backend.segments is None
+                else SegmentStore(backend.segments, self.where, self._key, self._audit)
+            )
         except backend.errors as exc:
             self.close()
             raise backend.open_error(exc) from None
@@ -256,6 +262,9 @@ class Journal(JournalReader):
         return signer.public_raw
 
     def close(self) -> None:
+        segments = getattr(self, "_segments", None)
+        if segments is not None:
+            segments.close()
         writer = getattr(self, "_writer", None)
         if writer is not None:
             with contextlib.suppress(Exception):
@@ -410,6 +419,19 @@ class Journal(JournalReader):
         op = results.chunk_op(self._key, self._audit, invocation_id, stream, index, data, log)
         return await self._writer.post(op, result_store=True)
 
+    def result_writer(self, invocation_id: str) -> results.ResultWriter:
+        """How one result's chunks are stored as they arrive (one writer per run of an
+        invocation; pass it to ``commit_result``): in this journal's segment files when it has
+        them (SQLite: ``segments.py``), else posted to the journal's tables
+        (``results.PostingWriter``)."""
+        if self._segments is not None:
+            return self._segments.writer(invocation_id)
+
+        async def post(stream: str, index: int, data: bytes, log: results.ChunkLog) -> Posted[None]:
+            return await self.post_result_chunk(invocation_id, stream, index, data, log=log)
+
+        return results.PostingWriter(invocation_id, post)
+
     async def commit_result(
         self,
         event: Event,
@@ -417,6 +439,7 @@ class Journal(JournalReader):
         summary: Mapping[str, Any],
         expect: Mapping[str, str] | None = None,
         log: results.ChunkLog | None = None,
+        writer: results.ResultWriter | None = None,
     ) -> Event:
         """Write the completeness marker and RESULT_COMMITTED in one barrier transaction.
 
@@ -426,9 +449,13 @@ class Journal(JournalReader):
         ``expect`` ({stream: hex SHA-256 of its bytes}): the stored streams must be exactly
         these, or ``ResultStoreFailed`` is raised and nothing is written.  ``log`` (with
         ``expect``): the ``ChunkLog`` the chunks were posted with -- the stored chunks are then
-        checked to be the ones sealed, not read back, decrypted and hashed again."""
+        checked to be the ones sealed, not read back, decrypted and hashed again.  ``writer``
+        (with ``expect``): the ``result_writer`` the chunks were put through, flushed here first
+        (``ResultStoreFailed`` if that fails; nothing is written then)."""
         if event.kind is not EventKind.RESULT_COMMITTED:
             raise ValueError("commit_result takes a RESULT_COMMITTED event")
         assert self._key is not None
-        op = results.commit_op(self._key, self._audit, event, summary, expect, log)
+        if writer is not None:
+            await writer.flush()
+        op = results.commit_op(self._key, self._audit, event, summary, expect, log, writer)
         return await self._writer.submit(op, barrier=True, result_store=True)

@@ -146,7 +146,7 @@ async def _commit(
             Event(E.RESULT_COMMITTED, iid, {"sha256": digest}),
             summary=summary,
             expect=sink.expected(),
-            log=sink.log,
+            writer=sink.writer,
         )
     except ResultStoreFailed:
         recorder.forget()  # the posted REMOTE_RESPONSE_COMPLETE failed with that batch

@@ -10,23 +10,18 @@ reports.
 
 from __future__ import annotations
 
-import collections
 import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from affidavit.journal import ChunkLog, Journal, Posted, ResultStoreFailed
+from affidavit.journal import Journal, ResultStoreFailed
 from affidavit.secrets.redaction import Redactor, redactor
 
 __all__ = ["RESULT_CHUNK", "Stored", "StreamSink"]
 
 RESULT_CHUNK = 64 * 1024
 """Bytes per stored result chunk (the last chunk of a stream may be shorter)."""
-IN_FLIGHT = 16
-"""Chunks queued to the journal and not yet committed, at most (1 MiB): bounded back-pressure
-instead of one wait per chunk, so the writer commits several chunks per transaction while the
-adapter reads on (issue 15: a 50 MiB response waited for 800 transactions one by one)."""
 
 
 class StreamSink:
@@ -48,10 +43,11 @@ class StreamSink:
         self._kept = 0
         self._keep = True
         self._scrubber = Redactor(secret_values)
-        self._in_flight: collections.deque[Posted[None]] = collections.deque()
-        self.log = ChunkLog()
-        """What was sealed and stored, for ``commit_result(log=)`` to check the stored chunks
-        against instead of reading them back."""
+        self.writer = journal.result_writer(iid)
+        """Where the chunks go as they are cut (``Journal.result_writer``: a long result's to
+        segment files beside a SQLite journal, else to the journal's tables, a bounded number
+        at a time); ``commit_result(writer=)`` takes its account of what it stored instead of
+        reading the chunks back."""
         self.store_failed = False
         """The journal refused a chunk (disk full, I/O error): nothing more is stored, and the
         adapter reads the response to its end all the same -- its outcome is still worth
@@ -137,42 +133,34 @@ class StreamSink:
                     other["kept"].clear()
         if self.store_failed:
             return
-        # Every chunk is posted: the single writer keeps queue order, so chunk i lands before
-        # chunk i+1, and at most IN_FLIGHT wait uncommitted.  The tail rides along with
-        # commit_result's transaction; that commit checks ``expected()``, so any chunk lost with
-        # a failed batch fails it (ResultStoreFailed) -- and ``finish`` waits for all but the
-        # tail first, so a refused chunk is seen as before.
-        posted = await self._journal.post_result_chunk(
-            self._iid, name, st["index"], chunk, log=self.log
-        )
+        index = st["index"]
         st["index"] += 1
-        if not last:
-            self._in_flight.append(posted)
-            if len(self._in_flight) >= IN_FLIGHT:
-                await self._settle(len(self._in_flight) - IN_FLIGHT // 2)
+        try:
+            # A stream's last (short) chunk shares the commit's transaction; the commit checks
+            # ``expected()`` against what the writer stored, so a chunk lost is never a gap in
+            # a committed result.
+            await self.writer.put(name, index, chunk, last=last)
+        except ResultStoreFailed:
+            # Not raised into the adapter: it would abort the exchange, and a complete answer
+            # not stored is still a known outcome where an aborted one is unknown.
+            self.store_failed = True
 
     async def drain(self) -> None:
-        """Wait until every chunk queued so far has committed (or storing failed)."""
-        await self._settle(len(self._in_flight))
-
-    async def _settle(self, n: int) -> None:
-        """Wait for the ``n`` oldest chunks in flight; a refused one ends storing."""
-        for _ in range(n):
-            try:
-                await self._in_flight.popleft().wait()
-            except ResultStoreFailed:
-                # Not raised into the adapter: it would abort the exchange, and a complete
-                # answer not stored is still a known outcome where an aborted one is unknown.
-                # The later ones are still waited for: nothing of this result may be left
-                # queued to share a transaction with what is written next.
-                self.store_failed = True
+        """Wait until every chunk handed over so far is stored (or storing failed) -- also
+        after a failure: nothing of this result may stay queued to share a transaction with
+        what is written next."""
+        try:
+            await self.writer.drain()
+        except ResultStoreFailed:
+            self.store_failed = True
 
     def expected(self) -> dict[str, str]:
         """{stream: hex SHA-256 of the redacted bytes written}, for ``commit_result(expect=)``."""
         return {name: st["sha"].hexdigest() for name, st in self._streams.items()}
 
     async def finish(self) -> dict[str, dict[str, Any]]:
-        """Flush every stream; return per-stream {sha256, bytes, chunks} (redacted bytes)."""
+        """Flush every stream and the writer; return per-stream {sha256, bytes, chunks}
+        (redacted bytes).  ``store_failed`` afterwards: the result cannot be committed."""
         out: dict[str, dict[str, Any]] = {}
         await self.drain()
         for name, st in sorted(self._streams.items()):
@@ -198,6 +186,11 @@ class StreamSink:
                 "bytes": st["bytes"],
                 "chunks": st["index"],
             }
+        if not self.store_failed:
+            try:
+                await self.writer.flush()  # a failed sync is a store failure, seen here
+            except ResultStoreFailed:
+                self.store_failed = True
         return out
 
     def kept(self) -> dict[str, bytes] | None:

@@ -26,7 +26,7 @@ from affidavit.engine import RESULT_CHUNK
 from affidavit.journal import Journal, JournalError
 from affidavit.statemachine import Event, EventKind
 from tests.http.hostile import HostileServer, Reply, scripts
-from tests.journal.helpers import happy
+from tests.journal.helpers import copy_segments, flip_stored_byte, happy
 
 from .helpers import TOKEN_ENV, assert_ok, http_target, open_broker, write_config
 
@@ -73,9 +73,10 @@ def stored(tmp_path_factory: pytest.TempPathFactory) -> Stored:
 @pytest.fixture
 def copy(stored: Stored, tmp_path: Path) -> Stored:
     """A private copy of the stored journal (config, keys and all) to corrupt."""
+    copy_segments(stored.db, tmp_path / "journal.db")
     for name in os.listdir(stored.db.parent):
         src = stored.db.parent / name
-        if name.startswith("journal.db") and not name.endswith(("-wal", "-shm")):
+        if src.is_file() and name.startswith("journal.db") and not name.endswith(("-wal", "-shm")):
             if name == "journal.db":
                 with sqlite3.connect(src) as a, sqlite3.connect(tmp_path / name) as b:
                     a.backup(b)
@@ -97,18 +98,6 @@ def _cli(s: Stored, *args: str) -> subprocess.CompletedProcess[bytes]:
         timeout=LIMIT,
         check=False,
     )
-
-
-def _corrupt_chunk(db: Path, iid: str, idx: int) -> None:
-    conn = sqlite3.connect(db, isolation_level=None)
-    (data,) = conn.execute(
-        "SELECT data FROM result_chunks WHERE invocation_id = ? AND idx = ?", (iid, idx)
-    ).fetchone()
-    flipped = data[:200] + bytes([data[200] ^ 0x01]) + data[201:]
-    conn.execute(
-        "UPDATE result_chunks SET data = ? WHERE invocation_id = ? AND idx = ?", (flipped, iid, idx)
-    )
-    conn.close()
 
 
 async def test_fetch_result_from_chunk_resumes_a_20_mib_result(stored: Stored) -> None:
@@ -159,7 +148,7 @@ def test_cli_raw_from_chunk_writes_the_stored_bytes(stored: Stored) -> None:
 async def test_a_corrupted_chunk_in_the_middle_stops_the_stream_at_that_chunk(
     copy: Stored,
 ) -> None:
-    _corrupt_chunk(copy.db, copy.iid, 150)
+    flip_stored_byte(copy.db, copy.iid, "body", 150)
     p = _cli(copy, "result", copy.iid, "--from-chunk", "100", "--raw")
     assert p.returncode == 2
     # Every verified chunk before it was written; nothing of chunk 150 or after.

@@ -1,6 +1,6 @@
 """A call's diagnostic events ride along with its barriers (DESIGN, "Durability barriers"): a
 successful HTTP call costs three journal transactions -- DISPATCH_STARTED with everything before
-it, RESULT_COMMITTED with the response events and the result's tail, then RESULT_DELIVERED --
+it, RESULT_COMMITTED with the response events and the (short) result, then RESULT_DELIVERED --
 two of them fsynced barriers, and the whole record is readable the moment ``call`` returns."""
 
 from __future__ import annotations
@@ -45,12 +45,13 @@ async def test_a_successful_call_commits_in_three_transactions_two_of_them_barri
             iid = env["invocation_id"]
             kinds = event_kinds(broker, iid)
             assert [barrier for _, barrier in seen] == [True, True, False]
-            # Every event and the result's tail were written, in those three transactions, as
-            # six queued writes (issue 15: one per section, not one per event): the preamble
-            # with CREDENTIAL_AUTHORIZED; DISPATCH_STARTED; the tail chunk; the milestones,
-            # protocol summary and REMOTE_RESPONSE_COMPLETE; RESULT_COMMITTED; RESULT_DELIVERED.
+            # Every event and the result were written, in those three transactions, as five
+            # queued writes (issue 15: one per section, not one per event): the preamble with
+            # CREDENTIAL_AUTHORIZED; DISPATCH_STARTED; the milestones, protocol summary and
+            # REMOTE_RESPONSE_COMPLETE; RESULT_COMMITTED, which seals and stores the short
+            # result itself (held in memory until then: journal/segments.py); RESULT_DELIVERED.
             assert len(kinds) == 10
-            assert [writes for writes, _ in seen] == [2, 3, 1]
+            assert [writes for writes, _ in seen] == [2, 2, 1]
             assert kinds[0] is E.ACTION_ACCEPTED
             assert kinds[-1] is E.RESULT_DELIVERED
             # Read-your-writes: another connection sees the delivery as soon as call returns.

@@ -22,23 +22,33 @@ from affidavit.secrets.redaction import Redactor
 SECRET = b"s3cr3t-t0ken-Zq9"
 
 
-class _Done:
-    async def wait(self) -> None:
+class _Writer:
+    """Records each chunk put: (stream, index, bytes), and which were marked ``last``."""
+
+    def __init__(self) -> None:
+        self.chunks: list[tuple[str, int, bytes]] = []
+        self.last: list[int] = []
+
+    async def put(self, stream: str, index: int, data: bytes, *, last: bool = False) -> None:
+        assert type(data) is bytes  # sealed later, on a thread: never a view of a buffer
+        if last:
+            self.last.append(index)
+        self.chunks.append((stream, index, data))
+
+    async def drain(self) -> None:
+        return None
+
+    async def flush(self) -> None:
         return None
 
 
 class _Journal:
-    """Records each posted chunk: (stream, index, bytes)."""
-
     def __init__(self) -> None:
-        self.chunks: list[tuple[str, int, bytes]] = []
+        self.writer = _Writer()
+        self.chunks = self.writer.chunks
 
-    async def post_result_chunk(
-        self, iid: str, stream: str, index: int, data: bytes, *, log: Any = None
-    ) -> _Done:
-        assert type(data) is bytes  # the writer seals it later: never a view of a buffer
-        self.chunks.append((stream, index, data))
-        return _Done()
+    def result_writer(self, iid: str) -> _Writer:
+        return self.writer
 
 
 @settings(max_examples=60, deadline=None)
@@ -76,6 +86,8 @@ def test_chunks_are_the_redacted_stream_cut_every_result_chunk_bytes(
     want = [redacted[i : i + RESULT_CHUNK] for i in range(0, len(redacted), RESULT_CHUNK)]
     assert [c for _, _, c in journal.chunks] == want
     assert [i for _, i, _ in journal.chunks] == list(range(len(want)))
+    # Only a short last chunk is marked so (it is stored with the commit, not waited for).
+    assert journal.writer.last == [len(want) - 1 for c in want[-1:] if len(c) < RESULT_CHUNK]
     if want:
         assert summary["body"] == {
             "sha256": "sha256:" + hashlib.sha256(redacted).hexdigest(),

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import shutil
+import sqlite3
+from pathlib import Path
 from typing import Any
 
 from affidavit.statemachine import Event, EvidenceSource
@@ -59,6 +62,70 @@ def interrupted(iid: str, session: str | None = "sess-1") -> list[Event]:
 def db_files(path: object) -> list[str]:
     p = str(path)
     return [p, p + "-wal", p + "-shm"]
+
+
+def copy_segments(db: Path, to_db: Path) -> None:
+    """Copy a SQLite journal's segment directory (``<journal>.results``, long results' chunks)
+    beside another copy of the journal, if it has one."""
+    src = Path(f"{db}.results")
+    if src.is_dir():
+        shutil.copytree(src, Path(f"{to_db}.results"))
+
+
+def stored_chunk(db: Path, iid: str, stream: str, idx: int, audit: bool = False) -> bytes:
+    """A stored chunk's sealed bytes as they are on disk: its row's blob, or the bytes its
+    segment reference names."""
+    table = "result_audit" if audit else "result_chunks"
+    conn = sqlite3.connect(db, isolation_level=None)
+    try:
+        row = conn.execute(
+            f"SELECT data FROM {table} WHERE invocation_id = ? AND stream = ? AND idx = ?",
+            (iid, stream, idx),
+        ).fetchone()
+        if row is not None:
+            return bytes(row[0])
+        seg, pos, size = conn.execute(
+            "SELECT segment, pos, size FROM result_segments WHERE invocation_id = ? AND "
+            "audit = ? AND stream = ? AND idx = ?",
+            (iid, int(audit), stream, idx),
+        ).fetchone()
+    finally:
+        conn.close()
+    with open(Path(f"{db}.results") / seg, "rb") as f:
+        f.seek(pos)
+        return f.read(size)
+
+
+def flip_stored_byte(db: Path, iid: str, stream: str, idx: int, at: int = 200) -> None:
+    """Corrupt one byte of a stored chunk where it lies on disk -- in its row, or in the
+    segment file its reference names -- as bit rot or an edit would."""
+    conn = sqlite3.connect(db, isolation_level=None)
+    try:
+        row = conn.execute(
+            "SELECT data FROM result_chunks WHERE invocation_id = ? AND stream = ? AND idx = ?",
+            (iid, stream, idx),
+        ).fetchone()
+        if row is not None:
+            data = bytes(row[0])
+            flipped = data[:at] + bytes([data[at] ^ 0x01]) + data[at + 1 :]
+            conn.execute(
+                "UPDATE result_chunks SET data = ? WHERE invocation_id = ? AND stream = ? AND "
+                "idx = ?",
+                (flipped, iid, stream, idx),
+            )
+            return
+        seg, pos = conn.execute(
+            "SELECT segment, pos FROM result_segments WHERE invocation_id = ? AND audit = 0 "
+            "AND stream = ? AND idx = ?",
+            (iid, stream, idx),
+        ).fetchone()
+    finally:
+        conn.close()
+    with open(Path(f"{db}.results") / seg, "r+b") as f:
+        f.seek(pos + at)
+        byte = f.read(1)
+        f.seek(pos + at)
+        f.write(bytes([byte[0] ^ 0x01]))
 
 
 async def append_interleaved(j: Any, runs: list[list[Event]]) -> None:
