@@ -9,9 +9,9 @@ a *long* result stream go -- not what is recorded, nor when:
 * A stream's first ``HOLD`` chunks (256 KiB) stay in memory; a stream that ends within them is
   sealed and stored inline by the commit, in its barrier transaction: a small result costs no
   file and no fsync of its own.
-* Once a stream grows past them, its chunks -- those held, then each as it arrives -- go to the
-  segment thread: sealed (AES-GCM, and the auditor copy), hashed, appended to this process's
-  segment file ``<journal>.results/<name>.seg``.  A sync thread ``fdatasync``s the file every
+* Once a stream grows past them, its chunks -- those held, then each as it arrives -- are
+  sealed (AES-GCM) and go to the segment thread: the auditor's copy sealed, each blob hashed
+  and appended to this process's segment file ``<journal>.results/<name>.seg``.  A sync thread ``fdatasync``s the file every
   ``SYNC_BYTES`` meanwhile, so that the flush before the commit has only the last part left.
   The sink runs ahead of the thread by at most ``IN_FLIGHT`` chunks (bounded memory).
 * Before the commit the writer is flushed: every chunk written and synced, else
@@ -70,6 +70,11 @@ _NAME = re.compile(r"[0-9a-f]{32}\.seg")
 """A segment's file name; a reference naming anything else is not followed (no path walks)."""
 
 
+_Item = tuple["SegmentWriter", str, int, bytes, int, bytes | None]
+"""A chunk queued for the segment thread: writer, stream, index, sealed blob, plaintext size,
+and the plaintext when an auditor's copy is still to be sealed."""
+
+
 class _Segment:
     """One segment file open for appending (by the segment thread only)."""
 
@@ -114,9 +119,7 @@ class SegmentStore:
         self._audit = audit
         self._lock = threading.Lock()
         self._sync_due = threading.Condition(self._lock)
-        self._queue: queue.SimpleQueue[tuple[SegmentWriter, str, int, bytes] | None] = (
-            queue.SimpleQueue()
-        )
+        self._queue: queue.SimpleQueue[_Item | None] = queue.SimpleQueue()
         self._current: _Segment | None = None
         self._segments: list[_Segment] = []
         self._flushing: set[SegmentWriter] = set()
@@ -145,20 +148,28 @@ class SegmentStore:
 
     # -- the segment thread ---------------------------------------------------------------------
 
-    def _submit(self, writer: SegmentWriter, stream: str, index: int, data: bytes) -> None:
+    def _submit(self, writer: SegmentWriter, stream: str, index: int, plain: bytes) -> None:
+        """Queue a chunk for the segment thread, sealed here: AES-GCM gives the GIL up and
+        takes it back, and taking it back is what the segment thread waits for while the event
+        loop's thread reads (issue 15: sealing here made a 50 MiB result ~14% faster).  The
+        auditor's copy -- an X25519 agreement per chunk -- is sealed on the thread."""
+        aad = chunk_aad(writer.invocation_id, stream, index)
+        sealed = self._key.seal(plain, aad)
+        copy = plain if self._audit is not None else None
+        item: _Item = (writer, stream, index, sealed, len(plain), copy)
         if not self._threads:
             for target, name in ((self._fill, "fill"), (self._sync, "sync")):
                 t = threading.Thread(target=target, name=f"affidavit-segments-{name}", daemon=True)
                 t.start()
                 self._threads.append(t)
-        self._queue.put((writer, stream, index, data))
+        self._queue.put(item)
 
     def _fill(self) -> None:
         while (item := self._queue.get()) is not None:
-            writer, stream, index, plain = item
+            writer = item[0]
             try:
                 if writer._error is None:
-                    self._write(writer, stream, index, plain)
+                    self._write(*item)
             except OSError as exc:
                 writer._fail(self._error(exc))
             except Exception as exc:  # a bug: this result fails, the thread goes on
@@ -166,17 +177,25 @@ class SegmentStore:
             finally:
                 writer._processed_one()
 
-    def _write(self, writer: SegmentWriter, stream: str, index: int, plain: bytes) -> None:
-        aad = chunk_aad(writer.invocation_id, stream, index)
-        sealed = self._key.seal(plain, aad)
-        copy = self._audit.seal(plain, aad) if self._audit is not None else None
+    def _write(
+        self,
+        writer: SegmentWriter,
+        stream: str,
+        index: int,
+        sealed: bytes,
+        plain_size: int,
+        plain: bytes | None,
+    ) -> None:
+        copy = None
+        if self._audit is not None and plain is not None:
+            copy = self._audit.seal(plain, chunk_aad(writer.invocation_id, stream, index))
         seg = self._current or self._open()
         pos = self._append(seg, sealed)
         audit = None
         if copy is not None:
             audit = (self._append(seg, copy), len(copy), hashlib.sha256(copy).hexdigest())
         entry = _Spilled(
-            seg, pos, len(sealed), hashlib.sha256(sealed).hexdigest(), len(plain), audit
+            seg, pos, len(sealed), hashlib.sha256(sealed).hexdigest(), plain_size, audit
         )
         with self._lock:
             writer._entries.setdefault(stream, []).append(entry)
