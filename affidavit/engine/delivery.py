@@ -12,6 +12,7 @@ Seed, "A result delivery error must not repeat execution" -- the order of writes
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
@@ -149,7 +150,9 @@ async def _commit(
             writer=sink.writer,
         )
     except ResultStoreFailed:
-        recorder.forget()  # the posted REMOTE_RESPONSE_COMPLETE failed with that batch
+        # A storage fault failed the whole batch, the rows posted above with it -- or the
+        # commit op refused the stored chunks (nothing of it written) and the rest of the batch
+        # committed, those rows included.  Which one, the record says (_store_failed).
         return await _store_failed(engine, complete), False
     record = await recorder.record(iid)
     kept = sink.kept()
@@ -198,15 +201,25 @@ async def _store_failed(engine: Engine, complete: Event) -> dict[str, Any]:
     """A complete response whose storage failed (seed: "Return phase=result_delivery, include
     outcome=committed only when the durability contract allows this to be confirmed by the
     current record, and require immediate operator intervention").  The two small events that
-    say so -- the complete response (its outcome and hash) and RESULT_STORE_FAILED -- are
-    appended as barriers of their own: a journal that refused megabytes may take them, and then
-    the record itself confirms the outcome.  What it does not take is rendered in memory on top
-    of the durable record, never claimed as durable: RESULT_STORE_FAILED, retry never, outcome
-    unknown unless the complete response is on record."""
+    say so -- the complete response (its outcome and hash), unless the record already holds it,
+    and RESULT_STORE_FAILED -- are appended as barriers of their own: a journal that refused
+    megabytes may take them, and then the record itself confirms the outcome.  What it does not
+    take is rendered in memory on top of the durable record, never claimed as durable:
+    RESULT_STORE_FAILED, retry never, outcome unknown unless the complete response is on
+    record."""
     iid = complete.invocation_id
     recorder = engine.recorder
-    pending = [complete, Event(E.RESULT_STORE_FAILED, iid, {"stage": "result_store"})]
     log.warning("storing the result of %s failed; operator intervention is required", iid)
+    # The call's posted rows (its milestones, and the complete response itself when the commit
+    # was tried) may have committed or failed: a refused commit is not a failed batch.  Their
+    # fate is in the record, read once they settled; the complete response is appended only
+    # if the record does not hold it already.
+    with contextlib.suppress(Exception):  # a row that failed is not in the record read next
+        await recorder.settle()
+    record = await recorder.record(iid)
+    pending = [Event(E.RESULT_STORE_FAILED, iid, {"stage": "result_store"})]
+    if not record.evidence.get("response_complete"):
+        pending.insert(0, complete)
     while pending:
         try:
             await recorder.append(pending[0], barrier=True)

@@ -108,6 +108,44 @@ async def test_a_complete_response_whose_chunks_cannot_be_stored_is_result_store
         assert len(srv.requests) == 1
 
 
+@pytest.mark.parametrize("size", [len(BIG), 2 * 1024 * 1024 + 5], ids=["inline", "by_reference"])
+async def test_a_result_commit_whose_whole_batch_fails_records_the_complete_response_again(
+    tmp_path: Path, token: str, size: int
+) -> None:
+    """The disk fills at the commit's own transaction: the batch is rolled back whole -- the
+    tail chunk, RESULT_COMMITTED and the complete response posted with them -- and the next
+    small writes fit.  The complete response is appended again, once: the record confirms the
+    outcome (test_commit_refused.py: a commit refused while its batch committed)."""
+    async with HostileServer.running(scripts.serve(Reply(201, body=b"c" * size))) as srv:
+        cfg = write_config(tmp_path, {"api": http_target(srv.url)})
+        with trio.fail_after(LIMIT):
+            async with open_broker(cfg) as broker:
+                full = DiskFull(
+                    broker.journal, lambda kinds, _: "RESULT_COMMITTED" in kinds, stays_full=False
+                )
+                broker.journal.before_commit = full
+                env = await broker.call(POST)
+                rec = assert_error(
+                    broker,
+                    env,
+                    phase="result_delivery",
+                    outcome="committed",
+                    retry="never",
+                    code="RESULT_STORE_FAILED",
+                )
+                assert full.failed == 1
+                assert rec.state == "store_failed_committed"
+                kinds = _kinds(broker, env["invocation_id"])
+                assert kinds.count(EventKind.REMOTE_RESPONSE_COMPLETE) == 1
+                assert kinds[-2:] == [
+                    EventKind.REMOTE_RESPONSE_COMPLETE,
+                    EventKind.RESULT_STORE_FAILED,
+                ]
+                assert EventKind.RESULT_COMMITTED not in kinds
+                assert broker.journal.read_result(env["invocation_id"]) is None
+        assert len(srv.requests) == 1
+
+
 async def test_when_nothing_more_fits_the_outcome_is_not_claimed(
     tmp_path: Path, token: str
 ) -> None:

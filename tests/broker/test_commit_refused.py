@@ -1,0 +1,154 @@
+"""A result commit the journal *refuses* -- the stored chunks are not the ones this call wrote --
+is RESULT_STORE_FAILED with the outcome the record proves, never a traceback.
+
+The commit op (``journal/results.py``, ``commit_op``) reads the stored chunks inside the
+committing transaction and refuses to write the completeness marker unless they are exactly the
+chunks this call sealed.  A refusal is not a storage fault: only that one request fails, and
+every other write of the batch commits -- the attempt's milestones and REMOTE_RESPONSE_COMPLETE,
+posted just before the commit, included.  The engine must learn from the record which of its
+posted rows are durable, not assume that they failed with the commit.
+
+The chunks are changed between the transaction that stored them and the commit's by another
+connection to the journal file, as another writer would: ``around_transaction`` is entered in
+the writer thread before each transaction begins, so the change lands at exactly that point.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from affidavit.api.broker import Broker
+from affidavit.journal import Batch
+from affidavit.journal.sealing import BrokerKey, chunk_aad
+from affidavit.statemachine import EventKind
+from tests.http.hostile import HostileServer, Reply, scripts
+
+from .helpers import assert_error, event_kinds, http_target, open_broker, write_config
+
+E = EventKind
+LIMIT = 60
+POST = {"target": "api", "method": "POST", "path": "/charge", "body": "{}"}
+SIZES = {
+    # Both are several result chunks (64 KiB), so some are stored before the commit's batch.
+    "inline": 300 * 1024,
+    "by_reference": 2 * 1024 * 1024 + 5,  # past the 1 MiB inline limit
+}
+
+Tamper = Callable[[sqlite3.Connection, str], None]
+
+
+class BetweenTransactions:
+    """An ``around_transaction`` hook: before the first barrier transaction that finds result
+    chunks stored -- the one carrying the stream's tail chunk, the complete response and
+    RESULT_COMMITTED -- ``tamper(conn, invocation_id)`` runs on a second connection to the
+    journal file and commits.  Once only."""
+
+    def __init__(self, db: Path, tamper: Tamper) -> None:
+        self.db = db
+        self.tamper = tamper
+        self.done: str | None = None
+
+    @contextlib.contextmanager
+    def __call__(self, batch: Batch) -> Iterator[None]:
+        if batch.barrier and self.done is None:
+            conn = sqlite3.connect(self.db, isolation_level=None, timeout=5)
+            try:
+                row = conn.execute("SELECT invocation_id FROM result_chunks LIMIT 1").fetchone()
+                if row is not None:
+                    conn.execute("BEGIN IMMEDIATE")
+                    self.tamper(conn, str(row[0]))
+                    conn.execute("COMMIT")
+                    self.done = str(row[0])
+            finally:
+                conn.close()
+        yield
+
+
+def restart_stream(key_file: Path) -> Tamper:
+    """What a stale writer of the same invocation does when it starts the stream over
+    (``chunk_op`` at index 0): drop the stream's chunks and store its own sealing of chunk 0 --
+    here of the very same bytes, so only the sealing differs from what this call wrote."""
+
+    def tamper(conn: sqlite3.Connection, iid: str) -> None:
+        key = BrokerKey.load(key_file)
+        aad = chunk_aad(iid, "body", 0)
+        (blob,) = conn.execute(
+            "SELECT data FROM result_chunks WHERE invocation_id = ? AND stream = 'body' "
+            "AND idx = 0",
+            (iid,),
+        ).fetchone()
+        resealed = key.seal(key.open(bytes(blob), aad), aad)
+        conn.execute(
+            "DELETE FROM result_chunks WHERE invocation_id = ? AND stream = 'body'", (iid,)
+        )
+        conn.execute(
+            "INSERT INTO result_chunks (invocation_id, stream, idx, data) VALUES (?, ?, 0, ?)",
+            (iid, "body", resealed),
+        )
+
+    return tamper
+
+
+def _assert_store_failed_committed(broker: Broker, env: dict[str, Any], db: Path) -> str:
+    """The envelope and the record: result_delivery / committed / never / RESULT_STORE_FAILED,
+    the complete response on record exactly once, and no stored result."""
+    rec = assert_error(
+        broker,
+        env,
+        phase="result_delivery",
+        outcome="committed",
+        retry="never",
+        code="RESULT_STORE_FAILED",
+    )
+    assert rec.state == "store_failed_committed" and rec.final
+    iid = str(env["invocation_id"])
+    kinds = event_kinds(broker, iid)
+    assert kinds.count(E.REMOTE_RESPONSE_COMPLETE) == 1
+    assert kinds.count(E.RESULT_STORE_FAILED) == 1
+    assert kinds[-1] is E.RESULT_STORE_FAILED
+    assert E.RESULT_COMMITTED not in kinds
+    assert env["evidence"]["response_complete"] is True
+    assert "result" not in env
+    assert broker.journal.read_result(iid) is None
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        (markers,) = conn.execute(
+            "SELECT count(*) FROM results WHERE invocation_id = ?", (iid,)
+        ).fetchone()
+    finally:
+        conn.close()
+    assert markers == 0
+    assert broker.journal.verify().ok
+    return iid
+
+
+@pytest.mark.parametrize("size", sorted(SIZES))
+async def test_a_commit_refused_over_a_restarted_stream_is_result_store_failed_committed(
+    tmp_path: Path, token: str, size: str
+) -> None:
+    """Another writer restarts the stream at index 0 between the chunks' transaction and the
+    commit's: the commit refuses ("stored chunk 0 ... differs from what was written") while the
+    complete response posted with it commits.  The envelope is rendered from that record."""
+    body = b"r" * SIZES[size]
+    async with HostileServer.running(scripts.serve(Reply(201, body=body))) as srv:
+        cfg = write_config(tmp_path, {"api": http_target(srv.url)})
+        db = tmp_path / "journal.db"
+        with trio.fail_after(LIMIT):
+            async with open_broker(cfg) as broker:
+                hook = BetweenTransactions(db, restart_stream(Path(f"{db}.key")))
+                broker.journal.around_transaction = hook
+                env = await broker.call(POST)
+                broker.journal.around_transaction = None
+                assert hook.done == env["invocation_id"]
+                iid = _assert_store_failed_committed(broker, env, db)
+                # A read, never a second dispatch; the record says the same later.
+                again = await broker.fetch_result(iid)
+                assert again is not None and again["error"] == env["error"]
+        assert len(srv.requests) == 1
