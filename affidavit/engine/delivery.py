@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from affidavit.adapters.base import RemoteResult
-from affidavit.journal import JournalWriteError, ResultStoreFailed, json_copy
+from affidavit.journal import JournalError, JournalWriteError, json_copy
 from affidavit.statemachine import (
     Event,
     EventKind,
@@ -149,10 +149,12 @@ async def _commit(
             expect=sink.expected(),
             writer=sink.writer,
         )
-    except ResultStoreFailed:
-        # A storage fault failed the whole batch, the rows posted above with it -- or the
-        # commit op refused the stored chunks (nothing of it written) and the rest of the batch
-        # committed, those rows included.  Which one, the record says (_store_failed).
+    except JournalError:
+        # ResultStoreFailed: a storage fault failed the whole batch, the rows posted above
+        # with it -- or the commit op refused the stored chunks (nothing of it written) and the
+        # rest of the batch committed, those rows included.  A plain JournalError is the same
+        # refusal in other words ("lacks chunk N", "lacks auditor copies"): no result is
+        # stored either way, and which rows are, the record says (_store_failed).
         return await _store_failed(engine, complete), False
     record = await recorder.record(iid)
     kept = sink.kept()

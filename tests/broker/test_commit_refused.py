@@ -25,7 +25,7 @@ import pytest
 import trio
 
 from affidavit.api.broker import Broker
-from affidavit.journal import Batch
+from affidavit.journal import Batch, generate_auditor_keypair
 from affidavit.journal.sealing import BrokerKey, chunk_aad
 from affidavit.statemachine import EventKind
 from tests.http.hostile import HostileServer, Reply, scripts
@@ -149,6 +149,58 @@ async def test_a_commit_refused_over_a_restarted_stream_is_result_store_failed_c
                 assert hook.done == env["invocation_id"]
                 iid = _assert_store_failed_committed(broker, env, db)
                 # A read, never a second dispatch; the record says the same later.
+                again = await broker.fetch_result(iid)
+                assert again is not None and again["error"] == env["error"]
+        assert len(srv.requests) == 1
+
+
+def delete_chunk(table: str, idx: int) -> Tamper:
+    """Another connection deletes one stored chunk of the stream (``table``: ``result_chunks``,
+    or ``result_audit`` for its auditor copy): the commit op refuses with a plain
+    ``JournalError`` ("lacks chunk N", "lacks auditor copies"), not ``ResultStoreFailed``."""
+
+    def tamper(conn: sqlite3.Connection, iid: str) -> None:
+        gone = conn.execute(
+            f"DELETE FROM {table} WHERE invocation_id = ? AND stream = 'body' AND idx = ?",
+            (iid, idx),
+        ).rowcount
+        assert gone == 1
+
+    return tamper
+
+
+@pytest.mark.parametrize(
+    ("table", "size"),
+    [
+        ("result_chunks", "inline"),
+        ("result_chunks", "by_reference"),
+        ("result_audit", "inline"),
+    ],
+)
+async def test_a_commit_refused_over_a_missing_chunk_is_result_store_failed_not_a_crash(
+    tmp_path: Path, token: str, table: str, size: str
+) -> None:
+    """A stored chunk (or its auditor copy) deleted between the chunks' transaction and the
+    commit's: the commit op refuses as it does for a chunk that differs, and the call ends the
+    same way -- RESULT_STORE_FAILED with the outcome the record proves."""
+    priv, pub = tmp_path / "auditor.pem", tmp_path / "auditor.pub"
+    generate_auditor_keypair(priv, pub)
+    db = tmp_path / "journal.db"
+    body = b"m" * SIZES[size]
+    async with HostileServer.running(scripts.serve(Reply(201, body=body))) as srv:
+        cfg = write_config(
+            tmp_path,
+            {"api": http_target(srv.url)},
+            journal={"path": str(db), "auditor_public_key": str(pub)},
+        )
+        with trio.fail_after(LIMIT):
+            async with open_broker(cfg) as broker:
+                hook = BetweenTransactions(db, delete_chunk(table, 1))
+                broker.journal.around_transaction = hook
+                env = await broker.call(POST)
+                broker.journal.around_transaction = None
+                assert hook.done == env["invocation_id"]
+                iid = _assert_store_failed_committed(broker, env, db)
                 again = await broker.fetch_result(iid)
                 assert again is not None and again["error"] == env["error"]
         assert len(srv.requests) == 1
