@@ -63,6 +63,11 @@ AWAITING_DELIVERY = frozenset(
 """States whose stored result has not reached its caller (stored, or its answer failed): the
 lifecycle table's states that RESULT_DELIVERED moves on."""
 
+_STORED = frozenset(
+    row[E.RESULT_COMMITTED] for row in TRANSITIONS.values() if E.RESULT_COMMITTED in row
+)
+"""The states RESULT_COMMITTED leads to: a result just stored, not yet delivered."""
+
 
 async def conclude(
     engine: Engine,
@@ -130,7 +135,7 @@ async def _commit(
     complete = Event(E.REMOTE_RESPONSE_COMPLETE, iid, attrs, source=EvidenceSource.REMOTE_RESPONSE)
     if sink.store_failed:
         await recorder.write_many(observed)
-        return await _store_failed(engine, complete), False
+        return await _store_failed(engine, complete)
     # One queued write for the attempt's milestones, the complete response and what the result
     # establishes beyond its outcome (a batch's item outcomes, the job a 202 accepted): they
     # ride along with RESULT_COMMITTED's transaction, queued after the tail chunk (no
@@ -153,9 +158,10 @@ async def _commit(
         # ResultStoreFailed: a storage fault failed the whole batch, the rows posted above
         # with it -- or the commit op refused the stored chunks (nothing of it written) and the
         # rest of the batch committed, those rows included.  A plain JournalError is the same
-        # refusal in other words ("lacks chunk N", "lacks auditor copies"): no result is
-        # stored either way, and which rows are, the record says (_store_failed).
-        return await _store_failed(engine, complete), False
+        # refusal in other words ("lacks chunk N", "lacks auditor copies").  Which rows are
+        # durable -- the commit too, when a shared journal lost its answer -- the record says
+        # (_store_failed).
+        return await _store_failed(engine, complete)
     record = await recorder.record(iid)
     kept = sink.kept()
     if kept is None:
@@ -199,7 +205,7 @@ def received_evidence(result: RemoteResult, sink: StreamSink) -> dict[str, Any]:
     return out
 
 
-async def _store_failed(engine: Engine, complete: Event) -> dict[str, Any]:
+async def _store_failed(engine: Engine, complete: Event) -> tuple[dict[str, Any], bool]:
     """A complete response whose storage failed (seed: "Return phase=result_delivery, include
     outcome=committed only when the durability contract allows this to be confirmed by the
     current record, and require immediate operator intervention").  The two small events that
@@ -208,10 +214,10 @@ async def _store_failed(engine: Engine, complete: Event) -> dict[str, Any]:
     megabytes may take them, and then the record itself confirms the outcome.  What it does not
     take is rendered in memory on top of the durable record, never claimed as durable:
     RESULT_STORE_FAILED, retry never, outcome unknown unless the complete response is on
-    record."""
+    record.  Returns the envelope and whether the result is stored after all (as ``_commit``):
+    a commit whose answer a shared journal lost may have landed."""
     iid = complete.invocation_id
     recorder = engine.recorder
-    log.warning("storing the result of %s failed; operator intervention is required", iid)
     # The call's posted rows (its milestones, and the complete response itself when the commit
     # was tried) may have committed or failed: a refused commit is not a failed batch.  Their
     # fate is in the record, read once they settled; the complete response is appended only
@@ -219,6 +225,12 @@ async def _store_failed(engine: Engine, complete: Event) -> dict[str, Any]:
     with contextlib.suppress(Exception):  # a row that failed is not in the record read next
         await recorder.settle()
     record = await recorder.record(iid)
+    if record.state in _STORED:
+        # The commit landed: its answer was lost with a shared journal's connection, and no
+        # new one could read it back in time ("whether the write is durable is unknown").
+        # Read back now, the record holds the result -- the answer, as for any stored result.
+        return recorder.envelope(record), True
+    log.warning("storing the result of %s failed; operator intervention is required", iid)
     pending = [Event(E.RESULT_STORE_FAILED, iid, {"stage": "result_store"})]
     if not record.evidence.get("response_complete"):
         pending.insert(0, complete)
@@ -231,8 +243,8 @@ async def _store_failed(engine: Engine, complete: Event) -> dict[str, Any]:
         pending.pop(0)
     if pending:
         # Only the failure is shown: a complete response that is not on record is not proven.
-        return render_envelope(project([*engine.journal.events(iid), pending[-1]]))
-    return recorder.envelope(await recorder.record(iid))
+        return render_envelope(project([*engine.journal.events(iid), pending[-1]])), False
+    return recorder.envelope(await recorder.record(iid)), False
 
 
 async def _deliver(
