@@ -96,18 +96,21 @@ def restart_stream(key_file: Path) -> Tamper:
     return tamper
 
 
-def _assert_store_failed_committed(broker: Broker, env: dict[str, Any], db: Path) -> str:
-    """The envelope and the record: result_delivery / committed / never / RESULT_STORE_FAILED,
-    the complete response on record exactly once, and no stored result."""
+def _assert_store_failed(
+    broker: Broker, env: dict[str, Any], db: Path, outcome: str = "committed"
+) -> str:
+    """The envelope and the record: result_delivery / ``outcome`` (the complete response's: it
+    is on record) / never / RESULT_STORE_FAILED, the complete response on record exactly once,
+    and no stored result."""
     rec = assert_error(
         broker,
         env,
         phase="result_delivery",
-        outcome="committed",
+        outcome=outcome,
         retry="never",
         code="RESULT_STORE_FAILED",
     )
-    assert rec.state == "store_failed_committed" and rec.final
+    assert rec.state == f"store_failed_{outcome}" and rec.final
     iid = str(env["invocation_id"])
     kinds = event_kinds(broker, iid)
     assert kinds.count(E.REMOTE_RESPONSE_COMPLETE) == 1
@@ -129,15 +132,23 @@ def _assert_store_failed_committed(broker: Broker, env: dict[str, Any], db: Path
     return iid
 
 
-@pytest.mark.parametrize("size", sorted(SIZES))
-async def test_a_commit_refused_over_a_restarted_stream_is_result_store_failed_committed(
-    tmp_path: Path, token: str, size: str
+@pytest.mark.parametrize(
+    ("size", "status", "outcome"),
+    [
+        ("inline", 201, "committed"),
+        ("by_reference", 201, "committed"),
+        ("inline", 422, "rejected"),
+    ],
+)
+async def test_a_commit_refused_over_a_restarted_stream_is_result_store_failed(
+    tmp_path: Path, token: str, size: str, status: int, outcome: str
 ) -> None:
     """Another writer restarts the stream at index 0 between the chunks' transaction and the
     commit's: the commit refuses ("stored chunk 0 ... differs from what was written") while the
-    complete response posted with it commits.  The envelope is rendered from that record."""
+    complete response posted with it commits.  The envelope is rendered from that record: the
+    outcome is the complete response's, committed or rejected."""
     body = b"r" * SIZES[size]
-    async with HostileServer.running(scripts.serve(Reply(201, body=body))) as srv:
+    async with HostileServer.running(scripts.serve(Reply(status, body=body))) as srv:
         cfg = write_config(tmp_path, {"api": http_target(srv.url)})
         db = tmp_path / "journal.db"
         with trio.fail_after(LIMIT):
@@ -147,7 +158,7 @@ async def test_a_commit_refused_over_a_restarted_stream_is_result_store_failed_c
                 env = await broker.call(POST)
                 broker.journal.around_transaction = None
                 assert hook.done == env["invocation_id"]
-                iid = _assert_store_failed_committed(broker, env, db)
+                iid = _assert_store_failed(broker, env, db, outcome)
                 # A read, never a second dispatch; the record says the same later.
                 again = await broker.fetch_result(iid)
                 assert again is not None and again["error"] == env["error"]
@@ -200,7 +211,7 @@ async def test_a_commit_refused_over_a_missing_chunk_is_result_store_failed_not_
                 env = await broker.call(POST)
                 broker.journal.around_transaction = None
                 assert hook.done == env["invocation_id"]
-                iid = _assert_store_failed_committed(broker, env, db)
+                iid = _assert_store_failed(broker, env, db)
                 again = await broker.fetch_result(iid)
                 assert again is not None and again["error"] == env["error"]
         assert len(srv.requests) == 1
