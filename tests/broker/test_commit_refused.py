@@ -8,19 +8,23 @@ every other write of the batch commits -- the attempt's milestones and REMOTE_RE
 posted just before the commit, included.  The engine must learn from the record which of its
 posted rows are durable, not assume that they failed with the commit.
 
-The chunks are changed between the transaction that stored them and the commit's by another
-connection to the journal file, as another writer would: ``around_transaction`` is entered in
-the writer thread before each transaction begins, so the change lands at exactly that point.
+Where stored chunks can change under a commit: on a shared journal (PostgreSQL), where a result's
+chunks are posted to the tables as they arrive (``results.PostingWriter``) and the commit checks
+the stored rows against the ``ChunkLog`` of what this call sealed (``_logged_streams``).  The
+tests there change the chunks between the transaction that stored them and the commit's, through
+a second connection to the database, as anyone with write access to it would (a broker's role may
+change ``result_chunks`` and ``result_audit``): ``around_transaction`` is entered in the writer
+thread before each transaction begins, so the change lands at exactly that point.
 """
 
 from __future__ import annotations
 
 import contextlib
-import sqlite3
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 import trio
 
@@ -41,33 +45,46 @@ SIZES = {
     "by_reference": 2 * 1024 * 1024 + 5,  # past the 1 MiB inline limit
 }
 
-Tamper = Callable[[sqlite3.Connection, str], None]
+Tamper = Callable[["psycopg.Connection[Any]", str], None]
+
+BOUNDED: dict[str, Any] = {
+    "connect_timeout": 5,
+    "options": "-c lock_timeout=5s -c statement_timeout=10s",
+}
+"""The second connection's limits: it runs in the writer thread, which a wait there would hold
+past the test's own deadline (``trio.fail_after`` cannot cancel a thread)."""
+
+
+def shared_journal(url: str, tmp: Path, **more: str) -> dict[str, str]:
+    """The ``[journal]`` table of a broker on the database ``url``."""
+    return {
+        "url": url,
+        "key_file": str(tmp / "shared.key"),
+        "signing_key": str(tmp / "a.signing.key"),
+        **more,
+    }
 
 
 class BetweenTransactions:
     """An ``around_transaction`` hook: before the first barrier transaction that finds result
     chunks stored -- the one carrying the stream's tail chunk, the complete response and
     RESULT_COMMITTED -- ``tamper(conn, invocation_id)`` runs on a second connection to the
-    journal file and commits.  Once only."""
+    database and commits.  Once only."""
 
-    def __init__(self, db: Path, tamper: Tamper) -> None:
-        self.db = db
+    def __init__(self, url: str, tamper: Tamper) -> None:
+        self.url = url
         self.tamper = tamper
         self.done: str | None = None
 
     @contextlib.contextmanager
     def __call__(self, batch: Batch) -> Iterator[None]:
         if batch.barrier and self.done is None:
-            conn = sqlite3.connect(self.db, isolation_level=None, timeout=5)
-            try:
+            with psycopg.connect(self.url, **BOUNDED) as conn:
                 row = conn.execute("SELECT invocation_id FROM result_chunks LIMIT 1").fetchone()
                 if row is not None:
-                    conn.execute("BEGIN IMMEDIATE")
                     self.tamper(conn, str(row[0]))
-                    conn.execute("COMMIT")
+                    conn.commit()
                     self.done = str(row[0])
-            finally:
-                conn.close()
         yield
 
 
@@ -76,20 +93,21 @@ def restart_stream(key_file: Path) -> Tamper:
     (``chunk_op`` at index 0): drop the stream's chunks and store its own sealing of chunk 0 --
     here of the very same bytes, so only the sealing differs from what this call wrote."""
 
-    def tamper(conn: sqlite3.Connection, iid: str) -> None:
+    def tamper(conn: psycopg.Connection[Any], iid: str) -> None:
         key = BrokerKey.load(key_file)
         aad = chunk_aad(iid, "body", 0)
-        (blob,) = conn.execute(
-            "SELECT data FROM result_chunks WHERE invocation_id = ? AND stream = 'body' "
+        row = conn.execute(
+            "SELECT data FROM result_chunks WHERE invocation_id = %s AND stream = 'body' "
             "AND idx = 0",
             (iid,),
         ).fetchone()
-        resealed = key.seal(key.open(bytes(blob), aad), aad)
+        assert row is not None
+        resealed = key.seal(key.open(bytes(row[0]), aad), aad)
         conn.execute(
-            "DELETE FROM result_chunks WHERE invocation_id = ? AND stream = 'body'", (iid,)
+            "DELETE FROM result_chunks WHERE invocation_id = %s AND stream = 'body'", (iid,)
         )
         conn.execute(
-            "INSERT INTO result_chunks (invocation_id, stream, idx, data) VALUES (?, ?, 0, ?)",
+            "INSERT INTO result_chunks (invocation_id, stream, idx, data) VALUES (%s, %s, 0, %s)",
             (iid, "body", resealed),
         )
 
@@ -97,7 +115,7 @@ def restart_stream(key_file: Path) -> Tamper:
 
 
 def _assert_store_failed(
-    broker: Broker, env: dict[str, Any], db: Path, outcome: str = "committed"
+    broker: Broker, env: dict[str, Any], url: str, outcome: str = "committed"
 ) -> str:
     """The envelope and the record: result_delivery / ``outcome`` (the complete response's: it
     is on record) / never / RESULT_STORE_FAILED, the complete response on record exactly once,
@@ -120,14 +138,9 @@ def _assert_store_failed(
     assert env["evidence"]["response_complete"] is True
     assert "result" not in env
     assert broker.journal.read_result(iid) is None
-    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-    try:
-        (markers,) = conn.execute(
-            "SELECT count(*) FROM results WHERE invocation_id = ?", (iid,)
-        ).fetchone()
-    finally:
-        conn.close()
-    assert markers == 0
+    with psycopg.connect(url, **BOUNDED) as conn:
+        row = conn.execute("SELECT count(*) FROM results WHERE invocation_id = %s", (iid,))
+        assert row.fetchone() == (0,)
     assert broker.journal.verify().ok
     return iid
 
@@ -141,7 +154,7 @@ def _assert_store_failed(
     ],
 )
 async def test_a_commit_refused_over_a_restarted_stream_is_result_store_failed(
-    tmp_path: Path, token: str, size: str, status: int, outcome: str
+    pg_url: str, tmp_path: Path, token: str, size: str, status: int, outcome: str
 ) -> None:
     """Another writer restarts the stream at index 0 between the chunks' transaction and the
     commit's: the commit refuses ("stored chunk 0 ... differs from what was written") while the
@@ -149,16 +162,16 @@ async def test_a_commit_refused_over_a_restarted_stream_is_result_store_failed(
     outcome is the complete response's, committed or rejected."""
     body = b"r" * SIZES[size]
     async with HostileServer.running(scripts.serve(Reply(status, body=body))) as srv:
-        cfg = write_config(tmp_path, {"api": http_target(srv.url)})
-        db = tmp_path / "journal.db"
+        journal = shared_journal(pg_url, tmp_path)
+        cfg = write_config(tmp_path, {"api": http_target(srv.url)}, journal=journal)
         with trio.fail_after(LIMIT):
             async with open_broker(cfg) as broker:
-                hook = BetweenTransactions(db, restart_stream(Path(f"{db}.key")))
+                hook = BetweenTransactions(pg_url, restart_stream(Path(journal["key_file"])))
                 broker.journal.around_transaction = hook
                 env = await broker.call(POST)
                 broker.journal.around_transaction = None
                 assert hook.done == env["invocation_id"]
-                iid = _assert_store_failed(broker, env, db, outcome)
+                iid = _assert_store_failed(broker, env, pg_url, outcome)
                 # A read, never a second dispatch; the record says the same later.
                 again = await broker.fetch_result(iid)
                 assert again is not None and again["error"] == env["error"]
@@ -170,9 +183,9 @@ def delete_chunk(table: str, idx: int) -> Tamper:
     or ``result_audit`` for its auditor copy): the commit op refuses with a plain
     ``JournalError`` ("lacks chunk N", "lacks auditor copies"), not ``ResultStoreFailed``."""
 
-    def tamper(conn: sqlite3.Connection, iid: str) -> None:
+    def tamper(conn: psycopg.Connection[Any], iid: str) -> None:
         gone = conn.execute(
-            f"DELETE FROM {table} WHERE invocation_id = ? AND stream = 'body' AND idx = ?",
+            f"DELETE FROM {table} WHERE invocation_id = %s AND stream = 'body' AND idx = %s",
             (iid, idx),
         ).rowcount
         assert gone == 1
@@ -189,29 +202,25 @@ def delete_chunk(table: str, idx: int) -> Tamper:
     ],
 )
 async def test_a_commit_refused_over_a_missing_chunk_is_result_store_failed_not_a_crash(
-    tmp_path: Path, token: str, table: str, size: str
+    pg_url: str, tmp_path: Path, token: str, table: str, size: str
 ) -> None:
     """A stored chunk (or its auditor copy) deleted between the chunks' transaction and the
     commit's: the commit op refuses as it does for a chunk that differs, and the call ends the
     same way -- RESULT_STORE_FAILED with the outcome the record proves."""
     priv, pub = tmp_path / "auditor.pem", tmp_path / "auditor.pub"
     generate_auditor_keypair(priv, pub)
-    db = tmp_path / "journal.db"
     body = b"m" * SIZES[size]
     async with HostileServer.running(scripts.serve(Reply(201, body=body))) as srv:
-        cfg = write_config(
-            tmp_path,
-            {"api": http_target(srv.url)},
-            journal={"path": str(db), "auditor_public_key": str(pub)},
-        )
+        journal = shared_journal(pg_url, tmp_path, auditor_public_key=str(pub))
+        cfg = write_config(tmp_path, {"api": http_target(srv.url)}, journal=journal)
         with trio.fail_after(LIMIT):
             async with open_broker(cfg) as broker:
-                hook = BetweenTransactions(db, delete_chunk(table, 1))
+                hook = BetweenTransactions(pg_url, delete_chunk(table, 1))
                 broker.journal.around_transaction = hook
                 env = await broker.call(POST)
                 broker.journal.around_transaction = None
                 assert hook.done == env["invocation_id"]
-                iid = _assert_store_failed(broker, env, db)
+                iid = _assert_store_failed(broker, env, pg_url)
                 again = await broker.fetch_result(iid)
                 assert again is not None and again["error"] == env["error"]
         assert len(srv.requests) == 1
