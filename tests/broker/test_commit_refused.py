@@ -15,11 +15,18 @@ tests there change the chunks between the transaction that stored them and the c
 a second connection to the database, as anyone with write access to it would (a broker's role may
 change ``result_chunks`` and ``result_audit``): ``around_transaction`` is entered in the writer
 thread before each transaction begins, so the change lands at exactly that point.
+
+On a SQLite journal the path does not exist: no chunk of a result is a row before its commit
+(``journal/segments.py``: the first chunks are held in memory, longer streams go to segment
+files), and the commit op writes every row of the result itself, dropping whatever rows another
+writer left for the invocation.  The last test pins that: the same tampering there is harmless.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
+import sqlite3
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -29,12 +36,22 @@ import pytest
 import trio
 
 from affidavit.api.broker import Broker
-from affidavit.journal import Batch, generate_auditor_keypair
+from affidavit.engine.sink import RESULT_CHUNK
+from affidavit.journal import Batch, Journal, generate_auditor_keypair
 from affidavit.journal.sealing import BrokerKey, chunk_aad
-from affidavit.statemachine import EventKind
+from affidavit.statemachine import Event, EventKind
 from tests.http.hostile import HostileServer, Reply, scripts
 
-from .helpers import assert_error, event_kinds, http_target, open_broker, write_config
+from .helpers import (
+    assert_error,
+    assert_ok,
+    assert_same_result,
+    event_kinds,
+    http_target,
+    open_broker,
+    raw_kinds,
+    write_config,
+)
 
 E = EventKind
 LIMIT = 60
@@ -223,4 +240,176 @@ async def test_a_commit_refused_over_a_missing_chunk_is_result_store_failed_not_
                 iid = _assert_store_failed(broker, env, pg_url)
                 again = await broker.fetch_result(iid)
                 assert again is not None and again["error"] == env["error"]
+        assert len(srv.requests) == 1
+
+
+# -- SQLite: nothing of a result is a row before its commit --------------------------------------
+
+SqliteTamper = Callable[[sqlite3.Connection, str], None]
+
+
+class BeforeTheCommit:
+    """``commit_result`` and ``around_transaction`` together, on a SQLite journal: once the
+    engine calls ``commit_result`` -- every chunk of the result put, and flushed by the sink --
+    ``tamper(conn, invocation_id)`` runs before the next barrier transaction, the commit's, on
+    a second connection to the journal file, and commits.  Once only.  ``committed_next``: the
+    transaction that followed was the one that wrote RESULT_COMMITTED."""
+
+    def __init__(self, journal: Journal, db: Path, tamper: SqliteTamper) -> None:
+        self._commit_result = journal.commit_result
+        self.db = db
+        self.tamper = tamper
+        self.armed: str | None = None
+        self.done: str | None = None
+        self.committed_next = False
+
+    async def commit_result(self, event: Event, **kwargs: Any) -> Event:
+        if self.armed is None:
+            self.armed = event.invocation_id
+        return await self._commit_result(event, **kwargs)
+
+    @contextlib.contextmanager
+    def around(self, batch: Batch) -> Iterator[None]:
+        iid = self.armed
+        if batch.barrier and iid is not None and self.done is None:
+            conn = sqlite3.connect(self.db, isolation_level=None, timeout=5)
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                self.tamper(conn, iid)
+                conn.execute("COMMIT")
+            finally:
+                conn.close()
+            self.done = iid
+            yield
+            self.committed_next = bool(raw_kinds(self.db, iid).count(E.RESULT_COMMITTED.value))
+            return
+        yield
+
+
+def sqlite_tamper(kind: str, key_file: Path, body: bytes) -> SqliteTamper:
+    """What another writer of the journal file can do to the invocation's result rows:
+
+    * ``restart``: a stale writer's ``chunk_op`` at index 0 -- the stream's rows dropped and its
+      own sealing of chunk 0 (of the very same bytes) stored;
+    * ``stray``: rows no writer of this call stored -- a chunk past the stream's end, a chunk
+      of a stream the result does not have, an auditor copy, a reference to a segment that
+      does not exist;
+    * ``delete``: every row of the result deleted -- there is none to delete."""
+
+    def tamper(conn: sqlite3.Connection, iid: str) -> None:
+        if kind == "restart":
+            aad = chunk_aad(iid, "body", 0)
+            sealed = BrokerKey.load(key_file).seal(body[:RESULT_CHUNK], aad)
+            for table in ("result_chunks", "result_segments"):
+                conn.execute(
+                    f"DELETE FROM {table} WHERE invocation_id = ? AND stream = 'body'", (iid,)
+                )
+            conn.execute(
+                "INSERT INTO result_chunks (invocation_id, stream, idx, data) "
+                "VALUES (?, 'body', 0, ?)",
+                (iid, sealed),
+            )
+        elif kind == "stray":
+            junk = b"\x00" * 64
+            end = math.ceil(len(body) / RESULT_CHUNK)
+            for table, stream, idx in (
+                ("result_chunks", "body", end),
+                ("result_chunks", "stderr", 0),
+                ("result_audit", "body", 0),
+            ):
+                conn.execute(
+                    f"INSERT INTO {table} (invocation_id, stream, idx, data) VALUES (?, ?, ?, ?)",
+                    (iid, stream, idx, junk),
+                )
+            conn.execute(
+                "INSERT INTO result_segments (invocation_id, audit, stream, idx, segment, pos, "
+                "size) VALUES (?, 0, 'body', 1, ?, 0, 16)",
+                (iid, "0" * 32 + ".seg"),
+            )
+        else:
+            gone = sum(
+                conn.execute(f"DELETE FROM {table} WHERE invocation_id = ?", (iid,)).rowcount
+                for table in ("result_chunks", "result_audit", "result_segments")
+            )
+            assert gone == 0
+
+    return tamper
+
+
+def _result_rows(db: Path, iid: str, audit: bool) -> tuple[list[tuple[str, int]], int]:
+    """The invocation's chunk rows in ``result_chunks`` (``result_audit``) and its references
+    in ``result_segments``, as (stream, idx) in order; and how many are references."""
+    table = "result_audit" if audit else "result_chunks"
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        rows = conn.execute(
+            f"SELECT stream, idx, 0 FROM {table} WHERE invocation_id = ? UNION ALL "
+            "SELECT stream, idx, 1 FROM result_segments WHERE invocation_id = ? AND audit = ? "
+            "ORDER BY 1, 2",
+            (iid, iid, int(audit)),
+        ).fetchall()
+    finally:
+        conn.close()
+    return [(str(s), int(i)) for s, i, _ in rows], sum(int(r) for _, _, r in rows)
+
+
+@pytest.mark.parametrize("tamper", ["restart", "stray", "delete"])
+@pytest.mark.parametrize(
+    ("size", "spills"),
+    [(256 * 1024, False), (2 * 1024 * 1024 + 5, True)],
+    ids=["held", "spilled"],
+)
+async def test_on_a_sqlite_journal_the_commit_writes_its_own_rows_and_the_result_is_intact(
+    tmp_path: Path,
+    token: str,
+    monkeypatch: pytest.MonkeyPatch,
+    tamper: str,
+    size: int,
+    spills: bool,
+) -> None:
+    """The tampering above, on a SQLite journal, between the result's last chunk and its
+    commit: nothing of the result is a row yet (``delete`` finds none), and the commit drops
+    what another writer put there and writes its own rows -- held chunks inline, spilled ones
+    as segment references.  The result is committed and delivered, reads back byte for byte,
+    and the journal verifies."""
+    priv, pub = tmp_path / "auditor.pem", tmp_path / "auditor.pub"
+    generate_auditor_keypair(priv, pub)
+    db = tmp_path / "journal.db"
+    body = b"s" * size
+    chunks = [("body", i) for i in range(math.ceil(size / RESULT_CHUNK))]
+    async with HostileServer.running(scripts.serve(Reply(201, body=body))) as srv:
+        cfg = write_config(
+            tmp_path,
+            {"api": http_target(srv.url)},
+            journal={"path": str(db), "auditor_public_key": str(pub)},
+        )
+        with trio.fail_after(LIMIT):
+            async with open_broker(cfg) as broker:
+                hook = BeforeTheCommit(
+                    broker.journal, db, sqlite_tamper(tamper, Path(f"{db}.key"), body)
+                )
+                monkeypatch.setattr(broker.journal, "commit_result", hook.commit_result)
+                broker.journal.around_transaction = hook.around
+                env = await broker.call(POST)
+                broker.journal.around_transaction = None
+                assert hook.done == env["invocation_id"] and hook.committed_next
+                rec = assert_ok(broker, env)
+                assert rec.state == "delivered_committed"
+                iid = env["invocation_id"]
+                kinds = event_kinds(broker, iid)
+                assert kinds.count(E.REMOTE_RESPONSE_COMPLETE) == 1
+                assert kinds.count(E.RESULT_COMMITTED) == 1
+                assert E.RESULT_STORE_FAILED not in kinds
+                stored = broker.journal.read_result(iid)
+                assert stored is not None and stored.streams == {"body": body}
+                assert env["result"]["sha256"] == stored.sha256
+                fetched = await broker.fetch_result(iid)
+                assert fetched is not None and "error" not in fetched
+                assert_same_result(env["result"], fetched["result"])
+                assert broker.journal.verify().ok
+        # Exactly the result's own rows: the stray ones dropped, none missing.
+        sealed, refs = _result_rows(db, iid, audit=False)
+        assert sealed == chunks and (refs > 0) is spills
+        copies, _ = _result_rows(db, iid, audit=True)
+        assert copies == [("", 0), *chunks]  # and the summary's auditor copy
         assert len(srv.requests) == 1
