@@ -25,6 +25,7 @@ from affidavit.statemachine import (
     Event,
     EventKind,
     EvidenceSource,
+    ImpossibleEvent,
     Record,
     project,
     render_envelope,
@@ -222,8 +223,8 @@ async def _store_failed(engine: Engine, complete: Event) -> tuple[dict[str, Any]
     # was tried) may have committed or failed: a refused commit is not a failed batch.  Their
     # fate is in the record, read once they settled; the complete response is appended only
     # if the record does not hold it already.
-    with contextlib.suppress(Exception):  # a row that failed is not in the record read next
-        await recorder.settle()
+    with contextlib.suppress(JournalError, ImpossibleEvent):  # a row that failed is not in
+        await recorder.settle()  # the record read next
     record = await recorder.record(iid)
     if record.state in _STORED:
         # The commit landed: its answer was lost with a shared journal's connection, and no
