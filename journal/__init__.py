@@ -20,7 +20,8 @@ The modules, by role (``store.py``'s docstring says how they fit together):
     results.py      result chunks, the completeness marker, reading a result back verified
                     (whole, or chunk by chunk: ``ResultStream``)
     segments.py     long results' chunks in segment files beside a SQLite journal, written
-                    and synced by threads of their own; reading their references
+                    and synced by threads of their own
+    segment_tables.py  reading those chunks through their reference rows, bounded
     audit.py        the auditor's side of results: opening their auditor copies
     reader.py       JournalReader: every read, for the broker and for read-only tools
     views.py        the action and session views (folds over the events table)

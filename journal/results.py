@@ -417,9 +417,11 @@ class PostingWriter:
                 await self._in_flight.popleft().wait()
             except JournalError as exc:  # a storage fault, or a chunk refused ("already stored")
                 if self._error is None:
-                    self._error = (
-                        exc if isinstance(exc, ResultStoreFailed) else ResultStoreFailed(str(exc))
-                    )
+                    if not isinstance(exc, ResultStoreFailed):
+                        refused = ResultStoreFailed(str(exc))
+                        refused.__cause__ = exc
+                        exc = refused
+                    self._error = exc
         if self._error is not None:
             raise self._error
 

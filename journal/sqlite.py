@@ -24,7 +24,8 @@ to the auditor's key (schema 2; a schema-1 journal gains both tables when a writ
 a writer opens it.  It is an index, not evidence: the view checks it against the events first.
 ``result_segments`` (schema 4) holds a reference (segment file, position, size) for each chunk
 of a long result stored beside the journal in ``<journal>.results/`` (``segments.py``); a
-reader resolves them, so a chunk reads the same from a row or a segment.
+reader resolves them (``segment_tables.py``), so a chunk reads the same from a row or a
+segment.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from .chain import GENESIS
 from .errors import JournalError
 from .lock import WriterLock
 from .rows import FOLD_COLUMNS
-from .segments import SEGMENT_SCHEMA, SEGMENT_SQL, SegmentTables
+from .segment_tables import SEGMENT_SCHEMA, SEGMENT_SQL, SegmentTables
 from .signing import Checkpoint
 from .tables import SQL, Tables
 

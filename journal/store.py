@@ -456,6 +456,8 @@ class Journal(JournalReader):
             raise ValueError("commit_result takes a RESULT_COMMITTED event")
         assert self._key is not None
         if writer is not None:
+            if expect is None:
+                raise ValueError("commit_result(writer=) takes expect=, the streams' hashes")
             await writer.flush()
         op = results.commit_op(self._key, self._audit, event, summary, expect, log, writer)
         return await self._writer.submit(op, barrier=True, result_store=True)

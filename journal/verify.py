@@ -367,12 +367,18 @@ def _check_blobs(
     what: str,
 ) -> str | None:
     stored: dict[str, dict[int, str]] = {}
+    twice: set[tuple[str, int]] = set()
     for stream, idx, digest in digests:
-        stored.setdefault(stream, {})[idx] = digest
+        have = stored.setdefault(stream, {})
+        if idx in have:
+            twice.add((stream, idx))  # a row and a reference (or a tampered key): which one?
+        have[idx] = digest
     for stream, info in declared.items():
         listed = info.get(which) or []
         have = stored.get(stream, {})
         for idx, want in enumerate(listed):
+            if (stream, idx) in twice:
+                return f"stream {stream!r} {what} {idx} is stored twice"
             got = have.get(idx)
             if got is None:
                 return f"stream {stream!r} {what} {idx} is missing"

@@ -1,0 +1,86 @@
+"""Shared pieces of the segment tests (tests/journal/test_segments.py, test_segment_refs.py):
+results stored as the engine's sink stores them, and what a segment journal holds on disk."""
+
+from __future__ import annotations
+
+import hashlib
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from affidavit.journal import Journal
+from affidavit.statemachine import Event
+from affidavit.statemachine import EventKind as E
+
+from .helpers import happy
+
+CHUNK = 64 * 1024
+LIMIT = 30
+
+
+def body(chunks: int, tail: int = 0) -> bytes:
+    """``chunks`` full chunks of numbered lines (each chunk unlike any other) and ``tail``
+    bytes more."""
+    lines = b"".join(b"%07d\n" % i for i in range((chunks * CHUNK + tail) // 8 + 1))
+    return lines[: chunks * CHUNK + tail]
+
+
+async def put_all(j: Journal, iid: str, data: bytes, stream: str = "body") -> Any:
+    """Every chunk of ``data`` through a new ``result_writer``, in order, the short tail as
+    ``last``; returns the writer (not flushed)."""
+    writer = j.result_writer(iid)
+    for idx, start in enumerate(range(0, len(data), CHUNK)):
+        part = data[start : start + CHUNK]
+        await writer.put(stream, idx, part, last=len(part) < CHUNK)
+    return writer
+
+
+async def store(j: Journal, iid: str, data: bytes) -> Event:
+    """A completed invocation with ``data`` as its committed ``body``."""
+    for ev in happy(iid):
+        await j.append(ev)
+    writer = await put_all(j, iid, data)
+    with trio.fail_after(LIMIT):
+        return await j.commit_result(
+            Event(E.RESULT_COMMITTED, iid),
+            summary={"status": 200},
+            expect={"body": hashlib.sha256(data).hexdigest()},
+            writer=writer,
+        )
+
+
+def segments(db: Path) -> list[Path]:
+    d = Path(f"{db}.results")
+    return sorted(d.iterdir()) if d.is_dir() else []
+
+
+def refs(db: Path, iid: str) -> list[tuple[Any, ...]]:
+    """(audit, stream, idx, segment, pos, size) of the invocation's reference rows."""
+    with sqlite3.connect(db) as conn:
+        rows = conn.execute(
+            "SELECT audit, stream, idx, segment, pos, size FROM result_segments "
+            "WHERE invocation_id = ? ORDER BY audit, stream, idx",
+            (iid,),
+        ).fetchall()
+    conn.close()
+    return rows
+
+
+def inline(db: Path, iid: str) -> list[int]:
+    """The indexes of the invocation's chunks stored as rows."""
+    with sqlite3.connect(db) as conn:
+        rows = conn.execute(
+            "SELECT idx FROM result_chunks WHERE invocation_id = ? ORDER BY idx", (iid,)
+        ).fetchall()
+    conn.close()
+    return [r[0] for r in rows]
+
+
+def tamper(db: Path, *statements: str) -> None:
+    """Run SQL on the journal file as someone with write access to it would."""
+    with sqlite3.connect(db) as conn:
+        for sql in statements:
+            conn.execute(sql)
+    conn.close()
