@@ -8,20 +8,23 @@ Return phase=result_delivery, include outcome=committed only when the durability
 this to be confirmed by the current record, and require immediate operator intervention."
 
 The faults are the journal's own: a ``before_commit`` hook that fails a transaction exactly as a
-full disk does (``sqlite3.OperationalError: database or disk is full``, rolled back).  The
-subprocess tests (test_unusable_journal.py) fill a real file limit.
+full disk does (``sqlite3.OperationalError: database or disk is full``, rolled back), and the
+segment files' writes or syncs failing as a full or failing disk's do.  The subprocess tests
+(test_unusable_journal.py) fill a real file limit.
 """
 
 from __future__ import annotations
 
+import errno
 import sqlite3
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
 
-from affidavit.journal import Batch, Journal, JournalWriteError
+from affidavit.journal import Batch, Journal, JournalWriteError, segments
 from affidavit.statemachine import EventKind
 from tests.http.hostile import HostileServer, Reply, scripts
 
@@ -72,36 +75,57 @@ class DiskFull:
         self.head = (seq, chunks)
 
 
+def _store_failed_committed(broker: object, env: dict[str, Any]) -> Any:
+    """The envelope of a complete response whose result could not be stored, the response on
+    record: result_delivery, committed, retry never, RESULT_STORE_FAILED."""
+    return assert_error(
+        broker,
+        env,
+        phase="result_delivery",
+        outcome="committed",
+        retry="never",
+        code="RESULT_STORE_FAILED",
+    )
+
+
 def _kinds(broker: object, iid: str) -> list[EventKind]:
     return [e.kind for e in broker.events(iid)]  # type: ignore[attr-defined]
 
 
+@pytest.mark.parametrize("fault", ["write", "sync"])
 async def test_a_complete_response_whose_chunks_cannot_be_stored_is_result_store_failed(
-    tmp_path: Path, token: str
+    tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch, fault: str
 ) -> None:
-    """The chunks fail, the small events fit: the record itself confirms the outcome."""
-    async with HostileServer.running(scripts.serve(Reply(201, body=BIG))) as srv:
+    """A long response's chunks fail as they are stored -- the segment file's disk is full, or
+    its sync fails (journal/segments.py) -- and the small events fit: the record itself
+    confirms the outcome, and nothing of the result is committed."""
+    if fault == "write":
+
+        def pwrite(fd: int, data: object, pos: int) -> int:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        monkeypatch.setattr(segments.os, "pwrite", pwrite)
+    else:
+
+        def fdatasync(fd: int) -> None:
+            raise OSError(errno.EIO, "Input/output error")
+
+        monkeypatch.setattr(segments.os, "fdatasync", fdatasync)
+    body = b"x" * (2 * 1024 * 1024)  # spills past the chunks held in memory
+    async with HostileServer.running(scripts.serve(Reply(201, body=body))) as srv:
         cfg = write_config(tmp_path, {"api": http_target(srv.url)})
         with trio.fail_after(LIMIT):
             async with open_broker(cfg) as broker:
-                broker.journal.before_commit = DiskFull(
-                    broker.journal, lambda kinds, chunks: chunks > 0, stays_full=False
-                )
                 env = await broker.call(POST)
-                rec = assert_error(
-                    broker,
-                    env,
-                    phase="result_delivery",
-                    outcome="committed",
-                    retry="never",
-                    code="RESULT_STORE_FAILED",
-                )
+                rec = _store_failed_committed(broker, env)
                 assert rec.state == "store_failed_committed" and rec.final
                 kinds = _kinds(broker, env["invocation_id"])
                 assert kinds[-2:] == [
                     EventKind.REMOTE_RESPONSE_COMPLETE,
                     EventKind.RESULT_STORE_FAILED,
                 ]
+                assert EventKind.RESULT_COMMITTED not in kinds
+                assert broker.journal.read_result(env["invocation_id"]) is None
                 # A read, never a second dispatch; the record says the same later.
                 again = await broker.fetch_result(env["invocation_id"])
                 assert again is not None and again["error"] == env["error"]
@@ -125,14 +149,7 @@ async def test_a_result_commit_whose_whole_batch_fails_records_the_complete_resp
                 )
                 broker.journal.before_commit = full
                 env = await broker.call(POST)
-                rec = assert_error(
-                    broker,
-                    env,
-                    phase="result_delivery",
-                    outcome="committed",
-                    retry="never",
-                    code="RESULT_STORE_FAILED",
-                )
+                rec = _store_failed_committed(broker, env)
                 assert full.failed == 1
                 assert rec.state == "store_failed_committed"
                 kinds = _kinds(broker, env["invocation_id"])

@@ -4,13 +4,17 @@ results stored as the engine's sink stores them, and what a segment journal hold
 from __future__ import annotations
 
 import hashlib
+import os
 import sqlite3
+import threading
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 
 from affidavit.journal import Journal
+from affidavit.journal import segments as seg_mod
 from affidavit.statemachine import Event
 from affidavit.statemachine import EventKind as E
 
@@ -84,3 +88,17 @@ def tamper(db: Path, *statements: str) -> None:
         for sql in statements:
             conn.execute(sql)
     conn.close()
+
+
+def stall_writes(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
+    """Make the segment thread's writes wait until the returned event is set (a stalled disk);
+    set it before the journal closes, or closing waits ``LIMIT`` seconds a write."""
+    gate = threading.Event()
+    real = os.pwrite
+
+    def stalled(fd: int, data: Any, pos: int) -> int:
+        gate.wait(LIMIT)
+        return real(fd, data, pos)
+
+    monkeypatch.setattr(seg_mod.os, "pwrite", stalled)
+    return gate

@@ -8,7 +8,6 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -179,14 +178,7 @@ async def test_the_sink_runs_ahead_of_the_segment_thread_by_a_bounded_number_of_
     """With the disk stalled, ``put`` waits once ``IN_FLIGHT`` chunks are queued: memory stays
     bounded however fast the response arrives."""
     db = tmp_path / "j.db"
-    gate = threading.Event()
-    real = os.pwrite
-
-    def stalled(fd: int, data: Any, pos: int) -> int:
-        gate.wait(kit.LIMIT)
-        return real(fd, data, pos)
-
-    monkeypatch.setattr(seg_mod.os, "pwrite", stalled)
+    gate = kit.stall_writes(monkeypatch)
     put = 0
     async with Journal.open(db) as j:
         for ev in happy("inv-b"):
@@ -308,14 +300,7 @@ async def test_two_tasks_waiting_on_one_writer_are_both_woken(
 ) -> None:
     """An adapter may feed two streams from two tasks (nothing forbids it): both park on
     back-pressure, and both go on once the disk does."""
-    gate = threading.Event()
-    real = os.pwrite
-
-    def stalled(fd: int, data: Any, pos: int) -> int:
-        gate.wait(kit.LIMIT)
-        return real(fd, data, pos)
-
-    monkeypatch.setattr(seg_mod.os, "pwrite", stalled)
+    gate = kit.stall_writes(monkeypatch)
     done: list[str] = []
     async with Journal.open(tmp_path / "j.db") as j:
         writer = j.result_writer("inv-2")
