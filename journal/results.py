@@ -638,6 +638,8 @@ def commit_op(
     (and ``expect``), checking that each stored chunk is one it sealed; or, given the result's
     ``writer`` (and ``expect``), taking its account of what it stored and writing the rest."""
     iid = event.invocation_id
+    if writer is not None and expect is None:
+        raise ValueError("a result's writer is committed with expect=, the streams' hashes")
     summary_bytes = canonical_json(summary).encode("utf-8")
     # The summary's hash rides in the chained event, so the summary (status, headers, exit
     # status) is as tamper-evident as the streams — not only sealed.
@@ -647,7 +649,8 @@ def commit_op(
 
     def op(txn: Txn) -> Event:
         write: Callable[[Tables], None] = _nothing
-        if writer is not None and expect is not None:
+        if writer is not None:
+            assert expect is not None
             per, write = writer.prepare(txn, key, audit, expect)
         elif log is not None and expect is not None:
             per = _logged_streams(txn, iid, log, expect, audit_summary is not None)

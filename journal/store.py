@@ -455,9 +455,7 @@ class Journal(JournalReader):
         if event.kind is not EventKind.RESULT_COMMITTED:
             raise ValueError("commit_result takes a RESULT_COMMITTED event")
         assert self._key is not None
-        if writer is not None:
-            if expect is None:
-                raise ValueError("commit_result(writer=) takes expect=, the streams' hashes")
-            await writer.flush()
         op = results.commit_op(self._key, self._audit, event, summary, expect, log, writer)
+        if writer is not None:
+            await writer.flush()
         return await self._writer.submit(op, barrier=True, result_store=True)
