@@ -1,0 +1,269 @@
+"""A worker whose lease ran out *after* it dispatched writes nothing into the attempt that took
+the invocation over, and answers with what the record proves -- never with its own response as
+the invocation's result, never with another attempt's result as its own, never a traceback.
+
+Seed, "Retry code must be simple and testable": "Stop one worker after it acquires a retry
+lease, wait for the lease to expire, and start another.  When the first one resumes, the
+generation check must stop it before dispatch."  Here the first worker resumes *after* its
+dispatch, with a complete response in hand (or with its deadline striking): the events it goes
+on to write -- milestones, the protocol summary, REMOTE_RESPONSE_COMPLETE, RESULT_COMMITTED, its
+interruption -- carry no lease of their own, and the lifecycle accepts them in the newer
+attempt's states.  Seed, "Idempotency is defined by the remote contract": "allow only one active
+attempt" -- and "This ... keeps the log understandable".
+
+Worker A is stopped (a paused process, a stalled host) right after its adapter returned the
+complete response: the binding is wrapped so that it waits, shielded, as a stopped process does
+nothing.  Its lease is the caller's short timeout with no margin; once it has run out, worker B
+-- a second broker on the same journal, as a second process or host is -- calls with the same
+idempotency key: recovery closes A's attempt (unknown), and B retries under a new lease
+(generation 1), as ``decide()`` allows for a verified remote deduplication contract.  Then A
+resumes, at each point of B's attempt in turn.
+
+Real time: a lease's expiry is the journal's wall clock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from affidavit.api.broker import Broker
+from affidavit.config import load_config
+from affidavit.engine import EngineSettings
+from affidavit.statemachine import Event, EventKind, Record
+from tests.http.hostile import HostileServer, Peer, Reply, Script
+
+from .helpers import http_target, write_config
+from .http_rows import IDEM, POST
+
+E = EventKind
+LIMIT = 30  # seconds: the bound on each scenario
+A_TIMEOUT = 0.5  # A's caller's timeout: with no margin, A's lease
+ACTION = {**POST, "idempotency_key": "stale-worker"}
+BODY_A, BODY_B = b'{"from":"A"}', b'{"from":"B"}'
+WHEN = ["b_in_flight", "b_in_flight_deadline", "b_delivering", "b_delivered", "recovered_only"]
+"""Where B's side stands when A resumes: B's request held at the remote; the same, and A's
+deadline strikes as it resumes (A goes on to record its interruption); B's result stored and
+its delivery under way; B's call over; no retry at all -- only recovery closed A's attempt."""
+
+
+class Stalled:
+    """A binding whose ``perform`` stops, shielded, once the real one returned its result --
+    the worker paused with the complete response in memory -- until ``resume`` is set.
+    ``deadline``: on resuming, the attempt's own deadline (long past) strikes at its next
+    checkpoint, as it does in a process that was stopped."""
+
+    def __init__(self, real: Any, deadline: bool) -> None:
+        self.real = real
+        self.kind, self.table = real.kind, real.table
+        self.deadline = deadline
+        self.stopped = trio.Event()
+        self.resume = trio.Event()
+
+    def prepare(self, *args: Any) -> Any:
+        return self.real.prepare(*args)
+
+    def connect_timeout(self, target: Any) -> float:
+        return float(self.real.connect_timeout(target))
+
+    async def aclose(self) -> None:
+        await self.real.aclose()
+
+    async def perform(self, prepared: Any, ctx: Any) -> Any:
+        result = await self.real.perform(prepared, ctx)
+        self.stopped.set()
+        with trio.CancelScope(shield=True):
+            await self.resume.wait()
+        if self.deadline:
+            await trio.lowlevel.checkpoint()
+        return result
+
+
+def _remote() -> Script:
+    """The first connection (A's) is answered at once; every later one (B's) once the test
+    sets ``release_b``, after setting ``b_received``."""
+
+    async def script(peer: Peer) -> None:
+        if await peer.read_request() is None:
+            return
+        if peer.index == 0:
+            await peer.respond(Reply(201, body=BODY_A))
+            return
+        peer.server.event("b_received").set()
+        await peer.server.event("release_b").wait()
+        await peer.respond(Reply(201, body=BODY_B))
+
+    return script
+
+
+@dataclass
+class Outcome:
+    env_a: dict[str, Any]
+    env_b: dict[str, Any] | None
+    events: list[Event]
+    record: Record
+    fetched: dict[str, Any]
+    verified: bool
+    keys: list[str | None]
+
+
+@contextlib.asynccontextmanager
+async def _brokers(
+    tmp: Path, url: str, backend: str, request: pytest.FixtureRequest
+) -> AsyncIterator[tuple[Broker, Broker]]:
+    settings = EngineSettings(lease_margin=0.0)
+    targets = {"api": http_target(url, idempotency=IDEM)}
+    if backend == "sqlite":
+        tables: list[dict[str, Any] | None] = [None, None]
+    else:
+        db = request.getfixturevalue("pg_url")
+        tables = [
+            {"url": db, "key_file": str(tmp / "shared.key"), "signing_key": str(tmp / f"{n}.sk")}
+            for n in ("a", "b")
+        ]
+    cfg = [
+        load_config(write_config(tmp, targets, journal=t, name=f"{n}.toml"))
+        for n, t in zip("ab", tables, strict=True)
+    ]
+    async with (
+        Broker.open(config=cfg[0], settings=settings, holder="worker-A") as a,
+        Broker.open(config=cfg[1], settings=settings, holder="worker-B") as b,
+    ):
+        yield a, b
+
+
+async def _scenario(tmp: Path, backend: str, when: str, request: pytest.FixtureRequest) -> Outcome:
+    async with (
+        HostileServer.running(_remote()) as srv,
+        _brokers(tmp, srv.url, backend, request) as (a, b),
+    ):
+        stalled = Stalled(a._engine.bindings["http"], deadline=when == "b_in_flight_deadline")
+        a._engine.bindings["http"] = stalled
+        envs: dict[str, dict[str, Any]] = {}
+        done = {"a": trio.Event(), "b": trio.Event()}
+        delivering, delivered = trio.Event(), trio.Event()
+
+        async def deliver(envelope: dict[str, Any]) -> None:
+            delivering.set()
+            await delivered.wait()
+
+        async def call(name: str, broker: Broker, **kw: Any) -> None:
+            try:
+                envs[name] = await broker.call(ACTION, **kw)
+            finally:
+                done[name].set()
+
+        with trio.fail_after(LIMIT):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(lambda: call("a", a, timeout=A_TIMEOUT))
+                await stalled.stopped.wait()
+                (action,) = a.journal.list_actions()
+                iid = action.invocation_id
+                (accepted,) = [e for e in a.journal.events(iid) if e.kind is E.ACTION_ACCEPTED]
+                while time.time() <= accepted.attrs["lease_expires_at"]:
+                    await trio.sleep(0.05)  # A's lease runs out while A is stopped
+                if when == "recovered_only":
+                    closed = await b.fetch_result(iid)  # recovery closes A's attempt
+                    assert closed is not None and closed["error"]["outcome"] == "unknown"
+                    stalled.resume.set()
+                else:
+                    if when == "b_delivered":
+                        srv.event("release_b").set()
+                    kw = {"deliver": deliver} if when == "b_delivering" else {}
+                    nursery.start_soon(lambda: call("b", b, **kw))
+                    if when == "b_delivering":
+                        srv.event("release_b").set()
+                        await delivering.wait()
+                    elif when == "b_delivered":
+                        await done["b"].wait()
+                    else:
+                        await srv.event("b_received").wait()
+                    stalled.resume.set()
+                    await done["a"].wait()
+                    srv.event("release_b").set()
+                    delivered.set()
+        fetched = await b.fetch_result(iid)
+        assert fetched is not None
+        record = b.record(iid)
+        assert record is not None
+        return Outcome(
+            env_a=envs["a"],
+            env_b=envs.get("b"),
+            events=b.events(iid),
+            record=record,
+            fetched=fetched,
+            verified=b.journal.verify().ok,
+            keys=[r.header("Idempotency-Key") for r in srv.requests],
+        )
+
+
+def _body(env: dict[str, Any]) -> Any:
+    return json.loads(env["result"]["body"])
+
+
+@pytest.mark.xfail(strict=True, reason="a stale worker's writes after dispatch are not fenced")
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+@pytest.mark.parametrize("when", WHEN)
+async def test_a_worker_whose_lease_ran_out_after_dispatch_writes_nothing_into_the_record(
+    tmp_path: Path, token: str, backend: str, when: str, request: pytest.FixtureRequest
+) -> None:
+    run = await _scenario(tmp_path, backend, when, request)
+    kinds = [e.kind for e in run.events]
+    assert run.verified
+    # A's stale writes: nothing but LEASE_LOST (and, before B's lease, nothing B's attempt can
+    # be confused with).  Every event of an attempt names its generation.
+    lease_at = next((e.seq for e in run.events if e.kind is E.RETRY_LEASE_ACQUIRED), None)
+    lost = [e for e in run.events if e.kind is E.LEASE_LOST]
+    assert [e.attrs["generation"] for e in lost] == [0], kinds
+    assert [w["generation"] for w in run.record.evidence["stale_workers"]] == [0]
+    env_a = run.env_a
+    err = env_a["error"]
+    assert err["code"] == "LEASE_LOST", env_a
+    assert "result" not in env_a  # neither A's response nor B's, as A's answer
+    assert env_a["evidence"]["dispatch_started"] is True
+    if when == "recovered_only":
+        # Recovery closed A's attempt; A's late response is not the record's (the lifecycle
+        # never reopens an interrupted attempt), and A says only what the record proves.
+        assert run.env_b is None and lease_at is None
+        assert E.REMOTE_RESPONSE_COMPLETE not in kinds and E.RESULT_COMMITTED not in kinds
+        assert run.record.state == "interrupted"
+        assert (err["outcome"], err["retry"]) == ("unknown", run.record.retry.value)
+        assert run.keys == ["stale-worker"]
+        return
+    assert lease_at is not None
+    stale = [
+        e
+        for e in run.events
+        if e.seq is not None
+        and e.seq > lease_at
+        and e.kind is not E.LEASE_LOST
+        and e.attrs.get("generation") != 1
+    ]
+    # After B's lease, only B's attempt writes -- and the deliveries, which name no attempt.
+    assert {e.kind for e in stale} <= {E.RESULT_DELIVERED}, stale
+    (complete,) = [e for e in run.events if e.kind is E.REMOTE_RESPONSE_COMPLETE]
+    (committed,) = [e for e in run.events if e.kind is E.RESULT_COMMITTED]
+    assert complete.attrs["generation"] == committed.attrs["generation"] == 1
+    # B's call got B's response, stored and delivered as the invocation's result.
+    env_b = run.env_b
+    assert env_b is not None and "error" not in env_b, env_b
+    assert _body(env_b) == {"from": "B"}
+    assert _body(run.fetched) == {"from": "B"}
+    assert [(x["generation"], x["outcome"]) for x in run.record.attempts] == [
+        (0, "unknown"),
+        (1, "committed"),
+    ]
+    assert run.record.state == "delivered_committed"
+    # A's answer: the record as it stood -- B in flight, or B's result stored -- and where to
+    # find the result: a read, never a resend.
+    expected = "unknown" if when.startswith("b_in_flight") else "committed"
+    assert (err["outcome"], err["retry"]) == (expected, "fetch_result")
+    assert run.keys == ["stale-worker", "stale-worker"]
