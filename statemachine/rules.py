@@ -83,6 +83,21 @@ def _refuse(p: Projector, event: Event, reason: str) -> NoReturn:
     raise ImpossibleEvent(event, p._state, reason)
 
 
+def _stale(p: Projector, event: Event, generation: object) -> NoReturn:
+    """Refuse an attempt's event that names a generation other than the record's current one:
+    its worker's lease was taken over (seed, "Retry code must be simple and testable": "the
+    generation check must stop it").  Every event an attempt writes -- before its dispatch and
+    after it -- names the attempt's generation (``attrs.generation``; absent in journals
+    written before it did, and then unchecked): the lifecycle alone would accept a stale
+    worker's complete response, result or interruption in the states of the attempt that took
+    over, and the record would give one attempt's evidence as another's."""
+    _refuse(
+        p,
+        event,
+        f"stale generation {generation}; the current lease generation is {p._generation}",
+    )
+
+
 def _code_of(event: Event) -> Code | None:
     raw = event.attrs.get("code")
     return _CODE_BY_VALUE.get(raw) if type(raw) is str else None
@@ -205,12 +220,18 @@ def _on_validated(p: Projector, event: Event) -> None:
 
 
 def _on_preflight_failed(p: Projector, event: Event) -> None:
+    gen = event.attrs.get("generation")
+    if gen is not None and (type(gen) is not int or gen != p._generation):
+        _stale(p, event, gen)
     code = _phase_code(p, event, _VALIDATION)  # validated before anything changes
     _refund_refused_retry(p)
     _set_error(p, event, code)
 
 
 def _on_credential_failed(p: Projector, event: Event) -> None:
+    gen = event.attrs.get("generation")
+    if gen is not None and (type(gen) is not int or gen != p._generation):
+        _stale(p, event, gen)
     code = _phase_code(p, event, _CREDENTIAL_INJECTION)
     _refund_refused_retry(p)
     _set_error(p, event, code)
@@ -274,6 +295,9 @@ def _on_approval_denied(p: Projector, event: Event) -> None:
 
 def _on_credential(p: Projector, event: Event) -> None:
     attrs = event.attrs
+    gen = attrs.get("generation")
+    if gen is not None and (type(gen) is not int or gen != p._generation):
+        _stale(p, event, gen)
     cred = {}
     for k in ("credential", "version", "inject"):  # never the secret itself
         if k in attrs:
@@ -294,11 +318,17 @@ def _add_setup_attempt(p: Projector, event: Event) -> None:
 
 
 def _on_setup_attempt(p: Projector, event: Event) -> None:
+    gen = event.attrs.get("generation")
+    if gen is not None and (type(gen) is not int or gen != p._generation):
+        _stale(p, event, gen)
     _phase_code(p, event, _CONNECTION_SETUP)
     _add_setup_attempt(p, event)
 
 
 def _on_setup_failed(p: Projector, event: Event) -> None:
+    gen = event.attrs.get("generation")
+    if gen is not None and (type(gen) is not int or gen != p._generation):
+        _stale(p, event, gen)
     _set_error(p, event, _phase_code(p, event, _CONNECTION_SETUP))
     # The final setup failure is itself an attempt unless it repeats the last recorded one.
     last = p._attempts[-1] if p._attempts else None
@@ -398,10 +428,16 @@ def _on_dispatch(p: Projector, event: Event) -> None:
 
 
 def _on_request_sent(p: Projector, event: Event) -> None:
+    gen = event.attrs.get("generation")
+    if gen is not None and (type(gen) is not int or gen != p._generation):
+        _stale(p, event, gen)
     p._evidence["request_complete"] = True
 
 
 def _on_response_started(p: Projector, event: Event) -> None:
+    gen = event.attrs.get("generation")
+    if gen is not None and (type(gen) is not int or gen != p._generation):
+        _stale(p, event, gen)
     ev = p._evidence
     ev["response_headers_received"] = True
     if "status" in event.attrs:
@@ -413,6 +449,9 @@ _RESULT_FACTS = ("status", "exit_status", "exit_signal", "response_sha256", "rem
 
 def _on_complete(p: Projector, event: Event) -> str:
     attrs = event.attrs
+    gen = attrs.get("generation")
+    if gen is not None and (type(gen) is not int or gen != p._generation):
+        _stale(p, event, gen)
     raw = attrs.get("outcome")
     outcome = _RESOLVED_BY_VALUE.get(raw) if type(raw) is str else None
     if outcome is None:
@@ -458,6 +497,9 @@ def _on_complete(p: Projector, event: Event) -> str:
 
 
 def _on_interrupted(p: Projector, event: Event) -> None:
+    gen = event.attrs.get("generation")
+    if gen is not None and (type(gen) is not int or gen != p._generation):
+        _stale(p, event, gen)
     code = _code_of(event)
     if code not in _INTERRUPT_CODES:
         _refuse(p, event, "attrs.code must be one of " + ", ".join(sorted(_INTERRUPT_CODES)))
@@ -488,6 +530,9 @@ def _evidence_from(p: Projector, event: Event) -> Mapping[str, Any] | None:
 
 
 def _on_result_committed(p: Projector, event: Event) -> None:
+    gen = event.attrs.get("generation")
+    if gen is not None and (type(gen) is not int or gen != p._generation):
+        _stale(p, event, gen)
     p._evidence["result"] = {
         "seq": event.seq,
         "sha256": event.attrs.get("sha256"),
@@ -496,6 +541,9 @@ def _on_result_committed(p: Projector, event: Event) -> None:
 
 
 def _on_store_failed(p: Projector, event: Event) -> None:
+    gen = event.attrs.get("generation")
+    if gen is not None and (type(gen) is not int or gen != p._generation):
+        _stale(p, event, gen)
     _set_error(p, event, _STORE_FAILED)
 
 
@@ -567,6 +615,9 @@ _LISTS = frozenset({"steps", "stale_workers", "reconcile_queries"})
 
 def _on_observed(p: Projector, event: Event) -> None:
     attrs = event.attrs
+    gen = attrs.get("generation")
+    if gen is not None and (type(gen) is not int or gen != p._generation):
+        _stale(p, event, gen)
     proto = attrs.get("protocol", "protocol")
     if not isinstance(proto, str) or not proto.isidentifier():
         _refuse(p, event, "attrs.protocol must be an identifier")
@@ -599,6 +650,19 @@ def _on_lease_lost(p: Projector, event: Event) -> None:
     ev["stale_workers"] = [*ev.get("stale_workers", ()), {"generation": gen, "seq": event.seq}]
 
 
+def _fenced(rule: Rule) -> Rule:
+    """``rule``, first refusing a stale generation (``_stale``): for the rarer kinds an attempt
+    writes, whose rules live in ``batch.py`` and ``operation.py``."""
+
+    def fenced(p: Projector, event: Event) -> str | None:
+        gen = event.attrs.get("generation")
+        if gen is not None and (type(gen) is not int or gen != p._generation):
+            _stale(p, event, gen)
+        return rule(p, event)
+
+    return fenced
+
+
 RULES: Mapping[EventKind, Rule] = {
     E.ACTION_ACCEPTED: _on_accepted,
     E.PREFLIGHT_VALIDATED: _on_validated,
@@ -626,8 +690,9 @@ RULES: Mapping[EventKind, Rule] = {
     E.RECONCILE_INCONCLUSIVE: _on_reconcile_inconclusive,
     E.PROTOCOL_OBSERVED: _on_observed,
     E.LEASE_LOST: _on_lease_lost,
-    E.BATCH_ITEMS_RECORDED: on_items_recorded,
     **OPERATION_RULES,
+    E.BATCH_ITEMS_RECORDED: _fenced(on_items_recorded),
+    E.OPERATION_ACCEPTED: _fenced(OPERATION_RULES[E.OPERATION_ACCEPTED]),
 }
 """Each kind's rule: checks that refuse before any change, then the effect."""
 

@@ -358,6 +358,59 @@ def test_stale_lease_holder_is_stopped_before_dispatch() -> None:
     assert [a["generation"] for a in inv.rec().attempts] == [0, 2]
 
 
+def test_a_stale_worker_is_stopped_after_dispatch_too() -> None:
+    # The same stale worker, resumed after its own dispatch: its milestones, complete response,
+    # result and interruption name its generation and are refused in the attempt that took
+    # over -- the lifecycle alone would accept each of them in that attempt's states.
+    inv = Inv(idempotent=True, budget=4).authorized().dispatched(generation=0)
+    inv.interrupted()  # recovery closed generation 0's attempt once its lease ran out
+    inv.ev(E.RETRY_LEASE_ACQUIRED, generation=1, holder="w2")
+    inv.ev(E.CREDENTIAL_AUTHORIZED, credential="api", generation=1).dispatched(generation=1)
+    committed = {"source": S.REMOTE_RESPONSE, "outcome": "committed", "code": None}
+    stale = [
+        (E.REQUEST_SENT, {}),
+        (E.REMOTE_RESPONSE_STARTED, {"status": 201}),
+        (E.PROTOCOL_OBSERVED, {"protocol": "http", "state": "framing_complete"}),
+        (E.REMOTE_RESPONSE_COMPLETE, {**committed, "status": 201}),
+        (E.ATTEMPT_INTERRUPTED, {"code": Code.CALLER_CANCELLED.value}),
+        (E.RESULT_STORE_FAILED, {"stage": "result_store"}),
+    ]
+    for kind, attrs in stale:
+        assert "stale generation 0" in inv.refused(kind, generation=0, **attrs), kind
+        assert "stale generation True" in inv.refused(kind, generation=True, **attrs), kind
+    inv.ev(E.REQUEST_SENT, generation=1).complete(Outcome.COMMITTED, status=201, generation=1)
+    assert "stale generation 0" in inv.refused(E.RESULT_COMMITTED, generation=0, sha256="x")
+    inv.ev(E.RESULT_COMMITTED, generation=1, sha256="b")
+    inv.ev(E.LEASE_LOST, generation=0)  # what the stale worker records instead
+    rec = inv.rec()
+    assert rec.state == "stored_committed" and rec.evidence["result"]["sha256"] == "b"
+    assert [(a["generation"], a["outcome"]) for a in rec.attempts] == [
+        (0, "unknown"),
+        (1, "committed"),
+    ]
+    assert [w["generation"] for w in rec.evidence["stale_workers"]] == [0]
+    # An event naming no generation (a journal written before they did) is not checked.
+    old = Inv(idempotent=True).authorized().dispatched().ev(E.REQUEST_SENT)
+    assert old.complete(Outcome.COMMITTED).rec().state == "completed_committed"
+
+
+def test_a_stale_retry_cannot_end_the_retry_that_took_over_before_its_dispatch() -> None:
+    inv = unknown_post(budget=4)
+    inv.ev(E.RETRY_LEASE_ACQUIRED, generation=1, holder="w1")
+    inv.ev(E.RETRY_LEASE_ACQUIRED, generation=2, holder="w2")  # w1 stalled in setup
+    setup = {"code": "CONNECTION_REFUSED", "stage": "tcp_connect"}
+    for kind, attrs in [
+        (E.CREDENTIAL_AUTHORIZED, {"credential": "api"}),
+        (E.CREDENTIAL_FAILED, {"code": Code.CREDENTIAL_MISSING.value}),
+        (E.PREFLIGHT_FAILED, {"code": Code.CONFIG_CHANGED.value, "field": "target"}),
+        (E.SETUP_ATTEMPT_FAILED, setup),
+        (E.SETUP_FAILED, setup),
+    ]:
+        assert "stale generation 1" in inv.refused(kind, generation=1, **attrs), kind
+    inv.ev(E.SETUP_FAILED, generation=2, **setup)
+    assert inv.rec().state == "retry_setup_failed"
+
+
 def test_early_final_response_before_the_body_was_sent_is_accepted() -> None:
     inv = Inv().authorized().dispatched().ev(E.REMOTE_RESPONSE_STARTED, status=413)
     inv.ev(E.REQUEST_SENT).complete(Outcome.REJECTED, Code.REMOTE_REJECTED, status=413)
