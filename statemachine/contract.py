@@ -272,7 +272,9 @@ CODES: dict[Code, CodeInfo] = {
         _CS,
         _UN,
         Retry.RECONCILE,
-        "Another worker holds a newer retry lease; this worker was stopped before dispatch.",
+        "Another worker holds a newer lease (or recovery closed this worker's attempt once its "
+        "lease ran out): this worker was stopped before dispatch, or what it received after "
+        "dispatch is not recorded.  The envelope's phase and outcome are the record's.",
     ),
     Code.REMOTE_OUTCOME_UNKNOWN: CodeInfo(
         _RE,

@@ -84,7 +84,11 @@ class EventKind(StrEnum):
     """A worker took the invocation's retry lease.  attrs: generation (strictly increasing),
     holder, expires_at."""
     LEASE_LOST = "LEASE_LOST"
-    """A worker with a stale generation was refused before dispatch.  attrs: generation."""
+    """A worker with a stale generation was stopped: at its dispatch gate, or -- its lease
+    having run out after it dispatched -- when what it received or how it ended was refused
+    (not recorded: the attempt that took over, or recovery's closing, stands).  attrs:
+    generation, holder, after_dispatch.  Every event an attempt writes names its generation,
+    refused unless it is the record's current one."""
     RETRY_BUDGET_EXHAUSTED = "RETRY_BUDGET_EXHAUSTED"
     """No retry attempts remain; the latest evidence stands."""
     RECONCILED = "RECONCILED"

@@ -16,7 +16,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -32,6 +32,7 @@ from affidavit.statemachine import (
     ImpossibleEvent,
     Phase,
     ProtocolMachine,
+    Record,
     Retry,
     Step,
 )
@@ -43,7 +44,16 @@ from .sink import StreamSink
 if TYPE_CHECKING:
     from .engine import Engine
 
-__all__ = ["Attempt", "LeaseRefusal", "observed_events", "run_tries"]
+__all__ = [
+    "Attempt",
+    "LeaseRefusal",
+    "lease_lost",
+    "lease_refused",
+    "observed_events",
+    "run_tries",
+    "stamped",
+    "superseded",
+]
 
 log = logging.getLogger("affidavit.engine")
 
@@ -73,8 +83,9 @@ class _Refused(Exception):
 
 
 class LeaseRefusal(Exception):
-    """The gate was refused for a stale lease generation; nothing was written to the remote.
-    ``recorded``: the journal already wrote LEASE_LOST in the refusing transaction."""
+    """The gate was refused for a stale lease generation: at the dispatch gate nothing was
+    written to the remote; at a redirect hop's gate the first hop was.  ``recorded``: the
+    journal already wrote LEASE_LOST in the refusing transaction."""
 
     def __init__(self, recorded: bool) -> None:
         self.recorded = recorded
@@ -177,7 +188,14 @@ async def run_tries(
         )
         with trio.CancelScope(shield=True):
             await record_observed(engine, attempt)
-            await engine.recorder.write(closing, barrier=True)
+            try:
+                await engine.recorder.write(stamped(closing, attempt.generation), barrier=True)
+            except ImpossibleEvent:
+                # Another worker took the invocation over (or recovery closed it) while this
+                # one ran past its lease: its ending is not the record's.  The caller's own
+                # cancellation propagates all the same.
+                if await superseded(engine, attempt.iid, attempt.generation) is None:
+                    raise
         raise
     if stop.cancelled_caught and result is None and failure is None:
         # Withdrawn (the caller hung up before the gate) or stopped (the daemon's shutdown):
@@ -233,14 +251,25 @@ async def _try_once(
             # An adapter bug must never turn a dispatched attempt into not_attempted.
             return None, _interrupted(iid, Code.REMOTE_OUTCOME_UNKNOWN), False
         attrs = {"stage": exc.stage, "code": exc.code.value}
-        if exc.code in _PRE_DISPATCH_RETRYABLE and attempt.n < SETUP_ATTEMPTS:
-            await engine.recorder.append(Event(E.SETUP_ATTEMPT_FAILED, iid, attrs))
-            return None, None, True
-        if attempt.n > 1:
-            # The last try is an attempt of its own (seed: "show them in a single action
-            # record ... The final error must not erase the earlier evidence").  SETUP_FAILED
-            # alone would be folded into the previous attempt when stage and code repeat.
-            await engine.recorder.append(Event(E.SETUP_ATTEMPT_FAILED, iid, attrs))
+        tried = Event(E.SETUP_ATTEMPT_FAILED, iid, {**attrs, "generation": attempt.generation})
+        try:
+            if exc.code in _PRE_DISPATCH_RETRYABLE and attempt.n < SETUP_ATTEMPTS:
+                await engine.recorder.append(tried)
+                return None, None, True
+            if attempt.n > 1:
+                # The last try is an attempt of its own (seed: "show them in a single action
+                # record ... The final error must not erase the earlier evidence").
+                # SETUP_FAILED alone would be folded into the previous attempt when stage and
+                # code repeat.
+                await engine.recorder.append(tried)
+        except ImpossibleEvent:
+            # A newer lease's attempt is under way (its generation refused this one's), or
+            # recovery closed this one: stop here, as the gate would have.
+            with trio.CancelScope(shield=True):
+                moved_on = await superseded(engine, iid, attempt.generation)
+            if moved_on is None:
+                raise
+            return None, LeaseRefusal(recorded=False), False
         return None, Event(E.SETUP_FAILED, iid, attrs), False
     except _Refused as exc:
         return None, Event(E.PREFLIGHT_FAILED, iid, dict(exc.attrs)), False
@@ -290,17 +319,61 @@ def _interrupted(iid: str, code: Code, facts: Mapping[str, Any] | None = None) -
     return Event(E.ATTEMPT_INTERRUPTED, iid, attrs)
 
 
-async def lease_refused(engine: Engine, attempt: Attempt, refusal: LeaseRefusal) -> dict[str, Any]:
-    """The envelope of a worker stopped at its gate by a newer lease (nothing was sent)."""
+def stamped(event: Event, generation: int) -> Event:
+    """``event`` naming the attempt it belongs to: ``attrs.generation``, which the projection
+    refuses unless it is the record's current generation (rules.py, ``_stale``).  Everything an
+    attempt writes is stamped, so that a worker whose lease was taken over -- before its
+    dispatch or after it -- cannot write into the attempt that took over."""
+    return replace(event, attrs={**event.attrs, "generation": generation})
+
+
+async def superseded(engine: Engine, iid: str, generation: int) -> Record | None:
+    """After a write of the attempt of ``generation`` was refused: the record, if it has moved
+    past that attempt -- a newer lease's generation, or (the attempt's lease having run out)
+    recovery closed it -- else None: the refusal is not a lost lease, and the caller raises it.
+    The call's posted rows are settled first, the refused among them dropped (a stale attempt's
+    rows are refused with it)."""
     recorder = engine.recorder
-    if not refusal.recorded:
+    with contextlib.suppress(JournalError, ImpossibleEvent):
+        await recorder.settle()
+    record = await recorder.record(iid)
+    if record.generation != generation or record.final:
+        return record
+    return None
+
+
+async def lease_lost(
+    engine: Engine, iid: str, generation: int, *, dispatched: bool, recorded: bool = False
+) -> dict[str, Any]:
+    """The envelope of a worker whose lease another worker took over, or whose attempt recovery
+    closed after its lease ran out: stopped before its dispatch (nothing was sent), or -- after
+    it (``dispatched``) -- refused what it went on to write (what it received is not on
+    record).  The record is the answer, with LEASE_LOST saying why this worker did not act on
+    it; LEASE_LOST is recorded unless the journal did already (``recorded``)."""
+    recorder = engine.recorder
+    with contextlib.suppress(JournalError, ImpossibleEvent):  # refused with the stale write
+        await recorder.settle()
+    if not recorded:
         # The projection refused our stale generation; record that we were stopped.
+        attrs: dict[str, Any] = {"generation": generation, "holder": engine.holder}
+        if dispatched:
+            attrs["after_dispatch"] = True
         with contextlib.suppress(ImpossibleEvent):
-            await recorder.append(
-                Event(E.LEASE_LOST, attempt.iid, {"generation": attempt.generation}),
-                barrier=True,
-            )
-    return recorder.envelope(await recorder.record(attempt.iid), busy=True)
+            await recorder.append(Event(E.LEASE_LOST, iid, attrs), barrier=True)
+    record = await recorder.record(iid)
+    return recorder.envelope(record, busy=True, dispatched=dispatched)
+
+
+async def lease_refused(
+    engine: Engine, attempt: Attempt, refusal: LeaseRefusal | None = None
+) -> dict[str, Any]:
+    """``lease_lost`` for ``attempt``: refused at a gate (``refusal``), or a write after its
+    dispatch refused (None)."""
+    recorded = refusal is not None and refusal.recorded
+    dispatched = _dispatched(attempt)
+    return await lease_lost(
+        engine, attempt.iid, attempt.generation, dispatched=dispatched, recorded=recorded
+    )
 
 
 # -- what the adapter calls back ------------------------------------------------------------
@@ -314,19 +387,23 @@ def _gate(engine: Engine, attempt: Attempt) -> Any:
         if attempt.dispatch_recorded or hop > 1:
             # A redirect hop is a new dispatch boundary with its own durable evidence.
             attempt.hops = max(attempt.hops, hop)
+            hop_dispatch = Event(
+                E.PROTOCOL_OBSERVED,
+                attempt.iid,
+                {
+                    "protocol": attempt.machine.table.name,
+                    "state": "hop_dispatch",
+                    "facts": {f"hop{hop}": attempt.scrub(dict(facts))},
+                    "generation": attempt.generation,
+                },
+            )
             with trio.CancelScope(shield=True):
-                await journal.append(
-                    Event(
-                        E.PROTOCOL_OBSERVED,
-                        attempt.iid,
-                        {
-                            "protocol": attempt.machine.table.name,
-                            "state": "hop_dispatch",
-                            "facts": {f"hop{hop}": attempt.scrub(dict(facts))},
-                        },
-                    ),
-                    barrier=True,
-                )
+                try:
+                    await journal.append(hop_dispatch, barrier=True)
+                except ImpossibleEvent:
+                    # A newer lease's attempt is under way: this stale worker must not send
+                    # the next hop (the gate raises; the adapter never writes).
+                    raise LeaseRefusal(recorded=False) from None
             return
         # Re-check the bound config immediately before the write (seed: "re-check it
         # immediately before the write"); a change means a new invocation -- and for an
@@ -394,7 +471,8 @@ def _observer(attempt: Attempt) -> Callable[[Step, Mapping[str, Any]], None]:
             # The observer is synchronous (adapters call it inside their I/O loop), so the
             # milestone waits on the attempt and is appended, in order, when it ends; it is
             # diagnostic-grade evidence that recovery never depends on.
-            attempt.pending.append(Event(EventKind(kind), attempt.iid, _milestone_attrs(facts)))
+            attrs = {**_milestone_attrs(facts), "generation": attempt.generation}
+            attempt.pending.append(Event(EventKind(kind), attempt.iid, attrs))
 
     return observe
 
@@ -410,6 +488,7 @@ def observed_events(attempt: Attempt) -> list[tuple[Event, None]]:
             "protocol": attempt.machine.table.name,
             "state": attempt.machine.state,
             "facts": facts,
+            "generation": attempt.generation,
         }
         out.append((Event(E.PROTOCOL_OBSERVED, attempt.iid, summary), None))
     return out

@@ -45,6 +45,7 @@ async def prepare_after(
     binding: Binding,
     key: str | None,
     preamble: Preamble,
+    generation: int | None = None,
 ) -> tuple[Credential, Prepared] | dict[str, Any]:
     """Resolve the credential and prepare the request, after ``preamble``: the caller writes
     the preamble together with the event that follows it (``Recorder.write_many``: one queued
@@ -52,13 +53,17 @@ async def prepare_after(
     are queued exactly as if written before it.  If preparing fails, the preamble is written
     here first: a ``CredentialError`` is recorded CREDENTIAL_FAILED and its envelope returned;
     anything else is raised once the preamble is queued.  The caller holds a shield over this
-    and whatever it writes next (one cancel scope for the section)."""
+    and whatever it writes next (one cancel scope for the section).  ``generation``: the
+    attempt's, named by CREDENTIAL_FAILED (a stale worker's is refused: ``attempt.stamped``)."""
     recorder = engine.recorder
     try:
         return prepare_request(engine, action, target, binding, key)
     except CredentialError as exc:
         await recorder.write_many(preamble)
-        failed = Event(EventKind.CREDENTIAL_FAILED, iid, {"code": exc.code.value})
+        attrs: dict[str, Any] = {"code": exc.code.value}
+        if generation is not None:
+            attrs["generation"] = generation
+        failed = Event(EventKind.CREDENTIAL_FAILED, iid, attrs)
         return await recorder.finish(iid, failed)
     except BaseException:
         await recorder.write_many(preamble)

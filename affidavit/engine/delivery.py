@@ -32,7 +32,15 @@ from affidavit.statemachine import (
 )
 from affidavit.statemachine.lifecycle import TRANSITIONS
 
-from .attempt import Attempt, Failure, LeaseRefusal, lease_refused, observed_events
+from .attempt import (
+    Attempt,
+    Failure,
+    LeaseRefusal,
+    lease_refused,
+    observed_events,
+    stamped,
+    superseded,
+)
 from .contracts import Reader
 from .recorder import reference_payload, result_payload
 from .sink import Stored, StreamSink
@@ -81,7 +89,12 @@ async def conclude(
 ) -> dict[str, Any]:
     """Record the attempt's ending and render its envelope.  The journal-only part runs in one
     shielded section (one cancel scope instead of one per event); delivery to a caller's
-    channel is outside it, so a stuck channel stays cancellable."""
+    channel is outside it, so a stuck channel stays cancellable.
+
+    Everything recorded here names the attempt's generation (``stamped``).  A worker whose
+    lease ran out and was taken over -- or whose attempt recovery closed -- has those writes
+    refused: it answers with the record and LEASE_LOST (``lease_refused``), never with what it
+    received as the invocation's result, nor with another attempt's result as its own."""
     iid = attempt.iid
     recorder = engine.recorder
     with trio.CancelScope(shield=True):
@@ -92,11 +105,16 @@ async def conclude(
         if isinstance(failure, LeaseRefusal):
             await recorder.write_many(observed)
             return await lease_refused(engine, attempt, failure)
-        if failure is not None:
-            await recorder.write_many(observed)
-            return await recorder.finish(iid, failure)
-        assert result is not None
-        envelope, committed = await _commit(engine, iid, result, sink, reading, observed)
+        try:
+            if failure is not None:
+                await recorder.write_many(observed)
+                return await recorder.finish(iid, stamped(failure, attempt.generation))
+            assert result is not None
+            envelope, committed = await _commit(engine, attempt, result, sink, reading, observed)
+        except ImpossibleEvent:
+            if await superseded(engine, iid, attempt.generation) is None:
+                raise
+            return await lease_refused(engine, attempt)
         if not committed or deliver is STORE_ONLY:
             return envelope
         if deliver is None:
@@ -110,7 +128,7 @@ async def conclude(
 
 async def _commit(
     engine: Engine,
-    iid: str,
+    attempt: Attempt,
     result: RemoteResult,
     sink: StreamSink,
     reading: Reader | None,
@@ -118,14 +136,18 @@ async def _commit(
 ) -> tuple[dict[str, Any], bool]:
     """Store the result and RESULT_COMMITTED (a barrier); return the envelope rendered from
     the durable record and whether the result was committed.  ``observed``: the attempt's
-    milestones and protocol summary, written first.  Caller holds a shield."""
+    milestones and protocol summary, written first.  Caller holds a shield.  ``ImpossibleEvent``
+    when the record refuses the attempt's complete response or its result (the caller asks
+    ``superseded``)."""
     journal, recorder = engine.journal, engine.recorder
+    iid, generation = attempt.iid, attempt.generation
     streams = await sink.finish()
     digest = sink.digest()
     attrs: dict[str, Any] = {
         "outcome": result.outcome.value,
         "code": result.code.value if result.code else None,
         "response_sha256": digest,
+        "generation": generation,
     }
     for k in ("status", "exit_status", "exit_signal", "remote_request_id", "hop", "evidence_from"):
         if k in result.facts:
@@ -143,14 +165,16 @@ async def _commit(
     # checkpoint since the drain: the same transaction as before, issue 15).
     rows = [*observed, (complete, None)]
     if reading is not None:
-        rows.extend((event, None) for event in reading(iid, result, sink.kept()))
+        rows.extend(
+            (stamped(event, generation), None) for event in reading(iid, result, sink.kept())
+        )
     await recorder.write_many(rows)
     # The summary holds what the remote wrote besides the streams (header names and values,
     # the reason phrase): the same forms go (docs/redaction.md, "Surfaces").
     summary = {**sink.scrub(result.summary), "streams": streams}
     try:
         committed = await journal.commit_result(
-            Event(E.RESULT_COMMITTED, iid, {"sha256": digest}),
+            Event(E.RESULT_COMMITTED, iid, {"sha256": digest, "generation": generation}),
             summary=summary,
             expect=sink.expected(),
             writer=sink.writer,
@@ -218,6 +242,7 @@ async def _store_failed(engine: Engine, complete: Event) -> tuple[dict[str, Any]
     record.  Returns the envelope and whether the result is stored after all (as ``_commit``):
     a commit whose answer a shared journal lost may have landed."""
     iid = complete.invocation_id
+    generation = complete.attrs["generation"]
     recorder = engine.recorder
     # The call's posted rows (its milestones, and the complete response itself when the commit
     # was tried) may have committed or failed: a refused commit is not a failed batch.  Their
@@ -226,13 +251,24 @@ async def _store_failed(engine: Engine, complete: Event) -> tuple[dict[str, Any]
     with contextlib.suppress(JournalError, ImpossibleEvent):  # a row that failed is not in
         await recorder.settle()  # the record read next
     record = await recorder.record(iid)
+    if record.generation != generation:
+        # Not this attempt's record any more: another worker took the invocation over (its
+        # result, stored or not, is not this call's to answer with).
+        raise ImpossibleEvent(
+            complete,
+            record.state,
+            f"stale generation {generation}; the current one is {record.generation}",
+        )
     if record.state in _STORED:
         # The commit landed: its answer was lost with a shared journal's connection, and no
         # new one could read it back in time ("whether the write is durable is unknown").
         # Read back now, the record holds the result -- the answer, as for any stored result.
+        # (The record's generation is this attempt's, and only an attempt stores a result.)
         return recorder.envelope(record), True
     log.warning("storing the result of %s failed; operator intervention is required", iid)
-    pending = [Event(E.RESULT_STORE_FAILED, iid, {"stage": "result_store"})]
+    pending = [
+        Event(E.RESULT_STORE_FAILED, iid, {"stage": "result_store", "generation": generation})
+    ]
     if not record.evidence.get("response_complete"):
         pending.insert(0, complete)
     while pending:

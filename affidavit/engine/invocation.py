@@ -52,7 +52,7 @@ from .approval import (
     needs_approval,
     request_approval,
 )
-from .attempt import run_tries
+from .attempt import lease_lost, run_tries, superseded
 from .contracts import batch_facts, reader
 from .control import CallControl
 from .credential import Preamble, prepare_after
@@ -386,7 +386,7 @@ async def run(
         claimed, grant, timeout = granted
         generation, lease, preamble = claimed.generation, (engine.holder, claimed.generation), ()
     authorized = await _authorize(
-        engine, iid, action, target, binding, key, preamble, bound_version
+        engine, iid, action, target, binding, key, preamble, bound_version, generation
     )
     if isinstance(authorized, dict):
         return authorized  # refused before dispatch: the envelope
@@ -421,10 +421,36 @@ async def _authorize(
     key: str | None,
     preamble: Preamble,
     bound_version: str | None,
+    generation: int,
 ) -> tuple[Prepared, str] | dict[str, Any]:
     """Write the preamble, resolve the credential and prepare the request; CREDENTIAL_AUTHORIZED
     on success (the prepared request and the credential's version), else the refusal's
-    envelope."""
+    envelope.  What is written for the attempt names its ``generation``: a worker whose lease
+    was taken over meanwhile is refused, and answered as one stopped before dispatch."""
+    try:
+        return await _authorize_once(
+            engine, iid, action, target, binding, key, preamble, bound_version, generation
+        )
+    except ImpossibleEvent:
+        with trio.CancelScope(shield=True):
+            moved_on = await superseded(engine, iid, generation)
+            if moved_on is None:
+                raise
+            lost = await lease_lost(engine, iid, generation, dispatched=False)
+        return lost
+
+
+async def _authorize_once(
+    engine: Engine,
+    iid: str,
+    action: Any,
+    target: Any,
+    binding: Binding,
+    key: str | None,
+    preamble: Preamble,
+    bound_version: str | None,
+    generation: int,
+) -> tuple[Prepared, str] | dict[str, Any]:
     recorder = engine.recorder
     # One shielded section for the preflight events and the credential step: a caller's
     # cancellation must not leave it unclear which of them landed, and one cancel scope per
@@ -433,7 +459,7 @@ async def _authorize(
         # Credential injection (seed: still preflight while no byte of the request has
         # left).
         prepared_or_refused = await prepare_after(
-            engine, iid, action, target, binding, key, preamble
+            engine, iid, action, target, binding, key, preamble, generation
         )
         if isinstance(prepared_or_refused, dict):
             return prepared_or_refused
@@ -453,13 +479,19 @@ async def _authorize(
                         "field": "credential",
                         "message": "The credential's version changed since this invocation "
                         "was bound; reconcile, then start a new invocation.",
+                        "generation": generation,
                     },
                 ),
             )
         authorized = Event(
             E.CREDENTIAL_AUTHORIZED,
             iid,
-            {"credential": target.credential, "version": credential.version, **prepared.evidence},
+            {
+                "credential": target.credential,
+                "version": credential.version,
+                **prepared.evidence,
+                "generation": generation,
+            },
         )
         await recorder.write_many((*preamble, (authorized, None)))
     return prepared, credential.version

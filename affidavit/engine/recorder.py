@@ -22,6 +22,7 @@ from affidavit.statemachine import (
     Event,
     Outcome,
     Record,
+    Retry,
     in_progress_error,
     render_envelope,
 )
@@ -154,6 +155,7 @@ class Recorder:
         record: Record,
         *,
         busy: bool = False,
+        dispatched: bool = False,
         from_chunk: int | None = None,
         in_progress: bool = False,
         whole: bool = False,
@@ -165,7 +167,14 @@ class Recorder:
         and is running a new attempt -- the record's last attempt is not the answer, and its
         result (if any) not the result.  A result larger than ``inline_limit`` is rendered by
         reference, as the call that stored it answered (a same-key call gets the same answer),
-        unless ``whole`` -- a fetch, which is what the reference names."""
+        unless ``whole`` -- a fetch, which is what the reference names.
+
+        ``busy``: this worker's lease was lost -- another worker took the invocation over, or
+        recovery closed its attempt once the lease ran out -- and the record is rendered with
+        LEASE_LOST saying why this caller's worker did not act on it.  ``dispatched``: it was
+        lost after this worker's dispatch, and what the worker received is not on record: the
+        record's result (another attempt's, if any) is not this call's answer -- the caller
+        fetches the invocation's result, a read."""
         if in_progress:
             env = render_envelope(record)
             env.pop("result", None)
@@ -185,7 +194,23 @@ class Recorder:
         else:
             payload = reference_payload(iid, stream.summary, stream.sha256, limit)
         env = render_envelope(record, payload)
-        if busy:
+        if busy and dispatched:
+            # Lost after this worker's dispatch: its response, result or interruption was
+            # refused.  What the record proves stands -- another attempt in flight, its result
+            # stored, or the attempt closed unknown -- and how to go on is the record's: fetch
+            # what is (or will be) stored, else the record's own hint.
+            env.pop("result", None)
+            fetch = not record.final or record.evidence.get("result") is not None
+            env["error"] = {
+                "code": Code.LEASE_LOST.value,
+                "phase": record.phase.value,
+                "outcome": record.outcome.value,
+                "retry": Retry.FETCH_RESULT.value if fetch else record.retry.value,
+                "message": "This worker's lease ran out after it dispatched, and another "
+                "worker or recovery has acted on the invocation since: what this worker "
+                "received is not recorded.  The outcome is the record's.",
+            }
+        elif busy:
             # This worker's lease was lost at its dispatch gate: another worker holds a newer
             # one.  The record is rendered as is; the error says why this caller did not act.
             env["error"] = {

@@ -209,7 +209,6 @@ def _body(env: dict[str, Any]) -> Any:
     return json.loads(env["result"]["body"])
 
 
-@pytest.mark.xfail(strict=True, reason="a stale worker's writes after dispatch are not fenced")
 @pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
 @pytest.mark.parametrize("when", WHEN)
 async def test_a_worker_whose_lease_ran_out_after_dispatch_writes_nothing_into_the_record(
