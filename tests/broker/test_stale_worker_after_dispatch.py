@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import h11
 import pytest
 import trio
 
@@ -266,3 +267,90 @@ async def test_a_worker_whose_lease_ran_out_after_dispatch_writes_nothing_into_t
     expected = "unknown" if when.startswith("b_in_flight") else "committed"
     assert (err["outcome"], err["retry"]) == (expected, "fetch_result")
     assert run.keys == ["stale-worker", "stale-worker"]
+
+
+BIG = 200 * 1024  # several result chunks (64 KiB)
+
+
+def _long_remote() -> Script:
+    """A's connection: a long body at once.  B's: the same length, its first half at once, the
+    rest once the test sets ``release_b`` (after setting ``b_half``)."""
+
+    async def script(peer: Peer) -> None:
+        if await peer.read_request() is None:
+            return
+        if peer.index == 0:
+            await peer.respond(Reply(201, body=b"A" * BIG))
+            return
+        head = h11.Response(status_code=201, headers=[("Content-Length", str(BIG))])
+        await peer.send_raw(peer.h11.send(head) or b"")
+        await peer.send_raw(peer.h11.send(h11.Data(data=b"B" * (BIG // 2))) or b"")
+        peer.server.event("b_half").set()
+        await peer.server.event("release_b").wait()
+        await peer.send_raw(peer.h11.send(h11.Data(data=b"B" * (BIG - BIG // 2))) or b"")
+        await peer.send_raw(peer.h11.send(h11.EndOfMessage()) or b"")
+
+    return script
+
+
+@pytest.mark.xfail(strict=True, reason="a stale worker's result chunks are not fenced")
+async def test_a_stale_worker_s_result_chunk_does_not_replace_the_newer_attempt_s(
+    tmp_path: Path, token: str, request: pytest.FixtureRequest
+) -> None:
+    """On a shared journal a result's chunks are rows as they arrive (``PostingWriter``), and
+    chunk 0 starts its stream over -- dropping an earlier, uncommitted attempt's.  A worker
+    stopped while posting its first chunk, resumed once B has stored chunks of its own, must not
+    drop B's: B's commit checks its stored chunks are the ones it wrote, and would fail."""
+    async with (
+        HostileServer.running(_long_remote()) as srv,
+        _brokers(tmp_path, srv.url, "postgresql", request) as (a, b),
+    ):
+        stopped, resume, b_stored = trio.Event(), trio.Event(), trio.Event()
+        post_a, post_b = a.journal.post_result_chunk, b.journal.post_result_chunk
+
+        async def stalled(iid: str, stream: str, index: int, data: bytes, **kw: Any) -> Any:
+            if index == 0 and not stopped.is_set():
+                stopped.set()  # A stops here, its first chunk in hand
+                with trio.CancelScope(shield=True):
+                    await resume.wait()
+            return await post_a(iid, stream, index, data, **kw)
+
+        async def watched(iid: str, stream: str, index: int, data: bytes, **kw: Any) -> Any:
+            posted = await post_b(iid, stream, index, data, **kw)
+            if index == 0:
+                await posted.wait()
+                b_stored.set()
+            return posted
+
+        a.journal.post_result_chunk = stalled  # type: ignore[method-assign]
+        b.journal.post_result_chunk = watched  # type: ignore[method-assign]
+        envs: dict[str, dict[str, Any]] = {}
+
+        async def call(name: str, broker: Broker, timeout: float | None = None) -> None:
+            envs[name] = await broker.call(ACTION, timeout=timeout)
+
+        with trio.fail_after(LIMIT):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(call, "a", a, A_TIMEOUT)
+                await stopped.wait()
+                (action,) = a.journal.list_actions()
+                iid = action.invocation_id
+                (accepted,) = [e for e in a.journal.events(iid) if e.kind is E.ACTION_ACCEPTED]
+                while time.time() <= accepted.attrs["lease_expires_at"]:
+                    await trio.sleep(0.05)
+                nursery.start_soon(call, "b", b)
+                await b_stored.wait()
+                resume.set()
+                while "a" not in envs:
+                    await trio.sleep(0.01)
+                srv.event("release_b").set()
+        env_a, env_b = envs["a"], envs["b"]
+        assert env_a["error"]["code"] == "LEASE_LOST", env_a
+        assert "error" not in env_b, env_b["error"]
+        fetched = await b.fetch_result(iid)
+        assert fetched is not None and fetched["result"]["body"] == "B" * BIG
+        events = b.events(iid)
+        (committed,) = [e for e in events if e.kind is E.RESULT_COMMITTED]
+        assert committed.attrs["generation"] == 1
+        assert E.RESULT_STORE_FAILED not in [e.kind for e in events]
+        assert b.journal.verify().ok
