@@ -498,9 +498,14 @@ def chunk_op(
     index: int,
     data: bytes,
     log: ChunkLog | None = None,
+    generation: int | None = None,
 ) -> Callable[[Txn], None]:
     """The write of one sealed chunk (and its auditor copy).  Index 0 starts the stream over,
     dropping chunks of an earlier, uncommitted attempt; a stored result is never added to.
+    ``generation``: the attempt's; the chunk is refused (``ResultStoreFailed``) unless it is
+    the record's current generation -- a worker whose lease was taken over must not drop, nor
+    add to, the chunks of the attempt that took over (its events are refused alike:
+    ``rules._stale``).
 
     The chunk is sealed -- and, with ``log``, its sealed blob hashed and recorded -- inside the
     op, in the writer thread, where AES-GCM and hashlib release the GIL: the submitting task
@@ -518,6 +523,13 @@ def chunk_op(
         log._post(stream, index)
 
     def op(txn: Txn) -> None:
+        if generation is not None:
+            current = txn.projector(invocation_id).generation
+            if current != generation:
+                raise ResultStoreFailed(
+                    f"result chunk of invocation {invocation_id}: stale generation "
+                    f"{generation}; the current one is {current}"
+                )
         tables = txn.tables
         if tables.has_result(invocation_id):
             raise JournalError(f"the result of invocation {invocation_id} is already stored")

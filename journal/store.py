@@ -393,12 +393,22 @@ class Journal(JournalReader):
         return await self._writer.submit(op, barrier=True)
 
     async def put_result_chunk(
-        self, invocation_id: str, stream: str, index: int, data: bytes
+        self,
+        invocation_id: str,
+        stream: str,
+        index: int,
+        data: bytes,
+        *,
+        generation: int | None = None,
     ) -> None:
         """Store one sealed chunk of a result stream (not complete until ``commit_result``).
-        Index 0 starts the stream over, dropping chunks of an earlier, uncommitted attempt."""
+        Index 0 starts the stream over, dropping chunks of an earlier, uncommitted attempt.
+        ``generation``: the attempt's -- ``ResultStoreFailed`` unless it is the record's
+        current one (``results.chunk_op``)."""
         assert self._key is not None
-        op = results.chunk_op(self._key, self._audit, invocation_id, stream, index, data)
+        op = results.chunk_op(
+            self._key, self._audit, invocation_id, stream, index, data, generation=generation
+        )
         await self._writer.submit(op, barrier=False, result_store=True)
 
     async def post_result_chunk(
@@ -409,26 +419,36 @@ class Journal(JournalReader):
         data: bytes,
         *,
         log: results.ChunkLog | None = None,
+        generation: int | None = None,
     ) -> Posted[None]:
         """``put_result_chunk`` without waiting for its commit (see ``post``), so that the last
         chunk shares the transaction of the ``commit_result`` that follows.  Pass that call
         ``expect=`` the streams' hashes: a chunk lost with a failed batch then makes the commit
         fail instead of completing a result without it.  ``log`` records what was sealed, for
-        that commit to check the stored chunks against (``ChunkLog``)."""
+        that commit to check the stored chunks against (``ChunkLog``).  ``generation``: as
+        ``put_result_chunk``."""
         assert self._key is not None
-        op = results.chunk_op(self._key, self._audit, invocation_id, stream, index, data, log)
+        op = results.chunk_op(
+            self._key, self._audit, invocation_id, stream, index, data, log, generation
+        )
         return await self._writer.post(op, result_store=True)
 
-    def result_writer(self, invocation_id: str) -> results.ResultWriter:
+    def result_writer(
+        self, invocation_id: str, generation: int | None = None
+    ) -> results.ResultWriter:
         """How one result's chunks are stored as they arrive (one writer per run of an
         invocation; pass it to ``commit_result``): in this journal's segment files when it has
         them (SQLite: ``segments.py``), else posted to the journal's tables
-        (``results.PostingWriter``)."""
+        (``results.PostingWriter``).  ``generation``: the attempt's, for each posted chunk
+        (``put_result_chunk``); a segment file's chunks become rows only with the commit, whose
+        RESULT_COMMITTED names it."""
         if self._segments is not None:
             return self._segments.writer(invocation_id)
 
         async def post(stream: str, index: int, data: bytes, log: results.ChunkLog) -> Posted[None]:
-            return await self.post_result_chunk(invocation_id, stream, index, data, log=log)
+            return await self.post_result_chunk(
+                invocation_id, stream, index, data, log=log, generation=generation
+            )
 
         return results.PostingWriter(invocation_id, post)
 

@@ -110,6 +110,12 @@ class Projector:
     def state(self) -> str:
         return self._state
 
+    @property
+    def generation(self) -> int:
+        """The current lease generation (0 before any lease): the attempt whose events the
+        record accepts."""
+        return self._generation
+
     # -- folding ------------------------------------------------------------------------------
 
     def apply(self, event: Event) -> str:

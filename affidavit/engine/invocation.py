@@ -395,7 +395,8 @@ async def run(
     if grant is not None:
         # The fingerprint of the dispatch about to happen, for the gate to compare.
         check = (grant, approval_fingerprint(engine, action, target, version, prepared))
-    sink = StreamSink(engine.journal, iid, prepared.secrets, engine.settings.inline_result_limit)
+    limit = engine.settings.inline_result_limit
+    sink = StreamSink(engine.journal, iid, prepared.secrets, limit, generation)
     attempt, result, failure = await run_tries(
         engine,
         iid,

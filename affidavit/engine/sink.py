@@ -31,7 +31,12 @@ class StreamSink:
     bytes, for the envelope (``kept``)."""
 
     def __init__(
-        self, journal: Journal, iid: str, secret_values: tuple[bytes, ...], keep_limit: int
+        self,
+        journal: Journal,
+        iid: str,
+        secret_values: tuple[bytes, ...],
+        keep_limit: int,
+        generation: int | None = None,
     ) -> None:
         self._journal = journal
         self._iid = iid
@@ -43,11 +48,12 @@ class StreamSink:
         self._kept = 0
         self._keep = True
         self._scrubber = Redactor(secret_values)
-        self.writer = journal.result_writer(iid)
+        self.writer = journal.result_writer(iid, generation)
         """Where the chunks go as they are cut (``Journal.result_writer``: a long result's to
         segment files beside a SQLite journal, else to the journal's tables, a bounded number
         at a time); ``commit_result(writer=)`` takes its account of what it stored instead of
-        reading the chunks back."""
+        reading the chunks back.  ``generation``: the attempt's; a chunk of a stale one is
+        refused (a store failure), never written over the attempt that took over."""
         self.store_failed = False
         """The journal refused a chunk (disk full, I/O error): nothing more is stored, and the
         adapter reads the response to its end all the same -- its outcome is still worth

@@ -47,7 +47,7 @@ class _Journal:
         self.writer = _Writer()
         self.chunks = self.writer.chunks
 
-    def result_writer(self, iid: str) -> _Writer:
+    def result_writer(self, iid: str, generation: int | None = None) -> _Writer:
         return self.writer
 
 

@@ -293,7 +293,6 @@ def _long_remote() -> Script:
     return script
 
 
-@pytest.mark.xfail(strict=True, reason="a stale worker's result chunks are not fenced")
 async def test_a_stale_worker_s_result_chunk_does_not_replace_the_newer_attempt_s(
     tmp_path: Path, token: str, request: pytest.FixtureRequest
 ) -> None:

@@ -7,7 +7,7 @@ import hashlib
 import pytest
 
 from affidavit.journal import ChunkLog, Journal, JournalError, ResultStoreFailed
-from affidavit.statemachine import Event, ImpossibleEvent, Outcome, Retry
+from affidavit.statemachine import Event, EvidenceSource, ImpossibleEvent, Outcome, Retry
 from affidavit.statemachine import EventKind as E
 
 from ..helpers import happy, interrupted
@@ -115,6 +115,42 @@ async def test_index_zero_starts_a_stream_over(place: Place) -> None:
         res = j.read_result("inv-1")
         assert res is not None and res.streams == {"body": b"new"}
         assert ev.attrs["bytes"] == 3
+
+
+async def test_a_chunk_of_a_stale_generation_neither_drops_nor_adds_to_the_current_ones(
+    place: Place,
+) -> None:
+    # Generation 0 dispatched and was closed unknown; generation 1 took the invocation over.
+    async with place.open() as j:
+        for ev in interrupted("inv-1"):
+            await j.append(ev)
+        lease = await j.acquire_lease("inv-1", "w2", ttl=60)
+        assert lease.generation == 1
+        await j.append(Event(E.DISPATCH_STARTED, "inv-1", {"generation": 1}), lease=("w2", 1))
+        await j.put_result_chunk("inv-1", "body", 0, b"new-0", generation=1)
+        for index in (0, 1):  # chunk 0 would start the stream over; chunk 1 would extend it
+            with pytest.raises(ResultStoreFailed, match="stale generation 0"):
+                await j.put_result_chunk("inv-1", "body", index, b"old", generation=0)
+        posted = await j.post_result_chunk("inv-1", "body", 0, b"old", generation=0)
+        with pytest.raises(ResultStoreFailed, match="stale generation 0"):
+            await posted.wait()
+        await j.put_result_chunk("inv-1", "body", 1, b"new-1", generation=1)
+        await j.append(
+            Event(
+                E.REMOTE_RESPONSE_COMPLETE,
+                "inv-1",
+                {"outcome": "committed", "generation": 1},
+                source=EvidenceSource.REMOTE_RESPONSE,
+            )
+        )
+        with pytest.raises(ImpossibleEvent, match="stale generation 0"):
+            await j.commit_result(Event(E.RESULT_COMMITTED, "inv-1", {"generation": 0}), summary={})
+        ev = await j.commit_result(
+            Event(E.RESULT_COMMITTED, "inv-1", {"generation": 1}), summary={}
+        )
+        assert ev.attrs["chunks"] == {"body": 2}
+        res = j.read_result("inv-1")
+        assert res is not None and res.streams == {"body": b"new-0new-1"}
 
 
 async def test_a_result_cannot_be_committed_before_a_complete_response(place: Place) -> None:
