@@ -16,8 +16,9 @@ import trio
 from affidavit.api.broker import Broker
 from affidavit.cli.tour import demo_config
 from affidavit.config import load_config
+from affidavit.engine.recovery import closing_event
 from affidavit.journal import Journal
-from affidavit.statemachine import Event, EventKind, EvidenceSource
+from affidavit.statemachine import Event, EventKind, EvidenceSource, ImpossibleEvent
 
 E = EventKind
 OP = {"target": "api", "protocol": "http", "idempotent": False, "fingerprint": "sha256:f"}
@@ -125,3 +126,41 @@ async def test_fetch_of_a_result_that_was_complete_but_never_stored(
             record = broker.record(iid)
             assert record is not None and record.final
             assert record.outcome.value == "committed"
+
+
+@pytest.mark.xfail(strict=True, reason="recovery's closing event names no generation")
+async def test_recovery_does_not_close_the_retry_that_took_over_after_it_read_the_record(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Recovery reads a retry whose worker stalled past its lease (retry_pending, generation 1)
+    and appends the event that closes it -- but another broker on the journal may take the next
+    lease between that read and that append (retry_pending allows it: "the holder stalled").
+    The closing event names the generation recovery read, so it cannot close the attempt of
+    generation 2, which goes on to dispatch under its lease."""
+    monkeypatch.setenv("AFFIDAVIT_DEMO_TOKEN", "unused-token")
+    cfg = tmp_path / "affidavit.toml"
+    cfg.write_text(demo_config(tmp_path, 9), encoding="utf-8")
+    config = load_config(cfg)
+    iid = "act_raced_retry"
+    await _crashed_record(config.journal.path, iid, time.time() - 60)
+    async with Journal.open(config.journal.path) as j:
+        await j.append(
+            Event(E.ATTEMPT_INTERRUPTED, iid, {"code": "REMOTE_OUTCOME_UNKNOWN"}), barrier=True
+        )
+        await j.acquire_lease(iid, "stalled-retrier", 0.05)
+    await trio.sleep(0.1)  # real time: the stalled retrier's lease runs out
+    with trio.fail_after(10):
+        async with Broker.open(config=config) as broker:
+            read = broker.record(iid)  # what recovery read
+            assert read is not None and (read.state, read.generation) == ("retry_pending", 1)
+            closing = closing_event(read, "broker_stopped")
+            assert closing is not None
+            lease = await broker.journal.acquire_lease(iid, "next-worker", 60.0)
+            assert lease.generation == 2
+            with pytest.raises(ImpossibleEvent, match="stale generation 1"):
+                await broker.journal.append(closing, barrier=True)
+            await broker.journal.append(
+                Event(E.DISPATCH_STARTED, iid, {"generation": 2}), lease=("next-worker", 2)
+            )
+            record = broker.record(iid)
+            assert record is not None and record.state == "dispatched"
