@@ -65,26 +65,37 @@ async def recover_stale(recorder: Recorder, record: Record, *, holder_gone: bool
 def closing_event(record: Record, stage: str) -> Event | None:
     """The event that closes a non-final ``record`` with exactly what it proves, when its call
     cannot go on (``stage``: why -- the broker stopped, the journal refused a write); None when
-    the record is not in a state such an event can close."""
+    the record is not in a state such an event can close.  It names the record's generation:
+    should another worker take the next lease before it is appended (retry_pending allows it),
+    the projection refuses it instead of ending that worker's attempt."""
     iid = record.invocation_id
+    gen = record.generation
     if record.state == "authorized" or record.state == "retry_pending":
         # The current attempt never reached its own DISPATCH_STARTED (that would have moved
         # the state to ``dispatched``).  In ``retry_pending`` an *earlier* attempt did, so
         # ``dispatch_started`` is already true and the outcome stays unknown
         # (retry_setup_failed); ATTEMPT_INTERRUPTED is impossible there and would leave the
         # record IN_PROGRESS for ever.
-        return Event(E.SETUP_FAILED, iid, {"code": Code.SETUP_FAILED.value, "stage": stage})
+        return Event(
+            E.SETUP_FAILED,
+            iid,
+            {"code": Code.SETUP_FAILED.value, "stage": stage, "generation": gen},
+        )
     if record.evidence.get("dispatch_started") and record.outcome is Outcome.UNKNOWN:
         return Event(
             E.ATTEMPT_INTERRUPTED,
             iid,
-            {"code": Code.REMOTE_OUTCOME_UNKNOWN.value, "message": _AFTER_DISPATCH[stage]},
+            {
+                "code": Code.REMOTE_OUTCOME_UNKNOWN.value,
+                "message": _AFTER_DISPATCH[stage],
+                "generation": gen,
+            },
         )
     if record.state == "completed_committed" or record.state == "completed_rejected":
         # A complete result was recorded but never stored: keep the proven outcome, never
         # re-run (seed: "Storing the result can fail after remote execution ... not a retry of
         # the remote action").
-        return Event(E.RESULT_STORE_FAILED, iid, {"stage": stage})
+        return Event(E.RESULT_STORE_FAILED, iid, {"stage": stage, "generation": gen})
     return None
 
 
@@ -103,7 +114,12 @@ async def journal_refused(recorder: Recorder, iid: str | None, error: JournalWri
         return record
     try:
         await recorder.append(closing, barrier=True)
-    except (JournalWriteError, ImpossibleEvent):
+    except JournalWriteError:
         recorder.forget()
         return project([*recorder.journal.events(iid), closing])
+    except ImpossibleEvent:
+        # Someone else closed the attempt first, or took the invocation over: the record, as
+        # it stands, is the answer (folding the refused event in would be refused again).
+        recorder.forget()
+        return project(recorder.journal.events(iid))
     return await recorder.record(iid)

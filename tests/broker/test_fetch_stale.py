@@ -128,7 +128,6 @@ async def test_fetch_of_a_result_that_was_complete_but_never_stored(
             assert record.outcome.value == "committed"
 
 
-@pytest.mark.xfail(strict=True, reason="recovery's closing event names no generation")
 async def test_recovery_does_not_close_the_retry_that_took_over_after_it_read_the_record(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
