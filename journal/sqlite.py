@@ -390,9 +390,13 @@ class SqliteBackend:
         try:
             conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
             conn.execute("SELECT 1 FROM events LIMIT 1").fetchall()
+            _refuse_newer(conn, path)
         except sqlite3.Error as exc:
             conn.close()
             raise JournalError(f"{path} is not a readable journal: {exc}") from None
+        except JournalError:
+            conn.close()
+            raise
         return conn
 
     def close(self, conn: Any) -> None:
@@ -402,6 +406,7 @@ class SqliteBackend:
         conn.close()
 
     def create(self, conn: Any) -> None:
+        _refuse_newer(conn, self.file)
         indexed = conn.execute(
             "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'invocations'"
         ).fetchone()
@@ -510,6 +515,25 @@ def _connect_writer(path: Path) -> sqlite3.Connection:
         conn.close()
         raise
     return conn
+
+
+def _refuse_newer(conn: sqlite3.Connection, path: Path) -> None:
+    """A journal a newer broker wrote (a schema this one does not know -- schema 4 moved long
+    results' chunks into segment files, which a broker from before reads as missing) is neither
+    written nor read here: what this broker would make of it is not what it holds."""
+    try:
+        row = conn.execute("SELECT value FROM meta WHERE name = 'schema'").fetchone()
+    except sqlite3.Error:  # a new file, or one from before the meta table
+        return
+    try:
+        found = int(row[0]) if row is not None else 0
+    except (TypeError, ValueError):
+        found = 0
+    if found > SCHEMA_VERSION:
+        raise JournalError(
+            f"journal {path} was written by a newer affidavit (schema {found}; this one knows "
+            f"schema {SCHEMA_VERSION}): upgrade affidavit to open it"
+        )
 
 
 def _split_sql(script: str) -> Iterable[str]:
