@@ -610,6 +610,40 @@ def test_an_inconclusive_query_leaves_the_invocation_unknown_and_says_so() -> No
     assert inv.refused(E.RECONCILE_INCONCLUSIVE, query_invocation="act_q4")
 
 
+@pytest.mark.xfail(strict=True, reason="a reconciliation names no generation yet")
+def test_a_reconciliation_observed_before_a_retry_took_the_lease_is_refused() -> None:
+    # A reconciliation reads the record, observes the remote, then appends what it found,
+    # naming the generation it read.  A same-key retry that took the next lease meanwhile --
+    # in setup, in flight, or over again unknown -- is not what was observed.
+    inv = unknown_post(budget=4)
+    observed = {"generation": 0}
+    found = {"source": S.REMOTE_QUERY, "outcome": "rejected", "query_invocation": "act_q"}
+    inv.ev(E.RETRY_LEASE_ACQUIRED, generation=1, holder="w1")
+    inv.ev(E.CREDENTIAL_AUTHORIZED, credential="api", generation=1)
+    for advance in (
+        lambda: inv.dispatched(generation=1),
+        lambda: inv.ev(E.REQUEST_SENT, generation=1),
+        lambda: inv.ev(E.ATTEMPT_INTERRUPTED, code="REMOTE_OUTCOME_UNKNOWN", generation=1),
+    ):
+        reason = inv.refused(E.RECONCILED, **found, **observed)
+        assert "observed generation 0" in reason, (inv.p.state, reason)
+        advance()
+    assert inv.p.state == "interrupted"  # at rest again: the lifecycle takes either event
+    assert "observed generation 0" in inv.refused(E.RECONCILED, **found, **observed)
+    reason = inv.refused(E.RECONCILE_INCONCLUSIVE, query_invocation="act_q", **observed)
+    assert "observed generation 0" in reason
+    assert "observed generation True" in inv.refused(E.RECONCILED, **found, generation=True)
+    # An observation of the record as it now stands settles it.
+    inv.ev(E.RECONCILE_INCONCLUSIVE, query_invocation="act_q1", generation=1)
+    inv.ev(E.RECONCILED, **found, generation=1)
+    rec = inv.rec()
+    assert rec.state == "reconciled_rejected"
+    assert [(a["generation"], a["outcome"]) for a in rec.attempts] == [
+        (0, "unknown"),
+        (1, "unknown"),
+    ]
+
+
 def test_reconciliation_cannot_claim_not_attempted() -> None:
     inv = unknown_post()
     reason = inv.refused(E.RECONCILED, source=S.OPERATOR_ATTESTED, outcome="not_attempted")
