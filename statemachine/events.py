@@ -93,13 +93,14 @@ class EventKind(StrEnum):
     """No retry attempts remain; the latest evidence stands."""
     RECONCILED = "RECONCILED"
     """A second observer resolved an unknown outcome.  attrs: outcome (rejected|committed),
-    note, and query_invocation (remote_query) or operator (operator_attested); the event's
-    source must be remote_query or operator_attested, its observer names who."""
+    note, and query_invocation (remote_query) or operator (operator_attested); generation, the
+    lease generation of the record the observer read (refused once a retry took a newer one);
+    the event's source must be remote_query or operator_attested, its observer names who."""
     RECONCILE_INCONCLUSIVE = "RECONCILE_INCONCLUSIVE"
     """A reconciliation query ran as a linked invocation and did not settle the outcome (no
     complete answer, or one neither ``committed_if`` nor ``rejected_if`` matches): the
     invocation stays unknown; the query's evidence is on its own record.  attrs:
-    query_invocation, code, reason."""
+    query_invocation, code, reason, generation (as RECONCILED's)."""
     # --- what a complete result says beyond its outcome -------------------------------------
     BATCH_ITEMS_RECORDED = "BATCH_ITEMS_RECORDED"
     """A complete response gave the batch's items their own outcomes (seed: "Record the parent

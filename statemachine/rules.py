@@ -565,7 +565,25 @@ def _on_budget(p: Projector, event: Event) -> None:
     p._evidence["budget_exhausted"] = True
 
 
+def _observed(p: Projector, event: Event) -> None:
+    """Refuse a second observer's event that names a generation other than the record's current
+    one.  A reconciliation reads the record, observes the remote (a query is a whole remote
+    call; an operator inspects it), then appends what it found, naming the generation it read
+    (``attrs.generation``; absent in journals written before it did, and then unchecked).  A
+    retry that took a lease in between -- and may have dispatched, and applied the effect -- is
+    not what was observed: the observation must not close it, nor speak for it."""
+    gen = event.attrs.get("generation")
+    if gen is not None and (type(gen) is not int or gen != p._generation):
+        _refuse(
+            p,
+            event,
+            f"observed generation {gen}; the current lease generation is {p._generation} "
+            "(the invocation was retried since)",
+        )
+
+
 def _on_reconciled(p: Projector, event: Event) -> str:
+    _observed(p, event)
     outcome = _resolved_outcome(event)
     if outcome is None:
         _refuse(p, event, "attrs.outcome must be rejected or committed (never not_attempted)")
@@ -594,6 +612,7 @@ def _on_reconciled(p: Projector, event: Event) -> str:
 
 
 def _on_reconcile_inconclusive(p: Projector, event: Event) -> None:
+    _observed(p, event)
     query = event.attrs.get("query_invocation")
     if type(query) is not str or not query:
         _refuse(p, event, "attrs.query_invocation must name the query's invocation")

@@ -20,11 +20,19 @@ original connection."  Two ways, one set of rules for every interface:
 
 Either way the original DISPATCH_STARTED and ATTEMPT_INTERRUPTED stay as recorded: the event is
 appended after them, and the envelope shows the new outcome with ``evidence.source``.
+
+Either way the record is read first and the event appended only after the remote was observed,
+which takes time (a query is a whole remote call).  The event names the lease generation of the
+record it observed, and the projection refuses it if a same-key retry took the next lease
+meanwhile: what was observed predates that attempt -- which may be in flight, or may have
+applied the effect -- and must neither close it nor speak for it.  The refusal is answered with
+what the record shows now: ``STILL_RUNNING`` (the retry runs), ``NOT_UNKNOWN`` (it ended with a
+result, or another observer settled it), ``RETRIED_MEANWHILE`` (it ended unknown again: observe
+again).
 """
 
 from __future__ import annotations
 
-import contextlib
 from typing import TYPE_CHECKING, Any
 
 from affidavit.approvals import Operator, OperatorError, OperatorPolicy, check_note
@@ -57,28 +65,56 @@ async def _unknown_at_rest(engine: Engine, invocation_id: str) -> Record:
     if not record.final:
         # A holder whose lease ran out is gone: close its attempt with what it proves first.
         record = await recover_stale(engine.recorder, record)
-    if not record.final:
-        raise OperatorError(
-            "STILL_RUNNING",
-            f"{invocation_id} is still running ({record.state}); reconcile it once it ends",
-        )
-    if record.outcome is not Outcome.UNKNOWN or E.RECONCILED not in TRANSITIONS[record.state]:
-        raise OperatorError(
-            "NOT_UNKNOWN",
-            f"{invocation_id} is {record.outcome.value} ({record.state}): only an unknown "
-            "outcome is reconciled",
-        )
+    refusal = _not_at_rest(record)
+    if refusal is not None:
+        raise refusal
     return record
 
 
-async def _reconciled(engine: Engine, event: Event) -> dict[str, Any]:
+def _not_at_rest(record: Record) -> OperatorError | None:
+    """Why ``record`` cannot be reconciled now, or None: it is unknown and at rest."""
+    iid = record.invocation_id
+    if not record.final:
+        return OperatorError(
+            "STILL_RUNNING", f"{iid} is still running ({record.state}); reconcile it once it ends"
+        )
+    if record.outcome is not Outcome.UNKNOWN or E.RECONCILED not in TRANSITIONS[record.state]:
+        return OperatorError(
+            "NOT_UNKNOWN",
+            f"{iid} is {record.outcome.value} ({record.state}): only an unknown outcome is "
+            "reconciled",
+        )
+    return None
+
+
+async def _append(engine: Engine, event: Event) -> None:
+    """Append a reconciliation's event, which names the generation of the record it observed
+    (the projection refuses it once that is no longer the current one).  Refused -- a retry
+    took the invocation over, or another observer settled it, since the record was read --
+    the ``OperatorError`` the record now warrants is raised: the observation is not the
+    record's any more, and nothing is claimed beyond what the record shows."""
+    iid = event.invocation_id
     try:
         await engine.recorder.append(event, barrier=True)
     except ImpossibleEvent:
-        raise OperatorError(
-            "NOT_UNKNOWN", f"{event.invocation_id} was reconciled or retried meanwhile"
-        ) from None
-    return engine.recorder.envelope(await engine.recorder.record(event.invocation_id))
+        record = await engine.recorder.record(iid)
+        refusal = _not_at_rest(record)
+        observed = event.attrs.get("generation")
+        if refusal is None and record.generation != observed:
+            # Unknown and at rest again, under a newer attempt than the one observed.
+            refusal = OperatorError(
+                "RETRIED_MEANWHILE",
+                f"{iid} was retried (generation {record.generation}) after generation "
+                f"{observed} was observed; observe it again",
+            )
+        if refusal is None:
+            raise  # not a race: the record as observed refuses the event
+        raise refusal from None
+
+
+def _observed(record: Record) -> dict[str, Any]:
+    """What a reconciliation's event names of the record it observed."""
+    return {"generation": record.generation}
 
 
 async def attest(
@@ -94,7 +130,7 @@ async def attest(
     if outcome not in ATTESTABLE:
         raise OperatorError("BAD_OUTCOME", "--attest takes committed or rejected", 400)
     checked = check_note(note, required=True)
-    await _unknown_at_rest(engine, invocation_id)
+    record = await _unknown_at_rest(engine, invocation_id)
     event = Event(
         E.RECONCILED,
         invocation_id,
@@ -103,18 +139,23 @@ async def attest(
             "note": checked,
             "operator": operator.attrs(),
             "message": f"Attested {outcome} by an operator after inspecting the remote system.",
+            **_observed(record),
         },
         source=EvidenceSource.OPERATOR_ATTESTED,
         observer=operator.describe(),
     )
-    return await _reconciled(engine, event)
+    await _append(engine, event)
+    return engine.recorder.envelope(await engine.recorder.record(invocation_id))
 
 
 async def query(
     engine: Engine, invocation_id: str, *, timeout: float | None = None
 ) -> dict[str, Any]:
     """Run the target's reconciliation query once; return ``{"reconciled": bool, "envelope":
-    the reconciled invocation's, "query": the query's own envelope}``."""
+    the reconciled invocation's, "query": the query's own envelope}``.  What the query found
+    is about the record as it was read before the query ran: if a retry took the invocation
+    over meanwhile (or another observer settled it), ``OperatorError`` says what the record
+    shows now (``_append``) -- the query's own record stays, linked."""
     record = await _unknown_at_rest(engine, invocation_id)
     target = engine.config.targets.get(record.target or "")
     spec = get(target.kind) if target is not None else None
@@ -147,30 +188,27 @@ async def query(
                 "matched": matched,
                 "message": f"A reconciliation query found the effect {_found(outcome)} "
                 f"({matched}).",
+                **_observed(record),
             },
             source=EvidenceSource.REMOTE_QUERY,
             observer=query_id,
             observer_seq=seq,
         )
-        # Reconciled or retried meanwhile (OperatorError): the record says by whom.
-        with contextlib.suppress(OperatorError):
-            envelope = await _reconciled(engine, event)
-            return {"reconciled": True, "envelope": envelope, "query": answer}
     else:
         error = answer.get("error")
-        inconclusive = Event(
+        event = Event(
             E.RECONCILE_INCONCLUSIVE,
             invocation_id,
             {
                 "query_invocation": query_id,
                 "code": error["code"] if error else None,
                 "reason": reason,
+                **_observed(record),
             },
         )
-        with contextlib.suppress(ImpossibleEvent):  # reconciled or retried meanwhile
-            await engine.recorder.append(inconclusive, barrier=True)
+    await _append(engine, event)
     envelope = engine.recorder.envelope(await engine.recorder.record(invocation_id))
-    return {"reconciled": False, "envelope": envelope, "query": answer}
+    return {"reconciled": settled is not None, "envelope": envelope, "query": answer}
 
 
 def _found(outcome: Outcome) -> str:

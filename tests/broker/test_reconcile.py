@@ -254,7 +254,6 @@ class RetriedCharges:
             await peer.respond(Reply(status, body=json.dumps({"key": key}).encode()))
 
 
-@pytest.mark.xfail(strict=True, reason="a reconciliation names no generation yet")
 async def test_a_query_that_read_the_remote_before_a_retry_dispatched_does_not_close_the_retry(
     tmp_path: Path, token: str
 ) -> None:
@@ -318,7 +317,6 @@ async def test_a_query_that_read_the_remote_before_a_retry_dispatched_does_not_c
     ]
 
 
-@pytest.mark.xfail(strict=True, reason="a reconciliation names no generation yet")
 @pytest.mark.parametrize(
     ("retry_ended", "code", "state"),
     [(False, "STILL_RUNNING", "retry_pending"), (True, "RETRIED_MEANWHILE", "retry_setup_failed")],

@@ -610,7 +610,6 @@ def test_an_inconclusive_query_leaves_the_invocation_unknown_and_says_so() -> No
     assert inv.refused(E.RECONCILE_INCONCLUSIVE, query_invocation="act_q4")
 
 
-@pytest.mark.xfail(strict=True, reason="a reconciliation names no generation yet")
 def test_a_reconciliation_observed_before_a_retry_took_the_lease_is_refused() -> None:
     # A reconciliation reads the record, observes the remote, then appends what it found,
     # naming the generation it read.  A same-key retry that took the next lease meanwhile --
