@@ -411,6 +411,44 @@ def test_a_stale_retry_cannot_end_the_retry_that_took_over_before_its_dispatch()
     assert inv.rec().state == "retry_setup_failed"
 
 
+_HOP = {"protocol": "http", "state": "hop_dispatch", "facts": {"hop2": {"hop": 2}}}
+_SUMMARY = {"protocol": "http", "state": "framing_complete", "facts": {"status": 201}}
+
+
+@pytest.mark.xfail(strict=True, reason="a closed attempt's generation passes the fence")
+@pytest.mark.parametrize("closed_by", ["recovery", "reconciliation"])
+def test_a_closed_attempt_takes_no_more_events_of_its_generation(closed_by: str) -> None:
+    # Recovery closes a stale attempt with the generation it closes, and a reconciliation
+    # settles it, without a new lease: the closed attempt's generation is still the record's
+    # current one.  Its stalled worker, resuming, must not add to the closed record -- not the
+    # facts it received, nor the dispatch of a redirect's next hop (PROTOCOL_OBSERVED, which
+    # the lifecycle accepts in every state).
+    inv = Inv(idempotent=True, budget=4).authorized().dispatched(generation=0)
+    inv.ev(E.ATTEMPT_INTERRUPTED, code=Code.REMOTE_OUTCOME_UNKNOWN.value, generation=0)
+    if closed_by == "reconciliation":
+        inv.ev(E.RECONCILED, source=S.OPERATOR_ATTESTED, outcome="rejected", generation=0)
+    closed = inv.rec()
+    for attrs in (_HOP, _SUMMARY):
+        assert "closed" in inv.refused(E.PROTOCOL_OBSERVED, generation=0, **attrs)
+    inv.ev(E.LEASE_LOST, generation=0, holder="w0")  # what the stale worker records instead
+    inv.ev(E.PROTOCOL_OBSERVED, **_SUMMARY)  # naming no generation (older journals): unchecked
+    assert inv.rec().evidence["http"] == {"status": 201}
+    assert closed.evidence.get("http") is None
+    if closed_by == "reconciliation":
+        return
+    # The next attempt takes a new generation: closing the old one does not refuse it.
+    inv.ev(E.RETRY_LEASE_ACQUIRED, generation=1, holder="w1")
+    inv.ev(E.CREDENTIAL_AUTHORIZED, credential="api", generation=1).dispatched(generation=1)
+    inv.ev(E.PROTOCOL_OBSERVED, generation=1, **_HOP)
+    assert "stale generation 0" in inv.refused(E.PROTOCOL_OBSERVED, generation=0, **_HOP)
+    inv.complete(Outcome.COMMITTED, status=201, generation=1)
+    inv.ev(E.PROTOCOL_OBSERVED, generation=1, **_SUMMARY)
+    inv.ev(E.RESULT_COMMITTED, generation=1, sha256="b")
+    assert inv.rec().state == "stored_committed"
+    # ... until it is closed in turn (here: its result stored).
+    assert "closed" in inv.refused(E.PROTOCOL_OBSERVED, generation=1, **_SUMMARY)
+
+
 def test_early_final_response_before_the_body_was_sent_is_accepted() -> None:
     inv = Inv().authorized().dispatched().ev(E.REMOTE_RESPONSE_STARTED, status=413)
     inv.ev(E.REQUEST_SENT).complete(Outcome.REJECTED, Code.REMOTE_REJECTED, status=413)
