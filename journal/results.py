@@ -33,7 +33,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from affidavit.statemachine import Event, EventKind
+from affidavit.statemachine import STATES, Event, EventKind
 
 from .chain import canonical_json
 from .errors import JournalError, ResultStoreFailed
@@ -503,9 +503,10 @@ def chunk_op(
     """The write of one sealed chunk (and its auditor copy).  Index 0 starts the stream over,
     dropping chunks of an earlier, uncommitted attempt; a stored result is never added to.
     ``generation``: the attempt's; the chunk is refused (``ResultStoreFailed``) unless it is
-    the record's current generation -- a worker whose lease was taken over must not drop, nor
-    add to, the chunks of the attempt that took over (its events are refused alike:
-    ``rules._stale``).
+    the record's current generation and its attempt is open -- a worker whose lease was taken
+    over must not drop, nor add to, the chunks of the attempt that took over, nor store any
+    for an attempt recovery (or a reconciliation) closed (its events are refused alike:
+    ``rules._stale``, ``rules._closed``).
 
     The chunk is sealed -- and, with ``log``, its sealed blob hashed and recorded -- inside the
     op, in the writer thread, where AES-GCM and hashlib release the GIL: the submitting task
@@ -524,11 +525,17 @@ def chunk_op(
 
     def op(txn: Txn) -> None:
         if generation is not None:
-            current = txn.projector(invocation_id).generation
+            proj = txn.projector(invocation_id)
+            current = proj.generation
             if current != generation:
                 raise ResultStoreFailed(
                     f"result chunk of invocation {invocation_id}: stale generation "
                     f"{generation}; the current one is {current}"
+                )
+            if STATES[proj.state].final:
+                raise ResultStoreFailed(
+                    f"result chunk of invocation {invocation_id}: generation {generation}'s "
+                    f"attempt is closed ({proj.state})"
                 )
         tables = txn.tables
         if tables.has_result(invocation_id):

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeGuard, cast
 from .batch import check_batch, on_items_recorded
 from .contract import CODES, Code, EvidenceSource, Outcome, Phase
 from .events import Event, EventKind
+from .lifecycle import STATES
 from .operation import OPERATION_RULES
 from .record import ImpossibleEvent
 
@@ -96,6 +97,19 @@ def _stale(p: Projector, event: Event, generation: object) -> NoReturn:
         event,
         f"stale generation {generation}; the current lease generation is {p._generation}",
     )
+
+
+_CLOSED = frozenset(name for name, spec in STATES.items() if spec.final)
+"""States in which the current generation's attempt is closed: its worker ended it, recovery
+closed it (naming that generation), or a second observer settled it -- the generation stays
+current until a retry takes the next lease, and the attempt is not open again."""
+
+
+def _closed(p: Projector, event: Event, generation: object) -> NoReturn:
+    """Refuse an attempt's event that names the current generation after that attempt was
+    closed (``_CLOSED``): its stalled worker resuming must not add to the record -- neither what
+    it received nor the dispatch of a redirect's next hop."""
+    _refuse(p, event, f"generation {generation}'s attempt is closed ({p._state})")
 
 
 def _code_of(event: Event) -> Code | None:
@@ -635,8 +649,13 @@ _LISTS = frozenset({"steps", "stale_workers", "reconcile_queries"})
 def _on_observed(p: Projector, event: Event) -> None:
     attrs = event.attrs
     gen = attrs.get("generation")
-    if gen is not None and (type(gen) is not int or gen != p._generation):
-        _stale(p, event, gen)
+    if gen is not None:
+        if type(gen) is not int or gen != p._generation:
+            _stale(p, event, gen)
+        # The lifecycle takes PROTOCOL_OBSERVED in every state (a diagnostic); an attempt's
+        # other events only while it is open, so only here can a closed one's arrive.
+        if p._state in _CLOSED:
+            _closed(p, event, gen)
     proto = attrs.get("protocol", "protocol")
     if not isinstance(proto, str) or not proto.isidentifier():
         _refuse(p, event, "attrs.protocol must be an identifier")

@@ -399,10 +399,14 @@ def _gate(engine: Engine, attempt: Attempt) -> Any:
             )
             with trio.CancelScope(shield=True):
                 try:
-                    await journal.append(hop_dispatch, barrier=True)
+                    # The lease is checked in the appending transaction, as at the first hop.
+                    await journal.append(hop_dispatch, barrier=True, lease=attempt.lease)
+                except LeaseLost:
+                    raise LeaseRefusal(recorded=True) from None
                 except ImpossibleEvent:
-                    # A newer lease's attempt is under way: this stale worker must not send
-                    # the next hop (the gate raises; the adapter never writes).
+                    # A newer lease's attempt is under way, or this one was closed (recovery,
+                    # a reconciliation): this stale worker must not send the next hop (the
+                    # gate raises; the adapter never writes).
                     raise LeaseRefusal(recorded=False) from None
             return
         # Re-check the bound config immediately before the write (seed: "re-check it

@@ -357,7 +357,6 @@ async def test_a_stale_worker_s_result_chunk_does_not_replace_the_newer_attempt_
         assert b.journal.verify().ok
 
 
-@pytest.mark.xfail(strict=True, reason="a closed attempt's generation passes the fence")
 @pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
 async def test_an_attempt_recovery_closed_takes_nothing_more_from_its_stale_worker(
     tmp_path: Path, token: str, backend: str, request: pytest.FixtureRequest
@@ -438,7 +437,6 @@ class _Ahead:
 HOP = {"target": "api", "method": "POST", "path": "/v1/x", "idempotency_key": "hop"}
 
 
-@pytest.mark.xfail(strict=True, reason="a closed attempt's generation passes the fence")
 async def test_a_stale_worker_sends_no_next_hop_after_recovery_closed_its_attempt(
     tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -480,7 +478,6 @@ async def test_a_stale_worker_sends_no_next_hop_after_recovery_closed_its_attemp
     assert (err["code"], err["outcome"]) == ("LEASE_LOST", "unknown"), err
 
 
-@pytest.mark.xfail(strict=True, reason="the hop gate does not check the lease")
 async def test_a_retry_whose_lease_ran_out_sends_no_next_hop(
     tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -415,7 +415,6 @@ _HOP = {"protocol": "http", "state": "hop_dispatch", "facts": {"hop2": {"hop": 2
 _SUMMARY = {"protocol": "http", "state": "framing_complete", "facts": {"status": 201}}
 
 
-@pytest.mark.xfail(strict=True, reason="a closed attempt's generation passes the fence")
 @pytest.mark.parametrize("closed_by", ["recovery", "reconciliation"])
 def test_a_closed_attempt_takes_no_more_events_of_its_generation(closed_by: str) -> None:
     # Recovery closes a stale attempt with the generation it closes, and a reconciliation

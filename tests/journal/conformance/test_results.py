@@ -153,6 +153,25 @@ async def test_a_chunk_of_a_stale_generation_neither_drops_nor_adds_to_the_curre
         assert res is not None and res.streams == {"body": b"new-0new-1"}
 
 
+async def test_a_chunk_of_a_closed_attempt_is_refused(place: Place) -> None:
+    # Generation 0 dispatched; recovery closed it (interrupted, naming generation 0, which stays
+    # current -- no retry yet).  Its stalled worker's chunks are not the record's any more.
+    async with place.open() as j:
+        for ev in interrupted("inv-1"):
+            await j.append(ev)
+        with pytest.raises(ResultStoreFailed, match="generation 0's attempt is closed"):
+            await j.put_result_chunk("inv-1", "body", 0, b"late", generation=0)
+        posted = await j.post_result_chunk("inv-1", "body", 0, b"late", generation=0)
+        with pytest.raises(ResultStoreFailed, match="generation 0's attempt is closed"):
+            await posted.wait()
+        # The next attempt takes a new generation, and its chunks are its own.
+        await j.acquire_lease("inv-1", "w2", ttl=60)
+        await j.append(Event(E.DISPATCH_STARTED, "inv-1", {"generation": 1}), lease=("w2", 1))
+        await j.put_result_chunk("inv-1", "body", 0, b"new", generation=1)
+    with place.reader() as r:
+        assert r.verify().ok
+
+
 async def test_a_result_cannot_be_committed_before_a_complete_response(place: Place) -> None:
     async with place.open() as j:
         for ev in interrupted("inv-1"):
