@@ -5,6 +5,7 @@ from .contract import CODES, Code, CodeInfo, EvidenceSource, Outcome, Phase, Ret
 from .envelope import (
     envelope_schema,
     in_progress_error,
+    lease_lost_error,
     operation_json,
     operation_view,
     render_envelope,
@@ -65,6 +66,7 @@ __all__ = [
     "fold_runs",
     "in_progress_error",
     "invocation_of",
+    "lease_lost_error",
     "operation_id",
     "operation_json",
     "operation_view",

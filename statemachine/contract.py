@@ -271,10 +271,13 @@ CODES: dict[Code, CodeInfo] = {
     Code.LEASE_LOST: CodeInfo(
         _CS,
         _UN,
-        Retry.RECONCILE,
-        "Another worker holds a newer lease (or recovery closed this worker's attempt once its "
-        "lease ran out): this worker was stopped before dispatch, or what it received after "
-        "dispatch is not recorded.  The envelope's phase and outcome are the record's.",
+        Retry.FETCH_RESULT,
+        "This worker's lease is no longer the invocation's (a newer attempt took it over, its "
+        "attempt was closed by recovery or a reconciliation, or the lease ran out): it was "
+        "stopped at a dispatch gate, or what it wrote after its dispatch was refused.  The "
+        "answer is the record's phase and outcome, never another attempt's result as this "
+        "caller's; fetch_result while the invocation runs or once a result is stored, else "
+        "the record's own hint.",
     ),
     Code.REMOTE_OUTCOME_UNKNOWN: CodeInfo(
         _RE,

@@ -30,6 +30,7 @@ __all__ = [
     "ENVELOPE_SCHEMA_ID",
     "envelope_schema",
     "in_progress_error",
+    "lease_lost_error",
     "operation_json",
     "operation_view",
     "render_envelope",
@@ -92,6 +93,44 @@ def in_progress_error(record: Record, code: Code = Code.IN_PROGRESS) -> dict[str
         "outcome": record.outcome.value,
         "retry": Retry.FETCH_RESULT.value,
         "message": CODES[code].meaning,
+    }
+
+
+def lease_lost_error(record: Record, generation: int, *, dispatched: bool) -> dict[str, Any]:
+    """The error of a worker whose lease is no longer the invocation's -- it was refused at a
+    dispatch gate (``dispatched`` False: it sent nothing; True: a redirect's next hop), or what
+    it wrote after its dispatch was refused -- answered from ``record``.  One rule whenever it
+    was stopped: the record's phase and outcome; ``fetch_result`` while the record is not final
+    (an attempt runs, or its holder's lease has not run out) or once it holds a stored result,
+    else the record's own hint.  The message says only what the record shows: a newer lease's
+    generation, or that this generation's attempt was closed (its state), or -- neither -- that
+    this worker's lease is no longer valid.  (The caller drops the record's result, items and
+    job: another attempt's, never this caller's.)"""
+    if record.generation != generation:
+        why = (
+            f"A newer attempt (lease generation {record.generation}) took this invocation over "
+            f"from this worker (generation {generation})"
+        )
+    elif record.final:
+        why = f"This worker's attempt (lease generation {generation}) was closed ({record.state})"
+    else:
+        why = f"This worker's lease (generation {generation}) is no longer valid"
+    if dispatched:
+        why += "; it had dispatched, and the record, not what it received, is the answer."
+    else:
+        why += "; it sent nothing."
+    if not record.final:
+        retry, then = Retry.FETCH_RESULT, " The invocation has not finished: fetch it later."
+    elif record.evidence.get("result") is not None:
+        retry, then = Retry.FETCH_RESULT, " Its result is stored: fetch it."
+    else:
+        retry, then = record.retry, ""
+    return {
+        "code": Code.LEASE_LOST.value,
+        "phase": record.phase.value,
+        "outcome": record.outcome.value,
+        "retry": retry.value,
+        "message": why + then,
     }
 
 

@@ -84,11 +84,12 @@ class EventKind(StrEnum):
     """A worker took the invocation's retry lease.  attrs: generation (strictly increasing),
     holder, expires_at."""
     LEASE_LOST = "LEASE_LOST"
-    """A worker with a stale generation was stopped: at its dispatch gate, or -- its lease
-    having run out after it dispatched -- when what it received or how it ended was refused
-    (not recorded: the attempt that took over, or recovery's closing, stands).  attrs:
-    generation, holder, after_dispatch.  Every event an attempt writes names its generation,
-    refused unless it is the record's current one."""
+    """A worker whose lease is no longer the invocation's was stopped: at a dispatch gate (its
+    first hop's or a redirect's next hop's), or -- after its dispatch -- when what it received
+    or how it ended was refused (not recorded: the attempt that took over, or the closing by
+    recovery or a reconciliation, stands).  attrs: generation, holder, after_dispatch.  Every
+    event an attempt writes names its generation, refused unless it is the record's current
+    one and its attempt is still open."""
     RETRY_BUDGET_EXHAUSTED = "RETRY_BUDGET_EXHAUSTED"
     """No retry attempts remain; the latest evidence stands."""
     RECONCILED = "RECONCILED"

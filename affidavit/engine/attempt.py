@@ -361,7 +361,7 @@ async def lease_lost(
         with contextlib.suppress(ImpossibleEvent):
             await recorder.append(Event(E.LEASE_LOST, iid, attrs), barrier=True)
     record = await recorder.record(iid)
-    return recorder.envelope(record, busy=True, dispatched=dispatched)
+    return recorder.envelope(record, lost=generation, dispatched=dispatched)
 
 
 async def lease_refused(

@@ -18,12 +18,10 @@ import trio
 from affidavit.journal import Journal, JournalUnavailable, Posted, ResultStream
 from affidavit.statemachine import (
     BARRIER_KINDS,
-    Code,
     Event,
-    Outcome,
     Record,
-    Retry,
     in_progress_error,
+    lease_lost_error,
     render_envelope,
 )
 
@@ -154,7 +152,7 @@ class Recorder:
         self,
         record: Record,
         *,
-        busy: bool = False,
+        lost: int | None = None,
         dispatched: bool = False,
         from_chunk: int | None = None,
         in_progress: bool = False,
@@ -169,16 +167,21 @@ class Recorder:
         reference, as the call that stored it answered (a same-key call gets the same answer),
         unless ``whole`` -- a fetch, which is what the reference names.
 
-        ``busy``: this worker's lease was lost -- another worker took the invocation over, or
-        recovery closed its attempt once the lease ran out -- and the record is rendered with
-        LEASE_LOST saying why this caller's worker did not act on it.  ``dispatched``: it was
-        lost after this worker's dispatch, and what the worker received is not on record: the
-        record's result (another attempt's, if any) is not this call's answer -- the caller
-        fetches the invocation's result, a read."""
+        ``lost``: the generation of this caller's worker, whose lease is no longer the
+        invocation's -- refused at a dispatch gate, or (``dispatched``) after its dispatch.
+        The record is rendered with LEASE_LOST (``lease_lost_error``: the record's phase and
+        outcome, fetch_result while it runs or holds a result, else its own hint) and without
+        its result, items or job: another attempt's, or none, never this caller's."""
         if in_progress:
             env = render_envelope(record)
             env.pop("result", None)
             env["error"] = in_progress_error(record)
+            return env
+        if lost is not None:
+            env = render_envelope(record)
+            for own in ("result", "items", "operation"):
+                env.pop(own, None)
+            env["error"] = lease_lost_error(record, lost, dispatched=dispatched)
             return env
         iid = record.invocation_id
         stream = self.journal.result_stream(iid)  # the marker and summary, verified
@@ -193,34 +196,7 @@ class Recorder:
             payload = result_payload(stream.read())
         else:
             payload = reference_payload(iid, stream.summary, stream.sha256, limit)
-        env = render_envelope(record, payload)
-        if busy and dispatched:
-            # Lost after this worker's dispatch: its response, result or interruption was
-            # refused.  What the record proves stands -- another attempt in flight, its result
-            # stored, or the attempt closed unknown -- and how to go on is the record's: fetch
-            # what is (or will be) stored, else the record's own hint.
-            env.pop("result", None)
-            fetch = not record.final or record.evidence.get("result") is not None
-            env["error"] = {
-                "code": Code.LEASE_LOST.value,
-                "phase": record.phase.value,
-                "outcome": record.outcome.value,
-                "retry": Retry.FETCH_RESULT.value if fetch else record.retry.value,
-                "message": "This worker's lease ran out after it dispatched, and another "
-                "worker or recovery has acted on the invocation since: what this worker "
-                "received is not recorded.  The outcome is the record's.",
-            }
-        elif busy:
-            # This worker's lease was lost at its dispatch gate: another worker holds a newer
-            # one.  The record is rendered as is; the error says why this caller did not act.
-            env["error"] = {
-                "code": Code.LEASE_LOST.value,
-                "phase": record.phase.value,
-                "outcome": record.outcome.value,
-                "retry": "reconcile" if record.outcome is Outcome.UNKNOWN else record.retry.value,
-                "message": "Another worker holds this invocation's lease; nothing was sent.",
-            }
-        return env
+        return render_envelope(record, payload)
 
 
 class _StoredLike(Protocol):

@@ -238,6 +238,8 @@ async def test_a_worker_whose_lease_ran_out_after_dispatch_writes_nothing_into_t
         assert E.REMOTE_RESPONSE_COMPLETE not in kinds and E.RESULT_COMMITTED not in kinds
         assert run.record.state == "interrupted"
         assert (err["outcome"], err["retry"]) == ("unknown", run.record.retry.value)
+        assert "closed (interrupted)" in err["message"], err["message"]
+        assert "another worker" not in err["message"].lower(), err["message"]
         assert run.keys == ["stale-worker"]
         return
     assert lease_at is not None
@@ -268,6 +270,7 @@ async def test_a_worker_whose_lease_ran_out_after_dispatch_writes_nothing_into_t
     # find the result: a read, never a resend.
     expected = "unknown" if when.startswith("b_in_flight") else "committed"
     assert (err["outcome"], err["retry"]) == (expected, "fetch_result")
+    assert "generation 1" in err["message"], err["message"]  # the record shows B's lease
     assert run.keys == ["stale-worker", "stale-worker"]
 
 
@@ -512,4 +515,9 @@ async def test_a_retry_whose_lease_ran_out_sends_no_next_hop(
     (lost,) = [e for e in events if e.kind is E.LEASE_LOST]
     assert (lost.attrs["generation"], lost.attrs["holder"]) == (1, "worker-A")
     assert record.generation == 1 and not record.final  # nobody closed it: recovery will
-    assert out["a"]["error"]["code"] == "LEASE_LOST", out["a"]
+    err = out["a"]["error"]
+    assert (err["code"], err["retry"]) == ("LEASE_LOST", "fetch_result"), err
+    # Nobody took the invocation over nor closed it: the answer says no such thing.
+    assert "no longer valid" in err["message"], err["message"]
+    for claim in ("another worker", "newer", "recovery", "closed"):
+        assert claim not in err["message"].lower(), err["message"]

@@ -78,7 +78,6 @@ async def _held(peer: Peer) -> None:
     await peer.respond(Reply(201, body=b'{"from":"B"}'))
 
 
-@pytest.mark.xfail(strict=True, reason="the answer at the gate is not the one after dispatch")
 @pytest.mark.parametrize("when", ["b_in_flight", "b_stored", "recovered_only"])
 async def test_a_worker_stopped_at_its_gate_answers_with_the_record_and_nothing_more(
     tmp_path: Path, token: str, when: str

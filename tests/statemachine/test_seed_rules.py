@@ -25,6 +25,7 @@ from affidavit.statemachine import (
     Record,
     Retry,
     decide,
+    lease_lost_error,
     render_envelope,
 )
 from affidavit.statemachine.retry import RETENTION_MARGIN_S
@@ -356,6 +357,44 @@ def test_stale_lease_holder_is_stopped_before_dispatch() -> None:
     inv.dispatched(generation=2)
     assert inv.rec().generation == 2
     assert [a["generation"] for a in inv.rec().attempts] == [0, 2]
+
+
+def _lost(inv: Inv, generation: int, dispatched: bool) -> tuple[str, str, str, str]:
+    err = lease_lost_error(inv.rec(), generation, dispatched=dispatched)
+    assert err["code"] == "LEASE_LOST"
+    return err["phase"], err["outcome"], err["retry"], err["message"]
+
+
+@pytest.mark.parametrize("dispatched", [False, True], ids=["at-its-gate", "after-dispatch"])
+def test_a_stale_worker_s_answer_is_the_record_s_whenever_it_was_stopped(dispatched: bool) -> None:
+    # One rule before and after its dispatch: the record's phase and outcome; fetch_result
+    # while the record is not final or once it holds a result, else the record's own hint;
+    # a message that says only what the record shows.
+    inv = unknown_post(idempotent=True, budget=4)
+    inv.ev(E.RETRY_LEASE_ACQUIRED, generation=1, holder="w1")
+    phase, outcome, retry, message = _lost(inv, 0, dispatched)
+    assert (phase, outcome, retry) == ("connection_setup", "unknown", "fetch_result")
+    assert "generation 1" in message and "not finished" in message
+    assert ("sent nothing" in message) is not dispatched
+    inv.ev(E.CREDENTIAL_AUTHORIZED, credential="api", generation=1).dispatched(generation=1)
+    assert _lost(inv, 0, dispatched)[:3] == ("remote_execution", "unknown", "fetch_result")
+    inv.complete(Outcome.COMMITTED, status=201, generation=1)
+    inv.ev(E.RESULT_COMMITTED, generation=1, sha256="b")
+    phase, outcome, retry, message = _lost(inv, 0, dispatched)
+    assert (outcome, retry) == ("committed", "fetch_result") and "is stored" in message
+    # The worker's own attempt closed by recovery, nobody else acting: the record's hint.
+    closed = Inv(idempotent=True).authorized().dispatched(generation=0)
+    closed.interrupted()
+    rec = closed.rec()
+    phase, outcome, retry, message = _lost(closed, 0, dispatched)
+    assert (phase, outcome, retry) == ("remote_execution", "unknown", rec.retry.value)
+    assert "closed (interrupted)" in message and "newer" not in message
+    # Neither: its lease (the journal's row) is no longer valid, and that is all it says.
+    running = Inv().authorized().dispatched(generation=0)
+    phase, outcome, retry, message = _lost(running, 0, dispatched)
+    assert (outcome, retry) == ("unknown", "fetch_result")
+    assert "no longer valid" in message
+    assert "newer" not in message and "closed" not in message
 
 
 def test_a_stale_worker_is_stopped_after_dispatch_too() -> None:
