@@ -16,6 +16,7 @@ import contextlib
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 
 from affidavit.api.broker import Broker
@@ -187,3 +188,61 @@ async def test_a_fetch_after_a_delivery_failure_records_the_delivery(
                 delivered and event_kinds(broker, env2["invocation_id"])[-1] is E.RESULT_DELIVERED
             )
         assert len(srv.requests) == 2
+
+
+@pytest.mark.xfail(strict=True, reason="RESULT_DELIVERY_FAILED after a delivery escapes")
+@pytest.mark.parametrize("first", ["call", "fetch"])
+async def test_a_channel_that_fails_after_a_concurrent_read_delivered_the_result_is_no_traceback(
+    tmp_path: Path, token: str, first: str
+) -> None:
+    # A stored result is being handed to a caller's channel (the daemon's socket, MCP's line)
+    # -- by the call that stored it, or by a fetch while that call's own channel hangs.
+    # Meanwhile another caller who knows the invocation id fetches it: RESULT_DELIVERED
+    # (fetch).  Then the first channel fails: the lifecycle refuses RESULT_DELIVERY_FAILED
+    # after a delivery, and the record -- the result delivered -- is the answer, never
+    # ImpossibleEvent out of the engine.
+    async with (
+        HostileServer.running(scripts.serve(Reply(201, body=b"paid"))) as srv,
+        open_broker(write_config(tmp_path, {"api": http_target(srv.url)})) as broker,
+    ):
+        handed, fetched, stored, release = trio.Event(), trio.Event(), trio.Event(), trio.Event()
+        out: dict[str, Any] = {}
+
+        async def failing(envelope: dict[str, Any]) -> None:
+            out["iid"] = envelope["invocation_id"]
+            handed.set()
+            await fetched.wait()
+            raise BrokenPipeError("client gone")
+
+        async def hanging(envelope: dict[str, Any]) -> None:
+            out["iid"] = envelope["invocation_id"]
+            stored.set()
+            await release.wait()
+
+        async def first_reader() -> None:
+            if first == "call":
+                out["env"] = await broker.call(POST, deliver=failing)
+            else:
+                out["env"] = await broker.fetch_result(out["iid"], deliver=failing)
+
+        with trio.fail_after(LIMIT):
+            async with trio.open_nursery() as nursery:
+                if first == "fetch":  # the call's channel hangs: stored, not delivered
+                    nursery.start_soon(lambda: broker.call(POST, deliver=hanging))
+                    await stored.wait()
+                nursery.start_soon(first_reader)
+                await handed.wait()
+                again = await broker.fetch_result(out["iid"])  # the concurrent read
+                assert again is not None and again["result"]["body"] == "paid"
+                fetched.set()
+                while "env" not in out:
+                    await trio.sleep(0.01)
+                release.set()
+        iid = out["iid"]
+        env = out["env"]
+        rec = broker.record(iid)
+        assert rec is not None and rec.state == "delivered_committed"
+        assert env is not None and env["invocation_id"] == iid
+        assert "error" not in env and env["result"]["body"] == "paid", env
+        assert E.RESULT_DELIVERY_FAILED not in event_kinds(broker, iid)
+    assert len(srv.requests) == 1
