@@ -292,16 +292,36 @@ async def _deliver(
         await deliver(envelope)
     except Exception as exc:
         log.warning("delivery of %s failed: %s", iid, type(exc).__name__)
-        await recorder.append(
-            Event(E.RESULT_DELIVERY_FAILED, iid, {"channel": "deliver"}), barrier=True
-        )
-        return recorder.envelope(await recorder.record(iid))
+        return recorder.envelope(await _delivery_failed(engine, iid, "deliver"))
     # Not a barrier (DESIGN, "Durability barriers": recovery never depends on it; a delivery
     # lost with a crash leaves the result stored and fetchable -- a read).  It rides along like
     # the in-process return's, settled so the next reader sees it: no fsync of its own per call.
     await recorder.append(Event(E.RESULT_DELIVERED, iid, {"channel": "deliver"}))
     await recorder.settle()
     return envelope
+
+
+async def _delivery_failed(engine: Engine, iid: str, channel: str) -> Record:
+    """Record that ``channel`` failed to deliver the stored result (RESULT_DELIVERY_FAILED: the
+    caller must fetch it) and return the record.  Unless another read delivered the result
+    meanwhile -- a fetch by whoever knows the invocation id (or failed to, first): the lifecycle
+    refuses the failure then, and the record as it stands is the answer (the result delivered,
+    or its delivery failed already); this channel's failure is only logged."""
+    recorder = engine.recorder
+    try:
+        await recorder.append(
+            Event(E.RESULT_DELIVERY_FAILED, iid, {"channel": channel}), barrier=True
+        )
+    except ImpossibleEvent:
+        record = await recorder.record(iid)
+        log.warning(
+            "delivery of %s through %s failed after another read reached it (%s)",
+            iid,
+            channel,
+            record.state,
+        )
+        return record
+    return await recorder.record(iid)
 
 
 async def deliver_stored(engine: Engine, record: Record, deliver: Deliver | None) -> dict[str, Any]:
@@ -331,8 +351,7 @@ async def deliver_stored(engine: Engine, record: Record, deliver: Deliver | None
     except Exception as exc:
         log.warning("delivery of %s (fetched) failed: %s", iid, type(exc).__name__)
         if record.state.startswith("stored_"):
-            failed = Event(E.RESULT_DELIVERY_FAILED, iid, {"channel": "fetch"})
-            await recorder.append(failed, barrier=True)
+            return recorder.envelope(await _delivery_failed(engine, iid, "fetch"), whole=True)
         return recorder.envelope(await recorder.record(iid), whole=True)
     await recorder.append(delivered)  # as in _deliver: no barrier of its own
     await recorder.settle()

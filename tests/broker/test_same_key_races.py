@@ -190,7 +190,6 @@ async def test_a_fetch_after_a_delivery_failure_records_the_delivery(
         assert len(srv.requests) == 2
 
 
-@pytest.mark.xfail(strict=True, reason="RESULT_DELIVERY_FAILED after a delivery escapes")
 @pytest.mark.parametrize("first", ["call", "fetch"])
 async def test_a_channel_that_fails_after_a_concurrent_read_delivered_the_result_is_no_traceback(
     tmp_path: Path, token: str, first: str
