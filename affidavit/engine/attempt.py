@@ -49,6 +49,7 @@ __all__ = [
     "LeaseRefusal",
     "lease_lost",
     "lease_refused",
+    "lost_or_raise",
     "observed_events",
     "run_tries",
     "stamped",
@@ -251,25 +252,18 @@ async def _try_once(
             # An adapter bug must never turn a dispatched attempt into not_attempted.
             return None, _interrupted(iid, Code.REMOTE_OUTCOME_UNKNOWN), False
         attrs = {"stage": exc.stage, "code": exc.code.value}
+        # Queued, not awaited (a diagnostic riding along with the next barrier): if a newer
+        # lease's attempt is under way or this one was closed, the record refuses it there --
+        # at the next try's gate (LeaseRefusal) or with this attempt's ending (``conclude``).
         tried = Event(E.SETUP_ATTEMPT_FAILED, iid, {**attrs, "generation": attempt.generation})
-        try:
-            if exc.code in _PRE_DISPATCH_RETRYABLE and attempt.n < SETUP_ATTEMPTS:
-                await engine.recorder.append(tried)
-                return None, None, True
-            if attempt.n > 1:
-                # The last try is an attempt of its own (seed: "show them in a single action
-                # record ... The final error must not erase the earlier evidence").
-                # SETUP_FAILED alone would be folded into the previous attempt when stage and
-                # code repeat.
-                await engine.recorder.append(tried)
-        except ImpossibleEvent:
-            # A newer lease's attempt is under way (its generation refused this one's), or
-            # recovery closed this one: stop here, as the gate would have.
-            with trio.CancelScope(shield=True):
-                moved_on = await superseded(engine, iid, attempt.generation)
-            if moved_on is None:
-                raise
-            return None, LeaseRefusal(recorded=False), False
+        if exc.code in _PRE_DISPATCH_RETRYABLE and attempt.n < SETUP_ATTEMPTS:
+            await engine.recorder.append(tried)
+            return None, None, True
+        if attempt.n > 1:
+            # The last try is an attempt of its own (seed: "show them in a single action
+            # record ... The final error must not erase the earlier evidence").  SETUP_FAILED
+            # alone would be folded into the previous attempt when stage and code repeat.
+            await engine.recorder.append(tried)
         return None, Event(E.SETUP_FAILED, iid, attrs), False
     except _Refused as exc:
         return None, Event(E.PREFLIGHT_FAILED, iid, dict(exc.attrs)), False
@@ -364,15 +358,31 @@ async def lease_lost(
     return recorder.envelope(record, lost=generation, dispatched=dispatched)
 
 
-async def lease_refused(
-    engine: Engine, attempt: Attempt, refusal: LeaseRefusal | None = None
+async def lost_or_raise(
+    engine: Engine, iid: str, generation: int, refused: ImpossibleEvent, *, dispatched: bool
 ) -> dict[str, Any]:
-    """``lease_lost`` for ``attempt``: refused at a gate (``refusal``), or a write after its
-    dispatch refused (None)."""
-    recorded = refusal is not None and refusal.recorded
+    """A write of the attempt of ``generation`` was ``refused`` by the record: the envelope of a
+    lost lease (``lease_lost``) if the record has moved past that attempt (``superseded``),
+    else ``refused`` is raised again -- it is no lost lease."""
+    with trio.CancelScope(shield=True):
+        if await superseded(engine, iid, generation) is None:
+            raise refused
+        lost = await lease_lost(engine, iid, generation, dispatched=dispatched)
+    return lost
+
+
+async def lease_refused(
+    engine: Engine, attempt: Attempt, refusal: LeaseRefusal | ImpossibleEvent
+) -> dict[str, Any]:
+    """``attempt``'s lease was lost: its gate was refused (``LeaseRefusal``), or the record
+    refused one of its writes (``ImpossibleEvent``, through ``lost_or_raise``)."""
     dispatched = _dispatched(attempt)
+    if isinstance(refusal, ImpossibleEvent):
+        return await lost_or_raise(
+            engine, attempt.iid, attempt.generation, refusal, dispatched=dispatched
+        )
     return await lease_lost(
-        engine, attempt.iid, attempt.generation, dispatched=dispatched, recorded=recorded
+        engine, attempt.iid, attempt.generation, dispatched=dispatched, recorded=refusal.recorded
     )
 
 

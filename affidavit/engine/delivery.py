@@ -39,7 +39,6 @@ from .attempt import (
     lease_refused,
     observed_events,
     stamped,
-    superseded,
 )
 from .contracts import Reader
 from .recorder import reference_payload, result_payload
@@ -111,10 +110,8 @@ async def conclude(
                 return await recorder.finish(iid, stamped(failure, attempt.generation))
             assert result is not None
             envelope, committed = await _commit(engine, attempt, result, sink, reading, observed)
-        except ImpossibleEvent:
-            if await superseded(engine, iid, attempt.generation) is None:
-                raise
-            return await lease_refused(engine, attempt)
+        except ImpossibleEvent as refused:
+            return await lease_refused(engine, attempt, refused)
         if not committed or deliver is STORE_ONLY:
             return envelope
         if deliver is None:

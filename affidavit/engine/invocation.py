@@ -52,7 +52,7 @@ from .approval import (
     needs_approval,
     request_approval,
 )
-from .attempt import lease_lost, run_tries, superseded
+from .attempt import lost_or_raise, run_tries
 from .contracts import batch_facts, reader
 from .control import CallControl
 from .credential import Preamble, prepare_after
@@ -432,13 +432,8 @@ async def _authorize(
         return await _authorize_once(
             engine, iid, action, target, binding, key, preamble, bound_version, generation
         )
-    except ImpossibleEvent:
-        with trio.CancelScope(shield=True):
-            moved_on = await superseded(engine, iid, generation)
-            if moved_on is None:
-                raise
-            lost = await lease_lost(engine, iid, generation, dispatched=False)
-        return lost
+    except ImpossibleEvent as refused:
+        return await lost_or_raise(engine, iid, generation, refused, dispatched=False)
 
 
 async def _authorize_once(
