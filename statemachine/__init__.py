@@ -10,7 +10,7 @@ from .envelope import (
     operation_view,
     render_envelope,
 )
-from .events import BARRIER_KINDS, Event, EventKind, stored_event
+from .events import ATTEMPT_KINDS, BARRIER_KINDS, Event, EventKind, stored_event
 from .lifecycle import DISPATCHED_STATES, INITIAL, STATES, TRANSITIONS, StateSpec, build_machine
 from .operation import invocation_of, operation_id
 from .projection import (
@@ -34,6 +34,7 @@ from .protocol import (
 from .retry import Decision, Operation, compute_retry, decide
 
 __all__ = [
+    "ATTEMPT_KINDS",
     "BARRIER_KINDS",
     "CODES",
     "DISPATCHED_STATES",

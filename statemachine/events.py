@@ -18,7 +18,14 @@ from typing import Any
 
 from .contract import EvidenceSource
 
-__all__ = ["BARRIER_KINDS", "Event", "EventKind", "stored_event", "unfrozen_twin"]
+__all__ = [
+    "ATTEMPT_KINDS",
+    "BARRIER_KINDS",
+    "Event",
+    "EventKind",
+    "stored_event",
+    "unfrozen_twin",
+]
 
 
 class EventKind(StrEnum):
@@ -29,26 +36,31 @@ class EventKind(StrEnum):
     PREFLIGHT_VALIDATED = "PREFLIGHT_VALIDATED"
     """The action is valid against the bound config snapshot.  attrs: config_hash."""
     CREDENTIAL_AUTHORIZED = "CREDENTIAL_AUTHORIZED"
-    """The credential was resolved (never its value).  attrs: credential, version, inject."""
+    """The credential was resolved (never its value).  attrs: credential, version, inject,
+    generation."""
     DISPATCH_STARTED = "DISPATCH_STARTED"
     """Durable barrier written *before* the first byte of the application request (or the SSH
     ``exec`` request) is handed to the transport.  attrs: attempt, generation, connection..."""
     REQUEST_SENT = "REQUEST_SENT"
-    """The complete request was handed to the transport (not proof the remote read it)."""
+    """The complete request was handed to the transport (not proof the remote read it).  attrs:
+    generation."""
     REMOTE_RESPONSE_STARTED = "REMOTE_RESPONSE_STARTED"
-    """Final response headers / exec acceptance were received."""
+    """Final response headers / exec acceptance were received.  attrs: status, generation."""
     REMOTE_RESPONSE_COMPLETE = "REMOTE_RESPONSE_COMPLETE"
     """A complete, authentic final result was received and classified.  attrs: outcome
     (rejected|committed), code (or None for success), status / exit_status, retry_after, the
     stored response's hash, and what was received of each stream where it reveals no secret
-    (``body_sha256``/``body_bytes`` or ``body_received_withheld``: docs/redaction.md)..."""
+    (``body_sha256``/``body_bytes`` or ``body_received_withheld``: docs/redaction.md),
+    generation..."""
     RESULT_COMMITTED = "RESULT_COMMITTED"
-    """Durable barrier: the result and its hash are stored under the invocation id."""
+    """Durable barrier: the result and its hash are stored under the invocation id.  attrs:
+    sha256, chunks, bytes, generation."""
     RESULT_DELIVERED = "RESULT_DELIVERED"
     """The caller's channel confirmed complete transfer."""
     # --- stopping before dispatch ------------------------------------------------------------
     PREFLIGHT_FAILED = "PREFLIGHT_FAILED"
-    """Validation refused the action.  attrs: code (a validation code), field."""
+    """Validation refused the action.  attrs: code (a validation code), field; generation when
+    an attempt's gate refused it (config changed, approval stale or expired)."""
     APPROVAL_REQUESTED = "APPROVAL_REQUESTED"
     """A human approval was requested for the bound fingerprint (seed: "Before approval, bind
     the normalized target, the credential version, the resolved injection method, and the
@@ -65,18 +77,20 @@ class EventKind(StrEnum):
     strictly increasing; holder; expires_at).  Its dispatch gate checks the lease, so two
     processes never both send; no retry budget is spent."""
     CREDENTIAL_FAILED = "CREDENTIAL_FAILED"
-    """The credential could not be obtained or injected.  attrs: code."""
+    """The credential could not be obtained or injected.  attrs: code, generation."""
     SETUP_ATTEMPT_FAILED = "SETUP_ATTEMPT_FAILED"
-    """One in-broker connection attempt failed before dispatch.  attrs: n, stage, code."""
+    """One in-broker connection attempt failed before dispatch.  attrs: stage, code,
+    generation."""
     SETUP_FAILED = "SETUP_FAILED"
-    """Connection setup gave up before dispatch.  attrs: code, stage."""
+    """Connection setup gave up before dispatch.  attrs: code, stage, generation."""
     # --- after dispatch ------------------------------------------------------------------------
     ATTEMPT_INTERRUPTED = "ATTEMPT_INTERRUPTED"
     """The dispatched attempt ended without a complete result.  attrs: code
     (REMOTE_OUTCOME_UNKNOWN | REMOTE_RESULT_INCOMPLETE | CALLER_CANCELLED |
-    BROKER_SHUTDOWN)."""
+    BROKER_SHUTDOWN), generation."""
     RESULT_STORE_FAILED = "RESULT_STORE_FAILED"
-    """Storing the result failed; rendered from what the durable record proves."""
+    """Storing the result failed; rendered from what the durable record proves.  attrs: stage,
+    generation."""
     RESULT_DELIVERY_FAILED = "RESULT_DELIVERY_FAILED"
     """The stored result could not be delivered; the caller must fetch it."""
     # --- retries, leases, reconciliation ---------------------------------------------------------
@@ -106,12 +120,12 @@ class EventKind(StrEnum):
     BATCH_ITEMS_RECORDED = "BATCH_ITEMS_RECORDED"
     """A complete response gave the batch's items their own outcomes (seed: "Record the parent
     transport outcome and five child outcomes").  attrs: items [{id, outcome, code, retry,
-    status}], one per item sent, in order; source remote_response."""
+    status}], one per item sent, in order; generation; source remote_response."""
     OPERATION_ACCEPTED = "OPERATION_ACCEPTED"
     """A complete 202 accepted a job that runs on after the response (seed: "Record the job
     identifier and its status resource ... and then track the job as a separate operation").
-    attrs: operation_id, job_id, status_url, status_path; source remote_response.  The
-    operation's own table (``operation.py``) folds it and the polls below."""
+    attrs: operation_id, job_id, status_url, status_path, generation; source remote_response.
+    The operation's own table (``operation.py``) folds it and the polls below."""
     OPERATION_POLLED = "OPERATION_POLLED"
     """A linked invocation queried the job's status resource and read its state.  attrs:
     operation_id, poll_invocation, state (pending | succeeded | failed), remote_status;
@@ -122,7 +136,8 @@ class EventKind(StrEnum):
     # --- diagnostics ---------------------------------------------------------------------
     PROTOCOL_OBSERVED = "PROTOCOL_OBSERVED"
     """A protocol machine's fine-grained step (e.g. http.informational, ssh.exec_accepted).
-    attrs: protocol, state, plus facts.  Improves the evidence, never changes the outcome."""
+    attrs: protocol, state, plus facts; generation, when an attempt observed it.  Improves the
+    evidence, never changes the outcome."""
 
 
 BARRIER_KINDS: frozenset[EventKind] = frozenset(
@@ -130,6 +145,33 @@ BARRIER_KINDS: frozenset[EventKind] = frozenset(
 )
 """Kinds the engine must await as durable before acting (DESIGN: durability barriers).  The
 engine also makes the last event of every call a barrier before it answers the caller."""
+
+
+ATTEMPT_KINDS: frozenset[EventKind] = frozenset(
+    {
+        EventKind.PREFLIGHT_FAILED,  # the gate's re-check (config changed, approval stale)
+        EventKind.CREDENTIAL_AUTHORIZED,
+        EventKind.CREDENTIAL_FAILED,
+        EventKind.SETUP_ATTEMPT_FAILED,
+        EventKind.SETUP_FAILED,
+        EventKind.DISPATCH_STARTED,
+        EventKind.REQUEST_SENT,
+        EventKind.REMOTE_RESPONSE_STARTED,
+        EventKind.REMOTE_RESPONSE_COMPLETE,
+        EventKind.ATTEMPT_INTERRUPTED,
+        EventKind.RESULT_COMMITTED,
+        EventKind.RESULT_STORE_FAILED,
+        EventKind.BATCH_ITEMS_RECORDED,
+        EventKind.OPERATION_ACCEPTED,
+        EventKind.PROTOCOL_OBSERVED,
+    }
+)
+"""Kinds an attempt writes, each naming the attempt's lease generation (``attrs.generation``):
+the projection refuses one unless that is the record's current generation and its attempt is
+still open -- a worker whose lease was taken over, or whose attempt recovery or a
+reconciliation closed, writes nothing into the record (rules.py: ``_stale``, ``_closed``).  An
+event naming none (journals written before they did) is not checked.  The deliveries name no
+attempt: they are about the stored result."""
 
 
 @dataclass(frozen=True, slots=True)

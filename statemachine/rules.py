@@ -91,7 +91,13 @@ def _stale(p: Projector, event: Event, generation: object) -> NoReturn:
     after it -- names the attempt's generation (``attrs.generation``; absent in journals
     written before it did, and then unchecked): the lifecycle alone would accept a stale
     worker's complete response, result or interruption in the states of the attempt that took
-    over, and the record would give one attempt's evidence as another's."""
+    over, and the record would give one attempt's evidence as another's.
+
+    The kinds are ``events.ATTEMPT_KINDS``.  Each of their rules here checks inline, first
+    thing (the two in batch.py and operation.py are wrapped: ``_fenced``): one wrapper for all
+    of them cost a call per such event, ~5% of the whole-journal fold, and the fold then missed
+    its 10x target (tests/benchmarks/projection.py).  tests/statemachine/test_model_check.py
+    proves every kind in the set is fenced wherever the lifecycle takes it."""
     _refuse(
         p,
         event,

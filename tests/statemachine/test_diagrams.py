@@ -12,6 +12,7 @@ import pytest
 from affidavit import docgen as dg
 from affidavit.cli import main
 from affidavit.statemachine import (
+    ATTEMPT_KINDS,
     CODES,
     STATES,
     Code,
@@ -71,6 +72,12 @@ def test_contract_doc_lists_every_value_code_and_state() -> None:
     assert "| `authorized` | `DISPATCH_STARTED` | `dispatched` |" in text
     assert "| `dispatched` | `REMOTE_RESPONSE_COMPLETE:rejected` | `completed_rejected` |" in text
     assert "def decide(record: Record, operation: Operation) -> Decision:" in text
+
+
+def test_the_event_table_names_the_generation_of_every_event_an_attempt_writes() -> None:
+    docs = dg.member_docs(EventKind)
+    for kind in ATTEMPT_KINDS:
+        assert "generation" in docs[kind.value], kind
 
 
 def test_contract_retry_tables_are_computed_from_compute_retry() -> None:

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping
 from typing import Any
@@ -21,6 +22,7 @@ from hypothesis import strategies as st
 from affidavit import protocols
 from affidavit.adapters import load_all
 from affidavit.statemachine import (
+    ATTEMPT_KINDS,
     DISPATCHED_STATES,
     STATES,
     TRANSITIONS,
@@ -136,6 +138,34 @@ def test_every_lifecycle_pair_with_valid_attrs_is_declared_or_refused(state: str
             with pytest.raises(ImpossibleEvent):
                 p.apply(make_event(p, kind, _any_dest(kind), seq=100))
             assert p.record() == before
+
+
+@pytest.mark.parametrize("state", sorted(STATES))
+def test_every_kind_an_attempt_writes_is_refused_unless_its_attempt_is_the_open_one(
+    state: str,
+) -> None:
+    # rules._fenced, applied to ATTEMPT_KINDS: wherever the lifecycle takes such an event, one
+    # naming another generation is refused, and one naming the current generation is refused
+    # once its attempt is closed (a final state), else taken as it would be without it.
+    for kind in sorted(ATTEMPT_KINDS):
+        for dest in lc.expand(state, kind):
+            p = projector_in(state)
+            if rule_refuses(p.record(), kind):
+                continue
+            event = make_event(p, kind, dest, seq=100)
+            before = p.record()
+            for other in (p.generation + 1, True, "0"):
+                stale = dataclasses.replace(event, attrs={**event.attrs, "generation": other})
+                with pytest.raises(ImpossibleEvent, match="stale generation"):
+                    p.apply(stale)
+            assert p.record() == before
+            current = dataclasses.replace(event, attrs={**event.attrs, "generation": p.generation})
+            if STATES[state].final:
+                with pytest.raises(ImpossibleEvent, match="attempt is closed"):
+                    p.apply(current)
+                assert p.record() == before
+            else:
+                assert p.apply(current) == dest, (state, kind)
 
 
 _junk = st.one_of(
