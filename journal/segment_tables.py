@@ -167,6 +167,11 @@ def _resolved(rows: Iterator[Any], directory: Path | None) -> Iterator[tuple[str
             yield iid, stream, idx, blob
     finally:
         files.close()
+        # The rows' cursor too, now -- while its connection is open -- rather than when a
+        # traceback holding this frame is freed, maybe after the reader closed.
+        close = getattr(rows, "close", None)
+        if close is not None:
+            close()
 
 
 class _Files:

@@ -7,6 +7,7 @@ of tampering, and never an empty chunk passed on silently."""
 from __future__ import annotations
 
 import errno
+import gc
 import os
 import subprocess
 import sys
@@ -154,6 +155,37 @@ async def test_a_segment_that_cannot_be_opened_is_an_error_not_tampering(
             r.verify()
         with pytest.raises(JournalError, match="cannot be read"):
             r.read_result("inv-x")
+
+
+async def test_a_scan_that_fails_closes_its_cursor_while_the_journal_is_open(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The error leaves the reader's ``with`` (as in ``affidavit journal verify``): the row
+    generator it stopped must be closed there, not when the traceback is freed after the
+    connection closed ("Exception ignored in: <generator Tables.rows>" on stderr)."""
+    db = tmp_path / "j.db"
+    async with Journal.open(db) as j:
+        await kit.store(j, "inv-x", kit.body(10, 1))
+    real = os.open
+
+    def failing(path: Any, flags: int, *a: Any) -> int:
+        if str(path).endswith(".seg"):
+            raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+        return real(path, flags, *a)
+
+    monkeypatch.setattr(segment_tables.os, "open", failing)
+    ignored: list[Any] = []
+    monkeypatch.setattr(sys, "unraisablehook", ignored.append)
+    for scan in ("verify", "read_result"):
+        try:
+            with JournalReader.open(db) as r:
+                getattr(r, scan)(*(("inv-x",) if scan == "read_result" else ()))
+        except JournalError as exc:
+            del exc
+        else:
+            raise AssertionError(f"{scan} read an unreadable segment")
+        gc.collect()
+    assert [str(u.exc_value) for u in ignored] == []
 
 
 async def test_a_scan_over_many_segments_keeps_a_few_open_at_once(tmp_path: Path) -> None:
