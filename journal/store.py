@@ -70,7 +70,10 @@ class _Opener:
         try:
             await self._journal._writer.stop()
         finally:
-            self._journal.close()
+            # Off the event loop: the segment threads may be finishing a write and a sync, and
+            # a shared journal's connection closes over the network.
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(self._journal.close)
 
 
 class Journal(JournalReader):

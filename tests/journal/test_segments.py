@@ -8,6 +8,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -399,3 +400,33 @@ async def test_a_writer_takes_no_chunk_once_flushed_and_a_commit_names_only_sync
         with pytest.raises(ResultStoreFailed, match="not flushed"):
             await j._writer.submit(commit, barrier=True, result_store=True)
         assert j.read_result("inv-q") is None
+
+
+async def test_closing_the_journal_waits_for_the_segment_threads_off_the_event_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Closing lets the segment threads finish a sync under way; that wait must not hold the
+    event loop (a daemon closing its journal still answers, times out, shuts down).  The sync
+    here returns only once a task on the loop has run -- or after 5 s, and the order shows."""
+    released = threading.Event()
+    real = os.fdatasync
+
+    def gated(fd: int) -> None:
+        released.wait(5)
+        real(fd)
+
+    monkeypatch.setattr(seg_mod.os, "fdatasync", gated)
+    order: list[str] = []
+
+    async def release() -> None:
+        await trio.sleep(0.05)
+        order.append("loop ran")
+        released.set()
+
+    with trio.fail_after(kit.LIMIT):
+        async with trio.open_nursery() as nursery:
+            async with Journal.open(tmp_path / "j.db") as j:
+                await kit.put_all(j, "inv-c", kit.body(70))  # over 4 MiB: a sync is asked
+                nursery.start_soon(release)
+            order.append("closed")
+    assert order == ["loop ran", "closed"]
