@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import dataclasses
 import hashlib
 import json
 import os
@@ -29,6 +30,7 @@ from affidavit.statemachine import EventKind, Record
 __all__ = [
     "TOKEN_ENV",
     "FakeResolver",
+    "GateStall",
     "affidavit_cli",
     "assert_error",
     "assert_ok",
@@ -270,3 +272,37 @@ def closed_port() -> int:
         s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]
     return port
+
+
+class GateStall:
+    """A binding whose worker stops, once, right before a dispatch gate -- the first one whose
+    hop is ``hop`` or later (1: the first dispatch; 2: a redirect's next hop) -- until
+    ``resume`` is set or ``limit`` seconds pass: a paused process, which does nothing (the wait
+    is shielded from the call's own deadline)."""
+
+    def __init__(self, real: Any, hop: int = 1, limit: float = 10.0) -> None:
+        self.real = real
+        self.kind, self.table = real.kind, real.table
+        self.hop, self.limit = hop, limit
+        self.stopped, self.resume = trio.Event(), trio.Event()
+
+    def prepare(self, *args: Any) -> Any:
+        return self.real.prepare(*args)
+
+    def connect_timeout(self, target: Any) -> float:
+        return float(self.real.connect_timeout(target))
+
+    async def aclose(self) -> None:
+        await self.real.aclose()
+
+    async def perform(self, prepared: Any, ctx: Any) -> Any:
+        gate = ctx.gate
+
+        async def stalled(facts: Any) -> None:
+            if not self.stopped.is_set() and int(facts.get("hop", 1) or 1) >= self.hop:
+                self.stopped.set()
+                with trio.CancelScope(shield=True), trio.move_on_after(self.limit):
+                    await self.resume.wait()
+            await gate(facts)
+
+        return await self.real.perform(prepared, dataclasses.replace(ctx, gate=stalled))

@@ -25,7 +25,6 @@ Real time: a lease's expiry is the journal's wall clock.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import time
 from collections.abc import AsyncIterator
@@ -43,7 +42,7 @@ from affidavit.engine import EngineSettings
 from affidavit.statemachine import Event, EventKind, Record
 from tests.http.hostile import HostileServer, Peer, Reply, Script
 
-from .helpers import http_target, write_config
+from .helpers import GateStall, http_target, write_config
 from .http_rows import IDEM, POST
 
 E = EventKind
@@ -398,36 +397,6 @@ def _redirecting(first: str) -> Script:
     return script
 
 
-class HopStall:
-    """A binding whose worker stops right before the gate of a redirect's next hop, until
-    ``resume`` (a paused process)."""
-
-    def __init__(self, real: Any) -> None:
-        self.real = real
-        self.kind, self.table = real.kind, real.table
-        self.stopped, self.resume = trio.Event(), trio.Event()
-
-    def prepare(self, *args: Any) -> Any:
-        return self.real.prepare(*args)
-
-    def connect_timeout(self, target: Any) -> float:
-        return float(self.real.connect_timeout(target))
-
-    async def aclose(self) -> None:
-        await self.real.aclose()
-
-    async def perform(self, prepared: Any, ctx: Any) -> Any:
-        gate = ctx.gate
-
-        async def stalled(facts: Any) -> None:
-            if int(facts.get("hop", 1) or 1) > 1:
-                self.stopped.set()
-                await self.resume.wait()
-            await gate(facts)
-
-        return await self.real.perform(prepared, dataclasses.replace(ctx, gate=stalled))
-
-
 class _Ahead:
     """A wall clock ahead of the stalled worker's by more than its lease's margin (lease
     expiry is compared across hosts on wall clocks: docs/deployment.md, "run NTP")."""
@@ -452,7 +421,7 @@ async def test_a_stale_worker_sends_no_next_hop_after_recovery_closed_its_attemp
         HostileServer.running(_redirecting("redirect")) as srv,
         _brokers(tmp_path, srv.url, "sqlite", None, follow_redirects=True) as (a, b),
     ):
-        stall = HopStall(a._engine.bindings["http"])
+        stall = GateStall(a._engine.bindings["http"], hop=2, limit=LIMIT / 2)
         a._engine.bindings["http"] = stall
         out: dict[str, Any] = {}
 
@@ -495,7 +464,7 @@ async def test_a_retry_whose_lease_ran_out_sends_no_next_hop(
         first = await a.call(HOP)
         assert first["error"]["outcome"] == "unknown", first
         iid = first["invocation_id"]
-        stall = HopStall(a._engine.bindings["http"])
+        stall = GateStall(a._engine.bindings["http"], hop=2, limit=LIMIT / 2)
         a._engine.bindings["http"] = stall
         out: dict[str, Any] = {}
 

@@ -16,7 +16,6 @@ delivered, or -- with no retry at all -- once recovery alone closed A's attempt.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from pathlib import Path
 from typing import Any
@@ -30,43 +29,12 @@ from affidavit.engine import EngineSettings
 from affidavit.statemachine import EventKind
 from tests.http.hostile import HostileServer, Peer, Reply
 
-from .helpers import http_target, write_config
+from .helpers import GateStall, http_target, write_config
 from .http_rows import IDEM, POST
 
 E = EventKind
 LIMIT = 20  # seconds: the bound on each scenario
 ACTION = {**POST, "idempotency_key": "gate-stale"}
-
-
-class GateStall:
-    """A's binding: right before the first dispatch gate, stop (shielded, as a stopped process
-    does nothing) until ``resume``."""
-
-    def __init__(self, real: Any) -> None:
-        self.real = real
-        self.kind, self.table = real.kind, real.table
-        self.stopped, self.resume = trio.Event(), trio.Event()
-
-    def prepare(self, *args: Any) -> Any:
-        return self.real.prepare(*args)
-
-    def connect_timeout(self, target: Any) -> float:
-        return float(self.real.connect_timeout(target))
-
-    async def aclose(self) -> None:
-        await self.real.aclose()
-
-    async def perform(self, prepared: Any, ctx: Any) -> Any:
-        gate = ctx.gate
-
-        async def stalled(facts: Any) -> None:
-            if not self.stopped.is_set():
-                self.stopped.set()
-                with trio.CancelScope(shield=True), trio.move_on_after(LIMIT / 2):
-                    await self.resume.wait()
-            await gate(facts)
-
-        return await self.real.perform(prepared, dataclasses.replace(ctx, gate=stalled))
 
 
 async def _held(peer: Peer) -> None:
@@ -89,7 +57,7 @@ async def test_a_worker_stopped_at_its_gate_answers_with_the_record_and_nothing_
             Broker.open(config=cfg, settings=settings, holder="worker-A") as a,
             Broker.open(config=cfg, settings=settings, holder="worker-B") as b,
         ):
-            stall = GateStall(a._engine.bindings["http"])
+            stall = GateStall(a._engine.bindings["http"], limit=LIMIT / 2)
             a._engine.bindings["http"] = stall
             envs: dict[str, Any] = {}
 
