@@ -378,6 +378,7 @@ async def dispatch_approved(
             deliver,
             generation=lease.generation,
             lease=(engine.holder, lease.generation),
+            lease_ends=lease.expires_at,
             control=control,
             grant=grant,
         )

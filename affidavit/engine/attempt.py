@@ -148,11 +148,16 @@ async def run_tries(
     *,
     generation: int,
     lease: tuple[str, int] | None,
+    lease_ends: float,
     control: CallControl | None = None,
     grant: tuple[Grant, str] | None = None,
 ) -> tuple[Attempt, RemoteResult | None, Failure | None]:
     """Run the attempt within the caller's deadline, trying connection setup again (at most
-    ``SETUP_ATTEMPTS`` times) while the failure's code allows it.  Returns the last try with its
+    ``SETUP_ATTEMPTS`` times) while the failure's code allows it.  The attempt also ends within
+    its lease (``lease_ends``, wall clock, less ``lease_margin`` for the other hosts' clocks):
+    once the lease runs out, another worker takes this one for gone and closes its attempt, so
+    it must not be dispatching then -- however long the credential step took.  A lease already
+    out is a lease refusal: nothing is tried.  Returns the last try with its
     result or its failure; the caller records the ending.  A cancellation of the caller is
     recorded here (shielded) with what the boundary proves, then re-raised.  A stop through
     ``control`` (``control.py``) is not re-raised: it ends the attempt with the control's code
@@ -166,11 +171,14 @@ async def run_tries(
     )
     attempt = _new_attempt(engine, iid, generation, lease, target.name, expected, binding, sink, 1)
     attempt.control, attempt.grant = control, grant
+    within_lease = lease_ends - engine.settings.lease_margin - time.time()
+    if within_lease <= 0:
+        return attempt, None, LeaseRefusal(recorded=False)
     result: RemoteResult | None = None
     failure: Failure | None = None
     stop = control.scope if control is not None else trio.CancelScope()
     try:
-        with stop, trio.move_on_after(total) as scope:
+        with stop, trio.move_on_after(min(total, within_lease)) as scope:
             for n in range(1, SETUP_ATTEMPTS + 1):
                 if n > 1:
                     attempt = _new_attempt(

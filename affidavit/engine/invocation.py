@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from affidavit.journal import IdempotencyMismatch, LeaseBusy
+from affidavit.journal import IdempotencyMismatch, Lease, LeaseBusy
 from affidavit.protocols import Binding, Prepared
 from affidavit.protocols.actions import (
     ActionInvalid,
@@ -187,6 +187,9 @@ async def start(
         "idempotency": idem,
         "budget": target.budget,
     }
+    # The first attempt's lease (generation 0): every other worker takes its holder for gone
+    # once it runs out, and recovers the record; the attempt ends within it (``run_tries``).
+    lease_ends = now + engine.lease_ttl(target, timeout)
     batch = batch_facts(parsed, target)
     if batch is not None:
         operation["batch"] = batch  # the items sent, bound before anything is sent
@@ -201,7 +204,7 @@ async def start(
             "operation": operation,
             "session": session,
             "holder": engine.holder,
-            "lease_expires_at": now + engine.lease_ttl(target, timeout),
+            "lease_expires_at": lease_ends,
             **({"link": dict(link)} if link else {}),
         },
     )
@@ -239,6 +242,7 @@ async def start(
         deliver,
         generation=0,
         lease=None,
+        lease_ends=lease_ends,
         preamble=preamble,
         control=control,
         approval=None if policy is None else (policy, requester),
@@ -295,9 +299,9 @@ async def resume(
     recorder = engine.recorder
 
     async def leased(
-        generation: int, timeout: float | None, grant: Grant | None, version: str | None = None
+        lease: Lease, timeout: float | None, grant: Grant | None, version: str | None = None
     ) -> dict[str, Any]:
-        """One more try under the lease of ``generation``, held by this engine."""
+        """One more try under ``lease``, held by this engine."""
         return await run(
             engine,
             iid,
@@ -307,8 +311,9 @@ async def resume(
             key,
             timeout,
             deliver,
-            generation=generation,
-            lease=(engine.holder, generation),
+            generation=lease.generation,
+            lease=(engine.holder, lease.generation),
+            lease_ends=lease.expires_at,
             bound_version=version,
             control=control,
             grant=grant,
@@ -325,7 +330,7 @@ async def resume(
         if isinstance(granted, dict):
             return granted
         claimed, grant, left = granted
-        return await leased(claimed.generation, left, grant)
+        return await leased(claimed, left, grant)
     if not record.final:
         record = await recover_stale(recorder, record)
         if not record.final:
@@ -348,7 +353,7 @@ async def resume(
             return recorder.envelope(await recorder.record(iid))
         # A retry reuses an approval only as the gate re-checks it (grant_of).
         version = (record.evidence.get("credential") or {}).get("version")
-        return await leased(lease.generation, timeout, grant_of(record), version)
+        return await leased(lease, timeout, grant_of(record), version)
     # FETCH, RETURN_RECORDED_RESULT, RECONCILE, STOP_FOR_CORRECTION, RETRY_WHEN_ALLOWED:
     # answer from the record; nothing is sent again.
     return recorder.envelope(record)
@@ -366,6 +371,7 @@ async def run(
     *,
     generation: int,
     lease: tuple[str, int] | None,
+    lease_ends: float,
     preamble: Preamble = (),
     bound_version: str | None = None,
     control: CallControl | None = None,
@@ -374,7 +380,9 @@ async def run(
 ) -> dict[str, Any]:
     """One try of the invocation: the credential step, the attempt, its ending.  ``approval``
     (the target's policy, the requester's uid): this new invocation waits for an operator
-    first (``approval.py``); ``grant``: it was approved, and the gate re-checks that."""
+    first (``approval.py``); ``grant``: it was approved, and the gate re-checks that.
+    ``lease_ends``: when the lease of ``generation`` runs out (wall clock): the attempt ends
+    within it."""
     if control is not None:
         control.invocation_id = iid
     if approval is not None:
@@ -385,6 +393,7 @@ async def run(
             return granted  # pending, denied, expired, or another process dispatches it
         claimed, grant, timeout = granted
         generation, lease, preamble = claimed.generation, (engine.holder, claimed.generation), ()
+        lease_ends = claimed.expires_at
     authorized = await _authorize(
         engine, iid, action, target, binding, key, preamble, bound_version, generation
     )
@@ -407,6 +416,7 @@ async def run(
         timeout,
         generation=generation,
         lease=lease,
+        lease_ends=lease_ends,
         control=control,
         grant=check,
     )
