@@ -41,16 +41,23 @@ def check_lease(
         and current.expires_at > clock()
     ):
         return None
-    lost = Event(
-        EventKind.LEASE_LOST,
-        iid,
-        attrs={"generation": generation, "holder": holder},
-    )
+    attrs: dict[str, object] = {"generation": generation, "holder": holder}
+    if _dispatched(txn, iid, generation):
+        # A redirect's next hop: the record holds this generation's DISPATCH_STARTED, so the
+        # worker stopped here had sent its first hop -- as the engine's own LEASE_LOST after a
+        # dispatch says.
+        attrs["after_dispatch"] = True
+    lost = Event(EventKind.LEASE_LOST, iid, attrs=attrs)
     try:
         seq = txn.insert(*row_args(lost)).seq
     except ImpossibleEvent:
         seq = None
     return Fail(LeaseLost(iid, holder, generation, current, seq))
+
+
+def _dispatched(txn: Txn, iid: str, generation: int) -> bool:
+    attempts = txn.projector(iid).record().attempts
+    return any(a["generation"] == generation and a["stage"] == "dispatch" for a in attempts)
 
 
 LEASE_KINDS = frozenset({EventKind.RETRY_LEASE_ACQUIRED, EventKind.DISPATCH_LEASE_ACQUIRED})
