@@ -151,6 +151,7 @@ TRANSITIONS: Final[MappingProxyType[str, MappingProxyType[E, str]]] = MappingPro
         **_DIAG,
         E.PREFLIGHT_VALIDATED: "validated",
         E.PREFLIGHT_FAILED: "validation_failed",
+        E.SETUP_FAILED: "setup_failed",               # recovery: its worker stopped here
     },
     "validation_failed": {**_DIAG},
     "validated": {
@@ -159,6 +160,7 @@ TRANSITIONS: Final[MappingProxyType[str, MappingProxyType[E, str]]] = MappingPro
         E.CREDENTIAL_AUTHORIZED: "authorized",
         E.CREDENTIAL_FAILED: "credential_failed",
         E.PREFLIGHT_FAILED: "validation_failed",
+        E.SETUP_FAILED: "setup_failed",               # recovery: its worker stopped here
     },
     "awaiting_approval": {
         **_DIAG,

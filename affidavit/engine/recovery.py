@@ -34,6 +34,8 @@ _AFTER_DISPATCH = {
     "journal": "The journal refused a write after dispatch; no result was recorded.",
 }
 _LEASES = frozenset({E.RETRY_LEASE_ACQUIRED, E.DISPATCH_LEASE_ACQUIRED})
+_BEFORE_DISPATCH = frozenset({"accepted", "validated", "authorized", "retry_pending"})
+"""The states whose current attempt has not dispatched, closed by SETUP_FAILED."""
 
 
 async def recover_stale(recorder: Recorder, record: Record, *, holder_gone: bool = False) -> Record:
@@ -70,9 +72,11 @@ def closing_event(record: Record, stage: str) -> Event | None:
     the projection refuses it instead of ending that worker's attempt."""
     iid = record.invocation_id
     gen = record.generation
-    if record.state == "authorized" or record.state == "retry_pending":
+    if record.state in _BEFORE_DISPATCH:
         # The current attempt never reached its own DISPATCH_STARTED (that would have moved
-        # the state to ``dispatched``).  In ``retry_pending`` an *earlier* attempt did, so
+        # the state to ``dispatched``): its worker stopped before it, or while it resolved the
+        # credential (``validated``: a retry after setup_failed starts there), or right after
+        # the record was taken (``accepted``) -- nothing of it was sent.  In ``retry_pending`` an *earlier* attempt did, so
         # ``dispatch_started`` is already true and the outcome stays unknown
         # (retry_setup_failed); ATTEMPT_INTERRUPTED is impossible there and would leave the
         # record IN_PROGRESS for ever.
