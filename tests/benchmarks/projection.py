@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from affidavit.statemachine import (
+    ATTEMPT_KINDS,
     TRANSITIONS,
     Event,
     EventKind,
@@ -118,6 +119,23 @@ TEMPLATES: list[tuple[int, list[Step]]] = [
 ]
 
 
+_STAMPED = ATTEMPT_KINDS | {E.RECONCILED, E.RECONCILE_INCONCLUSIVE}
+
+
+def _stamped(steps: list[Step]) -> list[Step]:
+    """``steps`` with the lease generation named where the engine names it (every kind an
+    attempt writes, and a reconciliation's), so the fold's generation checks are timed."""
+    out: list[Step] = []
+    gen = 0
+    for kind, attrs, source in steps:
+        if kind is E.RETRY_LEASE_ACQUIRED:
+            gen = attrs["generation"]
+        elif kind in _STAMPED:
+            attrs = {**attrs, "generation": gen}
+        out.append((kind, attrs, source))
+    return out
+
+
 def synthetic_log(n_events: int, seed: int = 7, concurrency: int = 64) -> list[Event]:
     """~n_events events of many invocations, interleaved as concurrent workers would write them
     (each invocation's events in order; a global, increasing seq)."""
@@ -128,7 +146,7 @@ def synthetic_log(n_events: int, seed: int = 7, concurrency: int = 64) -> list[E
     while total < n_events:
         _w, steps = rng.choices(TEMPLATES, weights)[0]
         accepted: Step = (E.ACTION_ACCEPTED, _op(rng.random() < 0.3, rng.random() < 0.4), T)
-        plan = [accepted, *steps]
+        plan = [accepted, *_stamped(steps)]
         plans.append(plan)
         total += len(plan)
     events: list[Event] = []
