@@ -361,7 +361,11 @@ async def test_a_stale_worker_s_result_chunk_does_not_replace_the_newer_attempt_
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
 async def test_an_attempt_recovery_closed_takes_nothing_more_from_its_stale_worker(
-    tmp_path: Path, token: str, backend: str, request: pytest.FixtureRequest
+    tmp_path: Path,
+    token: str,
+    backend: str,
+    request: pytest.FixtureRequest,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     # No retry: recovery closed A's attempt (ATTEMPT_INTERRUPTED, naming A's generation, which
     # stays the current one).  A resumes with its complete response: none of it is the closed
@@ -374,6 +378,8 @@ async def test_an_attempt_recovery_closed_takes_nothing_more_from_its_stale_work
     assert run.record.state == "interrupted"
     assert "status" not in (run.record.evidence.get("http") or {}), run.record.evidence["http"]
     assert run.env_a["error"]["code"] == "LEASE_LOST"
+    # A result refused because the attempt was closed is no storage failure: no operator alarm.
+    assert "operator intervention" not in caplog.text, caplog.text
 
 
 def _redirecting(first: str) -> Script:
