@@ -262,6 +262,12 @@ async def _store_failed(engine: Engine, complete: Event) -> tuple[dict[str, Any]
         # Read back now, the record holds the result -- the answer, as for any stored result.
         # (The record's generation is this attempt's, and only an attempt stores a result.)
         return recorder.envelope(record), True
+    if record.final:
+        # Closed by someone else (recovery, a reconciliation) while this worker stalled: its
+        # result was refused for that, not for storage -- no operator alarm; a lost lease.
+        raise ImpossibleEvent(
+            complete, record.state, f"generation {generation}'s attempt is closed"
+        )
     log.warning("storing the result of %s failed; operator intervention is required", iid)
     pending = [
         Event(E.RESULT_STORE_FAILED, iid, {"stage": "result_store", "generation": generation})
