@@ -412,6 +412,11 @@ class Console:
         except OperatorError as exc:
             problem = Refused(exc.status, exc.message, exc.code)
             return await self._invocation(req, iid, problem)
+        refused = answer.get("refused")
+        if refused is not None:  # the query ran; the record moved on meanwhile
+            query_id = (answer.get("query") or {}).get("invocation_id")
+            message = f"{refused['message']} (the query ran: {query_id}, linked in the timeline)"
+            return await self._invocation(req, iid, Refused(409, message, refused["code"]))
         done = "reconciled" if answer["reconciled"] else "inconclusive"
         await req.redirect(f"/invocations/{quote(iid, safe='')}?done={done}")
 

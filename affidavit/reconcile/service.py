@@ -154,8 +154,9 @@ async def query(
     """Run the target's reconciliation query once; return ``{"reconciled": bool, "envelope":
     the reconciled invocation's, "query": the query's own envelope}``.  What the query found
     is about the record as it was read before the query ran: if a retry took the invocation
-    over meanwhile (or another observer settled it), ``OperatorError`` says what the record
-    shows now (``_append``) -- the query's own record stays, linked."""
+    over meanwhile (or another observer settled it), nothing is reconciled and ``"refused"``
+    says what the record shows now (``{code, message}``, ``_append``'s) -- the query's own
+    record stays, linked.  ``OperatorError`` is raised only before the query is sent."""
     record = await _unknown_at_rest(engine, invocation_id)
     target = engine.config.targets.get(record.target or "")
     spec = get(target.kind) if target is not None else None
@@ -206,7 +207,18 @@ async def query(
                 **_observed(record),
             },
         )
-    await _append(engine, event)
+    try:
+        await _append(engine, event)
+    except OperatorError as refused:
+        # The query ran -- its record stays, linked -- but what it found is not the record's
+        # to take any more.  Answered, not raised: an OperatorError says nothing was invoked.
+        envelope = engine.recorder.envelope(await engine.recorder.record(invocation_id))
+        return {
+            "reconciled": False,
+            "envelope": envelope,
+            "query": answer,
+            "refused": {"code": refused.code, "message": refused.message},
+        }
     envelope = engine.recorder.envelope(await engine.recorder.record(invocation_id))
     return {"reconciled": settled is not None, "envelope": envelope, "query": answer}
 

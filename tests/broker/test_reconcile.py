@@ -279,9 +279,8 @@ async def test_a_query_that_read_the_remote_before_a_retry_dispatched_does_not_c
         out: dict[str, Any] = {}
 
         async def reconcile() -> None:
-            with pytest.raises(OperatorError) as info:
-                await b.reconcile(iid, query=True)
-            out["refused"] = info.value
+            out["answer"] = await b.reconcile(iid, query=True)
+            out["refused"] = out["answer"]["refused"]
 
         async def retry() -> None:
             out["retry"] = await b.call(charge)
@@ -302,9 +301,13 @@ async def test_a_query_that_read_the_remote_before_a_retry_dispatched_does_not_c
         verify_ok(b)
     assert api.applied == ["charge-1"]
     # The retry was in flight when the query's answer came: the service says so, and records
-    # nothing of an observation the record has moved past.
-    refused = out["refused"]
-    assert refused.code == "STILL_RUNNING", refused.message
+    # nothing of an observation the record has moved past -- answered, not raised (the query
+    # ran): not reconciled, the query's own envelope named.
+    refused, answer = out["refused"], out["answer"]
+    assert refused["code"] == "STILL_RUNNING", refused["message"]
+    assert answer["reconciled"] is False
+    assert answer["query"]["invocation_id"] != iid
+    assert answer["envelope"]["invocation_id"] == iid
     assert E.RECONCILED not in kinds and E.RECONCILE_INCONCLUSIVE not in kinds, kinds
     # The retry's own complete response is the record's, and its caller's answer.
     env = out["retry"]
