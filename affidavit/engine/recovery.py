@@ -76,10 +76,10 @@ def closing_event(record: Record, stage: str) -> Event | None:
         # The current attempt never reached its own DISPATCH_STARTED (that would have moved
         # the state to ``dispatched``): its worker stopped before it, or while it resolved the
         # credential (``validated``: a retry after setup_failed starts there), or right after
-        # the record was taken (``accepted``) -- nothing of it was sent.  In ``retry_pending`` an *earlier* attempt did, so
-        # ``dispatch_started`` is already true and the outcome stays unknown
-        # (retry_setup_failed); ATTEMPT_INTERRUPTED is impossible there and would leave the
-        # record IN_PROGRESS for ever.
+        # the record was taken (``accepted``) -- nothing of it was sent.  In ``retry_pending``
+        # an *earlier* attempt did, so ``dispatch_started`` is already true and the outcome
+        # stays unknown (retry_setup_failed); ATTEMPT_INTERRUPTED is impossible there and
+        # would leave the record IN_PROGRESS for ever.
         return Event(
             E.SETUP_FAILED,
             iid,
