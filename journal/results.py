@@ -428,8 +428,20 @@ class PostingWriter:
     def prepare(
         self, txn: Txn, key: BrokerKey, audit: AuditSealer | None, expect: Mapping[str, str]
     ) -> tuple[ResultStreams, Callable[[Tables], None]]:
-        per = _logged_streams(txn, self.invocation_id, self.log, expect, audit is not None)
-        return per, _nothing
+        # Chunk 0 starts only its own stream over: a stream an earlier, uncommitted attempt
+        # wrote and this one did not is still stored.  It is not this result's: left out, and
+        # dropped with the commit (as a segment writer's commit drops what was left).  Every
+        # other stored chunk is this writer's -- a stale attempt's is refused as it is written
+        # (``chunk_op``'s generation) -- or the commit is refused.
+        iid = self.invocation_id
+        left: set[str] = set()
+        per = _logged_streams(txn, iid, self.log, expect, audit is not None, left=left)
+
+        def write(tables: Tables) -> None:
+            for stream in sorted(left):
+                tables.drop_stream(iid, stream)
+
+        return per, write
 
 
 def _nothing(tables: Tables) -> None:
@@ -594,16 +606,26 @@ def _audit_hashes(txn: Txn, iid: str, per: dict[str, dict[str, Any]]) -> None:
 
 
 def _logged_streams(
-    txn: Txn, iid: str, log: ChunkLog, expect: Mapping[str, str], audit: bool
+    txn: Txn,
+    iid: str,
+    log: ChunkLog,
+    expect: Mapping[str, str],
+    audit: bool,
+    left: set[str] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """``_stored_streams`` (and ``_audit_hashes``) from ``log``: every stored chunk -- read
     inside the committing transaction -- must be one ``log`` recorded (same identity and
     length: ``seal_ident``), every stream exactly the chunks its writer stored, and the
-    streams exactly ``expect``'s, whose plaintext hashes the writer took as it sealed them."""
+    streams exactly ``expect``'s, whose plaintext hashes the writer took as it sealed them.
+    ``left``: the stored streams ``log`` never posted to are added to it and left out, not
+    refused (``PostingWriter.prepare``: an earlier attempt's)."""
     per: dict[str, dict[str, Any]] = {}
     for table in (False, True) if audit else (False,):
         for stream, idx, data in txn.tables.chunks(table, iid):
             if table and stream == SUMMARY_STREAM:
+                continue
+            if left is not None and stream not in log._posted:
+                left.add(stream)
                 continue
             info = per.setdefault(stream, {"chunks": 0, "bytes": 0, "sealed": []})
             want = log._get(stream, idx)
