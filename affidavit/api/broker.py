@@ -100,7 +100,10 @@ class Broker:
         ``requester`` is the uid asking (the daemon's peer; default this process's user), which
         may not approve its own request.  An action the target's ``approval`` covers waits up
         to the policy's ``wait`` for an operator, then answers APPROVAL_PENDING (fetch the
-        result later: the approved request is sent once, by whoever holds it)."""
+        result later: the approved request is sent once, by whoever holds it).  A shared
+        journal unreachable beyond ``[journal] reconnect`` leaves no record to answer from:
+        ``affidavit.engine.CallNotRecorded`` (``code``, ``invocation_id``: fetch it once the
+        journal is back)."""
         return await self._engine.call(
             action, timeout=timeout, deliver=deliver, control=control, requester=requester
         )

@@ -32,7 +32,7 @@ import affidavit
 from affidavit.api.broker import Broker
 from affidavit.api.wire import parse_time
 from affidavit.console import TokenStore
-from affidavit.engine import OperationError
+from affidavit.engine import CallNotRecorded, OperationError, unrecorded
 from affidavit.journal import JournalError, JournalReader
 from affidavit.journal.backend import where as journal_where
 from affidavit.statemachine import Outcome, Phase
@@ -188,17 +188,8 @@ class Api:
                 # No envelope without a durable record to render it from.  What was recorded
                 # stays: once the journal is back, the record (recovered when its lease ran
                 # out) says whether anything was sent.
-                iid = running.control.invocation_id
                 raise ApiProblem(
-                    503,
-                    "JOURNAL_UNAVAILABLE",
-                    "the journal could not record the call"
-                    + (
-                        f" ({iid}: `affidavit result {iid}` once it is back tells whether it "
-                        "was sent)"
-                        if iid
-                        else " before it was accepted: nothing was sent"
-                    ),
+                    503, CallNotRecorded.code, unrecorded(running.control.invocation_id)
                 )
             raise ApiProblem(
                 500, "INTERNAL", f"the call failed inside the broker ({running.failure})"

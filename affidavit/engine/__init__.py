@@ -8,16 +8,19 @@ from affidavit.engine.control import CallControl
 from affidavit.engine.engine import Deliver, Engine
 from affidavit.engine.ids import new_invocation_id
 from affidavit.engine.operations import OperationError
+from affidavit.engine.recovery import CallNotRecorded, unrecorded
 from affidavit.engine.settings import EngineSettings
 from affidavit.engine.sink import RESULT_CHUNK
 
 __all__ = [
     "RESULT_CHUNK",
     "CallControl",
+    "CallNotRecorded",
     "Deliver",
     "Engine",
     "EngineSettings",
     "OperationError",
     "new_invocation_id",
     "tune_collector",
+    "unrecorded",
 ]

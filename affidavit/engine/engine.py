@@ -33,7 +33,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from affidavit.config import Config
-from affidavit.journal import Journal, JournalWriteError, ResultStream
+from affidavit.journal import Journal, JournalUnavailable, JournalWriteError, ResultStream
 from affidavit.protocols import Binding
 from affidavit.statemachine import Record
 
@@ -42,7 +42,7 @@ from .approval import ApprovalBoard
 from .control import CallControl
 from .delivery import deliver_stored
 from .recorder import Recorder
-from .recovery import journal_refused, recover_stale
+from .recovery import CallNotRecorded, journal_refused, recover_stale
 from .settings import EngineSettings
 from .snapshot import ConfigSnapshot
 
@@ -103,17 +103,33 @@ class Engine:
         with an approval request -- it may not approve itself (``affidavit.approvals``).
 
         ``timeout`` must be ``None`` or seconds >= 0: NaN or a negative value is a caller bug,
-        refused before anything is journaled (it used to fail mid-call, inside trio)."""
+        refused before anything is journaled (it used to fail mid-call, inside trio).
+
+        ``CallNotRecorded`` (a ``JournalError``) when a shared journal stayed away beyond its
+        reconnect window, so that the call's record cannot be read: no envelope, only the
+        invocation it names."""
         if timeout is not None and not timeout >= 0:
             raise ValueError("timeout must be None or a number of seconds >= 0")
         try:
-            return await invocation.start(self, action, timeout, deliver, link, control, requester)
-        except JournalWriteError as exc:
-            # The journal refused a write mid-call (disk full, I/O error): answer with what the
-            # durable record proves, closed as recovery would close it.  Nothing durable at all:
-            # the journal is unusable, and that is raised (the CLI's exit 2 naming the path).
-            record = await journal_refused(self.recorder, self.recorder.writing(), exc)
-            return self.recorder.envelope(record)
+            try:
+                return await invocation.start(
+                    self, action, timeout, deliver, link, control, requester
+                )
+            except JournalWriteError as exc:
+                # The journal refused a write mid-call (disk full, I/O error): answer with what
+                # the durable record proves, closed as recovery would close it.  Nothing durable
+                # at all: the journal is unusable, and that is raised (the CLI's exit 2 naming
+                # the path).
+                record = await journal_refused(self.recorder, self.recorder.writing(), exc)
+                return self.recorder.envelope(record)
+        except JournalUnavailable as exc:
+            # A read of the record failed, the database away beyond the reconnect window (in
+            # journal_refused, in _store_failed, anywhere): nothing durable to render an envelope
+            # from.  Which read it was says nothing to the caller; which invocation does.
+            iid = (control.invocation_id if control is not None else None) or (
+                self.recorder.writing()
+            )
+            raise CallNotRecorded(iid) from exc
         finally:
             # Normally settled already; after an exception, forget what is left.
             self.recorder.done()

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import time
 
-from affidavit.journal import JournalWriteError
+from affidavit.journal import JournalUnavailable, JournalWriteError
 from affidavit.statemachine import (
     Code,
     Event,
@@ -26,7 +26,7 @@ from affidavit.statemachine import (
 from .approval import APPROVAL_STATES, expire_if_due
 from .recorder import Recorder
 
-__all__ = ["closing_event", "journal_refused", "recover_stale"]
+__all__ = ["CallNotRecorded", "closing_event", "journal_refused", "recover_stale", "unrecorded"]
 
 E = EventKind
 _AFTER_DISPATCH = {
@@ -127,3 +127,32 @@ async def journal_refused(recorder: Recorder, iid: str | None, error: JournalWri
         recorder.forget()
         return project(recorder.journal.events(iid))
     return await recorder.record(iid)
+
+
+def unrecorded(invocation_id: str | None) -> str:
+    """What a caller is told when the journal could not record its call, so that no envelope
+    can be rendered from a durable record (the daemon's 503 JOURNAL_UNAVAILABLE, and
+    ``CallNotRecorded``): which invocation, and where its record says -- once the journal is
+    back -- whether it was sent; never more.  ``None``: the call wrote nothing, so it sent
+    nothing (a dispatch is preceded by its durable DISPATCH_STARTED)."""
+    if invocation_id is None:
+        return "the journal could not record the call before it was accepted: nothing was sent"
+    return (
+        f"the journal could not record the call ({invocation_id}: `affidavit result "
+        f"{invocation_id}` once it is back tells whether it was sent)"
+    )
+
+
+class CallNotRecorded(JournalUnavailable):
+    """A shared journal's database went away during a call and stayed away beyond ``[journal]
+    reconnect``: the call's record cannot be read, so it has no envelope (``Engine.call``
+    raises this instead of the error of whichever read failed last).  ``invocation_id`` names
+    the call (None: it wrote nothing); once the journal is back, its record -- closed by
+    recovery when the call's lease has run out -- says what was sent.  ``code`` is what the
+    daemon answers such a call with (503), and MCP with an ``api_error``."""
+
+    code = "JOURNAL_UNAVAILABLE"
+
+    def __init__(self, invocation_id: str | None) -> None:
+        self.invocation_id = invocation_id
+        super().__init__(unrecorded(invocation_id))

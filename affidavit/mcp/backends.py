@@ -115,7 +115,8 @@ class Embedded:
         return self.broker.catalog()
 
     async def call(self, action: Mapping[str, Any], exchange: Exchange) -> dict[str, Any]:
-        from affidavit.engine import CallControl
+        from affidavit.engine import CallControl, CallNotRecorded, unrecorded
+        from affidavit.journal import JournalError
 
         control = CallControl()
         if self._stopped:  # started just as the process was told to stop: never dispatched
@@ -126,6 +127,10 @@ class Embedded:
         self._controls.add(control)
         try:
             return await self.broker.call(action, deliver=exchange.deliver, control=control)
+        except JournalError:
+            # No durable record to render an envelope from: the daemon's answer to the same
+            # (503), so that a client hears the same whichever broker it has.
+            return api_error(CallNotRecorded.code, unrecorded(control.invocation_id))
         finally:
             self._controls.discard(control)
 

@@ -82,7 +82,6 @@ def _cli_says(result: Run, iid: str, pg: Cluster) -> None:
     assert pg.password.encode() not in result.stderr
 
 
-@pytest.mark.xfail(strict=True, reason="JournalUnavailable escapes the call unnamed")
 @pytest.mark.parametrize("point", POINTS)
 async def test_cli_embedded_exits_2_with_the_daemons_words(
     tmp_path: Path, token: str, pg: Cluster, pg_url: str, point: str
@@ -126,7 +125,6 @@ async def test_cli_through_the_daemon_says_the_same(
     _cli_says(result, _only_invocation(pg_url), pg)
 
 
-@pytest.mark.xfail(strict=True, reason="JournalUnavailable escapes the call unnamed")
 @pytest.mark.parametrize("point", POINTS)
 async def test_mcp_embedded_answers_journal_unavailable_naming_the_invocation(
     tmp_path: Path, token: str, pg: Cluster, pg_url: str, point: str
