@@ -32,8 +32,8 @@ import affidavit
 from affidavit.api.broker import Broker
 from affidavit.api.wire import parse_time
 from affidavit.console import TokenStore
-from affidavit.engine import CallNotRecorded, OperationError, unrecorded
-from affidavit.journal import JournalError, JournalReader
+from affidavit.engine import CallNotRecorded, OperationError, unreadable, unrecorded
+from affidavit.journal import JournalError, JournalReader, JournalUnavailable
 from affidavit.journal.backend import where as journal_where
 from affidavit.statemachine import Outcome, Phase
 from affidavit.views import (
@@ -222,6 +222,8 @@ class Api:
             envelope = await self.broker.fetch_result(
                 invocation_id, from_chunk=from_chunk, deliver=deliver
             )
+        except JournalUnavailable:  # the record unread: nothing is known to be wrong with it
+            raise ApiProblem(503, CallNotRecorded.code, unreadable(invocation_id)) from None
         except JournalError as exc:  # a stored result that fails verification: never its bytes
             raise ApiProblem(500, "RESULT_UNVERIFIED", str(exc)) from None
         if req.answered or req.link.hung_up.is_set():

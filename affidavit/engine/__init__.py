@@ -8,7 +8,7 @@ from affidavit.engine.control import CallControl
 from affidavit.engine.engine import Deliver, Engine
 from affidavit.engine.ids import new_invocation_id
 from affidavit.engine.operations import OperationError
-from affidavit.engine.recovery import CallNotRecorded, unrecorded
+from affidavit.engine.recovery import CallNotRecorded, unreadable, unrecorded
 from affidavit.engine.settings import EngineSettings
 from affidavit.engine.sink import RESULT_CHUNK
 
@@ -22,5 +22,6 @@ __all__ = [
     "OperationError",
     "new_invocation_id",
     "tune_collector",
+    "unreadable",
     "unrecorded",
 ]

@@ -26,7 +26,14 @@ from affidavit.statemachine import (
 from .approval import APPROVAL_STATES, expire_if_due
 from .recorder import Recorder
 
-__all__ = ["CallNotRecorded", "closing_event", "journal_refused", "recover_stale", "unrecorded"]
+__all__ = [
+    "CallNotRecorded",
+    "closing_event",
+    "journal_refused",
+    "recover_stale",
+    "unreadable",
+    "unrecorded",
+]
 
 E = EventKind
 _AFTER_DISPATCH = {
@@ -140,6 +147,15 @@ def unrecorded(invocation_id: str | None) -> str:
     return (
         f"the journal could not record the call ({invocation_id}: `affidavit result "
         f"{invocation_id}` once it is back tells whether it was sent)"
+    )
+
+
+def unreadable(invocation_id: str) -> str:
+    """What a caller is told when a read of an invocation (a fetch) found a shared journal
+    away beyond its reconnect window (JOURNAL_UNAVAILABLE): the record is unread, not wrong."""
+    return (
+        f"the journal cannot be read now ({invocation_id}); a fetch sends nothing -- fetch it "
+        "again once the journal is back"
     )
 
 

@@ -137,12 +137,15 @@ class Embedded:
     async def fetch_result(
         self, invocation_id: str, from_chunk: int | None, exchange: Exchange
     ) -> dict[str, Any]:
-        from affidavit.journal import JournalError
+        from affidavit.engine import CallNotRecorded, unreadable
+        from affidavit.journal import JournalError, JournalUnavailable
 
         try:
             envelope = await self.broker.fetch_result(
                 invocation_id, from_chunk=from_chunk, deliver=exchange.deliver
             )
+        except JournalUnavailable:  # the record unread (as the daemon answers: 503)
+            return api_error(CallNotRecorded.code, unreadable(invocation_id))
         except JournalError as exc:  # a stored result that fails verification: never its bytes
             return api_error("RESULT_UNVERIFIED", str(exc))
         return _unknown_id(invocation_id) if envelope is None else envelope

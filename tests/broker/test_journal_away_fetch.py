@@ -42,7 +42,6 @@ def _away(code: str, message: str) -> None:
     assert "verif" not in message, message
 
 
-@pytest.mark.xfail(strict=True, reason="an unreachable journal is answered RESULT_UNVERIFIED")
 async def test_the_daemon_answers_503_journal_unavailable_not_result_unverified(
     tmp_path: Path, token: str, pg: Cluster, pg_url: str
 ) -> None:
@@ -74,7 +73,6 @@ async def test_the_daemon_answers_503_journal_unavailable_not_result_unverified(
         assert "Traceback" not in daemon.log_text()
 
 
-@pytest.mark.xfail(strict=True, reason="an unreachable journal is answered RESULT_UNVERIFIED")
 async def test_mcp_embedded_answers_journal_unavailable_not_result_unverified(
     tmp_path: Path, token: str, pg: Cluster, pg_url: str
 ) -> None:
