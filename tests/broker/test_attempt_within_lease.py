@@ -11,7 +11,9 @@ remote then applied.  Both backends."""
 from __future__ import annotations
 
 import contextlib
+import json
 import time
+import urllib.parse
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -25,6 +27,7 @@ from affidavit.engine import EngineSettings
 from affidavit.statemachine import EventKind
 from tests.http.hostile import HostileServer, Peer, Reply
 
+from .approvalkit import reconcile_target
 from .helpers import http_target, write_config
 from .http_rows import IDEM, POST
 
@@ -136,21 +139,26 @@ async def test_a_first_attempt_whose_lease_ran_out_is_stopped_at_its_gate(
 
 
 class HeldCharges:
-    """``POST /v1/charges`` is held until ``release_post``, then applied and answered 201;
-    ``GET /v1/charges?idempotency_key=K`` reads whether K was applied (200) or not (404)."""
+    """``POST /v1/charges`` is held until ``release_post``, then applied and answered 201 --
+    except, with ``drop_first``, the first POST, closed unanswered and not applied (the
+    invocation is unknown; the next POST is a same-key retry).  ``GET
+    /v1/charges?idempotency_key=K`` reads whether K was applied (200) or not (404)."""
 
-    def __init__(self) -> None:
+    def __init__(self, drop_first: bool = False) -> None:
         self.applied: list[str] = []
+        self.drop_first = drop_first
+        self.posts = 0
 
     async def script(self, peer: Peer) -> None:
-        import json
-        import urllib.parse
-
         while True:
             req = await peer.read_request()
             if req is None:
                 return
             if req.method == "POST":
+                self.posts += 1
+                if self.drop_first and self.posts == 1:
+                    await peer.close()
+                    return
                 peer.server.event("post_received").set()
                 await peer.server.event("release_post").wait()
                 self.applied.append(req.header("idempotency-key") or "")
@@ -162,6 +170,17 @@ class HeldCharges:
             await peer.respond(Reply(status, body=json.dumps({"key": key}).encode()))
 
 
+def _charge(key: str) -> dict[str, Any]:
+    body = json.dumps({"amount": 5})
+    return {
+        "target": "api",
+        "method": "POST",
+        "path": "/v1/charges",
+        "body": body,
+        "idempotency_key": key,
+    }
+
+
 @BACKENDS
 async def test_a_reconciliation_cannot_close_a_first_attempt_dispatched_after_its_lease_ran_out(
     tmp_path: Path, token: str, backend: str, request: pytest.FixtureRequest
@@ -170,18 +189,8 @@ async def test_a_reconciliation_cannot_close_a_first_attempt_dispatched_after_it
     # closes A's live attempt, the query reads "absent" while A's POST is in flight, and the
     # record says reconciled_rejected -- then A's POST is applied.  "rejected" invites the
     # charge again: the false record 8b514dd set out to prevent, through the first attempt.
-    import json
-
-    from .approvalkit import reconcile_target
-
     api = HeldCharges()
-    charge = {
-        "target": "api",
-        "method": "POST",
-        "path": "/v1/charges",
-        "body": json.dumps({"amount": 5}),
-        "idempotency_key": "charge-first",
-    }
+    charge = _charge("charge-first")
     async with (
         HostileServer.running(api.script) as srv,
         _pair(tmp_path, reconcile_target(srv.url), backend, request) as (a, b),
@@ -231,38 +240,6 @@ async def test_a_reconciliation_cannot_close_a_first_attempt_dispatched_after_it
     )
 
 
-class DroppedThenHeld(HeldCharges):
-    """The first POST is closed unanswered and not applied (the invocation is unknown); the
-    next -- a same-key retry -- is held until ``release_post``, then applied."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.posts = 0
-
-    async def script(self, peer: Peer) -> None:
-        import json
-        import urllib.parse
-
-        while True:
-            req = await peer.read_request()
-            if req is None:
-                return
-            if req.method == "POST":
-                self.posts += 1
-                if self.posts == 1:
-                    await peer.close()
-                    return
-                peer.server.event("post_received").set()
-                await peer.server.event("release_post").wait()
-                self.applied.append(req.header("idempotency-key") or "")
-                await peer.respond(Reply(201, body=b'{"id": "ch_1"}'))
-                continue
-            query = urllib.parse.parse_qs(urllib.parse.urlsplit(req.target).query)
-            key = query.get("idempotency_key", [""])[0]
-            status = 200 if key in self.applied else 404
-            await peer.respond(Reply(status, body=json.dumps({"key": key}).encode()))
-
-
 @BACKENDS
 async def test_a_retry_s_call_does_not_outlive_its_lease(
     tmp_path: Path, token: str, backend: str, request: pytest.FixtureRequest
@@ -276,18 +253,8 @@ async def test_a_retry_s_call_does_not_outlive_its_lease(
     # query reads "absent"; the retry's POST is applied afterwards, and the record says
     # reconciled_rejected over an applied charge (shown in the failure message).  A correct
     # implementation ends the attempt by its lease (its deadline within expiry - margin).
-    import json
-
-    from .approvalkit import reconcile_target
-
-    api = DroppedThenHeld()
-    charge = {
-        "target": "api",
-        "method": "POST",
-        "path": "/v1/charges",
-        "body": json.dumps({"amount": 5}),
-        "idempotency_key": "charge-retry",
-    }
+    api = HeldCharges(drop_first=True)
+    charge = _charge("charge-retry")
     timeout, margin = 2.0, 1.0  # the retry's lease: 3 s
     async with HostileServer.running(api.script) as srv:
         targets = reconcile_target(srv.url)
