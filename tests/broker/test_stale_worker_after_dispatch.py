@@ -456,16 +456,22 @@ async def test_a_stale_worker_sends_no_next_hop_after_recovery_closed_its_attemp
     assert (err["code"], err["outcome"]) == ("LEASE_LOST", "unknown"), err
 
 
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
 async def test_a_retry_whose_lease_ran_out_sends_no_next_hop(
-    tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
+    token: str,
+    monkeypatch: pytest.MonkeyPatch,
+    backend: str,
+    request: pytest.FixtureRequest,
 ) -> None:
     # A retry holds a lease row (holder, generation, expiry) that its dispatch gate checks in
     # the appending transaction.  A redirect's next hop is a dispatch boundary too: once the
     # lease ran out -- nobody has acted on the invocation yet -- the worker must not send it,
-    # exactly as it must not send its first hop.
+    # exactly as it must not send its first hop.  The LEASE_LOST the journal writes there says
+    # the first hop was sent (``after_dispatch``), as the engine's own does after a dispatch.
     async with (
         HostileServer.running(_redirecting("drop")) as srv,
-        _brokers(tmp_path, srv.url, "sqlite", None, follow_redirects=True) as (a, _b),
+        _brokers(tmp_path, srv.url, backend, request, follow_redirects=True) as (a, _b),
     ):
         first = await a.call(HOP)
         assert first["error"]["outcome"] == "unknown", first
@@ -489,6 +495,8 @@ async def test_a_retry_whose_lease_ran_out_sends_no_next_hop(
     assert [r.target for r in srv.requests] == ["/v1/x", "/v1/x"], record.evidence.get("steps")
     (lost,) = [e for e in events if e.kind is E.LEASE_LOST]
     assert (lost.attrs["generation"], lost.attrs["holder"]) == (1, "worker-A")
+    assert lost.attrs.get("after_dispatch") is True, dict(lost.attrs)
+    assert "it had dispatched" in out["a"]["error"]["message"]  # the envelope knows it too
     assert record.generation == 1 and not record.final  # nobody closed it: recovery will
     err = out["a"]["error"]
     assert (err["code"], err["retry"]) == ("LEASE_LOST", "fetch_result"), err
