@@ -83,11 +83,13 @@ class JournalError(Exception):
 
 
 class JournalUnavailable(JournalError):
-    """A read found the connection to a shared journal lost and could not make a new one (the
-    database restarting, the network cut).  Nothing is wrong with the journal: the same read
-    may succeed within ``Backend.reconnect_within``, as a write would (the writer waits that
-    long itself; a reader on the event loop must not, so it raises this for the caller to wait
-    without blocking)."""
+    """A read found the connection to a shared journal lost and could not make a new one, or
+    opening one found no server to connect to (the database restarting, the network cut) --
+    never a server that answered and refused (a wrong password: a plain ``JournalError``).
+    Nothing is wrong with the journal: the same read may succeed within
+    ``Backend.reconnect_within``, as a write would (the writer waits that long itself; a
+    reader on the event loop must not, so it raises this for the caller to wait without
+    blocking)."""
 
 
 class JournalWriteError(JournalError):

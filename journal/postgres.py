@@ -32,6 +32,7 @@ any password scrubbed.
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
@@ -42,7 +43,7 @@ from psycopg.pq import TransactionStatus
 
 from .backend import redact
 from .chain import GENESIS
-from .errors import JournalError
+from .errors import JournalError, JournalUnavailable
 from .tables import SQL, Tables
 
 __all__ = [
@@ -201,6 +202,19 @@ _DEFAULTS = {
 }
 
 
+_SERVER_SAID = re.compile(r"\b(?:FATAL|ERROR|PANIC):\s")
+"""A failed connection attempt's message quoting the server's own error."""
+_SERVER_AWAY = (
+    "the database system is starting up",
+    "the database system is shutting down",
+    "the database system is in recovery mode",
+    "the database system is not yet accepting connections",
+    "the database system is not accepting connections",
+)
+"""The server's words (57P03 cannot_connect_now) for a database that will take connections
+again: away, like no server at all."""
+
+
 class PostgresBackend:
     kind = "postgresql"
     shared = True
@@ -233,9 +247,11 @@ class PostgresBackend:
         try:
             conn = psycopg.connect(self._conninfo, autocommit=True)
         except psycopg.Error as exc:
-            raise JournalError(
-                f"cannot connect to journal {self.where}: {self.describe(exc)}"
-            ) from None
+            # Away (no server, or one not yet taking connections): the same connect may succeed
+            # later.  A server that answers and refuses (a wrong password, no such database)
+            # will refuse again: that is the journal's configuration, not its availability.
+            error = JournalUnavailable if self.away(exc) else JournalError
+            raise error(f"cannot connect to journal {self.where}: {self.describe(exc)}") from None
         try:
             # A session left idle inside a transaction (its broker gone quiet mid-write)
             # would hold the chain head for every broker: PostgreSQL ends it after this long.
@@ -249,7 +265,8 @@ class PostgresBackend:
                     )
         except psycopg.Error as exc:
             conn.close()
-            raise JournalError(f"journal {self.where}: {self.describe(exc)}") from None
+            error = JournalUnavailable if self.lost(exc) else JournalError
+            raise error(f"journal {self.where}: {self.describe(exc)}") from None
         except BaseException:
             conn.close()
             raise
@@ -334,6 +351,20 @@ class PostgresBackend:
         # No SQLSTATE: the client lost the server; class 08: connection exceptions; 57P0x:
         # the server is shutting down or restarting (pg_terminate_backend, pg_ctl restart).
         return state is None or state.startswith(("08", "57P"))
+
+    def away(self, exc: BaseException) -> bool:
+        """Whether a failed connection attempt found the database away: no server answered
+        (refused, unreachable, timed out, cut) or it answered that it is starting up, shutting
+        down or recovering.  libpq gives a failed attempt no SQLSTATE, only its message, in
+        which a server's own refusal carries its severity (``FATAL:``)."""
+        if not isinstance(exc, psycopg.OperationalError):
+            return False
+        if exc.sqlstate is not None:
+            return self.lost(exc)
+        text = str(exc)
+        if _SERVER_SAID.search(text) is None:
+            return True
+        return any(words in text for words in _SERVER_AWAY)
 
     def describe(self, exc: BaseException) -> str:
         diag = getattr(exc, "diag", None)

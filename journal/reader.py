@@ -122,7 +122,9 @@ class JournalReader:
     # -- reading, with a lost connection tried again once -------------------------------------
     # (then ``JournalUnavailable``: an async caller may wait and read again -- ``Recorder``)
 
-    def _read(self, fn: Callable[[Tables], T], what: str = "a read") -> T:
+    def _read(self, fn: Callable[[Tables], T], what: str) -> T:
+        """``fn`` over the tables; ``what`` names what it reads, in messages (``the events of
+        invocation act_...``): never a payload, a key or a result."""
         backend = self.backend
         try:
             return fn(self.tables)
@@ -133,8 +135,10 @@ class JournalReader:
             backend.close(self._rconn)
         try:
             self._rconn = backend.connect("reader")
-        except JournalError as exc:  # no new connection: the database is still away
+        except JournalUnavailable as exc:  # no new connection: the database is still away
             raise JournalUnavailable(f"{what} cannot be read: {exc}") from None
+        except JournalError as exc:  # a server that answers and refuses: not away
+            raise JournalError(f"{what} cannot be read: {exc}") from None
         try:
             self.tables = backend.tables(self._rconn)
             return fn(self.tables)
@@ -168,7 +172,7 @@ class JournalReader:
                     "file ([journal] key_file)"
                 )
             key = BrokerKey.load(self._key_file)
-            stored = self._read(lambda t: t.meta("key_id"))
+            stored = self._read(lambda t: t.meta("key_id"), "the broker key's id")
             if stored is not None and stored != key.key_id:
                 raise JournalError(f"broker key file {self._key_file} does not match this journal")
             self._key = key
@@ -185,7 +189,7 @@ class JournalReader:
         SQLite, each registered broker's on a shared journal.  The journal holds them, so
         whoever rewrites it can replace them: pass keys kept elsewhere to ``verify`` for an
         independent check."""
-        return self._read(recorded_keys)
+        return self._read(recorded_keys, "the signing public keys")
 
     def _trusted_keys(self, refresh: bool = False) -> Keys:
         """The keys a read checks checkpoints with (the writing journal uses its writer's)."""
@@ -198,19 +202,26 @@ class JournalReader:
         key (the rows from it to that checkpoint are re-hashed)."""
         known = self._known_checkpoints
         why = self._read(
-            lambda t: checkpoints.covering_problem(t, seq, self._trusted_keys(), known)
+            lambda t: checkpoints.covering_problem(t, seq, self._trusted_keys(), known),
+            f"the checkpoint covering seq {seq}",
         )
         if why is not None and self.backend.multi_signer:
             # A key registered by a broker that joined after these keys were read.
             keys = self._trusted_keys(refresh=True)
-            why = self._read(lambda t: checkpoints.covering_problem(t, seq, keys, known))
+            why = self._read(
+                lambda t: checkpoints.covering_problem(t, seq, keys, known),
+                f"the checkpoint covering seq {seq}",
+            )
         if why is not None:
             raise JournalError(f"journal {self.where}: {why}")
 
     # -- events and records -------------------------------------------------------------------
 
     def events(self, invocation_id: str) -> list[Event]:
-        return self._read(lambda t: [event_from_row(r) for r in t.invocation_events(invocation_id)])
+        return self._read(
+            lambda t: [event_from_row(r) for r in t.invocation_events(invocation_id)],
+            f"the record of invocation {invocation_id}",
+        )
 
     def record(self, invocation_id: str, now: float | None = None) -> Record | None:
         events = self.events(invocation_id)
@@ -220,7 +231,7 @@ class JournalReader:
 
     def payload(self, seq: int) -> Mapping[str, Any] | None:
         """The broker copy of an event's sealed payload (None if the event has none)."""
-        row = self._read(lambda t: t.sealed_at(seq, False))
+        row = self._read(lambda t: t.sealed_at(seq, False), f"the payload of seq {seq}")
         if row is None or row[2] is None:
             return None
         data = self._broker_key().open(row[2], payload_aad(row[0], row[1]))
@@ -230,13 +241,13 @@ class JournalReader:
     def audit_copy(self, seq: int) -> tuple[str, str, bytes] | None:
         """``(invocation_id, kind, sealed)`` of an event's audit copy, for the auditor to open
         with ``open_audit_payload``; the broker cannot open it."""
-        row = self._read(lambda t: t.sealed_at(seq, True))
+        row = self._read(lambda t: t.sealed_at(seq, True), f"the auditor copy of seq {seq}")
         if row is None or row[2] is None:
             return None
         return row[0], row[1], row[2]
 
     def head(self) -> tuple[int, str]:
-        return self._read(lambda t: t.head())
+        return self._read(lambda t: t.head(), "the journal's head")
 
     # -- results, leases and idempotency ------------------------------------------------------
 
@@ -278,10 +289,16 @@ class JournalReader:
         return open_audit_payload(copy[2], private_key_file, copy[0], copy[1])
 
     def lease(self, invocation_id: str) -> Lease | None:
-        return lease_from_row(invocation_id, self._read(lambda t: t.lease(invocation_id)))
+        row = self._read(
+            lambda t: t.lease(invocation_id), f"the lease of invocation {invocation_id}"
+        )
+        return lease_from_row(invocation_id, row)
 
     def find_idempotency(self, scope: str, key: str) -> IdempotencyRecord | None:
-        return idempotency_from_row(self._read(lambda t: t.idempotency(scope, key)))
+        row = self._read(
+            lambda t: t.idempotency(scope, key), f"an idempotency record in scope {scope!r}"
+        )
+        return idempotency_from_row(row)
 
     # -- views --------------------------------------------------------------------------------
 
@@ -296,7 +313,7 @@ class JournalReader:
     ) -> list[Record]:
         """Projected records, oldest first.  ``since``/``until`` bound the time the action was
         accepted (a wall-clock label, inclusive)."""
-        folded = self._read(lambda t: views.fold(t, session, now))
+        folded = self._read(lambda t: views.fold(t, session, now), "the actions view")
         return list(_select(folded, outcome, phase, since, until))
 
     def iter_actions(
@@ -338,7 +355,8 @@ class JournalReader:
     def sessions(self) -> list[dict[str, Any]]:
         """One entry per session: its action count, counts by outcome, first and last seen."""
         by: dict[str | None, dict[str, Any]] = {}
-        for rec, first_at, last_at in self._read(lambda t: views.fold(t, None, None)):
+        folded = self._read(lambda t: views.fold(t, None, None), "the sessions view")
+        for rec, first_at, last_at in folded:
             s = by.setdefault(
                 rec.session,
                 {
@@ -360,7 +378,7 @@ class JournalReader:
     # -- checkpoints, anchors and verify -------------------------------------------------------
 
     def latest_checkpoint(self) -> Checkpoint | None:
-        return self._read(lambda t: t.latest_checkpoint())
+        return self._read(lambda t: t.latest_checkpoint(), "the latest checkpoint")
 
     def anchor(
         self, public_key: bytes | None = None, *, public_keys: Sequence[bytes] = ()
@@ -378,7 +396,7 @@ class JournalReader:
             with self.snapshot():
                 return verify_journal(_Source(t), trust), t.latest_checkpoint()
 
-        report, cp = self._read(run, "a verify")
+        report, cp = self._read(run, "the rows a verify checks")
         if not report.ok or cp is None or cp.key_id not in keys:
             return report, None
         return report, Anchor(cp, keys[cp.key_id])
@@ -409,7 +427,7 @@ class JournalReader:
             with self.snapshot():
                 return verify_journal(_Source(t), trust)
 
-        return self._read(run, "a verify")
+        return self._read(run, "the rows a verify checks")
 
 
 class _Guard:

@@ -34,8 +34,8 @@ from .test_journal_away_fetch import database_stopped
 from .test_journal_away_mid_call import ACTION, journal_table
 
 BODY = b'{"id":"ch_1"}'
-AWAY_UNHANDLED = pytest.mark.xfail(
-    strict=True, reason="reads of a journal away or altered escape as JournalError / a traceback"
+SURFACE_UNHANDLED = pytest.mark.xfail(
+    strict=True, reason="the daemon's and MCP's reads let a JournalError escape as a traceback"
 )
 
 
@@ -89,7 +89,6 @@ async def _stored_call(tmp_path: Path, pg_url: str, srv: HostileServer) -> str:
     return iid
 
 
-@AWAY_UNHANDLED
 async def test_reader_open_while_the_database_is_away_is_journal_unavailable(
     tmp_path: Path, token: str, pg: Cluster, pg_url: str
 ) -> None:
@@ -104,7 +103,6 @@ async def test_reader_open_while_the_database_is_away_is_journal_unavailable(
         assert len(reader.list_actions()) == 1
 
 
-@AWAY_UNHANDLED
 async def test_a_read_while_the_database_is_away_names_what_it_read(
     tmp_path: Path, token: str, pg: Cluster, pg_url: str
 ) -> None:
@@ -161,7 +159,7 @@ async def _daemon_reads(client: Client, iid: str) -> dict[str, ApiError]:
     return refused
 
 
-@AWAY_UNHANDLED
+@SURFACE_UNHANDLED
 async def test_the_daemon_answers_503_journal_unavailable_for_a_record_and_the_views(
     tmp_path: Path, token: str, pg: Cluster, pg_url: str
 ) -> None:
@@ -193,7 +191,7 @@ async def test_the_daemon_answers_503_journal_unavailable_for_a_record_and_the_v
         _log_clean(daemon.log_text(), pg)
 
 
-@AWAY_UNHANDLED
+@SURFACE_UNHANDLED
 async def test_the_daemon_never_calls_an_altered_journal_unavailable(
     tmp_path: Path, token: str, pg: Cluster, pg_url: str
 ) -> None:
@@ -259,7 +257,7 @@ async def _mcp_reads(mcp: Any, iid: str) -> dict[str, dict[str, str]]:
     return answers
 
 
-@AWAY_UNHANDLED
+@SURFACE_UNHANDLED
 async def test_mcp_embedded_answers_journal_unavailable_for_a_record_and_the_actions(
     tmp_path: Path, token: str, pg: Cluster, pg_url: str
 ) -> None:
@@ -277,7 +275,7 @@ async def test_mcp_embedded_answers_journal_unavailable_for_a_record_and_the_act
     _log_clean(log.read_text(encoding="utf-8", errors="replace"), pg)
 
 
-@AWAY_UNHANDLED
+@SURFACE_UNHANDLED
 async def test_mcp_embedded_never_calls_an_altered_journal_unavailable(
     tmp_path: Path, token: str, pg: Cluster, pg_url: str
 ) -> None:
