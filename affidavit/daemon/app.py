@@ -15,7 +15,9 @@
 
 Everything else is the API's own trouble: 400 bad JSON or query, 403 peer refused, 404, 405,
 413, 503 overloaded, shutting down or journal unavailable (``JOURNAL_UNAVAILABLE``: a call the
-journal could not record has no envelope to render) -- ``{"api_error": {"code", "message"}}``.
+journal could not record has no envelope to render; a record or a view it could not read is
+named), 500 a journal that answers but cannot be read (``JOURNAL_UNREADABLE``: altered,
+refused) -- ``{"api_error": {"code", "message"}}``.
 """
 
 from __future__ import annotations
@@ -32,7 +34,14 @@ import affidavit
 from affidavit.api.broker import Broker
 from affidavit.api.wire import parse_time
 from affidavit.console import TokenStore
-from affidavit.engine import CallNotRecorded, OperationError, unreadable, unrecorded
+from affidavit.engine import (
+    UNREADABLE,
+    CallNotRecorded,
+    OperationError,
+    unread,
+    unreadable,
+    unrecorded,
+)
 from affidavit.journal import JournalError, JournalReader, JournalUnavailable
 from affidavit.journal.backend import where as journal_where
 from affidavit.statemachine import Outcome, Phase
@@ -238,12 +247,15 @@ class Api:
         await req.respond_json(envelope)
 
     async def record(self, req: Request, invocation_id: str) -> None:
-        rec = self.broker.record(invocation_id)
-        if rec is None:
-            raise ApiProblem(
-                404, "NO_SUCH_INVOCATION", f"no invocation {invocation_id} in the journal"
-            )
-        events = self.broker.events(invocation_id)
+        try:
+            rec = self.broker.record(invocation_id)
+            if rec is None:
+                raise ApiProblem(
+                    404, "NO_SUCH_INVOCATION", f"no invocation {invocation_id} in the journal"
+                )
+            events = self.broker.events(invocation_id)
+        except JournalError as exc:
+            raise _journal_problem(exc, f"the record of {invocation_id}") from None
         await req.respond_json(
             {"record": record_to_json(rec), "events": [event_to_json(e) for e in events]}
         )
@@ -263,14 +275,17 @@ class Api:
             texts = map(record_json_encoder(), records)
             return ("[" + ",".join(texts) + "]\n").encode("utf-8")
 
-        await req.respond(200, await self._read(body))
+        await req.respond(200, await self._read(body, "the actions view"))
 
     async def sessions(self, req: Request) -> None:
-        await req.respond_json(await self._read(lambda j: j.sessions()))
+        await req.respond_json(await self._read(lambda j: j.sessions(), "the sessions view"))
 
     async def metrics(self, req: Request) -> None:
         session, since = req.text_param("session"), _time_param(req, "since")
-        data = metrics(await self._read(lambda j: j.list_actions(session=session, since=since)))
+        records = await self._read(
+            lambda j: j.list_actions(session=session, since=since), "the records the metrics count"
+        )
+        data = metrics(records)
         fmt = req.params.get("format", "prometheus")
         if fmt == "json":
             await req.respond_json(data)
@@ -290,9 +305,18 @@ class Api:
             }
         )
 
-    async def _read(self, view: Callable[[JournalReader], Any]) -> Any:
+    async def _read(self, view: Callable[[JournalReader], Any], what: str) -> Any:
+        """``read``, a ``JournalError`` answered as the API's trouble (``_journal_problem``),
+        ``what`` naming the view."""
+        try:
+            return await self.read(view)
+        except JournalError as exc:
+            raise _journal_problem(exc, what) from None
+
+    async def read(self, view: Callable[[JournalReader], Any]) -> Any:
         """A whole-journal view, on its own read-only connection in a worker thread: a long
-        scan must not stall the calls on the event loop."""
+        scan must not stall the calls on the event loop (the console's reads too, which answer
+        a ``JournalError`` themselves)."""
 
         key_file = self.broker.config.journal.key_file  # (an approval's request is sealed)
 
@@ -324,6 +348,18 @@ async def _deliver(req: Request, envelope: dict[str, Any], scope: trio.CancelSco
         await req.respond_json(envelope)
     if scope.cancelled_caught or req.link.broken:
         raise ClientGone("the answer could not be written whole")
+
+
+def _journal_problem(exc: JournalError, what: str) -> ApiProblem:
+    """A read the journal could not answer: 503 JOURNAL_UNAVAILABLE when a shared journal is
+    away beyond ``[journal] reconnect`` (unread, nothing known to be wrong with it), else 500
+    JOURNAL_UNREADABLE with the journal's own one-line words (altered, refused) -- the two never
+    blurred.  One line in the daemon's log either way, never a traceback."""
+    if isinstance(exc, JournalUnavailable):
+        log.warning("%s: the journal is unavailable: %s", what, exc)
+        return ApiProblem(503, CallNotRecorded.code, unread(what))
+    log.error("%s: %s", what, exc)
+    return ApiProblem(500, UNREADABLE, str(exc))
 
 
 def _withdraw(running: Running) -> None:

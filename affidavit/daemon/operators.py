@@ -62,10 +62,10 @@ async def _run(work: Callable[[], Awaitable[T]]) -> T:
         raise _problem(exc) from None
 
 
-async def _reading(api: Api, view: Callable[[JournalReader], T]) -> T:
+async def _reading(api: Api, view: Callable[[JournalReader], T], what: str) -> T:
     """A view on a read-only connection of its own, in a worker thread (``Api._read``)."""
     try:
-        result: T = await api._read(view)
+        result: T = await api._read(view, what)
     except OperatorError as exc:
         raise _problem(exc) from None
     return result
@@ -73,12 +73,16 @@ async def _reading(api: Api, view: Callable[[JournalReader], T]) -> T:
 
 async def approvals(api: Api, req: Request) -> None:
     _require(api, req, "list approvals")
-    await req.respond_json(await _reading(api, service.pending))
+    await req.respond_json(await _reading(api, service.pending, "the pending approvals"))
 
 
 async def approval(api: Api, req: Request, invocation_id: str) -> None:
     _require(api, req, "see approvals")
-    await req.respond_json(await _reading(api, lambda r: service.show(r, invocation_id)))
+    await req.respond_json(
+        await _reading(
+            api, lambda r: service.show(r, invocation_id), f"the approval of {invocation_id}"
+        )
+    )
 
 
 async def decide(api: Api, req: Request, invocation_id: str, verb: str) -> None:

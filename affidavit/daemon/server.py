@@ -125,7 +125,7 @@ class Daemon:
                 api.console_url = public or bound  # where login links lead
                 api.tokens = TokenStore(token_dir(self.config.journal.path))
                 self.console = Console(
-                    broker, api._read, api.tokens, origin=bound, public_origin=public
+                    broker, api.read, api.tokens, origin=bound, public_origin=public
                 )
                 log.info("operator console on %s", api.console_url)
             listener, inode = _bind(self.socket_path)

@@ -8,12 +8,13 @@ from affidavit.engine.control import CallControl
 from affidavit.engine.engine import Deliver, Engine
 from affidavit.engine.ids import new_invocation_id
 from affidavit.engine.operations import OperationError
-from affidavit.engine.recovery import CallNotRecorded, unreadable, unrecorded
+from affidavit.engine.recovery import UNREADABLE, CallNotRecorded, unread, unreadable, unrecorded
 from affidavit.engine.settings import EngineSettings
 from affidavit.engine.sink import RESULT_CHUNK
 
 __all__ = [
     "RESULT_CHUNK",
+    "UNREADABLE",
     "CallControl",
     "CallNotRecorded",
     "Deliver",
@@ -22,6 +23,7 @@ __all__ = [
     "OperationError",
     "new_invocation_id",
     "tune_collector",
+    "unread",
     "unreadable",
     "unrecorded",
 ]

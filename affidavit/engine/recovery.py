@@ -27,10 +27,12 @@ from .approval import APPROVAL_STATES, expire_if_due
 from .recorder import Recorder
 
 __all__ = [
+    "UNREADABLE",
     "CallNotRecorded",
     "closing_event",
     "journal_refused",
     "recover_stale",
+    "unread",
     "unreadable",
     "unrecorded",
 ]
@@ -157,6 +159,19 @@ def unreadable(invocation_id: str) -> str:
         f"the journal cannot be read now ({invocation_id}); a fetch sends nothing -- fetch it "
         "again once the journal is back"
     )
+
+
+def unread(what: str) -> str:
+    """What a caller is told when a read (a record, a view) found a shared journal away
+    beyond its reconnect window (JOURNAL_UNAVAILABLE): ``what`` could not be read -- unread,
+    not wrong; a read changes nothing, so reading again once the journal is back is safe."""
+    return f"the journal cannot be read now ({what}); read it again once the journal is back"
+
+
+UNREADABLE = "JOURNAL_UNREADABLE"
+"""The code for a read the journal refused for another reason than being away (a table or a
+row altered, a database the broker may not read): a fault of the journal, not of its network,
+which reading again will not mend -- never called JOURNAL_UNAVAILABLE."""
 
 
 class CallNotRecorded(JournalUnavailable):

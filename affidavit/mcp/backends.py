@@ -151,18 +151,26 @@ class Embedded:
         return _unknown_id(invocation_id) if envelope is None else envelope
 
     async def record(self, invocation_id: str) -> dict[str, Any]:
+        from affidavit.journal import JournalError
         from affidavit.views import event_to_json, record_to_json
 
-        rec = self.broker.record(invocation_id)
-        if rec is None:
-            return _unknown_id(invocation_id)
-        events = [event_to_json(e) for e in self.broker.events(invocation_id)]
+        try:
+            rec = self.broker.record(invocation_id)
+            if rec is None:
+                return _unknown_id(invocation_id)
+            events = [event_to_json(e) for e in self.broker.events(invocation_id)]
+        except JournalError as exc:
+            return _journal_error(exc, f"the record of {invocation_id}")
         return {"record": record_to_json(rec), "events": events}
 
     async def actions(self, session: str | None, outcome: str | None) -> dict[str, Any]:
+        from affidavit.journal import JournalError
         from affidavit.views import record_to_json
 
-        rows = self.broker.journal.list_actions(session=session, outcome=outcome)
+        try:
+            rows = self.broker.journal.list_actions(session=session, outcome=outcome)
+        except JournalError as exc:
+            return _journal_error(exc, "the actions view")
         return {"actions": [record_to_json(r) for r in rows]}
 
     async def poll_operation(self, operation_id: str) -> dict[str, Any]:
@@ -188,6 +196,18 @@ class Embedded:
         self._stopped = True
         for control in list(self._controls):
             control.stop()
+
+
+def _journal_error(exc: Exception, what: str) -> dict[str, Any]:
+    """A read the journal could not answer, as the daemon answers it (``app._journal_problem``):
+    JOURNAL_UNAVAILABLE naming ``what`` when a shared journal is away, else JOURNAL_UNREADABLE
+    with the journal's own words (altered, refused) -- never the one for the other."""
+    from affidavit.engine import UNREADABLE, CallNotRecorded, unread
+    from affidavit.journal import JournalUnavailable
+
+    if isinstance(exc, JournalUnavailable):
+        return api_error(CallNotRecorded.code, unread(what))
+    return api_error(UNREADABLE, str(exc))
 
 
 class Daemon:

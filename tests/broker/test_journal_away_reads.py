@@ -34,9 +34,6 @@ from .test_journal_away_fetch import database_stopped
 from .test_journal_away_mid_call import ACTION, journal_table
 
 BODY = b'{"id":"ch_1"}'
-SURFACE_UNHANDLED = pytest.mark.xfail(
-    strict=True, reason="the daemon's and MCP's reads let a JournalError escape as a traceback"
-)
 
 
 def _away(code: str, message: str, names: str, pg: Cluster) -> None:
@@ -159,7 +156,6 @@ async def _daemon_reads(client: Client, iid: str) -> dict[str, ApiError]:
     return refused
 
 
-@SURFACE_UNHANDLED
 async def test_the_daemon_answers_503_journal_unavailable_for_a_record_and_the_views(
     tmp_path: Path, token: str, pg: Cluster, pg_url: str
 ) -> None:
@@ -191,7 +187,6 @@ async def test_the_daemon_answers_503_journal_unavailable_for_a_record_and_the_v
         _log_clean(daemon.log_text(), pg)
 
 
-@SURFACE_UNHANDLED
 async def test_the_daemon_never_calls_an_altered_journal_unavailable(
     tmp_path: Path, token: str, pg: Cluster, pg_url: str
 ) -> None:
@@ -257,7 +252,6 @@ async def _mcp_reads(mcp: Any, iid: str) -> dict[str, dict[str, str]]:
     return answers
 
 
-@SURFACE_UNHANDLED
 async def test_mcp_embedded_answers_journal_unavailable_for_a_record_and_the_actions(
     tmp_path: Path, token: str, pg: Cluster, pg_url: str
 ) -> None:
@@ -275,7 +269,6 @@ async def test_mcp_embedded_answers_journal_unavailable_for_a_record_and_the_act
     _log_clean(log.read_text(encoding="utf-8", errors="replace"), pg)
 
 
-@SURFACE_UNHANDLED
 async def test_mcp_embedded_never_calls_an_altered_journal_unavailable(
     tmp_path: Path, token: str, pg: Cluster, pg_url: str
 ) -> None:
