@@ -9,8 +9,6 @@ A result is stored (the remote answered, the call committed); PostgreSQL is stop
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
@@ -18,23 +16,15 @@ import trio
 
 from affidavit.api.client import Client
 from affidavit.api.wire import ApiError
-from tests.daemon.kit import WAIT, client_env, start_daemon, stop, write_daemon_config
+from tests.daemon.kit import WAIT, client_env, write_daemon_config
 from tests.http.hostile import HostileServer, Reply, scripts
 from tests.postgres import Cluster
 
+from .awaykit import daemon_on, database_stopped
 from .helpers import TOKEN_ENV, http_target
 from .test_journal_away_mid_call import ACTION, journal_table
 
 BODY = b'{"id":"ch_1"}'
-
-
-@asynccontextmanager
-async def database_stopped(pg: Cluster) -> AsyncIterator[None]:
-    await trio.to_thread.run_sync(pg.stop)
-    try:
-        yield
-    finally:
-        await trio.to_thread.run_sync(pg.start)
 
 
 def _away(code: str, message: str) -> None:
@@ -46,15 +36,7 @@ async def test_the_daemon_answers_503_journal_unavailable_not_result_unverified(
     tmp_path: Path, token: str, pg: Cluster, pg_url: str
 ) -> None:
     async with HostileServer.running(scripts.serve(Reply(201, body=BODY))) as srv:
-        socket = tmp_path / "affidavit.sock"
-        cfg = write_daemon_config(
-            tmp_path,
-            {"api": http_target(srv.url)},
-            socket=socket,
-            journal=journal_table(tmp_path, pg_url),
-        )
-        daemon = await start_daemon(cfg, socket, tmp_path / "daemon.log", token)
-        try:
+        async with daemon_on(tmp_path, srv.url, pg_url, token) as (socket, daemon):
             with trio.fail_after(WAIT * 2):
                 async with Client.open(socket) as client:
                     env = await client.call(ACTION)
@@ -68,8 +50,6 @@ async def test_the_daemon_answers_503_journal_unavailable_not_result_unverified(
                     assert iid in info.value.message
                     again = await client.fetch_result(iid)
                     assert again is not None and again["result"] == env["result"]
-        finally:
-            stop(daemon)
         assert "Traceback" not in daemon.log_text()
 
 

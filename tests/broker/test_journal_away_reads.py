@@ -25,12 +25,12 @@ import trio
 from affidavit.api.client import Client
 from affidavit.api.wire import ApiError
 from affidavit.journal import JournalError, JournalReader, JournalUnavailable
-from tests.daemon.kit import WAIT, client_env, start_daemon, stop, write_daemon_config
+from tests.daemon.kit import WAIT, client_env, write_daemon_config
 from tests.http.hostile import HostileServer, Reply, scripts
 from tests.postgres import Cluster
 
+from .awaykit import daemon_on, database_stopped
 from .helpers import TOKEN_ENV, http_target
-from .test_journal_away_fetch import database_stopped
 from .test_journal_away_mid_call import ACTION, journal_table
 
 BODY = b'{"id":"ch_1"}'
@@ -160,15 +160,7 @@ async def test_the_daemon_answers_503_journal_unavailable_for_a_record_and_the_v
     tmp_path: Path, token: str, pg: Cluster, pg_url: str
 ) -> None:
     async with HostileServer.running(scripts.serve(Reply(201, body=BODY))) as srv:
-        socket = tmp_path / "affidavit.sock"
-        cfg = write_daemon_config(
-            tmp_path,
-            {"api": http_target(srv.url)},
-            socket=socket,
-            journal=journal_table(tmp_path, pg_url),
-        )
-        daemon = await start_daemon(cfg, socket, tmp_path / "daemon.log", token)
-        try:
+        async with daemon_on(tmp_path, srv.url, pg_url, token) as (socket, daemon):
             with trio.fail_after(WAIT * 2):
                 async with Client.open(socket) as client:
                     env = await client.call(ACTION)
@@ -182,8 +174,6 @@ async def test_the_daemon_answers_503_journal_unavailable_for_a_record_and_the_v
                     assert found is not None and found["record"]["invocation_id"] == iid
                     (row,) = await client.actions()
                     assert row["invocation_id"] == iid
-        finally:
-            stop(daemon)
         _log_clean(daemon.log_text(), pg)
 
 
@@ -191,15 +181,7 @@ async def test_the_daemon_never_calls_an_altered_journal_unavailable(
     tmp_path: Path, token: str, pg: Cluster, pg_url: str
 ) -> None:
     async with HostileServer.running(scripts.serve(Reply(201, body=BODY))) as srv:
-        socket = tmp_path / "affidavit.sock"
-        cfg = write_daemon_config(
-            tmp_path,
-            {"api": http_target(srv.url)},
-            socket=socket,
-            journal=journal_table(tmp_path, pg_url),
-        )
-        daemon = await start_daemon(cfg, socket, tmp_path / "daemon.log", token)
-        try:
+        async with daemon_on(tmp_path, srv.url, pg_url, token) as (socket, daemon):
             with trio.fail_after(WAIT * 2):
                 async with Client.open(socket) as client:
                     env = await client.call(ACTION)
@@ -212,8 +194,6 @@ async def test_the_daemon_never_calls_an_altered_journal_unavailable(
                         _not_away(exc.code, exc.message, pg)
                     found = await client.invocation(iid)
                     assert found is not None and found["record"]["invocation_id"] == iid
-        finally:
-            stop(daemon)
         _log_clean(daemon.log_text(), pg)
 
 

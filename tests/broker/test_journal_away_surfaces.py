@@ -28,13 +28,12 @@ from tests.daemon.kit import (
     Run,
     client_env,
     run,
-    start_daemon,
-    stop,
     write_daemon_config,
 )
 from tests.http.hostile import HostileServer
 from tests.postgres import Cluster
 
+from .awaykit import daemon_on
 from .helpers import TOKEN_ENV, http_target
 from .test_journal_away_mid_call import ACTION, POINTS, journal_table, remote, unrecorded
 
@@ -106,21 +105,11 @@ async def test_cli_through_the_daemon_says_the_same(
     tmp_path: Path, token: str, pg: Cluster, pg_url: str, point: str
 ) -> None:
     async with HostileServer.running(remote(point)) as srv:
-        socket = tmp_path / "affidavit.sock"
-        cfg = write_daemon_config(
-            tmp_path,
-            {"api": http_target(srv.url)},
-            socket=socket,
-            journal=journal_table(tmp_path, pg_url),
-        )
-        daemon = await start_daemon(cfg, socket, tmp_path / "daemon.log", token)
-        try:
+        async with daemon_on(tmp_path, srv.url, pg_url, token) as (socket, daemon):
             argv = [*PYTHON_M, "call", "-", "--socket", str(socket)]
             result = await _away_during(
                 pg, srv, lambda: run(argv, stdin=json.dumps(ACTION).encode(), env=client_env())
             )
-        finally:
-            stop(daemon)
         assert "Traceback" not in daemon.log_text()
     _cli_says(result, _only_invocation(pg_url), pg)
 

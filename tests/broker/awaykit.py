@@ -1,0 +1,43 @@
+"""Shared pieces of the tests of a shared (PostgreSQL) journal that goes away: a daemon on such
+a journal, and the database stopped for a while (tests/broker/test_journal_away_*.py)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import trio
+
+from tests.daemon.kit import DaemonProc, start_daemon, stop, write_daemon_config
+from tests.postgres import Cluster
+
+from .helpers import http_target
+from .test_journal_away_mid_call import journal_table
+
+
+@asynccontextmanager
+async def database_stopped(pg: Cluster) -> AsyncIterator[None]:
+    """PostgreSQL stopped for the block, started again after it."""
+    await trio.to_thread.run_sync(pg.stop)
+    try:
+        yield
+    finally:
+        await trio.to_thread.run_sync(pg.start)
+
+
+@asynccontextmanager
+async def daemon_on(
+    tmp: Path, remote_url: str, pg_url: str, token: str
+) -> AsyncIterator[tuple[Path, DaemonProc]]:
+    """A daemon process journaling to ``pg_url`` with one target ``api`` at ``remote_url``:
+    its socket and process, stopped after the block."""
+    socket = tmp / "affidavit.sock"
+    cfg = write_daemon_config(
+        tmp, {"api": http_target(remote_url)}, socket=socket, journal=journal_table(tmp, pg_url)
+    )
+    daemon = await start_daemon(cfg, socket, tmp / "daemon.log", token)
+    try:
+        yield socket, daemon
+    finally:
+        stop(daemon)
