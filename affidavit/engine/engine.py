@@ -149,7 +149,8 @@ class Engine:
         handed it over whole; a resumed read (``from_chunk``) records nothing."""
         if from_chunk is not None and from_chunk < 0:
             raise ValueError("from_chunk must be >= 0")
-        record = self.journal.record(invocation_id)
+        # Waits out a shared journal away within its reconnect window, as a write would.
+        record = await self.recorder.read(lambda: self.journal.record(invocation_id))
         if record is None:
             return None
         if not record.final:

@@ -118,8 +118,13 @@ async def journal_refused(recorder: Recorder, iid: str | None, error: JournalWri
     small write, else in memory only, as the same closing recovery will write later.  Nothing
     durable at all means the journal is unusable: ``error`` is raised again."""
     recorder.forget()
-    durable = recorder.journal.events(iid) if iid is not None else []
-    if iid is None or not durable:
+    if iid is None:
+        raise error
+    events = recorder.journal.events
+    # Read as a call reads (``Recorder.read``): a shared journal away within its reconnect
+    # window is waited out.
+    durable = await recorder.read(lambda: events(iid))
+    if not durable:
         raise error
     record = project(durable)
     closing = None if record.final else closing_event(record, "journal")
@@ -129,12 +134,12 @@ async def journal_refused(recorder: Recorder, iid: str | None, error: JournalWri
         await recorder.append(closing, barrier=True)
     except JournalWriteError:
         recorder.forget()
-        return project([*recorder.journal.events(iid), closing])
+        return project([*await recorder.read(lambda: events(iid)), closing])
     except ImpossibleEvent:
         # Someone else closed the attempt first, or took the invocation over: the record, as
         # it stands, is the answer (folding the refused event in would be refused again).
         recorder.forget()
-        return project(recorder.journal.events(iid))
+        return project(await recorder.read(lambda: events(iid)))
     return await recorder.record(iid)
 
 
