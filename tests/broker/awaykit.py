@@ -6,13 +6,15 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
+import pytest
 import trio
 
-from tests.daemon.kit import DaemonProc, start_daemon, stop, write_daemon_config
+from tests.daemon.kit import DaemonProc, client_env, start_daemon, stop, write_daemon_config
 from tests.postgres import Cluster
 
-from .helpers import http_target
+from .helpers import TOKEN_ENV, http_target
 from .test_journal_away_mid_call import journal_table
 
 
@@ -41,3 +43,21 @@ async def daemon_on(
         yield socket, daemon
     finally:
         stop(daemon)
+
+
+@asynccontextmanager
+async def mcp_on(tmp: Path, remote_url: str, pg_url: str, token: str) -> AsyncIterator[Any]:
+    """An embedded ``affidavit mcp`` process journaling to ``pg_url``, target ``api`` at
+    ``remote_url``; its log is ``tmp / "mcp.log"``.  Skipped without the MCP SDK."""
+    pytest.importorskip("mcp")
+    from tests.mcp.kit import connected
+
+    cfg = write_daemon_config(
+        tmp,
+        {"api": http_target(remote_url)},
+        socket=tmp / "unused.sock",
+        journal=journal_table(tmp, pg_url),
+    )
+    env = {**client_env(), TOKEN_ENV: token}
+    async with connected(["--config", str(cfg)], env, tmp / "mcp.log") as mcp:
+        yield mcp

@@ -16,13 +16,12 @@ import trio
 
 from affidavit.api.client import Client
 from affidavit.api.wire import ApiError
-from tests.daemon.kit import WAIT, client_env, write_daemon_config
+from tests.daemon.kit import WAIT
 from tests.http.hostile import HostileServer, Reply, scripts
 from tests.postgres import Cluster
 
-from .awaykit import daemon_on, database_stopped
-from .helpers import TOKEN_ENV, http_target
-from .test_journal_away_mid_call import ACTION, journal_table
+from .awaykit import daemon_on, database_stopped, mcp_on
+from .test_journal_away_mid_call import ACTION
 
 BODY = b'{"id":"ch_1"}'
 
@@ -57,18 +56,11 @@ async def test_mcp_embedded_answers_journal_unavailable_not_result_unverified(
     tmp_path: Path, token: str, pg: Cluster, pg_url: str
 ) -> None:
     pytest.importorskip("mcp")
-    from tests.mcp.kit import connected, structured
+    from tests.mcp.kit import structured
 
     async with HostileServer.running(scripts.serve(Reply(201, body=BODY))) as srv:
-        cfg = write_daemon_config(
-            tmp_path,
-            {"api": http_target(srv.url)},
-            socket=tmp_path / "unused.sock",
-            journal=journal_table(tmp_path, pg_url),
-        )
-        env = {**client_env(), TOKEN_ENV: token}
         log = tmp_path / "mcp.log"
-        async with connected(["--config", str(cfg)], env, log) as mcp:
+        async with mcp_on(tmp_path, srv.url, pg_url, token) as mcp:
             called = structured(await mcp.call("http_request", dict(ACTION)))
             iid = called["invocation_id"]
             async with database_stopped(pg):

@@ -25,12 +25,12 @@ import trio
 from affidavit.api.client import Client
 from affidavit.api.wire import ApiError
 from affidavit.journal import JournalError, JournalReader, JournalUnavailable
-from tests.daemon.kit import WAIT, client_env, write_daemon_config
+from tests.daemon.kit import WAIT
 from tests.http.hostile import HostileServer, Reply, scripts
 from tests.postgres import Cluster
 
-from .awaykit import daemon_on, database_stopped
-from .helpers import TOKEN_ENV, http_target
+from .awaykit import daemon_on, database_stopped, mcp_on
+from .helpers import http_target
 from .test_journal_away_mid_call import ACTION, journal_table
 
 BODY = b'{"id":"ch_1"}'
@@ -204,23 +204,17 @@ async def test_the_daemon_never_calls_an_altered_journal_unavailable(
 async def _mcp(tmp_path: Path, token: str, pg_url: str) -> AsyncIterator[tuple[Any, str, Path]]:
     """An embedded ``affidavit mcp`` with one stored call: (connection, its id, its log)."""
     pytest.importorskip("mcp")
-    from tests.mcp.kit import connected, structured
+    from tests.mcp.kit import structured
 
     async with HostileServer.running(scripts.serve(Reply(201, body=BODY))) as srv:
-        cfg = write_daemon_config(
-            tmp_path,
-            {"api": http_target(srv.url)},
-            socket=tmp_path / "unused.sock",
-            journal=journal_table(tmp_path, pg_url),
-        )
-        env = {**client_env(), TOKEN_ENV: token}
         log = tmp_path / "mcp.log"
-        async with connected(["--config", str(cfg)], env, log) as mcp:
+        async with mcp_on(tmp_path, srv.url, pg_url, token) as mcp:
             called = structured(await mcp.call("http_request", dict(ACTION)))
             yield mcp, called["invocation_id"], log
 
 
 async def _mcp_reads(mcp: Any, iid: str) -> dict[str, dict[str, str]]:
+    pytest.importorskip("mcp")
     from tests.mcp.kit import structured
 
     answers: dict[str, dict[str, str]] = {}
@@ -235,6 +229,7 @@ async def _mcp_reads(mcp: Any, iid: str) -> dict[str, dict[str, str]]:
 async def test_mcp_embedded_answers_journal_unavailable_for_a_record_and_the_actions(
     tmp_path: Path, token: str, pg: Cluster, pg_url: str
 ) -> None:
+    pytest.importorskip("mcp")
     from tests.mcp.kit import structured
 
     async with _mcp(tmp_path, token, pg_url) as (mcp, iid, log):
@@ -252,6 +247,7 @@ async def test_mcp_embedded_answers_journal_unavailable_for_a_record_and_the_act
 async def test_mcp_embedded_never_calls_an_altered_journal_unavailable(
     tmp_path: Path, token: str, pg: Cluster, pg_url: str
 ) -> None:
+    pytest.importorskip("mcp")
     from tests.mcp.kit import structured
 
     async with _mcp(tmp_path, token, pg_url) as (mcp, iid, log):

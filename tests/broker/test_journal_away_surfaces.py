@@ -33,7 +33,7 @@ from tests.daemon.kit import (
 from tests.http.hostile import HostileServer
 from tests.postgres import Cluster
 
-from .awaykit import daemon_on
+from .awaykit import daemon_on, mcp_on
 from .helpers import TOKEN_ENV, http_target
 from .test_journal_away_mid_call import ACTION, POINTS, journal_table, remote, unrecorded
 
@@ -119,18 +119,11 @@ async def test_mcp_embedded_answers_journal_unavailable_naming_the_invocation(
     tmp_path: Path, token: str, pg: Cluster, pg_url: str, point: str
 ) -> None:
     pytest.importorskip("mcp")
-    from tests.mcp.kit import connected, structured
+    from tests.mcp.kit import structured
 
     async with HostileServer.running(remote(point)) as srv:
-        cfg = write_daemon_config(
-            tmp_path,
-            {"api": http_target(srv.url)},
-            socket=tmp_path / "unused.sock",
-            journal=journal_table(tmp_path, pg_url),
-        )
-        env = {**client_env(), TOKEN_ENV: token}
         log = tmp_path / "mcp.log"
-        async with connected(["--config", str(cfg)], env, log) as mcp:
+        async with mcp_on(tmp_path, srv.url, pg_url, token) as mcp:
             args = dict(ACTION)
             result = await _away_during(pg, srv, lambda: mcp.call("http_request", args))
             answer = structured(result)
