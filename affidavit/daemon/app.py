@@ -35,10 +35,9 @@ from affidavit.api.broker import Broker
 from affidavit.api.wire import parse_time
 from affidavit.console import TokenStore
 from affidavit.engine import (
-    UNREADABLE,
     CallNotRecorded,
     OperationError,
-    unread,
+    read_failure,
     unreadable,
     unrecorded,
 )
@@ -355,11 +354,12 @@ def _journal_problem(exc: JournalError, what: str) -> ApiProblem:
     away beyond ``[journal] reconnect`` (unread, nothing known to be wrong with it), else 500
     JOURNAL_UNREADABLE with the journal's own one-line words (altered, refused) -- the two never
     blurred.  One line in the daemon's log either way, never a traceback."""
-    if isinstance(exc, JournalUnavailable):
+    status, code, message = read_failure(exc, what)
+    if status == 503:
         log.warning("%s: the journal is unavailable: %s", what, exc)
-        return ApiProblem(503, CallNotRecorded.code, unread(what))
-    log.error("%s: %s", what, exc)
-    return ApiProblem(500, UNREADABLE, str(exc))
+    else:
+        log.error("%s: %s", what, exc)
+    return ApiProblem(status, code, message)
 
 
 def _withdraw(running: Running) -> None:

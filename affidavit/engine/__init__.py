@@ -8,7 +8,14 @@ from affidavit.engine.control import CallControl
 from affidavit.engine.engine import Deliver, Engine
 from affidavit.engine.ids import new_invocation_id
 from affidavit.engine.operations import OperationError
-from affidavit.engine.recovery import UNREADABLE, CallNotRecorded, unread, unreadable, unrecorded
+from affidavit.engine.recovery import (
+    UNREADABLE,
+    CallNotRecorded,
+    read_failure,
+    unread,
+    unreadable,
+    unrecorded,
+)
 from affidavit.engine.settings import EngineSettings
 from affidavit.engine.sink import RESULT_CHUNK
 
@@ -22,6 +29,7 @@ __all__ = [
     "EngineSettings",
     "OperationError",
     "new_invocation_id",
+    "read_failure",
     "tune_collector",
     "unread",
     "unreadable",

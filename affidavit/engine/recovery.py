@@ -31,6 +31,7 @@ __all__ = [
     "CallNotRecorded",
     "closing_event",
     "journal_refused",
+    "read_failure",
     "recover_stale",
     "unread",
     "unreadable",
@@ -171,6 +172,16 @@ def unread(what: str) -> str:
     beyond its reconnect window (JOURNAL_UNAVAILABLE): ``what`` could not be read -- unread,
     not wrong; a read changes nothing, so reading again once the journal is back is safe."""
     return f"the journal cannot be read now ({what}); read it again once the journal is back"
+
+
+def read_failure(exc: Exception, what: str) -> tuple[int, str, str]:
+    """A read of ``what`` the journal could not answer, as every surface answers it: (HTTP
+    status, code, message) -- 503 JOURNAL_UNAVAILABLE (``unread``) when a shared journal is
+    away beyond ``[journal] reconnect``, else 500 ``UNREADABLE`` with the journal's own one-line
+    words (altered, refused): the two never blurred."""
+    if isinstance(exc, JournalUnavailable):
+        return 503, CallNotRecorded.code, unread(what)
+    return 500, UNREADABLE, str(exc)
 
 
 UNREADABLE = "JOURNAL_UNREADABLE"

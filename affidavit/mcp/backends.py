@@ -202,12 +202,10 @@ def _journal_error(exc: Exception, what: str) -> dict[str, Any]:
     """A read the journal could not answer, as the daemon answers it (``app._journal_problem``):
     JOURNAL_UNAVAILABLE naming ``what`` when a shared journal is away, else JOURNAL_UNREADABLE
     with the journal's own words (altered, refused) -- never the one for the other."""
-    from affidavit.engine import UNREADABLE, CallNotRecorded, unread
-    from affidavit.journal import JournalUnavailable
+    from affidavit.engine import read_failure
 
-    if isinstance(exc, JournalUnavailable):
-        return api_error(CallNotRecorded.code, unread(what))
-    return api_error(UNREADABLE, str(exc))
+    _status, code, message = read_failure(exc, what)
+    return api_error(code, message)
 
 
 class Daemon:
