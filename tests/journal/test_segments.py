@@ -408,10 +408,11 @@ async def test_closing_the_journal_waits_for_the_segment_threads_off_the_event_l
     """Closing lets the segment threads finish a sync under way; that wait must not hold the
     event loop (a daemon closing its journal still answers, times out, shuts down).  The sync
     here returns only once a task on the loop has run -- or after 5 s, and the order shows."""
-    released = threading.Event()
+    released, entered = threading.Event(), threading.Event()
     real = os.fdatasync
 
     def gated(fd: int) -> None:
+        entered.set()
         released.wait(5)
         real(fd)
 
@@ -427,6 +428,8 @@ async def test_closing_the_journal_waits_for_the_segment_threads_off_the_event_l
         async with trio.open_nursery() as nursery:
             async with Journal.open(tmp_path / "j.db") as j:
                 await kit.put_all(j, "inv-c", kit.body(70))  # over 4 MiB: a sync is asked
+                # ... and under way when the journal closes (the segment thread may lag).
+                await trio.to_thread.run_sync(entered.wait, 10)
                 nursery.start_soon(release)
             order.append("closed")
     assert order == ["loop ran", "closed"]
