@@ -109,6 +109,12 @@ class Backend(Protocol):
 
     def commit(self, conn: Any) -> None: ...
 
+    def between(self, conn: Any) -> None:
+        """On the writer's thread between two transactions, once the last one's writers were
+        woken: upkeep that must not delay a commit's answer (SQLite: ``_Checkpointer``).
+        Raises nothing the writer must handle."""
+        ...
+
     def rollback(self, conn: Any) -> None: ...
 
     def snapshot(self, conn: Any) -> AbstractContextManager[None]:

@@ -324,6 +324,9 @@ class PostgresBackend:
         if pipe is not None:
             pipe.__exit__(None, None, None)  # sends it and waits: errors of any write surface
 
+    def between(self, conn: Any) -> None:
+        pass  # the server checkpoints its own WAL
+
     def rollback(self, conn: Any) -> None:
         pipe = self._pipes.pop(id(conn), None)
         if pipe is not None:

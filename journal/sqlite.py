@@ -295,7 +295,15 @@ class _Checkpointer:
     and the file in the middle of a 50 MiB result, stalling every chunk behind it for ~0.4 s
     (issue 15).  The checkpoint connection keeps ``synchronous=FULL``: the WAL is synced before
     frames are copied and the file after, before the WAL may be reused -- what the automatic
-    checkpoint did.  A failed checkpoint is retried at the next trigger; the WAL only grows."""
+    checkpoint did.  A failed checkpoint is retried at the next trigger; the WAL only grows.
+
+    SQLite writes the WAL from its start again only when a write transaction begins with every
+    frame already copied.  A busy writer always committed something while the thread copied,
+    so that never happened: the WAL grew by every page the broker wrote (~80 KB a call) for
+    as long as calls kept coming.  So once the thread has copied all it found, the writer's
+    thread copies the few frames committed meanwhile itself, between two transactions
+    (``catch_up``): its next transaction then starts the WAL over, and the file stays the
+    size of one cycle's frames."""
 
     def __init__(self, path: Path) -> None:
         self._path = path
@@ -304,6 +312,9 @@ class _Checkpointer:
         self._thread: threading.Thread | None = None
         self._pages: int | None = None
         self._commits = 0
+        self._copied_all = False
+        """The thread's last checkpoint found no frame it could not copy (no reader held one
+        back): a catch-up by the writer can then copy every frame."""
 
     def committed(self, conn: sqlite3.Connection) -> None:
         """After each writer commit: wake the thread when enough was written since."""
@@ -333,10 +344,21 @@ class _Checkpointer:
                     if conn is None:
                         conn = sqlite3.connect(str(self._path), isolation_level=None)
                         conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
-                    conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+                    busy, frames, copied = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+                    self._copied_all = not busy and frames == copied
         finally:
             if conn is not None:
                 conn.close()
+
+    def catch_up(self, conn: sqlite3.Connection) -> None:
+        """On the writer's thread, between its transactions, after the thread copied all it
+        found: copy what was committed since, so the next transaction restarts the WAL.  A
+        few frames, not the cycle's; an error leaves it for the next cycle."""
+        if not self._copied_all:
+            return
+        self._copied_all = False
+        with contextlib.suppress(sqlite3.Error):
+            conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
 
     def close(self) -> None:
         """Stop the thread (after the checkpoint it is running, if any)."""
@@ -441,6 +463,11 @@ class SqliteBackend:
             # error is a record that claims a dispatch the engine then never makes.
             with contextlib.suppress(Exception):
                 checkpointer.committed(conn)
+
+    def between(self, conn: Any) -> None:
+        checkpointer = self._checkpointers.get(id(conn))
+        if checkpointer is not None:
+            checkpointer.catch_up(conn)
 
     def rollback(self, conn: Any) -> None:
         if conn.in_transaction:

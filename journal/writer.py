@@ -248,6 +248,9 @@ class Writer:
                 token.run_sync_soon(self._done, handoff)
             except trio.RunFinishedError:  # the loop is gone; nobody waits any more
                 return
+            # The next batch waits in ``batches`` meanwhile; this one's writers need not.
+            with contextlib.suppress(Exception):
+                self.backend.between(self.conn)
 
     def _done(self, handoff: _Handoff) -> None:
         """On the trio thread, as soon as the loop learns a batch ended: wake its waiting

@@ -327,6 +327,12 @@ async def measure_broker(args: argparse.Namespace, port: int, tmp: Path) -> dict
             statistics.median(counter.barrier_s),
             statistics.median(counter.plain_s or [0.0]),
         ]
+        # The WAL file the calls left (closing removes it): SQLite writes it from its start
+        # again only after a checkpoint copied every frame; under steady calls it must stay
+        # one checkpoint cycle's size, not grow with every call.
+        wal = Path(f"{tmp / 'bench.db'}-wal")
+        out["wal_bytes"] = wal.stat().st_size if wal.exists() else 0
+        out["total_calls"] = 21 + args.seq + args.calls
     out.update(fig)
     if prof is not None and counter.profile is not None:
         prof.dump_stats(args.profile)
@@ -447,6 +453,10 @@ def run(args: argparse.Namespace, port: int, probe_dir: Path) -> None:
         f"broker CPU per call {ms(med(brk, 'cpu'))} ms, of it the journal writer thread "
         f"{ms(med(brk, 'writer_cpu'))} ms"
     )
+    for label in [brk] + ([clients[-1][0]] if args.ab else []):
+        wal_mb = med(label, "wal_bytes") / 2**20
+        calls = results[label][0]["total_calls"]
+        print(f"{label}: WAL file after {calls} calls {wal_mb:.1f} MiB (median over rounds)")
     if args.ab:
         old = clients[-1][0]
         for key, what in (("rate", f"c={c} calls/s"), ("p50", "c=1 p50 ms")):
