@@ -161,3 +161,36 @@ async def test_record_from_another_thread_reads_the_file(path: Path) -> None:
         got = await trio.to_thread.run_sync(lambda: j.record("o", now=0.0))
         assert got == _fresh(path, "o")
         assert reads.reads == 1
+
+
+async def test_the_owner_of_a_sqlite_journal_answers_record_without_reading_the_head(
+    path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The daemon (``owner``) holds the journal's lock exclusively: no other process can append,
+    so its writer's last commit is the head and ``record`` reads nothing.  An embedded writer
+    shares the file and must still check the head each time."""
+    heads = 0
+    inner = Journal.head
+
+    def counted(self: Journal) -> tuple[int, str]:
+        nonlocal heads
+        heads += 1
+        return inner(self)
+
+    monkeypatch.setattr(Journal, "head", counted)
+    async with Journal.open(path, owner="the daemon") as j:
+        assert j.exclusive
+        reads = ReadCounter(j)
+        for ev in happy("a"):
+            await j.append(ev)
+            before = heads
+            assert j.record("a", now=0.0) == _fresh(path, "a")
+            assert heads == before
+        assert reads.reads == 0
+    async with Journal.open(path) as j:
+        assert not j.exclusive
+        for ev in until_dispatch("b"):
+            await j.append(ev)
+        before = heads
+        assert j.record("b", now=0.0) == _fresh(path, "b")
+        assert heads == before + 1
