@@ -20,12 +20,13 @@ peer but an operator gets a console login (an agent on the socket or behind MCP 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from affidavit.approvals import Operator, OperatorError, service
 from affidavit.console import TokenDirError, login_url
-from affidavit.journal import JournalReader
+from affidavit.journal import JournalError, JournalReader
 
 from .http import ApiProblem, Request
 
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
 __all__ = ["approval", "approvals", "console_login", "decide", "reconcile"]
 
 T = TypeVar("T")
+log = logging.getLogger("affidavit.daemon")
 
 
 def operator_of(req: Request) -> Operator:
@@ -90,7 +92,12 @@ async def decide(api: Api, req: Request, invocation_id: str, verb: str) -> None:
     who = _require(api, req, "approve or deny")
     note = _note(body)
     decision = api.broker.approve if verb == "approve" else api.broker.deny
-    view = await _run(lambda: decision(invocation_id, note=note, operator=who))
+    try:
+        view = await _run(lambda: decision(invocation_id, note=note, operator=who))
+    except JournalError as exc:  # one line in the log, never a traceback; 503 when away
+        status, code, message = service.decision_failure(exc, invocation_id)
+        log.warning("the decision on %s: %s", invocation_id, exc)
+        raise ApiProblem(status, code, message) from None
     await req.respond_json(view)
 
 
