@@ -20,8 +20,8 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from affidavit.engine.approval import expire_if_due
-from affidavit.engine.recovery import CallNotRecorded, read_failure
-from affidavit.journal import JournalError, JournalReader, JournalUnavailable, JournalWriteError
+from affidavit.engine.recovery import act_failure
+from affidavit.journal import JournalError, JournalReader, JournalUnavailable
 from affidavit.statemachine import Code, Event, EventKind, ImpossibleEvent, Record
 
 from .operator import Operator, OperatorError, OperatorPolicy
@@ -115,19 +115,17 @@ def _approval_record(reader: JournalReader, invocation_id: str) -> Record:
 
 
 def decision_failure(exc: Exception, invocation_id: str) -> tuple[int, str, str]:
-    """A decision the journal could not take, as every interface answers it: (HTTP status,
-    code, message).  Its write failed (a shared journal away beyond ``[journal] reconnect``,
-    perhaps while committing): 503 JOURNAL_UNAVAILABLE -- the decision may or may not be
-    recorded, and reading the approval once the journal is back tells which.  A read failed
-    (the approval unread, nothing decided): ``read_failure``'s answer for the approval."""
-    if isinstance(exc, JournalWriteError):
-        return (
-            503,
-            CallNotRecorded.code,
-            f"the journal could not record the decision on {invocation_id} (`affidavit "
-            f"approvals show {invocation_id}` once it is back tells whether it was)",
-        )
-    return read_failure(exc, f"the approval of {invocation_id}")
+    """A decision the journal could not take, as every interface answers it (``act_failure``):
+    (HTTP status, code, message).  Its write failed (a shared journal away beyond ``[journal]
+    reconnect``, perhaps while committing): 503 JOURNAL_UNAVAILABLE -- the decision may or may
+    not be recorded, and ``approvals show`` tells which once the journal is back.  A read
+    failed (the approval unread, nothing decided): ``read_failure``'s answer for it."""
+    return act_failure(
+        exc,
+        f"the approval of {invocation_id}",
+        f"the decision on {invocation_id}",
+        f"`affidavit approvals show {invocation_id}`",
+    )
 
 
 async def decide(

@@ -246,7 +246,9 @@ def _reconcile(args: argparse.Namespace) -> int:
                 iid, query=args.query, attest=args.attest, note=note, timeout=args.timeout
             )
 
-        answer = _embedded(args, reconcile)
+        from affidavit.reconcile import service
+
+        answer = _embedded(args, reconcile, lambda exc: service.failure(exc, iid))
     _print(answer)
     return 0 if answer["reconciled"] else 1
 
