@@ -329,7 +329,8 @@ class JournalReader:
         """``list_actions``' records one at a time, same order, in bounded memory: the database
         groups the rows by invocation and one projection is held at a time (``affidavit
         actions`` streams its output from this).  A database error while iterating is a
-        ``JournalError``.  ``span``: ``(first, before, through)`` from ``action_spans``, only
+        ``JournalError`` (``JournalUnavailable`` when the connection was lost: a stream is not
+        begun again).  ``span``: ``(first, before, through)`` from ``action_spans``, only
         those invocations' records (``session`` must be None)."""
         if span is not None and session is not None:
             raise ValueError("a span of the actions view takes no session filter")
@@ -338,7 +339,10 @@ class JournalReader:
         try:
             yield from want
         except self.backend.errors as exc:
-            raise self._error("the actions view", exc) from None
+            error = self._error("the actions view", exc)
+            if self.backend.lost(exc):  # the database gone mid-stream: away, not altered
+                raise JournalUnavailable(str(error)) from None
+            raise error from None
 
     def action_spans(self, parts: int, min_events: int) -> list[tuple[int, int, int]] | None:
         """``iter_actions`` (without a session filter) cut into ``parts`` spans of about as

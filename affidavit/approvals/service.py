@@ -20,7 +20,8 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from affidavit.engine.approval import expire_if_due
-from affidavit.journal import JournalError, JournalReader
+from affidavit.engine.recovery import act_failure
+from affidavit.journal import JournalError, JournalReader, JournalUnavailable
 from affidavit.statemachine import Code, Event, EventKind, ImpossibleEvent, Record
 
 from .operator import Operator, OperatorError, OperatorPolicy
@@ -28,7 +29,15 @@ from .operator import Operator, OperatorError, OperatorPolicy
 if TYPE_CHECKING:
     from affidavit.engine import Engine
 
-__all__ = ["MAX_NOTE", "approval_view", "check_note", "decide", "pending", "show"]
+__all__ = [
+    "MAX_NOTE",
+    "approval_view",
+    "check_note",
+    "decide",
+    "decision_failure",
+    "pending",
+    "show",
+]
 
 E = EventKind
 MAX_NOTE = 2000
@@ -73,6 +82,8 @@ def approval_view(reader: JournalReader, record: Record) -> dict[str, Any]:
     }
     try:
         sealed = reader.payload(requested.seq) if requested.seq is not None else None
+    except JournalUnavailable:  # the journal away, not this request sealed beyond reading
+        raise
     except JournalError as exc:
         sealed, view["request_unreadable"] = None, str(exc)
     view["request"] = dict(sealed.get("request", {})) if sealed is not None else None
@@ -103,6 +114,20 @@ def _approval_record(reader: JournalReader, invocation_id: str) -> Record:
     return record
 
 
+def decision_failure(exc: Exception, invocation_id: str) -> tuple[int, str, str]:
+    """A decision the journal could not take, as every interface answers it (``act_failure``):
+    (HTTP status, code, message).  Its write failed (a shared journal away beyond ``[journal]
+    reconnect``, perhaps while committing): 503 JOURNAL_UNAVAILABLE -- the decision may or may
+    not be recorded, and ``approvals show`` tells which once the journal is back.  A read
+    failed (the approval unread, nothing decided): ``read_failure``'s answer for it."""
+    return act_failure(
+        exc,
+        f"the approval of {invocation_id}",
+        f"the decision on {invocation_id}",
+        f"`affidavit approvals show {invocation_id}`",
+    )
+
+
 async def decide(
     engine: Engine,
     policy: OperatorPolicy,
@@ -116,7 +141,8 @@ async def decide(
 
     Refused (``OperatorError``): not an operator (403); the requester's own uid while
     ``allow_self_approval`` is off (403); no such approval (404); not pending any more --
-    decided, or expired, which is recorded now as APPROVAL_EXPIRED (409)."""
+    decided, or expired, which is recorded now as APPROVAL_EXPIRED (409).  A journal that
+    cannot be read or written raises its ``JournalError`` (``decision_failure`` answers it)."""
     policy.require(operator, "approve or deny")
     note = check_note(note)
     journal = engine.journal

@@ -14,8 +14,10 @@ rules are ``affidavit.approvals`` / ``affidavit.reconcile``'s.
 
 Exit status: 0 done (``reconcile``: the outcome is settled); 1 ``reconcile --query`` settled
 nothing (the invocation stays unknown; the query's evidence is on its own record); 2 refused
-(not an operator, the requester itself, no longer pending, not unknown), usage, config or an
-unreachable daemon -- one line on stderr.
+(not an operator, the requester itself, no longer pending, not unknown), usage, config, an
+unreachable daemon, or a journal that cannot be read or written now (a shared journal's
+database away: what could not be read or recorded is named, as the daemon's 503
+JOURNAL_UNAVAILABLE names it) -- one line on stderr.
 """
 
 from __future__ import annotations
@@ -98,22 +100,37 @@ def _daemon_answer(socket: str, method: str, target: str, body: Any = None) -> A
     return daemon_json(ask_daemon(socket, method, target, data))
 
 
-def _embedded(args: argparse.Namespace, work: Callable[[Any], Awaitable[T]]) -> T:
-    """``work(broker)`` in a broker of this process (the journal written here)."""
+def _embedded(
+    args: argparse.Namespace,
+    work: Callable[[Any], Awaitable[T]],
+    failure: Callable[[Exception], tuple[int, str, str]] | None = None,
+) -> T:
+    """``work(broker)`` in a broker of this process (the journal written here); ``failure``
+    answers a journal that could not do it (``decision_failure``), else its own words."""
     from affidavit.api.broker import Broker
+    from affidavit.journal import JournalError
 
     config = load_or_usage(args.config)
 
     async def main() -> T:
-        async with Broker.open(config=config) as broker:
-            return await work(broker)
+        try:
+            async with Broker.open(config=config) as broker:
+                return await work(broker)
+        except JournalError as exc:
+            if failure is None:
+                raise
+            from affidavit.cli.journal import failure_line
+
+            raise UsageError(failure_line(exc, failure(exc))) from None
 
     return _operator_errors(lambda: run_journal(main))
 
 
-def _reading(args: argparse.Namespace, view: Callable[[Any], T]) -> T:
+def _reading(args: argparse.Namespace, view: Callable[[Any], T], what: str) -> T:
     """``view(reader)`` on the journal, read-only, with the broker's key (the request an
-    approval binds is sealed)."""
+    approval binds is sealed); a journal that cannot be read names ``what``, as the daemon
+    does (``read_failure_line``)."""
+    from affidavit.cli.journal import read_failure_line
     from affidavit.journal import JournalError, JournalReader
 
     config = load_or_usage(args.config)
@@ -121,7 +138,7 @@ def _reading(args: argparse.Namespace, view: Callable[[Any], T]) -> T:
         with JournalReader.open(config.journal.location, key_file=config.journal.key_file) as j:
             return _operator_errors(lambda: view(j))
     except JournalError as exc:
-        raise UsageError(str(exc)) from None
+        raise UsageError(read_failure_line(exc, what)) from None
 
 
 # --- approvals ---------------------------------------------------------------------------------
@@ -134,7 +151,7 @@ def _list(args: argparse.Namespace) -> int:
     else:
         from affidavit import approvals
 
-        rows = _reading(args, approvals.pending)
+        rows = _reading(args, approvals.pending, "the pending approvals")
     if args.json:
         _print(rows)
         return 0
@@ -178,7 +195,7 @@ def _show(args: argparse.Namespace) -> int:
         return 0
     from affidavit import approvals
 
-    _print(_reading(args, lambda j: approvals.show(j, iid)))
+    _print(_reading(args, lambda j: approvals.show(j, iid), f"the approval of {iid}"))
     return 0
 
 
@@ -198,7 +215,9 @@ def _decide(args: argparse.Namespace) -> int:
         decision = broker.approve if args.verb == "approve" else broker.deny
         return await decision(iid, note=note)
 
-    _print(_embedded(args, decide))
+    from affidavit.approvals import service
+
+    _print(_embedded(args, decide, lambda exc: service.decision_failure(exc, iid)))
     return 0
 
 
@@ -227,7 +246,9 @@ def _reconcile(args: argparse.Namespace) -> int:
                 iid, query=args.query, attest=args.attest, note=note, timeout=args.timeout
             )
 
-        answer = _embedded(args, reconcile)
+        from affidavit.reconcile import service
+
+        answer = _embedded(args, reconcile, lambda exc: service.failure(exc, iid))
     _print(answer)
     return 0 if answer["reconciled"] else 1
 

@@ -13,8 +13,9 @@ With ``--socket PATH`` (or ``$AFFIDAVIT_SOCKET``) ``actions``, ``record``, ``ses
 JSON (``affidavit.views``), here, from data.
 
 Exit status: 0 success; 1 ``journal verify`` (or ``anchor``) found a bad row; 2 usage or
-config error (for example no journal at the path, an unreadable key or anchor file) — the
-message on stderr, never a traceback.
+config error (for example no journal at the path, an unreadable key or anchor file), or a view
+the journal could not answer (a shared journal's database away: "the journal cannot be read now
+(the actions view) ...", as the daemon says) — the message on stderr, never a traceback.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -41,7 +43,17 @@ from affidavit.cli import (
 if TYPE_CHECKING:
     from affidavit.journal import JournalReader
 
-__all__ = ["OUTCOMES", "PHASES", "add_commands", "common_options", "open_reader", "print_json"]
+__all__ = [
+    "OUTCOMES",
+    "PHASES",
+    "add_commands",
+    "common_options",
+    "failure_line",
+    "open_reader",
+    "print_json",
+    "read_failure_line",
+    "reading",
+]
 
 OUTCOMES = ("not_attempted", "rejected", "committed", "unknown")
 PHASES = (
@@ -234,6 +246,38 @@ def open_reader(args: argparse.Namespace) -> JournalReader:
         return JournalReader.open(path)
     except JournalError as exc:
         raise UsageError(str(exc)) from None
+
+
+@contextmanager
+def reading(args: argparse.Namespace, what: str) -> Iterator[JournalReader]:
+    """``open_reader`` for a view: a journal that cannot be read, on open or mid-read, is one
+    line naming ``what`` (exit 2), in the words the daemon answers (``read_failure``) -- a
+    shared journal away is "cannot be read now", never a traceback -- followed by the
+    journal's own words (its URL's password redacted): run here, there is no daemon log."""
+    from affidavit.journal import JournalError, JournalReader
+
+    path = _journal_path(args)
+    try:
+        with JournalReader.open(path) as reader:
+            yield reader
+    except JournalError as exc:
+        raise UsageError(read_failure_line(exc, what)) from None
+
+
+def read_failure_line(exc: Exception, what: str) -> str:
+    """``read_failure``'s message for the command line (``failure_line``)."""
+    from affidavit.engine.recovery import read_failure
+
+    return failure_line(exc, read_failure(exc, what))
+
+
+def failure_line(exc: Exception, answer: tuple[int, str, str]) -> str:
+    """The message of a surface's ``answer`` (status, code, message) to ``exc``, for the
+    command line: when the journal is away (503), followed by the journal's own one-line
+    words (where, and why: its URL's password redacted) -- run here, there is no daemon log
+    to find them in."""
+    status, _, message = answer
+    return f"{message} -- {exc}" if status == 503 else message
 
 
 # --- rendering -----------------------------------------------------------------------------
@@ -445,7 +489,7 @@ def _actions(args: argparse.Namespace) -> int:
 
     from .actions_json import write_actions_json
 
-    with open_reader(args) as j:
+    with reading(args, "the actions view") as j:
         # Streamed: one record folded, rendered and written at a time (issue 15: 1M events
         # took 51 s and 554 MB held whole).
         if args.json:
@@ -482,7 +526,7 @@ def _record(args: argparse.Namespace) -> int:
     else:
         from affidavit.views import event_to_json, record_to_json
 
-        with open_reader(args) as j:
+        with reading(args, f"the record of {args.invocation_id}") as j:
             events = j.events(args.invocation_id)
             rec = j.record(args.invocation_id)
         if rec is None:
@@ -511,7 +555,7 @@ def _sessions(args: argparse.Namespace) -> int:
     if socket is not None:
         sessions = daemon_json(ask_daemon(socket, "GET", "/v1/sessions"))
     else:
-        with open_reader(args) as j:
+        with reading(args, "the sessions view") as j:
             sessions = j.sessions()
     if args.json:
         print_json(sessions)
@@ -543,7 +587,7 @@ def _metrics(args: argparse.Namespace) -> int:
     else:
         from affidavit.views import metrics
 
-        with open_reader(args) as j:
+        with reading(args, "the records the metrics count") as j:
             data = metrics(j.list_actions(session=session, since=since))
     if args.json:
         print_json(data)

@@ -9,7 +9,9 @@ approval its own calls request.  Each sweep -- at once after a decision recorded
 no caller here waits for it, no live dispatch lease) as a call of the daemon's own (``calls.py``:
 bounded by ``max_calls``, stopped at shutdown like any other), and closes those expired on the
 way.  The result is stored for the caller's ``fetch_result``; the dispatch lease and the gate's
-re-check of the approval keep it to one send, whoever else tries.
+re-check of the approval keep it to one send, whoever else tries.  A sweep that cannot read
+the journal (a shared journal's database away) is logged once and tried again at the next:
+the daemon goes on serving.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any
 import trio
 
 from affidavit.api.broker import Broker
+from affidavit.journal import JournalError
 
 from .calls import Calls, Overloaded, Running
 
@@ -37,8 +40,20 @@ async def dispatch_approvals(
     """Run until cancelled (the daemon's shutdown)."""
     broker.watch_approvals()
     task_status.started()
+    away = False
     while True:
-        for iid in await broker.approvals_ready():
+        try:
+            ready = await broker.approvals_ready()
+        except JournalError as exc:
+            # A shared journal away: the sweep is tried again, never the daemon stopped.
+            if not away:
+                log.warning("approvals: the journal cannot be read now, sweeping again: %s", exc)
+            away, ready = True, []
+        else:
+            if away:
+                log.info("approvals: the journal is readable again")
+            away = False
+        for iid in ready:
             if not calls.accepting:
                 broker.forget_dispatch(iid)
                 continue

@@ -20,12 +20,14 @@ peer but an operator gets a console login (an agent on the socket or behind MCP 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from affidavit.approvals import Operator, OperatorError, service
 from affidavit.console import TokenDirError, login_url
-from affidavit.journal import JournalReader
+from affidavit.journal import JournalError, JournalReader
+from affidavit.reconcile import service as reconciling
 
 from .http import ApiProblem, Request
 
@@ -35,6 +37,7 @@ if TYPE_CHECKING:
 __all__ = ["approval", "approvals", "console_login", "decide", "reconcile"]
 
 T = TypeVar("T")
+log = logging.getLogger("affidavit.daemon")
 
 
 def operator_of(req: Request) -> Operator:
@@ -55,11 +58,19 @@ def _problem(exc: OperatorError) -> ApiProblem:
     return ApiProblem(exc.status, exc.code, exc.message)
 
 
-async def _run(work: Callable[[], Awaitable[T]]) -> T:
+async def _run(
+    work: Callable[[], Awaitable[T]], failure: Callable[[Exception], tuple[int, str, str]]
+) -> T:
+    """``work()``: a refusal as its API error; a journal that could not do it as ``failure``
+    answers it (503 JOURNAL_UNAVAILABLE when away) -- one line in the log, never a traceback."""
     try:
         return await work()
     except OperatorError as exc:
         raise _problem(exc) from None
+    except JournalError as exc:
+        status, code, message = failure(exc)
+        log.warning("%s: %s", message, exc)
+        raise ApiProblem(status, code, message) from None
 
 
 async def _reading(api: Api, view: Callable[[JournalReader], T], what: str) -> T:
@@ -90,7 +101,10 @@ async def decide(api: Api, req: Request, invocation_id: str, verb: str) -> None:
     who = _require(api, req, "approve or deny")
     note = _note(body)
     decision = api.broker.approve if verb == "approve" else api.broker.deny
-    view = await _run(lambda: decision(invocation_id, note=note, operator=who))
+    view = await _run(
+        lambda: decision(invocation_id, note=note, operator=who),
+        lambda exc: service.decision_failure(exc, invocation_id),
+    )
     await req.respond_json(view)
 
 
@@ -106,7 +120,8 @@ async def reconcile(api: Api, req: Request, invocation_id: str) -> None:
     answer = await _run(
         lambda: api.broker.reconcile(
             invocation_id, query=query, attest=attest, note=note, operator=who, timeout=timeout
-        )
+        ),
+        lambda exc: reconciling.failure(exc, invocation_id),
     )
     await req.respond_json(answer)
 

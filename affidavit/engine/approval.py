@@ -398,20 +398,25 @@ async def ready(engine: Engine) -> list[str]:
     """Approved invocations to dispatch now: no caller in this process waits for them, no live
     dispatch lease holds them, and their approval has not expired -- an expired one is closed
     on the way (APPROVAL_EXPIRED).  Each one returned is marked ``dispatching`` until
-    ``dispatch_approved`` is done with it (or ``ApprovalBoard.dispatching`` is cleared)."""
+    ``dispatch_approved`` is done with it (or ``ApprovalBoard.dispatching`` is cleared).  A
+    ``JournalError`` (a shared journal away) marks none: the next sweep looks at them all again."""
     board, journal = engine.approvals, engine.journal
-    out = []
-    for iid in sorted(board.open - board.waiting - board.dispatching):
-        record = journal.record(iid)
-        if record is not None:
-            record = await expire_if_due(engine.recorder, record)
-        if record is None or record.state not in APPROVAL_STATES:
-            board.open.discard(iid)
-            continue
-        lease = journal.lease(iid)
-        if record.state == "approved" and (lease is None or lease.expires_at <= time.time()):
-            board.dispatching.add(iid)
-            out.append(iid)
+    out: list[str] = []
+    try:
+        for iid in sorted(board.open - board.waiting - board.dispatching):
+            record = journal.record(iid)
+            if record is not None:
+                record = await expire_if_due(engine.recorder, record)
+            if record is None or record.state not in APPROVAL_STATES:
+                board.open.discard(iid)
+                continue
+            lease = journal.lease(iid)
+            if record.state == "approved" and (lease is None or lease.expires_at <= time.time()):
+                board.dispatching.add(iid)
+                out.append(iid)
+    except BaseException:
+        board.dispatching.difference_update(out)  # never returned: nobody would dispatch them
+        raise
     return out
 
 

@@ -29,6 +29,7 @@ from .recorder import Recorder
 __all__ = [
     "UNREADABLE",
     "CallNotRecorded",
+    "act_failure",
     "closing_event",
     "journal_refused",
     "read_failure",
@@ -182,6 +183,25 @@ def read_failure(exc: Exception, what: str) -> tuple[int, str, str]:
     if isinstance(exc, JournalUnavailable):
         return 503, CallNotRecorded.code, unread(what)
     return 500, UNREADABLE, str(exc)
+
+
+def act_failure(exc: Exception, what: str, act: str, check: str) -> tuple[int, str, str]:
+    """An operator's act (a decision, an attestation, a reconciliation query) the journal
+    could not take, as every surface answers it: (HTTP status, code, message).  A call of its
+    own not recorded (a query: ``CallNotRecorded``): its words.  The act's write failed (a
+    shared journal away beyond ``[journal] reconnect``, perhaps while committing): 503
+    JOURNAL_UNAVAILABLE -- ``act`` may or may not be recorded; ``check``, once the journal is
+    back, tells which.  A read failed (``what``, before anything was written): as
+    ``read_failure``."""
+    if isinstance(exc, CallNotRecorded):
+        return 503, CallNotRecorded.code, str(exc)
+    if isinstance(exc, JournalWriteError):
+        return (
+            503,
+            CallNotRecorded.code,
+            f"the journal could not record {act} ({check} once it is back tells whether it was)",
+        )
+    return read_failure(exc, what)
 
 
 UNREADABLE = "JOURNAL_UNREADABLE"

@@ -36,7 +36,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from affidavit.approvals import Operator, OperatorError, OperatorPolicy, check_note
-from affidavit.engine.recovery import recover_stale
+from affidavit.engine.recovery import act_failure, recover_stale
 from affidavit.protocols import get
 from affidavit.statemachine import (
     TRANSITIONS,
@@ -51,10 +51,23 @@ from affidavit.statemachine import (
 if TYPE_CHECKING:
     from affidavit.engine import Engine
 
-__all__ = ["ATTESTABLE", "attest", "query"]
+__all__ = ["ATTESTABLE", "attest", "failure", "query"]
 
 E = EventKind
 ATTESTABLE = (Outcome.COMMITTED.value, Outcome.REJECTED.value)
+
+
+def failure(exc: Exception, invocation_id: str) -> tuple[int, str, str]:
+    """A reconciliation the journal could not take, as every interface answers it
+    (``act_failure``): the query's own call not recorded, the RECONCILED (or inconclusive)
+    event's write failed -- 503 JOURNAL_UNAVAILABLE, ``affidavit record`` tells once the
+    journal is back -- or the record unread."""
+    return act_failure(
+        exc,
+        f"the record of {invocation_id}",
+        f"the reconciliation of {invocation_id}",
+        f"`affidavit record {invocation_id}`",
+    )
 
 
 async def _unknown_at_rest(engine: Engine, invocation_id: str) -> Record:

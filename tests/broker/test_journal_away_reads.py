@@ -114,12 +114,16 @@ async def test_a_read_while_the_database_is_away_names_what_it_read(
             with pytest.raises(JournalUnavailable) as listed:
                 reader.list_actions()
         assert reader.record(iid) is not None
-    for info in (events, head, listed):
+        async with database_stopped(pg):  # a stream's connection lost: away, not altered
+            with pytest.raises(JournalUnavailable) as streamed:
+                list(reader.iter_actions())
+    for info in (events, head, listed, streamed):
         text = str(info.value)
         assert "a read cannot be read" not in text, text
         assert pg.password not in text
     assert iid in str(events.value), events.value
     assert "the actions view" in str(listed.value), listed.value
+    assert "the actions view" in str(streamed.value), streamed.value
 
 
 async def test_reader_open_refused_for_another_reason_is_not_unavailable(

@@ -1,0 +1,159 @@
+"""``affidavit record ID`` and ``affidavit actions`` (text and ``--json``) run embedded on a
+shared journal whose database is away: exit 2 and one line on stderr naming what could not be
+read, in the words the daemon answers (``read_failure``: "the journal cannot be read now
+(...)"), then the journal's own words (where, and why) with the URL's password redacted --
+never a traceback, never a wait, never JOURNAL_UNREADABLE's words for a database that is only
+away.  Once the database is back, the same commands answer.
+
+Two moments: PostgreSQL stopped before the command starts (its open fails), and stopped
+mid-way -- the reader open, the server stopped just before the read (in process, through
+``affidavit.cli.main``: a read of the record, and the actions view's stream).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from affidavit.cli import main
+from affidavit.engine import unread
+from affidavit.journal import JournalReader
+from tests.daemon.kit import client_env, run
+from tests.http.hostile import HostileServer, Reply, scripts
+from tests.postgres import Cluster
+
+from .awaykit import database_stopped
+from .helpers import TOKEN_ENV, http_target, write_config
+from .test_journal_away_mid_call import ACTION, journal_table
+
+BODY = b'{"id":"ch_1"}'
+PYTHON_M = [sys.executable, "-m", "affidavit"]
+LIMIT = 20
+"""Seconds any one command may take: a refused connection fails at once (well within it)."""
+
+
+async def _stored(tmp_path: Path, pg_url: str) -> tuple[Path, str]:
+    """A config journaling to ``pg_url`` and the id of one stored call in it."""
+    from affidavit.api.broker import Broker
+
+    async with HostileServer.running(scripts.serve(Reply(201, body=BODY))) as srv:
+        cfg = write_config(
+            tmp_path, {"api": http_target(srv.url)}, journal=journal_table(tmp_path, pg_url)
+        )
+        async with Broker.open(str(cfg)) as broker:
+            env = await broker.call(ACTION)
+    assert env["result"]["body"] == BODY.decode(), env
+    return cfg, str(env["invocation_id"])
+
+
+def _says_away(rc: int, out: str, err: str, what: str, pg: Cluster) -> None:
+    """Exit 2, one line on stderr: the daemon's words for ``what``, then the journal's (where:
+    the URL, its password redacted), no traceback; on stdout no record."""
+    assert rc == 2, (rc, out, err)
+    assert "act_" not in out, out
+    assert err.startswith(f"affidavit: {unread(what)} -- "), err
+    assert err.endswith("\n") and err.count("\n") == 1, err
+    assert "Traceback" not in err, err
+    assert "postgresql://affidavit:***@" in err, err
+    assert pg.password not in err, err
+
+
+def _commands(iid: str) -> list[tuple[list[str], str]]:
+    return [
+        (["record", iid], f"the record of {iid}"),
+        (["record", iid, "--json"], f"the record of {iid}"),
+        (["actions"], "the actions view"),
+        (["actions", "--json"], "the actions view"),
+    ]
+
+
+async def test_record_and_actions_exit_2_naming_what_while_the_database_is_stopped(
+    tmp_path: Path, token: str, pg: Cluster, pg_url: str
+) -> None:
+    cfg, iid = await _stored(tmp_path, pg_url)
+    env = {**client_env(), TOKEN_ENV: token}
+    where = [("--config", str(cfg)), ("--journal", pg_url)]  # the URL's password in argv too
+    with trio.fail_after(LIMIT * 10):
+        async with database_stopped(pg):
+            for args, what in _commands(iid):
+                for flag, value in where:
+                    with trio.fail_after(LIMIT):
+                        done = await run([*PYTHON_M, *args, flag, value], env=env)
+                    err = done.stderr.decode()
+                    _says_away(done.returncode, done.stdout.decode(), err, what, pg)
+                    assert done.stdout == b"", done.stdout
+                    assert " -- cannot connect to journal " in err, err
+        # Back: the same commands answer.
+        for args, _ in _commands(iid):
+            with trio.fail_after(LIMIT):
+                done = await run([*PYTHON_M, *args, "--config", str(cfg)], env=env)
+            assert done.returncode == 0, done.stderr
+            assert iid.encode() in done.stdout, done.stdout
+    with trio.fail_after(LIMIT):
+        done = await run([*PYTHON_M, "record", iid, "--json", "--journal", pg_url], env=env)
+    assert json.loads(done.stdout)["record"]["outcome"] == "committed", done.stdout
+
+
+@contextmanager
+def _stopped_before(
+    monkeypatch: pytest.MonkeyPatch, pg: Cluster, name: str
+) -> Iterator[list[bool]]:
+    """``JournalReader.<name>`` stops PostgreSQL first (the reader is open: its connection is
+    then lost mid-way); PostgreSQL is started again after the block."""
+    original: Callable[..., Any] = getattr(JournalReader, name)
+    stopped: list[bool] = []
+
+    def stopping(self: JournalReader, *args: Any, **kwargs: Any) -> Any:
+        if not stopped:
+            pg.stop()
+            stopped.append(True)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(JournalReader, name, stopping)
+    try:
+        yield stopped
+    finally:
+        monkeypatch.setattr(JournalReader, name, original)
+        if stopped:
+            pg.start()
+
+
+@pytest.mark.parametrize(
+    ("args", "method", "what"),
+    [
+        (["record", "{iid}"], "events", "the record of {iid}"),
+        (["record", "{iid}", "--json"], "events", "the record of {iid}"),
+        (["actions"], "iter_actions", "the actions view"),
+        (["actions", "--json"], "iter_actions", "the actions view"),
+    ],
+)
+async def test_record_and_actions_exit_2_naming_what_when_the_database_stops_mid_way(
+    tmp_path: Path,
+    token: str,
+    pg: Cluster,
+    pg_url: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    args: list[str],
+    method: str,
+    what: str,
+) -> None:
+    cfg, iid = await _stored(tmp_path, pg_url)
+    argv = [a.format(iid=iid) for a in args] + ["--config", str(cfg)]
+    capsys.readouterr()
+    with trio.fail_after(LIMIT), _stopped_before(monkeypatch, pg, method) as stopped:
+        rc = await trio.to_thread.run_sync(main, argv)
+        assert stopped, "the database was never stopped: the test read nothing"
+    out, err = capsys.readouterr()
+    # The reader tried one new connection, found none: away (never "unreadable").
+    _says_away(rc, out, err, what.format(iid=iid), pg)
+    with trio.fail_after(LIMIT):
+        assert await trio.to_thread.run_sync(main, argv) == 0
+    assert iid in capsys.readouterr().out
