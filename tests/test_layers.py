@@ -82,12 +82,16 @@ ALLOWED: Mapping[str, frozenset[str]] = {
         }
     ),
     "affidavit.sdk": frozenset({"affidavit.api"}),
-    # The operator console: pages over the journal's views, decisions through the Broker.
+    # The operator console: pages over the journal's views, decisions through the Broker; the
+    # engine and reconcile only for how a journal that could not answer is told (read_failure,
+    # reconcile.service.failure), as every interface tells it.
     "affidavit.console": frozenset(
         {
             "affidavit",  # __version__ in the page footer
             "affidavit.api",
             "affidavit.approvals",
+            "affidavit.engine",
+            "affidavit.reconcile",
             "affidavit.views",
             *SERVICE_BASE,
         }
@@ -107,15 +111,17 @@ ALLOWED: Mapping[str, frozenset[str]] = {
         }
     ),
     # The MCP server is an interface beside the daemon: the API (Broker, or the daemon's Client)
-    # and the views; the engine, journal and approvals only for their stop handle and error
-    # types (OperatorError from the reconcile query), and only embedded (a proxy to the daemon
-    # imports none of them: tests/mcp/test_modes.py).
+    # and the views; the engine, journal, approvals and reconcile only for their stop handle and
+    # error types (OperatorError from the reconcile query, and how a journal that could not
+    # answer it is told), and only embedded (a proxy to the daemon imports none of them:
+    # tests/mcp/test_modes.py).
     "affidavit.mcp": frozenset(
         {
             "affidavit",  # __version__ in the server's info
             "affidavit.api",
             "affidavit.approvals",
             "affidavit.engine",
+            "affidavit.reconcile",
             "affidavit.views",
             "affidavit.journal",
         }

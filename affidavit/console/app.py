@@ -47,8 +47,10 @@ import markupsafe
 import affidavit
 from affidavit.api.broker import Broker
 from affidavit.api.wire import parse_time
-from affidavit.approvals import Operator, OperatorError
-from affidavit.journal import JournalError, JournalReader
+from affidavit.approvals import Operator, OperatorError, service
+from affidavit.engine import read_failure
+from affidavit.journal import JournalError, JournalReader, JournalUnavailable
+from affidavit.reconcile import service as reconciling
 
 from . import pages
 from .auth import Session, Sessions, TokenDirError, TokenStore
@@ -326,7 +328,7 @@ class Console:
 
     async def _approvals(self, req: Request) -> None:
         rows: list[tuple[str, markupsafe.Markup | None, str | None]] = []
-        for row in await self._reading(pages.approvals_page):
+        for row in await self._reading(pages.approvals_page, "the pending approvals"):
             iid = str(row.get("invocation_id"))
             try:
                 html = self.templates.get_template("approval.html").render(
@@ -342,7 +344,7 @@ class Console:
 
     async def _actions(self, req: Request) -> None:
         filters = _filters(req.query)
-        data = await self._reading(lambda r: pages.actions_page(r, filters))
+        data = await self._reading(lambda r: pages.actions_page(r, filters), "the actions view")
         page = self._render(
             "actions.html",
             req,
@@ -356,7 +358,7 @@ class Console:
         await req.answer(200, page)
 
     async def _invocation(self, req: Request, iid: str, problem: Refused | None = None) -> None:
-        data = await self._reading(lambda r: pages.invocation_page(r, iid))
+        data = await self._reading(lambda r: pages.invocation_page(r, iid), f"the record of {iid}")
         if data is None:
             raise Refused(404, f"no invocation {iid} in the journal")
         result = None
@@ -382,7 +384,7 @@ class Console:
         await req.answer(200, body, b"application/json", [(b"content-disposition", disposition)])
 
     async def _journal(self, req: Request) -> None:
-        data = await self._reading(pages.journal_page)
+        data = await self._reading(pages.journal_page, "the journal view")
         await req.answer(200, self._render("journal.html", req, **data))
 
     # -- decisions ----------------------------------------------------------------------------
@@ -394,6 +396,8 @@ class Console:
             await decision(iid, note=form.get("note") or None, operator=who)
         except OperatorError as exc:
             raise Refused(exc.status, exc.message, exc.code) from None
+        except JournalError as exc:  # 503 JOURNAL_UNAVAILABLE when away: nothing decided
+            raise _journal_refusal(exc, service.decision_failure(exc, iid)) from None
         await req.redirect(f"/approvals?decided={quote(iid, safe='')}")
 
     async def _reconcile(self, req: Request, iid: str, form: dict[str, str]) -> None:
@@ -412,6 +416,8 @@ class Console:
         except OperatorError as exc:
             problem = Refused(exc.status, exc.message, exc.code)
             return await self._invocation(req, iid, problem)
+        except JournalError as exc:  # the page itself could not be read now: the error page
+            raise _journal_refusal(exc, reconciling.failure(exc, iid)) from None
         refused = answer.get("refused")
         if refused is not None:  # the query ran; the record moved on meanwhile
             query_id = (answer.get("query") or {}).get("invocation_id")
@@ -422,10 +428,12 @@ class Console:
 
     # -- reading ------------------------------------------------------------------------------
 
-    async def _reading(self, view: Callable[[JournalReader], Any]) -> Any:
+    async def _reading(self, view: Callable[[JournalReader], Any], what: str) -> Any:
         try:
             return await self.read(view)
-        except (JournalError, OperatorError) as exc:
+        except JournalError as exc:  # 503 JOURNAL_UNAVAILABLE naming ``what`` when away
+            raise _journal_refusal(exc, read_failure(exc, what)) from None
+        except OperatorError as exc:
             raise Refused(500, f"the journal could not be read: {exc}") from None
 
     async def _envelope(self, iid: str) -> dict[str, Any] | None:
@@ -433,8 +441,19 @@ class Console:
         console is not the caller; its look is no delivery)."""
         try:
             return await self.broker.fetch_result(iid, from_chunk=0)
+        except JournalUnavailable as exc:  # unread, not unverified
+            raise _journal_refusal(exc, read_failure(exc, f"the result of {iid}")) from None
         except JournalError as exc:
             raise Refused(500, f"the stored result does not verify: {exc}") from None
+
+
+def _journal_refusal(exc: JournalError, failure: tuple[int, str, str]) -> Refused:
+    """What the journal could not do, as every surface answers it (``read_failure``,
+    ``act_failure``): the error page with its status and code, and one line in the log --
+    never a traceback, never the password (the journal's words redact it)."""
+    status, code, message = failure
+    log.warning("console: %s: %s", message, exc)
+    return Refused(status, message, code)
 
 
 def _operator(req: Request) -> Operator:
