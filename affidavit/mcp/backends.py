@@ -182,13 +182,20 @@ class Embedded:
             return refusal("INVALID_FIELD", "operation_id", str(exc))
 
     async def reconcile_query(self, invocation_id: str) -> dict[str, Any]:
-        """The query form only (``affidavit.reconcile``): attesting is an operator's."""
+        """The query form only (``affidavit.reconcile``): attesting is an operator's.  A
+        journal that could not take it is answered as the daemon answers it (its 503
+        JOURNAL_UNAVAILABLE: ``reconcile.service.failure``), never as INTERNAL."""
         from affidavit.approvals import OperatorError
+        from affidavit.journal import JournalError
+        from affidavit.reconcile import service
 
         try:
             return await self.broker.reconcile(invocation_id, query=True)
         except OperatorError as exc:
             return refusal("INVALID_FIELD", "invocation_id", f"{exc.code}: {exc.message}")
+        except JournalError as exc:
+            _status, code, message = service.failure(exc, invocation_id)
+            return api_error(code, message)
 
     def stop(self) -> None:
         """The process is told to stop: every call is stopped where it is, recorded

@@ -1,0 +1,95 @@
+"""MCP's ``reconcile_query`` on a shared journal whose database is away (beyond ``[journal]
+reconnect``), embedded and through the daemon: a tool error, ``api_error`` JOURNAL_UNAVAILABLE
+naming the record that could not be read -- the daemon's 503 words, whichever broker answers.
+Embedded it used to be ``INTERNAL`` "the broker failed (JournalUnavailable)".  Nothing is
+queried or recorded, the MCP server lives on (the same connection reads the record once the
+database is back), and neither its log nor the daemon's holds a traceback or the password.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+import trio
+
+from affidavit.engine import unread
+from affidavit.journal import JournalReader
+from tests.daemon.kit import WAIT, client_env
+from tests.http.hostile import HostileServer, Reply, scripts
+from tests.postgres import Cluster
+
+from .awaykit import daemon_on, database_stopped, mcp_on
+from .test_journal_away_mid_call import ACTION
+
+BODY = b'{"id":"ch_1"}'
+
+
+def _events(pg_url: str, iid: str) -> int:
+    with JournalReader.open(pg_url) as reader:
+        return len(reader.events(iid))
+
+
+def _clean(text: str, password: str | None) -> None:
+    assert "Traceback" not in text, text
+    assert "Error in ASGI" not in text, text
+    assert password and password not in text, text
+
+
+@asynccontextmanager
+async def _through_daemon(tmp: Path, url: str, pg_url: str, token: str) -> AsyncIterator[Any]:
+    """``affidavit mcp --socket`` to a daemon on ``pg_url``; the daemon's log is checked."""
+    from tests.mcp.kit import connected
+
+    async with daemon_on(tmp, url, pg_url, token) as (socket, daemon):
+        async with connected(["--socket", str(socket)], client_env(), tmp / "mcp.log") as mcp:
+            yield mcp
+        assert daemon.proc.poll() is None, daemon.log_text()  # alive until stopped
+        log = daemon.log_text()
+        _clean(log, urlsplit(pg_url).password)
+        assert log.count("the journal cannot be read now") == 1, log  # its one line
+
+
+MODES: dict[str, Callable[[Path, str, str, str], Any]] = {
+    "embedded": mcp_on,
+    "daemon": _through_daemon,
+}
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+async def test_reconcile_query_answers_journal_unavailable_and_the_server_lives_on(
+    tmp_path: Path, token: str, pg: Cluster, pg_url: str, mode: str
+) -> None:
+    pytest.importorskip("mcp")
+    from tests.mcp.kit import structured
+
+    async with HostileServer.running(scripts.serve(Reply(201, body=BODY))) as srv:
+        with trio.fail_after(WAIT * 3):
+            async with MODES[mode](tmp_path, srv.url, pg_url, token) as mcp:
+                called = structured(await mcp.call("http_request", dict(ACTION)))
+                iid = called["invocation_id"]
+                before = _events(pg_url, iid)
+                async with database_stopped(pg):
+                    result = await mcp.call("reconcile_query", {"invocation_id": iid})
+                answer = structured(result)
+                assert result.is_error is True, answer
+                assert answer == {
+                    "api_error": {
+                        "code": "JOURNAL_UNAVAILABLE",
+                        "message": unread(f"the record of {iid}"),
+                    }
+                }, answer
+                _clean(str(result.content), pg.password)
+                assert _events(pg_url, iid) == before  # nothing recorded
+                # The server lives on: the same connection reads, and reconciles, once back.
+                again = structured(await mcp.call("get_record", {"invocation_id": iid}))
+                assert again["record"]["invocation_id"] == iid, again
+                settled = structured(await mcp.call("reconcile_query", {"invocation_id": iid}))
+                assert "api_error" not in settled, settled
+                assert settled["error"]["field"] == "invocation_id", settled  # not unknown
+    assert len(srv.requests) == 1  # the call itself; no query was sent
+    _clean((tmp_path / "mcp.log").read_text(encoding="utf-8", errors="replace"), pg.password)
