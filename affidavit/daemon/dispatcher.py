@@ -10,8 +10,8 @@ no caller here waits for it, no live dispatch lease) as a call of the daemon's o
 bounded by ``max_calls``, stopped at shutdown like any other), and closes those expired on the
 way.  The result is stored for the caller's ``fetch_result``; the dispatch lease and the gate's
 re-check of the approval keep it to one send, whoever else tries.  A sweep that cannot read
-the journal (a shared journal's database away) is logged once and tried again at the next:
-the daemon goes on serving.
+the journal (a shared journal's database away) is logged once and tried again at the next,
+and a dispatch the journal cut short is one warning naming it: the daemon goes on serving.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from typing import Any
 import trio
 
 from affidavit.api.broker import Broker
+from affidavit.engine import unrecorded
 from affidavit.journal import JournalError
 
 from .calls import Calls, Overloaded, Running
@@ -65,7 +66,14 @@ async def dispatch_approvals(
 
 
 async def _dispatch(broker: Broker, iid: str, call: Running) -> dict[str, Any]:
-    envelope = await broker.dispatch_approved(iid, control=call.control)
+    try:
+        envelope = await broker.dispatch_approved(iid, control=call.control)
+    except JournalError as exc:
+        # A shared journal away mid-dispatch: nobody waits for this call, so the log is where
+        # it is told -- one line naming it and where to look once the journal is back (its
+        # record, closed by recovery when its lease runs out, says whether it was sent).
+        log.warning("approvals: dispatching %s: %s: %s", iid, unrecorded(iid), exc)
+        return {}
     if envelope is not None:
         error = envelope.get("error")
         log.info(
