@@ -2,7 +2,9 @@
 (beyond ``[journal] reconnect``): every page and every act answers the operator with the error
 page -- 503 and JOURNAL_UNAVAILABLE, naming what could not be read, as the daemon's API does --
 and nothing is decided or recorded; never the "the console failed" 500 with a traceback in the
-daemon's log (which approve, deny and reconcile used to give), never a password.  The console
+daemon's log (which approve, deny and reconcile used to give), never a 500 "the journal could
+not be read" (the pages) or "the stored result does not verify" (the result's download), never
+a password.  The console
 and the daemon keep running: once the database is back the same session approves, and the
 daemon sends the request once.
 """
@@ -93,6 +95,9 @@ async def test_the_console_answers_503_on_every_page_and_act_and_decides_nothing
                                 send,
                             ),
                             await get(f"{origin}/invocations/{iid}", cookie=cookie),
+                        ],
+                        f"the result of {iid}": [
+                            await get(f"{origin}/invocations/{iid}/result.json", cookie=cookie)
                         ],
                         "the pending approvals": [await get(f"{origin}/approvals", cookie=cookie)],
                         "the actions view": [await get(f"{origin}/actions", cookie=cookie)],
