@@ -148,7 +148,9 @@ class Broker:
         ``{"operation": {...}, "poll": the poll's envelope}`` (``poll`` is None when the job had
         already succeeded or failed: nothing is sent).  A poll that gets no readable answer
         leaves the operation's state as it was; the submission is never sent again.  Raises
-        ``OperationError`` for an unknown id or a job with no status resource to query.
+        ``OperationError`` for an unknown id or a job with no status resource to query, a
+        ``JournalError`` when the journal could not take the poll (``engine.poll_failure``
+        answers it as every interface does).
 
         The seam for every interface that polls (``affidavit operation poll``, the daemon, the
         MCP tool ``poll_operation``): each calls this, none re-implements it."""

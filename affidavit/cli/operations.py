@@ -7,7 +7,8 @@ invocation that queries the job's status resource (``Broker.poll_operation``) an
 
 Exit status: 0 the poll read the job's state (or the job had already ended: nothing was sent);
 1 the poll got no readable answer and the state was kept; 2 usage or config error (an unknown
-operation, or one with no status resource the broker may query).
+operation, or one with no status resource the broker may query), or a journal that could not
+take the poll (``poll_failure``'s words, then the journal's own).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any
 
 from affidavit.cli import UsageError, text_arg
 from affidavit.cli.call import load_or_usage
-from affidavit.cli.journal import common_options, open_reader, print_json
+from affidavit.cli.journal import common_options, failure_line, open_reader, print_json
 
 __all__ = ["add_commands"]
 
@@ -65,7 +66,8 @@ def _poll(args: argparse.Namespace) -> int:
     import trio
 
     from affidavit.api.broker import Broker
-    from affidavit.engine import OperationError
+    from affidavit.engine import OperationError, poll_failure
+    from affidavit.journal import JournalError
 
     op_id = text_arg(args.operation_id, "the operation id")
     assert op_id is not None
@@ -81,6 +83,8 @@ def _poll(args: argparse.Namespace) -> int:
         answer = trio.run(main)
     except OperationError as exc:
         raise UsageError(str(exc)) from None
+    except JournalError as exc:  # the daemon's words, then the journal's own (``failure_line``)
+        raise UsageError(failure_line(exc, poll_failure(exc, op_id))) from None
     sys.stdout.write(json.dumps(answer, sort_keys=True, indent=2) + "\n")
     last = answer["operation"]["last_poll"] or {}
     read_a_state = answer["poll"] is None or "state" in last

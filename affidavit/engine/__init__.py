@@ -7,7 +7,7 @@ from affidavit.engine.collector import tune_collector
 from affidavit.engine.control import CallControl
 from affidavit.engine.engine import Deliver, Engine
 from affidavit.engine.ids import new_invocation_id
-from affidavit.engine.operations import OperationError
+from affidavit.engine.operations import OperationError, poll_failure
 from affidavit.engine.recovery import (
     UNREADABLE,
     CallNotRecorded,
@@ -29,6 +29,7 @@ __all__ = [
     "EngineSettings",
     "OperationError",
     "new_invocation_id",
+    "poll_failure",
     "read_failure",
     "tune_collector",
     "unread",

@@ -27,17 +27,28 @@ from affidavit.statemachine import (
 )
 
 from .contracts import contracts_of
+from .recovery import act_failure
 
 if TYPE_CHECKING:
     from .engine import Engine
 
-__all__ = ["OperationError", "find", "poll"]
+__all__ = ["OperationError", "find", "poll", "poll_failure"]
 
 E = EventKind
 
 
 class OperationError(Exception):
     """No such operation, or it cannot be queried (its message says why, for the operator)."""
+
+
+def poll_failure(exc: Exception, op_id: str) -> tuple[int, str, str]:
+    """A poll the journal could not take, as every surface answers it (``act_failure``): the
+    poll's own call not recorded (``CallNotRecorded``'s words), its OPERATION_POLLED write
+    failed -- 503 JOURNAL_UNAVAILABLE, ``affidavit operations`` tells once the journal is
+    back -- or the operation unread (503, or 500 JOURNAL_UNREADABLE)."""
+    return act_failure(
+        exc, f"the operation {op_id}", f"the poll of {op_id}", "`affidavit operations`"
+    )
 
 
 def find(engine: Engine, op_id: str) -> Record:

@@ -174,12 +174,18 @@ class Embedded:
         return {"actions": [record_to_json(r) for r in rows]}
 
     async def poll_operation(self, operation_id: str) -> dict[str, Any]:
-        from affidavit.engine import OperationError
+        """A journal that could not take the poll is answered as the daemon answers it (its
+        503 JOURNAL_UNAVAILABLE: ``poll_failure``), never as INTERNAL."""
+        from affidavit.engine import OperationError, poll_failure
+        from affidavit.journal import JournalError
 
         try:
             return await self.broker.poll_operation(operation_id)
         except OperationError as exc:
             return refusal("INVALID_FIELD", "operation_id", str(exc))
+        except JournalError as exc:
+            _status, code, message = poll_failure(exc, operation_id)
+            return api_error(code, message)
 
     async def reconcile_query(self, invocation_id: str) -> dict[str, Any]:
         """The query form only (``affidavit.reconcile``): attesting is an operator's.  A

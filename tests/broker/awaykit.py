@@ -30,13 +30,16 @@ async def database_stopped(pg: Cluster) -> AsyncIterator[None]:
 
 @asynccontextmanager
 async def daemon_on(
-    tmp: Path, remote_url: str, pg_url: str, token: str
+    tmp: Path, remote_url: str, pg_url: str, token: str, **target: Any
 ) -> AsyncIterator[tuple[Path, DaemonProc]]:
-    """A daemon process journaling to ``pg_url`` with one target ``api`` at ``remote_url``:
-    its socket and process, stopped after the block."""
+    """A daemon process journaling to ``pg_url`` with one target ``api`` at ``remote_url``
+    (``target``: overrides of its table): its socket and process, stopped after the block."""
     socket = tmp / "affidavit.sock"
     cfg = write_daemon_config(
-        tmp, {"api": http_target(remote_url)}, socket=socket, journal=journal_table(tmp, pg_url)
+        tmp,
+        {"api": http_target(remote_url, **target)},
+        socket=socket,
+        journal=journal_table(tmp, pg_url),
     )
     daemon = await start_daemon(cfg, socket, tmp / "daemon.log", token)
     try:
@@ -46,15 +49,18 @@ async def daemon_on(
 
 
 @asynccontextmanager
-async def mcp_on(tmp: Path, remote_url: str, pg_url: str, token: str) -> AsyncIterator[Any]:
+async def mcp_on(
+    tmp: Path, remote_url: str, pg_url: str, token: str, **target: Any
+) -> AsyncIterator[Any]:
     """An embedded ``affidavit mcp`` process journaling to ``pg_url``, target ``api`` at
-    ``remote_url``; its log is ``tmp / "mcp.log"``.  Skipped without the MCP SDK."""
+    ``remote_url`` (``target``: overrides of its table); its log is ``tmp / "mcp.log"``.
+    Skipped without the MCP SDK."""
     pytest.importorskip("mcp")
     from tests.mcp.kit import connected
 
     cfg = write_daemon_config(
         tmp,
-        {"api": http_target(remote_url)},
+        {"api": http_target(remote_url, **target)},
         socket=tmp / "unused.sock",
         journal=journal_table(tmp, pg_url),
     )
