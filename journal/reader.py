@@ -23,14 +23,21 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
-from affidavit.statemachine import Event, Outcome, Phase, Projector, Record
+from affidavit.statemachine import Event, ImpossibleEvent, Outcome, Phase, Projector, Record
 
 from . import audit, checkpoints, results, views
 from .backend import Backend, open_backend
 from .checkpoints import Keys
 from .connect import recorded_keys
 from .errors import IdempotencyRecord, JournalError, JournalUnavailable, Lease, VerifyReport
-from .rows import event_from_row, idempotency_from_row, lease_from_row
+from .rows import (
+    AlteredRow,
+    close_rows,
+    event_from_row,
+    idempotency_from_row,
+    lease_from_row,
+    unfoldable,
+)
 from .sealing import BrokerKey, open_audit_payload, payload_aad
 from .signing import Anchor, Checkpoint, key_id_of
 from .tables import Tables
@@ -128,6 +135,8 @@ class JournalReader:
         backend = self.backend
         try:
             return fn(self.tables)
+        except AlteredRow as exc:  # a row the broker did not write: reading it again won't help
+            raise self._altered(what, exc) from None
         except backend.errors as exc:
             if not backend.lost(exc):
                 raise self._error(what, exc) from None
@@ -146,6 +155,9 @@ class JournalReader:
             if backend.lost(exc):
                 raise JournalUnavailable(str(self._error(what, exc))) from None
             raise self._error(what, exc) from None
+
+    def _altered(self, what: str, exc: AlteredRow) -> JournalError:
+        return JournalError(f"journal {self.where}: {what} cannot be read: {exc}")
 
     def _error(self, what: str, exc: BaseException) -> JournalError:
         return JournalError(
@@ -218,16 +230,24 @@ class JournalReader:
     # -- events and records -------------------------------------------------------------------
 
     def events(self, invocation_id: str) -> list[Event]:
-        return self._read(
-            lambda t: [event_from_row(r) for r in t.invocation_events(invocation_id)],
-            f"the record of invocation {invocation_id}",
-        )
+        def read(t: Tables) -> list[Event]:
+            rows = t.invocation_events(invocation_id)
+            try:
+                return [event_from_row(r) for r in rows]
+            finally:
+                close_rows(rows)
+
+        return self._read(read, f"the record of invocation {invocation_id}")
 
     def record(self, invocation_id: str, now: float | None = None) -> Record | None:
         events = self.events(invocation_id)
         if not events:
             return None
-        return Projector(invocation_id).extend(events).record(now)
+        try:
+            return Projector(invocation_id).extend(events).record(now)
+        except ImpossibleEvent as exc:  # stored events the broker could not have written
+            what = f"the record of invocation {invocation_id}"
+            raise self._altered(what, unfoldable(exc)) from None
 
     def payload(self, seq: int) -> Mapping[str, Any] | None:
         """The broker copy of an event's sealed payload (None if the event has none)."""
@@ -338,6 +358,8 @@ class JournalReader:
         want = _select(folded, outcome, phase, since, until)
         try:
             yield from want
+        except AlteredRow as exc:
+            raise self._altered("the actions view", exc) from None
         except self.backend.errors as exc:
             error = self._error("the actions view", exc)
             if self.backend.lost(exc):  # the database gone mid-stream: away, not altered

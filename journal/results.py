@@ -257,6 +257,11 @@ def load_marker(
         if marker is None:
             return None
         seq, sha, streams_json, summary_blob = marker
+        if type(seq) is not int:  # not a row the broker wrote
+            raise JournalError(
+                f"stored result of invocation {invocation_id} fails verification: its results "
+                "row was altered (its seq is not a number)"
+            )
         ev = store.tables.event_at(seq)
     bad = f"stored result of invocation {invocation_id} (seq {seq}) fails verification"
     if ev is None or ev[0] != EventKind.RESULT_COMMITTED.value or ev[1] != invocation_id:

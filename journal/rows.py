@@ -12,7 +12,14 @@ import json
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from affidavit.statemachine import BARRIER_KINDS, Event, EventKind, EvidenceSource, stored_event
+from affidavit.statemachine import (
+    BARRIER_KINDS,
+    Event,
+    EventKind,
+    EvidenceSource,
+    ImpossibleEvent,
+    stored_event,
+)
 from affidavit.statemachine.events import unfrozen_twin
 
 from .chain import canonical_json, compact_json
@@ -23,13 +30,16 @@ __all__ = [
     "FOLD_COLUMNS",
     "IDEMPOTENCY_COLUMNS",
     "LEASE_COLUMNS",
+    "AlteredRow",
     "attrs_json",
+    "close_rows",
     "decode_attrs",
     "event_from_row",
     "fold_events",
     "idempotency_from_row",
     "json_copy",
     "lease_from_row",
+    "unfoldable",
 ]
 
 EVENT_READ_COLUMNS = (
@@ -75,19 +85,32 @@ def fold_events(rows: Iterable[Any]) -> Iterator[Event]:
     """``FOLD_COLUMNS`` rows as the stored events (``views.fold_each``: a row per event of the
     journal).  ``stored_event`` and ``decode_attrs`` are inlined -- the twin filled here, the
     scanner called here, anything but canonical JSON handed to ``decode_attrs`` itself -- as
-    the two calls per row were ~5% of the fold (issue 15).  Each row's kind is looked up, then
-    its attrs decoded, then its source, as ``stored_event(KINDS[...], ...)`` did, so a row
-    someone edited fails with the same error."""
+    the two calls per row were ~5% of the fold (issue 15).  A row someone altered (a kind or
+    source the broker never writes, attrs that are not a JSON object, a column of another
+    type) is an ``AlteredRow`` naming its seq and column, as ``event_from_row`` raises."""
     kinds, sources, scan, decode, new, twin = KINDS, SOURCES, _scan, decode_attrs, _new, _Twin
     for seq, at, iid, kind, source, observer, observer_seq, attrs in rows:
         e: Any = new(twin)
-        e.kind = kinds[kind]
         try:
-            value, end = scan(attrs, 0)
-        except StopIteration:
-            end = -1
-        e.attrs = value if end == len(attrs) else decode(attrs)
-        e.source = sources[source]
+            e.kind = kinds[kind]
+            try:
+                value, end = scan(attrs, 0)
+            except StopIteration:
+                end = -1
+            if end != len(attrs):
+                value = decode(attrs)
+            e.attrs = value
+            e.source = sources[source]
+        except (KeyError, TypeError, ValueError, RecursionError):
+            value = None
+        if (
+            type(value) is not dict
+            or type(at) is not float
+            or type(iid) is not str
+            or (observer is not None and type(observer) is not str)
+            or (observer_seq is not None and type(observer_seq) is not int)
+        ):
+            raise _altered(seq, at, iid, None, kind, source, observer, observer_seq, attrs)
         e.invocation_id = iid
         e.seq = seq
         e.at = at
@@ -114,30 +137,135 @@ def attrs_json(event: Event) -> str:
 
 
 def event_from_row(row: tuple[Any, ...]) -> Event:
-    """An ``EVENT_READ_COLUMNS`` row as the stored event."""
-    return stored_event(
-        KINDS[row[4]], row[2], decode_attrs(row[8]), SOURCES[row[5]], row[0], row[1], row[6], row[7]
+    """An ``EVENT_READ_COLUMNS`` row as the stored event; ``AlteredRow`` if it is not one the
+    broker wrote (see ``fold_events``)."""
+    seq, at, iid, session, kind, source, observer, observer_seq, attrs = row
+    try:
+        event = stored_event(
+            KINDS[kind], iid, decode_attrs(attrs), SOURCES[source], seq, at, observer, observer_seq
+        )
+    except (KeyError, TypeError, ValueError, RecursionError):
+        event = None
+    if (
+        event is None
+        or type(event.attrs) is not dict
+        or type(at) is not float
+        or type(iid) is not str
+        or (session is not None and type(session) is not str)
+        or (observer is not None and type(observer) is not str)
+        or (observer_seq is not None and type(observer_seq) is not int)
+    ):
+        raise _altered(seq, at, iid, session, kind, source, observer, observer_seq, attrs)
+    return event
+
+
+class AlteredRow(JournalError):
+    """A stored row that is not one the broker writes: someone altered it (``affidavit journal
+    verify`` says where the chain breaks).  The message names the row and the column, never a
+    value (a column may hold anything, a payload's bytes included)."""
+
+
+def _seq_label(seq: Any) -> str:
+    return f"seq {seq}" if type(seq) is int else "a seq that is not a number"
+
+
+def _altered(
+    seq: Any,
+    at: Any,
+    iid: Any,
+    session: Any,
+    kind: Any,
+    source: Any,
+    observer: Any,
+    observer_seq: Any,
+    attrs: Any,
+) -> AlteredRow:
+    """Why an event row cannot be read, naming its first unreadable column."""
+    if type(seq) is not int:
+        column = "seq is not a number"
+    elif type(iid) is not str:
+        column = "invocation_id is not text"
+    elif session is not None and type(session) is not str:
+        column = "session_id is not text"
+    elif type(at) is not float:
+        column = "at is not a time"
+    elif kind not in KINDS:
+        column = "kind is not an event kind"
+    elif source not in SOURCES:
+        column = "source is not an evidence source"
+    elif observer is not None and type(observer) is not str:
+        column = "observer is not text"
+    elif observer_seq is not None and type(observer_seq) is not int:
+        column = "observer_seq is not a number"
+    else:
+        column = "attrs are not a JSON object"
+    return AlteredRow(f"the event row at {_seq_label(seq)} was altered: its {column}")
+
+
+def close_rows(rows: Iterable[Any]) -> None:
+    """Close a ``Tables`` row iterator now (a read that failed part-way), while its connection
+    is open -- not whenever the collector finds it, after the connection closed."""
+    close = getattr(rows, "close", None)
+    if close is not None:
+        close()
+
+
+def unfoldable(exc: ImpossibleEvent) -> AlteredRow:
+    """A stored event the lifecycle refuses (``ImpossibleEvent`` from a fold of stored events,
+    never of a new one): the broker only writes events it accepted, so its row, or one before
+    it, was altered."""
+    event = exc.event
+    return AlteredRow(
+        f"the event row at {_seq_label(event.seq)} ({event.kind.value}) does not follow the "
+        f"record of invocation {event.invocation_id} in state {exc.state!r}: {exc.reason} -- "
+        "a row was altered"
     )
 
 
 def lease_from_row(invocation_id: str, row: tuple[Any, ...] | None) -> Lease | None:
-    """A ``LEASE_COLUMNS`` row (or None) as a ``Lease``."""
+    """A ``LEASE_COLUMNS`` row (or None) as a ``Lease``; ``AlteredRow`` if a column is not of
+    its type."""
     if row is None:
         return None
+    holder, generation, expires_at, seq = row
+    if (
+        type(holder) is not str
+        or type(generation) is not int
+        or type(expires_at) is not float
+        or type(seq) is not int
+    ):
+        raise AlteredRow(
+            f"the lease row of invocation {invocation_id} was altered: a column is not of its type"
+        )
     return Lease(
-        generation=row[1], expires_at=row[2], holder=row[0], invocation_id=invocation_id, seq=row[3]
+        generation=generation,
+        expires_at=expires_at,
+        holder=holder,
+        invocation_id=invocation_id,
+        seq=seq,
     )
 
 
 def idempotency_from_row(row: tuple[Any, ...] | None) -> IdempotencyRecord | None:
-    """An ``IDEMPOTENCY_COLUMNS`` row (or None) as an ``IdempotencyRecord``."""
+    """An ``IDEMPOTENCY_COLUMNS`` row (or None) as an ``IdempotencyRecord``; ``AlteredRow`` if
+    a column is not of its type."""
     if row is None:
         return None
+    scope, key, fingerprint, invocation_id, expires_at, created_at = row
+    if (
+        type(scope) is not str
+        or type(key) is not str
+        or type(fingerprint) is not str
+        or type(invocation_id) is not str
+        or (expires_at is not None and type(expires_at) is not float)
+        or type(created_at) is not float
+    ):
+        raise AlteredRow("an idempotency row was altered: a column is not of its type")
     return IdempotencyRecord(
-        scope=row[0],
-        key=row[1],
-        fingerprint=row[2],
-        invocation_id=row[3],
-        expires_at=row[4],
-        created_at=row[5],
+        scope=scope,
+        key=key,
+        fingerprint=fingerprint,
+        invocation_id=invocation_id,
+        expires_at=expires_at,
+        created_at=created_at,
     )

@@ -18,7 +18,13 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, ClassVar
 
 from .chain import EVENT_COLUMNS, GENESIS
-from .rows import EVENT_READ_COLUMNS, FOLD_COLUMNS, IDEMPOTENCY_COLUMNS, LEASE_COLUMNS
+from .rows import (
+    EVENT_READ_COLUMNS,
+    FOLD_COLUMNS,
+    IDEMPOTENCY_COLUMNS,
+    LEASE_COLUMNS,
+    AlteredRow,
+)
 from .signing import Checkpoint
 
 __all__ = ["CHECKPOINT_COLUMNS", "SQL", "Tables"]
@@ -226,7 +232,11 @@ class Tables:
         row = self.one("audit_at" if audit else "payload_at", (seq,))
         if row is None:
             return None
-        return str(row[0]), str(row[1]), None if row[2] is None else bytes(row[2])
+        sealed = row[2]
+        if sealed is not None and not isinstance(sealed, bytes | bytearray | memoryview):
+            copy = "auditor copy" if audit else "payload"
+            raise AlteredRow(f"the event row at seq {seq} was altered: its {copy} is not bytes")
+        return str(row[0]), str(row[1]), None if sealed is None else bytes(sealed)
 
     # -- leases and idempotency -----------------------------------------------------------------
 

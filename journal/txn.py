@@ -18,7 +18,7 @@ from affidavit.statemachine import Event, EventKind, ImpossibleEvent, Projector,
 
 from .chain import row_digest
 from .errors import JournalError
-from .rows import attrs_json, decode_attrs, event_from_row
+from .rows import attrs_json, close_rows, decode_attrs, event_from_row, unfoldable
 from .tables import Tables
 
 if TYPE_CHECKING:
@@ -63,11 +63,18 @@ class Txn:
         folds = {iid: Projector(iid) for iid in missing}
         sessions: dict[str, str | None] = dict.fromkeys(missing)
         for start in range(0, len(missing), 500):
-            for row in self.tables.events_of(missing[start : start + 500]):
-                iid = row[2]
-                folds[iid].apply(event_from_row(row))
-                if sessions[iid] is None and row[3] is not None:
-                    sessions[iid] = row[3]
+            rows = self.tables.events_of(missing[start : start + 500])
+            try:
+                for row in rows:
+                    event = event_from_row(row)  # AlteredRow for a row the broker did not write
+                    iid = event.invocation_id
+                    folds[iid].apply(event)
+                    if sessions[iid] is None and row[3] is not None:
+                        sessions[iid] = row[3]
+            except ImpossibleEvent as exc:  # stored events the broker could not have written
+                raise unfoldable(exc) from None
+            finally:
+                close_rows(rows)
         w.projectors.update(folds)
         w.sessions.update(sessions)
 
@@ -77,10 +84,16 @@ class Txn:
         w = self.writer
         p = Projector(iid)
         session: str | None = None
-        for row in self.tables.invocation_events(iid):
-            p.apply(event_from_row(row))
-            if session is None and row[3] is not None:
-                session = row[3]
+        rows = self.tables.invocation_events(iid)
+        try:
+            for row in rows:
+                p.apply(event_from_row(row))  # AlteredRow for a row the broker did not write
+                if session is None and row[3] is not None:
+                    session = row[3]
+        except ImpossibleEvent as exc:  # stored events the broker could not have written
+            raise unfoldable(exc) from None
+        finally:
+            close_rows(rows)
         w.projectors[iid] = p
         w.sessions[iid] = session
         return p

@@ -301,6 +301,13 @@ def _check_results(source: Source, walk: _Walk, limit: int, problems: _Problems)
     for iid, seq, sha, streams_json, summary in source.markers():
         seen.add(iid)
         chained = walk.committed.get(iid)
+        if type(seq) is not int or type(iid) is not str:  # not a row the broker wrote
+            named = f"invocation {iid}" if type(iid) is str else "an invocation id not text"
+            problems.add(
+                None if chained is None else chained[0],
+                f"the results row of {named} was altered: a column is not of its type",
+            )
+            continue
         if chained is None or chained[0] != seq:
             if seq < limit:
                 problems.add(seq, f"results row of invocation {iid} names seq {seq}, which is "
