@@ -67,3 +67,21 @@ async def mcp_on(
     env = {**client_env(), TOKEN_ENV: token}
     async with connected(["--config", str(cfg)], env, tmp / "mcp.log") as mcp:
         yield mcp
+
+
+def clean(text: str, password: str | None, *also: str) -> None:
+    """``text`` (a log, stderr, a page, a tool's answer) holds no traceback, no ASGI framework
+    error, not the database's password, nor any of ``also``."""
+    assert password, "a password to look for"
+    for bad in ("Traceback", "Error in ASGI", password, *also):
+        assert bad not in text, text
+
+
+def state_of(pg_url: str, iid: str) -> str:
+    """The record's state, read afresh from the journal."""
+    from affidavit.journal import JournalReader
+
+    with JournalReader.open(pg_url) as reader:
+        rec = reader.record(iid)
+    assert rec is not None
+    return rec.state

@@ -36,7 +36,7 @@ from tests.http.hostile import HostileServer, Reply, scripts
 from tests.postgres import Cluster
 
 from .approvalkit import OPS, OPS_UID
-from .awaykit import database_stopped
+from .awaykit import clean, database_stopped, state_of
 from .helpers import TOKEN_ENV, http_target
 from .test_journal_away_mid_call import ACTION, journal_table
 
@@ -69,19 +69,6 @@ async def _requested(cfg: Path) -> str:
     return str(env["invocation_id"])
 
 
-def _state(pg_url: str, iid: str) -> str:
-    with JournalReader.open(pg_url) as reader:
-        rec = reader.record(iid)
-    assert rec is not None
-    return rec.state
-
-
-def _clean(text: str, pg: Cluster) -> None:
-    assert "Traceback" not in text, text
-    assert "Error in ASGI" not in text, text
-    assert pg.password not in text, text
-
-
 # -- the command line, embedded ----------------------------------------------------------------
 
 
@@ -110,8 +97,8 @@ async def test_approvals_commands_exit_2_naming_what_and_decide_nothing(
                     assert err.startswith(f"affidavit: {unread(what)} -- "), (args, err)
                     assert " -- cannot connect to journal postgresql://affidavit:***@" in err
                     assert err.count("\n") == 1, err
-                    _clean(err, pg)
-            assert _state(pg_url, iid) == "awaiting_approval"  # nothing was decided
+                    clean(err, pg.password)
+            assert state_of(pg_url, iid) == "awaiting_approval"  # nothing was decided
             done = await run(
                 [*PYTHON_M, "approvals", "approve", iid, "--config", str(cfg)], env=env
             )
@@ -154,9 +141,9 @@ async def test_the_daemon_lives_on_while_its_dispatcher_sweeps_an_absent_journal
                 async with Client.open(daemon.socket) as client:
                     view = await client.approve(iid, note="ok")
                 assert view["approval"] == "granted", view
-                await wait_until(lambda: _state(pg_url, iid) == "stored_committed", "sent")
+                await wait_until(lambda: state_of(pg_url, iid) == "stored_committed", "sent")
             log = daemon.log_text()
-            _clean(log, pg)
+            clean(log, pg.password)
             assert log.count("approvals: the journal cannot be read now") == 1, log
             assert "approvals: the journal is readable again" in log, log
     assert len(srv.requests) == 1  # sent once, by the daemon, once approved
@@ -185,12 +172,12 @@ async def test_the_daemons_operator_routes_answer_503_and_decide_nothing(
                     assert exc.status == 503, (name, exc)
                     assert exc.code == "JOURNAL_UNAVAILABLE", (name, exc)
                     assert exc.message == unread(what), (name, exc.message)
-                    _clean(exc.message, pg)
-                assert _state(pg_url, iid) == "awaiting_approval"  # nothing was decided
+                    clean(exc.message, pg.password)
+                assert state_of(pg_url, iid) == "awaiting_approval"  # nothing was decided
                 async with Client.open(daemon.socket) as client:
                     view = await client.deny(iid, note="no")
                 assert view["approval"] == "denied", view
-            _clean(daemon.log_text(), pg)
+            clean(daemon.log_text(), pg.password)
     assert srv.requests == []
 
 
@@ -224,7 +211,7 @@ async def test_a_decision_whose_write_failed_is_unavailable_never_granted(
             f"the journal could not record the decision on {iid} (`affidavit approvals show "
             f"{iid}` once it is back tells whether it was)"
         )
-        _clean(message, pg)
+        clean(message, pg.password)
         with JournalReader.open(pg_url) as reader:
             kinds = [e.kind for e in reader.events(iid)]
         assert EventKind.APPROVAL_GRANTED not in kinds, kinds

@@ -17,33 +17,18 @@ from pathlib import Path
 import trio
 
 from affidavit.engine import unread
-from affidavit.journal import JournalReader
 from tests.console.kit import csrf_of, get, post
 from tests.daemon.kit import WAIT, cli, start_daemon, stop, wait_until, write_daemon_config
 from tests.external import free_port
 from tests.http.hostile import HostileServer, Reply, scripts
 from tests.postgres import Cluster
 
-from .awaykit import database_stopped
+from .awaykit import clean, database_stopped, state_of
 from .helpers import http_target
 from .test_journal_away_mid_call import ACTION, journal_table
 
 LIMIT = 20
 """Seconds any one request may take: a refused connection fails at once."""
-
-
-def _state(pg_url: str, iid: str) -> str:
-    with JournalReader.open(pg_url) as reader:
-        rec = reader.record(iid)
-    assert rec is not None
-    return rec.state
-
-
-def _clean(text: str, pg: Cluster) -> None:
-    assert "Traceback" not in text, text
-    assert "Error in ASGI" not in text, text
-    assert "the console failed" not in text, text
-    assert pg.password not in text, text
 
 
 async def test_the_console_answers_503_on_every_page_and_act_and_decides_nothing(
@@ -109,18 +94,18 @@ async def test_the_console_answers_503_on_every_page_and_act_and_decides_nothing
                             assert status == 503, (what, status, text)
                             shown = f"<code>JOURNAL_UNAVAILABLE</code>: {unread(what)}</p>"
                             assert shown in text, (what, text)
-                            _clean(text, pg)
+                            clean(text, pg.password, "the console failed")
                     assert daemon.proc.poll() is None, daemon.log_text()
-                assert _state(pg_url, iid) == "awaiting_approval"  # nothing was decided
+                assert state_of(pg_url, iid) == "awaiting_approval"  # nothing was decided
 
                 # The console lives on: the same session approves once the database is back.
                 status, _, page = await get(f"{origin}/approvals", cookie=cookie)
                 assert status == 200 and iid.encode() in page, (status, page)
                 status, headers, _ = await post(f"{origin}/approvals/{iid}/approve", form, send)
                 assert status == 303, status
-                await wait_until(lambda: _state(pg_url, iid) == "stored_committed", "sent")
+                await wait_until(lambda: state_of(pg_url, iid) == "stored_committed", "sent")
             log = daemon.log_text()
-            _clean(log, pg)
+            clean(log, pg.password, "the console failed")
             # One line for each refusal: what could not be read, then the journal's own words.
             assert log.count(f"console: {unread(f'the approval of {iid}')}: ") == 2, log
             assert log.count(f"console: {unread('the pending approvals')}: ") == 1, log

@@ -22,23 +22,16 @@ import trio
 
 from affidavit.api.client import Client
 from affidavit.engine import unrecorded
-from affidavit.journal import JournalReader
 from tests.daemon.kit import WAIT, start_daemon, stop, wait_until, write_daemon_config
 from tests.http.hostile import HostileServer
 from tests.postgres import Cluster
 
+from .awaykit import state_of
 from .helpers import http_target
 from .test_journal_away_mid_call import ACTION, database_away, journal_table, remote
 
 SWEEPS = 2.5
 """Long enough for the dispatcher (``SWEEP`` = 1 s) to sweep twice while the database is away."""
-
-
-def _state(pg_url: str, iid: str) -> str:
-    with JournalReader.open(pg_url) as reader:
-        rec = reader.record(iid)
-    assert rec is not None
-    return rec.state
 
 
 async def test_a_dispatch_cut_by_the_journal_is_one_warning_and_the_daemon_goes_on(
@@ -76,13 +69,13 @@ async def test_a_dispatch_cut_by_the_journal_is_one_warning_and_the_daemon_goes_
                     lambda: "approvals: the journal is readable again" in daemon.log_text(),
                     "a sweep reads again",
                 )
-                assert _state(pg_url, first) == "dispatched"  # recovery's, once its lease ends
+                assert state_of(pg_url, first) == "dispatched"  # recovery's, once its lease ends
                 # The dispatcher goes on: the next approval is sent once the database is back.
                 async with Client.open(socket) as client:
                     env = await client.call(ACTION)
                     second = env["invocation_id"]
                     assert (await client.approve(second, note="ok"))["approval"] == "granted"
-                await wait_until(lambda: _state(pg_url, second) == "stored_committed", "sent")
+                await wait_until(lambda: state_of(pg_url, second) == "stored_committed", "sent")
             log = daemon.log_text()
             assert daemon.proc.poll() is None, log
         finally:

@@ -38,7 +38,7 @@ from tests.daemon.kit import WAIT, client_env, run, write_daemon_config
 from tests.http.hostile import HostileServer, scripts
 from tests.postgres import Cluster
 
-from .awaykit import daemon_on, database_stopped, mcp_on
+from .awaykit import clean, daemon_on, database_stopped, mcp_on
 from .helpers import TOKEN_ENV, http_target
 from .test_journal_away_mid_call import journal_table
 from .test_operations import job_api
@@ -53,12 +53,6 @@ def _events(pg_url: str, op_id: str) -> int:
     assert iid is not None
     with JournalReader.open(pg_url) as reader:
         return len(reader.events(iid))
-
-
-def _clean(text: str, password: str | None) -> None:
-    assert "Traceback" not in text, text
-    assert "Error in ASGI" not in text, text
-    assert password and password not in text, text
 
 
 def _away(op_id: str) -> str:
@@ -89,7 +83,7 @@ async def test_the_daemons_poll_route_answers_503_never_a_500(
     exc = info.value
     assert (exc.status, exc.code, exc.message) == (503, "JOURNAL_UNAVAILABLE", _away(op_id)), exc
     assert polled["operation"]["state"] == "succeeded", polled
-    _clean(log, pg.password)
+    clean(log, pg.password)
     assert log.count(_away(op_id)) == 1, log  # its one line
 
 
@@ -105,7 +99,7 @@ async def _through_daemon(
             yield mcp
         assert daemon.proc.poll() is None, daemon.log_text()  # alive until stopped
         log = daemon.log_text()
-        _clean(log, urlsplit(pg_url).password)
+        clean(log, urlsplit(pg_url).password)
         assert log.count("the journal cannot be read now") == 1, log  # its one line
 
 
@@ -132,13 +126,13 @@ async def test_mcp_poll_operation_answers_journal_unavailable_and_the_server_liv
                 assert answer == {
                     "api_error": {"code": "JOURNAL_UNAVAILABLE", "message": _away(op_id)}
                 }, answer
-                _clean(str(result.content), pg.password)
+                clean(str(result.content), pg.password)
                 assert len(srv.requests) == 1  # the submission; no query was sent
                 assert _events(pg_url, op_id) == before  # nothing recorded
                 # The server lives on: the same connection polls once the database is back.
                 polled = structured(await mcp.call("poll_operation", {"operation_id": op_id}))
                 assert polled["operation"]["state"] == "succeeded", polled
-    _clean((tmp_path / "mcp.log").read_text(encoding="utf-8", errors="replace"), pg.password)
+    clean((tmp_path / "mcp.log").read_text(encoding="utf-8", errors="replace"), pg.password)
 
 
 async def test_operation_poll_embedded_exits_2_naming_the_operation(
@@ -165,7 +159,7 @@ async def test_operation_poll_embedded_exits_2_naming_the_operation(
             assert done.stdout == b"", done.stdout
             assert err.startswith(f"affidavit: {_away(op_id)} -- "), err
             assert err.count("\n") == 1, err
-            _clean(err, pg.password)
+            clean(err, pg.password)
             assert len(srv.requests) == 1  # the submission; no query was sent
             assert _events(pg_url, op_id) == before
             again = await run(argv, env=env)  # the same poll, once the database is back

@@ -29,7 +29,7 @@ from tests.daemon.kit import WAIT
 from tests.http.hostile import HostileServer, Reply, scripts
 from tests.postgres import Cluster
 
-from .awaykit import daemon_on, database_stopped, mcp_on
+from .awaykit import clean, daemon_on, database_stopped, mcp_on
 from .helpers import http_target
 from .test_journal_away_mid_call import ACTION, journal_table
 
@@ -60,12 +60,6 @@ def events_renamed(pg: Cluster, url: str) -> Iterator[None]:
         yield
     finally:
         pg.sql("ALTER TABLE events_elsewhere RENAME TO events", database)
-
-
-def _log_clean(text: str, pg: Cluster) -> None:
-    assert "Traceback" not in text, text
-    assert "Error in ASGI" not in text, text
-    assert pg.password not in text
 
 
 # -- JournalReader ---------------------------------------------------------------------------
@@ -178,7 +172,7 @@ async def test_the_daemon_answers_503_journal_unavailable_for_a_record_and_the_v
                     assert found is not None and found["record"]["invocation_id"] == iid
                     (row,) = await client.actions()
                     assert row["invocation_id"] == iid
-        _log_clean(daemon.log_text(), pg)
+        clean(daemon.log_text(), pg.password)
 
 
 async def test_the_daemon_never_calls_an_altered_journal_unavailable(
@@ -198,7 +192,7 @@ async def test_the_daemon_never_calls_an_altered_journal_unavailable(
                         _not_away(exc.code, exc.message, pg)
                     found = await client.invocation(iid)
                     assert found is not None and found["record"]["invocation_id"] == iid
-        _log_clean(daemon.log_text(), pg)
+        clean(daemon.log_text(), pg.password)
 
 
 # -- MCP, embedded ---------------------------------------------------------------------------
@@ -245,7 +239,7 @@ async def test_mcp_embedded_answers_journal_unavailable_for_a_record_and_the_act
         assert again["record"]["invocation_id"] == iid, again
         listed = structured(await mcp.call("list_actions", {}))
         assert [r["invocation_id"] for r in listed["actions"]] == [iid], listed
-    _log_clean(log.read_text(encoding="utf-8", errors="replace"), pg)
+    clean(log.read_text(encoding="utf-8", errors="replace"), pg.password)
 
 
 async def test_mcp_embedded_never_calls_an_altered_journal_unavailable(
@@ -262,4 +256,4 @@ async def test_mcp_embedded_never_calls_an_altered_journal_unavailable(
             _not_away(answer["code"], answer["message"], pg)
         again = structured(await mcp.call("get_record", {"invocation_id": iid}))
         assert again["record"]["invocation_id"] == iid, again
-    _log_clean(log.read_text(encoding="utf-8", errors="replace"), pg)
+    clean(log.read_text(encoding="utf-8", errors="replace"), pg.password)
