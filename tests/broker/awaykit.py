@@ -3,10 +3,11 @@ a journal, and the database stopped for a while (tests/broker/test_journal_away_
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 import trio
@@ -85,3 +86,24 @@ def state_of(pg_url: str, iid: str) -> str:
         rec = reader.record(iid)
     assert rec is not None
     return rec.state
+
+
+@asynccontextmanager
+async def mcp_through_daemon(
+    tmp: Path, url: str, pg_url: str, token: str, **target: Any
+) -> AsyncIterator[Any]:
+    """``affidavit mcp --socket`` to a daemon on ``pg_url`` (``daemon_on``); on leaving, the
+    daemon is still alive and its log is clean, with its one "cannot be read now" line."""
+    from tests.mcp.kit import connected
+
+    async with daemon_on(tmp, url, pg_url, token, **target) as (socket, daemon):
+        async with connected(["--socket", str(socket)], client_env(), tmp / "mcp.log") as mcp:
+            yield mcp
+        assert daemon.proc.poll() is None, daemon.log_text()  # alive until stopped
+        log = daemon.log_text()
+        clean(log, urlsplit(pg_url).password)
+        assert log.count("the journal cannot be read now") == 1, log  # its one line
+
+
+MCP_MODES: dict[str, Callable[..., Any]] = {"embedded": mcp_on, "daemon": mcp_through_daemon}
+"""An MCP server over a journal on ``pg_url``: embedded, or a proxy to a daemon."""

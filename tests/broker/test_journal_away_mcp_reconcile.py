@@ -8,22 +8,18 @@ database is back), and neither its log nor the daemon's holds a traceback or the
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
-from urllib.parse import urlsplit
 
 import pytest
 import trio
 
 from affidavit.engine import unread
 from affidavit.journal import JournalReader
-from tests.daemon.kit import WAIT, client_env
+from tests.daemon.kit import WAIT
 from tests.http.hostile import HostileServer, Reply, scripts
 from tests.postgres import Cluster
 
-from .awaykit import clean, daemon_on, database_stopped, mcp_on
+from .awaykit import MCP_MODES, clean, database_stopped
 from .test_journal_away_mid_call import ACTION
 
 BODY = b'{"id":"ch_1"}'
@@ -34,27 +30,7 @@ def _events(pg_url: str, iid: str) -> int:
         return len(reader.events(iid))
 
 
-@asynccontextmanager
-async def _through_daemon(tmp: Path, url: str, pg_url: str, token: str) -> AsyncIterator[Any]:
-    """``affidavit mcp --socket`` to a daemon on ``pg_url``; the daemon's log is checked."""
-    from tests.mcp.kit import connected
-
-    async with daemon_on(tmp, url, pg_url, token) as (socket, daemon):
-        async with connected(["--socket", str(socket)], client_env(), tmp / "mcp.log") as mcp:
-            yield mcp
-        assert daemon.proc.poll() is None, daemon.log_text()  # alive until stopped
-        log = daemon.log_text()
-        clean(log, urlsplit(pg_url).password)
-        assert log.count("the journal cannot be read now") == 1, log  # its one line
-
-
-MODES: dict[str, Callable[[Path, str, str, str], Any]] = {
-    "embedded": mcp_on,
-    "daemon": _through_daemon,
-}
-
-
-@pytest.mark.parametrize("mode", sorted(MODES))
+@pytest.mark.parametrize("mode", sorted(MCP_MODES))
 async def test_reconcile_query_answers_journal_unavailable_and_the_server_lives_on(
     tmp_path: Path, token: str, pg: Cluster, pg_url: str, mode: str
 ) -> None:
@@ -63,7 +39,7 @@ async def test_reconcile_query_answers_journal_unavailable_and_the_server_lives_
 
     async with HostileServer.running(scripts.serve(Reply(201, body=BODY))) as srv:
         with trio.fail_after(WAIT * 3):
-            async with MODES[mode](tmp_path, srv.url, pg_url, token) as mcp:
+            async with MCP_MODES[mode](tmp_path, srv.url, pg_url, token) as mcp:
                 called = structured(await mcp.call("http_request", dict(ACTION)))
                 iid = called["invocation_id"]
                 before = _events(pg_url, iid)

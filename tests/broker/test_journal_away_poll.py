@@ -12,11 +12,7 @@ be recorded and where to look, a read is ``read_failure``'s.
 from __future__ import annotations
 
 import sys
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
-from urllib.parse import urlsplit
 
 import pytest
 import trio
@@ -38,7 +34,7 @@ from tests.daemon.kit import WAIT, client_env, run, write_daemon_config
 from tests.http.hostile import HostileServer, scripts
 from tests.postgres import Cluster
 
-from .awaykit import clean, daemon_on, database_stopped, mcp_on
+from .awaykit import MCP_MODES, clean, daemon_on, database_stopped
 from .helpers import TOKEN_ENV, http_target
 from .test_journal_away_mid_call import journal_table
 from .test_operations import job_api
@@ -87,26 +83,7 @@ async def test_the_daemons_poll_route_answers_503_never_a_500(
     assert log.count(_away(op_id)) == 1, log  # its one line
 
 
-@asynccontextmanager
-async def _through_daemon(
-    tmp: Path, url: str, pg_url: str, token: str, **target: Any
-) -> AsyncIterator[Any]:
-    """``affidavit mcp --socket`` to a daemon on ``pg_url``; the daemon's log is checked."""
-    from tests.mcp.kit import connected
-
-    async with daemon_on(tmp, url, pg_url, token, **target) as (socket, daemon):
-        async with connected(["--socket", str(socket)], client_env(), tmp / "mcp.log") as mcp:
-            yield mcp
-        assert daemon.proc.poll() is None, daemon.log_text()  # alive until stopped
-        log = daemon.log_text()
-        clean(log, urlsplit(pg_url).password)
-        assert log.count("the journal cannot be read now") == 1, log  # its one line
-
-
-MODES: dict[str, Callable[..., Any]] = {"embedded": mcp_on, "daemon": _through_daemon}
-
-
-@pytest.mark.parametrize("mode", sorted(MODES))
+@pytest.mark.parametrize("mode", sorted(MCP_MODES))
 async def test_mcp_poll_operation_answers_journal_unavailable_and_the_server_lives_on(
     tmp_path: Path, token: str, pg: Cluster, pg_url: str, mode: str
 ) -> None:
@@ -115,7 +92,9 @@ async def test_mcp_poll_operation_answers_journal_unavailable_and_the_server_liv
 
     async with HostileServer.running(scripts.serve(job_api(["done"]))) as srv:
         with trio.fail_after(WAIT * 3):
-            async with MODES[mode](tmp_path, srv.url + "/v1", pg_url, token, **OPERATIONS) as mcp:
+            async with MCP_MODES[mode](
+                tmp_path, srv.url + "/v1", pg_url, token, **OPERATIONS
+            ) as mcp:
                 submitted = structured(await mcp.call("http_request", dict(SUBMIT)))
                 op_id = submitted["operation"]["id"]
                 before = _events(pg_url, op_id)
