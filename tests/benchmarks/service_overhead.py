@@ -10,6 +10,8 @@ One run, one loopback HTTP server (``http_overhead.py --serve``, its own process
   calls): ``Broker.call`` in this process vs ``affidavit.Client.call`` to a daemon process, in
   alternating blocks so load drift hits both alike -- with the CPU each call cost: this process
   (embedded), or the daemon plus this process as its client;
+* the daemon's HTTP layer alone: ``GET /v1/health`` at ``--concurrency``, the daemon's CPU per
+  request (what every call through the socket pays before any broker work);
 * process start to envelope: ``affidavit call`` as a new process, through the daemon
   (``--socket``) vs embedded (``--config``), alternating, ``--starts`` each; with the start-up
   of a bare ``python -c pass`` as the floor no command can beat.  These processes may cache
@@ -139,6 +141,16 @@ async def throughput(
                 f"{'  CPU ms per call':22} {ms['embedded']:>11.2f} {ms['daemon']:>5.2f}+"
                 f"{ms['client']:.2f} client"
             )
+        # The daemon's HTTP layer alone: GET /v1/health (no journal, no remote) at the same
+        # concurrency, in the same run: what each call through the socket pays before any
+        # broker work.
+        done, theirs = args.calls, _cpu_of(daemon_pid)
+        took = await _timed(done, args.concurrency, client.health)
+        floor = (_cpu_of(daemon_pid) - theirs) * 1000 / done
+        print(
+            f"{'  GET /v1/health':22} {'':>12} {done / took:>8.0f} r/s  "
+            f"daemon CPU {floor:.2f} ms per request (its HTTP layer, no broker work)"
+        )
 
 
 def _start_to_envelope(argv: list[str], env: dict[str, str]) -> float:
