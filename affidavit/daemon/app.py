@@ -215,10 +215,8 @@ class Api:
             answer = await self.broker.poll_operation(operation_id, timeout=timeout)
         except OperationError as exc:
             raise ApiProblem(422, "OPERATION_ERROR", str(exc)) from None
-        except JournalError as exc:  # one line in the log, never a traceback
-            status, code, message = poll_failure(exc, operation_id)
-            log.warning("%s: %s", message, exc)
-            raise ApiProblem(status, code, message) from None
+        except JournalError as exc:
+            raise operators.act_problem(exc, poll_failure(exc, operation_id)) from None
         await req.respond_json(answer)
 
     # -- reads ------------------------------------------------------------------------------------

@@ -34,7 +34,7 @@ from .http import ApiProblem, Request
 if TYPE_CHECKING:
     from .app import Api
 
-__all__ = ["approval", "approvals", "console_login", "decide", "reconcile"]
+__all__ = ["act_problem", "approval", "approvals", "console_login", "decide", "reconcile"]
 
 T = TypeVar("T")
 log = logging.getLogger("affidavit.daemon")
@@ -68,9 +68,15 @@ async def _run(
     except OperatorError as exc:
         raise _problem(exc) from None
     except JournalError as exc:
-        status, code, message = failure(exc)
-        log.warning("%s: %s", message, exc)
-        raise ApiProblem(status, code, message) from None
+        raise act_problem(exc, failure(exc)) from None
+
+
+def act_problem(exc: JournalError, answer: tuple[int, str, str]) -> ApiProblem:
+    """An act the journal could not take (``answer``: ``act_failure``'s status, code and
+    message) as the API's problem, with one line in the log -- never a traceback."""
+    status, code, message = answer
+    log.warning("%s: %s", message, exc)
+    return ApiProblem(status, code, message)
 
 
 async def _reading(api: Api, view: Callable[[JournalReader], T], what: str) -> T:
