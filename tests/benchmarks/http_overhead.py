@@ -57,6 +57,8 @@ if TYPE_CHECKING:  # imported lazily at run time: the --serve subprocess needs n
     from affidavit.journal import Batch, Journal
 
 TOKEN_ENV = "AFFIDAVIT_BENCH_TOKEN"
+WARM_UP = 20
+"""Broker calls before anything is measured (pools, caches)."""
 
 
 # -- the server (subprocess) --------------------------------------------------------------------
@@ -296,7 +298,7 @@ async def measure_broker(args: argparse.Namespace, port: int, tmp: Path) -> dict
             if "error" in env or env["result"]["status"] != 200:
                 raise RuntimeError(f"broker call failed: {env.get('error')}")
 
-        for _ in range(20):
+        for _ in range(WARM_UP):
             await call()
         if args.tune_gc:
             import affidavit.engine
@@ -332,7 +334,7 @@ async def measure_broker(args: argparse.Namespace, port: int, tmp: Path) -> dict
         # one checkpoint cycle's size, not grow with every call.
         wal = Path(f"{tmp / 'bench.db'}-wal")
         out["wal_bytes"] = wal.stat().st_size if wal.exists() else 0
-        out["total_calls"] = 21 + args.seq + args.calls
+        out["total_calls"] = WARM_UP + 1 + args.seq + args.calls  # (+1: the dissected call)
     out.update(fig)
     if prof is not None and counter.profile is not None:
         prof.dump_stats(args.profile)

@@ -78,6 +78,14 @@ def clean(text: str, password: str | None, *also: str) -> None:
         assert bad not in text, text
 
 
+def event_count(pg_url: str, iid: str) -> int:
+    """How many events the record holds, read afresh from the journal."""
+    from affidavit.journal import JournalReader
+
+    with JournalReader.open(pg_url) as reader:
+        return len(reader.events(iid))
+
+
 def state_of(pg_url: str, iid: str) -> str:
     """The record's state, read afresh from the journal."""
     from affidavit.journal import JournalReader

@@ -14,20 +14,14 @@ import pytest
 import trio
 
 from affidavit.engine import unread
-from affidavit.journal import JournalReader
 from tests.daemon.kit import WAIT
 from tests.http.hostile import HostileServer, Reply, scripts
 from tests.postgres import Cluster
 
-from .awaykit import MCP_MODES, clean, database_stopped
+from .awaykit import MCP_MODES, clean, database_stopped, event_count
 from .test_journal_away_mid_call import ACTION
 
 BODY = b'{"id":"ch_1"}'
-
-
-def _events(pg_url: str, iid: str) -> int:
-    with JournalReader.open(pg_url) as reader:
-        return len(reader.events(iid))
 
 
 @pytest.mark.parametrize("mode", sorted(MCP_MODES))
@@ -42,7 +36,7 @@ async def test_reconcile_query_answers_journal_unavailable_and_the_server_lives_
             async with MCP_MODES[mode](tmp_path, srv.url, pg_url, token) as mcp:
                 called = structured(await mcp.call("http_request", dict(ACTION)))
                 iid = called["invocation_id"]
-                before = _events(pg_url, iid)
+                before = event_count(pg_url, iid)
                 async with database_stopped(pg):
                     result = await mcp.call("reconcile_query", {"invocation_id": iid})
                 answer = structured(result)
@@ -54,7 +48,7 @@ async def test_reconcile_query_answers_journal_unavailable_and_the_server_lives_
                     }
                 }, answer
                 clean(str(result.content), pg.password)
-                assert _events(pg_url, iid) == before  # nothing recorded
+                assert event_count(pg_url, iid) == before  # nothing recorded
                 # The server lives on: the same connection reads, and reconciles, once back.
                 again = structured(await mcp.call("get_record", {"invocation_id": iid}))
                 assert again["record"]["invocation_id"] == iid, again

@@ -25,7 +25,6 @@ from affidavit.engine import CallNotRecorded, poll_failure, read_failure, unread
 from affidavit.journal import (
     CommitUnknown,
     JournalError,
-    JournalReader,
     JournalUnavailable,
     JournalWriteError,
 )
@@ -34,7 +33,7 @@ from tests.daemon.kit import WAIT, client_env, run, write_daemon_config
 from tests.http.hostile import HostileServer, scripts
 from tests.postgres import Cluster
 
-from .awaykit import MCP_MODES, clean, daemon_on, database_stopped
+from .awaykit import MCP_MODES, clean, daemon_on, database_stopped, event_count
 from .helpers import TOKEN_ENV, http_target
 from .test_journal_away_mid_call import journal_table
 from .test_operations import job_api
@@ -47,8 +46,7 @@ SUBMIT = {"target": "api", "method": "POST", "path": "/jobs", "body": '{"report"
 def _events(pg_url: str, op_id: str) -> int:
     iid = invocation_of(op_id)
     assert iid is not None
-    with JournalReader.open(pg_url) as reader:
-        return len(reader.events(iid))
+    return event_count(pg_url, iid)
 
 
 def _away(op_id: str) -> str:

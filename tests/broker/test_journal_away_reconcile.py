@@ -29,7 +29,7 @@ from tests.http.hostile import HostileServer, Reply, scripts
 from tests.postgres import Cluster
 
 from .approvalkit import reconcile_target
-from .awaykit import clean, database_stopped
+from .awaykit import clean, database_stopped, event_count
 from .helpers import TOKEN_ENV
 from .test_journal_away_mid_call import ACTION, journal_table
 
@@ -52,19 +52,12 @@ async def _stored(tmp: Path, url: str, pg_url: str) -> tuple[Path, str]:
     return cfg, str(env["invocation_id"])
 
 
-def _events(pg_url: str, iid: str) -> int:
-    from affidavit.journal import JournalReader
-
-    with JournalReader.open(pg_url) as reader:
-        return len(reader.events(iid))
-
-
 async def test_reconcile_embedded_exits_2_naming_the_record(
     tmp_path: Path, token: str, pg: Cluster, pg_url: str
 ) -> None:
     async with HostileServer.running(scripts.serve(Reply(201, body=b"{}"))) as srv:
         cfg, iid = await _stored(tmp_path, srv.url, pg_url)
-        before = _events(pg_url, iid)
+        before = event_count(pg_url, iid)
         env = {**client_env(), TOKEN_ENV: token}
         with trio.fail_after(LIMIT * 3):
             async with database_stopped(pg):
@@ -78,7 +71,7 @@ async def test_reconcile_embedded_exits_2_naming_the_record(
                     assert err.startswith(f"affidavit: {unread(f'the record of {iid}')} -- "), err
                     assert err.count("\n") == 1, err
                     clean(err, pg.password)
-        assert _events(pg_url, iid) == before
+        assert event_count(pg_url, iid) == before
     assert len(srv.requests) == 1  # the call; no query was sent
 
 
@@ -87,7 +80,7 @@ async def test_the_daemons_reconcile_route_answers_503_never_a_500(
 ) -> None:
     async with HostileServer.running(scripts.serve(Reply(201, body=b"{}"))) as srv:
         cfg, iid = await _stored(tmp_path, srv.url, pg_url)
-        before = _events(pg_url, iid)
+        before = event_count(pg_url, iid)
         daemon = await start_daemon(cfg, tmp_path / "affidavit.sock", tmp_path / "d.log", token)
         try:
             with trio.fail_after(WAIT * 2):
@@ -105,7 +98,7 @@ async def test_the_daemons_reconcile_route_answers_503_never_a_500(
             assert exc.message == unread(f"the record of {iid}"), exc.message
             clean(exc.message, pg.password)
         clean(daemon.log_text(), pg.password)
-        assert _events(pg_url, iid) == before
+        assert event_count(pg_url, iid) == before
     assert len(srv.requests) == 1
 
 
