@@ -478,7 +478,10 @@ class _Guard:
         if exc is not None and isinstance(exc, reader.backend.errors):
             with contextlib.suppress(Exception):
                 reader.backend.rollback(reader._rconn)
-            raise reader._error(self.what, exc) from None
+            error = reader._error(self.what, exc)
+            if reader.backend.lost(exc):  # the database gone: away, not altered (as ``_read``)
+                raise JournalUnavailable(str(error)) from None
+            raise error from None
 
 
 def _keys(one: bytes | None, more: Sequence[bytes]) -> dict[str, bytes]:

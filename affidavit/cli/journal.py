@@ -14,8 +14,9 @@ JSON (``affidavit.views``), here, from data.
 
 Exit status: 0 success; 1 ``journal verify`` (or ``anchor``) found a bad row; 2 usage or
 config error (for example no journal at the path, an unreadable key or anchor file), or a view
-the journal could not answer (a shared journal's database away: "the journal cannot be read now
-(the actions view) ...", as the daemon says) — the message on stderr, never a traceback.
+or check the journal could not answer (a shared journal's database away: "the journal cannot be
+read now (the actions view) ...", as the daemon says) — the message on stderr, never a
+traceback.
 """
 
 from __future__ import annotations
@@ -319,7 +320,7 @@ def print_json(value: Any) -> None:
 
 
 def _journal_call(fn: Any, *args: Any, **kwargs: Any) -> Any:
-    """``fn(...)`` with a ``JournalError`` (unreadable key, anchor or result) as a usage error."""
+    """``fn(...)`` with a ``JournalError`` (an unreadable key or anchor file) as a usage error."""
     from affidavit.journal import JournalError
 
     try:
@@ -341,9 +342,9 @@ def _verify(args: argparse.Namespace) -> int:
 
     public_keys = _public_keys_arg(args)
     anchor = _journal_call(load_anchor, args.anchor) if args.anchor else None
-    with open_reader(args) as j:
-        report = _journal_call(
-            j.verify, public_keys=public_keys, anchor=anchor, accept_unsigned=args.accept_unsigned
+    with reading(args, "the rows a verify checks") as j:
+        report = j.verify(
+            public_keys=public_keys, anchor=anchor, accept_unsigned=args.accept_unsigned
         )
     if args.json:
         print_json(dataclasses.asdict(report))
@@ -401,8 +402,8 @@ def _write_out(path: str | None, data: bytes, what: str) -> None:
 
 def _anchor(args: argparse.Namespace) -> int:
     public_keys = _public_keys_arg(args)
-    with open_reader(args) as j:
-        report, anchor = _journal_call(j.anchor, public_keys=public_keys)
+    with reading(args, "the rows an anchor vouches for") as j:
+        report, anchor = j.anchor(public_keys=public_keys)
     if not report.ok:
         _out(
             f"journal BROKEN at seq {report.first_bad_seq}: {report.reason}; no anchor "
@@ -453,15 +454,17 @@ def _audit_keygen(args: argparse.Namespace) -> int:
 def _audit_open(args: argparse.Namespace) -> int:
     from affidavit.engine.recorder import result_payload
 
-    with open_reader(args) as j:
+    if args.seq is not None:
+        what = f"event {args.seq}"
+    else:
+        text_arg(args.result, "--result")
+        what = f"invocation {args.result}"
+    with reading(args, f"the auditor copy of {what}") as j:
         if args.seq is not None:
-            value: Any = _journal_call(j.audit_payload, args.seq, args.key)
-            what = f"event {args.seq}"
+            value: Any = j.audit_payload(args.seq, args.key)
         else:
-            text_arg(args.result, "--result")
-            stored = _journal_call(j.audit_result, args.result, args.key)
+            stored = j.audit_result(args.result, args.key)
             value = None if stored is None else result_payload(stored)
-            what = f"invocation {args.result}"
     if value is None:
         raise UsageError(f"{what} has no auditor copy in the journal")
     print_json(value)

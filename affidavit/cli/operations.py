@@ -1,9 +1,11 @@
 """``affidavit operations`` and ``affidavit operation poll ID``: jobs a complete 202 accepted,
 tracked as operations of their own (docs/configuration.md, "Asynchronous jobs").
 
-``operations`` reads the journal only (read-only, no key).  ``operation poll`` runs one linked
-invocation that queries the job's status resource (``Broker.poll_operation``) and prints
-``{"operation": ..., "poll": the poll's envelope or null}``.
+``operations`` reads the journal only (read-only, no key); a journal it cannot read exits 2
+naming what (``read_failure``'s words: a shared journal away "cannot be read now", then the
+journal's own).  ``operation poll`` runs one linked invocation that queries the job's status
+resource (``Broker.poll_operation``) and prints ``{"operation": ..., "poll": the poll's
+envelope or null}``.
 
 Exit status: 0 the poll read the job's state (or the job had already ended: nothing was sent);
 1 the poll got no readable answer and the state was kept; 2 usage or config error (an unknown
@@ -20,7 +22,7 @@ from typing import Any
 
 from affidavit.cli import UsageError, text_arg
 from affidavit.cli.call import load_or_usage
-from affidavit.cli.journal import common_options, failure_line, open_reader, print_json
+from affidavit.cli.journal import common_options, failure_line, print_json, reading
 
 __all__ = ["add_commands"]
 
@@ -48,7 +50,7 @@ def _list(args: argparse.Namespace) -> int:
     # Imported here, as in every command module: every command's parser imports this one.
     from affidavit.statemachine import operation_json
 
-    with open_reader(args) as j:
+    with reading(args, "the operations view") as j:
         ops = [operation_json(r) for r in j.list_actions() if r.operation is not None]
     if args.json:
         print_json(ops)

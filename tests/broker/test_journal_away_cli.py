@@ -1,13 +1,17 @@
-"""``affidavit record ID`` and ``affidavit actions`` (text and ``--json``) run embedded on a
-shared journal whose database is away: exit 2 and one line on stderr naming what could not be
-read, in the words the daemon answers (``read_failure``: "the journal cannot be read now
-(...)"), then the journal's own words (where, and why) with the URL's password redacted --
-never a traceback, never a wait, never JOURNAL_UNREADABLE's words for a database that is only
-away.  Once the database is back, the same commands answer.
+"""``affidavit record ID`` and ``affidavit actions`` (text and ``--json``), ``affidavit journal
+verify|anchor|audit-open`` and ``affidavit operations`` run embedded on a shared journal whose
+database is away: exit 2 and one line on stderr naming what could not be read, in the words the
+daemon answers (``read_failure``: "the journal cannot be read now (...)"), then the journal's
+own words (where, and why) with the URL's password redacted -- never a traceback, never a wait,
+never JOURNAL_UNREADABLE's words for a database that is only away.  Once the database is back,
+the same commands answer.
 
 Two moments: PostgreSQL stopped before the command starts (its open fails), and stopped
 mid-way -- the reader open, the server stopped just before the read (in process, through
-``affidavit.cli.main``: a read of the record, and the actions view's stream).
+``affidavit.cli.main``: a read of the record, the actions view's stream, a verify, an auditor
+copy, the operations view).  The checks and the operations view used to print the driver's bare
+line ("cannot connect to journal ...", "the signing public keys cannot be read: ..."), naming
+nothing the operator had asked for.
 """
 
 from __future__ import annotations
@@ -157,3 +161,104 @@ async def test_record_and_actions_exit_2_naming_what_when_the_database_stops_mid
     with trio.fail_after(LIMIT):
         assert await trio.to_thread.run_sync(main, argv) == 0
     assert iid in capsys.readouterr().out
+
+
+# -- the journal's checks and the operations view ---------------------------------------------
+
+
+async def _audited(tmp_path: Path, pg_url: str) -> tuple[Path, str, int, Path]:
+    """``_stored`` with an auditor key: the config, the call's id, the seq of its
+    ACTION_ACCEPTED (which has an auditor copy) and the auditor's private key."""
+    from affidavit.journal import generate_auditor_keypair
+    from affidavit.statemachine import EventKind
+
+    priv, pub = tmp_path / "auditor.pem", tmp_path / "auditor.pub"
+    generate_auditor_keypair(priv, pub)
+    journal = {**journal_table(tmp_path, pg_url), "auditor_public_key": str(pub)}
+    async with HostileServer.running(scripts.serve(Reply(201, body=BODY))) as srv:
+        cfg = write_config(tmp_path, {"api": http_target(srv.url)}, journal=journal)
+        from affidavit.api.broker import Broker
+
+        async with Broker.open(str(cfg)) as broker:
+            env = await broker.call(ACTION)
+    iid = str(env["invocation_id"])
+    with JournalReader.open(pg_url) as reader:
+        seq = next(e.seq for e in reader.events(iid) if e.kind is EventKind.ACTION_ACCEPTED)
+    assert seq is not None
+    return cfg, iid, seq, priv
+
+
+CHECKS = [
+    (["journal", "verify"], "verify", "the rows a verify checks"),
+    (["journal", "verify", "--json"], "verify", "the rows a verify checks"),
+    (["journal", "anchor"], "anchor", "the rows an anchor vouches for"),
+    (
+        ["journal", "audit-open", "--seq", "{seq}", "--key", "{key}"],
+        "audit_payload",
+        "the auditor copy of event {seq}",
+    ),
+    (
+        ["journal", "audit-open", "--result", "{iid}", "--key", "{key}"],
+        "audit_result",
+        "the auditor copy of invocation {iid}",
+    ),
+    (["operations"], "list_actions", "the operations view"),
+    (["operations", "--json"], "list_actions", "the operations view"),
+]
+"""(argv, the ``JournalReader`` method it reads through, what it names): ``{iid}``, ``{seq}``
+and ``{key}`` are ``_audited``'s."""
+
+
+def _checks(iid: str, seq: int, priv: Path) -> list[tuple[list[str], str, str]]:
+    names = {"iid": iid, "seq": seq, "key": priv}
+    return [([a.format(**names) for a in args], m, w.format(**names)) for args, m, w in CHECKS]
+
+
+async def test_journal_checks_and_operations_exit_2_naming_what_while_the_database_is_stopped(
+    tmp_path: Path, pg: Cluster, pg_url: str, token: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cfg, iid, seq, priv = await _audited(tmp_path, pg_url)
+    where = [("--config", str(cfg)), ("--journal", pg_url)]  # the URL's password in argv too
+    capsys.readouterr()
+    with trio.fail_after(LIMIT * 10):
+        async with database_stopped(pg):
+            for args, _, what in _checks(iid, seq, priv):
+                for flag, value in where:
+                    with trio.fail_after(LIMIT):
+                        rc = await trio.to_thread.run_sync(main, [*args, flag, value])
+                    out, err = capsys.readouterr()
+                    _says_away(rc, out, err, what, pg)
+                    assert out == "", (args, out)
+                    assert " -- cannot connect to journal " in err, err
+        # Back: the same commands answer.
+        for args, _, _ in _checks(iid, seq, priv):
+            with trio.fail_after(LIMIT):
+                rc = await trio.to_thread.run_sync(main, [*args, "--config", str(cfg)])
+            out, err = capsys.readouterr()
+            assert rc == 0, (args, out, err)
+            assert err == "", (args, err)
+
+
+@pytest.mark.parametrize(("args", "method", "what"), CHECKS)
+async def test_journal_checks_and_operations_exit_2_naming_what_when_the_database_stops_mid_way(
+    tmp_path: Path,
+    pg: Cluster,
+    pg_url: str,
+    token: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    args: list[str],
+    method: str,
+    what: str,
+) -> None:
+    cfg, iid, seq, priv = await _audited(tmp_path, pg_url)
+    names = {"iid": iid, "seq": seq, "key": priv}
+    argv = [a.format(**names) for a in args] + ["--config", str(cfg)]
+    capsys.readouterr()
+    with trio.fail_after(LIMIT), _stopped_before(monkeypatch, pg, method) as stopped:
+        rc = await trio.to_thread.run_sync(main, argv)
+        assert stopped, "the database was never stopped: the test read nothing"
+    out, err = capsys.readouterr()
+    _says_away(rc, out, err, what.format(**names), pg)
+    with trio.fail_after(LIMIT):
+        assert await trio.to_thread.run_sync(main, argv) == 0
