@@ -257,10 +257,9 @@ class Broker:
     ) -> dict[str, Any] | None:
         """Send an approved invocation whose caller is gone, once (under its dispatch lease,
         through the gate that re-checks the approval); the result is stored for the caller's
-        fetch.  None when there was nothing to do."""
-        return await engine_approval.dispatch_approved(
-            self._engine, invocation_id, STORE_ONLY, control
-        )
+        fetch.  None when there was nothing to do.  A shared journal unreachable beyond
+        ``[journal] reconnect``: ``affidavit.engine.CallNotRecorded``, as ``call`` raises."""
+        return await self._engine.dispatch_approved(invocation_id, STORE_ONLY, control)
 
     def record(self, invocation_id: str) -> Record | None:
         return self.journal.record(invocation_id)

@@ -23,7 +23,7 @@ from typing import Any
 import trio
 
 from affidavit.api.broker import Broker
-from affidavit.engine import unrecorded
+from affidavit.engine import CallNotRecorded, unrecorded
 from affidavit.journal import JournalError
 
 from .calls import Calls, Overloaded, Running
@@ -72,7 +72,9 @@ async def _dispatch(broker: Broker, iid: str, call: Running) -> dict[str, Any]:
         # A shared journal away mid-dispatch: nobody waits for this call, so the log is where
         # it is told -- one line naming it and where to look once the journal is back (its
         # record, closed by recovery when its lease runs out, says whether it was sent).
-        log.warning("approvals: dispatching %s: %s: %s", iid, unrecorded(iid), exc)
+        # ``CallNotRecorded`` says only that: the journal's own words are its cause's.
+        why = exc.__cause__ if isinstance(exc, CallNotRecorded) and exc.__cause__ else exc
+        log.warning("approvals: dispatching %s: %s: %s", iid, unrecorded(iid), why)
         return {}
     if envelope is not None:
         error = envelope.get("error")

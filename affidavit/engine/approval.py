@@ -29,6 +29,7 @@ So an action the target's ``approval`` covers goes:
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import logging
 import os
@@ -40,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from affidavit.config import canonical_json
-from affidavit.journal import JournalError, Lease, LeaseBusy
+from affidavit.journal import JournalError, JournalUnavailable, Lease, LeaseBusy
 from affidavit.protocols import Binding, Prepared, get
 from affidavit.protocols.actions import ActionInvalid, fingerprint, parse_action
 from affidavit.statemachine import Code, Event, EventKind, ImpossibleEvent, Record
@@ -340,7 +341,7 @@ async def dispatch_approved(
         grant = grant_of(record)
         if record.state != "approved" or grant is None:
             return None
-        action = _accepted_action(engine, iid)
+        action = await _accepted_action(engine, iid)
         if action is None:
             # Payloads sealed to the auditor alone: the broker cannot read the request back.
             # Only its caller, resuming with the same key, can still send it (until expiry).
@@ -420,12 +421,19 @@ async def ready(engine: Engine) -> list[str]:
     return out
 
 
-def _accepted_action(engine: Engine, iid: str) -> Mapping[str, Any] | None:
-    """The action as ACTION_ACCEPTED sealed it (no credential was in it)."""
-    for event in engine.journal.events(iid):
-        if event.kind is E.ACTION_ACCEPTED and event.seq is not None:
+async def _accepted_action(engine: Engine, iid: str) -> Mapping[str, Any] | None:
+    """The action as ACTION_ACCEPTED sealed it (no credential was in it); None when the broker
+    cannot open it.  Read as a call reads (``Recorder.read``): a shared journal away beyond its
+    reconnect window is ``JournalUnavailable`` -- unread, not unreadable, and never a reason to
+    give the approval up."""
+    journal, read = engine.journal, engine.recorder.read
+    for event in await read(lambda: journal.events(iid)):
+        seq = event.seq
+        if event.kind is E.ACTION_ACCEPTED and seq is not None:
             try:
-                payload = engine.journal.payload(event.seq)
+                payload = await read(functools.partial(journal.payload, seq))
+            except JournalUnavailable:
+                raise
             except JournalError:
                 return None
             action = payload.get("action") if payload is not None else None

@@ -29,15 +29,15 @@ import logging
 import os
 import secrets
 import socket
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Awaitable, Mapping
+from typing import Any, TypeVar
 
 from affidavit.config import Config
 from affidavit.journal import Journal, JournalUnavailable, JournalWriteError, ResultStream
 from affidavit.protocols import Binding
 from affidavit.statemachine import Record
 
-from . import delivery, invocation, operations
+from . import approval, delivery, invocation, operations
 from .approval import ApprovalBoard
 from .control import CallControl
 from .delivery import deliver_stored
@@ -47,6 +47,8 @@ from .settings import EngineSettings
 from .snapshot import ConfigSnapshot
 
 __all__ = ["Deliver", "Engine"]
+
+T = TypeVar("T")
 
 log = logging.getLogger("affidavit.engine")
 
@@ -110,11 +112,30 @@ class Engine:
         invocation it names."""
         if timeout is not None and not timeout >= 0:
             raise ValueError("timeout must be None or a number of seconds >= 0")
+        return await self._answered(
+            invocation.start(self, action, timeout, deliver, link, control, requester), control
+        )
+
+    async def dispatch_approved(
+        self, invocation_id: str, deliver: Deliver, control: CallControl | None = None
+    ) -> dict[str, Any] | None:
+        """Dispatch an approved invocation whose caller went away (``approval.dispatch_approved``:
+        the daemon's dispatcher); None when there was nothing to do.  A call like any other, so
+        a journal that failed it is answered as ``call`` answers: ``CallNotRecorded`` naming
+        ``invocation_id`` -- never the bare ``JournalUnavailable`` of whichever read failed."""
+        return await self._answered(
+            approval.dispatch_approved(self, invocation_id, deliver, control),
+            control,
+            invocation_id,
+        )
+
+    async def _answered(
+        self, run: Awaitable[T], control: CallControl | None, invocation_id: str | None = None
+    ) -> T | dict[str, Any]:
+        """``run`` (a call), answered from the durable record when the journal fails it."""
         try:
             try:
-                return await invocation.start(
-                    self, action, timeout, deliver, link, control, requester
-                )
+                return await run
             except JournalWriteError as exc:
                 # The journal refused a write mid-call (disk full, I/O error): answer with what
                 # the durable record proves, closed as recovery would close it.  Nothing durable
@@ -126,8 +147,10 @@ class Engine:
             # A read of the record failed, the database away beyond the reconnect window (in
             # journal_refused, in _store_failed, anywhere): nothing durable to render an envelope
             # from.  Which read it was says nothing to the caller; which invocation does.
-            iid = (control.invocation_id if control is not None else None) or (
-                self.recorder.writing()
+            iid = (
+                invocation_id
+                or (control.invocation_id if control is not None else None)
+                or self.recorder.writing()
             )
             raise CallNotRecorded(iid) from exc
         finally:
