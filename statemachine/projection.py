@@ -126,10 +126,12 @@ class Projector:
         rule = _ROWS[self._state].get(event.kind)
         seq = event.seq
         iid = self._invocation_id
+        attrs = event.attrs
         if (
             rule is None
             or (seq is not None and self._last_seq is not None and seq <= self._last_seq)
             or (iid is not None and event.invocation_id != iid)
+            or (type(attrs) is not dict and not isinstance(attrs, Mapping))
         ):
             raise self._refusal(event)
         dest, check_and_apply = rule
@@ -155,6 +157,13 @@ class Projector:
         seq, last = event.seq, self._last_seq
         if seq is not None and last is not None and seq <= last:
             return ImpossibleEvent(event, state, f"seq {seq} does not follow {last}")
+        attrs: object = event.attrs  # typed a Mapping; a new event may carry anything
+        if type(attrs) is not dict and not isinstance(attrs, Mapping):
+            # The rules read attrs as an object: a list or a string is no fact they can check
+            # (the journal's rows are checked when decoded; a new event is checked here).
+            return ImpossibleEvent(
+                event, state, f"attrs are a {type(attrs).__name__}, not an object"
+            )
         return ImpossibleEvent(event, state, "no such transition in the lifecycle table")
 
     def extend(self, events: Iterable[Event]) -> Projector:
@@ -301,7 +310,8 @@ def _fold_all(events: Iterable[Event]) -> dict[str, Projector]:
         # before the rule runs, with one test of ``seq`` instead of two.  ``fold_runs`` inlines
         # the same steps: change both (tests/statemachine compares each with ``apply``).
         rule = rows[p._state].get(event.kind)
-        if rule is None:
+        attrs = event.attrs
+        if rule is None or (type(attrs) is not dict and not isinstance(attrs, Mapping)):
             raise p._refusal(event)
         seq = event.seq
         if seq is not None:
@@ -343,7 +353,8 @@ def fold_runs(
             p = Projector(event.invocation_id)
             first = event.at
         rule = rows[p._state].get(event.kind)
-        if rule is None:
+        attrs = event.attrs
+        if rule is None or (type(attrs) is not dict and not isinstance(attrs, Mapping)):
             raise p._refusal(event)
         seq = event.seq
         if seq is not None:

@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from affidavit.statemachine import (
+    INITIAL,
     STATES,
     TRANSITIONS,
     Code,
@@ -231,13 +232,64 @@ def test_a_tabulated_hint_is_what_retry_hint_returns_for_any_operation_budget_or
         assert outcome is Outcome.UNKNOWN or code is not None
 
 
+# --- attrs that are not an object: refused, never an AttributeError ----------------------------
+
+NOT_OBJECTS = st.one_of(
+    st.lists(st.one_of(st.text(max_size=8), st.integers()), max_size=3),
+    st.text(max_size=8),
+    st.binary(max_size=4),
+    st.integers(),
+    st.floats(allow_nan=False),
+    st.booleans(),
+    st.none(),
+    st.tuples(st.text(max_size=4)),
+    st.frozensets(st.sampled_from(["code", "generation", "operation"])),
+)
+"""Event attrs of every JSON-ish shape but an object (a list, a string, a number, null ...)."""
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    state=st.sampled_from(sorted(STATES)),
+    kind=st.sampled_from(list(EventKind)),
+    attrs=NOT_OBJECTS,
+    seq=st.one_of(st.none(), st.integers(0, 200)),
+)
+def test_a_new_event_whose_attrs_are_not_an_object_is_impossible_in_every_state(
+    state: str, kind: EventKind, attrs: Any, seq: int | None
+) -> None:
+    """The rules read an event's attrs as an object; a new event (one no journal row checked)
+    carrying a list or a string is refused like any impossible event -- ``ImpossibleEvent``,
+    the record as it was -- never an ``AttributeError`` out of a rule.  ``project_all`` and
+    ``fold_runs`` (``apply`` inlined) refuse it with the same reason."""
+    p = projector_in(state)
+    before = p.record()
+    event = Event(kind, IID, attrs, seq=seq)
+    with pytest.raises(ImpossibleEvent) as info:
+        p.apply(event)
+    assert info.value.event is event and info.value.state == state
+    assert p.record() == before and p.state == state
+    if state == INITIAL:  # a log that is this one event
+        for fold in (project_all, lambda log: list(fold_runs(log))):
+            with pytest.raises(ImpossibleEvent) as folded:
+                fold([event])
+            assert folded.value.reason == info.value.reason
+
+
+def test_the_refusal_of_attrs_that_are_not_an_object_names_their_type() -> None:
+    for attrs, name in (([1, 2], "list"), ("code", "str"), (None, "NoneType")):
+        with pytest.raises(ImpossibleEvent) as info:
+            Projector().apply(Event(E.ACTION_ACCEPTED, IID, attrs, seq=1))
+        assert info.value.reason == f"attrs are a {name}, not an object"
+
+
 # --- project_all inlines Projector.apply: the two must agree, refusals included ---------------
 
 _any_event = st.builds(
     Event,
     st.sampled_from(list(EventKind)),
     st.sampled_from(["act_a", "act_b", "act_c"]),
-    ATTRS,
+    st.one_of(ATTRS, NOT_OBJECTS),
     source=st.sampled_from(list(EvidenceSource)),
     seq=st.one_of(st.none(), st.integers(0, 400)),
 )
