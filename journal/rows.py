@@ -87,7 +87,9 @@ def fold_events(rows: Iterable[Any]) -> Iterator[Event]:
     scanner called here, anything but canonical JSON handed to ``decode_attrs`` itself -- as
     the two calls per row were ~5% of the fold (issue 15).  A row someone altered (a kind or
     source the broker never writes, attrs that are not a JSON object, a column of another
-    type) is an ``AlteredRow`` naming its seq and column, as ``event_from_row`` raises."""
+    type -- ``seq`` included: SQLite's INTEGER PRIMARY KEY holds only integers, but a
+    PostgreSQL column someone altered may hand back anything, and the fold orders by it) is an
+    ``AlteredRow`` naming its seq and column, as ``event_from_row`` raises."""
     kinds, sources, scan, decode, new, twin = KINDS, SOURCES, _scan, decode_attrs, _new, _Twin
     for seq, at, iid, kind, source, observer, observer_seq, attrs in rows:
         e: Any = new(twin)
@@ -105,6 +107,7 @@ def fold_events(rows: Iterable[Any]) -> Iterator[Event]:
             value = None
         if (
             type(value) is not dict
+            or type(seq) is not int
             or type(at) is not float
             or type(iid) is not str
             or (observer is not None and type(observer) is not str)
@@ -149,6 +152,7 @@ def event_from_row(row: tuple[Any, ...]) -> Event:
     if (
         event is None
         or type(event.attrs) is not dict
+        or type(seq) is not int
         or type(at) is not float
         or type(iid) is not str
         or (session is not None and type(session) is not str)
