@@ -113,9 +113,11 @@ class EventKind(StrEnum):
     the event's source must be remote_query or operator_attested, its observer names who."""
     RECONCILE_INCONCLUSIVE = "RECONCILE_INCONCLUSIVE"
     """A reconciliation query ran as a linked invocation and did not settle the outcome (no
-    complete answer, or one neither ``committed_if`` nor ``rejected_if`` matches): the
-    invocation stays unknown; the query's evidence is on its own record.  attrs:
-    query_invocation, code, reason, generation (as RECONCILED's)."""
+    complete answer, one neither ``committed_if`` nor ``rejected_if`` matches, or an absent
+    finding within the target's ``settle`` window after the attempt ended): the invocation stays
+    unknown; the query's evidence is on its own record.  attrs: query_invocation, code, reason,
+    generation (as RECONCILED's); not_before (seconds since the epoch: when a query may settle
+    it) for a finding that came too soon."""
     # --- what a complete result says beyond its outcome -------------------------------------
     BATCH_ITEMS_RECORDED = "BATCH_ITEMS_RECORDED"
     """A complete response gave the batch's items their own outcomes (seed: "Record the parent

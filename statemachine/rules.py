@@ -636,16 +636,19 @@ def _on_reconcile_inconclusive(p: Projector, event: Event) -> None:
     query = event.attrs.get("query_invocation")
     if type(query) is not str or not query:
         _refuse(p, event, "attrs.query_invocation must name the query's invocation")
+    item = {
+        "query_invocation": query,
+        "code": event.attrs.get("code"),
+        "reason": event.attrs.get("reason"),
+        "seq": event.seq,
+    }
+    not_before = event.attrs.get("not_before")
+    if not_before is not None:  # an absent finding too soon after the attempt (settle.py)
+        if type(not_before) not in (int, float):
+            _refuse(p, event, "attrs.not_before must be a time in seconds since the epoch")
+        item["not_before"] = not_before
     ev = p._evidence
-    ev["reconcile_queries"] = [
-        *ev.get("reconcile_queries", ()),
-        {
-            "query_invocation": query,
-            "code": event.attrs.get("code"),
-            "reason": event.attrs.get("reason"),
-            "seq": event.seq,
-        },
-    ]
+    ev["reconcile_queries"] = [*ev.get("reconcile_queries", ()), item]
 
 
 _LISTS = frozenset({"steps", "stale_workers", "reconcile_queries"})

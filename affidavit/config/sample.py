@@ -54,6 +54,7 @@ timeout = { connect = 5, total = 30 }
 # path = "/charges?idempotency_key={idempotency_key}"
 # committed_if = "status:200"
 # rejected_if = "status:404"
+# settle = "60s"                      # "absent" is believed this long after the attempt ended
 
 # An SSH target.  Pin the host key (replace this placeholder with the real one, e.g. from
 # `ssh-keyscan -t ed25519 HOST`) or point known_hosts at a file.

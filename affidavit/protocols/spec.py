@@ -205,6 +205,9 @@ class ReconcileContract:
     verdict: Callable[[Any, Mapping[str, Any], Mapping[str, bytes]], tuple[Any, str | None]]
     """``(target, stored summary, stored streams) -> (Outcome.COMMITTED | Outcome.REJECTED |
     None, what matched)`` from the query's own complete, authoritative result."""
+    settle: Callable[[Any], float]
+    """``target -> seconds``: how long after an attempt ended the query must have been sent
+    for an absent finding to settle it (``affidavit.protocols.settle``)."""
 
 
 @dataclass(frozen=True)

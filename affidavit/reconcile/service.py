@@ -15,8 +15,11 @@ original connection."  Two ways, one set of rules for every interface:
   authoritative result, matched by exactly one of ``committed_if`` / ``rejected_if``, is
   RECONCILED with source ``remote_query`` (``observer`` = the query's invocation id); anything
   else -- the query refused, unknown itself, or an answer neither or both match -- is
-  RECONCILE_INCONCLUSIVE and the invocation stays unknown.  A read: anyone the broker answers
-  may run it (the MCP server offers it, never ``attest``).
+  RECONCILE_INCONCLUSIVE and the invocation stays unknown.  An *absent* finding settles it only
+  if the query was sent at least the target's ``settle`` after the attempt ended (a request the
+  broker gave up on may still be in the remote's queues: ``affidavit.protocols.settle``);
+  sooner, it is inconclusive with ``not_before``.  A read: anyone the broker answers may run it
+  (the MCP server offers it, never ``attest``).
 
 Either way the original DISPATCH_STARTED and ATTEMPT_INTERRUPTED stay as recorded: the event is
 appended after them, and the envelope shows the new outcome with ``evidence.source``.
@@ -33,6 +36,9 @@ again).
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from affidavit.approvals import Operator, OperatorError, OperatorPolicy, check_note
@@ -191,6 +197,13 @@ async def query(
     answer = await engine.call(action, timeout=timeout, link={"reconciles": invocation_id})
     query_id = answer["invocation_id"]
     settled, reason, seq = _settles(engine, query_id, target, spec.reconcile.verdict)
+    not_before = None
+    if settled is not None and settled[0] is Outcome.REJECTED:
+        not_before, reason = _too_soon(
+            engine, invocation_id, query_id, spec.reconcile.settle(target)
+        )
+        if not_before is not None:
+            settled, seq = None, None
     if settled is not None:
         outcome, matched = settled
         event = Event(
@@ -217,6 +230,7 @@ async def query(
                 "query_invocation": query_id,
                 "code": error["code"] if error else None,
                 "reason": reason,
+                **({"not_before": not_before} if not_before is not None else {}),
                 **_observed(record),
             },
         )
@@ -234,6 +248,43 @@ async def query(
         }
     envelope = engine.recorder.envelope(await engine.recorder.record(invocation_id))
     return {"reconciled": settled is not None, "envelope": envelope, "query": answer}
+
+
+def _too_soon(
+    engine: Engine, invocation_id: str, query_id: str, settle: float
+) -> tuple[float | None, str]:
+    """Whether an absent finding came too soon to be believed (``affidavit.protocols.settle``):
+    (when a query may next settle it, why not now), or (None, "") when it may settle it now.
+
+    The attempt ended, at the latest, when the event that closed it was written (a worker stops
+    within its lease; recovery closes a record only after that): nothing of it left the broker
+    after that instant.  The query observed the remote no earlier than its own DISPATCH_STARTED
+    was written.  Both are wall-clock labels of events -- of two brokers, on a shared journal,
+    whose clocks ``[service] lease_margin`` already assumes agree."""
+    if settle <= 0:
+        return None, ""
+    ended = _last_at(engine, invocation_id, lambda e: e.kind is not E.RECONCILE_INCONCLUSIVE)
+    observed = _last_at(engine, query_id, lambda e: e.kind is E.DISPATCH_STARTED)
+    if ended is None or observed is None:
+        # Not known: believe nothing sooner than a whole window from now.
+        return time.time() + settle, "the query's finding could not be placed in time"
+    if observed - ended >= settle:
+        return None, ""
+    when = datetime.fromtimestamp(ended + settle, UTC).isoformat(timespec="seconds")
+    return ended + settle, (
+        f"the query found the effect absent {max(observed - ended, 0.0):.1f}s after the attempt "
+        f"ended, within the target's settle window ({settle:g}s): a request still in the "
+        f"remote's queues may yet apply it; query again after {when}"
+    )
+
+
+def _last_at(engine: Engine, iid: str, which: Callable[[Event], bool]) -> float | None:
+    """The wall-clock label of ``iid``'s last event ``which`` picks."""
+    at = None
+    for event in engine.journal.events(iid):
+        if which(event) and event.at is not None:
+            at = event.at
+    return at
 
 
 def _found(outcome: Outcome) -> str:

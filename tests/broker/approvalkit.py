@@ -49,8 +49,11 @@ def approval_config(
     return path
 
 
-def reconcile_target(url: str, **extra: Any) -> dict[str, Any]:
-    """Target ``api`` with a key contract and the payments API's reconciliation query."""
+def reconcile_target(url: str, *, settle: str | None = "0s", **extra: Any) -> dict[str, Any]:
+    """Target ``api`` with a key contract and the payments API's reconciliation query; its
+    ``settle`` window ``"0s"`` (the payments API has no queue a dropped request could still
+    wait in) unless given (None: the default)."""
+    window = {} if settle is None else {"settle": settle}
     return {
         "api": http_target(
             url,
@@ -59,6 +62,7 @@ def reconcile_target(url: str, **extra: Any) -> dict[str, Any]:
                 "path": "/v1/charges?idempotency_key={idempotency_key}",
                 "committed_if": "status:200",
                 "rejected_if": "status:404",
+                **window,
             },
             **extra,
         )
@@ -68,11 +72,18 @@ def reconcile_target(url: str, **extra: Any) -> dict[str, Any]:
 class PaymentsApi:
     """``POST /v1/charges``: applies a charge under its Idempotency-Key; with the body
     ``{"drop": true}`` it applies it and closes without answering, with ``{"refuse": true}``
-    it closes without applying.  ``GET /v1/charges?idempotency_key=K``: 200 if K was applied,
-    404 if not -- unless K is ``drop`` (closed unanswered) or ``boom`` (a 500)."""
+    it closes without applying, with ``{"late": true}`` it closes and applies it only at
+    ``release_late()`` (a request that waited in the remote's queue after the broker gave up).
+    ``GET /v1/charges?idempotency_key=K``: 200 if K was applied, 404 if not -- unless K is
+    ``drop`` (closed unanswered) or ``boom`` (a 500)."""
 
     def __init__(self) -> None:
         self.applied: list[str] = []
+        self.queued: list[str] = []
+
+    def release_late(self) -> None:
+        self.applied += self.queued
+        self.queued.clear()
 
     @property
     def script(self) -> Script:
@@ -83,9 +94,12 @@ class PaymentsApi:
                     return
                 if req.method == "POST":
                     body = json.loads(req.body or b"{}")
-                    if not body.get("refuse"):
-                        self.applied.append(req.header("idempotency-key") or "")
-                    if body.get("drop") or body.get("refuse"):
+                    key = req.header("idempotency-key") or ""
+                    if body.get("late"):
+                        self.queued.append(key)
+                    elif not body.get("refuse"):
+                        self.applied.append(key)
+                    if body.get("drop") or body.get("refuse") or body.get("late"):
                         await peer.close()
                         return
                     await peer.respond(Reply(201, body=b'{"id": "ch_1"}'))

@@ -130,13 +130,14 @@ def test_reconcile_queries_load_for_http_and_ssh(tmp_path: Path) -> None:
             http='reconcile = { path = "/v1/charges?idempotency_key={idempotency_key}", '
             'committed_if = ["status:200", "json:/status=succeeded"], rejected_if = "status:404" }',
             ssh='reconcile = { command = "test -e /srv/releases/{idempotency_key}", '
-            'committed_if = "exit:0", rejected_if = "exit:1" }',
+            'committed_if = "exit:0", rejected_if = "exit:1", settle = "5m" }',
         )
     )
     billing, deploy = config.targets["billing"], config.targets["deploy"]
     assert isinstance(billing, HttpTarget) and isinstance(deploy, SshTarget)
     assert billing.reconcile is not None and deploy.reconcile is not None
     assert billing.reconcile.method == "GET"
+    assert (billing.reconcile.settle, deploy.reconcile.settle) == (60.0, 300.0)
     action = {"target": "billing", "method": "GET", "path": "/v1/charges?idempotency_key=a%2Fb"}
     from affidavit.protocols.http import reconcile as http_reconcile
     from affidavit.protocols.ssh import reconcile as ssh_reconcile
@@ -222,6 +223,16 @@ def test_reconcile_queries_load_for_http_and_ssh(tmp_path: Path) -> None:
             {"ssh": 'reconcile = { command = "true", committed_if = "status:200" }'},
             "targets.deploy.reconcile.committed_if",
             "exit:N",
+        ),
+        (
+            {"http": 'reconcile = { path = "/x", rejected_if = "status:404", settle = "-1s" }'},
+            "targets.billing.reconcile.settle",
+            "duration",
+        ),
+        (
+            {"ssh": 'reconcile = { command = "true", rejected_if = "exit:1", settle = true }'},
+            "targets.deploy.reconcile.settle",
+            "duration",
         ),
     ],
 )

@@ -591,7 +591,7 @@ HTTP_CHANGES: dict[str, object] = {
     ),
     "approval": ApprovalPolicy(frozenset({"POST"}), None, 900.0, 0.0),
     "reconcile": HttpReconcile(
-        "GET", parse_template("/v1/c?k={idempotency_key}", shell=False), None, None
+        "GET", parse_template("/v1/c?k={idempotency_key}", shell=False), None, None, 60.0
     ),
 }
 SSH_CHANGES: dict[str, object] = {
@@ -606,7 +606,9 @@ SSH_CHANGES: dict[str, object] = {
     "timeout": Timeouts(1.0, 600.0),
     "max_stdin": 5,
     "approval": ApprovalPolicy(None, ("^deploy ",), 900.0, 0.0),
-    "reconcile": SshReconcile(parse_template("test -e /r/{idempotency_key}", shell=True), 0, 1),
+    "reconcile": SshReconcile(
+        parse_template("test -e /r/{idempotency_key}", shell=True), 0, 1, 60.0
+    ),
 }
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import time
 import urllib.parse
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -34,10 +35,13 @@ E = EventKind
 
 
 @contextlib.asynccontextmanager
-async def payments(tmp_path: Path) -> AsyncIterator[tuple[HostileServer, Broker]]:
-    """The payments API and a broker whose target ``api`` declares its reconciliation query."""
-    async with HostileServer.running(PaymentsApi().script) as srv:
-        path = write_config(tmp_path, reconcile_target(srv.url))
+async def payments(
+    tmp_path: Path, settle: str | None = "0s", api: PaymentsApi | None = None
+) -> AsyncIterator[tuple[HostileServer, Broker]]:
+    """The payments API and a broker whose target ``api`` declares its reconciliation query
+    (``settle``: its window; None, the default)."""
+    async with HostileServer.running((api or PaymentsApi()).script) as srv:
+        path = write_config(tmp_path, reconcile_target(srv.url, settle=settle))
         with path.open("a") as f:
             f.write(f"[service]\noperator_uids = [{OPS_UID}]\n")
         async with open_broker(path) as b:
@@ -148,6 +152,66 @@ async def test_a_query_that_settles_nothing_leaves_the_invocation_unknown(
         assert E.RECONCILED not in kinds and kinds[-1] is E.RECONCILE_INCONCLUSIVE
         verify_ok(b)
     assert [r.method for r in srv.requests] == ["POST", "GET"]
+
+
+def _closed_at(b: Broker, iid: str) -> float:
+    """When the attempt was closed: its last event before any reconciliation."""
+    closing = [e for e in b.events(iid) if e.kind is not E.RECONCILE_INCONCLUSIVE]
+    assert closing[-1].at is not None
+    return closing[-1].at
+
+
+async def test_an_absent_finding_within_the_settle_window_settles_nothing(
+    tmp_path: Path, token: str
+) -> None:
+    """The hazard: the broker gave up on a charge the remote still held in its queue.  A query
+    right then finds it absent; the remote applies it a moment later.  Within the target's
+    settle window (the default, 60 s) the absent finding settles nothing -- the record says
+    when a query may -- and the later query finds the charge present and settles it."""
+    api = PaymentsApi()
+    async with payments(tmp_path, settle=None, api=api) as (_, b):
+        iid = await _unknown(b, "pay/late", late=True)
+        early = await b.reconcile(iid, query=True)
+        assert early["query"]["evidence"]["status"] == 404  # the query did find it absent
+        assert early["reconciled"] is False
+        env = early["envelope"]
+        assert env["error"]["outcome"] == "unknown"
+        assert env["error"]["retry"] == "same_idempotency_key"  # the key contract's, as before
+        [tried] = env["evidence"]["reconcile_queries"]
+        assert tried["query_invocation"] == early["query"]["invocation_id"]
+        assert tried["not_before"] == pytest.approx(_closed_at(b, iid) + 60.0)
+        assert "within the target's settle window (60s)" in tried["reason"]
+        assert "query again after" in tried["reason"]
+        assert event_kinds(b, iid)[-1] is E.RECONCILE_INCONCLUSIVE
+
+        api.release_late()  # the queued charge is applied after all
+        late = await b.reconcile(iid, query=True)
+        assert late["reconciled"] is True
+        assert late["envelope"]["evidence"]["state"] == "reconciled_committed"
+        _kept_original(b, iid)
+        verify_ok(b)
+    assert api.applied == ["pay/late"]
+
+
+async def test_an_absent_finding_settles_once_the_window_has_passed(
+    tmp_path: Path, token: str
+) -> None:
+    async with payments(tmp_path, settle="0.4s") as (srv, b):
+        iid = await _unknown(b, "pay/2", refuse=True)
+        early = await b.reconcile(iid, query=True)
+        assert early["reconciled"] is False
+        [tried] = early["envelope"]["evidence"]["reconcile_queries"]
+        assert tried["not_before"] == pytest.approx(_closed_at(b, iid) + 0.4)
+        with trio.fail_after(5):
+            await trio.sleep(max(0.0, tried["not_before"] - time.time()) + 0.05)
+        answer = await b.reconcile(iid, query=True)
+        assert answer["reconciled"] is True
+        env = answer["envelope"]
+        assert env["evidence"]["state"] == "reconciled_rejected"
+        assert env["evidence"]["reconcile_queries"] == [tried]  # the early one stays on record
+        _kept_original(b, iid)
+        verify_ok(b)
+    assert [r.method for r in srv.requests] == ["POST", "GET", "GET"]
 
 
 async def test_an_operator_attests_and_the_note_and_identity_are_kept(

@@ -95,7 +95,9 @@ async def test_a_dropped_command_is_reconciled_by_its_query_on_the_scripted_peer
     tmp_path: Path, hostile: HostileServer, key: str, outcome: str | None, code: str | None
 ) -> None:
     # The scripted peer runs "exit N" as asked: the key stands for what the real check finds.
+    # settle "0s": the scripted peer has no queue a dropped command could still wait in.
     rc = {"command": "exit {idempotency_key}", "committed_if": "exit:0", "rejected_if": "exit:1"}
+    rc["settle"] = "0s"
     target = ssh_target(hostile.port, "bob", hostile.pin, reconcile=rc)
     with trio.fail_after(LIMIT):
         async with open_broker(_config(tmp_path, target)) as b:
@@ -126,6 +128,7 @@ async def test_a_release_is_reconciled_against_sshd_and_a_key_never_runs_as_a_co
         "command": f"test -e {releases}/{{idempotency_key}}",
         "committed_if": "exit:0",
         "rejected_if": "exit:1",
+        "settle": "0s",  # the caller gave up; the command itself ended when its session did
     }
     target = ssh_target(sshd.port, sshd.user, sshd.host_pin, reconcile=rc)
     pwned = tmp_path / "pwned"

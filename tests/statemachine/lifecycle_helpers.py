@@ -190,6 +190,8 @@ def make_event(
         observer, observer_seq = "ops-console", choose([1, 17])
     elif kind is E.RECONCILE_INCONCLUSIVE:
         attrs = {"query_invocation": "act_query", "code": choose([None, "REMOTE_OUTCOME_UNKNOWN"])}
+        if choose([False, True]):
+            attrs["not_before"] = 1.8e9
     elif kind is E.BATCH_ITEMS_RECORDED:
         ids = [i["id"] for i in rec.items] if rec.items is not None else ["a"]
         attrs = {"items": [_item(i, choose) for i in ids]}

@@ -681,6 +681,11 @@ def test_an_inconclusive_query_leaves_the_invocation_unknown_and_says_so() -> No
         "act_q1",
         "act_q2",
     ]
+    # An absent finding too soon after the attempt names when a query may settle it.
+    assert inv.refused(E.RECONCILE_INCONCLUSIVE, query_invocation="act_qx", not_before="soon")
+    inv.ev(E.RECONCILE_INCONCLUSIVE, query_invocation="act_q2b", not_before=1.8e9, reason="w")
+    assert inv.rec().evidence["reconcile_queries"][-1]["not_before"] == 1.8e9
+    assert "not_before" not in inv.rec().evidence["reconcile_queries"][0]
     inv.ev(E.RECONCILED, source=S.REMOTE_QUERY, outcome="rejected", query_invocation="act_q3")
     assert inv.rec().evidence["reconciliation"]["query_invocation"] == "act_q3"
     assert inv.refused(E.RECONCILE_INCONCLUSIVE, query_invocation="act_q4")

@@ -3,6 +3,7 @@ the h11 adapter (``binding``), registered as the ``http`` protocol by the entry 
 ``affidavit.protocols:http`` (pyproject.toml)."""
 
 from affidavit.adapters.http import HTTP_TABLE
+from affidavit.protocols.settle import settle_of
 from affidavit.protocols.spec import ProtocolSpec, ReconcileContract
 
 from . import reconcile
@@ -41,5 +42,5 @@ PROTOCOL = ProtocolSpec(
     table=HTTP_TABLE,
     contracts=HTTP_CONTRACTS,
     describe=describe,
-    reconcile=ReconcileContract(query=reconcile.query, verdict=reconcile.verdict),
+    reconcile=ReconcileContract(query=reconcile.query, verdict=reconcile.verdict, settle=settle_of),
 )

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from affidavit.protocols.placeholders import Template, parse_template, url_escape
+from affidavit.protocols.settle import SETTLE
 from affidavit.schema import Field, Read, Schema
 from affidavit.statemachine import Outcome
 
@@ -96,6 +97,8 @@ class ReconcileQuery:
     path: Template
     committed_if: tuple[Condition, ...] | None
     rejected_if: tuple[Condition, ...] | None
+    settle: float
+    """Seconds after the attempt ended before an absent finding is believed (``settle.py``)."""
 
 
 def _method(r: Read) -> str:
@@ -137,6 +140,7 @@ RECONCILE = Schema(
         Field("path", _path, encode=str, doc="origin-form path with placeholders"),
         Field("committed_if", _conditions, default=None, encode=_encode_conditions),
         Field("rejected_if", _rejected_if, default=None, encode=_encode_conditions),
+        SETTLE,
     ),
 )
 

@@ -349,7 +349,7 @@ HTTP_TARGET = TargetSchema(
             parse_reconcile,
             default=None,
             unset_omitted=True,
-            doc="`{ method, path, committed_if, rejected_if }`: the query that settles an "
+            doc="`{ method, path, committed_if, rejected_if, settle }`: the query that settles an "
             "unknown outcome (see [approvals](approvals.md#reconciliation))",
         ),
     ),

@@ -3,6 +3,7 @@ ssh-python adapter (``binding``), registered as the ``ssh`` protocol by the entr
 ``affidavit.protocols:ssh`` (pyproject.toml)."""
 
 from affidavit.adapters.ssh import SSH_TABLE
+from affidavit.protocols.settle import settle_of
 from affidavit.protocols.spec import ProtocolSpec, ReconcileContract
 
 from . import reconcile
@@ -19,5 +20,5 @@ PROTOCOL = ProtocolSpec(
     binding=SshBinding,
     table=SSH_TABLE,
     describe=describe,
-    reconcile=ReconcileContract(query=reconcile.query, verdict=reconcile.verdict),
+    reconcile=ReconcileContract(query=reconcile.query, verdict=reconcile.verdict, settle=settle_of),
 )

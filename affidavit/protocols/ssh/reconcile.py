@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from affidavit.protocols.placeholders import Template, parse_template, shell_escape
+from affidavit.protocols.settle import SETTLE
 from affidavit.schema import Field, Read, Schema
 from affidavit.statemachine import Outcome
 
@@ -39,6 +40,8 @@ class ReconcileCommand:
     """The exit status that proves the effect present."""
     rejected_if: int | None
     """The exit status that proves it absent."""
+    settle: float
+    """Seconds after the attempt ended before an absent finding is believed (``settle.py``)."""
 
 
 def _command(r: Read) -> Template:
@@ -75,6 +78,7 @@ RECONCILE = Schema(
         Field("command", _command, encode=str, doc="command with placeholders"),
         Field("committed_if", _exit, default=None),
         Field("rejected_if", _rejected_if, default=None),
+        SETTLE,
     ),
 )
 

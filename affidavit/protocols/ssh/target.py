@@ -164,8 +164,8 @@ SSH_TARGET = TargetSchema(
             parse_reconcile,
             default=None,
             unset_omitted=True,
-            doc="`{ command, committed_if, rejected_if }`: the command that settles an unknown "
-            "outcome (see [approvals](approvals.md#reconciliation))",
+            doc="`{ command, committed_if, rejected_if, settle }`: the command that settles an "
+            "unknown outcome (see [approvals](approvals.md#reconciliation))",
         ),
     ),
 )
