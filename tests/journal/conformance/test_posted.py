@@ -9,7 +9,7 @@ import hashlib
 import pytest
 import trio
 
-from affidavit.journal import Batch, Journal, ResultStoreFailed, writer
+from affidavit.journal import Batch, Journal, JournalError, ResultStoreFailed, writer
 from affidavit.statemachine import Event, ImpossibleEvent
 from affidavit.statemachine import EventKind as E
 
@@ -92,6 +92,37 @@ async def test_a_full_queue_makes_writers_wait_and_keeps_their_order(
         assert [e.seq for e in stored] == [1, 2, 3]
         assert [e.kind for e in j.events("inv-1")] == [e.kind for e in events[:4]]
         assert j.verify().ok
+
+
+async def test_barrier_appends_past_a_full_queue_wait_and_keep_their_order(
+    place: Place, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``submit`` queues a barrier write itself only while the queue has room (issue 15): past
+    ``MAX_QUEUED`` it waits for the writer task as a post does; every write lands, in order."""
+    monkeypatch.setattr(writer, "MAX_QUEUED", 2)
+    async with place.open() as j:
+        sizes: list[int] = []
+        j.before_commit = lambda batch: sizes.append(batch.writes)
+
+        async def calls(iid: str) -> None:
+            for ev in happy(iid):
+                await j.append(ev, barrier=True)
+
+        with trio.fail_after(LIMIT):
+            async with trio.open_nursery() as nursery:
+                for i in range(6):
+                    nursery.start_soon(calls, f"inv-{i}")
+        assert max(sizes) == 2  # six writers, never more than two queued at once
+        for i in range(6):
+            assert [e.kind for e in j.events(f"inv-{i}")] == [e.kind for e in happy(f"inv-{i}")]
+        assert j.verify().ok
+
+
+async def test_an_append_to_a_closed_journal_is_refused(place: Place) -> None:
+    async with place.open() as j:
+        await j.append(until_dispatch("inv-1")[0], barrier=True)
+    with pytest.raises(JournalError, match="is closed"):
+        await j.append(until_dispatch("inv-1")[1], barrier=True)
 
 
 async def test_a_durability_barrier_cannot_be_posted(place: Place) -> None:
