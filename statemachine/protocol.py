@@ -104,6 +104,21 @@ class ProtocolTable:
         cost ~0.3 ms a call (tests/benchmarks/http_overhead.py)."""
         return post_boundary_states(self.initial, self.edges(), self.dispatch)
 
+    @cached_property
+    def steps(self) -> Mapping[tuple[str, str], Step]:
+        """(state, event) -> the ``Step`` firing it makes: every field follows from the table, and
+        a ``Step`` is immutable, so each is built once per table instead of once per fired event
+        (a frozen dataclass's ``__init__`` per event, several per call: issue 15)."""
+        return MappingProxyType(
+            {
+                (src, ev): Step(
+                    src, ev, dst, (src, ev) in self.dispatch, (src, ev) in self.completes
+                )
+                for src, row in self.transitions.items()
+                for ev, dst in row.items()
+            }
+        )
+
     @property
     def complete_states(self) -> frozenset[str]:
         return frozenset(self.transitions[s][e] for s, e in self.completes)
@@ -169,7 +184,7 @@ class Step:
 class ProtocolMachine:
     """A running instance of a ``ProtocolTable``; the adapter's sans-IO core drives it."""
 
-    __slots__ = ("_complete", "_dispatched", "_post", "_state", "history", "table")
+    __slots__ = ("_complete", "_dispatched", "_post", "_state", "_steps", "history", "table")
 
     def __init__(self, table: ProtocolTable) -> None:
         self.table = table
@@ -177,6 +192,7 @@ class ProtocolMachine:
         self._dispatched = False
         self._complete = False
         self._post = table.post_dispatch
+        self._steps = table.steps
         self.history: list[Step] = []
 
     @property
@@ -200,18 +216,14 @@ class ProtocolMachine:
         return (self._state, event) in self.table.dispatch
 
     def fire(self, event: str) -> Step:
-        row = self.table.transitions.get(self._state, {})
-        dest = row.get(event)
-        if dest is None:
+        step = self._steps.get((self._state, event))
+        if step is None:
             raise ProtocolViolation(self.table.name, self._state, event)
-        key = (self._state, event)
-        crossed = key in self.table.dispatch
-        completed = key in self.table.completes
-        step = Step(self._state, event, dest, crossed, completed)
+        dest = step.dest
         self._state = dest
-        if crossed or dest in self._post:
+        if step.crossed_dispatch or dest in self._post:
             self._dispatched = True
-        if completed:
+        if step.completed:
             self._complete = True
         self.history.append(step)
         return step
