@@ -176,19 +176,32 @@ async def run_tries(
         return attempt, None, LeaseRefusal(recorded=False)
     result: RemoteResult | None = None
     failure: Failure | None = None
-    stop = control.scope if control is not None else trio.CancelScope()
+
+    async def tries() -> None:
+        nonlocal attempt, result, failure
+        for n in range(1, SETUP_ATTEMPTS + 1):
+            if n > 1:
+                attempt = _new_attempt(
+                    engine, iid, generation, lease, target.name, expected, binding, sink, n
+                )
+                attempt.control, attempt.grant = control, grant
+            result, failure, again = await _try_once(engine, binding, prepared, attempt, sink)
+            if not again:
+                break
+            await trio.sleep(SETUP_RETRY_DELAY)
+
+    stopped = False
     try:
-        with stop, trio.move_on_after(min(total, within_lease)) as scope:
-            for n in range(1, SETUP_ATTEMPTS + 1):
-                if n > 1:
-                    attempt = _new_attempt(
-                        engine, iid, generation, lease, target.name, expected, binding, sink, n
-                    )
-                    attempt.control, attempt.grant = control, grant
-                result, failure, again = await _try_once(engine, binding, prepared, attempt, sink)
-                if not again:
-                    break
-                await trio.sleep(SETUP_RETRY_DELAY)
+        # Without a control there is nothing to stop the call but its deadline: one cancel
+        # scope, not an idle second one per call (issue 15: a scope's enter and exit cost more
+        # than the coroutine frame of ``tries``).
+        if control is None:
+            with trio.move_on_after(min(total, within_lease)) as scope:
+                await tries()
+        else:
+            with control.scope, trio.move_on_after(min(total, within_lease)) as scope:
+                await tries()
+            stopped = control.scope.cancelled_caught
     except BaseException:
         # The caller's own cancellation (or an interrupt) after we started: record what the
         # boundary proves, shielded, then let it propagate.
@@ -206,7 +219,7 @@ async def run_tries(
                 if await superseded(engine, attempt.iid, attempt.generation) is None:
                     raise
         raise
-    if stop.cancelled_caught and result is None and failure is None:
+    if stopped and result is None and failure is None:
         # Withdrawn (the caller hung up before the gate) or stopped (the daemon's shutdown):
         # the cause is the control's, the outcome the boundary's.
         assert control is not None and control.code is not None
