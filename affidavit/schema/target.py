@@ -209,11 +209,17 @@ def canonical_value(value: Any) -> Any:
     raise TypeError(f"no canonical form for {type(value).__name__}; give the field an encode")
 
 
+_CANONICAL = json.JSONEncoder(
+    sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+).encode
+"""What ``json.dumps`` with these arguments builds on every call (any argument but the
+defaults makes it construct a ``JSONEncoder``), made once: every call fingerprints its request
+with it (issue 15)."""
+
+
 def canonical_json(value: object) -> bytes:
     """Sorted keys, no whitespace, UTF-8: one byte string per value, for hashing."""
-    return json.dumps(
-        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
-    ).encode("utf-8")
+    return _CANONICAL(value).encode("utf-8")
 
 
 def snapshot(target: object) -> dict[str, Any]:
