@@ -171,6 +171,10 @@ def action_size_limit(targets: Iterable[object]) -> int:
     return 6 * payload + (1 << 20)
 
 
+_SCALARS = frozenset({str, int, float, bool, type(None), bytes})
+"""Exact types that hold no values: neither a ``Mapping`` nor a list or tuple."""
+
+
 def check_shape(obj: object) -> None:
     """An action object (from JSON, or built by a Python caller) nested at most ``MAX_DEPTH``
     deep and holding at most ``MAX_NODES`` values -- walked without recursion, so a deep or
@@ -182,6 +186,8 @@ def check_shape(obj: object) -> None:
         nodes += 1
         if nodes > MAX_NODES:
             raise ActionInvalid(Code.PAYLOAD_LIMIT, "action", f"holds more than {MAX_NODES} values")
+        if type(value) in _SCALARS:
+            continue  # most values: no ``Mapping`` ABC check each (issue 15)
         if isinstance(value, Mapping | list | tuple):
             if depth > MAX_DEPTH:
                 raise ActionInvalid(
