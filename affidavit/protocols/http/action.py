@@ -112,6 +112,10 @@ def parse(obj: Mapping[str, Any], name: str, target: HttpTarget) -> HttpAction:
     )
 
 
+_SEPARATORS = re.compile(r"[/\\]")
+"""What a server may read as a path separator once it decoded a segment ("%2F", "%5C", "\\")."""
+
+
 def _check_path(path: str, target: HttpTarget) -> None:
     if len(path) > MAX_PATH:
         raise ActionInvalid(Code.PAYLOAD_LIMIT, "path", f"is longer than {MAX_PATH} characters")
@@ -134,7 +138,14 @@ def _check_path(path: str, target: HttpTarget) -> None:
     # Servers that decode "%2F" (or "%5C", "\\" on Windows/IIS) before normalizing see
     # "..%2Fadmin" as "../admin", so the decoded segment is split on both separators too.
     for segment in route.split("/"):
-        for part in re.split(r"[/\\]", urllib.parse.unquote(segment)):
+        # Without "%" or "\\" a segment decodes to itself and holds no separator: it is its
+        # only part (no unquote and no split per segment, issue 15).
+        parts = (
+            (segment,)
+            if "%" not in segment and "\\" not in segment
+            else _SEPARATORS.split(urllib.parse.unquote(segment))
+        )
+        for part in parts:
             if part in (".", ".."):
                 raise ActionInvalid(
                     Code.INVALID_FIELD, "path", 'must not contain "." or ".." segments'
