@@ -36,9 +36,10 @@ class JournalLocked(JournalError):
 
 
 class WriterLock:
-    def __init__(self, fd: int, path: Path) -> None:
+    def __init__(self, fd: int, path: Path, *, exclusive: bool) -> None:
         self._fd: int | None = fd
         self.path = path
+        self.exclusive = exclusive
 
     @classmethod
     def acquire(cls, journal: Path, owner: str | None = None) -> WriterLock:
@@ -58,21 +59,27 @@ class WriterLock:
             if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
                 raise JournalError(f"cannot lock {path}: {exc.strerror}") from None
             raise _refusal(journal, held, owner is not None) from None
-        lock = cls(fd, path)
+        lock = cls(fd, path, exclusive=owner is not None)
         if owner is not None:
             os.ftruncate(fd, 0)
             os.pwrite(fd, owner.encode("utf-8")[:_MAX_OWNER], 0)
+        else:
+            # Held shared, no owner is alive: a description in the file is a killed owner's.
+            with contextlib.suppress(OSError):
+                if os.fstat(fd).st_size:
+                    os.ftruncate(fd, 0)
         return lock
 
     def release(self) -> None:
+        """Let go.  An owner clears its description first; a shared holder only closes -- it
+        never takes the lock exclusive on its way out, not even for an instant: an embedded
+        writer opening the journal in that instant was refused as if a daemon owned it."""
         fd, self._fd = self._fd, None
         if fd is None:
             return
-        with contextlib.suppress(OSError):
-            # The last one out clears an owner's description (EX only when nobody else holds
-            # the lock; otherwise this raises and the text stays for its holder).
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            os.ftruncate(fd, 0)
+        if self.exclusive:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, 0)
         os.close(fd)
 
 

@@ -80,3 +80,46 @@ async def test_a_killed_owner_leaves_no_lock_behind(tmp_path: Path) -> None:
     with trio.fail_after(10):
         async with Journal.open(db):
             pass
+
+
+CHURN = """
+import sys, time
+from pathlib import Path
+from affidavit.journal import JournalLocked
+from affidavit.journal.lock import WriterLock
+refused, end = 0, time.monotonic() + float(sys.argv[2])
+while time.monotonic() < end:
+    try:
+        WriterLock.acquire(Path(sys.argv[1])).release()
+    except JournalLocked:
+        refused += 1
+print(refused)
+"""
+
+
+def test_embedded_writers_opening_and_closing_at_once_never_refuse_each_other(
+    tmp_path: Path,
+) -> None:
+    """Two processes take and drop the shared lock as fast as they can for a second.  Before,
+    a shared holder took the lock exclusive for an instant on its way out (to clear a
+    description only an owner writes), and the other, opening then, was refused as if a daemon
+    owned the journal (seen as a flaky `affidavit call` exiting 2 beside another)."""
+    db = tmp_path / "j.db"
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", CHURN, str(db), "1.0"], stdout=subprocess.PIPE, text=True
+        )
+        for _ in range(2)
+    ]
+    refused = [int(p.communicate(timeout=60)[0]) for p in procs]
+    assert refused == [0, 0]
+
+
+async def test_a_killed_owners_description_is_cleared_by_the_next_writer(tmp_path: Path) -> None:
+    db = tmp_path / "j.db"
+    Path(f"{db}.lock").write_text(OWNER)  # what a SIGKILLed owner leaves
+    async with Journal.open(db):
+        assert Path(f"{db}.lock").read_text() == ""
+    async with Journal.open(db, owner=OWNER):
+        assert Path(f"{db}.lock").read_text() == OWNER
+    assert Path(f"{db}.lock").read_text() == ""  # an owner clears its own on the way out
