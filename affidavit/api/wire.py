@@ -6,7 +6,7 @@ library only: this is the whole of ``affidavit call --socket``'s path, which mus
 (no engine, journal, cryptography or config; tests/daemon/test_thin_client.py).
 
 The one-shot request reads one answer from the daemon on a ``Connection: close`` request, and
-reads it strictly: a status line, headers, a ``Content-Length`` body (what hypercorn sends);
+reads it strictly: a status line, headers, a ``Content-Length`` body (what the daemon sends);
 anything else is ``AnswerLost``, never a guess.  h11 (with the dataclasses and inspect it
 imports) would cost such a process ~15 ms of its ~100 ms budget; the long-lived async
 ``Client``, which keeps connections alive and pools them, reads with h11 (``client.py``).

@@ -13,11 +13,12 @@
     ...  /v1/approvals[/{id}[/approve|/deny]], POST /v1/invocations/{id}/reconcile,
          POST /v1/console/login: the operator routes (``operators.py``)
 
-Everything else is the API's own trouble: 400 bad JSON or query, 403 peer refused, 404, 405,
-413, 503 overloaded, shutting down or journal unavailable (``JOURNAL_UNAVAILABLE``: a call the
-journal could not record has no envelope to render; a record or a view it could not read is
-named), 500 a journal that answers but cannot be read (``JOURNAL_UNREADABLE``: altered,
-refused) -- ``{"api_error": {"code", "message"}}``.
+Everything else is the API's own trouble: 400 bad JSON or query (or a malformed request, with
+408 and 431: h11server.py), 403 peer refused, 404, 405, 413, 503 overloaded, shutting down or
+journal unavailable (``JOURNAL_UNAVAILABLE``: a call the journal could not record has no
+envelope to render; a record or a view it could not read is named), 500 a journal that answers
+but cannot be read (``JOURNAL_UNREADABLE``: altered, refused) -- ``{"api_error": {"code",
+"message"}}``.
 """
 
 from __future__ import annotations
@@ -55,8 +56,7 @@ from affidavit.views import (
 
 from . import operators
 from .calls import Calls, Overloaded, Running
-from .http import ApiProblem, ClientGone, Message, Receive, Request, Send
-from .link import Link
+from .http import ApiProblem, ClientGone, Request
 from .peer import Peer, PeerPolicy
 
 __all__ = ["Api"]
@@ -81,33 +81,23 @@ class Api:
         self.tokens: TokenStore | None = None
         """Its one-time login tokens."""
 
-    def for_connection(self, peer: Peer, link: Link) -> Callable[[Message, Receive, Send], Any]:
-        """The ASGI app one accepted connection talks to: the routes for an allowed peer; for
-        any other, a 403 to every request and nothing else."""
-        if not self.policy.allows(peer):
-            log.warning(
-                "refused peer %s: not in [service] allow_uids / allow_gids", peer.describe()
-            )
-            problem = ApiProblem(
-                403,
-                "PEER_REFUSED",
-                f"uid {peer.uid} may not use this broker "
-                "(the daemon's [service] allow_uids / allow_gids)",
-            )
+    def for_connection(self, peer: Peer) -> Callable[[Request], Awaitable[None]]:
+        """What one accepted connection's requests go to: the routes for an allowed peer; for
+        any other, a 403 (and the connection closes) -- nothing else."""
+        if self.policy.allows(peer):
+            return self.handle
+        log.warning("refused peer %s: not in [service] allow_uids / allow_gids", peer.describe())
+        problem = ApiProblem(
+            403,
+            "PEER_REFUSED",
+            f"uid {peer.uid} may not use this broker "
+            "(the daemon's [service] allow_uids / allow_gids)",
+        )
 
-            async def refuse(scope: Message, receive: Receive, send: Send) -> None:
-                if scope["type"] == "http":
-                    await Request(scope, receive, send, peer, link).respond_problem(
-                        problem, close=True
-                    )
+        async def refuse(req: Request) -> None:
+            await req.respond_problem(problem, close=True)
 
-            return refuse
-
-        async def app(scope: Message, receive: Receive, send: Send) -> None:
-            if scope["type"] == "http":
-                await self.handle(Request(scope, receive, send, peer, link))
-
-        return app
+        return refuse
 
     async def handle(self, req: Request) -> None:
         try:

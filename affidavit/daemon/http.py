@@ -1,5 +1,9 @@
-"""The few ASGI pieces the routes need: a request with its peer and link, JSON answers, and
+"""The few HTTP pieces the routes need: a request with its peer and link, JSON answers, and
 the API's own errors (``{"api_error": {"code", "message"}}``; never an envelope).
+
+A ``Request`` talks to its connection (``h11server.Connection``) directly -- no ASGI messages in
+between: ``body`` reads the request's body from it, ``respond`` hands it the whole answer to
+write at once.
 
 Status codes are the API's, never the action's: every envelope -- error or not -- is HTTP 200.
 """
@@ -7,9 +11,7 @@ Status codes are the API's, never the action's: every envelope -- error or not -
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl
 
 from affidavit.api.limits import ActionInvalid, load_action_json
@@ -17,12 +19,10 @@ from affidavit.api.limits import ActionInvalid, load_action_json
 from .link import Link
 from .peer import Peer
 
-__all__ = ["ASGIApp", "ApiProblem", "Receive", "Request", "Send", "api_error_body", "json_body"]
+if TYPE_CHECKING:
+    from .h11server import Connection
 
-Message = dict[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Message, Receive, Send], Awaitable[None]]
+__all__ = ["ApiProblem", "ClientGone", "Request", "api_error_body", "json_body"]
 
 MAX_BODY = 16 * 1024 * 1024
 """An action is small; targets enforce their own ``max_body`` (PAYLOAD_LIMIT, an envelope)."""
@@ -59,39 +59,34 @@ def parse_json(raw: bytes) -> Any:
         raise ApiProblem(400, "BAD_JSON", f"the body {exc.message}") from None
 
 
-@dataclass
 class Request:
-    scope: Mapping[str, Any]
-    receive: Receive
-    send: Send
-    peer: Peer
-    link: Link
-    params: dict[str, str] = field(default_factory=dict)
-    answered: bool = False
+    """One request on its connection: method, path, query parameters, the peer that sent it."""
 
-    def __post_init__(self) -> None:
-        raw = self.scope.get("query_string", b"").decode("latin-1")
-        self.params = dict(parse_qsl(raw, keep_blank_values=True))
+    __slots__ = ("_conn", "answered", "method", "params", "path", "peer")
 
-    @property
-    def method(self) -> str:
-        return str(self.scope["method"])
+    def __init__(self, conn: Connection, method: str, path: str, query: bytes, peer: Peer) -> None:
+        self._conn = conn
+        self.method = method
+        self.path = path
+        self.peer = peer
+        self.params: dict[str, str] = (
+            dict(parse_qsl(query.decode("latin-1"), keep_blank_values=True)) if query else {}
+        )
+        self.answered = False
 
     @property
-    def path(self) -> str:
-        return str(self.scope["path"])
+    def link(self) -> Link:
+        return self._conn.link
 
     async def body(self) -> bytes:
         data = bytearray()
         while True:
-            message = await self.receive()
-            if message["type"] == "http.disconnect":
-                raise ClientGone
-            data += message.get("body", b"")
+            chunk = await self._conn.body_chunk()  # ClientGone if the client hung up
+            if chunk is None:
+                return bytes(data)
+            data += chunk
             if len(data) > MAX_BODY:
                 raise ApiProblem(413, "BODY_TOO_LARGE", f"the body exceeds {MAX_BODY} bytes")
-            if not message.get("more_body", False):
-                return bytes(data)
 
     async def json(self) -> Any:
         return parse_json(await self.body())
@@ -135,16 +130,10 @@ class Request:
         *,
         close: bool = False,
     ) -> None:
-        headers = [(b"content-type", content_type), (b"content-length", b"%d" % len(body))]
-        if close:
-            headers.append((b"connection", b"close"))
+        """The whole answer in one write (link.py: one answer, one write); ``link.broken``
+        says afterwards whether it failed."""
         self.answered = True
-        self.link.cork()  # one answer, one write (link.py)
-        try:
-            await self.send({"type": "http.response.start", "status": status, "headers": headers})
-            await self.send({"type": "http.response.body", "body": body})
-        finally:
-            await self.link.uncork()
+        await self._conn.answer(status, [(b"content-type", content_type)], body, close=close)
 
     async def respond_json(self, value: Any) -> None:
         await self.respond(200, json_body(value))

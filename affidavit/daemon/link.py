@@ -1,12 +1,12 @@
 """One client connection as the daemon's transport saw it: what counts as delivered.
 
-hypercorn swallows a failed write (the client is gone, so it just closes), so the ASGI ``send``
-cannot tell the app whether its answer left.  The daemon therefore hands hypercorn this thin
-wrapper of the accepted trio stream, which notes the two facts delivery is judged by:
+The HTTP driver (``h11server.py``) reads and writes the accepted trio stream through this thin
+wrapper, which notes the two facts delivery is judged by:
 
 * ``hung_up``: the client closed its end (end of stream or a broken read).  Seen while a call
   runs, it means nobody is waiting: a call that has not reached its dispatch gate is withdrawn
-  (CALLER_CANCELLED, not_attempted); one that has runs on to its result.
+  (CALLER_CANCELLED, not_attempted); one that has runs on to its result.  The driver keeps
+  reading while a request is handled so that it is seen.
 * ``broken``: a write failed or was interrupted part-way.
 
 **Delivered** means: no hang-up had been seen when the answer was written, and every byte of it
@@ -17,9 +17,9 @@ say otherwise -- and the stored result stays fetchable (``GET /v1/invocations/{i
 Anything less -- hang-up first, or a failed write -- is RESULT_DELIVERY_FAILED, and the result
 is fetched, never re-run (seed, "A result delivery error must not repeat execution").
 
-One answer, one write: the app corks the link around an answer (``cork`` / ``uncork``), so the
-head and body hypercorn writes apart leave in one ``send``.  Each write to a Unix socket wakes
-the reader; two per answer measurably cost throughput (tests/benchmarks/service_overhead.py).
+One answer, one write: the driver hands ``send_all`` the head and body together.  Each write to
+a Unix socket wakes the reader; two per answer measurably cost throughput
+(tests/benchmarks/service_overhead.py).
 """
 
 from __future__ import annotations
@@ -28,13 +28,14 @@ from collections.abc import Callable
 
 import trio
 
-__all__ = ["Link"]
+__all__ = ["GONE", "Link"]
 
-_GONE = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)
+GONE = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)
+"""What a read or write on a connection the client has left raises."""
 
 
 class Link:
-    """Duck-types ``trio.SocketStream`` for ``hypercorn.trio.tcp_server.TCPServer``."""
+    """An accepted ``trio.SocketStream`` that notes hang-ups and failed writes."""
 
     def __init__(self, stream: trio.SocketStream) -> None:
         self._stream = stream
@@ -44,26 +45,8 @@ class Link:
         self.on_hang_up: set[Callable[[], object]] = set()
         """Called once, synchronously, when the hang-up is seen (a call's withdrawal): no task
         per request waits for it."""
-        self._held: bytearray | None = None
-
-    def cork(self) -> None:
-        """Hold writes until ``uncork``."""
-        if self._held is None:
-            self._held = bytearray()
-
-    async def uncork(self) -> None:
-        """Write what was held, in one ``send_all``; ``broken`` says whether it failed."""
-        held, self._held = self._held, None
-        if held:
-            await self._write(bytes(held))
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
-        if self._held is not None:
-            self._held += data
-            return
-        await self._write(data)
-
-    async def _write(self, data: bytes | bytearray | memoryview) -> None:
         try:
             await self._stream.send_all(data)
         except BaseException:
@@ -74,7 +57,7 @@ class Link:
     async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
         try:
             data = await self._stream.receive_some(max_bytes)
-        except _GONE:
+        except GONE:
             self._hang_up()
             raise
         if not data:
@@ -88,15 +71,6 @@ class Link:
         for callback in list(self.on_hang_up):
             callback()
 
-    async def send_eof(self) -> None:
-        await self.uncork()
-        await self._stream.send_eof()
-
     async def aclose(self) -> None:
         self._hang_up()
-        try:
-            await self.uncork()  # hypercorn closes right after a `connection: close` answer
-        except (*_GONE, trio.BusyResourceError):
-            pass
-        finally:
-            await self._stream.aclose()
+        await self._stream.aclose()

@@ -17,16 +17,16 @@ Life of the daemon:
    approved ones (``dispatcher.py``).
 3. Listen: the socket is created mode 0660 (umask around ``bind``, then ``chmod``).  Each
    accepted connection's peer is read from the kernel (SO_PEERCRED) and checked against
-   ``[service] allow_uids`` / ``allow_gids`` before a byte of it is parsed; HTTP/1.1 is
-   hypercorn's, per connection (``TCPServer``) -- the daemon owns only the accept loop, which
-   is where the peer's credentials are.
+   ``[service] allow_uids`` / ``allow_gids`` before a byte of it is parsed.  HTTP/1.1 on the
+   socket is the daemon's own small h11 driver (``h11server.py``, which says why: hypercorn's
+   ASGI machinery cost as much CPU per request as the broker's work).
    With ``--console HOST:PORT`` (or ``[service] console``) the operator console
    (``affidavit.console``, docs/console.md) is served on that TCP address too -- loopback unless
-   ``console_allow_remote`` -- by hypercorn the same way; its users are operators logged in
-   with a one-time token, never socket peers.
+   ``console_allow_remote`` -- by hypercorn, per connection (``TCPServer``): the console is a
+   full ASGI app; its users are operators logged in with a one-time token, never socket peers.
 4. SIGTERM or SIGINT: stop accepting (the socket file goes), answer 503 to new calls on open
    connections, let calls in flight finish within ``[service] shutdown_grace``, then stop the
-   rest (``calls.py``), let the answers go out, close the journal.
+   rest (``calls.py``), close idle connections, let the answers go out, close the journal.
 """
 
 from __future__ import annotations
@@ -56,6 +56,7 @@ from affidavit.journal.backend import where as journal_where
 from .app import Api
 from .calls import Calls
 from .dispatcher import dispatch_approvals
+from .h11server import Server
 from .link import Link
 from .peer import PeerPolicy, peer_credentials_supported, peer_of
 
@@ -154,7 +155,8 @@ class Daemon:
         console: trio.SocketListener | None,
         task_status: trio.TaskStatus[None],
     ) -> None:
-        hconfig = HypercornConfig()
+        server = Server(keep_alive=KEEP_ALIVE)
+        hconfig = HypercornConfig()  # the console's
         hconfig.keep_alive_timeout = KEEP_ALIVE
         hconfig.accesslog = None
         hconfig.errorlog = logging.getLogger("affidavit.daemon.http")
@@ -167,10 +169,7 @@ class Daemon:
                 log.warning("closed a connection that has no peer credentials")
                 await stream.aclose()
                 return
-            link = Link(stream)
-            app = ASGIWrapper(api.for_connection(peer, link))  # type: ignore[arg-type]
-            server = TCPServer(app, hconfig, context, ConnectionState({}), link)  # type: ignore[arg-type]
-            await server.run()
+            await server.serve(Link(stream), peer, api.for_connection(peer))
 
         async def console_connection(stream: trio.SocketStream) -> None:
             app = ASGIWrapper(self.console)  # type: ignore[arg-type]
@@ -200,16 +199,19 @@ class Daemon:
                     if console is not None:
                         await console.aclose()
                     _unlink_if_ours(self.socket_path, inode)
-                    await self._drain(calls, context, connections)
+                    await self._drain(calls, server, context, connections)
                 outer.cancel_scope.cancel()
 
-    async def _drain(self, calls: Calls, context: WorkerContext, connections: trio.Nursery) -> None:
+    async def _drain(
+        self, calls: Calls, server: Server, context: WorkerContext, connections: trio.Nursery
+    ) -> None:
         grace = self.config.service.shutdown_grace
         log.info("shutting down: %d call(s) in flight, grace %gs", len(calls.running), grace)
         stopped = await calls.drain(grace)
         if stopped:
             log.warning("the grace ran out: %d call(s) stopped (BROKER_SHUTDOWN)", stopped)
         # Idle keep-alive connections close now; busy ones once their answer is written.
+        server.close()
         await context.terminated.set()
         connections.cancel_scope.deadline = trio.current_time() + ANSWER_WAIT
 

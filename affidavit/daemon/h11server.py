@@ -1,0 +1,292 @@
+"""HTTP/1.1 on the daemon's socket: h11 on trio, two tasks per connection, none per request.
+
+Why not hypercorn (which still serves the operator console, a full ASGI app): the socket API
+is a handful of JSON routes, and hypercorn's ASGI machinery (its protocol wrapper, an HTTP
+stream, a task group, a lock and shielded cancel scopes per request) cost about as much daemon
+CPU as the broker's own work -- 1.2-1.4 ms per ``GET /v1/health`` at 64 keep-alive clients,
+where a whole journaled call costs 2.35-2.60 ms.  This driver parses with h11 and writes each
+answer in one ``send_all`` (tests/benchmarks/service_overhead.py measures both).
+
+Each connection runs two tasks for its whole life:
+
+* the **reader** reads the socket whenever it can, into an inbox the parser drains.  It keeps
+  reading while a request is being handled, because that is how a hang-up is seen while a call
+  runs (``Link.on_hang_up``: a call not yet at its dispatch gate is withdrawn).  Bytes of a
+  pipelined next request that arrive meanwhile wait in the inbox and are served in order after
+  the current answer.  The inbox is bounded (``INBOX``): a client that pipelines more than that
+  behind a running call is simply not read from until its turn -- its own hang-up then goes
+  unseen until the answer is written, which only that client can cause;
+* the **server** takes one request at a time from h11, hands it to the routes (``Request``, no
+  ASGI in between), and after the answer starts the next cycle or closes.
+
+Limits a hostile or broken client meets (each answered, never a traceback in the log):
+
+* a malformed request line or header: 400, then close; a head over ``MAX_HEAD`` bytes: 431
+  (h11's ``max_incomplete_event_size``), then close;
+* a head begun but not finished within ``HEAD_WAIT`` of the connection turning busy (a client
+  that sends half a head and stalls): closed; a body that stalls for ``HEAD_WAIT``: 408, close;
+* a body over ``MAX_BODY`` (http.py): 413, then close (the rest of it is never read);
+* ``Expect: 100-continue``: the interim 100 goes out when a route first reads the body;
+* HTTP/1.0 and ``Connection: close`` are honoured (h11); an answer given before the request's
+  body was read whole carries ``Connection: close`` unless the rest is already buffered.
+
+Keep-alive: an idle connection waits up to ``keep_alive`` seconds for its next request.  At
+shutdown (``Server.close``) idle connections close at once and busy ones after their answer,
+which then says ``Connection: close``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from urllib.parse import unquote
+
+import h11
+import trio
+
+from .http import ApiProblem, ClientGone, Request, api_error_body
+from .link import GONE, Link
+from .peer import Peer
+
+__all__ = ["HEAD_WAIT", "INBOX", "MAX_HEAD", "Connection", "Server"]
+
+log = logging.getLogger("affidavit.daemon")
+
+Handler = Callable[[Request], Awaitable[None]]
+
+MAX_HEAD = 16 * 1024
+"""A request line and headers larger than this are refused (431): an API request has a few."""
+HEAD_WAIT = 10.0
+"""Seconds a request's head may take from its first byte, and a body may stall: a local client
+writes a whole request at once, so only a stuck or hostile one comes near."""
+INBOX = 64 * 1024
+"""Bytes read ahead of the parser at most (see the module docstring)."""
+_RECV = 64 * 1024
+
+
+class Server:
+    """The connections of one listener, so that shutdown can close the idle ones."""
+
+    def __init__(self, *, keep_alive: float, head_wait: float = HEAD_WAIT) -> None:
+        self.keep_alive = keep_alive
+        self.head_wait = head_wait
+        self.closing = False
+        self._idle: set[trio.CancelScope] = set()
+        """The waits of connections between requests (cancelled by ``close``)."""
+
+    def close(self) -> None:
+        """Idle connections close now; busy ones once their answer is written."""
+        self.closing = True
+        for scope in self._idle:
+            scope.cancel()
+
+    async def serve(self, link: Link, peer: Peer, handler: Handler) -> None:
+        """Serve one accepted connection until it closes (its peer already checked)."""
+        conn = Connection(self, link, peer)
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(conn.read)
+                await conn.serve(handler)
+                nursery.cancel_scope.cancel()
+        finally:
+            with trio.CancelScope(shield=True):
+                await link.aclose()
+
+
+class Connection:
+    """One client connection: h11's state, the reader's inbox, the answer's single write."""
+
+    def __init__(self, server: Server, link: Link, peer: Peer) -> None:
+        self.server = server
+        self.link = link
+        self.peer = peer
+        self.h11 = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD)
+        self._inbox = bytearray()
+        self._eof = False
+        """The reader saw the end of the stream (or a broken read)."""
+        self._eof_fed = False
+        self._bytes = trio.Event()  # set when the inbox gains bytes or the stream ends
+        self._room = trio.Event()  # set when the parser drains the inbox
+        self._head_only = False
+
+    # -- the reader task --------------------------------------------------------------------------
+
+    async def read(self) -> None:
+        while True:
+            if len(self._inbox) >= INBOX:
+                self._room = trio.Event()
+                await self._room.wait()
+                continue
+            try:
+                data = await self.link.receive_some(_RECV)
+            except GONE:  # the link noted the hang-up
+                data = b""
+            if data:
+                self._inbox += data
+            else:
+                self._eof = True
+            self._bytes.set()
+            if not data:
+                return
+
+    # -- the server task --------------------------------------------------------------------------
+
+    async def _fill(self) -> None:
+        """Hand h11 what the reader has read, waiting for it if there is nothing yet."""
+        while not self._inbox and not self._eof:
+            if self._bytes.is_set():
+                self._bytes = trio.Event()
+            await self._bytes.wait()
+        self._feed()
+
+    def _feed(self) -> None:
+        if self._inbox:
+            data, self._inbox = self._inbox, bytearray()
+            self.h11.receive_data(bytes(data))
+            self._room.set()
+        elif self._eof and not self._eof_fed:
+            self._eof_fed = True
+            self.h11.receive_data(b"")
+
+    async def _next_event(self) -> h11.Event | type[h11.PAUSED]:
+        while True:
+            event = self.h11.next_event()
+            if event is not h11.NEED_DATA:
+                return event  # type: ignore[return-value]
+            if self.h11.they_are_waiting_for_100_continue:
+                await self._write(
+                    self.h11.send(h11.InformationalResponse(status_code=100, headers=[]))
+                )
+            await self._fill()
+
+    async def _request(self) -> h11.Request | None:
+        """The next request's head, or None when the connection is to close."""
+        event = self.h11.next_event()
+        if event is h11.NEED_DATA:
+            if not self._inbox and not self._eof:
+                # Idle: wait for the first byte, up to keep_alive; shutdown ends the wait.
+                with trio.move_on_after(self.server.keep_alive) as idle:
+                    self.server._idle.add(idle)
+                    if self.server.closing:
+                        idle.cancel()
+                    try:
+                        await self._fill()
+                    finally:
+                        self.server._idle.discard(idle)
+                if idle.cancelled_caught:
+                    return None
+            with trio.move_on_after(self.server.head_wait):
+                event = await self._next_event()
+        # Otherwise the peer closed (ConnectionClosed) or stalled mid-head (still NEED_DATA).
+        return event if isinstance(event, h11.Request) else None
+
+    async def serve(self, handler: Handler) -> None:
+        while True:
+            try:
+                head = await self._request()
+            except h11.RemoteProtocolError as exc:
+                await self._refuse(exc)
+                return
+            if head is None:
+                return
+            if _head_size(head) > MAX_HEAD:
+                await self._refuse(h11.RemoteProtocolError("head too large", 431))
+                return
+            self._head_only = head.method == b"HEAD"
+            path, _, query = head.target.partition(b"?")
+            req = Request(
+                self, head.method.decode("ascii"), unquote(path.decode("ascii")), query, self.peer
+            )
+            try:
+                await handler(req)
+            except Exception:
+                log.exception("a request to %s failed inside the daemon", req.path)
+                if not req.answered and not self.link.hung_up.is_set():
+                    await req.respond_problem(ApiProblem(500, "INTERNAL", "the daemon failed"))
+            if not req.answered or not self._next_cycle():
+                return
+
+    def _next_cycle(self) -> bool:
+        """After an answer: ready for the next request on this connection, or not."""
+        if self.server.closing or self.link.hung_up.is_set() or self.link.broken:
+            return False
+        if self.h11.our_state is not h11.DONE or self.h11.their_state is not h11.DONE:
+            return False
+        self.h11.start_next_cycle()
+        return True
+
+    async def _refuse(self, exc: h11.RemoteProtocolError) -> None:
+        """A request h11 could not parse: 400 (431 for a head over ``MAX_HEAD``), then close."""
+        status = exc.error_status_hint
+        code = "HEAD_TOO_LARGE" if status == 431 else "BAD_REQUEST"
+        log.info("refused a malformed request from %s (%d)", self.peer.describe(), status)
+        if self.h11.our_state not in (h11.IDLE, h11.SEND_RESPONSE):
+            return
+        message = f"request head over {MAX_HEAD} bytes" if status == 431 else "malformed request"
+        await self.answer(
+            status,
+            [(b"content-type", b"application/json")],
+            api_error_body(code, message),
+            close=True,
+        )
+
+    # -- what Request uses ------------------------------------------------------------------------
+
+    async def body_chunk(self) -> bytes | None:
+        """The next piece of the request's body; None once it is whole."""
+        if self.h11.their_state is not h11.SEND_BODY:
+            return None
+        try:
+            with trio.fail_after(self.server.head_wait):
+                event = await self._next_event()
+        except h11.RemoteProtocolError:
+            if self._eof:
+                raise ClientGone from None
+            raise ApiProblem(400, "BAD_REQUEST", "the request body is malformed") from None
+        except trio.TooSlowError:
+            raise ApiProblem(408, "REQUEST_TIMEOUT", "the request body stalled") from None
+        if isinstance(event, h11.Data):
+            return bytes(event.data)
+        if isinstance(event, h11.EndOfMessage):
+            return None
+        raise ClientGone  # ConnectionClosed
+
+    async def answer(
+        self, status: int, headers: list[tuple[bytes, bytes]], body: bytes, *, close: bool
+    ) -> None:
+        """Write one whole answer in one ``send_all``.  A failed write is noted by the link
+        (``broken``) and swallowed: the caller judges delivery by it (app.py ``_deliver``)."""
+        self._settle()
+        headers.append((b"content-length", b"%d" % len(body)))
+        if close or self.server.closing or self.h11.their_state is not h11.DONE:
+            headers.append((b"connection", b"close"))
+        conn = self.h11
+        data = conn.send(h11.Response(status_code=status, headers=headers))
+        if body and not self._head_only:
+            data += conn.send(h11.Data(data=body))
+        data += conn.send(h11.EndOfMessage())
+        await self._write(data)
+
+    def _settle(self) -> None:
+        """Read the rest of a request's body if it is already here (a route that answers
+        without reading it): then the connection may stay open."""
+        while self.h11.their_state is h11.SEND_BODY:
+            try:
+                event = self.h11.next_event()
+            except h11.RemoteProtocolError:
+                return
+            if event is h11.NEED_DATA:
+                if not self._inbox:
+                    return
+                self._feed()
+
+    async def _write(self, data: bytes) -> None:
+        with contextlib.suppress(*GONE):  # the link noted it: broken
+            await self.link.send_all(data)
+
+
+def _head_size(head: h11.Request) -> int:
+    """About the bytes of a request's head.  h11's ``max_incomplete_event_size`` bounds only a
+    head still incomplete in its buffer; one that arrived whole in one read is measured here."""
+    return len(head.method) + len(head.target) + sum(len(n) + len(v) + 4 for n, v in head.headers)
