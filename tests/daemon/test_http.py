@@ -1,0 +1,266 @@
+"""The socket's HTTP/1.1 (affidavit/daemon/h11server.py) against odd and hostile clients.
+
+Raw bytes over a real Unix socket pair; the driver runs in this process with a two-route stand-in
+for the API (``_routes``), so each rule is seen on the wire without a broker behind it.  The
+refused peer is seen through a real daemon.  Every wait is bounded (``WAIT``); none is timed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import trio
+import trio.testing
+
+from affidavit.daemon.h11server import MAX_HEAD, Server
+from affidavit.daemon.http import MAX_BODY, ApiProblem, Request
+from affidavit.daemon.link import Link
+from affidavit.daemon.peer import Peer
+
+from .kit import WAIT, api_target, running_daemon
+
+HEAD = b"GET /v1/health HTTP/1.1\r\nhost: affidavit\r\n\r\n"
+
+
+class Routes:
+    """``POST /echo`` answers its body; ``GET /hold`` answers once ``release`` is set (noting a
+    hang-up seen meanwhile); anything else answers its path."""
+
+    def __init__(self) -> None:
+        self.holding = trio.Event()
+        self.release = trio.Event()
+        self.hang_ups: list[str] = []
+
+    async def __call__(self, req: Request) -> None:
+        try:
+            if req.method == "POST":
+                await req.respond(200, await req.body())
+            elif req.path == "/hold":
+                req.link.on_hang_up.add(lambda: self.hang_ups.append(req.path))
+                self.holding.set()
+                await self.release.wait()
+                await req.respond(200, b"/hold")
+            else:
+                await req.respond(200, req.path.encode())
+        except ApiProblem as problem:
+            await req.respond_problem(problem)
+
+
+class Client:
+    """The client's end: raw bytes out, answers parsed back."""
+
+    def __init__(self, stream: trio.SocketStream) -> None:
+        self.stream = stream
+        self.buffer = bytearray()
+
+    async def send(self, data: bytes) -> None:
+        await self.stream.send_all(data)
+
+    async def _more(self) -> bool:
+        data = await self.stream.receive_some(65536)
+        self.buffer += data
+        return bool(data)
+
+    async def answer(self) -> tuple[int, dict[str, str], bytes]:
+        """The next answer: (status, headers, body); AssertionError if the connection ends."""
+        with trio.fail_after(WAIT):
+            while b"\r\n\r\n" not in self.buffer:
+                assert await self._more(), f"closed before an answer: {bytes(self.buffer)!r}"
+            head, _, rest = bytes(self.buffer).partition(b"\r\n\r\n")
+            lines = head.decode("latin-1").split("\r\n")
+            status = int(lines[0].split(" ")[1])
+            headers = {
+                k.strip().lower(): v.strip() for k, v in (x.split(":", 1) for x in lines[1:])
+            }
+            length = int(headers.get("content-length", "0"))
+            while len(rest) < length:
+                assert await self._more(), "closed in the middle of an answer"
+                rest = bytes(self.buffer).partition(b"\r\n\r\n")[2]
+            self.buffer = bytearray(rest[length:])
+            return status, headers, rest[:length]
+
+    async def closed(self) -> bool:
+        """True once the server closes the connection (after what it still sends)."""
+        with trio.fail_after(WAIT):
+            with contextlib.suppress(trio.BrokenResourceError):
+                while await self._more():
+                    pass
+        return True
+
+
+@contextlib.asynccontextmanager
+async def serving(
+    routes: Routes | None = None, server: Server | None = None
+) -> AsyncIterator[Client]:
+    server = server or Server(keep_alive=WAIT, head_wait=0.2)
+    a, b = trio.socket.socketpair()
+    peer = Peer(pid=os.getpid(), uid=os.getuid(), gid=os.getgid())
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(server.serve, Link(trio.SocketStream(a)), peer, routes or Routes())
+        client = trio.SocketStream(b)
+        try:
+            yield Client(client)
+        finally:
+            await client.aclose()
+            nursery.cancel_scope.deadline = trio.current_time() + WAIT
+
+
+def _api_error(body: bytes) -> str:
+    return str(json.loads(body)["api_error"]["code"])
+
+
+BIG_HEAD = b"GET /x HTTP/1.1\r\nhost: a\r\nx-pad: " + b"p" * MAX_HEAD + b"\r\n\r\n"
+
+
+@pytest.mark.parametrize("piece", [1 << 20, 1000], ids=["whole", "in-pieces"])
+@pytest.mark.parametrize(
+    ("data", "status", "code"),
+    [
+        (b"NOT HTTP AT ALL\r\n\r\n", 400, "BAD_REQUEST"),
+        (b"GET /x HTTP/1.1\r\nhost: a\r\nno colon here\r\n\r\n", 400, "BAD_REQUEST"),
+        (b"GET /x HTTP/1.1\r\n\r\n", 400, "BAD_REQUEST"),  # HTTP/1.1 without host
+        (BIG_HEAD, 431, "HEAD_TOO_LARGE"),
+    ],
+    ids=["request-line", "header", "no-host", "head-over-bound"],
+)
+async def test_a_malformed_or_oversized_head_is_refused_then_closed_without_a_traceback(
+    data: bytes, status: int, code: str, piece: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    async with serving() as client:
+        with contextlib.suppress(trio.BrokenResourceError):  # refused before the end
+            for i in range(0, len(data), piece):
+                await client.send(data[i : i + piece])
+        got, headers, body = await client.answer()
+        assert await client.closed()
+    assert (got, _api_error(body), headers["connection"]) == (status, code, "close")
+    assert not [r for r in caplog.records if r.exc_info], "a traceback in the log"
+
+
+async def test_a_body_over_max_body_is_413_then_closed() -> None:
+    head = b"POST /echo HTTP/1.1\r\nhost: a\r\ncontent-length: %d\r\n\r\n" % (2 * MAX_BODY)
+    async with serving() as client, trio.open_nursery() as nursery:
+
+        async def send() -> None:  # the rest of the declared body never comes: no need
+            with contextlib.suppress(trio.BrokenResourceError):
+                await client.send(head + b"x" * (MAX_BODY + 256 * 1024))
+
+        nursery.start_soon(send)
+        status, headers, body = await client.answer()
+        assert await client.closed()
+    assert (status, _api_error(body), headers["connection"]) == (413, "BODY_TOO_LARGE", "close")
+
+
+async def test_a_chunked_body_is_read_whole() -> None:
+    async with serving() as client:
+        await client.send(b"POST /echo HTTP/1.1\r\nhost: a\r\ntransfer-encoding: chunked\r\n\r\n")
+        await client.send(b"5\r\nhello\r\n")
+        await client.send(b"6\r\n world\r\n0\r\n\r\n")
+        assert (await client.answer())[::2] == (200, b"hello world")
+        await client.send(HEAD)  # and the connection is ready for the next request
+        assert (await client.answer())[::2] == (200, b"/v1/health")
+
+
+async def test_expect_100_continue_is_answered_before_the_body_is_read() -> None:
+    async with serving() as client:
+        await client.send(
+            b"POST /echo HTTP/1.1\r\nhost: a\r\ncontent-length: 2\r\nexpect: 100-continue\r\n\r\n"
+        )
+        assert (await client.answer())[0] == 100  # the body is not sent before it
+        await client.send(b"{}")
+        assert (await client.answer())[::2] == (200, b"{}")
+
+
+async def test_a_client_that_stalls_mid_head_is_closed() -> None:
+    async with serving() as client:
+        await client.send(b"GET /v1/health HTTP/1.1\r\nhost: aff")
+        assert await client.closed()
+        assert client.buffer == b""
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"GET /a HTTP/1.0\r\n\r\n",
+        b"GET /a HTTP/1.1\r\nhost: a\r\nconnection: close\r\n\r\n",
+    ],
+    ids=["http-1.0", "connection-close"],
+)
+async def test_http_1_0_and_connection_close_end_the_connection_after_the_answer(
+    data: bytes,
+) -> None:
+    async with serving() as client:
+        await client.send(data + HEAD)  # the second request is never served
+        status, headers, body = await client.answer()
+        assert await client.closed()
+    assert (status, body, headers["connection"].lower()) == (200, b"/a", "close")
+    assert client.buffer == b""
+
+
+async def test_a_request_pipelined_behind_a_running_one_is_served_after_its_answer() -> None:
+    routes = Routes()
+    async with serving(routes) as client:
+        await client.send(b"GET /hold HTTP/1.1\r\nhost: a\r\n\r\n")
+        with trio.fail_after(WAIT):
+            await routes.holding.wait()
+        await client.send(b"GET /next HTTP/1.1\r\nhost: a\r\n\r\n")  # read while /hold runs
+        await trio.testing.wait_all_tasks_blocked()
+        routes.release.set()
+        assert (await client.answer())[::2] == (200, b"/hold")
+        assert (await client.answer())[::2] == (200, b"/next")
+        assert routes.hang_ups == []
+
+
+async def test_a_hang_up_is_seen_while_a_request_is_handled() -> None:
+    """What withdraws a call not yet at its dispatch gate (``Link.on_hang_up``, app.py)."""
+    routes = Routes()
+    async with serving(routes) as client:
+        await client.send(b"GET /hold HTTP/1.1\r\nhost: a\r\n\r\n")
+        with trio.fail_after(WAIT):
+            await routes.holding.wait()
+        await client.stream.aclose()
+        with trio.fail_after(WAIT):
+            while not routes.hang_ups:
+                await trio.sleep(0.01)
+        routes.release.set()
+    assert routes.hang_ups == ["/hold"]
+
+
+async def test_shutdown_closes_idle_connections_at_once_and_busy_ones_after_their_answer() -> None:
+    server = Server(keep_alive=WAIT, head_wait=WAIT)
+    routes = Routes()
+    async with serving(routes, server) as idle, serving(routes, server) as busy:
+        await idle.send(HEAD)
+        assert (await idle.answer())[0] == 200
+        await busy.send(b"GET /hold HTTP/1.1\r\nhost: a\r\n\r\n")
+        with trio.fail_after(WAIT):
+            await routes.holding.wait()
+        server.close()
+        assert await idle.closed()
+        routes.release.set()
+        status, headers, body = await busy.answer()
+        assert await busy.closed()
+    assert (status, body, headers["connection"]) == (200, b"/hold", "close")
+
+
+async def test_a_refused_peer_gets_403_and_its_connection_closes(
+    tmp_path: Path, token: str
+) -> None:
+    others = {"allow_uids": [os.geteuid() + 12345]}
+    async with running_daemon(
+        tmp_path, api_target("http://127.0.0.1:9"), token=token, service=others
+    ) as daemon:
+        stream = await trio.open_unix_socket(str(daemon.socket))
+        client = Client(stream)
+        await client.send(HEAD + HEAD)  # the second is never answered
+        status, headers, body = await client.answer()
+        assert await client.closed()
+        await stream.aclose()
+    assert (status, _api_error(body), headers["connection"]) == (403, "PEER_REFUSED", "close")
+    assert client.buffer == b""
