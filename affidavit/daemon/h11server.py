@@ -186,7 +186,8 @@ class Connection:
             try:
                 head = await self._request()
             except h11.RemoteProtocolError as exc:
-                await self._refuse(exc)
+                if not self._eof:  # not a head cut short by a hang-up: nobody to tell
+                    await self._refuse(exc)
                 return
             if head is None:
                 return

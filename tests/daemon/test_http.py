@@ -177,6 +177,14 @@ async def test_expect_100_continue_is_answered_before_the_body_is_read() -> None
         assert (await client.answer())[::2] == (200, b"{}")
 
 
+async def test_an_idle_keep_alive_connection_is_closed_after_keep_alive() -> None:
+    async with serving(server=Server(keep_alive=0.2)) as client:
+        await client.send(HEAD)
+        assert (await client.answer())[::2] == (200, b"/v1/health")
+        assert await client.closed()
+        assert client.buffer == b""
+
+
 async def test_a_client_that_stalls_mid_head_is_closed() -> None:
     async with serving() as client:
         await client.send(b"GET /v1/health HTTP/1.1\r\nhost: aff")
