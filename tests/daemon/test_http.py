@@ -125,9 +125,16 @@ BIG_HEAD = b"GET /x HTTP/1.1\r\nhost: a\r\nx-pad: " + b"p" * MAX_HEAD + b"\r\n\r
         (b"NOT HTTP AT ALL\r\n\r\n", 400, "BAD_REQUEST"),
         (b"GET /x HTTP/1.1\r\nhost: a\r\nno colon here\r\n\r\n", 400, "BAD_REQUEST"),
         (b"GET /x HTTP/1.1\r\n\r\n", 400, "BAD_REQUEST"),  # HTTP/1.1 without host
+        (b"GET /\xff HTTP/1.1\r\nhost: a\r\n\r\n", 400, "BAD_REQUEST"),
         (BIG_HEAD, 431, "HEAD_TOO_LARGE"),
     ],
-    ids=["request-line", "header", "no-host", "head-over-bound"],
+    ids=[
+        "request-line",
+        "header",
+        "no-host",
+        "raw-byte-target",
+        "head-over-bound",
+    ],
 )
 async def test_a_malformed_or_oversized_head_is_refused_then_closed_without_a_traceback(
     data: bytes, status: int, code: str, piece: int, caplog: pytest.LogCaptureFixture
