@@ -6,8 +6,8 @@
 Prints barrier appends per second from 1 task and from 64 concurrent trio tasks, next to raw
 ``sqlite3`` single-row ``synchronous=FULL`` commits and raw 100-row batched commits, plus the time
 to project a 100k-event journal from disk, and what the signed checkpoint each transaction
-writes costs next to the writer's CPU per transaction.  Targets (issue 3, kept by issue 15): 64 tasks >= 20x one
-task, and within 3x of the raw batched rate; projection of 100k events under 1 s.
+writes costs next to the writer's CPU per transaction.  Targets (issue 3, kept by issue 15): 64
+tasks >= 20x one task, and within 3x of the raw batched rate; projection of 100k events under 1 s.
 
 Every column of one run uses the same directory (``--dir``, default: the system temp dir), so
 the same disk.  The disk is noisy (fsync ~0.1-4 ms here), so the four rates are measured
