@@ -25,7 +25,8 @@ Limits a hostile or broken client meets (each answered, never a traceback in the
   (h11's ``max_incomplete_event_size``), then close;
 * a head begun but not finished within ``HEAD_WAIT`` of the connection turning busy (a client
   that sends half a head and stalls): closed; a body that stalls for ``HEAD_WAIT``: 408, close;
-* a body over ``MAX_BODY`` (http.py): 413, then close (the rest of it is never read);
+* a body over ``MAX_BODY`` (http.py): 413, then close (the rest of it is never read); one that
+  declares a ``Content-Length`` over it: 413 before a byte of it is read (no 100-continue);
 * ``Expect: 100-continue``: the interim 100 goes out when a route first reads the body;
 * HTTP/1.0 and ``Connection: close`` are honoured (h11); an answer given before the request's
   body was read whole carries ``Connection: close`` unless the rest is already buffered.
@@ -109,6 +110,8 @@ class Connection:
         self._bytes = trio.Event()  # set when the inbox gains bytes or the stream ends
         self._room = trio.Event()  # set when the parser drains the inbox
         self._head_only = False
+        self.declared: int | None = None
+        """The request's ``Content-Length``, if it declared one (h11 checked it is a number)."""
 
     # -- the reader task --------------------------------------------------------------------------
 
@@ -195,6 +198,7 @@ class Connection:
                 await self._refuse(h11.RemoteProtocolError("head too large", 431))
                 return
             self._head_only = head.method == b"HEAD"
+            self.declared = _content_length(head)
             path, _, query = head.target.partition(b"?")
             req = Request(
                 self, head.method.decode("ascii"), unquote(path.decode("ascii")), query, self.peer
@@ -285,6 +289,13 @@ class Connection:
     async def _write(self, data: bytes) -> None:
         with contextlib.suppress(*GONE):  # the link noted it: broken
             await self.link.send_all(data)
+
+
+def _content_length(head: h11.Request) -> int | None:
+    for name, value in head.headers:
+        if name == b"content-length":
+            return int(value)
+    return None
 
 
 def _head_size(head: h11.Request) -> int:

@@ -79,6 +79,9 @@ class Request:
         return self._conn.link
 
     async def body(self) -> bytes:
+        declared = self._conn.declared
+        if declared is not None and declared > MAX_BODY:  # refused before a byte is read
+            raise ApiProblem(413, "BODY_TOO_LARGE", f"the body exceeds {MAX_BODY} bytes")
         data = bytearray()
         while True:
             chunk = await self._conn.body_chunk()  # ClientGone if the client hung up

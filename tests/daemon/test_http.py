@@ -164,6 +164,18 @@ async def test_a_body_over_max_body_is_413_then_closed() -> None:
     assert (status, _api_error(body), headers["connection"]) == (413, "BODY_TOO_LARGE", "close")
 
 
+async def test_a_body_declared_over_max_body_is_413_before_it_is_read() -> None:
+    head = (
+        b"POST /echo HTTP/1.1\r\nhost: a\r\nexpect: 100-continue\r\n"
+        b"content-length: %d\r\n\r\n" % (MAX_BODY + 1)
+    )
+    async with serving() as client:
+        await client.send(head)  # no byte of the body: none is needed to refuse it
+        status, headers, body = await client.answer()  # not a 100 first
+        assert await client.closed()
+    assert (status, _api_error(body), headers["connection"]) == (413, "BODY_TOO_LARGE", "close")
+
+
 async def test_a_chunked_body_is_read_whole() -> None:
     async with serving() as client:
         await client.send(b"POST /echo HTTP/1.1\r\nhost: a\r\ntransfer-encoding: chunked\r\n\r\n")
