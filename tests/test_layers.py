@@ -149,10 +149,11 @@ ALLOWED: Mapping[str, frozenset[str]] = {
 
 
 # Per-protocol packages: every sub-package or module of these is one protocol's, except the
-# shared modules listed (adapters' base; the protocol registry and common action parsing).
+# shared modules listed (adapters' base; the protocol registry, common action parsing, the
+# reconcile tables' settle window).
 PER_PROTOCOL = {
     "adapters": {"base"},
-    "protocols": {"spec", "registry", "actions", "catalog", "placeholders"},
+    "protocols": {"spec", "registry", "actions", "catalog", "placeholders", "settle"},
 }
 
 
