@@ -90,6 +90,10 @@ class Server:
                 nursery.start_soon(conn.read)
                 await conn.serve(handler)
                 nursery.cancel_scope.cancel()
+        except Exception:
+            # A fault of this driver on one connection (h11 refusing what it was asked to
+            # send, say) closes that connection, never the daemon and the calls of the others.
+            log.exception("the connection of %s failed; it is closed", peer.describe())
         finally:
             with trio.CancelScope(shield=True):
                 await link.aclose()
@@ -167,8 +171,9 @@ class Connection:
         """The next request's head, or None when the connection is to close."""
         event = self.h11.next_event()
         if event is h11.NEED_DATA:
-            if not self._inbox and not self._eof:
-                # Idle: wait for the first byte, up to keep_alive; shutdown ends the wait.
+            if not self._inbox and not self._eof and not self.h11.trailing_data[0]:
+                # Idle (no byte of a next request held, here or in h11): wait for one, up to
+                # keep_alive; shutdown ends the wait.  A head begun waits head_wait only.
                 with trio.move_on_after(self.server.keep_alive) as idle:
                     self.server._idle.add(idle)
                     if self.server.closing:
@@ -186,6 +191,7 @@ class Connection:
 
     async def serve(self, handler: Handler) -> None:
         while True:
+            self._head_only, self.declared = False, None  # nothing of the last request's
             try:
                 head = await self._request()
             except h11.RemoteProtocolError as exc:
@@ -194,10 +200,10 @@ class Connection:
                 return
             if head is None:
                 return
+            self._head_only = head.method == b"HEAD"  # before any answer, a refusal too
             if _head_size(head) > MAX_HEAD:
                 await self._refuse(h11.RemoteProtocolError("head too large", 431))
                 return
-            self._head_only = head.method == b"HEAD"
             self.declared = _content_length(head)
             path, _, query = head.target.partition(b"?")
             req = Request(
@@ -206,7 +212,7 @@ class Connection:
             try:
                 await handler(req)
             except Exception:
-                log.exception("a request to %s failed inside the daemon", req.path)
+                log.exception("a request to %r failed inside the daemon", req.path)
                 if not req.answered and not self.link.hung_up.is_set():
                     await req.respond_problem(ApiProblem(500, "INTERNAL", "the daemon failed"))
             if not req.answered or not self._next_cycle():

@@ -18,6 +18,7 @@ import pytest
 import trio
 import trio.testing
 
+from affidavit.daemon import h11server
 from affidavit.daemon.h11server import MAX_HEAD, Server
 from affidavit.daemon.http import MAX_BODY, ApiProblem, Request
 from affidavit.daemon.link import Link
@@ -150,6 +151,75 @@ async def test_a_malformed_or_oversized_head_is_refused_then_closed_without_a_tr
     assert not [r for r in caplog.records if r.exc_info], "a traceback in the log"
 
 
+BIG_HEAD_OF_HEAD = b"HEAD /x HTTP/1.1\r\nhost: a\r\nx-pad: " + b"p" * MAX_HEAD + b"\r\n\r\n"
+
+
+HEAD_HEAD = HEAD.replace(b"GET", b"HEAD")
+
+
+@pytest.mark.parametrize(
+    ("data", "expected"),
+    [
+        # refused before its method was noted: the 431 carried a body h11 refused to send
+        (BIG_HEAD_OF_HEAD, [("head", 431)]),
+        # the next request's refusal was sent as if it answered the HEAD before it
+        (HEAD_HEAD + b"NOT HTTP AT ALL\r\n\r\n", [("head", 200), ("body", 400)]),
+        (HEAD_HEAD + BIG_HEAD, [("head", 200), ("body", 431)]),
+    ],
+    ids=["oversized-HEAD", "HEAD-then-garbage", "HEAD-then-oversized-GET"],
+)
+async def test_a_head_request_never_leaves_its_answer_shape_to_the_next(
+    data: bytes, expected: list[tuple[str, int]], caplog: pytest.LogCaptureFixture
+) -> None:
+    """An answer to HEAD has no body, and h11 refuses one that has: the driver must know which
+    request it answers, refusals included.  Before, each of these raised out of the connection
+    and ended the whole daemon (an exception out of ``Server.serve`` fails the test here)."""
+    caplog.set_level(logging.DEBUG)
+    async with serving() as client:
+        with contextlib.suppress(trio.BrokenResourceError):
+            await client.send(data)
+        got = []
+        for shape, _ in expected:
+            answer = _head_answer if shape == "head" else Client.answer
+            got.append((shape, (await answer(client))[0]))
+        assert await client.closed()
+    assert got == expected
+    assert not [r for r in caplog.records if r.exc_info], "a traceback in the log"
+
+
+async def _head_answer(client: Client) -> tuple[int, dict[str, str], bytes]:
+    """An answer to HEAD: a head alone, whatever its content-length says."""
+    with trio.fail_after(WAIT):
+        while b"\r\n\r\n" not in client.buffer:
+            assert await client._more()
+        head, _, rest = bytes(client.buffer).partition(b"\r\n\r\n")
+        client.buffer = bytearray(rest)
+        lines = head.decode("latin-1").split("\r\n")
+        headers = {k.strip().lower(): v.strip() for k, v in (x.split(":", 1) for x in lines[1:])}
+        return int(lines[0].split(" ")[1]), headers, b""
+
+
+async def test_a_fault_of_the_driver_closes_its_connection_not_the_server(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whatever fails in the driver outside a route (a route's own fault is a 500) closes that
+    connection with one log line: ``Server.serve`` returns instead of raising into the
+    daemon's nursery, where it would end every other connection and call."""
+
+    async def fault(self: object, exc: object) -> None:
+        raise RuntimeError("a fault of the driver")
+
+    monkeypatch.setattr(h11server.Connection, "_refuse", fault)
+    peer = Peer(pid=os.getpid(), uid=os.getuid(), gid=os.getgid())
+    async with serving() as client:
+        await client.send(b"NOT HTTP AT ALL\r\n\r\n")
+        assert await client.closed()
+        assert client.buffer == b""
+    assert [r.getMessage() for r in caplog.records if r.exc_info] == [
+        f"the connection of {peer.describe()} failed; it is closed"
+    ]
+
+
 async def test_a_body_over_max_body_is_413_then_closed() -> None:
     head = b"POST /echo HTTP/1.1\r\nhost: a\r\ncontent-length: %d\r\n\r\n" % (2 * MAX_BODY)
     async with serving() as client, trio.open_nursery() as nursery:
@@ -208,6 +278,18 @@ async def test_a_client_that_stalls_mid_head_is_closed() -> None:
     async with serving() as client:
         await client.send(b"GET /v1/health HTTP/1.1\r\nhost: aff")
         assert await client.closed()
+        assert client.buffer == b""
+
+
+async def test_a_next_head_begun_behind_an_answered_request_gets_head_wait_not_keep_alive() -> None:
+    """The first bytes of a next request that came in one read with the last one are in h11's
+    buffer, not the inbox: the connection is not idle, and a stall there is closed after
+    head_wait.  Before, it waited keep_alive (300 s in the daemon) -- and counted as idle at
+    shutdown."""
+    async with serving(server=Server(keep_alive=WAIT * 3, head_wait=0.2)) as client:
+        await client.send(HEAD + b"GET /v1/health HTTP/1.1\r\nhost: aff")
+        assert (await client.answer())[::2] == (200, b"/v1/health")
+        assert await client.closed()  # within WAIT: keep_alive would have been 3 x WAIT
         assert client.buffer == b""
 
 
