@@ -31,7 +31,13 @@ from tests.postgres import Cluster
 from .approvalkit import OPS, OPS_UID
 from .awaykit import clean, database_stopped, state_of
 from .helpers import http_target, write_config
-from .test_journal_away_mid_call import ACTION, LIMIT, database_away, journal_table, remote
+from .test_journal_away_mid_call import (
+    ACTION,
+    LIMIT,
+    ended_while_away,
+    journal_table,
+    remote,
+)
 
 
 @asynccontextmanager
@@ -87,21 +93,7 @@ async def test_an_approved_dispatch_the_journal_lost_after_dispatch_is_call_not_
     async with HostileServer.running(remote("result_store")) as srv:
         with trio.fail_after(LIMIT):
             async with _approved(tmp_path, srv.url, pg_url) as (broker, iid):
-                failure: list[BaseException] = []
-                done = trio.Event()
-
-                async def dispatch() -> None:
-                    try:
-                        await broker.dispatch_approved(iid)
-                    except Exception as exc:
-                        failure.append(exc)
-                    finally:
-                        done.set()
-
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(dispatch)
-                    async with database_away(pg, srv):
-                        await done.wait()  # the dispatch ends while the database is away
+                _, failure = await ended_while_away(pg, srv, lambda: broker.dispatch_approved(iid))
                 (exc,) = failure
                 _not_recorded(exc, iid, pg.password)
                 # Back: once the lease ran out, a read closes the record with what it proves.

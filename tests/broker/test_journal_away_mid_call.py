@@ -89,6 +89,30 @@ async def database_away(pg: Cluster, srv: HostileServer) -> AsyncIterator[None]:
         await trio.to_thread.run_sync(pg.start)
 
 
+async def ended_while_away(
+    pg: Cluster, srv: HostileServer, run: Callable[[], Awaitable[Any]]
+) -> tuple[list[Any], list[BaseException]]:
+    """``run()`` with the database stopped once the remote holds its request (``database_away``),
+    waited for until it ends, the database still away: (what it returned, what it raised)."""
+    returned: list[Any] = []
+    raised: list[BaseException] = []
+    done = trio.Event()
+
+    async def go() -> None:
+        try:
+            returned.append(await run())
+        except Exception as exc:
+            raised.append(exc)
+        finally:
+            done.set()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(go)
+        async with database_away(pg, srv):
+            await done.wait()
+    return returned, raised
+
+
 def spy(monkeypatch: pytest.MonkeyPatch, reached: list[str], module: Any, name: str) -> None:
     """Record in ``reached`` that ``module.name`` (an async function) was reached; run it."""
     real: Callable[..., Awaitable[Any]] = getattr(module, name)
@@ -121,22 +145,7 @@ async def test_broker_call_names_the_invocation_and_the_record_tells_the_rest(
         settings = EngineSettings(lease_margin=0.0)
         with trio.fail_after(LIMIT):
             async with Broker.open(config=cfg, settings=settings) as b:
-                failure: list[BaseException] = []
-                envelopes: list[dict[str, Any]] = []
-                done = trio.Event()
-
-                async def call() -> None:
-                    try:
-                        envelopes.append(await b.call(ACTION))
-                    except Exception as exc:
-                        failure.append(exc)
-                    finally:
-                        done.set()
-
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(call)
-                    async with database_away(pg, srv):
-                        await done.wait()  # the call ends while the database is away
+                envelopes, failure = await ended_while_away(pg, srv, lambda: b.call(ACTION))
                 assert not envelopes, envelopes
                 (exc,) = failure
                 assert {"result_store": "_store_failed", "journal_refused": "journal_refused"}[
