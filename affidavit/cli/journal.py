@@ -50,7 +50,6 @@ __all__ = [
     "add_commands",
     "common_options",
     "failure_line",
-    "open_reader",
     "print_json",
     "read_failure_line",
     "reading",
@@ -239,22 +238,13 @@ def _signing_key_path(args: argparse.Namespace) -> Path:
         raise UsageError(str(exc)) from None
 
 
-def open_reader(args: argparse.Namespace) -> JournalReader:
-    from affidavit.journal import JournalError, JournalReader
-
-    path = _journal_path(args)
-    try:
-        return JournalReader.open(path)
-    except JournalError as exc:
-        raise UsageError(str(exc)) from None
-
-
 @contextmanager
 def reading(args: argparse.Namespace, what: str) -> Iterator[JournalReader]:
-    """``open_reader`` for a view: a journal that cannot be read, on open or mid-read, is one
-    line naming ``what`` (exit 2), in the words the daemon answers (``read_failure``) -- a
-    shared journal away is "cannot be read now", never a traceback -- followed by the
-    journal's own words (its URL's password redacted): run here, there is no daemon log."""
+    """The journal ``args`` names, opened for a view: a journal that cannot be read, on open
+    or mid-read, is one line naming ``what`` (exit 2), in the words the daemon answers
+    (``read_failure``) -- a shared journal away is "cannot be read now", never a traceback --
+    followed by the journal's own words (its URL's password redacted): run here, there is no
+    daemon log."""
     from affidavit.journal import JournalError, JournalReader
 
     path = _journal_path(args)
