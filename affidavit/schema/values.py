@@ -8,18 +8,21 @@ import re
 
 from .fields import Read
 
-__all__ = ["check_host", "host_for_url", "host_setting", "parse_duration"]
+__all__ = ["MAX_DURATION", "check_host", "host_for_url", "host_setting", "parse_duration"]
 
 _HOST_LABEL = r"[A-Za-z0-9_](?:[A-Za-z0-9_\-]{0,61}[A-Za-z0-9_])?"
 _HOSTNAME = re.compile(rf"(?=.{{1,253}}$){_HOST_LABEL}(?:\.{_HOST_LABEL})*\.?")
 _DURATION = re.compile(r"(?:(\d+(?:\.\d+)?)([dhms]))+")
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)([dhms])")
 _UNITS = {"d": 86400.0, "h": 3600.0, "m": 60.0, "s": 1.0}
+MAX_DURATION = 36500 * 86400.0
+"""100 years: any longer setting is a mistake, and a time that far ahead no longer fits a date
+(a reconcile's "query again after" named by a 10^9-day settle window raised after the query)."""
 
 
 def parse_duration(value: object, *, zero: bool = False) -> float:
     """``"24h"``, ``"90m"``, ``"1h30m"``, ``"7d"``, ``"45s"`` or a number of seconds; positive,
-    or with ``zero=True`` also ``0`` / ``"0s"``."""
+    or with ``zero=True`` also ``0`` / ``"0s"``; at most ``MAX_DURATION``."""
     if isinstance(value, bool):
         raise ValueError('must be a duration like "24h" or a number of seconds')
     if isinstance(value, int | float):
@@ -30,6 +33,8 @@ def parse_duration(value: object, *, zero: bool = False) -> float:
         raise ValueError('must be a duration like "24h" or a number of seconds')
     if not math.isfinite(seconds) or seconds < 0 or (seconds == 0 and not zero):
         raise ValueError("must be a positive duration" if not zero else "must not be negative")
+    if seconds > MAX_DURATION:
+        raise ValueError("must be at most 100 years (36500d)")
     return seconds
 
 

@@ -476,13 +476,16 @@ def test_host_key_list_allows_rotation(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("value", "seconds"),
     [("24h", 86400.0), ("90m", 5400.0), ("1h30m", 5400.0), ("7d", 604800.0), (45, 45.0),
-     ("2.5s", 2.5), (0.5, 0.5)],
+     ("2.5s", 2.5), (0.5, 0.5), ("36500d", 36500 * 86400.0)],
 )  # fmt: skip
 def test_parse_duration(value: object, seconds: float) -> None:
     assert parse_duration(value) == seconds
 
 
-@pytest.mark.parametrize("value", ["", "h", "10", "10x", "-1h", 0, -3, True, None, "1h 2x"])
+@pytest.mark.parametrize(
+    "value",
+    ["", "h", "10", "10x", "-1h", 0, -3, True, None, "1h 2x", "36501d", "999999999d", 1e20],
+)
 def test_parse_duration_rejects(value: object) -> None:
     with pytest.raises(ValueError):
         parse_duration(value)
