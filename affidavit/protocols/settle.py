@@ -7,7 +7,9 @@ of its own, and be applied after a query looked and found nothing.  A query that
 effect *present* settles the outcome whenever it runs (an effect observed present stays
 present).  One that finds it *absent* settles it only when it was sent at least ``settle``
 after the attempt ended -- the remote's own processing window, which only its operator knows;
-sooner, it is ``RECONCILE_INCONCLUSIVE`` with the time to query again (``affidavit.reconcile``).
+on a shared journal, plus ``[service] lease_margin`` for the clocks of the brokers that wrote
+the two times; sooner, it is ``RECONCILE_INCONCLUSIVE`` with the time to query again
+(``affidavit.reconcile``).
 
 The default, 60 s, is a conservative guess for an API that answers in seconds; a remote whose
 idempotency key also refuses a late arrival of the same request may say ``settle = "0s"``.

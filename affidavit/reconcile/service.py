@@ -260,20 +260,24 @@ def _too_soon(
     within its lease; recovery closes a record only after that): nothing of it left the broker
     after that instant.  The query observed the remote no earlier than its own DISPATCH_STARTED
     was written.  Both are wall-clock labels of events -- of two brokers, on a shared journal,
-    whose clocks ``[service] lease_margin`` already assumes agree."""
+    whose clocks may disagree: on a shared journal the window grows by ``[service]
+    lease_margin``, the skew the leases already allow for between the brokers' hosts."""
     if settle <= 0:
         return None, ""
+    margin = engine.settings.lease_margin if engine.journal.backend.shared else 0.0
+    window = settle + margin
     ended = _last_at(engine, invocation_id, lambda e: e.kind is not E.RECONCILE_INCONCLUSIVE)
     observed = _last_at(engine, query_id, lambda e: e.kind is E.DISPATCH_STARTED)
     if ended is None or observed is None:
         # Not known: believe nothing sooner than a whole window from now.
-        return time.time() + settle, "the query's finding could not be placed in time"
-    if observed - ended >= settle:
+        return time.time() + window, "the query's finding could not be placed in time"
+    if observed - ended >= window:
         return None, ""
-    when = datetime.fromtimestamp(ended + settle, UTC).isoformat(timespec="seconds")
-    return ended + settle, (
+    when = datetime.fromtimestamp(ended + window, UTC).isoformat(timespec="seconds")
+    skew = f" + lease_margin {margin:g}s for the brokers' clocks" if margin else ""
+    return ended + window, (
         f"the query found the effect absent {max(observed - ended, 0.0):.1f}s after the attempt "
-        f"ended, within the target's settle window ({settle:g}s): a request still in the "
+        f"ended, within the target's settle window ({settle:g}s{skew}): a request still in the "
         f"remote's queues may yet apply it; query again after {when}"
     )
 

@@ -422,3 +422,48 @@ async def test_an_attestation_of_a_record_retried_after_it_was_read_is_refused(
         assert E.RECONCILED not in event_kinds(b, iid)
         verify_ok(b)
     assert len(srv.requests) == 1  # attesting sent nothing
+
+
+class _Clocked:
+    """An engine as ``service._too_soon`` sees it: the events' times, the journal's kind and
+    the lease margin."""
+
+    def __init__(self, shared: bool, ended: float, observed: float) -> None:
+        from types import SimpleNamespace
+
+        at = {"orig": [(E.ATTEMPT_INTERRUPTED, ended)], "query": [(E.DISPATCH_STARTED, observed)]}
+        self.settings = SimpleNamespace(lease_margin=30.0)
+        self.journal = SimpleNamespace(
+            backend=SimpleNamespace(shared=shared),
+            events=lambda iid: [SimpleNamespace(kind=k, at=t) for k, t in at[iid]],
+        )
+
+
+@pytest.mark.parametrize(
+    ("shared", "gap", "believed"),
+    [(False, 60.0, True), (False, 59.9, False), (True, 60.0, False), (True, 89.9, False),
+     (True, 90.0, True)],
+)  # fmt: skip
+def test_a_shared_journal_widens_the_settle_window_by_the_lease_margin(
+    shared: bool, gap: float, believed: bool
+) -> None:
+    """The attempt's end and the query's dispatch are wall-clock times two brokers may have
+    written: on a shared journal an absent finding is believed only ``lease_margin`` later
+    than the settle window alone would allow (the skew the leases already allow for)."""
+    engine: Any = _Clocked(shared, ended=1000.0, observed=1000.0 + gap)
+    not_before, reason = service._too_soon(engine, "orig", "query", 60.0)
+    assert (not_before is None) is believed
+    if not believed:
+        assert not_before == 1000.0 + 60.0 + (30.0 if shared else 0.0)
+        assert ("lease_margin 30s" in reason) is shared
+
+
+def test_a_settle_window_beyond_a_century_is_a_config_error(tmp_path: Path) -> None:
+    """A window no date can end (``"999999999d"``) is refused when the config loads, naming
+    the field -- not after a query was sent, by the date its answer would have named."""
+    from affidavit.config import ConfigError, load_config
+
+    path = write_config(tmp_path, reconcile_target("http://127.0.0.1:9", settle="999999999d"))
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    assert "settle" in str(caught.value) and "100 years" in str(caught.value)
