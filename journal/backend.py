@@ -35,7 +35,9 @@ def is_url(location: str | os.PathLike[str]) -> bool:
 
 
 def redact(url: str) -> str:
-    """The URL with any password (in the authority or a ``password=`` parameter) replaced."""
+    """The URL with any password replaced: the authority's, and every parameter whose name
+    holds ``password`` -- libpq's ``password=`` and ``sslpassword=`` (the client key's
+    passphrase) alike."""
     try:
         parts = urlsplit(url)
         netloc = parts.netloc
@@ -48,7 +50,7 @@ def redact(url: str) -> str:
         if query:
             pairs = parse_qsl(query, keep_blank_values=True)
             query = urlencode(
-                [(k, "***" if k.lower() == "password" else v) for k, v in pairs], safe="/*"
+                [(k, "***" if "password" in k.lower() else v) for k, v in pairs], safe="/*"
             )
         return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
     except ValueError:

@@ -34,6 +34,12 @@ def test_a_shared_journal_is_a_url_with_named_key_files(tmp_path: Path) -> None:
     from affidavit.journal.backend import where
 
     assert where(journal.location) == "postgresql://broker:***@db.example:5432/affidavit"
+    # libpq's parameters that carry a password, whatever their case: the client key's
+    # passphrase too (sslpassword), never shown; the others are.
+    query = f"?password={secret}&SSLPassword={secret}x&sslmode=verify-full&sslkey=/k/c.key"
+    shown = where(f"postgresql://broker@db.example/affidavit{query}")
+    assert secret not in shown and shown.count("***") == 2, shown
+    assert "sslmode=verify-full" in shown and "sslkey=/k/c.key" in shown, shown
     assert journal.key_file == tmp_path / "k"
     bad = [
         ({"url": url}, "journal.key_file", "required with url"),
