@@ -24,7 +24,8 @@ Limits a hostile or broken client meets (each answered, never a traceback in the
 * a malformed request line or header: 400, then close; a head over ``MAX_HEAD`` bytes: 431
   (h11's ``max_incomplete_event_size``), then close;
 * a head begun but not finished within ``HEAD_WAIT`` of the connection turning busy (a client
-  that sends half a head and stalls): closed; a body that stalls for ``HEAD_WAIT``: 408, close;
+  that sends half a head and stalls): closed; a body that stalls for ``HEAD_WAIT``, or is not
+  whole ``BODY_WAIT`` after the end of its head (a client dripping a byte at a time): 408, close;
 * a body over ``MAX_BODY`` (http.py): 413, then close (the rest of it is never read); one that
   declares a ``Content-Length`` over it: 413 before a byte of it is read (no 100-continue);
 * ``Expect: 100-continue``: the interim 100 goes out when a route first reads the body;
@@ -50,7 +51,14 @@ from .http import ApiProblem, ClientGone, Request, api_error_body
 from .link import GONE, Link
 from .peer import Peer
 
-__all__ = ["HEAD_WAIT", "INBOX", "MAX_HEAD", "Connection", "Server"]
+__all__ = [
+    "BODY_WAIT",
+    "HEAD_WAIT",
+    "INBOX",
+    "MAX_HEAD",
+    "Connection",
+    "Server",
+]
 
 log = logging.getLogger("affidavit.daemon")
 
@@ -61,6 +69,9 @@ MAX_HEAD = 16 * 1024
 HEAD_WAIT = 10.0
 """Seconds a request's head may take from its first byte, and a body may stall: a local client
 writes a whole request at once, so only a stuck or hostile one comes near."""
+BODY_WAIT = 30.0
+"""Seconds a request's whole body may take from the end of its head (16 MiB over a local
+socket takes milliseconds; a client dripping a byte just under ``HEAD_WAIT`` apart does not)."""
 INBOX = 64 * 1024
 """Bytes read ahead of the parser at most (see the module docstring)."""
 _RECV = 64 * 1024
@@ -69,9 +80,16 @@ _RECV = 64 * 1024
 class Server:
     """The connections of one listener, so that shutdown can close the idle ones."""
 
-    def __init__(self, *, keep_alive: float, head_wait: float = HEAD_WAIT) -> None:
+    def __init__(
+        self,
+        *,
+        keep_alive: float,
+        head_wait: float = HEAD_WAIT,
+        body_wait: float = BODY_WAIT,
+    ) -> None:
         self.keep_alive = keep_alive
         self.head_wait = head_wait
+        self.body_wait = body_wait
         self.closing = False
         self._idle: set[trio.CancelScope] = set()
         """The waits of connections between requests (cancelled by ``close``)."""
@@ -116,6 +134,8 @@ class Connection:
         self._head_only = False
         self.declared: int | None = None
         """The request's ``Content-Length``, if it declared one (h11 checked it is a number)."""
+        self._body_by = 0.0
+        """When the request's body must be whole (``BODY_WAIT`` after the end of its head)."""
 
     # -- the reader task --------------------------------------------------------------------------
 
@@ -204,6 +224,7 @@ class Connection:
             if _head_size(head) > MAX_HEAD:
                 await self._refuse(h11.RemoteProtocolError("head too large", 431))
                 return
+            self._body_by = trio.current_time() + self.server.body_wait
             self.declared = _content_length(head)
             path, _, query = head.target.partition(b"?")
             req = Request(
@@ -248,15 +269,21 @@ class Connection:
         """The next piece of the request's body; None once it is whole."""
         if self.h11.their_state is not h11.SEND_BODY:
             return None
+        stall = trio.current_time() + self.server.head_wait
+        whole = stall >= self._body_by  # the whole body's deadline comes first
         try:
-            with trio.fail_after(self.server.head_wait):
+            with trio.fail_at(min(stall, self._body_by)):
                 event = await self._next_event()
         except h11.RemoteProtocolError:
             if self._eof:
                 raise ClientGone from None
             raise ApiProblem(400, "BAD_REQUEST", "the request body is malformed") from None
         except trio.TooSlowError:
-            raise ApiProblem(408, "REQUEST_TIMEOUT", "the request body stalled") from None
+            late = (
+                f"was not whole {self.server.body_wait:g} s after its head" if whole else "stalled"
+            )
+            log.info("the request body from %s %s: 408, closed", self.peer.describe(), late)
+            raise ApiProblem(408, "REQUEST_TIMEOUT", f"the request body {late}") from None
         if isinstance(event, h11.Data):
             return bytes(event.data)
         if isinstance(event, h11.EndOfMessage):

@@ -234,6 +234,47 @@ async def test_a_body_declared_over_max_body_is_413_before_it_is_read() -> None:
     assert (status, _api_error(body), headers["connection"]) == (413, "BODY_TOO_LARGE", "close")
 
 
+async def test_a_body_dripped_under_head_wait_is_408_once_body_wait_has_passed(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Each byte comes before a stall would be noticed (``head_wait``), so only the whole body's
+    deadline (``body_wait``, from the end of the head) ends it.  Before, it held the connection
+    and its handler for as long as the client liked (MAX_BODY x HEAD_WAIT)."""
+    caplog.set_level(logging.DEBUG)
+    routes = Routes()
+    server = Server(keep_alive=WAIT, head_wait=0.5, body_wait=0.3)
+    async with serving(routes, server) as client, trio.open_nursery() as nursery:
+        drops = int(2 * WAIT / 0.05)  # beyond the test's own bound on the answer, never all
+
+        async def drip() -> None:
+            with contextlib.suppress(trio.BrokenResourceError):
+                for _ in range(drops):
+                    await client.send(b"x")
+                    await trio.sleep(0.05)
+
+        await client.send(
+            b"POST /echo HTTP/1.1\r\nhost: a\r\ncontent-length: %d\r\n\r\n" % (2 * drops)
+        )
+        nursery.start_soon(drip)
+        status, headers, body = await client.answer()
+        assert await client.closed()
+        nursery.cancel_scope.cancel()
+    assert (status, _api_error(body), headers["connection"]) == (408, "REQUEST_TIMEOUT", "close")
+    assert b"0.3 s after its head" in body
+    assert not [r for r in caplog.records if r.exc_info], "a traceback in the log"
+    assert [r.levelname for r in caplog.records if "408" in r.getMessage()] == ["INFO"]
+
+
+async def test_a_body_that_stalls_is_still_408_before_body_wait() -> None:
+    server = Server(keep_alive=WAIT, head_wait=0.2, body_wait=WAIT * 3)
+    async with serving(server=server) as client:
+        await client.send(b"POST /echo HTTP/1.1\r\nhost: a\r\ncontent-length: 10\r\n\r\nabc")
+        status, headers, body = await client.answer()
+        assert await client.closed()
+    assert (status, _api_error(body), headers["connection"]) == (408, "REQUEST_TIMEOUT", "close")
+    assert b"stalled" in body
+
+
 async def test_a_chunked_body_is_read_whole() -> None:
     async with serving() as client:
         await client.send(b"POST /echo HTTP/1.1\r\nhost: a\r\ntransfer-encoding: chunked\r\n\r\n")
