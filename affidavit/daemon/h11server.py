@@ -26,6 +26,8 @@ Limits a hostile or broken client meets (each answered, never a traceback in the
 * a head begun but not finished within ``HEAD_WAIT`` of the connection turning busy (a client
   that sends half a head and stalls): closed; a body that stalls for ``HEAD_WAIT``, or is not
   whole ``BODY_WAIT`` after the end of its head (a client dripping a byte at a time): 408, close;
+* an answer not written whole within ``WRITE_WAIT`` (a client that does not read it): the
+  connection is closed, and the link notes the write broken -- never delivered (link.py);
 * a body over ``MAX_BODY`` (http.py): 413, then close (the rest of it is never read); one that
   declares a ``Content-Length`` over it: 413 before a byte of it is read (no 100-continue);
 * ``Expect: 100-continue``: the interim 100 goes out when a route first reads the body;
@@ -56,6 +58,7 @@ __all__ = [
     "HEAD_WAIT",
     "INBOX",
     "MAX_HEAD",
+    "WRITE_WAIT",
     "Connection",
     "Server",
 ]
@@ -72,6 +75,8 @@ writes a whole request at once, so only a stuck or hostile one comes near."""
 BODY_WAIT = 30.0
 """Seconds a request's whole body may take from the end of its head (16 MiB over a local
 socket takes milliseconds; a client dripping a byte just under ``HEAD_WAIT`` apart does not)."""
+WRITE_WAIT = 30.0
+"""Seconds one answer's write may take: a client that does not read its answer loses it."""
 INBOX = 64 * 1024
 """Bytes read ahead of the parser at most (see the module docstring)."""
 _RECV = 64 * 1024
@@ -86,10 +91,12 @@ class Server:
         keep_alive: float,
         head_wait: float = HEAD_WAIT,
         body_wait: float = BODY_WAIT,
+        write_wait: float = WRITE_WAIT,
     ) -> None:
         self.keep_alive = keep_alive
         self.head_wait = head_wait
         self.body_wait = body_wait
+        self.write_wait = write_wait
         self.closing = False
         self._idle: set[trio.CancelScope] = set()
         """The waits of connections between requests (cancelled by ``close``)."""
@@ -320,8 +327,19 @@ class Connection:
                 self._feed()
 
     async def _write(self, data: bytes) -> None:
-        with contextlib.suppress(*GONE):  # the link noted it: broken
+        """Write within ``WRITE_WAIT``; a write that failed or timed out leaves the link
+        ``broken`` (so not delivered, and the connection closes after this request), and no
+        later write is tried on it."""
+        if self.link.broken:
+            return
+        with trio.move_on_after(self.server.write_wait) as late, contextlib.suppress(*GONE):
             await self.link.send_all(data)
+        if late.cancelled_caught:
+            log.info(
+                "%s did not take its answer within %g s: the connection is closed",
+                self.peer.describe(),
+                self.server.write_wait,
+            )
 
 
 def _content_length(head: h11.Request) -> int | None:

@@ -9,15 +9,22 @@ delivery; the result is fetched, never re-run.  Before dispatch the call is with
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
 import stat
 from pathlib import Path
 
+import pytest
 import trio
 
 from affidavit.api.client import Client
+from affidavit.config import load_config
+from affidavit.daemon import server as daemon_server
+from affidavit.daemon.h11server import Server
+from affidavit.daemon.server import Daemon
+from tests.broker.helpers import TOKEN_ENV
 from tests.http.hostile import HostileServer, Reply, scripts, unresponsive_listener
 
 from .kit import (
@@ -33,6 +40,7 @@ from .kit import (
     running_daemon,
     start_caller,
     wait_until,
+    write_daemon_config,
 )
 
 
@@ -202,3 +210,52 @@ async def test_a_client_of_another_uid_without_the_brokers_files_gets_results(
         assert json.loads(envelope["result"]["body"]) == {"deployed": "v7"}
     assert [r.header("authorization") for r in srv.requests] == [f"Bearer {token}"] * 2
     _ = signal  # (SIGKILL above is sent through Process.kill)
+
+
+async def test_an_answer_not_taken_within_write_wait_is_not_recorded_delivered(
+    tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A caller that sends its call and never reads the answer: the write gives up after
+    ``write_wait`` (h11server.py) and the link says broken, so the stored result is
+    RESULT_DELIVERY_FAILED -- never RESULT_DELIVERED -- and the caller fetches it.
+
+    The daemon runs in this process (``Daemon.run``, as ``affidavit serve`` runs it) so that its
+    ``Server`` can be given a short ``write_wait``; the answer is larger than a Unix socket's
+    buffers hold."""
+    monkeypatch.setattr(daemon_server, "Server", functools.partial(Server, write_wait=0.3))
+    monkeypatch.setenv(TOKEN_ENV, token)
+    big = Reply(200, headers=[("Content-Type", "text/plain")], body=b"x" * 900_000)
+    socket = tmp_path / "affidavit.sock"
+    async with HostileServer.running(scripts.serve(big)) as srv, trio.open_nursery() as nursery:
+        config = write_daemon_config(tmp_path, api_target(srv.url), socket=socket)
+        daemon = Daemon(load_config(config))
+        await nursery.start(daemon.run)
+        stream = await trio.open_unix_socket(str(socket))
+        body = action_bytes()
+        await stream.send_all(
+            b"POST /v1/calls HTTP/1.1\r\nhost: affidavit\r\ncontent-length: %d\r\n\r\n%s"
+            % (len(body), body)
+        )  # and never read (until the end)
+        async with Client.open(socket) as client:
+            record = await _final_record(
+                client, ("delivery_failed_committed", "delivered_committed")
+            )
+            events = [e["kind"] for e in await client.events(str(record["invocation_id"]))]
+        unread = 0
+        with trio.fail_after(WAIT):  # the daemon closed it: what the kernel held, then the end
+            while data := await stream.receive_some(1 << 20):
+                unread += len(data)
+        await stream.aclose()
+        daemon.shutdown.set()
+    assert record["state"] == "delivery_failed_committed"
+    assert (record["phase"], record["outcome"], record["retry"]) == (
+        "result_delivery",
+        "committed",
+        "fetch_result",
+    )
+    assert events[events.index("RESULT_COMMITTED") :] == [
+        "RESULT_COMMITTED",
+        "RESULT_DELIVERY_FAILED",
+    ]
+    assert 0 < unread < len(big.body)
+    assert len(srv.requests) == 1

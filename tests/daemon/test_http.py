@@ -31,17 +31,26 @@ HEAD = b"GET /v1/health HTTP/1.1\r\nhost: affidavit\r\n\r\n"
 
 class Routes:
     """``POST /echo`` answers its body; ``GET /hold`` answers once ``release`` is set (noting a
-    hang-up seen meanwhile); anything else answers its path."""
+    hang-up seen meanwhile); ``GET /big`` answers ``BIG`` bytes (noting whether the write broke);
+    anything else answers its path.  ``paths``: every request a route saw."""
+
+    BIG = 8 * 1024 * 1024  # far over what a socket pair's buffers hold
 
     def __init__(self) -> None:
         self.holding = trio.Event()
         self.release = trio.Event()
         self.hang_ups: list[str] = []
+        self.paths: list[str] = []
+        self.broken: list[bool] = []
 
     async def __call__(self, req: Request) -> None:
+        self.paths.append(req.path)
         try:
             if req.method == "POST":
                 await req.respond(200, await req.body())
+            elif req.path == "/big":
+                await req.respond(200, b"b" * self.BIG)
+                self.broken.append(req.link.broken)
             elif req.path == "/hold":
                 req.link.on_hang_up.add(lambda: self.hang_ups.append(req.path))
                 self.holding.set()
@@ -273,6 +282,29 @@ async def test_a_body_that_stalls_is_still_408_before_body_wait() -> None:
         assert await client.closed()
     assert (status, _api_error(body), headers["connection"]) == (408, "REQUEST_TIMEOUT", "close")
     assert b"stalled" in body
+
+
+async def test_an_answer_the_client_does_not_read_is_given_up_after_write_wait(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The write is bounded: the link notes it broken (so a call's answer is never recorded
+    delivered: link.py) and the connection closes.  Before, ``send_all`` waited for the reader
+    forever, holding the connection's tasks (and, for a call, its task in the daemon)."""
+    caplog.set_level(logging.DEBUG)
+    routes = Routes()
+    async with serving(routes, Server(keep_alive=WAIT, write_wait=0.3)) as client:
+        await client.send(b"GET /big HTTP/1.1\r\nhost: a\r\n\r\n" + HEAD)  # never served
+        with trio.fail_after(WAIT):
+            while not routes.broken:
+                await trio.sleep(0.02)
+        assert await client.closed()  # what the kernel held of it, then the end
+    assert routes.broken == [True]
+    assert routes.paths == ["/big"]
+    assert 0 < len(client.buffer) < Routes.BIG
+    assert not [r for r in caplog.records if r.exc_info], "a traceback in the log"
+    assert [r.levelname for r in caplog.records if "did not take its answer" in r.getMessage()] == [
+        "INFO"
+    ]
 
 
 async def test_a_chunked_body_is_read_whole() -> None:
