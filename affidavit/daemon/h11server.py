@@ -26,6 +26,9 @@ Limits a hostile or broken client meets (each answered, never a traceback in the
 * a head begun but not finished within ``HEAD_WAIT`` of the connection turning busy (a client
   that sends half a head and stalls): closed; a body that stalls for ``HEAD_WAIT``, or is not
   whole ``BODY_WAIT`` after the end of its head (a client dripping a byte at a time): 408, close;
+* ``CONNECT``, or a request with an ``Upgrade`` header (websocket, h2c): 501
+  ``CONNECT_REFUSED`` / ``UPGRADE_REFUSED`` before any route runs or a byte of a body is read
+  (so h11 never switches protocols), then close;
 * an answer not written whole within ``WRITE_WAIT`` (a client that does not read it): the
   connection is closed, and the link notes the write broken -- never delivered (link.py);
 * a body over ``MAX_BODY`` (http.py): 413, then close (the rest of it is never read); one that
@@ -231,6 +234,9 @@ class Connection:
             if _head_size(head) > MAX_HEAD:
                 await self._refuse(h11.RemoteProtocolError("head too large", 431))
                 return
+            if head.method == b"CONNECT" or any(n == b"upgrade" for n, _ in head.headers):
+                await self._refuse_switch(head.method == b"CONNECT")
+                return
             self._body_by = trio.current_time() + self.server.body_wait
             self.declared = _content_length(head)
             path, _, query = head.target.partition(b"?")
@@ -268,6 +274,20 @@ class Connection:
             [(b"content-type", b"application/json")],
             api_error_body(code, message),
             close=True,
+        )
+
+    async def _refuse_switch(self, connect: bool) -> None:
+        """CONNECT or ``Upgrade``: 501 before a route or the body, so that h11 (which would
+        switch protocols on a 2xx to CONNECT, or a 101) never does; then close."""
+        what = "a CONNECT" if connect else "an Upgrade"
+        log.info("refused %s request from %s (501)", what, self.peer.describe())
+        code, message = (
+            ("CONNECT_REFUSED", "CONNECT is not served here")
+            if connect
+            else ("UPGRADE_REFUSED", "no protocol upgrade is served here (HTTP/1.1 only)")
+        )
+        await self.answer(
+            501, [(b"content-type", b"application/json")], api_error_body(code, message), close=True
         )
 
     # -- what Request uses ------------------------------------------------------------------------

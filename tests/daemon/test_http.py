@@ -307,6 +307,51 @@ async def test_an_answer_the_client_does_not_read_is_given_up_after_write_wait(
     ]
 
 
+UPGRADE_BODY = b"POST /echo HTTP/1.1\r\nhost: a\r\nupgrade: websocket\r\nconnection: upgrade\r\n"
+
+
+@pytest.mark.parametrize(
+    ("data", "code"),
+    [
+        (b"CONNECT example.com:443 HTTP/1.1\r\nhost: example.com:443\r\n\r\n", "CONNECT_REFUSED"),
+        (
+            b"CONNECT /v1/health HTTP/1.1\r\nhost: a\r\ncontent-length: 2\r\n\r\n{}",
+            "CONNECT_REFUSED",
+        ),
+        (
+            b"GET /v1/health HTTP/1.1\r\nhost: a\r\nconnection: upgrade\r\n"
+            b"upgrade: websocket\r\nsec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+            b"sec-websocket-version: 13\r\n\r\n",
+            "UPGRADE_REFUSED",
+        ),
+        (
+            b"GET /v1/health HTTP/1.1\r\nhost: a\r\nconnection: Upgrade, HTTP2-Settings\r\n"
+            b"upgrade: h2c\r\nhttp2-settings: AAMAAABkAAQAAP__\r\n\r\n",
+            "UPGRADE_REFUSED",
+        ),
+        # no interim 100 and no byte of the body waited for: the refusal comes first
+        (UPGRADE_BODY + b"expect: 100-continue\r\ncontent-length: 10\r\n\r\n", "UPGRADE_REFUSED"),
+    ],
+    ids=["CONNECT", "CONNECT-to-a-route", "websocket", "h2c", "upgrade-with-body-unsent"],
+)
+async def test_connect_and_upgrade_are_refused_before_any_route_then_closed(
+    data: bytes, code: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """h11 switches protocols once the server accepts (a 2xx to CONNECT, a 101).  Before, a
+    CONNECT a route answered 200 left h11 in SWITCHED_PROTOCOL, refusing the answer's body: no
+    answer, a traceback; an Upgrade was served as if it were not there."""
+    caplog.set_level(logging.DEBUG)
+    routes = Routes()
+    async with serving(routes) as client:
+        await client.send(data + HEAD)  # the request behind it is never served
+        status, headers, body = await client.answer()
+        assert await client.closed()
+    assert (status, _api_error(body), headers["connection"]) == (501, code, "close")
+    assert routes.paths == []
+    assert client.buffer == b""
+    assert not [r for r in caplog.records if r.exc_info], "a traceback in the log"
+
+
 async def test_a_chunked_body_is_read_whole() -> None:
     async with serving() as client:
         await client.send(b"POST /echo HTTP/1.1\r\nhost: a\r\ntransfer-encoding: chunked\r\n\r\n")
