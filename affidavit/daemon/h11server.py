@@ -23,6 +23,10 @@ Limits a hostile or broken client meets (each answered, never a traceback in the
 
 * a malformed request line or header: 400, then close; a head over ``MAX_HEAD`` bytes: 431
   (h11's ``max_incomplete_event_size``), then close;
+* more than ``MAX_CONNECTIONS`` open at once (a client opening thousands, to exhaust the
+  daemon's file descriptors): each one over is answered 503 ``TOO_MANY_CONNECTIONS`` with
+  ``Connection: close`` before a byte of it is read, then closed -- within ``TURN_AWAY_WAIT``,
+  and never counted among the open ones (nor answered at all past as many again);
 * a head begun but not finished within ``HEAD_WAIT`` of the connection turning busy (a client
   that sends half a head and stalls): closed; a body that stalls for ``HEAD_WAIT``, or is not
   whole ``BODY_WAIT`` after the end of its head (a client dripping a byte at a time): 408, close;
@@ -60,7 +64,9 @@ __all__ = [
     "BODY_WAIT",
     "HEAD_WAIT",
     "INBOX",
+    "MAX_CONNECTIONS",
     "MAX_HEAD",
+    "TURN_AWAY_WAIT",
     "WRITE_WAIT",
     "Connection",
     "Server",
@@ -80,6 +86,10 @@ BODY_WAIT = 30.0
 socket takes milliseconds; a client dripping a byte just under ``HEAD_WAIT`` apart does not)."""
 WRITE_WAIT = 30.0
 """Seconds one answer's write may take: a client that does not read its answer loses it."""
+MAX_CONNECTIONS = 256
+"""Connections one ``Server`` keeps open at once; one more is answered 503 and closed."""
+TURN_AWAY_WAIT = 1.0
+"""Seconds the 503 of a connection over ``MAX_CONNECTIONS`` may take to be written."""
 INBOX = 64 * 1024
 """Bytes read ahead of the parser at most (see the module docstring)."""
 _RECV = 64 * 1024
@@ -95,11 +105,18 @@ class Server:
         head_wait: float = HEAD_WAIT,
         body_wait: float = BODY_WAIT,
         write_wait: float = WRITE_WAIT,
+        max_connections: int = MAX_CONNECTIONS,
     ) -> None:
         self.keep_alive = keep_alive
         self.head_wait = head_wait
         self.body_wait = body_wait
         self.write_wait = write_wait
+        self.max_connections = max_connections
+        self.open = 0
+        """Connections being served (not those being turned away)."""
+        self._turning_away = 0
+        self._full = False
+        """Connections were turned away since one was last served (logged once per spell)."""
         self.closing = False
         self._idle: set[trio.CancelScope] = set()
         """The waits of connections between requests (cancelled by ``close``)."""
@@ -112,6 +129,11 @@ class Server:
 
     async def serve(self, link: Link, peer: Peer, handler: Handler) -> None:
         """Serve one accepted connection until it closes (its peer already checked)."""
+        if self.open >= self.max_connections:
+            await self._turn_away(link, peer)
+            return
+        self.open += 1
+        self._full = False
         conn = Connection(self, link, peer)
         try:
             async with trio.open_nursery() as nursery:
@@ -122,6 +144,29 @@ class Server:
             # A fault of this driver on one connection (h11 refusing what it was asked to
             # send, say) closes that connection, never the daemon and the calls of the others.
             log.exception("the connection of %s failed; it is closed", peer.describe())
+        finally:
+            self.open -= 1
+            with trio.CancelScope(shield=True):
+                await link.aclose()
+
+    async def _turn_away(self, link: Link, peer: Peer) -> None:
+        """503 and close, not a byte read: bounded by ``TURN_AWAY_WAIT``, and not answered at
+        all while as many again are being turned away (each holds a descriptor meanwhile)."""
+        if not self._full:
+            self._full = True
+            log.warning(
+                "%d connections are open, the most: turning new ones away (503), first %s",
+                self.open,
+                peer.describe(),
+            )
+        try:
+            if self._turning_away < self.max_connections:
+                self._turning_away += 1
+                try:
+                    with trio.move_on_after(TURN_AWAY_WAIT), contextlib.suppress(*GONE):
+                        await link.send_all(_TURNED_AWAY)
+                finally:
+                    self._turning_away -= 1
         finally:
             with trio.CancelScope(shield=True):
                 await link.aclose()
@@ -360,6 +405,17 @@ class Connection:
                 self.peer.describe(),
                 self.server.write_wait,
             )
+
+
+_TURNED_AWAY_BODY = api_error_body(
+    "TOO_MANY_CONNECTIONS", "the daemon has too many open connections; try again later"
+)
+_TURNED_AWAY = (
+    b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
+    b"content-length: %d\r\nconnection: close\r\n\r\n%s"
+    % (len(_TURNED_AWAY_BODY), _TURNED_AWAY_BODY)
+)
+"""The answer to a connection over ``MAX_CONNECTIONS``, whatever it asks (nothing is read)."""
 
 
 def _content_length(head: h11.Request) -> int | None:

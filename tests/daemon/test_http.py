@@ -352,6 +352,42 @@ async def test_connect_and_upgrade_are_refused_before_any_route_then_closed(
     assert not [r for r in caplog.records if r.exc_info], "a traceback in the log"
 
 
+async def test_connections_over_max_connections_are_503_unread_and_not_counted(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Before, every connection was served: a client could open them until the daemon ran out
+    of file descriptors (and the calls of every other client with it)."""
+    caplog.set_level(logging.DEBUG)
+    server = Server(keep_alive=WAIT, head_wait=WAIT, max_connections=2)
+    routes = Routes()
+    async with serving(routes, server) as one, serving(routes, server) as two:
+        for client in (one, two):  # each served, so each counted
+            await client.send(HEAD)
+            assert (await client.answer())[0] == 200
+        for i in range(3):  # turned away, each closed: none takes a place
+            async with serving(routes, server) as over:
+                if i != 1:  # answered whether or not it asks anything: nothing is read
+                    await over.send(b"GET /over HTTP/1.1\r\nhost: a\r\n\r\n")
+                status, headers, body = await over.answer()
+                assert await over.closed()
+                assert over.buffer == b""
+            assert (status, headers["connection"]) == (503, "close")
+            assert _api_error(body) == "TOO_MANY_CONNECTIONS"
+        assert "/over" not in routes.paths
+        assert server.open == 2
+        await one.stream.aclose()  # a place frees up when a served connection closes
+        with trio.fail_after(WAIT):
+            while server.open > 1:
+                await trio.sleep(0.01)
+        async with serving(routes, server) as three:
+            await three.send(b"GET /three HTTP/1.1\r\nhost: a\r\n\r\n")
+            assert (await three.answer())[::2] == (200, b"/three")
+    assert "/over" not in routes.paths
+    assert not [r for r in caplog.records if r.exc_info], "a traceback in the log"
+    turned = [r.levelname for r in caplog.records if "turning new ones away" in r.getMessage()]
+    assert turned == ["WARNING"]  # once while the daemon is full, not once per connection
+
+
 async def test_a_chunked_body_is_read_whole() -> None:
     async with serving() as client:
         await client.send(b"POST /echo HTTP/1.1\r\nhost: a\r\ntransfer-encoding: chunked\r\n\r\n")
