@@ -69,7 +69,8 @@ class AnswerLost(ClientError):
 
 class ApiError(ClientError):
     """The daemon answered with an API-level error (400 bad JSON, 403 peer refused, 404,
-    503 overloaded or shutting down) -- never an action's error, which is an envelope."""
+    503 overloaded, shutting down or too many connections) -- never an action's error, which
+    is an envelope."""
 
     def __init__(self, status: int, code: str, message: str) -> None:
         self.status = status

@@ -14,11 +14,11 @@
          POST /v1/console/login: the operator routes (``operators.py``)
 
 Everything else is the API's own trouble: 400 bad JSON or query (or a malformed request, with
-408 and 431: h11server.py), 403 peer refused, 404, 405, 413, 503 overloaded, shutting down or
-journal unavailable (``JOURNAL_UNAVAILABLE``: a call the journal could not record has no
-envelope to render; a record or a view it could not read is named), 500 a journal that answers
-but cannot be read (``JOURNAL_UNREADABLE``: altered, refused) -- ``{"api_error": {"code",
-"message"}}``.
+408, 431, 501 for CONNECT or Upgrade and 503 for too many connections: h11server.py), 403 peer
+refused, 404, 405, 413, 503 overloaded, shutting down or journal unavailable
+(``JOURNAL_UNAVAILABLE``: a call the journal could not record has no envelope to render; a
+record or a view it could not read is named), 500 a journal that answers but cannot be read
+(``JOURNAL_UNREADABLE``: altered, refused) -- ``{"api_error": {"code", "message"}}``.
 """
 
 from __future__ import annotations

@@ -7,15 +7,16 @@ wrapper, which notes the two facts delivery is judged by:
   runs, it means nobody is waiting: a call that has not reached its dispatch gate is withdrawn
   (CALLER_CANCELLED, not_attempted); one that has runs on to its result.  The driver keeps
   reading while a request is handled so that it is seen.
-* ``broken``: a write failed or was interrupted part-way.
+* ``broken``: a write failed or was interrupted part-way (by the driver's ``WRITE_WAIT`` too:
+  a client that does not read its answer).
 
 **Delivered** means: no hang-up had been seen when the answer was written, and every byte of it
 (status line, headers, body) was accepted by the kernel into the connected client's socket
 (``send_all`` returned).  On a Unix socket that is the peer's own receive queue, so a client that
 is alive reads it; one killed after that instant loses it unread -- HTTP/1.1 has no receipt to
 say otherwise -- and the stored result stays fetchable (``GET /v1/invocations/{id}/result``).
-Anything less -- hang-up first, or a failed write -- is RESULT_DELIVERY_FAILED, and the result
-is fetched, never re-run (seed, "A result delivery error must not repeat execution").
+Anything less -- hang-up first, or a failed or timed-out write -- is RESULT_DELIVERY_FAILED, and
+the result is fetched, never re-run (seed, "A result delivery error must not repeat execution").
 
 One answer, one write: the driver hands ``send_all`` the head and body together.  Each write to
 a Unix socket wakes the reader; two per answer measurably cost throughput
