@@ -26,7 +26,9 @@ Limits a hostile or broken client meets (each answered, never a traceback in the
 * more than ``MAX_CONNECTIONS`` open at once (a client opening thousands, to exhaust the
   daemon's file descriptors): each one over is answered 503 ``TOO_MANY_CONNECTIONS`` with
   ``Connection: close`` before a byte of it is read, then closed -- within ``TURN_AWAY_WAIT``,
-  and never counted among the open ones (nor answered at all past as many again);
+  and never counted among the open ones (nor answered at all past as many again).  Idle
+  keep-alive connections count: a client that holds ``MAX_CONNECTIONS`` silent ones shuts
+  others out until ``keep_alive`` closes them;
 * a head begun but not finished within ``HEAD_WAIT`` of the connection turning busy (a client
   that sends half a head and stalls): closed; a body that stalls for ``HEAD_WAIT``, or is not
   whole ``BODY_WAIT`` after the end of its head (a client dripping a byte at a time): 408, close;
