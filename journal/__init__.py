@@ -57,6 +57,7 @@ from .errors import (
     Lease,
     LeaseBusy,
     LeaseLost,
+    ReadFailed,
     ResultStoreFailed,
     VerifyReport,
 )
@@ -90,6 +91,7 @@ __all__ = [
     "LeaseBusy",
     "LeaseLost",
     "Posted",
+    "ReadFailed",
     "ResultStoreFailed",
     "ResultStream",
     "ResultWriter",

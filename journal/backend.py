@@ -128,6 +128,13 @@ class Backend(Protocol):
         back -- unless its COMMIT had been sent, when only a re-read can tell."""
         ...
 
+    def transient(self, exc: BaseException) -> bool:
+        """Whether ``exc``, on a connection that is not lost, is the database declining this
+        once -- busy, a lock not granted in time, a statement timeout or cancel, too many
+        connections -- so that the same read may succeed later (``ReadFailed``).  False for
+        anything that says something about the rows (a column that does not decode)."""
+        ...
+
     def describe(self, exc: BaseException) -> str:
         """The driver's message, without data it may quote or a password."""
         ...

@@ -17,6 +17,7 @@ __all__ = [
     "Lease",
     "LeaseBusy",
     "LeaseLost",
+    "ReadFailed",
     "ResultStoreFailed",
     "VerifyReport",
 ]
@@ -90,6 +91,14 @@ class JournalUnavailable(JournalError):
     ``Backend.reconnect_within``, as a write would (the writer waits that long itself; a
     reader on the event loop must not, so it raises this for the caller to wait without
     blocking)."""
+
+
+class ReadFailed(JournalError):
+    """The database answered a read with an error of its own -- a statement timeout, a
+    cancelled query, a lock it could not take, too many connections -- on a connection it did
+    not drop.  Nothing is known to be wrong with the rows: unlike an altered row or a sealed
+    blob the key cannot open, the same read may succeed later, so a caller must not take it
+    for "unreadable" and give up on what it was reading."""
 
 
 class JournalWriteError(JournalError):

@@ -215,6 +215,14 @@ _SERVER_AWAY = (
 again: away, like no server at all."""
 
 
+_TRANSIENT_CLASSES = ("40", "53")
+"""SQLSTATE classes of a read worth trying again: transaction rollback (serialization failure,
+deadlock) and insufficient resources (too many connections, out of memory, disk full)."""
+_TRANSIENT_STATES = frozenset({"57014", "55P03", "55006"})
+"""query_canceled (a statement timeout, an operator's cancel), lock_not_available,
+object_in_use."""
+
+
 class PostgresBackend:
     kind = "postgresql"
     shared = True
@@ -346,6 +354,12 @@ class PostgresBackend:
             if own and not conn.closed:
                 with contextlib.suppress(psycopg.Error):
                     conn.execute("COMMIT")
+
+    def transient(self, exc: BaseException) -> bool:
+        state = getattr(exc, "sqlstate", None) if isinstance(exc, psycopg.Error) else None
+        return isinstance(state, str) and (
+            state.startswith(_TRANSIENT_CLASSES) or state in _TRANSIENT_STATES
+        )
 
     def lost(self, exc: BaseException) -> bool:
         if not isinstance(exc, psycopg.OperationalError):

@@ -29,7 +29,14 @@ from . import audit, checkpoints, results, views
 from .backend import Backend, open_backend
 from .checkpoints import Keys
 from .connect import recorded_keys
-from .errors import IdempotencyRecord, JournalError, JournalUnavailable, Lease, VerifyReport
+from .errors import (
+    IdempotencyRecord,
+    JournalError,
+    JournalUnavailable,
+    Lease,
+    ReadFailed,
+    VerifyReport,
+)
 from .rows import (
     AlteredRow,
     close_rows,
@@ -160,9 +167,10 @@ class JournalReader:
         return JournalError(f"journal {self.where}: {what} cannot be read: {exc}")
 
     def _error(self, what: str, exc: BaseException) -> JournalError:
-        return JournalError(
-            f"journal {self.where}: {what} cannot be read: {self.backend.describe(exc)}"
-        )
+        """A database error on a connection that is not lost: ``ReadFailed`` when the database
+        only declined this once (``Backend.transient``), else a plain ``JournalError``."""
+        cls = ReadFailed if self.backend.transient(exc) else JournalError
+        return cls(f"journal {self.where}: {what} cannot be read: {self.backend.describe(exc)}")
 
     def guarded(self, what: str) -> _Guard:
         """``results.Store``: a database error inside is a ``JournalError`` naming ``what`` (a

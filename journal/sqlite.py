@@ -369,6 +369,11 @@ class _Checkpointer:
             self._thread = None
 
 
+_TRANSIENT_CODES = frozenset({5, 6, 7, 9})
+"""SQLITE_BUSY and SQLITE_LOCKED (another connection held on past the busy timeout), NOMEM and
+INTERRUPT: primary result codes (an extended code's low byte) of a read worth trying again."""
+
+
 class SqliteBackend:
     kind = "sqlite"
     shared = False
@@ -490,6 +495,10 @@ class SqliteBackend:
 
     def lost(self, exc: BaseException) -> bool:
         return False
+
+    def transient(self, exc: BaseException) -> bool:
+        code = getattr(exc, "sqlite_errorcode", None)
+        return isinstance(code, int) and code & 0xFF in _TRANSIENT_CODES
 
     def describe(self, exc: BaseException) -> str:
         """An SQLite error's message without the data it may quote (a text column that is not

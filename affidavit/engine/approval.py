@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from affidavit.config import canonical_json
-from affidavit.journal import JournalError, JournalUnavailable, Lease, LeaseBusy
+from affidavit.journal import JournalError, JournalUnavailable, Lease, LeaseBusy, ReadFailed
 from affidavit.protocols import Binding, Prepared, get
 from affidavit.protocols.actions import ActionInvalid, fingerprint, parse_action
 from affidavit.statemachine import Code, Event, EventKind, ImpossibleEvent, Record
@@ -424,17 +424,18 @@ async def ready(engine: Engine) -> list[str]:
 async def _accepted_action(engine: Engine, iid: str) -> Mapping[str, Any] | None:
     """The action as ACTION_ACCEPTED sealed it (no credential was in it); None when the broker
     cannot open it.  Read as a call reads (``Recorder.read``): a shared journal away beyond its
-    reconnect window is ``JournalUnavailable`` -- unread, not unreadable, and never a reason to
-    give the approval up."""
+    reconnect window is ``JournalUnavailable``, and a read the database declined this once (a
+    statement timeout, a lock not granted) is ``ReadFailed`` -- unread, not unreadable, and
+    never a reason to give the approval up: raised, for the next sweep to try again."""
     journal, read = engine.journal, engine.recorder.read
     for event in await read(lambda: journal.events(iid)):
         seq = event.seq
         if event.kind is E.ACTION_ACCEPTED and seq is not None:
             try:
                 payload = await read(functools.partial(journal.payload, seq))
-            except JournalUnavailable:
+            except (JournalUnavailable, ReadFailed):
                 raise
-            except JournalError:
+            except JournalError:  # an altered row, or sealed to a key this broker lacks
                 return None
             action = payload.get("action") if payload is not None else None
             return action if isinstance(action, Mapping) else None

@@ -242,6 +242,47 @@ async def test_an_approved_request_whose_caller_left_is_dispatched_once(
     assert len(srv.requests) == 1
 
 
+async def test_an_approved_action_the_database_declines_to_read_once_stays_approved(
+    tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A read of the accepted action the database declined this once (a statement timeout, a
+    lock not granted: ``ReadFailed``) is raised for the next sweep -- not taken for an action
+    that cannot be read, which drops the approval from the dispatcher until a restart.  One
+    the broker truly cannot open is still given up (logged), as before."""
+    from affidavit.journal import JournalError, ReadFailed
+
+    async with HostileServer.running(scripts.serve(OK)) as srv:
+        cfg = approval_config(tmp_path, srv.url)
+        async with open_broker(cfg) as b:
+            iid = await _approved_with_caller_gone(b)
+            real = b.journal.payload
+            failures = [ReadFailed("canceling statement due to statement timeout")]
+
+            def payload(seq: int) -> Any:
+                if failures:
+                    raise failures.pop()
+                return real(seq)
+
+            monkeypatch.setattr(b.journal, "payload", payload)
+            assert await b.approvals_ready() == [iid]
+            with pytest.raises(ReadFailed):
+                await b.dispatch_approved(iid)
+            assert srv.requests == []
+            assert await b.approvals_ready() == [iid]  # still watched: the next sweep
+            assert await b.dispatch_approved(iid) is not None
+            assert len(srv.requests) == 1
+            rec = b.record(iid)
+            assert rec is not None and rec.state == "stored_committed"
+
+            other = await _approved_with_caller_gone(b)
+            failures.append(JournalError("sealed blob is not a broker-key blob"))
+            assert await b.approvals_ready() == [other]
+            assert await b.dispatch_approved(other) is None  # not readable: given up
+            assert await b.approvals_ready() == []
+            verify_ok(b)
+    assert len(srv.requests) == 1
+
+
 async def test_a_config_reloaded_after_approval_is_not_sent_under_the_old_approval(
     tmp_path: Path, token: str
 ) -> None:
