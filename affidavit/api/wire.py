@@ -40,6 +40,7 @@ __all__ = [
     "approval_path",
     "blocking_request",
     "invocation_path",
+    "parse_count",
     "parse_time",
     "read_answer",
     "socket_path",
@@ -130,6 +131,20 @@ def socket_path(explicit: str | os.PathLike[str] | None) -> str | None:
     if explicit:
         return os.fspath(explicit)
     return os.environ.get(SOCKET_ENV) or None
+
+
+MAX_COUNT = 2**63 - 1
+"""The largest chunk number or seq a request may name: the journal's integer columns' range."""
+
+
+def parse_count(value: str) -> int:
+    """A whole number from 0 to ``MAX_COUNT`` in ASCII digits, as ``--from-chunk`` and ``--seq``
+    and the daemon's ``?from_chunk=`` take them (``str.isdigit`` alone lets ``²`` through,
+    which ``int`` then refuses; a number past the columns' range reached the database as an
+    OverflowError).  ``ValueError`` says what was expected."""
+    if not (value.isascii() and value.isdigit()) or int(value) > MAX_COUNT:
+        raise ValueError(f"expected a whole number from 0 to {MAX_COUNT}")
+    return int(value)
 
 
 def parse_time(value: str) -> float:

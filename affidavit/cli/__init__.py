@@ -68,6 +68,19 @@ class UsageError(Exception):
     """A usage or configuration problem: printed on stderr, exit status 2."""
 
 
+def count_arg(value: str | None, what: str) -> int | None:
+    """``value`` (an argv string) as a whole number from 0 to the journal's integer range, or
+    a ``UsageError`` naming ``what`` -- never a traceback from deep in the database."""
+    if value is None:
+        return None
+    from affidavit.api.wire import parse_count
+
+    try:
+        return parse_count(value)
+    except ValueError as exc:
+        raise UsageError(f"{what}: {exc}") from None
+
+
 def text_arg(value: str | None, what: str) -> str | None:
     """``value`` if it is valid text.  argv bytes that are not UTF-8 arrive as lone surrogates
     (PEP 383); an identifier or filter holding one is refused here instead of failing with a

@@ -24,6 +24,7 @@ from affidavit.cli import (
     UsageError,
     add_socket_arg,
     ask_daemon,
+    count_arg,
     daemon_json,
     daemon_socket,
     text_arg,
@@ -52,7 +53,6 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--config")
     p.add_argument(
         "--from-chunk",
-        type=int,
         metavar="N",
         help="resume: each result stream from chunk N on (the envelope gains result.resume)",
     )
@@ -176,8 +176,7 @@ def _call(args: argparse.Namespace) -> int:
 def _result(args: argparse.Namespace) -> int:
     text_arg(args.invocation_id, "the invocation id")
     text_arg(args.stream, "--stream")
-    if args.from_chunk is not None and args.from_chunk < 0:
-        raise UsageError("--from-chunk must be a chunk number >= 0")
+    args.from_chunk = count_arg(args.from_chunk, "--from-chunk")
     if args.stream is not None and not args.raw:
         raise UsageError("--stream goes with --raw")
     socket = daemon_socket(args, "config")

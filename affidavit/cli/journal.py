@@ -35,6 +35,7 @@ from affidavit.cli import (
     UsageError,
     add_socket_arg,
     ask_daemon,
+    count_arg,
     daemon_json,
     daemon_socket,
     daemon_text,
@@ -136,7 +137,7 @@ def add_commands(sub: Any) -> None:
     common_options(ao)
     ao.add_argument("--key", required=True, metavar="FILE", help="the auditor's private key")
     which = ao.add_mutually_exclusive_group(required=True)
-    which.add_argument("--seq", type=int, help="the event whose sealed payload to open")
+    which.add_argument("--seq", metavar="N", help="the event whose sealed payload to open")
     which.add_argument("--result", metavar="ID", help="the invocation whose result to open")
     ao.set_defaults(handler=_audit_open)
 
@@ -444,6 +445,7 @@ def _audit_keygen(args: argparse.Namespace) -> int:
 def _audit_open(args: argparse.Namespace) -> int:
     from affidavit.engine.recorder import result_payload
 
+    args.seq = count_arg(args.seq, "--seq")
     if args.seq is not None:
         what = f"event {args.seq}"
     else:

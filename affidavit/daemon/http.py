@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl
 
 from affidavit.api.limits import ActionInvalid, load_action_json
+from affidavit.api.wire import parse_count
 
 from .link import Link
 from .peer import Peer
@@ -109,9 +110,10 @@ class Request:
         raw = self.params.get(name)
         if not raw:
             return None
-        if not raw.isdigit():
-            raise ApiProblem(400, "BAD_REQUEST", f"{name}: expected a whole number >= 0")
-        return int(raw)
+        try:
+            return parse_count(raw)
+        except ValueError as exc:
+            raise ApiProblem(400, "BAD_REQUEST", f"{name}: {exc}") from None
 
     def float_param(self, name: str) -> float | None:
         raw = self.params.get(name)

@@ -173,6 +173,10 @@ async def test_a_corrupted_chunk_in_the_middle_stops_the_stream_at_that_chunk(
 def test_usage_errors_of_result_resume(stored: Stored) -> None:
     for args, msg in [
         (["--from-chunk", "-1"], b"--from-chunk"),
+        # Past the journal's integer columns, or digits int() refuses: a usage error, never
+        # an OverflowError from the database.
+        (["--from-chunk", "99999999999999999999"], b"--from-chunk: expected a whole number"),
+        (["--from-chunk", "\u00b2"], b"--from-chunk: expected a whole number"),
         (["--stream", "body"], b"--stream goes with --raw"),
         (["--raw", "--stream", "stderr"], b"no stream 'stderr'"),
     ]:

@@ -39,6 +39,13 @@ async def test_catalog_poll_and_resumed_results_through_the_client(
         )
         iid = envelope["invocation_id"]
         resumed = await client.fetch_result(iid, from_chunk=0)
+        # A chunk number in digits int() refuses (a superscript two), or past the journal's
+        # integer columns: 400 naming the parameter, not a 500 from deep in the database.
+        bad = []
+        for raw in ("%C2%B2", "99999999999999999999", "-1", "1e3"):
+            with pytest.raises(ApiError) as caught:
+                await client._get(f"/v1/invocations/{iid}/result?from_chunk={raw}")
+            bad.append((caught.value.status, caught.value.code, str(caught.value)))
         with pytest.raises(ApiError) as refused:
             await client.poll_operation("op_nope")
     async with open_broker(daemon.config) as broker:
@@ -46,6 +53,8 @@ async def test_catalog_poll_and_resumed_results_through_the_client(
     assert [t["name"] for t in catalog["tools"]] == ["http_request"]
     assert TOKEN_ENV not in json.dumps(catalog)  # the credential reference names it
     assert resumed is not None and "resume" in resumed["result"]
+    for status, code, message in bad:
+        assert (status, code) == (400, "BAD_REQUEST") and "from_chunk: expected" in message
     assert (refused.value.status, refused.value.code) == (422, "OPERATION_ERROR")
     assert len(srv.requests) == 1
 

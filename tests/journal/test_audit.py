@@ -93,6 +93,11 @@ async def test_audit_open_on_the_command_line(
     assert "stdout_base64" in shown  # not UTF-8: shown as base64, like any result
     assert cli_main([*base, "--result", "no-such"]) == 2
     assert "no auditor copy" in capsys.readouterr().err
+    # A seq past the journal's integer column: a usage error, not SQLite's OverflowError.
+    for seq in ("99999999999999999999999", "-1", "\u00b2"):
+        assert cli_main([*base, "--seq", seq]) == 2, seq
+        err = capsys.readouterr().err
+        assert "--seq: expected a whole number" in err and "Traceback" not in err, err
 
 
 async def test_without_an_auditor_key_there_is_no_copy_to_open(
