@@ -22,20 +22,25 @@ from collections.abc import Sequence
 TYPE_CHECKING = False  # not typing's: see affidavit/__init__.py
 
 if TYPE_CHECKING:
-    from typing import Any
+    from collections.abc import Callable
+    from typing import Any, TypeVar
 
     from affidavit.api.wire import Response
+
+    T = TypeVar("T")
 
 __all__ = [
     "COMMANDS",
     "UsageError",
     "add_socket_arg",
     "ask_daemon",
+    "count_arg",
     "daemon_json",
     "daemon_socket",
     "daemon_text",
     "main",
     "text_arg",
+    "time_arg",
 ]
 
 COMMANDS: dict[str, str] = {
@@ -71,12 +76,23 @@ class UsageError(Exception):
 def count_arg(value: str | None, what: str) -> int | None:
     """``value`` (an argv string) as a whole number from 0 to the journal's integer range, or
     a ``UsageError`` naming ``what`` -- never a traceback from deep in the database."""
-    if value is None:
-        return None
     from affidavit.api.wire import parse_count
 
+    return _parsed(value, what, parse_count)
+
+
+def time_arg(value: str | None, what: str) -> float | None:
+    """``value`` as epoch seconds or ISO 8601 (``wire.parse_time``), or a ``UsageError``."""
+    from affidavit.api.wire import parse_time
+
+    return _parsed(value, what, parse_time)
+
+
+def _parsed(value: str | None, what: str, parse: Callable[[str], T]) -> T | None:
+    if value is None:
+        return None
     try:
-        return parse_count(value)
+        return parse(value)
     except ValueError as exc:
         raise UsageError(f"{what}: {exc}") from None
 

@@ -40,6 +40,7 @@ from affidavit.cli import (
     daemon_socket,
     daemon_text,
     text_arg,
+    time_arg,
 )
 
 if TYPE_CHECKING:
@@ -281,17 +282,6 @@ def _when(at: float | None) -> str:
     return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def _time_arg(value: str | None, name: str) -> float | None:
-    if value is None:
-        return None
-    from affidavit.api.wire import parse_time
-
-    try:
-        return parse_time(value)
-    except ValueError as exc:
-        raise UsageError(f"--{name}: {exc}") from None
-
-
 def _out(line: str = "") -> None:
     """One line of text output, escaped: journal values never reach a terminal raw (a session
     holding ESC sequences or a CR would rewrite what the operator reads)."""
@@ -464,8 +454,8 @@ def _audit_open(args: argparse.Namespace) -> int:
 
 
 def _actions(args: argparse.Namespace) -> int:
-    since = _time_arg(args.since, "since")
-    until = _time_arg(args.until, "until")
+    since = time_arg(args.since, "--since")
+    until = time_arg(args.until, "--until")
     session = text_arg(args.session, "--session")
     filters = {
         "session": session,
@@ -566,7 +556,7 @@ def _sessions(args: argparse.Namespace) -> int:
 
 
 def _metrics(args: argparse.Namespace) -> int:
-    since = _time_arg(args.since, "since")
+    since = time_arg(args.since, "--since")
     session = text_arg(args.session, "--session")
     socket = _daemon(args)
     if socket is not None:
