@@ -24,11 +24,20 @@ Limits a hostile or broken client meets (each answered, never a traceback in the
 * a malformed request line or header: 400, then close; a head over ``MAX_HEAD`` bytes: 431
   (h11's ``max_incomplete_event_size``), then close;
 * more than ``MAX_CONNECTIONS`` open at once (a client opening thousands, to exhaust the
-  daemon's file descriptors): each one over is answered 503 ``TOO_MANY_CONNECTIONS`` with
+  daemon's file descriptors): a new one takes the place of the connection idle the longest --
+  waiting for its next request, or its first, with no byte of it read or in the socket --
+  which is closed there, never with part of an answer, so silent connections cannot shut
+  others out (operators included).  One with a request in progress is never closed to make
+  room: its head or body being read, a route or a call running (whose hang-up would withdraw
+  it: link.py), its answer being written -- each is bounded by a limit below, or by the call.
+  Only when every one is busy is the new one answered 503 ``TOO_MANY_CONNECTIONS`` with
   ``Connection: close`` before a byte of it is read, then closed -- within ``TURN_AWAY_WAIT``,
-  and never counted among the open ones (nor answered at all past as many again).  Idle
-  keep-alive connections count: a client that holds ``MAX_CONNECTIONS`` silent ones shuts
-  others out until ``keep_alive`` closes them;
+  and never counted among the open ones (nor answered at all past as many again).  Each spell
+  at the cap logs once (evictions at info, refusals as a warning).  One evicted before its
+  first request is sent the same 503 before it closes (a request crossing the eviction reads
+  that it was not run); one evicted between requests just closes, as when ``keep_alive`` runs
+  out -- a request crossing that is unread and unanswered (the clients retry a read, and call
+  anything else ``AnswerLost``, which never claims that it did not run);
 * a head begun but not finished within ``HEAD_WAIT`` of the connection turning busy (a client
   that sends half a head and stalls): closed; a body that stalls for ``HEAD_WAIT``, or is not
   whole ``BODY_WAIT`` after the end of its head (a client dripping a byte at a time): 408, close;
@@ -43,7 +52,8 @@ Limits a hostile or broken client meets (each answered, never a traceback in the
 * HTTP/1.0 and ``Connection: close`` are honoured (h11); an answer given before the request's
   body was read whole carries ``Connection: close`` unless the rest is already buffered.
 
-Keep-alive: an idle connection waits up to ``keep_alive`` seconds for its next request.  At
+Keep-alive: an idle connection waits up to ``keep_alive`` seconds for its next request (less
+at the connection cap: above).  At
 shutdown (``Server.close``) idle connections close at once and busy ones after their answer,
 which then says ``Connection: close``.
 """
@@ -52,6 +62,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import select
 from collections.abc import Awaitable, Callable
 from urllib.parse import unquote
 
@@ -115,27 +126,48 @@ class Server:
         self.write_wait = write_wait
         self.max_connections = max_connections
         self.open = 0
-        """Connections being served (not those being turned away)."""
+        """Connections being served (not those being turned away, nor those evicted)."""
         self._turning_away = 0
         self._full = False
-        """Connections were turned away since one was last served (logged once per spell)."""
+        """Connections were turned away since one was last served under the cap (logged once
+        per spell)."""
+        self._evicting = False
+        """Idle connections were evicted since one was last served under the cap (likewise)."""
         self.closing = False
-        self._idle: set[trio.CancelScope] = set()
-        """The waits of connections between requests (cancelled by ``close``)."""
+        self._idle: dict[Connection, trio.CancelScope] = {}
+        """The waits of connections between requests (or before their first), longest idle
+        first (cancelled by ``close``, and one by ``_evict``)."""
+
+    @property
+    def idle(self) -> int:
+        """Connections waiting for a request (the ones ``_evict`` may close)."""
+        return len(self._idle)
 
     def close(self) -> None:
         """Idle connections close now; busy ones once their answer is written."""
         self.closing = True
-        for scope in self._idle:
+        for scope in self._idle.values():
             scope.cancel()
 
     async def serve(self, link: Link, peer: Peer, handler: Handler) -> None:
         """Serve one accepted connection until it closes (its peer already checked)."""
         if self.open >= self.max_connections:
-            await self._turn_away(link, peer)
-            return
+            evicted = self._evict()
+            if evicted is None:
+                await self._turn_away(link, peer)
+                return
+            if not self._evicting:
+                self._evicting = True
+                log.info(
+                    "%d connections are open, the most: closing the longest-idle one to let "
+                    "each new one in (first %s's, for %s)",
+                    self.max_connections,
+                    evicted.peer.describe(),
+                    peer.describe(),
+                )
+        else:
+            self._full = self._evicting = False
         self.open += 1
-        self._full = False
         conn = Connection(self, link, peer)
         try:
             async with trio.open_nursery() as nursery:
@@ -147,9 +179,29 @@ class Server:
             # send, say) closes that connection, never the daemon and the calls of the others.
             log.exception("the connection of %s failed; it is closed", peer.describe())
         finally:
-            self.open -= 1
+            if not conn.evicted:  # an evicted one gave its place up when it was chosen
+                self.open -= 1
             with trio.CancelScope(shield=True):
                 await link.aclose()
+
+    def _evict(self) -> Connection | None:
+        """Close the connection idle the longest, to make room: one waiting for its next (or
+        first) request with no byte of it read.  Never one with a request in progress -- its
+        head or body being read, a route or a call running, its answer being written: those
+        are bounded by ``HEAD_WAIT``, ``BODY_WAIT``, ``WRITE_WAIT`` or the call itself.  None
+        when every connection is busy."""
+        for conn, scope in self._idle.items():
+            if conn.unread():
+                continue  # the reader just handed it a request's first bytes: busy now
+            # Its server task is parked in the idle wait (nothing woke it: the reader sets
+            # ``_bytes`` only after adding to the inbox or seeing the end), so the cancel
+            # reaches it there and it returns without reading: a clean close, no answer cut.
+            del self._idle[conn]
+            conn.evicted = True
+            scope.cancel()
+            self.open -= 1
+            return conn
+        return None
 
     async def _turn_away(self, link: Link, peer: Peer) -> None:
         """503 and close, not a byte read: bounded by ``TURN_AWAY_WAIT``, and not answered at
@@ -193,6 +245,22 @@ class Connection:
         """The request's ``Content-Length``, if it declared one (h11 checked it is a number)."""
         self._body_by = 0.0
         """When the request's body must be whole (``BODY_WAIT`` after the end of its head)."""
+        self.evicted = False
+        """Closed while idle to make room for a new connection (``Server._evict``)."""
+        self.asked = False
+        """A request's head was read on this connection."""
+
+    def unread(self) -> bool:
+        """Bytes (or the end of the stream) are waiting: for the server task in the inbox, or
+        for the reader in the socket (a request sent but not yet read is a request)."""
+        if self._inbox or self._eof:
+            return True
+        try:
+            poll = select.poll()
+            poll.register(self.link.socket.fileno(), select.POLLIN)
+            return bool(poll.poll(0))
+        except (OSError, ValueError):
+            return True  # not known to be idle
 
     # -- the reader task --------------------------------------------------------------------------
 
@@ -251,14 +319,15 @@ class Connection:
             if not self._inbox and not self._eof and not self.h11.trailing_data[0]:
                 # Idle (no byte of a next request held, here or in h11): wait for one, up to
                 # keep_alive; shutdown ends the wait.  A head begun waits head_wait only.
+                # At the connection cap, the longest idle is closed to make room (``_evict``).
                 with trio.move_on_after(self.server.keep_alive) as idle:
-                    self.server._idle.add(idle)
+                    self.server._idle[self] = idle
                     if self.server.closing:
                         idle.cancel()
                     try:
                         await self._fill()
                     finally:
-                        self.server._idle.discard(idle)
+                        self.server._idle.pop(self, None)
                 if idle.cancelled_caught:
                     return None
             with trio.move_on_after(self.server.head_wait):
@@ -276,7 +345,10 @@ class Connection:
                     await self._refuse(exc)
                 return
             if head is None:
+                if self.evicted and not self.asked:
+                    await self._turned_away()
                 return
+            self.asked = True
             self._head_only = head.method == b"HEAD"  # before any answer, a refusal too
             if _head_size(head) > MAX_HEAD:
                 await self._refuse(h11.RemoteProtocolError("head too large", 431))
@@ -322,6 +394,14 @@ class Connection:
             api_error_body(code, message),
             close=True,
         )
+
+    async def _turned_away(self) -> None:
+        """Evicted before its first request: answered as if turned away (503, nothing read),
+        so that a client whose request crosses the eviction reads that its request did not
+        run rather than a bare close (the one-shot client of the command line connects, then
+        sends).  One evicted between requests is closed without a word, as by ``keep_alive``."""
+        with trio.move_on_after(TURN_AWAY_WAIT), contextlib.suppress(*GONE):
+            await self.link.send_all(_TURNED_AWAY)
 
     async def _refuse_switch(self, connect: bool) -> None:
         """CONNECT or ``Upgrade``: 501 before a route or the body, so that h11 (which would

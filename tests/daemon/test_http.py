@@ -11,7 +11,7 @@ import contextlib
 import json
 import logging
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
@@ -120,6 +120,12 @@ async def serving(
         finally:
             await client.aclose()
             nursery.cancel_scope.deadline = trio.current_time() + WAIT
+
+
+async def _until(condition: Callable[[], bool]) -> None:
+    with trio.fail_after(WAIT):
+        while not condition():
+            await trio.sleep(0.01)
 
 
 def _api_error(body: bytes) -> str:
@@ -361,9 +367,10 @@ async def test_connections_over_max_connections_are_503_unread_and_not_counted(
     server = Server(keep_alive=WAIT, head_wait=WAIT, max_connections=2)
     routes = Routes()
     async with serving(routes, server) as one, serving(routes, server) as two:
-        for client in (one, two):  # each served, so each counted
-            await client.send(HEAD)
-            assert (await client.answer())[0] == 200
+        # Each busy (an idle one would be evicted to make room instead): served, so counted.
+        await one.send(b"GET /one HTTP/1.1\r\n")  # mid-head
+        await two.send(b"GET /hold HTTP/1.1\r\nhost: a\r\n\r\n")  # a route running
+        await _until(lambda: server.open == 2 and server.idle == 0 and routes.holding.is_set())
         for i in range(3):  # turned away, each closed: none takes a place
             async with serving(routes, server) as over:
                 if i != 1:  # answered whether or not it asks anything: nothing is read
@@ -375,6 +382,8 @@ async def test_connections_over_max_connections_are_503_unread_and_not_counted(
             assert _api_error(body) == "TOO_MANY_CONNECTIONS"
         assert "/over" not in routes.paths
         assert server.open == 2
+        routes.release.set()
+        assert (await two.answer())[::2] == (200, b"/hold")
         await one.stream.aclose()  # a place frees up when a served connection closes
         with trio.fail_after(WAIT):
             while server.open > 1:
@@ -386,6 +395,100 @@ async def test_connections_over_max_connections_are_503_unread_and_not_counted(
     assert not [r for r in caplog.records if r.exc_info], "a traceback in the log"
     turned = [r.levelname for r in caplog.records if "turning new ones away" in r.getMessage()]
     assert turned == ["WARNING"]  # once while the daemon is full, not once per connection
+
+
+@pytest.mark.parametrize("idle", ["between-requests", "before-its-first"])
+async def test_at_max_connections_a_new_one_evicts_the_longest_idle_with_a_clean_close(
+    idle: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Before, idle connections held their places for up to ``keep_alive``: a client holding
+    ``max_connections`` silent ones shut everyone else out (operators approving requests too).
+    The connection idle the longest now makes room -- closed between requests, so it sees the
+    end of the stream, never part of an answer (before its first, a whole 503 first) -- and
+    the others are untouched."""
+    caplog.set_level(logging.DEBUG)
+    server = Server(keep_alive=WAIT, head_wait=WAIT, max_connections=3)
+    routes = Routes()
+    async with contextlib.AsyncExitStack() as stack:
+        idles = []
+        for i in range(3):
+            client = await stack.enter_async_context(serving(routes, server))
+            if idle == "between-requests":
+                await client.send(HEAD)
+                assert (await client.answer())[::2] == (200, b"/v1/health")
+            await _until(lambda n=i + 1: server.idle == n)  # in order: the first idles longest
+            idles.append(client)
+        new = await stack.enter_async_context(serving(routes, server))
+        await new.send(b"GET /new HTTP/1.1\r\nhost: a\r\n\r\n")
+        assert (await new.answer())[::2] == (200, b"/new")
+        if idle == "before-its-first":  # told it was turned away, as a request crossing reads
+            status, headers, body = await idles[0].answer()
+            assert (status, headers["connection"]) == (503, "close")
+            assert _api_error(body) == "TOO_MANY_CONNECTIONS"
+        assert await idles[0].closed()
+        assert idles[0].buffer == b""  # nothing else: never part of an answer
+        assert server.open == 3
+        for client in idles[1:]:  # still served
+            await client.send(HEAD)
+            assert (await client.answer())[::2] == (200, b"/v1/health")
+        # Now ``new`` has idled longest (the others were busy after it): the next evicts it.
+        await _until(lambda: server.idle == 3)
+        newer = await stack.enter_async_context(serving(routes, server))
+        await newer.send(HEAD)
+        assert (await newer.answer())[0] == 200
+        assert await new.closed()
+        assert new.buffer == b""
+        assert server.open == 3
+    assert not [r for r in caplog.records if r.exc_info], "a traceback in the log"
+    evictions = [r.levelname for r in caplog.records if "longest-idle" in r.getMessage()]
+    assert evictions == ["INFO"]  # once while the daemon is full, not once per connection
+    assert not [r for r in caplog.records if "turning new ones away" in r.getMessage()]
+
+
+async def test_at_max_connections_busy_ones_are_never_evicted_and_the_next_is_503(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Mid-head, mid-body, a route (a call) running, an answer being written: none is closed to
+    make room -- each is already bounded (``HEAD_WAIT``, ``BODY_WAIT``, ``WRITE_WAIT``, the call),
+    and a call's hang-up would withdraw it.  With no idle one, a new connection is refused."""
+    caplog.set_level(logging.DEBUG)
+    server = Server(keep_alive=WAIT, head_wait=WAIT, body_wait=WAIT, max_connections=5)
+    routes = Routes()
+    async with contextlib.AsyncExitStack() as stack:
+        head, body, hold, big, idle = [
+            await stack.enter_async_context(serving(routes, server)) for _ in range(5)
+        ]
+        await head.send(b"GET /head HTTP/1.1\r\n")
+        await body.send(b"POST /echo HTTP/1.1\r\nhost: a\r\ncontent-length: 6\r\n\r\nabc")
+        await hold.send(b"GET /hold HTTP/1.1\r\nhost: a\r\n\r\n")
+        await big.send(b"GET /big HTTP/1.1\r\nhost: a\r\n\r\n")  # not read for now
+        await _until(lambda: server.open == 5 and server.idle == 1 and routes.holding.is_set())
+        # The one idle connection makes room once ...
+        new = await stack.enter_async_context(serving(routes, server))
+        await _until(lambda: server.idle == 1)  # ``new`` idles in its place
+        assert await idle.closed()
+        # ... then a request sent, even one the daemon has not read yet, makes ``new`` busy too.
+        await new.send(b"GET /new HTTP/1.1\r\n")
+        for _ in range(2):
+            async with serving(routes, server) as over:
+                status, headers, answer = await over.answer()
+                assert await over.closed()
+            assert (status, headers["connection"]) == (503, "close")
+            assert _api_error(answer) == "TOO_MANY_CONNECTIONS"
+        assert server.open == 5
+        await head.send(b"host: a\r\n\r\n")
+        assert (await head.answer())[::2] == (200, b"/head")
+        await body.send(b"def")
+        assert (await body.answer())[::2] == (200, b"abcdef")
+        assert routes.hang_ups == []  # the running route never saw a hang-up
+        routes.release.set()
+        assert (await hold.answer())[::2] == (200, b"/hold")
+        status, _, answer = await big.answer()
+        assert (status, len(answer)) == (200, Routes.BIG)
+        await new.send(b"host: a\r\n\r\n")
+        assert (await new.answer())[::2] == (200, b"/new")
+    assert routes.broken == [False]
+    assert not [r for r in caplog.records if r.exc_info], "a traceback in the log"
 
 
 async def test_a_chunked_body_is_read_whole() -> None:
