@@ -13,6 +13,9 @@ Keep-alive connections are pooled (one per concurrent request).  A call is never
 client: if the connection breaks before the answer, ``AnswerLost`` says so and the daemon keeps
 what happened (seed, "A result delivery error must not repeat execution").  Reads (``GET``) are
 retried once on a fresh connection when a pooled one turns out closed before any answer byte.
+A connection the daemon closed before reading the whole request, having answered first (503
+``TOO_MANY_CONNECTIONS`` at its connection cap: nothing read, nothing run), breaks the send;
+that answer, if it is there whole, is the answer (``ApiError``), never ``AnswerLost``.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import h11
 import trio
 
 from .wire import (
+    AFTER_BROKEN_SEND,
     HEADERS,
     READ_SIZE,
     AnswerLost,
@@ -318,13 +322,21 @@ class Client:
         for _ in range(2):
             conn, reused = await self._take()
             reader = ResponseReader(conn.h11)
+            sent = True
+            response: Response | None = None
             try:
-                await conn.stream.send_all(encode_request(conn.h11, method, request_target, body))
-                while True:
+                request = encode_request(conn.h11, method, request_target, body)
+                try:
+                    await conn.stream.send_all(request)
+                except (trio.BrokenResourceError, OSError):
+                    # The daemon stopped reading: an answer it wrote first is the answer.
+                    sent = False
+                    response = await _answer_after_broken_send(conn.stream, reader)
+                    if response is None:
+                        raise
+                while response is None:
                     data = await conn.stream.receive_some(READ_SIZE)
                     response = reader.feed(data)
-                    if response is not None:
-                        break
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
                 await conn.stream.aclose()
                 if retry and reused and not reader.started:
@@ -343,9 +355,27 @@ class Client:
                 with trio.CancelScope(shield=True):
                     await conn.stream.aclose()
                 raise
-            if reader.reusable() and not self._closed and len(self._idle) < self._max_idle:
+            if sent and reader.reusable() and not self._closed and len(self._idle) < self._max_idle:
                 self._idle.append(conn)
             else:
                 await conn.stream.aclose()
             return response
         raise AssertionError("unreachable")  # pragma: no cover
+
+
+async def _answer_after_broken_send(
+    stream: trio.SocketStream, reader: ResponseReader
+) -> Response | None:
+    """The request could not be sent whole: the daemon closed the connection.  It may have
+    answered first (a 503 ``TOO_MANY_CONNECTIONS``, nothing of the request read, so the call
+    did not run; a 413): that answer, whole, within ``AFTER_BROKEN_SEND``, else None -- and the
+    caller's ``AnswerLost``, never a guess (wire.py ``_answer_after_broken_send`` says why)."""
+    with trio.move_on_after(AFTER_BROKEN_SEND):
+        try:
+            while True:
+                response = reader.feed(await stream.receive_some(READ_SIZE))
+                if response is not None:
+                    return response
+        except (AnswerLost, trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            return None
+    return None

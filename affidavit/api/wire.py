@@ -22,6 +22,7 @@ import json
 import math
 import os
 import socket
+import time
 from collections.abc import Mapping
 
 TYPE_CHECKING = False  # not typing's: see affidavit/__init__.py
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
     from typing import Any
 
 __all__ = [
+    "AFTER_BROKEN_SEND",
     "READ_SIZE",
     "SOCKET_ENV",
     "AnswerLost",
@@ -52,6 +54,10 @@ READ_SIZE = 65536
 HEADERS = (("host", "affidavit"), ("accept", "application/json"))
 """Sent with every request (HTTP/1.1 needs a Host; the socket names the server)."""
 MAX_HEAD = 64 * 1024
+AFTER_BROKEN_SEND = 1.0
+"""Seconds a client reads, once sending its request failed, for an answer the daemon wrote
+before it stopped reading (a 503 ``TOO_MANY_CONNECTIONS``): over a Unix socket it is already
+there (``_answer_after_broken_send``)."""
 
 
 class ClientError(Exception):
@@ -65,7 +71,9 @@ class DaemonUnavailable(ClientError):
 class AnswerLost(ClientError):
     """The connection ended before a complete answer.  For ``POST /v1/calls`` the call may have
     run: the daemon keeps its result (``affidavit actions``, then ``affidavit result ID``); an
-    ``idempotency_key`` lets the caller resume the same invocation instead of a second one."""
+    ``idempotency_key`` lets the caller resume the same invocation instead of a second one.
+    (A refusal the daemon answered before closing -- 503 ``TOO_MANY_CONNECTIONS``, the request
+    not read -- is an ``ApiError``, even when it broke the request's send.)"""
 
 
 class ApiError(ClientError):
@@ -209,6 +217,9 @@ def blocking_request(
             head += ["content-type: application/json", f"content-length: {len(body)}"]
         try:
             sock.sendall("\r\n".join(head).encode("ascii") + b"\r\n\r\n" + (body or b""))
+        except OSError as exc:
+            return _answer_after_broken_send(sock, exc)
+        try:
             return read_answer(sock.recv)
         except OSError as exc:
             raise AnswerLost(
@@ -216,6 +227,33 @@ def blocking_request(
             ) from None
     finally:
         sock.close()
+
+
+def _answer_after_broken_send(sock: socket.socket, exc: OSError) -> Response:
+    """The request could not be sent whole: the daemon closed the connection (EPIPE,
+    ECONNRESET).  It may have answered first -- a connection over ``MAX_CONNECTIONS`` is
+    refused 503 ``TOO_MANY_CONNECTIONS`` before a byte of it is read (so the call certainly
+    did not run), a body over ``MAX_BODY`` gets its 413 -- and that answer, written before the
+    close, sits whole in this socket's receive queue (the kernel reports the reset only once
+    the queue is read empty).  A complete answer, read strictly within ``AFTER_BROKEN_SEND``,
+    is the daemon's own answer to this request and is returned; anything less -- nothing, a
+    partial or malformed answer -- stays ``AnswerLost``: a call that may have run is never
+    reported as one that did not.  (client.py does the same.)"""
+    deadline = time.monotonic() + AFTER_BROKEN_SEND
+
+    def recv(size: int) -> bytes:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError
+        sock.settimeout(left)
+        return sock.recv(size)
+
+    try:
+        return read_answer(recv)
+    except (OSError, AnswerLost):
+        raise AnswerLost(
+            f"the connection to the daemon broke before it answered ({exc.strerror or exc})"
+        ) from None
 
 
 def read_answer(recv: Any) -> Response:

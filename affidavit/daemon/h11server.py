@@ -490,7 +490,8 @@ class Connection:
 
 
 _TURNED_AWAY_BODY = api_error_body(
-    "TOO_MANY_CONNECTIONS", "the daemon has too many open connections; try again later"
+    "TOO_MANY_CONNECTIONS",
+    "the daemon has too many open connections: the request was not read; try again later",
 )
 _TURNED_AWAY = (
     b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"

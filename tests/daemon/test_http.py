@@ -11,6 +11,8 @@ import contextlib
 import json
 import logging
 import os
+import socket
+import tempfile
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
@@ -18,13 +20,15 @@ import pytest
 import trio
 import trio.testing
 
+from affidavit.api import client as api_client
+from affidavit.api.wire import ApiError, blocking_request
 from affidavit.daemon import h11server
 from affidavit.daemon.h11server import MAX_HEAD, Server
 from affidavit.daemon.http import MAX_BODY, ApiProblem, Request
 from affidavit.daemon.link import Link
 from affidavit.daemon.peer import Peer
 
-from .kit import WAIT, api_target, running_daemon
+from .kit import PYTHON, WAIT, api_target, client_env, run, running_daemon
 
 HEAD = b"GET /v1/health HTTP/1.1\r\nhost: affidavit\r\n\r\n"
 
@@ -489,6 +493,51 @@ async def test_at_max_connections_busy_ones_are_never_evicted_and_the_next_is_50
         assert (await new.answer())[::2] == (200, b"/new")
     assert routes.broken == [False]
     assert not [r for r in caplog.records if r.exc_info], "a traceback in the log"
+
+
+async def test_a_client_refused_at_max_connections_reads_its_503_never_answer_lost() -> None:
+    """The daemon answers a connection over the cap before reading a byte and closes it, so a
+    client sending a large body meets a broken pipe mid-send.  Before, the async ``Client``, the
+    one-shot ``blocking_request`` and ``affidavit call --socket`` (which uses it) each said
+    ``AnswerLost`` -- "the call may have run" -- of a call that never did."""
+    server = Server(keep_alive=WAIT, head_wait=WAIT, max_connections=1)
+    routes = Routes()
+    action = {"target": "api", "pad": "x" * (8 << 20)}  # far over a Unix socket's buffers
+    body = json.dumps(action).encode()
+    peer = Peer(pid=os.getpid(), uid=os.getuid(), gid=os.getgid())
+    with tempfile.TemporaryDirectory(prefix="affidavit-cap-") as where:
+        path = os.path.join(where, "s")
+        listener = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        await listener.bind(path)
+        listener.listen()
+        async with serving(routes, server) as busy, trio.open_nursery() as nursery:
+
+            async def accept() -> None:
+                while True:
+                    sock, _ = await listener.accept()
+                    nursery.start_soon(server.serve, Link(trio.SocketStream(sock)), peer, routes)
+
+            await busy.send(b"GET /busy HTTP/1.1\r\n")  # mid-head: never evicted
+            await _until(lambda: server.open == 1 and server.idle == 0)
+            nursery.start_soon(accept)
+            async with api_client.Client.open(path) as client:
+                with pytest.raises(ApiError) as info:
+                    await client.call(action)
+            answer = await trio.to_thread.run_sync(
+                blocking_request, path, "POST", "/v1/calls", body
+            )
+            done = await run(
+                [PYTHON, "-m", "affidavit", "call", "-", "--socket", path],
+                stdin=body,
+                env=client_env(),
+            )
+            nursery.cancel_scope.cancel()
+        listener.close()
+    assert (info.value.status, info.value.code) == (503, "TOO_MANY_CONNECTIONS")
+    assert (answer.error().status, answer.error().code) == (503, "TOO_MANY_CONNECTIONS")
+    assert done.returncode == 2, done.stderr
+    assert b"too many open connections" in done.stderr
+    assert routes.paths == []
 
 
 async def test_a_chunked_body_is_read_whole() -> None:

@@ -3,8 +3,11 @@ what the link counts as delivered, and the ``[service]`` settings."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
+import tempfile
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -12,17 +15,19 @@ import h11
 import pytest
 import trio
 
-from affidavit.api.client import ResponseReader, encode_request
+from affidavit.api.client import Client, ResponseReader, encode_request
 from affidavit.api.wire import (
     AnswerLost,
     ApiError,
     Response,
+    blocking_request,
     invocation_path,
     parse_time,
     read_answer,
     target,
 )
 from affidavit.config import ConfigError, config_from_dict
+from affidavit.daemon.h11server import _TURNED_AWAY
 from affidavit.daemon.link import Link
 from affidavit.daemon.peer import Peer, PeerPolicy, peer_of
 
@@ -195,3 +200,101 @@ def test_bad_service_settings_name_the_field(
         _service(**table)
     assert info.value.field == field
     assert message in info.value.message
+
+
+# -- a request the daemon stopped reading: its answer, if whole, is the answer --------------------
+
+Script = Callable[[trio.socket.SocketType], Awaitable[None]]
+BIG_BODY = b'{"pad": "' + b"x" * (8 << 20) + b'"}'  # far over a Unix socket's buffers
+
+
+@contextlib.asynccontextmanager
+async def _scripted_peer(script: Script) -> AsyncIterator[str]:
+    """A Unix socket whose one connection runs ``script`` and is closed -- whatever is unread."""
+    with tempfile.TemporaryDirectory(prefix="affidavit-peer-") as where:
+        path = os.path.join(where, "s")
+        listener = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        with listener:
+            await listener.bind(path)
+            listener.listen()
+
+            async def serve() -> None:
+                conn, _ = await listener.accept()
+                with conn:
+                    await script(conn)
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(serve)
+                yield path
+
+
+async def _read_some(conn: trio.socket.SocketType) -> None:
+    """Until part of the request is in: the client is then surely mid-send."""
+    got = 0
+    while got < 64 * 1024:
+        got += len(await conn.recv(65536))
+
+
+async def _refuse_unread(conn: trio.socket.SocketType) -> None:
+    await conn.send(_TURNED_AWAY)  # the daemon's own 503 to a connection over the cap
+
+
+async def _refuse_read_part(conn: trio.socket.SocketType) -> None:
+    await _read_some(conn)
+    await conn.send(_TURNED_AWAY)
+
+
+async def _close_unanswered(conn: trio.socket.SocketType) -> None:
+    await _read_some(conn)
+
+
+async def _close_mid_answer(conn: trio.socket.SocketType) -> None:
+    await _read_some(conn)
+    await conn.send(_TURNED_AWAY[:-5])  # all but the end of its body
+
+
+async def _close_on_malformed_answer(conn: trio.socket.SocketType) -> None:
+    await conn.send(_TURNED_AWAY.replace(b"\r\n", b"\r\nno colon here\r\n", 1))
+
+
+@pytest.mark.parametrize("script", [_refuse_unread, _refuse_read_part], ids=["unread", "read-part"])
+@pytest.mark.parametrize("which", ["async", "blocking"])
+async def test_a_refusal_written_before_the_close_is_the_answer_not_answer_lost(
+    script: Script, which: str
+) -> None:
+    """A connection over the daemon's cap is answered 503 and closed before a byte of it is
+    read, so a client still sending meets EPIPE / ECONNRESET.  Before, both clients said
+    ``AnswerLost`` ("the call may have run") although the call certainly did not: the 503 was
+    waiting, whole, in the socket."""
+    async with _scripted_peer(script) as path:
+        if which == "async":
+            async with Client.open(path) as client:
+                with pytest.raises(ApiError) as info:
+                    await client.call({"pad": BIG_BODY.decode()})
+            error = info.value
+        else:
+            answer = await trio.to_thread.run_sync(
+                blocking_request, path, "POST", "/v1/calls", BIG_BODY
+            )
+            error = answer.error()
+    assert (error.status, error.code) == (503, "TOO_MANY_CONNECTIONS")
+
+
+@pytest.mark.parametrize(
+    "script",
+    [_close_unanswered, _close_mid_answer, _close_on_malformed_answer],
+    ids=["no-answer", "partial-answer", "malformed-answer"],
+)
+@pytest.mark.parametrize("which", ["async", "blocking"])
+async def test_a_close_mid_send_without_a_whole_answer_is_still_answer_lost(
+    script: Script, which: str
+) -> None:
+    """Only a complete answer, read strictly, is taken: anything less leaves the call's fate
+    unknown, and the client must not say it did not run."""
+    async with _scripted_peer(script) as path:
+        with pytest.raises(AnswerLost):
+            if which == "async":
+                async with Client.open(path) as client:
+                    await client.call({"pad": BIG_BODY.decode()})
+            else:
+                await trio.to_thread.run_sync(blocking_request, path, "POST", "/v1/calls", BIG_BODY)
