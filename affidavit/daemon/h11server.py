@@ -53,9 +53,8 @@ Limits a hostile or broken client meets (each answered, never a traceback in the
   body was read whole carries ``Connection: close`` unless the rest is already buffered.
 
 Keep-alive: an idle connection waits up to ``keep_alive`` seconds for its next request (less
-at the connection cap: above).  At
-shutdown (``Server.close``) idle connections close at once and busy ones after their answer,
-which then says ``Connection: close``.
+at the connection cap: above).  At shutdown (``Server.close``) idle connections close at once
+and busy ones after their answer, which then says ``Connection: close``.
 """
 
 from __future__ import annotations
@@ -186,13 +185,13 @@ class Server:
 
     def _evict(self) -> Connection | None:
         """Close the connection idle the longest, to make room: one waiting for its next (or
-        first) request with no byte of it read.  Never one with a request in progress -- its
-        head or body being read, a route or a call running, its answer being written: those
-        are bounded by ``HEAD_WAIT``, ``BODY_WAIT``, ``WRITE_WAIT`` or the call itself.  None
-        when every connection is busy."""
+        first) request with no byte of it read or waiting in its socket.  Never one with a
+        request in progress -- its head or body being read, a route or a call running, its
+        answer being written: those are bounded by ``HEAD_WAIT``, ``BODY_WAIT``, ``WRITE_WAIT``
+        or the call itself.  None when every connection is busy."""
         for conn, scope in self._idle.items():
             if conn.unread():
-                continue  # the reader just handed it a request's first bytes: busy now
+                continue  # a request's first bytes are in: busy now, as far as anyone knows
             # Its server task is parked in the idle wait (nothing woke it: the reader sets
             # ``_bytes`` only after adding to the inbox or seeing the end), so the cancel
             # reaches it there and it returns without reading: a clean close, no answer cut.
