@@ -53,10 +53,10 @@ from affidavit.console import Console, TokenStore, token_dir
 from affidavit.engine import EngineSettings
 from affidavit.journal.backend import where as journal_where
 
+from .admission import Server
 from .app import Api
 from .calls import Calls
 from .dispatcher import dispatch_approvals
-from .h11server import Server
 from .link import Link
 from .peer import PeerPolicy, peer_credentials_supported, peer_of
 

@@ -22,7 +22,7 @@ import trio
 from affidavit.api.client import Client
 from affidavit.config import load_config
 from affidavit.daemon import server as daemon_server
-from affidavit.daemon.h11server import Server
+from affidavit.daemon.admission import Server
 from affidavit.daemon.server import Daemon
 from tests.broker.helpers import TOKEN_ENV
 from tests.http.hostile import HostileServer, Reply, scripts, unresponsive_listener

@@ -23,7 +23,8 @@ import trio.testing
 from affidavit.api import client as api_client
 from affidavit.api.wire import ApiError, blocking_request
 from affidavit.daemon import h11server
-from affidavit.daemon.h11server import MAX_HEAD, Server
+from affidavit.daemon.admission import Server
+from affidavit.daemon.h11server import MAX_HEAD
 from affidavit.daemon.http import MAX_BODY, ApiProblem, Request
 from affidavit.daemon.link import Link
 from affidavit.daemon.peer import Peer

@@ -27,7 +27,7 @@ from affidavit.api.wire import (
     target,
 )
 from affidavit.config import ConfigError, config_from_dict
-from affidavit.daemon.h11server import _TURNED_AWAY
+from affidavit.daemon.h11server import TURNED_AWAY
 from affidavit.daemon.link import Link
 from affidavit.daemon.peer import Peer, PeerPolicy, peer_of
 
@@ -236,12 +236,12 @@ async def _read_some(conn: trio.socket.SocketType) -> None:
 
 
 async def _refuse_unread(conn: trio.socket.SocketType) -> None:
-    await conn.send(_TURNED_AWAY)  # the daemon's own 503 to a connection over the cap
+    await conn.send(TURNED_AWAY)  # the daemon's own 503 to a connection over the cap
 
 
 async def _refuse_read_part(conn: trio.socket.SocketType) -> None:
     await _read_some(conn)
-    await conn.send(_TURNED_AWAY)
+    await conn.send(TURNED_AWAY)
 
 
 async def _close_unanswered(conn: trio.socket.SocketType) -> None:
@@ -250,11 +250,11 @@ async def _close_unanswered(conn: trio.socket.SocketType) -> None:
 
 async def _close_mid_answer(conn: trio.socket.SocketType) -> None:
     await _read_some(conn)
-    await conn.send(_TURNED_AWAY[:-5])  # all but the end of its body
+    await conn.send(TURNED_AWAY[:-5])  # all but the end of its body
 
 
 async def _close_on_malformed_answer(conn: trio.socket.SocketType) -> None:
-    await conn.send(_TURNED_AWAY.replace(b"\r\n", b"\r\nno colon here\r\n", 1))
+    await conn.send(TURNED_AWAY.replace(b"\r\n", b"\r\nno colon here\r\n", 1))
 
 
 @pytest.mark.parametrize("script", [_refuse_unread, _refuse_read_part], ids=["unread", "read-part"])

@@ -1,0 +1,167 @@
+"""Which connections of a listener are served: the daemon's connection cap.
+
+The HTTP/1.1 of each connection is ``h11server.py``'s; a ``Server`` holds one listener's
+connections -- those waiting between requests, so that shutdown closes them at once (busy ones
+close after their answer) -- and keeps their number bounded:
+
+* more than ``MAX_CONNECTIONS`` open at once (a client opening thousands, to exhaust the
+  daemon's file descriptors): a new one takes the place of the connection idle the longest --
+  waiting for its next request, or its first, with no byte of it read or in the socket --
+  which is closed there, never with part of an answer, so silent connections cannot shut
+  others out (operators included).  One with a request in progress is never closed to make
+  room: its head or body being read, a route or a call running (whose hang-up would withdraw
+  it: link.py), its answer being written -- each bounded by one of ``h11server.py``'s limits,
+  or by the call;
+* only when every one is busy is the new one answered 503 ``TOO_MANY_CONNECTIONS`` with
+  ``Connection: close`` before a byte of it is read, then closed -- within ``TURN_AWAY_WAIT``,
+  and never counted among the open ones (nor answered at all past as many again);
+* each spell at the cap logs once (evictions at info, refusals as a warning).  One evicted
+  before its first request is sent the same 503 before it closes (a request crossing the
+  eviction reads that it was not run); one evicted between requests just closes, as when
+  ``keep_alive`` runs out -- a request crossing that is unread and unanswered (the clients
+  retry a read, and call anything else ``AnswerLost``, which never claims that it did not run).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+
+import trio
+
+from .h11server import (
+    BODY_WAIT,
+    HEAD_WAIT,
+    TURN_AWAY_WAIT,
+    TURNED_AWAY,
+    WRITE_WAIT,
+    Connection,
+    Handler,
+)
+from .link import GONE, Link
+from .peer import Peer
+
+__all__ = ["MAX_CONNECTIONS", "Server"]
+
+log = logging.getLogger("affidavit.daemon")
+
+MAX_CONNECTIONS = 256
+"""Connections one ``Server`` keeps open at once (see the module docstring for one more)."""
+
+
+class Server:
+    """The connections of one listener, so that shutdown can close the idle ones."""
+
+    def __init__(
+        self,
+        *,
+        keep_alive: float,
+        head_wait: float = HEAD_WAIT,
+        body_wait: float = BODY_WAIT,
+        write_wait: float = WRITE_WAIT,
+        max_connections: int = MAX_CONNECTIONS,
+    ) -> None:
+        self.keep_alive = keep_alive
+        self.head_wait = head_wait
+        self.body_wait = body_wait
+        self.write_wait = write_wait
+        self.max_connections = max_connections
+        self.open = 0
+        """Connections being served (not those being turned away, nor those evicted)."""
+        self._turning_away = 0
+        self._full = False
+        """Connections were turned away since one was last served under the cap (logged once
+        per spell)."""
+        self._evicting = False
+        """Idle connections were evicted since one was last served under the cap (likewise)."""
+        self.closing = False
+        self._idle: dict[Connection, trio.CancelScope] = {}
+        """The waits of connections between requests (or before their first), longest idle
+        first (cancelled by ``close``, and one by ``_evict``)."""
+
+    @property
+    def idle(self) -> int:
+        """Connections waiting for a request (the ones ``_evict`` may close)."""
+        return len(self._idle)
+
+    def close(self) -> None:
+        """Idle connections close now; busy ones once their answer is written."""
+        self.closing = True
+        for scope in self._idle.values():
+            scope.cancel()
+
+    async def serve(self, link: Link, peer: Peer, handler: Handler) -> None:
+        """Serve one accepted connection until it closes (its peer already checked)."""
+        if self.open >= self.max_connections:
+            evicted = self._evict()
+            if evicted is None:
+                await self._turn_away(link, peer)
+                return
+            if not self._evicting:
+                self._evicting = True
+                log.info(
+                    "%d connections are open, the most: closing the longest-idle one to let "
+                    "each new one in (first %s's, for %s)",
+                    self.max_connections,
+                    evicted.peer.describe(),
+                    peer.describe(),
+                )
+        else:
+            self._full = self._evicting = False
+        self.open += 1
+        conn = Connection(self, link, peer)
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(conn.read)
+                await conn.serve(handler)
+                nursery.cancel_scope.cancel()
+        except Exception:
+            # A fault of this driver on one connection (h11 refusing what it was asked to
+            # send, say) closes that connection, never the daemon and the calls of the others.
+            log.exception("the connection of %s failed; it is closed", peer.describe())
+        finally:
+            if not conn.evicted:  # an evicted one gave its place up when it was chosen
+                self.open -= 1
+            with trio.CancelScope(shield=True):
+                await link.aclose()
+
+    def _evict(self) -> Connection | None:
+        """Close the connection idle the longest, to make room: one waiting for its next (or
+        first) request with no byte of it read or waiting in its socket.  Never one with a
+        request in progress -- its head or body being read, a route or a call running, its
+        answer being written: those are bounded by ``HEAD_WAIT``, ``BODY_WAIT``, ``WRITE_WAIT``
+        or the call itself.  None when every connection is busy."""
+        for conn, scope in self._idle.items():
+            if conn.unread():
+                continue  # a request's first bytes are in: busy now, as far as anyone knows
+            # Its server task is parked in the idle wait (nothing woke it: the reader sets
+            # ``_bytes`` only after adding to the inbox or seeing the end), so the cancel
+            # reaches it there and it returns without reading: a clean close, no answer cut.
+            del self._idle[conn]
+            conn.evicted = True
+            scope.cancel()
+            self.open -= 1
+            return conn
+        return None
+
+    async def _turn_away(self, link: Link, peer: Peer) -> None:
+        """503 and close, not a byte read: bounded by ``TURN_AWAY_WAIT``, and not answered at
+        all while as many again are being turned away (each holds a descriptor meanwhile)."""
+        if not self._full:
+            self._full = True
+            log.warning(
+                "%d connections are open, the most: turning new ones away (503), first %s",
+                self.open,
+                peer.describe(),
+            )
+        try:
+            if self._turning_away < self.max_connections:
+                self._turning_away += 1
+                try:
+                    with trio.move_on_after(TURN_AWAY_WAIT), contextlib.suppress(*GONE):
+                        await link.send_all(TURNED_AWAY)
+                finally:
+                    self._turning_away -= 1
+        finally:
+            with trio.CancelScope(shield=True):
+                await link.aclose()
