@@ -15,6 +15,11 @@ close after their answer) -- and keeps their number bounded:
 * only when every one is busy is the new one answered 503 ``TOO_MANY_CONNECTIONS`` with
   ``Connection: close`` before a byte of it is read, then closed -- within ``TURN_AWAY_WAIT``,
   and never counted among the open ones (nor answered at all past as many again);
+* no one uid holds more than ``max_per_uid`` of them (half the cap by default): past its
+  share, a uid's new connection takes the place of that uid's own longest-idle one, or is
+  answered 503 the same way -- so an agent's uid, even holding every connection it may busy
+  (half a head each, reconnecting as soon as one closes), leaves the other half to the rest,
+  the operators approving its requests among them (peer uids are the kernel's, peer.py);
 * each spell at the cap logs once (evictions at info, refusals as a warning).  One evicted
   before its first request is sent the same 503 before it closes (a request crossing the
   eviction reads that it was not run); one evicted between requests just closes, as when
@@ -60,14 +65,19 @@ class Server:
         body_wait: float = BODY_WAIT,
         write_wait: float = WRITE_WAIT,
         max_connections: int = MAX_CONNECTIONS,
+        max_per_uid: int | None = None,
     ) -> None:
         self.keep_alive = keep_alive
         self.head_wait = head_wait
         self.body_wait = body_wait
         self.write_wait = write_wait
         self.max_connections = max_connections
+        self.max_per_uid = max(1, max_connections // 2) if max_per_uid is None else max_per_uid
+        """Connections one peer uid may hold at once (half the cap unless given)."""
         self.open = 0
         """Connections being served (not those being turned away, nor those evicted)."""
+        self._per_uid: dict[int, int] = {}
+        """Connections being served, by peer uid (none listed with 0)."""
         self._turning_away = 0
         self._full = False
         """Connections were turned away since one was last served under the cap (logged once
@@ -92,23 +102,26 @@ class Server:
 
     async def serve(self, link: Link, peer: Peer, handler: Handler) -> None:
         """Serve one accepted connection until it closes (its peer already checked)."""
-        if self.open >= self.max_connections:
-            evicted = self._evict()
+        mine = self._per_uid.get(peer.uid, 0) >= self.max_per_uid
+        if mine or self.open >= self.max_connections:
+            evicted = self._evict(peer.uid if mine else None)
             if evicted is None:
-                await self._turn_away(link, peer)
+                await self._turn_away(link, peer, mine)
                 return
             if not self._evicting:
                 self._evicting = True
                 log.info(
-                    "%d connections are open, the most: closing the longest-idle one to let "
+                    "%d connections are open%s, the most: closing the longest-idle one to let "
                     "each new one in (first %s's, for %s)",
-                    self.max_connections,
+                    self.max_per_uid if mine else self.max_connections,
+                    f" for uid {peer.uid}" if mine else "",
                     evicted.peer.describe(),
                     peer.describe(),
                 )
         else:
             self._full = self._evicting = False
         self.open += 1
+        self._per_uid[peer.uid] = self._per_uid.get(peer.uid, 0) + 1
         conn = Connection(self, link, peer)
         try:
             async with trio.open_nursery() as nursery:
@@ -121,17 +134,19 @@ class Server:
             log.exception("the connection of %s failed; it is closed", peer.describe())
         finally:
             if not conn.evicted:  # an evicted one gave its place up when it was chosen
-                self.open -= 1
+                self._leave(conn)
             with trio.CancelScope(shield=True):
                 await link.aclose()
 
-    def _evict(self) -> Connection | None:
-        """Close the connection idle the longest, to make room: one waiting for its next (or
-        first) request with no byte of it read or waiting in its socket.  Never one with a
-        request in progress -- its head or body being read, a route or a call running, its
-        answer being written: those are bounded by ``HEAD_WAIT``, ``BODY_WAIT``, ``WRITE_WAIT``
-        or the call itself.  None when every connection is busy."""
+    def _evict(self, uid: int | None = None) -> Connection | None:
+        """Close the connection idle the longest (of peer ``uid``, when given), to make room:
+        one waiting for its next (or first) request with no byte of it read or waiting in its
+        socket.  Never one with a request in progress -- its head or body being read, a route
+        or a call running, its answer being written: those are bounded by ``HEAD_WAIT``,
+        ``BODY_WAIT``, ``WRITE_WAIT`` or the call itself.  None when every one is busy."""
         for conn, scope in self._idle.items():
+            if uid is not None and conn.peer.uid != uid:
+                continue
             if conn.unread():
                 continue  # a request's first bytes are in: busy now, as far as anyone knows
             # Its server task is parked in the idle wait (nothing woke it: the reader sets
@@ -140,18 +155,30 @@ class Server:
             del self._idle[conn]
             conn.evicted = True
             scope.cancel()
-            self.open -= 1
+            self._leave(conn)
             return conn
         return None
 
-    async def _turn_away(self, link: Link, peer: Peer) -> None:
+    def _leave(self, conn: Connection) -> None:
+        """``conn`` no longer holds a place (closed, or chosen to make room)."""
+        self.open -= 1
+        uid = conn.peer.uid
+        left = self._per_uid[uid] - 1
+        if left:
+            self._per_uid[uid] = left
+        else:
+            del self._per_uid[uid]
+
+    async def _turn_away(self, link: Link, peer: Peer, mine: bool) -> None:
         """503 and close, not a byte read: bounded by ``TURN_AWAY_WAIT``, and not answered at
-        all while as many again are being turned away (each holds a descriptor meanwhile)."""
+        all while as many again are being turned away (each holds a descriptor meanwhile).
+        ``mine``: the peer's uid holds its share (``max_per_uid``), all of them busy."""
         if not self._full:
             self._full = True
             log.warning(
-                "%d connections are open, the most: turning new ones away (503), first %s",
-                self.open,
+                "%d connections are open%s, the most: turning new ones away (503), first %s",
+                self._per_uid.get(peer.uid, 0) if mine else self.open,
+                f" for uid {peer.uid}" if mine else "",
                 peer.describe(),
             )
         try:

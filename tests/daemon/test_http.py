@@ -112,11 +112,13 @@ class Client:
 
 @contextlib.asynccontextmanager
 async def serving(
-    routes: Routes | None = None, server: Server | None = None
+    routes: Routes | None = None, server: Server | None = None, uid: int | None = None
 ) -> AsyncIterator[Client]:
+    """A connection to ``server`` (its peer this process, or ``uid`` as the kernel would have
+    named another account)."""
     server = server or Server(keep_alive=WAIT, head_wait=0.2)
     a, b = trio.socket.socketpair()
-    peer = Peer(pid=os.getpid(), uid=os.getuid(), gid=os.getgid())
+    peer = Peer(pid=os.getpid(), uid=os.getuid() if uid is None else uid, gid=os.getgid())
     async with trio.open_nursery() as nursery:
         nursery.start_soon(server.serve, Link(trio.SocketStream(a)), peer, routes or Routes())
         client = trio.SocketStream(b)
@@ -369,7 +371,7 @@ async def test_connections_over_max_connections_are_503_unread_and_not_counted(
     """Before, every connection was served: a client could open them until the daemon ran out
     of file descriptors (and the calls of every other client with it)."""
     caplog.set_level(logging.DEBUG)
-    server = Server(keep_alive=WAIT, head_wait=WAIT, max_connections=2)
+    server = Server(keep_alive=WAIT, head_wait=WAIT, max_connections=2, max_per_uid=2)
     routes = Routes()
     async with serving(routes, server) as one, serving(routes, server) as two:
         # Each busy (an idle one would be evicted to make room instead): served, so counted.
@@ -412,7 +414,7 @@ async def test_at_max_connections_a_new_one_evicts_the_longest_idle_with_a_clean
     end of the stream, never part of an answer (before its first, a whole 503 first) -- and
     the others are untouched."""
     caplog.set_level(logging.DEBUG)
-    server = Server(keep_alive=WAIT, head_wait=WAIT, max_connections=3)
+    server = Server(keep_alive=WAIT, head_wait=WAIT, max_connections=3, max_per_uid=3)
     routes = Routes()
     async with contextlib.AsyncExitStack() as stack:
         idles = []
@@ -457,7 +459,9 @@ async def test_at_max_connections_busy_ones_are_never_evicted_and_the_next_is_50
     make room -- each is already bounded (``HEAD_WAIT``, ``BODY_WAIT``, ``WRITE_WAIT``, the call),
     and a call's hang-up would withdraw it.  With no idle one, a new connection is refused."""
     caplog.set_level(logging.DEBUG)
-    server = Server(keep_alive=WAIT, head_wait=WAIT, body_wait=WAIT, max_connections=5)
+    server = Server(
+        keep_alive=WAIT, head_wait=WAIT, body_wait=WAIT, max_connections=5, max_per_uid=5
+    )
     routes = Routes()
     async with contextlib.AsyncExitStack() as stack:
         head, body, hold, big, idle = [
@@ -496,12 +500,57 @@ async def test_at_max_connections_busy_ones_are_never_evicted_and_the_next_is_50
     assert not [r for r in caplog.records if r.exc_info], "a traceback in the log"
 
 
+async def test_one_uid_holds_at_most_its_share_and_the_others_keep_theirs(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An agent's uid that keeps every connection it may busy (half a head each) -- which
+    eviction never closes -- could otherwise fill the daemon and shut out the operators
+    approving its requests.  Past ``max_per_uid`` its new connections replace its own idle
+    ones or are refused; another uid's connections are neither refused nor evicted for it."""
+    caplog.set_level(logging.DEBUG)
+    agent, operator = os.getuid() + 1000, os.getuid() + 2000
+    server = Server(keep_alive=WAIT, head_wait=WAIT, max_connections=4, max_per_uid=2)
+    routes = Routes()
+    async with contextlib.AsyncExitStack() as stack:
+        ops = [await stack.enter_async_context(serving(routes, server, operator))]
+        await _until(lambda: server.idle == 1)  # the operator's idles the longest
+        busy = await stack.enter_async_context(serving(routes, server, agent))
+        await busy.send(b"GET /busy HTTP/1.1\r\n")  # half a head: never evicted
+        idle = await stack.enter_async_context(serving(routes, server, agent))
+        await _until(lambda: server.open == 3 and server.idle == 2)
+        # The agent's third: at its share, it takes the place of the agent's own idle one --
+        # not of the operator's, idle longer.
+        third = await stack.enter_async_context(serving(routes, server, agent))
+        await third.send(b"GET /third HTTP/1.1\r\nhost: a\r\n\r\n")
+        assert (await third.answer())[::2] == (200, b"/third")
+        assert await idle.closed()
+        await third.send(b"GET /again HTTP/1.1\r\n")  # busy too now
+        # Another: both of the agent's busy, it is refused -- though the daemon has room.
+        async with serving(routes, server, agent) as over:
+            status, _, answer = await over.answer()
+            assert await over.closed()
+        assert (status, _api_error(answer)) == (503, "TOO_MANY_CONNECTIONS")
+        assert server.open == 3
+        # The operator's first is still served, and a second one gets the last place.
+        ops.append(await stack.enter_async_context(serving(routes, server, operator)))
+        for client in ops:
+            await client.send(HEAD)
+            assert (await client.answer())[::2] == (200, b"/v1/health")
+        assert server.open == 4
+        await busy.send(b"host: a\r\n\r\n")
+        assert (await busy.answer())[::2] == (200, b"/busy")
+    assert not [r for r in caplog.records if r.exc_info], "a traceback in the log"
+    messages = [r.getMessage() for r in caplog.records]
+    assert any(f"for uid {agent}" in m and "turning new ones away" in m for m in messages)
+    assert not any(f"for uid {operator}" in m for m in messages)
+
+
 async def test_a_client_refused_at_max_connections_reads_its_503_never_answer_lost() -> None:
     """The daemon answers a connection over the cap before reading a byte and closes it, so a
     client sending a large body meets a broken pipe mid-send.  Before, the async ``Client``, the
     one-shot ``blocking_request`` and ``affidavit call --socket`` (which uses it) each said
     ``AnswerLost`` -- "the call may have run" -- of a call that never did."""
-    server = Server(keep_alive=WAIT, head_wait=WAIT, max_connections=1)
+    server = Server(keep_alive=WAIT, head_wait=WAIT, max_connections=1, max_per_uid=1)
     routes = Routes()
     action = {"target": "api", "pad": "x" * (8 << 20)}  # far over a Unix socket's buffers
     body = json.dumps(action).encode()
