@@ -11,6 +11,13 @@ requires its uid to be the session's operator (docs/console.md, "Security model"
 
 A peer that is not on this machine has no row: for a console bound to loopback that cannot
 happen, and is refused; a remote console (``console_allow_remote``) cannot check at all.
+
+Only an ``ESTABLISHED`` row names its owner.  A client that closes its end right after sending
+a request leaves an orphaned socket -- ``FIN_WAIT``, then ``TIME_WAIT`` -- that no process owns,
+and the kernel lists the TIME_WAIT one with uid 0: read while the console was still busy with
+the request, that row made any local user's request look like root's (found by review: with
+root an operator, an agent holding a stolen cookie and CSRF token approved its own request).
+Such a peer is unidentified, and refused.
 """
 
 from __future__ import annotations
@@ -24,7 +31,8 @@ __all__ = ["Address", "is_loopback", "listener_owners", "socket_owner"]
 
 Address = tuple[str, int]
 _TABLES = (Path("/proc/net/tcp"), Path("/proc/net/tcp6"))
-_LISTEN = "0A"  # TCP_LISTEN in include/net/tcp_states.h
+_ESTABLISHED = "01"  # TCP_ESTABLISHED in include/net/tcp_states.h
+_LISTEN = "0A"  # TCP_LISTEN
 
 
 def _ip(hexed: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
@@ -70,11 +78,12 @@ def _rows() -> Iterator[tuple[str, str, str, int]]:
 
 
 def socket_owner(local: Address, remote: Address) -> int | None:
-    """The uid owning the TCP socket bound to ``local`` and connected to ``remote``; None when
-    no socket of this machine is (the peer is elsewhere, or already gone)."""
+    """The uid owning the established TCP socket bound to ``local`` and connected to
+    ``remote``; None when no socket of this machine is (the peer is elsewhere, or closed its
+    end: see the module docstring)."""
     want = (_normal(local), _normal(remote))
-    for here, there, _, uid in _rows():
-        if (_address(here), _address(there)) == want:
+    for here, there, state, uid in _rows():
+        if state == _ESTABLISHED and (_address(here), _address(there)) == want:
             return uid
     return None
 

@@ -109,3 +109,42 @@ def test_a_token_file_is_trusted_only_when_it_is_this_user_s_own_file(tmp_path: 
     os.replace(path, target)
     path.symlink_to(target)  # a symlink to a file elsewhere: not followed
     assert store.redeem(linked) is None
+
+
+def test_only_an_established_client_socket_names_its_owner() -> None:
+    """The console's owner check reads the client's end in /proc/net/tcp.  Once the client has
+    closed it (an agent sending a request and closing at once), the row that remains is an
+    orphan's -- FIN_WAIT, then TIME_WAIT, which the kernel lists with uid 0 -- and must name
+    no one: before, a request from any local user could pass as root's."""
+    import socket
+    import time
+
+    from affidavit.console.peer import socket_owner
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    with listener:
+        client = socket.create_connection(listener.getsockname())
+        server, _ = listener.accept()
+        with server:
+            local, remote = client.getsockname(), server.getsockname()
+            assert socket_owner(local, remote) == os.getuid()
+            client.close()  # the client's end: FIN_WAIT2 until the server closes
+            deadline = time.monotonic() + 5
+            while socket_owner(local, remote) is not None and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert socket_owner(local, remote) is None
+            server.close()  # now the client's end is TIME_WAIT (uid 0 in the table)
+            time.sleep(0.05)
+            rows = [r for r in _proc_rows() if r[0] == local[1] and r[1] == remote[1]]
+            assert socket_owner(local, remote) is None, rows
+
+
+def _proc_rows() -> list[tuple[int, int, str, int]]:
+    """(local port, remote port, state, uid) of /proc/net/tcp's rows, for the message."""
+    from pathlib import Path
+
+    out = []
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        f = line.split()
+        out.append((int(f[1].split(":")[1], 16), int(f[2].split(":")[1], 16), f[3], int(f[7])))
+    return out
