@@ -312,14 +312,15 @@ class Console:
         self._same_origin(req)
         token = (await req.form()).get("token") or ""
         try:
-            who = self.tokens.redeem(token)
+            # The connection's owner is checked before the token is used up: a stranger who
+            # got hold of an operator's link is refused, and the link still works for them.
+            who = self.tokens.redeem(token, lambda w: self._require_peer(req, w, "a login token"))
         except TokenDirError as exc:
             raise Refused(500, str(exc)) from None
         if who is not None and not self.broker.operator_policy.is_operator(who):
             who = None  # no longer an operator (the config changed since the link was made)
         if who is None:
             return await req.answer(403, self._render("login.html", req, failed=True, token=""))
-        self._require_peer(req, who, "a login token")
         req.session = self.sessions.start(who)
         page = self._render("welcome.html", req)
         await req.answer(200, page, headers=[(b"set-cookie", _cookie(req.session.id))])

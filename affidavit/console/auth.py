@@ -26,6 +26,7 @@ import os
 import secrets
 import stat
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -108,8 +109,12 @@ class TokenStore:
         os.replace(temp, final)
         return token, expires
 
-    def redeem(self, token: str) -> Operator | None:
-        """The operator a valid, unused, unexpired token names -- once; else None."""
+    def redeem(
+        self, token: str, check: Callable[[Operator], None] | None = None
+    ) -> Operator | None:
+        """The operator a valid, unused, unexpired token names -- once; else None.  ``check``
+        runs on that operator before the token is used up: whatever it raises leaves the token
+        as it was (a stranger presenting a stolen link cannot burn it)."""
         if not 20 <= len(token) <= 100:
             return None
         path = self.directory / _digest(token)
@@ -117,24 +122,22 @@ class TokenStore:
             if not self._checked(create=False):
                 return None
             text = _read_own(path)
-            path.unlink()  # the one redemption: a second unlink finds nothing
         except TokenDirError:
             raise
         except OSError:
             return None
-        try:
-            entry = json.loads(text)
-            if float(entry["expires_at"]) < time.time():
-                return None
-            return Operator(
-                int(entry["uid"]),
-                int(entry["gid"]),
-                tuple(int(g) for g in entry["groups"]),
-                entry.get("name"),
-                "console",
-            )
-        except (ValueError, KeyError, TypeError):
+        who = _entry(text)
+        if who is None:  # expired or unreadable: used up all the same
+            with contextlib.suppress(OSError):
+                path.unlink()
             return None
+        if check is not None:
+            check(who)
+        try:
+            path.unlink()  # the one redemption: a second unlink finds nothing
+        except OSError:
+            return None
+        return who
 
     def _sweep(self) -> None:
         """Expired tokens go when a new one is minted (nothing else lists the directory)."""
@@ -145,6 +148,23 @@ class TokenStore:
             with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
                 if float(json.loads(_read_own(path))["expires_at"]) < now:
                     path.unlink()
+
+
+def _entry(text: str) -> Operator | None:
+    """The operator an unexpired token file names, or None."""
+    try:
+        entry = json.loads(text)
+        if float(entry["expires_at"]) < time.time():
+            return None
+        return Operator(
+            int(entry["uid"]),
+            int(entry["gid"]),
+            tuple(int(g) for g in entry["groups"]),
+            entry.get("name"),
+            "console",
+        )
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 def _read_own(path: Path) -> str:

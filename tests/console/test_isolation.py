@@ -14,7 +14,7 @@ from pathlib import Path
 
 from tests.daemon.kit import as_user, client_env, run
 
-from .kit import CHARGE, console_world, csrf_of, get, log_in
+from .kit import CHARGE, console_world, csrf_of, get, log_in, post
 
 NOBODY = 65534
 
@@ -68,3 +68,8 @@ async def test_a_session_cookie_in_another_uid_s_hands_is_refused(
         status, _, page = await get(f"{world.origin}/approvals", cookie=cookie)
         assert status == 200 and f"approval-{iid}".encode() in page
         assert await csrf_of(world.origin, cookie) == csrf
+        # The link the stranger presented was not used up by its refusal: its operator logs in.
+        status, headers, _ = await post(
+            f"{world.origin}/login", {"token": stolen_link}, {"Origin": world.origin}
+        )
+        assert status == 200 and "set-cookie" in headers, status

@@ -148,3 +148,27 @@ def _proc_rows() -> list[tuple[int, int, str, int]]:
         f = line.split()
         out.append((int(f[1].split(":")[1], 16), int(f[2].split(":")[1], 16), f[3], int(f[7])))
     return out
+
+
+def test_a_token_refused_by_the_check_is_not_used_up(tmp_path: Path) -> None:
+    """The console checks who owns the connection before a login token is spent: a stranger
+    presenting an operator's stolen link is refused and the link still works for its owner
+    (before, the refusal came after the redemption and burnt it)."""
+    store = TokenStore(tmp_path / "tokens")
+    token, _ = store.mint(OPS)
+
+    class Stranger(Exception):
+        pass
+
+    def refuse(who: object) -> None:
+        raise Stranger(who)
+
+    with pytest.raises(Stranger):
+        store.redeem(token, refuse)
+    seen: list[object] = []
+    assert store.redeem(token, seen.append) == Operator(4242, 4242, (10,), "ops", "console")
+    assert seen == [Operator(4242, 4242, (10,), "ops", "console")]
+    assert store.redeem(token) is None  # once
+    late, _ = store.mint(OPS, ttl=-1)
+    assert store.redeem(late, refuse) is None  # expired: never reaches the check
+    assert list((tmp_path / "tokens").iterdir()) == []
