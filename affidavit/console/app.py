@@ -169,6 +169,10 @@ class Console:
         # connects itself, on loopback; through a proxy the proxy is the peer.
         host = urlsplit(origin).hostname or ""
         self.check_peer = is_loopback(host) and public_origin is None
+        # Served through TLS, the session cookie is Secure: a browser then never sends it over
+        # plain HTTP -- not to a server an agent runs on another port of the public host,
+        # where cookies (which ignore ports) would otherwise go.
+        self.secure_cookie = (public_origin or "").startswith("https://")
         self.templates = jinja2.Environment(
             loader=jinja2.PackageLoader("affidavit.console", "templates"),
             autoescape=True,
@@ -230,7 +234,8 @@ class Console:
             return await self._journal(req)
         if path == "/logout" and method == "POST":
             self.sessions.end(req.session.id)  # type: ignore[union-attr]
-            return await req.redirect("/login", [(b"set-cookie", _cookie("", expire=True))])
+            expired = _cookie("", expire=True, secure=self.secure_cookie)
+            return await req.redirect("/login", [(b"set-cookie", expired)])
         m = _DECIDE.fullmatch(path)
         if m is not None and method == "POST":
             return await self._decide(req, m.group(1), m.group(2), form)
@@ -323,7 +328,8 @@ class Console:
             return await req.answer(403, self._render("login.html", req, failed=True, token=""))
         req.session = self.sessions.start(who)
         page = self._render("welcome.html", req)
-        await req.answer(200, page, headers=[(b"set-cookie", _cookie(req.session.id))])
+        cookie = _cookie(req.session.id, secure=self.secure_cookie)
+        await req.answer(200, page, headers=[(b"set-cookie", cookie)])
 
     # -- pages --------------------------------------------------------------------------------
 
@@ -462,9 +468,9 @@ def _operator(req: Request) -> Operator:
     return req.session.operator
 
 
-def _cookie(value: str, *, expire: bool = False) -> bytes:
-    # No Secure: the console speaks plain HTTP on loopback (TLS in front is the deployer's).
-    tail = "; Max-Age=0" if expire else ""
+def _cookie(value: str, *, expire: bool = False, secure: bool = False) -> bytes:
+    # Secure only behind a TLS proxy: on loopback the console speaks plain HTTP.
+    tail = ("; Max-Age=0" if expire else "") + ("; Secure" if secure else "")
     return f"{COOKIE}={value}; Path=/; HttpOnly; SameSite=Strict{tail}".encode()
 
 

@@ -230,6 +230,7 @@ async def log_in(world: World) -> tuple[str, str]:
         f"{world.origin}/login", {"token": url.split("=", 1)[1]}, {"Origin": world.origin}
     )
     assert status == 200, status
+    assert "Secure" not in headers["set-cookie"]  # plain HTTP on loopback: it must be sent
     cookie = headers["set-cookie"].split(";")[0]
     return cookie, await csrf_of(world.origin, cookie)
 

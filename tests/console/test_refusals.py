@@ -265,6 +265,9 @@ async def test_behind_a_tls_proxy_the_public_origin_is_accepted(tmp_path: Path, 
             f"{world.origin}/login", {"token": url.split("=", 1)[1]}, proxied
         )
         assert status == 200
+        # Secure: never sent over plain HTTP, e.g. to an agent's server on another port of
+        # the public host (cookies ignore ports).
+        assert "; Secure" in headers["set-cookie"], headers["set-cookie"]
         cookie = headers["set-cookie"].split(";")[0]
         status, _, page = await _request_with_host(
             world, "/approvals", "console.example:8443", cookie
