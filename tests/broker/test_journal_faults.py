@@ -101,10 +101,10 @@ async def test_a_complete_response_whose_chunks_cannot_be_stored_is_result_store
     confirms the outcome, and nothing of the result is committed."""
     if fault == "write":
 
-        def pwrite(fd: int, data: object, pos: int) -> int:
+        def pwritev(fd: int, buffers: object, pos: int) -> int:
             raise OSError(errno.ENOSPC, "No space left on device")
 
-        monkeypatch.setattr(segments.os, "pwrite", pwrite)
+        monkeypatch.setattr(segments.os, "pwritev", pwritev)
     else:
 
         def fdatasync(fd: int) -> None:

@@ -94,11 +94,11 @@ def stall_writes(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
     """Make the segment thread's writes wait until the returned event is set (a stalled disk);
     set it before the journal closes, or closing waits ``LIMIT`` seconds a write."""
     gate = threading.Event()
-    real = os.pwrite
+    real = os.pwritev
 
-    def stalled(fd: int, data: Any, pos: int) -> int:
+    def stalled(fd: int, buffers: Any, pos: int) -> int:
         gate.wait(LIMIT)
-        return real(fd, data, pos)
+        return real(fd, buffers, pos)
 
-    monkeypatch.setattr(seg_mod.os, "pwrite", stalled)
+    monkeypatch.setattr(seg_mod.os, "pwritev", stalled)
     return gate

@@ -17,8 +17,8 @@ import trio
 
 from affidavit.journal import Batch, Journal, JournalReader, ResultStoreFailed, results
 from affidavit.journal import segments as seg_mod
-from affidavit.journal.results import IN_FLIGHT
 from affidavit.journal.sealing import generate_auditor_keypair
+from affidavit.journal.segments import IN_FLIGHT
 from affidavit.statemachine import Event
 from affidavit.statemachine import EventKind as E
 
@@ -102,25 +102,25 @@ async def test_a_failed_segment_write_fails_that_result_and_the_next_one_is_stor
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     db = tmp_path / "j.db"
-    real = os.pwrite
+    real = os.pwritev
     calls = {"n": 0}
 
-    def pwrite(fd: int, data: Any, pos: int) -> int:
+    def pwritev(fd: int, buffers: Any, pos: int) -> int:
         calls["n"] += 1
-        if calls["n"] == 3:
+        if calls["n"] == 2:  # the second batch: the first is written
             raise OSError(errno.ENOSPC, "No space left on device")
-        return real(fd, data, pos)
+        return real(fd, buffers, pos)
 
-    monkeypatch.setattr(seg_mod.os, "pwrite", pwrite)
+    monkeypatch.setattr(seg_mod.os, "pwritev", pwritev)
     async with Journal.open(db) as j:
         for ev in happy("inv-f"):
             await j.append(ev)
         writer = j.result_writer("inv-f")
         with trio.fail_after(kit.LIMIT):
             with pytest.raises(ResultStoreFailed, match="No space left") as info:
-                for idx in range(10):
+                for idx in range(40):
                     await writer.put(
-                        "body", idx, kit.body(10)[idx * kit.CHUNK : (idx + 1) * kit.CHUNK]
+                        "body", idx, kit.body(40)[idx * kit.CHUNK : (idx + 1) * kit.CHUNK]
                     )
                 await writer.flush()
             assert str(db) in str(info.value)
@@ -128,7 +128,7 @@ async def test_a_failed_segment_write_fails_that_result_and_the_next_one_is_stor
                 await j.commit_result(
                     Event(E.RESULT_COMMITTED, "inv-f"),
                     summary={},
-                    expect={"body": hashlib.sha256(kit.body(10)).hexdigest()},
+                    expect={"body": hashlib.sha256(kit.body(40)).hexdigest()},
                     writer=writer,
                 )
         assert j.read_result("inv-f") is None
