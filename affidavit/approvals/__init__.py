@@ -2,7 +2,7 @@
 listing, showing and deciding requests (``service``) -- the rules every interface calls."""
 
 from .operator import Operator, OperatorError, OperatorPolicy
-from .service import MAX_NOTE, approval_view, check_note, decide, pending, show
+from .service import MAX_NOTE, approval_view, check_note, content, decide, pending, show
 
 __all__ = [
     "MAX_NOTE",
@@ -11,6 +11,7 @@ __all__ = [
     "OperatorPolicy",
     "approval_view",
     "check_note",
+    "content",
     "decide",
     "pending",
     "show",

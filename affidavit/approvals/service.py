@@ -15,13 +15,15 @@ waiting caller or by the daemon (``affidavit.engine.approval.dispatch_approved``
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from affidavit.engine.approval import expire_if_due
 from affidavit.engine.recovery import act_failure
-from affidavit.journal import JournalError, JournalReader, JournalUnavailable
+from affidavit.journal import JournalError, JournalReader, JournalUnavailable, ReadFailed
+from affidavit.protocols import get
 from affidavit.statemachine import Code, Event, EventKind, ImpossibleEvent, Record
 
 from .operator import Operator, OperatorError, OperatorPolicy
@@ -33,6 +35,7 @@ __all__ = [
     "MAX_NOTE",
     "approval_view",
     "check_note",
+    "content",
     "decide",
     "decision_failure",
     "pending",
@@ -103,6 +106,59 @@ def show(reader: JournalReader, invocation_id: str) -> dict[str, Any]:
     """One invocation's approval, whatever became of it; ``OperatorError`` (404) when it asked
     for none."""
     return approval_view(reader, _approval_record(reader, invocation_id))
+
+
+def content(reader: JournalReader, invocation_id: str, name: str) -> bytes:
+    """The exact bytes of one content the approval's view names (``name``: ``body``, ``stdin``;
+    the view has ``name_bytes`` and ``name_sha256``), whole whatever its size: read from the
+    action the broker sealed with ACTION_ACCEPTED -- what the dispatcher sends (no credential
+    is in it: it is injected at send time) -- through the protocol's ``operator_contents``, and
+    served only when its SHA-256 is the one the view recorded.  ``OperatorError``: no such
+    approval or content (404); the request sealed beyond this broker's reading, e.g. to the
+    auditor's key alone, or the sealed action not matching the view (409)."""
+    record = _approval_record(reader, invocation_id)
+    view = approval_view(reader, record)
+    request = view.get("request")
+    if not isinstance(request, Mapping):
+        raise OperatorError(
+            "REQUEST_SEALED",
+            f"the request of {invocation_id} is sealed to a key this broker lacks (only an "
+            "auditor can read it): its content cannot be shown here",
+        )
+    digest = request.get(f"{name}_sha256")
+    if not isinstance(digest, str) or f"{name}_bytes" not in request:
+        raise OperatorError(
+            "NO_SUCH_CONTENT", f"the request of {invocation_id} has no content {name!r}", 404
+        )
+    accepted = next((e for e in reader.events(invocation_id) if e.kind is E.ACTION_ACCEPTED), None)
+    try:
+        sealed = reader.payload(accepted.seq) if accepted and accepted.seq is not None else None
+    except (JournalUnavailable, ReadFailed):  # unread, not unreadable
+        raise
+    except JournalError:  # an altered row, or sealed to a key this broker lacks
+        sealed = None
+    action = sealed.get("action") if sealed is not None else None
+    spec = get(record.protocol or "")
+    pick = spec.action.operator_contents if spec is not None else None
+    if not isinstance(action, Mapping) or pick is None:
+        raise OperatorError(
+            "REQUEST_SEALED",
+            f"the accepted request of {invocation_id} cannot be read by this broker (sealed "
+            f"to the auditor's key alone, or not a request it can open): its {name} cannot "
+            "be shown here",
+        )
+    try:
+        data = pick(action).get(name)
+    except ValueError:
+        data = None
+    if data is None or hashlib.sha256(data).hexdigest() != digest:
+        raise OperatorError(
+            "CONTENT_MISMATCH",
+            f"the {name} of {invocation_id} in the accepted request does not match the one the "
+            f"approval view recorded (sha256 {digest}): not served -- check the journal "
+            "(`affidavit journal verify`)",
+        )
+    return data
 
 
 def _approval_record(reader: JournalReader, invocation_id: str) -> Record:

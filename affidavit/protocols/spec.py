@@ -123,6 +123,13 @@ class ActionSpec:
     """``(action, target) -> JSON-able``: what an operator approves -- what will be sent and
     where, never a credential (it is sealed in the journal).  None: the fingerprint's
     identity."""
+    operator_contents: Callable[[Mapping[str, Any]], Mapping[str, bytes]] | None = None
+    """``(accepted action) -> {name: exact bytes}``: each content the operator view names (``X``
+    with ``X_bytes`` and ``X_sha256``: an HTTP body, SSH stdin), read from the action as the
+    broker sealed it with ACTION_ACCEPTED (the caller's JSON; no credential is in it), so an
+    operator can fetch whole what the view keeps only when small.  Raises ``ValueError`` when
+    the action does not hold it readably; whoever serves it checks the bytes against the view's
+    ``X_sha256`` first.  None: no content can be fetched."""
 
 
 @dataclass

@@ -336,6 +336,22 @@ def operator_view(action: HttpAction, target: HttpTarget) -> dict[str, Any]:
     return out
 
 
+def operator_contents(action: Mapping[str, Any]) -> dict[str, bytes]:
+    """The body the operator view names, from the accepted action: its text as UTF-8, or its
+    base64 decoded (as ``parse`` reads them); none given is the empty body."""
+    text, b64 = action.get("body"), action.get("body_base64")
+    if isinstance(text, str):
+        return {"body": text.encode("utf-8")}
+    if isinstance(b64, str):
+        try:
+            return {"body": base64.b64decode(b64.encode("ascii"), validate=True)}
+        except (binascii.Error, UnicodeEncodeError):
+            raise ValueError("body_base64 is not valid base64") from None
+    if text is not None or b64 is not None:
+        raise ValueError("the body is not a string")
+    return {"body": b""}
+
+
 def idempotent(action: HttpAction, target: HttpTarget) -> bool:
     """The method is listed in the target's ``idempotent`` (configuration, not the method name)."""
     return action.method in target.idempotent
@@ -441,4 +457,5 @@ HTTP_ACTION = ActionSpec(
     doc="Make one HTTP request to a configured target; the broker injects the credential.",
     needs_approval=needs_approval,
     operator_view=operator_view,
+    operator_contents=operator_contents,
 )

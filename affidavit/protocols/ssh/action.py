@@ -108,6 +108,17 @@ def operator_view(action: SshAction, target: SshTarget) -> dict[str, Any]:
     return out
 
 
+def operator_contents(action: Mapping[str, Any]) -> dict[str, bytes]:
+    """The stdin the operator view names (when the action gives one), from the accepted
+    action: its text as UTF-8."""
+    stdin = action.get("stdin")
+    if stdin is None:
+        return {}
+    if not isinstance(stdin, str):
+        raise ValueError("stdin is not a string")
+    return {"stdin": stdin.encode("utf-8")}
+
+
 def idempotent(action: SshAction, target: SshTarget) -> bool:
     """The exact command is listed in the target's ``idempotent_commands``."""
     return action.command in target.idempotent_commands
@@ -161,4 +172,5 @@ SSH_ACTION = ActionSpec(
     doc="Run one command on a configured SSH target; the broker holds the key.",
     needs_approval=needs_approval,
     operator_view=operator_view,
+    operator_contents=operator_contents,
 )
