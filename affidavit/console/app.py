@@ -5,6 +5,9 @@
     POST /login                         redeem a one-time token: a session cookie
     POST /logout                        end the session
     GET  /approvals                     pending requests; POST /approvals/{id}/approve|deny
+    GET  /approvals/{id}/content/{name}  a content of the request (its body, its stdin) whole,
+                                        as a download: the bytes the broker accepted, served
+                                        only when their SHA-256 is the one the card shows
     GET  /actions                       the invocation list, filters, counts, live refresh
     GET  /invocations/{id}              timeline, attempts, result, lifecycle; POST .../reconcile
     GET  /invocations/{id}/result.json  the stored envelope, as a download
@@ -73,6 +76,7 @@ CSP = (
 )
 STATIC = {"console.css": b"text/css; charset=utf-8", "console.js": b"text/javascript"}
 _DECIDE = re.compile(r"/approvals/([^/]+)/(approve|deny)")
+_CONTENT = re.compile(r"/approvals/([^/]+)/content/([a-z][a-z0-9_]*)")
 _INVOCATION = re.compile(r"/invocations/([^/]+)(/reconcile|/result\.json)?")
 
 
@@ -239,6 +243,9 @@ class Console:
         m = _DECIDE.fullmatch(path)
         if m is not None and method == "POST":
             return await self._decide(req, m.group(1), m.group(2), form)
+        m = _CONTENT.fullmatch(path)
+        if m is not None and method == "GET":
+            return await self._content(req, m.group(1), m.group(2))
         m = _INVOCATION.fullmatch(path)
         if m is not None:
             iid, sub = m.group(1), m.group(2)
@@ -389,6 +396,23 @@ class Console:
         name = re.sub(r"[^A-Za-z0-9_.-]", "_", iid)
         disposition = f'attachment; filename="{name}.json"'.encode()
         await req.answer(200, body, b"application/json", [(b"content-disposition", disposition)])
+
+    async def _content(self, req: Request, iid: str, name: str) -> None:
+        """One content of an approval's request, whole (``service.content``: the accepted
+        action's bytes, checked against the view's hash): an attachment, never rendered."""
+        try:
+            data = await self.read(lambda r: service.content(r, iid, name))
+        except OperatorError as exc:
+            if exc.code == "CONTENT_MISMATCH":
+                log.warning("console: refused the %s of %s: %s", name, iid, exc.message)
+            raise Refused(exc.status, exc.message, exc.code) from None
+        except JournalError as exc:  # 503 JOURNAL_UNAVAILABLE when away: nothing served
+            raise _journal_refusal(exc, read_failure(exc, f"the approval of {iid}")) from None
+        file = re.sub(r"[^A-Za-z0-9_.-]", "_", f"{iid}.{name}")
+        disposition = f'attachment; filename="{file}.bin"'.encode()
+        await req.answer(
+            200, data, b"application/octet-stream", [(b"content-disposition", disposition)]
+        )
 
     async def _journal(self, req: Request) -> None:
         data = await self._reading(pages.journal_page, "the journal view")

@@ -33,6 +33,7 @@ def ask(method, path, body=None, headers=()):
     return r.status, r.read().decode("utf-8", "replace")
 out = {}
 out["get"] = ask("GET", "/approvals")
+out["content"] = ask("GET", f"/approvals/{iid}/content/body")
 out["approve"] = ask("POST", f"/approvals/{iid}/approve", {"csrf": csrf, "note": "agent"})
 attest = {"csrf": csrf, "how": "committed", "note": "x"}
 out["reconcile"] = ask("POST", f"/invocations/{iid}/reconcile", attest)
@@ -55,7 +56,7 @@ async def test_a_session_cookie_in_another_uid_s_hands_is_refused(
         )
         assert done.returncode == 0, done.stderr
         answers = json.loads(done.stdout)
-        for what in ("get", "approve", "reconcile", "login"):
+        for what in ("get", "content", "approve", "reconcile", "login"):
             status, page = answers[what]
             assert status == 403, (what, status)
             assert "not the operator" in page, what
@@ -67,6 +68,8 @@ async def test_a_session_cookie_in_another_uid_s_hands_is_refused(
         # The operator's own client, with the same cookie, is served.
         status, _, page = await get(f"{world.origin}/approvals", cookie=cookie)
         assert status == 200 and f"approval-{iid}".encode() in page
+        status, _, body = await get(f"{world.origin}/approvals/{iid}/content/body", cookie=cookie)
+        assert status == 200 and body == CHARGE["body"].encode()
         assert await csrf_of(world.origin, cookie) == csrf
         # The link the stranger presented was not used up by its refusal: its operator logs in.
         status, headers, _ = await post(
