@@ -114,8 +114,9 @@ def content(reader: JournalReader, invocation_id: str, name: str) -> bytes:
     action the broker sealed with ACTION_ACCEPTED -- what the dispatcher sends (no credential
     is in it: it is injected at send time) -- through the protocol's ``operator_contents``, and
     served only when its SHA-256 is the one the view recorded.  ``OperatorError``: no such
-    approval or content (404); the request sealed beyond this broker's reading, e.g. to the
-    auditor's key alone, or the sealed action not matching the view (409)."""
+    approval or content, or a protocol that does not say where its contents are (404); the
+    request sealed beyond this broker's reading, e.g. to the auditor's key alone, or the sealed
+    action not matching the view (409)."""
     record = _approval_record(reader, invocation_id)
     view = approval_view(reader, record)
     request = view.get("request")
@@ -140,7 +141,14 @@ def content(reader: JournalReader, invocation_id: str, name: str) -> bytes:
     action = sealed.get("action") if sealed is not None else None
     spec = get(record.protocol or "")
     pick = spec.action.operator_contents if spec is not None else None
-    if not isinstance(action, Mapping) or pick is None:
+    if pick is None:
+        raise OperatorError(
+            "CONTENT_UNSUPPORTED",
+            f"the {record.protocol} protocol does not say where an action holds its {name} "
+            "(operator_contents): it cannot be fetched whole",
+            404,
+        )
+    if not isinstance(action, Mapping):
         raise OperatorError(
             "REQUEST_SEALED",
             f"the accepted request of {invocation_id} cannot be read by this broker (sealed "
