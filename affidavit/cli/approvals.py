@@ -2,6 +2,9 @@
 
     affidavit approvals [--json]                 requests waiting for a decision
     affidavit approvals show ID                  one invocation's approval (JSON)
+    affidavit approvals show ID --content NAME   its content NAME (body, stdin) whole, the
+                                                 exact bytes, on stdout (checked: its SHA-256
+                                                 is the one the approval shows)
     affidavit approvals approve ID [--note T]    APPROVAL_GRANTED; the request is then sent once
     affidavit approvals deny ID [--note T]       APPROVAL_DENIED; it is never sent
     affidavit reconcile ID --query               run the target's reconciliation query
@@ -52,6 +55,12 @@ def add_commands(sub: Any) -> None:
     asub = p.add_subparsers(dest="approvals_command", metavar="APPROVALS_COMMAND")
     show = asub.add_parser("show", help="one invocation's approval, whatever became of it")
     show.add_argument("invocation_id")
+    show.add_argument(
+        "--content",
+        metavar="NAME",
+        help="write the request's content NAME (body, stdin) whole to stdout, as raw bytes: "
+        "what the approval view shows only when small (its SHA-256 is checked)",
+    )
     _options(show)
     show.set_defaults(handler=_show)
     for verb, what in (("approve", "approve: it is then sent once"), ("deny", "deny: never sent")):
@@ -187,6 +196,8 @@ def _what(request: Any) -> str:
 def _show(args: argparse.Namespace) -> int:
     iid = text_arg(args.invocation_id, "the invocation id")
     assert iid is not None
+    if args.content is not None:
+        return _content(args, iid, text_arg(args.content, "--content") or "")
     socket = daemon_socket(args, "config")
     if socket is not None:
         from affidavit.api.wire import approval_path
@@ -196,6 +207,30 @@ def _show(args: argparse.Namespace) -> int:
     from affidavit import approvals
 
     _print(_reading(args, lambda j: approvals.show(j, iid), f"the approval of {iid}"))
+    return 0
+
+
+def _content(args: argparse.Namespace, iid: str, name: str) -> int:
+    """``show --content NAME``: the bytes ``approvals.content`` vouches for, raw on stdout --
+    never to a terminal, which the agent's bytes could drive."""
+    if sys.stdout.isatty():
+        raise UsageError("--content writes raw bytes: redirect it to a file (> FILE)")
+    socket = daemon_socket(args, "config")
+    if socket is not None:
+        from urllib.parse import quote
+
+        from affidavit.api.wire import approval_path
+
+        response = ask_daemon(socket, "GET", approval_path(iid, f"/content/{quote(name, safe='')}"))
+        if response.status != 200:
+            raise UsageError(str(response.error()))
+        data = response.body
+    else:
+        from affidavit import approvals
+
+        data = _reading(args, lambda j: approvals.content(j, iid, name), f"the approval of {iid}")
+    sys.stdout.buffer.write(data)
+    sys.stdout.buffer.flush()
     return 0
 
 

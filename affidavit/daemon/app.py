@@ -10,8 +10,9 @@
     GET  /v1/sessions                  ``affidavit sessions --json``
     GET  /v1/metrics                   Prometheus text (``?format=json``: ``metrics --json``)
     GET  /v1/health                    {"ok": true, ...}
-    ...  /v1/approvals[/{id}[/approve|/deny]], POST /v1/invocations/{id}/reconcile,
-         POST /v1/console/login: the operator routes (``operators.py``)
+    ...  /v1/approvals[/{id}[/approve|/deny|/content/{name}]],
+         POST /v1/invocations/{id}/reconcile, POST /v1/console/login: the operator routes
+         (``operators.py``)
 
 Everything else is the API's own trouble: 400 bad JSON or query (or a malformed request, with
 408, 431, 501 for CONNECT or Upgrade and 503 for too many connections: h11server.py), 403 peer
@@ -66,7 +67,7 @@ log = logging.getLogger("affidavit.daemon")
 Handler = Callable[["Api", Request], Awaitable[None]]
 _INVOCATION = re.compile(r"/v1/invocations/([^/]+)(/result|/reconcile)?")
 _OPERATION = re.compile(r"/v1/operations/([^/]+)/poll")
-_APPROVAL = re.compile(r"/v1/approvals/([^/]+)(/approve|/deny)?")
+_APPROVAL = re.compile(r"/v1/approvals/([^/]+)(/approve|/deny|/content/[a-z][a-z0-9_]*)?")
 _PROMETHEUS = b"text/plain; version=0.0.4; charset=utf-8"
 
 
@@ -130,7 +131,10 @@ class Api:
             m = _APPROVAL.fullmatch(path)
             if m is not None:
                 verb = m.group(2)
-                if verb:
+                if verb and verb.startswith("/content/"):
+                    methods = {"GET": operators.content}
+                    args = (m.group(1), verb.removeprefix("/content/"))
+                elif verb:
                     methods = {"POST": operators.decide}
                     args = (m.group(1), verb[1:])
                 else:

@@ -3,6 +3,7 @@ and ``affidavit.reconcile`` with the socket peer as the identity.
 
     GET  /v1/approvals                      requests waiting for a decision     (operators)
     GET  /v1/approvals/{id}                 one invocation's approval          (operators)
+    GET  /v1/approvals/{id}/content/{name}  its body or stdin, the exact bytes (operators)
     POST /v1/approvals/{id}/approve         {"note"?} -> the approval          (operators)
     POST /v1/approvals/{id}/deny            {"note"?} -> the approval          (operators)
     POST /v1/invocations/{id}/reconcile     {"query": true} (anyone admitted) or
@@ -34,7 +35,15 @@ from .http import ApiProblem, Request
 if TYPE_CHECKING:
     from .app import Api
 
-__all__ = ["act_problem", "approval", "approvals", "console_login", "decide", "reconcile"]
+__all__ = [
+    "act_problem",
+    "approval",
+    "approvals",
+    "console_login",
+    "content",
+    "decide",
+    "reconcile",
+]
 
 T = TypeVar("T")
 log = logging.getLogger("affidavit.daemon")
@@ -100,6 +109,18 @@ async def approval(api: Api, req: Request, invocation_id: str) -> None:
             api, lambda r: service.show(r, invocation_id), f"the approval of {invocation_id}"
         )
     )
+
+
+async def content(api: Api, req: Request, invocation_id: str, name: str) -> None:
+    """One content of the approval's request whole (``service.content``: the accepted bytes,
+    served only when their hash is the view's), as ``application/octet-stream``."""
+    _require(api, req, "see approvals")
+    data = await _reading(
+        api,
+        lambda r: service.content(r, invocation_id, name),
+        f"the approval of {invocation_id}",
+    )
+    await req.respond(200, data, b"application/octet-stream")
 
 
 async def decide(api: Api, req: Request, invocation_id: str, verb: str) -> None:

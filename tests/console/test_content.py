@@ -21,6 +21,7 @@ from affidavit.journal.sealing import BrokerKey, payload_aad
 from affidavit.protocols import get as protocol
 from affidavit.protocols.http.action import BODY_SHOWN
 from affidavit.protocols.ssh.action import STDIN_SHOWN
+from tests.daemon.kit import cli, embedded
 
 from .kit import CHARGE, World, console_world, get, log_in
 
@@ -154,6 +155,34 @@ async def test_an_action_sealed_beyond_the_broker_s_key_is_said_to_be_unreadable
         assert status == 409 and b"REQUEST_SEALED" in data
         assert b"auditor" in data and b"cannot be read by this broker" in data
         assert b"mallory" not in data
+
+
+async def test_the_command_line_writes_the_same_bytes_through_the_daemon_and_embedded(
+    tmp_path: Path, token: str
+) -> None:
+    """``affidavit approvals show ID --content body``: the bytes raw on stdout, checked the
+    same way (``approvals.content``); a mismatch is exit 2 with nothing written."""
+    async with console_world(tmp_path, token, wait="0s") as world:
+        binary = await _pending(world, body_base64=base64.b64encode(BLOB).decode())
+        padded = await _pending(world, body=PADDED)
+        config = str(world.daemon.config)
+        for iid, sent in ((binary, BLOB), (padded, PADDED.encode())):
+            through = await cli(world.daemon, "approvals", "show", iid, "--content", "body")
+            assert through.returncode == 0, through.stderr
+            assert through.stdout == sent
+            here = await embedded("approvals", "show", iid, "--content", "body", "--config", config)
+            assert here.returncode == 0, here.stderr
+            assert here.stdout == sent
+        missing = await cli(world.daemon, "approvals", "show", padded, "--content", "stdin")
+        assert missing.returncode == 2 and b"has no content 'stdin'" in missing.stderr
+        key = BrokerKey.load(Path(f"{world.daemon.journal}.key"))
+        _reseal_accepted(world.daemon.journal, padded, {**CHARGE, "body": "other"}, key)
+        for refused in (
+            await cli(world.daemon, "approvals", "show", padded, "--content", "body"),
+            await embedded("approvals", "show", padded, "--content", "body", "--config", config),
+        ):
+            assert refused.returncode == 2 and b"does not match" in refused.stderr
+            assert refused.stdout == b""
 
 
 def test_each_protocol_names_its_contents_as_its_view_hashes_them() -> None:

@@ -155,9 +155,9 @@ async def test_a_release_is_reconciled_against_sshd_and_a_key_never_runs_as_a_co
 
 # A pending SSH approval in the operator console (served as the daemon serves it, on a real
 # loopback socket): destination, command and stdin whole with its size and hash; a stdin too
-# large for the approval view said to be withheld, never silently cut; a bidi override in the
-# command shown as its escape.  The console renders a protocol's operator view generically, so
-# this is also the check that a protocol other than HTTP renders.
+# large for the approval view said to be withheld, never silently cut, and downloadable whole; a
+# bidi override in the command shown as its escape.  The console renders a protocol's operator
+# view generically, so this is also the check that a protocol other than HTTP renders.
 
 
 async def test_a_pending_ssh_command_shows_its_stdin_in_the_console(
@@ -199,6 +199,13 @@ async def test_a_pending_ssh_command_shows_its_stdin_in_the_console(
         assert hashlib.sha256(big.encode()).hexdigest() in large
         assert "larger than the approval view keeps: not shown" in large
         assert "echo x" not in large
+        # ... and linked whole: the exact stdin the broker accepted, its hash the card's.
+        href = f"/approvals/{big_id}/content/stdin"
+        assert f'href="{href}"' in large
+        status, headers, data = await get(origin + href, cookie=cookie)
+        assert status == 200 and data == big.encode()
+        assert headers["content-type"] == "application/octet-stream"
+        assert hashlib.sha256(data).hexdigest() in large
         shown = text[text.index(f'id="approval-{bidi_id}"') :]
         shown = shown[: shown.index("</section>")]
         assert "\u202e" not in shown and "\u2066" not in shown
