@@ -25,12 +25,23 @@ close after their answer) -- and keeps their number bounded:
   eviction reads that it was not run); one evicted between requests just closes, as when
   ``keep_alive`` runs out -- a request crossing that is unread and unanswered (the clients
   retry a read, and call anything else ``AnswerLost``, which never claims that it did not run).
+
+The operator console's listener (TCP, each connection HTTP by hypercorn) has its own, simpler
+cap, ``ConsoleCap``: its port is open to every local uid, not only allowed peers, and without one
+any of them could take every descriptor the daemon has (the journal's, the socket's, its
+calls').  At most ``CONSOLE_MAX_CONNECTIONS`` are served at once; past that a new one is
+answered a short 503 unread and closed (within ``TURN_AWAY_WAIT``, and not answered at all past
+as many again), logged once per spell.  Nothing is evicted: hypercorn's connections cannot be
+told idle from busy from here, and its own ``keep_alive_timeout`` (``server.py``'s
+``CONSOLE_HEAD_WAIT``) already closes one that has not sent a whole request head within a few
+seconds of opening or of its last answer -- a place is never held long by a silent connection.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Awaitable, Callable
 
 import trio
 
@@ -46,12 +57,23 @@ from .h11server import (
 from .link import GONE, Link
 from .peer import Peer
 
-__all__ = ["MAX_CONNECTIONS", "Server"]
+__all__ = ["CONSOLE_MAX_CONNECTIONS", "MAX_CONNECTIONS", "ConsoleCap", "Server"]
 
 log = logging.getLogger("affidavit.daemon")
 
 MAX_CONNECTIONS = 256
 """Connections one ``Server`` keeps open at once (see the module docstring for one more)."""
+CONSOLE_MAX_CONNECTIONS = 64
+"""Console connections served at once: an operator console has few users (a browser opens
+about six per origin)."""
+
+_CONSOLE_BUSY = b"the console has too many open connections; try again in a few seconds\n"
+CONSOLE_TURNED_AWAY = (
+    b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain; charset=utf-8\r\n"
+    b"content-length: %d\r\nretry-after: 10\r\nconnection: close\r\n\r\n%s"
+    % (len(_CONSOLE_BUSY), _CONSOLE_BUSY)
+)
+"""The answer to a console connection over the cap, whatever it asks (nothing is read)."""
 
 
 class Server:
@@ -192,3 +214,65 @@ class Server:
         finally:
             with trio.CancelScope(shield=True):
                 await link.aclose()
+
+
+class ConsoleCap:
+    """The console listener's connections: at most ``max_connections`` served at once, the
+    rest answered 503 and closed unread (the module docstring says why this one is simpler)."""
+
+    def __init__(self, *, max_connections: int = CONSOLE_MAX_CONNECTIONS) -> None:
+        self.max_connections = max_connections
+        self.open = 0
+        """Connections being served (not those being turned away)."""
+        self.turned_away = 0
+        """Connections turned away in this spell at the cap (0 outside one)."""
+        self._turning_away = 0
+
+    async def serve(
+        self, stream: trio.SocketStream, serve: Callable[[trio.SocketStream], Awaitable[None]]
+    ) -> None:
+        """``serve(stream)`` if there is room, else the 503; ``stream`` is closed either way."""
+        try:
+            if self.open >= self.max_connections:
+                await self._turn_away(stream)
+                return
+            self.open += 1
+            try:
+                await serve(stream)
+            except Exception:
+                # A fault of hypercorn's on one connection closes that one, never the daemon
+                # (the agents' socket is served by the same process).
+                log.exception("a console connection failed; it is closed")
+            finally:
+                self.open -= 1
+                # The spell ends once half the places are free again, not at the first one:
+                # a client reconnecting as fast as its connections close would otherwise make
+                # it a line per connection.
+                if self.turned_away and self.open <= self.max_connections // 2:
+                    log.info(
+                        "the console has room again (%d connections open); %d were turned away",
+                        self.open,
+                        self.turned_away,
+                    )
+                    self.turned_away = 0
+        finally:
+            with trio.CancelScope(shield=True):
+                await stream.aclose()
+
+    async def _turn_away(self, stream: trio.SocketStream) -> None:
+        """503, not a byte read: bounded by ``TURN_AWAY_WAIT``, and not answered at all while
+        as many again are being turned away (each holds a descriptor meanwhile)."""
+        if not self.turned_away:
+            log.warning(
+                "the console has %d connections open, the most: turning new ones away (503) "
+                "until half of them have closed",
+                self.open,
+            )
+        self.turned_away += 1
+        if self._turning_away < self.max_connections:
+            self._turning_away += 1
+            try:
+                with trio.move_on_after(TURN_AWAY_WAIT), contextlib.suppress(*GONE):
+                    await stream.send_all(CONSOLE_TURNED_AWAY)
+            finally:
+                self._turning_away -= 1

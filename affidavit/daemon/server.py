@@ -24,6 +24,10 @@ Life of the daemon:
    (``affidavit.console``, docs/console.md) is served on that TCP address too -- loopback unless
    ``console_allow_remote`` -- by hypercorn, per connection (``TCPServer``): the console is a
    full ASGI app; its users are operators logged in with a one-time token, never socket peers.
+   Its port is open to every local uid, so its connections are capped too (``ConsoleCap``,
+   admission.py), and one that has not sent a whole request head within ``CONSOLE_HEAD_WAIT``
+   of opening (or of its last answer) is closed: a flood of them can neither take the
+   descriptors the journal and the socket need nor keep places for long.
 4. SIGTERM or SIGINT: stop accepting (the socket file goes), answer 503 to new calls on open
    connections, let calls in flight finish within ``[service] shutdown_grace``, then stop the
    rest (``calls.py``), close idle connections, let the answers go out, close the journal.
@@ -43,6 +47,8 @@ from pathlib import Path
 import trio
 from hypercorn.app_wrappers import ASGIWrapper
 from hypercorn.config import Config as HypercornConfig
+from hypercorn.events import Event as HypercornEvent
+from hypercorn.events import Updated
 from hypercorn.trio.tcp_server import TCPServer
 from hypercorn.trio.worker_context import WorkerContext
 from hypercorn.typing import ConnectionState
@@ -53,7 +59,7 @@ from affidavit.console import Console, TokenStore, token_dir
 from affidavit.engine import EngineSettings
 from affidavit.journal.backend import where as journal_where
 
-from .admission import Server
+from .admission import ConsoleCap, Server
 from .app import Api
 from .calls import Calls
 from .dispatcher import dispatch_approvals
@@ -68,6 +74,12 @@ SOCKET_MODE = 0o660
 BACKLOG = 128
 KEEP_ALIVE = 300.0
 """Idle keep-alive connections live this long: a client pool reuses them across calls."""
+CONSOLE_HEAD_WAIT = 10.0
+"""A console connection that has not sent a whole request head this long after it opened (or
+after its last answer) is closed: hypercorn's ``keep_alive_timeout``, which runs exactly then
+(from the connection's start, and from each answer until the next request's head is parsed)."""
+CONSOLE_MAX_HEAD = 16 * 1024
+"""Bytes of a console request head at most (hypercorn's ``h11_max_incomplete_size``: 431)."""
 ANSWER_WAIT = 5.0
 """After the calls are over, how long their answers may take to be written before the
 connections are closed."""
@@ -100,6 +112,8 @@ class Daemon:
         """Set to stop the daemon (SIGTERM and SIGINT set it)."""
         self.console: Console | None = None
         """The console's one application (its sessions live in it), while it is served."""
+        self.console_cap: ConsoleCap | None = None
+        """The console listener's connections, while it is served."""
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         if not peer_credentials_supported():
@@ -156,8 +170,11 @@ class Daemon:
         task_status: trio.TaskStatus[None],
     ) -> None:
         server = Server(keep_alive=KEEP_ALIVE)
+        cap = ConsoleCap()
+        self.console_cap = cap if console is not None else None
         hconfig = HypercornConfig()  # the console's
-        hconfig.keep_alive_timeout = KEEP_ALIVE
+        hconfig.keep_alive_timeout = CONSOLE_HEAD_WAIT
+        hconfig.h11_max_incomplete_size = CONSOLE_MAX_HEAD
         hconfig.accesslog = None
         hconfig.errorlog = logging.getLogger("affidavit.daemon.http")
         context = WorkerContext(None)
@@ -172,8 +189,11 @@ class Daemon:
             await server.serve(Link(stream), peer, api.for_connection(peer))
 
         async def console_connection(stream: trio.SocketStream) -> None:
+            await cap.serve(stream, serve_console)
+
+        async def serve_console(stream: trio.SocketStream) -> None:
             app = ASGIWrapper(self.console)  # type: ignore[arg-type]
-            server = TCPServer(app, hconfig, context, ConnectionState({}), stream)  # type: ignore[arg-type]
+            server = _ConsoleServer(app, hconfig, context, ConnectionState({}), stream)  # type: ignore[arg-type]
             await server.run()
 
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
@@ -219,6 +239,29 @@ class Daemon:
         async for signum in signals:
             log.info("received %s", signal.Signals(signum).name)
             self.shutdown.set()
+
+
+class _ConsoleServer(TCPServer):
+    """hypercorn's connection, except that one its client has closed is let go at once.
+
+    hypercorn (0.18, pinned) keeps an idle connection whose client sent its end -- its
+    descriptor, and its place under ``ConsoleCap`` -- until ``keep_alive_timeout`` runs out:
+    its idle timer still runs, and its task group waits for it.  Once the reading is over
+    (the end, or a broken connection) nothing more can come, so the timer stops and is not
+    started again; a request in progress is let finish as hypercorn would (it is told of the
+    disconnect)."""
+
+    _ended = False
+
+    async def _read_data(self) -> None:
+        await super()._read_data()
+        self._ended = True
+        await self.idle_task.stop()
+
+    async def protocol_send(self, event: HypercornEvent) -> None:
+        if self._ended and isinstance(event, Updated) and event.idle:
+            return  # no next request can come: no idle wait for it
+        await super().protocol_send(event)
 
 
 async def _accept(

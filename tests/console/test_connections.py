@@ -1,0 +1,152 @@
+"""The console listener's own limits (``admission.ConsoleCap``, ``server.CONSOLE_HEAD_WAIT``).
+
+Its loopback port is open to every local uid, not only the socket's allowed peers: without a
+cap one of them could open connections until the daemon has no descriptor left for its journal
+or its agents' socket.  Over the cap a new connection is answered 503 unread and closed at once;
+one that has not sent a whole request head within the head wait is closed.  The daemon runs in
+this process (``Daemon.run``, as ``affidavit serve`` runs it) so that the cap and the wait can
+be made small; every connection here is a real TCP one on loopback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import trio
+
+from affidavit.api.client import Client
+from affidavit.config import load_config
+from affidavit.daemon import server as daemon_server
+from affidavit.daemon.admission import ConsoleCap
+from affidavit.daemon.server import Daemon, DaemonError
+from tests.broker.helpers import TOKEN_ENV
+from tests.daemon.kit import WAIT, api_target, wait_until, write_daemon_config
+from tests.external import free_port
+
+from .kit import get
+
+CAP = 4
+EXTRA = 3
+PROMPTLY = 2.0
+"""How soon a connection over the cap must have its 503 and its end."""
+FULL = "turning new ones away"
+ROOM = "the console has room again"
+
+
+@contextlib.asynccontextmanager
+async def daemon_with_console(
+    tmp: Path, monkeypatch: pytest.MonkeyPatch, *, head_wait: float = 60.0
+) -> AsyncIterator[tuple[Daemon, ConsoleCap, int]]:
+    """A daemon in this process whose console (on a free loopback port) serves at most ``CAP``
+    connections and waits ``head_wait`` for a head: (it, its console's cap, the port)."""
+    monkeypatch.setattr(
+        daemon_server, "ConsoleCap", functools.partial(ConsoleCap, max_connections=CAP)
+    )
+    monkeypatch.setattr(daemon_server, "CONSOLE_HEAD_WAIT", head_wait)
+    socket = tmp / "affidavit.sock"
+    # No remote is ever called: the target only makes the config whole.
+    config = load_config(write_daemon_config(tmp, api_target("http://127.0.0.1:9"), socket=socket))
+    async with trio.open_nursery() as nursery:
+        for attempt in range(3):  # a free port is only free when asked
+            port = free_port()
+            daemon = Daemon(config, console=("127.0.0.1", port))
+            try:
+                await nursery.start(daemon.run)
+            except DaemonError as exc:
+                if "Address already in use" in str(exc) and attempt < 2:
+                    continue
+                raise
+            break
+        assert daemon.console_cap is not None
+        try:
+            yield daemon, daemon.console_cap, port
+        finally:
+            daemon.shutdown.set()
+
+
+async def to_the_end(stream: trio.SocketStream, within: float = PROMPTLY) -> bytes:
+    """Everything the daemon sends until it closes the connection (at most ``within`` s)."""
+    data = b""
+    with trio.fail_after(within):
+        while chunk := await stream.receive_some(1 << 16):
+            data += chunk
+    return data
+
+
+async def health(daemon: Daemon) -> dict[str, object]:
+    """``GET /v1/health`` through the agents' Unix socket."""
+    with trio.fail_after(WAIT):
+        async with Client.open(daemon.socket_path) as client:
+            return await client.health()
+
+
+async def test_console_connections_over_the_cap_are_turned_away_and_the_socket_still_answers(
+    tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``CAP`` idle connections fill the console; ``EXTRA`` more are each answered 503 and
+    closed at once, never counted; the agents' socket answers meanwhile; one warning for the
+    spell; once one idle connection goes a real console request is served again."""
+    monkeypatch.setenv(TOKEN_ENV, token)
+    caplog.set_level(logging.INFO, logger="affidavit.daemon")
+    async with daemon_with_console(tmp_path, monkeypatch) as (daemon, cap, port):
+        status, _, page = await get(f"http://127.0.0.1:{port}/login")
+        assert status == 200 and page.rstrip().endswith(b"</html>")  # under the cap: served
+        await wait_until(lambda: cap.open == 0, "that connection is closed")
+        held = [await trio.open_tcp_stream("127.0.0.1", port) for _ in range(CAP)]
+        await wait_until(lambda: cap.open == CAP, "the idle connections are being served")
+
+        for _ in range(EXTRA):
+            extra = await trio.open_tcp_stream("127.0.0.1", port)
+            answer = await to_the_end(extra)
+            await extra.aclose()
+            assert answer.startswith(b"HTTP/1.1 503 Service Unavailable\r\n"), answer
+            assert b"connection: close" in answer and b"too many open connections" in answer
+        assert (cap.open, cap.turned_away) == (CAP, EXTRA)
+        assert (await health(daemon))["ok"] is True  # the agents' socket: not affected
+        status, _, _ = await get(f"http://127.0.0.1:{port}/login")
+        assert status == 503  # a browser, too, while the console is full
+
+        await held.pop().aclose()
+        await wait_until(lambda: cap.open == CAP - 1, "a place is free")
+        status, _, page = await get(f"http://127.0.0.1:{port}/login")
+        assert status == 200 and page.rstrip().endswith(b"</html>")
+        for stream in held:  # idle all along: still open, nothing sent to them
+            with trio.move_on_after(0.05):
+                assert await stream.receive_some(1) != b""
+            await stream.aclose()
+        await wait_until(lambda: cap.open == 0, "every connection is closed")
+        assert (await health(daemon))["ok"] is True
+    warnings = [r.getMessage() for r in caplog.records if FULL in r.getMessage()]
+    assert len(warnings) == 1, warnings  # once per spell, not per connection
+    room = [r.getMessage() for r in caplog.records if ROOM in r.getMessage()]
+    assert len(room) == 1 and f"{EXTRA + 1} were turned away" in room[0], room
+
+
+async def test_a_console_connection_without_a_whole_head_within_the_head_wait_is_closed(
+    tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Silent, half a head, or idle after an answer: each is closed once ``CONSOLE_HEAD_WAIT``
+    passes, and its place is free again; a whole request is still answered."""
+    monkeypatch.setenv(TOKEN_ENV, token)
+    head_wait = 0.5
+    async with daemon_with_console(tmp_path, monkeypatch, head_wait=head_wait) as (_, cap, port):
+        silent = await trio.open_tcp_stream("127.0.0.1", port)
+        half = await trio.open_tcp_stream("127.0.0.1", port)
+        await half.send_all(b"GET /login HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n" % port)
+        served = await trio.open_tcp_stream("127.0.0.1", port)
+        await served.send_all(b"GET /login HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n\r\n" % port)
+        await wait_until(lambda: cap.open == 3, "the three are being served")
+        start = trio.current_time()
+        assert await to_the_end(silent, head_wait + PROMPTLY) == b""
+        assert await to_the_end(half, head_wait + PROMPTLY) == b""
+        answer = await to_the_end(served, head_wait + PROMPTLY)  # answered, then idle: closed
+        assert answer.startswith(b"HTTP/1.1 200 "), answer[:200]
+        assert trio.current_time() - start >= head_wait * 0.8
+        for stream in (silent, half, served):
+            await stream.aclose()
+        await wait_until(lambda: cap.open == 0, "their places are free")
