@@ -38,6 +38,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import resource
 import signal
 import socket
 import stat
@@ -80,6 +81,9 @@ after its last answer) is closed: hypercorn's ``keep_alive_timeout``, which runs
 (from the connection's start, and from each answer until the next request's head is parsed)."""
 CONSOLE_MAX_HEAD = 16 * 1024
 """Bytes of a console request head at most (hypercorn's ``h11_max_incomplete_size``: 431)."""
+MAX_OPEN_FILES = 65536
+"""The soft limit on open files ``serve`` raises to (the hard one if lower): the caps keep the
+daemon's own use far below it, but calls in flight hold their remotes' connections too."""
 ANSWER_WAIT = 5.0
 """After the calls are over, how long their answers may take to be written before the
 connections are closed."""
@@ -347,4 +351,18 @@ async def serve(
 ) -> None:
     """Run the daemon until SIGTERM or SIGINT (``affidavit serve``); ``console`` overrides
     ``[service] console``."""
+    _raise_open_files()
     await Daemon(config, socket_path=socket_path, console=console).run()
+
+
+def _raise_open_files() -> None:
+    """The soft RLIMIT_NOFILE up to the hard one (at most ``MAX_OPEN_FILES``), as servers do:
+    the usual soft 1024 is a default, not this daemon's need.  Never fails the start."""
+    try:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        want = MAX_OPEN_FILES if hard == resource.RLIM_INFINITY else min(hard, MAX_OPEN_FILES)
+        if soft != resource.RLIM_INFINITY and soft < want:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+            log.info("open files: soft limit raised from %d to %d (hard %s)", soft, want, hard)
+    except (OSError, ValueError) as exc:
+        log.info("open files: the soft limit stays as it is (%s)", exc)

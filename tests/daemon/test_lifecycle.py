@@ -246,3 +246,28 @@ async def test_one_call_over_max_calls_is_refused_503(tmp_path: Path, token: str
     assert b"1 calls are running; call again later" in over.stderr
     assert len(srv.requests) == 1
     _ = subprocess  # (processes are started through kit.run)
+
+
+_OPEN_FILES = """
+import resource, sys
+from affidavit.daemon import server
+NOFILE = resource.RLIMIT_NOFILE
+_, hard = resource.getrlimit(NOFILE)
+resource.setrlimit(NOFILE, (256, hard if sys.argv[1] == "hard" else 300))
+server._raise_open_files()
+print(*resource.getrlimit(NOFILE), server.MAX_OPEN_FILES)
+"""
+
+
+@pytest.mark.parametrize("hard", ["hard", "300"])
+async def test_serve_raises_the_soft_open_files_limit_to_the_hard_one(hard: str) -> None:
+    """``affidavit serve`` starts by raising its soft RLIMIT_NOFILE to the hard limit (at most
+    ``MAX_OPEN_FILES``): the usual 1024 is a default, not the daemon's need (its caps keep its
+    own use far below it).  Run in a child, whose limits it may change."""
+    done = await run([sys.executable, "-c", _OPEN_FILES, hard], env=client_env())
+    assert done.returncode == 0, done.stderr
+    soft, now_hard, most = map(int, done.stdout.split())
+    expected = most if now_hard == -1 else min(now_hard, most)  # -1: RLIM_INFINITY
+    assert soft == expected and soft > 256, done.stdout
+    if hard == "300":
+        assert (soft, now_hard) == (300, 300)
