@@ -46,6 +46,7 @@ from urllib.parse import parse_qsl, quote, urlsplit
 
 import jinja2
 import markupsafe
+import trio
 
 import affidavit
 from affidavit.api.broker import Broker
@@ -70,6 +71,10 @@ Read = Callable[[Callable[[JournalReader], Any]], Awaitable[Any]]
 log = logging.getLogger("affidavit.console")
 COOKIE = "affidavit_console"
 MAX_FORM = 64 * 1024
+FORM_WAIT = 10.0
+"""Seconds a form's body may take to arrive after its head (408 after that): a client that
+sends the head of a POST and never its body would otherwise keep its connection -- one of the
+daemon's few console places (``admission.ConsoleCap``) -- until the daemon stops."""
 CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
     "form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
@@ -108,15 +113,18 @@ class Request:
 
     async def form(self) -> dict[str, str]:
         data = bytearray()
-        while True:
-            message = await self.receive()
-            if message["type"] == "http.disconnect":
-                raise Refused(400, "the request was cut off")
-            data += message.get("body", b"")
-            if len(data) > MAX_FORM:
-                raise Refused(413, "the form is too large")
-            if not message.get("more_body", False):
-                break
+        with trio.move_on_after(FORM_WAIT) as waited:
+            while True:
+                message = await self.receive()
+                if message["type"] == "http.disconnect":
+                    raise Refused(400, "the request was cut off")
+                data += message.get("body", b"")
+                if len(data) > MAX_FORM:
+                    raise Refused(413, "the form is too large")
+                if not message.get("more_body", False):
+                    break
+        if waited.cancelled_caught:
+            raise Refused(408, f"the form did not arrive within {FORM_WAIT:g} s")
         try:
             return dict(parse_qsl(data.decode("utf-8"), keep_blank_values=True))
         except UnicodeDecodeError:

@@ -34,7 +34,8 @@ answered a short 503 unread and closed (within ``TURN_AWAY_WAIT``, and not answe
 as many again), logged once per spell.  Nothing is evicted: hypercorn's connections cannot be
 told idle from busy from here, and its own ``keep_alive_timeout`` (``server.py``'s
 ``CONSOLE_HEAD_WAIT``) already closes one that has not sent a whole request head within a few
-seconds of opening or of its last answer -- a place is never held long by a silent connection.
+seconds of opening or of its last answer, and the console's ``FORM_WAIT`` one whose form stops
+short -- a place is never held long by a silent connection.
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ import trio
 
 from affidavit.api.client import Client
 from affidavit.config import load_config
+from affidavit.console import app as console_app
 from affidavit.daemon import server as daemon_server
 from affidavit.daemon.admission import ConsoleCap
 from affidavit.daemon.server import Daemon, DaemonError
@@ -150,3 +151,30 @@ async def test_a_console_connection_without_a_whole_head_within_the_head_wait_is
         for stream in (silent, half, served):
             await stream.aclose()
         await wait_until(lambda: cap.open == 0, "their places are free")
+
+
+async def test_a_console_form_whose_body_does_not_arrive_within_form_wait_is_408_and_closed(
+    tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The head of a POST, then part of its body and nothing more (a login form, which needs
+    no session): answered 408 once ``FORM_WAIT`` passes, and closed -- its place is not held
+    until the daemon stops."""
+    monkeypatch.setenv(TOKEN_ENV, token)
+    form_wait = 0.5
+    monkeypatch.setattr(console_app, "FORM_WAIT", form_wait)
+    async with daemon_with_console(tmp_path, monkeypatch) as (_, cap, port):
+        stalled = await trio.open_tcp_stream("127.0.0.1", port)
+        origin = b"http://127.0.0.1:%d" % port
+        await stalled.send_all(
+            b"POST /login HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nOrigin: %s\r\n"
+            b"Content-Type: application/x-www-form-urlencoded\r\nContent-Length: 100\r\n\r\n"
+            b"token=abc" % (port, origin)
+        )
+        await wait_until(lambda: cap.open == 1, "the connection is being served")
+        start = trio.current_time()
+        answer = await to_the_end(stalled, form_wait + PROMPTLY)
+        assert answer.startswith(b"HTTP/1.1 408 "), answer[:200]
+        assert b"did not arrive within 0.5 s" in answer
+        assert trio.current_time() - start >= form_wait * 0.8
+        await stalled.aclose()
+        await wait_until(lambda: cap.open == 0, "its place is free")
