@@ -20,11 +20,12 @@ close after their answer) -- and keeps their number bounded:
   answered 503 the same way -- so an agent's uid, even holding every connection it may busy
   (half a head each, reconnecting as soon as one closes), leaves the other half to the rest,
   the operators approving its requests among them (peer uids are the kernel's, peer.py);
-* each spell at the cap logs once (evictions at info, refusals as a warning).  One evicted
-  before its first request is sent the same 503 before it closes (a request crossing the
-  eviction reads that it was not run); one evicted between requests just closes, as when
-  ``keep_alive`` runs out -- a request crossing that is unread and unanswered (the clients
-  retry a read, and call anything else ``AnswerLost``, which never claims that it did not run).
+* each spell at a limit logs once, until half the places are free again (evictions at info,
+  refusals as a warning).  One evicted before its first request is sent the same 503 before it
+  closes (a request crossing the eviction reads that it was not run); one evicted between
+  requests just closes, as when ``keep_alive`` runs out -- a request crossing that is unread
+  and unanswered (the clients retry a read, and call anything else ``AnswerLost``, which never
+  claims that it did not run).
 
 The operator console's listener (TCP, each connection HTTP by hypercorn) has its own, simpler
 cap, ``ConsoleCap``: its port is open to every local uid, not only allowed peers, and without one
@@ -141,7 +142,10 @@ class Server:
                     evicted.peer.describe(),
                     peer.describe(),
                 )
-        else:
+        elif self.open <= self.max_connections // 2:
+            # A spell at a limit ends once half the places are free again, not at the first
+            # admission under it: a client reconnecting as fast as its connections close
+            # would otherwise make it a log line per connection (as ``ConsoleCap``).
             self._full = self._evicting = False
         self.open += 1
         self._per_uid[peer.uid] = self._per_uid.get(peer.uid, 0) + 1

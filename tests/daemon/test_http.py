@@ -500,6 +500,52 @@ async def test_at_max_connections_busy_ones_are_never_evicted_and_the_next_is_50
     assert not [r for r in caplog.records if r.exc_info], "a traceback in the log"
 
 
+async def test_a_spell_at_the_cap_logs_once_until_half_the_places_are_free(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A client reconnecting as fast as its connections close keeps the daemon at its cap: the
+    warning is logged once for the spell, not again each time a place frees and is taken."""
+    caplog.set_level(logging.DEBUG)
+    server = Server(keep_alive=WAIT, head_wait=WAIT, max_connections=4, max_per_uid=4)
+    routes = Routes()
+
+    async def refused() -> None:
+        async with serving(routes, server) as over:
+            assert (await over.answer())[0] == 503
+            assert await over.closed()
+
+    def warnings() -> int:
+        return sum("turning new ones away" in r.getMessage() for r in caplog.records)
+
+    async with contextlib.AsyncExitStack() as stack:
+        busy = []
+        for _ in range(4):
+            client = await stack.enter_async_context(serving(routes, server))
+            await client.send(b"GET /busy HTTP/1.1\r\n")  # half a head: busy
+            busy.append(client)
+        await _until(lambda: server.open == 4 and server.idle == 0)
+        await refused()
+        for _ in range(3):  # a place frees, is taken at once, and the next is refused again
+            await busy.pop(0).send(b"host: a\r\nconnection: close\r\n\r\n")
+            await _until(lambda: server.open == 3)
+            client = await stack.enter_async_context(serving(routes, server))
+            await client.send(b"GET /busy HTTP/1.1\r\n")
+            busy.append(client)
+            await _until(lambda: server.open == 4 and server.idle == 0)
+            await refused()
+        assert warnings() == 1
+        for client in busy[:3]:  # half the places free: the spell is over
+            await client.send(b"host: a\r\nconnection: close\r\n\r\n")
+        await _until(lambda: server.open == 1)
+        for _ in range(3):
+            client = await stack.enter_async_context(serving(routes, server))
+            await client.send(b"GET /busy HTTP/1.1\r\n")
+        await _until(lambda: server.open == 4 and server.idle == 0)
+        await refused()
+        assert warnings() == 2
+    assert not [r for r in caplog.records if r.exc_info], "a traceback in the log"
+
+
 async def test_one_uid_holds_at_most_its_share_and_the_others_keep_theirs(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
