@@ -188,8 +188,8 @@ class McpSession:
             await exchange.ready.wait()
         except BaseException:
             exchange.abandon()
-            if request_id is not None:
-                self.transport.forget(request_id)
+            if exchange.written is not None:
+                self.transport.forget(exchange.written)
             raise
         assert exchange.answer is not None
         return exchange.answer

@@ -13,7 +13,13 @@ its answer went out:
   the answer unread -- JSON-RPC has no receipt -- and the result stays fetchable.
 * **not written**: the write failed or was interrupted, the output was already broken, the
   input ended first (the client hung up), or the server settled the request without answering
-  it (the client cancelled it: MCP forbids an answer then).
+  it (the client cancelled it: MCP forbids an answer then -- the SDK says so through the
+  request's ``on_request_unanswered``).
+
+An answer is matched to its request by id, so an id is the request's until it is settled
+(answered, or settled unanswered): a second request with an id still in flight is refused here
+with a JSON-RPC error (-32600) and never reaches the server -- nothing runs for it, and the
+first keeps its own verdict.  (The SDK would overwrite its record of the first.)
 
 Stray output is kept off the wire: while serving, fd 0 reads /dev/null and fd 1 is stderr, and
 the protocol runs on private duplicates (as the SDK's ``stdio_server`` does).
@@ -22,18 +28,21 @@ the protocol runs on private duplicates (as the SDK's ``stdio_server`` does).
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
-from collections.abc import AsyncIterator, Hashable
+from collections.abc import AsyncIterator
+from functools import partial
 from typing import Any
 
 import anyio
 import mcp_types as types
 import trio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
-from mcp.shared.message import SessionMessage
+from mcp.shared.dispatcher import coerce_request_id
+from mcp.shared.message import ServerMessageMetadata, SessionMessage
 
-__all__ = ["MAX_LINE", "Outcome", "StdioTransport"]
+__all__ = ["FAULT_LOG_EVERY", "MAX_LINE", "Outcome", "StdioTransport"]
 
 log = logging.getLogger("affidavit.mcp")
 
@@ -42,6 +51,11 @@ MAX_LINE = 64 * 1024 * 1024
 (``max_action_bytes``, the bound ``affidavit call`` and the daemon apply to an action's JSON)."""
 ENVELOPE = 64 * 1024
 """Room for JSON-RPC's own fields around a tool's arguments."""
+
+INVALID_REQUEST = -32600
+FAULT_LOG_FIRST = 5
+"""Protocol faults logged one line each; after them, one line per ``FAULT_LOG_EVERY``."""
+FAULT_LOG_EVERY = 1000
 
 
 class Outcome:
@@ -67,16 +81,30 @@ class Outcome:
         return self.written
 
 
+class _Request:
+    """A request read and not yet settled; ``outcome`` once the server expects its answer."""
+
+    __slots__ = ("outcome",)
+
+    def __init__(self) -> None:
+        self.outcome: Outcome | None = None
+
+
 class StdioTransport:
     def __init__(self, reader: trio.abc.ReceiveStream, writer: trio.abc.SendStream) -> None:
         self._reader = reader
         self._writer = writer
-        self._expected: dict[Hashable, Outcome] = {}
+        self._writing = trio.Lock()
+        self._open: dict[Any, _Request] = {}
+        """Requests in flight by id (as the SDK correlates them: "7" is 7), until answered or
+        settled unanswered."""
         self.hung_up = trio.Event()
         """The input ended or the output broke: the client is gone."""
         self.broken = False
         self.max_line = MAX_LINE
         """A longer message is read past and dropped, never held: memory stays bounded."""
+        self.faults = 0
+        """Protocol faults seen: a duplicate request id."""
 
     def limit_actions(self, max_action_bytes: int) -> None:
         """Messages may be as large as the largest action the targets accept, and no larger."""
@@ -107,24 +135,36 @@ class StdioTransport:
             os.close(saved_in)
             os.close(saved_out)
 
-    def expect(self, request_id: Hashable) -> Outcome:
-        """Watch for the answer to ``request_id``; settled once it is written or cannot be."""
-        outcome = self._expected[request_id] = Outcome()
-        if self.hung_up.is_set():
+    def expect(self, request_id: Any) -> Outcome:
+        """Watch for the answer to ``request_id`` (a request in flight, read here); settled once
+        it is written or cannot be.  Settled not written at once when nothing here could see its
+        answer written: the client is gone, or no such request is in flight."""
+        outcome = Outcome()
+        request = self._open.get(coerce_request_id(request_id))
+        if request is None or request.outcome is not None or self.hung_up.is_set():
             outcome.settle(False)
+        else:
+            request.outcome = outcome
         return outcome
 
-    def forget(self, request_id: Hashable) -> None:
-        """The request settled without an answer of ours (cancelled): not written."""
-        outcome = self._expected.pop(request_id, None)
-        if outcome is not None:
-            outcome.settle(False)
+    @staticmethod
+    def forget(outcome: Outcome) -> None:
+        """The server stopped waiting for the answer (cancelled): whatever it writes for the
+        request now -- an error, if anything -- is not this answer.  Not written."""
+        outcome.settle(False)
 
     def _hang_up(self) -> None:
         self.hung_up.set()
-        expected, self._expected = self._expected, {}
-        for outcome in expected.values():
-            outcome.settle(False)
+        for request in self._open.values():
+            if request.outcome is not None:
+                request.outcome.settle(False)
+
+    async def _unanswered(self, key: Any, request: _Request) -> None:
+        """The SDK settled the request without writing anything (the client cancelled it)."""
+        if self._open.get(key) is request:
+            del self._open[key]
+        if request.outcome is not None:
+            request.outcome.settle(False)
 
     @contextlib.asynccontextmanager
     async def streams(
@@ -162,7 +202,7 @@ class StdioTransport:
                         if dropping:
                             dropping = False  # the end of the oversized message
                         elif line.strip():
-                            await out.send(_parse(line))
+                            await self._take(line, out)
                     if len(buffer) > self.max_line:
                         if not dropping:
                             log.warning("a message over %d bytes: dropped unread", self.max_line)
@@ -175,38 +215,82 @@ class StdioTransport:
         log.info("the client closed its end")
         self._hang_up()
 
+    async def _take(
+        self, line: bytes, out: MemoryObjectSendStream[SessionMessage | Exception]
+    ) -> None:
+        """Pass one line to the server, or answer it here: a duplicate id."""
+        try:
+            message = types.jsonrpc_message_adapter.validate_json(line, by_name=False)
+        except Exception as exc:  # the dispatcher logs a malformed message and reads on
+            await out.send(exc)
+            return
+        if not isinstance(message, types.JSONRPCRequest):
+            await out.send(SessionMessage(message))
+            return
+        key = coerce_request_id(message.id)
+        if key in self._open:
+            what = f"request id {_quote(message.id)} is already in flight: refused, nothing ran"
+            await self._fault(INVALID_REQUEST, message.id, what)
+            return
+        request = self._open[key] = _Request()
+        settled = partial(self._unanswered, key, request)
+        await out.send(
+            SessionMessage(message, ServerMessageMetadata(on_request_unanswered=settled))
+        )
+
+    async def _fault(self, code: int, request_id: Any, what: str) -> None:
+        """Answer a message the server never sees with a JSON-RPC error."""
+        self._note(f"{what} (answered {code})")
+        error = {"jsonrpc": "2.0", "id": request_id, "error": {"code": code, "message": what}}
+        await self._send((json.dumps(error) + "\n").encode("ascii"))
+
+    def _note(self, what: str) -> None:
+        self.faults += 1
+        if self.faults <= FAULT_LOG_FIRST:
+            log.warning("protocol fault: %s", what)
+            if self.faults == FAULT_LOG_FIRST:
+                log.warning("further protocol faults are logged one line per %d", FAULT_LOG_EVERY)
+        elif self.faults % FAULT_LOG_EVERY == 0:
+            log.warning("%d protocol faults so far; the latest: %s", self.faults, what)
+
+    async def _send(self, data: bytes) -> bool:
+        """Write ``data`` whole; False if the output is (or now is) broken."""
+        async with self._writing:
+            if self.broken:
+                return False
+            try:
+                await self._writer.send_all(data)
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                self.broken = True
+                log.info("stdout is closed: the client is gone")
+                self._hang_up()
+                return False
+            except BaseException:
+                # Cancelled part-way: how much of the line left is unknown.
+                self.broken = True
+                raise
+            return True
+
     async def _write(self, source: MemoryObjectReceiveStream[SessionMessage]) -> None:
         async with source:
             async for item in source:
                 message = item.message
-                answer_to = (
-                    message.id
-                    if isinstance(message, types.JSONRPCResponse | types.JSONRPCError)
-                    else None
-                )
-                outcome = self._expected.pop(answer_to, None) if answer_to is not None else None
+                request = None
+                if (
+                    isinstance(message, types.JSONRPCResponse | types.JSONRPCError)
+                    and message.id is not None
+                ):
+                    request = self._open.pop(coerce_request_id(message.id), None)
+                outcome = request.outcome if request is not None else None
                 line = message.model_dump_json(by_alias=True, exclude_unset=True) + "\n"
                 written = False
-                if not self.broken:
-                    try:
-                        await self._writer.send_all(line.encode("utf-8"))
-                        written = True
-                    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-                        self.broken = True
-                        log.info("stdout is closed: the client is gone")
-                        self._hang_up()
-                    except BaseException:
-                        # Cancelled part-way: how much of the line left is unknown.
-                        self.broken = True
-                        if outcome is not None:
-                            outcome.settle(False)
-                        raise
-                if outcome is not None:
-                    outcome.settle(written)
+                try:
+                    written = await self._send(line.encode("utf-8"))
+                finally:
+                    if outcome is not None:
+                        outcome.settle(written)
 
 
-def _parse(line: bytes) -> Any:
-    try:
-        return SessionMessage(types.jsonrpc_message_adapter.validate_json(line, by_name=False))
-    except Exception as exc:  # the dispatcher logs a malformed message and reads on
-        return exc
+def _quote(request_id: Any) -> str:
+    text = json.dumps(request_id)
+    return text if len(text) <= 40 else text[:37] + "..."

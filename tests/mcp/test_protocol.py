@@ -1,0 +1,273 @@
+"""JSON-RPC as a client may really send it -- raw lines on ``affidavit mcp``'s stdin, no SDK
+client to keep them well-formed -- and the transport's bookkeeping of which answer was written.
+
+* A request id still in flight is refused (-32600) and nothing runs for the second request; the
+  first keeps its own record, so the journal never claims a delivery that did not happen, and
+  the process still leaves when its input ends.
+* A request the SDK settles unanswered (cancelled after its answer was handed over) is not
+  written, even if the client then reuses its id.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import mcp_types as types
+import trio
+import trio.testing
+from mcp.shared.message import ServerMessageMetadata, SessionMessage
+
+from affidavit.mcp.transport import StdioTransport
+
+from .conftest import Remotes, wait_for
+from .kit import PYTHON, WAIT, connected, structured
+from .test_delivery import the_call
+
+INIT = {
+    "jsonrpc": "2.0",
+    "id": 0,
+    "method": "initialize",
+    "params": {
+        "protocolVersion": "2025-06-18",
+        "capabilities": {},
+        "clientInfo": {"name": "raw", "version": "1"},
+    },
+}
+HELD = {"target": "holds", "method": "POST", "path": "/h", "body": "{}"}
+FAST = {"target": "ok", "method": "GET", "path": "/a"}
+
+
+def call(request_id: Any, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    params = {"name": name, "arguments": arguments}
+    return {"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": params}
+
+
+class Raw:
+    """One ``affidavit mcp`` process spoken to in raw JSON-RPC lines."""
+
+    def __init__(self, proc: trio.Process, log: Path) -> None:
+        self.proc = proc
+        self.log = log
+        self._buffer = b""
+
+    async def send(self, message: dict[str, Any] | bytes) -> None:
+        data = message if isinstance(message, bytes) else json.dumps(message).encode() + b"\n"
+        assert self.proc.stdin is not None
+        await self.proc.stdin.send_all(data)
+
+    async def receive(self) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        with trio.fail_after(WAIT):
+            while b"\n" not in self._buffer:
+                data = await self.proc.stdout.receive_some(65536)
+                assert data, f"the server ended early:\n{self.stderr()}"
+                self._buffer += data
+        line, _, self._buffer = self._buffer.partition(b"\n")
+        found: dict[str, Any] = json.loads(line)
+        return found
+
+    async def answer(self, request_id: Any) -> dict[str, Any]:
+        """The next answer to ``request_id`` (other messages are read past)."""
+        while True:
+            found = await self.receive()
+            if "method" not in found and found.get("id") == request_id:
+                return found
+
+    async def exits(self) -> int:
+        with trio.fail_after(WAIT):
+            return await self.proc.wait()
+
+    def stderr(self) -> str:
+        return self.log.read_text(encoding="utf-8", errors="replace")
+
+
+@asynccontextmanager
+async def raw_server(tmp: Path, remotes: Remotes, token: str) -> AsyncIterator[Raw]:
+    log = tmp / "raw.log"
+    with log.open("ab") as errlog:
+        proc = await trio.lowlevel.open_process(
+            [PYTHON, "-m", "affidavit", "mcp", "--config", str(remotes.config(tmp))],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=errlog,
+            env=remotes.env(token),
+        )
+    raw = Raw(proc, log)
+    try:
+        await raw.send(INIT)
+        await raw.answer(0)
+        await raw.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        yield raw
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+        with trio.move_on_after(WAIT, shield=True):
+            await proc.wait()
+
+
+async def session_of(raw: Raw) -> str:
+    await raw.send(call("s", "list_targets", {}))
+    session: str = (await raw.answer("s"))["result"]["structuredContent"]["session"]
+    return session
+
+
+# -- duplicate request ids ------------------------------------------------------------------------
+
+
+async def test_a_request_id_already_in_flight_is_refused_and_nothing_runs_for_it(
+    tmp_path: Path, remotes: Remotes, token: str
+) -> None:
+    async with raw_server(tmp_path, remotes, token) as raw:
+        session = await session_of(raw)
+        await raw.send(call(7, "http_request", HELD))
+        await wait_for(remotes.holds.event("received"))
+        await raw.send(call(7, "http_request", FAST))
+        refused = await raw.answer(7)
+        assert refused["error"]["code"] == -32600, refused
+        assert "7" in refused["error"]["message"] and "in flight" in refused["error"]["message"]
+        await raw.send(call("7", "http_request", FAST))  # the SDK's "7" is 7: the same id
+        assert (await raw.answer("7"))["error"]["code"] == -32600
+        remotes.holds.event("release").set()
+        held = await raw.answer(7)
+        assert held["result"]["structuredContent"]["result"]["body"] == "late and done"
+        # Settled: the id is free again.
+        await raw.send(call(7, "http_request", FAST))
+        assert (await raw.answer(7))["result"]["isError"] is False
+        await raw.proc.stdin.aclose()  # type: ignore[union-attr]
+        assert await raw.exits() == 0
+
+    async with connected(
+        ["--config", str(tmp_path / "affidavit.toml")], remotes.env(token), tmp_path / "mcp.log"
+    ) as mcp:
+        rows = structured(await mcp.call("list_actions", {"session": session}))["actions"]
+        assert len(rows) == 2, rows  # the held call and the one after it: no refused one
+    assert len(remotes.holds.requests) == 1
+    assert len(remotes.ok.requests) == 1
+    assert "already in flight" in raw.stderr()
+
+
+async def test_a_duplicate_id_cannot_make_the_journal_claim_an_unwritten_answer(
+    tmp_path: Path, remotes: Remotes, token: str
+) -> None:
+    """The review's attack: a second request with the id of one in flight, answered first,
+    used to mark the first's answer written.  Now it is refused; the client stops reading, and
+    the held call's answer -- never written -- is RESULT_DELIVERY_FAILED; once the input ends
+    the process leaves (it used to wait for ever, holding the journal)."""
+    async with raw_server(tmp_path, remotes, token) as raw:
+        session = await session_of(raw)
+        await raw.send(call(7, "http_request", HELD))
+        await wait_for(remotes.holds.event("received"))
+        await raw.send(call(7, "http_request", FAST))
+        first = await raw.answer(7)
+        await raw.proc.stdout.aclose()  # type: ignore[union-attr]  # the answer cannot be written
+        remotes.holds.event("release").set()
+        await raw.proc.stdin.aclose()  # type: ignore[union-attr]
+        assert await raw.exits() == 0
+        assert first["error"]["code"] == -32600
+
+    async with connected(
+        ["--config", str(tmp_path / "affidavit.toml")], remotes.env(token), tmp_path / "mcp.log"
+    ) as mcp:
+        record = await the_call(mcp, session)
+        assert record["outcome"] == "committed"
+        assert record["kinds"][-1] == "RESULT_DELIVERY_FAILED"
+        assert "RESULT_DELIVERED" not in record["kinds"]
+    assert not remotes.ok.requests
+
+
+async def test_input_ending_with_a_call_still_running_the_process_leaves_and_claims_nothing(
+    tmp_path: Path, remotes: Remotes, token: str
+) -> None:
+    """The held call is never released: the process leaves once its target's timeout ends it
+    (the calls of a session that ended run to their end), and its record claims no delivery."""
+    async with raw_server(tmp_path, remotes, token) as raw:
+        session = await session_of(raw)
+        await raw.send(call(7, "http_request", HELD))
+        await wait_for(remotes.holds.event("received"))
+        await raw.send(call(7, "http_request", FAST))
+        first = await raw.answer(7)
+        await raw.proc.stdin.aclose()  # type: ignore[union-attr]
+        assert await raw.exits() == 0
+        assert first["error"]["code"] == -32600
+        assert "the session ended; 1 call(s) still running" in raw.stderr()
+
+    async with connected(
+        ["--config", str(tmp_path / "affidavit.toml")], remotes.env(token), tmp_path / "mcp.log"
+    ) as mcp:
+        record = await the_call(mcp, session)
+        assert "RESULT_DELIVERED" not in record["kinds"], record
+        assert "DISPATCH_STARTED" in record["kinds"]
+
+
+# -- the transport's bookkeeping, in process ------------------------------------------------------
+
+
+@asynccontextmanager
+async def transport_on_memory() -> AsyncIterator[tuple[Any, Any, Any, Any, StdioTransport]]:
+    """A transport on in-memory pipes: (client's sender, client's receiver, the server's read
+    stream, the server's write stream, the transport)."""
+    to_server, server_in = trio.testing.memory_stream_one_way_pair()
+    server_out, from_server = trio.testing.memory_stream_one_way_pair()
+    transport = StdioTransport(server_in, server_out)
+    async with transport.streams() as (read, write), read, write:
+        yield to_server, from_server, read, write, transport
+
+
+def line(message: dict[str, Any]) -> bytes:
+    return json.dumps(message).encode() + b"\n"
+
+
+async def next_line(stream: Any) -> dict[str, Any]:
+    data = b""
+    with trio.fail_after(WAIT):
+        while not data.endswith(b"\n"):
+            data += await stream.receive_some(65536)
+    found: dict[str, Any] = json.loads(data)
+    return found
+
+
+def response(request_id: Any) -> SessionMessage:
+    return SessionMessage(types.JSONRPCResponse(jsonrpc="2.0", id=request_id, result={}))
+
+
+async def test_a_request_settled_unanswered_is_not_written_even_when_its_id_is_reused() -> None:
+    """The client cancels after the answer was handed over: the SDK writes nothing and settles
+    the request unanswered.  The transport hears it (``on_request_unanswered``): the answer is
+    not written -- and the answer to a later request reusing the id is not taken for it."""
+    async with transport_on_memory() as (client, client_reads, read, write, transport):
+        await client.send_all(line(call(7, "http_request", FAST)))
+        with trio.fail_after(WAIT):
+            first = await read.receive()
+        outcome = transport.expect(7)
+        assert isinstance(first.metadata, ServerMessageMetadata)
+        assert first.metadata.on_request_unanswered is not None
+        await first.metadata.on_request_unanswered()  # as the SDK settles a cancelled request
+        assert outcome.settled and outcome.written is False
+
+        await client.send_all(line({"jsonrpc": "2.0", "id": 7, "method": "tools/list"}))
+        with trio.fail_after(WAIT):
+            second = await read.receive()  # the id is free again: not refused
+        assert second.message.id == 7
+        await write.send(response(7))
+        assert (await next_line(client_reads))["id"] == 7
+        assert outcome.written is False
+
+
+async def test_a_duplicate_leaves_the_first_request_s_bookkeeping_alone() -> None:
+    async with transport_on_memory() as (client, client_reads, read, write, transport):
+        await client.send_all(line(call(7, "http_request", FAST)))
+        with trio.fail_after(WAIT):
+            await read.receive()
+        outcome = transport.expect(7)
+        await client.send_all(line(call("7", "http_request", FAST)))
+        refused = await next_line(client_reads)
+        assert (refused["id"], refused["error"]["code"]) == ("7", -32600)
+        assert not outcome.settled
+        await write.send(response(7))
+        assert (await next_line(client_reads))["id"] == 7
+        assert outcome.settled and outcome.written is True
