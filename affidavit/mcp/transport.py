@@ -21,6 +21,13 @@ An answer is matched to its request by id, so an id is the request's until it is
 with a JSON-RPC error (-32600) and never reaches the server -- nothing runs for it, and the
 first keeps its own verdict.  (The SDK would overwrite its record of the first.)
 
+A line that is not a valid JSON-RPC message is answered here too, never dropped in silence: a
+parse error (-32700, id null) when no id can be read, else an invalid request (-32600) or
+invalid params (-32602) naming the fault -- invalid UTF-8, a lone surrogate, nesting or a
+number beyond the parser's limits -- and never quoting the message.  A notification or a
+response is not answered (JSON-RPC); every such fault is logged, the first few one line each,
+then one line per ``FAULT_LOG_EVERY`` (a hostile client cannot flood the log).
+
 Stray output is kept off the wire: while serving, fd 0 reads /dev/null and fd 1 is stderr, and
 the protocol runs on private duplicates (as the SDK's ``stdio_server`` does).
 """
@@ -52,10 +59,14 @@ MAX_LINE = 64 * 1024 * 1024
 ENVELOPE = 64 * 1024
 """Room for JSON-RPC's own fields around a tool's arguments."""
 
-INVALID_REQUEST = -32600
+PARSE_ERROR, INVALID_REQUEST, INVALID_PARAMS = -32700, -32600, -32602
 FAULT_LOG_FIRST = 5
 """Protocol faults logged one line each; after them, one line per ``FAULT_LOG_EVERY``."""
 FAULT_LOG_EVERY = 1000
+MAX_DEPTH = 200
+"""The SDK's parser (pydantic's) refuses deeper nesting."""
+MAX_DIGITS = 4300
+"""Nor does it read longer integers (Python's own bound for ``int(str)``)."""
 
 
 class Outcome:
@@ -104,7 +115,7 @@ class StdioTransport:
         self.max_line = MAX_LINE
         """A longer message is read past and dropped, never held: memory stays bounded."""
         self.faults = 0
-        """Protocol faults seen: a duplicate request id."""
+        """Protocol faults seen: malformed, oversized, or a duplicate request id."""
 
     def limit_actions(self, max_action_bytes: int) -> None:
         """Messages may be as large as the largest action the targets accept, and no larger."""
@@ -205,7 +216,9 @@ class StdioTransport:
                             await self._take(line, out)
                     if len(buffer) > self.max_line:
                         if not dropping:
-                            log.warning("a message over %d bytes: dropped unread", self.max_line)
+                            # Its id unread: answered as JSON-RPC answers what it cannot read.
+                            what = f"a message over {self.max_line} bytes: dropped unread"
+                            await self._fault(INVALID_REQUEST, None, what)
                         dropping = True
                         buffer.clear()
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
@@ -218,11 +231,15 @@ class StdioTransport:
     async def _take(
         self, line: bytes, out: MemoryObjectSendStream[SessionMessage | Exception]
     ) -> None:
-        """Pass one line to the server, or answer it here: a duplicate id."""
+        """Pass one line to the server, or answer it here: malformed, or a duplicate id."""
         try:
             message = types.jsonrpc_message_adapter.validate_json(line, by_name=False)
-        except Exception as exc:  # the dispatcher logs a malformed message and reads on
-            await out.send(exc)
+        except Exception:
+            fault = _diagnose(line)
+            if fault is not None:
+                await self._fault(*fault)
+            else:
+                self._note("a malformed notification or response: ignored")
             return
         if not isinstance(message, types.JSONRPCRequest):
             await out.send(SessionMessage(message))
@@ -291,6 +308,78 @@ class StdioTransport:
                         outcome.settle(written)
 
 
+class _Huge:
+    """An integer longer than ``MAX_DIGITS``."""
+
+
+def _int(digits: str) -> Any:
+    return _Huge if len(digits) > MAX_DIGITS else int(digits)
+
+
 def _quote(request_id: Any) -> str:
     text = json.dumps(request_id)
     return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _readable_id(value: Any) -> bool:
+    if isinstance(value, bool) or value is _Huge:
+        return False
+    if isinstance(value, int):
+        return True
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return False
+        return True
+    return False
+
+
+def _diagnose(line: bytes) -> tuple[int, Any, str] | None:
+    """The error that answers a line the SDK's parser refused: (code, id, what was wrong), the
+    id when it can be read (else None); None for a notification or a response (no answer)."""
+    try:
+        text, utf8 = line.decode("utf-8"), True
+    except UnicodeDecodeError:
+        text, utf8 = line.decode("utf-8", "surrogateescape"), False
+    try:
+        found = json.loads(text, parse_int=_int)
+    except (ValueError, RecursionError):
+        return PARSE_ERROR, None, "not valid JSON" if utf8 else "not valid UTF-8"
+    if not isinstance(found, dict):
+        return INVALID_REQUEST, None, "not a JSON-RPC message (a JSON object)"
+    if "method" in found and "id" not in found:
+        return None  # a notification
+    if "method" not in found and ("result" in found or "error" in found):
+        return None  # a response to a request of ours
+    request_id = found["id"] if _readable_id(found.get("id")) else None
+    fault, where = _fault_in(found)
+    if not utf8:
+        fault = "the message is not valid UTF-8"
+    if fault is None:
+        return INVALID_REQUEST, request_id, "not a valid JSON-RPC 2.0 request"
+    in_params = where == "params" and "method" in found
+    return (INVALID_PARAMS if in_params else INVALID_REQUEST), request_id, fault
+
+
+def _fault_in(found: dict[str, Any]) -> tuple[str | None, str | None]:
+    """What the parser refused in ``found`` and under which top-level key; never its text."""
+    stack: list[tuple[Any, int, str | None]] = [(found, 1, None)]
+    while stack:
+        value, depth, where = stack.pop()
+        if depth > MAX_DEPTH:
+            return f"nested deeper than {MAX_DEPTH} levels", where
+        if value is _Huge:
+            return f"a number longer than {MAX_DIGITS} digits", where
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                return "a string holds a lone surrogate (\\ud800-\\udfff): not Unicode", where
+        elif isinstance(value, dict):
+            for k, v in value.items():
+                stack.append((k, depth, where or k))
+                stack.append((v, depth + 1, where or k))
+        elif isinstance(value, list):
+            stack.extend((v, depth + 1, where) for v in value)
+    return None, None

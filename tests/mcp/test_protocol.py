@@ -6,11 +6,14 @@ client to keep them well-formed -- and the transport's bookkeeping of which answ
   the process still leaves when its input ends.
 * A request the SDK settles unanswered (cancelled after its answer was handed over) is not
   written, even if the client then reuses its id.
+* A malformed message is answered with a JSON-RPC error naming the fault, never quoting the
+  message, and the log says so in a bounded number of lines.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -22,7 +25,7 @@ import trio
 import trio.testing
 from mcp.shared.message import ServerMessageMetadata, SessionMessage
 
-from affidavit.mcp.transport import StdioTransport
+from affidavit.mcp.transport import FAULT_LOG_EVERY, StdioTransport
 
 from .conftest import Remotes, wait_for
 from .kit import PYTHON, WAIT, connected, structured
@@ -271,3 +274,101 @@ async def test_a_duplicate_leaves_the_first_request_s_bookkeeping_alone() -> Non
         await write.send(response(7))
         assert (await next_line(client_reads))["id"] == 7
         assert outcome.settled and outcome.written is True
+
+
+# -- malformed messages ---------------------------------------------------------------------------
+
+CANARY = "secret-canary-4f1d"
+ID = re.compile(rb'"id":(\d+|"\w+")')
+MALFORMED: list[tuple[bytes, int, str]] = [
+    (
+        b'{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"http_request",'
+        b'"arguments":{"target":"ok","method":"GET","path":"/\\ud800' + CANARY.encode() + b'"}}}',
+        -32602,
+        "lone surrogate",
+    ),
+    (
+        b'{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"http_request",'
+        b'"arguments":{"target":"ok","method":"GET","path":"/","session":"\\ud800"}}}',
+        -32602,
+        "lone surrogate",
+    ),
+    (
+        b'{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"http_request",'
+        b'"arguments":{"target":"ok","method":"GET","path":"/","headers":{"X-\\ud800":"v"}}}}',
+        -32602,
+        "lone surrogate",
+    ),
+    (
+        b'{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"\\ud800",'
+        b'"arguments":{}}}',
+        -32602,
+        "lone surrogate",
+    ),
+    (
+        b'{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"name":"http_request",'
+        b'"arguments":{"target":"ok","method":"POST","path":"/","body":"\xff\xfe'
+        + CANARY.encode()
+        + b'"}}}',
+        -32602,
+        "not valid UTF-8",
+    ),
+    (
+        b'{"jsonrpc":"2.0","id":6,"method":"tools/call","params":{"name":"http_request",'
+        b'"arguments":{"target":"ok","method":"GET","path":"/","headers":'
+        + b'{"a":' * 300
+        + b"1"
+        + b"}" * 300
+        + b"}}}",
+        -32602,
+        "nested deeper than 200 levels",
+    ),
+    (
+        b'{"jsonrpc":"2.0","id":"n","method":"tools/call","params":{"name":"http_request",'
+        b'"arguments":{"target":"ok","method":"GET","path":"/","n":' + b"9" * 5000 + b"}}}",
+        -32602,
+        "a number longer than 4300 digits",
+    ),
+    (b'{"jsonrpc":"2.0","id":8,"method":"tools/call","params":5}', -32600, "not a valid"),
+]
+
+
+async def test_a_malformed_message_is_answered_with_an_error_naming_the_fault(
+    tmp_path: Path, remotes: Remotes, token: str
+) -> None:
+    async with raw_server(tmp_path, remotes, token) as raw:
+        for data, code, fault in MALFORMED:
+            request_id = json.loads(ID.search(data).group(1))  # type: ignore[union-attr]
+            await raw.send(data + b"\n")
+            answer = await raw.answer(request_id)
+            assert answer["error"]["code"] == code, (data[:80], answer)
+            assert fault in answer["error"]["message"], answer
+            assert CANARY not in json.dumps(answer)
+
+        # No id to read: a parse error, id null.
+        await raw.send(b'{"jsonrpc":"2.0","id":9,"method":' + CANARY.encode() + b"\n")
+        unreadable = await raw.receive()
+        assert (unreadable["id"], unreadable["error"]["code"]) == (None, -32700)
+        # A malformed notification is not answered: the next answer is the next request's.
+        await raw.send(b'{"jsonrpc":"2.0","method":"notifications/x","params":"\\ud800"}\n')
+        await raw.send(call(10, "list_targets", {}))
+        assert (await raw.receive())["id"] == 10
+    assert not remotes.ok.requests
+    log = raw.stderr()
+    assert CANARY not in log
+    assert "protocol fault" in log and "Traceback" not in log
+
+
+async def test_a_flood_of_malformed_messages_is_answered_but_logged_in_few_lines(
+    tmp_path: Path, remotes: Remotes, token: str
+) -> None:
+    async with raw_server(tmp_path, remotes, token) as raw:
+        flood = FAULT_LOG_EVERY + 10
+        await raw.send(b"not json\n" * flood)
+        for _ in range(flood):
+            assert (await raw.receive())["error"]["code"] == -32700
+        await raw.send(call(1, "list_targets", {}))
+        assert (await raw.answer(1))["result"]["isError"] is False
+    lines = [x for x in raw.stderr().splitlines() if "protocol fault" in x]
+    assert 3 <= len(lines) <= 10, lines
+    assert any(f"{FAULT_LOG_EVERY} protocol faults so far" in x for x in lines)

@@ -14,7 +14,7 @@ import trio
 from tests.daemon.kit import wait_until
 
 from .conftest import Remotes, wait_for
-from .kit import Connected, connected, structured
+from .kit import Connected, connected, structured, wire_json
 
 ACTION_TOOLS = {"http_request"}
 READ_TOOLS = {
@@ -256,7 +256,8 @@ async def test_a_message_larger_than_any_action_is_dropped_unread_and_the_sessio
 ) -> None:
     """The bound ``affidavit call`` and the daemon apply to an action's JSON (issue 9's
     ``action_size_limit``: every target here takes at most 1 MiB) bounds a message too: the
-    server reads past it without holding it, and answers the next one."""
+    server reads past it without holding it, answers it with an id-null error, and answers the
+    next one."""
     from mcp.shared.exceptions import MCPError
 
     cfg = remotes.config(tmp_path)
@@ -266,5 +267,8 @@ async def test_a_message_larger_than_any_action_is_dropped_unread_and_the_sessio
             await mcp.session.call_tool("http_request", huge, read_timeout_seconds=3)
         after = await mcp.call("http_request", {"target": "ok", "method": "GET", "path": "/"})
         assert after.is_error is False
+    # Answered, though its id was never read: the SDK client cannot match an id-null error.
+    answers = [m for m in wire_json(mcp) if m.get("id", 0) is None]
+    assert [a["error"]["code"] for a in answers] == [-32600], answers
     assert "dropped unread" in mcp.stderr()
     assert len(remotes.ok.requests) == 1
