@@ -10,9 +10,13 @@ One connection is one session: its broker ``session`` -- the default of every ac
 none, and of ``list_actions`` -- is ``mcp-`` plus 96 random bits, drawn when the process starts
 (stable for the connection, not guessable by another agent).
 
-Every tool request runs in a task of the process's own (``_Calls``), never in the SDK's handler:
-a client that cancels or hangs up ends the handler, not the call (seed, "A result delivery
-error must not repeat execution").  ``backends.py`` says who then records what.
+Every tool request runs in a task of the process's own (``McpSession._run``), never in the SDK's
+handler: a client that cancels or hangs up ends the handler, not the call (seed, "A result
+delivery error must not repeat execution").  ``backends.py`` says who then records what.  At most
+``max_calls`` such tasks run at once (embedded: the config's ``[service] max_calls``; the proxy,
+which reads no config: its default, 256), each counted until its delivery is recorded; one more
+is answered ``api_error`` OVERLOADED at once and nothing runs for it -- as the daemon answers
+its 503.
 
 Stopping: end of input -- the client is gone -- ends the session; calls in flight run to their
 end (bounded by their targets' timeouts), their results stored and their lost answers recorded
@@ -54,6 +58,9 @@ log = logging.getLogger("affidavit.mcp")
 
 Work = Callable[[Exchange], Awaitable[dict[str, Any]]]
 DEFAULT_LIMIT = 50
+DEFAULT_MAX_CALLS = 256
+"""Tool requests running in tasks of their own at once, when no config says (``[service]
+max_calls``'s default: the proxy reads no config)."""
 
 
 def new_session_id() -> str:
@@ -63,10 +70,19 @@ def new_session_id() -> str:
 class McpSession:
     """The tools of one MCP connection, answered by ``backend``."""
 
-    def __init__(self, backend: Backend, transport: StdioTransport, session: str) -> None:
+    def __init__(
+        self,
+        backend: Backend,
+        transport: StdioTransport,
+        session: str,
+        max_calls: int = DEFAULT_MAX_CALLS,
+    ) -> None:
         self.backend = backend
         self.transport = transport
         self.session = session
+        self.max_calls = max_calls
+        self.running = 0
+        """Tasks of ``_run`` not yet over (a call runs on after its handler is gone)."""
         self.nursery: trio.Nursery | None = None
         self.stopping = False
         self._catalog: dict[str, Any] | None = None
@@ -180,9 +196,15 @@ class McpSession:
         ``Exchange.abandon`` and runs on."""
         if self.stopping or self.nursery is None:
             return api_error("SHUTTING_DOWN", "affidavit mcp is stopping; nothing was run")
+        if self.running >= self.max_calls:
+            return api_error(
+                "OVERLOADED",
+                f"{self.max_calls} calls are running; call again later (nothing was run)",
+            )
         exchange = Exchange()
         if request_id is not None:
             exchange.written = self.transport.expect(request_id)
+        self.running += 1
         self.nursery.start_soon(self._work, work, exchange, request_id)
         try:
             await exchange.ready.wait()
@@ -196,15 +218,19 @@ class McpSession:
 
     async def _work(self, work: Work, exchange: Exchange, request_id: Any) -> None:
         try:
-            answer = await work(exchange)
-        except Exception as exc:
-            # A journal that cannot be written, a broken binding: the type only (an
-            # exception's text may quote remote bytes).
-            log.error("request %r ended without an answer: %s", request_id, type(exc).__name__)
-            answer = api_error("INTERNAL", f"the broker failed ({type(exc).__name__})")
-        exchange.hand_over(answer)
-        if exchange.written is not None and not await exchange.written.wait():
-            log.warning("the answer to request %r was not written (client gone)", request_id)
+            try:
+                answer = await work(exchange)
+            except Exception as exc:
+                # A journal that cannot be written, a broken binding: the type only (an
+                # exception's text may quote remote bytes).
+                name = type(exc).__name__
+                log.error("request %r ended without an answer: %s", request_id, name)
+                answer = api_error("INTERNAL", f"the broker failed ({name})")
+            exchange.hand_over(answer)
+            if exchange.written is not None and not await exchange.written.wait():
+                log.warning("the answer to request %r was not written (client gone)", request_id)
+        finally:
+            self.running -= 1
 
     def stop(self) -> None:
         """Stop every call where it is (SIGTERM, SIGINT) and take no more."""
@@ -223,10 +249,16 @@ def build_server(session: McpSession) -> Server[Any]:
     )
 
 
-async def serve(backend: Backend, transport: StdioTransport, session_id: str) -> None:
+async def serve(
+    backend: Backend,
+    transport: StdioTransport,
+    session_id: str,
+    max_calls: int = DEFAULT_MAX_CALLS,
+) -> None:
     """Serve one MCP connection over ``transport`` until its input ends or a signal arrives;
-    return once every call it started is over."""
-    session = McpSession(backend, transport, session_id)
+    return once every call it started is over.  At most ``max_calls`` tool requests run at once
+    in tasks of their own; one more is answered OVERLOADED at once, and nothing runs for it."""
+    session = McpSession(backend, transport, session_id, max_calls)
     server = build_server(session)
     options = server.create_initialization_options(NotificationOptions())
     await session.catalog()  # the tools, and how large a message may be (retried if it failed)

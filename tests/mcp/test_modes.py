@@ -1,6 +1,7 @@
 """Embedded and through the daemon alike: the canary credential is in no MCP message and no log
-line; 32 concurrent tool calls from one session are all answered and the journal verifies; the
-proxy (``--socket``) loads neither the engine, the journal, the config nor the credential code.
+line; 32 concurrent tool calls from one session are all answered and the journal verifies; past
+``max_calls`` a call is refused at once; the proxy (``--socket``) loads neither the engine, the
+journal, the config nor the credential code.
 """
 
 from __future__ import annotations
@@ -9,14 +10,16 @@ import contextlib
 import re
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
 
 from tests.daemon.kit import run, running_daemon
-from tests.mcp.kit import PYTHON, Connected, connected, env_without_secrets, structured
+from tests.mcp.kit import PYTHON, WAIT, Connected, connected, env_without_secrets, structured
 
-from .conftest import Remotes
+from .conftest import Remotes, wait_for
+from .test_delivery import HELD
 
 MODES = ["embedded", "daemon"]
 
@@ -125,3 +128,40 @@ async def test_the_proxy_imports_no_engine_journal_config_or_credential_code(
         m for m in imported if any(m == b or m.startswith(b + ".") for b in BROKER_ONLY)
     )
     assert loaded == []
+
+
+async def test_embedded_a_call_past_max_calls_is_refused_at_once_and_nothing_runs(
+    tmp_path: Path, remotes: Remotes, token: str
+) -> None:
+    """Calls run on past their handlers, so the server bounds them itself: the config's
+    ``[service] max_calls``, as the daemon does; one more is OVERLOADED, never journaled."""
+    cfg = remotes.config(tmp_path)
+    cfg.write_text(cfg.read_text(encoding="utf-8") + "\n[service]\nmax_calls = 1\n")
+    held: list[Any] = []
+    async with connected(["--config", str(cfg)], remotes.env(token), tmp_path / "mcp.log") as mcp:
+
+        async def hold() -> None:
+            held.append(await mcp.call("http_request", HELD))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(hold)
+            await wait_for(remotes.holds.event("received"))
+            over = await mcp.call("http_request", {"target": "ok", "method": "GET", "path": "/"})
+            assert over.is_error is True
+            refused = structured(over)["api_error"]
+            assert refused["code"] == "OVERLOADED" and "nothing was run" in refused["message"]
+            remotes.holds.event("release").set()
+        assert held[0].is_error is False
+        # The held call counts until its delivery is recorded, a moment after its answer.
+        with trio.fail_after(WAIT):
+            while True:
+                after = await mcp.call(
+                    "http_request", {"target": "ok", "method": "GET", "path": "/b"}
+                )
+                if "api_error" not in structured(after):
+                    break
+                await trio.sleep(0.05)
+        assert after.is_error is False
+        rows = structured(await mcp.call("list_actions"))["actions"]
+    assert len(rows) == 2, rows
+    assert [r.target for r in remotes.ok.requests] == ["/b"]
