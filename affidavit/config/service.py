@@ -133,7 +133,8 @@ SERVICE = Schema(
             "max_calls",
             _max_calls,
             default=256,
-            doc="calls running at once; one more is answered 503 (overloaded)",
+            doc="calls running at once in the daemon, and in each embedded `affidavit mcp` "
+            "session; one more is answered overloaded (503 / OVERLOADED), nothing run",
         ),
         Field(
             "operator_uids",
