@@ -5,6 +5,7 @@ applied (its reconciliation query reads it back)."""
 from __future__ import annotations
 
 import json
+import sqlite3
 import urllib.parse
 from collections.abc import Mapping
 from pathlib import Path
@@ -12,6 +13,8 @@ from typing import Any
 
 from affidavit.api.broker import Broker
 from affidavit.approvals import Operator
+from affidavit.journal.chain import canonical_json
+from affidavit.journal.sealing import BrokerKey, payload_aad
 from tests.http.hostile import Peer, Reply, Script
 
 from .helpers import http_target, write_config
@@ -118,3 +121,24 @@ class PaymentsApi:
 def verify_ok(broker: Broker) -> None:
     report = broker.journal.verify()
     assert report.ok, report.reason
+
+
+def reseal_accepted(journal: Path, iid: str, action: Mapping[str, Any], key: BrokerKey) -> None:
+    """Replace the action sealed with ACTION_ACCEPTED by ``action`` sealed with ``key``: what
+    the dispatcher (or the console's content download) reads back then differs from what was
+    approved.  Whoever edits the file drops the append-only trigger first
+    (tests/journal/test_tamper) -- and reopening the journal puts it back.  (A row's hash
+    covers its sealed payload: ``journal verify`` finds the edit -- afterwards.)"""
+    conn = sqlite3.connect(journal)
+    try:
+        (seq,) = conn.execute(
+            "SELECT seq FROM events WHERE invocation_id = ? AND kind = 'ACTION_ACCEPTED'", (iid,)
+        ).fetchone()
+        conn.execute("DROP TRIGGER events_no_update")
+        sealed = key.seal(
+            canonical_json({"action": dict(action)}).encode(), payload_aad(iid, "ACTION_ACCEPTED")
+        )
+        conn.execute("UPDATE events SET payload = ? WHERE seq = ?", (sealed, seq))
+        conn.commit()
+    finally:
+        conn.close()

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import sqlite3
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -26,12 +25,11 @@ import trio
 
 from affidavit.api.broker import Broker
 from affidavit.approvals import Operator, OperatorError
-from affidavit.journal.chain import canonical_json
-from affidavit.journal.sealing import BrokerKey, payload_aad
+from affidavit.journal.sealing import BrokerKey
 from affidavit.statemachine import EventKind
 from tests.http.hostile import HostileServer, Reply, scripts
 
-from .approvalkit import OPS, OPS_UID, approval_config, verify_ok
+from .approvalkit import OPS, OPS_UID, approval_config, reseal_accepted, verify_ok
 from .helpers import assert_error, assert_ok, event_kinds, open_broker
 
 E = EventKind
@@ -335,23 +333,7 @@ def _swap_body(cfg: Path, journal: Path, iid: str, body: str) -> None:
     broker's own key -- what the dispatcher reads back then differs from what was approved.
     (A row's hash covers its sealed payload: ``journal verify`` finds the edit -- afterwards.
     Before the send, the approval's fingerprint re-checked at the gate is what stops it.)"""
-    key = BrokerKey.load(Path(f"{journal}.key"))
-    conn = sqlite3.connect(journal)
-    try:
-        seq = conn.execute(
-            "SELECT seq FROM events WHERE invocation_id = ? AND kind = 'ACTION_ACCEPTED'", (iid,)
-        ).fetchone()[0]
-        action = {**CHARGE, "body": body}
-        # Whoever edits the file drops the append-only trigger first (tests/journal/test_tamper)
-        # -- and reopening the journal puts it back.
-        conn.execute("DROP TRIGGER events_no_update")
-        sealed = key.seal(
-            canonical_json({"action": action}).encode(), payload_aad(iid, "ACTION_ACCEPTED")
-        )
-        conn.execute("UPDATE events SET payload = ? WHERE seq = ?", (sealed, seq))
-        conn.commit()
-    finally:
-        conn.close()
+    reseal_accepted(journal, iid, {**CHARGE, "body": body}, BrokerKey.load(Path(f"{journal}.key")))
 
 
 async def test_a_body_changed_between_approval_and_dispatch_is_stale_and_nothing_is_sent(

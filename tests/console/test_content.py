@@ -12,15 +12,14 @@ from __future__ import annotations
 import base64
 import hashlib
 import re
-import sqlite3
 from pathlib import Path
 from typing import Any
 
-from affidavit.journal.chain import canonical_json
-from affidavit.journal.sealing import BrokerKey, payload_aad
+from affidavit.journal.sealing import BrokerKey
 from affidavit.protocols import get as protocol
 from affidavit.protocols.http.action import BODY_SHOWN
 from affidavit.protocols.ssh.action import STDIN_SHOWN
+from tests.broker.approvalkit import reseal_accepted
 from tests.daemon.kit import cli, embedded
 
 from .kit import CHARGE, World, console_world, get, log_in
@@ -104,24 +103,6 @@ async def test_a_content_download_needs_a_session(tmp_path: Path, token: str) ->
         assert status == 200 and data == PADDED.encode()
 
 
-def _reseal_accepted(journal: Path, iid: str, action: dict[str, Any], key: BrokerKey) -> None:
-    """Replace the action sealed with ACTION_ACCEPTED by ``action`` sealed with ``key`` (as
-    tests/broker/test_approvals.py's ``_swap_body`` does: the append-only trigger dropped)."""
-    conn = sqlite3.connect(journal)
-    try:
-        (seq,) = conn.execute(
-            "SELECT seq FROM events WHERE invocation_id = ? AND kind = 'ACTION_ACCEPTED'", (iid,)
-        ).fetchone()
-        conn.execute("DROP TRIGGER events_no_update")
-        sealed = key.seal(
-            canonical_json({"action": action}).encode(), payload_aad(iid, "ACTION_ACCEPTED")
-        )
-        conn.execute("UPDATE events SET payload = ? WHERE seq = ?", (sealed, seq))
-        conn.commit()
-    finally:
-        conn.close()
-
-
 async def test_a_sealed_action_that_differs_from_the_view_is_refused_not_served(
     tmp_path: Path, token: str
 ) -> None:
@@ -129,7 +110,7 @@ async def test_a_sealed_action_that_differs_from_the_view_is_refused_not_served(
         iid = await _pending(world, body=PADDED)
         journal = world.daemon.journal
         key = BrokerKey.load(Path(f"{journal}.key"))
-        _reseal_accepted(journal, iid, {**CHARGE, "body": "something else"}, key)
+        reseal_accepted(journal, iid, {**CHARGE, "body": "something else"}, key)
         cookie, _ = await log_in(world)
         status, headers, data = await get(
             f"{world.origin}/approvals/{iid}/content/body", cookie=cookie
@@ -149,7 +130,7 @@ async def test_an_action_sealed_beyond_the_broker_s_key_is_said_to_be_unreadable
     async with console_world(tmp_path, token, wait="0s") as world:
         iid = await _pending(world, body=PADDED)
         other = BrokerKey.create(tmp_path / "another.key")
-        _reseal_accepted(world.daemon.journal, iid, {**CHARGE, "body": PADDED}, other)
+        reseal_accepted(world.daemon.journal, iid, {**CHARGE, "body": PADDED}, other)
         cookie, _ = await log_in(world)
         status, _, data = await get(f"{world.origin}/approvals/{iid}/content/body", cookie=cookie)
         assert status == 409 and b"REQUEST_SEALED" in data
@@ -176,7 +157,7 @@ async def test_the_command_line_writes_the_same_bytes_through_the_daemon_and_emb
         missing = await cli(world.daemon, "approvals", "show", padded, "--content", "stdin")
         assert missing.returncode == 2 and b"has no content 'stdin'" in missing.stderr
         key = BrokerKey.load(Path(f"{world.daemon.journal}.key"))
-        _reseal_accepted(world.daemon.journal, padded, {**CHARGE, "body": "other"}, key)
+        reseal_accepted(world.daemon.journal, padded, {**CHARGE, "body": "other"}, key)
         for refused in (
             await cli(world.daemon, "approvals", "show", padded, "--content", "body"),
             await embedded("approvals", "show", padded, "--content", "body", "--config", config),

@@ -122,14 +122,21 @@ async def session_of(raw: Raw) -> str:
 # -- duplicate request ids ------------------------------------------------------------------------
 
 
+async def _duplicate_while_held(raw: Raw, remotes: Remotes) -> str:
+    """Start a session, a call with id 7 that the remote holds, and -- once it is held -- a
+    second request with the same id; return the session."""
+    session = await session_of(raw)
+    await raw.send(call(7, "http_request", HELD))
+    await wait_for(remotes.holds.event("received"))
+    await raw.send(call(7, "http_request", FAST))
+    return session
+
+
 async def test_a_request_id_already_in_flight_is_refused_and_nothing_runs_for_it(
     tmp_path: Path, remotes: Remotes, token: str
 ) -> None:
     async with raw_server(tmp_path, remotes, token) as raw:
-        session = await session_of(raw)
-        await raw.send(call(7, "http_request", HELD))
-        await wait_for(remotes.holds.event("received"))
-        await raw.send(call(7, "http_request", FAST))
+        session = await _duplicate_while_held(raw, remotes)
         refused = await raw.answer(7)
         assert refused["error"]["code"] == -32600, refused
         assert "7" in refused["error"]["message"] and "in flight" in refused["error"]["message"]
@@ -162,10 +169,7 @@ async def test_a_duplicate_id_cannot_make_the_journal_claim_an_unwritten_answer(
     the held call's answer -- never written -- is RESULT_DELIVERY_FAILED; once the input ends
     the process leaves (it used to wait for ever, holding the journal)."""
     async with raw_server(tmp_path, remotes, token) as raw:
-        session = await session_of(raw)
-        await raw.send(call(7, "http_request", HELD))
-        await wait_for(remotes.holds.event("received"))
-        await raw.send(call(7, "http_request", FAST))
+        session = await _duplicate_while_held(raw, remotes)
         first = await raw.answer(7)
         await raw.proc.stdout.aclose()  # type: ignore[union-attr]  # the answer cannot be written
         remotes.holds.event("release").set()
@@ -189,10 +193,7 @@ async def test_input_ending_with_a_call_still_running_the_process_leaves_and_cla
     """The held call is never released: the process leaves once its target's timeout ends it
     (the calls of a session that ended run to their end), and its record claims no delivery."""
     async with raw_server(tmp_path, remotes, token) as raw:
-        session = await session_of(raw)
-        await raw.send(call(7, "http_request", HELD))
-        await wait_for(remotes.holds.event("received"))
-        await raw.send(call(7, "http_request", FAST))
+        session = await _duplicate_while_held(raw, remotes)
         first = await raw.answer(7)
         await raw.proc.stdin.aclose()  # type: ignore[union-attr]
         assert await raw.exits() == 0
