@@ -85,7 +85,7 @@ def approval_view(reader: JournalReader, record: Record) -> dict[str, Any]:
     }
     try:
         sealed = reader.payload(requested.seq) if requested.seq is not None else None
-    except JournalUnavailable:  # the journal away, not this request sealed beyond reading
+    except (JournalUnavailable, ReadFailed):  # unread (away, or declined once), not sealed
         raise
     except JournalError as exc:
         sealed, view["request_unreadable"] = None, str(exc)

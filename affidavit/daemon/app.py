@@ -18,8 +18,10 @@ Everything else is the API's own trouble: 400 bad JSON or query (or a malformed 
 408, 431, 501 for CONNECT or Upgrade and 503 for too many connections: h11server.py), 403 peer
 refused, 404, 405, 413, 503 overloaded, shutting down or journal unavailable
 (``JOURNAL_UNAVAILABLE``: a call the journal could not record has no envelope to render; a
-record or a view it could not read is named), 500 a journal that answers but cannot be read
-(``JOURNAL_UNREADABLE``: altered, refused) -- ``{"api_error": {"code", "message"}}``.
+record or a view it could not read is named) or a read it declined this once
+(``JOURNAL_READ_DECLINED``: a statement timeout, a lock not granted), 500 a journal that
+answers but cannot be read (``JOURNAL_UNREADABLE``: altered, refused) -- ``{"api_error":
+{"code", "message"}}``.
 """
 
 from __future__ import annotations
@@ -347,13 +349,14 @@ async def _deliver(req: Request, envelope: dict[str, Any], scope: trio.CancelSco
 
 
 def _journal_problem(exc: JournalError, what: str) -> ApiProblem:
-    """A read the journal could not answer: 503 JOURNAL_UNAVAILABLE when a shared journal is
-    away beyond ``[journal] reconnect`` (unread, nothing known to be wrong with it), else 500
-    JOURNAL_UNREADABLE with the journal's own one-line words (altered, refused) -- the two never
+    """A read the journal could not answer (``read_failure``): 503 JOURNAL_UNAVAILABLE when a
+    shared journal is away beyond ``[journal] reconnect``, or JOURNAL_READ_DECLINED when the
+    database declined it once (unread, nothing known to be wrong with it), else 500
+    JOURNAL_UNREADABLE with the journal's own one-line words (altered, refused) -- never
     blurred.  One line in the daemon's log either way, never a traceback."""
     status, code, message = read_failure(exc, what)
     if status == 503:
-        log.warning("%s: the journal is unavailable: %s", what, exc)
+        log.warning("%s: the journal did not answer now: %s", what, exc)
     else:
         log.error("%s: %s", what, exc)
     return ApiProblem(status, code, message)

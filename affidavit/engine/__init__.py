@@ -9,6 +9,7 @@ from affidavit.engine.engine import Deliver, Engine
 from affidavit.engine.ids import new_invocation_id
 from affidavit.engine.operations import OperationError, poll_failure
 from affidavit.engine.recovery import (
+    READ_DECLINED,
     UNREADABLE,
     CallNotRecorded,
     read_failure,
@@ -20,6 +21,7 @@ from affidavit.engine.settings import EngineSettings
 from affidavit.engine.sink import RESULT_CHUNK
 
 __all__ = [
+    "READ_DECLINED",
     "RESULT_CHUNK",
     "UNREADABLE",
     "CallControl",

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import time
 
-from affidavit.journal import JournalUnavailable, JournalWriteError
+from affidavit.journal import JournalUnavailable, JournalWriteError, ReadFailed
 from affidavit.statemachine import (
     Code,
     Event,
@@ -27,6 +27,7 @@ from .approval import APPROVAL_STATES, expire_if_due
 from .recorder import Recorder
 
 __all__ = [
+    "READ_DECLINED",
     "UNREADABLE",
     "CallNotRecorded",
     "act_failure",
@@ -178,10 +179,14 @@ def unread(what: str) -> str:
 def read_failure(exc: Exception, what: str) -> tuple[int, str, str]:
     """A read of ``what`` the journal could not answer, as every surface answers it: (HTTP
     status, code, message) -- 503 JOURNAL_UNAVAILABLE (``unread``) when a shared journal is
-    away beyond ``[journal] reconnect``, else 500 ``UNREADABLE`` with the journal's own one-line
-    words (altered, refused): the two never blurred."""
+    away beyond ``[journal] reconnect``, 503 ``READ_DECLINED`` with the database's words when it
+    declined the read this once (``ReadFailed``: a statement timeout, a lock not granted; the
+    same read may succeed), else 500 ``UNREADABLE`` with the journal's own one-line words
+    (altered, refused): never blurred."""
     if isinstance(exc, JournalUnavailable):
         return 503, CallNotRecorded.code, unread(what)
+    if isinstance(exc, ReadFailed):
+        return 503, READ_DECLINED, f"{exc} (the same read may succeed: try again)"
     return 500, UNREADABLE, str(exc)
 
 
@@ -204,6 +209,8 @@ def act_failure(exc: Exception, what: str, act: str, check: str) -> tuple[int, s
     return read_failure(exc, what)
 
 
+READ_DECLINED = "JOURNAL_READ_DECLINED"
+"""The code for a read the database declined this once (``ReadFailed``)."""
 UNREADABLE = "JOURNAL_UNREADABLE"
 """The code for a read the journal refused for another reason than being away (a table or a
 row altered, a database the broker may not read): a fault of the journal, not of its network,

@@ -281,6 +281,39 @@ async def test_an_approved_action_the_database_declines_to_read_once_stays_appro
     assert len(srv.requests) == 1
 
 
+async def test_a_read_declined_once_is_unread_on_every_approval_surface(
+    tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The approval view and the content download meet the same ``ReadFailed``: it is raised
+    (503 JOURNAL_READ_DECLINED on every surface, ``read_failure``), never shown as a request
+    "sealed to a key this broker lacks" nor as a journal that is altered (500)."""
+    from affidavit.approvals import service
+    from affidavit.engine import READ_DECLINED, read_failure
+    from affidavit.journal import ReadFailed
+
+    async with HostileServer.running(scripts.serve(OK)) as srv:
+        cfg = approval_config(tmp_path, srv.url)
+        async with open_broker(cfg) as b:
+            env = await b.call({**CHARGE, "body": json.dumps({"pad": "x" * 20000})})
+            iid = env["invocation_id"]
+            assert env["error"]["code"] == "APPROVAL_PENDING"
+            declined = ReadFailed("canceling statement due to statement timeout")
+
+            def payload(seq: int) -> Any:
+                raise declined
+
+            monkeypatch.setattr(b.journal, "payload", payload)
+            for read in (lambda: service.show(b.journal, iid),
+                         lambda: service.content(b.journal, iid, "body")):  # fmt: skip
+                with pytest.raises(ReadFailed):
+                    read()
+            status, code, message = read_failure(declined, "the pending approvals")
+            assert (status, code) == (503, READ_DECLINED) and "try again" in message
+            monkeypatch.undo()
+            assert len(service.content(b.journal, iid, "body")) > 20000  # read again: whole
+    assert srv.requests == []
+
+
 async def test_a_config_reloaded_after_approval_is_not_sent_under_the_old_approval(
     tmp_path: Path, token: str
 ) -> None:
