@@ -149,8 +149,9 @@ def parse_count(value: str) -> int:
     """A whole number from 0 to ``MAX_COUNT`` in ASCII digits, as ``--from-chunk`` and ``--seq``
     and the daemon's ``?from_chunk=`` take them (``str.isdigit`` alone lets ``²`` through,
     which ``int`` then refuses; a number past the columns' range reached the database as an
-    OverflowError).  ``ValueError`` says what was expected."""
-    if not (value.isascii() and value.isdigit()) or int(value) > MAX_COUNT:
+    OverflowError; past 4300 digits ``int`` itself refuses, in its own words).  ``ValueError``
+    says what was expected."""
+    if not (value.isascii() and value.isdigit()) or len(value) > 19 or int(value) > MAX_COUNT:
         raise ValueError(f"expected a whole number from 0 to {MAX_COUNT}")
     return int(value)
 

@@ -246,7 +246,13 @@ class StdioTransport:
             return
         key = coerce_request_id(message.id)
         if key in self._open:
-            what = f"request id {_quote(message.id)} is already in flight: refused, nothing ran"
+            # The error carries the reused id, so a client may take it for the first request's
+            # answer: it says that one runs on, and that its answer is still to come.
+            what = (
+                f"request id {_quote(message.id)} is already in flight: this second request "
+                "was refused and nothing ran for it; the first one runs on and is answered "
+                "under the same id"
+            )
             await self._fault(INVALID_REQUEST, message.id, what)
             return
         request = self._open[key] = _Request()

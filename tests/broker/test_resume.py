@@ -177,6 +177,7 @@ def test_usage_errors_of_result_resume(stored: Stored) -> None:
         # an OverflowError from the database.
         (["--from-chunk", "99999999999999999999"], b"--from-chunk: expected a whole number"),
         (["--from-chunk", "\u00b2"], b"--from-chunk: expected a whole number"),
+        (["--from-chunk", "9" * 5000], b"--from-chunk: expected a whole number"),
         (["--stream", "body"], b"--stream goes with --raw"),
         (["--raw", "--stream", "stderr"], b"no stream 'stderr'"),
     ]:

@@ -139,7 +139,8 @@ async def test_a_request_id_already_in_flight_is_refused_and_nothing_runs_for_it
         session = await _duplicate_while_held(raw, remotes)
         refused = await raw.answer(7)
         assert refused["error"]["code"] == -32600, refused
-        assert "7" in refused["error"]["message"] and "in flight" in refused["error"]["message"]
+        said = refused["error"]["message"]
+        assert "7" in said and "in flight" in said and "the first one runs on" in said, said
         await raw.send(call("7", "http_request", FAST))  # the SDK's "7" is 7: the same id
         assert (await raw.answer("7"))["error"]["code"] == -32600
         remotes.holds.event("release").set()
