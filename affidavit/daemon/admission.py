@@ -36,7 +36,12 @@ as many again), logged once per spell.  Nothing is evicted: hypercorn's connecti
 told idle from busy from here, and its own ``keep_alive_timeout`` (``server.py``'s
 ``CONSOLE_HEAD_WAIT``) already closes one that has not sent a whole request head within a few
 seconds of opening or of its last answer, and the console's ``FORM_WAIT`` one whose form stops
-short -- a place is never held long by a silent connection.
+short -- a place is never held long by a silent connection.  Nor does one local uid hold more
+than half the places (``max_per_uid``): a user reopening connections as fast as the head wait
+closes them would otherwise keep the console full and the operators out.  Its uid is the
+kernel's (``console.peer.socket_owner``, /proc/net/tcp), read once per connection admitted --
+never for one turned away at the cap; a connection whose owner cannot be read counts as one
+unknown uid.
 """
 
 from __future__ import annotations
@@ -221,14 +226,38 @@ class Server:
                 await link.aclose()
 
 
-class ConsoleCap:
-    """The console listener's connections: at most ``max_connections`` served at once, the
-    rest answered 503 and closed unread (the module docstring says why this one is simpler)."""
+def _console_owner(stream: trio.SocketStream) -> int | None:
+    """The local uid owning the client's end of a console connection, or None."""
+    from affidavit.console.peer import socket_owner
 
-    def __init__(self, *, max_connections: int = CONSOLE_MAX_CONNECTIONS) -> None:
+    try:
+        sock = stream.socket
+        return socket_owner(sock.getpeername()[:2], sock.getsockname()[:2])
+    except (OSError, ValueError):
+        return None
+
+
+class ConsoleCap:
+    """The console listener's connections: at most ``max_connections`` served at once, and at
+    most ``max_per_uid`` of one local uid (half, unless given; ``owner`` names a connection's
+    uid, None when it cannot); the rest answered 503 and closed unread (the module docstring
+    says why this one is simpler)."""
+
+    def __init__(
+        self,
+        *,
+        max_connections: int = CONSOLE_MAX_CONNECTIONS,
+        max_per_uid: int | None = None,
+        owner: Callable[[trio.SocketStream], int | None] = _console_owner,
+    ) -> None:
         self.max_connections = max_connections
+        self.max_per_uid = max(1, max_connections // 2) if max_per_uid is None else max_per_uid
+        self._owner = owner
         self.open = 0
         """Connections being served (not those being turned away)."""
+        self._per_uid: dict[int | None, int] = {}
+        self._uid_turned_away: dict[int | None, int] = {}
+        """Per uid at its share: its connections turned away in this spell."""
         self.turned_away = 0
         """Connections turned away in this spell at the cap (0 outside one)."""
         self._turning_away = 0
@@ -241,7 +270,12 @@ class ConsoleCap:
             if self.open >= self.max_connections:
                 await self._turn_away(stream)
                 return
+            uid = self._owner(stream)
+            if self._per_uid.get(uid, 0) >= self.max_per_uid:
+                await self._turn_away(stream, uid)
+                return
             self.open += 1
+            self._per_uid[uid] = self._per_uid.get(uid, 0) + 1
             try:
                 await serve(stream)
             except Exception:
@@ -249,31 +283,32 @@ class ConsoleCap:
                 # (the agents' socket is served by the same process).
                 log.exception("a console connection failed; it is closed")
             finally:
-                self.open -= 1
-                # The spell ends once half the places are free again, not at the first one:
-                # a client reconnecting as fast as its connections close would otherwise make
-                # it a line per connection.
-                if self.turned_away and self.open <= self.max_connections // 2:
-                    log.info(
-                        "the console has room again (%d connections open); %d were turned away",
-                        self.open,
-                        self.turned_away,
-                    )
-                    self.turned_away = 0
+                self._left(uid)
         finally:
             with trio.CancelScope(shield=True):
                 await stream.aclose()
 
-    async def _turn_away(self, stream: trio.SocketStream) -> None:
+    async def _turn_away(self, stream: trio.SocketStream, uid: int | None = None) -> None:
         """503, not a byte read: bounded by ``TURN_AWAY_WAIT``, and not answered at all while
-        as many again are being turned away (each holds a descriptor meanwhile)."""
-        if not self.turned_away:
+        as many again are being turned away (each holds a descriptor meanwhile).  ``uid``: the
+        connection's owner, when it is its uid's share that is full (a spell of its own)."""
+        if uid is None and not self.turned_away:
             log.warning(
                 "the console has %d connections open, the most: turning new ones away (503) "
                 "until half of them have closed",
                 self.open,
             )
-        self.turned_away += 1
+        if uid is None:
+            self.turned_away += 1
+        else:
+            if uid not in self._uid_turned_away:
+                log.warning(
+                    "uid %s holds %d console connections, its most: turning its new ones away "
+                    "(503) until half of them have closed",
+                    uid,
+                    self._per_uid.get(uid, 0),
+                )
+            self._uid_turned_away[uid] = self._uid_turned_away.get(uid, 0) + 1
         if self._turning_away < self.max_connections:
             self._turning_away += 1
             try:
@@ -281,3 +316,29 @@ class ConsoleCap:
                     await stream.send_all(CONSOLE_TURNED_AWAY)
             finally:
                 self._turning_away -= 1
+
+    def _left(self, uid: int | None) -> None:
+        """A connection of ``uid`` closed: its place is free (and a spell may end)."""
+        self.open -= 1
+        left = self._per_uid[uid] - 1
+        if left:
+            self._per_uid[uid] = left
+        else:
+            del self._per_uid[uid]
+        # A spell ends once half the places are free again, not at the first one: a client
+        # reconnecting as fast as its connections close would otherwise make it a line per
+        # connection.
+        if self.turned_away and self.open <= self.max_connections // 2:
+            log.info(
+                "the console has room again (%d connections open); %d were turned away",
+                self.open,
+                self.turned_away,
+            )
+            self.turned_away = 0
+        if uid in self._uid_turned_away and left <= self.max_per_uid // 2:
+            log.info(
+                "uid %s has room again on the console (%d connections); %d were turned away",
+                uid,
+                left,
+                self._uid_turned_away.pop(uid),
+            )

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -26,13 +27,22 @@ from affidavit.daemon import server as daemon_server
 from affidavit.daemon.admission import ConsoleCap
 from affidavit.daemon.server import Daemon, DaemonError
 from tests.broker.helpers import TOKEN_ENV
-from tests.daemon.kit import WAIT, api_target, wait_until, write_daemon_config
-from tests.external import free_port
+from tests.daemon.kit import (
+    WAIT,
+    api_target,
+    as_user,
+    client_env,
+    run,
+    wait_until,
+    write_daemon_config,
+)
+from tests.external import free_port, require_root
 
 from .kit import get
 
 CAP = 4
 EXTRA = 3
+NOBODY = 65534
 PROMPTLY = 2.0
 """How soon a connection over the cap must have its 503 and its end."""
 FULL = "turning new ones away"
@@ -41,12 +51,15 @@ ROOM = "the console has room again"
 
 @contextlib.asynccontextmanager
 async def daemon_with_console(
-    tmp: Path, monkeypatch: pytest.MonkeyPatch, *, head_wait: float = 60.0
+    tmp: Path, monkeypatch: pytest.MonkeyPatch, *, head_wait: float = 60.0, per_uid: int = CAP
 ) -> AsyncIterator[tuple[Daemon, ConsoleCap, int]]:
     """A daemon in this process whose console (on a free loopback port) serves at most ``CAP``
-    connections and waits ``head_wait`` for a head: (it, its console's cap, the port)."""
+    connections, ``per_uid`` of one local uid, and waits ``head_wait`` for a head: (it, its
+    console's cap, the port)."""
     monkeypatch.setattr(
-        daemon_server, "ConsoleCap", functools.partial(ConsoleCap, max_connections=CAP)
+        daemon_server,
+        "ConsoleCap",
+        functools.partial(ConsoleCap, max_connections=CAP, max_per_uid=per_uid),
     )
     monkeypatch.setattr(daemon_server, "CONSOLE_HEAD_WAIT", head_wait)
     socket = tmp / "affidavit.sock"
@@ -126,6 +139,45 @@ async def test_console_connections_over_the_cap_are_turned_away_and_the_socket_s
     assert len(warnings) == 1, warnings  # once per spell, not per connection
     room = [r.getMessage() for r in caplog.records if ROOM in r.getMessage()]
     assert len(room) == 1 and f"{EXTRA + 1} were turned away" in room[0], room
+
+
+_OTHER_UID_GETS = r"""
+import socket, sys
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=10)
+s.sendall(b"GET /login HTTP/1.1\r\nHost: 127.0.0.1:" + sys.argv[1].encode() + b"\r\n\r\n")
+print(s.recv(64).split(b"\r\n")[0].decode())
+"""
+
+
+async def test_one_local_uid_holds_at_most_its_share_of_the_console(
+    tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Any local uid can reach the console's port.  One reopening connections as fast as the
+    head wait closes them kept every place, and the operators out; now it holds at most its
+    share (its uid read from the kernel's socket table), and another uid is still served."""
+    require_root()
+    monkeypatch.setenv(TOKEN_ENV, token)
+    caplog.set_level(logging.INFO, logger="affidavit.daemon")
+    async with daemon_with_console(tmp_path, monkeypatch, per_uid=2) as (_, cap, port):
+        held = [await trio.open_tcp_stream("127.0.0.1", port) for _ in range(2)]
+        await wait_until(lambda: cap.open == 2, "this uid's two are being served")
+        extra = await trio.open_tcp_stream("127.0.0.1", port)
+        answer = await to_the_end(extra)
+        await extra.aclose()
+        assert answer.startswith(b"HTTP/1.1 503 Service Unavailable\r\n"), answer
+        assert cap.open == 2 < CAP  # refused with places free: its share is full
+        other = await run(as_user(NOBODY, "-c", _OTHER_UID_GETS, str(port)), env=client_env())
+        assert other.returncode == 0, other.stderr
+        assert other.stdout.decode().startswith("HTTP/1.1 200"), other.stdout
+        for stream in held:
+            await stream.aclose()
+        await wait_until(lambda: cap.open == 0, "every connection is closed")
+        status, _, _ = await get(f"http://127.0.0.1:{port}/login")
+        assert status == 200  # its share is free again
+    said = [r.getMessage() for r in caplog.records]
+    assert sum(f"uid {os.getuid()} holds 2 console connections" in m for m in said) == 1, said
+    assert any(f"uid {os.getuid()} has room again" in m for m in said), said
+    assert not any(f"uid {NOBODY}" in m for m in said), said
 
 
 async def test_a_console_connection_without_a_whole_head_within_the_head_wait_is_closed(
