@@ -64,8 +64,10 @@ ALLOWED: Mapping[str, frozenset[str]] = {
     "affidavit.engine": frozenset(
         {"affidavit.config", "affidavit.protocols", "affidavit.secrets", *SERVICE_BASE}
     ),
-    # Operator actions: the rules every interface calls (CLI, daemon, Broker, console).
-    "affidavit.approvals": frozenset({"affidavit.engine", *SERVICE_BASE}),
+    # Operator actions: the rules every interface calls (CLI, daemon, Broker, console).  The
+    # protocol registry (never a protocol) says where an action holds the contents an approval
+    # shows (``operator_contents``), as it tells reconcile a target's query.
+    "affidavit.approvals": frozenset({"affidavit.engine", "affidavit.protocols", *SERVICE_BASE}),
     "affidavit.reconcile": frozenset(
         {"affidavit.approvals", "affidavit.engine", "affidavit.protocols", *SERVICE_BASE}
     ),
