@@ -83,6 +83,25 @@ CONSOLE_TURNED_AWAY = (
 """The answer to a console connection over the cap, whatever it asks (nothing is read)."""
 
 
+class _Refusals:
+    """The refusals of one listener being written: each bounded by ``TURN_AWAY_WAIT``, and none
+    at all while ``most`` are (a connection turned away holds a descriptor until then)."""
+
+    def __init__(self, most: int) -> None:
+        self.most = most
+        self.writing = 0
+
+    async def answer(self, send_all: Callable[[bytes], Awaitable[None]], answer: bytes) -> None:
+        if self.writing >= self.most:
+            return  # closed unanswered
+        self.writing += 1
+        try:
+            with trio.move_on_after(TURN_AWAY_WAIT), contextlib.suppress(*GONE):
+                await send_all(answer)
+        finally:
+            self.writing -= 1
+
+
 class Server:
     """The connections of one listener, so that shutdown can close the idle ones."""
 
@@ -107,7 +126,7 @@ class Server:
         """Connections being served (not those being turned away, nor those evicted)."""
         self._per_uid: dict[int, int] = {}
         """Connections being served, by peer uid (none listed with 0)."""
-        self._turning_away = 0
+        self._refusing = _Refusals(max_connections)
         self._full = False
         """Connections were turned away since one was last served under the cap (logged once
         per spell)."""
@@ -214,13 +233,7 @@ class Server:
                 peer.describe(),
             )
         try:
-            if self._turning_away < self.max_connections:
-                self._turning_away += 1
-                try:
-                    with trio.move_on_after(TURN_AWAY_WAIT), contextlib.suppress(*GONE):
-                        await link.send_all(TURNED_AWAY)
-                finally:
-                    self._turning_away -= 1
+            await self._refusing.answer(link.send_all, TURNED_AWAY)
         finally:
             with trio.CancelScope(shield=True):
                 await link.aclose()
@@ -260,7 +273,7 @@ class ConsoleCap:
         """Per uid at its share: its connections turned away in this spell."""
         self.turned_away = 0
         """Connections turned away in this spell at the cap (0 outside one)."""
-        self._turning_away = 0
+        self._refusing = _Refusals(max_connections)
 
     async def serve(
         self, stream: trio.SocketStream, serve: Callable[[trio.SocketStream], Awaitable[None]]
@@ -309,13 +322,7 @@ class ConsoleCap:
                     self._per_uid.get(uid, 0),
                 )
             self._uid_turned_away[uid] = self._uid_turned_away.get(uid, 0) + 1
-        if self._turning_away < self.max_connections:
-            self._turning_away += 1
-            try:
-                with trio.move_on_after(TURN_AWAY_WAIT), contextlib.suppress(*GONE):
-                    await stream.send_all(CONSOLE_TURNED_AWAY)
-            finally:
-                self._turning_away -= 1
+        await self._refusing.answer(stream.send_all, CONSOLE_TURNED_AWAY)
 
     def _left(self, uid: int | None) -> None:
         """A connection of ``uid`` closed: its place is free (and a spell may end)."""
