@@ -13,6 +13,7 @@ deduplicates on it (``remote_contract: none``)."""
 from __future__ import annotations
 
 import hashlib
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -57,19 +58,7 @@ def parse(obj: Mapping[str, Any], name: str, target: SshTarget) -> SshAction:
         command.encode("utf-8")
     except UnicodeEncodeError:
         raise ActionInvalid(Code.INVALID_FIELD, "command", "is not valid Unicode text") from None
-    stdin: bytes | None = None
-    raw = obj.get("stdin")
-    if raw is not None:
-        if not isinstance(raw, str):
-            raise ActionInvalid(Code.INVALID_FIELD, "stdin", "must be a string")
-        if len(raw) > target.max_stdin:
-            raise ActionInvalid(Code.PAYLOAD_LIMIT, "stdin", "exceeds this target's max_stdin")
-        try:
-            stdin = raw.encode("utf-8")
-        except UnicodeEncodeError:
-            raise ActionInvalid(Code.INVALID_FIELD, "stdin", "is not valid Unicode text") from None
-        if len(stdin) > target.max_stdin:
-            raise ActionInvalid(Code.PAYLOAD_LIMIT, "stdin", "exceeds this target's max_stdin")
+    stdin = _parse_stdin(obj, target.max_stdin)
     key = string(obj, "idempotency_key", required=False)
     if key is not None and (len(key) > MAX_TOKEN_FIELD or not VISIBLE.fullmatch(key)):
         raise ActionInvalid(
@@ -108,15 +97,33 @@ def operator_view(action: SshAction, target: SshTarget) -> dict[str, Any]:
     return out
 
 
+def _parse_stdin(obj: Mapping[str, Any], limit: int) -> bytes | None:
+    """``stdin`` as UTF-8 bytes, at most ``limit``; None when the action gives none."""
+    raw = obj.get("stdin")
+    if raw is None:
+        return None
+    if not isinstance(raw, str):
+        raise ActionInvalid(Code.INVALID_FIELD, "stdin", "must be a string")
+    if len(raw) > limit:
+        raise ActionInvalid(Code.PAYLOAD_LIMIT, "stdin", "exceeds this target's max_stdin")
+    try:
+        stdin = raw.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ActionInvalid(Code.INVALID_FIELD, "stdin", "is not valid Unicode text") from None
+    if len(stdin) > limit:
+        raise ActionInvalid(Code.PAYLOAD_LIMIT, "stdin", "exceeds this target's max_stdin")
+    return stdin
+
+
 def operator_contents(action: Mapping[str, Any]) -> dict[str, bytes]:
     """The stdin the operator view names (when the action gives one), from the accepted
-    action: its text as UTF-8."""
-    stdin = action.get("stdin")
-    if stdin is None:
-        return {}
-    if not isinstance(stdin, str):
-        raise ValueError("stdin is not a string")
-    return {"stdin": stdin.encode("utf-8")}
+    action, as ``parse`` reads it (no limit: the bytes are served only when they hash to what
+    the view recorded)."""
+    try:
+        stdin = _parse_stdin(action, sys.maxsize)
+    except ActionInvalid as exc:
+        raise ValueError(exc.message) from None
+    return {} if stdin is None else {"stdin": stdin}
 
 
 def idempotent(action: SshAction, target: SshTarget) -> bool:
