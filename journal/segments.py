@@ -392,11 +392,15 @@ class SegmentWriter:
             return
         first = sent or 0
         chunks = [*held, bytes(data)]
+        try:  # every chunk sealed before anything is counted: a failure leaves no gap to wait on
+            items = [self._store._seal(self, stream, first + i, c) for i, c in enumerate(chunks)]
+        except Exception as exc:  # a bug or a broken key: this result fails, never hangs
+            self._fail(ResultStoreFailed(f"sealing a result chunk failed: {type(exc).__name__}"))
+            self._raise()
         held.clear()
         self._sent[stream] = first + len(chunks)
-        for i, chunk in enumerate(chunks):
-            self._queued += 1
-            self._batch.append(self._store._seal(self, stream, first + i, chunk))
+        self._queued += len(items)
+        self._batch.extend(items)
         if len(self._batch) >= BATCH:
             self._send()
         if self._queued - self._processed >= IN_FLIGHT:

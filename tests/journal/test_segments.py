@@ -433,3 +433,45 @@ async def test_closing_the_journal_waits_for_the_segment_threads_off_the_event_l
                 nursery.start_soon(release)
             order.append("closed")
     assert order == ["loop ran", "closed"]
+
+
+async def test_a_chunk_that_cannot_be_sealed_fails_the_result_and_never_hangs_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A sealing failure once counted the chunk as queued before it was sealed: drain() then
+    # waited for a chunk no thread would ever write.
+    db = tmp_path / "j.db"
+    async with Journal.open(db) as j:
+        for ev in happy("inv-s"):
+            await j.append(ev)
+        writer = j.result_writer("inv-s")
+        store = writer._store
+        real = store._seal
+        calls = {"n": 0}
+
+        def seal(w: Any, stream: str, index: int, plain: bytes) -> Any:
+            calls["n"] += 1
+            if calls["n"] == 20:
+                raise RuntimeError("key gone")
+            return real(w, stream, index, plain)
+
+        monkeypatch.setattr(store, "_seal", seal)
+        data = kit.body(40)
+        with trio.fail_after(kit.LIMIT):
+            with pytest.raises(ResultStoreFailed, match="sealing a result chunk failed") as info:
+                for idx in range(40):
+                    await writer.put("body", idx, data[idx * kit.CHUNK : (idx + 1) * kit.CHUNK])
+            assert "key gone" not in str(info.value)  # the exception's text is not repeated
+            with pytest.raises(ResultStoreFailed):
+                await writer.flush()
+            with pytest.raises(ResultStoreFailed):
+                await j.commit_result(
+                    Event(E.RESULT_COMMITTED, "inv-s"),
+                    summary={},
+                    expect={"body": hashlib.sha256(data).hexdigest()},
+                    writer=writer,
+                )
+        assert j.read_result("inv-s") is None
+        await kit.store(j, "inv-t", kit.body(9, 1))  # the store goes on
+        res = j.read_result("inv-t")
+        assert res is not None and res.streams["body"] == kit.body(9, 1)
