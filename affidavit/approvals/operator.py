@@ -91,6 +91,24 @@ class OperatorPolicy:
             return True
         return any(g in self.gids for g in who.groups)
 
+    def admits_uid(self, uid: int) -> bool:
+        """Whether a local ``uid`` is an operator as the user database tells it: the uid, its
+        primary group or a supplementary one (``getgrouplist``) named.  For sharing the
+        console's places, where only a socket's owner uid is known -- a decision is still
+        ``is_operator``'s, on the kernel's credentials of the caller."""
+        if uid in self.uids:
+            return True
+        if not self.gids:
+            return False
+        try:
+            import pwd
+
+            entry = pwd.getpwuid(uid)
+            groups = os.getgrouplist(entry.pw_name, entry.pw_gid)
+        except (KeyError, ImportError, OSError):
+            return False
+        return any(g in self.gids for g in groups)
+
     def require(self, who: Operator, action: str) -> None:
         if not self.is_operator(who):
             raise OperatorError(

@@ -41,7 +41,10 @@ than half the places (``max_per_uid``): a user reopening connections as fast as 
 closes them would otherwise keep the console full and the operators out.  Its uid is the
 kernel's (``console.peer.socket_owner``, /proc/net/tcp), read once per connection admitted --
 never for one turned away at the cap; a connection whose owner cannot be read counts as one
-unknown uid.
+unknown uid.  And the uids that are not operators hold no more than half the places *together*
+(``reserved``: the daemon's operator policy, by the user database): two or three users each
+filling their share would otherwise still fill the console, while the operators are the only
+ones it has anything to show.
 """
 
 from __future__ import annotations
@@ -262,12 +265,22 @@ class ConsoleCap:
         max_connections: int = CONSOLE_MAX_CONNECTIONS,
         max_per_uid: int | None = None,
         owner: Callable[[trio.SocketStream], int | None] = _console_owner,
+        reserved: Callable[[int], bool] | None = None,
+        max_others: int | None = None,
     ) -> None:
         self.max_connections = max_connections
         self.max_per_uid = max(1, max_connections // 2) if max_per_uid is None else max_per_uid
         self._owner = owner
+        self._reserved = reserved
+        """Whether a uid may use the places others may not (an operator's); None: no reserve."""
+        self.max_others = max(1, max_connections // 2) if max_others is None else max_others
+        """Places the uids not ``reserved`` (and unknown ones) hold together, at most."""
         self.open = 0
         """Connections being served (not those being turned away)."""
+        self.others = 0
+        """Of them, those of uids not ``reserved`` (0 without a reserve)."""
+        self._others_turned_away = 0
+        """Connections of those uids turned away in this spell at their joint share."""
         self._per_uid: dict[int | None, int] = {}
         self._uid_turned_away: dict[int | None, int] = {}
         """Per uid at its share: its connections turned away in this spell."""
@@ -287,7 +300,12 @@ class ConsoleCap:
             if self._per_uid.get(uid, 0) >= self.max_per_uid:
                 await self._turn_away(stream, uid)
                 return
+            other = self._reserved is not None and (uid is None or not self._reserved(uid))
+            if other and self.others >= self.max_others:
+                await self._turn_away_other(stream)
+                return
             self.open += 1
+            self.others += other
             self._per_uid[uid] = self._per_uid.get(uid, 0) + 1
             try:
                 await serve(stream)
@@ -296,6 +314,7 @@ class ConsoleCap:
                 # (the agents' socket is served by the same process).
                 log.exception("a console connection failed; it is closed")
             finally:
+                self.others -= other
                 self._left(uid)
         finally:
             with trio.CancelScope(shield=True):
@@ -324,9 +343,29 @@ class ConsoleCap:
             self._uid_turned_away[uid] = self._uid_turned_away.get(uid, 0) + 1
         await self._refusing.answer(stream.send_all, CONSOLE_TURNED_AWAY)
 
+    async def _turn_away_other(self, stream: trio.SocketStream) -> None:
+        """503 for a connection of a uid that is not an operator while such uids hold their
+        joint share (a spell of its own, logged once)."""
+        if not self._others_turned_away:
+            log.warning(
+                "local users who are not operators hold %d console connections, their most: "
+                "turning their new ones away (503) until half of them have closed",
+                self.others,
+            )
+        self._others_turned_away += 1
+        await self._refusing.answer(stream.send_all, CONSOLE_TURNED_AWAY)
+
     def _left(self, uid: int | None) -> None:
         """A connection of ``uid`` closed: its place is free (and a spell may end)."""
         self.open -= 1
+        if self._others_turned_away and self.others <= self.max_others // 2:
+            log.info(
+                "local users who are not operators have room again on the console (%d "
+                "connections); %d were turned away",
+                self.others,
+                self._others_turned_away,
+            )
+            self._others_turned_away = 0
         left = self._per_uid[uid] - 1
         if left:
             self._per_uid[uid] = left

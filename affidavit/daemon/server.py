@@ -55,6 +55,7 @@ from hypercorn.trio.worker_context import WorkerContext
 from hypercorn.typing import ConnectionState
 
 from affidavit.api.broker import Broker
+from affidavit.approvals import OperatorPolicy
 from affidavit.config import Config, console_origin
 from affidavit.console import Console, TokenStore, token_dir
 from affidavit.engine import EngineSettings
@@ -87,6 +88,27 @@ daemon's own use far below it, but calls in flight hold their remotes' connectio
 ANSWER_WAIT = 5.0
 """After the calls are over, how long their answers may take to be written before the
 connections are closed."""
+
+
+class _OperatorUids:
+    """Whether a local uid is an operator (``OperatorPolicy.admits_uid``), remembered per uid:
+    the console asks once per connection, and a user database behind the network (LDAP) must
+    not be asked at the rate a local user can open connections.  Bounded: a uid asked past
+    ``LIMIT`` different ones starts the memory afresh."""
+
+    LIMIT = 4096
+
+    def __init__(self, policy: OperatorPolicy) -> None:
+        self._policy = policy
+        self._known: dict[int, bool] = {}
+
+    def __call__(self, uid: int) -> bool:
+        known = self._known.get(uid)
+        if known is None:
+            if len(self._known) >= self.LIMIT:
+                self._known.clear()
+            known = self._known[uid] = self._policy.admits_uid(uid)
+        return known
 
 
 class DaemonError(Exception):
@@ -174,7 +196,10 @@ class Daemon:
         task_status: trio.TaskStatus[None],
     ) -> None:
         server = Server(keep_alive=KEEP_ALIVE)
-        cap = ConsoleCap()
+        operators = OperatorPolicy.of(self.config.service)
+        # Without operators nobody can log in: no places to keep for them.
+        keep = operators.uids or operators.gids
+        cap = ConsoleCap(reserved=_OperatorUids(operators) if keep else None)
         self.console_cap = cap if console is not None else None
         hconfig = HypercornConfig()  # the console's
         hconfig.keep_alive_timeout = CONSOLE_HEAD_WAIT

@@ -3,6 +3,7 @@ the field path every mistake is reported at (docs/approvals.md)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -262,3 +263,28 @@ def test_the_samples_commented_approval_and_reconcile_examples_load(tmp_path: Pa
     assert example.approval is not None and example.approval.methods == {"POST"}
     assert example.reconcile is not None and deploy.reconcile is not None
     assert deploy.approval is not None and config.service.has_operators
+
+
+def test_a_local_uid_is_an_operator_by_its_uid_or_any_of_its_groups() -> None:
+    """``OperatorPolicy.admits_uid`` (the console keeps places for operators by it): the uid
+    named, or its primary or a supplementary group in the user database; an unknown uid is not
+    one."""
+    import grp
+    import pwd
+
+    from affidavit.approvals import OperatorPolicy
+
+    me = pwd.getpwuid(os.getuid())
+    mine = set(os.getgrouplist(me.pw_name, me.pw_gid))
+    other_gid = max({g.gr_gid for g in grp.getgrall()} | mine) + 1  # a group no one is in
+    assert OperatorPolicy(frozenset({os.getuid()}), frozenset()).admits_uid(os.getuid())
+    assert OperatorPolicy(frozenset(), frozenset({me.pw_gid})).admits_uid(os.getuid())
+    assert not OperatorPolicy(frozenset(), frozenset({other_gid})).admits_uid(os.getuid())
+    assert not OperatorPolicy(frozenset(), frozenset()).admits_uid(os.getuid())
+    unknown = 4_000_000_000
+    with pytest.raises(KeyError):
+        pwd.getpwuid(unknown)
+    assert not OperatorPolicy(frozenset(), frozenset({me.pw_gid})).admits_uid(unknown)
+    supplementary = sorted(mine - {me.pw_gid})
+    if supplementary:  # a supplementary group counts as the primary one does
+        assert OperatorPolicy(frozenset(), frozenset(supplementary[:1])).admits_uid(os.getuid())

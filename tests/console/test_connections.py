@@ -14,8 +14,9 @@ import contextlib
 import functools
 import logging
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -24,7 +25,7 @@ from affidavit.api.client import Client
 from affidavit.config import load_config
 from affidavit.console import app as console_app
 from affidavit.daemon import server as daemon_server
-from affidavit.daemon.admission import ConsoleCap
+from affidavit.daemon.admission import ConsoleCap, _console_owner
 from affidavit.daemon.server import Daemon, DaemonError
 from tests.broker.helpers import TOKEN_ENV
 from tests.daemon.kit import (
@@ -51,20 +52,29 @@ ROOM = "the console has room again"
 
 @contextlib.asynccontextmanager
 async def daemon_with_console(
-    tmp: Path, monkeypatch: pytest.MonkeyPatch, *, head_wait: float = 60.0, per_uid: int = CAP
+    tmp: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    *,
+    head_wait: float = 60.0,
+    per_uid: int = CAP,
+    operators: list[int] | None = None,
+    owner: Callable[[trio.SocketStream], int | None] | None = None,
 ) -> AsyncIterator[tuple[Daemon, ConsoleCap, int]]:
     """A daemon in this process whose console (on a free loopback port) serves at most ``CAP``
     connections, ``per_uid`` of one local uid, and waits ``head_wait`` for a head: (it, its
-    console's cap, the port)."""
-    monkeypatch.setattr(
-        daemon_server,
-        "ConsoleCap",
-        functools.partial(ConsoleCap, max_connections=CAP, max_per_uid=per_uid),
-    )
+    console's cap, the port).  ``operators``: its ``operator_uids``; ``owner``: who the cap
+    takes a connection's uid to be (the kernel's socket table by default)."""
+    limits: dict[str, Any] = {"max_connections": CAP, "max_per_uid": per_uid}
+    if owner is not None:
+        limits["owner"] = owner
+    monkeypatch.setattr(daemon_server, "ConsoleCap", functools.partial(ConsoleCap, **limits))
     monkeypatch.setattr(daemon_server, "CONSOLE_HEAD_WAIT", head_wait)
     socket = tmp / "affidavit.sock"
     # No remote is ever called: the target only makes the config whole.
-    config = load_config(write_daemon_config(tmp, api_target("http://127.0.0.1:9"), socket=socket))
+    service = {"operator_uids": operators} if operators else None
+    config = load_config(
+        write_daemon_config(tmp, api_target("http://127.0.0.1:9"), socket=socket, service=service)
+    )
     async with trio.open_nursery() as nursery:
         for attempt in range(3):  # a free port is only free when asked
             port = free_port()
@@ -230,3 +240,72 @@ async def test_a_console_form_whose_body_does_not_arrive_within_form_wait_is_408
         assert trio.current_time() - start >= form_wait * 0.8
         await stalled.aclose()
         await wait_until(lambda: cap.open == 0, "its place is free")
+
+
+async def test_users_who_are_not_operators_hold_at_most_half_the_console_together(
+    tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Each local uid holds at most its share; two users who are not operators, each within
+    theirs, once filled the console together and kept its operators out.  Now they hold at
+    most half the places together; an operator's connection is still served past them.  (Which
+    uid owns a connection is told by its local port here, so that one test process can be two
+    other users; the kernel's answer is ``test_one_local_uid_holds...``'s.)"""
+    monkeypatch.setenv(TOKEN_ENV, token)
+    caplog.set_level(logging.INFO, logger="affidavit.daemon")
+    strangers: dict[int, int] = {}  # a connection's local port -> the uid it stands for
+
+    def owner(stream: trio.SocketStream) -> int | None:
+        port = stream.socket.getpeername()[1]
+        return strangers[port] if port in strangers else _console_owner(stream)
+
+    async def as_stranger(uid: int) -> trio.SocketStream:
+        sock = trio.socket.socket()
+        await sock.bind(("127.0.0.1", 0))
+        strangers[sock.getsockname()[1]] = uid  # known before the console can ask
+        await sock.connect(("127.0.0.1", port))
+        return trio.SocketStream(sock)
+
+    operators = [os.getuid()]
+    async with daemon_with_console(
+        tmp_path, monkeypatch, per_uid=2, operators=operators, owner=owner
+    ) as (_, cap, port):
+        assert cap.max_others == CAP // 2
+        held = [await as_stranger(NOBODY), await as_stranger(NOBODY - 1)]
+        await wait_until(lambda: cap.open == 2, "one connection of each stranger is served")
+        extra = await as_stranger(NOBODY - 1)  # within its own share, past theirs together
+        answer = await to_the_end(extra)
+        await extra.aclose()
+        assert answer.startswith(b"HTTP/1.1 503 Service Unavailable\r\n"), answer
+        assert (cap.open, cap.others) == (2, 2)
+        mine = await trio.open_tcp_stream("127.0.0.1", port)  # an operator's: served
+        await mine.send_all(b"GET /login HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n\r\n" % port)
+        with trio.fail_after(PROMPTLY):
+            first = await mine.receive_some(64)
+        assert first.startswith(b"HTTP/1.1 200 "), first
+        assert (cap.open, cap.others) == (3, 2)
+        for stream in (*held, mine):
+            await stream.aclose()
+        await wait_until(lambda: cap.open == 0, "every connection is closed")
+        again = await as_stranger(NOBODY - 1)
+        await wait_until(lambda: cap.others == 1, "a stranger is served again")
+        await again.aclose()
+        await wait_until(lambda: cap.open == 0, "closed")
+    said = [r.getMessage() for r in caplog.records]
+    full = [m for m in said if "who are not operators hold 2 console connections" in m]
+    assert len(full) == 1, said
+    assert any("who are not operators have room again" in m for m in said), said
+
+
+async def test_without_operators_the_console_keeps_no_places_for_them(
+    tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No ``operator_uids`` / ``operator_gids``: nobody can log in, and every uid is held to
+    its own share alone (CAP connections of this one uid are served)."""
+    monkeypatch.setenv(TOKEN_ENV, token)
+    async with daemon_with_console(tmp_path, monkeypatch) as (_, cap, port):
+        held = [await trio.open_tcp_stream("127.0.0.1", port) for _ in range(CAP)]
+        await wait_until(lambda: cap.open == CAP, "all of them are served")
+        assert cap.others == 0
+        for stream in held:
+            await stream.aclose()
+        await wait_until(lambda: cap.open == 0, "every connection is closed")
