@@ -24,9 +24,12 @@ first keeps its own verdict.  (The SDK would overwrite its record of the first.)
 A line that is not a valid JSON-RPC message is answered here too, never dropped in silence: a
 parse error (-32700, id null) when no id can be read, else an invalid request (-32600) or
 invalid params (-32602) naming the fault -- invalid UTF-8, a lone surrogate, nesting or a
-number beyond the parser's limits -- and never quoting the message.  A notification or a
-response is not answered (JSON-RPC); every such fault is logged, the first few one line each,
-then one line per ``FAULT_LOG_EVERY`` (a hostile client cannot flood the log).
+number beyond the parser's limits, an id that is no id -- and never quoting the message.  A
+message with an id is a request whatever else it holds: one whose id is not a string or an
+integer (true, 1.5, null, an object...) is answered under id null, though the SDK's parser reads
+it as a notification and drops the id.  A notification or a response is not answered
+(JSON-RPC); every such fault is logged, the first few one line each, then one line per
+``FAULT_LOG_EVERY`` (a hostile client cannot flood the log).
 
 Stray output is kept off the wire: while serving, fd 0 reads /dev/null and fd 1 is stderr, and
 the protocol runs on private duplicates (as the SDK's ``stdio_server`` does).
@@ -241,6 +244,13 @@ class StdioTransport:
             else:
                 self._note("a malformed notification or response: ignored")
             return
+        if isinstance(message, types.JSONRPCNotification):
+            # The parser reads a request whose id it cannot take (true, 1.5, null...) as a
+            # notification, dropping the id: the client would wait for an answer forever.
+            fault = _diagnose(line)
+            if fault is not None:
+                await self._fault(*fault)
+                return
         if not isinstance(message, types.JSONRPCRequest):
             await out.send(SessionMessage(message))
             return
@@ -327,29 +337,45 @@ def _quote(request_id: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def _readable_id(value: Any) -> bool:
-    if isinstance(value, bool) or value is _Huge:
-        return False
+def _id_fault(value: Any) -> str | None:
+    """What makes ``value`` no request id (MCP: a string or an integer, never null); None if it
+    is one.  Names the kind of value, never its text."""
+    kind = "a string or an integer"
+    if value is None:
+        return f"its id is null: a request id is {kind}, never null"
+    if isinstance(value, bool):
+        return f"its id is a boolean: a request id is {kind}"
+    if value is _Huge:
+        return f"its id is a number longer than {MAX_DIGITS} digits"
     if isinstance(value, int):
-        return True
+        return None
+    if isinstance(value, float):
+        return f"its id is a number with a fraction or an exponent: a request id is {kind}"
     if isinstance(value, str):
         try:
             value.encode("utf-8")
         except UnicodeEncodeError:
-            return False
-        return True
-    return False
+            return "its id holds a lone surrogate (\\ud800-\\udfff): not Unicode"
+        return None
+    if isinstance(value, dict):
+        return f"its id is an object: a request id is {kind}"
+    return f"its id is an array: a request id is {kind}"
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
 
 
 def _diagnose(line: bytes) -> tuple[int, Any, str] | None:
-    """The error that answers a line the SDK's parser refused: (code, id, what was wrong), the
-    id when it can be read (else None); None for a notification or a response (no answer)."""
+    """The error that answers a line the SDK's parser refused, or read as a notification though
+    it has an id: (code, id, what was wrong), the id when it can be read (else None); None for a
+    notification or a response (no answer)."""
     try:
         text, utf8 = line.decode("utf-8"), True
     except UnicodeDecodeError:
         text, utf8 = line.decode("utf-8", "surrogateescape"), False
     try:
-        found = json.loads(text, parse_int=_int)
+        found = json.loads(text, parse_int=_int, parse_constant=_no_constant)
     except (ValueError, RecursionError):
         return PARSE_ERROR, None, "not valid JSON" if utf8 else "not valid UTF-8"
     if not isinstance(found, dict):
@@ -358,8 +384,10 @@ def _diagnose(line: bytes) -> tuple[int, Any, str] | None:
         return None  # a notification
     if "method" not in found and ("result" in found or "error" in found):
         return None  # a response to a request of ours
-    request_id = found["id"] if _readable_id(found.get("id")) else None
-    fault, where = _fault_in(found)
+    # An id makes it a request (JSON-RPC), answered under that id if it is one, else under null.
+    id_fault = _id_fault(found["id"]) if "id" in found else None
+    request_id = found["id"] if "id" in found and id_fault is None else None
+    fault, where = (id_fault, "id") if id_fault is not None else _fault_in(found)
     if not utf8:
         fault = "the message is not valid UTF-8"
     if fault is None:

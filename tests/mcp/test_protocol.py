@@ -361,6 +361,68 @@ async def test_a_malformed_message_is_answered_with_an_error_naming_the_fault(
     assert "protocol fault" in log and "Traceback" not in log
 
 
+def ping(request_id: Any) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": request_id, "method": "ping"}
+
+
+async def answered_once(raw: Raw, data: bytes, after: int) -> dict[str, Any]:
+    """Send ``data`` and a ping with id ``after``: the first line back is an error answering
+    ``data`` (not the ping's answer: ``data`` was answered, and first), the next is the ping's --
+    one answer, no more, and the session goes on."""
+    await raw.send(data + b"\n")
+    await raw.send(ping(after))
+    first = await raw.receive()
+    assert "error" in first, (data[:80], first)
+    assert (await raw.receive()) == {"jsonrpc": "2.0", "id": after, "result": {}}, data[:80]
+    return first
+
+
+def with_id(request_id: bytes, rest: bytes = b'"method":"ping"') -> bytes:
+    return b'{"jsonrpc":"2.0","id":' + request_id + b"," + rest + b"}"
+
+
+C = CANARY.encode()
+TOOLS = b'"method":"tools/call","params":{"name":"list_targets","arguments":{"x":"' + C + b'"}}'
+INVALID_IDS: list[tuple[bytes, str]] = [
+    (with_id(b"true", b'"method":"tools/list"'), "its id is a boolean"),
+    (with_id(b"false", TOOLS), "its id is a boolean"),
+    (with_id(b"1.5", b'"method":"tools/list"'), "its id is a number with a fraction"),
+    (with_id(b"1e3"), "its id is a number with a fraction"),
+    (with_id(b'{"a":"' + C + b'"}'), "its id is an object"),
+    (with_id(b"[1]", b'"method":"tools/list"'), "its id is an array"),
+    (with_id(b"null", b'"method":"tools/list"'), "its id is null"),
+    (with_id(b"null", TOOLS), "its id is null"),
+    (with_id(b"9" * 5000), "longer than 4300 digits"),
+    (with_id(b'"\xff\xfe' + C + b'"'), "not valid UTF-8"),
+    (with_id(b'"\\ud800"'), "lone surrogate"),
+    # An id makes it a request, whatever its method says: answered too.
+    (
+        with_id(b"true", b'"method":"notifications/cancelled","params":{"requestId":1}'),
+        "its id is a boolean",
+    ),
+    (b'{"jsonrpc":"2.0","\\u0069d":true,"method":"tools/list"}', "its id is a boolean"),
+]
+
+
+async def test_a_request_whose_id_cannot_be_taken_is_answered_once_with_id_null(
+    tmp_path: Path, remotes: Remotes, token: str
+) -> None:
+    async with raw_server(tmp_path, remotes, token) as raw:
+        for n, (data, fault) in enumerate(INVALID_IDS):
+            answer = await answered_once(raw, data, 1000 + n)
+            assert answer["jsonrpc"] == "2.0" and answer["id"] is None, (data[:80], answer)
+            assert answer["error"]["code"] == -32600, (data[:80], answer)
+            assert fault in answer["error"]["message"], (data[:80], answer)
+            assert CANARY not in json.dumps(answer)
+        # An integer the parser can read is an id, however long: answered under it, exactly.
+        huge = int("9" * 40)
+        await raw.send(b'{"jsonrpc":"2.0","id":%d,"method":"ping"}\n' % huge)
+        assert (await raw.receive()) == {"jsonrpc": "2.0", "id": huge, "result": {}}
+    assert not remotes.ok.requests
+    log = raw.stderr()
+    assert CANARY not in log and "Traceback" not in log
+
+
 async def test_a_flood_of_malformed_messages_is_answered_but_logged_in_few_lines(
     tmp_path: Path, remotes: Remotes, token: str
 ) -> None:
