@@ -391,9 +391,22 @@ def _diagnose(line: bytes) -> tuple[int, Any, str] | None:
     if not utf8:
         fault = "the message is not valid UTF-8"
     if fault is None:
-        return INVALID_REQUEST, request_id, "not a valid JSON-RPC 2.0 request"
+        return INVALID_REQUEST, request_id, f"not a valid JSON-RPC 2.0 request{_shape_fault(found)}"
     in_params = where == "params" and "method" in found
     return (INVALID_PARAMS if in_params else INVALID_REQUEST), request_id, fault
+
+
+def _shape_fault(found: dict[str, Any]) -> str:
+    """Which of a request's members has the wrong shape, as ``: ...`` (empty if none does)."""
+    if found.get("jsonrpc") != "2.0":
+        return ': jsonrpc is not "2.0"'
+    if "method" not in found:
+        return ": it has no method"
+    if not isinstance(found["method"], str):
+        return ": its method is not a string"
+    if found.get("params") is not None and not isinstance(found["params"], dict):
+        return ": its params member is not a JSON object"
+    return ""
 
 
 def _fault_in(found: dict[str, Any]) -> tuple[str | None, str | None]:

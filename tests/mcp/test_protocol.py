@@ -423,6 +423,41 @@ async def test_a_request_whose_id_cannot_be_taken_is_answered_once_with_id_null(
     assert CANARY not in log and "Traceback" not in log
 
 
+BAD_SHAPES: list[tuple[bytes, str]] = [
+    (with_id(b"1", b'"method":5'), "its method is not a string"),
+    (with_id(b"2", b'"method":null'), "its method is not a string"),
+    (with_id(b"3", b'"method":["' + C + b'"]'), "its method is not a string"),
+    (b'{"jsonrpc":"2.0","id":4}', "it has no method"),
+    (
+        with_id(b"5", b'"method":"tools/list","params":["' + C + b'"]'),
+        "params member is not a JSON object",
+    ),
+    (
+        with_id(b"6", b'"method":"tools/call","params":"' + C + b'"'),
+        "params member is not a JSON object",
+    ),
+    (b'{"jsonrpc":"1.0","id":7,"method":"ping"}', 'jsonrpc is not "2.0"'),
+    (b'{"id":8,"method":"ping"}', 'jsonrpc is not "2.0"'),
+    (b'{"jsonrpc":2.0,"id":"nine","method":"ping"}', 'jsonrpc is not "2.0"'),
+]
+
+
+async def test_a_request_of_the_wrong_shape_is_answered_under_its_id_naming_the_fault(
+    tmp_path: Path, remotes: Remotes, token: str
+) -> None:
+    async with raw_server(tmp_path, remotes, token) as raw:
+        for n, (data, fault) in enumerate(BAD_SHAPES):
+            request_id = json.loads(ID.search(data).group(1))  # type: ignore[union-attr]
+            answer = await answered_once(raw, data, 1000 + n)
+            assert answer["jsonrpc"] == "2.0" and answer["id"] == request_id, (data, answer)
+            assert answer["error"]["code"] == -32600, (data, answer)
+            assert answer["error"]["message"].startswith("not a valid JSON-RPC 2.0 request: ")
+            assert fault in answer["error"]["message"], (data, answer)
+            assert CANARY not in json.dumps(answer)
+    log = raw.stderr()
+    assert CANARY not in log and "Traceback" not in log
+
+
 async def test_a_flood_of_malformed_messages_is_answered_but_logged_in_few_lines(
     tmp_path: Path, remotes: Remotes, token: str
 ) -> None:
