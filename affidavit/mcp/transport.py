@@ -244,7 +244,7 @@ class StdioTransport:
             else:
                 self._note("a malformed notification or response: ignored")
             return
-        if isinstance(message, types.JSONRPCNotification):
+        if isinstance(message, types.JSONRPCNotification) and _has_id(line):
             # The parser reads a request whose id it cannot take (true, 1.5, null...) as a
             # notification, dropping the id: the client would wait for an answer forever.
             fault = _diagnose(line)
@@ -360,6 +360,15 @@ def _id_fault(value: Any) -> str | None:
     if isinstance(value, dict):
         return f"its id is an object: a request id is {kind}"
     return f"its id is an array: a request id is {kind}"
+
+
+def _has_id(line: bytes) -> bool:
+    """Whether the JSON object on ``line`` has an ``id`` member (escaped or not)."""
+    try:
+        found = json.loads(line.decode("utf-8", "surrogateescape"), parse_int=_int)
+    except (ValueError, RecursionError):
+        return False
+    return isinstance(found, dict) and "id" in found
 
 
 def _no_constant(name: str) -> Any:

@@ -414,6 +414,11 @@ async def test_a_request_whose_id_cannot_be_taken_is_answered_once_with_id_null(
             assert answer["error"]["code"] == -32600, (data[:80], answer)
             assert fault in answer["error"]["message"], (data[:80], answer)
             assert CANARY not in json.dumps(answer)
+        # A notification has no id, and is not answered, whatever its params hold (the SDK's
+        # parser takes NaN there).
+        await raw.send(b'{"jsonrpc":"2.0","method":"notifications/x","params":{"a":NaN}}\n')
+        await raw.send(ping("after"))
+        assert (await raw.receive())["id"] == "after"
         # An integer the parser can read is an id, however long: answered under it, exactly.
         huge = int("9" * 40)
         await raw.send(b'{"jsonrpc":"2.0","id":%d,"method":"ping"}\n' % huge)
