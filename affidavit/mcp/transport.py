@@ -240,7 +240,7 @@ class StdioTransport:
         except Exception:
             fault = _diagnose(line)
             if fault is not None:
-                await self._fault(*fault)
+                await self._refuse(*fault)
             else:
                 self._note("a malformed notification or response: ignored")
             return
@@ -249,27 +249,32 @@ class StdioTransport:
             # notification, dropping the id: the client would wait for an answer forever.
             fault = _diagnose(line)
             if fault is not None:
-                await self._fault(*fault)
+                await self._refuse(*fault)
                 return
         if not isinstance(message, types.JSONRPCRequest):
             await out.send(SessionMessage(message))
             return
-        key = coerce_request_id(message.id)
-        if key in self._open:
-            # The error carries the reused id, so a client may take it for the first request's
-            # answer: it says that one runs on, and that its answer is still to come.
-            what = (
-                f"request id {_quote(message.id)} is already in flight: this second request "
-                "was refused and nothing ran for it; the first one runs on and is answered "
-                "under the same id"
-            )
-            await self._fault(INVALID_REQUEST, message.id, what)
+        if coerce_request_id(message.id) in self._open:
+            await self._refuse(INVALID_REQUEST, message.id, "a second request")
             return
+        key = coerce_request_id(message.id)
         request = self._open[key] = _Request()
         settled = partial(self._unanswered, key, request)
         await out.send(
             SessionMessage(message, ServerMessageMetadata(on_request_unanswered=settled))
         )
+
+    async def _refuse(self, code: int, request_id: Any, what: str) -> None:
+        """Answer a request the server never sees.  Under an id still in flight the error
+        carries that id, so a client may take it for the first request's answer: it then says
+        that one runs on, and that its answer is still to come -- never that it failed."""
+        if request_id is not None and coerce_request_id(request_id) in self._open:
+            what = (
+                f"request id {_quote(request_id)} is already in flight: this one ({what}) was "
+                "refused and nothing ran for it; the first one runs on and is answered under "
+                "the same id"
+            )
+        await self._fault(code, request_id, what)
 
     async def _fault(self, code: int, request_id: Any, what: str) -> None:
         """Answer a message the server never sees with a JSON-RPC error."""

@@ -143,6 +143,14 @@ async def test_a_request_id_already_in_flight_is_refused_and_nothing_runs_for_it
         assert "7" in said and "in flight" in said and "the first one runs on" in said, said
         await raw.send(call("7", "http_request", FAST))  # the SDK's "7" is 7: the same id
         assert (await raw.answer("7"))["error"]["code"] == -32600
+        # A malformed request under the same id is refused alike: its error must not read as
+        # the first request's failure.
+        await raw.send({"jsonrpc": "2.0", "id": 7, "method": 5})
+        malformed = (await raw.answer(7))["error"]
+        assert malformed["code"] == -32600, malformed
+        said = malformed["message"]
+        assert "in flight" in said and "the first one runs on" in said, said
+        assert "its method is not a string" in said, said
         remotes.holds.event("release").set()
         held = await raw.answer(7)
         assert held["result"]["structuredContent"]["result"]["body"] == "late and done"
