@@ -204,9 +204,11 @@ async def run_tries(
             stopped = control.scope.cancelled_caught
     except BaseException:
         # The caller's own cancellation (or an interrupt) after we started: record what the
-        # boundary proves, shielded, then let it propagate.
+        # boundary proves, shielded, then let it propagate.  Its cause is the caller's on
+        # either side of the boundary (contract: before dispatch it ends connection setup,
+        # not_attempted) -- never a connect timeout that did not happen.
         closing = _boundary_failure(
-            attempt, after=Code.CALLER_CANCELLED, before=Code.CONNECT_TIMEOUT
+            attempt, after=Code.CALLER_CANCELLED, before=Code.CALLER_CANCELLED
         )
         with trio.CancelScope(shield=True):
             await record_observed(engine, attempt)

@@ -108,6 +108,27 @@ async def test_caller_cancellation_after_dispatch_is_recorded_before_it_propagat
         assert srv.requests and srv.requests[0].method == "POST"
 
 
+async def test_caller_cancellation_before_dispatch_is_caller_cancelled_not_attempted(
+    tmp_path: Path, token: str
+) -> None:
+    """The caller stops waiting while the TLS handshake hangs (a peer that never answers its
+    ClientHello): nothing was sent, so the call ends connection setup ``not_attempted`` -- and
+    its code names the cause, the caller's cancellation, not a connect timeout that never
+    happened (the connect timeout is far away)."""
+    async with HostileServer.running(scripts.silent()) as srv:
+        url = f"https://{srv.hostport}"
+        async with open_broker(_cfg(tmp_path, url, timeout={"connect": 30, "total": 60})) as broker:
+            with trio.move_on_after(0.3) as scope:
+                await broker.call(POST)
+            assert scope.cancelled_caught
+            (rec,) = broker.journal.list_actions()
+            assert not _dispatched(broker, rec.invocation_id)
+            assert rec.phase.value == "connection_setup"
+            assert rec.outcome.value == "not_attempted"
+            assert rec.code is not None and rec.code.value == "CALLER_CANCELLED"
+        assert srv.requests == []
+
+
 # -- the pooled connection race --------------------------------------------------------------
 
 
