@@ -8,12 +8,13 @@ operator settings: an operator command run embedded checks its own user against 
 
 from __future__ import annotations
 
+import pwd
 from dataclasses import dataclass
 from pathlib import Path
 
 from affidavit.schema import Field, Read, Schema, parse_duration
 
-from .address import console_address, public_origin
+from .address import console_address, is_loopback, public_origin
 
 __all__ = ["SERVICE", "ServiceConfig"]
 
@@ -43,6 +44,11 @@ class ServiceConfig:
     """Where ``affidavit serve`` serves the operator console (host, port); None: nowhere."""
     console_public_origin: str | None
     """``https://HOST[:PORT]`` where a TLS proxy serves the console (its forms post from there)."""
+    console_proxy_user: int | None
+    """The uid of that proxy's local user (given as a name or a uid, resolved when the config is
+    loaded): its connections to the loopback console are the proxy; any other uid's are checked
+    like on a plain loopback console (docs/console.md, "Security model").  None: not declared,
+    and then no direct connection is checked."""
 
     @property
     def has_operators(self) -> bool:
@@ -95,6 +101,32 @@ def _public_origin(r: Read) -> str | None:
         return public_origin(r.string(max_len=300))
     except ValueError as exc:
         raise r.error(str(exc)) from None
+
+
+def _proxy_user(r: Read) -> int | None:
+    value = r.raw()
+    if value is None:
+        return None
+    if r.values["console_public_origin"] is None:
+        raise r.error(
+            "needs console_public_origin: the proxy's user is declared for a console served "
+            "behind a proxy"
+        )
+    console = r.values["console"]
+    if console is not None and not is_loopback(console[0]):
+        raise r.error(
+            f"applies to a loopback console only, not {console[0]}: a peer on another machine "
+            "cannot be identified, so no connection could be told from the proxy's"
+        )
+    try:
+        if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= _MAX_ID:
+            return pwd.getpwuid(value).pw_uid
+        if isinstance(value, str) and value and not value.isdigit() and len(value) <= 256:
+            return pwd.getpwnam(value).pw_uid
+    except KeyError:
+        raise r.error(f"no such user on this machine: {value!r}") from None
+    hint = " (a uid is a number: console_proxy_user = 33)" if isinstance(value, str) else ""
+    raise r.error(f"must be a user name or a numeric uid{hint}")
 
 
 def _max_calls(r: Read) -> int:
@@ -183,8 +215,19 @@ SERVICE = Schema(
             default=None,
             shown="none",
             doc='the console\'s origin behind a TLS proxy (`"https://console.example:8443"`): '
-            "its pages are accepted under that name too (the peer check is then off, see "
+            "its pages are accepted under that name too (declare `console_proxy_user` too, "
+            "or direct connections to the loopback listener are not owner-checked: see "
             "[console](console.md))",
+        ),
+        Field(
+            "console_proxy_user",
+            _proxy_user,
+            default=None,
+            shown="none",
+            doc='the local user (`"www-data"`, or a uid) that proxy connects as: its '
+            "connections must name the public origin, every other connection to the loopback "
+            "console is owner-checked as without a proxy (see [console](console.md)); needs "
+            "`console_public_origin` and a loopback `console`",
         ),
     ),
 )
