@@ -19,7 +19,11 @@ Every request must name the console in ``Host`` (its bound address, or
 request, 421.  Every page but /login and /static needs a session; without one the answer is a
 redirect to the login page.  On a loopback console the session's operator must also own the
 connecting socket (``peer.socket_owner``: a cookie reaches every port of 127.0.0.1, RFC 6265
-§8.5), and still be an operator: otherwise 403, logged, nothing done.  Every POST needs the
+§8.5), and still be an operator: otherwise 403, logged, nothing done.  Behind a proxy whose
+local user is declared (``[service] console_proxy_user``) that user's connections are the
+proxy's: they must name the public origin (421 otherwise; forms post from it), and the cookie
+is their proof; any other connection is checked as without a proxy.  Behind a proxy whose user
+is not declared, no connection is checked (the daemon warns at start).  Every POST needs the
 session's CSRF token and an ``Origin`` (or, when a browser sends none, ``Referer``) that is the
 console's: otherwise 403 and nothing is done.  Decisions go to the
 ``Broker`` with the session's operator (``via="console"``): the rules -- who is an operator,
@@ -103,6 +107,18 @@ class Request:
         for k, v in scope.get("headers", []):
             self.headers[k.decode("latin-1").lower()] = v.decode("latin-1")
         self.session: Session | None = None
+        self.via_proxy = False
+        """Whether the connection is the declared proxy's (``Console.proxy_uid``)."""
+        self._owner: tuple[int | None] | None = None
+
+    def owner(self) -> int | None:
+        """The uid owning the client's end of this request's connection (``peer.socket_owner``,
+        asked once); None when no established socket of this machine is: nobody identified."""
+        if self._owner is None:
+            client, server = self.scope.get("client"), self.scope.get("server")
+            uid = socket_owner(tuple(client), tuple(server)) if client and server else None
+            self._owner = (uid,)
+        return self._owner[0]
 
     def cookie(self, name: str) -> str | None:
         for part in self.headers.get("cookie", "").split(";"):
@@ -170,6 +186,7 @@ class Console:
         *,
         origin: str,
         public_origin: str | None = None,
+        proxy_uid: int | None = None,
     ) -> None:
         self.broker = broker
         self.read = read
@@ -177,10 +194,17 @@ class Console:
         self.sessions = Sessions()
         self.origins = frozenset(o for o in (origin, public_origin) if o)
         self.hosts = frozenset(urlsplit(o).netloc for o in self.origins)
-        # Who is on the other end can be asked of the kernel only when the operator's browser
-        # connects itself, on loopback; through a proxy the proxy is the peer.
+        # Who is on the other end can be asked of the kernel only on loopback.  Through a proxy
+        # the proxy is the peer: its connections (those of ``proxy_uid``) carry the cookie as
+        # the only proof, and name the public origin; every other connection is checked as
+        # without a proxy.  With a proxy whose user is not declared, nothing is checked.
         host = urlsplit(origin).hostname or ""
-        self.check_peer = is_loopback(host) and public_origin is None
+        if proxy_uid is not None and (public_origin is None or not is_loopback(host)):
+            raise ValueError("a proxy's user is declared for a loopback console behind a proxy")
+        self.proxy_uid = proxy_uid
+        self.public_origin = public_origin
+        self.public_host = urlsplit(public_origin).netloc if public_origin else None
+        self.check_peer = is_loopback(host) and (public_origin is None or proxy_uid is not None)
         # Served through TLS, the session cookie is Secure: a browser then never sends it over
         # plain HTTP -- not to a server an agent runs on another port of the public host,
         # where cookies (which ignore ports) would otherwise go.
@@ -225,6 +249,21 @@ class Console:
         path, method = req.path, req.method
         if req.headers.get("host") not in self.hosts:
             raise Refused(421, "this console is not served under that name")
+        if self.proxy_uid is not None:
+            req.via_proxy = req.owner() == self.proxy_uid
+            if req.via_proxy and req.headers.get("host") != self.public_host:
+                # The proxy serves the console under the public origin only: another name
+                # through it is a misrouted request (or not the proxy's at all).
+                log.warning(
+                    "console: refused %s %s: the proxy's uid %d named %r, not the public origin",
+                    req.method,
+                    req.path,
+                    self.proxy_uid,
+                    req.headers.get("host"),
+                )
+                raise Refused(
+                    421, "through the proxy this console is served only as its public origin"
+                )
         if path.startswith("/static/"):
             return await self._static(req, path.removeprefix("/static/"))
         if path == "/login" and method == "GET":
@@ -281,10 +320,9 @@ class Console:
         return session
 
     def _require_peer(self, req: Request, operator: Operator, what: str) -> None:
-        if not self.check_peer:
-            return
-        client, server = req.scope.get("client"), req.scope.get("server")
-        uid = socket_owner(tuple(client), tuple(server)) if client and server else None
+        if not self.check_peer or req.via_proxy:
+            return  # behind the declared proxy the cookie (the token) is the proof
+        uid = req.owner()
         if uid != operator.uid:
             log.warning(
                 "console: refused %s %s: %s of uid %d presented by %s",
@@ -302,7 +340,8 @@ class Console:
             referer = req.headers.get("referer")
             parts = urlsplit(referer) if referer else None
             origin = f"{parts.scheme}://{parts.netloc}" if parts else None
-        if origin not in self.origins:
+        allowed = {self.public_origin} if req.via_proxy else self.origins
+        if origin not in allowed:
             raise Refused(403, "refused: the request did not come from a console page")
 
     async def _checked_form(self, req: Request) -> dict[str, str]:

@@ -56,7 +56,7 @@ from hypercorn.typing import ConnectionState
 
 from affidavit.api.broker import Broker
 from affidavit.approvals import OperatorPolicy
-from affidavit.config import Config, console_origin
+from affidavit.config import Config, console_origin, is_loopback
 from affidavit.console import Console, TokenStore, token_dir
 from affidavit.engine import EngineSettings
 from affidavit.journal.backend import where as journal_where
@@ -144,6 +144,15 @@ class Daemon:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         if not peer_credentials_supported():
             raise DaemonError("this platform has no SO_PEERCRED: peers could not be identified")
+        if (
+            self.console_address is not None
+            and self.config.service.console_proxy_user is not None
+            and not is_loopback(self.console_address[0])
+        ):
+            raise DaemonError(
+                f"[service] console_proxy_user applies to a loopback console only, not "
+                f"{self.console_address[0]}: a peer on another machine cannot be identified"
+            )
         _refuse_live_daemon(self.socket_path)
         owner = f"affidavit serve (pid {os.getpid()}) on {self.socket_path}"
         settings = EngineSettings(lease_margin=self.config.service.lease_margin)
@@ -165,10 +174,24 @@ class Daemon:
                 public = self.config.service.console_public_origin
                 api.console_url = public or bound  # where login links lead
                 api.tokens = TokenStore(token_dir(self.config.journal.path))
+                proxy = self.config.service.console_proxy_user
                 self.console = Console(
-                    broker, api.read, api.tokens, origin=bound, public_origin=public
+                    broker,
+                    api.read,
+                    api.tokens,
+                    origin=bound,
+                    public_origin=public,
+                    proxy_uid=proxy,
                 )
                 log.info("operator console on %s", api.console_url)
+                if public is not None and proxy is None and is_loopback(self.console_address[0]):
+                    log.warning(
+                        "operator console: direct connections to %s are not owner-checked "
+                        "(console_public_origin is set, so the cookie is the only proof): any "
+                        "local user holding an operator's cookie or login link can act as "
+                        "that operator; set [service] console_proxy_user to the proxy's user",
+                        bound,
+                    )
             listener, inode = _bind(self.socket_path)
             log.info(
                 "listening on %s (allow uids %s, gids %s); journal %s",
