@@ -91,18 +91,22 @@ connections are closed."""
 
 
 class _OperatorUids:
-    """Whether a local uid is an operator (``OperatorPolicy.admits_uid``), remembered per uid:
-    the console asks once per connection, and a user database behind the network (LDAP) must
-    not be asked at the rate a local user can open connections.  Bounded: a uid asked past
-    ``LIMIT`` different ones starts the memory afresh."""
+    """Whether a local uid is an operator (``OperatorPolicy.admits_uid``) or the declared
+    console proxy's (through which operators come), remembered per uid: the console asks once
+    per connection, and a user database behind the network (LDAP) must not be asked at the
+    rate a local user can open connections.  Bounded: a uid asked past ``LIMIT`` different
+    ones starts the memory afresh."""
 
     LIMIT = 4096
 
-    def __init__(self, policy: OperatorPolicy) -> None:
+    def __init__(self, policy: OperatorPolicy, proxy_uid: int | None = None) -> None:
         self._policy = policy
+        self._proxy_uid = proxy_uid
         self._known: dict[int, bool] = {}
 
     def __call__(self, uid: int) -> bool:
+        if uid == self._proxy_uid:
+            return True
         known = self._known.get(uid)
         if known is None:
             if len(self._known) >= self.LIMIT:
@@ -222,7 +226,8 @@ class Daemon:
         operators = OperatorPolicy.of(self.config.service)
         # Without operators nobody can log in: no places to keep for them.
         keep = operators.uids or operators.gids
-        cap = ConsoleCap(reserved=_OperatorUids(operators) if keep else None)
+        proxy = self.config.service.console_proxy_user
+        cap = ConsoleCap(reserved=_OperatorUids(operators, proxy) if keep else None)
         self.console_cap = cap if console is not None else None
         hconfig = HypercornConfig()  # the console's
         hconfig.keep_alive_timeout = CONSOLE_HEAD_WAIT

@@ -59,6 +59,7 @@ async def daemon_with_console(
     per_uid: int = CAP,
     operators: list[int] | None = None,
     owner: Callable[[trio.SocketStream], int | None] | None = None,
+    service: dict[str, Any] | None = None,
 ) -> AsyncIterator[tuple[Daemon, ConsoleCap, int]]:
     """A daemon in this process whose console (on a free loopback port) serves at most ``CAP``
     connections, ``per_uid`` of one local uid, and waits ``head_wait`` for a head: (it, its
@@ -71,9 +72,11 @@ async def daemon_with_console(
     monkeypatch.setattr(daemon_server, "CONSOLE_HEAD_WAIT", head_wait)
     socket = tmp / "affidavit.sock"
     # No remote is ever called: the target only makes the config whole.
-    service = {"operator_uids": operators} if operators else None
+    settings = dict(service or {})
+    if operators:
+        settings["operator_uids"] = operators
     config = load_config(
-        write_daemon_config(tmp, api_target("http://127.0.0.1:9"), socket=socket, service=service)
+        write_daemon_config(tmp, api_target("http://127.0.0.1:9"), socket=socket, service=settings)
     )
     async with trio.open_nursery() as nursery:
         for attempt in range(3):  # a free port is only free when asked
@@ -242,6 +245,25 @@ async def test_a_console_form_whose_body_does_not_arrive_within_form_wait_is_408
         await wait_until(lambda: cap.open == 0, "its place is free")
 
 
+class _Strangers:
+    """Connections that stand for other local uids, told by their local port (so that one
+    test process can be several users); any other connection's owner is the kernel's."""
+
+    def __init__(self) -> None:
+        self.uids: dict[int, int] = {}
+
+    def owner(self, stream: trio.SocketStream) -> int | None:
+        port = stream.socket.getpeername()[1]
+        return self.uids[port] if port in self.uids else _console_owner(stream)
+
+    async def connect(self, port: int, uid: int) -> trio.SocketStream:
+        sock = trio.socket.socket()
+        await sock.bind(("127.0.0.1", 0))
+        self.uids[sock.getsockname()[1]] = uid  # known before the console can ask
+        await sock.connect(("127.0.0.1", port))
+        return trio.SocketStream(sock)
+
+
 async def test_users_who_are_not_operators_hold_at_most_half_the_console_together(
     tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -252,23 +274,12 @@ async def test_users_who_are_not_operators_hold_at_most_half_the_console_togethe
     other users; the kernel's answer is ``test_one_local_uid_holds...``'s.)"""
     monkeypatch.setenv(TOKEN_ENV, token)
     caplog.set_level(logging.INFO, logger="affidavit.daemon")
-    strangers: dict[int, int] = {}  # a connection's local port -> the uid it stands for
-
-    def owner(stream: trio.SocketStream) -> int | None:
-        port = stream.socket.getpeername()[1]
-        return strangers[port] if port in strangers else _console_owner(stream)
-
-    async def as_stranger(uid: int) -> trio.SocketStream:
-        sock = trio.socket.socket()
-        await sock.bind(("127.0.0.1", 0))
-        strangers[sock.getsockname()[1]] = uid  # known before the console can ask
-        await sock.connect(("127.0.0.1", port))
-        return trio.SocketStream(sock)
-
+    strangers = _Strangers()
     operators = [os.getuid()]
     async with daemon_with_console(
-        tmp_path, monkeypatch, per_uid=2, operators=operators, owner=owner
+        tmp_path, monkeypatch, per_uid=2, operators=operators, owner=strangers.owner
     ) as (_, cap, port):
+        as_stranger = functools.partial(strangers.connect, port)
         assert cap.max_others == CAP // 2
         held = [await as_stranger(NOBODY), await as_stranger(NOBODY - 1)]
         await wait_until(lambda: cap.open == 2, "one connection of each stranger is served")
@@ -307,5 +318,31 @@ async def test_without_operators_the_console_keeps_no_places_for_them(
         await wait_until(lambda: cap.open == CAP, "all of them are served")
         assert cap.others == 0
         for stream in held:
+            await stream.aclose()
+        await wait_until(lambda: cap.open == 0, "every connection is closed")
+
+
+async def test_the_declared_console_proxy_is_not_held_to_the_strangers_share(
+    tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Behind a declared proxy the operators' requests come as the proxy's uid: strangers
+    holding their joint share must not shut it out."""
+    monkeypatch.setenv(TOKEN_ENV, token)
+    strangers = _Strangers()
+    behind = {"console_public_origin": "https://console.example", "console_proxy_user": NOBODY}
+    async with daemon_with_console(
+        tmp_path,
+        monkeypatch,
+        per_uid=2,
+        operators=[os.getuid()],
+        owner=strangers.owner,
+        service=behind,
+    ) as (_, cap, port):
+        held = [await strangers.connect(port, NOBODY - 1), await strangers.connect(port, 4242)]
+        await wait_until(lambda: cap.others == 2, "the strangers hold their joint share")
+        proxied = [await strangers.connect(port, NOBODY) for _ in range(2)]
+        await wait_until(lambda: cap.open == 4, "the proxy's connections are served")
+        assert cap.others == 2
+        for stream in (*held, *proxied):
             await stream.aclose()
         await wait_until(lambda: cap.open == 0, "every connection is closed")
