@@ -63,7 +63,10 @@ class Connection:
     def looks_stale(self) -> bool:
         """A pooled connection must be silent while idle.  Readable means EOF, a reset, or bytes
         nobody asked for — any of those makes the next request's fate ambiguous, so the socket is
-        discarded *before* the boundary instead (zero-timeout poll, no blocking)."""
+        discarded *before* the boundary instead (zero-timeout poll, no blocking).  Over TLS the
+        bytes may already be off the socket, in the TLS layer's buffers (``tls_buffered``)."""
+        if self.tls_buffered():
+            return True
         try:
             fd = self.socket_stream.socket.fileno()
             if fd < 0:
@@ -72,6 +75,22 @@ class Connection:
         except (OSError, ValueError):
             return True
         return bool(readable)
+
+    def tls_buffered(self) -> bool:
+        """Bytes the TLS layer holds that nobody has read: decrypted (``SSLObject.pending``) or
+        still encrypted in trio's incoming memory BIO.  A read that took a response's last
+        record off the socket may have taken the records behind it too (an unsolicited
+        response, an alert); the socket's readability no longer shows them, and a reused
+        connection would read them as the next request's answer.  A TLS stream whose buffers
+        cannot be inspected counts as holding bytes: never reused rather than maybe lied to."""
+        stream = self.stream
+        if not isinstance(stream, trio.SSLStream):
+            return False
+        try:
+            incoming = stream._incoming  # trio's private MemoryBIO; no public accessor exists
+            return bool(stream.pending()) or bool(incoming.pending)
+        except (AttributeError, ValueError, ssl.SSLError):
+            return True
 
 
 class HopSetupFailed(Exception):

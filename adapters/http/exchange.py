@@ -14,7 +14,8 @@ The steps, in order (``exchange()``):
    the machine proved (bytes of a final response arrived: REMOTE_RESULT_INCOMPLETE; otherwise
    REMOTE_OUTCOME_UNKNOWN).  A reused connection's write error after the gate is ``unknown``
    too: "A failed write says almost nothing about what the other side has already read" (seed).
-4. ``finish`` -- a reusable connection goes back to the pool, any other is closed.
+4. ``finish`` -- a reusable connection (nothing read past the response, in h11 or in the TLS
+   layer) goes back to the pool, any other is closed.
 """
 
 from __future__ import annotations
@@ -359,7 +360,9 @@ class _Hop:
     async def finish(self, pool: Pool) -> None:
         assert self.head is not None and self.head.status is not None
         conn = self.conn
-        if self.ex.reusable:
+        # h11's buffer (``reusable``) and the TLS layer's (``tls_buffered``) must both be empty:
+        # bytes past the response in either would answer the next request on this connection.
+        if self.ex.reusable and not conn.tls_buffered():
             conn.h11.start_next_cycle()
             pool.release(conn)
         else:

@@ -1,9 +1,11 @@
 """The connection pool: idle keep-alive connections per (scheme, host, port, proxy, CA file).
 
-A pooled connection is reused only if it has stayed silent while idle (``looks_stale``) and not
-beyond ``idle_timeout``; either check failing discards it *before* the dispatch boundary, where
-that costs nothing (seed: "When a reused connection breaks, the broker may not know whether the
-other side received the written data" -- so do not reuse one that already looks broken).
+A pooled connection is reused only if it has stayed silent while idle (``looks_stale``: socket
+not readable, TLS buffers empty) and not beyond ``idle_timeout``; either check failing discards
+it *before* the dispatch boundary, where that costs nothing (seed: "When a reused connection
+breaks, the broker may not know whether the other side received the written data" -- so do not
+reuse one that already looks broken).  Only a connection with nothing read past its response
+is released here (``exchange.finish``).
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ network wait is under ``trio.fail_after``.
 from __future__ import annotations
 
 import contextlib
+import socket
 from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -24,7 +25,7 @@ from affidavit.api.broker import Broker
 from affidavit.journal import JournalReader
 from affidavit.secrets.vault import PASSPHRASE_ENV, Vault
 from affidavit.statemachine import EventKind
-from tests.http.hostile import HostileServer, Peer, Reply, scripts
+from tests.http.hostile import HostileServer, Peer, Reply, make_tls, scripts
 
 from .helpers import (
     FakeResolver,
@@ -172,6 +173,44 @@ async def test_pooled_connection_reset_just_before_reuse_is_unknown(
             assert dispatch[0].attrs["reused_connection"] is True
             assert rec.attempts[-1]["outcome"] == "unknown"
         assert srv.connections == 1  # no silent retry on a fresh connection
+
+
+async def test_tls_response_sent_before_the_request_is_never_its_committed_result(
+    tmp_path: Path, token: str
+) -> None:
+    """The origin answers A and, in the same TCP segment, sends a second response nobody asked
+    for.  Its TLS record sits in the TLS layer's buffer, where neither h11 nor a poll of the
+    socket sees it; the connection must not be pooled, so B is written on a fresh one and its
+    answer is the one sent after it -- never the stored ``{"id":"fake"}``."""
+    tls = make_tls(tmp_path)
+    first = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nfirst"
+    unsolicited = b'HTTP/1.1 201 Created\r\nContent-Length: 13\r\n\r\n{"id":"fake"}'
+
+    async def script(peer: Peer) -> None:
+        await peer.read_request()
+        s = peer.sock.socket
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_CORK, 1)
+        await peer.send_raw(first)
+        await peer.send_raw(unsolicited)
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_CORK, 0)
+        await peer.read_request()  # never answered
+        await trio.sleep(3)
+
+    async with HostileServer.running(script, tls=tls.good) as srv:
+        cfg = _cfg(tmp_path, srv.url, ca_file=tls.ca_file)
+        async with open_broker(cfg) as broker:
+            with trio.fail_after(LIMIT):
+                a = await broker.call(GET)
+                await trio.sleep(0.2)
+                b = await broker.call(POST)
+            assert_ok(broker, a)
+            assert_ok(broker, b)
+            assert b["result"]["status"] == 200 and b["result"]["body"] == "first"
+            dispatch = [
+                e for e in broker.events(b["invocation_id"]) if e.kind is E.DISPATCH_STARTED
+            ]
+            assert dispatch[0].attrs["reused_connection"] is False
+        assert srv.connections == 2
 
 
 # -- idempotency -----------------------------------------------------------------------------

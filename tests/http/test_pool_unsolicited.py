@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import socket
+
 import trio
 
 from affidavit.adapters.http import HttpClient
 
 from .fakes import FakeEngine
-from .hostile import HostileServer, Peer
+from .hostile import HostileServer, Peer, TlsFixture
 from .test_tls_proxy_timeouts import req
 
 
@@ -36,5 +38,41 @@ async def test_bytes_after_a_response_keep_the_connection_out_of_the_pool(
     assert fe1.body == b"first"
     # The second request's answer is never the one sent before it was written.
     # A fresh connection (the first was not pooled), answered by the script from its start.
+    assert fe2.facts_of("reuse") == [] and srv.connections == 2
+    assert res.facts["status"] == 200 and fe2.body == b"first"
+
+
+async def test_tls_records_after_a_response_keep_the_connection_out_of_the_pool(
+    client: HttpClient, tls: TlsFixture
+) -> None:
+    """Over TLS the unsolicited response's record may come off the socket with the last record
+    of the real one: it then sits in the TLS layer (decrypted, or still in trio's incoming BIO),
+    invisible both to h11's buffer and to ``looks_stale``'s poll of the socket."""
+    first = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nfirst"
+    unsolicited = b"HTTP/1.1 201 Created\r\nContent-Length: 4\r\n\r\nfake"
+
+    async def script(peer: Peer) -> None:
+        await peer.read_request()
+        s = peer.sock.socket
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_CORK, 1)  # both records in one segment
+        await peer.send_raw(first)
+        await peer.send_raw(unsolicited)
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_CORK, 0)
+        if await peer._recv():  # a request on the reused connection
+            await peer.send_raw(b"HTTP/1.1 202 Accepted\r\nContent-Length: 4\r\n\r\nreal")
+        await trio.sleep(1)
+
+    async with HostileServer.running(script, tls=tls.good) as srv:
+        with trio.fail_after(10):
+            fe1 = FakeEngine()
+            await client.perform(req(srv.url + "/a", "POST", b"x", ca_file=tls.ca_file), fe1.ctx)
+            assert fe1.body == b"first"
+            # Not pooled at all: the stored record would have answered the next request.
+            assert client.idle_connections() == 0
+            await trio.sleep(0.1)
+            fe2 = FakeEngine()
+            res = await client.perform(
+                req(srv.url + "/b", "POST", b"y", ca_file=tls.ca_file), fe2.ctx
+            )
     assert fe2.facts_of("reuse") == [] and srv.connections == 2
     assert res.facts["status"] == 200 and fe2.body == b"first"
