@@ -10,11 +10,14 @@ No application byte is written here.
 
 from __future__ import annotations
 
+import array
 import errno
+import fcntl
 import hashlib
 import logging
 import select
 import ssl
+import termios
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -36,6 +39,7 @@ __all__ = [
     "PoolKey",
     "errno_name",
     "open_connection",
+    "setup_failed",
     "step",
 ]
 
@@ -76,6 +80,23 @@ class Connection:
             return True
         return bool(readable)
 
+    def unread_bytes(self) -> bool:
+        """Does anything the peer sent wait unread -- in the TLS layer or in the socket's
+        receive queue (``FIONREAD``)?  Unlike ``looks_stale`` an EOF or a reset is not counted:
+        those end a request written after them as ``unknown``, but bytes would be read as its
+        answer."""
+        if self.tls_buffered():
+            return True
+        try:
+            fd = self.socket_stream.socket.fileno()
+            if fd < 0:
+                return False
+            buf = array.array("i", [0])
+            fcntl.ioctl(fd, termios.FIONREAD, buf, True)
+        except (OSError, ValueError):
+            return False
+        return buf[0] > 0
+
     def tls_buffered(self) -> bool:
         """Bytes the TLS layer holds that nobody has read: decrypted (``SSLObject.pending``) or
         still encrypted in trio's incoming memory BIO.  A read that took a response's last
@@ -107,7 +128,7 @@ def step(ctx: AttemptContext, event: str, facts: Mapping[str, Any]) -> None:
     ctx.observe(fired, facts)
 
 
-def _setup_failed(
+def setup_failed(
     ctx: AttemptContext, hop: int, code: Code, stage: str, detail: str = "", **facts: Any
 ) -> Exception:
     step(ctx, "setup_fail", {"hop": hop, "code": code.value, "stage": stage, **facts})
@@ -137,7 +158,7 @@ async def open_connection(
         try:
             proxy = parse_url(request.proxy, schemes=frozenset({"http"}))
         except BadUrl as e:
-            raise _setup_failed(ctx, hop, Code.PROXY_FAILED, "proxy_url", str(e)) from None
+            raise setup_failed(ctx, hop, Code.PROXY_FAILED, "proxy_url", str(e)) from None
     peer_host = proxy or target
     role = "proxy" if proxy else "origin"
     # -- dns
@@ -147,13 +168,13 @@ async def open_connection(
                 peer_host.host, peer_host.port, type=trio.socket.SOCK_STREAM
             )
     except trio.TooSlowError:
-        raise _setup_failed(ctx, hop, Code.CONNECT_TIMEOUT, "dns", role=role) from None
+        raise setup_failed(ctx, hop, Code.CONNECT_TIMEOUT, "dns", role=role) from None
     except OSError as e:
-        raise _setup_failed(
+        raise setup_failed(
             ctx, hop, Code.DNS_FAILED, "dns", errno_name(e) or "", role=role
         ) from None
     if not infos:
-        raise _setup_failed(ctx, hop, Code.DNS_FAILED, "dns", "no addresses", role=role)
+        raise setup_failed(ctx, hop, Code.DNS_FAILED, "dns", "no addresses", role=role)
     step(ctx, "resolve", {"hop": hop, "role": role, "addresses": len(infos)})
     # -- tcp
     sock = None
@@ -174,12 +195,12 @@ async def open_connection(
                 sock = s
                 break
     except trio.TooSlowError:
-        raise _setup_failed(ctx, hop, Code.CONNECT_TIMEOUT, "tcp_connect", role=role) from None
+        raise setup_failed(ctx, hop, Code.CONNECT_TIMEOUT, "tcp_connect", role=role) from None
     if sock is None:
         refused = isinstance(last, ConnectionRefusedError)
         code = Code.CONNECTION_REFUSED if refused else Code.SETUP_FAILED
         name = errno_name(last) if last else ""
-        raise _setup_failed(ctx, hop, code, "tcp_connect", name or "", role=role)
+        raise setup_failed(ctx, hop, code, "tcp_connect", name or "", role=role)
     sock_stream = trio.SocketStream(sock)
     stream: trio.abc.Stream = sock_stream
     conn_id = new_id()
@@ -239,16 +260,16 @@ async def _tunnel(
                 else:
                     break
     except trio.TooSlowError:
-        raise _setup_failed(ctx, hop, Code.CONNECT_TIMEOUT, "proxy_connect") from None
+        raise setup_failed(ctx, hop, Code.CONNECT_TIMEOUT, "proxy_connect") from None
     except (h11.RemoteProtocolError, trio.BrokenResourceError, OSError) as e:
-        raise _setup_failed(
+        raise setup_failed(
             ctx, hop, Code.PROXY_FAILED, "proxy_connect", errno_name(e) or ""
         ) from None
     ps = parse_proxy_status(header_value(headers, "proxy-status"))
     ok = status is not None and 200 <= status < 300
     leftover = pconn.trailing_data[0] if ok else b""
     if not ok or leftover:
-        raise _setup_failed(
+        raise setup_failed(
             ctx,
             hop,
             Code.PROXY_FAILED,
@@ -272,7 +293,7 @@ async def _tls(
     try:
         sslctx = ssl_context(ca_file)
     except (OSError, ssl.SSLError) as e:
-        raise _setup_failed(
+        raise setup_failed(
             ctx,
             hop,
             Code.CERTIFICATE_INVALID,
@@ -288,11 +309,11 @@ async def _tls(
         with trio.fail_after(t.connect):
             await tls.do_handshake()
     except trio.TooSlowError:
-        raise _setup_failed(ctx, hop, Code.CONNECT_TIMEOUT, "tls_handshake") from None
+        raise setup_failed(ctx, hop, Code.CONNECT_TIMEOUT, "tls_handshake") from None
     except (trio.BrokenResourceError, OSError) as e:
         cause = e.__cause__ if e.__cause__ is not None else e
         if isinstance(cause, ssl.SSLCertVerificationError):
-            raise _setup_failed(
+            raise setup_failed(
                 ctx,
                 hop,
                 Code.CERTIFICATE_INVALID,
@@ -300,7 +321,7 @@ async def _tls(
                 cause.verify_message or "certificate rejected",
                 verify_code=cause.verify_code,
             ) from None
-        raise _setup_failed(
+        raise setup_failed(
             ctx,
             hop,
             Code.TLS_FAILED,

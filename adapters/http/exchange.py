@@ -16,6 +16,10 @@ The steps, in order (``exchange()``):
    too: "A failed write says almost nothing about what the other side has already read" (seed).
 4. ``finish`` -- a reusable connection (nothing read past the response, in h11 or in the TLS
    layer) goes back to the pool, any other is closed.
+
+A reused connection is checked again after the gate, right before its first byte: holding
+unread bytes then (sent before the request was written, so never its answer), it is dropped
+unwritten as a setup failure at stage ``reused_connection``.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from affidavit.adapters.base import AttemptContext, AttemptInterrupted
 from affidavit.statemachine import Code
 
 from .classify import Redactor, classify_response, evidence_from
-from .connect import READ_SIZE, Connection, errno_name
+from .connect import READ_SIZE, Connection, errno_name, setup_failed
 from .machine import FramingError, HttpExchange, Observation
 from .pool import Pool
 from .redirects import Plan, plan_response
@@ -97,6 +101,21 @@ async def exchange(
     conn, reused = await pool.acquire(request, ctx, hop, target)
     h = _Hop(request, ctx, conn, reused, hop, method, target, redactor, plan, redirects)
     await h.pass_gate(pool)
+    if reused and conn.unread_bytes():
+        # The pool checked before the gate; the gate (a durable journal write) took time.
+        # Bytes that arrived meanwhile were sent before this request was written, so they can
+        # never be its answer: nothing is written and the connection is dropped.  The engine
+        # still sees its own DISPATCH_STARTED and keeps the outcome ``unknown``.  (An EOF or a
+        # reset in that window is left to the write and read below: ``unknown`` as well.)
+        await trio.aclose_forcefully(conn.stream)
+        raise setup_failed(
+            ctx,
+            hop,
+            Code.SETUP_FAILED,
+            "reused_connection",
+            "pooled connection received bytes before the request was written",
+            connection=conn.id,
+        )
     conn.requests += 1
     hop_summary: dict[str, Any] = {
         "hop": hop,

@@ -5,7 +5,7 @@ not readable, TLS buffers empty) and not beyond ``idle_timeout``; either check f
 it *before* the dispatch boundary, where that costs nothing (seed: "When a reused connection
 breaks, the broker may not know whether the other side received the written data" -- so do not
 reuse one that already looks broken).  Only a connection with nothing read past its response
-is released here (``exchange.finish``).
+is released here (``exchange.finish``), and the exchange checks once more after the gate.
 """
 
 from __future__ import annotations

@@ -213,6 +213,53 @@ async def test_tls_response_sent_before_the_request_is_never_its_committed_resul
         assert srv.connections == 2
 
 
+async def test_bytes_arriving_during_the_gate_are_never_the_answer_and_nothing_is_written(
+    tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pooled connection was silent at the pool's check; while DISPATCH_STARTED was being
+    made durable the server sent a response.  It predates the request, so the request is not
+    written; the record holds DISPATCH_STARTED, so the outcome stays ``unknown``."""
+    unsolicited = b'HTTP/1.1 201 Created\r\nContent-Length: 13\r\n\r\n{"id":"fake"}'
+
+    async def script(peer: Peer) -> None:
+        await peer.read_request()
+        await peer.respond(Reply(200, body=b"first"))
+        await peer.server.event("gate").wait()
+        await peer.send_raw(unsolicited)
+        peer.server.event("sent").set()
+        await peer.read_request()
+        await trio.sleep(1)
+
+    async with HostileServer.running(script) as srv:
+        async with open_broker(_cfg(tmp_path, srv.url)) as broker:
+            with trio.fail_after(LIMIT):
+                first = await broker.call(GET)
+            assert_ok(broker, first)
+            original = broker.journal.append
+
+            async def append(event: Any, **kw: Any) -> Any:
+                stored = await original(event, **kw)
+                if event.kind is E.DISPATCH_STARTED and event.attrs.get("reused_connection"):
+                    srv.event("gate").set()
+                    await srv.event("sent").wait()
+                    await trio.sleep(0.05)  # let the bytes reach the client's socket
+                return stored
+
+            monkeypatch.setattr(broker.journal, "append", append)
+            with trio.fail_after(LIMIT):
+                env = await broker.call(POST)
+            assert_error(
+                broker,
+                env,
+                phase="remote_execution",
+                outcome="unknown",
+                retry="reconcile",
+                code="REMOTE_OUTCOME_UNKNOWN",
+            )
+            assert "result" not in env and "fake" not in repr(env)
+        assert [r.target for r in srv.requests] == ["/thing"]  # the POST was never written
+
+
 # -- idempotency -----------------------------------------------------------------------------
 
 

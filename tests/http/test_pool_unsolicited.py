@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import socket
+from collections.abc import Mapping
+from typing import Any
 
+import pytest
 import trio
 
+from affidavit.adapters.base import SetupError
 from affidavit.adapters.http import HttpClient
 
 from .fakes import FakeEngine
-from .hostile import HostileServer, Peer, TlsFixture
+from .hostile import HostileServer, Peer, Reply, TlsFixture
 from .test_tls_proxy_timeouts import req
 
 
@@ -76,3 +80,44 @@ async def test_tls_records_after_a_response_keep_the_connection_out_of_the_pool(
             )
     assert fe2.facts_of("reuse") == [] and srv.connections == 2
     assert res.facts["status"] == 200 and fe2.body == b"first"
+
+
+@pytest.mark.parametrize("over_tls", [False, True], ids=["plain", "tls"])
+async def test_bytes_arriving_during_the_gate_are_never_the_reused_requests_answer(
+    client: HttpClient, tls: TlsFixture, over_tls: bool
+) -> None:
+    """The pool found the connection silent, then the gate (a durable journal write) took its
+    time and the peer sent a response meanwhile: it was sent before the request, so the request
+    is not written at all; nothing written is a setup failure (the engine, holding its own
+    DISPATCH_STARTED, still answers ``unknown``)."""
+    unsolicited = b"HTTP/1.1 201 Created\r\nContent-Length: 4\r\n\r\nfake"
+
+    async def script(peer: Peer) -> None:
+        await peer.read_request()
+        await peer.respond(Reply(200, body=b"first"))
+        await peer.server.event("gate").wait()
+        await peer.send_raw(unsolicited)
+        peer.server.event("sent").set()
+        await peer.read_request()  # records a request if one were written
+        await trio.sleep(1)
+
+    ca = {"ca_file": tls.ca_file} if over_tls else {}
+    async with HostileServer.running(script, tls=tls.good if over_tls else None) as srv:
+
+        async def during_gate(facts: Mapping[str, Any]) -> None:
+            srv.event("gate").set()
+            await srv.event("sent").wait()
+            await trio.sleep(0.1)  # let the bytes reach the client's socket
+
+        with trio.fail_after(10):
+            fe1 = FakeEngine()
+            await client.perform(req(srv.url + "/a", "POST", b"x", **ca), fe1.ctx)
+            fe2 = FakeEngine(on_gate=during_gate)
+            with pytest.raises(SetupError) as info:
+                await client.perform(req(srv.url + "/b", "POST", b"y", **ca), fe2.ctx)
+            await trio.sleep(0.1)
+    assert info.value.stage == "reused_connection"
+    assert fe2.gates[0]["reused_connection"] is True
+    assert not fe2.machine.dispatched and fe2.machine.state == "setup_failed"
+    assert fe2.body == b"" and [r.target for r in srv.requests] == ["/a"]
+    assert client.idle_connections() == 0
