@@ -185,6 +185,8 @@ class _Hop:
         self.plan = plan
         self.redirects = redirects
         self.ex = HttpExchange(ctx.machine, conn.h11, hop)
+        # Only TLS (opened with https_compatible=False) ends a stream with proof: close_notify.
+        self.ex.eof_ends_body = isinstance(conn.stream, trio.SSLStream)
         forward_proxy = conn.forward_proxy
         self.ex.proxy_judge = lambda status, hdrs: (
             classify_response(status, hdrs, via_forward_proxy=forward_proxy).hop == "proxy"

@@ -9,7 +9,9 @@ below.  The driver never decides phase or outcome by itself; it fires table even
   of proof": "For HTTP, dispatch begins before the first byte of the request is passed to the
   connection").  Every redirect hop crosses it again from its own ``redirect_*`` states.
 * **completes** — ``end`` (h11 ``EndOfMessage``) of a *final* response.  A 1xx never completes
-  (seed: "Informational HTTP responses do not determine the outcome of the action").
+  (seed: "Informational HTTP responses do not determine the outcome of the action").  Nor does
+  the end of a close-delimited body at a plain-TCP FIN (``eof_ends_body``): it fires
+  ``peer_closed`` instead, since only TLS's ``close_notify`` proves such a body whole.
 
 Rule 2: a post-dispatch state never leads to a pre-dispatch state (``ProtocolTable`` refuses
 that).  So a redirect hop's connection setup has its own ``redirect_*`` states and its own
@@ -226,6 +228,18 @@ class FramingError(Exception):
         self.observations = list(observations or [])
 
 
+def _close_delimited(method: str, ev: h11.Response) -> bool:
+    """RFC 9112 §6.3 as h11 applies it (``h11._connection._body_framing``): a response to HEAD,
+    a 204 or 304, or a 2xx to CONNECT has no body; Transfer-Encoding (h11 accepts only chunked)
+    or Content-Length frames it; otherwise it runs to the connection's close."""
+    if ev.status_code in (204, 304) or method == "HEAD":
+        return False
+    if method == "CONNECT" and 200 <= ev.status_code < 300:
+        return False
+    names = {n for n, _ in ev.headers}  # h11 lower-cases header names
+    return b"transfer-encoding" not in names and b"content-length" not in names
+
+
 @dataclass(frozen=True, slots=True)
 class Observation:
     """One fired step with its secret-free facts; ``data`` carries body bytes for the sink."""
@@ -266,6 +280,15 @@ class HttpExchange:
     """Set by the driver: does this final response head come from a proxy about its own
     attempt?  Then the proxy_* events fire and the exchange can never complete."""
     proxy_response: bool = False
+    eof_ends_body: bool = False
+    """Set by the driver: can the transport's end of stream prove a close-delimited body whole?
+    Only TLS can (a ``close_notify``; ``connect.py`` opens it with ``https_compatible=False``).
+    A TCP FIN cannot: a server that crashed, or a middlebox that cut the stream, sends the same
+    FIN as one that finished (RFC 9112 §6.3 item 8), so such a body is never complete."""
+    request_method: str = ""
+    close_delimited: bool = False
+    """The final response's body is delimited by the connection's close (RFC 9112 §6.3: no
+    Transfer-Encoding, no Content-Length, a status and method that allow a body)."""
 
     # -- setup --------------------------------------------------------------------------------
 
@@ -289,6 +312,7 @@ class HttpExchange:
         h11 is told about the request only now, so a refused gate leaves a pooled connection
         untouched and reusable."""
         step = self.machine.fire("send_headers")
+        self.request_method = method.upper()
         try:
             head = self.conn.send(
                 h11.Request(method=method, target=target.encode("ascii"), headers=headers)
@@ -355,6 +379,7 @@ class HttpExchange:
             elif isinstance(ev, h11.Response):
                 self.final_response_started = True
                 self.final_status = ev.status_code
+                self.close_delimited = _close_delimited(self.request_method, ev)
                 headers = tuple(
                     (n.decode("latin-1"), v.decode("latin-1")) for n, v in ev.headers.raw_items()
                 )
@@ -391,6 +416,15 @@ class HttpExchange:
                     )
                 )
             elif isinstance(ev, h11.EndOfMessage):
+                if self.close_delimited and not self.eof_ends_body and not self.proxy_response:
+                    # h11 ends a close-delimited body at EOF; over plain TCP that EOF proves
+                    # nothing (seed: "never present a partial body as a complete remote
+                    # result").  The body already streamed stays as chunks, never a result.
+                    self._fire_abort(out, "peer_closed")
+                    raise FramingError(
+                        "close-delimited response body ended by a TCP close: completeness unproven",
+                        out,
+                    )
                 step = self.machine.fire("proxy_end" if self.proxy_response else "end")
                 out.append(
                     Observation(step, {"hop": self.hop, "body_bytes": self.body_bytes_received})

@@ -411,6 +411,12 @@ ROWS: dict[str, Row] = {
         scripts.cut_mid_body(chunked=True),
         then=_partial_never_returned(b"hello"),
     ),
+    # A close-delimited body ended by a TCP FIN: no protocol-specific close proves it whole.
+    "close-delimited-body-ended-by-a-fin-is-unknown-partial-never-returned": Row(
+        _unknown("reconcile", "REMOTE_RESULT_INCOMPLETE"),
+        scripts.close_delimited_cut(),
+        then=_partial_never_returned(b'{"items":[1,2'),
+    ),
     "response-cut-mid-body-of-an-idempotent-request-allows-backoff": Row(
         _unknown("backoff", "REMOTE_RESULT_INCOMPLETE"),
         scripts.cut_mid_body(chunked=True),

@@ -23,7 +23,8 @@ Reusable API (the lead's engine/broker tests use it too)::
 * ``Reply(status, headers=(), body=b"", chunked=False, delay=0.0, reason=b"")``.
 * ``scripts``: ready-made hostile behaviours, each a function returning a script:
   ``serve(reply | fn(req) -> Reply)`` (keep-alive loop), ``apply_then_close()``,
-  ``cut_mid_headers()``, ``cut_mid_body(chunked=False)``, ``malformed()``,
+  ``cut_mid_headers()``, ``cut_mid_body(chunked=False)``, ``close_delimited_cut()``,
+  ``malformed()``,
   ``continue_then_close()``, ``error_after_commit(status=500)``, ``slow(delay, reply)``,
   ``silent()`` (accepts, never reads nor writes), ``held(reply=None)`` (reads the request, sets
   ``srv.event("received")``, answers once ``srv.event("release")`` is set, or never),
@@ -341,6 +342,20 @@ class scripts:
                 )
             else:
                 await peer.send_raw(b'HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n{"partial":')
+            await peer.close()
+
+        return script
+
+    @staticmethod
+    def close_delimited_cut() -> Script:
+        """An HTTP/1.0 answer with no Content-Length (its body runs to the close), cut by a FIN:
+        over plain TCP nothing tells it from a complete one."""
+
+        async def script(peer: Peer) -> None:
+            await peer.read_request()
+            await peer.send_raw(
+                b'HTTP/1.0 200 OK\r\nContent-Type: application/json\r\n\r\n{"items":[1,2'
+            )
             await peer.close()
 
         return script

@@ -1,0 +1,99 @@
+"""A response body delimited by the connection's close (RFC 9112 §6.3 item 8: no
+Transfer-Encoding, no Content-Length) is complete only if the end of the stream is authentic.
+TLS's ``close_notify`` is; a TCP FIN is not -- a crashed server or a middlebox cutting the
+stream sends the same FIN -- so over plain TCP (and through a forward proxy) such a body is
+``REMOTE_RESULT_INCOMPLETE``, as it already was over TLS without ``close_notify``."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+
+from affidavit.adapters.base import AttemptInterrupted
+from affidavit.adapters.http import HttpClient
+from affidavit.statemachine import Code
+
+from .fakes import FakeEngine
+from .hostile import HostileServer, Peer, Script, TlsFixture
+from .test_tls_proxy_timeouts import req
+
+CUT = b'{"items":[1,2,3]}'  # the peer meant '{"items":[1,2,3,4,5]}' and stopped
+
+
+def _cut_after(head: bytes, *, close_notify: bool = False) -> Script:
+    async def script(peer: Peer) -> None:
+        await peer.read_request()
+        await peer.send_raw(head + CUT)
+        if close_notify:
+            await peer.stream.aclose()  # an SSLStream's aclose sends close_notify
+        else:
+            await peer.close()  # a FIN (over TLS: no close_notify)
+
+    return script
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        b"HTTP/1.0 200 OK\r\nContent-Type: application/json\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n\r\n",
+    ],
+    ids=["http10", "http11-no-length"],
+)
+async def test_close_delimited_body_ended_by_a_fin_is_incomplete(
+    client: HttpClient, head: bytes
+) -> None:
+    async with HostileServer.running(_cut_after(head)) as srv:
+        fe = FakeEngine()
+        with trio.fail_after(10), pytest.raises(AttemptInterrupted) as info:
+            await client.perform(req(srv.url + "/a", "POST", b"x"), fe.ctx)
+    err = info.value
+    assert err.code is Code.REMOTE_RESULT_INCOMPLETE
+    assert fe.machine.dispatched and not fe.machine.complete
+    assert fe.machine.state == "closed_early" and fe.events[-1] == "peer_closed"
+    # The bytes that came stay what they were: streamed chunks, never a result.
+    assert fe.body == CUT and err.facts["body_bytes"] == len(CUT)
+    assert client.idle_connections() == 0
+
+
+async def test_close_delimited_body_through_a_forward_proxy_is_incomplete(
+    client: HttpClient,
+) -> None:
+    """The forward proxy's FIN proves no more than the origin's would."""
+    head = b"HTTP/1.0 200 OK\r\nContent-Type: application/json\r\n\r\n"
+    async with HostileServer.running(_cut_after(head)) as proxy:
+        fe = FakeEngine()
+        with trio.fail_after(10), pytest.raises(AttemptInterrupted) as info:
+            await client.perform(
+                req("http://origin.invalid/a", "POST", b"x", proxy=proxy.url), fe.ctx
+            )
+    assert info.value.code is Code.REMOTE_RESULT_INCOMPLETE
+    assert fe.machine.state == "closed_early" and fe.body == CUT
+
+
+async def test_close_delimited_body_over_tls_without_close_notify_is_incomplete(
+    client: HttpClient, tls: TlsFixture
+) -> None:
+    head = b"HTTP/1.0 200 OK\r\n\r\n"
+    async with HostileServer.running(_cut_after(head), tls=tls.good) as srv:
+        fe = FakeEngine()
+        with trio.fail_after(10), pytest.raises(AttemptInterrupted) as info:
+            await client.perform(req(srv.url + "/a", "POST", b"x", ca_file=tls.ca_file), fe.ctx)
+    assert info.value.code is Code.REMOTE_RESULT_INCOMPLETE
+    assert fe.machine.state == "closed_early" and fe.body == CUT
+
+
+async def test_close_delimited_body_ended_by_close_notify_is_complete(
+    client: HttpClient, tls: TlsFixture
+) -> None:
+    """TLS's authenticated close is the protocol-specific close that proves completion."""
+    head = b"HTTP/1.0 200 OK\r\n\r\n"
+    script = _cut_after(head, close_notify=True)
+    async with HostileServer.running(script, tls=tls.good) as srv:
+        fe = FakeEngine()
+        with trio.fail_after(10):
+            res = await client.perform(
+                req(srv.url + "/a", "POST", b"x", ca_file=tls.ca_file), fe.ctx
+            )
+    assert fe.machine.complete and fe.machine.state == "framing_complete"
+    assert res.facts["status"] == 200 and fe.body == CUT
