@@ -168,7 +168,7 @@ async def _result(
             for n, v in res.headers
             if n.lower() not in _DROP_RESPONSE_HEADERS and not redactor.contains(v)
         ],
-        "http_version": "1.1",
+        "http_version": res.http_version,
         "hops": hops,
     }
     if sink_buffer and not res.buffered_complete:

@@ -82,6 +82,8 @@ class HopResult:
     body_sha256: str
     buffered_body: bytes | None
     buffered_complete: bool
+    http_version: str
+    """The response's HTTP version as h11 parsed it."""
 
 
 async def exchange(
@@ -413,4 +415,5 @@ class _Hop:
             body_sha256=self._body_sha256(),
             buffered_body=bytes(self.buffered) if self.plan.disposition == "follow" else None,
             buffered_complete=self.buffered_complete,
+            http_version=self.ex.http_version,
         )

@@ -289,6 +289,8 @@ class HttpExchange:
     close_delimited: bool = False
     """The final response's body is delimited by the connection's close (RFC 9112 §6.3: no
     Transfer-Encoding, no Content-Length, a status and method that allow a body)."""
+    http_version: str = ""
+    """The final response's HTTP version as h11 parsed it (``"1.1"``, ``"1.0"``)."""
 
     # -- setup --------------------------------------------------------------------------------
 
@@ -379,6 +381,7 @@ class HttpExchange:
             elif isinstance(ev, h11.Response):
                 self.final_response_started = True
                 self.final_status = ev.status_code
+                self.http_version = ev.http_version.decode("ascii", "replace")
                 self.close_delimited = _close_delimited(self.request_method, ev)
                 headers = tuple(
                     (n.decode("latin-1"), v.decode("latin-1")) for n, v in ev.headers.raw_items()

@@ -97,3 +97,17 @@ async def test_close_delimited_body_ended_by_close_notify_is_complete(
             )
     assert fe.machine.complete and fe.machine.state == "framing_complete"
     assert res.facts["status"] == 200 and fe.body == CUT
+    assert res.summary["http_version"] == "1.0"
+
+
+async def test_the_reported_http_version_is_the_responses(client: HttpClient) -> None:
+    async def script(peer: Peer) -> None:
+        await peer.read_request()
+        await peer.send_raw(b"HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        await peer.close()
+
+    async with HostileServer.running(script) as srv:
+        fe = FakeEngine()
+        with trio.fail_after(10):
+            res = await client.perform(req(srv.url + "/a"), fe.ctx)
+    assert res.summary["http_version"] == "1.0" and fe.body == b"ok"
