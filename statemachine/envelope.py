@@ -266,7 +266,9 @@ def envelope_schema() -> dict[str, Any]:
                     "evidence_from": {
                         "type": "object",
                         "description": "Which hop produced this attempt's evidence: the origin, "
-                        "or a proxy answering for itself (then the outcome stays unknown).",
+                        "or a proxy's socket with nothing attributing the answer to the origin "
+                        "(a proxy that may be answering for itself -- through a forward proxy "
+                        "any 4xx or 5xx: then the outcome stays unknown).",
                         "required": ["hop"],
                         "properties": {
                             "hop": {"type": "string", "enum": ["origin", "proxy"]},

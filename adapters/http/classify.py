@@ -30,8 +30,6 @@ __all__ = [
 ]
 
 THROTTLE_STATUSES = frozenset({429, 503})
-PROXY_AUTH_REQUIRED = 407
-"""RFC 9110 §15.5.8: the proxy, not the origin, wants credentials -- always the proxy's own."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,17 +163,22 @@ def proxy_generated(
 
     * any Proxy-Status member with an ``error`` (RFC 9209 §2.1.1) — wherever it arrived from;
     * a malformed Proxy-Status — some proxy spoke, and we cannot tell what it said;
-    * through a forward (non-tunnel) proxy, a 5xx or a 407 that nothing attributes to the
+    * through a forward (non-tunnel) proxy, a 4xx or a 5xx that nothing attributes to the
       origin.  The only attribution a plain-HTTP proxy can give is RFC 9209's
       ``received-status`` equal to the status (the proxy says it relayed the next hop's own
-      answer); a proxy's own error page — tinyproxy's ``500 Unable to connect`` when the origin
-      was never reached — carries none, so it is never taken for the origin's committed result.
-      A 2xx–4xx other than 407 is relayed as the origin's: a proxy answers for itself with 5xx
-      and 407 (RFC 9110 §15.6, §15.5.8).  Through a CONNECT tunnel the origin's response is
+      answer); a proxy's own error page carries none, so it is never taken for the origin's
+      result.  Proxies answer for themselves with 5xx (tinyproxy's ``500 Unable to connect``)
+      and with 4xx too: 407, tinyproxy's and Squid's ``403`` for a denied or filtered request,
+      Privoxy's ``404`` for an unknown domain, a rate-limiting egress proxy's ``429`` -- and
+      some only after forwarding (Squid's ``403`` for ``reply_body_max_size`` or
+      ``http_reply_access``, once the origin has answered), so such a 4xx proves neither the
+      origin's rejection nor that the origin was never reached.  Headers do not tell them
+      apart: a ``Via`` or a proxy's error-page marker can be sent by the origin too.  A 2xx or
+      3xx is relayed as the origin's.  Through a CONNECT tunnel the origin's response is
       TLS-authenticated end to end and needs no attribution."""
     if proxy_status and any("error" in m or m.get("malformed") for m in proxy_status):
         return True
-    if via_forward_proxy and (status >= 500 or status == PROXY_AUTH_REQUIRED):
+    if via_forward_proxy and status >= 400:
         relayed = any(m.get("received_status") == status for m in proxy_status or ())
         return not relayed
     return False

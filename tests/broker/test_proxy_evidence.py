@@ -98,6 +98,44 @@ async def test_a_forward_proxys_own_500_is_never_the_origins_committed_result(
     assert E.REMOTE_RESPONSE_COMPLETE not in [e.kind for e in events]
 
 
+@pytest.mark.parametrize("status", [403, 404, 429])
+async def test_a_forward_proxys_own_4xx_is_never_the_origins_rejection(
+    tmp_path: Path, token: str, status: int
+) -> None:
+    # Squid's access-denied 403, Privoxy's 404 for an unknown domain, an egress proxy's 429:
+    # the origin never saw the request, yet nothing in the answer says whose it is.
+    async with (
+        HostileServer.running(scripts.serve(Reply(201))) as origin,
+        HostileServer.running(scripts.forward_proxy(error=status)) as proxy,
+    ):
+        env, events = await _call(tmp_path, origin.url, proxy.url, POST)
+    err = env["error"]
+    # Not REMOTE_REJECTED / REMOTE_THROTTLED, not "rejected": only the proxy's answer is proven.
+    assert (err["outcome"], err["code"], err["retry"]) == (
+        "unknown",
+        "REMOTE_OUTCOME_UNKNOWN",
+        "reconcile",
+    )
+    hop = {"hop": "proxy", "proxy": proxy.hostport, "status": status}
+    assert env["evidence"]["evidence_from"] == hop
+    assert _attrs(events, E.ATTEMPT_INTERRUPTED)["evidence_from"] == hop
+    assert E.REMOTE_RESPONSE_COMPLETE not in [e.kind for e in events]
+    assert "result" not in env
+    assert origin.requests == []
+
+
+async def test_an_origins_4xx_the_proxy_attributes_is_the_origins_rejection(
+    tmp_path: Path, token: str
+) -> None:
+    async with (
+        HostileServer.running(scripts.serve(Reply(404, body=b"no such charge"))) as origin,
+        HostileServer.running(scripts.forward_proxy(relayed_marker=True)) as proxy,
+    ):
+        env, _events = await _call(tmp_path, origin.url, proxy.url, POST)
+    assert (env["error"]["outcome"], env["error"]["code"]) == ("rejected", "REMOTE_REJECTED")
+    assert env["evidence"]["evidence_from"]["hop"] == "origin"
+
+
 async def test_an_origins_error_the_proxy_attributes_is_the_origins_committed_result(
     tmp_path: Path, token: str
 ) -> None:
@@ -134,17 +172,30 @@ async def test_a_direct_response_names_the_origin(tmp_path: Path, token: str) ->
 # -- a real forward proxy: Debian's tinyproxy ---------------------------------------------------
 
 
-@pytest.fixture
-def tinyproxy(tmp_path: Path) -> Iterator[str]:
+def _tinyproxy(tmp_path: Path, extra: str = "") -> Iterator[str]:
     """tinyproxy listening on a loopback port, with a config written here; yields its URL."""
     exe = TINYPROXY.require()
     port = free_port()
     conf = tmp_path / "tinyproxy.conf"
     conf.write_text(
         f"Port {port}\nListen 127.0.0.1\nTimeout 5\nMaxClients 8\nAllow 127.0.0.1\nLogLevel Info\n"
+        + extra
     )
     with listening([exe, "-d", "-c", str(conf)], port, tmp_path / "tinyproxy.log"):
         yield f"http://127.0.0.1:{port}"
+
+
+@pytest.fixture
+def tinyproxy(tmp_path: Path) -> Iterator[str]:
+    yield from _tinyproxy(tmp_path)
+
+
+@pytest.fixture
+def filtering_tinyproxy(tmp_path: Path) -> Iterator[str]:
+    """tinyproxy that refuses, itself, any request to 127.0.0.1 (its ``Filter``: ``403``)."""
+    rules = tmp_path / "tinyproxy.filter"
+    rules.write_text("127\\.0\\.0\\.1\n")
+    yield from _tinyproxy(tmp_path, f'Filter "{rules}"\n')
 
 
 async def test_tinyproxys_own_500_for_a_closed_origin_is_not_the_origins_result(
@@ -186,3 +237,26 @@ async def test_an_origins_answer_relayed_by_tinyproxy_is_committed_from_the_orig
         "status": 200,
     }
     assert origin.requests[0].header("Authorization") == f"Bearer {token}"
+
+
+async def test_tinyproxys_own_403_for_a_filtered_request_is_not_the_origins_rejection(
+    tmp_path: Path, token: str, filtering_tinyproxy: str
+) -> None:
+    # tinyproxy's Filter refuses the request itself ("403 Filtered"): the origin never sees it.
+    # (A GET: tinyproxy closes without reading a refused request's body, and the reset may cut
+    # its answer -- unknown either way, but then not attributable to any hop.)
+    async with HostileServer.running(scripts.serve(Reply(200))) as origin:
+        env, events = await _call(tmp_path, origin.url, filtering_tinyproxy, GET)
+    err = env["error"]
+    assert (err["outcome"], err["code"], err["retry"]) == (
+        "unknown",
+        "REMOTE_OUTCOME_UNKNOWN",
+        "backoff",  # GET is configured idempotent here
+    )
+    assert env["evidence"]["evidence_from"] == {
+        "hop": "proxy",
+        "proxy": filtering_tinyproxy.removeprefix("http://"),
+        "status": 403,
+    }
+    assert E.REMOTE_RESPONSE_COMPLETE not in [e.kind for e in events]
+    assert origin.requests == []

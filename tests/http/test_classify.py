@@ -89,10 +89,20 @@ def test_proxy_status_parses_rfc9209_members() -> None:
         (503, [("Proxy-Status", "p; received-status=503")], True, "origin"),
         (500, [], False, "origin"),
         (407, [], False, "origin"),
-        # Other statuses through a forward proxy are relayed as the origin's.
+        # So is any 4xx: Squid's 403 denial, Privoxy's 404 for an unknown domain, an egress
+        # proxy's 429 -- the broker cannot tell them from the origin's (docs/proxies.md).
+        (400, [], True, "proxy"),
+        (403, [], True, "proxy"),
+        (404, [], True, "proxy"),
+        (409, [], True, "proxy"),
+        (429, [("Retry-After", "1")], True, "proxy"),
+        (404, [("Via", "1.1 squid")], True, "proxy"),
+        (404, [("Proxy-Status", "p; received-status=404")], True, "origin"),
+        (404, [], False, "origin"),
+        (429, [], False, "origin"),
+        # A 2xx or 3xx through a forward proxy is relayed as the origin's.
         (200, [], True, "origin"),
-        (404, [], True, "origin"),
-        (409, [], True, "origin"),
+        (302, [], True, "origin"),
     ],
 )
 def test_proxy_generated_errors_are_attributed_to_the_proxy(
