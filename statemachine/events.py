@@ -113,7 +113,8 @@ class EventKind(StrEnum):
     the event's source must be remote_query or operator_attested, its observer names who."""
     RECONCILE_INCONCLUSIVE = "RECONCILE_INCONCLUSIVE"
     """A reconciliation query ran as a linked invocation and did not settle the outcome (no
-    complete answer, one neither ``committed_if`` nor ``rejected_if`` matches, or an absent
+    complete answer -- through a forward proxy, a 4xx or 5xx the proxy may have written itself,
+    docs/proxies.md --, one neither ``committed_if`` nor ``rejected_if`` matches, or an absent
     finding within the target's ``settle`` window after the attempt ended): the invocation stays
     unknown; the query's evidence is on its own record.  attrs: query_invocation, code, reason,
     generation (as RECONCILED's); not_before (seconds since the epoch: when a query may settle

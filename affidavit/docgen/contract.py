@@ -363,6 +363,17 @@ def contract_markdown(protocols: Mapping[str, ProtocolTable] | None = None) -> s
     )
     out += [
         "",
+        "A `rejected` or `committed` code needs a complete answer that is the remote's own. "
+        "Through a plain-HTTP forward proxy a 4xx or 5xx may be the proxy's (its `403` for a "
+        "denied request, `404` for a domain it cannot resolve, `429`, `502`), written before "
+        "or after the origin saw the request: without RFC 9209 `received-status` naming that "
+        "status it is never `REMOTE_REJECTED`, `REMOTE_THROTTLED` or `REMOTE_ERROR` but "
+        '`REMOTE_OUTCOME_UNKNOWN`, `evidence.evidence_from.hop` `"proxy"`, and it settles no '
+        "reconciliation (docs/proxies.md). Through a CONNECT tunnel the answer is the "
+        "origin's.",
+    ]
+    out += [
+        "",
         "## Lifecycle states",
         "",
         "Every state carries its phase and outcome; `final` states are where an invocation may "

@@ -295,12 +295,25 @@ def _found(outcome: Outcome) -> str:
     return "present" if outcome is Outcome.COMMITTED else "absent"
 
 
+PROXY_ANSWERED = (
+    "the query's answer may be the forward proxy's own, not the remote's "
+    '(evidence_from.hop is "proxy"): it settles nothing'
+)
+"""The reason a query answered through a forward proxy with a status the proxy may have written
+itself (a 4xx or 5xx, docs/proxies.md) leaves the invocation unknown -- stable text."""
+
+
 def _settles(
     engine: Engine, query_id: str, target: Any, verdict: Any
 ) -> tuple[tuple[Outcome, str] | None, str, int | None]:
     """Whether the query's own result settles the question: ((outcome, what matched) or None,
     why not, the seq of the query's stored result)."""
     rec = engine.journal.record(query_id)
+    if rec is not None and (rec.evidence.get("evidence_from") or {}).get("hop") == "proxy":
+        # docs/proxies.md: through a forward proxy a 4xx or 5xx may be the proxy's own answer
+        # (Privoxy's 404 for a domain it cannot resolve): it says nothing of the remote's state,
+        # so a "status:404" rejected_if must not read it as the effect's absence.
+        return None, PROXY_ANSWERED, None
     if (
         rec is None
         or rec.outcome not in (Outcome.COMMITTED, Outcome.REJECTED)

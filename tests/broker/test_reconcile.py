@@ -467,3 +467,41 @@ def test_a_settle_window_beyond_a_century_is_a_config_error(tmp_path: Path) -> N
     with pytest.raises(ConfigError) as caught:
         load_config(path)
     assert "settle" in str(caught.value) and "100 years" in str(caught.value)
+
+
+async def test_a_forward_proxys_own_404_for_the_query_settles_nothing(
+    tmp_path: Path, token: str
+) -> None:
+    # docs/proxies.md: a plain-HTTP forward proxy may answer the lookup itself (Privoxy's 404
+    # for a domain it cannot resolve) -- with ``rejected_if = "status:404"`` that answer must
+    # not mark the unknown charge rejected, inviting a second one.
+    async def proxy_script(peer: Peer) -> None:
+        while True:
+            req = await peer.read_request()
+            if req is None:
+                return
+            if req.method == "POST":  # taken, then the connection drops: unknown
+                await peer.close()
+                return
+            await peer.respond(Reply(404, body=b"<h1>Privoxy: no such domain</h1>"))
+
+    async with HostileServer.running(proxy_script) as proxy:
+        cfg = reconcile_target("http://origin.invalid:8080", proxy=proxy.url)
+        path = write_config(tmp_path, cfg)
+        async with open_broker(path) as b:
+            iid = await _unknown(b, "pay/proxy")
+            answer = await b.reconcile(iid, query=True)
+            assert answer["reconciled"] is False
+            env = answer["envelope"]
+            assert (env["error"]["outcome"], env["error"]["code"]) == (
+                "unknown",
+                "REMOTE_OUTCOME_UNKNOWN",
+            )
+            query = answer["query"]
+            assert query["evidence"]["evidence_from"]["hop"] == "proxy"
+            [tried] = env["evidence"]["reconcile_queries"]
+            assert tried["reason"] == service.PROXY_ANSWERED
+            kinds = event_kinds(b, iid)
+            assert E.RECONCILED not in kinds and kinds[-1] is E.RECONCILE_INCONCLUSIVE
+            verify_ok(b)
+    assert [r.method for r in proxy.requests] == ["POST", "GET"]
