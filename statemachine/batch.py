@@ -18,7 +18,7 @@ named none) leaves every item ``unknown``: the response did not say what happene
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Final, NoReturn
 
@@ -37,6 +37,18 @@ _OUTCOMES = {o.value: o for o in ITEM_OUTCOMES}
 _CODES = {c.value: c for c in Code}
 _RETRIES = {r.value for r in Retry}
 _UNRESOLVED = (Outcome.NOT_ATTEMPTED, Outcome.UNKNOWN)
+_THROTTLED = Code.REMOTE_THROTTLED.value
+
+
+def _mixed_atomic(batch: Mapping[str, Any], items: Sequence[Mapping[str, Any]]) -> bool:
+    """An atomic batch whose items were neither all applied nor all refused: reconciled as a
+    whole (seed: "reconcile the batch as a whole if the remote API applies changes
+    atomically"), every item ``reconcile`` whatever its status."""
+    if not batch["atomic"]:
+        return False
+    applied = all(i["outcome"] == "committed" and i["code"] is None for i in items)
+    refused = all(i["outcome"] == "rejected" for i in items)
+    return not (applied or refused)
 
 
 def _refuse(p: Projector, event: Event, reason: str) -> NoReturn:
@@ -108,12 +120,29 @@ def on_items_recorded(p: Projector, event: Event) -> None:
 
 
 def items_view(
-    batch: Mapping[str, Any], outcome: Outcome, code: Code | None, retry: Retry
+    batch: Mapping[str, Any],
+    outcome: Outcome,
+    code: Code | None,
+    retry: Retry,
+    throttled: Callable[[], Retry],
 ) -> tuple[Mapping[str, Any], ...]:
-    """The record's items: recorded outcomes, else what the parent proves (module docstring)."""
+    """The record's items: recorded outcomes, else what the parent proves (module docstring).
+
+    ``throttled``: the hint the whole request would get were it the one answered 429/503
+    (``retry.retry_hint`` on this record: the operation's semantics, its idempotency key,
+    Retry-After, the budget).  A ``REMOTE_THROTTLED`` item gets it -- one rule for one status,
+    whether it answered the request or one item of it: resending a non-idempotent POST's item
+    is no safer than resending the POST -- unless an atomic batch's mixed answer already made
+    every item ``reconcile``."""
     recorded = batch["items"]
     if recorded is not None:
-        return tuple(recorded)
+        if not any(i["code"] == _THROTTLED for i in recorded) or _mixed_atomic(batch, recorded):
+            return tuple(recorded)
+        hint = throttled().value
+        return tuple(
+            MappingProxyType({**i, "retry": hint}) if i["code"] == _THROTTLED else i
+            for i in recorded
+        )
     if outcome in _UNRESOLVED:
         shared = {"outcome": outcome.value, "code": code.value if code else None}
         return tuple({"id": i, **shared, "retry": retry.value} for i in batch["ids"])

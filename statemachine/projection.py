@@ -183,6 +183,24 @@ class Projector:
         attempts, without copies.  Folding on afterwards would change that record."""
         return self._build(now, self._evidence, self._attempts)
 
+    def _hint(self, state: str, outcome: Outcome, code: Code | None, now: float) -> Retry:
+        """``retry_hint`` on this record's operation, key, Retry-After and budget."""
+        idem = self._idempotency
+        return retry_hint(
+            state,
+            outcome,
+            code,
+            self._idempotent,
+            idem.get("expires_at") if idem else None,
+            # A key the remote does not deduplicate on (an SSH command's reference) binds
+            # the invocation in the journal but never makes a resend safe.
+            bool(idem and idem.get("key") and idem.get("remote_contract") != "none"),
+            self._retry_after,
+            self._max_retry_after,
+            self._budget_total - self._budget_used,
+            now,
+        )
+
     def _build(
         self, now: float | None, evidence: dict[str, Any], attempts: list[dict[str, Any]]
     ) -> Record:
@@ -191,24 +209,10 @@ class Projector:
         phase, outcome, hints = _STATE_INFO[state]
         code = self._code
         retry = hints[code]
+        if now is None:
+            now = self._at if self._at is not None else 0.0
         if retry is None:  # the hint depends on the operation, the budget or the clock
-            if now is None:
-                now = self._at if self._at is not None else 0.0
-            idem = self._idempotency
-            retry = retry_hint(
-                state,
-                outcome,
-                code,
-                self._idempotent,
-                idem.get("expires_at") if idem else None,
-                # A key the remote does not deduplicate on (an SSH command's reference) binds
-                # the invocation in the journal but never makes a resend safe.
-                bool(idem and idem.get("key") and idem.get("remote_contract") != "none"),
-                self._retry_after,
-                self._max_retry_after,
-                self._budget_total - self._budget_used,
-                now,
-            )
+            retry = self._hint(state, outcome, code, now)
         batch = self._batch
         # Built in a twin without the frozen __setattr__, then made a Record (events.py,
         # ``unfrozen_twin``, says why and what it saves).
@@ -235,11 +239,25 @@ class Projector:
         r.events = self._events
         r.field = self._field
         r.operation = self._operation
-        r.items = None if batch is None else items_view(batch, outcome, code, retry)
+        if batch is not None:
+            # A throttled item: the rule a throttled request gets, on this record's inputs
+            # (in the state of a complete rejection: the item's own, not the parent's).
+            r.items = items_view(
+                batch,
+                outcome,
+                code,
+                retry,
+                lambda: self._hint("completed_rejected", _REJECTED, _THROTTLED, now),
+            )
+        else:
+            r.items = None
         r.__class__ = Record
         record: Record = r
         return record
 
+
+_REJECTED = Outcome.REJECTED
+_THROTTLED = Code.REMOTE_THROTTLED
 
 # --- the compiled table ------------------------------------------------------------------------
 

@@ -217,7 +217,10 @@ def classify_response(
     if proxy_generated(status, ps, via_forward_proxy=via_forward_proxy):
         return Classification("proxy", None, None)
     if 200 <= status < 400:
-        return Classification("origin", Outcome.COMMITTED, None)
+        # A success's Retry-After changes nothing of its own hint, but a batch's throttled
+        # items take the time it specifies (statemachine/batch.py, ``items_view``).
+        retry = parse_retry_after(header_value(headers, "retry-after"), now=now)
+        return Classification("origin", Outcome.COMMITTED, None, retry)
     if status in THROTTLE_STATUSES:
         retry = parse_retry_after(header_value(headers, "retry-after"), now=now)
         return Classification("origin", Outcome.REJECTED, Code.REMOTE_THROTTLED, retry)

@@ -267,6 +267,16 @@ def _operation_section() -> list[str]:
         "item outcomes leaves every item `unknown` / `REMOTE_RESULT_INCOMPLETE` / `reconcile`. "
         "An item is never `not_attempted` once its batch was dispatched.",
         "",
+        "An item answered 429 or 503 (`REMOTE_THROTTLED`) gets the hint a whole request "
+        "answered 429/503 would get on the same record -- rule 7 of How the retry hint is "
+        "computed, by the same code (`retry_hint`): `backoff` only when the method is "
+        "configured idempotent or a usable idempotency key covers the batch, the response "
+        "specified a Retry-After within the configured maximum, and budget is left; otherwise "
+        "`reconcile`. Resending one item of a non-idempotent `POST` is no safer than resending "
+        "the `POST`. BATCH_ITEMS_RECORDED keeps such an item's hint as `reconcile` (the "
+        "response alone never makes a resend safe); the record computes the item's hint as it "
+        "computes the parent's. An atomic batch's mixed answer leaves every item `reconcile`.",
+        "",
     ]
     return out
 

@@ -53,13 +53,13 @@ def _results(statuses: dict[int, Any]) -> bytes:
 
 
 async def _run(
-    tmp_path: Path, script: Script, batch: dict[str, Any] | None = None
+    tmp_path: Path, script: Script, batch: dict[str, Any] | None = None, **target_extra: Any
 ) -> tuple[dict[str, Any], list[EventKind], dict[str, Any]]:
     """One batch call on a fresh config and journal in ``tmp_path``; (envelope, the
     invocation's event kinds, the metrics), read while the broker is open."""
     tmp_path.mkdir(exist_ok=True)
     async with HostileServer.running(script) as srv:
-        target = http_target(srv.url, batch={**BATCH, **(batch or {})})
+        target = http_target(srv.url, batch={**BATCH, **(batch or {})}, **target_extra)
         cfg = write_config(tmp_path, {"bulk": target})
         async with open_broker(cfg) as broker:
             with trio.fail_after(LIMIT):
@@ -73,7 +73,14 @@ async def _run(
             events = broker.events(env["invocation_id"])
             for e in (e for e in events if e.kind is E.BATCH_ITEMS_RECORDED):
                 assert e.source is EvidenceSource.REMOTE_RESPONSE
-                assert [dict(i) for i in e.attrs["items"]] == env["items"]
+                # As recorded -- but a throttled item's hint is the record's (items_view):
+                # recorded ``reconcile``, the response alone never making a resend safe.
+                recorded = [dict(i) for i in e.attrs["items"]]
+                for i in recorded:
+                    if i["code"] == "REMOTE_THROTTLED":
+                        assert i["retry"] == "reconcile"
+                        i["retry"] = next(j for j in env["items"] if j["id"] == i["id"])["retry"]
+                assert recorded == env["items"]
             m = metrics(broker.journal.list_actions())
     assert len(srv.requests) == 1  # nothing was retried on its own
     return env, kinds, m
@@ -136,12 +143,45 @@ async def test_a_200_with_item_errors_in_the_json_is_not_a_batch_success(
     ]
 
 
-async def test_throttled_items_may_back_off_and_a_whole_batch_rejection_rejects_each(
+async def test_throttled_items_of_a_post_batch_are_reconciled_not_resent(
+    tmp_path: Path, token: str
+) -> None:
+    # The rule a whole POST answered 429/503 gets (docs/contract.md, rule 7): a POST is not
+    # idempotent here and carries no idempotency key, so resending an item is not known to be
+    # safe -- even with the server's Retry-After.
+    body = _results({1: 200, 2: 429, 3: 503, 4: 200, 5: 200})
+    reply = Reply(207, headers=[("Retry-After", "1")], body=body)
+    env, _k, _m = await _run(tmp_path, scripts.serve(reply))
+    assert [(i["code"], i["retry"]) for i in env["items"]] == [
+        (None, "never"),
+        ("REMOTE_THROTTLED", "reconcile"),
+        ("REMOTE_THROTTLED", "reconcile"),
+        (None, "never"),
+        (None, "never"),
+    ]
+
+
+async def test_throttled_items_of_an_idempotent_batch_back_off_only_with_retry_after(
     tmp_path: Path, token: str
 ) -> None:
     body = _results({1: 200, 2: 429, 3: 503, 4: 200, 5: 200})
-    env, _k, _m = await _run(tmp_path, scripts.serve(Reply(207, body=body)))
+    idempotent = {"idempotent": ["GET", "POST", "PUT"]}
+    timed = Reply(207, headers=[("Retry-After", "1")], body=body)
+    env, _k, _m = await _run(tmp_path / "timed", scripts.serve(timed), **idempotent)
     assert [i["retry"] for i in env["items"]] == ["never", "backoff", "backoff", "never", "never"]
+    # No Retry-After: the response specified no time (seed), so no backoff.
+    untimed = Reply(207, body=body)
+    env, _k, _m = await _run(tmp_path / "untimed", scripts.serve(untimed), **idempotent)
+    assert [i["retry"] for i in env["items"]] == [
+        "never",
+        "reconcile",
+        "reconcile",
+        "never",
+        "never",
+    ]
+
+
+async def test_a_whole_batch_rejection_rejects_each(tmp_path: Path, token: str) -> None:
     refused = Reply(400, body=b'{"error":"malformed batch"}')
     env, _k, _m = await _run(tmp_path / "whole", scripts.serve(refused))
     assert env["error"]["code"] == "REMOTE_REJECTED"

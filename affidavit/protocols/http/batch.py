@@ -11,8 +11,10 @@ an outcome of its own (``read_items``); the rules, per item status:
 
 * in ``ok`` -> ``committed``, no code, retry ``never``;
 * in ``rejected``, or an integer 400-499 -> ``rejected``, ``REMOTE_REJECTED``,
-  ``after_correction`` (429 and 503: ``REMOTE_THROTTLED``, ``backoff`` -- the remote refused
-  the item and asked to slow down);
+  ``after_correction`` (429 and 503: ``REMOTE_THROTTLED`` -- the remote refused the item and
+  asked to slow down -- recorded ``reconcile``; the record gives it the hint a whole request
+  answered 429/503 gets: ``backoff`` only for an idempotent method or a usable idempotency key,
+  with the response's Retry-After within the maximum and budget left, else ``reconcile``);
 * anything else (a 5xx, an unknown value) -> ``committed``, ``REMOTE_ERROR``, ``reconcile``: the
   remote answered for the item with something other than success and may have applied it;
 * no entry or no status for an item sent -> ``unknown``, ``REMOTE_RESULT_INCOMPLETE``,
@@ -145,6 +147,10 @@ def _item(
     item_id: Any, outcome: Outcome, code: Code | None, status: Any = ABSENT
 ) -> dict[str, Any]:
     retry = Retry.NEVER if code is None else CODES[code].retry
+    if code is Code.REMOTE_THROTTLED:
+        # The response alone never makes resending an item safe: the record's hint applies
+        # the whole request's rule (statemachine/batch.py, ``items_view``).
+        retry = Retry.RECONCILE
     out: dict[str, Any] = {
         "id": item_id,
         "outcome": outcome.value,
