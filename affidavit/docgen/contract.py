@@ -135,8 +135,10 @@ def _retry_sections() -> list[str]:
         "otherwise `reconcile`.",
         "6. `rejected`/`committed` without a code (success): `never`.",
         "7. `REMOTE_THROTTLED`: `backoff` only when the retry is safe (idempotent, or a usable "
-        "key), Retry-After is absent or within the configured maximum, and budget is left; "
-        "otherwise `reconcile`.",
+        'key), Retry-After was sent and is within the configured maximum (seed: backoff "if '
+        'the method is safe to retry and the response specifies a suitable time"; without '
+        "one the caller must look before sending again), and budget is left; otherwise "
+        "`reconcile`. A batch item answered 429/503 follows the same rule (Batch items).",
         "8. Any other code: its default hint (table above).",
         "",
         "The tables below are computed by calling `compute_retry()` while generating this file.",

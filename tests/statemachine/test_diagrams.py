@@ -21,9 +21,11 @@ from affidavit.statemachine import (
     Outcome,
     Phase,
     Retry,
+    compute_retry,
     envelope_schema,
     registered,
 )
+from affidavit.statemachine.retry import HintInputs
 from tests.external import DOT
 
 from .example_protocol import EXAMPLE
@@ -88,6 +90,40 @@ def test_contract_retry_tables_are_computed_from_compute_retry() -> None:
     assert "| `CONNECTION_REFUSED` | `backoff` | `after_correction` |" in text
     assert "| `REMOTE_ERROR` | any | any | `reconcile` |" in text
     assert "| `delivery_failed_committed` | `fetch_result` |" in text
+
+
+def test_the_throttle_rule_as_written_is_the_rule_computed() -> None:
+    # Rule 7 once said backoff was allowed with Retry-After absent; retry.py requires it (seed:
+    # backoff "if the method is safe to retry and the response specifies a suitable time").
+    rule = next(
+        line
+        for line in dg.contract_markdown().splitlines()
+        if line.startswith("7. `REMOTE_THROTTLED`")
+    )
+    assert "absent or within" not in rule
+    assert "Retry-After was sent and is within the configured maximum" in rule
+
+    def hint(retry_after: float | None) -> Retry:
+        return compute_retry(
+            HintInputs(
+                "completed_rejected",
+                Outcome.REJECTED,
+                Code.REMOTE_THROTTLED,
+                idempotent=True,
+                key_expires_at=None,
+                has_key=False,
+                retry_after=retry_after,
+                max_retry_after=300.0,
+                budget_left=3,
+                now=0.0,
+            )
+        )
+
+    assert (hint(None), hint(30.0), hint(3600.0)) == (
+        Retry.RECONCILE,
+        Retry.BACKOFF,
+        Retry.RECONCILE,
+    )
 
 
 def test_schema_file_is_the_generated_envelope_schema() -> None:
