@@ -331,9 +331,23 @@ async def _accept(
         await trio.serve_listeners(handler, [listener], handler_nursery=nursery)  # type: ignore[arg-type]
 
 
+SUN_PATH_MAX = 107
+"""Bytes of a Unix socket's path at most (Linux's ``sun_path`` is 108, with its NUL)."""
+
+
 def _refuse_live_daemon(path: Path) -> None:
     """A socket file nobody answers on is stale (its daemon was killed): remove it.  One that
-    answers belongs to a live daemon: refuse.  Anything else at the path is not ours to touch."""
+    answers belongs to a live daemon: refuse.  Anything else at the path is not ours to touch.
+    A path no socket can have is refused here too, before the journal is opened: start-up
+    recovery must not write the journal of a daemon that cannot listen."""
+    size = len(os.fsencode(path))
+    if size > SUN_PATH_MAX:
+        raise DaemonError(
+            f"cannot listen on {path}: a Unix socket's path is at most {SUN_PATH_MAX} bytes, "
+            f"this one is {size}; choose a shorter [service] socket (or --socket)"
+        )
+    if not path.parent.is_dir():
+        raise DaemonError(f"cannot listen on {path}: {path.parent} is not a directory")
     try:
         st = os.lstat(path)
     except FileNotFoundError:

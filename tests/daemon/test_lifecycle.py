@@ -35,6 +35,7 @@ from .kit import (
     start_daemon,
     stop,
     wait_until,
+    write_daemon_config,
 )
 
 
@@ -271,3 +272,28 @@ async def test_serve_raises_the_soft_open_files_limit_to_the_hard_one(hard: str)
     assert soft == expected and soft > 256, done.stdout
     if hard == "300":
         assert (soft, now_hard) == (300, 300)
+
+
+@pytest.mark.parametrize("where", ["too-long", "no-directory"])
+async def test_a_socket_path_no_socket_can_have_is_refused_before_the_journal_is_opened(
+    tmp_path: Path, where: str
+) -> None:
+    """``serve`` with a socket path longer than a Unix socket's (or in a directory that is not
+    there) used to run start-up recovery -- writing the journal -- and only then fail to
+    listen.  Now it stops first: exit 2, the reason, no journal written."""
+    socket = (
+        tmp_path / ("s" * 120) / "affidavit.sock"
+        if where == "too-long"
+        else tmp_path / "missing" / "affidavit.sock"
+    )
+    config = write_daemon_config(tmp_path, api_target("http://127.0.0.1:9"), socket=socket)
+    if where == "too-long":
+        socket.parent.mkdir()
+    done = await run(
+        [sys.executable, "-m", "affidavit", "serve", "--config", str(config)], env=client_env()
+    )
+    assert done.returncode == 2, done.stderr
+    assert not any(tmp_path.glob("*.db")), sorted(p.name for p in tmp_path.iterdir())
+    said = done.stderr.decode()
+    assert "Traceback" not in said
+    assert ("at most 107 bytes" if where == "too-long" else "is not a directory") in said, said
