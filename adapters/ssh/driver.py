@@ -19,13 +19,17 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import fcntl
 import hashlib
 import os
 import socket
+import struct
+import termios
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
+import ssh.event
 import ssh.exceptions
 import ssh.options
 import ssh.session
@@ -54,6 +58,11 @@ _RECHECK_SECONDS = 0.25
 """Longest park on the socket without re-asking libssh: a packet libssh already took off the
 socket while answering another call (data for the other stream, EOF, CHANNEL_CLOSE) does not
 make the fd readable again, so a wait for readability alone could outlast the exchange."""
+
+_BACKOFF_FIRST = 0.001
+"""First pause after a wake-up on a readable socket from which libssh took nothing; it doubles
+on every further such round, up to ``_RECHECK_SECONDS``: a socket libssh will not read can never
+make the collect loop spin."""
 
 
 @dataclass(frozen=True)
@@ -87,11 +96,38 @@ class _Io:
         self.session = session
         self.fd = fd
 
-    async def wait(self) -> None:
+    async def wait(self) -> bool:
+        """Park until the socket is ready in the direction libssh waits on; True if that was
+        "readable"."""
         if self.session.get_poll_flags() & _SSH_WRITE_PENDING:
             await trio.lowlevel.wait_writable(self.fd)
-        else:
-            await trio.lowlevel.wait_readable(self.fd)
+            return False
+        await trio.lowlevel.wait_readable(self.fd)
+        return True
+
+    def pump(self) -> None:
+        """Make libssh read and process what the socket holds, now, without reading channel data.
+
+        Once a channel has seen EOF and an exit report, no channel call reads packets any more:
+        ``read_nonblocking`` answers EOF from its flags and ``get_exit_state`` its stored
+        report, so a later CHANNEL_CLOSE would stay on the socket.  ``ssh_event_dopoll`` with
+        timeout 0 runs libssh's socket callback once (read what is there, process whole
+        packets) and never blocks.  The session's poll handle is lent to the event only for
+        this call and given back to the session's own poll context after it."""
+        event = ssh.event.Event()
+        event.add_session(self.session)
+        try:
+            event.dopoll(0)
+        finally:
+            event.remove_session(self.session)
+
+    def pending(self) -> int:
+        """Bytes waiting in the kernel's receive buffer of the socket (FIONREAD)."""
+        try:
+            raw = fcntl.ioctl(self.fd, termios.FIONREAD, b"\0\0\0\0")
+        except OSError:
+            return 0
+        return int(struct.unpack("i", raw)[0])
 
     async def call(self, fn: Callable[..., Any], *args: Any, again: int = _SSH_AGAIN) -> Any:
         while True:
@@ -363,6 +399,8 @@ class _Run:
         status: int = _SSH_AGAIN
         signal: bytes = b""
         core: Any = False
+        woke: int | None = None  # bytes on the socket when a park last ended on "readable"
+        stalls = 0  # consecutive such wake-ups after which libssh took nothing off the socket
         while True:
             progressed = False
             # Each libssh call below may pump packets for the others: note what the channel
@@ -396,6 +434,10 @@ class _Run:
                     # get_exit_state() also pumps packets: after EOF the read calls stop doing
                     # so, and exit-status / CHANNEL_CLOSE would never be processed.
                     status, signal, core = channel.get_exit_state()
+                elif eof["stdout"] and eof["stderr"]:
+                    # EOF and an exit report are in: no channel call reads packets any more,
+                    # so the CHANNEL_CLOSE has to be pumped explicitly.
+                    io.pump()
             except ssh.exceptions.BaseSSHError as exc:
                 if not io.alive():
                     self.lost(_describe(exc))
@@ -432,9 +474,21 @@ class _Run:
                     facts=facts,
                     summary=self.summary(),
                 )
-            if not progressed and (channel.is_eof(), channel.is_closed()) == seen:
-                with trio.move_on_after(_RECHECK_SECONDS):
-                    await io.wait()
+            if progressed or (channel.is_eof(), channel.is_closed()) != seen:
+                woke, stalls = None, 0
+                continue
+            # Nothing observable changed.  If the last park ended because the socket was
+            # readable and libssh has not taken a byte off it since, waiting on the socket would
+            # return at once again: back off instead of spinning.
+            if woke is not None and io.pending() >= woke:
+                stalls += 1
+                await trio.sleep(min(_RECHECK_SECONDS, _BACKOFF_FIRST * 2 ** (stalls - 1)))
+            else:
+                stalls = 0
+            woke = None
+            with trio.move_on_after(_RECHECK_SECONDS):
+                if await io.wait():
+                    woke = io.pending()
 
     async def close(self) -> None:
         """Best effort, bounded, shielded: close our side of the channel, then end the TCP

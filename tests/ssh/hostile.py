@@ -13,6 +13,7 @@ Commands (the first word selects the behaviour):
   drop             accept exec, write "partial\\n", then abort the TCP connection
   status_then_break  write "partial\\n", send exit-status 0 (no EOF/close), abort the TCP connection
   hang             accept exec and never answer again
+  slowclose <s>    write "out\\n", send exit-status 0 and EOF, CHANNEL_CLOSE s seconds later
   big <n>          write ``big_output(n)`` (n bytes of numbered ASCII lines), exit-status 0
 Users: "refuse" is denied every authentication; "pwuser" authenticates with password
 ``PASSWORD`` only; anyone else with any public key.
@@ -113,6 +114,13 @@ class _Session(asyncssh.SSHServerSession[str]):
             # status before the output stream is cut off").
             chan._send_request(b"exit-status", UInt32(0))
             loop.call_later(0.1, conn.abort)
+        elif verb == "slowclose":
+            # A complete result whose CHANNEL_CLOSE comes in a later packet than exit-status and
+            # EOF: after those two, no libssh channel call reads packets on its own.
+            chan.write("out\n")
+            chan._send_request(b"exit-status", UInt32(0))
+            chan.write_eof()
+            loop.call_later(float(words[1]), chan.close)
         # "hang": nothing, ever.
 
     def eof_received(self) -> bool:

@@ -7,12 +7,14 @@ expected outcome must always follow the evidence."
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import trio
 from trio.testing import MockClock
 
 from affidavit.adapters.base import AttemptInterrupted, RemoteResult, SetupError
-from affidavit.adapters.ssh import SshTarget, SshTimeouts, perform, prepare_credential
+from affidavit.adapters.ssh import SshTarget, SshTimeouts, driver, perform, prepare_credential
 from affidavit.statemachine import Code, Outcome
 
 from .conftest import GateRefused, Recorder, SshKeys, hostile_target
@@ -97,6 +99,39 @@ async def test_exit_status_before_the_stream_breaks_is_not_a_complete_result(
     assert ei.value.facts["exit_status"] == 0
     assert "exit_status" in rec.events and "eof" not in rec.events
     assert rec.events[-1] == "connection_lost" and not rec.ctx.machine.complete
+
+
+async def test_close_after_exit_status_and_eof_is_read_without_spinning(
+    hostile: HostileServer, key: bytes
+) -> None:
+    # exit-status 0 and EOF first, CHANNEL_CLOSE 0.5 s later in its own packet.  After EOF and
+    # an exit report no channel call reads packets, so the close stayed on the socket: the loop
+    # woke on the readable fd, read nothing, and spun at full CPU until the exec timeout, then
+    # reported a complete result as REMOTE_RESULT_INCOMPLETE.
+    rec = Recorder()
+    cpu0, wall0 = time.process_time(), time.monotonic()
+    res = await _run(hostile, key, "slowclose 0.5", rec, exec=5.0)
+    cpu, wall = time.process_time() - cpu0, time.monotonic() - wall0
+    assert (res.outcome, res.code, res.summary["exit_status"]) == (Outcome.COMMITTED, None, 0)
+    assert rec.stream("stdout") == b"out\n" and rec.events[-2:] == ["eof", "channel_closed"]
+    assert 0.4 < wall < 3.0, wall  # the close is seen when it arrives, not at the exec timeout
+    assert cpu < 0.3 * wall, (cpu, wall)  # parked on the socket while waiting for it
+
+
+async def test_a_readable_socket_libssh_does_not_read_never_makes_the_loop_spin(
+    hostile: HostileServer, key: bytes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The safety net under the pump: with it disabled, the late CHANNEL_CLOSE makes the fd
+    # readable while no call reads it — the exact shape of the old spin.  The loop must notice
+    # that libssh took nothing off the socket and back off; the result stays unproven.
+    monkeypatch.setattr(driver._Io, "pump", lambda self: None)
+    rec = Recorder()
+    cpu0, wall0 = time.process_time(), time.monotonic()
+    with pytest.raises(AttemptInterrupted) as ei:
+        await _run(hostile, key, "slowclose 0.2", rec, exec=2.0)
+    cpu, wall = time.process_time() - cpu0, time.monotonic() - wall0
+    assert ei.value.code == Code.REMOTE_RESULT_INCOMPLETE and rec.events[-1] == "timed_out"
+    assert cpu < 0.3 * wall, (cpu, wall)
 
 
 async def test_caller_timeout_when_the_server_never_answers(
