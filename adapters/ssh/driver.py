@@ -49,6 +49,13 @@ _SSH_AUTH_AGAIN = 4
 _SSH_AUTH_SUCCESS = 0
 _SSH_WRITE_PENDING = 0x08
 
+_UNNAMED_EXIT = -1
+"""``get_exit_state()``'s code for an exit report without a signal name that is not a plain
+exit-status it can vouch for: libssh stores 0xFFFFFFFF as the code of every exit-signal, and
+ssh-python returns it as -1 — an exit-signal with an *empty* name and an exit-status of
+4294967295 both come back as ``(-1, b"", core)``.  Which one was sent cannot be told, so the
+driver records neither (see ``collect``)."""
+
 CHUNK = 64 * 1024
 """Largest piece read from libssh and handed to the sink at once: output is never held whole."""
 
@@ -399,6 +406,7 @@ class _Run:
         status: int = _SSH_AGAIN
         signal: bytes = b""
         core: Any = False
+        unnamed = False  # libssh holds an exit report it reports as (-1, b"", core)
         woke: int | None = None  # bytes on the socket when a park last ended on "readable"
         stalls = 0  # consecutive such wake-ups after which libssh took nothing off the socket
         while True:
@@ -434,9 +442,9 @@ class _Run:
                     # get_exit_state() also pumps packets: after EOF the read calls stop doing
                     # so, and exit-status / CHANNEL_CLOSE would never be processed.
                     status, signal, core = channel.get_exit_state()
-                elif eof["stdout"] and eof["stderr"]:
-                    # EOF and an exit report are in: no channel call reads packets any more,
-                    # so the CHANNEL_CLOSE has to be pumped explicitly.
+                if eof["stdout"] and eof["stderr"]:
+                    # After EOF no read call reads packets, nor does get_exit_state() once
+                    # libssh holds any exit report: the CHANNEL_CLOSE has to be pumped.
                     io.pump()
             except ssh.exceptions.BaseSSHError as exc:
                 if not io.alive():
@@ -449,6 +457,11 @@ class _Run:
                 self.core_dumped = bool(core)
                 self.fire("exit_signal", {"exit_signal": self.exit_signal, "core": bool(core)})
                 progressed = True
+            elif not exited and status == _UNNAMED_EXIT:
+                # An exit-signal whose name is empty, or exit-status 4294967295: libssh reports
+                # both alike.  Neither an exit-status nor a signal is invented; the close that
+                # follows is handled as one without exit information (RFC 4254 §6.10 rule).
+                unnamed = True
             elif not exited and status != _SSH_AGAIN:
                 self.exit_status = int(status)
                 self.fire("exit_status", {"exit_status": self.exit_status})
@@ -461,11 +474,13 @@ class _Run:
                 # processes packets in order, so an exit report sent before it is already in.
                 facts = self.result_facts()
                 if self.exit_status is None and self.exit_signal is None:
-                    self.interrupted(
-                        "channel_closed",
-                        Code.REMOTE_RESULT_INCOMPLETE,
-                        "channel closed without exit-status or exit-signal",
-                    )
+                    detail = "channel closed without exit-status or exit-signal"
+                    if unnamed:
+                        detail = (
+                            "channel closed; its only exit report was an exit-signal with an"
+                            " empty name or exit-status 4294967295 (libssh reports both alike)"
+                        )
+                    self.interrupted("channel_closed", Code.REMOTE_RESULT_INCOMPLETE, detail)
                 self.fire("channel_closed", {})
                 failed = self.exit_signal is not None or self.exit_status != 0
                 return RemoteResult(

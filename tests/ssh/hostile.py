@@ -14,6 +14,10 @@ Commands (the first word selects the behaviour):
   status_then_break  write "partial\\n", send exit-status 0 (no EOF/close), abort the TCP connection
   hang             accept exec and never answer again
   slowclose <s>    write "out\\n", send exit-status 0 and EOF, CHANNEL_CLOSE s seconds later
+  unnamedsig <core> <s>  write "out\\n", send exit-signal with an empty name (core dumped if
+                   core is 1) and EOF, CHANNEL_CLOSE s seconds later
+  status <n> <s>   write "out\\n", send exit-status n (any uint32) and EOF, CHANNEL_CLOSE s
+                   seconds later
   big <n>          write ``big_output(n)`` (n bytes of numbered ASCII lines), exit-status 0
 Users: "refuse" is denied every authentication; "pwuser" authenticates with password
 ``PASSWORD`` only; anyone else with any public key.
@@ -29,7 +33,7 @@ from typing import Any
 
 import asyncssh
 import trio
-from asyncssh.packet import UInt32
+from asyncssh.packet import Boolean, String, UInt32
 
 PASSWORD = "correct horse battery staple"
 
@@ -121,6 +125,17 @@ class _Session(asyncssh.SSHServerSession[str]):
             chan._send_request(b"exit-status", UInt32(0))
             chan.write_eof()
             loop.call_later(float(words[1]), chan.close)
+        elif verb == "unnamedsig":
+            chan.write("out\n")
+            core = Boolean(words[1] == "1")
+            chan._send_request(b"exit-signal", String(""), core, String(""), String(""))
+            chan.write_eof()
+            loop.call_later(float(words[2]), chan.close)
+        elif verb == "status":
+            chan.write("out\n")
+            chan._send_request(b"exit-status", UInt32(int(words[1])))
+            chan.write_eof()
+            loop.call_later(float(words[2]), chan.close)
         # "hang": nothing, ever.
 
     def eof_received(self) -> bool:
