@@ -463,7 +463,8 @@ class _Run:
                 # follows is handled as one without exit information (RFC 4254 §6.10 rule).
                 unnamed = True
             elif not exited and status != _SSH_AGAIN:
-                self.exit_status = int(status)
+                # RFC 4254 sends a uint32; ssh-python hands it over as a C int.
+                self.exit_status = int(status) & 0xFFFFFFFF
                 self.fire("exit_status", {"exit_status": self.exit_status})
                 progressed = True
             if eof["stdout"] and eof["stderr"] and not eof_fired:

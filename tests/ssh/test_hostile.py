@@ -141,14 +141,25 @@ async def test_exit_signal_with_an_empty_name_is_no_exit_information(
     assert rec.ctx.machine.state == "closed_incomplete"
 
 
+async def test_an_exit_status_above_2_31_is_recorded_as_sent(
+    hostile: HostileServer, key: bytes
+) -> None:
+    # ssh-python returns the uint32 as a C int: 4294967293 came back as -3.
+    res = await _run(hostile, key, "status 4294967293 0", Recorder())
+    assert (res.outcome, res.code) == (Outcome.COMMITTED, Code.REMOTE_COMMAND_FAILED)
+    assert res.summary["exit_status"] == 4294967293
+
+
 async def test_exit_status_4294967294_reads_as_no_report_and_is_not_invented(
     hostile: HostileServer, key: bytes
 ) -> None:
     # A known limit, documented in docs/ssh-driver.md: ssh-python returns it as -2, libssh's
     # "no exit report yet"; the close must still be seen and nothing claimed.
+    rec = Recorder()
     with pytest.raises(AttemptInterrupted) as ei:
-        await _run(hostile, key, "status 4294967294 0.3", Recorder(), exec=5.0)
+        await _run(hostile, key, "status 4294967294 0.3", rec, exec=5.0)
     assert ei.value.code == Code.REMOTE_RESULT_INCOMPLETE and ei.value.facts["exit_status"] is None
+    assert rec.events[-1] == "channel_closed"  # the late close was read, not the exec timeout
 
 
 async def test_a_readable_socket_libssh_does_not_read_never_makes_the_loop_spin(
