@@ -33,7 +33,12 @@ _BEFORE_COLLECT = (
 class _Channel:
     """libssh's channel as the loop sees it: every call pumps what is on the "socket" (as
     ``ssh_channel_read_nonblocking`` and ``get_exit_state`` do); ``arriving`` lands on the socket
-    at the first ``get_exit_state`` — after both reads found nothing, the racy moment."""
+    at the first ``get_exit_state`` — after both reads found nothing, the racy moment.
+
+    Kinder than libssh: real ``read_nonblocking`` stops reading packets once the channel saw
+    EOF, and real ``get_exit_state`` once it holds an exit report, so there the driver must
+    pump (``_Io.pump``) and must not spin on a readable fd.  That state is tested against a
+    real peer: ``test_hostile.py`` (``slowclose``, ``unnamedsig``)."""
 
     def __init__(self, arriving: list[tuple[str, Any]]) -> None:
         self.socket: list[tuple[str, Any]] = []
