@@ -497,7 +497,7 @@ class _Run:
             # readable and libssh has not taken a byte off it since, waiting on the socket would
             # return at once again: back off instead of spinning.
             if woke is not None and io.pending() >= woke:
-                stalls += 1
+                stalls = min(stalls + 1, 16)  # 2**15 ms > the recheck: capped, never overflows
                 await trio.sleep(min(_RECHECK_SECONDS, _BACKOFF_FIRST * 2 ** (stalls - 1)))
             else:
                 stalls = 0

@@ -147,3 +147,33 @@ async def test_data_pumped_by_get_exit_state_is_read_within_the_recheck(
     assert (result.outcome, result.code) == (Outcome.COMMITTED, None)
     assert rec.stream("stdout") == b"late\n" and result.summary["exit_status"] == 0
     assert 2 <= io.waits <= 10  # re-asked libssh every recheck interval, never hung
+
+
+class _DeafIo(_Io):
+    """A socket that is always readable and that libssh never reads (the old busy loop)."""
+
+    async def wait(self) -> bool:
+        self.waits += 1
+        await trio.lowlevel.checkpoint()
+        return True
+
+    def pending(self) -> int:
+        return 36
+
+
+async def test_a_socket_libssh_never_reads_costs_a_wait_per_recheck_for_hours(
+    autojump_clock: MockClock,
+) -> None:
+    # Exit-status and EOF are in, the close never comes, the fd stays readable: the loop backs
+    # off to one round per recheck interval — and keeps doing so for hours (the back-off's
+    # exponent is capped: an uncapped 2**n overflowed float after a few minutes).
+    channel = _Channel([("status", 0)])
+    channel.eof = True
+    run, _io, rec = _run(channel)
+    io = _DeafIo()
+    run.io = io  # type: ignore[assignment]
+    with pytest.raises(trio.TooSlowError):
+        with trio.fail_after(3 * 3600):
+            await run.collect()
+    assert rec.events[-2:] == ["exit_status", "eof"]
+    assert 3 * 3600 / 0.25 <= io.waits <= 3 * 3600 / 0.25 + 20
