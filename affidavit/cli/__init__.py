@@ -73,6 +73,11 @@ class UsageError(Exception):
     """A usage or configuration problem: printed on stderr, exit status 2."""
 
 
+class Terminated(Exception):
+    """SIGTERM stopped a command that uses the journal, after it recorded where its call
+    stood (``call.run_journal``): exit status 143, as the signal's own would be."""
+
+
 def count_arg(value: str | None, what: str) -> int | None:
     """``value`` (an argv string) as a whole number from 0 to the journal's integer range, or
     a ``UsageError`` naming ``what`` -- never a traceback from deep in the database."""
@@ -218,6 +223,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except Terminated:
+        print(
+            "affidavit: stopped by SIGTERM; where the call stood is recorded "
+            "(affidavit actions lists it)",
+            file=sys.stderr,
+        )
+        return 143
     except BrokenPipeError:
         # The reader went away (`affidavit actions | head`): not our failure to report.
         # Point stdout at /dev/null so the interpreter's final flush cannot raise again.

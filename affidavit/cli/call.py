@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Callable
 from functools import partial
 
 from affidavit.cli import (
+    Terminated,
     UsageError,
     add_socket_arg,
     ask_daemon,
@@ -282,13 +283,41 @@ async def _raw_result(config: Any, args: argparse.Namespace) -> int:
 def run_journal(main: Callable[[], Awaitable[T]]) -> T:
     """``trio.run(main)``; a journal that cannot be used or a stored result that fails
     verification is a usage-level error (exit 2, one line), never a traceback -- as is a
-    journal the daemon owns (``JournalLocked``: the message names its socket)."""
+    journal the daemon owns (``JournalLocked``: the message names its socket).
+
+    SIGTERM (a supervisor's stop, ``timeout``, ``kill``) cancels ``main`` as Ctrl-C does:
+    a call in progress records where it stood -- ``CALLER_CANCELLED``, ``unknown`` once
+    dispatched -- before the process ends (``Terminated``, exit 143).  Its default action
+    ended the process at once and left the record open until a daemon's start-up recovery."""
+    import signal
+
     import trio
 
     from affidavit.journal import JournalError
 
+    async def guarded() -> T:
+        done: list[T] = []
+        terminated = False
+        with trio.open_signal_receiver(signal.SIGTERM) as signals:
+            async with trio.open_nursery() as nursery:
+
+                async def watch() -> None:
+                    nonlocal terminated
+                    async for _ in signals:
+                        terminated = True
+                        nursery.cancel_scope.cancel()
+                        return
+
+                nursery.start_soon(watch)
+                done.append(await main())
+                nursery.cancel_scope.cancel()
+        if not done:
+            assert terminated  # nothing else cancels this scope before main returned
+            raise Terminated
+        return done[0]
+
     try:
-        return trio.run(main)
+        return trio.run(guarded)
     except JournalError as exc:
         raise UsageError(str(exc)) from None
 

@@ -253,3 +253,46 @@ async def test_bad_timeout_and_non_utf8_identifiers_are_usage_errors(tmp_path: P
         _no_traceback(p)
     with JournalReader.open(journal) as reader:
         assert len(reader.list_actions()) == 1  # the refused calls recorded nothing
+
+
+async def test_sigterm_during_an_embedded_call_records_where_it_stood_and_exits_143(
+    tmp_path: Path,
+) -> None:
+    """A supervisor's SIGTERM while the remote holds the request: the call is cancelled as
+    Ctrl-C cancels it -- its record closed ``unknown`` (CALLER_CANCELLED), the request having
+    been sent -- and the process ends with 143.  By default SIGTERM ended it at once and left
+    the record open until some daemon's start-up recovery."""
+    import signal
+
+    post = {"target": "api", "method": "POST", "path": "/charge", "body": "{}"}
+    async with HostileServer.running(scripts.held()) as srv:
+        cfg = write_config(tmp_path, {"api": http_target(srv.url, timeout={"total": 60})})
+        env = {**os.environ, TOKEN_ENV: "cli-token-" + "x" * 8}
+        proc = await trio.lowlevel.open_process(
+            [sys.executable, "-m", "affidavit", "call", "-", "--config", str(cfg)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+        )
+        try:
+            assert proc.stdin is not None and proc.stderr is not None
+            await proc.stdin.send_all(json.dumps(post).encode())
+            await proc.stdin.aclose()
+            with trio.fail_after(LIMIT):
+                await srv.event("received").wait()
+            proc.send_signal(signal.SIGTERM)
+            with trio.fail_after(LIMIT):
+                code = await proc.wait()
+                said = b""
+                while chunk := await proc.stderr.receive_some(65536):
+                    said += chunk
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+    assert code == 143, said
+    assert b"stopped by SIGTERM" in said and b"Traceback" not in said
+    with JournalReader.open(load_config(cfg).journal.path) as r:
+        (rec,) = r.list_actions()
+    assert rec.outcome.value == "unknown" and rec.phase.value == "remote_execution"
+    assert rec.code is not None and rec.code.value == "CALLER_CANCELLED"
