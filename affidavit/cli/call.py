@@ -339,6 +339,8 @@ def _init(args: argparse.Namespace) -> int:
     except OSError as exc:
         raise UsageError(f"cannot write {path}: {exc.strerror}") from None
     config = load_or_usage(str(path))
+    file = None if config.journal.url else config.journal.path
+    kept = file is not None and file.exists() and file.stat().st_size > 0
 
     async def create() -> None:
         async with Journal.open(
@@ -350,7 +352,12 @@ def _init(args: argparse.Namespace) -> int:
             pass
 
     run_journal(create)
-    print(f"wrote {path} and an empty journal at {_where(config)}")
+    if kept:  # --force rewrites the config, never a journal's records
+        print(f"wrote {path}; kept the existing journal at {_where(config)} as it was")
+    elif file is None:
+        print(f"wrote {path}; the journal at {_where(config)} is created or checked")
+    else:
+        print(f"wrote {path} and an empty journal at {_where(config)}")
     print(
         f"checkpoints are signed with {config.journal.signing_key}; give auditors its public "
         "half: affidavit journal public-key --out journal.pub"

@@ -202,6 +202,7 @@ async def test_init_writes_a_loadable_config_and_an_empty_journal(tmp_path: Path
     target.parent.mkdir()
     p = await _cli("init", "--config", str(target))
     assert p.returncode == 0, p.stderr
+    assert b"and an empty journal at" in p.stdout
     config = load_config(target)
     assert set(config.targets) == {"example", "deploy"}
     with JournalReader.open(config.journal.path) as reader:
@@ -213,6 +214,9 @@ async def test_init_writes_a_loadable_config_and_an_empty_journal(tmp_path: Path
     assert b"exists" in again.stderr
     forced = await _cli("init", "--config", str(target), "--force")
     assert forced.returncode == 0
+    # The journal is never replaced, and the message says so (it said "an empty journal").
+    assert b"kept the existing journal at" in forced.stdout, forced.stdout
+    assert b"empty journal" not in forced.stdout
 
 
 async def test_init_default_location_is_the_current_directory(tmp_path: Path) -> None:
