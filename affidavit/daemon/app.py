@@ -15,7 +15,8 @@
          (``operators.py``)
 
 Everything else is the API's own trouble: 400 bad JSON or query (or a malformed request, with
-408, 431, 501 for CONNECT or Upgrade and 503 for too many connections: h11server.py), 403 peer
+408, 415 for a Content-Encoding, 431, 501 for CONNECT or Upgrade and 503 for too many
+connections: h11server.py), 403 peer
 refused, 404, 405, 413, 503 overloaded, shutting down or journal unavailable
 (``JOURNAL_UNAVAILABLE``: a call the journal could not record has no envelope to render; a
 record or a view it could not read is named) or a read it declined this once

@@ -227,6 +227,12 @@ class Connection:
             if head.method == b"CONNECT" or any(n == b"upgrade" for n, _ in head.headers):
                 await self._refuse_switch(head.method == b"CONNECT")
                 return
+            if any(
+                n == b"content-encoding" and v.strip().lower() != b"identity"
+                for n, v in head.headers
+            ):
+                await self._refuse_encoding()
+                return
             self._body_by = trio.current_time() + self.server.body_wait
             self.declared = _content_length(head)
             path, _, query = head.target.partition(b"?")
@@ -286,6 +292,18 @@ class Connection:
         )
         await self.answer(
             501, [(b"content-type", b"application/json")], api_error_body(code, message), close=True
+        )
+
+    async def _refuse_encoding(self) -> None:
+        """A body under a ``Content-Encoding`` (gzip...): 415 before a route reads it as the
+        plain bytes it is not -- an action is JSON as sent, never decompressed -- then close."""
+        log.info("refused an encoded request body from %s (415)", self.peer.describe())
+        message = "a request body is sent as is: no Content-Encoding (gzip...) is accepted"
+        await self.answer(
+            415,
+            [(b"content-type", b"application/json")],
+            api_error_body("CONTENT_ENCODING_REFUSED", message),
+            close=True,
         )
 
     # -- what Request uses ------------------------------------------------------------------------

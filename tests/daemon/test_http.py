@@ -763,3 +763,34 @@ async def test_a_refused_peer_gets_403_and_its_connection_closes(
         await stream.aclose()
     assert (status, _api_error(body), headers["connection"]) == (403, "PEER_REFUSED", "close")
     assert client.buffer == b""
+
+
+@pytest.mark.parametrize("encoding", [b"gzip", b"deflate, gzip", b"br", b" GZIP "])
+async def test_an_encoded_request_body_is_refused_before_any_route_then_closed(
+    encoding: bytes,
+) -> None:
+    """A body under ``Content-Encoding`` was handed to the route as the plain bytes it is not
+    (an action read from compressed bytes).  Now: 415, no route, closed; ``identity`` (no
+    encoding at all) is served."""
+    routes = Routes()
+    body = b'{"x": 1}'
+    async with serving(routes) as client:
+        await client.send(
+            b"POST /echo HTTP/1.1\r\nhost: a\r\ncontent-encoding: %s\r\n"
+            b"content-length: %d\r\n\r\n%s" % (encoding, len(body), body)
+        )
+        status, headers, answer = await client.answer()
+        assert await client.closed()
+    assert (status, _api_error(answer), headers["connection"]) == (
+        415,
+        "CONTENT_ENCODING_REFUSED",
+        "close",
+    )
+    assert routes.paths == []
+    async with serving(routes) as client:
+        await client.send(
+            b"POST /echo HTTP/1.1\r\nhost: a\r\ncontent-encoding: identity\r\n"
+            b"content-length: %d\r\n\r\n%s" % (len(body), body)
+        )
+        status, _, _ = await client.answer()
+    assert status == 200 and routes.paths == ["/echo"]
