@@ -41,6 +41,7 @@ from .attempt import (
     stamped,
 )
 from .contracts import Reader
+from .readable import stream_cut
 from .recorder import reference_payload, result_payload
 from .sink import Stored, StreamSink
 
@@ -216,7 +217,7 @@ def received_evidence(result: RemoteResult, sink: StreamSink) -> dict[str, Any]:
         name = key.removesuffix("_sha256")
         # A stream withheld, or cut short (a 3xx that became the result holds only its
         # buffered part), was not scanned whole: what it received past the scan is unseen.
-        if f"{name}_withheld" in result.summary or result.summary.get(f"{name}_truncated"):
+        if stream_cut(result.summary, name):
             out[f"{name}_received_withheld"] = "unscanned"
         elif sink.redacted(name):
             out[f"{name}_received_withheld"] = "redacted"
