@@ -12,13 +12,16 @@ original connection."  Two ways, one set of rules for every interface:
 * ``query`` -- the target's configured reconciliation query (``reconcile`` setting) runs as an
   invocation of its own through the same engine (validation, credential injection, its own
   dispatch barrier and record), linked to the one it reconciles.  Only its own complete,
-  authoritative result, matched by exactly one of ``committed_if`` / ``rejected_if``, is
-  RECONCILED with source ``remote_query`` (``observer`` = the query's invocation id); anything
-  else -- the query refused, unknown itself, or an answer neither or both match -- is
-  RECONCILE_INCONCLUSIVE and the invocation stays unknown.  An *absent* finding settles it only
-  if the query was sent at least the target's ``settle`` after the attempt ended (a request the
-  broker gave up on may still be in the remote's queues: ``affidavit.protocols.settle``);
-  sooner, it is inconclusive with ``not_before``.  A read: anyone the broker answers may run it
+  authoritative result -- its body whole (not withheld, not truncated) and from the target's
+  own origin (``engine/readable.py``) --, matched by exactly one of ``committed_if`` /
+  ``rejected_if``, is RECONCILED with source ``remote_query`` (``observer`` = the query's
+  invocation id); anything else -- the query refused, unknown itself, a body withheld or cut
+  (``PARTIAL_BODY``), an answer a redirect fetched from another origin (``OTHER_ORIGIN``), or
+  an answer neither or both match -- is RECONCILE_INCONCLUSIVE and the invocation stays
+  unknown.  An *absent* finding settles it only if the query was sent at least the target's
+  ``settle`` after the attempt ended (a request the broker gave up on may still be in the
+  remote's queues: ``affidavit.protocols.settle``); sooner, it is inconclusive with
+  ``not_before``.  A read: anyone the broker answers may run it
   (the MCP server offers it, never ``attest``).
 
 Either way the original DISPATCH_STARTED and ATTEMPT_INTERRUPTED stay as recorded: the event is
@@ -42,6 +45,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from affidavit.approvals import Operator, OperatorError, OperatorPolicy, check_note
+from affidavit.engine.readable import OTHER_ORIGIN, PARTIAL_BODY, unreadable
 from affidavit.engine.recovery import act_failure, recover_stale
 from affidavit.protocols import get
 from affidavit.statemachine import (
@@ -57,7 +61,15 @@ from affidavit.statemachine import (
 if TYPE_CHECKING:
     from affidavit.engine import Engine
 
-__all__ = ["ATTESTABLE", "attest", "failure", "query"]
+__all__ = [
+    "ATTESTABLE",
+    "OTHER_ORIGIN",
+    "PARTIAL_BODY",
+    "PROXY_ANSWERED",
+    "attest",
+    "failure",
+    "query",
+]
 
 E = EventKind
 ATTESTABLE = (Outcome.COMMITTED.value, Outcome.REJECTED.value)
@@ -324,6 +336,12 @@ def _settles(
     stored = engine.journal.read_result(query_id)
     if stored is None:
         return None, "the query's result was not stored", None
+    # A body withheld or cut (a gzip without its trailer, a decompression bomb) may still parse
+    # as the prefix of a matching document; an answer from another origin (a followed
+    # redirect) is not the target's.  Neither settles anything (engine/readable.py).
+    why = unreadable(stored.summary, origin=getattr(target, "origin", None))
+    if why is not None:
+        return None, why, None
     outcome, matched = verdict(target, stored.summary, stored.streams)
     if outcome is None:
         return None, "the query's answer matches neither committed_if nor rejected_if", None

@@ -12,6 +12,7 @@ the broker received on the original connection."
 from __future__ import annotations
 
 import contextlib
+import gzip
 import json
 import time
 import urllib.parse
@@ -26,10 +27,10 @@ from affidavit.api.broker import Broker
 from affidavit.approvals import Operator, OperatorError
 from affidavit.reconcile import service
 from affidavit.statemachine import Event, EventKind
-from tests.http.hostile import HostileServer, Peer, Reply
+from tests.http.hostile import HostileServer, Peer, Reply, Script, scripts
 
 from .approvalkit import OPS, OPS_UID, PaymentsApi, reconcile_target, verify_ok
-from .helpers import event_kinds, open_broker, write_config
+from .helpers import event_kinds, http_target, open_broker, write_config
 
 E = EventKind
 
@@ -505,3 +506,134 @@ async def test_a_forward_proxys_own_404_for_the_query_settles_nothing(
             assert E.RECONCILED not in kinds and kinds[-1] is E.RECONCILE_INCONCLUSIVE
             verify_ok(b)
     assert [r.method for r in proxy.requests] == ["POST", "GET"]
+
+
+def _lookup_target(url: str, **extra: Any) -> dict[str, Any]:
+    """Target ``pay`` whose query reads the body: ``{"found": "yes"}`` present, ``"no"``
+    absent."""
+    return {
+        "pay": http_target(
+            url + "/v1",
+            reconcile={
+                "path": "/charges/{invocation_id}",
+                "committed_if": "json:/found=yes",
+                "rejected_if": "json:/found=no",
+                "settle": "0s",
+            },
+            **extra,
+        )
+    }
+
+
+def _lookup_api(answer: Reply) -> Script:
+    """POST: taken, then the connection drops (unknown); every GET: ``answer``."""
+
+    async def script(peer: Peer) -> None:
+        while True:
+            req = await peer.read_request()
+            if req is None:
+                return
+            if req.method == "POST":
+                await peer.close()
+                return
+            await peer.respond(answer)
+
+    return script
+
+
+async def _inconclusive(b: Broker, reason: str) -> dict[str, Any]:
+    """An unknown POST on ``pay``, queried once: nothing settled, for ``reason``; the query's
+    envelope."""
+    with trio.fail_after(10):
+        env = await b.call({"target": "pay", "method": "POST", "path": "/charges", "body": "{}"})
+        assert env["error"]["outcome"] == "unknown"
+        iid = env["invocation_id"]
+        answer = await b.reconcile(iid, query=True)
+    assert answer["reconciled"] is False
+    env = answer["envelope"]
+    assert (env["error"]["outcome"], env["error"]["retry"]) == ("unknown", "reconcile")
+    [tried] = env["evidence"]["reconcile_queries"]
+    assert tried["reason"] == reason
+    kinds = event_kinds(b, iid)
+    assert E.RECONCILED not in kinds and kinds[-1] is E.RECONCILE_INCONCLUSIVE
+    verify_ok(b)
+    query: dict[str, Any] = answer["query"]
+    return query
+
+
+@pytest.mark.parametrize("found", ["yes", "no"], ids=["present", "absent"])
+async def test_a_query_whose_gzip_body_is_cut_settles_nothing(
+    tmp_path: Path, token: str, found: str
+) -> None:
+    # A complete 200 whose gzip lacks its CRC/length trailer: body_withheld corrupt_encoding,
+    # body_truncated.  The decoded prefix parses and matches committed_if (or rejected_if,
+    # which would invite a resend): neither may settle the charge.
+    cut = gzip.compress(json.dumps({"found": found}).encode())[:-8]
+    reply = Reply(200, headers=[("Content-Encoding", "gzip")], body=cut)
+    async with (
+        HostileServer.running(_lookup_api(reply)) as srv,
+        open_broker(write_config(tmp_path, _lookup_target(srv.url))) as b,
+    ):
+        query = await _inconclusive(b, service.PARTIAL_BODY)
+    assert query["result"]["body_withheld"]["reason"] == "corrupt_encoding"
+    assert query["result"]["body_truncated"] is True
+
+
+async def test_a_query_whose_body_is_withheld_settles_nothing_even_by_status(
+    tmp_path: Path, token: str
+) -> None:
+    # A coding the broker cannot scan (br): nothing of the body is stored, no truncation flag
+    # -- a status-only condition would match, but the answer was not received whole.
+    reply = Reply(200, headers=[("Content-Encoding", "br")], body=b"\x0b\x02\x80{}\x03")
+    async with HostileServer.running(_lookup_api(reply)) as srv:
+        target = _lookup_target(srv.url)
+        target["pay"]["reconcile"]["committed_if"] = "status:200"
+        async with open_broker(write_config(tmp_path, target)) as b:
+            query = await _inconclusive(b, service.PARTIAL_BODY)
+    assert query["result"]["body_withheld"]["reason"] == "unsupported_content_encoding"
+
+
+async def test_a_query_redirected_to_another_origin_settles_nothing(
+    tmp_path: Path, token: str
+) -> None:
+    # The docstring: the query is on the same target, never elsewhere.  A listed
+    # redirect_origins lets the broker follow the GET's 302 to origin B (without the
+    # credential); B's {"found":"yes"} is not the target's answer.
+    async with HostileServer.running(scripts.serve(Reply(200, body=b'{"found":"yes"}'))) as other:
+        moved = Reply(302, headers=[("Location", other.url + "/anything")])
+        async with HostileServer.running(_lookup_api(moved)) as srv:
+            cfg = _lookup_target(srv.url, follow_redirects=True, redirect_origins=[other.url])
+            async with open_broker(write_config(tmp_path, cfg)) as b:
+                query = await _inconclusive(b, service.OTHER_ORIGIN)
+    assert [h["origin"] for h in query["result"]["hops"]] == [srv.url, other.url]
+    assert [r.header("Authorization") for r in other.requests] == [None]
+
+
+async def test_a_query_redirected_on_the_targets_own_origin_still_settles(
+    tmp_path: Path, token: str
+) -> None:
+    # The rule is the origin, not the redirect: a 302 to another path of the same origin is
+    # still the target's own answer.
+    async def script(peer: Peer) -> None:
+        while True:
+            req = await peer.read_request()
+            if req is None:
+                return
+            if req.method == "POST":
+                await peer.close()
+                return
+            if req.target.startswith("/v1/charges/"):
+                await peer.respond(Reply(302, headers=[("Location", "/v1/lookup")]))
+            else:
+                await peer.respond(Reply(200, body=b'{"found":"yes"}'))
+
+    async with HostileServer.running(script) as srv:
+        cfg = _lookup_target(srv.url, follow_redirects=True)
+        async with open_broker(write_config(tmp_path, cfg)) as b:
+            with trio.fail_after(10):
+                env = await b.call(
+                    {"target": "pay", "method": "POST", "path": "/charges", "body": "{}"}
+                )
+                answer = await b.reconcile(env["invocation_id"], query=True)
+            assert answer["reconciled"] is True
+            assert answer["envelope"]["evidence"]["state"] == "reconciled_committed"

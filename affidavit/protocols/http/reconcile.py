@@ -17,8 +17,10 @@ never elsewhere), run by the engine as an invocation linked to the one it reconc
 * ``header:NAME=VALUE`` -- the header's values (joined with ", ") are VALUE.
 
 An array of conditions holds when every one of them does.  Only a complete, authoritative answer
-is read at all; one that both or neither of ``committed_if`` / ``rejected_if`` match settles
-nothing (``RECONCILE_INCONCLUSIVE``).
+is read at all -- its body whole (no ``body_withheld``, no ``body_truncated``) and its final hop
+on the target's origin (a redirect elsewhere settles nothing): ``engine/readable.py``; one that
+both or neither of ``committed_if`` / ``rejected_if`` match settles nothing
+(``RECONCILE_INCONCLUSIVE``).
 """
 
 from __future__ import annotations
