@@ -3,10 +3,11 @@ events it journals from the answers.
 
 Seed: "A batch request needs an outcome for each item" -- the items sent are bound when the
 invocation is accepted (``batch_facts``: ACTION_ACCEPTED's ``operation.batch``), and only a
-complete result gives them outcomes of their own.  "A complete HTTP 202 response confirms that
-the job was accepted ... Record the job identifier and its status resource" -- both are read
-from the complete result before it is stored (``reader``), and journaled in the same
-transaction as RESULT_COMMITTED, so a stored result never lacks them.
+complete result whose body is whole (``readable.py``) gives them outcomes of their own.  "A
+complete HTTP 202 response confirms that the job was accepted ... Record the job identifier
+and its status resource" -- both are read from the complete result before it is stored
+(``reader``; from its body only when whole), and journaled in the same transaction as
+RESULT_COMMITTED, so a stored result never lacks them.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from typing import Any
 from affidavit.adapters.base import RemoteResult
 from affidavit.protocols import ResultContracts, get
 from affidavit.statemachine import Event, EventKind, EvidenceSource, operation_id
+
+from .readable import unreadable
 
 __all__ = ["Reader", "batch_facts", "contracts_of", "reader"]
 
@@ -45,8 +48,12 @@ def reader(action: Any, target: Any) -> Reader | None:
 
     def read(iid: str, result: RemoteResult, kept: Mapping[str, bytes] | None) -> list[Event]:
         # ``kept`` is None when the result was too large to keep in memory: it is not read
-        # back, and the reading says only what a result without a body says.
-        body = None if kept is None else kept.get("body", b"")
+        # back, and the reading says only what a result without a body says.  So is a body
+        # withheld or cut (``readable.py``): a prefix of a 207 may parse and name outcomes the
+        # rest would have contradicted; no item outcome, no job id is taken from it.
+        body = None
+        if kept is not None and unreadable(result.summary) is None:
+            body = kept.get("body", b"")
         reading = contracts.read(action, target, result, body)
         out: list[Event] = []
         if reading.items is not None:

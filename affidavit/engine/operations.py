@@ -1,6 +1,7 @@
 """Polling an operation: a linked invocation queries the job's status resource, and the answer
 moves the operation (statemachine/operation.py) -- or, when there is no readable answer, leaves
-it where it was.
+it where it was.  Readable means a complete successful answer whose body is whole (not withheld,
+not truncated) and whose final hop is on the target's origin (``readable.py``).
 
 Seed: "Record the job identifier and its status resource returned by the service, and then track
 the job as a separate operation."  A poll is an ordinary invocation of the submission's target
@@ -27,6 +28,7 @@ from affidavit.statemachine import (
 )
 
 from .contracts import contracts_of
+from .readable import unreadable
 from .recovery import act_failure
 
 if TYPE_CHECKING:
@@ -98,6 +100,11 @@ async def _record_poll(
         code = error["code"] if error is not None else None
         reason = "no complete successful answer from the status resource"
         event = Event(E.OPERATION_POLL_FAILED, iid, {**attrs, "code": code, "reason": reason})
+    elif (why := unreadable(stored.summary, origin=getattr(target, "origin", None))) is not None:
+        # A body withheld or cut (a gzip without its trailer) may still parse as a prefix
+        # naming a state; an answer a redirect fetched from another origin is not the
+        # status resource's.  Neither moves the job: it stays where it was, polled again.
+        event = Event(E.OPERATION_POLL_FAILED, iid, {**attrs, "code": None, "reason": why})
     else:
         state, remote = contracts.poll_state(target, stored.summary, stored.streams.get("body"))
         if state is None:

@@ -10,6 +10,7 @@ changes atomically."
 
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 from typing import Any
@@ -218,6 +219,25 @@ async def test_a_batch_response_cut_in_the_middle_leaves_every_item_unknown(
         (n, "unknown", "REMOTE_RESULT_INCOMPLETE", "reconcile") for n in range(1, 6)
     ]
     assert E.BATCH_ITEMS_RECORDED not in kinds
+    assert m["batch_items"] == [
+        {"outcome": "unknown", "code": "REMOTE_RESULT_INCOMPLETE", "count": 5}
+    ]
+
+
+async def test_a_207_whose_gzip_body_is_cut_classifies_no_item(tmp_path: Path, token: str) -> None:
+    # The 207 is framed whole (Content-Length), but its gzip lacks the CRC/length trailer:
+    # body_withheld corrupt_encoding, body_truncated.  The decoded prefix parses and names
+    # item 3 rejected -- what the rest (and the trailer that would have proved it) said was
+    # never seen, so no item is classified from it (engine/readable.py).
+    body = gzip.compress(_results({1: 200, 2: 200, 3: 409, 4: 200, 5: 200}))[:-8]
+    reply = Reply(207, headers=[("Content-Encoding", "gzip")], body=body)
+    env, kinds, m = await _run(tmp_path, scripts.serve(reply))
+    assert env["result"]["body_withheld"]["reason"] == "corrupt_encoding"
+    assert env["result"]["body_truncated"] is True
+    assert _outcomes(env) == [
+        (n, "unknown", "REMOTE_RESULT_INCOMPLETE", "reconcile") for n in range(1, 6)
+    ]
+    assert E.BATCH_ITEMS_RECORDED in kinds  # recorded as unknown (checked in ``_run``)
     assert m["batch_items"] == [
         {"outcome": "unknown", "code": "REMOTE_RESULT_INCOMPLETE", "count": 5}
     ]

@@ -10,6 +10,7 @@ still pending, it may be queued twice."
 
 from __future__ import annotations
 
+import gzip
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -20,6 +21,7 @@ import trio
 
 from affidavit.api.broker import Broker
 from affidavit.engine import OperationError
+from affidavit.engine.readable import OTHER_ORIGIN, PARTIAL_BODY
 from affidavit.statemachine import EventKind, EvidenceSource
 from tests.http.hostile import HostileServer, Peer, Received, Reply, Script, scripts
 
@@ -222,6 +224,96 @@ async def test_a_status_resource_without_a_readable_state_keeps_the_job_pending(
     assert answer["operation"]["last_poll"]["reason"] == (
         "the status resource's answer names no state"
     )
+
+
+def _cut_gzip(doc: Any) -> bytes:
+    """``doc`` as JSON, gzipped, without the CRC32/ISIZE trailer: the prefix decodes."""
+    return gzip.compress(json.dumps(doc).encode())[:-8]
+
+
+async def test_a_poll_whose_gzip_body_is_cut_keeps_the_job_pending(
+    tmp_path: Path, token: str
+) -> None:
+    # A complete 200 whose gzip lacks its trailer: body_withheld corrupt_encoding,
+    # body_truncated -- yet the decoded prefix {"state": "done"} parses.  It moves nothing;
+    # the next, whole answer does.
+    polls = 0
+
+    def reply(req: Received) -> Reply:
+        nonlocal polls
+        if req.method == "POST":
+            return ACCEPTED
+        polls += 1
+        if polls == 1:
+            return Reply(
+                200, headers=[("Content-Encoding", "gzip")], body=_cut_gzip({"state": "done"})
+            )
+        return Reply(200, body=b'{"state": "done"}')
+
+    async with HostileServer.running(scripts.serve(reply)) as srv:
+        cfg = write_config(tmp_path, {"jobs": _target(srv)})
+        async with open_broker(cfg) as broker:
+            env = await _submit(broker)
+            op_id = env["operation"]["id"]
+            answer = await _poll(broker, op_id)
+            assert "error" not in answer["poll"]  # the poll itself: a complete 200
+            assert answer["poll"]["result"]["body_withheld"]["reason"] == "corrupt_encoding"
+            op = answer["operation"]
+            assert (op["state"], op["polls"]) == ("pending", 1)
+            assert op["last_poll"]["reason"] == PARTIAL_BODY
+            kinds = event_kinds(broker, env["invocation_id"])
+            assert E.OPERATION_POLL_FAILED in kinds and E.OPERATION_POLLED not in kinds
+            # Still open: polled again, a whole answer settles it.
+            again = await _poll(broker, op_id)
+            assert again["operation"]["state"] == "succeeded"
+    assert [r.method for r in srv.requests] == ["POST", "GET", "GET"]
+
+
+async def test_a_202_whose_gzip_body_is_cut_names_no_job(tmp_path: Path, token: str) -> None:
+    # The job id is in the body, which was cut: none is taken from it.  The Location header
+    # arrived whole and still names the status resource.
+    cut = Reply(
+        202,
+        headers=[("Location", "/v1/jobs/j123"), ("Content-Encoding", "gzip")],
+        body=_cut_gzip({"id": "j123"}),
+    )
+    async with HostileServer.running(scripts.serve(cut)) as srv:
+        cfg = write_config(tmp_path, {"jobs": _target(srv)})
+        async with open_broker(cfg) as broker:
+            env = await _submit(broker)
+            assert env["result"]["body_truncated"] is True
+            op = env["operation"]
+            assert (op["job_id"], op["status_url"]) == (None, srv.url + "/v1/jobs/j123")
+            assert op["state"] == "pending"
+
+
+async def test_a_poll_redirected_to_another_origin_keeps_the_job_pending(
+    tmp_path: Path, token: str
+) -> None:
+    # follow_redirects with the other origin listed: the broker follows the status resource's
+    # 302 there (without the credential), and that origin says "done".  It is not the
+    # target's answer: the job stays pending.
+    async with HostileServer.running(scripts.serve(Reply(200, body=b'{"state":"done"}'))) as other:
+
+        def reply(req: Received) -> Reply:
+            if req.method == "POST":
+                return ACCEPTED
+            return Reply(302, headers=[("Location", other.url + "/jobs/j123")])
+
+        async with HostileServer.running(scripts.serve(reply)) as srv:
+            target = _target(srv, follow_redirects=True, redirect_origins=[other.url])
+            cfg = write_config(tmp_path, {"jobs": target})
+            async with open_broker(cfg) as broker:
+                env = await _submit(broker)
+                answer = await _poll(broker, env["operation"]["id"])
+                hops = answer["poll"]["result"]["hops"]
+                assert [h["status"] for h in hops] == [302, 200]
+                op = answer["operation"]
+                assert (op["state"], op["polls"]) == ("pending", 1)
+                assert op["last_poll"]["reason"] == OTHER_ORIGIN
+                kinds = event_kinds(broker, env["invocation_id"])
+                assert E.OPERATION_POLLED not in kinds
+    assert [r.method for r in other.requests] == ["GET"]
 
 
 async def test_resubmitting_the_same_key_while_pending_returns_the_operation_and_sends_nothing(

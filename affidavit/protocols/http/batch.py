@@ -177,7 +177,9 @@ def _classify(contract: BatchContract, item_id: Any, status: Any) -> dict[str, A
 def read_items(
     action: Any, target: HttpTarget, result: RemoteResult, body: bytes | None
 ) -> list[dict[str, Any]] | None:
-    """Each item's outcome from a complete response, or None when the action is no batch."""
+    """Each item's outcome from a complete response, or None when the action is no batch.
+    ``body`` is None when it was not kept or not received whole (``affidavit.engine.readable``):
+    no item is classified from it."""
     sent = _sent(action, target)
     contract = target.batch
     if sent is None or contract is None:

@@ -6,7 +6,9 @@ then track the job as a separate operation."  So, on a target that declares ``op
 complete 202 yields the job id and the status resource (``read_operation``); a poll is a GET of
 that resource on the *same* target -- same credential, same origin and base path, never another
 origin (``poll_action``) -- and its complete 2xx answer names the job's state
-(``poll_state``).
+(``poll_state``).  The engine hands these readers a body only when it is whole, and takes a
+poll's state only from the target's own origin (``affidavit.engine.readable``): a cut body is
+read as none.
 """
 
 from __future__ import annotations
