@@ -114,7 +114,9 @@ class EventKind(StrEnum):
     RECONCILE_INCONCLUSIVE = "RECONCILE_INCONCLUSIVE"
     """A reconciliation query ran as a linked invocation and did not settle the outcome (no
     complete answer -- through a forward proxy, a 4xx or 5xx the proxy may have written itself,
-    docs/proxies.md --, one neither ``committed_if`` nor ``rejected_if`` matches, or an absent
+    docs/proxies.md --, one whose body was withheld or truncated or that a redirect fetched
+    from another origin (``engine/readable.py``), one neither ``committed_if`` nor
+    ``rejected_if`` matches, or an absent
     finding within the target's ``settle`` window after the attempt ended): the invocation stays
     unknown; the query's evidence is on its own record.  attrs: query_invocation, code, reason,
     generation (as RECONCILED's); not_before (seconds since the epoch: when a query may settle
@@ -122,7 +124,8 @@ class EventKind(StrEnum):
     # --- what a complete result says beyond its outcome -------------------------------------
     BATCH_ITEMS_RECORDED = "BATCH_ITEMS_RECORDED"
     """A complete response gave the batch's items their own outcomes (seed: "Record the parent
-    transport outcome and five child outcomes").  attrs: items [{id, outcome, code, retry,
+    transport outcome and five child outcomes") -- read from its body only when whole
+    (``engine/readable.py``), else every item ``unknown``.  attrs: items [{id, outcome, code, retry,
     status}], one per item sent, in order; generation; source remote_response."""
     OPERATION_ACCEPTED = "OPERATION_ACCEPTED"
     """A complete 202 accepted a job that runs on after the response (seed: "Record the job
@@ -134,8 +137,9 @@ class EventKind(StrEnum):
     operation_id, poll_invocation, state (pending | succeeded | failed), remote_status;
     source remote_query."""
     OPERATION_POLL_FAILED = "OPERATION_POLL_FAILED"
-    """A status query gave no readable state (no complete 2xx, or no status in it); the
-    operation keeps its state.  attrs: operation_id, poll_invocation, code, reason."""
+    """A status query gave no readable state (no complete 2xx, a body withheld or truncated, an
+    answer a redirect fetched from another origin -- ``engine/readable.py`` --, or no status in
+    it); the operation keeps its state.  attrs: operation_id, poll_invocation, code, reason."""
     # --- diagnostics ---------------------------------------------------------------------
     PROTOCOL_OBSERVED = "PROTOCOL_OBSERVED"
     """A protocol machine's fine-grained step (e.g. http.informational, ssh.exec_accepted).

@@ -240,8 +240,10 @@ def _operation_section() -> list[str]:
         "stream (the lifecycle table above allows them after the complete 202, never moving the "
         "invocation's state); its id is the submission's with `op_` for `act_`; the envelope "
         "carries it as `operation`. A poll is a linked invocation; what it read moves the "
-        "operation, a poll without a readable answer leaves it as it was, and a terminal state "
-        "is never left. Diagram: [../diagrams/operation.mmd](../diagrams/operation.mmd).",
+        "operation, a poll without a readable answer (no complete 2xx; a body withheld or "
+        "truncated; an answer a redirect fetched from another origin) leaves it as it was, and "
+        "a terminal state is never left. A 202's job id is read from its body only when the body "
+        "is whole. Diagram: [../diagrams/operation.mmd](../diagrams/operation.mmd).",
         "",
     ]
     out += _table(
@@ -263,8 +265,12 @@ def _operation_section() -> list[str]:
         "",
         "A batch's items are bound when the invocation is accepted (`operation.batch` of "
         "ACTION_ACCEPTED); the envelope's `items` gives each one an outcome, code and retry hint "
-        "beside the parent's. Only a complete response (BATCH_ITEMS_RECORDED) gives an item its "
-        "own; until then every item shares the parent's outcome, code and hint "
+        "beside the parent's. Only a complete response (BATCH_ITEMS_RECORDED) whose body is "
+        "whole -- not withheld (`body_withheld`: a corrupt or unsupported coding, a "
+        "decompression bomb), not `body_truncated` -- gives an item its own (from a cut body "
+        "no item outcome is read: every item is `unknown` / `REMOTE_RESULT_INCOMPLETE` / "
+        "`reconcile`, or shares a whole request's rejection); until then every item shares the "
+        "parent's outcome, code and hint "
         "(`not_attempted` before dispatch, `unknown` after it), and a parent resolved without "
         "item outcomes leaves every item `unknown` / `REMOTE_RESULT_INCOMPLETE` / `reconcile`. "
         "An item is never `not_attempted` once its batch was dispatched.",
@@ -383,6 +389,15 @@ def contract_markdown(protocols: Mapping[str, ProtocolTable] | None = None) -> s
         '`REMOTE_OUTCOME_UNKNOWN`, `evidence.evidence_from.hop` `"proxy"`, and it settles no '
         "reconciliation (docs/proxies.md). Through a CONNECT tunnel the answer is the "
         "origin's.",
+        "",
+        "Nothing is decided from a body that was not received whole: a reconciliation verdict, "
+        "a job's state read by a poll, the job id of a 202 and a batch's item outcomes are read "
+        "only from a body neither withheld (`body_withheld`: `corrupt_encoding` -- a gzip "
+        "without its trailer --, `unsupported_content_encoding`, `decoded_size_limit`) nor "
+        "`body_truncated`, even when the prefix parses. A reconciliation query or a poll "
+        "settles nothing on an answer a followed redirect fetched from another origin than the "
+        "target's (`redirect_origins`): RECONCILE_INCONCLUSIVE / OPERATION_POLL_FAILED with "
+        "the reason.",
     ]
     out += [
         "",
