@@ -248,11 +248,15 @@ class JournalReader:
         return self._read(read, f"the record of invocation {invocation_id}")
 
     def record(self, invocation_id: str, now: float | None = None) -> Record | None:
+        """The invocation's record, its retry hint computed at ``now`` -- by default this
+        reader's clock (the wall clock) as it is read: a hint shown to anyone is the hint at
+        the moment it is answered, never the one the record had at its last event
+        (docs/contract.md, "When the hint is computed")."""
         events = self.events(invocation_id)
         if not events:
             return None
         try:
-            return Projector(invocation_id).extend(events).record(now)
+            return Projector(invocation_id).extend(events).record(self._now(now))
         except ImpossibleEvent as exc:  # stored events the broker could not have written
             what = f"the record of invocation {invocation_id}"
             raise self._altered(what, unfoldable(exc)) from None
@@ -328,6 +332,13 @@ class JournalReader:
         )
         return idempotency_from_row(row)
 
+    def _now(self, now: float | None) -> float:
+        """When a read computes its records' retry hints: ``now`` if the caller gives its
+        clock, else this reader's clock (the wall clock) at read time -- never the time of a
+        record's last event, which would keep a hint as permissive as it was then (a same-key
+        resend after the remote forgot the key)."""
+        return self._clock() if now is None else now
+
     # -- views --------------------------------------------------------------------------------
 
     def list_actions(
@@ -340,8 +351,10 @@ class JournalReader:
         now: float | None = None,
     ) -> list[Record]:
         """Projected records, oldest first.  ``since``/``until`` bound the time the action was
-        accepted (a wall-clock label, inclusive)."""
-        folded = self._read(lambda t: views.fold(t, session, now), "the actions view")
+        accepted (a wall-clock label, inclusive).  ``now``: when every record's retry hint is
+        computed (as ``record``: by default the reader's clock, read once for the whole view)."""
+        at = self._now(now)
+        folded = self._read(lambda t: views.fold(t, session, at), "the actions view")
         return list(_select(folded, outcome, phase, since, until))
 
     def iter_actions(
@@ -359,10 +372,11 @@ class JournalReader:
         actions`` streams its output from this).  A database error while iterating is a
         ``JournalError`` (``JournalUnavailable`` when the connection was lost: a stream is not
         begun again).  ``span``: ``(first, before, through)`` from ``action_spans``, only
-        those invocations' records (``session`` must be None)."""
+        those invocations' records (``session`` must be None).  ``now``: as ``list_actions``
+        (one clock reading for the whole stream, taken when it starts)."""
         if span is not None and session is not None:
             raise ValueError("a span of the actions view takes no session filter")
-        folded = views.fold_each(self.tables, session, now, span)
+        folded = views.fold_each(self.tables, session, self._now(now), span)
         want = _select(folded, outcome, phase, since, until)
         try:
             yield from want
@@ -389,7 +403,9 @@ class JournalReader:
     def sessions(self) -> list[dict[str, Any]]:
         """One entry per session: its action count, counts by outcome, first and last seen."""
         by: dict[str | None, dict[str, Any]] = {}
-        folded = self._read(lambda t: views.fold(t, None, None), "the sessions view")
+        # Counts outcomes only: the hint is never shown, the time it is computed for is moot.
+        at = self._clock()
+        folded = self._read(lambda t: views.fold(t, None, at), "the sessions view")
         for rec, first_at, last_at in folded:
             s = by.setdefault(
                 rec.session,

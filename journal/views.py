@@ -20,10 +20,11 @@ __all__ = ["fold", "fold_each"]
 
 
 def fold(
-    tables: Tables, session: str | None, now: float | None
+    tables: Tables, session: str | None, now: float
 ) -> list[tuple[Record, float | None, float | None]]:
     """(record, first_at, last_at) per invocation -- of ``session`` only, if given -- in order
-    of first appearance; ``JournalReader.list_actions`` and ``sessions`` select and count."""
+    of first appearance; ``JournalReader.list_actions`` and ``sessions`` select and count.
+    ``now``: when every record's retry hint is computed (the reader's clock, read once)."""
     cur = tables.scan_events(session)
     folds: dict[str, Projector] = {}
     first: dict[str, float | None] = {}
@@ -54,7 +55,7 @@ def fold(
 def fold_each(
     tables: Tables,
     session: str | None,
-    now: float | None,
+    now: float,
     span: tuple[int, int, int] | None = None,
 ) -> Iterator[tuple[Record, float | None, float | None]]:
     """``fold``'s entries one at a time, in the same order, holding one invocation's projection

@@ -174,7 +174,15 @@ class Projector:
     # -- reading ------------------------------------------------------------------------------
 
     def record(self, now: float | None = None) -> Record:
-        """A snapshot of the fold: later events do not change it."""
+        """A snapshot of the fold: later events do not change it.
+
+        ``now``: the moment the retry hint is computed for (an idempotency key's retention,
+        the budget and Retry-After are judged against it).  An answer -- anything shown to a
+        caller, an agent or an operator -- passes the clock at the moment it answers
+        (docs/contract.md, "When the hint is computed"): a hint computed earlier may still say
+        a resend is safe after the remote forgot the key.  None computes it as of the fold's
+        last event: a deterministic snapshot for a fold whose hint is not shown (a test, the
+        record's other fields); ``project`` and ``project_all`` take no default."""
         return self._build(now, self._evidence.copy(), [a.copy() for a in self._attempts])
 
     def last_record(self, now: float | None = None) -> Record:
@@ -307,8 +315,10 @@ _blank = object.__new__
 # --- folding whole logs ------------------------------------------------------------------------
 
 
-def project(events: Iterable[Event], now: float | None = None) -> Record:
-    """Fold one invocation's events (in ``seq`` order) into its record."""
+def project(events: Iterable[Event], now: float | None) -> Record:
+    """Fold one invocation's events (in ``seq`` order) into its record, its retry hint
+    computed at ``now`` (``Projector.record``; None: as of the last event).  No default: a
+    caller that answers with the record must say when it answers."""
     return Projector().extend(events).last_record(now)
 
 
@@ -391,8 +401,9 @@ def fold_runs(
         yield p, first, last
 
 
-def project_all(events: Iterable[Event], now: float | None = None) -> dict[str, Record]:
-    """Fold an interleaved log of many invocations; one record per invocation id.
+def project_all(events: Iterable[Event], now: float | None) -> dict[str, Record]:
+    """Fold an interleaved log of many invocations; one record per invocation id, each retry
+    hint computed at ``now`` (as ``project``; no default).
 
     The one piece of process state touched here: the cyclic garbage collector is paused for the
     fold (and restored, whatever happens).  The caller holds a large event list while the fold

@@ -22,7 +22,7 @@ def test_throttled_envelope_carries_retry_after() -> None:
         ),
         Event(E.RESULT_COMMITTED, "a", {"sha256": "sha256:00"}, seq=6),
     ]
-    env = render_envelope(project(events))
+    env = render_envelope(project(events, None))
     assert env["error"]["retry"] == "backoff"
     assert env["evidence"]["retry_after"] == 7.0
     # Without a Retry-After there is no such field (absence is not zero).
@@ -33,7 +33,7 @@ def test_throttled_envelope_carries_retry_after() -> None:
         source=EvidenceSource.REMOTE_RESPONSE,
         seq=5,
     )
-    env = render_envelope(project(events))
+    env = render_envelope(project(events, None))
     assert "retry_after" not in env["evidence"]
     # Seed: backoff only if "the response specifies a suitable time"; without one the caller
     # must look before sending again, even for an idempotent method.
@@ -49,11 +49,11 @@ def test_an_unfinished_record_is_in_progress_never_a_bare_success() -> None:
         Event(E.CREDENTIAL_AUTHORIZED, "a", {}, seq=3),
         Event(E.DISPATCH_STARTED, "a", {"generation": 0}, seq=4),
     ]
-    env = render_envelope(project(events))
+    env = render_envelope(project(events, None))
     assert env["error"]["code"] == "IN_PROGRESS"
     assert (env["error"]["outcome"], env["error"]["retry"]) == ("unknown", "fetch_result")
     assert env["evidence"]["dispatch_started"] is True
     assert env.get("result") is None
     # Before dispatch the same holds, with the outcome the record proves.
-    env = render_envelope(project(events[:3]))
+    env = render_envelope(project(events[:3], None))
     assert (env["error"]["code"], env["error"]["outcome"]) == ("IN_PROGRESS", "not_attempted")

@@ -20,6 +20,7 @@ envelopes whose phase, outcome and retry hint come from the journal.  Exceptions
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -262,7 +263,11 @@ class Broker:
         return await self._engine.dispatch_approved(invocation_id, STORE_ONLY, control)
 
     def record(self, invocation_id: str) -> Record | None:
-        return self.journal.record(invocation_id)
+        """The invocation's record as the journal proves it now: its retry hint computed at
+        this moment (the broker's clock), never at the record's last event -- a same-key
+        resend that was safe then may not be any more (docs/contract.md, "When the hint is
+        computed")."""
+        return self.journal.record(invocation_id, now=time.time())
 
     def events(self, invocation_id: str) -> list[Event]:
         return self.journal.events(invocation_id)

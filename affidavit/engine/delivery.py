@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -284,7 +285,8 @@ async def _store_failed(engine: Engine, complete: Event) -> tuple[dict[str, Any]
         pending.pop(0)
     if pending:
         # Only the failure is shown: a complete response that is not on record is not proven.
-        return render_envelope(project([*engine.journal.events(iid), pending[-1]])), False
+        events = [*engine.journal.events(iid), pending[-1]]
+        return render_envelope(project(events, time.time())), False
     return recorder.envelope(await recorder.record(iid)), False
 
 
@@ -347,7 +349,7 @@ async def deliver_stored(engine: Engine, record: Record, deliver: Deliver | None
     # the caller is told what the journal will say, and the journal says it only afterwards.
     stored = engine.journal.read_result(iid)
     envelope = render_envelope(
-        project([*engine.journal.events(iid), delivered]),
+        project([*engine.journal.events(iid), delivered], time.time()),
         result_payload(stored) if stored is not None else None,
     )
     try:

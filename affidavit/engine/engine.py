@@ -29,6 +29,7 @@ import logging
 import os
 import secrets
 import socket
+import time
 from collections.abc import Awaitable, Mapping
 from typing import Any, TypeVar
 
@@ -173,7 +174,10 @@ class Engine:
         if from_chunk is not None and from_chunk < 0:
             raise ValueError("from_chunk must be >= 0")
         # Waits out a shared journal away within its reconnect window, as a write would.
-        record = await self.recorder.read(lambda: self.journal.record(invocation_id))
+        # The hint is the one at this read (docs/contract.md, "When the hint is computed").
+        record = await self.recorder.read(
+            lambda: self.journal.record(invocation_id, now=time.time())
+        )
         if record is None:
             return None
         if not record.final:

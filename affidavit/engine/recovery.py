@@ -129,7 +129,7 @@ async def journal_refused(recorder: Recorder, iid: str | None, error: JournalWri
     durable = await recorder.read(lambda: events(iid))
     if not durable:
         raise error
-    record = project(durable)
+    record = project(durable, time.time())
     closing = None if record.final else closing_event(record, "journal")
     if closing is None:
         return record
@@ -137,12 +137,12 @@ async def journal_refused(recorder: Recorder, iid: str | None, error: JournalWri
         await recorder.append(closing, barrier=True)
     except JournalWriteError:
         recorder.forget()
-        return project([*await recorder.read(lambda: events(iid)), closing])
+        return project([*await recorder.read(lambda: events(iid)), closing], time.time())
     except ImpossibleEvent:
         # Someone else closed the attempt first, or took the invocation over: the record, as
         # it stands, is the answer (folding the refused event in would be refused again).
         recorder.forget()
-        return project(await recorder.read(lambda: events(iid)))
+        return project(await recorder.read(lambda: events(iid)), time.time())
     return await recorder.record(iid)
 
 

@@ -240,10 +240,10 @@ def _other_project_all(src: Path, events: Sequence[Event], name: str) -> Callabl
         mod.Event(kinds[e.kind.value], e.invocation_id, e.attrs, sources[e.source.value], e.seq)
         for e in events
     ]
-    want = {iid: r.state for iid, r in project_all(events).items()}
-    assert {iid: r.state for iid, r in mod.project_all(other).items()} == want, "A/B disagree"
+    want = {iid: r.state for iid, r in project_all(events, None).items()}
+    assert {iid: r.state for iid, r in mod.project_all(other, None).items()} == want, "A/B disagree"
     fn = mod.project_all
-    return lambda: fn(other)
+    return lambda: fn(other, None)
 
 
 def _race(
@@ -281,13 +281,13 @@ def main() -> None:
     print(f"synthetic log: {n:,} events, built in {time.perf_counter() - t0:.1f}s")
 
     states = bare_loop(events)
-    records = project_all(events)
+    records = project_all(events, None)
     assert {iid: r.state for iid, r in records.items()} == states, "the two folds disagree"
     fns: dict[str, Callable[[], object]] = {
         "bare": lambda: bare_loop(events),
         "fold": lambda: fold_only(events),
         "apply": lambda: apply_loop(events),
-        "project_all": lambda: project_all(events),
+        "project_all": lambda: project_all(events, None),
     }
     for i, src in enumerate(args.ab):
         fns[f"ab{i}"] = _other_project_all(src, events, f"_ab{i}_statemachine")
@@ -327,7 +327,7 @@ def main() -> None:
     if args.profile:
         prof = cProfile.Profile()
         prof.enable()
-        project_all(events)
+        project_all(events, None)
         prof.disable()
         pstats.Stats(prof).sort_stats("tottime").print_stats(15)
 

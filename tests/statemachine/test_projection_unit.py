@@ -107,10 +107,10 @@ def test_project_all_restores_the_garbage_collector_state(enabled: bool) -> None
     try:
         if not enabled:
             gc.disable()
-        project_all(_events("delivered_committed"))
+        project_all(_events("delivered_committed"), None)
         assert gc.isenabled() is enabled
         with pytest.raises(ImpossibleEvent):
-            project_all([Event(E.REQUEST_SENT, IID, seq=1)])
+            project_all([Event(E.REQUEST_SENT, IID, seq=1)], None)
         assert gc.isenabled() is enabled
     finally:
         if was:
@@ -141,7 +141,7 @@ def test_records_are_ordinary_frozen_dataclasses_equal_to_constructed_ones() -> 
 def test_every_state_builds_every_record_field(state: str) -> None:
     # the builder fills an unfrozen twin field by field: a field it missed would be unset
     events = _events(state)
-    for rec in (project(events), Projector(IID).extend(events).record()):
+    for rec in (project(events, None), Projector(IID).extend(events).record()):
         values = {f.name: getattr(rec, f.name) for f in dataclasses.fields(Record)}
         assert type(rec) is Record and Record(**values) == rec
 
@@ -158,14 +158,14 @@ def test_stored_events_are_the_constructor_s_events() -> None:
 @pytest.mark.parametrize("live", [True, False])
 def test_records_never_share_evidence_with_a_fold_that_goes_on(live: bool) -> None:
     events = _events("dispatched")
-    first = Projector(IID).extend(events).record() if live else project(events)
-    again = project(events)
+    first = Projector(IID).extend(events).record() if live else project(events, None)
+    again = project(events, None)
     assert first == again and first.evidence is not again.evidence
     p = Projector(IID).extend(events)
     snap = p.record()
     p.apply(Event(E.PROTOCOL_OBSERVED, IID, {"protocol": "http", "state": "x", "facts": {"y": 1}}))
     assert "http" not in snap.evidence and snap.evidence.get("steps") is None
-    assert project(events) == snap
+    assert project(events, None) == snap
 
 
 def test_folding_never_edits_an_events_attrs() -> None:
@@ -181,7 +181,7 @@ def test_folding_never_edits_an_events_attrs() -> None:
         Event(E.LEASE_LOST, IID, {"generation": 0}),
     ]
     before = copy.deepcopy([e.attrs for e in events])
-    rec = project(events)
+    rec = project(events, None)
     assert [e.attrs for e in events] == before
     assert hop == {"from": "a", "to": "b"}
     assert rec.evidence["hop"] == {"from": "a", "to": "b", "z": 1}
@@ -270,7 +270,7 @@ def test_a_new_event_whose_attrs_are_not_an_object_is_impossible_in_every_state(
     assert info.value.event is event and info.value.state == state
     assert p.record() == before and p.state == state
     if state == INITIAL:  # a log that is this one event
-        for fold in (project_all, lambda log: list(fold_runs(log))):
+        for fold in (lambda log: project_all(log, None), lambda log: list(fold_runs(log))):
             with pytest.raises(ImpossibleEvent) as folded:
                 fold([event])
             assert folded.value.reason == info.value.reason

@@ -104,7 +104,7 @@ def test_the_streamed_view_yields_an_invocation_before_reading_the_rest(place: P
                     read += 1
                     yield row
 
-        entries = views.fold_each(Counting(), None, None)  # type: ignore[arg-type]
+        entries = views.fold_each(Counting(), None, 0.0)  # type: ignore[arg-type]
         rec, first_at, last_at = next(entries)
         assert rec.invocation_id == "a"
         a_rows = sum(1 for row in rows if row[2] == "a")

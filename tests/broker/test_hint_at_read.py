@@ -1,0 +1,92 @@
+"""Every answer that shows a retry hint computes it when it answers, never at the record's last
+event (docs/contract.md, "When the hint is computed").
+
+An unanswered POST under an idempotency contract is unknown / ``same_idempotency_key`` while
+the key is usable.  Once the remote may forget the key (``RETENTION_MARGIN_S`` before its
+retention ends) a same-key resend is no longer safe: every read of that record -- ``fetch_result``,
+``Broker.record``, the actions view, the MCP ``record`` and ``list_actions`` tools, the CLI's
+``record`` and ``actions`` -- must say ``reconcile`` then, as a same-key call does.  The hint
+at the record's last event still said ``same_idempotency_key``.
+
+The key is configured with a retention of ``RETENTION_MARGIN_S`` + 2 s: usable for the first
+2 s after the call is accepted, which is waited out (real time: the CLI reads in a process of
+its own, on its own clock).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import trio
+
+from affidavit.mcp.backends import Embedded
+from affidavit.statemachine.retry import RETENTION_MARGIN_S
+from tests.http.hostile import HostileServer, Peer
+
+from .helpers import affidavit_cli, http_target, open_broker, write_config
+
+RETENTION = RETENTION_MARGIN_S + 2  # a key usable for 2 s after the call is accepted
+
+POST = {"target": "api", "method": "POST", "path": "/charge", "body": "{}"}
+
+
+async def _applied_unanswered(peer: Peer) -> None:
+    await peer.read_request()
+    await peer.close()  # applied, never answered: unknown
+
+
+async def test_every_read_computes_the_hint_now_not_at_the_last_event(
+    tmp_path: Path, token: str
+) -> None:
+    async with HostileServer.running(_applied_unanswered) as srv:
+        target = http_target(
+            srv.url,
+            idempotency={"header": "Idempotency-Key", "scope": "pay", "retention": RETENTION},
+        )
+        cfg = write_config(tmp_path, {"api": target})
+        async with open_broker(cfg) as broker:
+            with trio.fail_after(10):
+                first = await broker.call(POST)
+            iid = first["invocation_id"]
+            # When the call answered, the key was usable: a same-key resend was safe then.
+            assert first["error"]["outcome"] == "unknown", first
+            assert first["error"]["retry"] == "same_idempotency_key", first
+            record = broker.record(iid)
+            assert record is not None and record.idempotency is not None
+            usable_until = float(record.idempotency["expires_at"]) - RETENTION_MARGIN_S
+            await trio.sleep(max(0.0, usable_until - time.time()) + 0.1)
+
+            fetched = await broker.fetch_result(iid)
+            assert fetched is not None
+            assert fetched["error"]["retry"] == "reconcile", fetched
+            record = broker.record(iid)
+            assert record is not None and record.retry == "reconcile"
+            (listed,) = broker.journal.list_actions()
+            assert listed.retry == "reconcile"
+            (streamed,) = broker.journal.iter_actions()
+            assert streamed.retry == "reconcile"
+
+            mcp = Embedded(broker)
+            shown = await mcp.record(iid)
+            assert shown["record"]["retry"] == "reconcile", shown
+            rows = (await mcp.actions(None, None))["actions"]
+            assert [r["retry"] for r in rows] == ["reconcile"]
+
+            # What a same-key call decides now: the reads agree with it.
+            key = first["evidence"]["idempotency"]["key"]
+            with trio.fail_after(10):
+                again = await broker.call({**POST, "idempotency_key": key})
+            assert again["error"]["retry"] == "reconcile", again
+            assert len(srv.requests) == 1  # nothing resent
+
+    # The CLI reads the journal in its own process, on its own (unshifted) clock.
+    got = await affidavit_cli("record", iid, "--json", "--config", str(cfg))
+    assert got.returncode == 0, got.stderr
+    assert json.loads(got.stdout)["record"]["retry"] == "reconcile"
+    text = await affidavit_cli("record", iid, "--config", str(cfg))
+    assert b"retry reconcile" in text.stdout, text.stdout
+    listing = await affidavit_cli("actions", "--json", "--config", str(cfg))
+    assert listing.returncode == 0, listing.stderr
+    assert [r["retry"] for r in json.loads(listing.stdout)] == ["reconcile"]
