@@ -141,6 +141,29 @@ def _retry_sections() -> list[str]:
         "`reconcile`. A batch item answered 429/503 follows the same rule (Batch items).",
         "8. Any other code: its default hint (table above).",
         "",
+        "### When the hint is computed",
+        "",
+        "Rules 5 and 7 judge the idempotency key against the clock, so a hint holds for the "
+        "moment it is computed. Every answer that shows one computes it when it answers, on "
+        "the broker's clock (the wall clock of the process that reads the journal, for the "
+        "CLI, the console and the daemon's views): the envelope of a call, `fetch_result` "
+        "(in process, from the daemon, the MCP tool), `record` (the API, the daemon, the MCP "
+        "tool, `affidavit record`), the actions view (`list_actions`, `affidavit actions`) and "
+        "the console -- never at the time of the record's last event. Read later with no new "
+        "event, a record's "
+        "hint can only become more conservative (a usable key runs out; nothing makes a "
+        "hint more permissive as time passes): no read says a same-key resend is safe after "
+        "the remote may have forgotten the key. A listing computes all of its hints at one "
+        "moment.",
+        "",
+        "The stored result (the remote's summary and streams, the hash RESULT_COMMITTED "
+        "records) is a historical document: it is served as committed and holds no hint. The "
+        "envelope around it -- `phase`, `outcome`, `code`, `retry` -- is the record's, "
+        "projected when the read answers, so a stored result fetched again carries today's "
+        "hint. An envelope kept from earlier (a call's own answer, a downloaded "
+        "`result.json`) shows the hint of its moment: read the record again before acting on "
+        "an old one.",
+        "",
         "The tables below are computed by calling `compute_retry()` while generating this file.",
         "",
         "### Before dispatch (`not_attempted`)",
