@@ -29,7 +29,7 @@ from affidavit.schema import (
     parse_duration,
 )
 
-from .service import SERVICE, ServiceConfig
+from .service import MIN_SHARED_LEASE_MARGIN, SERVICE, ServiceConfig
 
 __all__ = [
     "CONFIG_ENV",
@@ -265,6 +265,15 @@ def _config(data: Mapping[str, Any], context: LoadContext, path: Path | None) ->
             )
         targets[name], descriptions[name] = _target(name, raw_targets[name], context)
     top.finish(SECTIONS)
+    if journal.url is not None and service.lease_margin < MIN_SHARED_LEASE_MARGIN:
+        # Checked here, where the journal is known: the margin is the clock skew tolerated
+        # between the hosts sharing a journal (``MIN_SHARED_LEASE_MARGIN``).
+        raise ConfigError(
+            "service.lease_margin",
+            f"must be at least {MIN_SHARED_LEASE_MARGIN:g} s on a shared journal ([journal] "
+            "url): it is the clock skew tolerated between the hosts, and with less another "
+            "daemon may close and retry a call that is still being dispatched",
+        )
     for name, target in targets.items():
         if getattr(target, "approval", None) is not None and not service.has_operators:
             # Every such request would wait until it expired.

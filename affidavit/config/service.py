@@ -16,7 +16,17 @@ from affidavit.schema import Field, Read, Schema, parse_duration
 
 from .address import console_address, is_loopback, public_origin
 
-__all__ = ["SERVICE", "ServiceConfig"]
+__all__ = ["MIN_SHARED_LEASE_MARGIN", "SERVICE", "ServiceConfig"]
+
+MIN_SHARED_LEASE_MARGIN = 1.0
+"""The least ``lease_margin`` (seconds) a shared journal accepts.  Lease expiry compares wall
+clocks across hosts: a worker stops dispatching ``lease_margin`` before its lease ends by its own
+clock (``engine/attempt.py``), and another host closes the attempt, and may retry it, once the
+lease ended by *its* clock.  With no margin to speak of (a millisecond), a clock ahead by more
+lets the other host retry while the first is still mid-dispatch: a second send under the next
+generation.  A
+single-host SQLite journal has one clock: any positive margin will do there (a duration is
+positive: 0 is refused everywhere by the parser)."""
 
 _MAX_ID = 2**32 - 2
 """uid_t/gid_t are 32 bits; 2**32 - 1 is (uid_t)-1, "no id", never a real account."""
@@ -193,7 +203,8 @@ SERVICE = Schema(
             default=30,
             doc="seconds a call's lease outlives its timeout: after it, a daemon that stopped "
             "mid-call is presumed gone and another (on a shared journal) may close or retry the "
-            "call",
+            "call; on a shared journal it is also the clock skew tolerated between the "
+            f"daemons' hosts, and must be at least {MIN_SHARED_LEASE_MARGIN:g}",
         ),
         Field(
             "console_allow_remote",

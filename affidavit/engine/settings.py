@@ -20,7 +20,10 @@ class EngineSettings:
     """Seconds a record's lease outlives its call's total timeout (design-notes, "Leases for the
     first attempt"): until ``timeout + lease_margin`` a resuming caller is answered from the
     record; after it, the holder is presumed gone and the stale attempt is closed with what the
-    journal proves."""
+    journal proves.  It is also how long before its lease ends a worker stops dispatching
+    (``attempt.py``): on a shared journal, the clock skew tolerated between the hosts.  Any
+    value >= 0 is taken here (a test, or one host's journal, may want 0); the daemon's ``[service]
+    lease_margin`` refuses less than ``MIN_SHARED_LEASE_MARGIN`` on a shared journal."""
     inline_result_limit: int = 1024 * 1024
     """Results up to this many (redacted) bytes are kept in memory while they are journaled, so
     the envelope carries them without reading them back; a larger one is returned by reference

@@ -14,6 +14,7 @@ import trio
 
 from affidavit.cli import main as cli_main
 from affidavit.config import ConfigError, config_from_dict, load_config
+from affidavit.config.service import MIN_SHARED_LEASE_MARGIN
 from affidavit.journal import Journal, JournalError, JournalReader, SigningKey, public_key_pem
 from affidavit.statemachine import Event, Outcome
 from affidavit.statemachine import EventKind as E
@@ -210,3 +211,26 @@ def test_a_url_without_psycopg_says_what_to_install(monkeypatch: pytest.MonkeyPa
     monkeypatch.delitem(sys.modules, "affidavit.journal.postgres", raising=False)
     with pytest.raises(JournalError, match=r"affidavit\[postgresql\]"):
         JournalReader.open("postgresql://u@h/db")
+
+
+@pytest.mark.parametrize("margin", [0.001, 0.5])
+def test_a_shared_journal_refuses_a_lease_margin_below_the_clock_skew_floor(
+    tmp_path: Path, margin: object
+) -> None:
+    """On a shared journal ``lease_margin`` is the clock skew tolerated between the hosts: with
+    0, a host whose clock runs ahead closes and retries a call another is still dispatching
+    (docs/configuration.md).  0 was refused already (a duration is positive); a millisecond
+    was taken -- as good as none.  A config error at the field, not a silent zero tolerance."""
+    url = "postgresql://broker@db.example:5432/affidavit"
+    journal = {"url": url, "key_file": "k", "signing_key": "s"}
+    with pytest.raises(ConfigError) as info:
+        config_from_dict(
+            {"journal": journal, "service": {"lease_margin": margin}}, base_dir=tmp_path
+        )
+    assert info.value.field == "service.lease_margin"
+    assert f"at least {MIN_SHARED_LEASE_MARGIN:g} s on a shared journal" in info.value.message
+    ok = {"journal": journal, "service": {"lease_margin": MIN_SHARED_LEASE_MARGIN}}
+    assert config_from_dict(ok, base_dir=tmp_path).service.lease_margin == 1.0
+    # One host's SQLite journal has one clock: no skew to tolerate, any positive margin will do.
+    single = config_from_dict({"service": {"lease_margin": margin}}, base_dir=tmp_path)
+    assert single.service.lease_margin < MIN_SHARED_LEASE_MARGIN
