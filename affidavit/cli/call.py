@@ -296,25 +296,18 @@ def run_journal(main: Callable[[], Awaitable[T]]) -> T:
     from affidavit.journal import JournalError
 
     async def guarded() -> T:
-        done: list[T] = []
-        terminated = False
-        with trio.open_signal_receiver(signal.SIGTERM) as signals:
-            async with trio.open_nursery() as nursery:
+        # No nursery around ``main``: its exceptions (JournalError, UsageError...) must reach
+        # the caller as themselves, not wrapped in an exception group.
+        with trio.open_signal_receiver(signal.SIGTERM) as signals, trio.CancelScope() as scope:
 
-                async def watch() -> None:
-                    nonlocal terminated
-                    async for _ in signals:
-                        terminated = True
-                        nursery.cancel_scope.cancel()
-                        return
+            async def watch() -> None:
+                async for _ in signals:
+                    scope.cancel()
+                    return
 
-                nursery.start_soon(watch)
-                done.append(await main())
-                nursery.cancel_scope.cancel()
-        if not done:
-            assert terminated  # nothing else cancels this scope before main returned
-            raise Terminated
-        return done[0]
+            trio.lowlevel.spawn_system_task(watch)  # cancelled when the run ends
+            return await main()
+        raise Terminated  # only SIGTERM cancels ``scope``
 
     try:
         return trio.run(guarded)
