@@ -154,7 +154,7 @@ class Api:
     # -- calls ----------------------------------------------------------------------------------
 
     async def call(self, req: Request) -> None:
-        action = await req.json()
+        action = await req.action()
         timeout = req.float_param("timeout")
         if not self.calls.accepting:
             raise ApiProblem(503, "SHUTTING_DOWN", "the broker is shutting down; call again later")

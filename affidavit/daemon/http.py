@@ -51,13 +51,19 @@ def api_error_body(code: str, message: str) -> bytes:
     return json_body({"api_error": {"code": code, "message": message}})
 
 
-def parse_json(raw: bytes) -> Any:
+def parse_json(raw: bytes, *, action: bool = False) -> Any:
     # Size, UTF-8 and nesting are checked before the parser runs (issue 9: 100k nested
-    # arrays ended in a RecursionError); the message says which.
+    # arrays ended in a RecursionError); the message says which.  An action's body is refused
+    # in the words `affidavit call` uses embedded (its stable code and the field path: a
+    # field named twice is refused at that field, ``action.headers.X``).
     try:
         return load_action_json(raw, MAX_BODY)
     except ActionInvalid as exc:
-        raise ApiProblem(400, "BAD_JSON", f"the body {exc.message}") from None
+        if action:
+            message = f"action refused: {exc.code.value} at {exc.field}: {exc.message}"
+            raise ApiProblem(400, "BAD_JSON", message) from None
+        where = "" if exc.field == "action" else f" (at {exc.field.replace('action', 'body', 1)})"
+        raise ApiProblem(400, "BAD_JSON", f"the body {exc.message}{where}") from None
 
 
 class Request:
@@ -94,6 +100,10 @@ class Request:
 
     async def json(self) -> Any:
         return parse_json(await self.body())
+
+    async def action(self) -> Any:
+        """The body as an action's JSON (``POST /v1/calls``)."""
+        return parse_json(await self.body(), action=True)
 
     async def json_object(self) -> dict[str, Any]:
         """The body as a JSON object; an empty body is ``{}``."""

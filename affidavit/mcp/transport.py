@@ -254,6 +254,10 @@ class StdioTransport:
         if not isinstance(message, types.JSONRPCRequest):
             await out.send(SessionMessage(message))
             return
+        ambiguous = _ambiguous(line)
+        if ambiguous is not None:
+            await self._refuse(INVALID_PARAMS, message.id, ambiguous)
+            return
         if coerce_request_id(message.id) in self._open:
             await self._refuse(INVALID_REQUEST, message.id, "a second request")
             return
@@ -374,6 +378,23 @@ def _has_id(line: bytes) -> bool:
     except (ValueError, RecursionError):
         return False
     return isinstance(found, dict) and "id" in found
+
+
+def _ambiguous(line: bytes) -> str | None:
+    """What makes a request the SDK's parser accepted mean two things: a field named twice in
+    one object (pydantic keeps the last one, a proxy reading the first sees another action)
+    or ``NaN``/``Infinity`` (not JSON).  Read again, strictly, for requests only -- the
+    daemon and ``affidavit call`` read an action's JSON as strictly (``strict_json``)."""
+    from affidavit.api.limits import ActionInvalid, strict_json
+
+    try:
+        strict_json(line.decode("utf-8", "surrogateescape"), "message")
+    except ActionInvalid as exc:
+        field = exc.field.replace("message.params.arguments", "action", 1)
+        return f"{exc.code.value} at {field}: {exc.message}"
+    except (ValueError, RecursionError):
+        pass  # the SDK's parser read it: its own reading stands
+    return None
 
 
 def _no_constant(name: str) -> Any:

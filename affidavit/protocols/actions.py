@@ -49,6 +49,7 @@ __all__ = [
     "no_ctl",
     "parse_action",
     "session",
+    "strict_json",
     "string",
 ]
 
@@ -126,7 +127,9 @@ def session(obj: Mapping[str, Any]) -> str | None:
 def load_action_json(data: bytes, limit: int) -> object:
     """Decode an action's JSON text -- checked *before* the parser runs: at most ``limit`` bytes
     (PAYLOAD_LIMIT), UTF-8 (INVALID_FIELD), nested at most ``MAX_DEPTH`` deep (PAYLOAD_LIMIT),
-    valid JSON (INVALID_FIELD); every failure is an ``ActionInvalid`` at ``action``."""
+    valid JSON (INVALID_FIELD), with no ``NaN``/``Infinity`` (INVALID_FIELD) and no field named
+    twice in one object (INVALID_FIELD at that field's path, e.g. ``action.headers.X``); every
+    other failure is an ``ActionInvalid`` at ``action``."""
     if len(data) > limit:
         raise ActionInvalid(Code.PAYLOAD_LIMIT, "action", f"is larger than {limit} bytes")
     try:
@@ -147,7 +150,7 @@ def load_action_json(data: bytes, limit: int) -> object:
         elif bracket in "]}":
             depth -= 1
     try:
-        return json.loads(text)
+        return strict_json(text)
     except ValueError as exc:  # JSONDecodeError, and int() of a 5000-digit number
         where = (
             f" (line {exc.lineno}, column {exc.colno})"
@@ -155,6 +158,95 @@ def load_action_json(data: bytes, limit: int) -> object:
             else ""
         )
         raise ActionInvalid(Code.INVALID_FIELD, "action", f"is not valid JSON{where}") from None
+
+
+def strict_json(text: str, root: str = "action") -> Any:
+    """``json.loads``, refusing what Python's parser takes but JSON's readers disagree on: a
+    field named twice in one object (``ActionInvalid`` INVALID_FIELD at its path below
+    ``root``: ``action.headers.X``) and ``NaN``/``Infinity``/``-Infinity`` (INVALID_FIELD at
+    ``root``).  Any other fault is the parser's ``ValueError``."""
+    try:
+        return json.loads(text, object_pairs_hook=_unique_keys, parse_constant=_no_constant)
+    except _Duplicate:
+        raise ActionInvalid(
+            Code.INVALID_FIELD,
+            _duplicate_path(text, root),
+            "is given twice in one object (each field once)",
+        ) from None
+    except _NotJson as exc:
+        raise ActionInvalid(
+            Code.INVALID_FIELD, root, f"holds {exc.name}, which is not a JSON number"
+        ) from None
+
+
+class _Duplicate(Exception):
+    """An object of the action names a field twice (``_unique_keys``)."""
+
+
+class _NotJson(ValueError):
+    """``NaN``, ``Infinity`` or ``-Infinity``: Python's parser takes them, JSON has no such
+    number (RFC 8259), and another reader of the same text would refuse them or read them
+    otherwise."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.name = name
+
+
+def _no_constant(name: str) -> Any:
+    raise _NotJson(name)
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    # A field named twice is refused, not read as its last value: a policy proxy in front of
+    # the broker that reads the first one would see another target than the broker calls.
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        raise _Duplicate
+    return obj
+
+
+class _Dup:
+    """``_duplicate_path``'s marker: where, below the object being built, a name repeats."""
+
+    __slots__ = ("path",)
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+
+def _duplicate_path(text: str, root: str) -> str:
+    """The path of the first field named twice (``action.headers.X``, ``action.list[2].k``),
+    found by parsing again with markers -- only once the text is known to hold one.  A name that
+    is not short visible ASCII ends the path at its object (a name is never echoed whole)."""
+
+    def step(key: str) -> str | None:
+        return f".{key}" if VISIBLE.fullmatch(key) and len(key) <= 64 else None
+
+    def found(value: Any) -> str | None:
+        if isinstance(value, _Dup):
+            return value.path
+        if isinstance(value, list):
+            for i, item in enumerate(value):
+                inner = found(item)
+                if inner is not None:
+                    return f"[{i}]{inner}"
+        return None
+
+    def hook(pairs: list[tuple[str, Any]]) -> Any:
+        seen: set[str] = set()
+        for key, value in pairs:
+            inner = found(value)
+            if inner is not None:
+                here = step(key)
+                return _Dup(here + inner if here is not None else "")
+            if key in seen:
+                return _Dup(step(key) or "")
+            seen.add(key)
+        return dict(pairs)
+
+    top = found(json.loads(text, object_pairs_hook=hook))
+    return root + (top or "")
 
 
 # Strings (skipped whole) or a bracket: the nesting of JSON text without parsing it.

@@ -77,6 +77,43 @@ def test_action_text_is_checked_before_it_is_parsed(data: bytes, code: str, mess
     assert message in info.value.message
 
 
+@pytest.mark.parametrize(
+    ("data", "field", "message"),
+    [
+        (b'{"target":"nope","target":"api"}', "action.target", "is given twice"),
+        (b'{"target":"api","headers":{"X":"a","X":"b"}}', "action.headers.X", "is given twice"),
+        (b'{"a":[1,{"b":[{"c":1,"c":1}]}]}', "action.a[1].b[0].c", "is given twice"),
+        (b'[{"k":1,"k":2}]', "action[0].k", "is given twice"),
+        # A name that is not short visible ASCII is not echoed: the path ends at its object.
+        (b'{"h":{"\\u00e9":1,"\\u00e9":2}}', "action.h", "is given twice"),
+        (b'{"target":"api","n":NaN}', "action", "holds NaN, which is not a JSON number"),
+        (b'{"n":[Infinity]}', "action", "holds Infinity"),
+        (b'{"n":-Infinity}', "action", "holds -Infinity"),
+    ],
+    ids=["target", "header", "deep", "in-list", "unprintable-name", "nan", "inf", "minus-inf"],
+)
+def test_a_field_named_twice_or_a_non_json_number_is_refused_at_its_path(
+    data: bytes, field: str, message: str
+) -> None:
+    """Python's parser keeps the last of two same-named fields (a proxy reading the first would
+    see another action than the broker runs) and reads NaN/Infinity, which are not JSON."""
+    with pytest.raises(ActionInvalid) as info:
+        load_action_json(data, 1 << 20)
+    assert (info.value.code.value, info.value.field) == ("INVALID_FIELD", field)
+    assert message in info.value.message
+
+
+def test_the_cli_refuses_an_action_naming_its_target_twice(tmp_path: Path) -> None:
+    cfg = write_config(tmp_path, {"api": http_target("http://127.0.0.1:9")})
+    stdin = b'{"target":"nope","target":"api","method":"GET","path":"/x"}'
+    p = _cli("call", "--config", str(cfg), stdin=stdin)
+    assert (p.returncode, p.stdout) == (2, b""), p.stderr
+    assert p.stderr == (
+        b"affidavit: action refused: INVALID_FIELD at action.target: "
+        b"is given twice in one object (each field once)\n"
+    )
+
+
 def test_brackets_inside_strings_do_not_count_as_nesting() -> None:
     text = json.dumps({"target": "api", "body": "[" * 10_000 + "{" * 10_000 + '\\"]'})
     assert load_action_json(text.encode(), 1 << 20)["body"].startswith("[[[")

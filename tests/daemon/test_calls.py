@@ -165,3 +165,34 @@ async def test_a_resumed_result_is_the_same_through_the_daemon_as_embedded(
     assert through.stdout == local.stdout
     assert "resume" in through.json()["result"]
     assert raw.returncode == 2 and b"--raw reads the journal itself" in raw.stderr
+
+
+DUPLICATE = b'{"target":"nope","target":"api","method":"GET","path":"/v1/ok"}'
+DUPLICATE_HEADER = b'{"target":"api","method":"GET","path":"/","headers":{"X":"a","X":"b"}}'
+
+
+async def test_an_action_naming_a_field_twice_is_refused_the_same_both_ways(
+    tmp_path: Path, token: str
+) -> None:
+    """A field named twice is refused at its path, never read as its last value: a proxy in
+    front that reads the first ``target`` would see another target than the broker calls."""
+    async with serving(tmp_path, scripts.serve(OK), token=token) as (srv, daemon):
+        from affidavit.api.wire import blocking_request
+
+        for body, field in [
+            (DUPLICATE, "action.target"),
+            (DUPLICATE_HEADER, "action.headers.X"),
+            (b'{"target":"api","method":"GET","path":"/","n":NaN}', "action"),
+            (b'{"target":"api","method":"GET","path":"/","n":-Infinity}', "action"),
+        ]:
+            answer = await trio.to_thread.run_sync(
+                blocking_request, str(daemon.socket), "POST", "/v1/calls", body
+            )
+            assert answer.status == 400 and answer.error().code == "BAD_JSON", body
+            assert f"INVALID_FIELD at {field}: " in answer.error().message, answer.error()
+            through = await cli(daemon, "call", "-", stdin=body)
+            local = await embedded("call", "-", "--config", str(daemon.config), stdin=body)
+            assert through.returncode == local.returncode == 2, (through.stderr, local.stderr)
+            assert through.stderr == local.stderr, (through.stderr, local.stderr)
+            assert through.stdout == local.stdout == b""
+        assert not srv.requests

@@ -340,6 +340,26 @@ MALFORMED: list[tuple[bytes, int, str]] = [
         "a number longer than 4300 digits",
     ),
     (b'{"jsonrpc":"2.0","id":8,"method":"tools/call","params":5}', -32600, "not a valid"),
+    # The SDK's parser keeps the last of two same-named fields and reads NaN: a proxy reading
+    # the first would see another action than the broker runs (refused, as the daemon does).
+    (
+        b'{"jsonrpc":"2.0","id":11,"method":"tools/call","params":{"name":"http_request",'
+        b'"arguments":{"target":"nope","target":"ok","method":"GET","path":"/"}}}',
+        -32602,
+        "INVALID_FIELD at action.target: is given twice",
+    ),
+    (
+        b'{"jsonrpc":"2.0","id":12,"method":"tools/call","params":{"name":"http_request",'
+        b'"arguments":{"target":"ok","method":"GET","path":"/","headers":{"X":"a","X":"b"}}}}',
+        -32602,
+        "INVALID_FIELD at action.headers.X: is given twice",
+    ),
+    (
+        b'{"jsonrpc":"2.0","id":13,"method":"tools/call","params":{"name":"http_request",'
+        b'"arguments":{"target":"ok","method":"GET","path":"/","n":NaN}}}',
+        -32602,
+        "holds NaN, which is not a JSON number",
+    ),
 ]
 
 
