@@ -157,7 +157,8 @@ async def run_tries(
     its lease (``lease_ends``, wall clock, less ``lease_margin`` for the other hosts' clocks):
     once the lease runs out, another worker takes this one for gone and closes its attempt, so
     it must not be dispatching then -- however long the credential step took.  A lease already
-    out is a lease refusal: nothing is tried.  Returns the last try with its
+    out is a lease refusal; a budget already spent (the lease still held) ends the attempt
+    not_attempted, with its stop cause: nothing is tried either way.  Returns the last try with its
     result or its failure; the caller records the ending.  A cancellation of the caller is
     recorded here (shielded) with what the boundary proves, then re-raised.  A stop through
     ``control`` (``control.py``) is not re-raised: it ends the attempt with the control's code
@@ -166,14 +167,28 @@ async def run_tries(
     total = target.timeout.total if timeout is None else min(timeout, target.timeout.total)
     # Who gave up decides the code: the caller's shorter deadline is a cancellation; the
     # target's own total timeout is the remote failing to answer in time.
-    timeout_code = (
-        Code.CALLER_CANCELLED if total < target.timeout.total else Code.REMOTE_OUTCOME_UNKNOWN
-    )
+    callers = total < target.timeout.total
+    timeout_code = Code.CALLER_CANCELLED if callers else Code.REMOTE_OUTCOME_UNKNOWN
+    # Before dispatch the same: the caller's deadline is the caller's stop (contract: it ends
+    # connection setup, not_attempted), never a connect timeout blamed on the remote; the
+    # target's own total running out before dispatch is its connection taking too long.
+    setup_code = Code.CALLER_CANCELLED if callers else Code.CONNECT_TIMEOUT
     attempt = _new_attempt(engine, iid, generation, lease, target.name, expected, binding, sink, 1)
     attempt.control, attempt.grant = control, grant
-    within_lease = lease_ends - engine.settings.lease_margin - time.time()
-    if within_lease <= 0:
+    now = time.time()
+    if now >= lease_ends:
+        # The lease itself ran out (a stall before the first try): another worker may take
+        # the invocation over at any moment; nothing is tried, LEASE_LOST, recovery closes it.
         return attempt, None, LeaseRefusal(recorded=False)
+    within_lease = lease_ends - engine.settings.lease_margin - now
+    if within_lease <= 0:
+        # The lease still holds, but the budget it was sized by (the caller's timeout, or the
+        # target's total) was spent before the first try: nothing was sent, and the record is
+        # closed so -- not_attempted, with who gave up.  No lease was lost (a timeout of 0
+        # used to be answered LEASE_LOST and leave the record ``authorized`` for good); if
+        # another worker did take the invocation over meanwhile, the generation-stamped write
+        # is refused and ``conclude`` answers LEASE_LOST from the record (``lease_refused``).
+        return attempt, None, _boundary_failure(attempt, after=timeout_code, before=setup_code)
     result: RemoteResult | None = None
     failure: Failure | None = None
 
@@ -227,7 +242,7 @@ async def run_tries(
         assert control is not None and control.code is not None
         failure = _boundary_failure(attempt, after=control.code, before=control.code)
     elif scope.cancelled_caught and result is None and failure is None:
-        failure = _boundary_failure(attempt, after=timeout_code, before=Code.CONNECT_TIMEOUT)
+        failure = _boundary_failure(attempt, after=timeout_code, before=setup_code)
     return attempt, result, failure
 
 
