@@ -39,6 +39,8 @@ from affidavit.reconcile import service as reconcile
 from affidavit.secrets.vault import Vault
 from affidavit.statemachine import Event, Record, operation_json
 
+from .wire import check_timeout
+
 __all__ = ["Broker"]
 
 
@@ -104,9 +106,16 @@ class Broker:
         result later: the approved request is sent once, by whoever holds it).  A shared
         journal unreachable beyond ``[journal] reconnect`` leaves no record to answer from:
         ``affidavit.engine.CallNotRecorded`` (``code``, ``invocation_id``: fetch it once the
-        journal is back)."""
+        journal is back).
+
+        ``timeout``: None (the target's own) or seconds in (0, 100 years] -- anything else is a
+        ``ValueError`` in the words of ``affidavit call --timeout`` (``wire.check_timeout``)."""
         return await self._engine.call(
-            action, timeout=timeout, deliver=deliver, control=control, requester=requester
+            action,
+            timeout=check_timeout(timeout),
+            deliver=deliver,
+            control=control,
+            requester=requester,
         )
 
     async def recover(self) -> list[Record]:
@@ -155,7 +164,7 @@ class Broker:
 
         The seam for every interface that polls (``affidavit operation poll``, the daemon, the
         MCP tool ``poll_operation``): each calls this, none re-implements it."""
-        return await self._engine.poll_operation(operation_id, timeout=timeout)
+        return await self._engine.poll_operation(operation_id, timeout=check_timeout(timeout))
 
     def catalog(self) -> dict[str, Any]:
         """The configured targets as callers may know them and one action schema per protocol
@@ -222,6 +231,7 @@ class Broker:
         if query == (attest is not None):
             raise OperatorError("BAD_REQUEST", "give exactly one of query or attest", 400)
         if query:
+            timeout = check_timeout(timeout)
             return await reconcile.query(self._engine, invocation_id, timeout=timeout)
         assert attest is not None
         envelope = await reconcile.attest(

@@ -39,6 +39,7 @@ from .wire import (
     DaemonUnavailable,
     Response,
     approval_path,
+    check_timeout,
     invocation_path,
     socket_path,
     target,
@@ -160,8 +161,7 @@ class Client:
         self, action: Mapping[str, Any], *, timeout: float | None = None
     ) -> dict[str, Any]:
         """Perform one action in the daemon; return its envelope (as ``Broker.call``)."""
-        if timeout is not None and not timeout >= 0:
-            raise ValueError("timeout must be None or a number of seconds >= 0")
+        timeout = check_timeout(timeout)
         body = json.dumps(action).encode("utf-8")
         response = await self._request(
             "POST", target("/v1/calls", {"timeout": timeout}), body, retry=False
@@ -187,8 +187,7 @@ class Client:
         """Query a job's status resource once, in the daemon (as ``Broker.poll_operation``):
         ``{"operation", "poll"}``.  ``ApiError`` (422 ``OPERATION_ERROR``) for an unknown id or
         a job with nothing to query."""
-        if timeout is not None and not timeout >= 0:
-            raise ValueError("timeout must be None or a number of seconds >= 0")
+        timeout = check_timeout(timeout)
         path = "/v1/operations/" + quote(operation_id, safe="") + "/poll"
         response = await self._request("POST", target(path, {"timeout": timeout}), b"", retry=False)
         answer: dict[str, Any] = response.json()
@@ -281,6 +280,7 @@ class Client:
         """As ``Broker.reconcile``: ``query=True`` (any peer the daemon admits) or
         ``attest="committed" | "rejected"`` with a ``note`` (operators only)."""
         body: dict[str, Any] = {"query": True} if query else {"attest": attest, "note": note}
+        timeout = check_timeout(timeout)
         path = target(invocation_path(invocation_id, "/reconcile"), {"timeout": timeout})
         return await self._post_json(path, body)
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import socket
 import time
 from collections.abc import Mapping
@@ -41,9 +42,11 @@ __all__ = [
     "Response",
     "approval_path",
     "blocking_request",
+    "check_timeout",
     "invocation_path",
     "parse_count",
     "parse_time",
+    "parse_timeout",
     "read_answer",
     "socket_path",
     "target",
@@ -154,6 +157,43 @@ def parse_count(value: str) -> int:
     if not (value.isascii() and value.isdigit()) or len(value) > 19 or int(value) > MAX_COUNT:
         raise ValueError(f"expected a whole number from 0 to {MAX_COUNT}")
     return int(value)
+
+
+MAX_TIMEOUT = 36500 * 86400.0
+"""The longest caller timeout, in seconds: 100 years, the bound of every configured duration
+(``affidavit.schema.values.MAX_DURATION``, not imported: this module stays light)."""
+TIMEOUT_RULE = (
+    "INVALID_FIELD at timeout: expected a number of seconds greater than 0 "
+    f"and at most {MAX_TIMEOUT:.0f} (100 years)"
+)
+"""The one refusal of a caller timeout, word for word the same from ``affidavit call``
+embedded, through the daemon (``?timeout=``, HTTP 400 ``INVALID_FIELD``) and from the Python
+API (``ValueError``)."""
+_SECONDS = re.compile(r"(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+
+
+def check_timeout(value: float | None) -> float | None:
+    """A caller's timeout: None (the target's own), or seconds in (0, ``MAX_TIMEOUT``].  Zero
+    or less left nothing to run the call in; NaN, infinity and a deadline past 100 years are
+    mistakes.  ``ValueError`` is ``TIMEOUT_RULE``."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(TIMEOUT_RULE)
+    if not 0 < value <= MAX_TIMEOUT:  # NaN fails both
+        raise ValueError(TIMEOUT_RULE)
+    return float(value)
+
+
+def parse_timeout(value: str) -> float:
+    """``--timeout`` and the daemon's ``?timeout=``: an ASCII decimal number of seconds (an
+    exponent allowed; ``float``'s ``inf``, ``nan``, ``1_0`` and non-ASCII digits are not),
+    checked by ``check_timeout``."""
+    if not (value.isascii() and _SECONDS.fullmatch(value)):
+        raise ValueError(TIMEOUT_RULE)
+    seconds = check_timeout(float(value))
+    assert seconds is not None
+    return seconds
 
 
 def parse_time(value: str) -> float:

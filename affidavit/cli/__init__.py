@@ -93,6 +93,19 @@ def time_arg(value: str | None, what: str) -> float | None:
     return _parsed(value, what, parse_time)
 
 
+def timeout_arg(value: str | None) -> float | None:
+    """``--timeout`` (``wire.parse_timeout``), or a ``UsageError`` in the daemon's words for
+    ``?timeout=`` -- the same line embedded and through the socket."""
+    from affidavit.api.wire import parse_timeout
+
+    if value is None:
+        return None
+    try:
+        return parse_timeout(value)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
 def _parsed(value: str | None, what: str, parse: Callable[[str], T]) -> T | None:
     if value is None:
         return None

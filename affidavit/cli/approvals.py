@@ -39,6 +39,7 @@ from affidavit.cli import (
     daemon_json,
     daemon_socket,
     text_arg,
+    timeout_arg,
 )
 from affidavit.cli.call import load_or_usage, run_journal
 
@@ -84,7 +85,7 @@ def add_commands(sub: Any) -> None:
         help="record what you found on the remote system (operators only; needs --note)",
     )
     r.add_argument("--note", help="what you checked (kept in the journal with your identity)")
-    r.add_argument("--timeout", type=float, help="caller timeout in seconds for the query")
+    r.add_argument("--timeout", help="caller timeout in seconds for the query", metavar="SECONDS")
     _options(r)
     r.set_defaults(handler=_reconcile)
 
@@ -263,8 +264,7 @@ def _reconcile(args: argparse.Namespace) -> int:
     iid = text_arg(args.invocation_id, "the invocation id")
     note = text_arg(args.note, "--note")
     assert iid is not None
-    if args.timeout is not None and not args.timeout >= 0:
-        raise UsageError("--timeout must be a number of seconds >= 0")
+    args.timeout = timeout_arg(args.timeout)
     if args.attest is not None and not (note or "").strip():
         raise UsageError("--attest needs a --note saying what you checked")
     socket = daemon_socket(args, "config")

@@ -29,6 +29,7 @@ from affidavit.cli import (
     daemon_json,
     daemon_socket,
     text_arg,
+    timeout_arg,
 )
 
 __all__ = ["add_commands", "load_or_usage", "run_journal"]
@@ -45,7 +46,9 @@ def add_commands(sub: Any) -> None:
     p = sub.add_parser("call", help="perform one action and print its envelope")
     p.add_argument("action", nargs="?", default="-", help="action JSON file, or - for stdin")
     p.add_argument("--config", help="config file (default: $AFFIDAVIT_CONFIG or ./affidavit.toml)")
-    p.add_argument("--timeout", type=float, help="caller timeout in seconds")
+    p.add_argument(
+        "--timeout", help="caller timeout in seconds (> 0, at most 100 years)", metavar="SECONDS"
+    )
     add_socket_arg(p)
     p.set_defaults(handler=_call)
 
@@ -138,9 +141,9 @@ def _print(envelope: dict[str, Any]) -> None:
 
 def _call(args: argparse.Namespace) -> int:
     # NaN or a negative deadline made trio.fail_after raise after ACTION_ACCEPTED was
-    # journaled (a traceback, and a record never closed); it is a usage error before anything.
-    if args.timeout is not None and not args.timeout >= 0:
-        raise UsageError("--timeout must be a number of seconds >= 0")
+    # journaled (a traceback, and a record never closed); 0 left the record open; inf passed
+    # embedded but not through the daemon.  One parser, before anything, in both modes.
+    args.timeout = timeout_arg(args.timeout)
     socket = daemon_socket(args, "config")
     if socket is not None:
         from affidavit.api.wire import target

@@ -20,7 +20,7 @@ import json
 import sys
 from typing import Any
 
-from affidavit.cli import UsageError, text_arg
+from affidavit.cli import UsageError, text_arg, timeout_arg
 from affidavit.cli.call import load_or_usage
 from affidavit.cli.journal import common_options, failure_line, print_json, reading
 
@@ -42,7 +42,9 @@ def add_commands(sub: Any) -> None:
     poll.add_argument(
         "--config", help="config file (default: $AFFIDAVIT_CONFIG or ./affidavit.toml)"
     )
-    poll.add_argument("--timeout", type=float, help="caller timeout in seconds for the query")
+    poll.add_argument(
+        "--timeout", help="caller timeout in seconds for the query", metavar="SECONDS"
+    )
     poll.set_defaults(handler=_poll)
 
 
@@ -73,8 +75,7 @@ def _poll(args: argparse.Namespace) -> int:
 
     op_id = text_arg(args.operation_id, "the operation id")
     assert op_id is not None
-    if args.timeout is not None and not args.timeout >= 0:
-        raise UsageError("--timeout must be a number of seconds >= 0")
+    args.timeout = timeout_arg(args.timeout)
     config = load_or_usage(args.config)
 
     async def main() -> dict[str, Any]:

@@ -155,7 +155,7 @@ class Api:
 
     async def call(self, req: Request) -> None:
         action = await req.action()
-        timeout = req.float_param("timeout")
+        timeout = req.timeout_param()
         if not self.calls.accepting:
             raise ApiProblem(503, "SHUTTING_DOWN", "the broker is shutting down; call again later")
 
@@ -205,7 +205,7 @@ class Api:
     async def poll(self, req: Request, operation_id: str) -> None:
         """One query of a job's status resource (``Broker.poll_operation``): a linked invocation
         of its own, whose envelope is in the answer's ``poll``."""
-        timeout = req.float_param("timeout")
+        timeout = req.timeout_param()
         if not self.calls.accepting:
             raise ApiProblem(503, "SHUTTING_DOWN", "the broker is shutting down; call again later")
         try:

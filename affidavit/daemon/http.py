@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl
 
 from affidavit.api.limits import ActionInvalid, load_action_json
-from affidavit.api.wire import parse_count
+from affidavit.api.wire import parse_count, parse_timeout
 
 from .link import Link
 from .peer import Peer
@@ -125,17 +125,16 @@ class Request:
         except ValueError as exc:
             raise ApiProblem(400, "BAD_REQUEST", f"{name}: {exc}") from None
 
-    def float_param(self, name: str) -> float | None:
-        raw = self.params.get(name)
+    def timeout_param(self) -> float | None:
+        """``?timeout=`` as ``affidavit call --timeout`` reads it (``wire.parse_timeout``):
+        400 ``INVALID_FIELD`` in the same words."""
+        raw = self.params.get("timeout")
         if not raw:
             return None
         try:
-            value = float(raw)
-        except ValueError:
-            value = float("nan")
-        if not value >= 0 or value == float("inf"):
-            raise ApiProblem(400, "BAD_REQUEST", f"{name}: expected a number of seconds >= 0")
-        return value
+            return parse_timeout(raw)
+        except ValueError as exc:
+            raise ApiProblem(400, "INVALID_FIELD", str(exc)) from None
 
     async def respond(
         self,

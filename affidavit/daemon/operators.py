@@ -142,7 +142,7 @@ async def reconcile(api: Api, req: Request, invocation_id: str) -> None:
     if not isinstance(query, bool) or (attest is not None and not isinstance(attest, str)):
         raise ApiProblem(400, "BAD_REQUEST", 'give {"query": true} or {"attest": ..., "note"}')
     who = _require(api, req, "attest an outcome") if attest is not None else operator_of(req)
-    timeout = req.float_param("timeout")
+    timeout = req.timeout_param()
     note = _note(body)
     answer = await _run(
         lambda: api.broker.reconcile(

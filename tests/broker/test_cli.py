@@ -241,8 +241,8 @@ async def test_bad_timeout_and_non_utf8_identifiers_are_usage_errors(tmp_path: P
     journal = str(load_config(cfg).journal.path)
     bad = os.fsdecode(b"act_\xff")
     cases: list[tuple[list[str], bytes]] = [
-        (["call", "-", "--config", str(cfg), "--timeout", "nan"], b"--timeout"),
-        (["call", "-", "--config", str(cfg), "--timeout", "-1"], b"--timeout"),
+        (["call", "-", "--config", str(cfg), "--timeout", "nan"], b"INVALID_FIELD at timeout"),
+        (["call", "-", "--config", str(cfg), "--timeout", "-1"], b"INVALID_FIELD at timeout"),
         (["result", bad, "--config", str(cfg)], b"invocation id is not valid UTF-8"),
     ]
     p = await _cli("call", "-", "--config", str(cfg), stdin=json.dumps(GET).encode())

@@ -196,3 +196,43 @@ async def test_an_action_naming_a_field_twice_is_refused_the_same_both_ways(
             assert through.stderr == local.stderr, (through.stderr, local.stderr)
             assert through.stdout == local.stdout == b""
         assert not srv.requests
+
+
+async def test_a_bad_timeout_is_refused_in_the_same_words_both_ways(
+    tmp_path: Path, token: str
+) -> None:
+    """One parser (``wire.parse_timeout``): ``--timeout inf`` ran embedded but was refused
+    through the socket, and ``?timeout=1e308`` was taken; 0 left the record open."""
+    from affidavit.api.wire import TIMEOUT_RULE, blocking_request
+
+    async with serving(tmp_path, scripts.serve(OK), token=token) as (srv, daemon):
+        for value in ("0", "inf", "1e308", "9" * 26, "-1", "nan"):
+            answer = await trio.to_thread.run_sync(
+                blocking_request,
+                str(daemon.socket),
+                "POST",
+                f"/v1/calls?timeout={value}",
+                action_bytes(),
+            )
+            assert answer.status == 400, (value, answer)
+            assert (answer.error().code, answer.error().message) == ("INVALID_FIELD", TIMEOUT_RULE)
+            through = await cli(daemon, "call", "-", "--timeout", value, stdin=action_bytes())
+            local = await embedded(
+                "call",
+                "-",
+                "--timeout",
+                value,
+                "--config",
+                str(daemon.config),
+                stdin=action_bytes(),
+            )
+            assert through.returncode == local.returncode == 2, (value, through.stderr)
+            assert through.stderr == local.stderr == f"affidavit: {TIMEOUT_RULE}\n".encode()
+        assert not srv.requests
+        # A positive deadline spent before dispatch is the caller's, and the record is closed.
+        short = await cli(daemon, "call", "-", "--timeout", "1e-9", stdin=action_bytes())
+        assert short.returncode == 1
+        err = short.json()["error"]
+        assert (err["code"], err["outcome"]) == ("CALLER_CANCELLED", "not_attempted"), err
+        record = (await cli(daemon, "record", short.json()["invocation_id"], "--json")).json()
+        assert record["record"]["state"] == "setup_failed", record["record"]
