@@ -232,10 +232,21 @@ def _print_answer(envelope: dict[str, Any]) -> int:
     return 1 if "error" in envelope else 0
 
 
+def _past_the_end(start: int, what: str, count: int) -> str:
+    """``result --raw --from-chunk`` beyond the stream's end (``CHUNK_OUT_OF_RANGE``): the
+    chunks there are, 0 to ``count - 1``; ``count`` itself is the end (nothing left)."""
+    held = f"has chunks 0 to {count - 1}" if count else "has no chunks"
+    return (
+        f"CHUNK_OUT_OF_RANGE at from_chunk: {what} {held}; --from-chunk {start} is past its "
+        f"end (give 0 to {count}; {count} is the end: nothing left)"
+    )
+
+
 async def _raw_result(config: Any, args: argparse.Namespace) -> int:
     """``result --raw``: one stream's stored bytes, verified chunk by chunk as they are written.
     A chunk that fails verification stops the output there: nothing of it is written, and the
-    message (exit 2) says which chunk and how much was written before it."""
+    message (exit 2) says which chunk and how much was written before it.  A ``--from-chunk``
+    past the stream's end is ``CHUNK_OUT_OF_RANGE`` (exit 2), naming the chunks there are."""
     from affidavit.api.broker import Broker
     from affidavit.journal import JournalError
 
@@ -262,10 +273,16 @@ async def _raw_result(config: Any, args: argparse.Namespace) -> int:
                     f"the result has streams {', '.join(names)}: pick one with --stream"
                 )
             if not names:
+                if start > 0:
+                    raise UsageError(_past_the_end(start, "the result has no stream", 0))
                 return 0  # an empty result: no stream, no bytes
             name = names[0]
         if name not in stored.streams:
             raise UsageError(f"the result has no stream {name!r} (it has: {', '.join(names)})")
+        count = stored.streams[name].chunks
+        if start > count:
+            # Past the end: nothing to write, and an empty exit 0 read as "that was all".
+            raise UsageError(_past_the_end(start, f"stream {name!r}", count))
         out = sys.stdout.buffer
         written, index = 0, start
         try:

@@ -216,3 +216,36 @@ async def test_raw_without_a_stored_result_says_so(tmp_path: Path) -> None:
     p = _cli(s, "result", "inv-u", "--raw")
     assert p.returncode == 1 and p.stdout == b""
     assert b"has no stored result" in p.stderr and b"unknown" in p.stderr
+
+
+async def test_raw_from_a_chunk_past_the_end_is_refused_naming_the_chunks_there_are(
+    tmp_path: Path,
+) -> None:
+    """``--raw --from-chunk 5`` of a one-chunk result printed nothing and exited 0, as if that
+    were all.  The end itself (chunk 1 of 1) is a resume with nothing left: exit 0, empty."""
+    token = "tok-resume-" + "s" * 16
+    async with HostileServer.running(scripts.serve(Reply(200, body=b"small"))) as srv:
+        cfg = write_config(tmp_path, {"api": http_target(srv.url)})
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv(TOKEN_ENV, token)
+            async with open_broker(cfg) as broker:
+                env = await broker.call({"target": "api", "method": "GET", "path": "/s"})
+                assert_ok(broker, env)
+                assert env["evidence"]["result"]["chunks"] == {"body": 1}
+    s = Stored(cfg, tmp_path / "journal.db", str(env["invocation_id"]), token)
+    past = await trio.to_thread.run_sync(
+        lambda: _cli(s, "result", s.iid, "--raw", "--from-chunk", "5")
+    )
+    assert (past.returncode, past.stdout) == (2, b""), past.stderr
+    assert past.stderr == (
+        b"affidavit: CHUNK_OUT_OF_RANGE at from_chunk: stream 'body' has chunks 0 to 0; "
+        b"--from-chunk 5 is past its end (give 0 to 1; 1 is the end: nothing left)\n"
+    )
+    end = await trio.to_thread.run_sync(
+        lambda: _cli(s, "result", s.iid, "--raw", "--from-chunk", "1")
+    )
+    assert (end.returncode, end.stdout, end.stderr) == (0, b"", b"")
+    first = await trio.to_thread.run_sync(
+        lambda: _cli(s, "result", s.iid, "--raw", "--from-chunk", "0")
+    )
+    assert (first.returncode, first.stdout) == (0, b"small")
