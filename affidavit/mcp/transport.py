@@ -256,7 +256,14 @@ class StdioTransport:
             return
         ambiguous = _ambiguous(line)
         if ambiguous is not None:
-            await self._refuse(INVALID_PARAMS, message.id, ambiguous)
+            field, what = ambiguous
+            if field == "message.id":  # which of its ids? neither: answered under null
+                await self._fault(INVALID_REQUEST, None, what)
+            else:
+                in_params = field.startswith(("action", "message.params"))
+                await self._refuse(
+                    INVALID_PARAMS if in_params else INVALID_REQUEST, message.id, what
+                )
             return
         if coerce_request_id(message.id) in self._open:
             await self._refuse(INVALID_REQUEST, message.id, "a second request")
@@ -380,18 +387,19 @@ def _has_id(line: bytes) -> bool:
     return isinstance(found, dict) and "id" in found
 
 
-def _ambiguous(line: bytes) -> str | None:
+def _ambiguous(line: bytes) -> tuple[str, str] | None:
     """What makes a request the SDK's parser accepted mean two things: a field named twice in
     one object (pydantic keeps the last one, a proxy reading the first sees another action)
-    or ``NaN``/``Infinity`` (not JSON).  Read again, strictly, for requests only -- the
-    daemon and ``affidavit call`` read an action's JSON as strictly (``strict_json``)."""
+    or ``NaN``/``Infinity`` (not JSON): (the field's path, the fault in ``affidavit call``'s
+    words).  Read again, strictly, for requests only -- the daemon and ``affidavit call`` read
+    an action's JSON as strictly (``strict_json``); a tool's arguments are ``action``."""
     from affidavit.api.limits import ActionInvalid, strict_json
 
     try:
         strict_json(line.decode("utf-8", "surrogateescape"), "message")
     except ActionInvalid as exc:
         field = exc.field.replace("message.params.arguments", "action", 1)
-        return f"{exc.code.value} at {field}: {exc.message}"
+        return field, f"{exc.code.value} at {field}: {exc.message}"
     except (ValueError, RecursionError):
         pass  # the SDK's parser read it: its own reading stands
     return None

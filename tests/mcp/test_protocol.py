@@ -357,8 +357,14 @@ MALFORMED: list[tuple[bytes, int, str]] = [
     (
         b'{"jsonrpc":"2.0","id":13,"method":"tools/call","params":{"name":"http_request",'
         b'"arguments":{"target":"ok","method":"GET","path":"/","n":NaN}}}',
-        -32602,
-        "holds NaN, which is not a JSON number",
+        -32600,  # where it is, the parser does not say: the message is not strictly JSON
+        "INVALID_FIELD at message: holds NaN, which is not a JSON number",
+    ),
+    (
+        b'{"jsonrpc":"2.0","id":14,"method":"tools/list","method":"tools/call","params":'
+        b'{"name":"http_request","arguments":{"target":"ok","method":"GET","path":"/"}}}',
+        -32600,
+        "INVALID_FIELD at message.method: is given twice",
     ),
 ]
 
@@ -379,6 +385,11 @@ async def test_a_malformed_message_is_answered_with_an_error_naming_the_fault(
         await raw.send(b'{"jsonrpc":"2.0","id":9,"method":' + CANARY.encode() + b"\n")
         unreadable = await raw.receive()
         assert (unreadable["id"], unreadable["error"]["code"]) == (None, -32700)
+        # Two ids: neither is its id (the SDK's parser kept the last one), answered under null.
+        await raw.send(b'{"jsonrpc":"2.0","id":20,"id":21,"method":"ping"}\n')
+        twice = await raw.receive()
+        assert (twice["id"], twice["error"]["code"]) == (None, -32600), twice
+        assert "INVALID_FIELD at message.id: is given twice" in twice["error"]["message"]
         # A malformed notification is not answered: the next answer is the next request's.
         await raw.send(b'{"jsonrpc":"2.0","method":"notifications/x","params":"\\ud800"}\n')
         await raw.send(call(10, "list_targets", {}))
