@@ -30,11 +30,13 @@ from pathlib import Path
 
 from affidavit.statemachine import Code
 
+from .files import FileMissing, FileRefused, read_small_file
 from .redaction import REDACTED, Redactor, redactor, secret_forms
 from .vault import EntryMissing, Vault, VaultCorrupt, VaultError, VaultLocked, VaultMissing
 
 __all__ = [
     "INJECTION_SCHEMES",
+    "MAX_CREDENTIAL_BYTES",
     "REDACTED",
     "Credential",
     "CredentialError",
@@ -49,6 +51,10 @@ __all__ = [
     "secret_forms",
     "trim_final_newline",
 ]
+
+MAX_CREDENTIAL_BYTES = 64 * 1024
+"""A ``file:`` credential larger than this is refused (CREDENTIAL_INVALID): a token, a password
+or a private key is a few KiB at most, and the file is read inside the event loop."""
 
 INJECTION_SCHEMES = ("bearer", "basic", "header:NAME", "query:NAME")
 
@@ -135,17 +141,12 @@ def resolve(ref: str, *, vault: Vault | None, base_dir: Path | None = None) -> C
         if not path.is_absolute() and base_dir is not None:
             path = base_dir / path
         try:
-            with open(path, "rb") as fh:
-                st = os.fstat(fh.fileno())
-                data = fh.read()
-        except FileNotFoundError:
-            raise CredentialError(Code.CREDENTIAL_MISSING, f"{ref}: file not found") from None
-        except OSError as exc:
-            # The exception text is the OS's reason (permission denied, is a directory): it
-            # names the path we chose, never the contents we failed to read.
-            raise CredentialError(
-                Code.CREDENTIAL_INVALID, f"{ref}: cannot read file ({exc.strerror})"
-            ) from None
+            data, st = read_small_file(path, MAX_CREDENTIAL_BYTES)
+        except FileMissing as exc:
+            raise CredentialError(Code.CREDENTIAL_MISSING, f"{ref}: {exc}") from None
+        except FileRefused as exc:
+            # The reason names the file's type, size or the OS's error -- never its contents.
+            raise CredentialError(Code.CREDENTIAL_INVALID, f"{ref}: {exc}") from None
         data = trim_final_newline(data)
         if not data:
             raise CredentialError(Code.CREDENTIAL_MISSING, f"{ref}: file is empty")

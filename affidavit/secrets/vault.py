@@ -48,7 +48,10 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.scrypt import Scrypt
 
+from .files import FileMissing, FileRefused, read_small_file
+
 __all__ = [
+    "MAX_VAULT_BYTES",
     "PASSPHRASE_ENV",
     "EntryMissing",
     "Vault",
@@ -65,6 +68,9 @@ PASSPHRASE_ENV = "AFFIDAVIT_VAULT_PASSPHRASE"
 MAGIC = b"AFVAULT\x01"
 _UNLOCK_MAGIC = b"AFUNLK\x00\x01"
 _SALT_LEN, _CHECK_LEN, _NONCE_LEN, _KEY_LEN = 16, 16, 12, 32
+MAX_VAULT_BYTES = 64 * 1024 * 1024
+"""A vault file larger than this is refused (it is read whole on every ``vault:`` reference)."""
+_UNLOCK_MAX_BYTES = 4096  # the unlock file is a few dozen bytes
 _HEADER_LEN = len(MAGIC) + 3 + _SALT_LEN + _CHECK_LEN
 DEFAULT_N_LOG2 = 15
 """scrypt N = 2**15, r = 8, p = 1: ~32 MiB and ~0.1 s per derivation (RFC 7914's interactive
@@ -288,16 +294,16 @@ class Vault:
             os.close(fd)
 
     def _read_raw(self) -> bytes:
+        # Read inside the event loop on every vault: reference: never block on a FIFO, never
+        # read a device or an unbounded file (affidavit/secrets/files.py).
         try:
-            return self.path.read_bytes()
-        except FileNotFoundError:
+            return read_small_file(self.path, MAX_VAULT_BYTES)[0]
+        except FileMissing:
             raise VaultMissing(
                 f"{self.path}: no vault file (create one with `affidavit vault init`)"
             ) from None
-        except IsADirectoryError:
-            raise VaultCorrupt(f"{self.path}: is a directory, not a vault file") from None
-        except OSError as exc:
-            raise VaultError(f"{self.path}: cannot read the vault file: {exc.strerror}") from None
+        except FileRefused as exc:
+            raise VaultError(f"{self.path}: cannot read the vault file: {exc}") from None
 
     def _read_header(self) -> _Header:
         return _Header(self._read_raw())
@@ -314,12 +320,12 @@ class Vault:
             self._env_cache = (passphrase, header.raw, key)
             return key
         try:
-            blob = self.unlock_path.read_bytes()
-        except FileNotFoundError:
+            blob = read_small_file(self.unlock_path, _UNLOCK_MAX_BYTES)[0]
+        except FileMissing:
             raise VaultLocked(f"{self.path}: the vault is locked") from None
-        except OSError as exc:
+        except FileRefused as exc:
             raise VaultLocked(
-                f"{self.unlock_path}: cannot read the unlock file ({exc.strerror}); unlock again"
+                f"{self.unlock_path}: cannot read the unlock file ({exc}); unlock again"
             ) from None
         if (
             len(blob) != len(_UNLOCK_MAGIC) + _SALT_LEN + _KEY_LEN

@@ -1,0 +1,87 @@
+"""Reading a small secret file without ever blocking or exhausting the broker.
+
+A credential (``file:PATH``) and the vault's files are read inside the event loop, before a
+call's record can finish.  A plain ``open()``/``read()`` there is a denial of service: a FIFO
+blocks ``open`` until something writes to it (the whole daemon freezes, SIGTERM included), and
+``/dev/zero`` or a huge file reads until memory runs out.  So:
+
+* ``O_NONBLOCK``: opening a FIFO returns at once (then refused below) instead of waiting for a
+  writer; on a regular file the flag has no effect.  ``O_NOCTTY``: naming a terminal never makes
+  it the broker's controlling terminal.
+* ``fstat`` on the opened descriptor (no check-then-open race): only a regular file is read.
+* at most ``limit`` bytes: the size is checked before reading and the read itself stops one byte
+  past the limit (a file may grow, and ``/proc`` files report size 0).
+
+Symlinks are followed, as for ``[journal] key_file`` and ``signing_key`` (a mounted secret is
+often a symlink); the file the link names is what is checked.  Every message names the path and
+what is wrong with it, never a byte of the contents.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+__all__ = ["FileMissing", "FileRefused", "read_small_file"]
+
+_OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOCTTY", 0)
+
+
+class FileRefused(Exception):
+    """The file exists but must not be read; ``str()`` says why (never its contents)."""
+
+
+class FileMissing(FileRefused):
+    """There is no file at the path."""
+
+
+def _what(mode: int) -> str:
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO (named pipe)"
+    if stat.S_ISCHR(mode):
+        return "a character device"
+    if stat.S_ISBLK(mode):
+        return "a block device"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "not a regular file"
+
+
+def _size(n: int) -> str:
+    return f"{n // 1024} KiB" if n % 1024 == 0 else f"{n} bytes"
+
+
+def read_small_file(path: Path, limit: int) -> tuple[bytes, os.stat_result]:
+    """The contents of the regular file at ``path`` (at most ``limit`` bytes) and its ``fstat``.
+    ``FileMissing`` if absent, ``FileRefused`` (a reason without the path) otherwise."""
+    try:
+        fd = os.open(path, _OPEN_FLAGS)
+    except FileNotFoundError:
+        raise FileMissing("file not found") from None
+    except OSError as exc:
+        raise FileRefused(f"cannot open file ({exc.strerror})") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise FileRefused(f"is {_what(st.st_mode)}, not a regular file")
+        too_large = FileRefused(f"file is larger than the {_size(limit)} limit")
+        if st.st_size > limit:
+            raise too_large
+        chunks: list[bytes] = []
+        got = 0
+        while got <= limit:
+            chunk = os.read(fd, limit + 1 - got)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            got += len(chunk)
+        if got > limit:
+            raise too_large
+        return b"".join(chunks), st
+    except OSError as exc:
+        raise FileRefused(f"cannot read file ({exc.strerror})") from None
+    finally:
+        os.close(fd)

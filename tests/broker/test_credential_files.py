@@ -1,0 +1,188 @@
+"""A ``file:`` credential is read inside the event loop, so it must never block the broker or
+exhaust its memory (affidavit/secrets/files.py): a FIFO, a device, a directory or a file over
+``MAX_CREDENTIAL_BYTES`` is CREDENTIAL_INVALID (credential_injection, not_attempted, nothing
+sent), its message naming the reference and what is wrong -- never a byte of the contents."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import trio
+
+from affidavit.api.broker import Broker
+from affidavit.cli.tour import DemoServer, demo_config
+from affidavit.config import load_config
+from affidavit.secrets.credentials import MAX_CREDENTIAL_BYTES, CredentialError, resolve
+from affidavit.secrets.vault import Vault
+from affidavit.statemachine import Code
+
+CANARY = "CANARY-f1le-cred-5e9b07"
+
+
+@pytest.fixture(autouse=True)
+def _capture_logs(caplog: pytest.LogCaptureFixture) -> Iterator[None]:
+    caplog.set_level(logging.DEBUG)
+    yield
+    assert CANARY not in caplog.text
+
+
+@contextlib.contextmanager
+def unblock_after(fifo: Path, seconds: float) -> Iterator[None]:
+    """Without the fix, ``open(fifo)`` blocks the whole trio thread and no ``fail_after`` can
+    fire: after ``seconds`` this opens the FIFO's writing end (once a reader waits), so a
+    regression fails the test with TooSlowError instead of hanging the suite."""
+    done = threading.Event()
+
+    def watchdog() -> None:
+        if done.wait(seconds):
+            return
+        while not done.is_set():
+            try:
+                fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+            except OSError:  # ENXIO: no reader yet
+                done.wait(0.05)
+                continue
+            os.close(fd)
+            return
+
+    thread = threading.Thread(target=watchdog, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+
+
+def _refused(ref: str, **kw: object) -> CredentialError:
+    with pytest.raises(CredentialError) as info:
+        resolve(ref, vault=None, **kw)  # type: ignore[arg-type]
+    assert info.value.code is Code.CREDENTIAL_INVALID
+    assert str(info.value).startswith(f"CREDENTIAL_INVALID: {ref}: ")
+    assert CANARY not in str(info.value)
+    return info.value
+
+
+def test_fifo_credential_is_refused_without_blocking(tmp_path: Path) -> None:
+    fifo = tmp_path / "cred.fifo"
+    os.mkfifo(fifo)
+    with unblock_after(fifo, 3):
+        err = _refused(f"file:{fifo}")
+    assert "FIFO" in err.message and "not a regular file" in err.message
+
+
+def test_dev_zero_and_directories_are_refused() -> None:
+    # In a child under a 512 MiB address-space limit: were /dev/zero ever read again, the child
+    # fails with MemoryError instead of the test machine running out of memory.
+    code = (
+        "import resource\n"
+        "resource.setrlimit(resource.RLIMIT_AS, (512 << 20, 512 << 20))\n"
+        "from affidavit.secrets.credentials import CredentialError, resolve\n"
+        "for ref in ('file:/dev/zero', 'file:/'):\n"
+        "    try:\n"
+        "        resolve(ref, vault=None)\n"
+        "    except CredentialError as exc:\n"
+        "        print(exc)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.splitlines() == [
+        "CREDENTIAL_INVALID: file:/dev/zero: is a character device, not a regular file",
+        "CREDENTIAL_INVALID: file:/: is a directory, not a regular file",
+    ]
+
+
+def test_credential_file_size_is_capped(tmp_path: Path) -> None:
+    at_limit = tmp_path / "at_limit"
+    at_limit.write_bytes(CANARY.encode() + b"x" * (MAX_CREDENTIAL_BYTES - len(CANARY)))
+    assert len(resolve(f"file:{at_limit}", vault=None).value) == MAX_CREDENTIAL_BYTES
+    over = tmp_path / "over"
+    over.write_bytes(CANARY.encode() + b"x" * (MAX_CREDENTIAL_BYTES + 1 - len(CANARY)))
+    assert "larger than the 64 KiB limit" in _refused(f"file:{over}").message
+    huge = tmp_path / "huge"  # sparse: 100 MB is never read into memory
+    with open(huge, "wb") as fh:
+        fh.write(CANARY.encode())
+        fh.truncate(100 * 1024 * 1024)
+    assert "larger than the 64 KiB limit" in _refused(f"file:{huge}").message
+
+
+async def test_fifo_credential_answers_and_the_broker_keeps_serving(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AFFIDAVIT_DEMO_TOKEN", CANARY)
+    fifo = tmp_path / "cred.fifo"
+    os.mkfifo(fifo)
+    server = DemoServer()
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(server.serve)
+        text = demo_config(tmp_path, port)
+        api, payments = text.split("[targets.payments]")
+        payments = payments.replace('"env:AFFIDAVIT_DEMO_TOKEN"', f'"file:{fifo}"')
+        cfg = tmp_path / "affidavit.toml"
+        cfg.write_text(api + "[targets.payments]" + payments, encoding="utf-8")
+        with unblock_after(fifo, 5), trio.fail_after(15):
+            async with Broker.open(config=load_config(cfg)) as broker:
+                results: dict[str, dict[str, object]] = {}
+
+                async def call(name: str, action: dict[str, str]) -> None:
+                    results[name] = await broker.call(action)
+
+                async with trio.open_nursery() as calls:
+                    calls.start_soon(
+                        call,
+                        "fifo",
+                        {"target": "payments", "method": "POST", "path": "/p", "body": "{}"},
+                    )
+                    calls.start_soon(
+                        call, "api", {"target": "api", "method": "GET", "path": "/hello"}
+                    )
+                refused = results["fifo"]
+                err = refused["error"]
+                assert isinstance(err, dict)
+                assert (err["code"], err["phase"], err["outcome"]) == (
+                    "CREDENTIAL_INVALID",
+                    "credential_injection",
+                    "not_attempted",
+                )
+                assert refused["evidence"]["dispatch_started"] is False  # type: ignore[index]
+                ok = results["api"]
+                assert "error" not in ok, ok
+                assert server.requests == 1  # only the api call reached the server
+                record = broker.record(str(refused["invocation_id"]))
+                assert record is not None and record.final
+                after = await broker.call({"target": "api", "method": "GET", "path": "/hello"})
+                assert "error" not in after, after
+                assert CANARY not in json.dumps([refused, ok, after])
+        nursery.cancel_scope.cancel()
+
+
+def test_fifo_vault_and_unlock_file_are_refused_without_blocking(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("AFFIDAVIT_VAULT_PASSPHRASE", raising=False)
+    vault = Vault.init(tmp_path / "v.vault", "pw", n_log2=10)
+    vault.unlock("pw")
+    vault.put("api", CANARY.encode())
+    vault.unlock_path.unlink()
+    os.mkfifo(vault.unlock_path)
+    with unblock_after(vault.unlock_path, 3), pytest.raises(CredentialError) as info:
+        resolve("vault:api", vault=vault)
+    assert info.value.code is Code.VAULT_LOCKED
+    assert "FIFO" in str(info.value) and CANARY not in str(info.value)
+    fifo_vault = Vault(tmp_path / "fifo.vault")
+    os.mkfifo(fifo_vault.path)
+    with unblock_after(fifo_vault.path, 3), pytest.raises(CredentialError) as info:
+        resolve("vault:api", vault=fifo_vault)
+    assert info.value.code is Code.CREDENTIAL_INVALID
+    assert "FIFO" in str(info.value)
