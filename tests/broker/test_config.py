@@ -612,6 +612,7 @@ SSH_CHANGES: dict[str, object] = {
     "reconcile": SshReconcile(
         parse_template("test -e /r/{idempotency_key}", shell=True), 0, 1, 60.0
     ),
+    "auth": "password",
 }
 
 

@@ -77,7 +77,7 @@ async def test_password_never_leaks(
     hostile: HostileServer, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.DEBUG)
-    cred = prepare_credential(CANARY_PASSWORD)
+    cred = prepare_credential(CANARY_PASSWORD, kind="password")
     rec = Recorder()
     with trio.fail_after(10), pytest.raises(SetupError) as ei:
         await perform(hostile_target(hostile, user="pwuser"), cred, "exit 0", None, rec.ctx)

@@ -201,11 +201,15 @@ async def test_password_credential_where_a_target_insists(hostile: HostileServer
     rec = Recorder()
     target = hostile_target(hostile, user="pwuser")
     with trio.fail_after(10):
-        res = await perform(target, prepare_credential(PASSWORD.encode()), "exit 0", None, rec.ctx)
+        res = await perform(
+            target, prepare_credential(PASSWORD.encode(), kind="password"), "exit 0", None, rec.ctx
+        )
     assert res.code is None
     assert any(f.get("method") == "password" for _s, f in rec.steps)
     with trio.fail_after(10), pytest.raises(SetupError) as ei:
-        await perform(target, prepare_credential(b"wrong"), "exit 0", None, Recorder().ctx)
+        await perform(
+            target, prepare_credential(b"wrong", kind="password"), "exit 0", None, Recorder().ctx
+        )
     assert ei.value.code == Code.REMOTE_AUTH_FAILED
 
 

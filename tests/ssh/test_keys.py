@@ -93,26 +93,54 @@ def test_private_key_is_imported_in_memory(ssh_keys: SshKeys) -> None:
     assert prepare_credential(ssh_keys.client_key, kind="private_key").kind == "private_key"
 
 
-def test_password_is_wrapped() -> None:
-    assert prepare_credential(b"s3cret").kind == "password"
-    assert prepare_credential(b"-----BEGIN x", kind="password").kind == "password"
+def test_password_is_wrapped_only_when_asked() -> None:
+    assert prepare_credential(b"s3cret", kind="password").kind == "password"
 
 
 @pytest.mark.parametrize(
-    ("secret", "kind"),
+    ("secret", "kind", "says"),
     [
-        (b"", "auto"),
-        (b"-----BEGIN OPENSSH PRIVATE KEY-----\nAAAA\n-----END OPENSSH PRIVATE KEY-----\n", "auto"),
-        (b"not a key", "private_key"),
-        (b"pw", "token"),
-        (b"pw\x00x", "password"),
+        (b"", "private_key", "is empty"),
+        (b"", "password", "is empty"),
+        (b"ghp_CANARYtoken0123456789", "private_key", "not a private key"),
+        (b"s3cret\n", "private_key", 'set auth = "password"'),
+        (b"-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n", "private_key",
+         "not a private key"),
+        (b"ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAICANARY user@host\n", "private_key",
+         "is a public key"),
+        (b"ecdsa-sha2-nistp256 AAAAE2VjZHNh comment", "private_key", "is a public key"),
+        (b"ssh-ed25519-cert-v01@openssh.com AAAAIHNzaC1l x", "private_key", "is a public key"),
+        (b"-----BEGIN PUBLIC KEY-----\nMCow\n-----END PUBLIC KEY-----\n", "private_key",
+         "is a public key"),
+        (b"---- BEGIN SSH2 PUBLIC KEY ----\nAAAA\n---- END SSH2 PUBLIC KEY ----\n",
+         "private_key", "is a public key"),
+        (b"-----BEGIN OPENSSH PRIVATE KEY-----\nAAAA\n-----END OPENSSH PRIVATE KEY-----\n",
+         "password", "is an SSH key"),
+        (b"ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAICANARY", "password", "is an SSH key"),
+        (b"-----BEGIN OPENSSH PRIVATE KEY-----\nAAAA\n-----END OPENSSH PRIVATE KEY-----\n",
+         "private_key", "could not be imported"),
+        (b"pw\x00x", "password", "NUL"),
+        (b"pw", "token", "must be private_key or password"),
+        (b"pw", "auto", "must be private_key or password"),
     ],
-)
-def test_unusable_credentials_raise_credential_invalid(secret: bytes, kind: str) -> None:
+)  # fmt: skip
+def test_a_credential_is_never_guessed_to_be_a_password(
+    secret: bytes, kind: str, says: str
+) -> None:
+    """A token or a public key given where a private key belongs would have been sent to the
+    remote as a password; it is refused before connecting, with a fixed message."""
     with pytest.raises(CredentialInvalid) as ei:
         prepare_credential(secret, kind=kind)
     assert ei.value.code == Code.CREDENTIAL_INVALID and isinstance(ei.value, ValueError)
     assert ei.value.__context__ is None and ei.value.__cause__ is None
+    assert says in str(ei.value)
+    assert "CANARY" not in str(ei.value) and "CANARY" not in repr(ei.value)
+
+
+def test_public_key_file_from_ssh_keygen_is_refused_as_public(ssh_keys: SshKeys) -> None:
+    pub = ssh_keys.client_key_path.with_suffix(".pub").read_bytes()
+    with pytest.raises(CredentialInvalid, match="is a public key"):
+        prepare_credential(pub)
 
 
 def test_passphrase_protected_key_is_invalid_and_not_echoed(
@@ -133,7 +161,7 @@ def test_passphrase_protected_key_is_invalid_and_not_echoed(
 
 def test_credential_repr_never_shows_the_secret(ssh_keys: SshKeys) -> None:
     key = prepare_credential(ssh_keys.client_key)
-    pw = prepare_credential(b"canary-password-123")
+    pw = prepare_credential(b"canary-password-123", kind="password")
     body = b"".join(ssh_keys.client_key.splitlines()[1:-1]).decode()
     for text in (repr(key), str(key), repr(pw), str(pw)):
         assert body[:32] not in text and "canary-password" not in text

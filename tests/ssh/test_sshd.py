@@ -117,7 +117,7 @@ async def test_connection_refused_on_a_closed_port() -> None:
         rec = Recorder()
         target = SshTarget("127.0.0.1", port, "nobody", ("ssh-ed25519 AAAA",))
         with trio.fail_after(10), pytest.raises(SetupError) as ei:
-            await perform(target, prepare_credential(b"pw"), "true", None, rec.ctx)
+            await perform(target, prepare_credential(b"pw", kind="password"), "true", None, rec.ctx)
     assert (ei.value.code, ei.value.stage) == (Code.CONNECTION_REFUSED, "tcp_connect")
     assert rec.events == ["setup_failed"]
     assert not rec.ctx.machine.dispatched

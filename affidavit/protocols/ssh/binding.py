@@ -47,10 +47,12 @@ class SshBinding:
         credential: Credential,
         idempotency_key: str | None,
     ) -> Prepared:
+        kind = "password" if target.auth == "password" else "private_key"
         try:
-            cred = prepare_credential(credential.value)
+            cred = prepare_credential(credential.value, kind=kind)
         except CredentialInvalid as exc:
-            raise CredentialError(exc.code, str(exc)) from None
+            # The message is fixed text; the reference says which secret to fix.
+            raise CredentialError(exc.code, f"{credential.ref}: {exc}") from None
         timeouts = SshTimeouts(
             connect=target.timeout.connect, auth=target.timeout.connect, exec=target.timeout.total
         )

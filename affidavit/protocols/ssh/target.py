@@ -60,6 +60,10 @@ class SshTarget:
     """Which commands wait for an operator's yes (``affidavit.schema.approval``)."""
     reconcile: ReconcileCommand | None
     """The command that settles an unknown outcome (``reconcile.py``)."""
+    auth: Literal["password"] | None = None
+    """``"password"``: the credential is sent as a password.  None (``auth = "key"``, the
+    default): it must be a private key -- a token or a ``.pub`` file is refused before
+    connecting, never sent."""
     kind: Literal["ssh"] = "ssh"
 
 
@@ -89,6 +93,17 @@ def _user(r: Read) -> str:
     if not _SSH_USER.fullmatch(user):
         raise r.error("must be a plain user name (A-Z a-z 0-9 _ . @ -)")
     return user
+
+
+def _auth(r: Read) -> str | None:
+    if not r.present:
+        return None
+    value = r.string(max_len=16)
+    if value not in ("key", "password"):
+        raise r.error('must be "key" or "password"')
+    # "key" is the default and stays out of the snapshot (targets written before this setting
+    # keep their hash); only "password" binds.
+    return None if value == "key" else value
 
 
 def _host_keys(r: Read) -> tuple[str, ...]:
@@ -146,6 +161,16 @@ SSH_TARGET = TargetSchema(
             ),
         ),
         *COMMON,
+        Field(
+            "auth",
+            _auth,
+            default=None,
+            unset_omitted=True,
+            shown='`"key"`',
+            doc='`"key"`: the credential is an OpenSSH or PEM private key; `"password"`: it is '
+            "sent as the password (an explicit choice: a key, token or `.pub` file is never "
+            "guessed to be one)",
+        ),
         Field(
             "idempotent_commands",
             lambda r: frozenset(r.string_list()),
