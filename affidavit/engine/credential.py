@@ -60,7 +60,14 @@ async def prepare_after(
         return prepare_request(engine, action, target, binding, key)
     except CredentialError as exc:
         await recorder.write_many(preamble)
-        attrs: dict[str, Any] = {"code": exc.code.value}
+        # The field to fix and what is wrong with it: ``exc.message`` names the reference
+        # (``env:EXAMPLE_TOKEN``, ``file:/path`` -- not secret, the success evidence shows it
+        # too) and the reason, never the value (``CredentialError``).
+        attrs: dict[str, Any] = {
+            "code": exc.code.value,
+            "field": f"targets.{target.name}.credential",
+            "message": exc.message,
+        }
         if generation is not None:
             attrs["generation"] = generation
         failed = Event(EventKind.CREDENTIAL_FAILED, iid, attrs)

@@ -133,7 +133,10 @@ def resolve(ref: str, *, vault: Vault | None, base_dir: Path | None = None) -> C
         raw = os.environb.get(name.encode())
         if not raw:
             raise CredentialError(
-                Code.CREDENTIAL_MISSING, f"{ref}: environment variable is not set or empty"
+                Code.CREDENTIAL_MISSING,
+                f"{ref}: environment variable {name} is not set or empty in the broker's "
+                "environment (set it where the broker runs: `affidavit serve` or the embedded "
+                "caller)",
             )
         return Credential(ref, raw, "env")
     if kind == "file":

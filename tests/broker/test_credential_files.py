@@ -186,3 +186,52 @@ def test_fifo_vault_and_unlock_file_are_refused_without_blocking(
         resolve("vault:api", vault=fifo_vault)
     assert info.value.code is Code.CREDENTIAL_INVALID
     assert "FIFO" in str(info.value)
+
+
+async def test_credential_errors_name_the_field_and_the_reference(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """CREDENTIAL_MISSING / CREDENTIAL_INVALID tell a newcomer what to set: the field path and
+    the reference (not secret), never the value -- in the envelope and in the journal."""
+    monkeypatch.delenv("AFF_TEST_NEVER_SET", raising=False)
+    monkeypatch.setenv("AFF_TEST_SPACED", f"{CANARY} with spaces")
+    big = tmp_path / "big"
+    big.write_bytes(CANARY.encode() * 4096)
+    big.chmod(0o600)
+    refs = {
+        "unset": "env:AFF_TEST_NEVER_SET",
+        "spaced": "env:AFF_TEST_SPACED",
+        "big": f"file:{big}",
+    }
+    text = demo_config(tmp_path, 9).split("[targets.payments]")[0]
+    for name, ref in refs.items():
+        text += (
+            f'\n[targets.{name}]\nkind = "http"\nurl = "http://127.0.0.1:9"\n'
+            f'methods = ["GET"]\ncredential = "{ref}"\ninject = "bearer"\n'
+        )
+    cfg = tmp_path / "affidavit.toml"
+    cfg.write_text(text, encoding="utf-8")
+    expected = {
+        "unset": (
+            "CREDENTIAL_MISSING",
+            "environment variable AFF_TEST_NEVER_SET is not set or empty",
+        ),
+        "spaced": ("CREDENTIAL_INVALID", "a bearer token has no spaces"),
+        "big": ("CREDENTIAL_INVALID", "larger than the 64 KiB limit"),
+    }
+    envs = []
+    with trio.fail_after(15):
+        async with Broker.open(config=load_config(cfg)) as broker:
+            for name, (code, reason) in expected.items():
+                env = await broker.call({"target": name, "method": "GET", "path": "/"})
+                err = env["error"]
+                assert err["code"] == code, err
+                assert err["field"] == f"targets.{name}.credential"
+                assert err["message"].startswith(f"{refs[name]}: "), err
+                assert reason in err["message"]
+                fetched = await broker.fetch_result(env["invocation_id"])
+                assert fetched["error"]["message"] == err["message"]
+                envs.append(env)
+    assert CANARY not in json.dumps(envs)
+    journal = b"".join(p.read_bytes() for p in tmp_path.iterdir() if p.name.startswith("demo.db"))
+    assert journal and CANARY.encode() not in journal

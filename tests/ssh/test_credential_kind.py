@@ -67,6 +67,11 @@ async def test_non_key_credentials_are_refused_before_connecting(tmp_path: Path)
             "pub": ssh_target(port, "bob", pin, credential=refs["pub"]),
             "keyaspw": ssh_target(port, "bob", pin, credential=refs["keyaspw"], auth="password"),
         }
+        says = {
+            "token": "not a private key",
+            "pub": "is a public key",
+            "keyaspw": 'auth = "password" but the credential is an SSH key',
+        }
         cfg = write_config(tmp_path, targets)
         envs = {}
         with trio.fail_after(20):
@@ -82,6 +87,10 @@ async def test_non_key_credentials_are_refused_before_connecting(tmp_path: Path)
                         code="CREDENTIAL_INVALID",
                     )
                     assert env["evidence"]["dispatch_started"] is False
+                    err = env["error"]
+                    assert err["field"] == f"targets.{name}.credential"
+                    assert err["message"].startswith(f"{refs[name]}: ")
+                    assert says[name] in err["message"], err
                     envs[name] = env
         await trio.sleep(0.1)
         assert connections == 0  # nothing reached the remote, not even a TCP connection
