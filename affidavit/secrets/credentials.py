@@ -144,7 +144,7 @@ def resolve(ref: str, *, vault: Vault | None, base_dir: Path | None = None) -> C
         if not path.is_absolute() and base_dir is not None:
             path = base_dir / path
         try:
-            data, st = read_small_file(path, MAX_CREDENTIAL_BYTES)
+            data, st = read_small_file(path, MAX_CREDENTIAL_BYTES, private=True)
         except FileMissing as exc:
             raise CredentialError(Code.CREDENTIAL_MISSING, f"{ref}: {exc}") from None
         except FileRefused as exc:

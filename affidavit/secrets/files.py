@@ -9,6 +9,8 @@ blocks ``open`` until something writes to it (the whole daemon freezes, SIGTERM 
   writer; on a regular file the flag has no effect.  ``O_NOCTTY``: naming a terminal never makes
   it the broker's controlling terminal.
 * ``fstat`` on the opened descriptor (no check-then-open race): only a regular file is read.
+* ``private``: no group or other permission bits -- for a credential and the vault's unlock
+  key, the rule ``journal.sealing.read_secret_file`` applies to ``key_file`` and ``signing_key``.
 * at most ``limit`` bytes: the size is checked before reading and the read itself stops one byte
   past the limit (a file may grow, and ``/proc`` files report size 0).
 
@@ -54,9 +56,13 @@ def _size(n: int) -> str:
     return f"{n // 1024} KiB" if n % 1024 == 0 else f"{n} bytes"
 
 
-def read_small_file(path: Path, limit: int) -> tuple[bytes, os.stat_result]:
+def read_small_file(
+    path: Path, limit: int, *, private: bool = False
+) -> tuple[bytes, os.stat_result]:
     """The contents of the regular file at ``path`` (at most ``limit`` bytes) and its ``fstat``.
-    ``FileMissing`` if absent, ``FileRefused`` (a reason without the path) otherwise."""
+    ``FileMissing`` if absent, ``FileRefused`` (a reason) otherwise.  ``private``: refuse a file
+    group or others may access, as ``[journal] key_file`` and ``signing_key`` are refused
+    (``journal.sealing.read_secret_file``): a secret others can read is already disclosed."""
     try:
         fd = os.open(path, _OPEN_FLAGS)
     except FileNotFoundError:
@@ -67,6 +73,11 @@ def read_small_file(path: Path, limit: int) -> tuple[bytes, os.stat_result]:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise FileRefused(f"is {_what(st.st_mode)}, not a regular file")
+        if private and st.st_mode & 0o077:
+            raise FileRefused(
+                f"file is accessible by group or others (mode {stat.S_IMODE(st.st_mode):04o}); "
+                f"it must be 0600: chmod 600 {path}"
+            )
         too_large = FileRefused(f"file is larger than the {_size(limit)} limit")
         if st.st_size > limit:
             raise too_large

@@ -320,7 +320,7 @@ class Vault:
             self._env_cache = (passphrase, header.raw, key)
             return key
         try:
-            blob = read_small_file(self.unlock_path, _UNLOCK_MAX_BYTES)[0]
+            blob = read_small_file(self.unlock_path, _UNLOCK_MAX_BYTES, private=True)[0]
         except FileMissing:
             raise VaultLocked(f"{self.path}: the vault is locked") from None
         except FileRefused as exc:

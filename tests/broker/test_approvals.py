@@ -349,6 +349,7 @@ async def test_a_config_reloaded_after_approval_is_not_sent_under_the_old_approv
 async def test_a_credential_rotated_after_approval_is_approval_stale(tmp_path: Path) -> None:
     secret = tmp_path / "token"
     secret.write_text("first-token\n")
+    secret.chmod(0o600)  # a credential file is refused if others can read it
     async with HostileServer.running(scripts.serve(OK)) as srv:
         cfg = approval_config(tmp_path, srv.url, credential=f"file:{secret}")
         async with open_broker(cfg) as b:

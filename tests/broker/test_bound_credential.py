@@ -25,6 +25,7 @@ ACTION = {
 async def test_same_key_retry_after_credential_rotation_is_config_changed(tmp_path: Path) -> None:
     token = tmp_path / "token.txt"
     token.write_text("first-token-value\n")
+    token.chmod(0o600)  # a credential file is refused if others can read it
     cfg = tmp_path / "affidavit.toml"
     server = DemoServer()
     async with trio.open_nursery() as nursery:

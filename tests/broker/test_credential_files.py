@@ -106,14 +106,17 @@ def test_dev_zero_and_directories_are_refused() -> None:
 def test_credential_file_size_is_capped(tmp_path: Path) -> None:
     at_limit = tmp_path / "at_limit"
     at_limit.write_bytes(CANARY.encode() + b"x" * (MAX_CREDENTIAL_BYTES - len(CANARY)))
+    at_limit.chmod(0o600)
     assert len(resolve(f"file:{at_limit}", vault=None).value) == MAX_CREDENTIAL_BYTES
     over = tmp_path / "over"
     over.write_bytes(CANARY.encode() + b"x" * (MAX_CREDENTIAL_BYTES + 1 - len(CANARY)))
+    over.chmod(0o600)
     assert "larger than the 64 KiB limit" in _refused(f"file:{over}").message
     huge = tmp_path / "huge"  # sparse: 100 MB is never read into memory
     with open(huge, "wb") as fh:
         fh.write(CANARY.encode())
         fh.truncate(100 * 1024 * 1024)
+    huge.chmod(0o600)
     assert "larger than the 64 KiB limit" in _refused(f"file:{huge}").message
 
 
@@ -235,3 +238,42 @@ async def test_credential_errors_name_the_field_and_the_reference(
     assert CANARY not in json.dumps(envs)
     journal = b"".join(p.read_bytes() for p in tmp_path.iterdir() if p.name.startswith("demo.db"))
     assert journal and CANARY.encode() not in journal
+
+
+@pytest.mark.parametrize("mode", [0o644, 0o640, 0o604, 0o620, 0o444], ids=lambda m: f"{m:04o}")
+def test_credential_file_others_can_access_is_refused(tmp_path: Path, mode: int) -> None:
+    """The rule of ``key_file`` and ``signing_key``: a secret group or others can read is
+    refused, the message saying how to fix it."""
+    tok = tmp_path / "tok"
+    tok.write_bytes(CANARY.encode())
+    tok.chmod(mode)
+    err = _refused(f"file:{tok}")
+    assert f"(mode {mode:04o}); it must be 0600: chmod 600 {tok}" in err.message
+    for ok in (0o600, 0o400):
+        tok.chmod(ok)
+        assert resolve(f"file:{tok}", vault=None).value == CANARY.encode()
+
+
+def test_symlinked_credential_is_judged_by_the_file_it_names(tmp_path: Path) -> None:
+    target = tmp_path / "real"
+    target.write_bytes(CANARY.encode())
+    target.chmod(0o600)
+    link = tmp_path / "link"
+    link.symlink_to(target)  # a symlink itself is 0777: its target's mode is what counts
+    assert resolve(f"file:{link}", vault=None).value == CANARY.encode()
+    target.chmod(0o644)
+    assert "mode 0644" in _refused(f"file:{link}").message
+
+
+def test_world_readable_unlock_file_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("AFFIDAVIT_VAULT_PASSPHRASE", raising=False)
+    vault = Vault.init(tmp_path / "v.vault", "pw", n_log2=10)
+    vault.unlock("pw")
+    vault.put("api", CANARY.encode())
+    vault.unlock_path.chmod(0o644)
+    with pytest.raises(CredentialError) as info:
+        resolve("vault:api", vault=vault)
+    assert info.value.code is Code.VAULT_LOCKED
+    assert "mode 0644" in str(info.value) and CANARY not in str(info.value)

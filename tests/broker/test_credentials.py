@@ -115,6 +115,7 @@ def test_missing_or_empty_env_is_credential_missing(
 
 def test_file_ref_relative_to_base_dir_with_version(tmp_path: Path) -> None:
     (tmp_path / "tok").write_bytes(CANARY_B + b"\n")
+    (tmp_path / "tok").chmod(0o600)  # refused if others can read it
     cred = resolve("file:tok", vault=None, base_dir=tmp_path)
     assert cred.value == CANARY_B  # editors' final newline is not part of a token
     st_ = os.stat(tmp_path / "tok")
@@ -128,6 +129,7 @@ def test_file_ref_relative_to_base_dir_with_version(tmp_path: Path) -> None:
 def test_file_ref_keeps_multiline_values_exact(tmp_path: Path) -> None:
     key = b"-----BEGIN OPENSSH PRIVATE KEY-----\nAAAA\n-----END OPENSSH PRIVATE KEY-----\n"
     (tmp_path / "id").write_bytes(key)
+    (tmp_path / "id").chmod(0o600)
     assert resolve("file:id", vault=None, base_dir=tmp_path).value == key
 
 
@@ -145,6 +147,7 @@ def test_file_ref_errors(tmp_path: Path) -> None:
         resolve("file:absent", vault=None, base_dir=tmp_path)
     assert info.value.code is Code.CREDENTIAL_MISSING
     (tmp_path / "empty").write_bytes(b"\n")
+    (tmp_path / "empty").chmod(0o600)
     with pytest.raises(CredentialError) as info:
         resolve("file:empty", vault=None, base_dir=tmp_path)
     assert info.value.code is Code.CREDENTIAL_MISSING
