@@ -30,9 +30,13 @@ SERVICE_BASE = {
     "affidavit.journal",
     "affidavit.adapters",
     "affidavit.adapters.<proto>",
+    "affidavit.text",
 }
 ALLOWED: Mapping[str, frozenset[str]] = {
     "affidavit.statemachine": frozenset(),
+    # How text a caller or a remote chose is shown (one rule for the CLI, console and views):
+    # a leaf, importing nothing of ours, that every interface may use.
+    "affidavit.text": frozenset(),
     "affidavit.journal": frozenset({"affidavit.statemachine"}),
     "affidavit.adapters": frozenset({"affidavit.statemachine"}),  # adapters/__init__, base
     "affidavit.adapters.<proto>": frozenset({"affidavit.statemachine", "affidavit.adapters"}),
@@ -40,7 +44,7 @@ ALLOWED: Mapping[str, frozenset[str]] = {
     "affidavit": frozenset({"affidavit.api"}),  # the lazy ``affidavit.Broker``
     "affidavit.__main__": frozenset({"affidavit.cli"}),
     "affidavit.secrets": frozenset({"affidavit.statemachine"}),
-    "affidavit.views": frozenset({"affidavit.statemachine", "affidavit.journal"}),
+    "affidavit.views": frozenset({"affidavit.statemachine", "affidavit.journal", "affidavit.text"}),
     # The schema language knows no protocol; protocols declare their target schemas with it,
     # and config finds a target's protocol in the registry — so schema < protocols < config.
     "affidavit.schema": frozenset({"affidavit.secrets"}),

@@ -165,7 +165,7 @@ def _list(args: argparse.Namespace) -> int:
     if args.json:
         _print(rows)
         return 0
-    from affidavit.views.text import printable
+    from affidavit.text import printable
 
     head = ("INVOCATION", "TARGET", "EXPIRES IN", "REQUESTER", "CREDENTIAL")
     print(f"{head[0]:28} {head[1]:12} {head[2]:>10}  {head[3]:9} {head[4]:24} WHAT")

@@ -285,11 +285,9 @@ def _when(at: float | None) -> str:
 def _out(line: str = "") -> None:
     """One line of text output, escaped: journal values never reach a terminal raw (a session
     holding ESC sequences or a CR would rewrite what the operator reads)."""
-    if not (line.isascii() and line.isprintable()):
-        from affidavit.views.text import printable  # only when there is something to escape
+    from affidavit.text import printable
 
-        line = printable(line)
-    print(line)
+    print(printable(line))
 
 
 def print_json(value: Any) -> None:

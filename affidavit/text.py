@@ -1,0 +1,69 @@
+"""The one rule for showing text a caller or a remote chose: what the operator reads is what it is.
+
+An agent chooses a target path, a query, headers, a body, an SSH command, a session name, a note,
+an invocation id; a remote chooses its response headers and body.  Printed raw, an ESC sequence
+recolours or clears the operator's terminal (or worse: sets its title, answers queries), a CR
+overwrites the line that shows an outcome, a BEL rings, a bidirectional override
+(U+202A-U+202E, U+2066-U+2069) turns ``bash -c 'hs.live lruc'`` around on screen (the "Trojan
+Source" trick, CVE-2021-42574), a zero-width character hides in an identifier.
+
+Every character of Unicode categories Cc (C0 and C1 controls, DEL), Cf (format: bidi controls,
+zero-width characters, soft hyphen), Zl and Zp (U+2028, U+2029), Cs (a lone surrogate, as argv
+bytes that are not UTF-8 arrive), Co (private use) and Cn (unassigned) is shown as its escape:
+``\\n``, ``\\r``, ``\\t`` for those three, else ``\\uNNNN`` (``\\u001b``, ``\\u202e``) or
+``\\UNNNNNNNN`` beyond the BMP.  These are JSON's own escapes (but ``\\U``), so an escape that
+lands inside a JSON string still reads back as the character it stands for.
+
+``printable`` is the rule for a terminal (every human-readable line the command line prints;
+``affidavit.cli`` also passes everything it writes through it, keeping only line feeds and
+tabs); the web console's ``visible`` (``affidavit.console.text``) marks the same characters,
+found by the same ``pieces``, in HTML.  This module imports nothing at its top: the thin
+clients load it on every run.
+"""
+
+from __future__ import annotations
+
+TYPE_CHECKING = False  # not typing's: see affidavit/__init__.py
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+__all__ = ["escape_char", "pieces", "printable"]
+
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+_SHOWN_ESCAPED = frozenset(("Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"))
+
+
+def escape_char(c: str) -> str:
+    """How the one character ``c`` is shown when it must not act (``\\u001b``)."""
+    code = ord(c)
+    return _NAMED.get(c) or (f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}")
+
+
+def pieces(text: str, keep: str = "") -> Iterator[tuple[str, bool]]:
+    """``text`` cut into runs of plain text ``(run, False)`` and single characters that must be
+    shown escaped ``(char, True)``; the characters in ``keep`` (``"\\n"``) count as plain."""
+    import unicodedata
+
+    start = 0
+    for i, c in enumerate(text):
+        if c.isprintable() or c in keep:
+            continue  # the fast path: isprintable is false for every category escaped
+        if c in _NAMED or unicodedata.category(c) in _SHOWN_ESCAPED:
+            if start < i:
+                yield text[start:i], False
+            yield c, True
+            start = i + 1
+    if start < len(text):
+        yield text[start:], False
+
+
+def printable(text: str, keep: str = "") -> str:
+    """``text`` with every character that could act on a terminal, or disguise what it shows,
+    escaped; the characters in ``keep`` (``"\\n\\t"`` for multi-line output) stay as they are."""
+    probe = text
+    for c in keep:
+        probe = probe.replace(c, "")
+    if probe.isprintable():
+        return text  # the fast path, at C speed: most output has nothing to escape
+    return "".join(escape_char(p) if escaped else p for p, escaped in pieces(text, keep))
