@@ -22,8 +22,8 @@ from collections.abc import Sequence
 TYPE_CHECKING = False  # not typing's: see affidavit/__init__.py
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-    from typing import Any, TypeVar
+    from collections.abc import Callable, Iterable
+    from typing import Any, NoReturn, TypeVar
 
     from affidavit.api.wire import Response
 
@@ -210,6 +210,12 @@ class _Parser(argparse.ArgumentParser):
         kwargs.setdefault("formatter_class", _Formatter)
         super().__init__(*args, **kwargs)
 
+    def error(self, message: str) -> NoReturn:
+        """argparse's usage error, its message one line: it echoes the arguments it refuses."""
+        from affidavit.text import printable
+
+        super().error(printable(message))
+
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The whole command line; with ``command`` (a key of ``COMMANDS``), only the parsers of
@@ -225,14 +231,54 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+class _Escaping:
+    """A text stream written through ``affidavit.text.printable`` (line feeds and tabs kept):
+    everything the command line prints -- tables, messages, argparse's errors, a config error
+    naming a target, a refusal echoing an argument -- shows a control character, DEL, or a
+    bidi or zero-width character as its escape (``\\u001b``), never to the terminal to act on.
+    JSON output (``--json``, envelopes) passes unchanged: ``json.dumps``' default
+    ``ensure_ascii`` writes everything outside printable ASCII -- C0, DEL, C1, U+2028/2029,
+    bidi -- as ``\\uNNNN`` already.  Bytes written to ``.buffer`` are not text: ``result --raw``
+    and ``approvals show --content`` refuse a terminal instead."""
+
+    def __init__(self, stream: Any) -> None:
+        from affidavit.text import printable  # light: it imports nothing at its top
+
+        self._stream = stream
+        self._printable = printable
+
+    def write(self, text: str) -> int:
+        self._stream.write(self._printable(text, keep="\n\t"))
+        return len(text)
+
+    def writelines(self, lines: Iterable[str]) -> None:
+        for line in lines:
+            self.write(line)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; whatever it writes to stdout and stderr as text is escaped
+    (``_Escaping``), then the streams are put back."""
+    out, err = sys.stdout, sys.stderr
+    if out is not None and err is not None:
+        sys.stdout, sys.stderr = _Escaping(out), _Escaping(err)
+    try:
+        return _main(argv)
+    finally:
+        sys.stdout, sys.stderr = out, err
+
+
+def _main(argv: Sequence[str] | None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser(argv[0] if argv else None)
     args = parser.parse_args(argv)
     try:
         status: int = args.handler(args)
     except UsageError as exc:
-        print(f"affidavit: {exc}", file=sys.stderr)
+        _complain(str(exc))
         return 2
     except KeyboardInterrupt:
         return 130
@@ -252,7 +298,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as exc:
         # A file the command needs (config, key, vault) cannot be used; never a traceback.
         where = f"{exc.filename}: " if exc.filename else ""
-        print(f"affidavit: {where}{exc.strerror or type(exc).__name__}", file=sys.stderr)
+        _complain(f"{where}{exc.strerror or type(exc).__name__}")
         return 2
     except Exception as exc:
         # An unusable journal (missing directory, a directory, read-only, disk full) is the
@@ -261,9 +307,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         journal = sys.modules.get("affidavit.journal")
         if journal is None or not isinstance(exc, journal.JournalError):
             raise
-        print(f"affidavit: {exc}", file=sys.stderr)
+        _complain(str(exc))
         return 2
     return status
+
+
+def _complain(message: str) -> None:
+    """An error message as one line on stderr: it may echo an argument, a config key or a
+    remote's words, so even a line feed in it is shown escaped (``\\n``), never a new line."""
+    from affidavit.text import printable
+
+    print(f"affidavit: {printable(message)}", file=sys.stderr)
 
 
 if __name__ == "__main__":  # pragma: no cover
