@@ -3,7 +3,8 @@
 Exit status: 0 when the envelope has no ``error``, 1 when it has one, 2 for usage or config
 errors and for a journal that cannot be used or a stored result that fails verification
 (message on stderr).  Exactly one envelope is printed on stdout as JSON -- except for
-``result --raw``, which writes one result stream's bytes, each chunk verified before it is
+``result --raw``, which writes one result stream's bytes (never to a terminal: refused there, as
+``approvals show --content`` is), each chunk verified before it is
 written; a chunk that fails stops the output there (exit 2, the message names the chunk).
 
 With ``--socket PATH`` (or ``$AFFIDAVIT_SOCKET``) ``call`` and ``result`` ask the daemon and print
@@ -64,7 +65,7 @@ def add_commands(sub: Any) -> None:
         "--raw",
         action="store_true",
         help="write the stored bytes of one stream to stdout, each chunk verified before it is "
-        "written (no envelope)",
+        "written (no envelope; refused when stdout is a terminal: redirect or pipe it)",
     )
     p.add_argument(
         "--stream",
@@ -183,6 +184,10 @@ def _result(args: argparse.Namespace) -> int:
     args.from_chunk = count_arg(args.from_chunk, "--from-chunk")
     if args.stream is not None and not args.raw:
         raise UsageError("--stream goes with --raw")
+    if args.raw and sys.stdout.isatty():
+        # The remote's bytes, exactly: to a terminal, its ESC sequences would drive it.  Piping
+        # through `cat` is the explicit way to want that anyway.
+        raise UsageError("--raw writes the remote's bytes: redirect it to a file or a pipe")
     socket = daemon_socket(args, "config")
     if socket is not None:
         from affidavit.api.wire import invocation_path, target
