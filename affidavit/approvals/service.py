@@ -25,6 +25,7 @@ from affidavit.engine.recovery import act_failure
 from affidavit.journal import JournalError, JournalReader, JournalUnavailable, ReadFailed
 from affidavit.protocols import get
 from affidavit.statemachine import Code, Event, EventKind, ImpossibleEvent, Record
+from affidavit.text import escape_char, pieces
 
 from .operator import Operator, OperatorError, OperatorPolicy
 
@@ -52,8 +53,20 @@ def check_note(note: str | None, *, required: bool = False) -> str | None:
         if required:
             raise OperatorError("NOTE_REQUIRED", "give a --note saying what was checked", 400)
         return None
-    if len(note) > MAX_NOTE or any(ord(c) < 0x20 and c != "\t" for c in note):
-        raise OperatorError("BAD_NOTE", f"a note is one line of at most {MAX_NOTE} characters", 400)
+    if len(note) > MAX_NOTE:
+        raise OperatorError(
+            "BAD_NOTE", f"a note is at most {MAX_NOTE} characters (this one has {len(note)})", 400
+        )
+    # The rule every view escapes by (affidavit.text): a note is evidence, read on terminals
+    # and in the console, so it holds nothing that would be shown as an escape (but a tab).
+    bad = next((c for c, escaped in pieces(note, "\t") if escaped), None)
+    if bad is not None:
+        raise OperatorError(
+            "BAD_NOTE",
+            f"a note holds a control character ({escape_char(bad)}): one line of plain text, "
+            "without control, bidi or zero-width characters",
+            400,
+        )
     return note
 
 
