@@ -1,0 +1,230 @@
+"""What an agent or a remote chose never drives the operator's terminal (docs/approvals.md,
+"What the terminal shows").
+
+The command line is run as the operator runs it, a real subprocess, with hostile strings where a
+caller or a remote puts them: an invocation id the operator pastes as an argument, a target name
+in the config, an SSH command and stdin and an HTTP body waiting for approval, a remote's response
+headers and body shown by ``affidavit result``.  No raw ESC, BEL, DEL, C1 control or bidi
+override reaches stdout or stderr; each is there as its escape (``\\u001b``, ``\\u202e``).
+JSON output stays JSON, holding the very value.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from affidavit.approvals import OperatorError
+from affidavit.approvals.service import MAX_NOTE, check_note
+from affidavit.text import escape_char, printable
+from tests.http.hostile import HostileServer, Peer
+
+from .helpers import affidavit_cli, http_target, write_config
+from .test_config import KEY_A
+
+RAW = ("\x1b", "\x07", "\x7f", "\x9b", "\u202e", "\u2066", "\u2028", "\r")
+"""Characters that must never reach the terminal as themselves."""
+
+HOSTILE = "x\x1b[2J\x1b]0;owned\x07\u202eevil\u2066\x7f\x9b\r"
+
+
+def _clean(*outputs: bytes) -> str:
+    """All of ``outputs`` as text, checked to hold no raw control or bidi character."""
+    text = b"".join(outputs).decode("utf-8")
+    for c in RAW:
+        assert c not in text, (c, text[-800:])
+    return text
+
+
+def _init(tmp_path: Path) -> str:
+    cfg = tmp_path / "affidavit.toml"
+    done = subprocess.run(
+        [sys.executable, "-m", "affidavit", "init", "--config", str(cfg)],
+        capture_output=True,
+        check=False,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    return str(cfg)
+
+
+def test_the_rule_escapes_controls_and_bidi_and_keeps_letters() -> None:
+    assert printable("plain é ü 中 ok") == "plain é ü 中 ok"
+    assert printable("a\x1b[31mb\u202ec\x07\x7f\x9b") == (
+        "a\\u001b[31mb\\u202ec\\u0007\\u007f\\u009b"
+    )
+    assert printable("one\ntwo\tthree\r") == "one\\ntwo\\tthree\\r"
+    assert printable("one\ntwo\tthree\r", keep="\n\t") == "one\ntwo\tthree\\r"
+    assert escape_char("\U000e0001") == "\\U000e0001"
+    # Every escape is a JSON escape (but \U): one that lands in a JSON string reads back.
+    assert json.loads('"' + printable("\x1b\u202e\x7f\u2028") + '"') == "\x1b\u202e\x7f\u2028"
+
+
+def test_a_note_is_refused_for_what_is_wrong_with_it() -> None:
+    assert check_note("ok\tchecked with finance é") == "ok\tchecked with finance é"
+    for bad, shown in (("ok\x1b[2J", "\\u001b"), ("a\nb", "\\n"), ("x\u202e", "\\u202e")):
+        with pytest.raises(OperatorError) as info:
+            check_note(bad)
+        assert info.value.code == "BAD_NOTE"
+        assert f"a note holds a control character ({shown})" in info.value.message
+    with pytest.raises(OperatorError) as info:
+        check_note("x" * (MAX_NOTE + 1))
+    assert f"at most {MAX_NOTE} characters (this one has {MAX_NOTE + 1})" in info.value.message
+
+
+async def test_an_invocation_id_argument_is_echoed_escaped(tmp_path: Path) -> None:
+    cfg = _init(tmp_path)
+    iid = "act_\x1b[31mred\u202e\x07"
+    for args in (
+        ("record", iid, "--config", cfg),
+        ("result", iid, "--config", cfg),
+        ("approvals", "show", iid, "--config", cfg),
+        ("record", "x", "--no-such-option", iid),  # argparse's own error echoes it
+    ):
+        done = await affidavit_cli(*args, cwd=tmp_path)
+        assert done.returncode == 2, (args, done.stdout, done.stderr)
+        err = _clean(done.stdout, done.stderr)
+        assert "act_\\u001b[31mred\\u202e\\u0007" in err, (args, err)
+    # A line feed in it is not a line of its own: the message stays one line.
+    fake = await affidavit_cli("record", "act_x\naffidavit: approved", "--config", cfg)
+    assert fake.returncode == 2 and fake.stderr.count(b"\n") == 1, fake.stderr
+    assert b"act_x\\naffidavit: approved" in fake.stderr
+
+
+async def test_a_target_name_in_the_config_is_shown_escaped(tmp_path: Path) -> None:
+    for name in ("e\\u0007 x", "a\\u202eb", "c\\u001b[2Jd"):
+        cfg = tmp_path / "affidavit.toml"
+        cfg.write_text(f'[targets."{name}"]\nkind = "http"\n')
+        done = await affidavit_cli("approvals", "--config", str(cfg))
+        assert done.returncode == 2, done.stderr
+        err = _clean(done.stdout, done.stderr)
+        assert f"targets.{name}" in err, err
+
+
+def _pending_config(tmp_path: Path) -> str:
+    ssh = {
+        "kind": "ssh",
+        "host": "127.0.0.1",
+        "port": 9,  # never reached: the command waits for an operator
+        "user": "deploy",
+        "host_key": KEY_A,
+        "credential": "env:TERMINAL_TEST_KEY",
+        "approval": {"commands": [".*"], "wait": "0s"},
+    }
+    http = http_target("http://127.0.0.1:9", approval={"methods": ["POST"], "wait": "0s"})
+    path = write_config(tmp_path, {"box": ssh, "api": http})
+    with path.open("a") as f:
+        f.write(f"[service]\noperator_uids = [{os.getuid()}]\nallow_self_approval = true\n")
+    return str(path)
+
+
+async def _ask(cfg: str, action: dict[str, Any]) -> str:
+    with trio.fail_after(60):
+        done = await trio.run_process(
+            [sys.executable, "-m", "affidavit", "call", "-", "--config", cfg],
+            stdin=json.dumps(action).encode(),
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+            env={**os.environ, "TERMINAL_TEST_KEY": "k"},
+        )
+    envelope = json.loads(done.stdout)
+    assert envelope["error"]["code"] == "APPROVAL_PENDING", envelope
+    return str(envelope["invocation_id"])
+
+
+async def test_a_pending_request_is_listed_and_shown_escaped(tmp_path: Path, token: str) -> None:
+    cfg = _pending_config(tmp_path)
+    command = "echo \x1b[2J\u202e hs.live lruc\x07 #\u2066"
+    ssh_id = await _ask(cfg, {"target": "box", "command": command, "stdin": HOSTILE})
+    http_id = await _ask(
+        cfg, {"target": "api", "method": "POST", "path": "/v1/charges", "body": HOSTILE}
+    )
+
+    listed = await affidavit_cli("approvals", "--config", cfg)
+    assert listed.returncode == 0, listed.stderr
+    table = _clean(listed.stdout, listed.stderr)
+    assert "echo \\u001b[2J\\u202e hs.live lruc\\u0007 #\\u2066" in table
+    assert ssh_id in table and http_id in table
+
+    for iid, field in ((ssh_id, "stdin"), (http_id, "body")):
+        shown = await affidavit_cli("approvals", "show", iid, "--config", cfg)
+        assert shown.returncode == 0, shown.stderr
+        _clean(shown.stdout, shown.stderr)
+        assert b"\\u001b[2J" in shown.stdout and b"\\u202e" in shown.stdout
+        assert json.loads(shown.stdout)["request"][field] == HOSTILE, shown.stdout
+
+    as_json = await affidavit_cli("approvals", "--json", "--config", cfg)
+    rows = json.loads(_clean(as_json.stdout))
+    assert command in [r["request"].get("command") for r in rows]
+
+    # An operator's note with a control character is refused for that reason.
+    noted = await affidavit_cli(
+        "approvals", "approve", ssh_id, "--note", "ok\x1b[2J", "--config", cfg
+    )
+    assert noted.returncode == 2
+    err = _clean(noted.stderr)
+    assert "control character (\\u001b)" in err and "one line of at most" not in err, err
+
+
+async def test_a_remote_s_headers_and_body_in_result_are_escaped(
+    tmp_path: Path, token: str
+) -> None:
+    body = HOSTILE.encode() + b"\xe2\x80\xa8"
+    header = b"v\x1b[2J\x1b]0;t\x07\xe2\x80\xae\xc2\x9b"
+
+    async def script(peer: Peer) -> None:
+        await peer.read_request()
+        await peer.send_raw(
+            b"HTTP/1.1 200 OK\r\nX-Evil: " + header + b"\r\n"
+            b"Content-Length: %d\r\n\r\n" % len(body) + body
+        )
+        await peer.close()
+
+    async with HostileServer.running(script) as srv:
+        cfg = str(write_config(tmp_path, {"api": http_target(srv.url)}))
+        action = tmp_path / "get.json"
+        action.write_text(json.dumps({"target": "api", "method": "GET", "path": "/x"}))
+        called = await affidavit_cli("call", str(action), "--config", cfg)
+    assert called.returncode == 0, called.stderr
+    _clean(called.stdout, called.stderr)
+    iid = json.loads(called.stdout)["invocation_id"]
+
+    shown = await affidavit_cli("result", iid, "--config", cfg)
+    assert shown.returncode == 0, shown.stderr
+    _clean(shown.stdout, shown.stderr)
+    result = json.loads(shown.stdout)["result"]
+    assert result["body"] == body.decode()  # the very value, escaped only on the wire
+    assert b"\\u001b[2J" in shown.stdout and b"\\u007f" in shown.stdout
+    assert b"\\u2028" in shown.stdout and b"\\u009b" in shown.stdout
+    [evil] = [v for k, v in result["headers"] if k.lower() == "x-evil"]
+    assert "\x1b[2J" in evil
+
+    record = await affidavit_cli("record", iid, "--config", cfg)
+    assert record.returncode == 0, record.stderr
+    _clean(record.stdout, record.stderr)
+
+    # --raw is the remote's bytes, exactly: to a file or a pipe, never to a terminal.
+    piped = await affidavit_cli("result", iid, "--raw", "--config", cfg)
+    assert piped.returncode == 0 and piped.stdout == body
+    main, tty = os.openpty()
+    try:
+        refused = subprocess.run(
+            [sys.executable, "-m", "affidavit", "result", iid, "--raw", "--config", cfg],
+            stdout=tty,
+            stderr=subprocess.PIPE,
+            check=False,
+            timeout=60,
+        )
+    finally:
+        os.close(tty)
+        os.close(main)
+    assert refused.returncode == 2
+    assert b"redirect it to a file or a pipe" in refused.stderr
