@@ -133,7 +133,7 @@ async def _ask(cfg: str, action: dict[str, Any]) -> str:
             capture_stdout=True,
             capture_stderr=True,
             check=False,
-            env={**os.environ, "TERMINAL_TEST_KEY": "k"},
+            env={**os.environ, "TERMINAL_TEST_KEY": _private_key()},
         )
     envelope = json.loads(done.stdout)
     assert envelope["error"]["code"] == "APPROVAL_PENDING", envelope
@@ -228,3 +228,19 @@ async def test_a_remote_s_headers_and_body_in_result_are_escaped(
         os.close(main)
     assert refused.returncode == 2
     assert b"redirect it to a file or a pipe" in refused.stderr
+
+
+def _private_key() -> str:
+    """An OpenSSH private key: an SSH target's credential must be one (never a password)."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    return (
+        Ed25519PrivateKey.generate()
+        .private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.OpenSSH,
+            serialization.NoEncryption(),
+        )
+        .decode()
+    )
