@@ -146,3 +146,22 @@ def test_a_failed_write_of_a_block_is_not_written_again(
     written = "".join(out.text)
     assert written.count('{"n": 0}') == 1
     assert written == "[\n" + ",\n".join(f'{{"n": {i}}}' for i in range(512))
+
+
+def test_the_encoder_writes_printable_ascii_only_which_actions_json_writes_unescaped() -> None:
+    """``actions --json`` writes past the command line's escaping (``ascii_json_stdout``: its
+    passes cost ~10% of the command for nothing).  That holds only while every record's text
+    is printable ASCII: a control character, DEL, C1, a bidi or line separator in a field (a
+    message from a remote, a fold's odd value) leaves as a JSON escape, never raw."""
+    from affidavit.text import printable
+
+    hostile = "a\x1b[2J\x07\x7f\x9b\u202e\u2028\u2066\ufeff\U0001f600z"
+    rec = dataclasses.replace(
+        _record_in("completed_committed").record(now=5.0),
+        message=hostile,
+        session=hostile,
+        field={"k" + hostile: [hostile]},
+    )
+    text = record_json_encoder()(rec)
+    assert text.isascii() and printable(text) == text
+    assert json.loads(text)["message"] == hostile

@@ -25,6 +25,8 @@ import time
 from collections.abc import Iterable
 from typing import IO, TYPE_CHECKING, Any
 
+from affidavit.cli import ascii_json_stdout
+
 if TYPE_CHECKING:
     from affidavit.journal import JournalReader
 
@@ -45,7 +47,7 @@ class _Array:
         self.sep = opening
 
     def items(self, texts: Iterable[str]) -> None:
-        write = sys.stdout.write
+        write = ascii_json_stdout().write
         block: list[str] = []
         add = block.append
         try:
@@ -68,7 +70,7 @@ class _Array:
         chunk = spool.read(_COPY)
         if not chunk:
             return
-        write = sys.stdout.write
+        write = ascii_json_stdout().write
         write(self.sep)
         self.sep = ",\n"
         while chunk:
@@ -76,7 +78,7 @@ class _Array:
             chunk = spool.read(_COPY)
 
     def close(self) -> None:
-        sys.stdout.write("[]\n" if self.sep == "[\n" else "\n]\n")
+        ascii_json_stdout().write("[]\n" if self.sep == "[\n" else "\n]\n")
 
 
 def write_array(texts: Iterable[str]) -> None:
