@@ -31,12 +31,15 @@ SERVICE_BASE = {
     "affidavit.adapters",
     "affidavit.adapters.<proto>",
     "affidavit.text",
+    "affidavit.strictjson",
 }
 ALLOWED: Mapping[str, frozenset[str]] = {
     "affidavit.statemachine": frozenset(),
     # How text a caller or a remote chose is shown (one rule for the CLI, console and views):
     # a leaf, importing nothing of ours, that every interface may use.
     "affidavit.text": frozenset(),
+    # JSON read strictly (no field named twice, no NaN): a leaf the MCP proxy loads too.
+    "affidavit.strictjson": frozenset(),
     "affidavit.journal": frozenset({"affidavit.statemachine"}),
     "affidavit.adapters": frozenset({"affidavit.statemachine"}),  # adapters/__init__, base
     "affidavit.adapters.<proto>": frozenset({"affidavit.statemachine", "affidavit.adapters"}),
@@ -51,7 +54,7 @@ ALLOWED: Mapping[str, frozenset[str]] = {
     # The registry and the common action parsing: they find protocols through entry points,
     # never by importing one (a protocol is added without editing them).
     "affidavit.protocols": frozenset(
-        {"affidavit.schema", "affidavit.statemachine", "affidavit.adapters"}
+        {"affidavit.schema", "affidavit.statemachine", "affidavit.adapters", "affidavit.strictjson"}
     ),
     "affidavit.protocols.<proto>": frozenset(
         {

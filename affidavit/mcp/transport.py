@@ -393,13 +393,15 @@ def _ambiguous(line: bytes) -> tuple[str, str] | None:
     or ``NaN``/``Infinity`` (not JSON): (the field's path, the fault in ``affidavit call``'s
     words).  Read again, strictly, for requests only -- the daemon and ``affidavit call`` read
     an action's JSON as strictly (``strict_json``); a tool's arguments are ``action``."""
-    from affidavit.api.limits import ActionInvalid, strict_json
+    from affidavit import strictjson  # a leaf: the proxy loads no broker code
 
     try:
-        strict_json(line.decode("utf-8", "surrogateescape"), "message")
-    except ActionInvalid as exc:
-        field = exc.field.replace("message.params.arguments", "action", 1)
-        return field, f"{exc.code.value} at {field}: {exc.message}"
+        strictjson.loads(line.decode("utf-8", "surrogateescape"), "message")
+    except strictjson.DuplicateField as exc:
+        field = exc.path.replace("message.params.arguments", "action", 1)
+        return field, f"INVALID_FIELD at {field}: {exc.what}"
+    except strictjson.NotJsonNumber as exc:
+        return "message", f"INVALID_FIELD at message: {exc.what}"
     except (ValueError, RecursionError):
         pass  # the SDK's parser read it: its own reading stands
     return None

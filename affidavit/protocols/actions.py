@@ -27,6 +27,8 @@ from typing import Any, Protocol
 
 from affidavit.schema import Target, canonical_json, snapshot_hash
 from affidavit.statemachine import Code
+from affidavit.strictjson import DuplicateField, NotJsonNumber
+from affidavit.strictjson import loads as strict_loads
 
 from .registry import ProtocolLoadError, get, kinds
 from .spec import Action, ActionField
@@ -161,92 +163,17 @@ def load_action_json(data: bytes, limit: int) -> object:
 
 
 def strict_json(text: str, root: str = "action") -> Any:
-    """``json.loads``, refusing what Python's parser takes but JSON's readers disagree on: a
-    field named twice in one object (``ActionInvalid`` INVALID_FIELD at its path below
-    ``root``: ``action.headers.X``) and ``NaN``/``Infinity``/``-Infinity`` (INVALID_FIELD at
-    ``root``).  Any other fault is the parser's ``ValueError``."""
+    """``json.loads``, refusing what Python's parser takes but JSON's readers disagree on
+    (``affidavit.strictjson``): a field named twice in one object (``ActionInvalid``
+    INVALID_FIELD at its path below ``root``: ``action.headers.X``) and
+    ``NaN``/``Infinity``/``-Infinity`` (INVALID_FIELD at ``root``).  Any other fault is the
+    parser's ``ValueError``."""
     try:
-        return json.loads(text, object_pairs_hook=_unique_keys, parse_constant=_no_constant)
-    except _Duplicate:
-        raise ActionInvalid(
-            Code.INVALID_FIELD,
-            _duplicate_path(text, root),
-            "is given twice in one object (each field once)",
-        ) from None
-    except _NotJson as exc:
-        raise ActionInvalid(
-            Code.INVALID_FIELD, root, f"holds {exc.name}, which is not a JSON number"
-        ) from None
-
-
-class _Duplicate(Exception):
-    """An object of the action names a field twice (``_unique_keys``)."""
-
-
-class _NotJson(ValueError):
-    """``NaN``, ``Infinity`` or ``-Infinity``: Python's parser takes them, JSON has no such
-    number (RFC 8259), and another reader of the same text would refuse them or read them
-    otherwise."""
-
-    def __init__(self, name: str) -> None:
-        super().__init__(name)
-        self.name = name
-
-
-def _no_constant(name: str) -> Any:
-    raise _NotJson(name)
-
-
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    # A field named twice is refused, not read as its last value: a policy proxy in front of
-    # the broker that reads the first one would see another target than the broker calls.
-    obj = dict(pairs)
-    if len(obj) != len(pairs):
-        raise _Duplicate
-    return obj
-
-
-class _Dup:
-    """``_duplicate_path``'s marker: where, below the object being built, a name repeats."""
-
-    __slots__ = ("path",)
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-
-
-def _duplicate_path(text: str, root: str) -> str:
-    """The path of the first field named twice (``action.headers.X``, ``action.list[2].k``),
-    found by parsing again with markers -- only once the text is known to hold one.  A name that
-    is not short visible ASCII ends the path at its object (a name is never echoed whole)."""
-
-    def step(key: str) -> str | None:
-        return f".{key}" if VISIBLE.fullmatch(key) and len(key) <= 64 else None
-
-    def found(value: Any) -> str | None:
-        if isinstance(value, _Dup):
-            return value.path
-        if isinstance(value, list):
-            for i, item in enumerate(value):
-                inner = found(item)
-                if inner is not None:
-                    return f"[{i}]{inner}"
-        return None
-
-    def hook(pairs: list[tuple[str, Any]]) -> Any:
-        seen: set[str] = set()
-        for key, value in pairs:
-            inner = found(value)
-            if inner is not None:
-                here = step(key)
-                return _Dup(here + inner if here is not None else "")
-            if key in seen:
-                return _Dup(step(key) or "")
-            seen.add(key)
-        return dict(pairs)
-
-    top = found(json.loads(text, object_pairs_hook=hook))
-    return root + (top or "")
+        return strict_loads(text, root)
+    except DuplicateField as exc:
+        raise ActionInvalid(Code.INVALID_FIELD, exc.path, exc.what) from None
+    except NotJsonNumber as exc:
+        raise ActionInvalid(Code.INVALID_FIELD, root, exc.what) from None
 
 
 # Strings (skipped whole) or a bracket: the nesting of JSON text without parsing it.

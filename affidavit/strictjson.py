@@ -1,0 +1,107 @@
+"""JSON read strictly: what Python's parser takes but JSON's readers disagree on is refused.
+
+A field named twice in one object (Python keeps the last; a policy proxy reading the first
+sees another action than the broker performs) and ``NaN``/``Infinity``/``-Infinity`` (no JSON
+number, RFC 8259: another reader refuses them or reads them otherwise).  ``loads`` raises
+``DuplicateField`` with the field's path, or ``NotJsonNumber``; any other fault is the parser's
+``ValueError``.  The action parser (``affidavit.protocols.actions.strict_json``) and the MCP
+proxy's transport read with it.  A leaf importing only ``json`` and ``re``: the MCP proxy and
+the thin clients load no broker code (tests/mcp/test_modes.py).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+__all__ = ["DuplicateField", "NotJsonNumber", "loads"]
+
+_VISIBLE = re.compile(r"[\x21-\x7e]+")
+
+
+class DuplicateField(ValueError):
+    """An object names a field twice; ``path`` is where (``action.headers.X``)."""
+
+    what = "is given twice in one object (each field once)"
+
+    def __init__(self, path: str) -> None:
+        super().__init__(f"{path}: {self.what}")
+        self.path = path
+
+
+class NotJsonNumber(ValueError):
+    """``NaN``, ``Infinity`` or ``-Infinity`` (``name``)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.what = f"holds {name}, which is not a JSON number"
+        super().__init__(self.what)
+
+
+class _Duplicate(Exception):
+    pass
+
+
+def _no_constant(name: str) -> Any:
+    raise NotJsonNumber(name)
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        raise _Duplicate
+    return obj
+
+
+def loads(text: str, root: str = "") -> Any:
+    """``json.loads(text)``, strictly (the module docstring); a duplicate's path starts at
+    ``root``.  The path is found by a second parse, only once a duplicate is known: the common
+    case pays one length check per object."""
+    try:
+        return json.loads(text, object_pairs_hook=_unique_keys, parse_constant=_no_constant)
+    except _Duplicate:
+        raise DuplicateField(_duplicate_path(text, root)) from None
+
+
+class _Dup:
+    """``_duplicate_path``'s marker: where, below the object being built, a name repeats."""
+
+    __slots__ = ("path",)
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+
+def _duplicate_path(text: str, root: str) -> str:
+    """The path of the first field named twice (``action.headers.X``, ``action.list[2].k``).
+    A name that is not short visible ASCII ends the path at its object (a name is never echoed
+    whole)."""
+
+    def step(key: str) -> str | None:
+        return f".{key}" if _VISIBLE.fullmatch(key) and len(key) <= 64 else None
+
+    def found(value: Any) -> str | None:
+        if isinstance(value, _Dup):
+            return value.path
+        if isinstance(value, list):
+            for i, item in enumerate(value):
+                inner = found(item)
+                if inner is not None:
+                    return f"[{i}]{inner}"
+        return None
+
+    def hook(pairs: list[tuple[str, Any]]) -> Any:
+        seen: set[str] = set()
+        for key, value in pairs:
+            inner = found(value)
+            if inner is not None:
+                here = step(key)
+                return _Dup(here + inner if here is not None else "")
+            if key in seen:
+                return _Dup(step(key) or "")
+            seen.add(key)
+        return dict(pairs)
+
+    top = found(json.loads(text, object_pairs_hook=hook))
+    return root + (top or "")
