@@ -1,8 +1,9 @@
 """The checks every interface runs on action JSON text before parsing it -- size, UTF-8,
-nesting; no field named twice, no ``NaN`` (``affidavit.protocols.actions.load_action_json``,
-``strict_json``) -- for the interfaces that sit above the API (the daemon, MCP's transport), as
-the CLI's embedded ``call`` runs them."""
+nesting; no field named twice, no ``NaN`` (``affidavit.protocols.actions.load_action_json``)
+-- for the daemon, as the CLI's embedded ``call`` runs them.  (MCP's transport reads a
+request's text with the same strict reader, ``affidavit.strictjson``, which loads nothing of
+the broker.)"""
 
-from affidavit.protocols.actions import MAX_DEPTH, ActionInvalid, load_action_json, strict_json
+from affidavit.protocols.actions import MAX_DEPTH, ActionInvalid, load_action_json
 
-__all__ = ["MAX_DEPTH", "ActionInvalid", "load_action_json", "strict_json"]
+__all__ = ["MAX_DEPTH", "ActionInvalid", "load_action_json"]
