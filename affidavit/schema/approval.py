@@ -26,13 +26,50 @@ from .fields import Field, Read, Schema
 from .section import Section, kind_of
 from .values import parse_duration
 
-__all__ = ["MAX_TTL", "ApprovalPolicy", "approval_field"]
+__all__ = ["MAX_TTL", "RUNNERS", "ApprovalPolicy", "approval_field", "not_simple"]
 
 _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 DEFAULT_TTL = "15m"
 MAX_PATTERN = 1024
 MAX_TTL = 7 * 86400.0
 """An approval is a decision about one request now; a week is already generous."""
+
+_SAFE = r"A-Za-z0-9_./:,@%+\-"
+SIMPLE_COMMAND = re.compile(rf"[{_SAFE}]+(?: [{_SAFE}=]+)*")
+"""A *simple* command: words of letters, digits and ``_./:,@%+-`` (``=`` too, after the first
+word) separated by single spaces.  No quoting, expansion, redirection, separator, glob, tab or
+non-ASCII character: what the shell runs is the words as written, so a pattern sees the
+command the remote will run -- the only kind of command a pattern list can vouch for."""
+RUNNERS = frozenset(
+    {
+        *("sh", "ash", "bash", "dash", "zsh", "ksh", "mksh", "csh", "tcsh", "fish", "busybox"),
+        *(".", "source", "eval", "exec", "command", "builtin", "env", "xargs", "find"),
+        *("sudo", "doas", "su", "runuser", "nice", "ionice", "nohup", "timeout", "stdbuf"),
+        *("setsid", "chroot", "taskset", "flock", "time", "watch", "script", "ssh", "make"),
+        *("perl", "ruby", "node", "nodejs", "php", "lua", "tclsh", "awk", "gawk", "mawk"),
+    }
+)
+"""First words (a path's last part) that run other commands or code: a shell, an interpreter,
+a wrapper (``sudo deploy``, ``env deploy``).  What they run is not the command line the patterns
+see, so a ``commands`` policy sends them to an operator; ``python*`` counts too."""
+
+
+def not_simple(command: str) -> str | None:
+    """Why ``command`` is not a simple command (``SIMPLE_COMMAND``), or None when it is."""
+    if SIMPLE_COMMAND.fullmatch(command):
+        return None
+    first = command.split(" ", 1)[0]
+    if "=" in first and SIMPLE_COMMAND.fullmatch(command.replace("=", "_")):
+        return "not a simple command (it starts with a variable assignment)"
+    bad = next((c for c in command if not re.fullmatch(rf"[{_SAFE}= ]", c)), None)
+    if bad is not None:
+        return f"not a simple command (it holds {bad!a})"
+    return "not a simple command (a leading, trailing or double space)"
+
+
+def _name(command: str) -> str:
+    """The command's first word without its directory (``/usr/bin/sudo`` -> ``sudo``)."""
+    return command.split(" ", 1)[0].rsplit("/", 1)[-1]
 
 
 @dataclass(frozen=True)
@@ -41,7 +78,8 @@ class ApprovalPolicy:
     """HTTP methods that need a yes (upper case); None: not a selector of this policy."""
     commands: tuple[str, ...] | None
     """Regular expressions (``re.search``, anywhere in the command) of SSH commands that need
-    a yes; None: not a selector of this policy."""
+    a yes; None: not a selector of this policy.  They vouch only for a simple command without
+    stdin (``command_reason``)."""
     ttl: float
     wait: float
 
@@ -49,17 +87,39 @@ class ApprovalPolicy:
     def always(self) -> bool:
         return self.methods is None and self.commands is None
 
-    def requires(self, *, method: str | None = None, command: str | None = None) -> bool:
-        """Whether an action with this method or command needs a human's yes."""
+    def requires(
+        self, *, method: str | None = None, command: str | None = None, stdin: bool = False
+    ) -> bool:
+        """Whether an action with this method or command (and stdin) needs a human's yes."""
         if self.always:
             return True
         if self.methods is not None and method is not None and method.upper() in self.methods:
             return True
-        return (
-            self.commands is not None
-            and command is not None
-            and any(re.search(p, command) for p in self.commands)
-        )
+        return command is not None and self.command_reason(command, stdin=stdin) is not None
+
+    def command_reason(self, command: str, *, stdin: bool = False) -> str | None:
+        """Why an SSH command needs a yes, or None when it needs none.  A pattern list fails
+        closed: it vouches only for a simple command (``SIMPLE_COMMAND``) without stdin whose
+        first word does not run other code (``RUNNERS``); any other command waits for a yes.
+        A simple command waits when a pattern matches it -- or, named by its path
+        (``/opt/bin/deploy x``), matches it named without (``deploy x``)."""
+        if self.always:
+            return "every action of this target needs approval"
+        if self.commands is None:
+            return None
+        if stdin:
+            return "it has stdin, which no pattern sees"
+        why = not_simple(command)
+        if why is not None:
+            return why
+        name = _name(command)
+        if name in RUNNERS or name.startswith(("python", "pypy")):
+            return f"{name!r} runs other commands or code"
+        bare = name + command[len(command.split(" ", 1)[0]) :]
+        for i, pattern in enumerate(self.commands):
+            if re.search(pattern, command) or re.search(pattern, bare):
+                return f"it matches commands[{i}] ({pattern})"
+        return None
 
 
 def _methods(r: Read) -> frozenset[str] | None:

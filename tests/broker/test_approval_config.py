@@ -9,8 +9,11 @@ from pathlib import Path
 import pytest
 
 from affidavit.config import ConfigError, load_config, sample_config
+from affidavit.engine.approval import needs_approval
+from affidavit.protocols.actions import parse_action
 from affidavit.protocols.http import HttpTarget
 from affidavit.protocols.ssh import SshTarget
+from affidavit.protocols.ssh import action as sshaction
 from affidavit.statemachine import Outcome
 
 from .test_config import KEY_A
@@ -69,6 +72,67 @@ def test_approval_always_and_by_method_or_command(tmp_path: Path) -> None:
     assert policy.methods == {"POST"}
     assert policy.requires(method="POST") and not policy.requires(method="GET")
     assert config.service.operator_uids == (1001,) and not config.service.allow_self_approval
+
+
+# Seed, "Validation and credential injection finish before dispatch": a denied approval stops
+# the call with nothing sent -- which protects only if the guarded command cannot slip past the
+# policy.  A regex over a shell line cannot see through quoting, separators, expansion or a
+# shell reading stdin, so a ``commands`` list vouches only for a simple command without stdin
+# whose first word does not run other code; everything else waits for a yes, with the reason
+# shown to the operator (docs/approvals.md).
+DOCUMENTED = 'approval = { commands = ["^deploy ", "rm "], ttl = "1h", wait = "30s" }'
+
+
+def _deploy_needs(tmp_path: Path, command: str, stdin: str | None = None) -> tuple[bool, str]:
+    config = load_config(_config(tmp_path, ssh=DOCUMENTED))
+    obj = {"target": "deploy", "command": command}
+    if stdin is not None:
+        obj["stdin"] = stdin
+    action = parse_action(obj, config)
+    target = config.targets["deploy"]
+    view = sshaction.operator_view(action, target)
+    return needs_approval(action, target) is not None, str(view.get("approval_reason"))
+
+
+@pytest.mark.parametrize(
+    ("command", "stdin", "why"),
+    [
+        ("true;deploy prod", None, "not a simple command (it holds ';')"),
+        ("deploy\tprod", None, "not a simple command (it holds '\\t')"),
+        ("rm\t-rf /srv", None, "not a simple command (it holds '\\t')"),
+        ("sh -s", "deploy prod", "it has stdin, which no pattern sees"),
+        ("uptime", "", "it has stdin, which no pattern sees"),
+        ("deploy$IFS prod", None, "not a simple command (it holds '$')"),
+        ("echo $(deploy prod)", None, "not a simple command (it holds '$')"),
+        ("true && deploy prod", None, "not a simple command (it holds '&')"),
+        ("'deploy' prod", None, 'not a simple command (it holds "\'")'),
+        ("deploy\u00a0prod", None, "not a simple command (it holds '\\xa0')"),
+        (" deploy prod", None, "not a simple command (a leading, trailing or double space)"),
+        ("deploy  prod", None, "not a simple command (a leading, trailing or double space)"),
+        ("X=1 deploy prod", None, "not a simple command (it starts with a variable assignment)"),
+        ("sudo deploy prod", None, "'sudo' runs other commands or code"),
+        ("env deploy prod", None, "'env' runs other commands or code"),
+        ("/bin/sh /tmp/x", None, "'sh' runs other commands or code"),
+        ("python3 /tmp/x.py", None, "'python3' runs other commands or code"),
+        ("deploy prod", None, "it matches commands[0] (^deploy )"),
+        ("/opt/bin/deploy prod", None, "it matches commands[0] (^deploy )"),
+        ("./deploy prod", None, "it matches commands[0] (^deploy )"),
+        ("rm -rf /srv", None, "it matches commands[1] (rm )"),
+    ],
+)
+def test_a_command_pattern_list_vouches_only_for_simple_commands_without_stdin(
+    tmp_path: Path, command: str, stdin: str | None, why: str
+) -> None:
+    assert _deploy_needs(tmp_path, command, stdin) == (True, why)
+
+
+@pytest.mark.parametrize(
+    "command", ["uptime", "ls -la /srv/releases", "systemctl status app.service", "echo a=b,c@d"]
+)
+def test_a_simple_command_no_pattern_matches_runs_without_approval(
+    tmp_path: Path, command: str
+) -> None:
+    assert _deploy_needs(tmp_path, command) == (False, "None")
 
 
 @pytest.mark.parametrize(

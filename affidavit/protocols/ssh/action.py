@@ -76,8 +76,17 @@ def identity(action: SshAction, target: SshTarget) -> dict[str, Any]:
 
 
 def needs_approval(action: SshAction, target: SshTarget) -> bool:
-    """The target's ``approval`` covers every command, or one of its patterns matches."""
-    return target.approval is not None and target.approval.requires(command=action.command)
+    """The target's ``approval`` covers every command; or the command has stdin, is not simple
+    or runs other code (no pattern can vouch for it), or one of its patterns matches
+    (``ApprovalPolicy.command_reason``)."""
+    return approval_reason(action, target) is not None
+
+
+def approval_reason(action: SshAction, target: SshTarget) -> str | None:
+    """Why the command waits for an operator's yes (shown with it), or None."""
+    if target.approval is None:
+        return None
+    return target.approval.command_reason(action.command, stdin=action.stdin is not None)
 
 
 STDIN_SHOWN = 16 * 1024
@@ -89,6 +98,9 @@ def operator_view(action: SshAction, target: SshTarget) -> dict[str, Any]:
         "destination": f"{target.user}@{target.host}:{target.port}",
         "command": action.command,
     }
+    why = approval_reason(action, target)
+    if why is not None:
+        out["approval_reason"] = why
     if action.stdin is not None:
         out["stdin_bytes"] = len(action.stdin)
         out["stdin_sha256"] = hashlib.sha256(action.stdin).hexdigest()
