@@ -125,6 +125,8 @@ def _approval(policy: Any) -> dict[str, Any] | None:
         shown["methods"] = sorted(policy.methods)
     if policy.commands is not None:
         shown["commands"] = list(policy.commands)
+    if getattr(policy, "except_commands", None) is not None:
+        shown["except_commands"] = list(policy.except_commands)
     return shown
 
 

@@ -9,11 +9,17 @@ re-checks (``affidavit.engine.approval``), operators decide (``affidavit.approva
     approval = "always"
     approval = { methods = ["POST", "DELETE"], ttl = "15m", wait = "0s" }     # HTTP
     approval = { commands = ["^deploy ", "rm "], ttl = "1h", wait = "30s" }    # SSH
+    approval = { except_commands = ["uptime", "systemctl status [a-z.-]+"] }  # SSH
 
-A table without ``methods``/``commands`` covers every action.  ``ttl``: how long a request
-stays approvable and an approval dispatchable, from the request; ``wait``: how long the caller
-waits for the decision before it is answered APPROVAL_PENDING.  The policy is part of the
-target's snapshot, so changing it invalidates every approval given under the old one.
+A table without ``methods``/``commands``/``except_commands`` covers every action.  SSH command
+patterns vouch only for a simple command without stdin (``ApprovalPolicy.command_reason``):
+``commands`` lists what waits (anything not simple waits too), ``except_commands`` -- the
+robust form -- what skips the wait (``re.fullmatch``; everything else waits).
+
+``ttl``: how long a request stays approvable and an approval dispatchable, from the request;
+``wait``: how long the caller waits for the decision before it is answered APPROVAL_PENDING.
+The policy is part of the target's snapshot, so changing it invalidates every approval given
+under the old one.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from typing import Any
 
 from .fields import Field, Read, Schema
 from .section import Section, kind_of
+from .target import canonical_value
 from .values import parse_duration
 
 __all__ = ["MAX_TTL", "RUNNERS", "ApprovalPolicy", "approval_field", "not_simple"]
@@ -82,10 +89,13 @@ class ApprovalPolicy:
     stdin (``command_reason``)."""
     ttl: float
     wait: float
+    except_commands: tuple[str, ...] | None = None
+    """Regular expressions (``re.fullmatch``, the whole command) of the simple SSH commands
+    without stdin that need no yes -- every other command needs one; None: not a selector."""
 
     @property
     def always(self) -> bool:
-        return self.methods is None and self.commands is None
+        return self.methods is None and self.commands is None and self.except_commands is None
 
     def requires(
         self, *, method: str | None = None, command: str | None = None, stdin: bool = False
@@ -105,13 +115,18 @@ class ApprovalPolicy:
         (``/opt/bin/deploy x``), matches it named without (``deploy x``)."""
         if self.always:
             return "every action of this target needs approval"
-        if self.commands is None:
+        if self.commands is None and self.except_commands is None:
             return None
         if stdin:
             return "it has stdin, which no pattern sees"
         why = not_simple(command)
         if why is not None:
             return why
+        if self.except_commands is not None:
+            if any(re.fullmatch(p, command) for p in self.except_commands):
+                return None
+            return "it is not listed in except_commands"
+        assert self.commands is not None
         name = _name(command)
         if name in RUNNERS or name.startswith(("python", "pypy")):
             return f"{name!r} runs other commands or code"
@@ -132,6 +147,12 @@ def _methods(r: Read) -> frozenset[str] | None:
         if not _TOKEN.fullmatch(m):
             raise r.error("is not an HTTP method token", f"[{i}]")
     return frozenset(m.upper() for m in items)
+
+
+def _except_commands(r: Read) -> tuple[str, ...] | None:
+    if r.present and r.values.get("commands") is not None:
+        raise r.error("cannot be given with commands: list what waits, or what does not")
+    return _commands(r)
 
 
 def _commands(r: Read) -> tuple[str, ...] | None:
@@ -181,27 +202,53 @@ def _schema(selector: str) -> Schema[ApprovalPolicy]:
         default=None,
         doc="HTTP methods that need a yes (default: every action)"
         if selector == "methods"
-        else "regular expressions (searched anywhere in the command) of commands that need a "
-        "yes (default: every action)",
+        else "regular expressions (searched anywhere in the command) of simple commands that "
+        "need a yes; a command that is not simple, has stdin or runs other code always needs "
+        "one (default: every action)",
     )
     other = "commands" if selector == "methods" else "methods"
+    exempt = (
+        Field(
+            "except_commands",
+            _except_commands,
+            default=None,
+            doc="regular expressions (matching the whole command) of the simple commands "
+            "without stdin that need no yes; every other command needs one",
+        )
+        if selector == "commands"
+        else Field("except_commands", lambda r: None, key=None)
+    )
     return Schema(
         ApprovalPolicy,
         (
             select,
             Field(other, lambda r: None, key=None),
+            exempt,
             Field("ttl", _ttl, default=DEFAULT_TTL, doc="how long the request stays approvable"),
             Field("wait", _wait, default="0s", doc="how long the caller waits for the decision"),
         ),
     )
 
 
+def _snapshot(policy: ApprovalPolicy | None) -> Any:
+    """The policy as a snapshot binds it; without ``except_commands`` as before that key
+    existed, so the hash of a target that does not use it did not move."""
+    out = canonical_value(policy)
+    if isinstance(out, dict) and out.get("except_commands") is None:
+        del out["except_commands"]
+    return out
+
+
 def approval_field(selector: str) -> Field:
     """A protocol's ``approval`` setting; ``selector`` is its own key: ``methods`` (HTTP) or
-    ``commands`` (SSH).  Absent: no action needs approval (and the snapshot is unchanged)."""
+    ``commands`` (SSH, which also takes ``except_commands``).  Absent: no action needs approval
+    (and the snapshot is unchanged)."""
     if selector not in ("methods", "commands"):
         raise ValueError(f"no approval selector {selector!r}")
     schema = _schema(selector)
+    forms = f'`"always"` or `{{ {selector}, ttl, wait }}`'
+    if selector == "commands":
+        forms = '`"always"`, `{ commands, ttl, wait }` or `{ except_commands, ttl, wait }`'
 
     def parse(r: Read) -> ApprovalPolicy | None:
         if not r.present:
@@ -219,6 +266,6 @@ def approval_field(selector: str) -> Field:
         default=None,
         unset_omitted=True,
         shown="none",
-        doc=f'`"always"` or `{{ {selector}, ttl, wait }}`: actions that wait for an operator\'s '
-        "yes (see [approvals](approvals.md))",
+        encode=_snapshot,
+        doc=f"{forms}: actions that wait for an operator's yes (see [approvals](approvals.md))",
     )

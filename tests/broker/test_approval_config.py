@@ -135,6 +135,39 @@ def test_a_simple_command_no_pattern_matches_runs_without_approval(
     assert _deploy_needs(tmp_path, command) == (False, "None")
 
 
+ALLOW_LIST = 'approval = { except_commands = ["uptime", "systemctl status [a-z.-]+"] }'
+
+
+@pytest.mark.parametrize(
+    ("command", "stdin", "why"),
+    [
+        ("uptime", None, None),
+        ("systemctl status app.service", None, None),
+        ("systemctl status app.service --no-pager", None, "it is not listed in except_commands"),
+        ("uptime --pretty", None, "it is not listed in except_commands"),
+        ("deploy prod", None, "it is not listed in except_commands"),
+        ("uptime;deploy prod", None, "not a simple command (it holds ';')"),
+        ("uptime", "", "it has stdin, which no pattern sees"),
+    ],
+)
+def test_except_commands_lets_only_the_listed_simple_commands_skip_approval(
+    tmp_path: Path, command: str, stdin: str | None, why: str | None
+) -> None:
+    """The inverse, robust form: every command waits but the simple ones (without stdin) that
+    a pattern matches whole."""
+    config = load_config(_config(tmp_path, ssh=ALLOW_LIST))
+    target = config.targets["deploy"]
+    policy = target.approval  # type: ignore[attr-defined]
+    assert policy is not None and not policy.always
+    assert policy.except_commands == ("uptime", "systemctl status [a-z.-]+")
+    obj = {"target": "deploy", "command": command}
+    if stdin is not None:
+        obj["stdin"] = stdin
+    action = parse_action(obj, config)
+    assert (needs_approval(action, target) is not None) == (why is not None)
+    assert sshaction.operator_view(action, target).get("approval_reason") == why
+
+
 @pytest.mark.parametrize(
     ("kw", "field", "message"),
     [
@@ -178,6 +211,21 @@ def test_a_simple_command_no_pattern_matches_runs_without_approval(
             "true or false",
         ),
         ({"service": "[service]\noperator_uids = [-1]\n"}, "service.operator_uids[0]", "id"),
+        (
+            {"ssh": 'approval = { commands = ["^rm "], except_commands = ["uptime"] }'},
+            "targets.deploy.approval.except_commands",
+            "cannot be given with commands",
+        ),
+        (
+            {"ssh": "approval = { except_commands = [] }"},
+            "targets.deploy.approval.except_commands",
+            "at least one pattern",
+        ),
+        (
+            {"http": 'approval = { except_commands = ["x"] }'},
+            "targets.billing.approval.except_commands",
+            "",
+        ),
     ],
 )
 def test_an_approval_mistake_names_its_field(
