@@ -78,6 +78,7 @@ async def test_an_approved_command_is_run_once_and_an_unlisted_one_needs_no_appr
                 iid = await _approve_when_asked(b)
                 request = b.approval(iid)["request"]
                 assert request["command"] == "exit 0"
+                assert request["approval_reason"] == "it matches commands[0] (^exit 0$)"
                 assert request["destination"] == f"bob@127.0.0.1:{hostile.port}"
             assert_ok(b, got["env"])
             other = await b.call({"target": "box", "command": "exit 1"})
