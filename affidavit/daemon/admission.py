@@ -117,6 +117,8 @@ class Server:
         write_wait: float = WRITE_WAIT,
         max_connections: int = MAX_CONNECTIONS,
         max_per_uid: int | None = None,
+        reserved: Callable[[Peer], bool] | None = None,
+        max_others: int | None = None,
     ) -> None:
         self.keep_alive = keep_alive
         self.head_wait = head_wait
@@ -125,8 +127,20 @@ class Server:
         self.max_connections = max_connections
         self.max_per_uid = max(1, max_connections // 2) if max_per_uid is None else max_per_uid
         """Connections one peer uid may hold at once (half the cap unless given)."""
+        self.reserved = reserved
+        """Whether a peer may use the places others may not (an operator's, by the kernel's
+        credentials); None: no reserve."""
+        self.max_others = max(1, max_connections // 2) if max_others is None else max_others
+        """Places the peers not ``reserved`` hold together, at most (busy or idle)."""
         self.open = 0
         """Connections being served (not those being turned away, nor those evicted)."""
+        self.others = 0
+        """Of them, those of peers not ``reserved`` (0 without a reserve)."""
+        self._others_full = False
+        """Connections of those peers were turned away since they last held at most half their
+        joint share (a spell of its own, logged once)."""
+        self._others_evicting = False
+        """Idle ones of theirs were evicted for theirs in that time (likewise)."""
         self._per_uid: dict[int, int] = {}
         """Connections being served, by peer uid (none listed with 0)."""
         self._refusing = _Refusals(max_connections)
@@ -154,12 +168,33 @@ class Server:
     async def serve(self, link: Link, peer: Peer, handler: Handler) -> None:
         """Serve one accepted connection until it closes (its peer already checked)."""
         mine = self._per_uid.get(peer.uid, 0) >= self.max_per_uid
-        if mine or self.open >= self.max_connections:
-            evicted = self._evict(peer.uid if mine else None)
+        other = self.reserved is not None and not self.reserved(peer)
+        theirs = other and self.others >= self.max_others
+        full = self.open >= self.max_connections
+        if mine or theirs or full:
+            # The one closed must free every place this one lacks: its uid's own when the uid
+            # holds its share, one of a peer not reserved when those hold theirs together.
+            # For an operator's only the total is short: an idle one of the others goes first.
+            evicted = self._evict(
+                peer.uid if mine else None,
+                others_only=theirs,
+                others_first=full and not other and self.reserved is not None,
+            )
             if evicted is None:
-                await self._turn_away(link, peer, mine)
+                await self._turn_away(link, peer, mine, theirs and not mine)
                 return
-            if not self._evicting:
+            if theirs and not mine:
+                if not self._others_evicting:
+                    self._others_evicting = True
+                    log.info(
+                        "peers who are not operators hold %d connections, their most: closing "
+                        "their longest-idle one to let each new one of theirs in (first %s's, "
+                        "for %s)",
+                        self.max_others,
+                        evicted.peer.describe(),
+                        peer.describe(),
+                    )
+            elif not self._evicting:
                 self._evicting = True
                 log.info(
                     "%d connections are open%s, the most: closing the longest-idle one to let "
@@ -174,9 +209,13 @@ class Server:
             # admission under it: a client reconnecting as fast as its connections close
             # would otherwise make it a log line per connection (as ``ConsoleCap``).
             self._full = self._evicting = False
+        if other and self.others <= self.max_others // 2:
+            self._others_full = self._others_evicting = False  # their spell, likewise
         self.open += 1
+        self.others += other
         self._per_uid[peer.uid] = self._per_uid.get(peer.uid, 0) + 1
         conn = Connection(self, link, peer)
+        conn.other = other
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(conn.read)
@@ -192,30 +231,38 @@ class Server:
             with trio.CancelScope(shield=True):
                 await link.aclose()
 
-    def _evict(self, uid: int | None = None) -> Connection | None:
-        """Close the connection idle the longest (of peer ``uid``, when given), to make room:
-        one waiting for its next (or first) request with no byte of it read or waiting in its
-        socket.  Never one with a request in progress -- its head or body being read, a route
-        or a call running, its answer being written: those are bounded by ``HEAD_WAIT``,
-        ``BODY_WAIT``, ``WRITE_WAIT`` or the call itself.  None when every one is busy."""
-        for conn, scope in self._idle.items():
-            if uid is not None and conn.peer.uid != uid:
-                continue
-            if conn.unread():
-                continue  # a request's first bytes are in: busy now, as far as anyone knows
-            # Its server task is parked in the idle wait (nothing woke it: the reader sets
-            # ``_bytes`` only after adding to the inbox or seeing the end), so the cancel
-            # reaches it there and it returns without reading: a clean close, no answer cut.
-            del self._idle[conn]
-            conn.evicted = True
-            scope.cancel()
-            self._leave(conn)
-            return conn
+    def _evict(
+        self, uid: int | None = None, *, others_only: bool = False, others_first: bool = False
+    ) -> Connection | None:
+        """Close the connection idle the longest (of peer ``uid``, when given; of a peer not
+        ``reserved``, when ``others_only``; such a one first, when ``others_first``), to make
+        room: one waiting for its next (or first) request with no byte of it read or waiting in
+        its socket.  Never one with a request in progress -- its head or body being read, a
+        route or a call running, its answer being written: those are bounded by
+        ``HEAD_WAIT``, ``BODY_WAIT``, ``WRITE_WAIT`` or the call itself.  None when every one
+        that would do is busy."""
+        for only_others in (True, False) if others_first else (others_only,):
+            for conn, scope in self._idle.items():
+                if uid is not None and conn.peer.uid != uid:
+                    continue
+                if only_others and not conn.other:
+                    continue
+                if conn.unread():
+                    continue  # a request's first bytes are in: busy now, as far as anyone knows
+                # Its server task is parked in the idle wait (nothing woke it: the reader sets
+                # ``_bytes`` only after adding to the inbox or seeing the end), so the cancel
+                # reaches it there and it returns without reading: a clean close, no answer cut.
+                del self._idle[conn]
+                conn.evicted = True
+                scope.cancel()
+                self._leave(conn)
+                return conn
         return None
 
     def _leave(self, conn: Connection) -> None:
         """``conn`` no longer holds a place (closed, or chosen to make room)."""
         self.open -= 1
+        self.others -= conn.other
         uid = conn.peer.uid
         left = self._per_uid[uid] - 1
         if left:
@@ -223,11 +270,21 @@ class Server:
         else:
             del self._per_uid[uid]
 
-    async def _turn_away(self, link: Link, peer: Peer, mine: bool) -> None:
+    async def _turn_away(self, link: Link, peer: Peer, mine: bool, theirs: bool = False) -> None:
         """503 and close, not a byte read: bounded by ``TURN_AWAY_WAIT``, and not answered at
         all while as many again are being turned away (each holds a descriptor meanwhile).
-        ``mine``: the peer's uid holds its share (``max_per_uid``), all of them busy."""
-        if not self._full:
+        ``mine``: the peer's uid holds its share (``max_per_uid``), all of them busy;
+        ``theirs``: the peers not ``reserved`` hold theirs together (``max_others``), likewise."""
+        if theirs:
+            if not self._others_full:
+                self._others_full = True
+                log.warning(
+                    "peers who are not operators hold %d connections, their most: turning "
+                    "their new ones away (503), first %s",
+                    self.others,
+                    peer.describe(),
+                )
+        elif not self._full:
             self._full = True
             log.warning(
                 "%d connections are open%s, the most: turning new ones away (503), first %s",
@@ -235,8 +292,11 @@ class Server:
                 f" for uid {peer.uid}" if mine else "",
                 peer.describe(),
             )
+        await self._answer(link, TURNED_AWAY)
+
+    async def _answer(self, link: Link, answer: bytes) -> None:
         try:
-            await self._refusing.answer(link.send_all, TURNED_AWAY)
+            await self._refusing.answer(link.send_all, answer)
         finally:
             with trio.CancelScope(shield=True):
                 await link.aclose()

@@ -118,6 +118,9 @@ class Connection:
         """When the request's body must be whole (``BODY_WAIT`` after the end of its head)."""
         self.evicted = False
         """Closed while idle to make room for a new connection (``Server._evict``)."""
+        self.other = False
+        """Its peer is not an operator, where the server keeps places for them
+        (``Server.reserved``): it counts among ``Server.others``."""
         self.asked = False
         """A request's head was read on this connection."""
 

@@ -55,7 +55,7 @@ from hypercorn.trio.worker_context import WorkerContext
 from hypercorn.typing import ConnectionState
 
 from affidavit.api.broker import Broker
-from affidavit.approvals import OperatorPolicy
+from affidavit.approvals import Operator, OperatorPolicy
 from affidavit.config import Config, console_origin, is_loopback
 from affidavit.console import Console, TokenStore, token_dir
 from affidavit.engine import EngineSettings
@@ -66,7 +66,7 @@ from .app import Api
 from .calls import Calls
 from .dispatcher import dispatch_approvals
 from .link import Link
-from .peer import PeerPolicy, peer_credentials_supported, peer_of
+from .peer import Peer, PeerPolicy, peer_credentials_supported, peer_of
 
 __all__ = ["Daemon", "DaemonError", "serve"]
 
@@ -103,6 +103,13 @@ class _OperatorUids:
         self._policy = policy
         self._proxy_uid = proxy_uid
         self._known: dict[int, bool] = {}
+
+    def peer(self, peer: Peer) -> bool:
+        """Whether a socket peer is an operator by the kernel's credentials -- its uid, gid and
+        supplementary groups (SO_PEERCRED, SO_PEERGROUPS), as ``is_operator`` decides its
+        commands on the socket -- so the user database is not asked at all.  (The console's
+        proxy is not one here: operators come through it to the console, not to the socket.)"""
+        return self._policy.is_operator(Operator(peer.uid, peer.gid, peer.groups, via="socket"))
 
     def __call__(self, uid: int) -> bool:
         if uid == self._proxy_uid:
@@ -222,12 +229,14 @@ class Daemon:
         console: trio.SocketListener | None,
         task_status: trio.TaskStatus[None],
     ) -> None:
-        server = Server(keep_alive=KEEP_ALIVE)
         operators = OperatorPolicy.of(self.config.service)
-        # Without operators nobody can log in: no places to keep for them.
+        # Without operators nobody can log in or decide: no places to keep for them.
         keep = operators.uids or operators.gids
         proxy = self.config.service.console_proxy_user
-        cap = ConsoleCap(reserved=_OperatorUids(operators, proxy) if keep else None)
+        reserved = _OperatorUids(operators, proxy) if keep else None
+        # The socket's peers are known by the kernel's credentials, groups included.
+        server = Server(keep_alive=KEEP_ALIVE, reserved=reserved.peer if reserved else None)
+        cap = ConsoleCap(reserved=reserved)
         self.console_cap = cap if console is not None else None
         hconfig = HypercornConfig()  # the console's
         hconfig.keep_alive_timeout = CONSOLE_HEAD_WAIT

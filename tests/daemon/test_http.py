@@ -591,6 +591,72 @@ async def test_one_uid_holds_at_most_its_share_and_the_others_keep_theirs(
     assert not any(f"for uid {operator}" in m for m in messages)
 
 
+async def test_peers_not_reserved_hold_half_and_an_operator_evicts_their_idle_ones_first(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Two agents' uids each within their share once filled the socket between them, busy,
+    and every operator's connection was 503.  With a reserve the peers not ``reserved`` hold
+    at most ``max_others`` together -- past that, theirs replace their own longest-idle or are
+    refused, never an operator's -- and an operator's connection at the cap takes the place of
+    an idle one of theirs before an operator's idle longer; a busy one is never closed."""
+    caplog.set_level(logging.DEBUG)
+    agent, other_agent, operator = (os.getuid() + n for n in (1000, 1001, 2000))
+    server = Server(
+        keep_alive=WAIT,
+        head_wait=WAIT,
+        max_connections=4,
+        max_per_uid=3,
+        reserved=lambda peer: peer.uid == operator,
+    )
+    assert server.max_others == 2
+    routes = Routes()
+    async with contextlib.AsyncExitStack() as stack:
+        op_idle = await stack.enter_async_context(serving(routes, server, operator))
+        await _until(lambda: server.idle == 1)  # the operator's idles the longest
+        agent_idle = await stack.enter_async_context(serving(routes, server, agent))
+        await _until(lambda: server.idle == 2)
+        agent_busy = await stack.enter_async_context(serving(routes, server, agent))
+        await agent_busy.send(b"GET /busy HTTP/1.1\r\n")  # half a head: never evicted
+        await _until(lambda: (server.open, server.others, server.idle) == (3, 2, 2))
+        # The other agent, within its own share but past theirs together: it takes the place
+        # of the agents' idle one (not of the operator's, idle longer) ...
+        other = await stack.enter_async_context(serving(routes, server, other_agent))
+        await other.send(b"GET /other HTTP/1.1\r\n")
+        assert await agent_idle.closed()
+        await _until(lambda: (server.open, server.others, server.idle) == (3, 2, 1))
+        # ... and, theirs all busy, the next of theirs is refused though the daemon has room.
+        async with serving(routes, server, other_agent) as over:
+            status, _, answer = await over.answer()
+            assert await over.closed()
+        assert (status, _api_error(answer)) == (503, "TOO_MANY_CONNECTIONS")
+        assert (server.open, server.others) == (3, 2)
+        # An operator's is served in the place left; at the cap, the next operator's takes the
+        # place of the operator's idle one, the agents' being busy.
+        ops = [await stack.enter_async_context(serving(routes, server, operator))]
+        await _until(lambda: server.open == 4)
+        await other.send(b"host: a\r\n\r\n")
+        assert (await other.answer())[::2] == (200, b"/other")
+        await _until(lambda: server.idle == 3)  # op_idle, ops[0], then other: in that order
+        # Now an agent's is idle too, but the operator's idle longer: an operator's new one
+        # takes the agent's place first.
+        ops.append(await stack.enter_async_context(serving(routes, server, operator)))
+        await ops[-1].send(HEAD)
+        assert (await ops[-1].answer())[::2] == (200, b"/v1/health")
+        assert await other.closed()
+        assert (server.open, server.others) == (4, 1)
+        for client in (op_idle, *ops):  # every operator's still served
+            await client.send(HEAD)
+            assert (await client.answer())[::2] == (200, b"/v1/health")
+        await agent_busy.send(b"host: a\r\n\r\n")
+        assert (await agent_busy.answer())[::2] == (200, b"/busy")
+    assert not [r for r in caplog.records if r.exc_info], "a traceback in the log"
+    messages = [r.getMessage() for r in caplog.records]
+    assert (
+        sum("who are not operators hold 2 connections" in m and "503" in m for m in messages) == 1
+    )
+    assert server.open == 0 and server.others == 0
+
+
 async def test_a_client_refused_at_max_connections_reads_its_503_never_answer_lost() -> None:
     """The daemon answers a connection over the cap before reading a byte and closes it, so a
     client sending a large body meets a broken pipe mid-send.  Before, the async ``Client``, the

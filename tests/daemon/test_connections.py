@@ -1,0 +1,175 @@
+"""The agents' socket's connection cap against several local users (admission.py's ``Server``,
+as ``server.py`` sets it up): the places kept for operators, and refused peers.
+
+The daemon runs in this process (``Daemon.run``, as ``affidavit serve`` runs it) with a small
+cap.  Which user a connection is comes from SO_PEERCRED; so that one test process can be
+several users, a connection bound to an abstract name ``_Strangers`` gave out stands for
+another uid (``peer_of`` is looked up by that name) -- any other is the kernel's answer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from affidavit.config import load_config
+from affidavit.daemon import server as daemon_server
+from affidavit.daemon.admission import Server
+from affidavit.daemon.peer import Peer, peer_of
+from tests.broker.helpers import TOKEN_ENV
+
+from .kit import NOBODY, WAIT, api_target, wait_until, write_daemon_config
+
+CAP = 4
+PER_UID = 2
+PROMPTLY = 2.0
+"""How soon a connection refused at accept must have its answer and its end."""
+AGENT, OTHER_AGENT, STRANGER = NOBODY, NOBODY - 1, NOBODY - 2
+HALF_HEAD = b"GET /v1/health HTTP/1.1\r\n"
+HEAD = b"GET /v1/health HTTP/1.1\r\nhost: affidavit\r\n\r\n"
+
+
+class _Strangers:
+    """Connections that stand for other local uids, told by the abstract name their client end
+    is bound to; any other connection's peer is the kernel's."""
+
+    _names = itertools.count()
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.uids: dict[bytes, int] = {}
+
+    def peer_of(self, sock: Any) -> Peer:
+        name = sock.getpeername()
+        if isinstance(name, str):
+            name = name.encode()
+        uid = self.uids.get(name)
+        if uid is None:
+            return peer_of(sock)
+        return Peer(pid=os.getpid(), uid=uid, gid=uid)
+
+    async def connect(self, uid: int) -> trio.SocketStream:
+        sock = trio.socket.socket(trio.socket.AF_UNIX, trio.socket.SOCK_STREAM)
+        name = b"\0affidavit-test-%d-%d" % (os.getpid(), next(self._names))
+        await sock.bind(name)
+        self.uids[name] = uid  # known before the daemon can ask
+        await sock.connect(str(self.path))
+        return trio.SocketStream(sock)
+
+
+@contextlib.asynccontextmanager
+async def daemon_with_strangers(
+    tmp: Path, monkeypatch: pytest.MonkeyPatch, *, operators: list[int] | None
+) -> AsyncIterator[tuple[Server, _Strangers]]:
+    """A daemon in this process whose socket serves at most ``CAP`` connections, ``PER_UID``
+    of one uid: (its socket's ``Server``, the strangers).  This process's uid and the two
+    agents are allowed; ``STRANGER`` is not.  ``operators``: its ``operator_uids``."""
+    monkeypatch.setenv(TOKEN_ENV, "canary-connections")
+    servers: list[Server] = []
+
+    def make(**kwargs: Any) -> Server:
+        servers.append(Server(max_connections=CAP, max_per_uid=PER_UID, **kwargs))
+        return servers[-1]
+
+    socket = tmp / "affidavit.sock"
+    strangers = _Strangers(socket)
+    monkeypatch.setattr(daemon_server, "Server", make)
+    monkeypatch.setattr(daemon_server, "peer_of", strangers.peer_of)
+    settings: dict[str, Any] = {"allow_uids": [os.getuid(), AGENT, OTHER_AGENT]}
+    if operators:
+        settings["operator_uids"] = operators
+    config = load_config(
+        write_daemon_config(tmp, api_target("http://127.0.0.1:9"), socket=socket, service=settings)
+    )
+    async with trio.open_nursery() as nursery:
+        daemon = daemon_server.Daemon(config)
+        await nursery.start(daemon.run)
+        try:
+            yield servers[0], strangers
+        finally:
+            daemon.shutdown.set()
+
+
+async def to_the_end(stream: trio.SocketStream, within: float = PROMPTLY) -> bytes:
+    """Everything the daemon sends until it closes the connection (at most ``within`` s)."""
+    data = b""
+    with trio.fail_after(within):
+        with contextlib.suppress(trio.BrokenResourceError):
+            while chunk := await stream.receive_some(1 << 16):
+                data += chunk
+    return data
+
+
+async def answer_of(stream: trio.SocketStream) -> bytes:
+    """The first bytes of the daemon's answer (at most ``WAIT`` s)."""
+    with trio.fail_after(WAIT):
+        return await stream.receive_some(64)
+
+
+async def test_agents_holding_their_shares_leave_the_operators_served(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Two agents' uids, each keeping every connection it may busy (half a head each, which
+    eviction never closes), once filled the socket together: every new connection, the
+    operators' included, was 503 -- no approval, denial or attestation while it lasted.  Now
+    the peers who are not operators hold at most half the places together."""
+    caplog.set_level(logging.INFO, logger="affidavit.daemon")
+    async with daemon_with_strangers(tmp_path, monkeypatch, operators=[os.getuid()]) as (
+        server,
+        strangers,
+    ):
+        held = []
+        for uid in (AGENT, AGENT, OTHER_AGENT, OTHER_AGENT):
+            stream = await strangers.connect(uid)
+            held.append(stream)
+            await stream.send_all(HALF_HEAD)  # busy: never evicted
+            if len(held) == 2:  # the first agent's first
+                await wait_until(lambda: server.open == 2 and server.idle == 0, "the first's")
+        for stream in held[2:]:  # the second agent's: within its share, past theirs together
+            answer = await to_the_end(stream, WAIT)
+            assert answer.startswith(b"HTTP/1.1 503 "), answer
+            assert b"TOO_MANY_CONNECTIONS" in answer
+        assert (server.open, server.others) == (2, 2)  # the agents hold their half
+        mine = []
+        for _ in range(2):  # the operator's: served, up to its own share
+            stream = await trio.open_unix_socket(str(strangers.path))
+            await stream.send_all(HEAD)
+            assert (await answer_of(stream)).startswith(b"HTTP/1.1 200 ")
+            mine.append(stream)
+        assert (server.open, server.others) == (4, 2)
+        for stream in held + mine:
+            await stream.aclose()
+        await wait_until(lambda: server.open == 0, "every connection is closed")
+    said = [r.getMessage() for r in caplog.records]
+    full = [m for m in said if "who are not operators hold 2 connections" in m]
+    assert len(full) == 1, said
+
+
+async def test_without_operators_no_places_are_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No ``operator_uids`` / ``operator_gids``: nobody could use kept places, so there are
+    none -- two agents may fill the socket between them, as before."""
+    async with daemon_with_strangers(tmp_path, monkeypatch, operators=None) as (
+        server,
+        strangers,
+    ):
+        assert server.reserved is None
+        held = []
+        for uid in (AGENT, AGENT, OTHER_AGENT, OTHER_AGENT):
+            stream = await strangers.connect(uid)
+            await stream.send_all(HALF_HEAD)
+            held.append(stream)
+        await wait_until(lambda: server.open == CAP and server.idle == 0, "all four served")
+        assert server.others == 0
+        for stream in held:
+            await stream.aclose()
+        await wait_until(lambda: server.open == 0, "every connection is closed")
