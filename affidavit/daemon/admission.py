@@ -73,6 +73,8 @@ log = logging.getLogger("affidavit.daemon")
 
 MAX_CONNECTIONS = 256
 """Connections one ``Server`` keeps open at once (see the module docstring for one more)."""
+REFUSED_QUIET = 60.0
+"""A spell of refused peers ends once this many seconds pass without one (``_RefusedPeers``)."""
 CONSOLE_MAX_CONNECTIONS = 64
 """Console connections served at once: an operator console has few users (a browser opens
 about six per origin)."""
@@ -119,6 +121,7 @@ class Server:
         max_per_uid: int | None = None,
         reserved: Callable[[Peer], bool] | None = None,
         max_others: int | None = None,
+        refused_quiet: float = REFUSED_QUIET,
     ) -> None:
         self.keep_alive = keep_alive
         self.head_wait = head_wait
@@ -141,6 +144,7 @@ class Server:
         joint share (a spell of its own, logged once)."""
         self._others_evicting = False
         """Idle ones of theirs were evicted for theirs in that time (likewise)."""
+        self._refused = _RefusedPeers(refused_quiet)
         self._per_uid: dict[int, int] = {}
         """Connections being served, by peer uid (none listed with 0)."""
         self._refusing = _Refusals(max_connections)
@@ -164,6 +168,7 @@ class Server:
         self.closing = True
         for scope in self._idle.values():
             scope.cancel()
+        self._refused.end()
 
     async def serve(self, link: Link, peer: Peer, handler: Handler) -> None:
         """Serve one accepted connection until it closes (its peer already checked)."""
@@ -294,12 +299,61 @@ class Server:
             )
         await self._answer(link, TURNED_AWAY)
 
+    async def refuse(self, link: Link, peer: Peer, answer: bytes) -> None:
+        """A peer the socket's policy refuses: ``answer`` (its 403) at once, not a byte read,
+        then close -- bounded as a 503 is, and never counted among the open connections.
+        Logged once per spell of refusals (``_RefusedPeers``)."""
+        self._refused.note(peer)
+        await self._answer(link, answer)
+
     async def _answer(self, link: Link, answer: bytes) -> None:
         try:
             await self._refusing.answer(link.send_all, answer)
         finally:
             with trio.CancelScope(shield=True):
                 await link.aclose()
+
+
+class _RefusedPeers:
+    """The log of a listener's refused peers: the first refusal of a spell is a warning naming
+    its peer; the rest are counted, and the count is logged once the spell is seen over --
+    ``quiet`` seconds without a refusal -- at the next refusal (which starts a new spell).  A
+    peer reconnecting as fast as it is refused is then one line, not one per connection."""
+
+    def __init__(self, quiet: float) -> None:
+        self.quiet = quiet
+        self.count = 0
+        """Refusals in this spell (0 outside one)."""
+        self.uids: set[int] = set()
+        """Their uids (the first few)."""
+        self._last = 0.0
+
+    def note(self, peer: Peer) -> None:
+        now = trio.current_time()
+        if self.count and now - self._last >= self.quiet:
+            self.end()
+        if not self.count:
+            log.warning(
+                "refused peer %s: not in [service] allow_uids / allow_gids (answered 403; "
+                "further refusals are counted until %g s pass without one)",
+                peer.describe(),
+                self.quiet,
+            )
+        self.count += 1
+        if len(self.uids) < 16:
+            self.uids.add(peer.uid)
+        self._last = now
+
+    def end(self) -> None:
+        """The spell is over: its count, if it was more than its first line."""
+        if self.count > 1:
+            log.info(
+                "refused peers: %d connections were answered 403 in that spell (uids %s)",
+                self.count,
+                ", ".join(str(u) for u in sorted(self.uids)),
+            )
+        self.count = 0
+        self.uids.clear()
 
 
 def _console_owner(stream: trio.SocketStream) -> int | None:

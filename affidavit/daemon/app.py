@@ -16,8 +16,8 @@
 
 Everything else is the API's own trouble: 400 bad JSON or query (or a malformed request, with
 408, 415 for a Content-Encoding, 431, 501 for CONNECT or Upgrade and 503 for too many
-connections: h11server.py), 403 peer
-refused, 404, 405, 413, 503 overloaded, shutting down or journal unavailable
+connections: h11server.py), 403 peer refused (on accept, before a byte is read:
+``refusal``), 404, 405, 413, 503 overloaded, shutting down or journal unavailable
 (``JOURNAL_UNAVAILABLE``: a call the journal could not record has no envelope to render; a
 record or a view it could not read is named) or a read it declined this once
 (``JOURNAL_READ_DECLINED``: a statement timeout, a lock not granted), 500 a journal that
@@ -60,7 +60,7 @@ from affidavit.views import (
 
 from . import operators
 from .calls import Calls, Overloaded, Running
-from .http import ApiProblem, ClientGone, Request
+from .http import ApiProblem, ClientGone, Request, api_error_body
 from .peer import Peer, PeerPolicy
 
 __all__ = ["Api"]
@@ -85,23 +85,17 @@ class Api:
         self.tokens: TokenStore | None = None
         """Its one-time login tokens."""
 
-    def for_connection(self, peer: Peer) -> Callable[[Request], Awaitable[None]]:
-        """What one accepted connection's requests go to: the routes for an allowed peer; for
-        any other, a 403 (and the connection closes) -- nothing else."""
+    def refusal(self, peer: Peer) -> bytes | None:
+        """The whole answer to a peer the policy refuses (403 ``PEER_REFUSED``, then the
+        connection closes), sent as it is accepted, before a byte of it is read
+        (``Server.refuse``, which logs it); None for an allowed peer."""
         if self.policy.allows(peer):
-            return self.handle
-        log.warning("refused peer %s: not in [service] allow_uids / allow_gids", peer.describe())
-        problem = ApiProblem(
-            403,
-            "PEER_REFUSED",
-            f"uid {peer.uid} may not use this broker "
-            "(the daemon's [service] allow_uids / allow_gids)",
+            return None
+        body = api_error_body("PEER_REFUSED", _refused_message(peer))
+        return (
+            b"HTTP/1.1 403 Forbidden\r\ncontent-type: application/json\r\n"
+            b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(body), body)
         )
-
-        async def refuse(req: Request) -> None:
-            await req.respond_problem(problem, close=True)
-
-        return refuse
 
     async def handle(self, req: Request) -> None:
         try:
@@ -388,3 +382,9 @@ def _time_param(req: Request, name: str) -> float | None:
         return parse_time(raw)
     except ValueError as exc:
         raise ApiProblem(400, "BAD_REQUEST", f"{name}: {exc}") from None
+
+
+def _refused_message(peer: Peer) -> str:
+    return (
+        f"uid {peer.uid} may not use this broker (the daemon's [service] allow_uids / allow_gids)"
+    )

@@ -252,7 +252,11 @@ class Daemon:
                 log.warning("closed a connection that has no peer credentials")
                 await stream.aclose()
                 return
-            await server.serve(Link(stream), peer, api.for_connection(peer))
+            refusal = api.refusal(peer)
+            if refusal is not None:  # at once: no head read, no place held
+                await server.refuse(Link(stream), peer, refusal)
+                return
+            await server.serve(Link(stream), peer, api.handle)
 
         async def console_connection(stream: trio.SocketStream) -> None:
             await cap.serve(stream, serve_console)

@@ -173,3 +173,39 @@ async def test_without_operators_no_places_are_kept(
         for stream in held:
             await stream.aclose()
         await wait_until(lambda: server.open == 0, "every connection is closed")
+
+
+async def test_a_refused_peer_is_answered_403_on_accept_holding_no_place_and_logged_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A peer the policy refuses was answered only once it had sent a whole head: until then
+    (up to the head wait, again and again as it reconnected) it held a place, and each of its
+    connections logged a warning.  Now its credentials -- known at accept -- decide at once:
+    403 without a byte read, no place taken even from a full daemon, one line per spell."""
+    caplog.set_level(logging.INFO, logger="affidavit.daemon")
+    async with daemon_with_strangers(tmp_path, monkeypatch, operators=None) as (
+        server,
+        strangers,
+    ):
+        held = []
+        for uid in (AGENT, AGENT, OTHER_AGENT, OTHER_AGENT):  # the daemon full, all busy
+            stream = await strangers.connect(uid)
+            await stream.send_all(HALF_HEAD)
+            held.append(stream)
+        await wait_until(lambda: server.open == CAP and server.idle == 0, "all four served")
+        for _ in range(5):
+            stream = await strangers.connect(STRANGER)  # sends nothing at all
+            answer = await to_the_end(stream)
+            await stream.aclose()
+            assert answer.startswith(b"HTTP/1.1 403 Forbidden\r\n"), answer
+            assert b"PEER_REFUSED" in answer
+            assert f"uid {STRANGER} may not use this broker".encode() in answer
+            assert (server.open, server.idle) == (CAP, 0)  # no place taken, none evicted
+        for stream in held:
+            await stream.aclose()
+        await wait_until(lambda: server.open == 0, "every connection is closed")
+    said = [r.getMessage() for r in caplog.records]
+    refused = [m for m in said if m.startswith(f"refused peer uid={STRANGER} ")]
+    assert len(refused) == 1, said
+    # At shutdown the spell is over: its count.
+    assert any("5 connections were answered 403" in m for m in said), said

@@ -657,6 +657,45 @@ async def test_peers_not_reserved_hold_half_and_an_operator_evicts_their_idle_on
     assert server.open == 0 and server.others == 0
 
 
+async def test_a_refused_peer_is_answered_at_once_and_logged_once_per_spell(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """``Server.refuse``: the answer before a byte is read, no place taken (the daemon full
+    and busy here), and one warning for a spell of refusals however many there are -- then,
+    once ``refused_quiet`` has passed without one, their count, and a new spell's warning."""
+    caplog.set_level(logging.DEBUG)
+    server = Server(keep_alive=WAIT, head_wait=WAIT, max_connections=1, refused_quiet=0.2)
+    routes = Routes()
+    stranger = Peer(pid=os.getpid(), uid=os.getuid() + 3000, gid=os.getgid())
+
+    async def refused() -> bytes:
+        a, b = trio.socket.socketpair()
+        client = Client(trio.SocketStream(b))
+        await server.refuse(Link(trio.SocketStream(a)), stranger, b"HTTP/1.1 403 x\r\n\r\n")
+        assert await client.closed()
+        assert (server.open, server.idle) == (1, 0)
+        await client.stream.aclose()
+        return bytes(client.buffer)
+
+    def said(text: str) -> list[str]:
+        return [r.levelname for r in caplog.records if text in r.getMessage()]
+
+    async with serving(routes, server) as busy:
+        await busy.send(b"GET /busy HTTP/1.1\r\n")
+        await _until(lambda: server.open == 1 and server.idle == 0)
+        for _ in range(3):
+            assert await refused() == b"HTTP/1.1 403 x\r\n\r\n"
+        assert said(f"refused peer uid={stranger.uid} ") == ["WARNING"]
+        await trio.sleep(0.3)  # the spell is over
+        await refused()
+        assert said("3 connections were answered 403") == ["INFO"]
+        assert said(f"refused peer uid={stranger.uid} ") == ["WARNING", "WARNING"]
+        server.close()  # a spell of one: nothing to count
+        assert not said("1 connections were answered")
+        await busy.send(b"host: a\r\n\r\n")
+        assert (await busy.answer())[::2] == (200, b"/busy")
+
+
 async def test_a_client_refused_at_max_connections_reads_its_503_never_answer_lost() -> None:
     """The daemon answers a connection over the cap before reading a byte and closes it, so a
     client sending a large body meets a broken pipe mid-send.  Before, the async ``Client``, the
