@@ -20,9 +20,25 @@ close after their answer) -- and keeps their number bounded:
   answered 503 the same way -- so an agent's uid, even holding every connection it may busy
   (half a head each, reconnecting as soon as one closes), leaves the other half to the rest,
   the operators approving its requests among them (peer uids are the kernel's, peer.py);
-* each spell at a limit logs once, until half the places are free again (evictions at info,
-  refusals as a warning).  One evicted before its first request is sent the same 503 before it
-  closes (a request crossing the eviction reads that it was not run); one evicted between
+* and the peers who are not operators hold no more than ``max_others`` of them *together*
+  (half the cap; ``reserved`` tells an operator's peer, by the kernel's uid, gid and groups --
+  the daemon's ``_OperatorUids.peer``, as the operator routes decide; None, with no operators
+  configured: no reserve): two or three agents' uids each within its share would otherwise
+  fill the socket together, busy, and shut the operators out while the approvals they wait
+  for expire.  Past it, a new connection of theirs takes the place of their longest-idle one
+  (anyone's of theirs: the share is joint), or is answered 503 the same way; an operator's
+  at the cap takes the place of an idle one of theirs before an operator's idle longer.  The
+  rules above stand: only an idle connection with nothing unread is ever closed;
+* a peer the daemon's policy refuses (not in ``allow_uids`` / ``allow_gids``) is never served:
+  its credentials are known at accept, so ``refuse`` answers its 403 there, before a byte is
+  read, bounded and limited as a 503 is, and never counted among the open ones -- so refused
+  peers hold no place while they dribble a head.  Their log is one warning per spell of
+  refusals and then the spell's count (``_RefusedPeers``: a spell ends once ``REFUSED_QUIET``
+  passes without one);
+* each spell at a limit logs once, until half the places are free again -- half of those
+  of the peers not reserved, for theirs (evictions at info, refusals as a warning).  One
+  evicted before its first request is sent the same 503 before it closes (a request
+  crossing the eviction reads that it was not run); one evicted between
   requests just closes, as when ``keep_alive`` runs out -- a request crossing that is unread
   and unanswered (the clients retry a read, and call anything else ``AnswerLost``, which never
   claims that it did not run).
