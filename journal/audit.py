@@ -19,6 +19,7 @@ from typing import Any
 from .errors import JournalError
 from .results import SUMMARY_STREAM, Store, StoredResult, load_marker
 from .sealing import AuditOpener, chunk_aad, summary_aad
+from .signing import Checkpoint
 
 __all__ = ["read_result"]
 
@@ -28,7 +29,7 @@ def read_result(
     invocation_id: str,
     private_key_file: str | os.PathLike[str],
     *,
-    covered: Callable[[int], None],
+    covered: Callable[[int], Checkpoint],
 ) -> StoredResult | None:
     """The auditor copy of a stored result, verified; None without a completeness marker.
     ``JournalError`` if the result has no auditor copy or any part of it fails verification."""

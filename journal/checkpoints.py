@@ -22,6 +22,7 @@ from .tables import Tables
 __all__ = [
     "Keys",
     "adopt",
+    "covering",
     "covering_problem",
     "remember",
     "require_covered",
@@ -77,19 +78,24 @@ def require_covered(tables: Tables, where: str, seq: int, hash_: str, keys: Keys
     )
 
 
-def covering_problem(tables: Tables, seq: int, keys: Keys, known: dict[int, bytes]) -> str | None:
-    """None if the row at ``seq`` is covered by a checkpoint signed with one of ``keys``: the
-    rows from it to the first checkpoint at or after it are re-hashed and must end in that
-    checkpoint's hash.  Otherwise why not.  (A read of one stored result checks this much;
-    ``verify`` checks everything.)  ``known`` maps seqs of checkpoints already found valid --
-    or signed by this process -- to their signatures: a row identical to one of them needs no
-    second signature check (the costliest step of a result read)."""
+def covering(
+    tables: Tables, seq: int, keys: Keys, known: dict[int, bytes]
+) -> tuple[Checkpoint | None, str | None]:
+    """``(checkpoint, None)`` if the row at ``seq`` is covered by ``checkpoint``, signed with
+    one of ``keys``: the rows from ``seq`` to it are re-hashed from their columns (the row at
+    ``seq`` itself included) and must end in its hash.  Otherwise ``(None, why not)``.  (A read
+    of one stored result checks this much; ``verify`` checks everything.)  ``known`` maps seqs
+    of checkpoints already found valid -- or signed by this process -- to their signatures: a
+    row identical to one of them needs no second signature check (the costliest step of a
+    result read)."""
     cp = tables.checkpoint_from(seq)
     if cp is None:
-        return f"row {seq} is not covered by a signed checkpoint"
+        return None, f"row {seq} is not covered by a signed checkpoint"
     if known.get(cp.seq) != cp.signature:
         if not signed_by(cp, keys):
-            return f"the checkpoint at seq {cp.seq} (covering row {seq}) is not validly signed"
+            return None, (
+                f"the checkpoint at seq {cp.seq} (covering row {seq}) is not validly signed"
+            )
         remember(known, cp.seq, cp.signature)
     expected, prev = seq, None
     for r in tables.event_rows(seq, cp.seq):
@@ -103,5 +109,11 @@ def covering_problem(tables: Tables, seq: int, keys: Keys, known: dict[int, byte
             break
         prev, expected = computed, expected + 1
     if expected != cp.seq + 1 or prev != cp.hash:
-        return f"rows {seq}..{cp.seq} differ from the signed checkpoint at seq {cp.seq}"
-    return None
+        return None, f"rows {seq}..{cp.seq} differ from the signed checkpoint at seq {cp.seq}"
+    return cp, None
+
+
+def covering_problem(tables: Tables, seq: int, keys: Keys, known: dict[int, bytes]) -> str | None:
+    """None if the row at ``seq`` is covered by a checkpoint signed with one of ``keys``
+    (``covering``), otherwise why not."""
+    return covering(tables, seq, keys, known)[1]

@@ -217,23 +217,25 @@ class JournalReader:
             self._recorded = self.recorded_public_keys()
         return self._recorded
 
-    def _covered(self, seq: int) -> None:
-        """Raise unless the row at ``seq`` is covered by a checkpoint signed with a trusted
-        key (the rows from it to that checkpoint are re-hashed)."""
+    def _covered(self, seq: int) -> Checkpoint:
+        """The checkpoint covering the row at ``seq``, signed with a trusted key (the rows
+        from it to that checkpoint are re-hashed from their columns); ``JournalError`` if none
+        does."""
         known = self._known_checkpoints
-        why = self._read(
-            lambda t: checkpoints.covering_problem(t, seq, self._trusted_keys(), known),
+        cp, why = self._read(
+            lambda t: checkpoints.covering(t, seq, self._trusted_keys(), known),
             f"the checkpoint covering seq {seq}",
         )
-        if why is not None and self.backend.multi_signer:
+        if cp is None and self.backend.multi_signer:
             # A key registered by a broker that joined after these keys were read.
             keys = self._trusted_keys(refresh=True)
-            why = self._read(
-                lambda t: checkpoints.covering_problem(t, seq, keys, known),
+            cp, why = self._read(
+                lambda t: checkpoints.covering(t, seq, keys, known),
                 f"the checkpoint covering seq {seq}",
             )
-        if why is not None:
+        if cp is None:
             raise JournalError(f"journal {self.where}: {why}")
+        return cp
 
     # -- events and records -------------------------------------------------------------------
 

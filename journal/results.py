@@ -18,8 +18,11 @@ chain and the signed checkpoints without any key:
 
 Reading checks the event, the marker and each chunk against those hashes; anything else is a
 ``JournalError`` naming the invocation, stream and chunk -- never a partial or altered result.
-Results stored before ``marker_sha256`` existed are checked as before: by opening every chunk of
-a stream and comparing the stream's plaintext hash (so they are read whole).
+Every read first proves the RESULT_COMMITTED row itself: re-hashed from its columns and covered by
+a validly signed checkpoint, whatever its attrs say.  Results stored before ``marker_sha256``
+existed (before the journal was signed: only rows its ``adopted`` checkpoint covers) are then
+checked as before: by opening every chunk of a stream and comparing the stream's plaintext hash
+(so they are read whole).  A result event after that lacking the current fields is altered.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from affidavit.statemachine import STATES, Event, EventKind
 from .chain import canonical_json
 from .errors import JournalError, ResultStoreFailed
 from .sealing import AuditSealer, BrokerKey, chunk_aad, seal_ident, summary_aad
+from .signing import Checkpoint
 from .tables import Tables
 from .txn import Txn, row_args
 
@@ -247,11 +251,18 @@ class Marker:
     summary_blob: bytes
 
 
+CURRENT_RESULT_ATTRS = ("marker_sha256", "sealed_summary_sha256", "summary_sha256")
+"""What every RESULT_COMMITTED written since journals are signed carries (and a result without
+``marker_sha256`` is one from before: its row must be covered by the ``adopted`` checkpoint)."""
+
+
 def load_marker(
-    store: Store, invocation_id: str, *, covered: Callable[[int], None]
+    store: Store, invocation_id: str, *, covered: Callable[[int], Checkpoint]
 ) -> Marker | None:
     """The invocation's marker, checked against its chained event, or None if it has none.
-    ``covered(seq)`` raises unless the event row at ``seq`` is covered by a signed checkpoint."""
+    ``covered(seq)`` returns the signed checkpoint covering the event row at ``seq`` -- the row
+    re-hashed from its columns -- or raises: every read proves the event row itself, whatever
+    its attrs hold, before they are trusted."""
     with store.snapshot():
         marker = store.tables.marker(invocation_id)
         if marker is None:
@@ -267,6 +278,12 @@ def load_marker(
     if ev is None or ev[0] != EventKind.RESULT_COMMITTED.value or ev[1] != invocation_id:
         raise JournalError(f"{bad}: no RESULT_COMMITTED event at its seq")
     try:
+        cp = covered(seq)
+    except JournalError as exc:
+        if type(exc) is not JournalError:  # the journal could not be read (not a verdict)
+            raise
+        raise JournalError(f"{bad}: its RESULT_COMMITTED event row: {exc}") from None
+    try:
         chained = json.loads(ev[2])
         declared = json.loads(streams_json)
         streams = _stream_table(declared)
@@ -277,12 +294,20 @@ def load_marker(
     if whole_sha256(declared) != sha:
         raise JournalError(f"{bad}: whole-result hash differs")
     summary_blob = bytes(summary_blob)
-    if "marker_sha256" in chained:
+    if "marker_sha256" in chained or not cp.adopted:
+        # Written by a signing broker: the current format, whole.  (Per-chunk hashes and
+        # signing came together, so only rows the adopted checkpoint covers predate them.)
+        missing = [k for k in CURRENT_RESULT_ATTRS if not isinstance(chained.get(k), str)]
+        if missing:
+            raise JournalError(
+                f"{bad}: its RESULT_COMMITTED event was altered: it lacks "
+                + ", ".join(missing)
+                + ", which every result stored since the journal was signed carries"
+            )
         if _sha(canonical_json(declared).encode("utf-8")) != chained["marker_sha256"]:
             raise JournalError(f"{bad}: marker differs from the chained event")
-        if _sha(summary_blob) != chained.get("sealed_summary_sha256"):
+        if _sha(summary_blob) != chained["sealed_summary_sha256"]:
             raise JournalError(f"{bad}: sealed summary differs from the chained event")
-        covered(int(seq))
     return Marker(invocation_id, int(seq), sha, streams, chained, summary_blob)
 
 
@@ -315,7 +340,7 @@ def open_result(
     broker_key: Callable[[], BrokerKey],
     invocation_id: str,
     *,
-    covered: Callable[[int], None],
+    covered: Callable[[int], Checkpoint],
 ) -> ResultStream | None:
     """The stored result as a ``ResultStream``, or None unless its completeness marker exists
     (``broker_key`` is called only then).  Stored results never change, so its chunks are read

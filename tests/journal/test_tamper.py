@@ -9,7 +9,9 @@ result row, corrupt a chunk, delete a checkpoint, swap the signing key file.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import shutil
 import sqlite3
 from collections.abc import Iterator
@@ -30,7 +32,7 @@ from affidavit.journal import (
     load_public_key,
     public_key_pem,
 )
-from affidavit.journal.chain import row_hash
+from affidavit.journal.chain import canonical_json, row_hash
 from affidavit.statemachine import EventKind, Outcome, Projector
 
 from .helpers import fill_results, happy
@@ -329,6 +331,137 @@ def test_a_corrupted_chunk_is_caught_without_the_broker_key(
     report = _verify(j, trust)
     assert (report.ok, report.first_bad_seq) == (False, j.result_seq), report
     assert "chunk" in report.reason
+
+
+# -- a result's event row edited in place ------------------------------------------------------
+
+
+def _downgrade_result(b: Built) -> list[tuple[str, tuple[object, ...]]]:
+    """Edit RESULT_COMMITTED's attrs in place (hash columns untouched) to look like a result
+    from before per-chunk hashes -- no marker_sha256, sealed_summary_sha256 or summary_sha256 --
+    declaring an empty body, and rewrite the results row to match."""
+    conn = sqlite3.connect(b.db)
+    (attrs_json,) = conn.execute(
+        "SELECT attrs FROM events WHERE seq = ?", (b.result_seq,)
+    ).fetchone()
+    conn.close()
+    attrs = json.loads(attrs_json)
+    for k in ("marker_sha256", "sealed_summary_sha256", "summary_sha256"):
+        attrs.pop(k, None)
+    empty = hashlib.sha256(b"").hexdigest()
+    whole = hashlib.sha256(canonical_json({"body": empty}).encode()).hexdigest()
+    attrs.update(sha256=whole, chunks=0, bytes=0)
+    streams = json.dumps({"body": {"chunks": 0, "bytes": 0, "sha256": empty}})
+    return [
+        ("UPDATE events SET attrs = ? WHERE seq = ?", (json.dumps(attrs), b.result_seq)),
+        (f"UPDATE results SET streams = ?, sha256 = ? WHERE {_R}", (streams, whole)),
+    ]
+
+
+def test_a_result_event_edited_in_place_to_an_older_format_is_refused(j: Built) -> None:
+    """The edit leaves every hash column alone, so the broker still opens the journal; a read
+    re-hashes the event row itself and finds it outside its signed checkpoint -- never the
+    empty body it now declares."""
+    _sql(j.db, *_downgrade_result(j))
+    bad = f"inv-r \\(seq {j.result_seq}\\) fails verification: its RESULT_COMMITTED event row"
+
+    async def through_the_broker() -> None:
+        async with Journal.open(j.db) as jj:
+            with pytest.raises(JournalError, match=bad):
+                jj.read_result("inv-r")
+            with pytest.raises(JournalError, match=bad):
+                jj.result_stream("inv-r")
+
+    trio.run(through_the_broker)
+    with JournalReader.open(j.db) as r:
+        for read in (r.read_result, r.result_stream):
+            with pytest.raises(JournalError, match=bad):
+                read("inv-r")
+        assert (r.verify().ok, r.verify().first_bad_seq) == (False, j.result_seq)
+
+
+def _resign_from(db: Path, seq: int) -> None:
+    """Re-sign, with the journal's own signing key, every checkpoint at or after ``seq`` over
+    the rows as they now are (what only a holder of the signing key can do)."""
+    key = SigningKey.load(f"{db}.signing.key")
+    conn = sqlite3.connect(db, isolation_level=None)
+    cps = conn.execute(
+        "SELECT seq, prev, at FROM checkpoints WHERE seq >= ? ORDER BY seq", (seq,)
+    ).fetchall()
+    for cp_seq, prev, at in cps:
+        (h,) = conn.execute("SELECT hash FROM events WHERE seq = ?", (cp_seq,)).fetchone()
+        cp = key.sign(cp_seq, h, prev, at)
+        conn.execute(
+            "UPDATE checkpoints SET hash = ?, signature = ? WHERE seq = ?",
+            (cp.hash, cp.signature, cp_seq),
+        )
+    conn.close()
+
+
+def test_a_signed_result_event_without_the_current_fields_is_refused(j: Built) -> None:
+    """Per-chunk hashes and signing came together: a RESULT_COMMITTED that a non-adopted
+    checkpoint covers must carry marker_sha256 and the summary hashes, even if its row and
+    checkpoint check out -- it is not an old result, it was altered."""
+    _sql(j.db, *_downgrade_result(j))
+    _rechain_from(j.db, j.result_seq)
+    _resign_from(j.db, j.result_seq)
+    lacks = "event was altered: it lacks marker_sha256, sealed_summary_sha256, summary_sha256"
+    with JournalReader.open(j.db) as r, pytest.raises(JournalError, match=lacks):
+        r.read_result("inv-r")
+
+
+def _legacy_unsigned(b: Built) -> None:
+    """Turn the journal into one written before signing and per-chunk hashes: results without
+    marker_sha256 and sealed-chunk lists, re-chained, no checkpoints, no signing key."""
+    conn = sqlite3.connect(b.db)
+    (attrs_json,) = conn.execute(
+        "SELECT attrs FROM events WHERE seq = ?", (b.result_seq,)
+    ).fetchone()
+    (streams_json,) = conn.execute(f"SELECT streams FROM results WHERE {_R}").fetchone()
+    conn.close()
+    attrs = {k: v for k, v in json.loads(attrs_json).items()
+             if k not in ("marker_sha256", "sealed_summary_sha256")}  # fmt: skip
+    streams = {name: {k: v for k, v in info.items() if k in ("chunks", "bytes", "sha256")}
+               for name, info in json.loads(streams_json).items()}  # fmt: skip
+    _sql(
+        b.db,
+        ("UPDATE events SET attrs = ? WHERE seq = ?", (json.dumps(attrs), b.result_seq)),
+        (f"UPDATE results SET streams = ? WHERE {_R}", (json.dumps(streams),)),
+        ("DELETE FROM checkpoints", ()),
+        ("DELETE FROM meta WHERE name IN ('signing_key_id', 'signing_public_key')", ()),
+    )
+    _rechain_from(b.db, 1)
+    os.unlink(f"{b.db}.signing.key")
+
+
+def test_a_result_from_before_signing_is_read_once_its_journal_is_adopted(j: Built) -> None:
+    """A genuine old result (no marker_sha256) is read as before -- whole, its stream hash
+    checked -- once a signing broker has adopted the journal: its row is re-hashed and covered
+    by the adopted checkpoint.  Until then no checkpoint covers it, and the read says so."""
+    _legacy_unsigned(j)
+    with (
+        JournalReader.open(j.db) as r,
+        pytest.raises(JournalError, match="not covered by a signed checkpoint"),
+    ):
+        r.read_result("inv-r")
+
+    async def adopt() -> bytes:
+        async with Journal.open(j.db) as jj:
+            stored = jj.read_result("inv-r")
+            assert stored is not None
+            return stored.streams["body"]
+
+    assert trio.run(adopt) == BODY
+    with JournalReader.open(j.db) as r:
+        stored = r.read_result("inv-r", from_chunk=1)
+        assert stored is not None and stored.streams["body"] == BODY[CHUNK:]
+    # Edited in place after adoption, the old result is refused like any other.
+    _sql(j.db, *_downgrade_result(j))
+    with (
+        JournalReader.open(j.db) as r,
+        pytest.raises(JournalError, match="its RESULT_COMMITTED event row"),
+    ):
+        r.read_result("inv-r")
 
 
 # -- delete a checkpoint --------------------------------------------------------------------------
