@@ -66,16 +66,38 @@ def adopt(tables: Tables, key: SigningKey, clock: Callable[[], float]) -> None:
 def require_covered(tables: Tables, where: str, seq: int, hash_: str, keys: Keys) -> None:
     """Refuse (``JournalError``) to extend a head that no valid checkpoint covers: signing the
     next transaction would vouch for rows no trusted broker wrote (a forged appended row, a
-    re-chained edit).  ``verify`` tells which rows; the broker does not write until then."""
+    re-chained edit, a row edited in place).  The head row is re-hashed from its columns, so
+    its stored ``hash`` is not taken on trust: one row read and one hash, paid only for a head
+    this writer did not commit itself.  ``verify`` tells which rows; the broker does not write
+    until then."""
     cp = tables.latest_checkpoint()
     if cp is not None and cp.seq == seq and cp.hash == hash_ and signed_by(cp, keys):
-        return
-    signed = "no checkpoint" if cp is None else f"the last checkpoint row is at seq {cp.seq}"
+        why = _head_problem(tables, seq, hash_)
+        if why is None:
+            return
+        signed = f"the checkpoint at seq {seq} is valid, but {why}"
+    else:
+        signed = "no checkpoint" if cp is None else f"the last checkpoint row is at seq {cp.seq}"
     raise JournalError(
         f"journal {where}: its last row (seq {seq}) is not covered by a valid signed checkpoint "
         f"({signed}); rows were written without a trusted signing key or altered -- run "
         "`affidavit journal verify`; the broker will not sign over them"
     )
+
+
+def _head_problem(tables: Tables, seq: int, hash_: str) -> str | None:
+    """None if the row at ``seq`` hashes, from its columns, to ``hash_``; otherwise why not."""
+    rows = list(tables.event_rows(seq, seq))
+    if len(rows) != 1 or rows[0][0] != seq:
+        return "its row cannot be read back"
+    r = rows[0]
+    try:
+        computed = row_hash(r[11], *r[:11])
+    except (TypeError, ValueError, RecursionError):
+        return "its row is not one the broker writes"
+    if computed != hash_ or r[12] != hash_:
+        return "its row does not hash to its stored hash (it was edited in place)"
+    return None
 
 
 def covering(

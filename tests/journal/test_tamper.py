@@ -229,6 +229,32 @@ async def test_the_broker_refuses_to_sign_over_a_forged_row(j: Built) -> None:
             pass
 
 
+async def test_the_broker_refuses_to_open_over_a_head_edited_in_place(j: Built) -> None:
+    """The last row's attrs edited, its hash columns left alone: the checkpoint still matches
+    the stored hash, but the row no longer hashes to it -- the broker re-hashes a head it did
+    not write before it signs over it."""
+    _sql(j.db, ("UPDATE events SET attrs = ? WHERE seq = ?", ('{"code":"EDITED"}', j.rows)))
+    with pytest.raises(JournalError, match=f"seq {j.rows}.*not covered.*edited in place"):
+        async with Journal.open(j.db):
+            pass
+    with JournalReader.open(j.db) as r:
+        assert r.head()[0] == j.rows  # nothing was appended
+
+
+async def test_a_running_broker_refuses_a_foreign_head_edited_in_place(j: Built) -> None:
+    """Another writer appended (so the head is not this writer's own), then its last row was
+    edited in place: the next write re-hashes that head and refuses."""
+    async with Journal.open(j.db) as mine, Journal.open(j.db) as other:
+        await mine.append(happy("inv-mine")[0])
+        await other.append(happy("inv-other")[0])
+        head = j.rows + 2
+        _sql(j.db, ("UPDATE events SET attrs = ? WHERE seq = ?", ('{"forged":true}', head)))
+        with pytest.raises(JournalError, match=f"seq {head}.*edited in place"):
+            await mine.append(happy("inv-mine")[1])
+    with JournalReader.open(j.db) as r:
+        assert r.head()[0] == head
+
+
 # -- edit and re-chain ----------------------------------------------------------------------------
 
 
