@@ -21,6 +21,7 @@ from .tables import Tables
 
 __all__ = [
     "Keys",
+    "Known",
     "adopt",
     "covering",
     "covering_problem",
@@ -36,11 +37,16 @@ Keys = Mapping[str, bytes]
 _KNOWN_MAX = 10_000
 
 
-def remember(known: dict[int, bytes], seq: int, signature: bytes) -> None:
+Known = dict[int, Checkpoint]
+"""Checkpoints found valid (or signed by this process), by seq: each whole -- everything its
+signature covers (seq, hash, prev, at, adopted), its key id and its signature."""
+
+
+def remember(known: Known, cp: Checkpoint) -> None:
     """Note a checkpoint known to be valid (bounded: forgotten wholesale when full)."""
     if len(known) >= _KNOWN_MAX:
         known.clear()
-    known[seq] = signature
+    known[cp.seq] = cp
 
 
 def signed_by(cp: Checkpoint, keys: Keys) -> bool:
@@ -101,24 +107,25 @@ def _head_problem(tables: Tables, seq: int, hash_: str) -> str | None:
 
 
 def covering(
-    tables: Tables, seq: int, keys: Keys, known: dict[int, bytes]
+    tables: Tables, seq: int, keys: Keys, known: Known
 ) -> tuple[Checkpoint | None, str | None]:
     """``(checkpoint, None)`` if the row at ``seq`` is covered by ``checkpoint``, signed with
     one of ``keys``: the rows from ``seq`` to it are re-hashed from their columns (the row at
     ``seq`` itself included) and must end in its hash.  Otherwise ``(None, why not)``.  (A read
-    of one stored result checks this much; ``verify`` checks everything.)  ``known`` maps seqs
-    of checkpoints already found valid -- or signed by this process -- to their signatures: a
-    row identical to one of them needs no second signature check (the costliest step of a
-    result read)."""
+    of one stored result checks this much; ``verify`` checks everything.)  ``known`` holds the
+    checkpoints already found valid -- or signed by this process -- whole, by seq (``Known``):
+    a row equal to one of them in every field needs no second signature check (the costliest
+    step of a result read).  A row whose hash (or anything else the signature covers) was
+    changed under a remembered signature is checked again, and fails."""
     cp = tables.checkpoint_from(seq)
     if cp is None:
         return None, f"row {seq} is not covered by a signed checkpoint"
-    if known.get(cp.seq) != cp.signature:
+    if known.get(cp.seq) != cp:
         if not signed_by(cp, keys):
             return None, (
                 f"the checkpoint at seq {cp.seq} (covering row {seq}) is not validly signed"
             )
-        remember(known, cp.seq, cp.signature)
+        remember(known, cp)
     expected, prev = seq, None
     for r in tables.event_rows(seq, cp.seq):
         if r[0] != expected or (prev is not None and r[11] != prev):
@@ -135,7 +142,7 @@ def covering(
     return cp, None
 
 
-def covering_problem(tables: Tables, seq: int, keys: Keys, known: dict[int, bytes]) -> str | None:
+def covering_problem(tables: Tables, seq: int, keys: Keys, known: Known) -> str | None:
     """None if the row at ``seq`` is covered by a checkpoint signed with one of ``keys``
     (``covering``), otherwise why not."""
     return covering(tables, seq, keys, known)[1]

@@ -104,8 +104,8 @@ class JournalReader:
         else:
             self._key_file = Path(f"{self.path}.key") if self.path is not None else None
         self._key: BrokerKey | None = None
-        self._known_checkpoints: dict[int, bytes] = {}
-        """Checkpoints found valid (or signed by this process): seq -> signature."""
+        self._known_checkpoints: checkpoints.Known = {}
+        """Checkpoints found valid (or signed by this process), whole, by seq."""
         self._recorded: dict[str, bytes] | None = None
         self._rconn: Any = None
         self._rconn = self.backend.connect("tool" if readonly else "reader")

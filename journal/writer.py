@@ -163,9 +163,9 @@ class Writer:
         journal, every registered broker's (reloaded when a checkpoint names a new one)."""
         self.signed_head: tuple[int, str] | None = None
         """(seq, hash) of the head this writer last committed or checked as covered."""
-        self.signed: dict[int, bytes] = {}
-        """Checkpoints this writer committed, seq -> signature (shared with the journal's
-        reads, which then need not verify them again)."""
+        self.signed: checkpoints.Known = {}
+        """Checkpoints this writer committed, by seq (shared with the journal's reads, which
+        then need not verify a row equal to one of them again)."""
         self.projectors: dict[str, Projector] = {}
         self.sessions: dict[str, str | None] = {}
         self.known_head: int | None = None
@@ -489,7 +489,7 @@ class Writer:
             self.known_head = txn.seq
             if cp is not None:
                 self.signed_head = (cp.seq, cp.hash)
-                checkpoints.remember(self.signed, cp.seq, cp.signature)
+                checkpoints.remember(self.signed, cp)
         except BaseException:
             # Also after a failed COMMIT: a database may keep the transaction open (SQLite) or
             # aborted (PostgreSQL) until told.  On a lost connection this fails, harmlessly.

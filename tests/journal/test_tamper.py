@@ -490,6 +490,64 @@ def test_a_result_from_before_signing_is_read_once_its_journal_is_adopted(j: Bui
         r.read_result("inv-r")
 
 
+# -- a checkpoint's hash changed under a signature already checked ------------------------------
+
+
+def _shorten_under_a_known_signature(b: Built) -> None:
+    """Drop the result's last chunk from its marker (the stream hash kept: only a resumed read
+    would not check it), fix marker_sha256 to match, re-chain, and write the new hash into the
+    covering checkpoint's ``hash`` column -- its signature left as it was."""
+    conn = sqlite3.connect(b.db)
+    (attrs_json,) = conn.execute(
+        "SELECT attrs FROM events WHERE seq = ?", (b.result_seq,)
+    ).fetchone()
+    (streams_json,) = conn.execute(f"SELECT streams FROM results WHERE {_R}").fetchone()
+    (cp_seq,) = conn.execute(
+        "SELECT seq FROM checkpoints WHERE seq >= ? ORDER BY seq LIMIT 1", (b.result_seq,)
+    ).fetchone()
+    conn.close()
+    attrs, streams = json.loads(attrs_json), json.loads(streams_json)
+    body = streams["body"]
+    body.update(chunks=2, bytes=2 * CHUNK, sealed=body["sealed"][:2])
+    if body.get("audit"):
+        body["audit"] = body["audit"][:2]
+    attrs["marker_sha256"] = hashlib.sha256(canonical_json(streams).encode()).hexdigest()
+    _sql(
+        b.db,
+        ("UPDATE events SET attrs = ? WHERE seq = ?", (json.dumps(attrs), b.result_seq)),
+        (f"UPDATE results SET streams = ? WHERE {_R}", (canonical_json(streams),)),
+    )
+    _rechain_from(b.db, b.result_seq)
+    conn = sqlite3.connect(b.db, isolation_level=None)
+    (h,) = conn.execute("SELECT hash FROM events WHERE seq = ?", (cp_seq,)).fetchone()
+    conn.execute("UPDATE checkpoints SET hash = ? WHERE seq = ?", (h, cp_seq))
+    conn.close()
+
+
+def test_a_checkpoint_hash_changed_under_a_remembered_signature_is_refused(j: Built) -> None:
+    """A long-running reader remembers the checkpoints it has verified; a row with the same
+    seq and signature but another hash is not one of them: its signature is checked again."""
+    with JournalReader.open(j.db) as r:
+        first = r.read_result("inv-r")
+        assert first is not None and first.streams["body"] == BODY
+        _shorten_under_a_known_signature(j)
+        with pytest.raises(JournalError, match="not validly signed"):
+            r.read_result("inv-r", from_chunk=1)
+
+
+async def test_the_broker_refuses_a_checkpoint_hash_changed_under_a_known_signature(
+    j: Built,
+) -> None:
+    async with Journal.open(j.db) as jj:
+        first = jj.read_result("inv-r")
+        assert first is not None and first.streams["body"] == BODY
+        _shorten_under_a_known_signature(j)
+        with pytest.raises(JournalError, match="not validly signed"):
+            stream = jj.result_stream("inv-r")
+            assert stream is not None
+            b"".join(stream.chunks("body", 1))
+
+
 # -- delete a checkpoint --------------------------------------------------------------------------
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from typing import Any
 
 import pytest
 
@@ -319,3 +320,34 @@ async def test_a_second_attempt_through_the_writer_replaces_the_first_attempts_c
         assert res is not None and res.streams == {"stdout": body}
     with place.reader() as r:
         assert r.verify().ok
+
+
+async def test_a_checkpoint_already_verified_is_not_verified_again(
+    place: Place, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cache of verified checkpoints compares every field of the row as stored with the
+    one remembered (the writer's own, or a reader's first check): on both backends a row reads
+    back equal, so a broker reading what it signed, or a reader reading twice, checks no
+    signature again."""
+    from affidavit.journal import checkpoints
+
+    calls: list[int] = []
+    real = checkpoints.signed_by
+
+    def counting(cp: Any, keys: Any) -> bool:
+        calls.append(cp.seq)
+        return real(cp, keys)
+
+    monkeypatch.setattr(checkpoints, "signed_by", counting)
+    async with place.open() as j:
+        await _completed(j, "inv-1")
+        await j.put_result_chunk("inv-1", "body", 0, b"one")
+        await j.commit_result(Event(E.RESULT_COMMITTED, "inv-1"), summary={})
+        calls.clear()
+        assert j.read_result("inv-1") is not None
+        assert calls == []  # signed by this writer
+    with place.reader() as r:
+        assert r.read_result("inv-1") is not None
+        assert len(calls) == 1
+        assert r.read_result("inv-1", from_chunk=1) is not None
+        assert len(calls) == 1
