@@ -20,10 +20,18 @@ from __future__ import annotations
 import hashlib
 import json
 import json.encoder
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-__all__ = ["EVENT_COLUMNS", "GENESIS", "canonical_json", "compact_json", "row_digest", "row_hash"]
+__all__ = [
+    "EVENT_COLUMNS",
+    "GENESIS",
+    "canonical_json",
+    "check_row",
+    "compact_json",
+    "row_digest",
+    "row_hash",
+]
 
 GENESIS = "0" * 64
 EVENT_COLUMNS = (
@@ -134,3 +142,26 @@ def row_hash(
         payload,
         audit,
     ).hex()
+
+
+def check_row(
+    row: Sequence[Any], seq: int, prev_hash: str, prev_digest: bytes | None = None
+) -> tuple[bytes | None, str | None]:
+    """The one rule for a stored row (``chain.EVENT_COLUMNS``), which ``verify`` walks and every
+    read that proves a row (``checkpoints.covered_row``) applies: it is the row at ``seq``, it
+    links to ``prev_hash`` (the previous row's hash), and its hash is recomputed from its
+    columns -- the sealed payload and the auditor copy by their SHA-256.  ``(digest, None)``
+    when it holds (``prev_digest``: ``prev_hash`` as bytes, if the caller has it), else
+    ``(None, why)``."""
+    if row[0] != seq:
+        return None, f"row {seq} is missing"
+    if row[11] != prev_hash:
+        return None, f"row {seq} does not link to row {seq - 1}"
+    prev = prev_digest if prev_digest is not None else _prev_bytes(prev_hash)
+    try:
+        digest = row_digest(prev, *row[:11])
+    except (TypeError, ValueError, RecursionError):  # columns not as the broker writes them
+        return None, f"row {seq} was altered"
+    if digest.hex() != row[12]:
+        return None, f"row {seq} was altered"
+    return digest, None

@@ -13,8 +13,9 @@ names the key that signed it.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from typing import Any
 
-from .chain import row_hash
+from .chain import check_row, row_hash
 from .errors import JournalError
 from .signing import Checkpoint, SigningKey, verify_signature
 from .tables import Tables
@@ -23,6 +24,7 @@ __all__ = [
     "Keys",
     "Known",
     "adopt",
+    "covered_row",
     "covering",
     "covering_problem",
     "remember",
@@ -106,43 +108,60 @@ def _head_problem(tables: Tables, seq: int, hash_: str) -> str | None:
     return None
 
 
+def _cover(
+    tables: Tables, seq: int, keys: Keys, known: Known
+) -> tuple[Checkpoint | None, tuple[Any, ...] | None, str | None]:
+    """``(checkpoint, row, None)``: the row at ``seq`` (``chain.EVENT_COLUMNS``), proven the
+    way ``verify`` proves it -- the rows from it to the first checkpoint at or after it pass
+    ``chain.check_row`` (each hash recomputed from its columns, the sealed payload and the
+    auditor copy included; each linked to the one before) and end in the hash of that
+    checkpoint, signed with one of ``keys``.  Otherwise ``(None, None, why)``, naming the seqs.
+    ``known`` holds the checkpoints already found valid -- or signed by this process -- whole,
+    by seq (``Known``): a row equal to one of them in every field needs no second signature
+    check (the costliest step of a result read); one whose hash (or anything else the
+    signature covers) was changed under a remembered signature is checked again, and fails."""
+    cp = tables.checkpoint_from(seq)
+    if cp is None:
+        return None, None, f"row {seq} is not covered by a signed checkpoint"
+    if known.get(cp.seq) != cp:
+        if not signed_by(cp, keys):
+            why = f"the checkpoint at seq {cp.seq} (covering row {seq}) is not validly signed"
+            return None, None, why
+        remember(known, cp)
+    first: tuple[Any, ...] | None = None
+    expected, prev, prev_digest = seq, None, None
+    for r in tables.event_rows(seq, cp.seq):
+        digest, _ = check_row(r, expected, r[11] if prev is None else prev, prev_digest)
+        if digest is None:
+            break
+        if first is None:
+            first = tuple(r)
+        prev, prev_digest, expected = r[12], digest, expected + 1
+    if first is None or expected != cp.seq + 1 or prev != cp.hash:
+        why = f"rows {seq}..{cp.seq} differ from the signed checkpoint at seq {cp.seq}"
+        return None, None, why
+    return cp, first, None
+
+
 def covering(
     tables: Tables, seq: int, keys: Keys, known: Known
 ) -> tuple[Checkpoint | None, str | None]:
-    """``(checkpoint, None)`` if the row at ``seq`` is covered by ``checkpoint``, signed with
-    one of ``keys``: the rows from ``seq`` to it are re-hashed from their columns (the row at
-    ``seq`` itself included) and must end in its hash.  Otherwise ``(None, why not)``.  (A read
-    of one stored result checks this much; ``verify`` checks everything.)  ``known`` holds the
-    checkpoints already found valid -- or signed by this process -- whole, by seq (``Known``):
-    a row equal to one of them in every field needs no second signature check (the costliest
-    step of a result read).  A row whose hash (or anything else the signature covers) was
-    changed under a remembered signature is checked again, and fails."""
-    cp = tables.checkpoint_from(seq)
-    if cp is None:
-        return None, f"row {seq} is not covered by a signed checkpoint"
-    if known.get(cp.seq) != cp:
-        if not signed_by(cp, keys):
-            return None, (
-                f"the checkpoint at seq {cp.seq} (covering row {seq}) is not validly signed"
-            )
-        remember(known, cp)
-    expected, prev = seq, None
-    for r in tables.event_rows(seq, cp.seq):
-        if r[0] != expected or (prev is not None and r[11] != prev):
-            break
-        try:
-            computed = row_hash(r[11], *r[:11])
-        except (TypeError, ValueError, RecursionError):
-            break
-        if computed != r[12]:
-            break
-        prev, expected = computed, expected + 1
-    if expected != cp.seq + 1 or prev != cp.hash:
-        return None, f"rows {seq}..{cp.seq} differ from the signed checkpoint at seq {cp.seq}"
-    return cp, None
+    """``(checkpoint, None)`` if the row at ``seq`` is covered by ``checkpoint`` (``_cover``),
+    otherwise ``(None, why not)``."""
+    cp, _, why = _cover(tables, seq, keys, known)
+    return cp, why
+
+
+def covered_row(
+    tables: Tables, seq: int, keys: Keys, known: Known
+) -> tuple[tuple[Any, ...] | None, str | None]:
+    """``(row, None)``: the row at ``seq`` as proven by its covering checkpoint (``_cover``),
+    so that a read opens the very bytes that were hashed; otherwise ``(None, why)``."""
+    _, row, why = _cover(tables, seq, keys, known)
+    return row, why
 
 
 def covering_problem(tables: Tables, seq: int, keys: Keys, known: Known) -> str | None:
     """None if the row at ``seq`` is covered by a checkpoint signed with one of ``keys``
-    (``covering``), otherwise why not."""
-    return covering(tables, seq, keys, known)[1]
+    (``_cover``), otherwise why not."""
+    return _cover(tables, seq, keys, known)[2]

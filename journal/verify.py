@@ -33,7 +33,7 @@ from typing import Any, Protocol
 
 from affidavit.statemachine import EventKind
 
-from .chain import GENESIS, canonical_json, row_digest
+from .chain import GENESIS, canonical_json, check_row
 from .errors import VerifyReport
 from .signing import Anchor, Checkpoint, key_id_of, verify_signature
 
@@ -188,20 +188,11 @@ def _walk(source: Source, trust: Trust, problems: _Problems) -> _Walk:
     anchor_seq = trust.anchor.checkpoint.seq if trust.anchor is not None else None
     expected, prev_digest = 1, bytes(32)
     for row in source.event_rows():
-        seq = row[0]
-        if seq != expected:
-            problems.add(expected, f"row {expected} is missing")
+        digest, why = check_row(row, expected, walk.head, prev_digest)
+        if digest is None:
+            problems.add(expected, why or f"row {expected} was altered")
             return walk
-        if row[11] != walk.head:
-            problems.add(seq, f"row {seq} does not link to row {seq - 1}")
-            return walk
-        try:
-            digest = row_digest(prev_digest, *row[:11])
-        except (TypeError, ValueError, RecursionError):
-            digest = None
-        if digest is None or digest.hex() != row[12]:
-            problems.add(seq, f"row {seq} was altered")
-            return walk
+        seq = expected
         walk.head, prev_digest = row[12], digest
         walk.rows = seq
         expected += 1
