@@ -32,6 +32,8 @@ def read_result(
     covered: Callable[[int], Checkpoint],
 ) -> StoredResult | None:
     """The auditor copy of a stored result, verified; None without a completeness marker.
+    Its RESULT_COMMITTED row must be covered by a trusted checkpoint (``covered``), whatever
+    the result's age: the copies are sealed to a public key.
     ``JournalError`` if the result has no auditor copy or any part of it fails verification."""
     marker = load_marker(store, invocation_id, covered=covered)
     if marker is None:

@@ -129,9 +129,9 @@ def _cover(
             return None, None, why
         remember(known, cp)
     first: tuple[Any, ...] | None = None
-    expected, prev, prev_digest = seq, None, None
+    expected, prev, prev_digest, broken = seq, None, None, None
     for r in tables.event_rows(seq, cp.seq):
-        digest, _ = check_row(r, expected, r[11] if prev is None else prev, prev_digest)
+        digest, broken = check_row(r, expected, r[11] if prev is None else prev, prev_digest)
         if digest is None:
             break
         if first is None:
@@ -139,7 +139,7 @@ def _cover(
         prev, prev_digest, expected = r[12], digest, expected + 1
     if first is None or expected != cp.seq + 1 or prev != cp.hash:
         why = f"rows {seq}..{cp.seq} differ from the signed checkpoint at seq {cp.seq}"
-        return None, None, why
+        return None, None, why if broken is None else f"{broken}; {why}"
     return cp, first, None
 
 

@@ -93,6 +93,7 @@ class JournalReader:
         readonly: bool = True,
         clock: Callable[[], float] = time.time,
         backend: Backend | None = None,
+        public_keys: Sequence[bytes] = (),
     ) -> None:
         self.backend = backend if backend is not None else open_backend(path)
         self.path = self.backend.path
@@ -107,15 +108,26 @@ class JournalReader:
         self._known_checkpoints: checkpoints.Known = {}
         """Checkpoints found valid (or signed by this process), whole, by seq."""
         self._recorded: dict[str, bytes] | None = None
+        self._pinned = _keys(None, public_keys)
+        """Signing keys given by the caller (kept apart from the journal): reads check
+        checkpoints with these, never with the keys the journal records."""
         self._rconn: Any = None
         self._rconn = self.backend.connect("tool" if readonly else "reader")
         self.tables = self.backend.tables(self._rconn)
 
     @classmethod
     def open(
-        cls, path: str | os.PathLike[str], *, key_file: str | os.PathLike[str] | None = None
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        key_file: str | os.PathLike[str] | None = None,
+        public_keys: Sequence[bytes] = (),
     ) -> JournalReader:
-        return cls(path, key_file=key_file, readonly=True)
+        """``public_keys``: the signing public keys (raw Ed25519, one per broker of a shared
+        journal) every read checks checkpoints with -- an auditor's, kept apart from the
+        journal.  Without them reads trust the keys the journal records itself
+        (``key_source``), which whoever rewrites the journal can replace."""
+        return cls(path, key_file=key_file, readonly=True, public_keys=public_keys)
 
     def __enter__(self) -> JournalReader:
         return self
@@ -211,8 +223,21 @@ class JournalReader:
         independent check."""
         return self._read(recorded_keys, "the signing public keys")
 
+    @property
+    def key_source(self) -> str:
+        """Where the keys reads check checkpoints with come from: ``public-key`` (given to
+        ``open``) or ``journal`` (recorded in the journal itself: not independent of it)."""
+        return "public-key" if self._pinned else "journal"
+
+    def trusted_key_ids(self) -> tuple[str, ...]:
+        """The ids of the keys reads check checkpoints with."""
+        return tuple(sorted(self._trusted_keys()))
+
     def _trusted_keys(self, refresh: bool = False) -> Keys:
-        """The keys a read checks checkpoints with (the writing journal uses its writer's)."""
+        """The keys a read checks checkpoints with (the writing journal uses its writer's):
+        the pinned ones if given, else those the journal records."""
+        if self._pinned:
+            return self._pinned
         if self._recorded is None or refresh:
             self._recorded = self.recorded_public_keys()
         return self._recorded
@@ -222,20 +247,44 @@ class JournalReader:
         from it to that checkpoint are re-hashed from their columns); ``JournalError`` if none
         does."""
         known = self._known_checkpoints
-        cp, why = self._read(
-            lambda t: checkpoints.covering(t, seq, self._trusted_keys(), known),
-            f"the checkpoint covering seq {seq}",
-        )
-        if cp is None and self.backend.multi_signer:
+        what = f"the checkpoint covering seq {seq}"
+        keys = self._trusted_keys()
+        cp, why = self._read(lambda t: checkpoints.covering(t, seq, keys, known), what)
+        if cp is None and self.backend.multi_signer and not self._pinned:
             # A key registered by a broker that joined after these keys were read.
             keys = self._trusted_keys(refresh=True)
-            cp, why = self._read(
-                lambda t: checkpoints.covering(t, seq, keys, known),
-                f"the checkpoint covering seq {seq}",
-            )
+            cp, why = self._read(lambda t: checkpoints.covering(t, seq, keys, known), what)
         if cp is None:
             raise JournalError(f"journal {self.where}: {why}")
         return cp
+
+    def _covered_row(self, seq: int) -> tuple[tuple[Any, ...] | None, str | None]:
+        """``checkpoints.covered_row`` with the trusted keys: the row at ``seq`` proven as
+        ``verify`` proves it, or why not."""
+        known = self._known_checkpoints
+        what = f"the checkpoint covering seq {seq}"
+        keys = self._trusted_keys()
+        row, why = self._read(lambda t: checkpoints.covered_row(t, seq, keys, known), what)
+        if why is not None and self.backend.multi_signer and not self._pinned:
+            # A key registered by a broker that joined after these keys were read.
+            keys = self._trusted_keys(refresh=True)
+            row, why = self._read(lambda t: checkpoints.covered_row(t, seq, keys, known), what)
+        return row, why
+
+    def _proven(self, seq: int, what: str) -> tuple[Any, ...]:
+        """The row at ``seq``, proven (``_covered_row``) before an auditor read opens anything
+        of it; else a ``JournalError`` naming ``what``, the seq, what failed and the keys --
+        never a byte of what it would have opened.  The auditor copy is sealed to the
+        auditor's *public* key: anyone can make one, so only the signed chain says which copy
+        the broker wrote."""
+        row, why = self._covered_row(seq)
+        if row is None:
+            keys = ", ".join(self.trusted_key_ids()) or "none"
+            raise JournalError(
+                f"journal {self.where}: {what} is not proven, not opened: {why} (checked with "
+                f"key {keys}, {self.key_source}) -- run affidavit journal verify"
+            )
+        return row
 
     # -- events and records -------------------------------------------------------------------
 
@@ -274,11 +323,18 @@ class JournalReader:
 
     def audit_copy(self, seq: int) -> tuple[str, str, bytes] | None:
         """``(invocation_id, kind, sealed)`` of an event's audit copy, for the auditor to open
-        with ``open_audit_payload``; the broker cannot open it."""
-        row = self._read(lambda t: t.sealed_at(seq, True), f"the auditor copy of seq {seq}")
-        if row is None or row[2] is None:
+        with ``open_audit_payload``; the broker cannot open it.  The row is proven first
+        (``_proven``: its hash, its link, a checkpoint signed with a trusted key covering it),
+        and what is handed back is the proven row's own columns; ``JournalError`` if it is not
+        proven.  None if there is no such event or it has no auditor copy."""
+        what = f"the auditor copy of seq {seq}"
+        if self._read(lambda t: t.sealed_at(seq, True), what) is None:
             return None
-        return row[0], row[1], row[2]
+        row = self._proven(seq, what)
+        iid, kind, sealed = row[2], row[4], row[10]
+        if sealed is None:
+            return None
+        return str(iid), str(kind), bytes(sealed)
 
     def head(self) -> tuple[int, str]:
         return self._read(lambda t: t.head(), "the journal's head")
@@ -309,14 +365,21 @@ class JournalReader:
         """The auditor's side: the result's auditor copy opened with the auditor's private key
         and checked against the chained hashes (None if the invocation has no stored result).
         The broker holds no key that opens it."""
-        with self.guarded(f"the auditor copy of invocation {invocation_id}"):
-            return audit.read_result(self, invocation_id, private_key_file, covered=self._covered)
+        what = f"the auditor copy of invocation {invocation_id}"
+
+        def covered(seq: int) -> Checkpoint:
+            # The auditor's refusal (naming the keys) first; then the checkpoint it proved.
+            self._proven(seq, f"{what} (its RESULT_COMMITTED event, seq {seq})")
+            return self._covered(seq)
+
+        with self.guarded(what):
+            return audit.read_result(self, invocation_id, private_key_file, covered=covered)
 
     def audit_payload(
         self, seq: int, private_key_file: str | os.PathLike[str]
     ) -> Mapping[str, Any] | None:
         """The auditor's side: an event's sealed payload opened with the auditor's private key
-        (None if the event has no auditor copy)."""
+        (None if the event has no auditor copy), once its row is proven (``audit_copy``)."""
         copy = self.audit_copy(seq)
         if copy is None:
             return None
