@@ -25,7 +25,7 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
@@ -137,6 +137,20 @@ def add_commands(sub: Any) -> None:
     )
     common_options(ao)
     ao.add_argument("--key", required=True, metavar="FILE", help="the auditor's private key")
+    ao.add_argument(
+        "--public-key",
+        metavar="FILE",
+        action="append",
+        help="the journal's signing public key (PEM, from `journal public-key`, kept apart from "
+        "the journal) to check the row's checkpoint with; one per broker of a shared journal. "
+        "Required unless --trust-journal-key",
+    )
+    ao.add_argument(
+        "--trust-journal-key",
+        action="store_true",
+        help="check with the signing keys the journal records itself -- which whoever can "
+        "rewrite the journal can replace: the copy is then proven against the file only",
+    )
     which = ao.add_mutually_exclusive_group(required=True)
     which.add_argument("--seq", metavar="N", help="the event whose sealed payload to open")
     which.add_argument("--result", metavar="ID", help="the invocation whose result to open")
@@ -241,7 +255,9 @@ def _signing_key_path(args: argparse.Namespace) -> Path:
 
 
 @contextmanager
-def reading(args: argparse.Namespace, what: str) -> Iterator[JournalReader]:
+def reading(
+    args: argparse.Namespace, what: str, public_keys: Sequence[bytes] = ()
+) -> Iterator[JournalReader]:
     """The journal ``args`` names, opened for a view: a journal that cannot be read, on open
     or mid-read, is one line naming ``what`` (exit 2), in the words the daemon answers
     (``read_failure``) -- a shared journal away is "cannot be read now", never a traceback --
@@ -251,7 +267,7 @@ def reading(args: argparse.Namespace, what: str) -> Iterator[JournalReader]:
 
     path = _journal_path(args)
     try:
-        with JournalReader.open(path) as reader:
+        with JournalReader.open(path, public_keys=public_keys) as reader:
             yield reader
     except JournalError as exc:
         raise UsageError(read_failure_line(exc, what)) from None
@@ -288,6 +304,13 @@ def _out(line: str = "") -> None:
     from affidavit.text import printable
 
     print(printable(line))
+
+
+def _err(line: str) -> None:
+    """One line on stderr, escaped as ``_out``'s."""
+    from affidavit.text import printable
+
+    print(f"affidavit: {printable(line)}", file=sys.stderr)
 
 
 def print_json(value: Any) -> None:
@@ -439,7 +462,23 @@ def _audit_open(args: argparse.Namespace) -> int:
     else:
         text_arg(args.result, "--result")
         what = f"invocation {args.result}"
-    with reading(args, f"the auditor copy of {what}") as j:
+    public_keys = _public_keys_arg(args)
+    if not public_keys and not args.trust_journal_key:
+        raise UsageError(
+            "audit-open needs --public-key FILE: the journal's signing public key, kept apart "
+            "from the journal (`affidavit journal public-key --out journal.pub` on the broker "
+            "host). The auditor copy is sealed to the auditor's public key, so anyone can make "
+            "one; only a checkpoint signed with a key you trust says which copy the broker "
+            "wrote. --trust-journal-key checks with the key the journal records itself instead, "
+            "which whoever rewrites the journal can replace"
+        )
+    with reading(args, f"the auditor copy of {what}", public_keys) as j:
+        if not public_keys:
+            keys = ", ".join(j.trusted_key_ids()) or "none"
+            _err(
+                f"note: checking with signing key {keys} recorded in the journal itself "
+                "(--trust-journal-key): not independent of the journal; pass --public-key"
+            )
         if args.seq is not None:
             value: Any = j.audit_payload(args.seq, args.key)
         else:

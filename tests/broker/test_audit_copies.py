@@ -48,7 +48,11 @@ async def test_the_auditor_gets_the_action_and_the_result_and_the_broker_cannot_
     conn.close()
     assert copies >= 1  # the query answered 0 before
 
+    journal_pub = tmp_path / "journal.pub"
+    assert cli_main(["journal", "public-key", "--config", str(cfg), "--out", str(journal_pub)]) == 0
     base = ["journal", "audit-open", "--journal", str(db), "--key", str(priv)]
+    base += ["--public-key", str(journal_pub)]
+    capsys.readouterr()
     assert cli_main([*base, "--seq", str(accepted.seq)]) == 0
     opened = capsys.readouterr().out
     assert json.loads(opened) == {"action": action}

@@ -185,6 +185,11 @@ async def _audited(tmp_path: Path, pg_url: str) -> tuple[Path, str, int, Path]:
     with JournalReader.open(pg_url) as reader:
         seq = next(e.seq for e in reader.events(iid) if e.kind is EventKind.ACTION_ACCEPTED)
     assert seq is not None
+    # The auditor pins the journal's signing key (audit-open refuses without it).
+    from affidavit.journal import SigningKey, public_key_pem
+
+    raw = SigningKey.load(journal["signing_key"]).public_raw
+    priv.with_name("journal.pub").write_bytes(public_key_pem(raw))
     return cfg, iid, seq, priv
 
 
@@ -193,12 +198,12 @@ CHECKS = [
     (["journal", "verify", "--json"], "verify", "the rows a verify checks"),
     (["journal", "anchor"], "anchor", "the rows an anchor vouches for"),
     (
-        ["journal", "audit-open", "--seq", "{seq}", "--key", "{key}"],
+        ["journal", "audit-open", "--seq", "{seq}", "--key", "{key}", "--public-key", "{pub}"],
         "audit_payload",
         "the auditor copy of event {seq}",
     ),
     (
-        ["journal", "audit-open", "--result", "{iid}", "--key", "{key}"],
+        ["journal", "audit-open", "--result", "{iid}", "--key", "{key}", "--public-key", "{pub}"],
         "audit_result",
         "the auditor copy of invocation {iid}",
     ),
@@ -206,11 +211,11 @@ CHECKS = [
     (["operations", "--json"], "list_actions", "the operations view"),
 ]
 """(argv, the ``JournalReader`` method it reads through, what it names): ``{iid}``, ``{seq}``
-and ``{key}`` are ``_audited``'s."""
+and ``{key}`` are ``_audited``'s; ``{pub}`` the journal's signing public key it exports."""
 
 
 def _checks(iid: str, seq: int, priv: Path) -> list[tuple[list[str], str, str]]:
-    names = {"iid": iid, "seq": seq, "key": priv}
+    names = {"iid": iid, "seq": seq, "key": priv, "pub": priv.with_name("journal.pub")}
     return [([a.format(**names) for a in args], m, w.format(**names)) for args, m, w in CHECKS]
 
 
@@ -252,7 +257,7 @@ async def test_journal_checks_and_operations_exit_2_naming_what_when_the_databas
     what: str,
 ) -> None:
     cfg, iid, seq, priv = await _audited(tmp_path, pg_url)
-    names = {"iid": iid, "seq": seq, "key": priv}
+    names = {"iid": iid, "seq": seq, "key": priv, "pub": priv.with_name("journal.pub")}
     argv = [a.format(**names) for a in args] + ["--config", str(cfg)]
     capsys.readouterr()
     with trio.fail_after(LIMIT), _stopped_before(monkeypatch, pg, method) as stopped:

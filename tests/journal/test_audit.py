@@ -13,11 +13,20 @@ from pathlib import Path
 import pytest
 
 from affidavit.cli import main as cli_main
-from affidavit.journal import Journal, JournalError, JournalReader
+from affidavit.journal import Journal, JournalError, JournalReader, SigningKey, public_key_pem
 from affidavit.journal.sealing import BrokerKey, chunk_aad
 from affidavit.statemachine import Event, EventKind
 
 from .helpers import happy
+
+
+def journal_pub(db: Path) -> Path:
+    """The journal's signing public key, exported as ``journal public-key`` does, for the
+    auditor to pin (``audit-open --public-key``)."""
+    out = db.with_name("journal.pub")
+    out.write_bytes(public_key_pem(SigningKey.load(f"{db}.signing.key").public_raw))
+    return out
+
 
 OUT = [b"line one\n", b"line two\n", b"\xff\xfe binary tail"]
 
@@ -85,6 +94,7 @@ async def test_audit_open_on_the_command_line(
     db = tmp_path / "j.db"
     await _store(db, pub)
     base = ["journal", "audit-open", "--journal", str(db), "--key", str(priv)]
+    base += ["--public-key", str(journal_pub(db))]
     assert cli_main([*base, "--seq", "1"]) == 0
     assert json.loads(capsys.readouterr().out) == {"action": {"command": "deploy"}}
     assert cli_main([*base, "--result", "inv-a"]) == 0
