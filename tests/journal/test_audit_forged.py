@@ -196,6 +196,9 @@ async def test_a_forged_auditor_copy_of_an_event_is_not_opened(
 ) -> None:
     b = built
     _forge_payload_copy(b, 1)
+    # The key the journal records is still the broker's here: the row itself was not proven.
+    with JournalReader.open(b.db) as r, pytest.raises(JournalError, match="seq 1 is not proven"):
+        r.audit_payload(1, b.priv)
     with b.pinned() as r:
         assert not r.verify(public_key=SigningKey.load(f"{b.db}.signing.key").public_raw).ok
         with pytest.raises(JournalError) as caught:
@@ -244,6 +247,8 @@ async def test_a_forged_result_copy_downgraded_to_a_legacy_marker_is_not_opened(
     _forge_result_copies(conn, b, legacy=True)
     conn.close()
     seq = b.result_seq
+    with JournalReader.open(b.db) as r, pytest.raises(JournalError, match=f"seq {seq}\\) is not"):
+        r.audit_result("inv-r", b.priv)
     with b.pinned() as r, pytest.raises(JournalError) as caught:
         r.audit_result("inv-r", b.priv)
     want = (
