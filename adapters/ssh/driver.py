@@ -66,10 +66,13 @@ _RECHECK_SECONDS = 0.25
 socket while answering another call (data for the other stream, EOF, CHANNEL_CLOSE) does not
 make the fd readable again, so a wait for readability alone could outlast the exchange."""
 
+_WOKE_WRITABLE = -1
+"""``woke`` after a park that ended on "writable" (libssh had output pending)."""
 _BACKOFF_FIRST = 0.001
-"""First pause after a wake-up on a readable socket from which libssh took nothing; it doubles
-on every further such round, up to ``_RECHECK_SECONDS``: a socket libssh will not read can never
-make the collect loop spin."""
+"""First pause after a wake-up after which nothing moved -- on a readable socket libssh took
+nothing from, or on a writable one while libssh said it had output pending; it doubles on every
+further such round, up to ``_RECHECK_SECONDS``: a socket libssh will not read (or a buffer it
+does not flush) can never make the collect loop spin."""
 
 
 @dataclass(frozen=True)
@@ -408,6 +411,7 @@ class _Run:
         core: Any = False
         unnamed = False  # libssh holds an exit report it reports as (-1, b"", core)
         woke: int | None = None  # bytes on the socket when a park last ended on "readable"
+        # (``_WOKE_WRITABLE`` when it ended on "writable")
         stalls = 0  # consecutive such wake-ups after which libssh took nothing off the socket
         while True:
             progressed = False
@@ -496,15 +500,16 @@ class _Run:
             # Nothing observable changed.  If the last park ended because the socket was
             # readable and libssh has not taken a byte off it since, waiting on the socket would
             # return at once again: back off instead of spinning.
-            if woke is not None and io.pending() >= woke:
+            if woke is not None and (woke == _WOKE_WRITABLE or io.pending() >= woke):
                 stalls = min(stalls + 1, 16)  # 2**15 ms > the recheck: capped, never overflows
                 await trio.sleep(min(_RECHECK_SECONDS, _BACKOFF_FIRST * 2 ** (stalls - 1)))
             else:
                 stalls = 0
             woke = None
             with trio.move_on_after(_RECHECK_SECONDS):
-                if await io.wait():
-                    woke = io.pending()
+                # Writable: libssh said it had output pending.  The socket stays writable, so
+                # if no call then moved anything, waiting on it again returns at once as well.
+                woke = io.pending() if await io.wait() else _WOKE_WRITABLE
 
     async def close(self) -> None:
         """Best effort, bounded, shielded: close our side of the channel, then end the TCP
