@@ -51,6 +51,25 @@ def _dispatched(broker: Any, iid: str) -> bool:
     return E.DISPATCH_STARTED in event_kinds(broker, iid)
 
 
+def _at_the_reused_gate(
+    broker: Any, monkeypatch: pytest.MonkeyPatch, srv: HostileServer, go: str, done: str
+) -> None:
+    """Once a reused connection's DISPATCH_STARTED is durable -- past the pool's staleness
+    check, before the request's first byte -- set the server's event ``go``, wait for ``done``,
+    then 50 ms for what the server did (a reset, bytes) to reach the client's socket."""
+    original = broker.journal.append
+
+    async def append(event: Any, **kw: Any) -> Any:
+        stored = await original(event, **kw)
+        if event.kind is E.DISPATCH_STARTED and event.attrs.get("reused_connection"):
+            srv.event(go).set()
+            await srv.event(done).wait()
+            await trio.sleep(0.05)
+        return stored
+
+    monkeypatch.setattr(broker.journal, "append", append)
+
+
 # -- credential injection ----------------------------------------------------------------------
 
 
@@ -146,17 +165,7 @@ async def test_pooled_connection_reset_just_before_reuse_is_unknown(
                 first = await broker.call(GET)
             assert_ok(broker, first)
 
-            original = broker.journal.append
-
-            async def append(event: Any, **kw: Any) -> Any:
-                stored = await original(event, **kw)
-                if event.kind is E.DISPATCH_STARTED and event.attrs.get("reused_connection"):
-                    srv.event("reset").set()
-                    await srv.event("reset.done").wait()
-                    await trio.sleep(0.05)  # let the RST reach the client's socket
-                return stored
-
-            monkeypatch.setattr(broker.journal, "append", append)
+            _at_the_reused_gate(broker, monkeypatch, srv, "reset", "reset.done")
             with trio.fail_after(LIMIT):
                 env = await broker.call(POST)
             rec = assert_error(
@@ -235,17 +244,7 @@ async def test_bytes_arriving_during_the_gate_are_never_the_answer_and_nothing_i
             with trio.fail_after(LIMIT):
                 first = await broker.call(GET)
             assert_ok(broker, first)
-            original = broker.journal.append
-
-            async def append(event: Any, **kw: Any) -> Any:
-                stored = await original(event, **kw)
-                if event.kind is E.DISPATCH_STARTED and event.attrs.get("reused_connection"):
-                    srv.event("gate").set()
-                    await srv.event("sent").wait()
-                    await trio.sleep(0.05)  # let the bytes reach the client's socket
-                return stored
-
-            monkeypatch.setattr(broker.journal, "append", append)
+            _at_the_reused_gate(broker, monkeypatch, srv, "gate", "sent")
             with trio.fail_after(LIMIT):
                 env = await broker.call(POST)
             assert_error(
