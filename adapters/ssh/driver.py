@@ -441,15 +441,20 @@ class _Run:
                         self.hashes[name].update(data)
                         self.fire(name, {"bytes": len(data)})
                         await self.ctx.sink(name, data)
+                if eof["stdout"] and eof["stderr"]:
+                    # After EOF no read call reads packets, nor does get_exit_state() once
+                    # libssh holds any exit report: the CHANNEL_CLOSE has to be pumped.  Before
+                    # the exit state is read: a pump that processes the exit report and the
+                    # close together must not leave the close seen and the report unread (a
+                    # complete result then read as closed without exit-status).
+                    io.pump()
                 exited = self.exit_status is not None or self.exit_signal is not None
                 if not exited:
                     # get_exit_state() also pumps packets: after EOF the read calls stop doing
-                    # so, and exit-status / CHANNEL_CLOSE would never be processed.
+                    # so, and exit-status / CHANNEL_CLOSE would never be processed.  Packets
+                    # are processed in order, so a close seen below was preceded by any exit
+                    # report the remote sent -- read here, after the last pump.
                     status, signal, core = channel.get_exit_state()
-                if eof["stdout"] and eof["stderr"]:
-                    # After EOF no read call reads packets, nor does get_exit_state() once
-                    # libssh holds any exit report: the CHANNEL_CLOSE has to be pumped.
-                    io.pump()
             except ssh.exceptions.BaseSSHError as exc:
                 if not io.alive():
                     self.lost(_describe(exc))

@@ -177,3 +177,39 @@ async def test_a_socket_libssh_never_reads_costs_a_wait_per_recheck_for_hours(
             await run.collect()
     assert rec.events[-2:] == ["exit_status", "eof"]
     assert 3 * 3600 / 0.25 <= io.waits <= 3 * 3600 / 0.25 + 20
+
+
+class _BurstAfterEof(_Channel):
+    """Both streams at EOF; the exit-status and the CHANNEL_CLOSE then reach libssh in one
+    read -- the driver's pump (``_Io.pump``) takes them off the socket together, while
+    ``get_exit_state`` before it found nothing yet (as real libssh does when the packets land
+    between the two calls: seen 1 in ~15 runs of ``test_sshd.py``'s eight concurrent execs)."""
+
+    def get_exit_state(self) -> tuple[int, bytes, bool]:
+        return self.status, b"", False  # nothing on the socket at this call
+
+
+class _PumpIo(_Io):
+    def __init__(self, channel: _Channel) -> None:
+        super().__init__()
+        self.channel = channel
+
+    def pump(self) -> None:
+        self.channel.socket += self.channel.arriving
+        self.channel.arriving = []
+        self.channel.pump()
+
+
+async def test_an_exit_report_pumped_with_the_close_is_read_before_the_close_is_judged() -> None:
+    # The close used to be judged with the exit state read before the pump that brought both:
+    # a complete result (exit-status 0) reported as "channel closed without exit-status".
+    channel = _BurstAfterEof([("status", 0), ("close", None)])
+    channel.buffers["stdout"] += b"out\n"
+    channel.eof = True
+    run, _io, rec = _run(channel)
+    run.io = _PumpIo(channel)  # type: ignore[assignment]
+    with trio.fail_after(5):
+        result = await run.collect()
+    assert (result.outcome, result.code) == (Outcome.COMMITTED, None)
+    assert result.summary["exit_status"] == 0 and rec.stream("stdout") == b"out\n"
+    assert rec.events[-3:] == ["exit_status", "eof", "channel_closed"], rec.events
