@@ -148,7 +148,7 @@ def check_row(
     row: Sequence[Any], seq: int, prev_hash: str, prev_digest: bytes | None = None
 ) -> tuple[bytes | None, str | None]:
     """The one rule for a stored row (``chain.EVENT_COLUMNS``), which ``verify`` walks and every
-    read that proves a row (``checkpoints.covered_row``) applies: it is the row at ``seq``, it
+    read that proves a row (``checkpoints.cover``) applies: it is the row at ``seq``, it
     links to ``prev_hash`` (the previous row's hash), and its hash is recomputed from its
     columns -- the sealed payload and the auditor copy by their SHA-256.  ``(digest, None)``
     when it holds (``prev_digest``: ``prev_hash`` as bytes, if the caller has it), else

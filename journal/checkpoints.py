@@ -24,8 +24,7 @@ __all__ = [
     "Keys",
     "Known",
     "adopt",
-    "covered_row",
-    "covering",
+    "cover",
     "covering_problem",
     "remember",
     "require_covered",
@@ -108,7 +107,7 @@ def _head_problem(tables: Tables, seq: int, hash_: str) -> str | None:
     return None
 
 
-def _cover(
+def cover(
     tables: Tables, seq: int, keys: Keys, known: Known
 ) -> tuple[Checkpoint | None, tuple[Any, ...] | None, str | None]:
     """``(checkpoint, row, None)``: the row at ``seq`` (``chain.EVENT_COLUMNS``), proven the
@@ -143,25 +142,7 @@ def _cover(
     return cp, first, None
 
 
-def covering(
-    tables: Tables, seq: int, keys: Keys, known: Known
-) -> tuple[Checkpoint | None, str | None]:
-    """``(checkpoint, None)`` if the row at ``seq`` is covered by ``checkpoint`` (``_cover``),
-    otherwise ``(None, why not)``."""
-    cp, _, why = _cover(tables, seq, keys, known)
-    return cp, why
-
-
-def covered_row(
-    tables: Tables, seq: int, keys: Keys, known: Known
-) -> tuple[tuple[Any, ...] | None, str | None]:
-    """``(row, None)``: the row at ``seq`` as proven by its covering checkpoint (``_cover``),
-    so that a read opens the very bytes that were hashed; otherwise ``(None, why)``."""
-    _, row, why = _cover(tables, seq, keys, known)
-    return row, why
-
-
 def covering_problem(tables: Tables, seq: int, keys: Keys, known: Known) -> str | None:
     """None if the row at ``seq`` is covered by a checkpoint signed with one of ``keys``
-    (``_cover``), otherwise why not."""
-    return _cover(tables, seq, keys, known)[2]
+    (``cover``), otherwise why not."""
+    return cover(tables, seq, keys, known)[2]

@@ -242,49 +242,42 @@ class JournalReader:
             self._recorded = self.recorded_public_keys()
         return self._recorded
 
-    def _covered(self, seq: int) -> Checkpoint:
-        """The checkpoint covering the row at ``seq``, signed with a trusted key (the rows
-        from it to that checkpoint are re-hashed from their columns); ``JournalError`` if none
-        does."""
+    def _cover(self, seq: int) -> tuple[Checkpoint | None, tuple[Any, ...] | None, str | None]:
+        """``checkpoints.cover`` with the trusted keys: the checkpoint covering the row at
+        ``seq`` and the row, proven as ``verify`` proves them (the rows from it to that
+        checkpoint re-hashed from their columns), or why not."""
         known = self._known_checkpoints
         what = f"the checkpoint covering seq {seq}"
         keys = self._trusted_keys()
-        cp, why = self._read(lambda t: checkpoints.covering(t, seq, keys, known), what)
-        if cp is None and self.backend.multi_signer and not self._pinned:
+        got = self._read(lambda t: checkpoints.cover(t, seq, keys, known), what)
+        if got[0] is None and self.backend.multi_signer and not self._pinned:
             # A key registered by a broker that joined after these keys were read.
             keys = self._trusted_keys(refresh=True)
-            cp, why = self._read(lambda t: checkpoints.covering(t, seq, keys, known), what)
+            got = self._read(lambda t: checkpoints.cover(t, seq, keys, known), what)
+        return got
+
+    def _covered(self, seq: int) -> Checkpoint:
+        """The checkpoint covering the row at ``seq`` (``_cover``); ``JournalError`` if none
+        does."""
+        cp, _, why = self._cover(seq)
         if cp is None:
             raise JournalError(f"journal {self.where}: {why}")
         return cp
 
-    def _covered_row(self, seq: int) -> tuple[tuple[Any, ...] | None, str | None]:
-        """``checkpoints.covered_row`` with the trusted keys: the row at ``seq`` proven as
-        ``verify`` proves it, or why not."""
-        known = self._known_checkpoints
-        what = f"the checkpoint covering seq {seq}"
-        keys = self._trusted_keys()
-        row, why = self._read(lambda t: checkpoints.covered_row(t, seq, keys, known), what)
-        if why is not None and self.backend.multi_signer and not self._pinned:
-            # A key registered by a broker that joined after these keys were read.
-            keys = self._trusted_keys(refresh=True)
-            row, why = self._read(lambda t: checkpoints.covered_row(t, seq, keys, known), what)
-        return row, why
-
-    def _proven(self, seq: int, what: str) -> tuple[Any, ...]:
-        """The row at ``seq``, proven (``_covered_row``) before an auditor read opens anything
-        of it; else a ``JournalError`` naming ``what``, the seq, what failed and the keys --
-        never a byte of what it would have opened.  The auditor copy is sealed to the
-        auditor's *public* key: anyone can make one, so only the signed chain says which copy
-        the broker wrote."""
-        row, why = self._covered_row(seq)
-        if row is None:
+    def _proven(self, seq: int, what: str) -> tuple[Checkpoint, tuple[Any, ...]]:
+        """The checkpoint and the row at ``seq``, proven (``_cover``) before an auditor read
+        opens anything of it; else a ``JournalError`` naming ``what``, the seq, what failed and
+        the keys -- never a byte of what it would have opened.  The auditor copy is sealed to
+        the auditor's *public* key: anyone can make one, so only the signed chain says which
+        copy the broker wrote."""
+        cp, row, why = self._cover(seq)
+        if cp is None or row is None:
             keys = ", ".join(self.trusted_key_ids()) or "none"
             raise JournalError(
                 f"journal {self.where}: {what} is not proven, not opened: {why} (checked with "
                 f"key {keys}, {self.key_source}) -- run affidavit journal verify"
             )
-        return row
+        return cp, row
 
     # -- events and records -------------------------------------------------------------------
 
@@ -330,7 +323,7 @@ class JournalReader:
         what = f"the auditor copy of seq {seq}"
         if self._read(lambda t: t.sealed_at(seq, True), what) is None:
             return None
-        row = self._proven(seq, what)
+        _, row = self._proven(seq, what)
         iid, kind, sealed = row[2], row[4], row[10]
         if sealed is None:
             return None
@@ -368,9 +361,7 @@ class JournalReader:
         what = f"the auditor copy of invocation {invocation_id}"
 
         def covered(seq: int) -> Checkpoint:
-            # The auditor's refusal (naming the keys) first; then the checkpoint it proved.
-            self._proven(seq, f"{what} (its RESULT_COMMITTED event, seq {seq})")
-            return self._covered(seq)
+            return self._proven(seq, f"{what} (its RESULT_COMMITTED event, seq {seq})")[0]
 
         with self.guarded(what):
             return audit.read_result(self, invocation_id, private_key_file, covered=covered)
