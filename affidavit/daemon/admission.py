@@ -104,23 +104,52 @@ CONSOLE_TURNED_AWAY = (
 """The answer to a console connection over the cap, whatever it asks (nothing is read)."""
 
 
+LINGER_BYTES = 64 * 1024
+"""What a refused or turned-away connection may still send after its answer, discarded unread
+(``_Refusals.answer``), before it is closed anyway."""
+
+
 class _Refusals:
     """The refusals of one listener being written: each bounded by ``TURN_AWAY_WAIT``, and none
-    at all while ``most`` are (a connection turned away holds a descriptor until then)."""
+    at all while ``most`` are (a connection turned away holds a descriptor until then).
+
+    Then a lingering close: our side is shut for writing and what the client still sends -- the
+    request it wrote before the answer reached it -- is discarded, never parsed, until it closes
+    (at most ``LINGER_BYTES``, within ``TURN_AWAY_WAIT`` again), for at most ``most``
+    connections at once (beyond that, closed at once, as before).  Closing with its request
+    unread would break the pipe of a client still sending: one like curl then reports the
+    broken pipe and never reads the answer waiting in its socket."""
 
     def __init__(self, most: int) -> None:
         self.most = most
         self.writing = 0
+        self.lingering = 0
 
-    async def answer(self, send_all: Callable[[bytes], Awaitable[None]], answer: bytes) -> None:
+    async def answer(self, stream: trio.SocketStream, answer: bytes) -> None:
         if self.writing >= self.most:
             return  # closed unanswered
         self.writing += 1
+        written = False
         try:
             with trio.move_on_after(TURN_AWAY_WAIT), contextlib.suppress(*GONE):
-                await send_all(answer)
+                await stream.send_all(answer)
+                written = True
         finally:
             self.writing -= 1
+        if not written or self.lingering >= self.most:
+            return
+        self.lingering += 1
+        try:
+            with trio.move_on_after(TURN_AWAY_WAIT), contextlib.suppress(*GONE):
+                await stream.send_eof()
+                left = LINGER_BYTES
+                while left > 0:
+                    data = await stream.receive_some(left)
+                    if not data:
+                        break
+                    left -= len(data)
+        finally:
+            self.lingering -= 1
 
 
 class Server:
@@ -316,15 +345,16 @@ class Server:
         await self._answer(link, TURNED_AWAY)
 
     async def refuse(self, link: Link, peer: Peer, answer: bytes) -> None:
-        """A peer the socket's policy refuses: ``answer`` (its 403) at once, not a byte read,
-        then close -- bounded as a 503 is, and never counted among the open connections.
-        Logged once per spell of refusals (``_RefusedPeers``)."""
+        """A peer the socket's policy refuses: ``answer`` (its 403) at once, not a byte read
+        (what it sends after is discarded unparsed: ``_Refusals``), then close -- bounded as a
+        503 is, and never counted among the open connections.  Logged once per spell of
+        refusals (``_RefusedPeers``)."""
         self._refused.note(peer)
         await self._answer(link, answer)
 
     async def _answer(self, link: Link, answer: bytes) -> None:
         try:
-            await self._refusing.answer(link.send_all, answer)
+            await self._refusing.answer(link.stream, answer)
         finally:
             with trio.CancelScope(shield=True):
                 await link.aclose()
@@ -471,7 +501,7 @@ class ConsoleCap:
                     self._per_uid.get(uid, 0),
                 )
             self._uid_turned_away[uid] = self._uid_turned_away.get(uid, 0) + 1
-        await self._refusing.answer(stream.send_all, CONSOLE_TURNED_AWAY)
+        await self._refusing.answer(stream, CONSOLE_TURNED_AWAY)
 
     async def _turn_away_other(self, stream: trio.SocketStream) -> None:
         """503 for a connection of a uid that is not an operator while such uids hold their
@@ -483,7 +513,7 @@ class ConsoleCap:
                 self.others,
             )
         self._others_turned_away += 1
-        await self._refusing.answer(stream.send_all, CONSOLE_TURNED_AWAY)
+        await self._refusing.answer(stream, CONSOLE_TURNED_AWAY)
 
     def _left(self, uid: int | None) -> None:
         """A connection of ``uid`` closed: its place is free (and a spell may end)."""

@@ -40,6 +40,9 @@ class Link:
 
     def __init__(self, stream: trio.SocketStream) -> None:
         self._stream = stream
+        self.stream = stream
+        """The stream itself, for a connection answered without HTTP (``admission.py``'s
+        refusals): what goes through it is not noted."""
         self.socket = stream.socket
         self.hung_up = trio.Event()
         self.broken = False

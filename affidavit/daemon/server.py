@@ -15,7 +15,7 @@ Life of the daemon:
    lease_margin``), by whichever daemon meets them.  An approval still waiting for a decision or
    a dispatcher stays open (an expired one is closed APPROVAL_EXPIRED); the dispatcher sends the
    approved ones (``dispatcher.py``).
-3. Listen: the socket is created mode 0660 (umask around ``bind``, then ``chmod``).  Each
+3. Listen: the socket is created mode 0660 (umask around ``bind``; never a ``chmod``).  Each
    accepted connection's peer is read from the kernel (SO_PEERCRED) and checked against
    ``[service] allow_uids`` / ``allow_gids`` before a byte of it is parsed.  HTTP/1.1 on the
    socket is the daemon's own small h11 driver (``h11server.py``, which says why: hypercorn's
@@ -383,22 +383,33 @@ def _refuse_live_daemon(path: Path) -> None:
 
 
 def _bind(path: Path) -> tuple[trio.SocketListener, int]:
+    """Create the socket file exactly 0660 and listen on it.  The mode comes from the umask
+    around ``bind`` (Linux creates a socket file ``0777 & ~umask``), never from a ``chmod`` of
+    the path afterwards: whoever can write the socket's directory could swap the path for a
+    symlink between the two calls, and ``chmod`` would follow it to any file the daemon owns.
+    What is at the path after ``bind`` is checked without following a link; a path that is no
+    longer our socket file of that mode is refused."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        # The file is created with the umask applied: never wider than 0660, even for the
-        # instant before chmod (which then makes it exactly 0660 whatever the umask was).
-        old = os.umask(0o117)
+        old = os.umask(0o777 & ~SOCKET_MODE)
         try:
             sock.bind(str(path))
         finally:
             os.umask(old)
-        os.chmod(path, SOCKET_MODE)
+        st = os.lstat(path)
+        if not stat.S_ISSOCK(st.st_mode) or stat.S_IMODE(st.st_mode) != SOCKET_MODE:
+            raise DaemonError(
+                f"cannot listen on {path}: the path was replaced while the socket was created "
+                f"(or its mode is not {SOCKET_MODE:04o}); check who can write {path.parent}"
+            )
         sock.listen(BACKLOG)
     except OSError as exc:
         sock.close()
         raise DaemonError(f"cannot listen on {path}: {exc.strerror or exc}") from None
-    inode = os.stat(path).st_ino
-    return trio.SocketListener(trio.socket.from_stdlib_socket(sock)), inode
+    except DaemonError:
+        sock.close()
+        raise
+    return trio.SocketListener(trio.socket.from_stdlib_socket(sock)), st.st_ino
 
 
 def _bind_tcp(host: str, port: int) -> trio.SocketListener:
@@ -419,7 +430,7 @@ def _bind_tcp(host: str, port: int) -> trio.SocketListener:
 
 def _unlink_if_ours(path: Path, inode: int) -> None:
     with contextlib.suppress(OSError):
-        if os.stat(path).st_ino == inode:
+        if os.lstat(path).st_ino == inode:
             os.unlink(path)
 
 

@@ -130,6 +130,24 @@ async def _events(socket: Path, iid: str) -> list[dict[str, object]]:
         return await client.events(iid)
 
 
+async def _send_late_then_read(socket: Path) -> bytes:
+    """Send a request head, wait until the daemon has surely answered, send its body, then read
+    what the daemon wrote -- as a client whose request crossed the answer does."""
+    body = b"x" * 8192
+    stream = await trio.open_unix_socket(str(socket))
+    async with stream:
+        head = b"POST /v1/calls HTTP/1.1\r\nhost: a\r\ncontent-length: %d\r\n\r\n" % len(body)
+        await stream.send_all(head)
+        await trio.sleep(0.3)
+        await stream.send_all(body)  # a broken pipe here without the lingering close
+        await stream.send_eof()
+        answer = b""
+        with trio.fail_after(WAIT):
+            while chunk := await stream.receive_some():
+                answer += chunk
+    return answer
+
+
 async def test_a_uid_not_allowed_is_refused_with_403_and_a_log_line(
     tmp_path: Path, token: str, curl: str
 ) -> None:
@@ -143,7 +161,12 @@ async def test_a_uid_not_allowed_is_refused_with_403_and_a_log_line(
     ):
         by_cli = await cli(daemon, "call", "-", stdin=action_bytes())
         status, body = await curl_api(curl, daemon.socket, "/v1/calls", action_bytes())
+        late = await _send_late_then_read(daemon.socket)
         log = daemon.log_text()
+    # A client still sending when its answer came (curl's request crossing the 403) may finish
+    # sending and then reads the answer: a lingering close, not a broken pipe.
+    assert late.startswith(b"HTTP/1.1 403 ")
+    assert b"PEER_REFUSED" in late
     assert by_cli.returncode == 2
     assert f"uid {me} may not use this broker".encode() in by_cli.stderr
     assert by_cli.stdout == b""

@@ -671,10 +671,12 @@ async def test_a_refused_peer_is_answered_at_once_and_logged_once_per_spell(
     async def refused() -> bytes:
         a, b = trio.socket.socketpair()
         client = Client(trio.SocketStream(b))
-        await server.refuse(Link(trio.SocketStream(a)), stranger, b"HTTP/1.1 403 x\r\n\r\n")
-        assert await client.closed()
-        assert (server.open, server.idle) == (1, 0)
-        await client.stream.aclose()
+        async with trio.open_nursery() as nursery:
+            link = Link(trio.SocketStream(a))
+            nursery.start_soon(server.refuse, link, stranger, b"HTTP/1.1 403 x\r\n\r\n")
+            assert await client.closed()  # the daemon's side is shut after its answer ...
+            assert (server.open, server.idle) == (1, 0)
+            await client.stream.aclose()  # ... and it lingers until the client closes
         return bytes(client.buffer)
 
     def said(text: str) -> list[str]:
@@ -694,6 +696,31 @@ async def test_a_refused_peer_is_answered_at_once_and_logged_once_per_spell(
         assert not said("1 connections were answered")
         await busy.send(b"host: a\r\n\r\n")
         assert (await busy.answer())[::2] == (200, b"/busy")
+
+
+async def test_lingering_after_a_refusal_is_bounded_like_the_refusals() -> None:
+    """A refused client that never closes holds its lingering close, but no more of them than
+    refusals may be written at once (``max_connections``): the next refused connection is
+    answered and closed at once -- a peer cannot keep descriptors open by opening more."""
+    server = Server(keep_alive=WAIT, head_wait=WAIT, max_connections=1, refused_quiet=0.2)
+    stranger = Peer(pid=os.getpid(), uid=os.getuid() + 3000, gid=os.getgid())
+    answer = b"HTTP/1.1 403 x\r\n\r\n"
+    async with trio.open_nursery() as nursery:
+        a1, b1 = trio.socket.socketpair()
+        first = Client(trio.SocketStream(b1))
+        nursery.start_soon(server.refuse, Link(trio.SocketStream(a1)), stranger, answer)
+        assert await first.closed()  # answered, and lingering: it never closes its end
+        a2, b2 = trio.socket.socketpair()
+        second = Client(trio.SocketStream(b2))
+        with trio.fail_after(WAIT):
+            await server.refuse(Link(trio.SocketStream(a2)), stranger, answer)
+        assert await second.closed()
+        assert bytes(second.buffer) == answer
+        with pytest.raises(trio.BrokenResourceError):  # closed at once: nothing reads it
+            await second.stream.send_all(b"x")
+        await first.stream.send_all(b"the rest of a request")  # still read, and discarded
+        await first.stream.aclose()
+        await second.stream.aclose()
 
 
 async def test_a_client_refused_at_max_connections_reads_its_503_never_answer_lost() -> None:
