@@ -46,7 +46,7 @@ import re
 from collections.abc import Awaitable, Callable, Mapping
 from importlib import resources
 from typing import Any
-from urllib.parse import parse_qsl, quote, urlsplit
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit
 
 import jinja2
 import markupsafe
@@ -83,6 +83,9 @@ CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
     "form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
 )
+AUTO = "auto"
+"""The query parameter a live page's reload carries (``<meta refresh>`` of /actions): the
+request is the browser's, not the operator's, and restarts no idle clock (``Sessions.get``)."""
 STATIC = {"console.css": b"text/css; charset=utf-8", "console.js": b"text/javascript"}
 _DECIDE = re.compile(r"/approvals/([^/]+)/(approve|deny)")
 _CONTENT = re.compile(r"/approvals/([^/]+)/content/([a-z][a-z0-9_]*)")
@@ -307,7 +310,9 @@ class Console:
     def _session(self, req: Request) -> Session | None:
         """The request's session: alive, its operator still one, and (on loopback) the owner of
         the connecting socket; 403 when the cookie is presented by someone else."""
-        session = self.sessions.get(req.cookie(COOKIE))
+        # A live page's own reload (``AUTO``) is no use of the session: its idle clock runs on.
+        used = not (req.method == "GET" and req.query.get(AUTO) == "1")
+        session = self.sessions.get(req.cookie(COOKIE), used=used)
         if session is None:
             return None
         if not self.broker.operator_policy.is_operator(session.operator):
@@ -406,10 +411,12 @@ class Console:
     async def _actions(self, req: Request) -> None:
         filters = _filters(req.query)
         data = await self._reading(lambda r: pages.actions_page(r, filters), "the actions view")
+        shown = {k: v for k, v in req.query.items() if k != AUTO}
         page = self._render(
             "actions.html",
             req,
-            f=req.query,
+            f=shown,
+            reload="?" + urlencode({**shown, AUTO: "1"}),
             live=req.query.get("live", "1") != "0",
             outcomes=pages.OUTCOMES,
             phases=pages.PHASES,

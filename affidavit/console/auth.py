@@ -209,13 +209,16 @@ class Sessions:
         self._by_id[session.id] = session
         return session
 
-    def get(self, sid: str | None) -> Session | None:
-        """The live session of this id (its idle clock restarts); None when there is none."""
+    def get(self, sid: str | None, *, used: bool = True) -> Session | None:
+        """The live session of this id; None when there is none.  Its idle clock restarts only
+        when ``used``: a page reloading itself (the actions view's live refresh) is nobody's
+        use, and must not keep a browser left open logged in."""
         session = self._by_id.get(sid) if sid else None
         now = time.time()
         if session is None or self._over(session, now):
             return None
-        session.last_seen = now
+        if used:
+            session.last_seen = now
         return session
 
     def end(self, sid: str) -> None:
