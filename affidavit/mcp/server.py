@@ -49,6 +49,7 @@ from .tools import (
     is_error,
     refusal,
     render,
+    visible_name,
 )
 from .transport import StdioTransport
 
@@ -149,7 +150,10 @@ class McpSession:
             return found
         tool = next((t for t in found["tools"] if t["name"] == name), None)
         if tool is None:
-            return refusal("UNSUPPORTED_ACTION", "name", f"no tool {name!r} (tools/list)")
+            # The name is quoted only when it is short and plain: a caller's bytes are not
+            # echoed back whole (a 60 MB name, control or bidi characters in a client's view).
+            shown = repr(name) if visible_name(name) else "by that name"
+            return refusal("UNSUPPORTED_ACTION", "name", f"no tool {shown} (tools/list)")
         target = args.get("target")
         kinds = {t["name"]: t["kind"] for t in found["targets"]}
         if isinstance(target, str) and kinds.get(target, tool["kind"]) != tool["kind"]:

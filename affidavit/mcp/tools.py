@@ -31,6 +31,7 @@ __all__ = [
     "is_error",
     "refusal",
     "render",
+    "visible_name",
 ]
 
 CONTRACT = (
@@ -81,6 +82,11 @@ def api_error(code: str, message: str) -> dict[str, Any]:
 
 
 _VISIBLE = re.compile(r"[\x21-\x7e]{1,255}")
+
+
+def visible_name(text: str) -> bool:
+    """Whether a caller's name may be quoted back: 1-255 visible ASCII characters."""
+    return _VISIBLE.fullmatch(text) is not None
 
 
 @dataclass(frozen=True)
@@ -148,7 +154,7 @@ class ReadTool:
         known = {p.name for p in self.params}
         for key in sorted(args):
             if key not in known:
-                raise ArgumentError(key if _VISIBLE.fullmatch(key) else "arguments", "unknown")
+                raise ArgumentError(key if visible_name(key) else "arguments", "unknown")
         return {p.name: p.read(args) for p in self.params}
 
 

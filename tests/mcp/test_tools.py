@@ -247,6 +247,11 @@ async def test_malformed_arguments_are_validation_envelopes_never_protocol_error
                 # An action is journaled like any other: refused before anything was sent.
                 record = await _record(mcp, answer["invocation_id"])
                 assert (record["code"], record["field"]) == (code, field)
+        # An unknown tool's name is quoted back only when short and plain.
+        for name in ("x" * 100_000, "ev\u202eil", "a\nb"):
+            answer = structured(await mcp.call(name, {}))
+            assert answer["error"]["code"] == "UNSUPPORTED_ACTION", answer
+            assert answer["error"]["message"] == "no tool by that name (tools/list)", answer
     assert not remotes.ok.requests
     assert "Traceback" not in (tmp_path / "mcp.log").read_text()
 
