@@ -405,7 +405,8 @@ class Console:
             except Exception as exc:  # one request's failure is its own row's, not the page's
                 log.exception("console: the approval %s could not be rendered", iid)
                 rows.append((iid, None, f"{type(exc).__name__}: {exc}"))
-        page = self._render("approvals.html", req, rows=rows, decided=req.query.get("decided"))
+        decided = req.session.take_notice("decided") if req.session else None
+        page = self._render("approvals.html", req, rows=rows, decided=decided)
         await req.answer(200, page)
 
     async def _actions(self, req: Request) -> None:
@@ -438,7 +439,7 @@ class Console:
             **data,
             result=result,
             problem=problem,
-            done=req.query.get("done"),
+            done=req.session.take_notice("done", iid) if req.session and not problem else None,
         )
         await req.answer(problem.status if problem else 200, page)
 
@@ -483,7 +484,8 @@ class Console:
             raise Refused(exc.status, exc.message, exc.code) from None
         except JournalError as exc:  # 503 JOURNAL_UNAVAILABLE when away: nothing decided
             raise _journal_refusal(exc, service.decision_failure(exc, iid)) from None
-        await req.redirect(f"/approvals?decided={quote(iid, safe='')}")
+        _operator_session(req).notice = ("decided", iid, "")
+        await req.redirect("/approvals")
 
     async def _reconcile(self, req: Request, iid: str, form: dict[str, str]) -> None:
         who = _operator(req)
@@ -509,7 +511,8 @@ class Console:
             message = f"{refused['message']} (the query ran: {query_id}, linked in the timeline)"
             return await self._invocation(req, iid, Refused(409, message, refused["code"]))
         done = "reconciled" if answer["reconciled"] else "inconclusive"
-        await req.redirect(f"/invocations/{quote(iid, safe='')}?done={done}")
+        _operator_session(req).notice = ("done", iid, done)
+        await req.redirect(f"/invocations/{quote(iid, safe='')}")
 
     # -- reading ------------------------------------------------------------------------------
 
@@ -542,8 +545,12 @@ def _journal_refusal(exc: JournalError, failure: tuple[int, str, str]) -> Refuse
 
 
 def _operator(req: Request) -> Operator:
+    return _operator_session(req).operator
+
+
+def _operator_session(req: Request) -> Session:
     assert req.session is not None
-    return req.session.operator
+    return req.session
 
 
 def _cookie(value: str, *, expire: bool = False, secure: bool = False) -> bytes:

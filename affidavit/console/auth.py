@@ -184,6 +184,20 @@ class Session:
     csrf: str
     expires_at: float
     last_seen: float
+    notice: tuple[str, str, str] | None = None
+    """What the operator's last decision did -- (kind, invocation id, how) -- shown once by the
+    page the decision redirects to; kept here, never in the URL, where any link could claim a
+    decision nobody made."""
+
+    def take_notice(self, kind: str, invocation_id: str | None = None) -> str | None:
+        """The notice's ``how`` (or its id, for ``decided``) when it is of ``kind`` (and, with
+        an id, that invocation's), used up; else None (any notice is used up all the same)."""
+        notice, self.notice = self.notice, None
+        if notice is None or notice[0] != kind:
+            return None
+        if invocation_id is not None and notice[1] != invocation_id:
+            return None
+        return notice[2] or notice[1]
 
     def csrf_ok(self, given: str | None) -> bool:
         return given is not None and hmac.compare_digest(

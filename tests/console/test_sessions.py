@@ -16,7 +16,7 @@ import pytest
 from affidavit.console.auth import IDLE_TTL
 from tests.broker.helpers import TOKEN_ENV, http_target, open_broker, write_config
 
-from .kit import get, log_in_to, served
+from .kit import get, log_in_to, post, served
 
 
 async def test_the_live_view_s_own_reload_does_not_keep_an_idle_session_alive(
@@ -68,3 +68,37 @@ async def test_an_operator_s_own_request_restarts_the_idle_clock(
         session.last_seen -= 61  # idle for less than IDLE_TTL since that request
         status, _, _ = await get(f"{origin}/actions", cookie=cookie)
         assert status == 200
+
+
+async def test_a_decision_is_confirmed_from_the_session_never_from_the_url(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A link (from a page an agent serves on another port of loopback, which is the same
+    site) naming ``?decided=`` or ``?done=`` made the console say a decision or a query had
+    been recorded that nobody made: the confirmation now comes from the session, once."""
+    monkeypatch.setenv(TOKEN_ENV, "canary-never-shown")
+    target = http_target("http://127.0.0.1:9", approval={"methods": ["POST"], "wait": "0s"})
+    path = write_config(tmp_path, {"pay": target})
+    with path.open("a") as f:
+        f.write(f"[service]\noperator_uids = [{os.geteuid()}]\nallow_self_approval = true\n")
+    async with open_broker(path) as b, served(b, tmp_path) as (origin, console):
+        cookie, csrf = await log_in_to(console, origin)
+        envelope = await b.call({"target": "pay", "method": "POST", "path": "/v1/x", "body": "x"})
+        iid = envelope["invocation_id"]
+
+        _, _, page = await get(f"{origin}/approvals?decided={iid}", cookie=cookie)
+        assert b'id="decided"' not in page  # nothing was decided
+        for forged in ("reconciled", "inconclusive"):
+            _, _, page = await get(f"{origin}/invocations/{iid}?done={forged}", cookie=cookie)
+            assert b'id="done"' not in page, forged  # no query ran
+
+        status, headers, _ = await post(
+            f"{origin}/approvals/{iid}/deny",
+            {"csrf": csrf},
+            {"Origin": origin, "Cookie": cookie},
+        )
+        assert (status, headers.get("location")) == (303, "/approvals")
+        _, _, page = await get(f"{origin}/approvals", cookie=cookie)
+        assert f'id="decided">Decision recorded for <code>{iid}</code>'.encode() in page
+        _, _, page = await get(f"{origin}/approvals", cookie=cookie)
+        assert b'id="decided"' not in page  # said once
