@@ -310,9 +310,7 @@ class Console:
     def _session(self, req: Request) -> Session | None:
         """The request's session: alive, its operator still one, and (on loopback) the owner of
         the connecting socket; 403 when the cookie is presented by someone else."""
-        # A live page's own reload (``AUTO``) is no use of the session: its idle clock runs on.
-        used = not (req.method == "GET" and req.query.get(AUTO) == "1")
-        session = self.sessions.get(req.cookie(COOKIE), used=used)
+        session = self.sessions.get(req.cookie(COOKIE), used=False)
         if session is None:
             return None
         if not self.broker.operator_policy.is_operator(session.operator):
@@ -322,6 +320,11 @@ class Console:
             )
             return None
         self._require_peer(req, session.operator, "a session cookie")
+        # The operator's request restarts the idle clock -- a stranger's refused one does not
+        # (an agent holding the cookie would otherwise keep it alive), nor does a live page's
+        # own reload (``AUTO``): nobody is at it.
+        if not (req.method == "GET" and req.query.get(AUTO) == "1"):
+            self.sessions.touch(session)
         return session
 
     def _require_peer(self, req: Request, operator: Operator, what: str) -> None:

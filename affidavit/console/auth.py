@@ -226,7 +226,8 @@ class Sessions:
     def get(self, sid: str | None, *, used: bool = True) -> Session | None:
         """The live session of this id; None when there is none.  Its idle clock restarts only
         when ``used``: a page reloading itself (the actions view's live refresh) is nobody's
-        use, and must not keep a browser left open logged in."""
+        use, and must not keep a browser left open logged in; nor is a request the console
+        then refuses (``used=False``, then ``touch`` once it is the operator's)."""
         session = self._by_id.get(sid) if sid else None
         now = time.time()
         if session is None or self._over(session, now):
@@ -234,6 +235,10 @@ class Sessions:
         if used:
             session.last_seen = now
         return session
+
+    def touch(self, session: Session) -> None:
+        """The operator used ``session``: its idle clock restarts."""
+        session.last_seen = time.time()
 
     def end(self, sid: str) -> None:
         self._by_id.pop(sid, None)

@@ -1,6 +1,8 @@
-"""A session's idle clock (docs/console.md, "Security model"): only the operator's own requests
-restart it -- never a page reloading itself -- so a browser left open on the live actions view
-is logged out after ``IDLE_TTL`` like any other.
+"""What a session holds and how it ends (docs/console.md, "Security model"): only the operator's
+own requests restart its idle clock -- never a page reloading itself, never a stranger's refused
+request -- so a browser left open on the live actions view, or a cookie an agent holds, is
+logged out after ``IDLE_TTL`` like any other; and a decision's confirmation comes from the
+session, never from a URL anyone can link to.
 
 The console is served in this process as the daemon serves it (a real loopback socket)."""
 
@@ -15,8 +17,11 @@ import pytest
 
 from affidavit.console.auth import IDLE_TTL
 from tests.broker.helpers import TOKEN_ENV, http_target, open_broker, write_config
+from tests.daemon.kit import as_user, client_env, run
 
 from .kit import get, log_in_to, post, served
+
+NOBODY = 65534
 
 
 async def test_the_live_view_s_own_reload_does_not_keep_an_idle_session_alive(
@@ -102,3 +107,36 @@ async def test_a_decision_is_confirmed_from_the_session_never_from_the_url(
         assert f'id="decided">Decision recorded for <code>{iid}</code>'.encode() in page
         _, _, page = await get(f"{origin}/approvals", cookie=cookie)
         assert b'id="decided"' not in page  # said once
+
+
+_STRANGER = r"""
+import http.client, sys
+host, cookie = sys.argv[1:]
+conn = http.client.HTTPConnection(host, timeout=20)
+conn.request("GET", "/approvals", headers={"Cookie": cookie})
+print(conn.getresponse().status)
+"""
+
+
+async def test_a_stranger_s_refused_request_does_not_keep_the_session_alive(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An agent that got the cookie (its server on another port of loopback is sent it) is
+    refused -- and its refused requests must not restart the session's idle clock either."""
+    monkeypatch.setenv(TOKEN_ENV, "canary-never-shown")
+    path = write_config(tmp_path, {"pay": http_target("http://127.0.0.1:9")})
+    with path.open("a") as f:
+        f.write(f"[service]\noperator_uids = [{os.geteuid()}]\n")
+    async with open_broker(path) as b, served(b, tmp_path) as (origin, console):
+        cookie, _ = await log_in_to(console, origin)
+        session = console.sessions.get(cookie.split("=", 1)[1], used=False)
+        assert session is not None
+        session.last_seen -= IDLE_TTL - 60
+        idle_since = session.last_seen
+        host = origin.removeprefix("http://")
+        done = await run(as_user(NOBODY, "-c", _STRANGER, host, cookie), env=client_env())
+        assert (done.returncode, done.stdout.strip()) == (0, b"403"), done.stderr
+        assert session.last_seen == idle_since
+        session.last_seen -= 61
+        status, headers, _ = await get(f"{origin}/approvals", cookie=cookie)
+        assert (status, headers["location"]) == (303, "/login")
