@@ -30,6 +30,7 @@ from affidavit.views import event_to_json, metrics, record_to_json
 from .diagram import lifecycle_svg, path_of
 
 __all__ = [
+    "MAX_ROWS",
     "PREVIEW",
     "ActionFilters",
     "actions_page",
@@ -43,6 +44,11 @@ PREVIEW = 2000
 """Characters of a stored result's stream shown on the invocation page (the download has all
 of it).  Not used for approvals: an operator sees all the approval view holds."""
 _FIRST = ("method", "url", "destination", "command")
+MAX_ROWS = 500
+"""Rows a list page shows at most (the newest; its counts are still of all): every refused
+action is journaled, so an agent can make as many rows as it likes, and a page of them all --
+reloaded every 5 seconds -- would grow without bound for the operator's browser and the
+daemon alike.  The filters narrow the list; ``affidavit actions`` lists everything."""
 
 
 def _preview(text: Any) -> tuple[str | None, bool]:
@@ -138,8 +144,9 @@ def actions_page(reader: JournalReader, f: ActionFilters) -> dict[str, Any]:
     if f.code is not None:
         records = [r for r in records if (r.code.value if r.code else "OK") == f.code]
     counts = {(c["phase"], c["outcome"]): c["count"] for c in metrics(records)["by_phase_outcome"]}
+    newest = records[-MAX_ROWS:] if len(records) > MAX_ROWS else records
     return {
-        "rows": [record_to_json(r) for r in reversed(records)],  # newest first
+        "rows": [record_to_json(r) for r in reversed(newest)],  # newest first
         "matrix": [(ph, [counts.get((ph, oc), 0) for oc in OUTCOMES]) for ph in PHASES],
         "total": len(records),
     }
@@ -196,5 +203,16 @@ def journal_page(reader: JournalReader) -> dict[str, Any]:
             "key_id": checkpoint.key_id,
         },
         "head": {"seq": head_seq, "hash": head_hash},
-        "sessions": reader.sessions(),
+        **_newest_sessions(reader.sessions()),
     }
+
+
+def _newest_sessions(sessions: list[dict[str, Any]]) -> dict[str, Any]:
+    """The ``MAX_ROWS`` sessions seen last (any agent can name as many as it likes), in the
+    reader's order, and how many there are."""
+    shown = sessions
+    if len(sessions) > MAX_ROWS:
+        last = sorted(sessions, key=lambda s: s.get("last_seen") or 0)[-MAX_ROWS:]
+        keep = {id(s) for s in last}
+        shown = [s for s in sessions if id(s) in keep]
+    return {"sessions": shown, "sessions_total": len(sessions)}

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from affidavit.console import pages
 from affidavit.console.auth import IDLE_TTL
 from tests.broker.helpers import TOKEN_ENV, http_target, open_broker, write_config
 from tests.daemon.kit import as_user, client_env, run
@@ -140,3 +141,33 @@ async def test_a_stranger_s_refused_request_does_not_keep_the_session_alive(
         session.last_seen -= 61
         status, headers, _ = await get(f"{origin}/approvals", cookie=cookie)
         assert (status, headers["location"]) == (303, "/login")
+
+
+async def test_the_list_pages_show_a_bounded_number_of_rows_whatever_an_agent_made(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every refused action is journaled, and an action may name any session: an agent can
+    make rows without end (3000 refused calls took 5 s and made /actions 0.9 MB, reloaded every
+    5 s).  The list pages show the newest ``MAX_ROWS`` and say how many there are."""
+    monkeypatch.setenv(TOKEN_ENV, "canary-never-shown")
+    monkeypatch.setattr(pages, "MAX_ROWS", 4)
+    path = write_config(tmp_path, {"pay": http_target("http://127.0.0.1:9")})
+    with path.open("a") as f:
+        f.write(f"[service]\noperator_uids = [{os.geteuid()}]\n")
+    async with open_broker(path) as b, served(b, tmp_path) as (origin, console):
+        cookie, _ = await log_in_to(console, origin)
+        made = []
+        for i in range(7):
+            action = {"target": "nope", "method": "GET", "path": "/", "session": f"spam-{i}"}
+            made.append((await b.call(action))["invocation_id"])
+
+        _, _, page = await get(f"{origin}/actions", cookie=cookie)
+        listed = re.findall(rb'<td><a href="/invocations/([^"]+)">', page)
+        assert [i.decode() for i in listed] == made[::-1][:4]  # the newest, newest first
+        assert b"the newest 4 of 7 shown" in page
+        assert b'<td class="not_attempted">7</td>' in page  # the counts are of all
+
+        _, _, page = await get(f"{origin}/journal", cookie=cookie)
+        sessions = re.findall(rb'<a href="/actions\?session=spam-(\d)">', page)
+        assert sorted(sessions) == [b"3", b"4", b"5", b"6"]  # those seen last
+        assert b"the 4 seen last of 7" in page
