@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import hmac
 import json
 import os
 import stat
@@ -120,11 +121,13 @@ def read_secret_file(path: Path, what: str) -> bytes:
 class BrokerKey:
     """The broker's own symmetric key."""
 
-    __slots__ = ("_aead", "key_id", "path")
+    __slots__ = ("_aead", "_mac_key", "key_id", "path")
 
     def __init__(self, key: bytes, path: Path) -> None:
         self.path = path
         self._aead = AESGCM(key)
+        # A key of its own for ``digest`` (never the AEAD key itself), derived from this one.
+        self._mac_key = hmac.new(key, b"affidavit-keyed-digest-v1", hashlib.sha256).digest()
         self.key_id = hashlib.sha256(b"affidavit-key-id\0" + key).hexdigest()[:32]
         """A public fingerprint of the key, stored in the journal to detect a wrong key file."""
 
@@ -152,6 +155,14 @@ class BrokerKey:
         except ValueError:
             raise JournalError(f"broker key file {p} is not an affidavit journal key") from None
         return cls(key, p)
+
+    def digest(self, label: str, data: bytes) -> str:
+        """HMAC-SHA256 of ``data`` under ``label``, keyed by this key (hex): it changes with
+        the data, yet says nothing of it to whoever lacks the key -- not even of a short,
+        guessable secret, which a plain hash would give away to a dictionary."""
+        mac = hmac.new(self._mac_key, label.encode("utf-8") + b"\0", hashlib.sha256)
+        mac.update(data)
+        return mac.hexdigest()
 
     def seal(self, data: bytes, aad: bytes) -> bytes:
         nonce = random_bytes(_NONCE)

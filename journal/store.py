@@ -266,6 +266,13 @@ class Journal(JournalReader):
         assert signer is not None
         return signer.public_raw
 
+    def keyed_digest(self, label: str, data: bytes) -> str:
+        """``BrokerKey.digest``: a digest of ``data`` that changes with it and reveals nothing
+        of it without this journal's broker key -- the same in every process of the journal
+        (and across restarts), so what it binds stays comparable."""
+        assert self._key is not None
+        return self._key.digest(label, data)
+
     def close(self) -> None:
         segments = getattr(self, "_segments", None)
         if segments is not None:

@@ -33,6 +33,7 @@ def prepare_request(
         target.credential,
         vault=engine.vault,
         base_dir=engine.config.path.parent if engine.config.path else None,
+        versioner=engine.journal.keyed_digest,
     )
     return credential, binding.prepare(action, target, credential, key)
 

@@ -13,7 +13,8 @@ stopped the call."  Hence:
   reference is not echoed at all: the classic way to get one is pasting the secret itself into
   ``credential = "…"``.
 * ``Credential`` carries a non-secret ``version`` (vault entry version, file mtime+size, or
-  ``"env"``) for the engine to journal, and its ``repr``/``str`` never show the value.
+  for ``env:`` a keyed digest of the value, ``Versioner``) for the engine to journal, and its
+  ``repr``/``str`` never show the value.
 * ``redactor`` (``affidavit.secrets.redaction``, re-exported here) scrubs the injected values,
   in every form docs/redaction.md lists, out of anything the remote echoes back before it
   reaches a journal row, a log line or the caller.
@@ -22,9 +23,12 @@ stopped the call."  Hence:
 from __future__ import annotations
 
 import base64
+import hashlib
+import hmac
 import os
 import re
 import urllib.parse
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,6 +46,7 @@ __all__ = [
     "CredentialError",
     "Injection",
     "Redactor",
+    "Versioner",
     "apply_query",
     "inject_http",
     "parse_inject",
@@ -57,6 +62,23 @@ MAX_CREDENTIAL_BYTES = 64 * 1024
 or a private key is a few KiB at most, and the file is read inside the event loop."""
 
 INJECTION_SCHEMES = ("bearer", "basic", "header:NAME", "query:NAME")
+
+Versioner = Callable[[str, bytes], str]
+"""``(label, value) -> digest``: a keyed digest (HMAC) of a credential's value, its ``env:``
+version.  An environment variable has no version of its own, and a constant one would let an
+approval granted for one value stay valid after the variable is swapped; a plain hash of a
+short token would give it away to a dictionary.  The engine's is keyed by the journal's broker
+key (``Journal.keyed_digest``): the same value is the same version in every process of the
+journal and across restarts, and a different value a different one."""
+
+_PROCESS_KEY = os.urandom(32)
+
+
+def _process_versioner(label: str, value: bytes) -> str:
+    """The fallback ``Versioner`` (no journal key at hand): keyed by a random per-process key,
+    so it changes with the value but is comparable only within this process."""
+    return hmac.new(_PROCESS_KEY, label.encode("utf-8") + b"\0" + value, hashlib.sha256).hexdigest()
+
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,254}")
 _VAULT_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,128}")
@@ -124,10 +146,17 @@ def parse_ref(ref: str) -> tuple[str, str]:
     )
 
 
-def resolve(ref: str, *, vault: Vault | None, base_dir: Path | None = None) -> Credential:
-    """Fetch the secret a reference names.  Every failure is a ``CredentialError`` whose code
-    says what the operator must fix: CREDENTIAL_MISSING (absent/empty), VAULT_LOCKED (unlock and
-    retry), CREDENTIAL_INVALID (exists but unusable: unreadable, tampered vault, wrong key)."""
+def resolve(
+    ref: str,
+    *,
+    vault: Vault | None,
+    base_dir: Path | None = None,
+    versioner: Versioner | None = None,
+) -> Credential:
+    """Fetch the secret a reference names (an ``env:`` value's version by ``versioner``).
+    Every failure is a ``CredentialError`` whose code says what the operator must fix:
+    CREDENTIAL_MISSING (absent/empty), VAULT_LOCKED (unlock and retry), CREDENTIAL_INVALID
+    (exists but unusable: unreadable, tampered vault, wrong key)."""
     kind, name = parse_ref(ref)
     if kind == "env":
         raw = os.environb.get(name.encode())
@@ -138,7 +167,8 @@ def resolve(ref: str, *, vault: Vault | None, base_dir: Path | None = None) -> C
                 "environment (set it where the broker runs: `affidavit serve` or the embedded "
                 "caller)",
             )
-        return Credential(ref, raw, "env")
+        digest = (versioner or _process_versioner)("credential-version:" + ref, raw)
+        return Credential(ref, raw, "env:hmac-sha256:" + digest[:32])
     if kind == "file":
         path = Path(name)
         if not path.is_absolute() and base_dir is not None:

@@ -30,7 +30,7 @@ from affidavit.statemachine import EventKind
 from tests.http.hostile import HostileServer, Reply, scripts
 
 from .approvalkit import OPS, OPS_UID, approval_config, reseal_accepted, verify_ok
-from .helpers import assert_error, assert_ok, event_kinds, open_broker
+from .helpers import TOKEN_ENV, assert_error, assert_ok, event_kinds, open_broker
 
 E = EventKind
 OK = Reply(200, body=b'{"ok": true}')
@@ -360,6 +360,43 @@ async def test_a_credential_rotated_after_approval_is_approval_stale(tmp_path: P
             assert fetched is not None and fetched["error"]["code"] == "APPROVAL_STALE"
             verify_ok(b)
     assert srv.requests == []
+
+
+async def test_an_env_credential_swapped_after_approval_is_approval_stale(
+    tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An ``env:`` credential's version is a keyed digest of its value: the approval names the
+    value it was given for (never the value), and another value in the variable is not it."""
+    async with HostileServer.running(scripts.serve(OK)) as srv:
+        cfg = approval_config(tmp_path, srv.url)
+        async with open_broker(cfg) as b:
+            iid = await _approved_with_caller_gone(b)
+            rec = b.record(iid)
+            assert rec is not None
+            version = rec.evidence["approval"]["version"]
+            assert token not in version
+            monkeypatch.setenv(TOKEN_ENV, token + "-swapped")
+            await b.dispatch_approved(iid)
+            fetched = await b.fetch_result(iid)
+            assert fetched is not None and fetched["error"]["code"] == "APPROVAL_STALE"
+            verify_ok(b)
+    assert srv.requests == []
+
+
+async def test_an_env_credential_keeps_its_version_across_a_restart(
+    tmp_path: Path, token: str
+) -> None:
+    """The version is keyed by the journal's broker key, not by a process: the daemon restarted
+    on the same journal still sends what was approved for the same value."""
+    async with HostileServer.running(scripts.serve(OK)) as srv:
+        cfg = approval_config(tmp_path, srv.url)
+        async with open_broker(cfg) as b:
+            iid = await _approved_with_caller_gone(b)
+        async with open_broker(cfg) as b:
+            await b.dispatch_approved(iid)
+            assert_ok(b, await b.fetch_result(iid) or {})
+            verify_ok(b)
+    assert len(srv.requests) == 1
 
 
 def _swap_body(cfg: Path, journal: Path, iid: str, body: str) -> None:

@@ -10,6 +10,7 @@ a repr or a log record.
 from __future__ import annotations
 
 import base64
+import hashlib
 import logging
 import os
 import urllib.parse
@@ -94,9 +95,30 @@ def test_env_ref(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AFF_TEST_TOKEN", CANARY)
     cred = resolve("env:AFF_TEST_TOKEN", vault=None)
     assert cred.value == CANARY_B
-    assert cred.version == "env"
+    assert cred.version.startswith("env:hmac-sha256:")
     assert cred.ref == "env:AFF_TEST_TOKEN"
     no_leak(cred)
+
+
+def test_an_env_version_changes_with_the_value_and_reveals_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An approval binds the credential's version: a constant one ("env") let a swapped value
+    pass as approved.  The version is keyed (HMAC), never a plain hash a dictionary reverses."""
+    monkeypatch.setenv("AFF_TEST_TOKEN", "hunter2")
+    first = resolve("env:AFF_TEST_TOKEN", vault=None)
+    assert resolve("env:AFF_TEST_TOKEN", vault=None).version == first.version
+    monkeypatch.setenv("AFF_TEST_TOKEN", "hunter3")
+    assert resolve("env:AFF_TEST_TOKEN", vault=None).version != first.version
+    for digest in (hashlib.sha256(b"hunter2").hexdigest(), hashlib.md5(b"hunter2").hexdigest()):
+        assert digest[:32] not in first.version
+    # The engine passes the journal's keyed digest (the same in every process of a journal).
+    seen: list[tuple[str, bytes]] = []
+    keyed = resolve(
+        "env:AFF_TEST_TOKEN", vault=None, versioner=lambda *a: seen.append(a) or "ab" * 32
+    )
+    assert seen == [("credential-version:env:AFF_TEST_TOKEN", b"hunter3")]
+    assert keyed.version == "env:hmac-sha256:" + "ab" * 16
 
 
 @pytest.mark.parametrize("value", [None, ""])
