@@ -12,6 +12,7 @@ from affidavit.config import ConfigError, load_config, sample_config
 from affidavit.engine.approval import needs_approval
 from affidavit.protocols.actions import parse_action
 from affidavit.protocols.http import HttpTarget
+from affidavit.protocols.http import action as httpaction
 from affidavit.protocols.ssh import SshTarget
 from affidavit.protocols.ssh import action as sshaction
 from affidavit.statemachine import Outcome
@@ -72,6 +73,25 @@ def test_approval_always_and_by_method_or_command(tmp_path: Path) -> None:
     assert policy.methods == {"POST"}
     assert policy.requires(method="POST") and not policy.requires(method="GET")
     assert config.service.operator_uids == (1001,) and not config.service.allow_self_approval
+
+
+@pytest.mark.parametrize(
+    ("setting", "method", "why"),
+    [
+        ('approval = "always"', "GET", "every action of this target needs approval"),
+        ('approval = { methods = ["POST"] }', "POST", "its method POST is listed in methods"),
+        ('approval = { methods = ["POST"] }', "GET", None),
+    ],
+)
+def test_an_http_approval_says_why_it_was_asked(
+    tmp_path: Path, setting: str, method: str, why: str | None
+) -> None:
+    """As an SSH approval does (``approval_reason``): the operator sees which rule asked."""
+    config = load_config(_config(tmp_path, http=setting))
+    target = config.targets["billing"]
+    action = parse_action({"target": "billing", "method": method, "path": "/v1/x"}, config)
+    assert (needs_approval(action, target) is not None) == (why is not None)
+    assert httpaction.operator_view(action, target).get("approval_reason") == why
 
 
 # Seed, "Validation and credential injection finish before dispatch": a denied approval stops

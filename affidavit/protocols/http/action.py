@@ -312,7 +312,17 @@ def identity(action: HttpAction, target: HttpTarget) -> dict[str, Any]:
 
 def needs_approval(action: HttpAction, target: HttpTarget) -> bool:
     """The target's ``approval`` covers every action, or lists this method."""
-    return target.approval is not None and target.approval.requires(method=action.method)
+    return approval_reason(action, target) is not None
+
+
+def approval_reason(action: HttpAction, target: HttpTarget) -> str | None:
+    """Why the request waits for an operator's yes (shown with it), or None."""
+    policy = target.approval
+    if policy is None or not policy.requires(method=action.method):
+        return None
+    if policy.always:
+        return "every action of this target needs approval"
+    return f"its method {action.method} is listed in methods"
 
 
 BODY_SHOWN = 16 * 1024
@@ -329,6 +339,9 @@ def operator_view(action: HttpAction, target: HttpTarget) -> dict[str, Any]:
         "body_bytes": len(action.body),
         "body_sha256": hashlib.sha256(action.body).hexdigest(),
     }
+    why = approval_reason(action, target)
+    if why is not None:
+        out["approval_reason"] = why
     if len(action.body) <= BODY_SHOWN:
         try:
             out["body"] = action.body.decode("utf-8")
