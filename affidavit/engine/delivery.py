@@ -148,7 +148,17 @@ async def _commit(
         "response_sha256": digest,
         "generation": generation,
     }
-    for k in ("status", "exit_status", "exit_signal", "remote_request_id", "hop", "evidence_from"):
+    # ``redirect_not_followed``: why a 3xx is the result (a redirect an approved request does
+    # not follow, an origin the target does not list): adapter-fixed reasons, scrubbed.
+    for k in (
+        "status",
+        "exit_status",
+        "exit_signal",
+        "remote_request_id",
+        "hop",
+        "evidence_from",
+        "redirect_not_followed",
+    ):
         if k in result.facts:
             attrs[k] = sink.scrub(result.facts[k])
     attrs.update(received_evidence(result, sink))

@@ -399,6 +399,51 @@ async def test_an_env_credential_keeps_its_version_across_a_restart(
     assert len(srv.requests) == 1
 
 
+async def test_an_approved_request_is_not_redirected_to_a_request_nobody_approved(
+    tmp_path: Path, token: str
+) -> None:
+    """The operator approves the request shown.  A target that follows redirects would send
+    another (a 307 repeats the POST and its body, anywhere the target's policy allows) after
+    the yes: an approved request follows none -- the complete 3xx is its result, with why, and
+    the record says so before anything is sent.  A request needing no approval still follows."""
+    routes = {
+        "/v1/charges": Reply(307, headers=[("Location", "/v1/elsewhere")], body=b"moved"),
+        "/v1/elsewhere": Reply(200, body=b"elsewhere"),
+        "/v1/old": Reply(308, headers=[("Location", "/v1/elsewhere")]),
+    }
+    serve = scripts.serve(lambda r: routes[r.target])
+    async with HostileServer.running(serve) as srv:
+        cfg = approval_config(
+            tmp_path, srv.url, approval={"methods": ["POST"], "wait": "20s"}, follow_redirects=True
+        )
+        async with open_broker(cfg) as b:
+
+            async def approve(waiting: dict[str, Any]) -> None:
+                assert waiting["request"]["redirects"] == "not followed: a 3xx answer is the result"
+                await b.approve(waiting["invocation_id"], operator=OPS)
+
+            env, _ = await _decided_while_waiting(b, CHARGE, approve)
+            rec = assert_ok(b, env)
+            assert env["result"]["status"] == 307
+            events = {e.kind: e.attrs for e in b.events(env["invocation_id"])}
+            assert events[E.REMOTE_RESPONSE_COMPLETE]["redirect_not_followed"]["reason"] == (
+                "an approved request is sent as approved: its redirect is not followed"
+            )
+            # Bound before anything was sent: in the approval, and in the authorization.
+            assert events[E.APPROVAL_REQUESTED]["injection"]["redirects"] == "not_followed"
+            assert events[E.CREDENTIAL_AUTHORIZED]["redirects"] == "not_followed"
+            assert rec.evidence["approval"]["state"] == "granted"
+            plain = await b.call({"target": "api", "method": "GET", "path": "/v1/old"})
+            assert_ok(b, plain)
+            assert plain["result"]["status"] == 200
+            verify_ok(b)
+    assert [(r.method, r.target) for r in srv.requests] == [
+        ("POST", "/v1/charges"),
+        ("GET", "/v1/old"),
+        ("GET", "/v1/elsewhere"),
+    ]
+
+
 def _swap_body(cfg: Path, journal: Path, iid: str, body: str) -> None:
     """Replace the action sealed with ACTION_ACCEPTED by one with another body, sealed with the
     broker's own key -- what the dispatcher reads back then differs from what was approved.

@@ -342,6 +342,9 @@ def operator_view(action: HttpAction, target: HttpTarget) -> dict[str, Any]:
     why = approval_reason(action, target)
     if why is not None:
         out["approval_reason"] = why
+        if target.follow_redirects:
+            # The binding follows no redirect of an approved request (binding.py).
+            out["redirects"] = "not followed: a 3xx answer is the result"
     if len(action.body) <= BODY_SHOWN:
         try:
             out["body"] = action.body.decode("utf-8")

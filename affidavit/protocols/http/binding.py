@@ -11,7 +11,7 @@ from affidavit.adapters.http import HTTP_TABLE, HttpClient, HttpRequest, Redirec
 from affidavit.protocols.spec import Prepared
 from affidavit.secrets.credentials import Credential, apply_query, inject_http
 
-from .action import HttpAction
+from .action import HttpAction, needs_approval
 from .decoding import BodyDecoding
 from .target import HttpTarget, origin_of
 
@@ -40,6 +40,13 @@ class HttpBinding:
         url = target.origin + apply_query(path, injection)
         headers = [("User-Agent", f"affidavit/{__version__}"), *action.headers, *injection.headers]
         evidence: dict[str, Any] = {"inject": target.inject.split(":", 1)[0]}
+        redirect_policy = _redirect_policy(target)
+        if target.follow_redirects and needs_approval(action, target):
+            # An operator approves one request: the one shown (docs/approvals.md, "Redirects").
+            # The 3xx it is answered with is the result; no request the operator never saw
+            # follows it.  Recorded (CREDENTIAL_AUTHORIZED, and bound by the approval).
+            redirect_policy = _not_redirected
+            evidence["redirects"] = "not_followed"
         contract = target.idempotency
         if contract is not None and idempotency_key is not None:
             # Only for a declared remote contract (seed: "Do not silently add an idempotency
@@ -56,7 +63,7 @@ class HttpBinding:
             ca_file=str(target.ca_file) if target.ca_file else None,
             proxy=target.proxy,
             follow_redirects=target.follow_redirects,
-            redirect_policy=_redirect_policy(target),
+            redirect_policy=redirect_policy,
             timeouts=Timeouts(
                 connect=target.timeout.connect,
                 write=target.timeout.total,
@@ -87,6 +94,14 @@ class HttpBinding:
 
     async def aclose(self) -> None:
         await self._client.aclose()
+
+
+APPROVED_NOT_REDIRECTED = "an approved request is sent as approved: its redirect is not followed"
+
+
+def _not_redirected(method: str, url: str) -> RedirectDecision:
+    """The redirect policy of a request that needed approval: no redirect is followed."""
+    return RedirectDecision(False, False, APPROVED_NOT_REDIRECTED)
 
 
 def _redirect_policy(target: HttpTarget) -> Any:
