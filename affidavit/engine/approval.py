@@ -237,12 +237,15 @@ async def await_grant(
     wait_s: float,
     timeout: float | None,
     control: CallControl | None,
+    joined: bool = False,
 ) -> tuple[Lease, Grant, float | None] | dict[str, Any]:
     """Wait (at most ``wait_s`` and the caller's timeout) for the decision; once approved, take
     the dispatch lease.  The lease, the grant and the caller's time left -- or the envelope to
     answer with: APPROVAL_PENDING (nobody decided yet), the denial or expiry, or IN_PROGRESS
     (approved, and dispatched by whoever holds its lease -- or, the caller having run out of
-    time or gone away, left to the daemon's dispatcher)."""
+    time or gone away, left to the daemon's dispatcher).  ``joined``: a same-key caller's
+    wait; the lease it takes is sized by the target alone (its dispatch is not bounded by the
+    joiner's deadline: ``resume``)."""
     started = trio.current_time()
     seconds = wait_s if timeout is None else min(wait_s, timeout)
     board = engine.approvals
@@ -254,10 +257,10 @@ async def await_grant(
         grant = grant_of(record)
         if timeout is not None:
             timeout = max(0.0, timeout - (trio.current_time() - started))
-        gone = control is not None and control.code is not None
+        gone = control is not None and control.gone
         if record.state != "approved" or grant is None or gone or timeout == 0.0:
             return engine.recorder.envelope(record)
-        claimed = await claim(engine, iid, engine.lease_ttl(target, timeout))
+        claimed = await claim(engine, iid, engine.lease_ttl(target, None if joined else timeout))
     finally:
         board.waiting.discard(iid)
     if claimed is None:
@@ -273,7 +276,7 @@ async def wait(engine: Engine, iid: str, seconds: float, control: CallControl | 
     while True:
         record = await recorder.record(iid)
         left = deadline - trio.current_time()
-        gone = control is not None and control.code is not None
+        gone = control is not None and control.gone
         if record.state != "awaiting_approval" or left <= 0 or gone:
             return await expire_if_due(recorder, record)
         await engine.approvals.wait_changed(min(POLL, left))

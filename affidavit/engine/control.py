@@ -11,6 +11,11 @@ half-observed) and needs two ways to stop one:
   is, recorded with ``code`` (BROKER_SHUTDOWN) at the boundary its evidence proves:
   not_attempted before the gate, unknown after it.
 
+A caller that *joined* an invocation awaiting approval (the same idempotency key: ``resume``)
+only waits for, or sends on another's behalf, what an operator approved for whoever asked first:
+its hang-up *detaches* it (``detached``: it stops waiting, and a dispatch it took on runs to its
+end, its result stored for ``fetch_result``) and never cancels the approved request.
+
 Race-free by construction: both sides run on one trio thread, and the gate checks for a stop and
 sets ``dispatching`` with no checkpoint in between (``attempt.py``'s gate), so a withdrawal is
 either seen by the gate -- nothing is written -- or refused because the gate was entered.
@@ -35,10 +40,24 @@ class CallControl:
         """Set by the dispatch gate, atomically with its last check for a stop."""
         self.invocation_id: str | None = None
         """Known once the engine has created (or resumed) the invocation."""
+        self.joined = False
+        """Set by the engine when this call joined an invocation awaiting approval: a
+        withdrawal then only detaches it (module docstring)."""
+        self.detached = False
+        """A joined call's caller went away: it waits no more, and cancels nothing."""
+
+    @property
+    def gone(self) -> bool:
+        """The caller went away (withdrawn, detached) or the call was stopped."""
+        return self.code is not None or self.detached
 
     def withdraw(self) -> bool:
-        """Cancel the call if it has not reached its dispatch gate; True if it was cancelled."""
+        """Cancel the call if it has not reached its dispatch gate; True if it was cancelled.
+        A joined call is only detached (False): the approved request is not its to cancel."""
         if self.dispatching:
+            return False
+        if self.joined:
+            self.detached = True
             return False
         self._cancel(Code.CALLER_CANCELLED)
         return True

@@ -322,15 +322,21 @@ async def resume(
     record = await expire_if_due(recorder, await recorder.record(iid))
     if record.state in APPROVAL_STATES:
         # Waiting for an operator, or for a dispatcher: this caller waits like the first one
-        # did, and dispatches what gets approved (under the dispatch lease).
+        # did, and dispatches what gets approved (under the dispatch lease).  It joined a
+        # request someone else may be waiting for: going away detaches it, never cancels that
+        # request (``CallControl.joined``), and its own deadline bounds only its wait for the
+        # decision -- a dispatch it takes on runs to the target's own timeout, as the daemon's
+        # dispatcher would run it (a short deadline must not end the approved request).
+        if control is not None:
+            control.joined = True
         policy = getattr(target, "approval", None)
         granted = await await_grant(
-            engine, iid, target, policy.wait if policy else 0.0, timeout, control
+            engine, iid, target, policy.wait if policy else 0.0, timeout, control, joined=True
         )
         if isinstance(granted, dict):
             return granted
-        claimed, grant, left = granted
-        return await leased(claimed, left, grant)
+        claimed, grant, _left = granted
+        return await leased(claimed, None, grant)
     if not record.final:
         record = await recover_stale(recorder, record)
         if not record.final:

@@ -25,12 +25,13 @@ import trio
 
 from affidavit.api.broker import Broker
 from affidavit.approvals import Operator, OperatorError
+from affidavit.engine import CallControl
 from affidavit.journal.sealing import BrokerKey
 from affidavit.statemachine import EventKind
 from tests.http.hostile import HostileServer, Reply, scripts
 
 from .approvalkit import OPS, OPS_UID, approval_config, reseal_accepted, verify_ok
-from .helpers import TOKEN_ENV, assert_error, assert_ok, event_kinds, open_broker
+from .helpers import TOKEN_ENV, GateStall, assert_error, assert_ok, event_kinds, open_broker
 
 E = EventKind
 OK = Reply(200, body=b'{"ok": true}')
@@ -529,5 +530,45 @@ async def test_two_callers_of_one_approved_request_send_it_once(tmp_path: Path, 
             assert {e["invocation_id"] for e in envs} == {waiting["invocation_id"]}
             assert sorted("error" in e for e in envs) == [False, True]  # one sent, one busy
             assert event_kinds(b, waiting["invocation_id"]).count(E.DISPATCH_STARTED) == 1
+            verify_ok(b)
+    assert len(srv.requests) == 1
+
+
+async def test_a_joiner_hanging_up_detaches_and_never_cancels_the_approved_request(
+    tmp_path: Path, token: str
+) -> None:
+    """Another caller with the same idempotency key joins an approved request -- and, holding
+    its dispatch, hangs up before the gate.  It may leave; it may not cancel what an operator
+    approved for whoever asked first: the request is sent, its result stored for that caller."""
+    idem = {"header": "Idempotency-Key", "scope": "charges", "retention": "24h"}
+    async with HostileServer.running(scripts.serve(OK)) as srv:
+        cfg = approval_config(tmp_path, srv.url, approval={"wait": "0s"}, idempotency=idem)
+        async with open_broker(cfg) as b:
+            action = {**CHARGE, "idempotency_key": "charge-3"}
+            first = await b.call(action)  # the one who asked: answered pending, fetches later
+            assert first["error"]["code"] == "APPROVAL_PENDING"
+            iid = first["invocation_id"]
+            await b.approve(iid, operator=OPS)
+            stall = GateStall(b._engine.bindings["http"], limit=LIMIT / 2)
+            b._engine.bindings["http"] = stall
+            joiner = CallControl()
+            got: dict[str, Any] = {}
+
+            async def join() -> None:
+                got["env"] = await b.call(action, control=joiner, timeout=0.5)
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(join)
+                with trio.fail_after(LIMIT):
+                    await stall.stopped.wait()  # the joiner holds the dispatch, before the gate
+                withdrawn = joiner.withdraw()  # ... and hangs up
+                await trio.sleep(0.6)  # past the joiner's own deadline too
+                stall.resume.set()
+            assert got["env"]["invocation_id"] == iid
+            fetched = await b.fetch_result(iid)
+            assert fetched is not None
+            assert_ok(b, fetched)
+            assert not withdrawn and joiner.detached and joiner.code is None
+            assert event_kinds(b, iid).count(E.DISPATCH_STARTED) == 1
             verify_ok(b)
     assert len(srv.requests) == 1
