@@ -6,6 +6,7 @@ Error texts name the problem, never the URL: its query may carry the credential.
 
 from __future__ import annotations
 
+import re
 import urllib.parse
 from dataclasses import dataclass
 
@@ -43,7 +44,17 @@ class BadUrl(ValueError):
     pass
 
 
+_VISIBLE_ASCII = re.compile(r"[\x21-\x7e]+")
+
+
 def parse_url(url: str, *, schemes: frozenset[str] = frozenset({"http", "https"})) -> Url:
+    """``BadUrl`` unless ``url`` is an absolute http(s) URL without userinfo, written in visible
+    ASCII only.  A redirect's Location is the one URL a remote writes: a space or control
+    character would not encode in a request line, and a non-ASCII host would be compared by
+    one IDNA standard (the target's policy, IDNA 2003) and resolved by another (trio, UTS 46):
+    ``faß`` is ``fass`` to one and ``xn--fa-hia`` to the other."""
+    if not _VISIBLE_ASCII.fullmatch(url):
+        raise BadUrl("URL must be visible ASCII")
     try:
         parts = urllib.parse.urlsplit(url)
         port = parts.port

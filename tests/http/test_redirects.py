@@ -168,3 +168,24 @@ async def test_unsupported_redirect_targets_are_not_followed(
         _fe, res = await perform(client, req(srv.url + "/", policy))
     assert res.facts["status"] == 302 and policy.calls == []
     assert "redirect_not_followed" in res.facts
+
+
+@pytest.mark.parametrize(
+    "location",
+    [
+        b"/caf\xe9",  # a raw Latin-1 / UTF-8 path, as some servers send
+        b"/a b",
+        b"http://fa\xdf.test/x",  # a name whose IDNA encodings disagree (fass / xn--fa-hia)
+        b"/x\x7f",
+    ],
+)
+async def test_a_location_that_is_not_visible_ascii_is_not_followed(
+    client: HttpClient, location: bytes
+) -> None:
+    header: Any = ("Location", location)
+    async with HostileServer.running(scripts.serve(Reply(302, headers=[header]))) as srv:
+        policy = Policy(srv.origin)
+        _fe, res = await perform(client, req(srv.url + "/", policy))
+    assert res.facts["status"] == 302 and policy.calls == []
+    assert len(srv.requests) == 1
+    assert res.facts["redirect_not_followed"]["reason"] == "URL must be visible ASCII"

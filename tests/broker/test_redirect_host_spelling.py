@@ -1,0 +1,97 @@
+"""A redirect's host is compared as it is connected to.
+
+Seed: "Do not forward authorization credentials across origins."  The binding's redirect policy
+compares a Location's origin with the target's after normalizing its host (``check_host``:
+Python's IDNA 2003 codec), and keeps the credential when they match.  The driver connects to the
+host as the Location spelled it, and trio encodes a non-ASCII name with UTS 46 (IDNA 2008): for
+``faß`` the two disagree (``fass`` vs ``xn--fa-hia``), so a hostile remote could send the
+credential to a host other than the one the policy approved.
+"""
+
+from __future__ import annotations
+
+import socket
+import urllib.parse
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from affidavit.adapters.http import HttpClient
+from affidavit.config import load_config
+from affidavit.protocols.actions import parse_action
+from affidavit.protocols.http import HttpBinding
+from affidavit.secrets.credentials import Credential
+
+from ..http.fakes import FakeEngine
+from ..http.hostile import HostileServer, Reply, scripts
+from .helpers import http_target, write_config
+
+SECRET = "idna-canary-7f3e0c2a91"
+
+
+class PortResolver(trio.abc.HostnameResolver):
+    """Maps test names to loopback servers (address and port); every other name fails."""
+
+    def __init__(self, names: dict[str, int]) -> None:
+        self.names = names
+        self.lookups: list[str] = []
+
+    async def getaddrinfo(self, host: Any, port: Any, *args: Any, **kwargs: Any) -> list[Any]:
+        name = host.decode("ascii") if isinstance(host, bytes) else str(host)
+        self.lookups.append(name)
+        if name not in self.names:
+            raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+        return socket.getaddrinfo("127.0.0.1", self.names[name], type=socket.SOCK_STREAM)
+
+    async def getnameinfo(self, sockaddr: Any, flags: int) -> tuple[str, str]:
+        raise NotImplementedError
+
+
+async def test_a_non_ascii_redirect_host_never_takes_the_credential_elsewhere(
+    tmp_path: Path,
+) -> None:
+    async with HostileServer.running(scripts.serve(Reply(200, body=b"elsewhere"))) as other:
+        port_holder: dict[str, int] = {}
+
+        def route(r: Any) -> Reply:
+            if urllib.parse.urlsplit(r.target).path == "/api/start":
+                # Header values are bytes on the wire; the driver reads them as Latin-1.
+                location: Any = f"http://fa\u00df.test:{port_holder['port']}/api/next"
+                return Reply(302, headers=[("Location", location.encode("latin-1"))])
+            return Reply(200, body=b"same host")
+
+        async with HostileServer.running(scripts.serve(route)) as first:
+            port_holder["port"] = first.port
+            resolver = PortResolver(
+                {"fass.test": first.port, "xn--fa-hia.test": other.port},
+            )
+            cfg = load_config(
+                write_config(
+                    tmp_path,
+                    {
+                        "t": http_target(
+                            f"http://fass.test:{first.port}/api",
+                            credential="env:X",
+                            follow_redirects=True,
+                        )
+                    },
+                )
+            )
+            action = parse_action({"target": "t", "method": "GET", "path": "/start"}, cfg)
+            prepared = HttpBinding().prepare(
+                action, cfg.targets["t"], Credential("env:X", SECRET.encode(), "v1"), None
+            )
+            previous = trio.socket.set_custom_hostname_resolver(resolver)
+            try:
+                async with HttpClient() as client:
+                    fe = FakeEngine()
+                    with trio.fail_after(10):
+                        res = await client.perform(prepared.request, fe.ctx)
+            finally:
+                trio.socket.set_custom_hostname_resolver(previous)
+    sent = [" ".join(f"{n}: {v}" for n, v in r.headers) + r.target for r in other.requests]
+    assert not any(SECRET in s for s in sent), "credential sent to a host the policy never saw"
+    assert res.facts["status"] == 302
+    assert res.facts["redirect_not_followed"]["reason"] == "URL must be visible ASCII"
+    assert resolver.lookups == ["fass.test"] and other.connections == 0
