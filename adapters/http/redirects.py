@@ -81,6 +81,11 @@ def plan_response(
     else:
         decision = request.redirect_policy(new_method, nxt)
     new_origin = parse_url(nxt).origin
+    if decision.allowed and not decision.keep_credential and _carries_secret(redactor, nxt):
+        # A login redirect quoting the request URL back ("?return_to=...api_key=..."), or a
+        # server echoing a header into the Location: following it would send the credential
+        # where the policy said it must not go.
+        decision = RedirectDecision(False, False, "the Location carries the credential")
     if not decision.allowed:
         plan.redirect_facts = {
             "redirect_not_followed": {
@@ -98,6 +103,19 @@ def plan_response(
         "method": new_method,
         "credential_kept": decision.keep_credential,
     }
+
+
+def _carries_secret(redactor: Redactor, url: str) -> bool:
+    """The URL holds a credential value as written or after up to three rounds of
+    percent-decoding (a URL quoted inside a query parameter, maybe twice)."""
+    for _ in range(4):
+        if redactor.contains(url):
+            return True
+        decoded = urllib.parse.unquote_plus(url)
+        if decoded == url:
+            return False
+        url = decoded
+    return False
 
 
 @dataclass(frozen=True)

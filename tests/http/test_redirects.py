@@ -189,3 +189,37 @@ async def test_a_location_that_is_not_visible_ascii_is_not_followed(
     assert res.facts["status"] == 302 and policy.calls == []
     assert len(srv.requests) == 1
     assert res.facts["redirect_not_followed"]["reason"] == "URL must be visible ASCII"
+
+
+@pytest.mark.parametrize(
+    "echo",
+    [
+        # A login redirect that quotes the whole request URL back (query injection).
+        lambda first: (
+            "return_to=" + urllib.parse.quote(f"{first.url}/start?api_key={QTOKEN}", safe="")
+        ),
+        lambda first: (
+            "return_to="
+            + urllib.parse.quote(urllib.parse.quote(f"/start?api_key={QTOKEN}", safe=""), safe="")
+        ),
+        lambda first: "token=redirect-secret-0001",  # the Authorization value echoed
+        lambda first: f"API_KEY={QTOKEN}",  # another spelling of the credential parameter
+    ],
+)
+async def test_a_location_that_carries_the_credential_is_not_followed_elsewhere(
+    client: HttpClient, echo: Any
+) -> None:
+    async with HostileServer.running(scripts.serve(Reply(200, body=b"other"))) as other:
+        first_box: list[HostileServer] = []
+
+        def route(r: Any) -> Reply:
+            location = f"{other.url}/login?{echo(first_box[0])}"
+            return Reply(302, headers=[("Location", location)])
+
+        async with HostileServer.running(scripts.serve(route)) as first:
+            first_box.append(first)
+            policy = Policy(first.origin)
+            _fe, res = await perform(client, req(first.url + "/start", policy))
+    assert other.requests == [] and other.connections == 0
+    assert res.facts["status"] == 302
+    assert res.facts["redirect_not_followed"]["reason"] == "the Location carries the credential"
