@@ -117,6 +117,24 @@ _SEPARATORS = re.compile(r"[/\\]")
 """What a server may read as a path separator once it decoded a segment ("%2F", "%5C", "\\")."""
 
 
+def has_dot_segment(route: str) -> bool:
+    """A "." or ".." segment (also percent-encoded) in a URL path: it would let the path climb
+    out of the target's base path once the server normalizes it (RFC 3986 §5.2.4).  Servers
+    that decode "%2F" (or "%5C", "\\" on Windows/IIS) before normalizing see "..%2Fadmin" as
+    "../admin", so the decoded segment is split on both separators too."""
+    for segment in route.split("/"):
+        # Without "%" or "\\" a segment decodes to itself and holds no separator: it is its
+        # only part (no unquote and no split per segment, issue 15).
+        parts = (
+            (segment,)
+            if "%" not in segment and "\\" not in segment
+            else _SEPARATORS.split(urllib.parse.unquote(segment))
+        )
+        if any(part in (".", "..") for part in parts):
+            return True
+    return False
+
+
 def _check_path(path: str, target: HttpTarget) -> None:
     if len(path) > MAX_PATH:
         raise ActionInvalid(Code.PAYLOAD_LIMIT, "path", f"is longer than {MAX_PATH} characters")
@@ -134,23 +152,8 @@ def _check_path(path: str, target: HttpTarget) -> None:
     if _BAD_PERCENT.search(path):
         raise ActionInvalid(Code.INVALID_FIELD, "path", 'has a "%" not followed by two hex digits')
     route, _, query = path.partition("?")
-    # A "." or ".." segment (also percent-encoded) would let the path climb out of the
-    # target's base path once the server normalizes it (RFC 3986 §5.2.4).
-    # Servers that decode "%2F" (or "%5C", "\\" on Windows/IIS) before normalizing see
-    # "..%2Fadmin" as "../admin", so the decoded segment is split on both separators too.
-    for segment in route.split("/"):
-        # Without "%" or "\\" a segment decodes to itself and holds no separator: it is its
-        # only part (no unquote and no split per segment, issue 15).
-        parts = (
-            (segment,)
-            if "%" not in segment and "\\" not in segment
-            else _SEPARATORS.split(urllib.parse.unquote(segment))
-        )
-        for part in parts:
-            if part in (".", ".."):
-                raise ActionInvalid(
-                    Code.INVALID_FIELD, "path", 'must not contain "." or ".." segments'
-                )
+    if has_dot_segment(route):
+        raise ActionInvalid(Code.INVALID_FIELD, "path", 'must not contain "." or ".." segments')
     scheme, param = parse_inject(target.inject)
     if scheme == "query" and query and param:
         injected = _query_key(param)

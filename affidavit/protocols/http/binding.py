@@ -11,7 +11,7 @@ from affidavit.adapters.http import HTTP_TABLE, HttpClient, HttpRequest, Redirec
 from affidavit.protocols.spec import Prepared
 from affidavit.secrets.credentials import Credential, apply_query, inject_http
 
-from .action import HttpAction, needs_approval
+from .action import HttpAction, has_dot_segment, needs_approval
 from .decoding import BodyDecoding
 from .target import HttpTarget, origin_of
 
@@ -123,7 +123,11 @@ def _redirect_policy(target: HttpTarget) -> Any:
                 return RedirectDecision(False, False, "origin is not in redirect_origins")
             return RedirectDecision(True, keep_credential=False, reason="other origin")
         path = urllib.parse.urlsplit(url).path
-        in_scope = not base or path == base or path.startswith(base + "/")
+        # A caller's path may hold no "." or ".." segment (also percent-encoded); a Location
+        # that does may climb out of the base path once the server normalizes it.
+        in_scope = not has_dot_segment(path) and (
+            not base or path == base or path.startswith(base + "/")
+        )
         return RedirectDecision(True, keep_credential=in_scope, reason="" if in_scope else "path")
 
     return policy

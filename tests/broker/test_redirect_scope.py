@@ -1,4 +1,5 @@
-"""A redirect's host is compared as it is connected to.
+"""Where the binding's redirect policy lets the credential go: a redirect's host is compared
+as it is connected to, and its path must stay in the base path.
 
 Seed: "Do not forward authorization credentials across origins."  The binding's redirect policy
 compares a Location's origin with the target's after normalizing its host (``check_host``:
@@ -15,6 +16,7 @@ import urllib.parse
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 
 from affidavit.adapters.http import HttpClient
@@ -95,3 +97,38 @@ async def test_a_non_ascii_redirect_host_never_takes_the_credential_elsewhere(
     assert res.facts["status"] == 302
     assert res.facts["redirect_not_followed"]["reason"] == "URL must be visible ASCII"
     assert resolver.lookups == ["fass.test"] and other.connections == 0
+
+
+def _policy(tmp_path: Path) -> Any:
+    cfg = load_config(
+        write_config(
+            tmp_path,
+            {"t": http_target("http://127.0.0.1:9/api", credential="env:X", follow_redirects=True)},
+        )
+    )
+    action = parse_action({"target": "t", "method": "GET", "path": "/x"}, cfg)
+    prepared = HttpBinding().prepare(
+        action, cfg.targets["t"], Credential("env:X", SECRET.encode(), "v1"), None
+    )
+    return prepared.request.redirect_policy
+
+
+@pytest.mark.parametrize(
+    "path",
+    ["/api/%2e%2e/admin", "/api/%2E%2E", "/api/..%2fadmin", "/api/x/..%5C..%5Cadmin", "/api/./x"],
+)
+def test_a_same_origin_redirect_that_climbs_out_of_the_base_path_drops_the_credential(
+    tmp_path: Path, path: str
+) -> None:
+    """The caller may not send "." or ".." segments, also percent-encoded (a server normalizes
+    them away, RFC 3986 §5.2.4); a redirect inside the origin may, but then it is not in the
+    base path the credential is scoped to."""
+    decision = _policy(tmp_path)("GET", "http://127.0.0.1:9" + path)
+    assert decision.allowed and not decision.keep_credential
+
+
+def test_a_same_origin_redirect_inside_the_base_path_keeps_the_credential(tmp_path: Path) -> None:
+    policy = _policy(tmp_path)
+    for path in ("/api", "/api/", "/api/v1/items?x=%2e%2e", "/api/a%2Fb"):
+        assert policy("GET", "http://127.0.0.1:9" + path).keep_credential, path
+    assert not policy("GET", "http://127.0.0.1:9/apix").keep_credential
