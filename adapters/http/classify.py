@@ -231,6 +231,10 @@ def classify_response(
     return Classification("origin", Outcome.COMMITTED, Code.REMOTE_ERROR)
 
 
+_AUTH_SCHEMES = frozenset({"bearer", "basic"})
+"""The scheme words of the ``Authorization`` values the broker injects (not secret)."""
+
+
 class Redactor:
     """Knows the credential's values (from the injected headers / query) and keeps them out of
     everything the adapter hands back: summaries, facts, exception text."""
@@ -243,8 +247,12 @@ class Redactor:
             s = s.strip()
             if len(s) >= self.MIN_LEN:
                 vals.add(s)
-            # "Bearer <token>": the token alone is the secret too.
-            for part in s.split():
+            # "Bearer <token>": the token alone is the secret too -- the scheme word is not
+            # (else a 401's "WWW-Authenticate: Bearer ..." would be withheld as an echo).
+            parts = s.split()
+            if len(parts) > 1 and parts[0].lower() in _AUTH_SCHEMES:
+                parts = parts[1:]
+            for part in parts:
                 if len(part) >= self.MIN_LEN:
                     vals.add(part)
         self._values = sorted(vals, key=len, reverse=True)

@@ -122,3 +122,25 @@ async def test_canary_never_leaks_through_errors(
         assert_clean(e, e.args, getattr(e, "facts", None), getattr(e, "detail", None))
     assert_clean(fe.observed, fe2.observed, fe3.observed, caplog.text)
     assert info2.value.facts["proxy_status"][0]["details"] == "[redacted]"
+
+
+@pytest.mark.parametrize(
+    "authorization", [f"Bearer {CANARY}", "Basic Y2FuYXJ5OmNhbmFyeS03ZjNhOWMxZTViMmQ="]
+)
+async def test_the_scheme_word_of_the_credential_is_not_a_secret(authorization: str) -> None:
+    """Only the credential is withheld: a 401's ``WWW-Authenticate: Bearer realm=...`` -- the
+    evidence of why the call was refused -- stays in the result, and a redirect to a page named
+    "Basic" is not taken for an echo of the credential."""
+    challenge = ("WWW-Authenticate", 'Bearer realm="api", Basic realm="api"')
+    async with HostileServer.running(scripts.serve(Reply(401, headers=[challenge]))) as srv:
+        req = HttpRequest(
+            "GET",
+            srv.url + "/",
+            [("Authorization", authorization)],
+            credential_headers=frozenset({"authorization"}),
+            timeouts=Timeouts(connect=2.0, write=2.0, read=2.0),
+        )
+        async with HttpClient() as client:
+            with trio.fail_after(10):
+                res = await client.perform(req, FakeEngine().ctx)
+    assert list(challenge) in res.summary["headers"]
