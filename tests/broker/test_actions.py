@@ -526,3 +526,23 @@ def test_a_query_parameter_a_server_reads_as_the_injected_one_is_forbidden(path:
 @pytest.mark.parametrize("path", ["/q?api_keys=1", "/q?my_api_key=1", "/q?apikey=1"])
 def test_other_query_parameters_stay_allowed(path: str) -> None:
     assert parse_action({**SEARCH, "path": path}, CONFIG).path == path
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "X-HTTP-Method-Override",
+        "x_http_method",
+        "X-Method-Override",
+        "X-Original-URL",
+        "x-rewrite-url",
+    ],
+)
+def test_a_header_that_overrides_the_method_or_path_is_forbidden(name: str) -> None:
+    """ASP.NET, Express's method-override, Google's APIs and Symfony read the method from
+    these headers, IIS and Symfony the path: a GET the target allows (and retries as
+    idempotent) would run as DELETE, a path in the base path would reach /admin -- with the
+    credential."""
+    with pytest.raises(ActionInvalid) as info:
+        parse_action(http(headers={name: "DELETE"}), CONFIG)
+    assert (info.value.code, info.value.field) == (Code.FORBIDDEN_HEADER, f"headers.{name}")

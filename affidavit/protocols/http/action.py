@@ -52,6 +52,19 @@ _BASE64 = r"(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?"
 _HEADER_VALUE = re.compile(r"[\x21-\x7e](?:[\x20-\x7e\t]*[\x21-\x7e])?|")
 # Hop-by-hop headers (RFC 9110 §7.6.1) are the transport's to manage, as are framing headers.
 _HOP_HEADERS = frozenset({"keep-alive", "proxy-connection", "proxy-authenticate"})
+# Headers servers read as the request's method or path instead of the request line (ASP.NET,
+# Express's method-override, Google's APIs, Symfony; IIS and Symfony for the path): through
+# them a GET the target allows -- and retries as idempotent -- would run as DELETE, and a path
+# inside the base path would reach another, with the credential.
+_OVERRIDE_HEADERS = frozenset(
+    {
+        "x-http-method-override",
+        "x-http-method",
+        "x-method-override",
+        "x-original-url",
+        "x-rewrite-url",
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -184,7 +197,7 @@ def _header_key(name: str) -> str:
 
 
 def _forbidden_headers(target: HttpTarget) -> frozenset[str]:
-    names = set(CREDENTIAL_HEADERS | TRANSPORT_HEADERS | _HOP_HEADERS)
+    names = set(CREDENTIAL_HEADERS | TRANSPORT_HEADERS | _HOP_HEADERS | _OVERRIDE_HEADERS)
     scheme, header = parse_inject(target.inject)
     if scheme == "header" and header:
         names.add(header.lower())
@@ -433,8 +446,9 @@ HTTP_FIELDS = (
         checks=(
             (
                 Code.FORBIDDEN_HEADER,
-                "credential, framing and hop-by-hop headers, the injected header and the "
-                "idempotency header: the broker and the transport set them",
+                "credential, framing and hop-by-hop headers, the injected header, the "
+                "idempotency header and method/path overrides (X-HTTP-Method-Override, "
+                "X-Original-URL, ...): the broker and the transport set them",
             ),
             (Code.INVALID_FIELD, "a name given twice (names compare case-insensitively)"),
         ),
