@@ -12,9 +12,9 @@ stopped the call."  Hence:
 * ``CredentialError`` messages name the reference and the reason, never the value.  A *malformed*
   reference is not echoed at all: the classic way to get one is pasting the secret itself into
   ``credential = "…"``.
-* ``Credential`` carries a non-secret ``version`` (vault entry version, file mtime+size, or
-  for ``env:`` a keyed digest of the value, ``Versioner``) for the engine to journal, and its
-  ``repr``/``str`` never show the value.
+* ``Credential`` carries a non-secret ``version`` (vault entry version, file
+  mtime+ctime+inode, or for ``env:`` a keyed digest of the value, ``Versioner``) for the engine
+  to journal, and its ``repr``/``str`` never show the value.
 * ``redactor`` (``affidavit.secrets.redaction``, re-exported here) scrubs the injected values,
   in every form docs/redaction.md lists, out of anything the remote echoes back before it
   reaches a journal row, a log line or the caller.
@@ -183,7 +183,10 @@ def resolve(
         data = trim_final_newline(data)
         if not data:
             raise CredentialError(Code.CREDENTIAL_MISSING, f"{ref}: file is empty")
-        return Credential(ref, data, f"{st.st_mtime_ns}:{st.st_size}")
+        # Not the size: the version is in the record a caller reads, and a single-line file's
+        # size is the secret's length.  ctime moves with every write (and with a utime that
+        # puts mtime back), the inode with a replacing rename.
+        return Credential(ref, data, f"{st.st_mtime_ns}:{st.st_ctime_ns}:{st.st_ino}")
     # vault
     if vault is None:
         raise CredentialError(Code.CREDENTIAL_MISSING, f"{ref}: no vault is configured")

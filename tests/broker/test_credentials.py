@@ -141,11 +141,27 @@ def test_file_ref_relative_to_base_dir_with_version(tmp_path: Path) -> None:
     cred = resolve("file:tok", vault=None, base_dir=tmp_path)
     assert cred.value == CANARY_B  # editors' final newline is not part of a token
     st_ = os.stat(tmp_path / "tok")
-    assert cred.version == f"{st_.st_mtime_ns}:{st_.st_size}"
+    assert cred.version == f"{st_.st_mtime_ns}:{st_.st_ctime_ns}:{st_.st_ino}"
     no_leak(cred)
     (tmp_path / "tok").write_bytes(CANARY_B + b"-rotated")
     os.utime(tmp_path / "tok", ns=(st_.st_mtime_ns + 10**9, st_.st_mtime_ns + 10**9))
     assert resolve(f"file:{tmp_path / 'tok'}", vault=None).version != cred.version
+
+
+def test_a_file_credential_version_does_not_give_the_secret_length(tmp_path: Path) -> None:
+    """The version is recorded in CREDENTIAL_AUTHORIZED, which a caller reads (``record``);
+    a single-line file's size is the secret's length (+1 for the newline)."""
+    path = tmp_path / "tok"
+    path.write_bytes(CANARY_B + b"\n")
+    path.chmod(0o600)
+    version = resolve("file:tok", vault=None, base_dir=tmp_path).version
+    size = path.stat().st_size
+    assert str(size) not in version.split(":") and str(len(CANARY_B)) not in version.split(":")
+    # A rewrite of the same length with its mtime put back is still a new version.
+    st_ = path.stat()
+    path.write_bytes(CANARY_B[::-1] + b"\n")
+    os.utime(path, ns=(st_.st_atime_ns, st_.st_mtime_ns))
+    assert resolve("file:tok", vault=None, base_dir=tmp_path).version != version
 
 
 def test_file_ref_keeps_multiline_values_exact(tmp_path: Path) -> None:
