@@ -321,7 +321,7 @@ class HttpExchange:
             )
         except h11.LocalProtocolError as e:
             # Our own request was unencodable; h11's message may quote a header value.
-            raise ValueError("request head could not be encoded") from e
+            raise ValueError("request head could not be encoded") from None
         assert head is not None
         facts = {
             "hop": self.hop,
