@@ -201,3 +201,17 @@ def test_a_proxys_own_complete_error_never_completes() -> None:
     assert [o.step.event for o in obs] == ["proxy_response_headers", "proxy_body", "proxy_end"]
     assert m.state == "proxy_error_complete" and ex.finished
     assert not m.complete and m.dispatched
+
+
+def test_an_unencodable_head_s_error_carries_nothing_of_h11_s_message() -> None:
+    """h11's refusal of a head may quote a header value -- the injected credential's; the error
+    raised instead neither says it nor chains it (a traceback would print the cause)."""
+    canary = "canary-4f1d-secret"
+    _, ex = _exchange()
+    ex.conn.send = lambda event: (_ for _ in ()).throw(  # type: ignore[method-assign]
+        h11.LocalProtocolError(f"Illegal header value b'Bearer {canary}'")
+    )
+    with pytest.raises(ValueError) as info:
+        ex.start_request("GET", "/", [("Host", "example")], has_body=False)
+    assert canary not in str(info.value)
+    assert info.value.__cause__ is None and info.value.__suppress_context__
