@@ -39,6 +39,7 @@ from affidavit.adapters.base import AttemptContext, AttemptInterrupted, RemoteRe
 from affidavit.statemachine import Code, Outcome
 
 from .keys import SshCredential, fingerprint, parse_pin
+from .known_hosts import key_type
 
 __all__ = ["CHUNK", "SshTarget", "SshTimeouts", "perform"]
 
@@ -93,6 +94,37 @@ class SshTarget:
     host_keys: tuple[str, ...]
     """pinned host keys, ``"ssh-ed25519 AAAA…"`` (known_hosts key fields)"""
     timeouts: SshTimeouts = field(default_factory=SshTimeouts)
+
+
+_HOSTKEY_ALGORITHMS = {
+    "ssh-ed25519": ("ssh-ed25519",),
+    # RSA keys sign with SHA-2 (RFC 8332); SHA-1 "ssh-rsa" signatures stay off, as libssh has them.
+    "ssh-rsa": ("rsa-sha2-512", "rsa-sha2-256"),
+    "ecdsa-sha2-nistp256": ("ecdsa-sha2-nistp256",),
+    "ecdsa-sha2-nistp384": ("ecdsa-sha2-nistp384",),
+    "ecdsa-sha2-nistp521": ("ecdsa-sha2-nistp521",),
+    "sk-ssh-ed25519@openssh.com": ("sk-ssh-ed25519@openssh.com",),
+    "sk-ecdsa-sha2-nistp256@openssh.com": ("sk-ecdsa-sha2-nistp256@openssh.com",),
+}
+"""Host key algorithms the transport may negotiate for a pinned key of each type."""
+
+
+def hostkey_algorithms(pins: tuple[str, ...]) -> str | None:
+    """The ``HostKeyAlgorithms`` list for the key types ``pins`` hold, or None when no pin is
+    usable (the presented key is then refused by ``verify_host_key``).
+
+    Without it libssh asks for its default order (ed25519 first): a server that also holds an
+    ed25519 key presents that one, and a target that pinned the server's ECDSA or RSA key -- the
+    only entry a known_hosts file may have -- was refused as HOST_KEY_MISMATCH.  Offering only
+    the pinned types also means the server cannot present a key of any other type."""
+    algos: list[str] = []
+    for pin in pins:
+        try:
+            kind = key_type(parse_pin(pin))
+        except ValueError:
+            continue
+        algos += [a for a in _HOSTKEY_ALGORITHMS.get(kind, ()) if a not in algos]
+    return ",".join(algos) or None
 
 
 class _Lost(Exception):
@@ -268,6 +300,9 @@ class _Run:
         session.options_set_port(self.t.port)
         # Never read ~/.ssh/config: the target's config is the broker's, not the host account's.
         session.options_set_int_val(ssh.options.PROCESS_CONFIG, 0)
+        algorithms = hostkey_algorithms(self.t.host_keys)
+        if algorithms is not None:
+            session.options_set(ssh.options.HOSTKEYS, algorithms)
         fd = sock.detach()  # libssh owns the fd from here and closes it when the session is freed
         session.set_socket(fd)
         session.set_blocking(False)
@@ -275,6 +310,12 @@ class _Run:
         try:
             await self.io.call(session.connect)
         except ssh.exceptions.BaseSSHError as exc:
+            if "server host key algo" in _describe(exc):
+                # The server holds no key of a pinned type (``hostkey_algorithms``): as much a
+                # refused host key as a presented key that matches no pin.
+                raise SetupError(
+                    Code.HOST_KEY_MISMATCH, "host_key", f"no key of a pinned type: {_describe(exc)}"
+                ) from exc
             raise SetupError(Code.TLS_FAILED, "ssh_handshake", _describe(exc)) from exc
         self.fire("transport_ready", {"kex": _text(session.get_kex_algo())})
 

@@ -14,10 +14,10 @@ import hmac
 import re
 import struct
 
-__all__ = ["fingerprint", "known_host_keys", "load_known_hosts", "parse_pin"]
+__all__ = ["fingerprint", "key_type", "known_host_keys", "load_known_hosts", "parse_pin"]
 
 
-def _blob_type(blob: bytes) -> str:
+def key_type(blob: bytes) -> str:
     """The key type named inside an SSH public key blob (RFC 4253 §6.6: string type, ...)."""
     if len(blob) < 4:
         raise ValueError("public key blob too short")
@@ -39,15 +39,15 @@ def parse_pin(pin: str) -> bytes:
         blob = base64.b64decode(parts[1], validate=True)
     except binascii.Error as exc:
         raise ValueError("host key pin is not valid base64") from exc
-    if _blob_type(blob) != parts[0]:
-        raise ValueError(f"host key pin declares {parts[0]!r} but holds a {_blob_type(blob)!r} key")
+    if key_type(blob) != parts[0]:
+        raise ValueError(f"host key pin declares {parts[0]!r} but holds a {key_type(blob)!r} key")
     return blob
 
 
 def fingerprint(blob: bytes) -> str:
     """``"<type> SHA256:<base64, unpadded>"`` exactly as ``ssh-keygen -l`` prints it."""
     digest = base64.b64encode(hashlib.sha256(blob).digest()).decode().rstrip("=")
-    return f"{_blob_type(blob)} SHA256:{digest}"
+    return f"{key_type(blob)} SHA256:{digest}"
 
 
 def _wildcard(pattern: str) -> re.Pattern[str]:

@@ -169,14 +169,20 @@ class _Server(asyncssh.SSHServer):
 
 
 class HostileServer:
-    """Start with ``start()``; ``pin`` is the host key as a known_hosts-style pin."""
+    """Start with ``start()``; ``pin`` is the ed25519 host key as a known_hosts-style pin,
+    ``pins`` every host key it offers (``extra_host_keys`` are further key types)."""
 
-    def __init__(self) -> None:
+    def __init__(self, extra_host_keys: tuple[str, ...] = ()) -> None:
         self.exec_requests: list[str] = []
         self.sessions_opened = 0
         self.port = 0
-        self._key = asyncssh.generate_private_key("ssh-ed25519")
-        self.pin = " ".join(self._key.export_public_key("openssh").decode().split()[:2])
+        self._keys = [asyncssh.generate_private_key(t) for t in ("ssh-ed25519", *extra_host_keys)]
+        self._key = self._keys[0]
+        self.pins = [
+            " ".join(k.export_public_key("openssh").decode().split()[:2]) for k in self._keys
+        ]
+        """One pin per host key, the ed25519 key first, then ``extra_host_keys`` in order."""
+        self.pin = self.pins[0]
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._server: Any = None
@@ -192,7 +198,7 @@ class HostileServer:
             lambda: _Server(self),
             "127.0.0.1",
             0,
-            server_host_keys=[self._key],
+            server_host_keys=self._keys,
             login_timeout=30,
         )
         self.port = self._server.sockets[0].getsockname()[1]
