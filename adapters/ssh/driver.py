@@ -237,6 +237,8 @@ class _Run:
         self.exit_status: int | None = None
         self.exit_signal: str | None = None
         self.core_dumped = False
+        self.exit_report: tuple[int, bytes, bool] | None = None
+        """libssh's exit state when the first exit report was recorded (``collect``)."""
         self.counts = {"stdout": 0, "stderr": 0}
         self.hashes = {"stdout": hashlib.sha256(), "stderr": hashlib.sha256()}
 
@@ -506,6 +508,7 @@ class _Run:
                 self.exit_signal = _text(signal)
                 self.core_dumped = bool(core)
                 self.fire("exit_signal", {"exit_signal": self.exit_signal, "core": bool(core)})
+                self.exit_report = _exit_state(status, signal, core)
                 progressed = True
             elif not exited and status == _UNNAMED_EXIT:
                 # An exit-signal whose name is empty, or exit-status 4294967295: libssh reports
@@ -516,6 +519,7 @@ class _Run:
                 # RFC 4254 sends a uint32; ssh-python hands it over as a C int.
                 self.exit_status = int(status) & 0xFFFFFFFF
                 self.fire("exit_status", {"exit_status": self.exit_status})
+                self.exit_report = _exit_state(status, signal, core)
                 progressed = True
             if eof["stdout"] and eof["stderr"] and not eof_fired:
                 self.fire("eof", {f"{n}_bytes": self.counts[n] for n in eof})
@@ -532,6 +536,13 @@ class _Run:
                             " empty name or exit-status 4294967295 (libssh reports both alike)"
                         )
                     self.interrupted("channel_closed", Code.REMOTE_RESULT_INCOMPLETE, detail)
+                if unnamed or self.reports_changed(channel):
+                    self.interrupted(
+                        "closed_conflicting",
+                        Code.REMOTE_RESULT_INCOMPLETE,
+                        "channel closed after more than one exit report (RFC 4254 allows one):"
+                        " which one is the command's is not known",
+                    )
                 self.fire("channel_closed", {})
                 failed = self.exit_signal is not None or self.exit_status != 0
                 return RemoteResult(
@@ -557,6 +568,12 @@ class _Run:
                 # if no call then moved anything, waiting on it again returns at once as well.
                 woke = io.pending() if await io.wait() else _WOKE_WRITABLE
 
+    def reports_changed(self, channel: Any) -> bool:
+        """libssh's exit state differs from the one the recorded report was read from: a
+        later exit-status or exit-signal arrived (libssh keeps the last of each).  Reports that
+        arrive in one read are not told apart: libssh holds only the last one."""
+        return _exit_state(*channel.get_exit_state()) != self.exit_report  # no pump: stored
+
     async def close(self) -> None:
         """Best effort, bounded, shielded: close our side of the channel, then end the TCP
         connection.
@@ -575,6 +592,10 @@ class _Run:
                     await io.call(channel.close)
         with contextlib.suppress(OSError), socket.socket(fileno=os.dup(io.fd)) as dup:
             dup.shutdown(socket.SHUT_RDWR)
+
+
+def _exit_state(status: Any, signal: Any, core: Any) -> tuple[int, bytes, bool]:
+    return int(status), bytes(signal or b""), bool(core)
 
 
 def _text(value: Any) -> str:

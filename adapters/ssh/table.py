@@ -70,7 +70,8 @@ _STATES = {
     "exit_signal_seen": "exit-signal received; output streams still open",
     "drained": "exit reported and both streams ended; only CHANNEL_CLOSE is missing",
     "closed": "CHANNEL_CLOSE after exit report and EOF: the result is complete",
-    "closed_incomplete": "channel closed without exit-status or exit-signal (RFC 4254 §6.10)",
+    "closed_incomplete": "channel closed without exit-status or exit-signal (RFC 4254 §6.10), "
+    "or after exit reports that disagree",
     "interrupted": "stopped after dispatch without a complete result (drop, timeout, cancel)",
 }
 
@@ -88,7 +89,9 @@ _T: dict[str, dict[str, str]] = {
         "exit_signal": "drained",
         "channel_closed": "closed_incomplete",
     },
-    "drained": {"channel_closed": "closed"},
+    # RFC 4254 §6.10 allows one exit report: a close after two that disagree (exit-status 0,
+    # then 1 or an exit-signal) proves no result.
+    "drained": {"channel_closed": "closed", "closed_conflicting": "closed_incomplete"},
     "setup_failed": {},
     "exec_rejected": {},
     "closed": {},

@@ -18,6 +18,8 @@ Commands (the first word selects the behaviour):
                    core is 1) and EOF, CHANNEL_CLOSE s seconds later
   status <n> <s>   write "out\\n", send exit-status n (any uint32) and EOF, CHANNEL_CLOSE s
                    seconds later
+  reports <r>...   write "out\n", send each exit report 0.1 s apart (``s<n>`` exit-status n,
+                   ``k<NAME>`` exit-signal NAME), then EOF and close
   big <n>          write ``big_output(n)`` (n bytes of numbered ASCII lines), exit-status 0
 Users: "refuse" is denied every authentication; "pwuser" authenticates with password
 ``PASSWORD`` only; anyone else with any public key.
@@ -136,6 +138,18 @@ class _Session(asyncssh.SSHServerSession[str]):
             chan._send_request(b"exit-status", UInt32(int(words[1])))
             chan.write_eof()
             loop.call_later(float(words[2]), chan.close)
+        elif verb == "reports":
+            # Several exit reports, 0.1 s apart, then EOF and CHANNEL_CLOSE: ``s<n>`` an
+            # exit-status n, ``k<NAME>`` an exit-signal NAME (RFC 4254 allows one report).
+            chan.write("out\n")
+            for i, word in enumerate(words[1:]):
+                if word.startswith("s"):
+                    req = (b"exit-status", UInt32(int(word[1:])))
+                else:
+                    req = (b"exit-signal", String(word[1:]), Boolean(False), String(""), String(""))
+                loop.call_later(0.1 * i, chan._send_request, *req)
+            loop.call_later(0.1 * len(words), chan.write_eof)
+            loop.call_later(0.1 * len(words) + 0.05, chan.close)
         # "hang": nothing, ever.
 
     def eof_received(self) -> bool:

@@ -287,3 +287,34 @@ async def test_silent_server_is_a_connect_timeout_in_the_handshake(
         nursery.cancel_scope.cancel()
     assert (ei.value.code, ei.value.stage) == (Code.CONNECT_TIMEOUT, "ssh_handshake")
     assert not rec.ctx.machine.dispatched
+
+
+@pytest.mark.parametrize(
+    "reports", ["s0 s1", "s1 s0", "s0 kKILL", "kKILL s0"], ids=lambda r: r.replace(" ", "-")
+)
+async def test_exit_reports_that_disagree_are_no_result(
+    hostile: HostileServer, key: bytes, reports: str
+) -> None:
+    # RFC 4254 §6.10 allows one exit report.  Two that disagree, 0.1 s apart, then EOF and close:
+    # the first was recorded as the command's and the second dropped (exit 0 reported as success
+    # after the remote also said 1, or KILL).  Which one is true is not known.
+    rec = Recorder()
+    with pytest.raises(AttemptInterrupted) as ei:
+        await _run(hostile, key, f"reports {reports}", rec)
+    assert ei.value.code == Code.REMOTE_RESULT_INCOMPLETE
+    assert "more than one exit report" in ei.value.detail
+    assert rec.ctx.machine.state == "closed_incomplete" and not rec.ctx.machine.complete
+
+
+async def test_one_exit_report_followed_by_eof_and_close_is_still_a_result(
+    hostile: HostileServer, key: bytes
+) -> None:
+    rec = Recorder()
+    res = await _run(hostile, key, "reports s3", rec)
+    assert (res.outcome, res.code, res.summary["exit_status"]) == (
+        Outcome.COMMITTED,
+        Code.REMOTE_COMMAND_FAILED,
+        3,
+    )
+    res = await _run(hostile, key, "reports kTERM", rec := Recorder())
+    assert (res.outcome, res.summary["exit_signal"]) == (Outcome.COMMITTED, "TERM")
