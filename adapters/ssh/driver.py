@@ -304,7 +304,10 @@ class _Run:
         session.options_set_int_val(ssh.options.PROCESS_CONFIG, 0)
         algorithms = hostkey_algorithms(self.t.host_keys)
         if algorithms is not None:
-            session.options_set(ssh.options.HOSTKEYS, algorithms)
+            try:
+                session.options_set(ssh.options.HOSTKEYS, algorithms)
+            except ssh.exceptions.BaseSSHError as exc:  # a pinned type this libssh lacks
+                raise SetupError(Code.HOST_KEY_MISMATCH, "host_key", _describe(exc)) from exc
         fd = sock.detach()  # libssh owns the fd from here and closes it when the session is freed
         session.set_socket(fd)
         session.set_blocking(False)
@@ -442,6 +445,12 @@ class _Run:
         code = Code.REMOTE_RESULT_INCOMPLETE if exited else Code.REMOTE_OUTCOME_UNKNOWN
         self.interrupted("connection_lost", code, detail)
 
+    def stream_broken(self, detail: str) -> NoReturn:
+        """The remote broke the channel's stream rules: what it sent is not one result."""
+        exited = self.exit_status is not None or self.exit_signal is not None
+        code = Code.REMOTE_RESULT_INCOMPLETE if exited else Code.REMOTE_OUTCOME_UNKNOWN
+        self.interrupted("stream_broken", code, detail)
+
     async def collect(self) -> RemoteResult:
         assert self.io is not None
         io, channel = self.io, self.channel
@@ -470,14 +479,17 @@ class _Run:
                     channel.send_eof()
                     stdin_open = False
                 for name in ("stdout", "stderr"):
-                    if eof[name]:
-                        continue
+                    # A stream at EOF is still read: libssh keeps data that arrives after the
+                    # channel's EOF, and holds back the CHANNEL_CLOSE ("delayed close") until
+                    # it is read -- unread, the wait lasted until the exec timeout.
                     try:
                         _rc, data = channel.read_nonblocking(CHUNK, name == "stderr")
                     except ssh.exceptions.EOF:
+                        progressed = progressed or not eof[name]
                         eof[name] = True
-                        progressed = True
                         continue
+                    if data and eof[name]:
+                        self.stream_broken(f"{name} data after the channel's EOF (RFC 4254 §5.3)")
                     if data:
                         progressed = True
                         self.counts[name] += len(data)

@@ -19,8 +19,8 @@ Why these states (seed, "Connection setup needs a precise end point" and RFC 425
   ``closed_incomplete`` (REMOTE_RESULT_INCOMPLETE): the stream ended but nothing says how the
   command did.
 * Anything that stops the driver after dispatch (connection lost, our exec timeout, caller
-  cancellation) lands in ``interrupted``: dispatched, not complete, so the engine reports
-  ``unknown``.
+  cancellation, data after the channel's EOF) lands in ``interrupted``: dispatched, not
+  complete, so the engine reports ``unknown``.
 """
 
 from __future__ import annotations
@@ -72,7 +72,8 @@ _STATES = {
     "closed": "CHANNEL_CLOSE after exit report and EOF: the result is complete",
     "closed_incomplete": "channel closed without exit-status or exit-signal (RFC 4254 §6.10), "
     "or after exit reports that disagree",
-    "interrupted": "stopped after dispatch without a complete result (drop, timeout, cancel)",
+    "interrupted": "stopped after dispatch without a complete result (drop, timeout, cancel, "
+    "data after EOF)",
 }
 
 _T: dict[str, dict[str, str]] = {
@@ -114,7 +115,12 @@ for _s in ("exit_status_seen", "exit_signal_seen"):
     _T[_s] = {"stdout": _s, "stderr": _s, "eof": "drained"}
 for _s in _POST_DISPATCH_OPEN:
     _T[_s].update(
-        {"connection_lost": "interrupted", "timed_out": "interrupted", "cancelled": "interrupted"}
+        {
+            "connection_lost": "interrupted",
+            "timed_out": "interrupted",
+            "cancelled": "interrupted",
+            "stream_broken": "interrupted",
+        }
     )
 assert all(s in _T for s in _OUTPUT_OPEN)
 

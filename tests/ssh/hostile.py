@@ -20,6 +20,9 @@ Commands (the first word selects the behaviour):
                    seconds later
   reports <r>...   write "out\n", send each exit report 0.1 s apart (``s<n>`` exit-status n,
                    ``k<NAME>`` exit-signal NAME), then EOF and close
+  strayexit        write "partial\n", send exit-status 0 on a channel id the client never
+                   opened, then EOF and close the session channel
+  lateout          write "out\n", EOF, then "late\n" on stdout after the EOF, exit-status 0, close
   big <n>          write ``big_output(n)`` (n bytes of numbered ASCII lines), exit-status 0
 Users: "refuse" is denied every authentication; "pwuser" authenticates with password
 ``PASSWORD`` only; anyone else with any public key.
@@ -35,6 +38,7 @@ from typing import Any
 
 import asyncssh
 import trio
+from asyncssh.constants import MSG_CHANNEL_DATA, MSG_CHANNEL_REQUEST
 from asyncssh.packet import Boolean, String, UInt32
 
 PASSWORD = "correct horse battery staple"
@@ -150,6 +154,21 @@ class _Session(asyncssh.SSHServerSession[str]):
                 loop.call_later(0.1 * i, chan._send_request, *req)
             loop.call_later(0.1 * len(words), chan.write_eof)
             loop.call_later(0.1 * len(words) + 0.05, chan.close)
+        elif verb == "strayexit":
+            # exit-status 0 addressed to a channel the client never opened, then EOF and close
+            # on the session channel: no exit report for it.
+            chan.write("partial\n")
+            stray = UInt32(chan._send_chan + 1) + String(b"exit-status") + Boolean(False)
+            conn.send_packet(MSG_CHANNEL_REQUEST, stray + UInt32(0))
+            loop.call_later(0.1, chan.write_eof)
+            loop.call_later(0.15, chan.close)
+        elif verb == "lateout":
+            chan.write("out\n")
+            chan.write_eof()
+            late = UInt32(chan._send_chan) + String(b"late\n")
+            loop.call_later(0.1, conn.send_packet, MSG_CHANNEL_DATA, late)
+            loop.call_later(0.2, chan._send_request, b"exit-status", UInt32(0))
+            loop.call_later(0.25, chan.close)
         # "hang": nothing, ever.
 
     def eof_received(self) -> bool:

@@ -63,7 +63,7 @@ async def test_exec_refused_with_channel_failure_is_rejected(
     assert rec.ctx.machine.dispatched  # it was requested; the refusal is authoritative
 
 
-@pytest.mark.parametrize("command", ["noexit", "closeonly"])
+@pytest.mark.parametrize("command", ["noexit", "closeonly", "strayexit"])
 async def test_channel_closed_without_exit_status_is_result_incomplete(
     hostile: HostileServer, key: bytes, command: str
 ) -> None:
@@ -318,3 +318,19 @@ async def test_one_exit_report_followed_by_eof_and_close_is_still_a_result(
     )
     res = await _run(hostile, key, "reports kTERM", rec := Recorder())
     assert (res.outcome, res.summary["exit_signal"]) == (Outcome.COMMITTED, "TERM")
+
+
+async def test_data_after_eof_is_no_result_and_found_at_once(
+    hostile: HostileServer, key: bytes
+) -> None:
+    # libssh keeps data sent after CHANNEL_EOF and holds the CHANNEL_CLOSE back until it is
+    # read: a driver that stopped reading at EOF waited for the exec timeout (an hour by default).
+    rec = Recorder()
+    started = time.monotonic()
+    with pytest.raises(AttemptInterrupted) as ei:
+        await _run(hostile, key, "lateout", rec)
+    assert time.monotonic() - started < 3
+    assert ei.value.code == Code.REMOTE_OUTCOME_UNKNOWN
+    assert "data after the channel's EOF" in ei.value.detail
+    assert rec.stream("stdout") == b"out\n" and ei.value.facts["stdout_bytes"] == 4
+    assert rec.ctx.machine.state == "interrupted" and not rec.ctx.machine.complete
