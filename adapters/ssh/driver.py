@@ -237,6 +237,8 @@ class _Run:
         self.exit_status: int | None = None
         self.exit_signal: str | None = None
         self.core_dumped = False
+        self.stdin_unsent = 0
+        """stdin bytes not written because the remote closed the channel first"""
         self.exit_report: tuple[int, bytes, bool] | None = None
         """libssh's exit state when the first exit report was recorded (``collect``)."""
         self.counts = {"stdout": 0, "stderr": 0}
@@ -264,6 +266,8 @@ class _Run:
             "core_dumped": self.core_dumped,
             "host_key": self.host_key,
         }
+        if self.stdin_unsent:
+            facts["stdin_unsent"] = self.stdin_unsent
         for name in ("stdout", "stderr"):
             facts[f"{name}_bytes"] = self.counts[name]
             facts[f"{name}_sha256"] = self.hashes[name].hexdigest()
@@ -471,13 +475,23 @@ class _Run:
             # showed before them, so a change they made is seen before parking on the socket.
             seen = (channel.is_eof(), channel.is_closed())
             try:
-                if stdin_open and pending:
-                    _rc, written = channel.write(bytes(pending[:CHUNK]))
-                    pending = pending[written:]
-                    progressed = written > 0
-                if stdin_open and not pending:
-                    channel.send_eof()
+                try:
+                    if stdin_open and pending:
+                        _rc, written = channel.write(bytes(pending[:CHUNK]))
+                        pending = pending[written:]
+                        progressed = written > 0
+                    if stdin_open and not pending:
+                        channel.send_eof()
+                        stdin_open = False
+                except ssh.exceptions.BaseSSHError:
+                    if not io.alive():
+                        raise
+                    # On a live connection libssh refuses to write only to a channel the remote
+                    # closed ("Remote channel is closed"): a command that exits without reading
+                    # all its input (``true``, ``head -1``).  Its result is still on the way.
                     stdin_open = False
+                    self.stdin_unsent = len(pending)
+                    progressed = True
                 for name in ("stdout", "stderr"):
                     # A stream at EOF is still read: libssh keeps data that arrives after the
                     # channel's EOF, and holds back the CHANNEL_CLOSE ("delayed close") until

@@ -159,6 +159,25 @@ async def test_stdin_is_written_interleaved_with_reads(sshd: Sshd) -> None:
     assert res.code is None and rec.stream("stdout") == data
 
 
+async def test_a_command_that_exits_without_reading_its_stdin_is_still_a_result(
+    sshd: Sshd,
+) -> None:
+    # `head -c 3` reads 3 bytes and exits; sshd closes the channel while 8 MiB are still to be
+    # written.  libssh then refuses the write ("Remote channel is closed"): that used to escape
+    # the driver as a raw SSHError (the engine's REMOTE_OUTCOME_UNKNOWN) although exit-status,
+    # EOF and close -- a complete result -- had arrived.
+    data = b"abc" + bytes(8 * 1024 * 1024)
+    rec = Recorder()
+    with trio.fail_after(20):
+        res = await perform(
+            sshd.target(), prepare_credential(sshd.client_key), "head -c 3", data, rec.ctx
+        )
+    assert (res.outcome, res.code, res.summary["exit_status"]) == (Outcome.COMMITTED, None, 0)
+    assert rec.stream("stdout") == b"abc"
+    assert 0 < res.facts["stdin_unsent"] < len(data)
+    assert rec.ctx.machine.state == "closed"
+
+
 async def test_large_output_streams_through_the_sink_in_bounded_chunks(sshd: Sshd) -> None:
     size = 5 * 1024 * 1024
     rec = Recorder()
