@@ -89,6 +89,8 @@ def known_host_keys(text: str, host: str, port: int) -> tuple[str, ...]:
     ``@cert-authority`` lines are not pins and are skipped.  A key listed under ``@revoked`` is
     removed from the result whatever host pattern revoked it: OpenSSH refuses a revoked key, and
     a pin set must never contain one.  Malformed lines are skipped (they pin nothing)."""
+    # ssh lowercases the host name before the lookup, and ``ssh-keygen -H`` hashes it so.
+    host = host.lower()
     names = (host,) if port == 22 else (f"[{host.strip('[]')}]:{port}",)
     pins: set[str] = set()
     revoked: set[bytes] = set()

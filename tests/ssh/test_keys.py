@@ -75,6 +75,10 @@ def test_known_hosts_hashed_entries_from_ssh_keygen(
     assert load_known_hosts(str(kh), "db.internal", 22) == (a,)
     assert load_known_hosts(str(kh), "db.internal", 2200) == (b,)
     assert load_known_hosts(str(kh), "other", 22) == ()
+    # ssh lowercases the host name before it looks it up (and ssh-keygen before it hashes):
+    # a target written "DB.Internal" is the same host, plain or hashed.
+    assert load_known_hosts(str(kh), "DB.Internal", 22) == (a,)
+    assert load_known_hosts(str(kh), "DB.Internal", 2200) == (b,)
 
 
 def test_known_hosts_revoked_key_is_never_a_pin(tmp_path: Path, pins: tuple[str, str]) -> None:
