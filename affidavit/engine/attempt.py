@@ -312,7 +312,10 @@ async def _try_once(
             # Only a dispatched attempt can be interrupted; before the gate it is setup.
             attrs = {"stage": attempt.machine.state, "code": Code.SETUP_FAILED.value}
             return None, Event(E.SETUP_FAILED, iid, attrs), False
-        return None, _interrupted(iid, exc.code, exc.facts), False
+        # The facts carry remote-controlled strings (an exit-signal name): the remote may echo
+        # the credential it was sent, so they are scrubbed like the observed facts.
+        facts = attempt.scrub({k: v for k, v in exc.facts.items() if _jsonable(v)})
+        return None, _interrupted(iid, exc.code, facts), False
     except Exception as exc:  # classify by the boundary, never by the exception
         # Type name only: library messages may quote remote bytes or request lines.
         log.warning("attempt %s of %s ended by %s", attempt.n, iid, type(exc).__name__)

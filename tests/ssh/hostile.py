@@ -23,6 +23,7 @@ Commands (the first word selects the behaviour):
   strayexit        write "partial\n", send exit-status 0 on a channel id the client never
                    opened, then EOF and close the session channel
   lateout          write "out\n", EOF, then "late\n" on stdout after the EOF, exit-status 0, close
+  echosig          write "out\n", send an exit-signal named ``PASSWORD``, abort the connection
   big <n>          write ``big_output(n)`` (n bytes of numbered ASCII lines), exit-status 0
 Users: "refuse" is denied every authentication; "pwuser" authenticates with password
 ``PASSWORD`` only; anyone else with any public key.
@@ -169,6 +170,14 @@ class _Session(asyncssh.SSHServerSession[str]):
             loop.call_later(0.1, conn.send_packet, MSG_CHANNEL_DATA, late)
             loop.call_later(0.2, chan._send_request, b"exit-status", UInt32(0))
             loop.call_later(0.25, chan.close)
+        elif verb == "echosig":
+            # A remote that echoes the password it was given as an exit-signal name, then the
+            # connection breaks: the name is remote-controlled text like any output.
+            chan.write("out\n")
+            chan._send_request(
+                b"exit-signal", String(PASSWORD), Boolean(False), String(""), String("")
+            )
+            loop.call_later(0.1, conn.abort)
         # "hang": nothing, ever.
 
     def eof_received(self) -> bool:

@@ -147,3 +147,22 @@ async def test_password_auth_when_the_target_says_so(
                          retry="after_correction", code="CREDENTIAL_INVALID")  # fmt: skip
     assert hostile.sessions_opened == sessions + 1
     assert PASSWORD not in json.dumps([ok, refused])
+
+
+async def test_a_password_the_remote_echoes_in_an_interrupted_result_is_redacted(
+    tmp_path: Path, hostile: HostileServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The remote knows the password it was sent; what it sends back is redacted everywhere,
+    also in the facts of a result that broke off (an exit-signal named as the password, then the
+    connection drops: ATTEMPT_INTERRUPTED)."""
+    monkeypatch.setenv("AFFIDAVIT_TEST_SSH_PW", PASSWORD)
+    pw = {"credential": "env:AFFIDAVIT_TEST_SSH_PW"}
+    targets = {"pw": ssh_target(hostile.port, "pwuser", hostile.pin, auth="password", **pw)}
+    cfg = write_config(tmp_path, targets)
+    with trio.fail_after(20):
+        async with open_broker(cfg) as broker:
+            answer = await broker.call({"target": "pw", "command": "echosig"})
+            assert answer["error"]["outcome"] == "unknown", answer
+            record = json.dumps(broker.journal.events(answer["invocation_id"]), default=str)
+    assert PASSWORD not in json.dumps(answer)
+    assert PASSWORD not in record
