@@ -569,7 +569,9 @@ class _Run:
                         "channel closed after more than one exit report (RFC 4254 allows one):"
                         " which one is the command's is not known",
                     )
-                self.fire("channel_closed", {})
+                # Journaled with the attempt's steps: a committed result keeps only its own facts.
+                unsent = {"stdin_unsent": self.stdin_unsent} if self.stdin_unsent else {}
+                self.fire("channel_closed", unsent)
                 failed = self.exit_signal is not None or self.exit_status != 0
                 return RemoteResult(
                     Outcome.COMMITTED,

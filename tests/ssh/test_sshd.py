@@ -175,6 +175,7 @@ async def test_a_command_that_exits_without_reading_its_stdin_is_still_a_result(
     assert (res.outcome, res.code, res.summary["exit_status"]) == (Outcome.COMMITTED, None, 0)
     assert rec.stream("stdout") == b"abc"
     assert 0 < res.facts["stdin_unsent"] < len(data)
+    assert rec.steps[-1][1] == {"stdin_unsent": res.facts["stdin_unsent"]}  # journaled step
     assert rec.ctx.machine.state == "closed"
 
 
