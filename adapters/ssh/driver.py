@@ -127,6 +127,13 @@ def hostkey_algorithms(pins: tuple[str, ...]) -> str | None:
     return ",".join(algos) or None
 
 
+def no_pinned_key_type(error: str) -> bool:
+    """libssh's key exchange error says no host key algorithm was in common.  Only libssh's
+    own words count, not the name lists the server sent (``... server [<its list>]``): a list
+    holding "server host key algo" must not turn another failure into this one."""
+    return "no match for method server host key algo" in error.split("[", 1)[0]
+
+
 class _Lost(Exception):
     """The SSH connection died (libssh reported a socket/session error)."""
 
@@ -319,7 +326,7 @@ class _Run:
         try:
             await self.io.call(session.connect)
         except ssh.exceptions.BaseSSHError as exc:
-            if "server host key algo" in _describe(exc):
+            if no_pinned_key_type(_describe(exc)):
                 # The server holds no key of a pinned type (``hostkey_algorithms``): as much a
                 # refused host key as a presented key that matches no pin.
                 raise SetupError(
