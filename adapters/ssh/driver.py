@@ -22,6 +22,7 @@ import contextlib
 import fcntl
 import hashlib
 import os
+import re
 import socket
 import struct
 import termios
@@ -59,6 +60,9 @@ driver records neither (see ``collect``)."""
 
 CHUNK = 64 * 1024
 """Largest piece read from libssh and handed to the sink at once: output is never held whole."""
+
+_SIGNAL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+@-]{0,63}")
+"""An exit-signal name as RFC 4254 §6.10 has them: ``KILL``, ``USR1``, ``name@domain``."""
 
 _CLEANUP_SECONDS = 1.0
 
@@ -473,6 +477,7 @@ class _Run:
         signal: bytes = b""
         core: Any = False
         unnamed = False  # libssh holds an exit report it reports as (-1, b"", core)
+        odd_signal = False  # ... or an exit-signal whose name is no signal name
         woke: int | None = None  # bytes on the socket when a park last ended on "readable"
         # (``_WOKE_WRITABLE`` when it ended on "writable")
         stalls = 0  # consecutive such wake-ups after which libssh took nothing off the socket
@@ -537,7 +542,12 @@ class _Run:
                 raise
             if not io.alive():
                 self.lost("connection closed")
-            if not exited and signal:
+            if not exited and signal and not _SIGNAL_NAME.fullmatch(_text(signal)):
+                # Not a signal name (RFC 4254 §6.10: "KILL", or "name@domain"): remote text of
+                # up to a packet's size that would land in exit_signal, the journal and the
+                # caller's status line.  Treated like an unnamed report: no exit information.
+                unnamed = odd_signal = True
+            elif not exited and signal:
                 self.exit_signal = _text(signal)
                 self.core_dumped = bool(core)
                 self.fire("exit_signal", {"exit_signal": self.exit_signal, "core": bool(core)})
@@ -563,7 +573,9 @@ class _Run:
                 facts = self.result_facts()
                 if self.exit_status is None and self.exit_signal is None:
                     detail = "channel closed without exit-status or exit-signal"
-                    if unnamed:
+                    if odd_signal:
+                        detail = "channel closed; its exit-signal's name is not a signal name"
+                    elif unnamed:
                         detail = (
                             "channel closed; its only exit report was an exit-signal with an"
                             " empty name or exit-status 4294967295 (libssh reports both alike)"

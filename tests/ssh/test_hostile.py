@@ -334,3 +334,17 @@ async def test_data_after_eof_is_no_result_and_found_at_once(
     assert "data after the channel's EOF" in ei.value.detail
     assert rec.stream("stdout") == b"out\n" and ei.value.facts["stdout_bytes"] == 4
     assert rec.ctx.machine.state == "interrupted" and not rec.ctx.machine.complete
+
+
+@pytest.mark.parametrize("name", ["A" * 5000, "KI;LL", "KILL\x1b[2K"], ids=["5000", "semi", "esc"])
+async def test_an_exit_signal_whose_name_is_no_signal_name_is_no_exit_information(
+    hostile: HostileServer, key: bytes, name: str
+) -> None:
+    # The name was recorded verbatim as exit_signal -- 5000 bytes, control characters -- in the
+    # journal, the envelope and the MCP status line, and the result called committed.
+    rec = Recorder()
+    with pytest.raises(AttemptInterrupted) as ei:
+        await _run(hostile, key, f"reports k{name}", rec)
+    assert ei.value.code == Code.REMOTE_RESULT_INCOMPLETE
+    assert ei.value.facts["exit_signal"] is None and "not a signal name" in ei.value.detail
+    assert "exit_signal" not in rec.events
