@@ -319,7 +319,7 @@ class HttpExchange:
             head = self.conn.send(
                 h11.Request(method=method, target=target.encode("ascii"), headers=headers)
             )
-        except h11.LocalProtocolError as e:
+        except h11.LocalProtocolError:
             # Our own request was unencodable; h11's message may quote a header value.
             raise ValueError("request head could not be encoded") from None
         assert head is not None
