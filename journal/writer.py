@@ -374,6 +374,14 @@ class Writer:
                 self.tables = backend.tables(self.conn)
                 if proof is None:
                     return False
+                # The lost session may still be inside the transaction, its COMMIT on its way
+                # (a network cut: the server has not noticed yet).  Read only once that
+                # transaction ended: it holds the chain head until then (``Backend.begin``),
+                # so taking the head waits for it -- on PostgreSQL at most the lost session's
+                # ``idle_in_transaction_session_timeout``.  A row read before could be missing
+                # and land a moment later: the batch run again would append it twice.
+                backend.begin(self.conn, barrier=False)
+                backend.rollback(self.conn)
                 return self.tables.hash_at(proof[0]) == proof[1]
             except errors:
                 pass

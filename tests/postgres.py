@@ -167,7 +167,11 @@ class Proxy:
       (``restore()`` lets them through again);
     * ``lose_next_answer(then_cut=...)``: the next bytes a client sends are delivered to the
       server, and the server's answer to them is dropped with the connection -- a COMMIT that
-      landed while its client never heard so.
+      landed while its client never heard so;
+    * ``hold_next_request()``: the next bytes a client sends are held back and its side of the
+      connection is closed, while the server's side stays open -- a COMMIT still on its way
+      when its client gave up -- until ``release()`` delivers them (the server's answer is
+      then dropped with the connection).
 
     Threads pump each direction; every loop ends when its sockets close (``close()`` closes all).
     """
@@ -187,6 +191,8 @@ class Proxy:
         self._armed = False
         self._cut_after_loss = False
         self.lost_answers = 0
+        self._hold = False
+        self._held: tuple[Any, bytes] | None = None
         self._pairs: list[tuple[Any, Any]] = []
         self._lock = threading.Lock()
         self._closed = False
@@ -238,6 +244,12 @@ class Proxy:
                 if self._cut_after_loss:
                     self.refusing = True
                 break
+            if up and self._hold:
+                # Held: the client hears its connection is gone, the server hears nothing.
+                self._hold = False
+                self._held = (dst, data)
+                _shut(src)
+                return
             if up and self._armed:
                 # Before the bytes go: the answer may come back before sendall returns.
                 self._armed = False
@@ -252,6 +264,20 @@ class Proxy:
     def lose_next_answer(self, *, then_cut: bool = False) -> None:
         self._cut_after_loss = then_cut
         self._armed = True
+
+    def hold_next_request(self) -> None:
+        self._hold = True
+
+    @property
+    def holding(self) -> bool:
+        return self._held is not None
+
+    def release(self) -> None:
+        """Deliver the held bytes to the server (its answer goes nowhere)."""
+        held, self._held = self._held, None
+        assert held is not None, "nothing held"
+        with contextlib.suppress(OSError):
+            held[0].sendall(held[1])
 
     def cut(self) -> None:
         self.refusing = True

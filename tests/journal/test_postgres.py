@@ -266,3 +266,43 @@ async def test_a_read_while_the_database_is_away_waits_within_the_reconnect_wind
         with trio.fail_after(LIMIT), pytest.raises(JournalUnavailable):
             await recorder.read(j.head)
         proxy.restore()
+
+
+async def test_a_commit_still_on_its_way_when_the_connection_went_is_waited_for(
+    pg: Cluster, pg_url: str, tmp_path: Path
+) -> None:
+    """The connection goes while the COMMIT is still on its way: the server's session is alive,
+    inside the transaction, and the COMMIT reaches it only later.  A re-read made before then
+    finds no row -- yet the transaction is not over, and it lands.  The writer must wait for
+    the lost session's transaction to end (it holds the chain head until then) before reading:
+    the barrier is then proven once, never written twice nor refused as impossible."""
+    calls: list[Batch] = []
+    database = pg_url.rsplit("/", 1)[1]
+    async with _through_proxy(pg, pg_url, tmp_path) as (proxy, j):
+
+        def hold_commit_once(batch: Batch) -> None:
+            calls.append(batch)
+            if len(calls) == 1:
+                proxy.hold_next_request()
+
+        async def release_once_someone_waits_for_the_head() -> None:
+            waiting = "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+            for _ in range(LIMIT * 20):
+                if proxy.holding:
+                    rows = await trio.to_thread.run_sync(pg.sql, waiting, database)
+                    if rows[0][0]:
+                        proxy.release()
+                        return
+                await trio.sleep(0.05)
+            raise AssertionError("nobody waited for the chain head")
+
+        j.before_commit = hold_commit_once
+        with trio.fail_after(LIMIT):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(release_once_someone_waits_for_the_head)
+                stored = await j.append(Event(E.DISPATCH_STARTED, "inv-1", {"attempt": 1}))
+        j.before_commit = None
+        assert stored.seq == 4
+    with JournalReader.open(pg_url) as r:
+        assert [e.kind for e in r.events("inv-1")].count(E.DISPATCH_STARTED) == 1
+        assert r.head()[0] == 4 and r.verify().ok
