@@ -246,7 +246,13 @@ class Proxy:
                 break
             if up and self._hold:
                 # Held: the client hears its connection is gone, the server hears nothing.
+                # What the client sends right after (the rest of its commit: a pipeline's
+                # Sync) is held with it.
                 self._hold = False
+                with contextlib.suppress(OSError):
+                    src.settimeout(0.3)
+                    while more := src.recv(65536):
+                        data += more
                 self._held = (dst, data)
                 _shut(src)
                 return
