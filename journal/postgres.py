@@ -271,6 +271,7 @@ class PostgresBackend:
                         f"no journal at {self.where} (create it with `affidavit init` or a "
                         "broker's first start)"
                     )
+            self._refuse_newer(conn)
         except psycopg.Error as exc:
             conn.close()
             error = JournalUnavailable if self.lost(exc) else JournalError
@@ -279,6 +280,22 @@ class PostgresBackend:
             conn.close()
             raise
         return conn
+
+    def _refuse_newer(self, conn: Any) -> None:
+        """A journal a newer broker wrote (a schema this one does not know) is neither written
+        nor read: what this broker would make of it is not what it holds (as on SQLite)."""
+        if not conn.execute("SELECT to_regclass('meta') IS NOT NULL").fetchone()[0]:
+            return
+        row = conn.execute("SELECT value FROM meta WHERE name = 'schema'").fetchone()
+        try:
+            found = int(row[0]) if row is not None else 0
+        except (TypeError, ValueError):
+            found = 0
+        if found > SCHEMA_VERSION:
+            raise JournalError(
+                f"journal {self.where} was written by a newer affidavit (schema {found}; this "
+                f"one knows schema {SCHEMA_VERSION}): upgrade affidavit to open it"
+            )
 
     def close(self, conn: Any) -> None:
         self._pipes.pop(id(conn), None)

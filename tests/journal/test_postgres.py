@@ -306,3 +306,20 @@ async def test_a_commit_still_on_its_way_when_the_connection_went_is_waited_for(
     with JournalReader.open(pg_url) as r:
         assert [e.kind for e in r.events("inv-1")].count(E.DISPATCH_STARTED) == 1
         assert r.head()[0] == 4 and r.verify().ok
+
+
+async def test_a_journal_of_a_newer_schema_is_neither_written_nor_read(
+    pg: Cluster, pg_url: str, tmp_path: Path
+) -> None:
+    """As on SQLite: what this broker would make of a schema it does not know is not what the
+    journal holds -- neither a broker nor a reader opens it (and the schema is left alone)."""
+    async with Journal.open(pg_url, **_keys(tmp_path, "a")) as j:
+        await j.append(until_dispatch("inv-1")[0])
+    database = pg_url.rsplit("/", 1)[1]
+    pg.sql("UPDATE meta SET value = '99' WHERE name = 'schema'", database)
+    with pytest.raises(JournalError, match=r"newer affidavit \(schema 99; this one knows"):
+        JournalReader.open(pg_url)
+    with pytest.raises(JournalError, match="newer affidavit"):
+        async with Journal.open(pg_url, **_keys(tmp_path, "a")):
+            pass
+    assert pg.sql("SELECT value FROM meta WHERE name = 'schema'", database) == [("99",)]
