@@ -226,11 +226,15 @@ class Client:
         phase: str | None = None,
         since: float | None = None,
         until: float | None = None,
-    ) -> list[dict[str, Any]]:
+        limit: int | None = None,
+    ) -> dict[str, Any]:
+        """The newest ``limit`` matching records (the daemon's default when None), oldest
+        first: ``{"actions": [...], "limit", "total", "truncated"}`` -- ``truncated`` says
+        older ones were left out, ``total`` how many matched."""
         params = {"session": session, "outcome": outcome, "phase": phase, "since": since}
-        params["until"] = until
-        rows: list[dict[str, Any]] = await self._get(target("/v1/actions", params))
-        return rows
+        params.update(until=until, limit=limit)
+        page: dict[str, Any] = await self._get(target("/v1/actions", params))
+        return page
 
     async def sessions(self) -> list[dict[str, Any]]:
         rows: list[dict[str, Any]] = await self._get("/v1/sessions")

@@ -148,6 +148,21 @@ MAX_COUNT = 2**63 - 1
 """The largest chunk number or seq a request may name: the journal's integer columns' range."""
 
 
+ACTIONS_LIMIT = 1000
+"""How many records ``GET /v1/actions`` answers with when no ``limit`` says (the newest)."""
+MAX_ACTIONS_LIMIT = 10000
+"""The most it answers with: a page is held whole in the daemon's memory, the journal never
+(a hostile caller fills the journal cheaply -- every refused call is a record)."""
+
+
+def parse_limit(value: str, maximum: int) -> int:
+    """``?limit=``: a whole number from 0 to ``maximum``; ``ValueError`` says what was
+    expected."""
+    if not (value.isascii() and value.isdigit()) or len(value) > 19 or int(value) > maximum:
+        raise ValueError(f"expected a whole number from 0 to {maximum}")
+    return int(value)
+
+
 def parse_count(value: str) -> int:
     """A whole number from 0 to ``MAX_COUNT`` in ASCII digits, as ``--from-chunk`` and ``--seq``
     and the daemon's ``?from_chunk=`` take them (``str.isdigit`` alone lets ``²`` through,

@@ -503,10 +503,19 @@ def _actions(args: argparse.Namespace) -> int:
     }
     socket = _daemon(args)
     if socket is not None:
-        from affidavit.api.wire import target
+        from affidavit.api.wire import MAX_ACTIONS_LIMIT, target
 
-        rows = daemon_json(ask_daemon(socket, "GET", target("/v1/actions", filters)))
-        return _print_actions(args.json, rows)
+        # The daemon answers a page, the newest (its memory is the agents' to fill): the
+        # largest it gives, and a line on stderr when older records were left out.
+        query = {**filters, "limit": MAX_ACTIONS_LIMIT}
+        page = daemon_json(ask_daemon(socket, "GET", target("/v1/actions", query)))
+        _print_actions(args.json, page["actions"])
+        if page["truncated"]:
+            _err(
+                f"only the newest {len(page['actions'])} of {page['total']} records: the "
+                "daemon answers a page; run without --socket (embedded) to list them all"
+            )
+        return 0
     from affidavit.views import record_to_json
 
     from .actions_json import write_actions_json
@@ -610,7 +619,7 @@ def _metrics(args: argparse.Namespace) -> int:
         from affidavit.views import metrics
 
         with reading(args, "the records the metrics count") as j:
-            data = metrics(j.list_actions(session=session, since=since))
+            data = metrics(j.iter_actions(session=session, since=since))
     if args.json:
         print_json(data)
     elif args.prometheus:

@@ -25,7 +25,7 @@ from typing import Any
 from affidavit.approvals import pending
 from affidavit.journal import JournalReader
 from affidavit.statemachine import Code, Outcome, Phase
-from affidavit.views import event_to_json, metrics, record_to_json
+from affidavit.views import Newest, event_to_json, metrics, record_to_json
 
 from .diagram import lifecycle_svg, path_of
 
@@ -137,18 +137,23 @@ CODES = sorted(c.value for c in Code)
 
 def actions_page(reader: JournalReader, f: ActionFilters) -> dict[str, Any]:
     """The invocation list (``list_actions``'s filters, then the code) and its counts by
-    phase x outcome (``views.metrics``)."""
-    records = reader.list_actions(
+    phase x outcome (``views.metrics``): every match counted, the newest ``MAX_ROWS`` shown --
+    streamed, so memory is O(MAX_ROWS), not O(journal)."""
+    records = reader.iter_actions(
         session=f.session, outcome=f.outcome, phase=f.phase, since=f.since, until=f.until
     )
     if f.code is not None:
-        records = [r for r in records if (r.code.value if r.code else "OK") == f.code]
-    counts = {(c["phase"], c["outcome"]): c["count"] for c in metrics(records)["by_phase_outcome"]}
-    newest = records[-MAX_ROWS:] if len(records) > MAX_ROWS else records
+        code = f.code
+        records = (r for r in records if (r.code.value if r.code else "OK") == code)
+    newest = Newest(MAX_ROWS)
+    counts = {
+        (c["phase"], c["outcome"]): c["count"]
+        for c in metrics(newest.feed(records))["by_phase_outcome"]
+    }
     return {
-        "rows": [record_to_json(r) for r in reversed(newest)],  # newest first
+        "rows": [record_to_json(r) for r in reversed(newest.records)],  # newest first
         "matrix": [(ph, [counts.get((ph, oc), 0) for oc in OUTCOMES]) for ph in PHASES],
-        "total": len(records),
+        "total": newest.total,
     }
 
 

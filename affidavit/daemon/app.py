@@ -6,7 +6,9 @@
                                        ``?from_chunk=N`` resumes, as ``--from-chunk N``)
     POST /v1/operations/{id}/poll      ``affidavit operation poll`` (one linked query of the job)
     GET  /v1/catalog                   the targets and each protocol's action schema (MCP tools)
-    GET  /v1/actions                   ``affidavit actions --json`` (same filters)
+    GET  /v1/actions                   ``affidavit actions --json`` (same filters), the newest
+                                       ``?limit=N`` only: {"actions", "limit", "total",
+                                       "truncated"}
     GET  /v1/sessions                  ``affidavit sessions --json``
     GET  /v1/metrics                   Prometheus text (``?format=json``: ``metrics --json``)
     GET  /v1/health                    {"ok": true, ...}
@@ -37,7 +39,7 @@ import trio
 
 import affidavit
 from affidavit.api.broker import Broker
-from affidavit.api.wire import parse_time
+from affidavit.api.wire import ACTIONS_LIMIT, MAX_ACTIONS_LIMIT, parse_limit, parse_time
 from affidavit.console import TokenStore
 from affidavit.engine import (
     CallNotRecorded,
@@ -51,6 +53,7 @@ from affidavit.journal import JournalError, JournalReader, JournalUnavailable
 from affidavit.journal.backend import where as journal_where
 from affidavit.statemachine import Outcome, Phase
 from affidavit.views import (
+    Newest,
     event_to_json,
     metrics,
     prometheus_text,
@@ -254,19 +257,36 @@ class Api:
         )
 
     async def actions(self, req: Request) -> None:
+        """The newest ``limit`` records matching the filters (default ``ACTIONS_LIMIT``, at
+        most ``MAX_ACTIONS_LIMIT``), oldest first, with how many matched (``total``) and
+        whether some were left out (``truncated``).  Streamed from the journal: the daemon
+        holds the page, never the whole view (``affidavit actions`` run embedded lists it
+        all)."""
         session = req.text_param("session")
         outcome = _enum_param(req, "outcome", Outcome)
         phase = _enum_param(req, "phase", Phase)
         since, until = _time_param(req, "since"), _time_param(req, "until")
+        limit = ACTIONS_LIMIT
+        raw = req.params.get("limit")
+        if raw:
+            try:
+                limit = parse_limit(raw, MAX_ACTIONS_LIMIT)
+            except ValueError as exc:
+                raise ApiProblem(400, "BAD_REQUEST", f"limit: {exc}") from None
 
         def body(j: JournalReader) -> bytes:
             # Each record as `affidavit actions --json` writes it: one C encoder call per
-            # record instead of a plain copy of its tree, then one encoding of the whole list.
-            records = j.list_actions(
-                session=session, outcome=outcome, phase=phase, since=since, until=until
+            # record instead of a plain copy of its tree, then one encoding of the page.
+            page = Newest(limit).take(
+                j.iter_actions(
+                    session=session, outcome=outcome, phase=phase, since=since, until=until
+                )
             )
-            texts = map(record_json_encoder(), records)
-            return ("[" + ",".join(texts) + "]\n").encode("utf-8")
+            texts = ",".join(map(record_json_encoder(), page.records))
+            return (
+                f'{{"actions":[{texts}],"limit":{limit},"total":{page.total},'
+                f'"truncated":{"true" if page.truncated else "false"}}}\n'
+            ).encode()
 
         await req.respond(200, await self._read(body, "the actions view"))
 
@@ -275,10 +295,11 @@ class Api:
 
     async def metrics(self, req: Request) -> None:
         session, since = req.text_param("session"), _time_param(req, "since")
-        records = await self._read(
-            lambda j: j.list_actions(session=session, since=since), "the records the metrics count"
+        # Every record counted (that is what the counts mean), one held at a time.
+        data = await self._read(
+            lambda j: metrics(j.iter_actions(session=session, since=since)),
+            "the records the metrics count",
         )
-        data = metrics(records)
         fmt = req.params.get("format", "prometheus")
         if fmt == "json":
             await req.respond_json(data)

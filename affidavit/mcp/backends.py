@@ -87,7 +87,11 @@ class Backend(Protocol):
         self, invocation_id: str, from_chunk: int | None, exchange: Exchange
     ) -> dict[str, Any]: ...
     async def record(self, invocation_id: str) -> dict[str, Any]: ...
-    async def actions(self, session: str | None, outcome: str | None) -> dict[str, Any]: ...
+    async def actions(self, session: str | None, outcome: str | None, limit: int) -> dict[str, Any]:
+        """The newest ``limit`` records, oldest first: ``{"actions", "total", "truncated"}``
+        (or an ``api_error``)."""
+        ...
+
     async def poll_operation(self, operation_id: str) -> dict[str, Any]: ...
     async def reconcile_query(self, invocation_id: str) -> dict[str, Any]: ...
     def stop(self) -> None: ...
@@ -163,15 +167,18 @@ class Embedded:
             return _journal_error(exc, f"the record of {invocation_id}")
         return {"record": record_to_json(rec), "events": events}
 
-    async def actions(self, session: str | None, outcome: str | None) -> dict[str, Any]:
+    async def actions(self, session: str | None, outcome: str | None, limit: int) -> dict[str, Any]:
         from affidavit.journal import JournalError
-        from affidavit.views import record_to_json
+        from affidavit.views import Newest, record_to_json
 
         try:
-            rows = self.broker.journal.list_actions(session=session, outcome=outcome)
+            # Streamed, the newest ``limit`` kept: memory O(limit), not O(journal).
+            rows = self.broker.journal.iter_actions(session=session, outcome=outcome)
+            page = Newest(limit).take(rows)
         except JournalError as exc:
             return _journal_error(exc, "the actions view")
-        return {"actions": [record_to_json(r) for r in rows]}
+        actions = [record_to_json(r) for r in page.records]
+        return {"actions": actions, "total": page.total, "truncated": page.truncated}
 
     async def poll_operation(self, operation_id: str) -> dict[str, Any]:
         """A journal that could not take the poll is answered as the daemon answers it (its
@@ -264,9 +271,13 @@ class Daemon:
         found = await self._ask(self.client.invocation(invocation_id))
         return _unknown_id(invocation_id) if found is None else found
 
-    async def actions(self, session: str | None, outcome: str | None) -> dict[str, Any]:
-        rows = await self._ask(self.client.actions(session=session, outcome=outcome))
-        return rows if isinstance(rows, dict) else {"actions": rows}  # else: an api_error
+    async def actions(self, session: str | None, outcome: str | None, limit: int) -> dict[str, Any]:
+        page: dict[str, Any] = await self._ask(
+            self.client.actions(session=session, outcome=outcome, limit=limit)
+        )
+        if "api_error" in page:
+            return page
+        return {"actions": page["actions"], "total": page["total"], "truncated": page["truncated"]}
 
     async def poll_operation(self, operation_id: str) -> dict[str, Any]:
         from affidavit.api.wire import ApiError

@@ -187,12 +187,11 @@ class McpSession:
             return {"session": self.session, "targets": found["targets"]}
         assert name == "list_actions"
         session = args["session"] or self.session
-        listed = await backend.actions(session, args["outcome"])
+        limit = DEFAULT_LIMIT if args["limit"] is None else args["limit"]
+        listed = await backend.actions(session, args["outcome"], limit)
         if "actions" not in listed:
             return listed
-        limit = DEFAULT_LIMIT if args["limit"] is None else args["limit"]
-        rows = listed["actions"][-limit:] if limit else []
-        return {"session": session, "actions": rows}
+        return {"session": session, **listed}
 
     async def _run(self, request_id: Any, work: Work) -> dict[str, Any]:
         """Run ``work`` in a task of the process's own and wait for its answer; if this wait

@@ -188,7 +188,9 @@ READ_TOOLS: dict[str, ReadTool] = {
         ReadTool(
             "list_actions",
             "Invocations, newest last: by default this connection's own session (an explicit "
-            "`session` names another, e.g. an earlier connection's). A read.",
+            "`session` names another, e.g. an earlier connection's). Only the newest `limit`: "
+            "`total` says how many there are, `truncated` true that older ones were left out. "
+            "A read.",
             (
                 Param("session", "the session to list (default: this connection's)"),
                 Param("outcome", "only this outcome", values=OUTCOMES),

@@ -1,6 +1,7 @@
 """Views over the journal as plain data, shared by every interface."""
 
 from affidavit.views.records import (
+    Newest,
     event_to_json,
     metrics,
     plain,
@@ -11,6 +12,7 @@ from affidavit.views.records import (
 from affidavit.views.text import printable
 
 __all__ = [
+    "Newest",
     "event_to_json",
     "metrics",
     "plain",

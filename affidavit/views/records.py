@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import json
 import json.encoder
-from collections.abc import Callable, Mapping
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from types import MappingProxyType
 from typing import Any
 
 from affidavit.statemachine import STATES, Event, Record
 
 __all__ = [
+    "Newest",
     "event_to_json",
     "metrics",
     "plain",
@@ -189,7 +191,38 @@ def event_to_json(ev: Event) -> dict[str, Any]:
     }
 
 
-def metrics(records: list[Record]) -> dict[str, Any]:
+class Newest:
+    """The newest ``limit`` records of a stream (oldest first) and how many went by: a listing
+    cut to a page in memory O(limit), not O(journal) -- ``feed`` passes the records on, so the
+    same stream may be counted too (``metrics``).  ``truncated``: some were left out."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.total = 0
+        self._kept: deque[Record] = deque(maxlen=limit)
+
+    def feed(self, records: Iterable[Record]) -> Iterator[Record]:
+        kept = self._kept
+        for rec in records:
+            self.total += 1
+            kept.append(rec)
+            yield rec
+
+    def take(self, records: Iterable[Record]) -> Newest:
+        for _ in self.feed(records):
+            pass
+        return self
+
+    @property
+    def records(self) -> list[Record]:
+        return list(self._kept)
+
+    @property
+    def truncated(self) -> bool:
+        return self.total > len(self._kept)
+
+
+def metrics(records: Iterable[Record]) -> dict[str, Any]:
     """Counts of invocations by (phase, outcome) and by (code, outcome).
 
     Seed, "Retry code must be simple and testable": metrics must count phase and outcome
@@ -203,7 +236,10 @@ def metrics(records: list[Record]) -> dict[str, Any]:
     by_code: dict[tuple[str, str], int] = {}
     by_item: dict[tuple[str, str], int] = {}
     by_job: dict[str, int] = {}
+    count = 0
+    # A stream (``JournalReader.iter_actions``): every record counted, one held at a time.
     for rec in records:
+        count += 1
         for item in rec.items or ():
             ikey = (str(item["outcome"]), str(item["code"] or "OK"))
             by_item[ikey] = by_item.get(ikey, 0) + 1
@@ -216,7 +252,7 @@ def metrics(records: list[Record]) -> dict[str, Any]:
         ckey = (code, rec.outcome.value)
         by_code[ckey] = by_code.get(ckey, 0) + 1
     return {
-        "invocations": len(records),
+        "invocations": count,
         "by_phase_outcome": [
             {"phase": ph, "outcome": oc, "count": n} for (ph, oc), n in sorted(by_phase.items())
         ],

@@ -71,7 +71,7 @@ async def test_every_read_computes_the_hint_now_not_at_the_last_event(
             mcp = Embedded(broker)
             shown = await mcp.record(iid)
             assert shown["record"]["retry"] == "reconcile", shown
-            rows = (await mcp.actions(None, None))["actions"]
+            rows = (await mcp.actions(None, None, 50))["actions"]
             assert [r["retry"] for r in rows] == ["reconcile"]
 
             # What a same-key call decides now: the reads agree with it.

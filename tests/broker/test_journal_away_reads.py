@@ -170,7 +170,7 @@ async def test_the_daemon_answers_503_journal_unavailable_for_a_record_and_the_v
                         _away(exc.code, exc.message, iid if name == "record" else name, pg)
                     found = await client.invocation(iid)
                     assert found is not None and found["record"]["invocation_id"] == iid
-                    (row,) = await client.actions()
+                    (row,) = (await client.actions())["actions"]
                     assert row["invocation_id"] == iid
         clean(daemon.log_text(), pg.password)
 

@@ -48,7 +48,7 @@ async def _final_record(client: Client, states: tuple[str, ...] = ()) -> dict[st
     """The only record, once final (and, with ``states``, in one of them)."""
 
     async def final() -> dict[str, object] | None:
-        rows = await client.actions()
+        rows = (await client.actions())["actions"]
         if rows and rows[0]["final"] and (not states or rows[0]["state"] in states):
             return rows[0]
         return None
@@ -105,7 +105,7 @@ async def test_a_client_gone_before_dispatch_withdraws_the_call(tmp_path: Path, 
             async with Client.open(daemon.socket) as client:
 
                 async def connecting() -> bool:
-                    rows = await client.actions()
+                    rows = (await client.actions())["actions"]
                     return bool(rows) and rows[0]["state"] == "authorized"
 
                 await wait_until(connecting, "the call is in connection setup")

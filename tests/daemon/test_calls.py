@@ -105,7 +105,9 @@ async def test_the_views_print_the_same_bytes_through_the_daemon_as_embedded(
         )
         with JournalReader.open(daemon.journal) as r:
             texts = [record_json_encoder()(rec) for rec in r.list_actions(session="s1")]
-        assert got.status == 200 and got.body == ("[" + ",".join(texts) + "]\n").encode()
+        page = f'"limit":1000,"total":{len(texts)},"truncated":false}}\n'
+        want = ('{"actions":[' + ",".join(texts) + "]," + page).encode()
+        assert got.status == 200 and got.body == want
 
 
 async def test_the_same_refusal_both_ways_for_an_unknown_invocation(
@@ -236,3 +238,36 @@ async def test_a_bad_timeout_is_refused_in_the_same_words_both_ways(
         assert (err["code"], err["outcome"]) == ("CALLER_CANCELLED", "not_attempted"), err
         record = (await cli(daemon, "record", short.json()["invocation_id"], "--json")).json()
         assert record["record"]["state"] == "setup_failed", record["record"]
+
+
+async def test_the_actions_view_answers_the_newest_limit_and_says_it_was_cut(
+    tmp_path: Path, token: str
+) -> None:
+    """``GET /v1/actions`` holds a page, never the whole journal (an agent fills it cheaply):
+    the newest ``limit`` (default 1000, at most 10000), with ``total`` and ``truncated``; a bad
+    ``limit`` is 400 BAD_REQUEST naming it.  The metrics still count every record."""
+    from affidavit.api.wire import blocking_request
+
+    async with serving(tmp_path, scripts.serve(OK), token=token) as (_srv, daemon):
+        async with Client.open(daemon.socket) as client:
+            ids = [(await client.call(action(session="s1")))["invocation_id"] for _ in range(5)]
+            cut = await client.actions(limit=2)
+            whole = await client.actions(session="s1")
+            counted = await client.metrics()
+        sock = str(daemon.socket)
+        bad = [
+            await trio.to_thread.run_sync(blocking_request, sock, "GET", f"/v1/actions?limit={v}")
+            for v in ("10001", "-1", "two", "1e3")
+        ]
+        through = await cli(daemon, "actions", "--json")
+    assert [r["invocation_id"] for r in cut["actions"]] == ids[-2:]
+    assert (cut["limit"], cut["total"], cut["truncated"]) == (2, 5, True)
+    assert [r["invocation_id"] for r in whole["actions"]] == ids
+    assert (whole["limit"], whole["total"], whole["truncated"]) == (1000, 5, False)
+    assert counted["invocations"] == 5
+    for response in bad:
+        assert response.status == 400, response.body
+        error = response.error()
+        assert error.code == "BAD_REQUEST" and error.message.startswith("limit: "), error
+    assert through.returncode == 0 and through.stderr == b""
+    assert [r["invocation_id"] for r in json.loads(through.stdout)] == ids

@@ -51,7 +51,7 @@ def answers_after(delay: float, reply: Reply) -> Any:
 
 async def _records(socket: Path) -> list[dict[str, Any]]:
     async with Client.open(socket) as client:
-        return await client.actions()
+        return list((await client.actions())["actions"])
 
 
 PAYMENTS = {"header": "Idempotency-Key", "scope": "payments.create", "retention": "24h"}
@@ -168,7 +168,7 @@ async def test_sigterm_past_the_grace_records_what_the_evidence_proves(
                     await srv.event("received").wait()
 
                 async def both_running() -> bool:
-                    rows = await client.actions()
+                    rows = (await client.actions())["actions"]
                     return sorted(r["state"] for r in rows) == ["authorized", "dispatched"]
 
                 await wait_until(both_running, "one call dispatched, one connecting")

@@ -165,3 +165,29 @@ async def test_embedded_a_call_past_max_calls_is_refused_at_once_and_nothing_run
         rows = structured(await mcp.call("list_actions"))["actions"]
     assert len(rows) == 2, rows
     assert [r.target for r in remotes.ok.requests] == ["/b"]
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_list_actions_answers_the_newest_limit_and_says_what_it_left_out(
+    tmp_path: Path, remotes: Remotes, token: str, mode: str
+) -> None:
+    """A hostile agent fills its session cheaply (every refused call is a record): the tool
+    answers the newest ``limit`` only, with ``total`` and ``truncated`` -- a cut list is never
+    mistaken for the whole (the backend streams the view: memory O(limit), not O(journal))."""
+    async with session(mode, tmp_path, remotes, token) as (mcp, _):
+        ids = []
+        for n in range(5):
+            args = {"target": "ok", "method": "GET", "path": f"/n/{n}"}
+            ids.append(structured(await mcp.call("http_request", args))["invocation_id"])
+        cut = structured(await mcp.call("list_actions", {"limit": 2}))
+        whole = structured(await mcp.call("list_actions"))
+        none = structured(await mcp.call("list_actions", {"limit": 0}))
+        too_many = await mcp.call("list_actions", {"limit": 1001})
+    assert [a["invocation_id"] for a in cut["actions"]] == ids[-2:]
+    assert (cut["total"], cut["truncated"]) == (5, True)
+    assert [a["invocation_id"] for a in whole["actions"]] == ids
+    assert (whole["total"], whole["truncated"]) == (5, False)
+    assert (none["actions"], none["total"], none["truncated"]) == ([], 5, True)
+    assert too_many.is_error is True
+    refused = structured(too_many)
+    assert "limit" in str(refused), refused

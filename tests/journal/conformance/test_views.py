@@ -113,3 +113,23 @@ def test_the_streamed_view_yields_an_invocation_before_reading_the_rest(place: P
         assert first_at is not None and last_at is not None and first_at < last_at
         rest = [e[0].invocation_id for e in entries]
         assert rest == ["b", "c", "ok-1", "lost-1", "bad-1", "ok-2"]
+
+
+def test_a_page_of_the_newest_and_the_metrics_stream_in_bounded_memory(place: Place) -> None:
+    """The daemon's ``/v1/actions`` page and ``/v1/metrics`` (and MCP ``list_actions``) read
+    ``iter_actions`` -- one projection at a time -- and keep only the newest ``limit`` records
+    (``Newest``) or the counts (``metrics`` takes a stream; it took a list and its ``len``)."""
+    from affidavit.views import Newest, metrics
+
+    _fill_interleaved(place)
+    with place.reader() as r:
+        listed = r.list_actions(now=5.0)
+        page = Newest(3).take(r.iter_actions(now=5.0))
+        assert page.records == listed[-3:]
+        assert (page.total, page.truncated) == (7, True)
+        whole = Newest(7).take(r.iter_actions(now=5.0))
+        assert (whole.records, whole.truncated) == (listed, False)
+        empty = Newest(0).take(r.iter_actions(now=5.0))
+        assert (empty.records, empty.total, empty.truncated) == ([], 7, True)
+        assert metrics(r.iter_actions(now=5.0)) == metrics(listed)
+        assert metrics(r.iter_actions(now=5.0))["invocations"] == 7
