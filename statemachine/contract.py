@@ -124,6 +124,7 @@ class Code(StrEnum):
     VAULT_LOCKED = "VAULT_LOCKED"
     APPROVAL_DENIED = "APPROVAL_DENIED"
     APPROVAL_PENDING = "APPROVAL_PENDING"
+    APPROVAL_LIMIT = "APPROVAL_LIMIT"
     # connection setup
     DNS_FAILED = "DNS_FAILED"
     CONNECTION_REFUSED = "CONNECTION_REFUSED"
@@ -239,6 +240,14 @@ CODES: dict[Code, CodeInfo] = {
         "A human approval is pending; nothing was sent.  The result will be stored under this"
         " invocation id: fetch it later, never send the action again.",
         pending=True,
+    ),
+    Code.APPROVAL_LIMIT: CodeInfo(
+        _CI,
+        _NA,
+        Retry.BACKOFF,
+        "Too many requests of this caller (its uid) already await an operator's decision"
+        " ([service] max_pending_approvals); nothing was recorded for approval and nothing was"
+        " sent.  Retry once some of them are decided or expire.",
     ),
     Code.DNS_FAILED: CodeInfo(_CS, _NA, Retry.BACKOFF, "The target host name did not resolve."),
     Code.CONNECTION_REFUSED: CodeInfo(

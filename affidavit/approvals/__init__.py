@@ -2,7 +2,16 @@
 listing, showing and deciding requests (``service``) -- the rules every interface calls."""
 
 from .operator import Operator, OperatorError, OperatorPolicy
-from .service import MAX_NOTE, approval_view, check_note, content, decide, pending, show
+from .service import (
+    MAX_NOTE,
+    approval_view,
+    check_note,
+    content,
+    decide,
+    pending,
+    pending_page,
+    show,
+)
 
 __all__ = [
     "MAX_NOTE",
@@ -14,5 +23,6 @@ __all__ = [
     "content",
     "decide",
     "pending",
+    "pending_page",
     "show",
 ]

@@ -40,6 +40,7 @@ __all__ = [
     "decide",
     "decision_failure",
     "pending",
+    "pending_page",
     "show",
 ]
 
@@ -109,10 +110,24 @@ def approval_view(reader: JournalReader, record: Record) -> dict[str, Any]:
 
 
 def pending(reader: JournalReader) -> list[dict[str, Any]]:
-    """Every request waiting for a decision, oldest first."""
-    return [
-        approval_view(reader, r) for r in reader.list_actions() if r.state == "awaiting_approval"
-    ]
+    """Every request waiting for a decision, oldest first (streamed: one projection held at a
+    time; how many wait is bounded per requester: ``[service] max_pending_approvals``)."""
+    waiting = [r for r in reader.iter_actions() if r.state == "awaiting_approval"]
+    return [approval_view(reader, r) for r in waiting]
+
+
+def pending_page(reader: JournalReader, limit: int) -> tuple[list[dict[str, Any]], int]:
+    """The ``limit`` oldest requests waiting for a decision -- the ones closest to expiring
+    unseen -- and how many wait in all: a page of them (the console's), never every view."""
+    oldest: list[Record] = []
+    total = 0
+    for r in reader.iter_actions():
+        if r.state == "awaiting_approval":
+            total += 1
+            if len(oldest) < limit:
+                oldest.append(r)
+    # Each view reads its own events and payload: once the stream is done with the connection.
+    return [approval_view(reader, r) for r in oldest], total
 
 
 def show(reader: JournalReader, invocation_id: str) -> dict[str, Any]:

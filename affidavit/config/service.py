@@ -46,6 +46,8 @@ class ServiceConfig:
     """... or by a primary or supplementary group."""
     allow_self_approval: bool
     """Whether an operator may decide on a request their own uid made (default: no)."""
+    max_pending_approvals: int
+    """Requests of one uid that may await a decision at once (docs/approvals.md)."""
     lease_margin: float
     """Seconds a lease outlives its call's timeout (other daemons of a shared journal wait)."""
     console_allow_remote: bool
@@ -143,6 +145,10 @@ def _max_calls(r: Read) -> int:
     return r.integer(1, 100_000)
 
 
+def _max_pending(r: Read) -> int:
+    return r.integer(1, 10_000)
+
+
 SERVICE = Schema(
     ServiceConfig,
     (
@@ -196,6 +202,15 @@ SERVICE = Schema(
             Read.boolean,
             default=False,
             doc="let an operator decide on a request made by their own uid",
+        ),
+        Field(
+            "max_pending_approvals",
+            _max_pending,
+            default=20,
+            doc="requests of one requester uid (the socket peer's; embedded, this process's) "
+            "that may await an operator's decision at once, per broker process; one more is "
+            "refused before it is recorded for approval, nothing sent (APPROVAL_LIMIT: "
+            "credential_injection, not_attempted, retry backoff)",
         ),
         Field(
             "lease_margin",

@@ -397,7 +397,8 @@ class Console:
 
     async def _approvals(self, req: Request) -> None:
         rows: list[tuple[str, markupsafe.Markup | None, str | None]] = []
-        for row in await self._reading(pages.approvals_page, "the pending approvals"):
+        found = await self._reading(pages.approvals_page, "the pending approvals")
+        for row in found["rows"]:
             iid = str(row.get("invocation_id"))
             try:
                 html = self.templates.get_template("approval.html").render(
@@ -409,7 +410,7 @@ class Console:
                 log.exception("console: the approval %s could not be rendered", iid)
                 rows.append((iid, None, f"{type(exc).__name__}: {exc}"))
         decided = req.session.take_notice("decided") if req.session else None
-        page = self._render("approvals.html", req, rows=rows, decided=decided)
+        page = self._render("approvals.html", req, rows=rows, decided=decided, total=found["total"])
         await req.answer(200, page)
 
     async def _actions(self, req: Request) -> None:

@@ -22,7 +22,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from affidavit.approvals import pending
+from affidavit.approvals import pending_page
 from affidavit.journal import JournalReader
 from affidavit.statemachine import Code, Outcome, Phase
 from affidavit.views import Newest, event_to_json, metrics, record_to_json
@@ -30,6 +30,7 @@ from affidavit.views import Newest, event_to_json, metrics, record_to_json
 from .diagram import lifecycle_svg, path_of
 
 __all__ = [
+    "MAX_APPROVALS",
     "MAX_ROWS",
     "PREVIEW",
     "ActionFilters",
@@ -45,6 +46,8 @@ PREVIEW = 2000
 of it).  Not used for approvals: an operator sees all the approval view holds."""
 _FIRST = ("method", "url", "destination", "command")
 MAX_ROWS = 500
+MAX_APPROVALS = 50
+"""Pending requests the approvals page shows (the oldest); it says how many wait in all."""
 """Rows a list page shows at most (the newest; its counts are still of all): every refused
 action is journaled, so an agent can make as many rows as it likes, and a page of them all --
 reloaded every 5 seconds -- would grow without bound for the operator's browser and the
@@ -104,11 +107,13 @@ def _plain(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value, sort_keys=True)
 
 
-def approvals_page(reader: JournalReader) -> list[dict[str, Any]]:
-    """The pending requests (``affidavit.approvals.pending``), each with its request's rows
-    (``request_fields``) and the seconds left."""
+def approvals_page(reader: JournalReader) -> dict[str, Any]:
+    """The ``MAX_APPROVALS`` oldest pending requests (``affidavit.approvals.pending_page``: the
+    closest to expiring unseen first), each with its request's rows (``request_fields``) and the
+    seconds left, and how many wait in all (``total``)."""
     rows = []
-    for view in pending(reader):
+    views, total = pending_page(reader, MAX_APPROVALS)
+    for view in views:
         request = view.get("request")
         rows.append(
             {
@@ -117,7 +122,7 @@ def approvals_page(reader: JournalReader) -> list[dict[str, Any]]:
                 "left": max(0, int(float(view.get("expires_at") or 0) - time.time())),
             }
         )
-    return rows
+    return {"rows": rows, "total": total}
 
 
 @dataclasses.dataclass(frozen=True)

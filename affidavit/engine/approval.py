@@ -92,6 +92,13 @@ class ApprovalBoard:
         self.open: set[str] = set()
         """Invocations awaiting a decision or a dispatcher, for the daemon's dispatcher."""
         self.dispatching: set[str] = set()
+        self.requesters: dict[str, int] = {}
+        """Invocations this process asked approval for (or found open at start: ``watch``),
+        by requester uid: what ``max_pending_approvals`` counts, each re-read before it is
+        counted (dropped once decided, expired or gone)."""
+        self.reserved: dict[str, int] = {}
+        """Invocations of a requester between the count and their APPROVAL_REQUESTED: counted
+        too, so concurrent requests of one uid never get past the bound together."""
         self._changed = trio.Event()
 
     def changed(self) -> None:
@@ -204,30 +211,76 @@ async def request_approval(
     """Write the preamble and APPROVAL_REQUESTED (the credential resolved for its version and
     injection, not yet used), then wait for the decision (``await_grant``)."""
     policy, requester = approval
-    recorder = engine.recorder
+    uid = os.getuid() if requester is None else requester
+    recorder, board = engine.recorder, engine.approvals
     started = trio.current_time()
-    with trio.CancelScope(shield=True):
-        prepared_or_refused = await prepare_after(
-            engine, iid, action, target, binding, key, preamble
-        )
-        if isinstance(prepared_or_refused, dict):
-            return prepared_or_refused
-        await recorder.write_many(preamble)
-        credential, prepared = prepared_or_refused
-        attrs, payload = request_attrs(
-            engine,
-            action,
-            target,
-            policy,
-            credential.version,
-            prepared,
-            os.getuid() if requester is None else requester,
-        )
-        await recorder.write(Event(E.APPROVAL_REQUESTED, iid, attrs), barrier=True, payload=payload)
-    engine.approvals.open.add(iid)
+    board.reserved[iid] = uid  # before the count: a concurrent request of this uid counts it
+    try:
+        with trio.CancelScope(shield=True):
+            refused = await _over_limit(engine, iid, uid, preamble)
+            if refused is not None:
+                return refused
+            prepared_or_refused = await prepare_after(
+                engine, iid, action, target, binding, key, preamble
+            )
+            if isinstance(prepared_or_refused, dict):
+                return prepared_or_refused
+            await recorder.write_many(preamble)
+            credential, prepared = prepared_or_refused
+            attrs, payload = request_attrs(
+                engine, action, target, policy, credential.version, prepared, uid
+            )
+            await recorder.write(
+                Event(E.APPROVAL_REQUESTED, iid, attrs), barrier=True, payload=payload
+            )
+        board.requesters[iid] = uid
+    finally:
+        board.reserved.pop(iid, None)
+    board.open.add(iid)
     if timeout is not None:
         timeout = max(0.0, timeout - (trio.current_time() - started))
     return await await_grant(engine, iid, target, policy.wait, timeout, control)
+
+
+async def _over_limit(
+    engine: Engine, iid: str, uid: int, preamble: Preamble
+) -> dict[str, Any] | None:
+    """None while ``uid`` has fewer than ``[service] max_pending_approvals`` requests awaiting
+    a decision (its others reserved now included); else the refusal, recorded after the
+    preamble before anything is asked or sent: CREDENTIAL_FAILED with APPROVAL_LIMIT
+    (credential_injection, not_attempted, retry backoff) -- so a caller cannot bury a real
+    request among thousands of its own on the operator's list."""
+    board, recorder = engine.approvals, engine.recorder
+    limit = engine.config.service.max_pending_approvals
+    waiting = sum(1 for other, u in board.reserved.items() if u == uid and other != iid)
+    now = time.time()
+    for other in [o for o, u in board.requesters.items() if u == uid]:
+        record = await recorder.read(functools.partial(engine.journal.record, other))
+        approval = record.evidence.get("approval") if record is not None else None
+        if (
+            record is None
+            or record.state != "awaiting_approval"
+            or not isinstance(approval, Mapping)
+            or now >= float(approval["expires_at"])  # expired: the next sweep closes it
+        ):
+            board.requesters.pop(other, None)
+        else:
+            waiting += 1
+    if waiting < limit:
+        return None
+    await recorder.write_many(preamble)
+    refused = Event(
+        E.CREDENTIAL_FAILED,
+        iid,
+        {
+            "code": Code.APPROVAL_LIMIT.value,
+            "field": "service.max_pending_approvals",
+            "message": f"{waiting} requests of uid {uid} already await an operator's decision "
+            f"(at most {limit}: [service] max_pending_approvals); nothing was sent. Retry once "
+            "some are decided or expire.",
+        },
+    )
+    return await recorder.finish(iid, refused)
 
 
 async def await_grant(
@@ -393,9 +446,16 @@ async def dispatch_approved(
 def watch(engine: Engine) -> None:
     """Learn every invocation the journal has waiting for a decision or a dispatcher (the
     daemon at start: its own calls add theirs as they ask)."""
-    for record in engine.journal.list_actions():
+    board, journal = engine.approvals, engine.journal
+    for record in journal.iter_actions():  # streamed: one projection held at a time
         if record.state in APPROVAL_STATES:
-            engine.approvals.open.add(record.invocation_id)
+            board.open.add(record.invocation_id)
+    for iid in board.open:
+        requested = next((e for e in journal.events(iid) if e.kind is E.APPROVAL_REQUESTED), None)
+        who = requested.attrs.get("requester") if requested is not None else None
+        uid = who.get("uid") if isinstance(who, Mapping) else None
+        if type(uid) is int:
+            board.requesters[iid] = uid  # each re-read before it is counted
 
 
 async def ready(engine: Engine) -> list[str]:

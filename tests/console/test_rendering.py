@@ -111,9 +111,10 @@ async def test_a_request_that_cannot_be_rendered_is_its_own_row_s_error(
     good = await _pending(b, body="fine")
     real = pages.approvals_page
 
-    def with_a_broken_row(reader: Any) -> list[dict[str, Any]]:
-        rows = real(reader)
-        return [{"invocation_id": "act_BROKEN", "expires_at": 0}, *rows]  # no target, no view
+    def with_a_broken_row(reader: Any) -> dict[str, Any]:
+        found = real(reader)
+        rows = [{"invocation_id": "act_BROKEN", "expires_at": 0}, *found["rows"]]  # no view
+        return {"rows": rows, "total": found["total"] + 1}
 
     monkeypatch.setattr(pages, "approvals_page", with_a_broken_row)
     status, _, page = await get(f"{origin}/approvals", cookie=cookie)
@@ -147,3 +148,24 @@ async def test_an_operator_removed_from_the_policy_loses_the_session_at_once(
     monkeypatch.undo()
     status, _, _ = await get(f"{origin}/approvals", cookie=cookie)
     assert status == 303  # the session ended; it does not come back
+
+
+async def test_the_page_shows_the_oldest_pending_and_how_many_wait(
+    world: tuple[Broker, str, Any, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A page of the oldest (the closest to expiring unseen), never every request a caller
+    could have made to bury a real one, and the count of all that wait."""
+    b, origin, _, cookie = world
+    monkeypatch.setattr(pages, "MAX_APPROVALS", 2)
+    action = {"target": "pay", "method": "POST", "path": "/v1/x"}
+    ids = [(await b.call({**action, "body": str(n)}, requester=5001)) for n in range(3)]
+    first, second, third = (str(e["invocation_id"]) for e in ids)
+    status, _, page = await get(f"{origin}/approvals", cookie=cookie)
+    assert status == 200
+    text = page.decode()
+    assert f'id="approval-{first}"' in text and f'id="approval-{second}"' in text
+    assert f'id="approval-{third}"' not in text
+    assert "3 requests are waiting" in text and "the 2 oldest are shown" in text
+    await b.deny(first, note="no")  # this process's user is the operator here (5001 asked)
+    status, _, page = await get(f"{origin}/approvals", cookie=cookie)
+    assert f'id="approval-{third}"' in page.decode() and "2 waiting, oldest first" in page.decode()
