@@ -321,3 +321,42 @@ async def test_reconcile_through_the_daemon_query_by_anyone_attest_by_operators(
         )
         _verified(daemon)
     assert [r.method for r in srv.requests] == ["POST", "POST", "GET"]
+
+
+async def test_an_agent_past_max_pending_approvals_is_refused_and_nothing_is_asked(
+    tmp_path: Path, token: str, shared_socket_dir: Path
+) -> None:
+    """The bound is the socket peer's uid's: nobody's third request is APPROVAL_LIMIT (nothing
+    asked, nothing sent), while another uid still asks."""
+    me = os.geteuid()
+    service = {"allow_gids": [NOBODY], "operator_uids": [me], "max_pending_approvals": 2}
+    async with (
+        HostileServer.running(scripts.serve(OK)) as srv,
+        running_daemon(
+            tmp_path,
+            api_target(srv.url, approval="always"),
+            token=token,
+            service=service,
+            socket_dir=shared_socket_dir,
+        ) as daemon,
+    ):
+        codes = []
+        for _ in range(3):
+            asked = await as_nobody(daemon, "call", "-", stdin=json.dumps(CHARGE).encode())
+            assert asked.returncode == 1, asked.stderr
+            codes.append(asked.json()["error"])
+        assert [e["code"] for e in codes] == ["APPROVAL_PENDING"] * 2 + ["APPROVAL_LIMIT"]
+        limit = codes[2]
+        assert (limit["phase"], limit["outcome"], limit["retry"]) == (
+            "credential_injection",
+            "not_attempted",
+            "backoff",
+        )
+        assert f"uid {NOBODY}" in limit["message"]
+        async with Client.open(daemon.socket) as client:
+            mine = await client.call(CHARGE)
+            assert mine["error"]["code"] == "APPROVAL_PENDING", mine
+            waiting = await client.approvals()
+        assert sorted(w["requester"]["uid"] for w in waiting) == sorted([NOBODY, NOBODY, me])
+        _verified(daemon)
+    assert srv.requests == []
