@@ -217,7 +217,7 @@ async def request_approval(
     board.reserved[iid] = uid  # before the count: a concurrent request of this uid counts it
     try:
         with trio.CancelScope(shield=True):
-            refused = await _over_limit(engine, iid, uid, preamble)
+            refused = await _over_limit(engine, iid, uid, key, preamble)
             if refused is not None:
                 return refused
             prepared_or_refused = await prepare_after(
@@ -243,7 +243,7 @@ async def request_approval(
 
 
 async def _over_limit(
-    engine: Engine, iid: str, uid: int, preamble: Preamble
+    engine: Engine, iid: str, uid: int, key: str | None, preamble: Preamble
 ) -> dict[str, Any] | None:
     """None while ``uid`` has fewer than ``[service] max_pending_approvals`` requests awaiting
     a decision (its others reserved now included); else the refusal, recorded after the
@@ -268,6 +268,17 @@ async def _over_limit(
             waiting += 1
     if waiting < limit:
         return None
+    message = (
+        f"{waiting} requests of uid {uid} already await an operator's decision (at most "
+        f"{limit}: [service] max_pending_approvals); nothing was sent. Call again once some are "
+        "decided or expire"
+    )
+    if key is not None:
+        # Bound to this refusal: the same key answers it again (nothing was sent under it).
+        message += (
+            " -- not with this invocation's idempotency_key, which now answers this refusal"
+            " (nothing was sent under it: another key, or none, is safe)"
+        )
     await recorder.write_many(preamble)
     refused = Event(
         E.CREDENTIAL_FAILED,
@@ -275,9 +286,7 @@ async def _over_limit(
         {
             "code": Code.APPROVAL_LIMIT.value,
             "field": "service.max_pending_approvals",
-            "message": f"{waiting} requests of uid {uid} already await an operator's decision "
-            f"(at most {limit}: [service] max_pending_approvals); nothing was sent. Retry once "
-            "some are decided or expire.",
+            "message": message + ".",
         },
     )
     return await recorder.finish(iid, refused)

@@ -98,3 +98,27 @@ async def test_a_daemon_started_again_counts_the_requests_still_waiting(
             other = await b.call(CHARGE, requester=OTHER)
             assert other["error"]["code"] == "APPROVAL_PENDING", other
     assert srv.requests == []
+
+
+async def test_a_refused_request_s_key_says_it_answers_the_refusal_again(
+    tmp_path: Path, token: str
+) -> None:
+    """A same-key call answers from the record: the refusal says so, and that a new key is
+    safe (nothing was sent under the old one)."""
+    async with HostileServer.running(scripts.serve(OK)) as srv:
+        idem = {"header": "Idempotency-Key", "scope": "charges", "retention": "24h"}
+        cfg = approval_config(
+            tmp_path, srv.url, service={"max_pending_approvals": 1}, idempotency=idem
+        )
+        async with open_broker(cfg) as b:
+            first = await b.call(CHARGE, requester=AGENT)
+            keyed = {**CHARGE, "idempotency_key": "charge-7"}
+            refused = await b.call(keyed, requester=AGENT)
+            assert refused["error"]["code"] == "APPROVAL_LIMIT", refused
+            assert "not with this invocation's idempotency_key" in refused["error"]["message"]
+            await b.deny(first["invocation_id"], note="no", operator=OPS)
+            again = await b.call(keyed, requester=AGENT)
+            assert again["invocation_id"] == refused["invocation_id"]
+            fresh = await b.call({**CHARGE, "idempotency_key": "charge-8"}, requester=AGENT)
+            assert fresh["error"]["code"] == "APPROVAL_PENDING", fresh
+    assert srv.requests == []
