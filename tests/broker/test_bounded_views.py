@@ -1,0 +1,48 @@
+"""The views an agent can make grow -- every refused call is a record -- are read as streams:
+MCP ``list_actions`` (embedded), the metrics, the console's actions and approvals pages and the
+approvals list never load the whole actions view (``list_actions``, ``views.fold``), they keep
+a page (``views.Newest``) or counts.  The daemon's ``/v1/actions`` and ``/v1/metrics`` are
+tested through a real daemon (tests/daemon/test_calls.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, NoReturn
+
+import pytest
+
+from affidavit.approvals import pending
+from affidavit.console import pages
+from affidavit.journal import JournalReader
+from affidavit.journal import views as journal_views
+from affidavit.mcp.backends import Embedded
+from affidavit.views import metrics
+from tests.http.hostile import HostileServer, Reply, scripts
+
+from .helpers import http_target, open_broker, write_config
+
+OK = Reply(200, body=b'{"ok": true}')
+
+
+def _whole(*args: Any, **kwargs: Any) -> NoReturn:
+    raise AssertionError("the whole actions view was loaded into memory")
+
+
+async def test_the_views_stream_and_keep_a_page(
+    tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with HostileServer.running(scripts.serve(OK)) as srv:
+        cfg = write_config(tmp_path, {"api": http_target(srv.url)})
+        async with open_broker(cfg) as b:
+            action = {"target": "api", "method": "GET", "path": "/"}
+            ids = [(await b.call({**action, "session": "s"}))["invocation_id"] for _ in range(4)]
+            monkeypatch.setattr(JournalReader, "list_actions", _whole)
+            monkeypatch.setattr(journal_views, "fold", _whole)
+            listed = await Embedded(b).actions("s", None, 2)
+            assert [a["invocation_id"] for a in listed["actions"]] == ids[-2:]
+            assert (listed["total"], listed["truncated"]) == (4, True)
+            assert metrics(b.journal.iter_actions())["invocations"] == 4
+            page = pages.actions_page(b.journal, pages.ActionFilters())
+            assert page["total"] == 4 and len(page["rows"]) == 4
+            assert pending(b.journal) == []
+            assert pages.approvals_page(b.journal) == {"rows": [], "total": 0}
