@@ -73,6 +73,7 @@ def operation(
     max_retry_after: float = 300.0,
     batch: Sequence[str | int] | None = None,
     atomic: bool = False,
+    remote_contract: str | None = None,
 ) -> dict[str, Any]:
     op: dict[str, Any] = {
         "target": "payments",
@@ -86,6 +87,8 @@ def operation(
         idem: dict[str, Any] = {"key": key, "scope": "payments.create"}
         if expires_at is not None:
             idem["expires_at"] = expires_at
+        if remote_contract is not None:
+            idem["remote_contract"] = remote_contract
         op["idempotency"] = idem
     if batch is not None:
         op["batch"] = {"items": list(batch), "atomic": atomic}

@@ -13,7 +13,9 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from affidavit.statemachine import (
+    CODES,
     TRANSITIONS,
+    Code,
     Event,
     EventKind,
     EvidenceSource,
@@ -21,11 +23,12 @@ from affidavit.statemachine import (
     Outcome,
     Projector,
     Record,
+    Retry,
     compute_retry,
     envelope_schema,
     render_envelope,
 )
-from affidavit.statemachine.retry import HintInputs
+from affidavit.statemachine.retry import RETENTION_MARGIN_S, HintInputs
 
 from .lifecycle_helpers import IID, make_event, operation, valid_moves
 from .test_model_check import ATTRS
@@ -60,6 +63,7 @@ class ProjectionMachine(RuleBasedStateMachine):
         max_retry_after=st.sampled_from([0.0, 60.0, 300.0]),
         batch=st.sampled_from([None, ["a", "b", 3]]),
         atomic=st.booleans(),
+        remote_contract=st.sampled_from([None, "configured", "none"]),
     )
     def accept(
         self,
@@ -70,6 +74,7 @@ class ProjectionMachine(RuleBasedStateMachine):
         max_retry_after: float,
         batch: list[str | int] | None,
         atomic: bool,
+        remote_contract: str | None,
     ) -> None:
         op = operation(
             idempotent=idempotent,
@@ -79,6 +84,7 @@ class ProjectionMachine(RuleBasedStateMachine):
             max_retry_after=max_retry_after,
             batch=batch,
             atomic=atomic,
+            remote_contract=remote_contract,
         )
         self.max_retry_after = max_retry_after
         self._apply(make_event(self.p, E.ACTION_ACCEPTED, "accepted", self._next(), op=op))
@@ -191,11 +197,65 @@ class ProjectionMachine(RuleBasedStateMachine):
         if prev.last_seq is not None:
             assert rec.last_seq is not None and rec.last_seq >= prev.last_seq
         assert rec.retry is _expected_retry(rec, self.now, self.max_retry_after)
+        _hint_invariants(rec, self.now, self.max_retry_after)
         _item_invariants(rec, prev)
         _operation_invariants(rec, prev)
         env = render_envelope(rec)
         VALIDATOR.validate(json.loads(json.dumps(env)))
         self.prev = rec
+
+
+_SAFE_PATHS_OUT_OF_UNKNOWN = {Retry.BACKOFF, Retry.SAME_IDEMPOTENCY_KEY, Retry.RECONCILE}
+_RESENDS = {Retry.BACKOFF, Retry.SAME_IDEMPOTENCY_KEY}
+
+
+def _key_usable(rec: Record, now: float) -> bool:
+    """Seed: a key makes a resend safe only under a verified remote deduplication contract, and
+    automatic retries stop *before* the remote forgets it."""
+    idem = rec.idempotency
+    if not idem or not idem.get("key") or idem.get("remote_contract") == "none":
+        return False
+    expires = idem.get("expires_at")
+    return expires is None or now < expires - RETENTION_MARGIN_S
+
+
+def _hint_invariants(rec: Record, now: float, max_retry_after: float) -> None:
+    """The seed's retry rules as properties of the hint, stated without ``compute_retry`` (the
+    check above compares the projection with the function it calls, so it cannot catch a wrong
+    rule in ``retry.py``)."""
+    retry, outcome = rec.retry, rec.outcome
+    if rec.budget.left <= 0:
+        # "Once the budget is exhausted, return the latest evidence and require reconciliation."
+        assert retry not in _RESENDS, f"{retry} with the budget spent"
+    if retry is Retry.FETCH_RESULT:
+        # Only a stored, definite result is fetched (or one still to come: a pending approval
+        # or call); a fetch never stands in for a resend.
+        waiting = rec.code is not None and CODES[rec.code].pending
+        assert waiting or (outcome in RESOLVED and rec.state.startswith("delivery_failed_"))
+    if rec.state.startswith("delivery_failed_"):
+        assert retry is Retry.FETCH_RESULT
+    if outcome is Outcome.UNKNOWN:
+        if rec.state == "store_failed_unknown":
+            assert retry is Retry.NEVER  # fix storage, not a retry of the remote action
+        else:
+            # "There are only three safe paths out of unknown."
+            assert retry in _SAFE_PATHS_OUT_OF_UNKNOWN, retry
+        if retry is Retry.BACKOFF:
+            assert rec.idempotent, "a resend of an unknown non-idempotent action"
+        if retry is Retry.SAME_IDEMPOTENCY_KEY:
+            assert _key_usable(rec, now), "same key without a usable remote contract"
+        if not rec.idempotent and not _key_usable(rec, now) and rec.state != "store_failed_unknown":
+            assert retry is Retry.RECONCILE, retry
+    if outcome is Outcome.COMMITTED:
+        # "Do not turn every 5xx into permission to retry a POST."
+        assert retry not in _RESENDS, f"{retry} after a committed result"
+    if outcome is Outcome.REJECTED and retry is Retry.BACKOFF:
+        # Only a throttle with a suitable Retry-After, on an operation safe to resend.
+        assert rec.code is Code.REMOTE_THROTTLED, rec.code
+        assert rec.retry_after is not None and rec.retry_after <= max_retry_after
+        assert rec.idempotent or _key_usable(rec, now)
+    if retry is Retry.SAME_IDEMPOTENCY_KEY:
+        assert outcome is Outcome.UNKNOWN
 
 
 def _item_invariants(rec: Record, prev: Record) -> None:
@@ -240,7 +300,8 @@ def _expected_retry(rec: Record, now: float, max_retry_after: float) -> Any:
             outcome=rec.outcome,
             code=rec.code,
             idempotent=rec.idempotent,
-            has_key=bool(idem and idem.get("key")),
+            # A key the remote does not deduplicate on never makes a resend safe.
+            has_key=bool(idem and idem.get("key") and idem.get("remote_contract") != "none"),
             key_expires_at=idem.get("expires_at") if idem else None,
             retry_after=rec.retry_after,
             max_retry_after=max_retry_after,
