@@ -632,6 +632,24 @@ def test_unknown_with_key_past_retention_is_reconcile() -> None:
     assert inv.rec(now=20_000.0).retry is Retry.RECONCILE
 
 
+def test_unknown_with_key_stops_retrying_a_margin_before_the_remote_forgets_it() -> None:
+    # The boundary test above is relative to RETENTION_MARGIN_S, so it holds for a margin of 0
+    # too; a second before expiry is inside any real margin: no resend on the key then.
+    inv = unknown_post(key="req_01", expires_at=10_000.0)
+    assert inv.rec(now=10_000.0 - 1).retry is Retry.RECONCILE
+    assert inv.rec(now=10_000.0 - 30).retry is Retry.RECONCILE
+
+
+def test_unknown_with_key_the_remote_does_not_deduplicate_on_is_reconcile() -> None:
+    # Seed: "Simply generating a UUID in the broker and recording it changes nothing" -- a key
+    # without a verified remote contract (an SSH command's reference) never makes a resend safe.
+    rec = unknown_post(key="req_01", remote_contract="none").rec()
+    assert rec.retry is Retry.RECONCILE
+    assert decide(rec, Operation(idempotent=False, fingerprint=FP)) is Decision.RECONCILE
+    configured = unknown_post(key="req_01", remote_contract="configured").rec()
+    assert configured.retry is Retry.SAME_IDEMPOTENCY_KEY
+
+
 def test_unknown_without_idempotency_is_reconcile() -> None:
     rec = unknown_post().rec()
     assert rec.retry is Retry.RECONCILE
