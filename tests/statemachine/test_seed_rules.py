@@ -28,6 +28,7 @@ from affidavit.statemachine import (
     lease_lost_error,
     render_envelope,
 )
+from affidavit.statemachine.lifecycle import INITIAL, TRANSITIONS, expand
 from affidavit.statemachine.retry import RETENTION_MARGIN_S
 
 from .lifecycle_helpers import IID, operation
@@ -579,6 +580,36 @@ def test_result_delivery_failure_keeps_committed_and_says_fetch_result() -> None
     )
     assert decide(rec, Operation(idempotent=False)) is Decision.FETCH
     assert rec.evidence["result"]["sha256"] == "sha256:beef"
+
+
+@pytest.mark.parametrize("outcome", [Outcome.COMMITTED, Outcome.REJECTED])
+@pytest.mark.parametrize("kind", [E.RESULT_DELIVERED, E.RESULT_DELIVERY_FAILED])
+def test_a_result_is_not_delivered_before_it_is_stored(outcome: Outcome, kind: EventKind) -> None:
+    # Seed, "The order of writes matters": append the result, commit it retrievably, *then*
+    # deliver -- "If the broker delivers the result first and logs afterward, a crash can leave
+    # the caller with a successful response while the audit shows an unknown outcome."
+    code = None if outcome is Outcome.COMMITTED else Code.REMOTE_REJECTED
+    inv = Inv().authorized().dispatched().complete(outcome, code)
+    inv.refused(kind)
+    inv.ev(E.RESULT_COMMITTED).ev(kind)
+
+
+def test_no_path_through_the_lifecycle_delivers_without_storing_the_result() -> None:
+    # Every state reachable without RESULT_COMMITTED: none of them may record a delivery.
+    seen, todo = {INITIAL}, [INITIAL]
+    while todo:
+        state = todo.pop()
+        for kind in TRANSITIONS[state]:
+            if kind is E.RESULT_COMMITTED:
+                continue
+            for dest in expand(state, kind):
+                if dest not in seen:
+                    seen.add(dest)
+                    todo.append(dest)
+    for state in seen:
+        row = TRANSITIONS[state]
+        assert E.RESULT_DELIVERED not in row, state
+        assert E.RESULT_DELIVERY_FAILED not in row, state
 
 
 def test_delivery_after_a_failed_delivery_restores_the_remote_classification() -> None:
