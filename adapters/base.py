@@ -11,7 +11,10 @@ The engine (``affidavit/engine/``) owns the journal; adapters never touch it.  A
    raise (lease lost, config changed) and then nothing may be written.
 3. Stream the remote result's bytes to ``await ctx.sink(stream, data)`` as they arrive (the
    engine redacts and journals them as uncommitted result chunks), never holding a large result
-   whole in memory.
+   whole in memory.  Once a result grows past the target's ``max_result`` the sink raises
+   ``ResultTooLarge`` (and stores nothing more): stop reading, close the connection or channel
+   (never pool it), fire the table's abort step and raise it on (``AttemptInterrupted``), with
+   the driver's own facts added if it likes.
 4. Finish with exactly one of:
    * return a ``RemoteResult`` — only when the machine reached a completes transition;
    * raise ``SetupError(code, stage)`` — only while ``ctx.machine.dispatched`` is False;
@@ -34,6 +37,7 @@ __all__ = [
     "DispatchGate",
     "RemoteResult",
     "ResultSink",
+    "ResultTooLarge",
     "SetupError",
 ]
 
@@ -58,6 +62,10 @@ class AttemptContext:
     """If set, ``fed(stream)``: (bytes, hex SHA-256) of everything passed to ``sink(stream,
     ...)`` so far, which the sink hashes anyway -- so an adapter that records the hash of the
     bytes it sank (HTTP's ``body_sha256``) need not hash them a second time (issue 15)."""
+    result_limit: int | None = None
+    """The target's ``max_result``: the most bytes of a result ``sink`` takes (all its streams
+    together) before it raises ``ResultTooLarge``.  A layer that turns received bytes into others
+    before the sink (HTTP's decoding) holds what it receives to it as well."""
 
 
 class SetupError(Exception):
@@ -79,6 +87,23 @@ class AttemptInterrupted(Exception):
         self.detail = detail
         self.facts = dict(facts or {})
         super().__init__(f"{code.value}" + (f": {detail}" if detail else ""))
+
+
+class ResultTooLarge(AttemptInterrupted):
+    """The result grew past the target's ``max_result`` (``limit``): ``received`` bytes had
+    arrived -- ``decoded`` besides, when a layer decoded them before the sink.  Dispatched and
+    not complete: outcome unknown, RESULT_SIZE_LIMIT; nothing of it is a result."""
+
+    def __init__(self, limit: int, received: int, decoded: int | None = None) -> None:
+        evidence = {"limit": limit, "received_bytes": received}
+        if decoded is not None:
+            evidence["decoded_bytes"] = decoded
+        self.limit, self.received, self.decoded = limit, received, decoded
+        super().__init__(
+            Code.RESULT_SIZE_LIMIT,
+            f"the result passed max_result ({limit} bytes)",
+            {"result_size_limit": evidence},
+        )
 
 
 @dataclass

@@ -139,6 +139,7 @@ class Code(StrEnum):
     # remote execution
     REMOTE_OUTCOME_UNKNOWN = "REMOTE_OUTCOME_UNKNOWN"
     REMOTE_RESULT_INCOMPLETE = "REMOTE_RESULT_INCOMPLETE"
+    RESULT_SIZE_LIMIT = "RESULT_SIZE_LIMIT"
     CALLER_CANCELLED = "CALLER_CANCELLED"
     BROKER_SHUTDOWN = "BROKER_SHUTDOWN"
     REMOTE_REJECTED = "REMOTE_REJECTED"
@@ -299,6 +300,14 @@ CODES: dict[Code, CodeInfo] = {
         _UN,
         Retry.RECONCILE,
         "The remote result ended without a completion signal (framing, exit status).",
+    ),
+    Code.RESULT_SIZE_LIMIT: CodeInfo(
+        _RE,
+        _UN,
+        Retry.RECONCILE,
+        "The remote result grew past the target's `max_result`: the broker stopped reading,"
+        " closed the connection and returns nothing of it.  The remote may have run"
+        " (`evidence.result_size_limit`: the limit and the bytes received).",
     ),
     Code.CALLER_CANCELLED: CodeInfo(
         _RE,

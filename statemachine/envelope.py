@@ -277,6 +277,18 @@ def envelope_schema() -> dict[str, Any]:
                             "proxy_status": {"type": "array", "items": {"type": "object"}},
                         },
                     },
+                    "result_size_limit": {
+                        "type": "object",
+                        "description": "Why the attempt ended RESULT_SIZE_LIMIT: the target's "
+                        "max_result and the bytes of the result received when the broker stopped "
+                        "reading (decoded_bytes: what a compressed body had decoded to).",
+                        "required": ["limit", "received_bytes"],
+                        "properties": {
+                            "limit": {"type": "integer", "minimum": 0},
+                            "received_bytes": {"type": "integer", "minimum": 0},
+                            "decoded_bytes": {"type": "integer", "minimum": 0},
+                        },
+                    },
                 },
             },
         },

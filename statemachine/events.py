@@ -86,8 +86,10 @@ class EventKind(StrEnum):
     # --- after dispatch ------------------------------------------------------------------------
     ATTEMPT_INTERRUPTED = "ATTEMPT_INTERRUPTED"
     """The dispatched attempt ended without a complete result.  attrs: code
-    (REMOTE_OUTCOME_UNKNOWN | REMOTE_RESULT_INCOMPLETE | CALLER_CANCELLED |
-    BROKER_SHUTDOWN), generation."""
+    (REMOTE_OUTCOME_UNKNOWN | REMOTE_RESULT_INCOMPLETE | RESULT_SIZE_LIMIT | CALLER_CANCELLED |
+    BROKER_SHUTDOWN), generation; with RESULT_SIZE_LIMIT, result_size_limit {limit,
+    received_bytes, decoded_bytes?}: the target's ``max_result`` and what had arrived when the
+    broker stopped reading."""
     RESULT_STORE_FAILED = "RESULT_STORE_FAILED"
     """Storing the result failed; rendered from what the durable record proves.  attrs: stage,
     generation."""

@@ -46,6 +46,7 @@ _INTERRUPT_CODES = frozenset(
     {
         Code.REMOTE_OUTCOME_UNKNOWN,
         Code.REMOTE_RESULT_INCOMPLETE,
+        Code.RESULT_SIZE_LIMIT,
         Code.CALLER_CANCELLED,
         Code.BROKER_SHUTDOWN,
     }
@@ -526,13 +527,32 @@ def _on_interrupted(p: Projector, event: Event) -> None:
     hop = event.attrs.get("evidence_from")
     if hop is not None:
         hop = _evidence_from(p, event)
+    over = _result_size_limit(p, event, code)
     _set_error(p, event, code)
     p._evidence["source"] = _SOURCE[event.source]
     if hop is not None:
         p._evidence["evidence_from"] = hop
+    if over is not None:
+        p._evidence["result_size_limit"] = over
     attempts = p._attempts
     if attempts and attempts[-1]["stage"] == "dispatch":
         attempts[-1]["code"] = event.attrs.get("code")
+
+
+def _result_size_limit(p: Projector, event: Event, code: Code | None) -> Mapping[str, Any] | None:
+    """attrs.result_size_limit: the evidence RESULT_SIZE_LIMIT stands on, and only it -- the
+    target's ``max_result`` and the bytes received past it (``decoded_bytes`` too when a body
+    was decoded before it was stored)."""
+    value = event.attrs.get("result_size_limit")
+    if code is not Code.RESULT_SIZE_LIMIT:
+        if value is not None:
+            _refuse(p, event, "attrs.result_size_limit goes only with RESULT_SIZE_LIMIT")
+        return None
+    if not _is_mapping(value) or not all(
+        _is_int(value.get(k)) and value[k] >= 0 for k in ("limit", "received_bytes")
+    ):
+        _refuse(p, event, "RESULT_SIZE_LIMIT needs attrs.result_size_limit {limit, received_bytes}")
+    return value
 
 
 _HOPS = frozenset({"origin", "proxy"})

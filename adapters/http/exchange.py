@@ -14,6 +14,8 @@ The steps, in order (``exchange()``):
    the machine proved (bytes of a final response arrived: REMOTE_RESULT_INCOMPLETE; otherwise
    REMOTE_OUTCOME_UNKNOWN).  A reused connection's write error after the gate is ``unknown``
    too: "A failed write says almost nothing about what the other side has already read" (seed).
+   A body past the target's ``max_result`` (the sink raises ``ResultTooLarge``) ends the hop
+   too: RESULT_SIZE_LIMIT, the connection closed.
 4. ``finish`` -- a reusable connection (nothing read past the response, in h11 or in the TLS
    layer) goes back to the pool, any other is closed.
 
@@ -31,7 +33,7 @@ from typing import Any, Final
 
 import trio
 
-from affidavit.adapters.base import AttemptContext, AttemptInterrupted
+from affidavit.adapters.base import AttemptContext, AttemptInterrupted, ResultTooLarge
 from affidavit.statemachine import Code
 
 from .classify import Redactor, classify_response, evidence_from
@@ -147,6 +149,11 @@ async def exchange(
         exc = h.interrupted("transport_error", errno_name(e))
         await trio.aclose_forcefully(conn.stream)
         raise exc from None
+    except ResultTooLarge as e:
+        # The body passed max_result (the sink stored none of the piece that did): stop
+        # reading, and the connection -- a response still running on it -- is never pooled.
+        await trio.aclose_forcefully(conn.stream)
+        raise h.too_large(e) from None
     except BaseException as e:
         # Cancellation (or a sink/observer failure) after dispatch: the remote may be
         # running; the engine classifies by ``machine.dispatched`` (seed: "Cancellation
@@ -357,6 +364,16 @@ class _Hop:
             self.ctx.observe(obs.step, obs.facts)
         what = {"timed_out": "timed out", "transport_error": "transport failed"}[event]
         return self.interruption(f"{what} during {self.during}")
+
+    def too_large(self, exc: ResultTooLarge) -> AttemptInterrupted:
+        """Fire ``result_size_limit`` and build the interruption: RESULT_SIZE_LIMIT, with the
+        limit and the bytes received beside this hop's facts."""
+        facts = {"during": self.during, **exc.facts}
+        obs = self.ex.abort("result_size_limit", facts)
+        if obs is not None:
+            self.ctx.observe(obs.step, obs.facts)
+        out = self.interruption(exc.detail)
+        return AttemptInterrupted(exc.code, exc.detail, {**out.facts, **exc.facts})
 
     def interruption(self, detail: str) -> AttemptInterrupted:
         ex, conn = self.ex, self.conn

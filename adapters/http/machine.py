@@ -31,8 +31,8 @@ Post-dispatch (remote_execution)::
     response_headers ─body─▶ body ─end─▶ framing_complete ─follow_redirect─▶ redirect_pending
     … ─proxy_response_headers─▶ proxy_error_headers ─proxy_body / proxy_end─▶ proxy_error_complete
       (a proxy's own error: complete framing, yet never a completes transition)
-    any unfinished state ─peer_closed | malformed | timed_out | transport_error | cancelled─▶
-    closed_early
+    any unfinished state ─peer_closed | malformed | timed_out | transport_error | cancelled
+      | result_size_limit─▶ closed_early
 """
 
 from __future__ import annotations
@@ -55,9 +55,17 @@ __all__ = [
     "content_coding",
 ]
 
-ABORT_EVENTS: Final = ("peer_closed", "malformed", "timed_out", "transport_error", "cancelled")
+ABORT_EVENTS: Final = (
+    "peer_closed",
+    "malformed",
+    "timed_out",
+    "transport_error",
+    "cancelled",
+    "result_size_limit",
+)
 """Ways an unfinished exchange ends early; all lead to ``closed_early`` (outcome decided by the
-last proven boundary, never by which of these it was)."""
+last proven boundary, never by which of these it was).  ``result_size_limit``: the body grew past
+the target's ``max_result`` and the broker stopped reading it."""
 
 CONTENT_CODINGS: Final = frozenset({"gzip", "x-gzip", "deflate", "identity"})
 """Content codings (RFC 9110 §8.4.1) named as themselves in ``content_coding``; any other is

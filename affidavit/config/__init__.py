@@ -1,6 +1,7 @@
 """``affidavit.toml``: the broker's configuration — locating and loading it (``loader``), the
 sample ``affidavit init`` writes (``sample``), and, re-exported from ``affidavit.schema``, the
-error type and the target snapshot the engine binds to each invocation."""
+error type, the target snapshot the engine binds to each invocation and a target's result
+limit (``result_limit``: its ``max_result`` or the default)."""
 
 from affidavit.schema import (
     ConfigError,
@@ -8,6 +9,7 @@ from affidavit.schema import (
     Timeouts,
     canonical_json,
     parse_duration,
+    result_limit,
     snapshot,
     snapshot_hash,
 )
@@ -43,6 +45,7 @@ __all__ = [
     "is_loopback",
     "load_config",
     "parse_duration",
+    "result_limit",
     "sample_config",
     "snapshot",
     "snapshot_hash",

@@ -282,6 +282,7 @@ async def _try_once(
         sink=sink,
         attempt=attempt.n,
         fed=sink.fed,
+        result_limit=sink.max_result,
     )
     try:
         return await binding.perform(prepared, ctx), None, False
@@ -348,10 +349,28 @@ def _interrupted(iid: str, code: Code, facts: Mapping[str, Any] | None = None) -
         hop = facts.get("evidence_from")
         if isinstance(hop, Mapping):
             attrs["evidence_from"] = dict(hop)
-        rest = {k: v for k, v in facts.items() if k != "evidence_from" and _jsonable(v)}
+        over = facts.get("result_size_limit")
+        if code is Code.RESULT_SIZE_LIMIT and isinstance(over, Mapping):
+            # The evidence the code stands on (rules.py refuses the code without it).
+            attrs["result_size_limit"] = dict(over)
+            attrs["message"] = _too_large_message(over)
+        lifted = ("evidence_from", "result_size_limit")
+        rest = {k: v for k, v in facts.items() if k not in lifted and _jsonable(v)}
         if rest:
             attrs["facts"] = rest
     return Event(E.ATTEMPT_INTERRUPTED, iid, attrs)
+
+
+def _too_large_message(over: Mapping[str, Any]) -> str:
+    decoded = over.get("decoded_bytes")
+    got = f"{over.get('received_bytes')} bytes received"
+    if decoded is not None:
+        got += f", {decoded} decoded"
+    return (
+        f"The result passed this target's max_result ({over.get('limit')} bytes; {got}): the "
+        "broker stopped reading and closed the connection.  The request was dispatched; nothing "
+        "of the partial result is returned."
+    )
 
 
 def stamped(event: Event, generation: int) -> Event:

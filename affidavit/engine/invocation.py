@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from affidavit.config import result_limit
 from affidavit.journal import IdempotencyMismatch, Lease, LeaseBusy
 from affidavit.protocols import Binding, Prepared
 from affidavit.protocols.actions import (
@@ -411,7 +412,9 @@ async def run(
         # The fingerprint of the dispatch about to happen, for the gate to compare.
         check = (grant, approval_fingerprint(engine, action, target, version, prepared))
     limit = engine.settings.inline_result_limit
-    sink = StreamSink(engine.journal, iid, prepared.secrets, limit, generation)
+    sink = StreamSink(
+        engine.journal, iid, prepared.secrets, limit, generation, max_result=result_limit(target)
+    )
     attempt, result, failure = await run_tries(
         engine,
         iid,

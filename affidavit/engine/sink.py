@@ -6,6 +6,11 @@ reaches the journal; ``scrub`` does the same to the structured rest of a result)
 journaled in ``RESULT_CHUNK``-sized chunks as it arrives -- never held whole.  The completeness
 marker is written later, with RESULT_COMMITTED (``delivery.commit``), from what this sink
 reports.
+
+A result is bounded by its target's ``max_result`` (all streams together): a remote that sends
+without end fills no disk.  The piece that would pass it is not stored; ``ResultTooLarge`` is
+raised to the adapter, which stops reading and closes the connection -- the attempt ends
+``unknown`` (RESULT_SIZE_LIMIT) and the chunks stored so far are never committed.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from affidavit.adapters.base import ResultTooLarge
 from affidavit.journal import Journal, ResultStoreFailed
 from affidavit.secrets.redaction import Redactor, redactor
 
@@ -37,8 +43,12 @@ class StreamSink:
         secret_values: tuple[bytes, ...],
         keep_limit: int,
         generation: int | None = None,
+        max_result: int | None = None,
     ) -> None:
         self._journal = journal
+        self.max_result = max_result
+        """The most bytes the streams may take together (the target's ``max_result``)."""
+        self._received = 0
         self._iid = iid
         self._secrets = secret_values
         self._keep_limit = keep_limit
@@ -81,6 +91,13 @@ class StreamSink:
         return st
 
     async def __call__(self, name: str, data: bytes) -> None:
+        limit = self.max_result
+        if limit is not None:
+            received = self._received + len(data)
+            self._received = received
+            if received > limit:
+                # Nothing of this piece is stored, nor of any after it.
+                raise ResultTooLarge(limit, received)
         st = self._stream(name)
         redactor: Redactor = st["redactor"]
         held = redactor.pending

@@ -32,12 +32,15 @@ __all__ = [
     "BUDGET",
     "COMMON",
     "CREDENTIAL",
+    "DEFAULT_MAX_RESULT",
+    "MAX_RESULT",
     "TIMEOUT",
     "Target",
     "TargetSchema",
     "Timeouts",
     "canonical_json",
     "canonical_value",
+    "result_limit",
     "schema_of",
     "snapshot",
     "snapshot_hash",
@@ -66,6 +69,8 @@ class Target(Protocol):
     def budget(self) -> int: ...
     @property
     def timeout(self) -> Timeouts: ...
+    @property
+    def max_result(self) -> int | None: ...
 
 
 # --- the common fields ----------------------------------------------------------------------------
@@ -123,8 +128,34 @@ TIMEOUT = Field(
     shown="`{ connect = 10, total = 60 }`",
     doc="seconds; `connect` ≤ `total`",
 )
-COMMON: tuple[Field, ...] = (CREDENTIAL, BUDGET, TIMEOUT)
+DEFAULT_MAX_RESULT = 1 << 30
+"""1 GiB: what a result may hold when its target does not say (``max_result``)."""
+
+
+def _max_result(r: Read) -> int | None:
+    # Unset stays None (the default applies): targets written before this setting keep their
+    # snapshot hash (``Field.unset_omitted``); once set, it binds.
+    return r.integer(1, 1 << 40) if r.present else None
+
+
+MAX_RESULT = Field(
+    "max_result",
+    _max_result,
+    default=None,
+    unset_omitted=True,
+    shown=f"`{DEFAULT_MAX_RESULT}` (1 GiB)",
+    doc="bytes of a result the broker receives and stores (HTTP: the final response's body, "
+    "as received and as decoded; SSH: stdout and stderr together); past it the broker stops "
+    "reading and closes the connection: `unknown`, `RESULT_SIZE_LIMIT` (see below)",
+)
+COMMON: tuple[Field, ...] = (CREDENTIAL, BUDGET, TIMEOUT, MAX_RESULT)
 """Every target's schema includes these (a protocol places them among its own fields)."""
+
+
+def result_limit(target: Target) -> int:
+    """The most bytes of a result ``target`` takes: its ``max_result``, else the default."""
+    limit = target.max_result
+    return DEFAULT_MAX_RESULT if limit is None else limit
 
 
 # --- target schemas -------------------------------------------------------------------------------

@@ -26,6 +26,7 @@ from affidavit.config import (
     config_path,
     load_config,
     parse_duration,
+    result_limit,
     sample_config,
     snapshot,
     snapshot_hash,
@@ -148,6 +149,11 @@ credential = "env:T"
     assert t.idempotent == frozenset()
     assert (t.inject, t.follow_redirects, t.budget, t.max_body) == ("bearer", False, 3, 1 << 20)
     assert t.idempotency is None and t.proxy is None and t.ca_file is None
+    # An unset max_result is the 1 GiB default and stays out of the snapshot: targets written
+    # before the setting existed keep their binding.
+    assert t.max_result is None and result_limit(t) == 1 << 30
+    assert "max_result" not in snapshot(t)
+    assert snapshot(dataclasses.replace(t, max_result=1 << 30))["max_result"] == 1 << 30
     assert config.vault_path is None
     assert config.journal.path == tmp_path / "affidavit.db"
     assert config.journal.key_file == tmp_path / "affidavit.db.key"
@@ -278,6 +284,8 @@ HTTP_LINE_ERRORS = [
     ("max_body = 1048576", "max_body = -1", "targets.billing.max_body"),
     ("max_body = 1048576", "max_body = 1.5", "targets.billing.max_body"),
     ("max_body = 1048576", "max_body = true", "targets.billing.max_body"),
+    ("max_body = 1048576", "max_body = 1048576\nmax_result = 0", "targets.billing.max_result"),
+    ("max_body = 1048576", 'max_body = 1048576\nmax_result = "1GiB"', "targets.billing.max_result"),
     ("budget = 3", "budget = 0", "targets.billing.budget"),
     ("budget = 3", "budget = 1000", "targets.billing.budget"),
     ("budget = 3", "budget = true", "targets.billing.budget"),
@@ -383,6 +391,7 @@ SSH_LINE_ERRORS = [
         "targets.deploy.idempotent_commands[0]",
     ),
     ("idempotent_commands = []", "max_stdin = -5", "targets.deploy.max_stdin"),
+    ("idempotent_commands = []", "max_result = -1", "targets.deploy.max_result"),
     ("idempotent_commands = []", 'url = "https://x"', "targets.deploy.url"),
 ]
 
@@ -574,6 +583,7 @@ HTTP_CHANGES: dict[str, object] = {
     "follow_redirects": True,
     "redirect_origins": frozenset({"https://files.example.com:443"}),
     "max_body": 10,
+    "max_result": 1 << 20,
     "budget": 1,
     "timeout": Timeouts(5.0, 31.0),
     "idempotency": IdempotencyContract("Idempotency-Key", "payments.create", 3600.0),
@@ -609,6 +619,7 @@ SSH_CHANGES: dict[str, object] = {
     "budget": 9,
     "timeout": Timeouts(1.0, 600.0),
     "max_stdin": 5,
+    "max_result": 4096,
     "approval": ApprovalPolicy(None, ("^deploy ",), 900.0, 0.0),
     "reconcile": SshReconcile(
         parse_template("test -e /r/{idempotency_key}", shell=True), 0, 1, 60.0

@@ -45,7 +45,8 @@ HOST = Field("host", lambda r: r.string(), doc="where")
 def _target_class(*extra: str) -> type:
     """A fresh frozen target dataclass with ``host``, the common attributes and ``extra``."""
     attrs: list[Any] = [("name", str), ("host", str), ("credential", str), ("budget", int)]
-    attrs += [("timeout", Timeouts), *((a, Any) for a in extra), ("kind", str, "box")]
+    attrs += [("timeout", Timeouts), ("max_result", Any)]
+    attrs += [*((a, Any) for a in extra), ("kind", str, "box")]
     return dataclasses.make_dataclass("Box", attrs, frozen=True)
 
 
@@ -113,7 +114,7 @@ def test_parsing_and_unknown_keys_follow_the_declaration() -> None:
     with pytest.raises(ConfigError) as info:
         _load(schema, prot=8)
     assert info.value.field == "targets.t.prot"
-    allowed = "kind, description, host, port, credential, budget, timeout"
+    allowed = "kind, description, host, port, credential, budget, timeout, max_result"
     assert info.value.message == f"unknown setting (allowed: {allowed})"
 
 

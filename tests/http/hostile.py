@@ -24,7 +24,9 @@ Reusable API (the lead's engine/broker tests use it too)::
 * ``scripts``: ready-made hostile behaviours, each a function returning a script:
   ``serve(reply | fn(req) -> Reply)`` (keep-alive loop), ``apply_then_close()``,
   ``cut_mid_headers()``, ``cut_mid_body(chunked=False)``, ``close_delimited_cut()``,
-  ``malformed()``,
+  ``malformed()``, ``endless(framing, encoding=None, cap=32 MiB, moved=None)`` (a 200 whose
+  body runs on: ``srv.body_sent`` counts it, ``srv.event("cut")`` is set once the client closed
+  on it),
   ``continue_then_close()``, ``error_after_commit(status=500)``, ``slow(delay, reply)``,
   ``silent()`` (accepts, never reads nor writes), ``held(reply=None)`` (reads the request, sets
   ``srv.event("received")``, answers once ``srv.event("release")`` is set, or never),
@@ -48,10 +50,12 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import socket
 import ssl
 import struct
 import urllib.parse
+import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -231,6 +235,8 @@ class HostileServer:
         self.requests: list[Received] = []
         self.connections = 0
         self.tls_failures = 0
+        self.body_sent = 0
+        """Body bytes ``scripts.endless`` handed to the socket, over every connection."""
         self.port = 0
         self._events: dict[str, trio.Event] = {}
         self._ssl: ssl.SSLContext | None = None
@@ -320,6 +326,60 @@ class scripts:
             if await peer.read_request() is not None:
                 peer.server.event("applied").set()
             await peer.close()
+
+        return script
+
+    @staticmethod
+    def endless(
+        framing: str = "chunked",
+        *,
+        encoding: str | None = None,
+        cap: int = 32 << 20,
+        moved: str | None = None,
+    ) -> Script:
+        """Answer the first request with a 200 whose body runs past any limit: ``framing``
+        ``"length"`` (a Content-Length of 1 TiB), ``"chunked"`` (chunks without end) or
+        ``"close"`` (HTTP/1.0, no length: the body runs to the close).  ``encoding``: its
+        Content-Encoding; ``"gzip"`` sends a gzip stream of barely compressible text, any other
+        name the text as it is.  At most ``cap`` bytes of body are sent, then
+        the script waits (a bounded server even against a broker without a limit); a send that
+        fails -- the client closed the connection -- sets ``srv.event("cut")``.  ``moved``: a
+        request for another target is first answered 307 to ``moved`` (keep-alive)."""
+        assert framing in ("length", "chunked", "close")
+
+        async def script(peer: Peer) -> None:
+            while True:
+                req = await peer.read_request()
+                if req is None:
+                    return
+                if moved is None or req.target == moved:
+                    break
+                await peer.respond(Reply(307, headers=[("Location", moved)], body=b"moved"))
+            version = b"HTTP/1.0" if framing == "close" else b"HTTP/1.1"
+            head = version + b" 200 OK\r\nContent-Type: text/plain\r\n"
+            if framing == "length":
+                head += b"Content-Length: %d\r\n" % (1 << 40)
+            elif framing == "chunked":
+                head += b"Transfer-Encoding: chunked\r\n"
+            if encoding is not None:
+                head += b"Content-Encoding: %s\r\n" % encoding.encode()
+            coder = zlib.compressobj(wbits=31) if encoding == "gzip" else None
+            text = b"".join(b"%08d %s\n" % (i, bytes(range(97, 123))) for i in range(1900))
+            try:
+                await peer.stream.send_all(head + b"\r\n")
+                while peer.server.body_sent < cap:
+                    body = text
+                    if coder is not None:
+                        # Hex of random bytes: gzip gets it to about half.
+                        body = coder.compress(os.urandom(len(text) // 2).hex().encode())
+                        body += coder.flush(zlib.Z_SYNC_FLUSH)
+                    wire = b"%x\r\n%s\r\n" % (len(body), body) if framing == "chunked" else body
+                    await peer.stream.send_all(wire)
+                    peer.server.body_sent += len(body)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                peer.server.event("cut").set()
+                return
+            await peer.server.event("release").wait()
 
         return script
 

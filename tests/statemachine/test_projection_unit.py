@@ -431,3 +431,32 @@ def test_the_fold_dict_is_the_lifecycle_table_with_a_rule_per_kind() -> None:
         rows["new"] = {}  # type: ignore[index]
     with pytest.raises(TypeError):
         rows["new"][EventKind.ACTION_ACCEPTED] = ("x", RULES[EventKind.ACTION_ACCEPTED])  # type: ignore[index]
+
+
+def test_result_size_limit_stands_only_on_its_evidence() -> None:
+    """RESULT_SIZE_LIMIT says why an attempt ended: the projection takes it only with the limit
+    and the bytes received (into ``evidence.result_size_limit``), and that evidence with no other
+    code."""
+    over = {"limit": 1024, "received_bytes": 1500}
+    for attrs in (
+        {"code": "RESULT_SIZE_LIMIT"},
+        {"code": "RESULT_SIZE_LIMIT", "result_size_limit": {"limit": 1024}},
+        {"code": "RESULT_SIZE_LIMIT", "result_size_limit": {"limit": "1k", "received_bytes": 5}},
+        {"code": "REMOTE_RESULT_INCOMPLETE", "result_size_limit": over},
+    ):
+        p = projector_in("dispatched")
+        before = p.record()
+        with pytest.raises(ImpossibleEvent):
+            p.apply(Event(E.ATTEMPT_INTERRUPTED, IID, attrs))
+        assert p.record() == before
+    p = projector_in("dispatched")
+    p.apply(
+        Event(E.ATTEMPT_INTERRUPTED, IID, {"code": "RESULT_SIZE_LIMIT", "result_size_limit": over})
+    )
+    rec = p.record()
+    assert (rec.state, rec.outcome, rec.code) == (
+        "interrupted",
+        Outcome.UNKNOWN,
+        Code.RESULT_SIZE_LIMIT,
+    )
+    assert rec.evidence["result_size_limit"] == over

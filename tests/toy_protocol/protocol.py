@@ -70,6 +70,7 @@ class ToyTarget:
     credential: str
     budget: int
     timeout: Timeouts
+    max_result: int | None
     idempotent_lines: frozenset[str]
     kind: Literal["toy"] = "toy"
 

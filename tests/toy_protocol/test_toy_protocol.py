@@ -66,8 +66,7 @@ def test_a_toy_target_loads_through_its_own_schema() -> None:
             {"colour": "red"},
             "targets.box.colour",
             "unknown setting (allowed: kind, description, host, port, credential, budget, "
-            "timeout, "
-            "idempotent_lines)",
+            "timeout, max_result, idempotent_lines)",
         ),
     ],
 )

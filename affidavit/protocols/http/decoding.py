@@ -21,6 +21,11 @@ What is stored and returned then (the caller reads it in the result's summary):
 
 Memory stays bounded: each step of decompression produces at most ``STEP`` bytes, which go to the
 sink (and the journal) before the next step.
+
+The target's ``max_result`` bounds both sides of a decoded body: the bytes received (counted here,
+withheld or not: a body the broker does not store is still not read without end) and the decoded
+bytes stored (counted by the engine's sink).  Past either, ``ResultTooLarge``: the adapter stops
+reading and closes the connection (RESULT_SIZE_LIMIT, outcome unknown).
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ import zlib
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Final
 
-from affidavit.adapters.base import AttemptContext
+from affidavit.adapters.base import AttemptContext, ResultTooLarge
 from affidavit.statemachine import Step
 
 __all__ = ["MAX_RATIO", "SIZE_FLOOR", "BodyDecoder", "BodyDecoding", "Withheld"]
@@ -158,6 +163,7 @@ class BodyDecoding:
             sink=self._sink,
             attempt=ctx.attempt,
             fed=self._fed if ctx.fed is not None else None,
+            result_limit=ctx.result_limit,
         )
 
     def _observe(self, step: Step, facts: Mapping[str, Any]) -> None:
@@ -177,6 +183,9 @@ class BodyDecoding:
             await self._ctx.sink(name, data)
             return
         self._received += len(data)
+        limit = self._ctx.result_limit
+        if limit is not None and self._received > limit:
+            raise ResultTooLarge(limit, self._received, self._decoder.decoded)
         self._raw.update(data)
         if self._withheld is not None:
             return
@@ -184,6 +193,9 @@ class BodyDecoding:
             await self._decoder.feed(data, self._forward)
         except Withheld as exc:
             self._withheld = exc.reason
+        except ResultTooLarge as exc:
+            # The decoded bytes passed the limit in the sink: say what was received as well.
+            raise ResultTooLarge(exc.limit, self._received, exc.received) from None
 
     def _fed(self, name: str) -> tuple[int, str]:
         """What the adapter passed to the sink: a decoded body is not the bytes received, so

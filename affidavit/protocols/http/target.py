@@ -88,6 +88,8 @@ class HttpTarget:
     max_body: int
     budget: int
     timeout: Timeouts
+    max_result: int | None
+    """``max_result`` as set (None: the default, ``affidavit.schema.result_limit``)."""
     idempotency: IdempotencyContract | None
     operations: OperationsContract | None
     """How a 202's job is read and its status resource queried (``operations.py``)."""

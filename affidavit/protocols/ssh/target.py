@@ -55,6 +55,8 @@ class SshTarget:
     idempotent_commands: frozenset[str]
     budget: int
     timeout: Timeouts
+    max_result: int | None
+    """``max_result`` as set (None: the default, ``affidavit.schema.result_limit``)."""
     max_stdin: int
     approval: ApprovalPolicy | None
     """Which commands wait for an operator's yes (``affidavit.schema.approval``)."""
