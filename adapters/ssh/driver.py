@@ -36,7 +36,13 @@ import ssh.options
 import ssh.session
 import trio
 
-from affidavit.adapters.base import AttemptContext, AttemptInterrupted, RemoteResult, SetupError
+from affidavit.adapters.base import (
+    AttemptContext,
+    AttemptInterrupted,
+    RemoteResult,
+    ResultTooLarge,
+    SetupError,
+)
 from affidavit.statemachine import Code, Outcome
 
 from .keys import SshCredential, fingerprint, parse_pin
@@ -269,6 +275,13 @@ class _Run:
         facts = self.result_facts()
         self.fire(event, {"code": code.value})
         raise AttemptInterrupted(code, detail, facts)
+
+    def too_large(self, exc: ResultTooLarge) -> NoReturn:
+        """stdout and stderr together passed ``max_result``: nothing more is read or stored; the
+        channel and the connection are closed on the way out (``perform``'s ``finally``)."""
+        facts = {**self.result_facts(), **exc.facts}
+        self.fire("result_size_limit", exc.facts)
+        raise AttemptInterrupted(exc.code, exc.detail, facts)
 
     def result_facts(self) -> dict[str, Any]:
         facts: dict[str, Any] = {
@@ -521,7 +534,10 @@ class _Run:
                         self.counts[name] += len(data)
                         self.hashes[name].update(data)
                         self.fire(name, {"bytes": len(data)})
-                        await self.ctx.sink(name, data)
+                        try:
+                            await self.ctx.sink(name, data)
+                        except ResultTooLarge as exc:
+                            self.too_large(exc)
                 if eof["stdout"] and eof["stderr"]:
                     # After EOF no read call reads packets, nor does get_exit_state() once
                     # libssh holds any exit report: the CHANNEL_CLOSE has to be pumped.  Before
