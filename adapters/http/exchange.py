@@ -208,6 +208,10 @@ class _Hop:
         wire hash is the sink's, not a second pass over every byte here (issue 15).  Decided
         at the first body byte, only if the sink's body stream is still empty then."""
         self.sunk = 0
+        self.read_past = 0
+        """Body bytes of a response that is not the result (a 3xx followed, a proxy's own
+        error): not stored, but held to ``ctx.result_limit`` like a result -- never read without
+        end."""
         self.buffered = bytearray()
         self.buffered_complete = True
         self.head: Observation | None = None
@@ -338,6 +342,10 @@ class _Hop:
             if plan.disposition == "sink":
                 await self._sink(obs.data)
                 continue
+            self.read_past += len(obs.data)
+            limit = ctx.result_limit
+            if limit is not None and self.read_past > limit:
+                raise ResultTooLarge(limit, self.read_past)
             self.sha.update(obs.data)
             if plan.disposition == "follow":
                 if len(self.buffered) + len(obs.data) <= REDIRECT_BODY_BUFFER:

@@ -227,3 +227,16 @@ async def test_the_sink_stores_nothing_past_max_result_over_all_streams() -> Non
     with pytest.raises(ResultTooLarge):  # and nothing after it either
         await sink("stdout", b"x")
     assert journal.writer.stored <= 5 * RESULT_CHUNK
+
+
+async def test_an_endless_body_of_a_redirect_to_follow_is_not_read_past_max_result(
+    tmp_path: Path,
+) -> None:
+    # A 3xx to follow is not the result and its body is not stored, but it is read: held to
+    # the limit all the same, or a server could keep the broker reading until the timeout.
+    script = scripts.endless("chunked", location="/final")
+    env, events, srv, took, grown = await _call_over_the_limit(
+        tmp_path, script, GET, follow_redirects=True
+    )
+    _assert_bounded(env, events, srv, took, grown)
+    assert [r.target for r in srv.requests] == ["/thing"]

@@ -336,6 +336,7 @@ class scripts:
         encoding: str | None = None,
         cap: int = 32 << 20,
         moved: str | None = None,
+        location: str | None = None,
     ) -> Script:
         """Answer the first request with a 200 whose body runs past any limit: ``framing``
         ``"length"`` (a Content-Length of 1 TiB), ``"chunked"`` (chunks without end) or
@@ -344,7 +345,8 @@ class scripts:
         name the text as it is.  At most ``cap`` bytes of body are sent, then
         the script waits (a bounded server even against a broker without a limit); a send that
         fails -- the client closed the connection -- sets ``srv.event("cut")``.  ``moved``: a
-        request for another target is first answered 307 to ``moved`` (keep-alive)."""
+        request for another target is first answered 307 to ``moved`` (keep-alive).
+        ``location``: the endless answer is a 307 to it, not a 200."""
         assert framing in ("length", "chunked", "close")
 
         async def script(peer: Peer) -> None:
@@ -357,6 +359,8 @@ class scripts:
                 await peer.respond(Reply(307, headers=[("Location", moved)], body=b"moved"))
             version = b"HTTP/1.0" if framing == "close" else b"HTTP/1.1"
             head = version + b" 200 OK\r\nContent-Type: text/plain\r\n"
+            if location is not None:
+                head = version + b" 307 Moved\r\nLocation: %s\r\n" % location.encode()
             if framing == "length":
                 head += b"Content-Length: %d\r\n" % (1 << 40)
             elif framing == "chunked":
