@@ -118,13 +118,13 @@ def test_toy_actions_parse_fingerprint_and_idempotency_through_the_registry() ->
 
 
 class _Cli:
-    def __init__(self, tmp: Path, env: dict[str, str], port: int) -> None:
+    def __init__(self, tmp: Path, env: dict[str, str], port: int, extra: str = "") -> None:
         self.tmp = tmp
         self.env = {**env, "TOY_TOKEN": TOKEN}
         self.cfg = tmp / "affidavit.toml"
         self.cfg.write_text(
             f'[journal]\npath = "journal.db"\n\n[targets.box]\nkind = "toy"\nport = {port}\n'
-            'credential = "env:TOY_TOKEN"\ntimeout = { connect = 5, total = 10 }\n',
+            'credential = "env:TOY_TOKEN"\ntimeout = { connect = 5, total = 10 }\n' + extra,
             encoding="utf-8",
         )
         self.outputs: list[bytes] = []
@@ -180,6 +180,20 @@ async def test_affidavit_call_reports_what_the_toy_evidence_proves(
     assert rc == 1
     assert (env["error"]["code"], env["error"]["phase"], env["error"]["outcome"]) == error
     assert server.ran == ran
+
+
+async def test_a_toy_result_past_max_result_is_cut_by_the_engine_alone(
+    tmp_path: Path, plugin_env: dict[str, str]
+) -> None:
+    # The toy driver knows nothing of max_result: the engine's sink bounds every protocol's
+    # result, and its ResultTooLarge ends the attempt as the records prove.
+    async with toy_server(TOKEN.encode()) as server:
+        rc, env = await _Cli(tmp_path, plugin_env, server.port, "max_result = 4\n").call("hello")
+    assert rc == 1
+    error = (env["error"]["code"], env["error"]["phase"], env["error"]["outcome"])
+    assert error == ("RESULT_SIZE_LIMIT", "remote_execution", "unknown")
+    assert env["evidence"]["result_size_limit"] == {"limit": 4, "received_bytes": 6}
+    assert "result" not in env and server.ran == [b"hello"]
 
 
 async def test_a_token_echoed_by_the_toy_server_is_redacted(
