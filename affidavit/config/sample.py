@@ -43,6 +43,7 @@ inject = "bearer"                     # bearer | basic | header:NAME | query:NAM
 follow_redirects = false
 # redirect_origins = ["https://files.example.com"]  # other origins a redirect may reach
 max_body = 1048576                    # request body limit, bytes
+# max_result = 1073741824             # response limit, bytes: past it, unknown (RESULT_SIZE_LIMIT)
 budget = 3                            # attempts per invocation, recorded in the journal
 timeout = { connect = 5, total = 30 }
 # Only if the service documents key-based deduplication:
