@@ -397,6 +397,7 @@ _PER_ATTEMPT_FACTS = (
     "response_sha256",
     "steps",
     "evidence_from",
+    "result_size_limit",
 )
 _DISPATCH_FACTS = ("connection", "reused_connection", "peer", "hop")
 # The same as sets: one C-level ``isdisjoint`` skips the loops when nothing is there (a first

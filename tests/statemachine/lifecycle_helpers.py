@@ -58,6 +58,7 @@ INTERRUPT_CODES = [
     Code.REMOTE_OUTCOME_UNKNOWN,
     Code.REMOTE_RESULT_INCOMPLETE,
     Code.CALLER_CANCELLED,
+    Code.RESULT_SIZE_LIMIT,
 ]
 REJECT_CODES = codes_of(Phase.REMOTE_EXECUTION, Outcome.REJECTED)
 COMMIT_CODES: list[Code | None] = [None, *codes_of(Phase.REMOTE_EXECUTION, Outcome.COMMITTED)]
@@ -184,7 +185,10 @@ def make_event(
                 attrs["retry_after"] = ra
         source = EvidenceSource.REMOTE_RESPONSE
     elif kind is E.ATTEMPT_INTERRUPTED:
-        attrs = {"code": choose(INTERRUPT_CODES).value}
+        code = choose(INTERRUPT_CODES)
+        attrs = {"code": code.value}
+        if code is Code.RESULT_SIZE_LIMIT:  # the evidence it stands on
+            attrs["result_size_limit"] = {"limit": 1024, "received_bytes": 1025}
     elif kind is E.RESULT_COMMITTED:
         attrs = {"sha256": "sha256:beef", "chunks": 1}
     elif kind is E.RECONCILED:

@@ -460,3 +460,19 @@ def test_result_size_limit_stands_only_on_its_evidence() -> None:
         Code.RESULT_SIZE_LIMIT,
     )
     assert rec.evidence["result_size_limit"] == over
+
+
+def test_result_size_limit_evidence_is_the_attempts_own() -> None:
+    """A retry's attempt starts without the previous attempt's result_size_limit."""
+    p = projector_in("dispatched")
+    over = {"limit": 1024, "received_bytes": 1500}
+    p.apply(
+        Event(E.ATTEMPT_INTERRUPTED, IID, {"code": "RESULT_SIZE_LIMIT", "result_size_limit": over})
+    )
+    assert p.record().evidence["result_size_limit"] == over
+    for kind, dest in (
+        (E.RETRY_LEASE_ACQUIRED, "retry_pending"),
+        (E.DISPATCH_STARTED, "dispatched"),
+    ):
+        assert p.apply(make_event(p, kind, dest, None)) == dest
+    assert "result_size_limit" not in p.record().evidence
