@@ -16,13 +16,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import pytest
 import trio
 
 from affidavit.adapters.base import ResultTooLarge
 from affidavit.engine import RESULT_CHUNK
 from affidavit.engine.sink import StreamSink
-from affidavit.statemachine import EventKind
+from affidavit.statemachine import EventKind, envelope_schema
 from tests.http.hostile import HostileServer, Peer, Reply, Script, scripts
 
 from .helpers import TOKEN_ENV, assert_error, assert_ok, http_target, open_broker, write_config
@@ -80,6 +81,7 @@ async def _call_over_the_limit(
 
 
 def _assert_bounded(env: dict[str, Any], events: Any, srv: HostileServer, took: float, grown: int):
+    jsonschema.Draft202012Validator(envelope_schema()).validate(env)
     evidence = env["evidence"]
     over = evidence["result_size_limit"]
     # Past the limit: the bytes received, or what a compressed body decoded to.
