@@ -75,6 +75,8 @@ class VerifyReport:
     """Rows 1..this were written before the journal was signed (accepted only on request)."""
     results: int = 0
     """Stored results checked against their chained hashes."""
+    bindings: int = 0
+    """Idempotency bindings proven by the chained ACTION_ACCEPTED of the invocation they name."""
     also: tuple[str, ...] = ()
     """Further problems found after the first."""
 

@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 
 from affidavit.statemachine import Event, ImpossibleEvent, Outcome, Phase, Projector, Record
 
-from . import audit, checkpoints, results, views
+from . import audit, bindings, checkpoints, results, views
 from .backend import Backend, open_backend
 from .checkpoints import Keys
 from .connect import recorded_keys
@@ -78,6 +78,9 @@ class _Source:
     def digests(self, invocation_id: str, audit: bool) -> Iterator[tuple[str, int, str]]:
         for stream, idx, data in self.tables.chunks(audit, invocation_id):
             yield stream, idx, hashlib.sha256(data).hexdigest()
+
+    def bindings(self) -> Iterator[tuple[Any, ...]]:
+        return self.tables.idempotency_rows()
 
 
 class JournalReader:
@@ -387,6 +390,23 @@ class JournalReader:
             lambda t: t.idempotency(scope, key), f"an idempotency record in scope {scope!r}"
         )
         return idempotency_from_row(row)
+
+    def bound_record(self, binding: IdempotencyRecord, now: float | None = None) -> Record | None:
+        """The record of the invocation ``binding`` names (``record``), once its chained
+        ACTION_ACCEPTED proves the binding: it names the same scope, key and fingerprint
+        (``bindings.py``) -- else ``AlteredRow``: a binding row pointed at another invocation
+        would answer a retry with that invocation's result.  None while the invocation has no
+        event yet (bound, first event not written)."""
+        record = self.record(binding.invocation_id, now)
+        if record is None:
+            return None
+        why = bindings.mismatch(binding, record)
+        if why is not None:
+            raise AlteredRow(
+                f"journal {self.where}: the idempotency binding in scope {binding.scope!r} names "
+                f"invocation {binding.invocation_id}, but {why}: the binding was altered"
+            )
+        return record
 
     def _now(self, now: float | None) -> float:
         """When a read computes its records' retry hints: ``now`` if the caller gives its

@@ -15,9 +15,11 @@ What it proves depends on the key it trusts (docs/journal.md, "Threat model"):
 
 Stored results are checked without the broker key: the marker against the chained
 RESULT_COMMITTED event, and each sealed chunk (and auditor copy) against the hash the marker
-lists.  The trusted key is the ``--public-key`` file, else the anchor's, else the one recorded in
-the journal itself -- which someone rewriting the file could have replaced, so the report says
-which one it was.
+lists.  Each idempotency binding row is checked against the chained ACTION_ACCEPTED of the
+invocation it names, and each chained key against its binding row (``bindings.py``).  The
+trusted key is the ``--public-key`` file, else the anchor's, else the one recorded in the journal
+itself -- which someone rewriting the file could have replaced, so the report says which one it
+was.
 
 Nothing here knows SQLite: a backend hands over its rows, checkpoints and results (``Source``).
 """
@@ -33,6 +35,7 @@ from typing import Any, Protocol
 
 from affidavit.statemachine import EventKind
 
+from . import bindings
 from .chain import GENESIS, canonical_json, check_row
 from .errors import VerifyReport
 from .signing import Anchor, Checkpoint, key_id_of, verify_signature
@@ -60,6 +63,10 @@ class Source(Protocol):
     def digests(self, invocation_id: str, audit: bool) -> Iterable[tuple[str, int, str]]:
         """(stream, idx, hex SHA-256 of the stored blob) of the result's chunks (``audit``: of
         its auditor copies, the summary's under stream ``""``), by stream and idx."""
+        ...
+
+    def bindings(self) -> Iterable[tuple[Any, ...]]:
+        """Idempotency rows as ``rows.IDEMPOTENCY_COLUMNS``."""
         ...
 
 
@@ -124,6 +131,8 @@ class _Walk:
     anchor_hash: str | None = None
     committed: dict[str, tuple[int, str]] = field(default_factory=dict)
     """RESULT_COMMITTED rows: invocation -> (seq, attrs JSON)."""
+    accepted: dict[str, tuple[int, bindings.Claim | None]] = field(default_factory=dict)
+    """ACTION_ACCEPTED rows: invocation -> (seq, the idempotency key it names, if any)."""
 
 
 def verify_journal(source: Source, trust: Trust) -> VerifyReport:
@@ -146,6 +155,7 @@ def verify_journal(source: Source, trust: Trust) -> VerifyReport:
     if trust.anchor is not None:
         _check_anchor(walk, trust, trust.anchor, problems)
     results = _check_results(source, walk, limit, problems)
+    bound = bindings.check(source.bindings(), walk.accepted, problems.add)
     ok = not problems.found
     intact = walk.rows if problems.seq is None else max(0, min(walk.rows, problems.seq - 1))
     return VerifyReport(
@@ -162,6 +172,7 @@ def verify_journal(source: Source, trust: Trust) -> VerifyReport:
         anchor_seq=trust.anchor.checkpoint.seq if trust.anchor is not None else None,
         unsigned_through=walk.unsigned_through,
         results=results,
+        bindings=bound,
         also=tuple(problems.extra),
     )
 
@@ -200,6 +211,8 @@ def _walk(source: Source, trust: Trust, problems: _Problems) -> _Walk:
             walk.anchor_hash = walk.head
         if row[4] == _RESULT_COMMITTED:
             walk.committed[row[2]] = (seq, row[8])
+        elif row[4] == bindings.ACCEPTED:
+            walk.accepted[row[2]] = (seq, bindings.claim_of(row[8]))
         if cp is not None and cp.seq == seq:
             if not _check_checkpoint(walk, trust, cp, problems):
                 return walk

@@ -159,7 +159,10 @@ async def start(
             # lease, or winning the record's first event) -- a loser's stray events landed in
             # the winner's record, and its ACTION_ACCEPTED crashed on the winner's state.
             op = Operation(idempotent=idempotent, fingerprint=fp)
-            if journal.record(bound.invocation_id) is not None:
+            # The binding row is not chained: the record it names must prove it (its chained
+            # ACTION_ACCEPTED names this key and fingerprint), else ``AlteredRow`` -- never
+            # another invocation's result answered as this call's.
+            if journal.bound_record(bound) is not None:
                 return await resume(
                     engine,
                     bound.invocation_id,
@@ -218,6 +221,7 @@ async def start(
         try:
             await recorder.write(accepted, barrier=True, payload=accepted_payload)
         except ImpossibleEvent:
+            journal.bound_record(bound)  # the taker that won wrote the key: proven as above
             return await resume(
                 engine,
                 iid,

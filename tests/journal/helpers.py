@@ -13,15 +13,26 @@ from affidavit.statemachine import EventKind as E
 CANARY = "canary-7f3a9c1e-SECRET-do-not-store"
 
 
-def accepted(iid: str, session: str | None = "sess-1", budget: int = 3) -> Event:
-    attrs: dict[str, object] = {
-        "operation": {
-            "target": "payments",
-            "protocol": "http",
-            "fingerprint": "sha256:8b1f",
-            "budget": budget,
-        }
+FINGERPRINT = "sha256:8b1f"
+
+
+def accepted(
+    iid: str,
+    session: str | None = "sess-1",
+    budget: int = 3,
+    idem: tuple[str, str] | None = None,
+) -> Event:
+    """``idem``: the (scope, key) the invocation was bound under (``bind_idempotency`` with
+    ``FINGERPRINT``), named as the engine names it (``journal/bindings.py``)."""
+    operation: dict[str, object] = {
+        "target": "payments",
+        "protocol": "http",
+        "fingerprint": FINGERPRINT,
+        "budget": budget,
     }
+    if idem is not None:
+        operation["idempotency"] = {"scope": idem[0], "key": idem[1]}
+    attrs: dict[str, object] = {"operation": operation}
     if session is not None:
         attrs["session"] = session
     return Event(E.ACTION_ACCEPTED, iid, attrs)

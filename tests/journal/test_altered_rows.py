@@ -37,7 +37,7 @@ from affidavit.journal import Journal, JournalError, JournalReader
 from affidavit.statemachine import Event, ImpossibleEvent
 from affidavit.statemachine import EventKind as E
 
-from .helpers import accepted, fill_results
+from .helpers import FINGERPRINT, accepted, fill_results
 
 BODY = bytes(range(256)) * 300  # two 64 KiB chunks (the last one short)
 SECRET = {"token": "canary-7f3a9c1e-SECRET-do-not-store"}
@@ -216,8 +216,8 @@ async def _fill(db: Path) -> None:
     async with Journal.open(db) as j:
         await fill_results(j, BODY)
         await j.acquire_lease("inv-u", "worker-1", 60.0)
-        await j.bind_idempotency("sess-1", "idem-1", "sha256:f1", "inv-p", None)
-        await j.append(accepted("inv-p"), payload=SECRET)
+        await j.bind_idempotency("sess-1", "idem-1", FINGERPRINT, "inv-p", None)
+        await j.append(accepted("inv-p", idem=("sess-1", "idem-1")), payload=SECRET)
 
 
 @pytest.fixture(scope="module")
@@ -266,6 +266,11 @@ def _escapes(
     return out
 
 
+def _bound_record(r: JournalReader) -> object:
+    binding = r.find_idempotency("sess-1", "idem-1")
+    return None if binding is None else r.bound_record(binding)
+
+
 def _reader_surfaces(db: Path) -> dict[str, Callable[[], object]]:
     def with_reader(fn: Callable[[JournalReader], object]) -> Callable[[], object]:
         def run() -> object:
@@ -299,6 +304,7 @@ def _reader_surfaces(db: Path) -> dict[str, Callable[[], object]]:
         "result_stream": with_reader(stream),
         "payload": with_reader(payloads),
         "find_idempotency": with_reader(lambda r: r.find_idempotency("sess-1", "idem-1")),
+        "bound_record": with_reader(_bound_record),
     }
     for iid in INVOCATIONS:
         surfaces[f"events {iid}"] = with_reader(lambda r, i=iid: r.events(i))  # type: ignore[misc]
@@ -360,7 +366,7 @@ def _writer_surfaces(db: Path) -> dict[str, Callable[[], object]]:
         "append to inv-z": run(lambda j: j.append(Event(E.RESULT_COMMITTED, "inv-z"))),
         "acquire_lease inv-u": run(lambda j: j.acquire_lease("inv-u", "worker-1", 60.0)),
         "bind_idempotency": run(
-            lambda j: j.bind_idempotency("sess-1", "idem-1", "sha256:f1", "inv-p", None)
+            lambda j: j.bind_idempotency("sess-1", "idem-1", FINGERPRINT, "inv-p", None)
         ),
         "writer record": run(records),
     }

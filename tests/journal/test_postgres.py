@@ -139,8 +139,9 @@ async def test_a_broker_role_appends_but_cannot_change_or_unprotect_the_journal(
     async with Journal.open(broker_url, **_keys(tmp_path, "broker")) as j:
         for ev in happy("inv-1"):
             await j.append(ev)
-        lease_free = await j.bind_idempotency("s", "k", "fp", "inv-1", None)
-        assert lease_free.invocation_id == "inv-1"
+        # bound, its first event not written yet (inv-1's ACTION_ACCEPTED names no key)
+        lease_free = await j.bind_idempotency("s", "k", "fp", "inv-2", None)
+        assert lease_free.invocation_id == "inv-2"
     with psycopg.connect(broker_url, autocommit=True) as conn:
         for statement in (
             "UPDATE events SET kind = 'RECONCILED' WHERE seq = 3",
