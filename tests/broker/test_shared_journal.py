@@ -18,7 +18,7 @@ from affidavit.config.service import MIN_SHARED_LEASE_MARGIN
 from affidavit.journal import Journal, JournalError, JournalReader, SigningKey, public_key_pem
 from affidavit.statemachine import Event, Outcome
 from affidavit.statemachine import EventKind as E
-from tests.journal.helpers import happy, interrupted
+from tests.journal.helpers import FINGERPRINT, accepted, happy, interrupted
 from tests.postgres import Cluster
 
 
@@ -133,9 +133,10 @@ async def _sqlite_journal(db: Path) -> None:
         await j.put_result_chunk("inv-r", "body", 0, b"x" * 70_000)
         await j.put_result_chunk("inv-r", "body", 1, b"tail")
         await j.commit_result(Event(E.RESULT_COMMITTED, "inv-r"), summary={"status": 201})
-        for ev in interrupted("inv-u"):
+        # bound first, then accepted naming its key (as the engine does: journal/bindings.py)
+        await j.bind_idempotency("api.create", "key-1", FINGERPRINT, "inv-u", 2e9)
+        for ev in [accepted("inv-u", idem=("api.create", "key-1")), *interrupted("inv-u")[1:]]:
             await j.append(ev)
-        await j.bind_idempotency("api.create", "key-1", "sha256:aa", "inv-u", 2e9)
         await j.acquire_lease("inv-u", "old-broker", ttl=1)
 
 
