@@ -75,8 +75,8 @@ def add_commands(sub: Any) -> None:
     jsub.required = True
     v = jsub.add_parser(
         "verify",
-        help="check the hash chain, signed checkpoints and stored results; exit 1 and name the "
-        "first bad seq",
+        help="check the hash chain, signed checkpoints, stored results and idempotency "
+        "bindings; exit 1 and name the first bad seq",
     )
     common_options(v)
     _trust_args(v)
@@ -361,6 +361,7 @@ def _verify(args: argparse.Namespace) -> int:
         if report.unsigned_through:
             _out(f"  rows 1..{report.unsigned_through} predate signing (accepted on the chain)")
         _out(f"  {report.results} stored results match their chained hashes")
+        _out(f"  {report.bindings} idempotency bindings match their chained ACTION_ACCEPTED")
         if report.key_source == "journal":
             _out(
                 "  note: checked with the public keys the journal records itself; pass "

@@ -143,7 +143,10 @@ async def start(
         journal = engine.journal
         try:
             bound = await journal.bind_idempotency(scope, key, fp, iid, expires)
-        except IdempotencyMismatch:
+        except IdempotencyMismatch as exc:
+            # Refused for the fingerprint the binding row holds: only once the chained event
+            # proves it (a row given another fingerprint is altered, not a mismatch).
+            journal.bound_record(exc.existing)
             return await refuse_new(
                 recorder,
                 iid,

@@ -63,6 +63,27 @@ async def test_a_binding_pointed_at_another_invocation_is_altered_never_its_resu
         assert not report.ok and "binding" in report.reason
 
 
+async def test_a_binding_given_another_fingerprint_is_altered_not_a_mismatch(
+    tmp_path: Path, token: str
+) -> None:
+    """The same request again, its binding row's fingerprint changed: not IDEMPOTENCY_MISMATCH
+    (a refusal the chained event does not back), but an altered binding."""
+    async with HostileServer.running(scripts.serve(Reply(201))) as srv:
+        cfg = write_config(tmp_path, {"api": http_target(srv.url, idempotency=IDEM)})
+        async with open_broker(cfg) as broker:
+            with trio.fail_after(LIMIT):
+                a = await broker.call({**POST, "idempotency_key": "key-a"})
+            assert_ok(broker, a)
+        _tamper(
+            tmp_path / "journal.db",
+            "UPDATE idempotency SET fingerprint = 'sha256:0' WHERE key = 'key-a'",
+        )
+        async with open_broker(cfg) as broker:
+            with trio.fail_after(LIMIT), pytest.raises(AlteredRow, match="binding was altered"):
+                await broker.call({**POST, "idempotency_key": "key-a"})
+        assert len(srv.requests) == 1
+
+
 async def test_a_removed_binding_is_found_by_verify(tmp_path: Path, token: str) -> None:
     async with HostileServer.running(scripts.serve(Reply(201))) as srv:
         cfg = write_config(tmp_path, {"api": http_target(srv.url, idempotency=IDEM)})
