@@ -117,3 +117,14 @@ async def test_a_binding_pointed_at_an_unbound_invocation_is_found_by_verify(
     assert "names another key: the binding was altered" in report.reason
     with place.reader() as r, pytest.raises(AlteredRow, match="binding was altered"):
         r.bound_record(_binding(place, "key-c"))
+
+
+async def test_two_invocations_naming_one_key_are_found_by_verify(place: Place) -> None:
+    """The broker binds a key to one invocation before its ACTION_ACCEPTED: a second chained
+    event naming the same key (forged, and re-signed by whoever holds the key) is reported."""
+    seqs = await _fill(place)
+    async with place.open() as j:
+        seqs["inv-d"] = (await j.append(_accepted("inv-d", "key-a", "sha256:aa"))).seq
+    report = _verify(place)
+    assert (report.ok, report.first_bad_seq) == (False, seqs["inv-d"])
+    assert "both name one idempotency key" in report.reason
