@@ -330,7 +330,18 @@ def _example_envelope() -> str:
             seq=1,
         ),
         Event(EventKind.PREFLIGHT_VALIDATED, iid, {"config_hash": "sha256:c0f1"}, seq=2),
-        Event(EventKind.CREDENTIAL_AUTHORIZED, iid, {"credential": "payments-api"}, seq=3),
+        Event(
+            EventKind.CREDENTIAL_AUTHORIZED,
+            iid,
+            {
+                "credential": "vault:payments-api",
+                "version": "3",
+                "inject": "bearer",
+                "idempotency_header": "Idempotency-Key",
+                "generation": 0,
+            },
+            seq=3,
+        ),
         Event(EventKind.DISPATCH_STARTED, iid, {"generation": 0}, seq=4),
         Event(EventKind.REQUEST_SENT, iid, seq=5),
         Event(
