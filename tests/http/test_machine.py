@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from affidavit.adapters.http import HTTP_TABLE, FramingError, HttpExchange
 from affidavit.statemachine import ProtocolMachine, ProtocolViolation, registered
-from tests.statemachine.lifecycle_helpers import protocol_paths
+from tests.statemachine.lifecycle_helpers import protocol_paths, protocol_walks
 
 ALL_EVENTS = sorted({ev for row in HTTP_TABLE.transitions.values() for ev in row})
 PATHS = protocol_paths(HTTP_TABLE)
@@ -62,20 +62,41 @@ def test_every_state_event_pair_lands_in_a_declared_state_or_is_refused(
 
 
 @settings(max_examples=300)
-@given(st.lists(st.sampled_from(ALL_EVENTS), max_size=40))
+@given(protocol_walks(HTTP_TABLE))
 def test_random_walks_never_return_before_dispatch(events: list[str]) -> None:
+    _check_walk(events)
+
+
+def test_the_walks_checks_hold_on_every_edge() -> None:
+    # The walk above follows enabled transitions; this proves its checks hold on every edge of
+    # the table (each reached by its shortest path), whatever a run happens to draw.
+    taken: set[tuple[str, str, str]] = set()
+    for src, ev, _dst in HTTP_TABLE.edges():
+        taken |= _check_walk([*PATHS[src], ev])
+    assert taken == set(HTTP_TABLE.edges())
+
+
+def _check_walk(events: list[str]) -> set[tuple[str, str, str]]:
+    """Fire ``events`` (refused ones leave the state as it was); return the edges taken."""
     m = ProtocolMachine(HTTP_TABLE)
     was_dispatched = False
+    taken = set()
     for ev in events:
+        before = m.state
         if not m.allows(ev):
+            with pytest.raises(ProtocolViolation):
+                m.fire(ev)
+            assert m.state == before
             continue
         m.fire(ev)
+        taken.add((before, ev, m.state))
         if was_dispatched:
             assert m.state in HTTP_TABLE.post_dispatch
             assert m.dispatched
         was_dispatched = m.dispatched
         if m.complete:
             assert any(s.dest == "framing_complete" for s in m.history)
+    return taken
 
 
 def _exchange() -> tuple[ProtocolMachine, HttpExchange]:

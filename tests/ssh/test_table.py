@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
+from hypothesis import given, settings
 
 from affidavit.adapters.ssh import SSH_TABLE
 from affidavit.statemachine import ProtocolMachine, ProtocolViolation, registered
+from tests.statemachine.lifecycle_helpers import protocol_paths, protocol_walks
 
 EVENTS = sorted({ev for row in SSH_TABLE.transitions.values() for ev in row})
 SETUP = ["tcp_connected", "transport_ready", "host_key_verified", "authenticated", "session_open"]
@@ -89,12 +89,29 @@ def test_milestones_are_post_dispatch() -> None:
     }
 
 
-@given(st.lists(st.sampled_from(EVENTS), max_size=30))
+@settings(max_examples=300)
+@given(protocol_walks(SSH_TABLE))
 def test_any_event_sequence_never_returns_before_dispatch(events: list[str]) -> None:
-    # h2's test shape: feed arbitrary events; each either fires into a declared state or raises
-    # ProtocolViolation and leaves the state untouched; dispatched never flips back.
+    _check_walk(events)
+
+
+def test_the_walks_checks_hold_on_every_edge() -> None:
+    # The walk above follows enabled transitions; this proves its checks hold on every edge of
+    # the table (each reached by its shortest path), whatever a run happens to draw.
+    paths = protocol_paths(SSH_TABLE)
+    taken: set[tuple[str, str, str]] = set()
+    for src, ev, _dst in SSH_TABLE.edges():
+        taken |= _check_walk([*paths[src], ev])
+    assert taken == set(SSH_TABLE.edges())
+
+
+def _check_walk(events: list[str]) -> set[tuple[str, str, str]]:
+    # h2's test shape: feed events; each either fires into a declared state or raises
+    # ProtocolViolation and leaves the state untouched; once dispatched, every state is a
+    # post-dispatch one.  Returns the edges taken.
     m = ProtocolMachine(SSH_TABLE)
     was_dispatched = False
+    taken = set()
     for ev in events:
         before = m.state
         try:
@@ -102,8 +119,12 @@ def test_any_event_sequence_never_returns_before_dispatch(events: list[str]) -> 
         except ProtocolViolation:
             assert m.state == before
             continue
+        taken.add((before, ev, m.state))
         assert step.dest in SSH_TABLE.states
         assert m.dispatched or not was_dispatched
+        if was_dispatched:
+            assert m.state in SSH_TABLE.post_dispatch
         was_dispatched = m.dispatched
         if m.complete:
             assert m.state in SSH_TABLE.complete_states or m.state in SSH_TABLE.final
+    return taken
