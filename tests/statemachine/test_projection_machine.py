@@ -208,6 +208,27 @@ class ProjectionMachine(RuleBasedStateMachine):
                 detour=lambda: data.draw(st.integers(0, 2)) == 0,
             )
 
+    @rule(data=st.data())
+    def throttled(self, data: st.DataObject) -> None:
+        # The one result whose hint weighs everything at once (safety by configuration or key,
+        # key retention, Retry-After against the configured maximum, budget): a fresh
+        # invocation, drawn settings, answered REMOTE_THROTTLED -- a third of random rejections
+        # only, and the seed's throttle rule has four ways to be wrong.
+        draw = _chooser(data)
+
+        def choose(options: Any) -> Any:
+            return Code.REMOTE_THROTTLED if Code.REMOTE_THROTTLED in options else draw(options)
+
+        self._fresh()
+        self._accept(data.draw(OPERATIONS))
+        self.seed_invariants()
+        self.take_edge(
+            ("dispatched", E.REMOTE_RESPONSE_COMPLETE, "completed_rejected"),
+            choose=choose,
+            fresh_params=lambda: data.draw(OPERATIONS),
+            detour=lambda: data.draw(st.integers(0, 2)) == 0,
+        )
+
     def take_edge(
         self,
         edge: tuple[str, EventKind, str],
