@@ -430,6 +430,21 @@ ROWS: dict[str, Row] = {
         then=_no_final_response,
         received=_post_received,
     ),
+    # Seed: "Other 1xx responses likewise leave the call in progress": interim 102 and 103
+    # followed by nothing are no result; followed by a complete final response, that response
+    # (never an interim one) is the result.
+    "102-and-103-then-close-is-unknown": Row(
+        _unknown("reconcile", "REMOTE_OUTCOME_UNKNOWN"),
+        scripts.informational_then((102, 103)),
+        then=_no_final_response,
+        received=_whole_request_received,
+    ),
+    "103-then-a-complete-201-is-the-201": Row(
+        None,
+        scripts.informational_then((103,), Reply(201, body=b'{"id":"pay_1"}')),
+        then=_committed_stored_and_fetchable,
+        received=_body_received,
+    ),
     # Seed: the outcome may remain unknown "even if the local error says timeout".
     "caller-timeout-after-dispatch-is-caller-cancelled-unknown": Row(
         _unknown("reconcile", "CALLER_CANCELLED"),

@@ -27,7 +27,8 @@ Reusable API (the lead's engine/broker tests use it too)::
   ``malformed()``, ``endless(framing, encoding=None, cap=32 MiB, moved=None)`` (a 200 whose
   body runs on: ``srv.body_sent`` counts it, ``srv.event("cut")`` is set once the client closed
   on it),
-  ``continue_then_close()``, ``error_after_commit(status=500)``, ``slow(delay, reply)``,
+  ``continue_then_close()``, ``informational_then(statuses, final=None)``,
+  ``error_after_commit(status=500)``, ``slow(delay, reply)``,
   ``silent()`` (accepts, never reads nor writes), ``held(reply=None)`` (reads the request, sets
   ``srv.event("received")``, answers once ``srv.event("release")`` is set, or never),
   ``keep_alive_then_reset(trigger="reset")`` (serves one request, waits for
@@ -439,6 +440,23 @@ class scripts:
             await peer.read_head()
             await peer.respond(Reply(100))
             await peer.close()
+
+        return script
+
+    @staticmethod
+    def informational_then(statuses: tuple[int, ...], final: Reply | None = None) -> Script:
+        """Read the whole request, send the interim ``statuses`` (1xx, e.g. 102, 103), then
+        ``final`` -- or, without one, close: no final response ever comes."""
+
+        async def script(peer: Peer) -> None:
+            if await peer.read_request() is None:
+                return
+            for status in statuses:
+                await peer.respond(Reply(status, headers=[("Link", "</a.css>; rel=preload")]))
+            if final is None:
+                await peer.close()
+            else:
+                await peer.respond(final)
 
         return script
 
