@@ -248,6 +248,37 @@ async def test_a_resealed_summary_is_caught_by_the_chained_hash(place: Place) ->
         r.read_result("inv-s")
 
 
+async def test_a_resealed_chunk_is_caught_by_its_chained_hash_even_when_resumed(
+    place: Place,
+) -> None:
+    """A chunk resealed with the broker key at its own index opens cleanly: only the chunk
+    hashes the chained RESULT_COMMITTED carries catch it.  A resumed read (from that chunk, so
+    the stream's whole plaintext hash is never taken) must fail on it too, and never hand the
+    other bytes over as a verified chunk (seed: resume "from the last verified chunk")."""
+    from affidavit.journal.sealing import BrokerKey, chunk_aad
+
+    async with place.open() as j:
+        await _completed(j, "inv-c")
+        for idx, part in enumerate([b"one", b"two", b"six"]):
+            await j.put_result_chunk("inv-c", "body", idx, part)
+        await j.commit_result(Event(E.RESULT_COMMITTED, "inv-c"), summary={})
+    forged = BrokerKey.load(place.key_file).seal(b"TWO", chunk_aad("inv-c", "body", 1))
+    place.tamper(
+        f"UPDATE result_chunks SET data = {place.blob(forged)} "
+        "WHERE invocation_id = 'inv-c' AND stream = 'body' AND idx = 1"
+    )
+    with place.reader() as r:
+        stream = r.result_stream("inv-c")
+        assert stream is not None
+        for start in (0, 1):
+            got: list[bytes] = []
+            with pytest.raises(JournalError, match="chunk 1 differs from its chained hash"):
+                got.extend(stream.chunks("body", start))
+            assert got == [b"one"][start:]  # what came before it, verified; nothing after
+        with pytest.raises(JournalError, match="chunk 1"):
+            r.read_result("inv-c")
+
+
 CHUNK = 64 * 1024
 
 
