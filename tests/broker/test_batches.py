@@ -257,6 +257,33 @@ async def test_an_atomic_batch_with_mixed_answers_is_reconciled_as_a_whole(
     assert {i["retry"] for i in env["items"]} == {"never"}
 
 
+async def test_an_atomic_batch_with_a_throttled_item_backs_off_no_item(
+    tmp_path: Path, token: str
+) -> None:
+    # An idempotent batch answered 429 for one item with a Retry-After would back that item
+    # off (above) -- unless the batch is atomic: then a mixed answer is reconciled as a whole
+    # (seed), the throttled item included.  The record's view (statemachine/batch.py), not
+    # only the recorded items, must keep it so.
+    body = _results({1: 200, 2: 429, 3: 200, 4: 200, 5: 200})
+    reply = Reply(207, headers=[("Retry-After", "1")], body=body)
+    idempotent = {"idempotent": ["GET", "POST", "PUT"]}
+    env, _k, _m = await _run(tmp_path, scripts.serve(reply), {"atomic": True}, **idempotent)
+    assert env["items"][1]["code"] == "REMOTE_THROTTLED"
+    assert {i["retry"] for i in env["items"]} == {"reconcile"}
+
+
+async def test_a_5xx_naming_no_item_leaves_every_item_unknown(tmp_path: Path, token: str) -> None:
+    # A complete 500 proves the request was processed to some point, not which item was
+    # applied: never "rejected" (nothing applied) for an item the response did not name.
+    reply = Reply(500, body=b'{"error":"internal"}')
+    env, kinds, _m = await _run(tmp_path, scripts.serve(reply))
+    assert (env["error"]["outcome"], env["error"]["code"]) == ("committed", "REMOTE_ERROR")
+    assert _outcomes(env) == [
+        (n, "unknown", "REMOTE_RESULT_INCOMPLETE", "reconcile") for n in range(1, 6)
+    ]
+    assert E.BATCH_ITEMS_RECORDED in kinds
+
+
 async def test_items_before_dispatch_are_not_attempted(tmp_path: Path, token: str) -> None:
     from .helpers import closed_port
 
