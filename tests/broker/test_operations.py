@@ -365,6 +365,22 @@ async def test_a_202_on_a_target_without_operations_is_a_plain_committed_result(
                 await broker.poll_operation(env["invocation_id"])
 
 
+@pytest.mark.parametrize("status", [200, 201])
+async def test_only_a_202_accepts_a_job(tmp_path: Path, token: str, status: int) -> None:
+    # A complete 200 or 201 is the work's own result, not an acceptance of queued work (seed:
+    # "A complete HTTP 202 response confirms that the job was accepted"): even carrying a
+    # Location and an id, it starts no operation to poll.
+    done = Reply(status, headers=[("Location", "/v1/jobs/j123")], body=b'{"id":"j123"}')
+    async with HostileServer.running(scripts.serve(done)) as srv:
+        cfg = write_config(tmp_path, {"jobs": _target(srv)})
+        async with open_broker(cfg) as broker:
+            env = await _submit(broker)
+            assert_ok(broker, env)
+            assert "operation" not in env
+            assert E.OPERATION_ACCEPTED not in event_kinds(broker, env["invocation_id"])
+            assert broker.operations() == []
+
+
 # -- the command line ----------------------------------------------------------------------------
 
 
