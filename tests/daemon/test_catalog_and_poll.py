@@ -14,6 +14,7 @@ from affidavit.api.client import Client
 from affidavit.api.wire import ApiError
 from tests.broker.helpers import TOKEN_ENV, open_broker
 from tests.http.hostile import Received, Reply, scripts
+from tests.journal.helpers import flip_stored_byte
 
 from .kit import serving
 
@@ -57,6 +58,28 @@ async def test_catalog_poll_and_resumed_results_through_the_client(
         assert (status, code) == (400, "BAD_REQUEST") and "from_chunk: expected" in message
     assert (refused.value.status, refused.value.code) == (422, "OPERATION_ERROR")
     assert len(srv.requests) == 1
+
+
+async def test_a_stored_chunk_that_fails_verification_is_result_unverified_never_its_bytes(
+    tmp_path: Path, token: str
+) -> None:
+    # Seed: a result is resumed "from the last verified chunk"; the daemon must not hand a
+    # corrupt stored chunk over as the result -- whole or resumed: 500 RESULT_UNVERIFIED
+    # naming the chunk, no body.
+    body = b"secret-free stored body " * 40
+    async with (
+        serving(tmp_path, scripts.serve(Reply(200, body=body)), token=token) as (_srv, daemon),
+        Client.open(daemon.socket) as client,
+    ):
+        envelope = await client.call({"target": "api", "method": "GET", "path": "/r"})
+        iid = envelope["invocation_id"]
+        assert envelope["result"]["body"] == body.decode()
+        flip_stored_byte(daemon.journal, iid, "body", 0)
+        for from_chunk in (None, 0):
+            with pytest.raises(ApiError) as caught:
+                await client.fetch_result(iid, from_chunk=from_chunk)
+            assert (caught.value.status, caught.value.code) == (500, "RESULT_UNVERIFIED")
+            assert "chunk 0" in str(caught.value) and "stored body" not in str(caught.value)
 
 
 async def test_an_operation_is_polled_in_the_daemon(tmp_path: Path, token: str) -> None:
