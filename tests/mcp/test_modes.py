@@ -16,6 +16,7 @@ import pytest
 import trio
 
 from tests.daemon.kit import run, running_daemon
+from tests.journal.helpers import flip_stored_byte
 from tests.mcp.kit import PYTHON, WAIT, Connected, connected, env_without_secrets, structured
 
 from .conftest import Remotes, wait_for
@@ -39,6 +40,27 @@ async def session(
         args = ["--socket", str(daemon.socket)]
         async with connected(args, env_without_secrets(), log, python) as mcp:
             yield mcp, daemon.config
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_a_stored_chunk_that_fails_verification_is_result_unverified(
+    tmp_path: Path, remotes: Remotes, token: str, mode: str
+) -> None:
+    # A corrupt stored chunk is never handed over as the result, whole or resumed: the tool
+    # answers RESULT_UNVERIFIED naming the chunk.
+    async with session(mode, tmp_path, remotes, token) as (mcp, _):
+        called = structured(
+            await mcp.call("http_request", {"target": "ok", "method": "GET", "path": "/"})
+        )
+        iid = called["invocation_id"]
+        flip_stored_byte(tmp_path / "journal.db", iid, "body", 0, at=0)
+        for extra in ({}, {"from_chunk": 0}):
+            result = await mcp.call("fetch_result", {"invocation_id": iid, **extra})
+            answer = structured(result)
+            assert result.is_error is True, answer
+            assert answer["api_error"]["code"] == "RESULT_UNVERIFIED", answer
+            assert "chunk 0" in answer["api_error"]["message"]
+            assert "result" not in answer
 
 
 @pytest.mark.parametrize("mode", MODES)
