@@ -453,6 +453,15 @@ ROWS: dict[str, Row] = {
         then=_dispatched,
         received=_whole_request_received,
     ),
+    # The caller's deadline in the middle of a framed body: the cause is the caller's, the
+    # outcome still unknown, and the partial body is no result.
+    "caller-timeout-mid-body-is-caller-cancelled-unknown": Row(
+        _unknown("reconcile", "CALLER_CANCELLED"),
+        scripts.stall_mid_body(b'{"id":"pay_'),
+        timeout=0.5,
+        then=_partial_never_returned(b'{"id":"pay_'),
+        received=_whole_request_received,
+    ),
     # Seed: "committed does not mean success"; rejected and committed are never merged.
     "complete-2xx-is-committed-stored-and-fetchable": Row(
         None,

@@ -28,6 +28,7 @@ Reusable API (the lead's engine/broker tests use it too)::
   body runs on: ``srv.body_sent`` counts it, ``srv.event("cut")`` is set once the client closed
   on it),
   ``continue_then_close()``, ``informational_then(statuses, final=None)``,
+  ``stall_mid_body(partial)``,
   ``error_after_commit(status=500)``, ``slow(delay, reply)``,
   ``silent()`` (accepts, never reads nor writes), ``held(reply=None)`` (reads the request, sets
   ``srv.event("received")``, answers once ``srv.event("release")`` is set, or never),
@@ -457,6 +458,19 @@ class scripts:
                 await peer.close()
             else:
                 await peer.respond(final)
+
+        return script
+
+    @staticmethod
+    def stall_mid_body(partial: bytes = b'{"id":"pay_') -> Script:
+        """Read the request, send a 200's head promising 1000 bytes and ``partial`` of them,
+        then stall with the connection open (the caller's deadline is what ends the call)."""
+
+        async def script(peer: Peer) -> None:
+            if await peer.read_request() is None:
+                return
+            await peer.send_raw(b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n" + partial)
+            await trio.sleep_forever()
 
         return script
 
