@@ -188,6 +188,33 @@ async def test_authentication_rejected_by_the_scripted_server_sends_no_exec(
     assert (len(hostile.exec_requests), hostile.sessions_opened) == (execs, sessions)
 
 
+async def test_caller_timeout_after_exit_status_with_output_open_stays_unknown(
+    tmp_path: Path, sshd: Sshd
+) -> None:
+    # The shell prints, leaves a child holding its stdout, and exits 0: sshd reports the exit
+    # status while the output stream is still open.  The caller's deadline then ends the call:
+    # an exit status without the complete streams is no complete result (seed: record "the
+    # completeness of stdout and stderr, the exit status ... and the channel close") -- the
+    # outcome stays unknown with the caller's cause, and the partial output is not a result.
+    pidfile = tmp_path / "child.pid"
+    cfg = write_config(tmp_path, {"box": ssh_target(sshd.port, sshd.user, sshd.host_pin)})
+    command = f"echo partial-output; sleep 30 & echo $! > {pidfile}; exit 0"
+    try:
+        with trio.fail_after(LIMIT):
+            async with open_broker(cfg) as b:
+                env = await b.call({"target": "box", "command": command}, timeout=1.5)
+                assert_error(b, env, phase="remote_execution", outcome="unknown",
+                             retry="reconcile", code="CALLER_CANCELLED")  # fmt: skip
+                assert not env["evidence"]["response_complete"]
+                assert "result" not in env and "partial-output" not in repr(env)
+                kinds = event_kinds(b, env["invocation_id"])
+                assert EventKind.RESULT_COMMITTED not in kinds
+                assert b.journal.read_result(env["invocation_id"]) is None
+    finally:
+        with contextlib.suppress(FileNotFoundError, ValueError, ProcessLookupError):
+            os.kill(int(pidfile.read_text()), signal.SIGKILL)
+
+
 async def test_caller_timeout_after_exec_sent_is_caller_cancelled_unknown_reconcile(
     tmp_path: Path, sshd: Sshd
 ) -> None:
