@@ -170,3 +170,18 @@ def open_backend(
     from .sqlite import SqliteBackend
 
     return SqliteBackend(Path(location))
+
+
+def refuse_newer_schema(recorded: object, known: int, where: str) -> None:
+    """Refuse a journal whose recorded schema (``meta.schema``'s value, None when absent) is
+    newer than the ``known`` one of this backend: what this broker would make of it is not
+    what it holds, so it is neither written nor read.  A value that is no number counts as 0."""
+    try:
+        found = int(recorded) if recorded is not None else 0  # type: ignore[call-overload]
+    except (TypeError, ValueError):
+        found = 0
+    if found > known:
+        raise JournalError(
+            f"journal {where} was written by a newer affidavit (schema {found}; this one knows "
+            f"schema {known}): upgrade affidavit to open it"
+        )

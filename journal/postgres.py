@@ -41,7 +41,7 @@ import psycopg
 from psycopg import conninfo as pg_conninfo
 from psycopg.pq import TransactionStatus
 
-from .backend import redact
+from .backend import redact, refuse_newer_schema
 from .chain import GENESIS
 from .errors import JournalError, JournalUnavailable
 from .tables import SQL, Tables
@@ -287,15 +287,7 @@ class PostgresBackend:
         if not conn.execute("SELECT to_regclass('meta') IS NOT NULL").fetchone()[0]:
             return
         row = conn.execute("SELECT value FROM meta WHERE name = 'schema'").fetchone()
-        try:
-            found = int(row[0]) if row is not None else 0
-        except (TypeError, ValueError):
-            found = 0
-        if found > SCHEMA_VERSION:
-            raise JournalError(
-                f"journal {self.where} was written by a newer affidavit (schema {found}; this "
-                f"one knows schema {SCHEMA_VERSION}): upgrade affidavit to open it"
-            )
+        refuse_newer_schema(None if row is None else row[0], SCHEMA_VERSION, self.where)
 
     def close(self, conn: Any) -> None:
         self._pipes.pop(id(conn), None)

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 from urllib.parse import quote
 
+from .backend import refuse_newer_schema
 from .chain import GENESIS
 from .errors import JournalError
 from .lock import WriterLock
@@ -561,15 +562,7 @@ def _refuse_newer(conn: sqlite3.Connection, path: Path) -> None:
         row = conn.execute("SELECT value FROM meta WHERE name = 'schema'").fetchone()
     except sqlite3.Error:  # a new file, or one from before the meta table
         return
-    try:
-        found = int(row[0]) if row is not None else 0
-    except (TypeError, ValueError):
-        found = 0
-    if found > SCHEMA_VERSION:
-        raise JournalError(
-            f"journal {path} was written by a newer affidavit (schema {found}; this one knows "
-            f"schema {SCHEMA_VERSION}): upgrade affidavit to open it"
-        )
+    refuse_newer_schema(None if row is None else row[0], SCHEMA_VERSION, str(path))
 
 
 def _split_sql(script: str) -> Iterable[str]:
