@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 import trio
 
 from tests.broker.approvalkit import PaymentsApi, reconcile_target
-from tests.broker.helpers import http_target
+from tests.broker.helpers import TOKEN_ENV, http_target, write_config
 from tests.daemon.kit import WAIT, DaemonProc, cli, running_daemon, start_caller, wait_until
 from tests.external import CHROMEDRIVER, CHROMIUM, free_port
 from tests.http.hostile import HostileServer, Reply, scripts
@@ -153,6 +153,19 @@ async def console_world(
                 raise
             break
         yield World(daemon, pay, flaky, ledger, f"http://127.0.0.1:{port}")
+
+
+def operator_config(
+    tmp: Path, monkeypatch: Any, targets: dict[str, Any], service: str = ""
+) -> Path:
+    """A config in ``tmp`` with ``targets`` and this process's user as the operator (plus any
+    ``[service]`` lines in ``service``); the credential the targets name is a canary that must
+    never be shown (set through ``monkeypatch``, so the test's end restores it)."""
+    monkeypatch.setenv(TOKEN_ENV, "canary-never-shown")
+    path = write_config(tmp, targets)
+    with path.open("a") as f:
+        f.write(f"[service]\noperator_uids = [{os.geteuid()}]\n{service}")
+    return path
 
 
 @contextlib.asynccontextmanager

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import os
 import re
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -20,9 +19,9 @@ import pytest
 from affidavit.api.broker import Broker
 from affidavit.approvals import OperatorPolicy
 from affidavit.console import pages, visible
-from tests.broker.helpers import TOKEN_ENV, http_target, open_broker, write_config
+from tests.broker.helpers import http_target, open_broker
 
-from .kit import get, log_in_to, post, served
+from .kit import get, log_in_to, operator_config, post, served
 
 
 async def _pending(b: Broker, **action: Any) -> str:
@@ -43,11 +42,8 @@ async def world(
 ) -> AsyncIterator[tuple[Broker, str, Any, str]]:
     """A broker whose ``pay`` asks approval for POSTs (answered pending at once), its console
     served here, and this process's user logged in: (broker, origin, console, cookie)."""
-    monkeypatch.setenv(TOKEN_ENV, "canary-never-shown")
     target = http_target("http://127.0.0.1:9", approval={"methods": ["POST"], "wait": "0s"})
-    path = write_config(tmp_path, {"pay": target})
-    with path.open("a") as f:
-        f.write(f"[service]\noperator_uids = [{os.geteuid()}]\n")
+    path = operator_config(tmp_path, monkeypatch, {"pay": target})
     async with open_broker(path) as b, served(b, tmp_path) as (origin, console):
         cookie, _ = await log_in_to(console, origin)
         yield b, origin, console, cookie

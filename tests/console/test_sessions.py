@@ -9,7 +9,6 @@ The console is served in this process as the daemon serves it (a real loopback s
 from __future__ import annotations
 
 import html
-import os
 import re
 from pathlib import Path
 
@@ -17,10 +16,10 @@ import pytest
 
 from affidavit.console import pages
 from affidavit.console.auth import IDLE_TTL
-from tests.broker.helpers import TOKEN_ENV, http_target, open_broker, write_config
+from tests.broker.helpers import http_target, open_broker
 from tests.daemon.kit import as_user, client_env, run
 
-from .kit import get, log_in_to, post, served
+from .kit import get, log_in_to, operator_config, post, served
 
 NOBODY = 65534
 
@@ -28,10 +27,7 @@ NOBODY = 65534
 async def test_the_live_view_s_own_reload_does_not_keep_an_idle_session_alive(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv(TOKEN_ENV, "canary-never-shown")
-    path = write_config(tmp_path, {"pay": http_target("http://127.0.0.1:9")})
-    with path.open("a") as f:
-        f.write(f"[service]\noperator_uids = [{os.geteuid()}]\n")
+    path = operator_config(tmp_path, monkeypatch, {"pay": http_target("http://127.0.0.1:9")})
     async with open_broker(path) as b, served(b, tmp_path) as (origin, console):
         cookie, _ = await log_in_to(console, origin)
         session = console.sessions.get(cookie.split("=", 1)[1], used=False)
@@ -61,10 +57,7 @@ async def test_the_live_view_s_own_reload_does_not_keep_an_idle_session_alive(
 async def test_an_operator_s_own_request_restarts_the_idle_clock(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv(TOKEN_ENV, "canary-never-shown")
-    path = write_config(tmp_path, {"pay": http_target("http://127.0.0.1:9")})
-    with path.open("a") as f:
-        f.write(f"[service]\noperator_uids = [{os.geteuid()}]\n")
+    path = operator_config(tmp_path, monkeypatch, {"pay": http_target("http://127.0.0.1:9")})
     async with open_broker(path) as b, served(b, tmp_path) as (origin, console):
         cookie, _ = await log_in_to(console, origin)
         session = console.sessions.get(cookie.split("=", 1)[1], used=False)
@@ -83,11 +76,8 @@ async def test_a_decision_is_confirmed_from_the_session_never_from_the_url(
     """A link (from a page an agent serves on another port of loopback, which is the same
     site) naming ``?decided=`` or ``?done=`` made the console say a decision or a query had
     been recorded that nobody made: the confirmation now comes from the session, once."""
-    monkeypatch.setenv(TOKEN_ENV, "canary-never-shown")
     target = http_target("http://127.0.0.1:9", approval={"methods": ["POST"], "wait": "0s"})
-    path = write_config(tmp_path, {"pay": target})
-    with path.open("a") as f:
-        f.write(f"[service]\noperator_uids = [{os.geteuid()}]\nallow_self_approval = true\n")
+    path = operator_config(tmp_path, monkeypatch, {"pay": target}, "allow_self_approval = true\n")
     async with open_broker(path) as b, served(b, tmp_path) as (origin, console):
         cookie, csrf = await log_in_to(console, origin)
         envelope = await b.call({"target": "pay", "method": "POST", "path": "/v1/x", "body": "x"})
@@ -125,10 +115,7 @@ async def test_a_stranger_s_refused_request_does_not_keep_the_session_alive(
 ) -> None:
     """An agent that got the cookie (its server on another port of loopback is sent it) is
     refused -- and its refused requests must not restart the session's idle clock either."""
-    monkeypatch.setenv(TOKEN_ENV, "canary-never-shown")
-    path = write_config(tmp_path, {"pay": http_target("http://127.0.0.1:9")})
-    with path.open("a") as f:
-        f.write(f"[service]\noperator_uids = [{os.geteuid()}]\n")
+    path = operator_config(tmp_path, monkeypatch, {"pay": http_target("http://127.0.0.1:9")})
     async with open_broker(path) as b, served(b, tmp_path) as (origin, console):
         cookie, _ = await log_in_to(console, origin)
         session = console.sessions.get(cookie.split("=", 1)[1], used=False)
@@ -150,11 +137,8 @@ async def test_the_list_pages_show_a_bounded_number_of_rows_whatever_an_agent_ma
     """Every refused action is journaled, and an action may name any session: an agent can
     make rows without end (3000 refused calls took 5 s and made /actions 0.9 MB, reloaded every
     5 s).  The list pages show the newest ``MAX_ROWS`` and say how many there are."""
-    monkeypatch.setenv(TOKEN_ENV, "canary-never-shown")
     monkeypatch.setattr(pages, "MAX_ROWS", 4)
-    path = write_config(tmp_path, {"pay": http_target("http://127.0.0.1:9")})
-    with path.open("a") as f:
-        f.write(f"[service]\noperator_uids = [{os.geteuid()}]\n")
+    path = operator_config(tmp_path, monkeypatch, {"pay": http_target("http://127.0.0.1:9")})
     async with open_broker(path) as b, served(b, tmp_path) as (origin, console):
         cookie, _ = await log_in_to(console, origin)
         made = []
