@@ -734,13 +734,14 @@ def commit_op(
             if audit_summary is not None:
                 _audit_hashes(txn, iid, per)
         whole = whole_sha256(per)
+        marker = canonical_json(per)  # hashed into the event and stored: encoded once
         attrs = {
             **event.attrs,
             "sha256": whole,
             "chunks": {s: v["chunks"] for s, v in per.items()},
             "bytes": sum(v["bytes"] for v in per.values()),
             "summary_sha256": summary_sha,
-            "marker_sha256": _sha(canonical_json(per).encode("utf-8")),
+            "marker_sha256": _sha(marker.encode("utf-8")),
             "sealed_summary_sha256": _sha(sealed_summary),
         }
         if audit_summary is not None:
@@ -750,7 +751,7 @@ def commit_op(
         txn.flush()  # the marker references its event's row (a foreign key on PostgreSQL)
         assert stored.seq is not None
         write(txn.tables)
-        txn.tables.insert_result(iid, stored.seq, whole, canonical_json(per), sealed_summary)
+        txn.tables.insert_result(iid, stored.seq, whole, marker, sealed_summary)
         if audit_summary is not None:
             txn.tables.put_chunk(True, iid, SUMMARY_STREAM, 0, audit_summary)
         return stored

@@ -290,6 +290,98 @@ def test_row_hash_is_the_reference_hash(
     assert row_hash(prev, *args, payload, None) == ref
 
 
+def _reference_digest(prev: bytes, *row: object) -> bytes:
+    """The row hash as first specified: ``json.dumps`` of the columns (blobs by SHA-256)."""
+    import hashlib
+    import json
+
+    *cols, payload, audit = row
+    digests = [None if b is None else hashlib.sha256(b).hexdigest() for b in (payload, audit)]  # type: ignore[arg-type]
+    canonical = json.dumps([*cols, *digests], separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(prev + canonical.encode("utf-8")).digest()
+
+
+@given(
+    seq=st.integers(min_value=0, max_value=2**70),
+    at=st.floats(allow_nan=False, allow_infinity=False),
+    iid=st.text(),
+    session=st.none() | st.text(),
+    kind=st.sampled_from(["ACTION_ACCEPTED", "PROTOCOL_OBSERVED"]) | st.text(),
+    observer=st.none() | st.text(),
+    observer_seq=st.none() | st.integers(min_value=-(2**70), max_value=2**70),
+    attrs=st.text(),
+    payload=st.none() | st.binary(max_size=64),
+    audit=st.none() | st.binary(max_size=64),
+)
+def test_row_digest_of_every_column_is_the_reference_digest(
+    seq: int,
+    at: float,
+    iid: str,
+    session: str | None,
+    kind: str,
+    observer: str | None,
+    observer_seq: int | None,
+    attrs: str,
+    payload: bytes | None,
+    audit: bytes | None,
+) -> None:
+    # The writer's columns take row_digest's direct path (no list encoded): every one of them,
+    # control characters, quotes, non-ASCII and lone surrogates included, hashes as specified.
+    from affidavit.journal.chain import row_digest
+
+    prev = bytes(range(32))
+    row = (seq, at, iid, session, kind, "transport_observed", observer, observer_seq, attrs,
+           payload, audit)  # fmt: skip
+    try:
+        want: bytes | type[BaseException] = _reference_digest(prev, *row)
+    except UnicodeEncodeError:  # a lone surrogate: refused alike
+        want = UnicodeEncodeError
+    if want is UnicodeEncodeError:
+        with pytest.raises(UnicodeEncodeError):
+            row_digest(prev, *row)  # type: ignore[arg-type]
+    else:
+        assert row_digest(prev, *row) == want  # type: ignore[arg-type]
+
+
+class _Str(str):
+    pass
+
+
+class _Int(int):
+    def __repr__(self) -> str:
+        return "not-the-encoder's"
+
+
+@pytest.mark.parametrize(
+    "column, value",
+    [
+        (0, True),  # seq read back as a bool: JSON true, not 1
+        (0, _Int(7)),  # an int subclass: the encoder writes int.__repr__
+        (1, 3),  # at as an int: 3, not 3.0
+        (1, float("nan")),
+        (1, float("inf")),
+        (1, -float("inf")),
+        (2, _Str("inv")),
+        (3, _Str("s")),
+        (6, "obs"),
+        (7, False),
+        (8, _Str('{"a":1}')),
+    ],
+)
+def test_row_digest_of_altered_column_types_is_the_reference_digest(
+    column: int, value: object
+) -> None:
+    # Columns of other types than the writer stores (a row someone altered, read by verify)
+    # hash exactly as the encoder writes them, so an alteration is still told apart.
+    from affidavit.journal.chain import row_digest
+
+    prev = b"\x01" * 32
+    row: list[object] = [5, 1.25, "inv", None, "REQUEST_SENT", "transport_observed", None, None,
+                         '{"generation":0}', b"p", None]  # fmt: skip
+    row[column] = value
+    assert row_digest(prev, *row) == _reference_digest(prev, *row)  # type: ignore[arg-type]
+
+
 def test_row_hash_of_a_known_row_is_pinned() -> None:
     # Computed once with the original implementation; a change here breaks every stored chain.
     h = row_hash(GENESIS, 1, 1.5, "inv-1", "s", "ACTION_ACCEPTED", "transport_observed",
