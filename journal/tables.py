@@ -116,6 +116,8 @@ class Tables:
 
     SQL: ClassVar[Mapping[str, str]] = SQL
     PLACEHOLDER: ClassVar[str] = "?"
+    NULL: ClassVar[Any] = None
+    """What an event row handed to ``insert_events`` holds for SQL NULL (``Txn.insert``)."""
 
     __slots__ = ("conn",)
 

@@ -32,7 +32,7 @@ class Txn:
     rows computed but not yet handed to the database (one ``executemany`` per run of
     appends)."""
 
-    __slots__ = ("digest", "hash", "rows", "seq", "tables", "writer")
+    __slots__ = ("digest", "hash", "null", "rows", "seq", "tables", "writer")
 
     def __init__(self, writer: Writer, tables: Tables, seq: int, hash_: str) -> None:
         self.writer = writer
@@ -41,6 +41,7 @@ class Txn:
         self.hash = hash_
         self.digest = bytes.fromhex(hash_)
         self.rows: list[tuple[Any, ...]] = []
+        self.null = tables.NULL  # SQL NULL as the backend binds it fastest (``Tables.NULL``)
 
     def flush(self) -> None:
         """Insert the pending rows (the schema's trigger checks each extends the chain)."""
@@ -171,19 +172,20 @@ class Txn:
             raise
         w.sessions[iid] = session
         h = digest.hex()
+        null = self.null
         self.rows.append(
             (
                 seq,
                 at,
                 iid,
-                session,
+                null if session is None else session,
                 kind_v,
                 source_v,
-                observer,
-                observer_seq,
+                null if observer is None else observer,
+                null if observer_seq is None else observer_seq,
                 attrs_text,
-                payload,
-                audit,
+                null if payload is None else payload,
+                null if audit is None else audit,
                 self.hash,
                 h,
             )

@@ -461,3 +461,45 @@ def test_json_copy_refuses_what_json_cannot_hold() -> None:
 
     with pytest.raises(TypeError):
         json_copy({"a": {1, 2}})
+
+
+def test_sqlite_null_of_an_event_row_binds_as_sql_null() -> None:
+    # The writer hands SQLite a NaN for each NULL column of an event row (SqliteTables.NULL:
+    # no adapter lookup per None); SQLite stores it as NULL -- never as a REAL, never NaN.
+    from affidavit.journal.sqlite import SqliteTables
+
+    null = SqliteTables.NULL
+    conn = sqlite3.connect(":memory:")
+    conn.execute("CREATE TABLE t (s TEXT, i INTEGER, b BLOB, x)")
+    conn.executemany("INSERT INTO t VALUES (?, ?, ?, ?)", [(null, null, null, null)] * 2)
+    conn.execute("INSERT INTO t VALUES (?, ?, ?, ?)", (null, null, null, null))
+    rows = conn.execute("SELECT typeof(s), typeof(i), typeof(b), typeof(x), s IS NULL FROM t")
+    assert rows.fetchall() == [("null", "null", "null", "null", 1)] * 3
+    conn.close()
+
+
+def test_null_columns_of_appended_rows_are_stored_as_null(tmp_path: Path) -> None:
+    # Rows without a session, observer, observer_seq, payload or auditor copy: each of those
+    # columns holds SQL NULL (as a None bound would), next to rows holding values, and the
+    # journal verifies.
+    path = tmp_path / "j.db"
+
+    async def fill() -> None:
+        async with Journal.open(path) as j:
+            for ev in happy("inv-null", session=None):
+                await j.append(ev)
+            for ev in happy("inv-full"):
+                await j.append(ev, payload={"note": "x"})
+
+    trio.run(fill)
+    conn = sqlite3.connect(path)
+    rows = conn.execute(
+        "SELECT invocation_id, typeof(session_id), typeof(observer), typeof(observer_seq), "
+        "typeof(payload), typeof(audit) FROM events ORDER BY seq"
+    ).fetchall()
+    conn.close()
+    nulls = {r[1:] for r in rows if r[0] == "inv-null"}
+    full = {r[1:] for r in rows if r[0] == "inv-full"}
+    assert nulls == {("null", "null", "null", "null", "null")}
+    assert full == {("text", "null", "null", "blob", "null")}
+    assert _verify(path) == (True, None)
