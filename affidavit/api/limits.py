@@ -4,6 +4,11 @@ nesting; no field named twice, no ``NaN`` (``affidavit.protocols.actions.load_ac
 request's text with the same strict reader, ``affidavit.strictjson``, which loads nothing of
 the broker.)"""
 
-from affidavit.protocols.actions import MAX_DEPTH, ActionInvalid, load_action_json
+from affidavit.protocols.actions import (
+    MAX_DEPTH,
+    ActionInvalid,
+    action_size_limit,
+    load_action_json,
+)
 
-__all__ = ["MAX_DEPTH", "ActionInvalid", "load_action_json"]
+__all__ = ["MAX_DEPTH", "ActionInvalid", "action_size_limit", "load_action_json"]

@@ -100,24 +100,43 @@ def load_or_usage(path: str | None) -> Any:
 
 
 WIRE_ACTION_LIMIT = 16 * 1024 * 1024
-"""Bytes of action JSON sent to a daemon (its own body limit): it checks the text as embedded
-``call`` does, so this process needs neither the config nor the parser."""
+"""Bytes of action JSON sent to a daemon without asking it first: the least it takes
+(``daemon.http.MAX_BODY``).  It checks the text as embedded ``call`` does, so this process
+needs neither the config nor the parser."""
 
 
-def _read_bytes(source: str, limit: int) -> bytes:
+def _read_bytes(source: str, limit: int, more: Callable[[], int] | None = None) -> bytes:
     """At most ``limit`` bytes of action JSON from ``source`` (a file, or - for stdin): more is
-    PAYLOAD_LIMIT, before anything is parsed."""
+    PAYLOAD_LIMIT, before anything is parsed -- unless ``more`` (asked once, only then) gives a
+    larger limit to read on to."""
     try:
         if source == "-":
-            data = sys.stdin.buffer.read(limit + 1)
+            data = _read_on(sys.stdin.buffer, limit, more)
         else:
             with open(source, "rb") as fh:
-                data = fh.read(limit + 1)
+                data = _read_on(fh, limit, more)
     except OSError as exc:
         raise UsageError(f"cannot read action {source}: {exc.strerror}") from None
+    return data
+
+
+def _read_on(fh: Any, limit: int, more: Callable[[], int] | None) -> bytes:
+    data: bytes = fh.read(limit + 1)
+    if len(data) > limit and more is not None:
+        limit = max(limit, more())
+        data += fh.read(limit + 1 - len(data))
     if len(data) > limit:
         raise UsageError(f"action refused: PAYLOAD_LIMIT at action: is larger than {limit} bytes")
     return data
+
+
+def _daemon_limit(socket: str) -> int:
+    """The bytes of action JSON the daemon at ``socket`` takes: ``max_action_bytes`` of its
+    catalog (what its targets accept, ``action_size_limit``) -- its body limit whenever that
+    is above ``WIRE_ACTION_LIMIT``, the least it takes (``daemon.http.body_limit``)."""
+    found = daemon_json(ask_daemon(socket, "GET", "/v1/catalog"))
+    limit = found.get("max_action_bytes") if isinstance(found, dict) else None
+    return limit if type(limit) is int else WIRE_ACTION_LIMIT
 
 
 def _read_action(source: str, config: Any) -> Any:
@@ -149,7 +168,9 @@ def _call(args: argparse.Namespace) -> int:
     if socket is not None:
         from affidavit.api.wire import target
 
-        body = _read_bytes(args.action, WIRE_ACTION_LIMIT)
+        # A daemon takes what its targets accept, as embedded `call` does (at least
+        # WIRE_ACTION_LIMIT): only an action larger than that costs asking it how much.
+        body = _read_bytes(args.action, WIRE_ACTION_LIMIT, partial(_daemon_limit, socket))
         response = ask_daemon(socket, "POST", target("/v1/calls", {"timeout": args.timeout}), body)
         return _print_answer(daemon_json(response))
     from affidavit.api.broker import Broker

@@ -80,6 +80,7 @@ from .h11server import (
     Connection,
     Handler,
 )
+from .http import MAX_BODY
 from .link import GONE, Link
 from .peer import Peer
 
@@ -167,8 +168,11 @@ class Server:
         reserved: Callable[[Peer], bool] | None = None,
         max_others: int | None = None,
         refused_quiet: float = REFUSED_QUIET,
+        max_body: int = MAX_BODY,
     ) -> None:
         self.keep_alive = keep_alive
+        self.max_body = max_body
+        """The bytes a request body may hold (``http.body_limit`` of the daemon's config)."""
         self.head_wait = head_wait
         self.body_wait = body_wait
         self.write_wait = write_wait

@@ -11,10 +11,11 @@ Status codes are the API's, never the action's: every envelope -- error or not -
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl
 
-from affidavit.api.limits import ActionInvalid, load_action_json
+from affidavit.api.limits import ActionInvalid, action_size_limit, load_action_json
 from affidavit.api.wire import parse_count, parse_timeout
 
 from .link import Link
@@ -23,10 +24,27 @@ from .peer import Peer
 if TYPE_CHECKING:
     from .h11server import Connection
 
-__all__ = ["ApiProblem", "ClientGone", "Request", "api_error_body", "json_body"]
+__all__ = [
+    "MAX_BODY",
+    "ApiProblem",
+    "ClientGone",
+    "Request",
+    "api_error_body",
+    "body_limit",
+    "json_body",
+]
 
 MAX_BODY = 16 * 1024 * 1024
-"""An action is small; targets enforce their own ``max_body`` (PAYLOAD_LIMIT, an envelope)."""
+"""The least a request body may be (``body_limit``): an action is small; targets enforce their
+own ``max_body`` (PAYLOAD_LIMIT, an envelope)."""
+
+
+def body_limit(targets: Iterable[object]) -> int:
+    """The bytes a request body may hold on this daemon: what an embedded ``affidavit call``
+    reads for the same targets (``action_size_limit``: the largest ``max_body``/``max_stdin``
+    JSON-escaped, plus 1 MiB), and never less than ``MAX_BODY``.  Computed once, at start-up,
+    from the loaded config (``Server.max_body``)."""
+    return max(MAX_BODY, action_size_limit(targets))
 
 
 class ApiProblem(Exception):
@@ -51,13 +69,13 @@ def api_error_body(code: str, message: str) -> bytes:
     return json_body({"api_error": {"code": code, "message": message}})
 
 
-def parse_json(raw: bytes, *, action: bool = False) -> Any:
+def parse_json(raw: bytes, limit: int = MAX_BODY, *, action: bool = False) -> Any:
     # Size, UTF-8 and nesting are checked before the parser runs (issue 9: 100k nested
     # arrays ended in a RecursionError); the message says which.  An action's body is refused
     # in the words `affidavit call` uses embedded (its stable code and the field path: a
     # field named twice is refused at that field, ``action.headers.X``).
     try:
-        return load_action_json(raw, MAX_BODY)
+        return load_action_json(raw, limit)
     except ActionInvalid as exc:
         if action:
             message = f"action refused: {exc.code.value} at {exc.field}: {exc.message}"
@@ -85,30 +103,36 @@ class Request:
     def link(self) -> Link:
         return self._conn.link
 
+    @property
+    def max_body(self) -> int:
+        """The bytes this request's body may hold (the server's ``max_body``)."""
+        return self._conn.server.max_body
+
     async def body(self) -> bytes:
+        limit = self.max_body
         declared = self._conn.declared
-        if declared is not None and declared > MAX_BODY:  # refused before a byte is read
-            raise ApiProblem(413, "BODY_TOO_LARGE", f"the body exceeds {MAX_BODY} bytes")
+        if declared is not None and declared > limit:  # refused before a byte is read
+            raise ApiProblem(413, "BODY_TOO_LARGE", f"the body exceeds {limit} bytes")
         data = bytearray()
         while True:
             chunk = await self._conn.body_chunk()  # ClientGone if the client hung up
             if chunk is None:
                 return bytes(data)
             data += chunk
-            if len(data) > MAX_BODY:
-                raise ApiProblem(413, "BODY_TOO_LARGE", f"the body exceeds {MAX_BODY} bytes")
+            if len(data) > limit:
+                raise ApiProblem(413, "BODY_TOO_LARGE", f"the body exceeds {limit} bytes")
 
     async def json(self) -> Any:
-        return parse_json(await self.body())
+        return parse_json(await self.body(), self.max_body)
 
     async def action(self) -> Any:
         """The body as an action's JSON (``POST /v1/calls``)."""
-        return parse_json(await self.body(), action=True)
+        return parse_json(await self.body(), self.max_body, action=True)
 
     async def json_object(self) -> dict[str, Any]:
         """The body as a JSON object; an empty body is ``{}``."""
         raw = await self.body()
-        value = parse_json(raw) if raw.strip() else {}
+        value = parse_json(raw, self.max_body) if raw.strip() else {}
         if not isinstance(value, dict):
             raise ApiProblem(400, "BAD_REQUEST", "the body must be a JSON object")
         return value

@@ -65,6 +65,7 @@ from .admission import ConsoleCap, Server
 from .app import Api
 from .calls import Calls
 from .dispatcher import dispatch_approvals
+from .http import body_limit
 from .link import Link
 from .peer import Peer, PeerPolicy, peer_credentials_supported, peer_of
 
@@ -235,7 +236,12 @@ class Daemon:
         proxy = self.config.service.console_proxy_user
         reserved = _OperatorUids(operators, proxy) if keep else None
         # The socket's peers are known by the kernel's credentials, groups included.
-        server = Server(keep_alive=KEEP_ALIVE, reserved=reserved.peer if reserved else None)
+        # A body may be as large as an embedded `affidavit call` reads for these targets.
+        server = Server(
+            keep_alive=KEEP_ALIVE,
+            reserved=reserved.peer if reserved else None,
+            max_body=body_limit(self.config.targets.values()),
+        )
         cap = ConsoleCap(reserved=reserved)
         self.console_cap = cap if console is not None else None
         hconfig = HypercornConfig()  # the console's

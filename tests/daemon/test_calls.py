@@ -271,3 +271,49 @@ async def test_the_actions_view_answers_the_newest_limit_and_says_it_was_cut(
         assert error.code == "BAD_REQUEST" and error.message.startswith("limit: "), error
     assert through.returncode == 0 and through.stderr == b""
     assert [r["invocation_id"] for r in json.loads(through.stdout)] == ids
+
+
+async def test_an_action_the_targets_accept_goes_through_the_daemon_as_embedded(
+    tmp_path: Path, token: str
+) -> None:
+    """The daemon's body limit follows its config as embedded ``call`` does
+    (``action_size_limit``: 6 x the largest ``max_body`` + 1 MiB, a body may be JSON-escaped),
+    never less than 16 MiB.  Before, it was a fixed 16 MiB: a 3 MiB body written as ``\\u0041``
+    escapes (18 MiB of JSON) for a target taking 4 MiB ran embedded, but the thin client
+    refused it and the daemon answered 413.  Over the limit, both ways refuse it alike, and a
+    declared length over it is 413 before a byte is read."""
+    from affidavit.protocols.actions import action_size_limit
+
+    payload = 3 * 1024 * 1024
+    limit = action_size_limit([type("T", (), {"max_body": 4 * 1024 * 1024})()])
+    escaped = action_bytes("/v1/big", "PUT", body="\0" * payload).replace(b"\\u0000", b"\\u0041")
+    assert 16 * 1024 * 1024 < len(escaped) < limit
+    async with serving(
+        tmp_path, scripts.serve(OK), token=token, overrides={"max_body": 4 * 1024 * 1024}
+    ) as (srv, daemon):
+        through = await cli(daemon, "call", "-", stdin=escaped)
+        assert through.returncode == 0, through.stderr
+        assert through.json()["result"]["status"] == 200
+        assert [r.body for r in srv.requests] == [b"A" * payload]
+
+        over = b" " * (limit - len(escaped) + 1) + escaped
+        refused = await cli(daemon, "call", "-", stdin=over)
+        local = await embedded("call", "-", "--config", str(daemon.config), stdin=over)
+        assert refused.returncode == local.returncode == 2, (refused.stderr, local.stderr)
+        assert refused.stderr == local.stderr, (refused.stderr, local.stderr)
+        assert b"PAYLOAD_LIMIT" in refused.stderr
+
+        # No byte of the body is sent: the daemon answers the declared length, then closes.
+        stream = await trio.open_unix_socket(str(daemon.socket))
+        async with stream:
+            head = b"POST /v1/calls HTTP/1.1\r\nhost: a\r\ncontent-length: %d\r\n\r\n"
+            await stream.send_all(head % (limit + 1))
+            answer = b""
+            with trio.fail_after(10):
+                while chunk := await stream.receive_some():
+                    answer += chunk
+        status, _, body = answer.partition(b"\r\n\r\n")
+        assert status.startswith(b"HTTP/1.1 413 "), answer
+        assert json.loads(body)["api_error"]["code"] == "BODY_TOO_LARGE"
+        assert str(limit).encode() in body
+        assert len(srv.requests) == 1
