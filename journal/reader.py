@@ -477,29 +477,13 @@ class JournalReader:
         return [(a, b, through) for a, b in itertools.pairwise(cuts)]
 
     def sessions(self) -> list[dict[str, Any]]:
-        """One entry per session: its action count, counts by outcome, first and last seen."""
-        by: dict[str | None, dict[str, Any]] = {}
+        """One entry per session, in order of first appearance: its action count, counts by
+        outcome, first and last seen.  Streamed (``views.fold_each``: one projection held at a
+        time), so memory is O(sessions), never O(records) -- a caller names its sessions, a
+        page of the newest is ``affidavit.views.newest_sessions``."""
         # Counts outcomes only: the hint is never shown, the time it is computed for is moot.
         at = self._clock()
-        folded = self._read(lambda t: views.fold(t, None, at), "the sessions view")
-        for rec, first_at, last_at in folded:
-            s = by.setdefault(
-                rec.session,
-                {
-                    "session": rec.session,
-                    "actions": 0,
-                    "outcomes": {},
-                    "first_seen": first_at,
-                    "last_seen": last_at,
-                },
-            )
-            s["actions"] += 1
-            s["outcomes"][rec.outcome.value] = s["outcomes"].get(rec.outcome.value, 0) + 1
-            if first_at is not None and (s["first_seen"] is None or first_at < s["first_seen"]):
-                s["first_seen"] = first_at
-            if last_at is not None and (s["last_seen"] is None or last_at > s["last_seen"]):
-                s["last_seen"] = last_at
-        return list(by.values())
+        return self._read(lambda t: _by_session(views.fold_each(t, None, at)), "the sessions view")
 
     # -- checkpoints, anchors and verify -------------------------------------------------------
 
@@ -609,3 +593,27 @@ def _select(
         if until is not None and (first_at is None or first_at > until):
             continue
         yield rec
+
+
+def _by_session(
+    folded: Iterable[tuple[Record, float | None, float | None]],
+) -> list[dict[str, Any]]:
+    """``JournalReader.sessions``' entries from a stream of ``(record, first_at, last_at)``."""
+    by: dict[str | None, dict[str, Any]] = {}
+    for rec, first_at, last_at in folded:
+        s = by.get(rec.session)
+        if s is None:
+            s = by[rec.session] = {
+                "session": rec.session,
+                "actions": 0,
+                "outcomes": {},
+                "first_seen": first_at,
+                "last_seen": last_at,
+            }
+        s["actions"] += 1
+        s["outcomes"][rec.outcome.value] = s["outcomes"].get(rec.outcome.value, 0) + 1
+        if first_at is not None and (s["first_seen"] is None or first_at < s["first_seen"]):
+            s["first_seen"] = first_at
+        if last_at is not None and (s["last_seen"] is None or last_at > s["last_seen"]):
+            s["last_seen"] = last_at
+    return list(by.values())

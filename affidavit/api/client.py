@@ -236,9 +236,12 @@ class Client:
         page: dict[str, Any] = await self._get(target("/v1/actions", params))
         return page
 
-    async def sessions(self) -> list[dict[str, Any]]:
-        rows: list[dict[str, Any]] = await self._get("/v1/sessions")
-        return rows
+    async def sessions(self, *, limit: int | None = None) -> dict[str, Any]:
+        """The ``limit`` sessions seen last (the daemon's default when None), in order of first
+        appearance: ``{"sessions": [...], "limit", "total", "truncated"}`` -- ``truncated``
+        says others were left out, ``total`` how many there are."""
+        page: dict[str, Any] = await self._get(target("/v1/sessions", {"limit": limit}))
+        return page
 
     async def metrics(
         self, *, session: str | None = None, since: float | None = None

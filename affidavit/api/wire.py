@@ -153,6 +153,11 @@ ACTIONS_LIMIT = 1000
 MAX_ACTIONS_LIMIT = 10000
 """The most it answers with: a page is held whole in the daemon's memory, the journal never
 (a hostile caller fills the journal cheaply -- every refused call is a record)."""
+SESSIONS_LIMIT = 1000
+"""How many sessions ``GET /v1/sessions`` answers with when no ``limit`` says (those seen
+last)."""
+MAX_SESSIONS_LIMIT = 10000
+"""The most it answers with: a caller names its sessions, as many as it likes."""
 
 
 def parse_limit(value: str, maximum: int) -> int:

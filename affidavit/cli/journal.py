@@ -585,7 +585,18 @@ def _record(args: argparse.Namespace) -> int:
 def _sessions(args: argparse.Namespace) -> int:
     socket = _daemon(args)
     if socket is not None:
-        sessions = daemon_json(ask_daemon(socket, "GET", "/v1/sessions"))
+        from affidavit.api.wire import MAX_SESSIONS_LIMIT, target
+
+        # The daemon answers a page, those seen last (a caller names its sessions): the
+        # largest it gives, and a line on stderr when others were left out.
+        query = target("/v1/sessions", {"limit": MAX_SESSIONS_LIMIT})
+        page = daemon_json(ask_daemon(socket, "GET", query))
+        sessions = page["sessions"]
+        if page["truncated"]:
+            _err(
+                f"only the {len(sessions)} of {page['total']} sessions seen last: the daemon "
+                "answers a page; run without --socket (embedded) to list them all"
+            )
     else:
         with reading(args, "the sessions view") as j:
             sessions = j.sessions()

@@ -25,7 +25,7 @@ from typing import Any
 from affidavit.approvals import pending_page
 from affidavit.journal import JournalReader
 from affidavit.statemachine import Code, Outcome, Phase
-from affidavit.views import Newest, event_to_json, metrics, record_to_json
+from affidavit.views import Newest, event_to_json, metrics, newest_sessions, record_to_json
 
 from .diagram import lifecycle_svg, path_of
 
@@ -219,10 +219,6 @@ def journal_page(reader: JournalReader) -> dict[str, Any]:
 
 def _newest_sessions(sessions: list[dict[str, Any]]) -> dict[str, Any]:
     """The ``MAX_ROWS`` sessions seen last (any agent can name as many as it likes), in the
-    reader's order, and how many there are."""
-    shown = sessions
-    if len(sessions) > MAX_ROWS:
-        last = sorted(sessions, key=lambda s: s.get("last_seen") or 0)[-MAX_ROWS:]
-        keep = {id(s) for s in last}
-        shown = [s for s in sessions if id(s) in keep]
-    return {"sessions": shown, "sessions_total": len(sessions)}
+    reader's order, and how many there are (``views.newest_sessions``)."""
+    page = newest_sessions(sessions, MAX_ROWS)
+    return {"sessions": page["sessions"], "sessions_total": page["total"]}

@@ -9,7 +9,9 @@
     GET  /v1/actions                   ``affidavit actions --json`` (same filters), the newest
                                        ``?limit=N`` only: {"actions", "limit", "total",
                                        "truncated"}
-    GET  /v1/sessions                  ``affidavit sessions --json``
+    GET  /v1/sessions                  ``affidavit sessions --json``, those seen last
+                                       ``?limit=N`` only: {"sessions", "limit", "total",
+                                       "truncated"}
     GET  /v1/metrics                   Prometheus text (``?format=json``: ``metrics --json``)
     GET  /v1/health                    {"ok": true, ...}
     ...  /v1/approvals[/{id}[/approve|/deny|/content/{name}]],
@@ -39,7 +41,14 @@ import trio
 
 import affidavit
 from affidavit.api.broker import Broker
-from affidavit.api.wire import ACTIONS_LIMIT, MAX_ACTIONS_LIMIT, parse_limit, parse_time
+from affidavit.api.wire import (
+    ACTIONS_LIMIT,
+    MAX_ACTIONS_LIMIT,
+    MAX_SESSIONS_LIMIT,
+    SESSIONS_LIMIT,
+    parse_limit,
+    parse_time,
+)
 from affidavit.console import TokenStore
 from affidavit.engine import (
     CallNotRecorded,
@@ -56,6 +65,7 @@ from affidavit.views import (
     Newest,
     event_to_json,
     metrics,
+    newest_sessions,
     prometheus_text,
     record_json_encoder,
     record_to_json,
@@ -266,13 +276,7 @@ class Api:
         outcome = _enum_param(req, "outcome", Outcome)
         phase = _enum_param(req, "phase", Phase)
         since, until = _time_param(req, "since"), _time_param(req, "until")
-        limit = ACTIONS_LIMIT
-        raw = req.params.get("limit")
-        if raw:
-            try:
-                limit = parse_limit(raw, MAX_ACTIONS_LIMIT)
-            except ValueError as exc:
-                raise ApiProblem(400, "BAD_REQUEST", f"limit: {exc}") from None
+        limit = _limit_param(req, ACTIONS_LIMIT, MAX_ACTIONS_LIMIT)
 
         def body(j: JournalReader) -> bytes:
             # Each record as `affidavit actions --json` writes it: one C encoder call per
@@ -291,7 +295,15 @@ class Api:
         await req.respond(200, await self._read(body, "the actions view"))
 
     async def sessions(self, req: Request) -> None:
-        await req.respond_json(await self._read(lambda j: j.sessions(), "the sessions view"))
+        """The ``limit`` sessions seen last (default ``SESSIONS_LIMIT``, at most
+        ``MAX_SESSIONS_LIMIT``) in the reader's order, with ``total`` and ``truncated``: a
+        caller names its sessions, so the view is streamed (memory O(sessions), not
+        O(records)) and the answer a page."""
+        limit = _limit_param(req, SESSIONS_LIMIT, MAX_SESSIONS_LIMIT)
+        # Cut to the page in the reading thread too: sorting many sessions is the agents' to
+        # make long, and the event loop is every client's.
+        page = await self._read(lambda j: newest_sessions(j.sessions(), limit), "the sessions view")
+        await req.respond_json(page)
 
     async def metrics(self, req: Request) -> None:
         session, since = req.text_param("session"), _time_param(req, "since")
@@ -393,6 +405,18 @@ def _enum_param(req: Request, name: str, enum: type[Outcome] | type[Phase]) -> s
     if raw not in allowed:
         raise ApiProblem(400, "BAD_REQUEST", f"{name}: expected one of {', '.join(allowed)}")
     return raw
+
+
+def _limit_param(req: Request, default: int, maximum: int) -> int:
+    """``?limit=``: a whole number from 0 to ``maximum`` (``default`` when absent); else 400
+    ``BAD_REQUEST`` naming it."""
+    raw = req.params.get("limit")
+    if not raw:
+        return default
+    try:
+        return parse_limit(raw, maximum)
+    except ValueError as exc:
+        raise ApiProblem(400, "BAD_REQUEST", f"limit: {exc}") from None
 
 
 def _time_param(req: Request, name: str) -> float | None:

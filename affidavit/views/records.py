@@ -19,6 +19,7 @@ __all__ = [
     "Newest",
     "event_to_json",
     "metrics",
+    "newest_sessions",
     "plain",
     "prometheus_text",
     "record_json_encoder",
@@ -220,6 +221,19 @@ class Newest:
     @property
     def truncated(self) -> bool:
         return self.total > len(self._kept)
+
+
+def newest_sessions(sessions: list[dict[str, Any]], limit: int) -> dict[str, Any]:
+    """A page of ``JournalReader.sessions``: the ``limit`` seen last (``last_seen``; the later
+    one of a tie), in the reader's order -- ``{"sessions", "limit", "total", "truncated"}``.
+    A caller names its sessions (an agent, as many as it likes): an answer holds a page."""
+    shown = sessions
+    if len(sessions) > limit:
+        order = sorted(range(len(sessions)), key=lambda i: (sessions[i].get("last_seen") or 0, i))
+        keep = sorted(order[len(order) - limit :])
+        shown = [sessions[i] for i in keep]
+    truncated = len(shown) < len(sessions)
+    return {"sessions": shown, "limit": limit, "total": len(sessions), "truncated": truncated}
 
 
 def metrics(records: Iterable[Record]) -> dict[str, Any]:

@@ -317,3 +317,39 @@ async def test_an_action_the_targets_accept_goes_through_the_daemon_as_embedded(
         assert json.loads(body)["api_error"]["code"] == "BODY_TOO_LARGE"
         assert str(limit).encode() in body
         assert len(srv.requests) == 1
+
+
+async def test_the_sessions_view_answers_those_seen_last_and_says_it_was_cut(
+    tmp_path: Path, token: str
+) -> None:
+    """``GET /v1/sessions`` answered every session, and a caller names its sessions: it is a
+    page now, as ``/v1/actions`` is -- the ``limit`` seen last (default 1000, at most 10000)
+    in order of first appearance, with ``total`` and ``truncated``; a bad ``limit`` is 400
+    BAD_REQUEST naming it."""
+    from affidavit.api.wire import blocking_request
+
+    async with serving(tmp_path, scripts.serve(OK), token=token) as (_srv, daemon):
+        async with Client.open(daemon.socket) as client:
+            for name in ("s1", "s2", "s3", "s1"):  # s1 is seen last, s2 longest ago
+                await client.call(action(session=name))
+            cut = await client.sessions(limit=2)
+            whole = await client.sessions()
+        sock = str(daemon.socket)
+        bad = [
+            await trio.to_thread.run_sync(blocking_request, sock, "GET", f"/v1/sessions?limit={v}")
+            for v in ("10001", "-1", "two")
+        ]
+        through = await cli(daemon, "sessions", "--json")
+        local = await embedded("sessions", "--json", "--config", str(daemon.config))
+    assert [s["session"] for s in cut["sessions"]] == ["s1", "s3"]
+    assert (cut["limit"], cut["total"], cut["truncated"]) == (2, 3, True)
+    assert [s["actions"] for s in cut["sessions"]] == [2, 1]
+    assert [s["session"] for s in whole["sessions"]] == ["s1", "s2", "s3"]
+    assert (whole["limit"], whole["total"], whole["truncated"]) == (1000, 3, False)
+    for response in bad:
+        assert response.status == 400, response.body
+        error = response.error()
+        assert error.code == "BAD_REQUEST" and error.message.startswith("limit: "), error
+    assert through.returncode == 0 and through.stderr == b""
+    assert through.stdout == local.stdout
+    assert [s["session"] for s in json.loads(through.stdout)] == ["s1", "s2", "s3"]

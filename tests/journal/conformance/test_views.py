@@ -133,3 +133,45 @@ def test_a_page_of_the_newest_and_the_metrics_stream_in_bounded_memory(place: Pl
         assert (empty.records, empty.total, empty.truncated) == ([], 7, True)
         assert metrics(r.iter_actions(now=5.0)) == metrics(listed)
         assert metrics(r.iter_actions(now=5.0))["invocations"] == 7
+
+
+def test_the_sessions_view_streams_and_a_page_keeps_those_seen_last(
+    place: Place, monkeypatch: Any
+) -> None:
+    """A caller names its sessions, so ``sessions()`` grew with the journal: it folded every
+    record into one list (``views.fold``).  It streams now (``views.fold_each``: memory
+    O(sessions)), with the same entries; ``newest_sessions`` keeps the ``limit`` seen last,
+    in the reader's order."""
+    from affidavit.views import newest_sessions
+
+    _fill_interleaved(place)
+    with place.reader() as r:
+        folded = views.fold(r.tables, None, 5.0)
+
+        def whole(*args: Any) -> Any:
+            raise AssertionError("the sessions view folded the journal into a list")
+
+        monkeypatch.setattr(views, "fold", whole)
+        found = r.sessions()
+    by_session: dict[Any, list[Any]] = {}
+    for rec, first_at, last_at in folded:
+        by_session.setdefault(rec.session, []).append((rec.outcome.value, first_at, last_at))
+    assert [s["session"] for s in found] == list(by_session) == ["alice", "bob", None]
+    for s in found:
+        entries = by_session[s["session"]]
+        assert s["actions"] == len(entries)
+        assert s["first_seen"] == min(e[1] for e in entries)
+        assert s["last_seen"] == max(e[2] for e in entries)
+        assert sum(s["outcomes"].values()) == len(entries)
+    # "ok-2" (no session) came last, then alice's "ok-1"... by last_seen, not by first.
+    by_last = sorted(found, key=lambda s: s["last_seen"])
+    page = newest_sessions(found, 2)
+    assert page["sessions"] == [s for s in found if s in by_last[-2:]]
+    assert (page["limit"], page["total"], page["truncated"]) == (2, 3, True)
+    assert newest_sessions(found, 3) == {
+        "sessions": found,
+        "limit": 3,
+        "total": 3,
+        "truncated": False,
+    }
+    assert newest_sessions(found, 0)["sessions"] == []
