@@ -34,9 +34,10 @@ Limits a hostile or broken client meets (each answered, never a traceback in the
   (so h11 never switches protocols), then close;
 * an answer not written whole within ``WRITE_WAIT`` (a client that does not read it): the
   connection is closed, and the link notes the write broken -- never delivered (link.py);
-* a body over ``Server.max_body`` (``http.body_limit`` of the config, at least
-  ``MAX_BODY``): 413, then close (the rest of it is never read); one that
-  declares a ``Content-Length`` over it: 413 before a byte of it is read (no 100-continue);
+* a body over ``MAX_BODY`` (http.py) -- an action's (``POST /v1/calls``) over
+  ``Server.max_body``, ``http.body_limit`` of the config --: 413, then close (the rest of it
+  is never read); one that declares a ``Content-Length`` over it: 413 before a byte of it is
+  read (no 100-continue);
 * ``Expect: 100-continue``: the interim 100 goes out when a route first reads the body;
 * HTTP/1.0 and ``Connection: close`` are honoured (h11); an answer given before the request's
   body was read whole carries ``Connection: close`` unless the rest is already buffered.

@@ -35,15 +35,16 @@ __all__ = [
 ]
 
 MAX_BODY = 16 * 1024 * 1024
-"""The least a request body may be (``body_limit``): an action is small; targets enforce their
-own ``max_body`` (PAYLOAD_LIMIT, an envelope)."""
+"""The bytes a request body may hold, and the least an action's may (``body_limit``): an action
+is small; targets enforce their own ``max_body`` (PAYLOAD_LIMIT, an envelope)."""
 
 
 def body_limit(targets: Iterable[object]) -> int:
     """The bytes a request body may hold on this daemon: what an embedded ``affidavit call``
     reads for the same targets (``action_size_limit``: the largest ``max_body``/``max_stdin``
     JSON-escaped, plus 1 MiB), and never less than ``MAX_BODY``.  Computed once, at start-up,
-    from the loaded config (``Server.max_body``)."""
+    from the loaded config (``Server.max_body``); only an action's body (``POST /v1/calls``)
+    may be that large, every other route's takes ``MAX_BODY``."""
     return max(MAX_BODY, action_size_limit(targets))
 
 
@@ -103,13 +104,10 @@ class Request:
     def link(self) -> Link:
         return self._conn.link
 
-    @property
-    def max_body(self) -> int:
-        """The bytes this request's body may hold (the server's ``max_body``)."""
-        return self._conn.server.max_body
-
-    async def body(self) -> bytes:
-        limit = self.max_body
+    async def body(self, limit: int = MAX_BODY) -> bytes:
+        """The whole body, at most ``limit`` bytes (an action's: the server's ``max_body``;
+        any other route's: ``MAX_BODY``) -- else 413, before a byte is read when the declared
+        length is over it."""
         declared = self._conn.declared
         if declared is not None and declared > limit:  # refused before a byte is read
             raise ApiProblem(413, "BODY_TOO_LARGE", f"the body exceeds {limit} bytes")
@@ -123,16 +121,18 @@ class Request:
                 raise ApiProblem(413, "BODY_TOO_LARGE", f"the body exceeds {limit} bytes")
 
     async def json(self) -> Any:
-        return parse_json(await self.body(), self.max_body)
+        return parse_json(await self.body())
 
     async def action(self) -> Any:
-        """The body as an action's JSON (``POST /v1/calls``)."""
-        return parse_json(await self.body(), self.max_body, action=True)
+        """The body as an action's JSON (``POST /v1/calls``): as large as the configured
+        targets accept (``Server.max_body``, ``body_limit``)."""
+        limit = self._conn.server.max_body
+        return parse_json(await self.body(limit), limit, action=True)
 
     async def json_object(self) -> dict[str, Any]:
         """The body as a JSON object; an empty body is ``{}``."""
         raw = await self.body()
-        value = parse_json(raw, self.max_body) if raw.strip() else {}
+        value = parse_json(raw) if raw.strip() else {}
         if not isinstance(value, dict):
             raise ApiProblem(400, "BAD_REQUEST", "the body must be a JSON object")
         return value
