@@ -277,6 +277,26 @@ def envelope_schema() -> dict[str, Any]:
                             "proxy_status": {"type": "array", "items": {"type": "object"}},
                         },
                     },
+                    "remote_request_id": {
+                        "type": ["string", "null"],
+                        "description": "The request id the remote's complete answer named "
+                        "(X-Request-Id).",
+                    },
+                    "redirect_not_followed": {
+                        "type": "object",
+                        "description": "Why this attempt's complete 3xx is its result and was "
+                        "not followed: reason (an approved request follows no redirect, an "
+                        "origin the target does not list, a Location carrying the credential or "
+                        "not visible ASCII) and origin; or the hop, code and stage at which the "
+                        "next hop's connection failed before a byte of it was written.",
+                        "properties": {
+                            "reason": {"type": "string"},
+                            "origin": {"type": "string"},
+                            "hop": {"type": "integer"},
+                            "code": {"type": "string"},
+                            "stage": {"type": "string"},
+                        },
+                    },
                     "result_size_limit": {
                         "type": "object",
                         "description": "Why the attempt ended RESULT_SIZE_LIMIT: the target's "

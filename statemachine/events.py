@@ -51,7 +51,9 @@ class EventKind(StrEnum):
     (rejected|committed), code (or None for success), status / exit_status, retry_after, the
     stored response's hash, and what was received of each stream where it reveals no secret
     (``body_sha256``/``body_bytes`` or ``body_received_withheld``: docs/redaction.md),
-    generation..."""
+    generation; remote_request_id (X-Request-Id), and for a 3xx that is the result
+    redirect_not_followed (why: reason and origin, or the next hop's failed setup), both also
+    in the envelope's evidence."""
     RESULT_COMMITTED = "RESULT_COMMITTED"
     """Durable barrier: the result and its hash are stored under the invocation id.  attrs:
     sha256, chunks, bytes, generation."""

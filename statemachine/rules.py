@@ -466,7 +466,14 @@ def _on_response_started(p: Projector, event: Event) -> None:
         ev["status"] = event.attrs["status"]
 
 
-_RESULT_FACTS = ("status", "exit_status", "exit_signal", "response_sha256", "remote_request_id")
+_RESULT_FACTS = (
+    "status",
+    "exit_status",
+    "exit_signal",
+    "response_sha256",
+    "remote_request_id",
+    "redirect_not_followed",
+)
 
 
 def _on_complete(p: Projector, event: Event) -> str:

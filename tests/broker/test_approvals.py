@@ -430,6 +430,11 @@ async def test_an_approved_request_is_not_redirected_to_a_request_nobody_approve
             assert events[E.REMOTE_RESPONSE_COMPLETE]["redirect_not_followed"]["reason"] == (
                 "an approved request is sent as approved: its redirect is not followed"
             )
+            # ... and the caller reads why in the envelope, not only in the journal.
+            assert (
+                env["evidence"]["redirect_not_followed"]
+                == (events[E.REMOTE_RESPONSE_COMPLETE]["redirect_not_followed"])
+            )
             # Bound before anything was sent: in the approval, and in the authorization.
             assert events[E.APPROVAL_REQUESTED]["injection"]["redirects"] == "not_followed"
             assert events[E.CREDENTIAL_AUTHORIZED]["redirects"] == "not_followed"

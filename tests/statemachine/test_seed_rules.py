@@ -345,6 +345,18 @@ def test_a_new_attempt_resets_per_attempt_flags_but_never_dispatch_started() -> 
     assert [a["generation"] for a in inv.rec().attempts] == [0, 1]
 
 
+def test_a_complete_3xx_s_evidence_says_why_it_was_not_followed() -> None:
+    """A 3xx that is the result (an approved request follows no redirect; an origin the target
+    does not list; a Location carrying the credential) says why in the envelope's evidence, as
+    REMOTE_RESPONSE_COMPLETE recorded it -- the caller need not guess from the status alone."""
+    why = {"reason": "an approved request follows no redirect", "origin": "https://a.example"}
+    inv = Inv().authorized().dispatched()
+    inv.complete(Outcome.COMMITTED, status=307, redirect_not_followed=why, remote_request_id="r1")
+    ev = inv.rec().evidence
+    assert ev["redirect_not_followed"] == why
+    assert (ev["status"], ev["remote_request_id"]) == (307, "r1")
+
+
 def test_stale_lease_holder_is_stopped_before_dispatch() -> None:
     # Seed: "Stop one worker after it acquires a retry lease, wait for the lease to expire, and
     # start another.  When the first one resumes, the generation check must stop it."
