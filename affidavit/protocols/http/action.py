@@ -134,7 +134,9 @@ def has_dot_segment(route: str) -> bool:
     """A "." or ".." segment (also percent-encoded) in a URL path: it would let the path climb
     out of the target's base path once the server normalizes it (RFC 3986 §5.2.4).  Servers
     that decode "%2F" (or "%5C", "\\" on Windows/IIS) before normalizing see "..%2Fadmin" as
-    "../admin", so the decoded segment is split on both separators too."""
+    "../admin", so the decoded segment is split on both separators too.  Servers that drop a
+    segment's path parameters before normalizing (Tomcat, Jetty, Spring) see "..;x" (also
+    "..%3Bx") as "..", so a part counts up to its first ";"."""
     for segment in route.split("/"):
         # Without "%" or "\\" a segment decodes to itself and holds no separator: it is its
         # only part (no unquote and no split per segment, issue 15).
@@ -143,7 +145,7 @@ def has_dot_segment(route: str) -> bool:
             if "%" not in segment and "\\" not in segment
             else _SEPARATORS.split(urllib.parse.unquote(segment))
         )
-        if any(part in (".", "..") for part in parts):
+        if any(part.partition(";")[0] in (".", "..") for part in parts):
             return True
     return False
 
