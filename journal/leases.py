@@ -11,9 +11,9 @@ hosts (keep their clocks in sync; a lease's margin is its ``ttl`` beyond the cal
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
-from affidavit.statemachine import Event, EventKind, ImpossibleEvent
+from affidavit.statemachine import Event, EventKind, ImpossibleEvent, Record
 
 from .errors import IdempotencyMismatch, IdempotencyRecord, Lease, LeaseBusy, LeaseLost
 from .rows import idempotency_from_row, lease_from_row
@@ -79,16 +79,22 @@ def acquire_op(
     def op(txn: Txn) -> Lease | Fail:
         current = _current_lease(txn, invocation_id)
         now = clock()
+        proj = txn.projector(invocation_id)
+        record = proj.record(now)
         # A holder may renew its own retry lease; a live dispatch lease is busy to everyone,
         # its holder's other tasks too (two of them must not both send an approved request).
+        # A lease taken before the approval was asked is no dispatch lease of it (a retry that
+        # then asked for approval): nothing may be sent under it, so it keeps no one out.
         if (
             current is not None
             and current.expires_at > now
             and (current.holder != holder or kind is EventKind.DISPATCH_LEASE_ACQUIRED)
+            and not (
+                kind is EventKind.DISPATCH_LEASE_ACQUIRED and _before_approval(record, current)
+            )
         ):
             return Fail(LeaseBusy(current))
-        proj = txn.projector(invocation_id)
-        recorded = proj.record(now).generation
+        recorded = record.generation
         generation = max(recorded, current.generation if current else 0) + 1
         expires = now + ttl
         ev = Event(
@@ -103,6 +109,14 @@ def acquire_op(
         return Lease(generation, expires, holder, invocation_id, stored.seq)
 
     return op
+
+
+def _before_approval(record: Record, lease: Lease) -> bool:
+    """``lease`` was taken before the record's approval was asked (its event's seq is below
+    APPROVAL_REQUESTED's)."""
+    approval = record.evidence.get("approval")
+    requested = approval.get("requested_seq") if isinstance(approval, Mapping) else None
+    return type(requested) is int and type(lease.seq) is int and lease.seq < requested
 
 
 def bind_op(

@@ -177,6 +177,8 @@ async def start(
                     timeout,
                     deliver,
                     control,
+                    requester=None if link is not None else requester,
+                    linked=link is not None,
                 )
             if now < bound.created_at + engine.lease_ttl(target, timeout):
                 # Bound a moment ago, nothing recorded yet: the binder is writing its first
@@ -236,6 +238,8 @@ async def start(
                 timeout,
                 deliver,
                 control,
+                requester=None if link is not None else requester,
+                linked=link is not None,
             )
         preamble = ((validated, None),)
     policy = needs_approval(parsed, target) if link is None else None
@@ -299,17 +303,27 @@ async def resume(
     timeout: float | None,
     deliver: Deliver | None,
     control: CallControl | None = None,
+    *,
+    requester: int | None = None,
+    linked: bool = False,
 ) -> dict[str, Any]:
     """The same idempotency key again: answer from the record, or -- when ``decide()`` allows
-    a retry -- take the invocation's lease and run one more try under it."""
+    a retry -- take the invocation's lease and run one more try under it.  ``requester`` and
+    ``linked`` as ``start`` has them: a retry of an action that needs approval and was never
+    granted one asks for it first."""
     if control is not None:
         control.invocation_id = iid
     recorder = engine.recorder
 
     async def leased(
-        lease: Lease, timeout: float | None, grant: Grant | None, version: str | None = None
+        lease: Lease,
+        timeout: float | None,
+        grant: Grant | None,
+        version: str | None = None,
+        policy: Any = None,
     ) -> dict[str, Any]:
-        """One more try under ``lease``, held by this engine."""
+        """One more try under ``lease``, held by this engine; ``policy``: it waits for an
+        operator first (``run``'s ``approval``)."""
         return await run(
             engine,
             iid,
@@ -325,6 +339,7 @@ async def resume(
             bound_version=version,
             control=control,
             grant=grant,
+            approval=None if policy is None else (policy, requester),
         )
 
     record = await expire_if_due(recorder, await recorder.record(iid))
@@ -365,9 +380,15 @@ async def resume(
             return recorder.envelope(await recorder.record(iid), in_progress=True)
         except ImpossibleEvent:
             return recorder.envelope(await recorder.record(iid))
-        # A retry reuses an approval only as the gate re-checks it (grant_of).
+        # A retry reuses an approval only as the gate re-checks it (grant_of).  A record
+        # closed before its approval was asked (its broker stopped, or the journal refused a
+        # write, between the preamble and APPROVAL_REQUESTED; a take-over stopped after its
+        # ACTION_ACCEPTED) holds no grant: the retry of an action that needs one asks for it,
+        # never sends what no operator approved.
         version = (record.evidence.get("credential") or {}).get("version")
-        return await leased(lease, timeout, grant_of(record), version)
+        granted_before = grant_of(record)
+        policy = None if granted_before is not None or linked else needs_approval(action, target)
+        return await leased(lease, timeout, granted_before, version, policy)
     # FETCH, RETURN_RECORDED_RESULT, RECONCILE, STOP_FOR_CORRECTION, RETRY_WHEN_ALLOWED:
     # answer from the record; nothing is sent again.
     return recorder.envelope(record)
