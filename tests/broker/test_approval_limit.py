@@ -119,6 +119,8 @@ async def test_a_refused_request_s_key_says_it_answers_the_refusal_again(
             await b.deny(first["invocation_id"], note="no", operator=OPS)
             again = await b.call(keyed, requester=AGENT)
             assert again["invocation_id"] == refused["invocation_id"]
+            assert again["error"]["code"] == "APPROVAL_LIMIT", again  # the refusal, not re-asked
+            assert E.APPROVAL_REQUESTED not in event_kinds(b, refused["invocation_id"])
             fresh = await b.call({**CHARGE, "idempotency_key": "charge-8"}, requester=AGENT)
             assert fresh["error"]["code"] == "APPROVAL_PENDING", fresh
     assert srv.requests == []
