@@ -247,3 +247,33 @@ async def test_ttl_must_be_positive(place: Place) -> None:
     async with place.open() as j:
         with pytest.raises(ValueError, match="ttl"):
             await j.acquire_lease("inv-1", "w", ttl=0)
+
+
+async def test_a_lease_taken_before_the_approval_was_asked_keeps_no_dispatch_out(
+    place: Place,
+) -> None:
+    # A record closed before its approval was asked (setup_failed) is retried under a retry
+    # lease, and the retry asks for approval: that lease -- still live -- is no dispatch lease
+    # of the approval (nothing may be sent under it), so it keeps no DISPATCH claim out.  A
+    # dispatch lease taken after the request is busy to everyone, as before.
+    clock = Clock()
+    fp = "sha256:a990"
+    async with place.open(clock=clock) as j:
+        for ev in [
+            accepted("inv-1"),
+            Event(E.PREFLIGHT_VALIDATED, "inv-1", {"config_hash": "sha256:c0ff"}),
+            Event(E.SETUP_FAILED, "inv-1", {"stage": "broker_stopped", "code": "SETUP_FAILED"}),
+        ]:
+            await j.append(ev)
+        retry = await j.acquire_lease("inv-1", "w1", ttl=10)
+        for ev in [
+            Event(E.APPROVAL_REQUESTED, "inv-1", {"fingerprint": fp, "expires_at": 2e6}),
+            Event(E.APPROVAL_GRANTED, "inv-1", {"fingerprint": fp, "operator": {}}),
+        ]:
+            await j.append(ev)
+        kind = E.DISPATCH_LEASE_ACQUIRED
+        first = await j.acquire_lease("inv-1", "w1", ttl=10, kind=kind)
+        assert first.generation == retry.generation + 1
+        for holder in ("w2", "w1"):
+            with pytest.raises(LeaseBusy):
+                await j.acquire_lease("inv-1", holder, ttl=10, kind=kind)
