@@ -28,7 +28,7 @@ TYPE_CHECKING = False  # not typing's: see affidavit/__init__.py
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-__all__ = ["escape_char", "pieces", "printable"]
+__all__ = ["escape_char", "pieces", "printable", "utc_time"]
 
 _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 _SHOWN_ESCAPED = frozenset(("Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"))
@@ -67,3 +67,17 @@ def printable(text: str, keep: str = "") -> str:
     if probe.isprintable():
         return text  # the fast path, at C speed: most output has nothing to escape
     return "".join(escape_char(p) if escaped else p for p, escaped in pieces(text, keep))
+
+
+def utc_time(at: object, fmt: str) -> str:
+    """``at`` (seconds since the epoch, a journal row's) as UTC in ``fmt``.  A value no clock
+    shows -- infinite, NaN, past the platform's range: a row someone altered -- is shown as
+    itself, marked, never an exception; anything but a number is ``-``."""
+    from datetime import UTC, datetime
+
+    if isinstance(at, bool) or not isinstance(at, int | float):
+        return "-"
+    try:
+        return datetime.fromtimestamp(at, UTC).strftime(fmt)
+    except (OverflowError, ValueError, OSError):
+        return f"{at!r} (not a time)"

@@ -178,7 +178,7 @@ def refuse_newer_schema(recorded: object, known: int, where: str) -> None:
     what it holds, so it is neither written nor read.  A value that is no number counts as 0."""
     try:
         found = int(recorded) if recorded is not None else 0  # type: ignore[call-overload]
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         found = 0
     if found > known:
         raise JournalError(

@@ -105,8 +105,9 @@ def _checkpoint(row: Sequence[Any]) -> Checkpoint:
             int(row[0]), str(row[1]), int(row[2]), float(row[3]), bool(row[4]), str(row[5]),
             bytes(row[6]),
         )  # fmt: skip
-    except (TypeError, ValueError):
-        # Columns someone filled with the wrong types: a checkpoint no key verifies.
+    except (TypeError, ValueError, OverflowError):
+        # Columns someone filled with the wrong types (an infinite REAL where an integer
+        # goes: OverflowError): a checkpoint no key verifies.
         return Checkpoint(int(row[0]), "", -1, 0.0, False, "", b"")
 
 

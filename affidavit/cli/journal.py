@@ -27,7 +27,6 @@ import os
 import sys
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -42,6 +41,7 @@ from affidavit.cli import (
     text_arg,
     time_arg,
 )
+from affidavit.text import utc_time
 
 if TYPE_CHECKING:
     from affidavit.journal import JournalReader
@@ -293,9 +293,7 @@ def failure_line(exc: Exception, answer: tuple[int, str, str]) -> str:
 
 
 def _when(at: float | None) -> str:
-    if at is None:
-        return "-"
-    return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return utc_time(at, "%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def _out(line: str = "") -> None:

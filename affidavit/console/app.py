@@ -59,6 +59,7 @@ from affidavit.approvals import Operator, OperatorError, service
 from affidavit.engine import read_failure
 from affidavit.journal import JournalError, JournalReader, JournalUnavailable
 from affidavit.reconcile import service as reconciling
+from affidavit.text import utc_time
 
 from . import pages
 from .auth import Session, Sessions, TokenDirError, TokenStore
@@ -588,8 +589,4 @@ def _filters(query: Mapping[str, str]) -> pages.ActionFilters:
 
 
 def _when(at: Any) -> str:
-    import datetime as dt
-
-    if not isinstance(at, int | float):
-        return "-"
-    return dt.datetime.fromtimestamp(at, dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return utc_time(at, "%Y-%m-%d %H:%M:%S UTC")

@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from affidavit.approvals import Operator, OperatorError, OperatorPolicy, check_note
@@ -57,6 +56,7 @@ from affidavit.statemachine import (
     Outcome,
     Record,
 )
+from affidavit.text import utc_time
 
 if TYPE_CHECKING:
     from affidavit.engine import Engine
@@ -285,7 +285,7 @@ def _too_soon(
         return time.time() + window, "the query's finding could not be placed in time"
     if observed - ended >= window:
         return None, ""
-    when = datetime.fromtimestamp(ended + window, UTC).isoformat(timespec="seconds")
+    when = utc_time(ended + window, "%Y-%m-%dT%H:%M:%S+00:00")
     skew = f" + lease_margin {margin:g}s for the brokers' clocks" if margin else ""
     return ended + window, (
         f"the query found the effect absent {max(observed - ended, 0.0):.1f}s after the attempt "

@@ -23,7 +23,7 @@ import trio
 
 from affidavit.approvals import OperatorError
 from affidavit.approvals.service import MAX_NOTE, check_note
-from affidavit.text import escape_char, printable
+from affidavit.text import escape_char, printable, utc_time
 from tests.http.hostile import HostileServer, Peer
 
 from .helpers import affidavit_cli, http_target, write_config
@@ -244,3 +244,23 @@ def _private_key() -> str:
         )
         .decode()
     )
+
+
+@pytest.mark.parametrize(
+    ("at", "shown"),
+    [
+        (0, "1970-01-01 00:00:00"),
+        (1.5e9, "2017-07-14 02:40:00"),
+        (float("inf"), "inf (not a time)"),
+        (float("-inf"), "-inf (not a time)"),
+        (float("nan"), "nan (not a time)"),
+        (1e300, "1e+300 (not a time)"),
+        (None, "-"),
+        (True, "-"),
+        ("1970", "-"),
+    ],
+)
+def test_a_row_s_time_is_shown_whatever_it_holds(at: object, shown: str) -> None:
+    """A journal row's ``at`` altered to a value no clock shows is shown as itself, marked --
+    never an OverflowError out of the CLI's record or the console's page."""
+    assert utc_time(at, "%Y-%m-%d %H:%M:%S") == shown

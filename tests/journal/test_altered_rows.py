@@ -400,6 +400,9 @@ FOUND = [
     Alteration("results", "seq", 0, ("CAST(? AS TEXT)", (b"\xff\xfe",))),  # UnicodeEncodeError
     Alteration("leases", "expires_at", 0, ("?", ("{",))),  # TypeError taking the lease
     Alteration("leases", "generation", 0, ("?", ("{",))),  # TypeError taking the lease
+    Alteration("checkpoints", "prev", 0, ("?", ("1e999",))),  # OverflowError: int(inf)
+    Alteration("checkpoints", "at", 0, ("?", ("1e999",))),  # (a float: inf reads as altered)
+    Alteration("events", "at", 0, ("?", ("1e999",))),  # OverflowError: the CLI's time of it
 ]
 
 
