@@ -9,24 +9,41 @@ sees anything else, and a value never changes the template's syntax:
 * in an HTTP ``path`` a value is percent-encoded as one path segment or query value: every
   character but ``A-Z a-z 0-9 - . _ ~`` (RFC 3986 unreserved) is escaped, so ``/``, ``?``,
   ``&``, ``=`` and ``#`` in a key stay data;
-* in an SSH ``command`` a value is single-quoted for the POSIX shell (``shlex.quote``), so
-  ``;``, ``$( )``, backquotes, spaces and quotes in a key stay data.  For that to hold the
-  placeholder must stand outside any quoting of the template (``test -e /srv/{key}``, never
-  ``test -e '/srv/{key}'`` or ``"$HOME/{key}"``) and not right after ``$`` or ``\\``: such a
-  template is refused when the config is loaded.
+* in an SSH ``command`` a value must be a *plain word* (``SHELL_WORD``: ``A-Z a-z 0-9`` first,
+  then those and ``. _ : @ + = , -``) and is single-quoted for the POSIX shell besides
+  (``shlex.quote``, a no-op on such a word).  Quoting alone is not enough: it protects the value
+  from the shell that parses the template, not from a shell the template starts (``sh -c
+  "test -e /srv/"{key}``, ``bash -c``, ``eval``, ``su -c``, a second ``ssh``), which parses the
+  unquoted value again -- a caller's key ``r1;reboot`` would run there.  A plain word holds no
+  character any shell, at any depth, treats as syntax (no quote, ``$``, backquote, ``;``,
+  space, glob, ``~``, ``/``), and cannot start an option or name a parent directory.  A value
+  that is not one refuses the query (``ValueError``: ``NO_QUERY``), and an SSH action whose
+  target's query names the key or session refuses such a value at acceptance
+  (``affidavit.protocols.ssh.action``).  The placeholder must also stand outside any quoting of
+  the template (``test -e /srv/{key}``, never ``test -e '/srv/{key}'`` or ``"$HOME/{key}"``) and
+  not right after ``$`` or ``\\``: such a template is refused when the config is loaded.
 
 ``{{`` and ``}}`` are literal braces.
 """
 
 from __future__ import annotations
 
+import re
 import shlex
 import string
 import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-__all__ = ["NAMES", "Template", "parse_template", "shell_escape", "url_escape"]
+__all__ = [
+    "NAMES",
+    "SHELL_WORD",
+    "SHELL_WORD_RULE",
+    "Template",
+    "parse_template",
+    "shell_escape",
+    "url_escape",
+]
 
 NAMES = ("invocation_id", "idempotency_key", "session")
 """What a template may name: values bound to the invocation when it was accepted."""
@@ -36,7 +53,17 @@ def url_escape(value: str) -> str:
     return urllib.parse.quote(value, safe="")
 
 
+SHELL_WORD = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@+=,-]*")
+"""A value an SSH command template takes: inert in every shell that may parse it, at any depth."""
+
+SHELL_WORD_RULE = "must be a plain word (A-Z a-z 0-9, then also . _ : @ + = , -)"
+
+
 def shell_escape(value: str) -> str:
+    """``value`` quoted for the shell; ``ValueError`` if it is not a plain word (``SHELL_WORD``):
+    the template may hand it to a second shell, which would parse it unquoted."""
+    if not SHELL_WORD.fullmatch(value):
+        raise ValueError(SHELL_WORD_RULE)
     return shlex.quote(value)
 
 
@@ -48,7 +75,7 @@ class Template:
 
     def render(self, values: Mapping[str, str | None], escape: Callable[[str], str]) -> str:
         """The template filled in; ``ValueError`` naming a placeholder the invocation has no
-        value for (e.g. no idempotency key)."""
+        value for (e.g. no idempotency key), or whose value ``escape`` refuses."""
         out: list[str] = []
         for literal, name, _spec, _conv in string.Formatter().parse(self.text):
             out.append(literal)
@@ -57,7 +84,12 @@ class Template:
             value = values.get(name)
             if not value:
                 raise ValueError(f"the invocation has no {name} for the query's {{{name}}}")
-            out.append(escape(value))
+            try:
+                out.append(escape(value))
+            except ValueError as exc:
+                # The value is the caller's: named by its placeholder, never quoted back.
+                what = f"the invocation's {name} for the query's {{{name}}}"
+                raise ValueError(f"{what} {exc}") from None
         return "".join(out)
 
     def __str__(self) -> str:

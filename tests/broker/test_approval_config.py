@@ -276,10 +276,14 @@ def test_reconcile_queries_load_for_http_and_ssh(tmp_path: Path) -> None:
     from affidavit.protocols.ssh import reconcile as ssh_reconcile
 
     assert http_reconcile.query(billing, {"idempotency_key": "a/b"}) == action
-    assert ssh_reconcile.query(deploy, {"idempotency_key": "r42; reboot"}) == {
+    assert ssh_reconcile.query(deploy, {"idempotency_key": "r42.1"}) == {
         "target": "deploy",
-        "command": "test -e /srv/releases/'r42; reboot'",
+        "command": "test -e /srv/releases/r42.1",
     }
+    # Shell syntax in a caller's value is refused, not quoted: the command may start a second
+    # shell that would parse it unquoted (tests/ssh/test_reconcile_injection.py).
+    with pytest.raises(ValueError, match=r"idempotency_key .* must be a plain word"):
+        ssh_reconcile.query(deploy, {"idempotency_key": "r42;reboot"})
     ok = {"status": 200, "headers": []}
     body = {"body": b'{"status": "succeeded"}'}
     assert http_reconcile.verdict(billing, ok, body) == (

@@ -25,6 +25,7 @@ from affidavit.protocols.actions import (
     session,
     string,
 )
+from affidavit.protocols.placeholders import SHELL_WORD, SHELL_WORD_RULE
 from affidavit.protocols.spec import ActionField, ActionSpec, text_payload
 from affidavit.statemachine import Code
 
@@ -64,9 +65,27 @@ def parse(obj: Mapping[str, Any], name: str, target: SshTarget) -> SshAction:
         raise ActionInvalid(
             Code.INVALID_FIELD, "idempotency_key", "must be 1-255 visible ASCII characters"
         )
-    return SshAction(
+    action = SshAction(
         target=name, command=command, stdin=stdin, session=session(obj), idempotency_key=key
     )
+    _query_safe(action, target)
+    return action
+
+
+def _query_safe(action: SshAction, target: SshTarget) -> None:
+    """A value the target's reconciliation query puts into its command must be a plain word
+    (``affidavit.protocols.placeholders``): the command may start a second shell that parses
+    it unquoted.  Refused here, not first when the query runs, so the caller learns it while it
+    can still choose another key, and an invocation is never bound to a key its query refuses."""
+    names = target.reconcile.command.names if target.reconcile is not None else ()
+    for field in ("idempotency_key", "session"):
+        value = getattr(action, field)
+        if field in names and value is not None and not SHELL_WORD.fullmatch(value):
+            raise ActionInvalid(
+                Code.INVALID_FIELD,
+                field,
+                f"{SHELL_WORD_RULE}: the target's reconciliation query passes it to the shell",
+            )
 
 
 def identity(action: SshAction, target: SshTarget) -> dict[str, Any]:

@@ -1,0 +1,135 @@
+"""A caller's value in an SSH reconciliation query never runs as shell code -- not even when the
+operator's template hands it to a second shell (``sh -c``), against the real sshd.
+
+The idempotency key and the session are the caller's (a hostile agent).  Single-quoting them for
+the shell that parses the template is not enough: ``sh -c "test -e /srv/"{idempotency_key}``
+passes the unquoted key to ``sh -c``, which parses it again.  A value an SSH template takes must
+be a plain word (``affidavit.protocols.placeholders.SHELL_WORD``): refused at acceptance when the
+target's query names it, and refused by the query itself if it got into the journal otherwise
+(a query configured after the call was accepted).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from affidavit.approvals import OperatorError
+from affidavit.protocols.placeholders import parse_template, shell_escape
+from tests.broker.helpers import open_broker, write_config
+
+from .brokerkit import KEY_ENV, ssh_target
+from .sshd import Sshd, SshKeys
+
+LIMIT = 60
+
+
+@pytest.fixture(autouse=True)
+def key_env(ssh_keys: SshKeys) -> Iterator[None]:
+    os.environ[KEY_ENV] = ssh_keys.client_key.decode()
+    try:
+        yield
+    finally:
+        del os.environ[KEY_ENV]
+
+
+def _hostile_keys(pwned: Path) -> list[str]:
+    # Keys are visible ASCII (no space): ${IFS} stands for the space a shell splits on.
+    touch = f"touch${{IFS}}{pwned}"
+    return [
+        f"r1;{touch}",
+        f"$({touch})",
+        f"`{touch}`",
+        f"x';{touch};'",
+        f'x";{touch};"',
+        f"r1|{touch}",
+        f"r1&&{touch}",
+    ]
+
+
+def _target(sshd: Sshd, **kw: Any) -> dict[str, Any]:
+    return ssh_target(sshd.port, sshd.user, sshd.host_pin, **kw)
+
+
+def _nested(releases: Path) -> dict[str, Any]:
+    # The template quotes its own part and leaves the placeholder outside: accepted at load.
+    return {
+        "command": f'sh -c "test -e {releases}/"{{idempotency_key}}',
+        "committed_if": "exit:0",
+        "rejected_if": "exit:1",
+        "settle": "0s",
+    }
+
+
+async def test_a_key_for_a_nested_shell_is_refused_at_acceptance_and_never_runs(
+    tmp_path: Path, sshd: Sshd
+) -> None:
+    releases, pwned = tmp_path / "releases", tmp_path / "pwned"
+    releases.mkdir()
+    target = _target(sshd, reconcile=_nested(releases))
+    with trio.fail_after(LIMIT):
+        async with open_broker(write_config(tmp_path, {"box": target})) as b:
+            for key in _hostile_keys(pwned):
+                action = {"target": "box", "command": "sleep 30", "idempotency_key": key}
+                env = await b.call(action, timeout=3.0)
+                if env["error"]["outcome"] == "unknown":  # accepted: what the query then runs
+                    await b.reconcile(env["invocation_id"], query=True)
+                assert not pwned.exists(), f"the key {key!r} ran as shell code"
+                assert env["error"]["code"] == "INVALID_FIELD", (key, env["error"])
+                assert env["error"]["field"] == "idempotency_key"
+                assert env["error"]["outcome"] == "not_attempted"
+            # A plain word still works through the nested shell.
+            action = {"target": "box", "command": f"touch {releases}/r42.x && sleep 30"}
+            env = await b.call({**action, "idempotency_key": "r42.x"}, timeout=3.0)
+            assert env["error"]["outcome"] == "unknown", env["error"]
+            answer = await b.reconcile(env["invocation_id"], query=True)
+            assert answer["envelope"]["evidence"]["state"] == "reconciled_committed", answer
+    assert not pwned.exists()
+
+
+async def test_a_hostile_key_journaled_before_the_query_was_configured_is_never_run(
+    tmp_path: Path, sshd: Sshd
+) -> None:
+    releases, pwned = tmp_path / "releases", tmp_path / "pwned"
+    releases.mkdir()
+    plain = write_config(tmp_path, {"box": _target(sshd)}, name="plain.toml")
+    later = write_config(
+        tmp_path, {"box": _target(sshd, reconcile=_nested(releases))}, name="q.toml"
+    )
+    ids = []
+    with trio.fail_after(LIMIT):
+        async with open_broker(plain) as b:  # no query names the key: any visible key is taken
+            for key in _hostile_keys(pwned):
+                action = {"target": "box", "command": "sleep 30", "idempotency_key": key}
+                env = await b.call(action, timeout=3.0)
+                assert env["error"]["outcome"] == "unknown", env["error"]
+                ids.append(env["invocation_id"])
+        async with open_broker(later) as b:
+            for iid in ids:
+                refused: OperatorError | None = None
+                try:
+                    await b.reconcile(iid, query=True)
+                except OperatorError as exc:
+                    refused = exc
+                assert not pwned.exists(), f"the key of {iid} ran as shell code"
+                assert refused is not None and refused.code == "NO_QUERY"
+                assert "idempotency_key" in refused.message
+                assert "touch" not in refused.message  # the caller's value is not echoed
+                assert b.record(iid).outcome.value == "unknown"  # type: ignore[union-attr]
+    assert not pwned.exists()
+
+
+@pytest.mark.parametrize(
+    "value", ["r1;reboot", "$(id)", "-rf", ".", "..", "a/b", "a b", "~root", "*", "é", ""]
+)
+def test_a_shell_template_takes_only_plain_words(value: str) -> None:
+    template = parse_template("test -e /srv/{idempotency_key}", shell=True)
+    with pytest.raises(ValueError, match="plain word") if value else pytest.raises(ValueError):
+        template.render({"idempotency_key": value}, shell_escape)
+    for ok in ("r42", "release-7.1_b:x@y+z=w,v", "act_01HXYZ"):
+        assert template.render({"idempotency_key": ok}, shell_escape) == f"test -e /srv/{ok}"
