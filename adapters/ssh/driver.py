@@ -455,7 +455,7 @@ class _Run:
                     facts={"host_key": self.host_key, "reply": "CHANNEL_FAILURE"},
                     summary=self.summary(),
                 )
-            self.interrupted("connection_lost", Code.REMOTE_OUTCOME_UNKNOWN, _describe(exc))
+            self.library_error(exc)
         self.fire("exec_accepted", {})
         return None
 
@@ -472,6 +472,18 @@ class _Run:
         exited = self.exit_status is not None or self.exit_signal is not None
         code = Code.REMOTE_RESULT_INCOMPLETE if exited else Code.REMOTE_OUTCOME_UNKNOWN
         self.interrupted("connection_lost", code, detail)
+
+    def library_error(self, exc: ssh.exceptions.BaseSSHError) -> NoReturn:
+        """libssh raised an error after dispatch that no rule of ``request_exec`` or ``collect``
+        reads.  On a dead connection it is the connection's loss; on a live one it proves
+        nothing about the command either way: the attempt ends ``library_error`` ->
+        ``interrupted`` (a recorded closing step, ``unknown``), never with the raw exception."""
+        assert self.io is not None
+        if not self.io.alive():
+            self.lost(_describe(exc))
+        exited = self.exit_status is not None or self.exit_signal is not None
+        code = Code.REMOTE_RESULT_INCOMPLETE if exited else Code.REMOTE_OUTCOME_UNKNOWN
+        self.interrupted("library_error", code, f"libssh failed: {_describe(exc)}")
 
     def stream_broken(self, detail: str) -> NoReturn:
         """The remote broke the channel's stream rules: what it sent is not one result."""
@@ -687,6 +699,8 @@ async def perform(
             exited = run.exit_status is not None or run.exit_signal is not None
             code = Code.REMOTE_RESULT_INCOMPLETE if exited else Code.REMOTE_OUTCOME_UNKNOWN
             run.interrupted("timed_out", code, f"no complete result within {target.timeouts.exec}s")
+        except ssh.exceptions.BaseSSHError as exc:
+            run.library_error(exc)
     except trio.Cancelled:
         if ctx.machine.allows("cancelled"):
             run.fire("cancelled", {"code": Code.CALLER_CANCELLED.value})

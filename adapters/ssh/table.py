@@ -19,8 +19,9 @@ Why these states (seed, "Connection setup needs a precise end point" and RFC 425
   ``closed_incomplete`` (REMOTE_RESULT_INCOMPLETE): the stream ended but nothing says how the
   command did.
 * Anything that stops the driver after dispatch (connection lost, our exec timeout, caller
-  cancellation, data after the channel's EOF, output past the target's ``max_result``) lands in
-  ``interrupted``: dispatched, not complete, so the engine reports ``unknown``.
+  cancellation, data after the channel's EOF, output past the target's ``max_result``, an error
+  libssh raised that no rule above reads, on a live connection) lands in ``interrupted``:
+  dispatched, not complete, so the engine reports ``unknown``.
 """
 
 from __future__ import annotations
@@ -73,7 +74,7 @@ _STATES = {
     "closed_incomplete": "channel closed without exit-status or exit-signal (RFC 4254 §6.10), "
     "or after exit reports that disagree",
     "interrupted": "stopped after dispatch without a complete result (drop, timeout, cancel, "
-    "data after EOF, output past max_result)",
+    "data after EOF, output past max_result, an unexpected libssh error)",
 }
 
 _T: dict[str, dict[str, str]] = {
@@ -121,6 +122,7 @@ for _s in _POST_DISPATCH_OPEN:
             "cancelled": "interrupted",
             "stream_broken": "interrupted",
             "result_size_limit": "interrupted",
+            "library_error": "interrupted",
         }
     )
 assert all(s in _T for s in _OUTPUT_OPEN)
