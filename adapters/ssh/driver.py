@@ -199,6 +199,10 @@ class _Io:
     def alive(self) -> bool:
         return bool(self.session.is_connected())
 
+    def host_key(self) -> bytes:
+        """The server's host key of the current keys, base64 as libssh exports it."""
+        return bytes(self.session.get_server_publickey().export_pubkey_base64())
+
 
 def _describe(exc: BaseException) -> str:
     """A short, secret-free description of a library exception for ``detail``."""
@@ -251,6 +255,8 @@ class _Run:
         self.io: _Io | None = None
         self.channel: Any = None
         self.host_key = ""
+        self.host_key_b64 = b""
+        """The verified key as libssh exports it (``key_changed`` compares it)."""
         self.exit_status: int | None = None
         self.exit_signal: str | None = None
         self.core_dumped = False
@@ -357,8 +363,8 @@ class _Run:
         # docs/ssh-driver.md), so the broker compares the presented key blob itself, before any
         # credential is used (seed: "a rejected ... SSH host key ... occurs before ... could run").
         assert self.io is not None
-        presented = self.io.session.get_server_publickey()
-        blob = base64.b64decode(presented.export_pubkey_base64())
+        self.host_key_b64 = self.io.host_key()
+        blob = base64.b64decode(self.host_key_b64)
         self.host_key = fingerprint(blob)
         pins: list[bytes] = []
         for pin in self.t.host_keys:
@@ -412,9 +418,45 @@ class _Run:
 
     # -- dispatch and result --------------------------------------------------------------------
 
+    def key_changed(self) -> str | None:
+        """The fingerprint of the key the server signed its last key exchange with, if that is
+        not the key verified at setup; None while it is.
+
+        libssh 0.11 verifies a re-exchange's signature (RFC 4253 §9) against whatever key the
+        server presents in it and never compares that key with the first one: a server could
+        switch to a key no pin names in the middle of a session (measured, ``rekey other`` in
+        ``tests/ssh/hostile.py``).  ``ssh_get_server_publickey`` answers the key of the current
+        keys (``current_crypto``): after a re-exchange, the new one."""
+        assert self.io is not None
+        presented = self.io.host_key()
+        if presented == self.host_key_b64:
+            return None
+        return fingerprint(base64.b64decode(presented))
+
+    def check_host_key(self) -> None:
+        """After dispatch: what arrives after a change of host key is not from the pinned host,
+        so the attempt ends ``host_key_changed`` -> ``interrupted``, ``unknown``."""
+        changed = self.key_changed()
+        if changed is not None:
+            self.interrupted(
+                "host_key_changed",
+                Code.REMOTE_OUTCOME_UNKNOWN,
+                f"the server re-keyed with another host key: presented {changed}, "
+                f"verified {self.host_key}",
+            )
+
     async def dispatch(self) -> None:
         machine = self.ctx.machine
         assert machine.crosses_dispatch("exec"), machine.state
+        changed = self.key_changed()
+        if changed is not None:
+            # A key exchange during authentication or the session's opening switched keys.
+            self.setup_failed(
+                Code.HOST_KEY_MISMATCH,
+                "host_key",
+                f"the server re-keyed with another host key before the command was requested: "
+                f"presented {changed}",
+            )
         # The engine journals DISPATCH_STARTED durably inside the gate; if it raises, nothing
         # has been written and the exec request never leaves this process.
         await self.ctx.gate(
@@ -448,6 +490,7 @@ class _Run:
                 # reply: the denial proves the request was sent.
                 self.fire("exec_sent", {})
             if denied:
+                self.check_host_key()
                 self.fire("exec_failure", {"reply": "CHANNEL_FAILURE"})
                 return RemoteResult(
                     Outcome.REJECTED,
@@ -456,6 +499,7 @@ class _Run:
                     summary=self.summary(),
                 )
             self.library_error(exc)
+        self.check_host_key()
         self.fire("exec_accepted", {})
         return None
 
@@ -539,6 +583,8 @@ class _Run:
                         progressed = progressed or not eof[name]
                         eof[name] = True
                         continue
+                    if data:
+                        self.check_host_key()  # not a byte from another key reaches the sink
                     if data and eof[name]:
                         self.stream_broken(f"{name} data after the channel's EOF (RFC 4254 §5.3)")
                     if data:
@@ -570,6 +616,9 @@ class _Run:
                 raise
             if not io.alive():
                 self.lost("connection closed")
+            # Everything classified below came in over the current keys: from the pinned host
+            # only if they were exchanged under its key.
+            self.check_host_key()
             if not exited and signal and not _SIGNAL_NAME.fullmatch(_text(signal)):
                 # Not a signal name (RFC 4254 §6.10: "KILL", or "name@domain"): remote text of
                 # up to a packet's size that would land in exit_signal, the journal and the

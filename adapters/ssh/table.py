@@ -20,8 +20,9 @@ Why these states (seed, "Connection setup needs a precise end point" and RFC 425
   command did.
 * Anything that stops the driver after dispatch (connection lost, our exec timeout, caller
   cancellation, data after the channel's EOF, output past the target's ``max_result``, an error
-  libssh raised that no rule above reads, on a live connection) lands in ``interrupted``:
-  dispatched, not complete, so the engine reports ``unknown``.
+  libssh raised that no rule above reads, on a live connection, a key re-exchange signed with
+  another host key than the verified one) lands in ``interrupted``: dispatched, not complete,
+  so the engine reports ``unknown``.
 """
 
 from __future__ import annotations
@@ -74,7 +75,8 @@ _STATES = {
     "closed_incomplete": "channel closed without exit-status or exit-signal (RFC 4254 §6.10), "
     "or after exit reports that disagree",
     "interrupted": "stopped after dispatch without a complete result (drop, timeout, cancel, "
-    "data after EOF, output past max_result, an unexpected libssh error)",
+    "data after EOF, output past max_result, an unexpected libssh error, a host key changed "
+    "at a re-exchange)",
 }
 
 _T: dict[str, dict[str, str]] = {
@@ -123,6 +125,7 @@ for _s in _POST_DISPATCH_OPEN:
             "stream_broken": "interrupted",
             "result_size_limit": "interrupted",
             "library_error": "interrupted",
+            "host_key_changed": "interrupted",
         }
     )
 assert all(s in _T for s in _OUTPUT_OPEN)

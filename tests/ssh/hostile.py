@@ -25,8 +25,13 @@ Commands (the first word selects the behaviour):
   lateout          write "out\n", EOF, then "late\n" on stdout after the EOF, exit-status 0, close
   echosig          write "out\n", send an exit-signal named ``PASSWORD``, abort the connection
   big <n>          write ``big_output(n)`` (n bytes of numbered ASCII lines), exit-status 0
+  rekey <key> <when>  start a key re-exchange in which the server signs with ``key`` (``same``:
+                   the pinned ed25519 key; ``other``: ``other_key``, an ed25519 key never
+                   pinned), ``when`` ``first`` (then "out\n", exit-status 0, EOF, close) or
+                   ``last`` (after "out\n", exit-status 0 and EOF; the close 0.3 s later)
 Users: "refuse" is denied every authentication; "pwuser" authenticates with password
-``PASSWORD`` only; anyone else with any public key.
+``PASSWORD`` only; anyone else with any public key.  "rekeyer" is answered its session channel
+only after a key re-exchange signed with ``other_key``.
 """
 
 from __future__ import annotations
@@ -77,6 +82,15 @@ async def garbage_handshake_server(reply: bytes) -> AsyncIterator[int]:
             yield port
         finally:
             nursery.cancel_scope.cancel()
+
+
+def _start_rekey(conn: Any, key: Any) -> None:
+    """A server-initiated key re-exchange (RFC 4253 §9) signed with ``key``: asyncssh picks its
+    host key per exchange from ``_server_host_keys``.  Packets sent after it wait until the
+    exchange is done."""
+    conn._server_host_keys = {alg: asyncssh.load_keypairs(key)[0] for alg in conn._server_host_keys}
+    conn._send_kexinit()
+    conn._kexinit_sent = True  # as asyncssh's own rekey does: the peer's KEXINIT answers it
 
 
 class _Session(asyncssh.SSHServerSession[str]):
@@ -170,6 +184,8 @@ class _Session(asyncssh.SSHServerSession[str]):
             loop.call_later(0.1, conn.send_packet, MSG_CHANNEL_DATA, late)
             loop.call_later(0.2, chan._send_request, b"exit-status", UInt32(0))
             loop.call_later(0.25, chan.close)
+        elif verb == "rekey":
+            self._rekey(conn, words[1], words[2] == "first")
         elif verb == "echosig":
             # A remote that echoes the password it was given as an exit-signal name, then the
             # connection breaks: the name is remote-controlled text like any output.
@@ -180,6 +196,21 @@ class _Session(asyncssh.SSHServerSession[str]):
             loop.call_later(0.1, conn.abort)
         # "hang": nothing, ever.
 
+    def _rekey(self, conn: Any, key: str, first: bool) -> None:
+        chan = self._chan
+        if not first:
+            chan.write("out\n")
+            chan._send_request(b"exit-status", UInt32(0))
+            chan.write_eof()
+        _start_rekey(conn, self._srv.other_key if key == "other" else self._srv.host_key)
+        if first:
+            chan.write("out\n")
+            chan._send_request(b"exit-status", UInt32(0))
+            chan.write_eof()
+            chan.close()
+        else:
+            asyncio.get_running_loop().call_later(0.3, chan.close)
+
     def eof_received(self) -> bool:
         return True  # keep the channel half-open: our behaviours decide when to close
 
@@ -188,6 +219,10 @@ class _Server(asyncssh.SSHServer):
     def __init__(self, srv: HostileServer) -> None:
         self._srv = srv
         self._user = ""
+        self._conn: Any = None
+
+    def connection_made(self, conn: Any) -> None:
+        self._conn = conn
 
     def begin_auth(self, username: str) -> bool:
         self._user = username
@@ -207,6 +242,8 @@ class _Server(asyncssh.SSHServer):
 
     def session_requested(self) -> Any:
         self._srv.sessions_opened += 1
+        if self._user == "rekeyer":  # re-keys with ``other_key`` before the session opens
+            _start_rekey(self._conn, self._srv.other_key)
         return _Session(self._srv)
 
 
@@ -225,6 +262,9 @@ class HostileServer:
         ]
         """One pin per host key, the ed25519 key first, then ``extra_host_keys`` in order."""
         self.pin = self.pins[0]
+        self.host_key = self._key
+        self.other_key = asyncssh.generate_private_key("ssh-ed25519")
+        """A host key never pinned: the ``rekey other`` behaviour signs with it."""
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._server: Any = None
