@@ -596,12 +596,18 @@ class _Run:
                             await self.ctx.sink(name, data)
                         except ResultTooLarge as exc:
                             self.too_large(exc)
-                if eof["stdout"] and eof["stderr"]:
+                if eof["stdout"] and eof["stderr"] and not (channel.is_closed() and io.alive()):
                     # After EOF no read call reads packets, nor does get_exit_state() once
                     # libssh holds any exit report: the CHANNEL_CLOSE has to be pumped.  Before
                     # the exit state is read: a pump that processes the exit report and the
                     # close together must not leave the close seen and the report unread (a
                     # complete result then read as closed without exit-status).
+                    # Not once the close is in (seen on a live connection): a pump then reads
+                    # only what follows it -- the connection's end, when the server closed TCP
+                    # right after the result -- and a dead session's channel reads as closed
+                    # too, so the close it had proved would prove nothing any more.  Nothing
+                    # else touches the socket after a CHANNEL_CLOSE: the reads answer from the
+                    # channel's EOF flag, get_exit_state() from its "closed by the remote" flag.
                     io.pump()
                 exited = self.exit_status is not None or self.exit_signal is not None
                 if not exited:

@@ -25,6 +25,7 @@ Commands (the first word selects the behaviour):
   lateout          write "out\n", EOF, then "late\n" on stdout after the EOF, exit-status 0, close
   echosig          write "out\n", send an exit-signal named ``PASSWORD``, abort the connection
   big <n>          write ``big_output(n)`` (n bytes of numbered ASCII lines), exit-status 0
+  exitdrop         write "out\n", exit-status 0, EOF, close, then close the TCP connection at once
   rekey <key> <when>  start a key re-exchange in which the server signs with ``key`` (``same``:
                    the pinned ed25519 key; ``other``: ``other_key``, an ed25519 key never
                    pinned), ``when`` ``first`` (then "out\n", exit-status 0, EOF, close) or
@@ -184,6 +185,16 @@ class _Session(asyncssh.SSHServerSession[str]):
             loop.call_later(0.1, conn.send_packet, MSG_CHANNEL_DATA, late)
             loop.call_later(0.2, chan._send_request, b"exit-status", UInt32(0))
             loop.call_later(0.25, chan.close)
+        elif verb == "exitdrop":
+            # A complete result (exit-status, EOF, CHANNEL_CLOSE), then the TCP connection is
+            # closed at once, without an SSH disconnect: the result's packets and the FIN arrive
+            # together.
+            chan.write("out\n")
+            chan.exit(0)
+            # asyncio flushes what was written, then shuts the sending side (FIN).  Not a full
+            # close: with the client's bytes unread that would be a RST, which drops the unsent
+            # result on the server's side -- the result must leave, only the connection end.
+            conn._transport.write_eof()
         elif verb == "rekey":
             self._rekey(conn, words[1], words[2] == "first")
         elif verb == "echosig":
