@@ -448,7 +448,10 @@ class _Run:
     async def dispatch(self) -> None:
         machine = self.ctx.machine
         assert machine.crosses_dispatch("exec"), machine.state
-        changed = self.key_changed()
+        try:
+            changed = self.key_changed()
+        except ssh.exceptions.BaseSSHError as exc:
+            self.setup_failed(Code.SETUP_FAILED, "host_key", _describe(exc))
         if changed is not None:
             # A key exchange during authentication or the session's opening switched keys.
             self.setup_failed(

@@ -15,7 +15,7 @@ import pytest
 import ssh.exceptions
 import trio
 
-from affidavit.adapters.base import AttemptInterrupted
+from affidavit.adapters.base import AttemptInterrupted, SetupError
 from affidavit.adapters.ssh import driver, perform, prepare_credential
 from affidavit.statemachine import Code
 
@@ -78,3 +78,30 @@ async def test_a_libssh_error_while_reading_ends_the_attempt_through_the_machine
     assert rec.events[-1] == "library_error"
     assert rec.ctx.machine.state == "interrupted" and rec.ctx.machine.dispatched
     assert (ei.value.facts["exit_status"] == 0) is after_exit
+
+
+async def test_a_libssh_error_reading_the_host_key_before_dispatch_is_a_setup_failure(
+    hostile: HostileServer, ssh_keys: SshKeys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The key is read at verification and again just before dispatch (a re-exchange may have
+    # switched it, tests/ssh/test_rekey_host_key.py): the second read fails.
+    reads = {"n": 0}
+    host_key = driver._Io.host_key
+
+    def failing(io: driver._Io) -> bytes:
+        reads["n"] += 1
+        if reads["n"] > 1:
+            raise ssh.exceptions.SSHError(-1, "injected libssh failure")
+        return host_key(io)
+
+    monkeypatch.setattr(driver._Io, "host_key", failing)
+    rec = Recorder()
+    before = len(hostile.exec_requests)
+    with trio.fail_after(10), pytest.raises(SetupError) as ei:
+        await perform(
+            hostile_target(hostile), prepare_credential(ssh_keys.client_key), "exit 0", None,
+            rec.ctx,
+        )  # fmt: skip
+    assert (ei.value.code, ei.value.stage) == (Code.SETUP_FAILED, "host_key")
+    assert rec.ctx.machine.state == "setup_failed" and not rec.ctx.machine.dispatched
+    assert rec.gate_calls == [] and hostile.exec_requests[before:] == []
