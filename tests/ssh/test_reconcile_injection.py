@@ -133,3 +133,17 @@ def test_a_shell_template_takes_only_plain_words(value: str) -> None:
         template.render({"idempotency_key": value}, shell_escape)
     for ok in ("r42", "release-7.1_b:x@y+z=w,v", "act_01HXYZ"):
         assert template.render({"idempotency_key": ok}, shell_escape) == f"test -e /srv/{ok}"
+
+
+async def test_a_session_for_a_query_that_names_it_must_be_a_plain_word(
+    tmp_path: Path, sshd: Sshd
+) -> None:
+    rc = {"command": "test -e /srv/{session}", "committed_if": "exit:0", "settle": "0s"}
+    config = write_config(tmp_path, {"box": _target(sshd, reconcile=rc), "plain": _target(sshd)})
+    with trio.fail_after(LIMIT):
+        async with open_broker(config) as b:
+            env = await b.call({"target": "box", "command": "true", "session": "agent 7;id"})
+            assert (env["error"]["code"], env["error"]["field"]) == ("INVALID_FIELD", "session")
+            # A target whose query does not name it takes any printable session.
+            env = await b.call({"target": "plain", "command": "true", "session": "agent 7;id"})
+            assert env["evidence"]["outcome"] == "committed", env
