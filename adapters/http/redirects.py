@@ -81,10 +81,15 @@ def plan_response(
     else:
         decision = request.redirect_policy(new_method, nxt)
     new_origin = parse_url(nxt).origin
-    if decision.allowed and not decision.keep_credential and _carries_secret(redactor, nxt):
+    if (
+        decision.allowed
+        and not decision.keep_credential
+        and _carries_secret(request, redactor, nxt)
+    ):
         # A login redirect quoting the request URL back ("?return_to=...api_key=..."), or a
-        # server echoing a header into the Location: following it would send the credential
-        # where the policy said it must not go.
+        # server echoing a header into the Location -- as written, base64'd into a ``state``,
+        # hex-dumped, case-changed: following it would send the credential where the policy
+        # said it must not go.
         decision = RedirectDecision(False, False, "the Location carries the credential")
     if not decision.allowed:
         plan.redirect_facts = {
@@ -105,9 +110,12 @@ def plan_response(
     }
 
 
-def _carries_secret(redactor: Redactor, url: str) -> bool:
+def _carries_secret(request: HttpRequest, redactor: Redactor, url: str) -> bool:
     """The URL holds a credential value as written or after up to three rounds of
-    percent-decoding (a URL quoted inside a query parameter, maybe twice)."""
+    percent-decoding (a URL quoted inside a query parameter, maybe twice); and, where the
+    request names the check (the broker's binding does), in any of the redaction forms."""
+    if request.credential_echo is not None and request.credential_echo(url):
+        return True
     for _ in range(4):
         if redactor.contains(url):
             return True

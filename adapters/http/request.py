@@ -54,6 +54,10 @@ class HttpRequest:
     max_redirects: int = 5
     timeouts: Timeouts = field(default_factory=Timeouts)
     expect_continue: bool = False
+    credential_echo: Callable[[str], bool] | None = field(default=None, repr=False)
+    """Whether a URL a remote wrote holds any form of the credential (base64, hex, percent
+    encoding, any case: the broker's redaction forms).  A Location that does is not followed
+    (redirects.py); without it only the values as written, percent-decoded, are looked for."""
 
 
 def secret_values(request: HttpRequest) -> list[str]:

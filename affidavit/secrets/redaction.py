@@ -28,6 +28,10 @@ candidates, and the regex runs only in the windows around them, each as wide as 
 on either side.  Matches found that way are exactly those one ``re.sub`` over the whole input
 would find (see ``_Scan``), so a clean 50 MiB body costs a few ``find`` passes.
 
+A remote's short text (header fields, the reason phrase, a redirect's origin: ``scrub_text``)
+and a redirect's Location (``holds``) are matched with ``pattern_any_case``: the same forms, ASCII
+letters in either case (a URL parser lower-cases a host name).
+
 A value longer than ``LONG_VALUE`` (a private key, a JWT) and each base64 line of a PEM value
 are matched as written only, in their raw and whole-base64 forms: with unit encodings, hex and
 shifted base64, a 3 KiB key would be megabytes of regex for forms nobody echoes a key in.
@@ -38,6 +42,7 @@ from __future__ import annotations
 import base64
 import functools
 import re
+import urllib.parse
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -229,6 +234,7 @@ class _Plan:
         self._literal_groups = groups
         self._encoded = [slots for v in encoded for slots in _value_slots(v)]
         self._pattern: re.Pattern[bytes] | None = None
+        self._pattern_any_case: re.Pattern[bytes] | None = None
         self.widest = max([widest, *map(_width, self._encoded)])
         """The widest match: a window this wide on each side of a candidate holds every match."""
         needles, escapes = _escapes(_minimal(encoded_forms))
@@ -252,6 +258,17 @@ class _Plan:
         if self._pattern is None:
             self._pattern = re.compile(self._source())
         return self._pattern
+
+    @property
+    def pattern_any_case(self) -> re.Pattern[bytes]:
+        """``pattern`` with ASCII letters matched in either case: for a remote's short text
+        (header names and values, the reason phrase, a redirect's origin), where a server or a
+        URL parser may have changed the case of an echoed form -- a host name is lower-cased by
+        every parser, and a lower-cased hex or alphanumeric token is the token.  Not for
+        bodies: the scan would lose its literal needles (docs/redaction.md, "Speed")."""
+        if self._pattern_any_case is None:
+            self._pattern_any_case = re.compile(self._source(), re.IGNORECASE)
+        return self._pattern_any_case
 
     def _source(self) -> bytes:
         groups = {first: dict(alts) for first, alts in self._literal_groups.items()}
@@ -538,19 +555,18 @@ class Redactor:
         return data if plan is None else b"".join(_scan(plan, data, len(data))[0])
 
     def scrub_text(self, text: str) -> str:
-        """``text`` with every form replaced.  Text is matched as the bytes it was received as:
-        latin-1 when it fits (header fields arrive as bytes decoded latin-1), else UTF-8."""
+        """``text`` with every form replaced, its letters in either case (``pattern_any_case``:
+        this is a remote's short text, never a body).  Text is matched as the bytes it was
+        received as: latin-1 when it fits (header fields arrive as bytes decoded latin-1),
+        else UTF-8."""
         plan = self._plan
         if plan is None:
             return text
         clean = plan.clean
         if text in clean:
             return text
-        try:
-            raw, codec = text.encode("latin-1"), "latin-1"
-        except UnicodeEncodeError:
-            raw, codec = text.encode("utf-8", "surrogatepass"), "utf-8"
-        out = self.sub(raw)
+        raw, codec = _text_bytes(text)
+        out = plan.pattern_any_case.sub(REDACTED, raw)
         if out != raw:
             return out.decode(codec, "surrogatepass")
         if len(text) <= _MEMO_CHARS:
@@ -558,6 +574,29 @@ class Redactor:
                 clean.clear()  # a bound, not an LRU: the same few strings come back each call
             clean.add(text)
         return text
+
+    def holds(self, text: str) -> bool:
+        """Whether ``text`` (a URL a remote wrote) holds any form of the values, letters in
+        either case, as written or after up to three rounds of percent-decoding (with ``+``
+        read as ``+`` and as a space): a Location quoting the request URL inside a query
+        parameter, maybe twice.  The redirect check (adapters/http/redirects.py): a Location
+        that holds one is a credential echo and is not followed."""
+        plan = self._plan
+        if plan is None:
+            return False
+        seen: set[str] = set()
+        round_ = {text}
+        for _ in range(4):
+            round_ -= seen
+            if not round_:
+                return False
+            for t in round_:
+                if plan.pattern_any_case.search(_text_bytes(t)[0]):
+                    return True
+            seen |= round_
+            unquote = (urllib.parse.unquote, urllib.parse.unquote_plus)
+            round_ = {f(t) for t in round_ for f in unquote}
+        return False
 
     def scrub(self, value: Any) -> Any:
         """A JSON-able ``value`` with every string (mapping keys included) scrubbed."""
@@ -599,6 +638,14 @@ class Redactor:
         if isinstance(value, list | tuple):
             return [self._walk(v, clean) for v in value]
         return value
+
+
+def _text_bytes(text: str) -> tuple[bytes, str]:
+    """(bytes, codec) of ``text`` as received: latin-1 when it fits, else UTF-8."""
+    try:
+        return text.encode("latin-1"), "latin-1"
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "surrogatepass"), "utf-8"
 
 
 def redactor(secret_values: Iterable[bytes]) -> Redactor:

@@ -12,6 +12,7 @@ import base64
 import itertools
 import json
 import os
+import urllib.parse
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -161,6 +162,35 @@ def test_scrub_redacts_header_names_values_the_reason_and_mapping_keys() -> None
     for form in secret_forms(tok):
         assert form.decode() not in scrubbed
     assert r.scrub(summary)["status"] == 200
+
+
+def test_a_remote_s_short_text_loses_each_form_in_either_case_a_body_only_as_written() -> None:
+    """Header text and a redirect's origin (a URL parser lower-cases a host): a case-changed
+    echo of a form is the form.  A body keeps the literal-needle scan (docs/redaction.md)."""
+    tok = b"Tok-Ab3Xy9Zq-Cd7"
+    r = Redactor([tok])
+    for form in (
+        tok.lower(),
+        tok.upper(),
+        base64.b64encode(tok).swapcase(),
+        tok.hex().upper().encode(),
+    ):
+        assert r.scrub_text(f"x {form.decode()} y") == "x [REDACTED] y"
+        assert r.scrub({"origin": f"http://{form.decode()}.example"}) == {
+            "origin": "http://[REDACTED].example"
+        }
+    assert r.sub(b"x " + tok.lower() + b" y") == b"x " + tok.lower() + b" y"
+
+
+def test_a_url_holds_the_secret_in_any_form_case_or_percent_encoding_depth() -> None:
+    tok = b"Tok-Ab3Xy9Zq-Cd7"
+    r = Redactor([tok])
+    b64 = base64.urlsafe_b64encode(b'{"t":"' + tok + b'"}').decode().rstrip("=")
+    twice = urllib.parse.quote(urllib.parse.quote(tok.decode().lower(), safe=""), safe="")
+    for url in (f"http://h/?s={b64}", f"http://h/?n={twice}", f"http://{tok.hex()}.h/"):
+        assert r.holds(url)
+    assert not r.holds("http://h/?s=Tok-Ab3Xy9Zq")
+    assert not Redactor([]).holds(f"http://h/?s={tok.decode()}")
 
 
 def test_scrubbing_the_same_strings_again_gives_the_same_answer_and_keeps_no_secret() -> None:

@@ -10,6 +10,7 @@ from affidavit.adapters.base import AttemptContext, RemoteResult
 from affidavit.adapters.http import HTTP_TABLE, HttpClient, HttpRequest, RedirectDecision, Timeouts
 from affidavit.protocols.spec import Prepared
 from affidavit.secrets.credentials import Credential, apply_query, inject_http
+from affidavit.secrets.redaction import redactor
 
 from .action import HttpAction, has_dot_segment, needs_approval
 from .decoding import BodyDecoding
@@ -53,6 +54,18 @@ class HttpBinding:
             # header for targets that do not document its semantics").
             headers.append((contract.header, idempotency_key))
             evidence["idempotency_header"] = contract.header
+        # The secret and each whole injected value (``Bearer <token>``, ``Basic <base64>``, the
+        # percent-encoded query value): a server may echo, base64 or hex-dump either.
+        secrets = (
+            credential.value,
+            *(v.encode("ascii") for _, v in injection.headers),
+            *(v.encode("ascii") for _, v in injection.query),
+        )
+        if target.inject.split(":", 1)[0] == "basic":
+            # RFC 7617 user-id ":" password: a server that decodes the header may echo the
+            # password alone, which no form of the whole value matches (seed: "Exclude
+            # secrets ... from the envelope").
+            secrets += (credential.value.split(b":", 1)[1],)
         request = HttpRequest(
             method=action.method,
             url=url,
@@ -69,19 +82,10 @@ class HttpBinding:
                 write=target.timeout.total,
                 read=target.timeout.total,
             ),
+            # A Location holding any redaction form of these is a credential echo: not
+            # followed (docs/redaction.md, "Surfaces").
+            credential_echo=redactor(secrets).holds,
         )
-        # The secret and each whole injected value (``Bearer <token>``, ``Basic <base64>``, the
-        # percent-encoded query value): a server may echo, base64 or hex-dump either.
-        secrets = (
-            credential.value,
-            *(v.encode("ascii") for _, v in injection.headers),
-            *(v.encode("ascii") for _, v in injection.query),
-        )
-        if target.inject.split(":", 1)[0] == "basic":
-            # RFC 7617 user-id ":" password: a server that decodes the header may echo the
-            # password alone, which no form of the whole value matches (seed: "Exclude
-            # secrets ... from the envelope").
-            secrets += (credential.value.split(b":", 1)[1],)
         return Prepared(request=request, secrets=secrets, evidence=evidence)
 
     async def perform(self, prepared: Prepared, ctx: AttemptContext) -> RemoteResult:
