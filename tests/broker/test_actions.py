@@ -552,3 +552,47 @@ def test_a_header_that_overrides_the_method_or_path_is_forbidden(name: str) -> N
     with pytest.raises(ActionInvalid) as info:
         parse_action(http(headers={name: "DELETE"}), CONFIG)
     assert (info.value.code, info.value.field) == (Code.FORBIDDEN_HEADER, f"headers.{name}")
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/q?_method=DELETE",
+        "/q?a=1&_METHOD=DELETE",
+        "/q?%5Fmethod=DELETE",
+        "/q?%5fMethod=DELETE",
+        "/q?%255Fmethod=DELETE",
+        "/q?x=1;_method=DELETE",
+        "/q?_method%5B%5D=DELETE",
+        "/q?_HttpMethod=PATCH",
+        "/q?X-HTTP-Method-Override=DELETE",
+        "/q?x_http_method=DELETE",
+        "/q?x.method.override=DELETE",
+        "/q?X-Original-URL=/admin",
+        "/q?x-rewrite-url=/admin",
+    ],
+)
+def test_a_query_parameter_that_overrides_the_method_or_path_is_forbidden(path: str) -> None:
+    """Rails, Laravel/Symfony and Express's method-override read ``_method`` from the query of a
+    POST, some stacks the override headers' names too: an allowed POST would run as DELETE.
+    Refused as the override headers are: ``FORBIDDEN_HEADER`` at ``path``."""
+    with pytest.raises(ActionInvalid) as info:
+        parse_action(http(method="POST", path=path), CONFIG)
+    assert (info.value.code, info.value.field) == (Code.FORBIDDEN_HEADER, "path")
+
+
+@pytest.mark.parametrize(
+    "path",
+    ["/q?_method%00=DELETE", "/q?a%0Ab=1", "/q?%7F=1", "/q?a%C2%85=1", "/q?x=1&%2500=1"],
+)
+def test_a_query_parameter_name_with_a_control_character_is_invalid(path: str) -> None:
+    with pytest.raises(ActionInvalid) as info:
+        parse_action(http(method="POST", path=path), CONFIG)
+    assert (info.value.code, info.value.field) == (Code.INVALID_FIELD, "path")
+
+
+@pytest.mark.parametrize(
+    "path", ["/q?method=DELETE", "/q?my_method=1", "/q?_methods=1", "/q?q=a%0Ab", "/q?_x=1"]
+)
+def test_query_parameters_that_override_nothing_stay_allowed(path: str) -> None:
+    assert parse_action(http(method="POST", path=path), CONFIG).path == path

@@ -225,3 +225,27 @@ async def test_nothing_is_sent_for_a_refused_action(tmp_path: Path, token: str) 
                 await broker.call({**GET, "session": "\x00"})
                 await broker.call({**GET, "body": _deep(40)})
         assert srv.requests == []
+
+
+@pytest.mark.parametrize(
+    ("path", "code"),
+    [
+        ("/x?_method=DELETE", "FORBIDDEN_HEADER"),
+        ("/x?%5FMETHOD=DELETE", "FORBIDDEN_HEADER"),
+        ("/x?X-HTTP-Method-Override=DELETE", "FORBIDDEN_HEADER"),
+        ("/x?_method%00=DELETE", "INVALID_FIELD"),
+    ],
+)
+async def test_a_method_override_in_the_query_is_refused_at_path_and_never_sent(
+    tmp_path: Path, path: str, code: str
+) -> None:
+    """A target that allows POST but not DELETE: ``POST /x?_method=DELETE`` would run as DELETE
+    on Rails, Laravel or Express's method-override -- with the credential."""
+    async with HostileServer.running(scripts.serve(Reply(200))) as srv:
+        cfg = write_config(tmp_path, {"api": http_target(srv.url, methods=["GET", "POST"])})
+        with trio.fail_after(LIMIT):
+            async with open_broker(cfg) as broker:
+                env = await broker.call({**GET, "method": "POST", "path": path})
+                _refused(broker, env, code)
+        assert env["error"]["field"] == "path"
+        assert srv.requests == [] and srv.connections == 0

@@ -66,6 +66,15 @@ _OVERRIDE_HEADERS = frozenset(
     }
 )
 
+# The same overrides as query parameters (names as ``_query_key`` reads them): Rails' and
+# Laravel's/Symfony's ``_method`` (``POST /x?_method=DELETE``), Express's method-override
+# getter, Salesforce's ``_HttpMethod``, and the header names above, which some stacks also
+# read from the query.
+_OVERRIDE_PARAMS = frozenset({"_method", "_httpmethod"})
+# C0 controls, DEL and C1 controls: a parameter name holding one (``_method%00x``) is read as
+# something else by a C-string parser, or cut there by a logger or a WAF -- never a real name.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
 
 @dataclass(frozen=True)
 class HttpAction:
@@ -169,12 +178,37 @@ def _check_path(path: str, target: HttpTarget) -> None:
     route, _, query = path.partition("?")
     if has_dot_segment(route):
         raise ActionInvalid(Code.INVALID_FIELD, "path", 'must not contain "." or ".." segments')
+    if query:
+        _check_query(query, target)
+
+
+def _check_query(query: str, target: HttpTarget) -> None:
+    """Refuse a query parameter name that holds a control character, overrides the method or
+    path (``_method``, ``X-HTTP-Method-Override``, ...), or shadows the injected credential
+    parameter -- each name percent-decoded once and twice (a double-decoding hop in front of the
+    application reads ``%255Fmethod`` as ``_method``)."""
     scheme, param = parse_inject(target.inject)
-    if scheme == "query" and query and param:
-        injected = _query_key(param)
-        for pair in re.split(r"[&;]", query):
-            pname = urllib.parse.unquote_plus(pair.partition("=")[0])
-            if _query_key(pname) == injected:
+    injected = _query_key(param) if scheme == "query" and param else None
+    for pair in re.split(r"[&;]", query):
+        once = urllib.parse.unquote_plus(pair.partition("=")[0])
+        for pname in (once, urllib.parse.unquote_plus(once)):
+            if _CONTROL.search(pname):
+                raise ActionInvalid(
+                    Code.INVALID_FIELD,
+                    "path",
+                    "a query parameter name holds a control character (also percent-encoded, "
+                    "like %00)",
+                )
+            key = _query_key(pname)
+            if key in _OVERRIDE_QUERY or _query_key(pname.partition("[")[0]) in _OVERRIDE_QUERY:
+                raise ActionInvalid(
+                    Code.FORBIDDEN_HEADER,
+                    "path",
+                    "a query parameter servers read as the method or path (_method, "
+                    "X-HTTP-Method-Override, ...; in any case, percent-encoded, and with "
+                    '"-", "." or " " for "_") is not allowed: the request line says them',
+                )
+            if key == injected:
                 raise ActionInvalid(
                     Code.FORBIDDEN_HEADER,
                     "path",
@@ -189,6 +223,9 @@ def _query_key(name: str) -> str:
     stacks fold case and dashes) -- so a caller cannot shadow the injected parameter with a
     spelling that one of them reads as it (issue 9)."""
     return re.sub(r"[-. \[]", "_", name.strip().lower())
+
+
+_OVERRIDE_QUERY = _OVERRIDE_PARAMS | {_query_key(h) for h in _OVERRIDE_HEADERS}
 
 
 def _header_key(name: str) -> str:
@@ -431,6 +468,12 @@ HTTP_FIELDS = (
         checks=(
             (Code.INVALID_FIELD, 'a "." or ".." segment, also percent-encoded'),
             (Code.FORBIDDEN_HEADER, "the query parameter that carries the credential"),
+            (
+                Code.FORBIDDEN_HEADER,
+                "a query parameter servers read as the method or path (_method, "
+                "X-HTTP-Method-Override, ...)",
+            ),
+            (Code.INVALID_FIELD, "a query parameter name with a control character (%00, ...)"),
         ),
     ),
     ActionField(
