@@ -268,13 +268,19 @@ def envelope_schema() -> dict[str, Any]:
                         "description": "Which hop produced this attempt's evidence: the origin, "
                         "or a proxy's socket with nothing attributing the answer to the origin "
                         "(a proxy that may be answering for itself -- through a forward proxy "
-                        "any 4xx or 5xx: then the outcome stays unknown).",
+                        "any 4xx or 5xx: then the outcome stays unknown).  attribution: on whose "
+                        "word a forward proxy's answer is the origin's (the proxy's "
+                        "received-status, or the operator's trust_forward_proxy).",
                         "required": ["hop"],
                         "properties": {
                             "hop": {"type": "string", "enum": ["origin", "proxy"]},
                             "proxy": {"type": "string"},
                             "status": {"type": "integer"},
                             "proxy_status": {"type": "array", "items": {"type": "object"}},
+                            "attribution": {
+                                "type": "string",
+                                "enum": ["received_status", "trusted_forward_proxy"],
+                            },
                         },
                     },
                     "remote_request_id": {

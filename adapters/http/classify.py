@@ -190,11 +190,13 @@ def evidence_from(
     proxy: str | None = None,
     status: int | None = None,
     proxy_status: list[dict[str, Any]] | None = None,
+    attribution: str | None = None,
 ) -> dict[str, Any]:
     """Which hop produced an attempt's evidence (seed: "Record which hop produced the
     evidence"): ``origin`` or ``proxy``, the proxy used (``host:port``), the status that hop
-    answered and the parsed Proxy-Status, each only when known.  Secret-free: the caller scrubs
-    ``proxy_status``."""
+    answered, the parsed Proxy-Status and, for a forward proxy's answer taken as the origin's,
+    what attributes it (``received_status`` or ``trusted_forward_proxy``), each only when known.
+    Secret-free: the caller scrubs ``proxy_status``."""
     out: dict[str, Any] = {"hop": hop}
     if proxy is not None:
         out["proxy"] = proxy
@@ -202,6 +204,8 @@ def evidence_from(
         out["status"] = status
     if proxy_status is not None:
         out["proxy_status"] = proxy_status
+    if attribution is not None:
+        out["attribution"] = attribution
     return out
 
 

@@ -179,7 +179,11 @@ async def _result(
         "remote_request_id": redactor.scrub(header_value(res.headers, "x-request-id")),
         "proxy_status": ps,
         "evidence_from": evidence_from(
-            "origin", proxy=res.hop_summary["via_proxy"], status=res.status, proxy_status=ps
+            "origin",
+            proxy=res.hop_summary["via_proxy"],
+            status=res.status,
+            proxy_status=ps,
+            attribution=_attribution(res, ps),
         ),
         "peer": res.peer,
         "body_bytes": res.body_bytes,
@@ -188,3 +192,15 @@ async def _result(
     }
     assert cls.outcome is not None
     return RemoteResult(cls.outcome, cls.code, facts, summary, cls.retry_after)
+
+
+def _attribution(res: HopResult, proxy_status: list[dict[str, Any]] | None) -> str | None:
+    """What attributes a forward proxy's complete answer to the origin (docs/proxies.md, "The
+    evidence"): only the proxy's socket was observed, so the record says on whose word it is
+    the origin's -- the proxy's RFC 9209 ``received-status``, or the operator's trust in the
+    proxy (``trust_forward_proxy``, which a broker target needs for a forward proxy)."""
+    if res.hop_summary["via_proxy"] is None or not res.hop_summary["origin"].startswith("http:"):
+        return None  # direct, or a CONNECT tunnel: TLS authenticates the origin's answer
+    if any(m.get("received_status") == res.status for m in proxy_status or ()):
+        return "received_status"
+    return "trusted_forward_proxy"

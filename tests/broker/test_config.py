@@ -466,6 +466,8 @@ def test_urls_are_normalized(
     tmp_path: Path, url: str, normalized: str, origin: str, base: str
 ) -> None:
     text = _replace(BASE, 'ca_file = "ca.pem"\n', "")  # ca_file needs https
+    # and an http:// url's proxy is a forward proxy, which needs trust_forward_proxy
+    text = _replace(text, 'proxy = "http://127.0.0.1:3128"\n', "")
     text = _replace(text, 'url = "https://billing.example.com"', f'url = "{url}"')
     t = load(tmp_path, text).targets["billing"]
     assert (t.url, t.origin, t.base_path) == (normalized, origin, base)
@@ -580,6 +582,7 @@ HTTP_CHANGES: dict[str, object] = {
     "inject": "basic",
     "ca_file": Path("/other/ca.pem"),
     "proxy": None,
+    "trust_forward_proxy": True,
     "follow_redirects": True,
     "redirect_origins": frozenset({"https://files.example.com:443"}),
     "max_body": 10,

@@ -22,21 +22,26 @@ from typing import Any
 import pytest
 import trio
 
+from affidavit.config import load_config
+from affidavit.schema import ConfigError
 from affidavit.statemachine import EventKind
 from tests.external import TINYPROXY, free_port, listening
-from tests.http.hostile import HostileServer, Reply, scripts
+from tests.http.hostile import HostileServer, Peer, Reply, scripts
 
 from .helpers import assert_error, assert_ok, closed_port, http_target, open_broker, write_config
 from .http_rows import GET, LIMIT, POST
 
 E = EventKind
+PROXY = "http://127.0.0.1:3128"
 
 
 async def _call(
     tmp_path: Path, origin: str, proxy: str, action: dict[str, Any]
 ) -> tuple[dict[str, Any], list[Any]]:
     """One call to ``origin`` through ``proxy``; (envelope, the invocation's events)."""
-    cfg = write_config(tmp_path, {"api": http_target(origin, proxy=proxy)})
+    cfg = write_config(
+        tmp_path, {"api": http_target(origin, proxy=proxy, trust_forward_proxy=True)}
+    )
     async with open_broker(cfg) as broker:
         with trio.fail_after(LIMIT):
             env = await broker.call(action)
@@ -152,6 +157,7 @@ async def test_an_origins_error_the_proxy_attributes_is_the_origins_committed_re
         "proxy": proxy.hostport,
         "status": 502,
         "proxy_status": [{"proxy": "hostile", "received_status": 502}],
+        "attribution": "received_status",
     }
     assert env["evidence"]["evidence_from"] == hop
     assert _attrs(events, E.REMOTE_RESPONSE_COMPLETE)["evidence_from"] == hop
@@ -203,7 +209,9 @@ async def test_tinyproxys_own_500_for_a_closed_origin_is_not_the_origins_result(
 ) -> None:
     # The origin was never contacted: tinyproxy answers "500 Unable to connect" itself.
     origin = f"http://127.0.0.1:{closed_port()}"
-    cfg = write_config(tmp_path, {"api": http_target(origin, proxy=tinyproxy)})
+    cfg = write_config(
+        tmp_path, {"api": http_target(origin, proxy=tinyproxy, trust_forward_proxy=True)}
+    )
     async with open_broker(cfg) as broker:
         with trio.fail_after(LIMIT):
             env = await broker.call(GET)
@@ -231,10 +239,13 @@ async def test_an_origins_answer_relayed_by_tinyproxy_is_committed_from_the_orig
     async with HostileServer.running(scripts.serve(Reply(200, body=b"via proxy"))) as origin:
         env, _events = await _call(tmp_path, origin.url, tinyproxy, GET)
     assert env["result"]["body"] == "via proxy"
+    # Only tinyproxy's socket was observed: the 200 is the origin's on the operator's word
+    # (trust_forward_proxy), and the record says so.
     assert env["evidence"]["evidence_from"] == {
         "hop": "origin",
         "proxy": tinyproxy.removeprefix("http://"),
         "status": 200,
+        "attribution": "trusted_forward_proxy",
     }
     assert origin.requests[0].header("Authorization") == f"Bearer {token}"
 
@@ -260,3 +271,61 @@ async def test_tinyproxys_own_403_for_a_filtered_request_is_not_the_origins_reje
     }
     assert E.REMOTE_RESPONSE_COMPLETE not in [e.kind for e in events]
     assert origin.requests == []
+
+
+# -- a forward proxy is the operator's explicit choice -----------------------------------------
+
+
+def test_an_http_target_with_a_proxy_needs_the_operators_trust(tmp_path: Path) -> None:
+    """Through a forward proxy nothing authenticates the answer: the proxy could write any 2xx
+    itself (a cache, a filter's block page) and sees the credential in clear.  So a 2xx/3xx
+    through it counts as the origin's only when the operator said so."""
+    cfg = write_config(tmp_path, {"api": http_target("http://127.0.0.1:1", proxy=PROXY)})
+    with pytest.raises(ConfigError) as info:
+        load_config(cfg)
+    assert info.value.field == "targets.api.proxy"
+    assert "trust_forward_proxy" in info.value.message
+
+
+@pytest.mark.parametrize(
+    "target",
+    [
+        {"url": "https://127.0.0.1:1", "proxy": PROXY},  # a CONNECT tunnel needs no trust
+        {"url": "http://127.0.0.1:1"},  # no proxy at all
+    ],
+)
+def test_trust_forward_proxy_applies_only_to_an_http_target_with_a_proxy(
+    tmp_path: Path, target: dict[str, Any]
+) -> None:
+    url = target.pop("url")
+    cfg = write_config(tmp_path, {"api": http_target(url, trust_forward_proxy=True, **target)})
+    with pytest.raises(ConfigError) as info:
+        load_config(cfg)
+    assert info.value.field == "targets.api.trust_forward_proxy"
+
+
+async def test_a_200_a_trusted_forward_proxy_wrote_itself_says_on_whose_word_it_counts(
+    tmp_path: Path, token: str
+) -> None:
+    """A filtering proxy's block page as a 200: the origin never saw the request, and the broker
+    cannot tell.  The record may only claim what the operator vouched for: the answer is
+    attributed to the origin by ``trust_forward_proxy``, and the snapshot binds that trust."""
+
+    async def block_page(peer: Peer) -> None:
+        while await peer.read_request() is not None:
+            await peer.respond(Reply(200, body=b"<h1>blocked by policy</h1>"))
+
+    async with (
+        HostileServer.running(scripts.serve(Reply(201))) as origin,
+        HostileServer.running(block_page) as proxy,
+    ):
+        env, events = await _call(tmp_path, origin.url, proxy.url, GET)
+    assert origin.connections == 0
+    hop = {
+        "hop": "origin",
+        "proxy": proxy.hostport,
+        "status": 200,
+        "attribution": "trusted_forward_proxy",
+    }
+    assert env["evidence"]["evidence_from"] == hop
+    assert _attrs(events, E.REMOTE_RESPONSE_COMPLETE)["evidence_from"] == hop

@@ -487,7 +487,9 @@ async def test_a_forward_proxys_own_404_for_the_query_settles_nothing(
             await peer.respond(Reply(404, body=b"<h1>Privoxy: no such domain</h1>"))
 
     async with HostileServer.running(proxy_script) as proxy:
-        cfg = reconcile_target("http://origin.invalid:8080", proxy=proxy.url)
+        cfg = reconcile_target(
+            "http://origin.invalid:8080", proxy=proxy.url, trust_forward_proxy=True
+        )
         path = write_config(tmp_path, cfg)
         async with open_broker(path) as b:
             iid = await _unknown(b, "pay/proxy")

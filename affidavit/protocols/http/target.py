@@ -18,6 +18,7 @@ from affidavit.schema import (
     COMMON,
     MISSING,
     ApprovalPolicy,
+    ConfigError,
     Field,
     Read,
     Schema,
@@ -81,6 +82,10 @@ class HttpTarget:
     inject: str
     ca_file: Path | None
     proxy: str | None
+    trust_forward_proxy: Literal[True] | None
+    """True: the operator accepts an ``http://`` target's forward proxy, which sees the request
+    (credential included) in clear and could write any answer itself: its 2xx/3xx count as the
+    origin's (docs/proxies.md).  None otherwise (unset: not part of the snapshot)."""
     follow_redirects: bool
     redirect_origins: frozenset[str]
     """Other origins a followed redirect may go to (normalized ``scheme://host:port``), never
@@ -214,6 +219,26 @@ def _proxy(r: Read) -> str | None:
     return f"http://{host_for_url(host)}:{port}"
 
 
+FORWARD_PROXY_UNTRUSTED = (
+    "through an http:// target's proxy the request goes as plain HTTP to a forward proxy: it "
+    "sees the credential and can write any answer itself, and its 2xx or 3xx would count as "
+    "the origin's result; set trust_forward_proxy = true to accept that, or use an https:// "
+    "target (a CONNECT tunnel: TLS to the origin through the proxy)"
+)
+
+
+def _trust_forward_proxy(r: Read) -> Literal[True] | None:
+    """A forward proxy (an ``http://`` target's ``proxy``) only with ``trust_forward_proxy =
+    true``: nothing authenticates its answers (docs/proxies.md, "The rule")."""
+    trusted = r.boolean()
+    forward = r.values["proxy"] is not None and r.values["origin"].startswith("http://")
+    if forward and not trusted:
+        raise ConfigError(r.section.path("proxy"), FORWARD_PROXY_UNTRUSTED)
+    if trusted and not forward:
+        raise r.error("only applies to an http:// url with a proxy")
+    return True if trusted else None
+
+
 def _redirect_origins(r: Read) -> frozenset[str]:
     out: set[str] = set()
     for i, raw in enumerate(r.string_list()):
@@ -300,7 +325,16 @@ HTTP_TARGET = TargetSchema(
             "proxy",
             _proxy,
             default=None,
-            doc="`http://host:port` forward proxy (no credentials in the URL)",
+            doc="`http://host:port` proxy (no credentials in the URL): a CONNECT tunnel for an "
+            "https:// url; for an http:// url a forward proxy, only with `trust_forward_proxy`",
+        ),
+        Field(
+            "trust_forward_proxy",
+            _trust_forward_proxy,
+            default=False,
+            unset_omitted=True,
+            doc="`true`: accept an http:// url's `proxy`, a forward proxy that sees the "
+            "credential and whose 2xx/3xx count as the origin's (see [proxies](proxies.md))",
         ),
         Field(
             "follow_redirects",
