@@ -240,6 +240,9 @@ class _Plan:
         needles, escapes = _escapes(_minimal(encoded_forms))
         self.needles = _minimal(forms | needles)
         """Byte strings to ``find``: every concrete form, written without escapes, holds one."""
+        self.needles_lower = tuple(dict.fromkeys(n.lower() for n in self.needles))
+        """``needles`` lower-cased: a match of ``pattern_any_case`` written without escapes holds
+        one once lower-cased (``may_hold_any_case``)."""
         self.escapes = escapes
         """(escape byte, pattern) per escape character: the escapes that may start a match's
         escaped part (each pattern starts with its byte; see ``_escape_hits``)."""
@@ -258,6 +261,15 @@ class _Plan:
         if self._pattern is None:
             self._pattern = re.compile(self._source())
         return self._pattern
+
+    def may_hold_any_case(self, raw: bytes) -> bool:
+        """False only if ``pattern_any_case`` cannot match ``raw``: a match holds an escape
+        (``%``, ``\\`` or ``+``) or, lower-cased, a lower-cased needle.  Most header text holds
+        neither, and then the pattern is neither run nor compiled."""
+        if b"%" in raw or b"\\" in raw or b"+" in raw:
+            return True
+        low = raw.lower()
+        return any(n in low for n in self.needles_lower)
 
     @property
     def pattern_any_case(self) -> re.Pattern[bytes]:
@@ -566,7 +578,7 @@ class Redactor:
         if text in clean:
             return text
         raw, codec = _text_bytes(text)
-        out = plan.pattern_any_case.sub(REDACTED, raw)
+        out = plan.pattern_any_case.sub(REDACTED, raw) if plan.may_hold_any_case(raw) else raw
         if out != raw:
             return out.decode(codec, "surrogatepass")
         if len(text) <= _MEMO_CHARS:
@@ -591,7 +603,8 @@ class Redactor:
             if not round_:
                 return False
             for t in round_:
-                if plan.pattern_any_case.search(_text_bytes(t)[0]):
+                raw = _text_bytes(t)[0]
+                if plan.may_hold_any_case(raw) and plan.pattern_any_case.search(raw):
                     return True
             seen |= round_
             unquote = (urllib.parse.unquote, urllib.parse.unquote_plus)

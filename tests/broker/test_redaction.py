@@ -126,6 +126,30 @@ def test_escape_candidates_are_exactly_the_regex_scan_s(
         assert out == [m.start() for m in escape.finditer(body)]
 
 
+@settings(max_examples=150, deadline=None)
+@given(
+    secret=SECRETS,
+    encoder=st.sampled_from(sorted(ENCODERS)),
+    before=FILLER,
+    after=FILLER,
+    data=st.data(),
+)
+def test_the_any_case_prefilter_never_skips_a_match(
+    secret: bytes, encoder: str, before: bytes, after: bytes, data: st.DataObject
+) -> None:
+    """``scrub_text`` runs the any-case pattern only where ``may_hold_any_case`` says it can
+    match: that must hold for every listed form, with its letters' case changed at random."""
+    plan = _plan((secret,))
+    assert plan is not None
+    shown = ENCODERS[encoder](secret, data)
+    flips = data.draw(st.lists(st.booleans(), min_size=len(shown), max_size=len(shown)))
+    changed = bytes(c ^ 0x20 if f and chr(c).isalpha() and c < 0x80 else c
+                    for c, f in zip(shown, flips, strict=True))  # fmt: skip
+    text = before + changed + after
+    if plan.pattern_any_case.search(text):
+        assert plan.may_hold_any_case(text)
+
+
 def test_the_longest_form_at_a_position_wins() -> None:
     r = Redactor([b"abc1", b"abc1def2"])
     assert r.sub(b"_abc1def2_abc1_ab") == b"_[REDACTED]_[REDACTED]_ab"
