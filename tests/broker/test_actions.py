@@ -596,3 +596,71 @@ def test_a_query_parameter_name_with_a_control_character_is_invalid(path: str) -
 )
 def test_query_parameters_that_override_nothing_stay_allowed(path: str) -> None:
     assert parse_action(http(method="POST", path=path), CONFIG).path == path
+
+
+FORM = "application/x-www-form-urlencoded"
+MULTIPART = "multipart/form-data; boundary=XyZ"
+FORMS = config_from_dict(
+    {
+        "targets": {
+            "forms": {
+                "kind": "http",
+                "url": "https://app.example.com",
+                "methods": ["POST"],
+                "credential": "env:APP_TOKEN",
+            }
+        }
+    },
+    base_dir=Path("/tmp"),
+)
+
+
+def form(**over: Any) -> dict[str, Any]:
+    return {"target": "forms", "method": "POST", "path": "/posts/1", **over}
+
+
+def _part(disposition: str) -> str:
+    return f"--XyZ\r\nContent-Disposition: {disposition}\r\n\r\nDELETE\r\n--XyZ--\r\n"
+
+
+@pytest.mark.parametrize(
+    ("content_type", "body", "code"),
+    [
+        (FORM, "_method=DELETE", Code.FORBIDDEN_HEADER),
+        (FORM, "a=1&%5FMETHOD=delete", Code.FORBIDDEN_HEADER),
+        (f"{FORM}; charset=utf-8", "x-http-method-override=DELETE", Code.FORBIDDEN_HEADER),
+        (None, "a=1&_method=DELETE", Code.FORBIDDEN_HEADER),  # Rack parses an untyped POST
+        (MULTIPART, _part('form-data; name="_method"'), Code.FORBIDDEN_HEADER),
+        (MULTIPART, _part("form-data; name=_Method"), Code.FORBIDDEN_HEADER),
+        (FORM, "_method%00=DELETE", Code.INVALID_FIELD),
+        (FORM, "a%0Ab=1", Code.INVALID_FIELD),
+    ],
+)
+def test_a_form_body_that_overrides_the_method_is_refused_at_its_field(
+    content_type: str | None, body: str, code: Code
+) -> None:
+    """Rails' Rack::MethodOverride reads ``_method`` from a POST's form body (a body without a
+    Content-Type included), Laravel/Symfony and Express's method-override too."""
+    headers = {"Content-Type": content_type} if content_type else None
+    with pytest.raises(ActionInvalid) as info:
+        parse_action(form(body=body, headers=headers), FORMS)
+    assert (info.value.code, info.value.field) == (code, "body")
+    b64 = base64.b64encode(body.encode()).decode()
+    with pytest.raises(ActionInvalid) as info:
+        parse_action(form(body_base64=b64, headers=headers), FORMS)
+    assert (info.value.code, info.value.field) == (code, "body_base64")
+
+
+@pytest.mark.parametrize(
+    ("content_type", "body"),
+    [
+        ("application/json", '{"_method": "DELETE"}'),
+        (FORM, "method=DELETE&my_method=1"),
+        (FORM, "caf%C3%A9=1&%E2%82%AC=2"),
+        (None, "\x00\x01 raw bytes = & ;"),
+        (MULTIPART, _part('form-data; name="file"; filename="_method"')),
+    ],
+)
+def test_bodies_that_override_nothing_stay_allowed(content_type: str | None, body: str) -> None:
+    headers = {"Content-Type": content_type} if content_type else None
+    assert parse_action(form(body=body, headers=headers), FORMS).body == body.encode()

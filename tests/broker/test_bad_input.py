@@ -249,3 +249,20 @@ async def test_a_method_override_in_the_query_is_refused_at_path_and_never_sent(
                 _refused(broker, env, code)
         assert env["error"]["field"] == "path"
         assert srv.requests == [] and srv.connections == 0
+
+
+async def test_a_method_override_in_a_form_body_is_refused_at_body_and_never_sent(
+    tmp_path: Path,
+) -> None:
+    """Rails' Rack::MethodOverride reads ``_method`` from a POST's form body: the same refusal
+    as in the query, at the body's field."""
+    async with HostileServer.running(scripts.serve(Reply(200))) as srv:
+        cfg = write_config(tmp_path, {"api": http_target(srv.url, methods=["GET", "POST"])})
+        form = {"Content-Type": "application/x-www-form-urlencoded"}
+        with trio.fail_after(LIMIT):
+            async with open_broker(cfg) as broker:
+                action = {**GET, "method": "POST", "headers": form, "body": "_method=delete"}
+                env = await broker.call(action)
+                _refused(broker, env, "FORBIDDEN_HEADER")
+        assert env["error"]["field"] == "body"
+        assert srv.requests == [] and srv.connections == 0

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import dataclasses
 import hashlib
 import re
 import sys
@@ -29,6 +30,7 @@ from affidavit.protocols.spec import ActionField, ActionSpec, text_payload
 from affidavit.secrets.credentials import parse_inject
 from affidavit.statemachine import Code
 
+from .params import OVERRIDE_HEADERS, check_form_body, check_query
 from .target import CREDENTIAL_HEADERS, TOKEN, TRANSPORT_HEADERS, HttpTarget
 
 __all__ = ["HTTP_ACTION", "HTTP_FIELDS", "HttpAction", "describe", "full_path"]
@@ -52,28 +54,6 @@ _BASE64 = r"(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?"
 _HEADER_VALUE = re.compile(r"[\x21-\x7e](?:[\x20-\x7e\t]*[\x21-\x7e])?|")
 # Hop-by-hop headers (RFC 9110 §7.6.1) are the transport's to manage, as are framing headers.
 _HOP_HEADERS = frozenset({"keep-alive", "proxy-connection", "proxy-authenticate"})
-# Headers servers read as the request's method or path instead of the request line (ASP.NET,
-# Express's method-override, Google's APIs, Symfony; IIS and Symfony for the path): through
-# them a GET the target allows -- and retries as idempotent -- would run as DELETE, and a path
-# inside the base path would reach another, with the credential.
-_OVERRIDE_HEADERS = frozenset(
-    {
-        "x-http-method-override",
-        "x-http-method",
-        "x-method-override",
-        "x-original-url",
-        "x-rewrite-url",
-    }
-)
-
-# The same overrides as query parameters (names as ``_query_key`` reads them): Rails' and
-# Laravel's/Symfony's ``_method`` (``POST /x?_method=DELETE``), Express's method-override
-# getter, Salesforce's ``_HttpMethod``, and the header names above, which some stacks also
-# read from the query.
-_OVERRIDE_PARAMS = frozenset({"_method", "_httpmethod"})
-# C0 controls, DEL and C1 controls: a parameter name holding one (``_method%00x``) is read as
-# something else by a C-string parser, or cut there by a logger or a WAF -- never a real name.
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
 @dataclass(frozen=True)
@@ -108,6 +88,9 @@ def parse(obj: Mapping[str, Any], name: str, target: HttpTarget) -> HttpAction:
 
     headers = _parse_headers(obj.get("headers"), target)
     body = _parse_body(obj, target.max_body)
+    if body:
+        field = "body" if obj.get("body") is not None else "body_base64"
+        check_form_body(body, dict(headers).get("content-type"), field)
 
     key = string(obj, "idempotency_key", required=False)
     if key is not None:
@@ -179,53 +162,8 @@ def _check_path(path: str, target: HttpTarget) -> None:
     if has_dot_segment(route):
         raise ActionInvalid(Code.INVALID_FIELD, "path", 'must not contain "." or ".." segments')
     if query:
-        _check_query(query, target)
-
-
-def _check_query(query: str, target: HttpTarget) -> None:
-    """Refuse a query parameter name that holds a control character, overrides the method or
-    path (``_method``, ``X-HTTP-Method-Override``, ...), or shadows the injected credential
-    parameter -- each name percent-decoded once and twice (a double-decoding hop in front of the
-    application reads ``%255Fmethod`` as ``_method``)."""
-    scheme, param = parse_inject(target.inject)
-    injected = _query_key(param) if scheme == "query" and param else None
-    for pair in re.split(r"[&;]", query):
-        once = urllib.parse.unquote_plus(pair.partition("=")[0])
-        for pname in (once, urllib.parse.unquote_plus(once)):
-            if _CONTROL.search(pname):
-                raise ActionInvalid(
-                    Code.INVALID_FIELD,
-                    "path",
-                    "a query parameter name holds a control character (also percent-encoded, "
-                    "like %00)",
-                )
-            key = _query_key(pname)
-            if key in _OVERRIDE_QUERY or _query_key(pname.partition("[")[0]) in _OVERRIDE_QUERY:
-                raise ActionInvalid(
-                    Code.FORBIDDEN_HEADER,
-                    "path",
-                    "a query parameter servers read as the method or path (_method, "
-                    "X-HTTP-Method-Override, ...; in any case, percent-encoded, and with "
-                    '"-", "." or " " for "_") is not allowed: the request line says them',
-                )
-            if key == injected:
-                raise ActionInvalid(
-                    Code.FORBIDDEN_HEADER,
-                    "path",
-                    f"query parameter {param} carries the credential (in any case, and with "
-                    '"-", "." or " " for "_"); the broker sets it',
-                )
-
-
-def _query_key(name: str) -> str:
-    """A query parameter name as frameworks may read it: case-insensitively, and with ``.``,
-    `` ``, ``[`` and ``-`` read as ``_`` (PHP turns ``a.b`` and ``a b`` into ``a_b``; CGI-style
-    stacks fold case and dashes) -- so a caller cannot shadow the injected parameter with a
-    spelling that one of them reads as it (issue 9)."""
-    return re.sub(r"[-. \[]", "_", name.strip().lower())
-
-
-_OVERRIDE_QUERY = _OVERRIDE_PARAMS | {_query_key(h) for h in _OVERRIDE_HEADERS}
+        scheme, param = parse_inject(target.inject)
+        check_query(query, param if scheme == "query" else None)
 
 
 def _header_key(name: str) -> str:
@@ -236,7 +174,7 @@ def _header_key(name: str) -> str:
 
 
 def _forbidden_headers(target: HttpTarget) -> frozenset[str]:
-    names = set(CREDENTIAL_HEADERS | TRANSPORT_HEADERS | _HOP_HEADERS | _OVERRIDE_HEADERS)
+    names = set(CREDENTIAL_HEADERS | TRANSPORT_HEADERS | _HOP_HEADERS | OVERRIDE_HEADERS)
     scheme, header = parse_inject(target.inject)
     if scheme == "header" and header:
         names.add(header.lower())
@@ -449,6 +387,15 @@ def _encoded_limit(target: HttpTarget) -> int:
 
 
 # The fields as callers see them (the MCP tool's input schema), from the constants above.
+_FORM_CHECKS = (
+    (
+        Code.FORBIDDEN_HEADER,
+        "a form body (urlencoded, multipart, or untyped) naming a field servers read as the "
+        "method or path (_method, ...)",
+    ),
+    (Code.INVALID_FIELD, "a declared form's field name with a control character"),
+)
+
 HTTP_FIELDS = (
     ActionField(
         "method",
@@ -498,7 +445,10 @@ HTTP_FIELDS = (
             (Code.INVALID_FIELD, "a name given twice (names compare case-insensitively)"),
         ),
     ),
-    text_payload("body", "request body as text, sent as UTF-8", "max_body"),
+    dataclasses.replace(
+        text_payload("body", "request body as text, sent as UTF-8", "max_body"),
+        checks=(*text_payload("body", "", "max_body").checks, *_FORM_CHECKS),
+    ),
     ActionField(
         "body_base64",
         "request body as base64 (for bytes); not together with body",
@@ -507,6 +457,7 @@ HTTP_FIELDS = (
         checks=(
             (Code.PAYLOAD_LIMIT, "decodes to more bytes than this target's max_body"),
             (Code.INVALID_FIELD, "given together with body"),
+            *_FORM_CHECKS,
         ),
     ),
     ActionField(

@@ -1,0 +1,122 @@
+"""Request parameters as servers read them: a caller may not name, in the query or in a form
+body, a parameter a server reads as the method or path, nor one with a control character, nor
+(in the query) the injected credential parameter under another spelling.
+
+Seed: "Reject ... forbidden header overrides before resolving the host name or accessing the
+secret."  Rails (``Rack::MethodOverride``), Laravel/Symfony and Express's method-override read
+``_method`` from a POST's form body or query: through it a POST the target allows would run as
+a DELETE it does not, with the credential.  The override headers are refused in action.py; the
+same names as parameters are refused here, with the same code (``FORBIDDEN_HEADER``).
+"""
+
+from __future__ import annotations
+
+import re
+import urllib.parse
+from typing import Final
+
+from affidavit.protocols.actions import ActionInvalid
+from affidavit.statemachine import Code
+
+__all__ = ["OVERRIDE_HEADERS", "check_form_body", "check_query", "query_key"]
+
+# Headers servers read as the request's method or path instead of the request line (ASP.NET,
+# Express's method-override, Google's APIs, Symfony; IIS and Symfony for the path): through
+# them a GET the target allows -- and retries as idempotent -- would run as DELETE, and a path
+# inside the base path would reach another, with the credential.
+OVERRIDE_HEADERS: Final = frozenset(
+    {
+        "x-http-method-override",
+        "x-http-method",
+        "x-method-override",
+        "x-original-url",
+        "x-rewrite-url",
+    }
+)
+# C0 controls, DEL and C1 controls: a parameter name holding one (``_method%00x``) is read as
+# something else by a C-string parser, or cut there by a logger or a WAF -- never a real name.
+_CONTROL: Final = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_FORM_TYPES: Final = frozenset({"application/x-www-form-urlencoded", "multipart/form-data"})
+# What every override name holds, as written or percent-encoded in part.
+_OVERRIDE_HINT: Final = re.compile(rb"method|url|%", re.IGNORECASE)
+# A multipart part's field name (RFC 7578 §4.2), quoted or not.
+_PART_NAME: Final = re.compile(
+    rb'content-disposition[ \t]*:[^\r\n]*?;[ \t]*name[ \t]*=[ \t]*(?:"([^"\r\n]*)"|([^;\s]*))',
+    re.IGNORECASE,
+)
+
+
+def query_key(name: str) -> str:
+    """A query parameter name as frameworks may read it: case-insensitively, and with ``.``,
+    `` ``, ``[`` and ``-`` read as ``_`` (PHP turns ``a.b`` and ``a b`` into ``a_b``; CGI-style
+    stacks fold case and dashes) -- so a caller cannot shadow the injected parameter with a
+    spelling that one of them reads as it (issue 9)."""
+    return re.sub(r"[-. \[]", "_", name.strip().lower())
+
+
+# The overrides as parameters (names as ``query_key`` reads them): Rails', Laravel's and
+# Symfony's ``_method``, Express's method-override getter, Salesforce's ``_HttpMethod``, and the
+# override headers' names, which some stacks also read from the query.
+_OVERRIDES: Final = frozenset({"_method", "_httpmethod"} | {query_key(h) for h in OVERRIDE_HEADERS})
+
+
+def _check_name(
+    once: str, field: str, injected: str | None, param: str | None, controls: bool = True
+) -> None:
+    """One parameter name, percent-decoded once (as UTF-8, like the frameworks); checked as
+    decoded once and twice (a double-decoding hop in front of the application reads
+    ``%255Fmethod`` as ``_method``)."""
+    for name in (once, urllib.parse.unquote_plus(once)):
+        if controls and _CONTROL.search(name):
+            raise ActionInvalid(
+                Code.INVALID_FIELD,
+                field,
+                "a parameter name holds a control character (also percent-encoded, like %00)",
+            )
+        key = query_key(name)
+        if key in _OVERRIDES or query_key(name.partition("[")[0]) in _OVERRIDES:
+            raise ActionInvalid(
+                Code.FORBIDDEN_HEADER,
+                field,
+                "a parameter servers read as the method or path (_method, "
+                "X-HTTP-Method-Override, ...; in any case, percent-encoded, and with "
+                '"-", "." or " " for "_") is not allowed: the request line says them',
+            )
+        if injected is not None and key == injected:
+            raise ActionInvalid(
+                Code.FORBIDDEN_HEADER,
+                field,
+                f"query parameter {param} carries the credential (in any case, and with "
+                '"-", "." or " " for "_"); the broker sets it',
+            )
+
+
+def check_query(query: str, credential_param: str | None) -> None:
+    """The names of a request's query (split on ``&`` and ``;``), at field ``path``."""
+    injected = query_key(credential_param) if credential_param else None
+    for pair in re.split(r"[&;]", query):
+        once = urllib.parse.unquote_plus(pair.partition("=")[0])
+        _check_name(once, "path", injected, credential_param)
+
+
+def check_form_body(body: bytes, content_type: str | None, field: str) -> None:
+    """The field names of a form body: ``application/x-www-form-urlencoded`` -- or a body
+    without a ``Content-Type``, which Rack parses as a form too (there, overrides only) -- and
+    each part of ``multipart/form-data``.  Any other body is the application's own."""
+    media = (content_type or "").partition(";")[0].strip().lower()
+    if content_type is not None and media not in _FORM_TYPES:
+        return
+    # Control characters only in a declared form: a body without a type may be any bytes, and
+    # is read whole only if an override's letters (or an escape) are in it at all.
+    declared = content_type is not None
+    if not declared and not _OVERRIDE_HINT.search(body):
+        return
+    if media == "multipart/form-data":
+        for m in _PART_NAME.finditer(body):
+            raw = m.group(1) if m.group(1) is not None else m.group(2)
+            _check_name(raw.decode("utf-8", "replace"), field, None, None, declared)
+        return
+    for pair in re.split(rb"[&;]", body):
+        name = pair.partition(b"=")[0].replace(b"+", b" ")
+        once = urllib.parse.unquote_to_bytes(name).decode("utf-8", "replace")
+        _check_name(once, field, None, None, declared)
