@@ -662,7 +662,9 @@ def test_env_var_file_is_used_when_no_explicit_path(
 def test_redirect_origins_are_normalized_and_need_follow_redirects(tmp_path: Path) -> None:
     text = BASE.replace(
         "follow_redirects = false",
-        'follow_redirects = true\nredirect_origins = ["HTTPS://Files.Example.com", "http://[::1]:8080/"]',
+        'follow_redirects = true\nredirect_origins = ["HTTPS://Files.Example.com", "http://[::1]:8080/"]'
+        # reached through the target's proxy as a forward proxy
+        "\ntrust_forward_proxy = true",
     )
     target = load(tmp_path, text).targets["billing"]
     assert target.redirect_origins == frozenset(

@@ -304,6 +304,26 @@ def test_trust_forward_proxy_applies_only_to_an_http_target_with_a_proxy(
     assert info.value.field == "targets.api.trust_forward_proxy"
 
 
+def test_a_redirect_origin_reached_through_a_forward_proxy_needs_the_same_trust(
+    tmp_path: Path,
+) -> None:
+    """An https:// target's proxy is a CONNECT tunnel, but a redirect to an http:// origin it
+    lists goes through that proxy as a forward proxy: the same trust, or the config fails."""
+    target = http_target(
+        "https://127.0.0.1:1",
+        proxy=PROXY,
+        follow_redirects=True,
+        redirect_origins=["https://127.0.0.2:1", "http://127.0.0.3:1"],
+    )
+    cfg = write_config(tmp_path, {"api": target})
+    with pytest.raises(ConfigError) as info:
+        load_config(cfg)
+    assert info.value.field == "targets.api.redirect_origins[1]"
+    assert "trust_forward_proxy" in info.value.message
+    cfg = write_config(tmp_path, {"api": {**target, "trust_forward_proxy": True}})
+    assert load_config(cfg).targets["api"].trust_forward_proxy is True
+
+
 async def test_a_200_a_trusted_forward_proxy_wrote_itself_says_on_whose_word_it_counts(
     tmp_path: Path, token: str
 ) -> None:

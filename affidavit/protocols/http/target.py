@@ -234,13 +234,15 @@ def _trust_forward_proxy(r: Read) -> Literal[True] | None:
     forward = r.values["proxy"] is not None and r.values["origin"].startswith("http://")
     if forward and not trusted:
         raise ConfigError(r.section.path("proxy"), FORWARD_PROXY_UNTRUSTED)
-    if trusted and not forward:
-        raise r.error("only applies to an http:// url with a proxy")
+    if trusted and r.values["proxy"] is None:
+        raise r.error("only applies to a target with a proxy")
+    # An https:// url's trust is checked with redirect_origins (an http:// one is forwarded).
     return True if trusted else None
 
 
 def _redirect_origins(r: Read) -> frozenset[str]:
     out: set[str] = set()
+    first_http: int | None = None
     for i, raw in enumerate(r.string_list()):
         try:
             _s, _h, _p, path, parts = parse_url(raw, ("http", "https"), "origin")
@@ -250,8 +252,19 @@ def _redirect_origins(r: Read) -> frozenset[str]:
         if path not in ("", "/") or parts.query or parts.fragment:
             raise r.error("must be an origin: scheme://host[:port] with no path", f"[{i}]")
         out.add(normalized)
+        if first_http is None and normalized.startswith("http://"):
+            first_http = i
     if out and not r.values["follow_redirects"]:
         raise r.error("only applies with follow_redirects = true")
+    # A redirect to an http:// origin goes through the target's proxy as a forward proxy too.
+    if r.values["proxy"] is not None and not r.values["origin"].startswith("http://"):
+        if first_http is not None and not r.values["trust_forward_proxy"]:
+            raise r.error(FORWARD_PROXY_UNTRUSTED, f"[{first_http}]")
+        if r.values["trust_forward_proxy"] and first_http is None:
+            raise ConfigError(
+                r.section.path("trust_forward_proxy"),
+                "only applies to a forward proxy: an http:// url or redirect origin with a proxy",
+            )
     return frozenset(out)
 
 
@@ -333,8 +346,9 @@ HTTP_TARGET = TargetSchema(
             _trust_forward_proxy,
             default=False,
             unset_omitted=True,
-            doc="`true`: accept an http:// url's `proxy`, a forward proxy that sees the "
-            "credential and whose 2xx/3xx count as the origin's (see [proxies](proxies.md))",
+            doc="`true`: accept a forward proxy -- the `proxy` of an http:// url or of an "
+            "http:// redirect origin -- which sees the credential and whose 2xx/3xx count as "
+            "the origin's (see [proxies](proxies.md))",
         ),
         Field(
             "follow_redirects",
