@@ -568,9 +568,10 @@ class Redactor:
 
     def scrub_text(self, text: str) -> str:
         """``text`` with every form replaced, its letters in either case (``pattern_any_case``:
-        this is a remote's short text, never a body).  Text is matched as the bytes it was
-        received as: latin-1 when it fits (header fields arrive as bytes decoded latin-1),
-        else UTF-8."""
+        this is a remote's short text, never a body); replaced whole when a form shows only
+        after percent-decoding it up to three times (``holds``).  Text is matched as the bytes
+        it was received as: latin-1 when it fits (header fields arrive as bytes decoded
+        latin-1), else UTF-8."""
         plan = self._plan
         if plan is None:
             return text
@@ -579,6 +580,10 @@ class Redactor:
             return text
         raw, codec = _text_bytes(text)
         out = plan.pattern_any_case.sub(REDACTED, raw) if plan.may_hold_any_case(raw) else raw
+        if b"%" in out and self.holds(out.decode(codec, "surrogatepass")):
+            # A form only percent-decoding shows (a URL quoted inside a quoted parameter: a
+            # token's "/" as %252F): no span of the text is the form, so the text goes whole.
+            out = REDACTED
         if out != raw:
             return out.decode(codec, "surrogatepass")
         if len(text) <= _MEMO_CHARS:

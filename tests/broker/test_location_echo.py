@@ -104,3 +104,30 @@ async def test_a_location_echoing_an_encoded_or_case_changed_credential_is_not_f
     _assert_clean("the events", events.encode())
     for path in sorted(tmp_path.glob("journal.db*")):
         _assert_clean(path.name, path.read_bytes())
+
+
+async def test_a_location_quoting_the_credential_twice_is_neither_followed_nor_shown(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A login redirect quoting the request URL inside a quoted ``return_to``: a token's ``/``
+    and ``+`` arrive as ``%252F`` and ``%252B``, which no single-level form matches.  The 3xx is
+    the result, and its Location reaches the caller replaced whole."""
+    token = "Tok/" + base64.b32encode(os.urandom(10)).decode() + "+x"
+    monkeypatch.setenv(TOKEN_ENV, token)
+    inner = urllib.parse.quote(f"/start?token={token}", safe="")
+    async with HostileServer.running(scripts.serve(Reply(200))) as other:
+        location = f"{other.url}/login?return_to={urllib.parse.quote(inner, safe='')}"
+        async with HostileServer.running(
+            scripts.serve(Reply(302, headers=[("Location", location)]))
+        ) as first:
+            target = http_target(first.url, follow_redirects=True, redirect_origins=[other.url])
+            async with open_broker(write_config(tmp_path, {"t": target})) as broker:
+                with trio.fail_after(20):
+                    env = await broker.call({"target": "t", "method": "GET", "path": "/"})
+    assert other.connections == 0
+    assert env["result"]["status"] == 302
+    shown = json.dumps(env)
+    for _ in range(3):
+        assert token not in shown
+        shown = urllib.parse.unquote(shown)
+    assert ["location", "[REDACTED]"] in [[n.lower(), v] for n, v in env["result"]["headers"]]

@@ -217,6 +217,13 @@ def test_a_url_holds_the_secret_in_any_form_case_or_percent_encoding_depth() -> 
     assert not Redactor([]).holds(f"http://h/?s={tok.decode()}")
 
 
+def test_text_holding_a_form_only_once_percent_decoded_is_replaced_whole() -> None:
+    slashed = Redactor([b"Tok/Ab3+Xy9Zq"])
+    inner = urllib.parse.quote("/a?t=Tok/Ab3+Xy9Zq", safe="")
+    assert slashed.scrub_text(f"https://o/l?r={urllib.parse.quote(inner)}") == "[REDACTED]"
+    assert slashed.scrub_text("https://o/l?r=%2Fa%3Ft%3DTok") == "https://o/l?r=%2Fa%3Ft%3DTok"
+
+
 def test_scrubbing_the_same_strings_again_gives_the_same_answer_and_keeps_no_secret() -> None:
     """Clean short strings are remembered per credential (every call scrubs the same header
     names); a string holding the secret is redacted every time and never remembered."""
