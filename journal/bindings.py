@@ -6,9 +6,14 @@ as far as that chained event agrees with it.
 * At lookup (``JournalReader.bound_record``: the engine, before it answers a same-key call from
   the record the key names): the named invocation's ACTION_ACCEPTED must name the same scope, key
   and fingerprint -- else ``AlteredRow``, never the other invocation's result.
+* At a miss (``leases.bind_op``, in the bind's transaction; SQLite only, through its index of
+  ACTION_ACCEPTED by key, ``Tables.accepted_with_key``): a key with no binding row that a chained
+  ACTION_ACCEPTED names was bound and its row removed -- ``AlteredRow`` (``removed``), never a
+  second binding and a second dispatch.  Likewise a binding naming an invocation with no event
+  whose key another invocation's ACTION_ACCEPTED names (``unbound``, in ``bound_record``).
 * In ``verify`` (``check``): every binding row against the chained event of its invocation, and
   every chained ACTION_ACCEPTED that names a key against the binding row of that key -- a removed
-  binding (whose key a retry would dispatch again) is found here.
+  binding (whose key a retry would dispatch again) is found here too, on every backend.
 
 Legitimate states that are not a mismatch: a binding whose invocation has no ACTION_ACCEPTED yet
 (the key is bound, in its own transaction, before the first event; a binder that stopped there
@@ -30,8 +35,9 @@ from typing import Any
 from affidavit.statemachine import EventKind, Record
 
 from .errors import IdempotencyRecord
+from .rows import AlteredRow
 
-__all__ = ["ACCEPTED", "Claim", "check", "claim_of", "mismatch"]
+__all__ = ["ACCEPTED", "Claim", "check", "claim_of", "mismatch", "removed", "unbound"]
 
 ACCEPTED = EventKind.ACTION_ACCEPTED.value
 
@@ -48,6 +54,24 @@ def mismatch(binding: IdempotencyRecord, record: Record) -> str | None:
     if record.fingerprint != binding.fingerprint:
         return "its ACTION_ACCEPTED names another request fingerprint"
     return None
+
+
+def removed(where: str, scope: str, seq: int) -> AlteredRow:
+    """The error for a key with no binding row that the ACTION_ACCEPTED at ``seq`` names."""
+    return AlteredRow(
+        f"journal {where}: the idempotency key in scope {scope!r} has no binding row, but the "
+        f"ACTION_ACCEPTED at seq {seq} names it: the binding was altered (removed)"
+    )
+
+
+def unbound(where: str, binding: IdempotencyRecord, seq: int) -> AlteredRow:
+    """The error for a binding naming an invocation with no event whose key the
+    ACTION_ACCEPTED at ``seq`` (another invocation's) names."""
+    return AlteredRow(
+        f"journal {where}: the idempotency binding in scope {binding.scope!r} names invocation "
+        f"{binding.invocation_id}, which has no event, but the ACTION_ACCEPTED at seq {seq} "
+        "names its key: the binding was altered"
+    )
 
 
 def claim_of(attrs_json: Any) -> Claim | None:

@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping
 
 from affidavit.statemachine import Event, EventKind, ImpossibleEvent, Record
 
+from . import bindings
 from .errors import IdempotencyMismatch, IdempotencyRecord, Lease, LeaseBusy, LeaseLost
 from .rows import idempotency_from_row, lease_from_row
 from .txn import Txn, row_args
@@ -128,7 +129,10 @@ def bind_op(
     clock: Callable[[], float],
 ) -> Callable[[Txn], IdempotencyRecord | Fail]:
     """Bind a key to a fingerprint; the first binding wins (see
-    ``Journal.bind_idempotency``)."""
+    ``Journal.bind_idempotency``).  A key with no binding row that a chained ACTION_ACCEPTED
+    names was bound once and its row removed (the broker binds before that event and never
+    deletes a binding): ``AlteredRow``, not a second binding -- a retry with that key would be
+    sent again (``bindings.py``).  A key found bound pays no second query."""
 
     def op(txn: Txn) -> IdempotencyRecord | Fail:
         existing = idempotency_from_row(txn.tables.idempotency(scope, key))
@@ -136,6 +140,9 @@ def bind_op(
             if existing.fingerprint == fingerprint:
                 return existing
             return Fail(IdempotencyMismatch(existing, fingerprint))
+        named = txn.tables.accepted_with_key(scope, key)
+        if named is not None:
+            raise bindings.removed(txn.writer.backend.where, scope, named[0])
         rec = IdempotencyRecord(scope, key, fingerprint, invocation_id, expires_at, clock())
         txn.tables.insert_idempotency(
             (scope, key, fingerprint, invocation_id, expires_at, rec.created_at)

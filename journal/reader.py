@@ -396,9 +396,15 @@ class JournalReader:
         ACTION_ACCEPTED proves the binding: it names the same scope, key and fingerprint
         (``bindings.py``) -- else ``AlteredRow``: a binding row pointed at another invocation
         would answer a retry with that invocation's result.  None while the invocation has no
-        event yet (bound, first event not written)."""
+        event yet (bound, first event not written) -- unless another invocation's chained
+        ACTION_ACCEPTED names the key: then the row was pointed away from it (``AlteredRow``;
+        one index probe, only on this path: ``Tables.accepted_with_key``)."""
         record = self.record(binding.invocation_id, now)
         if record is None:
+            what = f"an idempotency record in scope {binding.scope!r}"
+            named = self._read(lambda t: t.accepted_with_key(binding.scope, binding.key), what)
+            if named is not None and named[1] != binding.invocation_id:
+                raise bindings.unbound(self.where, binding, named[0])
             return None
         why = bindings.mismatch(binding, record)
         if why is not None:

@@ -25,7 +25,11 @@ a writer opens it.  It is an index, not evidence: the view checks it against the
 ``result_segments`` (schema 4) holds a reference (segment file, position, size) for each chunk
 of a long result stored beside the journal in ``<journal>.results/`` (``segments.py``); a
 reader resolves them (``segment_tables.py``), so a chunk reads the same from a row or a
-segment.
+segment.  ``events_accepted_key`` (schema 5) indexes each ACTION_ACCEPTED that names an
+idempotency key by that key (a partial expression index over ``attrs``), so a bind that finds no
+binding row asks the chain whether the key was bound before (``bindings.py``); a writer opening
+a journal from before builds it in its opening transaction.  It is an index, not evidence: the
+query answers the same from the table when it is dropped or redefined.
 """
 
 from __future__ import annotations
@@ -51,7 +55,7 @@ from .tables import SQL, Tables
 __all__ = ["BUSY_TIMEOUT_MS", "SCHEMA", "SCHEMA_VERSION", "SqliteBackend", "SqliteTables"]
 
 BUSY_TIMEOUT_MS = 30_000
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS meta (
@@ -74,6 +78,10 @@ CREATE TABLE IF NOT EXISTS events (
   hash          TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS events_invocation ON events (invocation_id, seq);
+CREATE INDEX IF NOT EXISTS events_accepted_key ON events
+  (json_extract(attrs, '$.operation.idempotency.key'))
+  WHERE kind = 'ACTION_ACCEPTED' AND json_valid(attrs)
+    AND json_extract(attrs, '$.operation.idempotency.key') IS NOT NULL;
 CREATE TRIGGER IF NOT EXISTS events_extend_chain BEFORE INSERT ON events
 WHEN NEW.seq IS NOT (SELECT coalesce(max(seq), 0) + 1 FROM events)
   OR NEW.prev_hash IS NOT coalesce((SELECT hash FROM events WHERE seq = NEW.seq - 1),
@@ -179,6 +187,13 @@ class SqliteTables(SegmentTables):
         "markers": "SELECT invocation_id, seq, sha256, streams, CAST(summary AS BLOB) FROM "
         "results ORDER BY seq",
         "event_at": "SELECT kind, invocation_id, CAST(attrs AS BLOB) FROM events WHERE seq = ?",
+        # Through ``events_accepted_key`` (schema 5): the query's terms imply the index's WHERE,
+        # so SQLite may use it -- and answers the same from the table without it.
+        "accepted_with_key": "SELECT seq, invocation_id FROM events WHERE kind = "
+        "'ACTION_ACCEPTED' AND json_valid(attrs) AND "
+        "json_extract(attrs, '$.operation.idempotency.key') IS NOT NULL AND "
+        "json_extract(attrs, '$.operation.idempotency.key') = ? AND "
+        "json_extract(attrs, '$.operation.idempotency.scope') = ? ORDER BY seq LIMIT 1",
         "grouped_by_first": f"{_BY_FIRST} ORDER BY invocations.first_seq, events.seq",
         "grouped_span": f"{_BY_FIRST} WHERE invocations.first_seq >= ? AND "
         "invocations.first_seq < ? AND events.seq <= ? ORDER BY invocations.first_seq, events.seq",
@@ -233,6 +248,12 @@ class SqliteTables(SegmentTables):
 
     def grouped_span(self, first: int, before: int, through: int) -> Iterator[Any]:
         return self.cursor("grouped_span", (first, before, through))
+
+    def accepted_with_key(self, scope: str, key: str) -> tuple[int, str] | None:
+        """One index probe (``events_accepted_key``, schema 5; a read-only journal from before
+        has none and scans the events instead: the same answer)."""
+        row = self.one("accepted_with_key", (key, scope))
+        return None if row is None else (int(row[0]), str(row[1]))
 
     def _first_events_indexed(self) -> bool:
         try:

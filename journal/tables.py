@@ -256,6 +256,13 @@ class Tables:
         """A row as ``IDEMPOTENCY_COLUMNS``."""
         self.run("insert_idempotency", row)
 
+    def accepted_with_key(self, scope: str, key: str) -> tuple[int, str] | None:
+        """(seq, invocation) of the first chained ACTION_ACCEPTED naming ``key`` in ``scope``
+        (``bindings.py``: a key with no binding row that an event names was unbound by
+        someone), or None -- also on a backend with no index of the events by key to ask
+        cheaply (this one: PostgreSQL, whose brokers' role cannot delete a binding)."""
+        return None
+
     # -- results --------------------------------------------------------------------------------
 
     def marker(self, iid: str) -> tuple[int, str, bytes, bytes] | None:

@@ -1,11 +1,12 @@
 """A same-key retry over an altered idempotency binding (journal/bindings.py).
 
-Someone who can write the journal file points a key's binding at another invocation: a retry with
-that key must not be answered with the other invocation's result as its own, nor sent again --
-the call raises ``AlteredRow`` (a ``JournalError``: the daemon answers it as a journal failure),
-and the server sees no further request.  A removed binding is ``journal verify``'s to find (a
-retry's lookup misses and binds the key anew; nothing on the hot path indexes the chained events
-by key -- docs/journal.md, "Idempotency bindings").
+Someone who can write the journal file points a key's binding at another invocation, or at one
+with no event, or deletes it: a retry with that key must not be answered with the other
+invocation's result as its own, nor sent again -- the call raises ``AlteredRow`` (a
+``JournalError``: the daemon answers it as a journal failure), and the server sees no further
+request.  A removed binding is found at the lookup's miss through the index of the chained
+ACTION_ACCEPTED events by key (SQLite schema 5; docs/journal.md, "Idempotency bindings"), and by
+``journal verify``.
 """
 
 from __future__ import annotations
@@ -84,7 +85,11 @@ async def test_a_binding_given_another_fingerprint_is_altered_not_a_mismatch(
         assert len(srv.requests) == 1
 
 
-async def test_a_removed_binding_is_found_by_verify(tmp_path: Path, token: str) -> None:
+async def test_a_removed_binding_is_refused_at_the_retry_and_found_by_verify(
+    tmp_path: Path, token: str
+) -> None:
+    """The double charge the journal exists to prevent: the binding row deleted with plain
+    sqlite3, a same-key retry finds no binding -- and must not bind the key again and send."""
     async with HostileServer.running(scripts.serve(Reply(201))) as srv:
         cfg = write_config(tmp_path, {"api": http_target(srv.url, idempotency=IDEM)})
         async with open_broker(cfg) as broker:
@@ -97,8 +102,45 @@ async def test_a_removed_binding_is_found_by_verify(tmp_path: Path, token: str) 
             accepted = r.events(a["invocation_id"])[0].seq
         assert intact.ok and intact.bindings == 1
         _tamper(db, "DELETE FROM idempotency WHERE key = 'key-a'")
+        async with open_broker(cfg) as broker:
+            for _ in range(2):  # refused each time: nothing bound by the first refusal
+                with (
+                    trio.fail_after(LIMIT),
+                    pytest.raises(AlteredRow, match="binding was altered") as exc,
+                ):
+                    await broker.call({**POST, "idempotency_key": "key-a"})
+                assert f"ACTION_ACCEPTED at seq {accepted} names it" in str(exc.value)
+                assert "key-a" not in str(exc.value)
+            with trio.fail_after(LIMIT):  # another key is bound and sent as ever
+                b = await broker.call({**POST, "idempotency_key": "key-b"})
+            assert_ok(broker, b)
+        assert len(srv.requests) == 2  # A once, B once: A never sent again
         with JournalReader.open(db) as r:
             report = r.verify()
+            assert r.find_idempotency(IDEM["scope"], "key-a") is None  # nothing bound anew
         assert (report.ok, report.first_bad_seq) == (False, accepted)
         assert "no binding row" in report.reason
         assert cli_main(["journal", "verify", "--journal", str(db)]) == 1
+
+
+async def test_a_binding_pointed_at_an_invocation_with_no_event_is_not_taken_over(
+    tmp_path: Path, token: str
+) -> None:
+    """A binding whose invocation has no event, created long ago, is one a binder left:
+    the next same-key call takes it over and sends.  Pointed there by someone from an
+    invocation whose chained ACTION_ACCEPTED names the key, it is altered, never sent again."""
+    async with HostileServer.running(scripts.serve(Reply(201))) as srv:
+        cfg = write_config(tmp_path, {"api": http_target(srv.url, idempotency=IDEM)})
+        async with open_broker(cfg) as broker:
+            with trio.fail_after(LIMIT):
+                a = await broker.call({**POST, "idempotency_key": "key-a"})
+            assert_ok(broker, a)
+        _tamper(
+            tmp_path / "journal.db",
+            "UPDATE idempotency SET invocation_id = 'act_nothing', created_at = 0 "
+            "WHERE key = 'key-a'",
+        )
+        async with open_broker(cfg) as broker:
+            with trio.fail_after(LIMIT), pytest.raises(AlteredRow, match="binding was altered"):
+                await broker.call({**POST, "idempotency_key": "key-a"})
+        assert len(srv.requests) == 1

@@ -126,8 +126,8 @@ async def test_a_broker_role_appends_but_cannot_change_or_unprotect_the_journal(
     pg: Cluster, pg_url: str, tmp_path: Path
 ) -> None:
     """Append-only by privilege as well as by trigger: the tables' owner creates the schema and
-    grants; the brokers' role can append, but neither update nor delete rows, nor drop the
-    triggers that refuse it."""
+    grants; the brokers' role can append, but neither update nor delete rows -- idempotency
+    bindings included -- nor drop the triggers that refuse it."""
     database = pg_url.rsplit("/", 1)[1]
     async with Journal.open(pg_url, **_keys(tmp_path, "owner")):
         pass  # the schema, created by its owner
@@ -149,6 +149,11 @@ async def test_a_broker_role_appends_but_cannot_change_or_unprotect_the_journal(
             "ALTER TABLE events DISABLE TRIGGER events_no_change",
             "DROP TRIGGER events_no_change ON events",
             "UPDATE idempotency SET fingerprint = 'other'",
+            # A deleted binding would let a same-key retry bind the key anew and be sent
+            # again; on PostgreSQL no index of the events by key guards that lookup, the
+            # broker's role cannot delete a binding (docs/journal.md, "Idempotency bindings").
+            "DELETE FROM idempotency",
+            "TRUNCATE idempotency",
         ):
             with pytest.raises(psycopg.Error, match=r"append-only|must be owner|permission"):
                 conn.execute(statement)  # type: ignore[arg-type]
