@@ -7,6 +7,13 @@ re-recording of it.  The source must verify first; the target must be empty (a j
 merged into another: two histories would need two orders); the copy is one transaction on the
 target, so it is all there or none of it; and the target is then verified end to end with the
 keys that verified the source, and must reach the same head.
+
+The source is verified with signing public keys kept apart from it (``public_keys``: the CLI
+passes ``--public-key`` files, or the public half of the broker's own ``[journal] signing_key``),
+never with the key the file records: whoever could write the file could re-sign a rewritten
+history with a key of their own and record it there -- a file the broker itself refuses to open
+(its signing key does not match), which migrate would otherwise copy, registering the forger's
+key as a trusted signer of the shared journal.  Only the given keys are registered.
 """
 
 from __future__ import annotations
@@ -14,7 +21,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,6 +29,7 @@ from .backend import Backend, open_backend
 from .connect import REGISTERED
 from .errors import JournalError, VerifyReport
 from .reader import JournalReader
+from .signing import key_id_of
 from .tables import Tables
 
 __all__ = ["Migration", "migrate"]
@@ -39,19 +47,31 @@ class Migration:
 
 
 def migrate(
-    source: str | os.PathLike[str], target: str, *, accept_unsigned: bool = False
+    source: str | os.PathLike[str],
+    target: str,
+    *,
+    public_keys: Sequence[bytes],
+    accept_unsigned: bool = False,
 ) -> Migration:
     """Copy the journal at ``source`` into the empty shared journal at ``target`` and verify
-    both.  ``JournalError`` (nothing copied) if the source does not verify or the target is
-    not empty; (everything copied, and the message says the copy fails verification) if the
-    target does not verify to the source's head."""
+    both with ``public_keys`` (raw Ed25519 signing keys kept apart from the source; at least
+    one), which become the target's registered keys.  ``JournalError`` (nothing copied) if the
+    source does not verify with them or the target is not empty; (everything copied, and the
+    message says the copy fails verification) if the target does not verify to the source's
+    head."""
+    if not public_keys:
+        raise JournalError(
+            "migrate verifies the source with its signing public key kept apart from it (the "
+            "key the file records is whoever wrote it last); nothing was copied"
+        )
+    keys = {key_id_of(raw): bytes(raw) for raw in public_keys}
     with JournalReader.open(source) as src:
-        keys = src.recorded_public_keys()
         before = src.verify(public_keys=list(keys.values()), accept_unsigned=accept_unsigned)
         if not before.ok:
             raise JournalError(
-                f"the source journal {src.where} does not verify (first bad seq "
-                f"{before.first_bad_seq}: {before.reason}); nothing was copied"
+                f"the source journal {src.where} does not verify with the given signing key"
+                f"{'s' if len(keys) > 1 else ''} (first bad seq {before.first_bad_seq}: "
+                f"{before.reason}); nothing was copied"
             )
         backend = open_backend(target)
         if not backend.multi_signer:

@@ -121,6 +121,14 @@ def add_commands(sub: Any) -> None:
         action="store_true",
         help="accept rows written before the journal was signed, on the hash chain alone",
     )
+    mg.add_argument(
+        "--public-key",
+        metavar="FILE",
+        action="append",
+        help="the source's signing public key (PEM, from `journal public-key`) to verify it with "
+        "and register in the new journal (default: the public half of the config's [journal] "
+        "signing_key -- never the key the file records)",
+    )
     mg.set_defaults(handler=_migrate)
 
     kg = jsub.add_parser(
@@ -434,8 +442,19 @@ def _public_key(args: argparse.Namespace) -> int:
 
 def _migrate(args: argparse.Namespace) -> int:
     from affidavit.cli.migrate import run
+    from affidavit.journal import SigningKey
 
-    return run(args, _journal_path(args))
+    source = _journal_path(args)
+    keys = _public_keys_arg(args)
+    if not keys and not (isinstance(source, str) and _is_url(source)):
+        path = _signing_key_path(args)
+        if not path.exists():
+            raise UsageError(
+                f"no signing key at {path} to verify the source with: pass --public-key FILE "
+                "(the source's, from `affidavit journal public-key`)"
+            )
+        keys = [_journal_call(SigningKey.load, path).public_raw]
+    return run(args, source, keys)
 
 
 def _audit_keygen(args: argparse.Namespace) -> int:

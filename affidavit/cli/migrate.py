@@ -1,8 +1,11 @@
 """``affidavit journal migrate --to postgresql://...``: a SQLite journal copied into a new shared
 one, verified end to end on both sides (``affidavit.journal.migrate``).
 
-Stop the brokers writing the source first: the copy is taken from one consistent view of it, and
-what they append afterwards would not be in the copy.  Exit 0 when both sides verify to the same
+The source is verified with its signing public key kept apart from it -- ``--public-key``, else
+the public half of the config's ``[journal] signing_key`` (the broker's own, as the broker itself
+checks the file) -- never with the key the file records.  Stop the brokers writing the source
+first: the copy is taken from one consistent view of it, and what they append afterwards would
+not be in the copy.  Exit 0 when both sides verify to the same
 head; 2 (one line, never a traceback) when the source does not verify, the target is not empty or
 unreachable, or the copy does not verify.
 """
@@ -10,6 +13,7 @@ unreachable, or the copy does not verify.
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 from pathlib import Path
 
 from affidavit.cli import UsageError
@@ -18,7 +22,10 @@ from affidavit.cli.journal import print_json
 __all__ = ["run"]
 
 
-def run(args: argparse.Namespace, source: str | Path) -> int:
+def run(args: argparse.Namespace, source: str | Path, public_keys: Sequence[bytes]) -> int:
+    """``public_keys``: the source's signing public keys, kept apart from it (``--public-key``,
+    or the config's ``[journal] signing_key``): what it is verified with and the new journal
+    registers."""
     from affidavit.journal import JournalError
     from affidavit.journal.backend import is_url, redact
     from affidavit.journal.migrate import migrate
@@ -28,7 +35,9 @@ def run(args: argparse.Namespace, source: str | Path) -> int:
     if isinstance(source, str) and is_url(source):
         raise UsageError("the source is already a shared journal: migrate copies a SQLite file")
     try:
-        done = migrate(source, args.to, accept_unsigned=args.accept_unsigned)
+        done = migrate(
+            source, args.to, public_keys=public_keys, accept_unsigned=args.accept_unsigned
+        )
     except JournalError as exc:
         raise UsageError(str(exc)) from None
     target = redact(args.to)

@@ -200,11 +200,68 @@ def test_migrate_refuses_a_source_that_does_not_verify_and_copies_nothing(
     conn.execute("UPDATE events SET attrs = '{}' WHERE seq = 2")
     conn.close()
     assert cli_main(["journal", "migrate", "--journal", str(db), "--to", pg_url]) == 2
-    assert "does not verify (first bad seq 2" in capsys.readouterr().err
+    assert "does not verify with the given signing key (first bad seq 2" in capsys.readouterr().err
     with pytest.raises(JournalError, match="no journal"):
         JournalReader.open(pg_url)
     assert cli_main(["journal", "migrate", "--journal", str(db), "--to", str(db)]) == 2
     assert "expected a postgresql:// URL" in capsys.readouterr().err
+
+
+def test_migrate_verifies_the_source_with_the_brokers_key_never_the_one_it_records(
+    pg_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Someone who can write the file replaces the journal with a history of their own,
+    signed with their own key and recording it.  The broker refuses to open it (its signing
+    key does not match); migrate must too -- not verify it with the key it records, copy it
+    and register the forger's key as a signer of the shared journal."""
+    import shutil
+
+    db = tmp_path / "j.db"
+    trio.run(_sqlite_journal, db)
+    forged = tmp_path / "forged" / "j.db"
+    forged.parent.mkdir()
+
+    async def forge() -> None:
+        async with Journal.open(forged) as j:  # its own key files, beside it
+            for ev in happy("inv-forged"):
+                await j.append(ev)
+
+    trio.run(forge)
+    for leftover in (db, Path(f"{db}-wal"), Path(f"{db}-shm")):
+        leftover.unlink(missing_ok=True)
+    shutil.copy(forged, db)  # db.signing.key, the broker's own, stays
+    with JournalReader.open(db) as r:
+        assert r.verify().ok  # with the key the file records: "ok"
+    assert cli_main(["journal", "migrate", "--journal", str(db), "--to", pg_url]) == 2
+    err = capsys.readouterr().err
+    assert "does not verify with the given signing key" in err and "nothing was copied" in err
+    with pytest.raises(JournalError, match="no journal"):
+        JournalReader.open(pg_url)
+    # The forger's key passed explicitly is the operator's choice; a key file that is no
+    # key, or none at all, is a one-line refusal.
+    (tmp_path / "nokey.pub").write_text("not a key")
+    argv = ["journal", "migrate", "--journal", str(db), "--to", pg_url]
+    assert cli_main([*argv, "--public-key", str(tmp_path / "nokey.pub")]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
+    Path(f"{db}.signing.key").unlink()
+    assert cli_main(argv) == 2
+    assert "pass --public-key FILE" in capsys.readouterr().err
+
+
+def test_migrate_takes_the_sources_public_key_from_a_file(
+    pg_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Run away from the broker's key (an auditor's copy of the file): ``--public-key``."""
+    db = tmp_path / "j.db"
+    trio.run(_sqlite_journal, db)
+    pub = tmp_path / "journal.pub"
+    pub.write_bytes(public_key_pem(SigningKey.load(f"{db}.signing.key").public_raw))
+    Path(f"{db}.signing.key").rename(tmp_path / "elsewhere.key")
+    argv = ["journal", "migrate", "--journal", str(db), "--to", pg_url, "--public-key", str(pub)]
+    assert cli_main(argv) == 0
+    capsys.readouterr()
+    with JournalReader.open(pg_url) as r:
+        assert r.verify(public_keys=[SigningKey.load(tmp_path / "elsewhere.key").public_raw]).ok
 
 
 def test_a_url_without_psycopg_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
