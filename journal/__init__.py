@@ -64,7 +64,7 @@ from .errors import (
 from .lock import JournalLocked
 from .reader import JournalReader
 from .results import ChunkLog, ResultStream, ResultWriter, StoredResult, StreamInfo
-from .rows import json_copy
+from .rows import AlteredRow, json_copy
 from .sealing import AuditOpener, generate_auditor_keypair, open_audit_payload, random_bytes
 from .signing import Anchor, Checkpoint, SigningKey, load_anchor, load_public_key, public_key_pem
 from .store import Journal
@@ -72,6 +72,7 @@ from .writer import Batch, Posted
 
 __all__ = [
     "GENESIS",
+    "AlteredRow",
     "Anchor",
     "AuditOpener",
     "Backend",

@@ -53,10 +53,10 @@ from affidavit.console import TokenStore
 from affidavit.engine import (
     CallNotRecorded,
     OperationError,
+    call_failure,
     poll_failure,
     read_failure,
     unreadable,
-    unrecorded,
 )
 from affidavit.journal import JournalError, JournalReader, JournalUnavailable
 from affidavit.journal.backend import where as journal_where
@@ -197,12 +197,13 @@ class Api:
         if running.answering or req.link.hung_up.is_set():
             return
         if running.envelope is None:
-            if running.journal_failed:
+            if running.journal_failed is not None:
                 # No envelope without a durable record to render it from.  What was recorded
                 # stays: once the journal is back, the record (recovered when its lease ran
-                # out) says whether anything was sent.
+                # out) says whether anything was sent; a row proven altered is no outage
+                # (``call_failure``).
                 raise ApiProblem(
-                    503, CallNotRecorded.code, unrecorded(running.control.invocation_id)
+                    *call_failure(running.journal_failed, running.control.invocation_id)
                 )
             raise ApiProblem(
                 500, "INTERNAL", f"the call failed inside the broker ({running.failure})"

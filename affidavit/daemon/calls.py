@@ -21,7 +21,7 @@ from typing import Any
 import trio
 
 from affidavit.engine import CallControl
-from affidavit.journal import JournalError
+from affidavit.journal import AlteredRow, JournalError
 
 __all__ = ["Calls", "Overloaded", "Running"]
 
@@ -44,9 +44,9 @@ class Running:
         self.envelope: dict[str, Any] | None = None
         self.failure: str | None = None
         """The exception type name, when the call ended without an envelope."""
-        self.journal_failed = False
-        """It ended so because the journal could not be written or read (a shared journal's
-        database unreachable past the writer's reconnect window)."""
+        self.journal_failed: JournalError | None = None
+        """Why it ended so, when the journal could not be written or read (a shared journal's
+        database unreachable past the writer's reconnect window) or proved a row altered."""
         self.answering = False
         """The engine handed the envelope to ``deliver``: the handler must not answer again."""
         self.delivery = trio.CancelScope()
@@ -91,8 +91,12 @@ class Calls:
             # A journal that cannot be written, a broken binding: the type only, for the log
             # (an exception's text may quote remote bytes).
             call.failure = type(exc).__name__
-            call.journal_failed = isinstance(exc, JournalError)
-            log.error("a call ended without an envelope: %s", call.failure)
+            if isinstance(exc, JournalError):
+                call.journal_failed = exc
+            if isinstance(exc, AlteredRow):  # the journal's own words: where, which seq
+                log.error("a call ended without an envelope: %s: %s", call.failure, exc)
+            else:
+                log.error("a call ended without an envelope: %s", call.failure)
         finally:
             call.done.set()
             self.running.discard(call)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import time
 
-from affidavit.journal import JournalUnavailable, JournalWriteError, ReadFailed
+from affidavit.journal import AlteredRow, JournalUnavailable, JournalWriteError, ReadFailed
 from affidavit.statemachine import (
     Code,
     Event,
@@ -188,6 +188,23 @@ def read_failure(exc: Exception, what: str) -> tuple[int, str, str]:
     if isinstance(exc, ReadFailed):
         return 503, READ_DECLINED, f"{exc} (the same read may succeed: try again)"
     return 500, UNREADABLE, str(exc)
+
+
+def call_failure(exc: Exception, invocation_id: str | None) -> tuple[int, str, str]:
+    """A call that ended without an envelope because of the journal, as every surface answers
+    it: (HTTP status, code, message).  A row the journal proves altered (``AlteredRow``: a
+    removed idempotency binding, a changed event) is 500 JOURNAL_UNREADABLE with the journal's
+    own words -- no outage that passes: the same call meets it again until an operator restores
+    the journal, and a retry told "unavailable" would only repeat it.  Anything else (a write
+    not committed, a shared journal away): 503 JOURNAL_UNAVAILABLE (``unrecorded``)."""
+    if isinstance(exc, AlteredRow):
+        return (
+            500,
+            UNREADABLE,
+            f"the call ended without an envelope: {exc} (`affidavit journal verify` lists what "
+            "was altered)",
+        )
+    return 503, CallNotRecorded.code, unrecorded(invocation_id)
 
 
 def act_failure(exc: Exception, what: str, act: str, check: str) -> tuple[int, str, str]:

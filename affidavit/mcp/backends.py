@@ -119,7 +119,7 @@ class Embedded:
         return self.broker.catalog()
 
     async def call(self, action: Mapping[str, Any], exchange: Exchange) -> dict[str, Any]:
-        from affidavit.engine import CallControl, CallNotRecorded, unrecorded
+        from affidavit.engine import CallControl, call_failure
         from affidavit.journal import JournalError
 
         control = CallControl()
@@ -131,10 +131,11 @@ class Embedded:
         self._controls.add(control)
         try:
             return await self.broker.call(action, deliver=exchange.deliver, control=control)
-        except JournalError:
-            # No durable record to render an envelope from: the daemon's answer to the same
-            # (503), so that a client hears the same whichever broker it has.
-            return api_error(CallNotRecorded.code, unrecorded(control.invocation_id))
+        except JournalError as exc:
+            # No durable record to render an envelope from: the daemon's answer to the same,
+            # so that a client hears the same whichever broker it has.
+            _, code, message = call_failure(exc, control.invocation_id)
+            return api_error(code, message)
         finally:
             self._controls.discard(control)
 

@@ -5,6 +5,7 @@ back with ``get_record``) says the same."""
 
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -277,3 +278,30 @@ async def test_a_message_larger_than_any_action_is_dropped_unread_and_the_sessio
     assert [a["error"]["code"] for a in answers] == [-32600], answers
     assert "dropped unread" in mcp.stderr()
     assert len(remotes.ok.requests) == 1
+
+
+async def test_a_removed_binding_answers_the_journals_words_not_an_outage(
+    tmp_path: Path, remotes: Remotes, token: str
+) -> None:
+    """A same-key call whose binding someone deleted from the journal file is refused as the
+    daemon refuses it (``call_failure``): JOURNAL_UNREADABLE with the seq that names the key,
+    not JOURNAL_UNAVAILABLE (an outage a retry would meet again) -- and nothing is sent."""
+    cfg = remotes.config(tmp_path)
+    pay = {"target": "pay", "method": "POST", "path": "/p", "body": "1", "idempotency_key": "k9"}
+    async with connected(["--config", str(cfg)], remotes.env(token), tmp_path / "mcp.log") as mcp:
+        first = await mcp.call("http_request", pay)
+        assert first.is_error is False
+        sent = len(remotes.ok.requests)
+        conn = sqlite3.connect(tmp_path / "journal.db", isolation_level=None)
+        try:
+            conn.execute("DELETE FROM idempotency WHERE key = 'k9'")
+        finally:
+            conn.close()
+        again = await mcp.call("http_request", pay)
+        answer = structured(again)
+        assert again.is_error is True
+        problem = answer["api_error"]
+        assert problem["code"] == "JOURNAL_UNREADABLE", answer
+        assert "has no binding row, but the ACTION_ACCEPTED at seq" in problem["message"]
+        assert "k9" not in problem["message"]
+        assert len(remotes.ok.requests) == sent
