@@ -86,6 +86,10 @@ def acquire_op(
         # its holder's other tasks too (two of them must not both send an approved request).
         # A lease taken before the approval was asked is no dispatch lease of it (a retry that
         # then asked for approval): nothing may be sent under it, so it keeps no one out.
+        # Nor does the lease of an attempt that is over (the record rests in a final state at
+        # that generation: its holder answered, or recovery closed it): nothing can be written
+        # under it any more, and a same-key retry refused by it was told IN_PROGRESS -- "has
+        # not finished" -- for the rest of a lease whose attempt had finished.
         if (
             current is not None
             and current.expires_at > now
@@ -93,6 +97,7 @@ def acquire_op(
             and not (
                 kind is EventKind.DISPATCH_LEASE_ACQUIRED and _before_approval(record, current)
             )
+            and not (record.final and current.generation <= record.generation)
         ):
             return Fail(LeaseBusy(current))
         recorded = record.generation

@@ -385,7 +385,8 @@ class Journal(JournalReader):
         """Take the invocation's lease: bump the generation, write the lease row and its event
         -- RETRY_LEASE_ACQUIRED for a retry, DISPATCH_LEASE_ACQUIRED for the dispatch of an
         approved invocation -- in one barrier transaction.  ``LeaseBusy`` if another holder's
-        lease is unexpired; ``ImpossibleEvent`` if the lifecycle refuses the event."""
+        lease is unexpired and its attempt not over (the record final at its generation);
+        ``ImpossibleEvent`` if the lifecycle refuses the event."""
         if not (ttl > 0 and math.isfinite(ttl)):
             raise ValueError("ttl must be a positive number of seconds")
         op = leases.acquire_op(invocation_id, holder, ttl, self._clock, kind)

@@ -13,6 +13,9 @@ writers, as separate processes are (test_same_key_processes.py runs real ones).
 from __future__ import annotations
 
 import contextlib
+import subprocess
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +24,8 @@ import trio
 
 from affidavit.api.broker import Broker
 from affidavit.engine import EngineSettings
-from affidavit.statemachine import Event, EventKind
+from affidavit.journal import Batch
+from affidavit.statemachine import EventKind
 from tests.http.hostile import HostileServer, Reply, scripts
 
 from .helpers import assert_error, assert_ok, event_kinds, http_target, open_broker, write_config
@@ -81,9 +85,23 @@ async def test_concurrent_callers_of_one_key_share_one_invocation_and_one_dispat
         assert srv.connections >= 1
 
 
+TAKE_LEASE = (
+    "import sys, trio\n"
+    "from affidavit.journal import Journal\n"
+    "async def main():\n"
+    "    async with Journal.open(sys.argv[1]) as j:\n"
+    "        await j.acquire_lease(sys.argv[2], 'other-worker', 60.0)\n"
+    "trio.run(main)\n"
+)
+
+
 async def test_a_retry_refused_because_another_holder_has_the_lease_is_in_progress(
     tmp_path: Path, token: str
 ) -> None:
+    """Two workers read the same unknown record and both decide to retry: the second to ask
+    for the lease finds the other's, live on an open attempt -- IN_PROGRESS / fetch_result,
+    not the old record's same_idempotency_key, and nothing sent.  The other worker (a process
+    of its own) takes its lease just before this call's lease transaction begins."""
     async with HostileServer.running(scripts.apply_then_close()) as srv:
         cfg = write_config(tmp_path, {"api": http_target(srv.url, idempotency=IDEM)})
         action = {**POST, "idempotency_key": "leased"}
@@ -91,17 +109,22 @@ async def test_a_retry_refused_because_another_holder_has_the_lease_is_in_progre
             with trio.fail_after(LIMIT):
                 first = await broker.call(action)
             assert first["error"]["retry"] == "same_idempotency_key"
-            # Another worker took the retry lease, and its attempt already ended (its setup
-            # failed): the record is final again, the lease still the other worker's.
             iid = first["invocation_id"]
-            lease = await broker.journal.acquire_lease(iid, "other-worker", 60.0)
-            await broker.journal.append(
-                Event(E.SETUP_FAILED, iid, {"code": "CONNECTION_REFUSED", "stage": "tcp"}),
-                barrier=True,
-                lease=("other-worker", lease.generation),
-            )
+            transactions = 0
+
+            @contextlib.contextmanager
+            def other_worker_first(batch: Batch) -> Iterator[None]:
+                nonlocal transactions
+                transactions += 1
+                if transactions == 2:  # after the key's lookup: this call's lease request
+                    take = [sys.executable, "-c", TAKE_LEASE, str(tmp_path / "journal.db"), iid]
+                    subprocess.run(take, check=True, timeout=LIMIT)
+                yield
+
+            broker.journal.around_transaction = other_worker_first
             with trio.fail_after(LIMIT):
                 second = await broker.call(action)
+            broker.journal.around_transaction = None
             assert second["invocation_id"] == first["invocation_id"]
             err = second["error"]
             assert (err["code"], err["retry"], err["outcome"]) == (
@@ -110,6 +133,10 @@ async def test_a_retry_refused_because_another_holder_has_the_lease_is_in_progre
                 "unknown",
             )
             assert "result" not in second
+            record = broker.record(iid)
+            assert record is not None and record.state == "retry_pending"
+            lease = broker.journal.lease(iid)
+            assert lease is not None and lease.holder == "other-worker"
         assert len(srv.requests) == 1
 
 

@@ -69,6 +69,29 @@ async def test_an_unexpired_lease_of_another_holder_is_busy(place: Place) -> Non
             await j.acquire_lease("inv-1", "w1", ttl=10)
 
 
+async def test_the_lease_of_an_attempt_that_is_over_keeps_no_one_out(place: Place) -> None:
+    """w1's retry attempt was closed (here by recovery, as the daemon's start-up closes a dead
+    broker's; a holder that answered closes it alike) while w1's lease still runs: nothing can
+    be written under that lease any more, so w2 takes the next generation -- it used to be
+    LeaseBusy, and the engine answered IN_PROGRESS ("has not finished") for a finished one."""
+    clock = Clock()
+    async with place.open(clock=clock) as j:
+        await _interrupted(j)
+        await j.acquire_lease("inv-1", "w1", ttl=10)
+        with pytest.raises(LeaseBusy):  # open: w1's attempt may still dispatch
+            await j.acquire_lease("inv-1", "w2", ttl=10)
+        closing = {"code": "SETUP_FAILED", "stage": "broker_stopped", "generation": 1}
+        await j.append(Event(E.SETUP_FAILED, "inv-1", closing))
+        rec = j.record("inv-1")
+        assert rec is not None and rec.final and rec.outcome is Outcome.UNKNOWN
+        clock.now += 1  # w1's lease has 9 s left
+        taken = await j.acquire_lease("inv-1", "w2", ttl=10)
+        assert (taken.holder, taken.generation) == ("w2", 2)
+        # w1 cannot come back: its lease is no longer the invocation's.
+        with pytest.raises(LeaseLost):
+            await j.append(Event(E.DISPATCH_STARTED, "inv-1"), lease=("w1", 1))
+
+
 async def test_a_stale_generation_is_refused_before_dispatch(place: Place) -> None:
     clock = Clock()
     async with place.open(clock=clock) as j:
