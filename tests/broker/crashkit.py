@@ -1,0 +1,174 @@
+"""The processes of the crash matrix (``test_crash_matrix.py``), run as
+``python -m tests.broker.crashkit MODE ...`` from the repository root.
+
+``call CONFIG ACTION CUT WHEN``: a broker (``Broker.open``, the public API) performs ACTION and
+SIGKILLs itself at the journal commit that leaves CUT events on disk, through the journal's own
+``around_transaction`` and ``before_commit`` hooks (no test hook in the broker): ``after`` --
+right after that commit is durable, before the writer answers anyone; ``before`` -- inside the
+next transaction, its rows written and not committed, so the durable journal is the same as
+``after``'s but whatever the broker did between the two commits (sent the request, read the
+answer) has happened.  A call with no such commit (the writer put rows of two steps into one
+transaction this time) ends normally and prints ``{"commits": [events on disk after each
+commit], "envelope": ...}`` -- as the uncut run does.
+
+``recover CONFIG ACTION KEYED``, started before the call (so that it is ready the moment the call
+dies: a loaded machine takes seconds to start Python), then told ``HOW`` on its stdin (or ``-``:
+nothing to do): fresh brokers read what the dead one left. While the dead process's lease runs (it
+ends ``LEASE`` after acceptance), one reads the record and, ``KEYED``, calls the same action (same
+key) again. Then the record is closed as docs/journal.md says: ``HOW`` ``expire`` -- once the lease
+has ended, by a broker's ``recover()`` (any broker meeting it would); ``owner`` -- at once, by a
+broker that opens the journal as its only writer (the daemon's start-up). A last broker reads the
+record, fetches the result and, ``KEYED``, calls once more; then ``affidavit journal verify`` runs.
+Prints what it saw as JSON.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import signal
+import sqlite3
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import trio
+
+from affidavit import Broker
+from affidavit.cli import main as cli_main
+from affidavit.engine import EngineSettings
+from affidavit.journal import Batch
+from affidavit.statemachine import Record
+
+LEASE_MARGIN = 0.2
+TOTAL = 3.0
+"""Every target's total timeout in the matrix: a lease is TOTAL + LEASE_MARGIN from acceptance."""
+LEASE = TOTAL + LEASE_MARGIN
+SETTINGS = EngineSettings(lease_margin=LEASE_MARGIN)
+
+
+def _die() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+async def _call(config: str, action: dict[str, Any], cut: int, when: str) -> None:
+    durable: list[int] = []  # events on disk after each commit
+
+    def on_disk() -> int:
+        return int(_count(broker, "SELECT count(*) FROM events"))
+
+    @contextlib.contextmanager
+    def around(batch: Batch) -> Iterator[None]:
+        yield  # an exception here (a rolled-back transaction) skips the rest: no commit
+        durable.append(on_disk())
+        if when == "after" and durable[-1] == cut:
+            _die()
+
+    def before(batch: Batch) -> None:
+        if when == "before" and durable and durable[-1] == cut:
+            _die()
+
+    async with Broker.open(config, settings=SETTINGS) as broker:
+        broker.journal.around_transaction = around
+        broker.journal.before_commit = before
+        envelope = await broker.call(action)
+    print(json.dumps({"commits": durable, "envelope": envelope}))
+
+
+def _summary(record: Record | None) -> dict[str, Any] | None:
+    if record is None:
+        return None
+    return {
+        "state": record.state,
+        "final": record.final,
+        "outcome": record.outcome.value,
+        "phase": record.phase.value,
+        "retry": record.retry.value,
+        "dispatch_started": bool(record.evidence.get("dispatch_started")),
+    }
+
+
+async def _recover(config: str, action: dict[str, Any], keyed: bool, how: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    async with Broker.open(config, settings=SETTINGS) as broker:
+        records = broker.journal.list_actions()
+        iid = records[0].invocation_id if records else None
+        out["iid"] = iid
+        # The dead holder's lease ends LEASE after it accepted the call (or bound its key).
+        ends = _lease_ends(broker, iid)
+        record = broker.record(iid) if iid else None
+        # The dead process held a lease unless the record it left was already closed.
+        held = record is None or not record.final
+        out["in_lease"] = {"record": _summary(record), "held": held}
+        if iid is not None and held:
+            out["in_lease"]["fetched"] = await broker.fetch_result(iid)
+        if keyed and held:
+            out["in_lease"]["call"] = await broker.call(action)
+        out["in_lease"]["kinds"] = [e.kind.value for e in broker.events(iid)] if iid else []
+        out["in_lease"]["done"] = time.time()
+        out["in_lease"]["in_time"] = out["in_lease"]["done"] < ends - 0.05
+        if how == "expire":
+            # Its lease runs out: the next broker to meet the record closes it.
+            await trio.sleep(max(0.0, ends + 0.1 - time.time()))
+            out["recovered"] = [r.invocation_id for r in await broker.recover()]
+    if how == "owner":
+        # The daemon's start-up: the journal's only writer closes every record left open.
+        async with Broker.open(config, settings=SETTINGS, owner="crash matrix") as broker:
+            out["recovered"] = [r.invocation_id for r in await broker.recover()]
+    async with Broker.open(config, settings=SETTINGS) as broker:
+        if iid is not None:
+            out["closed"] = _summary(broker.record(iid))
+            out["fetched"] = await broker.fetch_result(iid)
+        if keyed:
+            out["retry"] = await broker.call(action)
+            iid = out["retry"]["invocation_id"]
+        out["kinds"] = [e.kind.value for e in broker.events(iid)] if iid else []
+    return out
+
+
+def _lease_ends(broker: Broker, iid: str | None) -> float:
+    """When the latest lease on ``iid`` ends, as its events say -- or, with no event yet, the
+    lease window of the key bound first (docs/design-notes.md, "Same-key races")."""
+    ends = None
+    for event in broker.events(iid) if iid else []:
+        at = event.attrs.get("lease_expires_at") or event.attrs.get("expires_at")
+        if event.kind.value.endswith(("ACCEPTED", "LEASE_ACQUIRED")) and at is not None:
+            ends = float(at)
+    if ends is None:
+        bound = _count(broker, "SELECT min(created_at) FROM idempotency")
+        ends = float(bound) + LEASE
+    return ends
+
+
+def _count(broker: Broker, sql: str) -> Any:
+    """One value read from the journal file by a read-only connection of its own."""
+    db = sqlite3.connect(f"file:{broker.config.journal.location}?mode=ro", uri=True)
+    try:
+        return db.execute(sql).fetchone()[0]
+    finally:
+        db.close()
+
+
+def main(argv: list[str]) -> None:
+    mode, config, action_file, *rest = argv
+    with open(action_file, encoding="utf-8") as f:
+        action = json.load(f)
+    if mode == "call":
+        trio.run(_call, config, action, int(rest[0]), rest[1])
+    else:
+        told = sys.stdin.readline().split()
+        if told[:1] not in ([], ["-"]):
+            out = trio.run(_recover, config, action, rest[0] == "1", told[0])
+            # ``affidavit journal verify``, the command itself, once every broker has closed.
+            said = io.StringIO()
+            with contextlib.redirect_stdout(said), contextlib.redirect_stderr(said):
+                out["verify"] = {"exit": cli_main(["journal", "verify", "--config", config])}
+            out["verify"]["said"] = said.getvalue()
+            print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
