@@ -68,8 +68,8 @@ SSH_POINTS = HTTP_POINTS
 class Scenario:
     name: str
     keyed: bool
-    after_dispatch: str | None
-    """The retry hint of a dispatched call with no result (None: not checked by a retry)."""
+    after_dispatch: str
+    """The retry hint of a dispatched call with no result."""
     points: list[str]
     """The last event on disk at each commit point of the call ("": the key bound, no event)."""
     target: dict[str, Any]
@@ -193,12 +193,17 @@ async def _cut_once(
     # Open unless a result was stored or the attempt was closed (by the attempt before).
     final = committed or kinds[-1:] == ["ATTEMPT_INTERRUPTED"]
     assert lease["held"] == (not final), (where, lease)
+    # The phase is the current attempt's last proven boundary (a retry's starts at its lease).
+    attempt = (
+        kinds[_last(kinds, "RETRY_LEASE_ACQUIRED") :] if "RETRY_LEASE_ACQUIRED" in kinds else kinds
+    )
+    phase = "remote_execution" if "DISPATCH_STARTED" in attempt else "connection_setup"
     if kinds:
         left = lease["record"]
         assert left is not None, where
         if dispatched:
             assert left["outcome"] != "not_attempted", (where, left)
-        assert left["final"] == final, (where, left)
+        assert (left["final"], left["phase"]) == (final, phase), (where, left)
     if lease["held"]:
         assert lease["in_time"], f"{where}: the fresh broker came too late to see the lease"
         # Read while the dead holder's lease runs: in progress, and nothing written.
@@ -206,6 +211,7 @@ async def _cut_once(
         if kinds:
             err = lease["fetched"]["error"]
             assert (err["code"], err["retry"]) == ("IN_PROGRESS", "fetch_result"), (where, err)
+            assert err["phase"] == phase, (where, err)
             assert err["outcome"] == ("unknown" if dispatched else "not_attempted"), (where, err)
     if sc.keyed and lease["held"]:
         env = lease["call"]
@@ -219,7 +225,11 @@ async def _cut_once(
         closed = seen["closed"]
         assert seen["recovered"] == ([] if final else [seen["iid"]]), (where, seen)
         fetched = seen["fetched"]
-        assert closed["final"], (where, closed)
+        assert (closed["final"], closed["phase"]) == (True, phase), (where, closed)
+        if not final:  # closed by recovery, with what the current attempt proves
+            code = "REMOTE_OUTCOME_UNKNOWN" if "DISPATCH_STARTED" in attempt else "SETUP_FAILED"
+            assert fetched["error"]["code"] == code, (where, fetched)
+            assert fetched["error"]["phase"] == phase, (where, fetched)
         if committed:
             assert closed["outcome"] == "committed", (where, closed)
             assert "error" not in fetched, (where, fetched)
@@ -227,16 +237,13 @@ async def _cut_once(
         elif dispatched:
             assert closed["outcome"] == "unknown", (where, closed)
             assert closed["dispatch_started"], (where, closed)
-            assert closed["retry"] in {"reconcile", "same_idempotency_key", "backoff"}, (
-                where,
-                closed,
-            )
-            if sc.after_dispatch is not None:
-                assert closed["retry"] == sc.after_dispatch, (where, closed)
+            assert closed["retry"] == sc.after_dispatch, (where, closed)
             assert fetched["error"]["outcome"] == "unknown", (where, fetched)
+            assert fetched["error"]["retry"] == sc.after_dispatch, (where, fetched)
         else:
             assert closed["outcome"] == "not_attempted", (where, closed)
             assert closed["retry"] == "backoff", (where, closed)
+            assert fetched["error"]["retry"] == "backoff", (where, fetched)
     if sc.keyed:
         env = seen["retry"]
         resend = not committed and (not dispatched or sc.after_dispatch == "same_idempotency_key")
@@ -354,7 +361,7 @@ async def test_http_call_killed_at_every_commit(
         sc = Scenario(
             kind,
             kind != "get",
-            None if kind == "get" else "same_idempotency_key",
+            "backoff" if kind == "get" else "same_idempotency_key",  # GET is idempotent
             points,
             target,
             action,
