@@ -18,8 +18,8 @@ ends ``LEASE`` after acceptance), one reads the record and, ``KEYED``, calls the
 key) again. Then the record is closed as docs/journal.md says: ``HOW`` ``expire`` -- once the lease
 has ended, by a broker's ``recover()`` (any broker meeting it would); ``owner`` -- at once, by a
 broker that opens the journal as its only writer (the daemon's start-up). A last broker reads the
-record, fetches the result and, ``KEYED``, calls once more; then ``affidavit journal verify`` runs.
-Prints what it saw as JSON.
+record, fetches the result and, ``KEYED``, calls once more; then ``affidavit journal verify``,
+``actions --json`` and ``record ID --json`` run. Prints what it saw as JSON.
 """
 
 from __future__ import annotations
@@ -126,6 +126,7 @@ async def _recover(config: str, action: dict[str, Any], keyed: bool, how: str) -
             out["retry"] = await broker.call(action)
             iid = out["retry"]["invocation_id"]
         out["kinds"] = [e.kind.value for e in broker.events(iid)] if iid else []
+        out["last"] = _summary(broker.record(out["iid"])) if out["iid"] else None
     return out
 
 
@@ -162,12 +163,21 @@ def main(argv: list[str]) -> None:
         told = sys.stdin.readline().split()
         if told[:1] not in ([], ["-"]):
             out = trio.run(_recover, config, action, rest[0] == "1", told[0])
-            # ``affidavit journal verify``, the command itself, once every broker has closed.
-            said = io.StringIO()
-            with contextlib.redirect_stdout(said), contextlib.redirect_stderr(said):
-                out["verify"] = {"exit": cli_main(["journal", "verify", "--config", config])}
-            out["verify"]["said"] = said.getvalue()
+            # The commands themselves, once every broker has closed: ``affidavit journal
+            # verify``, and the views an operator reads the record with.
+            out["verify"] = _cli(["journal", "verify", "--config", config])
+            out["actions"] = _cli(["actions", "--json", "--config", config])
+            if out["iid"] is not None:
+                out["shown"] = _cli(["record", out["iid"], "--json", "--config", config])
             print(json.dumps(out))
+
+
+def _cli(argv: list[str]) -> dict[str, Any]:
+    """``affidavit ARGV`` in this process: its exit status and what it printed."""
+    said, errs = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(said), contextlib.redirect_stderr(errs):
+        status = cli_main(argv)
+    return {"exit": status, "said": said.getvalue(), "errors": errs.getvalue()}
 
 
 if __name__ == "__main__":

@@ -254,6 +254,22 @@ async def _cut_once(
             assert env["error"]["retry"] == sc.after_dispatch, (where, env)
         assert len(sc.ran(label)) == before + sent + (1 if resend else 0), where
     assert seen["verify"]["exit"] == 0, (where, seen["verify"])
+    # What an operator's views say of the record, read from the journal as it ends.
+    assert seen["actions"]["exit"] == 0, (where, seen["actions"])
+    if kinds:
+        assert seen["shown"]["exit"] == 0, (where, seen["shown"])
+        shown = json.loads(seen["shown"]["said"])["record"]
+        (row,) = [
+            r for r in json.loads(seen["actions"]["said"]) if r["invocation_id"] == seen["iid"]
+        ]
+        last = seen["last"]
+        assert (shown["outcome"], shown["phase"]) == (last["outcome"], last["phase"]), (
+            where,
+            shown,
+        )
+        assert row["outcome"] == last["outcome"], (where, row)
+        if dispatched:
+            assert "not_attempted" not in (shown["outcome"], row["outcome"]), (where, shown, row)
     return True
 
 
