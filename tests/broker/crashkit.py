@@ -1,25 +1,26 @@
-"""The processes of the crash matrix (``test_crash_matrix.py``), run as
-``python -m tests.broker.crashkit MODE ...`` from the repository root.
+"""The processes of the crash matrix (``test_crash_matrix.py``):
+``python -m tests.broker.crashkit CONFIG ACTION CUT WHEN KEYED`` from the repository root.
 
-``call CONFIG ACTION CUT WHEN``: a broker (``Broker.open``, the public API) performs ACTION and
-SIGKILLs itself at the journal commit that leaves CUT events on disk, through the journal's own
-``around_transaction`` and ``before_commit`` hooks (no test hook in the broker): ``after`` --
-right after that commit is durable, before the writer answers anyone; ``before`` -- inside the
-next transaction, its rows written and not committed, so the durable journal is the same as
-``after``'s but whatever the broker did between the two commits (sent the request, read the
-answer) has happened.  A call with no such commit (the writer put rows of two steps into one
-transaction this time) ends normally and prints ``{"commits": [events on disk after each
-commit], "envelope": ...}`` -- as the uncut run does.
+It forks (its imports done, no thread or event loop yet) a child that is the broker under test:
+``Broker.open``, the public API, performs ACTION and SIGKILLs itself at the journal commit that
+leaves CUT events on disk, through the journal's own ``around_transaction`` and
+``before_commit`` hooks (no test hook in the broker): ``after`` -- right after that commit is
+durable, before the writer answers anyone; ``before`` -- inside the next transaction, its rows
+written and not committed, so the durable journal is the same as ``after``'s but whatever the
+broker did between the two commits (sent the request, read the answer) has happened.  A call
+with no such commit (the writer put rows of two steps into one transaction this time; or WHEN
+``none``) ends normally and says ``{"commits": [events on disk after each commit], "envelope":
+...}``.  The parent prints ``{"returncode": ..., "call": what the child said}`` once the child
+is gone -- at once, with no interpreter to start: the dead child's lease is short.
 
-``recover CONFIG ACTION KEYED``, started before the call (so that it is ready the moment the call
-dies: a loaded machine takes seconds to start Python), then told ``HOW`` on its stdin (or ``-``:
-nothing to do): fresh brokers read what the dead one left. While the dead process's lease runs (it
-ends ``LEASE`` after acceptance), one reads the record and, ``KEYED``, calls the same action (same
-key) again. Then the record is closed as docs/journal.md says: ``HOW`` ``expire`` -- once the lease
-has ended, by a broker's ``recover()`` (any broker meeting it would); ``owner`` -- at once, by a
-broker that opens the journal as its only writer (the daemon's start-up). A last broker reads the
-record, fetches the result and, ``KEYED``, calls once more; then ``affidavit journal verify``,
-``actions --json`` and ``record ID --json`` run. Prints what it saw as JSON.
+Then it reads ``HOW`` on its stdin (``-``: nothing more) and, as fresh brokers, reads what the
+dead one left.  While the dead process's lease runs (it ends ``LEASE`` after acceptance), one
+reads the record, fetches the result and, ``KEYED``, calls the same action (same key) again.
+Then the record is closed as docs/journal.md says: ``HOW`` ``expire`` -- once the lease has
+ended, by a broker's ``recover()`` (any broker meeting it would); ``owner`` -- at once, by a
+broker that opens the journal as its only writer (the daemon's start-up).  A last broker reads
+the record, fetches the result and, ``KEYED``, calls once more; then ``affidavit journal
+verify``, ``actions --json`` and ``record ID --json`` run.  Prints what it saw as JSON.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import signal
 import sqlite3
 import sys
 import time
+import traceback
 from collections.abc import Iterator
 from typing import Any
 
@@ -54,7 +56,7 @@ def _die() -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-async def _call(config: str, action: dict[str, Any], cut: int, when: str) -> None:
+async def _call(config: str, action: dict[str, Any], cut: int, when: str) -> dict[str, Any]:
     durable: list[int] = []  # events on disk after each commit
 
     def on_disk() -> int:
@@ -75,7 +77,7 @@ async def _call(config: str, action: dict[str, Any], cut: int, when: str) -> Non
         broker.journal.around_transaction = around
         broker.journal.before_commit = before
         envelope = await broker.call(action)
-    print(json.dumps({"commits": durable, "envelope": envelope}))
+    return {"commits": durable, "envelope": envelope}
 
 
 def _summary(record: Record | None) -> dict[str, Any] | None:
@@ -154,22 +156,45 @@ def _count(broker: Broker, sql: str) -> Any:
 
 
 def main(argv: list[str]) -> None:
-    mode, config, action_file, *rest = argv
+    config, action_file, cut, when, keyed = argv
     with open(action_file, encoding="utf-8") as f:
         action = json.load(f)
-    if mode == "call":
-        trio.run(_call, config, action, int(rest[0]), rest[1])
-    else:
-        told = sys.stdin.readline().split()
-        if told[:1] not in ([], ["-"]):
-            out = trio.run(_recover, config, action, rest[0] == "1", told[0])
-            # The commands themselves, once every broker has closed: ``affidavit journal
-            # verify``, and the views an operator reads the record with.
-            out["verify"] = _cli(["journal", "verify", "--config", config])
-            out["actions"] = _cli(["actions", "--json", "--config", config])
-            if out["iid"] is not None:
-                out["shown"] = _cli(["record", out["iid"], "--json", "--config", config])
-            print(json.dumps(out))
+    print(json.dumps(_fork_call(config, action, int(cut), when)), flush=True)
+    how = sys.stdin.readline().strip()
+    if how in ("", "-"):
+        return
+    out = trio.run(_recover, config, action, keyed == "1", how)
+    # The commands themselves, once every broker has closed: ``affidavit journal verify``,
+    # and the views an operator reads the record with.
+    out["verify"] = _cli(["journal", "verify", "--config", config])
+    out["actions"] = _cli(["actions", "--json", "--config", config])
+    if out["iid"] is not None:
+        out["shown"] = _cli(["record", out["iid"], "--json", "--config", config])
+    print(json.dumps(out))
+
+
+def _fork_call(config: str, action: dict[str, Any], cut: int, when: str) -> dict[str, Any]:
+    """The call, in a child process: its exit (``-9`` when it killed itself) and what it said."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: the broker under test
+        os.close(r)
+        code = 1
+        try:
+            said = trio.run(_call, config, action, cut, when)
+            with os.fdopen(w, "wb") as pipe:
+                pipe.write(json.dumps(said).encode())
+            code = 0
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            os._exit(code)
+    os.close(w)
+    with os.fdopen(r, "rb") as pipe:
+        said_bytes = pipe.read()
+    _, status = os.waitpid(pid, 0)
+    code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+    return {"returncode": code, "call": json.loads(said_bytes) if said_bytes else None}
 
 
 def _cli(argv: list[str]) -> dict[str, Any]:

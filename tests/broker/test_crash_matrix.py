@@ -2,13 +2,13 @@
 durable transitions, and verify that recovery never claims ``not_attempted`` after
 ``DISPATCH_STARTED``").
 
-A real broker process (``crashkit call``, ``Broker.open``) performs one call and SIGKILLs itself
-at a journal commit -- through the journal's own ``around_transaction`` / ``before_commit``
-hooks -- at every commit the call makes: right after it, and, from the last commit before
-DISPATCH_STARTED on, inside the next transaction (the same durable journal, but the request may
-have been sent).  ``Scenario.points`` names the commit points; the uncut call's commits must all
-be among them.  Then, for each cut, this test and a fresh broker process (``crashkit recover``,
-started beforehand) check against what the journal on disk holds:
+A real broker process (``Broker.open``, forked by ``crashkit``) performs one call and SIGKILLs
+itself at a journal commit -- through the journal's own ``around_transaction`` /
+``before_commit`` hooks -- at every commit the call makes: right after it, and, from the last
+commit before DISPATCH_STARTED on, inside the next transaction (the same durable journal, but
+the request may have been sent).  ``Scenario.points`` names the commit points; the uncut call's
+commits must all be among them.  Then, for each cut, this test and fresh brokers (in the
+``crashkit`` process that forked the dead one) check against what the journal on disk holds:
 
 * the events on disk are exactly the uncut call's up to the cut, and nothing was sent before
   this process's DISPATCH_STARTED was durable;
@@ -20,7 +20,9 @@ started beforehand) check against what the journal on disk holds:
   DISPATCH_STARTED, ``unknown`` with the scenario's hint (``same_idempotency_key``,
   ``reconcile``) after it without RESULT_COMMITTED, the stored result after RESULT_COMMITTED;
 * a same-key retry then sends again exactly when that hint allows it (the loopback server and
-  sshd record when they ran each action), and ``affidavit journal verify`` passes.
+  sshd record when they ran each action), and ``affidavit journal verify`` passes;
+* ``affidavit actions --json`` and ``record ID --json`` say what the record says, and no form
+  of the credential is in the journal, an answer or a process's output.
 
 Scenarios: a plain GET; a POST under an idempotency contract; the same-key retry of such a POST
 whose first attempt was cut off unanswered (cuts between its RETRY_LEASE_ACQUIRED and its
@@ -29,13 +31,14 @@ result); an SSH command on the real sshd (``idempotency_key`` without a remote c
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,7 +49,7 @@ import trio
 from affidavit import Broker
 from tests.external import SSHD
 from tests.http.hostile import HostileServer, Peer, Reply
-from tests.ssh.brokerkit import KEY_ENV, ssh_target
+from tests.ssh.brokerkit import KEY_ENV, leaked, ssh_target
 from tests.ssh.sshd import Sshd, SshdUnavailable, make_keys, start_sshd
 
 from .crashkit import SETTINGS, TOTAL
@@ -56,7 +59,7 @@ from .server_process import REPO
 LIMIT = 20
 """Seconds any one process of the matrix may take."""
 PARALLEL = 3
-MISSES = 8
+MISSES = 12
 """Runs of one cut that may put the rows on either side of it into one transaction."""
 
 
@@ -78,6 +81,8 @@ class Scenario:
     ran: Callable[[str], list[float]]
     """When the remote ran the action of that label (wall clock, each time)."""
     env: dict[str, str]
+    leaks: Callable[[bytes], list[bytes]] = lambda blob: []
+    """The forms of the credential found in ``blob``: none may be in a journal or an answer."""
     prepare: Callable[[Path, dict[str, Any]], Awaitable[None]] | None = None
     """Run before the killed process, in this one: the attempt the killed process retries."""
 
@@ -88,16 +93,62 @@ class Cut:
     when: str
 
 
-async def _run(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[bytes]:
-    with trio.fail_after(LIMIT):
-        return await trio.run_process(
-            [sys.executable, *args],
-            capture_stdout=True,
-            capture_stderr=True,
-            check=False,
-            env=env,
+class _Kit:
+    """One ``crashkit`` process: first the call it forks (and which kills itself), then the
+    recovery it runs when told how."""
+
+    def __init__(self, proc: trio.Process, errors: Path) -> None:
+        self.proc, self.errors, self.buf = proc, errors, b""
+
+    async def call(self) -> dict[str, Any]:
+        """``{"returncode", "call"}`` once the forked broker is gone."""
+        assert self.proc.stdout is not None
+        with trio.fail_after(LIMIT):
+            while b"\n" not in self.buf:
+                chunk = await self.proc.stdout.receive_some()
+                assert chunk, self.errors.read_text()
+                self.buf += chunk
+        line, _, self.buf = self.buf.partition(b"\n")
+        said: dict[str, Any] = json.loads(line)
+        return said
+
+    async def recover(self, how: str) -> bytes:
+        """Tell it ``how`` to recover (``-``: not at all); what it printed once it exited."""
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        with trio.fail_after(LIMIT):
+            await self.proc.stdin.send_all(how.encode() + b"\n")
+            await self.proc.stdin.aclose()
+            while chunk := await self.proc.stdout.receive_some():
+                self.buf += chunk
+            await self.proc.wait()
+        assert self.proc.returncode == 0, self.errors.read_text()
+        return self.buf
+
+
+@contextlib.asynccontextmanager
+async def _kit(sc: Scenario, cfg: Path, action: Path, cut: Cut | None) -> AsyncIterator[_Kit]:
+    n, when = (0, "none") if cut is None else (cut.n, cut.when)
+    argv = [str(cfg), str(action), str(n), when, "1" if sc.keyed else "0"]
+    errors = cfg.parent / "crashkit.err"
+    with errors.open("wb") as err:
+        proc = await trio.lowlevel.open_process(
+            [sys.executable, "-m", "tests.broker.crashkit", *argv],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=err,
+            env=sc.env,
             cwd=REPO,
         )
+    try:
+        yield _Kit(proc, errors)
+    finally:
+        with trio.CancelScope(shield=True):
+            if proc.returncode is None:
+                proc.kill()
+            await proc.wait()
+            for pipe in (proc.stdin, proc.stdout):
+                if pipe is not None:
+                    await pipe.aclose()
 
 
 async def _setup(tmp: Path, sc: Scenario, label: str) -> tuple[Path, Path]:
@@ -114,11 +165,11 @@ async def _uncut(tmp: Path, sc: Scenario) -> tuple[list[int], list[str], dict[st
     """The call without a cut: events on disk after each commit, its events, its envelope."""
     cfg, action = await _setup(tmp, sc, "uncut")
     before = len(sc.ran("uncut"))
-    done = await _run(
-        ["-m", "tests.broker.crashkit", "call", str(cfg), str(action), "0", "none"], sc.env
-    )
-    assert done.returncode == 0, done.stderr
-    out = json.loads(done.stdout)
+    async with _kit(sc, cfg, action, None) as kit:
+        done = await kit.call()
+        await kit.recover("-")
+    assert done["returncode"] == 0, done
+    out = done["call"]
     assert "error" not in out["envelope"], out
     assert len(sc.ran("uncut")) == before + 1
     return out["commits"], raw_kinds(tmp / "journal.db"), out["envelope"]
@@ -142,27 +193,13 @@ async def _cut_once(
     cfg, action = await _setup(tmp / label, sc, label)
     db = tmp / label / "journal.db"
     prepared, before = len(raw_kinds(db)) if db.exists() else 0, len(sc.ran(label))
-    keyed = "1" if sc.keyed else "0"
-    recover = ["-m", "tests.broker.crashkit", "recover", str(cfg), str(action), keyed]
-    with (tmp / label / "recover.err").open("wb") as err:
-        recovery = await trio.lowlevel.open_process(
-            [sys.executable, *recover],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=err,
-            env=sc.env,
-            cwd=REPO,
-        )
-    try:
-        died = await _run(
-            ["-m", "tests.broker.crashkit", "call", str(cfg), str(action), str(cut.n), cut.when],
-            sc.env,
-        )
-        if died.returncode == 0:
-            assert cut.n not in json.loads(died.stdout)["commits"], died.stdout
-            await _tell(recovery, "-")
+    async with _kit(sc, cfg, action, cut) as kit:
+        died = await kit.call()
+        if died["returncode"] == 0:
+            assert cut.n not in died["call"]["commits"], died
+            await kit.recover("-")
             return False
-        assert died.returncode == -signal.SIGKILL, (label, died.stdout, died.stderr)
+        assert died["returncode"] == -signal.SIGKILL, (label, died)
         kinds = raw_kinds(db)
         where = f"{sc.name} {label}: {kinds}"
         # The durable journal is the uncut call's, cut at a commit.
@@ -171,22 +208,14 @@ async def _cut_once(
         committed = "RESULT_COMMITTED" in kinds
         sent = len(sc.ran(label)) - before  # by this process
         # Nothing leaves before its DISPATCH_STARTED is durable; a complete result was received.
-        assert sent == (1 if committed else sent), where
+        if committed:
+            assert sent == 1, where
         assert sent <= (1 if "DISPATCH_STARTED" in kinds[prepared:] else 0), where
         # One cut per call waits out the dead holder's lease (and a key bound with no event
         # yet is the binder's until its lease window ends); the others are recovered as the
         # daemon does at start-up.
         waits = kinds[-1:] in ([], ["DISPATCH_STARTED"]) and cut.when == "after"
-        out = await _tell(recovery, "expire" if waits else "owner")
-    finally:
-        with trio.CancelScope(shield=True):
-            if recovery.returncode is None:
-                recovery.kill()
-            await recovery.wait()
-            for pipe in (recovery.stdin, recovery.stdout):
-                if pipe is not None:
-                    await pipe.aclose()
-    assert recovery.returncode == 0, (where, (tmp / label / "recover.err").read_text())
+        out = await kit.recover("expire" if waits else "owner")
     seen = json.loads(out)
     (tmp / label / "seen.json").write_bytes(out)
     lease = seen["in_lease"]
@@ -254,6 +283,9 @@ async def _cut_once(
             assert env["error"]["retry"] == sc.after_dispatch, (where, env)
         assert len(sc.ran(label)) == before + sent + (1 if resend else 0), where
     assert seen["verify"]["exit"] == 0, (where, seen["verify"])
+    files = b"".join(p.read_bytes() for p in (tmp / label).iterdir() if p.name != "journal.db.key")
+    errors = (tmp / label / "crashkit.err").read_bytes()
+    assert sc.leaks(files + out + json.dumps(died).encode() + errors) == [], where
     # What an operator's views say of the record, read from the journal as it ends.
     assert seen["actions"]["exit"] == 0, (where, seen["actions"])
     if kinds:
@@ -276,19 +308,6 @@ async def _cut_once(
 def _last(kinds: list[str], kind: str) -> int:
     """How many events there are up to the last ``kind``."""
     return len(kinds) - kinds[::-1].index(kind)
-
-
-async def _tell(proc: trio.Process, line: str) -> bytes:
-    """Send ``line`` to a waiting ``crashkit recover``; what it printed once it exited."""
-    assert proc.stdin is not None and proc.stdout is not None
-    with trio.fail_after(LIMIT):
-        await proc.stdin.send_all(line.encode() + b"\n")
-        await proc.stdin.aclose()
-        out = b""
-        while chunk := await proc.stdout.receive_some():
-            out += chunk
-        await proc.wait()
-    return out
 
 
 def _essence(result: dict[str, Any]) -> dict[str, Any]:
@@ -383,6 +402,7 @@ async def test_http_call_killed_at_every_commit(
             action,
             ran,
             {**os.environ, TOKEN_ENV: token},
+            lambda blob: [token.encode()] if token.encode() in blob else [],
             first_attempt if kind == "post_retry" else None,
         )
         with trio.fail_after(120):
@@ -424,5 +444,6 @@ async def test_ssh_command_killed_at_every_commit(tmp_path: Path, sshd: tuple[Ss
     }
     env = {**os.environ, KEY_ENV: key.decode()}
     sc = Scenario("ssh", True, "reconcile", ["", *SSH_POINTS], target, action, ran, env)
+    sc.leaks = lambda blob: leaked(blob, key)
     with trio.fail_after(120):
         await _matrix(tmp_path, sc)
