@@ -470,6 +470,18 @@ class JournalReader:
                 raise JournalUnavailable(str(error)) from None
             raise error from None
 
+    def newest_actions(
+        self, limit: int, session: str | None = None, now: float | None = None
+    ) -> tuple[list[Record], int]:
+        """The last ``limit`` of ``iter_actions(session=session)``'s records, in its order, and
+        how many it yields in all -- reading the rows of the records shown, not the journal
+        (``views.newest``); ``now`` as ``list_actions``.  The actions page of the daemon,
+        MCP and the console (``affidavit.views.actions_page``)."""
+        if limit < 0:
+            raise ValueError("limit must be >= 0")
+        at = self._now(now)
+        return self._read(lambda t: views.newest(t, limit, session, at), "the actions view")
+
     def action_spans(self, parts: int, min_events: int) -> list[tuple[int, int, int]] | None:
         """``iter_actions`` (without a session filter) cut into ``parts`` spans of about as
         many invocations, each ``(first, before, through)``: their records, concatenated in

@@ -50,6 +50,33 @@ SQL: dict[str, str] = {
     "grouped_session_events": f"SELECT {FOLD_COLUMNS} FROM events JOIN (SELECT "
     "invocation_id AS iid, min(seq) AS first FROM events WHERE session_id = ? GROUP BY "
     "invocation_id) AS f ON invocation_id = f.iid WHERE session_id = ? ORDER BY f.first, seq",
+    # The newest ``limit`` invocations (by first event) and their events, as ``grouped_events``
+    # orders them, each row led by how many invocations there are (``Tables.newest_grouped``).
+    # An invocation's first event is the one with no earlier event of its id: found walking
+    # ``seq`` back from the head, a ``min`` over ``events_invocation`` per row walked, until
+    # ``limit`` are found -- no row before them is read.  The count is one pass over that index
+    # in the database, no row decoded.  One statement: one snapshot on every backend.
+    **{
+        name: f"SELECT (SELECT count(DISTINCT invocation_id) FROM events{where}), "
+        + ", ".join(f"e.{c}" for c in FOLD_COLUMNS.split(", "))
+        + " FROM (SELECT f.seq AS first, f.invocation_id AS iid FROM events AS f WHERE "
+        f"{where_f}f.seq = (SELECT min(p.seq) FROM events AS p WHERE p.invocation_id = "
+        f"f.invocation_id{and_p}) ORDER BY f.seq DESC LIMIT ?) AS page JOIN events AS e ON "
+        f"e.invocation_id = page.iid{and_e} ORDER BY page.first, e.seq"
+        for name, where, where_f, and_p, and_e in (
+            ("newest_grouped", "", "", "", ""),
+            (
+                "newest_session_grouped",
+                " WHERE session_id = ?",
+                "f.session_id = ? AND ",
+                " AND p.session_id = ?",
+                " WHERE e.session_id = ?",
+            ),
+        )
+    },
+    "invocation_count": "SELECT count(DISTINCT invocation_id) FROM events",
+    "session_invocation_count": "SELECT count(DISTINCT invocation_id) FROM events "
+    "WHERE session_id = ?",
     "event_rows": f"SELECT {EVENT_COLUMNS} FROM events WHERE seq BETWEEN ? AND ? ORDER BY seq",
     "all_event_rows": f"SELECT {EVENT_COLUMNS} FROM events ORDER BY seq",
     "touched_after": "SELECT DISTINCT invocation_id FROM events WHERE seq > ?",
@@ -210,6 +237,21 @@ class Tables:
         """``grouped_events``' rows of the invocations whose first event's seq is in
         ``[first, before)``, their events up to ``through`` (``action_spans``)."""
         raise NotImplementedError
+
+    def newest_grouped(self, limit: int, session: str | None = None) -> Iterator[Any]:
+        """``grouped_events``' rows of its last ``limit`` invocations only (of ``session``'s
+        events, if given), in the same order, each as ``(total, *FOLD_COLUMNS)``: ``total`` is
+        how many invocations ``grouped_events`` has in all (a ``cursor``: close it).  No row
+        when there are no invocations or ``limit`` is 0 (``invocation_count`` then)."""
+        if session is None:
+            return self.cursor("newest_grouped", (limit,))
+        return self.cursor("newest_session_grouped", (session, session, session, limit, session))
+
+    def invocation_count(self, session: str | None = None) -> int:
+        """How many invocations ``grouped_events`` has (of ``session``'s events, if given)."""
+        if session is None:
+            return int(self.one("invocation_count")[0])
+        return int(self.one("session_invocation_count", (session,))[0])
 
     def event_rows(self, first: int = 1, last: int | None = None) -> Iterator[Any]:
         """Whole rows (``chain.EVENT_COLUMNS``) from ``first`` through ``last`` (or the end)."""

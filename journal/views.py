@@ -10,13 +10,14 @@ durable events -- nothing is stored twice, so a view can never disagree with the
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 from affidavit.statemachine import ImpossibleEvent, Projector, Record, fold_runs
 
 from .rows import close_rows, event_from_row, fold_events, unfoldable
 from .tables import Tables
 
-__all__ = ["fold", "fold_each"]
+__all__ = ["fold", "fold_each", "newest"]
 
 
 def fold(
@@ -72,3 +73,30 @@ def fold_each(
         # A fold that fails (or a reader that stops) closes the statement now, while its
         # connection is open, not whenever the collector finds the cursor.
         close_rows(rows)
+
+
+def newest(tables: Tables, limit: int, session: str | None, now: float) -> tuple[list[Record], int]:
+    """The last ``limit`` of ``fold_each``'s records (of ``session`` only, if given), in its
+    order, and how many it has in all: ``fold_each`` cut to its tail without reading the rest
+    (``Tables.newest_grouped``: the rows of the records shown, and a count in the database).
+    Each record shown is folded from all its events as ``fold_each`` folds it, so an altered
+    row among them is an ``AlteredRow`` here as there; one in a record not shown is not read
+    (the record is counted, not shown)."""
+    rows = tables.newest_grouped(limit, session)
+    total: int | None = None
+
+    def strip(rows: Iterator[Any]) -> Iterator[Any]:
+        nonlocal total
+        for row in rows:
+            total = row[0]
+            yield row[1:]
+
+    try:
+        records = [p.last_record(now) for p, _, _ in fold_runs(fold_events(strip(rows)))]
+    except ImpossibleEvent as exc:  # stored events the broker could not have written
+        raise unfoldable(exc) from None
+    finally:
+        close_rows(rows)
+    if total is None:  # nothing to show: no invocation, or ``limit`` 0
+        return records, tables.invocation_count(session)
+    return records, int(total)

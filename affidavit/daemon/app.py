@@ -62,7 +62,7 @@ from affidavit.journal import JournalError, JournalReader, JournalUnavailable
 from affidavit.journal.backend import where as journal_where
 from affidavit.statemachine import Outcome, Phase
 from affidavit.views import (
-    Newest,
+    actions_page,
     event_to_json,
     metrics,
     newest_sessions,
@@ -282,10 +282,8 @@ class Api:
         def body(j: JournalReader) -> bytes:
             # Each record as `affidavit actions --json` writes it: one C encoder call per
             # record instead of a plain copy of its tree, then one encoding of the page.
-            page = Newest(limit).take(
-                j.iter_actions(
-                    session=session, outcome=outcome, phase=phase, since=since, until=until
-                )
+            page = actions_page(
+                j, limit, session=session, outcome=outcome, phase=phase, since=since, until=until
             )
             texts = ",".join(map(record_json_encoder(), page.records))
             return (

@@ -170,12 +170,12 @@ class Embedded:
 
     async def actions(self, session: str | None, outcome: str | None, limit: int) -> dict[str, Any]:
         from affidavit.journal import JournalError
-        from affidavit.views import Newest, record_to_json
+        from affidavit.views import actions_page, record_to_json
 
         try:
-            # Streamed, the newest ``limit`` kept: memory O(limit), not O(journal).
-            rows = self.broker.journal.iter_actions(session=session, outcome=outcome)
-            page = Newest(limit).take(rows)
+            # The newest ``limit``: memory O(limit), and without an outcome filter only the
+            # page's rows read, not O(journal) (``views.actions_page``).
+            page = actions_page(self.broker.journal, limit, session=session, outcome=outcome)
         except JournalError as exc:
             return _journal_error(exc, "the actions view")
         actions = [record_to_json(r) for r in page.records]

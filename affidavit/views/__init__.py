@@ -2,6 +2,7 @@
 
 from affidavit.views.records import (
     Newest,
+    actions_page,
     event_to_json,
     metrics,
     newest_sessions,
@@ -14,6 +15,7 @@ from affidavit.views.text import printable
 
 __all__ = [
     "Newest",
+    "actions_page",
     "event_to_json",
     "metrics",
     "newest_sessions",

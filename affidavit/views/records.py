@@ -11,12 +11,16 @@ import json.encoder
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from affidavit.statemachine import STATES, Event, Record
+from affidavit.statemachine import STATES, Event, Outcome, Phase, Record
+
+if TYPE_CHECKING:
+    from affidavit.journal import JournalReader
 
 __all__ = [
     "Newest",
+    "actions_page",
     "event_to_json",
     "metrics",
     "newest_sessions",
@@ -214,6 +218,14 @@ class Newest:
             pass
         return self
 
+    @classmethod
+    def of(cls, limit: int, records: Iterable[Record], total: int) -> Newest:
+        """A page already cut: ``records`` (at most ``limit``) of ``total``."""
+        page = cls(limit)
+        page._kept.extend(records)
+        page.total = total
+        return page
+
     @property
     def records(self) -> list[Record]:
         return list(self._kept)
@@ -221,6 +233,32 @@ class Newest:
     @property
     def truncated(self) -> bool:
         return self.total > len(self._kept)
+
+
+def actions_page(
+    reader: JournalReader,
+    limit: int,
+    session: str | None = None,
+    outcome: Outcome | str | None = None,
+    phase: Phase | str | None = None,
+    since: float | None = None,
+    until: float | None = None,
+    now: float | None = None,
+) -> Newest:
+    """``Newest(limit).take(reader.iter_actions(...))``: the newest ``limit`` records that
+    match, oldest first, and how many match.  Without a filter but the session, every record
+    the view has matches: the page is read alone (``JournalReader.newest_actions``: the rows
+    of the records shown and a count in the database, not O(journal)).  A filter on what a
+    record's fold says (outcome, phase) or on when it was accepted has no exact count short of
+    folding every record: those pages are streamed from the whole view as before.  ``now``:
+    as ``list_actions``."""
+    if outcome is None and phase is None and since is None and until is None:
+        records, total = reader.newest_actions(limit, session, now)
+        return Newest.of(limit, records, total)
+    rows = reader.iter_actions(
+        session=session, outcome=outcome, phase=phase, since=since, until=until, now=now
+    )
+    return Newest(limit).take(rows)
 
 
 def newest_sessions(sessions: list[dict[str, Any]], limit: int) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from affidavit.console import pages
 from affidavit.journal import JournalReader
 from affidavit.journal import views as journal_views
 from affidavit.mcp.backends import Embedded
-from affidavit.views import metrics
+from affidavit.views import actions_page, metrics
 from tests.http.hostile import HostileServer, Reply, scripts
 
 from .helpers import http_target, open_broker, write_config
@@ -46,3 +46,32 @@ async def test_the_views_stream_and_keep_a_page(
             assert page["total"] == 4 and len(page["rows"]) == 4
             assert pending(b.journal) == []
             assert pages.approvals_page(b.journal) == {"rows": [], "total": 0}
+
+
+async def test_a_page_of_the_newest_actions_reads_no_other_record(
+    tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """MCP ``list_actions`` and the daemon's ``/v1/actions`` (``views.actions_page``) without a
+    filter on what a record says read the page alone, never the whole view folded
+    (``fold_each``): the rows of the records shown and a count (``newest_actions``).  Filtered
+    by outcome, the page is still cut from the stream, every match counted."""
+    async with HostileServer.running(scripts.serve(OK)) as srv:
+        cfg = write_config(tmp_path, {"api": http_target(srv.url)})
+        async with open_broker(cfg) as b:
+            action = {"target": "api", "method": "GET", "path": "/"}
+            ids = [(await b.call({**action, "session": "s"}))["invocation_id"] for _ in range(3)]
+            other = (await b.call({**action, "session": "t"}))["invocation_id"]
+            monkeypatch.setattr(journal_views, "fold_each", _whole)
+            monkeypatch.setattr(journal_views, "fold", _whole)
+            listed = await Embedded(b).actions("s", None, 2)
+            assert [a["invocation_id"] for a in listed["actions"]] == ids[-2:]
+            assert (listed["total"], listed["truncated"]) == (3, True)
+            page = actions_page(b.journal, 2)
+            assert [r.invocation_id for r in page.records] == [ids[-1], other]
+            assert (page.total, page.truncated) == (4, True)
+            with pytest.raises(AssertionError, match="whole actions view"):
+                actions_page(b.journal, 2, outcome="committed")
+            monkeypatch.undo()
+            page = actions_page(b.journal, 2, outcome="committed")
+            assert [r.invocation_id for r in page.records] == [ids[-1], other]
+            assert (page.total, page.truncated) == (4, True)
