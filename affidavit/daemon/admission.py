@@ -84,12 +84,23 @@ from .http import MAX_BODY
 from .link import GONE, Link
 from .peer import Peer
 
-__all__ = ["CONSOLE_MAX_CONNECTIONS", "MAX_CONNECTIONS", "ConsoleCap", "Server"]
+__all__ = [
+    "BODY_BUDGET",
+    "CONSOLE_MAX_CONNECTIONS",
+    "MAX_CONNECTIONS",
+    "ConsoleCap",
+    "Server",
+]
 
 log = logging.getLogger("affidavit.daemon")
 
 MAX_CONNECTIONS = 256
 """Connections one ``Server`` keeps open at once (see the module docstring for one more)."""
+BODY_BUDGET = 256 * 1024 * 1024
+"""Bytes of request bodies all of a ``Server``'s connections hold at once, at least (twice its
+``max_body`` if that is more, so two of the largest bodies fit): each connection may send one
+of ``max_body`` bytes, but not all ``MAX_CONNECTIONS`` at once (``Request.body``: 503
+``BODIES_IN_FLIGHT`` when the rest would not fit)."""
 REFUSED_QUIET = 60.0
 """A spell of refused peers ends once this many seconds pass without one (``_RefusedPeers``)."""
 CONSOLE_MAX_CONNECTIONS = 64
@@ -169,10 +180,15 @@ class Server:
         max_others: int | None = None,
         refused_quiet: float = REFUSED_QUIET,
         max_body: int = MAX_BODY,
+        body_budget: int | None = None,
     ) -> None:
         self.keep_alive = keep_alive
         self.max_body = max_body
         """The bytes a request body may hold (``http.body_limit`` of the daemon's config)."""
+        self.body_budget = max(BODY_BUDGET, 2 * max_body) if body_budget is None else body_budget
+        """The bytes of request bodies its connections may hold at once (``BODY_BUDGET``)."""
+        self.bodies = 0
+        """The bytes of request bodies held now (``hold_body``)."""
         self.head_wait = head_wait
         self.body_wait = body_wait
         self.write_wait = write_wait
@@ -206,6 +222,17 @@ class Server:
         self._idle: dict[Connection, trio.CancelScope] = {}
         """The waits of connections between requests (or before their first), longest idle
         first (cancelled by ``close``, and one by ``_evict``)."""
+
+    def hold_body(self, n: int) -> bool:
+        """Count ``n`` more bytes of a request body as held, if they fit in ``body_budget``."""
+        if self.bodies + n > self.body_budget:
+            return False
+        self.bodies += n
+        return True
+
+    def drop_body(self, n: int) -> None:
+        """A request's bodies are no longer held (its handling is over)."""
+        self.bodies -= n
 
     @property
     def idle(self) -> int:

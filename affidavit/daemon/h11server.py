@@ -38,6 +38,11 @@ Limits a hostile or broken client meets (each answered, never a traceback in the
   ``Server.max_body``, ``http.body_limit`` of the config --: 413, then close (the rest of it
   is never read); one that declares a ``Content-Length`` over it: 413 before a byte of it is
   read (no 100-continue);
+* the bodies all connections hold at once, past the first ``FREE_BODY`` (64 KiB) of each:
+  at most ``Server.body_budget`` (256 MiB, or twice ``max_body`` if more) -- one that would
+  not fit is 503 ``BODIES_IN_FLIGHT``, then close (http.py ``Request.body``): each body is
+  held about three times over while it is read and parsed (the bytes, their text, the parsed
+  value), so 256 connections each sending ``max_body`` bytes are not all in memory at once;
 * ``Expect: 100-continue``: the interim 100 goes out when a route first reads the body;
 * HTTP/1.0 and ``Connection: close`` are honoured (h11); an answer given before the request's
   body was read whole carries ``Connection: close`` unless the rest is already buffered.
@@ -250,6 +255,8 @@ class Connection:
                 log.exception("a request to %r failed inside the daemon", req.path)
                 if not req.answered and not self.link.hung_up.is_set():
                     await req.respond_problem(ApiProblem(500, "INTERNAL", "the daemon failed"))
+            finally:
+                self.server.drop_body(req.held)  # its body is no longer held
             if not req.answered or not self._next_cycle():
                 return
 

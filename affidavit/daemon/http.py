@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from .h11server import Connection
 
 __all__ = [
+    "FREE_BODY",
     "MAX_BODY",
     "ApiProblem",
     "ClientGone",
@@ -37,6 +38,12 @@ __all__ = [
 MAX_BODY = 16 * 1024 * 1024
 """The bytes a request body may hold, and the least an action's may (``body_limit``): an action
 is small; targets enforce their own ``max_body`` (PAYLOAD_LIMIT, an envelope)."""
+
+
+FREE_BODY = 64 * 1024
+"""The bytes of each request's body not counted against the server's ``body_budget`` (a
+request that small is never refused for others' bodies: 256 connections hold 16 MiB of them at
+most)."""
 
 
 def body_limit(targets: Iterable[object]) -> int:
@@ -70,7 +77,7 @@ def api_error_body(code: str, message: str) -> bytes:
     return json_body({"api_error": {"code": code, "message": message}})
 
 
-def parse_json(raw: bytes, limit: int = MAX_BODY, *, action: bool = False) -> Any:
+def parse_json(raw: bytes | bytearray, limit: int = MAX_BODY, *, action: bool = False) -> Any:
     # Size, UTF-8 and nesting are checked before the parser runs (issue 9: 100k nested
     # arrays ended in a RecursionError); the message says which.  An action's body is refused
     # in the words `affidavit call` uses embedded (its stable code and the field path: a
@@ -88,7 +95,7 @@ def parse_json(raw: bytes, limit: int = MAX_BODY, *, action: bool = False) -> An
 class Request:
     """One request on its connection: method, path, query parameters, the peer that sent it."""
 
-    __slots__ = ("_conn", "answered", "method", "params", "path", "peer")
+    __slots__ = ("_conn", "answered", "held", "method", "params", "path", "peer")
 
     def __init__(self, conn: Connection, method: str, path: str, query: bytes, peer: Peer) -> None:
         self._conn = conn
@@ -99,26 +106,50 @@ class Request:
             dict(parse_qsl(query.decode("latin-1"), keep_blank_values=True)) if query else {}
         )
         self.answered = False
+        self.held = 0
+        """Bytes of its body counted against the server's ``body_budget`` (``body``)."""
 
     @property
     def link(self) -> Link:
         return self._conn.link
 
-    async def body(self, limit: int = MAX_BODY) -> bytes:
+    async def body(self, limit: int = MAX_BODY) -> bytes | bytearray:
         """The whole body, at most ``limit`` bytes (an action's: the server's ``max_body``;
         any other route's: ``MAX_BODY``) -- else 413, before a byte is read when the declared
-        length is over it."""
-        declared = self._conn.declared
+        length is over it.  Handed back as read (a ``bytearray``: no copy of it).
+
+        Its bytes past the first ``FREE_BODY`` count against the server's ``body_budget``, as
+        they arrive, until the request's handling is over (``Connection.serve``); past the
+        budget, 503 ``BODIES_IN_FLIGHT`` (the rest unread, the connection closed).  256
+        connections may each send ``limit`` bytes, but their bodies -- each held a few times
+        over while it is read and parsed -- cannot all be in memory at once.  Bytes that
+        arrived, not a declared length, are counted: holding the budget costs a client the
+        bytes it holds, and a small body (every call's but the largest) is never refused."""
+        conn = self._conn
+        declared = conn.declared
         if declared is not None and declared > limit:  # refused before a byte is read
             raise ApiProblem(413, "BODY_TOO_LARGE", f"the body exceeds {limit} bytes")
         data = bytearray()
         while True:
-            chunk = await self._conn.body_chunk()  # ClientGone if the client hung up
+            chunk = await conn.body_chunk()  # ClientGone if the client hung up
             if chunk is None:
-                return bytes(data)
+                return data
             data += chunk
             if len(data) > limit:
                 raise ApiProblem(413, "BODY_TOO_LARGE", f"the body exceeds {limit} bytes")
+            if len(data) - FREE_BODY > self.held:
+                self._hold(len(data) - FREE_BODY - self.held)
+
+    def _hold(self, n: int) -> None:
+        server = self._conn.server
+        if not server.hold_body(n):
+            raise ApiProblem(
+                503,
+                "BODIES_IN_FLIGHT",
+                f"the daemon holds {server.body_budget} bytes of request bodies at most, at "
+                "once, and others fill it: the body was not read; try again later",
+            )
+        self.held += n
 
     async def json(self) -> Any:
         return parse_json(await self.body())

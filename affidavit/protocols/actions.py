@@ -126,7 +126,7 @@ def session(obj: Mapping[str, Any]) -> str | None:
     return value
 
 
-def load_action_json(data: bytes, limit: int) -> object:
+def load_action_json(data: bytes | bytearray, limit: int) -> object:
     """Decode an action's JSON text -- checked *before* the parser runs: at most ``limit`` bytes
     (PAYLOAD_LIMIT), UTF-8 (INVALID_FIELD), nested at most ``MAX_DEPTH`` deep (PAYLOAD_LIMIT),
     valid JSON (INVALID_FIELD), with no ``NaN``/``Infinity`` (INVALID_FIELD) and no field named

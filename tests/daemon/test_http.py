@@ -25,7 +25,7 @@ from affidavit.api.wire import ApiError, blocking_request
 from affidavit.daemon import h11server
 from affidavit.daemon.admission import Server
 from affidavit.daemon.h11server import MAX_HEAD
-from affidavit.daemon.http import MAX_BODY, ApiProblem, Request
+from affidavit.daemon.http import FREE_BODY, MAX_BODY, ApiProblem, Request
 from affidavit.daemon.link import Link
 from affidavit.daemon.peer import Peer
 
@@ -254,6 +254,48 @@ async def test_a_body_declared_over_max_body_is_413_before_it_is_read() -> None:
         status, headers, body = await client.answer()  # not a 100 first
         assert await client.closed()
     assert (status, _api_error(body), headers["connection"]) == (413, "BODY_TOO_LARGE", "close")
+
+
+async def test_the_bodies_held_at_once_are_bounded_and_a_small_one_always_passes() -> None:
+    """Each connection may send a body of ``max_body`` bytes, but not all of them at once: the
+    bytes every connection's body holds past ``FREE_BODY`` count against ``body_budget`` as
+    they arrive, until the request is answered.  One more that would not fit is 503
+    ``BODIES_IN_FLIGHT``, its rest unread, closed; a small body passes all the same; once the
+    large one is answered, its bytes are free again."""
+    budget = 256 * 1024
+    server = Server(keep_alive=WAIT, head_wait=WAIT, body_budget=budget)
+    post = b"POST /echo HTTP/1.1\r\nhost: a\r\ncontent-length: %d\r\n\r\n"
+    first = 300 * 1024
+    held = first - FREE_BODY  # 236 KiB: 20 KiB of the budget left
+    async with (
+        serving(server=server) as a,
+        serving(server=server) as b,
+        serving(server=server) as c,
+    ):
+        await a.send(post % (first + 1) + b"a" * first)  # one byte short: a is still reading
+        await _until(lambda: server.bodies == held)
+        await b.send(post % (200 * 1024) + b"b" * (200 * 1024))
+        status, headers, body = await b.answer()
+        assert (status, _api_error(body), headers["connection"]) == (
+            503,
+            "BODIES_IN_FLIGHT",
+            "close",
+        )
+        assert f"{budget} bytes" in json.loads(body)["api_error"]["message"]
+        assert await b.closed()
+        assert server.bodies == held  # b's bytes were let go at its answer
+        await c.send(post % FREE_BODY + b"c" * FREE_BODY)
+        status, _, body = await c.answer()
+        assert (status, body) == (200, b"c" * FREE_BODY)
+        await a.send(b"a")
+        status, _, body = await a.answer()
+        assert (status, len(body)) == (200, first + 1)
+        await _until(lambda: server.bodies == 0)
+    async with serving(server=server) as b:  # the budget free again: the same body passes
+        await b.send(post % (200 * 1024) + b"b" * (200 * 1024))
+        status, _, body = await b.answer()
+        assert (status, len(body)) == (200, 200 * 1024)
+    assert server.bodies == 0
 
 
 async def test_a_body_dripped_under_head_wait_is_408_once_body_wait_has_passed(
