@@ -44,7 +44,7 @@ from psycopg.pq import TransactionStatus
 from .backend import redact, refuse_newer_schema
 from .chain import GENESIS
 from .errors import JournalError, JournalUnavailable
-from .tables import SQL, Tables
+from .tables import SQL, Tables, newest_statements
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -179,7 +179,16 @@ def _password(url: str) -> str | None:
 
 
 class PostgresTables(Tables):
-    SQL: ClassVar[dict[str, str]] = Tables.dialect(SQL, "%s")
+    # count(DISTINCT) sorts every id (893 ms over 1M events); a GROUP BY hashes them (190 ms).
+    SQL: ClassVar[dict[str, str]] = Tables.dialect(
+        {
+            **SQL,
+            **newest_statements(
+                "count(*) FROM (SELECT invocation_id FROM events{} GROUP BY invocation_id) AS d"
+            ),
+        },
+        "%s",
+    )
     PLACEHOLDER: ClassVar[str] = "%s"
 
     __slots__ = ()

@@ -27,11 +27,46 @@ from .rows import (
 )
 from .signing import Checkpoint
 
-__all__ = ["CHECKPOINT_COLUMNS", "SQL", "Tables"]
+__all__ = ["CHECKPOINT_COLUMNS", "SQL", "Tables", "newest_statements"]
 
 CHECKPOINT_COLUMNS = "seq, hash, prev, at, adopted, key_id, signature"
 
 _CHUNKS = {False: "result_chunks", True: "result_audit"}
+
+
+def newest_statements(count: str) -> dict[str, str]:
+    """``Tables.newest_grouped``'s statements and ``invocation_count``'s, with ``count``: how
+    this backend counts the distinct invocation ids of ``events`` (``{}``: where its WHERE
+    clause goes) in one pass over ``events_invocation`` in the database, no row decoded.
+
+    The newest ``limit`` invocations (by first event) and their events, as ``grouped_events``
+    orders them, each row led by how many invocations there are.  An invocation's first event
+    is the one with no earlier event of its id: found walking ``seq`` back from the head, a
+    ``min`` over ``events_invocation`` per row walked, until ``limit`` are found -- no row
+    before them is read.  One statement: one snapshot on every backend."""
+    statements = {}
+    for name, where, where_f, and_p, and_e in (
+        ("newest_grouped", "", "", "", ""),
+        (
+            "newest_session_grouped",
+            " WHERE session_id = ?",
+            "f.session_id = ? AND ",
+            " AND p.session_id = ?",
+            " WHERE e.session_id = ?",
+        ),
+    ):
+        statements[name] = (
+            f"SELECT (SELECT {count.format(where)}), "
+            + ", ".join(f"e.{c}" for c in FOLD_COLUMNS.split(", "))
+            + " FROM (SELECT f.seq AS first, f.invocation_id AS iid FROM events AS f WHERE "
+            f"{where_f}f.seq = (SELECT min(p.seq) FROM events AS p WHERE p.invocation_id = "
+            f"f.invocation_id{and_p}) ORDER BY f.seq DESC LIMIT ?) AS page JOIN events AS e ON "
+            f"e.invocation_id = page.iid{and_e} ORDER BY page.first, e.seq"
+        )
+    statements["invocation_count"] = f"SELECT {count.format('')}"
+    statements["session_invocation_count"] = f"SELECT {count.format(' WHERE session_id = ?')}"
+    return statements
+
 
 SQL: dict[str, str] = {
     # -- events ------------------------------------------------------------------------------
@@ -50,33 +85,7 @@ SQL: dict[str, str] = {
     "grouped_session_events": f"SELECT {FOLD_COLUMNS} FROM events JOIN (SELECT "
     "invocation_id AS iid, min(seq) AS first FROM events WHERE session_id = ? GROUP BY "
     "invocation_id) AS f ON invocation_id = f.iid WHERE session_id = ? ORDER BY f.first, seq",
-    # The newest ``limit`` invocations (by first event) and their events, as ``grouped_events``
-    # orders them, each row led by how many invocations there are (``Tables.newest_grouped``).
-    # An invocation's first event is the one with no earlier event of its id: found walking
-    # ``seq`` back from the head, a ``min`` over ``events_invocation`` per row walked, until
-    # ``limit`` are found -- no row before them is read.  The count is one pass over that index
-    # in the database, no row decoded.  One statement: one snapshot on every backend.
-    **{
-        name: f"SELECT (SELECT count(DISTINCT invocation_id) FROM events{where}), "
-        + ", ".join(f"e.{c}" for c in FOLD_COLUMNS.split(", "))
-        + " FROM (SELECT f.seq AS first, f.invocation_id AS iid FROM events AS f WHERE "
-        f"{where_f}f.seq = (SELECT min(p.seq) FROM events AS p WHERE p.invocation_id = "
-        f"f.invocation_id{and_p}) ORDER BY f.seq DESC LIMIT ?) AS page JOIN events AS e ON "
-        f"e.invocation_id = page.iid{and_e} ORDER BY page.first, e.seq"
-        for name, where, where_f, and_p, and_e in (
-            ("newest_grouped", "", "", "", ""),
-            (
-                "newest_session_grouped",
-                " WHERE session_id = ?",
-                "f.session_id = ? AND ",
-                " AND p.session_id = ?",
-                " WHERE e.session_id = ?",
-            ),
-        )
-    },
-    "invocation_count": "SELECT count(DISTINCT invocation_id) FROM events",
-    "session_invocation_count": "SELECT count(DISTINCT invocation_id) FROM events "
-    "WHERE session_id = ?",
+    **newest_statements("count(DISTINCT invocation_id) FROM events{}"),
     "event_rows": f"SELECT {EVENT_COLUMNS} FROM events WHERE seq BETWEEN ? AND ? ORDER BY seq",
     "all_event_rows": f"SELECT {EVENT_COLUMNS} FROM events ORDER BY seq",
     "touched_after": "SELECT DISTINCT invocation_id FROM events WHERE seq > ?",
