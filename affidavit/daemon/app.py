@@ -270,9 +270,10 @@ class Api:
     async def actions(self, req: Request) -> None:
         """The newest ``limit`` records matching the filters (default ``ACTIONS_LIMIT``, at
         most ``MAX_ACTIONS_LIMIT``), oldest first, with how many matched (``total``) and
-        whether some were left out (``truncated``).  Streamed from the journal: the daemon
-        holds the page, never the whole view (``affidavit actions`` run embedded lists it
-        all)."""
+        whether some were left out (``truncated``).  The daemon holds the page, never the
+        whole view (``affidavit actions`` run embedded lists it all); without a filter but
+        the session it reads only the page's rows and a count, not O(journal)
+        (``views.actions_page``)."""
         session = req.text_param("session")
         outcome = _enum_param(req, "outcome", Outcome)
         phase = _enum_param(req, "phase", Phase)
