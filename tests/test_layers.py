@@ -44,7 +44,8 @@ ALLOWED: Mapping[str, frozenset[str]] = {
     "affidavit.adapters": frozenset({"affidavit.statemachine"}),  # adapters/__init__, base
     "affidavit.adapters.<proto>": frozenset({"affidavit.statemachine", "affidavit.adapters"}),
     # The service, bottom to top.
-    "affidavit": frozenset({"affidavit.api"}),  # the lazy ``affidavit.Broker``
+    # The lazy ``affidavit.Broker`` and ``affidavit.sdk`` (``import affidavit`` is enough).
+    "affidavit": frozenset({"affidavit.api", "affidavit.sdk"}),
     "affidavit.__main__": frozenset({"affidavit.cli"}),
     "affidavit.secrets": frozenset({"affidavit.statemachine"}),
     "affidavit.views": frozenset({"affidavit.statemachine", "affidavit.journal", "affidavit.text"}),

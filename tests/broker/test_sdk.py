@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -125,3 +127,14 @@ async def test_a_nan_or_negative_timeout_is_refused_before_anything_is_journaled
         await broker.call({"target": "api", "method": "GET", "path": "/hello"}, timeout=timeout)
     assert broker.journal.list_actions() == []
     assert server.requests == 0
+
+
+def test_import_affidavit_reaches_the_sdk_as_docs_deployment_writes_it() -> None:
+    """docs/deployment.md calls ``affidavit.sdk.call_checked(...)`` after ``import affidavit``:
+    in a fresh interpreter (where nothing imported ``affidavit.sdk`` yet) that must resolve."""
+    code = "import affidavit; print(affidavit.sdk.call_checked.__name__)"
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr.decode()
+    assert done.stdout == b"call_checked\n"
