@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import glob
+import importlib
 import os
 import shutil
 import socket
@@ -47,6 +48,7 @@ __all__ = [
     "ProgramFailed",
     "free_port",
     "listening",
+    "require_module",
     "require_root",
 ]
 
@@ -102,6 +104,16 @@ def require_root() -> None:
     ``AFFIDAVIT_REQUIRE_PROGRAMS=1`` (CI runs as root)."""
     if os.geteuid() != 0:
         _skip_or_fail("needs root to switch uid", f"running as uid {os.geteuid()}")
+
+
+def require_module(name: str, extra: str) -> None:
+    """A Python package of one of the project's extras (``mcp``): the same rule as a program --
+    skipped with the reason ``<name> not installed``, a failure when
+    ``AFFIDAVIT_REQUIRE_PROGRAMS=1`` (``pytest.importorskip`` would skip even in CI)."""
+    try:
+        importlib.import_module(name)
+    except ImportError:
+        _skip_or_fail(f"{name} not installed", f"pip install -e '.[{extra}]'")
 
 
 class ProgramFailed(RuntimeError):

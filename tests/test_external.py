@@ -4,6 +4,7 @@ reason ``<package> not installed`` when it is missing, a failure instead when
 
 from __future__ import annotations
 
+import ast
 import os
 import subprocess
 import sys
@@ -148,3 +149,42 @@ def test_a_test_needing_root_skips_with_the_reason_or_fails_when_required(
         require_root()
     monkeypatch.setattr(os, "geteuid", lambda: 0)
     require_root()  # root: nothing to skip
+
+
+def test_a_missing_python_package_of_an_extra_skips_or_fails_by_the_same_rule(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from tests.external import require_module
+
+    monkeypatch.delenv(REQUIRE_ENV, raising=False)
+    with pytest.raises(pytest.skip.Exception, match="affidavit_no_such_module not installed"):
+        require_module("affidavit_no_such_module", "dev")
+    monkeypatch.setenv(REQUIRE_ENV, "1")
+    with pytest.raises(pytest.fail.Exception, match=rf"pip install -e '\.\[dev\]'.*{REQUIRE_ENV}"):
+        require_module("affidavit_no_such_module", "dev")
+    require_module("trio", "dev")  # installed: nothing to skip
+
+
+SKIPS = {"skip", "skipif", "importorskip"}
+
+
+def _skips(path: Path) -> list[str]:
+    """Where a test module skips on its own (``pytest.skip``, ``pytest.importorskip``,
+    ``pytest.mark.skip``/``skipif``) instead of through tests/external.py's rule."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.Attribute) and node.attr in SKIPS:
+            base = node.value
+            if isinstance(base, ast.Attribute) and base.attr == "mark":
+                base = base.value
+            if isinstance(base, ast.Name) and base.id == "pytest":
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno}: pytest...{node.attr}")
+    return found
+
+
+def test_every_skip_goes_through_the_rule_that_ci_turns_into_a_failure() -> None:
+    """A skip of its own (``pytest.importorskip("mcp")``) would pass silently in CI, where
+    ``AFFIDAVIT_REQUIRE_PROGRAMS=1`` must turn every missing dependency into a failure."""
+    mine = {ROOT / "tests" / "external.py", Path(__file__).resolve()}
+    found = [s for p in sorted((ROOT / "tests").rglob("*.py")) if p not in mine for s in _skips(p)]
+    assert found == []

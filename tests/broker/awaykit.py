@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-import pytest
 import trio
 
 from tests.daemon.kit import DaemonProc, client_env, start_daemon, stop, write_daemon_config
+from tests.external import require_module
 from tests.postgres import Cluster
 
 from .helpers import TOKEN_ENV, http_target
@@ -56,7 +56,7 @@ async def mcp_on(
     """An embedded ``affidavit mcp`` process journaling to ``pg_url``, target ``api`` at
     ``remote_url`` (``target``: overrides of its table); its log is ``tmp / "mcp.log"``.
     Skipped without the MCP SDK."""
-    pytest.importorskip("mcp")
+    require_module("mcp", "dev")
     from tests.mcp.kit import connected
 
     cfg = write_daemon_config(

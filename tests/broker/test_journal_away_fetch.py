@@ -17,6 +17,7 @@ import trio
 from affidavit.api.client import Client
 from affidavit.api.wire import ApiError
 from tests.daemon.kit import WAIT
+from tests.external import require_module
 from tests.http.hostile import HostileServer, Reply, scripts
 from tests.postgres import Cluster
 
@@ -55,7 +56,7 @@ async def test_the_daemon_answers_503_journal_unavailable_not_result_unverified(
 async def test_mcp_embedded_answers_journal_unavailable_not_result_unverified(
     tmp_path: Path, token: str, pg: Cluster, pg_url: str
 ) -> None:
-    pytest.importorskip("mcp")
+    require_module("mcp", "dev")
     from tests.mcp.kit import structured
 
     async with HostileServer.running(scripts.serve(Reply(201, body=BODY))) as srv:

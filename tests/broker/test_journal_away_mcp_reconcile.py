@@ -15,6 +15,7 @@ import trio
 
 from affidavit.engine import unread
 from tests.daemon.kit import WAIT
+from tests.external import require_module
 from tests.http.hostile import HostileServer, Reply, scripts
 from tests.postgres import Cluster
 
@@ -28,7 +29,7 @@ BODY = b'{"id":"ch_1"}'
 async def test_reconcile_query_answers_journal_unavailable_and_the_server_lives_on(
     tmp_path: Path, token: str, pg: Cluster, pg_url: str, mode: str
 ) -> None:
-    pytest.importorskip("mcp")
+    require_module("mcp", "dev")
     from tests.mcp.kit import structured
 
     async with HostileServer.running(scripts.serve(Reply(201, body=BODY))) as srv:

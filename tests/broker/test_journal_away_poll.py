@@ -30,6 +30,7 @@ from affidavit.journal import (
 )
 from affidavit.statemachine import invocation_of
 from tests.daemon.kit import WAIT, client_env, run, write_daemon_config
+from tests.external import require_module
 from tests.http.hostile import HostileServer, scripts
 from tests.postgres import Cluster
 
@@ -85,7 +86,7 @@ async def test_the_daemons_poll_route_answers_503_never_a_500(
 async def test_mcp_poll_operation_answers_journal_unavailable_and_the_server_lives_on(
     tmp_path: Path, token: str, pg: Cluster, pg_url: str, mode: str
 ) -> None:
-    pytest.importorskip("mcp")
+    require_module("mcp", "dev")
     from tests.mcp.kit import structured
 
     async with HostileServer.running(scripts.serve(job_api(["done"]))) as srv:

@@ -26,6 +26,7 @@ from affidavit.api.client import Client
 from affidavit.api.wire import ApiError
 from affidavit.journal import JournalError, JournalReader, JournalUnavailable
 from tests.daemon.kit import WAIT
+from tests.external import require_module
 from tests.http.hostile import HostileServer, Reply, scripts
 from tests.postgres import Cluster
 
@@ -201,7 +202,7 @@ async def test_the_daemon_never_calls_an_altered_journal_unavailable(
 @asynccontextmanager
 async def _mcp(tmp_path: Path, token: str, pg_url: str) -> AsyncIterator[tuple[Any, str, Path]]:
     """An embedded ``affidavit mcp`` with one stored call: (connection, its id, its log)."""
-    pytest.importorskip("mcp")
+    require_module("mcp", "dev")
     from tests.mcp.kit import structured
 
     async with HostileServer.running(scripts.serve(Reply(201, body=BODY))) as srv:
@@ -212,7 +213,7 @@ async def _mcp(tmp_path: Path, token: str, pg_url: str) -> AsyncIterator[tuple[A
 
 
 async def _mcp_reads(mcp: Any, iid: str) -> dict[str, dict[str, str]]:
-    pytest.importorskip("mcp")
+    require_module("mcp", "dev")
     from tests.mcp.kit import structured
 
     answers: dict[str, dict[str, str]] = {}
@@ -227,7 +228,7 @@ async def _mcp_reads(mcp: Any, iid: str) -> dict[str, dict[str, str]]:
 async def test_mcp_embedded_answers_journal_unavailable_for_a_record_and_the_actions(
     tmp_path: Path, token: str, pg: Cluster, pg_url: str
 ) -> None:
-    pytest.importorskip("mcp")
+    require_module("mcp", "dev")
     from tests.mcp.kit import structured
 
     async with _mcp(tmp_path, token, pg_url) as (mcp, iid, log):
@@ -245,7 +246,7 @@ async def test_mcp_embedded_answers_journal_unavailable_for_a_record_and_the_act
 async def test_mcp_embedded_never_calls_an_altered_journal_unavailable(
     tmp_path: Path, token: str, pg: Cluster, pg_url: str
 ) -> None:
-    pytest.importorskip("mcp")
+    require_module("mcp", "dev")
     from tests.mcp.kit import structured
 
     async with _mcp(tmp_path, token, pg_url) as (mcp, iid, log):

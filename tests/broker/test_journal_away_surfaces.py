@@ -30,6 +30,7 @@ from tests.daemon.kit import (
     run,
     write_daemon_config,
 )
+from tests.external import require_module
 from tests.http.hostile import HostileServer
 from tests.postgres import Cluster
 
@@ -118,7 +119,7 @@ async def test_cli_through_the_daemon_says_the_same(
 async def test_mcp_embedded_answers_journal_unavailable_naming_the_invocation(
     tmp_path: Path, token: str, pg: Cluster, pg_url: str, point: str
 ) -> None:
-    pytest.importorskip("mcp")
+    require_module("mcp", "dev")
     from tests.mcp.kit import structured
 
     async with HostileServer.running(remote(point)) as srv:
