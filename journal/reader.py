@@ -18,7 +18,8 @@ import itertools
 import json
 import os
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+import weakref
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
@@ -114,6 +115,9 @@ class JournalReader:
         self._pinned = _keys(None, public_keys)
         """Signing keys given by the caller (kept apart from the journal): reads check
         checkpoints with these, never with the keys the journal records."""
+        self._streams: weakref.WeakSet[Generator[Any, None, None]] = weakref.WeakSet()
+        """Views streamed from this reader and not yet finished (``iter_actions``): closed by
+        ``close`` while the connection is still open."""
         self._rconn: Any = None
         self._rconn = self.backend.connect("tool" if readonly else "reader")
         self.tables = self.backend.tables(self._rconn)
@@ -144,6 +148,12 @@ class JournalReader:
         self.close()
 
     def close(self) -> None:
+        # A stream its consumer left part-way (``affidavit actions | head``: the write failed)
+        # still holds an open statement; closed later, by the collector, it would find the
+        # connection closed ("Exception ignored ... Cannot operate on a closed database").
+        for stream in list(self._streams):
+            with contextlib.suppress(Exception):
+                stream.close()
         if self._rconn is not None:
             with contextlib.suppress(Exception):
                 self.backend.close(self._rconn)
@@ -458,6 +468,20 @@ class JournalReader:
         (one clock reading for the whole stream, taken when it starts)."""
         if span is not None and session is not None:
             raise ValueError("a span of the actions view takes no session filter")
+        stream = self._iter_actions(session, outcome, phase, since, until, now, span)
+        self._streams.add(stream)
+        return stream
+
+    def _iter_actions(
+        self,
+        session: str | None,
+        outcome: Outcome | str | None,
+        phase: Phase | str | None,
+        since: float | None,
+        until: float | None,
+        now: float | None,
+        span: tuple[int, int, int] | None,
+    ) -> Generator[Record, None, None]:
         folded = views.fold_each(self.tables, session, self._now(now), span)
         want = _select(folded, outcome, phase, since, until)
         try:

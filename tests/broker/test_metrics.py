@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from affidavit.journal import Journal
 from affidavit.statemachine import Event, EventKind, EvidenceSource
 from affidavit.views import metrics
@@ -140,3 +142,38 @@ async def test_streamed_actions_json_is_the_whole_list_one_record_per_line(
             continue
         assert (lines[0], lines[-1], len(lines)) == ("[", "]", len(rows) + 2)
         assert [json.loads(line.rstrip(",")) for line in lines[1:-1]] == rows
+
+
+async def _write_many(path: Path, n: int) -> None:
+    async with Journal.open(path) as j:
+        for i in range(n):
+            iid = f"many-{i:05d}"
+            await j.append(Event(E.ACTION_ACCEPTED, iid, {"operation": OP, "session": "s"}))
+            await j.append(
+                Event(E.PREFLIGHT_FAILED, iid, {"code": "INVALID_FIELD", "message": "m"}),
+                barrier=i == n - 1,
+            )
+
+
+@pytest.mark.parametrize("form", [[], ["--json"]])
+async def test_a_reader_leaving_mid_stream_is_not_a_traceback(
+    tmp_path: Path, form: list[str]
+) -> None:
+    """`affidavit actions | head -1` on a journal larger than a pipe holds: the reader leaves
+    while the view is still being streamed.  The stream must be closed while the journal is
+    open -- not found later by the collector, on a closed connection, as "Exception ignored
+    ... Cannot operate on a closed database" on stderr."""
+    db = tmp_path / "j.db"
+    await _write_many(db, 1000)  # ~120 KiB of table, ~400 KiB of JSON: more than a pipe holds
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "affidavit", "actions", "--journal", str(db), *form],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    assert proc.stdout.readline()  # the view has begun ...
+    proc.stdout.close()  # ... and its reader is gone while most of it is still to come
+    with proc.stderr:
+        err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 141
+    assert "Traceback" not in err and "Exception ignored" not in err, err
