@@ -49,7 +49,11 @@ class WriterLock:
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         except OSError as exc:
-            raise JournalError(f"cannot open the journal's lock {path}: {exc.strerror}") from None
+            raise JournalError(
+                f"cannot open the journal's lock {path}: {exc.strerror} (its directory must "
+                "exist and be writable by this user: fix that, or name another journal with "
+                "[journal] path or --journal)"
+            ) from None
         mode = fcntl.LOCK_EX if owner is not None else fcntl.LOCK_SH
         try:
             fcntl.flock(fd, mode | fcntl.LOCK_NB)

@@ -436,21 +436,24 @@ class SqliteBackend:
                 raise unusable(path, exc) from None
             return conn
         if not path.exists():
-            raise JournalError(f"no journal at {path}")
+            raise JournalError(
+                f"no journal at {path} (create it with `affidavit init`, or name the right one "
+                "with [journal] path or --journal)"
+            )
         uri = f"file:{quote(str(path.resolve()))}?mode=ro"
         try:
             # connect() itself fails on a directory or an unopenable file ("disk I/O
             # error"): the same clear JournalError as a file that is not a journal.
             conn = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
         except sqlite3.Error as exc:
-            raise JournalError(f"{path} is not a readable journal: {exc}") from None
+            raise unreadable(path, exc) from None
         try:
             conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
             conn.execute("SELECT 1 FROM events LIMIT 1").fetchall()
             _refuse_newer(conn, path)
         except sqlite3.Error as exc:
             conn.close()
-            raise JournalError(f"{path} is not a readable journal: {exc}") from None
+            raise unreadable(path, exc) from None
         except JournalError:
             conn.close()
             raise
@@ -555,7 +558,27 @@ def unusable(path: Path, exc: BaseException | None = None) -> JournalError:
         why = f"its directory {path.parent} is read-only"
     else:
         why = str(exc) if exc is not None else "unknown error"
-    return JournalError(f"cannot open journal {path}: {why}")
+    return JournalError(
+        f"cannot open journal {path}: {why} (fix that, or name another journal with "
+        "[journal] path or --journal)"
+    )
+
+
+def unreadable(path: Path, exc: BaseException) -> JournalError:
+    """The error for a journal a read cannot open: SQLite's reason, and the cause an operator
+    can act on where it is one of these (SQLite says "disk I/O error" for a directory)."""
+    if path.is_dir():
+        why = "it is a directory"
+    elif not os.access(path.parent, os.W_OK):
+        # A WAL journal's reader writes its -shm file beside it: a read-only directory (without
+        # that file writable there already) refuses even a read.
+        why = f"{exc}; its directory {path.parent} is read-only, and SQLite writes the -shm file"
+    else:
+        why = str(exc)
+    return JournalError(
+        f"{path} is not a readable journal: {why} (fix that, or name another journal with "
+        "[journal] path or --journal)"
+    )
 
 
 def _connect_writer(path: Path) -> sqlite3.Connection:

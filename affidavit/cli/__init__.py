@@ -35,10 +35,13 @@ __all__ = [
     "add_socket_arg",
     "ascii_json_stdout",
     "ask_daemon",
+    "config_refusal",
     "count_arg",
     "daemon_json",
+    "daemon_refusal",
     "daemon_socket",
     "daemon_text",
+    "journal_refusal",
     "main",
     "text_arg",
     "time_arg",
@@ -71,7 +74,38 @@ COMMAND_MODULES: tuple[str, ...] = tuple(dict.fromkeys(COMMANDS.values()))
 
 
 class UsageError(Exception):
-    """A usage or configuration problem: printed on stderr, exit status 2."""
+    """A usage or configuration problem: printed on stderr, exit status 2 -- after its stable
+    ``code`` when it has one (``affidavit: CONFIG_INVALID: <file>: <field>: <message>``)."""
+
+    def __init__(self, message: str, code: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def config_refusal(exc: Any, hint: str = "") -> UsageError:
+    """A ``ConfigError`` as the command line reports it: its code, then ``<file>: <field
+    path>: <message>`` (``hint``: what else the command accepts instead)."""
+    return UsageError(f"{exc}{hint}", code=exc.code)
+
+
+def journal_refusal(
+    exc: BaseException, message: str | None = None, code: str | None = None
+) -> UsageError:
+    """A ``JournalError`` with its stable code: ``message`` and ``code`` are the command's own
+    (a read's answer: ``read_failure``), else ``JOURNAL_LOCKED`` (the daemon owns it: ask it
+    on its socket), ``JOURNAL_UNAVAILABLE`` (a shared journal's database is away: try again)
+    or ``JOURNAL_UNUSABLE`` (the file, its directory or a key cannot be used as this user:
+    the message names it and the fix)."""
+    from affidavit.journal import JournalLocked, JournalUnavailable
+
+    if code is None:
+        if isinstance(exc, JournalLocked):
+            code = "JOURNAL_LOCKED"
+        elif isinstance(exc, JournalUnavailable):
+            code = "JOURNAL_UNAVAILABLE"
+        else:
+            code = "JOURNAL_UNUSABLE"
+    return UsageError(str(exc) if message is None else message, code=code)
 
 
 class Terminated(Exception):
@@ -161,8 +195,18 @@ def ask_daemon(path: str, method: str, target: str, body: bytes | None = None) -
     try:
         response = blocking_request(path, method, target, body)
     except ClientError as exc:
-        raise UsageError(str(exc)) from None
+        raise daemon_refusal(exc) from None
     return response
+
+
+def daemon_refusal(exc: Exception) -> UsageError:
+    """The daemon's refusal as the command line says it: a journal failure (``JOURNAL_*``)
+    with its code, as the same failure embedded (``journal_refusal``); every other refusal in
+    the daemon's words alone, which name their code where one applies (``INVALID_FIELD at
+    timeout: ...``, ``action refused: ...``) -- the same line as embedded."""
+    code = getattr(exc, "code", None)
+    journal = isinstance(code, str) and code.startswith("JOURNAL_")
+    return UsageError(str(exc), code if journal else None)
 
 
 def daemon_json(response: Response) -> Any:
@@ -172,7 +216,7 @@ def daemon_json(response: Response) -> Any:
     try:
         return response.json()
     except ClientError as exc:
-        raise UsageError(str(exc)) from None
+        raise daemon_refusal(exc) from None
 
 
 def daemon_text(response: Response) -> str:
@@ -181,7 +225,7 @@ def daemon_text(response: Response) -> str:
     try:
         return response.text()
     except ClientError as exc:
-        raise UsageError(str(exc)) from None
+        raise daemon_refusal(exc) from None
 
 
 class _Formatter(argparse.HelpFormatter):
@@ -288,7 +332,7 @@ def _main(argv: Sequence[str] | None) -> int:
     try:
         status: int = args.handler(args)
     except UsageError as exc:
-        _complain(str(exc))
+        _complain(str(exc), exc.code)
         return 2
     except KeyboardInterrupt:
         return 130
@@ -308,7 +352,7 @@ def _main(argv: Sequence[str] | None) -> int:
     except OSError as exc:
         # A file the command needs (config, key, vault) cannot be used; never a traceback.
         where = f"{exc.filename}: " if exc.filename else ""
-        _complain(f"{where}{exc.strerror or type(exc).__name__}")
+        _complain(f"{where}{exc.strerror or type(exc).__name__}", "FILE_UNUSABLE")
         return 2
     except Exception as exc:
         # An unusable journal (missing directory, a directory, read-only, disk full) is the
@@ -317,17 +361,20 @@ def _main(argv: Sequence[str] | None) -> int:
         journal = sys.modules.get("affidavit.journal")
         if journal is None or not isinstance(exc, journal.JournalError):
             raise
-        _complain(str(exc))
+        refusal = journal_refusal(exc)
+        _complain(str(refusal), refusal.code)
         return 2
     return status
 
 
-def _complain(message: str) -> None:
-    """An error message as one line on stderr: it may echo an argument, a config key or a
-    remote's words, so even a line feed in it is shown escaped (``\\n``), never a new line."""
+def _complain(message: str, code: str | None = None) -> None:
+    """An error message as one line on stderr, after its stable code if it has one: it may
+    echo an argument, a config key or a remote's words, so even a line feed in it is shown
+    escaped (``\\n``), never a new line."""
     from affidavit.text import printable
 
-    print(f"affidavit: {printable(message)}", file=sys.stderr)
+    head = f"{code}: " if code else ""
+    print(f"affidavit: {head}{printable(message)}", file=sys.stderr)
 
 
 if __name__ == "__main__":  # pragma: no cover

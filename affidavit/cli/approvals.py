@@ -38,6 +38,7 @@ from affidavit.cli import (
     ask_daemon,
     daemon_json,
     daemon_socket,
+    journal_refusal,
     text_arg,
     timeout_arg,
 )
@@ -131,7 +132,8 @@ def _embedded(
                 raise
             from affidavit.cli.journal import failure_line
 
-            raise UsageError(failure_line(exc, failure(exc))) from None
+            answer = failure(exc)
+            raise journal_refusal(exc, failure_line(exc, answer), answer[1]) from None
 
     return _operator_errors(lambda: run_journal(main))
 
@@ -139,8 +141,8 @@ def _embedded(
 def _reading(args: argparse.Namespace, view: Callable[[Any], T], what: str) -> T:
     """``view(reader)`` on the journal, read-only, with the broker's key (the request an
     approval binds is sealed); a journal that cannot be read names ``what``, as the daemon
-    does (``read_failure_line``)."""
-    from affidavit.cli.journal import read_failure_line
+    does (``read_refusal``)."""
+    from affidavit.cli.journal import read_refusal
     from affidavit.journal import JournalError, JournalReader
 
     config = load_or_usage(args.config)
@@ -148,7 +150,7 @@ def _reading(args: argparse.Namespace, view: Callable[[Any], T], what: str) -> T
         with JournalReader.open(config.journal.location, key_file=config.journal.key_file) as j:
             return _operator_errors(lambda: view(j))
     except JournalError as exc:
-        raise UsageError(read_failure_line(exc, what)) from None
+        raise read_refusal(exc, what) from None
 
 
 # --- approvals ---------------------------------------------------------------------------------

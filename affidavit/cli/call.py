@@ -26,9 +26,11 @@ from affidavit.cli import (
     UsageError,
     add_socket_arg,
     ask_daemon,
+    config_refusal,
     count_arg,
     daemon_json,
     daemon_socket,
+    journal_refusal,
     text_arg,
     timeout_arg,
 )
@@ -94,9 +96,9 @@ def load_or_usage(path: str | None) -> Any:
     try:
         return load_config(path)
     except ConfigError as exc:
-        raise UsageError(str(exc)) from None
+        raise config_refusal(exc) from None
     except OSError as exc:
-        raise UsageError(f"cannot read config: {exc.strerror}") from None
+        raise UsageError(f"cannot read config: {exc.strerror}", "CONFIG_UNREADABLE") from None
 
 
 WIRE_ACTION_LIMIT = 16 * 1024 * 1024
@@ -358,7 +360,7 @@ def run_journal(main: Callable[[], Awaitable[T]]) -> T:
     try:
         return trio.run(guarded)
     except JournalError as exc:
-        raise UsageError(str(exc)) from None
+        raise journal_refusal(exc) from None
 
 
 def _init(args: argparse.Namespace) -> int:

@@ -34,10 +34,12 @@ from affidavit.cli import (
     UsageError,
     add_socket_arg,
     ask_daemon,
+    config_refusal,
     count_arg,
     daemon_json,
     daemon_socket,
     daemon_text,
+    journal_refusal,
     text_arg,
     time_arg,
 )
@@ -53,7 +55,7 @@ __all__ = [
     "common_options",
     "failure_line",
     "print_json",
-    "read_failure_line",
+    "read_refusal",
     "reading",
 ]
 
@@ -234,7 +236,7 @@ def _journal_path(args: argparse.Namespace) -> str | Path:
     try:
         return load_config(args.config).journal.location
     except ConfigError as exc:
-        raise UsageError(str(exc)) from None
+        raise config_refusal(exc) from None
 
 
 def _is_url(location: str) -> bool:
@@ -259,7 +261,7 @@ def _signing_key_path(args: argparse.Namespace) -> Path:
     try:
         return load_config(args.config).journal.signing_key
     except ConfigError as exc:
-        raise UsageError(str(exc)) from None
+        raise config_refusal(exc) from None
 
 
 @contextmanager
@@ -278,14 +280,15 @@ def reading(
         with JournalReader.open(path, public_keys=public_keys) as reader:
             yield reader
     except JournalError as exc:
-        raise UsageError(read_failure_line(exc, what)) from None
+        raise read_refusal(exc, what) from None
 
 
-def read_failure_line(exc: Exception, what: str) -> str:
-    """``read_failure``'s message for the command line (``failure_line``)."""
+def read_refusal(exc: Exception, what: str) -> UsageError:
+    """``read_failure``'s code and message for the command line (``failure_line``)."""
     from affidavit.engine.recovery import read_failure
 
-    return failure_line(exc, read_failure(exc, what))
+    answer = read_failure(exc, what)
+    return journal_refusal(exc, failure_line(exc, answer), answer[1])
 
 
 def failure_line(exc: Exception, answer: tuple[int, str, str]) -> str:
@@ -334,7 +337,7 @@ def _journal_call(fn: Any, *args: Any, **kwargs: Any) -> Any:
     try:
         return fn(*args, **kwargs)
     except JournalError as exc:
-        raise UsageError(str(exc)) from None
+        raise journal_refusal(exc) from None
 
 
 def _public_keys_arg(args: argparse.Namespace) -> list[bytes]:

@@ -13,7 +13,7 @@ import argparse
 import sys
 from typing import Any
 
-from affidavit.cli import UsageError, add_socket_arg, daemon_socket
+from affidavit.cli import UsageError, add_socket_arg, config_refusal, daemon_socket, journal_refusal
 
 __all__ = ["add_commands"]
 
@@ -62,7 +62,9 @@ def _embedded_failure(exc: Exception) -> None:
     from affidavit.config import ConfigError
     from affidavit.journal import JournalError
 
-    if isinstance(exc, ConfigError | JournalError):
-        raise UsageError(str(exc)) from None
+    if isinstance(exc, ConfigError):
+        raise config_refusal(exc) from None
+    if isinstance(exc, JournalError):
+        raise journal_refusal(exc) from None
     if isinstance(exc, OSError):
         raise UsageError(f"cannot start: {exc.strerror or exc}") from None

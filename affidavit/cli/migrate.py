@@ -16,7 +16,7 @@ import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
-from affidavit.cli import UsageError
+from affidavit.cli import UsageError, journal_refusal
 from affidavit.cli.journal import print_json
 
 __all__ = ["run"]
@@ -39,7 +39,7 @@ def run(args: argparse.Namespace, source: str | Path, public_keys: Sequence[byte
             source, args.to, public_keys=public_keys, accept_unsigned=args.accept_unsigned
         )
     except JournalError as exc:
-        raise UsageError(str(exc)) from None
+        raise journal_refusal(exc) from None
     target = redact(args.to)
     if args.json:
         print_json(

@@ -20,7 +20,7 @@ import json
 import sys
 from typing import Any
 
-from affidavit.cli import UsageError, text_arg, timeout_arg
+from affidavit.cli import UsageError, journal_refusal, text_arg, timeout_arg
 from affidavit.cli.call import load_or_usage
 from affidavit.cli.journal import common_options, failure_line, print_json, reading
 
@@ -87,7 +87,8 @@ def _poll(args: argparse.Namespace) -> int:
     except OperationError as exc:
         raise UsageError(str(exc)) from None
     except JournalError as exc:  # the daemon's words, then the journal's own (``failure_line``)
-        raise UsageError(failure_line(exc, poll_failure(exc, op_id))) from None
+        failure = poll_failure(exc, op_id)
+        raise journal_refusal(exc, failure_line(exc, failure), failure[1]) from None
     sys.stdout.write(json.dumps(answer, sort_keys=True, indent=2) + "\n")
     last = answer["operation"]["last_poll"] or {}
     read_a_state = answer["poll"] is None or "state" in last

@@ -14,7 +14,7 @@ import os
 import sys
 from typing import Any
 
-from affidavit.cli import UsageError
+from affidavit.cli import UsageError, config_refusal, journal_refusal
 
 __all__ = ["add_commands"]
 
@@ -50,9 +50,9 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         config = load_config(args.config)
     except ConfigError as exc:
-        raise UsageError(str(exc)) from None
+        raise config_refusal(exc) from None
     except OSError as exc:
-        raise UsageError(f"cannot read config: {exc.strerror}") from None
+        raise UsageError(f"cannot read config: {exc.strerror}", "CONFIG_UNREADABLE") from None
     console = None
     if args.console is not None:
         try:
@@ -69,6 +69,8 @@ def _serve(args: argparse.Namespace) -> int:
     )
     try:
         trio.run(functools.partial(serve, config, socket_path=args.socket, console=console))
-    except (DaemonError, JournalError) as exc:
+    except JournalError as exc:
+        raise journal_refusal(exc) from None
+    except DaemonError as exc:
         raise UsageError(str(exc)) from None
     return 0

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from affidavit.cli import UsageError
+from affidavit.cli import UsageError, config_refusal
 
 __all__ = ["PASSPHRASE_ENV_SHOWN", "add_commands"]
 
@@ -87,9 +87,12 @@ def _vault_path(args: argparse.Namespace) -> Path:
     try:
         config = load_config(args.config)
     except ConfigError as exc:
-        raise UsageError(f"{exc} (or pass --vault PATH)") from None
+        raise config_refusal(exc, " (or pass --vault PATH)") from None
     if config.vault_path is None:
-        raise UsageError(f"{config.path}: no [vault] section (add one or pass --vault PATH)")
+        raise UsageError(
+            f"{config.path}: vault: no [vault] section (add one or pass --vault PATH)",
+            "CONFIG_INVALID",
+        )
     return config.vault_path
 
 
@@ -126,7 +129,7 @@ def _init(args: argparse.Namespace) -> int:
         passphrase = _passphrase(args, confirm=True)
         Vault.init(path, passphrase)
     except VaultError as exc:
-        raise UsageError(str(exc)) from None
+        raise UsageError(str(exc), exc.code) from None
     print(f"created {path} (locked); run `affidavit vault unlock` to use it")
     return 0
 
@@ -141,7 +144,9 @@ def _put(args: argparse.Namespace) -> int:
     try:
         vault = Vault.open(path)
         if vault.is_locked:
-            raise UsageError(f"{path}: the vault is locked; run `affidavit vault unlock` first")
+            raise UsageError(
+                f"{path}: the vault is locked; run `affidavit vault unlock` first", "VAULT_LOCKED"
+            )
         if sys.stdin.isatty():
             import getpass
 
@@ -154,7 +159,7 @@ def _put(args: argparse.Namespace) -> int:
             raise UsageError("the value is empty (it is read from stdin)")
         version = vault.put(args.name, value)
     except VaultError as exc:
-        raise UsageError(str(exc)) from None
+        raise UsageError(str(exc), exc.code) from None
     print(f"stored {args.name} version {version}")
     return 0
 
@@ -166,7 +171,7 @@ def _list(args: argparse.Namespace) -> int:
     try:
         entries = Vault.open(path).list()
     except VaultError as exc:
-        raise UsageError(str(exc)) from None
+        raise UsageError(str(exc), exc.code) from None
     if args.json:
         print(
             json.dumps(
@@ -189,7 +194,7 @@ def _lock(args: argparse.Namespace) -> int:
     try:
         Vault.open(path).lock()
     except VaultError as exc:
-        raise UsageError(str(exc)) from None
+        raise UsageError(str(exc), exc.code) from None
     print(f"locked {path}")
     if os.environ.get(PASSPHRASE_ENV):
         print(
@@ -208,7 +213,7 @@ def _unlock(args: argparse.Namespace) -> int:
         vault = Vault.open(path)
         vault.unlock(_passphrase(args, confirm=False))
     except VaultError as exc:
-        raise UsageError(str(exc)) from None
+        raise UsageError(str(exc), exc.code) from None
     print(
         f"unlocked {path} (key in {vault.unlock_path}, mode 0600; `affidavit vault lock` ends it)"
     )

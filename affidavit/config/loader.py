@@ -19,6 +19,8 @@ from typing import Any
 
 from affidavit.protocols import ProtocolLoadError, get, kinds
 from affidavit.schema import (
+    CONFIG_NOT_FOUND,
+    CONFIG_UNREADABLE,
     ConfigError,
     Field,
     LoadContext,
@@ -222,10 +224,12 @@ def load_config(path: str | Path | None = None) -> Config:
         raw = p.read_bytes()
     except FileNotFoundError:
         raise ConfigError(
-            "", "config file not found (create one with `affidavit init`)", p
+            "", "config file not found (create one with `affidavit init`)", p, CONFIG_NOT_FOUND
         ) from None
     except OSError as exc:
-        raise ConfigError("", f"cannot read config file ({exc.strerror})", p) from None
+        raise ConfigError(
+            "", f"cannot read config file ({exc.strerror})", p, CONFIG_UNREADABLE
+        ) from None
     try:
         data = tomllib.loads(raw.decode("utf-8"))
     except UnicodeDecodeError:

@@ -7,7 +7,15 @@ with it (``TargetSchema``: ``COMMON`` plus the protocol's own fields).  It knows
 
 from .approval import ApprovalPolicy, approval_field
 from .fields import Field, Key, LoadContext, Read, Schema, doc_table
-from .section import MISSING, ConfigError, Section, kind_of
+from .section import (
+    CONFIG_INVALID,
+    CONFIG_NOT_FOUND,
+    CONFIG_UNREADABLE,
+    MISSING,
+    ConfigError,
+    Section,
+    kind_of,
+)
 from .target import (
     BUDGET,
     COMMON,
@@ -30,6 +38,9 @@ from .values import check_host, host_for_url, host_setting, parse_duration
 __all__ = [
     "BUDGET",
     "COMMON",
+    "CONFIG_INVALID",
+    "CONFIG_NOT_FOUND",
+    "CONFIG_UNREADABLE",
     "CREDENTIAL",
     "DEFAULT_MAX_RESULT",
     "MAX_RESULT",

@@ -11,16 +11,41 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["MISSING", "ConfigError", "Section", "kind_of"]
+__all__ = [
+    "CONFIG_INVALID",
+    "CONFIG_NOT_FOUND",
+    "CONFIG_UNREADABLE",
+    "MISSING",
+    "ConfigError",
+    "Section",
+    "kind_of",
+]
+
+
+CONFIG_INVALID = "CONFIG_INVALID"
+"""A setting, or the file's TOML, is wrong: the field path (or the TOML's line) says where."""
+CONFIG_NOT_FOUND = "CONFIG_NOT_FOUND"
+"""No file at the config path (``--config``, ``$AFFIDAVIT_CONFIG``, ``./affidavit.toml``)."""
+CONFIG_UNREADABLE = "CONFIG_UNREADABLE"
+"""The file is there but cannot be read (permissions, a directory)."""
 
 
 class ConfigError(Exception):
-    """A configuration problem: ``str()`` is ``"<file>: <field>: <message>"``."""
+    """A configuration problem: ``str()`` is ``"<file>: <field>: <message>"``; ``code`` is its
+    stable kind (``CONFIG_INVALID``, ``CONFIG_NOT_FOUND``, ``CONFIG_UNREADABLE``), which the
+    command line prints before it."""
 
-    def __init__(self, field: str, message: str, file: str | Path | None = None) -> None:
+    def __init__(
+        self,
+        field: str,
+        message: str,
+        file: str | Path | None = None,
+        code: str = CONFIG_INVALID,
+    ) -> None:
         self.field = field
         self.message = message
         self.file = str(file) if file is not None else None
+        self.code = code
         super().__init__(field, message)
 
     def __str__(self) -> str:

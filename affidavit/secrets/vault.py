@@ -80,31 +80,46 @@ _ENTRY_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,128}")
 
 
 class VaultError(Exception):
-    """Base class.  Messages name files and entries, never values or passphrases."""
+    """Base class.  Messages name files and entries, never values or passphrases; ``code`` is
+    the stable kind the command line prints before the message."""
+
+    code = "VAULT_ERROR"
 
 
 class VaultMissing(VaultError):
     """The vault file does not exist."""
 
+    code = "VAULT_MISSING"
+
 
 class VaultExists(VaultError):
     """``init`` refused to overwrite an existing vault."""
+
+    code = "VAULT_EXISTS"
 
 
 class VaultLocked(VaultError):
     """No key is available: run ``affidavit vault unlock`` (or set the passphrase variable)."""
 
+    code = "VAULT_LOCKED"
+
 
 class WrongPassphrase(VaultError):
     """The passphrase (or the stored unlock key) does not open this vault."""
+
+    code = "VAULT_WRONG_PASSPHRASE"
 
 
 class VaultCorrupt(VaultError):
     """The file is not a vault, or its contents failed authentication (modified or damaged)."""
 
+    code = "VAULT_CORRUPT"
+
 
 class EntryMissing(VaultError, KeyError):
     """No entry with that name."""
+
+    code = "VAULT_ENTRY_MISSING"
 
     def __str__(self) -> str:  # KeyError would repr() the message
         return str(self.args[0]) if self.args else "no such entry"
@@ -322,7 +337,9 @@ class Vault:
         try:
             blob = read_small_file(self.unlock_path, _UNLOCK_MAX_BYTES, private=True)[0]
         except FileMissing:
-            raise VaultLocked(f"{self.path}: the vault is locked") from None
+            raise VaultLocked(
+                f"{self.path}: the vault is locked (`affidavit vault unlock` as the broker's user)"
+            ) from None
         except FileRefused as exc:
             raise VaultLocked(
                 f"{self.unlock_path}: cannot read the unlock file ({exc}); unlock again"

@@ -94,7 +94,10 @@ async def test_approvals_commands_exit_2_naming_what_and_decide_nothing(
                     err = done.stderr.decode()
                     assert done.returncode == 2, (args, done)
                     assert done.stdout == b"", (args, done.stdout)
-                    assert err.startswith(f"affidavit: {unread(what)} -- "), (args, err)
+                    assert err.startswith(f"affidavit: JOURNAL_UNAVAILABLE: {unread(what)} -- "), (
+                        args,
+                        err,
+                    )
                     assert " -- cannot connect to journal postgresql://affidavit:***@" in err
                     assert err.count("\n") == 1, err
                     clean(err, pg.password)

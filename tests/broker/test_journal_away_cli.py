@@ -62,7 +62,7 @@ def _says_away(rc: int, out: str, err: str, what: str, pg: Cluster) -> None:
     the URL, its password redacted), no traceback; on stdout no record."""
     assert rc == 2, (rc, out, err)
     assert "act_" not in out, out
-    assert err.startswith(f"affidavit: {unread(what)} -- "), err
+    assert err.startswith(f"affidavit: JOURNAL_UNAVAILABLE: {unread(what)} -- "), err
     assert err.endswith("\n") and err.count("\n") == 1, err
     assert "Traceback" not in err, err
     assert "postgresql://affidavit:***@" in err, err

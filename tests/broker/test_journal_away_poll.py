@@ -135,7 +135,7 @@ async def test_operation_poll_embedded_exits_2_naming_the_operation(
             err = done.stderr.decode()
             assert done.returncode == 2, done
             assert done.stdout == b"", done.stdout
-            assert err.startswith(f"affidavit: {_away(op_id)} -- "), err
+            assert err.startswith(f"affidavit: JOURNAL_UNAVAILABLE: {_away(op_id)} -- "), err
             assert err.count("\n") == 1, err
             clean(err, pg.password)
             assert len(srv.requests) == 1  # the submission; no query was sent

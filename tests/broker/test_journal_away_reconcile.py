@@ -68,7 +68,8 @@ async def test_reconcile_embedded_exits_2_naming_the_record(
                     err = done.stderr.decode()
                     assert done.returncode == 2, (how, done)
                     assert done.stdout == b"", done.stdout
-                    assert err.startswith(f"affidavit: {unread(f'the record of {iid}')} -- "), err
+                    away = unread(f"the record of {iid}")
+                    assert err.startswith(f"affidavit: JOURNAL_UNAVAILABLE: {away} -- "), err
                     assert err.count("\n") == 1, err
                     clean(err, pg.password)
         assert event_count(pg_url, iid) == before

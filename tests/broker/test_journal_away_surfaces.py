@@ -78,7 +78,7 @@ def _only_invocation(url: str) -> str:
 def _cli_says(result: Run, iid: str, pg: Cluster) -> None:
     assert result.returncode == 2, result
     assert result.stdout == b"", result  # no envelope: nothing durable to render it from
-    assert result.stderr.decode() == f"affidavit: {unrecorded(iid)}\n", result
+    assert result.stderr.decode() == f"affidavit: JOURNAL_UNAVAILABLE: {unrecorded(iid)}\n", result
     assert pg.password.encode() not in result.stderr
 
 

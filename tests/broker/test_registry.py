@@ -112,8 +112,8 @@ def test_a_broken_installed_protocol_is_a_config_error_naming_it(tmp_path: Path)
     assert p.returncode == 2
     assert "Traceback" not in p.stderr
     assert p.stderr.startswith(
-        f"affidavit: {cfg}: targets.x.kind: cannot load no_such_module_anywhere:PROTOCOL "
-        "(ModuleNotFoundError("
+        f"affidavit: CONFIG_INVALID: {cfg}: targets.x.kind: cannot load "
+        "no_such_module_anywhere:PROTOCOL (ModuleNotFoundError("
     ), p.stderr
     # A config that does not name it is unaffected (nothing imports it).
     code = (

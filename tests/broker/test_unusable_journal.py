@@ -137,6 +137,11 @@ def _check_read_only(cfg: Path, journal: Path, preexec: Callable[[], None] | Non
             assert p.returncode == 2, (args, p.stderr)
             line = _one_line_naming(p, journal)
             assert any(w in line for w in ("read-only", "readonly", "Permission denied")), line
+            # A stable code and the fix: the directory, or another journal ([journal] path).
+            assert line.startswith(
+                ("affidavit: JOURNAL_UNUSABLE: ", "affidavit: JOURNAL_UNREADABLE: ")
+            ), line
+            assert "[journal] path or --journal" in line, line
         else:
             assert p.returncode in (0, 2), (args, p.stderr)  # "no invocation act_0…" is 2
 

@@ -472,5 +472,8 @@ def test_the_cli_prints_one_line_and_no_traceback(base: Path, a: Alteration) -> 
                 timeout=60,
             )
             assert p.returncode == 2, (args, p.stderr)
-            assert p.stderr.startswith("affidavit: journal ") and p.stderr.count("\n") == 1
+            assert (
+                p.stderr.startswith("affidavit: JOURNAL_UNREADABLE: journal ")
+                and p.stderr.count("\n") == 1
+            )
             assert "was altered" in p.stderr, p.stderr

@@ -224,7 +224,7 @@ async def test_a_bad_toy_setting_stops_the_cli_with_the_field_path(
         )
     assert p.returncode == 2
     assert p.stderr.decode() == (
-        f"affidavit: {cfg}: targets.box.port: must be between 1 and 65535\n"
+        f"affidavit: CONFIG_INVALID: {cfg}: targets.box.port: must be between 1 and 65535\n"
     )
 
 

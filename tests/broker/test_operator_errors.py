@@ -1,0 +1,128 @@
+"""The mistakes an operator makes first -- a bad config file, none at all, a journal path that
+cannot be a journal, a locked or missing vault -- each answered by the command line as one
+line: ``affidavit: CODE: ...`` with a stable code, the setting or file to fix and what to do,
+exit 2, never a traceback.  One row per mistake (h2's row tables): the command, how the
+mistake is made, the code, and the words that must be in the line."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from .helpers import TOKEN_ENV, http_target, run_cli, write_config
+
+ACTION = json.dumps({"target": "api", "method": "GET", "path": "/x"}).encode()
+
+
+def _config(tmp: Path, **journal: str) -> Path:
+    table = journal or {"path": str(tmp / "journal.db")}
+    return write_config(
+        tmp, {"api": http_target("http://127.0.0.1:9")}, vault=str(tmp / "v"), journal=table
+    )
+
+
+def _unknown_setting(tmp: Path) -> Path:
+    cfg = _config(tmp)
+    cfg.write_text(cfg.read_text() + "bogus = 1\n")
+    return cfg
+
+
+def _bad_toml(tmp: Path) -> Path:
+    cfg = tmp / "affidavit.toml"
+    cfg.write_text("[journal\n")
+    return cfg
+
+
+def _missing_directory(tmp: Path) -> Path:
+    return _config(tmp, path=str(tmp / "nope" / "journal.db"))
+
+
+def _a_directory(tmp: Path) -> Path:
+    (tmp / "d").mkdir()
+    return _config(tmp, path=str(tmp / "d"))
+
+
+def _locked_vault(tmp: Path) -> Path:
+    cfg = _config(tmp)
+    done = run_cli("vault", "init", "--config", str(cfg), "--passphrase-stdin", stdin=b"pw\n")
+    assert done.returncode == 0, done.stderr
+    return cfg
+
+
+@dataclass(frozen=True)
+class Mistake:
+    args: tuple[str, ...]
+    make: Callable[[Path], Path]
+    code: str
+    says: tuple[str, ...]
+    """what the line must hold: the field or file to fix, and the fix"""
+
+
+MISTAKES = {
+    "unknown setting": Mistake(
+        ("call", "-"), _unknown_setting, "CONFIG_INVALID", ("targets.api.bogus", "unknown")
+    ),
+    "invalid TOML": Mistake(("actions",), _bad_toml, "CONFIG_INVALID", ("invalid TOML", "line 1")),
+    "no config file": Mistake(
+        ("actions",),
+        lambda tmp: tmp / "absent.toml",
+        "CONFIG_NOT_FOUND",
+        ("absent.toml", "affidavit init"),
+    ),
+    "journal directory missing": Mistake(
+        ("call", "-"),
+        _missing_directory,
+        "JOURNAL_UNUSABLE",
+        ("nope", "[journal] path", "--journal"),
+    ),
+    "journal never created": Mistake(
+        ("actions",),
+        _config,
+        "JOURNAL_UNREADABLE",
+        ("journal.db", "affidavit init", "[journal] path"),
+    ),
+    "journal is a directory": Mistake(
+        ("actions",),
+        _a_directory,
+        "JOURNAL_UNREADABLE",
+        ("it is a directory", "[journal] path"),
+    ),
+    "vault locked": Mistake(
+        ("vault", "put", "tok"), _locked_vault, "VAULT_LOCKED", ("affidavit vault unlock",)
+    ),
+    "vault missing": Mistake(
+        ("vault", "list"), _config, "VAULT_MISSING", ("affidavit vault init",)
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MISTAKES))
+def test_an_operator_mistake_is_one_line_with_a_code_the_place_and_the_fix(
+    tmp_path: Path, name: str
+) -> None:
+    m = MISTAKES[name]
+    cfg = m.make(tmp_path)
+    done = run_cli(*m.args, "--config", str(cfg), env={TOKEN_ENV: "tok"}, stdin=ACTION)
+    line = done.stderr.decode()
+    assert done.returncode == 2, (done.returncode, line)
+    assert "Traceback" not in line and line.count("\n") == 1, line
+    assert line.startswith(f"affidavit: {m.code}: "), line
+    for words in m.says:
+        assert words in line, (words, line)
+
+
+def test_a_locked_vault_at_call_time_says_how_to_unlock_it(tmp_path: Path) -> None:
+    """The envelope's VAULT_LOCKED names the setting (``field``) and, in its message, the
+    command that unlocks the vault -- the contract's "unlock it, then retry"."""
+    cfg = _locked_vault(tmp_path)
+    text = cfg.read_text().replace(f'"env:{TOKEN_ENV}"', '"vault:tok"')
+    cfg.write_text(text)
+    done = run_cli("call", "-", "--config", str(cfg), stdin=ACTION)
+    assert done.returncode == 1, done.stderr
+    error = json.loads(done.stdout)["error"]
+    assert (error["code"], error["field"]) == ("VAULT_LOCKED", "targets.api.credential")
+    assert "affidavit vault unlock" in error["message"], error
