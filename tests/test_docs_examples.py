@@ -1,0 +1,163 @@
+"""The examples in README.md and docs/*.md are what a newcomer types first: every TOML block
+that is an ``affidavit.toml`` (or a fragment of one) validates, and every ``affidavit ...``
+command shown names a command and flags that exist.  So an example cannot rot silently when
+a setting or a flag is renamed."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import re
+import shlex
+import tomllib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from affidavit.cli import build_parser
+from affidavit.config import config_from_dict
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.M | re.S)
+SECTIONS = {"journal", "vault", "service", "targets"}
+
+# A fragment (``# ...`` for the settings it leaves out) is completed with a target of its
+# kind; these are what a fragment's own keys are laid over.
+BASES: dict[str, dict[str, Any]] = {
+    "http": {
+        "kind": "http",
+        "url": "https://api.example.com/v1",
+        "methods": ["GET", "POST", "DELETE"],
+        "credential": "env:TOKEN",
+    },
+    "ssh": {
+        "kind": "ssh",
+        "host": "deploy.example.com",
+        "user": "deploy",
+        "host_key": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAI" + "A" * 43,
+        "credential": "env:KEY",
+    },
+}
+SSH_KEYS = {"host", "user", "host_key", "known_hosts", "command", "commands", "except_commands"}
+
+
+def _blocks(lang: str) -> Iterator[tuple[str, str]]:
+    for doc in DOCS:
+        text = doc.read_text(encoding="utf-8")
+        for m in FENCE.finditer(text):
+            if m.group(1) == lang:
+                line = text.count("\n", 0, m.start()) + 1
+                yield f"{doc.relative_to(ROOT)}:{line}", m.group(2)
+
+
+def _kind(table: dict[str, Any]) -> str:
+    if "kind" in table:
+        return str(table["kind"])
+    flat = set(table) | {k for v in table.values() if isinstance(v, dict) for k in v}
+    return "ssh" if flat & SSH_KEYS else "http"
+
+
+def _completed(data: dict[str, Any]) -> dict[str, Any]:
+    """A fragment's targets laid over a whole target of their kind; a ``[vault]`` for a
+    ``vault:`` credential and an operator for an ``approval`` when the fragment has none."""
+    data = dict(data)
+    targets = {n: {**BASES[_kind(t)], **t} for n, t in data.get("targets", {}).items()}
+    if targets:
+        data["targets"] = targets
+    if any(str(t.get("credential", "")).startswith("vault:") for t in targets.values()):
+        data.setdefault("vault", {"path": "affidavit.vault"})
+    if any("approval" in t for t in targets.values()):
+        service = data.setdefault("service", {})
+        if not service.get("operator_gids"):
+            service.setdefault("operator_uids", [1001])
+    return data
+
+
+TOML = list(_blocks("toml"))
+
+
+@pytest.mark.parametrize("where", [w for w, _ in TOML])
+def test_every_documented_config_block_validates(where: str, tmp_path: Path) -> None:
+    body = dict(TOML)[where]
+    data = tomllib.loads(body)
+    if not set(data) <= SECTIONS:
+        assert "project" in data, (where, sorted(data))  # a pyproject.toml fragment
+        return
+    config_from_dict(_completed(data), base_dir=tmp_path)
+
+
+def _argvs(command: str) -> list[list[str]]:
+    """A documented command line as argv, one per alternative of its ``a|b`` word (a
+    ``show|approve|deny ... [--note ...]`` line holds if one of them takes the rest):
+    placeholders kept as values, ``[--opt]`` optional parts included, comments and
+    redirections dropped."""
+    words = shlex.split(command, comments=True)[1:]
+    argv: list[str] = []
+    skip = False
+    choices: tuple[int, list[str]] | None = None
+    for word in words:
+        if skip:
+            skip = False
+            continue
+        if word in (">", "<", "2>"):
+            skip = True
+            continue
+        if word.startswith(("<", ">")):
+            continue
+        word = word.strip("[]")
+        if "|" in word and not word.startswith("-") and choices is None:
+            choices = (len(argv), word.split("|"))
+        if word:
+            argv.append(word)
+    if choices is None:
+        return [argv]
+    at, options = choices
+    return [[*argv[:at], option, *argv[at + 1 :]] for option in options]
+
+
+def _refusal(argv: list[str]) -> str | None:
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            build_parser().parse_args(argv)
+    except SystemExit as exc:
+        if exc.code:
+            return err.getvalue().strip().splitlines()[-1]
+    return None
+
+
+def _commands() -> Iterator[tuple[str, str, bool]]:
+    """(where, command, whole): fenced shell lines are whole commands; an inline mention in
+    prose (`affidavit result`) may leave out a required argument."""
+    for doc in DOCS:
+        text = doc.read_text(encoding="utf-8")
+        for m in FENCE.finditer(text):
+            if m.group(1) not in ("sh", "bash", ""):
+                continue
+            start = text.count("\n", 0, m.start()) + 2
+            body = re.sub(r"\\\n\s*", " ", m.group(2))
+            for n, line in enumerate(body.splitlines()):
+                for part in re.split(r"\|(?=\s)|&&|;", line):
+                    part = part.strip()
+                    if part.startswith("affidavit "):
+                        yield f"{doc.relative_to(ROOT)}:{start + n}", part, True
+        for m in re.finditer(r"`(affidavit [^`]*)`", text):
+            yield f"{doc.relative_to(ROOT)}:{text.count(chr(10), 0, m.start()) + 1}", m[1], False
+
+
+PROSE_ONLY = ("are required", "expected one argument")
+
+
+def test_every_documented_command_and_flag_exists() -> None:
+    bad = []
+    for where, command, whole in _commands():
+        refusals = [_refusal(argv) for argv in _argvs(command)]
+        if None in refusals:
+            continue
+        if not whole and all(any(p in r for p in PROSE_ONLY) for r in refusals if r):
+            continue
+        bad.append(f"{where}: {command!r}: {refusals}")
+    assert bad == []
