@@ -161,3 +161,19 @@ def test_every_documented_command_and_flag_exists() -> None:
             continue
         bad.append(f"{where}: {command!r}: {refusals}")
     assert bad == []
+
+
+def test_the_documented_systemd_unit_can_read_the_documented_config_directory() -> None:
+    """docs/deployment.md makes /etc/affidavit ``root:affidavit 0750`` and runs the daemon as
+    ``User=affidavit`` with ``Group=affidavit-clients``.  With ``Group=`` set, systemd gives
+    the process that group and the groups that list the user as a member (initgroups), not
+    the user's own group from /etc/passwd: the unit must name the directory's group."""
+    text = (ROOT / "docs" / "deployment.md").read_text(encoding="utf-8")
+    owner = re.search(r"install -d -o \S+ -g (\S+) -m 0750 /etc/affidavit", text)
+    assert owner is not None
+    (unit,) = [body for lang, body in FENCE.findall(text) if lang == "ini"]
+    groups = set()
+    for key in ("Group", "SupplementaryGroups"):
+        for m in re.finditer(rf"^{key}=(.*)$", unit, re.M):
+            groups.update(m[1].split())
+    assert owner[1] in groups, (owner[1], groups)
