@@ -171,15 +171,19 @@ def resolve(
         return Credential(ref, raw, "env:hmac-sha256:" + digest[:32])
     if kind == "file":
         path = Path(name)
+        # A relative path is read from the config file's directory, not the working one: say
+        # which file that was, or the operator looks for it where it is not.
+        where = ""
         if not path.is_absolute() and base_dir is not None:
             path = base_dir / path
+            where = f" (read as {path}: relative to the config file's directory)"
         try:
             data, st = read_small_file(path, MAX_CREDENTIAL_BYTES, private=True)
         except FileMissing as exc:
-            raise CredentialError(Code.CREDENTIAL_MISSING, f"{ref}: {exc}") from None
+            raise CredentialError(Code.CREDENTIAL_MISSING, f"{ref}: {exc}{where}") from None
         except FileRefused as exc:
             # The reason names the file's type, size or the OS's error -- never its contents.
-            raise CredentialError(Code.CREDENTIAL_INVALID, f"{ref}: {exc}") from None
+            raise CredentialError(Code.CREDENTIAL_INVALID, f"{ref}: {exc}{where}") from None
         data = trim_final_newline(data)
         if not data:
             raise CredentialError(Code.CREDENTIAL_MISSING, f"{ref}: file is empty")

@@ -254,6 +254,18 @@ def test_credential_file_others_can_access_is_refused(tmp_path: Path, mode: int)
         assert resolve(f"file:{tok}", vault=None).value == CANARY.encode()
 
 
+def test_a_missing_relative_credential_file_names_where_it_was_looked_for(tmp_path: Path) -> None:
+    """``file:tok`` is read from the config file's directory, not the working one: the error
+    says which file was missing, so the operator does not look for it in the wrong place."""
+    with pytest.raises(CredentialError) as caught:
+        resolve("file:secrets/tok", vault=None, base_dir=tmp_path)
+    assert caught.value.code is Code.CREDENTIAL_MISSING
+    assert caught.value.message == (
+        f"file:secrets/tok: file not found (read as {tmp_path / 'secrets' / 'tok'}: relative "
+        "to the config file's directory)"
+    )
+
+
 def test_symlinked_credential_is_judged_by_the_file_it_names(tmp_path: Path) -> None:
     target = tmp_path / "real"
     target.write_bytes(CANARY.encode())
