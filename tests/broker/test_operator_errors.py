@@ -46,6 +46,12 @@ def _a_directory(tmp: Path) -> Path:
     return _config(tmp, path=str(tmp / "d"))
 
 
+def _socket_nowhere(tmp: Path) -> Path:
+    cfg = _config(tmp)
+    cfg.write_text(cfg.read_text() + f'\n[service]\nsocket = "{tmp / "nope" / "a.sock"}"\n')
+    return cfg
+
+
 def _locked_vault(tmp: Path) -> Path:
     cfg = _config(tmp)
     done = run_cli("vault", "init", "--config", str(cfg), "--passphrase-stdin", stdin=b"pw\n")
@@ -90,6 +96,9 @@ MISTAKES = {
         _a_directory,
         "JOURNAL_UNREADABLE",
         ("it is a directory", "[journal] path"),
+    ),
+    "socket directory missing": Mistake(
+        ("serve",), _socket_nowhere, "SERVE_FAILED", ("nope", "is not a directory")
     ),
     "vault locked": Mistake(
         ("vault", "put", "tok"), _locked_vault, "VAULT_LOCKED", ("affidavit vault unlock",)
