@@ -177,3 +177,18 @@ def test_the_documented_systemd_unit_can_read_the_documented_config_directory() 
         for m in re.finditer(rf"^{key}=(.*)$", unit, re.M):
             groups.update(m[1].split())
     assert owner[1] in groups, (owner[1], groups)
+
+
+def test_no_doc_installs_the_project_from_a_package_index() -> None:
+    """This project is installed from its checkout (README: ``pip install -e .``): a bare
+    ``pip install affidavit`` where it is not installed yet would fetch whatever an index
+    holds under that name.  (An extra, ``'affidavit[mcp]'``, resolves against the installed
+    project.)"""
+    bare = re.compile(r"pip install affidavit(?![\w\[-])")
+    found = [
+        f"{doc.relative_to(ROOT)}:{text.count(chr(10), 0, m.start()) + 1}"
+        for doc in DOCS
+        for text in [doc.read_text(encoding="utf-8")]
+        for m in bare.finditer(text)
+    ]
+    assert found == []
