@@ -192,3 +192,36 @@ def test_no_doc_installs_the_project_from_a_package_index() -> None:
         for m in bare.finditer(text)
     ]
     assert found == []
+
+
+def test_the_readme_vault_steps_store_the_token(tmp_path: Path) -> None:
+    """README's "Using it" keeps the token in the vault instead of the environment with one
+    chain of commands: run as written (each passphrase given on stdin, as a terminal would
+    be asked for it, the passphrase variable unset), every step succeeds -- ``vault put``
+    refuses a vault nobody unlocked."""
+    import os
+    import subprocess
+    import sys
+
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    line = next(ln for ln in text.splitlines() if "affidavit vault init &&" in ln)
+    chain = [part.strip() for part in line[line.index("affidavit vault init") :].split("&&")]
+    env = {k: v for k, v in os.environ.items() if k != "AFFIDAVIT_VAULT_PASSPHRASE"}
+    base = [sys.executable, "-m", "affidavit"]
+    done = subprocess.run([*base, "init"], cwd=tmp_path, env=env, capture_output=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    for command in chain:
+        argv = shlex.split(command)[1:]
+        asks = argv[1] in ("init", "unlock")
+        stdin = b"pass phrase\n" if asks else b"tok-1"
+        argv += ["--passphrase-stdin"] if asks else []
+        done = subprocess.run(
+            [*base, *argv], cwd=tmp_path, env=env, input=stdin, capture_output=True, timeout=60
+        )
+        assert done.returncode == 0, (command, done.stderr.decode())
+    assert (
+        b"example_token\tv1"
+        in subprocess.run(
+            [*base, "vault", "list"], cwd=tmp_path, env=env, capture_output=True, timeout=60
+        ).stdout
+    )
