@@ -225,3 +225,33 @@ def test_the_readme_vault_steps_store_the_token(tmp_path: Path) -> None:
             [*base, "vault", "list"], cwd=tmp_path, env=env, capture_output=True, timeout=60
         ).stdout
     )
+
+
+def test_the_deployment_vault_steps_work_in_their_order(tmp_path: Path) -> None:
+    """docs/deployment.md's vault steps for the daemon's user (``sudo -u affidavit affidavit
+    vault ... --config ...``, then ``... vault ...``), run in the order written against a
+    config of our own: each succeeds."""
+    import os
+    import subprocess
+    import sys
+
+    text = (ROOT / "docs" / "deployment.md").read_text(encoding="utf-8")
+    para = text[text.index("A vault is managed as the daemon's user") :].split("\n\n")[0]
+    steps = re.findall(r"`(?:sudo -u \S+ affidavit|\.\.\.) (vault [^`]*)`", para.replace("\n", " "))
+    assert len(steps) >= 2, para
+    env = {k: v for k, v in os.environ.items() if k != "AFFIDAVIT_VAULT_PASSPHRASE"}
+    base = [sys.executable, "-m", "affidavit"]
+    done = subprocess.run([*base, "init"], cwd=tmp_path, env=env, capture_output=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    for step in steps:
+        argv = [a for a in shlex.split(step) if a != "--config" and not a.startswith("/etc/")]
+        asks = argv[1] in ("init", "unlock")
+        argv += ["--passphrase-stdin"] if asks else []
+        done = subprocess.run(
+            [*base, *argv, "--config", str(tmp_path / "affidavit.toml")],
+            env=env,
+            input=b"pass phrase\n" if asks else b"tok-1",
+            capture_output=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, (step, done.stderr.decode())
