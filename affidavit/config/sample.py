@@ -58,7 +58,8 @@ timeout = { connect = 5, total = 30 }
 # settle = "60s"                      # "absent" is believed this long after the attempt ended
 
 # An SSH target.  Pin the host key (replace this placeholder with the real one, e.g. from
-# `ssh-keyscan -t ed25519 HOST`) or point known_hosts at a file.
+# `ssh-keyscan -t ed25519 HOST`, without the host name it starts with) or point known_hosts
+# at a file.
 [targets.deploy]
 kind = "ssh"
 host = "127.0.0.1"

@@ -403,6 +403,14 @@ def test_every_ssh_field_is_validated_with_its_path(
     assert error(tmp_path, _replace(BASE, old, new)).field == field
 
 
+def test_a_pasted_ssh_keyscan_line_says_to_drop_the_host_name(tmp_path: Path) -> None:
+    """The sample config suggests ``ssh-keyscan -t ed25519 HOST``, whose line starts with the
+    host: pasted whole, the error says so instead of calling the host an unknown key type."""
+    err = error(tmp_path, _replace(BASE, f'host_key = "{KEY_A}"', f'host_key = "10.0.0.7 {KEY_A}"'))
+    assert err.field == "targets.deploy.host_key"
+    assert "without the host name" in err.message and "unsupported key type" not in err.message
+
+
 TOP_ERRORS = [
     ('[journal]\npath = "j/affidavit.db"', '[journal]\npath = ""', "journal.path"),
     ('[journal]\npath = "j/affidavit.db"', "[journal]\npath = 3", "journal.path"),

@@ -76,6 +76,12 @@ def check_host_key(line: str) -> str:
     if len(fields) < 2:
         raise ValueError('must look like "ssh-ed25519 AAAA…"')
     key_type, b64 = fields[0], fields[1]
+    if key_type not in _SSH_KEY_TYPES and len(fields) > 2 and fields[1] in _SSH_KEY_TYPES:
+        # `ssh-keyscan` and known_hosts lines start with the host: the pin is the key alone.
+        raise ValueError(
+            f'starts with "{fields[0]}", not a key type: give the key alone, without the '
+            f'host name of an ssh-keyscan or known_hosts line ("{fields[1]} AAAA…")'
+        )
     if key_type not in _SSH_KEY_TYPES:
         raise ValueError(f"unsupported key type (supported: {', '.join(sorted(_SSH_KEY_TYPES))})")
     try:
