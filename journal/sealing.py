@@ -110,7 +110,7 @@ def read_secret_file(path: Path, what: str) -> bytes:
     if st.st_mode & 0o077:
         raise JournalError(
             f"{what} {path} is readable by group or others (mode "
-            f"{stat.S_IMODE(st.st_mode):04o}); it must be 0600"
+            f"{stat.S_IMODE(st.st_mode):04o}); it must be 0600: chmod 600 {path}"
         )
     try:
         return path.read_bytes()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import stat
 from pathlib import Path
 
@@ -57,7 +58,8 @@ async def test_missing_or_loose_or_garbled_key_files_are_refused(tmp_path: Path)
         pass
     key = tmp_path / "j.db.key"
     key.chmod(0o644)
-    with pytest.raises(JournalError, match="must be 0600"):
+    # The fix in the message, as for a file: credential (the operator's next command).
+    with pytest.raises(JournalError, match=f"must be 0600: chmod 600 {re.escape(str(key))}$"):
         async with Journal.open(tmp_path / "j.db"):
             pass
     key.unlink()
