@@ -378,7 +378,7 @@ def _init(args: argparse.Namespace) -> int:
     try:
         path.write_text(sample_config(url), encoding="utf-8")
     except OSError as exc:
-        raise UsageError(f"cannot write {path}: {exc.strerror}") from None
+        raise UsageError(f"cannot write {path}: {exc.strerror}", "FILE_UNUSABLE") from None
     config = load_or_usage(str(path))
     file = None if config.journal.url else config.journal.path
     kept = file is not None and file.exists() and file.stat().st_size > 0

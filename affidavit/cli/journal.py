@@ -331,13 +331,14 @@ def print_json(value: Any) -> None:
 
 
 def _journal_call(fn: Any, *args: Any, **kwargs: Any) -> Any:
-    """``fn(...)`` with a ``JournalError`` (an unreadable key or anchor file) as a usage error."""
+    """``fn(...)`` with a ``JournalError`` (an unreadable key or anchor file named on the
+    command line or in the config) as a usage error: ``FILE_UNUSABLE``, not the journal's."""
     from affidavit.journal import JournalError
 
     try:
         return fn(*args, **kwargs)
     except JournalError as exc:
-        raise journal_refusal(exc) from None
+        raise UsageError(str(exc), "FILE_UNUSABLE") from None
 
 
 def _public_keys_arg(args: argparse.Namespace) -> list[bytes]:
@@ -409,7 +410,7 @@ def _write_out(path: str | None, data: bytes, what: str) -> None:
     try:
         Path(path).write_bytes(data)
     except OSError as exc:
-        raise UsageError(f"cannot write {what} {path}: {exc.strerror}") from None
+        raise UsageError(f"cannot write {what} {path}: {exc.strerror}", "FILE_UNUSABLE") from None
 
 
 def _anchor(args: argparse.Namespace) -> int:
@@ -468,7 +469,7 @@ def _audit_keygen(args: argparse.Namespace) -> int:
     except FileExistsError as exc:
         raise UsageError(f"{exc.filename} exists; not overwriting a key") from None
     except OSError as exc:
-        raise UsageError(f"cannot write {exc.filename}: {exc.strerror}") from None
+        raise UsageError(f"cannot write {exc.filename}: {exc.strerror}", "FILE_UNUSABLE") from None
     _out(f"auditor private key {args.private} (keep it off the broker host); public key "
           f"{args.public} (set it as [journal] auditor_public_key)")  # fmt: skip
     return 0

@@ -52,6 +52,12 @@ def _socket_nowhere(tmp: Path) -> Path:
     return cfg
 
 
+def _initialized(tmp: Path) -> Path:
+    done = run_cli("init", "--config", str(tmp / "affidavit.toml"))
+    assert done.returncode == 0, done.stderr
+    return tmp / "affidavit.toml"
+
+
 def _locked_vault(tmp: Path) -> Path:
     cfg = _config(tmp)
     done = run_cli("vault", "init", "--config", str(cfg), "--passphrase-stdin", stdin=b"pw\n")
@@ -99,6 +105,18 @@ MISTAKES = {
     ),
     "socket directory missing": Mistake(
         ("serve",), _socket_nowhere, "SERVE_FAILED", ("nope", "is not a directory")
+    ),
+    "a key file named on the command line is missing": Mistake(
+        ("journal", "verify", "--public-key", "/nonexistent/affidavit-test.pub"),
+        _config,
+        "FILE_UNUSABLE",
+        ("/nonexistent/affidavit-test.pub", "does not exist"),
+    ),
+    "an --out file in a missing directory": Mistake(
+        ("journal", "public-key", "--out", "/nonexistent/affidavit-test/journal.pub"),
+        _initialized,
+        "FILE_UNUSABLE",
+        ("cannot write public key file /nonexistent/affidavit-test/journal.pub",),
     ),
     "vault locked": Mistake(
         ("vault", "put", "tok"), _locked_vault, "VAULT_LOCKED", ("affidavit vault unlock",)
