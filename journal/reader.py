@@ -13,6 +13,7 @@ was lost reconnects once and is tried again; a read that still fails is a ``Jour
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import itertools
 import json
@@ -54,6 +55,21 @@ from .verify import Trust, verify_journal
 __all__ = ["JournalReader", "default_signing_key"]
 
 T = TypeVar("T")
+
+
+def _segments_hint(report: VerifyReport, tables: Tables) -> VerifyReport:
+    """A broken report on a journal whose long results live in a ``<path>.results/`` that is
+    not there: a copy made without it reads as altered chunks, and is -- nothing proves those
+    results -- but the operator is told the likelier cause, not left to suspect tampering."""
+    missing = getattr(tables, "segments_missing", None)
+    if report.ok or "stored result" not in report.reason or missing is None or not missing():
+        return report
+    directory = getattr(tables, "segments", None)
+    return dataclasses.replace(
+        report,
+        reason=f"{report.reason} -- its results directory {directory} is missing (a copy of "
+        "the journal needs it: docs/journal.md)",
+    )
 
 
 def default_signing_key(path: Path) -> Path:
@@ -577,7 +593,7 @@ class JournalReader:
 
         def run(t: Tables) -> VerifyReport:
             with self.snapshot():
-                return verify_journal(_Source(t), trust)
+                return _segments_hint(verify_journal(_Source(t), trust), t)
 
         return self._read(run, "the rows a verify checks")
 

@@ -77,6 +77,7 @@ def _union(table: str, where: str, order: str) -> str:
 SEGMENT_SQL: dict[str, str] = {
     "has_segment_refs": "SELECT 1 FROM sqlite_master WHERE type = 'table' AND "
     "name = 'result_segments'",
+    "any_segment_ref": "SELECT 1 FROM result_segments LIMIT 1",
     "put_segment_refs": f"INSERT INTO result_segments ({_REF_COLUMNS}) VALUES (?,?,?,?,?,?,?)",
     "drop_segment_stream": "DELETE FROM result_segments WHERE invocation_id = ? AND stream = ?",
     "drop_segment_result": "DELETE FROM result_segments WHERE invocation_id = ?",
@@ -105,6 +106,13 @@ class SegmentTables(Tables):
         self.segments = segments
         """The segment directory (None: references read as missing)."""
         self._refs = False
+
+    def segments_missing(self) -> bool:
+        """Whether some chunk lives in a segment while the segment directory is not there (a
+        copy of the journal made without ``<path>.results/``)."""
+        if self.segments is None or self.segments.is_dir() or not self._has_refs():
+            return False
+        return self.one("any_segment_ref") is not None
 
     def _has_refs(self) -> bool:
         """Whether the journal has the reference table (a read-only journal from before schema

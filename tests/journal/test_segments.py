@@ -68,6 +68,27 @@ async def test_a_long_result_spills_its_full_chunks_to_a_segment_and_keeps_its_t
         assert report.ok and report.results == 1
 
 
+async def test_a_copy_without_its_results_directory_is_broken_and_says_why(
+    tmp_path: Path,
+) -> None:
+    """A journal copied without ``<path>.results/`` cannot prove its long results: verify
+    says so (their chunks read as altered), and names the missing directory as the likely
+    cause instead of leaving the operator to suspect tampering."""
+    db = tmp_path / "j.db"
+    async with Journal.open(db) as j:
+        await kit.store(j, "inv-l", kit.body(30, 10))
+    segments = kit.segments(db)
+    assert segments  # a long result: its full chunks are in a segment
+    for segment in segments:
+        segment.unlink()
+    Path(f"{db}.results").rmdir()
+    with JournalReader.open(db) as r:
+        report = r.verify()
+    assert not report.ok
+    assert "stored result of invocation inv-l" in report.reason
+    assert f"its results directory {db}.results is missing" in report.reason
+
+
 async def test_every_spilled_byte_is_synced_before_the_commit_names_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
