@@ -98,6 +98,13 @@ class CodeInfo:
     end an attempt before its dispatch gate, recorded by SETUP_FAILED -- phase
     connection_setup, outcome not_attempted -- with this hint.  Seed, "Cause and outcome answer
     different questions": the code names the cause; where it struck decides the outcome."""
+    when_idempotent: Retry | None = None
+    """For an ``unknown`` code: the hint an operation configured idempotent gets instead of
+    ``backoff`` (and whatever its budget) -- set where the evidence itself proves that the
+    identical request, sent again, meets the same end, so a resend after a delay is no path out
+    (RESULT_SIZE_LIMIT: the remote was sending a result larger than ``max_result``; the limit
+    or the request must change first).  A non-idempotent operation keeps the unknown rules: the
+    remote may have acted."""
     pending: bool = False
     """A code of an invocation that has not finished (IN_PROGRESS, APPROVAL_PENDING): shown while
     its record rests in a non-final state; the hint is always ``fetch_result``."""
@@ -307,7 +314,11 @@ CODES: dict[Code, CodeInfo] = {
         Retry.RECONCILE,
         "The remote result grew past the target's `max_result`: the broker stopped reading,"
         " closed the connection and returns nothing of it.  The remote may have run"
-        " (`evidence.result_size_limit`: the limit and the bytes received).",
+        " (`evidence.result_size_limit`: the limit and the bytes received).  Sent again, the"
+        " same request meets the same limit: an idempotent operation is hinted"
+        " `after_correction` (raise `max_result` or ask for less), any other one follows the"
+        " unknown rules.",
+        when_idempotent=Retry.AFTER_CORRECTION,
     ),
     Code.CALLER_CANCELLED: CodeInfo(
         _RE,
@@ -377,3 +388,4 @@ CODES: dict[Code, CodeInfo] = {
 
 assert set(CODES) == set(Code), "every code must be documented"
 assert all(i.retry is Retry.FETCH_RESULT for i in CODES.values() if i.pending)
+assert all(i.outcome is Outcome.UNKNOWN for i in CODES.values() if i.when_idempotent)

@@ -169,6 +169,12 @@ def retry_hint(
         return Retry.AFTER_CORRECTION if budget_left <= 0 else Retry.BACKOFF
 
     if outcome == Outcome.UNKNOWN:
+        if idempotent and code is not None:
+            # Evidence that the identical request meets the same end (CodeInfo.when_idempotent):
+            # backoff would only repeat it until the budget is spent.
+            proven = CODES[code].when_idempotent
+            if proven is not None:
+                return proven
         return _unknown_hint(idempotent, has_key, key_expires_at, budget_left, now)
 
     # REMOTE_THROTTLED.  Seed: "may permit backoff if the method is safe to retry and the

@@ -129,7 +129,13 @@ def _retry_sections() -> list[str]:
         "3. `reconciled_committed`: `never`; `reconciled_rejected`: `after_correction`.",
         "4. `not_attempted`: the code's default hint; a `backoff` code with the budget spent "
         "becomes `after_correction`; no code yet (in progress): `never`.",
-        "5. `unknown`: budget spent → `reconcile`; operation configured idempotent → `backoff`; "
+        "5. `unknown`: a code whose evidence proves that the identical request meets the same "
+        "end again (`"
+        + "`, `".join(c.value for c in Code if CODES[c].when_idempotent)
+        + "`: the remote was sending more than `max_result`), operation configured idempotent "
+        "→ `after_correction` (raise the limit or ask for less; a resend after a delay only "
+        "repeats it); otherwise budget spent → `reconcile`; operation configured idempotent → "
+        "`backoff`; "
         "an idempotency key usable (no expiry, or more than "
         f"{RETENTION_MARGIN_S:g} s before the remote forgets it) → `same_idempotency_key`; "
         "otherwise `reconcile`.",
@@ -198,6 +204,14 @@ def _retry_sections() -> list[str]:
             with_budget = _hint("interrupted", code, idempotent=idem, key=key)
             spent = _hint("interrupted", code, idempotent=idem, key=key, budget_left=0)
             rows.append(("yes" if idem else "no", key, f"`{with_budget}`", f"`{spent}`"))
+    for c in Code:
+        if CODES[c].when_idempotent is None:
+            continue
+        for idem, key in ((True, "none"), (False, "none"), (False, "within retention")):
+            with_budget = _hint("interrupted", c, idempotent=idem, key=key)
+            spent = _hint("interrupted", c, idempotent=idem, key=key, budget_left=0)
+            label = f"{'yes' if idem else 'no'} (`{c.value}`)"
+            rows.append((label, key, f"`{with_budget}`", f"`{spent}`"))
     out += _table(("idempotent", "idempotency key", "budget left", "budget spent"), rows)
     out += ["", "### Complete result (`rejected` / `committed`)", ""]
     rows = [("success (no code)", "—", "—", f"`{_hint('stored_committed', None)}`")]

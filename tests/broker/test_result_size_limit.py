@@ -51,10 +51,16 @@ def _footprint(tmp_path: Path) -> int:
 
 
 async def _call_over_the_limit(
-    tmp_path: Path, script: Script, action: dict[str, Any], **target: Any
+    tmp_path: Path,
+    script: Script,
+    action: dict[str, Any],
+    retry: str | None = None,
+    **target: Any,
 ) -> tuple[dict[str, Any], Any, HostileServer, float, int]:
     """One call of ``action`` against ``script`` with ``max_result`` = LIMIT: the envelope, its
-    record's events, the server, the call's seconds and the journal's growth in bytes."""
+    record's events, the server, the call's seconds and the journal's growth in bytes.
+    ``retry``: the hint expected (default: a GET's ``after_correction`` -- sent again it meets
+    the same limit --, a POST's ``reconcile``: the remote may have acted)."""
     async with HostileServer.running(script) as srv:
         cfg = write_config(tmp_path, {"api": http_target(srv.url, max_result=LIMIT, **target)})
         async with open_broker(cfg) as broker:
@@ -63,7 +69,8 @@ async def _call_over_the_limit(
             with trio.fail_after(WAIT):
                 env = await broker.call(action)
             took = time.monotonic() - start
-            retry = "backoff" if action["method"] == "GET" else "reconcile"
+            if retry is None:
+                retry = "after_correction" if action["method"] == "GET" else "reconcile"
             assert_error(broker, env, phase="remote_execution", outcome="unknown",
                          retry=retry, code="RESULT_SIZE_LIMIT")  # fmt: skip
             # Never a partial body as a result: none returned, none stored, none to fetch.
@@ -114,14 +121,31 @@ async def test_a_body_past_max_result_is_cut_unknown_and_never_stored_past_it(
     assert "decoded_bytes" not in env["evidence"]["result_size_limit"]
 
 
-async def test_an_idempotent_request_cut_at_max_result_follows_the_unknown_rules(
+async def test_an_idempotent_request_cut_at_max_result_is_hinted_after_correction(
     tmp_path: Path,
 ) -> None:
-    # Retry hint: the rules of any unknown outcome (a GET the target calls idempotent: backoff).
+    """A GET the target calls idempotent, cut at the limit: the records prove the remote was
+    sending more than ``max_result``, so the same GET after a delay meets the same limit --
+    ``after_correction`` (raise the limit or ask for less), never ``backoff``, which sent
+    automation round until its budget was spent."""
     env, events, srv, took, grown = await _call_over_the_limit(
         tmp_path, scripts.endless("chunked"), GET
     )
     _assert_bounded(env, events, srv, took, grown)
+
+
+async def test_a_non_idempotent_request_cut_at_max_result_keeps_its_same_key_hint(
+    tmp_path: Path,
+) -> None:
+    """A POST cut at the limit may have acted: it keeps the unknown rules -- with a configured
+    idempotency contract, ``same_idempotency_key`` (``reconcile`` without one: the test above
+    it with ``POST``)."""
+    idem = {"header": "Idempotency-Key", "scope": "charges", "retention": "24h"}
+    env, events, srv, took, grown = await _call_over_the_limit(
+        tmp_path, scripts.endless("chunked"), POST, "same_idempotency_key", idempotency=idem
+    )
+    _assert_bounded(env, events, srv, took, grown)
+    assert env["evidence"]["idempotency"]["key"]
 
 
 async def test_a_compressed_body_is_held_to_max_result_once_decoded(tmp_path: Path) -> None:

@@ -398,6 +398,10 @@ def _hint_invariants(rec: Record, now: float, max_retry_after: float) -> None:
     if outcome is Outcome.UNKNOWN:
         if rec.state == "store_failed_unknown":
             assert retry is Retry.NEVER  # fix storage, not a retry of the remote action
+        elif rec.idempotent and rec.code is Code.RESULT_SIZE_LIMIT:
+            # The remote was sending more than max_result: the identical request meets the
+            # same limit again, so no resend after a delay -- correct the limit or the request.
+            assert retry is Retry.AFTER_CORRECTION, retry
         else:
             # "There are only three safe paths out of unknown."
             assert retry in _SAFE_PATHS_OUT_OF_UNKNOWN, retry
