@@ -255,7 +255,8 @@ CODES: dict[Code, CodeInfo] = {
         Retry.BACKOFF,
         "Too many requests of this caller (its uid) already await an operator's decision"
         " ([service] max_pending_approvals); nothing was recorded for approval and nothing was"
-        " sent.  Retry once some of them are decided or expire.",
+        " sent.  Retry once some of them are decided or expire (with the same idempotency key"
+        " too: it retries this invocation, which then asks, counted like any request).",
     ),
     Code.DNS_FAILED: CodeInfo(_CS, _NA, Retry.BACKOFF, "The target host name did not resolve."),
     Code.CONNECTION_REFUSED: CodeInfo(

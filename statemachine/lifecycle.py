@@ -176,7 +176,10 @@ TRANSITIONS: Final[MappingProxyType[str, MappingProxyType[E, str]]] = MappingPro
         E.PREFLIGHT_FAILED: "validation_failed",      # APPROVAL_EXPIRED / APPROVAL_STALE
     },
     "approval_denied": {**_DIAG},
-    "credential_failed": {**_DIAG},
+    "credential_failed": {
+        **_DIAG,
+        E.RETRY_LEASE_ACQUIRED: "validated",          # a refusal that asks to back off (APPROVAL_LIMIT)
+    },
     "authorized": {
         **_DIAG,
         E.SETUP_ATTEMPT_FAILED: "authorized",

@@ -274,10 +274,12 @@ async def _over_limit(
         "decided or expire"
     )
     if key is not None:
-        # Bound to this refusal: the same key answers it again (nothing was sent under it).
+        # The key stays bound to this invocation, and a same-key call retries it: decide()
+        # takes backoff before dispatch for a new attempt, and the lifecycle lets this refusal
+        # (credential_failed) take a retry lease -- which asks again, counted like any request.
         message += (
-            " -- not with this invocation's idempotency_key, which now answers this refusal"
-            " (nothing was sent under it: another key, or none, is safe)"
+            " -- the same idempotency_key then asks again for this invocation (nothing was sent"
+            " under it)"
         )
     await recorder.write_many(preamble)
     refused = Event(

@@ -100,11 +100,14 @@ async def test_a_daemon_started_again_counts_the_requests_still_waiting(
     assert srv.requests == []
 
 
-async def test_a_refused_request_s_key_says_it_answers_the_refusal_again(
+async def test_a_refused_keyed_request_asks_again_with_the_same_key_after_the_backoff(
     tmp_path: Path, token: str
 ) -> None:
-    """A same-key call answers from the record: the refusal says so, and that a new key is
-    safe (nothing was sent under the old one)."""
+    """APPROVAL_LIMIT hints ``backoff``, and following it with the same key works: the key
+    stays bound to the refused invocation (never bound twice), and a same-key call once a slot
+    is free retries that invocation -- it asks the operator, counted like any other request
+    (while the uid is still at the bound, the retry is refused again).  Refused retries give
+    their budget back, so waiting for a slot never spends it."""
     async with HostileServer.running(scripts.serve(OK)) as srv:
         idem = {"header": "Idempotency-Key", "scope": "charges", "retention": "24h"}
         cfg = approval_config(
@@ -114,13 +117,49 @@ async def test_a_refused_request_s_key_says_it_answers_the_refusal_again(
             first = await b.call(CHARGE, requester=AGENT)
             keyed = {**CHARGE, "idempotency_key": "charge-7"}
             refused = await b.call(keyed, requester=AGENT)
-            assert refused["error"]["code"] == "APPROVAL_LIMIT", refused
-            assert "not with this invocation's idempotency_key" in refused["error"]["message"]
+            assert_error(b, refused, phase="credential_injection", outcome="not_attempted",
+                         retry="backoff", code="APPROVAL_LIMIT")  # fmt: skip
+            iid = refused["invocation_id"]
+            # Still at the bound: the same key retries and is refused again, nothing asked.
+            for _ in range(4):  # more than the budget (3): refusals give it back
+                still = await b.call(keyed, requester=AGENT)
+                assert still["invocation_id"] == iid
+                assert_error(b, still, phase="credential_injection", outcome="not_attempted",
+                             retry="backoff", code="APPROVAL_LIMIT")  # fmt: skip
+            assert E.APPROVAL_REQUESTED not in event_kinds(b, iid)
+            # A slot is free: the same key asks the operator, for the same invocation.
             await b.deny(first["invocation_id"], note="no", operator=OPS)
             again = await b.call(keyed, requester=AGENT)
-            assert again["invocation_id"] == refused["invocation_id"]
-            assert again["error"]["code"] == "APPROVAL_LIMIT", again  # the refusal, not re-asked
-            assert E.APPROVAL_REQUESTED not in event_kinds(b, refused["invocation_id"])
-            fresh = await b.call({**CHARGE, "idempotency_key": "charge-8"}, requester=AGENT)
-            assert fresh["error"]["code"] == "APPROVAL_PENDING", fresh
+            assert again["invocation_id"] == iid
+            assert again["error"]["code"] == "APPROVAL_PENDING", again
+            assert [a["invocation_id"] for a in b.approvals()] == [iid]
+            # The retry counts toward the bound like any request.
+            other = await b.call({**CHARGE, "idempotency_key": "charge-8"}, requester=AGENT)
+            assert other["error"]["code"] == "APPROVAL_LIMIT", other
+            # Approved, it is sent once, with its key.
+            await b.approve(iid, operator=OPS)
+            with trio.fail_after(15):
+                done = await b.call(keyed, requester=AGENT)
+            assert done["invocation_id"] == iid and "error" not in done, done
+            verify_ok(b)
+    assert [r.header("Idempotency-Key") for r in srv.requests] == [
+        refused["evidence"]["idempotency"]["key"]
+    ]
+
+
+async def test_an_unkeyed_refused_request_asks_again_as_a_new_call_after_the_backoff(
+    tmp_path: Path, token: str
+) -> None:
+    """Without a key, following ``backoff`` is a new call: a new invocation that asks."""
+    async with HostileServer.running(scripts.serve(OK)) as srv:
+        cfg = approval_config(tmp_path, srv.url, service={"max_pending_approvals": 1})
+        async with open_broker(cfg) as b:
+            first = await b.call(CHARGE, requester=AGENT)
+            refused = await b.call(CHARGE, requester=AGENT)
+            assert_error(b, refused, phase="credential_injection", outcome="not_attempted",
+                         retry="backoff", code="APPROVAL_LIMIT")  # fmt: skip
+            await b.deny(first["invocation_id"], note="no", operator=OPS)
+            again = await b.call(CHARGE, requester=AGENT)
+            assert again["invocation_id"] != refused["invocation_id"]
+            assert again["error"]["code"] == "APPROVAL_PENDING", again
     assert srv.requests == []

@@ -360,3 +360,47 @@ async def test_an_agent_past_max_pending_approvals_is_refused_and_nothing_is_ask
         assert sorted(w["requester"]["uid"] for w in waiting) == sorted([NOBODY, NOBODY, me])
         _verified(daemon)
     assert srv.requests == []
+
+
+async def test_an_agent_refused_at_the_bound_asks_again_with_the_same_key_through_the_daemon(
+    tmp_path: Path, token: str, shared_socket_dir: Path
+) -> None:
+    """APPROVAL_LIMIT hints ``backoff``; the agent follows it with the same idempotency key
+    through the daemon: at the bound the retry is refused again (the same invocation, nothing
+    asked), and once a slot is free it asks the operator for that invocation."""
+    me = os.geteuid()
+    service = {"allow_gids": [NOBODY], "operator_uids": [me], "max_pending_approvals": 1}
+    keyed = json.dumps({**CHARGE, "idempotency_key": "charge-7"}).encode()
+    idem = {"header": "Idempotency-Key", "scope": "charges", "retention": "24h"}
+    async with (
+        HostileServer.running(scripts.serve(OK)) as srv,
+        running_daemon(
+            tmp_path,
+            api_target(srv.url, approval="always", idempotency=idem),
+            token=token,
+            service=service,
+            socket_dir=shared_socket_dir,
+        ) as daemon,
+    ):
+        first = await as_nobody(daemon, "call", "-", stdin=json.dumps(CHARGE).encode())
+        assert first.json()["error"]["code"] == "APPROVAL_PENDING", first.stderr
+        refused = (await as_nobody(daemon, "call", "-", stdin=keyed)).json()
+        error = refused["error"]
+        assert (error["code"], error["outcome"], error["retry"]) == (
+            "APPROVAL_LIMIT",
+            "not_attempted",
+            "backoff",
+        )
+        iid = refused["invocation_id"]
+        still = (await as_nobody(daemon, "call", "-", stdin=keyed)).json()
+        assert still["invocation_id"] == iid and still["error"]["code"] == "APPROVAL_LIMIT"
+        async with Client.open(daemon.socket) as client:
+            await client.deny(first.json()["invocation_id"], note="no")
+        again = (await as_nobody(daemon, "call", "-", stdin=keyed)).json()
+        assert again["invocation_id"] == iid, again
+        assert again["error"]["code"] == "APPROVAL_PENDING", again
+        async with Client.open(daemon.socket) as client:
+            waiting = await client.approvals()
+        assert [(w["invocation_id"], w["requester"]["uid"]) for w in waiting] == [(iid, NOBODY)]
+        _verified(daemon)
+    assert srv.requests == []
