@@ -22,7 +22,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, NoReturn, TypeGuard, cast
 
 from .batch import check_batch, on_items_recorded
-from .contract import CODES, Code, EvidenceSource, Outcome, Phase
+from .contract import CODES, Code, EvidenceSource, Outcome, Phase, Retry
 from .events import Event, EventKind
 from .lifecycle import STATES
 from .operation import OPERATION_RULES
@@ -368,6 +368,12 @@ def _on_lease(p: Projector, event: Event) -> None:
         _refuse(p, event, f"lease generation must exceed {p._generation}")
     if p._budget_used >= p._budget_total:
         _refuse(p, event, "retry budget exhausted")
+    if p._state == "credential_failed":
+        code = p._code
+        if code is None or CODES[code].retry is not Retry.BACKOFF:
+            # Only a refusal that asks to back off (APPROVAL_LIMIT) is retried under the same
+            # invocation; a missing or unusable credential must be corrected first.
+            _refuse(p, event, "a credential refusal is retried only when its code says backoff")
     p._generation = gen
     p._budget_used += 1
     p._evidence["lease"] = {

@@ -27,6 +27,7 @@ from affidavit.statemachine import (
     ProtocolMachine,
     ProtocolTable,
     Record,
+    Retry,
     operation_id,
 )
 from affidavit.statemachine.lifecycle import INITIAL, STATES, edges, expand
@@ -54,6 +55,11 @@ def codes_of(phase: Phase, outcome: Outcome | None = None) -> list[Code]:
     ]
 
 
+CREDENTIAL_CODES = sorted(
+    codes_of(Phase.CREDENTIAL_INJECTION), key=lambda c: CODES[c].retry is not Retry.BACKOFF
+)
+"""Backoff codes first: the deterministic walk (first choice) must reach credential_failed's
+retry lease, which only such a refusal takes."""
 PRE_DISPATCH_SETUP_CODES = [
     c for c in codes_of(Phase.CONNECTION_SETUP) if CODES[c].outcome is Outcome.NOT_ATTEMPTED
 ]
@@ -104,6 +110,10 @@ def rule_refuses(rec: Record, kind: EventKind) -> bool:
     the budget spent, item outcomes of an invocation that sent no batch, an operation event the
     operation table does not allow in the operation's state."""
     if kind is E.RETRY_LEASE_ACQUIRED:
+        if rec.state == "credential_failed" and (
+            rec.code is None or CODES[rec.code].retry is not Retry.BACKOFF
+        ):
+            return True  # only a refusal that asks to back off (APPROVAL_LIMIT) is retried
         return rec.budget.used >= rec.budget.total
     if kind is E.BATCH_ITEMS_RECORDED:
         return rec.items is None
@@ -150,7 +160,7 @@ def make_event(
     elif kind is E.CREDENTIAL_AUTHORIZED:
         attrs = {"credential": "payments-api", "version": 3, "inject": "bearer"}
     elif kind is E.CREDENTIAL_FAILED:
-        attrs = {"code": choose(codes_of(Phase.CREDENTIAL_INJECTION)).value}
+        attrs = {"code": choose(CREDENTIAL_CODES).value}
     elif kind is E.APPROVAL_REQUESTED:
         attrs = {"fingerprint": APPROVAL_FP, "expires_at": 1_900_000_000.0, "credential": "env:T"}
     elif kind is E.APPROVAL_GRANTED:

@@ -259,6 +259,26 @@ def test_refused_connection_may_back_off_until_the_budget_is_spent() -> None:
     assert "budget" in inv.refused(E.RETRY_LEASE_ACQUIRED, generation=2)
 
 
+def test_only_a_credential_refusal_that_says_backoff_is_retried_under_its_invocation() -> None:
+    """APPROVAL_LIMIT (too many requests of this uid await a decision) says backoff, and a
+    same-key call retries it: the lease takes it back to validated, where it asks again.  A
+    missing, unusable or locked credential must be corrected first: no retry lease."""
+    inv = Inv(budget=2).ev(E.PREFLIGHT_VALIDATED).ev(E.CREDENTIAL_FAILED, code="APPROVAL_LIMIT")
+    assert (inv.rec().state, inv.rec().retry) == ("credential_failed", Retry.BACKOFF)
+    assert decide(inv.rec(), Operation(idempotent=False)) is Decision.RETRY_NEW_ATTEMPT
+    inv.ev(E.RETRY_LEASE_ACQUIRED, generation=1)
+    assert inv.rec().state == "validated"
+    inv.ev(E.CREDENTIAL_FAILED, code="APPROVAL_LIMIT", generation=1)
+    assert inv.rec().budget.left == 1  # refused in its preflight: the budget comes back
+    inv.ev(E.RETRY_LEASE_ACQUIRED, generation=2)
+    inv.ev(E.APPROVAL_REQUESTED, fingerprint="sha256:a990", expires_at=1_900_000_000.0)
+    assert inv.rec().state == "awaiting_approval"
+    for code in ("CREDENTIAL_MISSING", "CREDENTIAL_INVALID", "VAULT_LOCKED"):
+        inv = Inv(budget=3).ev(E.PREFLIGHT_VALIDATED).ev(E.CREDENTIAL_FAILED, code=code)
+        assert inv.rec().retry is Retry.AFTER_CORRECTION
+        assert "backoff" in inv.refused(E.RETRY_LEASE_ACQUIRED, generation=1), code
+
+
 def test_a_retry_refused_in_its_preflight_does_not_spend_the_budget() -> None:
     """Issue 9: a retry whose credential or re-validation is refused never reached setup -- it
     was no attempt, so the budget its lease took comes back."""
