@@ -40,6 +40,7 @@ from affidavit.statemachine import (
     ImpossibleEvent,
     Operation,
     Projector,
+    Retry,
     decide,
 )
 
@@ -366,7 +367,12 @@ async def resume(
             # Another worker is running it: IN_PROGRESS, fetch later (rendered as such).
             return recorder.envelope(record)
     decision = decide(record, op)
-    if decision in (Decision.RETRY_SAME_KEY, Decision.RETRY_NEW_ATTEMPT):
+    # decide() is the seed's: for an unknown outcome of an idempotent operation it looks at the
+    # operation alone.  The engine adds the limit the seed allows ("it may add rate limits and
+    # attempt limits"): a record whose hint says the same request cannot succeed
+    # (after_correction -- RESULT_SIZE_LIMIT: it meets the same limit again) is not re-sent.
+    retry = decision in (Decision.RETRY_SAME_KEY, Decision.RETRY_NEW_ATTEMPT)
+    if retry and record.retry is not Retry.AFTER_CORRECTION:
         if record.budget.left <= 0:
             return await recorder.finish(iid, Event(E.RETRY_BUDGET_EXHAUSTED, iid, {}))
         try:

@@ -134,6 +134,29 @@ async def test_an_idempotent_request_cut_at_max_result_is_hinted_after_correctio
     _assert_bounded(env, events, srv, took, grown)
 
 
+async def test_a_same_key_call_after_an_idempotent_request_cut_at_max_result_sends_nothing(
+    tmp_path: Path,
+) -> None:
+    """The hint says after_correction; a call with the same key -- the same request, the same
+    limit -- answers the record instead of sending the GET again until the budget is spent."""
+    idem = {"header": "Idempotency-Key", "scope": "things", "retention": "24h"}
+    keyed = {**GET, "idempotency_key": "thing-1"}
+    async with HostileServer.running(scripts.endless("chunked")) as srv:
+        cfg = write_config(
+            tmp_path, {"api": http_target(srv.url, max_result=LIMIT, idempotency=idem)}
+        )
+        async with open_broker(cfg) as broker:
+            ids = set()
+            for _ in range(3):
+                with trio.fail_after(WAIT):
+                    env = await broker.call(keyed)
+                assert_error(broker, env, phase="remote_execution", outcome="unknown",
+                             retry="after_correction", code="RESULT_SIZE_LIMIT")  # fmt: skip
+                ids.add(env["invocation_id"])
+            assert len(ids) == 1
+            assert len(srv.requests) == 1, [r.method for r in srv.requests]
+
+
 async def test_a_non_idempotent_request_cut_at_max_result_keeps_its_same_key_hint(
     tmp_path: Path,
 ) -> None:
