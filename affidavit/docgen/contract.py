@@ -257,7 +257,10 @@ def _retry_sections() -> list[str]:
         "## decide(record, operation)",
         "",
         "Automation acts on the hint with the seed's `decide()`, transcribed line for line "
-        "(statemachine/retry.py). It may add rate and attempt limits, never upgrade a hint.",
+        "(statemachine/retry.py). It may add rate and attempt limits, never upgrade a hint. "
+        "The engine's own same-key call adds one: a record hinted `after_correction` is "
+        "answered from the record, never sent again (`decide()` alone re-sends any unknown "
+        "idempotent operation; one cut at `max_result` would meet the same limit).",
         "",
         "```python",
         inspect.getsource(decide).rstrip(),
