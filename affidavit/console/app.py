@@ -108,8 +108,12 @@ class Request:
         self.path = str(scope["path"])
         self.query = dict(parse_qsl(scope.get("query_string", b"").decode("latin-1")))
         self.headers: dict[str, str] = {}
+        self._cookie_lines: list[str] = []
         for k, v in scope.get("headers", []):
-            self.headers[k.decode("latin-1").lower()] = v.decode("latin-1")
+            name = k.decode("latin-1").lower()
+            self.headers[name] = v.decode("latin-1")
+            if name == "cookie":
+                self._cookie_lines.append(self.headers[name])
         self.session: Session | None = None
         self.via_proxy = False
         """Whether the connection is the declared proxy's (``Console.proxy_uid``)."""
@@ -124,12 +128,18 @@ class Request:
             self._owner = (uid,)
         return self._owner[0]
 
-    def cookie(self, name: str) -> str | None:
-        for part in self.headers.get("cookie", "").split(";"):
-            key, _, value = part.strip().partition("=")
-            if key == name:
-                return value
-        return None
+    def cookies(self, name: str) -> list[str]:
+        """Every value a cookie of ``name`` has in the request, in the order sent, each once.
+        Several is no mistake of the browser's: a server on another port of this host may set
+        one of the same name (cookies ignore ports), and one with a longer ``Path`` is sent
+        first (RFC 6265 §5.4) -- so no single value may be taken for the console's own."""
+        values: dict[str, None] = {}
+        for line in self._cookie_lines:
+            for part in line.split(";"):
+                key, _, value = part.strip().partition("=")
+                if key == name:
+                    values[value] = None
+        return list(values)
 
     async def form(self) -> dict[str, str]:
         data = bytearray()
@@ -310,16 +320,35 @@ class Console:
 
     def _session(self, req: Request) -> Session | None:
         """The request's session: alive, its operator still one, and (on loopback) the owner of
-        the connecting socket; 403 when the cookie is presented by someone else."""
-        session = self.sessions.get(req.cookie(COOKIE), used=False)
-        if session is None:
+        the connecting socket; 403 when the cookie is presented by someone else.
+
+        The cookie may come more than once (``Request.cookies``: another port of this host can
+        set one that shadows the console's).  A value that is no live session is ignored --
+        it cannot log the operator out; among live ones, on loopback, the connection's owner's
+        is the session; without that check, two live sessions are refused: nothing done under
+        either, since which one is the operator's cannot be told."""
+        live: list[Session] = []
+        for sid in req.cookies(COOKIE):
+            session = self.sessions.get(sid, used=False)
+            if session is None:
+                continue
+            if not self.broker.operator_policy.is_operator(session.operator):
+                self.sessions.end(session.id)  # no longer an operator: the session is over
+                log.warning(
+                    "console: ended the session of uid %d: not an operator", session.operator.uid
+                )
+                continue
+            live.append(session)
+        if not live:
             return None
-        if not self.broker.operator_policy.is_operator(session.operator):
-            self.sessions.end(session.id)  # no longer an operator: the session is over
-            log.warning(
-                "console: ended the session of uid %d: not an operator", session.operator.uid
-            )
-            return None
+        if self.check_peer and not req.via_proxy:
+            owner = req.owner()
+            session = next((s for s in live if s.operator.uid == owner), live[0])
+        elif len(live) > 1:
+            log.warning("console: refused %s %s: two session cookies", req.method, req.path)
+            raise Refused(403, "refused: this request carries two console sessions; nothing done")
+        else:
+            session = live[0]
         self._require_peer(req, session.operator, "a session cookie")
         # The operator's request restarts the idle clock -- a stranger's refused one does not
         # (an agent holding the cookie would otherwise keep it alive), nor does a live page's

@@ -169,9 +169,10 @@ def operator_config(
 
 
 @contextlib.asynccontextmanager
-async def served(broker: Any, tmp: Path) -> AsyncIterator[tuple[str, Any]]:
+async def served(broker: Any, tmp: Path, **console: Any) -> AsyncIterator[tuple[str, Any]]:
     """``broker``'s console served in this process on a free loopback port, as the daemon
-    serves it (hypercorn over a trio listener): (its origin, the ``Console``)."""
+    serves it (hypercorn over a trio listener): (its origin, the ``Console``); ``console``:
+    more of its settings (``public_origin=``)."""
     from hypercorn.app_wrappers import ASGIWrapper
     from hypercorn.config import Config
     from hypercorn.trio.tcp_server import TCPServer
@@ -186,7 +187,7 @@ async def served(broker: Any, tmp: Path) -> AsyncIterator[tuple[str, Any]]:
     async def read(view: Callable[[Any], T]) -> T:
         return view(broker.journal)
 
-    console = Console(broker, read, TokenStore(tmp / "console-tokens"), origin=origin)
+    console = Console(broker, read, TokenStore(tmp / "console-tokens"), origin=origin, **console)
     config, context = Config(), WorkerContext(None)
 
     async def connection(stream: trio.SocketStream) -> None:
