@@ -344,6 +344,15 @@ class _Huge:
     """An integer longer than ``MAX_DIGITS``."""
 
 
+class _NotNumber:
+    """``NaN``, ``Infinity`` or ``-Infinity`` where a value stands: not JSON, though the SDK's
+    parser takes it (``_ambiguous`` refuses it then) -- read on, so that a line refused for
+    another fault too still has its id read."""
+
+    def __init__(self, name: str) -> None:
+        self.what = f"holds {name}, which is not a JSON number"
+
+
 def _int(digits: str) -> Any:
     return _Huge if len(digits) > MAX_DIGITS else int(digits)
 
@@ -363,6 +372,8 @@ def _id_fault(value: Any) -> str | None:
         return f"its id is a boolean: a request id is {kind}"
     if value is _Huge:
         return f"its id is a number longer than {MAX_DIGITS} digits"
+    if isinstance(value, _NotNumber):
+        return f"its id {value.what}: a request id is {kind}"
     if isinstance(value, int):
         return None
     if isinstance(value, float):
@@ -407,10 +418,6 @@ def _ambiguous(line: bytes) -> tuple[str, str] | None:
     return None
 
 
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
-
-
 def _diagnose(line: bytes) -> tuple[int, Any, str] | None:
     """The error that answers a line the SDK's parser refused, or read as a notification though
     it has an id: (code, id, what was wrong), the id when it can be read (else None); None for a
@@ -420,7 +427,7 @@ def _diagnose(line: bytes) -> tuple[int, Any, str] | None:
     except UnicodeDecodeError:
         text, utf8 = line.decode("utf-8", "surrogateescape"), False
     try:
-        found = json.loads(text, parse_int=_int, parse_constant=_no_constant)
+        found = json.loads(text, parse_int=_int, parse_constant=_NotNumber)
     except (ValueError, RecursionError):
         return PARSE_ERROR, None, "not valid JSON" if utf8 else "not valid UTF-8"
     if not isinstance(found, dict):
@@ -463,6 +470,8 @@ def _fault_in(found: dict[str, Any]) -> tuple[str | None, str | None]:
             return f"nested deeper than {MAX_DEPTH} levels", where
         if value is _Huge:
             return f"a number longer than {MAX_DIGITS} digits", where
+        if isinstance(value, _NotNumber):
+            return f"INVALID_FIELD at message: {value.what}", None
         if isinstance(value, str):
             try:
                 value.encode("utf-8")

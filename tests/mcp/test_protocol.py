@@ -515,3 +515,44 @@ async def test_a_flood_of_malformed_messages_is_answered_but_logged_in_few_lines
     lines = [x for x in raw.stderr().splitlines() if "protocol fault" in x]
     assert 3 <= len(lines) <= 10, lines
     assert any(f"{FAULT_LOG_EVERY} protocol faults so far" in x for x in lines)
+
+
+# Each holds NaN/Infinity beside another fault the SDK's parser refuses: its id is still read.
+NOT_NUMBERS_AND_MORE: list[tuple[bytes, int, str]] = [
+    (  # found by tests/mcp/test_fuzz.py: answered under id null, the client waited for ever
+        b'{"jsonrpc":"2.0","id":31,"method":"tools/call","params":{"name":"http_request",'
+        b'"arguments":[Infinity,"\\ud800"]}}',
+        -32602,
+        "lone surrogate",
+    ),
+    (
+        b'{"jsonrpc":"2.0","id":32,"method":"tools/call","params":{"a":NaN,"b":'
+        + b"[" * 300
+        + b"]" * 300
+        + b"}}",
+        -32602,
+        "nested deeper than",
+    ),
+    (
+        b'{"jsonrpc":"2.0","id":"x33","method":"ping","n":-Infinity,"m":' + b"9" * 5000 + b"}",
+        -32600,
+        "number",
+    ),
+    (b'{"jsonrpc":"2.0","id":34,"method":"ping","params":{"a":"\xff","b":NaN}}', -32600, "UTF-8"),
+]
+
+
+async def test_a_request_holding_nan_and_another_fault_is_answered_under_its_id(
+    tmp_path: Path, remotes: Remotes, token: str
+) -> None:
+    async with raw_server(tmp_path, remotes, token) as raw:
+        for n, (data, code, fault) in enumerate(NOT_NUMBERS_AND_MORE):
+            request_id = json.loads(ID.search(data).group(1))  # type: ignore[union-attr]
+            answer = await answered_once(raw, data, 2000 + n)
+            assert (answer["id"], answer["error"]["code"]) == (request_id, code), (n, answer)
+            assert fault in answer["error"]["message"], (n, answer)
+        # An id that is NaN is no id: answered under null, naming it.
+        answer = await answered_once(raw, b'{"jsonrpc":"2.0","id":NaN,"method":"ping"}', 2100)
+        assert answer["id"] is None and "NaN" in answer["error"]["message"], answer
+    log = raw.stderr()
+    assert CANARY not in log and "Traceback" not in log
