@@ -84,13 +84,14 @@ class Daemon:
 
 
 @contextlib.contextmanager
-def fuzz_daemon(tmp: Path) -> Iterator[Daemon]:
+def fuzz_daemon(tmp: Path, **service: Any) -> Iterator[Daemon]:
     """``affidavit serve`` with the canary credential, its target ``api`` the echo remote, this
-    uid an operator; its log checked clean once it stopped."""
+    uid an operator (more ``[service]`` settings: ``service``); its log checked clean once it
+    stopped."""
     with server_process(ECHO_SERVER) as (url, _):
         sock = tmp / "s.sock"
         config = write_daemon_config(
-            tmp, api_target(url), socket=sock, service={"operator_uids": [os.geteuid()]}
+            tmp, api_target(url), socket=sock, service={"operator_uids": [os.geteuid()], **service}
         )
         log = tmp / "daemon.log"
         with log.open("ab") as out:
