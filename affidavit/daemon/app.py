@@ -36,6 +36,7 @@ import logging
 import re
 from collections.abc import Awaitable, Callable
 from typing import Any
+from urllib.parse import unquote
 
 import trio
 
@@ -121,7 +122,10 @@ class Api:
             pass
 
     def _route(self, req: Request) -> tuple[Callable[..., Awaitable[None]], tuple[str, ...]]:
-        path = req.path
+        """The handler and its arguments, matched on the path as sent (``req.target``): an id
+        is one segment, unquoted after the match -- ``X%2Fresult`` is the id ``X/result``, never
+        the result of ``X``."""
+        path = req.target
         methods: dict[str, Callable[..., Awaitable[None]]] | None = ROUTES.get(path)
         args: tuple[str, ...] = ()
         if methods is None:
@@ -151,12 +155,12 @@ class Api:
                     methods = {"GET": operators.approval}
                     args = (m.group(1),)
         if methods is None:
-            raise ApiProblem(404, "NOT_FOUND", f"no such API path: {path}")
+            raise ApiProblem(404, "NOT_FOUND", f"no such API path: {req.path}")
         handler = methods.get(req.method)
         if handler is None:
             allowed = ", ".join(sorted(methods))
-            raise ApiProblem(405, "METHOD_NOT_ALLOWED", f"{path} takes {allowed}")
-        return handler, args
+            raise ApiProblem(405, "METHOD_NOT_ALLOWED", f"{req.path} takes {allowed}")
+        return handler, tuple(unquote(a) for a in args)
 
     # -- calls ----------------------------------------------------------------------------------
 

@@ -59,7 +59,6 @@ import logging
 import select
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
-from urllib.parse import unquote
 
 import h11
 import trio
@@ -246,9 +245,7 @@ class Connection:
             self._body_by = trio.current_time() + self.server.body_wait
             self.declared = _content_length(head)
             path, _, query = head.target.partition(b"?")
-            req = Request(
-                self, head.method.decode("ascii"), unquote(path.decode("ascii")), query, self.peer
-            )
+            req = Request(self, head.method.decode("ascii"), path.decode("ascii"), query, self.peer)
             try:
                 await handler(req)
             except Exception:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
-from urllib.parse import parse_qsl
+from urllib.parse import parse_qsl, unquote
 
 from affidavit.api.limits import ActionInvalid, action_size_limit, load_action_json
 from affidavit.api.wire import parse_count, parse_timeout
@@ -95,12 +95,18 @@ def parse_json(raw: bytes | bytearray, limit: int = MAX_BODY, *, action: bool = 
 class Request:
     """One request on its connection: method, path, query parameters, the peer that sent it."""
 
-    __slots__ = ("_conn", "answered", "held", "method", "params", "path", "peer")
+    __slots__ = ("_conn", "answered", "held", "method", "params", "path", "peer", "target")
 
-    def __init__(self, conn: Connection, method: str, path: str, query: bytes, peer: Peer) -> None:
+    def __init__(
+        self, conn: Connection, method: str, target: str, query: bytes, peer: Peer
+    ) -> None:
         self._conn = conn
         self.method = method
-        self.path = path
+        self.target = target
+        """The path as sent, still percent-encoded: what the routes match, so that an id
+        quoted into one segment (``/`` as ``%2F``) stays one."""
+        self.path = unquote(target)
+        """The path unquoted: for messages and the log."""
         self.peer = peer
         self.params: dict[str, str] = (
             dict(parse_qsl(query.decode("latin-1"), keep_blank_values=True)) if query else {}
