@@ -210,31 +210,33 @@ _FIELD = _JSON | st.sampled_from(
         1e308,
     ]
 )
+_OPTIONAL = st.fixed_dictionaries(
+    {},
+    optional={
+        k: _FIELD
+        for k in (
+            "target",
+            "method",
+            "path",
+            "headers",
+            "body",
+            "body_base64",
+            "session",
+            "idempotency_key",
+            "command",
+            "stdin",
+            "invocation_id",
+            "operation_id",
+            "from_chunk",
+            "limit",
+            "outcome",
+            "extra",
+        )
+    },
+)
 _ARGS = st.one_of(
-    st.fixed_dictionaries(
-        {},
-        optional={
-            k: _FIELD
-            for k in (
-                "target",
-                "method",
-                "path",
-                "headers",
-                "body",
-                "body_base64",
-                "session",
-                "idempotency_key",
-                "command",
-                "stdin",
-                "invocation_id",
-                "operation_id",
-                "from_chunk",
-                "limit",
-                "outcome",
-                "extra",
-            )
-        },
-    ),
+    _OPTIONAL,
+    _OPTIONAL.map(lambda a: {"target": "api", "method": "GET", "path": "/ok", **a}),
     _JSON,
 )
 
@@ -263,6 +265,9 @@ def test_any_tool_call_is_answered_once_with_an_envelope_or_an_error(
     answer, before = mcp.answer(request_id)
     assert not before, before
     check_tool_answer(answer)
+    content = answer.get("result", {}).get("structuredContent") or {}
+    if name == "http_request" and "result" in content:
+        assert content["result"]["body"] == "saw [REDACTED]", content  # the echo, redacted
     mcp.clean()
 
 
