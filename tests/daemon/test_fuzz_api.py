@@ -55,6 +55,8 @@ trio.run(main)
 """
 
 CODE = re.compile(r"[A-Z][A-Z0-9_]*")
+IDEMPOTENCY = {"header": "Idempotency-Key", "scope": "fuzz", "retention": "24h"}
+"""The target ``api`` honours a key: a caller's idempotency_key becomes a header."""
 READ_WAIT = 15.0
 """Seconds an answer may take (a call to the local echo remote takes milliseconds)."""
 
@@ -122,7 +124,7 @@ def fuzz_daemon(tmp: Path, **service: Any) -> Iterator[Daemon]:
         sock = tmp / "s.sock"
         config = write_daemon_config(
             tmp,
-            {**api_target(url), "ssh": _ssh_target()},
+            {**api_target(url, idempotency=IDEMPOTENCY), "ssh": _ssh_target()},
             socket=sock,
             service={"operator_uids": [os.geteuid()], **service},
         )
@@ -309,6 +311,12 @@ _FIELD = _JSON | st.sampled_from(
         "http://evil/",
         "x" * 5000,
         "Idempotency-Key",
+        "k" * 300,
+        "k\u00e9",
+        "k ey",
+        "k\x7f",
+        "\t",
+        "0",
         {"X-A": "a\r\nb"},
         {"Host": "evil"},
         {"Authorization": "Bearer x"},
@@ -317,26 +325,21 @@ _FIELD = _JSON | st.sampled_from(
         "!!!",
     ]
 )
-_ACTION = st.fixed_dictionaries(
-    {},
-    optional={
-        k: _FIELD
-        for k in (
-            "target",
-            "method",
-            "path",
-            "headers",
-            "body",
-            "body_base64",
-            "session",
-            "idempotency_key",
-            "command",
-            "stdin",
-            "extra",
-            "timeout",
-        )
-    },
+_KEYS = (
+    *("target", "method", "path", "headers", "body", "body_base64", "session"),
+    *("idempotency_key", "command", "stdin", "extra", "timeout"),
 )
+_ACTION = st.fixed_dictionaries({}, optional=dict.fromkeys(_KEYS, _FIELD))
+
+_HTTP = {"target": "api", "method": "POST", "path": "/ok", "idempotency_key": "k1"}
+_SSH = {"target": "ssh", "command": "uptime"}
+_ONE_WRONG = st.builds(
+    lambda base, key, value: {**base, key: value},
+    st.sampled_from([_HTTP, _SSH]),
+    st.sampled_from(_KEYS),
+    _FIELD,
+)
+"""A valid action with one field made hostile: each field's own check is reached."""
 
 
 def _dumps(value: Any) -> bytes:
@@ -345,8 +348,8 @@ def _dumps(value: Any) -> bytes:
 
 _BODY = st.one_of(
     _ACTION.map(_dumps),
-    _ACTION.map(lambda a: _dumps({"target": "api", "method": "GET", "path": "/ok", **a})),
-    _ACTION.map(lambda a: _dumps({"target": "ssh", "command": "uptime", **a})),
+    _ONE_WRONG.map(_dumps),
+    _ONE_WRONG.map(_dumps),
     _JSON.map(_dumps),
     st.binary(max_size=80),
     st.integers(1, 200_000).map(lambda n: b"[" * n + b"]" * n),
