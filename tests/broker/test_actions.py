@@ -521,6 +521,13 @@ def test_an_unprintable_forbidden_name_is_not_echoed_in_the_field_path() -> None
         "/q?x=1;api_key=mine",
         "/q?api%5Bkey=mine",
         "/q?a=1&%41PI_KEY=mine",
+        # PHP, Rack and qs (Express) decode these to api_key[] and read the parameter api_key,
+        # an array or a map: qs then holds the caller's value beside the credential,
+        # ["mine", "<credential>"].  (Raw brackets are refused in a path anyway.)
+        "/q?api_key%5B%5D=mine",
+        "/q?api_key%5B0%5D=mine",
+        "/q?API-KEY%5Bx%5D=mine",
+        "/q?api_key%5b%5d=mine",
     ],
 )
 def test_a_query_parameter_a_server_reads_as_the_injected_one_is_forbidden(path: str) -> None:
@@ -529,7 +536,16 @@ def test_a_query_parameter_a_server_reads_as_the_injected_one_is_forbidden(path:
     assert (info.value.code, info.value.field) == (Code.FORBIDDEN_HEADER, "path")
 
 
-@pytest.mark.parametrize("path", ["/q?api_keys=1", "/q?my_api_key=1", "/q?apikey=1"])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/q?api_keys=1",
+        "/q?my_api_key=1",
+        "/q?apikey=1",
+        "/q?api_keys%5B%5D=1",
+        "/q?%5Bapi_key%5D=1",
+    ],
+)
 def test_other_query_parameters_stay_allowed(path: str) -> None:
     assert parse_action({**SEARCH, "path": path}, CONFIG).path == path
 

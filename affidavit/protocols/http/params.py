@@ -54,6 +54,16 @@ def query_key(name: str) -> str:
     return re.sub(r"[-. \[]", "_", name.strip().lower())
 
 
+def _array_key(name: str) -> str:
+    """``a[...]`` as PHP, Rack and qs (Express) read it: the parameter ``a``, an array or a map
+    (qs then holds a caller's ``api_key[]`` value beside the injected ``api_key``)."""
+    name = name.strip()
+    bracket = name.find("[")
+    if bracket > 0 and "]" in name[bracket:]:
+        name = name[:bracket]
+    return query_key(name)
+
+
 # The overrides as parameters (names as ``query_key`` reads them): Rails', Laravel's and
 # Symfony's ``_method``, Express's method-override getter, Salesforce's ``_HttpMethod``, and the
 # override headers' names, which some stacks also read from the query.
@@ -82,12 +92,12 @@ def _check_name(
                 "X-HTTP-Method-Override, ...; in any case, percent-encoded, and with "
                 '"-", "." or " " for "_") is not allowed: the request line says them',
             )
-        if injected is not None and key == injected:
+        if injected is not None and injected in (key, _array_key(name)):
             raise ActionInvalid(
                 Code.FORBIDDEN_HEADER,
                 field,
-                f"query parameter {param} carries the credential (in any case, and with "
-                '"-", "." or " " for "_"); the broker sets it',
+                f"query parameter {param} carries the credential (in any case, with "
+                '"-", "." or " " for "_", or as an array, NAME[]); the broker sets it',
             )
 
 
