@@ -59,7 +59,7 @@ from affidavit.approvals import Operator, OperatorError, service
 from affidavit.engine import read_failure
 from affidavit.journal import JournalError, JournalReader, JournalUnavailable
 from affidavit.reconcile import service as reconciling
-from affidavit.text import utc_time
+from affidavit.text import printable, utc_time
 
 from . import pages
 from .auth import Session, Sessions, TokenDirError, TokenStore
@@ -118,6 +118,12 @@ class Request:
         self.via_proxy = False
         """Whether the connection is the declared proxy's (``Console.proxy_uid``)."""
         self._owner: tuple[int | None] | None = None
+
+    @property
+    def shown_path(self) -> str:
+        """The path for a log line: decoded, it may hold a line break (``%0A``) or a terminal
+        escape -- a stranger's line of its own in the daemon's log -- so those are escaped."""
+        return printable(self.path)
 
     def owner(self) -> int | None:
         """The uid owning the client's end of this request's connection (``peer.socket_owner``,
@@ -242,7 +248,7 @@ class Console:
             page = self._render("error.html", req, message=exc.message, code=exc.code)
             await req.answer(exc.status, page)
         except Exception:
-            log.exception("console: %s %s failed", req.method, req.path)
+            log.exception("console: %s %s failed", req.method, req.shown_path)
             page = self._render(
                 "error.html", req, message="the console failed; see its log", code=""
             )
@@ -271,7 +277,7 @@ class Console:
                 log.warning(
                     "console: refused %s %s: the proxy's uid %d named %r, not the public origin",
                     req.method,
-                    req.path,
+                    req.shown_path,
                     self.proxy_uid,
                     req.headers.get("host"),
                 )
@@ -345,7 +351,7 @@ class Console:
             owner = req.owner()
             session = next((s for s in live if s.operator.uid == owner), live[0])
         elif len(live) > 1:
-            log.warning("console: refused %s %s: two session cookies", req.method, req.path)
+            log.warning("console: refused %s %s: two session cookies", req.method, req.shown_path)
             raise Refused(403, "refused: this request carries two console sessions; nothing done")
         else:
             session = live[0]
@@ -365,7 +371,7 @@ class Console:
             log.warning(
                 "console: refused %s %s: %s of uid %d presented by %s",
                 req.method,
-                req.path,
+                req.shown_path,
                 what,
                 operator.uid,
                 "an unidentified peer" if uid is None else f"uid {uid}",
@@ -574,7 +580,7 @@ def _journal_refusal(exc: JournalError, failure: tuple[int, str, str]) -> Refuse
     ``act_failure``): the error page with its status and code, and one line in the log --
     never a traceback, never the password (the journal's words redact it)."""
     status, code, message = failure
-    log.warning("console: %s: %s", message, exc)
+    log.warning("console: %s: %s", printable(message), exc)  # it may name a path's id
     return Refused(status, message, code)
 
 

@@ -76,3 +76,31 @@ async def test_a_session_cookie_in_another_uid_s_hands_is_refused(
             f"{world.origin}/login", {"token": stolen_link}, {"Origin": world.origin}
         )
         assert status == 200 and "set-cookie" in headers, status
+
+
+_FORGER = r"""
+import http.client, sys
+host, cookie, path = sys.argv[1:]
+conn = http.client.HTTPConnection(host, timeout=20)
+conn.request("GET", path, headers={"Cookie": cookie})
+print(conn.getresponse().status)
+"""
+FORGED = "2026-01-01 00:00:00,000 affidavit serve[1] WARNING console: uid 0 approved act_x"
+
+
+async def test_a_refused_path_cannot_write_a_line_of_its_own_into_the_log(
+    tmp_path: Path, token: str
+) -> None:
+    """The refusal's log line names the path the stranger asked for -- decoded, so ``%0A``
+    was a line break, and the path a line of the stranger's own making in the daemon's log."""
+    async with console_world(tmp_path, token, wait="0s") as world:
+        cookie, _ = await log_in(world)
+        host = world.origin.removeprefix("http://")
+        path = "/approvals%0A" + FORGED.replace(" ", "%20") + "%0D%1B[2J"
+        done = await run(as_user(NOBODY, "-c", _FORGER, host, cookie, path), env=client_env())
+        assert done.stdout.strip() == b"403", done
+        log = world.daemon.log_text()
+        assert f"presented by uid {NOBODY}" in log
+        assert not any(line.startswith(FORGED) for line in log.splitlines()), log[-2000:]
+        assert "\x1b" not in log and "\r" not in log
+        assert "/approvals\\n2026-01-01" in log, log[-2000:]
