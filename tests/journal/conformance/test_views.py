@@ -175,3 +175,20 @@ def test_the_sessions_view_streams_and_a_page_keeps_those_seen_last(
         "truncated": False,
     }
     assert newest_sessions(found, 0)["sessions"] == []
+
+
+def test_a_key_holding_nul_names_nothing_on_every_backend(place: Place) -> None:
+    """A caller's id or session with a NUL (``/v1/invocations/%00``, ``?session=%00``) names no
+    record -- on PostgreSQL too, whose text holds no NUL and whose driver refuses to send one:
+    that refusal read as a journal that cannot be read (500 JOURNAL_UNREADABLE, an ERROR in
+    the log) for a request that was merely wrong."""
+    _fill(place)
+    with place.reader() as r:
+        for key in ("\x00", "ok-1\x00", "\x00ok-1"):
+            assert r.record(key) is None
+            assert r.events(key) == []
+            assert r.list_actions(session=key) == []
+            assert list(r.iter_actions(session=key)) == []
+            assert r.newest_actions(10, session=key) == ([], 0)
+            assert r.newest_actions(0, session=key) == ([], 0)
+        assert [x.invocation_id for x in r.list_actions(session="alice")] == ["ok-1", "lost-1"]
