@@ -67,6 +67,12 @@ class Daemon:
     journal: Path
     log: Path
     proc: subprocess.Popen[bytes]
+    journal_url: str | None = None
+    """A PostgreSQL journal's URL (its password a canary too), else the SQLite ``journal``."""
+    secrets: tuple[str, ...] = (CANARY,)
+    _pg: Any = None
+    """One autocommit connection for ``events`` (a connection per count costs more than the
+    request it checks)."""
 
     def alive(self) -> None:
         assert self.proc.poll() is None, self.log.read_text(errors="replace")[-3000:]
@@ -74,21 +80,34 @@ class Daemon:
     def log_is_clean(self) -> None:
         text = self.log.read_text(encoding="utf-8", errors="replace")
         assert "Traceback" not in text, text[-3000:]
-        assert CANARY not in text
+        assert not any(secret in text for secret in self.secrets)
         assert "failed inside the daemon" not in text, text[-3000:]
 
     def events(self) -> int:
         """How many events the journal holds (read beside the daemon: WAL) -- but a delivery's:
         that one is recorded *after* its answer was written, so an earlier call's may land
         while a later request is being checked."""
+        query = (
+            "SELECT count(*) FROM events"
+            " WHERE kind NOT IN ('RESULT_DELIVERED', 'RESULT_DELIVERY_FAILED')"
+        )
+        if self.journal_url is not None:
+            import psycopg
+
+            if self._pg is None:
+                self._pg = psycopg.connect(self.journal_url, autocommit=True)
+            row = self._pg.execute(query).fetchone()
+            assert row is not None
+            return int(row[0])
         if not self.journal.exists():
             return 0
         with sqlite3.connect(f"file:{self.journal}?mode=ro", uri=True, timeout=WAIT) as db:
-            (n,) = db.execute(
-                "SELECT count(*) FROM events"
-                " WHERE kind NOT IN ('RESULT_DELIVERED', 'RESULT_DELIVERY_FAILED')"
-            ).fetchone()
+            (n,) = db.execute(query).fetchone()
         return int(n)
+
+    def holds_no_secret(self, data: bytes) -> None:
+        for secret in self.secrets:
+            assert secret.encode() not in data
 
 
 def _ssh_target() -> dict[str, Any]:
@@ -116,10 +135,17 @@ def _ssh_target() -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def fuzz_daemon(tmp: Path, **service: Any) -> Iterator[Daemon]:
+def fuzz_daemon(
+    tmp: Path, *, journal_url: str | None = None, password: str = "", **service: Any
+) -> Iterator[Daemon]:
     """``affidavit serve`` with the canary credential, its target ``api`` the echo remote, this
-    uid an operator (more ``[service]`` settings: ``service``); its log checked clean once it
-    stopped."""
+    uid an operator (more ``[service]`` settings: ``service``); its journal a SQLite file, or
+    the PostgreSQL database at ``journal_url`` (whose ``password`` is a canary too); its log
+    checked clean once it stopped."""
+    journal = None
+    if journal_url is not None:
+        keys = {"key_file": str(tmp / "shared.key"), "signing_key": str(tmp / "signing.key")}
+        journal = {"url": journal_url, **keys}
     with server_process(ECHO_SERVER) as (url, _):
         sock = tmp / "s.sock"
         config = write_daemon_config(
@@ -127,6 +153,7 @@ def fuzz_daemon(tmp: Path, **service: Any) -> Iterator[Daemon]:
             {**api_target(url, idempotency=IDEMPOTENCY), "ssh": _ssh_target()},
             socket=sock,
             service={"operator_uids": [os.geteuid()], **service},
+            journal=journal,
         )
         log = tmp / "daemon.log"
         with log.open("ab") as out:
@@ -137,7 +164,8 @@ def fuzz_daemon(tmp: Path, **service: Any) -> Iterator[Daemon]:
                 stderr=out,
                 env=daemon_env(CANARY),
             )
-        d = Daemon(sock, tmp / "journal.db", log, proc)
+        secrets = (CANARY, password) if password else (CANARY,)
+        d = Daemon(sock, tmp / "journal.db", log, proc, journal_url, secrets)
         try:
             deadline = time.monotonic() + WAIT
             while not _answers(sock):
@@ -146,6 +174,8 @@ def fuzz_daemon(tmp: Path, **service: Any) -> Iterator[Daemon]:
                 time.sleep(0.05)
             yield d
         finally:
+            if d._pg is not None:
+                d._pg.close()
             proc.terminate()
             try:
                 proc.wait(timeout=WAIT)
@@ -155,9 +185,19 @@ def fuzz_daemon(tmp: Path, **service: Any) -> Iterator[Daemon]:
     d.log_is_clean()
 
 
-@pytest.fixture(scope="module")
-def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
-    with fuzz_daemon(tmp_path_factory.mktemp("fuzz")) as d:
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+def daemon(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Daemon]:
+    """The daemon on each journal backend (PostgreSQL: a fresh database of the session's
+    server; its text holds no NUL, which once made a caller's ``%00`` an unreadable journal)."""
+    tmp = tmp_path_factory.mktemp("fuzz")
+    if request.param == "sqlite":
+        with fuzz_daemon(tmp) as d:
+            yield d
+        return
+    cluster = request.getfixturevalue("pg")
+    with fuzz_daemon(tmp, journal_url=cluster.database(), password=cluster.password) as d:
         yield d
 
 
@@ -523,6 +563,7 @@ def test_any_request_is_answered_with_an_envelope_or_a_stable_api_error(
     assert len(answers) == 1, answers
     [answer] = answers
     check(answer, path, head=method == "HEAD")
+    daemon.holds_no_secret(answer.body)
     if answer.status >= 400 or path != "/v1/calls":
         # Refused, or no call at all: nothing journaled (a poll or a reconcile of no such
         # record is refused too).
