@@ -20,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.daemon.test_fuzz_api import CANARY, READ_WAIT, Daemon, fuzz_daemon, parse_answers
+from tests.daemon.fuzzkit import CANARY, READ_WAIT, Daemon, fuzz_daemon, parse_answers
 from tests.external import free_port
 
 

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 import affidavit.cli
 
-from .test_fuzz_api import CANARY, Daemon, fuzz_daemon
+from .fuzzkit import CANARY, Daemon, fuzz_daemon
 
 IID = "{IID}"
 """Stands for the id of a real invocation (``made``): a hostile id is most telling beside it."""

@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 
 from tests.broker.helpers import TOKEN_ENV, http_target, write_config
 from tests.broker.server_process import server_process
-from tests.daemon.test_fuzz_api import CANARY, ECHO_SERVER, fuzz_daemon
+from tests.daemon.fuzzkit import CANARY, ECHO_SERVER, fuzz_daemon
 
 from .kit import PYTHON, env_without_secrets
 
