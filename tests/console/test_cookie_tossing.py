@@ -25,7 +25,7 @@ from affidavit.approvals import Operator
 from affidavit.console import COOKIE
 from tests.broker.helpers import http_target, open_broker
 
-from .kit import WAIT, log_in_to, operator_config, served
+from .kit import WAIT, Browser, console_world, log_in_to, operator_config, served
 
 OTHER_GID = 4242
 """A group named an operator group, so that a session of another operator (uid 65534 in it)
@@ -104,3 +104,39 @@ async def test_where_no_connection_is_checked_two_live_sessions_are_refused(
         assert b"two console sessions" in page
         status, page = await _get(f"{origin}/approvals", [f"{COOKIE}=junk; {cookie}"])
         assert (status, _csrf(page)) == (200, csrf)
+
+
+async def test_in_chromium_a_page_on_another_port_cannot_log_the_operator_out(
+    tmp_path: Path, token: str, chrome: Browser
+) -> None:
+    """The toss as it happens: the operator's browser opens a page an agent serves on another
+    port of 127.0.0.1, whose answer sets ``affidavit_console`` with ``Path=/approvals``; the
+    browser then sends both cookies to the console, the tossed one first."""
+    tossed = f"{COOKIE}=tossed-by-another-port; Path=/approvals; SameSite=Lax".encode()
+    answer = (
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/html\r\nset-cookie: %s\r\n"
+        b"content-length: 2\r\nconnection: close\r\n\r\nok" % tossed
+    )
+    seen: list[bytes] = []
+
+    async def agent(stream: trio.SocketStream) -> None:
+        with trio.move_on_after(WAIT):
+            seen.append(await stream.receive_some(65536))
+            await stream.send_all(answer)
+        await stream.aclose()
+
+    async with console_world(tmp_path, token) as world, trio.open_nursery() as nursery:
+        [listener] = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        nursery.start_soon(trio.serve_listeners, agent, [listener])
+        await chrome.get(f"{world.origin}/approvals")
+        await chrome.log_in(await world.login_url())
+        assert await chrome.count("#operator") == 1
+
+        await chrome.get(f"http://127.0.0.1:{listener.socket.getsockname()[1]}/")
+        assert seen and f"{COOKIE}=".encode() in seen[0]  # the agent saw the session cookie
+
+        await chrome.get(f"{world.origin}/approvals")
+        jar = await chrome.run(lambda d: d.get_cookies())  # those sent to /approvals
+        assert sorted(c["path"] for c in jar if c["name"] == COOKIE) == ["/", "/approvals"]
+        assert await chrome.count("#operator") == 1, await chrome.source()  # still logged in
+        nursery.cancel_scope.cancel()
