@@ -175,7 +175,8 @@ SERVICE = Schema(
             "shutdown_grace",
             _grace,
             default=30,
-            doc="seconds in-flight calls may finish after SIGTERM before they are stopped",
+            doc="seconds in-flight calls may finish after SIGTERM (`affidavit mcp`: or the end of "
+            "its input) before they are stopped",
         ),
         Field(
             "max_calls",

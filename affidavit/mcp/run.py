@@ -25,4 +25,5 @@ async def run(*, config: str | None, socket: str | None) -> None:
         return
     async with Embedded.open(config) as embedded, StdioTransport.claim() as transport:
         log.info("session %s, embedded on %s", session, embedded.broker.journal.where)
-        await serve(embedded, transport, session, embedded.broker.config.service.max_calls)
+        service = embedded.broker.config.service
+        await serve(embedded, transport, session, service.max_calls, service.shutdown_grace)

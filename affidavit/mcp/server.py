@@ -18,10 +18,15 @@ which reads no config: its default, 256), each counted until its delivery is rec
 is answered ``api_error`` OVERLOADED at once and nothing runs for it -- as the daemon answers
 its 503.
 
-Stopping: end of input -- the client is gone -- ends the session; calls in flight run to their
-end (bounded by their targets' timeouts), their results stored and their lost answers recorded
-RESULT_DELIVERY_FAILED.  SIGTERM or SIGINT stops them at once: each is recorded BROKER_SHUTDOWN
-with what its evidence proves (unknown once dispatched, never not_attempted).
+Stopping: end of input (the client is gone), SIGTERM or SIGINT ends the session as the daemon's
+shutdown does (``affidavit/daemon/calls.py``): no more calls are taken (one more is answered
+SHUTTING_DOWN, nothing run); the calls in flight get ``grace`` seconds (embedded: the config's
+``[service] shutdown_grace``; the proxy: its default, 30) to finish -- their results stored, an
+answer that cannot be written recorded RESULT_DELIVERY_FAILED; then the rest are stopped, each
+recorded BROKER_SHUTDOWN with what its evidence proves (unknown once dispatched, never
+not_attempted), and the process exits.  After a signal the input is still read and answers are
+still written until the calls are over.  A signal while the grace runs (a host that closed the
+input and then signals, or a second signal) stops the rest at once.
 """
 
 from __future__ import annotations
@@ -62,6 +67,11 @@ DEFAULT_LIMIT = 50
 DEFAULT_MAX_CALLS = 256
 """Tool requests running in tasks of their own at once, when no config says (``[service]
 max_calls``'s default: the proxy reads no config)."""
+DEFAULT_GRACE = 30.0
+"""Seconds calls in flight may finish once the session ends, when no config says (``[service]
+shutdown_grace``'s default)."""
+STOP_WAIT = 5.0
+"""After the grace, how long (at least) the stopped calls may take to record where they stood."""
 
 
 def new_session_id() -> str:
@@ -86,6 +96,12 @@ class McpSession:
         """Tasks of ``_run`` not yet over (a call runs on after its handler is gone)."""
         self.nursery: trio.Nursery | None = None
         self.stopping = False
+        self.ending = trio.Event()
+        """Set when the session ends: its input ended, or a signal arrived."""
+        self.grace = trio.CancelScope()
+        """The wait for calls in flight; cancelled to stop them at once."""
+        self._idle = trio.Event()
+        self._idle.set()
         self._catalog: dict[str, Any] | None = None
 
     async def catalog(self) -> dict[str, Any]:
@@ -208,6 +224,7 @@ class McpSession:
         if request_id is not None:
             exchange.written = self.transport.expect(request_id)
         self.running += 1
+        self._idle = trio.Event()
         self.nursery.start_soon(self._work, work, exchange, request_id)
         try:
             await exchange.ready.wait()
@@ -234,11 +251,31 @@ class McpSession:
                 log.warning("the answer to request %r was not written (client gone)", request_id)
         finally:
             self.running -= 1
+            if not self.running:
+                self._idle.set()
 
-    def stop(self) -> None:
-        """Stop every call where it is (SIGTERM, SIGINT) and take no more."""
+    def end(self) -> None:
+        """The input ended or a signal arrived: take no more calls and start the grace; if it
+        is already running, stop every call at once."""
         self.stopping = True
-        self.backend.stop()
+        if self.ending.is_set():
+            self.grace.cancel()
+        self.ending.set()
+
+    async def drain(self, grace: float) -> int:
+        """Wait up to ``grace`` seconds for the calls in flight, then stop the rest where they
+        are (each records where it stood) and wait for that.  Returns how many were stopped."""
+        self.stopping = True
+        self.grace.deadline = trio.current_time() + grace
+        with self.grace:
+            await self._idle.wait()
+        left = self.running
+        if left:
+            self.backend.stop()
+            # Stopping only records the boundary each call reached (shielded journal writes).
+            with trio.move_on_after(max(grace, STOP_WAIT)):
+                await self._idle.wait()
+        return left
 
 
 def build_server(session: McpSession) -> Server[Any]:
@@ -257,35 +294,49 @@ async def serve(
     transport: StdioTransport,
     session_id: str,
     max_calls: int = DEFAULT_MAX_CALLS,
+    grace: float = DEFAULT_GRACE,
 ) -> None:
     """Serve one MCP connection over ``transport`` until its input ends or a signal arrives;
-    return once every call it started is over.  At most ``max_calls`` tool requests run at once
-    in tasks of their own; one more is answered OVERLOADED at once, and nothing runs for it."""
+    then let the calls in flight finish within ``grace`` seconds, stop the rest and return (the
+    module docstring).  At most ``max_calls`` tool requests run at once in tasks of their own;
+    one more is answered OVERLOADED at once, and nothing runs for it."""
     session = McpSession(backend, transport, session_id, max_calls)
     server = build_server(session)
     options = server.create_initialization_options(NotificationOptions())
     await session.catalog()  # the tools, and how large a message may be (retried if it failed)
     async with trio.open_nursery() as top:
-        serving = trio.CancelScope()
-        top.start_soon(_stop_on_signal, session, serving)
+        top.start_soon(_stop_on_signal, session)
         async with trio.open_nursery() as calls:
             session.nursery = calls
-            with serving:
-                async with transport.streams() as (read, write):
-                    await server.run(read, write, options)
-            session.nursery = None  # no new calls; leaving waits for those in flight
-            if not serving.cancelled_caught:
-                log.info("the session ended; %d call(s) still running", _running(calls))
+            async with trio.open_nursery() as connection:
+                connection.start_soon(_converse, server, transport, options, session)
+                await session.ending.wait()
+                if left := session.running:
+                    log.info("the session ended; %d call(s) still running (grace %gs)", left, grace)
+                stopped = await session.drain(grace)
+                if stopped:
+                    log.warning("the grace ran out: %d call(s) stopped (BROKER_SHUTDOWN)", stopped)
+                connection.cancel_scope.cancel()
+            session.nursery = None
+            calls.cancel_scope.cancel()  # nothing is left running past the stop's own wait
         top.cancel_scope.cancel()
 
 
-def _running(nursery: trio.Nursery) -> int:
-    return len(nursery.child_tasks)
+async def _converse(
+    server: Server[Any], transport: StdioTransport, options: Any, session: McpSession
+) -> None:
+    """The connection itself; its input's end ends the session (and does not cut short a
+    grace a signal started)."""
+    try:
+        async with transport.streams() as (read, write):
+            await server.run(read, write, options)
+    finally:
+        session.stopping = True
+        session.ending.set()
 
 
-async def _stop_on_signal(session: McpSession, serving: trio.CancelScope) -> None:
+async def _stop_on_signal(session: McpSession) -> None:
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async for signum in signals:
-            log.info("signal %d: stopping every call where it is", signum)
-            session.stop()
-            serving.cancel()
+            log.info("signal %d: stopping (%d call(s) running)", signum, session.running)
+            session.end()

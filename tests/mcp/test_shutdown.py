@@ -1,0 +1,132 @@
+"""``affidavit mcp`` ends as the daemon does: its input's end or SIGTERM stops the taking of
+calls, the calls in flight get ``[service] shutdown_grace`` to finish, then the rest are stopped
+and each records where it stood (BROKER_SHUTDOWN, unknown once dispatched) -- a remote holding a
+call for its target's whole timeout (two minutes here) does not keep the process alive.
+
+A real ``affidavit mcp`` process spoken to in raw JSON-RPC lines; the remote is a loopback
+server that holds the request until it is released (never, here)."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from tests.broker.helpers import write_config
+
+from .conftest import Remotes, wait_for
+from .kit import PYTHON, WAIT, connected
+from .test_delivery import the_call
+from .test_protocol import FAST, HELD, INIT, Raw, call, session_of
+
+GRACE = 1.0
+SLOW = {"connect": 2, "total": 120}
+"""The held target's timeout: far beyond every wait of these tests."""
+
+
+def config(tmp: Path, remotes: Remotes) -> Path:
+    targets = remotes.targets()
+    targets["holds"] = {**targets["holds"], "timeout": SLOW}
+    path = write_config(tmp, targets)
+    with path.open("a", encoding="utf-8") as out:
+        out.write(f"[service]\nshutdown_grace = {GRACE}\n")
+    return path
+
+
+@asynccontextmanager
+async def server(tmp: Path, cfg: Path, remotes: Remotes, token: str) -> AsyncIterator[Raw]:
+    log = tmp / "raw.log"
+    with log.open("ab") as errlog:
+        proc = await trio.lowlevel.open_process(
+            [PYTHON, "-m", "affidavit", "mcp", "--config", str(cfg)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=errlog,
+            env=remotes.env(token),
+        )
+    raw = Raw(proc, log)
+    try:
+        await raw.send(INIT)
+        await raw.answer(0)
+        await raw.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        yield raw
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+        with trio.move_on_after(WAIT, shield=True):
+            await proc.wait()
+
+
+async def held_call(raw: Raw, remotes: Remotes) -> str:
+    session = await session_of(raw)
+    await raw.send(call(1, "http_request", HELD))
+    await wait_for(remotes.holds.event("received"))
+    return session
+
+
+async def exits_within_grace(raw: Raw) -> int:
+    """The exit code; the process must be gone well before the held call's own timeout."""
+    with trio.fail_after(GRACE + 15):
+        return await raw.proc.wait()
+
+
+async def recorded(tmp: Path, cfg: Path, remotes: Remotes, token: str, session: str) -> Any:
+    async with connected(["--config", str(cfg)], remotes.env(token), tmp / "mcp.log") as mcp:
+        return await the_call(mcp, session)
+
+
+async def test_input_end_waits_the_grace_then_stops_the_call_as_broker_shutdown(
+    tmp_path: Path, remotes: Remotes, token: str
+) -> None:
+    cfg = config(tmp_path, remotes)
+    async with server(tmp_path, cfg, remotes, token) as raw:
+        session = await held_call(raw, remotes)
+        await raw.proc.stdin.aclose()  # type: ignore[union-attr]  # the agent is gone
+        started = trio.current_time()
+        assert await exits_within_grace(raw) == 0
+        assert trio.current_time() - started >= GRACE * 0.9  # the grace was given
+        assert "the grace ran out: 1 call(s) stopped (BROKER_SHUTDOWN)" in raw.stderr()
+
+    record = await recorded(tmp_path, cfg, remotes, token, session)
+    assert (record["code"], record["phase"], record["outcome"], record["retry"]) == (
+        "BROKER_SHUTDOWN",
+        "remote_execution",
+        "unknown",
+        "same_idempotency_key",  # the target takes an Idempotency-Key: resume it
+    )
+    assert "DISPATCH_STARTED" in record["kinds"]
+    assert "RESULT_DELIVERED" not in record["kinds"]
+    assert len(remotes.holds.requests) == 1
+
+
+async def test_sigterm_refuses_new_calls_answers_the_stopped_one_and_exits(
+    tmp_path: Path, remotes: Remotes, token: str
+) -> None:
+    """After SIGTERM the connection stays open through the grace: a new call is refused with
+    nothing run, and the stopped call's envelope still reaches the client."""
+    cfg = config(tmp_path, remotes)
+    async with server(tmp_path, cfg, remotes, token) as raw:
+        session = await held_call(raw, remotes)
+        raw.proc.send_signal(signal.SIGTERM)
+        await raw.send(call(2, "http_request", FAST))
+        refused: dict[str, Any] = (await raw.answer(2))["result"]["structuredContent"]
+        assert refused["api_error"]["code"] == "SHUTTING_DOWN", refused
+        stopped: dict[str, Any] = (await raw.answer(1))["result"]["structuredContent"]
+        assert await exits_within_grace(raw) == 0
+
+    error = stopped["error"]
+    assert (error["code"], error["phase"], error["outcome"], error["retry"]) == (
+        "BROKER_SHUTDOWN",
+        "remote_execution",
+        "unknown",
+        "same_idempotency_key",  # the target takes an Idempotency-Key: resume it
+    )
+    record = await recorded(tmp_path, cfg, remotes, token, session)
+    assert (record["code"], record["outcome"]) == ("BROKER_SHUTDOWN", "unknown")
+    assert not remotes.ok.requests
+    assert len(remotes.holds.requests) == 1
