@@ -3,10 +3,14 @@ writer, or, on a shared PostgreSQL journal, one of several daemons writing it.
 
 Life of the daemon:
 
-1. Refuse to start if a live daemon already answers on the socket (a stale socket file left by
-   a killed one is removed) or if another process writes a SQLite journal: it is opened as its
-   only writer (``owner=``; an exclusive lock embedded writers respect).  A shared journal takes
-   no such lock: several daemons write it by design, one chain ordered by the database.
+1. Refuse to start if the socket's directory is writable by another user (unless sticky) or
+   owned by one, if another daemon holds the socket path (``<socket>.lock``, locked before the
+   path is touched and held until the daemon's socket is gone: of two daemons starting on one
+   path, one is refused, and never removes the other's socket), if a live daemon answers on it
+   (a stale socket file left by a killed one is removed), or if another process writes a
+   SQLite journal: it is opened as its only writer (``owner=``; an exclusive lock embedded
+   writers respect).  A shared journal takes no such lock: several daemons write it by design,
+   one chain ordered by the database.
 2. Start-up recovery: every record left non-final is closed with what its durable events prove
    -- dispatched without a result is unknown, never not_attempted (``Broker.recover``).  On a
    SQLite journal the exclusive lock proves their holders are gone, so their leases need not be
@@ -36,6 +40,7 @@ Life of the daemon:
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import logging
 import os
 import resource
@@ -165,7 +170,14 @@ class Daemon:
                 f"[service] console_proxy_user applies to a loopback console only, not "
                 f"{self.console_address[0]}: a peer on another machine cannot be identified"
             )
-        _refuse_live_daemon(self.socket_path)
+        lock = _claim_socket_path(self.socket_path)
+        try:
+            await self._run(task_status)
+        finally:
+            os.close(lock)  # only now may another daemon take the path
+        log.info("stopped")
+
+    async def _run(self, task_status: trio.TaskStatus[None]) -> None:
         owner = f"affidavit serve (pid {os.getpid()}) on {self.socket_path}"
         settings = EngineSettings(lease_margin=self.config.service.lease_margin)
         async with Broker.open(config=self.config, owner=owner, settings=settings) as broker:
@@ -219,7 +231,6 @@ class Daemon:
                 if console is not None:
                     console.socket.close()
                 _unlink_if_ours(self.socket_path, inode)
-        log.info("stopped")
 
     async def _serve(
         self,
@@ -354,11 +365,22 @@ SUN_PATH_MAX = 107
 """Bytes of a Unix socket's path at most (Linux's ``sun_path`` is 108, with its NUL)."""
 
 
-def _refuse_live_daemon(path: Path) -> None:
-    """A socket file nobody answers on is stale (its daemon was killed): remove it.  One that
-    answers belongs to a live daemon: refuse.  Anything else at the path is not ours to touch.
-    A path no socket can have is refused here too, before the journal is opened: start-up
-    recovery must not write the journal of a daemon that cannot listen."""
+def _claim_socket_path(path: Path) -> int:
+    """Make the socket path this daemon's to serve on, before the journal is opened (start-up
+    recovery must not write the journal of a daemon that cannot listen); returns the lock's
+    descriptor, held until the daemon has stopped and removed its socket.
+
+    * A path no socket can have, or a directory that is not one, is refused.
+    * The directory must be the daemon's user's (or root's) and writable by nobody else unless
+      sticky: whoever can write it could remove the socket and bind their own in its place.
+    * ``<socket>.lock`` is locked (flock, exclusive, never removed) before the path is touched:
+      of two daemons starting on one path, the second is refused here -- it never probes a
+      socket the first has bound but not yet listened on (a connect is refused then, exactly
+      as on a stale one), so never removes it; and a stopping daemon's socket is removed
+      before its lock goes.
+    * Then a socket file nobody answers on is stale (its daemon was killed): removed.  One
+      that answers belongs to a live daemon (not ours: refused).  Anything else at the path is
+      not ours to touch."""
     size = len(os.fsencode(path))
     if size > SUN_PATH_MAX:
         raise DaemonError(
@@ -367,6 +389,55 @@ def _refuse_live_daemon(path: Path) -> None:
         )
     if not path.parent.is_dir():
         raise DaemonError(f"cannot listen on {path}: {path.parent} is not a directory")
+    _check_directory(path)
+    lock = _lock(path)
+    try:
+        _remove_stale(path)
+    except BaseException:
+        os.close(lock)
+        raise
+    return lock
+
+
+def _check_directory(path: Path) -> None:
+    st = os.stat(path.parent)
+    if st.st_uid not in (0, os.geteuid()):
+        raise DaemonError(
+            f"cannot listen on {path}: {path.parent} belongs to uid {st.st_uid}, who could "
+            f"replace the socket; use a directory of the daemon's user (or root's)"
+        )
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX:
+        mode = stat.S_IMODE(st.st_mode)
+        raise DaemonError(
+            f"cannot listen on {path}: {path.parent} is writable by others (mode {mode:04o}), "
+            f"who could replace the socket; make it writable by its owner only (0750)"
+        )
+
+
+def _lock(path: Path) -> int:
+    lock = path.with_name(path.name + ".lock")
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        fd = os.open(lock, flags, 0o600)
+    except OSError as exc:
+        raise DaemonError(f"cannot lock {lock}: {exc.strerror or exc}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+            raise DaemonError(f"{lock} is not a file of the daemon's user; refusing to use it")
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise DaemonError(
+                f"a daemon already listens on {path} (or is starting to: {lock} is locked)"
+            ) from None
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _remove_stale(path: Path) -> None:
     try:
         st = os.lstat(path)
     except FileNotFoundError:

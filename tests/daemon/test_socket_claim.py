@@ -1,0 +1,196 @@
+"""Who may take the socket path: one daemon at a time, in a directory nobody else can write.
+
+* Two daemons starting on one path (each with its own journal, so the journal's writer lock
+  does not order them): the first holds ``<socket>.lock`` before it touches the path, so the
+  second is refused -- even while the first has bound its socket and not yet listened, when a
+  probe connect is refused exactly as on a stale socket and the second used to remove the
+  first's live socket, bind its own and serve, both believing they served.
+* A socket directory writable by others, or owned by another user, is refused with a message
+  saying why (whoever can write it could remove the socket and bind their own in its place).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import trio
+
+from affidavit.daemon import server
+from affidavit.daemon.server import DaemonError
+from tests.external import require_root
+from tests.http.hostile import HostileServer, Reply, scripts
+
+from .kit import (
+    NOBODY,
+    PYTHON,
+    WAIT,
+    DaemonProc,
+    _answers,
+    api_target,
+    daemon_env,
+    run,
+    wait_until,
+    write_daemon_config,
+)
+
+GAP = 4.0
+"""How long the first daemon waits between ``bind`` and ``listen``."""
+
+SLOW_LISTEN = """
+import socket, sys, time
+from pathlib import Path
+marker, gap = Path(sys.argv[1]), float(sys.argv[2])
+real = socket.socket.listen
+def listen(self, *args):
+    if self.family == socket.AF_UNIX:
+        marker.write_text("bound")  # the socket file exists; nobody listens on it yet
+        time.sleep(gap)
+    return real(self, *args)
+socket.socket.listen = listen
+from affidavit.cli import main
+sys.exit(main(sys.argv[3:]))
+"""
+
+
+def daemon_config(tmp: Path, name: str, url: str, sock: Path) -> Path:
+    home = tmp / name
+    home.mkdir()
+    return write_daemon_config(home, api_target(url), socket=sock)
+
+
+async def test_a_daemon_starting_while_another_is_between_bind_and_listen_is_refused(
+    tmp_path: Path, token: str
+) -> None:
+    sock = tmp_path / "affidavit.sock"
+    marker = tmp_path / "bound"
+    async with HostileServer.running(scripts.serve(Reply(200))) as srv:
+        first_cfg = daemon_config(tmp_path, "a", srv.url, sock)
+        second_cfg = daemon_config(tmp_path, "b", srv.url, sock)
+        log = tmp_path / "a.log"
+        with log.open("ab") as out:
+            proc = subprocess.Popen(
+                [
+                    PYTHON,
+                    "-c",
+                    SLOW_LISTEN,
+                    str(marker),
+                    str(GAP),
+                    "serve",
+                    "--config",
+                    str(first_cfg),
+                ],
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=out,
+                env=daemon_env(token),
+            )
+        first = DaemonProc(first_cfg, sock, first_cfg.parent / "journal.db", log, proc)
+        try:
+            await wait_until(marker.exists, "the first daemon has bound its socket")
+            inode = os.lstat(sock).st_ino
+            second = subprocess.Popen(
+                [PYTHON, "-m", "affidavit", "serve", "--config", str(second_cfg)],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env=daemon_env(token),
+            )
+            try:
+                _, err = second.communicate(timeout=GAP + 10)
+            except subprocess.TimeoutExpired:
+                second.kill()
+                _, err = second.communicate()
+                raise AssertionError(f"the second daemon serves too:\n{err.decode()}") from None
+            assert second.returncode == 2, err
+            assert b"a daemon already listens on" in err and b"is locked" in err, err
+            assert b"Traceback" not in err
+
+            # The first daemon's socket is still the one at the path, and it answers there.
+            assert os.lstat(sock).st_ino == inode
+            await wait_until(lambda: _answers(first), "the first daemon answers")
+            assert os.lstat(sock).st_ino == inode
+            proc.send_signal(signal.SIGTERM)
+            assert await first.wait() == 0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=WAIT)
+    assert not sock.exists()  # removed by its daemon, before its lock went
+
+
+def test_two_claims_on_one_path_the_second_is_refused_until_the_first_lets_go(
+    tmp_path: Path,
+) -> None:
+    sock = tmp_path / "s.sock"
+    held = server._claim_socket_path(sock)
+    try:
+        with pytest.raises(DaemonError, match="is locked"):
+            server._claim_socket_path(sock)
+    finally:
+        os.close(held)
+    os.close(server._claim_socket_path(sock))  # free again
+    lock = tmp_path / "s.sock.lock"
+    assert stat.S_IMODE(os.lstat(lock).st_mode) == 0o600
+
+
+def test_a_lock_path_that_is_a_symlink_is_refused_and_its_target_untouched(
+    tmp_path: Path,
+) -> None:
+    victim = tmp_path / "journal.key"
+    victim.write_bytes(b"the daemon's")
+    (tmp_path / "s.sock.lock").symlink_to(victim)
+    with pytest.raises(DaemonError, match="cannot lock"):
+        server._claim_socket_path(tmp_path / "s.sock")
+    assert victim.read_bytes() == b"the daemon's"
+
+
+@pytest.mark.parametrize("mode", [0o770, 0o757, 0o777])
+def test_a_socket_directory_others_can_write_is_refused(tmp_path: Path, mode: int) -> None:
+    where = tmp_path / "run"
+    where.mkdir()
+    where.chmod(mode)
+    with pytest.raises(DaemonError, match=rf"writable by others \(mode {mode:04o}\)"):
+        server._claim_socket_path(where / "s.sock")
+    assert list(where.iterdir()) == []  # nothing made there, not even the lock
+
+
+def test_a_sticky_socket_directory_is_accepted(tmp_path: Path) -> None:
+    """Sticky (as /tmp): others cannot remove or rename what the daemon made in it."""
+    where = tmp_path / "run"
+    where.mkdir()
+    where.chmod(0o1777)
+    os.close(server._claim_socket_path(where / "s.sock"))
+
+
+def test_a_socket_directory_of_another_user_is_refused(tmp_path: Path) -> None:
+    require_root()
+    where = tmp_path / "run"
+    where.mkdir(mode=0o755)
+    os.chown(where, NOBODY, NOBODY)
+    with pytest.raises(DaemonError, match=f"belongs to uid {NOBODY}"):
+        server._claim_socket_path(where / "s.sock")
+
+
+async def test_serve_in_a_directory_others_can_write_exits_2_and_says_why(
+    tmp_path: Path, token: str
+) -> None:
+    where = tmp_path / "run"
+    where.mkdir()
+    where.chmod(0o777)
+    async with HostileServer.running(scripts.serve(Reply(200))) as srv:
+        cfg = daemon_config(tmp_path, "a", srv.url, where / "affidavit.sock")
+        with trio.fail_after(WAIT):
+            done = await run(
+                [sys.executable, "-m", "affidavit", "serve", "--config", str(cfg)],
+                env=daemon_env(token),
+            )
+    assert done.returncode == 2
+    assert b"is writable by others (mode 0777)" in done.stderr, done.stderr
+    assert b"Traceback" not in done.stderr
+    assert not (cfg.parent / "journal.db").exists()  # refused before the journal was opened
