@@ -39,14 +39,11 @@ Life of the daemon:
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import logging
 import os
 import resource
 import signal
 import socket
-import stat
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -73,13 +70,12 @@ from .dispatcher import dispatch_approvals
 from .http import body_limit
 from .link import Link
 from .peer import Peer, PeerPolicy, peer_credentials_supported, peer_of
+from .socketfile import BACKLOG, DaemonError, bind_socket, claim_socket_path, unlink_if_ours
 
 __all__ = ["Daemon", "DaemonError", "serve"]
 
 log = logging.getLogger("affidavit.daemon")
 
-SOCKET_MODE = 0o660
-BACKLOG = 128
 KEEP_ALIVE = 300.0
 """Idle keep-alive connections live this long: a client pool reuses them across calls."""
 CONSOLE_HEAD_WAIT = 10.0
@@ -128,10 +124,6 @@ class _OperatorUids:
         return known
 
 
-class DaemonError(Exception):
-    """The daemon cannot start (the message says why and what to do)."""
-
-
 class Daemon:
     def __init__(
         self,
@@ -170,7 +162,7 @@ class Daemon:
                 f"[service] console_proxy_user applies to a loopback console only, not "
                 f"{self.console_address[0]}: a peer on another machine cannot be identified"
             )
-        lock = _claim_socket_path(self.socket_path)
+        lock = claim_socket_path(self.socket_path)
         try:
             await self._run(task_status)
         finally:
@@ -216,7 +208,7 @@ class Daemon:
                         "that operator; set [service] console_proxy_user to the proxy's user",
                         bound,
                     )
-            listener, inode = _bind(self.socket_path)
+            listener, inode = bind_socket(self.socket_path)
             log.info(
                 "listening on %s (allow uids %s, gids %s); journal %s",
                 self.socket_path,
@@ -230,7 +222,7 @@ class Daemon:
                 listener.socket.close()
                 if console is not None:
                     console.socket.close()
-                _unlink_if_ours(self.socket_path, inode)
+                unlink_if_ours(self.socket_path, inode)
 
     async def _serve(
         self,
@@ -305,7 +297,7 @@ class Daemon:
                     await listener.aclose()
                     if console is not None:
                         await console.aclose()
-                    _unlink_if_ours(self.socket_path, inode)
+                    unlink_if_ours(self.socket_path, inode)
                     await self._drain(calls, server, context, connections)
                 outer.cancel_scope.cancel()
 
@@ -361,134 +353,6 @@ async def _accept(
         await trio.serve_listeners(handler, [listener], handler_nursery=nursery)  # type: ignore[arg-type]
 
 
-SUN_PATH_MAX = 107
-"""Bytes of a Unix socket's path at most (Linux's ``sun_path`` is 108, with its NUL)."""
-
-
-def _claim_socket_path(path: Path) -> int:
-    """Make the socket path this daemon's to serve on, before the journal is opened (start-up
-    recovery must not write the journal of a daemon that cannot listen); returns the lock's
-    descriptor, held until the daemon has stopped and removed its socket.
-
-    * A path no socket can have, or a directory that is not one, is refused.
-    * The directory must be the daemon's user's (or root's) and writable by nobody else unless
-      sticky: whoever can write it could remove the socket and bind their own in its place.
-    * ``<socket>.lock`` is locked (flock, exclusive, never removed) before the path is touched:
-      of two daemons starting on one path, the second is refused here -- it never probes a
-      socket the first has bound but not yet listened on (a connect is refused then, exactly
-      as on a stale one), so never removes it; and a stopping daemon's socket is removed
-      before its lock goes.
-    * Then a socket file nobody answers on is stale (its daemon was killed): removed.  One
-      that answers belongs to a live daemon (not ours: refused).  Anything else at the path is
-      not ours to touch."""
-    size = len(os.fsencode(path))
-    if size > SUN_PATH_MAX:
-        raise DaemonError(
-            f"cannot listen on {path}: a Unix socket's path is at most {SUN_PATH_MAX} bytes, "
-            f"this one is {size}; choose a shorter [service] socket (or --socket)"
-        )
-    if not path.parent.is_dir():
-        raise DaemonError(f"cannot listen on {path}: {path.parent} is not a directory")
-    _check_directory(path)
-    lock = _lock(path)
-    try:
-        _remove_stale(path)
-    except BaseException:
-        os.close(lock)
-        raise
-    return lock
-
-
-def _check_directory(path: Path) -> None:
-    st = os.stat(path.parent)
-    if st.st_uid not in (0, os.geteuid()):
-        raise DaemonError(
-            f"cannot listen on {path}: {path.parent} belongs to uid {st.st_uid}, who could "
-            f"replace the socket; use a directory of the daemon's user (or root's)"
-        )
-    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX:
-        mode = stat.S_IMODE(st.st_mode)
-        raise DaemonError(
-            f"cannot listen on {path}: {path.parent} is writable by others (mode {mode:04o}), "
-            f"who could replace the socket; make it writable by its owner only (0750)"
-        )
-
-
-def _lock(path: Path) -> int:
-    lock = path.with_name(path.name + ".lock")
-    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
-    try:
-        fd = os.open(lock, flags, 0o600)
-    except OSError as exc:
-        raise DaemonError(f"cannot lock {lock}: {exc.strerror or exc}") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
-            raise DaemonError(f"{lock} is not a file of the daemon's user; refusing to use it")
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise DaemonError(
-                f"a daemon already listens on {path} (or is starting to: {lock} is locked)"
-            ) from None
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
-def _remove_stale(path: Path) -> None:
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return
-    if not stat.S_ISSOCK(st.st_mode):
-        raise DaemonError(f"{path} exists and is not a socket; refusing to replace it")
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    probe.settimeout(2.0)
-    try:
-        probe.connect(str(path))
-    except (ConnectionRefusedError, FileNotFoundError):
-        os.unlink(path)
-        log.info("removed the stale socket %s", path)
-        return
-    except OSError as exc:
-        raise DaemonError(f"cannot check the socket {path}: {exc.strerror or exc}") from None
-    finally:
-        probe.close()
-    raise DaemonError(f"a daemon already listens on {path}")
-
-
-def _bind(path: Path) -> tuple[trio.SocketListener, int]:
-    """Create the socket file exactly 0660 and listen on it.  The mode comes from the umask
-    around ``bind`` (Linux creates a socket file ``0777 & ~umask``), never from a ``chmod`` of
-    the path afterwards: whoever can write the socket's directory could swap the path for a
-    symlink between the two calls, and ``chmod`` would follow it to any file the daemon owns.
-    What is at the path after ``bind`` is checked without following a link; a path that is no
-    longer our socket file of that mode is refused."""
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        old = os.umask(0o777 & ~SOCKET_MODE)
-        try:
-            sock.bind(str(path))
-        finally:
-            os.umask(old)
-        st = os.lstat(path)
-        if not stat.S_ISSOCK(st.st_mode) or stat.S_IMODE(st.st_mode) != SOCKET_MODE:
-            raise DaemonError(
-                f"cannot listen on {path}: the path was replaced while the socket was created "
-                f"(or its mode is not {SOCKET_MODE:04o}); check who can write {path.parent}"
-            )
-        sock.listen(BACKLOG)
-    except OSError as exc:
-        sock.close()
-        raise DaemonError(f"cannot listen on {path}: {exc.strerror or exc}") from None
-    except DaemonError:
-        sock.close()
-        raise
-    return trio.SocketListener(trio.socket.from_stdlib_socket(sock)), st.st_ino
-
-
 def _bind_tcp(host: str, port: int) -> trio.SocketListener:
     """The console's listening TCP socket (the address was checked by ``console_address``)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -503,12 +367,6 @@ def _bind_tcp(host: str, port: int) -> trio.SocketListener:
             f"cannot serve the console on {host}:{port}: {exc.strerror or exc}"
         ) from None
     return trio.SocketListener(trio.socket.from_stdlib_socket(sock))
-
-
-def _unlink_if_ours(path: Path, inode: int) -> None:
-    with contextlib.suppress(OSError):
-        if os.lstat(path).st_ino == inode:
-            os.unlink(path)
 
 
 async def serve(

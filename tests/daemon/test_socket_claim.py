@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from affidavit.daemon import server
+from affidavit.daemon import socketfile
 from affidavit.daemon.server import DaemonError
 from tests.external import require_root
 from tests.http.hostile import HostileServer, Reply, scripts
@@ -128,13 +128,13 @@ def test_two_claims_on_one_path_the_second_is_refused_until_the_first_lets_go(
     tmp_path: Path,
 ) -> None:
     sock = tmp_path / "s.sock"
-    held = server._claim_socket_path(sock)
+    held = socketfile.claim_socket_path(sock)
     try:
         with pytest.raises(DaemonError, match="is locked"):
-            server._claim_socket_path(sock)
+            socketfile.claim_socket_path(sock)
     finally:
         os.close(held)
-    os.close(server._claim_socket_path(sock))  # free again
+    os.close(socketfile.claim_socket_path(sock))  # free again
     lock = tmp_path / "s.sock.lock"
     assert stat.S_IMODE(os.lstat(lock).st_mode) == 0o600
 
@@ -146,7 +146,7 @@ def test_a_lock_path_that_is_a_symlink_is_refused_and_its_target_untouched(
     victim.write_bytes(b"the daemon's")
     (tmp_path / "s.sock.lock").symlink_to(victim)
     with pytest.raises(DaemonError, match="cannot lock"):
-        server._claim_socket_path(tmp_path / "s.sock")
+        socketfile.claim_socket_path(tmp_path / "s.sock")
     assert victim.read_bytes() == b"the daemon's"
 
 
@@ -156,7 +156,7 @@ def test_a_socket_directory_others_can_write_is_refused(tmp_path: Path, mode: in
     where.mkdir()
     where.chmod(mode)
     with pytest.raises(DaemonError, match=rf"writable by others \(mode {mode:04o}\)"):
-        server._claim_socket_path(where / "s.sock")
+        socketfile.claim_socket_path(where / "s.sock")
     assert list(where.iterdir()) == []  # nothing made there, not even the lock
 
 
@@ -165,7 +165,7 @@ def test_a_sticky_socket_directory_is_accepted(tmp_path: Path) -> None:
     where = tmp_path / "run"
     where.mkdir()
     where.chmod(0o1777)
-    os.close(server._claim_socket_path(where / "s.sock"))
+    os.close(socketfile.claim_socket_path(where / "s.sock"))
 
 
 def test_a_socket_directory_of_another_user_is_refused(tmp_path: Path) -> None:
@@ -174,7 +174,7 @@ def test_a_socket_directory_of_another_user_is_refused(tmp_path: Path) -> None:
     where.mkdir(mode=0o755)
     os.chown(where, NOBODY, NOBODY)
     with pytest.raises(DaemonError, match=f"belongs to uid {NOBODY}"):
-        server._claim_socket_path(where / "s.sock")
+        socketfile.claim_socket_path(where / "s.sock")
 
 
 async def test_serve_in_a_directory_others_can_write_exits_2_and_says_why(

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from affidavit.daemon import server
+from affidavit.daemon import socketfile
 from affidavit.daemon.server import DaemonError
 
 
@@ -23,8 +23,8 @@ async def test_the_socket_file_is_0660_whatever_the_umask(tmp_path: Path, umask:
     path = tmp_path / "s.sock"
     old = os.umask(umask)
     try:
-        listener, inode = server._bind(path)
-        after = os.umask(umask)  # the umask _bind left: its own must not outlive bind
+        listener, inode = socketfile.bind_socket(path)
+        after = os.umask(umask)  # the umask bind_socket left: its own must not outlive bind
     finally:
         os.umask(old)
     try:
@@ -53,6 +53,6 @@ def test_a_path_swapped_for_a_symlink_after_bind_is_refused_and_its_target_untou
 
     monkeypatch.setattr(socket.socket, "bind", bind_then_swap)
     with pytest.raises(DaemonError, match="replaced while the socket was created"):
-        server._bind(path)
+        socketfile.bind_socket(path)
     assert stat.S_IMODE(victim.stat().st_mode) == 0o600
     assert path.is_symlink()  # not ours: left alone
