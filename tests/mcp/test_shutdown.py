@@ -4,7 +4,8 @@ and each records where it stood (BROKER_SHUTDOWN, unknown once dispatched) -- a 
 call for its target's whole timeout (two minutes here) does not keep the process alive.
 
 A real ``affidavit mcp`` process spoken to in raw JSON-RPC lines; the remote is a loopback
-server that holds the request until it is released (never, here)."""
+server that holds the request until it is released (never, here), or a real sshd running
+``sleep 3600`` under an hour's exec timeout.  A signal while the grace runs stops at once."""
 
 from __future__ import annotations
 
@@ -18,28 +19,34 @@ from typing import Any
 import trio
 
 from tests.broker.helpers import write_config
+from tests.daemon.kit import wait_until
+from tests.ssh.brokerkit import KEY_ENV, ssh_target
+from tests.ssh.sshd import Sshd
 
 from .conftest import Remotes, wait_for
-from .kit import PYTHON, WAIT, connected
+from .kit import PYTHON, WAIT, connected, env_without_secrets
 from .test_delivery import the_call
 from .test_protocol import FAST, HELD, INIT, Raw, call, session_of
 
 GRACE = 1.0
 SLOW = {"connect": 2, "total": 120}
 """The held target's timeout: far beyond every wait of these tests."""
+HOUR = {"connect": 5, "total": 3600}
 
 
-def config(tmp: Path, remotes: Remotes) -> Path:
+def config(tmp: Path, remotes: Remotes, grace: float = GRACE) -> Path:
     targets = remotes.targets()
     targets["holds"] = {**targets["holds"], "timeout": SLOW}
     path = write_config(tmp, targets)
     with path.open("a", encoding="utf-8") as out:
-        out.write(f"[service]\nshutdown_grace = {GRACE}\n")
+        out.write(f"[service]\nshutdown_grace = {grace}\n")
     return path
 
 
 @asynccontextmanager
-async def server(tmp: Path, cfg: Path, remotes: Remotes, token: str) -> AsyncIterator[Raw]:
+async def server(
+    tmp: Path, cfg: Path, remotes: Remotes, token: str, env: dict[str, str] | None = None
+) -> AsyncIterator[Raw]:
     log = tmp / "raw.log"
     with log.open("ab") as errlog:
         proc = await trio.lowlevel.open_process(
@@ -47,7 +54,7 @@ async def server(tmp: Path, cfg: Path, remotes: Remotes, token: str) -> AsyncIte
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=errlog,
-            env=remotes.env(token),
+            env=env if env is not None else remotes.env(token),
         )
     raw = Raw(proc, log)
     try:
@@ -130,3 +137,50 @@ async def test_sigterm_refuses_new_calls_answers_the_stopped_one_and_exits(
     assert (record["code"], record["outcome"]) == ("BROKER_SHUTDOWN", "unknown")
     assert not remotes.ok.requests
     assert len(remotes.holds.requests) == 1
+
+
+async def test_a_signal_while_the_grace_runs_stops_the_rest_at_once(
+    tmp_path: Path, remotes: Remotes, token: str
+) -> None:
+    """A host that closed the input and then signals (or a second signal) does not wait out a
+    long grace: the calls are stopped now."""
+    cfg = config(tmp_path, remotes, grace=120)
+    async with server(tmp_path, cfg, remotes, token) as raw:
+        session = await held_call(raw, remotes)
+        await raw.proc.stdin.aclose()  # type: ignore[union-attr]
+        await wait_until(lambda: "still running (grace 120s)" in raw.stderr(), "the grace runs")
+        raw.proc.send_signal(signal.SIGTERM)
+        assert await exits_within_grace(raw) == 0
+    record = await recorded(tmp_path, cfg, remotes, token, session)
+    assert (record["code"], record["outcome"]) == ("BROKER_SHUTDOWN", "unknown")
+
+
+async def test_an_ssh_command_with_an_hour_s_timeout_is_stopped_at_the_grace(
+    tmp_path: Path, remotes: Remotes, token: str, sshd: Sshd
+) -> None:
+    targets = {"box": ssh_target(sshd.port, sshd.user, sshd.host_pin, timeout=HOUR)}
+    cfg = write_config(tmp_path, targets)
+    with cfg.open("a", encoding="utf-8") as out:
+        out.write(f"[service]\nshutdown_grace = {GRACE}\n")
+    env = env_without_secrets(**{KEY_ENV: sshd.client_key.decode()})
+    async with server(tmp_path, cfg, remotes, token, env=env) as raw:
+        session = await session_of(raw)
+        await raw.send(call(1, "ssh_exec", {"target": "box", "command": "sleep 3600"}))
+
+        async def dispatched() -> bool:
+            await raw.send(call("l", "list_actions", {}))
+            rows = (await raw.answer("l"))["result"]["structuredContent"]["actions"]
+            return [r["state"] for r in rows] == ["dispatched"]
+
+        await wait_until(dispatched, "the command runs on the remote")
+        await raw.proc.stdin.aclose()  # type: ignore[union-attr]
+        assert await exits_within_grace(raw) == 0
+
+    async with connected(["--config", str(cfg)], env, tmp_path / "mcp.log") as mcp:
+        record = await the_call(mcp, session)
+    assert (record["code"], record["phase"], record["outcome"]) == (
+        "BROKER_SHUTDOWN",
+        "remote_execution",
+        "unknown",
+    )
+    assert "DISPATCH_STARTED" in record["kinds"]
