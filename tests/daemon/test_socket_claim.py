@@ -5,6 +5,7 @@
   second is refused -- even while the first has bound its socket and not yet listened, when a
   probe connect is refused exactly as on a stale socket and the second used to remove the
   first's live socket, bind its own and serve, both believing they served.
+  Started at the very same time, exactly one serves and the other exits 2 saying why.
 * A socket directory writable by others, or owned by another user, is refused with a message
   saying why (whoever can write it could remove the socket and bind their own in its place).
 """
@@ -122,6 +123,45 @@ async def test_a_daemon_starting_while_another_is_between_bind_and_listen_is_ref
                 proc.kill()
                 proc.wait(timeout=WAIT)
     assert not sock.exists()  # removed by its daemon, before its lock went
+
+
+async def test_two_daemons_started_at_once_on_one_path_one_serves_the_other_is_refused(
+    tmp_path: Path, token: str
+) -> None:
+    sock = tmp_path / "affidavit.sock"
+    async with HostileServer.running(scripts.serve(Reply(200))) as srv:
+        procs: list[DaemonProc] = []
+        for name in ("a", "b"):
+            cfg = daemon_config(tmp_path, name, srv.url, sock)
+            log = tmp_path / f"{name}.log"
+            with log.open("ab") as out:
+                proc = subprocess.Popen(
+                    [PYTHON, "-m", "affidavit", "serve", "--config", str(cfg)],
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=out,
+                    env=daemon_env(token),
+                )
+            procs.append(DaemonProc(cfg, sock, cfg.parent / "journal.db", log, proc))
+        try:
+            await wait_until(
+                lambda: any(d.proc.poll() is not None for d in procs), "one of them gives up"
+            )
+            (loser,) = [d for d in procs if d.proc.poll() is not None]
+            (winner,) = [d for d in procs if d is not loser]
+            assert loser.proc.returncode == 2, loser.log_text()
+            assert "a daemon already listens on" in loser.log_text()
+            assert "Traceback" not in loser.log_text()
+            await wait_until(lambda: _answers(winner), "the other serves")
+            assert "listening on" in winner.log_text()
+            assert "listening on" not in loser.log_text()
+            winner.signal(signal.SIGTERM)
+            assert await winner.wait() == 0
+        finally:
+            for d in procs:
+                if d.proc.poll() is None:
+                    d.proc.kill()
+                    d.proc.wait(timeout=WAIT)
 
 
 def test_two_claims_on_one_path_the_second_is_refused_until_the_first_lets_go(
