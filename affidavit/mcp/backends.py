@@ -260,6 +260,10 @@ class Daemon:
                 return answer
             finally:
                 self._scopes.discard(scope)
+        if self.stopped():  # the grace ran out, not the client's patience
+            return api_error(
+                "SHUTTING_DOWN", "affidavit mcp stopped before the daemon answered." + _LOST_CALL
+            )
         return api_error("CALLER_GONE", "the client stopped waiting; the daemon keeps the call")
 
     async def fetch_result(
@@ -303,6 +307,9 @@ class Daemon:
             return api_error(exc.code, exc.message)
         except Exception as exc:
             return _client_failure(exc, _LOST_CALL)
+
+    def stopped(self) -> bool:
+        return self._stopped
 
     def stop(self) -> None:
         """Hang up on the daemon for every call: it decides what each one becomes."""

@@ -18,8 +18,9 @@ from typing import Any
 
 import trio
 
+from affidavit.mcp.backends import Daemon, Exchange
 from tests.broker.helpers import write_config
-from tests.daemon.kit import wait_until
+from tests.daemon.kit import running_daemon, wait_until
 from tests.ssh.brokerkit import KEY_ENV, ssh_target
 from tests.ssh.sshd import Sshd
 
@@ -184,3 +185,33 @@ async def test_an_ssh_command_with_an_hour_s_timeout_is_stopped_at_the_grace(
         "unknown",
     )
     assert "DISPATCH_STARTED" in record["kinds"]
+
+
+async def test_the_proxy_stopped_at_the_grace_says_it_stopped_and_the_daemon_keeps_the_call(
+    tmp_path: Path, remotes: Remotes, token: str
+) -> None:
+    """Through the daemon, the grace's end hangs up on the daemon: the answer says the proxy
+    stopped (not that the client left) and where the call is to be found; the daemon runs it on."""
+    async with (
+        running_daemon(tmp_path, remotes.targets(), token=token) as daemon,
+        Daemon.open(str(daemon.socket)) as backend,
+    ):
+        answers: list[dict[str, Any]] = []
+
+        async def one() -> None:
+            answers.append(await backend.call({**HELD, "session": "s1"}, Exchange()))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(one)
+            await wait_for(remotes.holds.event("received"))
+            backend.stop()
+        assert answers[0]["api_error"]["code"] == "SHUTTING_DOWN", answers
+        assert "list_actions" in answers[0]["api_error"]["message"]
+        remotes.holds.event("release").set()
+
+        async def stored() -> bool:
+            rows = (await backend.actions("s1", None, 10))["actions"]
+            return [r["outcome"] for r in rows] == ["committed"]
+
+        await wait_until(stored, "the daemon runs the call to its end")
+    assert len(remotes.holds.requests) == 1
