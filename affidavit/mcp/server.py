@@ -25,8 +25,8 @@ SHUTTING_DOWN, nothing run); the calls in flight get ``grace`` seconds (embedded
 answer that cannot be written recorded RESULT_DELIVERY_FAILED; then the rest are stopped, each
 recorded BROKER_SHUTDOWN with what its evidence proves (unknown once dispatched, never
 not_attempted), and the process exits.  After a signal the input is still read and answers are
-still written until the calls are over.  A signal while the grace runs (a host that closed the
-input and then signals, or a second signal) stops the rest at once.
+still written until the calls are over.  A signal once the input has ended or the grace runs
+(a host that closed the input and then signals, or a second signal) stops the rest at once.
 """
 
 from __future__ import annotations
@@ -255,10 +255,10 @@ class McpSession:
                 self._idle.set()
 
     def end(self) -> None:
-        """The input ended or a signal arrived: take no more calls and start the grace; if it
-        is already running, stop every call at once."""
+        """A signal arrived: take no more calls and start the grace; if it is already running
+        or the input has ended (its grace may not have begun yet), stop every call at once."""
         self.stopping = True
-        if self.ending.is_set():
+        if self.ending.is_set() or self.transport.hung_up.is_set():
             self.grace.cancel()
         self.ending.set()
 

@@ -17,8 +17,11 @@ from pathlib import Path
 from typing import Any
 
 import trio
+import trio.testing
 
 from affidavit.mcp.backends import Daemon, Exchange
+from affidavit.mcp.server import McpSession
+from affidavit.mcp.transport import StdioTransport
 from tests.broker.helpers import write_config
 from tests.daemon.kit import running_daemon, wait_until
 from tests.ssh.brokerkit import KEY_ENV, ssh_target
@@ -215,3 +218,17 @@ async def test_the_proxy_stopped_at_the_grace_says_it_stopped_and_the_daemon_kee
 
         await wait_until(stored, "the daemon runs the call to its end")
     assert len(remotes.holds.requests) == 1
+
+
+async def test_a_signal_just_after_the_input_ended_stops_at_once_before_the_grace_began() -> None:
+    """The input's end is seen by the transport a moment before the session learns it; a
+    signal in between (the host closed the input, then signalled) must not start a fresh grace:
+    ``tests/mcp/test_delivery.py`` met that under load."""
+    server_in, _ = trio.testing.memory_stream_one_way_pair()
+    _, server_out = trio.testing.memory_stream_one_way_pair()
+    transport = StdioTransport(server_in, server_out)  # type: ignore[arg-type]
+    session = McpSession(None, transport, "mcp-x")  # type: ignore[arg-type]
+    transport.hung_up.set()  # the transport saw the end of input ...
+    assert not session.ending.is_set()  # ... the session not yet
+    session.end()  # the signal
+    assert session.ending.is_set() and session.grace.cancel_called
