@@ -40,7 +40,7 @@ from .kit import (
     write_daemon_config,
 )
 
-GAP = 4.0
+GAP = 6.0
 """How long the first daemon waits between ``bind`` and ``listen``."""
 
 SLOW_LISTEN = """

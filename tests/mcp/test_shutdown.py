@@ -124,6 +124,7 @@ async def test_sigterm_refuses_new_calls_answers_the_stopped_one_and_exits(
     async with server(tmp_path, cfg, remotes, token) as raw:
         session = await held_call(raw, remotes)
         raw.proc.send_signal(signal.SIGTERM)
+        await wait_until(lambda: "signal 15: stopping" in raw.stderr(), "the signal is taken")
         await raw.send(call(2, "http_request", FAST))
         refused: dict[str, Any] = (await raw.answer(2))["result"]["structuredContent"]
         assert refused["api_error"]["code"] == "SHUTTING_DOWN", refused
