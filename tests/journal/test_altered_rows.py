@@ -280,7 +280,14 @@ def _reader_surfaces(db: Path) -> dict[str, Callable[[], object]]:
         return run
 
     def payloads(r: JournalReader) -> None:
-        for seq in range(1, r.head()[0] + 1):
+        # Every row's seq as stored, and the seqs up to the head: an altered seq may be huge
+        # (1..head then never ends), and a removed row leaves a gap worth reading too.
+        conn = sqlite3.connect(db, isolation_level=None)
+        try:
+            stored = {s for (s,) in conn.execute("SELECT seq FROM events") if type(s) is int}
+        finally:
+            conn.close()
+        for seq in sorted(stored | set(range(1, min(r.head()[0], len(stored) + 2) + 1))):
             r.payload(seq)
 
     def stream(r: JournalReader) -> None:
