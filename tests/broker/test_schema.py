@@ -9,11 +9,15 @@ binding unless somebody declares, with a reason, that it cannot change what is s
 from __future__ import annotations
 
 import dataclasses
+import json
+import math
 import tomllib
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from affidavit.config import SERVICE, config_from_dict, sample_config
 from affidavit.config.loader import JOURNAL, VAULT
@@ -32,6 +36,7 @@ from affidavit.schema import (
     Section,
     TargetSchema,
     Timeouts,
+    canonical_json,
     doc_table,
     snapshot,
     snapshot_hash,
@@ -186,3 +191,31 @@ def test_hashes_recorded_before_the_declarations_still_match() -> None:
     assert fingerprint(run, deploy) == (
         "sha256:c4e121c56a0b13d8d32da92a7a303af6c6c504bfeb178f9061bfb51e8c2f82c2"
     )
+
+
+_JSON = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    max_leaves=20,
+)
+
+
+@given(_JSON)
+def test_canonical_json_is_json_dumps_sorted_and_compact(value: Any) -> None:
+    """``canonical_json`` makes its C encoder once (issue 15): the bytes it hashes -- every
+    fingerprint and config hash -- are still exactly those of ``json.dumps`` with its
+    arguments, and what that refuses it refuses."""
+    want = json.dumps(
+        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+    )
+    assert canonical_json(value) == want.encode("utf-8")
+
+
+def test_canonical_json_refuses_what_json_dumps_refuses() -> None:
+    for bad in (float("nan"), {"x": math.inf}, {1j: 1}, object()):
+        with pytest.raises((TypeError, ValueError)):
+            canonical_json(bad)
