@@ -4,7 +4,6 @@ appends in order)."""
 
 from __future__ import annotations
 
-import base64
 import time
 
 from affidavit.journal import random_bytes
@@ -12,7 +11,8 @@ from affidavit.journal import random_bytes
 __all__ = ["encode_invocation_id", "new_invocation_id"]
 
 _CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
-_TO_CROCKFORD = bytes.maketrans(b"ABCDEFGHIJKLMNOPQRSTUVWXYZ234567", _CROCKFORD.encode("ascii"))
+_PAIRS = tuple(a + b for a in _CROCKFORD for b in _CROCKFORD)
+"""The two Crockford characters of each 10-bit value."""
 
 
 def new_invocation_id() -> str:
@@ -23,8 +23,14 @@ def new_invocation_id() -> str:
 
 def encode_invocation_id(value: int) -> str:
     """``act_`` + the 26 Crockford base32 characters of ``value`` (< 2**130), most significant
-    first.  Shifted left by 30, the value fills 20 bytes whose first 26 base32 characters are
-    exactly those 130 bits (RFC 4648 alphabet, translated to Crockford's) -- one C call instead
-    of a 26-step loop on every invocation."""
-    raw = base64.b32encode((value << 30).to_bytes(20, "big"))[:26]
-    return "act_" + raw.translate(_TO_CROCKFORD).decode("ascii")
+    first: thirteen 10-bit groups, each looked up as its two characters (``_PAIRS``) -- about a
+    third of the cost of ``base64.b32encode``, whose 3.11 implementation is a Python loop
+    (issue 15: once per invocation)."""
+    p = _PAIRS
+    return (
+        "act_" + p[value >> 120 & 1023] + p[value >> 110 & 1023] + p[value >> 100 & 1023]
+        + p[value >> 90 & 1023] + p[value >> 80 & 1023] + p[value >> 70 & 1023]
+        + p[value >> 60 & 1023] + p[value >> 50 & 1023] + p[value >> 40 & 1023]
+        + p[value >> 30 & 1023] + p[value >> 20 & 1023] + p[value >> 10 & 1023]
+        + p[value & 1023]
+    )  # fmt: skip
