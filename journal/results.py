@@ -28,7 +28,6 @@ checked as before: by opening every chunk of a stream and comparing the stream's
 from __future__ import annotations
 
 import collections
-import dataclasses
 import hashlib
 import json
 from collections.abc import Awaitable, Callable, Iterator, Mapping
@@ -746,7 +745,18 @@ def commit_op(
         }
         if audit_summary is not None:
             attrs["audit_summary_sha256"] = _sha(audit_summary)
-        ev = dataclasses.replace(event, attrs=attrs)
+        # ``dataclasses.replace(event, attrs=attrs)``, without its walk over the fields (once
+        # per committed result, in the single writer: issue 15).
+        ev = Event(
+            event.kind,
+            iid,
+            attrs,
+            event.source,
+            event.seq,
+            event.at,
+            event.observer,
+            event.observer_seq,
+        )
         stored = txn.insert(*row_args(ev))
         txn.flush()  # the marker references its event's row (a foreign key on PostgreSQL)
         assert stored.seq is not None
