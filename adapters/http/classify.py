@@ -25,6 +25,7 @@ __all__ = [
     "classify_response",
     "evidence_from",
     "header_value",
+    "is_proxy_answer",
     "parse_proxy_status",
     "parse_retry_after",
 ]
@@ -207,6 +208,17 @@ def evidence_from(
     if attribution is not None:
         out["attribution"] = attribution
     return out
+
+
+def is_proxy_answer(
+    status: int, headers: Sequence[tuple[str, str]], *, via_forward_proxy: bool
+) -> bool:
+    """``classify_response(...).hop == "proxy"``: the one question a response head is asked
+    before its body (the exchange's proxy judge, the redirect plan), without the rest of the
+    classification -- Retry-After parsed, a ``Classification`` built -- twice per response
+    (issue 15)."""
+    ps = parse_proxy_status(header_value(headers, "proxy-status"))
+    return proxy_generated(status, ps, via_forward_proxy=via_forward_proxy)
 
 
 def classify_response(

@@ -36,7 +36,7 @@ import trio
 from affidavit.adapters.base import AttemptContext, AttemptInterrupted, ResultTooLarge
 from affidavit.statemachine import Code
 
-from .classify import Redactor, classify_response, evidence_from
+from .classify import Redactor, evidence_from, is_proxy_answer
 from .connect import READ_SIZE, Connection, errno_name, setup_failed
 from .machine import FramingError, HttpExchange, Observation
 from .pool import Pool
@@ -197,8 +197,8 @@ class _Hop:
         # Only TLS (opened with https_compatible=False) ends a stream with proof: close_notify.
         self.ex.eof_ends_body = isinstance(conn.stream, trio.SSLStream)
         forward_proxy = conn.forward_proxy
-        self.ex.proxy_judge = lambda status, hdrs: (
-            classify_response(status, hdrs, via_forward_proxy=forward_proxy).hop == "proxy"
+        self.ex.proxy_judge = lambda status, hdrs: is_proxy_answer(
+            status, hdrs, via_forward_proxy=forward_proxy
         )
         self.during = "write"
         """What the hop was doing (write, expect_continue, read): reported when it fails."""

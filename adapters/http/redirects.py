@@ -12,7 +12,7 @@ import urllib.parse
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from .classify import Redactor, classify_response, header_value
+from .classify import Redactor, header_value, is_proxy_answer
 from .machine import Observation
 from .request import HttpRequest, RedirectDecision
 from .urls import BadUrl, Url, parse_url, query_values, set_query
@@ -46,8 +46,7 @@ def plan_response(
 ) -> None:
     """Decide at the response head where its body goes (before any byte of it arrives)."""
     assert head.status is not None
-    cls = classify_response(head.status, head.headers, via_forward_proxy=forward_proxy)
-    if cls.hop == "proxy":
+    if is_proxy_answer(head.status, head.headers, via_forward_proxy=forward_proxy):
         plan.disposition = "proxy_error"
         return
     if head.status not in REDIRECT_STATUSES or not request.follow_redirects:

@@ -8,6 +8,7 @@ import pytest
 
 from affidavit.adapters.http import Redactor, classify_response, parse_proxy_status
 from affidavit.adapters.http import parse_retry_after as pra
+from affidavit.adapters.http.classify import is_proxy_answer
 from affidavit.statemachine import Code, Outcome
 
 NOW = 1_700_000_000.0
@@ -112,6 +113,8 @@ def test_proxy_generated_errors_are_attributed_to_the_proxy(
     assert c.hop == hop
     if hop == "proxy":
         assert c.outcome is None and c.code is None
+    # The question a response head is asked before its body gets the same answer.
+    assert is_proxy_answer(status, headers, via_forward_proxy=via_forward_proxy) == (hop == "proxy")
 
 
 def test_redactor_scrubs_whole_values_and_bearer_tokens() -> None:
