@@ -313,13 +313,16 @@ class Journal(JournalReader):
         barrier: bool = False,
         payload: Mapping[str, Any] | None = None,
         lease: tuple[str, int] | None = None,
+        shield: bool = False,
     ) -> Event:
         """Append one event; return it with ``seq`` and ``at`` assigned.
 
         Raises ``ImpossibleEvent`` (nothing written) if the lifecycle refuses it, ``LeaseLost``
         if ``lease=(holder, generation)`` is stale or expired (checked in the same transaction),
         ``JournalWriteError`` on a storage fault.  DISPATCH_STARTED and RESULT_COMMITTED are
-        always barriers."""
+        always barriers.  Once queued, the write is waited for uncancellably; ``shield``: so is
+        a wait for room in a full queue before it (``Writer.submit``) -- the whole append is
+        then what a caller's ``CancelScope(shield=True)`` around it made it."""
         attrs_text = attrs_json(event)
         # Encoded and decoded here, in the submitting task, not in the single writer.
         decoded = decode_attrs(attrs_text)
@@ -329,7 +332,7 @@ class Journal(JournalReader):
             args = (event, attrs_text, *self._seal_payload(event, payload), decoded)
         barrier = barrier or event.kind._value_ in BARRIER_VALUES
         if lease is None:
-            return await self._writer.submit(None, args, barrier=barrier)
+            return await self._writer.submit(None, args, barrier=barrier, shield=shield)
         clock = self._clock
 
         def op(txn: Txn) -> Event | Fail:
@@ -338,7 +341,7 @@ class Journal(JournalReader):
                 return lost
             return txn.insert(*args)
 
-        return await self._writer.submit(op, barrier=barrier)
+        return await self._writer.submit(op, barrier=barrier, shield=shield)
 
     async def post(
         self, event: Event, *, payload: Mapping[str, Any] | None = None

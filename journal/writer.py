@@ -599,14 +599,18 @@ class Writer:
         *,
         barrier: bool,
         result_store: bool = False,
+        shield: bool = False,
     ) -> T:
-        """Queue a write and wait for its transaction's answer."""
+        """Queue a write and wait for its transaction's answer.  ``shield``: a wait for room in
+        a full queue is not cancellable either, so the whole call is -- a shielded cancel scope
+        only on that rare path, instead of one the caller enters on every call (issue 15)."""
         task = trio.lowlevel.current_task()
         pending = self._pending
         if self._closed or len(pending) >= MAX_QUEUED:  # refused, or back-pressure: wait
-            req = await self.enqueue(
-                op, args, barrier=barrier, result_store=result_store, task=task
-            )
+            with trio.CancelScope(shield=shield):
+                req = await self.enqueue(
+                    op, args, barrier=barrier, result_store=result_store, task=task
+                )
         else:
             # ``enqueue``, inlined for a queue with room (nearly always): one coroutine fewer
             # per append, which runs once per journal row (issue 15).

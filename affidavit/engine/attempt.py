@@ -467,17 +467,17 @@ def _gate(engine: Engine, attempt: Attempt) -> Any:
                     "generation": attempt.generation,
                 },
             )
-            with trio.CancelScope(shield=True):
-                try:
-                    # The lease is checked in the appending transaction, as at the first hop.
-                    await journal.append(hop_dispatch, barrier=True, lease=attempt.lease)
-                except LeaseLost:
-                    raise LeaseRefusal(recorded=True) from None
-                except ImpossibleEvent:
-                    # A newer lease's attempt is under way, or this one was closed (recovery,
-                    # a reconciliation): this stale worker must not send the next hop (the
-                    # gate raises; the adapter never writes).
-                    raise LeaseRefusal(recorded=False) from None
+            try:
+                # The lease is checked in the appending transaction, as at the first hop.
+                # ``shield``: not cancellable (the first hop's append says why).
+                await journal.append(hop_dispatch, barrier=True, lease=attempt.lease, shield=True)
+            except LeaseLost:
+                raise LeaseRefusal(recorded=True) from None
+            except ImpossibleEvent:
+                # A newer lease's attempt is under way, or this one was closed (recovery,
+                # a reconciliation): this stale worker must not send the next hop (the
+                # gate raises; the adapter never writes).
+                raise LeaseRefusal(recorded=False) from None
             return
         # Re-check the bound config immediately before the write (seed: "re-check it
         # immediately before the write"); a change means a new invocation -- and for an
@@ -505,12 +505,16 @@ def _gate(engine: Engine, attempt: Attempt) -> Any:
         if attempt.control is not None:
             attempt.control.dispatching = True
         try:
-            with trio.CancelScope(shield=True):
-                await journal.append(
-                    Event(E.DISPATCH_STARTED, attempt.iid, attrs),
-                    barrier=True,
-                    lease=attempt.lease,
-                )
+            # Not cancellable: a caller's cancellation must not leave it unclear whether the
+            # barrier landed.  ``shield=True`` makes the append itself so (its one cancellable
+            # wait, for room in a full queue, shielded there) instead of a cancel scope entered
+            # here on every call (issue 15): the same guarantee, no scope on the common path.
+            await journal.append(
+                Event(E.DISPATCH_STARTED, attempt.iid, attrs),
+                barrier=True,
+                lease=attempt.lease,
+                shield=True,
+            )
         except LeaseLost:
             attempt.gate_entered = False
             raise LeaseRefusal(recorded=True) from None

@@ -118,6 +118,34 @@ async def test_barrier_appends_past_a_full_queue_wait_and_keep_their_order(
         assert j.verify().ok
 
 
+async def test_a_shielded_append_is_not_cancelled_while_it_waits_for_room(
+    place: Place, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``append(shield=True)`` -- the dispatch gate's DISPATCH_STARTED, which enters no cancel
+    scope of its own (issue 15) -- is as uncancellable as under a shielded scope: a
+    cancellation pending while it waits for room in a full queue does not stop it; it queues,
+    lands and answers, and the cancellation is left to the caller's next checkpoint."""
+    monkeypatch.setattr(writer, "MAX_QUEUED", 2)
+    async with place.open() as j:
+        accepted, validated, authorized, _ = until_dispatch("inv-1")
+        stored: Event | None = None
+        with trio.fail_after(LIMIT):
+            posted = [await j.post(ev) for ev in (accepted, validated)]  # the queue is full
+            with trio.CancelScope() as scope:
+                scope.cancel()
+                stored = await j.append(authorized, barrier=True, shield=True)
+                await trio.lowlevel.checkpoint()  # where the cancellation is delivered
+            assert scope.cancelled_caught
+            assert [(await p.wait()).seq for p in posted] == [1, 2]
+        assert stored is not None and stored.seq == 3
+        assert [e.kind for e in j.events("inv-1")] == [
+            accepted.kind,
+            validated.kind,
+            authorized.kind,
+        ]
+        assert j.verify().ok
+
+
 async def test_an_append_to_a_closed_journal_is_refused(place: Place) -> None:
     async with place.open() as j:
         await j.append(until_dispatch("inv-1")[0], barrier=True)
