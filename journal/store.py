@@ -361,21 +361,22 @@ class Journal(JournalReader):
         return await self._writer.post(None, args)
 
     async def post_many(
-        self, items: Sequence[tuple[Event, Mapping[str, Any] | None]]
+        self, items: Sequence[tuple[Event, Mapping[str, Any] | None]], *, shield: bool = False
     ) -> Posted[list[Event]]:
         """``post`` of several diagnostic events (each with its payload or None) as one queued
         write: one request for the single writer instead of one per event (issue 15), the rows
         computed here, in the submitting task.  Each row is validated, chained and written as
         its own ``post`` would be -- in queue order, in one transaction -- and one refused does
         not stop the others; ``Posted.wait()`` raises the first refusal, else returns the
-        stored events."""
+        stored events.  ``shield``: not cancellable while it waits for room in a full queue
+        (``append``'s ``shield``)."""
         rows = []
         for event, payload in items:
             if event.kind in BARRIER_KINDS:
                 raise ValueError(f"{event.kind.value} is a durability barrier: use append()")
             text = attrs_json(event)
             rows.append((event, text, *self._seal_payload(event, payload), decode_attrs(text)))
-        return await self._writer.post(None, tuple(rows), many=True)
+        return await self._writer.post(None, tuple(rows), many=True, shield=shield)
 
     async def acquire_lease(
         self,

@@ -587,9 +587,17 @@ class Writer:
         *,
         result_store: bool = False,
         many: bool = False,
+        shield: bool = False,
     ) -> Posted[T]:
-        """Queue a non-barrier write; return without waiting for its commit."""
-        req = await self.enqueue(op, args, barrier=False, result_store=result_store, many=many)
+        """Queue a non-barrier write; return without waiting for its commit.  ``shield``: the
+        wait for room in a full queue, its one checkpoint, is not cancellable (``submit``)."""
+        if shield and (self._closed or len(self._pending) >= MAX_QUEUED):
+            with trio.CancelScope(shield=True):
+                req = await self.enqueue(
+                    op, args, barrier=False, result_store=result_store, many=many
+                )
+        else:
+            req = await self.enqueue(op, args, barrier=False, result_store=result_store, many=many)
         return Posted(req)
 
     async def submit(

@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+import trio
+
 from affidavit.protocols import Binding, Prepared
 from affidavit.secrets.credentials import Credential, CredentialError, resolve
 from affidavit.statemachine import Event, EventKind
@@ -53,26 +55,42 @@ async def prepare_after(
     write for the section, issue 15) -- preparing is local and synchronous, so those events
     are queued exactly as if written before it.  If preparing fails, the preamble is written
     here first: a ``CredentialError`` is recorded CREDENTIAL_FAILED and its envelope returned;
-    anything else is raised once the preamble is queued.  The caller holds a shield over this
-    and whatever it writes next (one cancel scope for the section).  ``generation``: the
-    attempt's, named by CREDENTIAL_FAILED (a stale worker's is refused: ``attempt.stamped``)."""
-    recorder = engine.recorder
+    anything else is raised once the preamble is queued.  Success awaits nothing (no
+    checkpoint: the caller's next write is queued as if in one section with this); each way of
+    failing writes in a shielded section of its own -- a caller's cancellation never leaves it
+    unclear which of its events landed.  ``generation``: the attempt's, named by
+    CREDENTIAL_FAILED (a stale worker's is refused: ``attempt.stamped``)."""
     try:
         return prepare_request(engine, action, target, binding, key)
     except CredentialError as exc:
-        await recorder.write_many(preamble)
-        # The field to fix and what is wrong with it: ``exc.message`` names the reference
-        # (``env:EXAMPLE_TOKEN``, ``file:/path`` -- not secret, the success evidence shows it
-        # too) and the reason, never the value (``CredentialError``).
-        attrs: dict[str, Any] = {
-            "code": exc.code.value,
-            "field": f"targets.{target.name}.credential",
-            "message": exc.message,
-        }
-        if generation is not None:
-            attrs["generation"] = generation
-        failed = Event(EventKind.CREDENTIAL_FAILED, iid, attrs)
-        return await recorder.finish(iid, failed)
+        with trio.CancelScope(shield=True):
+            refused = await _credential_failed(engine, iid, target, preamble, generation, exc)
+        return refused
     except BaseException:
-        await recorder.write_many(preamble)
+        with trio.CancelScope(shield=True):
+            await engine.recorder.write_many(preamble)
         raise
+
+
+async def _credential_failed(
+    engine: Engine,
+    iid: str,
+    target: Any,
+    preamble: Preamble,
+    generation: int | None,
+    exc: CredentialError,
+) -> dict[str, Any]:
+    recorder = engine.recorder
+    await recorder.write_many(preamble)
+    # The field to fix and what is wrong with it: ``exc.message`` names the reference
+    # (``env:EXAMPLE_TOKEN``, ``file:/path`` -- not secret, the success evidence shows it
+    # too) and the reason, never the value (``CredentialError``).
+    attrs: dict[str, Any] = {
+        "code": exc.code.value,
+        "field": f"targets.{target.name}.credential",
+        "message": exc.message,
+    }
+    if generation is not None:
+        attrs["generation"] = generation
+    failed = Event(EventKind.CREDENTIAL_FAILED, iid, attrs)
+    return await recorder.finish(iid, failed)

@@ -501,22 +501,22 @@ async def _authorize_once(
     generation: int,
 ) -> tuple[Prepared, str] | dict[str, Any]:
     recorder = engine.recorder
-    # One shielded section for the preflight events and the credential step: a caller's
-    # cancellation must not leave it unclear which of them landed, and one cancel scope per
-    # section is far cheaper than one per event (tests/benchmarks/http_overhead.py).
-    with trio.CancelScope(shield=True):
-        # Credential injection (seed: still preflight while no byte of the request has
-        # left).
-        prepared_or_refused = await prepare_after(
-            engine, iid, action, target, binding, key, preamble, generation
-        )
-        if isinstance(prepared_or_refused, dict):
-            return prepared_or_refused
-        credential, prepared = prepared_or_refused
-        if bound_version is not None and credential.version != bound_version:
-            # Seed: the credential version is bound to the invocation; "if any bound value
-            # changes, create a new invocation; do not edit the previous record".  A retry
-            # under the old invocation must not silently act with a rotated credential.
+    # The preflight events and the credential step: a caller's cancellation must not leave it
+    # unclear which of them landed.  Preparing awaits nothing unless it fails (then it writes
+    # in a shielded section of its own: ``prepare_after``), and success is one queued write,
+    # made uncancellable by ``shield=True`` -- no cancel scope entered on this path on every
+    # call (issue 15; it was one of the five a call entered).
+    prepared_or_refused = await prepare_after(
+        engine, iid, action, target, binding, key, preamble, generation
+    )
+    if isinstance(prepared_or_refused, dict):
+        return prepared_or_refused
+    credential, prepared = prepared_or_refused
+    if bound_version is not None and credential.version != bound_version:
+        # Seed: the credential version is bound to the invocation; "if any bound value
+        # changes, create a new invocation; do not edit the previous record".  A retry
+        # under the old invocation must not silently act with a rotated credential.
+        with trio.CancelScope(shield=True):
             await recorder.write_many(preamble)
             return await recorder.finish(
                 iid,
@@ -532,15 +532,15 @@ async def _authorize_once(
                     },
                 ),
             )
-        authorized = Event(
-            E.CREDENTIAL_AUTHORIZED,
-            iid,
-            {
-                "credential": target.credential,
-                "version": credential.version,
-                **prepared.evidence,
-                "generation": generation,
-            },
-        )
-        await recorder.write_many((*preamble, (authorized, None)))
+    authorized = Event(
+        E.CREDENTIAL_AUTHORIZED,
+        iid,
+        {
+            "credential": target.credential,
+            "version": credential.version,
+            **prepared.evidence,
+            "generation": generation,
+        },
+    )
+    await recorder.write_many((*preamble, (authorized, None)), shield=True)
     return prepared, credential.version

@@ -79,16 +79,20 @@ class Recorder:
         else:
             mine.append(posted)
 
-    async def write_many(self, items: Sequence[tuple[Event, Mapping[str, Any] | None]]) -> None:
+    async def write_many(
+        self, items: Sequence[tuple[Event, Mapping[str, Any] | None]], *, shield: bool = False
+    ) -> None:
         """``write`` of several diagnostic events (each with its payload or None) as one queued
         write -- one request for the single writer instead of one per event (issue 15); the
         same rows, in the same order, in the same transaction as separate writes queued
-        without a checkpoint between them.  The caller holds a shield."""
+        without a checkpoint between them.  The caller holds a shield -- or passes ``shield``
+        when this is the section's one write: then nothing in it is cancellable (its one
+        checkpoint, a wait for room in a full queue, is shielded there)."""
         if not items:
             return
         task = trio.lowlevel.current_task()
         self._writing[task] = items[-1][0].invocation_id
-        posted = await self.journal.post_many(items)
+        posted = await self.journal.post_many(items, shield=shield)
         mine = self._posted.get(task)
         if mine is None:
             self._posted[task] = [posted]

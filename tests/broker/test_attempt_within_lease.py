@@ -91,8 +91,8 @@ async def test_a_first_attempt_whose_lease_ran_out_is_stopped_at_its_gate(
             real_write_many = recorder.write_many
             stopped, resume = trio.Event(), trio.Event()
 
-            async def stalled_write_many(items: Any) -> None:
-                await real_write_many(items)
+            async def stalled_write_many(items: Any, **kw: Any) -> None:
+                await real_write_many(items, **kw)
                 kinds = [ev.kind for ev, _ in items]
                 if E.CREDENTIAL_AUTHORIZED in kinds and not stopped.is_set():
                     stopped.set()  # A pauses here: preflight posted, attempt not yet started
@@ -199,8 +199,8 @@ async def test_a_reconciliation_cannot_close_a_first_attempt_dispatched_after_it
         real_write_many = recorder.write_many
         stopped, resume = trio.Event(), trio.Event()
 
-        async def stalled_write_many(items: Any) -> None:
-            await real_write_many(items)
+        async def stalled_write_many(items: Any, **kw: Any) -> None:
+            await real_write_many(items, **kw)
             kinds = [ev.kind for ev, _ in items]
             if E.CREDENTIAL_AUTHORIZED in kinds and not stopped.is_set():
                 stopped.set()
@@ -266,8 +266,8 @@ async def test_a_retry_s_call_does_not_outlive_its_lease(
             real_write_many = recorder.write_many
             slowed = trio.Event()
 
-            async def slow_write_many(items: Any) -> None:
-                await real_write_many(items)
+            async def slow_write_many(items: Any, **kw: Any) -> None:
+                await real_write_many(items, **kw)
                 kinds = [ev.kind for ev, _ in items]
                 if E.CREDENTIAL_AUTHORIZED in kinds and not slowed.is_set():
                     slowed.set()  # a slow preflight: longer than the margin, within the lease

@@ -146,6 +146,29 @@ async def test_a_shielded_append_is_not_cancelled_while_it_waits_for_room(
         assert j.verify().ok
 
 
+async def test_a_shielded_post_is_not_cancelled_while_it_waits_for_room(
+    place: Place, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``post_many(shield=True)`` -- the preflight section's one write (the credential step's
+    events), which enters no cancel scope of its own (issue 15): a cancellation pending while
+    it waits for room in a full queue does not stop it; it is queued and lands."""
+    monkeypatch.setattr(writer, "MAX_QUEUED", 2)
+    async with place.open() as j:
+        accepted, validated, authorized, dispatch = until_dispatch("inv-1")
+        with trio.fail_after(LIMIT):
+            first = [await j.post(ev) for ev in (accepted, validated)]  # the queue is full
+            with trio.CancelScope() as scope:
+                scope.cancel()
+                posted = await j.post_many([(authorized, None)], shield=True)
+                await trio.lowlevel.checkpoint()  # where the cancellation is delivered
+            assert scope.cancelled_caught
+            await j.append(dispatch, barrier=True)
+            assert [(await p.wait()).seq for p in first] == [1, 2]
+            assert [e.seq for e in await posted.wait()] == [3]
+        assert [e.kind for e in j.events("inv-1")] == [e.kind for e in until_dispatch("inv-1")]
+        assert j.verify().ok
+
+
 async def test_an_append_to_a_closed_journal_is_refused(place: Place) -> None:
     async with place.open() as j:
         await j.append(until_dispatch("inv-1")[0], barrier=True)
