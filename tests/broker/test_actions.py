@@ -650,6 +650,17 @@ def _part(disposition: str) -> str:
         (MULTIPART, _part("form-data; name=_Method"), Code.FORBIDDEN_HEADER),
         (FORM, "_method%00=DELETE", Code.INVALID_FIELD),
         (FORM, "a%0Ab=1", Code.INVALID_FIELD),
+        # Rack's media type ends at "," too, and an empty Content-Type is none to Rack.
+        (f"{FORM},text/plain", "_method=DELETE", Code.FORBIDDEN_HEADER),
+        ("", "_method=DELETE", Code.FORBIDDEN_HEADER),
+        # Laravel's request bag is the JSON object of a JSON body: _method there is read too.
+        ("application/json", '{"_method": "DELETE"}', Code.FORBIDDEN_HEADER),
+        (
+            "application/vnd.api+json; charset=utf-8",
+            '{"a": 1, "\\u005fmethod": "DELETE"}',
+            Code.FORBIDDEN_HEADER,
+        ),
+        ("application/json", '{"X-HTTP-Method-Override": "DELETE"}', Code.FORBIDDEN_HEADER),
     ],
 )
 def test_a_form_body_that_overrides_the_method_is_refused_at_its_field(
@@ -657,7 +668,7 @@ def test_a_form_body_that_overrides_the_method_is_refused_at_its_field(
 ) -> None:
     """Rails' Rack::MethodOverride reads ``_method`` from a POST's form body (a body without a
     Content-Type included), Laravel/Symfony and Express's method-override too."""
-    headers = {"Content-Type": content_type} if content_type else None
+    headers = {"Content-Type": content_type} if content_type is not None else None
     with pytest.raises(ActionInvalid) as info:
         parse_action(form(body=body, headers=headers), FORMS)
     assert (info.value.code, info.value.field) == (code, "body")
@@ -670,7 +681,9 @@ def test_a_form_body_that_overrides_the_method_is_refused_at_its_field(
 @pytest.mark.parametrize(
     ("content_type", "body"),
     [
-        ("application/json", '{"_method": "DELETE"}'),
+        ("application/json", '{"method": "DELETE", "data": {"_method": "x"}}'),
+        ("application/json", '[{"_method": "DELETE"}]'),
+        ("application/json", "not json, method"),
         (FORM, "method=DELETE&my_method=1"),
         (FORM, "caf%C3%A9=1&%E2%82%AC=2"),
         (None, "\x00\x01 raw bytes = & ;"),

@@ -251,17 +251,27 @@ async def test_a_method_override_in_the_query_is_refused_at_path_and_never_sent(
         assert srv.requests == [] and srv.connections == 0
 
 
+@pytest.mark.parametrize(
+    ("content_type", "body"),
+    [
+        ("application/x-www-form-urlencoded", "_method=delete"),
+        ("application/x-www-form-urlencoded,text/plain", "_method=delete"),
+        ("", "_method=delete"),
+        ("application/json", '{"_method": "DELETE"}'),
+    ],
+)
 async def test_a_method_override_in_a_form_body_is_refused_at_body_and_never_sent(
-    tmp_path: Path,
+    tmp_path: Path, content_type: str, body: str
 ) -> None:
-    """Rails' Rack::MethodOverride reads ``_method`` from a POST's form body: the same refusal
-    as in the query, at the body's field."""
+    """Rails' Rack::MethodOverride reads ``_method`` from a POST's form body (its media type
+    ends at ";" or ","; an empty one is none), Laravel from a JSON body's object too: the same
+    refusal as in the query, at the body's field."""
     async with HostileServer.running(scripts.serve(Reply(200))) as srv:
         cfg = write_config(tmp_path, {"api": http_target(srv.url, methods=["GET", "POST"])})
-        form = {"Content-Type": "application/x-www-form-urlencoded"}
+        form = {"Content-Type": content_type}
         with trio.fail_after(LIMIT):
             async with open_broker(cfg) as broker:
-                action = {**GET, "method": "POST", "headers": form, "body": "_method=delete"}
+                action = {**GET, "method": "POST", "headers": form, "body": body}
                 env = await broker.call(action)
                 _refused(broker, env, "FORBIDDEN_HEADER")
         assert env["error"]["field"] == "body"

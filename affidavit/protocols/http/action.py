@@ -390,8 +390,8 @@ def _encoded_limit(target: HttpTarget) -> int:
 _FORM_CHECKS = (
     (
         Code.FORBIDDEN_HEADER,
-        "a form body (urlencoded, multipart, or untyped) naming a field servers read as the "
-        "method or path (_method, ...)",
+        "a form body (urlencoded, multipart, or untyped) or a JSON object naming a field "
+        "servers read as the method or path (_method, ...)",
     ),
     (Code.INVALID_FIELD, "a declared form's field name with a control character"),
 )

@@ -11,6 +11,7 @@ same names as parameters are refused here, with the same code (``FORBIDDEN_HEADE
 
 from __future__ import annotations
 
+import json
 import re
 import urllib.parse
 from typing import Final
@@ -37,6 +38,12 @@ OVERRIDE_HEADERS: Final = frozenset(
 # something else by a C-string parser, or cut there by a logger or a WAF -- never a real name.
 _CONTROL: Final = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 _FORM_TYPES: Final = frozenset({"application/x-www-form-urlencoded", "multipart/form-data"})
+# Rack's media type ends at the first ";" or "," (``Rack::MediaType::SPLIT_PATTERN``), so
+# ``application/x-www-form-urlencoded,x`` is a form there; Laravel's ``isJson`` is a
+# ``/json`` or ``+json`` anywhere in the type.
+_MEDIA_END: Final = re.compile(r"[;,]")
+_JSON_TYPE: Final = re.compile(r"[/+]json")
+_JSON_HINT: Final = re.compile(rb"method|url|\\u", re.IGNORECASE)
 # What every override name holds, as written or percent-encoded in part.
 _OVERRIDE_HINT: Final = re.compile(rb"method|url|%", re.IGNORECASE)
 # A multipart part's field name (RFC 7578 §4.2), quoted or not.
@@ -111,14 +118,20 @@ def check_query(query: str, credential_param: str | None) -> None:
 
 def check_form_body(body: bytes, content_type: str | None, field: str) -> None:
     """The field names of a form body: ``application/x-www-form-urlencoded`` -- or a body
-    without a ``Content-Type``, which Rack parses as a form too (there, overrides only) -- and
-    each part of ``multipart/form-data``.  Any other body is the application's own."""
-    media = (content_type or "").partition(";")[0].strip().lower()
-    if content_type is not None and media not in _FORM_TYPES:
+    without a ``Content-Type`` (or with an empty one), which Rack parses as a form too (there,
+    overrides only) -- each part of ``multipart/form-data``, and the top-level keys of a JSON
+    object (Laravel reads ``_method`` from a JSON body: its request bag is the JSON).  The
+    media type is read as Rack reads it: up to the first ``;`` or ``,``.  Any other body is the
+    application's own."""
+    media = _MEDIA_END.split(content_type or "", maxsplit=1)[0].strip().lower()
+    if media and _JSON_TYPE.search(media):
+        _check_json(body, field)
+        return
+    if media and media not in _FORM_TYPES:
         return
     # Control characters only in a declared form: a body without a type may be any bytes, and
     # is read whole only if an override's letters (or an escape) are in it at all.
-    declared = content_type is not None
+    declared = bool(media)
     if not declared and not _OVERRIDE_HINT.search(body):
         return
     if media == "multipart/form-data":
@@ -130,3 +143,18 @@ def check_form_body(body: bytes, content_type: str | None, field: str) -> None:
         name = pair.partition(b"=")[0].replace(b"+", b" ")
         once = urllib.parse.unquote_to_bytes(name).decode("utf-8", "replace")
         _check_name(once, field, None, None, declared)
+
+
+def _check_json(body: bytes, field: str) -> None:
+    """A JSON object's top-level keys (what Laravel's ``$request->get('_method')`` reads),
+    parsed only if an override's letters or a ``\\u`` escape are in the body at all; a body
+    that is no JSON object is the application's own."""
+    if not _JSON_HINT.search(body):
+        return
+    try:
+        doc = json.loads(body)
+    except (ValueError, RecursionError):
+        return
+    # A key given twice is one name either way (PHP keeps the last value, so does Python).
+    for key in doc if isinstance(doc, dict) else ():
+        _check_name(key, field, None, None, controls=False)
