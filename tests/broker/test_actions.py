@@ -648,6 +648,19 @@ def _part(disposition: str) -> str:
         (None, "a=1&_method=DELETE", Code.FORBIDDEN_HEADER),  # Rack parses an untyped POST
         (MULTIPART, _part('form-data; name="_method"'), Code.FORBIDDEN_HEADER),
         (MULTIPART, _part("form-data; name=_Method"), Code.FORBIDDEN_HEADER),
+        # Rack 2 and 3 take a part's last name, Rack 3 undoes backslash escapes in a quoted
+        # one and reads a folded header, Rack 1 any "\s+name=", Rack a part's Content-ID as
+        # its name when it has no Content-Disposition, busboy RFC 2231's name*.
+        (MULTIPART, _part('form-data; name="title"; name="_method"'), Code.FORBIDDEN_HEADER),
+        (MULTIPART, _part('form-data; name="\\_method"'), Code.FORBIDDEN_HEADER),
+        (MULTIPART, _part('form-data;\r\n name="_method"'), Code.FORBIDDEN_HEADER),
+        (MULTIPART, _part('form-data; filename="a" x name=_method'), Code.FORBIDDEN_HEADER),
+        (
+            MULTIPART,
+            "--XyZ\r\nContent-ID: _method\r\n\r\nDELETE\r\n--XyZ--\r\n",
+            Code.FORBIDDEN_HEADER,
+        ),
+        (MULTIPART, _part("form-data; name*=utf-8''%5Fmethod"), Code.FORBIDDEN_HEADER),
         (FORM, "_method%00=DELETE", Code.INVALID_FIELD),
         (FORM, "a%0Ab=1", Code.INVALID_FIELD),
         # Rack's media type ends at "," too, and an empty Content-Type is none to Rack.
@@ -688,6 +701,7 @@ def test_a_form_body_that_overrides_the_method_is_refused_at_its_field(
         (FORM, "caf%C3%A9=1&%E2%82%AC=2"),
         (None, "\x00\x01 raw bytes = & ;"),
         (MULTIPART, _part('form-data; name="file"; filename="_method"')),
+        (MULTIPART, _part('form-data; name="a"\r\nContent-ID: <part1@example.com>')),
     ],
 )
 def test_bodies_that_override_nothing_stay_allowed(content_type: str | None, body: str) -> None:

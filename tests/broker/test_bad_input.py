@@ -258,6 +258,11 @@ async def test_a_method_override_in_the_query_is_refused_at_path_and_never_sent(
         ("application/x-www-form-urlencoded,text/plain", "_method=delete"),
         ("", "_method=delete"),
         ("application/json", '{"_method": "DELETE"}'),
+        (
+            "multipart/form-data; boundary=B",
+            '--B\r\nContent-Disposition: form-data; name="t"; name="\\_method"\r\n\r\n'
+            "DELETE\r\n--B--\r\n",
+        ),
     ],
 )
 async def test_a_method_override_in_a_form_body_is_refused_at_body_and_never_sent(

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import re
 import urllib.parse
+from collections.abc import Iterator
 from typing import Final
 
 from affidavit.protocols.actions import ActionInvalid
@@ -46,11 +47,19 @@ _JSON_TYPE: Final = re.compile(r"[/+]json")
 _JSON_HINT: Final = re.compile(rb"method|url|\\u", re.IGNORECASE)
 # What every override name holds, as written or percent-encoded in part.
 _OVERRIDE_HINT: Final = re.compile(rb"method|url|%", re.IGNORECASE)
-# A multipart part's field name (RFC 7578 §4.2), quoted or not.
-_PART_NAME: Final = re.compile(
-    rb'content-disposition[ \t]*:[^\r\n]*?;[ \t]*name[ \t]*=[ \t]*(?:"([^"\r\n]*)"|([^;\s]*))',
-    re.IGNORECASE,
+# A multipart part's header that names its field: Content-Disposition (RFC 7578 §4.2), or
+# Content-ID, which Rack takes as the name of a part without a Content-Disposition; its value
+# runs on over folded lines (CRLF then a space or tab), as Rack 3 reads it.
+_PART_HEADER: Final = re.compile(
+    rb"content-(disposition|id)[ \t]*:((?:[^\r\n]|\r?\n[ \t])*)", re.IGNORECASE
 )
+# A ``name`` (or RFC 2231 ``name*``, as busboy reads it) parameter anywhere in a
+# Content-Disposition value, after ";" or whitespace (Rack 1's ``\s+name=``), quoted (with
+# backslash escapes, as Rack 3 undoes them) or not; every one counts (Rack 2 and 3 take the
+# last, this check read the first).
+_NAME_AT: Final = re.compile(r"(?:(?<=[;\s])|^)name(\*?)\s*=\s*", re.IGNORECASE)
+_NAME_VALUE: Final = re.compile(r'"((?:[^"\\]|\\.)*)"?|([^;]*)', re.DOTALL)
+_BACKSLASH: Final = re.compile(r"\\(.)", re.DOTALL)
 
 
 def query_key(name: str) -> str:
@@ -135,9 +144,8 @@ def check_form_body(body: bytes, content_type: str | None, field: str) -> None:
     if not declared and not _OVERRIDE_HINT.search(body):
         return
     if media == "multipart/form-data":
-        for m in _PART_NAME.finditer(body):
-            raw = m.group(1) if m.group(1) is not None else m.group(2)
-            _check_name(raw.decode("utf-8", "replace"), field, None, None, declared)
+        for part in _part_names(body):
+            _check_name(part, field, None, None, declared)
         return
     for pair in re.split(rb"[&;]", body):
         name = pair.partition(b"=")[0].replace(b"+", b" ")
@@ -158,3 +166,27 @@ def _check_json(body: bytes, field: str) -> None:
     # A key given twice is one name either way (PHP keeps the last value, so does Python).
     for key in doc if isinstance(doc, dict) else ():
         _check_name(key, field, None, None, controls=False)
+
+
+def _part_names(body: bytes) -> Iterator[str]:
+    """Every name a multipart parser may give a part: each ``name`` parameter of each
+    Content-Disposition (quoted as written and with its backslash escapes undone, unquoted
+    whole and up to a space; ``name*``'s value after its charset and language), and each
+    Content-ID's value.  A superset of what Rack 1-3, busboy and PHP read, so a spelling one of
+    them reads as ``_method`` is not missed."""
+    for m in _PART_HEADER.finditer(body):
+        value = m.group(2).decode("utf-8", "replace")
+        if m.group(1).lower() == b"id":
+            yield value.strip()
+            continue
+        # Each "name=" is a start (not consumed by the value before it: Rack 1 reads the last
+        # "\s+name=" of the line, which may stand inside another parameter's value).
+        for at in _NAME_AT.finditer(value):
+            v = _NAME_VALUE.match(value, at.end())
+            assert v is not None  # the second alternative matches the empty string
+            quoted, bare = v.group(1), v.group(2)
+            names = [quoted, _BACKSLASH.sub(r"\1", quoted)] if quoted is not None else []
+            if bare is not None:
+                names += [bare.strip(), *bare.split()[:1]]
+            for name in names:
+                yield name.rpartition("'")[2] if at.group(1) else name
