@@ -691,6 +691,15 @@ def test_a_form_body_that_overrides_the_method_is_refused_at_its_field(
     assert (info.value.code, info.value.field) == (code, "body_base64")
 
 
+def test_a_json_body_typed_through_an_underscore_header_name_is_read_as_json() -> None:
+    """``Content_Type`` is the type to stacks that map ``_`` to ``-`` (PHP's $_SERVER, WSGI):
+    the JSON object's ``_method`` is refused as with ``Content-Type``."""
+    action = form(body='{"_method": "DELETE"}', headers={"Content_Type": "application/json"})
+    with pytest.raises(ActionInvalid) as info:
+        parse_action(action, FORMS)
+    assert (info.value.code, info.value.field) == (Code.FORBIDDEN_HEADER, "body")
+
+
 @pytest.mark.parametrize(
     ("content_type", "body"),
     [

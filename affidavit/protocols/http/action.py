@@ -90,7 +90,10 @@ def parse(obj: Mapping[str, Any], name: str, target: HttpTarget) -> HttpAction:
     body = _parse_body(obj, target.max_body)
     if body:
         field = "body" if obj.get("body") is not None else "body_base64"
-        check_form_body(body, dict(headers).get("content-type"), field)
+        # The type as servers read it: "Content_Type" is CONTENT_TYPE to CGI/WSGI/PHP stacks
+        # (one spelling at most: two are refused as duplicates).
+        ctype = next((v for n, v in headers if _header_key(n) == "content-type"), None)
+        check_form_body(body, ctype, field)
 
     key = string(obj, "idempotency_key", required=False)
     if key is not None:
