@@ -674,6 +674,9 @@ def _part(disposition: str) -> str:
             Code.FORBIDDEN_HEADER,
         ),
         ("application/json", '{"X-HTTP-Method-Override": "DELETE"}', Code.FORBIDDEN_HEADER),
+        # Laravel's isJson: "/json" anywhere in the header, not only in the media type.
+        ("text/plain, application/json", '{"_method": "DELETE"}', Code.FORBIDDEN_HEADER),
+        (f"{FORM}; x=/json", '{"_method": "DELETE"}', Code.FORBIDDEN_HEADER),
     ],
 )
 def test_a_form_body_that_overrides_the_method_is_refused_at_its_field(

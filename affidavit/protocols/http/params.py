@@ -41,7 +41,7 @@ _CONTROL: Final = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 _FORM_TYPES: Final = frozenset({"application/x-www-form-urlencoded", "multipart/form-data"})
 # Rack's media type ends at the first ";" or "," (``Rack::MediaType::SPLIT_PATTERN``), so
 # ``application/x-www-form-urlencoded,x`` is a form there; Laravel's ``isJson`` is a
-# ``/json`` or ``+json`` anywhere in the type.
+# ``/json`` or ``+json`` anywhere in the header's value.
 _MEDIA_END: Final = re.compile(r"[;,]")
 _JSON_TYPE: Final = re.compile(r"[/+]json")
 _JSON_HINT: Final = re.compile(rb"method|url|\\u", re.IGNORECASE)
@@ -132,10 +132,11 @@ def check_form_body(body: bytes, content_type: str | None, field: str) -> None:
     object (Laravel reads ``_method`` from a JSON body: its request bag is the JSON).  The
     media type is read as Rack reads it: up to the first ``;`` or ``,``.  Any other body is the
     application's own."""
-    media = _MEDIA_END.split(content_type or "", maxsplit=1)[0].strip().lower()
-    if media and _JSON_TYPE.search(media):
+    if content_type and _JSON_TYPE.search(content_type.lower()):
+        # Laravel looks for "/json" anywhere in the header ("text/plain, application/json",
+        # "...; x=/json"), Rack at the type before ";" or ",": both readings are checked.
         _check_json(body, field)
-        return
+    media = _MEDIA_END.split(content_type or "", maxsplit=1)[0].strip().lower()
     if media and media not in _FORM_TYPES:
         return
     # Control characters only in a declared form: a body without a type may be any bytes, and
