@@ -59,6 +59,7 @@ _PART_HEADER: Final = re.compile(
 # last, this check read the first).
 _NAME_AT: Final = re.compile(r"(?:(?<=[;\s])|^)name(\*?)\s*=\s*", re.IGNORECASE)
 _NAME_VALUE: Final = re.compile(r'"((?:[^"\\]|\\.)*)"?|([^;]*)', re.DOTALL)
+_RACK2_KEY: Final = re.compile(r"[\[\]]")
 _BACKSLASH: Final = re.compile(r"\\(.)", re.DOTALL)
 
 
@@ -100,7 +101,11 @@ def _check_name(
                 "a parameter name holds a control character (also percent-encoded, like %00)",
             )
         key = query_key(name)
-        if key in _OVERRIDES or query_key(name.partition("[")[0]) in _OVERRIDES:
+        # The name before a "[...]" (PHP, Rack 3), and as Rack 2 reads it: leading "[" and "]"
+        # dropped, the key up to the next one (``[_method]`` and ``]_method`` are ``_method``).
+        nested = _RACK2_KEY.split(name.lstrip("[]"), maxsplit=1)[0]
+        readings = {key, query_key(name.partition("[")[0]), query_key(nested)}
+        if readings & _OVERRIDES:
             raise ActionInvalid(
                 Code.FORBIDDEN_HEADER,
                 field,
@@ -108,7 +113,7 @@ def _check_name(
                 "X-HTTP-Method-Override, ...; in any case, percent-encoded, and with "
                 '"-", "." or " " for "_") is not allowed: the request line says them',
             )
-        if injected is not None and injected in (key, _array_key(name)):
+        if injected is not None and injected in readings | {_array_key(name)}:
             raise ActionInvalid(
                 Code.FORBIDDEN_HEADER,
                 field,
