@@ -51,14 +51,21 @@ _OVERRIDE_HINT: Final = re.compile(rb"method|url|%", re.IGNORECASE)
 # Content-ID, which Rack takes as the name of a part without a Content-Disposition; its value
 # runs on over folded lines (CRLF then a space or tab), as Rack 3 reads it.
 _PART_HEADER: Final = re.compile(
-    rb"content-(disposition|id)[ \t]*:((?:[^\r\n]|\r?\n[ \t])*)", re.IGNORECASE
+    rb"content-(disposition|id)[ \t]*:([^\r\n]*(?:\r?\n[ \t][^\r\n]*)*)", re.IGNORECASE
 )
 # A ``name`` (or RFC 2231 ``name*``, as busboy reads it) parameter anywhere in a
 # Content-Disposition value, after ";" or whitespace (Rack 1's ``\s+name=``), quoted (with
 # backslash escapes, as Rack 3 undoes them) or not; every one counts (Rack 2 and 3 take the
 # last, this check read the first).
 _NAME_AT: Final = re.compile(r"(?:(?<=[;\s])|^)name(\*?)\s*=\s*", re.IGNORECASE)
-_NAME_VALUE: Final = re.compile(r'"((?:[^"\\]|\\.)*)"?|([^;]*)', re.DOTALL)
+# A value as far as an override's spelling can reach (with every character escaped, and
+# percent-encoded twice): what lies further cannot make it one, and reading on from each of
+# many "name=" starts to the end of a long header would be quadratic.
+_NAME_VALUE: Final = re.compile(r'"((?:[^"\\]|\\.){0,256})"?|([^;]{0,128})', re.DOTALL)
+# What a name must hold to be read as an override (as written, or percent-encoded in part): a
+# part name without it is only checked for control characters.
+_NAME_HINT: Final = re.compile(r"method|url|%", re.IGNORECASE)
+_MAX_PARAMS: Final = 16
 _RACK2_KEY: Final = re.compile(r"[\[\]]")
 _BACKSLASH: Final = re.compile(r"\\(.)", re.DOTALL)
 
@@ -151,7 +158,8 @@ def check_form_body(body: bytes, content_type: str | None, field: str) -> None:
         return
     if media == "multipart/form-data":
         for part in _part_names(body):
-            _check_name(part, field, None, None, declared)
+            if _NAME_HINT.search(part) or (declared and _CONTROL.search(part)):
+                _check_name(part, field, None, None, declared)
         return
     for pair in re.split(rb"[&;]", body):
         name = pair.partition(b"=")[0].replace(b"+", b" ")
@@ -186,13 +194,15 @@ def _part_names(body: bytes) -> Iterator[str]:
             yield value.strip()
             continue
         # Each "name=" is a start (not consumed by the value before it: Rack 1 reads the last
-        # "\s+name=" of the line, which may stand inside another parameter's value).
-        for at in _NAME_AT.finditer(value):
+        # "\s+name=" of the line, which may stand inside another parameter's value).  Rack 3
+        # reads the first 16 parameters, Rack 1 and 2, PHP and busboy the last name: those.
+        ats = list(_NAME_AT.finditer(value))
+        for at in ats[:_MAX_PARAMS] + ats[_MAX_PARAMS:][-1:]:
             v = _NAME_VALUE.match(value, at.end())
             assert v is not None  # the second alternative matches the empty string
             quoted, bare = v.group(1), v.group(2)
             names = [quoted, _BACKSLASH.sub(r"\1", quoted)] if quoted is not None else []
             if bare is not None:
                 names += [bare.strip(), *bare.split()[:1]]
-            for name in names:
+            for name in dict.fromkeys(names):
                 yield name.rpartition("'")[2] if at.group(1) else name
