@@ -1,6 +1,7 @@
 """Request parameters as servers read them: a caller may not name, in the query or in a form
-body, a parameter a server reads as the method or path, nor one with a control character, nor
-(in the query) the injected credential parameter under another spelling.
+body (urlencoded, multipart or untyped) or a JSON object body's top-level keys, a parameter a
+server reads as the method or path, nor one with a control character, nor (in the query) the
+injected credential parameter under another spelling.
 
 Seed: "Reject ... forbidden header overrides before resolving the host name or accessing the
 secret."  Rails (``Rack::MethodOverride``), Laravel/Symfony and Express's method-override read
@@ -183,11 +184,11 @@ def _check_json(body: bytes, field: str) -> None:
 
 
 def _part_names(body: bytes) -> Iterator[str]:
-    """Every name a multipart parser may give a part: each ``name`` parameter of each
-    Content-Disposition (quoted as written and with its backslash escapes undone, unquoted
-    whole and up to a space; ``name*``'s value after its charset and language), and each
-    Content-ID's value.  A superset of what Rack 1-3, busboy and PHP read, so a spelling one of
-    them reads as ``_method`` is not missed."""
+    """Every name a multipart parser may give a part: the first 16 and the last ``name``
+    parameters of each Content-Disposition (quoted as written and with its backslash escapes
+    undone, unquoted whole and up to a space; ``name*``'s value after its charset and
+    language), and each Content-ID's value.  A superset of what Rack 1-3, busboy and PHP read,
+    so a spelling one of them reads as ``_method`` is not missed."""
     for m in _PART_HEADER.finditer(body):
         value = m.group(2).decode("utf-8", "replace")
         if m.group(1).lower() == b"id":
