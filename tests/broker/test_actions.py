@@ -711,15 +711,17 @@ def test_a_form_body_that_overrides_the_method_is_refused_at_its_field(
 )
 def test_a_hostile_multipart_body_is_checked_in_bounded_time(headers: bytes) -> None:
     """About 1 MiB of part headers, each crafted so that a scan reading every "name=" to the
-    end of its header is quadratic (24 s for the third once): bounded, well under a second
-    (3 s allowed on a loaded machine)."""
+    end of its header is quadratic (24 s of CPU for the third once, over 300 s for others):
+    the scan reads a bounded span per name (``_NAME_VALUE``), ~0.2 s here.  A guard against
+    the quadratic scan coming back, not a speed target: its bound is CPU time of this process
+    (other load does not count) with a wide margin."""
     target = dataclasses.replace(FORMS.targets["forms"], max_body=2 << 20)  # type: ignore[type-var]
     config = dataclasses.replace(FORMS, targets={"forms": target})
     b64 = base64.b64encode(headers).decode()
-    started = time.perf_counter()
+    started = time.process_time()
     with contextlib.suppress(ActionInvalid):  # a control character refused: also bounded
         parse_action(form(body_base64=b64, headers={"Content-Type": MULTIPART}), config)
-    assert time.perf_counter() - started < 3.0
+    assert time.process_time() - started < 15.0
 
 
 def test_a_json_body_typed_through_an_underscore_header_name_is_read_as_json() -> None:
