@@ -580,7 +580,7 @@ def _journal_refusal(exc: JournalError, failure: tuple[int, str, str]) -> Refuse
     ``act_failure``): the error page with its status and code, and one line in the log --
     never a traceback, never the password (the journal's words redact it)."""
     status, code, message = failure
-    log.warning("console: %s: %s", printable(message), exc)  # it may name a path's id
+    log.warning("console: %s: %s", printable(message), printable(str(exc)))  # a path's id
     return Refused(status, message, code)
 
 

@@ -62,6 +62,7 @@ from affidavit.engine import (
 from affidavit.journal import JournalError, JournalReader, JournalUnavailable
 from affidavit.journal.backend import where as journal_where
 from affidavit.statemachine import Outcome, Phase
+from affidavit.text import printable
 from affidavit.views import (
     actions_page,
     event_to_json,
@@ -385,12 +386,15 @@ def _journal_problem(exc: JournalError, what: str) -> ApiProblem:
     shared journal is away beyond ``[journal] reconnect``, or JOURNAL_READ_DECLINED when the
     database declined it once (unread, nothing known to be wrong with it), else 500
     JOURNAL_UNREADABLE with the journal's own one-line words (altered, refused) -- never
-    blurred.  One line in the daemon's log either way, never a traceback."""
+    blurred.  One line in the daemon's log either way, never a traceback: ``what`` and the
+    journal's words may name a caller's id (decoded from the path: ``%0A`` a line break), so
+    both are escaped (``printable``) -- never a line of the caller's own in the log."""
     status, code, message = read_failure(exc, what)
+    shown, why = printable(what), printable(str(exc))
     if status == 503:
-        log.warning("%s: the journal did not answer now: %s", what, exc)
+        log.warning("%s: the journal did not answer now: %s", shown, why)
     else:
-        log.error("%s: %s", what, exc)
+        log.error("%s: %s", shown, why)
     return ApiProblem(status, code, message)
 
 

@@ -29,6 +29,7 @@ from affidavit.approvals import Operator, OperatorError, service
 from affidavit.console import TokenDirError, login_url
 from affidavit.journal import JournalError, JournalReader
 from affidavit.reconcile import service as reconciling
+from affidavit.text import printable
 
 from .http import ApiProblem, Request
 
@@ -82,9 +83,10 @@ async def _run(
 
 def act_problem(exc: JournalError, answer: tuple[int, str, str]) -> ApiProblem:
     """An act the journal could not take (``answer``: ``act_failure``'s status, code and
-    message) as the API's problem, with one line in the log -- never a traceback."""
+    message) as the API's problem, with one line in the log -- never a traceback, never a
+    line of the caller's own (an id from the path may hold a line break: escaped)."""
     status, code, message = answer
-    log.warning("%s: %s", message, exc)
+    log.warning("%s: %s", printable(message), printable(str(exc)))
     return ApiProblem(status, code, message)
 
 

@@ -172,3 +172,24 @@ def test_a_token_refused_by_the_check_is_not_used_up(tmp_path: Path) -> None:
     late, _ = store.mint(OPS, ttl=-1)
     assert store.redeem(late, refuse) is None  # expired: never reaches the check
     assert list((tmp_path / "tokens").iterdir()) == []
+
+
+def test_a_journal_refusal_logs_the_journal_s_words_escaped(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The journal's words name what it could not read -- ``the record of ID``, the id decoded
+    from the page's path -- so a ``%0A`` in it would start a line of the caller's own."""
+    import logging
+
+    from affidavit.console.app import _journal_refusal
+    from affidavit.engine import read_failure
+    from affidavit.journal import JournalUnavailable
+
+    what = "the record of act_x\n2026-01-01 forged\x1b[2J"
+    exc = JournalUnavailable(f"{what} cannot be read: cannot connect")
+    caplog.set_level(logging.WARNING, logger="affidavit.console")
+    refused = _journal_refusal(exc, read_failure(exc, what))
+    assert refused.code == "JOURNAL_UNAVAILABLE"
+    [line] = [r.getMessage() for r in caplog.records]
+    assert "\n" not in line and "\x1b" not in line, line
+    assert line.count("act_x\\n2026-01-01 forged\\u001b[2J") == 2, line
