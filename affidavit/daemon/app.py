@@ -60,7 +60,6 @@ from affidavit.engine import (
     unreadable,
 )
 from affidavit.journal import JournalError, JournalReader, JournalUnavailable
-from affidavit.journal.backend import where as journal_where
 from affidavit.statemachine import Outcome, Phase
 from affidavit.text import printable
 from affidavit.views import (
@@ -250,11 +249,10 @@ class Api:
         if req.answered or req.link.hung_up.is_set():
             return
         if envelope is None:
-            # The words of `affidavit result` run embedded: the thin client prints them as is.
+            # The words of `affidavit result` run embedded, but for where the journal lives: a
+            # socket caller (an agent) has no business knowing its path or database URL.
             raise ApiProblem(
-                404,
-                "NO_SUCH_INVOCATION",
-                f"no invocation {invocation_id} in {journal_where(self.journal.location)}",
+                404, "NO_SUCH_INVOCATION", f"no invocation {invocation_id} in the journal"
             )
         await req.respond_json(envelope)
 

@@ -120,10 +120,23 @@ async def test_the_same_refusal_both_ways_for_an_unknown_invocation(
         assert through.returncode == 2
         assert b"no invocation act_NOPE" in through.stderr
         via_socket = await cli(daemon, "result", "act_NOPE")
+        from affidavit.api.wire import blocking_request
+
+        raw = await trio.to_thread.run_sync(
+            blocking_request, str(daemon.socket), "GET", "/v1/invocations/act_NOPE/result"
+        )
+        assert (raw.status, raw.error().code) == (404, "NO_SUCH_INVOCATION"), raw
+        assert raw.error().message == "no invocation act_NOPE in the journal", raw
+        assert str(daemon.journal).encode() not in raw.body, raw
     # `affidavit result` embedded writes the journal: only once the daemon has stopped.
     local = await embedded("result", "act_NOPE", "--config", str(daemon.config))
-    assert (via_socket.returncode, via_socket.stderr) == (local.returncode, local.stderr)
-    assert b"no invocation act_NOPE in " in via_socket.stderr
+    # The same words, but for where the journal lives: the operator running it embedded may
+    # be told; a socket caller (an agent) is not.
+    assert via_socket.returncode == local.returncode == 2
+    journal = str(daemon.journal).encode()
+    assert local.stderr.replace(journal, b"the journal") == via_socket.stderr, local.stderr
+    assert b"no invocation act_NOPE in the journal" in via_socket.stderr
+    assert journal in local.stderr and journal not in via_socket.stderr
 
 
 async def test_api_level_trouble_has_its_own_status_and_never_an_envelope(
