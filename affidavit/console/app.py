@@ -516,6 +516,7 @@ class Console:
     # -- decisions ----------------------------------------------------------------------------
 
     async def _decide(self, req: Request, iid: str, verb: str, form: dict[str, str]) -> None:
+        _fields(form, ("csrf", "note"))
         who = _operator(req)
         decision = self.broker.approve if verb == "approve" else self.broker.deny
         try:
@@ -528,10 +529,11 @@ class Console:
         await req.redirect("/approvals")
 
     async def _reconcile(self, req: Request, iid: str, form: dict[str, str]) -> None:
+        _fields(form, ("csrf", "how", "note"))
         who = _operator(req)
         how = form.get("how")
         if how not in ("query", "committed", "rejected"):
-            raise Refused(400, "choose query, committed or rejected")
+            raise Refused(400, "how: choose query, committed or rejected", "BAD_REQUEST")
         try:
             answer = await self.broker.reconcile(
                 iid,
@@ -573,6 +575,16 @@ class Console:
             raise _journal_refusal(exc, read_failure(exc, f"the result of {iid}")) from None
         except JournalError as exc:
             raise Refused(500, f"the stored result does not verify: {exc}") from None
+
+
+def _fields(form: dict[str, str], known: tuple[str, ...]) -> None:
+    """400 ``INVALID_FIELD`` naming the first field of ``form`` not in ``known`` (as the
+    daemon's operator routes and the call API refuse one); a name that is not plain printable
+    text, or is long, is not echoed: ``form`` stands for it."""
+    for key in sorted(form):
+        if key not in known:
+            shown = key if len(key) <= 64 and key.isprintable() else "form"
+            raise Refused(400, f"{shown}: unknown field", "INVALID_FIELD")
 
 
 def _journal_refusal(exc: JournalError, failure: tuple[int, str, str]) -> Refused:

@@ -15,8 +15,10 @@ The peer is the kernel's word (SO_PEERCRED, ``peer.py``), checked against ``[ser
 operator_uids`` / ``operator_gids``; the requester of an approval may not decide on it unless
 ``allow_self_approval``.  A refusal is an API error with the service's stable code
 (``NOT_AN_OPERATOR``, ``SELF_APPROVAL``, ``NOT_PENDING``, ``APPROVAL_EXPIRED``,
-``NOT_UNKNOWN``, ...).  ``POST /v1/calls`` never decides anything: no call approves, and no
-peer but an operator gets a console login (an agent on the socket or behind MCP cannot).
+``NOT_UNKNOWN``, ...); a body field a route does not take is ``INVALID_FIELD`` and a field
+of the wrong type ``BAD_REQUEST``, each naming the field.  ``POST /v1/calls`` never decides
+anything: no call approves, and no peer but an operator gets a console login (an agent on the
+socket or behind MCP cannot).
 """
 
 from __future__ import annotations
@@ -126,7 +128,7 @@ async def content(api: Api, req: Request, invocation_id: str, name: str) -> None
 
 
 async def decide(api: Api, req: Request, invocation_id: str, verb: str) -> None:
-    body = await req.json_object()
+    body = _fields(await req.json_object(), DECISION_FIELDS)
     who = _require(api, req, "approve or deny")
     note = _note(body)
     decision = api.broker.approve if verb == "approve" else api.broker.deny
@@ -138,11 +140,13 @@ async def decide(api: Api, req: Request, invocation_id: str, verb: str) -> None:
 
 
 async def reconcile(api: Api, req: Request, invocation_id: str) -> None:
-    body = await req.json_object()
+    body = _fields(await req.json_object(), RECONCILE_FIELDS)
     attest = body.get("attest")
     query = body.get("query", False)
-    if not isinstance(query, bool) or (attest is not None and not isinstance(attest, str)):
-        raise ApiProblem(400, "BAD_REQUEST", 'give {"query": true} or {"attest": ..., "note"}')
+    if not isinstance(query, bool):
+        raise ApiProblem(400, "BAD_REQUEST", 'query: expected true or false (give {"query": true})')
+    if attest is not None and not isinstance(attest, str):
+        raise ApiProblem(400, "BAD_REQUEST", 'attest: expected a string ({"attest": ..., "note"})')
     who = _require(api, req, "attest an outcome") if attest is not None else operator_of(req)
     timeout = req.timeout_param()
     note = _note(body)
@@ -153,6 +157,24 @@ async def reconcile(api: Api, req: Request, invocation_id: str) -> None:
         lambda exc: reconciling.failure(exc, invocation_id),
     )
     await req.respond_json(answer)
+
+
+DECISION_FIELDS = ("note",)
+RECONCILE_FIELDS = ("query", "attest", "note")
+
+
+def _fields(body: dict[str, Any], known: tuple[str, ...]) -> dict[str, Any]:
+    """``body`` when it holds no field but ``known``; else 400 ``INVALID_FIELD`` naming the
+    first other one (as the call API refuses an action's unknown field: a misspelt ``note``
+    silently dropped would leave a decision without the words its operator gave).  A name
+    that is not plain printable text, or is long, is not echoed: ``body`` stands for it."""
+    for key in sorted(body):
+        if key not in known:
+            shown = key if len(key) <= 64 and key.isprintable() else "body"
+            raise ApiProblem(
+                400, "INVALID_FIELD", f"{shown}: unknown field (the body takes {', '.join(known)})"
+            )
+    return body
 
 
 def _note(body: dict[str, Any]) -> str | None:

@@ -361,3 +361,32 @@ async def _request_with_host(
             conn.close()
 
     return await trio.to_thread.run_sync(go)
+
+
+async def test_a_decision_or_reconcile_form_with_an_unknown_field_is_refused_naming_it(
+    tmp_path: Path, token: str
+) -> None:
+    """A field the form does not take is refused (``INVALID_FIELD``, named), not dropped: a
+    misspelt ``note`` would otherwise record a decision without the operator's words."""
+    async with console_world(tmp_path, token, wait="0s") as world:
+        iid = (await world.call(dict(CHARGE)))["invocation_id"]
+        await world.one_pending()
+        before = await _events(world, iid)
+        cookie, csrf = await _session(world)
+        same = {"Origin": world.origin, "Cookie": cookie}
+        approve = f"{world.origin}/approvals/{iid}/approve"
+        reconcile = f"{world.origin}/invocations/{iid}/reconcile"
+        for url, form, said in (
+            (approve, {"csrf": csrf, "notes": "typo"}, b"notes: unknown field"),
+            (f"{world.origin}/approvals/{iid}/deny", {"csrf": csrf, "x": ""}, b"x: unknown field"),
+            (approve, {"csrf": csrf, "a\nb": "1"}, b"form: unknown field"),
+            (reconcile, {"csrf": csrf, "how": "query", "q": "1"}, b"q: unknown field"),
+        ):
+            status, _, page = await post(url, form, same)
+            assert status == 400 and b"INVALID_FIELD" in page and said in page, (form, page)
+            assert b"a\nb" not in page
+        status, _, page = await post(reconcile, {"csrf": csrf, "how": "maybe"}, same)
+        assert status == 400 and b"how: choose query, committed or rejected" in page, page
+        assert await _events(world, iid) == before  # nothing recorded
+        status, _, _ = await post(approve, {"csrf": csrf, "note": "ok"}, same)
+        assert status == 303 and "APPROVAL_GRANTED" in await _events(world, iid)

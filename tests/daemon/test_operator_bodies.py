@@ -1,0 +1,69 @@
+"""The operator routes' JSON bodies (``POST /v1/approvals/{id}/approve|deny``,
+``/v1/invocations/{id}/reconcile``): a field the route does not take is refused with the call
+API's code for it (``INVALID_FIELD``) and its name -- never dropped, where a misspelt ``note``
+would record a decision without the operator's words -- and every other body error names its
+field.  Nothing is decided or recorded on a refusal."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from affidavit.api.wire import blocking_request
+from tests.http.hostile import HostileServer, Reply, scripts
+
+from .kit import api_target, cli, running_daemon
+
+CHARGE = {"target": "api", "method": "POST", "path": "/v1/charges", "body": "{}"}
+
+
+async def _post(socket: Path, path: str, body: dict[str, Any]) -> tuple[int, str, str]:
+    data = json.dumps(body).encode()
+    answer = await trio.to_thread.run_sync(blocking_request, str(socket), "POST", path, data)
+    error = answer.error()
+    return answer.status, error.code, error.message
+
+
+async def test_an_operator_body_with_an_unknown_or_wrong_field_is_refused_naming_it(
+    tmp_path: Path, token: str
+) -> None:
+    service = {"operator_uids": [os.geteuid()], "allow_self_approval": True}
+    async with (
+        HostileServer.running(scripts.serve(Reply(200))) as srv,
+        running_daemon(
+            tmp_path,
+            api_target(srv.url, approval={"methods": ["POST"]}),
+            token=token,
+            service=service,
+        ) as daemon,
+    ):
+        asked = await cli(daemon, "call", "-", stdin=json.dumps(CHARGE).encode())
+        iid = asked.json()["invocation_id"]
+        assert asked.json()["error"]["code"] == "APPROVAL_PENDING", asked.stdout
+        approve, deny = f"/v1/approvals/{iid}/approve", f"/v1/approvals/{iid}/deny"
+        reconcile = f"/v1/invocations/{iid}/reconcile"
+        for path, body, code, said in (
+            (approve, {"note": "ok", "notes": "typo"}, "INVALID_FIELD", "notes: unknown field"),
+            (deny, {"Note": "x"}, "INVALID_FIELD", "Note: unknown field"),
+            (approve, {"a\nb": 1}, "INVALID_FIELD", "body: unknown field"),
+            (approve, {"x" * 65: 1}, "INVALID_FIELD", "body: unknown field"),
+            (approve, {"note": 5}, "BAD_REQUEST", "note: expected a string"),
+            (reconcile, {"query": True, "force": True}, "INVALID_FIELD", "force: unknown field"),
+            (reconcile, {"query": "yes"}, "BAD_REQUEST", "query: expected true or false"),
+            (reconcile, {"attest": 1, "note": "n"}, "BAD_REQUEST", "attest: expected a string"),
+            (reconcile, {"attest": "rejected", "note": 1}, "BAD_REQUEST", "note: expected"),
+        ):
+            status, got, message = await _post(daemon.socket, path, body)
+            assert (status, got) == (400, code), (body, message)
+            assert message.startswith(said), (body, message)
+            assert "\n" not in message and "x" * 65 not in message, message
+        listed = await cli(daemon, "approvals", "--json")
+        assert [a["invocation_id"] for a in listed.json()] == [iid]  # nothing decided
+        done = await trio.to_thread.run_sync(
+            blocking_request, str(daemon.socket), "POST", approve, b'{"note": "ok"}'
+        )
+        assert done.status == 200, done
