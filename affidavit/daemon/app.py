@@ -60,6 +60,7 @@ from affidavit.engine import (
     unreadable,
 )
 from affidavit.journal import JournalError, JournalReader, JournalUnavailable
+from affidavit.journal.backend import where as journal_where
 from affidavit.statemachine import Outcome, Phase
 from affidavit.text import printable
 from affidavit.views import (
@@ -117,9 +118,20 @@ class Api:
             await handler(self, req, *args)
         except ApiProblem as problem:
             if not req.answered:
-                await req.respond_problem(problem)
+                await req.respond_problem(self._unplaced(problem))
         except ClientGone:
             pass
+
+    def _unplaced(self, problem: ApiProblem) -> ApiProblem:
+        """``problem`` without where the journal lives: the journal's own words name its file
+        or database URL (``journal /var/lib/x.db: ...``), and a socket caller (an agent) has
+        no business knowing it -- ``the journal`` stands for it.  The daemon's log keeps it."""
+        where = journal_where(self.journal.location)
+        if not where or where not in problem.message:
+            return problem
+        message = problem.message.replace(f"journal at {where}", "journal")
+        message = message.replace(f"journal {where}", "the journal")
+        return ApiProblem(problem.status, problem.code, message.replace(where, "the journal"))
 
     def _route(self, req: Request) -> tuple[Callable[..., Awaitable[None]], tuple[str, ...]]:
         """The handler and its arguments, matched on the path as sent (``req.target``): an id

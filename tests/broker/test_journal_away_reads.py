@@ -191,6 +191,8 @@ async def test_the_daemon_never_calls_an_altered_journal_unavailable(
                         assert exc.status == 500, (name, exc)
                         assert exc.code == "JOURNAL_UNREADABLE", (name, exc)
                         _not_away(exc.code, exc.message, pg)
+                        # Nor where the journal is: a socket caller has no business knowing.
+                        assert "postgresql://" not in exc.message, (name, exc)
                     found = await client.invocation(iid)
                     assert found is not None and found["record"]["invocation_id"] == iid
         clean(daemon.log_text(), pg.password)

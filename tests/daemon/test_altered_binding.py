@@ -41,6 +41,9 @@ async def test_a_deleted_binding_is_never_sent_again_through_the_daemon(
             message = problem["message"]
             assert "has no binding row, but the ACTION_ACCEPTED at seq 1 names it" in message
             assert "key-a" not in message  # the key itself is the caller's, never echoed
+            # Nor where the journal lives: a socket caller (an agent) has no business knowing.
+            assert str(daemon.journal) not in json.dumps(again), message
+            assert message.startswith("the call ended without an envelope: the journal: ")
         # The operator's log says which row, too.
         assert "AlteredRow: journal " in daemon.log_text()
         assert "ACTION_ACCEPTED at seq 1 names it" in daemon.log_text()
