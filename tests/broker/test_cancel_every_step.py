@@ -7,8 +7,9 @@ cancelled) across each step the calling task takes -- from a trio instrument, wh
 waits at the checkpoint ending step ``k`` or as it resumes from it: between steps is the only
 place another task's cancellation can land -- and checks the seed's invariant each time:
 
-* no byte reaches the remote before DISPATCH_STARTED is durable (read from the file by a
-  separate connection when the request arrives);
+* no byte reaches the remote before its dispatch boundary is durable -- DISPATCH_STARTED, and
+  for a redirect's next hop its hop_dispatch (read from the file by a separate connection when
+  each request arrives);
 * a record whose DISPATCH_STARTED is durable never answers not_attempted, and one without it
   never claims the request may have been sent (the engine and the journal agree);
 * the record is closed, and the journal verifies.
@@ -16,6 +17,7 @@ place another task's cancellation can land -- and checks the seed's invariant ea
 
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +32,10 @@ from tests.http.hostile import HostileServer, Peer, Reply
 from .helpers import http_target, open_broker, raw_kinds, write_config
 
 LIMIT = 20
-POST = {"target": "api", "method": "POST", "path": "/v1/pay", "body": "{}"}
+ACTIONS = {
+    "direct": {"target": "api", "method": "POST", "path": "/v1/pay", "body": "{}"},
+    "redirect": {"target": "api", "method": "GET", "path": "/v1/moved"},  # then /v1/here
+}
 MAX_STEPS = 400  # a bound on the walk: a call takes far fewer steps
 
 
@@ -62,8 +67,21 @@ class _CancelAtStep(trio.abc.Instrument):
             self.cancel()
 
 
+def _boundaries(db: Path) -> int:
+    """The dispatch boundaries durable in the file now: DISPATCH_STARTED and redirect hops."""
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        (n,) = conn.execute(
+            "SELECT count(*) FROM events WHERE kind = 'DISPATCH_STARTED' OR "
+            "(kind = 'PROTOCOL_OBSERVED' AND attrs LIKE '%\"hop_dispatch\"%')"
+        ).fetchone()
+    finally:
+        conn.close()
+    return int(n)
+
+
 async def _one(
-    broker: Broker, k: int, how: str, blocked: bool
+    broker: Broker, action: dict[str, Any], k: int, how: str, blocked: bool
 ) -> tuple[dict[str, Any] | None, str | None, int]:
     control = CallControl()
     caller = trio.CancelScope()
@@ -74,7 +92,7 @@ async def _one(
     async def run() -> None:
         assert inst.task is trio.lowlevel.current_task()
         with caller:
-            out.append(await broker.call(POST, control=control))
+            out.append(await broker.call(action, control=control))
 
     trio.lowlevel.add_instrument(inst)
     try:
@@ -90,37 +108,51 @@ async def _one(
 # Writer.submit's wait for a queued write's answer is made abortable.
 
 
+@pytest.mark.parametrize("path", ["direct", "redirect"])
 @pytest.mark.parametrize("when", ["blocked", "resuming"])
 @pytest.mark.parametrize("queue", ["room", "full"])
 @pytest.mark.parametrize("how", ["stop", "withdraw", "caller"])
 async def test_a_cancellation_at_any_step_never_sends_before_the_barrier_nor_misreports_it(
-    tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch, how: str, queue: str, when: str
+    tmp_path: Path,
+    token: str,
+    monkeypatch: pytest.MonkeyPatch,
+    how: str,
+    queue: str,
+    when: str,
+    path: str,
 ) -> None:
     if queue == "full":  # a write queued behind another waits for room (the shielded path)
         monkeypatch.setattr(writer, "MAX_QUEUED", 1)
     db = tmp_path / "journal.db"
-    seen: list[list[str]] = []  # the durable kinds when each request arrived
+    seen: list[int] = []  # the durable dispatch boundaries when each request arrived
+    action = ACTIONS[path]
 
     async def script(peer: Peer) -> None:
         while True:
             req = await peer.read_request()
             if req is None:
                 return
-            seen.append(raw_kinds(db))
-            await peer.respond(Reply(201, body=b'{"id": 1}'))
+            seen.append(_boundaries(db))
+            if req.target == "/v1/moved":
+                await peer.respond(Reply(307, headers=[("Location", "/v1/here")]))
+            else:
+                await peer.respond(Reply(201, body=b'{"id": 1}'))
 
     async with HostileServer.running(script) as srv:
-        config = write_config(tmp_path, {"api": http_target(srv.url)})
+        target = http_target(srv.url, follow_redirects=path == "redirect")
+        config = write_config(tmp_path, {"api": target})
         async with open_broker(config) as broker:
-            _, _, total = await _one(broker, 0, how, blocked=False)
+            _, _, total = await _one(broker, action, 0, how, blocked=False)
+            hops = 2 if path == "redirect" else 1
+            assert len(seen) == hops and _boundaries(db) == hops  # uncancelled, it follows
             assert 5 < total < MAX_STEPS
             for k in range(1, total + 2):
-                before, base = len(seen), raw_kinds(db).count("DISPATCH_STARTED")
-                env, iid, _ = await _one(broker, k, how, blocked=when == "blocked")
+                before, base = len(seen), _boundaries(db)
+                env, iid, _ = await _one(broker, action, k, how, blocked=when == "blocked")
                 sent = len(seen) > before
-                for kinds in seen[before:]:
-                    # the request reached the remote: its barrier was durable first
-                    assert kinds.count("DISPATCH_STARTED") == base + 1, (k, kinds)
+                for n, durable in enumerate(seen[before:], 1):
+                    # the n-th request reached the remote: its boundary was durable first
+                    assert durable >= base + n, (k, n, durable - base)
                 if iid is None:  # cancelled before the invocation was created
                     assert not sent and env is None
                     continue
