@@ -80,7 +80,7 @@ def _boundaries(db: Path) -> int:
     return int(n)
 
 
-async def _one(
+async def call_cancelled_at(
     broker: Broker, action: dict[str, Any], k: int, how: str, blocked: bool
 ) -> tuple[dict[str, Any] | None, str | None, int]:
     control = CallControl()
@@ -142,13 +142,15 @@ async def test_a_cancellation_at_any_step_never_sends_before_the_barrier_nor_mis
         target = http_target(srv.url, follow_redirects=path == "redirect")
         config = write_config(tmp_path, {"api": target})
         async with open_broker(config) as broker:
-            _, _, total = await _one(broker, action, 0, how, blocked=False)
+            _, _, total = await call_cancelled_at(broker, action, 0, how, blocked=False)
             hops = 2 if path == "redirect" else 1
             assert len(seen) == hops and _boundaries(db) == hops  # uncancelled, it follows
             assert 5 < total < MAX_STEPS
             for k in range(1, total + 2):
                 before, base = len(seen), _boundaries(db)
-                env, iid, _ = await _one(broker, action, k, how, blocked=when == "blocked")
+                env, iid, _ = await call_cancelled_at(
+                    broker, action, k, how, blocked=when == "blocked"
+                )
                 sent = len(seen) > before
                 for n, durable in enumerate(seen[before:], 1):
                     # the n-th request reached the remote: its boundary was durable first
