@@ -47,6 +47,8 @@ def claim_socket_path(path: Path) -> int:
     * A path no socket can have, or a directory that is not one, is refused.
     * The directory must be the daemon's user's (or root's) and writable by nobody else unless
       sticky: whoever can write it could remove the socket and bind their own in its place.
+      So must every directory above it, as written and as resolved: whoever can write one
+      could rename the socket's directory away and put one of their own in its place.
     * ``<socket>.lock`` is locked (flock, exclusive, never removed) before the path is touched:
       of two daemons starting on one path, the second is refused here -- it never probes a
       socket the first has bound but not yet listened on (a connect is refused then, exactly
@@ -74,18 +76,35 @@ def claim_socket_path(path: Path) -> int:
 
 
 def _check_directory(path: Path) -> None:
-    st = os.stat(path.parent)
-    if st.st_uid not in (0, os.geteuid()):
-        raise DaemonError(
-            f"cannot listen on {path}: {path.parent} belongs to uid {st.st_uid}, who could "
-            f"replace the socket; use a directory of the daemon's user (or root's)"
-        )
-    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX:
-        mode = stat.S_IMODE(st.st_mode)
-        raise DaemonError(
-            f"cannot listen on {path}: {path.parent} is writable by others (mode {mode:04o}), "
-            f"who could replace the socket; make it writable by its owner only (0750)"
-        )
+    """The socket's directory, and every directory above it (as written and as resolved), is
+    the daemon's user's or root's and writable by nobody else unless sticky; so is each link
+    on the way: whoever can write a directory above could rename the socket's away and put
+    their own in its place, exactly as in the socket's own directory."""
+    for where, st in _path_to(path.parent):
+        if st.st_uid not in (0, os.geteuid()):
+            raise DaemonError(
+                f"cannot listen on {path}: {where} belongs to uid {st.st_uid}, who could "
+                f"replace the socket; use a directory of the daemon's user (or root's)"
+            )
+        if stat.S_ISLNK(st.st_mode):
+            continue  # a link's mode means nothing; the directory holding it is checked
+        if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX:
+            mode = stat.S_IMODE(st.st_mode)
+            raise DaemonError(
+                f"cannot listen on {path}: {where} is writable by others (mode {mode:04o}), "
+                f"who could replace the socket; make it writable by its owner only (0750)"
+            )
+
+
+def _path_to(directory: Path) -> list[tuple[Path, os.stat_result]]:
+    """``directory`` and the directories (and links) above it, nearest first, as written
+    (absolute) and as resolved, each once, with what ``lstat`` says of it."""
+    seen: dict[Path, os.stat_result] = {}
+    for start in (Path(os.path.abspath(directory)), Path(os.path.realpath(directory))):
+        for where in (start, *start.parents):
+            if where not in seen:
+                seen[where] = os.lstat(where)
+    return list(seen.items())
 
 
 def _lock(path: Path) -> int:

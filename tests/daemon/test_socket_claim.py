@@ -200,6 +200,53 @@ def test_a_socket_directory_others_can_write_is_refused(tmp_path: Path, mode: in
     assert list(where.iterdir()) == []  # nothing made there, not even the lock
 
 
+@pytest.mark.parametrize("mode", [0o770, 0o777])
+def test_a_directory_above_the_socket_s_that_others_can_write_is_refused(
+    tmp_path: Path, mode: int
+) -> None:
+    """Whoever can write a directory above could rename ``run`` away and make their own."""
+    above = tmp_path / "shared"
+    where = above / "run"
+    where.mkdir(parents=True, mode=0o750)
+    above.chmod(mode)
+    with pytest.raises(DaemonError, match=rf"{above} is writable by others \(mode {mode:04o}\)"):
+        socketfile.claim_socket_path(where / "s.sock")
+    assert list(where.iterdir()) == []  # nothing made there, not even the lock
+
+
+def test_a_socket_directory_reached_through_a_link_is_checked_where_it_leads(
+    tmp_path: Path,
+) -> None:
+    """The link's own directory is safe; the directory it leads into is not."""
+    open_to_all = tmp_path / "shared"
+    (open_to_all / "run").mkdir(parents=True, mode=0o750)
+    open_to_all.chmod(0o777)
+    safe = tmp_path / "safe"
+    safe.mkdir(mode=0o750)
+    (safe / "run").symlink_to(open_to_all / "run")
+    with pytest.raises(DaemonError, match=rf"{open_to_all} is writable by others"):
+        socketfile.claim_socket_path(safe / "run" / "s.sock")
+
+
+def test_a_directory_above_the_socket_s_of_another_user_is_refused(tmp_path: Path) -> None:
+    require_root()
+    above = tmp_path / "theirs"
+    where = above / "run"
+    where.mkdir(parents=True, mode=0o755)
+    os.chown(above, NOBODY, NOBODY)
+    with pytest.raises(DaemonError, match=f"{above} belongs to uid {NOBODY}"):
+        socketfile.claim_socket_path(where / "s.sock")
+
+
+def test_a_sticky_directory_above_the_socket_s_is_accepted(tmp_path: Path) -> None:
+    """Sticky (as /tmp): others cannot rename the daemon's directory in it."""
+    above = tmp_path / "tmp"
+    where = above / "run"
+    where.mkdir(parents=True, mode=0o750)
+    above.chmod(0o1777)
+    os.close(socketfile.claim_socket_path(where / "s.sock"))
+
+
 def test_a_sticky_socket_directory_is_accepted(tmp_path: Path) -> None:
     """Sticky (as /tmp): others cannot remove or rename what the daemon made in it."""
     where = tmp_path / "run"
