@@ -152,7 +152,11 @@ class Broker:
         return self._engine.result_stream(invocation_id)
 
     async def poll_operation(
-        self, operation_id: str, *, timeout: float | None = None
+        self,
+        operation_id: str,
+        *,
+        timeout: float | None = None,
+        control: CallControl | None = None,
     ) -> dict[str, Any]:
         """Query a job's status resource once, as a linked invocation of its target, and return
         ``{"operation": {...}, "poll": the poll's envelope}`` (``poll`` is None when the job had
@@ -163,8 +167,11 @@ class Broker:
         answers it as every interface does).
 
         The seam for every interface that polls (``affidavit operation poll``, the daemon, the
-        MCP tool ``poll_operation``): each calls this, none re-implements it."""
-        return await self._engine.poll_operation(operation_id, timeout=check_timeout(timeout))
+        MCP tool ``poll_operation``): each calls this, none re-implements it.  ``control``:
+        the poll's, as ``call``'s (a host's shutdown stops it where it is)."""
+        return await self._engine.poll_operation(
+            operation_id, timeout=check_timeout(timeout), control=control
+        )
 
     def catalog(self) -> dict[str, Any]:
         """The configured targets as callers may know them and one action schema per protocol
@@ -223,16 +230,20 @@ class Broker:
         note: str | None = None,
         operator: Operator | None = None,
         timeout: float | None = None,
+        control: CallControl | None = None,
     ) -> dict[str, Any]:
         """Settle an unknown outcome: ``query=True`` runs the target's reconciliation query as a
         linked invocation; ``attest="committed" | "rejected"`` (with a ``note``; operators
         only) records what an operator found.  Returns ``{"reconciled", "envelope"`` (the
-        reconciled invocation's) ``, "query"`` (the query's envelope, for ``query``)``}``."""
+        reconciled invocation's) ``, "query"`` (the query's envelope, for ``query``)``}``.
+        ``control``: the query's, as ``call``'s (a host's shutdown stops it where it is)."""
         if query == (attest is not None):
             raise OperatorError("BAD_REQUEST", "give exactly one of query or attest", 400)
         if query:
             timeout = check_timeout(timeout)
-            return await reconcile.query(self._engine, invocation_id, timeout=timeout)
+            return await reconcile.query(
+                self._engine, invocation_id, timeout=timeout, control=control
+            )
         assert attest is not None
         envelope = await reconcile.attest(
             self._engine,

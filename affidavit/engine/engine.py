@@ -203,12 +203,17 @@ class Engine:
         return self.journal.result_stream(invocation_id)
 
     async def poll_operation(
-        self, operation_id: str, *, timeout: float | None = None
+        self,
+        operation_id: str,
+        *,
+        timeout: float | None = None,
+        control: CallControl | None = None,
     ) -> dict[str, Any]:
         """Query an operation's status resource once as a linked invocation and fold what it
         read (``operations.py``): ``{"operation": ..., "poll": the poll's envelope or None}``.
-        ``OperationError`` when there is no such operation or nothing to query."""
-        return await operations.poll(self, operation_id, timeout=timeout)
+        ``OperationError`` when there is no such operation or nothing to query.  ``control``:
+        the poll's, as ``call``'s (a shutdown stops it where it is)."""
+        return await operations.poll(self, operation_id, timeout=timeout, control=control)
 
     async def recover_orphans(self) -> list[Record]:
         """Close every non-final record with what its durable events prove, leases or not.

@@ -32,6 +32,7 @@ from .readable import unreadable
 from .recovery import act_failure
 
 if TYPE_CHECKING:
+    from .control import CallControl
     from .engine import Engine
 
 __all__ = ["OperationError", "find", "poll", "poll_failure"]
@@ -62,7 +63,9 @@ def find(engine: Engine, op_id: str) -> Record:
     return record
 
 
-async def poll(engine: Engine, op_id: str, *, timeout: float | None = None) -> dict[str, Any]:
+async def poll(
+    engine: Engine, op_id: str, *, timeout: float | None = None, control: CallControl | None = None
+) -> dict[str, Any]:
     """Query the job's status resource once (unless the operation is already succeeded or
     failed); return ``{"operation": ..., "poll": the poll's envelope or None}``."""
     record = find(engine, op_id)
@@ -81,7 +84,7 @@ async def poll(engine: Engine, op_id: str, *, timeout: float | None = None) -> d
     if record.session is not None:
         action["session"] = record.session
     link = {"operation": op_id, "invocation": record.invocation_id}
-    envelope = await engine.call(action, timeout=timeout, link=link)
+    envelope = await engine.call(action, timeout=timeout, link=link, control=control)
     await _record_poll(engine, record.invocation_id, op_id, envelope, target, contracts)
     return {"operation": operation_json(find(engine, op_id)), "poll": envelope}
 

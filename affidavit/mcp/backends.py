@@ -20,8 +20,8 @@ journal, the config and the credentials (tests/mcp/test_modes.py).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Mapping
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from contextlib import asynccontextmanager, contextmanager
 from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
@@ -119,23 +119,33 @@ class Embedded:
         return self.broker.catalog()
 
     async def call(self, action: Mapping[str, Any], exchange: Exchange) -> dict[str, Any]:
-        from affidavit.engine import CallControl, call_failure
+        from affidavit.engine import call_failure
         from affidavit.journal import JournalError
+
+        with self._control() as control:
+            # Refused, and nothing happens, once the call passed its dispatch gate.
+            exchange.on_gone(control.withdraw)
+            try:
+                return await self.broker.call(action, deliver=exchange.deliver, control=control)
+            except JournalError as exc:
+                # No durable record to render an envelope from: the daemon's answer to the
+                # same, so that a client hears the same whichever broker it has.
+                _, code, message = call_failure(exc, control.invocation_id)
+                return api_error(code, message)
+
+    @contextmanager
+    def _control(self) -> Iterator[Any]:
+        """A control for a call (or a poll, a reconciliation query: a linked call of its own)
+        that ``stop`` stops with the rest: the grace's end stops each where it is, recorded
+        BROKER_SHUTDOWN -- none runs on, to be cut off later as if its caller had left."""
+        from affidavit.engine import CallControl
 
         control = CallControl()
         if self._stopped:  # started just as the process was told to stop: never dispatched
             control.stop()
-
-        # Refused, and nothing happens, once the call passed its dispatch gate.
-        exchange.on_gone(control.withdraw)
         self._controls.add(control)
         try:
-            return await self.broker.call(action, deliver=exchange.deliver, control=control)
-        except JournalError as exc:
-            # No durable record to render an envelope from: the daemon's answer to the same,
-            # so that a client hears the same whichever broker it has.
-            _, code, message = call_failure(exc, control.invocation_id)
-            return api_error(code, message)
+            yield control
         finally:
             self._controls.discard(control)
 
@@ -188,7 +198,8 @@ class Embedded:
         from affidavit.journal import JournalError
 
         try:
-            return await self.broker.poll_operation(operation_id)
+            with self._control() as control:
+                return await self.broker.poll_operation(operation_id, control=control)
         except OperationError as exc:
             return refusal("INVALID_FIELD", "operation_id", str(exc))
         except JournalError as exc:
@@ -204,7 +215,8 @@ class Embedded:
         from affidavit.reconcile import service
 
         try:
-            return await self.broker.reconcile(invocation_id, query=True)
+            with self._control() as control:
+                return await self.broker.reconcile(invocation_id, query=True, control=control)
         except OperatorError as exc:
             return refusal("INVALID_FIELD", "invocation_id", f"{exc.code}: {exc.message}")
         except JournalError as exc:

@@ -59,7 +59,7 @@ from affidavit.statemachine import (
 from affidavit.text import utc_time
 
 if TYPE_CHECKING:
-    from affidavit.engine import Engine
+    from affidavit.engine import CallControl, Engine
 
 __all__ = [
     "ATTESTABLE",
@@ -180,7 +180,11 @@ async def attest(
 
 
 async def query(
-    engine: Engine, invocation_id: str, *, timeout: float | None = None
+    engine: Engine,
+    invocation_id: str,
+    *,
+    timeout: float | None = None,
+    control: CallControl | None = None,
 ) -> dict[str, Any]:
     """Run the target's reconciliation query once; return ``{"reconciled": bool, "envelope":
     the reconciled invocation's, "query": the query's own envelope}``.  What the query found
@@ -206,7 +210,8 @@ async def query(
         raise OperatorError("NO_QUERY", str(exc), 400) from None
     if record.session is not None:
         action["session"] = record.session
-    answer = await engine.call(action, timeout=timeout, link={"reconciles": invocation_id})
+    link = {"reconciles": invocation_id}
+    answer = await engine.call(action, timeout=timeout, link=link, control=control)
     query_id = answer["invocation_id"]
     settled, reason, seq = _settles(engine, query_id, target, spec.reconcile.verdict)
     not_before = None

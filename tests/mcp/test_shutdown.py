@@ -233,3 +233,37 @@ async def test_a_signal_just_after_the_input_ended_stops_at_once_before_the_grac
     assert not session.ending.is_set()  # ... the session not yet
     session.end()  # the signal
     assert session.ending.is_set() and session.grace.cancel_called
+
+
+async def test_a_poll_held_by_its_remote_is_stopped_at_the_grace_as_broker_shutdown(
+    tmp_path: Path, remotes: Remotes, token: str
+) -> None:
+    """``poll_operation`` sends a linked invocation to the remote as a call does: the grace's
+    end stops it where it is (BROKER_SHUTDOWN), as it stops a call -- not left to run another
+    grace and then cut off as if its caller had cancelled it."""
+    targets = remotes.targets()
+    cfg = write_config(tmp_path, targets)
+    async with connected(["--config", str(cfg)], remotes.env(token), tmp_path / "mcp.log") as mcp:
+        job = {"target": "jobs", "method": "POST", "path": "/"}
+        op_id = (await mcp.call("http_request", job)).structured_content["operation"]["id"]
+    # The same target now answers its status resource from a remote that holds every request.
+    targets["jobs"] = {**targets["jobs"], "url": remotes.holds.url + "/v1", "timeout": SLOW}
+    cfg = write_config(tmp_path, targets)
+    with cfg.open("a", encoding="utf-8") as out:
+        out.write(f"[service]\nshutdown_grace = {GRACE}\n")
+    async with server(tmp_path, cfg, remotes, token) as raw:
+        await raw.send(call(1, "poll_operation", {"operation_id": op_id}))
+        await wait_for(remotes.holds.event("received"))
+        raw.proc.send_signal(signal.SIGTERM)
+        started = trio.current_time()
+        reply = await raw.answer(1)  # answers are still written after a signal
+        assert trio.current_time() - started < GRACE + 3  # not another grace and STOP_WAIT
+        assert await exits_within_grace(raw) == 0
+    assert "result" in reply, reply
+    polled: dict[str, Any] = reply["result"]["structuredContent"]
+    error = polled["poll"]["error"]
+    assert (error["code"], error["phase"], error["outcome"]) == (
+        "BROKER_SHUTDOWN",
+        "remote_execution",
+        "unknown",
+    ), polled
