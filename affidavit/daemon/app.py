@@ -233,7 +233,10 @@ class Api:
         if not self.calls.accepting:
             raise ApiProblem(503, "SHUTTING_DOWN", "the broker is shutting down; call again later")
         try:
-            answer = await self.broker.poll_operation(operation_id, timeout=timeout)
+            with self.calls.linked() as control:  # stopped at the grace's end, as a call
+                answer = await self.broker.poll_operation(
+                    operation_id, timeout=timeout, control=control
+                )
         except OperationError as exc:
             raise ApiProblem(422, "OPERATION_ERROR", str(exc)) from None
         except JournalError as exc:

@@ -14,8 +14,9 @@ finish, then ``stop``s the rest: each is recorded BROKER_SHUTDOWN with what its 
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import trio
@@ -84,6 +85,20 @@ class Calls:
         self._nursery.start_soon(self._one, run, call)
         return call
 
+    @contextlib.contextmanager
+    def linked(self) -> Iterator[CallControl]:
+        """The control of a poll or a reconciliation query that its request's handler runs
+        itself (a linked call to the remote): counted among the calls in flight, so the grace
+        waits for it and its end stops it where it is (BROKER_SHUTDOWN) -- never left to be
+        cut off later as if its caller had gone.  Not refused OVERLOADED (it never was)."""
+        call = Running()
+        self.running.add(call)
+        self._idle = trio.Event()
+        try:
+            yield call.control
+        finally:
+            self._over(call)
+
     async def _one(self, run: Run, call: Running) -> None:
         try:
             call.envelope = await run(call)
@@ -98,10 +113,13 @@ class Calls:
             else:
                 log.error("a call ended without an envelope: %s", call.failure)
         finally:
-            call.done.set()
-            self.running.discard(call)
-            if not self.running:
-                self._idle.set()
+            self._over(call)
+
+    def _over(self, call: Running) -> None:
+        call.done.set()
+        self.running.discard(call)
+        if not self.running:
+            self._idle.set()
 
     async def drain(self, grace: float) -> int:
         """Stop taking calls; wait up to ``grace`` seconds for the running ones.  Returns how

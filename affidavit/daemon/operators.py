@@ -150,12 +150,20 @@ async def reconcile(api: Api, req: Request, invocation_id: str) -> None:
     who = _require(api, req, "attest an outcome") if attest is not None else operator_of(req)
     timeout = req.timeout_param()
     note = _note(body)
-    answer = await _run(
-        lambda: api.broker.reconcile(
-            invocation_id, query=query, attest=attest, note=note, operator=who, timeout=timeout
-        ),
-        lambda exc: reconciling.failure(exc, invocation_id),
-    )
+
+    async def work() -> dict[str, Any]:
+        with api.calls.linked() as control:  # a query is stopped at the grace's end, as a call
+            return await api.broker.reconcile(
+                invocation_id,
+                query=query,
+                attest=attest,
+                note=note,
+                operator=who,
+                timeout=timeout,
+                control=control,
+            )
+
+    answer = await _run(work, lambda exc: reconciling.failure(exc, invocation_id))
     await req.respond_json(answer)
 
 

@@ -297,3 +297,50 @@ async def test_a_socket_path_no_socket_can_have_is_refused_before_the_journal_is
     said = done.stderr.decode()
     assert "Traceback" not in said
     assert ("at most 107 bytes" if where == "too-long" else "is not a directory") in said, said
+
+
+async def test_sigterm_stops_a_held_poll_at_the_grace_as_broker_shutdown(
+    tmp_path: Path, token: str
+) -> None:
+    """A poll is a linked call to the remote, run by its request's handler: the grace waits for
+    it and its end stops it where it is (BROKER_SHUTDOWN, unknown), and the poller is answered
+    -- it is not cut off, unanswered, once the grace is over, as if its caller had gone."""
+
+    async def jobs_then_held(peer: Peer) -> None:
+        req = await peer.read_request()
+        if req is None:
+            return
+        if req.method == "POST":  # the submission: a job with a status resource
+            await peer.respond(Reply(202, headers=[("Location", "/v1/jobs/j1")], body=b"{}"))
+            return
+        peer.server.event("received").set()  # the poll: held for good
+        await trio.sleep_forever()
+
+    async with HostileServer.running(jobs_then_held) as srv:
+        ops = {"status": "json:/state", "succeeded": ["done"], "failed": ["x"]}
+        timeout = {"connect": 5, "total": 60}
+        targets = api_target(srv.url, operations=ops, timeout=timeout)
+        async with running_daemon(
+            tmp_path, targets, token=token, service={"shutdown_grace": 1.0}
+        ) as daemon:
+            async with Client.open(daemon.socket) as client:
+                submitted = await client.call(action("/v1/jobs", "POST"))
+                op_id = submitted["operation"]["id"]
+                answers: list[dict[str, Any]] = []
+
+                async def poller() -> None:
+                    answers.append(await client.poll_operation(op_id))
+
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(poller)
+                    with trio.fail_after(WAIT):
+                        await srv.event("received").wait()
+                    daemon.signal(signal.SIGTERM)
+            assert await daemon.wait() == 0
+    error = answers[0]["poll"]["error"]
+    assert (error["code"], error["phase"], error["outcome"]) == (
+        "BROKER_SHUTDOWN",
+        "remote_execution",
+        "unknown",
+    ), answers
+    assert "the grace ran out: 1 call(s) stopped (BROKER_SHUTDOWN)" in daemon.log_text()
