@@ -300,7 +300,10 @@ class Daemon:
         from affidavit.api.wire import ApiError
 
         try:
-            return await self.client.poll_operation(operation_id)
+            answer: dict[str, Any] | None = None
+            with self._hung_up_at_stop():
+                answer = await self.client.poll_operation(operation_id)
+            return _stopped_before_answer() if answer is None else answer
         except ApiError as exc:
             if exc.code == "OPERATION_ERROR":
                 return refusal("INVALID_FIELD", "operation_id", exc.message)
@@ -312,7 +315,10 @@ class Daemon:
         from affidavit.api.wire import ApiError
 
         try:
-            return await self.client.reconcile(invocation_id, query=True)
+            answer: dict[str, Any] | None = None
+            with self._hung_up_at_stop():
+                answer = await self.client.reconcile(invocation_id, query=True)
+            return _stopped_before_answer() if answer is None else answer
         except ApiError as exc:
             if exc.status in (400, 404, 409):  # the service's refusal: nothing was queried
                 return refusal("INVALID_FIELD", "invocation_id", f"{exc.code}: {exc.message}")
@@ -322,6 +328,19 @@ class Daemon:
 
     def stopped(self) -> bool:
         return self._stopped
+
+    @contextmanager
+    def _hung_up_at_stop(self) -> Iterator[trio.CancelScope]:
+        """A poll or a reconciliation query (a linked call the daemon runs): ``stop`` hangs up
+        on the daemon for it as for a call, at the grace's end -- not later, unanswered."""
+        with trio.CancelScope() as scope:
+            if self._stopped:
+                scope.cancel()
+            self._scopes.add(scope)
+            try:
+                yield scope
+            finally:
+                self._scopes.discard(scope)
 
     def stop(self) -> None:
         """Hang up on the daemon for every call: it decides what each one becomes."""
@@ -334,6 +353,12 @@ class Daemon:
             return await request
         except Exception as exc:
             return _client_failure(exc, lost)
+
+
+def _stopped_before_answer() -> dict[str, Any]:
+    return api_error(
+        "SHUTTING_DOWN", "affidavit mcp stopped before the daemon answered." + _LOST_CALL
+    )
 
 
 _LOST_CALL = (

@@ -22,8 +22,9 @@ import trio.testing
 from affidavit.mcp.backends import Daemon, Exchange
 from affidavit.mcp.server import McpSession
 from affidavit.mcp.transport import StdioTransport
-from tests.broker.helpers import write_config
+from tests.broker.helpers import http_target, write_config
 from tests.daemon.kit import running_daemon, wait_until
+from tests.http.hostile import HostileServer, Peer, Reply
 from tests.ssh.brokerkit import KEY_ENV, ssh_target
 from tests.ssh.sshd import Sshd
 
@@ -267,3 +268,46 @@ async def test_a_poll_held_by_its_remote_is_stopped_at_the_grace_as_broker_shutd
         "remote_execution",
         "unknown",
     ), polled
+
+
+async def test_the_proxy_stopped_at_the_grace_hangs_up_a_held_poll_and_says_it_stopped(
+    tmp_path: Path, token: str
+) -> None:
+    """Through the daemon, a poll held by its remote is hung up on at the grace's end as a call
+    is, and answered that the proxy stopped -- not left running, to be cut off unanswered."""
+
+    async def jobs_then_held(peer: Peer) -> None:
+        req = await peer.read_request()
+        if req is None:
+            return
+        if req.method == "POST":  # the submission: a job with a status resource
+            await peer.respond(Reply(202, headers=[("Location", "/v1/jobs/j1")], body=b"{}"))
+            return
+        peer.server.event("received").set()  # the poll: held for good
+        await trio.sleep_forever()
+
+    ops = {"status": "json:/state", "succeeded": ["done"], "failed": ["x"]}
+    async with HostileServer.running(jobs_then_held) as srv:
+        targets = {"jobs": http_target(srv.url + "/v1", operations=ops, timeout=SLOW)}
+        async with (
+            running_daemon(
+                tmp_path, targets, token=token, service={"shutdown_grace": 0.5}
+            ) as daemon,
+            Daemon.open(str(daemon.socket)) as backend,
+        ):
+            job = {"target": "jobs", "method": "POST", "path": "/", "session": "s1"}
+            op_id = (await backend.call(job, Exchange()))["operation"]["id"]
+            answers: list[dict[str, Any]] = []
+
+            async def one() -> None:
+                answers.append(await backend.poll_operation(op_id))
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(one)
+                await wait_for(srv.event("received"))
+                with trio.fail_after(5):  # at once, not after the daemon's own timeout
+                    backend.stop()
+                    while not answers:
+                        await trio.sleep(0.01)
+    assert answers[0]["api_error"]["code"] == "SHUTTING_DOWN", answers
+    assert "affidavit mcp stopped before the daemon answered" in answers[0]["api_error"]["message"]
