@@ -52,6 +52,8 @@ from affidavit.api.wire import (
 )
 from affidavit.console import TokenStore
 from affidavit.engine import (
+    READ_DECLINED,
+    UNREADABLE,
     CallNotRecorded,
     OperationError,
     call_failure,
@@ -83,6 +85,19 @@ __all__ = ["Api"]
 log = logging.getLogger("affidavit.daemon")
 
 Handler = Callable[["Api", Request], Awaitable[None]]
+JOURNAL_WORDS = frozenset(
+    {
+        UNREADABLE,
+        READ_DECLINED,
+        CallNotRecorded.code,
+        "RESULT_UNVERIFIED",
+        "OPERATION_ERROR",
+        "CONSOLE_TOKENS",
+    }
+)
+"""The codes of answers whose message may hold the journal's (or its files') own words, and so
+its location (``Api._unplaced``)."""
+
 _INVOCATION = re.compile(r"/v1/invocations/([^/]+)(/result|/reconcile)?")
 _OPERATION = re.compile(r"/v1/operations/([^/]+)/poll")
 _APPROVAL = re.compile(r"/v1/approvals/([^/]+)(/approve|/deny|/content/[a-z][a-z0-9_]*)?")
@@ -125,9 +140,12 @@ class Api:
     def _unplaced(self, problem: ApiProblem) -> ApiProblem:
         """``problem`` without where the journal lives: the journal's own words name its file
         or database URL (``journal /var/lib/x.db: ...``), and a socket caller (an agent) has
-        no business knowing it -- ``the journal`` stands for it.  The daemon's log keeps it."""
+        no business knowing it -- ``the journal`` stands for it.  The daemon's log keeps it.
+        Only answers that carry the journal's words (``JOURNAL_WORDS``) are changed: another
+        echoes what the caller sent (a path, an id), and a guess of the location echoed back
+        as ``the journal`` would tell the caller it guessed right."""
         where = journal_where(self.journal.location)
-        if not where or where not in problem.message:
+        if problem.code not in JOURNAL_WORDS or not where or where not in problem.message:
             return problem
         message = problem.message.replace(f"journal at {where}", "journal")
         message = message.replace(f"journal {where}", "the journal")
