@@ -150,6 +150,8 @@ async def reconcile(api: Api, req: Request, invocation_id: str) -> None:
     who = _require(api, req, "attest an outcome") if attest is not None else operator_of(req)
     timeout = req.timeout_param()
     note = _note(body)
+    if query and not api.calls.accepting:  # a query is a call: none is taken once stopping
+        raise ApiProblem(503, "SHUTTING_DOWN", "the broker is shutting down; call again later")
 
     async def work() -> dict[str, Any]:
         with api.calls.linked() as control:  # a query is stopped at the grace's end, as a call

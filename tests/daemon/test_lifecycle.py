@@ -108,8 +108,13 @@ async def test_sigterm_lets_a_slow_call_finish_inside_the_grace(tmp_path: Path, 
             tmp_path, api_target(srv.url), token=token, service={"shutdown_grace": 15}
         ) as daemon,
     ):
-        async with Client.open(daemon.socket) as late, Client.open(daemon.socket) as client:
+        async with (
+            Client.open(daemon.socket) as late,
+            Client.open(daemon.socket) as later,
+            Client.open(daemon.socket) as client,
+        ):
             await late.health()  # an idle keep-alive connection, open through the shutdown
+            await later.health()  # another
             async with trio.open_nursery() as nursery:
                 answers: list[dict[str, Any]] = []
 
@@ -126,6 +131,10 @@ async def test_sigterm_lets_a_slow_call_finish_inside_the_grace(tmp_path: Path, 
                     await Client(daemon.socket).call(action())
                 with pytest.raises(ApiError) as refused:
                     await late.call(action())
+                assert (refused.value.status, refused.value.code) == (503, "SHUTTING_DOWN")
+                # So is a reconciliation query (a linked call to the remote): before anything.
+                with pytest.raises(ApiError) as refused:
+                    await later.reconcile("inv_none", query=True)
                 assert (refused.value.status, refused.value.code) == (503, "SHUTTING_DOWN")
         assert await daemon.wait() == 0
     envelope = answers[0]
