@@ -1,4 +1,5 @@
-"""JSON read strictly: what Python's parser takes but JSON's readers disagree on is refused.
+"""JSON read strictly: what Python's parser takes but JSON's readers disagree on is refused --
+and written compactly (``compact_encoder``: the journal's chain and the config's fingerprints).
 
 A field named twice in one object (Python keeps the last; a policy proxy reading the first
 sees another action than the broker performs) and ``NaN``/``Infinity``/``-Infinity`` (no JSON
@@ -12,10 +13,12 @@ the thin clients load no broker code (tests/mcp/test_modes.py).
 from __future__ import annotations
 
 import json
+import json.encoder
 import re
+from collections.abc import Callable
 from typing import Any
 
-__all__ = ["DuplicateField", "NotJsonNumber", "loads"]
+__all__ = ["DuplicateField", "NotJsonNumber", "compact_encoder", "loads"]
 
 _VISIBLE = re.compile(r"[\x21-\x7e]+")
 
@@ -105,3 +108,26 @@ def _duplicate_path(text: str, root: str) -> str:
 
     top = found(json.loads(text, object_pairs_hook=hook))
     return root + (top or "")
+
+
+def compact_encoder(*, sort_keys: bool, allow_nan: bool) -> Callable[[Any], str]:
+    """``json.dumps(value, sort_keys=..., separators=(",", ":"), ensure_ascii=False,
+    allow_nan=...)``, byte for byte, without building a ``JSONEncoder`` per call: the C encoder
+    is made once (the same call ``JSONEncoder.iterencode`` makes) -- about 4x faster on the
+    journal's hot path (two encodings per appended row) and half the cost of fingerprinting a
+    request, which every call does (issue 15)."""
+    enc = json.JSONEncoder(
+        sort_keys=sort_keys, separators=(",", ":"), ensure_ascii=False, allow_nan=allow_nan
+    )
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:  # no C accelerator: the plain encoder, same output
+        return enc.encode
+    # markers=None: no circular-reference bookkeeping (a cycle raises RecursionError instead of
+    # ValueError; callers treat both as "not JSON").
+    c_encode = make(None, enc.default, json.encoder.encode_basestring, None, ":", ",",
+                    sort_keys, False, allow_nan)  # fmt: skip
+
+    def encode(value: Any) -> str:
+        return "".join(c_encode(value, 0))
+
+    return encode

@@ -40,7 +40,7 @@ ALLOWED: Mapping[str, frozenset[str]] = {
     "affidavit.text": frozenset(),
     # JSON read strictly (no field named twice, no NaN): a leaf the MCP proxy loads too.
     "affidavit.strictjson": frozenset(),
-    "affidavit.journal": frozenset({"affidavit.statemachine"}),
+    "affidavit.journal": frozenset({"affidavit.statemachine", "affidavit.strictjson"}),
     "affidavit.adapters": frozenset({"affidavit.statemachine"}),  # adapters/__init__, base
     "affidavit.adapters.<proto>": frozenset({"affidavit.statemachine", "affidavit.adapters"}),
     # The service, bottom to top.
@@ -51,7 +51,7 @@ ALLOWED: Mapping[str, frozenset[str]] = {
     "affidavit.views": frozenset({"affidavit.statemachine", "affidavit.journal", "affidavit.text"}),
     # The schema language knows no protocol; protocols declare their target schemas with it,
     # and config finds a target's protocol in the registry — so schema < protocols < config.
-    "affidavit.schema": frozenset({"affidavit.secrets"}),
+    "affidavit.schema": frozenset({"affidavit.secrets", "affidavit.strictjson"}),
     # The registry and the common action parsing: they find protocols through entry points,
     # never by importing one (a protocol is added without editing them).
     "affidavit.protocols": frozenset(

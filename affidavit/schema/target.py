@@ -15,16 +15,15 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
-import json.encoder
 import math
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from affidavit.secrets.credentials import CredentialError, parse_ref
+from affidavit.strictjson import compact_encoder
 
 from .fields import Field, LoadContext, Read, Schema
 from .section import ConfigError, Section, kind_of
@@ -241,28 +240,7 @@ def canonical_value(value: Any) -> Any:
     raise TypeError(f"no canonical form for {type(value).__name__}; give the field an encode")
 
 
-def _canonical_encoder() -> Callable[[object], str]:
-    """``json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
-    allow_nan=False)``, byte for byte, with the C encoder made once: ``JSONEncoder.encode``
-    builds a new one on every call (``iterencode``), about half the cost of fingerprinting a
-    request, which every call does (issue 15).  ``markers=None``: no circular-reference
-    bookkeeping (a cycle raises RecursionError instead of ValueError)."""
-    enc = json.JSONEncoder(
-        sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
-    )
-    make = getattr(json.encoder, "c_make_encoder", None)
-    if make is None:  # no C accelerator: the plain encoder, same output
-        return enc.encode
-    c_encode = make(None, enc.default, json.encoder.encode_basestring, None, ":", ",",
-                    True, False, False)  # fmt: skip
-
-    def encode(value: object) -> str:
-        return "".join(c_encode(value, 0))
-
-    return encode
-
-
-_CANONICAL = _canonical_encoder()
+_CANONICAL = compact_encoder(sort_keys=True, allow_nan=False)
 
 
 def canonical_json(value: object) -> bytes:
