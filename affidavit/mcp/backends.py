@@ -273,9 +273,7 @@ class Daemon:
             finally:
                 self._scopes.discard(scope)
         if self.stopped():  # the grace ran out, not the client's patience
-            return api_error(
-                "SHUTTING_DOWN", "affidavit mcp stopped before the daemon answered." + _LOST_CALL
-            )
+            return _stopped_before_answer()
         return api_error("CALLER_GONE", "the client stopped waiting; the daemon keeps the call")
 
     async def fetch_result(
@@ -327,6 +325,7 @@ class Daemon:
             return _client_failure(exc, _LOST_CALL)
 
     def stopped(self) -> bool:
+        """Whether ``stop`` was called (a method: it may turn true across an ``await``)."""
         return self._stopped
 
     @contextmanager
