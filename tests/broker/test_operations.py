@@ -428,3 +428,21 @@ async def test_a_failed_poll_exits_1_and_keeps_the_state(tmp_path: Path, token: 
     answer = json.loads(polled.stdout)
     assert answer["operation"]["state"] == "pending"
     assert answer["poll"]["error"]["outcome"] == "unknown"
+
+
+async def test_the_operations_table_escapes_a_job_id_the_remote_chose(
+    tmp_path: Path, token: str
+) -> None:
+    """The job id comes from the remote's 202: a line feed in it must not start a row of its
+    own in ``affidavit operations``, nor an ESC drive the operator's terminal."""
+    forged = "j1\nop_forged                    succeeded      9  \x1b[2Jx"
+    accepted = Reply(202, body=json.dumps({"id": forged}).encode())
+    async with HostileServer.running(scripts.serve(lambda _req: accepted)) as srv:
+        cfg = write_config(tmp_path, {"jobs": _target(srv)})
+        async with open_broker(cfg) as broker:
+            op_id = (await _submit(broker))["operation"]["id"]
+        table = await _cli("operations", "--config", str(cfg), token=token)
+    assert table.returncode == 0, table.stderr
+    lines = table.stdout.decode().splitlines()
+    assert len(lines) == 2 and lines[1].startswith(op_id), lines  # the header and one row
+    assert "j1\\nop_forged" in lines[1] and "\\u001b[2Jx" in lines[1]

@@ -556,3 +556,38 @@ async def test_a_request_holding_nan_and_another_fault_is_answered_under_its_id(
         assert answer["id"] is None and "NaN" in answer["error"]["message"], answer
     log = raw.stderr()
     assert CANARY not in log and "Traceback" not in log
+
+
+HOSTILE = "x\n2026-01-01 00:00:00,000 affidavit mcp[1] ERROR forged\x1b[2J\u202e"
+LOG_LINE = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} affidavit mcp\[\d+\] [A-Z]+ ")
+
+
+async def test_no_caller_chosen_text_forges_or_colours_a_log_line(
+    tmp_path: Path, remotes: Remotes, token: str
+) -> None:
+    """A line feed or an ESC in an id, a method, a tool's name or arguments, a duplicated
+    field's name or a notification reaches stderr escaped, if at all: every line is one of the
+    server's own."""
+    async with raw_server(tmp_path, remotes, token) as raw:
+        for message in [
+            call(HOSTILE, "list_targets", {}),
+            call(1, HOSTILE, {}),
+            {"jsonrpc": "2.0", "id": 2, "method": HOSTILE},
+            call(3, "get_record", {"invocation_id": HOSTILE}),
+            call(4, "list_actions", {"session": HOSTILE}),
+            call(5, "list_targets", {HOSTILE: 1}),
+        ]:
+            await raw.send(message)
+            await raw.answer(message["id"])
+        dup = json.dumps(HOSTILE)
+        line = '{"jsonrpc":"2.0","id":6,"method":"tools/call","params":{"name":"call",'
+        await raw.send(f'{line}"arguments":{{{dup}:1,{dup}:2}}}}}}\n'.encode())
+        await raw.answer(6)
+        await raw.send({"jsonrpc": "2.0", "method": HOSTILE, "params": {"x": HOSTILE}})
+        await raw.send(b'{"jsonrpc":"2.0","id":' + json.dumps(HOSTILE).encode() + b",}\n")
+        await raw.send(call(7, "list_targets", {}))
+        await raw.answer(7)
+    log = raw.stderr()
+    assert "protocol fault" in log  # the duplicated field and the broken line were logged
+    assert "\x1b" not in log and "\u202e" not in log
+    assert all(LOG_LINE.match(x) for x in log.splitlines()), log
