@@ -186,14 +186,18 @@ class Engine:
         )
         if record is None:
             return None
-        if not record.final:
-            # A record whose holder's lease ran out belongs to a broker that stopped mid-call:
-            # close it with what the journal proves, so the answer is unknown/reconcile rather
-            # than "in progress" forever.  Still a read of the remote: nothing is sent.
-            record = await recover_stale(self.recorder, record)
-        if from_chunk is not None:
-            return self.recorder.envelope(record, from_chunk=from_chunk)
-        return await deliver_stored(self, record, deliver)
+        try:
+            if not record.final:
+                # A record whose holder's lease ran out belongs to a broker that stopped
+                # mid-call: close it with what the journal proves, so the answer is
+                # unknown/reconcile rather than "in progress" forever.  Still a read of the
+                # remote: nothing is sent.
+                record = await recover_stale(self.recorder, record)
+            if from_chunk is not None:
+                return self.recorder.envelope(record, from_chunk=from_chunk)
+            return await deliver_stored(self, record, deliver)
+        finally:
+            self.recorder.done()  # as a call's: nothing kept for this task once it is over
 
     def result_stream(self, invocation_id: str) -> ResultStream | None:
         """The stored result for delivery chunk by chunk (the daemon's and MCP's seam):
@@ -213,7 +217,10 @@ class Engine:
         read (``operations.py``): ``{"operation": ..., "poll": the poll's envelope or None}``.
         ``OperationError`` when there is no such operation or nothing to query.  ``control``:
         the poll's, as ``call``'s (a shutdown stops it where it is)."""
-        return await operations.poll(self, operation_id, timeout=timeout, control=control)
+        try:
+            return await operations.poll(self, operation_id, timeout=timeout, control=control)
+        finally:
+            self.recorder.done()  # the poll's call was released; the fold written after it too
 
     async def recover_orphans(self) -> list[Record]:
         """Close every non-final record with what its durable events prove, leases or not.
@@ -244,17 +251,22 @@ class Engine:
 
         async def worker(scope: trio.CancelScope) -> None:
             nonlocal taken
-            while taken < len(todo) and not failed:
-                i, taken = taken, taken + 1
-                record = todo[i]
-                try:
-                    after = await close(record)
-                except Exception as exc:
-                    failed.append(exc)
-                    scope.cancel()
-                    return
-                if after.last_seq != record.last_seq:
-                    closed[i] = after
+            try:
+                while taken < len(todo) and not failed:
+                    i, taken = taken, taken + 1
+                    record = todo[i]
+                    try:
+                        after = await close(record)
+                    except Exception as exc:
+                        failed.append(exc)
+                        scope.cancel()
+                        return
+                    if after.last_seq != record.last_seq:
+                        closed[i] = after
+            finally:
+                # The recorder keeps per-task state keyed by the task: a worker's would
+                # otherwise outlive it (keyed by a dead task) for the daemon's life.
+                self.recorder.done()
 
         async with trio.open_nursery() as nursery:
             for _ in range(min(RECOVERY_WORKERS, len(todo))):

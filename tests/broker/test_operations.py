@@ -446,3 +446,16 @@ async def test_the_operations_table_escapes_a_job_id_the_remote_chose(
     lines = table.stdout.decode().splitlines()
     assert len(lines) == 2 and lines[1].startswith(op_id), lines  # the header and one row
     assert "j1\\nop_forged" in lines[1] and "\\u001b[2Jx" in lines[1]
+
+
+async def test_a_poll_releases_what_the_recorder_kept_for_its_task(
+    tmp_path: Path, token: str
+) -> None:
+    """The poll's own call is released when it ends; the operation's fold written after it
+    must be too (the daemon runs each request in a task of its own: one entry per poll)."""
+    async with HostileServer.running(scripts.serve(job_api(["running"]))) as srv:
+        cfg = write_config(tmp_path, {"jobs": _target(srv)})
+        async with open_broker(cfg) as broker:
+            op_id = (await _submit(broker))["operation"]["id"]
+            assert (await _poll(broker, op_id))["operation"]["state"] == "pending"
+            assert broker._engine.recorder._writing == {}

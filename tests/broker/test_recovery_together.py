@@ -59,6 +59,10 @@ async def test_open_records_are_closed_together_each_as_alone(tmp_path: Path) ->
         assert len(batches) <= OPEN // 4, [b.writes for b in batches]
         assert sum(b.writes for b in batches) >= OPEN
         assert await broker._engine.recover_orphans() == []  # nothing left open
+        # Each worker is a task of its own: what the recorder kept for it is released when it
+        # ends, not held (keyed by a dead task) for the daemon's life.
+        recorder = broker._engine.recorder
+        assert recorder._writing == {} and recorder._posted == {}
 
 
 async def test_the_first_failure_stops_the_rest_and_is_raised_as_itself(
@@ -77,3 +81,19 @@ async def test_the_first_failure_stops_the_rest_and_is_raised_as_itself(
         monkeypatch.setattr(engine_module, "recover_stale", recover_stale)
         with trio.fail_after(30), pytest.raises(JournalWriteError, match="injected"):
             await broker._engine.recover_orphans()
+        assert broker._engine.recorder._writing == {}  # released on the failure's way too
+
+
+async def test_a_fetch_that_closes_a_stale_record_releases_what_the_recorder_kept(
+    tmp_path: Path,
+) -> None:
+    """``fetch_result`` writes (it closes a record its stopped holder left open): the caller's
+    task is not remembered after it, as a call's is not."""
+    cfg = write_config(tmp_path, {"payments": http_target("http://127.0.0.1:9")})
+    async with open_broker(cfg) as broker:
+        for ev in until_dispatch("inv-stale"):
+            await broker.journal.append(ev)
+        with trio.fail_after(30):
+            envelope = await broker.fetch_result("inv-stale")
+        assert envelope is not None and envelope["error"]["outcome"] == "unknown", envelope
+        assert broker._engine.recorder._writing == {}
