@@ -516,10 +516,10 @@ def _gate(engine: Engine, attempt: Attempt) -> Any:
                 shield=True,
             )
         except LeaseLost:
-            attempt.gate_entered = False
+            _gate_left(attempt)
             raise LeaseRefusal(recorded=True) from None
         except ImpossibleEvent:
-            attempt.gate_entered = False
+            _gate_left(attempt)
             raise LeaseRefusal(recorded=False) from None
         except BaseException:
             # Unknown whether the barrier landed; the journal will tell (see _dispatched).  A
@@ -528,13 +528,21 @@ def _gate(engine: Engine, attempt: Attempt) -> Any:
             # is sent either way (the gate raises; the adapter never writes).
             with contextlib.suppress(JournalError):
                 rec = journal.record(attempt.iid)
-                attempt.gate_entered = rec is not None and bool(
-                    rec.evidence.get("dispatch_started", False)
-                )
+                if rec is None or not rec.evidence.get("dispatch_started", False):
+                    _gate_left(attempt)
             raise
         attempt.dispatch_recorded = True
 
     return gate
+
+
+def _gate_left(attempt: Attempt) -> None:
+    """The gate's DISPATCH_STARTED was refused (or did not land): nothing was sent, and the
+    call is not dispatching -- a hang-up now withdraws it (``CallControl.withdraw``) instead of
+    being refused as if a request were on the wire."""
+    attempt.gate_entered = False
+    if attempt.control is not None:
+        attempt.control.dispatching = False
 
 
 def _observer(attempt: Attempt) -> Callable[[Step, Mapping[str, Any]], None]:

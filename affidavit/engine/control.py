@@ -37,7 +37,8 @@ class CallControl:
         self.code: Code | None = None
         """The recorded cause once stopped."""
         self.dispatching = False
-        """Set by the dispatch gate, atomically with its last check for a stop."""
+        """Set by the dispatch gate, atomically with its last check for a stop; cleared if the
+        gate's DISPATCH_STARTED is refused (the lease lost: nothing was sent)."""
         self.invocation_id: str | None = None
         """Known once the engine has created (or resumed) the invocation."""
         self.joined = False

@@ -16,6 +16,7 @@ delivered, or -- with no retry at all -- once recovery alone closed A's attempt.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,7 @@ import trio
 
 from affidavit.api.broker import Broker
 from affidavit.config import load_config
-from affidavit.engine import EngineSettings
+from affidavit.engine import CallControl, EngineSettings
 from affidavit.statemachine import EventKind
 from tests.http.hostile import HostileServer, Peer, Reply
 
@@ -115,3 +116,70 @@ async def test_a_worker_stopped_at_its_gate_answers_with_the_record_and_nothing_
     expected = "unknown" if when == "b_in_flight" else "committed"
     assert (err["outcome"], err["retry"]) == (expected, "fetch_result"), err
     assert "generation 1" in err["message"], err["message"]  # what the record shows: B's lease
+
+
+class HangUpAtRefusal:
+    """A binding whose caller hangs up the moment its dispatch gate is refused (the daemon's
+    ``withdraw`` on a hang-up): what the control then says, and whether it withdrew."""
+
+    def __init__(self, real: Any, control: CallControl) -> None:
+        self.real, self.control = real, control
+        self.kind, self.table = real.kind, real.table
+        self.seen: tuple[bool, bool] | None = None  # (dispatching, withdrawn)
+
+    def prepare(self, *args: Any) -> Any:
+        return self.real.prepare(*args)
+
+    def connect_timeout(self, target: Any) -> float:
+        return float(self.real.connect_timeout(target))
+
+    async def aclose(self) -> None:
+        await self.real.aclose()
+
+    async def perform(self, prepared: Any, ctx: Any) -> Any:
+        gate = ctx.gate
+
+        async def refused_then_gone(facts: Any) -> None:
+            try:
+                await gate(facts)
+            except Exception:
+                self.seen = (self.control.dispatching, self.control.withdraw())
+                raise
+
+        return await self.real.perform(prepared, dataclasses.replace(ctx, gate=refused_then_gone))
+
+
+async def test_a_refused_gate_leaves_the_call_not_dispatching(tmp_path: Path, token: str) -> None:
+    """The gate's DISPATCH_STARTED refused (its attempt was closed meanwhile: the lease is no
+    longer A's): nothing was sent, so the control must not say ``dispatching`` -- a hang-up
+    after it is a withdrawal (logged as one), not a refusal to cancel a call on the wire.  The
+    answer is still the record's LEASE_LOST, not_attempted."""
+    async with HostileServer.running(_held) as srv:
+        cfg = load_config(write_config(tmp_path, {"api": http_target(srv.url, idempotency=IDEM)}))
+        control = CallControl()
+        async with (
+            Broker.open(config=cfg, holder="worker-A") as a,
+            Broker.open(config=cfg, holder="worker-B") as b,
+        ):
+            hang_up = HangUpAtRefusal(a._engine.bindings["http"], control)
+            stall = GateStall(hang_up, limit=LIMIT / 2)
+            a._engine.bindings["http"] = stall
+            envs: list[dict[str, Any]] = []
+
+            async def call() -> None:
+                envs.append(await a.call(ACTION, control=control))
+
+            with trio.fail_after(LIMIT):
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(call)
+                    await stall.stopped.wait()  # A's deadline is far: its gate is reached
+                    while not a.journal.list_actions():
+                        await trio.sleep(0.01)
+                    # Recovery (as a daemon's start-up would) closes A's attempt under it.
+                    assert [r.state for r in await b._engine.recover_orphans()] == ["setup_failed"]
+                    stall.resume.set()
+    assert hang_up.seen == (False, True)
+    (env,) = envs
+    assert env["error"]["code"] == "LEASE_LOST", env
+    assert env["error"]["outcome"] == "not_attempted", env
+    assert srv.requests == []
