@@ -217,9 +217,12 @@ class Broker:
         self, invocation_id: str, approve: bool, note: str | None, operator: Operator | None
     ) -> dict[str, Any]:
         who = operator or Operator.current()
-        return await approvals.decide(
-            self._engine, self.operator_policy, who, invocation_id, approve=approve, note=note
-        )
+        try:
+            return await approvals.decide(
+                self._engine, self.operator_policy, who, invocation_id, approve=approve, note=note
+            )
+        finally:
+            self._engine.recorder.done()  # as a call's: nothing kept for this task after it
 
     async def reconcile(
         self,
@@ -239,20 +242,23 @@ class Broker:
         ``control``: the query's, as ``call``'s (a host's shutdown stops it where it is)."""
         if query == (attest is not None):
             raise OperatorError("BAD_REQUEST", "give exactly one of query or attest", 400)
-        if query:
-            timeout = check_timeout(timeout)
-            return await reconcile.query(
-                self._engine, invocation_id, timeout=timeout, control=control
+        try:
+            if query:
+                timeout = check_timeout(timeout)
+                return await reconcile.query(
+                    self._engine, invocation_id, timeout=timeout, control=control
+                )
+            assert attest is not None
+            envelope = await reconcile.attest(
+                self._engine,
+                self.operator_policy,
+                operator or Operator.current(),
+                invocation_id,
+                attest,
+                note,
             )
-        assert attest is not None
-        envelope = await reconcile.attest(
-            self._engine,
-            self.operator_policy,
-            operator or Operator.current(),
-            invocation_id,
-            attest,
-            note,
-        )
+        finally:
+            self._engine.recorder.done()  # as a call's: nothing kept for this task after it
         return {"reconciled": True, "envelope": envelope, "query": None}
 
     # -- the daemon's dispatcher ----------------------------------------------------------------

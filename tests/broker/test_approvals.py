@@ -133,6 +133,7 @@ async def test_a_denied_request_is_never_sent_and_says_never(tmp_path: Path, tok
                 code="APPROVAL_DENIED",
             )
             assert rec.evidence["approval"]["note"] == "not this week"
+            assert b._engine.recorder._writing == {}  # nothing kept for the deciding task
             with pytest.raises(OperatorError) as info:  # decided once, for good
                 await b.approve(waiting["invocation_id"], operator=OPS)
             assert info.value.code == "NOT_PENDING"

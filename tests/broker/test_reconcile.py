@@ -115,6 +115,7 @@ async def test_an_unknown_post_is_reconciled_by_its_query(
         assert accepted.attrs["link"] == {"reconciles": iid}
         _kept_original(b, iid)
         verify_ok(b)
+        assert b._engine.recorder._writing == {}  # nothing kept for the reconciling task
     # The key is data in the query's URL, percent-encoded: its "/", "?" and "&" change nothing.
     post, get = srv.requests
     assert (post.method, get.method) == ("POST", "GET")
@@ -235,6 +236,7 @@ async def test_an_operator_attests_and_the_note_and_identity_are_kept(
         assert env["evidence"]["source"] == "operator_attested"  # not a remote_response
         _kept_original(b, iid)
         verify_ok(b)
+        assert b._engine.recorder._writing == {}  # nothing kept for the attesting task
         # Settled once: a second attestation, or a query, finds nothing unknown.
         for again in (
             b.reconcile(iid, attest="rejected", note="no", operator=OPS),
