@@ -32,7 +32,9 @@ any password scrubbed.
 from __future__ import annotations
 
 import contextlib
+import logging
 import re
+import time
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
@@ -53,7 +55,13 @@ __all__ = [
     "grant_statements",
 ]
 
+log = logging.getLogger("affidavit.journal")
+
 SCHEMA_VERSION = 1
+SESSION_INDEX = "events_session"
+SESSION_INDEX_DDL = (
+    f"CREATE INDEX IF NOT EXISTS {SESSION_INDEX} ON events (session_id, seq, invocation_id)"
+)
 
 _LOCK = 0x61666676  # "affv": the chain head's advisory lock, with the schema's hash as 2nd key
 _APPEND_ONLY = ("events", "checkpoints", "results")
@@ -79,6 +87,7 @@ CREATE TABLE IF NOT EXISTS events (
   hash          TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS events_invocation ON events (invocation_id, seq);
+{SESSION_INDEX_DDL};
 CREATE TABLE IF NOT EXISTS result_chunks (
   invocation_id TEXT NOT NULL,
   stream        TEXT NOT NULL,
@@ -345,13 +354,41 @@ class PostgresBackend:
         if have:
             row = conn.execute("SELECT value FROM meta WHERE name = 'schema'").fetchone()
             if row is not None and int(row[0]) >= SCHEMA_VERSION:
-                return  # current: a broker role needs no DDL privilege to open it
+                # Current: a broker role needs no DDL privilege to open it.
+                self._index_sessions(conn)
+                return
         conn.execute(SCHEMA)
         conn.execute(
             "INSERT INTO meta (name, value) VALUES ('schema', %s) ON CONFLICT (name) DO UPDATE "
             "SET value = excluded.value",
             (str(SCHEMA_VERSION),),
         )
+
+    def _index_sessions(self, conn: Any) -> None:
+        """``events_session`` on a journal created before it (no schema change: an index, which
+        every broker's writes keep and none relies on; docs/journal.md): built by the
+        tables' owner when it opens the journal, logged; a broker role that does not own them
+        says so once and reads the session views from the table.  Either way, the same rows."""
+        if conn.execute(f"SELECT to_regclass('{SESSION_INDEX}') IS NOT NULL").fetchone()[0]:
+            return
+        owner = conn.execute(
+            "SELECT pg_has_role(current_user, relowner, 'USAGE') FROM pg_class "
+            "WHERE oid = to_regclass('events')"
+        ).fetchone()
+        if not owner or not owner[0]:
+            log.warning(
+                "journal %s: no index %s: the session views read every event until the "
+                "tables' owner opens the journal once or runs: %s",
+                self.where, SESSION_INDEX, SESSION_INDEX_DDL,
+            )  # fmt: skip
+            return
+        log.info("journal %s: building index %s (once)", self.where, SESSION_INDEX)
+        started = time.monotonic()
+        conn.execute(SESSION_INDEX_DDL)
+        log.info(
+            "journal %s: built index %s in %.1f s", self.where, SESSION_INDEX,
+            time.monotonic() - started,
+        )  # fmt: skip
 
     def begin(self, conn: Any, *, barrier: bool) -> str:
         sync = "on" if barrier else "off"

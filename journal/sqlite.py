@@ -29,15 +29,21 @@ segment.  ``events_accepted_key`` (schema 5) indexes each ACTION_ACCEPTED that n
 idempotency key by that key (a partial expression index over ``attrs``), so a bind that finds no
 binding row asks the chain whether the key was bound before (``bindings.py``); a writer opening
 a journal from before builds it in its opening transaction.  It is an index, not evidence: the
-query answers the same from the table when it is dropped or redefined.
+query answers the same from the table when it is dropped or redefined.  ``events_session``
+indexes the events by ``(session_id, seq, invocation_id)`` for the session views (a session's
+page and total read its rows, not the journal's); no schema version marks it -- every broker's
+writes keep it and none relies on it -- and a writer opening a journal without it builds it,
+logged (``_unbuilt``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import sqlite3
 import threading
+import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
@@ -54,7 +60,10 @@ from .tables import SQL, Tables
 
 __all__ = ["BUSY_TIMEOUT_MS", "SCHEMA", "SCHEMA_VERSION", "SqliteBackend", "SqliteTables"]
 
+log = logging.getLogger("affidavit.journal")
+
 BUSY_TIMEOUT_MS = 30_000
+SESSION_INDEX = "events_session"
 SCHEMA_VERSION = 5
 
 SCHEMA = f"""
@@ -78,6 +87,7 @@ CREATE TABLE IF NOT EXISTS events (
   hash          TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS events_invocation ON events (invocation_id, seq);
+CREATE INDEX IF NOT EXISTS events_session ON events (session_id, seq, invocation_id);
 CREATE INDEX IF NOT EXISTS events_accepted_key ON events
   (json_extract(attrs, '$.operation.idempotency.key'))
   WHERE kind = 'ACTION_ACCEPTED' AND json_valid(attrs)
@@ -194,6 +204,13 @@ class SqliteTables(SegmentTables):
         "json_extract(attrs, '$.operation.idempotency.key') IS NOT NULL AND "
         "json_extract(attrs, '$.operation.idempotency.key') = ? AND "
         "json_extract(attrs, '$.operation.idempotency.scope') = ? ORDER BY seq LIMIT 1",
+        # ``events_session`` walks a session's events back from its newest; each one's first
+        # event of its invocation is found through ``events_invocation`` -- the ``+`` keeps the
+        # planner (no statistics) from answering that ``min`` by scanning the session's range
+        # of ``events_session`` instead, once per event walked.
+        "newest_session_grouped": SQL["newest_session_grouped"].replace(
+            " AND p.session_id = ?", " AND +p.session_id = ?"
+        ),
         "grouped_by_first": f"{_BY_FIRST} ORDER BY invocations.first_seq, events.seq",
         "grouped_span": f"{_BY_FIRST} WHERE invocations.first_seq >= ? AND "
         "invocations.first_seq < ? AND events.seq <= ? ORDER BY invocations.first_seq, events.seq",
@@ -470,9 +487,16 @@ class SqliteBackend:
         indexed = conn.execute(
             "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'invocations'"
         ).fetchone()
+        building = _unbuilt(conn, SESSION_INDEX, self.where)
+        started = time.monotonic()
         # executescript() would COMMIT first; run the statements inside our transaction.
         for stmt in _split_sql(SCHEMA):
             conn.execute(stmt)
+        if building:
+            log.info(
+                "journal %s: built index %s in %.1f s", self.where, SESSION_INDEX,
+                time.monotonic() - started,
+            )  # fmt: skip
         if indexed is None:  # new, or from before schema 3: index the events it already has
             conn.execute(
                 "INSERT INTO invocations (first_seq, invocation_id) "
@@ -604,6 +628,22 @@ def _connect_writer(path: Path) -> sqlite3.Connection:
         conn.close()
         raise
     return conn
+
+
+def _unbuilt(conn: sqlite3.Connection, index: str, where: str) -> bool:
+    """Whether the writer's opening transaction is about to build ``index`` over events the
+    journal already has (a journal from before it): logged before and after, as the build
+    reads every event once (~1-2 s per million) and start-up waits for it."""
+    names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE name IN (?, ?)",
+                                         (index, "events"))}  # fmt: skip
+    if index in names or "events" not in names:
+        return False
+    events = conn.execute("SELECT max(seq) FROM events").fetchone()[0]
+    if not events:
+        return False
+    log.info("journal %s: building index %s over %d events (once, before the writer opens)",
+             where, index, events)  # fmt: skip
+    return True
 
 
 def _refuse_newer(conn: sqlite3.Connection, path: Path) -> None:

@@ -8,6 +8,7 @@ backends."""
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -159,6 +160,40 @@ async def test_a_broker_role_appends_but_cannot_change_or_unprotect_the_journal(
                 conn.execute(statement)  # type: ignore[arg-type]
     with JournalReader.open(broker_url) as r:
         assert r.verify().ok and r.verify().count == 7
+
+
+async def test_a_broker_role_opens_a_journal_without_the_session_index_and_says_so(
+    pg: Cluster, pg_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``events_session`` on a journal created before it: the brokers' role, which owns no
+    table, cannot build it -- it opens the journal all the same, logs why the session views
+    read every event, and they answer as before; the owner's next open builds it."""
+    database = pg_url.rsplit("/", 1)[1]
+    async with Journal.open(pg_url, **_keys(tmp_path, "owner")) as j:
+        for ev in happy("inv-1", "alice"):
+            await j.append(ev)
+    pg.sql("DROP INDEX events_session", database)  # as a broker from before left it
+    pg.sql("DROP ROLE IF EXISTS reader_broker")
+    pg.sql("CREATE ROLE reader_broker LOGIN PASSWORD 'broker-pw'")
+    for statement in grant_statements("reader_broker"):
+        pg.sql(statement, database)
+    broker_url = pg.url(database, user="reader_broker", password="broker-pw")
+    with caplog.at_level(logging.INFO, logger="affidavit.journal"):
+        async with Journal.open(broker_url, **_keys(tmp_path, "broker")) as j:
+            for ev in happy("inv-2", "alice"):
+                await j.append(ev)
+    assert pg.sql("SELECT to_regclass('events_session')", database) == [(None,)]
+    logged = " ".join(r.getMessage() for r in caplog.records if r.name == "affidavit.journal")
+    assert "no index events_session" in logged and "owner" in logged, logged
+    with JournalReader.open(broker_url) as r:
+        assert [x.invocation_id for x in r.newest_actions(10, session="alice")[0]] == [
+            "inv-1",
+            "inv-2",
+        ]
+        assert r.verify().ok
+    async with Journal.open(pg_url, **_keys(tmp_path, "owner")):
+        pass
+    assert pg.sql("SELECT to_regclass('events_session')::text", database) == [("events_session",)]
 
 
 # -- a connection lost around a commit -----------------------------------------------------------
