@@ -181,9 +181,8 @@ def _fields(body: dict[str, Any], known: tuple[str, ...]) -> dict[str, Any]:
     for key in sorted(body):
         if key not in known:
             shown = key if len(key) <= 64 and key.isprintable() else "body"
-            raise ApiProblem(
-                400, "INVALID_FIELD", f"{shown}: unknown field (the body takes {', '.join(known)})"
-            )
+            takes = f"the body takes {', '.join(known)}" if known else "the body takes no field"
+            raise ApiProblem(400, "INVALID_FIELD", f"{shown}: unknown field ({takes})")
     return body
 
 
@@ -195,8 +194,11 @@ def _note(body: dict[str, Any]) -> str | None:
 
 
 async def console_login(api: Api, req: Request) -> None:
-    """A one-time console login link for the peer (``affidavit console-url --socket``)."""
-    await req.json_object()
+    """A one-time console login link for the peer (``affidavit console-url --socket``).  The
+    body takes no field (``{}`` or empty): any other is refused ``INVALID_FIELD``, as on the
+    other operator routes, before anything is minted -- a link is for the peer the kernel
+    names, never for an ``operator`` or ``ttl`` a body might ask for."""
+    _fields(await req.json_object(), ())
     who = _require(api, req, "open the operator console")
     if api.tokens is None or api.console_url is None:
         raise ApiProblem(

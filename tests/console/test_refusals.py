@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import trio
 
+from affidavit.api.wire import blocking_request
 from affidavit.config import ConfigError, config_from_dict
 from affidavit.console import COOKIE
 from tests.daemon.kit import as_user, cli, client_env, embedded, run, write_daemon_config
@@ -155,6 +156,34 @@ async def test_an_operator_on_the_daemon_s_machine_mints_a_link_embedded(
         status, _, page = await _redeem(world, answer["url"])
         assert status == 200 and f"uid={os.geteuid()}".encode() in page
         assert list(tokens.iterdir()) == []  # redeemed: gone
+
+
+async def test_a_login_link_request_with_a_body_field_is_refused_naming_it(
+    tmp_path: Path, token: str
+) -> None:
+    """``POST /v1/console/login`` takes no field: one is refused ``INVALID_FIELD`` naming it,
+    as the other operator routes refuse theirs, and nothing is minted (it used to be ignored:
+    a caller asking for another operator's or a longer-lived link got a plain one silently)."""
+    tokens = tmp_path / "journal.db.console-tokens"
+    async with console_world(tmp_path, token) as world:
+        socket = str(world.daemon.socket)
+        for body, said in (
+            (b'{"operator": "root"}', "operator: unknown field (the body takes no field)"),
+            (b'{"ttl": 1e9, "uid": 0}', "ttl: unknown field"),
+        ):
+            answer = await trio.to_thread.run_sync(
+                blocking_request, socket, "POST", "/v1/console/login", body
+            )
+            error = answer.error()
+            assert (answer.status, error.code) == (400, "INVALID_FIELD"), error
+            assert error.message.startswith(said), error.message
+            assert not tokens.exists() or list(tokens.iterdir()) == []
+        for body in (b"{}", b""):
+            answer = await trio.to_thread.run_sync(
+                blocking_request, socket, "POST", "/v1/console/login", body
+            )
+            assert answer.status == 200, answer
+        assert len(list(tokens.iterdir())) == 2
 
 
 async def test_a_daemon_without_a_console_mints_no_link(tmp_path: Path, token: str) -> None:
