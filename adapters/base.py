@@ -70,12 +70,20 @@ class AttemptContext:
 
 class SetupError(Exception):
     """Connection setup failed before dispatch.  ``code`` must be a connection_setup code (or a
-    credential_injection code when the remote-side credential use failed before dispatch)."""
+    credential_injection code when the remote-side credential use failed before dispatch).
 
-    def __init__(self, code: Code, stage: str, detail: str = "") -> None:
+    ``setting``: the target's config key (``ca_file``) when its value -- not the remote, the
+    route or the moment -- is why setup failed and fixing it is the way on (a CA file that no
+    longer loads).  The engine reports it as the envelope's ``field``
+    (``targets.<name>.ca_file``): the key only, never the value (a path, a secret)."""
+
+    def __init__(
+        self, code: Code, stage: str, detail: str = "", *, setting: str | None = None
+    ) -> None:
         self.code = code
         self.stage = stage
         self.detail = detail
+        self.setting = setting
         super().__init__(f"{code.value} at {stage}" + (f": {detail}" if detail else ""))
 
 

@@ -129,14 +129,23 @@ def step(ctx: AttemptContext, event: str, facts: Mapping[str, Any]) -> None:
 
 
 def setup_failed(
-    ctx: AttemptContext, hop: int, code: Code, stage: str, detail: str = "", **facts: Any
+    ctx: AttemptContext,
+    hop: int,
+    code: Code,
+    stage: str,
+    detail: str = "",
+    *,
+    setting: str | None = None,
+    **facts: Any,
 ) -> Exception:
+    """``setting``: the target's config key to fix when its value is the cause
+    (``SetupError.setting``)."""
     step(ctx, "setup_fail", {"hop": hop, "code": code.value, "stage": stage, **facts})
     log.debug("setup failed hop=%d stage=%s code=%s", hop, stage, code.value)
     if hop > 1:
         return HopSetupFailed(code, stage)
     # (annotated: mypy run over the source folders sees ``affidavit.*`` imports as Any)
-    err: Exception = SetupError(code, stage, detail)
+    err: Exception = SetupError(code, stage, detail, setting=setting)
     return err
 
 
@@ -299,6 +308,9 @@ async def _tls(
             Code.CERTIFICATE_INVALID,
             "tls_handshake",
             "CA file unusable",
+            # The operator's file (deleted, unreadable or not PEM since the config was loaded):
+            # no server and no retry can fix it, only ``ca_file``.  Its path stays out.
+            setting="ca_file",
             error=errno_name(e),
         ) from None
     # https_compatible=False on purpose: a TCP FIN without TLS close_notify must not pass

@@ -303,6 +303,10 @@ async def _try_once(
             # record ... The final error must not erase the earlier evidence").  SETUP_FAILED
             # alone would be folded into the previous attempt when stage and code repeat.
             await engine.recorder.append(tried)
+        if exc.setting is not None:
+            # A target setting that cannot work (``SetupError.setting``): the path to fix,
+            # as a credential failure names ``targets.<name>.credential`` -- the key only.
+            attrs["field"] = f"targets.{attempt.target_name}.{exc.setting}"
         return None, Event(E.SETUP_FAILED, iid, attrs), False
     except _Refused as exc:
         return None, Event(E.PREFLIGHT_FAILED, iid, dict(exc.attrs)), False

@@ -1,0 +1,108 @@
+"""A connection-setup error names the config field to fix only when a target setting that can
+never work is its cause -- and then as the key, never the value.
+
+Seed, "Validation and credential injection finish before dispatch": a stable code "along with
+the path to the field that the caller can fix".  A CA file the config loaded but that no longer
+loads (deleted, or not PEM) fails every call the same way until the operator fixes
+``targets.<name>.ca_file``: ``CERTIFICATE_INVALID`` with ``field``.  A server's certificate the
+CA does not vouch for is the remote's (or an attacker's) doing: the same code, no field.  The
+file's path is the operator's; the (hostile) caller sees only the key.  Through the embedded
+broker and through the daemon's socket, against a real TLS server on loopback.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from tests.daemon.kit import api_target, cli, running_daemon
+from tests.http.hostile import HostileServer, Reply, make_tls, scripts
+
+from .helpers import assert_error, http_target, open_broker, write_config
+
+LIMIT = 30
+GET = {"target": "api", "method": "GET", "path": "/x"}
+FIELD = "targets.api.ca_file"
+
+
+def _spoil(ca_file: str) -> None:
+    """The operator's CA file after the config was loaded: still a file, not a certificate."""
+    Path(ca_file).write_text("not a certificate\n", encoding="utf-8")
+
+
+def _setup_refused(env: dict[str, Any], ca_file: str, srv: HostileServer) -> None:
+    error = env["error"]
+    assert (error["phase"], error["outcome"], error["retry"], error["code"]) == (
+        "connection_setup",
+        "not_attempted",
+        "after_correction",
+        "CERTIFICATE_INVALID",
+    ), error
+    assert error["field"] == FIELD, error
+    assert ca_file not in json.dumps(env) and "test-ca" not in json.dumps(env)
+    assert env["evidence"]["dispatch_started"] is False
+    assert srv.requests == []
+
+
+async def test_an_unusable_ca_file_names_its_config_field_embedded(
+    tmp_path: Path, token: str
+) -> None:
+    tls = make_tls(tmp_path)
+    async with HostileServer.running(scripts.serve(Reply(200)), tls=tls.good) as srv:
+        cfg = write_config(tmp_path, {"api": http_target(srv.url, ca_file=tls.ca_file)})
+        async with open_broker(cfg) as broker:
+            _spoil(tls.ca_file)
+            with trio.fail_after(LIMIT):
+                env = await broker.call(GET)
+            rec = assert_error(
+                broker,
+                env,
+                phase="connection_setup",
+                outcome="not_attempted",
+                retry="after_correction",
+                code="CERTIFICATE_INVALID",
+            )
+            assert rec.field == FIELD
+            _setup_refused(env, tls.ca_file, srv)
+            assert srv.connections == 1  # TCP connected; TLS never started
+
+
+async def test_a_certificate_the_ca_does_not_vouch_for_names_no_field(
+    tmp_path: Path, token: str
+) -> None:
+    tls = make_tls(tmp_path)
+    async with HostileServer.running(scripts.serve(Reply(200)), tls=tls.wrong_host) as srv:
+        cfg = write_config(tmp_path, {"api": http_target(srv.url, ca_file=tls.ca_file)})
+        async with open_broker(cfg) as broker:
+            with trio.fail_after(LIMIT):
+                env = await broker.call(GET)
+            rec = assert_error(
+                broker,
+                env,
+                phase="connection_setup",
+                outcome="not_attempted",
+                retry="after_correction",
+                code="CERTIFICATE_INVALID",
+            )
+            # The remote presented it: no setting of ours is shown to be wrong.
+            assert "field" not in env["error"] and rec.field is None
+            assert srv.requests == []
+
+
+async def test_an_unusable_ca_file_names_its_config_field_through_the_daemon(
+    tmp_path: Path, token: str
+) -> None:
+    tls = make_tls(tmp_path)
+    async with (
+        HostileServer.running(scripts.serve(Reply(200)), tls=tls.good) as srv,
+        running_daemon(tmp_path, api_target(srv.url, ca_file=tls.ca_file), token=token) as d,
+    ):
+        _spoil(tls.ca_file)
+        done = await cli(d, "call", "-", stdin=json.dumps(GET).encode())
+        env = json.loads(done.stdout)
+        _setup_refused(env, tls.ca_file, srv)
+        record = await cli(d, "record", env["invocation_id"], "--json")
+        assert json.loads(record.stdout)["record"]["field"] == FIELD, record.stdout
