@@ -199,7 +199,14 @@ def envelope_schema() -> dict[str, Any]:
                     "outcome": _enum(Outcome),
                     "retry": _enum(Retry),
                     "message": {"type": "string"},
-                    "field": {"type": "string"},
+                    "field": {
+                        "type": "string",
+                        "description": "The path to fix: an action field (path, headers.X,"
+                        " body) or a configuration key (targets.<name>.credential,"
+                        " targets.<name>.ca_file, service.max_pending_approvals) -- the key,"
+                        " never its value.  Absent where no input is shown wrong (a refused"
+                        " connection, a rejected certificate, a remote result).",
+                    },
                 },
             },
             "result": {"type": ["object", "null"]},

@@ -79,7 +79,9 @@ class EventKind(StrEnum):
     strictly increasing; holder; expires_at).  Its dispatch gate checks the lease, so two
     processes never both send; no retry budget is spent."""
     CREDENTIAL_FAILED = "CREDENTIAL_FAILED"
-    """The credential could not be obtained or injected.  attrs: code, generation."""
+    """The credential could not be obtained or injected.  attrs: code, field (the setting to
+    fix: ``targets.<name>.credential``, or ``service.max_pending_approvals`` for
+    APPROVAL_LIMIT), message, generation."""
     SETUP_ATTEMPT_FAILED = "SETUP_ATTEMPT_FAILED"
     """One in-broker connection attempt failed before dispatch.  attrs: stage, code,
     generation."""
