@@ -82,12 +82,14 @@ class AnswerLost(ClientError):
 class ApiError(ClientError):
     """The daemon answered with an API-level error (400 bad JSON, 403 peer refused, 404,
     503 overloaded, shutting down or too many connections) -- never an action's error, which
-    is an envelope."""
+    is an envelope.  ``field``: the request's part to fix (a body field, a query parameter),
+    when the daemon named one."""
 
-    def __init__(self, status: int, code: str, message: str) -> None:
+    def __init__(self, status: int, code: str, message: str, field: str | None = None) -> None:
         self.status = status
         self.code = code
         self.message = message
+        self.field = field
         super().__init__(message)
 
 
@@ -132,7 +134,13 @@ class Response:
     def error(self) -> ApiError:
         try:
             err = json.loads(self.body)["api_error"]
-            return ApiError(self.status, str(err["code"]), str(err["message"]))
+            field = err.get("field")
+            return ApiError(
+                self.status,
+                str(err["code"]),
+                str(err["message"]),
+                field if isinstance(field, str) else None,
+            )
         except (ValueError, KeyError, TypeError):
             return ApiError(self.status, "HTTP_ERROR", f"the daemon answered HTTP {self.status}")
 

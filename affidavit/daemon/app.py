@@ -354,7 +354,7 @@ class Api:
         elif fmt == "prometheus":
             await req.respond(200, prometheus_text(data).encode("utf-8"), _PROMETHEUS)
         else:
-            raise ApiProblem(400, "BAD_REQUEST", "format: expected prometheus or json")
+            raise ApiProblem(400, "BAD_REQUEST", "format: expected prometheus or json", "format")
 
     async def health(self, req: Request) -> None:
         await req.respond_json(
@@ -442,7 +442,7 @@ def _enum_param(req: Request, name: str, enum: type[Outcome] | type[Phase]) -> s
         return None
     allowed = [str(v.value) for v in enum]
     if raw not in allowed:
-        raise ApiProblem(400, "BAD_REQUEST", f"{name}: expected one of {', '.join(allowed)}")
+        raise ApiProblem(400, "BAD_REQUEST", f"{name}: expected one of {', '.join(allowed)}", name)
     return raw
 
 
@@ -455,7 +455,7 @@ def _limit_param(req: Request, default: int, maximum: int) -> int:
     try:
         return parse_limit(raw, maximum)
     except ValueError as exc:
-        raise ApiProblem(400, "BAD_REQUEST", f"limit: {exc}") from None
+        raise ApiProblem(400, "BAD_REQUEST", f"limit: {exc}", "limit") from None
 
 
 def _time_param(req: Request, name: str) -> float | None:
@@ -465,7 +465,7 @@ def _time_param(req: Request, name: str) -> float | None:
     try:
         return parse_time(raw)
     except ValueError as exc:
-        raise ApiProblem(400, "BAD_REQUEST", f"{name}: {exc}") from None
+        raise ApiProblem(400, "BAD_REQUEST", f"{name}: {exc}", name) from None
 
 
 def _refused_message(peer: Peer) -> str:

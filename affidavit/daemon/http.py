@@ -56,12 +56,15 @@ def body_limit(targets: Iterable[object]) -> int:
 
 
 class ApiProblem(Exception):
-    """An API-level refusal: answered with ``status`` and ``{"api_error": ...}``."""
+    """An API-level refusal: answered with ``status`` and ``{"api_error": ...}``.  ``field``:
+    the request's part to fix (a body field, a query parameter), when one is -- as an
+    envelope's error names it; the message starts with it too."""
 
-    def __init__(self, status: int, code: str, message: str) -> None:
+    def __init__(self, status: int, code: str, message: str, field: str | None = None) -> None:
         self.status = status
         self.code = code
         self.message = message
+        self.field = field
         super().__init__(message)
 
 
@@ -73,8 +76,11 @@ def json_body(value: Any) -> bytes:
     return json.dumps(value, separators=(",", ":")).encode("utf-8") + b"\n"
 
 
-def api_error_body(code: str, message: str) -> bytes:
-    return json_body({"api_error": {"code": code, "message": message}})
+def api_error_body(code: str, message: str, field: str | None = None) -> bytes:
+    error = {"code": code, "message": message}
+    if field is not None:
+        error["field"] = field
+    return json_body({"api_error": error})
 
 
 def parse_json(raw: bytes | bytearray, limit: int = MAX_BODY, *, action: bool = False) -> Any:
@@ -87,9 +93,10 @@ def parse_json(raw: bytes | bytearray, limit: int = MAX_BODY, *, action: bool = 
     except ActionInvalid as exc:
         if action:
             message = f"action refused: {exc.code.value} at {exc.field}: {exc.message}"
-            raise ApiProblem(400, "BAD_JSON", message) from None
-        where = "" if exc.field == "action" else f" (at {exc.field.replace('action', 'body', 1)})"
-        raise ApiProblem(400, "BAD_JSON", f"the body {exc.message}{where}") from None
+            raise ApiProblem(400, "BAD_JSON", message, exc.field) from None
+        field = exc.field.replace("action", "body", 1)
+        where = "" if exc.field == "action" else f" (at {field})"
+        raise ApiProblem(400, "BAD_JSON", f"the body {exc.message}{where}", field) from None
 
 
 class Request:
@@ -171,7 +178,7 @@ class Request:
         raw = await self.body()
         value = parse_json(raw) if raw.strip() else {}
         if not isinstance(value, dict):
-            raise ApiProblem(400, "BAD_REQUEST", "the body must be a JSON object")
+            raise ApiProblem(400, "BAD_REQUEST", "the body must be a JSON object", "body")
         return value
 
     def text_param(self, name: str) -> str | None:
@@ -184,7 +191,7 @@ class Request:
         try:
             return parse_count(raw)
         except ValueError as exc:
-            raise ApiProblem(400, "BAD_REQUEST", f"{name}: {exc}") from None
+            raise ApiProblem(400, "BAD_REQUEST", f"{name}: {exc}", name) from None
 
     def timeout_param(self) -> float | None:
         """``?timeout=`` as ``affidavit call --timeout`` reads it (``wire.parse_timeout``):
@@ -195,7 +202,7 @@ class Request:
         try:
             return parse_timeout(raw)
         except ValueError as exc:
-            raise ApiProblem(400, "INVALID_FIELD", str(exc)) from None
+            raise ApiProblem(400, "INVALID_FIELD", str(exc), "timeout") from None
 
     async def respond(
         self,
@@ -215,5 +222,7 @@ class Request:
 
     async def respond_problem(self, problem: ApiProblem, *, close: bool = False) -> None:
         await self.respond(
-            problem.status, api_error_body(problem.code, problem.message), close=close
+            problem.status,
+            api_error_body(problem.code, problem.message, problem.field),
+            close=close,
         )

@@ -144,9 +144,13 @@ async def reconcile(api: Api, req: Request, invocation_id: str) -> None:
     attest = body.get("attest")
     query = body.get("query", False)
     if not isinstance(query, bool):
-        raise ApiProblem(400, "BAD_REQUEST", 'query: expected true or false (give {"query": true})')
+        raise ApiProblem(
+            400, "BAD_REQUEST", 'query: expected true or false (give {"query": true})', "query"
+        )
     if attest is not None and not isinstance(attest, str):
-        raise ApiProblem(400, "BAD_REQUEST", 'attest: expected a string ({"attest": ..., "note"})')
+        raise ApiProblem(
+            400, "BAD_REQUEST", 'attest: expected a string ({"attest": ..., "note"})', "attest"
+        )
     who = _require(api, req, "attest an outcome") if attest is not None else operator_of(req)
     timeout = req.timeout_param()
     note = _note(body)
@@ -182,14 +186,14 @@ def _fields(body: dict[str, Any], known: tuple[str, ...]) -> dict[str, Any]:
         if key not in known:
             shown = key if len(key) <= 64 and key.isprintable() else "body"
             takes = f"the body takes {', '.join(known)}" if known else "the body takes no field"
-            raise ApiProblem(400, "INVALID_FIELD", f"{shown}: unknown field ({takes})")
+            raise ApiProblem(400, "INVALID_FIELD", f"{shown}: unknown field ({takes})", shown)
     return body
 
 
 def _note(body: dict[str, Any]) -> str | None:
     note = body.get("note")
     if note is not None and not isinstance(note, str):
-        raise ApiProblem(400, "BAD_REQUEST", "note: expected a string")
+        raise ApiProblem(400, "BAD_REQUEST", "note: expected a string", "note")
     return note
 
 

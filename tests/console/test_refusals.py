@@ -177,6 +177,7 @@ async def test_a_login_link_request_with_a_body_field_is_refused_naming_it(
             error = answer.error()
             assert (answer.status, error.code) == (400, "INVALID_FIELD"), error
             assert error.message.startswith(said), error.message
+            assert error.field == said.split(":")[0], error.field
             assert not tokens.exists() or list(tokens.iterdir()) == []
         for body in (b"{}", b""):
             answer = await trio.to_thread.run_sync(

@@ -291,10 +291,13 @@ def check(answer: Answer, route: str = "", *, head: bool = False) -> Any:
     if answer.status >= 400:
         assert set(value) == {"api_error"}, value
         error = value["api_error"]
-        assert set(error) == {"code", "message"}, value
+        assert set(error) in ({"code", "message"}, {"code", "message", "field"}), value
         assert CODE.fullmatch(error["code"]), value
         assert isinstance(error["message"], str) and error["message"], value
         assert "Traceback" not in error["message"]
+        if "field" in error:  # the part to fix, named where the message starts
+            assert answer.status == 400 and isinstance(error["field"], str), value
+            assert error["field"] and error["field"] in error["message"], value
     elif route == "/v1/calls" and answer.status == 200:
         assert isinstance(value.get("invocation_id"), str), value
         if "error" in value:

@@ -21,11 +21,11 @@ from .kit import api_target, cli, running_daemon
 CHARGE = {"target": "api", "method": "POST", "path": "/v1/charges", "body": "{}"}
 
 
-async def _post(socket: Path, path: str, body: dict[str, Any]) -> tuple[int, str, str]:
+async def _post(socket: Path, path: str, body: dict[str, Any]) -> tuple[int, str, str, Any]:
     data = json.dumps(body).encode()
     answer = await trio.to_thread.run_sync(blocking_request, str(socket), "POST", path, data)
     error = answer.error()
-    return answer.status, error.code, error.message
+    return answer.status, error.code, error.message, error.field
 
 
 async def test_an_operator_body_with_an_unknown_or_wrong_field_is_refused_naming_it(
@@ -57,9 +57,10 @@ async def test_an_operator_body_with_an_unknown_or_wrong_field_is_refused_naming
             (reconcile, {"attest": 1, "note": "n"}, "BAD_REQUEST", "attest: expected a string"),
             (reconcile, {"attest": "rejected", "note": 1}, "BAD_REQUEST", "note: expected"),
         ):
-            status, got, message = await _post(daemon.socket, path, body)
+            status, got, message, field = await _post(daemon.socket, path, body)
             assert (status, got) == (400, code), (body, message)
             assert message.startswith(said), (body, message)
+            assert field == said.split(":")[0], (body, field)  # api_error.field: the part to fix
             assert "\n" not in message and "x" * 65 not in message, message
         listed = await cli(daemon, "approvals", "--json")
         assert [a["invocation_id"] for a in listed.json()] == [iid]  # nothing decided
@@ -67,3 +68,37 @@ async def test_an_operator_body_with_an_unknown_or_wrong_field_is_refused_naming
             blocking_request, str(daemon.socket), "POST", approve, b'{"note": "ok"}'
         )
         assert done.status == 200, done
+
+
+async def test_a_bad_query_parameter_or_body_is_refused_naming_it_in_field(
+    tmp_path: Path, token: str
+) -> None:
+    """Every 400 that names what to fix says it in ``api_error.field`` too (as an envelope's
+    error does), not only at the start of the message: a query parameter, a body that is not
+    an object, an action body that is not JSON."""
+    async with (
+        HostileServer.running(scripts.serve(Reply(200))) as srv,
+        running_daemon(tmp_path, api_target(srv.url), token=token) as daemon,
+    ):
+        socket = str(daemon.socket)
+        for method, path, body, code, field in (
+            ("GET", "/v1/actions?limit=many", None, "BAD_REQUEST", "limit"),
+            ("GET", "/v1/actions?outcome=fine", None, "BAD_REQUEST", "outcome"),
+            ("GET", "/v1/actions?since=yesterday", None, "BAD_REQUEST", "since"),
+            ("GET", "/v1/metrics?format=xml", None, "BAD_REQUEST", "format"),
+            (
+                "POST",
+                "/v1/calls?timeout=-1",
+                json.dumps(CHARGE).encode(),
+                "INVALID_FIELD",
+                "timeout",
+            ),
+            ("POST", "/v1/approvals/x/approve", b"[1]", "BAD_REQUEST", "body"),
+            ("POST", "/v1/calls", b'{"target": "api"', "BAD_JSON", "action"),
+        ):
+            answer = await trio.to_thread.run_sync(blocking_request, socket, method, path, body)
+            error = answer.error()
+            assert (answer.status, error.code, error.field) == (400, code, field), (path, error)
+            raw = json.loads(answer.body)["api_error"]
+            assert raw["field"] == field and field in raw["message"], raw
+        assert srv.requests == []  # the refused call was never run
