@@ -75,7 +75,8 @@ class SetupError(Exception):
     ``setting``: the target's config key (``ca_file``) when its value -- not the remote, the
     route or the moment -- is why setup failed and fixing it is the way on (a CA file that no
     longer loads).  The engine reports it as the envelope's ``field``
-    (``targets.<name>.ca_file``): the key only, never the value (a path, a secret)."""
+    (``targets.<name>.ca_file``): the key only, never the value (a path, a secret); with
+    ``setting`` set, ``detail`` is the adapter's own fixed words, shown in the message."""
 
     def __init__(
         self, code: Code, stage: str, detail: str = "", *, setting: str | None = None

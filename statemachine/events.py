@@ -86,8 +86,8 @@ class EventKind(StrEnum):
     """One in-broker connection attempt failed before dispatch.  attrs: stage, code,
     generation."""
     SETUP_FAILED = "SETUP_FAILED"
-    """Connection setup gave up before dispatch.  attrs: code, stage, generation; field when a
-    target setting that cannot work is the cause (``targets.<name>.ca_file``)."""
+    """Connection setup gave up before dispatch.  attrs: code, stage, generation; field and
+    message when a target setting that cannot work is the cause (``targets.<name>.ca_file``)."""
     # --- after dispatch ------------------------------------------------------------------------
     ATTEMPT_INTERRUPTED = "ATTEMPT_INTERRUPTED"
     """The dispatched attempt ended without a complete result.  attrs: code

@@ -306,7 +306,12 @@ async def _try_once(
         if exc.setting is not None:
             # A target setting that cannot work (``SetupError.setting``): the path to fix,
             # as a credential failure names ``targets.<name>.credential`` -- the key only.
-            attrs["field"] = f"targets.{attempt.target_name}.{exc.setting}"
+            # The code's own meaning would blame the remote ("the server certificate was
+            # rejected"); the message says it is the setting (``detail``: the adapter's fixed
+            # words for a setting, never a value).
+            field = f"targets.{attempt.target_name}.{exc.setting}"
+            attrs["field"] = field
+            attrs["message"] = f"{exc.detail}: fix {field}; nothing was sent."
         return None, Event(E.SETUP_FAILED, iid, attrs), False
     except _Refused as exc:
         return None, Event(E.PREFLIGHT_FAILED, iid, dict(exc.attrs)), False

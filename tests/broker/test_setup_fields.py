@@ -42,6 +42,7 @@ def _setup_refused(env: dict[str, Any], ca_file: str, srv: HostileServer) -> Non
         "CERTIFICATE_INVALID",
     ), error
     assert error["field"] == FIELD, error
+    assert error["message"] == f"CA file unusable: fix {FIELD}; nothing was sent.", error
     assert ca_file not in json.dumps(env) and "test-ca" not in json.dumps(env)
     assert env["evidence"]["dispatch_started"] is False
     assert srv.requests == []
