@@ -130,6 +130,7 @@ class Api:
     async def handle(self, req: Request) -> None:
         try:
             handler, args = self._route(req)
+            _check_params(req, handler)
             await handler(self, req, *args)
         except ApiProblem as problem:
             if not req.answered:
@@ -399,6 +400,32 @@ ROUTES: dict[str, dict[str, Callable[..., Awaitable[None]]]] = {
     "/v1/approvals": {"GET": operators.approvals},
     "/v1/console/login": {"POST": operators.console_login},
 }
+
+QUERY_PARAMS: dict[Callable[..., Awaitable[None]], tuple[str, ...]] = {
+    Api.call: ("timeout",),
+    Api.poll: ("timeout",),
+    operators.reconcile: ("timeout",),
+    Api.result: ("from_chunk",),
+    Api.actions: ("session", "outcome", "phase", "since", "until", "limit"),
+    Api.sessions: ("limit",),
+    Api.metrics: ("session", "since", "format"),
+}
+"""The query parameters each handler reads; every other route takes none."""
+
+
+def _check_params(req: Request, handler: Callable[..., Awaitable[None]]) -> None:
+    """400 ``INVALID_FIELD`` naming the first query parameter the route does not read, before
+    anything runs -- as an unknown action or body field is refused: ``?timout=5`` silently
+    dropped would run the call under the target's own timeout, ``?limt=5`` page 50 records.
+    A name that is not short printable text is not echoed: ``query`` stands for it."""
+    known = QUERY_PARAMS.get(handler, ())
+    for name in sorted(req.params):
+        if name not in known:
+            shown = name if 0 < len(name) <= 64 and name.isprintable() else "query"
+            takes = f"this route takes {', '.join(known)}" if known else "this route takes none"
+            raise ApiProblem(
+                400, "INVALID_FIELD", f"{shown}: unknown query parameter ({takes})", shown
+            )
 
 
 async def _deliver(req: Request, envelope: dict[str, Any], scope: trio.CancelScope) -> None:

@@ -75,7 +75,8 @@ async def test_a_bad_query_parameter_or_body_is_refused_naming_it_in_field(
 ) -> None:
     """Every 400 that names what to fix says it in ``api_error.field`` too (as an envelope's
     error does), not only at the start of the message: a query parameter, a body that is not
-    an object, an action body that is not JSON."""
+    an object, an action body that is not JSON -- and a query parameter the route does not
+    read is one of them (``INVALID_FIELD``), not silently dropped."""
     async with (
         HostileServer.running(scripts.serve(Reply(200))) as srv,
         running_daemon(tmp_path, api_target(srv.url), token=token) as daemon,
@@ -95,10 +96,22 @@ async def test_a_bad_query_parameter_or_body_is_refused_naming_it_in_field(
             ),
             ("POST", "/v1/approvals/x/approve", b"[1]", "BAD_REQUEST", "body"),
             ("POST", "/v1/calls", b'{"target": "api"', "BAD_JSON", "action"),
+            # A parameter the route does not read is refused, never dropped: a misspelt
+            # timeout would run the call under the target's own.
+            ("POST", "/v1/calls?timout=5", json.dumps(CHARGE).encode(), "INVALID_FIELD", "timout"),
+            ("GET", "/v1/actions?limt=5", None, "INVALID_FIELD", "limt"),
+            ("GET", "/v1/health?verbose=1", None, "INVALID_FIELD", "verbose"),
+            ("GET", "/v1/invocations/x/result?from=2", None, "INVALID_FIELD", "from"),
+            ("GET", "/v1/sessions?a%0Ab=1", None, "INVALID_FIELD", "query"),
         ):
             answer = await trio.to_thread.run_sync(blocking_request, socket, method, path, body)
             error = answer.error()
             assert (answer.status, error.code, error.field) == (400, code, field), (path, error)
             raw = json.loads(answer.body)["api_error"]
             assert raw["field"] == field and field in raw["message"], raw
-        assert srv.requests == []  # the refused call was never run
+            assert "\n" not in raw["message"], raw
+        assert srv.requests == []  # the refused calls were never run
+        listed = await trio.to_thread.run_sync(
+            blocking_request, socket, "GET", "/v1/actions?limit=5&outcome=unknown", None
+        )
+        assert listed.status == 200 and listed.json()["actions"] == [], listed
