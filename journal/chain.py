@@ -31,6 +31,7 @@ __all__ = [
     "canonical_json",
     "check_row",
     "compact_json",
+    "json_string",
     "row_digest",
     "row_hash",
 ]
@@ -51,7 +52,8 @@ compact_json: Callable[[Any], str] = compact_encoder(sort_keys=False, allow_nan=
 """``json.dumps(value, separators=(",", ":"), ensure_ascii=False)``: keys in their order."""
 
 _encode_row = compact_json
-_string = json.encoder.encode_basestring
+json_string: Callable[[str], str] = json.encoder.encode_basestring
+_string = json_string
 """What ``compact_json`` writes for a ``str`` (``ensure_ascii=False``): the C function its encoder
 calls for each string."""
 _sha256 = hashlib.sha256

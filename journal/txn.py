@@ -11,11 +11,20 @@ instead of forking it; the schema's trigger checks every row extends it by exact
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from affidavit.statemachine import Event, EventKind, ImpossibleEvent, Projector, stored_event
+from affidavit.statemachine import (
+    Event,
+    EventKind,
+    EvidenceSource,
+    ImpossibleEvent,
+    Projector,
+    stored_event,
+)
 
+from .chain import json_string as _string
 from .chain import row_digest
 from .errors import JournalError
 from .rows import attrs_json, close_rows, decode_attrs, event_from_row, unfoldable
@@ -25,6 +34,12 @@ if TYPE_CHECKING:
     from .writer import Writer
 
 __all__ = ["Txn", "row_args"]
+
+_sha256 = hashlib.sha256
+_ACCEPTED = EventKind.ACTION_ACCEPTED  # a module global: the class attribute is an enum lookup
+_KIND_JSON = {k._value_: _string(k._value_) for k in EventKind}
+_SOURCE_JSON = {s._value_: _string(s._value_) for s in EvidenceSource}
+"""Each kind's and source's value as ``chain.compact_json`` writes it (``Txn.insert``)."""
 
 
 class Txn:
@@ -116,7 +131,7 @@ class Txn:
         if proj is None:
             proj = self.load_projector(iid)
         kind = event.kind
-        if kind is EventKind.ACTION_ACCEPTED:
+        if kind is _ACCEPTED:
             raw = event.attrs.get("session")
             session = None if raw is None else str(raw)
         else:
@@ -149,20 +164,45 @@ class Txn:
         source_v = event.source._value_
         # The digest first: once the projection has applied the event, nothing may fail before
         # its row is queued (``Journal.record`` serves that projection as the file's state).
-        digest = row_digest(
-            self.digest,
-            seq,
-            at,
-            iid,
-            session,
-            kind_v,
-            source_v,
-            observer,
-            observer_seq,
-            attrs_text,
-            payload,
-            audit,
-        )
+        if (
+            type(seq) is int
+            and type(at) is float
+            and at - at == 0.0  # finite: the encoder writes NaN and Infinity by name
+            and type(iid) is str
+            and type(attrs_text) is str
+            and payload is None
+            and audit is None
+            and (session is None or type(session) is str)
+            and (observer is None or type(observer) is str)
+            and (observer_seq is None or type(observer_seq) is int)
+        ):
+            # ``row_digest``'s direct path, inline (issue 15: ~1 us less per row in the single
+            # writer): ``seq`` is this transaction's own int, kind and source are enum values
+            # whose JSON is computed once; tests/journal/test_chain.py holds the bytes equal.
+            canonical = (
+                f"[{seq},{at!r},{_string(iid)},"
+                f"{'null' if session is None else _string(session)},"
+                f"{_KIND_JSON[kind_v]},{_SOURCE_JSON[source_v]},"
+                f"{'null' if observer is None else _string(observer)},"
+                f"{'null' if observer_seq is None else observer_seq},{_string(attrs_text)},"
+                "null,null]"
+            )
+            digest = _sha256(self.digest + canonical.encode("utf-8")).digest()
+        else:
+            digest = row_digest(
+                self.digest,
+                seq,
+                at,
+                iid,
+                session,
+                kind_v,
+                source_v,
+                observer,
+                observer_seq,
+                attrs_text,
+                payload,
+                audit,
+            )
         try:
             proj.apply(stored)  # ImpossibleEvent: nothing written, projector unchanged
         except ImpossibleEvent:

@@ -503,3 +503,56 @@ def test_null_columns_of_appended_rows_are_stored_as_null(tmp_path: Path) -> Non
     assert nulls == {("null", "null", "null", "null", "null")}
     assert full == {("text", "null", "null", "blob", "null")}
     assert _verify(path) == (True, None)
+
+
+@pytest.mark.parametrize(
+    "iid, session, at, observer, observer_seq",
+    [
+        ("inv-plain", "sess-1", None, None, None),
+        ('inv "q" \\ \x01\u2028 é ☃ 𝄞', 'sess "é" \x7f', 1733362537.123456, None, None),
+        ("inv-obs", None, 1e22, 'obs "ü"\t', 2**62),
+        ("inv-at", "s", 3, "o", -5),  # an int at: stored as the float the writer makes of it
+        ("inv-inf", "s", float("inf"), None, None),  # not finite: row_digest's own path
+    ],
+)
+def test_the_writers_row_hash_is_the_one_verify_recomputes(
+    tmp_path: Path,
+    iid: str,
+    session: str | None,
+    at: float | None,
+    observer: str | None,
+    observer_seq: int | None,
+) -> None:
+    # Txn.insert hashes a row inline (row_digest's direct path, without the call): every
+    # column it stores -- quotes, control characters, non-ASCII, observers, given times --
+    # hashes exactly as row_hash recomputes it from the stored columns.
+    import dataclasses
+
+    path = tmp_path / "j.db"
+
+    async def fill() -> None:
+        async with Journal.open(path) as j:
+            for n, ev in enumerate(happy(iid, session)):
+                ev = dataclasses.replace(
+                    ev,
+                    attrs={**ev.attrs, "note": f'"{iid}" {n}'} if n == 0 else ev.attrs,
+                    at=at,
+                    observer=observer,
+                    observer_seq=None if observer_seq is None else observer_seq + n,
+                )
+                await j.append(ev)
+
+    trio.run(fill)
+    conn = sqlite3.connect(path)
+    rows = conn.execute(
+        "SELECT seq, at, invocation_id, session_id, kind, source, observer, observer_seq, "
+        "attrs, payload, audit, prev_hash, hash FROM events ORDER BY seq"
+    ).fetchall()
+    conn.close()
+    assert len(rows) == len(happy(iid, session))
+    prev = GENESIS
+    for row in rows:
+        assert row[11] == prev
+        assert row[12] == row_hash(prev, *row[:11])
+        prev = row[12]
+    assert cli_main(["journal", "verify", "--journal", str(path)]) == 0
