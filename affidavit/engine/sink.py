@@ -29,6 +29,10 @@ __all__ = ["RESULT_CHUNK", "Stored", "StreamSink"]
 RESULT_CHUNK = 64 * 1024
 """Bytes per stored result chunk (the last chunk of a stream may be shorter)."""
 
+_EMPTY_SHA256 = hashlib.sha256().hexdigest()
+"""What ``fed`` says of a stream nothing was passed to yet (the adapter asks for the body's
+before its first byte too): a constant, not a hash object made and finished per call."""
+
 
 class StreamSink:
     """Redacts, hashes and journals result streams in chunks as they arrive (never whole).
@@ -129,7 +133,7 @@ class StreamSink:
         hashed once, not once by the adapter and again here (issue 15)."""
         st = self._streams.get(name)
         if st is None:
-            return 0, hashlib.sha256().hexdigest()
+            return 0, _EMPTY_SHA256
         if st["fed"] is not None:
             return st["fed_bytes"], st["fed"].hexdigest()
         whole = st["sha"].copy()

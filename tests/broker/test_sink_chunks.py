@@ -97,3 +97,11 @@ def test_chunks_are_the_redacted_stream_cut_every_result_chunk_bytes(
         kept = sink.kept()
         assert kept == {"body": redacted}
     assert sink.fed("body") == (len(body), hashlib.sha256(body).hexdigest())
+
+
+def test_fed_of_a_stream_not_started_is_the_empty_hash() -> None:
+    """``fed`` of a stream nothing was passed to (the HTTP adapter asks before the body's first
+    byte) is no bytes and the SHA-256 of none -- a constant now, not a hash made per call."""
+    sink = StreamSink(_Journal(), "act_1", (SECRET,), keep_limit=1 << 30)  # type: ignore[arg-type]
+    assert sink.fed("body") == (0, hashlib.sha256(b"").hexdigest())
+    assert sink.fed("other") == (0, hashlib.sha256(b"").hexdigest())
