@@ -244,7 +244,8 @@ def _close_delimited(method: str, ev: h11.Response) -> bool:
         return False
     if method == "CONNECT" and 200 <= ev.status_code < 300:
         return False
-    names = {n for n, _ in ev.headers}  # h11 lower-cases header names
+    # ``raw_items``: a list, not the ``Sequence`` protocol's ``__getitem__`` per header.
+    names = {n.lower() for n, _ in ev.headers.raw_items()}
     return b"transfer-encoding" not in names and b"content-length" not in names
 
 
@@ -382,11 +383,15 @@ class HttpExchange:
                 raise FramingError(self._framing_reason(closed), out) from e
             if ev is h11.NEED_DATA or ev is h11.PAUSED:
                 return out
-            if isinstance(ev, h11.InformationalResponse):
+            # By exact type: h11's event classes are ABCs, and an ``isinstance`` against one
+            # costs an ``ABCMeta.__instancecheck__`` call (up to four per event, issue 15).
+            # h11 makes these classes themselves, never subclasses; anything else is refused
+            # below as it was.
+            if type(ev) is h11.InformationalResponse:
                 self.informational_seen.append(ev.status_code)
                 step = self.machine.fire("informational")
                 out.append(Observation(step, {"hop": self.hop, "status": ev.status_code}))
-            elif isinstance(ev, h11.Response):
+            elif type(ev) is h11.Response:
                 self.final_response_started = True
                 self.final_status = ev.status_code
                 self.http_version = ev.http_version.decode("ascii", "replace")
@@ -415,7 +420,7 @@ class HttpExchange:
                         headers=headers,
                     )
                 )
-            elif isinstance(ev, h11.Data):
+            elif type(ev) is h11.Data:
                 chunk = bytes(ev.data)
                 self.body_bytes_received += len(chunk)
                 step = self.machine.fire("proxy_body" if self.proxy_response else "body")
@@ -426,7 +431,7 @@ class HttpExchange:
                         data=chunk,
                     )
                 )
-            elif isinstance(ev, h11.EndOfMessage):
+            elif type(ev) is h11.EndOfMessage:
                 if self.close_delimited and not self.eof_ends_body and not self.proxy_response:
                     # h11 ends a close-delimited body at EOF; over plain TCP that EOF proves
                     # nothing (seed: "never present a partial body as a complete remote
@@ -441,7 +446,7 @@ class HttpExchange:
                     Observation(step, {"hop": self.hop, "body_bytes": self.body_bytes_received})
                 )
                 return out
-            elif isinstance(ev, h11.ConnectionClosed):
+            elif type(ev) is h11.ConnectionClosed:
                 self._fire_abort(out, "peer_closed")
                 raise FramingError("connection closed before a complete response", out)
             else:  # pragma: no cover - h11 emits no other client-side events

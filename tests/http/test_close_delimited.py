@@ -6,11 +6,13 @@ stream sends the same FIN -- so over plain TCP (and through a forward proxy) suc
 
 from __future__ import annotations
 
+import h11
 import pytest
 import trio
 
 from affidavit.adapters.base import AttemptInterrupted
 from affidavit.adapters.http import HttpClient
+from affidavit.adapters.http.machine import _close_delimited
 from affidavit.statemachine import Code
 
 from .fakes import FakeEngine
@@ -111,3 +113,25 @@ async def test_the_reported_http_version_is_the_responses(client: HttpClient) ->
         with trio.fail_after(10):
             res = await client.perform(req(srv.url + "/a"), fe.ctx)
     assert res.summary["http_version"] == "1.0" and fe.body == b"ok"
+
+
+@pytest.mark.parametrize(
+    ("headers", "method", "status", "want"),
+    [
+        ([("Content-Length", "3")], "GET", 200, False),
+        ([("CONTENT-LENGTH", "0")], "GET", 200, False),
+        ([("Transfer-Encoding", "chunked")], "GET", 200, False),
+        ([("Content-Type", "text/plain")], "GET", 200, True),
+        ([], "GET", 200, True),
+        ([], "HEAD", 200, False),
+        ([], "GET", 204, False),
+        ([], "CONNECT", 200, False),
+    ],
+)
+def test_close_delimited_reads_framing_headers_in_any_case(
+    headers: list[tuple[str, str]], method: str, status: int, want: bool
+) -> None:
+    """The framing headers are found whatever case the peer wrote them in (the check reads
+    h11's raw names and lower-cases them itself), as h11 frames the body."""
+    ev = h11.Response(status_code=status, headers=headers)
+    assert _close_delimited(method, ev) is want
