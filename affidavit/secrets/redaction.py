@@ -397,6 +397,24 @@ def _plan(values: tuple[bytes, ...]) -> _Plan | None:
     return _Plan(values) if values else None
 
 
+def _plan_for(secrets: Iterable[bytes]) -> _Plan | None:
+    """``_plan`` of the non-empty values, sorted: for a tuple, looked up by the tuple as given
+    -- a call makes three redactors of its credential's one tuple (the sink, each stream, the
+    redirect check), and sorting it into ``_plan``'s key each time cost more than the lookup
+    (issue 15).  Anything else (or a tuple that cannot be a key) takes the sorted key."""
+    if type(secrets) is tuple:
+        try:
+            return _plan_of_tuple(secrets)
+        except TypeError:
+            pass
+    return _plan(tuple(sorted({s for s in secrets if s})))
+
+
+@functools.lru_cache(maxsize=64)
+def _plan_of_tuple(values: tuple[bytes, ...]) -> _Plan | None:
+    return _plan(tuple(sorted({s for s in values if s})))
+
+
 def _candidates(plan: _Plan, buf: bytes, limit: int) -> list[int] | None:
     """Positions every match holds one of: a needle's start, or an escape of a needle's
     character.  (A match written without escapes is a concrete form, and every concrete form
@@ -513,7 +531,7 @@ class Redactor:
     chunked: a position is decided only once the widest match could fit after it."""
 
     def __init__(self, secrets: Iterable[bytes]) -> None:
-        self._plan = _plan(tuple(sorted({s for s in secrets if s})))
+        self._plan = _plan_for(secrets)
         self._buf = b""
         self.changed = False
         """True once ``feed``/``flush`` replaced anything: until then their output is their

@@ -14,6 +14,7 @@ import json
 import os
 import urllib.parse
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -23,6 +24,7 @@ from affidavit.secrets.redaction import (
     Redactor,
     _escape_hits,
     _plan,
+    _plan_for,
     secret_forms,
 )
 
@@ -333,3 +335,25 @@ def test_a_long_value_is_redacted_raw_and_as_whole_base64() -> None:
     r = Redactor([jwt])
     for shown in (jwt, base64.b64encode(jwt), base64.urlsafe_b64encode(jwt).rstrip(b"=")):
         assert r.sub(b"a " + shown + b" b") == b"a [REDACTED] b"
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.sampled_from([b"", b"tok3n-abcdef", b"Bearer tok3n-abcdef", b"s3cret!!"])))
+def test_a_tuple_of_values_gets_the_plan_of_its_sorted_nonempty_set(values: list[bytes]) -> None:
+    """``Redactor`` looks a tuple's plan up by the tuple as given (``_plan_for``): the same
+    plan as the sorted set of its non-empty values, whatever the order, duplicates or empties
+    -- and the same plan object as any other iterable of those values gets."""
+    want = _plan(tuple(sorted({v for v in values if v})))
+    assert _plan_for(tuple(values)) is want
+    assert _plan_for(list(values)) is want
+    assert _plan_for(iter(values)) is want
+    assert _plan_for(tuple(reversed(values))) is want
+    assert Redactor(tuple(values))._plan is want
+
+
+def test_a_tuple_that_cannot_be_a_key_is_refused_as_any_iterable_is() -> None:
+    values = (bytearray(b"tok3n-abcdef"), b"tok3n-abcdef")  # unhashable member
+    with pytest.raises(TypeError):
+        _plan_for(values)
+    with pytest.raises(TypeError):
+        _plan_for(list(values))
