@@ -38,7 +38,7 @@ Post-dispatch (remote_execution)::
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Final
 
 import h11
@@ -249,7 +249,7 @@ def _close_delimited(method: str, ev: h11.Response) -> bool:
     return b"transfer-encoding" not in names and b"content-length" not in names
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class Observation:
     """One fired step with its secret-free facts; ``data`` carries body bytes for the sink."""
 
@@ -259,6 +259,31 @@ class Observation:
     status: int | None = None
     reason: str = ""
     headers: tuple[tuple[str, str], ...] = ()
+
+    def __init__(
+        self,
+        step: Step,
+        facts: Mapping[str, Any],
+        data: bytes = b"",
+        status: int | None = None,
+        reason: str = "",
+        headers: tuple[tuple[str, str], ...] = (),
+    ) -> None:
+        # The generated frozen ``__init__`` with each field stored by its slot's own setter
+        # instead of ``object.__setattr__`` by name (as ``Event.__init__``): a call makes about
+        # six observations (issue 15).  Same signature and defaults
+        # (tests/http/test_observation_init.py).
+        _set_step(self, step)
+        _set_facts(self, facts)
+        _set_data(self, data)
+        _set_status(self, status)
+        _set_reason(self, reason)
+        _set_headers(self, headers)
+
+
+_set_step, _set_facts, _set_data, _set_status, _set_reason, _set_headers = (
+    Observation.__dict__[f.name].__set__ for f in fields(Observation)
+)
 
 
 @dataclass
