@@ -5,8 +5,11 @@ on the invocation, record the retry generation, and allow only one active attemp
 fingerprint, scope and retention are persisted before dispatch.  Each check runs inside the
 writer's transaction, which holds the chain head (``Backend.begin``), so two processes sharing
 a file -- or two brokers sharing a database -- cannot both win.  Lease expiry is wall-clock time
-(the journal's ``clock``): it is compared across processes and, on a shared database, across
-hosts (keep their clocks in sync; a lease's margin is its ``ttl`` beyond the call's timeout).
+read inside that transaction (``lease_now``): on SQLite the journal's ``clock`` (one host); on
+a shared PostgreSQL the database's own ``clock_timestamp()``, so every broker takes, renews and
+judges a lease by one clock -- a broker whose clock runs ahead cannot take over, or close
+(``check_lapsed``), another's live attempt.  Generation 0's deadline is the ``lease_expires_at``
+its broker wrote into ACTION_ACCEPTED by its own clock (docs/postgresql.md, "Clocks").
 """
 
 from __future__ import annotations
@@ -21,11 +24,35 @@ from .rows import idempotency_from_row, lease_from_row
 from .txn import Txn, row_args
 from .writer import Fail
 
-__all__ = ["LEASE_KINDS", "acquire_op", "bind_op", "check_lease"]
+__all__ = ["LEASE_KINDS", "acquire_op", "bind_op", "check_lapsed", "check_lease", "lease_now"]
 
 
 def _current_lease(txn: Txn, iid: str) -> Lease | None:
     return lease_from_row(iid, txn.tables.lease(iid))
+
+
+def lease_now(txn: Txn, clock: Callable[[], float]) -> float:
+    """Now, by the clock leases are judged by on this journal (``Tables.lease_now``)."""
+    now = txn.tables.lease_now()
+    return clock() if now is None else now
+
+
+def check_lapsed(txn: Txn, iid: str, deadline: float | None) -> Fail | None:
+    """None if the invocation's lease has run out by the database's clock: its lease row,
+    and ``deadline`` (the one its closer read: generation 0's, from ACTION_ACCEPTED); else
+    ``LeaseBusy`` -- a recovery judged by a clock running ahead must not close a live
+    attempt.  A journal with no clock of its own (SQLite: one host) leaves the judgment to the
+    closer, as before."""
+    now = txn.tables.lease_now()
+    if now is None:
+        return None
+    current = _current_lease(txn, iid)
+    if current is not None and current.expires_at > now:
+        return Fail(LeaseBusy(current))
+    if deadline is not None and deadline > now:
+        holder = current.holder if current is not None else "the first attempt's holder"
+        return Fail(LeaseBusy(Lease(0, deadline, holder, iid, None)))
+    return None
 
 
 def check_lease(
@@ -39,7 +66,7 @@ def check_lease(
         current is not None
         and current.holder == holder
         and current.generation == generation
-        and current.expires_at > clock()
+        and current.expires_at > lease_now(txn, clock)
     ):
         return None
     attrs: dict[str, object] = {"generation": generation, "holder": holder}
@@ -79,7 +106,7 @@ def acquire_op(
 
     def op(txn: Txn) -> Lease | Fail:
         current = _current_lease(txn, invocation_id)
-        now = clock()
+        now = lease_now(txn, clock)
         proj = txn.projector(invocation_id)
         record = proj.record(now)
         # A holder may renew its own retry lease; a live dispatch lease is busy to everyone,

@@ -202,6 +202,7 @@ class PostgresTables(Tables):
             **newest_statements(
                 "count(*) FROM (SELECT invocation_id FROM events{} GROUP BY invocation_id) AS d"
             ),
+            "lease_now": "SELECT extract(epoch FROM clock_timestamp())::float8",
         },
         "%s",
     )
@@ -222,6 +223,10 @@ class PostgresTables(Tables):
         if session is not None and _holds_nul((session,)):
             return 0  # the one count keyed by a caller's text: of nothing stored
         return super().invocation_count(session)
+
+    def lease_now(self) -> float | None:
+        # clock_timestamp(), not now(): the transaction may have waited for the chain head.
+        return float(self.one("lease_now")[0])
 
     def many(self, name: str, rows: Iterable[Sequence[Any]]) -> None:
         with self.conn.cursor() as cur:

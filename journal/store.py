@@ -314,6 +314,8 @@ class Journal(JournalReader):
         payload: Mapping[str, Any] | None = None,
         lease: tuple[str, int] | None = None,
         shield: bool = False,
+        lapsed: bool = False,
+        deadline: float | None = None,
     ) -> Event:
         """Append one event; return it with ``seq`` and ``at`` assigned.
 
@@ -322,7 +324,10 @@ class Journal(JournalReader):
         ``JournalWriteError`` on a storage fault.  DISPATCH_STARTED and RESULT_COMMITTED are
         always barriers.  Once queued, the write is waited for uncancellably; ``shield``: so is
         a wait for room in a full queue before it (``Writer.submit``) -- the whole append is
-        then what a caller's ``CancelScope(shield=True)`` around it made it."""
+        then what a caller's ``CancelScope(shield=True)`` around it made it.  ``lapsed``: a
+        recovery's closing event, written only if the invocation's lease -- its lease row and
+        ``deadline``, generation 0's -- has run out by the database's clock, checked in the same
+        transaction (``leases.check_lapsed``); else ``LeaseBusy``, nothing written."""
         attrs_text = attrs_json(event)
         # Encoded and decoded here, in the submitting task, not in the single writer.
         decoded = decode_attrs(attrs_text)
@@ -331,14 +336,18 @@ class Journal(JournalReader):
         else:
             args = (event, attrs_text, *self._seal_payload(event, payload), decoded)
         barrier = barrier or event.kind._value_ in BARRIER_VALUES
-        if lease is None:
+        if lease is None and not lapsed:
             return await self._writer.submit(None, args, barrier=barrier, shield=shield)
         clock = self._clock
 
         def op(txn: Txn) -> Event | Fail:
-            lost = leases.check_lease(txn, event.invocation_id, lease, clock)
-            if lost is not None:
-                return lost
+            iid = event.invocation_id
+            if lease is not None:
+                refused = leases.check_lease(txn, iid, lease, clock)
+            else:
+                refused = leases.check_lapsed(txn, iid, deadline)
+            if refused is not None:
+                return refused
             return txn.insert(*args)
 
         return await self._writer.submit(op, barrier=barrier, shield=shield)

@@ -297,6 +297,13 @@ class Tables:
     def lease(self, iid: str) -> Any:
         return self.one("lease", (iid,))
 
+    def lease_now(self) -> float | None:
+        """The clock every lease on this journal is taken, renewed and judged by, read inside
+        the transaction: None where the journal's own clock is that clock (SQLite: one host);
+        the database's where brokers on several hosts share it (``PostgresTables``) -- so a
+        broker whose clock is skewed cannot judge another's live lease expired."""
+        return None
+
     def put_lease(self, iid: str, holder: str, generation: int, expires: float, seq: int) -> None:
         self.run("put_lease", (iid, holder, generation, expires, seq))
 

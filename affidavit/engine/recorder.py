@@ -49,9 +49,21 @@ class Recorder:
         interrupted."""
         return self._writing.get(trio.lowlevel.current_task())
 
-    async def append(self, event: Event, *, barrier: bool = False) -> None:
+    async def append(
+        self,
+        event: Event,
+        *,
+        barrier: bool = False,
+        lapsed: bool = False,
+        deadline: float | None = None,
+    ) -> None:
+        """``lapsed``/``deadline``: a recovery's closing event (``Journal.append``)."""
         # Shielded: a caller's cancellation must not leave it unclear whether a record landed.
         with trio.CancelScope(shield=True):
+            if lapsed:
+                self._writing[trio.lowlevel.current_task()] = event.invocation_id
+                await self.journal.append(event, barrier=True, lapsed=True, deadline=deadline)
+                return
             await self.write(event, barrier=barrier)
 
     async def write(

@@ -12,7 +12,13 @@ from __future__ import annotations
 import contextlib
 import time
 
-from affidavit.journal import AlteredRow, JournalUnavailable, JournalWriteError, ReadFailed
+from affidavit.journal import (
+    AlteredRow,
+    JournalUnavailable,
+    JournalWriteError,
+    LeaseBusy,
+    ReadFailed,
+)
 from affidavit.statemachine import (
     Code,
     Event,
@@ -66,13 +72,17 @@ async def recover_stale(recorder: Recorder, record: Record, *, holder_gone: bool
             expires = ev.attrs.get("lease_expires_at")
         elif ev.kind in _LEASES:
             expires = ev.attrs.get("expires_at")
-    if not holder_gone and expires is not None and time.time() < float(expires):
+    deadline = None if expires is None else float(expires)
+    if not holder_gone and deadline is not None and time.time() < deadline:
         return record
     closing = closing_event(record, "broker_stopped")
     if closing is None:
         return record
-    with contextlib.suppress(ImpossibleEvent):  # someone closed it first; the journal knows
-        await recorder.append(closing, barrier=True)
+    # This host's clock said the lease ran out; the journal judges it again in the closing
+    # transaction by the clock every broker shares (the database's, on PostgreSQL): a clock
+    # running ahead here must not close an attempt another broker is still running.
+    with contextlib.suppress(ImpossibleEvent, LeaseBusy):  # closed first / still live
+        await recorder.append(closing, barrier=True, lapsed=not holder_gone, deadline=deadline)
     return await recorder.record(record.invocation_id)
 
 

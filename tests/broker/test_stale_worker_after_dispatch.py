@@ -19,7 +19,7 @@ idempotency key: recovery closes A's attempt (unknown), and B retries under a ne
 (generation 1), as ``decide()`` allows for a verified remote deduplication contract.  Then A
 resumes, at each point of B's attempt in turn.
 
-Real time: a lease's expiry is the journal's wall clock.
+Real time: a lease's expiry is the journal's wall clock (the database's, on PostgreSQL).
 """
 
 from __future__ import annotations
@@ -412,6 +412,20 @@ class _Ahead:
         return time.time() + 3600.0
 
 
+def _run_out(
+    broker: Broker, backend: str, request: pytest.FixtureRequest, m: pytest.MonkeyPatch
+) -> None:
+    """Every lease has run out: by the journal's clock on SQLite; on PostgreSQL, which judges
+    leases by the database's own clock, the stored leases are moved into the past."""
+    if backend == "sqlite":
+        m.setattr(broker.journal, "_clock", _Ahead.time)
+        return
+    import psycopg
+
+    with psycopg.connect(request.getfixturevalue("pg_url"), autocommit=True) as conn:
+        conn.execute("UPDATE leases SET expires_at = expires_at - 3600")
+
+
 HOP = {"target": "api", "method": "POST", "path": "/v1/x", "idempotency_key": "hop"}
 
 
@@ -487,7 +501,7 @@ async def test_a_retry_whose_lease_ran_out_sends_no_next_hop(
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(retry)
                 await stall.stopped.wait()  # the retry's first hop was answered 307
-                monkeypatch.setattr(a.journal, "_clock", _Ahead.time)  # its lease ran out
+                _run_out(a, backend, request, monkeypatch)  # its lease ran out
                 stall.resume.set()
         record = a.record(iid)
         assert record is not None

@@ -1,0 +1,108 @@
+"""Leases on a shared PostgreSQL journal are judged by one clock -- the database's: a broker on
+a host whose clock runs far ahead (its journal's injected ``clock``) must neither take over nor
+close another broker's live attempt (two brokers both sending it: the double send the project
+exists to prevent), while a lease that really ran out is still taken over and closed."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import trio
+
+from affidavit.journal import Journal, LeaseBusy
+from affidavit.statemachine import Event
+from affidavit.statemachine import EventKind as E
+
+from .helpers import interrupted, until_dispatch
+
+AHEAD = 3600.0
+
+
+def _skewed() -> float:
+    return time.time() + AHEAD
+
+
+def _keys(tmp: Path, name: str) -> dict[str, Path]:
+    return {"key_file": tmp / "shared.key", "signing_key": tmp / f"{name}.signing.key"}
+
+
+def _closing(iid: str) -> Event:
+    return Event(E.ATTEMPT_INTERRUPTED, iid, {"code": "REMOTE_OUTCOME_UNKNOWN", "generation": 1})
+
+
+async def test_a_clock_running_ahead_neither_takes_over_nor_closes_a_live_lease(
+    pg_url: str, tmp_path: Path
+) -> None:
+    async with (
+        Journal.open(pg_url, **_keys(tmp_path, "a")) as a,
+        Journal.open(pg_url, clock=_skewed, **_keys(tmp_path, "b")) as b,
+    ):
+        for ev in interrupted("inv-1"):
+            await a.append(ev)
+        lease = await a.acquire_lease("inv-1", "broker-a", ttl=60)
+        assert lease.expires_at < time.time() + 61  # the database's clock, not a skewed one
+        await a.append(Event(E.DISPATCH_STARTED, "inv-1", {"attempt": 2, "generation": 1}))
+        # B's clock says A's lease ran out an hour ago: the journal says it did not.
+        with pytest.raises(LeaseBusy):
+            await b.acquire_lease("inv-1", "broker-b", ttl=60)
+        with pytest.raises(LeaseBusy):
+            await b.append(_closing("inv-1"), barrier=True, lapsed=True, deadline=None)
+        record = b.record("inv-1")
+        assert record is not None and record.state == "dispatched" and record.generation == 1
+        # A still holds its lease: its own writes under it go on.
+        await a.append(Event(E.REQUEST_SENT, "inv-1", {"generation": 1}), lease=("broker-a", 1))
+
+
+async def test_a_skewed_holder_keeps_its_lease_by_the_database_clock(
+    pg_url: str, tmp_path: Path
+) -> None:
+    """The holder's own clock running ahead: it does not lose the lease it just took."""
+    async with Journal.open(pg_url, clock=_skewed, **_keys(tmp_path, "b")) as b:
+        for ev in interrupted("inv-1"):
+            await b.append(ev)
+        await b.acquire_lease("inv-1", "broker-b", ttl=60)
+        await b.append(
+            Event(E.DISPATCH_STARTED, "inv-1", {"attempt": 2, "generation": 1}),
+            lease=("broker-b", 1),
+        )
+
+
+async def test_the_first_attempt_deadline_is_judged_by_the_database_clock(
+    pg_url: str, tmp_path: Path
+) -> None:
+    """Generation 0 has no lease row: its deadline is ACTION_ACCEPTED's, compared with the
+    database's clock when a recovery closes it."""
+    async with (
+        Journal.open(pg_url, **_keys(tmp_path, "a")) as a,
+        Journal.open(pg_url, clock=_skewed, **_keys(tmp_path, "b")) as b,
+    ):
+        for ev in until_dispatch("inv-1"):
+            await a.append(ev)
+        closing = Event(E.ATTEMPT_INTERRUPTED, "inv-1", {"code": "REMOTE_OUTCOME_UNKNOWN"})
+        with pytest.raises(LeaseBusy):
+            await b.append(closing, barrier=True, lapsed=True, deadline=time.time() + 60)
+        await b.append(closing, barrier=True, lapsed=True, deadline=time.time() - 1)
+        record = b.record("inv-1")
+        assert record is not None and record.state == "interrupted"
+
+
+async def test_an_expired_lease_is_still_taken_over_and_closed(pg_url: str, tmp_path: Path) -> None:
+    async with (
+        Journal.open(pg_url, **_keys(tmp_path, "a")) as a,
+        Journal.open(pg_url, clock=_skewed, **_keys(tmp_path, "b")) as b,
+    ):
+        for iid in ("inv-1", "inv-2"):
+            for ev in interrupted(iid):
+                await a.append(ev)
+            await a.acquire_lease(iid, "broker-a", ttl=0.2)
+        await trio.sleep(0.4)
+        taken = await b.acquire_lease("inv-1", "broker-b", ttl=60)
+        assert (taken.holder, taken.generation) == ("broker-b", 2)
+        # Its holder stopped before dispatching (retry_pending): SETUP_FAILED closes it.
+        setup = {"code": "SETUP_FAILED", "stage": "broker_stopped", "generation": 1}
+        closing = Event(E.SETUP_FAILED, "inv-2", setup)
+        await b.append(closing, barrier=True, lapsed=True, deadline=None)
+        record = b.record("inv-2")
+        assert record is not None and record.final
