@@ -13,6 +13,7 @@ __all__ = [
     "IdempotencyMismatch",
     "IdempotencyRecord",
     "JournalError",
+    "JournalNotDurable",
     "JournalWriteError",
     "Lease",
     "LeaseBusy",
@@ -93,6 +94,13 @@ class JournalUnavailable(JournalError):
     ``Backend.reconnect_within``, as a write would (the writer waits that long itself; a
     reader on the event loop must not, so it raises this for the caller to wait without
     blocking)."""
+
+
+class JournalNotDurable(JournalError):
+    """A shared journal's database would acknowledge a commit it may lose in a crash (``fsync``
+    or ``full_page_writes`` off, or a transaction that cannot ask for ``synchronous_commit``):
+    DISPATCH_STARTED would not be durable before the first byte is sent, so the broker refuses
+    to write it.  The message names the setting and the fix."""
 
 
 class ReadFailed(JournalError):

@@ -45,7 +45,7 @@ from psycopg.pq import TransactionStatus
 
 from .backend import redact, refuse_newer_schema
 from .chain import GENESIS
-from .errors import JournalError, JournalUnavailable
+from .errors import JournalError, JournalNotDurable, JournalUnavailable
 from .tables import SQL, Tables, newest_statements
 
 __all__ = [
@@ -320,6 +320,8 @@ class PostgresBackend:
                         "broker's first start)"
                     )
             self._refuse_newer(conn)
+            if role == "writer":
+                self._refuse_not_durable(conn)
         except psycopg.Error as exc:
             conn.close()
             error = JournalUnavailable if self.lost(exc) else JournalError
@@ -336,6 +338,34 @@ class PostgresBackend:
             return
         row = conn.execute("SELECT value FROM meta WHERE name = 'schema'").fetchone()
         refuse_newer_schema(None if row is None else row[0], SCHEMA_VERSION, self.where)
+
+    def _refuse_not_durable(self, conn: Any) -> None:
+        """A writer refuses a server that would acknowledge a commit it may lose in a crash:
+        DISPATCH_STARTED must be durable before the first byte is sent (seed).  ``fsync`` and
+        ``full_page_writes`` are the server's; ``synchronous_commit`` is set per transaction
+        (``begin``), so what is checked is that a transaction can ask for it."""
+        fsync, fpw = conn.execute(
+            "SELECT current_setting('fsync'), current_setting('full_page_writes')"
+        ).fetchone()
+        for name, value in (("fsync", fsync), ("full_page_writes", fpw)):
+            if value != "on":
+                raise JournalNotDurable(
+                    f"journal {self.where}: refused: the server runs with {name} = {value}, so "
+                    "a commit it acknowledges may be lost in a crash (DISPATCH_STARTED must be "
+                    f"durable before anything is sent); set {name} = on (postgresql.conf or "
+                    f"ALTER SYSTEM SET {name} = on) and reload the server"
+                )
+        conn.execute("BEGIN")
+        try:
+            conn.execute("SET LOCAL synchronous_commit = on")
+            sync = conn.execute("SHOW synchronous_commit").fetchone()[0]
+        finally:
+            conn.execute("ROLLBACK")
+        if sync != "on":
+            raise JournalNotDurable(
+                f"journal {self.where}: refused: a transaction asking for synchronous_commit = "
+                f"on runs with {sync}; let the broker's role set synchronous_commit"
+            )
 
     def close(self, conn: Any) -> None:
         self._pipes.pop(id(conn), None)

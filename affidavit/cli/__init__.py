@@ -93,14 +93,17 @@ def journal_refusal(
 ) -> UsageError:
     """A ``JournalError`` with its stable code: ``message`` and ``code`` are the command's own
     (a read's answer: ``read_failure``), else ``JOURNAL_LOCKED`` (the daemon owns it: ask it
-    on its socket), ``JOURNAL_UNAVAILABLE`` (a shared journal's database is away: try again)
-    or ``JOURNAL_UNUSABLE`` (the file, its directory or a key cannot be used as this user:
-    the message names it and the fix)."""
-    from affidavit.journal import JournalLocked, JournalUnavailable
+    on its socket), ``JOURNAL_UNAVAILABLE`` (a shared journal's database is away: try again),
+    ``JOURNAL_NOT_DURABLE`` (a shared journal's database would lose acknowledged commits in a
+    crash: the message names the setting and the fix) or ``JOURNAL_UNUSABLE`` (the file, its
+    directory or a key cannot be used as this user: the message names it and the fix)."""
+    from affidavit.journal import JournalLocked, JournalNotDurable, JournalUnavailable
 
     if code is None:
         if isinstance(exc, JournalLocked):
             code = "JOURNAL_LOCKED"
+        elif isinstance(exc, JournalNotDurable):
+            code = "JOURNAL_NOT_DURABLE"
         elif isinstance(exc, JournalUnavailable):
             code = "JOURNAL_UNAVAILABLE"
         else:

@@ -130,7 +130,7 @@ def main() -> None:
         http_overhead._server() as port,
         tempfile.TemporaryDirectory(prefix="affidavit-backends-") as tmp,
     ):
-        cluster = Cluster.create(fsync=True)
+        cluster = Cluster.create(tmpfs=False)
         try:
             dir = Path(tmp)
             setups = [Setup("sqlite, 1 daemon", [], None)]

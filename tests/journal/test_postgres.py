@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -364,3 +365,44 @@ async def test_a_journal_of_a_newer_schema_is_neither_written_nor_read(
         async with Journal.open(pg_url, **_keys(tmp_path, "a")):
             pass
     assert pg.sql("SELECT value FROM meta WHERE name = 'schema'", database) == [("99",)]
+
+
+def test_a_server_that_may_lose_acknowledged_commits_is_refused(tmp_path: Path) -> None:
+    """fsync = off (or full_page_writes = off): a commit PostgreSQL acknowledges may be lost in
+    a crash, so DISPATCH_STARTED would not be durable before anything is sent.  The writer
+    refuses to open the journal -- a stable error, naming the setting and the fix -- and opens
+    it once the server is durable again."""
+    from affidavit.cli import journal_refusal
+    from affidavit.journal import JournalNotDurable
+    from tests.postgres import running_cluster
+
+    async def open_once(url: str) -> None:
+        async with Journal.open(url, **_keys(tmp_path, "a")) as j:
+            await j.append(until_dispatch("inv-1")[0])
+
+    with running_cluster(fsync=False) as cluster:
+        url = cluster.database()
+        for setting in ("fsync", "full_page_writes"):
+            with pytest.raises(JournalNotDurable) as info:
+                trio.run(open_once, url)
+            message = str(info.value)
+            assert f"{setting} = off" in message and f"set {setting} = on" in message
+            assert cluster.password not in message
+            assert journal_refusal(info.value).code == "JOURNAL_NOT_DURABLE"
+            cluster.sql(f"ALTER SYSTEM SET {setting} = on")
+            if setting == "fsync":
+                cluster.sql("ALTER SYSTEM SET full_page_writes = off")
+            _reload(cluster, setting, "on")
+        trio.run(open_once, url)  # durable again: opened and written
+        with JournalReader.open(url, key_file=tmp_path / "shared.key") as r:
+            assert [e.kind for e in r.events("inv-1")] == [E.ACTION_ACCEPTED]
+
+
+def _reload(cluster: Cluster, setting: str, value: str) -> None:
+    """Reload the server's configuration and wait (bounded) until a new session sees it."""
+    cluster.sql("SELECT pg_reload_conf()")
+    for _ in range(100):
+        if cluster.sql(f"SELECT current_setting('{setting}')")[0][0] == value:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"{setting} did not become {value}")
