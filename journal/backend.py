@@ -102,11 +102,13 @@ class Backend(Protocol):
         """Create or upgrade the schema (idempotent), inside the transaction ``begin`` opened."""
         ...
 
-    def begin(self, conn: Any, *, barrier: bool) -> str:
+    def begin(self, conn: Any, *, barrier: bool, wait: float | None = None) -> str:
         """Open a write transaction that holds the chain head until it ends: no other writer,
         in this process or another, extends the chain meanwhile.  ``barrier``: its commit must
         be durable when ``commit`` returns; otherwise it may become durable with the next
-        barrier.  Returns the durability it commits under, for ``Batch.synchronous``."""
+        barrier.  ``wait``: seconds to wait for the head at most, else a backend error (a
+        shared journal; SQLite waits its busy timeout).  Returns the durability it commits
+        under, for ``Batch.synchronous``."""
         ...
 
     def commit(self, conn: Any) -> None: ...

@@ -425,10 +425,12 @@ class PostgresBackend:
             time.monotonic() - started,
         )  # fmt: skip
 
-    def begin(self, conn: Any, *, barrier: bool) -> str:
+    def begin(self, conn: Any, *, barrier: bool, wait: float | None = None) -> str:
         sync = "on" if barrier else "off"
+        # ``wait``: lock_timeout bounds the wait for the head (55P03 lock_not_available after).
+        limit = "" if wait is None else f"SET LOCAL lock_timeout = {max(1, int(wait * 1000))}; "
         conn.execute(
-            f"BEGIN; SET LOCAL synchronous_commit = {sync}; "
+            f"BEGIN; SET LOCAL synchronous_commit = {sync}; {limit}"
             f"SELECT pg_advisory_xact_lock({_LOCK}, hashtext(current_schema()))"
         )
         # Pipeline mode for the rest of the transaction: a write whose answer nothing waits for

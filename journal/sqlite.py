@@ -508,7 +508,7 @@ class SqliteBackend:
             (str(SCHEMA_VERSION),),
         )
 
-    def begin(self, conn: Any, *, barrier: bool) -> str:
+    def begin(self, conn: Any, *, barrier: bool, wait: float | None = None) -> str:
         want = "FULL" if barrier else "NORMAL"
         if self._sync.get(id(conn), "FULL") != want:
             conn.execute(f"PRAGMA synchronous={want}")

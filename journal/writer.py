@@ -377,10 +377,13 @@ class Writer:
                 # The lost session may still be inside the transaction, its COMMIT on its way
                 # (a network cut: the server has not noticed yet).  Read only once that
                 # transaction ended: it holds the chain head until then (``Backend.begin``),
-                # so taking the head waits for it -- on PostgreSQL at most the lost session's
-                # ``idle_in_transaction_session_timeout``.  A row read before could be missing
-                # and land a moment later: the batch run again would append it twice.
-                backend.begin(self.conn, barrier=False)
+                # so taking the head waits for it -- on PostgreSQL up to the lost session's
+                # ``idle_in_transaction_session_timeout``, so no longer than ``deadline``
+                # (``reconnect_within``): past it, whether the batch landed is unknown
+                # (``CommitUnknown``).  A row read before could be missing and land a moment
+                # later: the batch run again would append it twice.
+                left = deadline - time.monotonic()
+                backend.begin(self.conn, barrier=False, wait=max(left, 0.001))
                 backend.rollback(self.conn)
                 return self.tables.hash_at(proof[0]) == proof[1]
             except errors:

@@ -350,6 +350,44 @@ async def test_a_commit_still_on_its_way_when_the_connection_went_is_waited_for(
         assert r.head()[0] == 4 and r.verify().ok
 
 
+async def test_the_wait_for_a_lost_commit_is_bounded_by_reconnect(
+    pg: Cluster, pg_url: str, tmp_path: Path
+) -> None:
+    """The COMMIT is still on its way and never arrives while the writer checks: the lost
+    session holds the chain head until PostgreSQL ends it (``idle_in_transaction_session_timeout``,
+    a minute).  The re-read waits for the head no longer than ``reconnect`` -- the window the
+    operator configured -- and the write then fails ``CommitUnknown``: never reported durable,
+    nor blocked for the server's timeout."""
+    within = 1.0
+    async with _through_proxy(pg, pg_url, tmp_path, reconnect_within=within) as (proxy, j):
+
+        def hold_commit(batch: Batch) -> None:
+            proxy.hold_next_request()
+
+        async def release_later() -> None:
+            # Unbounded, the writer would wait for as long as the COMMIT is held (the append
+            # cannot be cancelled): let it through well after the bound, so the test ends.
+            await trio.sleep(within + 4)
+            proxy.release()
+
+        j.before_commit = hold_commit
+        started = trio.current_time()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(release_later)
+            with pytest.raises(CommitUnknown):
+                await j.append(Event(E.DISPATCH_STARTED, "inv-1", {"attempt": 1}))
+            nursery.cancel_scope.cancel()
+        assert trio.current_time() - started < within + 3
+        j.before_commit = None
+        proxy.release()  # the COMMIT lands after all: the record says so, read again
+        with JournalReader.open(pg_url) as r:
+            for _ in range(LIMIT * 20):
+                if r.head()[0] == 4:
+                    break
+                await trio.sleep(0.05)
+            assert [e.kind for e in r.events("inv-1")].count(E.DISPATCH_STARTED) == 1
+
+
 async def test_a_journal_of_a_newer_schema_is_neither_written_nor_read(
     pg: Cluster, pg_url: str, tmp_path: Path
 ) -> None:
