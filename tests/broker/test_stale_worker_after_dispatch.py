@@ -518,3 +518,40 @@ async def test_a_retry_whose_lease_ran_out_sends_no_next_hop(
     assert "no longer valid" in err["message"], err["message"]
     for claim in ("another worker", "newer", "recovery", "closed"):
         assert claim not in err["message"].lower(), err["message"]
+
+
+async def test_a_clock_ahead_does_not_close_a_live_attempt_on_a_shared_journal(
+    tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
+) -> None:
+    # As above, on PostgreSQL: B's clock says A's lease ran out an hour ago, but the journal
+    # judges it by the database's clock, in the closing transaction -- A's attempt is live, so
+    # B closes nothing and answers it in progress; A, resumed, sends its next hop and finishes.
+    import affidavit.engine.recovery as recovery
+
+    async with (
+        HostileServer.running(_redirecting("redirect")) as srv,
+        _brokers(tmp_path, srv.url, "postgresql", request, follow_redirects=True) as (a, b),
+    ):
+        stall = GateStall(a._engine.bindings["http"], hop=2, limit=LIMIT / 2)
+        a._engine.bindings["http"] = stall
+        out: dict[str, Any] = {}
+
+        async def call_a() -> None:
+            out["a"] = await a.call(HOP)
+
+        with trio.fail_after(LIMIT):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(call_a)
+                await stall.stopped.wait()
+                (action,) = b.journal.list_actions()
+                iid = action.invocation_id
+                with monkeypatch.context() as m:
+                    m.setattr(recovery, "time", _Ahead)
+                    seen = await b.fetch_result(iid)
+                assert seen is not None and seen["evidence"]["state"] == "dispatched", seen
+                stall.resume.set()
+        events = b.events(iid)
+    assert [r.target for r in srv.requests] == ["/v1/x", "/landing"]
+    kinds = [e.kind for e in events]
+    assert E.ATTEMPT_INTERRUPTED not in kinds and E.LEASE_LOST not in kinds, kinds
+    assert "error" not in out["a"], out["a"]
