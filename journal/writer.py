@@ -3,11 +3,12 @@
 Seed, "Dispatch shifts the burden of proof": DISPATCH_STARTED must be durable before the first
 byte reaches the transport, and RESULT_COMMITTED before delivery.  A barrier's submitter waits
 until the commit that makes its write durable (SQLite: WAL with ``synchronous=FULL``;
-PostgreSQL: ``synchronous_commit=on``).  One writer task takes everything queued into one
-transaction, so concurrent invocations share one fsync (group commit; DESIGN, "Durability
-barriers").  A batch with no barrier commits without waiting for its flush (``NORMAL``, ``off``):
-it survives a process crash and becomes power-loss durable with the next barrier's flush, which
-covers every earlier log record -- recovery never depends on such events.  Every backend's
+PostgreSQL: ``synchronous_commit=on``).  Everything queued while the writer is busy, or within
+one iteration of the trio loop while it is idle, goes into one transaction (``_hand_off_idle``),
+so concurrent invocations share one fsync (group commit; DESIGN, "Durability barriers").  A
+batch with no barrier commits without waiting for its flush (``NORMAL``, ``off``): it survives a
+process crash and becomes power-loss durable with the next barrier's flush, which covers every
+earlier log record -- recovery never depends on such events.  Every backend's
 ``begin`` holds the chain head for the transaction (``backend.py``), so one writer per process
 is also one chain across processes and, on PostgreSQL, across brokers.
 
@@ -182,11 +183,11 @@ class Writer:
         """The COMMIT of the current transaction was sent: if the connection is lost now, only
         a re-read can tell whether it landed."""
         self._pending: collections.deque[_Req[Any]] = collections.deque()
-        """Queued writes, oldest first (the writer task takes up to ``MAX_BATCH`` at once)."""
+        """Queued writes, oldest first (each hand-off takes up to ``MAX_BATCH`` at once)."""
         self._space = trio.lowlevel.ParkingLot()
         """Writers waiting for room in a full queue (``MAX_QUEUED``)."""
         self._idle: trio.lowlevel.Task | None = None
-        """The writer task, while it waits for a first write."""
+        """The writer task, while no batch is in the writer thread (``_hand_off_idle``)."""
         self._closed = True
         """No writes taken: not started yet, or stopping."""
         self._token: trio.lowlevel.TrioToken | None = None
@@ -194,6 +195,9 @@ class Writer:
         self._nursery: trio.Nursery | None = None
         self._batches: queue.SimpleQueue[_Handoff | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
+        self._instrument: _HandOffAtIoWait | None = None
+        self._inflight: _Handoff | None = None
+        """The batch ``_hand_off_idle`` handed over for the idle writer task, until it wakes."""
 
     # -- the task -------------------------------------------------------------------------------
 
@@ -206,6 +210,10 @@ class Writer:
         self._nursery_mgr = mgr
         self._nursery = nursery
         nursery.start_soon(self._run)
+        # The first write after an idle spell leaves in the loop iteration that queued it,
+        # at its end (``_hand_off_idle``).
+        self._instrument = _HandOffAtIoWait(self)
+        trio.lowlevel.add_instrument(self._instrument)
         # One long-lived thread runs every transaction, fed through a queue: a
         # ``trio.to_thread.run_sync`` per batch cost ~160 us of hand-off here against ~50 us
         # (issue 15), three times per call at concurrency 1.
@@ -229,6 +237,10 @@ class Writer:
         try:
             await self._nursery_mgr.__aexit__(None, None, None)
         finally:
+            if self._instrument is not None:
+                with contextlib.suppress(KeyError):  # (gone if it ever raised: it does not)
+                    trio.lowlevel.remove_instrument(self._instrument)
+                self._instrument = None
             self._batches.put(None)  # the thread ends once idle (it is, the task having ended)
             if self._thread is not None:
                 self._thread.join()
@@ -278,31 +290,42 @@ class Writer:
         if task is not None:
             trio.lowlevel.reschedule(task)
 
+    def _hand_off_idle(self) -> None:
+        """At the end of each loop iteration, just before the loop waits for I/O (and lets go
+        of the GIL): hand what was queued to the writer thread if it is idle.  Every task of
+        the iteration has run, so whatever they queued -- the writers a commit woke included --
+        shares one transaction.  Issue 15: the writer task took each batch one loop iteration
+        after it was queued (two after a commit: a ``sleep(0)`` to let the woken writers queue
+        up), and the thread, woken while the loop still ran the rest of that iteration, then
+        waited for the GIL -- a second wake-up.  Raises nothing (an instrument that raised
+        would be removed): ``put`` on an unbounded queue does not."""
+        task = self._idle
+        if task is None or not self._pending:
+            return
+        self._idle = None
+        handoff = _Handoff(self._take(), task)
+        self._inflight = handoff
+        self._batches.put(handoff)
+
+    def _take(self) -> list[_Req[Any]]:
+        pending = self._pending
+        n = min(len(pending), MAX_BATCH)
+        batch = [pending.popleft() for _ in range(n)]
+        self._space.unpark_all()
+        self.busy = True
+        return batch
+
     async def _run(self) -> None:
         pending = self._pending
         with trio.CancelScope(shield=True):
-            while True:
-                if pending:
-                    # Let writers woken by the previous commit (in this loop pass) queue up,
-                    # so they share this fsync.
-                    await trio.sleep(0)
-                elif self._closed:
-                    return
-                else:
-                    # Woken by the first write queued: every writer woken with it has run.
-                    self._idle = trio.lowlevel.current_task()
-                    await trio.lowlevel.wait_task_rescheduled(_cannot_abort)
-                    if not pending:
-                        continue
-                n = min(len(pending), MAX_BATCH)
-                batch = [pending.popleft() for _ in range(n)]
-                self._space.unpark_all()
-                self.busy = True
-                handoff = _Handoff(batch, trio.lowlevel.current_task())
-                self._batches.put(handoff)
-                # Not cancellable (shielded); ``_done`` wakes us after the batch's writers.
+            while pending or not self._closed:
+                # ``_hand_off_idle`` hands what is queued to the thread at the end of the loop
+                # iteration that queued it, and ``_done`` wakes us once it is committed; or
+                # ``stop`` does, and what is still queued is handed off the same way.
+                self._idle = trio.lowlevel.current_task()
                 await trio.lowlevel.wait_task_rescheduled(_cannot_abort)
-                if handoff.error is not None:
+                handoff, self._inflight = self._inflight, None
+                if handoff is not None and handoff.error is not None:
                     raise handoff.error
 
     def forget(self) -> None:
@@ -570,10 +593,9 @@ class Writer:
             await self._space.park()
             self._refuse_if_closed()
         req: _Req[T] = _Req(op, args, barrier, result_store, task, many)
-        # No checkpoint between queueing and parking (``submit``).
+        # No checkpoint between queueing and parking (``submit``).  An idle writer takes it at
+        # the end of this loop iteration (``_hand_off_idle``).
         self._pending.append(req)
-        if self._idle is not None:
-            self._wake_runner()
         return req
 
     def _refuse_if_closed(self) -> None:
@@ -627,8 +649,6 @@ class Writer:
             # per append, which runs once per journal row (issue 15).
             req = _Req(op, args, barrier, result_store, task)
             pending.append(req)
-            if self._idle is not None:
-                self._wake_runner()
         # Once queued, the write will happen: wait for its answer without being cancellable,
         # so a caller never loses track of a barrier that did commit (seed: classify by the
         # last proven boundary).  A pending cancellation is delivered at the next checkpoint.
@@ -656,6 +676,18 @@ class Writer:
         ):
             return p
         return None
+
+
+class _HandOffAtIoWait(trio.abc.Instrument):
+    """Calls ``Writer._hand_off_idle`` as the loop is about to wait for I/O."""
+
+    __slots__ = ("_writer",)
+
+    def __init__(self, writer: Writer) -> None:
+        self._writer = writer
+
+    def before_io_wait(self, timeout: float) -> None:
+        self._writer._hand_off_idle()
 
 
 class _Handoff:
