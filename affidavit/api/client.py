@@ -39,6 +39,7 @@ from .wire import (
     DaemonUnavailable,
     Response,
     approval_path,
+    check_socket,
     check_timeout,
     invocation_path,
     socket_path,
@@ -315,6 +316,7 @@ class Client:
             if conn.alive():
                 return conn, True
             await conn.stream.aclose()
+        check_socket(self.path)
         try:
             stream = await trio.open_unix_socket(self.path)
         except OSError as exc:

@@ -23,6 +23,7 @@ import math
 import os
 import re
 import socket
+import stat
 import time
 from collections.abc import Mapping
 
@@ -40,8 +41,10 @@ __all__ = [
     "ClientError",
     "DaemonUnavailable",
     "Response",
+    "SocketUnsafe",
     "approval_path",
     "blocking_request",
+    "check_socket",
     "check_timeout",
     "invocation_path",
     "parse_count",
@@ -69,6 +72,13 @@ class ClientError(Exception):
 
 class DaemonUnavailable(ClientError):
     """Nothing answers on the socket (missing, refused, or not ours to open)."""
+
+
+class SocketUnsafe(DaemonUnavailable):
+    """The socket is where someone other than the daemon's user could have put it: not asked
+    (``check_socket``)."""
+
+    code = "DAEMON_SOCKET_UNSAFE"
 
 
 class AnswerLost(ClientError):
@@ -267,11 +277,58 @@ def approval_path(invocation_id: str, suffix: str = "") -> str:
     return f"/v1/approvals/{quote(invocation_id, safe='')}{suffix}"
 
 
+def check_socket(path: str) -> None:
+    """Refuse (``SocketUnsafe``) a socket someone other than the daemon's user could have put
+    at ``path``, before a byte is sent to it -- the rule the daemon keeps for its own
+    (daemon/socketfile.py): its directory (where ``path`` leads) is writable by its owner
+    only, sticky or not (in ``/tmp`` anyone could have bound the name first); the socket file
+    is that owner's (or root's); no directory above is writable by others unless sticky, nor
+    another user's (whoever could rename the socket's directory could put their own there).
+    A path that is missing or not a socket is left to ``connect`` to report."""
+    real = os.path.realpath(path)
+    directory = os.path.dirname(real)
+    try:
+        sock, own = os.lstat(real), os.lstat(directory)
+    except OSError:
+        return
+    if not stat.S_ISSOCK(sock.st_mode):
+        return
+    trusted = {0, own.st_uid}
+    if own.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise SocketUnsafe(
+            f"refusing the daemon's socket {path}: {directory} is writable by others (mode "
+            f"{stat.S_IMODE(own.st_mode):04o}), who could have put their own socket there; "
+            f"the daemon's socket belongs in a directory only its user can write"
+        )
+    if sock.st_uid not in trusted:
+        raise SocketUnsafe(
+            f"refusing the daemon's socket {path}: it belongs to uid {sock.st_uid}, not to "
+            f"{directory}'s owner (uid {own.st_uid}) nor root"
+        )
+    above = os.path.dirname(directory)
+    while True:
+        try:
+            st = os.lstat(above)
+        except OSError:
+            return
+        if st.st_uid not in trusted or (
+            st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX
+        ):
+            raise SocketUnsafe(
+                f"refusing the daemon's socket {path}: {above} (uid {st.st_uid}, mode "
+                f"{stat.S_IMODE(st.st_mode):04o}) lets another user replace {directory}"
+            )
+        if above == os.path.dirname(above):
+            return
+        above = os.path.dirname(above)
+
+
 def blocking_request(
     path: str, method: str, request_target: str, body: bytes | None = None
 ) -> Response:
     """One request on a fresh connection, for a short-lived process (the command line).  No
     timeout of its own: a call is bounded by its target's timeouts in the daemon."""
+    check_socket(path)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         try:

@@ -208,8 +208,9 @@ def daemon_refusal(exc: Exception) -> UsageError:
     the daemon's words alone, which name their code where one applies (``INVALID_FIELD at
     timeout: ...``, ``action refused: ...``) -- the same line as embedded."""
     code = getattr(exc, "code", None)
-    journal = isinstance(code, str) and code.startswith("JOURNAL_")
-    return UsageError(str(exc), code if journal else None)
+    # An unsafe socket was never asked: its code is the client's own.
+    own = isinstance(code, str) and (code.startswith("JOURNAL_") or code == "DAEMON_SOCKET_UNSAFE")
+    return UsageError(str(exc), code if own else None)
 
 
 def daemon_json(response: Response) -> Any:

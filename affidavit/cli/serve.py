@@ -72,5 +72,5 @@ def _serve(args: argparse.Namespace) -> int:
     except JournalError as exc:
         raise journal_refusal(exc) from None
     except DaemonError as exc:
-        raise UsageError(str(exc), "SERVE_FAILED") from None
+        raise UsageError(str(exc), exc.code) from None
     return 0

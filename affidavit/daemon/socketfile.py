@@ -36,7 +36,11 @@ SUN_PATH_MAX = 107
 
 
 class DaemonError(Exception):
-    """The daemon cannot start (the message says why and what to do)."""
+    """The daemon cannot start (the message says why and what to do; ``code`` is stable)."""
+
+    def __init__(self, message: str, code: str = "SERVE_FAILED") -> None:
+        super().__init__(message)
+        self.code = code
 
 
 def claim_socket_path(path: Path) -> int:
@@ -45,10 +49,14 @@ def claim_socket_path(path: Path) -> int:
     descriptor, held until the daemon has stopped and removed its socket.
 
     * A path no socket can have, or a directory that is not one, is refused.
-    * The directory must be the daemon's user's (or root's) and writable by nobody else unless
-      sticky: whoever can write it could remove the socket and bind their own in its place.
-      So must every directory above it, as written and as resolved: whoever can write one
-      could rename the socket's directory away and put one of their own in its place.
+    * The directory must be the daemon's user's (or root's) and writable by nobody else, sticky
+      or not (``SOCKET_DIRECTORY_UNSAFE``): whoever can write it could remove the socket and
+      bind their own in its place -- or, sticky as ``/tmp``, take the socket's name or
+      ``<socket>.lock`` before the daemon starts (it could not start; a client could reach
+      theirs).  As tmux does with its socket's directory; ssh-agent makes a private one.
+      Every directory above it, as written and as resolved, must be the user's or root's and
+      writable by nobody else unless sticky: whoever can write one could rename the socket's
+      directory away and put one of their own in its place (in a sticky one they cannot).
     * ``<socket>.lock`` is locked (flock, exclusive, never removed) before the path is touched:
       of two daemons starting on one path, the second is refused here -- it never probes a
       socket the first has bound but not yet listened on (a connect is refused then, exactly
@@ -76,23 +84,35 @@ def claim_socket_path(path: Path) -> int:
 
 
 def _check_directory(path: Path) -> None:
-    """The socket's directory, and every directory above it (as written and as resolved), is
-    the daemon's user's or root's and writable by nobody else unless sticky; so is each link
-    on the way: whoever can write a directory above could rename the socket's away and put
-    their own in its place, exactly as in the socket's own directory."""
+    """The socket's directory (where it leads) is the daemon's user's or root's and writable
+    by nobody else, sticky or not; every directory above it (as written and as resolved) is
+    the user's or root's and writable by nobody else unless sticky; so is each link on the
+    way: whoever can write a directory above could rename the socket's away and put their own
+    in its place, exactly as in the socket's own directory."""
+    own = Path(os.path.realpath(path.parent))
     for where, st in _path_to(path.parent):
         if st.st_uid not in (0, os.geteuid()):
             raise DaemonError(
                 f"cannot listen on {path}: {where} belongs to uid {st.st_uid}, who could "
-                f"replace the socket; use a directory of the daemon's user (or root's)"
+                f"replace the socket; use a directory of the daemon's user (or root's)",
+                "SOCKET_DIRECTORY_UNSAFE",
             )
-        if stat.S_ISLNK(st.st_mode):
+        if stat.S_ISLNK(st.st_mode) or not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
             continue  # a link's mode means nothing; the directory holding it is checked
-        if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX:
-            mode = stat.S_IMODE(st.st_mode)
+        mode = stat.S_IMODE(st.st_mode)
+        if where == own and st.st_mode & stat.S_ISVTX:
+            raise DaemonError(
+                f"cannot listen on {path}: {where} is writable by others (mode {mode:04o}, "
+                f"sticky), who could take the socket's name or {path.name}.lock first; put "
+                f"the socket in a directory of its own, writable by its owner only: "
+                f"mkdir -m 0750 {where / 'affidavit'} and use {where / 'affidavit' / path.name}",
+                "SOCKET_DIRECTORY_UNSAFE",
+            )
+        if not st.st_mode & stat.S_ISVTX:
             raise DaemonError(
                 f"cannot listen on {path}: {where} is writable by others (mode {mode:04o}), "
-                f"who could replace the socket; make it writable by its owner only (0750)"
+                f"who could replace the socket; make it writable by its owner only (0750)",
+                "SOCKET_DIRECTORY_UNSAFE",
             )
 
 

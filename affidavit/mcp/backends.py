@@ -374,7 +374,7 @@ def _client_failure(exc: Exception, lost: str) -> dict[str, Any]:
     if isinstance(exc, AnswerLost):
         return api_error("ANSWER_LOST", str(exc) + lost)
     if isinstance(exc, DaemonUnavailable):
-        return api_error("DAEMON_UNAVAILABLE", str(exc))
+        return api_error(getattr(exc, "code", "DAEMON_UNAVAILABLE"), str(exc))
     if isinstance(exc, ClientError | ValueError):
         return api_error("CLIENT_ERROR", str(exc))
     raise exc

@@ -6,8 +6,9 @@
   probe connect is refused exactly as on a stale socket and the second used to remove the
   first's live socket, bind its own and serve, both believing they served.
   Started at the very same time, exactly one serves and the other exits 2 saying why.
-* A socket directory writable by others, or owned by another user, is refused with a message
-  saying why (whoever can write it could remove the socket and bind their own in its place).
+* A socket directory writable by others (sticky or not), or owned by another user, is refused
+  with a message saying why (whoever can write it could remove the socket and bind their own
+  in its place; in a sticky one, take its name or its lock before the daemon starts).
 """
 
 from __future__ import annotations
@@ -247,12 +248,53 @@ def test_a_sticky_directory_above_the_socket_s_is_accepted(tmp_path: Path) -> No
     os.close(socketfile.claim_socket_path(where / "s.sock"))
 
 
-def test_a_sticky_socket_directory_is_accepted(tmp_path: Path) -> None:
-    """Sticky (as /tmp): others cannot remove or rename what the daemon made in it."""
+@pytest.mark.parametrize("mode", [0o1777, 0o1770])
+def test_a_sticky_socket_directory_others_can_write_is_refused(tmp_path: Path, mode: int) -> None:
+    """Sticky (as /tmp): others cannot remove what the daemon made there, but they can take
+    the socket's name or ``<socket>.lock`` before it starts."""
     where = tmp_path / "run"
     where.mkdir()
+    where.chmod(mode)
+    with pytest.raises(DaemonError, match=rf"\(mode {mode:04o}, sticky\)") as refused:
+        socketfile.claim_socket_path(where / "s.sock")
+    assert refused.value.code == "SOCKET_DIRECTORY_UNSAFE"
+    assert f"mkdir -m 0750 {where / 'affidavit'}" in str(refused.value)
+    assert list(where.iterdir()) == []  # nothing made there, not even the lock
+
+
+def test_a_sticky_socket_directory_reached_through_a_link_is_refused(tmp_path: Path) -> None:
+    shared = tmp_path / "tmp"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    (tmp_path / "run").symlink_to(shared)
+    with pytest.raises(DaemonError, match=rf"{shared} is writable by others \(mode 1777"):
+        socketfile.claim_socket_path(tmp_path / "run" / "s.sock")
+
+
+async def test_a_name_squatted_in_a_sticky_directory_is_refused_for_the_directory_first(
+    tmp_path: Path, token: str
+) -> None:
+    """Another user took ``<socket>.lock`` in a sticky directory first: the daemon is told
+    the directory is the fault (and what to do), not that a daemon already listens."""
+    require_root()
+    where = tmp_path / "tmp"
+    where.mkdir()
     where.chmod(0o1777)
-    os.close(socketfile.claim_socket_path(where / "s.sock"))
+    squat = where / "affidavit.sock.lock"
+    squat.write_bytes(b"")
+    os.chown(squat, NOBODY, NOBODY)
+    async with HostileServer.running(scripts.serve(Reply(200))) as srv:
+        cfg = daemon_config(tmp_path, "a", srv.url, where / "affidavit.sock")
+        with trio.fail_after(WAIT):
+            done = await run(
+                [sys.executable, "-m", "affidavit", "serve", "--config", str(cfg)],
+                env=daemon_env(token),
+            )
+    assert done.returncode == 2
+    assert b"affidavit: SOCKET_DIRECTORY_UNSAFE: " in done.stderr, done.stderr
+    assert b"(mode 1777, sticky)" in done.stderr, done.stderr
+    assert b"Traceback" not in done.stderr
+    assert not (cfg.parent / "journal.db").exists()  # refused before the journal was opened
 
 
 def test_a_socket_directory_of_another_user_is_refused(tmp_path: Path) -> None:

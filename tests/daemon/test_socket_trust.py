@@ -1,0 +1,114 @@
+"""A client sends nothing to a socket someone other than the daemon's user could have put there.
+
+The daemon refuses to listen in a directory others can write (sticky or not,
+test_socket_claim.py); its clients -- the command line's one-shot request, the async
+``Client`` the MCP proxy uses -- keep the same rule for the socket they are pointed at: in a
+sticky ``/tmp`` another user could have bound the name first and would read every call sent
+to it.  Each case binds a real listening socket and checks nothing connected to it.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+import trio
+
+from affidavit.api.client import Client
+from affidavit.api.wire import SocketUnsafe
+from tests.external import require_root
+
+from .kit import NOBODY, WAIT, client_env, run
+
+
+@contextmanager
+def squatter(path: Path) -> Iterator[socket.socket]:
+    """A listening socket at ``path``: whoever connects is queued, never answered."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.bind(str(path))
+    sock.listen(8)
+    sock.setblocking(False)
+    try:
+        yield sock
+    finally:
+        sock.close()
+
+
+def connected(sock: socket.socket) -> bool:
+    try:
+        sock.accept()[0].close()
+    except BlockingIOError:
+        return False
+    return True
+
+
+async def refused_everywhere(path: Path, sock: socket.socket, why: str) -> None:
+    """The async ``Client`` (the MCP proxy's) and the command line (``blocking_request``, in
+    a child: a squatter that never answers would hold it) both refuse, having sent nothing."""
+    client = Client(path)
+    try:
+        with trio.fail_after(WAIT), pytest.raises(SocketUnsafe, match=why):
+            await client.actions()
+    finally:
+        await client.aclose()
+    done = await run(
+        [sys.executable, "-m", "affidavit", "actions", "--socket", str(path)], env=client_env()
+    )
+    assert done.returncode == 2, done
+    assert b"affidavit: DAEMON_SOCKET_UNSAFE: refusing the daemon's socket" in done.stderr
+    assert b"Traceback" not in done.stderr
+    assert not connected(sock)  # nothing was sent, not even a connect
+
+
+@pytest.mark.parametrize("mode", [0o1777, 0o777, 0o770])
+async def test_a_socket_in_a_directory_others_can_write_is_not_asked(
+    tmp_path: Path, mode: int
+) -> None:
+    where = tmp_path / "tmp"
+    where.mkdir()
+    where.chmod(mode)
+    path = where / "affidavit.sock"
+    with squatter(path) as sock:
+        await refused_everywhere(path, sock, rf"{where} is writable by others \(mode {mode:04o}\)")
+
+
+async def test_a_socket_of_another_user_than_its_directory_s_is_not_asked(tmp_path: Path) -> None:
+    require_root()
+    where = tmp_path / "run"
+    where.mkdir(mode=0o755)
+    path = where / "affidavit.sock"
+    with squatter(path) as sock:
+        os.chown(path, NOBODY, NOBODY)
+        await refused_everywhere(path, sock, f"it belongs to uid {NOBODY}")
+
+
+async def test_a_socket_whose_directory_another_user_could_replace_is_not_asked(
+    tmp_path: Path,
+) -> None:
+    above = tmp_path / "shared"
+    where = above / "run"
+    where.mkdir(parents=True, mode=0o750)
+    above.chmod(0o777)
+    path = where / "affidavit.sock"
+    with squatter(path) as sock:
+        await refused_everywhere(path, sock, f"{above} .* lets another user replace {where}")
+
+
+async def test_a_socket_in_its_user_s_own_directory_is_asked(tmp_path: Path) -> None:
+    """The rule refuses what it must only: the deployment's ``0750`` directory is reached."""
+    where = tmp_path / "run"
+    where.mkdir(mode=0o750)
+    path = where / "affidavit.sock"
+    with squatter(path) as sock:
+        client = Client(path)
+        try:
+            with trio.move_on_after(0.5):
+                await client.actions()
+        finally:
+            await client.aclose()
+        assert connected(sock)
