@@ -11,6 +11,8 @@ import contextlib
 import fcntl
 import logging
 import os
+import pwd
+import shlex
 import socket
 import stat
 from pathlib import Path
@@ -133,9 +135,12 @@ def _lock(path: Path) -> int:
     try:
         fd = os.open(lock, flags, 0o600)
     except OSError as exc:
+        _refuse_foreign(path, lock)
         raise DaemonError(f"cannot lock {lock}: {exc.strerror or exc}") from None
     try:
         st = os.fstat(fd)
+        if stat.S_ISREG(st.st_mode) and st.st_uid != os.geteuid():
+            _refuse_foreign(path, lock)
         if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
             raise DaemonError(f"{lock} is not a file of the daemon's user; refusing to use it")
         try:
@@ -148,6 +153,33 @@ def _lock(path: Path) -> int:
         os.close(fd)
         raise
     return fd
+
+
+def _refuse_foreign(path: Path, lock: Path) -> None:
+    """A lock file of another user -- a daemon once run as root, then as the service user --
+    is never taken over (whoever owns it may be serving on the path now); the message says
+    whose it is and how to remove it once no daemon of that user runs."""
+    try:
+        st = os.lstat(lock)
+    except OSError:
+        return
+    me = os.geteuid()
+    if not stat.S_ISREG(st.st_mode) or st.st_uid == me:
+        return
+    raise DaemonError(
+        f"{lock} belongs to {_user(st.st_uid)}, not to the daemon's user ({_user(me)}): a "
+        f"daemon run as that user left it.  If none runs on {path} now (nothing answers on "
+        f"it), remove the lock by hand as root or its owner -- rm {shlex.quote(str(lock))} -- "
+        f"and start again",
+        "SOCKET_LOCK_FOREIGN",
+    )
+
+
+def _user(uid: int) -> str:
+    try:
+        return f"uid {uid} ({pwd.getpwuid(uid).pw_name})"
+    except KeyError:
+        return f"uid {uid}"
 
 
 def _remove_stale(path: Path) -> None:

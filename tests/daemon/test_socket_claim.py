@@ -14,10 +14,12 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import stat
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -35,6 +37,7 @@ from .kit import (
     DaemonProc,
     _answers,
     api_target,
+    as_user,
     daemon_env,
     run,
     wait_until,
@@ -323,3 +326,53 @@ async def test_serve_in_a_directory_others_can_write_exits_2_and_says_why(
     assert b"is writable by others (mode 0777)" in done.stderr, done.stderr
     assert b"Traceback" not in done.stderr
     assert not (cfg.parent / "journal.db").exists()  # refused before the journal was opened
+
+
+def test_a_lock_left_by_another_user_says_whose_and_how_to_remove_it(tmp_path: Path) -> None:
+    """A root run left ``<socket>.lock``; the daemon, as root now, still does not take over
+    another user's lock: the message says whose it is, where, and the command."""
+    require_root()
+    lock = tmp_path / "s.sock.lock"
+    lock.write_bytes(b"")
+    os.chown(lock, NOBODY, NOBODY)
+    with pytest.raises(DaemonError) as refused:
+        socketfile.claim_socket_path(tmp_path / "s.sock")
+    assert refused.value.code == "SOCKET_LOCK_FOREIGN"
+    message = str(refused.value)
+    assert f"{lock} belongs to uid {NOBODY} (nobody), not to the daemon's user (uid 0 " in message
+    assert f"rm {lock} -- and start again" in message
+    assert lock.exists()  # never removed for them
+
+
+FOREIGN_LOCK = """
+import sys
+from pathlib import Path
+from affidavit.daemon import socketfile
+try:
+    socketfile.claim_socket_path(Path(sys.argv[1]))
+except socketfile.DaemonError as exc:
+    print(exc.code)
+    print(exc)
+"""
+
+
+async def test_a_lock_root_left_refuses_the_service_user_saying_what_to_do() -> None:
+    """The usual order: root ran the daemon once, then the service user cannot open root's
+    ``0600`` lock at all (EACCES) -- told whose lock it is and the command, not "Permission
+    denied"."""
+    require_root()
+    where = Path(tempfile.mkdtemp(prefix="affidavit-lock-"))
+    try:
+        os.chown(where, NOBODY, NOBODY)
+        where.chmod(0o750)
+        lock = where / "s.sock.lock"
+        lock.write_bytes(b"")
+        lock.chmod(0o600)
+        done = await run(as_user(NOBODY, "-c", FOREIGN_LOCK, str(where / "s.sock")))
+        assert done.returncode == 0, done
+        code, message = done.stdout.decode().strip().split("\n")
+        assert code == "SOCKET_LOCK_FOREIGN", done
+        assert f"{lock} belongs to uid 0 (root), not to the daemon's user (uid {NOBODY}" in message
+        assert f"rm {lock} -- and start again" in message
+    finally:
+        shutil.rmtree(where)
