@@ -32,9 +32,10 @@ Life of the daemon:
    admission.py), and one that has not sent a whole request head within ``CONSOLE_HEAD_WAIT``
    of opening (or of its last answer) is closed: a flood of them can neither take the
    descriptors the journal and the socket need nor keep places for long.
-4. SIGTERM or SIGINT: stop accepting (the socket file goes), answer 503 to new calls on open
-   connections, let calls in flight finish within ``[service] shutdown_grace``, then stop the
-   rest (``calls.py``), close idle connections, let the answers go out, close the journal.
+4. SIGTERM or SIGINT: stop accepting (the socket file goes; ``<socket>.lock`` says "stopping"
+   until when, so a daemon started on the path meanwhile is told so), answer 503 to new calls
+   on open connections, let calls in flight finish within ``[service] shutdown_grace``, then
+   stop the rest (``calls.py``), close idle connections, let the answers go out, close the journal.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ import os
 import resource
 import signal
 import socket
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -70,7 +72,14 @@ from .dispatcher import dispatch_approvals
 from .http import body_limit
 from .link import Link
 from .peer import Peer, PeerPolicy, peer_credentials_supported, peer_of
-from .socketfile import BACKLOG, DaemonError, bind_socket, claim_socket_path, unlink_if_ours
+from .socketfile import (
+    BACKLOG,
+    DaemonError,
+    bind_socket,
+    claim_socket_path,
+    note_state,
+    unlink_if_ours,
+)
 
 __all__ = ["Daemon", "DaemonError", "serve"]
 
@@ -149,6 +158,8 @@ class Daemon:
         """The console's one application (its sessions live in it), while it is served."""
         self.console_cap: ConsoleCap | None = None
         """The console listener's connections, while it is served."""
+        self._lock = -1
+        """``<socket>.lock``'s descriptor while the daemon holds it (``claim_socket_path``)."""
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         if not peer_credentials_supported():
@@ -162,7 +173,7 @@ class Daemon:
                 f"[service] console_proxy_user applies to a loopback console only, not "
                 f"{self.console_address[0]}: a peer on another machine cannot be identified"
             )
-        lock = claim_socket_path(self.socket_path)
+        self._lock = lock = claim_socket_path(self.socket_path)
         try:
             await self._run(task_status)
         finally:
@@ -209,6 +220,7 @@ class Daemon:
                         bound,
                     )
             listener, inode = bind_socket(self.socket_path)
+            note_state(self._lock, "serving")
             log.info(
                 "listening on %s (allow uids %s, gids %s); journal %s",
                 self.socket_path,
@@ -298,6 +310,9 @@ class Daemon:
                     if console is not None:
                         await console.aclose()
                     unlink_if_ours(self.socket_path, inode)
+                    # A daemon started on the path now is told the truth: this one stops.
+                    until = time.time() + self.config.service.shutdown_grace + ANSWER_WAIT
+                    note_state(self._lock, "stopping", until)
                     await self._drain(calls, server, context, connections)
                 outer.cancel_scope.cancel()
 

@@ -15,6 +15,7 @@ import pwd
 import shlex
 import socket
 import stat
+import time
 from pathlib import Path
 
 import trio
@@ -26,6 +27,7 @@ __all__ = [
     "DaemonError",
     "bind_socket",
     "claim_socket_path",
+    "note_state",
     "unlink_if_ours",
 ]
 
@@ -146,13 +148,52 @@ def _lock(path: Path) -> int:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise DaemonError(
-                f"a daemon already listens on {path} (or is starting to: {lock} is locked)"
-            ) from None
+            raise _held(path, lock, fd) from None
+        note_state(fd, "starting")
     except BaseException:
         os.close(fd)
         raise
     return fd
+
+
+def note_state(lock: int, state: str, until: float | None = None) -> None:
+    """Write the holder's state into its lock file -- ``<pid> starting|serving|stopping
+    [<until>]`` (``until``: epoch seconds by which a stopping daemon will have let its calls
+    finish and answered) -- so that a daemon refused on the path can say what is true.  Only
+    the daemon's user can read it (``0600``); it holds no secret.  Best effort: an unwritten
+    state leaves the refusal saying only that the lock is held."""
+    line = f"{os.getpid()} {state}" + ("" if until is None else f" {until:.0f}") + "\n"
+    with contextlib.suppress(OSError):
+        os.pwrite(lock, line.encode("ascii"), 0)
+        os.ftruncate(lock, len(line))
+
+
+def _held(path: Path, lock: Path, fd: int) -> DaemonError:
+    """The refusal for a path whose lock another daemon holds, in the words of its state."""
+    try:
+        words = os.pread(fd, 128, 0).decode("ascii", "replace").split("\n")[0].split()
+    except OSError:
+        words = []
+    pid = words[0] if words and words[0].isdigit() else "?"
+    state = words[1] if len(words) > 1 else ""
+    if state == "stopping":
+        until = words[2] if len(words) > 2 and words[2].isdigit() else None
+        when = (
+            time.strftime("%H:%M:%S UTC", time.gmtime(int(until)))
+            if until is not None
+            else "the end of its [service] shutdown_grace"
+        )
+        return DaemonError(
+            f"the daemon (pid {pid}) on {path} is shutting down: it no longer accepts calls, "
+            f"and lets those in flight finish until {when} (its shutdown grace and their "
+            f"answers); start again once it has exited (retry after {when})",
+            "DAEMON_STOPPING",
+        )
+    if state == "starting":
+        return DaemonError(f"a daemon (pid {pid}) is starting on {path} ({lock} is locked)")
+    if state == "serving":
+        return DaemonError(f"a daemon already listens on {path} (pid {pid}; {lock} is locked)")
+    return DaemonError(f"a daemon already listens on {path} (or is starting to: {lock} is locked)")
 
 
 def _refuse_foreign(path: Path, lock: Path) -> None:

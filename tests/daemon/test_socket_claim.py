@@ -25,10 +25,11 @@ from pathlib import Path
 import pytest
 import trio
 
+from affidavit.api.client import Client
 from affidavit.daemon import socketfile
 from affidavit.daemon.server import DaemonError
 from tests.external import require_root
-from tests.http.hostile import HostileServer, Reply, scripts
+from tests.http.hostile import HostileServer, Peer, Reply, scripts
 
 from .kit import (
     NOBODY,
@@ -36,14 +37,19 @@ from .kit import (
     WAIT,
     DaemonProc,
     _answers,
+    action,
     api_target,
     as_user,
     daemon_env,
     run,
+    start_daemon,
+    stop,
     wait_until,
     write_daemon_config,
 )
 
+GRACE = 3.0
+"""The draining daemon's ``shutdown_grace``."""
 GAP = 6.0
 """How long the first daemon waits between ``bind`` and ``listen``."""
 
@@ -113,7 +119,8 @@ async def test_a_daemon_starting_while_another_is_between_bind_and_listen_is_ref
                 _, err = second.communicate()
                 raise AssertionError(f"the second daemon serves too:\n{err.decode()}") from None
             assert second.returncode == 2, err
-            assert b"a daemon already listens on" in err and b"is locked" in err, err
+            # Told the truth: the first holds the lock and has not yet listened.
+            assert b"is starting on" in err and b"is locked" in err, err
             assert b"Traceback" not in err
 
             # The first daemon's socket is still the one at the path, and it answers there.
@@ -154,7 +161,8 @@ async def test_two_daemons_started_at_once_on_one_path_one_serves_the_other_is_r
             (loser,) = [d for d in procs if d.proc.poll() is not None]
             (winner,) = [d for d in procs if d is not loser]
             assert loser.proc.returncode == 2, loser.log_text()
-            assert "a daemon already listens on" in loser.log_text()
+            told = loser.log_text()
+            assert "a daemon already listens on" in told or "is starting on" in told, told
             assert "Traceback" not in loser.log_text()
             await wait_until(lambda: _answers(winner), "the other serves")
             assert "listening on" in winner.log_text()
@@ -376,3 +384,49 @@ async def test_a_lock_root_left_refuses_the_service_user_saying_what_to_do() -> 
         assert f"rm {lock} -- and start again" in message
     finally:
         shutil.rmtree(where)
+
+
+async def test_a_daemon_started_while_another_drains_is_told_it_is_shutting_down(
+    tmp_path: Path, token: str
+) -> None:
+    """The old daemon has removed its socket and lets a call in flight finish: a new one on
+    the same path is refused with the truth (it is stopping; start again after its grace),
+    not "a daemon already listens"; once the old one has exited, the new one starts."""
+    sock = tmp_path / "affidavit.sock"
+    held = trio.Event()
+
+    async def slow(peer: Peer) -> None:
+        if await peer.read_request() is not None:
+            held.set()
+            await trio.sleep(GRACE + 5)
+            await peer.respond(Reply(200))
+
+    async with HostileServer.running(slow) as srv:
+        home = tmp_path / "old"
+        home.mkdir()
+        targets = api_target(srv.url)
+        old_cfg = write_daemon_config(home, targets, socket=sock, service={"shutdown_grace": GRACE})
+        old = await start_daemon(old_cfg, sock, tmp_path / "old.log", token)
+        try:
+            async with Client.open(sock) as client, trio.open_nursery() as nursery:
+                nursery.start_soon(client.call, action())
+                with trio.fail_after(WAIT):
+                    await held.wait()
+                old.signal(signal.SIGTERM)
+                await wait_until(lambda: not sock.exists(), "the old daemon's socket is gone")
+                new_cfg = daemon_config(tmp_path, "new", srv.url, sock)
+                serve = [sys.executable, "-m", "affidavit", "serve", "--config", str(new_cfg)]
+                refused = await run(serve, env=daemon_env(token))
+                assert old.proc.poll() is None  # still draining when it was refused
+                nursery.cancel_scope.cancel()
+            assert await old.wait() == 0
+            new = await start_daemon(new_cfg, sock, tmp_path / "new.log", token)
+            stop(new)
+        finally:
+            stop(old)
+    assert refused.returncode == 2
+    line = refused.stderr.decode()
+    assert f"affidavit: DAEMON_STOPPING: the daemon (pid {old.proc.pid}) on {sock} is " in line
+    assert "shutting down" in line and "start again once it has exited" in line, line
+    assert "already listens" not in line
+    assert "Traceback" not in line
