@@ -1,10 +1,11 @@
 """``affidavit mcp``: the broker as MCP tools on stdin/stdout (docs/mcp.md).
 
 With ``--socket`` or ``$AFFIDAVIT_SOCKET``, a proxy to ``affidavit serve`` that holds no secret
-(the recommended deployment); else an embedded broker on ``--config``.  Runs until the client
-closes its end or SIGTERM/SIGINT arrives.  Log lines go to stderr -- stdout is the protocol's --
-and name ids, codes and counts, never a secret.  Exit 2 when it cannot start (a bad config, a
-journal another process writes), with the reason on stderr.
+(the recommended deployment); else an embedded broker on ``--config``.  ``--shutdown-grace``
+sets how long calls in flight may finish once it stops (the proxy reads no config).  Runs until
+the client closes its end or SIGTERM/SIGINT arrives.  Log lines go to stderr -- stdout is the
+protocol's -- and name ids, codes and counts, never a secret.  Exit 2 when it cannot start (a
+bad config, a journal another process writes), with the reason on stderr.
 """
 
 from __future__ import annotations
@@ -24,7 +25,31 @@ def add_commands(sub: Any) -> None:
         "--config", help="config file (embedded; default: $AFFIDAVIT_CONFIG or ./affidavit.toml)"
     )
     add_socket_arg(p)
+    p.add_argument(
+        "--shutdown-grace",
+        metavar="SECONDS",
+        help="how long calls in flight may finish after SIGTERM or the end of input (seconds or "
+        'a duration like "2m"; default: [service] shutdown_grace embedded, 30 through the '
+        "daemon, whose own grace is the daemon's)",
+    )
     p.set_defaults(handler=_mcp)
+
+
+def _grace(value: str | None) -> float | None:
+    """``--shutdown-grace``: a positive number of seconds or a duration (as ``[service]
+    shutdown_grace``); anything else is INVALID_FIELD, named."""
+    if value is None:
+        return None
+    from affidavit.config import parse_duration
+
+    try:
+        try:
+            seconds: object = float(value)
+        except ValueError:
+            seconds = value
+        return parse_duration(seconds)
+    except ValueError as exc:
+        raise UsageError(f"--shutdown-grace: {exc}", "INVALID_FIELD") from None
 
 
 def _mcp(args: argparse.Namespace) -> int:
@@ -34,6 +59,7 @@ def _mcp(args: argparse.Namespace) -> int:
     import trio
 
     socket = daemon_socket(args, "config")
+    grace = _grace(args.shutdown_grace)
     logging.basicConfig(
         stream=sys.stderr,
         level=logging.INFO,
@@ -50,7 +76,7 @@ def _mcp(args: argparse.Namespace) -> int:
         ) from None
 
     try:
-        trio.run(functools.partial(run, config=args.config, socket=socket))
+        trio.run(functools.partial(run, config=args.config, socket=socket, grace=grace))
     except Exception as exc:
         if socket is None:
             _embedded_failure(exc)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 
 from .backends import Daemon, Embedded
-from .server import new_session_id, serve
+from .server import DEFAULT_GRACE, new_session_id, serve
 from .transport import StdioTransport
 
 __all__ = ["run"]
@@ -14,16 +14,19 @@ __all__ = ["run"]
 log = logging.getLogger("affidavit.mcp")
 
 
-async def run(*, config: str | None, socket: str | None) -> None:
+async def run(*, config: str | None, socket: str | None, grace: float | None = None) -> None:
     """Serve MCP on stdin/stdout until the client leaves or a signal arrives.  ``socket``: a
-    proxy to that daemon; else an embedded broker on ``config``."""
+    proxy to that daemon; else an embedded broker on ``config``.  ``grace`` (``--shutdown-grace``)
+    beats the config's ``[service] shutdown_grace``; the proxy reads no config, so without it
+    its grace is ``DEFAULT_GRACE``."""
     session = new_session_id()
     if socket is not None:
         async with Daemon.open(socket) as daemon, StdioTransport.claim() as transport:
             log.info("session %s, through the daemon at %s", session, socket)
-            await serve(daemon, transport, session)
+            await serve(daemon, transport, session, grace=DEFAULT_GRACE if grace is None else grace)
         return
     async with Embedded.open(config) as embedded, StdioTransport.claim() as transport:
         log.info("session %s, embedded on %s", session, embedded.broker.journal.where)
         service = embedded.broker.config.service
-        await serve(embedded, transport, session, service.max_calls, service.shutdown_grace)
+        grace = service.shutdown_grace if grace is None else grace
+        await serve(embedded, transport, session, service.max_calls, grace)

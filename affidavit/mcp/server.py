@@ -20,13 +20,14 @@ its 503.
 
 Stopping: end of input (the client is gone), SIGTERM or SIGINT ends the session as the daemon's
 shutdown does (``affidavit/daemon/calls.py``): no more calls are taken (one more is answered
-SHUTTING_DOWN, nothing run); the calls in flight get ``grace`` seconds (embedded: the config's
-``[service] shutdown_grace``; the proxy: its default, 30) to finish -- their results stored, an
-answer that cannot be written recorded RESULT_DELIVERY_FAILED; then the rest are stopped, each
-recorded BROKER_SHUTDOWN with what its evidence proves (unknown once dispatched, never
-not_attempted), and the process exits.  After a signal the input is still read and answers are
-still written until the calls are over.  A signal once the input has ended or the grace runs
-(a host that closed the input and then signals, or a second signal) stops the rest at once.
+SHUTTING_DOWN, nothing run); the calls in flight get ``grace`` seconds (``--shutdown-grace``;
+else embedded: the config's ``[service] shutdown_grace``; the proxy: its default, 30) to finish
+-- their results stored, an answer that cannot be written recorded RESULT_DELIVERY_FAILED; then
+the rest are stopped, each recorded BROKER_SHUTDOWN with what its evidence proves (unknown once
+dispatched, never not_attempted), and the process exits.  After a signal the input is still read
+and answers are still written until the calls are over.  A signal once the input has ended or
+the grace runs (a host that closed the input and then signals, or a second signal) stops the
+rest at once.
 """
 
 from __future__ import annotations

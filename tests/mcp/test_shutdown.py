@@ -16,6 +16,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 import trio.testing
 
@@ -50,12 +51,19 @@ def config(tmp: Path, remotes: Remotes, grace: float = GRACE) -> Path:
 
 @asynccontextmanager
 async def server(
-    tmp: Path, cfg: Path, remotes: Remotes, token: str, env: dict[str, str] | None = None
+    tmp: Path,
+    cfg: Path | None,
+    remotes: Remotes,
+    token: str,
+    env: dict[str, str] | None = None,
+    args: tuple[str, ...] = (),
 ) -> AsyncIterator[Raw]:
+    """A real ``affidavit mcp`` process: embedded on ``cfg`` (None: ``args`` say where)."""
     log = tmp / "raw.log"
+    where = () if cfg is None else ("--config", str(cfg))
     with log.open("ab") as errlog:
         proc = await trio.lowlevel.open_process(
-            [PYTHON, "-m", "affidavit", "mcp", "--config", str(cfg)],
+            [PYTHON, "-m", "affidavit", "mcp", *where, *args],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=errlog,
@@ -311,3 +319,53 @@ async def test_the_proxy_stopped_at_the_grace_hangs_up_a_held_poll_and_says_it_s
                         await trio.sleep(0.01)
     assert answers[0]["api_error"]["code"] == "SHUTTING_DOWN", answers
     assert "affidavit mcp stopped before the daemon answered" in answers[0]["api_error"]["message"]
+
+
+async def test_the_proxy_takes_its_grace_from_its_command_line(
+    tmp_path: Path, remotes: Remotes, token: str
+) -> None:
+    """The proxy reads no config: ``--shutdown-grace`` is how its grace is set (it was fixed
+    at 30 s).  Stopped by SIGTERM with a call held, it answers SHUTTING_DOWN after that grace."""
+    async with running_daemon(tmp_path, remotes.targets(), token=token) as daemon:
+        args = ("--socket", str(daemon.socket), "--shutdown-grace", str(GRACE))
+        async with server(tmp_path, None, remotes, token, env_without_secrets(), args) as raw:
+            await held_call(raw, remotes)
+            raw.proc.send_signal(signal.SIGTERM)
+            started = trio.current_time()
+            stopped: dict[str, Any] = (await raw.answer(1))["result"]["structuredContent"]
+            waited = trio.current_time() - started
+            assert await exits_within_grace(raw) == 0
+        remotes.holds.event("release").set()  # the daemon runs it to its end
+    assert f"still running (grace {GRACE:g}s)" in raw.stderr()
+    assert GRACE * 0.9 <= waited < GRACE + 5, waited  # this grace, not the default 30 s
+    assert stopped["api_error"]["code"] == "SHUTTING_DOWN", stopped
+
+
+async def test_an_embedded_server_s_grace_on_its_command_line_beats_the_config_s(
+    tmp_path: Path, remotes: Remotes, token: str
+) -> None:
+    cfg = config(tmp_path, remotes, grace=120)
+    args = ("--shutdown-grace", f"{GRACE:g}")
+    async with server(tmp_path, cfg, remotes, token, args=args) as raw:
+        session = await held_call(raw, remotes)
+        await raw.proc.stdin.aclose()  # type: ignore[union-attr]  # the agent is gone
+        assert await exits_within_grace(raw) == 0  # not after the config's 120 s
+    assert f"still running (grace {GRACE:g}s)" in raw.stderr()
+    record = await recorded(tmp_path, cfg, remotes, token, session)
+    assert (record["code"], record["outcome"]) == ("BROKER_SHUTDOWN", "unknown")
+
+
+@pytest.mark.parametrize("value", ["soon", "0", "-1", "nan", "inf", "1e400", ""])
+async def test_a_grace_that_is_no_duration_is_refused_named(tmp_path: Path, value: str) -> None:
+    argv = ["mcp", "--socket", str(tmp_path / "s"), "--shutdown-grace", value]
+    done = await trio.run_process(
+        [PYTHON, "-m", "affidavit", *argv],
+        capture_stdout=True,
+        capture_stderr=True,
+        check=False,
+        env=env_without_secrets(),
+    )
+    assert done.returncode == 2
+    assert done.stderr.startswith(b"affidavit: INVALID_FIELD: --shutdown-grace: must "), done.stderr
+    assert b"Traceback" not in done.stderr
+    assert done.stdout == b""
