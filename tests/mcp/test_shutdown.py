@@ -369,3 +369,52 @@ async def test_a_grace_that_is_no_duration_is_refused_named(tmp_path: Path, valu
     assert done.stderr.startswith(b"affidavit: INVALID_FIELD: --shutdown-grace: must "), done.stderr
     assert b"Traceback" not in done.stderr
     assert done.stdout == b""
+
+
+async def test_a_call_awaiting_approval_at_the_grace_s_end_claims_nothing_it_did_not_do(
+    tmp_path: Path, remotes: Remotes, token: str
+) -> None:
+    """Embedded, a call waiting for an operator's yes when the grace runs out: nothing was
+    sent and no DISPATCH_STARTED written, so neither the answer nor the record may say
+    unknown or dispatched -- BROKER_SHUTDOWN (not attempted) or the approval's own outcome."""
+    targets = remotes.targets()
+    approval = {"methods": ["GET"], "ttl": "15m", "wait": "10m"}
+    targets["ok"] = {**targets["ok"], "approval": approval}
+    cfg = write_config(tmp_path, targets)
+    with cfg.open("a", encoding="utf-8") as out:
+        out.write(f"[service]\nshutdown_grace = {GRACE}\noperator_uids = [4242]\n")
+    async with server(tmp_path, cfg, remotes, token) as raw:
+        session = await session_of(raw)
+        await raw.send(call(1, "http_request", FAST))
+
+        async def awaiting() -> bool:
+            await raw.send(call("a", "list_actions", {"session": session}))
+            rows = (await raw.answer("a"))["result"]["structuredContent"]["actions"]
+            return [r["state"] for r in rows] == ["awaiting_approval"]
+
+        await wait_until(awaiting, "the call waits for an operator")
+        raw.proc.send_signal(signal.SIGTERM)
+        started = trio.current_time()
+        answer: dict[str, Any] = (await raw.answer(1))["result"]["structuredContent"]
+        waited = trio.current_time() - started
+        assert await exits_within_grace(raw) == 0
+    assert waited >= GRACE * 0.9  # stopped at the grace's end, not before
+    assert "the grace ran out: 1 call(s) stopped (BROKER_SHUTDOWN)" in raw.stderr()
+    record = await recorded(tmp_path, cfg, remotes, token, session)
+    assert not remotes.ok.requests  # nothing sent
+    # The approval's own outcome: it stays open (a daemon sends it once approved, or it
+    # expires), nothing was sent, and the caller is told to fetch the result -- never unknown.
+    error = answer["error"]
+    assert (error["code"], error["phase"], error["outcome"], error["retry"]) == (
+        "APPROVAL_PENDING",
+        "credential_injection",
+        "not_attempted",
+        "fetch_result",
+    )
+    assert answer["evidence"]["dispatch_started"] is False
+    assert (record["state"], record["code"], record["outcome"]) == (
+        "awaiting_approval",
+        "APPROVAL_PENDING",
+        "not_attempted",
+    )
+    assert record["kinds"] == ["ACTION_ACCEPTED", "PREFLIGHT_VALIDATED", "APPROVAL_REQUESTED"]
