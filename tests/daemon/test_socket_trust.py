@@ -21,6 +21,7 @@ import trio
 
 from affidavit.api.client import Client
 from affidavit.api.wire import SocketUnsafe
+from affidavit.mcp.backends import Daemon, Exchange
 from tests.external import require_root
 
 from .kit import NOBODY, WAIT, client_env, run
@@ -112,3 +113,17 @@ async def test_a_socket_in_its_user_s_own_directory_is_asked(tmp_path: Path) -> 
         finally:
             await client.aclose()
         assert connected(sock)
+
+
+async def test_the_mcp_proxy_answers_an_unsafe_socket_with_its_code(tmp_path: Path) -> None:
+    """The MCP proxy's backend asks through ``Client``: its tool answers say why, coded."""
+    where = tmp_path / "tmp"
+    where.mkdir()
+    where.chmod(0o1777)
+    path = where / "affidavit.sock"
+    with squatter(path) as sock:
+        async with Daemon.open(str(path)) as backend:
+            with trio.fail_after(WAIT):
+                answer = await backend.call({"target": "api", "method": "GET"}, Exchange())
+        assert answer["api_error"]["code"] == "DAEMON_SOCKET_UNSAFE", answer
+        assert not connected(sock)
