@@ -410,7 +410,11 @@ class Writer:
                 backend.rollback(self.conn)
                 return self.tables.hash_at(proof[0]) == proof[1]
             except errors:
-                pass
+                # The wait ran out (PostgreSQL's lock_timeout aborts the transaction it began):
+                # end it, or the connection kept for the next write is stuck in it -- every
+                # later write refused ("current transaction is aborted").
+                with contextlib.suppress(Exception):
+                    backend.rollback(self.conn)
             if time.monotonic() + delay > deadline:
                 return None
             time.sleep(delay)

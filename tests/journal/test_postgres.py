@@ -388,6 +388,31 @@ async def test_the_wait_for_a_lost_commit_is_bounded_by_reconnect(
             assert [e.kind for e in r.events("inv-1")].count(E.DISPATCH_STARTED) == 1
 
 
+async def test_the_writer_writes_again_after_its_wait_for_a_lost_commit_ran_out(
+    pg: Cluster, pg_url: str, tmp_path: Path
+) -> None:
+    """The bounded wait for the head (the lost session's COMMIT held) ends the write
+    ``CommitUnknown``; PostgreSQL answers that wait's ``lock_timeout`` by aborting the
+    transaction it began.  The writer must not keep that aborted transaction: the next write --
+    the call's closing event, which is how the record comes to say what happened -- runs on a
+    usable connection once the head is free, and sees the COMMIT that landed meanwhile."""
+    within = 1.0
+    async with _through_proxy(pg, pg_url, tmp_path, reconnect_within=within) as (proxy, j):
+        j.before_commit = lambda batch: proxy.hold_next_request()
+        with trio.fail_after(LIMIT), pytest.raises(CommitUnknown):
+            await j.append(Event(E.DISPATCH_STARTED, "inv-1", {"attempt": 1}))
+        j.before_commit = None
+        proxy.release()  # the COMMIT lands after all
+        closing = Event(E.ATTEMPT_INTERRUPTED, "inv-1", {"code": "REMOTE_OUTCOME_UNKNOWN"})
+        with trio.fail_after(LIMIT):
+            stored = await j.append(closing, barrier=True)
+        assert stored.seq == 5
+    with JournalReader.open(pg_url) as r:
+        kinds = [e.kind for e in r.events("inv-1")]
+        assert kinds[-2:] == [E.DISPATCH_STARTED, E.ATTEMPT_INTERRUPTED]
+        assert r.verify().ok
+
+
 async def test_a_journal_of_a_newer_schema_is_neither_written_nor_read(
     pg: Cluster, pg_url: str, tmp_path: Path
 ) -> None:
