@@ -44,6 +44,7 @@ from .attempt import (
 from .contracts import Reader
 from .readable import stream_cut
 from .recorder import reference_payload, result_payload
+from .recovery import closing_event
 from .sink import Stored, StreamSink
 
 if TYPE_CHECKING:
@@ -109,7 +110,7 @@ async def conclude(
         try:
             if failure is not None:
                 await recorder.write_many(observed)
-                return await recorder.finish(iid, stamped(failure, attempt.generation))
+                return await _close(engine, iid, stamped(failure, attempt.generation))
             assert result is not None
             envelope, committed = await _commit(engine, attempt, result, sink, reading, observed)
         except ImpossibleEvent as refused:
@@ -123,6 +124,25 @@ async def conclude(
             return envelope
     assert deliver is not None  # (the scope cannot swallow a return; mypy cannot tell)
     return await _deliver(engine, iid, envelope, deliver)
+
+
+async def _close(engine: Engine, iid: str, closing: Event) -> dict[str, Any]:
+    """Append the attempt's ``closing`` event and render the record.  Refused by a record that
+    moved under the same attempt -- a DISPATCH_STARTED whose commit was lost (``CommitUnknown``:
+    the gate read the record before it landed, and judged it not sent) landing before this
+    write took the head -- the ending is what the record now proves (``closing_event``:
+    unknown once DISPATCH_STARTED is on record), never the gate's guess.  A record a newer
+    attempt took over, or already closed, is ``lease_refused``'s to answer (re-raised)."""
+    recorder = engine.recorder
+    generation = closing.attrs.get("generation")
+    try:
+        return await recorder.finish(iid, closing)
+    except ImpossibleEvent:
+        record = await recorder.record(iid)
+        proven = None if record.final else closing_event(record, "journal")
+        if record.generation != generation or proven is None or proven.kind is closing.kind:
+            raise
+    return await recorder.finish(iid, proven)
 
 
 async def _commit(
