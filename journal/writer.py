@@ -461,8 +461,11 @@ class Writer:
         conn, tables = self.conn, self.tables
         errors = backend.errors
         self._committing = False
-        want = backend.begin(conn, barrier=barrier)
         try:
+            # Inside the try: a begin refused while it waits for the head (a lock_timeout or
+            # statement_timeout the database applies) leaves its transaction aborted, and the
+            # rollback below ends it -- else every later write on this connection is refused.
+            want = backend.begin(conn, barrier=barrier)
             seq, h = tables.head()
             if seq != self.known_head or len(self.projectors) > _PROJECTOR_CACHE:
                 self._catch_up(tables, seq)

@@ -413,6 +413,33 @@ async def test_the_writer_writes_again_after_its_wait_for_a_lost_commit_ran_out(
         assert r.verify().ok
 
 
+async def test_a_write_refused_while_waiting_for_the_head_leaves_the_writer_usable(
+    pg_url: str, tmp_path: Path
+) -> None:
+    """A database that bounds lock waits itself (``lock_timeout`` set on the role or the
+    database, as operators do) refuses a write whose wait for the chain head ran out -- the
+    write fails, honestly.  PostgreSQL aborts the transaction the wait was in: the writer must
+    end it, or every later write on that journal is refused ("current transaction is
+    aborted") long after the head is free."""
+    from affidavit.journal.postgres import _LOCK
+
+    with psycopg.connect(pg_url, autocommit=True) as admin:
+        name = admin.execute("SELECT current_database()").fetchone()[0]
+        admin.execute(f'ALTER DATABASE "{name}" SET lock_timeout = 300')
+    async with Journal.open(pg_url, **_keys(tmp_path, "a")) as j:
+        events = until_dispatch("inv-1")
+        await j.append(events[0], barrier=True)
+        with psycopg.connect(pg_url, autocommit=True) as other:
+            other.execute("BEGIN")
+            other.execute("SELECT pg_advisory_xact_lock(%s, hashtext(current_schema()))", (_LOCK,))
+            with trio.fail_after(LIMIT), pytest.raises(JournalError):
+                await j.append(events[1], barrier=True)
+            other.execute("ROLLBACK")
+        with trio.fail_after(LIMIT):
+            stored = await j.append(events[1], barrier=True)
+        assert stored.seq == 2
+
+
 async def test_a_journal_of_a_newer_schema_is_neither_written_nor_read(
     pg: Cluster, pg_url: str, tmp_path: Path
 ) -> None:
