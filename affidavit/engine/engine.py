@@ -192,7 +192,20 @@ class Engine:
                 # mid-call: close it with what the journal proves, so the answer is
                 # unknown/reconcile rather than "in progress" forever.  Still a read of the
                 # remote: nothing is sent.
-                record = await recover_stale(self.recorder, record)
+                try:
+                    record = await recover_stale(self.recorder, record)
+                except JournalWriteError:
+                    # The close is recovery's, not this read's: a journal that did not take it
+                    # leaves the record as it stands -- open (IN_PROGRESS, fetch again), never
+                    # a JournalError (answered RESULT_UNVERIFIED) nor a close rendered in
+                    # memory (the database's clock might have refused it: lease still live).
+                    self.recorder.forget()
+                    record = (
+                        await self.recorder.read(
+                            lambda: self.journal.record(invocation_id, now=time.time())
+                        )
+                        or record
+                    )
             if from_chunk is not None:
                 return self.recorder.envelope(record, from_chunk=from_chunk)
             return await deliver_stored(self, record, deliver)
