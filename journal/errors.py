@@ -98,7 +98,8 @@ class JournalUnavailable(JournalError):
 
 class JournalNotDurable(JournalError):
     """A shared journal's database would acknowledge a commit it may lose in a crash (``fsync``
-    or ``full_page_writes`` off, or a transaction that cannot ask for ``synchronous_commit``):
+    or ``full_page_writes`` off, a table of the journal UNLOGGED, or a transaction that cannot
+    ask for ``synchronous_commit``):
     DISPATCH_STARTED would not be durable before the first byte is sent, so the broker refuses
     to write it.  The message names the setting and the fix."""
 

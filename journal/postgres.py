@@ -65,6 +65,17 @@ SESSION_INDEX_DDL = (
 
 _LOCK = 0x61666676  # "affv": the chain head's advisory lock, with the schema's hash as 2nd key
 _APPEND_ONLY = ("events", "checkpoints", "results")
+_TABLES = (
+    "meta",
+    "events",
+    "result_chunks",
+    "results",
+    "result_audit",
+    "checkpoints",
+    "leases",
+    "idempotency",
+)
+"""Every table of the schema: a writer refuses a journal where one is UNLOGGED."""
 
 SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS meta (
@@ -342,7 +353,8 @@ class PostgresBackend:
     def _refuse_not_durable(self, conn: Any) -> None:
         """A writer refuses a server that would acknowledge a commit it may lose in a crash:
         DISPATCH_STARTED must be durable before the first byte is sent (seed).  ``fsync`` and
-        ``full_page_writes`` are the server's; ``synchronous_commit`` is set per transaction
+        ``full_page_writes`` are the server's; a table of the journal must not be UNLOGGED
+        (crash recovery empties it); ``synchronous_commit`` is set per transaction
         (``begin``), so what is checked is that a transaction can ask for it."""
         fsync, fpw = conn.execute(
             "SELECT current_setting('fsync'), current_setting('full_page_writes')"
@@ -355,6 +367,19 @@ class PostgresBackend:
                     f"durable before anything is sent); set {name} = on (postgresql.conf or "
                     f"ALTER SYSTEM SET {name} = on) and reload the server"
                 )
+        unlogged = conn.execute(
+            "SELECT c.relname FROM pg_class c WHERE c.relpersistence <> 'p' AND c.oid = ANY("
+            "ARRAY[" + ", ".join(f"to_regclass('{t}')" for t in _TABLES) + "]) ORDER BY 1"
+        ).fetchall()
+        if unlogged:
+            # Crash recovery empties an UNLOGGED table: its acknowledged rows -- the leases and
+            # bindings that keep a second send out, DISPATCH_STARTED itself -- would be gone.
+            table = unlogged[0][0]
+            raise JournalNotDurable(
+                f"journal {self.where}: refused: table {table} is UNLOGGED, so PostgreSQL "
+                "empties it in a crash (DISPATCH_STARTED must be durable before anything is "
+                f"sent); run ALTER TABLE {table} SET LOGGED as the tables' owner"
+            )
         conn.execute("BEGIN")
         try:
             conn.execute("SET LOCAL synchronous_commit = on")

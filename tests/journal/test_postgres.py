@@ -496,3 +496,34 @@ def _reload(cluster: Cluster, setting: str, value: str) -> None:
             return
         time.sleep(0.05)
     raise AssertionError(f"{setting} did not become {value}")
+
+
+async def test_a_journal_whose_tables_are_unlogged_is_refused(
+    pg: Cluster, pg_url: str, tmp_path: Path
+) -> None:
+    """An UNLOGGED table (``ALTER TABLE ... SET UNLOGGED``, or one created so before the
+    broker's first start: ``CREATE TABLE IF NOT EXISTS`` keeps it) is emptied by PostgreSQL's
+    crash recovery: the lease and binding rows that keep a second broker from sending again,
+    DISPATCH_STARTED itself, would be gone after a crash although every commit was
+    acknowledged, as with fsync = off.  The writer refuses to open the journal, naming the
+    table and the fix; a reader still reads it, and the writer opens it once it is logged."""
+    from affidavit.journal import JournalNotDurable
+
+    database = pg_url.rsplit("/", 1)[1]
+    async with Journal.open(pg_url, **_keys(tmp_path, "a")) as j:
+        for ev in happy("inv-1"):
+            await j.append(ev)
+    for table in ("leases", "idempotency"):
+        pg.sql(f"ALTER TABLE {table} SET UNLOGGED", database)
+        with pytest.raises(JournalNotDurable) as info:
+            async with Journal.open(pg_url, **_keys(tmp_path, "a")):
+                pass
+        message = str(info.value)
+        assert f"{table} is UNLOGGED" in message, message
+        assert f"ALTER TABLE {table} SET LOGGED" in message, message
+        assert pg.password not in message
+        with JournalReader.open(pg_url) as r:
+            assert r.verify().ok
+        pg.sql(f"ALTER TABLE {table} SET LOGGED", database)
+        async with Journal.open(pg_url, **_keys(tmp_path, "a")) as j:
+            await j.append(happy(f"inv-{table}")[0])
