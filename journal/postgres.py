@@ -444,7 +444,23 @@ class PostgresBackend:
             return
         log.info("journal %s: building index %s (once)", self.where, SESSION_INDEX)
         started = time.monotonic()
-        conn.execute(SESSION_INDEX_DDL)
+        # Under a savepoint: a build that fails -- the role's statement_timeout over a large
+        # journal, a lock it cannot take, a full disk -- must not keep the broker from starting
+        # (nothing relies on the index); the opening transaction goes on without it.
+        conn.execute("SAVEPOINT affidavit_index")
+        try:
+            conn.execute(SESSION_INDEX_DDL)
+        except psycopg.Error as exc:
+            if self.lost(exc):
+                raise
+            conn.execute("ROLLBACK TO SAVEPOINT affidavit_index")
+            log.warning(
+                "journal %s: index %s not built (%s): the session views read every event "
+                "until it is; the next open tries again, or run: %s",
+                self.where, SESSION_INDEX, self.describe(exc), SESSION_INDEX_DDL,
+            )  # fmt: skip
+            return
+        conn.execute("RELEASE SAVEPOINT affidavit_index")
         log.info(
             "journal %s: built index %s in %.1f s", self.where, SESSION_INDEX,
             time.monotonic() - started,

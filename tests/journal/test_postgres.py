@@ -197,6 +197,42 @@ async def test_a_broker_role_opens_a_journal_without_the_session_index_and_says_
     assert pg.sql("SELECT to_regclass('events_session')::text", database) == [("events_session",)]
 
 
+async def test_a_session_index_that_cannot_be_built_does_not_refuse_the_journal(
+    pg: Cluster, pg_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``events_session`` is built when its owner opens a journal from before it -- in the
+    opening transaction, over every event.  A build that fails (the role's
+    ``statement_timeout`` on a large journal, a lock it cannot take, a full disk) must not keep
+    the broker from starting: nothing relies on the index.  The journal opens without it,
+    logged, and writes as before; a later open builds it."""
+    database = pg_url.rsplit("/", 1)[1]
+    async with Journal.open(pg_url, **_keys(tmp_path, "owner")) as j:
+        for ev in happy("inv-1", "alice"):
+            await j.append(ev)
+    pg.sql("DROP INDEX events_session", database)  # as a broker from before left it
+    pg.sql(f'ALTER DATABASE "{database}" SET statement_timeout = 500', database)
+    # Another session writing to the table: the build waits for its lock past the timeout,
+    # as a long build on a large journal runs past it.
+    with psycopg.connect(pg_url, autocommit=True) as other:
+        other.execute("BEGIN")
+        other.execute("LOCK TABLE events IN ROW EXCLUSIVE MODE")
+        with caplog.at_level(logging.INFO, logger="affidavit.journal"):
+            async with Journal.open(pg_url, **_keys(tmp_path, "owner")) as j:
+                for ev in happy("inv-2", "alice"):
+                    await j.append(ev)
+        other.execute("ROLLBACK")
+    assert pg.sql("SELECT to_regclass('events_session')", database) == [(None,)]
+    logged = " ".join(r.getMessage() for r in caplog.records if r.name == "affidavit.journal")
+    assert "not built" in logged and pg.password not in logged, logged
+    with JournalReader.open(pg_url) as r:
+        assert len(r.newest_actions(10, session="alice")[0]) == 2
+        assert r.verify().ok
+    pg.sql(f'ALTER DATABASE "{database}" RESET statement_timeout', database)
+    async with Journal.open(pg_url, **_keys(tmp_path, "owner")):
+        pass
+    assert pg.sql("SELECT to_regclass('events_session')::text", database) == [("events_session",)]
+
+
 # -- a connection lost around a commit -----------------------------------------------------------
 
 
