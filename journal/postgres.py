@@ -63,6 +63,8 @@ SESSION_INDEX_DDL = (
     f"CREATE INDEX IF NOT EXISTS {SESSION_INDEX} ON events (session_id, seq, invocation_id)"
 )
 
+_MAX_LOCK_TIMEOUT_MS = 2**31 - 1
+"""The longest ``lock_timeout`` PostgreSQL takes (an int of milliseconds: ~24.8 days)."""
 _LOCK = 0x61666676  # "affv": the chain head's advisory lock, with the schema's hash as 2nd key
 _APPEND_ONLY = ("events", "checkpoints", "results")
 _TABLES = (
@@ -468,8 +470,11 @@ class PostgresBackend:
 
     def begin(self, conn: Any, *, barrier: bool, wait: float | None = None) -> str:
         sync = "on" if barrier else "off"
-        # ``wait``: lock_timeout bounds the wait for the head (55P03 lock_not_available after).
-        limit = "" if wait is None else f"SET LOCAL lock_timeout = {max(1, int(wait * 1000))}; "
+        # ``wait``: lock_timeout bounds the wait for the head (55P03 lock_not_available after),
+        # at most the longest PostgreSQL counts: more is refused, and every re-read after a lost
+        # commit would fail at once until ``reconnect`` (up to 100 years) ran out.
+        ms = None if wait is None else min(max(1, int(wait * 1000)), _MAX_LOCK_TIMEOUT_MS)
+        limit = "" if ms is None else f"SET LOCAL lock_timeout = {ms}; "
         conn.execute(
             f"BEGIN; SET LOCAL synchronous_commit = {sync}; {limit}"
             f"SELECT pg_advisory_xact_lock({_LOCK}, hashtext(current_schema()))"

@@ -28,7 +28,7 @@ from affidavit.journal import (
     JournalUnavailable,
     SigningKey,
 )
-from affidavit.journal.postgres import grant_statements
+from affidavit.journal.postgres import PostgresBackend, grant_statements
 from affidavit.statemachine import Event
 from affidavit.statemachine import EventKind as E
 from tests.postgres import Cluster, Proxy
@@ -474,6 +474,26 @@ async def test_a_write_refused_while_waiting_for_the_head_leaves_the_writer_usab
         with trio.fail_after(LIMIT):
             stored = await j.append(events[1], barrier=True)
         assert stored.seq == 2
+
+
+def test_a_wait_for_the_head_past_what_postgresql_counts_is_its_longest(pg_url: str) -> None:
+    """The re-read after a lost commit waits for the chain head at most what is left of
+    ``reconnect`` (``lock_timeout``).  ``reconnect`` may be up to 100 years; PostgreSQL's
+    ``lock_timeout`` is at most 2^31-1 ms (~24.8 days) and refuses more: every re-read then
+    failed at once and the writer retried it, all writes stalled, until ``reconnect`` ran out
+    -- for weeks.  A longer wait is taken as the longest PostgreSQL counts."""
+    backend = PostgresBackend(pg_url, reconnect_within=36500 * 86400.0)
+    conn = backend.connect("writer")
+    try:
+        for wait in (0.0001, 2.5, 25 * 86400.0, 36500 * 86400.0):
+            backend.begin(conn, barrier=False, wait=wait)
+            (shown,) = conn.execute("SHOW lock_timeout").fetchone()
+            backend.rollback(conn)
+            assert shown != "0", (wait, shown)
+        backend.begin(conn, barrier=False)
+        backend.rollback(conn)
+    finally:
+        backend.close(conn)
 
 
 async def test_a_journal_of_a_newer_schema_is_neither_written_nor_read(
