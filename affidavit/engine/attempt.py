@@ -309,9 +309,12 @@ async def _try_once(
             # The code's own meaning would blame the remote ("the server certificate was
             # rejected"); the message says it is the setting (``detail``: the adapter's fixed
             # words for a setting, never a value).
+            # "Nothing was sent" is the first attempt's to say: a retry's earlier attempt may
+            # have been sent (its outcome is the record's, unknown), and this one sent nothing.
             field = f"targets.{attempt.target_name}.{exc.setting}"
+            sent = "nothing was sent" if attempt.generation == 0 else "this retry sent nothing"
             attrs["field"] = field
-            attrs["message"] = f"{exc.detail}: fix {field}; nothing was sent."
+            attrs["message"] = f"{exc.detail}: fix {field}; {sent}."
         return None, Event(E.SETUP_FAILED, iid, attrs), False
     except _Refused as exc:
         return None, Event(E.PREFLIGHT_FAILED, iid, dict(exc.attrs)), False

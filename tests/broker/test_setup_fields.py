@@ -22,6 +22,7 @@ from tests.daemon.kit import api_target, cli, running_daemon
 from tests.http.hostile import HostileServer, Reply, make_tls, scripts
 
 from .helpers import assert_error, http_target, open_broker, write_config
+from .http_rows import IDEM, POST
 
 LIMIT = 30
 GET = {"target": "api", "method": "GET", "path": "/x"}
@@ -107,3 +108,38 @@ async def test_an_unusable_ca_file_names_its_config_field_through_the_daemon(
         _setup_refused(env, tls.ca_file, srv)
         record = await cli(d, "record", env["invocation_id"], "--json")
         assert json.loads(record.stdout)["record"]["field"] == FIELD, record.stdout
+
+
+async def test_a_retry_stopped_by_an_unusable_ca_file_does_not_say_nothing_was_sent(
+    tmp_path: Path, token: str
+) -> None:
+    """The first attempt was sent and its outcome is unknown; the caller's same-key retry,
+    after the broker restarted, finds the CA file unusable.  The envelope stays unknown (the
+    first request may have taken effect), and its message must not claim "nothing was sent":
+    only the retry sent nothing."""
+    action = {**POST, "idempotency_key": "pay-key-ca"}
+    tls = make_tls(tmp_path)
+    async with HostileServer.running(scripts.apply_then_close(), tls=tls.good) as srv:
+        target = http_target(srv.url, ca_file=tls.ca_file, idempotency=IDEM)
+        cfg = write_config(tmp_path, {"api": target})
+        async with open_broker(cfg) as broker:
+            with trio.fail_after(LIMIT):
+                first = await broker.call(action)
+            assert first["error"]["outcome"] == "unknown", first
+            assert len(srv.requests) == 1
+        # The broker restarted (a process loads the CA file at its first TLS connection).
+        _spoil(tls.ca_file)
+        async with open_broker(cfg) as broker:
+            with trio.fail_after(LIMIT):
+                second = await broker.call(action)
+    assert second["invocation_id"] == first["invocation_id"]
+    error = second["error"]
+    assert (error["code"], error["outcome"], error["field"]) == (
+        "CERTIFICATE_INVALID",
+        "unknown",
+        FIELD,
+    ), error
+    assert second["evidence"]["dispatch_started"] is True, second["evidence"]
+    assert error["message"] == f"CA file unusable: fix {FIELD}; this retry sent nothing.", error
+    assert len(srv.requests) == 1  # the retry sent nothing
+    assert tls.ca_file not in json.dumps(second)
