@@ -35,6 +35,10 @@ TIMES = st.one_of(
 )
 
 
+class _Str(str):
+    """A str subclass (an id someone built so): row_digest's own path, not the direct one."""
+
+
 class _Projector:
     def apply(self, stored: Event) -> None:
         pass
@@ -55,11 +59,13 @@ class _Tables:
 @given(
     kind=st.sampled_from(list(EventKind)),
     source=st.sampled_from(list(EvidenceSource)),
-    iid=TEXT,
+    iid=st.one_of(TEXT, TEXT.map(_Str)),
     session=st.one_of(st.none(), TEXT),
     accepted_session=st.one_of(st.none(), TEXT, st.integers(), st.booleans()),
-    observer=st.one_of(st.none(), TEXT),
-    observer_seq=st.one_of(st.none(), st.integers(min_value=-(2**70), max_value=2**70)),
+    observer=st.one_of(st.none(), TEXT, TEXT.map(_Str)),
+    observer_seq=st.one_of(
+        st.none(), st.booleans(), st.integers(min_value=-(2**70), max_value=2**70)
+    ),
     at=TIMES,
     clock=st.one_of(TIMES.filter(lambda t: t is not None)),
     attrs_text=TEXT,
