@@ -363,10 +363,20 @@ class _Checkpointer:
         """The thread's last checkpoint found no frame it could not copy (no reader held one
         back): a catch-up by the writer can then copy every frame."""
 
-    def committed(self, conn: sqlite3.Connection) -> None:
-        """After each writer commit: wake the thread when enough was written since."""
+    @staticmethod
+    def pages(conn: sqlite3.Connection) -> int:
+        """The database's size in pages, read by the writer inside its transaction, before
+        ``COMMIT``: what it will be once committed.  Read after ``COMMIT`` instead, the pragma
+        began a read transaction of its own -- four more ``fcntl`` locks on the -shm file and
+        ~5 us per commit (issue 15, ``tests/benchmarks/call_timeline.py``)."""
+        return int(conn.execute("PRAGMA page_count").fetchone()[0])
+
+    def committed(self, pages: int | None) -> None:
+        """After each writer commit, with its ``pages`` (None: unread, counted as unchanged):
+        wake the thread when enough was written since."""
         self._commits += 1
-        pages = int(conn.execute("PRAGMA page_count").fetchone()[0])  # errors: see ``commit``
+        if pages is None:
+            pages = self._pages or 0
         if self._pages is None:
             self._pages = pages
         if pages - self._pages < CHECKPOINT_PAGES and self._commits < CHECKPOINT_COMMITS:
@@ -517,14 +527,19 @@ class SqliteBackend:
         return want
 
     def commit(self, conn: Any) -> None:
-        conn.execute("COMMIT")
         checkpointer = self._checkpointers.get(id(conn))
+        pages: int | None = None
+        if checkpointer is not None:
+            # Upkeep only: a size it cannot read must not fail the transaction.
+            with contextlib.suppress(Exception):
+                pages = checkpointer.pages(conn)
+        conn.execute("COMMIT")
         if checkpointer is not None:
             # The COMMIT landed: whatever waking the checkpointer raises (no thread to be had)
             # must not report these writes failed -- a durable DISPATCH_STARTED answered as an
             # error is a record that claims a dispatch the engine then never makes.
             with contextlib.suppress(Exception):
-                checkpointer.committed(conn)
+                checkpointer.committed(pages)
 
     def between(self, conn: Any) -> None:
         checkpointer = self._checkpointers.get(id(conn))

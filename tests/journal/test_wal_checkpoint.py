@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import sqlite3
 import threading
 import time
 from pathlib import Path
@@ -64,6 +65,26 @@ async def test_a_checkpointer_that_cannot_start_does_not_fail_a_committed_write(
         assert r.verify().ok
 
 
+async def test_a_size_the_checkpointer_cannot_read_does_not_fail_the_transaction(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The database's size is read inside the writer's transaction, before ``COMMIT``: a read
+    that fails is upkeep lost, not the transaction -- its rows commit and are answered so."""
+    path = tmp_path / "j.db"
+
+    def unreadable(conn: object) -> int:
+        raise sqlite3.OperationalError("disk I/O error")
+
+    async with Journal.open(path) as j:
+        monkeypatch.setattr(sqlite_backend._Checkpointer, "pages", staticmethod(unreadable))
+        stored = [await j.append(ev, barrier=True) for ev in happy("inv-1")]
+        monkeypatch.undo()
+        assert [e.seq for e in stored] == list(range(1, len(stored) + 1))
+    with JournalReader.open(path) as r:
+        assert len(r.events("inv-1")) == len(stored)
+        assert r.verify().ok
+
+
 def _wal_restarts(path: Path) -> int:
     """The WAL header's checkpoint sequence number: SQLite adds one each time it writes the WAL
     from its start again."""
@@ -104,5 +125,32 @@ async def test_the_wal_starts_over_while_writes_keep_coming(
     # The WAL file keeps the size of its longest cycle (here ~1 database's worth of pages);
     # without the catch-up it held every frame of the run: 0 restarts, ~13 databases' worth.
     assert wal < 3 * pages * 4096, (wal, pages)
+    with JournalReader.open(path) as r:
+        assert r.verify().ok
+
+
+async def test_the_writer_starts_no_read_transaction_after_its_commit(tmp_path: Path) -> None:
+    """The checkpoint trigger needs the database's size after each commit.  Read with a
+    ``PRAGMA page_count`` after ``COMMIT``, it began a read transaction of its own every time
+    (four more ``fcntl`` locks on the -shm file, issue 15); it is read inside the transaction,
+    before ``COMMIT``.  Between one ``COMMIT`` and the next ``BEGIN`` the writer's connection
+    runs only its durability switch or the checkpoint catch-up."""
+    path = tmp_path / "j.db"
+    seen: list[str] = []
+    async with Journal.open(path) as j:
+        j.write_connection.set_trace_callback(seen.append)
+        for i in range(3):
+            for k, ev in enumerate(happy(f"inv-{i}")):
+                await j.append(ev, barrier=k % 2 == 0)
+        j.write_connection.set_trace_callback(None)
+    commits = [n for n, stmt in enumerate(seen) if stmt == "COMMIT"]
+    assert len(commits) == 3 * len(happy("inv-0"))
+    for n in commits:
+        before = seen[n - 1]
+        assert before == "PRAGMA page_count", seen[max(0, n - 3) : n + 1]
+        after = seen[n + 1 : n + 2]
+        assert after == [] or after[0].startswith(
+            ("BEGIN", "PRAGMA synchronous", "PRAGMA wal_checkpoint")
+        ), seen[n : n + 3]
     with JournalReader.open(path) as r:
         assert r.verify().ok
