@@ -414,17 +414,23 @@ QUERY_PARAMS: dict[Callable[..., Awaitable[None]], tuple[str, ...]] = {
 
 
 def _check_params(req: Request, handler: Callable[..., Awaitable[None]]) -> None:
-    """400 ``INVALID_FIELD`` naming the first query parameter the route does not read, before
-    anything runs -- as an unknown action or body field is refused: ``?timout=5`` silently
-    dropped would run the call under the target's own timeout, ``?limt=5`` page 50 records.
-    A name that is not short printable text is not echoed: ``query`` stands for it."""
+    """400 ``INVALID_FIELD`` naming the first query parameter the route does not read, or one
+    sent twice, before anything runs -- as an unknown action or body field is refused:
+    ``?timout=5`` silently dropped would run the call under the target's own timeout,
+    ``?limt=5`` page 50 records, and of ``?timeout=1&timeout=100`` one value would be
+    dropped unseen.  A name that is not short printable text is not echoed: ``query`` stands
+    for it."""
     known = QUERY_PARAMS.get(handler, ())
     for name in sorted(req.params):
+        shown = name if 0 < len(name) <= 64 and name.isprintable() else "query"
         if name not in known:
-            shown = name if 0 < len(name) <= 64 and name.isprintable() else "query"
             takes = f"this route takes {', '.join(known)}" if known else "this route takes none"
             raise ApiProblem(
                 400, "INVALID_FIELD", f"{shown}: unknown query parameter ({takes})", shown
+            )
+        if name in req.repeated:
+            raise ApiProblem(
+                400, "INVALID_FIELD", f"{shown}: query parameter given twice (give it once)", shown
             )
 
 

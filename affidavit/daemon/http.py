@@ -11,6 +11,7 @@ Status codes are the API's, never the action's: every envelope -- error or not -
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, unquote
@@ -102,7 +103,17 @@ def parse_json(raw: bytes | bytearray, limit: int = MAX_BODY, *, action: bool = 
 class Request:
     """One request on its connection: method, path, query parameters, the peer that sent it."""
 
-    __slots__ = ("_conn", "answered", "held", "method", "params", "path", "peer", "target")
+    __slots__ = (
+        "_conn",
+        "answered",
+        "held",
+        "method",
+        "params",
+        "path",
+        "peer",
+        "repeated",
+        "target",
+    )
 
     def __init__(
         self, conn: Connection, method: str, target: str, query: bytes, peer: Peer
@@ -115,9 +126,11 @@ class Request:
         self.path = unquote(target)
         """The path unquoted: for messages and the log."""
         self.peer = peer
-        self.params: dict[str, str] = (
-            dict(parse_qsl(query.decode("latin-1"), keep_blank_values=True)) if query else {}
-        )
+        pairs = parse_qsl(query.decode("latin-1"), keep_blank_values=True) if query else []
+        self.params: dict[str, str] = dict(pairs)
+        self.repeated = frozenset(n for n, c in Counter(n for n, _ in pairs).items() if c > 1)
+        """The parameter names sent more than once, refused by every route (``_check_params``):
+        ``dict`` keeps the last, so ``?timeout=1&timeout=100`` would run under 100."""
         self.answered = False
         self.held = 0
         """Bytes of its body counted against the server's ``body_budget`` (``body``)."""

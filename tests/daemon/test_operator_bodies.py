@@ -115,3 +115,65 @@ async def test_a_bad_query_parameter_or_body_is_refused_naming_it_in_field(
             blocking_request, socket, "GET", "/v1/actions?limit=5&outcome=unknown", None
         )
         assert listed.status == 200 and listed.json()["actions"] == [], listed
+
+
+async def test_a_query_parameter_given_twice_is_refused_naming_it_on_every_route(
+    tmp_path: Path, token: str
+) -> None:
+    """``?timeout=1&timeout=100`` is refused (400 ``INVALID_FIELD``, ``field`` naming it),
+    as an unknown parameter is -- never one of the two values kept unseen (the last, which
+    would run the call under 100 s).  Every parameter of every route that reads one is tried,
+    spelt plainly and percent-encoded; nothing is run."""
+    values = {
+        "timeout": ("1", "100"),
+        "from_chunk": ("0", "1"),
+        "session": ("a", "b"),
+        "outcome": ("unknown", "committed"),
+        "phase": ("validation", "result_delivery"),
+        "since": ("0", "1"),
+        "until": ("0", "1"),
+        "limit": ("5", "50"),
+        "format": ("json", "prometheus"),
+    }
+    routes = (
+        ("POST", "/v1/calls", json.dumps(CHARGE).encode(), ("timeout",)),
+        ("POST", "/v1/operations/x/poll", None, ("timeout",)),
+        ("POST", "/v1/invocations/x/reconcile", b'{"query": true}', ("timeout",)),
+        ("GET", "/v1/invocations/x/result", None, ("from_chunk",)),
+        ("GET", "/v1/actions", None, ("session", "outcome", "phase", "since", "until", "limit")),
+        ("GET", "/v1/sessions", None, ("limit",)),
+        ("GET", "/v1/metrics", None, ("session", "since", "format")),
+    )
+    async with (
+        HostileServer.running(scripts.serve(Reply(200))) as srv,
+        running_daemon(tmp_path, api_target(srv.url), token=token) as daemon,
+    ):
+        socket = str(daemon.socket)
+        for method, path, body, names in routes:
+            for name in names:
+                one, other = values[name]
+                encoded = "".join(f"%{b:02X}" for b in name.encode())
+                for query in (f"{name}={one}&{name}={other}", f"{name}={one}&{encoded}={other}"):
+                    target = f"{path}?{query}"
+                    answer = await trio.to_thread.run_sync(
+                        blocking_request, socket, method, target, body
+                    )
+                    error = answer.error()
+                    assert (answer.status, error.code, error.field) == (
+                        400,
+                        "INVALID_FIELD",
+                        name,
+                    ), (target, answer.status, error)
+                    assert "given twice" in error.message, (target, error)
+        # A route that reads none still calls a repeated name unknown, as it does a single one.
+        answer = await trio.to_thread.run_sync(
+            blocking_request, socket, "GET", "/v1/health?verbose=1&verbose=2", None
+        )
+        error = answer.error()
+        assert (answer.status, error.code, error.field) == (400, "INVALID_FIELD", "verbose")
+        assert "unknown query parameter" in error.message, error
+        assert srv.requests == []  # the refused calls were never run
+        once = await trio.to_thread.run_sync(
+            blocking_request, socket, "GET", "/v1/actions?limit=5&outcome=unknown", None
+        )
+        assert once.status == 200 and once.json()["actions"] == [], once
