@@ -43,6 +43,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
 from importlib import resources
 from typing import Any
@@ -106,7 +107,10 @@ class Request:
         self.scope, self.receive, self.send = scope, receive, send
         self.method = str(scope["method"])
         self.path = str(scope["path"])
-        self.query = dict(parse_qsl(scope.get("query_string", b"").decode("latin-1")))
+        query = scope.get("query_string", b"").decode("latin-1")
+        self.query = dict(parse_qsl(query))
+        self.repeated = _repeated(parse_qsl(query, keep_blank_values=True))
+        """Query parameter names sent more than once, blank or not (refused: ``_route``)."""
         self.headers: dict[str, str] = {}
         self._cookie_lines: list[str] = []
         for k, v in scope.get("headers", []):
@@ -162,9 +166,15 @@ class Request:
         if waited.cancelled_caught:
             raise Refused(408, f"the form did not arrive within {FORM_WAIT:g} s")
         try:
-            return dict(parse_qsl(data.decode("utf-8"), keep_blank_values=True))
+            pairs = parse_qsl(data.decode("utf-8"), keep_blank_values=True)
         except UnicodeDecodeError:
             raise Refused(400, "the form is not UTF-8") from None
+        # A field given twice is refused, never one of its values kept unseen: of
+        # ``how=query&how=committed`` the last would attest what the page's button did not say.
+        repeated = _repeated(pairs)
+        if repeated:
+            raise Refused(400, f"{_shown(repeated[0], 'form')}: field given twice", "INVALID_FIELD")
+        return dict(pairs)
 
     async def answer(
         self,
@@ -284,6 +294,9 @@ class Console:
                 raise Refused(
                     421, "through the proxy this console is served only as its public origin"
                 )
+        if req.repeated:  # one of its values would be dropped unseen
+            message = f"{_shown(req.repeated[0], 'query')}: query parameter given twice"
+            raise Refused(400, message, "INVALID_FIELD")
         if path.startswith("/static/"):
             return await self._static(req, path.removeprefix("/static/"))
         if path == "/login" and method == "GET":
@@ -583,8 +596,17 @@ def _fields(form: dict[str, str], known: tuple[str, ...]) -> None:
     text, or is long, is not echoed: ``form`` stands for it."""
     for key in sorted(form):
         if key not in known:
-            shown = key if len(key) <= 64 and key.isprintable() else "form"
-            raise Refused(400, f"{shown}: unknown field", "INVALID_FIELD")
+            raise Refused(400, f"{_shown(key, 'form')}: unknown field", "INVALID_FIELD")
+
+
+def _shown(name: str, instead: str) -> str:
+    """``name`` for a message, when it is short plain printable text; else ``instead``."""
+    return name if len(name) <= 64 and name.isprintable() else instead
+
+
+def _repeated(pairs: list[tuple[str, str]]) -> list[str]:
+    """The names given more than once in ``pairs``, sorted."""
+    return sorted(n for n, c in Counter(n for n, _ in pairs).items() if c > 1)
 
 
 def _journal_refusal(exc: JournalError, failure: tuple[int, str, str]) -> Refused:

@@ -226,9 +226,10 @@ async def get(url: str, *, cookie: str | None = None) -> tuple[int, dict[str, st
 
 
 async def post(
-    url: str, form: dict[str, str], headers: dict[str, str]
+    url: str, form: dict[str, str] | list[tuple[str, str]], headers: dict[str, str]
 ) -> tuple[int, dict[str, str], bytes]:
-    """A form POST as a script would send it (no redirect followed)."""
+    """A form POST as a script would send it (no redirect followed); a list of pairs may give
+    a field twice."""
     from urllib.parse import urlencode
 
     head = {"Content-Type": "application/x-www-form-urlencoded", **headers}

@@ -420,3 +420,38 @@ async def test_a_decision_or_reconcile_form_with_an_unknown_field_is_refused_nam
         assert await _events(world, iid) == before  # nothing recorded
         status, _, _ = await post(approve, {"csrf": csrf, "note": "ok"}, same)
         assert status == 303 and "APPROVAL_GRANTED" in await _events(world, iid)
+
+
+async def test_a_query_parameter_or_form_field_given_twice_is_refused_naming_it(
+    tmp_path: Path, token: str
+) -> None:
+    """Of a name given twice one value would be dropped unseen -- of ``how=query&how=committed``
+    the last would attest what the pressed button did not say -- so it is refused
+    (``INVALID_FIELD``, named), with a session or without, and nothing is recorded."""
+    async with console_world(tmp_path, token, wait="0s") as world:
+        iid = (await world.call(dict(CHARGE)))["invocation_id"]
+        await world.one_pending()
+        before = await _events(world, iid)
+        cookie, csrf = await _session(world)
+        same = {"Origin": world.origin, "Cookie": cookie}
+        for path, said in (
+            ("/actions?outcome=unknown&outcome=committed", b"outcome: query parameter given"),
+            ("/actions?outcome=&outcome=committed", b"outcome: query parameter given"),
+            ("/actions?live=1&%6Cive=0", b"live: query parameter given"),
+            (f"/invocations/{iid}?a%0Ab=1&a%0Ab=2", b"query: query parameter given"),
+        ):
+            status, _, page = await get(world.origin + path, cookie=cookie)
+            assert status == 400 and b"INVALID_FIELD" in page and said in page, (path, page)
+        status, _, page = await get(f"{world.origin}/login?token=a&token=b")
+        assert status == 400 and b"token: query parameter given twice" in page, page
+        approve = f"{world.origin}/approvals/{iid}/approve"
+        reconcile = f"{world.origin}/invocations/{iid}/reconcile"
+        for url, form, said in (
+            (reconcile, [("csrf", csrf), ("how", "query"), ("how", "committed")], b"how: field"),
+            (approve, [("csrf", csrf), ("note", "a"), ("note", "b")], b"note: field given"),
+        ):
+            status, _, page = await post(url, form, same)
+            assert status == 400 and b"INVALID_FIELD" in page and said in page, (form, page)
+        assert await _events(world, iid) == before  # nothing recorded
+        status, _, page = await get(f"{world.origin}/actions?outcome=unknown", cookie=cookie)
+        assert status == 200, page
