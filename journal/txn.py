@@ -36,6 +36,8 @@ if TYPE_CHECKING:
 __all__ = ["Txn", "row_args"]
 
 _sha256 = hashlib.sha256
+_INT64 = 2**63
+_NAN = float("nan")
 _ACCEPTED = EventKind.ACTION_ACCEPTED  # a module global: the class attribute is an enum lookup
 _KIND_JSON = {k._value_: _string(k._value_) for k in EventKind}
 _SOURCE_JSON = {s._value_: _string(s._value_) for s in EvidenceSource}
@@ -145,9 +147,22 @@ class Txn:
             # PostgreSQL's text cannot hold NUL: refused alike on every backend, before a row
             # is queued, so it fails this write alone and not the batch it rides in.
             raise JournalError(f"{kind.value} of an invocation: an id or session holds NUL")
-        seq = self.seq + 1
-        at = float(event.at) if event.at is not None else w.clock()
         observer_seq = event.observer_seq
+        if observer_seq is not None and not (
+            type(observer_seq) is int and 0 <= observer_seq < _INT64
+        ):
+            # Past a signed 64-bit integer neither SQLite nor PostgreSQL (BIGINT) can store
+            # it, and the whole batch's insert would fail with it: refused here, alone.
+            raise JournalError(
+                f"{kind.value} of an invocation: observer_seq is not an integer from 0 to 2**63-1"
+            )
+        try:
+            at = float(event.at) if event.at is not None else w.clock()
+        except (OverflowError, TypeError, ValueError):
+            at = _NAN
+        if not at - at == 0.0:  # NaN or infinite: SQLite stores NaN as NULL (NOT NULL fails)
+            raise JournalError(f"{kind.value} of an invocation: at is not a finite time")
+        seq = self.seq + 1
         # Built as the readers build theirs (``stored_event``: no frozen ``__init__``, one per
         # row in the single writer thread).
         stored = stored_event(

@@ -5,10 +5,13 @@ from __future__ import annotations
 import contextlib
 import sys
 import textwrap
+import threading
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import trio
+import trio.testing
 
 from affidavit.journal import Batch, JournalError, JournalReader, JournalWriteError
 from affidavit.statemachine import Event, ImpossibleEvent, Outcome
@@ -263,3 +266,62 @@ def test_reading_attrs_the_writer_did_not_write(place: Place) -> None:
     with place.reader() as r:
         assert r.events("ws")[0].attrs["session"] == "sess-1"
         assert r.verify().first_bad_seq == 1
+
+
+@pytest.mark.parametrize(
+    ("bad", "said"),
+    [
+        ({"observer_seq": 2**63}, "observer_seq"),
+        ({"observer_seq": 2**64 + 1}, "observer_seq"),
+        ({"observer_seq": -1}, "observer_seq"),
+        ({"at": float("nan")}, "at"),
+        ({"at": float("inf")}, "at"),
+        ({"at": float("-inf")}, "at"),
+        ({"at": 10**400}, "at"),
+    ],
+)
+async def test_an_event_the_database_cannot_store_fails_alone_not_its_batch(
+    place: Place, bad: dict[str, Any], said: str
+) -> None:
+    """An ``observer_seq`` past a 64-bit integer (or negative) or an ``at`` that is no finite
+    number is refused by ``Txn.insert`` before its row is queued (``JournalError`` naming the
+    field), as an id holding NUL is: the database refusing the row would fail the whole group
+    commit, every other caller's write in the same batch with it."""
+    async with place.open() as j:
+        await j.append(accepted("held"))
+        entered, release = threading.Event(), threading.Event()
+        batches: list[Batch] = []
+
+        def hold(batch: Batch) -> None:  # the writer thread, inside the first transaction
+            batches.append(batch)
+            if len(batches) == 1:
+                entered.set()
+                release.wait(10)
+
+        j.before_commit = hold
+        good: list[Event] = []
+        refused: list[BaseException] = []
+
+        async def write(event: Event) -> None:
+            try:
+                good.append(await j.append(event, barrier=True))
+            except JournalError as exc:
+                refused.append(exc)
+
+        with trio.fail_after(30):
+            async with trio.open_nursery() as n:
+                n.start_soon(write, Event(E.PREFLIGHT_VALIDATED, "held"))
+                await trio.to_thread.run_sync(entered.wait, 10)
+                # The writer is held in its first batch: these queue up for the next one.
+                for i in range(8):
+                    n.start_soon(write, accepted(f"good-{i}"))
+                n.start_soon(write, Event(E.ACTION_ACCEPTED, "bad", accepted("bad").attrs, **bad))
+                await trio.testing.wait_all_tasks_blocked()
+                release.set()
+        j.before_commit = None
+        assert len(refused) == 1 and said in str(refused[0]), refused
+        assert len(good) == 9, refused
+        assert [b.writes for b in batches] == [1, 9]  # the bad write rode in the good ones' batch
+        assert [e.kind for e in j.events("bad")] == []
+        assert all(len(j.events(f"good-{i}")) == 1 for i in range(8))
+        assert j.verify().ok
