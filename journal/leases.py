@@ -9,7 +9,8 @@ read inside that transaction (``lease_now``): on SQLite the journal's ``clock`` 
 a shared PostgreSQL the database's own ``clock_timestamp()``, so every broker takes, renews and
 judges a lease by one clock -- a broker whose clock runs ahead cannot take over, or close
 (``check_lapsed``), another's live attempt.  Generation 0's deadline is the ``lease_expires_at``
-its broker wrote into ACTION_ACCEPTED by its own clock (docs/postgresql.md, "Clocks").
+its broker wrote into ACTION_ACCEPTED, which the writer records in that clock's time
+(``Txn.lease_offset``; docs/journal.md, "Clocks").
 """
 
 from __future__ import annotations

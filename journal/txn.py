@@ -49,7 +49,7 @@ class Txn:
     rows computed but not yet handed to the database (one ``executemany`` per run of
     appends)."""
 
-    __slots__ = ("digest", "hash", "null", "rows", "seq", "tables", "writer")
+    __slots__ = ("clocked", "digest", "hash", "null", "offset", "rows", "seq", "tables", "writer")
 
     def __init__(self, writer: Writer, tables: Tables, seq: int, hash_: str) -> None:
         self.writer = writer
@@ -59,6 +59,9 @@ class Txn:
         self.digest = bytes.fromhex(hash_)
         self.rows: list[tuple[Any, ...]] = []
         self.null = tables.NULL  # SQL NULL as the backend binds it fastest (``Tables.NULL``)
+        self.offset: float | None = None
+        """The lease clock less the writer's (``lease_offset``), once ``clocked``."""
+        self.clocked = False
 
     def flush(self) -> None:
         """Insert the pending rows (the schema's trigger checks each extends the chain)."""
@@ -116,6 +119,48 @@ class Txn:
         w.sessions[iid] = session
         return p
 
+    def lease_offset(self) -> float | None:
+        """How far the clock leases are judged by (``Tables.lease_now``: the database's, on a
+        shared PostgreSQL) is ahead of this writer's, read once per transaction; None where
+        the writer's clock is that clock (SQLite).  The writer's clock is read first: a round
+        trip's delay can only make the offset larger, a deadline it moves later, never
+        earlier than the instant its broker meant."""
+        if not self.clocked:
+            mine = self.writer.clock()
+            now = self.tables.lease_now()
+            self.offset = None if now is None else now - mine
+            self.clocked = True
+        return self.offset
+
+    def _accepted_deadline(
+        self, event: Event, attrs_text: str, attrs: Mapping[str, Any] | None
+    ) -> tuple[Event, str, Mapping[str, Any] | None]:
+        """ACTION_ACCEPTED's ``lease_expires_at`` -- generation 0's deadline, written by its
+        broker's clock -- moved to the clock leases are judged by: the same instant, recorded
+        as every broker (recovery's ``leases.check_lapsed``) compares it.  A broker whose clock
+        runs behind otherwise recorded a deadline already past in database time, and another
+        broker's recovery closed its live attempt.  An imported event is kept as imported."""
+        deadline = event.attrs.get("lease_expires_at")
+        if event.observer is not None or (
+            type(deadline) is not float and type(deadline) is not int
+        ):
+            return event, attrs_text, attrs
+        offset = self.lease_offset()
+        if offset is None:
+            return event, attrs_text, attrs
+        moved = Event(
+            event.kind,
+            event.invocation_id,
+            {**event.attrs, "lease_expires_at": float(deadline) + offset},
+            event.source,
+            event.seq,
+            event.at,
+            event.observer,
+            event.observer_seq,
+        )
+        text = attrs_json(moved)
+        return moved, text, decode_attrs(text)
+
     def insert(
         self,
         event: Event,
@@ -134,6 +179,7 @@ class Txn:
             proj = self.load_projector(iid)
         kind = event.kind
         if kind is _ACCEPTED:
+            event, attrs_text, attrs = self._accepted_deadline(event, attrs_text, attrs)
             raw = event.attrs.get("session")
             session = None if raw is None else str(raw)
         else:

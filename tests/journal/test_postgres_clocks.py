@@ -106,3 +106,51 @@ async def test_an_expired_lease_is_still_taken_over_and_closed(pg_url: str, tmp_
         await b.append(closing, barrier=True, lapsed=True, deadline=None)
         record = b.record("inv-2")
         assert record is not None and record.final
+
+
+BEHIND = 3600.0
+
+
+def _behind() -> float:
+    return time.time() - BEHIND
+
+
+def _first_attempt(iid: str, deadline: float) -> list[Event]:
+    """Generation 0 up to its dispatch, its deadline (``lease_expires_at``) as the engine
+    writes it: by its own broker's clock."""
+    first, *rest = until_dispatch(iid)
+    accepted = Event(first.kind, iid, {**first.attrs, "lease_expires_at": deadline})
+    return [accepted, *rest]
+
+
+def _recorded_deadline(j: Journal, iid: str) -> float:
+    """Generation 0's deadline as a recovery reads it (``recover_stale``)."""
+    (accepted,) = [e for e in j.events(iid) if e.kind is E.ACTION_ACCEPTED]
+    return float(accepted.attrs["lease_expires_at"])
+
+
+async def test_a_clock_running_behind_records_the_first_deadline_in_database_time(
+    pg_url: str, tmp_path: Path
+) -> None:
+    """Broker A's clock runs an hour behind and its first attempt is on the wire: its
+    ACTION_ACCEPTED deadline is recorded in the database's time, so B's recovery closes
+    nothing (LeaseBusy) until that deadline really passes -- then it closes it."""
+    async with (
+        Journal.open(pg_url, clock=_behind, **_keys(tmp_path, "a")) as a,
+        Journal.open(pg_url, **_keys(tmp_path, "b")) as b,
+    ):
+        for ev in _first_attempt("inv-1", _behind() + 1.5):
+            await a.append(ev)
+        deadline = _recorded_deadline(b, "inv-1")
+        closing = Event(E.ATTEMPT_INTERRUPTED, "inv-1", {"code": "REMOTE_OUTCOME_UNKNOWN"})
+        with pytest.raises(LeaseBusy):
+            await b.append(closing, barrier=True, lapsed=True, deadline=deadline)
+        assert time.time() + 1 < deadline < time.time() + 2  # the same instant, database time
+        record = b.record("inv-1")
+        assert record is not None and record.state == "dispatched"
+        with trio.fail_after(10):
+            while time.time() <= deadline + 0.05:  # bounded: the deadline is 1.5 s away
+                await trio.sleep(0.05)
+        await b.append(closing, barrier=True, lapsed=True, deadline=deadline)
+        record = b.record("inv-1")
+        assert record is not None and record.state == "interrupted"
