@@ -207,7 +207,7 @@ async def request_approval(
     approval: tuple[Any, int | None],
     timeout: float | None,
     control: CallControl | None,
-) -> tuple[Lease, Grant, float | None] | dict[str, Any]:
+) -> tuple[tuple[Lease, float], Grant, float | None] | dict[str, Any]:
     """Write the preamble and APPROVAL_REQUESTED (the credential resolved for its version and
     injection, not yet used), then wait for the decision (``await_grant``)."""
     policy, requester = approval
@@ -302,9 +302,10 @@ async def await_grant(
     timeout: float | None,
     control: CallControl | None,
     joined: bool = False,
-) -> tuple[Lease, Grant, float | None] | dict[str, Any]:
+) -> tuple[tuple[Lease, float], Grant, float | None] | dict[str, Any]:
     """Wait (at most ``wait_s`` and the caller's timeout) for the decision; once approved, take
-    the dispatch lease.  The lease, the grant and the caller's time left -- or the envelope to
+    the dispatch lease.  The lease (with its end by this broker's clock: ``claim``), the grant
+    and the caller's time left -- or the envelope to
     answer with: APPROVAL_PENDING (nobody decided yet), the denial or expiry, or IN_PROGRESS
     (approved, and dispatched by whoever holds its lease -- or, the caller having run out of
     time or gone away, left to the daemon's dispatcher).  ``joined``: a same-key caller's
@@ -369,15 +370,29 @@ async def expire_if_due(recorder: Recorder, record: Record) -> Record:
     return await recorder.record(record.invocation_id)
 
 
-async def claim(engine: Engine, iid: str, ttl: float) -> Lease | None:
-    """The dispatch lease of an approved invocation, or None when another process holds a live
-    one (or the invocation moved on: decided otherwise, expired, dispatched)."""
+async def claim(engine: Engine, iid: str, ttl: float) -> tuple[Lease, float] | None:
+    """The dispatch lease of an approved invocation and when it ends by this broker's clock
+    (``held_until``), or None when another process holds a live one (or the invocation moved
+    on: decided otherwise, expired, dispatched)."""
+    taken = time.time()
     try:
-        return await engine.journal.acquire_lease(
+        lease = await engine.journal.acquire_lease(
             iid, engine.holder, ttl, kind=E.DISPATCH_LEASE_ACQUIRED
         )
     except (LeaseBusy, ImpossibleEvent):
         return None
+    return lease, held_until(taken, ttl)
+
+
+def held_until(taken: float, ttl: float) -> float:
+    """When a lease of ``ttl`` asked for at ``taken`` (this broker's clock, read before the
+    journal took it) runs out, by this broker's clock: the attempt under it ends within that
+    (``run_tries``).  Not the lease's recorded ``expires_at``: on a shared PostgreSQL that is
+    the database's time (docs/journal.md, "Clocks"), and compared with this broker's clock it
+    ended the attempt an hour late on a host an hour behind -- still in flight when another
+    broker may take the invocation over -- or refused every lease on a host an hour ahead.
+    Read before the lease was taken, it can only end earlier than the lease does."""
+    return taken + ttl
 
 
 async def stale(recorder: Recorder, iid: str, field: str, message: str) -> dict[str, Any]:
@@ -417,9 +432,10 @@ async def dispatch_approved(
             return None
         target = engine.config.targets.get(record.target or "")
         ttl = engine.lease_ttl(target, None) if target else engine.settings.lease_margin
-        lease = await claim(engine, iid, ttl)
-        if lease is None:
+        held = await claim(engine, iid, ttl)
+        if held is None:
             return None
+        lease, ends = held
         try:
             parsed = parse_action(action, engine.config)
         except ActionInvalid as exc:
@@ -446,7 +462,7 @@ async def dispatch_approved(
             deliver,
             generation=lease.generation,
             lease=(engine.holder, lease.generation),
-            lease_ends=lease.expires_at,
+            lease_ends=ends,
             control=control,
             grant=grant,
         )

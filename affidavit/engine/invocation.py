@@ -51,6 +51,7 @@ from .approval import (
     await_grant,
     expire_if_due,
     grant_of,
+    held_until,
     needs_approval,
     request_approval,
 )
@@ -317,14 +318,16 @@ async def resume(
     recorder = engine.recorder
 
     async def leased(
-        lease: Lease,
+        held: tuple[Lease, float],
         timeout: float | None,
         grant: Grant | None,
         version: str | None = None,
         policy: Any = None,
     ) -> dict[str, Any]:
-        """One more try under ``lease``, held by this engine; ``policy``: it waits for an
-        operator first (``run``'s ``approval``)."""
+        """One more try under ``held`` (a lease this engine holds, and its end by this
+        broker's clock: ``held_until``); ``policy``: it waits for an operator first (``run``'s
+        ``approval``)."""
+        lease, ends = held
         return await run(
             engine,
             iid,
@@ -336,7 +339,7 @@ async def resume(
             deliver,
             generation=lease.generation,
             lease=(engine.holder, lease.generation),
-            lease_ends=lease.expires_at,
+            lease_ends=ends,
             bound_version=version,
             control=control,
             grant=grant,
@@ -375,10 +378,9 @@ async def resume(
     if retry and record.retry is not Retry.AFTER_CORRECTION:
         if record.budget.left <= 0:
             return await recorder.finish(iid, Event(E.RETRY_BUDGET_EXHAUSTED, iid, {}))
+        ttl, taken = engine.lease_ttl(target, timeout), time.time()
         try:
-            lease = await engine.journal.acquire_lease(
-                iid, engine.holder, engine.lease_ttl(target, timeout)
-            )
+            lease = await engine.journal.acquire_lease(iid, engine.holder, ttl)
         except LeaseBusy:
             # Another worker took the lease between our read and our acquire: it is retrying
             # this invocation now.  In progress (fetch it), not the old record's hint -- that
@@ -394,7 +396,8 @@ async def resume(
         version = (record.evidence.get("credential") or {}).get("version")
         granted_before = grant_of(record)
         policy = None if granted_before is not None or linked else needs_approval(action, target)
-        return await leased(lease, timeout, granted_before, version, policy)
+        held = (lease, held_until(taken, ttl))
+        return await leased(held, timeout, granted_before, version, policy)
     # FETCH, RETURN_RECORDED_RESULT, RECONCILE, STOP_FOR_CORRECTION, RETRY_WHEN_ALLOWED:
     # answer from the record; nothing is sent again.
     return recorder.envelope(record)
@@ -432,9 +435,8 @@ async def run(
         )
         if isinstance(granted, dict):
             return granted  # pending, denied, expired, or another process dispatches it
-        claimed, grant, timeout = granted
+        (claimed, lease_ends), grant, timeout = granted
         generation, lease, preamble = claimed.generation, (engine.holder, claimed.generation), ()
-        lease_ends = claimed.expires_at
     authorized = await _authorize(
         engine, iid, action, target, binding, key, preamble, bound_version, generation
     )

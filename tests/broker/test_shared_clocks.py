@@ -1,0 +1,232 @@
+"""Brokers on a shared PostgreSQL journal whose clocks disagree with the database's: leases
+are recorded and judged in the database's time (docs/journal.md, "Clocks"), while each broker
+times its own attempt by its own clock.
+
+Generation 0 has no lease row: its deadline is ACTION_ACCEPTED's ``lease_expires_at``, written
+by the accepting broker.  Written by that broker's own clock, an hour behind, it was already
+past in database time -- the clock recovery judges it by (``leases.check_lapsed``) -- and
+broker B's ``fetch_result`` closed A's attempt while A was mid-redirect: a same-key retry could
+then have sent the request again.  The journal records it in database time instead
+(``Txn.lease_offset``): B answers the record in progress, A sends its next hop and finishes.
+
+A retry's lease is recorded in database time too; its holder compared that expiry with its own
+clock (``run_tries``): an hour ahead, every retry was refused LEASE_LOST; an hour behind, the
+retry's deadline was no longer bounded by its lease, and it was still in flight when another
+broker could take the invocation over.  It ends within ``held_until`` (its own clock) now.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+import affidavit.engine.approval as approval
+import affidavit.engine.attempt as attempt
+import affidavit.engine.invocation as invocation
+from affidavit.api.broker import Broker
+from affidavit.config import load_config
+from affidavit.engine import EngineSettings
+from affidavit.statemachine import EventKind as E
+from tests.http.hostile import HostileServer, Peer, Reply, Script
+
+from .helpers import GateStall, http_target, write_config
+from .http_rows import IDEM
+
+LIMIT = 30  # seconds: the bound on the scenario
+BEHIND = 3600.0
+HOP = {"target": "api", "method": "POST", "path": "/v1/x", "idempotency_key": "behind"}
+
+
+class _Behind:
+    """Broker A's host clock: an hour behind the database's (and B's)."""
+
+    @staticmethod
+    def time() -> float:
+        return time.time() - BEHIND
+
+
+class _Ahead:
+    """Broker A's host clock: an hour ahead of the database's (and B's)."""
+
+    @staticmethod
+    def time() -> float:
+        return time.time() + BEHIND
+
+
+def _redirecting() -> Script:
+    """``POST /v1/x`` answers 307 to ``/landing``, which answers 201."""
+
+    async def script(peer: Peer) -> None:
+        while True:
+            req = await peer.read_request()
+            if req is None:
+                return
+            if req.target.startswith("/landing"):
+                await peer.respond(Reply(201, body=b'{"hop": 2}'))
+            else:
+                await peer.respond(Reply(307, headers=[("Location", "/landing")], body=b"moved"))
+
+    return script
+
+
+@asynccontextmanager
+async def _brokers(
+    tmp: Path,
+    url: str,
+    pg_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    clock: type[_Behind | _Ahead] = _Behind,
+    margin: float = 0.0,
+) -> AsyncIterator[tuple[Broker, Broker]]:
+    # A day's retention: a key bound by A's clock is still usable by the real one.
+    idem = {**IDEM, "retention": "1d"}
+    targets = {"api": http_target(url, idempotency=idem, follow_redirects=True)}
+    cfg = [
+        load_config(
+            write_config(
+                tmp,
+                targets,
+                journal={"url": pg_url, "key_file": str(tmp / "k"), "signing_key": str(tmp / n)},
+                name=f"{n}.toml",
+            )
+        )
+        for n in "ab"
+    ]
+    settings = EngineSettings(lease_margin=margin)
+    async with (
+        Broker.open(config=cfg[0], settings=settings, holder="worker-A") as a,
+        Broker.open(config=cfg[1], settings=settings, holder="worker-B") as b,
+    ):
+        # A's host clock, as its engine and its journal's writer read it; B reads the real one
+        # (B runs only recovery here, in modules not patched).
+        monkeypatch.setattr(a.journal._writer, "clock", clock.time)
+        monkeypatch.setattr(a.journal, "_clock", clock.time)
+        for module in (invocation, attempt, approval):
+            monkeypatch.setattr(module, "time", clock)
+        yield a, b
+
+
+async def test_a_clock_behind_does_not_get_its_live_first_attempt_closed(
+    tmp_path: Path, pg_url: str, token: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with (
+        HostileServer.running(_redirecting()) as srv,
+        _brokers(tmp_path, srv.url, pg_url, monkeypatch) as (a, b),
+    ):
+        stall = GateStall(a._engine.bindings["http"], hop=2, limit=LIMIT / 2)
+        a._engine.bindings["http"] = stall
+        out: dict[str, Any] = {}
+
+        async def call_a() -> None:
+            out["a"] = await a.call(HOP)
+
+        with trio.fail_after(LIMIT):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(call_a)
+                await stall.stopped.wait()  # A sent its first hop and is stopped mid-redirect
+                (action,) = b.journal.list_actions()
+                iid = action.invocation_id
+                seen = await b.fetch_result(iid)  # B's recovery looks at A's attempt
+                assert seen is not None and seen["evidence"]["state"] == "dispatched", seen
+                stall.resume.set()
+        events = b.events(iid)
+    (accepted,) = [e for e in events if e.kind is E.ACTION_ACCEPTED]
+    # The deadline every broker judges by: the database's time, not A's.
+    assert accepted.attrs["lease_expires_at"] > time.time(), accepted.attrs
+    assert [r.target for r in srv.requests] == ["/v1/x", "/landing"]
+    kinds = [e.kind for e in events]
+    assert E.ATTEMPT_INTERRUPTED not in kinds and E.LEASE_LOST not in kinds, kinds
+    assert "error" not in out["a"], out["a"]
+
+
+def _dropping_first() -> tuple[Script, list[str]]:
+    """``POST /v1/x``: the first closed unanswered (the invocation is unknown: a same-key retry
+    follows); each later one held until the server's ``release`` event, then answered 201.
+    The list collects what was answered."""
+    answered: list[str] = []
+
+    async def script(peer: Peer) -> None:
+        while True:
+            req = await peer.read_request()
+            if req is None:
+                return
+            if peer.index == 0:
+                await peer.close()
+                return
+            peer.server.event("retry_received").set()
+            await peer.server.event("release").wait()
+            answered.append(req.target)
+            await peer.respond(Reply(201, body=b'{"ok": true}'))
+
+    return script, answered
+
+
+CHARGE = {"target": "api", "method": "POST", "path": "/v1/x", "idempotency_key": "charge"}
+
+
+async def test_a_clock_ahead_still_retries_under_its_lease(
+    tmp_path: Path, pg_url: str, token: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A's retry lease ends (database time) an hour before A's clock: compared so, A refused
+    # its own fresh lease -- LEASE_LOST, nothing sent, for every retry it ever took.
+    script, answered = _dropping_first()
+    async with (
+        HostileServer.running(script) as srv,
+        _brokers(tmp_path, srv.url, pg_url, monkeypatch, _Ahead) as (a, _b),
+    ):
+        srv.event("release").set()
+        with trio.fail_after(LIMIT):
+            first = await a.call(CHARGE)
+            assert first["error"]["outcome"] == "unknown", first
+            retry = await a.call(CHARGE)
+    assert "error" not in retry, retry
+    assert answered == ["/v1/x"]
+
+
+async def test_a_clock_behind_ends_its_retry_within_its_lease(
+    tmp_path: Path, pg_url: str, token: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A's retry is slow before its dispatch (longer than the margin, within the lease): its
+    # attempt must end by its lease's end less the margin.  Compared with A's clock, an hour
+    # behind, the database-time expiry bounded nothing: the retry ran its whole timeout and was
+    # still in flight when its lease ran out -- when another broker may take it over and send.
+    script, _answered = _dropping_first()
+    timeout, margin = 2.0, 1.0  # the retry's lease: 3 s
+    async with (
+        HostileServer.running(script) as srv,
+        _brokers(tmp_path, srv.url, pg_url, monkeypatch, _Behind, margin) as (a, b),
+    ):
+        first = await a.call(CHARGE, timeout=timeout)
+        assert first["error"]["outcome"] == "unknown", first
+        iid = first["invocation_id"]
+        recorder = a._engine.recorder
+        real_write_many = recorder.write_many
+
+        async def slow_write_many(items: Any, **kw: Any) -> None:
+            await real_write_many(items, **kw)
+            if any(ev.kind is E.CREDENTIAL_AUTHORIZED for ev, _ in items):
+                with trio.CancelScope(shield=True):
+                    await trio.sleep(margin * 1.5)  # a slow preflight
+
+        monkeypatch.setattr(recorder, "write_many", slow_write_many)
+        out: dict[str, Any] = {}
+
+        async def retry() -> None:
+            out["a"] = await a.call(CHARGE, timeout=timeout)
+
+        with trio.fail_after(LIMIT):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(retry)
+                await srv.event("retry_received").wait()  # dispatched under a valid lease
+                (lease,) = [e for e in b.events(iid) if e.kind is E.RETRY_LEASE_ACQUIRED]
+                while time.time() <= lease.attrs["expires_at"]:  # bounded: a 3 s lease
+                    await trio.sleep(0.02)
+                ended_in_time = "a" in out
+                srv.event("release").set()
+    assert ended_in_time, "the retry was still in flight when its lease ran out"
