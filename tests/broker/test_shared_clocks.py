@@ -35,6 +35,7 @@ from affidavit.engine import EngineSettings
 from affidavit.statemachine import EventKind as E
 from tests.http.hostile import HostileServer, Peer, Reply, Script
 
+from .approvalkit import OPS
 from .helpers import GateStall, http_target, write_config
 from .http_rows import IDEM
 
@@ -83,21 +84,19 @@ async def _brokers(
     monkeypatch: pytest.MonkeyPatch,
     clock: type[_Behind | _Ahead] = _Behind,
     margin: float = 0.0,
+    approve: str | None = None,
 ) -> AsyncIterator[tuple[Broker, Broker]]:
+    """``approve``: the target's approval policy (``OPS`` decides)."""
     # A day's retention: a key bound by A's clock is still usable by the real one.
     idem = {**IDEM, "retention": "1d"}
-    targets = {"api": http_target(url, idempotency=idem, follow_redirects=True)}
-    cfg = [
-        load_config(
-            write_config(
-                tmp,
-                targets,
-                journal={"url": pg_url, "key_file": str(tmp / "k"), "signing_key": str(tmp / n)},
-                name=f"{n}.toml",
-            )
-        )
-        for n in "ab"
-    ]
+    target = http_target(url, idempotency=idem, follow_redirects=True, approval=approve)
+    cfg = []
+    for n in "ab":
+        journal = {"url": pg_url, "key_file": str(tmp / "k"), "signing_key": str(tmp / n)}
+        path = write_config(tmp, {"api": target}, journal=journal, name=f"{n}.toml")
+        with path.open("a", encoding="utf-8") as f:
+            f.write(f"[service]\noperator_uids = [{OPS.uid}]\n")
+        cfg.append(load_config(path))
     settings = EngineSettings(lease_margin=margin)
     async with (
         Broker.open(config=cfg[0], settings=settings, holder="worker-A") as a,
@@ -230,3 +229,26 @@ async def test_a_clock_behind_ends_its_retry_within_its_lease(
                 ended_in_time = "a" in out
                 srv.event("release").set()
     assert ended_in_time, "the retry was still in flight when its lease ran out"
+
+
+async def test_a_clock_ahead_dispatches_an_approved_request(
+    tmp_path: Path, pg_url: str, token: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The dispatch lease of an approved request, as a retry's: compared with A's clock an hour
+    # ahead, its database-time expiry had passed -- LEASE_LOST, the approved request never sent.
+    script, answered = _dropping_first()
+    async with (
+        HostileServer.running(script) as srv,
+        _brokers(tmp_path, srv.url, pg_url, monkeypatch, _Ahead, approve="always") as (a, _b),
+    ):
+        srv.event("release").set()
+        with trio.fail_after(LIMIT):
+            pending = await a.call({**CHARGE, "idempotency_key": "approved"})
+            assert pending["error"]["code"] == "APPROVAL_PENDING", pending
+            iid = pending["invocation_id"]
+            await a.approve(iid, operator=OPS)
+            first = await a.dispatch_approved(iid)  # the first POST is dropped: unknown
+            assert first is not None and first["error"]["outcome"] == "unknown", first
+            sent = await a.call({**CHARGE, "idempotency_key": "approved"})  # its same-key retry
+    assert "error" not in sent, sent
+    assert answered == ["/v1/x"]
