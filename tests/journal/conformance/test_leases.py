@@ -54,6 +54,29 @@ async def _interrupted(j: Journal, iid: str = "inv-1") -> None:
         await j.append(ev)
 
 
+async def test_the_first_attempt_deadline_is_recorded_by_the_lease_clock(place: Place) -> None:
+    """ACTION_ACCEPTED's ``lease_expires_at`` (generation 0's deadline, by its broker's clock)
+    is recorded as the same instant by the clock leases are judged by: unchanged on SQLite
+    (the journal's clock is that clock); on PostgreSQL moved into the database's time, and
+    the event stays chained (``verify``).  Events without it are written as given."""
+    clock = Clock()
+    async with place.open(clock=clock) as j:
+        first = accepted("inv-1")
+        await j.append(
+            Event(first.kind, "inv-1", {**first.attrs, "lease_expires_at": clock.now + 30})
+        )
+        await j.append(accepted("inv-2"))
+        (stored,) = j.events("inv-1")
+        deadline = stored.attrs["lease_expires_at"]
+        if place.kind == "sqlite":
+            assert deadline == clock.now + 30
+        else:
+            assert abs(deadline - (_lease_now(place, clock) + 30)) < 5
+        assert {k: v for k, v in stored.attrs.items() if k != "lease_expires_at"} == first.attrs
+        assert "lease_expires_at" not in j.events("inv-2")[0].attrs
+        assert j.verify().ok
+
+
 async def test_acquiring_bumps_the_generation_and_records_it(place: Place) -> None:
     clock = Clock()
     async with place.open(clock=clock) as j:
