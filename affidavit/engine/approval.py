@@ -305,8 +305,8 @@ async def await_grant(
 ) -> tuple[tuple[Lease, float], Grant, float | None] | dict[str, Any]:
     """Wait (at most ``wait_s`` and the caller's timeout) for the decision; once approved, take
     the dispatch lease.  The lease (with its end by this broker's clock: ``claim``), the grant
-    and the caller's time left -- or the envelope to
-    answer with: APPROVAL_PENDING (nobody decided yet), the denial or expiry, or IN_PROGRESS
+    and the caller's time left -- or the envelope to answer with: APPROVAL_PENDING (nobody
+    decided yet), the denial or expiry, or IN_PROGRESS
     (approved, and dispatched by whoever holds its lease -- or, the caller having run out of
     time or gone away, left to the daemon's dispatcher).  ``joined``: a same-key caller's
     wait; the lease it takes is sized by the target alone (its dispatch is not bounded by the
