@@ -102,6 +102,12 @@ class Backend(Protocol):
         """Create or upgrade the schema (idempotent), inside the transaction ``begin`` opened."""
         ...
 
+    def opened(self) -> None:
+        """After the writer's opening transaction has ended (the chain head released): upkeep
+        ``create`` found due that must not hold the head -- PostgreSQL builds a missing
+        ``events_session`` beside the other brokers' writes.  Raises nothing; logs."""
+        ...
+
     def begin(self, conn: Any, *, barrier: bool, wait: float | None = None) -> str:
         """Open a write transaction that holds the chain head until it ends: no other writer,
         in this process or another, extends the chain meanwhile.  ``barrier``: its commit must

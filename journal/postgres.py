@@ -62,10 +62,16 @@ SESSION_INDEX = "events_session"
 SESSION_INDEX_DDL = (
     f"CREATE INDEX IF NOT EXISTS {SESSION_INDEX} ON events (session_id, seq, invocation_id)"
 )
+SESSION_INDEX_BUILD = SESSION_INDEX_DDL.replace("INDEX", "INDEX CONCURRENTLY", 1)
+"""How a journal from before the index gains it: beside the brokers' writes, not in their way."""
+INDEX_WAIT_MS = 10_000
+"""How long the build waits for a lock or for older transactions (``lock_timeout``) before it
+gives up, logged; the journal opens without the index all the same."""
 
 _MAX_LOCK_TIMEOUT_MS = 2**31 - 1
 """The longest ``lock_timeout`` PostgreSQL takes (an int of milliseconds: ~24.8 days)."""
 _LOCK = 0x61666676  # "affv": the chain head's advisory lock, with the schema's hash as 2nd key
+_INDEX_LOCK = 0x61666669  # "affi": one build of the session index at a time (session-scoped)
 _APPEND_ONLY = ("events", "checkpoints", "results")
 _TABLES = (
     "meta",
@@ -308,6 +314,8 @@ class PostgresBackend:
         self.reconnect_within = float(reconnect_within)
         self._pipes: dict[int, Any] = {}
         self._idle_timeout_ms = int(idle_timeout_ms)
+        self._index_due = False
+        self.index_wait_ms = INDEX_WAIT_MS
 
     def tables(self, conn: Any) -> Tables:
         return PostgresTables(conn)
@@ -417,7 +425,7 @@ class PostgresBackend:
             row = conn.execute("SELECT value FROM meta WHERE name = 'schema'").fetchone()
             if row is not None and int(row[0]) >= SCHEMA_VERSION:
                 # Current: a broker role needs no DDL privilege to open it.
-                self._index_sessions(conn)
+                self._index_due = self._wants_index(conn)
                 return
         conn.execute(SCHEMA)
         conn.execute(
@@ -426,46 +434,90 @@ class PostgresBackend:
             (str(SCHEMA_VERSION),),
         )
 
-    def _index_sessions(self, conn: Any) -> None:
-        """``events_session`` on a journal created before it (no schema change: an index, which
-        every broker's writes keep and none relies on; docs/journal.md): built by the
-        tables' owner when it opens the journal, logged; a broker role that does not own them
-        says so once and reads the session views from the table.  Either way, the same rows."""
-        if conn.execute(f"SELECT to_regclass('{SESSION_INDEX}') IS NOT NULL").fetchone()[0]:
-            return
+    def _wants_index(self, conn: Any) -> bool:
+        """Whether ``events_session`` is to be built once the opening transaction has ended: a
+        journal created before it (no schema change: an index, which every broker's writes keep
+        and none relies on; docs/journal.md), or one an earlier build left INVALID.  Only
+        catalog reads here, inside the transaction that holds the chain head; the build is
+        ``opened``'s.  A broker role that does not own the tables says so and reads the session
+        views from the table.  Either way, the same rows."""
+        row = conn.execute(
+            "SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass(%s)", (SESSION_INDEX,)
+        ).fetchone()
+        if row is not None and row[0]:
+            return False
         owner = conn.execute(
             "SELECT pg_has_role(current_user, relowner, 'USAGE') FROM pg_class "
             "WHERE oid = to_regclass('events')"
         ).fetchone()
         if not owner or not owner[0]:
             log.warning(
-                "journal %s: no index %s: the session views read every event until the "
+                "journal %s: no %sindex %s: the session views read every event until the "
                 "tables' owner opens the journal once or runs: %s",
-                self.where, SESSION_INDEX, SESSION_INDEX_DDL,
+                self.where, "" if row is None else "valid ", SESSION_INDEX, SESSION_INDEX_BUILD,
             )  # fmt: skip
-            return
-        log.info("journal %s: building index %s (once)", self.where, SESSION_INDEX)
-        started = time.monotonic()
-        # Under a savepoint: a build that fails -- the role's statement_timeout over a large
-        # journal, a lock it cannot take, a full disk -- must not keep the broker from starting
-        # (nothing relies on the index); the opening transaction goes on without it.
-        conn.execute("SAVEPOINT affidavit_index")
+            return False
+        return True
+
+    def opened(self) -> None:
+        if self._index_due:
+            self._index_due = False
+            self._index_sessions()
+
+    def _index_sessions(self) -> None:
+        """Build ``events_session`` on a connection of its own, in no transaction: ``CREATE
+        INDEX CONCURRENTLY`` takes no lock a write needs, and the chain head is not held, so
+        every broker writes on while it runs.  Its waits (for a lock, for transactions older
+        than it) are bounded by ``lock_timeout``.  One build at a time: a broker opening while
+        another builds leaves it to that one.  A failure -- the bound, the role's
+        ``statement_timeout`` on a large journal, a full disk -- never keeps the journal from
+        opening (nothing relies on the index); it is logged, and may leave the index INVALID,
+        which the next open drops and builds again."""
         try:
-            conn.execute(SESSION_INDEX_DDL)
+            conn = psycopg.connect(self._conninfo, autocommit=True)
         except psycopg.Error as exc:
-            if self.lost(exc):
-                raise
-            conn.execute("ROLLBACK TO SAVEPOINT affidavit_index")
-            log.warning(
-                "journal %s: index %s not built (%s): the session views read every event "
-                "until it is; the next open tries again, or run: %s",
-                self.where, SESSION_INDEX, self.describe(exc), SESSION_INDEX_DDL,
-            )  # fmt: skip
+            self._not_built(exc)
             return
-        conn.execute("RELEASE SAVEPOINT affidavit_index")
-        log.info(
-            "journal %s: built index %s in %.1f s", self.where, SESSION_INDEX,
-            time.monotonic() - started,
+        try:
+            conn.execute(f"SET lock_timeout = {int(self.index_wait_ms)}")
+            mine = conn.execute(
+                "SELECT pg_try_advisory_lock(%s, hashtext(current_schema()))", (_INDEX_LOCK,)
+            ).fetchone()
+            if not mine or not mine[0]:
+                log.info(
+                    "journal %s: index %s is being built by another broker", self.where,
+                    SESSION_INDEX,
+                )  # fmt: skip
+                return
+            row = conn.execute(
+                "SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass(%s)",
+                (SESSION_INDEX,),
+            ).fetchone()
+            if row is not None and row[0]:
+                return  # built meanwhile, by a broker that has finished
+            if row is not None:
+                log.warning(
+                    "journal %s: index %s was left INVALID by a build that failed: dropping it",
+                    self.where, SESSION_INDEX,
+                )  # fmt: skip
+                conn.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {SESSION_INDEX}")
+            log.info("journal %s: building index %s (once)", self.where, SESSION_INDEX)
+            started = time.monotonic()
+            conn.execute(SESSION_INDEX_BUILD)
+            log.info(
+                "journal %s: built index %s in %.1f s", self.where, SESSION_INDEX,
+                time.monotonic() - started,
+            )  # fmt: skip
+        except psycopg.Error as exc:
+            self._not_built(exc)
+        finally:
+            conn.close()  # and with it the build's advisory lock
+
+    def _not_built(self, exc: BaseException) -> None:
+        log.warning(
+            "journal %s: index %s not built (%s): the session views read every event until "
+            "it is; the next open tries again, or run: %s",
+            self.where, SESSION_INDEX, self.describe(exc), SESSION_INDEX_BUILD,
         )  # fmt: skip
 
     def begin(self, conn: Any, *, barrier: bool, wait: float | None = None) -> str:

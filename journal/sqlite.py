@@ -518,6 +518,9 @@ class SqliteBackend:
             (str(SCHEMA_VERSION),),
         )
 
+    def opened(self) -> None:
+        pass  # the session index is built in the opening transaction (``create``)
+
     def begin(self, conn: Any, *, barrier: bool, wait: float | None = None) -> str:
         want = "FULL" if barrier else "NORMAL"
         if self._sync.get(id(conn), "FULL") != want:

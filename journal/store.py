@@ -135,6 +135,7 @@ class Journal(JournalReader):
                 )
             self._writer = Writer(backend, backend.connect("writer"), clock)
             self._key, signer = self._bind(self._key_file, self.signing_key_file)
+            backend.opened()  # after the opening transaction: the head is not held
             self._writer.signer = signer
             self._writer.keys = (
                 self.recorded_public_keys()

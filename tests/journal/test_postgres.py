@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -197,22 +198,35 @@ async def test_a_broker_role_opens_a_journal_without_the_session_index_and_says_
     assert pg.sql("SELECT to_regclass('events_session')::text", database) == [("events_session",)]
 
 
+def _index_state(pg: Cluster, database: str) -> list[tuple[Any, ...]]:
+    """``[]`` without ``events_session``, ``[(False,)]`` for one left INVALID, ``[(True,)]``."""
+    return pg.sql(
+        "SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass('events_session')",
+        database,
+    )
+
+
+def _logged(caplog: pytest.LogCaptureFixture) -> str:
+    return " ".join(r.getMessage() for r in caplog.records if r.name == "affidavit.journal")
+
+
 async def test_a_session_index_that_cannot_be_built_does_not_refuse_the_journal(
     pg: Cluster, pg_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """``events_session`` is built when its owner opens a journal from before it -- in the
-    opening transaction, over every event.  A build that fails (the role's
-    ``statement_timeout`` on a large journal, a lock it cannot take, a full disk) must not keep
-    the broker from starting: nothing relies on the index.  The journal opens without it,
-    logged, and writes as before; a later open builds it."""
+    """``events_session`` is built when its owner opens a journal from before it, with ``CREATE
+    INDEX CONCURRENTLY``.  A build that fails (the role's ``statement_timeout`` on a large
+    journal, a lock it cannot take, a full disk) must not keep the broker from starting:
+    nothing relies on the index.  The journal opens without it, logged, and writes as before.
+    A concurrent build that fails leaves the index INVALID: the next open drops it and builds
+    it again."""
     database = pg_url.rsplit("/", 1)[1]
     async with Journal.open(pg_url, **_keys(tmp_path, "owner")) as j:
         for ev in happy("inv-1", "alice"):
             await j.append(ev)
     pg.sql("DROP INDEX events_session", database)  # as a broker from before left it
     pg.sql(f'ALTER DATABASE "{database}" SET statement_timeout = 500', database)
-    # Another session writing to the table: the build waits for its lock past the timeout,
-    # as a long build on a large journal runs past it.
+    # Another session writing to the table: the build waits for it past the timeout, as a
+    # long build on a large journal runs past it.
     with psycopg.connect(pg_url, autocommit=True) as other:
         other.execute("BEGIN")
         other.execute("LOCK TABLE events IN ROW EXCLUSIVE MODE")
@@ -221,16 +235,105 @@ async def test_a_session_index_that_cannot_be_built_does_not_refuse_the_journal(
                 for ev in happy("inv-2", "alice"):
                     await j.append(ev)
         other.execute("ROLLBACK")
-    assert pg.sql("SELECT to_regclass('events_session')", database) == [(None,)]
-    logged = " ".join(r.getMessage() for r in caplog.records if r.name == "affidavit.journal")
+    assert _index_state(pg, database) == [(False,)]  # the failed build's leftover
+    logged = _logged(caplog)
     assert "not built" in logged and pg.password not in logged, logged
     with JournalReader.open(pg_url) as r:
         assert len(r.newest_actions(10, session="alice")[0]) == 2
         assert r.verify().ok
     pg.sql(f'ALTER DATABASE "{database}" RESET statement_timeout', database)
-    async with Journal.open(pg_url, **_keys(tmp_path, "owner")):
-        pass
-    assert pg.sql("SELECT to_regclass('events_session')::text", database) == [("events_session",)]
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="affidavit.journal"):
+        async with Journal.open(pg_url, **_keys(tmp_path, "owner")):
+            pass
+    assert _index_state(pg, database) == [(True,)]
+    logged = _logged(caplog)
+    assert "left INVALID" in logged and "built index events_session in" in logged, logged
+    with JournalReader.open(pg_url) as r:
+        assert len(r.newest_actions(10, session="alice")[0]) == 2
+
+
+def _building(pg: Cluster, database: str) -> bool:
+    """Whether a ``CREATE INDEX`` waits for a lock in ``database``."""
+    return bool(
+        pg.sql(
+            "SELECT 1 FROM pg_stat_activity WHERE datname = current_database() "
+            "AND left(query, 12) = 'CREATE INDEX' AND wait_event_type = 'Lock'",
+            database,
+        )
+    )
+
+
+def test_the_session_index_is_built_while_other_brokers_write(
+    pg: Cluster, pg_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The owner's build of ``events_session`` on a journal from before it may run for minutes
+    on a large one.  It must not hold the chain head meanwhile: every other broker's writes --
+    DISPATCH_STARTED among them -- need it.  The build is held in progress (it waits for a
+    transaction writing the table); meanwhile another broker takes the head at once, opens
+    the journal itself (leaving the build to the one running it) and writes."""
+    database = pg_url.rsplit("/", 1)[1]
+
+    async def fill() -> None:
+        async with Journal.open(pg_url, **_keys(tmp_path, "owner")) as j:
+            for ev in happy("inv-1", "alice"):
+                await j.append(ev)
+
+    trio.run(fill)
+    pg.sql("DROP INDEX events_session", database)  # as a broker from before left it
+    failed: list[BaseException] = []
+
+    def owner_opens() -> None:
+        async def opens() -> None:
+            async with Journal.open(pg_url, **_keys(tmp_path, "owner")):
+                pass
+
+        try:
+            trio.run(opens)
+        except BaseException as exc:
+            failed.append(exc)
+
+    with (
+        caplog.at_level(logging.INFO, logger="affidavit.journal"),
+        psycopg.connect(pg_url, autocommit=True) as other,
+    ):
+        other.execute("BEGIN")
+        other.execute("LOCK TABLE events IN ROW EXCLUSIVE MODE")
+        owner = threading.Thread(target=owner_opens, daemon=True)
+        owner.start()
+        try:
+            deadline = time.monotonic() + LIMIT
+            while not _building(pg, database):
+                assert time.monotonic() < deadline, "the build never started"
+                assert owner.is_alive(), failed
+                time.sleep(0.02)
+            # The head is free: another broker's transaction takes it within 2 s.
+            backend = PostgresBackend(pg_url)
+            conn = backend.connect("reader")
+            try:
+                backend.begin(conn, barrier=True, wait=2.0)
+                backend.rollback(conn)
+            finally:
+                backend.close(conn)
+
+            async def second_broker() -> None:
+                async with Journal.open(pg_url, **_keys(tmp_path, "second")) as j:
+                    for ev in happy("inv-2", "alice"):
+                        await j.append(ev, barrier=True)
+
+            trio.run(second_broker)
+            assert _building(pg, database) and owner.is_alive()  # all while it still ran
+        finally:
+            other.execute("ROLLBACK")
+            owner.join(LIMIT)
+    assert not owner.is_alive() and not failed, failed
+    assert _index_state(pg, database) == [(True,)]
+    logged = _logged(caplog)
+    assert "being built by another broker" in logged, logged
+    assert "built index events_session in" in logged, logged
+    with JournalReader.open(pg_url) as r:
+        assert len(r.newest_actions(10, session="alice")[0]) == 2
+        assert r.verify().ok
 
 
 # -- a connection lost around a commit -----------------------------------------------------------
