@@ -29,7 +29,7 @@ from affidavit.journal import (
     JournalUnavailable,
     SigningKey,
 )
-from affidavit.journal.postgres import PostgresBackend, grant_statements
+from affidavit.journal.postgres import SESSION_INDEX_BUILD, PostgresBackend, grant_statements
 from affidavit.statemachine import Event
 from affidavit.statemachine import EventKind as E
 from tests.postgres import Cluster, Proxy
@@ -332,6 +332,88 @@ def test_the_session_index_is_built_while_other_brokers_write(
     assert "being built by another broker" in logged, logged
     assert "built index events_session in" in logged, logged
     with JournalReader.open(pg_url) as r:
+        assert len(r.newest_actions(10, session="alice")[0]) == 2
+        assert r.verify().ok
+
+
+def test_two_owners_opening_a_journal_without_the_index_at_once_both_open(
+    pg: Cluster, pg_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Two brokers of the tables' owner open a journal from before ``events_session`` at the
+    same moment: one builds it, the other leaves it to that one (or finds it built); neither
+    fails to open, and the index is built once and valid."""
+    database = pg_url.rsplit("/", 1)[1]
+
+    async def fill() -> None:
+        async with Journal.open(pg_url, **_keys(tmp_path, "a")) as j:
+            for ev in happy("inv-0", "alice"):
+                await j.append(ev)
+
+    trio.run(fill)
+    pg.sql("DROP INDEX events_session", database)
+    start = threading.Barrier(2, timeout=LIMIT)
+    failed: list[BaseException] = []
+
+    def broker(name: str) -> None:
+        async def opens() -> None:
+            async with Journal.open(pg_url, **_keys(tmp_path, name)) as j:
+                for ev in happy(f"inv-{name}", "alice"):
+                    await j.append(ev, barrier=True)
+
+        try:
+            start.wait()
+            trio.run(opens)
+        except BaseException as exc:
+            failed.append(exc)
+
+    with caplog.at_level(logging.INFO, logger="affidavit.journal"):
+        threads = [threading.Thread(target=broker, args=(n,), daemon=True) for n in "ab"]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(LIMIT)
+    assert not any(t.is_alive() for t in threads) and not failed, failed
+    assert _index_state(pg, database) == [(True,)]
+    logged = _logged(caplog)
+    assert "not built" not in logged and "INVALID" not in logged, logged
+    assert logged.count("built index events_session in") == 1, logged
+    with JournalReader.open(pg_url) as r:
+        assert len(r.newest_actions(10, session="alice")[0]) == 3
+        assert r.verify().ok
+
+
+async def test_a_broker_role_opens_a_journal_whose_session_index_is_invalid(
+    pg: Cluster, pg_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An INVALID ``events_session`` (a concurrent build that failed) seen by a role that
+    cannot drop it: it says so, opens, and the session views answer from the table."""
+    database = pg_url.rsplit("/", 1)[1]
+    async with Journal.open(pg_url, **_keys(tmp_path, "owner")) as j:
+        for ev in happy("inv-1", "alice"):
+            await j.append(ev)
+    pg.sql("DROP INDEX events_session", database)
+    with psycopg.connect(pg_url, autocommit=True) as other, psycopg.connect(pg_url) as build:
+        other.execute("BEGIN")
+        other.execute("LOCK TABLE events IN ROW EXCLUSIVE MODE")
+        build.autocommit = True
+        build.execute("SET lock_timeout = 200")
+        with pytest.raises(psycopg.errors.LockNotAvailable):
+            build.execute(SESSION_INDEX_BUILD)
+        other.execute("ROLLBACK")
+    assert _index_state(pg, database) == [(False,)]
+    pg.sql("DROP ROLE IF EXISTS invalid_broker")
+    pg.sql("CREATE ROLE invalid_broker LOGIN PASSWORD 'broker-pw'")
+    for statement in grant_statements("invalid_broker"):
+        pg.sql(statement, database)
+    broker_url = pg.url(database, user="invalid_broker", password="broker-pw")
+    with caplog.at_level(logging.INFO, logger="affidavit.journal"):
+        async with Journal.open(broker_url, **_keys(tmp_path, "broker")) as j:
+            for ev in happy("inv-2", "alice"):
+                await j.append(ev)
+    assert _index_state(pg, database) == [(False,)]
+    logged = _logged(caplog)
+    assert "no valid index events_session" in logged and "CONCURRENTLY" in logged, logged
+    with JournalReader.open(broker_url) as r:
         assert len(r.newest_actions(10, session="alice")[0]) == 2
         assert r.verify().ok
 
