@@ -88,7 +88,9 @@ SQL: dict[str, str] = {
     **newest_statements("count(DISTINCT invocation_id) FROM events{}"),
     "event_rows": f"SELECT {EVENT_COLUMNS} FROM events WHERE seq BETWEEN ? AND ? ORDER BY seq",
     "all_event_rows": f"SELECT {EVENT_COLUMNS} FROM events ORDER BY seq",
-    "touched_after": "SELECT DISTINCT invocation_id FROM events WHERE seq > ?",
+    # Not DISTINCT (``touched_after`` makes the set): SQLite would answer that by scanning all
+    # of ``events_invocation`` instead of the rows after ``seq`` (issue 15).
+    "touched_after": "SELECT invocation_id FROM events WHERE seq > ?",
     "hash_at": "SELECT hash FROM events WHERE seq = ?",
     "event_at": "SELECT kind, invocation_id, attrs FROM events WHERE seq = ?",
     "payload_at": "SELECT invocation_id, kind, payload FROM events WHERE seq = ?",
