@@ -69,6 +69,7 @@ from .rows import AlteredRow, json_copy
 from .sealing import AuditOpener, generate_auditor_keypair, open_audit_payload, random_bytes
 from .signing import Anchor, Checkpoint, SigningKey, load_anchor, load_public_key, public_key_pem
 from .store import Journal
+from .summary import SessionSummary
 from .writer import Batch, Posted
 
 __all__ = [
@@ -98,6 +99,7 @@ __all__ = [
     "ResultStoreFailed",
     "ResultStream",
     "ResultWriter",
+    "SessionSummary",
     "SigningKey",
     "StoredResult",
     "StreamInfo",

@@ -20,7 +20,15 @@ import json
 import os
 import time
 import weakref
-from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
+from collections.abc import (
+    Callable,
+    Generator,
+    Hashable,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
@@ -49,6 +57,7 @@ from .rows import (
 )
 from .sealing import BrokerKey, open_audit_payload, payload_aad
 from .signing import Anchor, Checkpoint, key_id_of
+from .summary import SessionSummary
 from .tables import Tables
 from .verify import Trust, verify_journal
 
@@ -542,6 +551,29 @@ class JournalReader:
         # Counts outcomes only: the hint is never shown, the time it is computed for is moot.
         at = self._clock()
         return self._read(lambda t: _by_session(views.fold_each(t, None, at)), "the sessions view")
+
+    def summarized_sessions(self, summary: SessionSummary) -> list[dict[str, Any]]:
+        """``sessions()``, from ``summary`` brought up to this journal's head (reading only
+        the invocations with an event since it last read): the same entries."""
+        at = self._clock()
+
+        def run(t: Tables) -> list[dict[str, Any]]:
+            with self.snapshot():
+                return summary.sessions(t, at)
+
+        return self._read(run, "the sessions view")
+
+    def summarized_tallies(self, summary: SessionSummary) -> dict[Hashable, int]:
+        """How many records have each of ``summary``'s tallies, brought up to this journal's
+        head as ``summarized_sessions``: ``views.metrics_of`` makes the metrics of the whole
+        view from it (``views.metrics_key``: the same as ``metrics(iter_actions())``)."""
+        at = self._clock()
+
+        def run(t: Tables) -> dict[Hashable, int]:
+            with self.snapshot():
+                return summary.tallies(t, at)
+
+        return self._read(run, "the actions view")  # (as ``iter_actions`` names it)
 
     # -- checkpoints, anchors and verify -------------------------------------------------------
 

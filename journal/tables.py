@@ -224,6 +224,18 @@ class Tables:
         finally:
             cur.close()
 
+    def fold_rows_of(self, iids: Sequence[str], through: int) -> Iterator[Any]:
+        """The events of several invocations up to seq ``through``, as ``FOLD_COLUMNS``
+        rows grouped by invocation, by seq within one (a ``cursor``: close it) -- through
+        ``events_invocation``, for ``summary.SessionSummary``."""
+        marks = ",".join([self.PLACEHOLDER] * len(iids))
+        sql = (
+            f"SELECT {FOLD_COLUMNS} FROM events WHERE invocation_id IN ({marks}) AND seq <= "
+            f"{self.PLACEHOLDER} ORDER BY invocation_id, seq"
+        )
+        cur: Iterator[Any] = self.conn.execute(sql, (*iids, through))
+        return cur
+
     def scan_events(self, session: str | None = None) -> Iterator[Any]:
         """Every event (of ``session``, if given) as ``EVENT_READ_COLUMNS``, by seq."""
         if session is None:

@@ -58,7 +58,7 @@ from affidavit.api.broker import Broker
 from affidavit.api.wire import parse_time
 from affidavit.approvals import Operator, OperatorError, service
 from affidavit.engine import read_failure
-from affidavit.journal import JournalError, JournalReader, JournalUnavailable
+from affidavit.journal import JournalError, JournalReader, JournalUnavailable, SessionSummary
 from affidavit.reconcile import service as reconciling
 from affidavit.text import printable, utc_time
 
@@ -217,9 +217,13 @@ class Console:
         origin: str,
         public_origin: str | None = None,
         proxy_uid: int | None = None,
+        summary: SessionSummary | None = None,
     ) -> None:
         self.broker = broker
         self.read = read
+        self.summary = summary or SessionSummary()
+        """The journal page's sessions, brought up to date per request (the daemon's, shared
+        with ``/v1/sessions``)."""
         self.tokens = tokens
         self.sessions = Sessions()
         self.origins = frozenset(o for o in (origin, public_origin) if o)
@@ -523,7 +527,8 @@ class Console:
         )
 
     async def _journal(self, req: Request) -> None:
-        data = await self._reading(pages.journal_page, "the journal view")
+        summary = self.summary
+        data = await self._reading(lambda r: pages.journal_page(r, summary), "the journal view")
         await req.answer(200, self._render("journal.html", req, **data))
 
     # -- decisions ----------------------------------------------------------------------------

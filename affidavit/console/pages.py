@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from affidavit.approvals import pending_page
-from affidavit.journal import JournalReader
+from affidavit.journal import JournalReader, SessionSummary
 from affidavit.statemachine import Code, Outcome, Phase
 from affidavit.views import Newest, event_to_json, metrics, newest_sessions, record_to_json
 
@@ -196,9 +196,10 @@ def result_view(envelope: Mapping[str, Any] | None) -> dict[str, Any] | None:
     return {"streams": streams, "meta_text": json.dumps(meta, sort_keys=True, indent=1)}
 
 
-def journal_page(reader: JournalReader) -> dict[str, Any]:
+def journal_page(reader: JournalReader, summary: SessionSummary | None = None) -> dict[str, Any]:
     """``affidavit journal verify`` (the recorded key), the last signed checkpoint -- what
-    ``affidavit journal anchor`` would export -- and the sessions."""
+    ``affidavit journal anchor`` would export -- and the sessions (from ``summary`` when
+    given: ``JournalReader.summarized_sessions``)."""
     report = reader.verify()
     checkpoint = reader.latest_checkpoint()
     head_seq, head_hash = reader.head()
@@ -213,7 +214,9 @@ def journal_page(reader: JournalReader) -> dict[str, Any]:
             "key_id": checkpoint.key_id,
         },
         "head": {"seq": head_seq, "hash": head_hash},
-        **_newest_sessions(reader.sessions()),
+        **_newest_sessions(
+            reader.sessions() if summary is None else reader.summarized_sessions(summary)
+        ),
     }
 
 

@@ -61,7 +61,7 @@ from affidavit.engine import (
     read_failure,
     unreadable,
 )
-from affidavit.journal import JournalError, JournalReader, JournalUnavailable
+from affidavit.journal import JournalError, JournalReader, JournalUnavailable, SessionSummary
 from affidavit.journal.backend import where as journal_where
 from affidavit.statemachine import Outcome, Phase
 from affidavit.text import printable
@@ -69,6 +69,8 @@ from affidavit.views import (
     actions_page,
     event_to_json,
     metrics,
+    metrics_key,
+    metrics_of,
     newest_sessions,
     prometheus_text,
     record_json_encoder,
@@ -114,6 +116,9 @@ class Api:
         """The operator console's base URL when the daemon serves one (``server.py``)."""
         self.tokens: TokenStore | None = None
         """Its one-time login tokens."""
+        self.summary = SessionSummary(metrics_key)
+        """``/v1/sessions``' and unfiltered ``/v1/metrics``' counts, brought up to date per
+        request (not folded again)."""
 
     def refusal(self, peer: Peer) -> bytes | None:
         """The whole answer to a peer the policy refuses (403 ``PEER_REFUSED``, then the
@@ -335,20 +340,28 @@ class Api:
         """The ``limit`` sessions seen last (default ``SESSIONS_LIMIT``, at most
         ``MAX_SESSIONS_LIMIT``) in the reader's order, with ``total`` and ``truncated``: a
         caller names its sessions, so the view is streamed (memory O(sessions), not
-        O(records)) and the answer a page."""
+        O(records)) and the answer a page.  Read from ``self.summary``: only the invocations
+        with an event since the last request are folded (issue 15)."""
         limit = _limit_param(req, SESSIONS_LIMIT, MAX_SESSIONS_LIMIT)
+        summary = self.summary
         # Cut to the page in the reading thread too: sorting many sessions is the agents' to
         # make long, and the event loop is every client's.
-        page = await self._read(lambda j: newest_sessions(j.sessions(), limit), "the sessions view")
+        page = await self._read(
+            lambda j: newest_sessions(j.summarized_sessions(summary), limit), "the sessions view"
+        )
         await req.respond_json(page)
 
     async def metrics(self, req: Request) -> None:
         session, since = req.text_param("session"), _time_param(req, "since")
-        # Every record counted (that is what the counts mean), one held at a time.
-        data = await self._read(
-            lambda j: metrics(j.iter_actions(session=session, since=since)),
-            "the records the metrics count",
-        )
+        summary = self.summary
+
+        def count(j: JournalReader) -> dict[str, Any]:
+            if session is None and since is None:  # every record: kept counts (``summary``)
+                return metrics_of(j.summarized_tallies(summary))
+            # Every record counted (that is what the counts mean), one held at a time.
+            return metrics(j.iter_actions(session=session, since=since))
+
+        data = await self._read(count, "the records the metrics count")
         fmt = req.params.get("format", "prometheus")
         if fmt == "json":
             await req.respond_json(data)

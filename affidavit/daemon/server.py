@@ -209,6 +209,7 @@ class Daemon:
                     origin=bound,
                     public_origin=public,
                     proxy_uid=proxy,
+                    summary=api.summary,
                 )
                 log.info("operator console on %s", api.console_url)
                 if public is not None and proxy is None and is_loopback(self.console_address[0]):

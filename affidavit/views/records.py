@@ -9,9 +9,9 @@ from __future__ import annotations
 import json
 import json.encoder
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from affidavit.statemachine import STATES, Event, Outcome, Phase, Record
 
@@ -23,6 +23,8 @@ __all__ = [
     "actions_page",
     "event_to_json",
     "metrics",
+    "metrics_key",
+    "metrics_of",
     "newest_sessions",
     "plain",
     "prometheus_text",
@@ -284,25 +286,40 @@ def metrics(records: Iterable[Record]) -> dict[str, Any]:
     invocations that carried them (``batch_items``, by outcome and code: a committed 207 may
     hold rejected and unknown items), and jobs accepted by a 202 by their own state
     (``operations``)."""
+    tallies: dict[Hashable, int] = {}
+    # A stream (``JournalReader.iter_actions``): every record counted, one held at a time.
+    for rec in records:
+        key = metrics_key(rec)
+        tallies[key] = tallies.get(key, 0) + 1
+    return metrics_of(tallies)
+
+
+def metrics_key(rec: Record) -> Hashable:
+    """What ``metrics`` counts of one record: its phase, outcome and code, its batch items'
+    (outcome, code) and its job's state -- the ``tally`` of a ``SessionSummary`` the daemon
+    keeps, so ``/v1/metrics`` without a filter need not fold every record again."""
+    items = tuple((str(i["outcome"]), str(i["code"] or "OK")) for i in rec.items or ())
+    job = str(rec.operation["state"]) if rec.operation is not None else None
+    code = rec.code.value if rec.code is not None else "OK"
+    return (rec.phase.value, rec.outcome.value, code, items, job)
+
+
+def metrics_of(tallies: Mapping[Hashable, int]) -> dict[str, Any]:
+    """``metrics()``' answer from how many records have each ``metrics_key``."""
     by_phase: dict[tuple[str, str], int] = {}
     by_code: dict[tuple[str, str], int] = {}
     by_item: dict[tuple[str, str], int] = {}
     by_job: dict[str, int] = {}
     count = 0
-    # A stream (``JournalReader.iter_actions``): every record counted, one held at a time.
-    for rec in records:
-        count += 1
-        for item in rec.items or ():
-            ikey = (str(item["outcome"]), str(item["code"] or "OK"))
-            by_item[ikey] = by_item.get(ikey, 0) + 1
-        if rec.operation is not None:
-            state = str(rec.operation["state"])
-            by_job[state] = by_job.get(state, 0) + 1
-        key = (rec.phase.value, rec.outcome.value)
-        by_phase[key] = by_phase.get(key, 0) + 1
-        code = rec.code.value if rec.code is not None else "OK"
-        ckey = (code, rec.outcome.value)
-        by_code[ckey] = by_code.get(ckey, 0) + 1
+    for key, n in tallies.items():
+        phase, outcome, code, items, job = cast("tuple[Any, ...]", key)
+        count += n
+        for ikey in items:
+            by_item[ikey] = by_item.get(ikey, 0) + n
+        if job is not None:
+            by_job[job] = by_job.get(job, 0) + n
+        by_phase[(phase, outcome)] = by_phase.get((phase, outcome), 0) + n
+        by_code[(code, outcome)] = by_code.get((code, outcome), 0) + n
     return {
         "invocations": count,
         "by_phase_outcome": [

@@ -373,3 +373,49 @@ async def test_the_sessions_view_answers_those_seen_last_and_says_it_was_cut(
     assert through.returncode == 0 and through.stderr == b""
     assert through.stdout == local.stdout
     assert [s["session"] for s in json.loads(through.stdout)] == ["s1", "s2", "s3"]
+
+
+async def test_the_views_kept_between_requests_answer_as_a_full_fold(
+    tmp_path: Path, token: str
+) -> None:
+    """The daemon keeps ``/v1/sessions`` and unfiltered ``/v1/metrics`` (``SessionSummary``:
+    the first request folds the journal, each later one only what was appended since): after
+    each call, each body is the bytes a full fold of the journal makes (as before)."""
+    from affidavit.api.wire import blocking_request
+    from affidavit.daemon.http import json_body
+    from affidavit.journal import JournalReader
+    from affidavit.views import metrics, newest_sessions, prometheus_text
+
+    pairs = []
+    async with serving(tmp_path, scripts.serve(OK), token=token) as (_srv, daemon):
+        sock = str(daemon.socket)
+
+        async def get(path: str) -> bytes:
+            got = await trio.to_thread.run_sync(blocking_request, sock, "GET", path)
+            assert got.status == 200, got.body
+            return bytes(got.body)
+
+        async with Client.open(daemon.socket) as client:
+            for name in ("s1", "s2", "s1", "s3", "s2"):
+                await client.call(action(session=name))
+                for _ in range(100):  # (a delivery may still be written after the answer)
+                    with JournalReader.open(daemon.journal) as r:
+                        head = r.head()
+                    kept = [
+                        await get(p)
+                        for p in ("/v1/sessions?limit=2", "/v1/metrics?format=json", "/v1/metrics")
+                    ]
+                    with JournalReader.open(daemon.journal) as r:
+                        counts = metrics(r.iter_actions())
+                        full = [
+                            json_body(newest_sessions(r.sessions(), 2)),
+                            json_body(counts),
+                            prometheus_text(counts).encode(),
+                        ]
+                        if r.head() == head:  # all read from the same journal
+                            break
+                pairs.append((kept, full))
+    for kept, full in pairs:
+        assert kept == full
+    assert json.loads(pairs[-1][0][0])["total"] == 3
+    assert json.loads(pairs[-1][0][1])["invocations"] == 5

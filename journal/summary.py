@@ -1,0 +1,271 @@
+"""The sessions view kept up to date instead of folded again per request (issue 15: the
+daemon's ``/v1/sessions`` folded every record of the journal on every request -- 7-11 s on a
+1M-event journal).
+
+A ``SessionSummary`` is folded once from the whole journal (``views.fold_each``'s rows), then,
+on each request, brought up to the journal's head by re-folding only the invocations with an
+event after the last seq it folded (``Tables.touched_after``, then each one's events through
+``events_invocation``).  It is derived, never evidence: it answers exactly what
+``JournalReader.sessions`` answers from a full fold (``_by_session``), down to the order of
+the sessions and of each session's outcome counts, and it reads the journal (never the
+writer's memory), so another process's appends are in it.  What it holds per invocation is
+small and fixed (``_Inv``): memory O(invocations), never O(events).
+
+What a full fold would refuse, it refuses: every row it reads goes through the same fold
+(``rows.fold_events``, ``fold_runs``); a failed update changes nothing (the next request reads
+the same rows, and fails the same way).  A journal rewound or replaced under it (the row at
+the seq it folded through is gone or another) is folded again from the start.  A row altered
+in place *before* that seq, after it was folded, is not read again (only ``verify`` and a full
+fold read every row): the summary keeps what that row said when it was folded.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Hashable, Iterable, Iterator
+from typing import Any
+
+from affidavit.statemachine import ImpossibleEvent, Record, fold_runs
+
+from .rows import close_rows, fold_events, unfoldable
+from .tables import Tables
+
+__all__ = ["SessionSummary"]
+
+_BATCH = 500
+"""Invocations whose events one statement reads (``Tables.fold_rows_of``)."""
+
+
+class _Inv:
+    """One invocation as the sessions view counts it (``first_at``, the time of its first
+    event, never changes: counted into its session's ``first_seen`` once, not kept)."""
+
+    __slots__ = ("last_at", "outcome", "pos", "session", "tally")
+
+    def __init__(self, pos: int, session: str | None, outcome: str, last_at: float) -> None:
+        self.pos = pos  # the seq of its first event: the view's order
+        self.session = session
+        self.outcome = outcome
+        self.last_at = last_at
+        self.tally: Hashable = None  # ``SessionSummary``'s ``tally`` of its record, once counted
+
+
+class _Session:
+    """One session's counts; ``members``: its invocations in order of their first event."""
+
+    __slots__ = ("actions", "counts", "first_seen", "last_seen", "members", "minpos", "name")
+
+    def __init__(self, name: str | None, first_at: float, last_at: float) -> None:
+        self.name = name
+        self.actions = 0
+        self.counts: dict[str, int] = {}
+        self.minpos: dict[str, int] = {}  # outcome -> pos of its first invocation (key order)
+        self.first_seen = first_at
+        self.last_seen = last_at
+        self.members: list[_Inv] = []
+
+    def add(self, inv: _Inv, first_at: float) -> None:
+        inv.session = self.name  # (one string per session, not one per invocation)
+        self.members.append(inv)
+        self.actions += 1
+        self._count(inv)
+        if first_at < self.first_seen:
+            self.first_seen = first_at
+        if inv.last_at > self.last_seen:
+            self.last_seen = inv.last_at
+
+    def change(self, inv: _Inv, outcome: str, last_at: float) -> None:
+        """``inv`` (a member) folded again: its outcome and last event's time now these."""
+        stale = False
+        if outcome != inv.outcome:
+            old = inv.outcome
+            self.counts[old] -= 1
+            if self.counts[old] == 0:
+                del self.counts[old], self.minpos[old]
+            elif self.minpos[old] == inv.pos:
+                stale = True
+            inv.outcome = outcome
+            self._count(inv)
+        if last_at != inv.last_at:
+            if last_at > self.last_seen:
+                self.last_seen = last_at
+            elif inv.last_at == self.last_seen:  # (a clock set back): the maximum may drop
+                stale = True
+            inv.last_at = last_at
+        if stale:
+            self._recount()
+
+    def _count(self, inv: _Inv) -> None:
+        o = inv.outcome
+        self.counts[o] = self.counts.get(o, 0) + 1
+        if inv.pos < self.minpos.get(o, inv.pos + 1):
+            self.minpos[o] = inv.pos
+
+    def _recount(self) -> None:
+        self.counts, self.minpos = {}, {}
+        self.last_seen = self.members[0].last_at
+        for inv in self.members:
+            self._count(inv)
+            if inv.last_at > self.last_seen:
+                self.last_seen = inv.last_at
+
+    def entry(self) -> dict[str, Any]:
+        """As ``reader._by_session`` builds it (outcomes in order of first appearance)."""
+        order = sorted(self.counts, key=self.minpos.__getitem__)
+        return {
+            "session": self.name,
+            "actions": self.actions,
+            "outcomes": {o: self.counts[o] for o in order},
+            "first_seen": self.first_seen,
+            "last_seen": self.last_seen,
+        }
+
+
+class _State:
+    __slots__ = ("hash", "invs", "keys", "sessions", "tallies", "through")
+
+    def __init__(self) -> None:
+        self.through = 0
+        self.hash: str | None = None
+        self.invs: dict[str, _Inv] = {}
+        self.sessions: dict[str | None, _Session] = {}
+        self.tallies: dict[Hashable, int] = {}
+        """How many invocations have each tally."""
+        self.keys: dict[Hashable, Hashable] = {}
+        """Each distinct tally, once: an invocation holds that one, not a copy."""
+
+    def retally(self, inv: _Inv, new: Hashable) -> None:
+        """``inv`` (counted, or new: its ``tally`` None) has the tally ``new`` now."""
+        tallies, old = self.tallies, inv.tally
+        if old is not None:
+            tallies[old] -= 1
+            if tallies[old] == 0:
+                del tallies[old]
+        if new is not None:
+            new = self.keys.setdefault(new, new)
+            tallies[new] = tallies.get(new, 0) + 1
+        inv.tally = new
+
+    def add(self, iid: str, inv: _Inv, first_at: float, tally: Hashable) -> None:
+        self.invs[iid] = inv
+        self.retally(inv, tally)
+        s = self.sessions.get(inv.session)
+        if s is None:
+            s = self.sessions[inv.session] = _Session(inv.session, first_at, inv.last_at)
+        s.add(inv, first_at)
+
+
+class SessionSummary:
+    """``JournalReader.sessions``' answer, kept (``JournalReader.summarized_sessions``) --
+    and, given ``tally`` (what a view counts of a record: ``views.metrics_key``), how many
+    records have each tally (``JournalReader.summarized_tallies``).  One per daemon; the
+    threads that read it take turns."""
+
+    def __init__(self, tally: Callable[[Record], Hashable] | None = None) -> None:
+        self._lock = threading.Lock()
+        self._state = _State()
+        self._tally = tally
+
+    def sessions(self, tables: Tables, now: float) -> list[dict[str, Any]]:
+        """Brought up to the head, then its entries.  Call inside one read transaction."""
+        with self._lock:
+            state = self._refresh(tables, now)
+            return [s.entry() for s in state.sessions.values()]
+
+    def tallies(self, tables: Tables, now: float) -> dict[Hashable, int]:
+        """Brought up to the head, then how many records have each tally."""
+        with self._lock:
+            return dict(self._refresh(tables, now).tallies)
+
+    def _refresh(self, tables: Tables, now: float) -> _State:
+        head, head_hash = tables.head()
+        state = self._state
+        if state.through and (head < state.through or tables.hash_at(state.through) != state.hash):
+            state = _State()  # rewound or replaced: what was folded is not this journal's
+        if state.through == 0:
+            state = self._build(tables, head, now)
+        elif head > state.through:
+            try:
+                self._update(state, tables, head, now)
+            except _Rebuild:
+                state = self._build(tables, head, now)
+        state.through, state.hash = head, head_hash
+        self._state = state
+        return state
+
+    def _build(self, tables: Tables, head: int, now: float) -> _State:
+        state = _State()
+        rows = tables.grouped_events(None)
+        try:
+            for iid, inv, first_at, tally in _folded(_through(rows, head), now, self._tally):
+                state.add(iid, inv, first_at, tally)
+        finally:
+            close_rows(rows)
+        return state
+
+    def _update(self, state: _State, tables: Tables, head: int, now: float) -> None:
+        """Re-fold the invocations with an event in ``(through, head]``; ``state`` is changed
+        only once every one of them folded."""
+        touched = sorted(tables.touched_after(state.through))
+        folded: list[tuple[str, _Inv, float, Hashable]] = []
+        for i in range(0, len(touched), _BATCH):
+            rows = tables.fold_rows_of(touched[i : i + _BATCH], head)
+            try:
+                folded.extend(_folded(rows, now, self._tally))
+            finally:
+                close_rows(rows)
+        fresh = []
+        for iid, inv, first_at, tally in folded:
+            known = state.invs.get(iid)
+            if known is None:
+                fresh.append((iid, inv, first_at, tally))
+            elif known.session != inv.session or known.pos != inv.pos:
+                raise _Rebuild  # not how the broker writes: fold it all again
+            else:
+                state.sessions[known.session].change(known, inv.outcome, inv.last_at)
+                if tally != known.tally:
+                    state.retally(known, tally)
+        fresh.sort(key=lambda f: f[1].pos)
+        for iid, inv, first_at, tally in fresh:
+            state.add(iid, inv, first_at, tally)
+
+
+class _Rebuild(Exception):
+    pass
+
+
+def _through(rows: Iterable[Any], head: int) -> Iterator[Any]:
+    """The rows up to ``head`` (a row whose seq is not a number is passed on: the fold says
+    it was altered)."""
+    for row in rows:
+        seq = row[0]
+        if type(seq) is not int or seq <= head:
+            yield row
+
+
+def _folded(
+    rows: Iterable[Any], now: float, tally: Callable[[Record], Hashable] | None
+) -> Iterator[tuple[str, _Inv, float, Hashable]]:
+    """Each run of ``rows`` (``FOLD_COLUMNS``, grouped by invocation, by seq within one) as
+    the invocation's ``_Inv``, its first event's time and its record's tally -- folded as
+    ``views.fold_each`` folds it."""
+    first: list[int] = []
+
+    def seqs(rows: Iterable[Any]) -> Iterator[Any]:
+        iid = None
+        for row in rows:
+            if row[2] != iid:
+                iid = row[2]
+                first.append(row[0])
+            yield row
+
+    try:
+        for n, (p, first_at, last_at) in enumerate(fold_runs(fold_events(seqs(rows)))):
+            rec = p.last_record(now)
+            # (every event has its time: ``fold_events`` refuses a row without)
+            at0 = first_at if first_at is not None else 0.0
+            at1 = last_at if last_at is not None else 0.0
+            inv = _Inv(first[n], rec.session, rec.outcome.value, at1)
+            yield rec.invocation_id, inv, at0, None if tally is None else tally(rec)
+    except ImpossibleEvent as exc:  # stored events the broker could not have written
+        raise unfoldable(exc) from None

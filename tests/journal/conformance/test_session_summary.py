@@ -1,0 +1,254 @@
+"""``SessionSummary`` (issue 15): the sessions view brought up to date per request from the
+events after the last seq it folded -- answering exactly what a full fold
+(``JournalReader.sessions``) answers, on every backend, whatever was appended in between:
+records whose outcome changes later (polls, reconciliation, recovery, delivery -- any valid
+walk of the lifecycle), a clock set back, another writer's appends, a journal replaced."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import trio
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from affidavit.journal import JournalError, SessionSummary
+from affidavit.journal.tables import Tables
+from affidavit.statemachine import Event, ImpossibleEvent, Projector
+from affidavit.statemachine import EventKind as E
+from affidavit.views import metrics, metrics_key, metrics_of
+from tests.statemachine.lifecycle_helpers import make_event, operation, valid_moves
+
+from ..helpers import Ticking, happy, interrupted
+from .conftest import Place
+
+SESSIONS = ("alice", "bob", None)
+
+
+class _Clock:
+    """A journal clock that mostly moves on and sometimes goes back (``at`` is the writer's
+    clock, not the chain's order): ``steps`` in turn, cycled."""
+
+    def __init__(self, steps: list[float]) -> None:
+        self.now, self.steps, self.i = 1_700_000_000.0, steps or [1.0], 0
+
+    def __call__(self) -> float:
+        self.now += self.steps[self.i % len(self.steps)]
+        self.i += 1
+        return self.now
+
+
+def _fresh(place: Place, where: Path) -> Place:
+    keys = (where / "journal.key", where / "journal.signing.key")
+    if place.cluster is None:
+        return Place("sqlite", str(where / "j.db"), *keys)
+    return Place("postgresql", place.cluster.database(), *keys, cluster=place.cluster)
+
+
+def _both(place: Place, summary: SessionSummary) -> tuple[Any, Any]:
+    """(full fold, summary) read as the daemon reads them: a new reader each, JSON text --
+    the sessions (whose answer is returned) and the metrics (compared here)."""
+
+    def one(read: Any) -> Any:
+        with place.reader() as r:
+            try:
+                return json.dumps(read(r))
+            except JournalError as exc:
+                return ("JournalError", str(exc))
+
+    full_metrics = one(lambda r: metrics(r.iter_actions()))
+    assert one(lambda r: metrics_of(r.summarized_tallies(summary))) == full_metrics
+    return one(lambda r: r.sessions()), one(lambda r: r.summarized_sessions(summary))
+
+
+async def _walk(place: Place, data: st.DataObject, summary: SessionSummary) -> int:
+    """Random valid lifecycle walks of a few invocations, interleaved, the summary compared
+    with the full fold at random points (and at the end); returns how many were compared."""
+    n = data.draw(st.integers(1, 5))
+    sessions = [data.draw(st.sampled_from(SESSIONS)) for _ in range(n)]
+    steps = data.draw(st.lists(st.sampled_from([1.0, 1.0, 2.5, -3.0, 0.0]), max_size=4))
+    projectors: list[Projector | None] = [None] * n
+    compared = 0
+
+    def choose(options: Any) -> Any:
+        return data.draw(st.sampled_from(list(options)))
+
+    async with place.open(clock=_Clock(steps)) as j:
+        for _ in range(data.draw(st.integers(0, 40))):
+            k = data.draw(st.integers(0, n - 1))
+            p = projectors[k]
+            if p is None:
+                batch = data.draw(st.sampled_from([None, ["a", "b"]]))  # (items counted)
+                attrs: dict[str, Any] = {"operation": operation(budget=3, batch=batch)}
+                if sessions[k] is not None:
+                    attrs["session"] = sessions[k]
+                event = Event(E.ACTION_ACCEPTED, f"act-{k}", attrs)
+                p = projectors[k] = Projector(f"act-{k}")
+            else:
+                moves = valid_moves(p)
+                if not moves:
+                    continue
+                kind, dest = choose(moves)
+                event = make_event(p, kind, dest, None, choose)
+            try:
+                stored = await j.append(event)
+            except (ImpossibleEvent, JournalError):
+                continue  # an event the journal takes only from its own paths: not this walk
+            p.apply(stored)
+            if data.draw(st.booleans()):
+                full, kept = _both(place, summary)
+                assert kept == full
+                compared += 1
+    full, kept = _both(place, summary)
+    assert kept == full
+    return compared + 1
+
+
+@settings(
+    max_examples=30,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(data=st.data())
+def test_the_summary_answers_as_the_full_fold_after_random_walks(
+    place: Place, data: st.DataObject
+) -> None:
+    with tempfile.TemporaryDirectory() as d:
+        p = _fresh(place, Path(d))
+        summary = SessionSummary(metrics_key)
+        trio.run(_walk, p, data, summary)
+
+        # Another writer (a restarted broker, another broker of a shared journal) appends:
+        # read from the journal, the summary has its events too.
+        async def more() -> None:
+            async with p.open(clock=Ticking(1_800_000_000.0)) as j:
+                for ev in interrupted("act-later", "bob"):
+                    await j.append(ev)
+
+        trio.run(more)
+        full, kept = _both(p, summary)
+        assert kept == full
+
+
+def _fill(place: Place, runs: list[list[Event]]) -> None:
+    async def fill() -> None:
+        async with place.open(clock=Ticking()) as j:
+            for run in runs:
+                for ev in run:
+                    await j.append(ev)
+
+    trio.run(fill)
+
+
+class _Counting:
+    """``Tables`` counting the event rows a view reads (and how)."""
+
+    def __init__(self, tables: Tables) -> None:
+        self.tables = tables
+        self.read: dict[str, int] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.tables, name)
+
+    def _count(self, name: str, rows: Any) -> Iterator[Any]:
+        for row in rows:
+            self.read[name] = self.read.get(name, 0) + 1
+            yield row
+
+    def grouped_events(self, session: str | None = None) -> Iterator[Any]:
+        return self._count("grouped_events", self.tables.grouped_events(session))
+
+    def fold_rows_of(self, iids: Any, through: int) -> Iterator[Any]:
+        return self._count("fold_rows_of", self.tables.fold_rows_of(iids, through))
+
+
+def test_a_request_reads_only_the_invocations_changed_since_the_last(place: Place) -> None:
+    _fill(place, [happy(f"inv-{i}", SESSIONS[i % 3]) for i in range(20)])
+    summary = SessionSummary(metrics_key)
+    with place.reader() as r:
+        spy = _Counting(r.tables)
+        summary.sessions(spy, 1e9)  # type: ignore[arg-type]
+        assert spy.read == {"grouped_events": 20 * 7}  # the first: a full fold
+    _fill(place, [interrupted("inv-new", "bob")])
+    with place.reader() as r:
+        spy = _Counting(r.tables)
+        summary.sessions(spy, 1e9)  # type: ignore[arg-type]
+        assert spy.read == {"fold_rows_of": 5}  # the new invocation's events, no other row
+        spy = _Counting(r.tables)
+        summary.sessions(spy, 1e9)  # type: ignore[arg-type]
+        assert spy.read == {}  # nothing new: nothing read but the head
+    full, kept = _both(place, summary)
+    assert kept == full
+
+
+def test_an_altered_new_row_fails_the_summary_as_the_full_fold_and_keeps_failing(
+    place: Place,
+) -> None:
+    _fill(place, [happy("inv-1", "alice")])
+    summary = SessionSummary(metrics_key)
+    assert _both(place, summary)[0] == _both(place, summary)[1]
+    _fill(place, [interrupted("inv-2", "bob")])
+    last = place.rows("SELECT max(seq) FROM events")[0][0]
+    place.tamper(f"UPDATE events SET attrs = '[1]' WHERE seq = {last}")
+    for _ in range(2):  # not served from what it held before
+        full, kept = _both(place, summary)
+        assert full[0] == "JournalError" and "altered" in full[1]
+        assert kept == full
+
+
+def test_a_journal_replaced_under_the_summary_is_folded_again(tmp_path: Path) -> None:
+    # (SQLite's file restored from a copy: the row at the seq it folded through is another)
+    place = Place("sqlite", str(tmp_path / "j.db"), tmp_path / "k", tmp_path / "s")
+    _fill(place, [happy("inv-1", "alice"), happy("inv-2", "bob")])
+    saved = tmp_path / "saved"
+    saved.mkdir()
+    for f in Path(place.location).parent.glob("j.db*"):
+        shutil.copy(f, saved / f.name)
+    summary = SessionSummary(metrics_key)
+    _both(place, summary)
+    _fill(place, [interrupted("inv-3", "alice")])
+    _both(place, summary)
+    for f in Path(place.location).parent.glob("j.db*"):  # a backup restored: fewer rows
+        f.unlink()
+    for f in saved.iterdir():
+        shutil.copy(f, Path(place.location).parent / f.name)
+    # Written on past the old head before the next read: only the row at the seq the summary
+    # folded through tells that this is another journal.
+    _fill(place, [happy("inv-4", None), interrupted("inv-5", None)])
+    full, kept = _both(place, summary)
+    assert kept == full and json.loads(kept)[0]["actions"] == 1  # inv-3 is gone
+
+
+def test_outcome_counts_keep_the_full_folds_order_as_outcomes_change(place: Place) -> None:
+    # alice: inv-a unknown (first), inv-b committed, inv-c unknown; then inv-a is answered
+    # (committed): "unknown" now comes after "committed" (its first invocation is inv-c).
+    runs = [
+        interrupted("inv-a", "alice")[:4],  # dispatched: unknown
+        happy("inv-b", "alice"),
+        interrupted("inv-c", "alice"),
+        happy("inv-a", "alice")[4:],
+    ]
+    summary = SessionSummary(metrics_key)
+    done = []
+    for run in runs:
+        _fill(place, [run])
+        done.append(_both(place, summary))
+    assert all(kept == full for full, kept in done)
+    first, last = (list(json.loads(done[i][1])[0]["outcomes"]) for i in (2, 3))
+    assert (first, last) == (["unknown", "committed"], ["committed", "unknown"])
+
+
+def test_sessions_first_seen_in_one_update_keep_the_journals_order(place: Place) -> None:
+    _fill(place, [happy("inv-0", "old")])
+    summary = SessionSummary(metrics_key)
+    _both(place, summary)
+    # New sessions whose invocations' ids sort against their order in the journal.
+    _fill(place, [happy("zz-first", "s-z"), happy("aa-second", "s-a"), happy("mm-third", "s-m")])
+    full, kept = _both(place, summary)
+    assert kept == full
+    assert [s["session"] for s in json.loads(kept)] == ["old", "s-z", "s-a", "s-m"]
