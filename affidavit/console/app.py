@@ -58,7 +58,13 @@ from affidavit.api.broker import Broker
 from affidavit.api.wire import parse_time
 from affidavit.approvals import Operator, OperatorError, service
 from affidavit.engine import read_failure
-from affidavit.journal import JournalError, JournalReader, JournalUnavailable, SessionSummary
+from affidavit.journal import (
+    JournalError,
+    JournalReader,
+    JournalUnavailable,
+    ReadFailed,
+    SessionSummary,
+)
 from affidavit.reconcile import service as reconciling
 from affidavit.text import printable, utc_time
 
@@ -589,7 +595,7 @@ class Console:
         console is not the caller; its look is no delivery)."""
         try:
             return await self.broker.fetch_result(iid, from_chunk=0)
-        except JournalUnavailable as exc:  # unread, not unverified
+        except (JournalUnavailable, ReadFailed) as exc:  # unread (away, declined), not unverified
             raise _journal_refusal(exc, read_failure(exc, f"the result of {iid}")) from None
         except JournalError as exc:
             raise Refused(500, f"the stored result does not verify: {exc}") from None

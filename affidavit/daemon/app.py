@@ -61,7 +61,13 @@ from affidavit.engine import (
     read_failure,
     unreadable,
 )
-from affidavit.journal import JournalError, JournalReader, JournalUnavailable, SessionSummary
+from affidavit.journal import (
+    JournalError,
+    JournalReader,
+    JournalUnavailable,
+    ReadFailed,
+    SessionSummary,
+)
 from affidavit.journal.backend import where as journal_where
 from affidavit.statemachine import Outcome, Phase
 from affidavit.text import printable
@@ -283,6 +289,8 @@ class Api:
             )
         except JournalUnavailable:  # the record unread: nothing is known to be wrong with it
             raise ApiProblem(503, CallNotRecorded.code, unreadable(invocation_id)) from None
+        except ReadFailed as exc:  # declined this once (a statement timeout): unread, not wrong
+            raise _journal_problem(exc, f"the result of {invocation_id}") from None
         except JournalError as exc:  # a stored result that fails verification: never its bytes
             raise ApiProblem(500, "RESULT_UNVERIFIED", str(exc)) from None
         if req.answered or req.link.hung_up.is_set():

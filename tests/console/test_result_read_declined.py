@@ -1,0 +1,50 @@
+"""The console, as the daemon and MCP (tests/daemon/test_fetch_read_declined.py): a stored result
+whose read the database declined this once (``ReadFailed``: a statement timeout, a lock not
+granted) is 503 JOURNAL_READ_DECLINED, "try again" -- never a 500 page saying the stored result
+does not verify, which nothing in the journal backs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from affidavit.journal import ReadFailed
+from affidavit.journal.store import Journal
+from tests.broker.helpers import http_target, open_broker
+from tests.http.hostile import HostileServer, Reply, scripts
+
+from .kit import WAIT, get, log_in_to, operator_config, served
+
+
+async def test_a_result_whose_read_is_declined_once_is_read_declined_not_unverified(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with HostileServer.running(scripts.serve(Reply(200, body=b"stored"))) as srv:
+        path = operator_config(tmp_path, monkeypatch, {"api": http_target(srv.url)})
+        with trio.fail_after(WAIT):
+            async with open_broker(path) as b, served(b, tmp_path) as (origin, console):
+                env = await b.call({"target": "api", "method": "GET", "path": "/r"})
+                iid = env["invocation_id"]
+                cookie, _csrf = await log_in_to(console, origin)
+                real = Journal.record
+                declined: list[str] = []
+
+                def record(self: Journal, invocation_id: str, now: Any = None) -> Any:
+                    if invocation_id == iid and not declined:
+                        declined.append(invocation_id)
+                        raise ReadFailed("canceling statement due to statement timeout")
+                    return real(self, invocation_id, now)
+
+                monkeypatch.setattr(Journal, "record", record)
+                url = f"{origin}/invocations/{iid}/result.json"
+                status, _, page = await get(url, cookie=cookie)
+                again, _, body = await get(url, cookie=cookie)
+    assert declined == [iid]
+    assert status == 503, page
+    assert b"JOURNAL_READ_DECLINED" in page and b"try again" in page, page
+    assert b"does not verify" not in page
+    assert again == 200 and b'"stored"' in body
+    assert len(srv.requests) == 1
