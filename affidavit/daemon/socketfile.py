@@ -177,12 +177,11 @@ def _held(path: Path, lock: Path, fd: int) -> DaemonError:
     pid = words[0] if words and words[0].isdigit() else "?"
     state = words[1] if len(words) > 1 else ""
     if state == "stopping":
-        until = words[2] if len(words) > 2 and words[2].isdigit() else None
-        when = (
-            time.strftime("%H:%M:%S UTC", time.gmtime(int(until)))
-            if until is not None
-            else "the end of its [service] shutdown_grace"
-        )
+        when = "the end of its [service] shutdown_grace"
+        if len(words) > 2 and words[2].isdigit():
+            # Words only: a time no clock function takes (a torn or edited file) is not shown.
+            with contextlib.suppress(OverflowError, OSError, ValueError):
+                when = time.strftime("%H:%M:%S UTC", time.gmtime(int(words[2])))
         return DaemonError(
             f"the daemon (pid {pid}) on {path} is shutting down: it no longer accepts calls, "
             f"and lets those in flight finish until {when} (its shutdown grace and their "

@@ -191,6 +191,27 @@ def test_two_claims_on_one_path_the_second_is_refused_until_the_first_lets_go(
     assert stat.S_IMODE(os.lstat(lock).st_mode) == 0o600
 
 
+@pytest.mark.parametrize("until", ["99999999999999999999", "9" * 120])
+def test_a_stopping_state_whose_end_no_clock_can_show_is_still_daemon_stopping(
+    tmp_path: Path, until: str
+) -> None:
+    """The holder's state is read back for the refusal's words only: an ``until`` past what the
+    platform's time functions take (a torn or hand-edited lock file) is "the end of its grace",
+    never an OverflowError traceback instead of DAEMON_STOPPING."""
+    sock = tmp_path / "s.sock"
+    held = socketfile.claim_socket_path(sock)
+    try:
+        line = f"{os.getpid()} stopping {until}\n".encode()
+        os.pwrite(held, line, 0)
+        os.ftruncate(held, len(line))
+        with pytest.raises(DaemonError, match="is shutting down") as caught:
+            socketfile.claim_socket_path(sock)
+    finally:
+        os.close(held)
+    assert caught.value.code == "DAEMON_STOPPING"
+    assert "shutdown_grace" in str(caught.value)
+
+
 def test_a_lock_path_that_is_a_symlink_is_refused_and_its_target_untouched(
     tmp_path: Path,
 ) -> None:
