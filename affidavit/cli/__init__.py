@@ -94,11 +94,17 @@ def journal_refusal(
     """A ``JournalError`` with its stable code: ``message`` and ``code`` are the command's own
     (a read's answer: ``read_failure``), else ``JOURNAL_LOCKED`` (the daemon owns it: ask it
     on its socket), ``JOURNAL_UNAVAILABLE`` (a shared journal's database is away: try again),
+    ``JOURNAL_READ_DECLINED`` (the database declined a read this once: ``read_failure``'s words),
     ``JOURNAL_NOT_DURABLE`` (a shared journal's database would lose acknowledged commits in a
     crash: the message names the setting and the fix) or ``JOURNAL_UNUSABLE`` (the file, its
     directory or a key cannot be used as this user: the message names it and the fix)."""
-    from affidavit.journal import JournalLocked, JournalNotDurable, JournalUnavailable
+    from affidavit.journal import JournalLocked, JournalNotDurable, JournalUnavailable, ReadFailed
 
+    if code is None and message is None and isinstance(exc, ReadFailed):
+        # Unread, not unusable: the same read may succeed (as every surface answers it).
+        from affidavit.engine import read_failure
+
+        _status, code, message = read_failure(exc, "the journal")
     if code is None:
         if isinstance(exc, JournalLocked):
             code = "JOURNAL_LOCKED"
