@@ -317,6 +317,7 @@ class Journal(JournalReader):
         shield: bool = False,
         lapsed: bool = False,
         deadline: float | None = None,
+        meanwhile: Callable[[], None] | None = None,
     ) -> Event:
         """Append one event; return it with ``seq`` and ``at`` assigned.
 
@@ -328,7 +329,9 @@ class Journal(JournalReader):
         then what a caller's ``CancelScope(shield=True)`` around it made it.  ``lapsed``: a
         recovery's closing event, written only if the invocation's lease -- its lease row and
         ``deadline``, generation 0's -- has run out by the database's clock, checked in the same
-        transaction (``leases.check_lapsed``); else ``LeaseBusy``, nothing written."""
+        transaction (``leases.check_lapsed``); else ``LeaseBusy``, nothing written.
+        ``meanwhile`` (a barrier's): run on the loop during the barrier's COMMIT, before this
+        returns or raises -- or never (``Writer.submit``)."""
         attrs_text = attrs_json(event)
         # Encoded and decoded here, in the submitting task, not in the single writer.
         decoded = decode_attrs(attrs_text)
@@ -338,7 +341,9 @@ class Journal(JournalReader):
             args = (event, attrs_text, *self._seal_payload(event, payload), decoded)
         barrier = barrier or event.kind._value_ in BARRIER_VALUES
         if lease is None and not lapsed:
-            return await self._writer.submit(None, args, barrier=barrier, shield=shield)
+            return await self._writer.submit(
+                None, args, barrier=barrier, shield=shield, meanwhile=meanwhile
+            )
         clock = self._clock
 
         def op(txn: Txn) -> Event | Fail:
@@ -351,7 +356,7 @@ class Journal(JournalReader):
                 return refused
             return txn.insert(*args)
 
-        return await self._writer.submit(op, barrier=barrier, shield=shield)
+        return await self._writer.submit(op, barrier=barrier, shield=shield, meanwhile=meanwhile)
 
     async def post(
         self, event: Event, *, payload: Mapping[str, Any] | None = None

@@ -95,6 +95,7 @@ class _Req(Generic[T]):
         "error",
         "finished",
         "many",
+        "meanwhile",
         "op",
         "parked",
         "result",
@@ -121,6 +122,7 @@ class _Req(Generic[T]):
         self.finished = False
         self.result: T | None = None
         self.error: BaseException | None = None
+        self.meanwhile: Callable[[], None] | None = None
 
 
 class Posted(Generic[T]):
@@ -521,6 +523,8 @@ class Writer:
                 # at exactly that seq (checked above, or this writer's own last commit).
                 cp = checkpoints.sign(tables, signer, txn.seq, txn.hash, seq, self.clock())
                 proof.append((txn.seq, txn.hash))
+            if barrier:
+                self._signal_meanwhile(batch)
             hook = self.before_commit
             if hook is not None:
                 hook(Batch(len(batch), barrier, want))
@@ -537,6 +541,24 @@ class Writer:
             with contextlib.suppress(Exception):
                 backend.rollback(conn)
             raise
+
+    def _signal_meanwhile(self, batch: list[_Req[Any]]) -> None:
+        """Writer thread, every row of a barrier's transaction written, its COMMIT (the fsync)
+        about to be sent: run the ``meanwhile`` of each write in it not refused so far on the
+        loop -- the loop, idle while its submitter waits, works during the fsync instead of
+        after it.  Once per write (a transaction tried again does not repeat it); a write
+        refused or failed later still answers with its error, ``meanwhile`` having run."""
+        ready = [r for r in batch if r.meanwhile is not None and r.error is None]
+        if not ready or self._token is None:
+            return
+        fns: list[Callable[[], None]] = []
+        for r in ready:
+            fns.append(r.meanwhile)  # type: ignore[arg-type]
+            r.meanwhile = None
+        # FIFO with the ``_done`` queued after the COMMIT: every ``meanwhile`` has run before
+        # its submitter is woken.
+        with contextlib.suppress(trio.RunFinishedError):
+            self._token.run_sync_soon(_run_meanwhile, fns)
 
     @staticmethod
     def _insert_each(
@@ -640,10 +662,16 @@ class Writer:
         barrier: bool,
         result_store: bool = False,
         shield: bool = False,
+        meanwhile: Callable[[], None] | None = None,
     ) -> T:
         """Queue a write and wait for its transaction's answer.  ``shield``: a wait for room in
         a full queue is not cancellable either, so the whole call is -- a shielded cancel scope
-        only on that rare path, instead of one the caller enters on every call (issue 15)."""
+        only on that rare path, instead of one the caller enters on every call (issue 15).
+        ``meanwhile`` (a barrier's): run on the loop, as a callback, while the transaction's
+        COMMIT is under way -- once its rows are written and none of them refused, before its
+        answer (``_signal_meanwhile``); or not at all (refused, failed first).  It must not
+        raise and must not depend on the write being durable: work the submitter would do
+        right after it (issue 15, c=1: the loop is idle during the fsync)."""
         task = trio.lowlevel.current_task()
         pending = self._pending
         if self._closed or len(pending) >= MAX_QUEUED:  # refused, or back-pressure: wait
@@ -656,6 +684,8 @@ class Writer:
             # per append, which runs once per journal row (issue 15).
             req = _Req(op, args, barrier, result_store, task)
             pending.append(req)
+        if meanwhile is not None:
+            req.meanwhile = meanwhile
         # Once queued, the write will happen: wait for its answer without being cancellable,
         # so a caller never loses track of a barrier that did commit (seed: classify by the
         # last proven boundary).  A pending cancellation is delivered at the next checkpoint.
@@ -707,6 +737,16 @@ class _Handoff:
         self.batch = batch
         self.task = task
         self.error: BaseException | None = None
+
+
+def _run_meanwhile(fns: list[Callable[[], None]]) -> None:
+    """On the loop (a ``run_sync_soon`` callback, which must not raise): each ``meanwhile``.
+    One that raises anyway only loses its head start -- its submitter does the work after the
+    write, as without one; the exception (which may quote what it was working on) is dropped
+    unlogged."""
+    for fn in fns:
+        with contextlib.suppress(Exception):
+            fn()
 
 
 def _cannot_abort(_: Any) -> trio.lowlevel.Abort:
