@@ -8,7 +8,11 @@ The engine (``affidavit/engine/``) owns the journal; adapters never touch it.  A
 2. Immediately *before* handing the first byte of the application request (HTTP) or the SSH
    ``exec`` request to the transport, check ``ctx.machine.crosses_dispatch(event)`` and
    ``await ctx.gate(facts)``.  The gate journals DISPATCH_STARTED as a durable barrier; it may
-   raise (lease lost, config changed) and then nothing may be written.
+   raise (lease lost, config changed) and then nothing may be written.  ``meanwhile``
+   (optional, synchronous, must not raise): work the driver would do right after the gate that
+   does not depend on the barrier -- making the request's bytes -- which the engine runs while
+   the barrier commits, before the gate returns, or not at all.  It writes nothing to the
+   transport; what it made is dropped unsent if the gate then raises.
 3. Stream the remote result's bytes to ``await ctx.sink(stream, data)`` as they arrive (the
    engine redacts and journals them as uncommitted result chunks), never holding a large result
    whole in memory.  Once a result grows past the target's ``max_result`` the sink raises
@@ -43,7 +47,9 @@ __all__ = [
 
 
 class DispatchGate(Protocol):
-    async def __call__(self, facts: Mapping[str, Any]) -> None: ...
+    async def __call__(
+        self, facts: Mapping[str, Any], meanwhile: Callable[[], None] | None = None
+    ) -> None: ...
 
 
 ResultSink = Callable[[str, bytes], Awaitable[None]]

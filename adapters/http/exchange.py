@@ -104,13 +104,14 @@ async def exchange(
     """Run one hop; ``plan`` is filled in at the response head."""
     conn, reused = await pool.acquire(request, ctx, hop, target)
     h = _Hop(request, ctx, conn, reused, hop, method, target, redactor, plan, redirects)
-    await h.pass_gate(pool)
+    await h.pass_gate(pool, headers, body)
     if reused and conn.unread_bytes():
         # The pool checked before the gate; the gate (a durable journal write) took time.
         # Bytes that arrived meanwhile were sent before this request was written, so they can
         # never be its answer: nothing is written and the connection is dropped.  The engine
         # still sees its own DISPATCH_STARTED and keeps the outcome ``unknown``.  (An EOF or a
         # reset in that window is left to the write and read below: ``unknown`` as well.)
+        h.ahead = None  # the head made ahead, credential and all, is dropped unsent
         await trio.aclose_forcefully(conn.stream)
         raise setup_failed(
             ctx,
@@ -130,9 +131,8 @@ async def exchange(
         "via_proxy": conn.via_proxy,
         "status": None,
     }
-    head = h.request_head(headers, body)
     try:
-        await h.transfer(head, body)
+        await h.transfer(headers, body)
     except trio.TooSlowError:
         exc = h.interrupted("timed_out")
         await trio.aclose_forcefully(conn.stream)
@@ -215,6 +215,8 @@ class _Hop:
         self.buffered = bytearray()
         self.buffered_complete = True
         self.head: Observation | None = None
+        self.ahead: tuple[_Head, tuple[dict[str, Any], bytes]] | None = None
+        """The request head made while the gate's barrier committed (``prepare``), not sent."""
         # One cancel scope for the whole exchange, re-armed per phase (``io.deadline``), instead
         # of a new ``fail_after`` scope per handoff and per read: a stalled peer still times out
         # per write and per read (``Timeouts``), at a fraction of the cost.  The deadline is
@@ -225,10 +227,24 @@ class _Hop:
 
     # -- 1. the dispatch gate -------------------------------------------------------------------
 
-    async def pass_gate(self, pool: Pool) -> None:
+    async def pass_gate(self, pool: Pool, headers: list[tuple[str, str]], body: bytes) -> None:
+        """Await the gate; while its barrier commits (the journal's fsync, the loop otherwise
+        idle: issue 15), ``prepare`` makes the request head's bytes -- the credential in them --
+        into ``self.ahead``.  Nothing is written before the gate returns."""
         ctx, conn = self.ctx, self.conn
         if not ctx.machine.crosses_dispatch("send_headers"):
             return
+
+        def prepare() -> None:
+            try:
+                head = self.request_head(headers, body)
+                encoded = self.ex.encode_request(
+                    self.method, head.target, head.headers, has_body=head.has_body
+                )
+            except Exception:
+                return  # made again after the gate, which raises it as it always did
+            self.ahead = (head, encoded)
+
         gate_facts = {
             "hop": self.hop,
             "origin": self.target.origin,
@@ -238,13 +254,19 @@ class _Hop:
             "via_proxy": conn.via_proxy,
         }
         try:
-            await ctx.gate(gate_facts)
+            await ctx.gate(gate_facts, meanwhile=prepare)
         except BaseException:
-            # Nothing was written and h11 never heard of the request: the connection is as
-            # good as before and goes back to the pool.
+            # Nothing was written.  The head made ahead (the barrier failed after its rows
+            # were written) is dropped unsent; h11 heard of it, so the connection is closed.
+            # Refused before that, h11 never heard of the request: the connection is as good as
+            # before and goes back to the pool.
+            self.ahead = None
             obs = self.ex.setup("gate_refused", {"connection": conn.id})
             ctx.observe(obs.step, obs.facts)
-            pool.release(conn)
+            if self.ex.untouched:
+                pool.release(conn)
+            else:
+                await trio.aclose_forcefully(conn.stream)
             raise
 
     # -- 2. write the request, read the response ------------------------------------------------
@@ -262,16 +284,21 @@ class _Hop:
         req_target = target.absolute if self.conn.forward_proxy else target.path_query
         return _Head(req_target, out, has_body, expect)
 
-    async def transfer(self, head: _Head, body: bytes) -> None:
+    async def transfer(self, headers: list[tuple[str, str]], body: bytes) -> None:
         """Write the request and read the response to its end (``trio.TooSlowError`` when a
-        write or a wait for bytes outlasts its limit)."""
+        write or a wait for bytes outlasts its limit).  The head is the one made ahead
+        (``pass_gate``), else made now."""
         ctx, ex, io, stream = self.ctx, self.ex, self.io, self.conn.stream
+        ahead, self.ahead = self.ahead, None
+        head, encoded = ahead if ahead is not None else (self.request_head(headers, body), None)
+        del ahead
         expect = head.expect_continue
         t = self.request.timeouts
         with io:
             obs, data = ex.start_request(
-                self.method, head.target, head.headers, has_body=head.has_body
+                self.method, head.target, head.headers, has_body=head.has_body, encoded=encoded
             )
+            encoded = None
             ctx.observe(obs.step, obs.facts)
             io.deadline = trio.current_time() + t.write
             await stream.send_all(data)

@@ -341,13 +341,25 @@ class HttpExchange:
         headers: list[tuple[str, str]],
         *,
         has_body: bool,
+        encoded: tuple[dict[str, Any], bytes] | None = None,
     ) -> tuple[Observation, bytes]:
-        """Fire ``send_headers`` (the dispatch boundary) and return the head's bytes.
+        """Fire ``send_headers`` (the dispatch boundary) and return the head's bytes --
+        ``encoded``'s, when ``encode_request`` already made them (while the gate's barrier
+        committed).
 
         The caller must already have passed the dispatch gate when ``crosses_dispatch`` said so:
-        h11 is told about the request only now, so a refused gate leaves a pooled connection
-        untouched and reusable."""
+        unless the head was encoded ahead, h11 is told about the request only now, so a refused
+        gate leaves a pooled connection untouched and reusable."""
         step = self.machine.fire("send_headers")
+        facts, head = encoded or self.encode_request(method, target, headers, has_body=has_body)
+        return Observation(step, facts), head
+
+    def encode_request(
+        self, method: str, target: str, headers: list[tuple[str, str]], *, has_body: bool
+    ) -> tuple[dict[str, Any], bytes]:
+        """The head's bytes and ``send_headers``'s facts, without firing it: h11 now holds the
+        request as sent (the connection is of no use to another request until it is), the
+        machine has not crossed the boundary.  Nothing is written."""
         self.request_method = method.upper()
         try:
             head = self.conn.send(
@@ -364,7 +376,12 @@ class HttpExchange:
             "head_bytes": len(head),
             "expects_body": has_body,
         }
-        return Observation(step, facts), head
+        return facts, head
+
+    @property
+    def untouched(self) -> bool:
+        """h11 has not heard of a request on this cycle (a pooled connection stays usable)."""
+        return self.conn.our_state is h11.IDLE
 
     def body_bytes(self, body: bytes) -> bytes:
         """The body plus its framing (Content-Length or chunked terminator), not yet sent."""

@@ -464,7 +464,10 @@ async def lease_refused(
 def _gate(engine: Engine, attempt: Attempt) -> Any:
     journal = engine.journal
 
-    async def gate(facts: Mapping[str, Any]) -> None:
+    async def gate(facts: Mapping[str, Any], meanwhile: Callable[[], None] | None = None) -> None:
+        # ``meanwhile`` (the adapter's request bytes, made ahead) runs while the barrier's
+        # COMMIT is under way, only once its rows were written unrefused (``Writer.submit``):
+        # the loop works during the fsync; nothing reaches the transport before we return.
         hop = int(facts.get("hop", 1) or 1)
         if attempt.dispatch_recorded or hop > 1:
             # A redirect hop is a new dispatch boundary with its own durable evidence.
@@ -482,7 +485,13 @@ def _gate(engine: Engine, attempt: Attempt) -> Any:
             try:
                 # The lease is checked in the appending transaction, as at the first hop.
                 # ``shield``: not cancellable (the first hop's append says why).
-                await journal.append(hop_dispatch, barrier=True, lease=attempt.lease, shield=True)
+                await journal.append(
+                    hop_dispatch,
+                    barrier=True,
+                    lease=attempt.lease,
+                    shield=True,
+                    meanwhile=meanwhile,
+                )
             except LeaseLost:
                 raise LeaseRefusal(recorded=True) from None
             except ImpossibleEvent:
@@ -526,6 +535,7 @@ def _gate(engine: Engine, attempt: Attempt) -> Any:
                 barrier=True,
                 lease=attempt.lease,
                 shield=True,
+                meanwhile=meanwhile,
             )
         except LeaseLost:
             _gate_left(attempt)

@@ -298,11 +298,11 @@ class GateStall:
     async def perform(self, prepared: Any, ctx: Any) -> Any:
         gate = ctx.gate
 
-        async def stalled(facts: Any) -> None:
+        async def stalled(facts: Any, meanwhile: Any = None) -> None:
             if not self.stopped.is_set() and int(facts.get("hop", 1) or 1) >= self.hop:
                 self.stopped.set()
                 with trio.CancelScope(shield=True), trio.move_on_after(self.limit):
                     await self.resume.wait()
-            await gate(facts)
+            await gate(facts, meanwhile)
 
         return await self.real.perform(prepared, dataclasses.replace(ctx, gate=stalled))

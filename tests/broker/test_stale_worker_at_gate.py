@@ -139,9 +139,9 @@ class HangUpAtRefusal:
     async def perform(self, prepared: Any, ctx: Any) -> Any:
         gate = ctx.gate
 
-        async def refused_then_gone(facts: Any) -> None:
+        async def refused_then_gone(facts: Any, meanwhile: Any = None) -> None:
             try:
-                await gate(facts)
+                await gate(facts, meanwhile)
             except Exception:
                 self.seen = (self.control.dispatching, self.control.withdraw())
                 raise

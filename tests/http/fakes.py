@@ -17,9 +17,14 @@ class FakeEngine:
         *,
         gate_error: BaseException | None = None,
         on_gate: Callable[[Mapping[str, Any]], Awaitable[None]] | None = None,
+        commit_error: BaseException | None = None,
     ) -> None:
         self.machine = ProtocolMachine(HTTP_TABLE)
+        # ``gate_error``: refused before the barrier's rows (nothing made ahead);
+        # ``commit_error``: the barrier failed at its COMMIT, after ``meanwhile`` ran.
         self.gate_error = gate_error
+        self.commit_error = commit_error
+        self.meanwhiles = 0
         self.on_gate = on_gate
         self.gates: list[dict[str, Any]] = []
         self.observed: list[tuple[Step, dict[str, Any]]] = []
@@ -31,13 +36,20 @@ class FakeEngine:
             machine=self.machine, gate=self._gate, observe=self._observe, sink=self._sink
         )
 
-    async def _gate(self, facts: Mapping[str, Any]) -> None:
+    async def _gate(
+        self, facts: Mapping[str, Any], meanwhile: Callable[[], None] | None = None
+    ) -> None:
         self.gates.append(dict(facts))
         self.dispatched_at_gate.append(self.machine.dispatched)
         if self.on_gate is not None:
             await self.on_gate(facts)
         if self.gate_error is not None:
             raise self.gate_error
+        if meanwhile is not None:  # as the engine's: during the barrier's COMMIT
+            self.meanwhiles += 1
+            meanwhile()
+        if self.commit_error is not None:
+            raise self.commit_error
 
     def _observe(self, step: Step, facts: Mapping[str, Any]) -> None:
         self.observed.append((step, dict(facts)))

@@ -127,6 +127,25 @@ async def test_gate_refusal_on_a_pooled_connection_keeps_it_usable(client: HttpC
     assert [r.target for r in srv.requests] == ["/", "/y"]
 
 
+async def test_a_head_made_ahead_then_refused_closes_the_pooled_connection(
+    client: HttpClient,
+) -> None:
+    """The gate ran ``meanwhile`` (h11 now holds the request head) and then failed (the
+    barrier's COMMIT did): nothing is written, and the connection -- of no use to another
+    request now -- is closed, never pooled.  The next request goes out on a new one."""
+    async with HostileServer.running(scripts.serve(Reply(200))) as srv:
+        await perform(client, req(srv.url + "/"))
+        fe = FakeEngine(commit_error=GateRefused("commit failed"))
+        with trio.fail_after(10), pytest.raises(GateRefused):
+            await client.perform(req(srv.url + "/x", "POST", b"{}"), fe.ctx)
+        assert fe.meanwhiles == 1 and fe.events == ["reuse", "gate_refused"]
+        assert not fe.machine.dispatched
+        assert client.idle_connections() == 0
+        again = await perform(client, req(srv.url + "/y"))
+    assert again.events[0] != "reuse"
+    assert [r.target for r in srv.requests] == ["/", "/y"] and srv.connections == 2
+
+
 async def test_closed_client_refuses_before_dispatch() -> None:
     client = HttpClient()
     await client.aclose()
