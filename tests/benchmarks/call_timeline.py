@@ -8,7 +8,8 @@ marks wrapped around what each call goes through: the trio side queueing a journ
 (``submit``), the hand-off to the writer thread (``put`` on the loop, ``got`` on the thread),
 the transaction (``begin``, rows and chain until ``sign``, the signed checkpoint, ``commit`` with
 its fsync), the wake-up back (``rsoon``: ``TrioToken.run_sync_soon``; ``done``: the callback on
-the loop; the submitter resumes), the adapter (``perform``, ``exch``: the HTTP exchange itself).
+the loop; the submitter resumes), the adapter (``perform``, ``exch``: the HTTP exchange itself;
+``send``: its socket writes, the first of them the request head once the gate returned).
 It prints the median of each step between consecutive marks over the calls whose marks came in
 the usual order, each tagged with the thread it ends on (L loop, W writer).  ``--ab SRC``
 dissects a broker imported from another checkout instead (``http_overhead.py --ab``).
@@ -124,6 +125,7 @@ def instrument() -> None:
     _wrap(checkpoints, "sign", "sign")
     _wrap_async(client.HttpClient, "perform", "perform")
     _wrap_async(client, "exchange", "exch")
+    _wrap_async(trio.SocketStream, "send_all", "send")
 
 
 async def dissect(port: int, tmp: Path, calls: int) -> None:
