@@ -338,3 +338,33 @@ async def test_a_lease_taken_before_the_approval_was_asked_keeps_no_dispatch_out
         for holder in ("w2", "w1"):
             with pytest.raises(LeaseBusy):
                 await j.acquire_lease("inv-1", holder, ttl=10, kind=kind)
+
+
+async def test_a_barrier_runs_its_meanwhile_once_and_a_refused_one_never(place: Place) -> None:
+    """``append(meanwhile=)``: run on the loop while the barrier's COMMIT is under way, once,
+    before the append answers -- and not at all for a write the lease check refused (its
+    submitter's work ahead, a request's bytes, would only be thrown away)."""
+    clock = Clock()
+    async with place.open(clock=clock) as j:
+        await _interrupted(j)
+        first = await j.acquire_lease("inv-1", "w1", ttl=5)
+        _stall(place, clock, 6)
+        ran: list[str] = []
+        with pytest.raises(LeaseLost):
+            await j.append(
+                Event(E.DISPATCH_STARTED, "inv-1"),
+                lease=("w1", first.generation),
+                meanwhile=lambda: ran.append("stale"),
+            )
+        clock.now -= 6
+        second = await j.acquire_lease("inv-1", "w1", ttl=5)
+
+        def live() -> None:
+            ran.append("live")
+            raise RuntimeError("dropped: the submitter does the work after the write instead")
+
+        await j.append(
+            Event(E.DISPATCH_STARTED, "inv-1"), lease=("w1", second.generation), meanwhile=live
+        )
+        assert ran == ["live"]
+        assert j.events("inv-1")[-1].kind is E.DISPATCH_STARTED
