@@ -140,6 +140,21 @@ class LeaseBusy(JournalError):
         )
 
 
+class KeyRetentionPassed(JournalError):
+    """A same-key retry refused in the transaction that would take its lease: by the clock the
+    key's retention is recorded and judged in (the database's, on a shared journal) the remote
+    may have forgotten the key, so resending it could apply the request twice.  Nothing was
+    written; ``now`` is that clock's reading, for the record's hint (reconcile)."""
+
+    def __init__(self, invocation_id: str, now: float) -> None:
+        self.invocation_id = invocation_id
+        self.now = now
+        super().__init__(
+            f"invocation {invocation_id}: its idempotency key is past its retention "
+            "by the journal's clock; not resent"
+        )
+
+
 class LeaseLost(JournalError):
     """The caller's lease is stale or expired; the event was not written (a LEASE_LOST event
     was, when the lifecycle allows it).  Seed: "the generation check must stop it before

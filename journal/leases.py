@@ -17,10 +17,17 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from affidavit.statemachine import Event, EventKind, ImpossibleEvent, Record
+from affidavit.statemachine import Event, EventKind, ImpossibleEvent, Record, Retry
 
 from . import bindings
-from .errors import IdempotencyMismatch, IdempotencyRecord, Lease, LeaseBusy, LeaseLost
+from .errors import (
+    IdempotencyMismatch,
+    IdempotencyRecord,
+    KeyRetentionPassed,
+    Lease,
+    LeaseBusy,
+    LeaseLost,
+)
 from .rows import idempotency_from_row, lease_from_row
 from .txn import Txn, row_args
 from .writer import Fail
@@ -99,9 +106,13 @@ def acquire_op(
     ttl: float,
     clock: Callable[[], float],
     kind: EventKind = EventKind.RETRY_LEASE_ACQUIRED,
+    same_key: bool = False,
 ) -> Callable[[Txn], Lease | Fail]:
     """Bump the generation, write the lease row and the lease's event (see
-    ``Journal.acquire_lease``)."""
+    ``Journal.acquire_lease``).  ``same_key``: a resend with the record's idempotency key --
+    on a shared journal refused (``KeyRetentionPassed``, nothing written) unless the record's
+    hint, computed here by the database's clock, is still ``same_idempotency_key``: the
+    caller decided by a reading taken before this transaction."""
     if kind not in LEASE_KINDS:
         raise ValueError(f"{kind.value} is not a lease event")
 
@@ -110,6 +121,8 @@ def acquire_op(
         now = lease_now(txn, clock)
         proj = txn.projector(invocation_id)
         record = proj.record(now)
+        if same_key and record.retry is not Retry.SAME_IDEMPOTENCY_KEY and _shared(txn):
+            return Fail(KeyRetentionPassed(invocation_id, now))
         # A holder may renew its own retry lease; a live dispatch lease is busy to everyone,
         # its holder's other tasks too (two of them must not both send an approved request).
         # A lease taken before the approval was asked is no dispatch lease of it (a retry that
@@ -143,6 +156,12 @@ def acquire_op(
         return Lease(generation, expires, holder, invocation_id, stored.seq)
 
     return op
+
+
+def _shared(txn: Txn) -> bool:
+    """The journal judges by the database's clock (PostgreSQL), not the writer's own (SQLite,
+    where the engine's reading is this clock and the check stays the engine's)."""
+    return txn.tables.lease_now() is not None
 
 
 def _before_approval(record: Record, lease: Lease) -> bool:

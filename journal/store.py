@@ -400,15 +400,18 @@ class Journal(JournalReader):
         ttl: float,
         *,
         kind: EventKind = EventKind.RETRY_LEASE_ACQUIRED,
+        same_key: bool = False,
     ) -> Lease:
         """Take the invocation's lease: bump the generation, write the lease row and its event
         -- RETRY_LEASE_ACQUIRED for a retry, DISPATCH_LEASE_ACQUIRED for the dispatch of an
         approved invocation -- in one barrier transaction.  ``LeaseBusy`` if another holder's
         lease is unexpired and its attempt not over (the record final at its generation);
-        ``ImpossibleEvent`` if the lifecycle refuses the event."""
+        ``ImpossibleEvent`` if the lifecycle refuses the event; ``same_key``: a resend with the
+        record's idempotency key, ``KeyRetentionPassed`` on a shared journal whose clock says
+        the key's retention has passed (``leases.acquire_op``)."""
         if not (ttl > 0 and math.isfinite(ttl)):
             raise ValueError("ttl must be a positive number of seconds")
-        op = leases.acquire_op(invocation_id, holder, ttl, self._clock, kind)
+        op = leases.acquire_op(invocation_id, holder, ttl, self._clock, kind, same_key)
         return await self._writer.submit(op, barrier=True)
 
     async def bind_idempotency(

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 from affidavit.statemachine import (
     Event,
@@ -34,6 +34,12 @@ if TYPE_CHECKING:
     from .writer import Writer
 
 __all__ = ["Txn", "row_args"]
+
+
+def _is_time(value: object) -> TypeGuard[float]:
+    """A deadline the writer may move: a number (bool is no time)."""
+    return type(value) is float or type(value) is int
+
 
 _sha256 = hashlib.sha256
 _INT64 = 2**63
@@ -135,23 +141,35 @@ class Txn:
     def _accepted_deadline(
         self, event: Event, attrs_text: str, attrs: Mapping[str, Any] | None
     ) -> tuple[Event, str, Mapping[str, Any] | None]:
-        """ACTION_ACCEPTED's ``lease_expires_at`` -- generation 0's deadline, written by its
-        broker's clock -- moved to the clock leases are judged by: the same instant, recorded
-        as every broker (recovery's ``leases.check_lapsed``) compares it.  A broker whose clock
-        runs behind otherwise recorded a deadline already past in database time, and another
-        broker's recovery closed its live attempt.  An imported event is kept as imported."""
-        deadline = event.attrs.get("lease_expires_at")
-        if event.observer is not None or (
-            type(deadline) is not float and type(deadline) is not int
-        ):
+        """ACTION_ACCEPTED's deadlines, written by its broker's clock, moved to the clock leases
+        are judged by: the same instants, recorded as every broker compares them.
+        ``lease_expires_at`` is generation 0's (recovery's ``leases.check_lapsed``: a broker
+        whose clock runs behind otherwise recorded a deadline already past in database time,
+        and another broker's recovery closed its live attempt); ``operation.idempotency.
+        expires_at`` is when the remote forgets the key (a same-key retry is judged by it in
+        ``leases.acquire_op``: recorded by a clock running ahead, another broker resent with
+        a key the remote had already dropped).  An imported event is kept as imported."""
+        attrs_in = event.attrs
+        deadline = attrs_in.get("lease_expires_at")
+        operation = attrs_in.get("operation")
+        idem = operation.get("idempotency") if isinstance(operation, Mapping) else None
+        key_expiry = idem.get("expires_at") if isinstance(idem, Mapping) else None
+        if event.observer is not None or not (_is_time(deadline) or _is_time(key_expiry)):
             return event, attrs_text, attrs
         offset = self.lease_offset()
         if offset is None:
             return event, attrs_text, attrs
+        moved_attrs = dict(attrs_in)
+        if _is_time(deadline):
+            moved_attrs["lease_expires_at"] = float(deadline) + offset
+        if _is_time(key_expiry):
+            assert isinstance(operation, Mapping) and isinstance(idem, Mapping)
+            moved_idem = {**idem, "expires_at": float(key_expiry) + offset}
+            moved_attrs["operation"] = {**operation, "idempotency": moved_idem}
         moved = Event(
             event.kind,
             event.invocation_id,
-            {**event.attrs, "lease_expires_at": float(deadline) + offset},
+            moved_attrs,
             event.source,
             event.seq,
             event.at,
