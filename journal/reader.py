@@ -449,12 +449,24 @@ class JournalReader:
             )
         return record
 
+    def database_now(self) -> float | None:
+        """Now by the clock a shared journal records and judges deadlines in -- the database's
+        ``clock_timestamp()`` (``Tables.lease_now``) -- read outside any transaction; None
+        where the journal has no clock of its own (SQLite: one host, the broker's clock).  A
+        same-key retry is decided by it (a key's retention is recorded in that time), and
+        decided again inside the transaction that takes its lease (``leases.acquire_op``)."""
+        return self._read(lambda t: t.lease_now(), "the database's clock")
+
     def _now(self, now: float | None) -> float:
         """When a read computes its records' retry hints: ``now`` if the caller gives its
-        clock, else this reader's clock (the wall clock) at read time -- never the time of a
+        clock, else the clock the keys' retention is recorded in at read time (the database's
+        on a shared journal, ``database_now``; else this reader's) -- never the time of a
         record's last event, which would keep a hint as permissive as it was then (a same-key
         resend after the remote forgot the key)."""
-        return self._clock() if now is None else now
+        if now is not None:
+            return now
+        shared = self.database_now()
+        return self._clock() if shared is None else shared
 
     # -- views --------------------------------------------------------------------------------
 

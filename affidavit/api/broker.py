@@ -293,8 +293,10 @@ class Broker:
         """The invocation's record as the journal proves it now: its retry hint computed at
         this moment (the broker's clock), never at the record's last event -- a same-key
         resend that was safe then may not be any more (docs/contract.md, "When the hint is
-        computed")."""
-        return self.journal.record(invocation_id, now=time.time())
+        computed"); on a shared journal the database's clock, in whose time a key's retention
+        is recorded (docs/journal.md, "Clocks")."""
+        now = self.journal.database_now()
+        return self.journal.record(invocation_id, now=time.time() if now is None else now)
 
     def events(self, invocation_id: str) -> list[Event]:
         return self.journal.events(invocation_id)

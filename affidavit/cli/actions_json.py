@@ -96,7 +96,11 @@ def write_actions_json(j: JournalReader, filters: dict[str, Any]) -> None:
     # One clock reading for every record's retry hint, whichever process folds it: the two
     # halves of a split view answer at the same moment (docs/contract.md, "When the hint is
     # computed").  A float in the filters the child is sent; computing the hint is one call.
-    filters = {**filters, "now": time.time() if filters.get("now") is None else filters["now"]}
+    # On a shared journal the database's clock, in whose time keys' retention is recorded.
+    now = filters.get("now")
+    if now is None:
+        now = j.database_now()
+    filters = {**filters, "now": time.time() if now is None else now}
     if (
         filters.get("session") is not None
         or (os.cpu_count() or 1) < 2

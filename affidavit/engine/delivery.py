@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -316,7 +315,7 @@ async def _store_failed(engine: Engine, complete: Event) -> tuple[dict[str, Any]
     if pending:
         # Only the failure is shown: a complete response that is not on record is not proven.
         events = [*engine.journal.events(iid), pending[-1]]
-        return render_envelope(project(events, time.time())), False
+        return render_envelope(project(events, recorder.hint_now())), False
     return recorder.envelope(await recorder.record(iid)), False
 
 
@@ -379,7 +378,7 @@ async def deliver_stored(engine: Engine, record: Record, deliver: Deliver | None
     # the caller is told what the journal will say, and the journal says it only afterwards.
     stored = engine.journal.read_result(iid)
     envelope = render_envelope(
-        project([*engine.journal.events(iid), delivered], time.time()),
+        project([*engine.journal.events(iid), delivered], engine.recorder.hint_now()),
         result_payload(stored) if stored is not None else None,
     )
     try:

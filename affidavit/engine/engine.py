@@ -30,7 +30,6 @@ import logging
 import os
 import secrets
 import socket
-import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
@@ -182,7 +181,7 @@ class Engine:
         # Waits out a shared journal away within its reconnect window, as a write would.
         # The hint is the one at this read (docs/contract.md, "When the hint is computed").
         record = await self.recorder.read(
-            lambda: self.journal.record(invocation_id, now=time.time())
+            lambda: self.journal.record(invocation_id, now=self.recorder.hint_now())
         )
         if record is None:
             return None
@@ -202,7 +201,7 @@ class Engine:
                     self.recorder.forget()
                     record = (
                         await self.recorder.read(
-                            lambda: self.journal.record(invocation_id, now=time.time())
+                            lambda: self.journal.record(invocation_id, now=self.recorder.hint_now())
                         )
                         or record
                     )

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from affidavit.config import result_limit
-from affidavit.journal import IdempotencyMismatch, Lease, LeaseBusy
+from affidavit.journal import IdempotencyMismatch, KeyRetentionPassed, Lease, LeaseBusy
 from affidavit.protocols import Binding, Prepared
 from affidavit.protocols.actions import (
     ActionInvalid,
@@ -379,8 +379,14 @@ async def resume(
         if record.budget.left <= 0:
             return await recorder.finish(iid, Event(E.RETRY_BUDGET_EXHAUSTED, iid, {}))
         ttl, taken = engine.lease_ttl(target, timeout), time.time()
+        same_key = decision is Decision.RETRY_SAME_KEY
         try:
-            lease = await engine.journal.acquire_lease(iid, engine.holder, ttl)
+            lease = await engine.journal.acquire_lease(iid, engine.holder, ttl, same_key=same_key)
+        except KeyRetentionPassed as exc:
+            # The key's retention ran out by the journal's clock between our read and the
+            # lease: the remote may have forgotten it, so it is not resent -- the record's
+            # hint at that moment (reconcile).
+            return recorder.envelope(await recorder.record(iid, exc.now))
         except LeaseBusy:
             # Another worker took the lease between our read and our acquire: it is retrying
             # this invocation now.  In progress (fetch it), not the old record's hint -- that

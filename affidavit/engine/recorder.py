@@ -134,11 +134,24 @@ class Recorder:
         self.forget()
         self._writing.pop(trio.lowlevel.current_task(), None)
 
-    async def record(self, iid: str) -> Record:
+    async def record(self, iid: str, now: float | None = None) -> Record:
+        """The invocation's record, its hint computed at ``now``, else now by the clock its
+        idempotency key's retention is recorded in: the database's on a shared journal
+        (docs/journal.md, "Clocks"), this broker's own on SQLite."""
         await self.settle()
-        record = await self.read(lambda: self.journal.record(iid, now=time.time()))
+        journal = self.journal
+        record = await self.read(
+            lambda: journal.record(iid, now=self.hint_now() if now is None else now)
+        )
         assert record is not None, iid
         return record
+
+    def hint_now(self) -> float:
+        """Now, for a retry hint: by the clock an idempotency key's retention is recorded in
+        -- the database's on a shared journal (a read; call it inside ``read``), this broker's
+        own on SQLite."""
+        now = self.journal.database_now()
+        return time.time() if now is None else now
 
     async def read(self, fn: Callable[[], T]) -> T:
         """``fn()`` -- a journal read -- tried again while a shared journal's connection is
