@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from affidavit.journal import Journal, KeyRetentionPassed
+from affidavit.journal import Journal, JournalReader, KeyRetentionPassed, SigningKey
 from affidavit.statemachine import Event
 from affidavit.statemachine import EventKind as E
 
-from .helpers import interrupted
+from .helpers import FINGERPRINT, interrupted
 
 SKEW = 3600.0
 
@@ -47,6 +47,13 @@ def _unknown(iid: str, key_expires_at: float) -> list[Event]:
     return [Event(first.kind, iid, {**first.attrs, "operation": operation}), *rest]
 
 
+async def _record_unknown(j: Journal, iid: str, key_expires_at: float) -> None:
+    """Bind the key (as the engine does first), then record ``_unknown``."""
+    await j.bind_idempotency("payments.create", "k-" + iid, FINGERPRINT, iid, key_expires_at)
+    for ev in _unknown(iid, key_expires_at):
+        await j.append(ev)
+
+
 def _key_expiry(j: Journal, iid: str) -> float:
     (accepted,) = [e for e in j.events(iid) if e.kind is E.ACTION_ACCEPTED]
     return float(accepted.attrs["operation"]["idempotency"]["expires_at"])
@@ -56,12 +63,17 @@ async def test_a_clock_ahead_records_the_key_expiry_in_database_time(
     pg_url: str, tmp_path: Path
 ) -> None:
     async with Journal.open(pg_url, clock=_ahead, **_keys(tmp_path, "a")) as a:
-        for ev in _unknown("inv-1", _ahead() + 600):  # ten minutes' retention, by A's clock
-            await a.append(ev)
+        # Ten minutes' retention, by A's clock.
+        await _record_unknown(a, "inv-1", _ahead() + 600)
         # The same instant in the database's time -- not an hour later, as A's clock wrote it.
         assert time.time() + 590 < _key_expiry(a, "inv-1") < time.time() + 601
         record = a.record("inv-1", now=time.time())
         assert record is not None and record.retry == "same_idempotency_key"
+    # The moved expiry is what was hashed and signed: the chain verifies with A's key.
+    with JournalReader.open(pg_url) as r:
+        public = SigningKey.load(tmp_path / "a.signing.key").public_raw
+        report = r.verify(public_keys=[public])
+        assert report.ok, report.reason
 
 
 async def test_a_same_key_retry_is_judged_by_the_database_clock(
@@ -73,8 +85,7 @@ async def test_a_same_key_retry_is_judged_by_the_database_clock(
         Journal.open(pg_url, clock=_ahead, **_keys(tmp_path, "ahead")) as ahead,
     ):
         # Bound by B (the database's time): 30 s left, within the 60 s margin -- past use.
-        for ev in _unknown("inv-old", time.time() + 30):
-            await b.append(ev)
+        await _record_unknown(b, "inv-old", time.time() + 30)
         # An hour behind, its own clock says the key has an hour to go: refused, no lease.
         with pytest.raises(KeyRetentionPassed) as caught:
             await behind.acquire_lease("inv-old", "broker-behind", ttl=60, same_key=True)
@@ -82,7 +93,6 @@ async def test_a_same_key_retry_is_judged_by_the_database_clock(
         kinds = [e.kind for e in b.events("inv-old")]
         assert E.RETRY_LEASE_ACQUIRED not in kinds, kinds
         # Ten minutes left: an hour ahead, its own clock says gone -- the journal says not.
-        for ev in _unknown("inv-live", time.time() + 600):
-            await b.append(ev)
+        await _record_unknown(b, "inv-live", time.time() + 600)
         lease = await ahead.acquire_lease("inv-live", "broker-ahead", ttl=60, same_key=True)
         assert lease.generation == 1
