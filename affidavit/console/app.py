@@ -59,6 +59,7 @@ from affidavit.api.wire import parse_time
 from affidavit.approvals import Operator, OperatorError, service
 from affidavit.engine import read_failure
 from affidavit.journal import (
+    AlteredRow,
     JournalError,
     JournalReader,
     JournalUnavailable,
@@ -595,7 +596,8 @@ class Console:
         console is not the caller; its look is no delivery)."""
         try:
             return await self.broker.fetch_result(iid, from_chunk=0)
-        except (JournalUnavailable, ReadFailed) as exc:  # unread (away, declined), not unverified
+        except (JournalUnavailable, ReadFailed, AlteredRow) as exc:  # not unverified: unread
+            # (away, declined) or a row altered in place (JOURNAL_UNREADABLE, the journal's words)
             raise _journal_refusal(exc, read_failure(exc, f"the result of {iid}")) from None
         except JournalError as exc:
             raise Refused(500, f"the stored result does not verify: {exc}") from None

@@ -62,6 +62,7 @@ from affidavit.engine import (
     unreadable,
 )
 from affidavit.journal import (
+    AlteredRow,
     JournalError,
     JournalReader,
     JournalUnavailable,
@@ -289,7 +290,10 @@ class Api:
             )
         except JournalUnavailable:  # the record unread: nothing is known to be wrong with it
             raise ApiProblem(503, CallNotRecorded.code, unreadable(invocation_id)) from None
-        except ReadFailed as exc:  # declined this once (a statement timeout): unread, not wrong
+        except (ReadFailed, AlteredRow) as exc:
+            # Declined this once (a statement timeout): unread, not wrong; a row altered in
+            # place: JOURNAL_UNREADABLE with the journal's words, as a call meeting it is
+            # answered -- neither is a stored result that failed its verification.
             raise _journal_problem(exc, f"the result of {invocation_id}") from None
         except JournalError as exc:  # a stored result that fails verification: never its bytes
             raise ApiProblem(500, "RESULT_UNVERIFIED", str(exc)) from None

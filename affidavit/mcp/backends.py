@@ -153,7 +153,7 @@ class Embedded:
         self, invocation_id: str, from_chunk: int | None, exchange: Exchange
     ) -> dict[str, Any]:
         from affidavit.engine import CallNotRecorded, unreadable
-        from affidavit.journal import JournalError, JournalUnavailable, ReadFailed
+        from affidavit.journal import AlteredRow, JournalError, JournalUnavailable, ReadFailed
 
         try:
             envelope = await self.broker.fetch_result(
@@ -161,7 +161,7 @@ class Embedded:
             )
         except JournalUnavailable:  # the record unread (as the daemon answers: 503)
             return api_error(CallNotRecorded.code, unreadable(invocation_id))
-        except ReadFailed as exc:  # declined this once: unread, not unverified (as the daemon)
+        except (ReadFailed, AlteredRow) as exc:  # declined once / a row altered: as the daemon
             return _journal_error(exc, f"the result of {invocation_id}")
         except JournalError as exc:  # a stored result that fails verification: never its bytes
             return api_error("RESULT_UNVERIFIED", str(exc))

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import trio
 
-from affidavit.journal import ReadFailed
+from affidavit.journal import AlteredRow, ReadFailed
 from affidavit.journal.store import Journal
 from tests.broker.helpers import http_target, open_broker
 from tests.http.hostile import HostileServer, Reply, scripts
@@ -47,4 +47,33 @@ async def test_a_result_whose_read_is_declined_once_is_read_declined_not_unverif
     assert b"JOURNAL_READ_DECLINED" in page and b"try again" in page, page
     assert b"does not verify" not in page
     assert again == 200 and b'"stored"' in body
+    assert len(srv.requests) == 1
+
+
+async def test_a_result_that_meets_an_altered_row_is_unreadable_as_a_call_is(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A row altered in place: 500 JOURNAL_UNREADABLE with the journal's own words
+    (``read_failure``), as the daemon and MCP answer it -- never "does not verify"."""
+    words = b"the event row at seq 2 was altered: its payload"
+    async with HostileServer.running(scripts.serve(Reply(200, body=b"stored"))) as srv:
+        path = operator_config(tmp_path, monkeypatch, {"api": http_target(srv.url)})
+        with trio.fail_after(WAIT):
+            async with open_broker(path) as b, served(b, tmp_path) as (origin, console):
+                env = await b.call({"target": "api", "method": "GET", "path": "/r"})
+                iid = env["invocation_id"]
+                cookie, _csrf = await log_in_to(console, origin)
+                real = Journal.record
+
+                def record(self: Journal, invocation_id: str, now: Any = None) -> Any:
+                    if invocation_id == iid:
+                        raise AlteredRow(words.decode())
+                    return real(self, invocation_id, now)
+
+                monkeypatch.setattr(Journal, "record", record)
+                url = f"{origin}/invocations/{iid}/result.json"
+                status, _, page = await get(url, cookie=cookie)
+    assert status == 500, page
+    assert b"JOURNAL_UNREADABLE" in page and words in page, page
+    assert b"does not verify" not in page
     assert len(srv.requests) == 1

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import trio
 
-from affidavit.journal import ReadFailed
+from affidavit.journal import AlteredRow, ReadFailed
 from affidavit.journal.store import Journal
 from affidavit.mcp.backends import Embedded, Exchange
 from tests.broker.helpers import TOKEN_ENV
@@ -44,3 +44,28 @@ async def test_an_embedded_fetch_whose_read_is_declined_once_is_read_declined(
     assert answer["api_error"]["code"] == "JOURNAL_READ_DECLINED", answer
     assert "try again" in answer["api_error"]["message"]
     assert again["invocation_id"] == iid and "resume" in again["result"], again
+
+
+async def test_an_embedded_fetch_that_meets_an_altered_row_is_unreadable_as_a_call_is(
+    tmp_path: Path, remotes: Remotes, token: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As through the daemon: a row altered in place answers JOURNAL_UNREADABLE with the
+    journal's own words (``read_failure``), never RESULT_UNVERIFIED, never the token."""
+    monkeypatch.setenv(TOKEN_ENV, token)
+    words = "the event row at seq 2 was altered: its payload"
+    with trio.fail_after(WAIT):
+        async with Embedded.open(str(remotes.config(tmp_path))) as backend:
+            called = await backend.call({"target": "ok", "method": "GET", "path": "/"}, Exchange())
+            iid = called["invocation_id"]
+            real = Journal.record
+
+            def record(self: Journal, invocation_id: str, now: Any = None) -> Any:
+                if invocation_id == iid:
+                    raise AlteredRow(words)
+                return real(self, invocation_id, now)
+
+            monkeypatch.setattr(Journal, "record", record)
+            answer = await backend.fetch_result(iid, 0, Exchange())
+    assert answer["api_error"]["code"] == "JOURNAL_UNREADABLE", answer
+    assert words in answer["api_error"]["message"]
+    assert token not in str(answer)
