@@ -200,6 +200,9 @@ class Writer:
         self._instrument: _HandOffAtIoWait | None = None
         self._inflight: _Handoff | None = None
         """The batch ``_hand_off_idle`` handed over for the idle writer task, until it wakes."""
+        self._dead: BaseException | None = None
+        """What stopped the writer thread (not an ``Exception``: a ``KeyboardInterrupt``, a
+        ``SystemExit``...): every write queued then was failed, and none is taken since."""
 
     # -- the task -------------------------------------------------------------------------------
 
@@ -249,22 +252,38 @@ class Writer:
                 self._thread = None
 
     def _thread_main(self, token: trio.lowlevel.TrioToken, batches: queue.SimpleQueue[Any]) -> None:
-        """The writer thread: run each handed-off batch, then have the loop wake its writers."""
-        while True:
-            handoff = batches.get()
-            if handoff is None:
-                return
-            try:
-                self._run_batch(handoff.batch)
-            except BaseException as exc:  # reported to the writer task, which decides
-                handoff.error = exc
-            try:
-                token.run_sync_soon(self._done, handoff)
-            except trio.RunFinishedError:  # the loop is gone; nobody waits any more
-                return
-            # The next batch waits in ``batches`` meanwhile; this one's writers need not.
-            with contextlib.suppress(Exception):
-                self.backend.between(self.conn)
+        """The writer thread: run each handed-off batch, then have the loop wake its writers.
+        Stopped by anything but an ``Exception`` (a ``KeyboardInterrupt``, a ``SystemExit``
+        delivered to it), it first has the loop fail the batch it had and every write queued
+        (``_die``) -- else they would wait for it for ever, uncancellably -- then re-raises."""
+        handoff: _Handoff | None = None
+        try:
+            while True:
+                handoff = batches.get()
+                if handoff is None:
+                    return
+                fatal: BaseException | None = None
+                try:
+                    self._run_batch(handoff.batch)
+                except Exception as exc:  # reported to the writer task, which decides
+                    handoff.error = exc
+                except BaseException as exc:  # the writer stops: ``_done`` fails everything
+                    handoff.error = fatal = exc
+                try:
+                    token.run_sync_soon(self._done, handoff)
+                except trio.RunFinishedError:  # the loop is gone; nobody waits any more
+                    return
+                handoff = None
+                if fatal is not None:
+                    raise fatal
+                # The next batch waits in ``batches`` meanwhile; this one's writers need not.
+                with contextlib.suppress(Exception):
+                    self.backend.between(self.conn)
+        except BaseException as exc:
+            # Between batches, or handing one back: the loop still fails what waits for us.
+            with contextlib.suppress(trio.RunFinishedError):
+                token.run_sync_soon(self._die, exc, handoff)
+            raise
 
     def _done(self, handoff: _Handoff) -> None:
         """On the trio thread, as soon as the loop learns a batch ended: wake its waiting
@@ -273,6 +292,9 @@ class Writer:
         COMMIT and the next batch's hand-off is latency at concurrency 1).  Raises nothing:
         it runs as a ``run_sync_soon`` callback."""
         batch, error = handoff.batch, handoff.error
+        if error is not None and not isinstance(error, Exception):  # the writer thread stopped
+            self._die(error, handoff)
+            return
         if error is not None:  # a bug, not a storage fault: fail the batch
             self.forget()
             for r in batch:
@@ -286,6 +308,54 @@ class Writer:
                 assert r.task is not None
                 trio.lowlevel.reschedule(r.task)
         trio.lowlevel.reschedule(handoff.task)
+
+    def _die(self, error: BaseException, handoff: _Handoff | None) -> None:
+        """On the trio thread, once the writer thread stopped with ``error`` (not an
+        ``Exception``): fail ``handoff``'s batch (the one it had, if not answered yet) and every
+        write still queued, refuse later ones, and have the writer task raise ``error`` again.
+        Raises nothing: it runs as a ``run_sync_soon`` callback."""
+        if self._dead is not None:
+            return  # ``_done`` already did, for the batch the thread stopped in
+        if handoff is None and self._inflight is not None and not self._inflight.batch[0].finished:
+            handoff = self._inflight  # handed over, never taken: the thread stopped before
+        self._dead = error
+        self._closed = True
+        self.forget()
+        self.busy = False
+        where, name = self.backend.where, type(error).__name__
+        committing, self._committing = self._committing, False
+        if handoff is not None:
+            if committing:
+                why = (
+                    f"journal {where}: the writer stopped ({name}) while committing: whether "
+                    "the write is durable is unknown until the journal is read again"
+                )
+            else:
+                why = f"journal {where}: the writer stopped ({name}): write not committed"
+            for r in handoff.batch:
+                r.error = CommitUnknown(why) if committing else _write_error(r, why)
+            self._answer(handoff.batch)
+        queued = list(self._pending)
+        self._pending.clear()
+        why = f"journal {where}: the writer stopped ({name}) before this write: not committed"
+        for r in queued:
+            r.error = _write_error(r, why)
+        self._answer(queued)
+        self._space.unpark_all()
+        if handoff is not None:
+            handoff.error = error
+            trio.lowlevel.reschedule(handoff.task)
+        else:
+            self._wake_runner()
+
+    @staticmethod
+    def _answer(batch: list[_Req[Any]]) -> None:
+        for r in batch:
+            r.result = None
+            r.finished = True
+            if r.parked:
+                assert r.task is not None
+                trio.lowlevel.reschedule(r.task)
 
     def _wake_runner(self) -> None:
         task, self._idle = self._idle, None
@@ -329,6 +399,10 @@ class Writer:
                 handoff, self._inflight = self._inflight, None
                 if handoff is not None and handoff.error is not None:
                     raise handoff.error
+                if self._dead is not None:  # the thread stopped between batches (``_die``)
+                    raise self._dead
+            if self._dead is not None:
+                raise self._dead
 
     def forget(self) -> None:
         self.projectors.clear()
@@ -630,6 +704,11 @@ class Writer:
     def _refuse_if_closed(self) -> None:
         if not self._closed:
             return
+        if self._dead is not None:
+            raise JournalWriteError(
+                f"journal {self.backend.where}: the writer stopped "
+                f"({type(self._dead).__name__}): write not taken"
+            )
         if self._token is None:
             raise JournalError("journal is not open for writing (use `async with Journal.open`)")
         raise JournalError(f"journal {self.backend.where} is closed")
@@ -751,3 +830,8 @@ def _run_meanwhile(fns: list[Callable[[], None]]) -> None:
 
 def _cannot_abort(_: Any) -> trio.lowlevel.Abort:
     return trio.lowlevel.Abort.FAILED
+
+
+def _write_error(r: _Req[Any], why: str) -> JournalWriteError:
+    """The error a write failed by a stopped writer gets (``Writer._fail``'s classes)."""
+    return ResultStoreFailed(why) if r.result_store else JournalWriteError(why)
