@@ -31,6 +31,7 @@ __all__ = [
     "TOKEN_ENV",
     "FakeResolver",
     "GateStall",
+    "StalledCall",
     "affidavit_cli",
     "assert_error",
     "assert_ok",
@@ -41,6 +42,7 @@ __all__ = [
     "open_broker",
     "raw_kinds",
     "run_cli",
+    "stalled_call",
     "write_config",
 ]
 
@@ -306,3 +308,46 @@ class GateStall:
             await gate(facts, meanwhile)
 
         return await self.real.perform(prepared, dataclasses.replace(ctx, gate=stalled))
+
+
+@dataclasses.dataclass
+class StalledCall:
+    """A broker's call stopped at a dispatch gate (``stalled_call``)."""
+
+    stall: GateStall
+    nursery: trio.Nursery
+    envelope: dict[str, Any] | None = None
+    """The call's envelope, once it has ended."""
+
+
+@contextlib.asynccontextmanager
+async def stalled_call(
+    broker: Broker,
+    action: dict[str, Any],
+    *,
+    limit: float,
+    hop: int = 1,
+    binding: Any = None,
+    **kw: Any,
+) -> AsyncIterator[StalledCall]:
+    """``broker`` calls ``action`` (``kw``: ``Broker.call``'s) in a nursery, its worker stalled
+    right before the dispatch gate of ``hop`` (``GateStall`` over ``binding``, by default its
+    "http" one, for at most ``limit / 2`` seconds); entered once it is stopped there, so that
+    another broker acts meanwhile.  On leaving, the call resumes and runs to its end; the
+    whole is bounded by ``limit`` seconds."""
+    real = broker._engine.bindings["http"] if binding is None else binding
+    stall = GateStall(real, hop=hop, limit=limit / 2)
+    broker._engine.bindings["http"] = stall
+    with trio.fail_after(limit):
+        async with trio.open_nursery() as nursery:
+            stalled = StalledCall(stall, nursery)
+
+            async def call() -> None:
+                stalled.envelope = await broker.call(action, **kw)
+
+            nursery.start_soon(call)
+            await stall.stopped.wait()
+            try:
+                yield stalled
+            finally:
+                stall.resume.set()

@@ -36,7 +36,7 @@ from affidavit.statemachine import EventKind as E
 from tests.http.hostile import HostileServer, Peer, Reply, Script
 
 from .approvalkit import OPS
-from .helpers import GateStall, http_target, write_config
+from .helpers import http_target, stalled_call, write_config
 from .http_rows import IDEM
 
 LIMIT = 30  # seconds: the bound on the scenario
@@ -118,22 +118,12 @@ async def test_a_clock_behind_does_not_get_its_live_first_attempt_closed(
         HostileServer.running(_redirecting()) as srv,
         _brokers(tmp_path, srv.url, pg_url, monkeypatch) as (a, b),
     ):
-        stall = GateStall(a._engine.bindings["http"], hop=2, limit=LIMIT / 2)
-        a._engine.bindings["http"] = stall
-        out: dict[str, Any] = {}
-
-        async def call_a() -> None:
-            out["a"] = await a.call(HOP)
-
-        with trio.fail_after(LIMIT):
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(call_a)
-                await stall.stopped.wait()  # A sent its first hop and is stopped mid-redirect
-                (action,) = b.journal.list_actions()
-                iid = action.invocation_id
-                seen = await b.fetch_result(iid)  # B's recovery looks at A's attempt
-                assert seen is not None and seen["evidence"]["state"] == "dispatched", seen
-                stall.resume.set()
+        # A sent its first hop and is stopped mid-redirect:
+        async with stalled_call(a, HOP, limit=LIMIT, hop=2) as stalled:
+            (action,) = b.journal.list_actions()
+            iid = action.invocation_id
+            seen = await b.fetch_result(iid)  # B's recovery looks at A's attempt
+            assert seen is not None and seen["evidence"]["state"] == "dispatched", seen
         events = b.events(iid)
     (accepted,) = [e for e in events if e.kind is E.ACTION_ACCEPTED]
     # The deadline every broker judges by: the database's time, not A's.
@@ -141,7 +131,8 @@ async def test_a_clock_behind_does_not_get_its_live_first_attempt_closed(
     assert [r.target for r in srv.requests] == ["/v1/x", "/landing"]
     kinds = [e.kind for e in events]
     assert E.ATTEMPT_INTERRUPTED not in kinds and E.LEASE_LOST not in kinds, kinds
-    assert "error" not in out["a"], out["a"]
+    assert stalled.envelope is not None
+    assert "error" not in stalled.envelope, stalled.envelope
 
 
 def _dropping_first() -> tuple[Script, list[str]]:

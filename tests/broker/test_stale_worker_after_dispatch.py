@@ -42,7 +42,7 @@ from affidavit.engine import EngineSettings
 from affidavit.statemachine import Event, EventKind, Record
 from tests.http.hostile import HostileServer, Peer, Reply, Script
 
-from .helpers import GateStall, http_target, write_config
+from .helpers import http_target, stalled_call, write_config
 from .http_rows import IDEM, POST
 
 E = EventKind
@@ -441,24 +441,13 @@ async def test_a_stale_worker_sends_no_next_hop_after_recovery_closed_its_attemp
         HostileServer.running(_redirecting("redirect")) as srv,
         _brokers(tmp_path, srv.url, "sqlite", None, follow_redirects=True) as (a, b),
     ):
-        stall = GateStall(a._engine.bindings["http"], hop=2, limit=LIMIT / 2)
-        a._engine.bindings["http"] = stall
-        out: dict[str, Any] = {}
-
-        async def call_a() -> None:
-            out["a"] = await a.call(HOP)
-
-        with trio.fail_after(LIMIT):
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(call_a)
-                await stall.stopped.wait()
-                (action,) = b.journal.list_actions()
-                iid = action.invocation_id
-                with monkeypatch.context() as m:
-                    m.setattr(recovery, "time", _Ahead)
-                    closed = await b.fetch_result(iid)  # A's lease has run out, by B's clock
-                assert closed is not None and closed["evidence"]["state"] == "interrupted"
-                stall.resume.set()
+        async with stalled_call(a, HOP, limit=LIMIT, hop=2) as stalled:
+            (action,) = b.journal.list_actions()
+            iid = action.invocation_id
+            with monkeypatch.context() as m:
+                m.setattr(recovery, "time", _Ahead)
+                closed = await b.fetch_result(iid)  # A's lease has run out, by B's clock
+            assert closed is not None and closed["evidence"]["state"] == "interrupted"
         record = b.record(iid)
         assert record is not None
         events = b.events(iid)
@@ -466,7 +455,8 @@ async def test_a_stale_worker_sends_no_next_hop_after_recovery_closed_its_attemp
     assert record.state == "interrupted"
     (closing,) = [e for e in events if e.kind is E.ATTEMPT_INTERRUPTED]
     assert [e.kind for e in events if e.seq and e.seq > closing.seq] == [E.LEASE_LOST]
-    err = out["a"]["error"]
+    assert stalled.envelope is not None
+    err = stalled.envelope["error"]
     assert (err["code"], err["outcome"]) == ("LEASE_LOST", "unknown"), err
 
 
@@ -490,19 +480,9 @@ async def test_a_retry_whose_lease_ran_out_sends_no_next_hop(
         first = await a.call(HOP)
         assert first["error"]["outcome"] == "unknown", first
         iid = first["invocation_id"]
-        stall = GateStall(a._engine.bindings["http"], hop=2, limit=LIMIT / 2)
-        a._engine.bindings["http"] = stall
-        out: dict[str, Any] = {}
-
-        async def retry() -> None:
-            out["a"] = await a.call(HOP)
-
-        with trio.fail_after(LIMIT):
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(retry)
-                await stall.stopped.wait()  # the retry's first hop was answered 307
-                _run_out(a, backend, request, monkeypatch)  # its lease ran out
-                stall.resume.set()
+        # The retry, stopped once its first hop was answered 307:
+        async with stalled_call(a, HOP, limit=LIMIT, hop=2) as stalled:
+            _run_out(a, backend, request, monkeypatch)  # its lease ran out
         record = a.record(iid)
         assert record is not None
         events = a.events(iid)
@@ -510,9 +490,10 @@ async def test_a_retry_whose_lease_ran_out_sends_no_next_hop(
     (lost,) = [e for e in events if e.kind is E.LEASE_LOST]
     assert (lost.attrs["generation"], lost.attrs["holder"]) == (1, "worker-A")
     assert lost.attrs.get("after_dispatch") is True, dict(lost.attrs)
-    assert "it had dispatched" in out["a"]["error"]["message"]  # the envelope knows it too
+    assert stalled.envelope is not None
+    assert "it had dispatched" in stalled.envelope["error"]["message"]  # the envelope knows it too
     assert record.generation == 1 and not record.final  # nobody closed it: recovery will
-    err = out["a"]["error"]
+    err = stalled.envelope["error"]
     assert (err["code"], err["retry"]) == ("LEASE_LOST", "fetch_result"), err
     # Nobody took the invocation over nor closed it: the answer says no such thing.
     assert "no longer valid" in err["message"], err["message"]
@@ -532,26 +513,16 @@ async def test_a_clock_ahead_does_not_close_a_live_attempt_on_a_shared_journal(
         HostileServer.running(_redirecting("redirect")) as srv,
         _brokers(tmp_path, srv.url, "postgresql", request, follow_redirects=True) as (a, b),
     ):
-        stall = GateStall(a._engine.bindings["http"], hop=2, limit=LIMIT / 2)
-        a._engine.bindings["http"] = stall
-        out: dict[str, Any] = {}
-
-        async def call_a() -> None:
-            out["a"] = await a.call(HOP)
-
-        with trio.fail_after(LIMIT):
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(call_a)
-                await stall.stopped.wait()
-                (action,) = b.journal.list_actions()
-                iid = action.invocation_id
-                with monkeypatch.context() as m:
-                    m.setattr(recovery, "time", _Ahead)
-                    seen = await b.fetch_result(iid)
-                assert seen is not None and seen["evidence"]["state"] == "dispatched", seen
-                stall.resume.set()
+        async with stalled_call(a, HOP, limit=LIMIT, hop=2) as stalled:
+            (action,) = b.journal.list_actions()
+            iid = action.invocation_id
+            with monkeypatch.context() as m:
+                m.setattr(recovery, "time", _Ahead)
+                seen = await b.fetch_result(iid)
+            assert seen is not None and seen["evidence"]["state"] == "dispatched", seen
         events = b.events(iid)
     assert [r.target for r in srv.requests] == ["/v1/x", "/landing"]
     kinds = [e.kind for e in events]
     assert E.ATTEMPT_INTERRUPTED not in kinds and E.LEASE_LOST not in kinds, kinds
-    assert "error" not in out["a"], out["a"]
+    assert stalled.envelope is not None
+    assert "error" not in stalled.envelope, stalled.envelope

@@ -30,7 +30,7 @@ from affidavit.engine import CallControl, EngineSettings
 from affidavit.statemachine import EventKind
 from tests.http.hostile import HostileServer, Peer, Reply
 
-from .helpers import GateStall, http_target, write_config
+from .helpers import http_target, stalled_call, write_config
 from .http_rows import IDEM, POST
 
 E = EventKind
@@ -58,41 +58,37 @@ async def test_a_worker_stopped_at_its_gate_answers_with_the_record_and_nothing_
             Broker.open(config=cfg, settings=settings, holder="worker-A") as a,
             Broker.open(config=cfg, settings=settings, holder="worker-B") as b,
         ):
-            stall = GateStall(a._engine.bindings["http"], limit=LIMIT / 2)
-            a._engine.bindings["http"] = stall
             envs: dict[str, Any] = {}
 
             async def call(name: str, broker: Broker, **kw: Any) -> None:
                 envs[name] = await broker.call(ACTION, **kw)
 
-            with trio.fail_after(LIMIT):
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(lambda: call("a", a, timeout=0.5))
-                    await stall.stopped.wait()
-                    while not a.journal.list_actions():  # A's preflight rides along: posted
-                        await trio.sleep(0.01)
-                    (action,) = a.journal.list_actions()
-                    iid = action.invocation_id
-                    (accepted,) = [e for e in a.journal.events(iid) if e.kind is E.ACTION_ACCEPTED]
-                    while time.time() <= accepted.attrs["lease_expires_at"]:
-                        await trio.sleep(0.05)  # A's lease runs out while A is stopped
-                    if when == "recovered_only":
-                        closed = await b.fetch_result(iid)  # recovery closes A's attempt
-                        assert closed is not None and closed["evidence"]["state"] == "setup_failed"
-                    elif when == "b_stored":
-                        srv.event("release_b").set()
-                        await call("b", b)
-                    else:
-                        nursery.start_soon(lambda: call("b", b))
-                        await srv.event("b_received").wait()
-                    stall.resume.set()
-                    while "a" not in envs:
-                        await trio.sleep(0.01)
+            async with stalled_call(a, ACTION, limit=LIMIT, timeout=0.5) as stalled:
+                while not a.journal.list_actions():  # A's preflight rides along: posted
+                    await trio.sleep(0.01)
+                (action,) = a.journal.list_actions()
+                iid = action.invocation_id
+                (accepted,) = [e for e in a.journal.events(iid) if e.kind is E.ACTION_ACCEPTED]
+                while time.time() <= accepted.attrs["lease_expires_at"]:
+                    await trio.sleep(0.05)  # A's lease runs out while A is stopped
+                if when == "recovered_only":
+                    closed = await b.fetch_result(iid)  # recovery closes A's attempt
+                    assert closed is not None and closed["evidence"]["state"] == "setup_failed"
+                elif when == "b_stored":
                     srv.event("release_b").set()
+                    await call("b", b)
+                else:
+                    stalled.nursery.start_soon(lambda: call("b", b))
+                    await srv.event("b_received").wait()
+                stalled.stall.resume.set()
+                while stalled.envelope is None:
+                    await trio.sleep(0.01)
+                srv.event("release_b").set()
             record = b.record(iid)
             assert record is not None
             events = b.events(iid)
-    env_a = envs["a"]
+    env_a = stalled.envelope
+    assert env_a is not None
     err = env_a["error"]
     assert err["code"] == "LEASE_LOST", env_a
     # A's answer is the record's phase and outcome, with no result as A's own: B's result, if
@@ -162,24 +158,17 @@ async def test_a_refused_gate_leaves_the_call_not_dispatching(tmp_path: Path, to
             Broker.open(config=cfg, holder="worker-B") as b,
         ):
             hang_up = HangUpAtRefusal(a._engine.bindings["http"], control)
-            stall = GateStall(hang_up, limit=LIMIT / 2)
-            a._engine.bindings["http"] = stall
-            envs: list[dict[str, Any]] = []
-
-            async def call() -> None:
-                envs.append(await a.call(ACTION, control=control))
-
-            with trio.fail_after(LIMIT):
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(call)
-                    await stall.stopped.wait()  # A's deadline is far: its gate is reached
-                    while not a.journal.list_actions():
-                        await trio.sleep(0.01)
-                    # Recovery (as a daemon's start-up would) closes A's attempt under it.
-                    assert [r.state for r in await b._engine.recover_orphans()] == ["setup_failed"]
-                    stall.resume.set()
+            # A's deadline is far: its gate is reached.
+            async with stalled_call(
+                a, ACTION, limit=LIMIT, binding=hang_up, control=control
+            ) as stalled:
+                while not a.journal.list_actions():
+                    await trio.sleep(0.01)
+                # Recovery (as a daemon's start-up would) closes A's attempt under it.
+                assert [r.state for r in await b._engine.recover_orphans()] == ["setup_failed"]
     assert hang_up.seen == (False, True)
-    (env,) = envs
+    env = stalled.envelope
+    assert env is not None
     assert env["error"]["code"] == "LEASE_LOST", env
     assert env["error"]["outcome"] == "not_attempted", env
     assert srv.requests == []
