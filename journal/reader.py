@@ -213,8 +213,10 @@ class JournalReader:
                 raise JournalUnavailable(str(self._error(what, exc))) from None
             raise self._error(what, exc) from None
 
-    def _altered(self, what: str, exc: AlteredRow) -> JournalError:
-        return JournalError(f"journal {self.where}: {what} cannot be read: {exc}")
+    def _altered(self, what: str, exc: AlteredRow) -> AlteredRow:
+        # Still an ``AlteredRow``: every surface answers it as the journal's fault
+        # (JOURNAL_UNREADABLE), never as a stored result that failed its verification.
+        return AlteredRow(f"journal {self.where}: {what} cannot be read: {exc}")
 
     def _error(self, what: str, exc: BaseException) -> JournalError:
         """A database error on a connection that is not lost: ``ReadFailed`` when the database

@@ -67,7 +67,8 @@ async def test_a_result_that_meets_an_altered_row_is_unreadable_as_a_call_is(
 
                 def record(self: Journal, invocation_id: str, now: Any = None) -> Any:
                     if invocation_id == iid:
-                        raise AlteredRow(words.decode())
+                        what = f"the record of invocation {iid}"
+                        return self._read(_altered(words.decode()), what)
                     return real(self, invocation_id, now)
 
                 monkeypatch.setattr(Journal, "record", record)
@@ -77,3 +78,14 @@ async def test_a_result_that_meets_an_altered_row_is_unreadable_as_a_call_is(
     assert b"JOURNAL_UNREADABLE" in page and words in page, page
     assert b"does not verify" not in page
     assert len(srv.requests) == 1
+
+
+def _altered(words: str) -> Any:
+    """A read of the tables meeting a row altered in place (``AlteredRow``), as
+    ``tests/journal/test_altered_rows.py`` alters one: run through the journal's own ``_read``,
+    which words it as every read does."""
+
+    def read(_tables: Any) -> Any:
+        raise AlteredRow(words)
+
+    return read

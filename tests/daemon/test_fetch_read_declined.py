@@ -88,7 +88,7 @@ async def test_a_fetch_that_meets_an_altered_row_is_unreadable_as_a_call_is(
 
                 def record(self: Journal, invocation_id: str, now: Any = None) -> Any:
                     if invocation_id == iid:
-                        raise AlteredRow(words)
+                        return self._read(_altered(words), f"the record of invocation {iid}")
                     return real(self, invocation_id, now)
 
                 monkeypatch.setattr(Journal, "record", record)
@@ -99,3 +99,14 @@ async def test_a_fetch_that_meets_an_altered_row_is_unreadable_as_a_call_is(
     assert words in str(caught.value)
     assert token not in str(caught.value)
     assert len(srv.requests) == 1
+
+
+def _altered(words: str) -> Any:
+    """A read of the tables meeting a row altered in place (``AlteredRow``), as
+    ``tests/journal/test_altered_rows.py`` alters one: run through the journal's own ``_read``,
+    which words it as every read does."""
+
+    def read(_tables: Any) -> Any:
+        raise AlteredRow(words)
+
+    return read

@@ -61,7 +61,7 @@ async def test_an_embedded_fetch_that_meets_an_altered_row_is_unreadable_as_a_ca
 
             def record(self: Journal, invocation_id: str, now: Any = None) -> Any:
                 if invocation_id == iid:
-                    raise AlteredRow(words)
+                    return self._read(_altered(words), f"the record of invocation {iid}")
                 return real(self, invocation_id, now)
 
             monkeypatch.setattr(Journal, "record", record)
@@ -69,3 +69,14 @@ async def test_an_embedded_fetch_that_meets_an_altered_row_is_unreadable_as_a_ca
     assert answer["api_error"]["code"] == "JOURNAL_UNREADABLE", answer
     assert words in answer["api_error"]["message"]
     assert token not in str(answer)
+
+
+def _altered(words: str) -> Any:
+    """A read of the tables meeting a row altered in place (``AlteredRow``), as
+    ``tests/journal/test_altered_rows.py`` alters one: run through the journal's own ``_read``,
+    which words it as every read does."""
+
+    def read(_tables: Any) -> Any:
+        raise AlteredRow(words)
+
+    return read
