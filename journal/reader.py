@@ -340,7 +340,11 @@ class JournalReader:
         if not events:
             return None
         try:
-            return Projector(invocation_id).extend(events).record(self._now(now))
+            return (
+                Projector(invocation_id)
+                .extend(events)
+                .record(self._now(now, f"the record of invocation {invocation_id}"))
+            )
         except ImpossibleEvent as exc:  # stored events the broker could not have written
             what = f"the record of invocation {invocation_id}"
             raise self._altered(what, unfoldable(exc)) from None
@@ -451,15 +455,17 @@ class JournalReader:
             )
         return record
 
-    def database_now(self) -> float | None:
+    def database_now(self, purpose: str | None = None) -> float | None:
         """Now by the clock a shared journal records and judges deadlines in -- the database's
         ``clock_timestamp()`` (``Tables.lease_now``) -- read outside any transaction; None
         where the journal has no clock of its own (SQLite: one host, the broker's clock).  A
         same-key retry is decided by it (a key's retention is recorded in that time), and
-        decided again inside the transaction that takes its lease (``leases.acquire_op``)."""
-        return self._read(lambda t: t.lease_now(), "the database's clock")
+        decided again inside the transaction that takes its lease (``leases.acquire_op``).
+        ``purpose``: the read it is for, named in an error (``the actions view``)."""
+        what = "the database's clock" if purpose is None else f"the database's clock for {purpose}"
+        return self._read(lambda t: t.lease_now(), what)
 
-    def _now(self, now: float | None) -> float:
+    def _now(self, now: float | None, purpose: str) -> float:
         """When a read computes its records' retry hints: ``now`` if the caller gives its
         clock, else the clock the keys' retention is recorded in at read time (the database's
         on a shared journal, ``database_now``; else this reader's) -- never the time of a
@@ -467,7 +473,7 @@ class JournalReader:
         resend after the remote forgot the key)."""
         if now is not None:
             return now
-        shared = self.database_now()
+        shared = self.database_now(purpose)
         return self._clock() if shared is None else shared
 
     # -- views --------------------------------------------------------------------------------
@@ -484,7 +490,7 @@ class JournalReader:
         """Projected records, oldest first.  ``since``/``until`` bound the time the action was
         accepted (a wall-clock label, inclusive).  ``now``: when every record's retry hint is
         computed (as ``record``: by default the reader's clock, read once for the whole view)."""
-        at = self._now(now)
+        at = self._now(now, "the actions view")
         folded = self._read(lambda t: views.fold(t, session, at), "the actions view")
         return list(_select(folded, outcome, phase, since, until))
 
@@ -521,7 +527,7 @@ class JournalReader:
         now: float | None,
         span: tuple[int, int, int] | None,
     ) -> Generator[Record, None, None]:
-        folded = views.fold_each(self.tables, session, self._now(now), span)
+        folded = views.fold_each(self.tables, session, self._now(now, "the actions view"), span)
         want = _select(folded, outcome, phase, since, until)
         try:
             yield from want
@@ -542,7 +548,7 @@ class JournalReader:
         MCP and the console (``affidavit.views.actions_page``)."""
         if limit < 0:
             raise ValueError("limit must be >= 0")
-        at = self._now(now)
+        at = self._now(now, "the actions view")
         return self._read(lambda t: views.newest(t, limit, session, at), "the actions view")
 
     def action_spans(self, parts: int, min_events: int) -> list[tuple[int, int, int]] | None:

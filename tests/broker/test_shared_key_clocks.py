@@ -154,7 +154,7 @@ async def test_a_retention_passing_before_the_lease_is_not_resent(
     ):
         with trio.fail_after(LIMIT):
             first = await a.call(CHARGE)
-            monkeypatch.setattr(a.journal, "database_now", lambda: time.time() - HOUR)
+            monkeypatch.setattr(a.journal, "database_now", lambda purpose=None: time.time() - HOUR)
             again = await a.call(CHARGE)
     assert first["error"]["outcome"] == "unknown", first
     assert again["error"]["retry"] == "reconcile", again
