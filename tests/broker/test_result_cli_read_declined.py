@@ -7,15 +7,13 @@ key cannot be used as this user and sends an operator looking for a fault that i
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 import trio
 
 from affidavit.cli import main as cli_main
-from affidavit.journal import ReadFailed
-from affidavit.journal.store import Journal
 from tests.http.hostile import HostileServer, Reply, scripts
+from tests.journal.helpers import decline_record_once
 
 from .helpers import TOKEN_ENV, http_target, open_broker, write_config
 
@@ -36,16 +34,7 @@ def test_an_embedded_result_whose_read_is_declined_once_exits_read_declined(
     iid, sent = trio.run(one_call)
     cfg = tmp_path / "affidavit.toml"
     assert cfg.exists()
-    real = Journal.record
-    declined: list[str] = []
-
-    def record(self: Journal, invocation_id: str, now: Any = None) -> Any:
-        if invocation_id == iid and not declined:
-            declined.append(invocation_id)
-            raise ReadFailed("canceling statement due to statement timeout")
-        return real(self, invocation_id, now)
-
-    monkeypatch.setattr(Journal, "record", record)
+    declined = decline_record_once(monkeypatch, iid)
     capsys.readouterr()
     code = cli_main(["result", "--config", str(cfg), iid])
     err = capsys.readouterr().err

@@ -6,15 +6,13 @@ does not verify, which nothing in the journal backs."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 import trio
 
-from affidavit.journal import AlteredRow, ReadFailed
-from affidavit.journal.store import Journal
 from tests.broker.helpers import http_target, open_broker
 from tests.http.hostile import HostileServer, Reply, scripts
+from tests.journal.helpers import alter_record, decline_record_once
 
 from .kit import WAIT, get, log_in_to, operator_config, served
 
@@ -29,16 +27,7 @@ async def test_a_result_whose_read_is_declined_once_is_read_declined_not_unverif
                 env = await b.call({"target": "api", "method": "GET", "path": "/r"})
                 iid = env["invocation_id"]
                 cookie, _csrf = await log_in_to(console, origin)
-                real = Journal.record
-                declined: list[str] = []
-
-                def record(self: Journal, invocation_id: str, now: Any = None) -> Any:
-                    if invocation_id == iid and not declined:
-                        declined.append(invocation_id)
-                        raise ReadFailed("canceling statement due to statement timeout")
-                    return real(self, invocation_id, now)
-
-                monkeypatch.setattr(Journal, "record", record)
+                declined = decline_record_once(monkeypatch, iid)
                 url = f"{origin}/invocations/{iid}/result.json"
                 status, _, page = await get(url, cookie=cookie)
                 again, _, body = await get(url, cookie=cookie)
@@ -63,29 +52,10 @@ async def test_a_result_that_meets_an_altered_row_is_unreadable_as_a_call_is(
                 env = await b.call({"target": "api", "method": "GET", "path": "/r"})
                 iid = env["invocation_id"]
                 cookie, _csrf = await log_in_to(console, origin)
-                real = Journal.record
-
-                def record(self: Journal, invocation_id: str, now: Any = None) -> Any:
-                    if invocation_id == iid:
-                        what = f"the record of invocation {iid}"
-                        return self._read(_altered(words.decode()), what)
-                    return real(self, invocation_id, now)
-
-                monkeypatch.setattr(Journal, "record", record)
+                alter_record(monkeypatch, iid, words.decode())
                 url = f"{origin}/invocations/{iid}/result.json"
                 status, _, page = await get(url, cookie=cookie)
     assert status == 500, page
     assert b"JOURNAL_UNREADABLE" in page and words in page, page
     assert b"does not verify" not in page
     assert len(srv.requests) == 1
-
-
-def _altered(words: str) -> Any:
-    """A read of the tables meeting a row altered in place (``AlteredRow``), as
-    ``tests/journal/test_altered_rows.py`` alters one: run through the journal's own ``_read``,
-    which words it as every read does."""
-
-    def read(_tables: Any) -> Any:
-        raise AlteredRow(words)
-
-    return read

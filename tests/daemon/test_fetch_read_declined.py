@@ -10,7 +10,6 @@ journal's read can be declined once; the caller is on its real socket."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 import trio
@@ -19,10 +18,9 @@ from affidavit.api.client import Client
 from affidavit.api.wire import ApiError
 from affidavit.config import load_config
 from affidavit.daemon.server import Daemon
-from affidavit.journal import AlteredRow, ReadFailed
-from affidavit.journal.store import Journal
 from tests.broker.helpers import TOKEN_ENV
 from tests.http.hostile import HostileServer, Reply, scripts
+from tests.journal.helpers import alter_record, decline_record_once
 
 from .kit import WAIT, api_target, write_daemon_config
 
@@ -43,16 +41,7 @@ async def test_a_fetch_whose_read_is_declined_once_is_read_declined_not_unverifi
             async with Client.open(socket) as client:
                 envelope = await client.call({"target": "api", "method": "GET", "path": "/r"})
                 iid = envelope["invocation_id"]
-                real = Journal.record
-                declined: list[str] = []
-
-                def record(self: Journal, invocation_id: str, now: Any = None) -> Any:
-                    if invocation_id == iid and not declined:
-                        declined.append(invocation_id)
-                        raise ReadFailed("canceling statement due to statement timeout")
-                    return real(self, invocation_id, now)
-
-                monkeypatch.setattr(Journal, "record", record)
+                declined = decline_record_once(monkeypatch, iid)
                 with pytest.raises(ApiError) as caught:
                     await client.fetch_result(iid)
                 again = await client.fetch_result(iid)
@@ -84,14 +73,7 @@ async def test_a_fetch_that_meets_an_altered_row_is_unreadable_as_a_call_is(
             async with Client.open(socket) as client:
                 envelope = await client.call({"target": "api", "method": "GET", "path": "/r"})
                 iid = envelope["invocation_id"]
-                real = Journal.record
-
-                def record(self: Journal, invocation_id: str, now: Any = None) -> Any:
-                    if invocation_id == iid:
-                        return self._read(_altered(words), f"the record of invocation {iid}")
-                    return real(self, invocation_id, now)
-
-                monkeypatch.setattr(Journal, "record", record)
+                alter_record(monkeypatch, iid, words)
                 with pytest.raises(ApiError) as caught:
                     await client.fetch_result(iid)
         daemon.shutdown.set()
@@ -99,14 +81,3 @@ async def test_a_fetch_that_meets_an_altered_row_is_unreadable_as_a_call_is(
     assert words in str(caught.value)
     assert token not in str(caught.value)
     assert len(srv.requests) == 1
-
-
-def _altered(words: str) -> Any:
-    """A read of the tables meeting a row altered in place (``AlteredRow``), as
-    ``tests/journal/test_altered_rows.py`` alters one: run through the journal's own ``_read``,
-    which words it as every read does."""
-
-    def read(_tables: Any) -> Any:
-        raise AlteredRow(words)
-
-    return read

@@ -188,3 +188,42 @@ async def fill_results(j: Any, body: bytes) -> int:
         await j.append(ev)
     assert stored.seq is not None
     return int(stored.seq)
+
+
+def decline_record_once(monkeypatch: Any, iid: str) -> list[str]:
+    """``Journal.record`` of ``iid`` is declined once by the database (``ReadFailed``: a
+    statement timeout, a lock not granted), then reads as usual.  Returns the ids declined."""
+    from affidavit.journal import ReadFailed
+    from affidavit.journal.store import Journal
+
+    real = Journal.record
+    declined: list[str] = []
+
+    def record(self: Journal, invocation_id: str, now: Any = None) -> Any:
+        if invocation_id == iid and not declined:
+            declined.append(invocation_id)
+            raise ReadFailed("canceling statement due to statement timeout")
+        return real(self, invocation_id, now)
+
+    monkeypatch.setattr(Journal, "record", record)
+    return declined
+
+
+def alter_record(monkeypatch: Any, iid: str, words: str) -> None:
+    """Every ``Journal.record`` of ``iid`` meets a row altered in place (``AlteredRow``), as
+    ``tests/journal/test_altered_rows.py`` alters one: raised inside the journal's own
+    ``_read``, which words it as every read does."""
+    from affidavit.journal import AlteredRow
+    from affidavit.journal.store import Journal
+
+    real = Journal.record
+
+    def altered(_tables: Any) -> Any:
+        raise AlteredRow(words)
+
+    def record(self: Journal, invocation_id: str, now: Any = None) -> Any:
+        if invocation_id == iid:
+            return self._read(altered, f"the record of invocation {iid}")
+        return real(self, invocation_id, now)
+
+    monkeypatch.setattr(Journal, "record", record)
