@@ -118,10 +118,12 @@ def acquire_op(
 
     def op(txn: Txn) -> Lease | Fail:
         current = _current_lease(txn, invocation_id)
-        now = lease_now(txn, clock)
+        shared = txn.tables.lease_now()  # the database's clock (PostgreSQL), else None
+        now = clock() if shared is None else shared
         proj = txn.projector(invocation_id)
         record = proj.record(now)
-        if same_key and record.retry is not Retry.SAME_IDEMPOTENCY_KEY and _shared(txn):
+        # On SQLite the engine's reading is this clock and the check stays the engine's.
+        if same_key and shared is not None and record.retry is not Retry.SAME_IDEMPOTENCY_KEY:
             return Fail(KeyRetentionPassed(invocation_id, now))
         # A holder may renew its own retry lease; a live dispatch lease is busy to everyone,
         # its holder's other tasks too (two of them must not both send an approved request).
@@ -156,12 +158,6 @@ def acquire_op(
         return Lease(generation, expires, holder, invocation_id, stored.seq)
 
     return op
-
-
-def _shared(txn: Txn) -> bool:
-    """The journal judges by the database's clock (PostgreSQL), not the writer's own (SQLite,
-    where the engine's reading is this clock and the check stays the engine's)."""
-    return txn.tables.lease_now() is not None
 
 
 def _before_approval(record: Record, lease: Lease) -> bool:
