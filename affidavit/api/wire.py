@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AFTER_BROKEN_SEND",
+    "DAEMON_UID_ENV",
     "READ_SIZE",
     "SOCKET_ENV",
     "AnswerLost",
@@ -53,9 +54,16 @@ __all__ = [
     "read_answer",
     "socket_path",
     "target",
+    "trusted_uids",
 ]
 
 SOCKET_ENV = "AFFIDAVIT_SOCKET"
+DAEMON_UID_ENV = "AFFIDAVIT_DAEMON_UID"
+"""The uid (or user name) the daemon runs as, which its clients trust with their calls
+(``check_socket``): a socket in a directory of any other user but root and the client's own is
+not asked."""
+MAX_UID = 2**32 - 2
+"""uid_t is 32 bits; 2**32 - 1 is (uid_t)-1, "no id"."""
 READ_SIZE = 65536
 HEADERS = (("host", "affidavit"), ("accept", "application/json"))
 """Sent with every request (HTTP/1.1 needs a Host; the socket names the server)."""
@@ -278,13 +286,18 @@ def approval_path(invocation_id: str, suffix: str = "") -> str:
 
 
 def check_socket(path: str) -> None:
-    """Refuse (``SocketUnsafe``) a socket someone other than the daemon's user could have put
-    at ``path``, before a byte is sent to it -- the rule the daemon keeps for its own
-    (daemon/socketfile.py): its directory (where ``path`` leads) is writable by its owner
-    only, sticky or not (in ``/tmp`` anyone could have bound the name first); the socket file
-    is that owner's (or root's); no directory above is writable by others unless sticky, nor
-    another user's (whoever could rename the socket's directory could put their own there).
-    A path that is missing or not a socket is left to ``connect`` to report."""
+    """Refuse (``SocketUnsafe``) a socket someone the client does not trust could have put at
+    ``path``, before a byte is sent to it -- the rule the daemon keeps for its own
+    (daemon/socketfile.py), with the client's own list of whom it trusts: root, itself, and
+    the daemon's user it was told (``$AFFIDAVIT_DAEMON_UID``, ``trusted_uids``).  The owner of
+    the socket's directory is not trusted for owning it: a socket in a private directory of
+    an attacker's would receive the call (its target, arguments, idempotency key).
+
+    The socket file, its directory (where ``path`` leads) and every directory above belong to
+    a trusted uid; the directory is writable by its owner only, sticky or not (in ``/tmp``
+    anyone could have bound the name first); no directory above is writable by others unless
+    sticky (whoever could rename the socket's directory could put their own there).  A path
+    that is missing or not a socket is left to ``connect`` to report."""
     real = os.path.realpath(path)
     directory = os.path.dirname(real)
     try:
@@ -293,7 +306,7 @@ def check_socket(path: str) -> None:
         return
     if not stat.S_ISSOCK(sock.st_mode):
         return
-    trusted = {0, own.st_uid}
+    trusted = trusted_uids()
     if own.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
         raise SocketUnsafe(
             f"refusing the daemon's socket {path}: {directory} is writable by others (mode "
@@ -302,16 +315,21 @@ def check_socket(path: str) -> None:
         )
     if sock.st_uid not in trusted:
         raise SocketUnsafe(
-            f"refusing the daemon's socket {path}: it belongs to uid {sock.st_uid}, not to "
-            f"{directory}'s owner (uid {own.st_uid}) nor root"
+            f"refusing the daemon's socket {path}: it belongs to uid {sock.st_uid}, "
+            f"{_trust_hint(sock.st_uid, trusted)}"
         )
-    above = os.path.dirname(directory)
+    above = directory
     while True:
         try:
             st = os.lstat(above)
         except OSError:
             return
-        if st.st_uid not in trusted or (
+        if st.st_uid not in trusted:
+            raise SocketUnsafe(
+                f"refusing the daemon's socket {path}: {above} belongs to uid {st.st_uid}, "
+                f"{_trust_hint(st.st_uid, trusted)}"
+            )
+        if above != directory and (
             st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX
         ):
             raise SocketUnsafe(
@@ -321,6 +339,45 @@ def check_socket(path: str) -> None:
         if above == os.path.dirname(above):
             return
         above = os.path.dirname(above)
+
+
+def trusted_uids() -> frozenset[int]:
+    """Whom a client trusts to have made the daemon's socket and its directories: root, its
+    own effective uid, and the daemon's user named by ``$AFFIDAVIT_DAEMON_UID`` (a uid or a
+    user name).  A value that names nobody is refused (``SocketUnsafe``), never ignored."""
+    trusted = {0, os.geteuid()}
+    named = os.environ.get(DAEMON_UID_ENV, "").strip()
+    if named:
+        trusted.add(_uid_of(named))
+    return frozenset(trusted)
+
+
+def _uid_of(named: str) -> int:
+    if named.isascii() and named.isdigit():
+        if len(named) <= 10 and int(named) <= MAX_UID:
+            return int(named)
+    else:
+        import pwd
+
+        try:
+            return pwd.getpwnam(named).pw_uid
+        except (KeyError, ValueError):
+            pass
+    shown = named if len(named) <= 64 and named.isprintable() else repr(named[:64]) + "..."
+    raise SocketUnsafe(
+        f"${DAEMON_UID_ENV}={shown} names no user: set it to the uid (or user name) the "
+        f"affidavit daemon runs as, or unset it"
+    )
+
+
+def _trust_hint(uid: int, trusted: frozenset[int]) -> str:
+    """Why a uid is not trusted, and how to trust it when it is the daemon's user."""
+    named = sorted(trusted - {0, os.geteuid()})
+    told = f" nor the daemon's user you named (uid {named[0]})" if named else ""
+    return (
+        f"not to you (uid {os.geteuid()}), root{told}: whoever it is could read every call "
+        f"sent there; if uid {uid} runs the affidavit daemon, set {DAEMON_UID_ENV}={uid}"
+    )
 
 
 def blocking_request(

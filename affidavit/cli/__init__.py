@@ -174,7 +174,8 @@ def text_arg(value: str | None, what: str) -> str | None:
 def add_socket_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--socket",
-        help="ask the daemon on this socket (default: $AFFIDAVIT_SOCKET; neither: run embedded)",
+        help="ask the daemon on this socket (default: $AFFIDAVIT_SOCKET; neither: run embedded); "
+        "it must be root's, yours or $AFFIDAVIT_DAEMON_UID's (the daemon's uid or user name)",
     )
 
 

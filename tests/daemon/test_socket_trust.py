@@ -127,3 +127,65 @@ async def test_the_mcp_proxy_answers_an_unsafe_socket_with_its_code(tmp_path: Pa
                 answer = await backend.call({"target": "api", "method": "GET"}, Exchange())
         assert answer["api_error"]["code"] == "DAEMON_SOCKET_UNSAFE", answer
         assert not connected(sock)
+
+
+def private_directory_of(tmp_path: Path, uid: int) -> Path:
+    """A directory only ``uid`` may enter (``0700``), with root's above it: an attacker's."""
+    where = tmp_path / "theirs"
+    where.mkdir(mode=0o700)
+    os.chown(where, uid, uid)
+    return where
+
+
+async def test_a_socket_in_another_user_s_private_directory_is_not_asked(tmp_path: Path) -> None:
+    """Its owner could have put any socket there (the directory is writable by them only):
+    a client trusts root, itself and the daemon's user it was told -- not whoever owns the
+    directory it was pointed into -- and says how to trust the daemon's user."""
+    require_root()
+    where = private_directory_of(tmp_path, NOBODY)
+    path = where / "affidavit.sock"
+    with squatter(path) as sock:
+        os.chown(path, NOBODY, NOBODY)
+        await refused_everywhere(path, sock, f"it belongs to uid {NOBODY}, not to you")
+        os.chown(path, 0, 0)  # root's socket in their directory: they could still replace it
+        await refused_everywhere(
+            path, sock, f"{where} belongs to uid {NOBODY}, .* set AFFIDAVIT_DAEMON_UID={NOBODY}"
+        )
+
+
+@pytest.mark.parametrize("named", [str(NOBODY), "nobody"])
+async def test_a_socket_of_the_daemon_s_user_the_client_was_told_is_asked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, named: str
+) -> None:
+    require_root()
+    where = private_directory_of(tmp_path, NOBODY)
+    path = where / "affidavit.sock"
+    monkeypatch.setenv("AFFIDAVIT_DAEMON_UID", named)
+    with squatter(path) as sock:
+        os.chown(path, NOBODY, NOBODY)
+        client = Client(path)
+        try:
+            with trio.move_on_after(0.5):
+                await client.actions()
+        finally:
+            await client.aclose()
+        assert connected(sock)
+
+
+@pytest.mark.parametrize("named", ["no-such-user-here", "4294967295", "99999999999999999999"])
+async def test_a_daemon_uid_that_names_nobody_is_refused_with_its_code(
+    tmp_path: Path, named: str
+) -> None:
+    where = tmp_path / "run"
+    where.mkdir(mode=0o750)
+    path = where / "affidavit.sock"
+    env = {**client_env(), "AFFIDAVIT_DAEMON_UID": named}
+    with squatter(path) as sock:
+        done = await run(
+            [sys.executable, "-m", "affidavit", "actions", "--socket", str(path)], env=env
+        )
+        assert not connected(sock)
+    assert done.returncode == 2, done
+    line = done.stderr.decode()
+    assert f"affidavit: DAEMON_SOCKET_UNSAFE: $AFFIDAVIT_DAEMON_UID={named} names no user" in line
+    assert "Traceback" not in line
