@@ -16,6 +16,7 @@ import shlex
 import socket
 import stat
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import trio
@@ -28,6 +29,7 @@ __all__ = [
     "bind_socket",
     "claim_socket_path",
     "note_state",
+    "private_directory",
     "unlink_if_ours",
 ]
 
@@ -57,7 +59,9 @@ def claim_socket_path(path: Path) -> int:
       or not (``SOCKET_DIRECTORY_UNSAFE``): whoever can write it could remove the socket and
       bind their own in its place -- or, sticky as ``/tmp``, take the socket's name or
       ``<socket>.lock`` before the daemon starts (it could not start; a client could reach
-      theirs).  As tmux does with its socket's directory; ssh-agent makes a private one.
+      theirs).  As tmux does with its socket's directory; ssh-agent makes a private one.  The
+      refusal suggests one per user (``private_directory``), never one shared name in
+      ``/tmp`` that whichever user makes it first owns.
       Every directory above it, as written and as resolved, must be the user's or root's and
       writable by nobody else unless sticky: whoever can write one could rename the socket's
       directory away and put one of their own in its place (in a sticky one they cannot).
@@ -96,6 +100,15 @@ def _check_directory(path: Path) -> None:
     own = Path(os.path.realpath(path.parent))
     for where, st in _path_to(path.parent):
         if st.st_uid not in (0, os.geteuid()):
+            if where == own and _sticky(where.parent):
+                raise DaemonError(
+                    f"cannot listen on {path}: another user made {where} first (it belongs "
+                    f"to {_user(st.st_uid)}, who could replace the socket); in a directory "
+                    f"anyone can write, a name is whoever's takes it first -- use one no other "
+                    f"user can make: mkdir -m 0750 {private_directory(where.parent)} (or a "
+                    f"directory under the daemon's user's home)",
+                    "SOCKET_DIRECTORY_UNSAFE",
+                )
             raise DaemonError(
                 f"cannot listen on {path}: {where} belongs to uid {st.st_uid}, who could "
                 f"replace the socket; use a directory of the daemon's user (or root's)",
@@ -105,11 +118,12 @@ def _check_directory(path: Path) -> None:
             continue  # a link's mode means nothing; the directory holding it is checked
         mode = stat.S_IMODE(st.st_mode)
         if where == own and st.st_mode & stat.S_ISVTX:
+            mine = private_directory(where)
             raise DaemonError(
                 f"cannot listen on {path}: {where} is writable by others (mode {mode:04o}, "
                 f"sticky), who could take the socket's name or {path.name}.lock first; put "
                 f"the socket in a directory of its own, writable by its owner only: "
-                f"mkdir -m 0750 {where / 'affidavit'} and use {where / 'affidavit' / path.name}",
+                f"mkdir -m 0750 {mine} and use {mine / path.name}",
                 "SOCKET_DIRECTORY_UNSAFE",
             )
         if not st.st_mode & stat.S_ISVTX:
@@ -118,6 +132,38 @@ def _check_directory(path: Path) -> None:
                 f"who could replace the socket; make it writable by its owner only (0750)",
                 "SOCKET_DIRECTORY_UNSAFE",
             )
+
+
+def private_directory(
+    sticky: Path, uid: int | None = None, env: Mapping[str, str] | None = None
+) -> Path:
+    """Where the daemon of ``uid`` (default: this process's) should put its socket instead of
+    the directory anyone can write, ``sticky``: ``$XDG_RUNTIME_DIR/affidavit`` when that is
+    set and safe (the user's own, ``0700``-like, made at login: nobody else can make a name in
+    it), else ``<sticky>/affidavit-<uid>`` -- one name per user, not one shared
+    ``/tmp/affidavit`` whichever user makes first makes every other's daemon refuse to start.
+    (Another user could still make ``affidavit-<uid>`` first, deliberately: the daemon then
+    refuses, saying so, as tmux does with ``/tmp/tmux-<uid>``.)"""
+    uid = os.geteuid() if uid is None else uid
+    runtime = (os.environ if env is None else env).get("XDG_RUNTIME_DIR", "")
+    if runtime and os.path.isabs(runtime):
+        try:
+            st = os.lstat(runtime)
+        except OSError:
+            pass
+        else:
+            if stat.S_ISDIR(st.st_mode) and st.st_uid == uid and not st.st_mode & 0o022:
+                return Path(runtime) / "affidavit"
+    return sticky / f"affidavit-{uid}"
+
+
+def _sticky(directory: Path) -> bool:
+    """Whether others may make names in ``directory`` but not take ours (``/tmp``)."""
+    try:
+        st = os.stat(directory)
+    except OSError:
+        return False
+    return bool(st.st_mode & stat.S_ISVTX and st.st_mode & (stat.S_IWGRP | stat.S_IWOTH))
 
 
 def _path_to(directory: Path) -> list[tuple[Path, os.stat_result]]:

@@ -290,8 +290,51 @@ def test_a_sticky_socket_directory_others_can_write_is_refused(tmp_path: Path, m
     with pytest.raises(DaemonError, match=rf"\(mode {mode:04o}, sticky\)") as refused:
         socketfile.claim_socket_path(where / "s.sock")
     assert refused.value.code == "SOCKET_DIRECTORY_UNSAFE"
-    assert f"mkdir -m 0750 {where / 'affidavit'}" in str(refused.value)
+    mine = socketfile.private_directory(where)
+    assert f"mkdir -m 0750 {mine} and use {mine / 's.sock'}" in str(refused.value)
     assert list(where.iterdir()) == []  # nothing made there, not even the lock
+
+
+def test_the_suggested_socket_directory_is_one_no_other_user_shares(tmp_path: Path) -> None:
+    """One shared ``/tmp/affidavit`` is whoever's makes it first: every other user's daemon
+    would then refuse to start.  The suggestion is per user: their runtime directory when it is
+    theirs and private, else a name with their uid in it."""
+    sticky = tmp_path / "tmp"
+    runtime = tmp_path / "user"
+    runtime.mkdir(mode=0o700)
+    me = os.geteuid()
+    assert socketfile.private_directory(sticky, me, {}) == sticky / f"affidavit-{me}"
+    assert socketfile.private_directory(sticky, NOBODY, {}) == sticky / f"affidavit-{NOBODY}"
+    env = {"XDG_RUNTIME_DIR": str(runtime)}
+    assert socketfile.private_directory(sticky, me, env) == runtime / "affidavit"
+    # Not theirs, writable by others, or relative: the runtime directory is not suggested.
+    assert socketfile.private_directory(sticky, NOBODY, env) == sticky / f"affidavit-{NOBODY}"
+    runtime.chmod(0o777)
+    assert socketfile.private_directory(sticky, me, env) == sticky / f"affidavit-{me}"
+    relative = {"XDG_RUNTIME_DIR": "user"}
+    assert socketfile.private_directory(sticky, me, relative) == sticky / f"affidavit-{me}"
+
+
+def test_a_socket_directory_another_user_made_first_in_a_sticky_one_says_so(
+    tmp_path: Path,
+) -> None:
+    """Another user made the directory the daemon was to use, in ``/tmp``-like ``sticky``,
+    before it did (a denial, a hijack only for clients that trusted it): the refusal says
+    another user made it, whose it is, and a directory no other user can make."""
+    require_root()
+    sticky = tmp_path / "tmp"
+    sticky.mkdir()
+    sticky.chmod(0o1777)
+    squatted = sticky / "affidavit"
+    squatted.mkdir(mode=0o750)
+    os.chown(squatted, NOBODY, NOBODY)
+    with pytest.raises(DaemonError, match=f"another user made {squatted} first") as refused:
+        socketfile.claim_socket_path(squatted / "s.sock")
+    assert refused.value.code == "SOCKET_DIRECTORY_UNSAFE"
+    message = str(refused.value)
+    assert f"it belongs to uid {NOBODY}" in message
+    assert f"mkdir -m 0750 {socketfile.private_directory(sticky)}" in message
+    assert list(squatted.iterdir()) == []
 
 
 def test_a_sticky_socket_directory_reached_through_a_link_is_refused(tmp_path: Path) -> None:
