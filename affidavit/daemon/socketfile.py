@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import logging
+import math
 import os
 import pwd
 import shlex
@@ -227,11 +228,11 @@ def _held(path: Path, lock: Path, fd: int) -> DaemonError:
         if len(words) > 2 and words[2].isdigit():
             # Words only: a time no clock function takes (a torn or edited file) is not shown.
             with contextlib.suppress(OverflowError, OSError, ValueError):
-                when = time.strftime("%H:%M:%S UTC", time.gmtime(int(words[2])))
+                when = _instant(int(words[2]))
         return DaemonError(
             f"the daemon (pid {pid}) on {path} is shutting down: it no longer accepts calls, "
             f"and lets those in flight finish until {when} (its shutdown grace and their "
-            f"answers); start again once it has exited (retry after {when})",
+            f"answers); start again once it has exited",
             "DAEMON_STOPPING",
         )
     if state == "starting":
@@ -239,6 +240,14 @@ def _held(path: Path, lock: Path, fd: int) -> DaemonError:
     if state == "serving":
         return DaemonError(f"a daemon already listens on {path} (pid {pid}; {lock} is locked)")
     return DaemonError(f"a daemon already listens on {path} (or is starting to: {lock} is locked)")
+
+
+def _instant(until: int) -> str:
+    """``until`` as a reader anywhere can place it: the UTC date and time (ISO 8601, ``Z``)
+    and how many seconds from now -- never a bare time of day, which names no day and reads
+    as local time."""
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(until))
+    return f"{stamp}, in {max(0, math.ceil(until - time.time()))} s"
 
 
 def _refuse_foreign(path: Path, lock: Path) -> None:

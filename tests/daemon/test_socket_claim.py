@@ -14,12 +14,14 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import stat
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -210,6 +212,27 @@ def test_a_stopping_state_whose_end_no_clock_can_show_is_still_daemon_stopping(
         os.close(held)
     assert caught.value.code == "DAEMON_STOPPING"
     assert "shutdown_grace" in str(caught.value)
+
+
+def test_a_stopping_daemon_s_end_is_a_utc_instant_and_seconds_from_now(tmp_path: Path) -> None:
+    """Not a bare time of day (which day? whose zone?): the date and time in UTC, ISO 8601 with
+    ``Z``, and the seconds left -- what a reader elsewhere, or tomorrow, can act on."""
+    sock = tmp_path / "s.sock"
+    held = socketfile.claim_socket_path(sock)
+    until = int(time.time()) + 30
+    try:
+        line = f"{os.getpid()} stopping {until}\n".encode()
+        os.pwrite(held, line, 0)
+        os.ftruncate(held, len(line))
+        with pytest.raises(DaemonError) as caught:
+            socketfile.claim_socket_path(sock)
+    finally:
+        os.close(held)
+    assert caught.value.code == "DAEMON_STOPPING"
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(until))
+    found = re.search(rf"finish until {stamp}, in (\d+) s \(its shutdown grace", str(caught.value))
+    assert found, str(caught.value)
+    assert 25 <= int(found.group(1)) <= 30
 
 
 def test_a_lock_path_that_is_a_symlink_is_refused_and_its_target_untouched(
