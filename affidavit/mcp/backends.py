@@ -307,7 +307,7 @@ class Daemon:
         except ApiError as exc:
             if exc.code == "OPERATION_ERROR":
                 return refusal("INVALID_FIELD", "operation_id", exc.message)
-            return api_error(exc.code, exc.message)
+            return api_error(exc.code, exc.message, exc.field)
         except Exception as exc:
             return _client_failure(exc, _LOST_CALL)
 
@@ -322,7 +322,7 @@ class Daemon:
         except ApiError as exc:
             if exc.status in (400, 404, 409):  # the service's refusal: nothing was queried
                 return refusal("INVALID_FIELD", "invocation_id", f"{exc.code}: {exc.message}")
-            return api_error(exc.code, exc.message)
+            return api_error(exc.code, exc.message, exc.field)
         except Exception as exc:
             return _client_failure(exc, _LOST_CALL)
 
@@ -372,7 +372,7 @@ def _client_failure(exc: Exception, lost: str) -> dict[str, Any]:
     from affidavit.api.wire import AnswerLost, ApiError, ClientError, DaemonUnavailable
 
     if isinstance(exc, ApiError):
-        return api_error(exc.code, exc.message)
+        return api_error(exc.code, exc.message, exc.field)
     if isinstance(exc, AnswerLost):
         return api_error("ANSWER_LOST", str(exc) + lost)
     if isinstance(exc, DaemonUnavailable):

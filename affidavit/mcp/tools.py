@@ -75,10 +75,14 @@ def refusal(code: str, field: str, message: str) -> dict[str, Any]:
     }
 
 
-def api_error(code: str, message: str) -> dict[str, Any]:
+def api_error(code: str, message: str, field: str | None = None) -> dict[str, Any]:
     """The daemon could not answer (unreachable, the connection lost, an API-level refusal):
-    its ``{"api_error": ...}`` shape, never dressed up as an envelope."""
-    return {"api_error": {"code": code, "message": message}}
+    its ``{"api_error": ...}`` shape, never dressed up as an envelope -- with the ``field`` to
+    fix when the daemon's refusal named one (a 400 at ``body.timeout``)."""
+    error = {"code": code, "message": message}
+    if field is not None:
+        error["field"] = field
+    return {"api_error": error}
 
 
 _VISIBLE = re.compile(r"[\x21-\x7e]{1,255}")
