@@ -93,7 +93,6 @@ class LeaseRefusal(Exception):
         super().__init__("lease lost")
 
 
-_CONFIG_CHANGED_ATTRS = {"code": Code.CONFIG_CHANGED.value, "field": "target"}
 _APPROVAL_MESSAGES = {
     Code.APPROVAL_STALE: "The request, its credential or its target's configuration changed "
     "after approval; nothing was sent under the old approval.",
@@ -506,7 +505,11 @@ def _gate(engine: Engine, attempt: Attempt) -> Any:
         if engine.snapshot.changed(attempt.target_name, attempt.expected_hash):
             if attempt.grant is not None:
                 raise _Refused(_approval_refusal(Code.APPROVAL_STALE))
-            raise _Refused(_CONFIG_CHANGED_ATTRS)
+            # The field is the section to look at: the target's settings (or the target itself,
+            # now removed) are no longer what validation bound.
+            raise _Refused(
+                {"code": Code.CONFIG_CHANGED.value, "field": f"targets.{attempt.target_name}"}
+            )
         if attempt.grant is not None:
             # Seed: "The broker must confirm the fingerprint of the upcoming dispatch and
             # re-check it immediately before the write."

@@ -533,7 +533,7 @@ async def _authorize_once(
                     iid,
                     {
                         "code": Code.CONFIG_CHANGED.value,
-                        "field": "credential",
+                        "field": f"targets.{target.name}.credential",
                         "message": "The credential's version changed since this invocation "
                         "was bound; reconcile, then start a new invocation.",
                         "generation": generation,

@@ -45,6 +45,7 @@ async def test_same_key_retry_after_credential_rotation_is_config_changed(tmp_pa
                 assert second["invocation_id"] == first["invocation_id"]
                 err = second["error"]
                 assert (err["code"], err["phase"]) == ("CONFIG_CHANGED", "validation")
+                assert err["field"] == "targets.payments.credential"  # the setting to look at
                 # The first attempt may have happened: still unknown, never not_attempted.
                 assert (err["outcome"], err["retry"]) == ("unknown", "reconcile")
                 assert second["evidence"]["dispatch_started"] is True

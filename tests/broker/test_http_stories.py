@@ -439,6 +439,8 @@ async def test_config_changed_between_validation_and_dispatch_is_refused_unsent(
                     retry="after_correction",
                     code="CONFIG_CHANGED",
                 )
+                # The config path an operator looks at, like every other field path.
+                assert env["error"]["field"] == "targets.api"
                 kinds = event_kinds(broker, env["invocation_id"])
                 assert E.PREFLIGHT_VALIDATED in kinds
                 assert E.DISPATCH_STARTED not in kinds
