@@ -16,6 +16,7 @@ import trio
 
 from affidavit.protocols import Binding, Prepared
 from affidavit.secrets.credentials import Credential, CredentialError, resolve
+from affidavit.secrets.redaction import retain
 from affidavit.statemachine import Event, EventKind
 
 if TYPE_CHECKING:
@@ -37,7 +38,10 @@ def prepare_request(
         base_dir=engine.config.path.parent if engine.config.path else None,
         versioner=engine.journal.keyed_digest,
     )
-    return credential, binding.prepare(action, target, credential, key)
+    prepared = binding.prepare(action, target, credential, key)
+    # A rotated credential's old value leaves the redaction cache now, not when it ages out.
+    retain((id(engine), target.credential), credential.version, prepared.secrets)
+    return credential, prepared
 
 
 async def prepare_after(

@@ -22,7 +22,7 @@ from typing import Any
 
 from affidavit.adapters.base import ResultTooLarge
 from affidavit.journal import Journal, ResultStoreFailed
-from affidavit.secrets.redaction import Redactor, redactor
+from affidavit.secrets.redaction import Redactor
 
 __all__ = ["RESULT_CHUNK", "Stored", "StreamSink"]
 
@@ -54,7 +54,6 @@ class StreamSink:
         """The most bytes the streams may take together (the target's ``max_result``)."""
         self._received = 0
         self._iid = iid
-        self._secrets = secret_values
         self._keep_limit = keep_limit
         self.limit = keep_limit
         """The inline limit: a larger result is returned by reference (``delivery``)."""
@@ -83,7 +82,8 @@ class StreamSink:
         st = self._streams.get(name)
         if st is None:
             st = self._streams[name] = {
-                "redactor": redactor(self._secrets),
+                # The plan this call began with (``Redactor.fresh``), not a cache lookup.
+                "redactor": self._scrubber.fresh(),
                 "buf": bytearray(),
                 "index": 0,
                 "sha": hashlib.sha256(),

@@ -40,13 +40,25 @@ shifted base64, a 3 KiB key would be megabytes of regex for forms nobody echoes 
 from __future__ import annotations
 
 import base64
-import functools
+import hashlib
+import hmac
+import os
 import re
+import threading
 import urllib.parse
+from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-__all__ = ["LONG_VALUE", "REDACTED", "Redactor", "redactor", "secret_forms"]
+__all__ = [
+    "LONG_VALUE",
+    "REDACTED",
+    "Redactor",
+    "clear_plans",
+    "redactor",
+    "retain",
+    "secret_forms",
+]
 
 REDACTED = b"[REDACTED]"
 LONG_VALUE = 128
@@ -213,6 +225,8 @@ class _Plan:
     """What a ``Redactor`` needs for one set of values (built once per set, cached)."""
 
     def __init__(self, values: tuple[bytes, ...]) -> None:
+        self.values = values
+        """The sorted values (``_plan``'s key)."""
         # A long value (a private key) and the body lines of a PEM value are matched as written,
         # in their raw and whole-base64 forms: their patterns with unit encodings would take
         # seconds to compile, for encodings nobody echoes a key in.
@@ -246,6 +260,9 @@ class _Plan:
         self.escapes = escapes
         """(escape byte, pattern) per escape character: the escapes that may start a match's
         escaped part (each pattern starts with its byte; see ``_escape_hits``)."""
+        self.owners: dict[Owner, str] = {}
+        """Owner -> version, of the credentials this plan's values are (``retain``): a plan
+        whose every owner rotated is dropped from the cache."""
         self.clean: set[str] = set()
         """Short strings already scrubbed that hold no form of the values
         (``Redactor.scrub_text``): every call scrubs the same header names and values, reason
@@ -390,11 +407,58 @@ _MEMO_TEXTS = 4096
 _MEMO_CHARS = 256
 
 
-@functools.lru_cache(maxsize=64)
+_PLANS = 64
+"""Plans the cache keeps (least recently used first out)."""
+_plans: OrderedDict[tuple[bytes, ...], _Plan] = OrderedDict()
+"""The plan cache: each plan under its sorted key and under each tuple it was asked for as
+given (``_plan_for``).  Its keys and plans hold credential values, so a rotated credential's
+entries are dropped as soon as its new version is used (``retain``), not left to age out."""
+Owner = tuple[object, str]
+"""Who a plan's values are the credential of: (a scope -- the engine's id --, the reference)."""
+_versions: dict[Owner, str] = {}
+"""The version each owner's credential was last used at (``retain``): non-secret."""
+_retired: dict[bytes, None] = {}
+"""Keyed digests (``_digest``) of the sorted values of plans a rotation dropped, oldest first
+(at most ``_PLANS``): a call still under way with the old value may ask for its plan again (a
+result stream starting late), and gets one that is not put back into the cache."""
+_DIGEST_KEY = os.urandom(32)
+_lock = threading.Lock()
+
+
+def _digest(values: tuple[bytes, ...]) -> bytes:
+    """A per-process keyed digest of sorted ``values``: names them without holding them."""
+    mac = hmac.new(_DIGEST_KEY, digestmod=hashlib.sha256)
+    for v in values:
+        mac.update(len(v).to_bytes(8, "big") + v)
+    return mac.digest()
+
+
 def _plan(values: tuple[bytes, ...]) -> _Plan | None:
-    """Cached: the engine builds a redactor per result stream, and the same credential's plan is
-    the same plan."""
-    return _Plan(values) if values else None
+    """The cached plan of sorted, non-empty ``values``: the engine builds a redactor per result
+    stream, and the same credential's plan is the same plan."""
+    if not values:
+        return None
+    with _lock:
+        plan = _plans.get(values)
+        if plan is not None:
+            _plans.move_to_end(values)
+            return plan
+    plan = _Plan(values)  # outside the lock: only the pattern is costly, and it is lazy
+    if _retired and _digest(values) in _retired:
+        return plan  # a rotated credential's old value: for its caller only, never cached
+    with _lock:
+        plan = _plans.setdefault(values, plan)
+        _plans.move_to_end(values)
+        _trim()
+    return plan
+
+
+def _trim() -> None:
+    keys = {id(p) for p in _plans.values()}
+    while len(keys) > _PLANS:
+        _, old = _plans.popitem(last=False)
+        if old not in _plans.values():
+            keys.discard(id(old))
 
 
 def _plan_for(secrets: Iterable[bytes]) -> _Plan | None:
@@ -404,15 +468,69 @@ def _plan_for(secrets: Iterable[bytes]) -> _Plan | None:
     (issue 15).  Anything else (or a tuple that cannot be a key) takes the sorted key."""
     if type(secrets) is tuple:
         try:
-            return _plan_of_tuple(secrets)
+            with _lock:
+                plan = _plans.get(secrets)
+                if plan is not None:
+                    _plans.move_to_end(secrets)
+                    return plan
         except TypeError:
             pass
+        else:
+            plan = _plan(tuple(sorted({s for s in secrets if s})))
+            if plan is not None:
+                with _lock:
+                    if plan in _plans.values():  # not dropped by a rotation meanwhile
+                        _plans[secrets] = plan
+                        _trim()
+            return plan
     return _plan(tuple(sorted({s for s in secrets if s})))
 
 
-@functools.lru_cache(maxsize=64)
-def _plan_of_tuple(values: tuple[bytes, ...]) -> _Plan | None:
-    return _plan(tuple(sorted({s for s in values if s})))
+def retain(owner: Owner, version: str, values: Iterable[bytes]) -> None:
+    """Note that ``owner``'s credential is now at ``version`` and injects ``values``.  If it was
+    last noted at another version (the credential rotated), every cached plan of its old values
+    is dropped: the old secret is then held only by the redactors of calls still using it, and
+    no longer than they live.  A plan another owner still uses (the same value under another
+    reference) stays, and so does one of ``values`` (a version that moved, a value that did
+    not: a touched file).  Versions are non-secret (``Credential.version``); the engine calls
+    this once per resolved credential, its id as the scope (an ``env:`` version is keyed per
+    journal: two engines in one process must not see each other's as a rotation)."""
+    key = tuple(sorted({v for v in values if v}))
+    with _lock:
+        previous = _versions.get(owner)
+        _versions[owner] = version
+        if previous is not None and previous != version:
+            for plan in {id(p): p for p in _plans.values()}.values():
+                if plan.values == key or plan.owners.pop(owner, None) is None or plan.owners:
+                    continue
+                _drop(plan)
+                _retired[_digest(plan.values)] = None
+            while len(_retired) > _PLANS:
+                del _retired[next(iter(_retired))]
+        if len(_versions) > 4 * _PLANS:
+            owning = {o for p in _plans.values() for o in p.owners}
+            for o in [o for o in _versions if o not in owning and o != owner]:
+                del _versions[o]
+        if _retired and key:
+            # Rotated back to a value dropped before: its plan is cached again from here on.
+            _retired.pop(_digest(key), None)
+    current = _plan(key)
+    if current is not None:
+        with _lock:
+            current.owners[owner] = version
+
+
+def _drop(plan: _Plan) -> None:
+    for key in [k for k, p in _plans.items() if p is plan]:
+        del _plans[key]
+
+
+def clear_plans() -> None:
+    """Drop every cached plan (the benchmark times a new credential's)."""
+    with _lock:
+        _plans.clear()
+        _versions.clear()
+        _retired.clear()
 
 
 def _candidates(plan: _Plan, buf: bytes, limit: int) -> list[int] | None:
@@ -536,6 +654,14 @@ class Redactor:
         self.changed = False
         """True once ``feed``/``flush`` replaced anything: until then their output is their
         input, only held back by ``pending``."""
+
+    def fresh(self) -> Redactor:
+        """A new redactor (no input held) of the same values, sharing this one's plan: a
+        stream that starts late in a call redacts with the plan its call began with, never
+        one rebuilt into the cache after its credential rotated."""
+        other = Redactor(())
+        other._plan = self._plan
+        return other
 
     @property
     def pending(self) -> bytes:

@@ -112,7 +112,7 @@ def main() -> None:
     args = ap.parse_args()
     other: Any = _load_redaction(args.ab) if args.ab else None
     secrets = (TOKEN, b"Bearer " + TOKEN)
-    redaction._plan.cache_clear()
+    redaction.clear_plans()
     t = time.perf_counter()
     r = Redactor(secrets)
     built = time.perf_counter() - t
