@@ -279,10 +279,11 @@ def _on_approval_requested(p: Projector, event: Event) -> None:
         "state": "requested",
         "fingerprint": fingerprint,
         "expires_at": expires,
-        "credential": attrs.get("credential"),
         "version": attrs.get("version"),
         "requested_seq": event.seq,
     }
+    if "credential" in attrs:  # a record written before the reference was sealed instead
+        p._evidence["approval"]["credential"] = attrs["credential"]
     p._code = _APPROVAL_PENDING  # not an error: what the caller is told while it waits
     p._message = None
     p._field = None

@@ -90,7 +90,6 @@ def approval_view(reader: JournalReader, record: Record) -> dict[str, Any]:
         "expired": record.state in ("awaiting_approval", "approved")
         and time.time() >= float(attrs.get("expires_at", 0)),
         "requester": attrs.get("requester"),
-        "credential": attrs.get("credential"),
         "version": attrs.get("version"),
         "injection": attrs.get("injection"),
         "fingerprint": attrs.get("fingerprint"),
@@ -104,6 +103,8 @@ def approval_view(reader: JournalReader, record: Record) -> dict[str, Any]:
     except JournalError as exc:
         sealed, view["request_unreadable"] = None, str(exc)
     view["request"] = dict(sealed.get("request", {})) if sealed is not None else None
+    # Sealed since the reference left the attrs (a caller reads those); older records: attrs.
+    view["credential"] = (sealed or {}).get("credential", attrs.get("credential"))
     if record.code is not None and record.state not in ("awaiting_approval", "approved"):
         view["code"] = record.code.value
     return view

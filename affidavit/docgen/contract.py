@@ -353,7 +353,6 @@ def _example_envelope() -> str:
             EventKind.CREDENTIAL_AUTHORIZED,
             iid,
             {
-                "credential": "vault:payments-api",
                 "version": "3",
                 "inject": "bearer",
                 "idempotency_header": "Idempotency-Key",

@@ -179,7 +179,6 @@ def request_attrs(
         "fingerprint": approval_fingerprint(engine, action, target, version, prepared),
         "expires_at": now + policy.ttl,
         "ttl": policy.ttl,
-        "credential": target.credential,
         "version": version,
         "injection": dict(prepared.evidence),
         "config_hash": engine.snapshot.hash(target),
@@ -192,7 +191,14 @@ def request_attrs(
         if view is not None
         else (spec.action.fingerprint(action, target) if spec is not None else {})
     )
-    payload = {"target": target.name, "kind": target.kind, "request": dict(what)}
+    # The credential's reference is for the operator deciding (sealed), not in the attrs a
+    # caller reads back as evidence.
+    payload = {
+        "target": target.name,
+        "kind": target.kind,
+        "credential": target.credential,
+        "request": dict(what),
+    }
     return attrs, payload
 
 

@@ -9,6 +9,7 @@ resolved injection (``approval.py``); the prepared request itself is dropped.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +19,8 @@ from affidavit.protocols import Binding, Prepared
 from affidavit.secrets.credentials import Credential, CredentialError, resolve
 from affidavit.secrets.redaction import retain
 from affidavit.statemachine import Event, EventKind
+
+log = logging.getLogger("affidavit.engine")
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -86,9 +89,13 @@ async def _credential_failed(
 ) -> dict[str, Any]:
     recorder = engine.recorder
     await recorder.write_many(preamble)
-    # The field to fix and what is wrong with it: ``exc.message`` names the reference
-    # (``env:EXAMPLE_TOKEN``, ``file:/path`` -- not secret, the success evidence shows it
-    # too) and the reason, never the value (``CredentialError``).
+    # The field to fix and what is wrong with it, for the caller: ``exc.message`` names
+    # neither the reference (``file:/etc/...``, ``env:NAME``) nor a path -- an agent has no
+    # business learning where the broker keeps its secrets.  The operator's ``exc.detail``
+    # (the reference, the file it was read as, the vault's path) goes to the broker's log and
+    # is sealed with the event (the auditor's ``journal audit-open --seq N``).  Neither holds
+    # the value (``CredentialError``).
+    log.warning("%s: %s: %s", iid, exc.code.value, exc.detail)
     attrs: dict[str, Any] = {
         "code": exc.code.value,
         "field": f"targets.{target.name}.credential",
@@ -97,4 +104,5 @@ async def _credential_failed(
     if generation is not None:
         attrs["generation"] = generation
     failed = Event(EventKind.CREDENTIAL_FAILED, iid, attrs)
-    return await recorder.finish(iid, failed)
+    await recorder.write(failed, barrier=True, payload={"detail": exc.detail})
+    return recorder.envelope(await recorder.record(iid))

@@ -544,7 +544,8 @@ async def _authorize_once(
         E.CREDENTIAL_AUTHORIZED,
         iid,
         {
-            "credential": target.credential,
+            # The version proves which value was used; the reference (where the broker keeps
+            # it) is not the caller's to know -- it is bound by the config hash.
             "version": credential.version,
             **prepared.evidence,
             "generation": generation,

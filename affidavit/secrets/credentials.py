@@ -9,9 +9,10 @@ always finishes before the engine opens a connection.
 secret's identifier or its non-secret version, the injection method, and the decision that
 stopped the call."  Hence:
 
-* ``CredentialError`` messages name the reference and the reason, never the value.  A *malformed*
-  reference is not echoed at all: the classic way to get one is pasting the secret itself into
-  ``credential = "…"``.
+* ``CredentialError`` messages say the reason, never the value -- nor, for the caller, the
+  reference, a path or a variable name (``message``); the operator's ``detail`` names the
+  reference.  A *malformed* reference is not echoed at all: the classic way to get one is pasting
+  the secret itself into ``credential = "…"``.
 * ``Credential`` carries a non-secret ``version`` (vault entry version, file
   mtime+ctime+inode, or for ``env:`` a keyed digest of the value, ``Versioner``) for the engine
   to journal, and its ``repr``/``str`` never show the value.
@@ -94,12 +95,22 @@ _RESERVED_HEADERS = frozenset(
 
 
 class CredentialError(Exception):
-    """A credential could not be obtained or injected.  ``str()`` never contains the value."""
+    """A credential could not be obtained or injected.  ``str()`` never contains the value.
 
-    def __init__(self, code: Code, message: str) -> None:
+    ``message`` is for the caller: what is wrong, never the reference, a path or a variable
+    name (the caller is an agent; the error's ``field`` says which setting to fix).
+    ``detail`` is for the operator (sealed in the journal with CREDENTIAL_FAILED): the
+    reference, then the reason with every name and path that helps to fix it -- never the
+    value either; ``str()`` is the code and the detail."""
+
+    def __init__(
+        self, code: Code, message: str, *, ref: str | None = None, detail: str | None = None
+    ) -> None:
         self.code = code
         self.message = message
-        super().__init__(f"{code.value}: {message}")
+        reason = message if detail is None else detail
+        self.detail = reason if ref is None else f"{ref}: {reason}"
+        super().__init__(f"{code.value}: {self.detail}")  # the operator's words
 
 
 @dataclass(frozen=True, repr=False)
@@ -161,11 +172,15 @@ def resolve(
     if kind == "env":
         raw = os.environb.get(name.encode())
         if not raw:
+            where = (
+                "in the broker's environment (set it where the broker runs: `affidavit serve` "
+                "or the embedded caller)"
+            )
             raise CredentialError(
                 Code.CREDENTIAL_MISSING,
-                f"{ref}: environment variable {name} is not set or empty in the broker's "
-                "environment (set it where the broker runs: `affidavit serve` or the embedded "
-                "caller)",
+                f"the environment variable is not set or empty {where}",
+                ref=ref,
+                detail=f"environment variable {name} is not set or empty {where}",
             )
         digest = (versioner or _process_versioner)("credential-version:" + ref, raw)
         return Credential(ref, raw, "env:hmac-sha256:" + digest[:32])
@@ -180,31 +195,52 @@ def resolve(
         try:
             data, st = read_small_file(path, MAX_CREDENTIAL_BYTES, private=True)
         except FileMissing as exc:
-            raise CredentialError(Code.CREDENTIAL_MISSING, f"{ref}: {exc}{where}") from None
+            raise CredentialError(
+                Code.CREDENTIAL_MISSING, exc.public, ref=ref, detail=f"{exc}{where}"
+            ) from None
         except FileRefused as exc:
             # The reason names the file's type, size or the OS's error -- never its contents.
-            raise CredentialError(Code.CREDENTIAL_INVALID, f"{ref}: {exc}{where}") from None
+            raise CredentialError(
+                Code.CREDENTIAL_INVALID, exc.public, ref=ref, detail=f"{exc}{where}"
+            ) from None
         data = trim_final_newline(data)
         if not data:
-            raise CredentialError(Code.CREDENTIAL_MISSING, f"{ref}: file is empty")
+            raise CredentialError(Code.CREDENTIAL_MISSING, "file is empty", ref=ref)
         # Not the size: the version is in the record a caller reads, and a single-line file's
         # size is the secret's length.  ctime moves with every write (and with a utime that
         # puts mtime back), the inode with a replacing rename.
         return Credential(ref, data, f"{st.st_mtime_ns}:{st.st_ctime_ns}:{st.st_ino}")
     # vault
     if vault is None:
-        raise CredentialError(Code.CREDENTIAL_MISSING, f"{ref}: no vault is configured")
+        raise CredentialError(Code.CREDENTIAL_MISSING, "no vault is configured", ref=ref)
     try:
         value, version = vault.get(name)
     except VaultLocked as exc:
-        raise CredentialError(Code.VAULT_LOCKED, f"{ref}: {exc}") from None
-    except (EntryMissing, VaultMissing) as exc:
-        raise CredentialError(Code.CREDENTIAL_MISSING, f"{ref}: {exc}") from None
+        # The vault's errors name its file: for the operator only.
+        raise CredentialError(
+            Code.VAULT_LOCKED,
+            "the vault is locked (`affidavit vault unlock` as the broker's user)",
+            ref=ref,
+            detail=str(exc),
+        ) from None
+    except EntryMissing as exc:
+        raise CredentialError(
+            Code.CREDENTIAL_MISSING, "no vault entry with that name", ref=ref, detail=str(exc)
+        ) from None
+    except VaultMissing as exc:
+        raise CredentialError(
+            Code.CREDENTIAL_MISSING, "the vault file does not exist", ref=ref, detail=str(exc)
+        ) from None
     except (VaultCorrupt, VaultError) as exc:
         # Seed: "a local key decryption error" stays preflight, with its own code.
-        raise CredentialError(Code.CREDENTIAL_INVALID, f"{ref}: {exc}") from None
+        raise CredentialError(
+            Code.CREDENTIAL_INVALID,
+            "the vault cannot be read or decrypted (the operator's record has the reason)",
+            ref=ref,
+            detail=str(exc),
+        ) from None
     if not value:
-        raise CredentialError(Code.CREDENTIAL_MISSING, f"{ref}: vault entry is empty")
+        raise CredentialError(Code.CREDENTIAL_MISSING, "vault entry is empty", ref=ref)
     return Credential(ref, value, str(version))
 
 
@@ -259,13 +295,14 @@ def _header_safe(value: bytes, ref: str) -> str:
         text = value.decode("ascii")
     except UnicodeDecodeError:
         raise CredentialError(
-            Code.CREDENTIAL_INVALID, f"{ref}: value is not ASCII and cannot go in a header"
+            Code.CREDENTIAL_INVALID, "value is not ASCII and cannot go in a header", ref=ref
         ) from None
     # (For ASCII, ``isprintable`` is exactly "no character below space, and no DEL".)
     if not text or text != text.strip() or not text.isprintable():
         raise CredentialError(
             Code.CREDENTIAL_INVALID,
-            f"{ref}: value has control characters or surrounding whitespace",
+            "value has control characters or surrounding whitespace",
+            ref=ref,
         )
     return text
 
@@ -281,7 +318,7 @@ def inject_http(scheme: str, credential: Credential) -> Injection:
     if kind == "bearer":
         token = _header_safe(credential.value, ref)
         if " " in token:
-            raise CredentialError(Code.CREDENTIAL_INVALID, f"{ref}: a bearer token has no spaces")
+            raise CredentialError(Code.CREDENTIAL_INVALID, "a bearer token has no spaces", ref=ref)
         return Injection(
             (("Authorization", f"Bearer {token}"),), (), frozenset({"authorization"}), None
         )
@@ -290,10 +327,11 @@ def inject_http(scheme: str, credential: Credential) -> Injection:
         if b":" not in credential.value or credential.value.startswith(b":"):
             raise CredentialError(
                 Code.CREDENTIAL_INVALID,
-                f"{ref}: basic credentials must have the form user:password",
+                "basic credentials must have the form user:password",
+                ref=ref,
             )
         if any(b < 0x20 or b == 0x7F for b in credential.value):
-            raise CredentialError(Code.CREDENTIAL_INVALID, f"{ref}: value has control characters")
+            raise CredentialError(Code.CREDENTIAL_INVALID, "value has control characters", ref=ref)
         encoded = base64.b64encode(credential.value).decode("ascii")
         return Injection(
             (("Authorization", f"Basic {encoded}"),), (), frozenset({"authorization"}), None

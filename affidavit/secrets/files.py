@@ -31,7 +31,12 @@ _OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOCTTY
 
 
 class FileRefused(Exception):
-    """The file exists but must not be read; ``str()`` says why (never its contents)."""
+    """The file exists but must not be read; ``str()`` says why (never its contents).
+    ``public``: the same without the file's path (for a caller who must not learn it)."""
+
+    def __init__(self, message: str, public: str | None = None) -> None:
+        super().__init__(message)
+        self.public = message if public is None else public
 
 
 class FileMissing(FileRefused):
@@ -74,9 +79,9 @@ def read_small_file(
         if not stat.S_ISREG(st.st_mode):
             raise FileRefused(f"is {_what(st.st_mode)}, not a regular file")
         if private and st.st_mode & 0o077:
+            mode = f"file is accessible by group or others (mode {stat.S_IMODE(st.st_mode):04o})"
             raise FileRefused(
-                f"file is accessible by group or others (mode {stat.S_IMODE(st.st_mode):04o}); "
-                f"it must be 0600: chmod 600 {path}"
+                f"{mode}; it must be 0600: chmod 600 {path}", f"{mode}; it must be 0600"
             )
         too_large = FileRefused(f"file is larger than the {_size(limit)} limit")
         if st.st_size > limit:

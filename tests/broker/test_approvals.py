@@ -98,6 +98,7 @@ async def test_an_approved_request_is_sent_once_by_its_waiting_caller(
             assert_ok(b, plain)
             assert E.APPROVAL_REQUESTED not in event_kinds(b, plain["invocation_id"])
             kinds = event_kinds(b, env["invocation_id"])
+            seen = json.dumps([env, [e.attrs for e in b.events(env["invocation_id"])]])
             verify_ok(b)
     assert [r.method for r in srv.requests] == ["POST", "GET"]
     assert srv.requests[0].header("authorization") == f"Bearer {token}"
@@ -113,6 +114,8 @@ async def test_an_approved_request_is_sent_once_by_its_waiting_caller(
     approval = rec.evidence["approval"]
     assert approval["operator"] == {"uid": OPS_UID, "name": "ops", "via": "embedded"}
     assert approval["fingerprint"] == waiting["fingerprint"]
+    # The operator saw the reference (sealed for them); the caller's evidence has none.
+    assert "AFFIDAVIT_TEST_TOKEN" not in seen
 
 
 async def test_a_denied_request_is_never_sent_and_says_never(tmp_path: Path, token: str) -> None:

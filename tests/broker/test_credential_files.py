@@ -23,7 +23,8 @@ from affidavit.cli.tour import DemoServer, demo_config
 from affidavit.config import load_config
 from affidavit.secrets.credentials import MAX_CREDENTIAL_BYTES, CredentialError, resolve
 from affidavit.secrets.vault import Vault
-from affidavit.statemachine import Code
+from affidavit.statemachine import Code, EventKind
+from affidavit.views import event_to_json, record_to_json
 
 CANARY = "CANARY-f1le-cred-5e9b07"
 
@@ -192,10 +193,14 @@ def test_fifo_vault_and_unlock_file_are_refused_without_blocking(
 
 
 async def test_credential_errors_name_the_field_and_the_reference(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """CREDENTIAL_MISSING / CREDENTIAL_INVALID tell a newcomer what to set: the field path and
-    the reference (not secret), never the value -- in the envelope and in the journal."""
+    """CREDENTIAL_MISSING / CREDENTIAL_INVALID tell the caller the field path to fix and what is
+    wrong, but not the reference (a file path, a variable name: where the broker keeps its
+    secrets is not an agent's business) -- neither in the envelope nor in the record and events
+    a caller can read back.  The operator's detail, logged and sealed with CREDENTIAL_FAILED,
+    names it.  Never the value anywhere."""
+    caplog.set_level(logging.WARNING, logger="affidavit.engine")
     monkeypatch.delenv("AFF_TEST_NEVER_SET", raising=False)
     monkeypatch.setenv("AFF_TEST_SPACED", f"{CANARY} with spaces")
     big = tmp_path / "big"
@@ -214,11 +219,9 @@ async def test_credential_errors_name_the_field_and_the_reference(
         )
     cfg = tmp_path / "affidavit.toml"
     cfg.write_text(text, encoding="utf-8")
+    hidden_reasons = {"unset": "environment variable AFF_TEST_NEVER_SET is not set or empty"}
     expected = {
-        "unset": (
-            "CREDENTIAL_MISSING",
-            "environment variable AFF_TEST_NEVER_SET is not set or empty",
-        ),
+        "unset": ("CREDENTIAL_MISSING", "environment variable is not set or empty"),
         "spaced": ("CREDENTIAL_INVALID", "a bearer token has no spaces"),
         "big": ("CREDENTIAL_INVALID", "larger than the 64 KiB limit"),
     }
@@ -230,12 +233,23 @@ async def test_credential_errors_name_the_field_and_the_reference(
                 err = env["error"]
                 assert err["code"] == code, err
                 assert err["field"] == f"targets.{name}.credential"
-                assert err["message"].startswith(f"{refs[name]}: "), err
-                assert reason in err["message"]
+                assert reason in err["message"], err
                 fetched = await broker.fetch_result(env["invocation_id"])
                 assert fetched["error"]["message"] == err["message"]
+                iid = env["invocation_id"]
+                seen = json.dumps([env, fetched, record_to_json(broker.record(iid))])
+                seen += json.dumps([event_to_json(e) for e in broker.events(iid)])
+                hidden = refs[name].split(":", 1)[1]  # the variable's name, the file's path
+                assert hidden not in seen and refs[name] not in seen
+                failed = broker.events(iid)[-1]
+                assert failed.kind is EventKind.CREDENTIAL_FAILED and failed.seq is not None
+                detail = broker.journal.payload(failed.seq)
+                assert detail is not None and detail["detail"].startswith(f"{refs[name]}: ")
+                assert (hidden_reasons.get(name) or reason) in detail["detail"]
+                assert any(detail["detail"] in r.getMessage() for r in caplog.records)
                 envs.append(env)
     assert CANARY not in json.dumps(envs)
+    assert CANARY not in caplog.text
     journal = b"".join(p.read_bytes() for p in tmp_path.iterdir() if p.name.startswith("demo.db"))
     assert journal and CANARY.encode() not in journal
 
@@ -248,7 +262,9 @@ def test_credential_file_others_can_access_is_refused(tmp_path: Path, mode: int)
     tok.write_bytes(CANARY.encode())
     tok.chmod(mode)
     err = _refused(f"file:{tok}")
-    assert f"(mode {mode:04o}); it must be 0600: chmod 600 {tok}" in err.message
+    assert f"(mode {mode:04o}); it must be 0600: chmod 600 {tok}" in err.detail
+    assert f"(mode {mode:04o}); it must be 0600" in err.message  # the caller's ...
+    assert str(tmp_path) not in err.message  # ... without the path
     for ok in (0o600, 0o400):
         tok.chmod(ok)
         assert resolve(f"file:{tok}", vault=None).value == CANARY.encode()
@@ -260,10 +276,11 @@ def test_a_missing_relative_credential_file_names_where_it_was_looked_for(tmp_pa
     with pytest.raises(CredentialError) as caught:
         resolve("file:secrets/tok", vault=None, base_dir=tmp_path)
     assert caught.value.code is Code.CREDENTIAL_MISSING
-    assert caught.value.message == (
+    assert caught.value.detail == (
         f"file:secrets/tok: file not found (read as {tmp_path / 'secrets' / 'tok'}: relative "
         "to the config file's directory)"
     )
+    assert caught.value.message == "file not found"  # the caller's: no reference, no path
 
 
 def test_symlinked_credential_is_judged_by_the_file_it_names(tmp_path: Path) -> None:
@@ -289,3 +306,34 @@ def test_world_readable_unlock_file_is_refused(
         resolve("vault:api", vault=vault)
     assert info.value.code is Code.VAULT_LOCKED
     assert "mode 0644" in str(info.value) and CANARY not in str(info.value)
+
+
+async def test_a_success_shows_the_credential_version_not_its_reference(tmp_path: Path) -> None:
+    """A success's ``evidence.credential`` proves which value was used (its version) without
+    telling the caller where the broker keeps it: no reference, no path -- in the envelope,
+    the record or the events a caller reads back."""
+    token = tmp_path / "where-the-token-lives.txt"
+    token.write_bytes(CANARY.encode() + b"\n")
+    token.chmod(0o600)
+    cfg = tmp_path / "affidavit.toml"
+    server = DemoServer()
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(server.serve)
+        cfg.write_text(
+            demo_config(tmp_path, port).replace(
+                'credential = "env:AFFIDAVIT_DEMO_TOKEN"', f'credential = "file:{token}"'
+            ),
+            encoding="utf-8",
+        )
+        with trio.fail_after(15):
+            async with Broker.open(config=load_config(cfg)) as broker:
+                env = await broker.call({"target": "api", "method": "GET", "path": "/hello"})
+                assert "error" not in env, env
+                iid = env["invocation_id"]
+                record = broker.record(iid)
+                assert record is not None
+                seen = json.dumps([env, record_to_json(record)])
+                seen += json.dumps([event_to_json(e) for e in broker.events(iid)])
+        nursery.cancel_scope.cancel()
+    assert env["evidence"]["credential"]["version"]
+    assert token.name not in seen and CANARY not in seen

@@ -89,8 +89,8 @@ async def test_non_key_credentials_are_refused_before_connecting(tmp_path: Path)
                     assert env["evidence"]["dispatch_started"] is False
                     err = env["error"]
                     assert err["field"] == f"targets.{name}.credential"
-                    assert err["message"].startswith(f"{refs[name]}: ")
                     assert says[name] in err["message"], err
+                    assert refs[name].split(":", 1)[1] not in err["message"]  # no path
                     envs[name] = env
         await trio.sleep(0.1)
         assert connections == 0  # nothing reached the remote, not even a TCP connection

@@ -51,8 +51,8 @@ class SshBinding:
         try:
             cred = prepare_credential(credential.value, kind=kind)
         except CredentialInvalid as exc:
-            # The message is fixed text; the reference says which secret to fix.
-            raise CredentialError(exc.code, f"{credential.ref}: {exc}") from None
+            # The message is fixed text; the operator's detail names the reference.
+            raise CredentialError(exc.code, str(exc), ref=credential.ref) from None
         timeouts = SshTimeouts(
             connect=target.timeout.connect, auth=target.timeout.connect, exec=target.timeout.total
         )
