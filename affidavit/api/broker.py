@@ -36,6 +36,7 @@ from affidavit.journal import Journal, ResultStream
 from affidavit.protocols import Binding, load_bindings
 from affidavit.protocols.catalog import catalog
 from affidavit.reconcile import service as reconcile
+from affidavit.secrets import redaction
 from affidavit.secrets.vault import Vault
 from affidavit.statemachine import Event, Record, operation_json
 
@@ -84,7 +85,11 @@ class Broker:
                 engine = Engine(
                     config, journal, bindings, holder=holder, vault=vault, settings=settings
                 )
-                yield cls(config, journal, engine)
+                try:
+                    yield cls(config, journal, engine)
+                finally:
+                    # The engine's credentials leave the redaction cache with it.
+                    redaction.release(id(engine))
         finally:
             for binding in bindings.values():
                 await binding.aclose()

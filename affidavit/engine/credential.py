@@ -43,6 +43,7 @@ def prepare_request(
     )
     prepared = binding.prepare(action, target, credential, key)
     # A rotated credential's old value leaves the redaction cache now, not when it ages out.
+    # (Scoped by the engine: ``release(id(engine))`` when its broker closes.)
     retain((id(engine), target.credential), credential.version, prepared.secrets)
     return credential, prepared
 

@@ -56,6 +56,7 @@ __all__ = [
     "Redactor",
     "clear_plans",
     "redactor",
+    "release",
     "retain",
     "secret_forms",
 ]
@@ -518,6 +519,20 @@ def retain(owner: Owner, version: str, values: Iterable[bytes]) -> None:
     if current is not None:
         with _lock:
             current.owners[owner] = version
+
+
+def release(scope: object) -> None:
+    """Forget ``scope``'s credentials (an engine closing: its config is done with): a plan no
+    other scope's credential uses is dropped, its values no longer held by the cache."""
+    with _lock:
+        for plan in {id(p): p for p in _plans.values()}.values():
+            mine = [o for o in plan.owners if o[0] == scope]
+            for o in mine:
+                del plan.owners[o]
+            if mine and not plan.owners:
+                _drop(plan)
+        for o in [o for o in _versions if o[0] == scope]:
+            del _versions[o]
 
 
 def _drop(plan: _Plan) -> None:

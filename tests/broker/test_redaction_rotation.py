@@ -116,4 +116,6 @@ async def test_the_engine_drops_a_rotated_file_credential(tmp_path: Path) -> Non
                 assert "error" not in await broker.call(hello)
                 assert not _holds(old_value)
                 assert _holds(new_value)
+            # A closed broker's credentials leave the cache with it.
+            assert not _holds(new_value)
         nursery.cancel_scope.cancel()
