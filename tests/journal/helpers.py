@@ -5,10 +5,16 @@ from __future__ import annotations
 import shutil
 import sqlite3
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import trio
+
+from affidavit.journal import JournalWriteError
 from affidavit.statemachine import Event, EvidenceSource
 from affidavit.statemachine import EventKind as E
+
+if TYPE_CHECKING:
+    from affidavit.journal.writer import Writer
 
 CANARY = "canary-7f3a9c1e-SECRET-do-not-store"
 
@@ -227,3 +233,26 @@ def alter_record(monkeypatch: Any, iid: str, words: str) -> None:
         return real(self, invocation_id, now)
 
     monkeypatch.setattr(Journal, "record", record)
+
+
+def unstick(writer: Writer) -> None:
+    """Only when the writer left writes unanswered (the bug): answer them, so that the test
+    fails on its assertions instead of hanging."""
+    for r in list(writer._pending):
+        r.error = JournalWriteError("left waiting by the test")
+        r.finished = True
+        if r.parked and r.task is not None:
+            trio.lowlevel.reschedule(r.task)
+    writer._pending.clear()
+
+
+def unstick_handed(writer: Writer) -> None:
+    """Only when a batch handed to a thread that stopped was left unanswered (the bug): answer
+    it and wake the writer task waiting for it, so that the test fails instead of hanging."""
+    handoff = writer._inflight
+    if handoff is None or handoff.batch[0].finished:
+        return
+    writer._inflight = None
+    writer._pending.extend(handoff.batch)
+    unstick(writer)
+    trio.lowlevel.reschedule(handoff.task)

@@ -1,7 +1,8 @@
 """A writer thread stopped by something that is not an ``Exception`` (a ``KeyboardInterrupt``
 or ``SystemExit`` delivered to it) fails the batch it had and every write queued behind it
 with ``JournalWriteError`` -- they waited for it uncancellably, for ever -- refuses later
-writes, and raises it again (the journal's close re-raises it; the thread ends with it)."""
+writes, and raises it again (the journal's close re-raises it; the thread ends with it) --
+whether it stops inside a batch or between two (``_thread_main``'s outer handler, ``_die``)."""
 
 from __future__ import annotations
 
@@ -13,26 +14,14 @@ import pytest
 import trio
 
 from affidavit.journal import Journal, JournalWriteError
-from affidavit.journal.writer import Writer
 
-from .helpers import accepted
+from .helpers import accepted, unstick, unstick_handed
 
 WAIT = 5.0
 
 
 class Stop(BaseException):
     """Stands for a KeyboardInterrupt/SystemExit delivered to the writer thread."""
-
-
-def _unstick(writer: Writer) -> None:
-    """Only when the writer left writes unanswered (the bug): answer them, so that the test
-    fails on its assertions instead of hanging."""
-    for r in list(writer._pending):
-        r.error = JournalWriteError("left waiting by the test")
-        r.finished = True
-        if r.parked and r.task is not None:
-            trio.lowlevel.reschedule(r.task)
-    writer._pending.clear()
 
 
 async def test_a_writer_stopped_by_a_base_exception_fails_every_queued_write(
@@ -82,7 +71,7 @@ async def test_a_writer_stopped_by_a_base_exception_fails_every_queued_write(
                             while len(answers) < 4:
                                 await trio.sleep(0.01)
                     finally:
-                        _unstick(writer)
+                        unstick(writer)
             finally:
                 assert writer._closed, "a dead writer still takes writes"  # (else: waits)
                 with pytest.raises(JournalWriteError) as refused:
@@ -94,3 +83,82 @@ async def test_a_writer_stopped_by_a_base_exception_fails_every_queued_write(
     assert "the writer stopped (Stop)" in str(later[0])
     assert closed.group_contains(Stop)
     assert len(died) == 1 and isinstance(died[0], Stop)  # the thread re-raised it
+
+
+async def test_a_writer_stopped_between_batches_fails_the_batch_handed_over_and_every_queued_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The thread stops outside any transaction -- in its upkeep between two batches
+    (``Backend.between``), after the last batch was answered -- while the next batch was handed
+    to it (never taken) and more writes wait in the queue: the committed write stays committed,
+    every waiting one fails with the documented refusal, later ones are refused, nothing waits
+    for ever."""
+    died: list[BaseException | None] = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: died.append(args.exc_value))
+    inside, go = threading.Event(), threading.Event()
+    answers: dict[str, BaseException | None] = {}
+
+    async def write(name: str, j: Journal) -> None:
+        try:
+            await j.append(accepted(name), barrier=True)
+        except (Exception, Stop) as exc:
+            answers[name] = exc
+        else:
+            answers[name] = None
+
+    later: list[BaseException] = []
+    with pytest.raises(BaseExceptionGroup) as closed:
+        async with Journal.open(tmp_path / "j.db") as j:
+            await j.append(accepted("warm"), barrier=True)
+            writer = j._writer
+            upkeep = writer.backend.between
+
+            def between(conn: Any) -> None:
+                # Only once the batch with "last-committed" is committed and answered: the
+                # warm write's upkeep may still be running.
+                sql = "SELECT 1 FROM events WHERE invocation_id = 'last-committed'"
+                if conn.execute(sql).fetchone() is not None:
+                    inside.set()
+                    go.wait(WAIT)
+                    raise Stop()
+                upkeep(conn)
+
+            monkeypatch.setattr(writer.backend, "between", between)
+            try:
+                async with trio.open_nursery() as nursery:
+                    try:
+                        await write("last-committed", j)  # answered before the upkeep runs
+                        await trio.to_thread.run_sync(inside.wait, WAIT)
+                        for name in ("handed-0", "handed-1"):
+                            nursery.start_soon(write, name, j)
+                        await trio.sleep(0.05)  # handed to the thread as one batch
+                        for name in ("queued-0", "queued-1"):
+                            nursery.start_soon(write, name, j)
+                        await trio.sleep(0.05)
+                        assert writer._inflight is not None and len(writer._inflight.batch) == 2
+                        assert len(writer._pending) == 2
+                        go.set()
+                        with trio.move_on_after(WAIT):
+                            while len(answers) < 5:
+                                await trio.sleep(0.01)
+                    finally:
+                        unstick(writer)
+                        unstick_handed(writer)
+            finally:
+                assert writer._closed, "a dead writer still takes writes"
+                with pytest.raises(JournalWriteError) as refused:
+                    await j.append(accepted("later"), barrier=True)
+                later.append(refused.value)
+    assert answers.pop("last-committed") is None
+    assert sorted(answers) == ["handed-0", "handed-1", "queued-0", "queued-1"], answers
+    for name, exc in answers.items():
+        assert isinstance(exc, JournalWriteError), (name, exc)
+        assert "the writer stopped (Stop)" in str(exc), (name, exc)
+    assert "the writer stopped (Stop): write not taken" in str(later[0])
+    assert closed.group_contains(Stop)
+    assert len(died) == 1 and isinstance(died[0], Stop)
+    # What was answered as committed is durable; nothing of what failed is.
+    async with Journal.open(tmp_path / "j.db") as again:
+        assert again.record("last-committed") is not None
+        for name in ("handed-0", "handed-1", "queued-0", "queued-1", "later"):
+            assert again.record(name) is None, name
