@@ -26,7 +26,7 @@ import trio
 
 from affidavit.statemachine import BARRIER_KINDS, Event, EventKind, Record
 
-from . import leases, results
+from . import leases, reclaim, results
 from .backend import Lock, open_backend
 from .chain import canonical_json
 from .checkpoints import Keys
@@ -486,6 +486,12 @@ class Journal(JournalReader):
             )
 
         return results.PostingWriter(invocation_id, post)
+
+    async def reclaim_chunks(self) -> list[str]:
+        """Drop the stored chunks no committed result names, of every final record
+        (``reclaim.py``: side storage, outside the chain -- ``verify`` is unaffected); return the
+        invocations whose chunks were dropped.  Nothing is appended."""
+        return await self._writer.submit(reclaim.reclaim_op(), barrier=False)
 
     async def commit_result(
         self,

@@ -110,11 +110,18 @@ SQL: dict[str, str] = {
     "has_result": "SELECT 1 FROM results WHERE invocation_id = ?",
     "insert_result": "INSERT INTO results (invocation_id, seq, sha256, streams, summary) "
     "VALUES (?,?,?,?,?)",
+    "unmarked_chunk_owners": " UNION ".join(
+        f"SELECT DISTINCT c.invocation_id FROM {table} c WHERE NOT EXISTS "
+        "(SELECT 1 FROM results r WHERE r.invocation_id = c.invocation_id)"
+        for table in _CHUNKS.values()
+    )
+    + " ORDER BY 1",
     **{
         f"{op}_{table}": sql.replace("TABLE", table)
         for table in _CHUNKS.values()
         for op, sql in {
             "drop": "DELETE FROM TABLE WHERE invocation_id = ? AND stream = ?",
+            "drop_all": "DELETE FROM TABLE WHERE invocation_id = ?",
             "put": "INSERT INTO TABLE (invocation_id, stream, idx, data) VALUES (?,?,?,?) "
             "ON CONFLICT (invocation_id, stream, idx) DO UPDATE SET data = excluded.data",
             "chunks": "SELECT stream, idx, data FROM TABLE WHERE invocation_id = ? "
@@ -358,6 +365,16 @@ class Tables:
         """Forget a stream's chunks and auditor copies (a new attempt starts it over)."""
         for table in _CHUNKS.values():
             self.run(f"drop_{table}", (iid, stream))
+
+    def unmarked_chunk_owners(self) -> list[str]:
+        """The invocations with chunk rows (or auditor copies) but no completeness marker:
+        chunks no committed RESULT_COMMITTED names (``Journal.reclaim_chunks``)."""
+        return [iid for (iid,) in self.rows("unmarked_chunk_owners")]
+
+    def drop_unmarked_chunks(self, iid: str) -> None:
+        """Forget every chunk row and auditor copy of an invocation without a marker."""
+        for table in _CHUNKS.values():
+            self.run(f"drop_all_{table}", (iid,))
 
     def put_chunk(self, audit: bool, iid: str, stream: str, idx: int, data: bytes) -> None:
         self.run(f"put_{_CHUNKS[audit]}", (iid, stream, idx, data))

@@ -3,6 +3,9 @@ file or a PostgreSQL URL (then $CHILD_KEY_FILE and $CHILD_SIGNING_KEY name the k
 
     python child.py crash PATH          append the happy path + result, one barrier at a time,
                                         printing "durable SEQ KIND" after each; then wait forever
+    python child.py midbody PATH        append the happy path up to the response's start, store
+                                        two body chunks (as the engine posts them: generation 0),
+                                        print "mid-body", then wait forever
     python child.py midtxn PATH N       append N events, then block inside the next transaction
                                         (after its rows are written, before COMMIT): "in-txn"
     python child.py bulk PATH           64 tasks append big-payload invocations forever,
@@ -56,6 +59,16 @@ async def crash(path: str) -> None:
         say(f"durable {stored.seq} {stored.kind.value}")
         stored = await j.append(Event(EventKind.RESULT_DELIVERED, "inv-1"), barrier=True)
         say(f"durable {stored.seq} {stored.kind.value}")
+        await trio.sleep_forever()
+
+
+async def midbody(path: str) -> None:
+    async with _open(path) as j:
+        for ev in happy("inv-1")[:-1]:  # through REMOTE_RESPONSE_STARTED
+            await j.append(ev, barrier=True)
+        for i, part in enumerate([b"chunk-0 ", b"chunk-1 "]):
+            await j.put_result_chunk("inv-1", "body", i, part, generation=0)
+        say("mid-body")
         await trio.sleep_forever()
 
 
@@ -113,6 +126,8 @@ def main() -> None:
     mode, path, *rest = sys.argv[1:]
     if mode == "crash":
         trio.run(crash, path)
+    elif mode == "midbody":
+        trio.run(midbody, path)
     elif mode == "midtxn":
         trio.run(midtxn, path, int(rest[0]))
     elif mode == "bulk":

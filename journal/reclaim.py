@@ -1,0 +1,52 @@
+"""Reclaiming the chunk rows of results that were never committed.
+
+A result's chunks are side storage, not chained rows: ``result_chunks`` and ``result_audit``
+rows carry no seq and no hash, and neither the chain nor a checkpoint covers them.  What makes
+them evidence is the completeness marker and its RESULT_COMMITTED event, which list every
+sealed chunk's SHA-256 (``results.py``).  A stream stored for an attempt whose RESULT_COMMITTED
+was never written (a crash, a cancellation or a storage fault mid-body) is named by no committed
+record and proves nothing: that attempt's outcome is what its events say (``unknown`` once
+dispatched), with or without them.  Until now nothing removed them -- a PostgreSQL journal kept
+every interrupted attempt's chunks for ever.
+
+Only the chunks of a record that is *final* are dropped: from a final state no RESULT_COMMITTED
+is accepted and ``chunk_op`` refuses new chunks, so nothing may still commit them.  An open
+record's (an attempt under way here or on another broker, a result between its last chunk and
+its commit) stay.  A record made final by ``interrupted`` may take a retry later; the retry's
+first chunk of each stream starts that stream over anyway.  The check and the delete run in one
+writer transaction, which holds the chain head (``Backend.begin``): no other broker's chunk or
+commit can come between them.  Nothing is appended: the chain, the checkpoints and ``verify``
+are untouched, and the count of what was dropped is the caller's to log.
+
+Not reclaimed here: on a SQLite journal a long result's bytes go to segment files and become
+rows only with the commit (``segments.py``), so an interrupted attempt leaves unreferenced bytes
+in a segment, not rows; a segment only grows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from affidavit.statemachine import STATES
+
+from .txn import Txn
+
+__all__ = ["reclaim_op"]
+
+
+def reclaim_op() -> Callable[[Txn], list[str]]:
+    """The writer op: drop the chunk rows of every final record without a completeness marker;
+    answer the invocations whose chunks it dropped.  Every record is folded before the first
+    row is deleted, so a refusal (an altered row) leaves the transaction with nothing
+    written."""
+
+    def op(txn: Txn) -> list[str]:
+        tables = txn.tables
+        drop = [
+            iid for iid in tables.unmarked_chunk_owners() if STATES[txn.projector(iid).state].final
+        ]
+        for iid in drop:
+            tables.drop_unmarked_chunks(iid)
+        return drop
+
+    return op
