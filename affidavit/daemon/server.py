@@ -63,6 +63,7 @@ from affidavit.approvals import Operator, OperatorPolicy
 from affidavit.config import Config, console_origin, is_loopback
 from affidavit.console import Console, TokenStore, token_dir
 from affidavit.engine import EngineSettings
+from affidavit.journal import JournalError
 from affidavit.journal.backend import where as journal_where
 
 from .admission import ConsoleCap, Server
@@ -99,6 +100,25 @@ daemon's own use far below it, but calls in flight hold their remotes' connectio
 ANSWER_WAIT = 5.0
 """After the calls are over, how long their answers may take to be written before the
 connections are closed."""
+
+
+async def _reclaim_chunks(broker: Broker) -> None:
+    """Start-up upkeep, once the records a stopped broker left open are closed: drop the stored
+    result chunks no committed result names, of closed records (``journal/reclaim.py``: side
+    storage outside the chain; an interrupted attempt's chunks prove nothing).  Upkeep only: a
+    journal that refuses it is logged and the daemon starts all the same -- its calls meet that
+    journal as they would have."""
+    try:
+        dropped = await broker.journal.reclaim_chunks()
+    except JournalError as exc:
+        log.warning("start-up reclamation of uncommitted result chunks not done: %s", exc)
+        return
+    if dropped:
+        log.info(
+            "start-up reclaimed the uncommitted result chunks of %d closed record(s): %s",
+            len(dropped),
+            ", ".join(dropped),
+        )
 
 
 class _OperatorUids:
@@ -191,6 +211,7 @@ class Daemon:
                     len(recovered),
                     ", ".join(f"{r.invocation_id} {r.outcome.value}" for r in recovered),
                 )
+            await _reclaim_chunks(broker)
             calls = Calls(self.config.service.max_calls)
             api = Api(broker, self.policy, calls)
             console = None
