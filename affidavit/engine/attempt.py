@@ -216,7 +216,7 @@ async def run_tries(
             with control.scope, trio.move_on_after(min(total, within_lease)) as scope:
                 await tries()
             stopped = control.scope.cancelled_caught
-    except BaseException:
+    except BaseException as stop:
         # The caller's own cancellation (or an interrupt) after we started: record what the
         # boundary proves, shielded, then let it propagate.  Its cause is the caller's on
         # either side of the boundary (contract: before dispatch it ends connection setup,
@@ -225,14 +225,22 @@ async def run_tries(
             attempt, after=Code.CALLER_CANCELLED, before=Code.CALLER_CANCELLED
         )
         with trio.CancelScope(shield=True):
-            await record_observed(engine, attempt)
             try:
-                await engine.recorder.write(stamped(closing, attempt.generation), barrier=True)
-            except ImpossibleEvent:
-                # Another worker took the invocation over (or recovery closed it) while this
-                # one ran past its lease: its ending is not the record's.  The caller's own
-                # cancellation propagates all the same.
-                if await superseded(engine, attempt.iid, attempt.generation) is None:
+                await record_observed(engine, attempt)
+                try:
+                    await engine.recorder.write(stamped(closing, attempt.generation), barrier=True)
+                except ImpossibleEvent:
+                    # Another worker took the invocation over (or recovery closed it) while
+                    # this one ran past its lease: its ending is not the record's.  The
+                    # caller's own cancellation propagates all the same.
+                    if await superseded(engine, attempt.iid, attempt.generation) is None:
+                        raise
+            except JournalError:
+                # The close refused (a full disk, a commit whose landing is unknown): a
+                # cancellation is answered from the durable record (``Engine._answered``), as
+                # the gate's refused DISPATCH_STARTED is.  An interrupt is not the journal's
+                # to swallow: it propagates, the record left as durable for recovery to close.
+                if not _interrupt(stop):
                     raise
         raise
     if stopped and result is None and failure is None:
@@ -243,6 +251,14 @@ async def run_tries(
     elif scope.cancelled_caught and result is None and failure is None:
         failure = _boundary_failure(attempt, after=timeout_code, before=setup_code)
     return attempt, result, failure
+
+
+def _interrupt(exc: BaseException) -> bool:
+    """A ``KeyboardInterrupt`` or ``SystemExit`` (also inside a group): the process is being
+    stopped, which no refused journal write may turn into an answer."""
+    if isinstance(exc, BaseExceptionGroup):
+        return exc.subgroup((KeyboardInterrupt, SystemExit)) is not None
+    return isinstance(exc, (KeyboardInterrupt, SystemExit))
 
 
 def _new_attempt(

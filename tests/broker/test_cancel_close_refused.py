@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import trio
 
+from affidavit.engine import attempt as attempt_module
 from affidavit.journal import Batch
 from tests.http.hostile import HostileServer, Peer
 
@@ -86,3 +87,48 @@ async def test_a_cancelled_call_whose_close_is_refused_answers_from_the_durable_
             rec = broker.record(env["invocation_id"])
             assert rec is not None
             assert rec.outcome.value == ("unknown" if dispatched else "not_attempted")
+
+
+async def test_an_interrupt_whose_close_is_refused_still_stops_the_caller(
+    tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Not a cancellation but an interrupt (a ``KeyboardInterrupt`` reaching the call's task
+    after dispatch) whose close the journal refuses: the interrupt propagates -- the process is
+    being stopped -- rather than being turned into an envelope by the refusal that replaced
+    it.  The record stays what is durable (dispatched: unknown) for recovery to close."""
+    full = False
+    observe = attempt_module._observer
+
+    def interrupting(attempt: Any) -> Any:
+        inner = observe(attempt)
+
+        def observer(step: Any, facts: Any) -> None:
+            nonlocal full
+            inner(step, facts)
+            if attempt.dispatch_recorded and not full:  # once, at the first step after it
+                full = True
+                raise KeyboardInterrupt
+
+        return observer
+
+    monkeypatch.setattr(attempt_module, "_observer", interrupting)
+
+    async def script(peer: Peer) -> None:
+        if await peer.read_request() is None:
+            return
+        await trio.sleep(LIMIT)
+
+    async with HostileServer.running(script) as srv:
+        cfg = write_config(tmp_path, {"api": http_target(srv.url)})
+        with trio.fail_after(LIMIT):
+            async with open_broker(cfg) as broker:
+
+                def disk(batch: Batch) -> None:
+                    if full:
+                        raise sqlite3.OperationalError("database or disk is full")
+
+                broker.journal.before_commit = disk
+                with pytest.raises(KeyboardInterrupt):
+                    await broker.call(POST)
+                (rec,) = broker.journal.list_actions()
+                assert rec.state == "dispatched" and rec.outcome.value == "unknown", rec
