@@ -13,10 +13,11 @@ Only the chunks of a record that is *final* are dropped: from a final state no R
 is accepted and ``chunk_op`` refuses new chunks, so nothing may still commit them.  An open
 record's (an attempt under way here or on another broker, a result between its last chunk and
 its commit) stay.  A record made final by ``interrupted`` may take a retry later; the retry's
-first chunk of each stream starts that stream over anyway.  The check and the delete run in one
-writer transaction, which holds the chain head (``Backend.begin``): no other broker's chunk or
-commit can come between them.  Nothing is appended: the chain, the checkpoints and ``verify``
-are untouched, and the count of what was dropped is the caller's to log.
+first chunk of each stream starts that stream over anyway.  The candidates are found by a read;
+the check (no marker, final) and the delete run in one writer transaction, which holds the chain
+head (``Backend.begin``): no other broker's chunk or commit can come between them.  Nothing is
+appended: the chain, the checkpoints and ``verify`` are untouched, and what was dropped is the
+caller's to log.
 
 Not reclaimed here: on a SQLite journal a long result's bytes go to segment files and become
 rows only with the commit (``segments.py``), so an interrupted attempt leaves unreferenced bytes
@@ -25,7 +26,7 @@ in a segment, not rows; a segment only grows.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from affidavit.statemachine import STATES
 
@@ -34,16 +35,20 @@ from .txn import Txn
 __all__ = ["reclaim_op"]
 
 
-def reclaim_op() -> Callable[[Txn], list[str]]:
-    """The writer op: drop the chunk rows of every final record without a completeness marker;
-    answer the invocations whose chunks it dropped.  Every record is folded before the first
-    row is deleted, so a refusal (an altered row) leaves the transaction with nothing
-    written."""
+def reclaim_op(candidates: Sequence[str]) -> Callable[[Txn], list[str]]:
+    """The writer op: of ``candidates`` (the invocations a read found with chunk rows and no
+    marker, ``Tables.unmarked_chunk_owners`` -- read outside the writer's transaction, so that
+    the scan of every chunk row does not hold the chain head other brokers wait for), drop the
+    chunk rows of each still without a marker whose record is final; answer those.  Every
+    record is checked before the first row is deleted, so a refusal (an altered row) leaves
+    the transaction with nothing written."""
 
     def op(txn: Txn) -> list[str]:
         tables = txn.tables
         drop = [
-            iid for iid in tables.unmarked_chunk_owners() if STATES[txn.projector(iid).state].final
+            iid
+            for iid in candidates
+            if not tables.has_result(iid) and STATES[txn.projector(iid).state].final
         ]
         for iid in drop:
             tables.drop_unmarked_chunks(iid)

@@ -491,7 +491,12 @@ class Journal(JournalReader):
         """Drop the stored chunks no committed result names, of every final record
         (``reclaim.py``: side storage, outside the chain -- ``verify`` is unaffected); return the
         invocations whose chunks were dropped.  Nothing is appended."""
-        return await self._writer.submit(reclaim.reclaim_op(), barrier=False)
+        candidates = self._read(
+            lambda t: t.unmarked_chunk_owners(), "the stored chunks no marker names"
+        )
+        if not candidates:
+            return []
+        return await self._writer.submit(reclaim.reclaim_op(candidates), barrier=False)
 
     async def commit_result(
         self,
