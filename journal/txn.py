@@ -45,6 +45,7 @@ _sha256 = hashlib.sha256
 _INT64 = 2**63
 _NAN = float("nan")
 _ACCEPTED = EventKind.ACTION_ACCEPTED  # a module global: the class attribute is an enum lookup
+_REQUESTED = EventKind.APPROVAL_REQUESTED
 _KIND_JSON = {k._value_: _string(k._value_) for k in EventKind}
 _SOURCE_JSON = {s._value_: _string(s._value_) for s in EvidenceSource}
 """Each kind's and source's value as ``chain.compact_json`` writes it (``Txn.insert``)."""
@@ -179,6 +180,33 @@ class Txn:
         text = attrs_json(moved)
         return moved, text, decode_attrs(text)
 
+    def _approval_deadline(
+        self, event: Event, attrs_text: str, attrs: Mapping[str, Any] | None
+    ) -> tuple[Event, str, Mapping[str, Any] | None]:
+        """APPROVAL_REQUESTED's ``expires_at``, written by its broker's clock, moved to the
+        clock leases are judged by, as ``_accepted_deadline`` moves ACTION_ACCEPTED's: every
+        broker judges the approval's expiry by that clock (``approval.approval_now``).  Kept
+        in the requester's clock, a broker running ahead requested an approval every other
+        broker saw expire an hour late.  An imported event is kept as imported."""
+        expires = event.attrs.get("expires_at")
+        if event.observer is not None or not _is_time(expires):
+            return event, attrs_text, attrs
+        offset = self.lease_offset()
+        if offset is None:
+            return event, attrs_text, attrs
+        moved = Event(
+            event.kind,
+            event.invocation_id,
+            {**event.attrs, "expires_at": float(expires) + offset},
+            event.source,
+            event.seq,
+            event.at,
+            event.observer,
+            event.observer_seq,
+        )
+        text = attrs_json(moved)
+        return moved, text, decode_attrs(text)
+
     def insert(
         self,
         event: Event,
@@ -201,6 +229,8 @@ class Txn:
             raw = event.attrs.get("session")
             session = None if raw is None else str(raw)
         else:
+            if kind is _REQUESTED:
+                event, attrs_text, attrs = self._approval_deadline(event, attrs_text, attrs)
             session = w.sessions.get(iid)
         observer = event.observer
         if (

@@ -58,6 +58,7 @@ __all__ = [
     "ApprovalBoard",
     "Grant",
     "approval_fingerprint",
+    "approval_now",
     "await_grant",
     "claim",
     "dispatch_approved",
@@ -259,7 +260,7 @@ async def _over_limit(
     board, recorder = engine.approvals, engine.recorder
     limit = engine.config.service.max_pending_approvals
     waiting = sum(1 for other, u in board.reserved.items() if u == uid and other != iid)
-    now = time.time()
+    now = await approval_now(recorder)
     for other in [o for o, u in board.requesters.items() if u == uid]:
         record = await recorder.read(functools.partial(engine.journal.record, other))
         approval = record.evidence.get("approval") if record is not None else None
@@ -353,13 +354,23 @@ async def wait(engine: Engine, iid: str, seconds: float, control: CallControl | 
         await engine.approvals.wait_changed(min(POLL, left))
 
 
+async def approval_now(recorder: Recorder) -> float:
+    """Now, by the clock an approval's expiry (and a dispatch lease's) is recorded and judged
+    in: the database's on a shared journal (the journal moves APPROVAL_REQUESTED's
+    ``expires_at`` into it), this broker's own on SQLite (docs/journal.md, "Clocks").  Judged
+    by each broker's own clock, one running ahead recorded APPROVAL_EXPIRED for an approval
+    still valid, and one running behind dispatched an approval already expired."""
+    return await recorder.read(recorder.hint_now)
+
+
 async def expire_if_due(recorder: Recorder, record: Record) -> Record:
-    """Close an approval nobody decided on, or nobody dispatched, before its expiry:
-    APPROVAL_EXPIRED (validation, not_attempted).  Anything else is returned as it is."""
+    """Close an approval nobody decided on, or nobody dispatched, before its expiry
+    (``approval_now``): APPROVAL_EXPIRED (validation, not_attempted).  Anything else is
+    returned as it is."""
     approval = record.evidence.get("approval")
     if record.state not in APPROVAL_STATES or not isinstance(approval, Mapping):
         return record
-    if time.time() < float(approval["expires_at"]):
+    if await approval_now(recorder) < float(approval["expires_at"]):
         return record
     expired = Event(
         E.PREFLIGHT_FAILED,
@@ -500,7 +511,9 @@ async def ready(engine: Engine) -> list[str]:
     board, journal = engine.approvals, engine.journal
     out: list[str] = []
     try:
-        for iid in sorted(board.open - board.waiting - board.dispatching):
+        candidates = sorted(board.open - board.waiting - board.dispatching)
+        now = await approval_now(engine.recorder) if candidates else 0.0
+        for iid in candidates:
             record = journal.record(iid)
             if record is not None:
                 record = await expire_if_due(engine.recorder, record)
@@ -508,7 +521,8 @@ async def ready(engine: Engine) -> list[str]:
                 board.open.discard(iid)
                 continue
             lease = journal.lease(iid)
-            if record.state == "approved" and (lease is None or lease.expires_at <= time.time()):
+            # The lease's expiry is recorded in the same clock as the approval's (``now``).
+            if record.state == "approved" and (lease is None or lease.expires_at <= now):
                 board.dispatching.add(iid)
                 out.append(iid)
     except BaseException:

@@ -37,7 +37,7 @@ from affidavit.statemachine import (
     Step,
 )
 
-from .approval import Grant
+from .approval import Grant, approval_now
 from .control import CallControl
 from .sink import StreamSink
 
@@ -529,8 +529,9 @@ def _gate(engine: Engine, attempt: Attempt) -> Any:
         if attempt.grant is not None:
             # Seed: "The broker must confirm the fingerprint of the upcoming dispatch and
             # re-check it immediately before the write."
+            # Its expiry by the clock it is recorded in (``approval_now``).
             grant, dispatch_fingerprint = attempt.grant
-            problem = grant.problem(dispatch_fingerprint, time.time())
+            problem = grant.problem(dispatch_fingerprint, await approval_now(engine.recorder))
             if problem is not None:
                 raise _Refused(_approval_refusal(problem))
         attrs: dict[str, Any] = {"generation": attempt.generation, "attempt": attempt.n}

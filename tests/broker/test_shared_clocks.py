@@ -32,6 +32,7 @@ import affidavit.engine.invocation as invocation
 from affidavit.api.broker import Broker
 from affidavit.config import load_config
 from affidavit.engine import EngineSettings
+from affidavit.statemachine import Code
 from affidavit.statemachine import EventKind as E
 from tests.http.hostile import HostileServer, Peer, Reply, Script
 
@@ -84,7 +85,7 @@ async def _brokers(
     monkeypatch: pytest.MonkeyPatch,
     clock: type[_Behind | _Ahead] = _Behind,
     margin: float = 0.0,
-    approve: str | None = None,
+    approve: str | dict[str, str] | None = None,
 ) -> AsyncIterator[tuple[Broker, Broker]]:
     """``approve``: the target's approval policy (``OPS`` decides)."""
     # A day's retention: a key bound by A's clock is still usable by the real one.
@@ -243,3 +244,58 @@ async def test_a_clock_ahead_dispatches_an_approved_request(
             sent = await a.call({**CHARGE, "idempotency_key": "approved"})  # its same-key retry
     assert "error" not in sent, sent
     assert answered == ["/v1/x"]
+
+
+async def test_a_clock_ahead_approves_and_sends_a_request_still_within_its_window(
+    tmp_path: Path, pg_url: str, token: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # B (the database's clock) asks for approval; A, an hour ahead, decides and dispatches.
+    # Judged by A's clock the 15-minute window had long run out: A recorded APPROVAL_EXPIRED
+    # (the record claimed an expiry that had not happened) and the request was never sent.
+    script, _answered = _dropping_first()
+    approve = {"ttl": "15m"}
+    async with (
+        HostileServer.running(script) as srv,
+        _brokers(tmp_path, srv.url, pg_url, monkeypatch, _Ahead, approve=approve) as (a, b),
+    ):
+        srv.event("release").set()
+        with trio.fail_after(LIMIT):
+            # B's request, by the real clock (the engine's modules are A's clock: one process).
+            monkeypatch.setattr(approval, "time", time)
+            pending = await b.call({**CHARGE, "idempotency_key": "window"})
+            assert pending["error"]["code"] == "APPROVAL_PENDING", pending
+            monkeypatch.setattr(approval, "time", _Ahead)
+            iid = pending["invocation_id"]
+            decided = await a.approve(iid, operator=OPS)
+            assert decided["approval"] == "granted", decided
+            approval.watch(a._engine)  # A's dispatcher learns of B's request, as at its start
+            assert await a.approvals_ready() == [iid]
+            sent = await a.dispatch_approved(iid)  # the first POST is dropped: unknown
+        kinds = [e.kind for e in b.events(iid)]
+    assert sent is not None and sent["error"]["outcome"] == "unknown", sent
+    assert E.DISPATCH_STARTED in kinds and E.PREFLIGHT_FAILED not in kinds, kinds
+
+
+async def test_an_approval_asked_by_a_clock_ahead_expires_by_the_database_clock(
+    tmp_path: Path, pg_url: str, token: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A, an hour ahead, asks for a 1-second approval.  Recorded by A's clock its expiry lay an
+    # hour later for every other broker: B granted it and sent it long after it expired.
+    script, _answered = _dropping_first()
+    async with (
+        HostileServer.running(script) as srv,
+        _brokers(tmp_path, srv.url, pg_url, monkeypatch, _Ahead, approve={"ttl": "1s"}) as (a, b),
+    ):
+        srv.event("release").set()
+        with trio.fail_after(LIMIT):
+            pending = await a.call({**CHARGE, "idempotency_key": "short"})
+            assert pending["error"]["code"] == "APPROVAL_PENDING", pending
+            iid = pending["invocation_id"]
+            (requested,) = [e for e in b.events(iid) if e.kind is E.APPROVAL_REQUESTED]
+            assert requested.attrs["expires_at"] < time.time() + 60, requested.attrs
+            await trio.sleep(1.2)
+            with pytest.raises(Exception, match="approval window ran out"):
+                await b.approve(iid, operator=OPS)
+        record = b.journal.record(iid)
+    assert srv.requests == []
+    assert record is not None and record.code is Code.APPROVAL_EXPIRED, record
