@@ -139,7 +139,11 @@ async def journal_refused(recorder: Recorder, iid: str | None, error: JournalWri
     durable = await recorder.read(lambda: events(iid))
     if not durable:
         raise error
-    record = project(durable, time.time())
+    # Its hint at the clock the key's retention is recorded in (``Recorder.hint_now``: the
+    # database's on a shared journal), as every other answer's.  By this broker's own clock
+    # one running ahead answered ``reconcile`` for a key still well within retention.
+    now = await recorder.read(recorder.hint_now)
+    record = project(durable, now)
     closing = None if record.final else closing_event(record, "journal")
     if closing is None:
         return record
@@ -147,12 +151,12 @@ async def journal_refused(recorder: Recorder, iid: str | None, error: JournalWri
         await recorder.append(closing, barrier=True)
     except JournalWriteError:
         recorder.forget()
-        return project([*await recorder.read(lambda: events(iid)), closing], time.time())
+        return project([*await recorder.read(lambda: events(iid)), closing], now)
     except ImpossibleEvent:
         # Someone else closed the attempt first, or took the invocation over: the record, as
         # it stands, is the answer (folding the refused event in would be refused again).
         recorder.forget()
-        return project(await recorder.read(lambda: events(iid)), time.time())
+        return project(await recorder.read(lambda: events(iid)), now)
     return await recorder.record(iid)
 
 

@@ -24,8 +24,12 @@ import affidavit.engine.approval as approval
 import affidavit.engine.attempt as attempt
 import affidavit.engine.invocation as invocation
 import affidavit.engine.recorder as recorder
+import affidavit.engine.recovery as recovery
 from affidavit.api.broker import Broker
 from affidavit.config import load_config
+from affidavit.journal import JournalWriteError
+from affidavit.statemachine import Event
+from affidavit.statemachine import EventKind as E
 from tests.http.hostile import HostileServer, Peer, Reply, Script
 
 from .helpers import http_target, write_config
@@ -159,3 +163,36 @@ async def test_a_retention_passing_before_the_lease_is_not_resent(
     assert first["error"]["outcome"] == "unknown", first
     assert again["error"]["retry"] == "reconcile", again
     assert received == ["/v1/x"]
+
+
+async def test_a_call_the_journal_stopped_shows_its_hint_by_the_database_clock(
+    tmp_path: Path, pg_url: str, token: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The journal refuses the retry's closing event (its answer is built from the durable
+    # record: ``journal_refused``).  By the broker's clock, an hour ahead, the hour's retention
+    # is over (reconcile); by the database's it has almost an hour to go: the hint every other
+    # answer gives, and the lease transaction would allow.
+    async def script(peer: Peer) -> None:  # every request closed unanswered: unknown
+        if await peer.read_request() is not None:
+            await peer.close()
+
+    async with (
+        HostileServer.running(script) as srv,
+        _broker(tmp_path, srv.url, pg_url, "1h", monkeypatch) as a,
+    ):
+        with trio.fail_after(LIMIT):
+            first = await a.call(CHARGE)  # bound by the right clock; dropped: unknown
+            real_append = a.journal.append
+
+            async def append(event: Event, **kw: Any) -> None:
+                if event.kind is E.ATTEMPT_INTERRUPTED:
+                    _Clock.skew = HOUR  # the retry's answer is built an hour ahead
+                    raise JournalWriteError("journal: write not committed (injected)")
+                await real_append(event, **kw)
+
+            monkeypatch.setattr(a.journal, "append", append)
+            monkeypatch.setattr(recovery, "time", _Clock)
+            again = await a.call(CHARGE)
+    assert first["error"]["retry"] == "same_idempotency_key", first
+    assert again["error"]["outcome"] == "unknown", again
+    assert again["error"]["retry"] == "same_idempotency_key", again
