@@ -191,7 +191,11 @@ def bind_op(
         named = txn.tables.accepted_with_key(scope, key)
         if named is not None:
             raise bindings.removed(txn.writer.backend.where, scope, named[0])
-        rec = IdempotencyRecord(scope, key, fingerprint, invocation_id, expires_at, clock())
+        # When it was bound, by the clock every broker judges "bound a moment ago" by
+        # (``lease_now``: the database's on a shared journal): by the binder's own, a broker
+        # whose clock ran behind bound a key another took for abandoned long ago.
+        created = lease_now(txn, clock)
+        rec = IdempotencyRecord(scope, key, fingerprint, invocation_id, expires_at, created)
         txn.tables.insert_idempotency(
             (scope, key, fingerprint, invocation_id, expires_at, rec.created_at)
         )

@@ -15,6 +15,7 @@ invocation from then on.
 
 from __future__ import annotations
 
+import functools
 import secrets
 import time
 from collections.abc import Mapping
@@ -182,10 +183,16 @@ async def start(
                     requester=None if link is not None else requester,
                     linked=link is not None,
                 )
-            if now < bound.created_at + engine.lease_ttl(target, timeout):
+            # The row's ``created_at`` is in the clock leases are judged by (the database's
+            # on a shared journal): compared in that clock, never this broker's own.
+            at = await recorder.read(
+                functools.partial(journal.database_now, "the age of a key's binding")
+            )
+            at = now if at is None else at
+            if at < bound.created_at + engine.lease_ttl(target, timeout):
                 # Bound a moment ago, nothing recorded yet: the binder is writing its first
                 # events.  In progress; fetch it, never send it again.
-                return recorder.envelope(Projector(bound.invocation_id).record(now))
+                return recorder.envelope(Projector(bound.invocation_id).record(at))
             # The binder stopped between binding the key and recording anything: take the
             # invocation over -- if this call wins its first event (below).
             iid = bound.invocation_id

@@ -32,6 +32,7 @@ import affidavit.engine.invocation as invocation
 from affidavit.api.broker import Broker
 from affidavit.config import load_config
 from affidavit.engine import EngineSettings
+from affidavit.protocols.actions import fingerprint, parse_action
 from affidavit.statemachine import Code
 from affidavit.statemachine import EventKind as E
 from tests.http.hostile import HostileServer, Peer, Reply, Script
@@ -299,3 +300,36 @@ async def test_an_approval_asked_by_a_clock_ahead_expires_by_the_database_clock(
         record = b.journal.record(iid)
     assert srv.requests == []
     assert record is not None and record.code is Code.APPROVAL_EXPIRED, record
+
+
+@pytest.mark.parametrize("clock", [_Behind, _Ahead])
+async def test_a_key_just_bound_is_not_taken_over_across_clocks(
+    tmp_path: Path,
+    pg_url: str,
+    token: str,
+    monkeypatch: pytest.MonkeyPatch,
+    clock: type[_Behind | _Ahead],
+) -> None:
+    # A key has just been bound and nothing recorded yet (its binder is writing its first
+    # events); another broker calls with the same key.  _Behind: A, an hour behind, binds and
+    # B takes: the row said bound an hour ago.  _Ahead: B binds and A, an hour ahead, takes:
+    # A compared the row with its own clock.  Either way the invocation was taken over and
+    # sent while its binder was about to send it.
+    script, answered = _dropping_first()
+    async with (
+        HostileServer.running(script) as srv,
+        _brokers(tmp_path, srv.url, pg_url, monkeypatch, clock) as (a, b),
+    ):
+        binder, taker = (a, b) if clock is _Behind else (b, a)
+        srv.event("release").set()
+        cfg = a._engine.config
+        fp = fingerprint(parse_action(CHARGE, cfg), cfg.targets["api"])
+        with trio.fail_after(LIMIT):
+            bound = await binder.journal.bind_idempotency(
+                IDEM["scope"], "charge", fp, "act_bound", None
+            )
+            assert abs(bound.created_at - time.time()) < 60, bound  # the database's time
+            seen = await taker.call(CHARGE)
+    assert seen["error"]["code"] == "IN_PROGRESS", seen
+    assert seen["invocation_id"] == "act_bound", seen
+    assert srv.requests == [] and answered == []
