@@ -541,7 +541,15 @@ class Writer:
             # Inside the try: a begin refused while it waits for the head (a lock_timeout or
             # statement_timeout the database applies) leaves its transaction aborted, and the
             # rollback below ends it -- else every later write on this connection is refused.
-            want = backend.begin(conn, barrier=barrier)
+            # On a shared journal the wait is bounded by ``reconnect_within`` (``[journal]
+            # reconnect``), as the re-read after a lost commit is: another session holding the
+            # head longer -- a broker's lost session, its COMMIT never arriving, holds it until
+            # the server ends it -- is a database that does not answer this write.  Unbounded,
+            # every call waited that long (its dispatch gate included).  Past it, the write
+            # fails, not committed (``JournalWriteError``): nothing of it is durable, so
+            # nothing it would have preceded is sent.
+            wait = backend.reconnect_within if backend.shared else None
+            want = backend.begin(conn, barrier=barrier, wait=wait)
             seq, h = tables.head()
             if seq != self.known_head or len(self.projectors) > _PROJECTOR_CACHE:
                 self._catch_up(tables, seq)

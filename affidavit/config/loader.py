@@ -190,7 +190,9 @@ JOURNAL = Schema(
             _seconds,
             default=10,
             doc="with `url`: seconds a broker that lost the database keeps reconnecting before "
-            "it fails the writes in flight (never claiming a commit it cannot read back)",
+            "it fails the writes in flight (never claiming a commit it cannot read back), and "
+            "the longest a write waits for the chain head another session holds (then it fails, "
+            "not committed)",
         ),
     ),
 )

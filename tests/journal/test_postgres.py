@@ -27,6 +27,7 @@ from affidavit.journal import (
     JournalError,
     JournalReader,
     JournalUnavailable,
+    JournalWriteError,
     SigningKey,
 )
 from affidavit.journal.postgres import SESSION_INDEX_BUILD, PostgresBackend, grant_statements
@@ -656,6 +657,43 @@ async def test_a_write_refused_while_waiting_for_the_head_leaves_the_writer_usab
             with trio.fail_after(LIMIT), pytest.raises(JournalError):
                 await j.append(events[1], barrier=True)
             other.execute("ROLLBACK")
+        with trio.fail_after(LIMIT):
+            stored = await j.append(events[1], barrier=True)
+        assert stored.seq == 2
+
+
+async def test_a_write_waits_for_the_head_no_longer_than_reconnect(
+    pg_url: str, tmp_path: Path
+) -> None:
+    """Another session holds the chain head (as a broker's lost session does until the server
+    ends it, its COMMIT never arriving).  A write waits for it no longer than ``reconnect`` and
+    fails, not committed -- it waited for as long as the head was held, every call of this
+    broker with it.  Once the head is free the writer writes again."""
+    from affidavit.journal.postgres import _LOCK
+
+    within = 1.0
+    async with Journal.open(pg_url, reconnect_within=within, **_keys(tmp_path, "a")) as j:
+        events = until_dispatch("inv-1")
+        await j.append(events[0], barrier=True)
+        with psycopg.connect(pg_url, autocommit=True) as other:
+            other.execute("BEGIN")
+            other.execute("SELECT pg_advisory_xact_lock(%s, hashtext(current_schema()))", (_LOCK,))
+
+            async def release_later() -> None:
+                # Unbounded, the append waited (uncancellable) until the head is free: free it
+                # well after the bound, so the test ends either way.
+                await trio.sleep(within + 4)
+                other.execute("ROLLBACK")
+
+            started = trio.current_time()
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(release_later)
+                with pytest.raises(JournalWriteError, match=r"not committed.*lock timeout"):
+                    await j.append(events[1], barrier=True)
+                elapsed = trio.current_time() - started
+                nursery.cancel_scope.cancel()
+            other.execute("ROLLBACK")
+        assert within <= elapsed < within + 3, elapsed
         with trio.fail_after(LIMIT):
             stored = await j.append(events[1], barrier=True)
         assert stored.seq == 2

@@ -1,0 +1,83 @@
+"""A call on a shared PostgreSQL journal whose chain head another session holds -- as a broker's
+lost session does, its COMMIT never arriving, until the server ends it.  The call's writes wait
+for the head no longer than ``[journal] reconnect`` (``journal/writer.py``); unbounded, the
+call waited for as long as the head was held.  Its DISPATCH_STARTED not written, nothing is
+sent, and the answer says what the durable record proves: not attempted.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+import trio
+
+from affidavit.journal import JournalWriteError
+from affidavit.journal.postgres import _LOCK
+from affidavit.statemachine import Event
+from affidavit.statemachine import EventKind as E
+from tests.http.hostile import HostileServer, Reply, scripts
+
+from .helpers import http_target, open_broker, write_config
+
+WITHIN = 1.0  # seconds: [journal] reconnect
+POST = {"target": "api", "method": "POST", "path": "/charge", "body": "{}"}
+
+
+async def test_a_held_chain_head_refuses_the_dispatch_within_reconnect(
+    tmp_path: Path, pg_url: str, token: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    journal = {
+        "url": pg_url,
+        "key_file": str(tmp_path / "k"),
+        "signing_key": str(tmp_path / "s"),
+        "reconnect": WITHIN,
+    }
+    async with HostileServer.running(scripts.serve(Reply(201, body=b"{}"))) as srv:
+        cfg = write_config(tmp_path, {"api": http_target(srv.url)}, journal=journal)
+        with psycopg.connect(pg_url, autocommit=True) as other:
+            async with open_broker(cfg) as broker:
+                real_append = broker.journal.append
+
+                async def append(event: Event, **kw: Any) -> Any:
+                    if event.kind is E.DISPATCH_STARTED:  # another session takes the head
+                        other.execute("BEGIN")
+                        other.execute(
+                            "SELECT pg_advisory_xact_lock(%s, hashtext(current_schema()))",
+                            (_LOCK,),
+                        )
+                    return await real_append(event, **kw)
+
+                monkeypatch.setattr(broker.journal, "append", append)
+
+                async def release_later() -> None:
+                    # Unbounded, the call waited (uncancellable) for the head: free it well
+                    # after the bound, so the test ends either way.
+                    await trio.sleep(WITHIN * 3 + 4)
+                    other.execute("ROLLBACK")
+
+                env: dict[str, Any] | None = None
+                refused: JournalWriteError | None = None
+                started = trio.current_time()
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(release_later)
+                    try:
+                        env = await broker.call(POST)
+                    except JournalWriteError as exc:
+                        refused = exc
+                    elapsed = trio.current_time() - started
+                    nursery.cancel_scope.cancel()
+                other.execute("ROLLBACK")
+                kinds = [k for (k,) in other.execute("SELECT kind FROM events").fetchall()]
+    # The gate's wait and the closing event's: each bounded by reconnect.
+    assert elapsed < WITHIN * 3 + 2, elapsed
+    assert srv.requests == [] and "DISPATCH_STARTED" not in kinds, kinds
+    if env is None:
+        # The preamble rode in DISPATCH_STARTED's transaction (posted events): nothing of the
+        # call is durable, and that is said (the daemon's 503 JOURNAL_UNAVAILABLE).
+        assert "lock timeout" in str(refused) and "ACTION_ACCEPTED" not in kinds, kinds
+    else:
+        err = env["error"]
+        assert (err["phase"], err["outcome"]) == ("connection_setup", "not_attempted"), env
