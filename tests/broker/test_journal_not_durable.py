@@ -36,3 +36,26 @@ async def test_affidavit_call_refuses_a_journal_with_fsync_off(tmp_path: Path) -
     assert err.startswith("affidavit: JOURNAL_NOT_DURABLE: journal postgresql://"), err
     assert "fsync = off" in err and "set fsync = on" in err, err
     assert "Traceback" not in err and cluster.password not in err, err
+
+
+async def test_affidavit_serve_refuses_a_journal_with_fsync_off(tmp_path: Path) -> None:
+    # The daemon exits at start, before it listens: no socket for a call to reach, and the
+    # operator reads the setting and the fix, not a traceback.
+    sock = tmp_path / "d.sock"
+    with running_cluster(fsync=False) as cluster:
+        table = journal_table(tmp_path, cluster.database())
+        cfg = write_config(tmp_path, {"api": http_target("http://127.0.0.1:9")}, journal=table)
+        serve = [sys.executable, "-m", "affidavit", "serve", "--config", str(cfg)]
+        with trio.fail_after(60):
+            done = await trio.run_process(
+                [*serve, "--socket", str(sock)],
+                capture_stdout=True,
+                capture_stderr=True,
+                check=False,
+            )
+    err = done.stderr.decode()
+    assert done.returncode == 2, (done.returncode, err)
+    assert "affidavit: JOURNAL_NOT_DURABLE: journal postgresql://" in err, err
+    assert "fsync = off" in err and "set fsync = on" in err, err
+    assert "Traceback" not in err and cluster.password not in err, err
+    assert not sock.exists()
