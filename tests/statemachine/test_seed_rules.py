@@ -279,6 +279,17 @@ def test_only_a_credential_refusal_that_says_backoff_is_retried_under_its_invoca
         assert "backoff" in inv.refused(E.RETRY_LEASE_ACQUIRED, generation=1), code
 
 
+def test_a_retry_after_a_dispatch_never_waits_for_approval() -> None:
+    """An approval is asked only before anything was sent (from ``validated``): a same-key
+    retry of an unknown outcome -- its key may have reached the remote -- never waits for an
+    operator, so its key's retention is never left unchecked by such a wait.  It is judged in
+    the transaction that takes its lease (``leases.acquire_op``) and sent under that lease,
+    with the grant it already holds (the gate re-checks its expiry)."""
+    inv = unknown_post(budget=3).ev(E.RETRY_LEASE_ACQUIRED, generation=1)
+    assert inv.rec().state == "retry_pending"
+    assert inv.refused(E.APPROVAL_REQUESTED, **APPROVAL)
+
+
 def test_a_retry_refused_in_its_preflight_does_not_spend_the_budget() -> None:
     """Issue 9: a retry whose credential or re-validation is refused never reached setup -- it
     was no attempt, so the budget its lease took comes back."""
