@@ -595,6 +595,23 @@ class JournalReader:
 
         return self._read(run, "the actions view")  # (as ``iter_actions`` names it)
 
+    def summarized_page(
+        self, summary: SessionSummary, limit: int
+    ) -> tuple[dict[Hashable, int], list[Record], int]:
+        """``summarized_tallies`` and ``newest_actions(limit)`` read in one snapshot, so the
+        counts and the page are of one journal head (the console's unfiltered actions page)."""
+        if limit < 0:
+            raise ValueError("limit must be >= 0")
+        at = self._now(None, "the actions view")
+
+        def run(t: Tables) -> tuple[dict[Hashable, int], list[Record], int]:
+            with self.snapshot():
+                tallies = summary.tallies(t, at)
+                records, total = views.newest(t, limit, None, at)
+                return tallies, records, total
+
+        return self._read(run, "the actions view")
+
     # -- checkpoints, anchors and verify -------------------------------------------------------
 
     def latest_checkpoint(self) -> Checkpoint | None:

@@ -68,6 +68,7 @@ from affidavit.journal import (
 )
 from affidavit.reconcile import service as reconciling
 from affidavit.text import printable, utc_time
+from affidavit.views import metrics_key
 
 from . import pages
 from .auth import Session, Sessions, TokenDirError, TokenStore
@@ -228,9 +229,9 @@ class Console:
     ) -> None:
         self.broker = broker
         self.read = read
-        self.summary = summary or SessionSummary()
-        """The journal page's sessions, brought up to date per request (the daemon's, shared
-        with ``/v1/sessions``)."""
+        self.summary = summary or SessionSummary(metrics_key)
+        """The journal page's sessions and the unfiltered actions page's counts, brought up to
+        date per request (the daemon's, shared with ``/v1/sessions`` and ``/v1/metrics``)."""
         self.tokens = tokens
         self.sessions = Sessions()
         self.origins = frozenset(o for o in (origin, public_origin) if o)
@@ -475,7 +476,10 @@ class Console:
 
     async def _actions(self, req: Request) -> None:
         filters = _filters(req.query)
-        data = await self._reading(lambda r: pages.actions_page(r, filters), "the actions view")
+        summary = self.summary
+        data = await self._reading(
+            lambda r: pages.actions_page(r, filters, summary), "the actions view"
+        )
         shown = {k: v for k, v in req.query.items() if k != AUTO}
         page = self._render(
             "actions.html",

@@ -23,9 +23,16 @@ from collections.abc import Mapping
 from typing import Any
 
 from affidavit.approvals import pending_page
-from affidavit.journal import JournalReader, SessionSummary
+from affidavit.journal import JournalError, JournalReader, SessionSummary
 from affidavit.statemachine import Code, Outcome, Phase
-from affidavit.views import Newest, event_to_json, metrics, newest_sessions, record_to_json
+from affidavit.views import (
+    Newest,
+    event_to_json,
+    metrics,
+    metrics_of,
+    newest_sessions,
+    record_to_json,
+)
 
 from .diagram import lifecycle_svg, path_of
 
@@ -140,10 +147,18 @@ PHASES = [p.value for p in Phase]
 CODES = sorted(c.value for c in Code)
 
 
-def actions_page(reader: JournalReader, f: ActionFilters) -> dict[str, Any]:
+def actions_page(
+    reader: JournalReader, f: ActionFilters, summary: SessionSummary | None = None
+) -> dict[str, Any]:
     """The invocation list (``list_actions``'s filters, then the code) and its counts by
     phase x outcome (``views.metrics``): every match counted, the newest ``MAX_ROWS`` shown --
-    streamed, so memory is O(MAX_ROWS), not O(journal)."""
+    streamed, so memory is O(MAX_ROWS), not O(journal).  Without a filter, given ``summary``
+    (one with ``views.metrics_key`` as its tally), the counts are its kept tallies and the
+    rows the page alone (``JournalReader.newest_actions``): O(what changed since the last
+    request + the page), not O(journal) -- issue 15.  The count of the rows shown is the
+    tallies' (read in the same snapshot), never more than the records show."""
+    if f == ActionFilters() and summary is not None:
+        return _unfiltered_page(reader, summary)
     records = reader.iter_actions(
         session=f.session, outcome=f.outcome, phase=f.phase, since=f.since, until=f.until
     )
@@ -151,14 +166,26 @@ def actions_page(reader: JournalReader, f: ActionFilters) -> dict[str, Any]:
         code = f.code
         records = (r for r in records if (r.code.value if r.code else "OK") == code)
     newest = Newest(MAX_ROWS)
-    counts = {
-        (c["phase"], c["outcome"]): c["count"]
-        for c in metrics(newest.feed(records))["by_phase_outcome"]
-    }
+    found = metrics(newest.feed(records))
+    return _page(found, newest.records, newest.total)
+
+
+def _unfiltered_page(reader: JournalReader, summary: SessionSummary) -> dict[str, Any]:
+    tallies, records, total = reader.summarized_page(summary, MAX_ROWS)
+    found = metrics_of(tallies)
+    if total != found["invocations"]:  # (one snapshot: they differ only if the view is wrong)
+        raise JournalError(
+            f"the kept counts ({found['invocations']}) disagree with the journal ({total})"
+        )
+    return _page(found, records, total)
+
+
+def _page(found: Mapping[str, Any], records: list[Any], total: int) -> dict[str, Any]:
+    counts = {(c["phase"], c["outcome"]): c["count"] for c in found["by_phase_outcome"]}
     return {
-        "rows": [record_to_json(r) for r in reversed(newest.records)],  # newest first
+        "rows": [record_to_json(r) for r in reversed(records)],  # newest first
         "matrix": [(ph, [counts.get((ph, oc), 0) for oc in OUTCOMES]) for ph in PHASES],
-        "total": newest.total,
+        "total": total,
     }
 
 

@@ -13,10 +13,10 @@ import pytest
 
 from affidavit.approvals import pending
 from affidavit.console import pages
-from affidavit.journal import JournalReader
+from affidavit.journal import JournalReader, SessionSummary
 from affidavit.journal import views as journal_views
 from affidavit.mcp.backends import Embedded
-from affidavit.views import actions_page, metrics
+from affidavit.views import actions_page, metrics, metrics_key
 from tests.http.hostile import HostileServer, Reply, scripts
 
 from .helpers import http_target, open_broker, write_config
@@ -75,3 +75,32 @@ async def test_a_page_of_the_newest_actions_reads_no_other_record(
             page = actions_page(b.journal, 2, outcome="committed")
             assert [r.invocation_id for r in page.records] == [ids[-1], other]
             assert (page.total, page.truncated) == (4, True)
+
+
+async def test_the_consoles_unfiltered_actions_page_reads_no_whole_fold_after_the_first(
+    tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The console's actions page without a filter (issue 15): its counts are the kept
+    tallies (``SessionSummary``) and its rows the page alone -- after the summary's first
+    fold, a request folds only what was appended since, never the whole view; the counts
+    are a full fold's.  Filtered, it still folds every match."""
+    async with HostileServer.running(scripts.serve(OK)) as srv:
+        cfg = write_config(tmp_path, {"api": http_target(srv.url)})
+        async with open_broker(cfg) as b:
+            action = {"target": "api", "method": "GET", "path": "/"}
+            await b.call({**action, "session": "s"})
+            summary = SessionSummary(metrics_key)
+            first = pages.actions_page(b.journal, pages.ActionFilters(), summary)
+            assert first["total"] == 1
+            ids = [(await b.call({**action, "session": "s"}))["invocation_id"] for _ in range(2)]
+            monkeypatch.setattr(journal_views, "fold_each", _whole)
+            page = pages.actions_page(b.journal, pages.ActionFilters(), summary)
+            assert page["total"] == 3 and [r["invocation_id"] for r in page["rows"][:2]] == [
+                ids[1],
+                ids[0],
+            ]
+            with pytest.raises(AssertionError, match="whole actions view"):
+                pages.actions_page(b.journal, pages.ActionFilters(session="s"), summary)
+            monkeypatch.undo()
+            full = pages.actions_page(b.journal, pages.ActionFilters())
+            assert (page["matrix"], page["total"]) == (full["matrix"], full["total"])

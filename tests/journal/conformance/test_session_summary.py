@@ -17,6 +17,7 @@ import trio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from affidavit.console import pages
 from affidavit.journal import JournalError, SessionSummary
 from affidavit.journal.tables import Tables
 from affidavit.statemachine import Event, ImpossibleEvent, Projector
@@ -63,7 +64,18 @@ def _both(place: Place, summary: SessionSummary) -> tuple[Any, Any]:
 
     full_metrics = one(lambda r: metrics(r.iter_actions()))
     assert one(lambda r: metrics_of(r.summarized_tallies(summary))) == full_metrics
+    # The console's actions page without a filter: its counts kept, its rows the page alone.
+    full_page = one(lambda r: _shape(pages.actions_page(r, pages.ActionFilters())))
+    assert one(lambda r: _shape(pages.actions_page(r, pages.ActionFilters(), summary))) == (
+        full_page
+    )
     return one(lambda r: r.sessions()), one(lambda r: r.summarized_sessions(summary))
+
+
+def _shape(page: dict[str, Any]) -> dict[str, Any]:
+    """An actions page without the hints (computed for each read's own clock)."""
+    rows = [(r["invocation_id"], r["phase"], r["outcome"], r["code"]) for r in page["rows"]]
+    return {"rows": rows, "matrix": page["matrix"], "total": page["total"]}
 
 
 async def _walk(place: Place, data: st.DataObject, summary: SessionSummary) -> int:
