@@ -37,6 +37,7 @@ from affidavit.statemachine import Event, ImpossibleEvent, Outcome, Phase, Proje
 
 from . import audit, bindings, checkpoints, results, views
 from .backend import Backend, open_backend
+from .chain import GENESIS
 from .checkpoints import Keys
 from .connect import recorded_keys
 from .errors import (
@@ -59,7 +60,7 @@ from .sealing import BrokerKey, open_audit_payload, payload_aad
 from .signing import Anchor, Checkpoint, key_id_of
 from .summary import SessionSummary
 from .tables import Tables
-from .verify import Trust, verify_journal
+from .verify import Trust, verify_after, verify_journal
 
 __all__ = ["JournalReader", "default_signing_key"]
 
@@ -663,6 +664,30 @@ class JournalReader:
         def run(t: Tables) -> VerifyReport:
             with self.snapshot():
                 return _segments_hint(verify_journal(_Source(t), trust), t)
+
+        return self._read(run, "the rows a verify checks")
+
+    def verify_since(self, base: VerifyReport) -> VerifyReport | None:
+        """``verify()``'s report extended to this journal's head from ``base`` (an intact
+        report of ``verify()`` with the recorded keys, as the console's journal page keeps
+        it): only the rows after the one ``base`` reached are read (``verify.verify_after``
+        says what that proves, and what not).  None when ``base`` cannot be extended -- not
+        intact, the row it reached is gone or another (the journal was replaced, rewound or
+        re-chained), or the recorded keys changed: a whole ``verify()`` is then due."""
+        if not base.ok or base.head_hash is None or base.key_source not in ("journal", "none"):
+            return None
+        recorded = self.recorded_public_keys()
+        if tuple(sorted(recorded)) != base.key_ids:
+            return None
+        trust = Trust(recorded, "journal" if recorded else "none", None, False)
+
+        def run(t: Tables) -> VerifyReport | None:
+            with self.snapshot():
+                here = GENESIS if base.count == 0 else t.hash_at(base.count)
+                if here != base.head_hash:
+                    return None
+                rows = t.event_rows(base.count + 1)
+                return verify_after(base, rows, t.checkpoints_after(base.signed_seq or 0), trust)
 
         return self._read(run, "the rows a verify checks")
 

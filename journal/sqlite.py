@@ -234,7 +234,7 @@ class SqliteTables(SegmentTables):
         **{
             k: v.replace("key_id, signature FROM", "key_id, CAST(signature AS BLOB) FROM")
             for k, v in SQL.items()
-            if k in ("latest_checkpoint", "checkpoint_from", "checkpoints")
+            if k in ("latest_checkpoint", "checkpoint_from", "checkpoints", "checkpoints_after")
         },
     }
 
@@ -293,6 +293,12 @@ class SqliteTables(SegmentTables):
     def checkpoints(self) -> Iterator[Checkpoint]:
         try:
             yield from super().checkpoints()
+        except sqlite3.Error as exc:
+            _absent(exc, None)
+
+    def checkpoints_after(self, seq: int) -> Iterator[Checkpoint]:
+        try:
+            yield from super().checkpoints_after(seq)
         except sqlite3.Error as exc:
             _absent(exc, None)
 

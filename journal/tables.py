@@ -137,6 +137,7 @@ SQL: dict[str, str] = {
     "checkpoint_from": f"SELECT {CHECKPOINT_COLUMNS} FROM checkpoints WHERE seq >= ? "
     "ORDER BY seq LIMIT 1",
     "checkpoints": f"SELECT {CHECKPOINT_COLUMNS} FROM checkpoints ORDER BY seq",
+    "checkpoints_after": f"SELECT {CHECKPOINT_COLUMNS} FROM checkpoints WHERE seq > ? ORDER BY seq",
     "checkpoint_count": "SELECT count(*) FROM checkpoints",
     "meta": "SELECT value FROM meta WHERE name = ?",
     "meta_like": "SELECT name, value FROM meta WHERE name LIKE ? ORDER BY name",
@@ -413,6 +414,11 @@ class Tables:
 
     def checkpoints(self) -> Iterator[Checkpoint]:
         for row in self.rows("checkpoints"):
+            yield _checkpoint(row)
+
+    def checkpoints_after(self, seq: int) -> Iterator[Checkpoint]:
+        """The checkpoints after ``seq``, by seq."""
+        for row in self.rows("checkpoints_after", (seq,)):
             yield _checkpoint(row)
 
     def checkpoint_count(self) -> int:

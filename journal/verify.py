@@ -26,6 +26,7 @@ Nothing here knows SQLite: a backend hands over its rows, checkpoints and result
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from collections.abc import Iterable, Iterator, Mapping
@@ -40,7 +41,7 @@ from .chain import GENESIS, canonical_json, check_row
 from .errors import VerifyReport
 from .signing import Anchor, Checkpoint, key_id_of, verify_signature
 
-__all__ = ["Source", "Trust", "verify_journal"]
+__all__ = ["Source", "Trust", "verify_after", "verify_journal"]
 
 _RESULT_COMMITTED = EventKind.RESULT_COMMITTED.value
 
@@ -139,19 +140,7 @@ def verify_journal(source: Source, trust: Trust) -> VerifyReport:
     problems = _Problems()
     walk = _walk(source, trust, problems)
     limit = problems.seq if problems.seq is not None else walk.rows + 1
-    if walk.complete and walk.signed_seq < walk.rows:
-        _unsigned_tail(walk, trust, problems)
-    if walk.unsigned_through and not trust.accept_unsigned:
-        problems.add(
-            1,
-            f"rows 1..{walk.unsigned_through} were written before this journal was signed "
-            + (
-                "(adopted by a signing broker at " + _when(walk.unsigned_at) + ")"
-                if walk.unsigned_at is not None
-                else "(it has no checkpoint)"
-            )
-            + "; they rest on the hash chain alone -- pass --accept-unsigned to accept them",
-        )
+    _unsigned(walk, trust, problems)
     if trust.anchor is not None:
         _check_anchor(walk, trust, trust.anchor, problems)
     results = _check_results(source, walk, limit, problems)
@@ -175,6 +164,89 @@ def verify_journal(source: Source, trust: Trust) -> VerifyReport:
         bindings=bound,
         also=tuple(problems.extra),
     )
+
+
+def verify_after(
+    base: VerifyReport,
+    rows: Iterable[tuple[Any, ...]],
+    checkpoints: Iterable[Checkpoint],
+    trust: Trust,
+) -> VerifyReport:
+    """The rows after an intact ``base`` (a whole verify's report, ``ok``, with ``trust``)
+    checked as ``verify_journal`` checks them, continuing its walk from the row it reached
+    (``base.count``, hash ``base.head_hash``): each row links to the one before and hashes to
+    what it says, each checkpoint after ``base.signed_seq`` is signed by a trusted key and
+    signs the chain so far, and the rows after the last one are reported unsigned.  The chain
+    makes this sound -- a row after ``base.count`` that links to ``base.head_hash`` extends
+    what ``base`` proved -- for the rows after it only: a row before it altered since is not
+    read (nor a stored result, nor an idempotency binding), a whole verify finds that.
+    ``rows``: ``chain.EVENT_COLUMNS`` from ``base.count + 1``, by seq; ``checkpoints``: by
+    seq, those after ``base.signed_seq`` at least.  The caller checks first that the row at
+    ``base.count`` still has the hash ``base.head_hash`` (or this journal is not ``base``'s)."""
+    if not base.ok or base.head_hash is None:
+        raise ValueError("only an intact report is extended")
+    problems = _Problems()
+    signed = base.signed_seq or 0
+    walk = _Walk(
+        rows=base.count,
+        head=base.head_hash,
+        signed_seq=signed,
+        signed_at=base.signed_at,
+        last_checkpoint=signed,
+        unsigned_through=base.unsigned_through,
+        unsigned_at=None,
+    )
+    later = (cp for cp in checkpoints if cp.seq > signed)
+    cp = next(later, None)
+    if cp is not None and cp.seq <= base.count:
+        problems.add(cp.seq, f"a checkpoint at seq {cp.seq} appeared among rows already "
+                     f"verified (through seq {base.count}): verify the whole journal")  # fmt: skip
+    else:
+        _extend(walk, rows, later, cp, trust, problems)
+    _unsigned(walk, trust, problems)
+    ok = not problems.found
+    intact = walk.rows if problems.seq is None else max(0, min(walk.rows, problems.seq - 1))
+    return dataclasses.replace(
+        base,
+        ok=ok,
+        count=intact,
+        first_bad_seq=problems.seq,
+        reason="intact" if ok else problems.reason,
+        head_hash=walk.head,
+        signed_seq=walk.signed_seq or None,
+        signed_at=walk.signed_at,
+        unsigned_through=walk.unsigned_through,
+        also=tuple(problems.extra),
+    )
+
+
+def _extend(
+    walk: _Walk,
+    rows: Iterable[tuple[Any, ...]],
+    later: Iterator[Checkpoint],
+    cp: Checkpoint | None,
+    trust: Trust,
+    problems: _Problems,
+) -> None:
+    expected, prev_digest = walk.rows + 1, None
+    for row in rows:
+        digest, why = check_row(row, expected, walk.head, prev_digest)
+        if digest is None:
+            problems.add(expected, why or f"row {expected} was altered")
+            return
+        walk.head, prev_digest, walk.rows = row[12], digest, expected
+        expected += 1
+        if cp is not None and cp.seq == walk.rows:
+            if not _check_checkpoint(walk, trust, cp, problems):
+                return
+            cp = next(later, None)
+    walk.complete = True
+    if cp is not None:
+        problems.add(
+            walk.rows + 1,
+            f"the journal ends at seq {walk.rows} but a checkpoint covers seq {cp.seq}: rows "
+            f"{walk.rows + 1}..{cp.seq} were removed",
+        )
 
 
 def _named(trust: Trust, one: str = "key") -> str:
@@ -262,6 +334,23 @@ def _check_checkpoint(walk: _Walk, trust: Trust, cp: Checkpoint, problems: _Prob
         walk.unsigned_through, walk.unsigned_at = cp.seq, cp.at
     walk.signed_seq, walk.signed_at, walk.last_checkpoint = cp.seq, cp.at, cp.seq
     return True
+
+
+def _unsigned(walk: _Walk, trust: Trust, problems: _Problems) -> None:
+    """Rows after the last checkpoint, and rows from before signing not accepted."""
+    if walk.complete and walk.signed_seq < walk.rows:
+        _unsigned_tail(walk, trust, problems)
+    if walk.unsigned_through and not trust.accept_unsigned:
+        problems.add(
+            1,
+            f"rows 1..{walk.unsigned_through} were written before this journal was signed "
+            + (
+                "(adopted by a signing broker at " + _when(walk.unsigned_at) + ")"
+                if walk.unsigned_at is not None
+                else "(it has no checkpoint)"
+            )
+            + "; they rest on the hash chain alone -- pass --accept-unsigned to accept them",
+        )
 
 
 def _unsigned_tail(walk: _Walk, trust: Trust, problems: _Problems) -> None:
