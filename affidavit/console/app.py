@@ -74,6 +74,7 @@ from . import pages
 from .auth import Session, Sessions, TokenDirError, TokenStore
 from .peer import is_loopback, socket_owner
 from .text import visible
+from .verified import KeptVerify
 
 __all__ = ["COOKIE", "Console"]
 
@@ -232,6 +233,8 @@ class Console:
         self.summary = summary or SessionSummary(metrics_key)
         """The journal page's sessions and the unfiltered actions page's counts, brought up to
         date per request (the daemon's, shared with ``/v1/sessions`` and ``/v1/metrics``)."""
+        self.verified = KeptVerify()
+        """The journal page's verify: the last whole one, extended to the head per request."""
         self.tokens = tokens
         self.sessions = Sessions()
         self.origins = frozenset(o for o in (origin, public_origin) if o)
@@ -328,6 +331,9 @@ class Console:
             return await self._actions(req)
         if path == "/journal" and method == "GET":
             return await self._journal(req)
+        if path == "/journal/verify" and method == "POST":
+            _fields(form, ("csrf",))
+            return await self._journal(req, whole=True)
         if path == "/logout" and method == "POST":
             self.sessions.end(req.session.id)  # type: ignore[union-attr]
             expired = _cookie("", expire=True, secure=self.secure_cookie)
@@ -537,9 +543,13 @@ class Console:
             200, data, b"application/octet-stream", [(b"content-disposition", disposition)]
         )
 
-    async def _journal(self, req: Request) -> None:
-        summary = self.summary
-        data = await self._reading(lambda r: pages.journal_page(r, summary), "the journal view")
+    async def _journal(self, req: Request, whole: bool = False) -> None:
+        """The journal page; ``whole`` (its POST): a whole verify now, not the kept one
+        extended (``KeptVerify``)."""
+        summary, kept = self.summary, self.verified
+        data = await self._reading(
+            lambda r: pages.journal_page(r, summary, kept, whole), "the journal view"
+        )
         await req.answer(200, self._render("journal.html", req, **data))
 
     # -- decisions ----------------------------------------------------------------------------

@@ -35,6 +35,7 @@ from affidavit.views import (
 )
 
 from .diagram import lifecycle_svg, path_of
+from .verified import KeptVerify
 
 __all__ = [
     "MAX_APPROVALS",
@@ -223,15 +224,29 @@ def result_view(envelope: Mapping[str, Any] | None) -> dict[str, Any] | None:
     return {"streams": streams, "meta_text": json.dumps(meta, sort_keys=True, indent=1)}
 
 
-def journal_page(reader: JournalReader, summary: SessionSummary | None = None) -> dict[str, Any]:
-    """``affidavit journal verify`` (the recorded key), the last signed checkpoint -- what
-    ``affidavit journal anchor`` would export -- and the sessions (from ``summary`` when
-    given: ``JournalReader.summarized_sessions``)."""
-    report = reader.verify()
+def journal_page(
+    reader: JournalReader,
+    summary: SessionSummary | None = None,
+    kept: KeptVerify | None = None,
+    whole: bool = False,
+) -> dict[str, Any]:
+    """``affidavit journal verify`` (the recorded key) -- from ``kept`` when given: the last
+    whole verify extended to the head (``KeptVerify``; ``whole``: run a whole verify now) --
+    the last signed checkpoint -- what ``affidavit journal anchor`` would export -- and the
+    sessions (from ``summary`` when given: ``JournalReader.summarized_sessions``)."""
+    if kept is None:
+        verified: dict[str, Any] = {
+            "report": dataclasses.asdict(reader.verify()),
+            "whole": None,
+            "checked_at": None,
+            "checked_through": None,
+        }
+    else:
+        verified = kept.page(reader, whole)
     checkpoint = reader.latest_checkpoint()
     head_seq, head_hash = reader.head()
     return {
-        "report": dataclasses.asdict(report),
+        **verified,
         "checkpoint": None
         if checkpoint is None
         else {

@@ -1,0 +1,83 @@
+"""The journal page's verify, kept instead of run whole on every request (issue 15: the page ran
+``JournalReader.verify`` -- every row, checkpoint, stored result and binding -- per request).
+
+A whole verify runs when nothing is kept, and when the operator asks for one (the page's
+"verify the whole journal" button).  Every other request extends the last intact report to the
+journal's head (``JournalReader.verify_since``): the rows appended since are checked as a whole
+verify checks them, continuing the chain from the row the report reached -- which the chain
+makes sound for those rows.  It does not read again what it checked before: a row altered in
+place before that point, a stored result or an idempotency binding changed since, is found by
+the next whole verify only.  So the page says both: when the whole verify ran and how far it
+reached, and how far the rows after it were checked since, and when.
+
+When the report cannot be extended -- the row it reached is gone or another (the journal was
+replaced, rewound or re-chained: another broker of a shared journal cannot do that, only
+someone writing the database), or the recorded keys changed -- a whole verify runs.  A broken
+whole verify is kept as it is (with when it ran) until the operator verifies again: it is not
+read past, nor forgotten; rows after an intact report that do not check are read again from
+that report on each request (a problem stays reported while it is there).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from affidavit.journal import JournalReader, VerifyReport
+
+__all__ = ["KeptVerify"]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Whole:
+    report: VerifyReport
+    at: float
+
+
+class KeptVerify:
+    """One per console; the threads that read it take turns."""
+
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self._lock = threading.Lock()
+        self._clock = clock
+        self._whole: _Whole | None = None
+        self._base: VerifyReport | None = None
+        """The last intact report (whole or extended): what the next request extends."""
+        self._shown: tuple[VerifyReport, float] | None = None
+
+    def page(self, reader: JournalReader, whole: bool = False) -> dict[str, Any]:
+        """The report to show, the whole verify's (``at``, ``through``) and when the rows
+        after it were last checked (``checked_at``, ``checked_through``; None when the shown
+        report is the whole verify's own)."""
+        with self._lock:
+            if not whole and self._whole is not None:
+                if self._base is None:  # the last report was broken: kept, not read past
+                    return self._view()
+                extended = reader.verify_since(self._base)
+                if extended is not None:
+                    self._keep(extended)
+                    return self._view()
+            report = reader.verify()
+            at = self._clock()
+            self._whole, self._shown = _Whole(report, at), (report, at)
+            self._base = report if report.ok else None
+            return self._view()
+
+    def _keep(self, report: VerifyReport) -> None:
+        self._shown = (report, self._clock())
+        if report.ok:  # (broken: the next request reads again from the last intact row)
+            self._base = report
+
+    def _view(self) -> dict[str, Any]:
+        assert self._whole is not None and self._shown is not None
+        whole, (shown, at) = self._whole, self._shown
+        since = shown is not whole.report
+        return {
+            "report": dataclasses.asdict(shown),
+            "whole": {"at": whole.at, "through": whole.report.count, "ok": whole.report.ok},
+            "checked_at": at if since else None,
+            "checked_through": shown.count if since else None,
+        }

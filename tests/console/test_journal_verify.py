@@ -1,0 +1,123 @@
+"""The console's journal page keeps its verify (issue 15: it ran a whole verify per request):
+the first request verifies the whole journal, later ones check only the rows appended since
+(``KeptVerify``, ``JournalReader.verify_since``) and say so -- when the whole verify ran, how
+far it reached, how far the rows after it were checked; a row altered in the new rows is
+reported on the next request, and one altered before is found by the page's whole verify
+(its button), never claimed checked by the extension.
+
+The console is served in this process as the daemon serves it (a real loopback socket)."""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from affidavit.journal import JournalReader
+from tests.broker.helpers import http_target, open_broker
+
+from .kit import get, log_in_to, operator_config, post, served
+
+
+def _counting(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
+    calls = {"verify": 0, "verify_since": 0}
+    for name in calls:
+        real = getattr(JournalReader, name)
+
+        def spy(self: JournalReader, *a: Any, _real: Any = real, _n: str = name, **k: Any) -> Any:
+            calls[_n] += 1
+            return _real(self, *a, **k)
+
+        monkeypatch.setattr(JournalReader, name, spy)
+    return calls
+
+
+def _alter(db: Path, seq: int) -> None:
+    """Change a stored row in place, as someone who can write the file (triggers dropped):
+    its time, which the views fold as they find it, so only a verify can tell."""
+    conn = sqlite3.connect(db, isolation_level=None)
+    try:
+        conn.execute("DROP TRIGGER IF EXISTS events_no_update")
+        conn.execute("UPDATE events SET at = at + 1 WHERE seq = ?", (seq,))
+    finally:
+        conn.close()
+
+
+def _verify_line(page: bytes) -> str:
+    m = re.search(rb'id="verify">([^<]*)<', page)
+    assert m is not None, page[:2000]
+    return m.group(1).decode()
+
+
+async def test_the_journal_page_extends_its_verify_and_verifies_whole_on_request(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = operator_config(tmp_path, monkeypatch, {"pay": http_target("http://127.0.0.1:9")})
+    db = tmp_path / "journal.db"
+    refused = {"target": "nope", "method": "GET", "path": "/"}
+    async with open_broker(path) as b, served(b, tmp_path) as (origin, console):
+        cookie, csrf = await log_in_to(console, origin)
+        await b.call(refused)
+        calls = _counting(monkeypatch)
+        _, _, page = await get(f"{origin}/journal", cookie=cookie)
+        assert calls == {"verify": 1, "verify_since": 0}  # nothing kept: the whole journal
+        whole = b.journal.head()[0]
+        assert _verify_line(page).startswith(f"intact: {whole} events")
+        assert f"through seq {whole}." in page.decode()
+
+        await b.call(refused)
+        await b.call(refused)
+        _, _, page = await get(f"{origin}/journal", cookie=cookie)
+        assert calls == {"verify": 1, "verify_since": 1}  # the new rows only
+        head = b.journal.head()[0]
+        text = page.decode()
+        assert _verify_line(page).startswith(f"intact: {head} events")
+        assert "verified at" in text and f"through seq {whole}." in text
+        assert "checked at" in text and f"through seq {head} (chain" in text
+        assert "not read again until a whole verify" in text
+
+        # A row the whole verify read, altered since: not read again -- the page does not
+        # claim it checked it, and its whole verify finds it.
+        _alter(db, 2)
+        _, _, page = await get(f"{origin}/journal", cookie=cookie)
+        assert _verify_line(page).startswith("intact") and calls["verify"] == 1
+        status, _, page = await post(
+            f"{origin}/journal/verify", {"csrf": csrf}, {"Origin": origin, "Cookie": cookie}
+        )
+        assert status == 200 and calls["verify"] == 2
+        assert _verify_line(page).startswith("BROKEN at seq 2: row 2 was altered")
+        # Broken: kept as it is, with when it ran; not read past.
+        _, _, page = await get(f"{origin}/journal", cookie=cookie)
+        assert _verify_line(page).startswith("BROKEN at seq 2") and calls["verify"] == 2
+
+
+async def test_a_new_row_altered_is_reported_by_the_next_request(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = operator_config(tmp_path, monkeypatch, {"pay": http_target("http://127.0.0.1:9")})
+    refused = {"target": "nope", "method": "GET", "path": "/"}
+    async with open_broker(path) as b, served(b, tmp_path) as (origin, console):
+        cookie, csrf = await log_in_to(console, origin)
+        await b.call(refused)
+        _, _, page = await get(f"{origin}/journal", cookie=cookie)
+        whole = b.journal.head()[0]
+        await b.call(refused)
+        _alter(tmp_path / "journal.db", whole + 1)
+        for _ in range(2):  # reported while it is there, request after request
+            _, _, page = await get(f"{origin}/journal", cookie=cookie)
+            assert _verify_line(page).startswith(
+                f"BROKEN at seq {whole + 1}: row {whole + 1} was altered"
+            )
+        status, _, _ = await post(
+            f"{origin}/journal/verify", {"csrf": "wrong"}, {"Origin": origin, "Cookie": cookie}
+        )
+        assert status == 403  # the whole verify is the operator's, CSRF-checked
+        status, _, _ = await post(
+            f"{origin}/journal/verify",
+            {"csrf": csrf, "x": "1"},
+            {"Origin": origin, "Cookie": cookie},
+        )
+        assert status == 400
