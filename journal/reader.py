@@ -584,15 +584,18 @@ class JournalReader:
 
         return self._read(run, "the sessions view")
 
-    def summarized_tallies(self, summary: SessionSummary) -> dict[Hashable, int]:
+    def summarized_tallies(
+        self, summary: SessionSummary, since: float | None = None
+    ) -> dict[Hashable, int]:
         """How many records have each of ``summary``'s tallies, brought up to this journal's
         head as ``summarized_sessions``: ``views.metrics_of`` makes the metrics of the whole
-        view from it (``views.metrics_key``: the same as ``metrics(iter_actions())``)."""
+        view from it (``views.metrics_key``: the same as ``metrics(iter_actions())``, or
+        ``metrics(iter_actions(since=since))`` given ``since``)."""
         at = self._clock()
 
         def run(t: Tables) -> dict[Hashable, int]:
             with self.snapshot():
-                return summary.tallies(t, at)
+                return summary.tallies(t, at, since)
 
         return self._read(run, "the actions view")  # (as ``iter_actions`` names it)
 

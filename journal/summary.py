@@ -38,14 +38,18 @@ _BATCH = 500
 
 class _Inv:
     """One invocation as the sessions view counts it (``first_at``, the time of its first
-    event, never changes: counted into its session's ``first_seen`` once, not kept)."""
+    event, never changes: counted into its session's ``first_seen`` once, and kept for the
+    metrics ``since`` a time)."""
 
-    __slots__ = ("last_at", "outcome", "pos", "session", "tally")
+    __slots__ = ("first_at", "last_at", "outcome", "pos", "session", "tally")
 
-    def __init__(self, pos: int, session: str | None, outcome: str, last_at: float) -> None:
+    def __init__(
+        self, pos: int, session: str | None, outcome: str, first_at: float, last_at: float
+    ) -> None:
         self.pos = pos  # the seq of its first event: the view's order
         self.session = session
         self.outcome = outcome
+        self.first_at = first_at
         self.last_at = last_at
         self.tally: Hashable = None  # ``SessionSummary``'s ``tally`` of its record, once counted
 
@@ -172,10 +176,21 @@ class SessionSummary:
             state = self._refresh(tables, now)
             return [s.entry() for s in state.sessions.values()]
 
-    def tallies(self, tables: Tables, now: float) -> dict[Hashable, int]:
-        """Brought up to the head, then how many records have each tally."""
+    def tallies(
+        self, tables: Tables, now: float, since: float | None = None
+    ) -> dict[Hashable, int]:
+        """Brought up to the head, then how many records have each tally -- of those whose
+        first event is at ``since`` or later, if given (``JournalReader.iter_actions``'
+        ``since``: O(invocations) in memory, no row read but the changed ones')."""
         with self._lock:
-            return dict(self._refresh(tables, now).tallies)
+            state = self._refresh(tables, now)
+            if since is None:
+                return dict(state.tallies)
+            out: dict[Hashable, int] = {}
+            for inv in state.invs.values():
+                if inv.first_at >= since and inv.tally is not None:
+                    out[inv.tally] = out.get(inv.tally, 0) + 1
+            return out
 
     def _refresh(self, tables: Tables, now: float) -> _State:
         head, head_hash = tables.head()
@@ -265,7 +280,7 @@ def _folded(
             # (every event has its time: ``fold_events`` refuses a row without)
             at0 = first_at if first_at is not None else 0.0
             at1 = last_at if last_at is not None else 0.0
-            inv = _Inv(first[n], rec.session, rec.outcome.value, at1)
+            inv = _Inv(first[n], rec.session, rec.outcome.value, at0, at1)
             yield rec.invocation_id, inv, at0, None if tally is None else tally(rec)
     except ImpossibleEvent as exc:  # stored events the broker could not have written
         raise unfoldable(exc) from None

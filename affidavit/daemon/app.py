@@ -368,9 +368,10 @@ class Api:
         summary = self.summary
 
         def count(j: JournalReader) -> dict[str, Any]:
-            if session is None and since is None:  # every record: kept counts (``summary``)
-                return metrics_of(j.summarized_tallies(summary))
-            # Every record counted (that is what the counts mean), one held at a time.
+            if session is None:  # every record (since a time): kept counts (``summary``)
+                return metrics_of(j.summarized_tallies(summary, since))
+            # A session's records, each counted (that is what the counts mean), one held at a
+            # time: read through the session index (O(the session's events), not O(journal)).
             return metrics(j.iter_actions(session=session, since=since))
 
         data = await self._read(count, "the records the metrics count")

@@ -5,6 +5,7 @@ get the same envelopes; the thin clients print what the embedded commands print,
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import trio
@@ -378,9 +379,10 @@ async def test_the_sessions_view_answers_those_seen_last_and_says_it_was_cut(
 async def test_the_views_kept_between_requests_answer_as_a_full_fold(
     tmp_path: Path, token: str
 ) -> None:
-    """The daemon keeps ``/v1/sessions`` and unfiltered ``/v1/metrics`` (``SessionSummary``:
-    the first request folds the journal, each later one only what was appended since): after
-    each call, each body is the bytes a full fold of the journal makes (as before)."""
+    """The daemon keeps ``/v1/sessions`` and ``/v1/metrics`` unfiltered or ``since`` a time
+    (``SessionSummary``: the first request folds the journal, each later one only what was
+    appended since): after each call, each body is the bytes a full fold of the journal makes
+    (as before)."""
     from affidavit.api.wire import blocking_request
     from affidavit.daemon.http import json_body
     from affidavit.journal import JournalReader
@@ -396,14 +398,22 @@ async def test_the_views_kept_between_requests_answer_as_a_full_fold(
             return bytes(got.body)
 
         async with Client.open(daemon.socket) as client:
-            for name in ("s1", "s2", "s1", "s3", "s2"):
+            mark = time.time() + 3600.0  # (until the second call: none accepted since)
+            for n, name in enumerate(("s1", "s2", "s1", "s3", "s2")):
+                if n == 2:
+                    mark = time.time()
                 await client.call(action(session=name))
                 for _ in range(100):  # (a delivery may still be written after the answer)
                     with JournalReader.open(daemon.journal) as r:
                         head = r.head()
                     kept = [
                         await get(p)
-                        for p in ("/v1/sessions?limit=2", "/v1/metrics?format=json", "/v1/metrics")
+                        for p in (
+                            "/v1/sessions?limit=2",
+                            "/v1/metrics?format=json",
+                            "/v1/metrics",
+                            f"/v1/metrics?format=json&since={mark!r}",
+                        )
                     ]
                     with JournalReader.open(daemon.journal) as r:
                         counts = metrics(r.iter_actions())
@@ -411,6 +421,7 @@ async def test_the_views_kept_between_requests_answer_as_a_full_fold(
                             json_body(newest_sessions(r.sessions(), 2)),
                             json_body(counts),
                             prometheus_text(counts).encode(),
+                            json_body(metrics(r.iter_actions(since=mark))),
                         ]
                         if r.head() == head:  # all read from the same journal
                             break
@@ -419,3 +430,4 @@ async def test_the_views_kept_between_requests_answer_as_a_full_fold(
         assert kept == full
     assert json.loads(pairs[-1][0][0])["total"] == 3
     assert json.loads(pairs[-1][0][1])["invocations"] == 5
+    assert json.loads(pairs[-1][0][3])["invocations"] == 3  # accepted since the mark

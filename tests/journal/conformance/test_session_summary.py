@@ -29,6 +29,8 @@ from ..helpers import Ticking, happy, interrupted
 from .conftest import Place
 
 SESSIONS = ("alice", "bob", None)
+SINCE = (1_700_000_003.0, 1_700_000_009.5, 1_800_000_000.0)
+"""Times the metrics are asked since (``_Clock`` starts at 1_700_000_000, moves by a few s)."""
 
 
 class _Clock:
@@ -64,6 +66,9 @@ def _both(place: Place, summary: SessionSummary) -> tuple[Any, Any]:
 
     full_metrics = one(lambda r: metrics(r.iter_actions()))
     assert one(lambda r: metrics_of(r.summarized_tallies(summary))) == full_metrics
+    for since in SINCE:  # the metrics since a time: the kept counts of those accepted since
+        full_since = one(lambda r, s=since: metrics(r.iter_actions(since=s)))
+        assert one(lambda r, s=since: metrics_of(r.summarized_tallies(summary, s))) == full_since
     # The console's actions page without a filter: its counts kept, its rows the page alone.
     full_page = one(lambda r: _shape(pages.actions_page(r, pages.ActionFilters())))
     assert one(lambda r: _shape(pages.actions_page(r, pages.ActionFilters(), summary))) == (
