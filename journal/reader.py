@@ -541,16 +541,29 @@ class JournalReader:
             raise error from None
 
     def newest_actions(
-        self, limit: int, session: str | None = None, now: float | None = None
+        self,
+        limit: int,
+        session: str | None = None,
+        now: float | None = None,
+        summary: SessionSummary | None = None,
     ) -> tuple[list[Record], int]:
         """The last ``limit`` of ``iter_actions(session=session)``'s records, in its order, and
         how many it yields in all -- reading the rows of the records shown, not the journal
         (``views.newest``); ``now`` as ``list_actions``.  The actions page of the daemon,
-        MCP and the console (``affidavit.views.actions_page``)."""
+        MCP and the console (``affidavit.views.actions_page``).  ``summary`` (no session):
+        the count from it when it keeps one (``SessionSummary.count``), in the same snapshot,
+        instead of counting every invocation in the database."""
         if limit < 0:
             raise ValueError("limit must be >= 0")
         at = self._now(now, "the actions view")
-        return self._read(lambda t: views.newest(t, limit, session, at), "the actions view")
+        if summary is None or session is not None:
+            return self._read(lambda t: views.newest(t, limit, session, at), "the actions view")
+
+        def run(t: Tables) -> tuple[list[Record], int]:
+            with self.snapshot():
+                return views.newest(t, limit, None, at, summary.count(t, at))
+
+        return self._read(run, "the actions view")
 
     def action_spans(self, parts: int, min_events: int) -> list[tuple[int, int, int]] | None:
         """``iter_actions`` (without a session filter) cut into ``parts`` spans of about as
@@ -611,7 +624,7 @@ class JournalReader:
         def run(t: Tables) -> tuple[dict[Hashable, int], list[Record], int]:
             with self.snapshot():
                 tallies = summary.tallies(t, at)
-                records, total = views.newest(t, limit, None, at)
+                records, total = views.newest(t, limit, None, at, summary.count(t, at))
                 return tallies, records, total
 
         return self._read(run, "the actions view")

@@ -16,7 +16,8 @@ What a full fold would refuse, it refuses: every row it reads goes through the s
 the same rows, and fails the same way).  A journal rewound or replaced under it (the row at
 the seq it folded through is gone or another) is folded again from the start.  A row altered
 in place *before* that seq, after it was folded, is not read again (only ``verify`` and a full
-fold read every row): the summary keeps what that row said when it was folded.
+fold read every row): the summary keeps what that row said when it was folded -- until a
+verify that finds a row altered has it ``forget`` (the console's journal page does).
 """
 
 from __future__ import annotations
@@ -191,6 +192,21 @@ class SessionSummary:
                 if inv.first_at >= since and inv.tally is not None:
                     out[inv.tally] = out.get(inv.tally, 0) + 1
             return out
+
+    def forget(self) -> None:
+        """Fold the whole journal again at the next request: a verify found a row altered,
+        and a row before the seq folded through is not read again otherwise."""
+        with self._lock:
+            self._state = _State()
+
+    def count(self, tables: Tables, now: float) -> int | None:
+        """How many invocations the journal has, brought up to the head -- None when nothing
+        is kept yet (the first fold is the whole journal's: a caller that needs only the count
+        counts in the database instead)."""
+        with self._lock:
+            if self._state.through == 0:
+                return None
+            return len(self._refresh(tables, now).invs)
 
     def _refresh(self, tables: Tables, now: float) -> _State:
         head, head_hash = tables.head()

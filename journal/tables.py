@@ -63,6 +63,10 @@ def newest_statements(count: str) -> dict[str, str]:
             f"f.invocation_id{and_p}) ORDER BY f.seq DESC LIMIT ?) AS page JOIN events AS e ON "
             f"e.invocation_id = page.iid{and_e} ORDER BY page.first, e.seq"
         )
+    # The same page without the count (``newest_page``): when the count is known already.
+    statements["newest_page"] = statements["newest_grouped"].replace(
+        f"SELECT (SELECT {count.format('')}), ", "SELECT NULL, ", 1
+    )
     statements["invocation_count"] = f"SELECT {count.format('')}"
     statements["session_invocation_count"] = f"SELECT {count.format(' WHERE session_id = ?')}"
     return statements
@@ -277,6 +281,10 @@ class Tables:
         if session is None:
             return self.cursor("newest_grouped", (limit,))
         return self.cursor("newest_session_grouped", (session, session, session, limit, session))
+
+    def newest_page(self, limit: int) -> Iterator[Any]:
+        """``newest_grouped(limit)``'s rows, each led by NULL: no count made."""
+        return self.cursor("newest_page", (limit,))
 
     def invocation_count(self, session: str | None = None) -> int:
         """How many invocations ``grouped_events`` has (of ``session``'s events, if given)."""

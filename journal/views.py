@@ -75,20 +75,29 @@ def fold_each(
         close_rows(rows)
 
 
-def newest(tables: Tables, limit: int, session: str | None, now: float) -> tuple[list[Record], int]:
+def newest(
+    tables: Tables, limit: int, session: str | None, now: float, total: int | None = None
+) -> tuple[list[Record], int]:
     """The last ``limit`` of ``fold_each``'s records (of ``session`` only, if given), in its
     order, and how many it has in all: ``fold_each`` cut to its tail without reading the rest
     (``Tables.newest_grouped``: the rows of the records shown, and a count in the database).
     Each record shown is folded from all its events as ``fold_each`` folds it, so an altered
     row among them is an ``AlteredRow`` here as there; one in a record not shown is not read
-    (the record is counted, not shown)."""
-    rows = tables.newest_grouped(limit, session)
-    total: int | None = None
+    (the record is counted, not shown).  ``total``: how many invocations there are, when it is
+    known already (``SessionSummary.count``, read in the same snapshot): not counted again."""
+    known = total
+    if known is not None:  # counted already (a kept count, ``SessionSummary.count``)
+        if session is not None:
+            raise ValueError("a kept count is of every invocation")
+        rows = tables.newest_page(limit)
+    else:
+        rows = tables.newest_grouped(limit, session)
 
     def strip(rows: Iterator[Any]) -> Iterator[Any]:
         nonlocal total
         for row in rows:
-            total = row[0]
+            if known is None:
+                total = row[0]
             yield row[1:]
 
     try:

@@ -334,11 +334,20 @@ class Api:
         since, until = _time_param(req, "since"), _time_param(req, "until")
         limit = _limit_param(req, ACTIONS_LIMIT, MAX_ACTIONS_LIMIT)
 
+        summary = self.summary  # (its count, when it keeps one: not counted again)
+
         def body(j: JournalReader) -> bytes:
             # Each record as `affidavit actions --json` writes it: one C encoder call per
             # record instead of a plain copy of its tree, then one encoding of the page.
             page = actions_page(
-                j, limit, session=session, outcome=outcome, phase=phase, since=since, until=until
+                j,
+                limit,
+                session=session,
+                outcome=outcome,
+                phase=phase,
+                since=since,
+                until=until,
+                summary=summary,
             )
             texts = ",".join(map(record_json_encoder(), page.records))
             return (

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, cast
 from affidavit.statemachine import STATES, Event, Outcome, Phase, Record
 
 if TYPE_CHECKING:
-    from affidavit.journal import JournalReader
+    from affidavit.journal import JournalReader, SessionSummary
 
 __all__ = [
     "Newest",
@@ -246,6 +246,7 @@ def actions_page(
     since: float | None = None,
     until: float | None = None,
     now: float | None = None,
+    summary: SessionSummary | None = None,
 ) -> Newest:
     """``Newest(limit).take(reader.iter_actions(...))``: the newest ``limit`` records that
     match, oldest first, and how many match.  Without a filter but the session, every record
@@ -253,9 +254,10 @@ def actions_page(
     of the records shown and a count in the database, not O(journal)).  A filter on what a
     record's fold says (outcome, phase) or on when it was accepted has no exact count short of
     folding every record: those pages are streamed from the whole view as before.  ``now``:
-    as ``list_actions``."""
+    as ``list_actions``; ``summary``: the daemon's kept view, whose count (when it keeps one)
+    stands for counting every invocation again (``JournalReader.newest_actions``)."""
     if outcome is None and phase is None and since is None and until is None:
-        records, total = reader.newest_actions(limit, session, now)
+        records, total = reader.newest_actions(limit, session, now, summary)
         return Newest.of(limit, records, total)
     rows = reader.iter_actions(
         session=session, outcome=outcome, phase=phase, since=since, until=until, now=now

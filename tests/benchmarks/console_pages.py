@@ -5,12 +5,14 @@ journal, the old way and the new, interleaved in one run (each the median of ``-
   ``SessionSummary`` (after; its first fold is timed apart, once) -- same counts and rows;
 * metrics since a time (``/v1/metrics?since=``): ``metrics(iter_actions(since=...))``
   (before) and the kept summary's tallies of the records accepted since (after);
+* the newest page with its total (``/v1/actions`` without a filter, MCP): counted in the
+  database (before) and the kept summary's count (after);
 * verify: ``JournalReader.verify()`` (before, every request) and ``verify_since`` from an
   intact report of the rows up to ``--appended`` rows before the head (after: what a request
   reads once that many rows were appended since the last) -- the same report.
 
     .venv/bin/python tests/benchmarks/console_pages.py --journal PATH [--rounds R]
-        [--parts actions,metrics,verify]
+        [--parts actions,metrics,total,verify]
 
 ``PATH``: a journal built by ``tests/benchmarks/actions_view.py --build-only`` (a copy: the
 reader is read-only, but keep the original aside).  A script, not a test.
@@ -59,7 +61,7 @@ def main() -> None:
     parser.add_argument("--journal", type=Path, required=True)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--appended", type=int, default=1000)
-    parser.add_argument("--parts", default="actions,metrics,verify")
+    parser.add_argument("--parts", default="actions,metrics,total,verify")
     args = parser.parse_args()
     parts = set(args.parts.split(","))
     with JournalReader.open(args.journal) as j:
@@ -71,8 +73,24 @@ def main() -> None:
             actions(j, summary, args.rounds)
         if "metrics" in parts:
             since(j, summary, args.rounds)
+        if "total" in parts:
+            total(j, summary, args.rounds)
         if "verify" in parts:
             verify(j, args.rounds, args.appended)
+
+
+def total(j: JournalReader, summary: SessionSummary, rounds: int) -> None:
+    old_t, new_t, same = [], [], True
+    for _ in range(rounds):
+        now = time.time()
+        o, old = timed(functools.partial(j.newest_actions, 100, now=now))
+        n, new = timed(functools.partial(j.newest_actions, 100, now=now, summary=summary))
+        old_t.append(o)
+        new_t.append(n)
+        same = same and old[1] == new[1] and old[0] == new[0]
+    o, n = statistics.median(old_t), statistics.median(new_t)
+    print(f"newest 100 with the total ({old[1]}): before {o * 1000:9.1f} ms  "
+          f"after {n * 1000:8.1f} ms  x{o / n:7.1f}  {'same' if same else 'DIFFER'}")  # fmt: skip
 
 
 def actions(j: JournalReader, summary: SessionSummary, rounds: int) -> None:

@@ -69,12 +69,19 @@ def _both(place: Place, summary: SessionSummary) -> tuple[Any, Any]:
     for since in SINCE:  # the metrics since a time: the kept counts of those accepted since
         full_since = one(lambda r, s=since: metrics(r.iter_actions(since=s)))
         assert one(lambda r, s=since: metrics_of(r.summarized_tallies(summary, s))) == full_since
+    # The newest page with the kept count (``/v1/actions``, MCP): the same page and total.
+    newest = one(lambda r: _ids(r.newest_actions(2)))
+    assert one(lambda r: _ids(r.newest_actions(2, summary=summary))) == newest
     # The console's actions page without a filter: its counts kept, its rows the page alone.
     full_page = one(lambda r: _shape(pages.actions_page(r, pages.ActionFilters())))
     assert one(lambda r: _shape(pages.actions_page(r, pages.ActionFilters(), summary))) == (
         full_page
     )
     return one(lambda r: r.sessions()), one(lambda r: r.summarized_sessions(summary))
+
+
+def _ids(page: tuple[list[Any], int]) -> tuple[list[str], int]:
+    return [r.invocation_id for r in page[0]], page[1]
 
 
 def _shape(page: dict[str, Any]) -> dict[str, Any]:
@@ -183,6 +190,12 @@ class _Counting:
     def fold_rows_of(self, iids: Any, through: int) -> Iterator[Any]:
         return self._count("fold_rows_of", self.tables.fold_rows_of(iids, through))
 
+    def newest_grouped(self, limit: int, session: str | None = None) -> Iterator[Any]:
+        return self._count("newest_grouped", self.tables.newest_grouped(limit, session))
+
+    def newest_page(self, limit: int) -> Iterator[Any]:
+        return self._count("newest_page", self.tables.newest_page(limit))
+
 
 def test_a_request_reads_only_the_invocations_changed_since_the_last(place: Place) -> None:
     _fill(place, [happy(f"inv-{i}", SESSIONS[i % 3]) for i in range(20)])
@@ -269,3 +282,24 @@ def test_sessions_first_seen_in_one_update_keep_the_journals_order(place: Place)
     full, kept = _both(place, summary)
     assert kept == full
     assert [s["session"] for s in json.loads(kept)] == ["old", "s-z", "s-a", "s-m"]
+
+
+def test_a_kept_count_is_not_counted_again_in_the_database(place: Place) -> None:
+    """The newest page with a summary that keeps its count reads the page's rows alone
+    (``Tables.newest_page``), never a count of every invocation; before the summary's first
+    fold it counts in the database (not a whole fold for a count)."""
+    _fill(place, [happy(f"inv-{i}", SESSIONS[i % 3]) for i in range(5)])
+    summary = SessionSummary(metrics_key)
+    with place.reader() as r:
+        spy = _Counting(r.tables)
+        r.tables = spy  # type: ignore[assignment]
+        records, total = r.newest_actions(2, summary=summary)
+        assert total == 5 and spy.read == {"newest_grouped": 2 * 7}  # nothing kept: counted
+        r.summarized_sessions(summary)
+        spy.read.clear()
+        records, total = r.newest_actions(2, summary=summary)
+        assert total == 5 and spy.read == {"newest_page": 2 * 7}
+        assert [x.invocation_id for x in records] == ["inv-3", "inv-4"]
+    _fill(place, [interrupted("inv-new", "bob")])
+    with place.reader() as r:
+        assert r.newest_actions(1, summary=summary)[1] == 6  # brought up to the head
