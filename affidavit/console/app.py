@@ -233,7 +233,7 @@ class Console:
         self.summary = summary or SessionSummary(metrics_key)
         """The journal page's sessions and the unfiltered actions page's counts, brought up to
         date per request (the daemon's, shared with ``/v1/sessions`` and ``/v1/metrics``)."""
-        self.verified = KeptVerify()
+        self.verified = KeptVerify(self.summary)
         """The journal page's verify: the last whole one, extended to the head per request."""
         self.tokens = tokens
         self.sessions = Sessions()

@@ -13,7 +13,9 @@ reached, and how far the rows after it were checked since, and when.
 When the report cannot be extended -- the row it reached is gone or another (the journal was
 replaced, rewound or re-chained: another broker of a shared journal cannot do that, only
 someone writing the database), or the recorded keys changed -- a whole verify runs.  A broken
-whole verify is kept as it is (with when it ran) until the operator verifies again: it is not
+whole verify is kept as it is (with when it ran) until the operator verifies again, and the
+kept views (``SessionSummary``) fold the whole journal again at their next request -- reading
+the altered row as a full fold does: it is not
 read past, nor forgotten; rows after an intact report that do not check are read again from
 that report on each request (a problem stays reported while it is there).
 """
@@ -26,7 +28,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from affidavit.journal import JournalReader, VerifyReport
+from affidavit.journal import JournalReader, SessionSummary, VerifyReport
 
 __all__ = ["KeptVerify"]
 
@@ -40,7 +42,12 @@ class _Whole:
 class KeptVerify:
     """One per console; the threads that read it take turns."""
 
-    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self, summary: SessionSummary | None = None, clock: Callable[[], float] = time.time
+    ) -> None:
+        self._summary = summary
+        """The kept views (``SessionSummary``): a whole verify that finds a row altered makes
+        it fold the journal again (it does not read again a row it folded before)."""
         self._lock = threading.Lock()
         self._clock = clock
         self._whole: _Whole | None = None
@@ -64,6 +71,8 @@ class KeptVerify:
             at = self._clock()
             self._whole, self._shown = _Whole(report, at), (report, at)
             self._base = report if report.ok else None
+            if not report.ok and self._summary is not None:
+                self._summary.forget()  # its rows are read again, as a full fold reads them
             return self._view()
 
     def _keep(self, report: VerifyReport) -> None:

@@ -121,3 +121,33 @@ async def test_a_new_row_altered_is_reported_by_the_next_request(
             {"Origin": origin, "Cookie": cookie},
         )
         assert status == 400
+
+
+async def test_a_whole_verify_that_finds_a_row_altered_has_the_kept_views_read_it_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The kept sessions view does not read again a row it folded; a whole verify that finds
+    one altered has it fold the journal again, meeting the altered row as a full fold does --
+    and the page still shows the verify, with why the sessions cannot be read."""
+    path = operator_config(tmp_path, monkeypatch, {"pay": http_target("http://127.0.0.1:9")})
+    refused = {"target": "nope", "method": "GET", "path": "/", "session": "s1"}
+    async with open_broker(path) as b, served(b, tmp_path) as (origin, console):
+        cookie, csrf = await log_in_to(console, origin)
+        await b.call(refused)
+        _, _, page = await get(f"{origin}/journal", cookie=cookie)
+        assert b'href="/actions?session=s1"' in page
+        conn = sqlite3.connect(tmp_path / "journal.db", isolation_level=None)
+        try:
+            conn.execute("DROP TRIGGER IF EXISTS events_no_update")
+            conn.execute("UPDATE events SET attrs = '[1]' WHERE seq = 1")
+        finally:
+            conn.close()
+        _, _, page = await get(f"{origin}/journal", cookie=cookie)
+        assert b'href="/actions?session=s1"' in page  # kept: not read again (the page says so)
+        _, _, page = await post(
+            f"{origin}/journal/verify", {"csrf": csrf}, {"Origin": origin, "Cookie": cookie}
+        )
+        assert _verify_line(page).startswith("BROKEN at seq 1")
+        m = re.search(rb'id="sessions-error">([^<]*)<', page)
+        assert m is not None and b"altered" in m.group(1), page[-1500:]
+        assert b'href="/actions?session=s1"' not in page
