@@ -156,8 +156,8 @@ def actions_page(
     streamed, so memory is O(MAX_ROWS), not O(journal).  Without a filter, given ``summary``
     (one with ``views.metrics_key`` as its tally), the counts are its kept tallies and the
     rows the page alone (``JournalReader.newest_actions``): O(what changed since the last
-    request + the page), not O(journal) -- issue 15.  The count of the rows shown is the
-    tallies' (read in the same snapshot), never more than the records show."""
+    request + the page), not O(journal) -- issue 15; the counts, the total and the rows are
+    read in one snapshot (``JournalReader.summarized_page``)."""
     if f == ActionFilters() and summary is not None:
         return _unfiltered_page(reader, summary)
     records = reader.iter_actions(
