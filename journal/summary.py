@@ -202,11 +202,16 @@ class SessionSummary:
     def count(self, tables: Tables, now: float) -> int | None:
         """How many invocations the journal has, brought up to the head -- None when nothing
         is kept yet (the first fold is the whole journal's: a caller that needs only the count
-        counts in the database instead)."""
-        with self._lock:
+        counts in the database instead), or when another thread holds the summary (it may be
+        folding the whole journal: a count does not wait for that)."""
+        if not self._lock.acquire(blocking=False):
+            return None
+        try:
             if self._state.through == 0:
                 return None
             return len(self._refresh(tables, now).invs)
+        finally:
+            self._lock.release()
 
     def _refresh(self, tables: Tables, now: float) -> _State:
         head, head_hash = tables.head()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -303,3 +304,23 @@ def test_a_kept_count_is_not_counted_again_in_the_database(place: Place) -> None
     _fill(place, [interrupted("inv-new", "bob")])
     with place.reader() as r:
         assert r.newest_actions(1, summary=summary)[1] == 6  # brought up to the head
+        # Another thread holds the summary (a first fold may take seconds): counted in the
+        # database, not waited for.
+        held, done = threading.Event(), threading.Event()
+
+        def hold() -> None:
+            with summary._lock:
+                held.set()
+                done.wait(5.0)  # (bounded: a count that waited would go on after 5 s)
+
+        holder = threading.Thread(target=hold)
+        holder.start()
+        try:
+            assert held.wait(5.0)
+            spy = _Counting(r.tables)
+            r.tables = spy  # type: ignore[assignment]
+            assert r.newest_actions(1, summary=summary)[1] == 6
+            assert spy.read == {"newest_grouped": 5} and not done.is_set()
+        finally:
+            done.set()
+            holder.join()
