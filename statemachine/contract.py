@@ -103,8 +103,10 @@ class CodeInfo:
     ``backoff`` (and whatever its budget) -- set where the evidence itself proves that the
     identical request, sent again, meets the same end, so a resend after a delay is no path out
     (RESULT_SIZE_LIMIT: the remote was sending a result larger than ``max_result``; the limit
-    or the request must change first).  A non-idempotent operation keeps the unknown rules: the
-    remote may have acted."""
+    or the request must change first).  A non-idempotent operation gets ``reconcile``, whatever
+    its idempotency key: the remote may have acted, and a same-key resend gets back the result
+    the remote stored for the key (seed: the remote must "store the first definite result ...
+    and return it on a retry") -- the same one past the limit."""
     pending: bool = False
     """A code of an invocation that has not finished (IN_PROGRESS, APPROVAL_PENDING): shown while
     its record rests in a non-final state; the hint is always ``fetch_result``."""
@@ -317,8 +319,9 @@ CODES: dict[Code, CodeInfo] = {
         " closed the connection and returns nothing of it.  The remote may have run"
         " (`evidence.result_size_limit`: the limit and the bytes received).  Sent again, the"
         " same request meets the same limit: an idempotent operation is hinted"
-        " `after_correction` (raise `max_result` or ask for less), any other one follows the"
-        " unknown rules.",
+        " `after_correction` (raise `max_result` or ask for less); any other one `reconcile`,"
+        " with an idempotency key too (the remote answers a same-key resend with the result it"
+        " stored, the same one past the limit).",
         when_idempotent=Retry.AFTER_CORRECTION,
     ),
     Code.CALLER_CANCELLED: CodeInfo(

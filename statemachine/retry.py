@@ -169,12 +169,14 @@ def retry_hint(
         return Retry.AFTER_CORRECTION if budget_left <= 0 else Retry.BACKOFF
 
     if outcome == Outcome.UNKNOWN:
-        if idempotent and code is not None:
+        proven = CODES[code].when_idempotent if code is not None else None
+        if proven is not None:
             # Evidence that the identical request meets the same end (CodeInfo.when_idempotent):
-            # backoff would only repeat it until the budget is spent.
-            proven = CODES[code].when_idempotent
-            if proven is not None:
-                return proven
+            # backoff would only repeat it until the budget is spent.  A non-idempotent one
+            # may have acted and has no same-key path either: under the remote's deduplication
+            # contract a same-key resend gets back the first result the remote stored -- the
+            # one past the limit -- so only reconciliation leads out of unknown.
+            return proven if idempotent else Retry.RECONCILE
         return _unknown_hint(idempotent, has_key, key_expires_at, budget_left, now)
 
     # REMOTE_THROTTLED.  Seed: "may permit backoff if the method is safe to retry and the

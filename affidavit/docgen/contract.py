@@ -134,7 +134,9 @@ def _retry_sections() -> list[str]:
         + "`, `".join(c.value for c in Code if CODES[c].when_idempotent)
         + "`: the remote was sending more than `max_result`), operation configured idempotent "
         "→ `after_correction` (raise the limit or ask for less; a resend after a delay only "
-        "repeats it); otherwise budget spent → `reconcile`; operation configured idempotent → "
+        "repeats it), any other operation → `reconcile` (a same-key resend gets back the "
+        "result the remote stored for the key, the same one past the limit); otherwise budget "
+        "spent → `reconcile`; operation configured idempotent → "
         "`backoff`; "
         "an idempotency key usable (no expiry, or more than "
         f"{RETENTION_MARGIN_S:g} s before the remote forgets it) → `same_idempotency_key`; "

@@ -157,18 +157,41 @@ async def test_a_same_key_call_after_an_idempotent_request_cut_at_max_result_sen
             assert len(srv.requests) == 1, [r.method for r in srv.requests]
 
 
-async def test_a_non_idempotent_request_cut_at_max_result_keeps_its_same_key_hint(
+async def test_a_keyed_non_idempotent_request_cut_at_max_result_is_hinted_reconcile(
     tmp_path: Path,
 ) -> None:
-    """A POST cut at the limit may have acted: it keeps the unknown rules -- with a configured
-    idempotency contract, ``same_idempotency_key`` (``reconcile`` without one: the test above
-    it with ``POST``)."""
+    """A POST cut at the limit may have acted, and its idempotency key is no way out: the
+    remote's deduplication contract answers a same-key resend with the first result it stored
+    for the key -- the one past ``max_result`` -- so ``same_idempotency_key`` would only send
+    automation round until the budget is spent.  ``reconcile``; and a call with the same key
+    answers the record instead of sending the POST again."""
     idem = {"header": "Idempotency-Key", "scope": "charges", "retention": "24h"}
     env, events, srv, took, grown = await _call_over_the_limit(
-        tmp_path, scripts.endless("chunked"), POST, "same_idempotency_key", idempotency=idem
+        tmp_path, scripts.endless("chunked"), POST, "reconcile", idempotency=idem
     )
     _assert_bounded(env, events, srv, took, grown)
     assert env["evidence"]["idempotency"]["key"]
+
+
+async def test_a_same_key_call_after_a_non_idempotent_request_cut_at_max_result_sends_nothing(
+    tmp_path: Path,
+) -> None:
+    idem = {"header": "Idempotency-Key", "scope": "charges", "retention": "24h"}
+    keyed = {**POST, "idempotency_key": "charge-1"}
+    async with HostileServer.running(scripts.endless("chunked")) as srv:
+        cfg = write_config(
+            tmp_path, {"api": http_target(srv.url, max_result=LIMIT, idempotency=idem)}
+        )
+        async with open_broker(cfg) as broker:
+            ids = set()
+            for _ in range(3):
+                with trio.fail_after(WAIT):
+                    env = await broker.call(keyed)
+                assert_error(broker, env, phase="remote_execution", outcome="unknown",
+                             retry="reconcile", code="RESULT_SIZE_LIMIT")  # fmt: skip
+                ids.add(env["invocation_id"])
+            assert len(ids) == 1
+            assert len(srv.requests) == 1, [r.method for r in srv.requests]
 
 
 async def test_a_compressed_body_is_held_to_max_result_once_decoded(tmp_path: Path) -> None:
