@@ -262,8 +262,13 @@ def _refund_refused_retry(p: Projector) -> None:
     """A retry refused in its own preflight (re-validation, credential) right after its lease
     never reached dispatch: it was no attempt, so the budget its lease took is given back (seed:
     "Store the retry budget in the action record" -- a budget of attempts).  The lease is where
-    the budget is taken and checked, so no writer can reach dispatch around it."""
-    if p._generation > 0 and p._state in _RETRY_PREFLIGHT:
+    the budget is taken and checked, so no writer can reach dispatch around it.  The first
+    attempt (generation 0, counted at ACTION_ACCEPTED) refused in its preflight was no attempt
+    either: with ``budget = 1`` an APPROVAL_LIMIT refusal (nothing asked, nothing sent) would
+    otherwise spend the whole budget, turn its ``backoff`` into ``after_correction`` -- there is
+    nothing to correct: the caller waits for a slot -- and refuse the same-key retry its hint
+    promises."""
+    if p._state in _RETRY_PREFLIGHT and p._budget_used > 0:
         p._budget_used -= 1
 
 

@@ -163,3 +163,34 @@ async def test_an_unkeyed_refused_request_asks_again_as_a_new_call_after_the_bac
             assert again["invocation_id"] != refused["invocation_id"]
             assert again["error"]["code"] == "APPROVAL_PENDING", again
     assert srv.requests == []
+
+
+async def test_with_a_budget_of_one_a_refused_keyed_request_still_says_backoff_and_retries(
+    tmp_path: Path, token: str
+) -> None:
+    """The refusal was no attempt (nothing asked, nothing sent), so it spends none of a budget
+    of one: the hint stays ``backoff`` -- there is nothing to correct, the caller waits for a
+    slot --, and following it with the same key asks the operator and, approved, sends once."""
+    async with HostileServer.running(scripts.serve(OK)) as srv:
+        idem = {"header": "Idempotency-Key", "scope": "charges", "retention": "24h"}
+        cfg = approval_config(
+            tmp_path, srv.url, service={"max_pending_approvals": 1}, idempotency=idem, budget=1
+        )
+        async with open_broker(cfg) as b:
+            first = await b.call(CHARGE, requester=AGENT)
+            keyed = {**CHARGE, "idempotency_key": "charge-1"}
+            refused = await b.call(keyed, requester=AGENT)
+            rec = assert_error(b, refused, phase="credential_injection", outcome="not_attempted",
+                               retry="backoff", code="APPROVAL_LIMIT")  # fmt: skip
+            assert (rec.budget.total, rec.budget.left) == (1, 1)
+            iid = refused["invocation_id"]
+            await b.deny(first["invocation_id"], note="no", operator=OPS)
+            again = await b.call(keyed, requester=AGENT)
+            assert again["invocation_id"] == iid
+            assert again["error"]["code"] == "APPROVAL_PENDING", again
+            await b.approve(iid, operator=OPS)
+            with trio.fail_after(15):
+                done = await b.call(keyed, requester=AGENT)
+            assert done["invocation_id"] == iid and "error" not in done, done
+            verify_ok(b)
+    assert len(srv.requests) == 1

@@ -345,11 +345,12 @@ class ProjectionMachine(RuleBasedStateMachine):
             assert rec.outcome is not Outcome.NOT_ATTEMPTED
         assert rec.generation >= prev.generation
         assert rec.budget.used <= rec.budget.total
-        # Monotone, except that a retry refused in its own preflight gives back the one its
-        # lease took (issue 9: a refused preflight is no attempt).
+        # Monotone, except that an attempt refused in its own preflight -- a retry, or the
+        # first one -- gives back the one its lease (or ACTION_ACCEPTED) took (issue 9: a
+        # refused preflight is no attempt).
         refund = rec.state in ("credential_failed", "validation_failed", "retry_invalid")
         refund = refund or rec.state == "retry_credential_failed"
-        assert rec.budget.used >= prev.budget.used - (1 if refund and rec.generation else 0)
+        assert rec.budget.used >= prev.budget.used - (1 if refund else 0)
         assert len(rec.attempts) >= len(prev.attempts)
         # an attempt once recorded keeps its number, generation and dispatch seq
         for old, new in zip(prev.attempts, rec.attempts, strict=False):

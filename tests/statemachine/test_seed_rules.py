@@ -269,7 +269,7 @@ def test_only_a_credential_refusal_that_says_backoff_is_retried_under_its_invoca
     inv.ev(E.RETRY_LEASE_ACQUIRED, generation=1)
     assert inv.rec().state == "validated"
     inv.ev(E.CREDENTIAL_FAILED, code="APPROVAL_LIMIT", generation=1)
-    assert inv.rec().budget.left == 1  # refused in its preflight: the budget comes back
+    assert inv.rec().budget.left == 2  # both refused in their preflight: no budget spent
     inv.ev(E.RETRY_LEASE_ACQUIRED, generation=2)
     inv.ev(E.APPROVAL_REQUESTED, fingerprint="sha256:a990", expires_at=1_900_000_000.0)
     assert inv.rec().state == "awaiting_approval"
@@ -288,6 +288,17 @@ def test_a_retry_after_a_dispatch_never_waits_for_approval() -> None:
     inv = unknown_post(budget=3).ev(E.RETRY_LEASE_ACQUIRED, generation=1)
     assert inv.rec().state == "retry_pending"
     assert inv.refused(E.APPROVAL_REQUESTED, **APPROVAL)
+
+
+def test_a_first_attempt_refused_in_its_preflight_does_not_spend_a_budget_of_one() -> None:
+    """APPROVAL_LIMIT on the first attempt: nothing asked, nothing sent -- no attempt.  With
+    ``budget = 1`` it keeps its budget, so the hint stays ``backoff`` (there is nothing to
+    correct) and the same-key retry that hint promises may take its lease."""
+    inv = Inv(budget=1).ev(E.PREFLIGHT_VALIDATED).ev(E.CREDENTIAL_FAILED, code="APPROVAL_LIMIT")
+    assert inv.rec().budget.left == 1
+    assert inv.rec().retry is Retry.BACKOFF
+    inv.ev(E.RETRY_LEASE_ACQUIRED, generation=1)
+    assert (inv.rec().state, inv.rec().budget.left) == ("validated", 0)
 
 
 def test_a_retry_refused_in_its_preflight_does_not_spend_the_budget() -> None:
