@@ -11,8 +11,9 @@ One mechanism, two layers:
 * **Whole-value forms** (``secret_forms``): the value itself, its base64 (standard and URL-safe,
   padded or not), the base64 *cores* of the value at the two other alignments inside a longer
   base64 blob (the characters that depend on the value's bytes alone), and its hex in lower and
-  upper case.  The binding lists the values: the secret and the whole injected value
-  (``Bearer <token>``, ``user:password``, the password alone).
+  upper case; a value whose letters are all hex digits (a hex token, a UUID) also lower- and
+  upper-cased itself (``_case_free``).  The binding lists the values: the secret and the
+  whole injected value (``Bearer <token>``, ``user:password``, the password alone).
 * **Unit encodings**: every whole-value form is matched with each of its characters written in any
   of the ways a server may write it -- literally; as ``%XX`` with either hex case (percent
   encoding with *any* safe set is then one pattern); ``+`` for a space (form encoding); or as a
@@ -110,11 +111,27 @@ def _literal_forms(value: bytes) -> set[bytes]:
     return forms
 
 
+_HEX_LETTERS = frozenset(b"abcdefABCDEF")
+
+
+def _case_free(value: bytes) -> bool:
+    """Whether ``value``'s case carries nothing: its ASCII letters, at least one, are all hex
+    digits (a hex token, a UUID).  A remote may print such a value in either case (a ``%X``
+    format, a UUID type that upper-cases) and the echo is still the credential, so its raw
+    form is matched in lower and upper case in bodies too.  Any other letter makes case part
+    of the value (base64, an alphanumeric token): a case-changed echo of it is not the value,
+    and bodies keep matching it as written (docs/redaction.md)."""
+    letters = [b for b in value if 0x41 <= b <= 0x5A or 0x61 <= b <= 0x7A]
+    return bool(letters) and all(b in _HEX_LETTERS for b in letters)
+
+
 def secret_forms(value: bytes) -> set[bytes]:
     """The whole-value forms of ``value`` as concrete byte strings; each is matched in every
     unit encoding (and the base64 alphabets and hex cases may mix: see ``_value_slots``)."""
     forms = _literal_forms(value)
     if value and len(value) <= LONG_VALUE:
+        if _case_free(value):
+            forms |= {value.lower(), value.upper()}
         for shift in (0, 1, 2):
             forms |= {c for c in _cores(value, shift) if len(c) >= MIN_CORE}
         hexed = value.hex().encode("ascii")
@@ -156,7 +173,8 @@ def _value_slots(value: bytes) -> list[list[Slot]]:
     """``secret_forms(value)`` as few patterns: the base64 alphabets merged position by position
     (one pattern, padding and the last, neighbour-dependent character optional), the hex cases
     merged likewise.  Fewer, shorter patterns compile faster; each concrete form still matches."""
-    forms = [_merge([value])]
+    case_free = len(value) <= LONG_VALUE and _case_free(value)
+    forms = [_merge([value, value.lower(), value.upper()] if case_free else [value])]
     plain = [enc(value) for enc in _B64]
     core0 = len(_cores(value, 0)[0])
     forms.append(_merge(plain, optional_from=core0 if core0 >= MIN_CORE else len(plain[0])))

@@ -208,6 +208,20 @@ def test_a_remote_s_short_text_loses_each_form_in_either_case_a_body_only_as_wri
     assert r.sub(b"x " + tok.lower() + b" y") == b"x " + tok.lower() + b" y"
 
 
+def test_a_hex_or_uuid_value_is_redacted_from_a_body_in_either_case() -> None:
+    """A value whose letters are all hex digits is the same credential in either case: its raw
+    form is matched lower- and upper-cased in bodies too, streamed or not, with its escapes.  A
+    value with any other letter keeps its case in bodies (the test above)."""
+    for tok in (b"9f86d081884c7d65", b"3F2504E0-4F89-11D3-9A0C-0305E82C3301"):
+        for echo in (tok.lower(), tok.upper(), tok.swapcase()):
+            body = b'{"t": "' + echo.replace(b"-", b"\\u002D") + b'"} ' + echo + b" x"
+            assert Redactor([tok]).sub(body) == b'{"t": "[REDACTED]"} [REDACTED] x'
+            assert _chunked(Redactor([tok]), body, [3, 17, 30]) == Redactor([tok]).sub(body)
+    assert Redactor([b"1234567890"]).sub(b"1234567890") == b"[REDACTED]"  # no letter, no case
+    alnum = b"9f86d081884c7d6z"  # a "z": case is part of the value
+    assert Redactor([alnum]).sub(alnum.upper()) == alnum.upper()
+
+
 def test_a_url_holds_the_secret_in_any_form_case_or_percent_encoding_depth() -> None:
     tok = b"Tok-Ab3Xy9Zq-Cd7"
     r = Redactor([tok])

@@ -166,3 +166,34 @@ async def _call(tmp: Path, scheme: str, reply: Any) -> tuple[dict[str, Any], dic
                 fetched = await broker.fetch_result(env["invocation_id"])
                 assert fetched is not None
                 return env, json.loads(json.dumps(fetched))
+
+
+@pytest.mark.parametrize(
+    "secret",
+    [b"9f86d081884c7d659a2feaa0c55ad015", b"3F2504E0-4F89-11D3-9A0C-0305E82C3301"],
+)
+async def test_a_hex_token_echoed_in_the_other_case_is_redacted_in_the_body(
+    tmp_path: Path, secret: bytes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Canary: a hex token or a UUID is the same credential in either case, and a remote may
+    print it in its own (a ``%X`` format, a UUID type that upper-cases).  Its body echo --
+    plain, in JSON, after ``Bearer `` -- is redacted in the envelope, the fetched result and
+    the journal's bytes.  (A case-sensitive token changed in case is not the token: bodies
+    match it as written, docs/redaction.md.)"""
+    monkeypatch.setenv(TOKEN_ENV, secret.decode())
+    other = secret.swapcase()
+    shown = {"plain": other, "json": json.dumps({"t": other.decode()}).encode()}
+    shown["bearer"] = b"Bearer " + other
+
+    def reply(req: Received) -> Reply:
+        assert req.header("authorization") == "Bearer " + secret.decode()
+        return Reply(200, body=b"\n".join(b"%s: <%s>" % (k.encode(), v) for k, v in shown.items()))
+
+    envelope, fetched = await _call(tmp_path, "bearer", reply)
+    journal = b"".join(p.read_bytes() for p in tmp_path.glob("journal.db*") if p.is_file())
+    assert "error" not in envelope, envelope
+    bodies = [b for b in _result_bytes(envelope) if b.startswith(b"plain: ")]
+    assert bodies and all(b.count(b"[REDACTED]") == 3 for b in bodies), bodies
+    for blob in [*_result_bytes(envelope), *_result_bytes(fetched), journal]:
+        for form in (secret.lower(), secret.upper()):
+            assert form not in blob
