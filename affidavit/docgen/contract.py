@@ -166,6 +166,14 @@ def _retry_sections() -> list[str]:
         "the remote may have forgotten the key. A listing computes all of its hints at one "
         "moment.",
         "",
+        "A record that rests in no final state (an attempt runs, waits for an operator, or its "
+        "broker stopped and its lease has not run out) is shown with `fetch_result` by every "
+        "view (`record`, the actions view, the console: `views.shown_retry`), as its envelope "
+        "says (IN_PROGRESS): a same-key call then answers IN_PROGRESS, and a new call would be "
+        "a second active attempt -- the hint of the attempt before it, a `backoff` or "
+        "`same_idempotency_key`, is no longer what automation may do. Its `state` and "
+        "`generation` say what runs; once it rests again, its own hint is shown.",
+        "",
         "The stored result (the remote's summary and streams, the hash RESULT_COMMITTED "
         "records) is a historical document: it is served as committed and holds no hint. The "
         "envelope around it -- `phase`, `outcome`, `code`, `retry` -- is the record's, "

@@ -13,7 +13,7 @@ from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, cast
 
-from affidavit.statemachine import STATES, Event, Outcome, Phase, Record
+from affidavit.statemachine import STATES, Event, Outcome, Phase, Record, Retry
 
 if TYPE_CHECKING:
     from affidavit.journal import JournalReader, SessionSummary
@@ -30,6 +30,7 @@ __all__ = [
     "prometheus_text",
     "record_json_encoder",
     "record_to_json",
+    "shown_retry",
 ]
 
 
@@ -55,6 +56,19 @@ def plain(value: Any) -> Any:
     return value
 
 
+def shown_retry(rec: Record) -> str:
+    """The retry hint a view shows for ``rec``: its own once it rests in a final state;
+    ``fetch_result`` while it does not -- an attempt runs, waits for an operator, or its broker
+    stopped and its lease has not run out.  Then a same-key call answers IN_PROGRESS and a new
+    call would be a second active attempt (seed: "allow only one active attempt"), so the view
+    says what the envelope says, not the hint of an attempt that is no longer the current one
+    (docs/contract.md, "When the hint is computed")."""
+    return rec.retry.value if rec.final else _FETCH
+
+
+_FETCH = Retry.FETCH_RESULT.value
+
+
 def record_to_json(rec: Record) -> dict[str, Any]:
     """A projected record as plain JSON (enums as their values)."""
     return _record_fields(rec, plain)
@@ -67,7 +81,7 @@ def _record_fields(rec: Record, conv: Callable[[Any], Any]) -> dict[str, Any]:
         "state": rec.state,
         "phase": rec.phase.value,
         "outcome": rec.outcome.value,
-        "retry": rec.retry.value,
+        "retry": shown_retry(rec),
         "code": rec.code.value if rec.code is not None else None,
         "message": rec.message,
         "field": rec.field,
@@ -131,6 +145,7 @@ def record_json_encoder() -> Callable[[Record], str]:
             return "".join(chunks(value, 0))
 
     string, int_text, final = json.encoder.encode_basestring_ascii, int.__repr__, _FINAL
+    fetch = string(_FETCH)  # ``shown_retry`` of a record not final
 
     def text(v: Any) -> str:
         t = type(v)
@@ -172,7 +187,7 @@ def record_json_encoder() -> Callable[[Record], str]:
             f'"outcome": {string(rec.outcome)}, '
             f'"phase": {string(rec.phase)}, '
             f'"protocol": {text(rec.protocol)}, '
-            f'"retry": {string(rec.retry)}, '
+            f'"retry": {string(rec.retry) if rec.final else fetch}, '
             f'"retry_after": {"null" if (v := rec.retry_after) is None else text(v)}, '
             f'"session": {text(rec.session)}, '
             f'"state": {string(rec.state)}, '

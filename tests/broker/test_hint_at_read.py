@@ -23,7 +23,7 @@ import trio
 
 from affidavit.mcp.backends import Embedded
 from affidavit.statemachine.retry import RETENTION_MARGIN_S
-from tests.http.hostile import HostileServer, Peer
+from tests.http.hostile import HostileServer, Peer, Reply, scripts
 
 from .helpers import affidavit_cli, http_target, open_broker, write_config
 
@@ -90,3 +90,52 @@ async def test_every_read_computes_the_hint_now_not_at_the_last_event(
     listing = await affidavit_cli("actions", "--json", "--config", str(cfg))
     assert listing.returncode == 0, listing.stderr
     assert [r["retry"] for r in json.loads(listing.stdout)] == ["reconcile"]
+
+
+async def test_a_record_whose_attempt_runs_is_shown_fetch_result_as_a_same_key_call_answers(
+    tmp_path: Path, token: str
+) -> None:
+    """While the POST is in flight its record is unknown and its key usable, so the hint the
+    projection computes is ``same_idempotency_key``; but a same-key call answers IN_PROGRESS
+    (the attempt holds the lease) and a new call would be a second active attempt.  Every view
+    -- ``record`` and ``list_actions`` (MCP and daemon), ``affidavit actions --json`` and
+    ``record`` -- shows ``fetch_result`` then, as the envelope does; once the answer is
+    recorded, the record's own hint."""
+    async with HostileServer.running(scripts.held(Reply(200, body=b"{}"))) as srv:
+        idem = {"header": "Idempotency-Key", "scope": "pay", "retention": "24h"}
+        cfg = write_config(tmp_path, {"api": http_target(srv.url, idempotency=idem)})
+        keyed = {**POST, "idempotency_key": "charge-live"}
+        async with open_broker(cfg) as broker, trio.open_nursery() as nursery:
+            answered: list[dict] = []
+
+            async def first() -> None:
+                answered.append(await broker.call(keyed))
+
+            nursery.start_soon(first)
+            with trio.fail_after(10):
+                await srv.event("received").wait()
+            (listed,) = broker.journal.list_actions()
+            iid = listed.invocation_id
+            assert not listed.final and listed.outcome == "unknown"
+            with trio.fail_after(10):
+                again = await broker.call(keyed)
+            assert (again["error"]["code"], again["error"]["retry"]) == (
+                "IN_PROGRESS",
+                "fetch_result",
+            ), again
+            mcp = Embedded(broker)
+            assert (await mcp.record(iid))["record"]["retry"] == "fetch_result"
+            rows = (await mcp.actions(None, None, 50))["actions"]
+            assert [r["retry"] for r in rows] == ["fetch_result"]
+            listing = await affidavit_cli("actions", "--json", "--config", str(cfg))
+            assert [r["retry"] for r in json.loads(listing.stdout)] == ["fetch_result"]
+            text = await affidavit_cli("record", iid, "--config", str(cfg))
+            assert b"retry fetch_result" in text.stdout, text.stdout
+            srv.event("release").set()
+            with trio.fail_after(10):
+                while not answered:
+                    await trio.sleep(0.01)
+            assert "error" not in answered[0], answered
+            rows = (await mcp.actions(None, None, 50))["actions"]
+            assert [r["retry"] for r in rows] == ["never"]
+    assert len(srv.requests) == 1
