@@ -208,6 +208,8 @@ def _on_accepted(p: Projector, event: Event) -> None:
     p._budget_used = 1
     p._max_retry_after = float(max_retry_after)
     ev = p._evidence
+    if "lease_expires_at" in attrs:  # generation 0's deadline (its broker's lease)
+        ev["lease"] = _lease_evidence(event, 0, attrs["lease_expires_at"])
     if idem:
         contract = dict(idem)
         contract.setdefault("fingerprint", fingerprint)
@@ -382,11 +384,19 @@ def _on_lease(p: Projector, event: Event) -> None:
             _refuse(p, event, "a credential refusal is retried only when its code says backoff")
     p._generation = gen
     p._budget_used += 1
-    p._evidence["lease"] = {
-        "generation": gen,
-        "holder": event.attrs.get("holder"),
-        "seq": event.seq,
-    }
+    p._evidence["lease"] = _lease_evidence(event, gen, event.attrs.get("expires_at"))
+
+
+def _lease_evidence(event: Event, gen: int, expires: object) -> dict[str, Any]:
+    """``evidence.lease``: the current attempt's lease -- its generation, holder, event and
+    deadline (``expires_at``, in the journal's lease clock; absent when the event has none).
+    While the record rests in no final state, the deadline says until when a live attempt
+    holds the invocation: a same-key call answers IN_PROGRESS until then, and only after it
+    may recovery close the attempt (docs/contract.md, "When the hint is computed")."""
+    lease = {"generation": gen, "holder": event.attrs.get("holder"), "seq": event.seq}
+    if _is_number(expires):
+        lease["expires_at"] = expires
+    return lease
 
 
 def _on_dispatch_lease(p: Projector, event: Event) -> None:
@@ -395,11 +405,7 @@ def _on_dispatch_lease(p: Projector, event: Event) -> None:
         _refuse(p, event, f"lease generation must exceed {p._generation}")
     # No budget is spent: the approved invocation has not been attempted yet.
     p._generation = gen
-    p._evidence["lease"] = {
-        "generation": gen,
-        "holder": event.attrs.get("holder"),
-        "seq": event.seq,
-    }
+    p._evidence["lease"] = _lease_evidence(event, gen, event.attrs.get("expires_at"))
 
 
 _PER_ATTEMPT_FACTS = (

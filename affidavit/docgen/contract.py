@@ -171,8 +171,10 @@ def _retry_sections() -> list[str]:
         "view (`record`, the actions view, the console: `views.shown_retry`), as its envelope "
         "says (IN_PROGRESS): a same-key call then answers IN_PROGRESS, and a new call would be "
         "a second active attempt -- the hint of the attempt before it, a `backoff` or "
-        "`same_idempotency_key`, is no longer what automation may do. Its `state` and "
-        "`generation` say what runs; once it rests again, its own hint is shown.",
+        "`same_idempotency_key`, is no longer what automation may do. Its `state` says what "
+        "runs and `evidence.lease` whose attempt it is and until when its lease holds the "
+        "invocation (`expires_at`; a same-key call answers IN_PROGRESS until then, after it "
+        "recovery may close the attempt); once it rests again, its own hint is shown.",
         "",
         "The stored result (the remote's summary and streams, the hash RESULT_COMMITTED "
         "records) is a historical document: it is served as committed and holds no hint. The "

@@ -123,8 +123,13 @@ async def test_a_record_whose_attempt_runs_is_shown_fetch_result_as_a_same_key_c
                 "IN_PROGRESS",
                 "fetch_result",
             ), again
+            # ... and until when the live attempt holds it: its lease's deadline.
+            lease = again["evidence"]["lease"]
+            assert lease["generation"] == 0 and lease["expires_at"] > time.time(), lease
             mcp = Embedded(broker)
-            assert (await mcp.record(iid))["record"]["retry"] == "fetch_result"
+            shown = (await mcp.record(iid))["record"]
+            assert shown["retry"] == "fetch_result"
+            assert shown["evidence"]["lease"] == lease
             rows = (await mcp.actions(None, None, 50))["actions"]
             assert [r["retry"] for r in rows] == ["fetch_result"]
             listing = await affidavit_cli("actions", "--json", "--config", str(cfg))
