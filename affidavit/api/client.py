@@ -39,6 +39,7 @@ from .wire import (
     DaemonUnavailable,
     Response,
     approval_path,
+    check_peer,
     check_socket,
     check_timeout,
     invocation_path,
@@ -323,6 +324,12 @@ class Client:
             raise DaemonUnavailable(
                 f"cannot reach the affidavit daemon at {self.path} ({exc.strerror or exc})"
             ) from None
+        try:
+            check_peer(stream.socket, self.path)  # type: ignore[arg-type]
+        except BaseException:
+            with trio.CancelScope(shield=True):
+                await stream.aclose()
+            raise
         return _Conn(stream), False
 
     async def _request(

@@ -24,6 +24,7 @@ import os
 import re
 import socket
 import stat
+import sys
 import time
 from collections.abc import Mapping
 
@@ -45,6 +46,7 @@ __all__ = [
     "SocketUnsafe",
     "approval_path",
     "blocking_request",
+    "check_peer",
     "check_socket",
     "check_timeout",
     "invocation_path",
@@ -297,7 +299,8 @@ def check_socket(path: str) -> None:
     a trusted uid; the directory is writable by its owner only, sticky or not (in ``/tmp``
     anyone could have bound the name first); no directory above is writable by others unless
     sticky (whoever could rename the socket's directory could put their own there).  A path
-    that is missing or not a socket is left to ``connect`` to report."""
+    that is missing or not a socket is left to ``connect`` to report.  What the path leads to
+    can change before ``connect``: ``check_peer`` then asks the kernel who listens."""
     real = os.path.realpath(path)
     directory = os.path.dirname(real)
     try:
@@ -339,6 +342,31 @@ def check_socket(path: str) -> None:
         if above == os.path.dirname(above):
             return
         above = os.path.dirname(above)
+
+
+def check_peer(sock: socket.socket, path: str) -> None:
+    """Refuse (``SocketUnsafe``) a connected socket whose listener the client does not trust,
+    before a byte of the request is sent: the kernel's word (SO_PEERCRED, the credentials of
+    the process that called ``listen``), which no swap of the path can forge.  ``check_socket``
+    looks at the path, ``connect`` follows it afterwards: in between, a link on the way (the
+    socket path itself may be one, in a directory of anyone's) can be pointed elsewhere, a
+    missing directory made.  On a platform without SO_PEERCRED the path's check stands alone."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
+    except OSError as exc:
+        raise SocketUnsafe(
+            f"refusing the daemon's socket {path}: the kernel does not say who listens on it "
+            f"({exc.strerror or exc})"
+        ) from None
+    uid = int.from_bytes(raw[4:8], sys.byteorder)  # struct ucred {pid; uid; gid}
+    trusted = trusted_uids()
+    if uid not in trusted:
+        raise SocketUnsafe(
+            f"refusing the daemon's socket {path}: the process listening on it belongs to uid "
+            f"{uid}, {_trust_hint(uid, trusted)}"
+        )
 
 
 def trusted_uids() -> frozenset[int]:
@@ -394,6 +422,7 @@ def blocking_request(
             raise DaemonUnavailable(
                 f"cannot reach the affidavit daemon at {path} ({exc.strerror or exc})"
             ) from None
+        check_peer(sock, path)
         head = [f"{method} {request_target} HTTP/1.1", *(f"{k}: {v}" for k, v in HEADERS)]
         head.append("connection: close")
         if body is not None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -189,3 +190,80 @@ async def test_a_daemon_uid_that_names_nobody_is_refused_with_its_code(
     line = done.stderr.decode()
     assert f"affidavit: DAEMON_SOCKET_UNSAFE: $AFFIDAVIT_DAEMON_UID={named} names no user" in line
     assert "Traceback" not in line
+
+
+# A listener of another user at a path every check passes: what a swap between the client's
+# look at the path and its connect leaves (a link in a directory of the attacker's pointed
+# elsewhere meanwhile, a missing directory made).  Bound by root, so the file and every
+# directory above are root's; ``listen`` is called as ``uid``, whose process the kernel names.
+_LISTENER = """
+import os, socket, sys
+path, uid = sys.argv[1], int(sys.argv[2])
+sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+sock.bind(path)
+os.setgroups([])
+os.setgid(uid)
+os.setuid(uid)
+sock.listen(8)
+sock.settimeout(20)
+print("ready", flush=True)
+got = 0
+while True:  # every connection, until none comes for a while: what each one sent
+    try:
+        conn, _ = sock.accept()
+    except TimeoutError:
+        break
+    conn.settimeout(5)
+    with conn:
+        while data := conn.recv(65536):
+            got += len(data)
+    sock.settimeout(3)
+print("received", got, flush=True)
+"""
+
+
+async def line_of(stream: trio.abc.ReceiveStream) -> bytes:
+    """The next line the listener prints (bounded)."""
+    out = b""
+    with trio.fail_after(WAIT * 2):
+        while not out.endswith(b"\n"):
+            chunk = await stream.receive_some(1)
+            assert chunk, out
+            out += chunk
+    return out
+
+
+async def test_a_socket_another_user_listens_on_is_not_sent_a_byte(tmp_path: Path) -> None:
+    """The path passes every check, the kernel says who listens (SO_PEERCRED): a listener of
+    an untrusted uid gets the connect and nothing else, from the async ``Client`` and from
+    the command line alike."""
+    require_root()
+    where = tmp_path / "run"
+    where.mkdir(mode=0o755)
+    path = where / "affidavit.sock"
+    listener = await trio.lowlevel.open_process(
+        [sys.executable, "-c", _LISTENER, str(path), str(NOBODY)], stdout=subprocess.PIPE
+    )
+    try:
+        assert listener.stdout is not None
+        assert await line_of(listener.stdout) == b"ready\n"
+        assert (path.stat().st_uid, where.stat().st_uid) == (0, 0)
+        why = f"the process listening on it belongs to uid {NOBODY}, not to you"
+        client = Client(path)
+        try:
+            with trio.fail_after(WAIT), pytest.raises(SocketUnsafe, match=why):
+                await client.actions()
+        finally:
+            await client.aclose()
+        done = await run(
+            [sys.executable, "-m", "affidavit", "actions", "--socket", str(path)],
+            env=client_env(),
+        )
+        assert done.returncode == 2, done
+        assert f"affidavit: DAEMON_SOCKET_UNSAFE: refusing the daemon's socket {path}: {why}" in (
+            done.stderr.decode()
+        )
+        assert await line_of(listener.stdout) == b"received 0\n"  # connected, sent nothing
+    finally:
+        listener.kill()
+        await listener.wait()
