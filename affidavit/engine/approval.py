@@ -11,9 +11,9 @@ So an action the target's ``approval`` covers goes:
 
 1. ``request``: resolve the credential (its non-secret version) and prepare the request (the
    resolved injection), then APPROVAL_REQUESTED -- a barrier -- with the *approval fingerprint*
-   (``approval_fingerprint``: request fingerprint, credential reference and version, injection,
-   config snapshot hash), the expiry, the requester's uid, and, sealed, what will be sent where
-   (for the operator; never the credential).
+   (``approval_fingerprint``: request fingerprint, credential reference -- a keyed digest --
+   and version, injection, config snapshot hash), the expiry, the requester's uid, and,
+   sealed, what will be sent where (for the operator; never the credential).
 2. ``wait``: the caller waits up to the policy's ``wait`` (and its own timeout) for an
    operator's decision (``affidavit.approvals``); past it, the answer is APPROVAL_PENDING.
 3. ``claim``: whoever dispatches an approved invocation -- the waiting caller, or the daemon's
@@ -152,11 +152,16 @@ def approval_fingerprint(
     """``sha256:`` over what an approval binds: the request fingerprint (method, path, caller
     headers, body hash / command, stdin hash -- and the target snapshot), the credential
     reference and its non-secret version, the resolved injection (``prepared.evidence``) and
-    the config snapshot hash."""
+    the config snapshot hash.  The reference enters as a digest keyed by the journal's key:
+    every other part is in the caller's evidence, and the fingerprint too, so a reference
+    hashed as written could be confirmed by guessing (``env:NAME``, ``file:/path``) offline --
+    the reference the caller is not told (``request_attrs``)."""
     doc = {
-        "v": 1,
+        "v": 2,
         "request": fingerprint(action, target),
-        "credential": target.credential,
+        "credential": engine.journal.keyed_digest(
+            "approval-credential", target.credential.encode("utf-8")
+        ),
         "version": version,
         "injection": dict(prepared.evidence),
         "config_hash": engine.snapshot.hash(target),

@@ -13,6 +13,7 @@ Each test asserts the envelope, the durable record and what the server received 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import time
@@ -27,6 +28,7 @@ from affidavit.api.broker import Broker
 from affidavit.approvals import Operator, OperatorError
 from affidavit.engine import CallControl
 from affidavit.journal.sealing import BrokerKey
+from affidavit.schema import canonical_json
 from affidavit.statemachine import EventKind
 from tests.http.hostile import HostileServer, Reply, scripts
 
@@ -581,3 +583,48 @@ async def test_a_joiner_hanging_up_detaches_and_never_cancels_the_approved_reque
             assert event_kinds(b, iid).count(E.DISPATCH_STARTED) == 1
             verify_ok(b)
     assert len(srv.requests) == 1
+
+
+def _fingerprint_of_guess(caller_sees: list[Any], guess: str, v: int) -> str:
+    """The approval fingerprint a caller would compute for a guessed credential reference from
+    what it reads back: the request fingerprint (ACTION_ACCEPTED), the version, injection and
+    config hash (APPROVAL_REQUESTED) -- the doc ``approval_fingerprint`` hashes, the reference
+    as written."""
+    accepted = next(a for k, a in caller_sees if k == E.ACTION_ACCEPTED.value)
+    requested = next(a for k, a in caller_sees if k == E.APPROVAL_REQUESTED.value)
+    doc = {
+        "v": v,
+        "request": accepted["operation"]["fingerprint"],
+        "credential": guess,
+        "version": requested["version"],
+        "injection": requested["injection"],
+        "config_hash": requested["config_hash"],
+    }
+    return "sha256:" + hashlib.sha256(canonical_json(doc)).hexdigest()
+
+
+async def test_the_approval_fingerprint_does_not_confirm_a_guessed_credential_reference(
+    tmp_path: Path, token: str
+) -> None:
+    """The caller reads an approval's fingerprint back; every other part of what it hashes is
+    in the caller's evidence too.  Were the reference hashed as written, a caller could try
+    ``env:NAME`` and ``file:/path`` guesses offline until one matched -- learning the
+    reference the envelope no longer tells it.  The reference is bound by a digest keyed by
+    the journal's key: a guess matches nothing, and a change of reference still changes it."""
+    async with HostileServer.running(scripts.serve(OK)) as srv:
+        cfg = approval_config(tmp_path, srv.url)
+        async with open_broker(cfg) as b:
+            env = await b.call(CHARGE)
+            assert env["error"]["code"] == "APPROVAL_PENDING"
+            iid = env["invocation_id"]
+            caller_sees = [(e.kind.value, dict(e.attrs)) for e in b.events(iid)]
+            ref = b.config.targets["api"].credential
+            assert ref == f"env:{TOKEN_ENV}"
+            fingerprint = next(
+                a["fingerprint"] for k, a in caller_sees if k == E.APPROVAL_REQUESTED.value
+            )
+            [waiting] = b.approvals()
+            assert waiting["fingerprint"] == fingerprint and waiting["credential"] == ref
+    for v in (1, 2):  # the doc as this version and the last one hashed it
+        assert _fingerprint_of_guess(caller_sees, ref, v) != fingerprint
+    assert srv.requests == []
