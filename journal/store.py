@@ -494,9 +494,11 @@ class Journal(JournalReader):
         candidates = self._read(
             lambda t: t.unmarked_chunk_owners(), "the stored chunks no marker names"
         )
-        if not candidates:
-            return []
-        return await self._writer.submit(reclaim.reclaim_op(candidates), barrier=False)
+        dropped: list[str] = []
+        for start in range(0, len(candidates), reclaim.BATCH):  # the head held per batch
+            batch = candidates[start : start + reclaim.BATCH]
+            dropped += await self._writer.submit(reclaim.reclaim_op(batch), barrier=False)
+        return dropped
 
     async def commit_result(
         self,

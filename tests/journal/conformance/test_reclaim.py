@@ -7,9 +7,13 @@ still verifies and the record reads as before."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
 import trio
 
-from affidavit.journal import SigningKey
+from affidavit.journal import SigningKey, reclaim
 from affidavit.statemachine import Event, EventKind
 
 from ..helpers import happy
@@ -83,3 +87,37 @@ def test_a_crash_mid_body_leaves_chunks_that_reclaim_drops_once_the_record_is_cl
             return await j.reclaim_chunks()
 
     assert trio.run(again) == []
+
+
+def test_a_reclaim_of_many_records_holds_the_chain_head_one_batch_at_a_time(
+    place: Place, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each transaction holds the chain head, which another broker's write waits for at most
+    ``[journal] reconnect``: thousands of closed records' chunks (a caller cancelling calls
+    mid-body between two restarts) are checked and dropped ``reclaim.BATCH`` at a time, never
+    in one transaction.  (``BATCH`` lowered to 3 here; seven records.)"""
+    monkeypatch.setattr(reclaim, "BATCH", 3)
+    sizes: list[int] = []
+    real_op = reclaim.reclaim_op
+
+    def counted(candidates: Sequence[str]) -> Any:
+        sizes.append(len(candidates))
+        return real_op(candidates)
+
+    monkeypatch.setattr(reclaim, "reclaim_op", counted)
+    closing = {"code": "REMOTE_OUTCOME_UNKNOWN", "generation": 0}
+    iids = [f"inv-{n}" for n in range(7)]
+
+    async def main() -> list[str]:
+        async with place.open() as j:
+            for iid in iids:
+                for ev in happy(iid)[:-1]:  # through REMOTE_RESPONSE_STARTED
+                    await j.append(ev, barrier=True)
+                await j.put_result_chunk(iid, "body", 0, b"part", generation=0)
+                await j.append(Event(EventKind.ATTEMPT_INTERRUPTED, iid, closing), barrier=True)
+            return await j.reclaim_chunks()
+
+    assert sorted(trio.run(main)) == iids
+    assert sizes == [3, 3, 1]
+    assert [_count(place, iid) for iid in iids] == [(0, 0)] * 7
+    _verify(place)
