@@ -26,7 +26,7 @@ import trio
 
 from affidavit.api.broker import Broker
 from affidavit.engine import CallControl
-from journal import writer
+from affidavit.journal import writer
 from tests.http.hostile import HostileServer, Peer, Reply
 
 from .helpers import http_target, open_broker, raw_kinds, write_config
@@ -142,6 +142,10 @@ async def test_a_cancellation_at_any_step_never_sends_before_the_barrier_nor_mis
         target = http_target(srv.url, follow_redirects=path == "redirect")
         config = write_config(tmp_path, {"api": target})
         async with open_broker(config) as broker:
+            # The module patched above is the one the broker's writer runs in (imported as
+            # ``journal.writer``, the package's other name, it was a copy: the patch did
+            # nothing and "full" ran as "room").
+            assert type(broker.journal._writer).__module__ == writer.__name__
             _, _, total = await call_cancelled_at(broker, action, 0, how, blocked=False)
             hops = 2 if path == "redirect" else 1
             assert len(seen) == hops and _boundaries(db) == hops  # uncancelled, it follows
