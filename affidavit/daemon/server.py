@@ -102,6 +102,10 @@ ANSWER_WAIT = 5.0
 connections are closed."""
 
 
+LOGGED_IDS = 20
+"""Invocation ids a start-up log line names at most (``_reclaim_chunks``)."""
+
+
 async def _reclaim_chunks(broker: Broker) -> None:
     """Start-up upkeep, once the records a stopped broker left open are closed: drop the stored
     result chunks no committed result names, of closed records (``journal/reclaim.py``: side
@@ -114,10 +118,15 @@ async def _reclaim_chunks(broker: Broker) -> None:
         log.warning("start-up reclamation of uncommitted result chunks not done: %s", exc)
         return
     if dropped:
+        # A caller leaves such records by the thousand (every call it cancels mid-body): the
+        # first few are named, never one log line of every id.
+        shown = ", ".join(dropped[:LOGGED_IDS])
+        more = len(dropped) - LOGGED_IDS
         log.info(
-            "start-up reclaimed the uncommitted result chunks of %d closed record(s): %s",
+            "start-up reclaimed the uncommitted result chunks of %d closed record(s): %s%s",
             len(dropped),
-            ", ".join(dropped),
+            shown,
+            f" and {more} more" if more > 0 else "",
         )
 
 

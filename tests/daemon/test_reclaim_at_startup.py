@@ -53,3 +53,25 @@ async def test_start_up_reclaims_the_chunks_of_an_attempt_stopped_mid_body(
         rec = reader.record("inv-mid")
         assert rec is not None and rec.state == "interrupted" and rec.outcome.value == "unknown"
         assert reader.read_result("inv-mid") is None
+
+
+async def test_start_up_names_the_first_records_it_reclaimed_not_every_one(
+    tmp_path: Path, token: str
+) -> None:
+    """A caller cancelling calls mid-body leaves such records by the thousand between two
+    restarts: the log line counts them all and names the first ``LOGGED_IDS`` (20)."""
+    socket = tmp_path / "affidavit.sock"
+    config = write_daemon_config(tmp_path, api_target("http://127.0.0.1:9"), socket=socket)
+    iids = [f"inv-{n:02}" for n in range(23)]
+    async with Broker.open(config) as broker:
+        for iid in iids:
+            for ev in happy(iid)[:-1]:  # through REMOTE_RESPONSE_STARTED
+                await broker.journal.append(ev, barrier=True)
+            await broker.journal.put_result_chunk(iid, "body", 0, b"part", generation=0)
+    daemon = await start_daemon(config, socket, tmp_path / "daemon.log", token)
+    stop(daemon)
+    log = daemon.log_text()
+    named = ", ".join(iids[:20])
+    line = f"reclaimed the uncommitted result chunks of 23 closed record(s): {named} and 3 more\n"
+    assert line in log, log
+    assert "inv-22" not in log.split("reclaimed the uncommitted", 1)[1].splitlines()[0]
