@@ -51,6 +51,25 @@ _AFTER_DISPATCH = {
     "broker_stopped": "The broker stopped after dispatch, before a result was recorded.",
     "journal": "The journal refused a write after dispatch; no result was recorded.",
 }
+_BEFORE_DISPATCH_MESSAGE = {
+    # (stage, an earlier attempt dispatched): the message of the SETUP_FAILED that closes an
+    # attempt before its dispatch gate -- the cause is the journal or a stopped broker, never a
+    # transport; "Connection setup failed for another transport reason" would blame the wrong
+    # thing.
+    ("broker_stopped", False): "The broker stopped before dispatch; nothing was sent.",
+    ("broker_stopped", True): (
+        "The broker stopped before this retry's dispatch; the retry sent nothing, and an"
+        " earlier attempt's outcome stays unknown."
+    ),
+    ("journal", False): (
+        "The journal could not record this call before dispatch (it refused a write); nothing"
+        " was sent."
+    ),
+    ("journal", True): (
+        "The journal refused a write before this retry's dispatch; the retry sent nothing, and"
+        " an earlier attempt's outcome stays unknown."
+    ),
+}
 _LEASES = frozenset({E.RETRY_LEASE_ACQUIRED, E.DISPATCH_LEASE_ACQUIRED})
 _BEFORE_DISPATCH = frozenset({"accepted", "validated", "authorized", "retry_pending"})
 """The states whose current attempt has not dispatched, closed by SETUP_FAILED."""
@@ -102,10 +121,16 @@ def closing_event(record: Record, stage: str) -> Event | None:
         # an *earlier* attempt did, so ``dispatch_started`` is already true and the outcome
         # stays unknown (retry_setup_failed); ATTEMPT_INTERRUPTED is impossible there and
         # would leave the record IN_PROGRESS for ever.
+        earlier = bool(record.evidence.get("dispatch_started"))
         return Event(
             E.SETUP_FAILED,
             iid,
-            {"code": Code.SETUP_FAILED.value, "stage": stage, "generation": gen},
+            {
+                "code": Code.SETUP_FAILED.value,
+                "stage": stage,
+                "message": _BEFORE_DISPATCH_MESSAGE[stage, earlier],
+                "generation": gen,
+            },
         )
     if record.evidence.get("dispatch_started") and record.outcome is Outcome.UNKNOWN:
         return Event(

@@ -220,6 +220,10 @@ async def test_dispatch_that_cannot_be_recorded_is_not_sent_and_says_connection_
                         "SETUP_FAILED",
                     )
                     assert env["evidence"]["dispatch_started"] is False
+                    # The message names the journal as the cause, never a transport failure.
+                    assert "transport" not in err["message"], err["message"]
+                    assert err["message"].startswith("The journal could not record"), err
+                    assert "nothing was sent" in err["message"], err
                     kinds = _kinds(broker, env["invocation_id"])
                     assert kinds[-1] is EventKind.CREDENTIAL_AUTHORIZED  # all that is durable
         assert srv.requests == []

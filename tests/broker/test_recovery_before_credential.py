@@ -85,3 +85,29 @@ def test_recovery_has_a_closing_event_for_every_state_a_worker_can_stop_in(state
     after = p.apply(Event(closing.kind, closing.invocation_id, closing.attrs, seq=seq))
     assert STATES[after].final, (state, closing.kind, after)
     assert p.record().outcome is record.outcome, (state, after)  # nothing more is claimed
+
+
+@pytest.mark.parametrize("stage", ["broker_stopped", "journal"])
+@pytest.mark.parametrize("state", STOPPABLE)
+def test_an_attempt_closed_before_dispatch_names_its_cause_not_a_transport(
+    state: str, stage: str
+) -> None:
+    """An attempt closed before its dispatch gate (SETUP_FAILED) because the broker stopped or
+    the journal refused a write says so -- never "another transport reason", which blames a
+    connection that never failed -- and claims no more than the record: nothing of this
+    attempt was sent, an earlier attempt's dispatch still leaves the outcome unknown."""
+    p = projector_in(state)
+    record = p.record()
+    closing = closing_event(record, stage)
+    assert closing is not None
+    if closing.kind is not E.SETUP_FAILED:
+        return  # after dispatch or a complete result: closed by another event, not this one
+    p.apply(Event(closing.kind, closing.invocation_id, closing.attrs, seq=len(path_to(state)) + 1))
+    message = p.record().message
+    assert "transport" not in message, (state, message)
+    cause = "broker stopped" if stage == "broker_stopped" else "journal"
+    assert cause in message, (state, message)
+    if record.evidence.get("dispatch_started"):
+        assert "retry sent nothing" in message and "unknown" in message, (state, message)
+    else:
+        assert message.endswith("nothing was sent."), (state, message)
