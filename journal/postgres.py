@@ -290,6 +290,15 @@ _TRANSIENT_STATES = frozenset({"57014", "55P03", "55006"})
 object_in_use."""
 
 
+def _head_held(ms: int) -> str:
+    """The refusal of a write that waited ``ms`` for the chain head in vain: what happened and
+    the setting that bounds the wait -- never the database's URL (a caller may read it)."""
+    return (
+        "another session held the journal's chain head longer than [journal] reconnect lets a"
+        f" write wait for it ({ms / 1000:g} s): not committed, nothing of the write is durable"
+    )
+
+
 class PostgresBackend:
     kind = "postgresql"
     shared = True
@@ -527,10 +536,18 @@ class PostgresBackend:
         # commit would fail at once until ``reconnect`` (up to 100 years) ran out.
         ms = None if wait is None else min(max(1, int(wait * 1000)), _MAX_LOCK_TIMEOUT_MS)
         limit = "" if ms is None else f"SET LOCAL lock_timeout = {ms}; "
-        conn.execute(
-            f"BEGIN; SET LOCAL synchronous_commit = {sync}; {limit}"
-            f"SELECT pg_advisory_xact_lock({_LOCK}, hashtext(current_schema()))"
-        )
+        try:
+            conn.execute(
+                f"BEGIN; SET LOCAL synchronous_commit = {sync}; {limit}"
+                f"SELECT pg_advisory_xact_lock({_LOCK}, hashtext(current_schema()))"
+            )
+        except psycopg.errors.LockNotAvailable:
+            if ms is None:
+                raise
+            # The driver's own words ("canceling statement due to lock timeout") name neither
+            # what held the write up nor the setting that bounds it; an operator needs both.
+            # The transaction stays aborted: the caller's rollback ends it.
+            raise JournalError(_head_held(ms)) from None
         # Pipeline mode for the rest of the transaction: a write whose answer nothing waits for
         # (an event row, a chunk, the checkpoint) goes out without a round trip of its own; a
         # read waits for everything before it.  The chain head is held throughout, so the
