@@ -144,15 +144,22 @@ class KeyRetentionPassed(JournalError):
     """A same-key retry refused in the transaction that would take its lease: by the clock the
     key's retention is recorded and judged in (the database's, on a shared journal) the remote
     may have forgotten the key, so resending it could apply the request twice.  Nothing was
-    written; ``now`` is that clock's reading, for the record's hint (reconcile)."""
+    written; ``now`` is that clock's reading, for the record's hint (reconcile) -- or, when the
+    key would pass its retention only while the retry's lease runs (``lease``: its length),
+    the lease's end, the moment the hint is then computed for."""
 
-    def __init__(self, invocation_id: str, now: float) -> None:
+    def __init__(self, invocation_id: str, now: float, *, lease: float | None = None) -> None:
         self.invocation_id = invocation_id
         self.now = now
-        super().__init__(
-            f"invocation {invocation_id}: its idempotency key is past its retention "
-            "by the journal's clock; not resent"
-        )
+        if lease is None:
+            why = "is past its retention by the journal's clock"
+        else:
+            # ``now`` is then the lease's end: the moment the key had to be usable at.
+            why = (
+                f"would pass its retention by the journal's clock while the retry's lease"
+                f" ({lease:g} s: the call's timeout and [service] lease_margin) may still send it"
+            )
+        super().__init__(f"invocation {invocation_id}: its idempotency key {why}; not resent")
 
 
 class LeaseLost(JournalError):

@@ -112,7 +112,9 @@ def acquire_op(
     ``Journal.acquire_lease``).  ``same_key``: a resend with the record's idempotency key --
     on a shared journal refused (``KeyRetentionPassed``, nothing written) unless the record's
     hint, computed here by the database's clock, is still ``same_idempotency_key``: the
-    caller decided by a reading taken before this transaction."""
+    caller decided by a reading taken before this transaction.  On either backend refused too
+    when the hint would no longer be ``same_idempotency_key`` when the lease ends (``ttl``
+    from now): the key's retention could run out while the retry may still send it."""
     if kind not in LEASE_KINDS:
         raise ValueError(f"{kind.value} is not a lease event")
 
@@ -125,6 +127,19 @@ def acquire_op(
         # On SQLite the engine's reading is this clock and the check stays the engine's.
         if same_key and shared is not None and record.retry is not Retry.SAME_IDEMPOTENCY_KEY:
             return Fail(KeyRetentionPassed(invocation_id, now))
+        # The retry may send at any moment its lease runs (the dispatch gate closes only
+        # ``lease_margin`` before its end), and the remote checks the key when the request
+        # arrives: the key must still be usable -- retention less its margin -- at the end of
+        # the lease, not merely now.  A lease longer than what is left of the key's retention
+        # (a target timeout past the margin) could send it after the remote forgot the key: a
+        # second effect.  Judged by the record's own rule at that moment; by either backend's
+        # clock, as the check above.
+        if (
+            same_key
+            and record.retry is Retry.SAME_IDEMPOTENCY_KEY
+            and proj.record(now + ttl).retry is not Retry.SAME_IDEMPOTENCY_KEY
+        ):
+            return Fail(KeyRetentionPassed(invocation_id, now + ttl, lease=ttl))
         # A holder may renew its own retry lease; a live dispatch lease is busy to everyone,
         # its holder's other tasks too (two of them must not both send an approved request).
         # A lease taken before the approval was asked is no dispatch lease of it (a retry that

@@ -391,8 +391,9 @@ async def resume(
             lease = await engine.journal.acquire_lease(iid, engine.holder, ttl, same_key=same_key)
         except KeyRetentionPassed as exc:
             # The key's retention ran out by the journal's clock between our read and the
-            # lease: the remote may have forgotten it, so it is not resent -- the record's
-            # hint at that moment (reconcile).
+            # lease, or would before the lease (``ttl``: the time this retry may still send)
+            # ends: the remote may have forgotten it by then, so it is not resent -- the
+            # record's hint at that moment (``exc.now``: reconcile).
             return recorder.envelope(await recorder.record(iid, exc.now))
         except LeaseBusy:
             # Another worker took the lease between our read and our acquire: it is retrying
