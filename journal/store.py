@@ -408,7 +408,8 @@ class Journal(JournalReader):
         lease is unexpired and its attempt not over (the record final at its generation);
         ``ImpossibleEvent`` if the lifecycle refuses the event; ``same_key``: a resend with the
         record's idempotency key, ``KeyRetentionPassed`` on a shared journal whose clock says
-        the key's retention has passed (``leases.acquire_op``)."""
+        the key's retention has passed, or on either backend when it would pass before the
+        lease (``ttl``) ends (``leases.acquire_op``)."""
         if not (ttl > 0 and math.isfinite(ttl)):
             raise ValueError("ttl must be a positive number of seconds")
         op = leases.acquire_op(invocation_id, holder, ttl, self._clock, kind, same_key)
