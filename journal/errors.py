@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 __all__ = [
     "CommitUnknown",
+    "HeadHeld",
     "IdempotencyMismatch",
     "IdempotencyRecord",
     "JournalError",
@@ -84,6 +85,12 @@ class VerifyReport:
 
 class JournalError(Exception):
     """The journal cannot do what was asked (bad key, corrupt row, closed journal, misuse)."""
+
+
+class HeadHeld(JournalError):
+    """A write's bounded wait for the chain head ran out: another session held it longer than
+    the journal lets a write wait (on PostgreSQL ``[journal] reconnect``: a broker's lost
+    session holds it until the server ends it).  The transaction was not committed."""
 
 
 class JournalUnavailable(JournalError):

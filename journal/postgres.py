@@ -45,7 +45,7 @@ from psycopg.pq import TransactionStatus
 
 from .backend import redact, refuse_newer_schema
 from .chain import GENESIS
-from .errors import JournalError, JournalNotDurable, JournalUnavailable
+from .errors import HeadHeld, JournalError, JournalNotDurable, JournalUnavailable
 from .tables import SQL, Tables, newest_statements
 
 __all__ = [
@@ -547,7 +547,7 @@ class PostgresBackend:
             # The driver's own words ("canceling statement due to lock timeout") name neither
             # what held the write up nor the setting that bounds it; an operator needs both.
             # The transaction stays aborted: the caller's rollback ends it.
-            raise JournalError(_head_held(ms)) from None
+            raise HeadHeld(_head_held(ms)) from None
         # Pipeline mode for the rest of the transaction: a write whose answer nothing waits for
         # (an event row, a chunk, the checkpoint) goes out without a round trip of its own; a
         # read waits for everything before it.  The chain head is held throughout, so the

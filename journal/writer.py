@@ -44,7 +44,13 @@ from affidavit.statemachine import Projector
 from . import checkpoints
 from .backend import Backend
 from .connect import recorded_keys
-from .errors import CommitUnknown, JournalError, JournalWriteError, ResultStoreFailed
+from .errors import (
+    CommitUnknown,
+    HeadHeld,
+    JournalError,
+    JournalWriteError,
+    ResultStoreFailed,
+)
 from .signing import SigningKey
 from .tables import Tables
 from .txn import Txn
@@ -184,6 +190,9 @@ class Writer:
         self._committing = False
         """The COMMIT of the current transaction was sent: if the connection is lost now, only
         a re-read can tell whether it landed."""
+        self._head_held = False
+        """The last re-read after a lost connection had a new connection but found the chain
+        head still held when its wait ran out (``HeadHeld``): said so, not "no connection"."""
         self._pending: collections.deque[_Req[Any]] = collections.deque()
         """Queued writes, oldest first (each hand-off takes up to ``MAX_BATCH`` at once)."""
         self._space = trio.lowlevel.ParkingLot()
@@ -475,6 +484,7 @@ class Writer:
         backend = self.backend
         errors: tuple[type[BaseException], ...] = (*backend.errors, JournalError)
         delay = 0.05
+        self._head_held = False
         while True:
             with contextlib.suppress(Exception):
                 backend.close(self.conn)
@@ -495,10 +505,11 @@ class Writer:
                 backend.begin(self.conn, barrier=False, wait=max(left, 0.001))
                 backend.rollback(self.conn)
                 return self.tables.hash_at(proof[0]) == proof[1]
-            except errors:
+            except errors as exc:
                 # The wait ran out (PostgreSQL's lock_timeout aborts the transaction it began):
                 # end it, or the connection kept for the next write is stuck in it -- every
                 # later write refused ("current transaction is aborted").
+                self._head_held = isinstance(exc, HeadHeld)
                 with contextlib.suppress(Exception):
                     backend.rollback(self.conn)
             if time.monotonic() + delay > deadline:
@@ -520,7 +531,16 @@ class Writer:
 
     def _fail_unavailable(self, batch: list[_Req[Any]], committing: bool) -> None:
         where, within = self.backend.where, self.backend.reconnect_within
-        if committing:
+        if committing and self._head_held:
+            # A new connection was made: the lost session's transaction, its COMMIT perhaps
+            # still on its way, held the chain head for the whole window (``HeadHeld``).
+            why = (
+                f"journal {where}: the connection was lost while committing, and the lost "
+                f"session still held the journal's chain head when [journal] reconnect "
+                f"({within:g}s) ran out: whether the write is durable is unknown until the "
+                "journal is read again"
+            )
+        elif committing:
             why = (
                 f"journal {where}: the connection was lost while committing and no new one "
                 f"could be made within {within:g}s: whether the write is durable is unknown "

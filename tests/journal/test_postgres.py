@@ -597,10 +597,15 @@ async def test_the_wait_for_a_lost_commit_is_bounded_by_reconnect(
         started = trio.current_time()
         async with trio.open_nursery() as nursery:
             nursery.start_soon(release_later)
-            with pytest.raises(CommitUnknown):
+            with pytest.raises(CommitUnknown) as unknown:
                 await j.append(Event(E.DISPATCH_STARTED, "inv-1", {"attempt": 1}))
             nursery.cancel_scope.cancel()
         assert trio.current_time() - started < within + 3
+        # A new connection was made; what ran out was the wait for the head the lost session
+        # held -- said so, not "no new connection could be made".
+        said = str(unknown.value)
+        assert "no new one could be made" not in said, said
+        assert "still held the journal's chain head when [journal] reconnect (1s)" in said, said
         j.before_commit = None
         proxy.release()  # the COMMIT lands after all: the record says so, read again
         with JournalReader.open(pg_url) as r:
