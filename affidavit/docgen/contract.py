@@ -360,7 +360,7 @@ def _example_envelope() -> str:
             },
             seq=1,
         ),
-        Event(EventKind.PREFLIGHT_VALIDATED, iid, {"config_hash": "sha256:c0f1"}, seq=2),
+        Event(EventKind.PREFLIGHT_VALIDATED, iid, {"config_hash": "hmac-sha256:c0f1"}, seq=2),
         Event(
             EventKind.CREDENTIAL_AUTHORIZED,
             iid,

@@ -152,19 +152,22 @@ def approval_fingerprint(
     """``sha256:`` over what an approval binds: the request fingerprint (method, path, caller
     headers, body hash / command, stdin hash -- and the target snapshot), the credential
     reference and its non-secret version, the resolved injection (``prepared.evidence``) and
-    the config snapshot hash.  The reference enters as a digest keyed by the journal's key:
+    the config snapshot hash.  The reference enters as a digest keyed by the journal's key, and
+    so does the snapshot that holds it (``ConfigSnapshot.hash``, v3; v2 hashed it plainly):
     every other part is in the caller's evidence, and the fingerprint too, so a reference
     hashed as written could be confirmed by guessing (``env:NAME``, ``file:/path``) offline --
-    the reference the caller is not told (``request_attrs``)."""
+    the reference the caller is not told (``request_attrs``).  An approval granted for an
+    older version's fingerprint matches no dispatch: APPROVAL_STALE, nothing sent."""
+    target_hash = engine.snapshot.hash(target)
     doc = {
-        "v": 2,
-        "request": fingerprint(action, target),
+        "v": 3,
+        "request": fingerprint(action, target, target_hash),
         "credential": engine.journal.keyed_digest(
             "approval-credential", target.credential.encode("utf-8")
         ),
         "version": version,
         "injection": dict(prepared.evidence),
-        "config_hash": engine.snapshot.hash(target),
+        "config_hash": target_hash,
     }
     return "sha256:" + hashlib.sha256(canonical_json(doc)).hexdigest()
 

@@ -89,7 +89,7 @@ class Engine:
         self.vault = vault
         self.settings = settings if settings is not None else EngineSettings()
         self.recorder = Recorder(journal, self.settings.inline_result_limit)
-        self.snapshot = ConfigSnapshot(config)
+        self.snapshot = ConfigSnapshot(config, journal.keyed_digest)
         self.approvals = ApprovalBoard()
 
     async def call(

@@ -31,6 +31,7 @@ from affidavit.protocols.actions import (
     accepted_session,
     fingerprint,
     is_idempotent,
+    legacy_fingerprint,
     parse_action,
 )
 from affidavit.statemachine import (
@@ -116,7 +117,7 @@ async def start(
             "no adapter for this kind",
         )
     idempotent = is_idempotent(parsed, target)
-    fp = fingerprint(parsed, target)
+    fp = fingerprint(parsed, target, engine.snapshot.hash(target))
     contract = getattr(target, "idempotency", None)
     key: str | None = getattr(parsed, "idempotency_key", None)
     if contract is not None and key is None and not idempotent:
@@ -150,6 +151,19 @@ async def start(
             # Refused for the fingerprint the binding row holds: only once the chained event
             # proves it (a row given another fingerprint is altered, not a mismatch).
             journal.bound_record(exc.existing)
+            if exc.existing.fingerprint == legacy_fingerprint(parsed, target):
+                # The same request, bound before the target hash was keyed: its record's
+                # binding cannot be matched with this one, and is not another request either.
+                return await refuse_new(
+                    recorder,
+                    iid,
+                    session,
+                    target,
+                    Code.CONFIG_CHANGED,
+                    f"targets.{target.name}",
+                    "this idempotency key was bound by an earlier broker version; reconcile "
+                    "that invocation, then start a new one with a new key.",
+                )
             return await refuse_new(
                 recorder,
                 iid,

@@ -3,34 +3,53 @@ the dispatch gate makes against the config file right before the first byte.
 
 Seed: the action is bound to a config snapshot; "re-check it immediately before the write", and
 "if any bound value changes, create a new invocation; do not edit the previous record".
+
+The hash is a digest keyed by the journal's key (``Journal.keyed_digest``), not a plain SHA-256:
+the snapshot holds the credential *reference* (``env:NAME``, ``file:/path``), which the caller
+is not told, and the rest of it is mostly defaults and what the catalog shows -- a plain hash in
+the caller's evidence (``config_hash``, and the request fingerprint built on it) would confirm a
+guessed reference offline.  Keyed by the journal's key, it is the same on every broker of a
+shared journal and across restarts, so a same-key retry elsewhere still matches.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
-from affidavit.config import Config, ConfigError, load_config, snapshot_hash
+from affidavit.config import Config, ConfigError, canonical_json, load_config, snapshot
 
-__all__ = ["ConfigSnapshot"]
+__all__ = ["HASH_PREFIX", "ConfigSnapshot"]
+
+# Not ``sha256:``: a keyed hash is told apart from the plain one records written before it hold.
+HASH_PREFIX = "hmac-sha256:"
+_PURPOSE = "config-snapshot"
 
 
 class ConfigSnapshot:
-    """The config an engine was started with, and whether its file still says the same."""
+    """The config an engine was started with, and whether its file still says the same.
+    ``digest`` is the journal's ``keyed_digest``."""
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, digest: Callable[[str, bytes], str]) -> None:
         self.config = config
+        self._digest = digest
         self._stat = self._file_stat()
         self._hashes: dict[str, tuple[Any, str]] = {}
 
     def hash(self, target: Any) -> str:
-        """``snapshot_hash`` of one of ``self.config``'s (frozen) targets, computed once."""
+        """The keyed hash of one of ``self.config``'s (frozen) targets, computed once per target
+        value (``fingerprint()`` needs it on every call: tests/benchmarks/http_overhead.py)."""
         cached = self._hashes.get(target.name)
         if cached is not None and cached[0] is target:
             return cached[1]
-        value = snapshot_hash(target)
+        value = self.hash_of(target)
         self._hashes[target.name] = (target, value)
         return value
+
+    def hash_of(self, target: Any) -> str:
+        """The keyed hash of any target's canonical snapshot, not remembered."""
+        return HASH_PREFIX + self._digest(_PURPOSE, canonical_json(snapshot(target)))
 
     def changed(self, target_name: str, expected_hash: str) -> bool:
         """Whether the config file now binds ``target_name`` to anything but ``expected_hash``
@@ -47,7 +66,7 @@ class ConfigSnapshot:
         except (ConfigError, OSError):
             return True
         target = fresh.targets.get(target_name)
-        return target is None or snapshot_hash(target) != expected_hash
+        return target is None or self.hash_of(target) != expected_hash
 
     def _file_stat(self) -> tuple[int, int] | None:
         path = self.config.path

@@ -47,6 +47,7 @@ __all__ = [
     "check_shape",
     "fingerprint",
     "is_idempotent",
+    "legacy_fingerprint",
     "load_action_json",
     "no_ctl",
     "parse_action",
@@ -305,17 +306,32 @@ def _field_name(key: str) -> str:
 # --- binding --------------------------------------------------------------------------------------
 
 
-def fingerprint(action: Action, target: Target) -> str:
-    """``sha256:<hex>`` over the canonical request: the target snapshot hash, then what the
-    protocol says identifies the request (HTTP: method, full path, sorted caller headers, body
-    hash; SSH: command, stdin hash).  Excludes the session (who asked is not what is sent) and
-    every secret (the credential is bound separately by its non-secret version)."""
+def fingerprint(action: Action, target: Target, target_hash: str) -> str:
+    """``sha256:<hex>`` over the canonical request: ``target_hash``, then what the protocol says
+    identifies the request (HTTP: method, full path, sorted caller headers, body hash; SSH:
+    command, stdin hash).  Excludes the session (who asked is not what is sent) and every secret
+    (the credential is bound separately by its non-secret version).
+
+    ``target_hash`` is the engine's hash of the target's snapshot, keyed by the journal's key
+    (``ConfigSnapshot.hash``): this layer has no key, and the caller reads the fingerprint back
+    -- built on a plain hash of the snapshot, it would confirm a guessed credential reference."""
+    return _fingerprint(action, target, 2, target_hash)
+
+
+def legacy_fingerprint(action: Action, target: Target) -> str:
+    """The fingerprint as written before the target hash was keyed (``"v": 1``, the plain
+    ``snapshot_hash``): only to recognize an idempotency key bound before the upgrade, which is
+    refused as a changed configuration, never matched."""
+    return _fingerprint(action, target, 1, snapshot_hash(target))
+
+
+def _fingerprint(action: Action, target: Target, version: int, target_hash: str) -> str:
     if action.kind != target.kind:
         raise TypeError(f"a {action.kind} action needs a {action.kind} target, not {target.kind}")
     spec = get(target.kind)
     if spec is None:
         raise TypeError(f"no protocol is registered as {target.kind!r}")
-    doc = {"v": 1, "kind": target.kind, "target": snapshot_hash(target)}
+    doc = {"v": version, "kind": target.kind, "target": target_hash}
     doc.update(spec.action.fingerprint(action, target))
     return "sha256:" + hashlib.sha256(canonical_json(doc)).hexdigest()
 

@@ -5,10 +5,12 @@ definition and an already modified one was read before dispatch, the evidence do
 the action that was actually performed.  Before approval, bind the normalized target, the
 credential version, the resolved injection method, and the request fingerprint to the
 invocation."  So a target is loaded once into a frozen, normalized value; ``snapshot()`` is its
-canonical, secret-free description and ``snapshot_hash()`` the digest the engine records and
-re-checks before the write (CONFIG_CHANGED).  The snapshot is derived from the target's schema:
-every declared field is in it unless declared ``binding=False`` with a reason, so a new setting
-cannot be left out of the binding by forgetting to list it.
+canonical, secret-free description; the engine records a digest of it keyed by the journal's key
+and re-checks it before the write (CONFIG_CHANGED; ``affidavit.engine.snapshot``).
+``snapshot_hash()`` is its plain SHA-256, as records written before that digest was keyed hold.
+The snapshot is derived from the target's schema: every declared field is in it unless declared
+``binding=False`` with a reason, so a new setting cannot be left out of the binding by
+forgetting to list it.
 """
 
 from __future__ import annotations
@@ -223,7 +225,7 @@ _PLAIN = frozenset({str, int, float, bool, type(None)})
 
 def canonical_value(value: Any) -> Any:
     """A JSON form of a setting's value: sets sorted, paths as strings, dataclasses as objects."""
-    # Exact-type checks first: fingerprint() hashes the snapshot on every call.
+    # Exact-type checks first: the engine hashes a target's snapshot once per config load.
     kind = type(value)
     if kind in _PLAIN:
         return value
@@ -259,8 +261,10 @@ _HASHES: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
 
 
 def snapshot_hash(target: object) -> str:
-    """``sha256:`` of the canonical snapshot.  Remembered per target value: targets are frozen,
-    and ``fingerprint()`` asks on every call (tests/benchmarks/http_overhead.py counts µs)."""
+    """``sha256:`` of the canonical snapshot: the hash records written before it was keyed
+    hold (``legacy_fingerprint``), never evidence a caller reads -- the snapshot holds the
+    credential reference, which a plain hash would confirm to a guesser.  Remembered per target
+    value (targets are frozen)."""
     try:
         return _HASHES[target]
     except KeyError:

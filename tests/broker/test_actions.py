@@ -378,7 +378,8 @@ def test_near_miss_actions_only_raise_action_invalid(obj: dict[str, Any]) -> Non
 
 def fp(action: dict[str, Any], config: Config = CONFIG) -> str:
     parsed = parse_action(action, config)
-    return fingerprint(parsed, config.targets[parsed.target])
+    target = config.targets[parsed.target]
+    return fingerprint(parsed, target, snapshot_hash(target))
 
 
 def test_fingerprint_is_stable_and_canonical() -> None:
@@ -430,7 +431,9 @@ def test_fingerprint_changes_with_the_target_snapshot() -> None:
     ):
         other = dataclasses.replace(target, **change)  # type: ignore[arg-type]
         assert snapshot_hash(other) != snapshot_hash(target)
-        assert fingerprint(action, other) != fingerprint(action, target)
+        assert fingerprint(action, other, snapshot_hash(other)) != fingerprint(
+            action, target, snapshot_hash(target)
+        )
 
 
 def test_ssh_fingerprint() -> None:
@@ -442,14 +445,14 @@ def test_ssh_fingerprint() -> None:
     target = CONFIG.targets["deploy"]
     assert isinstance(target, SshTarget)
     other = dataclasses.replace(target, host="10.0.0.9")
-    assert fingerprint(parse_action(ssh(stdin="x"), CONFIG), other) != base
+    assert fingerprint(parse_action(ssh(stdin="x"), CONFIG), other, snapshot_hash(other)) != base
 
 
 def test_fingerprint_refuses_a_mismatched_target_kind() -> None:
     with pytest.raises(TypeError):
-        fingerprint(parse_action(ssh(), CONFIG), CONFIG.targets["billing"])
+        fingerprint(parse_action(ssh(), CONFIG), CONFIG.targets["billing"], "h")
     with pytest.raises(TypeError):
-        fingerprint(parse_action(http(), CONFIG), CONFIG.targets["deploy"])
+        fingerprint(parse_action(http(), CONFIG), CONFIG.targets["deploy"], "h")
 
 
 # --- idempotency by configuration -------------------------------------------------------------

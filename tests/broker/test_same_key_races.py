@@ -173,7 +173,9 @@ def _fingerprint(broker: Broker, action: dict[str, Any]) -> str:
     from affidavit.protocols.actions import fingerprint, parse_action
 
     target = broker.config.targets["api"]
-    return fingerprint(parse_action(action, broker.config), target)
+    return fingerprint(
+        parse_action(action, broker.config), target, broker._engine.snapshot.hash(target)
+    )
 
 
 async def test_a_fetch_after_a_delivery_failure_records_the_delivery(

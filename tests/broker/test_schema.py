@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from affidavit.config import SERVICE, config_from_dict, sample_config
 from affidavit.config.loader import JOURNAL, VAULT
 from affidavit.protocols import registered
-from affidavit.protocols.actions import fingerprint, parse_action
+from affidavit.protocols.actions import legacy_fingerprint, parse_action
 from affidavit.protocols.http import HTTP_TARGET
 from affidavit.protocols.http.batch import BATCH
 from affidavit.protocols.http.operations import OPERATIONS
@@ -174,7 +174,9 @@ def test_the_snapshot_hash_of_an_unhashable_target_is_computed_each_time() -> No
 
 def test_hashes_recorded_before_the_declarations_still_match() -> None:
     """Journals written before the snapshot was derived hold these values (computed by the
-    hand-written snapshot); a same-key retry compares against them, so they must not move."""
+    hand-written snapshot); since the config hash is keyed, a same-key retry recognizes them
+    as the same request bound by an earlier version (CONFIG_CHANGED, not a mismatch), so the
+    plain hash and the v1 fingerprint must not move."""
     config = config_from_dict(tomllib.loads(sample_config()), base_dir=Path("/elsewhere"))
     example, deploy = config.targets["example"], config.targets["deploy"]
     assert snapshot_hash(example) == (
@@ -184,11 +186,11 @@ def test_hashes_recorded_before_the_declarations_still_match() -> None:
         "sha256:c8f803da609547ee049f2ff6a4732bc1895647d3d7afab208061c52fffe85bab"
     )
     post = {"target": "example", "method": "POST", "path": "/charges", "headers": {"X-A": "1"}}
-    assert fingerprint(parse_action({**post, "body": "{}"}, config), example) == (
+    assert legacy_fingerprint(parse_action({**post, "body": "{}"}, config), example) == (
         "sha256:b77edd69e5c149204ee54139945e3e6dbfd08a606fc426f34d4427c2014d3c65"
     )
     run = parse_action({"target": "deploy", "command": "uptime", "stdin": "x"}, config)
-    assert fingerprint(run, deploy) == (
+    assert legacy_fingerprint(run, deploy) == (
         "sha256:c4e121c56a0b13d8d32da92a7a303af6c6c504bfeb178f9061bfb51e8c2f82c2"
     )
 

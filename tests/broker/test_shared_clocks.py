@@ -323,7 +323,8 @@ async def test_a_key_just_bound_is_not_taken_over_across_clocks(
         binder, taker = (a, b) if clock is _Behind else (b, a)
         srv.event("release").set()
         cfg = a._engine.config
-        fp = fingerprint(parse_action(CHARGE, cfg), cfg.targets["api"])
+        target = cfg.targets["api"]
+        fp = fingerprint(parse_action(CHARGE, cfg), target, a._engine.snapshot.hash(target))
         with trio.fail_after(LIMIT):
             bound = await binder.journal.bind_idempotency(
                 IDEM["scope"], "charge", fp, "act_bound", None

@@ -101,7 +101,7 @@ def test_toy_actions_parse_fingerprint_and_idempotency_through_the_registry() ->
     assert is_idempotent(status, box)
     deploy = parse_action({"target": "box", "line": "deploy"}, config)
     assert not is_idempotent(deploy, box)
-    assert fingerprint(deploy, box) != fingerprint(status, box)
+    assert fingerprint(deploy, box, "h") != fingerprint(status, box, "h")
     for action, code, field in [
         ({"target": "box"}, Code.MISSING_FIELD, "line"),
         ({"target": "box", "line": "a\nb"}, Code.INVALID_FIELD, "line"),
