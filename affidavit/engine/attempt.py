@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from affidavit.adapters.base import AttemptContext, AttemptInterrupted, RemoteResult, SetupError
-from affidavit.journal import JournalError, LeaseLost
+from affidavit.journal import CommitUnknown, JournalError, LeaseLost
 from affidavit.protocols import Binding, Prepared
 from affidavit.statemachine import (
     CODES,
@@ -563,11 +563,15 @@ def _gate(engine: Engine, attempt: Attempt) -> Any:
         except ImpossibleEvent:
             _gate_left(attempt)
             raise LeaseRefusal(recorded=False) from None
-        except BaseException:
+        except BaseException as exc:
             # Unknown whether the barrier landed; the journal will tell (see _dispatched).  A
             # journal that cannot be read now (a shared database gone: ``CommitUnknown``) tells
             # nothing: the gate stays entered -- never not_attempted on a guess -- and nothing
-            # is sent either way (the gate raises; the adapter never writes).
+            # is sent either way (the gate raises; the adapter never writes).  A commit whose
+            # landing is unknown may land after any read: the record may not be closed
+            # not_attempted on a read alone (``Recorder.doubt``).
+            if isinstance(exc, CommitUnknown):
+                engine.recorder.doubt(attempt.iid)
             with contextlib.suppress(JournalError):
                 rec = journal.record(attempt.iid)
                 if rec is None or not rec.evidence.get("dispatch_started", False):

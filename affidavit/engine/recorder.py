@@ -43,11 +43,25 @@ class Recorder:
         """Diagnostic events each running call posted and has not yet settled (see write)."""
         self._writing: dict[trio.lowlevel.Task, str] = {}
         """The invocation each running call last wrote for (``writing``)."""
+        self._doubted: set[str] = set()
+        """Invocations whose DISPATCH_STARTED may yet land (``doubt``)."""
 
     def writing(self) -> str | None:
         """The invocation this call last wrote an event for: whose record a journal failure
         interrupted."""
         return self._writing.get(trio.lowlevel.current_task())
+
+    def doubt(self, iid: str) -> None:
+        """``iid``'s DISPATCH_STARTED was submitted and its commit is unknown
+        (``CommitUnknown``): the lost session may still hold the chain head, its COMMIT on its
+        way, so a read that finds no DISPATCH_STARTED does not prove it will not land.  Until
+        a write of the call takes the head again, nothing may close the record
+        ``not_attempted`` from such a read (``recovery.journal_refused``).  Forgotten with the
+        call (``done``)."""
+        self._doubted.add(iid)
+
+    def doubted(self, iid: str) -> bool:
+        return iid in self._doubted
 
     async def append(
         self,
@@ -132,7 +146,9 @@ class Recorder:
     def done(self) -> None:
         """The call is over: forget everything kept for it."""
         self.forget()
-        self._writing.pop(trio.lowlevel.current_task(), None)
+        iid = self._writing.pop(trio.lowlevel.current_task(), None)
+        if iid is not None:
+            self._doubted.discard(iid)
 
     async def record(self, iid: str, now: float | None = None) -> Record:
         """The invocation's record, its hint computed at ``now``, else now by the clock its

@@ -176,7 +176,15 @@ async def journal_refused(recorder: Recorder, iid: str | None, error: JournalWri
         await recorder.append(closing, barrier=True)
     except JournalWriteError:
         recorder.forget()
-        return project([*await recorder.read(lambda: events(iid)), closing], now)
+        durable = await recorder.read(lambda: events(iid))
+        if recorder.doubted(iid) and not project(durable, now).evidence.get("dispatch_started"):
+            # The call's DISPATCH_STARTED, its commit unknown, may still land: the close did
+            # not take the chain head (a shared journal's bounded wait for it ran out), so
+            # nothing read under the head says it will not.  Not not_attempted on a read that
+            # misses it: the call is not recorded, and its record tells once the journal is
+            # back.
+            raise CallNotRecorded(iid) from error
+        return project([*durable, closing], now)
     except ImpossibleEvent:
         # Someone else closed the attempt first, or took the invocation over: the record, as
         # it stands, is the answer (folding the refused event in would be refused again).
