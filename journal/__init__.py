@@ -48,6 +48,7 @@ on every backend, and one conformance suite (tests/journal/conformance/) runs on
 from .backend import Backend, is_url
 from .chain import GENESIS
 from .errors import (
+    ApprovalLapsed,
     CommitUnknown,
     IdempotencyMismatch,
     IdempotencyRecord,
@@ -77,6 +78,7 @@ __all__ = [
     "GENESIS",
     "AlteredRow",
     "Anchor",
+    "ApprovalLapsed",
     "AuditOpener",
     "Backend",
     "Batch",

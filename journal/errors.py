@@ -169,6 +169,19 @@ class KeyRetentionPassed(JournalError):
         super().__init__(f"invocation {invocation_id}: its idempotency key {why}; not resent")
 
 
+class ApprovalLapsed(JournalError):
+    """An approved dispatch refused in the transaction that would write its DISPATCH_STARTED:
+    by the clock the approval's expiry is recorded and judged in (the database's, on a shared
+    journal) its window ran out while the write waited (for the chain head, a busy writer)
+    after the gate's own check.  Nothing was written."""
+
+    def __init__(self, invocation_id: str) -> None:
+        self.invocation_id = invocation_id
+        super().__init__(
+            f"invocation {invocation_id}: its approval expired before its dispatch was recorded"
+        )
+
+
 class LeaseLost(JournalError):
     """The caller's lease is stale or expired; the event was not written (a LEASE_LOST event
     was, when the lifecycle allows it).  Seed: "the generation check must stop it before

@@ -31,7 +31,7 @@ from .backend import Lock, open_backend
 from .chain import canonical_json
 from .checkpoints import Keys
 from .connect import bind_keys
-from .errors import IdempotencyRecord, JournalError, Lease
+from .errors import ApprovalLapsed, IdempotencyRecord, JournalError, Lease
 from .reader import JournalReader, default_signing_key
 from .rows import BARRIER_VALUES, attrs_json, decode_attrs
 from .sealing import AuditSealer, BrokerKey, payload_aad
@@ -318,6 +318,7 @@ class Journal(JournalReader):
         lapsed: bool = False,
         deadline: float | None = None,
         meanwhile: Callable[[], None] | None = None,
+        valid_until: float | None = None,
     ) -> Event:
         """Append one event; return it with ``seq`` and ``at`` assigned.
 
@@ -331,7 +332,10 @@ class Journal(JournalReader):
         ``deadline``, generation 0's -- has run out by the database's clock, checked in the same
         transaction (``leases.check_lapsed``); else ``LeaseBusy``, nothing written.
         ``meanwhile`` (a barrier's): run on the loop during the barrier's COMMIT, before this
-        returns or raises -- or never (``Writer.submit``)."""
+        returns or raises -- or never (``Writer.submit``).  ``valid_until``: an approved
+        dispatch's approval expiry -- written only while the clock leases are judged by (the
+        database's on a shared journal), read in the same transaction, is before it; else
+        ``ApprovalLapsed``, nothing written."""
         attrs_text = attrs_json(event)
         # Encoded and decoded here, in the submitting task, not in the single writer.
         decoded = decode_attrs(attrs_text)
@@ -340,7 +344,7 @@ class Journal(JournalReader):
         else:
             args = (event, attrs_text, *self._seal_payload(event, payload), decoded)
         barrier = barrier or event.kind._value_ in BARRIER_VALUES
-        if lease is None and not lapsed:
+        if lease is None and not lapsed and valid_until is None:
             return await self._writer.submit(
                 None, args, barrier=barrier, shield=shield, meanwhile=meanwhile
             )
@@ -350,10 +354,14 @@ class Journal(JournalReader):
             iid = event.invocation_id
             if lease is not None:
                 refused = leases.check_lease(txn, iid, lease, clock)
-            else:
+            elif lapsed:
                 refused = leases.check_lapsed(txn, iid, deadline)
+            else:
+                refused = None
             if refused is not None:
                 return refused
+            if valid_until is not None and leases.lease_now(txn, clock) >= valid_until:
+                return Fail(ApprovalLapsed(iid))
             return txn.insert(*args)
 
         return await self._writer.submit(op, barrier=barrier, shield=shield, meanwhile=meanwhile)

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from affidavit.adapters.base import AttemptContext, AttemptInterrupted, RemoteResult, SetupError
-from affidavit.journal import CommitUnknown, JournalError, LeaseLost
+from affidavit.journal import ApprovalLapsed, CommitUnknown, JournalError, LeaseLost
 from affidavit.protocols import Binding, Prepared
 from affidavit.statemachine import (
     CODES,
@@ -550,13 +550,20 @@ def _gate(engine: Engine, attempt: Attempt) -> Any:
             # barrier landed.  ``shield=True`` makes the append itself so (its one cancellable
             # wait, for room in a full queue, shielded there) instead of a cancel scope entered
             # here on every call (issue 15): the same guarantee, no scope on the common path.
+            # The approval's expiry again in the writing transaction, by the clock it is
+            # recorded in: the write may wait (for the chain head, a busy writer) past the
+            # check above, and the request leaves only once it commits.
             await journal.append(
                 Event(E.DISPATCH_STARTED, attempt.iid, attrs),
                 barrier=True,
                 lease=attempt.lease,
                 shield=True,
                 meanwhile=meanwhile,
+                valid_until=attempt.grant[0].expires_at if attempt.grant is not None else None,
             )
+        except ApprovalLapsed:
+            _gate_left(attempt)
+            raise _Refused(_approval_refusal(Code.APPROVAL_EXPIRED)) from None
         except LeaseLost:
             _gate_left(attempt)
             raise LeaseRefusal(recorded=True) from None

@@ -1,0 +1,64 @@
+"""An approval whose window runs out while its DISPATCH_STARTED waits to be written (a shared
+journal's wait for the chain head, up to ``[journal] reconnect``; a busy writer) must not be
+sent: the gate's check of the expiry reads the clock *before* that write, and the request leaves
+only after it commits.  The expiry is checked again in the transaction that writes
+DISPATCH_STARTED, by the clock it is recorded in (``Journal.append(valid_until=)``): past it,
+nothing is written or sent, and the call ends APPROVAL_EXPIRED (not_attempted).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from affidavit.statemachine import EventKind
+from tests.http.hostile import HostileServer, Reply, scripts
+
+from .approvalkit import OPS, approval_config
+from .helpers import assert_error, event_kinds, open_broker
+
+E = EventKind
+LIMIT = 15
+TTL = 2.0
+CHARGE = {"target": "api", "method": "POST", "path": "/v1/charges", "body": '{"amount": 5}'}
+
+
+async def test_an_approval_expiring_while_its_dispatch_barrier_waits_is_not_sent(
+    tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with HostileServer.running(scripts.serve(Reply(200, body=b"{}"))) as srv:
+        cfg = approval_config(tmp_path, srv.url, approval={"ttl": f"{TTL:g}s", "wait": f"{TTL:g}s"})
+        async with open_broker(cfg) as b:
+            real_append = b.journal.append
+            waited: list[float] = []
+
+            async def append(event: Any, *args: Any, **kwargs: Any) -> Any:
+                if event.kind is E.DISPATCH_STARTED and not waited:
+                    # The gate checked the expiry; the write then waits past it.
+                    waited.append(TTL + 0.3)
+                    await trio.sleep(waited[0])
+                return await real_append(event, *args, **kwargs)
+
+            monkeypatch.setattr(b.journal, "append", append)
+            got: dict[str, Any] = {}
+
+            async def caller() -> None:
+                got["env"] = await b.call(CHARGE)
+
+            with trio.fail_after(LIMIT):
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(caller)
+                    while not b.approvals():
+                        await trio.sleep(0.02)
+                    await b.approve(b.approvals()[0]["invocation_id"], operator=OPS)
+            monkeypatch.undo()
+            env = got["env"]
+            assert waited, "the dispatch barrier was never written"
+            iid = env["invocation_id"]
+            assert E.DISPATCH_STARTED not in event_kinds(b, iid), env
+            assert_error(b, env, phase="validation", outcome="not_attempted",
+                         retry="after_correction", code="APPROVAL_EXPIRED")  # fmt: skip
+    assert srv.requests == []
