@@ -22,7 +22,13 @@ from typing import TYPE_CHECKING, Any
 
 from affidavit.engine.approval import expire_if_due
 from affidavit.engine.recovery import act_failure
-from affidavit.journal import JournalError, JournalReader, JournalUnavailable, ReadFailed
+from affidavit.journal import (
+    ApprovalLapsed,
+    JournalError,
+    JournalReader,
+    JournalUnavailable,
+    ReadFailed,
+)
 from affidavit.protocols import get
 from affidavit.statemachine import Code, Event, EventKind, ImpossibleEvent, Record
 from affidavit.text import escape_char, pieces
@@ -278,10 +284,20 @@ async def decide(
             {"code": Code.APPROVAL_DENIED.value, "operator": who, "note": note},
         )
     try:
-        await engine.recorder.append(event, barrier=True)
+        # A grant only within the window, by the clock it is recorded in, read in the writing
+        # transaction: the write may wait (a shared journal's chain head) past the check above.
+        until = float(approval["expires_at"]) if approve else None
+        await engine.recorder.append(event, barrier=True, valid_until=until)
     except ImpossibleEvent:
         raise OperatorError(
             "NOT_PENDING", f"{invocation_id} was decided or expired meanwhile", 409
+        ) from None
+    except ApprovalLapsed:
+        await expire_if_due(engine.recorder, _approval_record(journal, invocation_id))
+        raise OperatorError(
+            "APPROVAL_EXPIRED",
+            f"{invocation_id} is not waiting for a decision (its approval window ran out)",
+            409,
         ) from None
     engine.approvals.changed()  # the waiting caller or the daemon's dispatcher, at once
     return approval_view(journal, await engine.recorder.record(invocation_id))

@@ -70,13 +70,21 @@ class Recorder:
         barrier: bool = False,
         lapsed: bool = False,
         deadline: float | None = None,
+        valid_until: float | None = None,
     ) -> None:
-        """``lapsed``/``deadline``: a recovery's closing event (``Journal.append``)."""
+        """``lapsed``/``deadline``: a recovery's closing event; ``valid_until``: an approval's
+        expiry, checked in the writing transaction (``Journal.append``)."""
         # Shielded: a caller's cancellation must not leave it unclear whether a record landed.
         with trio.CancelScope(shield=True):
-            if lapsed:
+            if lapsed or valid_until is not None:
                 self._writing[trio.lowlevel.current_task()] = event.invocation_id
-                await self.journal.append(event, barrier=True, lapsed=True, deadline=deadline)
+                await self.journal.append(
+                    event,
+                    barrier=True,
+                    lapsed=lapsed,
+                    deadline=deadline,
+                    valid_until=valid_until,
+                )
                 return
             await self.write(event, barrier=barrier)
 

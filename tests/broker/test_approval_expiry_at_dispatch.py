@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import trio
 
+from affidavit.approvals import OperatorError
 from affidavit.statemachine import EventKind
 from tests.http.hostile import HostileServer, Reply, scripts
 
@@ -60,5 +61,37 @@ async def test_an_approval_expiring_while_its_dispatch_barrier_waits_is_not_sent
             iid = env["invocation_id"]
             assert E.DISPATCH_STARTED not in event_kinds(b, iid), env
             assert_error(b, env, phase="validation", outcome="not_attempted",
+                         retry="after_correction", code="APPROVAL_EXPIRED")  # fmt: skip
+    assert srv.requests == []
+
+
+async def test_a_grant_whose_write_waits_past_the_expiry_is_refused_and_recorded_expired(
+    tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same for the decision: ``approve`` checks the expiry, then APPROVAL_GRANTED waits to
+    be written past it.  The grant is refused in its transaction (409 APPROVAL_EXPIRED) and
+    the request closed APPROVAL_EXPIRED -- never a grant recorded after its window."""
+    async with HostileServer.running(scripts.serve(Reply(200, body=b"{}"))) as srv:
+        cfg = approval_config(tmp_path, srv.url, approval={"ttl": f"{TTL:g}s"})
+        async with open_broker(cfg) as b:
+            env = await b.call(CHARGE)
+            iid = env["invocation_id"]
+            real_append = b.journal.append
+
+            async def append(event: Any, *args: Any, **kwargs: Any) -> Any:
+                if event.kind is E.APPROVAL_GRANTED:
+                    await trio.sleep(TTL + 0.3)  # checked; the write waits past the expiry
+                return await real_append(event, *args, **kwargs)
+
+            monkeypatch.setattr(b.journal, "append", append)
+            with trio.fail_after(LIMIT), pytest.raises(OperatorError) as info:
+                await b.approve(iid, operator=OPS)
+            monkeypatch.undo()
+            assert (info.value.code, info.value.status) == ("APPROVAL_EXPIRED", 409)
+            kinds = event_kinds(b, iid)
+            assert E.APPROVAL_GRANTED not in kinds, kinds
+            fetched = await b.fetch_result(iid)
+            assert fetched is not None
+            assert_error(b, fetched, phase="validation", outcome="not_attempted",
                          retry="after_correction", code="APPROVAL_EXPIRED")  # fmt: skip
     assert srv.requests == []
