@@ -11,15 +11,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 import trio
 
 from affidavit.approvals import OperatorError
+from affidavit.journal.postgres import _LOCK
 from affidavit.statemachine import EventKind
 from tests.http.hostile import HostileServer, Reply, scripts
 
-from .approvalkit import OPS, approval_config
-from .helpers import assert_error, event_kinds, open_broker
+from .approvalkit import OPS, OPS_UID, approval_config
+from .helpers import assert_error, event_kinds, http_target, open_broker, write_config
 
 E = EventKind
 LIMIT = 15
@@ -94,4 +96,68 @@ async def test_a_grant_whose_write_waits_past_the_expiry_is_refused_and_recorded
             assert fetched is not None
             assert_error(b, fetched, phase="validation", outcome="not_attempted",
                          retry="after_correction", code="APPROVAL_EXPIRED")  # fmt: skip
+    assert srv.requests == []
+
+
+async def test_on_postgresql_a_held_chain_head_past_the_expiry_sends_nothing(
+    tmp_path: Path, pg_url: str, token: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same on a shared journal, with no write faked: another session holds the chain head
+    when DISPATCH_STARTED is written (a broker's lost session) and frees it after the approval
+    expired, well within ``[journal] reconnect``.  The write then takes the head -- and is
+    refused by the database's clock in its transaction."""
+    journal = {
+        "url": pg_url,
+        "key_file": str(tmp_path / "k"),
+        "signing_key": str(tmp_path / "s"),
+        "reconnect": 10,
+    }
+    async with HostileServer.running(scripts.serve(Reply(200, body=b"{}"))) as srv:
+        window = {"ttl": f"{TTL:g}s", "wait": f"{TTL:g}s"}
+        cfg = write_config(
+            tmp_path, {"api": http_target(srv.url, approval=window)}, journal=journal
+        )
+        with cfg.open("a", encoding="utf-8") as f:
+            f.write(f"[service]\noperator_uids = [{OPS_UID}]\n")
+        with psycopg.connect(pg_url, autocommit=True) as other:
+            async with open_broker(cfg) as b:
+                real_append = b.journal.append
+                taken: list[float] = []
+
+                async def append(event: Any, *args: Any, **kwargs: Any) -> Any:
+                    if event.kind is E.DISPATCH_STARTED and not taken:
+                        other.execute("BEGIN")
+                        other.execute(
+                            "SELECT pg_advisory_xact_lock(%s, hashtext(current_schema()))",
+                            (_LOCK,),
+                        )
+                        taken.append(trio.current_time())
+                    return await real_append(event, *args, **kwargs)
+
+                async def release() -> None:
+                    while not taken:
+                        await trio.sleep(0.02)
+                    await trio.sleep(TTL + 0.5)  # past the expiry, within reconnect
+                    other.execute("ROLLBACK")
+
+                monkeypatch.setattr(b.journal, "append", append)
+                got: dict[str, Any] = {}
+
+                async def caller() -> None:
+                    got["env"] = await b.call(CHARGE)
+
+                with trio.fail_after(LIMIT):
+                    async with trio.open_nursery() as nursery:
+                        nursery.start_soon(release)
+                        nursery.start_soon(caller)
+                        while not b.approvals():
+                            await trio.sleep(0.02)
+                        await b.approve(b.approvals()[0]["invocation_id"], operator=OPS)
+                monkeypatch.undo()
+                env = got["env"]
+                assert taken, "the dispatch barrier was never written"
+                iid = env["invocation_id"]
+                assert E.DISPATCH_STARTED not in event_kinds(b, iid), env
+                assert_error(b, env, phase="validation", outcome="not_attempted",
+                             retry="after_correction", code="APPROVAL_EXPIRED")  # fmt: skip
     assert srv.requests == []
