@@ -149,6 +149,8 @@ class Engine:
                 # the path).
                 record = await journal_refused(self.recorder, self.recorder.writing(), exc)
                 return self.recorder.envelope(record)
+        except CallNotRecorded:
+            raise  # already says which invocation, its cause the journal's own words
         except JournalUnavailable as exc:
             # A read of the record failed, the database away beyond the reconnect window (in
             # journal_refused, in _store_failed, anywhere): nothing durable to render an envelope

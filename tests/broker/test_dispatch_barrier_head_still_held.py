@@ -74,6 +74,9 @@ async def test_a_lost_dispatch_barrier_with_the_head_still_held_is_never_not_att
                 assert env["error"]["outcome"] != "not_attempted", env
             else:
                 assert isinstance(error, CallNotRecorded) and error.invocation_id == iid
+                # Its cause is the journal's own words (the daemon logs them), not itself again.
+                assert isinstance(error.__cause__, JournalWriteError), repr(error.__cause__)
+                assert not isinstance(error.__cause__, CallNotRecorded)
             rec = broker.journal.record(iid)
             assert rec is not None and rec.outcome.value == "unknown"
         assert srv.requests == []
