@@ -67,8 +67,8 @@ class EventKind(StrEnum):
     """A human approval was requested for the bound fingerprint (seed: "Before approval, bind
     the normalized target, the credential version, the resolved injection method, and the
     request fingerprint").  attrs: fingerprint (the approval fingerprint), expires_at, ttl,
-    credential (the reference, never the value), version, injection, config_hash, requester;
-    the sealed payload says what will be sent and where, for the operator."""
+    version, injection, config_hash, requester; the sealed payload says what will be sent and
+    where, and the credential reference, for the operator (never in the attrs a caller reads)."""
     APPROVAL_GRANTED = "APPROVAL_GRANTED"
     """An operator approved the bound fingerprint; it is re-checked immediately before the
     write.  attrs: fingerprint (must be the requested one), operator, note."""

@@ -25,6 +25,7 @@ import affidavit.engine.approval as approval
 import affidavit.engine.invocation as invocation
 from affidavit.api.broker import Broker
 from affidavit.config import load_config
+from affidavit.docgen.contract import member_docs
 from affidavit.engine.snapshot import ConfigSnapshot
 from affidavit.protocols.actions import fingerprint, legacy_fingerprint, parse_action
 from affidavit.schema import snapshot_hash
@@ -204,3 +205,24 @@ async def test_two_brokers_of_a_shared_journal_hash_alike_and_retry_each_others_
             assert second.get("error") is None, second
             assert second["invocation_id"] == first["invocation_id"]
     assert received == ["/v1/x", "/v1/x"]
+
+
+async def test_approval_requested_carries_exactly_the_attrs_its_contract_names(
+    tmp_path: Path, token: str
+) -> None:
+    """docs/contract.md (generated from ``EventKind``'s docs) lists the attrs a caller reads
+    back; it named the credential reference among them after the reference had left them for
+    the sealed payload -- a contract telling a caller it would read what it must never."""
+    doc = member_docs(E)[E.APPROVAL_REQUESTED.name]
+    listed = doc.split("attrs:", 1)[1].split(";", 1)[0]
+    documented = {part.strip().split(" ", 1)[0] for part in listed.split(",")}
+    async with HostileServer.running(scripts.serve(Reply(200))) as srv:
+        cfg = approval_config(tmp_path, srv.url)
+        action = {"target": "api", "method": "POST", "path": "/v1/charges", "body": "{}"}
+        async with open_broker(cfg) as b:
+            env = await b.call(action)
+            assert env["error"]["code"] == "APPROVAL_PENDING", env
+            attrs = _attrs(b, env["invocation_id"], E.APPROVAL_REQUESTED)
+    assert "credential" not in attrs
+    assert documented == set(attrs), (documented, sorted(attrs))
+    assert srv.requests == []
