@@ -36,6 +36,10 @@ class ConfigSnapshot:
         self._digest = digest
         self._stat = self._file_stat()
         self._hashes: dict[str, tuple[Any, str]] = {}
+        self._seen: tuple[tuple[int, int] | None, Config | None, dict[str, str]] | None = None
+        """The file as last read after it changed: its stat, the config it held (None: not a
+        valid one) and the keyed hashes of its targets asked so far -- one read and one hash
+        per edit, not per dispatch."""
 
     def hash(self, target: Any) -> str:
         """The keyed hash of one of ``self.config``'s (frozen) targets, computed once per target
@@ -54,19 +58,30 @@ class ConfigSnapshot:
     def changed(self, target_name: str, expected_hash: str) -> bool:
         """Whether the config file now binds ``target_name`` to anything but ``expected_hash``
         (an unreadable or invalid file counts as changed).  Cheap while the file's mtime and
-        size are those seen at start."""
+        size are those seen at start, or those it had when last read."""
         path = self.config.path
         if path is None:
             return False
         current = self._file_stat()
         if current == self._stat:
             return False
-        try:
-            fresh = load_config(path)
-        except (ConfigError, OSError):
+        seen = self._seen
+        if seen is None or seen[0] != current or current is None:
+            try:
+                fresh: Config | None = load_config(path)
+            except (ConfigError, OSError):
+                fresh = None
+            seen = self._seen = (current, fresh, {})
+        _, fresh, hashes = seen
+        if fresh is None:
             return True
-        target = fresh.targets.get(target_name)
-        return target is None or self.hash_of(target) != expected_hash
+        value = hashes.get(target_name)
+        if value is None:
+            target = fresh.targets.get(target_name)
+            if target is None:
+                return True
+            value = hashes[target_name] = self.hash_of(target)
+        return value != expected_hash
 
     def _file_stat(self) -> tuple[int, int] | None:
         path = self.config.path

@@ -226,3 +226,44 @@ async def test_approval_requested_carries_exactly_the_attrs_its_contract_names(
     assert "credential" not in attrs
     assert documented == set(attrs), (documented, sorted(attrs))
     assert srv.requests == []
+
+
+def test_an_edited_config_is_read_once_per_edit_not_once_per_dispatch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After an edit that leaves the target as bound (another target added), every dispatch
+    gate asks ``changed``: the file is read and the target hashed once for that edit; a second
+    edit that changes the target, and one that breaks the file, are each still seen."""
+    import os
+
+    import affidavit.engine.snapshot as snapshot_module
+
+    url = "http://127.0.0.1:9/"
+    path = write_config(tmp_path, {"api": http_target(url)})
+    snap = ConfigSnapshot(load_config(path), lambda purpose, data: f"{purpose}:{data.hex()}")
+    bound = snap.hash(snap.config.targets["api"])
+    reads: list[Path] = []
+    real_load = snapshot_module.load_config
+
+    def counting_load(p: Any) -> Any:
+        reads.append(p)
+        return real_load(p)
+
+    monkeypatch.setattr(snapshot_module, "load_config", counting_load)
+
+    def edit(targets: dict[str, Any], step: int) -> None:
+        write_config(tmp_path, targets)
+        st = os.stat(path)
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + step * 1_000_000_000))
+
+    edit({"api": http_target(url), "other": http_target(url)}, 1)
+    assert [snap.changed("api", bound) for _ in range(5)] == [False] * 5
+    assert len(reads) == 1
+    edit({"api": http_target(url, methods=["GET"])}, 2)
+    assert [snap.changed("api", bound) for _ in range(3)] == [True] * 3
+    assert len(reads) == 2
+    path.write_text("[not toml")
+    edit_st = os.stat(path)
+    os.utime(path, ns=(edit_st.st_atime_ns, edit_st.st_mtime_ns + 3_000_000_000))
+    assert snap.changed("api", bound) and snap.changed("api", bound)
+    assert len(reads) == 3
