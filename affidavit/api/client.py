@@ -45,6 +45,7 @@ from .wire import (
     invocation_path,
     socket_path,
     target,
+    unreachable,
 )
 
 __all__ = ["Client", "ResponseReader", "encode_request"]
@@ -321,9 +322,7 @@ class Client:
         try:
             stream = await trio.open_unix_socket(self.path)
         except OSError as exc:
-            raise DaemonUnavailable(
-                f"cannot reach the affidavit daemon at {self.path} ({exc.strerror or exc})"
-            ) from None
+            raise DaemonUnavailable(unreachable(self.path, exc)) from None
         try:
             check_peer(stream.socket, self.path)  # type: ignore[arg-type]
         except BaseException:

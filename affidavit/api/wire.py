@@ -18,6 +18,7 @@ list).  Any other status is the API's own trouble, never the action's, with the 
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -57,6 +58,7 @@ __all__ = [
     "socket_path",
     "target",
     "trusted_uids",
+    "unreachable",
 ]
 
 SOCKET_ENV = "AFFIDAVIT_SOCKET"
@@ -401,11 +403,23 @@ def _uid_of(named: str) -> int:
 def _trust_hint(uid: int, trusted: frozenset[int]) -> str:
     """Why a uid is not trusted, and how to trust it when it is the daemon's user."""
     named = sorted(trusted - {0, os.geteuid()})
-    told = f" nor the daemon's user you named (uid {named[0]})" if named else ""
+    whom = f", root or the daemon's user you named (uid {named[0]})" if named else " or root"
     return (
-        f"not to you (uid {os.geteuid()}), root{told}: whoever it is could read every call "
+        f"not to you (uid {os.geteuid()}){whom}: whoever it is could read every call "
         f"sent there; if uid {uid} runs the affidavit daemon, set {DAEMON_UID_ENV}={uid}"
     )
+
+
+def unreachable(path: str, exc: OSError) -> str:
+    """Why the socket at ``path`` could not be reached; a refused permission says the usual
+    cause (docs/deployment.md: the socket and its directory are the clients' group's)."""
+    why = exc.strerror or str(exc)
+    if exc.errno in (errno.EACCES, errno.EPERM):
+        why += (
+            ": this user may not open the socket or enter its directory -- is it in the "
+            "socket's group?"
+        )
+    return f"cannot reach the affidavit daemon at {path} ({why})"
 
 
 def blocking_request(
@@ -419,9 +433,7 @@ def blocking_request(
         try:
             sock.connect(path)
         except OSError as exc:
-            raise DaemonUnavailable(
-                f"cannot reach the affidavit daemon at {path} ({exc.strerror or exc})"
-            ) from None
+            raise DaemonUnavailable(unreachable(path, exc)) from None
         check_peer(sock, path)
         head = [f"{method} {request_target} HTTP/1.1", *(f"{k}: {v}" for k, v in HEADERS)]
         head.append("connection: close")

@@ -113,18 +113,26 @@ def write_daemon_config(
     return path
 
 
-async def start_daemon(config: Path, socket: Path, log: Path, token: str | None) -> DaemonProc:
-    """Start ``affidavit serve`` and wait (bounded) until its socket answers ``/v1/health``."""
+async def start_daemon(
+    config: Path,
+    socket: Path,
+    log: Path,
+    token: str | None,
+    command: Sequence[str] | None = None,
+    journal: Path | None = None,
+) -> DaemonProc:
+    """Start ``affidavit serve`` (or ``command``, e.g. it ``as_user``) and wait (bounded) until
+    its socket answers ``/v1/health``."""
     out = log.open("ab")
     proc = subprocess.Popen(
-        [PYTHON, "-m", "affidavit", "serve", "--config", str(config)],
+        list(command or [PYTHON, "-m", "affidavit", "serve", "--config", str(config)]),
         stdin=subprocess.DEVNULL,
         stdout=out,
         stderr=out,
         env=daemon_env(token),
     )
     out.close()
-    daemon = DaemonProc(config, socket, config.parent / "journal.db", log, proc)
+    daemon = DaemonProc(config, socket, journal or config.parent / "journal.db", log, proc)
     try:
         await wait_until(lambda: _answers(daemon), "the daemon answers on its socket")
     except BaseException:
@@ -212,6 +220,7 @@ async def run(
 _DROP_PRIVILEGES = """
 import importlib, os, pkgutil, runpy, sys
 import encodings.idna  # socket.getaddrinfo's codec, looked up lazily: after the drop is too late
+import sqlite3, journal.sqlite  # a daemon's journal, opened lazily
 import affidavit
 for info in pkgutil.walk_packages(affidavit.__path__, "affidavit."):
     if not info.name.endswith(".__main__"):
@@ -219,11 +228,13 @@ for info in pkgutil.walk_packages(affidavit.__path__, "affidavit."):
             importlib.import_module(info.name)
         except ModuleNotFoundError:
             pass  # a module of an optional extra that is not installed
-uid, mode, what, *rest = sys.argv[1:]
-os.setgroups([])
-os.setgid(int(uid))
-os.setuid(int(uid))
-assert (os.getuid(), os.geteuid(), os.getegid(), os.getgroups()) == (int(uid),) * 3 + ([],)
+uid, gid, groups, mode, what, *rest = sys.argv[1:]
+uid, gid, groups = int(uid), int(gid), sorted(int(g) for g in groups.split(",") if g)
+os.setgroups(groups)
+os.setgid(gid)
+os.setuid(uid)
+assert (os.getuid(), os.geteuid(), os.getgid(), os.getegid()) == (uid, uid, gid, gid)
+assert sorted(os.getgroups()) == groups
 sys.argv = [what, *rest]
 if mode == "-m":
     runpy.run_module(what, run_name="__main__", alter_sys=True)
@@ -232,9 +243,10 @@ else:
 """
 
 
-def as_user(uid: int, *argv: str) -> list[str]:
-    """``python ARGV`` (``-m MODULE ARGS`` or ``-c CODE ARGS``) as ``uid`` (and group ``uid``,
-    no supplementary groups) -- a client of another user, for root-run tests.
+def as_user(uid: int, *argv: str, gid: int | None = None, groups: Sequence[int] = ()) -> list[str]:
+    """``python ARGV`` (``-m MODULE ARGS`` or ``-c CODE ARGS``) as ``uid`` (and group ``gid``,
+    by default ``uid``, with the supplementary ``groups``) -- a client of another user, or a
+    daemon run as its own user, for root-run tests.
 
     The child imports every affidavit module (and so their dependencies) first and drops its
     privileges after: the interpreter and site-packages may live where another uid cannot read
@@ -243,7 +255,8 @@ def as_user(uid: int, *argv: str) -> list[str]:
     require_root()
     mode, what, *rest = argv
     assert mode in ("-m", "-c"), mode
-    return [PYTHON, "-c", _DROP_PRIVILEGES, str(uid), mode, what, *rest]
+    ids = [str(uid), str(uid if gid is None else gid), ",".join(map(str, groups))]
+    return [PYTHON, "-c", _DROP_PRIVILEGES, *ids, mode, what, *rest]
 
 
 def client_env(socket: Path | None = None) -> dict[str, str]:
