@@ -304,7 +304,17 @@ async def serve(
     session = McpSession(backend, transport, session_id, max_calls)
     server = build_server(session)
     options = server.create_initialization_options(NotificationOptions())
-    await session.catalog()  # the tools, and how large a message may be (retried if it failed)
+    found = await session.catalog()  # the tools, how large a message may be (retried if failed)
+    if "api_error" in found:
+        # The action tools are missing from tools/list until it is read: say why where the
+        # operator setting this server up looks, not only in each tool's answer.
+        error = found["api_error"]
+        log.warning(
+            "no action tools until the catalog can be read (asked again at each tools/list): "
+            "%s: %s",
+            error.get("code"),
+            error.get("message"),
+        )
     async with trio.open_nursery() as top:
         top.start_soon(_stop_on_signal, session)
         async with trio.open_nursery() as calls:
