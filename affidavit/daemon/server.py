@@ -80,6 +80,7 @@ from .socketfile import (
     claim_socket_path,
     note_state,
     unlink_if_ours,
+    warn_if_no_group_reaches,
 )
 
 __all__ = ["Daemon", "DaemonError", "serve"]
@@ -259,6 +260,7 @@ class Daemon:
                 sorted(self.policy.gids),
                 journal_where(self.config.journal.location),
             )
+            warn_if_no_group_reaches(self.socket_path, inode, self.policy.gids)
             try:
                 await self._serve(api, calls, listener, inode, console, task_status)
             finally:

@@ -329,6 +329,26 @@ def bind_socket(path: Path) -> tuple[trio.SocketListener, int]:
     return trio.SocketListener(trio.socket.from_stdlib_socket(sock)), st.st_ino
 
 
+def warn_if_no_group_reaches(path: Path, inode: int, gids: frozenset[int]) -> None:
+    """Log a warning when the socket's group is none of the allowed ``gids``: a member of them
+    who is not its owner cannot open it (mode 0660: ``EACCES`` at connect, before the daemon
+    sees them).  The socket takes the daemon's primary group, or a setgid directory's group."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return
+    if not gids or st.st_ino != inode or st.st_gid in gids:
+        return
+    log.warning(
+        "the socket %s has group %d, none of the allowed gids %s: their members cannot open it "
+        "(mode %04o); start the daemon with that group as its primary group (systemd: Group=)",
+        path,
+        st.st_gid,
+        sorted(gids),
+        SOCKET_MODE,
+    )
+
+
 def unlink_if_ours(path: Path, inode: int) -> None:
     with contextlib.suppress(OSError):
         if os.lstat(path).st_ino == inode:

@@ -24,7 +24,17 @@ from tests.broker.helpers import TOKEN_ENV
 from tests.external import require_root
 from tests.http.hostile import HostileServer, Reply, scripts
 
-from .kit import NOBODY, as_user, client_env, run, start_daemon, stop, write_daemon_config
+from .kit import (
+    NOBODY,
+    api_target,
+    as_user,
+    client_env,
+    run,
+    running_daemon,
+    start_daemon,
+    stop,
+    write_daemon_config,
+)
 
 DAEMON = NOBODY
 """The daemon's user (``affidavit`` in the doc); its own group is ``nogroup``, also NOBODY."""
@@ -164,3 +174,22 @@ async def test_the_documented_layout_serves_an_agent_of_another_user_and_nothing
         assert daemon.proc.returncode == 0, daemon.log_text()
     assert [r.header("authorization") for r in srv.requests] == [f"Bearer {token}"]
     assert token not in daemon.log_text()
+    assert "none of the allowed gids" not in daemon.log_text()
+
+
+async def test_a_socket_no_allowed_group_can_open_is_warned_of_at_start(
+    tmp_path: Path, token: str
+) -> None:
+    """The daemon started under its own primary group (not the clients'): its socket is
+    ``0660`` of a group none of ``allow_gids`` is, so their members get EACCES before the
+    daemon sees them.  The start-up log says so, and how to fix it."""
+    require_root()
+    async with running_daemon(
+        tmp_path, api_target("http://127.0.0.1:9"), token=token, service={"allow_gids": [CLIENTS]}
+    ) as daemon:
+        log = daemon.log_text()
+    assert (
+        f"WARNING the socket {daemon.socket} has group 0, none of the allowed gids [{CLIENTS}]: "
+        "their members cannot open it (mode 0660); start the daemon with that group as its "
+        "primary group (systemd: Group=)"
+    ) in log, log
