@@ -145,6 +145,21 @@ async def test_the_documented_layout_serves_an_agent_of_another_user_and_nothing
             assert by_agent.returncode == 0, by_agent.stderr
             assert json.loads(by_agent.json()["result"]["body"]) == {"balance": 7}
 
+            # The agent's MCP server as docs/mcp.md registers it: `affidavit mcp --socket`
+            # in the agent's account, AFFIDAVIT_DAEMON_UID in its environment.
+            from tests.mcp.kit import connected, structured
+
+            drop = as_user(AGENT, "-m", "affidavit", groups=[CLIENTS])[1:-2]
+            mcp_log = layout / "mcp.log"
+            async with connected(["--socket", str(socket)], told, mcp_log, drop) as mcp:
+                answer = structured(
+                    await mcp.call(
+                        "http_request", {"target": "billing", "method": "GET", "path": "/v1/mcp"}
+                    )
+                )
+            assert json.loads(answer["result"]["body"]) == {"balance": 7}, answer
+            assert "WARNING" not in mcp_log.read_text(), mcp_log.read_text()
+
             # AFFIDAVIT_DAEMON_UID left out: refused before a connect, with the line to set.
             untold = await run(as_user(AGENT, *call, groups=[CLIENTS]), stdin=action, env=agent_env)
             assert untold.returncode == 2, untold
@@ -172,7 +187,7 @@ async def test_the_documented_layout_serves_an_agent_of_another_user_and_nothing
         finally:
             stop(daemon)
         assert daemon.proc.returncode == 0, daemon.log_text()
-    assert [r.header("authorization") for r in srv.requests] == [f"Bearer {token}"]
+    assert [r.header("authorization") for r in srv.requests] == [f"Bearer {token}"] * 2
     assert token not in daemon.log_text()
     assert "none of the allowed gids" not in daemon.log_text()
 
