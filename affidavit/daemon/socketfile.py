@@ -81,6 +81,11 @@ def claim_socket_path(path: Path) -> int:
             f"this one is {size}; choose a shorter [service] socket (or --socket)"
         )
     if not path.parent.is_dir():
+        if not os.path.lexists(path.parent):  # e.g. /run/affidavit without systemd, after a boot
+            raise DaemonError(
+                f"cannot listen on {path}: {path.parent} does not exist; create it, writable by "
+                f"the daemon's user only (mkdir -m 0750 {shlex.quote(str(path.parent))})"
+            )
         raise DaemonError(f"cannot listen on {path}: {path.parent} is not a directory")
     _check_directory(path)
     lock = _lock(path)

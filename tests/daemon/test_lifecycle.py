@@ -305,7 +305,13 @@ async def test_a_socket_path_no_socket_can_have_is_refused_before_the_journal_is
     assert not any(tmp_path.glob("*.db")), sorted(p.name for p in tmp_path.iterdir())
     said = done.stderr.decode()
     assert "Traceback" not in said
-    assert ("at most 107 bytes" if where == "too-long" else "is not a directory") in said, said
+    expected = (
+        "at most 107 bytes"
+        if where == "too-long"
+        else f"{socket.parent} does not exist; create it, writable by the daemon's user only "
+        f"(mkdir -m 0750 {socket.parent})"
+    )
+    assert expected in said, said
 
 
 async def test_sigterm_stops_a_held_poll_at_the_grace_as_broker_shutdown(
