@@ -228,6 +228,17 @@ for info in pkgutil.walk_packages(affidavit.__path__, "affidavit."):
             importlib.import_module(info.name)
         except ModuleNotFoundError:
             pass  # a module of an optional extra that is not installed
+# `affidavit mcp`: anyio imports its parts lazily, on first use (anyio._lazyimport).
+for name in ("anyio", "anyio._backends._trio"):
+    try:
+        package = importlib.import_module(name)
+    except ImportError:
+        continue
+    for info in pkgutil.walk_packages(getattr(package, "__path__", []), name + "."):
+        try:
+            importlib.import_module(info.name)
+        except Exception:
+            pass  # an optional part (another backend's library)
 uid, gid, groups, mode, what, *rest = sys.argv[1:]
 uid, gid, groups = int(uid), int(gid), sorted(int(g) for g in groups.split(",") if g)
 os.setgroups(groups)
