@@ -235,6 +235,7 @@ def journal_page(
             "whole": None,
             "checked_at": None,
             "checked_through": None,
+            "unread_through": None,
         }
     else:
         verified = kept.page(reader, whole)

@@ -8,7 +8,9 @@ verify checks them, continuing the chain from the row the report reached -- whic
 makes sound for those rows.  It does not read again what it checked before: a row altered in
 place before that point, a stored result or an idempotency binding changed since, is found by
 the next whole verify only.  So the page says both: when the whole verify ran and how far it
-reached, and how far the rows after it were checked since, and when.
+reached, and how far the rows after it were checked since, and when -- and from which row the
+last request read: each extension continues the last one's, so a row an earlier request checked
+is not read again either (the page says the rows before that one are as of their check).
 
 When the report cannot be extended -- the row it reached is gone or another (the journal was
 replaced, rewound or re-chained: another broker of a shared journal cannot do that, only
@@ -53,40 +55,46 @@ class KeptVerify:
         self._whole: _Whole | None = None
         self._base: VerifyReport | None = None
         """The last intact report (whole or extended): what the next request extends."""
-        self._shown: tuple[VerifyReport, float] | None = None
+        self._shown: tuple[VerifyReport, float, int] | None = None
+        """The report shown, when it was made, and the last row it did not read again (the
+        rows through it were checked by the whole verify or an earlier extension)."""
 
     def page(self, reader: JournalReader, whole: bool = False) -> dict[str, Any]:
         """The report to show, the whole verify's (``at``, ``through``) and when the rows
-        after it were last checked (``checked_at``, ``checked_through``; None when the shown
-        report is the whole verify's own)."""
+        after it were last checked (``checked_at``, ``checked_through``) and through which row
+        they were not read this time (``unread_through``: an extension reads only the rows
+        after the last one an earlier request checked); None when the shown report is the
+        whole verify's own."""
         with self._lock:
             if not whole and self._whole is not None:
                 if self._base is None:  # the last report was broken: kept, not read past
                     return self._view()
+                unread = self._base.count  # checked by an earlier request: not read again
                 extended = reader.verify_since(self._base)
                 if extended is not None:
-                    self._keep(extended)
+                    self._keep(extended, unread)
                     return self._view()
             report = reader.verify()
             at = self._clock()
-            self._whole, self._shown = _Whole(report, at), (report, at)
+            self._whole, self._shown = _Whole(report, at), (report, at, report.count)
             self._base = report if report.ok else None
             if not report.ok and self._summary is not None:
                 self._summary.forget()  # its rows are read again, as a full fold reads them
             return self._view()
 
-    def _keep(self, report: VerifyReport) -> None:
-        self._shown = (report, self._clock())
+    def _keep(self, report: VerifyReport, unread: int) -> None:
+        self._shown = (report, self._clock(), unread)
         if report.ok:  # (broken: the next request reads again from the last intact row)
             self._base = report
 
     def _view(self) -> dict[str, Any]:
         assert self._whole is not None and self._shown is not None
-        whole, (shown, at) = self._whole, self._shown
+        whole, (shown, at, unread) = self._whole, self._shown
         since = shown is not whole.report
         return {
             "report": dataclasses.asdict(shown),
             "whole": {"at": whole.at, "through": whole.report.count, "ok": whole.report.ok},
             "checked_at": at if since else None,
             "checked_through": shown.count if since else None,
+            "unread_through": unread if since else None,
         }

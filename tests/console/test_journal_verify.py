@@ -76,7 +76,8 @@ async def test_the_journal_page_extends_its_verify_and_verifies_whole_on_request
         text = page.decode()
         assert _verify_line(page).startswith(f"intact: {head} events")
         assert "verified at" in text and f"through seq {whole}." in text
-        assert "checked at" in text and f"through seq {head} (chain" in text
+        assert "checked as they were appended (chain" in text
+        assert "the last check at" in text and f"through seq {head}." in text
         assert "not read again until a whole verify" in text
 
         # A row the whole verify read, altered since: not read again -- the page does not
@@ -151,3 +152,33 @@ async def test_a_whole_verify_that_finds_a_row_altered_has_the_kept_views_read_i
         m = re.search(rb'id="sessions-error">([^<]*)<', page)
         assert m is not None and b"altered" in m.group(1), page[-1500:]
         assert b'href="/actions?session=s1"' not in page
+
+
+async def test_a_row_an_earlier_extension_checked_is_not_claimed_checked_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each extension reads only the rows after the previous one's: a row an earlier visit
+    checked, altered since, is not read again -- the page says the rows through it are as of
+    their last check (not only those of the whole verify), and its whole verify finds it."""
+    path = operator_config(tmp_path, monkeypatch, {"pay": http_target("http://127.0.0.1:9")})
+    refused = {"target": "nope", "method": "GET", "path": "/"}
+    async with open_broker(path) as b, served(b, tmp_path) as (origin, console):
+        cookie, csrf = await log_in_to(console, origin)
+        await b.call(refused)
+        await get(f"{origin}/journal", cookie=cookie)
+        whole = b.journal.head()[0]
+        await b.call(refused)
+        await get(f"{origin}/journal", cookie=cookie)  # checks whole+1..first
+        first = b.journal.head()[0]
+        _alter(tmp_path / "journal.db", whole + 1)
+        await b.call(refused)
+        _, _, page = await get(f"{origin}/journal", cookie=cookie)
+        text = page.decode()
+        assert _verify_line(page).startswith("intact")  # not read again: as of its check
+        assert f"Rows up to seq {first}, stored results" in text, text[-2500:]
+        assert f"seq {whole + 1}..{first} were checked by earlier visits" in text
+        assert f"Rows up to seq {whole}," not in text
+        _, _, page = await post(
+            f"{origin}/journal/verify", {"csrf": csrf}, {"Origin": origin, "Cookie": cookie}
+        )
+        assert _verify_line(page).startswith(f"BROKEN at seq {whole + 1}")
