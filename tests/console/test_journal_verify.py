@@ -18,6 +18,7 @@ import pytest
 
 from affidavit.journal import JournalReader
 from tests.broker.helpers import http_target, open_broker
+from tests.http.hostile import HostileServer, Reply, scripts
 
 from .kit import get, log_in_to, operator_config, post, served
 
@@ -175,10 +176,44 @@ async def test_a_row_an_earlier_extension_checked_is_not_claimed_checked_again(
         _, _, page = await get(f"{origin}/journal", cookie=cookie)
         text = page.decode()
         assert _verify_line(page).startswith("intact")  # not read again: as of its check
-        assert f"Rows up to seq {first}, stored results" in text, text[-2500:]
+        assert f"Rows up to seq {first}, and the stored results" in text, text[-2500:]
         assert f"seq {whole + 1}..{first} were checked by earlier visits" in text
         assert f"Rows up to seq {whole}," not in text
         _, _, page = await post(
             f"{origin}/journal/verify", {"csrf": csrf}, {"Origin": origin, "Cookie": cookie}
         )
         assert _verify_line(page).startswith(f"BROKEN at seq {whole + 1}")
+
+
+async def test_a_result_stored_after_the_whole_verify_is_said_unchecked_where_the_verdict_is(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An extension checks the new rows' chain and checkpoints, not the results they store nor
+    the keys they bind: the verdict line says so (not "intact" alone), and the whole verify
+    finds a stored result altered."""
+    async with HostileServer.running(scripts.serve(Reply(200, body=b"stored"))) as srv:
+        path = operator_config(tmp_path, monkeypatch, {"api": http_target(srv.url)})
+        async with open_broker(path) as b, served(b, tmp_path) as (origin, console):
+            cookie, csrf = await log_in_to(console, origin)
+            await b.call({"target": "nope", "method": "GET", "path": "/"})
+            await get(f"{origin}/journal", cookie=cookie)
+            whole = b.journal.head()[0]
+            env = await b.call({"target": "api", "method": "GET", "path": "/r"})
+            assert "error" not in env, env
+            conn = sqlite3.connect(tmp_path / "journal.db", isolation_level=None)
+            try:
+                for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type='trigger'"):
+                    conn.execute(f'DROP TRIGGER "{name}"')
+                conn.execute("UPDATE results SET sha256 = ?", ("0" * 64,))
+            finally:
+                conn.close()
+            _, _, page = await get(f"{origin}/journal", cookie=cookie)
+            line = _verify_line(page)
+            assert line.startswith("intact") and "as of their last check" in line, line
+            assert f"after seq {whole} the chain and signed checkpoints only" in line, line
+            assert "the results those rows store" in line and "not checked" in line, line
+            _, _, page = await post(
+                f"{origin}/journal/verify", {"csrf": csrf}, {"Origin": origin, "Cookie": cookie}
+            )
+            assert _verify_line(page).startswith("BROKEN at seq"), _verify_line(page)
+            assert "stored result of invocation" in _verify_line(page)
