@@ -167,14 +167,17 @@ def _retry_sections() -> list[str]:
         "moment.",
         "",
         "A record that rests in no final state (an attempt runs, waits for an operator, or its "
-        "broker stopped and its lease has not run out) is shown with `fetch_result` by every "
+        "broker stopped and no read has closed it yet) is shown with `fetch_result` by every "
         "view (`record`, the actions view, the console: `views.shown_retry`), as its envelope "
         "says (IN_PROGRESS): a same-key call then answers IN_PROGRESS, and a new call would be "
         "a second active attempt -- the hint of the attempt before it, a `backoff` or "
         "`same_idempotency_key`, is no longer what automation may do. Its `state` says what "
         "runs and `evidence.lease` whose attempt it is and until when its lease holds the "
-        "invocation (`expires_at`; a same-key call answers IN_PROGRESS until then, after it "
-        "recovery may close the attempt); once it rests again, its own hint is shown.",
+        "invocation (`expires_at`, seconds since the epoch by the clock leases are judged by: "
+        "the broker host's on SQLite, the database's on a shared PostgreSQL journal "
+        "([journal](journal.md#clocks)), not the caller's; a same-key call answers IN_PROGRESS "
+        "until then, and after it a same-key call or `fetch_result` closes the attempt with "
+        "what the journal proves, a view does not); once it rests again, its own hint is shown.",
         "",
         "The stored result (the remote's summary and streams, the hash RESULT_COMMITTED "
         "records) is a historical document: it is served as committed and holds no hint. The "

@@ -144,3 +144,14 @@ async def test_a_record_whose_attempt_runs_is_shown_fetch_result_as_a_same_key_c
             rows = (await mcp.actions(None, None, 50))["actions"]
             assert [r["retry"] for r in rows] == ["never"]
     assert len(srv.requests) == 1
+
+
+def test_the_contract_says_by_which_clock_evidence_lease_expires_at_is() -> None:
+    """``evidence.lease.expires_at`` is in the clock leases are judged by (on a shared
+    PostgreSQL journal the database's, ``Txn.lease_offset``), not the caller's: the contract
+    says so where it names the field, and that only a call or ``fetch_result`` -- never a view
+    -- closes an attempt whose lease ran out."""
+    doc = (Path(__file__).parents[2] / "docs" / "contract.md").read_text()
+    (para,) = [p for p in doc.split("\n\n") if "`evidence.lease`" in p and "expires_at" in p]
+    assert "the database's on a shared PostgreSQL journal" in para, para
+    assert "not the caller's" in para and "a view does not" in para, para
