@@ -669,16 +669,19 @@ class JournalReader:
         ``public_key`` / ``public_keys`` (raw Ed25519 bytes: on a shared journal, one per
         broker), else the anchor's key, else the keys the journal records itself."""
         given = _keys(public_key, public_keys)
+        fixed: Trust | None = None
         if given:
-            trust = Trust(given, "public-key", anchor, accept_unsigned)
+            fixed = Trust(given, "public-key", anchor, accept_unsigned)
         elif anchor is not None:
-            trust = Trust(_keys(anchor.public_raw, ()), "anchor", anchor, accept_unsigned)
-        else:
-            recorded = self.recorded_public_keys()
-            trust = Trust(recorded, "journal" if recorded else "none", None, accept_unsigned)
+            fixed = Trust(_keys(anchor.public_raw, ()), "anchor", anchor, accept_unsigned)
 
         def run(t: Tables) -> VerifyReport:
             with self.snapshot():
+                trust = fixed
+                if trust is None:  # the recorded keys, read in the rows' snapshot (verify_since)
+                    recorded = recorded_keys(t)
+                    source = "journal" if recorded else "none"
+                    trust = Trust(recorded, source, None, accept_unsigned)
                 return _segments_hint(verify_journal(_Source(t), trust), t)
 
         return self._read(run, "the rows a verify checks")
@@ -692,13 +695,16 @@ class JournalReader:
         re-chained), or the recorded keys changed: a whole ``verify()`` is then due."""
         if not base.ok or base.head_hash is None or base.key_source not in ("journal", "none"):
             return None
-        recorded = self.recorded_public_keys()
-        if tuple(sorted(recorded)) != base.key_ids:
-            return None
-        trust = Trust(recorded, "journal" if recorded else "none", None, False)
 
         def run(t: Tables) -> VerifyReport | None:
             with self.snapshot():
+                # The keys in the rows' snapshot: read before it, a broker of a shared journal
+                # that registered its key and signed a checkpoint in between would have its
+                # checkpoint reported signed by an unrecorded key (an intact journal: BROKEN).
+                recorded = recorded_keys(t)
+                if tuple(sorted(recorded)) != base.key_ids:
+                    return None
+                trust = Trust(recorded, "journal" if recorded else "none", None, False)
                 here = GENESIS if base.count == 0 else t.hash_at(base.count)
                 if here != base.head_hash:
                     return None

@@ -13,6 +13,7 @@ import pytest
 import trio
 
 from affidavit.journal import Journal, JournalError, VerifyReport
+from affidavit.journal import reader as reader_module
 from affidavit.journal.signing import SigningKey
 from affidavit.journal.tables import Tables
 
@@ -137,3 +138,51 @@ def test_rows_appended_without_a_checkpoint_are_reported_unsigned(place: Place) 
     whole = _verify(place)
     assert ext is not None and not ext.ok and not whole.ok
     assert ext.first_bad_seq == whole.first_bad_seq and "not covered" in ext.reason
+
+
+def test_a_broker_joining_between_the_key_read_and_the_rows_is_not_reported_broken(
+    pg: Any, tmp_path: Path
+) -> None:
+    """A shared journal: another broker records its key and appends a checkpoint it signed
+    while an extension (or a whole verify) runs.  The keys and the rows are read in one
+    snapshot -- either both or neither: never a checkpoint signed by a key read as unrecorded,
+    which it would report BROKEN (an intact journal said tampered)."""
+    place = Place(
+        "postgresql",
+        pg.database(),
+        tmp_path / "journal.key",
+        tmp_path / "journal.signing.key",
+        cluster=pg,
+    )
+    _fill(place, ["a"])
+    base = _verify(place)
+    real = reader_module.recorded_keys
+    joined: list[int] = []
+    done: list[int] = []
+
+    def then_join(t: Tables) -> dict[str, bytes]:
+        keys = real(t)
+        if not joined:  # once, right after the extension read the keys
+            joined.append(1)
+            key = tmp_path / f"other{len(done)}.signing.key"  # a broker new each time
+            SigningKey.create(key)
+            _fill(place, [f"b{len(done)}"], signing_key=key)
+            done.append(1)
+        return keys
+
+    joined.append(0)  # (not while a reader opens)
+    reader_module.recorded_keys = then_join  # type: ignore[assignment]
+    try:
+        with place.reader() as r:
+            joined.clear()
+            ext = r.verify_since(base)
+        assert joined
+        assert ext is None or ext.ok, ext
+        _fill(place, ["c"])
+        with place.reader() as r:
+            joined.clear()  # the whole verify reads them as it: another broker joins again
+            whole = r.verify()
+        assert joined and whole.ok, whole
+    finally:
+        reader_module.recorded_keys = real
+    assert _verify(place).ok
