@@ -203,11 +203,14 @@ class SessionSummary:
         """How many invocations the journal has, brought up to the head -- None when nothing
         is kept yet (the first fold is the whole journal's: a caller that needs only the count
         counts in the database instead), or when another thread holds the summary (it may be
-        folding the whole journal: a count does not wait for that)."""
+        folding the whole journal: a count does not wait for that), or when ``tables``' snapshot
+        is behind the head it was brought to (another request, in a newer snapshot, refreshed
+        it since this one's began: ``JournalReader.summarized_page`` reads the tallies, then the
+        count -- not a journal rewound, and a count is never a whole fold)."""
         if not self._lock.acquire(blocking=False):
             return None
         try:
-            if self._state.through == 0:
+            if self._state.through == 0 or tables.head()[0] < self._state.through:
                 return None
             return len(self._refresh(tables, now).invs)
         finally:

@@ -324,3 +324,44 @@ def test_a_kept_count_is_not_counted_again_in_the_database(place: Place) -> None
         finally:
             done.set()
             holder.join()
+
+
+def test_a_count_in_an_older_snapshot_does_not_fold_the_journal_again(place: Place) -> None:
+    """The console's unfiltered actions page takes the tallies, then the count, in one
+    snapshot; between the two another request may bring the summary to a newer head.  The
+    count's snapshot is then behind what the summary folded -- not a journal rewound: it is
+    counted in the database, never a whole fold (which would hold the summary for as long as
+    the first fold took, and set it back to the older head)."""
+    _fill(place, [happy(f"inv-{i}", SESSIONS[i % 3]) for i in range(5)])
+    summary = SessionSummary(metrics_key)
+    with place.reader() as r:
+        r.summarized_sessions(summary)  # kept
+    real = SessionSummary.tallies
+    spies: list[_Counting] = []
+
+    def then_newer(s: SessionSummary, tables: Any, now: float, since: Any = None) -> Any:
+        out = real(s, tables, now, since)
+        if not spies:  # another request, in a newer snapshot, between the tallies and the count
+            spies.append(_Counting(tables))
+            _fill(place, [interrupted("inv-new", "bob")])
+            with place.reader() as other:
+                other.summarized_sessions(summary)
+        return out
+
+    SessionSummary.tallies = then_newer  # type: ignore[method-assign]
+    try:
+        with place.reader() as r:
+            spy = _Counting(r.tables)
+            r.tables = spy  # type: ignore[assignment]
+            tallies, records, total = r.summarized_page(summary, 2)
+            assert [x.invocation_id for x in records] == ["inv-3", "inv-4"]
+    finally:
+        SessionSummary.tallies = real  # type: ignore[method-assign]
+    assert spies and sum(tallies.values()) == total == 5  # the page's own snapshot
+    assert "grouped_events" not in spy.read, spy.read  # no whole fold for a count
+    with place.reader() as r:
+        spy = _Counting(r.tables)
+        summary.sessions(spy, 1e9)  # type: ignore[arg-type]
+        assert spy.read == {}, spy.read  # still at the newer head: nothing to read again
+    full, kept = _both(place, summary)
+    assert kept == full
