@@ -55,6 +55,10 @@ class KeptVerify:
         self._whole: _Whole | None = None
         self._base: VerifyReport | None = None
         """The last intact report (whole or extended): what the next request extends."""
+        self._started = 0
+        """Whole verifies begun (under the lock; read without it, an int: a request's mark)."""
+        self._answered = 0
+        """The number (``_started``) of the last whole verify that answered."""
         self._shown: tuple[VerifyReport, float, int] | None = None
         """The report shown, when it was made, and the last row it did not read again (the
         rows through it were checked by the whole verify or an earlier extension)."""
@@ -65,7 +69,13 @@ class KeptVerify:
         they were not read this time (``unread_through``: an extension reads only the rows
         after the last one an earlier request checked); None when the shown report is the
         whole verify's own."""
+        asked = self._started
         with self._lock:
+            if whole and self._answered > asked:
+                # A whole verify began after this request came (they take turns: it waited for
+                # it): it read the journal as this one would, so it answers both -- presses
+                # queued while one runs cost one more, not one each.
+                return self._view()
             if not whole and self._whole is not None:
                 if self._base is None:  # the last report was broken: kept, not read past
                     return self._view()
@@ -74,7 +84,9 @@ class KeptVerify:
                 if extended is not None:
                     self._keep(extended, unread)
                     return self._view()
-            report = reader.verify()
+            self._started += 1
+            report = reader.verify()  # (raises: the journal was not read; nothing kept)
+            self._answered = self._started
             at = self._clock()
             self._whole, self._shown = _Whole(report, at), (report, at, report.count)
             self._base = report if report.ok else None

@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import re
 import sqlite3
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from affidavit.console.verified import KeptVerify
 from affidavit.journal import JournalReader
 from tests.broker.helpers import http_target, open_broker
 from tests.http.hostile import HostileServer, Reply, scripts
@@ -217,3 +220,45 @@ async def test_a_result_stored_after_the_whole_verify_is_said_unchecked_where_th
             )
             assert _verify_line(page).startswith("BROKEN at seq"), _verify_line(page)
             assert "stored result of invocation" in _verify_line(page)
+
+
+async def test_presses_queued_while_a_whole_verify_runs_cost_one_more_not_one_each(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An operator pressing 'Verify the whole journal now' again and again (41 s each at 1M
+    events) while one runs: the requests take turns (the daemon reads in worker threads), and
+    a whole verify begun after a request came answers it -- three presses during one verify
+    run one more, not three."""
+    path = operator_config(tmp_path, monkeypatch, {"pay": http_target("http://127.0.0.1:9")})
+    async with open_broker(path) as b:
+        await b.call({"target": "nope", "method": "GET", "path": "/"})
+    kept = KeptVerify()
+    calls = _counting(monkeypatch)
+    real = JournalReader.verify  # (the counting spy)
+    running, go = threading.Event(), threading.Event()
+
+    def slow(self: JournalReader, *a: Any, **k: Any) -> Any:
+        running.set()
+        assert go.wait(10.0)  # bounded
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(JournalReader, "verify", slow)
+    answers: list[dict[str, Any]] = []
+
+    def press() -> None:
+        with JournalReader.open(tmp_path / "journal.db") as reader:
+            answers.append(kept.page(reader, whole=True))
+
+    first = threading.Thread(target=press)
+    first.start()
+    assert running.wait(10.0)
+    more = [threading.Thread(target=press) for _ in range(3)]  # pressed again while it runs
+    for t in more:
+        t.start()
+    time.sleep(0.3)  # (they have come in and wait their turn)
+    go.set()
+    for t in [first, *more]:
+        t.join(10.0)
+        assert not t.is_alive()
+    assert len(answers) == 4 and all(a["report"]["ok"] for a in answers)
+    assert calls["verify"] == 2, calls
