@@ -643,14 +643,14 @@ class JournalReader:
         anchor must vouch only for a journal that does) or has no signed checkpoint.  Rows from
         before signing are accepted here: the anchor covers them as they are now."""
         given = _keys(public_key, public_keys)
-        keys = given if given else self.recorded_public_keys()
-        trust = Trust(keys, "public-key" if given else "journal", None, True)
 
-        def run(t: Tables) -> tuple[VerifyReport, Checkpoint | None]:
+        def run(t: Tables) -> tuple[VerifyReport, Checkpoint | None, dict[str, bytes]]:
             with self.snapshot():
-                return verify_journal(_Source(t), trust), t.latest_checkpoint()
+                keys = given if given else recorded_keys(t)  # (in the rows' snapshot: verify)
+                trust = Trust(keys, "public-key" if given else "journal", None, True)
+                return verify_journal(_Source(t), trust), t.latest_checkpoint(), keys
 
-        report, cp = self._read(run, "the rows a verify checks")
+        report, cp, keys = self._read(run, "the rows a verify checks")
         if not report.ok or cp is None or cp.key_id not in keys:
             return report, None
         return report, Anchor(cp, keys[cp.key_id])

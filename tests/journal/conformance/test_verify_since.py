@@ -144,7 +144,7 @@ def test_a_broker_joining_between_the_key_read_and_the_rows_is_not_reported_brok
     pg: Any, tmp_path: Path
 ) -> None:
     """A shared journal: another broker records its key and appends a checkpoint it signed
-    while an extension (or a whole verify) runs.  The keys and the rows are read in one
+    while an extension (a whole verify, an anchor) runs.  The keys and the rows are read in one
     snapshot -- either both or neither: never a checkpoint signed by a key read as unrecorded,
     which it would report BROKEN (an intact journal said tampered)."""
     place = Place(
@@ -183,6 +183,10 @@ def test_a_broker_joining_between_the_key_read_and_the_rows_is_not_reported_brok
             joined.clear()  # the whole verify reads them as it: another broker joins again
             whole = r.verify()
         assert joined and whole.ok, whole
+        with place.reader() as r:
+            joined.clear()  # and an anchor, taken with the keys the journal records
+            report, anchor = r.anchor()
+        assert joined and report.ok and anchor is not None, report
     finally:
         reader_module.recorded_keys = real
     assert _verify(place).ok
