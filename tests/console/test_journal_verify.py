@@ -116,6 +116,11 @@ async def test_a_new_row_altered_is_reported_by_the_next_request(
             assert _verify_line(page).startswith(
                 f"BROKEN at seq {whole + 1}: row {whole + 1} was altered"
             )
+            # The rows before it were not read again: intact as of their check, not now.
+            assert _verify_line(page).endswith(
+                f"({whole} events before it are intact as of their last check: "
+                f"seq {whole + 1} on read now)"
+            ), _verify_line(page)
         status, _, _ = await post(
             f"{origin}/journal/verify", {"csrf": "wrong"}, {"Origin": origin, "Cookie": cookie}
         )
