@@ -30,7 +30,6 @@ from typing import Any
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
-from nacl.signing import SigningKey as _NaclSigningKey
 
 from .chain import canonical_json
 from .errors import JournalError
@@ -128,8 +127,13 @@ class SigningKey:
         self.path = path
         self.public_raw = _raw(private.public_key())
         self.key_id = key_id_of(self.public_raw)
+        # Here, not at the module's import: only a broker that signs loads libsodium (~10 ms);
+        # readers -- `affidavit actions`, `journal verify`, the console -- verify with
+        # cryptography alone.
+        from nacl.signing import SigningKey as NaclSigningKey
+
         raw = serialization.Encoding.Raw, serialization.PrivateFormat.Raw
-        self._signer = _NaclSigningKey(private.private_bytes(*raw, serialization.NoEncryption()))
+        self._signer = NaclSigningKey(private.private_bytes(*raw, serialization.NoEncryption()))
 
     @classmethod
     def create(cls, path: str | os.PathLike[str]) -> SigningKey:

@@ -5,6 +5,8 @@ and message, for a created and a loaded key and for every checkpoint a journal w
 from __future__ import annotations
 
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 
 from affidavit.journal import Journal, JournalReader, SigningKey
@@ -51,3 +53,24 @@ async def test_a_journal_signed_through_libsodium_verifies(tmp_path: Path) -> No
     with JournalReader.open(db) as r:
         report = r.verify()
     assert report.ok, report
+
+
+async def test_reading_and_verifying_a_journal_does_not_load_libsodium(tmp_path: Path) -> None:
+    """Only a broker that signs needs PyNaCl: a reader (``affidavit actions``, ``journal
+    verify``, the console) verifies with cryptography and pays no libsodium load (~10 ms)."""
+    db = tmp_path / "j.db"
+    async with Journal.open(db) as j:
+        for ev in happy("inv-1"):
+            await j.append(ev)
+    code = (
+        "import sys; from affidavit.journal import JournalReader\n"
+        f"with JournalReader.open({str(db)!r}) as r:\n"
+        "    assert r.verify().ok\n"
+        "    r.list_actions()\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'nacl'))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]", done.stdout
