@@ -3,23 +3,25 @@
 
 A whole verify runs when nothing is kept, and when the operator asks for one (the page's
 "verify the whole journal" button).  Every other request extends the last intact report to the
-journal's head (``JournalReader.verify_since``): the rows appended since are checked as a whole
-verify checks them, continuing the chain from the row the report reached -- which the chain
-makes sound for those rows.  It does not read again what it checked before: a row altered in
-place before that point, a stored result or an idempotency binding changed since, is found by
-the next whole verify only.  So the page says both: when the whole verify ran and how far it
-reached, and how far the rows after it were checked since, and when -- and from which row the
-last request read: each extension continues the last one's, so a row an earlier request checked
-is not read again either (the page says the rows before that one are as of their check).
+journal's head (``JournalReader.verify_since``): the rows appended since -- their links, hashes
+and checkpoints, not the results they store nor the idempotency keys they bind -- are checked as
+a whole verify checks them, continuing the chain from the row the report reached, which the
+chain makes sound for those rows; the page's verdict says what was not checked.  It does not
+read again what it checked before: a row altered in place before that point, a stored result or
+an idempotency binding changed since, is found by the next whole verify only.  So the page says
+both: when the whole verify ran and how far it reached, and how far the rows after it were
+checked since, and when -- and from which row the last request read: each extension continues
+the last one's, so a row an earlier request checked is not read again either (the page says the
+rows before that one are as of their check).
 
 When the report cannot be extended -- the row it reached is gone or another (the journal was
 replaced, rewound or re-chained: another broker of a shared journal cannot do that, only
 someone writing the database), or the recorded keys changed -- a whole verify runs.  A broken
 whole verify is kept as it is (with when it ran) until the operator verifies again, and the
 kept views (``SessionSummary``) fold the whole journal again at their next request -- reading
-the altered row as a full fold does: it is not
-read past, nor forgotten; rows after an intact report that do not check are read again from
-that report on each request (a problem stays reported while it is there).
+the altered row as a full fold does: it is not read past, nor forgotten; rows after an intact
+report that do not check are read again from that report on each request (a problem stays
+reported while it is there).
 """
 
 from __future__ import annotations
