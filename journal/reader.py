@@ -689,7 +689,8 @@ class JournalReader:
     def verify_since(self, base: VerifyReport) -> VerifyReport | None:
         """``verify()``'s report extended to this journal's head from ``base`` (an intact
         report of ``verify()`` with the recorded keys, as the console's journal page keeps
-        it): only the rows after the one ``base`` reached are read (``verify.verify_after``
+        it): only the rows after the one ``base`` reached are read, with the results they
+        commit (``verify.verify_after``
         says what that proves, and what not).  None when ``base`` cannot be extended -- not
         intact, the row it reached is gone or another (the journal was replaced, rewound or
         re-chained), or the recorded keys changed: a whole ``verify()`` is then due."""
@@ -709,7 +710,8 @@ class JournalReader:
                 if here != base.head_hash:
                     return None
                 rows = t.event_rows(base.count + 1)
-                return verify_after(base, rows, t.checkpoints_after(base.signed_seq or 0), trust)
+                cps = t.checkpoints_after(base.signed_seq or 0)
+                return verify_after(base, rows, cps, trust, (_Source(t), t.marker))
 
         return self._read(run, "the rows a verify checks")
 

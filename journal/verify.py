@@ -29,7 +29,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
@@ -166,11 +166,16 @@ def verify_journal(source: Source, trust: Trust) -> VerifyReport:
     )
 
 
+Marker = Callable[[str], "tuple[int, str, Any, bytes] | None"]
+"""An invocation's completeness marker: (seq, sha256, streams JSON, sealed summary), or None."""
+
+
 def verify_after(
     base: VerifyReport,
     rows: Iterable[tuple[Any, ...]],
     checkpoints: Iterable[Checkpoint],
     trust: Trust,
+    stored: tuple[Source, Marker] | None = None,
 ) -> VerifyReport:
     """The rows after an intact ``base`` (a whole verify's report, ``ok``, with ``trust``)
     checked as ``verify_journal`` checks them, continuing its walk from the row it reached
@@ -181,7 +186,10 @@ def verify_after(
     what ``base`` proved -- for the rows after it only: a row before it altered since is not
     read (nor a stored result, nor an idempotency binding), a whole verify finds that.
     ``rows``: ``chain.EVENT_COLUMNS`` from ``base.count + 1``, by seq; ``checkpoints``: by
-    seq, those after ``base.signed_seq`` at least.  The caller checks first that the row at
+    seq, those after ``base.signed_seq`` at least.  Given ``stored`` (the result chunks'
+    digests, each invocation's marker), the results the new rows commit are checked against
+    their chained hashes too, as a whole verify checks them (``results``: ``base``'s and
+    these); the idempotency bindings are not.  The caller checks first that the row at
     ``base.count`` still has the hash ``base.head_hash`` (or this journal is not ``base``'s)."""
     if not base.ok or base.head_hash is None:
         raise ValueError("only an intact report is extended")
@@ -204,6 +212,7 @@ def verify_after(
     else:
         _extend(walk, rows, later, cp, trust, problems)
     _unsigned(walk, trust, problems)
+    checked = 0 if stored is None else _check_new_results(walk, problems, *stored)
     ok = not problems.found
     intact = walk.rows if problems.seq is None else max(0, min(walk.rows, problems.seq - 1))
     return dataclasses.replace(
@@ -216,8 +225,34 @@ def verify_after(
         signed_seq=walk.signed_seq or None,
         signed_at=walk.signed_at,
         unsigned_through=walk.unsigned_through,
+        results=base.results + checked,
         also=tuple(problems.extra),
     )
+
+
+def _check_new_results(walk: _Walk, problems: _Problems, source: Source, marker: Marker) -> int:
+    """The results committed by the rows an extension read (``walk.committed``), each against
+    its marker and stored chunks, as ``_check_results`` checks them -- up to the first bad row."""
+    limit = problems.seq if problems.seq is not None else walk.rows + 1
+    checked = 0
+    for iid, (seq, attrs) in walk.committed.items():
+        if seq >= limit:
+            continue
+        found = marker(iid)
+        if found is None:
+            problems.add(seq, f"the result of invocation {iid} (seq {seq}) has no completeness "
+                         "marker (its results row was removed)")  # fmt: skip
+            continue
+        mseq, sha, streams, summary = found
+        if mseq != seq:
+            problems.add(seq, f"results row of invocation {iid} names seq {mseq}, which is "
+                         "not its RESULT_COMMITTED event")  # fmt: skip
+            continue
+        why = _check_result(source, iid, sha, streams, bytes(summary), attrs)
+        if why is not None:
+            problems.add(seq, f"stored result of invocation {iid} (seq {seq}): {why}")
+        checked += 1
+    return checked
 
 
 def _extend(
@@ -235,6 +270,8 @@ def _extend(
             problems.add(expected, why or f"row {expected} was altered")
             return
         walk.head, prev_digest, walk.rows = row[12], digest, expected
+        if row[4] == _RESULT_COMMITTED:
+            walk.committed[row[2]] = (expected, row[8])
         expected += 1
         if cp is not None and cp.seq == walk.rows:
             if not _check_checkpoint(walk, trust, cp, problems):

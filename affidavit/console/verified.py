@@ -3,8 +3,8 @@
 
 A whole verify runs when nothing is kept, and when the operator asks for one (the page's
 "verify the whole journal" button).  Every other request extends the last intact report to the
-journal's head (``JournalReader.verify_since``): the rows appended since -- their links, hashes
-and checkpoints, not the results they store nor the idempotency keys they bind -- are checked as
+journal's head (``JournalReader.verify_since``): the rows appended since -- their links, hashes,
+checkpoints and the results they commit, not the idempotency keys they bind -- are checked as
 a whole verify checks them, continuing the chain from the row the report reached, which the
 chain makes sound for those rows; the page's verdict says what was not checked.  It does not
 read again what it checked before: a row altered in place before that point, a stored result or
@@ -107,7 +107,12 @@ class KeptVerify:
         since = shown is not whole.report
         return {
             "report": dataclasses.asdict(shown),
-            "whole": {"at": whole.at, "through": whole.report.count, "ok": whole.report.ok},
+            "whole": {
+                "at": whole.at,
+                "through": whole.report.count,
+                "ok": whole.report.ok,
+                "results": whole.report.results,
+            },
             "checked_at": at if since else None,
             "checked_through": shown.count if since else None,
             "unread_through": unread if since else None,

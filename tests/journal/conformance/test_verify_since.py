@@ -17,7 +17,7 @@ from affidavit.journal import reader as reader_module
 from affidavit.journal.signing import SigningKey
 from affidavit.journal.tables import Tables
 
-from ..helpers import Ticking, happy, interrupted
+from ..helpers import Ticking, fill_results, happy, interrupted
 from .conftest import Place
 
 
@@ -190,3 +190,35 @@ def test_a_broker_joining_between_the_key_read_and_the_rows_is_not_reported_brok
     finally:
         reader_module.recorded_keys = real
     assert _verify(place).ok
+
+
+def test_a_result_the_new_rows_commit_is_checked_as_a_whole_verify_checks_it(
+    place: Place,
+) -> None:
+    """The results committed after the report are checked against their chained hashes by the
+    extension (counted in ``results``); one altered -- its marker, a chunk, or removed -- is
+    reported at its RESULT_COMMITTED, as a whole verify reports it."""
+    _fill(place, ["a"])
+    base = _verify(place)
+
+    async def more() -> int:
+        async with Journal.open(
+            place.location, key_file=place.key_file, signing_key=place.signing_key,
+            clock=Ticking(),
+        ) as j:  # fmt: skip
+            return await fill_results(j, b"x" * 70_000)
+
+    seq = trio.run(more)
+    ext, _ = _since(place, base)
+    assert ext is not None and ext.ok and ext.results == base.results + 1 == _verify(place).results
+    for tamper in (
+        "DELETE FROM result_chunks WHERE idx = 1",  # (70 000 bytes: two chunks)
+        "UPDATE results SET sha256 = '" + "0" * 64 + "'",
+        "DELETE FROM results",
+    ):
+        place.tamper(tamper)
+        ext, _ = _since(place, base)
+        whole = _verify(place)
+        assert ext is not None and not ext.ok and not whole.ok
+        assert ext.first_bad_seq == whole.first_bad_seq == seq, (ext, whole)
+        assert ext.reason == whole.reason
