@@ -31,7 +31,7 @@ from .protocol import (
     registered,
     unregister,
 )
-from .retry import Decision, Operation, compute_retry, decide
+from .retry import Decision, Operation, compute_retry, decide, send_window
 
 __all__ = [
     "ATTEMPT_KINDS",
@@ -76,6 +76,7 @@ __all__ = [
     "register",
     "registered",
     "render_envelope",
+    "send_window",
     "stored_event",
     "unregister",
 ]

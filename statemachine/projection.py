@@ -26,7 +26,7 @@ from .contract import CODES, Code, Outcome, Phase, Retry
 from .events import Event, EventKind
 from .lifecycle import INITIAL, OUTCOME_SPLIT, STATES, TRANSITIONS
 from .record import Budget, ImpossibleEvent, Record, Unsealed, shared_budget
-from .retry import retry_hint, static_retry_hint
+from .retry import retry_hint, send_window, static_retry_hint
 from .rules import DEFAULT_BUDGET, DEFAULT_MAX_RETRY_AFTER, RULES, SPLITTING, Rule
 
 __all__ = [
@@ -207,6 +207,8 @@ class Projector:
             self._max_retry_after,
             self._budget_total - self._budget_used,
             now,
+            # How long a retry taken now may still send: the key must outlast it.
+            send_window(idem),
         )
 
     def _build(

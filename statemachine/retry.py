@@ -11,16 +11,24 @@ but it must not upgrade an unsafe hint.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .contract import CODES, Code, Outcome, Retry
 
 if TYPE_CHECKING:
     from .record import Record
 
-__all__ = ["Decision", "Operation", "compute_retry", "decide", "static_retry_hint"]
+__all__ = [
+    "Decision",
+    "Operation",
+    "compute_retry",
+    "decide",
+    "send_window",
+    "static_retry_hint",
+]
 
 RETENTION_MARGIN_S = 60.0
 """Stop retrying with the same key this long before the remote forgets it (seed: "stop automatic
@@ -87,6 +95,10 @@ class HintInputs:
     max_retry_after: float
     budget_left: int
     now: float
+    send_window: float = 0.0
+    """How long a retry taken at ``now`` may still send (its lease with the target's default
+    timeout: ``timeout.total + lease_margin``, recorded at acceptance); 0 for a record written
+    before it was recorded.  The key must stay usable until the window ends."""
 
 
 def compute_retry(h: HintInputs) -> Retry:
@@ -102,6 +114,7 @@ def compute_retry(h: HintInputs) -> Retry:
         h.max_retry_after,
         h.budget_left,
         h.now,
+        h.send_window,
     )
 
 
@@ -157,6 +170,7 @@ def retry_hint(
     max_retry_after: float,
     budget_left: int,
     now: float,
+    send_window: float = 0.0,
 ) -> Retry:
     """``compute_retry`` with positional inputs: the projection calls it once per record and
     building a ``HintInputs`` there cost more than the rules themselves."""
@@ -177,12 +191,12 @@ def retry_hint(
             # contract a same-key resend gets back the first result the remote stored -- the
             # one past the limit -- so only reconciliation leads out of unknown.
             return proven if idempotent else Retry.RECONCILE
-        return _unknown_hint(idempotent, has_key, key_expires_at, budget_left, now)
+        return _unknown_hint(idempotent, has_key, key_expires_at, budget_left, now + send_window)
 
     # REMOTE_THROTTLED.  Seed: "may permit backoff if the method is safe to retry and the
     # response specifies a suitable time".  Without either, the caller must look before
     # sending again.
-    safe = idempotent or _key_usable(has_key, key_expires_at, now)
+    safe = idempotent or _key_usable(has_key, key_expires_at, now + send_window)
     # Seed: backoff only if "the response specifies a suitable time" — no Retry-After, no
     # backoff: the caller must look before sending again.
     timely = retry_after is not None and retry_after <= max_retry_after
@@ -191,7 +205,19 @@ def retry_hint(
     return Retry.RECONCILE
 
 
+def send_window(idempotency: Mapping[str, Any] | None) -> float:
+    """The send window recorded with an invocation's idempotency contract (``HintInputs``);
+    0 when none was recorded (a record written before it was, a key without a remote
+    contract): the key is then judged at the moment itself, as it was."""
+    window = idempotency.get("send_window") if idempotency else None
+    return float(window) if window is not None else 0.0
+
+
 def _key_usable(has_key: bool, key_expires_at: float | None, now: float) -> bool:
+    """Whether the key is still usable at ``now`` -- for a hint, the end of the send window of
+    a retry taken now: the remote checks the key when the request arrives, and a retry may
+    send at any moment its lease runs (journal/leases.py refuses one whose lease could outlive
+    the key; a hint that promised it would claim more than the broker then does)."""
     if not has_key:
         return False
     return key_expires_at is None or now < key_expires_at - RETENTION_MARGIN_S

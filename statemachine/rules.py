@@ -235,6 +235,9 @@ def _check_idempotency(p: Projector, event: Event, idem: object) -> None:
     expires = idem.get("expires_at")
     if expires is not None and not _is_number(expires):
         _refuse(p, event, "operation.idempotency.expires_at must be a number")
+    window = idem.get("send_window")
+    if window is not None and not _is_number(window):
+        _refuse(p, event, "operation.idempotency.send_window must be a number")
 
 
 def _on_validated(p: Projector, event: Event) -> None:

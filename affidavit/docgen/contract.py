@@ -139,7 +139,10 @@ def _retry_sections() -> list[str]:
         "spent → `reconcile`; operation configured idempotent → "
         "`backoff`; "
         "an idempotency key usable (no expiry, or more than "
-        f"{RETENTION_MARGIN_S:g} s before the remote forgets it) → `same_idempotency_key`; "
+        f"{RETENTION_MARGIN_S:g} s before the remote forgets it at the end of the send window "
+        "recorded at acceptance -- the lease a retry taken now holds with the target's "
+        "default timeout, `timeout.total` + `lease_margin`, during which it may still send; "
+        "a record without one is judged at the moment itself) → `same_idempotency_key`; "
         "otherwise `reconcile`.",
         "6. `rejected`/`committed` without a code (success): `never`.",
         "7. `REMOTE_THROTTLED`: `backoff` only when the retry is safe (idempotent, or a usable "

@@ -84,6 +84,7 @@ def operation(
     batch: Sequence[str | int] | None = None,
     atomic: bool = False,
     remote_contract: str | None = None,
+    send_window: float | None = None,
 ) -> dict[str, Any]:
     op: dict[str, Any] = {
         "target": "payments",
@@ -99,6 +100,8 @@ def operation(
             idem["expires_at"] = expires_at
         if remote_contract is not None:
             idem["remote_contract"] = remote_contract
+        if send_window is not None:
+            idem["send_window"] = send_window
         op["idempotency"] = idem
     if batch is not None:
         op["batch"] = {"items": list(batch), "atomic": atomic}

@@ -114,6 +114,8 @@ OPERATIONS = st.fixed_dictionaries(
         "batch": st.sampled_from([None, ["a", "b", 3]]),
         "atomic": st.booleans(),
         "remote_contract": st.sampled_from([None, "configured", "none"]),
+        # None: a record written before the send window was recorded (judged at the moment).
+        "send_window": st.sampled_from([None, 0.0, 35.0, 5_000.0]),
     }
 )
 
@@ -161,6 +163,7 @@ class ProjectionMachine(RuleBasedStateMachine):
             batch=params["batch"],
             atomic=params["atomic"],
             remote_contract=params["remote_contract"],
+            send_window=params.get("send_window"),
         )
         self.max_retry_after = params["max_retry_after"]
         self._apply(make_event(self.p, E.ACTION_ACCEPTED, "accepted", self._next(), op=op))
@@ -373,12 +376,14 @@ _RESENDS = {Retry.BACKOFF, Retry.SAME_IDEMPOTENCY_KEY}
 
 def _key_usable(rec: Record, now: float) -> bool:
     """Seed: a key makes a resend safe only under a verified remote deduplication contract, and
-    automatic retries stop *before* the remote forgets it."""
+    automatic retries stop *before* the remote forgets it -- for a retry taken now, before the
+    remote may forget it while that retry may still send (its recorded send window)."""
     idem = rec.idempotency
     if not idem or not idem.get("key") or idem.get("remote_contract") == "none":
         return False
     expires = idem.get("expires_at")
-    return expires is None or now < expires - RETENTION_MARGIN_S
+    window = idem.get("send_window") or 0.0
+    return expires is None or now + window < expires - RETENTION_MARGIN_S
 
 
 def _hint_invariants(rec: Record, now: float, max_retry_after: float) -> None:
@@ -512,6 +517,7 @@ def _expected_retry(rec: Record, now: float, max_retry_after: float) -> Any:
             max_retry_after=max_retry_after,
             budget_left=rec.budget.total - rec.budget.used,
             now=now,
+            send_window=float(idem.get("send_window") or 0.0) if idem else 0.0,
         )
     )
 
@@ -531,6 +537,7 @@ PLAIN = {
     "batch": None,
     "atomic": False,
     "remote_contract": None,
+    "send_window": 35.0,
 }
 
 

@@ -725,6 +725,30 @@ def test_unknown_with_key_stops_retrying_a_margin_before_the_remote_forgets_it()
     assert inv.rec(now=10_000.0 - 30).retry is Retry.RECONCILE
 
 
+def test_unknown_with_key_stops_retrying_when_a_retry_taken_now_could_outlast_the_key() -> None:
+    # A retry taken at ``now`` may send until its lease ends (the recorded send window: the
+    # target's timeout plus lease_margin), and journal/leases.py refuses one whose lease could
+    # outlast the key: the hint says same_idempotency_key only while that retry is sent.
+    inv = unknown_post(key="req_01", expires_at=10_000.0, send_window=130.0)
+    last = 10_000.0 - RETENTION_MARGIN_S - 130.0
+    assert inv.rec(now=last - 1).retry is Retry.SAME_IDEMPOTENCY_KEY
+    assert inv.rec(now=last).retry is Retry.RECONCILE
+    # A throttle's backoff needs a usable key the same way.
+    throttled = Inv(key="req_01", expires_at=10_000.0, send_window=130.0).authorized()
+    throttled.dispatched().complete(Outcome.REJECTED, Code.REMOTE_THROTTLED, retry_after=5)
+    assert throttled.rec(now=last - 1).retry is Retry.BACKOFF
+    assert throttled.rec(now=last).retry is Retry.RECONCILE
+    # A record written before the window was recorded keeps the rule it was written under.
+    old = unknown_post(key="req_01", expires_at=10_000.0)
+    assert old.rec(now=last).retry is Retry.SAME_IDEMPOTENCY_KEY
+
+
+@pytest.mark.parametrize("window", ["130", -1.0, True, [130]])
+def test_a_send_window_that_is_no_duration_is_refused(window: object) -> None:
+    with pytest.raises(ImpossibleEvent, match="send_window"):
+        Inv(key="req_01", expires_at=10_000.0, send_window=window)  # type: ignore[arg-type]
+
+
 def test_unknown_with_key_the_remote_does_not_deduplicate_on_is_reconcile() -> None:
     # Seed: "Simply generating a UUID in the broker and recording it changes nothing" -- a key
     # without a verified remote contract (an SSH command's reference) never makes a resend safe.
