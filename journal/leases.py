@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from affidavit.statemachine import Event, EventKind, ImpossibleEvent, Record, Retry
+from affidavit.statemachine import Event, EventKind, ImpossibleEvent, Record, Retry, send_window
 
 from . import bindings
 from .errors import (
@@ -133,11 +133,16 @@ def acquire_op(
         # the lease, not merely now.  A lease longer than what is left of the key's retention
         # (a target timeout past the margin) could send it after the remote forgot the key: a
         # second effect.  Judged by the record's own rule at that moment; by either backend's
-        # clock, as the check above.
+        # clock, as the check above.  The rule already keeps the recorded send window (the
+        # lease a retry takes with the target's default timeout) free after its moment: the
+        # lease's end is the last moment this retry sends, so it is judged with none after.
+        # With the default timeout the hint at ``now`` decides it; a longer lease (the
+        # service's lease_margin raised since) is refused here.
+        window = send_window(record.idempotency)
         if (
             same_key
             and record.retry is Retry.SAME_IDEMPOTENCY_KEY
-            and proj.record(now + ttl).retry is not Retry.SAME_IDEMPOTENCY_KEY
+            and proj.record(now + ttl - window).retry is not Retry.SAME_IDEMPOTENCY_KEY
         ):
             return Fail(KeyRetentionPassed(invocation_id, now + ttl, lease=ttl))
         # A holder may renew its own retry lease; a live dispatch lease is busy to everyone,

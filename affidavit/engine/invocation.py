@@ -136,6 +136,9 @@ async def start(
                 "header": contract.header,
                 "retention_s": contract.retention_s,
                 "expires_at": expires,
+                # How long a retry with the target's default timeout may send (its lease):
+                # its hint says same_idempotency_key only while the key outlasts that.
+                "send_window": engine.lease_ttl(target, None),
             }
         else:
             # The caller's own identifier of the effect (SSH): bound here, so the same key

@@ -8,9 +8,10 @@ retention ends) a same-key resend is no longer safe: every read of that record -
 ``record`` and ``actions`` -- must say ``reconcile`` then, as a same-key call does.  The hint
 at the record's last event still said ``same_idempotency_key``.
 
-The key is configured with a retention of ``RETENTION_MARGIN_S`` + 2 s: usable for the first
-2 s after the call is accepted, which is waited out (real time: the CLI reads in a process of
-its own, on its own clock).
+The key is configured with a retention of ``RETENTION_MARGIN_S`` + the send window (the lease
+a retry takes with the target's 5 s timeout and ``lease_margin``: it may send until then) + 2
+s: usable for the first 2 s after the call is accepted, which is waited out (real time: the
+CLI reads in a process of its own, on its own clock).
 """
 
 from __future__ import annotations
@@ -21,13 +22,15 @@ from pathlib import Path
 
 import trio
 
+from affidavit.engine.settings import EngineSettings
 from affidavit.mcp.backends import Embedded
 from affidavit.statemachine.retry import RETENTION_MARGIN_S
 from tests.http.hostile import HostileServer, Peer, Reply, scripts
 
 from .helpers import affidavit_cli, http_target, open_broker, write_config
 
-RETENTION = RETENTION_MARGIN_S + 2  # a key usable for 2 s after the call is accepted
+WINDOW = 5 + EngineSettings().lease_margin  # http_target's timeout.total, and the lease's margin
+RETENTION = RETENTION_MARGIN_S + WINDOW + 2  # a key usable for 2 s after the call is accepted
 
 POST = {"target": "api", "method": "POST", "path": "/charge", "body": "{}"}
 
@@ -55,7 +58,9 @@ async def test_every_read_computes_the_hint_now_not_at_the_last_event(
             assert first["error"]["retry"] == "same_idempotency_key", first
             record = broker.record(iid)
             assert record is not None and record.idempotency is not None
-            usable_until = float(record.idempotency["expires_at"]) - RETENTION_MARGIN_S
+            assert record.idempotency["send_window"] == WINDOW
+            expires = float(record.idempotency["expires_at"])
+            usable_until = expires - RETENTION_MARGIN_S - WINDOW
             await trio.sleep(max(0.0, usable_until - time.time()) + 0.1)
 
             fetched = await broker.fetch_result(iid)

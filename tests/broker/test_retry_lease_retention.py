@@ -1,14 +1,17 @@
-"""A same-key retry whose lease could outlive the key's retention is not sent.
+"""A same-key retry is invited only while the broker will send it, and sent only while its
+lease ends within the key's retention.
 
 Seed, "Idempotency is defined by the remote contract": "If the service forgets keys after a
 day, a later retry may create a new effect ... Store the earliest safe deadline, stop automatic
-retries before it arrives, and then perform reconciliation."  The retry is judged when it takes
-its lease, but it may send at any moment that lease runs (its timeout, plus ``[service]
-lease_margin``), and the remote checks the key when the request arrives.  A key with 150 s of
-retention left passes the 60 s margin now; under a 130 s lease it may reach the remote with
-20 s left -- or, on a slow connection, after the remote forgot it.  It was resent; now the
-retry is answered from the record (reconcile) and nothing is sent.  A shorter lease (the
-caller's own timeout) that ends within the margin is still retried.
+retries before it arrives, and then perform reconciliation."  A retry may send at any moment
+its lease runs (its timeout, plus ``[service] lease_margin``), and the remote checks the key
+when the request arrives, so a retry whose lease could outlast the key (less its 60 s margin)
+is not sent (journal/leases.py).  The hint judged the key only at the moment: a key with 150 s
+left under a 130 s lease was shown ``same_idempotency_key`` -- in the first envelope, a fetch
+and the actions view -- and the same-key retry it invited was answered ``reconcile`` with
+nothing sent.  The send window (the lease a default retry takes) is now recorded at
+acceptance and the hint keeps it free: with 150 s left it says ``reconcile`` everywhere, as the
+retry is then answered; with 200 s it says ``same_idempotency_key`` and the retry is sent.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from typing import Any
 import pytest
 import trio
 
+from affidavit.mcp.backends import Embedded
 from affidavit.statemachine import EventKind as E
 from tests.http.hostile import HostileServer, Peer, Reply
 
@@ -27,7 +31,7 @@ from .http_rows import IDEM
 
 LIMIT = 30  # seconds: the bound on each scenario
 CHARGE = {"target": "api", "method": "POST", "path": "/v1/x", "idempotency_key": "charge"}
-TOTAL = 100  # the target's timeout.total: with lease_margin 30, a 130 s lease
+TOTAL = 100  # the target's timeout.total: with lease_margin 30, a 130 s send window
 
 
 def _journal(tmp: Path, backend: str, request: pytest.FixtureRequest) -> dict[str, Any]:
@@ -39,16 +43,17 @@ def _journal(tmp: Path, backend: str, request: pytest.FixtureRequest) -> dict[st
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
 @pytest.mark.parametrize(
-    ("timeout", "resent"),
-    [(None, False), (5.0, True)],
+    ("retention", "hint", "resent"),
+    [("150s", "reconcile", False), ("200s", "same_idempotency_key", True)],
     ids=["lease_outlives_retention", "lease_within_retention"],
 )
-async def test_a_same_key_retry_is_not_sent_when_its_lease_could_outlive_the_keys_retention(
+async def test_the_hint_invites_a_same_key_retry_only_while_the_broker_sends_it(
     tmp_path: Path,
     token: str,
     request: pytest.FixtureRequest,
     backend: str,
-    timeout: float | None,
+    retention: str,
+    hint: str,
     resent: bool,
 ) -> None:
     received: list[str] = []
@@ -66,26 +71,32 @@ async def test_a_same_key_retry_is_not_sent_when_its_lease_could_outlive_the_key
         target = http_target(
             srv.url,
             timeout={"connect": 2, "total": TOTAL},
-            idempotency={**IDEM, "retention": "150s"},
+            idempotency={**IDEM, "retention": retention},
         )
         cfg = write_config(tmp_path, {"api": target}, journal=_journal(tmp_path, backend, request))
         with trio.fail_after(LIMIT):
             async with open_broker(cfg) as broker:
                 first = await broker.call(CHARGE)
-                # Well within retention now (150 s left, the margin is 60 s): retry same key.
+                iid = first["invocation_id"]
                 assert first["error"]["outcome"] == "unknown", first
-                assert first["error"]["retry"] == "same_idempotency_key", first
-                again = await broker.call(CHARGE, timeout=timeout)
-                kinds = event_kinds(broker, first["invocation_id"])
+                # 100 s + lease_margin 30 s: with 150 s left a retry taken now would end its
+                # lease inside the 60 s margin; with 200 s, 10 s before it.
+                assert first["error"]["retry"] == hint, first
+                fetched = await broker.fetch_result(iid)
+                assert fetched is not None and fetched["error"]["retry"] == hint, fetched
+                (listed,) = broker.journal.list_actions()
+                assert listed.retry == hint
+                shown = (await Embedded(broker).record(iid))["record"]
+                assert shown["retry"] == hint, shown
+                again = await broker.call(CHARGE)
+                kinds = event_kinds(broker, iid)
+    assert again["invocation_id"] == iid
     if resent:
-        # 5 s + lease_margin 30 s: the key still has 115 s left when the lease ends.
         assert "error" not in again, again
         assert received == ["/v1/x", "/v1/x"]
         return
-    # 100 s + 30 s: the lease would end with 20 s left, inside the margin -- not sent, and the
-    # answer is the record's hint at the lease's end: reconcile, never "retry the same key".
+    # The retry the hint no longer invites: answered from the record, nothing sent or written.
     assert received == ["/v1/x"]
     err = again["error"]
     assert (err["outcome"], err["retry"]) == ("unknown", "reconcile"), again
-    assert again["invocation_id"] == first["invocation_id"]
-    assert E.RETRY_LEASE_ACQUIRED not in kinds, kinds  # nothing was written for it
+    assert E.RETRY_LEASE_ACQUIRED not in kinds, kinds
