@@ -221,6 +221,7 @@ _DROP_PRIVILEGES = """
 import importlib, os, pkgutil, runpy, sys
 import encodings.idna  # socket.getaddrinfo's codec, looked up lazily: after the drop is too late
 import sqlite3, journal.sqlite  # a daemon's journal, opened lazily
+import nacl.signing  # a daemon's checkpoint signer, imported when its key is made (signing.py)
 import affidavit
 for info in pkgutil.walk_packages(affidavit.__path__, "affidavit."):
     if not info.name.endswith(".__main__"):
