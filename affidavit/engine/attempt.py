@@ -22,7 +22,13 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from affidavit.adapters.base import AttemptContext, AttemptInterrupted, RemoteResult, SetupError
-from affidavit.journal import ApprovalLapsed, CommitUnknown, JournalError, LeaseLost
+from affidavit.journal import (
+    ApprovalLapsed,
+    CommitUnknown,
+    JournalError,
+    JournalWriteError,
+    LeaseLost,
+)
 from affidavit.protocols import Binding, Prepared
 from affidavit.statemachine import (
     CODES,
@@ -344,6 +350,18 @@ async def _try_once(
         # the credential it was sent, so they are scrubbed like the observed facts.
         facts = attempt.scrub({k: v for k, v in exc.facts.items() if _jsonable(v)})
         return None, _interrupted(iid, exc.code, facts), False
+    except JournalError as exc:
+        # The gate's own reads and writes (the database's clock for an approval's expiry, its
+        # DISPATCH_STARTED): the journal, not a transport, stopped the attempt.  Before the
+        # gate was entered (or once its refused barrier left it) nothing was sent.
+        log.warning(
+            "attempt %s of %s stopped by the journal: %s", attempt.n, iid, type(exc).__name__
+        )
+        if _dispatched(attempt):
+            return None, _interrupted(iid, Code.REMOTE_OUTCOME_UNKNOWN), False
+        stage = "journal" if isinstance(exc, JournalWriteError) else "journal_read"
+        attrs = {"stage": stage, "code": Code.SETUP_FAILED.value, "message": _JOURNAL_STOP[stage]}
+        return None, Event(E.SETUP_FAILED, iid, attrs), False
     except Exception as exc:  # classify by the boundary, never by the exception
         # Type name only: library messages may quote remote bytes or request lines.
         log.warning("attempt %s of %s ended by %s", attempt.n, iid, type(exc).__name__)
@@ -351,6 +369,18 @@ async def _try_once(
             attempt, after=Code.REMOTE_OUTCOME_UNKNOWN, before=Code.SETUP_FAILED
         )
         return None, failure, False
+
+
+_JOURNAL_STOP = {
+    # The message of the SETUP_FAILED of an attempt the journal stopped at its dispatch gate:
+    # never "Connection setup failed for another transport reason" (no transport failed).  Of
+    # this attempt only: an earlier attempt's outcome is the record's (unknown if it was sent).
+    "journal": "The journal refused a write at the dispatch gate; this attempt sent nothing.",
+    "journal_read": (
+        "The journal could not answer a read the dispatch gate checks (the database declined, "
+        "was away, or a row failed its check); this attempt sent nothing."
+    ),
+}
 
 
 def _boundary_failure(attempt: Attempt, after: Code, before: Code) -> Event:

@@ -229,6 +229,41 @@ async def test_dispatch_that_cannot_be_recorded_is_not_sent_and_says_connection_
         assert srv.requests == []
 
 
+async def test_a_dispatch_refused_once_names_the_journal_not_a_transport(
+    tmp_path: Path, token: str
+) -> None:
+    """DISPATCH_STARTED refused once (the disk full for that one transaction): the gate stops
+    the write and the attempt's own SETUP_FAILED is recorded -- naming the journal, not "another
+    transport reason" (no connection failed); not_attempted, nothing sent."""
+
+    async def slow(name: str) -> None:
+        await trio.sleep(0.2)
+
+    async with HostileServer.running(scripts.serve(Reply(200, body=b"ok"))) as srv:
+        port = srv.url.rsplit(":", 1)[1]
+        cfg = write_config(tmp_path, {"api": http_target(f"http://api.test:{port}")})
+        with custom_resolver(FakeResolver({"api.test": "127.0.0.1"}, on_lookup=slow)):
+            with trio.fail_after(LIMIT):
+                async with open_broker(cfg) as broker:
+                    broker.journal.before_commit = DiskFull(
+                        broker.journal, lambda kinds, _: "DISPATCH_STARTED" in kinds, False
+                    )
+                    env = await broker.call(POST)
+                    err = env["error"]
+                    assert (err["phase"], err["outcome"], err["code"]) == (
+                        "connection_setup",
+                        "not_attempted",
+                        "SETUP_FAILED",
+                    )
+                    assert env["evidence"]["dispatch_started"] is False
+                    assert "transport" not in err["message"], err["message"]
+                    assert err["message"].startswith("The journal refused a write"), err
+                    kinds = _kinds(broker, env["invocation_id"])
+                    assert EventKind.DISPATCH_STARTED not in kinds, kinds
+                    assert kinds[-1] is EventKind.SETUP_FAILED, kinds  # recorded, not guessed
+        assert srv.requests == []
+
+
 async def test_a_journal_that_refuses_the_first_write_is_unusable_and_nothing_is_sent(
     tmp_path: Path, token: str
 ) -> None:
