@@ -499,15 +499,32 @@ class Journal(JournalReader):
     async def reclaim_chunks(self) -> list[str]:
         """Drop the stored chunks no committed result names, of every final record
         (``reclaim.py``: side storage, outside the chain -- ``verify`` is unaffected); return the
-        invocations whose chunks were dropped.  Nothing is appended."""
-        candidates = self._read(
-            lambda t: t.unmarked_chunk_owners(), "the stored chunks no marker names"
-        )
+        invocations whose chunks were dropped.  Nothing is appended.
+
+        The candidates are read off the event loop, on a connection of their own (the shared
+        reader's is not thread-safe): their query's time grows with the chunk tables, and a
+        daemon's calls must not wait for it.  Cancellable at every wait: a cancellation while
+        the read runs leaves its thread to finish and close that connection; between batches
+        nothing is left half-done (each batch is one transaction)."""
+        candidates = await trio.to_thread.run_sync(self._reclaim_candidates, abandon_on_cancel=True)
         dropped: list[str] = []
         for start in range(0, len(candidates), reclaim.BATCH):  # the head held per batch
             batch = candidates[start : start + reclaim.BATCH]
             dropped += await self._writer.submit(reclaim.reclaim_op(batch), barrier=False)
         return dropped
+
+    def _reclaim_candidates(self) -> list[str]:
+        """``Tables.unmarked_chunk_owners`` on a connection opened (and closed) here, in the
+        calling thread; a database error is a ``JournalError`` (``ReadFailed`` when declined)."""
+        backend, what = self.backend, "the stored chunks no marker names"
+        conn = backend.connect("reader")
+        try:
+            return backend.tables(conn).unmarked_chunk_owners()
+        except backend.errors as exc:
+            raise self._error(what, exc) from None
+        finally:
+            with contextlib.suppress(Exception):
+                backend.close(conn)
 
     async def commit_result(
         self,

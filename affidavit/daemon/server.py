@@ -110,13 +110,20 @@ LOGGED_IDS = 20
 async def _reclaim_chunks(broker: Broker) -> None:
     """Start-up upkeep, once the records a stopped broker left open are closed: drop the stored
     result chunks no committed result names, of closed records (``journal/reclaim.py``: side
-    storage outside the chain; an interrupted attempt's chunks prove nothing).  Upkeep only: a
-    journal that refuses it is logged and the daemon starts all the same -- its calls meet that
-    journal as they would have."""
+    storage outside the chain; an interrupted attempt's chunks prove nothing).  Run in the
+    background once the socket is bound (``Daemon._serve``): its read of the chunk tables grows
+    with them, and the daemon serves meanwhile; a shutdown cancels it.  Upkeep only: a journal
+    that refuses it -- or any other failure -- is logged, and the daemon serves all the same:
+    its calls meet that journal as they would have."""
     try:
         dropped = await broker.journal.reclaim_chunks()
     except JournalError as exc:
         log.warning("start-up reclamation of uncommitted result chunks not done: %s", exc)
+        return
+    except Exception as exc:  # upkeep never stops the daemon; the type, never a message
+        log.error(
+            "start-up reclamation of uncommitted result chunks failed: %s", type(exc).__name__
+        )
         return
     if dropped:
         # A caller leaves such records by the thousand (every call it cancels mid-body): the
@@ -221,7 +228,6 @@ class Daemon:
                     len(recovered),
                     ", ".join(f"{r.invocation_id} {r.outcome.value}" for r in recovered),
                 )
-            await _reclaim_chunks(broker)
             calls = Calls(self.config.service.max_calls)
             api = Api(broker, self.policy, calls)
             console = None
@@ -333,6 +339,8 @@ class Daemon:
                         connections.start_soon(
                             _accept, console, console_connection, connections, accepting_console
                         )
+                    # Upkeep once the socket answers, never before (a shutdown cancels it).
+                    outer.start_soon(_reclaim_chunks, api.broker)
                     task_status.started()
                     await self.shutdown.wait()
                     # Stop accepting: no new connection, and the socket file goes at once (a
