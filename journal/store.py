@@ -514,10 +514,12 @@ class Journal(JournalReader):
         return dropped
 
     def _reclaim_candidates(self) -> list[str]:
-        """``Tables.unmarked_chunk_owners`` on a connection opened (and closed) here, in the
-        calling thread; a database error is a ``JournalError`` (``ReadFailed`` when declined)."""
+        """``Tables.unmarked_chunk_owners`` on a read-only connection opened (and closed) here,
+        in the calling thread -- not bounded like the event loop's reads (the reader role's
+        ``statement_timeout``): it stalls no call; a database error is a ``JournalError``
+        (``ReadFailed`` when declined)."""
         backend, what = self.backend, "the stored chunks no marker names"
-        conn = backend.connect("reader")
+        conn = backend.connect("tool")
         try:
             return backend.tables(conn).unmarked_chunk_owners()
         except backend.errors as exc:
