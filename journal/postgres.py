@@ -342,6 +342,13 @@ class PostgresBackend:
             # A session left idle inside a transaction (its broker gone quiet mid-write)
             # would hold the chain head for every broker: PostgreSQL ends it after this long.
             conn.execute(f"SET idle_in_transaction_session_timeout = {self._idle_timeout_ms}")
+            if role == "reader":
+                # The writing journal's own reads run on the broker's event loop (a call's
+                # record, the gate's clock): a read the database keeps waiting (a lock another
+                # session holds, a stalled server) would stall every call for as long.  It is
+                # declined after the bound a write waits for the chain head (``ReadFailed``).
+                ms = max(1, int(self.reconnect_within * 1000))
+                conn.execute(f"SET statement_timeout = {ms}")
             if role == "tool":
                 exists = conn.execute("SELECT to_regclass('events') IS NOT NULL").fetchone()
                 if not exists or not exists[0]:

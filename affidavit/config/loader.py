@@ -192,7 +192,8 @@ JOURNAL = Schema(
             doc="with `url`: seconds a broker that lost the database keeps reconnecting before "
             "it fails the writes in flight (never claiming a commit it cannot read back), and "
             "the longest a write waits for the chain head another session holds (then it fails, "
-            "not committed)",
+            "not committed), and the longest a call's read of the journal may take (then it is "
+            "declined, JOURNAL_READ_DECLINED)",
         ),
     ),
 )
