@@ -243,7 +243,16 @@ def call_failure(exc: Exception, invocation_id: str | None) -> tuple[int, str, s
     removed idempotency binding, a changed event) is 500 JOURNAL_UNREADABLE with the journal's
     own words -- no outage that passes: the same call meets it again until an operator restores
     the journal, and a retry told "unavailable" would only repeat it.  Anything else (a write
-    not committed, a shared journal away): 503 JOURNAL_UNAVAILABLE (``unrecorded``)."""
+    not committed, a shared journal away): 503 JOURNAL_UNAVAILABLE (``unrecorded``) -- except a
+    read the database declined this once (``ReadFailed``: a statement timeout, a lock not
+    granted), which is 503 JOURNAL_READ_DECLINED, as every read answers it: the journal is not
+    away, and reading the record again may succeed."""
+    if isinstance(exc, ReadFailed):
+        if invocation_id is None:
+            where = "before the call was accepted: nothing was sent"
+        else:
+            where = f"{invocation_id}: `affidavit result {invocation_id}` tells whether it was sent"
+        return 503, READ_DECLINED, f"the call ended without an envelope: {exc} ({where})"
     if isinstance(exc, AlteredRow):
         return (
             500,
