@@ -9,13 +9,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 __all__ = [
+    "ApprovalLapsed",
     "CommitUnknown",
     "HeadHeld",
     "IdempotencyMismatch",
     "IdempotencyRecord",
     "JournalError",
     "JournalNotDurable",
+    "JournalUnavailable",
     "JournalWriteError",
+    "KeyRetentionPassed",
     "Lease",
     "LeaseBusy",
     "LeaseLost",

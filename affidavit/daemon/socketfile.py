@@ -32,6 +32,7 @@ __all__ = [
     "note_state",
     "private_directory",
     "unlink_if_ours",
+    "warn_if_no_group_reaches",
 ]
 
 log = logging.getLogger("affidavit.daemon")
