@@ -40,8 +40,10 @@ class EventKind(StrEnum):
     PREFLIGHT_VALIDATED = "PREFLIGHT_VALIDATED"
     """The action is valid against the bound config snapshot.  attrs: config_hash."""
     CREDENTIAL_AUTHORIZED = "CREDENTIAL_AUTHORIZED"
-    """The credential was resolved (never its value).  attrs: credential, version, inject,
-    generation."""
+    """The credential was resolved (never its value).  attrs: version, the injection's
+    secret-free facts (inject for HTTP; auth, client_key for SSH), generation -- not the
+    reference, which is bound through config_hash (a record written before it was withheld
+    holds it as credential)."""
     DISPATCH_STARTED = "DISPATCH_STARTED"
     """Durable barrier written *before* the first byte of the application request (or the SSH
     ``exec`` request) is handed to the transport.  attrs: attempt, generation, connection..."""
@@ -70,7 +72,8 @@ class EventKind(StrEnum):
     APPROVAL_REQUESTED = "APPROVAL_REQUESTED"
     """A human approval was requested for the bound fingerprint (seed: "Before approval, bind
     the normalized target, the credential version, the resolved injection method, and the
-    request fingerprint").  attrs: fingerprint (the approval fingerprint), expires_at, ttl,
+    request fingerprint").  attrs: fingerprint (the approval fingerprint), expires_at (in the
+    clock leases are judged by: the database's on a shared journal, which moves it), ttl,
     version, injection, config_hash, requester; the sealed payload says what will be sent and
     where, and the credential reference, for the operator (never in the attrs a caller reads)."""
     APPROVAL_GRANTED = "APPROVAL_GRANTED"
@@ -85,7 +88,9 @@ class EventKind(StrEnum):
     CREDENTIAL_FAILED = "CREDENTIAL_FAILED"
     """The credential could not be obtained or injected.  attrs: code, field (the setting to
     fix: ``targets.<name>.credential``, or ``service.max_pending_approvals`` for
-    APPROVAL_LIMIT), message, generation."""
+    APPROVAL_LIMIT), message (naming neither the reference nor a path), generation; a
+    credential's refusal seals the operator's detail (the reference, the file or vault read) in
+    its payload."""
     SETUP_ATTEMPT_FAILED = "SETUP_ATTEMPT_FAILED"
     """One in-broker connection attempt failed before dispatch.  attrs: stage, code,
     generation."""
