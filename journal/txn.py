@@ -51,6 +51,23 @@ _SOURCE_JSON = {s._value_: _string(s._value_) for s in EvidenceSource}
 """Each kind's and source's value as ``chain.compact_json`` writes it (``Txn.insert``)."""
 
 
+def _with_attrs(event: Event, attrs: dict[str, Any]) -> tuple[Event, str, Mapping[str, Any] | None]:
+    """``event`` with ``attrs`` instead of its own, encoded and decoded as ``Txn.insert`` takes
+    it (a deadline moved into the lease clock)."""
+    moved = Event(
+        event.kind,
+        event.invocation_id,
+        attrs,
+        event.source,
+        event.seq,
+        event.at,
+        event.observer,
+        event.observer_seq,
+    )
+    text = attrs_json(moved)
+    return moved, text, decode_attrs(text)
+
+
 class Txn:
     """State of one writer transaction: the chain head as this transaction extends it, and the
     rows computed but not yet handed to the database (one ``executemany`` per run of
@@ -167,18 +184,7 @@ class Txn:
             assert isinstance(operation, Mapping) and isinstance(idem, Mapping)
             moved_idem = {**idem, "expires_at": float(key_expiry) + offset}
             moved_attrs["operation"] = {**operation, "idempotency": moved_idem}
-        moved = Event(
-            event.kind,
-            event.invocation_id,
-            moved_attrs,
-            event.source,
-            event.seq,
-            event.at,
-            event.observer,
-            event.observer_seq,
-        )
-        text = attrs_json(moved)
-        return moved, text, decode_attrs(text)
+        return _with_attrs(event, moved_attrs)
 
     def _approval_deadline(
         self, event: Event, attrs_text: str, attrs: Mapping[str, Any] | None
@@ -194,18 +200,7 @@ class Txn:
         offset = self.lease_offset()
         if offset is None:
             return event, attrs_text, attrs
-        moved = Event(
-            event.kind,
-            event.invocation_id,
-            {**event.attrs, "expires_at": float(expires) + offset},
-            event.source,
-            event.seq,
-            event.at,
-            event.observer,
-            event.observer_seq,
-        )
-        text = attrs_json(moved)
-        return moved, text, decode_attrs(text)
+        return _with_attrs(event, {**event.attrs, "expires_at": float(expires) + offset})
 
     def insert(
         self,
