@@ -77,9 +77,10 @@ def check_note(note: str | None, *, required: bool = False) -> str | None:
     return note
 
 
-def approval_now(reader: JournalReader) -> float:
+def _approval_now(reader: JournalReader) -> float:
     """Now, by the clock approvals expire in: the database's on a shared journal (the journal
-    records APPROVAL_REQUESTED's ``expires_at`` in it), this process's own on SQLite."""
+    records APPROVAL_REQUESTED's ``expires_at`` in it), this process's own on SQLite -- read
+    through a reader, where ``engine.approval.approval_now`` reads through the recorder."""
     shared = reader.database_now("the approvals view")
     return time.time() if shared is None else shared
 
@@ -88,7 +89,7 @@ def approval_view(
     reader: JournalReader, record: Record, now: float | None = None
 ) -> dict[str, Any]:
     """One approval as every interface shows it; ``expired`` as of ``now`` (else
-    ``approval_now``)."""
+    ``_approval_now``)."""
     approval = record.evidence.get("approval")
     assert isinstance(approval, Mapping)
     requested = next(
@@ -104,7 +105,7 @@ def approval_view(
         "requested_at": requested.at,
         "expires_at": attrs.get("expires_at"),
         "expired": record.state in ("awaiting_approval", "approved")
-        and (approval_now(reader) if now is None else now) >= float(attrs.get("expires_at", 0)),
+        and (_approval_now(reader) if now is None else now) >= float(attrs.get("expires_at", 0)),
         "requester": attrs.get("requester"),
         "version": attrs.get("version"),
         "injection": attrs.get("injection"),
@@ -130,7 +131,7 @@ def pending(reader: JournalReader) -> list[dict[str, Any]]:
     """Every request waiting for a decision, oldest first (streamed: one projection held at a
     time; how many wait is bounded per requester: ``[service] max_pending_approvals``)."""
     waiting = [r for r in reader.iter_actions() if r.state == "awaiting_approval"]
-    now = approval_now(reader)
+    now = _approval_now(reader)
     return [approval_view(reader, r, now) for r in waiting]
 
 
@@ -145,7 +146,7 @@ def pending_page(reader: JournalReader, limit: int) -> tuple[list[dict[str, Any]
             if len(oldest) < limit:
                 oldest.append(r)
     # Each view reads its own events and payload: once the stream is done with the connection.
-    now = approval_now(reader)
+    now = _approval_now(reader)
     return [approval_view(reader, r, now) for r in oldest], total
 
 
