@@ -145,25 +145,31 @@ def verify_journal(source: Source, trust: Trust) -> VerifyReport:
         _check_anchor(walk, trust, trust.anchor, problems)
     results = _check_results(source, walk, limit, problems)
     bound = bindings.check(source.bindings(), walk.accepted, problems.add)
-    ok = not problems.found
-    intact = walk.rows if problems.seq is None else max(0, min(walk.rows, problems.seq - 1))
     return VerifyReport(
-        ok=ok,
-        count=intact,
-        first_bad_seq=problems.seq,
-        reason="intact" if ok else problems.reason,
-        head_hash=walk.head,
-        signed_seq=walk.signed_seq or None,
-        signed_at=walk.signed_at,
+        **_verdict(walk, problems),
         key_id=next(iter(trust.keys)) if len(trust.keys) == 1 else None,
         key_ids=tuple(sorted(trust.keys)),
         key_source=trust.source,
         anchor_seq=trust.anchor.checkpoint.seq if trust.anchor is not None else None,
-        unsigned_through=walk.unsigned_through,
         results=results,
         bindings=bound,
-        also=tuple(problems.extra),
     )
+
+
+def _verdict(walk: _Walk, problems: _Problems) -> dict[str, Any]:
+    """What a walk found, as the report's fields: a whole verify's and an extension's alike."""
+    ok = not problems.found
+    return {
+        "ok": ok,
+        "count": walk.rows if problems.seq is None else max(0, min(walk.rows, problems.seq - 1)),
+        "first_bad_seq": problems.seq,
+        "reason": "intact" if ok else problems.reason,
+        "head_hash": walk.head,
+        "signed_seq": walk.signed_seq or None,
+        "signed_at": walk.signed_at,
+        "unsigned_through": walk.unsigned_through,
+        "also": tuple(problems.extra),
+    }
 
 
 Marker = Callable[[str], "tuple[int, str, Any, bytes] | None"]
@@ -213,21 +219,7 @@ def verify_after(
         _extend(walk, rows, later, cp, trust, problems)
     _unsigned(walk, trust, problems)
     checked = 0 if stored is None else _check_new_results(walk, problems, *stored)
-    ok = not problems.found
-    intact = walk.rows if problems.seq is None else max(0, min(walk.rows, problems.seq - 1))
-    return dataclasses.replace(
-        base,
-        ok=ok,
-        count=intact,
-        first_bad_seq=problems.seq,
-        reason="intact" if ok else problems.reason,
-        head_hash=walk.head,
-        signed_seq=walk.signed_seq or None,
-        signed_at=walk.signed_at,
-        unsigned_through=walk.unsigned_through,
-        results=base.results + checked,
-        also=tuple(problems.extra),
-    )
+    return dataclasses.replace(base, **_verdict(walk, problems), results=base.results + checked)
 
 
 def _check_new_results(walk: _Walk, problems: _Problems, source: Source, marker: Marker) -> int:
