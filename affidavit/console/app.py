@@ -227,9 +227,13 @@ class Console:
         public_origin: str | None = None,
         proxy_uid: int | None = None,
         summary: SessionSummary | None = None,
+        read_summarized: Read | None = None,
     ) -> None:
         self.broker = broker
         self.read = read
+        self.read_summarized = read_summarized or read
+        """``read`` for a view that brings ``summary`` to the head (the daemon's: they take
+        turns on the event loop, not in threads waiting on its lock)."""
         self.summary = summary or SessionSummary(metrics_key)
         """The journal page's sessions and the unfiltered actions page's counts, brought up to
         date per request (the daemon's, shared with ``/v1/sessions`` and ``/v1/metrics``)."""
@@ -484,7 +488,9 @@ class Console:
         filters = _filters(req.query)
         summary = self.summary
         data = await self._reading(
-            lambda r: pages.actions_page(r, filters, summary), "the actions view"
+            lambda r: pages.actions_page(r, filters, summary),
+            "the actions view",
+            summarized=filters == pages.ActionFilters(),
         )
         shown = {k: v for k, v in req.query.items() if k != AUTO}
         page = self._render(
@@ -546,11 +552,21 @@ class Console:
     async def _journal(self, req: Request, whole: bool = False) -> None:
         """The journal page; ``whole`` (its POST): a whole verify now, not the kept one
         extended (``KeptVerify``)."""
-        summary, kept = self.summary, self.verified
-        data = await self._reading(
-            lambda r: pages.journal_page(r, summary, kept, whole), "the journal view"
+        data = await self._verified(whole)
+        summary = self.summary
+        sessions = await self._reading(
+            lambda r: pages.journal_sessions(r, summary), "the journal view", summarized=True
         )
-        await req.answer(200, self._render("journal.html", req, **data))
+        await req.answer(200, self._render("journal.html", req, **data, **sessions))
+
+    async def _verified(self, whole: bool) -> dict[str, Any]:
+        """The journal page but its sessions (read on their own: a whole verify that runs does
+        not hold them, nor they it)."""
+        summary, kept = self.summary, self.verified
+        return await self._reading(  # type: ignore[no-any-return]
+            lambda r: pages.journal_page(r, summary, kept, whole, sessions=False),
+            "the journal view",
+        )
 
     # -- decisions ----------------------------------------------------------------------------
 
@@ -597,9 +613,11 @@ class Console:
 
     # -- reading ------------------------------------------------------------------------------
 
-    async def _reading(self, view: Callable[[JournalReader], Any], what: str) -> Any:
+    async def _reading(
+        self, view: Callable[[JournalReader], Any], what: str, summarized: bool = False
+    ) -> Any:
         try:
-            return await self.read(view)
+            return await (self.read_summarized if summarized else self.read)(view)
         except JournalError as exc:  # 503 JOURNAL_UNAVAILABLE naming ``what`` when away
             raise _journal_refusal(exc, read_failure(exc, what)) from None
         except OperatorError as exc:

@@ -46,6 +46,7 @@ __all__ = [
     "approvals_page",
     "invocation_page",
     "journal_page",
+    "journal_sessions",
     "request_fields",
 ]
 
@@ -224,11 +225,13 @@ def journal_page(
     summary: SessionSummary | None = None,
     kept: KeptVerify | None = None,
     whole: bool = False,
+    sessions: bool = True,
 ) -> dict[str, Any]:
     """``affidavit journal verify`` (the recorded key) -- from ``kept`` when given: the last
     whole verify extended to the head (``KeptVerify``; ``whole``: run a whole verify now) --
     the last signed checkpoint -- what ``affidavit journal anchor`` would export -- and the
-    sessions (from ``summary`` when given: ``JournalReader.summarized_sessions``)."""
+    sessions (from ``summary`` when given: ``JournalReader.summarized_sessions``; not read
+    when ``sessions`` is False: ``journal_sessions`` reads them on their own)."""
     if kept is None:
         verified: dict[str, Any] = {
             "report": dataclasses.asdict(reader.verify()),
@@ -252,11 +255,11 @@ def journal_page(
             "key_id": checkpoint.key_id,
         },
         "head": {"seq": head_seq, "hash": head_hash},
-        **_sessions(reader, summary),
+        **(journal_sessions(reader, summary) if sessions else {}),
     }
 
 
-def _sessions(reader: JournalReader, summary: SessionSummary | None) -> dict[str, Any]:
+def journal_sessions(reader: JournalReader, summary: SessionSummary | None) -> dict[str, Any]:
     """The sessions, or why they cannot be read: a row the fold meets altered does not hide
     the verify above it (the journal's own words, as every surface shows them)."""
     try:

@@ -112,6 +112,11 @@ _OPERATION = re.compile(r"/v1/operations/([^/]+)/poll")
 _APPROVAL = re.compile(r"/v1/approvals/([^/]+)(/approve|/deny|/content/[a-z][a-z0-9_]*)?")
 _PROMETHEUS = b"text/plain; version=0.0.4; charset=utf-8"
 
+VIEW_THREADS = 4
+"""Worker threads the views (the socket's and the console's) hold at once (``Api.read``): their
+own, never trio's default ones -- which the calls' journal opens and closes share -- so a caller
+flooding the views waits its turn on the event loop and takes no thread a call needs."""
+
 
 class Api:
     def __init__(self, broker: Broker, policy: PeerPolicy, calls: Calls) -> None:
@@ -126,6 +131,12 @@ class Api:
         self.summary = SessionSummary(metrics_key)
         """``/v1/sessions``' and unfiltered ``/v1/metrics``' counts, brought up to date per
         request (not folded again)."""
+        self.view_threads = trio.CapacityLimiter(VIEW_THREADS)
+        """The views' worker threads (``read``)."""
+        self.summary_turn = trio.Lock()
+        """The views that bring ``summary`` to the head take turns here, on the event loop
+        (``read_summarized``): its first fold (~20 s at 1M events) holds one thread, not one
+        per request waiting on its lock."""
 
     def refusal(self, peer: Peer) -> bytes | None:
         """The whole answer to a peer the policy refuses (403 ``PEER_REFUSED``, then the
@@ -368,7 +379,9 @@ class Api:
         # Cut to the page in the reading thread too: sorting many sessions is the agents' to
         # make long, and the event loop is every client's.
         page = await self._read(
-            lambda j: newest_sessions(j.summarized_sessions(summary), limit), "the sessions view"
+            lambda j: newest_sessions(j.summarized_sessions(summary), limit),
+            "the sessions view",
+            summarized=True,
         )
         await req.respond_json(page)
 
@@ -383,7 +396,7 @@ class Api:
             # time: read through the session index (O(the session's events), not O(journal)).
             return metrics(j.iter_actions(session=session, since=since))
 
-        data = await self._read(count, "the records the metrics count")
+        data = await self._read(count, "the records the metrics count", session is None)
         fmt = req.params.get("format", "prometheus")
         if fmt == "json":
             await req.respond_json(data)
@@ -403,18 +416,22 @@ class Api:
             }
         )
 
-    async def _read(self, view: Callable[[JournalReader], Any], what: str) -> Any:
-        """``read``, a ``JournalError`` answered as the API's trouble (``_journal_problem``),
-        ``what`` naming the view."""
+    async def _read(
+        self, view: Callable[[JournalReader], Any], what: str, summarized: bool = False
+    ) -> Any:
+        """``read`` (``read_summarized`` when the view brings ``summary`` to the head), a
+        ``JournalError`` answered as the API's trouble (``_journal_problem``), ``what`` naming
+        the view."""
         try:
-            return await self.read(view)
+            return await (self.read_summarized if summarized else self.read)(view)
         except JournalError as exc:
             raise _journal_problem(exc, what) from None
 
     async def read(self, view: Callable[[JournalReader], Any]) -> Any:
         """A whole-journal view, on its own read-only connection in a worker thread: a long
         scan must not stall the calls on the event loop (the console's reads too, which answer
-        a ``JournalError`` themselves)."""
+        a ``JournalError`` themselves) -- one of the views' own ``VIEW_THREADS``: a request
+        waits for one on the event loop, holding no thread."""
 
         key_file = self.broker.config.journal.key_file  # (an approval's request is sealed)
 
@@ -422,7 +439,14 @@ class Api:
             with JournalReader.open(self.journal.location, key_file=key_file) as reader:
                 return view(reader)
 
-        return await trio.to_thread.run_sync(run)
+        return await trio.to_thread.run_sync(run, limiter=self.view_threads)
+
+    async def read_summarized(self, view: Callable[[JournalReader], Any]) -> Any:
+        """``read``, for a view that brings ``summary`` to the head: one at a time
+        (``summary_turn``) -- they take turns on its lock anyway, and one that waits for
+        another's fold waits on the event loop, not in a thread of ``read``'s."""
+        async with self.summary_turn:
+            return await self.read(view)
 
 
 ROUTES: dict[str, dict[str, Callable[..., Awaitable[None]]]] = {
