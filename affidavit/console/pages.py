@@ -239,6 +239,7 @@ def journal_page(
             "checked_at": None,
             "checked_through": None,
             "unread_through": None,
+            "running": None,
         }
     else:
         verified = kept.page(reader, whole)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
 
 from affidavit.console.verified import KeptVerify
 from affidavit.journal import JournalReader
@@ -267,3 +268,77 @@ async def test_presses_queued_while_a_whole_verify_runs_cost_one_more_not_one_ea
         assert not t.is_alive()
     assert len(answers) == 4 and all(a["report"]["ok"] for a in answers)
     assert calls["verify"] == 2, calls
+
+
+async def test_a_visit_while_a_whole_verify_runs_is_answered_at_once_with_the_last_report(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A whole verify takes ~41 s at 1M events: a visit meanwhile does not hold a thread for
+    it -- it is answered at once with the last report and since when the whole verify runs
+    (before the first report: that there is none yet).  The console reads in worker threads,
+    as the daemon serves it."""
+    path = operator_config(tmp_path, monkeypatch, {"pay": http_target("http://127.0.0.1:9")})
+    db = tmp_path / "journal.db"
+
+    async def threaded(view: Any) -> Any:
+        def run() -> Any:
+            with JournalReader.open(db) as reader:
+                return view(reader)
+
+        return await trio.to_thread.run_sync(run)
+
+    async with open_broker(path) as b, served(b, tmp_path) as (origin, console):
+        console.read = console.read_summarized = threaded
+        cookie, csrf = await log_in_to(console, origin)
+        await b.call({"target": "nope", "method": "GET", "path": "/"})
+        real = JournalReader.verify
+        running, go = threading.Event(), threading.Event()
+
+        def slow(self: JournalReader, *a: Any, **k: Any) -> Any:
+            running.set()
+            assert go.wait(10.0)  # bounded
+            return real(self, *a, **k)
+
+        monkeypatch.setattr(JournalReader, "verify", slow)
+        pages: list[bytes] = []
+        pressed: list[int] = []
+
+        async def press() -> None:
+            status, _, _ = await post(
+                f"{origin}/journal/verify", {"csrf": csrf}, {"Origin": origin, "Cookie": cookie}
+            )
+            pressed.append(status)
+
+        late: list[bool] = []
+
+        async def visit(nursery: trio.Nursery) -> None:
+            """A visit while the whole verify is held; then the verify goes on."""
+            while not running.is_set():
+                await trio.sleep(0.01)
+            answered = trio.Event()
+
+            async def fetch() -> None:
+                pages.append((await get(f"{origin}/journal", cookie=cookie))[2])
+                answered.set()
+
+            nursery.start_soon(fetch)
+            with trio.move_on_after(3.0):  # (held for the verify: not answered in time)
+                await answered.wait()
+            late.append(not answered.is_set())
+            go.set()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(press)
+            await visit(nursery)  # the first: nothing kept yet
+        assert late == [False] and b'id="verify-running"' in pages[0], pages
+        assert b"no report yet" in pages[0]
+        running.clear()
+        go.clear()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(press)
+            await visit(nursery)  # a report is kept now: it is shown
+        assert late == [False, False] and b'id="verify-running"' in pages[1], pages
+        assert _verify_line(pages[1]).startswith("intact"), pages[1][-2000:]
+        assert pressed == [200, 200]
+        _, _, page = await get(f"{origin}/journal", cookie=cookie)
+        assert b'id="verify-running"' not in page and _verify_line(page).startswith("intact")
