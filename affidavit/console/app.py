@@ -12,6 +12,8 @@
     GET  /invocations/{id}              timeline, attempts, result, lifecycle; POST .../reconcile
     GET  /invocations/{id}/result.json  the stored envelope, as a download
     GET  /journal                       verify status, the last signed checkpoint, sessions
+                                        (POST /journal/verify: a whole verify, then 303
+                                        to it)
     GET  /static/{console.css,console.js}
 
 Every request must name the console in ``Host`` (its bound address, or
@@ -337,7 +339,8 @@ class Console:
             return await self._journal(req)
         if path == "/journal/verify" and method == "POST":
             _fields(form, ("csrf",))
-            return await self._journal(req, whole=True)
+            await self._verified(whole=True)
+            return await req.redirect("/journal")  # (a reload does not post it again)
         if path == "/logout" and method == "POST":
             self.sessions.end(req.session.id)  # type: ignore[union-attr]
             expired = _cookie("", expire=True, secure=self.secure_cookie)
@@ -550,8 +553,7 @@ class Console:
         )
 
     async def _journal(self, req: Request, whole: bool = False) -> None:
-        """The journal page; ``whole`` (its POST): a whole verify now, not the kept one
-        extended (``KeptVerify``)."""
+        """The journal page (``KeptVerify``: the kept verify extended to the head)."""
         data = await self._verified(whole)
         summary = self.summary
         sessions = await self._reading(

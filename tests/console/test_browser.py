@@ -257,3 +257,8 @@ async def test_actions_filter_and_count_and_the_journal_verifies(
         assert "seq" in await chrome.text("#anchor")
         sessions = await chrome.text("#sessions")
         assert "night-batch" in sessions and "day" in sessions
+        # The whole verify's button: Post/Redirect/Get -- the browser lands on the page
+        # itself, which a reload reads again, not posts again.
+        await chrome.click("#verify-whole button")
+        assert await chrome.run(lambda d: d.current_url) == f"{world.origin}/journal"
+        assert (await chrome.text("#verify")).startswith("intact:")

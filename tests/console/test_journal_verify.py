@@ -90,10 +90,13 @@ async def test_the_journal_page_extends_its_verify_and_verifies_whole_on_request
         _alter(db, 2)
         _, _, page = await get(f"{origin}/journal", cookie=cookie)
         assert _verify_line(page).startswith("intact") and calls["verify"] == 1
-        status, _, page = await post(
+        status, headers, body = await post(
             f"{origin}/journal/verify", {"csrf": csrf}, {"Origin": origin, "Cookie": cookie}
         )
-        assert status == 200 and calls["verify"] == 2
+        # Post/Redirect/Get: the answer is no page a reload would post again.
+        assert (status, headers["location"], body) == (303, "/journal", b"")
+        assert calls["verify"] == 2
+        _, _, page = await get(f"{origin}/journal", cookie=cookie)
         assert _verify_line(page).startswith("BROKEN at seq 2: row 2 was altered")
         # Broken: kept as it is, with when it ran; not read past.
         _, _, page = await get(f"{origin}/journal", cookie=cookie)
@@ -155,9 +158,11 @@ async def test_a_whole_verify_that_finds_a_row_altered_has_the_kept_views_read_i
             conn.close()
         _, _, page = await get(f"{origin}/journal", cookie=cookie)
         assert b'href="/actions?session=s1"' in page  # kept: not read again (the page says so)
-        _, _, page = await post(
+        status, _, _ = await post(
             f"{origin}/journal/verify", {"csrf": csrf}, {"Origin": origin, "Cookie": cookie}
         )
+        assert status == 303
+        _, _, page = await get(f"{origin}/journal", cookie=cookie)
         assert _verify_line(page).startswith("BROKEN at seq 1")
         m = re.search(rb'id="sessions-error">([^<]*)<', page)
         assert m is not None and b"altered" in m.group(1), page[-1500:]
@@ -188,9 +193,8 @@ async def test_a_row_an_earlier_extension_checked_is_not_claimed_checked_again(
         assert f"Rows up to seq {first}, and the stored results" in text, text[-2500:]
         assert f"seq {whole + 1}..{first} were checked by earlier visits" in text
         assert f"Rows up to seq {whole}," not in text
-        _, _, page = await post(
-            f"{origin}/journal/verify", {"csrf": csrf}, {"Origin": origin, "Cookie": cookie}
-        )
+        await post(f"{origin}/journal/verify", {"csrf": csrf}, {"Origin": origin, "Cookie": cookie})
+        _, _, page = await get(f"{origin}/journal", cookie=cookie)
         assert _verify_line(page).startswith(f"BROKEN at seq {whole + 1}")
 
 
@@ -339,6 +343,6 @@ async def test_a_visit_while_a_whole_verify_runs_is_answered_at_once_with_the_la
             await visit(nursery)  # a report is kept now: it is shown
         assert late == [False, False] and b'id="verify-running"' in pages[1], pages
         assert _verify_line(pages[1]).startswith("intact"), pages[1][-2000:]
-        assert pressed == [200, 200]
+        assert pressed == [303, 303]
         _, _, page = await get(f"{origin}/journal", cookie=cookie)
         assert b'id="verify-running"' not in page and _verify_line(page).startswith("intact")
