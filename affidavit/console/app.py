@@ -552,9 +552,9 @@ class Console:
             200, data, b"application/octet-stream", [(b"content-disposition", disposition)]
         )
 
-    async def _journal(self, req: Request, whole: bool = False) -> None:
+    async def _journal(self, req: Request) -> None:
         """The journal page (``KeptVerify``: the kept verify extended to the head)."""
-        data = await self._verified(whole)
+        data = await self._verified(whole=False)
         summary = self.summary
         sessions = await self._reading(
             lambda r: pages.journal_sessions(r, summary), "the journal view", summarized=True
