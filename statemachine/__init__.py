@@ -32,6 +32,7 @@ from .protocol import (
     unregister,
 )
 from .retry import Decision, Operation, compute_retry, decide, send_window
+from .withheld import WITHHELD, caller_event, caller_record, hashes_withheld
 
 __all__ = [
     "ATTEMPT_KINDS",
@@ -41,6 +42,7 @@ __all__ = [
     "INITIAL",
     "STATES",
     "TRANSITIONS",
+    "WITHHELD",
     "Budget",
     "Code",
     "CodeInfo",
@@ -61,10 +63,13 @@ __all__ = [
     "StateSpec",
     "Step",
     "build_machine",
+    "caller_event",
+    "caller_record",
     "compute_retry",
     "decide",
     "envelope_schema",
     "fold_runs",
+    "hashes_withheld",
     "in_progress_error",
     "invocation_of",
     "lease_lost_error",

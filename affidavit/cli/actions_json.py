@@ -92,7 +92,7 @@ def write_actions_json(j: JournalReader, filters: dict[str, Any]) -> None:
     """The actions view of ``j`` (``iter_actions(**filters)``) as ``--json`` prints it."""
     from affidavit.views import record_json_encoder
 
-    encode = record_json_encoder()
+    encode = record_json_encoder(operator=True)
     # One clock reading for every record's retry hint, whichever process folds it: the two
     # halves of a split view answer at the same moment (docs/contract.md, "When the hint is
     # computed").  A float in the filters the child is sent; computing the hint is one call.
@@ -190,5 +190,7 @@ def fold_span() -> None:
     first, before, through = spec["span"]
     with JournalReader.open(spec["path"]) as j:
         records = j.iter_actions(**spec["filters"], span=(first, before, through))
-        _Array("").items(map(record_json_encoder(), records))  # no brackets: a run of items
+        # Embedded: whoever reads the journal is its operator (no hash withheld).
+        encode = record_json_encoder(operator=True)
+        _Array("").items(map(encode, records))  # no brackets: a run of items
     sys.stdout.flush()  # a failed write is a failed child (exit status 1): never a short half

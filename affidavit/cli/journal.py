@@ -548,7 +548,8 @@ def _actions(args: argparse.Namespace) -> int:
         if args.json:
             write_actions_json(j, filters)
             return 0
-        return _print_actions(False, (record_to_json(r) for r in j.iter_actions(**filters)))
+        rows = (record_to_json(r, operator=True) for r in j.iter_actions(**filters))
+        return _print_actions(False, rows)
 
 
 def _print_actions(as_json: bool, rows: Iterable[dict[str, Any]]) -> int:
@@ -577,14 +578,15 @@ def _record(args: argparse.Namespace) -> int:
         response = ask_daemon(socket, "GET", invocation_path(args.invocation_id))
         data = daemon_json(response)
     else:
-        from affidavit.views import event_to_json, record_to_json
+        from affidavit.views import record_view
 
         with reading(args, f"the record of {args.invocation_id}") as j:
             events = j.events(args.invocation_id)
             rec = j.record(args.invocation_id)
         if rec is None:
             raise UsageError(f"no invocation {args.invocation_id} in the journal")
-        data = {"record": record_to_json(rec), "events": [event_to_json(e) for e in events]}
+        # Embedded: whoever reads the journal is its operator, shown what was recorded.
+        data = record_view(rec, events, operator=True)
     if args.json:
         print_json(data)
         return 0

@@ -180,7 +180,7 @@ def _unfiltered_page(reader: JournalReader, summary: SessionSummary) -> dict[str
 def _page(found: Mapping[str, Any], records: list[Any], total: int) -> dict[str, Any]:
     counts = {(c["phase"], c["outcome"]): c["count"] for c in found["by_phase_outcome"]}
     return {
-        "rows": [record_to_json(r) for r in reversed(records)],  # newest first
+        "rows": [record_to_json(r, operator=True) for r in reversed(records)],  # newest first
         "matrix": [(ph, [counts.get((ph, oc), 0) for oc in OUTCOMES]) for ph in PHASES],
         "total": total,
     }
@@ -195,7 +195,7 @@ def invocation_page(reader: JournalReader, invocation_id: str) -> dict[str, Any]
     for ev in map(event_to_json, events):
         attrs = ev["attrs"]
         timeline.append({**ev, "attrs_text": json.dumps(attrs, sort_keys=True, indent=1)})
-    rec = record_to_json(record)
+    rec = record_to_json(record, operator=True)
     return {
         "record": rec,
         "timeline": timeline,

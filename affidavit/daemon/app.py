@@ -74,14 +74,13 @@ from affidavit.statemachine import Outcome, Phase
 from affidavit.text import printable
 from affidavit.views import (
     actions_page,
-    event_to_json,
     metrics,
     metrics_key,
     metrics_of,
     newest_sessions,
     prometheus_text,
     record_json_encoder,
-    record_to_json,
+    record_view,
 )
 
 from . import operators
@@ -328,9 +327,7 @@ class Api:
             events = self.broker.events(invocation_id)
         except JournalError as exc:
             raise _journal_problem(exc, f"the record of {invocation_id}") from None
-        await req.respond_json(
-            {"record": record_to_json(rec), "events": [event_to_json(e) for e in events]}
-        )
+        await req.respond_json(record_view(rec, events))  # a caller's: plain hashes withheld
 
     async def actions(self, req: Request) -> None:
         """The newest ``limit`` records matching the filters (default ``ACTIONS_LIMIT``, at

@@ -169,16 +169,16 @@ class Embedded:
 
     async def record(self, invocation_id: str) -> dict[str, Any]:
         from affidavit.journal import JournalError
-        from affidavit.views import event_to_json, record_to_json
+        from affidavit.views import record_view
 
         try:
             rec = self.broker.record(invocation_id)
             if rec is None:
                 return _unknown_id(invocation_id)
-            events = [event_to_json(e) for e in self.broker.events(invocation_id)]
+            events = self.broker.events(invocation_id)
         except JournalError as exc:
             return _journal_error(exc, f"the record of {invocation_id}")
-        return {"record": record_to_json(rec), "events": events}
+        return record_view(rec, events)  # a caller's: plain hashes withheld
 
     async def actions(self, session: str | None, outcome: str | None, limit: int) -> dict[str, Any]:
         from affidavit.journal import JournalError

@@ -12,6 +12,7 @@ from affidavit.views.records import (
     prometheus_text,
     record_json_encoder,
     record_to_json,
+    record_view,
 )
 from affidavit.views.text import printable
 
@@ -28,4 +29,5 @@ __all__ = [
     "prometheus_text",
     "record_json_encoder",
     "record_to_json",
+    "record_view",
 ]

@@ -13,7 +13,17 @@ from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, cast
 
-from affidavit.statemachine import STATES, Event, Outcome, Phase, Record, Retry
+from affidavit.statemachine import (
+    STATES,
+    Event,
+    Outcome,
+    Phase,
+    Record,
+    Retry,
+    caller_event,
+    caller_record,
+    hashes_withheld,
+)
 
 if TYPE_CHECKING:
     from affidavit.journal import JournalReader, SessionSummary
@@ -30,6 +40,7 @@ __all__ = [
     "prometheus_text",
     "record_json_encoder",
     "record_to_json",
+    "record_view",
     "shown_retry",
 ]
 
@@ -69,9 +80,24 @@ def shown_retry(rec: Record) -> str:
 _FETCH = Retry.FETCH_RESULT.value
 
 
-def record_to_json(rec: Record) -> dict[str, Any]:
-    """A projected record as plain JSON (enums as their values)."""
-    return _record_fields(rec, plain)
+def record_to_json(rec: Record, *, operator: bool = False) -> dict[str, Any]:
+    """A projected record as plain JSON (enums as their values).  A caller's (``operator``
+    False, the default) withholds a hash recorded before hashes were keyed (``caller_record``:
+    it would confirm a guessed credential reference); an operator's view shows it."""
+    return _record_fields(rec if operator else caller_record(rec), plain)
+
+
+def record_view(rec: Record, events: Iterable[Event], *, operator: bool = False) -> dict[str, Any]:
+    """One invocation's record and its events, as ``record`` answers: for a caller, the
+    hashes its record withholds are withheld from the events' attrs too (``caller_event``)."""
+    if operator:
+        events_json = list(map(event_to_json, events))
+        return {"record": record_to_json(rec, operator=True), "events": events_json}
+    withheld = hashes_withheld(rec)
+    return {
+        "record": record_to_json(rec),
+        "events": [event_to_json(caller_event(e, withheld)) for e in events],
+    }
 
 
 def _record_fields(rec: Record, conv: Callable[[Any], Any]) -> dict[str, Any]:
@@ -115,8 +141,9 @@ def _view_as_dict(value: Any) -> Any:
     raise TypeError(f"{type(value).__name__} is not JSON serializable")
 
 
-def record_json_encoder() -> Callable[[Record], str]:
-    """``json.dumps(record_to_json(rec), sort_keys=True)`` as one call per record, the same
+def record_json_encoder(*, operator: bool = False) -> Callable[[Record], str]:
+    """``json.dumps(record_to_json(rec, operator=operator), sort_keys=True)`` as one call per
+    record (a caller's withholds what ``record_to_json`` does), the same
     text (tests/test_views_json.py compares the two) at about half the cost (issue 15:
     ``affidavit actions --json`` over 1M events; 41 -> 17-25 us a record there).
 
@@ -160,6 +187,8 @@ def record_json_encoder() -> Callable[[Record], str]:
         return encode(v)
 
     def record_json(rec: Record) -> str:
+        if not operator:
+            rec = caller_record(rec)  # itself, unless it holds a plain hash
         b, code = rec.budget, rec.code
         v: Any  # each inline test below names its value
         # Keys in sorted order, as ``sort_keys`` writes them.  The state, its phase, outcome

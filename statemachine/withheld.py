@@ -1,0 +1,104 @@
+"""Hashes a caller is not shown: those recorded before the config hash was keyed.
+
+``config_hash`` (PREFLIGHT_VALIDATED, APPROVAL_REQUESTED) is ``hmac-sha256:``, keyed by the
+journal's key, and the request fingerprint (ACTION_ACCEPTED, ``"v": 2``) and the approval
+fingerprint (``"v": 3``) are built on it.  A record written before that holds the plain
+``sha256:`` config hash and the v1 / v2 fingerprints over it: each lets a caller confirm a
+guessed credential reference (``env:NAME``, ``file:/path``) offline -- the snapshot they hash
+holds it.  The journal is never rewritten; every caller-facing rendering (the envelope, the
+record and events views the daemon and MCP answer) shows ``WITHHELD`` in their place.  Operator
+views (the console, embedded CLI commands reading the journal) show what was recorded.
+
+Which record is such a one is told by its ``config_hash``: only a keyed one proves the
+fingerprints beside it keyed (ACTION_ACCEPTED and PREFLIGHT_VALIDATED are written together, and
+the approval comes after them).  A record holding a fingerprint but no keyed ``config_hash``
+(a plain one, or none: stopped between the two events) is withheld too -- never more shown than
+the record proves safe.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+from .events import Event, EventKind
+from .record import Record
+
+__all__ = ["KEYED_PREFIX", "WITHHELD", "caller_event", "caller_record", "hashes_withheld"]
+
+KEYED_PREFIX = "hmac-sha256:"
+WITHHELD = "withheld: recorded before keyed hashes"
+
+
+def hashes_withheld(record: Record) -> bool:
+    """Whether ``record`` holds a hash recorded before hashes were keyed, to withhold."""
+    evidence = record.evidence
+    config_hash = evidence.get("config_hash")
+    if type(config_hash) is str and config_hash.startswith(KEYED_PREFIX):
+        return False
+    if config_hash is not None or record.fingerprint is not None:
+        return True
+    approval = evidence.get("approval")
+    return isinstance(approval, Mapping) and approval.get("fingerprint") is not None
+
+
+def _masked(value: Any) -> Any:
+    return None if value is None else WITHHELD
+
+
+def _without(mapping: Mapping[str, Any], *keys: str) -> dict[str, Any]:
+    out = dict(mapping)
+    for key in keys:
+        if key in out:
+            out[key] = _masked(out[key])
+    return out
+
+
+def caller_record(record: Record) -> Record:
+    """``record`` as a caller may see it: itself, unless it holds a plain hash (see above)."""
+    if not hashes_withheld(record):
+        return record
+    evidence = _without(record.evidence, "config_hash", "fingerprint")
+    for key in ("idempotency", "approval"):
+        part = evidence.get(key)
+        if isinstance(part, Mapping):
+            evidence[key] = _without(part, "fingerprint")
+    idem = record.idempotency
+    return replace(
+        record,
+        fingerprint=_masked(record.fingerprint),
+        idempotency=None if idem is None else _without(idem, "fingerprint"),
+        evidence=evidence,
+    )
+
+
+def caller_event(event: Event, withheld: bool) -> Event:
+    """``event`` as a caller may see it, ``withheld`` being ``hashes_withheld`` of its record:
+    the hashes ACTION_ACCEPTED, PREFLIGHT_VALIDATED and the approval events name, masked."""
+    if not withheld:
+        return event
+    attrs = event.attrs
+    kind = event.kind
+    if kind is EventKind.ACTION_ACCEPTED:
+        op = attrs.get("operation")
+        if not isinstance(op, Mapping):
+            return event
+        op = _without(op, "fingerprint")
+        idem = op.get("idempotency")
+        if isinstance(idem, Mapping):
+            op["idempotency"] = _without(idem, "fingerprint")
+        return replace(event, attrs={**attrs, "operation": op})
+    if kind in _HASHED:
+        return replace(event, attrs=_without(attrs, "config_hash", "fingerprint"))
+    return event
+
+
+_HASHED = frozenset(
+    {
+        EventKind.PREFLIGHT_VALIDATED,
+        EventKind.APPROVAL_REQUESTED,
+        EventKind.APPROVAL_GRANTED,
+        EventKind.APPROVAL_DENIED,
+    }
+)
