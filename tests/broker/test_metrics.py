@@ -133,7 +133,7 @@ async def test_streamed_actions_json_is_the_whole_list_one_record_per_line(
         )
         assert out.returncode == 0, out.stderr
         with JournalReader(db) as r:
-            rows = [record_to_json(x) for x in r.list_actions()]
+            rows = [record_to_json(x, operator=True) for x in r.list_actions()]
         assert bool(rows) is fill
         assert json.loads(out.stdout) == rows
         lines = out.stdout.splitlines()
