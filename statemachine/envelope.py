@@ -265,7 +265,11 @@ def envelope_schema() -> dict[str, Any]:
                         "properties": {
                             "key": {"type": ["string", "null"]},
                             "scope": {"type": ["string", "null"]},
-                            "fingerprint": {"type": ["string", "null"]},
+                            "fingerprint": {
+                                "type": ["string", "null"],
+                                "description": "The request fingerprint, or 'withheld: "
+                                "recorded before keyed hashes' (statemachine/withheld.py).",
+                            },
                             "remote_contract": {"type": ["string", "null"]},
                         },
                     },

@@ -13,11 +13,12 @@ import json
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import trio
 
 from affidavit.api.broker import Broker
 from affidavit.mcp.backends import Embedded, Exchange
-from affidavit.statemachine import WITHHELD, hashes_withheld
+from affidavit.statemachine import WITHHELD, envelope_schema, hashes_withheld
 from affidavit.views import record_json_encoder, record_to_json, record_view
 from tests.daemon.kit import cli, embedded, start_daemon, stop, write_daemon_config
 from tests.http.hostile import HostileServer, Reply, scripts
@@ -105,6 +106,8 @@ async def test_an_old_records_plain_hashes_reach_no_caller_and_a_new_one_shows_k
             assert fetched["evidence"]["config_hash"] == WITHHELD
             assert fetched["evidence"]["idempotency"]["fingerprint"] == WITHHELD
             assert fetched["evidence"]["approval"]["fingerprint"] == WITHHELD
+            for envelope in (pending, fetched, by_mcp):  # still the contract's envelope
+                jsonschema.Draft202012Validator(envelope_schema()).validate(envelope)
             # A record written since keeps its keyed hashes, in every view alike.
             with trio.fail_after(LIMIT):
                 new = await b.call({**action, "idempotency_key": "another"})
