@@ -1,0 +1,71 @@
+"""Which records a caller sees with their hashes withheld (``statemachine/withheld.py``): only a
+keyed ``config_hash`` proves the fingerprints beside it keyed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from affidavit.statemachine import (
+    WITHHELD,
+    Event,
+    EventKind,
+    Projector,
+    Record,
+    caller_event,
+    caller_record,
+    hashes_withheld,
+    render_envelope,
+)
+
+IID = "act_withheld"
+FP = "sha256:" + "ab" * 32
+
+
+def _record(fingerprint: str | None, config_hash: str | None) -> tuple[Record, list[Event]]:
+    op: dict[str, Any] = {"target": "api", "protocol": "http", "fingerprint": fingerprint}
+    op["idempotency"] = {"key": "k", "scope": "s", "fingerprint": fingerprint}
+    events = [Event(EventKind.ACTION_ACCEPTED, IID, {"operation": op}, seq=1)]
+    if config_hash is not None:
+        events.append(
+            Event(EventKind.PREFLIGHT_VALIDATED, IID, {"config_hash": config_hash}, seq=2)
+        )
+    p = Projector(IID)
+    for e in events:
+        p.apply(e)
+    return p.record(), events
+
+
+def test_a_keyed_config_hash_shows_every_hash_as_recorded() -> None:
+    rec, events = _record(FP, "hmac-sha256:" + "cd" * 32)
+    assert not hashes_withheld(rec)
+    assert caller_record(rec) is rec
+    assert [caller_event(e, False) for e in events] == events
+    assert render_envelope(rec)["evidence"]["idempotency"]["fingerprint"] == FP
+
+
+def test_a_plain_or_missing_config_hash_withholds_the_fingerprints() -> None:
+    """Plain: written before the upgrade.  Missing (the broker stopped between ACTION_ACCEPTED
+    and PREFLIGHT_VALIDATED): nothing proves the fingerprint keyed, so it is withheld too."""
+    for config_hash in ("sha256:" + "cd" * 32, None):
+        rec, events = _record(FP, config_hash)
+        assert hashes_withheld(rec)
+        shown = caller_record(rec)
+        assert shown.fingerprint == WITHHELD
+        assert shown.idempotency is not None and shown.idempotency["fingerprint"] == WITHHELD
+        assert shown.idempotency["key"] == "k"  # only the hashes are withheld
+        env = render_envelope(rec)
+        assert FP not in repr(env) and env["evidence"]["fingerprint"] == WITHHELD
+        if config_hash is not None:
+            assert env["evidence"]["config_hash"] == WITHHELD
+            assert caller_event(events[1], True).attrs == {"config_hash": WITHHELD}
+        accepted = caller_event(events[0], True)
+        assert FP not in repr(accepted.attrs)
+        assert accepted.attrs["operation"]["idempotency"]["key"] == "k"
+        assert events[0].attrs["operation"]["fingerprint"] == FP  # the event itself untouched
+        assert rec.fingerprint == FP
+
+
+def test_a_record_refused_before_its_fingerprint_has_nothing_withheld() -> None:
+    rec, _events = _record(None, None)
+    assert not hashes_withheld(rec)
+    assert caller_record(rec) is rec
