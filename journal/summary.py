@@ -17,7 +17,10 @@ the same rows, and fails the same way).  A journal rewound or replaced under it 
 the seq it folded through is gone or another) is folded again from the start.  A row altered
 in place *before* that seq, after it was folded, is not read again (only ``verify`` and a full
 fold read every row): the summary keeps what that row said when it was folded -- until a
-verify that finds a row altered has it ``forget`` (the console's journal page does).
+verify that finds a row altered has it ``forget`` (the console's journal page does) -- unless
+its invocation has an event after that seq: its rows are then read again, and a session, first
+seq or first time other than the kept one (a row altered) folds the whole journal again, so
+no answer mixes the row as it was with the row as it is.
 """
 
 from __future__ import annotations
@@ -258,8 +261,8 @@ class SessionSummary:
             known = state.invs.get(iid)
             if known is None:
                 fresh.append((iid, inv, first_at, tally))
-            elif known.session != inv.session or known.pos != inv.pos:
-                raise _Rebuild  # not how the broker writes: fold it all again
+            elif (known.session, known.pos, known.first_at) != (inv.session, inv.pos, first_at):
+                raise _Rebuild  # not how the broker writes (a row altered): fold it all again
             else:
                 state.sessions[known.session].change(known, inv.outcome, inv.last_at)
                 if tally != known.tally:
