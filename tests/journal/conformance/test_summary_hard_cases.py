@@ -13,16 +13,26 @@ which it answers as the full fold again."""
 from __future__ import annotations
 
 import json
+import tempfile
+from pathlib import Path
 from typing import Any
+
+import trio
+from hypothesis import HealthCheck, given, settings
+from hypothesis import event as event_
+from hypothesis import strategies as st
 
 from affidavit.console import pages
 from affidavit.journal import JournalError, SessionSummary
+from affidavit.journal.signing import SigningKey
+from affidavit.statemachine import Event, ImpossibleEvent, Projector
 from affidavit.statemachine import EventKind as E
 from affidavit.views import metrics, metrics_key, metrics_of
+from tests.statemachine.lifecycle_helpers import make_event, operation, valid_moves
 
 from ..helpers import happy
 from .conftest import Place
-from .test_session_summary import SINCE, _fill, _ids, _shape
+from .test_session_summary import SESSIONS, SINCE, _Clock, _fill, _fresh, _ids, _shape
 
 ALTERATIONS = ("at", "at back", "session attr", "session column", "attrs")
 """What a tamper does to one row: its time (on, or back before every other), the session
@@ -87,6 +97,122 @@ def _check(
     full["page"] = one(lambda r: _shape(pages.actions_page(r, pages.ActionFilters())))
     kept["page"] = one(lambda r: _shape(pages.actions_page(r, pages.ActionFilters(), summary)))
     return full, kept
+
+
+def _set(place: Place, seq: int, row: tuple[Any, ...]) -> None:
+    """The row at ``seq``'s (at, session_id, attrs) set to ``row``."""
+    at, session, attrs = row
+    back = "NULL" if session is None else "'" + session.replace("'", "''") + "'"
+    text = "'" + attrs.replace("'", "''") + "'"
+    place.tamper(
+        f"UPDATE events SET at = {at!r}, session_id = {back}, attrs = {text} WHERE seq = {seq}"
+    )
+
+
+def _alter_and_check(place: Place, summary: SessionSummary, seq: int, how: str) -> None:
+    """Alter the row at ``seq``, then compare.  A row after the seq the summary folded
+    through, or one of an invocation with an event after it (re-read whole), is read as the
+    full fold reads it; any other is not read again: the summary answers as the full fold of
+    the journal with that row as it was -- until ``forget``, then as the full fold again.
+    The row is put back after (one altered row at a time), and the summary forgets it."""
+    through = summary._state.through
+    select = f"SELECT at, session_id, attrs FROM events WHERE seq = {seq}"
+    iid = place.rows(f"SELECT invocation_id FROM events WHERE seq = {seq}")[0][0]
+    was_row = place.rows(select)[0]
+    touched = {r[0] for r in place.rows(f"SELECT invocation_id FROM events WHERE seq > {through}")}
+    _alter(place, seq, how)
+    full, kept = _check(place, summary)
+    reread = seq > through or iid in touched
+    event_(f"altered a row {'read again' if reread else 'not read again'}")
+    if reread:
+        assert kept == full
+    else:
+        sinces = [float(k[6:]) for k in full if k.startswith("since ")]
+        altered_row = place.rows(select)[0]
+        _set(place, seq, was_row)
+        was, _ = _check(place, SessionSummary(metrics_key), sinces)  # the journal as folded
+        _set(place, seq, altered_row)
+        rows_now = {k: (kept.pop(k), full.pop(k)) for k in PAGES}
+        assert kept == {k: v for k, v in was.items() if k not in PAGES}
+        assert all(a == b for a, b in rows_now.values()), rows_now  # their rows read afresh
+        summary.forget()  # a verify found the row altered
+        full, kept = _check(place, summary)
+        assert kept == full
+    _set(place, seq, was_row)
+    summary.forget()
+
+
+async def _walk(place: Place, other: Place | None, data: st.DataObject) -> None:
+    n = data.draw(st.integers(1, 4))
+    sessions = [data.draw(st.sampled_from(SESSIONS)) for _ in range(n)]
+    steps = data.draw(st.lists(st.sampled_from([1.0, 0.0, 2.5, -3.0]), max_size=3))
+    projectors: list[Projector | None] = [None] * n
+    summary = SessionSummary(metrics_key)
+
+    def choose(options: Any) -> Any:
+        return data.draw(st.sampled_from(list(options)))
+
+    async with place.open(clock=_Clock(steps)) as mine:
+        writers = [mine]
+        if other is not None:  # another broker of the shared journal, with its own key
+            opened = other.open(clock=_Clock(steps))
+            writers.append(await opened.__aenter__())
+        try:
+            for _ in range(data.draw(st.integers(1, 25))):
+                move = data.draw(st.sampled_from(["step", "step", "step", "reaccept", "alter"]))
+                if move == "alter" and _head(place) > 0:
+                    seq = data.draw(st.integers(1, _head(place)))
+                    _alter_and_check(place, summary, seq, data.draw(st.sampled_from(ALTERATIONS)))
+                    continue
+                k = data.draw(st.integers(0, n - 1))
+                p = projectors[k]
+                if p is None or move == "reaccept":
+                    session = sessions[k] if p is None else choose(SESSIONS)
+                    attrs: dict[str, Any] = {"operation": operation(budget=3)}
+                    if session is not None:
+                        attrs["session"] = session
+                    event = Event(E.ACTION_ACCEPTED, f"act-{k}", attrs)
+                    p = Projector(f"act-{k}") if p is None else p
+                else:
+                    moves = valid_moves(p)
+                    if not moves:
+                        continue
+                    kind, dest = choose(moves)
+                    event = make_event(p, kind, dest, None, choose)
+                writer = writers[data.draw(st.integers(0, len(writers) - 1))]
+                try:
+                    stored = await writer.append(event)
+                except (ImpossibleEvent, JournalError):
+                    continue  # not an event this journal takes here
+                projectors[k] = p
+                p.apply(stored)
+                event_(f"appended {move} by writer {writers.index(writer)}")
+                if data.draw(st.booleans()):
+                    full, kept = _check(place, summary)
+                    assert kept == full
+        finally:
+            if other is not None:
+                await opened.__aexit__(None, None, None)
+    full, kept = _check(place, summary)
+    assert kept == full
+
+
+@settings(
+    max_examples=25,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(data=st.data())
+def test_the_summary_keeps_its_promise_through_alterations_and_other_writers(
+    place: Place, data: st.DataObject
+) -> None:
+    with tempfile.TemporaryDirectory() as d:
+        p = _fresh(place, Path(d))
+        other = None
+        if p.cluster is not None:
+            SigningKey.create(Path(d) / "other.signing.key")
+            other = Place(p.kind, p.location, p.key_file, Path(d) / "other.signing.key", p.cluster)
+        trio.run(_walk, p, other, data)
 
 
 def test_an_altered_first_time_read_again_with_a_later_event_folds_all_again(
