@@ -13,6 +13,7 @@ plain hash before the upgrade is refused honestly, never matched: nothing is sen
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -214,7 +215,7 @@ async def test_approval_requested_carries_exactly_the_attrs_its_contract_names(
     back; it named the credential reference among them after the reference had left them for
     the sealed payload -- a contract telling a caller it would read what it must never."""
     doc = member_docs(E)[E.APPROVAL_REQUESTED.name]
-    listed = doc.split("attrs:", 1)[1].split(";", 1)[0]
+    listed = re.sub(r"\([^)]*\)", "", doc.split("attrs:", 1)[1]).split(";", 1)[0]
     documented = {part.strip().split(" ", 1)[0] for part in listed.split(",")}
     async with HostileServer.running(scripts.serve(Reply(200))) as srv:
         cfg = approval_config(tmp_path, srv.url)

@@ -104,7 +104,7 @@ MISTAKES = {
         ("it is a directory", "[journal] path"),
     ),
     "socket directory missing": Mistake(
-        ("serve",), _socket_nowhere, "SERVE_FAILED", ("nope", "is not a directory")
+        ("serve",), _socket_nowhere, "SERVE_FAILED", ("nope", "does not exist", "mkdir -m 0750")
     ),
     "a key file named on the command line is missing": Mistake(
         ("journal", "verify", "--public-key", "/nonexistent/affidavit-test.pub"),
