@@ -208,8 +208,7 @@ class Writer:
         self._thread: threading.Thread | None = None
         self._instrument: _HandOffAtIoWait | None = None
         self._inflight: _Handoff | None = None
-        """The batch ``_hand_off_idle`` handed over for the idle writer task, until it ends
-        (``_done``) or the task wakes."""
+        """The batch ``_hand_off_idle`` handed over for the idle writer task, until it wakes."""
         self._dead: BaseException | None = None
         """What stopped the writer thread (not an ``Exception``: a ``KeyboardInterrupt``, a
         ``SystemExit``...): every write queued then was failed, and none is taken since."""
@@ -297,11 +296,10 @@ class Writer:
 
     def _done(self, handoff: _Handoff) -> None:
         """On the trio thread, as soon as the loop learns a batch ended: wake its waiting
-        writers in this same scheduling pass, rather than waking the writer task to wake them
-        one pass later (issue 15: each pass of the loop between a COMMIT and the next batch's
-        hand-off is latency at concurrency 1).  The writer task, parked since it handed the
-        batch over, is idle again without a step of its own, unless the writer is stopping.
-        Raises nothing: it runs as a ``run_sync_soon`` callback."""
+        writers and the writer task in this same scheduling pass, rather than waking the
+        writer task to wake them one pass later (issue 15: each pass of the loop between a
+        COMMIT and the next batch's hand-off is latency at concurrency 1).  Raises nothing:
+        it runs as a ``run_sync_soon`` callback."""
         batch, error = handoff.batch, handoff.error
         if error is not None and not isinstance(error, Exception):  # the writer thread stopped
             self._die(error, handoff)
@@ -318,14 +316,7 @@ class Writer:
             if r.parked:
                 assert r.task is not None
                 trio.lowlevel.reschedule(r.task)
-        if self._closed:  # stopping: the writer task ends once nothing is queued (``_run``)
-            trio.lowlevel.reschedule(handoff.task)
-            return
-        # The writer task stays parked, idle again: the next ``_hand_off_idle`` hands it the
-        # next batch.  Waking it only for it to park again was one task step per transaction
-        # (issue 15, c=1).
-        self._inflight = None
-        self._idle = handoff.task
+        trio.lowlevel.reschedule(handoff.task)
 
     def _die(self, error: BaseException, handoff: _Handoff | None) -> None:
         """On the trio thread, once the writer thread stopped with ``error`` (not an
@@ -410,9 +401,8 @@ class Writer:
         with trio.CancelScope(shield=True):
             while pending or not self._closed:
                 # ``_hand_off_idle`` hands what is queued to the thread at the end of the loop
-                # iteration that queued it; ``_done`` leaves us parked and idle once it is
-                # committed -- unless we are stopping: then ``_done`` or ``stop`` wakes us, and
-                # what is still queued is handed off the same way; ``_die`` wakes us to raise.
+                # iteration that queued it, and ``_done`` wakes us once it is committed; or
+                # ``stop`` does, and what is still queued is handed off the same way.
                 self._idle = trio.lowlevel.current_task()
                 await trio.lowlevel.wait_task_rescheduled(_cannot_abort)
                 handoff, self._inflight = self._inflight, None

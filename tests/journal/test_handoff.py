@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import functools
 import queue
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -94,87 +93,3 @@ async def test_writes_queued_by_every_task_of_an_iteration_share_one_transaction
         assert [(b.writes, b.barrier) for b in batches] == [(8, True)]
     with JournalReader.open(tmp_path / "j.db") as r:
         assert all(r.record(f"t{i}", now=0.0) is not None for i in range(8))
-
-
-class Steps(trio.abc.Instrument):
-    """Counts the steps one task takes."""
-
-    def __init__(self, task: trio.lowlevel.Task) -> None:
-        self.task, self.n = task, 0
-
-    def before_task_step(self, task: trio.lowlevel.Task) -> None:
-        if task is self.task:
-            self.n += 1
-
-
-async def test_a_committed_batch_leaves_the_writer_task_parked(tmp_path: Path) -> None:
-    """The loop learns a batch ended (``_done``) and wakes its writers; the writer task stays
-    parked, idle again, instead of taking a step only to park (issue 15: one task step per
-    transaction, three per call at concurrency 1)."""
-    async with Journal.open(tmp_path / "j.db") as j:
-        await j.append(accepted("warm"), barrier=True)
-        await trio.sleep(0)
-        writer = j._writer
-        task = writer._idle
-        assert task is not None
-        steps = Steps(task)
-        with instrumented(steps):
-            for ev in until_dispatch("a"):
-                await j.append(ev, barrier=True)
-            await trio.sleep(0)
-        assert steps.n == 0
-        assert writer._idle is task and writer._inflight is None
-    with JournalReader.open(tmp_path / "j.db") as r:
-        assert [e.kind for e in r.events("a")] == [e.kind for e in until_dispatch("a")]
-
-
-async def test_closing_while_a_batch_is_in_the_thread_ends_the_writer_task(
-    tmp_path: Path,
-) -> None:
-    """A batch that ends after ``stop`` began wakes the writer task, which then ends: the
-    journal closes, the write committed (a parked writer task would hang the close)."""
-    entered, release = threading.Event(), threading.Event()
-
-    @contextmanager
-    def held(batch: Batch) -> Iterator[None]:
-        entered.set()
-        assert release.wait(10)
-        yield
-
-    with trio.fail_after(10):
-        async with trio.open_nursery() as outer:
-            async with Journal.open(tmp_path / "j.db") as j:
-                await j.append(accepted("warm"), barrier=True)
-                j.around_transaction = held
-                writer = j._writer
-
-                async def release_once_stopping() -> None:
-                    for _ in range(1000):  # bounded: the close begins within a moment
-                        if writer._closed:
-                            break
-                        await trio.sleep(0.01)
-                    assert writer._closed
-                    release.set()
-
-                outer.start_soon(functools.partial(j.append, accepted("b"), barrier=True))
-                for _ in range(1000):  # bounded: the batch is in the thread within a moment
-                    if entered.is_set():
-                        break
-                    await trio.sleep(0.01)
-                assert entered.is_set()
-                outer.start_soon(release_once_stopping)
-                # A writer task left parked would hang the close for ever (its wait is
-                # shielded): after 10 s a watchdog wakes it, and the test fails.
-                token, closed, hung = trio.lowlevel.current_trio_token(), threading.Event(), []
-
-                def watchdog() -> None:
-                    if not closed.wait(10):
-                        hung.append(True)
-                        token.run_sync_soon(writer._wake_runner)
-
-                threading.Thread(target=watchdog, daemon=True).start()
-            # Closed: ``stop`` waited for the held batch and for the writer task to end.
-            closed.set()
-            assert not hung, "the close waited for a writer task nobody woke"
-    with JournalReader.open(tmp_path / "j.db") as r:
-        assert r.record("b", now=0.0) is not None
