@@ -32,7 +32,7 @@ from .protocol import (
     unregister,
 )
 from .retry import Decision, Operation, compute_retry, decide, send_window
-from .withheld import WITHHELD, caller_event, caller_record, hashes_withheld
+from .withheld import KEYED_PREFIX, WITHHELD, caller_event, caller_record, hashes_withheld
 
 __all__ = [
     "ATTEMPT_KINDS",
@@ -40,6 +40,7 @@ __all__ = [
     "CODES",
     "DISPATCHED_STATES",
     "INITIAL",
+    "KEYED_PREFIX",
     "STATES",
     "TRANSITIONS",
     "WITHHELD",

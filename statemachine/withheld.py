@@ -28,6 +28,8 @@ from .record import Record
 __all__ = ["KEYED_PREFIX", "WITHHELD", "caller_event", "caller_record", "hashes_withheld"]
 
 KEYED_PREFIX = "hmac-sha256:"
+"""How a keyed config hash begins (``affidavit.engine.snapshot`` writes it): not ``sha256:``, so
+a keyed hash is told apart from the plain one records written before it hold."""
 WITHHELD = "withheld: recorded before keyed hashes"
 
 

@@ -19,11 +19,10 @@ from collections.abc import Callable
 from typing import Any
 
 from affidavit.config import Config, ConfigError, canonical_json, load_config, snapshot
+from affidavit.statemachine import KEYED_PREFIX
 
-__all__ = ["HASH_PREFIX", "ConfigSnapshot"]
+__all__ = ["ConfigSnapshot"]
 
-# Not ``sha256:``: a keyed hash is told apart from the plain one records written before it hold.
-HASH_PREFIX = "hmac-sha256:"
 _PURPOSE = "config-snapshot"
 
 
@@ -53,7 +52,7 @@ class ConfigSnapshot:
 
     def hash_of(self, target: Any) -> str:
         """The keyed hash of any target's canonical snapshot, not remembered."""
-        return HASH_PREFIX + self._digest(_PURPOSE, canonical_json(snapshot(target)))
+        return KEYED_PREFIX + self._digest(_PURPOSE, canonical_json(snapshot(target)))
 
     def changed(self, target_name: str, expected_hash: str) -> bool:
         """Whether the config file now binds ``target_name`` to anything but ``expected_hash``
