@@ -135,6 +135,8 @@ class JournalReader:
         else:
             self._key_file = Path(f"{self.path}.key") if self.path is not None else None
         self._key: BrokerKey | None = None
+        self._key_recorded = False
+        """The key's id is the one the journal records: a blob it cannot open was altered."""
         self._known_checkpoints: checkpoints.Known = {}
         """Checkpoints found valid (or signed by this process), whole, by seq."""
         self._recorded: dict[str, bytes] | None = None
@@ -248,8 +250,21 @@ class JournalReader:
             stored = self._read(lambda t: t.meta("key_id"), "the broker key's id")
             if stored is not None and stored != key.key_id:
                 raise JournalError(f"broker key file {self._key_file} does not match this journal")
+            self._key_recorded = stored is not None
             self._key = key
         return self._key
+
+    def broker_key_matches(self) -> bool | None:
+        """Whether the broker key file is this journal's: its id against the one the journal
+        records (None: it records none -- every broker records it before its first event).
+        ``JournalError`` naming the file if it cannot be loaded (missing, not 0600, not a
+        key); a database error as any read's."""
+        if self._key_file is None:
+            self._broker_key()  # its refusal: no key file for a database without one
+        assert self._key_file is not None
+        key = BrokerKey.load(self._key_file)
+        stored = self._read(lambda t: t.meta("key_id"), "the broker key's id")
+        return None if stored is None else stored == key.key_id
 
     def recorded_public_key(self) -> bytes | None:
         """The signing public key the journal records, when it records exactly one (None
@@ -355,7 +370,20 @@ class JournalReader:
         row = self._read(lambda t: t.sealed_at(seq, False), f"the payload of seq {seq}")
         if row is None or row[2] is None:
             return None
-        data = self._broker_key().open(row[2], payload_aad(row[0], row[1]))
+        key = self._broker_key()
+        try:
+            data = key.open(row[2], payload_aad(row[0], row[1]))
+        except JournalError:
+            if not self._key_recorded:
+                raise
+            # The key is the one the journal records as its own: the row was altered.
+            raise self._altered(
+                f"the payload of seq {seq}",
+                AlteredRow(
+                    f"its sealed payload does not open with broker key file {key.path}, the "
+                    "key this journal records as its own: the row was altered"
+                ),
+            ) from None
         value: Mapping[str, Any] = json.loads(data)
         return value
 

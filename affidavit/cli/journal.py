@@ -1,12 +1,14 @@
 """Journal views and checks on the command line: ``affidavit journal verify|anchor|public-key|
-audit-keygen|audit-open``, ``affidavit actions``, ``affidavit record ID``, ``affidavit
+audit-keygen|audit-open|open-sealed``, ``affidavit actions``, ``affidavit record ID``, ``affidavit
 sessions`` and ``affidavit metrics`` (each with ``--json`` where it prints data).
 
 All of them open the journal read-only and need no secret key: the views read only plaintext,
 secret-free columns; ``verify`` and ``anchor`` check the hash chain, the signed checkpoints and
 the stored results with a public key (``--public-key``, an ``--anchor``'s, or the one the journal
 records); ``audit-open`` uses the *auditor's* private key, which the broker never holds.  Only
-``public-key`` reads the broker's signing key file, to export its public half.
+``public-key`` reads the broker's signing key file, to export its public half, and only
+``open-sealed`` (``affidavit.cli.sealed``) the broker key file, to open the operator's sealed
+detail.
 
 With ``--socket PATH`` (or ``$AFFIDAVIT_SOCKET``) ``actions``, ``record``, ``sessions`` and
 ``metrics`` ask the daemon instead and print the same bytes: both paths render the same plain
@@ -166,6 +168,10 @@ def add_commands(sub: Any) -> None:
     which.add_argument("--result", metavar="ID", help="the invocation whose result to open")
     ao.set_defaults(handler=_audit_open)
 
+    from .sealed import add_command
+
+    add_command(jsub)  # journal open-sealed: the broker's own copy, with the broker key
+
     a = sub.add_parser("actions", help="list actions with their phase, outcome and retry hint")
     common_options(a, socket=True)
     a.add_argument("--session", help="only this session")
@@ -266,7 +272,10 @@ def _signing_key_path(args: argparse.Namespace) -> Path:
 
 @contextmanager
 def reading(
-    args: argparse.Namespace, what: str, public_keys: Sequence[bytes] = ()
+    args: argparse.Namespace,
+    what: str,
+    public_keys: Sequence[bytes] = (),
+    key_file: Path | None = None,
 ) -> Iterator[JournalReader]:
     """The journal ``args`` names, opened for a view: a journal that cannot be read, on open
     or mid-read, is one line naming ``what`` (exit 2), in the words the daemon answers
@@ -277,7 +286,7 @@ def reading(
 
     path = _journal_path(args)
     try:
-        with JournalReader.open(path, public_keys=public_keys) as reader:
+        with JournalReader.open(path, key_file=key_file, public_keys=public_keys) as reader:
             yield reader
     except JournalError as exc:
         raise read_refusal(exc, what) from None

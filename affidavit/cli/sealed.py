@@ -1,0 +1,138 @@
+"""``affidavit journal open-sealed ID``: the operator opens the broker's own sealed copies of
+one invocation's event payloads with the broker key file.
+
+What is sealed there is for the operator only: the action as the caller sent it
+(ACTION_ACCEPTED), what an approval will send where and with which credential reference
+(APPROVAL_REQUESTED), and why a credential could not be obtained -- the reference, the file it
+was read as, the OS's error (CREDENTIAL_FAILED's ``detail``).  A caller is told the field to fix
+and what is wrong, never where the broker keeps its secrets; no payload holds a credential's
+value (``CredentialError``).
+
+The auditor's copy of the same payload opens with ``journal audit-open`` and the auditor's
+private key; this opens the broker's copy, with the key the broker seals with
+(``[journal] key_file``).  It runs embedded only: the daemon, its HTTP API and the MCP server
+offer no route or tool that reads a sealed payload (``affidavit.views`` reads none), and this
+module is below none of them (tests/test_layers.py: nothing but the CLI imports ``affidavit.cli``).
+
+Verified: a key file that is missing, not 0600, not a key, or not this journal's key is
+FILE_UNUSABLE naming the file; a blob that does not open with the journal's own key (AES-GCM,
+bound to its invocation and event kind) was altered, and is refused -- nothing is printed then,
+never a partial or garbage plaintext.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from affidavit.cli import UsageError, config_refusal, text_arg
+
+__all__ = ["add_command"]
+
+
+def add_command(jsub: Any) -> None:
+    """``journal open-sealed`` (declared by ``affidavit.cli.journal``: the ``journal`` group)."""
+    from .journal import common_options
+
+    op = jsub.add_parser(
+        "open-sealed",
+        help="open the broker's sealed copies of an invocation's event payloads (the "
+        "operator's detail: why a credential failed, what was asked) with the broker key",
+    )
+    common_options(op)
+    op.add_argument("invocation_id", metavar="INVOCATION_ID")
+    op.add_argument(
+        "--key-file",
+        metavar="FILE",
+        help="the broker key file (default: [journal] key_file of the config, or the .key "
+        "file beside --journal)",
+    )
+    op.set_defaults(handler=_open_sealed)
+
+
+def _key_file(args: argparse.Namespace) -> Path:
+    """``--key-file``, else the config's ``[journal] key_file`` (or the default beside
+    ``--journal``), as the other journal commands find the signing key."""
+    from affidavit.config import CONFIG_ENV, DEFAULT_CONFIG, ConfigError, load_config
+
+    if args.key_file:
+        return Path(args.key_file)
+    if args.journal:
+        if args.journal.startswith(("postgresql://", "postgres://")):
+            raise UsageError(
+                "a PostgreSQL journal has no key file beside it: pass --key-file (or --config, "
+                "whose [journal] key_file is the brokers' sealing key)"
+            )
+        return Path(f"{args.journal}.key")
+    explicit = args.config or os.environ.get(CONFIG_ENV)
+    if not explicit and not Path(DEFAULT_CONFIG).exists():
+        return Path("affidavit.db.key")
+    try:
+        return load_config(args.config).journal.key_file
+    except ConfigError as exc:
+        raise config_refusal(exc) from None
+
+
+def _open_sealed(args: argparse.Namespace) -> int:
+    from affidavit.journal import AlteredRow, JournalError, JournalUnavailable, ReadFailed
+
+    from .journal import reading
+
+    iid = args.invocation_id
+    text_arg(iid, "the invocation id")
+    key_file = _key_file(args)
+    opened: list[dict[str, Any]] = []
+    with reading(args, f"the sealed payloads of {iid}", key_file=key_file) as j:
+        try:
+            matches = j.broker_key_matches()
+        except (JournalUnavailable, ReadFailed, AlteredRow):
+            raise  # the journal's, answered by ``reading``
+        except JournalError as exc:  # the key file: missing, not 0600, not a key
+            raise UsageError(str(exc), "FILE_UNUSABLE") from None
+        if matches is False:
+            raise UsageError(
+                f"broker key file {key_file} does not match this journal (its id is not the "
+                "one the journal records): pass the broker's [journal] key_file",
+                "FILE_UNUSABLE",
+            )
+        if matches is None:
+            raise UsageError(
+                f"the journal records no broker key id, so broker key file {key_file} cannot be "
+                "checked against it (every broker records it before its first event: the "
+                "journal was altered; `affidavit journal verify`)",
+                "JOURNAL_UNREADABLE",
+            )
+        events = j.events(iid)
+        if not events:
+            raise UsageError(f"no invocation {iid} in the journal", "NO_SUCH_INVOCATION")
+        for ev in events:
+            assert ev.seq is not None  # a stored event has its seq
+            # A blob that does not open with this journal's own key is an ``AlteredRow``:
+            # ``reading`` refuses it (JOURNAL_UNREADABLE) and nothing is printed.
+            payload = j.payload(ev.seq)
+            if payload is not None:
+                opened.append(
+                    {"seq": ev.seq, "at": ev.at, "kind": ev.kind.value, "payload": payload}
+                )
+    return _show(args.json, iid, key_file, opened)
+
+
+def _show(as_json: bool, iid: str, key_file: Path, opened: list[dict[str, Any]]) -> int:
+    from .journal import _out, _when, print_json
+
+    if as_json:
+        print_json({"invocation_id": iid, "key_file": str(key_file), "sealed": opened})
+        return 0
+    _out(f"invocation {iid}: {len(opened)} sealed payload(s), opened with {key_file}")
+    for item in opened:
+        _out(f"  {item['seq']:>8}  {_when(item['at'])}  {item['kind']}")
+        payload = item["payload"]
+        detail = payload.get("detail") if isinstance(payload, dict) else None
+        if isinstance(detail, str) and len(payload) == 1:
+            _out(f"            detail: {detail}")
+        else:
+            _out("            " + json.dumps(payload, sort_keys=True, separators=(",", ":")))
+    return 0
