@@ -387,6 +387,14 @@ class JournalReader:
         value: Mapping[str, Any] = json.loads(data)
         return value
 
+    def auditor_only(self, seq: int) -> bool:
+        """Whether the event's payload was sealed to the auditor alone (``payload_copy=False``:
+        no broker copy to open, ``audit_copy`` only)."""
+        what = f"the payload of seq {seq}"
+        mine = self._read(lambda t: t.sealed_at(seq, False), what)
+        theirs = self._read(lambda t: t.sealed_at(seq, True), what)
+        return (mine is None or mine[2] is None) and theirs is not None and theirs[2] is not None
+
     def audit_copy(self, seq: int) -> tuple[str, str, bytes] | None:
         """``(invocation_id, kind, sealed)`` of an event's audit copy, for the auditor to open
         with ``open_audit_payload``; the broker cannot open it.  The row is proven first

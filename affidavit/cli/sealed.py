@@ -113,10 +113,11 @@ def _open_sealed(args: argparse.Namespace) -> int:
             # A blob that does not open with this journal's own key is an ``AlteredRow``:
             # ``reading`` refuses it (JOURNAL_UNREADABLE) and nothing is printed.
             payload = j.payload(ev.seq)
+            item: dict[str, Any] = {"seq": ev.seq, "at": ev.at, "kind": ev.kind.value}
             if payload is not None:
-                opened.append(
-                    {"seq": ev.seq, "at": ev.at, "kind": ev.kind.value, "payload": payload}
-                )
+                opened.append({**item, "payload": payload})
+            elif j.auditor_only(ev.seq):  # said, not left out: there is a payload, not here
+                opened.append({**item, "payload": None, "auditor_only": True})
     return _show(args.json, iid, key_file, opened)
 
 
@@ -130,6 +131,12 @@ def _show(as_json: bool, iid: str, key_file: Path, opened: list[dict[str, Any]])
     for item in opened:
         _out(f"  {item['seq']:>8}  {_when(item['at'])}  {item['kind']}")
         payload = item["payload"]
+        if item.get("auditor_only"):
+            _out(
+                "            sealed to the auditor alone: `affidavit journal audit-open "
+                f"--seq {item['seq']}` with the auditor's key"
+            )
+            continue
         detail = payload.get("detail") if isinstance(payload, dict) else None
         if isinstance(detail, str) and len(payload) == 1:
             _out(f"            detail: {detail}")

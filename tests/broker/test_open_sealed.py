@@ -199,3 +199,22 @@ async def test_unknown_invocation_and_a_postgres_journal_without_a_key_file(
     assert (code, out) == (2, "") and "NO_SUCH_INVOCATION" in err and "act_nope" in err, err
     code, out, err = _run(capsys, "act_nope", "--journal", "postgresql://u@127.0.0.1:9/x")
     assert (code, out) == (2, "") and "pass --key-file" in err, err
+
+
+async def test_a_payload_sealed_to_the_auditor_alone_is_said_not_left_out(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from affidavit.journal import Journal, generate_auditor_keypair
+    from tests.journal.helpers import accepted
+
+    generate_auditor_keypair(tmp_path / "auditor.pem", tmp_path / "auditor.pub")
+    db = tmp_path / "j.db"
+    opened = Journal.open(db, auditor_public_key=tmp_path / "auditor.pub", payload_copy=False)
+    async with opened as j:
+        await j.append(accepted("inv-a"), payload={"action": {"path": "/x"}})
+    code, out, err = _run(capsys, "inv-a", "--journal", str(db))
+    assert code == 0, err
+    assert "sealed to the auditor alone" in out and "audit-open --seq 1" in out, out
+    code, out, err = _run(capsys, "inv-a", "--journal", str(db), "--json")
+    (item,) = json.loads(out)["sealed"]
+    assert item["auditor_only"] is True and item["payload"] is None
