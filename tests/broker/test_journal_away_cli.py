@@ -209,13 +209,31 @@ CHECKS = [
     ),
     (["operations"], "list_actions", "the operations view"),
     (["operations", "--json"], "list_actions", "the operations view"),
+    # Away while the key file is checked against the journal: the journal's, not the file's.
+    (
+        ["journal", "open-sealed", "{iid}", "--key-file", "{broker_key}"],
+        "broker_key_matches",
+        "the sealed payloads of {iid}",
+    ),
+    (
+        ["journal", "open-sealed", "{iid}", "--key-file", "{broker_key}"],
+        "payload",
+        "the sealed payloads of {iid}",
+    ),
 ]
 """(argv, the ``JournalReader`` method it reads through, what it names): ``{iid}``, ``{seq}``
-and ``{key}`` are ``_audited``'s; ``{pub}`` the journal's signing public key it exports."""
+and ``{key}`` are ``_audited``'s; ``{pub}`` the journal's signing public key it exports,
+``{broker_key}`` the broker key file (``journal_table``'s)."""
 
 
 def _checks(iid: str, seq: int, priv: Path) -> list[tuple[list[str], str, str]]:
-    names = {"iid": iid, "seq": seq, "key": priv, "pub": priv.with_name("journal.pub")}
+    names = {
+        "iid": iid,
+        "seq": seq,
+        "key": priv,
+        "pub": priv.with_name("journal.pub"),
+        "broker_key": priv.with_name("journal.key"),
+    }
     return [([a.format(**names) for a in args], m, w.format(**names)) for args, m, w in CHECKS]
 
 
@@ -257,7 +275,13 @@ async def test_journal_checks_and_operations_exit_2_naming_what_when_the_databas
     what: str,
 ) -> None:
     cfg, iid, seq, priv = await _audited(tmp_path, pg_url)
-    names = {"iid": iid, "seq": seq, "key": priv, "pub": priv.with_name("journal.pub")}
+    names = {
+        "iid": iid,
+        "seq": seq,
+        "key": priv,
+        "pub": priv.with_name("journal.pub"),
+        "broker_key": priv.with_name("journal.key"),
+    }
     argv = [a.format(**names) for a in args] + ["--config", str(cfg)]
     capsys.readouterr()
     with trio.fail_after(LIMIT), _stopped_before(monkeypatch, pg, method) as stopped:
