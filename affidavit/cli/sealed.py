@@ -127,7 +127,9 @@ def _show(as_json: bool, iid: str, key_file: Path, opened: list[dict[str, Any]])
     if as_json:
         print_json({"invocation_id": iid, "key_file": str(key_file), "sealed": opened})
         return 0
-    _out(f"invocation {iid}: {len(opened)} sealed payload(s), opened with {key_file}")
+    alone = sum(1 for item in opened if item.get("auditor_only"))
+    more = f", {alone} sealed to the auditor alone" if alone else ""
+    _out(f"invocation {iid}: {len(opened) - alone} payload(s) opened with {key_file}{more}")
     for item in opened:
         _out(f"  {item['seq']:>8}  {_when(item['at'])}  {item['kind']}")
         payload = item["payload"]

@@ -214,7 +214,8 @@ async def test_a_payload_sealed_to_the_auditor_alone_is_said_not_left_out(
         await j.append(accepted("inv-a"), payload={"action": {"path": "/x"}})
     code, out, err = _run(capsys, "inv-a", "--journal", str(db))
     assert code == 0, err
-    assert "sealed to the auditor alone" in out and "audit-open --seq 1" in out, out
+    assert "inv-a: 0 payload(s) opened with" in out and "1 sealed to the auditor alone" in out
+    assert "audit-open --seq 1" in out, out
     code, out, err = _run(capsys, "inv-a", "--journal", str(db), "--json")
     (item,) = json.loads(out)["sealed"]
     assert item["auditor_only"] is True and item["payload"] is None
