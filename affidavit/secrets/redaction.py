@@ -14,6 +14,9 @@ One mechanism, two layers:
   upper case; a value whose letters are all hex digits (a hex token, a UUID) also lower- and
   upper-cased itself (``_case_free``).  The binding lists the values: the secret and the
   whole injected value (``Bearer <token>``, ``user:password``, the password alone).
+* **Case**: a value of ``MIN_ANY_CASE`` bytes or more is matched in every form with each ASCII
+  letter written in either case (``BEARER SK_LIVE_...`` from a page that upper-cases the
+  request line); a shorter one in each form's own case, where a folded match could be chance.
 * **Unit encodings**: every whole-value form is matched with each of its characters written in any
   of the ways a server may write it -- literally; as ``%XX`` with either hex case (percent
   encoding with *any* safe set is then one pattern); ``+`` for a space (form encoding); or as a
@@ -27,11 +30,12 @@ whole body.  Every match of a form contains either a literal *needle* (a form wr
 escapes) or an escape sequence of one of the needles' characters; ``bytes.find`` locates those
 candidates, and the regex runs only in the windows around them, each as wide as the widest match
 on either side.  Matches found that way are exactly those one ``re.sub`` over the whole input
-would find (see ``_Scan``), so a clean 50 MiB body costs a few ``find`` passes.
+would find (see ``_scan``), so a clean 50 MiB body costs a ``lower`` pass (case-changed needles
+are found in the lower-cased input) and a few ``find`` passes.
 
 A remote's short text (header fields, the reason phrase, a redirect's origin: ``scrub_text``)
 and a redirect's Location (``holds``) are matched with ``pattern_any_case``: the same forms, ASCII
-letters in either case (a URL parser lower-cases a host name).
+letters in either case however short the value (a URL parser lower-cases a host name).
 
 A value longer than ``LONG_VALUE`` (a private key, a JWT) and each base64 line of a PEM value
 are matched as written only, in their raw and whole-base64 forms: with unit encodings, hex and
@@ -68,6 +72,11 @@ LONG_VALUE = 128
 compiling the pattern of a 128-byte value with every encoding takes a few hundred ms."""
 MIN_CORE = 8
 """A shifted base64 core shorter than this would match unrelated base64 text."""
+MIN_ANY_CASE = MIN_CORE
+"""A value at least this long is matched in every form with its ASCII letters in either case,
+bodies included: a case-changed echo of it (an error page that upper-cases the request line)
+still carries nearly all its entropy, and even folded it is no plausible chance match.  A
+shorter value is matched in bodies in each form's own case (short text: in any case)."""
 
 # JSON's two-character escapes (RFC 8259 §7), by code point.
 _JSON_SHORT = {0x22: b'"', 0x5C: b"\\", 0x2F: b"/", 0x08: b"b", 0x0C: b"f", 0x0A: b"n"}
@@ -114,13 +123,17 @@ def _literal_forms(value: bytes) -> set[bytes]:
 _HEX_LETTERS = frozenset(b"abcdefABCDEF")
 
 
+def _any_case(value: bytes) -> bool:
+    """Whether bodies match ``value``'s forms with their letters written in either case."""
+    return len(value) >= MIN_ANY_CASE
+
+
 def _case_free(value: bytes) -> bool:
     """Whether ``value``'s case carries nothing: its ASCII letters, at least one, are all hex
     digits (a hex token, a UUID).  A remote may print such a value in either case (a ``%X``
     format, a UUID type that upper-cases) and the echo is still the credential, so its raw
-    form is matched in lower and upper case in bodies too.  Any other letter makes case part
-    of the value (base64, an alphanumeric token): a case-changed echo of it is not the value,
-    and bodies keep matching it as written (docs/redaction.md)."""
+    form is matched in lower and upper case in bodies too, however short (``_any_case``: a
+    longer value's every form is)."""
     letters = [b for b in value if 0x41 <= b <= 0x5A or 0x61 <= b <= 0x7A]
     return bool(letters) and all(b in _HEX_LETTERS for b in letters)
 
@@ -228,9 +241,13 @@ def _alts(char: Char) -> list[Alt]:
     return alts
 
 
-def _slot_regex(slot: Slot) -> tuple[bytes, int]:
+def _slot_regex(slot: Slot, any_case: bool) -> tuple[bytes, int]:
+    """The slot's regex (each letter written literally in either case if ``any_case``: its
+    escapes stay those of its own case), and its widest match."""
     chars, optional = slot
     alts = {(-w, re.escape(bytes([f])) + rest) for c in chars for f, rest, w in _alts(c)}
+    if any_case:
+        alts |= {(-1, bytes([c[0][0] ^ 0x20])) for c in chars if c[0].isalpha()}
     body = b"(?:" + b"|".join(p for _, p in sorted(alts)) + (b")?" if optional else b")")
     return body, -min(alts)[0]
 
@@ -255,27 +272,29 @@ class _Plan:
         forms: set[bytes] = set()
         groups: dict[int, dict[bytes, int]] = {}
         widest = 0
-        for v in sorted(literal):
+        for v in sorted(literal):  # longer than MIN_ANY_CASE: matched in any case
             for form in _literal_forms(v):
-                branch = groups.setdefault(form[0], {})
-                branch[re.escape(form[1:])] = len(form)
+                branch = groups.setdefault(_fold(form[0]), {})
+                branch[_any_case_literal(form[1:])] = len(form)
                 forms.add(form)
                 widest = max(widest, len(form))
         encoded = sorted(set(values) - literal)
         encoded_forms = set().union(*map(secret_forms, encoded))
         forms |= encoded_forms
         self._literal_groups = groups
-        self._encoded = [slots for v in encoded for slots in _value_slots(v)]
+        self._encoded = [(slots, _any_case(v)) for v in encoded for slots in _value_slots(v)]
+        self._exact = not all(map(_any_case, encoded))
+        """Whether a value is short enough for bodies to match it in its forms' case only."""
         self._pattern: re.Pattern[bytes] | None = None
         self._pattern_any_case: re.Pattern[bytes] | None = None
-        self.widest = max([widest, *map(_width, self._encoded)])
+        self.widest = max([widest, *(_width(slots) for slots, _ in self._encoded)])
         """The widest match: a window this wide on each side of a candidate holds every match."""
         needles, escapes = _escapes(_minimal(encoded_forms))
         self.needles = _minimal(forms | needles)
         """Byte strings to ``find``: every concrete form, written without escapes, holds one."""
-        self.needles_lower = tuple(dict.fromkeys(n.lower() for n in self.needles))
-        """``needles`` lower-cased: a match of ``pattern_any_case`` written without escapes holds
-        one once lower-cased (``may_hold_any_case``)."""
+        self.needles_lower = _minimal({n.lower() for n in self.needles})
+        """``needles`` lower-cased: a match of ``pattern`` or ``pattern_any_case`` written
+        without escapes holds one once lower-cased (``_candidates``, ``may_hold_any_case``)."""
         self.escapes = escapes
         """(escape byte, pattern) per escape character: the escapes that may start a match's
         escaped part (each pattern starts with its byte; see ``_escape_hits``)."""
@@ -292,8 +311,11 @@ class _Plan:
 
     @property
     def pattern(self) -> re.Pattern[bytes]:
-        """Built on first use: most bodies hold no candidate, and compiling the pattern of a
-        credential costs more than scanning megabytes."""
+        """Every form; a value of ``MIN_ANY_CASE`` bytes or more with each literal letter in
+        either case (a class: ``re.IGNORECASE`` would slow the windows' scan down, and merging
+        both cases into the slots would triple the compile time).  Built on first use: most
+        bodies hold no candidate, and compiling the pattern of a credential costs more than
+        scanning megabytes."""
         if self._pattern is None:
             self._pattern = re.compile(self._source())
         return self._pattern
@@ -309,33 +331,53 @@ class _Plan:
 
     @property
     def pattern_any_case(self) -> re.Pattern[bytes]:
-        """``pattern`` with ASCII letters matched in either case: for a remote's short text
-        (header names and values, the reason phrase, a redirect's origin), where a server or a
-        URL parser may have changed the case of an echoed form -- a host name is lower-cased by
-        every parser, and a lower-cased hex or alphanumeric token is the token.  Not for
-        bodies: the scan would lose its literal needles (docs/redaction.md, "Speed")."""
+        """``pattern`` with ASCII letters matched in either case, a short value's too: for a
+        remote's short text (header names and values, the reason phrase, a redirect's origin),
+        where a server or a URL parser may have changed the case of an echoed form -- a host
+        name is lower-cased by every parser.  ``pattern`` itself when no value is short."""
         if self._pattern_any_case is None:
-            self._pattern_any_case = re.compile(self._source(), re.IGNORECASE)
+            if self._exact:
+                self._pattern_any_case = re.compile(self._source(), re.IGNORECASE)
+            else:
+                self._pattern_any_case = self.pattern
         return self._pattern_any_case
 
     def _source(self) -> bytes:
         groups = {first: dict(alts) for first, alts in self._literal_groups.items()}
-        for form in self._encoded:
-            rest = [_slot_regex(s) for s in form[1:]]
+        for form, any_case in self._encoded:
+            rest = [_slot_regex(s, any_case) for s in form[1:]]
             rest_re = b"".join(r for r, _ in rest)
             rest_w = sum(w for _, w in rest)
             chars, optional = form[0]
             assert not optional
             for f, frag, w in (a for c in chars for a in _alts(c)):
-                branch = groups.setdefault(f, {})
-                branch[frag + rest_re] = max(branch.get(frag + rest_re, 0), w + rest_w)
-        # One top-level branch per first byte, each starting with that literal byte; within a
-        # branch the widest alternatives first, so leftmost-first picks the longest form.
+                # The branch of a letter takes either case; a short value's exact first letter
+                # is checked behind it.
+                exact = not any_case and bytes([f]).isalpha()
+                alt = (b"(?<=" + bytes([f]) + b")" if exact else b"") + frag + rest_re
+                branch = groups.setdefault(_fold(f), {})
+                branch[alt] = max(branch.get(alt, 0), w + rest_w)
+        # One top-level branch per first byte (a letter in either case), each starting with that
+        # byte; within a branch the widest alternatives first, so leftmost-first picks the
+        # longest form.
         parts = []
         for first in sorted(groups):
             alts = sorted(groups[first].items(), key=lambda kv: (-kv[1], kv[0]))
-            parts.append(re.escape(bytes([first])) + _alternation(a for a, _ in alts))
+            parts.append(_any_case_literal(bytes([first])) + _alternation(a for a, _ in alts))
         return b"|".join(parts)
+
+
+def _fold(byte: int) -> int:
+    """An ASCII upper-case letter lower-cased, like ``bytes.lower``."""
+    return byte | 0x20 if 0x41 <= byte <= 0x5A else byte
+
+
+def _any_case_literal(data: bytes) -> bytes:
+    """A regex for ``data`` with each ASCII letter in either case."""
+    return b"".join(
+        b"[" + bytes([c, c ^ 0x20]) + b"]" if bytes([c]).isalpha() else re.escape(bytes([c]))
+        for c in data
+    )
 
 
 def _width(form: list[Slot]) -> int:
@@ -373,7 +415,8 @@ def _escapes(needles: Iterable[bytes]) -> tuple[set[bytes], tuple[Escape, ...]]:
             if len(raw) > 1 or raw in _UNRESERVED:
                 follower = b""
             elif i + 1 < len(chars):
-                follower = _slot_regex(((chars[i + 1],), False))[0]
+                # In either case (a superset for a short value: only more candidates).
+                follower = _slot_regex(((chars[i + 1],), False), True)[0]
             elif i == 0:
                 follower = b""
             else:
@@ -567,14 +610,16 @@ def clear_plans() -> None:
 
 
 def _candidates(plan: _Plan, buf: bytes, limit: int) -> list[int] | None:
-    """Positions every match holds one of: a needle's start, or an escape of a needle's
-    character.  (A match written without escapes is a concrete form, and every concrete form
-    contains a needle; a match with an escape holds the needle's span, and an escape of one of
-    its characters in it.)  None once there are more than ``limit``: their windows would cover
-    the buffer anyway."""
+    """Positions every match holds one of: a lower-cased needle's start in the lower-cased
+    input, or an escape of a needle's character.  (A match written without escapes is a
+    concrete form, its letters' case maybe changed, and every concrete form contains a needle;
+    a match with an escape holds the needle's span, and an escape of one of its characters,
+    followed by the next in either case, in it.)  None once there are more than ``limit``:
+    their windows would cover the buffer anyway.  Lower-casing costs a pass at about 1 GB/s
+    and keeps every position."""
     out: list[int] = []
-    find = buf.find
-    for needle in plan.needles:
+    find = buf.lower().find
+    for needle in plan.needles_lower:
         i = find(needle)
         while i >= 0:
             out.append(i)

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 from affidavit.secrets.redaction import (
     LONG_VALUE,
+    MIN_ANY_CASE,
     REDACTED,
     Redactor,
     _escape_hits,
@@ -97,8 +98,12 @@ def test_streaming_gives_exactly_one_substitution_over_the_whole_input(
     """``feed``/``flush`` in any chunking equal one ``re.sub`` of the compiled pattern over the
     whole input, and no concrete form survives between the markers."""
     forms = sorted(set().union(*(secret_forms(v) for v in values)))
+    folded = sorted({f.swapcase() for f in forms} | {f.upper() for f in forms})
     pieces = data.draw(
-        st.lists(st.sampled_from(forms) | FILLER | st.just(b"[REDACTED]"), max_size=10)
+        st.lists(
+            st.sampled_from(forms) | st.sampled_from(folded) | FILLER | st.just(b"[REDACTED]"),
+            max_size=10,
+        )
     )
     stream = b"".join(pieces)
     cuts = data.draw(st.lists(st.integers(0, len(stream)), max_size=6))
@@ -106,8 +111,10 @@ def test_streaming_gives_exactly_one_substitution_over_the_whole_input(
     expected = whole._plan.pattern.sub(REDACTED, stream) if whole._plan else stream
     assert _chunked(Redactor(values), stream, cuts) == expected
     assert whole.sub(stream) == expected
+    any_case = [f.lower() for v in values if len(v) >= MIN_ANY_CASE for f in secret_forms(v)]
     for piece in _pieces(expected):
         assert not any(f in piece for f in forms)
+        assert not any(f in piece.lower() for f in any_case)
 
 
 @settings(max_examples=100, deadline=None)
@@ -190,9 +197,10 @@ def test_scrub_redacts_header_names_values_the_reason_and_mapping_keys() -> None
     assert r.scrub(summary)["status"] == 200
 
 
-def test_a_remote_s_short_text_loses_each_form_in_either_case_a_body_only_as_written() -> None:
-    """Header text and a redirect's origin (a URL parser lower-cases a host): a case-changed
-    echo of a form is the form.  A body keeps the literal-needle scan (docs/redaction.md)."""
+def test_a_remote_s_short_text_and_a_body_lose_each_form_in_either_case() -> None:
+    """Header text and a redirect's origin (a URL parser lower-cases a host), and a body: a
+    case-changed echo of a form is the form (docs/redaction.md; tests/broker/
+    test_redaction_case.py for bodies)."""
     tok = b"Tok-Ab3Xy9Zq-Cd7"
     r = Redactor([tok])
     for form in (
@@ -205,20 +213,21 @@ def test_a_remote_s_short_text_loses_each_form_in_either_case_a_body_only_as_wri
         assert r.scrub({"origin": f"http://{form.decode()}.example"}) == {
             "origin": "http://[REDACTED].example"
         }
-    assert r.sub(b"x " + tok.lower() + b" y") == b"x " + tok.lower() + b" y"
+    assert r.sub(b"x " + tok.lower() + b" y") == b"x [REDACTED] y"
 
 
 def test_a_hex_or_uuid_value_is_redacted_from_a_body_in_either_case() -> None:
     """A value whose letters are all hex digits is the same credential in either case: its raw
-    form is matched lower- and upper-cased in bodies too, streamed or not, with its escapes.  A
-    value with any other letter keeps its case in bodies (the test above)."""
+    form is matched lower- and upper-cased in bodies too, streamed or not, with its escapes,
+    however short.  A short value with any other letter keeps its case in bodies."""
     for tok in (b"9f86d081884c7d65", b"3F2504E0-4F89-11D3-9A0C-0305E82C3301"):
         for echo in (tok.lower(), tok.upper(), tok.swapcase()):
             body = b'{"t": "' + echo.replace(b"-", b"\\u002D") + b'"} ' + echo + b" x"
             assert Redactor([tok]).sub(body) == b'{"t": "[REDACTED]"} [REDACTED] x'
             assert _chunked(Redactor([tok]), body, [3, 17, 30]) == Redactor([tok]).sub(body)
     assert Redactor([b"1234567890"]).sub(b"1234567890") == b"[REDACTED]"  # no letter, no case
-    alnum = b"9f86d081884c7d6z"  # a "z": case is part of the value
+    assert Redactor([b"dead"]).sub(b"DeAd") == b"[REDACTED]"
+    alnum = b"9f86d0z"  # a "z", and short: case is part of the value
     assert Redactor([alnum]).sub(alnum.upper()) == alnum.upper()
 
 

@@ -170,20 +170,24 @@ async def _call(tmp: Path, scheme: str, reply: Any) -> tuple[dict[str, Any], dic
 
 @pytest.mark.parametrize(
     "secret",
-    [b"9f86d081884c7d659a2feaa0c55ad015", b"3F2504E0-4F89-11D3-9A0C-0305E82C3301"],
+    [
+        b"9f86d081884c7d659a2feaa0c55ad015",
+        b"3F2504E0-4F89-11D3-9A0C-0305E82C3301",
+        b"sk_live_Ab3Xy9Zq+Cd7/Ef8Gh==",
+        b"Zt-Q7pLm_V2xKw9-Rb4_nY",
+    ],
 )
-async def test_a_hex_token_echoed_in_the_other_case_is_redacted_in_the_body(
+async def test_a_token_echoed_in_another_case_is_redacted_in_the_body(
     tmp_path: Path, secret: bytes, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Canary: a hex token or a UUID is the same credential in either case, and a remote may
-    print it in its own (a ``%X`` format, a UUID type that upper-cases).  Its body echo --
-    plain, in JSON, after ``Bearer `` -- is redacted in the envelope, the fetched result and
-    the journal's bytes.  (A case-sensitive token changed in case is not the token: bodies
-    match it as written, docs/redaction.md.)"""
+    """Canary: a hex token, a UUID, a base64 or URL-safe token echoed with its letters' case
+    changed (a ``%X`` format, an error page that upper-cases the request line) still carries
+    the credential.  Its body echo -- plain, in JSON, after ``BEARER `` -- is redacted in the
+    envelope, the fetched result and the journal's bytes (docs/redaction.md)."""
     monkeypatch.setenv(TOKEN_ENV, secret.decode())
     other = secret.swapcase()
     shown = {"plain": other, "json": json.dumps({"t": other.decode()}).encode()}
-    shown["bearer"] = b"Bearer " + other
+    shown["bearer"] = b"BEARER " + other
 
     def reply(req: Received) -> Reply:
         assert req.header("authorization") == "Bearer " + secret.decode()
@@ -195,5 +199,5 @@ async def test_a_hex_token_echoed_in_the_other_case_is_redacted_in_the_body(
     bodies = [b for b in _result_bytes(envelope) if b.startswith(b"plain: ")]
     assert bodies and all(b.count(b"[REDACTED]") == 3 for b in bodies), bodies
     for blob in [*_result_bytes(envelope), *_result_bytes(fetched), journal]:
-        for form in (secret.lower(), secret.upper()):
+        for form in (secret.lower(), secret.upper(), other):
             assert form not in blob
