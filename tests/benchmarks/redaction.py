@@ -139,16 +139,20 @@ def main() -> None:
 
 
 def _load_redaction(src: Path) -> Any:
-    """``affidavit/secrets/redaction.py`` of another checkout, as a module of its own."""
+    """``affidavit/secrets/redaction.py`` of another checkout, its package loaded as a package
+    of its own (``redaction_ab``): the module imports its siblings (``redaction_forms``...)."""
+    import importlib
     import importlib.util
 
+    pkg = src / "affidavit" / "secrets"
     spec = importlib.util.spec_from_file_location(
-        "redaction_ab", src / "affidavit" / "secrets" / "redaction.py"
+        "redaction_ab", pkg / "__init__.py", submodule_search_locations=[str(pkg)]
     )
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules["redaction_ab"] = module
     spec.loader.exec_module(module)
-    return module
+    return importlib.import_module("redaction_ab.redaction")
 
 
 if __name__ == "__main__":
