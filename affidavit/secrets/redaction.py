@@ -38,8 +38,9 @@ and a redirect's Location (``holds``) are matched with ``pattern_any_case``: the
 letters in either case however short the value (a URL parser lower-cases a host name).
 
 A value longer than ``LONG_VALUE`` (a private key, a JWT) and each base64 line of a PEM value
-are matched as written only, in their raw and whole-base64 forms: with unit encodings, hex and
-shifted base64, a 3 KiB key would be megabytes of regex for forms nobody echoes a key in.
+are matched as written only, in their raw and whole-base64 forms (letters in either case): with
+unit encodings, hex and shifted base64, a 3 KiB key would be megabytes of regex for forms
+nobody echoes a key in.
 
 The modules: ``redaction_forms`` (the forms and their regex), ``redaction_plan`` (a set of
 values' needles and patterns, and the plan cache), ``redaction_scan`` (the windowed scan);

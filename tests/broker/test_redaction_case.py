@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 import pytest
 
-from affidavit.secrets.redaction import MIN_ANY_CASE, REDACTED, Redactor
+from affidavit.secrets.redaction import LONG_VALUE, MIN_ANY_CASE, REDACTED, Redactor
 
 B64_TOKEN = b"sk_live_Ab3Xy9Zq+Cd7/Ef8Gh=="
 URL_TOKEN = b"Zt-Q7pLm_V2xKw9-Rb4_nY"
@@ -117,3 +117,15 @@ def test_a_short_value_keeps_its_case_in_bodies_and_not_in_short_text() -> None:
     # Next to a long value matched in any case, at the same first letter.
     both = Redactor([short, b"xYz12q7-Long-Token"])
     assert both.sub(b"XYZ12Q7 XYZ12Q7-LONG-TOKEN xYz12q7") == b"XYZ12Q7 [REDACTED] [REDACTED]"
+
+
+def test_a_long_value_and_a_pem_line_are_redacted_in_any_case() -> None:
+    """A value over ``LONG_VALUE`` (a JWT) and a PEM body line are matched raw and as whole
+    base64 only, but those in any case too: a log that upper-cases a JWT still leaks it."""
+    jwt = b"eyJhbGciOiJIUzI1NiJ9." + b"eyJzdWIiOiJhZ2VudCJ9Tm9wZVN0aWxsU2VjcmV0" * 4 + b".sIg_Xy-9z"
+    assert len(jwt) > LONG_VALUE
+    for echo in (jwt.upper(), jwt.lower(), _flip(jwt, 3), base64.b64encode(jwt).swapcase()):
+        _assert_redacted([jwt], b"log: " + echo + b" end", echo)
+    line = b"b3BlbnNzaC1rZXktdjEAAAAABG5vbmUAAAAEbm9uZQAAAAAAAAABAAAAMwAAAAtzc2gtZW"
+    pem = b"-----BEGIN OPENSSH PRIVATE KEY-----\n" + line + b"\n-----END OPENSSH PRIVATE KEY-----\n"
+    _assert_redacted([pem], b"$ cat key | tr a-z A-Z\n" + line.upper() + b"\n", line.upper())
