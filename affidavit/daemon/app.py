@@ -52,13 +52,12 @@ from affidavit.api.wire import (
 )
 from affidavit.console import TokenStore
 from affidavit.engine import (
-    READ_DECLINED,
-    UNREADABLE,
     CallNotRecorded,
     OperationError,
     call_failure,
     poll_failure,
     read_failure,
+    unplaced,
     unreadable,
 )
 from affidavit.journal import (
@@ -69,7 +68,6 @@ from affidavit.journal import (
     ReadFailed,
     SessionSummary,
 )
-from affidavit.journal.backend import where as journal_where
 from affidavit.statemachine import Outcome, Phase
 from affidavit.text import printable
 from affidavit.views import (
@@ -93,18 +91,6 @@ __all__ = ["Api"]
 log = logging.getLogger("affidavit.daemon")
 
 Handler = Callable[["Api", Request], Awaitable[None]]
-JOURNAL_WORDS = frozenset(
-    {
-        UNREADABLE,
-        READ_DECLINED,
-        CallNotRecorded.code,
-        "RESULT_UNVERIFIED",
-        "OPERATION_ERROR",
-        "CONSOLE_TOKENS",
-    }
-)
-"""The codes of answers whose message may hold the journal's (or its files') own words, and so
-its location (``Api._unplaced``)."""
 
 _INVOCATION = re.compile(r"/v1/invocations/([^/]+)(/result|/reconcile)?")
 _OPERATION = re.compile(r"/v1/operations/([^/]+)/poll")
@@ -161,18 +147,13 @@ class Api:
             pass
 
     def _unplaced(self, problem: ApiProblem) -> ApiProblem:
-        """``problem`` without where the journal lives: the journal's own words name its file
-        or database URL (``journal /var/lib/x.db: ...``), and a socket caller (an agent) has
-        no business knowing it -- ``the journal`` stands for it.  The daemon's log keeps it.
-        Only answers that carry the journal's words (``JOURNAL_WORDS``) are changed: another
-        echoes what the caller sent (a path, an id), and a guess of the location echoed back
-        as ``the journal`` would tell the caller it guessed right."""
-        where = journal_where(self.journal.location)
-        if problem.code not in JOURNAL_WORDS or not where or where not in problem.message:
+        """``problem`` without where the journal lives (``engine.unplaced``, as the embedded
+        MCP server answers too): a socket caller (an agent) has no business knowing it.  The
+        daemon's log keeps it."""
+        message = unplaced(problem.code, problem.message, self.journal.location)
+        if message == problem.message:
             return problem
-        message = problem.message.replace(f"journal at {where}", "journal")
-        message = message.replace(f"journal {where}", "the journal")
-        return ApiProblem(problem.status, problem.code, message.replace(where, "the journal"))
+        return ApiProblem(problem.status, problem.code, message)
 
     def _route(self, req: Request) -> tuple[Callable[..., Awaitable[None]], tuple[str, ...]]:
         """The handler and its arguments, matched on the path as sent (``req.target``): an id

@@ -7,6 +7,7 @@ from affidavit.engine.collector import tune_collector
 from affidavit.engine.control import CallControl
 from affidavit.engine.engine import Deliver, Engine
 from affidavit.engine.ids import new_invocation_id
+from affidavit.engine.location import JOURNAL_WORDS, unplaced
 from affidavit.engine.operations import OperationError, poll_failure
 from affidavit.engine.recovery import (
     READ_DECLINED,
@@ -22,6 +23,7 @@ from affidavit.engine.settings import EngineSettings
 from affidavit.engine.sink import RESULT_CHUNK
 
 __all__ = [
+    "JOURNAL_WORDS",
     "READ_DECLINED",
     "RESULT_CHUNK",
     "UNREADABLE",
@@ -36,6 +38,7 @@ __all__ = [
     "poll_failure",
     "read_failure",
     "tune_collector",
+    "unplaced",
     "unread",
     "unreadable",
     "unrecorded",

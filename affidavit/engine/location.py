@@ -1,0 +1,48 @@
+"""Where the journal lives, kept out of what a caller is told (``unplaced``).
+
+The journal's own words name its file or its database's URL (``journal /var/lib/x.db: ...``,
+``cannot connect to journal postgresql://broker@db/affidavit: ...``).  A caller -- an agent,
+through the daemon's socket or an MCP server embedded in the config owner's process -- has no
+business knowing it: every surface answering one takes it out with this one function, and the
+operator's log keeps it."""
+
+from __future__ import annotations
+
+import os
+
+from affidavit.journal.backend import where as journal_where
+
+from .recovery import READ_DECLINED, UNREADABLE, CallNotRecorded
+
+__all__ = ["JOURNAL_WORDS", "unplaced"]
+
+JOURNAL_WORDS = frozenset(
+    {
+        UNREADABLE,
+        READ_DECLINED,
+        CallNotRecorded.code,
+        "RESULT_UNVERIFIED",
+        "OPERATION_ERROR",
+        "CONSOLE_TOKENS",
+    }
+)
+"""The codes of answers whose message may hold the journal's (or its files') own words, and so
+its location."""
+
+
+def unplaced(code: str, message: str, location: str | os.PathLike[str]) -> str:
+    """``message`` (an answer coded ``code``) without where the journal at ``location`` lives:
+    ``the journal`` stands for it -- for the file's path, for the URL as messages name it
+    (``journal_where``: without its password) and for the URL as configured, password and all.
+    Only answers that carry the journal's words (``JOURNAL_WORDS``) are changed: another echoes
+    what the caller sent (a path, an id), and a guess of the location echoed back as ``the
+    journal`` would tell the caller it guessed right."""
+    if code not in JOURNAL_WORDS:
+        return message
+    for where in dict.fromkeys((journal_where(location), str(location))):
+        if not where or where not in message:
+            continue
+        message = message.replace(f"journal at {where}", "journal")
+        message = message.replace(f"journal {where}", "the journal")
+        message = message.replace(where, "the journal")
+    return message
