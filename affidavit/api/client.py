@@ -43,6 +43,7 @@ from .wire import (
     check_socket,
     check_timeout,
     invocation_path,
+    parse_daemon_uid,
     socket_path,
     target,
     unreachable,
@@ -129,13 +130,26 @@ class _Conn:
 
 
 class Client:
-    """A client of one daemon socket.  Use ``async with Client.open(path)`` (or call ``aclose``)."""
+    """A client of one daemon socket.  Use ``async with Client.open(path)`` (or call ``aclose``).
 
-    def __init__(self, path: str | os.PathLike[str] | None = None, *, max_idle: int = 64) -> None:
+    ``daemon_uid``: the uid (or user name) the daemon runs as, whose socket the client then
+    trusts beside root's and its own (``wire.check_socket``); without it,
+    ``$AFFIDAVIT_DAEMON_UID``'s.  A value that is no uid and names no user is
+    ``DaemonUidInvalid`` (a ValueError, code ``DAEMON_UID_INVALID``) here, not at a request."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str] | None = None,
+        *,
+        max_idle: int = 64,
+        daemon_uid: int | str | None = None,
+    ) -> None:
         resolved = socket_path(path)
         if resolved is None:
             raise ValueError("no daemon socket: pass its path or set $AFFIDAVIT_SOCKET")
         self.path = resolved
+        self.daemon_uid = None if daemon_uid is None else parse_daemon_uid(daemon_uid)
+        """The daemon's uid to trust, given explicitly; None: the environment's."""
         self._idle: list[_Conn] = []
         self._max_idle = max_idle
         self._closed = False
@@ -143,9 +157,13 @@ class Client:
     @classmethod
     @asynccontextmanager
     async def open(
-        cls, path: str | os.PathLike[str] | None = None, *, max_idle: int = 64
+        cls,
+        path: str | os.PathLike[str] | None = None,
+        *,
+        max_idle: int = 64,
+        daemon_uid: int | str | None = None,
     ) -> AsyncIterator[Client]:
-        client = cls(path, max_idle=max_idle)
+        client = cls(path, max_idle=max_idle, daemon_uid=daemon_uid)
         try:
             yield client
         finally:
@@ -318,13 +336,13 @@ class Client:
             if conn.alive():
                 return conn, True
             await conn.stream.aclose()
-        check_socket(self.path)
+        check_socket(self.path, self.daemon_uid)
         try:
             stream = await trio.open_unix_socket(self.path)
         except OSError as exc:
             raise DaemonUnavailable(unreachable(self.path, exc)) from None
         try:
-            check_peer(stream.socket, self.path)  # type: ignore[arg-type]
+            check_peer(stream.socket, self.path, self.daemon_uid)  # type: ignore[arg-type]
         except BaseException:
             with trio.CancelScope(shield=True):
                 await stream.aclose()

@@ -42,6 +42,7 @@ __all__ = [
     "AnswerLost",
     "ApiError",
     "ClientError",
+    "DaemonUidInvalid",
     "DaemonUnavailable",
     "Response",
     "SocketUnsafe",
@@ -52,6 +53,7 @@ __all__ = [
     "check_timeout",
     "invocation_path",
     "parse_count",
+    "parse_daemon_uid",
     "parse_time",
     "parse_timeout",
     "read_answer",
@@ -91,6 +93,14 @@ class SocketUnsafe(DaemonUnavailable):
     (``check_socket``)."""
 
     code = "DAEMON_SOCKET_UNSAFE"
+
+
+class DaemonUidInvalid(ValueError):
+    """A daemon uid given explicitly (``Client(daemon_uid=)``, ``--daemon-uid``) that is no
+    uid and names no user: refused before any socket is looked at, never ignored."""
+
+    code = "DAEMON_UID_INVALID"
+    field = "daemon_uid"
 
 
 class AnswerLost(ClientError):
@@ -289,11 +299,12 @@ def approval_path(invocation_id: str, suffix: str = "") -> str:
     return f"/v1/approvals/{quote(invocation_id, safe='')}{suffix}"
 
 
-def check_socket(path: str) -> None:
+def check_socket(path: str, daemon_uid: int | None = None) -> None:
     """Refuse (``SocketUnsafe``) a socket someone the client does not trust could have put at
     ``path``, before a byte is sent to it -- the rule the daemon keeps for its own
     (daemon/socketfile.py), with the client's own list of whom it trusts: root, itself, and
-    the daemon's user it was told (``$AFFIDAVIT_DAEMON_UID``, ``trusted_uids``).  The owner of
+    the daemon's user it was told (``daemon_uid``, else ``$AFFIDAVIT_DAEMON_UID``:
+    ``trusted_uids``).  The owner of
     the socket's directory is not trusted for owning it: a socket in a private directory of
     an attacker's would receive the call (its target, arguments, idempotency key).
 
@@ -311,7 +322,7 @@ def check_socket(path: str) -> None:
         return
     if not stat.S_ISSOCK(sock.st_mode):
         return
-    trusted = trusted_uids()
+    trusted = trusted_uids(daemon_uid)
     if own.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
         raise SocketUnsafe(
             f"refusing the daemon's socket {path}: {directory} is writable by others (mode "
@@ -346,7 +357,7 @@ def check_socket(path: str) -> None:
         above = os.path.dirname(above)
 
 
-def check_peer(sock: socket.socket, path: str) -> None:
+def check_peer(sock: socket.socket, path: str, daemon_uid: int | None = None) -> None:
     """Refuse (``SocketUnsafe``) a connected socket whose listener the client does not trust,
     before a byte of the request is sent: the kernel's word (SO_PEERCRED, the credentials of
     the process that called ``listen``), which no swap of the path can forge.  ``check_socket``
@@ -363,7 +374,7 @@ def check_peer(sock: socket.socket, path: str) -> None:
             f"({exc.strerror or exc})"
         ) from None
     uid = int.from_bytes(raw[4:8], sys.byteorder)  # struct ucred {pid; uid; gid}
-    trusted = trusted_uids()
+    trusted = trusted_uids(daemon_uid)
     if uid not in trusted:
         raise SocketUnsafe(
             f"refusing the daemon's socket {path}: the process listening on it belongs to uid "
@@ -371,33 +382,66 @@ def check_peer(sock: socket.socket, path: str) -> None:
         )
 
 
-def trusted_uids() -> frozenset[int]:
+def trusted_uids(daemon_uid: int | None = None) -> frozenset[int]:
     """Whom a client trusts to have made the daemon's socket and its directories: root, its
-    own effective uid, and the daemon's user named by ``$AFFIDAVIT_DAEMON_UID`` (a uid or a
-    user name).  A value that names nobody is refused (``SocketUnsafe``), never ignored."""
+    own effective uid, and the daemon's user -- ``daemon_uid`` when the caller gave one
+    (``parse_daemon_uid`` checked it), else the one ``$AFFIDAVIT_DAEMON_UID`` names (a uid or a
+    user name), else none.  An environment value that names nobody is refused
+    (``SocketUnsafe``), never ignored; beside an explicit ``daemon_uid`` it is not read."""
     trusted = {0, os.geteuid()}
+    if daemon_uid is not None:
+        trusted.add(daemon_uid)
+        return frozenset(trusted)
     named = os.environ.get(DAEMON_UID_ENV, "").strip()
     if named:
-        trusted.add(_uid_of(named))
+        uid = _uid_of(named)
+        if uid is None:
+            raise SocketUnsafe(
+                f"${DAEMON_UID_ENV}={_shown(named)} names no user: set it to the uid (or user "
+                f"name) the affidavit daemon runs as, or unset it"
+            )
+        trusted.add(uid)
     return frozenset(trusted)
 
 
-def _uid_of(named: str) -> int:
+def parse_daemon_uid(value: object, what: str = "daemon_uid") -> int:
+    """The daemon's uid given explicitly (``what`` names where: ``daemon_uid``,
+    ``--daemon-uid``): a uid from 0 to 2**32 - 2, or the name of an existing user, as an int
+    or text; anything else (a negative number, a bool, a user nobody is) is
+    ``DaemonUidInvalid``."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        uid = value if 0 <= value <= MAX_UID else None
+        shown = str(value)
+    elif isinstance(value, str):
+        uid = _uid_of(value.strip()) if value.strip() else None
+        shown = _shown(value)
+    else:
+        raise DaemonUidInvalid(
+            f"{what}: a uid (a whole number) or a user name, not {type(value).__name__}"
+        )
+    if uid is None:
+        raise DaemonUidInvalid(
+            f"{what}: {shown} is no uid and names no user: give the uid (0 to {MAX_UID}) or "
+            f"user name the affidavit daemon runs as"
+        )
+    return uid
+
+
+def _uid_of(named: str) -> int | None:
     if named.isascii() and named.isdigit():
         if len(named) <= 10 and int(named) <= MAX_UID:
             return int(named)
-    else:
-        import pwd
+        return None
+    import pwd
 
-        try:
-            return pwd.getpwnam(named).pw_uid
-        except (KeyError, ValueError):
-            pass
-    shown = named if len(named) <= 64 and named.isprintable() else repr(named[:64]) + "..."
-    raise SocketUnsafe(
-        f"${DAEMON_UID_ENV}={shown} names no user: set it to the uid (or user name) the "
-        f"affidavit daemon runs as, or unset it"
-    )
+    try:
+        return pwd.getpwnam(named).pw_uid
+    except (KeyError, ValueError):
+        return None
+
+
+def _shown(named: str) -> str:
+    return named if len(named) <= 64 and named.isprintable() else repr(named[:64]) + "..."
 
 
 def _trust_hint(uid: int, trusted: frozenset[int]) -> str:
@@ -423,18 +467,23 @@ def unreachable(path: str, exc: OSError) -> str:
 
 
 def blocking_request(
-    path: str, method: str, request_target: str, body: bytes | None = None
+    path: str,
+    method: str,
+    request_target: str,
+    body: bytes | None = None,
+    daemon_uid: int | None = None,
 ) -> Response:
     """One request on a fresh connection, for a short-lived process (the command line).  No
-    timeout of its own: a call is bounded by its target's timeouts in the daemon."""
-    check_socket(path)
+    timeout of its own: a call is bounded by its target's timeouts in the daemon.
+    ``daemon_uid``: the daemon's user to trust (``parse_daemon_uid``), else the environment's."""
+    check_socket(path, daemon_uid)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         try:
             sock.connect(path)
         except OSError as exc:
             raise DaemonUnavailable(unreachable(path, exc)) from None
-        check_peer(sock, path)
+        check_peer(sock, path, daemon_uid)
         head = [f"{method} {request_target} HTTP/1.1", *(f"{k}: {v}" for k, v in HEADERS)]
         head.append("connection: close")
         if body is not None:

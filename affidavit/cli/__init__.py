@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "COMMANDS",
+    "DaemonSocket",
     "UsageError",
     "add_socket_arg",
     "ascii_json_stdout",
@@ -175,18 +176,44 @@ def add_socket_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--socket",
         help="ask the daemon on this socket (default: $AFFIDAVIT_SOCKET; neither: run embedded); "
-        "it must be root's, yours or $AFFIDAVIT_DAEMON_UID's (the daemon's uid or user name)",
+        "it must be root's, yours or the daemon's user's (--daemon-uid)",
+    )
+    p.add_argument(
+        "--daemon-uid",
+        metavar="UID",
+        help="the uid or user name the daemon runs as, whose socket is then trusted (default: "
+        "$AFFIDAVIT_DAEMON_UID; neither: only root's or yours)",
     )
 
 
-def daemon_socket(args: argparse.Namespace, *embedded_only: str) -> str | None:
+class DaemonSocket:
+    """Where to ask the daemon (``--socket``) and whom to trust there: ``uid``, its user
+    named by ``--daemon-uid``, or None -- the one ``$AFFIDAVIT_DAEMON_UID`` names, if any.
+    (A plain class: a thin client imports neither dataclasses nor typing.)"""
+
+    __slots__ = ("path", "uid")
+
+    def __init__(self, path: str, uid: int | None) -> None:
+        self.path = path
+        self.uid = uid
+
+
+def daemon_socket(args: argparse.Namespace, *embedded_only: str) -> DaemonSocket | None:
     """The daemon's socket when this command should ask it (``--socket`` or
     ``$AFFIDAVIT_SOCKET``), else None.  An option only embedded use reads (``--config``,
-    ``--journal``) beside a socket is refused rather than silently ignored."""
-    from affidavit.api.wire import SOCKET_ENV, socket_path
+    ``--journal``) beside a socket is refused rather than silently ignored, as is
+    ``--daemon-uid`` without one; a ``--daemon-uid`` that is no uid and names no user is
+    ``DAEMON_UID_INVALID``, before the socket is looked at."""
+    from affidavit.api.wire import SOCKET_ENV, DaemonUidInvalid, parse_daemon_uid, socket_path
 
     path = socket_path(args.socket)
+    named = getattr(args, "daemon_uid", None)
     if path is None:
+        if named is not None:
+            raise UsageError(
+                "--daemon-uid names whose socket to trust: give the daemon's socket too "
+                f"(--socket or ${SOCKET_ENV})"
+            )
         return None
     for name in embedded_only:
         if getattr(args, name, None):
@@ -194,16 +221,22 @@ def daemon_socket(args: argparse.Namespace, *embedded_only: str) -> str | None:
                 f"--{name} is for embedded use; the daemon at {path} has its own "
                 f"(drop --socket or unset {SOCKET_ENV})"
             )
-    return path
+    try:
+        uid = None if named is None else parse_daemon_uid(named, "--daemon-uid")
+    except DaemonUidInvalid as exc:
+        raise UsageError(str(exc), exc.code) from None
+    return DaemonSocket(path, uid)
 
 
-def ask_daemon(path: str, method: str, target: str, body: bytes | None = None) -> Response:
+def ask_daemon(
+    daemon: DaemonSocket, method: str, target: str, body: bytes | None = None
+) -> Response:
     """One request to the daemon; no answer, or an API-level refusal, is a UsageError-style
     message (exit 2) -- an action's own error is an envelope, answered with HTTP 200."""
     from affidavit.api.wire import ClientError, blocking_request
 
     try:
-        response = blocking_request(path, method, target, body)
+        response = blocking_request(daemon.path, method, target, body, daemon.uid)
     except ClientError as exc:
         raise daemon_refusal(exc) from None
     return response

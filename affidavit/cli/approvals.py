@@ -33,6 +33,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from affidavit.cli import (
+    DaemonSocket,
     UsageError,
     add_socket_arg,
     ask_daemon,
@@ -106,7 +107,7 @@ def _operator_errors(work: Callable[[], T]) -> T:
         raise UsageError(f"{exc.code}: {exc.message}") from None
 
 
-def _daemon_answer(socket: str, method: str, target: str, body: Any = None) -> Any:
+def _daemon_answer(socket: DaemonSocket, method: str, target: str, body: Any = None) -> Any:
     data = None if body is None else json.dumps(body).encode("utf-8")
     return daemon_json(ask_daemon(socket, method, target, data))
 

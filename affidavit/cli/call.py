@@ -22,6 +22,7 @@ from collections.abc import Awaitable, Callable
 from functools import partial
 
 from affidavit.cli import (
+    DaemonSocket,
     Terminated,
     UsageError,
     add_socket_arg,
@@ -132,7 +133,7 @@ def _read_on(fh: Any, limit: int, more: Callable[[], int] | None) -> bytes:
     return data
 
 
-def _daemon_limit(socket: str) -> int:
+def _daemon_limit(socket: DaemonSocket) -> int:
     """The bytes of action JSON the daemon at ``socket`` takes: ``max_action_bytes`` of its
     catalog (what its targets accept, ``action_size_limit``) -- its body limit whenever that
     is above ``WIRE_ACTION_LIMIT``, the least it takes (``daemon.http.body_limit``)."""

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from affidavit.cli import (
+    DaemonSocket,
     UsageError,
     add_socket_arg,
     ask_daemon,
@@ -211,7 +212,7 @@ def common_options(p: argparse.ArgumentParser, *, socket: bool = False) -> None:
         add_socket_arg(p)
 
 
-def _daemon(args: argparse.Namespace) -> str | None:
+def _daemon(args: argparse.Namespace) -> DaemonSocket | None:
     return daemon_socket(args, "config", "journal")
 
 

@@ -76,7 +76,10 @@ def _mcp(args: argparse.Namespace) -> int:
         ) from None
 
     try:
-        trio.run(functools.partial(run, config=args.config, socket=socket, grace=grace))
+        path, uid = (None, None) if socket is None else (socket.path, socket.uid)
+        trio.run(
+            functools.partial(run, config=args.config, socket=path, grace=grace, daemon_uid=uid)
+        )
     except Exception as exc:
         if socket is None:
             _embedded_failure(exc)

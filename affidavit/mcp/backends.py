@@ -259,10 +259,12 @@ class Daemon:
 
     @classmethod
     @asynccontextmanager
-    async def open(cls, socket: str) -> AsyncIterator[Daemon]:
+    async def open(cls, socket: str, daemon_uid: int | None = None) -> AsyncIterator[Daemon]:
+        """A proxy to the daemon at ``socket``, trusting ``daemon_uid`` (``--daemon-uid``)
+        as its user, else the one ``$AFFIDAVIT_DAEMON_UID`` names."""
         from affidavit.api.client import Client
 
-        async with Client.open(socket) as client:
+        async with Client.open(socket, daemon_uid=daemon_uid) as client:
             yield cls(client)
 
     async def catalog(self) -> dict[str, Any]:

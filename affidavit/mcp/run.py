@@ -14,14 +14,21 @@ __all__ = ["run"]
 log = logging.getLogger("affidavit.mcp")
 
 
-async def run(*, config: str | None, socket: str | None, grace: float | None = None) -> None:
+async def run(
+    *,
+    config: str | None,
+    socket: str | None,
+    grace: float | None = None,
+    daemon_uid: int | None = None,
+) -> None:
     """Serve MCP on stdin/stdout until the client leaves or a signal arrives.  ``socket``: a
-    proxy to that daemon; else an embedded broker on ``config``.  ``grace`` (``--shutdown-grace``)
+    proxy to that daemon (whose user is ``daemon_uid``, else ``$AFFIDAVIT_DAEMON_UID``'s);
+    else an embedded broker on ``config``.  ``grace`` (``--shutdown-grace``)
     beats the config's ``[service] shutdown_grace``; the proxy reads no config, so without it
     its grace is ``DEFAULT_GRACE``."""
     session = new_session_id()
     if socket is not None:
-        async with Daemon.open(socket) as daemon, StdioTransport.claim() as transport:
+        async with Daemon.open(socket, daemon_uid) as daemon, StdioTransport.claim() as transport:
             log.info("session %s, through the daemon at %s", session, socket)
             await serve(daemon, transport, session, grace=DEFAULT_GRACE if grace is None else grace)
         return
