@@ -40,7 +40,10 @@ def _current_lease(txn: Txn, iid: str) -> Lease | None:
 
 
 def lease_now(txn: Txn, clock: Callable[[], float]) -> float:
-    """Now, by the clock leases are judged by on this journal (``Tables.lease_now``)."""
+    """Now, by the clock leases are judged by on this journal, read inside ``txn``: the
+    database's where it has one (``Tables.lease_now``), else ``clock`` (the writer's) --
+    ``JournalReader.now``'s choice, made in the writing transaction.  (``check_lapsed`` reads
+    ``Tables.lease_now`` itself: on SQLite it judges nothing, by no clock.)"""
     now = txn.tables.lease_now()
     return clock() if now is None else now
 
@@ -120,12 +123,12 @@ def acquire_op(
 
     def op(txn: Txn) -> Lease | Fail:
         current = _current_lease(txn, invocation_id)
-        shared = txn.tables.lease_now()  # the database's clock (PostgreSQL), else None
-        now = clock() if shared is None else shared
+        now = lease_now(txn, clock)
+        shared = txn.writer.backend.shared  # ``now`` is the database's clock (PostgreSQL)
         proj = txn.projector(invocation_id)
         record = proj.record(now)
         # On SQLite the engine's reading is this clock and the check stays the engine's.
-        if same_key and shared is not None and record.retry is not Retry.SAME_IDEMPOTENCY_KEY:
+        if same_key and shared and record.retry is not Retry.SAME_IDEMPOTENCY_KEY:
             return Fail(KeyRetentionPassed(invocation_id, now))
         # The retry may send at any moment its lease runs (the dispatch gate closes only
         # ``lease_margin`` before its end), and the remote checks the key when the request

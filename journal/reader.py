@@ -502,16 +502,23 @@ class JournalReader:
         what = "the database's clock" if purpose is None else f"the database's clock for {purpose}"
         return self._read(lambda t: t.lease_now(), what)
 
-    def _now(self, now: float | None, purpose: str) -> float:
-        """When a read computes its records' retry hints: ``now`` if the caller gives its
-        clock, else the clock the keys' retention is recorded in at read time (the database's
-        on a shared journal, ``database_now``; else this reader's) -- never the time of a
-        record's last event, which would keep a hint as permissive as it was then (a same-key
-        resend after the remote forgot the key)."""
-        if now is not None:
-            return now
+    def now(self, purpose: str | None = None) -> float:
+        """Now by the clock this journal records and judges deadlines in -- a key's retention
+        (a retry hint), an approval's expiry, a binding's age, a lease's end: the database's
+        on a shared journal (``database_now``: a read, which may raise ``JournalError``), else
+        this reader's clock (SQLite: one host, the broker's own).  The one place that choice
+        is made outside a transaction; inside the writer's, ``leases.lease_now`` makes it.
+        By each broker's own clock instead, a host running ahead (or behind) judged deadlines
+        another broker recorded in the database's time.  ``purpose``: as ``database_now``."""
         shared = self.database_now(purpose)
         return self._clock() if shared is None else shared
+
+    def _now(self, now: float | None, purpose: str) -> float:
+        """When a read computes its records' retry hints: ``now`` if the caller gives its
+        clock, else ``self.now`` at read time -- never the time of a record's last event,
+        which would keep a hint as permissive as it was then (a same-key resend after the
+        remote forgot the key)."""
+        return self.now(purpose) if now is None else now
 
     # -- views --------------------------------------------------------------------------------
 

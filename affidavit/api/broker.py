@@ -20,7 +20,6 @@ envelopes whose phase, outcome and retry hint come from the journal.  Exceptions
 
 from __future__ import annotations
 
-import time
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -300,8 +299,7 @@ class Broker:
         resend that was safe then may not be any more (docs/contract.md, "When the hint is
         computed"); on a shared journal the database's clock, in whose time a key's retention
         is recorded (docs/journal.md, "Clocks")."""
-        now = self.journal.database_now()
-        return self.journal.record(invocation_id, now=time.time() if now is None else now)
+        return self.journal.record(invocation_id, now=self.journal.now())
 
     def events(self, invocation_id: str) -> list[Event]:
         return self.journal.events(invocation_id)

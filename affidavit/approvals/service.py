@@ -16,7 +16,6 @@ waiting caller or by the daemon (``affidavit.engine.approval.dispatch_approved``
 from __future__ import annotations
 
 import hashlib
-import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -81,8 +80,7 @@ def _approval_now(reader: JournalReader) -> float:
     """Now, by the clock approvals expire in: the database's on a shared journal (the journal
     records APPROVAL_REQUESTED's ``expires_at`` in it), this process's own on SQLite -- read
     through a reader, where ``engine.approval.approval_now`` reads through the recorder."""
-    shared = reader.database_now("the approvals view")
-    return time.time() if shared is None else shared
+    return reader.now("the approvals view")
 
 
 def approval_view(

@@ -21,7 +21,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterable
 from typing import IO, TYPE_CHECKING, Any
 
@@ -98,9 +97,7 @@ def write_actions_json(j: JournalReader, filters: dict[str, Any]) -> None:
     # computed").  A float in the filters the child is sent; computing the hint is one call.
     # On a shared journal the database's clock, in whose time keys' retention is recorded.
     now = filters.get("now")
-    if now is None:
-        now = j.database_now()
-    filters = {**filters, "now": time.time() if now is None else now}
+    filters = {**filters, "now": j.now() if now is None else now}
     if (
         filters.get("session") is not None
         or (os.cpu_count() or 1) < 2

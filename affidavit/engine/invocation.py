@@ -202,10 +202,7 @@ async def start(
                 )
             # The row's ``created_at`` is in the clock leases are judged by (the database's
             # on a shared journal): compared in that clock, never this broker's own.
-            at = await recorder.read(
-                functools.partial(journal.database_now, "the age of a key's binding")
-            )
-            at = now if at is None else at
+            at = await recorder.read(functools.partial(journal.now, "the age of a key's binding"))
             if at < bound.created_at + engine.lease_ttl(target, timeout):
                 # Bound a moment ago, nothing recorded yet: the binder is writing its first
                 # events.  In progress; fetch it, never send it again.

@@ -9,7 +9,6 @@ exception or from what the engine holds in memory.
 from __future__ import annotations
 
 import base64
-import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
@@ -174,8 +173,7 @@ class Recorder:
         """Now, for a retry hint: by the clock an idempotency key's retention is recorded in
         -- the database's on a shared journal (a read; call it inside ``read``), this broker's
         own on SQLite."""
-        now = self.journal.database_now()
-        return time.time() if now is None else now
+        return self.journal.now()
 
     async def read(self, fn: Callable[[], T]) -> T:
         """``fn()`` -- a journal read -- tried again while a shared journal's connection is

@@ -23,7 +23,6 @@ import trio
 import affidavit.engine.approval as approval
 import affidavit.engine.attempt as attempt
 import affidavit.engine.invocation as invocation
-import affidavit.engine.recorder as recorder
 import affidavit.engine.recovery as recovery
 from affidavit.api.broker import Broker
 from affidavit.config import load_config
@@ -80,7 +79,7 @@ async def _broker(
     async with Broker.open(config=cfg, holder="worker-A") as a:
         monkeypatch.setattr(a.journal._writer, "clock", _Clock.time)
         monkeypatch.setattr(a.journal, "_clock", _Clock.time)
-        for module in (invocation, attempt, approval, recorder):
+        for module in (invocation, attempt, approval):
             monkeypatch.setattr(module, "time", _Clock)
         yield a
 
