@@ -24,6 +24,9 @@ The modules, by role (``store.py``'s docstring says how they fit together):
     segment_tables.py  reading those chunks through their reference rows, bounded
     audit.py        the auditor's side of results: opening their auditor copies
     reader.py       JournalReader: every read, for the broker and for read-only tools
+    reader_base.py  its connection, a read tried again once, the clock reads judge by
+    reader_proofs.py  its keys, the checkpoint covering a row, verify and anchors
+    reader_views.py   its action and session views, filtered, streamed, paged
     views.py        the action and session views (folds over the events table)
     checkpoints.py  signing a transaction's checkpoint, refusing an unsigned head
     connect.py      binding a journal to its sealing key and signing keys

@@ -118,7 +118,7 @@ class _Session:
                 self.last_seen = inv.last_at
 
     def entry(self) -> dict[str, Any]:
-        """As ``reader._by_session`` builds it (outcomes in order of first appearance)."""
+        """As ``reader_views._by_session`` builds it (outcomes in order of first appearance)."""
         order = sorted(self.counts, key=self.minpos.__getitem__)
         return {
             "session": self.name,

@@ -13,7 +13,7 @@ import pytest
 import trio
 
 from affidavit.journal import Journal, JournalError, VerifyReport
-from affidavit.journal import reader as reader_module
+from affidavit.journal import reader_proofs as reader_module
 from affidavit.journal.signing import SigningKey
 from affidavit.journal.tables import Tables
 

@@ -1,0 +1,222 @@
+"""The action and session views as a reader answers them: folds over the events table
+(``views.py``), filtered (``_select``), streamed in bounded memory (``iter_actions``), paged
+(``newest_actions``), cut into spans several processes fold (``action_spans``), or brought up to
+date from a ``SessionSummary``.  ``JournalReader`` (``reader.py``) is built on it.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Generator, Hashable, Iterable, Iterator
+from typing import Any
+
+from affidavit.statemachine import Outcome, Phase, Record
+
+from . import views
+from .errors import JournalUnavailable
+from .reader_base import ReaderBase
+from .rows import AlteredRow
+from .summary import SessionSummary
+from .tables import Tables
+
+__all__ = ["ViewingReader"]
+
+
+class ViewingReader(ReaderBase):
+    """The action and session views."""
+
+    def list_actions(
+        self,
+        session: str | None = None,
+        outcome: Outcome | str | None = None,
+        phase: Phase | str | None = None,
+        since: float | None = None,
+        until: float | None = None,
+        now: float | None = None,
+    ) -> list[Record]:
+        """Projected records, oldest first.  ``since``/``until`` bound the time the action was
+        accepted (a wall-clock label, inclusive).  ``now``: when every record's retry hint is
+        computed (as ``record``: by default the reader's clock, read once for the whole view)."""
+        at = self._now(now, "the actions view")
+        folded = self._read(lambda t: views.fold(t, session, at), "the actions view")
+        return list(_select(folded, outcome, phase, since, until))
+
+    def iter_actions(
+        self,
+        session: str | None = None,
+        outcome: Outcome | str | None = None,
+        phase: Phase | str | None = None,
+        since: float | None = None,
+        until: float | None = None,
+        now: float | None = None,
+        span: tuple[int, int, int] | None = None,
+    ) -> Iterator[Record]:
+        """``list_actions``' records one at a time, same order, in bounded memory: the database
+        groups the rows by invocation and one projection is held at a time (``affidavit
+        actions`` streams its output from this).  A database error while iterating is a
+        ``JournalError`` (``JournalUnavailable`` when the connection was lost: a stream is not
+        begun again).  ``span``: ``(first, before, through)`` from ``action_spans``, only
+        those invocations' records (``session`` must be None).  ``now``: as ``list_actions``
+        (one clock reading for the whole stream, taken when it starts)."""
+        if span is not None and session is not None:
+            raise ValueError("a span of the actions view takes no session filter")
+        stream = self._iter_actions(session, outcome, phase, since, until, now, span)
+        self._streams.add(stream)
+        return stream
+
+    def _iter_actions(
+        self,
+        session: str | None,
+        outcome: Outcome | str | None,
+        phase: Phase | str | None,
+        since: float | None,
+        until: float | None,
+        now: float | None,
+        span: tuple[int, int, int] | None,
+    ) -> Generator[Record, None, None]:
+        folded = views.fold_each(self.tables, session, self._now(now, "the actions view"), span)
+        want = _select(folded, outcome, phase, since, until)
+        try:
+            yield from want
+        except AlteredRow as exc:
+            raise self._altered("the actions view", exc) from None
+        except self.backend.errors as exc:
+            error = self._error("the actions view", exc)
+            if self.backend.lost(exc):  # the database gone mid-stream: away, not altered
+                raise JournalUnavailable(str(error)) from None
+            raise error from None
+
+    def newest_actions(
+        self,
+        limit: int,
+        session: str | None = None,
+        now: float | None = None,
+        summary: SessionSummary | None = None,
+    ) -> tuple[list[Record], int]:
+        """The last ``limit`` of ``iter_actions(session=session)``'s records, in its order, and
+        how many it yields in all -- reading the rows of the records shown, not the journal
+        (``views.newest``); ``now`` as ``list_actions``.  The actions page of the daemon,
+        MCP and the console (``affidavit.views.actions_page``).  ``summary`` (no session):
+        the count from it when it keeps one (``SessionSummary.count``), in the same snapshot,
+        instead of counting every invocation in the database."""
+        if limit < 0:
+            raise ValueError("limit must be >= 0")
+        at = self._now(now, "the actions view")
+        if summary is None or session is not None:
+            return self._read(lambda t: views.newest(t, limit, session, at), "the actions view")
+
+        def run(t: Tables) -> tuple[list[Record], int]:
+            with self.snapshot():
+                return views.newest(t, limit, None, at, summary.count(t, at))
+
+        return self._read(run, "the actions view")
+
+    def action_spans(self, parts: int, min_events: int) -> list[tuple[int, int, int]] | None:
+        """``iter_actions`` (without a session filter) cut into ``parts`` spans of about as
+        many invocations, each ``(first, before, through)``: their records, concatenated in
+        this order, are ``iter_actions``' up to the journal's head now (``through``), so
+        several processes may fold one each.  None for a journal of fewer than ``min_events``
+        events, or one the backend cannot cut (only SQLite with a checked index can)."""
+        cut = self._read(lambda t: t.action_spans(parts, min_events), "the actions view")
+        if cut is None:
+            return None
+        cuts, through = cut
+        return [(a, b, through) for a, b in itertools.pairwise(cuts)]
+
+    def sessions(self) -> list[dict[str, Any]]:
+        """One entry per session, in order of first appearance: its action count, counts by
+        outcome, first and last seen.  Streamed (``views.fold_each``: one projection held at a
+        time), so memory is O(sessions), never O(records) -- a caller names its sessions, a
+        page of the newest is ``affidavit.views.newest_sessions``."""
+        # Counts outcomes only: the hint is never shown, the time it is computed for is moot.
+        at = self._clock()
+        return self._read(lambda t: _by_session(views.fold_each(t, None, at)), "the sessions view")
+
+    def summarized_sessions(self, summary: SessionSummary) -> list[dict[str, Any]]:
+        """``sessions()``, from ``summary`` brought up to this journal's head (reading only
+        the invocations with an event since it last read): the same entries."""
+        at = self._clock()
+
+        def run(t: Tables) -> list[dict[str, Any]]:
+            with self.snapshot():
+                return summary.sessions(t, at)
+
+        return self._read(run, "the sessions view")
+
+    def summarized_tallies(
+        self, summary: SessionSummary, since: float | None = None
+    ) -> dict[Hashable, int]:
+        """How many records have each of ``summary``'s tallies, brought up to this journal's
+        head as ``summarized_sessions``: ``views.metrics_of`` makes the metrics of the whole
+        view from it (``views.metrics_key``: the same as ``metrics(iter_actions())``, or
+        ``metrics(iter_actions(since=since))`` given ``since``)."""
+        at = self._clock()
+
+        def run(t: Tables) -> dict[Hashable, int]:
+            with self.snapshot():
+                return summary.tallies(t, at, since)
+
+        return self._read(run, "the actions view")  # (as ``iter_actions`` names it)
+
+    def summarized_page(
+        self, summary: SessionSummary, limit: int
+    ) -> tuple[dict[Hashable, int], list[Record], int]:
+        """``summarized_tallies`` and ``newest_actions(limit)`` read in one snapshot, so the
+        counts and the page are of one journal head (the console's unfiltered actions page)."""
+        if limit < 0:
+            raise ValueError("limit must be >= 0")
+        at = self._now(None, "the actions view")
+
+        def run(t: Tables) -> tuple[dict[Hashable, int], list[Record], int]:
+            with self.snapshot():
+                tallies = summary.tallies(t, at)
+                records, total = views.newest(t, limit, None, at, summary.count(t, at))
+                return tallies, records, total
+
+        return self._read(run, "the actions view")
+
+
+def _select(
+    folded: Iterable[tuple[Record, float | None, float | None]],
+    outcome: Outcome | str | None,
+    phase: Phase | str | None,
+    since: float | None,
+    until: float | None,
+) -> Iterator[Record]:
+    """The actions view's filters over folded (record, first_at, last_at) entries."""
+    want_outcome = Outcome(outcome) if outcome is not None else None
+    want_phase = Phase(phase) if phase is not None else None
+    for rec, first_at, _ in folded:
+        if want_outcome is not None and rec.outcome is not want_outcome:
+            continue
+        if want_phase is not None and rec.phase is not want_phase:
+            continue
+        if since is not None and (first_at is None or first_at < since):
+            continue
+        if until is not None and (first_at is None or first_at > until):
+            continue
+        yield rec
+
+
+def _by_session(
+    folded: Iterable[tuple[Record, float | None, float | None]],
+) -> list[dict[str, Any]]:
+    """``JournalReader.sessions``' entries from a stream of ``(record, first_at, last_at)``."""
+    by: dict[str | None, dict[str, Any]] = {}
+    for rec, first_at, last_at in folded:
+        s = by.get(rec.session)
+        if s is None:
+            s = by[rec.session] = {
+                "session": rec.session,
+                "actions": 0,
+                "outcomes": {},
+                "first_seen": first_at,
+                "last_seen": last_at,
+            }
+        s["actions"] += 1
+        s["outcomes"][rec.outcome.value] = s["outcomes"].get(rec.outcome.value, 0) + 1
+        if first_at is not None and (s["first_seen"] is None or first_at < s["first_seen"]):
+            s["first_seen"] = first_at
+        if last_at is not None and (s["last_seen"] is None or last_at > s["last_seen"]):
+            s["last_seen"] = last_at
+    return list(by.values())
