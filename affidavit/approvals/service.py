@@ -87,13 +87,18 @@ def approval_view(
     reader: JournalReader, record: Record, now: float | None = None
 ) -> dict[str, Any]:
     """One approval as every interface shows it; ``expired`` as of ``now`` (else
-    ``_approval_now``)."""
+    ``_approval_now``), and ``expires_in`` the seconds left by that same clock (None once the
+    approval is no longer live): an operator's tool shows this, never ``expires_at`` less its
+    own host's clock -- on a shared journal ``expires_at`` is in the database's time."""
     approval = record.evidence.get("approval")
     assert isinstance(approval, Mapping)
     requested = next(
         e for e in reader.events(record.invocation_id) if e.kind is E.APPROVAL_REQUESTED
     )
     attrs = requested.attrs
+    live = record.state in ("awaiting_approval", "approved")
+    at = (_approval_now(reader) if now is None else now) if live else None
+    expires = float(attrs.get("expires_at", 0)) if live else 0.0
     view: dict[str, Any] = {
         "invocation_id": record.invocation_id,
         "approval": "pending" if approval["state"] == "requested" else approval["state"],
@@ -102,8 +107,8 @@ def approval_view(
         "session": record.session,
         "requested_at": requested.at,
         "expires_at": attrs.get("expires_at"),
-        "expired": record.state in ("awaiting_approval", "approved")
-        and (_approval_now(reader) if now is None else now) >= float(attrs.get("expires_at", 0)),
+        "expired": at is not None and at >= expires,
+        "expires_in": None if at is None else max(0.0, expires - at),
         "requester": attrs.get("requester"),
         "version": attrs.get("version"),
         "injection": attrs.get("injection"),

@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -173,8 +172,10 @@ def _list(args: argparse.Namespace) -> int:
     head = ("INVOCATION", "TARGET", "EXPIRES IN", "REQUESTER", "CREDENTIAL")
     print(f"{head[0]:28} {head[1]:12} {head[2]:>10}  {head[3]:9} {head[4]:24} WHAT")
     for row in rows:
-        left = float(row["expires_at"]) - time.time()
-        expires = "expired" if left <= 0 else f"{int(left)}s"
+        # By the clock the view judged ``expired`` in (the database's on a shared journal),
+        # never this host's: ``expires_at`` is in that clock's time.
+        left = float(row.get("expires_in") or 0)
+        expires = "expired" if row["expired"] or left <= 0 else f"{int(left)}s"
         requester = (row.get("requester") or {}).get("uid", "-")
         # Escaped: a command or URL came from the caller, and must not drive the terminal.
         print(

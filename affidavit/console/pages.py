@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -128,7 +127,8 @@ def approvals_page(reader: JournalReader) -> dict[str, Any]:
             {
                 **view,
                 "fields": request_fields(request) if isinstance(request, Mapping) else None,
-                "left": max(0, int(float(view.get("expires_at") or 0) - time.time())),
+                # By the view's clock (``expires_in``: the database's on a shared journal).
+                "left": int(view.get("expires_in") or 0),
             }
         )
     return {"rows": rows, "total": total}

@@ -17,6 +17,8 @@ broker could take the invocation over.  It ends within ``held_until`` (its own c
 
 from __future__ import annotations
 
+import argparse
+import re
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -29,8 +31,12 @@ import trio
 import affidavit.engine.approval as approval
 import affidavit.engine.attempt as attempt
 import affidavit.engine.invocation as invocation
+from affidavit import approvals
 from affidavit.api.broker import Broker
+from affidavit.api.wire import SOCKET_ENV
+from affidavit.cli import approvals as cli_approvals
 from affidavit.config import load_config
+from affidavit.console import pages
 from affidavit.engine import EngineSettings
 from affidavit.protocols.actions import fingerprint, parse_action
 from affidavit.statemachine import Code
@@ -334,3 +340,37 @@ async def test_a_key_just_bound_is_not_taken_over_across_clocks(
     assert seen["error"]["code"] == "IN_PROGRESS", seen
     assert seen["invocation_id"] == "act_bound", seen
     assert srv.requests == [] and answered == []
+
+
+async def test_an_approval_s_time_left_is_shown_by_the_database_clock(
+    tmp_path: Path,
+    pg_url: str,
+    token: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # B (the database's clock) asks for a 15-minute approval; the operator's tools run on A's
+    # host, an hour ahead.  The view said ``expired: false`` (the database's clock) while
+    # ``affidavit approvals`` printed "expired" and the console "0 s" left (A's own clock).
+    script, _answered = _dropping_first()
+    async with (
+        HostileServer.running(script) as srv,
+        _brokers(tmp_path, srv.url, pg_url, monkeypatch, _Ahead, approve={"ttl": "15m"}) as (a, b),
+    ):
+        with trio.fail_after(LIMIT):
+            monkeypatch.setattr(approval, "time", time)
+            pending = await b.call({**CHARGE, "idempotency_key": "shown"})
+            assert pending["error"]["code"] == "APPROVAL_PENDING", pending
+        monkeypatch.setattr(cli_approvals, "_reading", lambda *_: [row])
+        monkeypatch.delenv(SOCKET_ENV, raising=False)
+        listing = argparse.Namespace(config=None, json=False, socket=None)
+        real = time.time
+        with monkeypatch.context() as m:
+            m.setattr(time, "time", lambda: real() + BEHIND)  # this host's clock
+            (row,) = approvals.pending(a.journal)
+            assert row["expired"] is False and 800 < row["expires_in"] <= 900, row
+            assert cli_approvals._list(listing) == 0
+            (shown,) = pages.approvals_page(a.journal)["rows"]
+    line = capsys.readouterr().out.splitlines()[1]
+    assert "expired" not in line and re.search(r" (8\d\d|900)s ", line), line
+    assert 800 < shown["left"] <= 900, shown
