@@ -92,12 +92,9 @@ class JournalReader(ViewingReader, ProvingReader):
         events = self.events(invocation_id)
         if not events:
             return None
+        at = self._now(now, f"the record of invocation {invocation_id}")
         try:
-            return (
-                Projector(invocation_id)
-                .extend(events)
-                .record(self._now(now, f"the record of invocation {invocation_id}"))
-            )
+            return self.current(Projector(invocation_id).extend(events).record(at), at)
         except ImpossibleEvent as exc:  # stored events the broker could not have written
             what = f"the record of invocation {invocation_id}"
             raise self._altered(what, unfoldable(exc)) from None

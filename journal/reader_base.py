@@ -10,10 +10,12 @@ import contextlib
 import os
 import time
 import weakref
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
+
+from affidavit.statemachine import Record, within_send_window
 
 from . import checkpoints
 from .backend import Backend, open_backend
@@ -64,6 +66,14 @@ class ReaderBase:
         self._streams: weakref.WeakSet[Generator[Any, None, None]] = weakref.WeakSet()
         """Views streamed from this reader and not yet finished (``iter_actions``): closed by
         ``close`` while the connection is still open."""
+        self.send_windows: Mapping[str, float] | None = None
+        """By target, the lease a same-key retry would take now -- its default timeout plus the
+        current ``[service] lease_margin`` (``affidavit.config.send_windows``); a target not
+        in it (gone from the config) is judged by its record alone, and so is every record of
+        a reader that knows no config (None).  Every record read here judges its key-bound
+        hints by it (``within_send_window``): a ``lease_margin`` raised since a record was
+        accepted makes the retry's lease longer than the ``send_window`` the record holds, and
+        the lease check (``leases.acquire_op``) refuses what the hint would still invite."""
         self._rconn: Any = None
         self._rconn = self.backend.connect("tool" if readonly else "reader")
         self.tables = self.backend.tables(self._rconn)
@@ -150,6 +160,15 @@ class ReaderBase:
         another broker recorded in the database's time.  ``purpose``: as ``database_now``."""
         shared = self.database_now(purpose)
         return self._clock() if shared is None else shared
+
+    def current(self, record: Record, now: float) -> Record:
+        """``record`` with its key-bound hints judged by the lease a retry would take now
+        (``send_windows``), at ``now``: the record itself when nothing is known of it."""
+        windows = self.send_windows
+        if windows is None or record.idempotency is None or record.target is None:
+            return record
+        window = windows.get(record.target)
+        return record if window is None else within_send_window(record, now, window)
 
     def _now(self, now: float | None, purpose: str) -> float:
         """When a read computes its records' retry hints: ``now`` if the caller gives its

@@ -39,7 +39,7 @@ class ViewingReader(ReaderBase):
         computed (as ``record``: by default the reader's clock, read once for the whole view)."""
         at = self._now(now, "the actions view")
         folded = self._read(lambda t: views.fold(t, session, at), "the actions view")
-        return list(_select(folded, outcome, phase, since, until))
+        return [self.current(r, at) for r in _select(folded, outcome, phase, since, until)]
 
     def iter_actions(
         self,
@@ -74,10 +74,13 @@ class ViewingReader(ReaderBase):
         now: float | None,
         span: tuple[int, int, int] | None,
     ) -> Generator[Record, None, None]:
-        folded = views.fold_each(self.tables, session, self._now(now, "the actions view"), span)
+        at = self._now(now, "the actions view")
+        folded = views.fold_each(self.tables, session, at, span)
         want = _select(folded, outcome, phase, since, until)
+        current = self.current
         try:
-            yield from want
+            for record in want:
+                yield current(record, at)
         except AlteredRow as exc:
             raise self._altered("the actions view", exc) from None
         except self.backend.errors as exc:
@@ -103,13 +106,17 @@ class ViewingReader(ReaderBase):
             raise ValueError("limit must be >= 0")
         at = self._now(now, "the actions view")
         if summary is None or session is not None:
-            return self._read(lambda t: views.newest(t, limit, session, at), "the actions view")
+            records, total = self._read(
+                lambda t: views.newest(t, limit, session, at), "the actions view"
+            )
+        else:
 
-        def run(t: Tables) -> tuple[list[Record], int]:
-            with self.snapshot():
-                return views.newest(t, limit, None, at, summary.count(t, at))
+            def run(t: Tables) -> tuple[list[Record], int]:
+                with self.snapshot():
+                    return views.newest(t, limit, None, at, summary.count(t, at))
 
-        return self._read(run, "the actions view")
+            records, total = self._read(run, "the actions view")
+        return [self.current(r, at) for r in records], total
 
     def action_spans(self, parts: int, min_events: int) -> list[tuple[int, int, int]] | None:
         """``iter_actions`` (without a session filter) cut into ``parts`` spans of about as
@@ -171,7 +178,7 @@ class ViewingReader(ReaderBase):
             with self.snapshot():
                 tallies = summary.tallies(t, at)
                 records, total = views.newest(t, limit, None, at, summary.count(t, at))
-                return tallies, records, total
+                return tallies, [self.current(r, at) for r in records], total
 
         return self._read(run, "the actions view")
 

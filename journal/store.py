@@ -249,7 +249,8 @@ class Journal(JournalReader):
         head (one read per call fewer on the daemon's thread, issue 15)."""
         p = self._writer.committed_projector(invocation_id)
         if p is not None and (self.exclusive or self.head()[0] == self._writer.known_head):
-            return p.record(self._now(now, f"the record of invocation {invocation_id}"))
+            at = self._now(now, f"the record of invocation {invocation_id}")
+            return self.current(p.record(at), at)
         return super().record(invocation_id, now)
 
     def _trusted_keys(self, refresh: bool = False) -> Keys:

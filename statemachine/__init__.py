@@ -31,7 +31,14 @@ from .protocol import (
     registered,
     unregister,
 )
-from .retry import Decision, Operation, compute_retry, decide, send_window
+from .retry import (
+    Decision,
+    Operation,
+    compute_retry,
+    decide,
+    send_window,
+    within_send_window,
+)
 from .withheld import KEYED_PREFIX, WITHHELD, caller_event, caller_record, hashes_withheld
 
 __all__ = [
@@ -85,4 +92,5 @@ __all__ = [
     "send_window",
     "stored_event",
     "unregister",
+    "within_send_window",
 ]

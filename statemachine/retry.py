@@ -12,7 +12,7 @@ but it must not upgrade an unsafe hint.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +28,7 @@ __all__ = [
     "decide",
     "send_window",
     "static_retry_hint",
+    "within_send_window",
 ]
 
 RETENTION_MARGIN_S = 60.0
@@ -211,6 +212,49 @@ def send_window(idempotency: Mapping[str, Any] | None) -> float:
     contract): the key is then judged at the moment itself, as it was."""
     window = idempotency.get("send_window") if idempotency else None
     return float(window) if window is not None else 0.0
+
+
+def within_send_window(record: Record, now: float, window: float) -> Record:
+    """``record`` with the hints that rest on its idempotency key judged for a retry whose lease
+    is ``window`` seconds from ``now`` -- the lease a same-key retry takes under the current
+    settings (``[service] lease_margin`` raised since the record was accepted: longer than the
+    ``send_window`` it recorded).  ``journal/leases.py`` refuses a same-key lease the key could
+    not outlast, judged by that current lease; a hint judged by the shorter recorded window
+    would invite exactly that refused retry.  Only ever more conservative: a hint that needs
+    the key usable (``same_idempotency_key``; ``backoff`` of a throttled, non-idempotent
+    request) becomes ``reconcile`` when the key would not outlast ``window``; a window no
+    longer than the recorded one changes nothing (the record's own hint already judged it)."""
+    idem = record.idempotency
+    if idem is None or window <= send_window(idem):
+        return record
+    expires = idem.get("expires_at")
+    if expires is None or _key_usable(True, float(expires), now + window):
+        return record
+    retry = _without_key(record.retry, record.code, record.idempotent)
+    items = record.items
+    if items is not None:
+        items = tuple(
+            {**i, "retry": _without_key(Retry(i["retry"]), _code(i), record.idempotent).value}
+            for i in items
+        )
+    if retry is record.retry and items == record.items:
+        return record
+    return replace(record, retry=retry, items=items)
+
+
+def _code(item: Mapping[str, Any]) -> Code | None:
+    raw = item.get("code")
+    return Code(raw) if isinstance(raw, str) else None
+
+
+def _without_key(retry: Retry, code: Code | None, idempotent: bool) -> Retry:
+    """``retry`` once the idempotency key no longer makes a resend safe: the hints that only a
+    usable key gave (rules 5 and 7 of docs/contract.md) become ``reconcile``."""
+    if retry is Retry.SAME_IDEMPOTENCY_KEY:
+        return Retry.RECONCILE
+    if retry is Retry.BACKOFF and code is Code.REMOTE_THROTTLED and not idempotent:
+        return Retry.RECONCILE
+    return retry
 
 
 def _key_usable(has_key: bool, key_expires_at: float | None, now: float) -> bool:

@@ -21,7 +21,7 @@ import os
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import IO, TYPE_CHECKING, Any
 
 from affidavit.cli import ascii_json_stdout
@@ -117,7 +117,7 @@ def write_actions_json(j: JournalReader, filters: dict[str, Any]) -> None:
                 write_array(map(encode, j.iter_actions(**filters)))
                 return
             mine, theirs = spans
-            if child is not None and not _send(child, str(j.path), filters, theirs):
+            if child is not None and not _send(child, str(j.path), filters, theirs, j.send_windows):
                 child.wait()  # it has died already: its half is folded here
                 child = None
             out = _Array()
@@ -160,10 +160,15 @@ def _stop(child: subprocess.Popen[bytes]) -> None:
 
 
 def _send(
-    child: subprocess.Popen[bytes], path: str, filters: dict[str, Any], span: tuple[int, int, int]
+    child: subprocess.Popen[bytes],
+    path: str,
+    filters: dict[str, Any],
+    span: tuple[int, int, int],
+    windows: Mapping[str, float] | None,
 ) -> bool:
-    """Tell ``child`` what to fold; False if it can no longer be told (it has exited)."""
-    spec = json.dumps({"path": path, "filters": filters, "span": list(span)})
+    """Tell ``child`` what to fold, and the send windows its hints are judged by (the
+    parent's reader's); False if it can no longer be told (it has exited)."""
+    spec = json.dumps({"path": path, "filters": filters, "span": list(span), "windows": windows})
     assert child.stdin is not None
     try:
         with child.stdin:
@@ -186,6 +191,7 @@ def fold_span() -> None:
     spec = json.loads(line)
     first, before, through = spec["span"]
     with JournalReader.open(spec["path"]) as j:
+        j.send_windows = spec.get("windows")  # the parent's: its hints are judged alike
         records = j.iter_actions(**spec["filters"], span=(first, before, through))
         # Embedded: whoever reads the journal is its operator (no hash withheld).
         encode = record_json_encoder(operator=True)

@@ -246,6 +246,24 @@ def _journal_path(args: argparse.Namespace) -> str | Path:
         raise config_refusal(exc) from None
 
 
+def _send_windows(args: argparse.Namespace) -> dict[str, float] | None:
+    """The config's targets' send windows under its ``[service] lease_margin``
+    (``JournalReader.send_windows``): the hints a view shows judged as the daemon judges them.
+    None without a config file (``--journal`` alone, or none found): the records alone."""
+    from affidavit.config import CONFIG_ENV, DEFAULT_CONFIG, ConfigError, load_config, send_windows
+
+    explicit = args.config or os.environ.get(CONFIG_ENV)
+    if not explicit and not Path(DEFAULT_CONFIG).exists():
+        return None
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        if args.journal:
+            return None  # the journal was named; the config is not needed to read it
+        raise config_refusal(exc) from None
+    return send_windows(config, config.service.lease_margin)
+
+
 def _is_url(location: str) -> bool:
     return location.startswith(("postgresql://", "postgres://"))
 
@@ -286,8 +304,10 @@ def reading(
     from affidavit.journal import JournalError, JournalReader
 
     path = _journal_path(args)
+    windows = _send_windows(args)
     try:
         with JournalReader.open(path, key_file=key_file, public_keys=public_keys) as reader:
+            reader.send_windows = windows
             yield reader
     except JournalError as exc:
         raise read_refusal(exc, what) from None

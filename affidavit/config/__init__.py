@@ -23,6 +23,7 @@ from .loader import (
     config_from_dict,
     config_path,
     load_config,
+    send_windows,
 )
 from .sample import sample_config
 from .service import SERVICE, ServiceConfig
@@ -47,6 +48,7 @@ __all__ = [
     "parse_duration",
     "result_limit",
     "sample_config",
+    "send_windows",
     "snapshot",
     "snapshot_hash",
 ]

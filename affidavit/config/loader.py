@@ -43,6 +43,7 @@ __all__ = [
     "config_from_dict",
     "config_path",
     "load_config",
+    "send_windows",
 ]
 
 CONFIG_ENV = "AFFIDAVIT_CONFIG"
@@ -322,3 +323,11 @@ def _one_of(names: list[str]) -> str:
     if len(quoted) == 1:
         return f"must be {quoted[0]}"
     return f"must be {', '.join(quoted[:-1])} or {quoted[-1]}"
+
+
+def send_windows(config: Config, lease_margin: float) -> dict[str, float]:
+    """By target, the lease a same-key retry takes now with the target's default timeout:
+    ``timeout.total`` + ``lease_margin`` (``Engine.lease_ttl``).  A reader given it
+    (``JournalReader.send_windows``) judges each record's key-bound hints by it, not only by
+    the window the record holds from when it was accepted (a ``lease_margin`` raised since)."""
+    return {name: float(t.timeout.total) + lease_margin for name, t in config.targets.items()}

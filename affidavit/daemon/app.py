@@ -412,9 +412,11 @@ class Api:
         waits for one on the event loop, holding no thread."""
 
         key_file = self.broker.config.journal.key_file  # (an approval's request is sealed)
+        windows = self.broker.journal.send_windows  # the hints judged as the broker's own reads
 
         def run() -> Any:
             with JournalReader.open(self.journal.location, key_file=key_file) as reader:
+                reader.send_windows = windows
                 return view(reader)
 
         return await trio.to_thread.run_sync(run, limiter=self.view_threads)

@@ -142,6 +142,9 @@ def _retry_sections() -> list[str]:
         f"{RETENTION_MARGIN_S:g} s before the remote forgets it at the end of the send window "
         "recorded at acceptance -- the lease a retry taken now holds with the target's "
         "default timeout, `timeout.total` + `lease_margin`, during which it may still send; "
+        "or, read by a broker or a CLI that knows the config, that lease under the current "
+        "`[service] lease_margin` when it is longer -- the one a retry would take, and the "
+        "lease check refuses it if the key cannot outlast it; "
         "a record without one is judged at the moment itself) → `same_idempotency_key`; "
         "otherwise `reconcile`.",
         "6. `rejected`/`committed` without a code (success): `never`.",

@@ -35,7 +35,7 @@ from typing import Any, TypeVar
 
 import trio
 
-from affidavit.config import Config
+from affidavit.config import Config, send_windows
 from affidavit.journal import Journal, JournalUnavailable, JournalWriteError, ResultStream
 from affidavit.protocols import Binding
 from affidavit.statemachine import Record
@@ -88,6 +88,9 @@ class Engine:
         self.holder = holder or f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
         self.vault = vault
         self.settings = settings if settings is not None else EngineSettings()
+        # Every record this broker reads judges its key-bound hints by the lease a same-key
+        # retry takes under these settings (``JournalReader.send_windows``).
+        journal.send_windows = send_windows(config, self.settings.lease_margin)
         self.recorder = Recorder(journal, self.settings.inline_result_limit)
         self.snapshot = ConfigSnapshot(config, journal.keyed_digest)
         self.approvals = ApprovalBoard()

@@ -1,0 +1,121 @@
+"""A hint invites a same-key retry only while the lease check of today's settings allows it.
+
+ACTION_ACCEPTED records the key's ``send_window`` -- the lease a retry takes with the target's
+default timeout and ``[service] lease_margin`` as they were then.  Raise ``lease_margin`` and
+restart (the daemon reads it at start: ``EngineSettings(lease_margin=...)``): a same-key retry's
+lease is now longer, and ``journal/leases.py`` refuses one the key could not outlast.  Judged
+by the recorded window alone, every read of the record accepted before went on saying
+``same_idempotency_key`` -- and the retry it invited was answered ``reconcile``, nothing sent.
+Every read now judges the key by the longer of the two windows: ``reconcile`` when the
+current lease would outlast the key, and a retry inside the window still shown is sent.
+
+Timeout 100 s, key retention 200 s: accepted under lease_margin 30 (a 130 s window, the key
+usable while a retry's lease ends before 200 - 60 = 140 s).  Then lease_margin 50 (150 s: past
+it) or 35 (135 s: still inside it).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import trio
+
+from affidavit.api.broker import Broker
+from affidavit.config import load_config
+from affidavit.engine.settings import EngineSettings
+from affidavit.mcp.backends import Embedded
+from affidavit.statemachine import EventKind as E
+from tests.http.hostile import HostileServer, Peer, Reply
+
+from .helpers import affidavit_cli, event_kinds, http_target, write_config
+from .http_rows import IDEM
+
+LIMIT = 60  # seconds: the bound on each scenario
+CHARGE = {"target": "api", "method": "POST", "path": "/v1/x", "idempotency_key": "charge"}
+
+
+def _with_margin(cfg: Path, margin: int) -> Path:
+    """The config, as an operator edits it: ``[service] lease_margin`` set."""
+    text = cfg.read_text(encoding="utf-8")
+    cfg.write_text(f"{text}\n[service]\nlease_margin = {margin}\n", encoding="utf-8")
+    return cfg
+
+
+def _open(cfg: Path) -> Broker:
+    """The broker as ``affidavit serve`` opens it: its lease margin from the config."""
+    config = load_config(cfg)
+    return Broker.open(config=config, settings=EngineSettings(config.service.lease_margin))
+
+
+@pytest.mark.parametrize(
+    ("margin", "hint", "resent"),
+    [(50, "reconcile", False), (35, "same_idempotency_key", True)],
+    ids=["raised_past_the_key", "raised_within_the_key"],
+)
+async def test_a_raised_lease_margin_is_in_every_hint_of_a_record_accepted_before(
+    tmp_path: Path, token: str, margin: int, hint: str, resent: bool
+) -> None:
+    received: list[str] = []
+
+    async def script(peer: Peer) -> None:
+        # The first request closed unanswered (unknown outcome), any later one answered 201.
+        while (req := await peer.read_request()) is not None:
+            received.append(req.target)
+            if peer.index == 0:
+                await peer.close()
+                return
+            await peer.respond(Reply(201, body=b'{"ok": true}'))
+
+    async with HostileServer.running(script) as srv:
+        target = http_target(
+            srv.url,
+            timeout={"connect": 2, "total": 100},
+            idempotency={**IDEM, "retention": "200s"},
+        )
+        cfg = write_config(tmp_path, {"api": target})
+        with trio.fail_after(LIMIT):
+            async with _open(cfg) as broker:
+                first = await broker.call(CHARGE)
+                iid = first["invocation_id"]
+                accepted = broker.record(iid)
+            assert first["error"]["outcome"] == "unknown", first
+            assert first["error"]["retry"] == "same_idempotency_key", first
+            assert accepted is not None and accepted.idempotency is not None
+            assert accepted.idempotency["send_window"] == 130
+
+            _with_margin(cfg, margin)
+            async with _open(cfg) as broker:
+                fetched = await broker.fetch_result(iid)
+                assert fetched is not None and fetched["error"]["retry"] == hint, fetched
+                record = broker.record(iid)
+                assert record is not None and record.retry == hint
+                (listed,) = broker.journal.list_actions()
+                assert listed.retry == hint
+                (streamed,) = broker.journal.iter_actions()
+                assert streamed.retry == hint
+                page, _ = broker.journal.newest_actions(10)
+                assert [r.retry for r in page] == [hint]
+                shown = (await Embedded(broker).record(iid))["record"]
+                assert shown["retry"] == hint, shown
+                # The CLI reads in its own process, with the same config.
+                got = await affidavit_cli("record", iid, "--json", "--config", str(cfg))
+                assert got.returncode == 0, got.stderr
+                assert json.loads(got.stdout)["record"]["retry"] == hint
+                listing = await affidavit_cli("actions", "--json", "--config", str(cfg))
+                assert [r["retry"] for r in json.loads(listing.stdout)] == [hint]
+
+                again = await broker.call(CHARGE)
+                kinds = event_kinds(broker, iid)
+    assert again["invocation_id"] == iid
+    if resent:  # the retry inside the window still shown is taken and sent
+        assert "error" not in again, again
+        assert received == ["/v1/x", "/v1/x"]
+        assert E.RETRY_LEASE_ACQUIRED in kinds, kinds
+        return
+    # What every read said is what the same-key call is answered: nothing sent or written.
+    assert received == ["/v1/x"]
+    err = again["error"]
+    assert (err["outcome"], err["retry"]) == ("unknown", "reconcile"), again
+    assert E.RETRY_LEASE_ACQUIRED not in kinds, kinds
