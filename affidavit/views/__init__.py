@@ -13,6 +13,7 @@ from affidavit.views.records import (
     record_json_encoder,
     record_to_json,
     record_view,
+    shown_error,
 )
 from affidavit.views.text import printable
 
@@ -30,4 +31,5 @@ __all__ = [
     "record_json_encoder",
     "record_to_json",
     "record_view",
+    "shown_error",
 ]

@@ -41,6 +41,7 @@ __all__ = [
     "record_json_encoder",
     "record_to_json",
     "record_view",
+    "shown_error",
     "shown_retry",
 ]
 
@@ -80,6 +81,25 @@ def shown_retry(rec: Record) -> str:
 _FETCH = Retry.FETCH_RESULT.value
 
 
+def shown_error(rec: Record) -> tuple[str | None, str, str | None]:
+    """The ``code``, ``message`` and ``field`` a view shows for ``rec``: its own, unless it
+    rests in no final state and they are a previous attempt's -- a retry holds its lease and
+    sets up (``retry_pending``; ``validated`` after a refusal that asked to back off), and the
+    projection still holds the code that ended the attempt before it.  Shown as the current
+    one beside ``fetch_result``, that code claimed what the running attempt has not done; the
+    view shows none (the earlier attempt's code stays in its ``attempts`` entry and its
+    events).  A non-final record's own code is shown: APPROVAL_PENDING while it waits, and the
+    complete result of the running attempt (``completed_*``) before it is stored."""
+    code = rec.code
+    if code is None or rec.final or rec.state in _CURRENT_CODE:
+        return (code.value if code is not None else None), rec.message, rec.field
+    return None, "", None
+
+
+_CURRENT_CODE = frozenset({"awaiting_approval", "completed_rejected", "completed_committed"})
+"""The states short of a final one whose code is the current attempt's (``shown_error``)."""
+
+
 def record_to_json(rec: Record, *, operator: bool = False) -> dict[str, Any]:
     """A projected record as plain JSON (enums as their values).  A caller's (``operator``
     False, the default) withholds a hash recorded before hashes were keyed (``caller_record``:
@@ -102,15 +122,16 @@ def record_view(rec: Record, events: Iterable[Event], *, operator: bool = False)
 
 def _record_fields(rec: Record, conv: Callable[[Any], Any]) -> dict[str, Any]:
     """The record's JSON object, its nested values passed through ``conv``."""
+    code, message, field = shown_error(rec)
     return {
         "invocation_id": rec.invocation_id,
         "state": rec.state,
         "phase": rec.phase.value,
         "outcome": rec.outcome.value,
         "retry": shown_retry(rec),
-        "code": rec.code.value if rec.code is not None else None,
-        "message": rec.message,
-        "field": rec.field,
+        "code": code,
+        "message": message,
+        "field": field,
         "session": rec.session,
         "target": rec.target,
         "protocol": rec.protocol,
@@ -189,7 +210,8 @@ def record_json_encoder(*, operator: bool = False) -> Callable[[Record], str]:
     def record_json(rec: Record) -> str:
         if not operator:
             rec = caller_record(rec)  # itself, unless it holds a plain hash
-        b, code = rec.budget, rec.code
+        b = rec.budget
+        code, message, field = (rec.code, rec.message, rec.field) if rec.final else shown_error(rec)
         v: Any  # each inline test below names its value
         # Keys in sorted order, as ``sort_keys`` writes them.  The state, its phase, outcome
         # and retry hint are strings (enums: str subclasses) by construction.  The values most
@@ -202,7 +224,7 @@ def record_json_encoder(*, operator: bool = False) -> Callable[[Record], str]:
             f'"code": {"null" if code is None else string(code)}, '
             f'"events": {text(rec.events)}, '
             f'"evidence": {encode(rec.evidence)}, '
-            f'"field": {"null" if (v := rec.field) is None else text(v)}, '
+            f'"field": {"null" if field is None else text(field)}, '
             f'"final": {final[rec.state]}, '
             f'"fingerprint": {text(rec.fingerprint)}, '
             f'"generation": {text(rec.generation)}, '
@@ -211,7 +233,7 @@ def record_json_encoder(*, operator: bool = False) -> Callable[[Record], str]:
             f'"invocation_id": {text(rec.invocation_id)}, '
             f'"items": {"null" if (v := rec.items) is None else encode(v)}, '
             f'"last_seq": {text(rec.last_seq)}, '
-            f'"message": {text(rec.message)}, '
+            f'"message": {text(message)}, '
             f'"operation": {"null" if (v := rec.operation) is None else encode(v)}, '
             f'"outcome": {string(rec.outcome)}, '
             f'"phase": {string(rec.phase)}, '

@@ -1,0 +1,60 @@
+"""What a view shows of a record whose retry holds its lease: no earlier attempt's code.
+
+An interrupted POST rests ``unknown`` / REMOTE_OUTCOME_UNKNOWN.  A retry takes the next lease
+(``retry_pending``): the record rests in no final state, and every view shows it
+``fetch_result`` (docs/contract.md, "When the hint is computed").  The projection still holds
+the code that ended the attempt before, and the views showed it as the record's ``code`` --
+with its message -- beside ``fetch_result``: a running attempt presented with an outcome code
+it has not produced.  The view now shows no code for it; the earlier attempt's code stays in
+its ``attempts`` entry.  ``record_to_json`` and the encoder ``affidavit actions --json`` uses
+(caller's and operator's) agree.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from affidavit.journal import Journal
+from affidavit.statemachine import Event
+from affidavit.statemachine import EventKind as E
+from affidavit.views import record_json_encoder, record_to_json
+
+from .helpers import interrupted
+
+IID = "act_retry"
+
+
+def _views(j: Journal) -> list[dict]:
+    rec = j.record(IID, now=time.time())
+    assert rec is not None
+    return [
+        record_to_json(rec),
+        record_to_json(rec, operator=True),
+        json.loads(record_json_encoder()(rec)),
+        json.loads(record_json_encoder(operator=True)(rec)),
+    ]
+
+
+async def test_a_retry_holding_its_lease_is_shown_without_the_earlier_attempts_code(
+    tmp_path: Path,
+) -> None:
+    async with Journal.open(tmp_path / "j.db") as j:
+        for ev in interrupted(IID):
+            await j.append(ev)
+        for shown in _views(j):  # at rest: its own code
+            assert (shown["state"], shown["code"]) == ("interrupted", "REMOTE_OUTCOME_UNKNOWN")
+            assert shown["message"]
+        lease = await j.acquire_lease(IID, "broker-2", ttl=60.0)
+        for shown in _views(j):
+            assert (shown["state"], shown["retry"]) == ("retry_pending", "fetch_result"), shown
+            assert shown["evidence"]["lease"]["expires_at"] == lease.expires_at
+            assert (shown["code"], shown["message"], shown["field"]) == (None, "", None), shown
+            (earlier,) = shown["attempts"]
+            assert (earlier["generation"], earlier["code"]) == (0, "REMOTE_OUTCOME_UNKNOWN")
+        # The retry dispatches and is interrupted in turn: its own code is shown again.
+        await j.append(Event(E.DISPATCH_STARTED, IID, {"generation": 1}))
+        await j.append(Event(E.ATTEMPT_INTERRUPTED, IID, {"code": "REMOTE_RESULT_INCOMPLETE"}))
+        for shown in _views(j):
+            assert (shown["state"], shown["code"]) == ("interrupted", "REMOTE_RESULT_INCOMPLETE")
