@@ -9,6 +9,7 @@ from .envelope import (
     operation_json,
     operation_view,
     render_envelope,
+    shown_evidence,
 )
 from .events import ATTEMPT_KINDS, BARRIER_KINDS, Event, EventKind, stored_event
 from .lifecycle import DISPATCHED_STATES, INITIAL, STATES, TRANSITIONS, StateSpec, build_machine
@@ -90,6 +91,7 @@ __all__ = [
     "registered",
     "render_envelope",
     "send_window",
+    "shown_evidence",
     "stored_event",
     "unregister",
     "within_send_window",

@@ -35,6 +35,7 @@ __all__ = [
     "operation_json",
     "operation_view",
     "render_envelope",
+    "shown_evidence",
 ]
 
 ENVELOPE_SCHEMA_ID = "https://affidavit.dev/schema/envelope-v1.json"
@@ -73,7 +74,7 @@ def render_envelope(record: Record, result: Mapping[str, Any] | None = None) -> 
         env["operation"] = operation_view(record.operation)
     if record.items is not None:
         env["items"] = [dict(i) for i in record.items]
-    evidence = dict(record.evidence)
+    evidence = dict(shown_evidence(record))
     evidence["outcome"] = record.outcome.value
     evidence["phase"] = record.phase.value
     evidence["attempts"] = [dict(a) for a in record.attempts]
@@ -85,6 +86,22 @@ def render_envelope(record: Record, result: Mapping[str, Any] | None = None) -> 
     evidence["state"] = record.state
     env["evidence"] = evidence
     return env
+
+
+def shown_evidence(record: Record) -> Mapping[str, Any]:
+    """``record.evidence`` as an envelope or a view shows it.  A record at rest in a final
+    state holds no lease: its attempt is over, nothing can be written under it, and a same-key
+    call is answered from the record, never IN_PROGRESS (``journal/leases.py``: such a lease
+    keeps no one out).  So its ``evidence.lease`` keeps whose attempt it was (generation,
+    holder, seq) without the deadline (``expires_at``), which would say the invocation is held
+    until then -- the contract gives the deadline only while the record rests in no final
+    state (docs/contract.md, "When the hint is computed")."""
+    evidence = record.evidence
+    lease = evidence.get("lease")
+    if lease is None or "expires_at" not in lease or not record.final:
+        return evidence
+    kept = {k: v for k, v in lease.items() if k != "expires_at"}
+    return {**evidence, "lease": kept}
 
 
 def in_progress_error(record: Record, code: Code = Code.IN_PROGRESS) -> dict[str, Any]:

@@ -189,7 +189,10 @@ def _retry_sections() -> list[str]:
         "the broker host's on SQLite, the database's on a shared PostgreSQL journal "
         "([journal](journal.md#clocks)), not the caller's; a same-key call answers IN_PROGRESS "
         "until then, and after it a same-key call or `fetch_result` closes the attempt with "
-        "what the journal proves, a view does not); once it rests again, its own hint is shown.",
+        "what the journal proves, a view does not); once it rests again, its own hint is shown, "
+        "and its `evidence.lease` without `expires_at` (`statemachine.shown_evidence`, in "
+        "every view and envelope): a record at rest holds no lease -- its attempt is over, a "
+        "same-key call is answered from the record -- and a deadline would say it is held.",
         "",
         "The stored result (the remote's summary and streams, the hash RESULT_COMMITTED "
         "records) is a historical document: it is served as committed and holds no hint. The "

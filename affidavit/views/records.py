@@ -23,6 +23,7 @@ from affidavit.statemachine import (
     caller_event,
     caller_record,
     hashes_withheld,
+    shown_evidence,
 )
 
 if TYPE_CHECKING:
@@ -141,7 +142,7 @@ def _record_fields(rec: Record, conv: Callable[[Any], Any]) -> dict[str, Any]:
         "generation": rec.generation,
         "budget": {"total": rec.budget.total, "used": rec.budget.used, "left": rec.budget.left},
         "attempts": conv(rec.attempts),
-        "evidence": conv(rec.evidence),
+        "evidence": conv(shown_evidence(rec)),
         "retry_after": rec.retry_after,
         "last_seq": rec.last_seq,
         "events": rec.events,
@@ -223,7 +224,7 @@ def record_json_encoder(*, operator: bool = False) -> Callable[[Record], str]:
             f'"used": {text(b.used)}}}, '
             f'"code": {"null" if code is None else string(code)}, '
             f'"events": {text(rec.events)}, '
-            f'"evidence": {encode(rec.evidence)}, '
+            f'"evidence": {encode(shown_evidence(rec))}, '
             f'"field": {"null" if field is None else text(field)}, '
             f'"final": {final[rec.state]}, '
             f'"fingerprint": {text(rec.fingerprint)}, '

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from affidavit.journal import Journal
-from affidavit.statemachine import Event
+from affidavit.statemachine import Event, render_envelope
 from affidavit.statemachine import EventKind as E
 from affidavit.views import record_json_encoder, record_to_json
 
@@ -58,3 +58,26 @@ async def test_a_retry_holding_its_lease_is_shown_without_the_earlier_attempts_c
         await j.append(Event(E.ATTEMPT_INTERRUPTED, IID, {"code": "REMOTE_RESULT_INCOMPLETE"}))
         for shown in _views(j):
             assert (shown["state"], shown["code"]) == ("interrupted", "REMOTE_RESULT_INCOMPLETE")
+
+
+async def test_a_record_at_rest_is_shown_no_lease_deadline(tmp_path: Path) -> None:
+    """A final record holds no lease (``leases.acquire_op``: an attempt that is over keeps no
+    one out; a same-key call is answered from the record): its ``evidence.lease`` names whose
+    attempt it was, not a deadline until which the invocation would be held -- in the views
+    and in the envelope (``fetch_result``).  While the attempt runs, the deadline is shown."""
+    async with Journal.open(tmp_path / "j.db") as j:
+        for ev in interrupted(IID):
+            await j.append(ev)
+        lease = await j.acquire_lease(IID, "broker-2", ttl=600.0)
+        running = j.record(IID, now=time.time())
+        assert running is not None
+        assert render_envelope(running)["evidence"]["lease"]["expires_at"] == lease.expires_at
+        await j.append(Event(E.DISPATCH_STARTED, IID, {"generation": 1}))
+        await j.append(Event(E.ATTEMPT_INTERRUPTED, IID, {"code": "REMOTE_RESULT_INCOMPLETE"}))
+        rec = j.record(IID, now=time.time())
+        assert rec is not None and rec.final and lease.expires_at > time.time()
+        shown = [*_views(j), render_envelope(rec)["evidence"]]
+        for view in shown:
+            evidence = view.get("evidence", view)
+            want = {"generation": 1, "holder": "broker-2", "seq": lease.seq}
+            assert evidence["lease"] == want, view
