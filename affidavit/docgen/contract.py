@@ -145,7 +145,8 @@ def _retry_sections() -> list[str]:
         "or, read by a broker or a CLI that knows the config, that lease under the current "
         "`[service] lease_margin` when it is longer -- the one a retry would take, and the "
         "lease check refuses it if the key cannot outlast it; "
-        "a record without one is judged at the moment itself) → `same_idempotency_key`; "
+        "a record without one is judged at the moment itself, or by that lease when read "
+        "with the config) → `same_idempotency_key`; "
         "otherwise `reconcile`.",
         "6. `rejected`/`committed` without a code (success): `never`.",
         "7. `REMOTE_THROTTLED`: `backoff` only when the retry is safe (idempotent, or a usable "

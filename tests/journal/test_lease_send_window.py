@@ -79,3 +79,30 @@ async def test_a_record_without_a_send_window_keeps_the_rule_it_was_written_unde
             await j.acquire_lease("inv-old", "broker-1", ttl=WINDOW, same_key=True)
         lease = await j.acquire_lease("inv-old", "broker-1", ttl=35.0, same_key=True)
         assert lease.generation == 1
+
+
+async def test_a_reader_given_todays_lease_invites_only_the_retry_it_takes(tmp_path: Path) -> None:
+    """``JournalReader.send_windows``: the lease a same-key retry takes now (a lease_margin
+    raised since the call was accepted).  A record whose recorded window -- or none, for one
+    written before windows were recorded -- the key outlasts, but not today's lease: the hint
+    is ``reconcile``, as the lease check answers; one the key outlasts either way keeps
+    ``same_idempotency_key`` and its retry takes the lease."""
+    async with Journal.open(tmp_path / "j.db") as j:
+        j.send_windows = {"payments": WINDOW + 40}  # lease_margin raised by 40 s
+        await _record_unknown(j, "inv-1", RETENTION_MARGIN_S + WINDOW + 20, WINDOW)
+        await _record_unknown(j, "inv-old", RETENTION_MARGIN_S + WINDOW + 20, None)
+        await _record_unknown(j, "inv-far", RETENTION_MARGIN_S + WINDOW + 60, WINDOW)
+        for iid in ("inv-1", "inv-old"):
+            assert _hint(j, iid) == "reconcile"
+            with pytest.raises(KeyRetentionPassed):
+                await j.acquire_lease(iid, "broker-1", ttl=WINDOW + 40, same_key=True)
+        assert [r.retry for r in j.list_actions()] == [
+            "reconcile",
+            "reconcile",
+            "same_idempotency_key",
+        ]
+        assert _hint(j, "inv-far") == "same_idempotency_key"
+        lease = await j.acquire_lease("inv-far", "broker-1", ttl=WINDOW + 40, same_key=True)
+        assert lease.generation == 1
+        j.send_windows = None  # a reader without the config: the record's own window
+        assert _hint(j, "inv-1") == "same_idempotency_key"
