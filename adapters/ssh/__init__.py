@@ -1,5 +1,6 @@
 """SSH adapter: a protocol table (``table.py``), a non-blocking ssh-python/libssh trio driver
-(``driver.py``) and in-memory credentials plus host-key pins (``keys.py``).
+(``driver.py``, with ``connect.py``, ``libssh.py`` and ``exit_report.py``) and in-memory
+credentials plus host-key pins (``keys.py``).
 
 Importing this package registers ``SSH_TABLE`` with the framework."""
 

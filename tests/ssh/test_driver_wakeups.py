@@ -19,7 +19,8 @@ import trio
 from trio.testing import MockClock
 
 from affidavit.adapters.base import AttemptInterrupted
-from affidavit.adapters.ssh.driver import _SSH_AGAIN, SshTarget, _Run
+from affidavit.adapters.ssh.driver import SshTarget, _Run
+from affidavit.adapters.ssh.libssh import SSH_AGAIN
 from affidavit.statemachine import Code, Outcome
 
 from .conftest import Recorder
@@ -37,7 +38,7 @@ class _Channel:
 
     Kinder than libssh: real ``read_nonblocking`` stops reading packets once the channel saw
     EOF, and real ``get_exit_state`` once it holds an exit report, so there the driver must
-    pump (``_Io.pump``) and must not spin on a readable fd.  That state is tested against a
+    pump (``Io.pump``) and must not spin on a readable fd.  That state is tested against a
     real peer: ``test_hostile.py`` (``slowclose``, ``unnamedsig``)."""
 
     def __init__(self, arriving: list[tuple[str, Any]]) -> None:
@@ -46,7 +47,7 @@ class _Channel:
         self.buffers = {"stdout": bytearray(), "stderr": bytearray()}
         self.eof = False
         self.closed = False
-        self.status = _SSH_AGAIN
+        self.status = SSH_AGAIN
 
     def pump(self) -> None:
         while self.socket:
@@ -68,7 +69,7 @@ class _Channel:
             return len(data), data
         if self.eof:
             raise ssh.exceptions.EOF
-        return _SSH_AGAIN, b""
+        return SSH_AGAIN, b""
 
     def get_exit_state(self) -> tuple[int, bytes, bool]:
         self.socket += self.arriving
@@ -107,7 +108,7 @@ class _Io:
         return True
 
     def host_key(self) -> bytes:
-        return b""  # the key "verified" at setup (``_Run.host_key_b64``): never changes
+        return b""  # the key "verified" at setup (``Connection.host_key_b64``): never changes
 
 
 def _run(channel: _Channel) -> tuple[_Run, _Io, Recorder]:
@@ -116,7 +117,7 @@ def _run(channel: _Channel) -> tuple[_Run, _Io, Recorder]:
     for event in _BEFORE_COLLECT:
         run.fire(event)
     io = _Io()
-    run.io, run.channel = io, channel  # type: ignore[assignment]
+    run.conn.io, run.conn.channel = io, channel  # type: ignore[assignment]
     return run, io, rec
 
 
@@ -174,7 +175,7 @@ async def test_a_socket_libssh_never_reads_costs_a_wait_per_recheck_for_hours(
     channel.eof = True
     run, _io, rec = _run(channel)
     io = _DeafIo()
-    run.io = io  # type: ignore[assignment]
+    run.conn.io = io  # type: ignore[assignment]
     with pytest.raises(trio.TooSlowError):
         with trio.fail_after(3 * 3600):
             await run.collect()
@@ -184,7 +185,7 @@ async def test_a_socket_libssh_never_reads_costs_a_wait_per_recheck_for_hours(
 
 class _BurstAfterEof(_Channel):
     """Both streams at EOF; the exit-status and the CHANNEL_CLOSE then reach libssh in one
-    read -- the driver's pump (``_Io.pump``) takes them off the socket together, while
+    read -- the driver's pump (``Io.pump``) takes them off the socket together, while
     ``get_exit_state`` before it found nothing yet (as real libssh does when the packets land
     between the two calls: seen 1 in ~15 runs of ``test_sshd.py``'s eight concurrent execs)."""
 
@@ -210,7 +211,7 @@ async def test_an_exit_report_pumped_with_the_close_is_read_before_the_close_is_
     channel.buffers["stdout"] += b"out\n"
     channel.eof = True
     run, _io, rec = _run(channel)
-    run.io = _PumpIo(channel)  # type: ignore[assignment]
+    run.conn.io = _PumpIo(channel)  # type: ignore[assignment]
     with trio.fail_after(5):
         result = await run.collect()
     assert (result.outcome, result.code) == (Outcome.COMMITTED, None)

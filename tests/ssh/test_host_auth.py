@@ -77,7 +77,7 @@ async def test_a_server_without_a_key_of_any_pinned_type_is_a_host_key_mismatch(
 def test_only_libssh_words_say_no_pinned_key_type() -> None:
     # The name lists in the message are the server's: a cipher list that holds the phrase is
     # still a handshake failure, not a host key refusal.
-    from affidavit.adapters.ssh.driver import no_pinned_key_type
+    from affidavit.adapters.ssh.connect import no_pinned_key_type
 
     assert no_pinned_key_type(
         "SSHError: kex error : no match for method server host key algo: server [ssh-ed25519],"

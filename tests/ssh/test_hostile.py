@@ -14,7 +14,7 @@ import trio
 from trio.testing import MockClock
 
 from affidavit.adapters.base import AttemptInterrupted, RemoteResult, SetupError
-from affidavit.adapters.ssh import SshTarget, SshTimeouts, driver, perform, prepare_credential
+from affidavit.adapters.ssh import SshTarget, SshTimeouts, libssh, perform, prepare_credential
 from affidavit.statemachine import Code, Outcome
 
 from .conftest import GateRefused, Recorder, SshKeys, hostile_target
@@ -168,7 +168,7 @@ async def test_a_readable_socket_libssh_does_not_read_never_makes_the_loop_spin(
     # The safety net under the pump: with it disabled, the late CHANNEL_CLOSE makes the fd
     # readable while no call reads it — the exact shape of the old spin.  The loop must notice
     # that libssh took nothing off the socket and back off; the result stays unproven.
-    monkeypatch.setattr(driver._Io, "pump", lambda self: None)
+    monkeypatch.setattr(libssh.Io, "pump", lambda self: None)
     rec = Recorder()
     cpu0, wall0 = time.thread_time(), time.monotonic()  # the driver's (trio) thread alone
     with pytest.raises(AttemptInterrupted) as ei:
@@ -185,12 +185,12 @@ async def test_output_libssh_never_flushes_never_makes_the_loop_spin(
     # nothing it is asked moves it: the socket stays writable, so each park returned at once
     # and the loop spun (seen in the full suite under load: 58,730 rounds in 2 s, no pause).
     # It must back off as it does on a readable socket libssh takes nothing from.
-    async def writable_only(self: driver._Io) -> bool:
+    async def writable_only(self: libssh.Io) -> bool:
         await trio.lowlevel.wait_writable(self.fd)
         return False
 
-    monkeypatch.setattr(driver._Io, "pump", lambda self: None)
-    monkeypatch.setattr(driver._Io, "wait", writable_only)
+    monkeypatch.setattr(libssh.Io, "pump", lambda self: None)
+    monkeypatch.setattr(libssh.Io, "wait", writable_only)
     rec = Recorder()
     cpu0, wall0 = time.thread_time(), time.monotonic()
     with pytest.raises(AttemptInterrupted) as ei:

@@ -16,7 +16,7 @@ import ssh.exceptions
 import trio
 
 from affidavit.adapters.base import AttemptInterrupted, SetupError
-from affidavit.adapters.ssh import driver, perform, prepare_credential
+from affidavit.adapters.ssh import connect, libssh, perform, prepare_credential
 from affidavit.statemachine import Code
 
 from .conftest import Recorder, SshKeys, hostile_target
@@ -62,13 +62,13 @@ async def test_a_libssh_error_while_reading_ends_the_attempt_through_the_machine
     after_exit: bool,
     code: Code,
 ) -> None:
-    opened = driver._Run.open_session
+    opened = connect.Connection.open_session
 
-    async def open_faulty(run: driver._Run) -> None:
-        await opened(run)
-        run.channel = _FaultyChannel(run.channel, after_exit=after_exit)
+    async def open_faulty(conn: connect.Connection) -> None:
+        await opened(conn)
+        conn.channel = _FaultyChannel(conn.channel, after_exit=after_exit)
 
-    monkeypatch.setattr(driver._Run, "open_session", open_faulty)
+    monkeypatch.setattr(connect.Connection, "open_session", open_faulty)
     rec = Recorder()
     target = hostile_target(hostile, "bob")
     with trio.fail_after(10), pytest.raises(AttemptInterrupted) as ei:
@@ -86,15 +86,15 @@ async def test_a_libssh_error_reading_the_host_key_before_dispatch_is_a_setup_fa
     # The key is read at verification and again just before dispatch (a re-exchange may have
     # switched it, tests/ssh/test_rekey_host_key.py): the second read fails.
     reads = {"n": 0}
-    host_key = driver._Io.host_key
+    host_key = libssh.Io.host_key
 
-    def failing(io: driver._Io) -> bytes:
+    def failing(io: libssh.Io) -> bytes:
         reads["n"] += 1
         if reads["n"] > 1:
             raise ssh.exceptions.SSHError(-1, "injected libssh failure")
         return host_key(io)
 
-    monkeypatch.setattr(driver._Io, "host_key", failing)
+    monkeypatch.setattr(libssh.Io, "host_key", failing)
     rec = Recorder()
     before = len(hostile.exec_requests)
     with trio.fail_after(10), pytest.raises(SetupError) as ei:

@@ -1,0 +1,97 @@
+"""libssh under trio: the session's non-blocking calls, parked on the socket libssh waits on.
+
+Every libssh call is made with the session in non-blocking mode; when it answers "again" we park
+on ``trio.lowlevel.wait_readable/wait_writable`` for the direction libssh says it is waiting on.
+What a failure proves is not decided here (see ``driver.py``); this module only moves bytes and
+describes library exceptions without secrets.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import struct
+import termios
+from collections.abc import Callable
+from typing import Any
+
+import ssh.event
+import trio
+
+__all__ = ["SSH_AGAIN", "SSH_AUTH_AGAIN", "SSH_AUTH_SUCCESS", "Io", "describe", "text"]
+
+# libssh return codes (libssh.h): SSH_AGAIN for connect/open/exec/read, SSH_AUTH_AGAIN for
+# userauth_*; SSH_WRITE_PENDING in ssh_get_poll_flags() means libssh waits to write, not read.
+SSH_AGAIN = -2
+SSH_AUTH_AGAIN = 4
+SSH_AUTH_SUCCESS = 0
+_SSH_WRITE_PENDING = 0x08
+
+
+class Io:
+    """The libssh session plus the fd trio waits on."""
+
+    def __init__(self, session: Any, fd: int) -> None:
+        self.session = session
+        self.fd = fd
+
+    async def wait(self) -> bool:
+        """Park until the socket is ready in the direction libssh waits on; True if that was
+        "readable"."""
+        if self.session.get_poll_flags() & _SSH_WRITE_PENDING:
+            await trio.lowlevel.wait_writable(self.fd)
+            return False
+        await trio.lowlevel.wait_readable(self.fd)
+        return True
+
+    def pump(self) -> None:
+        """Make libssh read and process what the socket holds, now, without reading channel data.
+
+        Once a channel has seen EOF and an exit report, no channel call reads packets any more:
+        ``read_nonblocking`` answers EOF from its flags and ``get_exit_state`` its stored
+        report, so a later CHANNEL_CLOSE would stay on the socket.  ``ssh_event_dopoll`` with
+        timeout 0 runs libssh's socket callback once (read what is there, process whole
+        packets) and never blocks.  The session's poll handle is lent to the event only for
+        this call and given back to the session's own poll context after it."""
+        event = ssh.event.Event()
+        event.add_session(self.session)
+        try:
+            event.dopoll(0)
+        finally:
+            event.remove_session(self.session)
+
+    def pending(self) -> int:
+        """Bytes waiting in the kernel's receive buffer of the socket (FIONREAD)."""
+        try:
+            raw = fcntl.ioctl(self.fd, termios.FIONREAD, b"\0\0\0\0")
+        except OSError:
+            return 0
+        return int(struct.unpack("i", raw)[0])
+
+    async def call(self, fn: Callable[..., Any], *args: Any, again: int = SSH_AGAIN) -> Any:
+        while True:
+            rc = fn(*args)
+            code = rc[0] if isinstance(rc, tuple) else rc
+            if code != again:
+                return rc
+            await self.wait()
+
+    def alive(self) -> bool:
+        return bool(self.session.is_connected())
+
+    def host_key(self) -> bytes:
+        """The server's host key of the current keys, base64 as libssh exports it."""
+        return bytes(self.session.get_server_publickey().export_pubkey_base64())
+
+
+def describe(exc: BaseException) -> str:
+    """A short, secret-free description of a library exception for ``detail``."""
+    args = getattr(exc, "args", ())
+    said = next((a for a in reversed(args) if isinstance(a, bytes | str)), "")
+    if isinstance(said, bytes):
+        said = said.decode("utf-8", "replace")
+    return f"{type(exc).__name__}: {said}"[:200] if said else type(exc).__name__
+
+
+def text(value: Any) -> str:
+    """Remote bytes (a kex name, a signal name) as text; undecodable bytes replaced."""
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
