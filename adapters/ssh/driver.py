@@ -41,7 +41,7 @@ from .connect import (
 )
 from .exit_report import ExitReport
 from .keys import SshCredential
-from .libssh import SSH_AGAIN, describe
+from .libssh import SSH_AGAIN, Park, describe
 
 __all__ = [
     "CHUNK",
@@ -54,19 +54,6 @@ __all__ = [
 
 CHUNK = 64 * 1024
 """Largest piece read from libssh and handed to the sink at once: output is never held whole."""
-
-_RECHECK_SECONDS = 0.25
-"""Longest park on the socket without re-asking libssh: a packet libssh already took off the
-socket while answering another call (data for the other stream, EOF, CHANNEL_CLOSE) does not
-make the fd readable again, so a wait for readability alone could outlast the exchange."""
-
-_WOKE_WRITABLE = -1
-"""``woke`` after a park that ended on "writable" (libssh had output pending)."""
-_BACKOFF_FIRST = 0.001
-"""First pause after a wake-up after which nothing moved -- on a readable socket libssh took
-nothing from, or on a writable one while libssh said it had output pending; it doubles on every
-further such round, up to ``_RECHECK_SECONDS``: a socket libssh will not read (or a buffer it
-does not flush) can never make the collect loop spin."""
 
 
 class _Run:
@@ -219,9 +206,7 @@ class _Run:
         stdin_open = True
         eof = {"stdout": False, "stderr": False}
         eof_fired = False
-        woke: int | None = None  # bytes on the socket when a park last ended on "readable"
-        # (``_WOKE_WRITABLE`` when it ended on "writable")
-        stalls = 0  # consecutive such wake-ups after which libssh took nothing off the socket
+        park = Park(io)
         while True:
             progressed = False
             # Each libssh call below may pump packets for the others: note what the channel
@@ -330,21 +315,9 @@ class _Run:
                     summary=report.summary(),
                 )
             if progressed or (channel.is_eof(), channel.is_closed()) != seen:
-                woke, stalls = None, 0
+                park.moved()
                 continue
-            # Nothing observable changed.  If the last park ended because the socket was
-            # readable and libssh has not taken a byte off it since, waiting on the socket would
-            # return at once again: back off instead of spinning.
-            if woke is not None and (woke == _WOKE_WRITABLE or io.pending() >= woke):
-                stalls = min(stalls + 1, 16)  # 2**15 ms > the recheck: capped, never overflows
-                await trio.sleep(min(_RECHECK_SECONDS, _BACKOFF_FIRST * 2 ** (stalls - 1)))
-            else:
-                stalls = 0
-            woke = None
-            with trio.move_on_after(_RECHECK_SECONDS):
-                # Writable: libssh said it had output pending.  The socket stays writable, so
-                # if no call then moved anything, waiting on it again returns at once as well.
-                woke = io.pending() if await io.wait() else _WOKE_WRITABLE
+            await park()  # nothing observable changed
 
 
 async def perform(

@@ -17,7 +17,7 @@ from typing import Any
 import ssh.event
 import trio
 
-__all__ = ["SSH_AGAIN", "SSH_AUTH_AGAIN", "SSH_AUTH_SUCCESS", "Io", "describe", "text"]
+__all__ = ["SSH_AGAIN", "SSH_AUTH_AGAIN", "SSH_AUTH_SUCCESS", "Io", "Park", "describe", "text"]
 
 # libssh return codes (libssh.h): SSH_AGAIN for connect/open/exec/read, SSH_AUTH_AGAIN for
 # userauth_*; SSH_WRITE_PENDING in ssh_get_poll_flags() means libssh waits to write, not read.
@@ -25,6 +25,19 @@ SSH_AGAIN = -2
 SSH_AUTH_AGAIN = 4
 SSH_AUTH_SUCCESS = 0
 _SSH_WRITE_PENDING = 0x08
+
+_RECHECK_SECONDS = 0.25
+"""Longest park on the socket without re-asking libssh: a packet libssh already took off the
+socket while answering another call (data for the other stream, EOF, CHANNEL_CLOSE) does not
+make the fd readable again, so a wait for readability alone could outlast the exchange."""
+
+_WOKE_WRITABLE = -1
+"""``Park.woke`` after a park that ended on "writable" (libssh had output pending)."""
+_BACKOFF_FIRST = 0.001
+"""First pause after a wake-up after which nothing moved -- on a readable socket libssh took
+nothing from, or on a writable one while libssh said it had output pending; it doubles on every
+further such round, up to ``_RECHECK_SECONDS``: a socket libssh will not read (or a buffer it
+does not flush) can never make the collect loop spin."""
 
 
 class Io:
@@ -81,6 +94,39 @@ class Io:
     def host_key(self) -> bytes:
         """The server's host key of the current keys, base64 as libssh exports it."""
         return bytes(self.session.get_server_publickey().export_pubkey_base64())
+
+
+class Park:
+    """The collect loop's wait between rounds in which nothing observable changed: on the
+    socket, for at most ``_RECHECK_SECONDS``, and never in a spin."""
+
+    def __init__(self, io: Io) -> None:
+        self.io = io
+        self.woke: int | None = None
+        """bytes on the socket when a park last ended on "readable" (``_WOKE_WRITABLE`` when it
+        ended on "writable"), None once a round moved something"""
+        self.stalls = 0
+        """consecutive such wake-ups after which libssh took nothing off the socket"""
+
+    def moved(self) -> None:
+        """A round made progress: the next park waits on the socket at once."""
+        self.woke, self.stalls = None, 0
+
+    async def __call__(self) -> None:
+        # If the last park ended because the socket was readable and libssh has not taken a
+        # byte off it since, waiting on the socket would return at once again: back off
+        # instead of spinning.
+        woke = self.woke
+        if woke is not None and (woke == _WOKE_WRITABLE or self.io.pending() >= woke):
+            self.stalls = min(self.stalls + 1, 16)  # 2**15 ms > the recheck: never overflows
+            await trio.sleep(min(_RECHECK_SECONDS, _BACKOFF_FIRST * 2 ** (self.stalls - 1)))
+        else:
+            self.stalls = 0
+        self.woke = None
+        with trio.move_on_after(_RECHECK_SECONDS):
+            # Writable: libssh said it had output pending.  The socket stays writable, so if no
+            # call then moved anything, waiting on it again returns at once as well.
+            self.woke = self.io.pending() if await self.io.wait() else _WOKE_WRITABLE
 
 
 def describe(exc: BaseException) -> str:
