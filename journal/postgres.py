@@ -57,7 +57,7 @@ __all__ = [
 
 log = logging.getLogger("affidavit.journal")
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 SESSION_INDEX = "events_session"
 SESSION_INDEX_DDL = (
     f"CREATE INDEX IF NOT EXISTS {SESSION_INDEX} ON events (session_id, seq, invocation_id)"
@@ -77,6 +77,7 @@ _TABLES = (
     "meta",
     "events",
     "result_chunks",
+    "chunk_owners",
     "results",
     "result_audit",
     "checkpoints",
@@ -113,6 +114,9 @@ CREATE TABLE IF NOT EXISTS result_chunks (
   idx           INTEGER NOT NULL CHECK (idx >= 0),
   data          BYTEA NOT NULL,
   PRIMARY KEY (invocation_id, stream, idx)
+);
+CREATE TABLE IF NOT EXISTS chunk_owners (
+  invocation_id TEXT PRIMARY KEY
 );
 CREATE TABLE IF NOT EXISTS results (
   invocation_id TEXT PRIMARY KEY,
@@ -183,7 +187,7 @@ CREATE OR REPLACE TRIGGER {t}_no_truncate BEFORE TRUNCATE ON {t}
 )
 
 _READ_ONLY = ("events", "checkpoints", "results", "meta", "idempotency")
-_WRITABLE = ("result_chunks", "result_audit", "leases")
+_WRITABLE = ("result_chunks", "result_audit", "chunk_owners", "leases")
 
 
 def grant_statements(role: str) -> list[str]:
@@ -444,6 +448,10 @@ class PostgresBackend:
                 self._index_due = self._wants_index(conn)
                 return
         conn.execute(SCHEMA)
+        # New, or from before schema 2: name the chunks no marker names (``chunk_owners``), once
+        # -- inside the opening transaction, which holds the chain head: no chunk or marker of
+        # another broker comes between the scan and the schema's new number.
+        self.tables(conn).fill_chunk_owners()
         conn.execute(
             "INSERT INTO meta (name, value) VALUES ('schema', %s) ON CONFLICT (name) DO UPDATE "
             "SET value = excluded.value",

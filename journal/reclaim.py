@@ -20,6 +20,12 @@ transaction per ``BATCH`` candidates.  Nothing is
 appended: the chain, the checkpoints and ``verify`` are untouched, and what was dropped is the
 caller's to log.
 
+The candidates are the rows of ``chunk_owners`` (schema 6 on SQLite, 2 on PostgreSQL): an
+invocation is named there with its first chunk and taken out by the transaction that stores its
+marker, or by the reclaim that drops its chunks -- so the read is of the few invocations with
+uncommitted chunks, not a scan of every chunk row (``tests/benchmarks/reclaim_candidates.py``).
+A name whose marker is stored after all (an older broker's commit) is only taken out.
+
 Not reclaimed here: on a SQLite journal a long result's bytes go to segment files and become
 rows only with the commit (``segments.py``), so an interrupted attempt leaves unreferenced bytes
 in a segment, not rows; a segment only grows.
@@ -28,12 +34,13 @@ in a segment, not rows; a segment only grows.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from affidavit.statemachine import STATES
 
 from .txn import Txn
 
-__all__ = ["BATCH", "reclaim_op"]
+__all__ = ["BATCH", "Reclaimed", "Reclamation", "reclaim_op"]
 
 BATCH = 200
 """Candidates one writer transaction checks and drops (``Journal.reclaim_chunks``): the
@@ -43,24 +50,53 @@ behind with every call it cancels mid-body, thousands between two restarts: in o
 transaction (~0.5 ms each on PostgreSQL) their check would hold the head past that bound."""
 
 
-def reclaim_op(candidates: Sequence[str]) -> Callable[[Txn], list[str]]:
-    """The writer op: of ``candidates`` (the invocations a read found with chunk rows and no
-    marker, ``Tables.unmarked_chunk_owners`` -- read outside the writer's transaction, so that
-    the scan of every chunk row does not hold the chain head other brokers wait for), drop the
-    chunk rows of each still without a marker whose record is final; answer those.  Every
-    record is checked before the first row is deleted, so a refusal (an altered row) leaves
-    the transaction with nothing written."""
+@dataclass(frozen=True, slots=True)
+class Reclaimed:
+    """One final record's uncommitted chunks, dropped (or, in a dry run, droppable)."""
 
-    def op(txn: Txn) -> list[str]:
+    invocation_id: str
+    chunks: int
+    """Its ``result_chunks`` rows."""
+    audit: int
+    """Its ``result_audit`` rows (auditor copies)."""
+    bytes: int
+    """The stored (sealed) bytes of both."""
+
+
+@dataclass(frozen=True, slots=True)
+class Reclamation:
+    """What one reclaim did (``Journal.reclaim``)."""
+
+    dropped: list[Reclaimed]
+    """The final records whose chunks were dropped (a dry run: would be), by invocation id."""
+    kept: list[str]
+    """The records with uncommitted chunks that are still open (an attempt under way, here or
+    on another broker, or one a stopped broker left for a daemon's start-up recovery): kept."""
+
+
+def reclaim_op(candidates: Sequence[str], *, dry_run: bool = False) -> Callable[[Txn], Reclamation]:
+    """The writer op: of ``candidates`` (``Tables.unmarked_chunk_owners``, read outside the
+    writer's transaction), drop the chunk rows of each still without a marker whose record is
+    final; answer those, with what was dropped.  A candidate with a marker is only taken out
+    of ``chunk_owners``.  Every record is checked before the first row is deleted, so a refusal
+    (an altered row) leaves the transaction with nothing written.  ``dry_run``: the same
+    checks, nothing written."""
+
+    def op(txn: Txn) -> Reclamation:
         txn.preload(set(candidates))  # their events in a few reads, not one read each
         tables = txn.tables
-        drop = [
-            iid
-            for iid in candidates
-            if not tables.has_result(iid) and STATES[txn.projector(iid).state].final
-        ]
-        for iid in drop:
-            tables.drop_unmarked_chunks(iid)
-        return drop
+        marked = {iid for iid in candidates if tables.has_result(iid)}
+        drop: list[str] = []
+        kept: list[str] = []
+        for iid in candidates:
+            if iid not in marked:
+                (drop if STATES[txn.projector(iid).state].final else kept).append(iid)
+        done = [Reclaimed(iid, *tables.chunk_sizes(iid)) for iid in drop]
+        if not dry_run:
+            for iid in sorted(marked):
+                tables.disown_chunks(iid)
+            for iid in drop:
+                tables.drop_unmarked_chunks(iid)
+        return Reclamation(done, kept)
 
     return op

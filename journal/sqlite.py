@@ -29,11 +29,14 @@ segment.  ``events_accepted_key`` (schema 5) indexes each ACTION_ACCEPTED that n
 idempotency key by that key (a partial expression index over ``attrs``), so a bind that finds no
 binding row asks the chain whether the key was bound before (``bindings.py``); a writer opening
 a journal from before builds it in its opening transaction.  It is an index, not evidence: the
-query answers the same from the table when it is dropped or redefined.  ``events_session``
-indexes the events by ``(session_id, seq, invocation_id)`` for the session views (a session's
-page and total read its rows, not the journal's); no schema version marks it -- every broker's
-writes keep it and none relies on it -- and a writer opening a journal without it builds it,
-logged (``_unbuilt``).
+query answers the same from the table when it is dropped or redefined.  ``chunk_owners`` (schema 6)
+names each invocation with chunk rows stored and no marker yet (``tables.py``), so the reclaim
+of an interrupted attempt's chunks (``reclaim.py``) reads that small table instead of scanning
+every chunk row; a writer opening a journal from before fills it, once, by that scan.
+``events_session`` indexes the events by ``(session_id, seq, invocation_id)`` for the session
+views (a session's page and total read its rows, not the journal's); no schema version marks
+it -- every broker's writes keep it and none relies on it -- and a writer opening a journal
+without it builds it, logged (``_unbuilt``).
 """
 
 from __future__ import annotations
@@ -64,7 +67,7 @@ log = logging.getLogger("affidavit.journal")
 
 BUSY_TIMEOUT_MS = 30_000
 SESSION_INDEX = "events_session"
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 EXTEND_CHAIN = f"""CREATE TRIGGER IF NOT EXISTS events_extend_chain BEFORE INSERT ON events
 WHEN coalesce((SELECT NEW.seq IS NOT seq + 1 OR NEW.prev_hash IS NOT hash FROM events
@@ -130,6 +133,9 @@ CREATE TABLE IF NOT EXISTS result_chunks (
   idx           INTEGER NOT NULL CHECK (idx >= 0),
   data          BLOB NOT NULL,
   PRIMARY KEY (invocation_id, stream, idx)
+);
+CREATE TABLE IF NOT EXISTS chunk_owners (
+  invocation_id TEXT PRIMARY KEY
 );
 CREATE TABLE IF NOT EXISTS results (
   invocation_id TEXT PRIMARY KEY,
@@ -519,6 +525,9 @@ class SqliteBackend:
         indexed = conn.execute(
             "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'invocations'"
         ).fetchone()
+        owned = conn.execute(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'chunk_owners'"
+        ).fetchone()
         building = _unbuilt(conn, SESSION_INDEX, self.where)
         started = time.monotonic()
         # executescript() would COMMIT first; run the statements inside our transaction.
@@ -535,6 +544,8 @@ class SqliteBackend:
                 "INSERT INTO invocations (first_seq, invocation_id) "
                 "SELECT min(seq), invocation_id FROM events GROUP BY invocation_id"
             )
+        if owned is None:  # new, or from before schema 6: name the chunks no marker names
+            self.tables(conn).fill_chunk_owners()
         conn.execute(
             "INSERT INTO meta (name, value) VALUES ('schema', ?) ON CONFLICT (name) DO UPDATE "
             "SET value = max(CAST(value AS INTEGER), CAST(excluded.value AS INTEGER))",

@@ -500,19 +500,29 @@ class Journal(JournalReader):
     async def reclaim_chunks(self) -> list[str]:
         """Drop the stored chunks no committed result names, of every final record
         (``reclaim.py``: side storage, outside the chain -- ``verify`` is unaffected); return the
-        invocations whose chunks were dropped.  Nothing is appended.
+        invocations whose chunks were dropped.  Nothing is appended (``reclaim``)."""
+        return [r.invocation_id for r in (await self.reclaim()).dropped]
+
+    async def reclaim(self, *, dry_run: bool = False) -> reclaim.Reclamation:
+        """``reclaim_chunks``, answering what each dropped invocation had stored (chunk rows,
+        auditor copies, bytes) and which records keep theirs, still open; ``dry_run``: what it
+        would drop now, nothing written (``affidavit journal reclaim``).
 
         The candidates are read off the event loop, on a connection of their own (the shared
-        reader's is not thread-safe): their query's time grows with the chunk tables, and a
-        daemon's calls must not wait for it.  Cancellable at every wait: a cancellation while
-        the read runs leaves its thread to finish and close that connection; between batches
-        nothing is left half-done (each batch is one transaction)."""
+        reader's is not thread-safe): a read of ``chunk_owners`` (``reclaim.py``), small, but a
+        database read all the same, which a daemon's calls must not wait for.  Cancellable at
+        every wait: a cancellation while the read runs leaves its thread to finish and close
+        that connection; between batches nothing is left half-done (each batch is one
+        transaction)."""
         candidates = await trio.to_thread.run_sync(self._reclaim_candidates, abandon_on_cancel=True)
-        dropped: list[str] = []
+        done = reclaim.Reclamation([], [])
         for start in range(0, len(candidates), reclaim.BATCH):  # the head held per batch
             batch = candidates[start : start + reclaim.BATCH]
-            dropped += await self._writer.submit(reclaim.reclaim_op(batch), barrier=False)
-        return dropped
+            op = reclaim.reclaim_op(batch, dry_run=dry_run)
+            part = await self._writer.submit(op, barrier=False)
+            done.dropped.extend(part.dropped)
+            done.kept.extend(part.kept)
+        return done
 
     def _reclaim_candidates(self) -> list[str]:
         """``Tables.unmarked_chunk_owners`` on a read-only connection opened (and closed) here,

@@ -114,12 +114,23 @@ SQL: dict[str, str] = {
     "has_result": "SELECT 1 FROM results WHERE invocation_id = ?",
     "insert_result": "INSERT INTO results (invocation_id, seq, sha256, streams, summary) "
     "VALUES (?,?,?,?,?)",
-    "unmarked_chunk_owners": " UNION ".join(
-        f"SELECT DISTINCT c.invocation_id FROM {table} c WHERE NOT EXISTS "
+    # ``chunk_owners``: one row per invocation with chunk rows stored and no marker yet, added
+    # with its first chunk and dropped by the transaction that writes its marker -- so the
+    # reclaim's candidates are read from it, not from a scan of every chunk row.
+    "unmarked_chunk_owners": "SELECT invocation_id FROM chunk_owners ORDER BY 1",
+    "own_chunks": "INSERT INTO chunk_owners (invocation_id) SELECT CAST(? AS TEXT) WHERE NOT "
+    "EXISTS (SELECT 1 FROM results WHERE invocation_id = ?) ON CONFLICT (invocation_id) DO "
+    "NOTHING",
+    "disown_chunks": "DELETE FROM chunk_owners WHERE invocation_id = ?",
+    # Once, when a journal from before ``chunk_owners`` gains it: every invocation with chunk
+    # rows (or auditor copies) and no marker -- the scan the reclaim ran at each start before.
+    "fill_chunk_owners": "INSERT INTO chunk_owners (invocation_id) "
+    + " UNION ".join(
+        f"SELECT c.invocation_id FROM {table} c WHERE NOT EXISTS "
         "(SELECT 1 FROM results r WHERE r.invocation_id = c.invocation_id)"
         for table in _CHUNKS.values()
     )
-    + " ORDER BY 1",
+    + " ON CONFLICT (invocation_id) DO NOTHING",
     **{
         f"{op}_{table}": sql.replace("TABLE", table)
         for table in _CHUNKS.values()
@@ -133,6 +144,8 @@ SQL: dict[str, str] = {
             "chunk": "SELECT data FROM TABLE WHERE invocation_id = ? AND stream = ? AND idx = ?",
             "every": "SELECT invocation_id, stream, idx, data FROM TABLE "
             "ORDER BY invocation_id, stream, idx",
+            "sizes": "SELECT count(*), coalesce(sum(length(data)), 0) FROM TABLE "
+            "WHERE invocation_id = ?",
         }.items()
     },
     # -- checkpoints, keys and meta ----------------------------------------------------------
@@ -368,7 +381,9 @@ class Tables:
         return self.one("has_result", (iid,)) is not None
 
     def insert_result(self, iid: str, seq: int, sha: str, streams: str, summary: bytes) -> None:
+        """The marker; its chunks stop being a reclaim's candidate in the same transaction."""
         self.run("insert_result", (iid, seq, sha, streams, summary))
+        self.run("disown_chunks", (iid,))
 
     def drop_stream(self, iid: str, stream: str) -> None:
         """Forget a stream's chunks and auditor copies (a new attempt starts it over)."""
@@ -376,17 +391,44 @@ class Tables:
             self.run(f"drop_{table}", (iid, stream))
 
     def unmarked_chunk_owners(self) -> list[str]:
-        """The invocations with chunk rows (or auditor copies) but no completeness marker:
-        chunks no committed RESULT_COMMITTED names (``Journal.reclaim_chunks``)."""
+        """The invocations with chunk rows (or auditor copies) stored while they had no
+        completeness marker and not reclaimed since (``chunk_owners``; ``Journal.reclaim_chunks``
+        checks each again): a read of that small table, not of every chunk row."""
         return [iid for (iid,) in self.rows("unmarked_chunk_owners")]
+
+    def fill_chunk_owners(self) -> None:
+        """Name in ``chunk_owners`` every invocation with chunk rows and no marker: once, in the
+        transaction that gives a journal from before it the table."""
+        self.run("fill_chunk_owners")
+
+    def disown_chunks(self, iid: str) -> None:
+        """Take the invocation out of ``chunk_owners`` (its marker is stored, or its chunks are
+        dropped)."""
+        self.run("disown_chunks", (iid,))
+
+    def chunk_sizes(self, iid: str) -> tuple[int, int, int]:
+        """(chunk rows, auditor copies, their stored bytes) of an invocation."""
+        counts, size = [], 0
+        for table in _CHUNKS.values():
+            n, b = self.one(f"sizes_{table}", (iid,))
+            counts.append(int(n))
+            size += int(b)
+        return counts[0], counts[1], size
 
     def drop_unmarked_chunks(self, iid: str) -> None:
         """Forget every chunk row and auditor copy of an invocation without a marker."""
         for table in _CHUNKS.values():
             self.run(f"drop_all_{table}", (iid,))
+        self.disown_chunks(iid)
 
     def put_chunk(self, audit: bool, iid: str, stream: str, idx: int, data: bytes) -> None:
+        """Store a chunk.  A stream's chunk 0 is always stored first (it starts the stream
+        over), so with it the invocation is named in ``chunk_owners`` -- unless its marker is
+        stored already (the auditor's copy of the summary, written with the marker; a copy
+        into a new journal, ``migrate.py``)."""
         self.run(f"put_{_CHUNKS[audit]}", (iid, stream, idx, data))
+        if idx == 0:
+            self.run("own_chunks", (iid, iid))
 
     def chunks(self, audit: bool, iid: str) -> Iterator[tuple[str, int, bytes]]:
         """(stream, idx, stored blob) of the invocation's chunks (``audit``: auditor copies),

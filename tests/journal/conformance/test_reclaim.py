@@ -100,9 +100,9 @@ def test_a_reclaim_of_many_records_holds_the_chain_head_one_batch_at_a_time(
     sizes: list[int] = []
     real_op = reclaim.reclaim_op
 
-    def counted(candidates: Sequence[str]) -> Any:
+    def counted(candidates: Sequence[str], **kw: Any) -> Any:
         sizes.append(len(candidates))
-        return real_op(candidates)
+        return real_op(candidates, **kw)
 
     monkeypatch.setattr(reclaim, "reclaim_op", counted)
     closing = {"code": "REMOTE_OUTCOME_UNKNOWN", "generation": 0}
