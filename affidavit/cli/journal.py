@@ -1,8 +1,10 @@
 """Journal views and checks on the command line: ``affidavit journal verify|anchor|public-key|
-audit-keygen|audit-open|open-sealed``, ``affidavit actions``, ``affidavit record ID``, ``affidavit
-sessions`` and ``affidavit metrics`` (each with ``--json`` where it prints data).
+audit-keygen|audit-open|open-sealed`` (and ``reclaim``, ``reclaim.py``), ``affidavit actions``,
+``affidavit record ID``, ``affidavit sessions`` and ``affidavit metrics`` (each with ``--json``
+where it prints data).
 
-All of them open the journal read-only and need no secret key: the views read only plaintext,
+All of them but ``reclaim`` (a writer, with the journal's keys: ``reclaim.py``) open the
+journal read-only and need no secret key: the views read only plaintext,
 secret-free columns; ``verify`` and ``anchor`` check the hash chain, the signed checkpoints and
 the stored results with a public key (``--public-key``, an ``--anchor``'s, or the one the journal
 records); ``audit-open`` uses the *auditor's* private key, which the broker never holds.  Only
@@ -135,6 +137,10 @@ def add_commands(sub: Any) -> None:
         "signing_key -- never the key the file records)",
     )
     mg.set_defaults(handler=_migrate)
+
+    from affidavit.cli import reclaim
+
+    reclaim.add_command(jsub)
 
     kg = jsub.add_parser(
         "audit-keygen",

@@ -1,0 +1,148 @@
+"""``affidavit journal reclaim [--dry-run]``: drop the chunk rows of results that never committed
+(``affidavit.journal.reclaim``) now, as a daemon does at each start -- for a journal used only
+embedded (``affidavit call``, ``Broker.open``), whose users otherwise have only
+``Journal.reclaim_chunks()``.
+
+Only the chunks of a record that is final and has no marker go; an open record's stay (an
+attempt under way, or one a stopped broker left open: a daemon's start-up recovery closes it).
+Nothing is appended, so the chain and ``verify`` are unchanged.  ``--dry-run`` lists what would
+go -- the same checks in the same writer transactions, nothing written.
+
+It opens the journal as a writer, with the journal's sealing and signing keys (the config's, or
+``<path>.key`` and ``<path>.signing.key`` beside ``--journal PATH``): both must exist -- a key
+it made anew would not be the journal's.  A SQLite journal a daemon owns is refused
+(``JOURNAL_LOCKED``: the daemon reclaims at its own start; stop it to run this).  A shared
+(PostgreSQL) journal is not locked: its brokers reclaim alongside each other, each batch under
+the chain head.
+
+Exit status: 0 done (also when nothing was to drop); 2 (one line, a stable code, never a
+traceback) when the journal or a key cannot be used, or a daemon owns the journal.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from affidavit.cli import UsageError, config_refusal
+
+if TYPE_CHECKING:
+    from affidavit.journal.reclaim import Reclaimed, Reclamation
+
+__all__ = ["add_command"]
+
+
+def add_command(jsub: Any) -> None:
+    from affidavit.cli.journal import common_options
+
+    rc = jsub.add_parser(
+        "reclaim",
+        help="drop the stored chunks of results that never committed (of closed records only)",
+    )
+    common_options(rc)
+    rc.add_argument(
+        "--dry-run", action="store_true", help="list what would be dropped; change nothing"
+    )
+    rc.set_defaults(handler=_reclaim)
+
+
+def _opening(args: argparse.Namespace) -> dict[str, Any]:
+    """``Journal.open``'s arguments: ``--journal`` (its keys beside a file) or the config's
+    ``[journal]``; a key file that is not there is refused, never created."""
+    from affidavit.cli import journal_refusal
+    from affidavit.cli.journal import _is_url, _journal_path
+    from affidavit.config import ConfigError, load_config
+    from affidavit.journal import JournalError
+    from affidavit.journal.backend import open_backend
+
+    location = _journal_path(args)
+    try:  # "no journal at ...": never create one here
+        backend = open_backend(location)
+        backend.close(backend.connect("tool"))
+    except JournalError as exc:
+        raise journal_refusal(exc) from None
+    if args.journal and not _is_url(args.journal):
+        path = Path(args.journal)
+        found: dict[str, Any] = {
+            "path": path,
+            "key_file": Path(f"{path}.key"),
+            "signing_key": Path(f"{path}.signing.key"),
+        }
+    else:
+        try:
+            journal = load_config(args.config).journal
+        except ConfigError as exc:
+            raise config_refusal(exc) from None
+        found = {
+            "path": location,
+            "key_file": journal.key_file,
+            "signing_key": journal.signing_key,
+            "auditor_public_key": journal.auditor_public_key,
+            "reconnect_within": journal.reconnect,
+        }
+    for what, name in (("sealing key", "key_file"), ("signing key", "signing_key")):
+        if not found[name].is_file():
+            raise UsageError(
+                f"no {what} at {found[name]}: reclaim opens the journal with its own keys "
+                "(name them in the config's [journal], or keep them beside --journal PATH)",
+                "FILE_UNUSABLE",
+            )
+    return found
+
+
+def _reclaim(args: argparse.Namespace) -> int:
+    from affidavit.cli.call import run_journal
+    from affidavit.journal import Journal
+
+    opening = _opening(args)
+    location = opening.pop("path")
+
+    async def main() -> Reclamation:
+        async with Journal.open(location, **opening) as journal:
+            return await journal.reclaim(dry_run=args.dry_run)
+
+    done = run_journal(main)
+    _report(args, done)
+    return 0
+
+
+def _report(args: argparse.Namespace, done: Reclamation) -> None:
+    from affidavit.cli.journal import _out, print_json
+
+    chunks = sum(r.chunks for r in done.dropped)
+    audit = sum(r.audit for r in done.dropped)
+    size = sum(r.bytes for r in done.dropped)
+    if args.json:
+        print_json(
+            {
+                "dry_run": args.dry_run,
+                "records": [_record(r) for r in done.dropped],
+                "chunks": chunks,
+                "auditor_copies": audit,
+                "bytes": size,
+                "kept_open": done.kept,
+            }
+        )
+        return
+    for r in done.dropped:
+        _out(f"{r.invocation_id}  {r.chunks} chunks, {r.audit} auditor copies, {r.bytes} bytes")
+    verb = "would reclaim" if args.dry_run else "reclaimed"
+    _out(
+        f"{verb} the uncommitted chunks of {len(done.dropped)} closed record(s): {chunks} chunks, "
+        f"{audit} auditor copies, {size} bytes"
+    )
+    if done.kept:
+        _out(
+            f"kept those of {len(done.kept)} open record(s) (an attempt under way, or one a "
+            "stopped broker left open: a daemon's start-up recovery closes it)"
+        )
+
+
+def _record(r: Reclaimed) -> dict[str, Any]:
+    return {
+        "invocation_id": r.invocation_id,
+        "chunks": r.chunks,
+        "auditor_copies": r.audit,
+        "bytes": r.bytes,
+    }
