@@ -441,13 +441,27 @@ class PostgresBackend:
 
     def _create(self, conn: Any) -> None:
         have = conn.execute("SELECT to_regclass('meta') IS NOT NULL").fetchone()[0]
+        found = None
         if have:
             row = conn.execute("SELECT value FROM meta WHERE name = 'schema'").fetchone()
+            found = None if row is None else row[0]
             if row is not None and int(row[0]) >= SCHEMA_VERSION:
                 # Current: a broker role needs no DDL privilege to open it.
                 self._index_due = self._wants_index(conn)
                 return
-        conn.execute(SCHEMA)
+        try:
+            conn.execute(SCHEMA)
+        except psycopg.errors.InsufficientPrivilege:
+            if not have:
+                raise
+            # An older schema, opened by a broker role that owns nothing: say what to do.
+            raise JournalError(
+                f"journal {self.where} has schema {found or 1}; this affidavit upgrades it to "
+                f"schema {SCHEMA_VERSION} (a table chunk_owners, filled once), which only the "
+                "tables' owner may do: open it once as the owner (any writer does, e.g. "
+                "`affidavit journal reclaim --journal OWNER_URL --config ...`), then "
+                "grant the broker role chunk_owners (docs/journal.md)"
+            ) from None
         # New, or from before schema 2: name the chunks no marker names (``chunk_owners``), once
         # -- inside the opening transaction, which holds the chain head: no chunk or marker of
         # another broker comes between the scan and the schema's new number.

@@ -821,3 +821,37 @@ async def test_a_journal_whose_tables_are_unlogged_is_refused(
         pg.sql(f"ALTER TABLE {table} SET LOGGED", database)
         async with Journal.open(pg_url, **_keys(tmp_path, "a")) as j:
             await j.append(happy(f"inv-{table}")[0])
+
+
+async def test_a_broker_role_opening_a_schema_1_journal_is_told_to_have_the_owner_upgrade_it(
+    pg: Cluster, pg_url: str, tmp_path: Path
+) -> None:
+    """Schema 2 adds ``chunk_owners`` (filled once from the unmarked chunks): DDL, which a
+    broker role that owns nothing may not run.  It is refused with what to do -- not "permission
+    denied for schema public" -- and opens once the owner has upgraded and granted the table."""
+    database = pg_url.rsplit("/", 1)[1]
+    async with Journal.open(pg_url, **_keys(tmp_path, "owner")):
+        pass
+    pg.sql("DROP TABLE chunk_owners", database)  # as schema 1 left it
+    pg.sql("UPDATE meta SET value = '1' WHERE name = 'schema'", database)
+    pg.sql("DROP ROLE IF EXISTS old_broker")
+    pg.sql("CREATE ROLE old_broker LOGIN PASSWORD 'broker-pw'")
+    for statement in grant_statements("old_broker"):
+        pg.sql(statement.replace(", chunk_owners", ""), database)  # schema 1's grants
+    broker_url = pg.url(database, user="old_broker", password="broker-pw")
+    with pytest.raises(JournalError) as refused:
+        async with Journal.open(broker_url, **_keys(tmp_path, "broker")):
+            pass
+    message = str(refused.value)
+    assert "has schema 1; this affidavit upgrades it to schema 2" in message
+    assert "only the tables' owner may do" in message and "broker-pw" not in message
+    assert pg.sql("SELECT value FROM meta WHERE name = 'schema'", database) == [("1",)]
+    async with Journal.open(pg_url, **_keys(tmp_path, "owner")):
+        pass  # the owner's open upgrades it
+    for statement in grant_statements("old_broker"):
+        pg.sql(statement, database)
+    async with Journal.open(broker_url, **_keys(tmp_path, "broker")) as j:
+        for ev in happy("inv-1"):
+            await j.append(ev)
+        await j.put_result_chunk("inv-1", "body", 0, b"kept")
+    assert pg.sql("SELECT invocation_id FROM chunk_owners", database) == [("inv-1",)]
