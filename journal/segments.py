@@ -552,7 +552,7 @@ class SegmentWriter:
             assert isinstance(tables, SegmentTables)
             tables.drop_result(iid)
             tables.put_segment_refs(refs)
-            for table, stream, idx, blob in inline:
-                tables.put_chunk(table, iid, stream, idx, blob)
+            for table, stream, idx, blob in inline:  # the marker follows in this transaction
+                tables.put_chunk(table, iid, stream, idx, blob, own=False)
 
         return per, write

@@ -421,13 +421,17 @@ class Tables:
             self.run(f"drop_all_{table}", (iid,))
         self.disown_chunks(iid)
 
-    def put_chunk(self, audit: bool, iid: str, stream: str, idx: int, data: bytes) -> None:
+    def put_chunk(
+        self, audit: bool, iid: str, stream: str, idx: int, data: bytes, *, own: bool = True
+    ) -> None:
         """Store a chunk.  A stream's chunk 0 is always stored first (it starts the stream
         over), so with it the invocation is named in ``chunk_owners`` -- unless its marker is
         stored already (the auditor's copy of the summary, written with the marker; a copy
-        into a new journal, ``migrate.py``)."""
+        into a new journal, ``migrate.py``).  ``own=False``: the caller writes the marker in
+        this same transaction (a segment writer's commit, ``segments.py``), which would take
+        the name out again -- a page written twice for nothing in each such commit."""
         self.run(f"put_{_CHUNKS[audit]}", (iid, stream, idx, data))
-        if idx == 0:
+        if idx == 0 and own:
             self.run("own_chunks", (iid, iid))
 
     def chunks(self, audit: bool, iid: str) -> Iterator[tuple[str, int, bytes]]:
