@@ -12,8 +12,8 @@
     GET  /invocations/{id}              timeline, attempts, result, lifecycle; POST .../reconcile
     GET  /invocations/{id}/result.json  the stored envelope, as a download
     GET  /journal                       verify status, the last signed checkpoint, sessions
-                                        (POST /journal/verify: a whole verify, then 303
-                                        to it)
+                                        (POST /journal/verify: a whole verify -- or the
+                                        one that runs, joined -- then 303 to it)
     GET  /static/{console.css,console.js}
 
 Every request must name the console in ``Host`` (its bound address, or
@@ -241,6 +241,8 @@ class Console:
         date per request (the daemon's, shared with ``/v1/sessions`` and ``/v1/metrics``)."""
         self.verified = KeptVerify(self.summary)
         """The journal page's verify: the last whole one, extended to the head per request."""
+        self.verifying: trio.Event | None = None
+        """Set when the whole verify that runs (``_verify_whole``) ends; None when none runs."""
         self.tokens = tokens
         self.sessions = Sessions()
         self.origins = frozenset(o for o in (origin, public_origin) if o)
@@ -339,7 +341,7 @@ class Console:
             return await self._journal(req)
         if path == "/journal/verify" and method == "POST":
             _fields(form, ("csrf",))
-            await self._verified(whole=True)
+            await self._verify_whole()
             return await req.redirect("/journal")  # (a reload does not post it again)
         if path == "/logout" and method == "POST":
             self.sessions.end(req.session.id)  # type: ignore[union-attr]
@@ -560,6 +562,24 @@ class Console:
             lambda r: pages.journal_sessions(r, summary), "the journal view", summarized=True
         )
         await req.answer(200, self._render("journal.html", req, **data, **sessions))
+
+    async def _verify_whole(self) -> None:
+        """The operator's press: a whole verify -- or, while one runs, that one (one at a time
+        per journal).  A press meanwhile joins it: it waits on the event loop, holding no view
+        thread (each press held one, waiting its turn on ``KeptVerify``'s lock: four presses
+        took every view thread, and the views stalled), and its page is the running one's
+        result.  A failure is answered to the press that ran it; a press that joined is sent to
+        the page as it is."""
+        running = self.verifying
+        if running is not None:
+            await running.wait()
+            return
+        self.verifying = done = trio.Event()
+        try:
+            await self._verified(whole=True)
+        finally:
+            self.verifying = None
+            done.set()
 
     async def _verified(self, whole: bool) -> dict[str, Any]:
         """The journal page but its sessions (read on their own: a whole verify that runs does

@@ -9,6 +9,7 @@ The console is served in this process as the daemon serves it (a real loopback s
 
 from __future__ import annotations
 
+import http.client
 import re
 import sqlite3
 import threading
@@ -344,5 +345,85 @@ async def test_a_visit_while_a_whole_verify_runs_is_answered_at_once_with_the_la
         assert late == [False, False] and b'id="verify-running"' in pages[1], pages
         assert _verify_line(pages[1]).startswith("intact"), pages[1][-2000:]
         assert pressed == [303, 303]
+        _, _, page = await get(f"{origin}/journal", cookie=cookie)
+        assert b'id="verify-running"' not in page and _verify_line(page).startswith("intact")
+
+
+async def test_presses_while_a_whole_verify_runs_join_it_and_hold_no_view_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The operator presses 'Verify the whole journal now' as many times as the daemon has view
+    threads while one runs: the later presses join the running verify on the event loop (one
+    verify in all, each press answered 303 with its result), and the journal and actions pages
+    are answered meanwhile -- a press that waited its turn in a view thread took one each, and
+    with every view thread held the views stalled until the verify ended.  The console reads
+    in worker threads through the daemon's limiter (``VIEW_THREADS``)."""
+    from affidavit.daemon.app import VIEW_THREADS
+
+    path = operator_config(tmp_path, monkeypatch, {"pay": http_target("http://127.0.0.1:9")})
+    db = tmp_path / "journal.db"
+    limiter = trio.CapacityLimiter(VIEW_THREADS)
+
+    async def threaded(view: Any) -> Any:
+        def run() -> Any:
+            with JournalReader.open(db) as reader:
+                return view(reader)
+
+        return await trio.to_thread.run_sync(run, limiter=limiter)
+
+    async with open_broker(path) as b, served(b, tmp_path) as (origin, console):
+        console.read = console.read_summarized = threaded
+        cookie, csrf = await log_in_to(console, origin)
+        await b.call({"target": "nope", "method": "GET", "path": "/"})
+        _, _, page = await get(f"{origin}/journal", cookie=cookie)  # a report kept
+        assert _verify_line(page).startswith("intact")
+        calls = _counting(monkeypatch)
+        real = JournalReader.verify  # (the counting spy)
+        running, go = threading.Event(), threading.Event()
+
+        def slow(self: JournalReader, *a: Any, **k: Any) -> Any:
+            running.set()
+            assert go.wait(20.0)  # bounded
+            return real(self, *a, **k)
+
+        monkeypatch.setattr(JournalReader, "verify", slow)
+        pressed: list[int] = []
+        seen: dict[str, bytes] = {}
+
+        async def press() -> None:
+            status, headers, _ = await post(
+                f"{origin}/journal/verify", {"csrf": csrf}, {"Origin": origin, "Cookie": cookie}
+            )
+            assert headers.get("location") == "/journal", headers
+            pressed.append(status)
+
+        async def visit(name: str) -> None:
+            def run() -> bytes:  # (abandoned when not answered in time: see below)
+                conn = http.client.HTTPConnection(origin.removeprefix("http://"), timeout=20)
+                try:
+                    conn.request("GET", f"/{name}", headers={"Cookie": cookie})
+                    return conn.getresponse().read()
+                finally:
+                    conn.close()
+
+            seen[name] = await trio.to_thread.run_sync(run, abandon_on_cancel=True)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(press)
+            while not running.is_set():
+                await trio.sleep(0.01)
+            for _ in range(VIEW_THREADS):  # pressed again and again while it runs
+                nursery.start_soon(press)
+            await trio.sleep(0.3)  # (they have come in)
+            with trio.move_on_after(5.0):  # views answered while the verify is held
+                async with trio.open_nursery() as views:
+                    views.start_soon(visit, "journal")
+                    views.start_soon(visit, "actions")
+            answered = sorted(seen)
+            go.set()
+        assert answered == ["actions", "journal"], answered
+        assert b'id="verify-running"' in seen["journal"], seen["journal"][-2000:]
+        assert pressed == [303] * (VIEW_THREADS + 1)
+        assert calls["verify"] == 1, calls  # one verify for every press
         _, _, page = await get(f"{origin}/journal", cookie=cookie)
         assert b'id="verify-running"' not in page and _verify_line(page).startswith("intact")
