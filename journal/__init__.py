@@ -74,7 +74,7 @@ from .rows import AlteredRow, json_copy
 from .sealing import AuditOpener, generate_auditor_keypair, open_audit_payload, random_bytes
 from .signing import Anchor, Checkpoint, SigningKey, load_anchor, load_public_key, public_key_pem
 from .store import Journal
-from .summary import SessionSummary
+from .summary import AsOf, SessionSummary
 from .writer import Batch, Posted
 
 __all__ = [
@@ -82,6 +82,7 @@ __all__ = [
     "AlteredRow",
     "Anchor",
     "ApprovalLapsed",
+    "AsOf",
     "AuditOpener",
     "Backend",
     "Batch",

@@ -21,10 +21,16 @@ verify that finds a row altered has it ``forget`` (the console's journal page do
 its invocation has an event after that seq: its rows are then read again, and a session, first
 seq or first time other than the kept one (a row altered) folds the whole journal again, so
 no answer mixes the row as it was with the row as it is.
+
+So every kept answer says what it is as of (``AsOf``): the last seq folded into it, and when
+the last whole verify this summary was told of (``verified``: the console's) completed, how
+far it reached and its verdict -- a row altered before that seq since it was folded is in the
+answer as it was folded, until a whole verify finds it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Callable, Hashable, Iterable, Iterator
 from typing import Any
@@ -34,7 +40,7 @@ from affidavit.statemachine import ImpossibleEvent, Record, fold_runs
 from .rows import close_rows, fold_events, unfoldable
 from .tables import Tables
 
-__all__ = ["SessionSummary"]
+__all__ = ["AsOf", "SessionSummary"]
 
 _BATCH = 500
 """Invocations whose events one statement reads (``Tables.fold_rows_of``)."""
@@ -163,6 +169,23 @@ class _State:
         s.add(inv, first_at)
 
 
+@dataclasses.dataclass(frozen=True)
+class AsOf:
+    """What a kept answer is as of: ``through``, the last journal seq folded into it (rows
+    before it were read when they were folded, not since); ``verified_at``, when the last
+    whole verify the summary was told of completed (None: none since it was made), whether it
+    found the journal intact (``verified_ok``) and through which seq (``verified_through``:
+    the rows before the first bad one when broken)."""
+
+    through: int
+    verified_at: float | None
+    verified_through: int | None
+    verified_ok: bool | None
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
 class SessionSummary:
     """``JournalReader.sessions``' answer, kept (``JournalReader.summarized_sessions``) --
     and, given ``tally`` (what a view counts of a record: ``views.metrics_key``), how many
@@ -173,11 +196,16 @@ class SessionSummary:
         self._lock = threading.Lock()
         self._state = _State()
         self._tally = tally
+        self._verified: tuple[float, int, bool] | None = None
+        """The last whole verify told of (``verified``): when it completed, through, intact."""
+        self._answered = threading.local()
+        """``as_of``: per thread, what the last answer it was given is as of."""
 
     def sessions(self, tables: Tables, now: float) -> list[dict[str, Any]]:
         """Brought up to the head, then its entries.  Call inside one read transaction."""
         with self._lock:
             state = self._refresh(tables, now)
+            self._mark(state)
             return [s.entry() for s in state.sessions.values()]
 
     def tallies(
@@ -188,6 +216,7 @@ class SessionSummary:
         ``since``: O(invocations) in memory, no row read but the changed ones')."""
         with self._lock:
             state = self._refresh(tables, now)
+            self._mark(state)
             if since is None:
                 return dict(state.tallies)
             out: dict[Hashable, int] = {}
@@ -196,11 +225,31 @@ class SessionSummary:
                     out[inv.tally] = out.get(inv.tally, 0) + 1
             return out
 
+    def as_of(self) -> AsOf | None:
+        """What the last answer of ``sessions`` or ``tallies`` given to this thread is as of
+        (None before one): ask it in the thread that was answered, right after -- another
+        thread may bring the summary further meanwhile, and its answer is its own."""
+        as_of: AsOf | None = getattr(self._answered, "as_of", None)
+        return as_of
+
+    def verified(self, at: float, through: int, ok: bool) -> None:
+        """A whole verify completed at ``at``, through seq ``through``: the kept answers say
+        so from now on; one that found a row altered (not ``ok``) has the whole journal
+        folded again at the next request (``forget``)."""
+        with self._lock:
+            self._verified = (at, through, ok)
+            if not ok:
+                self._state = _State()
+
     def forget(self) -> None:
         """Fold the whole journal again at the next request: a verify found a row altered,
         and a row before the seq folded through is not read again otherwise."""
         with self._lock:
             self._state = _State()
+
+    def _mark(self, state: _State) -> None:
+        at, through, ok = self._verified or (None, None, None)
+        self._answered.as_of = AsOf(state.through, at, through, ok)
 
     def count(self, tables: Tables, now: float) -> int | None:
         """How many invocations the journal has, brought up to the head -- None when nothing

@@ -686,6 +686,7 @@ def _metrics(args: argparse.Namespace) -> int:
             sys.stdout.write(daemon_text(response))
             return 0
         data = daemon_json(response)
+        data.pop("as_of", None)  # (the daemon's marker of its kept counts: not the CLI's view)
     else:
         from affidavit.views import metrics
 

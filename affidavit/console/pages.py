@@ -169,12 +169,18 @@ def actions_page(
         records = (r for r in records if (r.code.value if r.code else "OK") == code)
     newest = Newest(MAX_ROWS)
     found = metrics(newest.feed(records))
-    return _page(found, newest.records, newest.total)
+    return {**_page(found, newest.records, newest.total), "as_of": None}  # (folded now)
 
 
 def _unfiltered_page(reader: JournalReader, summary: SessionSummary) -> dict[str, Any]:
     tallies, records, total = reader.summarized_page(summary, MAX_ROWS)
-    return _page(metrics_of(tallies), records, total)
+    return {**_page(metrics_of(tallies), records, total), "as_of": _as_of(summary)}
+
+
+def _as_of(summary: SessionSummary) -> dict[str, Any] | None:
+    """What the kept answer just given (in this thread) is as of (``SessionSummary.as_of``)."""
+    as_of = summary.as_of()
+    return None if as_of is None else as_of.to_json()
 
 
 def _page(found: Mapping[str, Any], records: list[Any], total: int) -> dict[str, Any]:
@@ -266,8 +272,14 @@ def journal_sessions(reader: JournalReader, summary: SessionSummary | None) -> d
     try:
         sessions = reader.sessions() if summary is None else reader.summarized_sessions(summary)
     except AlteredRow as exc:
-        return {"sessions": [], "sessions_total": 0, "sessions_error": str(exc)}
-    return {**_newest_sessions(sessions), "sessions_error": None}
+        return {
+            "sessions": [],
+            "sessions_total": 0,
+            "sessions_error": str(exc),
+            "sessions_as_of": None,
+        }
+    as_of = None if summary is None else _as_of(summary)
+    return {**_newest_sessions(sessions), "sessions_error": None, "sessions_as_of": as_of}
 
 
 def _newest_sessions(sessions: list[dict[str, Any]]) -> dict[str, Any]:

@@ -54,8 +54,9 @@ class KeptVerify:
         self, summary: SessionSummary | None = None, clock: Callable[[], float] = time.time
     ) -> None:
         self._summary = summary
-        """The kept views (``SessionSummary``): a whole verify that finds a row altered makes
-        it fold the journal again (it does not read again a row it folded before)."""
+        """The kept views (``SessionSummary``): told of each whole verify (their answers say
+        when it completed and its verdict); one that finds a row altered makes it fold the
+        journal again (it does not read again a row it folded before)."""
         self._lock = threading.Lock()
         self._clock = clock
         self._whole: _Whole | None = None
@@ -120,8 +121,8 @@ class KeptVerify:
         at = self._clock()
         self._whole, self._shown = _Whole(report, at), (report, at, report.count)
         self._base = report if report.ok else None
-        if not report.ok and self._summary is not None:
-            self._summary.forget()  # its rows are read again, as a full fold reads them
+        if self._summary is not None:  # the kept views say when; broken: they read it all again
+            self._summary.verified(at, report.count, report.ok)
         return self._view()
 
     def _keep(self, report: VerifyReport, unread: int) -> None:

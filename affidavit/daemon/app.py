@@ -354,13 +354,14 @@ class Api:
         with an event since the last request are folded (issue 15)."""
         limit = _limit_param(req, SESSIONS_LIMIT, MAX_SESSIONS_LIMIT)
         summary = self.summary
+
         # Cut to the page in the reading thread too: sorting many sessions is the agents' to
         # make long, and the event loop is every client's.
-        page = await self._read(
-            lambda j: newest_sessions(j.summarized_sessions(summary), limit),
-            "the sessions view",
-            summarized=True,
-        )
+        def view(j: JournalReader) -> dict[str, Any]:
+            page = newest_sessions(j.summarized_sessions(summary), limit)
+            return {**page, "as_of": _as_of(summary)}
+
+        page = await self._read(view, "the sessions view", summarized=True)
         await req.respond_json(page)
 
     async def metrics(self, req: Request) -> None:
@@ -369,10 +370,12 @@ class Api:
 
         def count(j: JournalReader) -> dict[str, Any]:
             if session is None:  # every record (since a time): kept counts (``summary``)
-                return metrics_of(j.summarized_tallies(summary, since))
+                tallies = j.summarized_tallies(summary, since)
+                return {**metrics_of(tallies), "as_of": _as_of(summary)}
             # A session's records, each counted (that is what the counts mean), one held at a
             # time: read through the session index (O(the session's events), not O(journal)).
-            return metrics(j.iter_actions(session=session, since=since))
+            # Folded now from every row: ``as_of`` None.
+            return {**metrics(j.iter_actions(session=session, since=since)), "as_of": None}
 
         data = await self._read(count, "the records the metrics count", session is None)
         fmt = req.params.get("format", "prometheus")
@@ -427,6 +430,13 @@ class Api:
         another's fold waits on the event loop, not in a thread of ``read``'s."""
         async with self.summary_turn:
             return await self.read(view)
+
+
+def _as_of(summary: SessionSummary) -> dict[str, Any] | None:
+    """What a kept answer just given (in this thread) is as of (``SessionSummary.as_of``): the
+    last seq folded, and when the last whole verify completed and its verdict."""
+    as_of = summary.as_of()
+    return None if as_of is None else as_of.to_json()
 
 
 ROUTES: dict[str, dict[str, Callable[..., Awaitable[None]]]] = {

@@ -427,3 +427,72 @@ async def test_presses_while_a_whole_verify_runs_join_it_and_hold_no_view_thread
         assert calls["verify"] == 1, calls  # one verify for every press
         _, _, page = await get(f"{origin}/journal", cookie=cookie)
         assert b'id="verify-running"' not in page and _verify_line(page).startswith("intact")
+
+
+def _as_of(page: bytes, id: str) -> str:
+    m = re.search(rf'id="{id}">([^<]*)<'.encode(), page)
+    assert m is not None, page[-3000:]
+    return " ".join(m.group(1).decode().split())
+
+
+async def test_the_kept_views_say_the_seq_they_folded_and_the_last_whole_verify(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The unfiltered actions counts and the journal page's sessions are kept (folded as rows
+    are appended, a row not read again): each says the last seq folded into it, and when the
+    last whole verify completed, through which seq and its verdict -- moving as rows are
+    appended and as a whole verify completes.  A filtered page is folded now: no marker."""
+    path = operator_config(tmp_path, monkeypatch, {"pay": http_target("http://127.0.0.1:9")})
+    refused = {"target": "nope", "method": "GET", "path": "/"}
+    now = [1_700_000_000.0]  # 2023-11-14 22:13:20 UTC
+    async with open_broker(path) as b, served(b, tmp_path) as (origin, console):
+        console.verified = KeptVerify(console.summary, clock=lambda: now[0])
+        cookie, csrf = await log_in_to(console, origin)
+        await b.call(refused)
+        _, _, page = await get(f"{origin}/actions", cookie=cookie)
+        first = b.journal.head()[0]
+        line = _as_of(page, "counts-as-of")
+        assert line.startswith(f"Kept: folded through seq {first} (each row read once"), line
+        assert line.endswith("No whole verify has completed since the daemon started."), line
+
+        await b.call(refused)
+        _, _, page = await get(f"{origin}/journal", cookie=cookie)  # (nothing kept: verified)
+        second = b.journal.head()[0]
+        assert second > first
+        line = _as_of(page, "sessions-as-of")
+        assert line.startswith(f"Kept: folded through seq {second} "), line
+        assert line.endswith(
+            f"completed at 2023-11-14 22:13:20 UTC: intact through seq {second}."
+        ), line
+
+        await b.call(refused)  # appended: the counts move, the verify does not
+        now[0] += 60.0
+        _, _, page = await get(f"{origin}/actions", cookie=cookie)
+        third = b.journal.head()[0]
+        assert third > second
+        line = _as_of(page, "counts-as-of")
+        assert line.startswith(f"Kept: folded through seq {third} "), line
+        assert line.endswith(f"22:13:20 UTC: intact through seq {second}."), line
+        _, _, page = await get(f"{origin}/actions?outcome=rejected", cookie=cookie)
+        assert b'id="counts-as-of"' not in page  # folded now, not kept
+
+        status, _, _ = await post(
+            f"{origin}/journal/verify", {"csrf": csrf}, {"Origin": origin, "Cookie": cookie}
+        )
+        assert status == 303
+        for where, id in (("actions", "counts-as-of"), ("journal", "sessions-as-of")):
+            _, _, page = await get(f"{origin}/{where}", cookie=cookie)
+            line = _as_of(page, id)
+            assert line.startswith(f"Kept: folded through seq {third} "), (where, line)
+            assert line.endswith(f"22:14:20 UTC: intact through seq {third}."), (where, line)
+
+        _alter(tmp_path / "journal.db", 2)  # found by the next whole verify: folded again
+        now[0] += 60.0
+        await post(f"{origin}/journal/verify", {"csrf": csrf}, {"Origin": origin, "Cookie": cookie})
+        _, _, page = await get(f"{origin}/actions", cookie=cookie)
+        line = _as_of(page, "counts-as-of")
+        assert line.startswith(f"Kept: folded through seq {third} "), line
+        assert line.endswith(
+            "22:15:20 UTC: BROKEN after seq 1 (the kept views were folded again from the "
+            "journal as it is)."
+        ), line

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import trio
 
@@ -415,6 +416,7 @@ async def test_the_views_kept_between_requests_answer_as_a_full_fold(
                             f"/v1/metrics?format=json&since={mark!r}",
                         )
                     ]
+                    marks = [_without_as_of(kept, i) for i in (0, 1, 3)]
                     with JournalReader.open(daemon.journal) as r:
                         counts = metrics(r.iter_actions())
                         full = [
@@ -425,9 +427,33 @@ async def test_the_views_kept_between_requests_answer_as_a_full_fold(
                         ]
                         if r.head() == head:  # all read from the same journal
                             break
+                # Each kept answer says what it is as of: the head it folded through, and that
+                # no whole verify has completed (the console's button runs one).
+                assert marks == [as_of(head[0])] * 3, (marks, head)
                 pairs.append((kept, full))
     for kept, full in pairs:
         assert kept == full
     assert json.loads(pairs[-1][0][0])["total"] == 3
     assert json.loads(pairs[-1][0][1])["invocations"] == 5
     assert json.loads(pairs[-1][0][3])["invocations"] == 3  # accepted since the mark
+
+
+def as_of(through: int) -> dict[str, Any]:
+    """A kept answer's marker (``SessionSummary.as_of``) with no whole verify completed."""
+    return {
+        "through": through,
+        "verified_at": None,
+        "verified_through": None,
+        "verified_ok": None,
+    }
+
+
+def _without_as_of(bodies: list[bytes], i: int) -> Any:
+    """The ``as_of`` of the JSON body ``bodies[i]``, taken out of it (the rest is compared with
+    a full fold's bytes)."""
+    from affidavit.daemon.http import json_body
+
+    data = json.loads(bodies[i])
+    mark = data.pop("as_of")
+    bodies[i] = json_body(data)
+    return mark

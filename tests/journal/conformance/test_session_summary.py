@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from affidavit.console import pages
-from affidavit.journal import JournalError, SessionSummary
+from affidavit.journal import AsOf, JournalError, SessionSummary
 from affidavit.journal.tables import Tables
 from affidavit.statemachine import Event, ImpossibleEvent, Projector
 from affidavit.statemachine import EventKind as E
@@ -365,3 +365,41 @@ def test_a_count_in_an_older_snapshot_does_not_fold_the_journal_again(place: Pla
         assert spy.read == {}, spy.read  # still at the newer head: nothing to read again
     full, kept = _both(place, summary)
     assert kept == full
+
+
+def test_each_answer_says_what_it_is_as_of_in_the_thread_it_was_given(place: Place) -> None:
+    """``as_of``: the seq the answer folded through and the last whole verify told of -- the
+    answer this thread was given, not one another thread was given since (which may be of a
+    newer head)."""
+    _fill(place, [happy("inv-1", "alice")])
+    summary = SessionSummary(metrics_key)
+    assert summary.as_of() is None  # nothing answered yet
+    with place.reader() as r:
+        r.summarized_sessions(summary)
+        head = r.head()[0]
+    mine = summary.as_of()
+    assert mine == AsOf(head, None, None, None)
+    _fill(place, [interrupted("inv-2", "bob")])
+
+    def other() -> None:
+        with place.reader() as r:
+            r.summarized_tallies(summary)
+            theirs.append((r.head()[0], summary.as_of()))
+
+    theirs: list[Any] = []
+    t = threading.Thread(target=other)
+    t.start()
+    t.join(10.0)
+    [(newer, as_of)] = theirs
+    assert newer > head and as_of == AsOf(newer, None, None, None)
+    assert summary.as_of() == mine  # this thread's answer is still as of the older head
+    summary.verified(1_700_000_100.0, newer, True)
+    with place.reader() as r:
+        r.summarized_tallies(summary, 0.0)
+    assert summary.as_of() == AsOf(newer, 1_700_000_100.0, newer, True)
+    summary.verified(1_700_000_200.0, 3, False)  # broken: folded again at the next answer
+    with place.reader() as r:
+        spy = _Counting(r.tables)
+        summary.sessions(spy, 1e9)  # type: ignore[arg-type]
+    assert "grouped_events" in spy.read, spy.read
+    assert summary.as_of() == AsOf(newer, 1_700_000_200.0, 3, False)
