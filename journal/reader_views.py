@@ -151,19 +151,30 @@ class ViewingReader(ReaderBase):
         return self._read(run, "the sessions view")
 
     def summarized_tallies(
-        self, summary: SessionSummary, since: float | None = None
+        self, summary: SessionSummary, since: float | None = None, session: str | None = None
     ) -> dict[Hashable, int]:
         """How many records have each of ``summary``'s tallies, brought up to this journal's
         head as ``summarized_sessions``: ``views.metrics_of`` makes the metrics of the whole
         view from it (``views.metrics_key``: the same as ``metrics(iter_actions())``, or
-        ``metrics(iter_actions(since=since))`` given ``since``)."""
+        ``metrics(iter_actions(session=session, since=since))`` given either).  A session's
+        are folded now (``summary.as_of()`` None) while nothing is kept, and when the kept
+        fold meets an altered row (it may be another session's)."""
         at = self._clock()
+        if session is not None and not summary.kept:  # (not the whole journal for a session)
+            return summary.tallies_of(self.iter_actions(session=session, since=since, now=at))
 
         def run(t: Tables) -> dict[Hashable, int]:
             with self.snapshot():
-                return summary.tallies(t, at, since)
+                return summary.tallies(t, at, since, session)
 
-        return self._read(run, "the actions view")  # (as ``iter_actions`` names it)
+        try:
+            return self._read(run, "the actions view")  # (as ``iter_actions`` names it)
+        except AlteredRow:
+            if session is None:
+                raise
+            # The row the kept fold met altered may be another session's: this session's
+            # records folded now, as ``iter_actions`` folds them (which fails if it is theirs).
+            return summary.tallies_of(self.iter_actions(session=session, since=since, now=at))
 
     def summarized_page(
         self, summary: SessionSummary, limit: int

@@ -209,21 +209,53 @@ class SessionSummary:
             return [s.entry() for s in state.sessions.values()]
 
     def tallies(
-        self, tables: Tables, now: float, since: float | None = None
+        self,
+        tables: Tables,
+        now: float,
+        since: float | None = None,
+        session: str | None = None,
     ) -> dict[Hashable, int]:
         """Brought up to the head, then how many records have each tally -- of those whose
         first event is at ``since`` or later, if given (``JournalReader.iter_actions``'
-        ``since``: O(invocations) in memory, no row read but the changed ones')."""
+        ``since``: O(invocations) in memory, no row read but the changed ones'), of
+        ``session``'s records only, if given (``iter_actions``' ``session``: every event of an
+        invocation carries its session; O(the session's invocations))."""
         with self._lock:
             state = self._refresh(tables, now)
             self._mark(state)
-            if since is None:
+            if since is None and session is None:
                 return dict(state.tallies)
+            if session is None:
+                invs: Iterable[_Inv] = state.invs.values()
+            else:
+                member = state.sessions.get(session)
+                invs = () if member is None else member.members
             out: dict[Hashable, int] = {}
-            for inv in state.invs.values():
-                if inv.first_at >= since and inv.tally is not None:
+            for inv in invs:
+                if (since is None or inv.first_at >= since) and inv.tally is not None:
                     out[inv.tally] = out.get(inv.tally, 0) + 1
             return out
+
+    @property
+    def kept(self) -> bool:
+        """Whether a fold is kept (read without the lock: a hint, not a promise -- a session's
+        counts are not worth the whole journal's first fold: ``JournalReader`` folds the
+        session alone until another view has made one)."""
+        return self._state.through != 0
+
+    def tallies_of(self, records: Iterable[Record]) -> dict[Hashable, int]:
+        """How many of ``records`` (folded now, not kept) have each tally; ``as_of`` is then
+        None: the answer is of every row as it is."""
+        tally = self._tally
+        if tally is None:
+            raise ValueError("this summary keeps no tallies")
+        out: dict[Hashable, int] = {}
+        for rec in records:
+            key = tally(rec)
+            if key is not None:
+                out[key] = out.get(key, 0) + 1
+        self._answered.as_of = None
+        return out
 
     def as_of(self) -> AsOf | None:
         """What the last answer of ``sessions`` or ``tallies`` given to this thread is as of

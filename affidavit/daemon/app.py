@@ -72,7 +72,6 @@ from affidavit.statemachine import Outcome, Phase
 from affidavit.text import printable
 from affidavit.views import (
     actions_page,
-    metrics,
     metrics_key,
     metrics_of,
     newest_sessions,
@@ -369,15 +368,16 @@ class Api:
         summary = self.summary
 
         def count(j: JournalReader) -> dict[str, Any]:
-            if session is None:  # every record (since a time): kept counts (``summary``)
-                tallies = j.summarized_tallies(summary, since)
-                return {**metrics_of(tallies), "as_of": _as_of(summary)}
-            # A session's records, each counted (that is what the counts mean), one held at a
-            # time: read through the session index (O(the session's events), not O(journal)).
-            # Folded now from every row: ``as_of`` None.
-            return {**metrics(j.iter_actions(session=session, since=since)), "as_of": None}
+            # Every record, or a session's (since a time): kept counts (``summary``): O(what
+            # was appended since + the session's invocations), not a fold of the session's
+            # events per request (2.6-3.2 s for a session of 21k invocations).
+            tallies = j.summarized_tallies(summary, since, session)
+            return {**metrics_of(tallies), "as_of": _as_of(summary)}
 
-        data = await self._read(count, "the records the metrics count", session is None)
+        # (A session's while nothing is kept is its own fold: it does not take the kept
+        # views' turn -- the ``kept`` hint is read here, on the event loop.)
+        kept = session is None or summary.kept
+        data = await self._read(count, "the records the metrics count", summarized=kept)
         fmt = req.params.get("format", "prometheus")
         if fmt == "json":
             await req.respond_json(data)

@@ -380,10 +380,10 @@ async def test_the_sessions_view_answers_those_seen_last_and_says_it_was_cut(
 async def test_the_views_kept_between_requests_answer_as_a_full_fold(
     tmp_path: Path, token: str
 ) -> None:
-    """The daemon keeps ``/v1/sessions`` and ``/v1/metrics`` unfiltered or ``since`` a time
-    (``SessionSummary``: the first request folds the journal, each later one only what was
-    appended since): after each call, each body is the bytes a full fold of the journal makes
-    (as before)."""
+    """The daemon keeps ``/v1/sessions`` and ``/v1/metrics`` unfiltered, ``since`` a time or
+    of a session (``SessionSummary``: the first request folds the journal, each later one only
+    what was appended since): after each call, each body is the bytes a full fold of the
+    journal makes (as before), and says the head it is as of."""
     from affidavit.api.wire import blocking_request
     from affidavit.daemon.http import json_body
     from affidavit.journal import JournalReader
@@ -414,9 +414,10 @@ async def test_the_views_kept_between_requests_answer_as_a_full_fold(
                             "/v1/metrics?format=json",
                             "/v1/metrics",
                             f"/v1/metrics?format=json&since={mark!r}",
+                            f"/v1/metrics?format=json&session=s1&since={mark!r}",
                         )
                     ]
-                    marks = [_without_as_of(kept, i) for i in (0, 1, 3)]
+                    marks = [_without_as_of(kept, i) for i in (0, 1, 3, 4)]
                     with JournalReader.open(daemon.journal) as r:
                         counts = metrics(r.iter_actions())
                         full = [
@@ -424,12 +425,13 @@ async def test_the_views_kept_between_requests_answer_as_a_full_fold(
                             json_body(counts),
                             prometheus_text(counts).encode(),
                             json_body(metrics(r.iter_actions(since=mark))),
+                            json_body(metrics(r.iter_actions(session="s1", since=mark))),
                         ]
                         if r.head() == head:  # all read from the same journal
                             break
                 # Each kept answer says what it is as of: the head it folded through, and that
                 # no whole verify has completed (the console's button runs one).
-                assert marks == [as_of(head[0])] * 3, (marks, head)
+                assert marks == [as_of(head[0])] * 4, (marks, head)
                 pairs.append((kept, full))
     for kept, full in pairs:
         assert kept == full
