@@ -445,12 +445,15 @@ def _shown(named: str) -> str:
 
 
 def _trust_hint(uid: int, trusted: frozenset[int]) -> str:
-    """Why a uid is not trusted, and how to trust it when it is the daemon's user."""
+    """Why a uid is not trusted, and how to trust it when it is the daemon's user: every way
+    there is to say so (the command line's and MCP relay's option, ``Client``'s argument, the
+    environment's variable), on one line."""
     named = sorted(trusted - {0, os.geteuid()})
     whom = f", root or the daemon's user you named (uid {named[0]})" if named else " or root"
     return (
         f"not to you (uid {os.geteuid()}){whom}: whoever it is could read every call "
-        f"sent there; if uid {uid} runs the affidavit daemon, set {DAEMON_UID_ENV}={uid}"
+        f"sent there; if uid {uid} runs the affidavit daemon, pass --daemon-uid {uid} (or "
+        f"Client(daemon_uid={uid})), or set {DAEMON_UID_ENV}={uid}"
     )
 
 

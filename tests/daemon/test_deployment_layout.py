@@ -166,7 +166,8 @@ async def test_the_documented_layout_serves_an_agent_of_another_user_and_nothing
             assert untold.stderr.decode() == (
                 f"affidavit: DAEMON_SOCKET_UNSAFE: refusing the daemon's socket {socket}: it "
                 f"belongs to uid {DAEMON}, not to you (uid {AGENT}) or root: whoever it is could "
-                f"read every call sent there; if uid {DAEMON} runs the affidavit daemon, set "
+                f"read every call sent there; if uid {DAEMON} runs the affidavit daemon, pass "
+                f"--daemon-uid {DAEMON} (or Client(daemon_uid={DAEMON})), or set "
                 f"AFFIDAVIT_DAEMON_UID={DAEMON}\n"
             )
 

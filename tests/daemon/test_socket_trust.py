@@ -149,9 +149,12 @@ async def test_a_socket_in_another_user_s_private_directory_is_not_asked(tmp_pat
         os.chown(path, NOBODY, NOBODY)
         await refused_everywhere(path, sock, f"it belongs to uid {NOBODY}, not to you")
         os.chown(path, 0, 0)  # root's socket in their directory: they could still replace it
-        await refused_everywhere(
-            path, sock, f"{where} belongs to uid {NOBODY}, .* set AFFIDAVIT_DAEMON_UID={NOBODY}"
+        # Every way there is to name the daemon's user, on the one line of the refusal.
+        hint = (
+            rf"if uid {NOBODY} runs the affidavit daemon, pass --daemon-uid {NOBODY} \(or "
+            rf"Client\(daemon_uid={NOBODY}\)\), or set AFFIDAVIT_DAEMON_UID={NOBODY}$"
         )
+        await refused_everywhere(path, sock, f"^[^\n]*{where} belongs to uid {NOBODY}, .*{hint}")
 
 
 @pytest.mark.parametrize("named", [str(NOBODY), "nobody"])
