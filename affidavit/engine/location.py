@@ -22,12 +22,13 @@ JOURNAL_WORDS = frozenset(
         READ_DECLINED,
         CallNotRecorded.code,
         "RESULT_UNVERIFIED",
-        "OPERATION_ERROR",
         "CONSOLE_TOKENS",
     }
 )
 """The codes of answers whose message may hold the journal's (or its files') own words, and so
-its location."""
+its location.  Not ``OPERATION_ERROR``: its message names the operation id the caller sent
+(``no operation <id> in the journal``), or the target's configuration -- never the journal's
+words (a journal that fails the poll is ``poll_failure``'s, under these codes)."""
 
 
 def unplaced(code: str, message: str, location: str | os.PathLike[str]) -> str:

@@ -202,7 +202,7 @@ class Embedded:
         try:
             with self._control() as control:
                 return await self.broker.poll_operation(operation_id, control=control)
-        except OperationError as exc:
+        except OperationError as exc:  # the id sent, echoed as sent: no journal words to unplace
             return refusal("INVALID_FIELD", "operation_id", str(exc))
         except JournalError as exc:
             _status, code, message = poll_failure(exc, operation_id)

@@ -36,3 +36,11 @@ async def test_a_guess_of_the_journal_s_path_is_echoed_as_sent_right_or_wrong(
                 message = json.loads(answer.body)["api_error"]["message"]
                 assert guess in message, (target, message)  # echoed as sent: no oracle
                 assert "the journal" not in message.replace("in the journal", ""), message
+            # OPERATION_ERROR names the operation id asked for: echoed as sent too.
+            target = "/v1/operations/" + quote(guess, safe="") + "/poll"
+            answer = await trio.to_thread.run_sync(
+                blocking_request, str(daemon.socket), "POST", target, b""
+            )
+            problem = json.loads(answer.body)["api_error"]
+            assert (answer.status, problem["code"]) == (422, "OPERATION_ERROR"), problem
+            assert problem["message"] == f"no operation {guess} in the journal", problem
