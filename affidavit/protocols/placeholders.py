@@ -10,7 +10,7 @@ sees anything else, and a value never changes the template's syntax:
   character but ``A-Z a-z 0-9 - . _ ~`` (RFC 3986 unreserved) is escaped, so ``/``, ``?``,
   ``&``, ``=`` and ``#`` in a key stay data;
 * in an SSH ``command`` a value must be a *plain word* (``SHELL_WORD``: ``A-Z a-z 0-9`` first,
-  then those and ``. _ : @ + = , -``) and is single-quoted for the POSIX shell besides
+  then those and ``. _ : @ + -``) and is single-quoted for the POSIX shell besides
   (``shlex.quote``, a no-op on such a word).  Quoting alone is not enough: it protects the value
   from the shell that parses the template, not from a shell the template starts (``sh -c
   "test -e /srv/"{key}``, ``bash -c``, ``eval``, ``su -c``, a second ``ssh``), which parses the
@@ -53,10 +53,13 @@ def url_escape(value: str) -> str:
     return urllib.parse.quote(value, safe="")
 
 
-SHELL_WORD = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@+=,-]*")
-"""A value an SSH command template takes: inert in every shell that may parse it, at any depth."""
+SHELL_WORD = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@+-]*")
+"""A value an SSH command template takes: inert in every shell that may parse it, at any depth.
+Not ``,`` (bash and zsh read it as syntax between braces: ``/srv/{{old,{key}}}`` with a key
+``a,b`` expands to three words) nor ``=`` (zsh expands ``=cmd`` after ``=`` or ``:`` in an
+assignment -- ``typeset R={key}`` with a key ``a:=ls`` is ``a:/usr/bin/ls``)."""
 
-SHELL_WORD_RULE = "must be a plain word (A-Z a-z 0-9, then also . _ : @ + = , -)"
+SHELL_WORD_RULE = "must be a plain word (A-Z a-z 0-9, then also . _ : @ + -)"
 
 
 def shell_escape(value: str) -> str:

@@ -12,6 +12,9 @@ target's query names it, and refused by the query itself if it got into the jour
 from __future__ import annotations
 
 import os
+import shutil
+import string
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -125,14 +128,56 @@ async def test_a_hostile_key_journaled_before_the_query_was_configured_is_never_
 
 
 @pytest.mark.parametrize(
-    "value", ["r1;reboot", "$(id)", "-rf", ".", "..", "a/b", "a b", "~root", "*", "é", ""]
+    "value",
+    [
+        *("r1;reboot", "$(id)", "-rf", ".", "..", "a/b", "a b", "~root", "*", "é", ""),
+        *("a,b", "r1,..", "a=b", "a:=ls", "a==ls"),
+    ],
 )
 def test_a_shell_template_takes_only_plain_words(value: str) -> None:
     template = parse_template("test -e /srv/{idempotency_key}", shell=True)
     with pytest.raises(ValueError, match="plain word") if value else pytest.raises(ValueError):
         template.render({"idempotency_key": value}, shell_escape)
-    for ok in ("r42", "release-7.1_b:x@y+z=w,v", "act_01HXYZ"):
+    for ok in ("r42", "release-7.1_b:x@y+z", "act_01HXYZ"):
         assert template.render({"idempotency_key": ok}, shell_escape) == f"test -e /srv/{ok}"
+
+
+def test_the_plain_word_set_is_pinned_and_why_comma_and_equals_are_not_in_it() -> None:
+    """Exactly ``A-Z a-z 0-9`` first, then also ``. _ : @ + -``.  ``,`` and ``=`` were in it, and
+    a real shell reads each as syntax: bash expands ``,`` between braces (a template's literal
+    ``{{ }}``) into more words; zsh replaces ``=cmd`` after ``=`` or ``:`` in an assignment with
+    the command's path (a ``/`` the rule promises a value never holds)."""
+    from affidavit.protocols.placeholders import SHELL_WORD
+
+    allowed = {chr(c) for c in range(0x21, 0x7F) if SHELL_WORD.fullmatch("a" + chr(c))}
+    first = {chr(c) for c in range(0x21, 0x7F) if SHELL_WORD.fullmatch(chr(c))}
+    alnum = set(string.ascii_letters + string.digits)
+    assert first == alnum and allowed == alnum | set("._:@+-")
+    words = subprocess.run(
+        ["bash", "-c", 'printf "<%s>" /srv/{old,a,b}'], capture_output=True, timeout=10
+    )
+    assert words.stdout == b"</srv/old></srv/a></srv/b>"  # a key a,b: three words, not two
+    if shutil.which("zsh"):  # installed where the docs' zsh claim is checked
+        assigned = subprocess.run(
+            ["zsh", "-fc", 'R=a:=ls; printf "%s" "$R"'], capture_output=True, timeout=10
+        )
+        assert assigned.stdout.startswith(b"a:/") and assigned.stdout.endswith(b"/ls")
+
+
+async def test_a_key_with_comma_or_equals_is_refused_at_acceptance(
+    tmp_path: Path, sshd: Sshd
+) -> None:
+    releases = tmp_path / "releases"
+    releases.mkdir()
+    target = _target(sshd, reconcile=_nested(releases))
+    with trio.fail_after(LIMIT):
+        async with open_broker(write_config(tmp_path, {"box": target})) as b:
+            for key in ("r1,r2", "r1=x", "a:=ls"):
+                env = await b.call({"target": "box", "command": "true", "idempotency_key": key})
+                assert env["error"]["code"] == "INVALID_FIELD", (key, env["error"])
+                assert env["error"]["field"] == "idempotency_key"
+                assert env["error"]["outcome"] == "not_attempted"
+                assert ". _ : @ + -)" in env["error"]["message"]
 
 
 async def test_a_session_for_a_query_that_names_it_must_be_a_plain_word(

@@ -194,7 +194,7 @@ SSH_FIELDS = (
         "idempotency_key",
         "your identifier of the command's effect (a release id): never sent; calling again "
         "with it answers from the same invocation, and the target's reconciliation query may "
-        "look it up (then it must be a plain word: A-Z a-z 0-9 first, then also . _ : @ + = , -)",
+        "look it up (then it must be a plain word: A-Z a-z 0-9 first, then also . _ : @ + -)",
         max_length=MAX_TOKEN_FIELD,
         pattern=VISIBLE.pattern,
     ),
