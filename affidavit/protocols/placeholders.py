@@ -20,8 +20,10 @@ sees anything else, and a value never changes the template's syntax:
   that is not one refuses the query (``ValueError``: ``NO_QUERY``), and an SSH action whose
   target's query names the key or session refuses such a value at acceptance
   (``affidavit.protocols.ssh.action``).  The placeholder must also stand outside any quoting of
-  the template (``test -e /srv/{key}``, never ``test -e '/srv/{key}'`` or ``"$HOME/{key}"``) and
-  not right after ``$`` or ``\\``: such a template is refused when the config is loaded.
+  the template (``test -e /srv/{key}``, never ``test -e '/srv/{key}'`` or ``"$HOME/{key}"``),
+  not right after ``$``, ``\\`` or a ``$NAME`` its letters would extend, and not between
+  braces a shell could expand (``_Quoting``): such a template is refused when the config is
+  loaded.
 
 ``{{`` and ``}}`` are literal braces.
 """
@@ -127,15 +129,31 @@ def parse_template(text: str, *, shell: bool) -> Template:
 class _Quoting:
     """Where the template's literal text leaves the shell's quoting: a placeholder's quoted
     value is only data outside quotes (inside '...' or "..." the quotes would end and restart
-    the template's own quoting), and not after ``$`` (``$'...'``) or an escaping backslash."""
+    the template's own quoting), and not after ``$`` (``$'...'``) or an escaping backslash.
+    Nor where a plain word is still syntax: right after ``$NAME`` (its letters would continue
+    the name, ``$DIR{key}`` reading ``$DIRr1``), or between braces opened before it and not yet
+    closed, quoted or not (a shell's brace expansion -- here or in a shell the template starts
+    -- reads ``..`` in ``{1..99999999}``; ``${{key}}`` would name a variable).  A brace followed
+    by a blank opens a group (``f() {{ ...; }}``), never an expansion."""
 
     def __init__(self) -> None:
         self.quote: str | None = None
         self.last = ""
+        self.name = False  # in $NAME (or $1): a letter, digit or _ after it would extend it
+        self.braces: list[tuple[bool, str | None]] = []  # open: an expansion? in which quote?
 
     def feed(self, literal: str) -> None:
         escaped = False
         for ch in literal:
+            if self.braces and self.last == "{" and ch in " \t\n":
+                self.braces[-1] = (False, self.braces[-1][1])
+            if ch == "{":  # quoted or escaped too: a shell the template starts may read it
+                self.braces.append((True, self.quote))
+            elif ch == "}" and self.braces and self.braces[-1][1] == self.quote and not escaped:
+                # Closed in the quoting it was opened in ('{print}'): {a,'}'{key}} expands.
+                self.braces.pop()
+            word = ch.isascii() and (ch.isalnum() or ch == "_")
+            self.name = word and (self.name or self.last == "$")
             if escaped:
                 escaped = False
             elif self.quote == "'":
@@ -160,4 +178,15 @@ class _Quoting:
             )
         if self.last in ("$", "\\"):
             raise ValueError(f"puts {{{name}}} right after {self.last!r}")
+        if self.name:
+            raise ValueError(
+                f"puts {{{name}}} right after a $NAME, which its value would extend: write "
+                f"${{NAME}}{{{name}}}"
+            )
+        if any(expands for expands, _quote in self.braces):
+            raise ValueError(
+                f"puts {{{name}}} between braces ({{{{ and }}}}): a shell's brace expansion "
+                "would read its value; leave it outside them"
+            )
         self.last = "}"
+        self.name = False

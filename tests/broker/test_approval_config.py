@@ -349,6 +349,16 @@ def test_reconcile_queries_load_for_http_and_ssh(tmp_path: Path) -> None:
             "right after",
         ),
         (
+            {"ssh": 'reconcile = { command = "ls $DIR{session}", committed_if = "exit:0" }'},
+            "targets.deploy.reconcile.command",
+            "right after a $NAME",
+        ),
+        (
+            {"ssh": 'reconcile = { command = "ls {{a,{session}}}", committed_if = "exit:0" }'},
+            "targets.deploy.reconcile.command",
+            "between braces",
+        ),
+        (
             {
                 "ssh": 'reconcile = { command = "true", committed_if = "exit:0", '
                 'rejected_if = "exit:0" }'

@@ -164,6 +164,46 @@ def test_the_plain_word_set_is_pinned_and_why_comma_and_equals_are_not_in_it() -
         assert assigned.stdout.startswith(b"a:/") and assigned.stdout.endswith(b"/ls")
 
 
+@pytest.mark.parametrize(
+    ("template", "value", "bash_reads"),
+    [
+        ('printf "<%s>" {{{idempotency_key}}}', "1..3", b"<1><2><3>"),  # a sequence
+        ('printf "<%s>" /srv/{{old,{idempotency_key}}}', "new", b"</srv/old></srv/new>"),
+        ('bash -c "printf \\<%s\\> {{a,"{idempotency_key}"}}"', "1..2", b"<a><1..2>"),
+        ('printf "<%s>" ${{{idempotency_key}}}', "SECRET", b"<leak>"),  # names a variable
+        ('printf "<%s>" $SE{idempotency_key}', "CRET", b"<leak>"),  # extends a name
+        ("printf \"<%s>\" {{a,'}}'{idempotency_key}}}", "b", b"<a><}b>"),
+    ],
+)
+def test_a_template_where_a_plain_word_is_still_syntax_is_refused_at_load(
+    template: str, value: str, bash_reads: bytes
+) -> None:
+    """Where the placeholder stands decides too: between braces (a shell's brace expansion,
+    here or in one the template starts) or right after ``$NAME`` the value is read as syntax --
+    shown with the real bash -- so such a template is refused when the config is loaded."""
+    literal = template.replace("{{", "{").replace("}}", "}")
+    rendered = literal.replace("{idempotency_key}", value)
+    env = {"PATH": os.environ["PATH"], "SECRET": "leak"}
+    ran = subprocess.run(["bash", "-c", rendered], capture_output=True, env=env, timeout=10)
+    assert ran.stdout == bash_reads, (rendered, ran)
+    with pytest.raises(ValueError, match=r"between braces|right after a \$NAME"):
+        parse_template(template, shell=True)
+
+
+@pytest.mark.parametrize(
+    "template",
+    [
+        "test -e ${{DIR}}/{idempotency_key}",
+        "awk '{{print}}' /srv/{idempotency_key}",
+        "f() {{ test -e /srv/{idempotency_key}; }}; f",
+        'bash -c "echo {{a,}}"{idempotency_key}',
+        "find /srv -name x -exec rm {{}} \\; ; test -e /srv/{idempotency_key}",
+    ],
+)
+def test_braces_and_parameters_closed_before_the_placeholder_are_taken(template: str) -> None:
+    assert parse_template(template, shell=True).names == ("idempotency_key",)
+
+
 async def test_a_key_with_comma_or_equals_is_refused_at_acceptance(
     tmp_path: Path, sshd: Sshd
 ) -> None:
