@@ -17,10 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from affidavit.journal import Journal, KeyRetentionPassed
+from affidavit.journal import Journal, KeyRetentionPassed, SessionSummary
 from affidavit.statemachine import Event
 from affidavit.statemachine import EventKind as E
 from affidavit.statemachine.retry import RETENTION_MARGIN_S
+from affidavit.views import metrics_key
 
 from .helpers import FINGERPRINT, interrupted
 
@@ -102,6 +103,13 @@ async def test_a_reader_given_todays_lease_invites_only_the_retry_it_takes(tmp_p
             "same_idempotency_key",
         ]
         assert _hint(j, "inv-far") == "same_idempotency_key"
+        # Every view path judges it so: streamed, the newest page, the console's kept page.
+        judged = {"inv-1": "reconcile", "inv-old": "reconcile", "inv-far": "same_idempotency_key"}
+        assert {r.invocation_id: r.retry for r in j.iter_actions()} == judged
+        newest, total = j.newest_actions(10)
+        assert total == 3 and {r.invocation_id: r.retry for r in newest} == judged
+        _, page, total = j.summarized_page(SessionSummary(metrics_key), 10)
+        assert total == 3 and {r.invocation_id: r.retry for r in page} == judged
         lease = await j.acquire_lease("inv-far", "broker-1", ttl=WINDOW + 40, same_key=True)
         assert lease.generation == 1
         j.send_windows = None  # a reader without the config: the record's own window
