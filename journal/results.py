@@ -547,7 +547,7 @@ def chunk_op(
     the record's current generation and its attempt is open -- a worker whose lease was taken
     over must not drop, nor add to, the chunks of the attempt that took over, nor store any
     for an attempt recovery (or a reconciliation) closed (its events are refused alike:
-    ``rules._stale``, ``rules._closed``).
+    ``rules_common._stale``, ``rules_common._closed``).
 
     The chunk is sealed -- and, with ``log``, its sealed blob hashed and recorded -- inside the
     op, in the writer thread, where AES-GCM and hashlib release the GIL: the submitting task

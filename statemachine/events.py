@@ -192,9 +192,9 @@ ATTEMPT_KINDS: frozenset[EventKind] = frozenset(
 """Kinds an attempt writes, each naming the attempt's lease generation (``attrs.generation``):
 the projection refuses one unless that is the record's current generation and its attempt is
 still open -- a worker whose lease was taken over, or whose attempt recovery or a
-reconciliation closed, writes nothing into the record (rules.py: ``_stale``, ``_closed``).  An
-event naming none (journals written before they did) is not checked.  The deliveries name no
-attempt: they are about the stored result."""
+reconciliation closed, writes nothing into the record (rules_common.py: ``_stale``,
+``_closed``).  An event naming none (journals written before they did) is not checked.  The
+deliveries name no attempt: they are about the stored result."""
 
 
 _NO_ATTRS: Any = object()

@@ -408,7 +408,7 @@ def _interrupted(iid: str, code: Code, facts: Mapping[str, Any] | None = None) -
             attrs["evidence_from"] = dict(hop)
         over = facts.get("result_size_limit")
         if code is Code.RESULT_SIZE_LIMIT and isinstance(over, Mapping):
-            # The evidence the code stands on (rules.py refuses the code without it).
+            # The evidence the code stands on (rules_attempt.py refuses the code without it).
             attrs["result_size_limit"] = dict(over)
             attrs["message"] = _too_large_message(over)
         lifted = ("evidence_from", "result_size_limit")
@@ -432,9 +432,9 @@ def _too_large_message(over: Mapping[str, Any]) -> str:
 
 def stamped(event: Event, generation: int) -> Event:
     """``event`` naming the attempt it belongs to: ``attrs.generation``, which the projection
-    refuses unless it is the record's current generation (rules.py, ``_stale``).  Everything an
-    attempt writes is stamped, so that a worker whose lease was taken over -- before its
-    dispatch or after it -- cannot write into the attempt that took over."""
+    refuses unless it is the record's current generation (rules_common.py, ``_stale``).
+    Everything an attempt writes is stamped, so that a worker whose lease was taken over --
+    before its dispatch or after it -- cannot write into the attempt that took over."""
     return replace(event, attrs={**event.attrs, "generation": generation})
 
 

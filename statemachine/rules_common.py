@@ -1,0 +1,157 @@
+"""What every projection rule shares: the ``Rule`` type, the refusals, the attrs checks.
+
+The rules themselves (``rules_intake``, ``rules_attempt``, ``rules_lease``; the table that maps
+each event kind to its rule is ``rules.RULES``) check an event against the fold before they
+change anything; the helpers here are those checks' vocabulary.  Names keep their leading
+underscore: like the ``Projector`` fields the rules write, they are the package's own, not an
+interface.  Speed notes below (enum lookups through plain dicts, exact-type checks before the
+general one) come from tests/benchmarks/projection.py: these functions run once per journal row
+when a whole journal is folded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, NoReturn, TypeGuard
+
+from .contract import CODES, Code, EvidenceSource, Outcome, Phase
+from .events import Event
+from .lifecycle import STATES
+from .record import ImpossibleEvent
+
+if TYPE_CHECKING:
+    from .projection import Projector
+
+__all__ = ["DEFAULT_BUDGET", "DEFAULT_MAX_RETRY_AFTER", "Rule"]
+
+DEFAULT_BUDGET = 3
+DEFAULT_MAX_RETRY_AFTER = 300.0
+
+Rule = Callable[["Projector", Event], str | None]
+"""Validates one event against the fold, raising ``ImpossibleEvent`` before changing anything,
+then applies its effect.  Returns the outcome that picks a split destination, else None."""
+
+
+_RESOLVED = frozenset({Outcome.REJECTED, Outcome.COMMITTED})
+
+
+# Enum lookups by value through plain dicts: ``Code(raw)`` goes through EnumMeta.__call__ and an
+# exception for unknown values, several times slower than a dict get on the hot path.
+_CODE_BY_VALUE: dict[str, Code] = {c.value: c for c in Code}
+_SOURCE: dict[EvidenceSource, str] = {s: s.value for s in EvidenceSource}
+_UNKNOWN, _NOT_ATTEMPTED = Outcome.UNKNOWN.value, Outcome.NOT_ATTEMPTED.value
+# Enum members the rules compare against, as module constants: ``Code.X`` is a lookup through
+# the enum's metaclass each time (~70 ns, as much as a small rule's whole effect).
+_COMMITTED = Outcome.COMMITTED
+_REMOTE_RESPONSE = EvidenceSource.REMOTE_RESPONSE
+_VALIDATION, _CREDENTIAL_INJECTION, _CONNECTION_SETUP, _REMOTE_EXECUTION = (
+    Phase.VALIDATION,
+    Phase.CREDENTIAL_INJECTION,
+    Phase.CONNECTION_SETUP,
+    Phase.REMOTE_EXECUTION,
+)
+_STORE_FAILED, _DELIVERY_FAILED, _REMOTE_REJECTED, _APPROVAL_PENDING = (
+    Code.RESULT_STORE_FAILED,
+    Code.RESULT_DELIVERY_FAILED,
+    Code.REMOTE_REJECTED,
+    Code.APPROVAL_PENDING,
+)
+_RESOLVED_BY_VALUE: dict[str, Outcome] = {o.value: o for o in _RESOLVED}
+
+
+def _refuse(p: Projector, event: Event, reason: str) -> NoReturn:
+    raise ImpossibleEvent(event, p._state, reason)
+
+
+def _stale(p: Projector, event: Event, generation: object) -> NoReturn:
+    """Refuse an attempt's event that names a generation other than the record's current one:
+    its worker's lease was taken over (seed, "Retry code must be simple and testable": "the
+    generation check must stop it").  Every event an attempt writes -- before its dispatch and
+    after it -- names the attempt's generation (``attrs.generation``; absent in journals
+    written before it did, and then unchecked): the lifecycle alone would accept a stale
+    worker's complete response, result or interruption in the states of the attempt that took
+    over, and the record would give one attempt's evidence as another's.
+
+    The kinds are ``events.ATTEMPT_KINDS``.  Each of their rules in rules_intake.py and
+    rules_attempt.py checks inline, first thing (the two in batch.py and operation.py are
+    wrapped: ``rules._fenced``): one wrapper for all
+    of them cost a call per such event, ~5% of the whole-journal fold, and the fold then missed
+    its 10x target (tests/benchmarks/projection.py).  tests/statemachine/test_model_check.py
+    proves every kind in the set is fenced wherever the lifecycle takes it."""
+    _refuse(
+        p,
+        event,
+        f"stale generation {generation}; the current lease generation is {p._generation}",
+    )
+
+
+_CLOSED = frozenset(name for name, spec in STATES.items() if spec.final)
+"""States in which the current generation's attempt is closed: its worker ended it, recovery
+closed it (naming that generation), or a second observer settled it -- the generation stays
+current until a retry takes the next lease, and the attempt is not open again."""
+
+
+def _closed(p: Projector, event: Event, generation: object) -> NoReturn:
+    """Refuse an attempt's event that names the current generation after that attempt was
+    closed (``_CLOSED``): its stalled worker resuming must not add to the record -- neither what
+    it received nor the dispatch of a redirect's next hop."""
+    _refuse(p, event, f"generation {generation}'s attempt is closed ({p._state})")
+
+
+def _code_of(event: Event) -> Code | None:
+    raw = event.attrs.get("code")
+    return _CODE_BY_VALUE.get(raw) if type(raw) is str else None
+
+
+def _resolved_outcome(event: Event) -> Outcome | None:
+    """attrs.outcome when it names a resolved outcome (rejected | committed), else None."""
+    raw = event.attrs.get("outcome")
+    return _RESOLVED_BY_VALUE.get(raw) if type(raw) is str else None
+
+
+def _is_int(value: object) -> TypeGuard[int]:
+    # bool is an int subclass; True must not pass for generation 1.
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> TypeGuard[int | float]:
+    return isinstance(value, int | float) and not isinstance(value, bool) and value >= 0
+
+
+def _is_mapping(value: object) -> TypeGuard[Mapping[str, Any]]:
+    # ``type() is dict`` first: the ABC instance check is slow and events are nearly always dicts
+    return type(value) is dict or isinstance(value, Mapping)
+
+
+def _phase_code(p: Projector, event: Event, phase: Phase) -> Code:
+    """attrs.code, refused unless it is a known code of ``phase``."""
+    code = _code_of(event)
+    if code is None:
+        _refuse(p, event, "attrs.code must be a known code")
+    info = CODES[code]
+    if info.pending:
+        _refuse(p, event, f"{code.value} says an invocation waits; it ends nothing")
+    if info.phase is not phase and not (
+        # A stop cause may strike before the dispatch gate (contract: CodeInfo.before_dispatch).
+        phase is Phase.CONNECTION_SETUP and info.before_dispatch is not None
+    ):
+        _refuse(p, event, f"{code.value} is a {info.phase.value} code, not {phase.value}")
+    return code
+
+
+def _set_error(p: Projector, event: Event, code: Code | None) -> None:
+    p._code = code
+    p._message = event.attrs.get("message")
+    p._field = event.attrs.get("field")
+
+
+def _lease_evidence(event: Event, gen: int, expires: object) -> dict[str, Any]:
+    """``evidence.lease``: the current attempt's lease -- its generation, holder, event and
+    deadline (``expires_at``, in the journal's lease clock; absent when the event has none).
+    While the record rests in no final state, the deadline says until when a live attempt
+    holds the invocation: a same-key call answers IN_PROGRESS until then, and only after it
+    may recovery close the attempt (docs/contract.md, "When the hint is computed")."""
+    lease = {"generation": gen, "holder": event.attrs.get("holder"), "seq": event.seq}
+    if _is_number(expires):
+        lease["expires_at"] = expires
+    return lease

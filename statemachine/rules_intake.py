@@ -1,0 +1,243 @@
+"""The rules of an invocation's way to its dispatch gate: acceptance, preflight validation,
+approval, the credential and connection setup (DESIGN, "two machines": the lifecycle's states
+before ``dispatched``).  Nothing here has crossed the dispatch boundary, so every failure these
+rules record is ``not_attempted`` by construction of the lifecycle table.
+"""
+
+from __future__ import annotations
+
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
+
+from .batch import check_batch
+from .events import Event
+from .rules_common import (
+    _APPROVAL_PENDING,
+    _CONNECTION_SETUP,
+    _CREDENTIAL_INJECTION,
+    _NOT_ATTEMPTED,
+    _VALIDATION,
+    DEFAULT_BUDGET,
+    DEFAULT_MAX_RETRY_AFTER,
+    _is_int,
+    _is_mapping,
+    _is_number,
+    _lease_evidence,
+    _phase_code,
+    _refuse,
+    _set_error,
+    _stale,
+)
+
+if TYPE_CHECKING:
+    from .projection import Projector
+
+_RETRY_PREFLIGHT = frozenset({"validated", "retry_pending"})
+"""States a retry (generation > 0) is in between its lease and its dispatch."""
+
+
+def _on_accepted(p: Projector, event: Event) -> None:
+    attrs = event.attrs
+    op = attrs.get("operation")
+    if type(op) is not dict and not _is_mapping(op):
+        _refuse(p, event, "attrs.operation is required")
+    # Each check tries the exact type first (one identity test), then the general rule.
+    budget = op.get("budget", DEFAULT_BUDGET)
+    if (type(budget) is not int and not _is_int(budget)) or budget < 1:
+        _refuse(p, event, "operation.budget must be a positive integer")
+    max_retry_after = op.get("max_retry_after", DEFAULT_MAX_RETRY_AFTER)
+    if not (type(max_retry_after) is float and max_retry_after >= 0) and not _is_number(
+        max_retry_after
+    ):
+        _refuse(p, event, "operation.max_retry_after must be a non-negative number")
+    target, protocol, fingerprint = op.get("target"), op.get("protocol"), op.get("fingerprint")
+    if target is not None and type(target) is not str and not isinstance(target, str):
+        _refuse(p, event, "operation.target must be a string")
+    if protocol is not None and type(protocol) is not str and not isinstance(protocol, str):
+        _refuse(p, event, "operation.protocol must be a string")
+    if (
+        fingerprint is not None
+        and type(fingerprint) is not str
+        and not isinstance(fingerprint, str)
+    ):
+        _refuse(p, event, "operation.fingerprint must be a string")
+    idem = op.get("idempotency")
+    if idem is not None:
+        _check_idempotency(p, event, idem)
+    batch = op.get("batch")
+    if batch is not None:
+        batch = check_batch(p, event, batch)
+    # -- validated: apply --
+    p._batch = batch
+    p._session = attrs.get("session")
+    p._target = target
+    p._protocol = protocol
+    p._idempotent = bool(op.get("idempotent", False))
+    p._fingerprint = fingerprint
+    p._budget_total = budget
+    p._budget_used = 1
+    p._max_retry_after = float(max_retry_after)
+    ev = p._evidence
+    if "lease_expires_at" in attrs:  # generation 0's deadline (its broker's lease)
+        ev["lease"] = _lease_evidence(event, 0, attrs["lease_expires_at"])
+    if idem:
+        contract = dict(idem)
+        contract.setdefault("fingerprint", fingerprint)
+        contract.setdefault("remote_contract", "configured")
+        p._idempotency = MappingProxyType(contract)  # never edited: records share the view
+        ev["idempotency"] = {
+            "key": contract.get("key"),
+            "scope": contract.get("scope"),
+            "fingerprint": contract.get("fingerprint"),
+            "remote_contract": contract.get("remote_contract"),
+        }
+    ev["fingerprint"] = fingerprint
+    return None
+
+
+def _check_idempotency(p: Projector, event: Event, idem: object) -> None:
+    if not _is_mapping(idem):
+        _refuse(p, event, "operation.idempotency must be an object")
+    for key in ("key", "scope", "fingerprint", "remote_contract"):
+        value = idem.get(key)
+        if value is not None and not isinstance(value, str):
+            _refuse(p, event, f"operation.idempotency.{key} must be a string")
+    expires = idem.get("expires_at")
+    if expires is not None and not _is_number(expires):
+        _refuse(p, event, "operation.idempotency.expires_at must be a number")
+    window = idem.get("send_window")
+    if window is not None and not _is_number(window):
+        _refuse(p, event, "operation.idempotency.send_window must be a number")
+
+
+def _on_validated(p: Projector, event: Event) -> None:
+    if "config_hash" in event.attrs:
+        p._evidence["config_hash"] = event.attrs["config_hash"]
+
+
+def _on_preflight_failed(p: Projector, event: Event) -> None:
+    gen = event.attrs.get("generation")
+    if gen is not None and (type(gen) is not int or gen != p._generation):
+        _stale(p, event, gen)
+    code = _phase_code(p, event, _VALIDATION)  # validated before anything changes
+    _refund_refused_retry(p)
+    _set_error(p, event, code)
+
+
+def _on_credential_failed(p: Projector, event: Event) -> None:
+    gen = event.attrs.get("generation")
+    if gen is not None and (type(gen) is not int or gen != p._generation):
+        _stale(p, event, gen)
+    code = _phase_code(p, event, _CREDENTIAL_INJECTION)
+    _refund_refused_retry(p)
+    _set_error(p, event, code)
+
+
+def _refund_refused_retry(p: Projector) -> None:
+    """A retry refused in its own preflight (re-validation, credential) right after its lease
+    never reached dispatch: it was no attempt, so the budget its lease took is given back (seed:
+    "Store the retry budget in the action record" -- a budget of attempts).  The lease is where
+    the budget is taken and checked, so no writer can reach dispatch around it.  The first
+    attempt (generation 0, counted at ACTION_ACCEPTED) refused in its preflight was no attempt
+    either: with ``budget = 1`` an APPROVAL_LIMIT refusal (nothing asked, nothing sent) would
+    otherwise spend the whole budget, turn its ``backoff`` into ``after_correction`` -- there is
+    nothing to correct: the caller waits for a slot -- and refuse the same-key retry its hint
+    promises."""
+    if p._state in _RETRY_PREFLIGHT and p._budget_used > 0:
+        p._budget_used -= 1
+
+
+def _on_approval_requested(p: Projector, event: Event) -> None:
+    attrs = event.attrs
+    fingerprint, expires = attrs.get("fingerprint"), attrs.get("expires_at")
+    if type(fingerprint) is not str or not fingerprint:
+        _refuse(p, event, "attrs.fingerprint must name the approval fingerprint")
+    if not _is_number(expires):
+        _refuse(p, event, "attrs.expires_at must be a number")
+    # -- validated: apply --
+    p._evidence["approval"] = {
+        "state": "requested",
+        "fingerprint": fingerprint,
+        "expires_at": expires,
+        "version": attrs.get("version"),
+        "requested_seq": event.seq,
+    }
+    if "credential" in attrs:  # a record written before the reference was sealed instead
+        p._evidence["approval"]["credential"] = attrs["credential"]
+    p._code = _APPROVAL_PENDING  # not an error: what the caller is told while it waits
+    p._message = None
+    p._field = None
+
+
+def _decided(p: Projector, event: Event, state: str) -> dict[str, Any]:
+    """The approval evidence with an operator's decision added (a new dict: see Projector)."""
+    return {
+        **p._evidence["approval"],
+        "state": state,
+        "operator": event.attrs.get("operator"),
+        "note": event.attrs.get("note"),
+        "decided_seq": event.seq,
+    }
+
+
+def _on_approval_granted(p: Projector, event: Event) -> None:
+    requested = p._evidence["approval"]["fingerprint"]
+    if event.attrs.get("fingerprint") != requested:
+        # The grant names what the operator saw; anything else approves nothing.
+        _refuse(p, event, f"attrs.fingerprint must be the requested {requested}")
+    p._evidence["approval"] = _decided(p, event, "granted")
+    p._code = None
+
+
+def _on_approval_denied(p: Projector, event: Event) -> None:
+    code = _phase_code(p, event, _CREDENTIAL_INJECTION)
+    p._evidence["approval"] = _decided(p, event, "denied")
+    _set_error(p, event, code)
+
+
+def _on_credential(p: Projector, event: Event) -> None:
+    attrs = event.attrs
+    gen = attrs.get("generation")
+    if gen is not None and (type(gen) is not int or gen != p._generation):
+        _stale(p, event, gen)
+    cred = {}
+    for k in ("credential", "version", "inject"):  # never the secret itself
+        if k in attrs:
+            cred[k] = attrs[k]
+    p._evidence["credential"] = cred
+
+
+def _add_setup_attempt(p: Projector, event: Event) -> None:
+    p._attempts.append(
+        {
+            "n": len(p._attempts) + 1,
+            "generation": p._generation,
+            "stage": event.attrs.get("stage"),
+            "outcome": _NOT_ATTEMPTED,
+            "code": event.attrs.get("code"),
+        }
+    )
+
+
+def _on_setup_attempt(p: Projector, event: Event) -> None:
+    gen = event.attrs.get("generation")
+    if gen is not None and (type(gen) is not int or gen != p._generation):
+        _stale(p, event, gen)
+    _phase_code(p, event, _CONNECTION_SETUP)
+    _add_setup_attempt(p, event)
+
+
+def _on_setup_failed(p: Projector, event: Event) -> None:
+    gen = event.attrs.get("generation")
+    if gen is not None and (type(gen) is not int or gen != p._generation):
+        _stale(p, event, gen)
+    _set_error(p, event, _phase_code(p, event, _CONNECTION_SETUP))
+    # The final setup failure is itself an attempt unless it repeats the last recorded one.
+    last = p._attempts[-1] if p._attempts else None
+    if (
+        last is None
+        or last.get("seq") is not None
+        or last["generation"] != p._generation
+        or (last["stage"], last["code"]) != (event.attrs.get("stage"), event.attrs.get("code"))
+    ):
+        _add_setup_attempt(p, event)

@@ -1,0 +1,131 @@
+"""The rules of who holds an invocation and who may settle it: the dispatch and retry leases
+(each a new generation; a retry's spends budget), the budget running out, a stale worker's lost
+lease, and the second observers -- a reconciliation query or an operator -- whose findings are
+added beside the original attempt, never over it (seed: "Reconciliation is an observation").
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .contract import CODES, EvidenceSource, Retry
+from .events import Event
+from .rules_common import (
+    _COMMITTED,
+    _REMOTE_REJECTED,
+    _SOURCE,
+    _is_int,
+    _lease_evidence,
+    _refuse,
+    _resolved_outcome,
+)
+
+if TYPE_CHECKING:
+    from .projection import Projector
+
+_SECOND_OBSERVER = frozenset({EvidenceSource.REMOTE_QUERY, EvidenceSource.OPERATOR_ATTESTED})
+
+
+def _on_lease(p: Projector, event: Event) -> None:
+    gen = event.attrs.get("generation")
+    if not _is_int(gen) or gen <= p._generation:
+        _refuse(p, event, f"lease generation must exceed {p._generation}")
+    if p._budget_used >= p._budget_total:
+        _refuse(p, event, "retry budget exhausted")
+    if p._state == "credential_failed":
+        code = p._code
+        if code is None or CODES[code].retry is not Retry.BACKOFF:
+            # Only a refusal that asks to back off (APPROVAL_LIMIT) is retried under the same
+            # invocation; a missing or unusable credential must be corrected first.
+            _refuse(p, event, "a credential refusal is retried only when its code says backoff")
+    p._generation = gen
+    p._budget_used += 1
+    p._evidence["lease"] = _lease_evidence(event, gen, event.attrs.get("expires_at"))
+
+
+def _on_dispatch_lease(p: Projector, event: Event) -> None:
+    gen = event.attrs.get("generation")
+    if not _is_int(gen) or gen <= p._generation:
+        _refuse(p, event, f"lease generation must exceed {p._generation}")
+    # No budget is spent: the approved invocation has not been attempted yet.
+    p._generation = gen
+    p._evidence["lease"] = _lease_evidence(event, gen, event.attrs.get("expires_at"))
+
+
+def _on_budget(p: Projector, event: Event) -> None:
+    p._budget_used = p._budget_total
+    p._evidence["budget_exhausted"] = True
+
+
+def _observed(p: Projector, event: Event) -> None:
+    """Refuse a second observer's event that names a generation other than the record's current
+    one.  A reconciliation reads the record, observes the remote (a query is a whole remote
+    call; an operator inspects it), then appends what it found, naming the generation it read
+    (``attrs.generation``; absent in journals written before it did, and then unchecked).  A
+    retry that took a lease in between -- and may have dispatched, and applied the effect -- is
+    not what was observed: the observation must not close it, nor speak for it."""
+    gen = event.attrs.get("generation")
+    if gen is not None and (type(gen) is not int or gen != p._generation):
+        _refuse(
+            p,
+            event,
+            f"observed generation {gen}; the current lease generation is {p._generation} "
+            "(the invocation was retried since)",
+        )
+
+
+def _on_reconciled(p: Projector, event: Event) -> str:
+    _observed(p, event)
+    outcome = _resolved_outcome(event)
+    if outcome is None:
+        _refuse(p, event, "attrs.outcome must be rejected or committed (never not_attempted)")
+    if event.source not in _SECOND_OBSERVER:
+        _refuse(
+            p, event, "reconciliation must name remote_query or operator_attested as its source"
+        )
+    # The original attempt stays as recorded; the reconciliation is added beside it.
+    raw: str = event.attrs["outcome"]
+    ev = p._evidence
+    ev["reconciliation"] = {
+        "outcome": raw,
+        "source": _SOURCE[event.source],
+        "observer": event.observer,
+        "observer_seq": event.observer_seq,
+        "seq": event.seq,
+        "note": event.attrs.get("note"),
+    }
+    for key in ("query_invocation", "operator", "matched"):
+        if key in event.attrs:
+            ev["reconciliation"][key] = event.attrs[key]
+    ev["source"] = _SOURCE[event.source]
+    p._code = None if outcome is _COMMITTED else _REMOTE_REJECTED
+    p._message = event.attrs.get("message")
+    return raw
+
+
+def _on_reconcile_inconclusive(p: Projector, event: Event) -> None:
+    _observed(p, event)
+    query = event.attrs.get("query_invocation")
+    if type(query) is not str or not query:
+        _refuse(p, event, "attrs.query_invocation must name the query's invocation")
+    item = {
+        "query_invocation": query,
+        "code": event.attrs.get("code"),
+        "reason": event.attrs.get("reason"),
+        "seq": event.seq,
+    }
+    not_before = event.attrs.get("not_before")
+    if not_before is not None:  # an absent finding too soon after the attempt (settle.py)
+        if type(not_before) not in (int, float):
+            _refuse(p, event, "attrs.not_before must be a time in seconds since the epoch")
+        item["not_before"] = not_before
+    ev = p._evidence
+    ev["reconcile_queries"] = [*ev.get("reconcile_queries", ()), item]
+
+
+def _on_lease_lost(p: Projector, event: Event) -> None:
+    gen = event.attrs.get("generation")
+    if not _is_int(gen) or gen > p._generation:
+        _refuse(p, event, "LEASE_LOST must name a generation not newer than the current one")
+    ev = p._evidence
+    ev["stale_workers"] = [*ev.get("stale_workers", ()), {"generation": gen, "seq": event.seq}]
