@@ -23,7 +23,7 @@ import trio
 
 from affidavit.api.client import Client
 from affidavit.config import load_config
-from affidavit.console import app as console_app
+from affidavit.console import request as console_request
 from affidavit.daemon import server as daemon_server
 from affidavit.daemon.admission import ConsoleCap, _console_owner
 from affidavit.daemon.server import Daemon, DaemonError
@@ -226,7 +226,7 @@ async def test_a_console_form_whose_body_does_not_arrive_within_form_wait_is_408
     until the daemon stops."""
     monkeypatch.setenv(TOKEN_ENV, token)
     form_wait = 0.5
-    monkeypatch.setattr(console_app, "FORM_WAIT", form_wait)
+    monkeypatch.setattr(console_request, "FORM_WAIT", form_wait)
     async with daemon_with_console(tmp_path, monkeypatch) as (_, cap, port):
         stalled = await trio.open_tcp_stream("127.0.0.1", port)
         origin = b"http://127.0.0.1:%d" % port

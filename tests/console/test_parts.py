@@ -181,7 +181,7 @@ def test_a_journal_refusal_logs_the_journal_s_words_escaped(
     from the page's path -- so a ``%0A`` in it would start a line of the caller's own."""
     import logging
 
-    from affidavit.console.app import _journal_refusal
+    from affidavit.console.request import _journal_refusal
     from affidavit.engine import read_failure
     from affidavit.journal import JournalUnavailable
 

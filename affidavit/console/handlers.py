@@ -1,0 +1,274 @@
+"""The console's request handlers: its pages (approvals, actions, an invocation, its result
+and an approval's content as downloads, the journal and its whole verify), the operator's
+decisions and reconciliations, and the journal reads they share -- each refusing with
+``Refused`` what the journal could not read or the ``Broker`` refused.  ``Console``
+(``app.py``) routes to them once the request's Host, session, origin and CSRF token are proven;
+they see only a request that passed those checks.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote, urlencode
+
+import jinja2
+import markupsafe
+import trio
+
+from affidavit.api.broker import Broker
+from affidavit.api.wire import parse_time
+from affidavit.approvals import Operator, OperatorError, service
+from affidavit.engine import read_failure
+from affidavit.journal import (
+    AlteredRow,
+    JournalError,
+    JournalReader,
+    JournalUnavailable,
+    ReadFailed,
+    SessionSummary,
+)
+from affidavit.reconcile import service as reconciling
+
+from . import pages
+from .auth import Session
+from .request import AUTO, Read, Refused, Request, _fields, _journal_refusal, log
+from .verified import KeptVerify
+
+
+class Handlers:
+    """``Console``'s pages and decisions, over the state ``Console.__init__`` sets up."""
+
+    broker: Broker
+    read: Read
+    read_summarized: Read
+    summary: SessionSummary
+    verified: KeptVerify
+    verifying: trio.Event | None
+    templates: jinja2.Environment
+
+    if TYPE_CHECKING:
+
+        def _render(self, name: str, req: Request, **context: Any) -> bytes: ...
+
+    # -- pages --------------------------------------------------------------------------------
+
+    async def _approvals(self, req: Request) -> None:
+        rows: list[tuple[str, markupsafe.Markup | None, str | None]] = []
+        found = await self._reading(pages.approvals_page, "the pending approvals")
+        for row in found["rows"]:
+            iid = str(row.get("invocation_id"))
+            try:
+                html = self.templates.get_template("approval.html").render(
+                    a=row,
+                    csrf=req.session.csrf if req.session else "",
+                )
+                rows.append((iid, markupsafe.Markup(html), None))
+            except Exception as exc:  # one request's failure is its own row's, not the page's
+                log.exception("console: the approval %s could not be rendered", iid)
+                rows.append((iid, None, f"{type(exc).__name__}: {exc}"))
+        decided = req.session.take_notice("decided") if req.session else None
+        page = self._render("approvals.html", req, rows=rows, decided=decided, total=found["total"])
+        await req.answer(200, page)
+
+    async def _actions(self, req: Request) -> None:
+        filters = _filters(req.query)
+        summary = self.summary
+        data = await self._reading(
+            lambda r: pages.actions_page(r, filters, summary),
+            "the actions view",
+            summarized=filters == pages.ActionFilters(),
+        )
+        shown = {k: v for k, v in req.query.items() if k != AUTO}
+        page = self._render(
+            "actions.html",
+            req,
+            f=shown,
+            reload="?" + urlencode({**shown, AUTO: "1"}),
+            live=req.query.get("live", "1") != "0",
+            outcomes=pages.OUTCOMES,
+            phases=pages.PHASES,
+            codes=pages.CODES,
+            **data,
+        )
+        await req.answer(200, page)
+
+    async def _invocation(self, req: Request, iid: str, problem: Refused | None = None) -> None:
+        data = await self._reading(lambda r: pages.invocation_page(r, iid), f"the record of {iid}")
+        if data is None:
+            raise Refused(404, f"no invocation {iid} in the journal")
+        result = None
+        if data["record"]["final"]:
+            result = pages.result_view(await self._envelope(iid))
+        page = self._render(
+            "invocation.html",
+            req,
+            **data,
+            result=result,
+            problem=problem,
+            done=req.session.take_notice("done", iid) if req.session and not problem else None,
+        )
+        await req.answer(problem.status if problem else 200, page)
+
+    async def _download(self, req: Request, iid: str) -> None:
+        envelope = await self._envelope(iid)
+        if envelope is None:
+            raise Refused(404, f"no invocation {iid} in the journal")
+        body = json.dumps(envelope, sort_keys=True, indent=2).encode("utf-8") + b"\n"
+        name = re.sub(r"[^A-Za-z0-9_.-]", "_", iid)
+        disposition = f'attachment; filename="{name}.json"'.encode()
+        await req.answer(200, body, b"application/json", [(b"content-disposition", disposition)])
+
+    async def _content(self, req: Request, iid: str, name: str) -> None:
+        """One content of an approval's request, whole (``service.content``: the accepted
+        action's bytes, checked against the view's hash): an attachment, never rendered."""
+        try:
+            data = await self.read(lambda r: service.content(r, iid, name))
+        except OperatorError as exc:
+            if exc.code == "CONTENT_MISMATCH":
+                log.warning("console: refused the %s of %s: %s", name, iid, exc.message)
+            raise Refused(exc.status, exc.message, exc.code) from None
+        except JournalError as exc:  # 503 JOURNAL_UNAVAILABLE when away: nothing served
+            raise _journal_refusal(exc, read_failure(exc, f"the approval of {iid}")) from None
+        file = re.sub(r"[^A-Za-z0-9_.-]", "_", f"{iid}.{name}")
+        disposition = f'attachment; filename="{file}.bin"'.encode()
+        await req.answer(
+            200, data, b"application/octet-stream", [(b"content-disposition", disposition)]
+        )
+
+    async def _journal(self, req: Request) -> None:
+        """The journal page (``KeptVerify``: the kept verify extended to the head)."""
+        data = await self._verified(whole=False)
+        summary = self.summary
+        sessions = await self._reading(
+            lambda r: pages.journal_sessions(r, summary), "the journal view", summarized=True
+        )
+        await req.answer(200, self._render("journal.html", req, **data, **sessions))
+
+    async def _verify_whole(self) -> None:
+        """The operator's press: a whole verify -- or, while one runs, that one (one at a time
+        per journal).  A press meanwhile joins it: it waits on the event loop, holding no view
+        thread (each press held one, waiting its turn on ``KeptVerify``'s lock: four presses
+        took every view thread, and the views stalled), and its page is the running one's
+        result.  A failure is answered to the press that ran it; a press that joined is sent to
+        the page as it is."""
+        running = self.verifying
+        if running is not None:
+            await running.wait()
+            return
+        self.verifying = done = trio.Event()
+        try:
+            await self._verified(whole=True)
+        finally:
+            self.verifying = None
+            done.set()
+
+    async def _verified(self, whole: bool) -> dict[str, Any]:
+        """The journal page but its sessions (read on their own: a whole verify that runs does
+        not hold them, nor they it)."""
+        summary, kept = self.summary, self.verified
+        return await self._reading(  # type: ignore[no-any-return]
+            lambda r: pages.journal_page(r, summary, kept, whole, sessions=False),
+            "the journal view",
+        )
+
+    # -- decisions ----------------------------------------------------------------------------
+
+    async def _decide(self, req: Request, iid: str, verb: str, form: dict[str, str]) -> None:
+        _fields(form, ("csrf", "note"))
+        who = _operator(req)
+        decision = self.broker.approve if verb == "approve" else self.broker.deny
+        try:
+            await decision(iid, note=form.get("note") or None, operator=who)
+        except OperatorError as exc:
+            raise Refused(exc.status, exc.message, exc.code) from None
+        except JournalError as exc:  # 503 JOURNAL_UNAVAILABLE when away: nothing decided
+            raise _journal_refusal(exc, service.decision_failure(exc, iid)) from None
+        _operator_session(req).notice = ("decided", iid, "")
+        await req.redirect("/approvals")
+
+    async def _reconcile(self, req: Request, iid: str, form: dict[str, str]) -> None:
+        _fields(form, ("csrf", "how", "note"))
+        who = _operator(req)
+        how = form.get("how")
+        if how not in ("query", "committed", "rejected"):
+            raise Refused(400, "how: choose query, committed or rejected", "BAD_REQUEST")
+        try:
+            answer = await self.broker.reconcile(
+                iid,
+                query=how == "query",
+                attest=None if how == "query" else how,
+                note=form.get("note") or None,
+                operator=who,
+            )
+        except OperatorError as exc:
+            problem = Refused(exc.status, exc.message, exc.code)
+            return await self._invocation(req, iid, problem)
+        except JournalError as exc:  # the page itself could not be read now: the error page
+            raise _journal_refusal(exc, reconciling.failure(exc, iid)) from None
+        refused = answer.get("refused")
+        if refused is not None:  # the query ran; the record moved on meanwhile
+            query_id = (answer.get("query") or {}).get("invocation_id")
+            message = f"{refused['message']} (the query ran: {query_id}, linked in the timeline)"
+            return await self._invocation(req, iid, Refused(409, message, refused["code"]))
+        done = "reconciled" if answer["reconciled"] else "inconclusive"
+        _operator_session(req).notice = ("done", iid, done)
+        await req.redirect(f"/invocations/{quote(iid, safe='')}")
+
+    # -- reading ------------------------------------------------------------------------------
+
+    async def _reading(
+        self, view: Callable[[JournalReader], Any], what: str, summarized: bool = False
+    ) -> Any:
+        try:
+            return await (self.read_summarized if summarized else self.read)(view)
+        except JournalError as exc:  # 503 JOURNAL_UNAVAILABLE naming ``what`` when away
+            raise _journal_refusal(exc, read_failure(exc, what)) from None
+        except OperatorError as exc:
+            raise Refused(500, f"the journal could not be read: {exc}") from None
+
+    async def _envelope(self, iid: str) -> dict[str, Any] | None:
+        """The stored envelope, read as a resumed read from chunk 0: it records nothing (the
+        console is not the caller; its look is no delivery)."""
+        try:
+            return await self.broker.fetch_result(iid, from_chunk=0)
+        except (JournalUnavailable, ReadFailed, AlteredRow) as exc:  # not unverified: unread
+            # (away, declined) or a row altered in place (JOURNAL_UNREADABLE, the journal's words)
+            raise _journal_refusal(exc, read_failure(exc, f"the result of {iid}")) from None
+        except JournalError as exc:
+            raise Refused(500, f"the stored result does not verify: {exc}") from None
+
+
+def _operator(req: Request) -> Operator:
+    return _operator_session(req).operator
+
+
+def _operator_session(req: Request) -> Session:
+    assert req.session is not None
+    return req.session
+
+
+def _filters(query: Mapping[str, str]) -> pages.ActionFilters:
+    def pick(name: str, allowed: list[str]) -> str | None:
+        value = query.get(name) or None
+        if value is not None and value not in allowed:
+            raise Refused(400, f"{name}: expected one of {', '.join(allowed)}")
+        return value
+
+    def when(name: str) -> float | None:
+        value = query.get(name) or None
+        try:
+            return parse_time(value) if value else None
+        except ValueError as exc:
+            raise Refused(400, f"{name}: {exc}") from None
+
+    return pages.ActionFilters(
+        session=query.get("session") or None,
+        outcome=pick("outcome", pages.OUTCOMES),
+        phase=pick("phase", pages.PHASES),
+        code=pick("code", ["OK", *pages.CODES]),
+        since=when("since"),
+        until=when("until"),
+    )
