@@ -156,23 +156,33 @@ def _hex_digit(d: int) -> bytes:
     return bytes([c]) if c < 0x61 else b"[" + bytes([c, c - 32]) + b"]"
 
 
-def _hex2(b: int) -> bytes:
-    return _hex_digit(b >> 4) + _hex_digit(b & 15)
+def _hex2(b: int, either: bool = False) -> bytes:
+    """``b``'s two hex digits (either case); ``either``: the first one of ``b ^ 0x20`` too (an
+    ASCII letter's escape in either case: ``%4B`` or ``%6B``)."""
+    high = _hex_digit(b >> 4)
+    if either:
+        high = b"[" + bytes([_HEX[b >> 4], _HEX[(b ^ 0x20) >> 4]]) + b"]"
+    return high + _hex_digit(b & 15)
 
 
-def _hex4(n: int) -> bytes:
-    return _hex2(n >> 8) + _hex2(n & 0xFF)
+def _hex4(n: int, either: bool = False) -> bytes:
+    return _hex2(n >> 8) + _hex2(n & 0xFF, either)
 
 
 def _surrogates(cp: int) -> tuple[int, int]:
     return 0xD800 + ((cp - 0x10000) >> 10), 0xDC00 + ((cp - 0x10000) & 0x3FF)
 
 
-def _alts(char: Char) -> list[Alt]:
+def _alts(char: Char, any_case: bool = False) -> list[Alt]:
+    """The ways to write ``char``; ``any_case``: an ASCII letter's escapes in either case too
+    (``%4B`` and ``\\u004b`` are a ``K`` where the form has ``k``: a case-changed echo written
+    escaped).  Its literal in the other case is the caller's to add (``_slot_regex``)."""
     raw, cp = char
+    either = any_case and raw.isalpha()
     tail = b"".join(b"(?:" + re.escape(bytes([b])) + b"|%" + _hex2(b) + b")" for b in raw[1:])
     tail_w = 3 * (len(raw) - 1)
-    alts: list[Alt] = [(raw[0], tail, 1 + tail_w), (0x25, _hex2(raw[0]) + tail, 3 + tail_w)]
+    alts: list[Alt] = [(raw[0], tail, 1 + tail_w)]
+    alts.append((0x25, _hex2(raw[0], either) + tail, 3 + tail_w))
     if raw == b" ":
         alts.append((0x2B, b"", 1))  # application/x-www-form-urlencoded
     if cp is not None:
@@ -180,18 +190,25 @@ def _alts(char: Char) -> list[Alt]:
         if short is not None:
             alts.append((0x5C, re.escape(short), 2))
         if cp < 0x10000:
-            alts.append((0x5C, b"u" + _hex4(cp), 6))
+            alts.append((0x5C, b"u" + _hex4(cp, either), 6))
         else:
             hi, lo = _surrogates(cp)
             alts.append((0x5C, b"u" + _hex4(hi) + rb"\\u" + _hex4(lo), 12))
     return alts
 
 
+def _either_case(chars: tuple[Char, ...]) -> tuple[Char, ...]:
+    """``chars`` and each ASCII letter among them in the other case (``_escapes``: the
+    escapes of a letter whose case changed locate candidates too)."""
+    other = [(bytes([r[0] ^ 0x20]), cp ^ 0x20) for r, cp in chars if r.isalpha() and cp]
+    return tuple(dict.fromkeys((*chars, *other)))
+
+
 def _slot_regex(slot: Slot, any_case: bool) -> tuple[bytes, int]:
-    """The slot's regex (each letter written literally in either case if ``any_case``: its
-    escapes stay those of its own case), and its widest match."""
+    """The slot's regex (each letter in either case if ``any_case``, literally or escaped),
+    and its widest match."""
     chars, optional = slot
-    alts = {(-w, re.escape(bytes([f])) + rest) for c in chars for f, rest, w in _alts(c)}
+    alts = {(-w, re.escape(bytes([f])) + rest) for c in chars for f, rest, w in _alts(c, any_case)}
     if any_case:
         alts |= {(-1, bytes([c[0][0] ^ 0x20])) for c in chars if c[0].isalpha()}
     body = b"(?:" + b"|".join(p for _, p in sorted(alts)) + (b")?" if optional else b")")
@@ -247,7 +264,8 @@ def _escapes(needles: Iterable[bytes]) -> tuple[set[bytes], tuple[Escape, ...]]:
         chars = _chars(needle)
         if len(chars) > 1:
             extra.add(needle[: -len(chars[-1][0])])
-        for i, (raw, cp) in enumerate(chars):
+        for i, char in enumerate(chars):
+            raw, cp = char
             if len(raw) > 1 or raw in _UNRESERVED:
                 follower = b""
             elif i + 1 < len(chars):
@@ -257,15 +275,17 @@ def _escapes(needles: Iterable[bytes]) -> tuple[set[bytes], tuple[Escape, ...]]:
                 follower = b""
             else:
                 continue  # the last character: covered by the extra needle
-            for b in raw:
-                percent.setdefault(b, set()).add(follower)
-            if raw == b" ":
-                plus.add(follower)
-            if cp is not None:
-                if cp in _JSON_SHORT:
-                    short.setdefault(_JSON_SHORT[cp][0], set()).add(follower)
-                unit = cp if cp < 0x10000 else _surrogates(cp)[0]
-                uescape.setdefault(unit, set()).add(follower)
+            # A letter in either case (a superset for a short value: only more candidates).
+            for raw, cp in _either_case((char,)):
+                for b in raw:
+                    percent.setdefault(b, set()).add(follower)
+                if raw == b" ":
+                    plus.add(follower)
+                if cp is not None:
+                    if cp in _JSON_SHORT:
+                        short.setdefault(_JSON_SHORT[cp][0], set()).add(follower)
+                    unit = cp if cp < 0x10000 else _surrogates(cp)[0]
+                    uescape.setdefault(unit, set()).add(follower)
     patterns = []
     if percent:
         patterns.append((b"%", _digits({b"%02x" % b: f for b, f in percent.items()})))

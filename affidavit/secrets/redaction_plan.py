@@ -124,7 +124,7 @@ class _Plan:
             rest_w = sum(w for _, w in rest)
             chars, optional = form[0]
             assert not optional
-            for f, frag, w in (a for c in chars for a in _alts(c)):
+            for f, frag, w in (a for c in chars for a in _alts(c, any_case)):
                 # The branch of a letter takes either case; a short value's exact first letter
                 # is checked behind it.
                 exact = not any_case and bytes([f]).isalpha()

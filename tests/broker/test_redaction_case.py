@@ -129,3 +129,33 @@ def test_a_long_value_and_a_pem_line_are_redacted_in_any_case() -> None:
     line = b"b3BlbnNzaC1rZXktdjEAAAAABG5vbmUAAAAEbm9uZQAAAAAAAAABAAAAMwAAAAtzc2gtZW"
     pem = b"-----BEGIN OPENSSH PRIVATE KEY-----\n" + line + b"\n-----END OPENSSH PRIVATE KEY-----\n"
     _assert_redacted([pem], b"$ cat key | tr a-z A-Z\n" + line.upper() + b"\n", line.upper())
+
+
+def _escaped_whole(data: bytes, style: str) -> bytes:
+    """Every byte of ``data`` (ASCII) written as an escape: ``%XX`` or ``\\uXXXX``."""
+    if style == "percent":
+        return b"".join(b"%%%02X" % c for c in data)
+    return b"".join(b"\\u%04x" % c for c in data)
+
+
+@pytest.mark.parametrize(
+    ("name", "style"), [(n, s) for n in sorted(_TOKENS) for s in ("percent", "json")]
+)
+def test_a_case_changed_echo_written_in_escapes_is_redacted_from_a_body(
+    name: str, style: str
+) -> None:
+    """The value's case changed first, then written escaped -- a page that upper-cases the
+    request line and then percent-encodes (or JSON-escapes) every byte of it: ``%53%4B...`` is
+    ``SK...``, the letters of ``sk_live_...`` in the other case.  An escape of a letter in the
+    other case is that letter in the other case (each escape alone, and one in the middle of a
+    literal run)."""
+    token = _TOKENS[name]
+    for case in ("upper", "lower", "flip1"):
+        changed = _CASES[case](token)
+        if changed == token:
+            continue
+        echo = _escaped_whole(changed, style)
+        _assert_redacted([token], b"<p>" + echo + b"</p>", echo)
+        mid = len(changed) // 2
+        one = changed[:mid] + _escaped_whole(changed[mid : mid + 1], style) + changed[mid + 1 :]
+        _assert_redacted([token], b"<p>" + one + b"</p>", one)
