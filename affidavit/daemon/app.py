@@ -135,21 +135,22 @@ class Api:
         )
 
     async def handle(self, req: Request) -> None:
+        args: tuple[str, ...] = ()
         try:
             handler, args = self._route(req)
             _check_params(req, handler)
             await handler(self, req, *args)
         except ApiProblem as problem:
             if not req.answered:
-                await req.respond_problem(self._unplaced(problem))
+                await req.respond_problem(self._unplaced(problem, args))
         except ClientGone:
             pass
 
-    def _unplaced(self, problem: ApiProblem) -> ApiProblem:
+    def _unplaced(self, problem: ApiProblem, echoed: tuple[str, ...] = ()) -> ApiProblem:
         """``problem`` without where the journal lives (``engine.unplaced``, as the embedded
         MCP server answers too): a socket caller (an agent) has no business knowing it.  The
-        daemon's log keeps it."""
-        message = unplaced(problem.code, problem.message, self.journal.location)
+        daemon's log keeps it.  ``echoed``: the ids of the path, the caller's own text."""
+        message = unplaced(problem.code, problem.message, self.journal.location, echoed)
         if message == problem.message:
             return problem
         return ApiProblem(problem.status, problem.code, message)

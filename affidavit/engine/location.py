@@ -9,12 +9,13 @@ operator's log keeps it."""
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 
 from affidavit.journal.backend import where as journal_where
 
 from .recovery import READ_DECLINED, UNREADABLE, CallNotRecorded
 
-__all__ = ["JOURNAL_WORDS", "unplaced"]
+__all__ = ["JOURNAL_WORDS", "unplaced", "withheld"]
 
 JOURNAL_WORDS = frozenset(
     {
@@ -31,15 +32,26 @@ its location.  Not ``OPERATION_ERROR``: its message names the operation id the c
 words (a journal that fails the poll is ``poll_failure``'s, under these codes)."""
 
 
-def unplaced(code: str, message: str, location: str | os.PathLike[str]) -> str:
+def unplaced(
+    code: str, message: str, location: str | os.PathLike[str], echoed: Iterable[str] = ()
+) -> str:
     """``message`` (an answer coded ``code``) without where the journal at ``location`` lives:
     ``the journal`` stands for it -- for the file's path, for the URL as messages name it
     (``journal_where``: without its password) and for the URL as configured, password and all.
     Only answers that carry the journal's words (``JOURNAL_WORDS``) are changed: another echoes
     what the caller sent (a path, an id), and a guess of the location echoed back as ``the
-    journal`` would tell the caller it guessed right."""
+    journal`` would tell the caller it guessed right.
+
+    ``echoed``: the caller's own text the journal's words may quote (the ids of the request's
+    path).  One holding a ``/`` could hold the location (every one holds a ``/``: an absolute
+    path, a URL) -- no id the broker gives does -- and the journal's words quoting it are not
+    told at all (``withheld``): taken out of them, the location would be taken out of the
+    caller's guess too, when right."""
     if code not in JOURNAL_WORDS:
         return message
+    for text in echoed:
+        if "/" in text:
+            return withheld(text)
     for where in dict.fromkeys((journal_where(location), str(location))):
         if not where or where not in message:
             continue
@@ -47,3 +59,12 @@ def unplaced(code: str, message: str, location: str | os.PathLike[str]) -> str:
         message = message.replace(f"journal {where}", "the journal")
         message = message.replace(where, "the journal")
     return message
+
+
+def withheld(text: str) -> str:
+    """The message of a journal-words answer about caller text holding a ``/``
+    (``unplaced``): the same whatever the journal's words were, and wherever it lives."""
+    return (
+        f"the journal could not answer about {text}; its words are not told for an id holding "
+        "'/' (no id the broker gives holds one)"
+    )

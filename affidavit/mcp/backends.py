@@ -160,11 +160,11 @@ class Embedded:
                 invocation_id, from_chunk=from_chunk, deliver=exchange.deliver
             )
         except JournalUnavailable:  # the record unread (as the daemon answers: 503)
-            return self._api_error(CallNotRecorded.code, unreadable(invocation_id))
+            return self._api_error(CallNotRecorded.code, unreadable(invocation_id), invocation_id)
         except (ReadFailed, AlteredRow) as exc:  # declined once / a row altered: as the daemon
-            return self._journal_error(exc, f"the result of {invocation_id}")
+            return self._journal_error(exc, f"the result of {invocation_id}", invocation_id)
         except JournalError as exc:  # a stored result that fails verification: never its bytes
-            return self._api_error("RESULT_UNVERIFIED", str(exc))
+            return self._api_error("RESULT_UNVERIFIED", str(exc), invocation_id)
         return _unknown_id(invocation_id) if envelope is None else envelope
 
     async def record(self, invocation_id: str) -> dict[str, Any]:
@@ -177,7 +177,7 @@ class Embedded:
                 return _unknown_id(invocation_id)
             events = self.broker.events(invocation_id)
         except JournalError as exc:
-            return self._journal_error(exc, f"the record of {invocation_id}")
+            return self._journal_error(exc, f"the record of {invocation_id}", invocation_id)
         return record_view(rec, events)  # a caller's: plain hashes withheld
 
     async def actions(self, session: str | None, outcome: str | None, limit: int) -> dict[str, Any]:
@@ -206,7 +206,7 @@ class Embedded:
             return refusal("INVALID_FIELD", "operation_id", str(exc))
         except JournalError as exc:
             _status, code, message = poll_failure(exc, operation_id)
-            return self._api_error(code, message)
+            return self._api_error(code, message, operation_id)
 
     async def reconcile_query(self, invocation_id: str) -> dict[str, Any]:
         """The query form only (``affidavit.reconcile``): attesting is an operator's.  A
@@ -223,7 +223,7 @@ class Embedded:
             return refusal("INVALID_FIELD", "invocation_id", f"{exc.code}: {exc.message}")
         except JournalError as exc:
             _status, code, message = service.failure(exc, invocation_id)
-            return self._api_error(code, message)
+            return self._api_error(code, message, invocation_id)
 
     def stop(self) -> None:
         """The process is told to stop: every call is stopped where it is, recorded
@@ -232,7 +232,7 @@ class Embedded:
         for control in list(self._controls):
             control.stop()
 
-    def _journal_error(self, exc: Exception, what: str) -> dict[str, Any]:
+    def _journal_error(self, exc: Exception, what: str, echoed: str = "") -> dict[str, Any]:
         """A read the journal could not answer, as the daemon answers it
         (``app._journal_problem``): JOURNAL_UNAVAILABLE naming ``what`` when a shared journal
         is away, else JOURNAL_UNREADABLE with the journal's own words (altered, refused) --
@@ -240,15 +240,16 @@ class Embedded:
         from affidavit.engine import read_failure
 
         _status, code, message = read_failure(exc, what)
-        return self._api_error(code, message)
+        return self._api_error(code, message, echoed)
 
-    def _api_error(self, code: str, message: str) -> dict[str, Any]:
+    def _api_error(self, code: str, message: str, echoed: str = "") -> dict[str, Any]:
         """An answer without where the journal lives, as the daemon's (``engine.unplaced``):
-        this process is the config owner's, but its caller is an agent."""
+        this process is the config owner's, but its caller is an agent.  ``echoed``: the id
+        the caller sent, which the journal's words may quote."""
         from affidavit.engine import unplaced
 
         location = self.broker.config.journal.location
-        return api_error(code, unplaced(code, message, location))
+        return api_error(code, unplaced(code, message, location, (echoed,)))
 
 
 class Daemon:

@@ -215,6 +215,26 @@ def decline_record_once(monkeypatch: Any, iid: str) -> list[str]:
     return declined
 
 
+def decline_every_record(monkeypatch: Any) -> None:
+    """Every ``Journal.record`` is declined by the database, as a busy journal declines it
+    (SQLITE_BUSY past the busy timeout; on PostgreSQL a statement timeout): inside the
+    journal's own ``_read``, which words it -- ``journal <where>: the record of invocation
+    <id> cannot be read: ...``, the location and the caller's id in one line."""
+    import sqlite3
+
+    from affidavit.journal.store import Journal
+
+    def busy(_tables: Any) -> None:
+        exc = sqlite3.OperationalError("database is locked")
+        exc.sqlite_errorcode = 5  # type: ignore[attr-defined]  # SQLITE_BUSY
+        raise exc
+
+    def record(self: Journal, invocation_id: str, now: Any = None) -> Any:
+        return self._read(busy, f"the record of invocation {invocation_id}")
+
+    monkeypatch.setattr(Journal, "record", record)
+
+
 def alter_record(monkeypatch: Any, iid: str, words: str) -> None:
     """Every ``Journal.record`` of ``iid`` meets a row altered in place (``AlteredRow``), as
     ``tests/journal/test_altered_rows.py`` alters one: raised inside the journal's own

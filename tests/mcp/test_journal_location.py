@@ -120,3 +120,37 @@ def test_the_url_as_configured_goes_too_password_and_all() -> None:
     assert "canary-pw" not in out and "db.internal" not in out, out
     assert out == "cannot connect to the journal: refused; the journal: gone", out
     assert unplaced("NO_SUCH_INVOCATION", said, url) == said
+
+
+async def test_an_embedded_guess_is_no_oracle_when_the_journal_declines_the_read(
+    tmp_path: Path, remotes: Remotes, token: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As through the daemon (tests/daemon/test_no_location_oracle.py): the journal's words
+    about a declined read quote the id the caller sent, and taking the journal's file out of
+    them took it out of a right guess sent as the id -- ``the journal`` back when right, the
+    guess as sent when wrong."""
+    from affidavit.mcp.backends import Embedded, Exchange
+    from tests.journal.helpers import decline_every_record
+
+    from .kit import WAIT
+
+    monkeypatch.setenv(TOKEN_ENV, token)
+    right = str(tmp_path / "journal.db")
+    said: dict[tuple[str, str], str] = {}
+    with trio.fail_after(WAIT):
+        async with Embedded.open(str(remotes.config(tmp_path))) as backend:
+            assert str(backend.broker.config.journal.location) == right
+            decline_every_record(monkeypatch)
+            for guess in (right, right + "x", "journal " + right, "journal " + right + "x"):
+                for tool in ("record", "fetch_result"):
+                    if tool == "record":
+                        answer = await backend.record(guess)
+                    else:
+                        answer = await backend.fetch_result(guess, 0, Exchange())
+                    error = answer["api_error"]
+                    assert error["code"] == "JOURNAL_READ_DECLINED", answer
+                    said[guess, tool] = error["message"].replace(guess, "<GUESS>")
+    for tool in ("record", "fetch_result"):
+        for guess in (right, "journal " + right):
+            assert said[guess, tool] == said[guess + "x", tool], said
+            assert "<GUESS>" in said[guess, tool], said
