@@ -9,8 +9,11 @@ operator's log keeps it."""
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterable
+from urllib.parse import unquote, urlsplit
 
+from affidavit.journal.backend import is_url
 from affidavit.journal.backend import where as journal_where
 
 from .recovery import READ_DECLINED, UNREADABLE, CallNotRecorded
@@ -42,16 +45,21 @@ def unplaced(
     what the caller sent (a path, an id), and a guess of the location echoed back as ``the
     journal`` would tell the caller it guessed right.
 
+    A PostgreSQL driver's own words name the server and the database apart from the URL
+    (``connection to server at "db" (10.0.0.5), port 5432 failed: FATAL: database "x" ...``):
+    that preamble goes, and the URL's host, database and user where quoted (``_unnamed``).
+
     ``echoed``: the caller's own text the journal's words may quote (the ids of the request's
-    path).  One holding a ``/`` could hold the location (every one holds a ``/``: an absolute
-    path, a URL) -- no id the broker gives does -- and the journal's words quoting it are not
-    told at all (``withheld``): taken out of them, the location would be taken out of the
-    caller's guess too, when right."""
+    path).  One holding a character no id the broker gives holds (``act_``/``op_`` and
+    Crockford base32) -- a ``/`` of a path or URL, a ``"`` of a quoted name -- could hold what
+    is taken out, and the journal's words quoting it are not told at all (``withheld``): taken
+    out of them, the location would be taken out of the caller's guess too, when right."""
     if code not in JOURNAL_WORDS:
         return message
     for text in echoed:
-        if "/" in text:
+        if not _ID_CHARS.fullmatch(text):
             return withheld(text)
+    message = _unnamed(message, location)
     for where in dict.fromkeys((journal_where(location), str(location))):
         if not where or where not in message:
             continue
@@ -61,10 +69,35 @@ def unplaced(
     return message
 
 
+_ID_CHARS = re.compile(r"[A-Za-z0-9_-]*")
+"""Every character of an id the broker gives (invocation, operation), and a few more."""
+_SERVER = re.compile(
+    r'connection to server (?:at "[^"]*"(?: \([^)]*\))?, port \d+|on socket "[^"]*") failed'
+)
+"""libpq's preamble naming the server it could not connect to: its host, address and port."""
+
+
+def _unnamed(message: str, location: str | os.PathLike[str]) -> str:
+    """``message`` without the PostgreSQL server's and database's names as the driver words
+    them: its preamble (``_SERVER``) and the URL's host, database and user, quoted."""
+    if not is_url(location):
+        return message
+    message = _SERVER.sub("connection to the journal's server failed", message)
+    try:
+        url = urlsplit(str(location))
+        names = (url.hostname, unquote(url.path.lstrip("/")), unquote(url.username or ""))
+    except ValueError:  # (a URL the journal opened parses: a bound, not a case)
+        return message
+    for name in names:
+        if name:
+            message = message.replace(f'"{name}"', "(the journal's)")
+    return message
+
+
 def withheld(text: str) -> str:
-    """The message of a journal-words answer about caller text holding a ``/``
-    (``unplaced``): the same whatever the journal's words were, and wherever it lives."""
+    """The message of a journal-words answer about caller text that is no id's (``unplaced``):
+    the same whatever the journal's words were, and wherever it lives."""
     return (
-        f"the journal could not answer about {text}; its words are not told for an id holding "
-        "'/' (no id the broker gives holds one)"
+        f"the journal could not answer about {text}; its words are not told for an id with a "
+        "character no id the broker gives has"
     )

@@ -154,3 +154,24 @@ async def test_an_embedded_guess_is_no_oracle_when_the_journal_declines_the_read
         for guess in (right, "journal " + right):
             assert said[guess, tool] == said[guess + "x", tool], said
             assert "<GUESS>" in said[guess, tool], said
+
+
+def test_a_quoted_guess_of_a_name_comes_back_as_sent_right_or_wrong() -> None:
+    """The driver's quoted names (``database "x"``, ``user "y"``) are taken out of the
+    journal's words; a caller's id holding a quote (no id the broker gives does) is echoed
+    as sent whether it guessed a name right or wrong, never taken out with it."""
+    from affidavit.engine import unplaced
+
+    url = "postgresql://broker:canary-pw@db.internal:5433/affidavit"
+
+    def said(guess: str) -> str:
+        words = f"journal postgresql://broker@db.internal:5433/affidavit: the record of {guess}"
+        message = unplaced("JOURNAL_READ_DECLINED", words + " cannot be read", url, (guess,))
+        return message.replace(guess, "<GUESS>")
+
+    for name in ("affidavit", "broker", "db.internal"):
+        assert said(f'"{name}"') == said(f'"{name}x"'), said(f'"{name}"')
+    driver = 'connection to server at "db.internal" (10.9.8.7), port 5433 failed: FATAL:  role '
+    driver += '"broker"'
+    out = unplaced("JOURNAL_UNREADABLE", driver, url)
+    assert out == "connection to the journal's server failed: FATAL:  role (the journal's)", out
