@@ -111,14 +111,18 @@ class _Plan:
         name is lower-cased by every parser.  ``pattern`` itself when no value is short."""
         if self._pattern_any_case is None:
             if self._exact:
-                self._pattern_any_case = re.compile(self._source(), re.IGNORECASE)
+                self._pattern_any_case = re.compile(self._source(True), re.IGNORECASE)
             else:
                 self._pattern_any_case = self.pattern
         return self._pattern_any_case
 
-    def _source(self) -> bytes:
+    def _source(self, any_case_all: bool = False) -> bytes:
+        """The pattern's source; ``any_case_all``: every value's letters in either case, a short
+        one's too, escaped as well as literal (``pattern_any_case``: ``re.IGNORECASE`` folds a
+        literal letter, never the digits of its escape)."""
         groups = {first: dict(alts) for first, alts in self._literal_groups.items()}
-        for form, any_case in self._encoded:
+        for form, own_case in self._encoded:
+            any_case = own_case or any_case_all
             rest = [_slot_regex(s, any_case) for s in form[1:]]
             rest_re = b"".join(r for r, _ in rest)
             rest_w = sum(w for _, w in rest)

@@ -159,3 +159,15 @@ def test_a_case_changed_echo_written_in_escapes_is_redacted_from_a_body(
         mid = len(changed) // 2
         one = changed[:mid] + _escaped_whole(changed[mid : mid + 1], style) + changed[mid + 1 :]
         _assert_redacted([token], b"<p>" + one + b"</p>", one)
+
+
+def test_a_short_value_in_short_text_is_matched_with_letters_escaped_in_the_other_case() -> None:
+    """Short text matches a value's letters in either case however short (a header a proxy
+    rewrote, a Location a parser lower-cased): written escaped too -- ``%58`` is the ``X`` of
+    ``xYz12q7``.  A body keeps a short value's case, escaped or not."""
+    short = b"xYz12q7"
+    r = Redactor([short])
+    for echo in ("%58Yz12q7", "x\\u0079z12q7", "\\u0058\\u0079Z12Q7", "%58%79%5A12%51%37"):
+        # (Replaced whole when percent-decoding shows the value: ``holds``.)
+        assert r.scrub_text(f"a {echo} b") in ("a [REDACTED] b", "[REDACTED]"), echo
+        assert r.sub(f"a {echo} b".encode()) == f"a {echo} b".encode(), echo
