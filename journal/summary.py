@@ -37,7 +37,7 @@ from typing import Any
 
 from affidavit.statemachine import ImpossibleEvent, Record, fold_runs
 
-from .rows import close_rows, fold_events, unfoldable
+from .rows import AlteredRow, close_rows, fold_events, unfoldable
 from .tables import Tables
 
 __all__ = ["AsOf", "SessionSummary"]
@@ -290,13 +290,19 @@ class SessionSummary:
         folding the whole journal: a count does not wait for that), or when ``tables``' snapshot
         is behind the head it was brought to (another request, in a newer snapshot, refreshed
         it since this one's began: ``JournalReader.summarized_page`` reads the tallies, then the
-        count -- not a journal rewound, and a count is never a whole fold)."""
+        count -- not a journal rewound, and a count is never a whole fold), or when bringing it
+        up meets an altered row: a count stands in for counting in the database and answers
+        what that count answers (``views.newest`` reads no row of a record it does not show);
+        a view that reads that row refuses it there."""
         if not self._lock.acquire(blocking=False):
             return None
         try:
             if self._state.through == 0 or tables.head()[0] < self._state.through:
                 return None
-            return len(self._refresh(tables, now).invs)
+            try:
+                return len(self._refresh(tables, now).invs)
+            except AlteredRow:  # (the state as it was: a failed update changes nothing)
+                return None
         finally:
             self._lock.release()
 

@@ -241,3 +241,28 @@ def test_an_altered_first_row_read_again_with_a_later_event_folds_all_again(
     first = json.loads(kept["sessions"])[0]
     assert first["first_seen"] == place.rows("SELECT at FROM events WHERE seq = 1")[0][0]
     assert first["session"] == ("mallory" if how == "session attr" else "alice")
+
+
+def test_a_kept_count_answers_as_the_database_count_past_an_altered_row_it_does_not_show(
+    place: Place,
+) -> None:
+    """(Hypothesis' falsifying example.)  Another event of a record not on the newest page, then
+    its first row altered (its attrs: a row the fold refuses): bringing the kept count up reads
+    the record again and meets the row.  The page refused there, where the page
+    without a kept count (the rows of the records it shows, a count in the database) answered:
+    the kept count stands in for the database's and answers as it does.  The views that read
+    the row (the sessions, the metrics, the page with its counts) refuse it, as a full fold."""
+    run = happy("inv-a", "alice")
+    _fill(place, [run[:1], happy("inv-b", "bob")[:1], happy("inv-c", "carol")[:1]])
+    summary = SessionSummary(metrics_key)
+    full, kept = _check(place, summary)
+    assert kept == full
+    _fill(place, [run[1:2]])
+    _alter(place, 1, "attrs")
+    full, kept = _check(place, summary)
+    assert kept == full
+    assert json.loads(kept["newest"]) == [["inv-b", "inv-c"], 3]
+    for view in ("sessions", "metrics", "page"):
+        assert kept[view][0] == "JournalError", view
+        assert "the event row at seq 1 was altered" in kept[view][1]
+    assert summary._state.through == 3  # (the kept fold as it was: a failed update changes nothing)
