@@ -301,7 +301,7 @@ class SessionSummary:
                 return None
             try:
                 return len(self._refresh(tables, now).invs)
-            except AlteredRow:  # (the state as it was: a failed update changes nothing)
+            except AlteredRow:  # (nothing answered from it: the next refresh reads the same rows)
                 return None
         finally:
             self._lock.release()
