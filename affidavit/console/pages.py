@@ -31,6 +31,7 @@ from affidavit.views import (
     metrics_of,
     newest_sessions,
     record_to_json,
+    shown_code,
 )
 
 from .diagram import lifecycle_svg, path_of
@@ -166,7 +167,7 @@ def actions_page(
     )
     if f.code is not None:
         code = f.code
-        records = (r for r in records if (r.code.value if r.code else "OK") == code)
+        records = (r for r in records if shown_code(r) == code)  # the code each row shows
     newest = Newest(MAX_ROWS)
     found = metrics(newest.feed(records))
     return {**_page(found, newest.records, newest.total), "as_of": None}  # (folded now)

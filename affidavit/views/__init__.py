@@ -13,6 +13,7 @@ from affidavit.views.records import (
     record_json_encoder,
     record_to_json,
     record_view,
+    shown_code,
     shown_error,
 )
 from affidavit.views.text import printable
@@ -31,5 +32,6 @@ __all__ = [
     "record_json_encoder",
     "record_to_json",
     "record_view",
+    "shown_code",
     "shown_error",
 ]

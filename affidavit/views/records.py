@@ -42,6 +42,7 @@ __all__ = [
     "record_json_encoder",
     "record_to_json",
     "record_view",
+    "shown_code",
     "shown_error",
     "shown_retry",
 ]
@@ -95,6 +96,17 @@ def shown_error(rec: Record) -> tuple[str | None, str, str | None]:
     if code is None or rec.final or rec.state in _CURRENT_CODE:
         return (code.value if code is not None else None), rec.message, rec.field
     return None, "", None
+
+
+def shown_code(rec: Record) -> str:
+    """The code ``rec`` is counted and filtered under (``metrics``, the console's and the
+    daemon's code filter): the one its views show (``shown_error``), ``OK`` when they show
+    none -- a running retry is not counted under the code of the attempt before it, which no
+    view of it shows."""
+    code = rec.code
+    if code is None or not (rec.final or rec.state in _CURRENT_CODE):
+        return "OK"
+    return code.value
 
 
 _CURRENT_CODE = frozenset({"awaiting_approval", "completed_rejected", "completed_committed"})
@@ -369,8 +381,7 @@ def metrics_key(rec: Record) -> Hashable:
     keeps, so ``/v1/metrics`` without a filter need not fold every record again."""
     items = tuple((str(i["outcome"]), str(i["code"] or "OK")) for i in rec.items or ())
     job = str(rec.operation["state"]) if rec.operation is not None else None
-    code = rec.code.value if rec.code is not None else "OK"
-    return (rec.phase.value, rec.outcome.value, code, items, job)
+    return (rec.phase.value, rec.outcome.value, shown_code(rec), items, job)
 
 
 def metrics_of(tallies: Mapping[Hashable, int]) -> dict[str, Any]:
