@@ -32,6 +32,8 @@ from .helpers import affidavit_cli, http_target, open_broker, write_config
 WINDOW = 5 + EngineSettings().lease_margin  # http_target's timeout.total, and the lease's margin
 RETENTION = RETENTION_MARGIN_S + WINDOW + 2  # a key usable for 2 s after the call is accepted
 
+HELD = 120  # timeout.total of a target whose request the test holds, then releases
+
 POST = {"target": "api", "method": "POST", "path": "/charge", "body": "{}"}
 
 
@@ -108,7 +110,10 @@ async def test_a_record_whose_attempt_runs_is_shown_fetch_result_as_a_same_key_c
     recorded, the record's own hint."""
     async with HostileServer.running(scripts.held(Reply(200, body=b"{}"))) as srv:
         idem = {"header": "Idempotency-Key", "scope": "pay", "retention": "24h"}
-        cfg = write_config(tmp_path, {"api": http_target(srv.url, idempotency=idem)})
+        # The test releases the held request itself: a target timeout longer than the CLI
+        # processes take to start under load, or the broker ends the attempt meanwhile.
+        target = http_target(srv.url, idempotency=idem, timeout={"connect": 2, "total": HELD})
+        cfg = write_config(tmp_path, {"api": target})
         keyed = {**POST, "idempotency_key": "charge-live"}
         async with open_broker(cfg) as broker, trio.open_nursery() as nursery:
             answered: list[dict] = []
