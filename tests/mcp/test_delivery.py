@@ -25,6 +25,7 @@ from typing import Any
 
 import trio
 
+from tests.broker.helpers import write_config
 from tests.daemon.kit import running_daemon, wait_until
 from tests.mcp.kit import PYTHON, WAIT, Connected, connected, env_without_secrets, structured
 
@@ -32,6 +33,20 @@ from .conftest import Remotes, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 HELD = {"target": "holds", "method": "POST", "path": "/h", "body": "{}"}
+HOLD = {"connect": 2, "total": 120}
+"""The held target's timeout: each test releases (or stops) the held call itself, after
+processes start and end (a client, ``affidavit mcp``, the daemon's proxy): longer than a
+loaded machine takes, or the target's timeout (``http_target``'s 5 s) ends the attempt first."""
+
+
+def targets(remotes: Remotes) -> dict[str, Any]:
+    found = remotes.targets()
+    found["holds"] = {**found["holds"], "timeout": HOLD}
+    return found
+
+
+def config(remotes: Remotes, tmp: Path) -> Path:
+    return write_config(tmp, targets(remotes))
 
 
 class Client:
@@ -116,7 +131,7 @@ async def the_call(mcp: Connected, session: str) -> dict[str, Any]:
 async def test_embedded_client_killed_then_server_stopped_records_unknown(
     tmp_path: Path, remotes: Remotes, token: str
 ) -> None:
-    args, env = ["--config", str(remotes.config(tmp_path))], remotes.env(token)
+    args, env = ["--config", str(config(remotes, tmp_path))], remotes.env(token)
     server, session = await killed_mid_call(args, env, tmp_path / "client.log", remotes)
     await wait_until(lambda: "the client closed its end" in read(tmp_path), "EOF seen")
     assert alive(server)  # the call runs on: nobody stopped it yet
@@ -139,7 +154,7 @@ async def test_embedded_client_killed_then_server_stopped_records_unknown(
 async def test_embedded_client_killed_result_stored_delivery_failed_fetched_later(
     tmp_path: Path, remotes: Remotes, token: str
 ) -> None:
-    args, env = ["--config", str(remotes.config(tmp_path))], remotes.env(token)
+    args, env = ["--config", str(config(remotes, tmp_path))], remotes.env(token)
     server, session = await killed_mid_call(args, env, tmp_path / "client.log", remotes)
     await wait_until(lambda: "the client closed its end" in read(tmp_path), "EOF seen")
     remotes.holds.event("release").set()
@@ -164,7 +179,7 @@ async def test_embedded_client_killed_result_stored_delivery_failed_fetched_late
 async def test_through_the_daemon_a_killed_client_s_result_is_stored_and_fetched_later(
     tmp_path: Path, remotes: Remotes, token: str
 ) -> None:
-    async with running_daemon(tmp_path, remotes.targets(), token=token) as daemon:
+    async with running_daemon(tmp_path, targets(remotes), token=token) as daemon:
         args, env = ["--socket", str(daemon.socket)], env_without_secrets()
         server, session = await killed_mid_call(args, env, tmp_path / "client.log", remotes)
         await ended(server)  # the proxy left: it hung up on the daemon
@@ -189,7 +204,7 @@ async def test_a_call_the_client_cancels_after_dispatch_runs_on_and_is_fetched(
 ) -> None:
     """The SDK client gives up on a call (its ``notifications/cancelled``): MCP forbids an answer
     then, so the stored result is RESULT_DELIVERY_FAILED; the same connection fetches it."""
-    args, env = ["--config", str(remotes.config(tmp_path))], remotes.env(token)
+    args, env = ["--config", str(config(remotes, tmp_path))], remotes.env(token)
     async with connected(args, env, tmp_path / "mcp.log") as mcp:
         session = structured(await mcp.call("list_targets"))["session"]
         with trio.move_on_after(WAIT) as waited:
