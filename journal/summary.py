@@ -22,10 +22,12 @@ its invocation has an event after that seq: its rows are then read again, and a 
 seq or first time other than the kept one (a row altered) folds the whole journal again, so
 no answer mixes the row as it was with the row as it is.
 
-So every kept answer says what it is as of (``AsOf``): the last seq folded into it, and when
-the last whole verify this summary was told of (``verified``: the console's) completed, how
-far it reached and its verdict -- a row altered before that seq since it was folded is in the
-answer as it was folded, until a whole verify finds it.
+So every kept answer says what it is as of (``AsOf``): the last seq folded into it, and of
+the last whole verify this summary was told of (``verified``: the console's) when it started
+reading and when it completed, how far it reached and its verdict -- it proves the rows through
+that seq as they were when it started reading (its snapshot), not as they are when it ended --
+a row altered before that seq since it was folded is in the answer as it was folded, until a
+whole verify finds it.
 """
 
 from __future__ import annotations
@@ -172,12 +174,15 @@ class _State:
 @dataclasses.dataclass(frozen=True)
 class AsOf:
     """What a kept answer is as of: ``through``, the last journal seq folded into it (rows
-    before it were read when they were folded, not since); ``verified_at``, when the last
-    whole verify the summary was told of completed (None: none since it was made), whether it
-    found the journal intact (``verified_ok``) and through which seq (``verified_through``:
-    the rows before the first bad one when broken)."""
+    before it were read when they were folded, not since); of the last whole verify the summary
+    was told of (None: none since it was made), when it started reading
+    (``verified_started_at``: what it proves is the rows as they were then, in its snapshot)
+    and when it completed (``verified_at``), whether it found the journal intact
+    (``verified_ok``) and through which seq (``verified_through``: the rows before the first
+    bad one when broken)."""
 
     through: int
+    verified_started_at: float | None
     verified_at: float | None
     verified_through: int | None
     verified_ok: bool | None
@@ -196,8 +201,9 @@ class SessionSummary:
         self._lock = threading.Lock()
         self._state = _State()
         self._tally = tally
-        self._verified: tuple[float, int, bool] | None = None
-        """The last whole verify told of (``verified``): when it completed, through, intact."""
+        self._verified: tuple[float, float, int, bool] | None = None
+        """The last whole verify told of (``verified``): when it started and completed,
+        through, intact."""
         self._answered = threading.local()
         """``as_of``: per thread, what the last answer it was given is as of."""
 
@@ -264,12 +270,12 @@ class SessionSummary:
         as_of: AsOf | None = getattr(self._answered, "as_of", None)
         return as_of
 
-    def verified(self, at: float, through: int, ok: bool) -> None:
-        """A whole verify completed at ``at``, through seq ``through``: the kept answers say
-        so from now on; one that found a row altered (not ``ok``) has the whole journal
-        folded again at the next request (``forget``)."""
+    def verified(self, at: float, through: int, ok: bool, *, started: float) -> None:
+        """A whole verify that started reading at ``started`` completed at ``at``, through
+        seq ``through``: the kept answers say so from now on; one that found a row altered
+        (not ``ok``) has the whole journal folded again at the next request (``forget``)."""
         with self._lock:
-            self._verified = (at, through, ok)
+            self._verified = (started, at, through, ok)
             if not ok:
                 self._state = _State()
 
@@ -280,8 +286,8 @@ class SessionSummary:
             self._state = _State()
 
     def _mark(self, state: _State) -> None:
-        at, through, ok = self._verified or (None, None, None)
-        self._answered.as_of = AsOf(state.through, at, through, ok)
+        started, at, through, ok = self._verified or (None, None, None, None)
+        self._answered.as_of = AsOf(state.through, started, at, through, ok)
 
     def count(self, tables: Tables, now: float) -> int | None:
         """How many invocations the journal has, brought up to the head -- None when nothing

@@ -45,6 +45,9 @@ __all__ = ["KeptVerify"]
 class _Whole:
     report: VerifyReport
     at: float
+    started: float
+    """When it began reading: it proves the rows through ``report.count`` as they were then
+    (``JournalReader.verify`` reads one snapshot), not as they are at ``at``."""
 
 
 class KeptVerify:
@@ -75,7 +78,8 @@ class KeptVerify:
         """The last answer given (one attribute: read whole without the lock)."""
 
     def page(self, reader: JournalReader, whole: bool = False) -> dict[str, Any]:
-        """The report to show, the whole verify's (``at``, ``through``) and when the rows
+        """The report to show, the whole verify's (``started_at``, ``at`` it finished,
+        ``through``) and when the rows
         after it were last checked (``checked_at``, ``checked_through``) and through which row
         they were not read this time (``unread_through``: an extension reads only the rows
         after the last one an earlier request checked); None when the shown report is the
@@ -112,17 +116,17 @@ class KeptVerify:
                 self._keep(extended, unread)
                 return self._view()
         self._started += 1
-        self._running = self._clock()
+        self._running = started = self._clock()
         try:
             report = reader.verify()  # (raises: the journal was not read; nothing kept)
         finally:
             self._running = None
         self._answered = self._started
         at = self._clock()
-        self._whole, self._shown = _Whole(report, at), (report, at, report.count)
+        self._whole, self._shown = _Whole(report, at, started), (report, at, report.count)
         self._base = report if report.ok else None
         if self._summary is not None:  # the kept views say when; broken: they read it all again
-            self._summary.verified(at, report.count, report.ok)
+            self._summary.verified(at, report.count, report.ok, started=started)
         return self._view()
 
     def _keep(self, report: VerifyReport, unread: int) -> None:
@@ -138,6 +142,7 @@ class KeptVerify:
             "report": dataclasses.asdict(shown),
             "whole": {
                 "at": whole.at,
+                "started_at": whole.started,
                 "through": whole.report.count,
                 "ok": whole.report.ok,
                 "results": whole.report.results,

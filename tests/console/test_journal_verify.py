@@ -72,7 +72,7 @@ async def test_the_journal_page_extends_its_verify_and_verifies_whole_on_request
         assert calls == {"verify": 1, "verify_since": 0}  # nothing kept: the whole journal
         whole = b.journal.head()[0]
         assert _verify_line(page).startswith(f"intact: {whole} events")
-        assert f"through seq {whole}." in page.decode()
+        assert f"verified through seq {whole} (started " in page.decode()
 
         await b.call(refused)
         await b.call(refused)
@@ -81,7 +81,7 @@ async def test_the_journal_page_extends_its_verify_and_verifies_whole_on_request
         head = b.journal.head()[0]
         text = page.decode()
         assert _verify_line(page).startswith(f"intact: {head} events")
-        assert "verified at" in text and f"through seq {whole}." in text
+        assert f"verified through seq {whole} (started " in text and ", finished " in text
         assert "checked as they were appended (chain" in text
         assert "the last check at" in text and f"through seq {head}." in text
         assert "not read again until a whole verify" in text
@@ -462,7 +462,8 @@ async def test_the_kept_views_say_the_seq_they_folded_and_the_last_whole_verify(
         line = _as_of(page, "sessions-as-of")
         assert line.startswith(f"Kept: folded through seq {second} "), line
         assert line.endswith(
-            f"completed at 2023-11-14 22:13:20 UTC: intact through seq {second}."
+            f"intact, verified through seq {second} (started 2023-11-14 22:13:20 UTC, finished "
+            "2023-11-14 22:13:20 UTC; the rows as they were when it started reading)."
         ), line
 
         await b.call(refused)  # appended: the counts move, the verify does not
@@ -472,7 +473,7 @@ async def test_the_kept_views_say_the_seq_they_folded_and_the_last_whole_verify(
         assert third > second
         line = _as_of(page, "counts-as-of")
         assert line.startswith(f"Kept: folded through seq {third} "), line
-        assert line.endswith(f"22:13:20 UTC: intact through seq {second}."), line
+        assert f"verified through seq {second} (started 2023-11-14 22:13:20 UTC," in line, line
         _, _, page = await get(f"{origin}/actions?outcome=rejected", cookie=cookie)
         assert b'id="counts-as-of"' not in page  # folded now, not kept
 
@@ -484,7 +485,10 @@ async def test_the_kept_views_say_the_seq_they_folded_and_the_last_whole_verify(
             _, _, page = await get(f"{origin}/{where}", cookie=cookie)
             line = _as_of(page, id)
             assert line.startswith(f"Kept: folded through seq {third} "), (where, line)
-            assert line.endswith(f"22:14:20 UTC: intact through seq {third}."), (where, line)
+            assert f"verified through seq {third} (started 2023-11-14 22:14:20 UTC," in line, (
+                where,
+                line,
+            )
 
         _alter(tmp_path / "journal.db", 2)  # found by the next whole verify: folded again
         now[0] += 60.0
@@ -493,6 +497,6 @@ async def test_the_kept_views_say_the_seq_they_folded_and_the_last_whole_verify(
         line = _as_of(page, "counts-as-of")
         assert line.startswith(f"Kept: folded through seq {third} "), line
         assert line.endswith(
-            "22:15:20 UTC: BROKEN after seq 1 (the kept views were folded again from the "
+            "22:15:20 UTC): BROKEN after seq 1 (the kept views were folded again from the "
             "journal as it is)."
         ), line

@@ -444,6 +444,7 @@ def as_of(through: int) -> dict[str, Any]:
     """A kept answer's marker (``SessionSummary.as_of``) with no whole verify completed."""
     return {
         "through": through,
+        "verified_started_at": None,
         "verified_at": None,
         "verified_through": None,
         "verified_ok": None,

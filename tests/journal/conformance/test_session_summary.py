@@ -382,7 +382,7 @@ def test_each_answer_says_what_it_is_as_of_in_the_thread_it_was_given(place: Pla
         r.summarized_sessions(summary)
         head = r.head()[0]
     mine = summary.as_of()
-    assert mine == AsOf(head, None, None, None)
+    assert mine == AsOf(head, None, None, None, None)
     _fill(place, [interrupted("inv-2", "bob")])
 
     def other() -> None:
@@ -395,18 +395,19 @@ def test_each_answer_says_what_it_is_as_of_in_the_thread_it_was_given(place: Pla
     t.start()
     t.join(10.0)
     [(newer, as_of)] = theirs
-    assert newer > head and as_of == AsOf(newer, None, None, None)
+    assert newer > head and as_of == AsOf(newer, None, None, None, None)
     assert summary.as_of() == mine  # this thread's answer is still as of the older head
-    summary.verified(1_700_000_100.0, newer, True)
+    summary.verified(1_700_000_100.0, newer, True, started=1_700_000_040.0)
     with place.reader() as r:
         r.summarized_tallies(summary, 0.0)
-    assert summary.as_of() == AsOf(newer, 1_700_000_100.0, newer, True)
-    summary.verified(1_700_000_200.0, 3, False)  # broken: folded again at the next answer
+    assert summary.as_of() == AsOf(newer, 1_700_000_040.0, 1_700_000_100.0, newer, True)
+    # broken: folded again at the next answer
+    summary.verified(1_700_000_200.0, 3, False, started=1_700_000_150.0)
     with place.reader() as r:
         spy = _Counting(r.tables)
         summary.sessions(spy, 1e9)  # type: ignore[arg-type]
     assert "grouped_events" in spy.read, spy.read
-    assert summary.as_of() == AsOf(newer, 1_700_000_200.0, 3, False)
+    assert summary.as_of() == AsOf(newer, 1_700_000_150.0, 1_700_000_200.0, 3, False)
 
 
 def test_a_sessions_metrics_are_its_kept_counts_once_a_fold_is_kept(place: Place) -> None:
