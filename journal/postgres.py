@@ -447,6 +447,7 @@ class PostgresBackend:
             found = None if row is None else row[0]
             if row is not None and int(row[0]) >= SCHEMA_VERSION:
                 # Current: a broker role needs no DDL privilege to open it.
+                self._refuse_ungranted(conn)
                 self._index_due = self._wants_index(conn)
                 return
         try:
@@ -471,6 +472,26 @@ class PostgresBackend:
             "SET value = excluded.value",
             (str(SCHEMA_VERSION),),
         )
+
+    def _refuse_ungranted(self, conn: Any) -> None:
+        """A writer whose role may not write ``chunk_owners`` (granted before schema 2 added it)
+        is refused here: it would open without a word and have every result's first chunk and
+        every marker refused -- after the request was sent, the result lost.  (One privilege per
+        call: ``has_table_privilege`` with several answers whether *any* is held.)"""
+        missing = [
+            p
+            for p in ("SELECT", "INSERT", "DELETE")
+            if not conn.execute(
+                "SELECT has_table_privilege(current_user, 'chunk_owners', %s)", (p,)
+            ).fetchone()[0]
+        ]
+        if missing:
+            raise JournalError(
+                f"journal {self.where}: refused: this role may not {', '.join(missing)} on table "
+                f"chunk_owners (schema {SCHEMA_VERSION}), which every stored result writes; as "
+                "the tables' owner run: GRANT SELECT, INSERT, UPDATE, DELETE ON chunk_owners TO "
+                "the broker role (docs/journal.md)"
+            )
 
     def _wants_index(self, conn: Any) -> bool:
         """Whether ``events_session`` is to be built once the opening transaction has ended: a

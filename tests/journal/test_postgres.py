@@ -855,3 +855,39 @@ async def test_a_broker_role_opening_a_schema_1_journal_is_told_to_have_the_owne
             await j.append(ev)
         await j.put_result_chunk("inv-1", "body", 0, b"kept")
     assert pg.sql("SELECT invocation_id FROM chunk_owners", database) == [("inv-1",)]
+
+
+async def test_a_broker_role_not_granted_chunk_owners_is_refused_at_open_not_after_a_dispatch(
+    pg: Cluster, pg_url: str, tmp_path: Path
+) -> None:
+    """The owner upgraded the journal to schema 2 but the broker role keeps schema 1's grants:
+    it opened without a word and every result's first chunk (and every marker, which takes the
+    name out of ``chunk_owners``) was refused -- after the request was sent, so each call ended
+    with its result lost.  The writer's open refuses it instead, naming the grant; a reader
+    (no write) still opens."""
+    database = pg_url.rsplit("/", 1)[1]
+    async with Journal.open(pg_url, **_keys(tmp_path, "owner")) as j:
+        for ev in happy("inv-0"):
+            await j.append(ev)
+    pg.sql("DROP ROLE IF EXISTS ungranted_broker")
+    pg.sql("CREATE ROLE ungranted_broker LOGIN PASSWORD 'broker-pw'")
+    for statement in grant_statements("ungranted_broker"):
+        pg.sql(statement.replace(", chunk_owners", ""), database)  # schema 1's grants
+    broker_url = pg.url(database, user="ungranted_broker", password="broker-pw")
+    with pytest.raises(JournalError) as refused:
+        async with Journal.open(broker_url, **_keys(tmp_path, "broker")) as j:
+            for ev in until_dispatch("inv-1"):
+                await j.append(ev)
+            await j.put_result_chunk("inv-1", "body", 0, b"lost")
+    message = str(refused.value)
+    assert "chunk_owners" in message and "GRANT" in message, message
+    assert "broker-pw" not in message
+    assert pg.sql("SELECT count(*) FROM events WHERE invocation_id = 'inv-1'", database) == [(0,)]
+    with JournalReader.open(broker_url) as r:
+        assert r.verify(accept_unsigned=True).ok
+    for statement in grant_statements("ungranted_broker"):
+        pg.sql(statement, database)
+    async with Journal.open(broker_url, **_keys(tmp_path, "broker")) as j:
+        for ev in until_dispatch("inv-1"):
+            await j.append(ev)
+        await j.put_result_chunk("inv-1", "body", 0, b"kept")
