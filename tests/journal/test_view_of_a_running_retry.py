@@ -81,3 +81,33 @@ async def test_a_record_at_rest_is_shown_no_lease_deadline(tmp_path: Path) -> No
             evidence = view.get("evidence", view)
             want = {"generation": 1, "holder": "broker-2", "seq": lease.seq}
             assert evidence["lease"] == want, view
+
+
+async def test_the_counts_and_the_code_filter_of_a_running_retry_agree_with_its_view(
+    tmp_path: Path,
+) -> None:
+    """The metrics (``views.metrics_key``: ``/v1/metrics``, the kept counts, the console's
+    counts) and the console's code filter read the projection's code: a retry holding its lease
+    was counted -- and listed under ``?code=`` -- as REMOTE_OUTCOME_UNKNOWN, an outcome code the
+    running attempt has not produced and its view does not show.  Counted as the view shows it
+    (no code: ``OK``, as a first attempt in flight), and listed under that."""
+    from affidavit.console.pages import ActionFilters, actions_page
+    from affidavit.journal import SessionSummary
+    from affidavit.views import metrics, metrics_key, metrics_of
+
+    async with Journal.open(tmp_path / "j.db") as j:
+        for ev in interrupted(IID):
+            await j.append(ev)
+        await j.acquire_lease(IID, "broker-2", ttl=60.0)
+        (shown,) = _views(j)[:1]
+        assert shown["code"] is None
+        counted = metrics(j.iter_actions())
+        kept = metrics_of(j.summarized_tallies(SessionSummary(metrics_key)))
+        for counts in (counted, kept):
+            assert counts["by_code_outcome"] == [
+                {"code": "OK", "outcome": "unknown", "count": 1}
+            ], counts
+        listed = actions_page(j, ActionFilters(code="REMOTE_OUTCOME_UNKNOWN"))
+        assert listed["rows"] == [], listed
+        listed = actions_page(j, ActionFilters(code="OK"))
+        assert [r["invocation_id"] for r in listed["rows"]] == [IID], listed
