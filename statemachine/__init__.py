@@ -10,6 +10,7 @@ from .envelope import (
     operation_view,
     render_envelope,
     shown_evidence,
+    shown_items,
 )
 from .events import ATTEMPT_KINDS, BARRIER_KINDS, Event, EventKind, stored_event
 from .lifecycle import DISPATCHED_STATES, INITIAL, STATES, TRANSITIONS, StateSpec, build_machine
@@ -92,6 +93,7 @@ __all__ = [
     "render_envelope",
     "send_window",
     "shown_evidence",
+    "shown_items",
     "stored_event",
     "unregister",
     "within_send_window",

@@ -36,6 +36,7 @@ __all__ = [
     "operation_view",
     "render_envelope",
     "shown_evidence",
+    "shown_items",
 ]
 
 ENVELOPE_SCHEMA_ID = "https://affidavit.dev/schema/envelope-v1.json"
@@ -72,8 +73,9 @@ def render_envelope(record: Record, result: Mapping[str, Any] | None = None) -> 
         env["result"] = None
     if record.operation is not None:
         env["operation"] = operation_view(record.operation)
-    if record.items is not None:
-        env["items"] = [dict(i) for i in record.items]
+    items = shown_items(record)
+    if items is not None:
+        env["items"] = [dict(i) for i in items]
     evidence = dict(shown_evidence(record))
     evidence["outcome"] = record.outcome.value
     evidence["phase"] = record.phase.value
@@ -102,6 +104,19 @@ def shown_evidence(record: Record) -> Mapping[str, Any]:
         return evidence
     kept = {k: v for k, v in lease.items() if k != "expires_at"}
     return {**evidence, "lease": kept}
+
+
+def shown_items(record: Record) -> tuple[Mapping[str, Any], ...] | None:
+    """``record.items`` as an envelope or a view shows them.  While the record rests in no final
+    state an attempt runs (or holds its lease, or waits for an operator) and the record says
+    ``fetch_result`` (``in_progress_error``, ``views.shown_retry``): so does each item -- an
+    item's own hint (``same_idempotency_key`` of a keyed batch) would invite the resend the
+    record does not allow while an attempt is active."""
+    items = record.items
+    if items is None or record.final:
+        return items
+    fetch = Retry.FETCH_RESULT.value
+    return tuple(i if i.get("retry") == fetch else {**i, "retry": fetch} for i in items)
 
 
 def in_progress_error(record: Record, code: Code = Code.IN_PROGRESS) -> dict[str, Any]:

@@ -358,7 +358,10 @@ def _operation_section() -> list[str]:
         "`reconcile`. Resending one item of a non-idempotent `POST` is no safer than resending "
         "the `POST`. BATCH_ITEMS_RECORDED keeps such an item's hint as `reconcile` (the "
         "response alone never makes a resend safe); the record computes the item's hint as it "
-        "computes the parent's. An atomic batch's mixed answer leaves every item `reconcile`.",
+        "computes the parent's. An atomic batch's mixed answer leaves every item `reconcile`. "
+        "While the record rests in no final state (an attempt runs, a retry holds its lease, "
+        "an operator is asked) every item says `fetch_result`, as the record does "
+        "(`shown_items`): an item's own hint would invite a resend while an attempt is active.",
         "",
     ]
     return out

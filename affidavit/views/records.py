@@ -24,6 +24,7 @@ from affidavit.statemachine import (
     caller_record,
     hashes_withheld,
     shown_evidence,
+    shown_items,
 )
 
 if TYPE_CHECKING:
@@ -160,7 +161,7 @@ def _record_fields(rec: Record, conv: Callable[[Any], Any]) -> dict[str, Any]:
         "events": rec.events,
         "final": rec.final,
         "operation": conv(rec.operation) if rec.operation is not None else None,
-        "items": conv(rec.items) if rec.items is not None else None,
+        "items": conv(items) if (items := shown_items(rec)) is not None else None,
     }
 
 
@@ -244,7 +245,7 @@ def record_json_encoder(*, operator: bool = False) -> Callable[[Record], str]:
             f'"idempotency": {"null" if (v := rec.idempotency) is None else encode(v)}, '
             f'"idempotent": {"false" if (v := rec.idempotent) is False else text(v)}, '
             f'"invocation_id": {text(rec.invocation_id)}, '
-            f'"items": {"null" if (v := rec.items) is None else encode(v)}, '
+            f'"items": {"null" if (v := shown_items(rec)) is None else encode(v)}, '
             f'"last_seq": {text(rec.last_seq)}, '
             f'"message": {text(message)}, '
             f'"operation": {"null" if (v := rec.operation) is None else encode(v)}, '

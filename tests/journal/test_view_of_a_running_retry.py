@@ -111,3 +111,52 @@ async def test_the_counts_and_the_code_filter_of_a_running_retry_agree_with_its_
         assert listed["rows"] == [], listed
         listed = actions_page(j, ActionFilters(code="OK"))
         assert [r["invocation_id"] for r in listed["rows"]] == [IID], listed
+
+
+def test_the_items_of_a_record_in_flight_say_fetch_result_as_the_record_does() -> None:
+    """A batch sent with an idempotency key: while its attempt runs (``dispatched``) or a
+    retry holds its lease, the record is shown -- and answered -- ``fetch_result`` (a same-key
+    call answers IN_PROGRESS; a new one would be a second active attempt), but each of its
+    items said ``same_idempotency_key``: a resend the record itself does not allow.  The items
+    of a record in no final state say ``fetch_result`` in every view and in the envelope; at
+    rest, their own hint."""
+    from affidavit.statemachine import Projector
+
+    now = time.time()
+    op = {
+        "target": "payments",
+        "protocol": "http",
+        "fingerprint": "sha256:" + "0" * 64,
+        "budget": 3,
+        "idempotent": False,
+        "idempotency": {"scope": "s", "key": "k1", "expires_at": now + 86400},
+        "batch": {"items": ["a", "b"], "atomic": False},
+    }
+    p = Projector(IID)
+    for ev in (
+        Event(E.ACTION_ACCEPTED, IID, {"operation": op, "session": "s"}),
+        Event(E.PREFLIGHT_VALIDATED, IID, {"config_hash": "sha256:c0ff"}),
+        Event(E.CREDENTIAL_AUTHORIZED, IID, {"credential": "pay-token", "version": "7"}),
+        Event(E.DISPATCH_STARTED, IID, {"attempt": 1}),
+    ):
+        p.apply(ev)
+
+    def shown_hints() -> list[set[str]]:
+        rec = p.record(now)
+        return [
+            {i["retry"] for i in view["items"]}
+            for view in (
+                record_to_json(rec),
+                json.loads(record_json_encoder()(rec)),
+                json.loads(record_json_encoder(operator=True)(rec)),
+                render_envelope(rec),
+            )
+        ]
+
+    assert shown_hints() == [{"fetch_result"}] * 4  # in flight
+    p.apply(Event(E.ATTEMPT_INTERRUPTED, IID, {"code": "REMOTE_OUTCOME_UNKNOWN"}))
+    assert shown_hints() == [{"same_idempotency_key"}] * 4  # at rest: its own
+    p.apply(
+        Event(E.RETRY_LEASE_ACQUIRED, IID, {"generation": 1, "holder": "b", "expires_at": now + 60})
+    )
+    assert shown_hints() == [{"fetch_result"}] * 4  # a retry holds its lease
