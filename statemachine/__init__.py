@@ -3,6 +3,7 @@ retry decisions.  No I/O happens in this package."""
 
 from .contract import CODES, Code, CodeInfo, EvidenceSource, Outcome, Phase, Retry
 from .envelope import (
+    CURRENT_CODE_STATES,
     envelope_schema,
     in_progress_error,
     lease_lost_error,
@@ -47,6 +48,7 @@ __all__ = [
     "ATTEMPT_KINDS",
     "BARRIER_KINDS",
     "CODES",
+    "CURRENT_CODE_STATES",
     "DISPATCHED_STATES",
     "INITIAL",
     "KEYED_PREFIX",

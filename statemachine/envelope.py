@@ -28,6 +28,7 @@ from .record import Record
 from .withheld import caller_record
 
 __all__ = [
+    "CURRENT_CODE_STATES",
     "ENVELOPE_SCHEMA_ID",
     "envelope_schema",
     "in_progress_error",
@@ -111,12 +112,23 @@ def shown_items(record: Record) -> tuple[Mapping[str, Any], ...] | None:
     state an attempt runs (or holds its lease, or waits for an operator) and the record says
     ``fetch_result`` (``in_progress_error``, ``views.shown_retry``): so does each item -- an
     item's own hint (``same_idempotency_key`` of a keyed batch) would invite the resend the
-    record does not allow while an attempt is active."""
+    record does not allow while an attempt is active.  Nor does an item keep the code of the
+    attempt before a running retry (``CURRENT_CODE_STATES``)."""
     items = record.items
     if items is None or record.final:
         return items
     fetch = Retry.FETCH_RESULT.value
-    return tuple(i if i.get("retry") == fetch else {**i, "retry": fetch} for i in items)
+    if record.state in CURRENT_CODE_STATES:
+        return tuple(i if i.get("retry") == fetch else {**i, "retry": fetch} for i in items)
+    # No result of the running attempt yet: an item's code is the one that ended the attempt
+    # before it (the parent's, shared), shown by no view (``views.shown_error``).
+    return tuple({**i, "retry": fetch, "code": None} for i in items)
+
+
+CURRENT_CODE_STATES = frozenset({"awaiting_approval", "completed_rejected", "completed_committed"})
+"""The states short of a final one whose code (and items' codes) are the current attempt's:
+APPROVAL_PENDING while it waits, the running attempt's complete result before it is stored
+(``views.shown_error``, ``shown_items``)."""
 
 
 def in_progress_error(record: Record, code: Code = Code.IN_PROGRESS) -> dict[str, Any]:

@@ -361,7 +361,9 @@ def _operation_section() -> list[str]:
         "computes the parent's. An atomic batch's mixed answer leaves every item `reconcile`. "
         "While the record rests in no final state (an attempt runs, a retry holds its lease, "
         "an operator is asked) every item says `fetch_result`, as the record does "
-        "(`shown_items`): an item's own hint would invite a resend while an attempt is active.",
+        "(`shown_items`): an item's own hint would invite a resend while an attempt is active. "
+        "Nor does an item of a running retry keep the code of the attempt before it (`code` "
+        "null, as the record's: `views.shown_error`).",
         "",
     ]
     return out

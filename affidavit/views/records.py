@@ -14,6 +14,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, cast
 
 from affidavit.statemachine import (
+    CURRENT_CODE_STATES,
     STATES,
     Event,
     Outcome,
@@ -94,7 +95,7 @@ def shown_error(rec: Record) -> tuple[str | None, str, str | None]:
     events).  A non-final record's own code is shown: APPROVAL_PENDING while it waits, and the
     complete result of the running attempt (``completed_*``) before it is stored."""
     code = rec.code
-    if code is None or rec.final or rec.state in _CURRENT_CODE:
+    if code is None or rec.final or rec.state in CURRENT_CODE_STATES:
         return (code.value if code is not None else None), rec.message, rec.field
     return None, "", None
 
@@ -105,13 +106,9 @@ def shown_code(rec: Record) -> str:
     none -- a running retry is not counted under the code of the attempt before it, which no
     view of it shows."""
     code = rec.code
-    if code is None or not (rec.final or rec.state in _CURRENT_CODE):
+    if code is None or not (rec.final or rec.state in CURRENT_CODE_STATES):
         return "OK"
     return code.value
-
-
-_CURRENT_CODE = frozenset({"awaiting_approval", "completed_rejected", "completed_committed"})
-"""The states short of a final one whose code is the current attempt's (``shown_error``)."""
 
 
 def record_to_json(rec: Record, *, operator: bool = False) -> dict[str, Any]:
@@ -379,8 +376,10 @@ def metrics(records: Iterable[Record]) -> dict[str, Any]:
 def metrics_key(rec: Record) -> Hashable:
     """What ``metrics`` counts of one record: its phase, outcome and code, its batch items'
     (outcome, code) and its job's state -- the ``tally`` of a ``SessionSummary`` the daemon
-    keeps, so ``/v1/metrics`` without a filter need not fold every record again."""
-    items = tuple((str(i["outcome"]), str(i["code"] or "OK")) for i in rec.items or ())
+    keeps, so ``/v1/metrics`` without a filter need not fold every record again.  The code
+    is the one the record's view shows (``shown_error``): a running retry's is not the code
+    of the attempt before it."""
+    items = tuple((str(i["outcome"]), str(i["code"] or "OK")) for i in shown_items(rec) or ())
     job = str(rec.operation["state"]) if rec.operation is not None else None
     return (rec.phase.value, rec.outcome.value, shown_code(rec), items, job)
 

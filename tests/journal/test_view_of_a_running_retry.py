@@ -160,3 +160,51 @@ def test_the_items_of_a_record_in_flight_say_fetch_result_as_the_record_does() -
         Event(E.RETRY_LEASE_ACQUIRED, IID, {"generation": 1, "holder": "b", "expires_at": now + 60})
     )
     assert shown_hints() == [{"fetch_result"}] * 4  # a retry holds its lease
+
+
+def test_the_items_of_a_running_retry_are_shown_and_counted_without_the_earlier_code() -> None:
+    """The items of a batch share the parent's code until its response gives them their own:
+    a retry holding its lease showed -- and the metrics counted -- each item with the code that
+    ended the attempt before it (REMOTE_OUTCOME_UNKNOWN), which the record itself no longer
+    shows (``views.shown_error``).  Shown and counted without it; at rest, with it."""
+    from affidavit.statemachine import Projector
+    from affidavit.views import metrics
+
+    now = time.time()
+    op = {
+        "target": "payments",
+        "protocol": "http",
+        "fingerprint": "sha256:" + "0" * 64,
+        "budget": 3,
+        "batch": {"items": ["a", "b"], "atomic": False},
+    }
+    p = Projector(IID)
+    for ev in (
+        Event(E.ACTION_ACCEPTED, IID, {"operation": op, "session": "s"}),
+        Event(E.PREFLIGHT_VALIDATED, IID, {"config_hash": "sha256:c0ff"}),
+        Event(E.CREDENTIAL_AUTHORIZED, IID, {"credential": "pay-token", "version": "7"}),
+        Event(E.DISPATCH_STARTED, IID, {"attempt": 1}),
+        Event(E.ATTEMPT_INTERRUPTED, IID, {"code": "REMOTE_OUTCOME_UNKNOWN"}),
+    ):
+        p.apply(ev)
+
+    def shown_codes() -> list[set[str | None]]:
+        rec = p.record(now)
+        return [
+            {i["code"] for i in view["items"]}
+            for view in (
+                record_to_json(rec),
+                json.loads(record_json_encoder()(rec)),
+                render_envelope(rec),
+            )
+        ]
+
+    def counted() -> list[dict]:
+        return metrics([p.record(now)])["batch_items"]
+
+    assert shown_codes() == [{"REMOTE_OUTCOME_UNKNOWN"}] * 3  # at rest: the attempt's own
+    assert {c["code"] for c in counted()} == {"REMOTE_OUTCOME_UNKNOWN"}
+    lease = {"generation": 1, "holder": "b", "expires_at": now + 60}
+    p.apply(Event(E.RETRY_LEASE_ACQUIRED, IID, lease))
+    assert shown_codes() == [{None}] * 3
+    assert {c["code"] for c in counted()} == {"OK"}, counted()
