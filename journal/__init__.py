@@ -18,7 +18,9 @@ The modules, by role (``store.py``'s docstring says how they fit together):
     txn.py          one transaction: projection check, hash chain, queued rows
     leases.py       lease and idempotency writes (checked inside the writer's transaction)
     results.py      result chunks, the completeness marker, reading a result back verified
-                    (whole, or chunk by chunk: ``ResultStream``)
+                    (whole, or chunk by chunk: ``ResultStream``) -- the names of these two:
+    results_read.py   the marker checked against its event, a result opened verified
+    results_write.py  sealed chunks, the writer's log, posting writer, the commit op
     segments.py     long results' chunks in segment files beside a SQLite journal, written
                     and synced by threads of their own
     segment_tables.py  reading those chunks through their reference rows, bounded
