@@ -1,0 +1,356 @@
+"""Journal maintenance on the command line: ``affidavit journal verify|anchor|public-key|migrate|
+audit-keygen|audit-open`` (and ``reclaim``, ``reclaim.py``; ``open-sealed``, ``sealed.py``) --
+the ``journal`` command group, declared by ``affidavit.cli.journal`` beside the views.
+
+``verify`` and ``anchor`` open the journal read-only and check the hash chain, the signed
+checkpoints and the stored results with a public key (``--public-key``, an ``--anchor``'s, or
+the one the journal records); ``audit-open`` uses the *auditor's* private key, which the broker
+never holds.  Only ``public-key`` reads the broker's signing key file, to export its public
+half; ``migrate`` (``migrate.py``) reads it only to verify the source with its public half.
+
+Exit status: 0 success; 1 ``journal verify`` (or ``anchor``) found a bad row; 2 usage or
+config error (an unreadable key or anchor file is ``FILE_UNUSABLE``), or a check the journal
+could not answer -- the message on stderr, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from affidavit.cli import UsageError, config_refusal, count_arg, text_arg
+from affidavit.cli.journal import (
+    _err,
+    _is_url,
+    _journal_path,
+    _out,
+    _when,
+    common_options,
+    print_json,
+    reading,
+)
+
+__all__ = ["add_command"]
+
+
+def add_command(sub: Any) -> None:
+    """The ``journal`` command group (declared by ``affidavit.cli.journal``)."""
+    p = sub.add_parser("journal", help="journal maintenance")
+    jsub = p.add_subparsers(dest="journal_command", metavar="JOURNAL_COMMAND")
+    jsub.required = True
+    v = jsub.add_parser(
+        "verify",
+        help="check the hash chain, signed checkpoints, stored results and idempotency "
+        "bindings; exit 1 and name the first bad seq",
+    )
+    common_options(v)
+    _trust_args(v)
+    v.add_argument(
+        "--anchor", metavar="FILE", help="an anchor from `journal anchor`, kept elsewhere"
+    )
+    v.add_argument(
+        "--accept-unsigned",
+        action="store_true",
+        help="accept rows written before the journal was signed, on the hash chain alone",
+    )
+    v.set_defaults(handler=_verify)
+
+    an = jsub.add_parser(
+        "anchor", help="verify, then export the signed head (seq, hash, signature, key) to keep"
+    )
+    common_options(an)
+    _trust_args(an)
+    an.add_argument("--out", metavar="FILE", help="write it here (default: stdout)")
+    an.set_defaults(handler=_anchor)
+
+    pk = jsub.add_parser(
+        "public-key", help="export the signing key's public half (PEM) for auditors"
+    )
+    common_options(pk)
+    pk.add_argument(
+        "--signing-key", metavar="FILE", help="default: [journal] signing_key of the config"
+    )
+    pk.add_argument("--out", metavar="FILE", help="write it here (default: stdout)")
+    pk.set_defaults(handler=_public_key)
+
+    mg = jsub.add_parser(
+        "migrate",
+        help="copy this journal into a new shared PostgreSQL journal and verify both sides",
+    )
+    common_options(mg)
+    mg.add_argument(
+        "--to", required=True, metavar="URL", help="the empty postgresql:// database to fill"
+    )
+    mg.add_argument(
+        "--accept-unsigned",
+        action="store_true",
+        help="accept rows written before the journal was signed, on the hash chain alone",
+    )
+    mg.add_argument(
+        "--public-key",
+        metavar="FILE",
+        action="append",
+        help="the source's signing public key (PEM, from `journal public-key`) to verify it with "
+        "and register in the new journal (default: the public half of the config's [journal] "
+        "signing_key -- never the key the file records)",
+    )
+    mg.set_defaults(handler=_migrate)
+
+    from affidavit.cli import reclaim
+
+    reclaim.add_command(jsub)
+
+    kg = jsub.add_parser(
+        "audit-keygen",
+        help="make an auditor key pair (run it on the auditor's host; the broker gets PUBLIC)",
+    )
+    kg.add_argument("private", metavar="PRIVATE", help="auditor private key file (created 0600)")
+    kg.add_argument("public", metavar="PUBLIC", help="public key file for auditor_public_key")
+    kg.set_defaults(handler=_audit_keygen)
+
+    ao = jsub.add_parser(
+        "audit-open",
+        help="open an event's or a result's auditor copy with the auditor's private key",
+    )
+    common_options(ao)
+    ao.add_argument("--key", required=True, metavar="FILE", help="the auditor's private key")
+    ao.add_argument(
+        "--public-key",
+        metavar="FILE",
+        action="append",
+        help="the journal's signing public key (PEM, from `journal public-key`, kept apart from "
+        "the journal) to check the row's checkpoint with; one per broker of a shared journal. "
+        "Required unless --trust-journal-key",
+    )
+    ao.add_argument(
+        "--trust-journal-key",
+        action="store_true",
+        help="check with the signing keys the journal records itself -- which whoever can "
+        "rewrite the journal can replace: the copy is then proven against the file only",
+    )
+    which = ao.add_mutually_exclusive_group(required=True)
+    which.add_argument("--seq", metavar="N", help="the event whose sealed payload to open")
+    which.add_argument("--result", metavar="ID", help="the invocation whose result to open")
+    ao.set_defaults(handler=_audit_open)
+
+    from affidavit.cli import sealed
+
+    sealed.add_command(jsub)  # journal open-sealed: the broker's own copy, with the broker key
+
+
+def _trust_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--public-key",
+        metavar="FILE",
+        action="append",
+        help="a signing public key (PEM) to check checkpoints with; give one per broker of a "
+        "shared journal (default: the anchor's, else the keys the journal records -- which "
+        "are not independent of it)",
+    )
+
+
+def _signing_key_path(args: argparse.Namespace) -> Path:
+    """The config's ``[journal] signing_key`` (or the default beside ``--journal``)."""
+    from affidavit.config import CONFIG_ENV, DEFAULT_CONFIG, ConfigError, load_config
+    from affidavit.journal.reader import default_signing_key
+
+    if args.journal:
+        if _is_url(args.journal):
+            raise UsageError(
+                "a PostgreSQL journal has no signing key beside it: pass --signing-key (or "
+                "--config, whose [journal] signing_key is this broker's)"
+            )
+        return default_signing_key(Path(args.journal))
+    explicit = args.config or os.environ.get(CONFIG_ENV)
+    if not explicit and not Path(DEFAULT_CONFIG).exists():
+        return default_signing_key(Path("affidavit.db"))
+    try:
+        return load_config(args.config).journal.signing_key
+    except ConfigError as exc:
+        raise config_refusal(exc) from None
+
+
+def _journal_call(fn: Any, *args: Any, **kwargs: Any) -> Any:
+    """``fn(...)`` with a ``JournalError`` (an unreadable key or anchor file named on the
+    command line or in the config) as a usage error: ``FILE_UNUSABLE``, not the journal's."""
+    from affidavit.journal import JournalError
+
+    try:
+        return fn(*args, **kwargs)
+    except JournalError as exc:
+        raise UsageError(str(exc), "FILE_UNUSABLE") from None
+
+
+def _public_keys_arg(args: argparse.Namespace) -> list[bytes]:
+    from affidavit.journal import load_public_key
+
+    return [_journal_call(load_public_key, f) for f in args.public_key or ()]
+
+
+def _verify(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    from affidavit.journal import load_anchor
+
+    public_keys = _public_keys_arg(args)
+    anchor = _journal_call(load_anchor, args.anchor) if args.anchor else None
+    with reading(args, "the rows a verify checks") as j:
+        report = j.verify(
+            public_keys=public_keys, anchor=anchor, accept_unsigned=args.accept_unsigned
+        )
+    if args.json:
+        print_json(dataclasses.asdict(report))
+        return 0 if report.ok else 1
+    key = _keys_text(report.key_ids, report.key_source)
+    if report.ok:
+        _out(f"journal intact: {report.count} events, head {report.head_hash}")
+        if report.signed_seq:
+            _out(f"  signed through seq {report.signed_seq} at {_when(report.signed_at)}, {key}")
+        if report.anchor_seq is not None:
+            _out(f"  matches the anchor at seq {report.anchor_seq}")
+        if report.unsigned_through:
+            _out(f"  rows 1..{report.unsigned_through} predate signing (accepted on the chain)")
+        _out(f"  {report.results} stored results match their chained hashes")
+        _out(f"  {report.bindings} idempotency bindings match their chained ACTION_ACCEPTED")
+        if report.key_source == "journal":
+            _out(
+                "  note: checked with the public keys the journal records itself; pass "
+                "--public-key (one per broker) or --anchor for a check independent of it"
+            )
+    else:
+        _out(
+            f"journal BROKEN at seq {report.first_bad_seq}: {report.reason} "
+            f"({report.count} events before it are intact; checked with {key})"
+        )
+        for more in report.also:
+            _out(f"  also: {more}")
+    return 0 if report.ok else 1
+
+
+def _keys_text(key_ids: tuple[str, ...], source: str) -> str:
+    if not key_ids:
+        return "no key"
+    which = f"key {key_ids[0]}" if len(key_ids) == 1 else f"keys {', '.join(key_ids)}"
+    return f"{which} ({_KEY_SOURCES[source]})"
+
+
+_KEY_SOURCES = {
+    "public-key": "--public-key",
+    "anchor": "the anchor's",
+    "journal": "recorded in the journal",
+    "none": "none",
+}
+
+
+def _write_out(path: str | None, data: bytes, what: str) -> None:
+    if path is None:
+        sys.stdout.buffer.write(data)
+        sys.stdout.flush()
+        return
+    try:
+        Path(path).write_bytes(data)
+    except OSError as exc:
+        raise UsageError(f"cannot write {what} {path}: {exc.strerror}", "FILE_UNUSABLE") from None
+
+
+def _anchor(args: argparse.Namespace) -> int:
+    public_keys = _public_keys_arg(args)
+    with reading(args, "the rows an anchor vouches for") as j:
+        report, anchor = j.anchor(public_keys=public_keys)
+    if not report.ok:
+        _out(
+            f"journal BROKEN at seq {report.first_bad_seq}: {report.reason}; no anchor "
+            "written (an anchor must vouch only for a journal that verifies)"
+        )
+        return 1
+    if anchor is None:
+        raise UsageError("the journal has no signed checkpoint to anchor yet")
+    text = json.dumps(anchor.to_json(), indent=2, sort_keys=True) + "\n"
+    _write_out(args.out, text.encode("utf-8"), "anchor file")
+    if args.out:
+        cp = anchor.checkpoint
+        _out(f"anchored seq {cp.seq} (hash {cp.hash}, key {cp.key_id}) in {args.out}")
+    return 0
+
+
+def _public_key(args: argparse.Namespace) -> int:
+    from affidavit.journal import SigningKey, public_key_pem
+
+    path = Path(args.signing_key) if args.signing_key else _signing_key_path(args)
+    key = _journal_call(SigningKey.load, path)
+    _write_out(args.out, public_key_pem(key.public_raw), "public key file")
+    if args.out:
+        _out(f"public key {key.key_id} written to {args.out}")
+    return 0
+
+
+def _migrate(args: argparse.Namespace) -> int:
+    from affidavit.cli.migrate import run
+    from affidavit.journal import SigningKey
+
+    source = _journal_path(args)
+    keys = _public_keys_arg(args)
+    if not keys and not (isinstance(source, str) and _is_url(source)):
+        path = _signing_key_path(args)
+        if not path.exists():
+            raise UsageError(
+                f"no signing key at {path} to verify the source with: pass --public-key FILE "
+                "(the source's, from `affidavit journal public-key`)"
+            )
+        keys = [_journal_call(SigningKey.load, path).public_raw]
+    return run(args, source, keys)
+
+
+def _audit_keygen(args: argparse.Namespace) -> int:
+    from affidavit.journal import generate_auditor_keypair
+
+    try:
+        generate_auditor_keypair(args.private, args.public)
+    except FileExistsError as exc:
+        raise UsageError(f"{exc.filename} exists; not overwriting a key") from None
+    except OSError as exc:
+        raise UsageError(f"cannot write {exc.filename}: {exc.strerror}", "FILE_UNUSABLE") from None
+    _out(f"auditor private key {args.private} (keep it off the broker host); public key "
+          f"{args.public} (set it as [journal] auditor_public_key)")  # fmt: skip
+    return 0
+
+
+def _audit_open(args: argparse.Namespace) -> int:
+    from affidavit.engine.recorder import result_payload
+
+    args.seq = count_arg(args.seq, "--seq")
+    if args.seq is not None:
+        what = f"event {args.seq}"
+    else:
+        text_arg(args.result, "--result")
+        what = f"invocation {args.result}"
+    public_keys = _public_keys_arg(args)
+    if not public_keys and not args.trust_journal_key:
+        raise UsageError(
+            "audit-open needs --public-key FILE: the journal's signing public key, kept apart "
+            "from the journal (`affidavit journal public-key --out journal.pub` on the broker "
+            "host). The auditor copy is sealed to the auditor's public key, so anyone can make "
+            "one; only a checkpoint signed with a key you trust says which copy the broker "
+            "wrote. --trust-journal-key checks with the key the journal records itself instead, "
+            "which whoever rewrites the journal can replace"
+        )
+    with reading(args, f"the auditor copy of {what}", public_keys) as j:
+        if not public_keys:
+            keys = ", ".join(j.trusted_key_ids()) or "none"
+            _err(
+                f"note: checking with signing key {keys} recorded in the journal itself "
+                "(--trust-journal-key): not independent of the journal; pass --public-key"
+            )
+        if args.seq is not None:
+            value: Any = j.audit_payload(args.seq, args.key)
+        else:
+            stored = j.audit_result(args.result, args.key)
+            value = None if stored is None else result_payload(stored)
+    if value is None:
+        raise UsageError(f"{what} has no auditor copy in the journal")
+    print_json(value)
+    return 0
