@@ -1,7 +1,7 @@
 """A result commit the journal *refuses* -- the stored chunks are not the ones this call wrote --
 is RESULT_STORE_FAILED with the outcome the record proves, never a traceback.
 
-The commit op (``journal/results.py``, ``commit_op``) reads the stored chunks inside the
+The commit op (``journal/results_write.py``, ``commit_op``) reads the stored chunks inside the
 committing transaction and refuses to write the completeness marker unless they are exactly the
 chunks this call sealed.  A refusal is not a storage fault: only that one request fails, and
 every other write of the batch commits -- the attempt's milestones and REMOTE_RESPONSE_COMPLETE,
