@@ -70,6 +70,13 @@ class JournalConfig:
         """What ``Journal.open`` takes: the URL, else the file."""
         return self.url if self.url else self.path
 
+    @property
+    def key_files(self) -> tuple[Path, ...]:
+        """Every key file configured: their paths are kept from a caller as the journal's
+        location is (``engine.unplaced``)."""
+        keys = (self.key_file, self.signing_key, self.auditor_public_key)
+        return tuple(k for k in keys if k is not None)
+
 
 @dataclass(frozen=True)
 class _VaultConfig:

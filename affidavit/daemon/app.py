@@ -150,7 +150,10 @@ class Api:
         """``problem`` without where the journal lives (``engine.unplaced``, as the embedded
         MCP server answers too): a socket caller (an agent) has no business knowing it.  The
         daemon's log keeps it.  ``echoed``: the ids of the path, the caller's own text."""
-        message = unplaced(problem.code, problem.message, self.journal.location, echoed)
+        journal = self.journal
+        message = unplaced(
+            problem.code, problem.message, journal.location, echoed, journal.key_files
+        )
         if message == problem.message:
             return problem
         return ApiProblem(problem.status, problem.code, message)

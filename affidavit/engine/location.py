@@ -8,6 +8,7 @@ operator's log keeps it."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from collections.abc import Iterable
@@ -36,11 +37,19 @@ words (a journal that fails the poll is ``poll_failure``'s, under these codes)."
 
 
 def unplaced(
-    code: str, message: str, location: str | os.PathLike[str], echoed: Iterable[str] = ()
+    code: str,
+    message: str,
+    location: str | os.PathLike[str],
+    echoed: Iterable[str] = (),
+    keys: Iterable[str | os.PathLike[str] | None] = (),
 ) -> str:
     """``message`` (an answer coded ``code``) without where the journal at ``location`` lives:
     ``the journal`` stands for it -- for the file's path, for the URL as messages name it
     (``journal_where``: without its password) and for the URL as configured, password and all.
+    Nor where its key files (``keys``: ``JournalConfig.key_files``) live, wherever that is:
+    the journal's words name them (``broker key file <path> does not match this journal``);
+    each path as configured and resolved goes (``_keyless``), before the journal's -- a key
+    file beside the journal has its path for a prefix.
     Only answers that carry the journal's words (``JOURNAL_WORDS``) are changed: another echoes
     what the caller sent (a path, an id), and a guess of the location echoed back as ``the
     journal`` would tell the caller it guessed right.
@@ -59,6 +68,7 @@ def unplaced(
     for text in echoed:
         if not _ID_CHARS.fullmatch(text):
             return withheld(text)
+    message = _keyless(message, keys)
     message = _unnamed(message, location)
     for where in dict.fromkeys((journal_where(location), str(location))):
         if not where or where not in message:
@@ -75,6 +85,24 @@ _SERVER = re.compile(
     r'connection to server (?:at "[^"]*"(?: \([^)]*\))?, port \d+|on socket "[^"]*") failed'
 )
 """libpq's preamble naming the server it could not connect to: its host, address and port."""
+
+
+def _keyless(message: str, keys: Iterable[str | os.PathLike[str] | None]) -> str:
+    """``message`` without the paths of the key files ``keys`` (as given, absolute, resolved):
+    ``key file <path>`` is ``key file``, a path elsewhere (``chmod 600 <path>``) ``the key
+    file``.  Longest first: one path may be the start of another (``x.key``, ``x.key2``)."""
+    paths: set[str] = set()
+    for key in keys:
+        if key is None:
+            continue
+        paths.add(os.fspath(key))
+        paths.add(os.path.abspath(key))
+        with contextlib.suppress(OSError, ValueError):  # (a key the broker loaded resolves)
+            paths.add(os.path.realpath(key))
+    for path in sorted((p for p in paths if p), key=len, reverse=True):
+        if path in message:
+            message = message.replace(f"file {path}", "file").replace(path, "the key file")
+    return message
 
 
 def _unnamed(message: str, location: str | os.PathLike[str]) -> str:

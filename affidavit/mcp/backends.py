@@ -248,8 +248,9 @@ class Embedded:
         the caller sent, which the journal's words may quote."""
         from affidavit.engine import unplaced
 
-        location = self.broker.config.journal.location
-        return api_error(code, unplaced(code, message, location, (echoed,)))
+        journal = self.broker.config.journal
+        message = unplaced(code, message, journal.location, (echoed,), journal.key_files)
+        return api_error(code, message)
 
 
 class Daemon:
