@@ -218,9 +218,16 @@ def bind_op(
         # (``lease_now``: the database's on a shared journal): by the binder's own, a broker
         # whose clock ran behind bound a key another took for abandoned long ago.
         created = lease_now(txn, clock)
-        rec = IdempotencyRecord(scope, key, fingerprint, invocation_id, expires_at, created)
+        # The key's retention, computed by the binder's clock, recorded in that same clock as
+        # ACTION_ACCEPTED's ``expires_at`` is (``Txn.lease_offset``): the row and the event
+        # name one instant, not one an hour late because the binder's clock runs ahead.
+        expires = expires_at
+        offset = None if expires is None else txn.lease_offset()
+        if expires is not None and offset is not None:
+            expires += offset
+        rec = IdempotencyRecord(scope, key, fingerprint, invocation_id, expires, created)
         txn.tables.insert_idempotency(
-            (scope, key, fingerprint, invocation_id, expires_at, rec.created_at)
+            (scope, key, fingerprint, invocation_id, expires, rec.created_at)
         )
         return rec
 

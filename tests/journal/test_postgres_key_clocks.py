@@ -96,3 +96,21 @@ async def test_a_same_key_retry_is_judged_by_the_database_clock(
         await _record_unknown(b, "inv-live", time.time() + 600)
         lease = await ahead.acquire_lease("inv-live", "broker-ahead", ttl=60, same_key=True)
         assert lease.generation == 1
+
+
+async def test_the_binding_row_records_the_key_expiry_in_database_time(
+    pg_url: str, tmp_path: Path
+) -> None:
+    # The binding row's ``expires_at`` is the key's retention as the event's is: the same
+    # instant in the database's time, never an hour late because A's clock runs ahead -- an
+    # operator or auditor reading the row would take the key as retained an hour too long.
+    async with Journal.open(pg_url, clock=_ahead, **_keys(tmp_path, "a")) as a:
+        await _record_unknown(a, "inv-1", _ahead() + 600)
+        bound = await a.bind_idempotency("payments.create", "k-inv-1", FINGERPRINT, "inv-1", 0.0)
+        in_event = _key_expiry(a, "inv-1")
+    with JournalReader.open(pg_url) as r:
+        row = r.find_idempotency("payments.create", "k-inv-1")
+    assert row is not None and row.expires_at is not None
+    assert bound == row  # the first binding, as stored: a second bind returns it unchanged
+    assert time.time() + 590 < row.expires_at < time.time() + 601
+    assert abs(row.expires_at - in_event) < 5  # the event's instant
