@@ -4,6 +4,7 @@ retry decisions.  No I/O happens in this package."""
 from .contract import CODES, Code, CodeInfo, EvidenceSource, Outcome, Phase, Retry
 from .envelope import (
     CURRENT_CODE_STATES,
+    current_code,
     envelope_schema,
     in_progress_error,
     lease_lost_error,
@@ -78,6 +79,7 @@ __all__ = [
     "caller_event",
     "caller_record",
     "compute_retry",
+    "current_code",
     "decide",
     "envelope_schema",
     "fold_runs",

@@ -30,6 +30,7 @@ from .withheld import caller_record
 __all__ = [
     "CURRENT_CODE_STATES",
     "ENVELOPE_SCHEMA_ID",
+    "current_code",
     "envelope_schema",
     "in_progress_error",
     "lease_lost_error",
@@ -129,6 +130,18 @@ CURRENT_CODE_STATES = frozenset({"awaiting_approval", "completed_rejected", "com
 """The states short of a final one whose code (and items' codes) are the current attempt's:
 APPROVAL_PENDING while it waits, the running attempt's complete result before it is stored
 (``views.shown_error``, ``shown_items``)."""
+
+
+def current_code(record: Record) -> Code | None:
+    """The code every view of ``record`` shows (``views.shown_error``, ``views.shown_code``,
+    ``approvals.approval_view``): its own once it rests in a final state or in one of
+    ``CURRENT_CODE_STATES``; None while it rests in any other non-final state -- a retry holds
+    its lease and sets up, and the projection's code is the one that ended the attempt before
+    it, which the running attempt has not produced (it stays in that attempt's entry)."""
+    code = record.code
+    if code is None or record.final or record.state in CURRENT_CODE_STATES:
+        return code
+    return None
 
 
 def in_progress_error(record: Record, code: Code = Code.IN_PROGRESS) -> dict[str, Any]:

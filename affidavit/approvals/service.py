@@ -29,7 +29,14 @@ from affidavit.journal import (
     ReadFailed,
 )
 from affidavit.protocols import get
-from affidavit.statemachine import Code, Event, EventKind, ImpossibleEvent, Record
+from affidavit.statemachine import (
+    Code,
+    Event,
+    EventKind,
+    ImpossibleEvent,
+    Record,
+    current_code,
+)
 from affidavit.text import escape_char, pieces
 
 from .operator import Operator, OperatorError, OperatorPolicy
@@ -125,8 +132,11 @@ def approval_view(
     view["request"] = dict(sealed.get("request", {})) if sealed is not None else None
     # Sealed since the reference left the attrs (a caller reads those); older records: attrs.
     view["credential"] = (sealed or {}).get("credential", attrs.get("credential"))
-    if record.code is not None and record.state not in ("awaiting_approval", "approved"):
-        view["code"] = record.code.value
+    # The code the record's views show (``current_code``): none of an attempt before a retry
+    # that holds its lease; none while the approval is live (``approval`` says it waits).
+    code = current_code(record)
+    if code is not None and not live:
+        view["code"] = code.value
     return view
 
 

@@ -14,7 +14,6 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, cast
 
 from affidavit.statemachine import (
-    CURRENT_CODE_STATES,
     STATES,
     Event,
     Outcome,
@@ -23,6 +22,7 @@ from affidavit.statemachine import (
     Retry,
     caller_event,
     caller_record,
+    current_code,
     hashes_withheld,
     shown_evidence,
     shown_items,
@@ -87,16 +87,19 @@ _FETCH = Retry.FETCH_RESULT.value
 
 def shown_error(rec: Record) -> tuple[str | None, str, str | None]:
     """The ``code``, ``message`` and ``field`` a view shows for ``rec``: its own, unless it
-    rests in no final state and they are a previous attempt's -- a retry holds its lease and
+    rests in no final state and they are a previous attempt's (``statemachine.current_code``,
+    which the approvals' view shows by too) -- a retry holds its lease and
     sets up (``retry_pending``; ``validated`` after a refusal that asked to back off), and the
     projection still holds the code that ended the attempt before it.  Shown as the current
     one beside ``fetch_result``, that code claimed what the running attempt has not done; the
     view shows none (the earlier attempt's code stays in its ``attempts`` entry and its
     events).  A non-final record's own code is shown: APPROVAL_PENDING while it waits, and the
     complete result of the running attempt (``completed_*``) before it is stored."""
-    code = rec.code
-    if code is None or rec.final or rec.state in CURRENT_CODE_STATES:
-        return (code.value if code is not None else None), rec.message, rec.field
+    code = current_code(rec)
+    if code is not None:
+        return code.value, rec.message, rec.field
+    if rec.code is None:  # none of its own: its message and field, as they are
+        return None, rec.message, rec.field
     return None, "", None
 
 
@@ -105,10 +108,8 @@ def shown_code(rec: Record) -> str:
     daemon's code filter): the one its views show (``shown_error``), ``OK`` when they show
     none -- a running retry is not counted under the code of the attempt before it, which no
     view of it shows."""
-    code = rec.code
-    if code is None or not (rec.final or rec.state in CURRENT_CODE_STATES):
-        return "OK"
-    return code.value
+    code = current_code(rec)
+    return "OK" if code is None else code.value
 
 
 def record_to_json(rec: Record, *, operator: bool = False) -> dict[str, Any]:
