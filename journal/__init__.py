@@ -13,8 +13,11 @@ The modules, by role (``store.py``'s docstring says how they fit together):
 
     store.py        Journal: open, the writes the engine needs, the record cache -- the
                     interface everything above the journal holds
-    writer.py       the single writer task: queue, group commit, one transaction per batch,
-                    a signed checkpoint per transaction, a lost connection survived
+    writer.py       the single writer task: queue, group commit, the hand-off of each batch
+                    to the writer thread
+    requests.py     what is queued to it: a write, a batch as hooks see it, a posted write
+    commit.py       one transaction per batch on the writer thread: a signed checkpoint per
+                    transaction, another writer caught up with, a lost connection survived
     txn.py          one transaction: projection check, hash chain, queued rows
     leases.py       lease and idempotency writes (checked inside the writer's transaction)
     results.py      result chunks, the completeness marker, reading a result back verified
@@ -71,13 +74,13 @@ from .errors import (
 )
 from .lock import JournalLocked
 from .reader import JournalReader
+from .requests import Batch, Posted
 from .results import ChunkLog, ResultStream, ResultWriter, StoredResult, StreamInfo
 from .rows import AlteredRow, json_copy
 from .sealing import AuditOpener, generate_auditor_keypair, open_audit_payload, random_bytes
 from .signing import Anchor, Checkpoint, SigningKey, load_anchor, load_public_key, public_key_pem
 from .store import Journal
 from .summary import AsOf, SessionSummary
-from .writer import Batch, Posted
 
 __all__ = [
     "GENESIS",

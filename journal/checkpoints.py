@@ -3,7 +3,7 @@ trusted checkpoint covers, and checking that one row is covered.
 
 ``signing.py`` says what a checkpoint is and how it is signed; this module only stores and checks
 it.  The writer signs one per transaction that appended rows, inside that transaction, so a crash
-can never leave a committed row without a checkpoint at or after it (``writer.py``).
+can never leave a committed row without a checkpoint at or after it (``commit.py``).
 
 The keys a checkpoint may be signed with are a set (``Keys``: key id -> raw public key): one key
 on a SQLite journal, every broker's own key on a shared PostgreSQL journal -- each checkpoint

@@ -28,9 +28,9 @@ from .errors import (
     LeaseBusy,
     LeaseLost,
 )
+from .requests import Fail
 from .rows import idempotency_from_row, lease_from_row
 from .txn import Txn, row_args
-from .writer import Fail
 
 __all__ = ["LEASE_KINDS", "acquire_op", "bind_op", "check_lapsed", "check_lease", "lease_now"]
 

@@ -24,7 +24,7 @@ the privileges ``grant_statements`` lists -- then the signed checkpoints, and ``
 against the owner alone.
 
 A lost connection (PostgreSQL restarted, the network cut) is ``lost``: the writer reconnects and
-proves or retries what was in flight (``writer.py``).  Messages name the database by its URL with
+proves or retries what was in flight (``commit.py``).  Messages name the database by its URL with
 the password removed (``redact``); the driver's messages are reduced to their primary line, with
 any password scrubbed.
 """

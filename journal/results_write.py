@@ -22,7 +22,7 @@ from .tables import Tables
 from .txn import Txn, row_args
 
 if TYPE_CHECKING:
-    from .writer import Posted
+    from .requests import Posted
 
 __all__ = [
     "IN_FLIGHT",

@@ -5,8 +5,9 @@ the result's commit.  ``Journal`` is the interface the engine, the views, recove
 daemon hold; the database behind it is a backend (``backend.py``: SQLite or PostgreSQL).
 
 Where the parts live: ``backend.py`` chooses the backend (``sqlite.py``, ``postgres.py``),
-``connect.py`` binds the keys, ``writer.py`` is the writer task with group commit, ``txn.py``
-one transaction (projection check and hash chain), ``leases.py`` and ``results.py`` the writes
+``connect.py`` binds the keys, ``writer.py`` is the writer task with group commit (its
+requests in ``requests.py``, each batch's transaction in ``commit.py``), ``txn.py`` one
+transaction's rows (projection check and hash chain), ``leases.py`` and ``results.py`` the writes
 of their tables, ``tables.py`` every statement, ``reader.py`` every read (``Journal`` is a
 ``JournalReader`` too), ``views.py`` the action and session folds.
 """
@@ -33,12 +34,13 @@ from .checkpoints import Keys
 from .connect import bind_keys
 from .errors import ApprovalLapsed, IdempotencyRecord, JournalError, Lease
 from .reader import JournalReader, default_signing_key
+from .requests import Around, Batch, Fail, Hook, Posted
 from .rows import BARRIER_VALUES, attrs_json, decode_attrs
 from .sealing import AuditSealer, BrokerKey, payload_aad
 from .segments import SegmentStore
 from .signing import SigningKey
 from .txn import Txn
-from .writer import Around, Batch, Fail, Hook, Posted, Writer
+from .writer import Writer
 
 __all__ = ["Batch", "Journal", "Posted"]
 

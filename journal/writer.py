@@ -8,21 +8,15 @@ one iteration of the trio loop while it is idle, goes into one transaction (``_h
 so concurrent invocations share one fsync (group commit; DESIGN, "Durability barriers").  A
 batch with no barrier commits without waiting for its flush (``NORMAL``, ``off``): it survives a
 process crash and becomes power-loss durable with the next barrier's flush, which covers every
-earlier log record -- recovery never depends on such events.  Every backend's
-``begin`` holds the chain head for the transaction (``backend.py``), so one writer per process
-is also one chain across processes and, on PostgreSQL, across brokers.
+earlier log record -- recovery never depends on such events.
 
-Each transaction that appends rows also writes a checkpoint signed with the broker's signing
-key -- the seq and hash of its last row -- before its ``COMMIT`` (``signing.py``): every committed
-row is covered, and a crash cannot leave unsigned rows.  The cost is one Ed25519 signature and one
-small row per transaction, so group commit keeps it per batch, not per row.  Before extending a
-head it did not write itself, the writer checks that a valid checkpoint covers it
-(``checkpoints.require_covered``): it never signs over rows someone else appended to the file.
-
-The writer also keeps each invocation's projection as of its last commit (``projectors``), so
-``Journal.record`` can answer without reading the events back while no other process writes;
-when another writer appended, it forgets what that writer touched (``_catch_up``).  A lost
-connection is handled in ``_attempts``: never a success the database cannot prove.
+This module is the loop's side: the queue, the hand-off of each batch to one long-lived writer
+thread, and waking each write's submitter with its answer.  What a queued write is and what it
+answers live in ``requests.py``; the transaction the thread runs over each batch -- the signed
+checkpoint, catching up with another writer, a lost connection survived -- in ``commit.py``,
+over this ``Writer``'s state: its connection, signing state and the projections it keeps of
+each invocation as of its last commit (``projectors``), so ``Journal.record`` can answer
+without reading the events back while no other process writes.
 """
 
 from __future__ import annotations
@@ -31,11 +25,8 @@ import collections
 import contextlib
 import queue
 import threading
-import time
 from collections.abc import Callable
-from contextlib import AbstractContextManager
-from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, TypeVar
 
 import trio
 
@@ -43,118 +34,18 @@ from affidavit.statemachine import Projector
 
 from . import checkpoints
 from .backend import Backend
-from .connect import recorded_keys
-from .errors import (
-    CommitUnknown,
-    HeadHeld,
-    JournalError,
-    JournalWriteError,
-    ResultStoreFailed,
-)
+from .commit import attempts
+from .errors import CommitUnknown, JournalError, JournalWriteError
+from .requests import Around, Batch, Fail, Hook, Posted, Req, cannot_abort, write_error
 from .signing import SigningKey
-from .tables import Tables
 from .txn import Txn
 
-__all__ = ["Batch", "Fail", "Posted", "Writer"]
+__all__ = ["Around", "Batch", "Fail", "Hook", "Posted", "Req", "Writer"]
 
 T = TypeVar("T")
 
 MAX_BATCH = 2048
 MAX_QUEUED = MAX_BATCH * 4
-_PROJECTOR_CACHE = 50_000
-
-
-@dataclass(frozen=True, slots=True)
-class Batch:
-    """One writer transaction as ``Journal.before_commit`` and ``Journal.around_transaction``
-    see it."""
-
-    writes: int
-    """Queued writes (appends, posts, result chunks, lease and idempotency operations) in it."""
-    barrier: bool
-    """Whether any of them asked for a durability barrier."""
-    synchronous: str
-    """The durability it commits under: ``FULL`` for a barrier (SQLite's ``PRAGMA
-    synchronous=FULL``, PostgreSQL's ``synchronous_commit=on``), else ``NORMAL`` (``off``)."""
-
-
-Hook = Callable[[Batch], None]
-Around = Callable[[Batch], AbstractContextManager[object]]
-
-
-@dataclass(eq=False)
-class Fail:
-    """An op's answer when it wrote something (LEASE_LOST) but must still raise to the caller."""
-
-    error: BaseException
-
-
-class _Req(Generic[T]):
-    """One queued write: ``op`` runs in the writer's transaction, or, for a plain append
-    (``op`` None), ``Txn.insert(*args)`` does without a closure -- or, with ``many``, one
-    ``Txn.insert`` per tuple in ``args`` (several rows computed by their submitter, one
-    request: issue 15, "one journal submission per barrier carrying its rows precomputed")."""
-
-    __slots__ = (
-        "args",
-        "barrier",
-        "error",
-        "finished",
-        "many",
-        "meanwhile",
-        "op",
-        "parked",
-        "result",
-        "result_store",
-        "task",
-    )
-
-    def __init__(
-        self,
-        op: Callable[[Txn], T | Fail] | None,
-        args: tuple[Any, ...] | None,
-        barrier: bool,
-        result_store: bool,
-        task: trio.lowlevel.Task | None,
-        many: bool = False,
-    ) -> None:
-        self.op = op
-        self.args = args
-        self.many = many
-        self.barrier = barrier
-        self.result_store = result_store
-        self.task = task
-        self.parked = False
-        self.finished = False
-        self.result: T | None = None
-        self.error: BaseException | None = None
-        self.meanwhile: Callable[[], None] | None = None
-
-
-class Posted(Generic[T]):
-    """A write queued by ``Journal.post`` whose commit its author did not wait for."""
-
-    __slots__ = ("_req",)
-
-    def __init__(self, req: _Req[T]) -> None:
-        self._req = req
-
-    @property
-    def finished(self) -> bool:
-        return self._req.finished
-
-    async def wait(self) -> T:
-        """The write's answer once its transaction ended (raising its error, if it failed).
-        Not cancellable, like every journal write; one task at a time may wait."""
-        req = self._req
-        if not req.finished:
-            assert not req.parked, "another task already waits for this write"
-            req.task = trio.lowlevel.current_task()
-            req.parked = True
-            await trio.lowlevel.wait_task_rescheduled(_cannot_abort)
-        if req.error is not None:
-            raise req.error
-        return req.result  # type: ignore[return-value]
 
 
 class Writer:
@@ -187,13 +78,13 @@ class Writer:
         """See ``Journal.before_commit``."""
         self.around_transaction: Around | None = None
         """See ``Journal.around_transaction``."""
-        self._committing = False
+        self.committing = False
         """The COMMIT of the current transaction was sent: if the connection is lost now, only
-        a re-read can tell whether it landed."""
-        self._head_held = False
+        a re-read can tell whether it landed (``commit.attempts``)."""
+        self.head_held = False
         """The last re-read after a lost connection had a new connection but found the chain
         head still held when its wait ran out (``HeadHeld``): said so, not "no connection"."""
-        self._pending: collections.deque[_Req[Any]] = collections.deque()
+        self._pending: collections.deque[Req[Any]] = collections.deque()
         """Queued writes, oldest first (each hand-off takes up to ``MAX_BATCH`` at once)."""
         self._space = trio.lowlevel.ParkingLot()
         """Writers waiting for room in a full queue (``MAX_QUEUED``)."""
@@ -201,7 +92,8 @@ class Writer:
         """The writer task, while no batch is in the writer thread (``_hand_off_idle``)."""
         self._closed = True
         """No writes taken: not started yet, or stopping."""
-        self._token: trio.lowlevel.TrioToken | None = None
+        self.token: trio.lowlevel.TrioToken | None = None
+        """The loop's token, once started (the writer thread calls back through it)."""
         self._nursery_mgr: contextlib.AbstractAsyncContextManager[trio.Nursery] | None = None
         self._nursery: trio.Nursery | None = None
         self._batches: queue.SimpleQueue[_Handoff | None] = queue.SimpleQueue()
@@ -217,7 +109,7 @@ class Writer:
 
     async def start(self) -> None:
         self.loop_thread = threading.get_ident()
-        self._token = trio.lowlevel.current_trio_token()
+        self.token = trio.lowlevel.current_trio_token()
         self._closed = False
         mgr = trio.open_nursery()
         nursery = await mgr.__aenter__()
@@ -233,7 +125,7 @@ class Writer:
         # (issue 15), three times per call at concurrency 1.
         self._thread = threading.Thread(
             target=self._thread_main,
-            args=(self._token, self._batches),
+            args=(self.token, self._batches),
             name="affidavit-journal-writer",
             daemon=True,
         )
@@ -332,7 +224,7 @@ class Writer:
         self.forget()
         self.busy = False
         where, name = self.backend.where, type(error).__name__
-        committing, self._committing = self._committing, False
+        committing, self.committing = self.committing, False
         if handoff is not None:
             if committing:
                 why = (
@@ -342,13 +234,13 @@ class Writer:
             else:
                 why = f"journal {where}: the writer stopped ({name}): write not committed"
             for r in handoff.batch:
-                r.error = CommitUnknown(why) if committing else _write_error(r, why)
+                r.error = CommitUnknown(why) if committing else write_error(r, why)
             self._answer(handoff.batch)
         queued = list(self._pending)
         self._pending.clear()
         why = f"journal {where}: the writer stopped ({name}) before this write: not committed"
         for r in queued:
-            r.error = _write_error(r, why)
+            r.error = write_error(r, why)
         self._answer(queued)
         self._space.unpark_all()
         if handoff is not None:
@@ -358,7 +250,7 @@ class Writer:
             self._wake_runner()
 
     @staticmethod
-    def _answer(batch: list[_Req[Any]]) -> None:
+    def _answer(batch: list[Req[Any]]) -> None:
         for r in batch:
             r.result = None
             r.finished = True
@@ -388,7 +280,7 @@ class Writer:
         self._inflight = handoff
         self._batches.put(handoff)
 
-    def _take(self) -> list[_Req[Any]]:
+    def _take(self) -> list[Req[Any]]:
         pending = self._pending
         n = min(len(pending), MAX_BATCH)
         batch = [pending.popleft() for _ in range(n)]
@@ -404,7 +296,7 @@ class Writer:
                 # iteration that queued it, and ``_done`` wakes us once it is committed; or
                 # ``stop`` does, and what is still queued is handed off the same way.
                 self._idle = trio.lowlevel.current_task()
-                await trio.lowlevel.wait_task_rescheduled(_cannot_abort)
+                await trio.lowlevel.wait_task_rescheduled(cannot_abort)
                 handoff, self._inflight = self._inflight, None
                 if handoff is not None and handoff.error is not None:
                     raise handoff.error
@@ -420,292 +312,16 @@ class Writer:
 
     # -- one batch, one transaction (writer thread) --------------------------------------------
 
-    def _run_batch(self, batch: list[_Req[Any]]) -> None:
+    def _run_batch(self, batch: list[Req[Any]]) -> None:
+        """The batch's transaction (``commit.attempts``), inside ``around_transaction``."""
         barrier = any(r.barrier for r in batch)
         around = self.around_transaction
         if around is None:
-            self._attempts(batch, barrier)
+            attempts(self, batch, barrier)
         else:
             want = "FULL" if barrier else "NORMAL"
             with around(Batch(len(batch), barrier, want)):
-                self._attempts(batch, barrier)
-
-    def _attempts(self, batch: list[_Req[Any]], barrier: bool) -> None:
-        """Run the batch in one transaction.  A storage fault fails every write in it.  A lost
-        connection (a shared database restarted, the network cut) is not a fault of the
-        writes: the writer reconnects -- within ``Backend.reconnect_within`` -- and, if the
-        transaction had not committed, runs the batch again from the head it then finds.  If
-        the COMMIT had been sent, the new connection first reads whether its last row is
-        there: the writes succeed only if a re-read proves them durable (so the engine never
-        dispatches on a DISPATCH_STARTED it cannot prove), and fail with ``CommitUnknown`` when
-        no re-read is possible."""
-        backend = self.backend
-        errors: tuple[type[BaseException], ...] = (*backend.errors, JournalError)
-        deadline: float | None = None
-        while True:
-            proof: list[tuple[int, str]] = []
-            try:
-                self._transaction(batch, barrier, proof)
-                return
-            except errors as exc:
-                if not backend.lost(exc):
-                    self._fail(batch, exc)
-                    return
-                committing = self._committing
-            self.forget()
-            if deadline is None:
-                deadline = time.monotonic() + backend.reconnect_within
-            last = proof[-1] if committing and proof else None
-            durable = self._reconnect_and_check(deadline, last)
-            if durable is None:
-                self._fail_unavailable(batch, committing)
-                return
-            if durable:
-                head = proof[-1]
-                self.signed_head = head
-                return
-            for r in batch:
-                r.result = None
-                r.error = None
-
-    def _reconnect_and_check(self, deadline: float, proof: tuple[int, str] | None) -> bool | None:
-        """Reconnect; then whether the row ``proof`` names is durable (False without one: run
-        the batch again).  None: no connection before ``deadline``."""
-        backend = self.backend
-        errors: tuple[type[BaseException], ...] = (*backend.errors, JournalError)
-        delay = 0.05
-        self._head_held = False
-        while True:
-            with contextlib.suppress(Exception):
-                backend.close(self.conn)
-            try:
-                self.conn = backend.connect("writer")
-                self.tables = backend.tables(self.conn)
-                if proof is None:
-                    return False
-                # The lost session may still be inside the transaction, its COMMIT on its way
-                # (a network cut: the server has not noticed yet).  Read only once that
-                # transaction ended: it holds the chain head until then (``Backend.begin``),
-                # so taking the head waits for it -- on PostgreSQL up to the lost session's
-                # ``idle_in_transaction_session_timeout``, so no longer than ``deadline``
-                # (``reconnect_within``): past it, whether the batch landed is unknown
-                # (``CommitUnknown``).  A row read before could be missing and land a moment
-                # later: the batch run again would append it twice.
-                left = deadline - time.monotonic()
-                backend.begin(self.conn, barrier=False, wait=max(left, 0.001))
-                backend.rollback(self.conn)
-                return self.tables.hash_at(proof[0]) == proof[1]
-            except errors as exc:
-                # The wait ran out (PostgreSQL's lock_timeout aborts the transaction it began):
-                # end it, or the connection kept for the next write is stuck in it -- every
-                # later write refused ("current transaction is aborted").
-                self._head_held = isinstance(exc, HeadHeld)
-                with contextlib.suppress(Exception):
-                    backend.rollback(self.conn)
-            if time.monotonic() + delay > deadline:
-                return None
-            time.sleep(delay)
-            delay = min(delay * 2, 1.0)
-
-    def _fail(self, batch: list[_Req[Any]], exc: BaseException) -> None:
-        # A storage fault, or a head this writer must not sign over: nothing is kept.
-        self.forget()
-        if isinstance(exc, JournalError):
-            why = f"write refused: {exc}"
-        else:
-            why = f"journal {self.backend.where}: write not committed: {self.backend.describe(exc)}"
-        for r in batch:
-            r.result = None
-            cls = ResultStoreFailed if r.result_store else JournalWriteError
-            r.error = cls(why)
-
-    def _fail_unavailable(self, batch: list[_Req[Any]], committing: bool) -> None:
-        where, within = self.backend.where, self.backend.reconnect_within
-        if committing and self._head_held:
-            # A new connection was made: the lost session's transaction, its COMMIT perhaps
-            # still on its way, held the chain head for the whole window (``HeadHeld``).
-            why = (
-                f"journal {where}: the connection was lost while committing, and the lost "
-                f"session still held the journal's chain head when [journal] reconnect "
-                f"({within:g}s) ran out: whether the write is durable is unknown until the "
-                "journal is read again"
-            )
-        elif committing:
-            why = (
-                f"journal {where}: the connection was lost while committing and no new one "
-                f"could be made within {within:g}s: whether the write is durable is unknown "
-                "until the journal is read again"
-            )
-        else:
-            why = (
-                f"journal {where}: the connection was lost and no new one could be made within "
-                f"{within:g}s: write not committed"
-            )
-        for r in batch:
-            r.result = None
-            if r.result_store:
-                r.error = ResultStoreFailed(why)
-            else:
-                r.error = CommitUnknown(why) if committing else JournalWriteError(why)
-
-    def _transaction(
-        self, batch: list[_Req[Any]], barrier: bool, proof: list[tuple[int, str]]
-    ) -> None:
-        """One transaction over the batch; appends (seq, hash) of its last row to ``proof``
-        just before its COMMIT is sent."""
-        backend = self.backend
-        conn, tables = self.conn, self.tables
-        errors = backend.errors
-        self._committing = False
-        try:
-            # Inside the try: a begin refused while it waits for the head (a lock_timeout or
-            # statement_timeout the database applies) leaves its transaction aborted, and the
-            # rollback below ends it -- else every later write on this connection is refused.
-            # On a shared journal the wait is bounded by ``reconnect_within`` (``[journal]
-            # reconnect``), as the re-read after a lost commit is: another session holding the
-            # head longer -- a broker's lost session, its COMMIT never arriving, holds it until
-            # the server ends it -- is a database that does not answer this write.  Unbounded,
-            # every call waited that long (its dispatch gate included).  Past it, the write
-            # fails, not committed (``JournalWriteError``): nothing of it is durable, so
-            # nothing it would have preceded is sent.
-            wait = backend.reconnect_within if backend.shared else None
-            want = backend.begin(conn, barrier=barrier, wait=wait)
-            seq, h = tables.head()
-            if seq != self.known_head or len(self.projectors) > _PROJECTOR_CACHE:
-                self._catch_up(tables, seq)
-            signer = self.signer
-            assert signer is not None, "the journal binds its signing key before writing"
-            if seq and (seq, h) != self.signed_head:
-                self._require_covered(tables, seq, h)
-                self.signed_head = (seq, h)
-            txn = Txn(self, tables, seq, h)
-            txn.preload(
-                {
-                    (r.args[0][0] if r.many else r.args[0]).invocation_id
-                    for r in batch
-                    if r.op is None and r.args
-                }
-            )
-            insert = txn.insert
-            for r in batch:
-                # Ops raise their refusals (ImpossibleEvent, JournalError...) before they
-                # write anything, so a refusal needs no savepoint; one that wrote first is a
-                # bug, and the whole batch is rolled back rather than half-kept.
-                op = r.op
-                if op is None:  # a plain append: its row joins the pending executemany
-                    if r.many:
-                        r.result = self._insert_each(insert, r, errors)
-                        continue
-                    try:
-                        r.result = insert(*r.args)  # type: ignore[misc]
-                    except errors:
-                        raise
-                    except Exception as exc:  # refused before queueing a row
-                        r.error = exc
-                    continue
-                txn.flush()  # other ops may read or write rows (results, leases...)
-                mark = txn.seq
-                try:
-                    out = op(txn)
-                except errors:
-                    raise
-                except Exception as exc:
-                    if txn.seq != mark:
-                        raise
-                    r.error = exc
-                else:
-                    if isinstance(out, Fail):
-                        r.error = out.error
-                    else:
-                        r.result = out
-            txn.flush()
-            cp = None
-            if txn.seq != seq:
-                # prev = seq: the head this transaction extended is covered by a checkpoint
-                # at exactly that seq (checked above, or this writer's own last commit).
-                cp = checkpoints.sign(tables, signer, txn.seq, txn.hash, seq, self.clock())
-                proof.append((txn.seq, txn.hash))
-            if barrier:
-                self._signal_meanwhile(batch)
-            hook = self.before_commit
-            if hook is not None:
-                hook(Batch(len(batch), barrier, want))
-            self._committing = True
-            backend.commit(conn)
-            self._committing = False
-            self.known_head = txn.seq
-            if cp is not None:
-                self.signed_head = (cp.seq, cp.hash)
-                checkpoints.remember(self.signed, cp)
-        except BaseException:
-            # Also after a failed COMMIT: a database may keep the transaction open (SQLite) or
-            # aborted (PostgreSQL) until told.  On a lost connection this fails, harmlessly.
-            with contextlib.suppress(Exception):
-                backend.rollback(conn)
-            raise
-
-    def _signal_meanwhile(self, batch: list[_Req[Any]]) -> None:
-        """Writer thread, every row of a barrier's transaction written, its COMMIT (the fsync)
-        about to be sent: run the ``meanwhile`` of each write in it not refused so far on the
-        loop -- the loop, idle while its submitter waits, works during the fsync instead of
-        after it.  Once per write (a transaction tried again does not repeat it); a write
-        refused or failed later still answers with its error, ``meanwhile`` having run."""
-        ready = [r for r in batch if r.meanwhile is not None and r.error is None]
-        if not ready or self._token is None:
-            return
-        fns: list[Callable[[], None]] = []
-        for r in ready:
-            fns.append(r.meanwhile)  # type: ignore[arg-type]
-            r.meanwhile = None
-        # FIFO with the ``_done`` queued after the COMMIT: every ``meanwhile`` has run before
-        # its submitter is woken.
-        with contextlib.suppress(trio.RunFinishedError):
-            self._token.run_sync_soon(_run_meanwhile, fns)
-
-    @staticmethod
-    def _insert_each(
-        insert: Callable[..., Any], r: _Req[Any], errors: tuple[type[BaseException], ...]
-    ) -> list[Any]:
-        """The rows of a ``many`` request, each as its own plain append would be: a row
-        refused (before it queued anything) does not stop the others; the request answers
-        with the first refusal, as the first of separate appends would have."""
-        out = []
-        for args in r.args or ():
-            try:
-                out.append(insert(*args))
-            except errors:
-                raise
-            except Exception as exc:
-                if r.error is None:
-                    r.error = exc
-        return out
-
-    def _catch_up(self, tables: Tables, seq: int) -> None:
-        """The head is not the one this writer committed: another writer appended.  On a
-        shared journal, forget only the invocations it touched; otherwise start over (the
-        projections reload lazily)."""
-        known = self.known_head
-        if (
-            known is None
-            or known > seq
-            or not self.backend.shared
-            or len(self.projectors) > _PROJECTOR_CACHE
-        ):
-            self.forget()
-            return
-        for iid in tables.touched_after(known):
-            self.projectors.pop(iid, None)
-            self.sessions.pop(iid, None)
-
-    def _require_covered(self, tables: Tables, seq: int, h: str) -> None:
-        try:
-            checkpoints.require_covered(tables, self.backend.where, seq, h, self.keys)
-        except JournalError:
-            if not self.backend.multi_signer:
-                raise
-            # A broker that registered its key after this writer last looked.
-            self.keys = {**recorded_keys(tables), **self.keys}
-            checkpoints.require_covered(tables, self.backend.where, seq, h, self.keys)
+                attempts(self, batch, barrier)
 
     # -- queueing -------------------------------------------------------------------------------
 
@@ -718,12 +334,12 @@ class Writer:
         result_store: bool = False,
         task: trio.lowlevel.Task | None = None,
         many: bool = False,
-    ) -> _Req[T]:
+    ) -> Req[T]:
         self._refuse_if_closed()
         while len(self._pending) >= MAX_QUEUED:  # back-pressure: wait for the writer
             await self._space.park()
             self._refuse_if_closed()
-        req: _Req[T] = _Req(op, args, barrier, result_store, task, many)
+        req: Req[T] = Req(op, args, barrier, result_store, task, many)
         # No checkpoint between queueing and parking (``submit``).  An idle writer takes it at
         # the end of this loop iteration (``_hand_off_idle``).
         self._pending.append(req)
@@ -737,7 +353,7 @@ class Writer:
                 f"journal {self.backend.where}: the writer stopped "
                 f"({type(self._dead).__name__}): write not taken"
             )
-        if self._token is None:
+        if self.token is None:
             raise JournalError("journal is not open for writing (use `async with Journal.open`)")
         raise JournalError(f"journal {self.backend.where} is closed")
 
@@ -789,7 +405,7 @@ class Writer:
         else:
             # ``enqueue``, inlined for a queue with room (nearly always): one coroutine fewer
             # per append, which runs once per journal row (issue 15).
-            req = _Req(op, args, barrier, result_store, task)
+            req = Req(op, args, barrier, result_store, task)
             pending.append(req)
         if meanwhile is not None:
             req.meanwhile = meanwhile
@@ -799,7 +415,7 @@ class Writer:
         # (Posted.wait inlined: this runs once per append.)
         if not req.finished:
             req.parked = True
-            await trio.lowlevel.wait_task_rescheduled(_cannot_abort)
+            await trio.lowlevel.wait_task_rescheduled(cannot_abort)
         if req.error is not None:
             raise req.error
         return req.result  # type: ignore[return-value]
@@ -840,26 +456,7 @@ class _Handoff:
 
     __slots__ = ("batch", "error", "task")
 
-    def __init__(self, batch: list[_Req[Any]], task: trio.lowlevel.Task) -> None:
+    def __init__(self, batch: list[Req[Any]], task: trio.lowlevel.Task) -> None:
         self.batch = batch
         self.task = task
         self.error: BaseException | None = None
-
-
-def _run_meanwhile(fns: list[Callable[[], None]]) -> None:
-    """On the loop (a ``run_sync_soon`` callback, which must not raise): each ``meanwhile``.
-    One that raises anyway only loses its head start -- its submitter does the work after the
-    write, as without one; the exception (which may quote what it was working on) is dropped
-    unlogged."""
-    for fn in fns:
-        with contextlib.suppress(Exception):
-            fn()
-
-
-def _cannot_abort(_: Any) -> trio.lowlevel.Abort:
-    return trio.lowlevel.Abort.FAILED
-
-
-def _write_error(r: _Req[Any], why: str) -> JournalWriteError:
-    """The error a write failed by a stopped writer gets (``Writer._fail``'s classes)."""
-    return ResultStoreFailed(why) if r.result_store else JournalWriteError(why)

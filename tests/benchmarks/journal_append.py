@@ -269,7 +269,7 @@ async def _handoff(path: Path, n: int = 20_000) -> dict[str, float]:
     microseconds."""
     from affidavit.journal import writer
 
-    def nothing(self: writer.Writer, batch: list[writer._Req[Any]]) -> None:
+    def nothing(self: writer.Writer, batch: list[writer.Req[Any]]) -> None:
         for r in batch:
             r.result = None
 

@@ -1,6 +1,6 @@
 """A DISPATCH_STARTED whose commit was lost (``CommitUnknown``) while the lost session still
 holds the chain head, its COMMIT on its way: every later write of the call waits for the head
-at most ``[journal] reconnect`` (``Writer._transaction``) and fails, not committed
+at most ``[journal] reconnect`` (``commit._transaction``) and fails, not committed
 (``JournalWriteError``), before the lost session ends.  The call's closing event did not land,
 so nothing the writer read under the head says whether DISPATCH_STARTED is durable; a read
 without the head finds none -- and it may land a moment later.  The answer must not be

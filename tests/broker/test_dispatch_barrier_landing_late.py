@@ -1,6 +1,6 @@
 """A DISPATCH_STARTED whose commit was lost (``CommitUnknown``) and which lands only *after*
 the gate read the record again: on a shared journal the lost session can still hold the chain
-head with its COMMIT on its way when the writer's bounded wait for it runs out (``Writer.
+head with its COMMIT on its way when the writer's bounded wait for it runs out (``commit.
 _reconnect_and_check``).  The gate's re-read then finds no DISPATCH_STARTED -- yet it may land
 a moment later, before the call's closing event (which waits for the head).  The answer must
 never be ``not_attempted`` over a record that holds DISPATCH_STARTED (seed: "The broker never

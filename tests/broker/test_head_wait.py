@@ -1,6 +1,6 @@
 """A call on a shared PostgreSQL journal whose chain head another session holds -- as a broker's
 lost session does, its COMMIT never arriving, until the server ends it.  The call's writes wait
-for the head no longer than ``[journal] reconnect`` (``journal/writer.py``); unbounded, the
+for the head no longer than ``[journal] reconnect`` (``journal/commit.py``); unbounded, the
 call waited for as long as the head was held.  Its DISPATCH_STARTED not written, nothing is
 sent, and the answer says what the durable record proves: not attempted.
 """

@@ -1,0 +1,336 @@
+"""One batch, one transaction: what the writer thread does with each batch handed to it.
+
+Seed, "Dispatch shifts the burden of proof": a barrier's transaction commits under the
+durability it asked for (SQLite: ``synchronous=FULL``; PostgreSQL: ``synchronous_commit=on``)
+before its submitter is answered (``writer.py`` answers it, on the loop).  Every backend's
+``begin`` holds the chain head for the transaction (``backend.py``), so one writer per process
+is also one chain across processes and, on PostgreSQL, across brokers.
+
+Each transaction that appends rows also writes a checkpoint signed with the broker's signing
+key -- the seq and hash of its last row -- before its ``COMMIT`` (``signing.py``): every committed
+row is covered, and a crash cannot leave unsigned rows.  The cost is one Ed25519 signature and
+one small row per transaction, so group commit keeps it per batch, not per row.  Before
+extending a head it did not write itself, the writer checks that a valid checkpoint covers it
+(``checkpoints.require_covered``): it never signs over rows someone else appended to the file.
+When another writer appended, the writer's cached projections of what it touched are forgotten
+(``_catch_up``).  A lost connection is handled in ``attempts``: never a success the database
+cannot prove.
+
+These functions run on the writer thread only, and read and write the ``Writer`` they are given
+(its connection, its signing state, its cached projections, ``committing``/``head_held``): the
+writer's state stays in one object, the code that runs a transaction over it here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from . import checkpoints
+from .connect import recorded_keys
+from .errors import CommitUnknown, HeadHeld, JournalError, JournalWriteError, ResultStoreFailed
+from .requests import Batch, Fail, Req
+from .tables import Tables
+from .txn import Txn
+
+if TYPE_CHECKING:
+    from .writer import Writer
+
+__all__ = ["attempts"]
+
+_PROJECTOR_CACHE = 50_000
+"""Past this many cached projections, the writer starts over (``_catch_up``)."""
+
+
+def attempts(w: Writer, batch: list[Req[Any]], barrier: bool) -> None:
+    """Run the batch in one transaction.  A storage fault fails every write in it.  A lost
+    connection (a shared database restarted, the network cut) is not a fault of the
+    writes: the writer reconnects -- within ``Backend.reconnect_within`` -- and, if the
+    transaction had not committed, runs the batch again from the head it then finds.  If
+    the COMMIT had been sent, the new connection first reads whether its last row is
+    there: the writes succeed only if a re-read proves them durable (so the engine never
+    dispatches on a DISPATCH_STARTED it cannot prove), and fail with ``CommitUnknown`` when
+    no re-read is possible."""
+    backend = w.backend
+    errors: tuple[type[BaseException], ...] = (*backend.errors, JournalError)
+    deadline: float | None = None
+    while True:
+        proof: list[tuple[int, str]] = []
+        try:
+            _transaction(w, batch, barrier, proof)
+            return
+        except errors as exc:
+            if not backend.lost(exc):
+                _fail(w, batch, exc)
+                return
+            committing = w.committing
+        w.forget()
+        if deadline is None:
+            deadline = time.monotonic() + backend.reconnect_within
+        last = proof[-1] if committing and proof else None
+        durable = _reconnect_and_check(w, deadline, last)
+        if durable is None:
+            _fail_unavailable(w, batch, committing)
+            return
+        if durable:
+            head = proof[-1]
+            w.signed_head = head
+            return
+        for r in batch:
+            r.result = None
+            r.error = None
+
+
+def _reconnect_and_check(w: Writer, deadline: float, proof: tuple[int, str] | None) -> bool | None:
+    """Reconnect; then whether the row ``proof`` names is durable (False without one: run
+    the batch again).  None: no connection before ``deadline``."""
+    backend = w.backend
+    errors: tuple[type[BaseException], ...] = (*backend.errors, JournalError)
+    delay = 0.05
+    w.head_held = False
+    while True:
+        with contextlib.suppress(Exception):
+            backend.close(w.conn)
+        try:
+            w.conn = backend.connect("writer")
+            w.tables = backend.tables(w.conn)
+            if proof is None:
+                return False
+            # The lost session may still be inside the transaction, its COMMIT on its way
+            # (a network cut: the server has not noticed yet).  Read only once that
+            # transaction ended: it holds the chain head until then (``Backend.begin``),
+            # so taking the head waits for it -- on PostgreSQL up to the lost session's
+            # ``idle_in_transaction_session_timeout``, so no longer than ``deadline``
+            # (``reconnect_within``): past it, whether the batch landed is unknown
+            # (``CommitUnknown``).  A row read before could be missing and land a moment
+            # later: the batch run again would append it twice.
+            left = deadline - time.monotonic()
+            backend.begin(w.conn, barrier=False, wait=max(left, 0.001))
+            backend.rollback(w.conn)
+            return w.tables.hash_at(proof[0]) == proof[1]
+        except errors as exc:
+            # The wait ran out (PostgreSQL's lock_timeout aborts the transaction it began):
+            # end it, or the connection kept for the next write is stuck in it -- every
+            # later write refused ("current transaction is aborted").
+            w.head_held = isinstance(exc, HeadHeld)
+            with contextlib.suppress(Exception):
+                backend.rollback(w.conn)
+        if time.monotonic() + delay > deadline:
+            return None
+        time.sleep(delay)
+        delay = min(delay * 2, 1.0)
+
+
+def _fail(w: Writer, batch: list[Req[Any]], exc: BaseException) -> None:
+    # A storage fault, or a head this writer must not sign over: nothing is kept.
+    w.forget()
+    if isinstance(exc, JournalError):
+        why = f"write refused: {exc}"
+    else:
+        why = f"journal {w.backend.where}: write not committed: {w.backend.describe(exc)}"
+    for r in batch:
+        r.result = None
+        cls = ResultStoreFailed if r.result_store else JournalWriteError
+        r.error = cls(why)
+
+
+def _fail_unavailable(w: Writer, batch: list[Req[Any]], committing: bool) -> None:
+    where, within = w.backend.where, w.backend.reconnect_within
+    if committing and w.head_held:
+        # A new connection was made: the lost session's transaction, its COMMIT perhaps
+        # still on its way, held the chain head for the whole window (``HeadHeld``).
+        why = (
+            f"journal {where}: the connection was lost while committing, and the lost "
+            f"session still held the journal's chain head when [journal] reconnect "
+            f"({within:g}s) ran out: whether the write is durable is unknown until the "
+            "journal is read again"
+        )
+    elif committing:
+        why = (
+            f"journal {where}: the connection was lost while committing and no new one "
+            f"could be made within {within:g}s: whether the write is durable is unknown "
+            "until the journal is read again"
+        )
+    else:
+        why = (
+            f"journal {where}: the connection was lost and no new one could be made within "
+            f"{within:g}s: write not committed"
+        )
+    for r in batch:
+        r.result = None
+        if r.result_store:
+            r.error = ResultStoreFailed(why)
+        else:
+            r.error = CommitUnknown(why) if committing else JournalWriteError(why)
+
+
+def _transaction(
+    w: Writer, batch: list[Req[Any]], barrier: bool, proof: list[tuple[int, str]]
+) -> None:
+    """One transaction over the batch; appends (seq, hash) of its last row to ``proof``
+    just before its COMMIT is sent."""
+    backend = w.backend
+    conn, tables = w.conn, w.tables
+    errors = backend.errors
+    w.committing = False
+    try:
+        # Inside the try: a begin refused while it waits for the head (a lock_timeout or
+        # statement_timeout the database applies) leaves its transaction aborted, and the
+        # rollback below ends it -- else every later write on this connection is refused.
+        # On a shared journal the wait is bounded by ``reconnect_within`` (``[journal]
+        # reconnect``), as the re-read after a lost commit is: another session holding the
+        # head longer -- a broker's lost session, its COMMIT never arriving, holds it until
+        # the server ends it -- is a database that does not answer this write.  Unbounded,
+        # every call waited that long (its dispatch gate included).  Past it, the write
+        # fails, not committed (``JournalWriteError``): nothing of it is durable, so
+        # nothing it would have preceded is sent.
+        wait = backend.reconnect_within if backend.shared else None
+        want = backend.begin(conn, barrier=barrier, wait=wait)
+        seq, h = tables.head()
+        if seq != w.known_head or len(w.projectors) > _PROJECTOR_CACHE:
+            _catch_up(w, tables, seq)
+        signer = w.signer
+        assert signer is not None, "the journal binds its signing key before writing"
+        if seq and (seq, h) != w.signed_head:
+            _require_covered(w, tables, seq, h)
+            w.signed_head = (seq, h)
+        txn = Txn(w, tables, seq, h)
+        txn.preload(
+            {
+                (r.args[0][0] if r.many else r.args[0]).invocation_id
+                for r in batch
+                if r.op is None and r.args
+            }
+        )
+        insert = txn.insert
+        for r in batch:
+            # Ops raise their refusals (ImpossibleEvent, JournalError...) before they
+            # write anything, so a refusal needs no savepoint; one that wrote first is a
+            # bug, and the whole batch is rolled back rather than half-kept.
+            op = r.op
+            if op is None:  # a plain append: its row joins the pending executemany
+                if r.many:
+                    r.result = _insert_each(insert, r, errors)
+                    continue
+                try:
+                    r.result = insert(*r.args)  # type: ignore[misc]
+                except errors:
+                    raise
+                except Exception as exc:  # refused before queueing a row
+                    r.error = exc
+                continue
+            txn.flush()  # other ops may read or write rows (results, leases...)
+            mark = txn.seq
+            try:
+                out = op(txn)
+            except errors:
+                raise
+            except Exception as exc:
+                if txn.seq != mark:
+                    raise
+                r.error = exc
+            else:
+                if isinstance(out, Fail):
+                    r.error = out.error
+                else:
+                    r.result = out
+        txn.flush()
+        cp = None
+        if txn.seq != seq:
+            # prev = seq: the head this transaction extended is covered by a checkpoint
+            # at exactly that seq (checked above, or this writer's own last commit).
+            cp = checkpoints.sign(tables, signer, txn.seq, txn.hash, seq, w.clock())
+            proof.append((txn.seq, txn.hash))
+        if barrier:
+            _signal_meanwhile(w, batch)
+        hook = w.before_commit
+        if hook is not None:
+            hook(Batch(len(batch), barrier, want))
+        w.committing = True
+        backend.commit(conn)
+        w.committing = False
+        w.known_head = txn.seq
+        if cp is not None:
+            w.signed_head = (cp.seq, cp.hash)
+            checkpoints.remember(w.signed, cp)
+    except BaseException:
+        # Also after a failed COMMIT: a database may keep the transaction open (SQLite) or
+        # aborted (PostgreSQL) until told.  On a lost connection this fails, harmlessly.
+        with contextlib.suppress(Exception):
+            backend.rollback(conn)
+        raise
+
+
+def _signal_meanwhile(w: Writer, batch: list[Req[Any]]) -> None:
+    """Writer thread, every row of a barrier's transaction written, its COMMIT (the fsync)
+    about to be sent: run the ``meanwhile`` of each write in it not refused so far on the
+    loop -- the loop, idle while its submitter waits, works during the fsync instead of
+    after it.  Once per write (a transaction tried again does not repeat it); a write
+    refused or failed later still answers with its error, ``meanwhile`` having run."""
+    ready = [r for r in batch if r.meanwhile is not None and r.error is None]
+    if not ready or w.token is None:
+        return
+    fns: list[Callable[[], None]] = []
+    for r in ready:
+        fns.append(r.meanwhile)  # type: ignore[arg-type]
+        r.meanwhile = None
+    # FIFO with the ``_done`` queued after the COMMIT: every ``meanwhile`` has run before
+    # its submitter is woken.
+    with contextlib.suppress(trio.RunFinishedError):
+        w.token.run_sync_soon(_run_meanwhile, fns)
+
+
+def _insert_each(
+    insert: Callable[..., Any], r: Req[Any], errors: tuple[type[BaseException], ...]
+) -> list[Any]:
+    """The rows of a ``many`` request, each as its own plain append would be: a row
+    refused (before it queued anything) does not stop the others; the request answers
+    with the first refusal, as the first of separate appends would have."""
+    out = []
+    for args in r.args or ():
+        try:
+            out.append(insert(*args))
+        except errors:
+            raise
+        except Exception as exc:
+            if r.error is None:
+                r.error = exc
+    return out
+
+
+def _catch_up(w: Writer, tables: Tables, seq: int) -> None:
+    """The head is not the one this writer committed: another writer appended.  On a
+    shared journal, forget only the invocations it touched; otherwise start over (the
+    projections reload lazily)."""
+    known = w.known_head
+    if known is None or known > seq or not w.backend.shared or len(w.projectors) > _PROJECTOR_CACHE:
+        w.forget()
+        return
+    for iid in tables.touched_after(known):
+        w.projectors.pop(iid, None)
+        w.sessions.pop(iid, None)
+
+
+def _require_covered(w: Writer, tables: Tables, seq: int, h: str) -> None:
+    try:
+        checkpoints.require_covered(tables, w.backend.where, seq, h, w.keys)
+    except JournalError:
+        if not w.backend.multi_signer:
+            raise
+        # A broker that registered its key after this writer last looked.
+        w.keys = {**recorded_keys(tables), **w.keys}
+        checkpoints.require_covered(tables, w.backend.where, seq, h, w.keys)
+
+
+def _run_meanwhile(fns: list[Callable[[], None]]) -> None:
+    """On the loop (a ``run_sync_soon`` callback, which must not raise): each ``meanwhile``.
+    One that raises anyway only loses its head start -- its submitter does the work after the
+    write, as without one; the exception (which may quote what it was working on) is dropped
+    unlogged."""
+    for fn in fns:
+        with contextlib.suppress(Exception):
+            fn()

@@ -1,0 +1,127 @@
+"""The writer's requests: what is queued, what a transaction looks like to its hooks, and the
+handle of a write whose commit its author did not wait for.
+
+``writer.py`` queues a ``Req`` per write and answers it once its transaction ended
+(``commit.py`` runs that transaction on the writer thread); ``Journal.post`` hands out a
+``Posted`` for it.  Nothing here touches the database or the writer's state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+import trio
+
+from .errors import JournalWriteError, ResultStoreFailed
+
+if TYPE_CHECKING:
+    from .txn import Txn
+
+__all__ = ["Around", "Batch", "Fail", "Hook", "Posted", "Req", "cannot_abort", "write_error"]
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """One writer transaction as ``Journal.before_commit`` and ``Journal.around_transaction``
+    see it."""
+
+    writes: int
+    """Queued writes (appends, posts, result chunks, lease and idempotency operations) in it."""
+    barrier: bool
+    """Whether any of them asked for a durability barrier."""
+    synchronous: str
+    """The durability it commits under: ``FULL`` for a barrier (SQLite's ``PRAGMA
+    synchronous=FULL``, PostgreSQL's ``synchronous_commit=on``), else ``NORMAL`` (``off``)."""
+
+
+Hook = Callable[[Batch], None]
+Around = Callable[[Batch], AbstractContextManager[object]]
+
+
+@dataclass(eq=False)
+class Fail:
+    """An op's answer when it wrote something (LEASE_LOST) but must still raise to the caller."""
+
+    error: BaseException
+
+
+class Req(Generic[T]):
+    """One queued write: ``op`` runs in the writer's transaction, or, for a plain append
+    (``op`` None), ``Txn.insert(*args)`` does without a closure -- or, with ``many``, one
+    ``Txn.insert`` per tuple in ``args`` (several rows computed by their submitter, one
+    request: issue 15, "one journal submission per barrier carrying its rows precomputed")."""
+
+    __slots__ = (
+        "args",
+        "barrier",
+        "error",
+        "finished",
+        "many",
+        "meanwhile",
+        "op",
+        "parked",
+        "result",
+        "result_store",
+        "task",
+    )
+
+    def __init__(
+        self,
+        op: Callable[[Txn], T | Fail] | None,
+        args: tuple[Any, ...] | None,
+        barrier: bool,
+        result_store: bool,
+        task: trio.lowlevel.Task | None,
+        many: bool = False,
+    ) -> None:
+        self.op = op
+        self.args = args
+        self.many = many
+        self.barrier = barrier
+        self.result_store = result_store
+        self.task = task
+        self.parked = False
+        self.finished = False
+        self.result: T | None = None
+        self.error: BaseException | None = None
+        self.meanwhile: Callable[[], None] | None = None
+
+
+class Posted(Generic[T]):
+    """A write queued by ``Journal.post`` whose commit its author did not wait for."""
+
+    __slots__ = ("_req",)
+
+    def __init__(self, req: Req[T]) -> None:
+        self._req = req
+
+    @property
+    def finished(self) -> bool:
+        return self._req.finished
+
+    async def wait(self) -> T:
+        """The write's answer once its transaction ended (raising its error, if it failed).
+        Not cancellable, like every journal write; one task at a time may wait."""
+        req = self._req
+        if not req.finished:
+            assert not req.parked, "another task already waits for this write"
+            req.task = trio.lowlevel.current_task()
+            req.parked = True
+            await trio.lowlevel.wait_task_rescheduled(cannot_abort)
+        if req.error is not None:
+            raise req.error
+        return req.result  # type: ignore[return-value]
+
+
+def cannot_abort(_: Any) -> trio.lowlevel.Abort:
+    return trio.lowlevel.Abort.FAILED
+
+
+def write_error(r: Req[Any], why: str) -> JournalWriteError:
+    """The error a write failed by a stopped writer gets (``commit._fail``'s classes)."""
+    return ResultStoreFailed(why) if r.result_store else JournalWriteError(why)
