@@ -58,11 +58,6 @@ RECOVERY_WORKERS = 32
 
 log = logging.getLogger("affidavit.engine")
 
-_UNDELIVERED = frozenset(
-    {"stored_committed", "stored_rejected", "delivery_failed_committed", "delivery_failed_rejected"}
-)
-"""States of a stored result no caller has received yet: a successful fetch delivers it."""
-
 Deliver = delivery.Deliver
 """Sends an envelope to the caller; raising means the transfer failed (RESULT_DELIVERY_FAILED).
 ``STORE_ONLY``: nobody waits; the result is stored for a later fetch."""
