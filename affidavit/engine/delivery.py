@@ -27,7 +27,6 @@ from affidavit.statemachine import (
     EvidenceSource,
     ImpossibleEvent,
     Record,
-    project,
     render_envelope,
 )
 from affidavit.statemachine.lifecycle import TRANSITIONS
@@ -315,7 +314,7 @@ async def _store_failed(engine: Engine, complete: Event) -> tuple[dict[str, Any]
     if pending:
         # Only the failure is shown: a complete response that is not on record is not proven.
         events = [*engine.journal.events(iid), pending[-1]]
-        return render_envelope(project(events, recorder.hint_now())), False
+        return render_envelope(recorder.projected(events, recorder.hint_now())), False
     return recorder.envelope(await recorder.record(iid)), False
 
 
@@ -378,7 +377,7 @@ async def deliver_stored(engine: Engine, record: Record, deliver: Deliver | None
     # the caller is told what the journal will say, and the journal says it only afterwards.
     stored = engine.journal.read_result(iid)
     envelope = render_envelope(
-        project([*engine.journal.events(iid), delivered], engine.recorder.hint_now()),
+        recorder.projected([*engine.journal.events(iid), delivered], recorder.hint_now()),
         result_payload(stored) if stored is not None else None,
     )
     try:

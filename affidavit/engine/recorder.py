@@ -21,6 +21,7 @@ from affidavit.statemachine import (
     Record,
     in_progress_error,
     lease_lost_error,
+    project,
     render_envelope,
 )
 
@@ -168,6 +169,14 @@ class Recorder:
         )
         assert record is not None, iid
         return record
+
+    def projected(self, events: Sequence[Event], now: float) -> Record:
+        """The record ``events`` fold to, its hint computed at ``now`` and its key-bound hints
+        judged as every read judges them (``JournalReader.current``: by the lease a same-key
+        retry takes under today's settings) -- for a record rendered from events in hand (as it
+        will stand once delivered, or as a journal that refused a write leaves it), never read
+        back through ``record``."""
+        return self.journal.current(project(events, now), now)
 
     def hint_now(self) -> float:
         """Now, for a retry hint: by the clock an idempotency key's retention is recorded in

@@ -168,7 +168,7 @@ async def journal_refused(recorder: Recorder, iid: str | None, error: JournalWri
     # database's on a shared journal), as every other answer's.  By this broker's own clock
     # one running ahead answered ``reconcile`` for a key still well within retention.
     now = await recorder.read(recorder.hint_now)
-    record = project(durable, now)
+    record = recorder.projected(durable, now)
     closing = None if record.final else closing_event(record, "journal")
     if closing is None:
         return record
@@ -184,12 +184,12 @@ async def journal_refused(recorder: Recorder, iid: str | None, error: JournalWri
             # misses it: the call is not recorded, and its record tells once the journal is
             # back.
             raise CallNotRecorded(iid) from error
-        return project([*durable, closing], now)
+        return recorder.projected([*durable, closing], now)
     except ImpossibleEvent:
         # Someone else closed the attempt first, or took the invocation over: the record, as
         # it stands, is the answer (folding the refused event in would be refused again).
         recorder.forget()
-        return project(await recorder.read(lambda: events(iid)), now)
+        return recorder.projected(await recorder.read(lambda: events(iid)), now)
     return await recorder.record(iid)
 
 

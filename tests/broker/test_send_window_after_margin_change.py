@@ -17,15 +17,20 @@ it) or 35 (135 s: still inside it).
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
 
 from affidavit.api.broker import Broker
 from affidavit.config import load_config
+from affidavit.engine.delivery import STORE_ONLY
 from affidavit.engine.settings import EngineSettings
+from affidavit.journal import JournalWriteError
 from affidavit.mcp.backends import Embedded
+from affidavit.statemachine import Event
 from affidavit.statemachine import EventKind as E
 from tests.http.hostile import HostileServer, Peer, Reply
 
@@ -119,3 +124,92 @@ async def test_a_raised_lease_margin_is_in_every_hint_of_a_record_accepted_befor
     err = again["error"]
     assert (err["outcome"], err["retry"]) == ("unknown", "reconcile"), again
     assert E.RETRY_LEASE_ACQUIRED not in kinds, kinds
+
+
+async def test_a_stored_result_fetched_by_a_deliverer_is_judged_by_todays_lease(
+    tmp_path: Path, token: str
+) -> None:
+    """A stored result no caller has received, fetched with a deliverer (the daemon's answer):
+    its envelope is rendered as the record will stand once delivered (``delivery._deliver``),
+    a projection of its own -- judged by today's lease as every read is.  Throttled (429 with
+    Retry-After, a POST: only the key makes a backoff safe), accepted under lease_margin 30,
+    fetched under 50: the key would not outlast a retry's lease, so ``reconcile``, as the
+    record and every view say -- never the ``backoff`` the recorded window alone gives."""
+
+    async def script(peer: Peer) -> None:
+        while await peer.read_request() is not None:
+            await peer.respond(Reply(429, headers=[("retry-after", "1")]))
+
+    async with HostileServer.running(script) as srv:
+        target = http_target(
+            srv.url,
+            timeout={"connect": 2, "total": 100},
+            idempotency={**IDEM, "retention": "200s"},
+        )
+        cfg = write_config(tmp_path, {"api": target})
+        with trio.fail_after(LIMIT):
+            async with _open(cfg) as broker:
+                first = await broker.call(CHARGE, deliver=STORE_ONLY)
+                iid = first["invocation_id"]
+            assert first["error"]["code"] == "REMOTE_THROTTLED", first
+            assert first["error"]["retry"] == "backoff", first
+
+            _with_margin(cfg, 50)
+            async with _open(cfg) as broker:
+                handed: list[dict[str, object]] = []
+
+                async def deliver(envelope: dict[str, object]) -> None:
+                    handed.append(envelope)
+
+                fetched = await broker.fetch_result(iid, deliver=deliver)
+                record = broker.record(iid)
+    assert record is not None and record.state.startswith("delivered"), record
+    assert record.retry == "reconcile"
+    assert fetched is not None and fetched["error"]["retry"] == "reconcile", fetched
+    assert [e["error"]["retry"] for e in handed] == ["reconcile"]  # type: ignore[index]
+
+
+async def test_a_call_the_journal_stopped_is_judged_by_todays_lease(
+    tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A retry's answer built from the durable events because the journal refused its closing
+    event (``recovery.journal_refused``) is judged by today's lease too.  Accepted under
+    lease_margin 30 (window 130), retried under 35 (135: inside the key, the lease is taken);
+    the retry is dropped and its ATTEMPT_INTERRUPTED refused while 7 s have passed: by the
+    recorded window the key still outlasts a retry (7 + 130 < 140), by today's it does not
+    (7 + 135 > 140) -- ``reconcile``, as the record read back says."""
+
+    async def script(peer: Peer) -> None:  # every request closed unanswered: unknown
+        if await peer.read_request() is not None:
+            await peer.close()
+
+    async with HostileServer.running(script) as srv:
+        target = http_target(
+            srv.url,
+            timeout={"connect": 2, "total": 100},
+            idempotency={**IDEM, "retention": "200s"},
+        )
+        cfg = write_config(tmp_path, {"api": target})
+        with trio.fail_after(LIMIT):
+            async with _open(cfg) as broker:
+                first = await broker.call(CHARGE)
+            assert first["error"]["retry"] == "same_idempotency_key", first
+
+            _with_margin(cfg, 35)
+            async with _open(cfg) as broker:
+                journal = broker.journal
+                real_append = journal.append
+
+                async def append(event: Event, **kw: Any) -> None:
+                    if event.kind is E.ATTEMPT_INTERRUPTED:
+                        later = time.time() + 7
+                        monkeypatch.setattr(journal, "_clock", lambda: later)
+                        raise JournalWriteError("journal: write not committed (injected)")
+                    await real_append(event, **kw)
+
+                monkeypatch.setattr(journal, "append", append)
+                again = await broker.call(CHARGE)
+                record = broker.record(again["invocation_id"])
+    assert record is not None and record.retry == "reconcile", record
+    assert again["error"]["outcome"] == "unknown", again
+    assert again["error"]["retry"] == "reconcile", again
