@@ -85,9 +85,10 @@ class JournalReader(ViewingReader, ProvingReader):
         return self._read(read, f"the record of invocation {invocation_id}")
 
     def record(self, invocation_id: str, now: float | None = None) -> Record | None:
-        """The invocation's record, its retry hint computed at ``now`` -- by default this
-        reader's clock (the wall clock) as it is read: a hint shown to anyone is the hint at
-        the moment it is answered, never the one the record had at its last event
+        """The invocation's record, its retry hint computed at ``now`` -- by default ``now()``
+        as it is read (the database's clock on a shared journal, else this reader's), its
+        key-bound hints judged by today's lease (``current``): a hint shown to anyone is the
+        hint at the moment it is answered, never the one the record had at its last event
         (docs/contract.md, "When the hint is computed")."""
         events = self.events(invocation_id)
         if not events:

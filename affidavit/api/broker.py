@@ -299,7 +299,7 @@ class Broker:
         resend that was safe then may not be any more (docs/contract.md, "When the hint is
         computed"); on a shared journal the database's clock, in whose time a key's retention
         is recorded (docs/journal.md, "Clocks")."""
-        return self.journal.record(invocation_id, now=self.journal.now())
+        return self.journal.record(invocation_id)
 
     def events(self, invocation_id: str) -> list[Event]:
         return self.journal.events(invocation_id)

@@ -180,9 +180,7 @@ class Engine:
             raise ValueError("from_chunk must be >= 0")
         # Waits out a shared journal away within its reconnect window, as a write would.
         # The hint is the one at this read (docs/contract.md, "When the hint is computed").
-        record = await self.recorder.read(
-            lambda: self.journal.record(invocation_id, now=self.recorder.hint_now())
-        )
+        record = await self.recorder.read(lambda: self.journal.record(invocation_id))
         if record is None:
             return None
         try:
@@ -200,9 +198,7 @@ class Engine:
                     # memory (the database's clock might have refused it: lease still live).
                     self.recorder.forget()
                     record = (
-                        await self.recorder.read(
-                            lambda: self.journal.record(invocation_id, now=self.recorder.hint_now())
-                        )
+                        await self.recorder.read(lambda: self.journal.record(invocation_id))
                         or record
                     )
             if from_chunk is not None:

@@ -164,9 +164,7 @@ class Recorder:
         (docs/journal.md, "Clocks"), this broker's own on SQLite."""
         await self.settle()
         journal = self.journal
-        record = await self.read(
-            lambda: journal.record(iid, now=self.hint_now() if now is None else now)
-        )
+        record = await self.read(lambda: journal.record(iid, now=now))
         assert record is not None, iid
         return record
 
