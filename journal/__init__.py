@@ -45,11 +45,12 @@ The modules, by role (``store.py``'s docstring says how they fit together):
 
     backend.py      the backend interface, and choosing one for a path or a URL
     tables.py       every statement the journal runs, as named methods
-    sqlite.py       the SQLite backend: schema, WAL, BEGIN IMMEDIATE, the writer lock (and
-                    ``segments.py``'s reference table)
+    sqlite.py       the SQLite backend: its statements, BEGIN IMMEDIATE, the writer lock
+    sqlite_schema.py  its schema (and ``segments.py``'s reference table), opening older files
+    sqlite_wal.py     its writer's connection (WAL) and the thread checkpointing the WAL
     postgres.py     the PostgreSQL backend: schema, advisory lock on the chain head, reconnects
 
-Only the last four speak SQL or know a database; everything above ``tables.py`` is the same code
+Only the last six speak SQL or know a database; everything above ``tables.py`` is the same code
 on every backend, and one conformance suite (tests/journal/conformance/) runs on each.
 """
 

@@ -6,6 +6,7 @@ signed checkpoints, ``verify`` -- is written once, against ``Tables`` (``tables.
 ``Backend``.  A backend is one module:
 
     sqlite.py     the embedded default: one file, WAL, ``BEGIN IMMEDIATE`` serialises writers
+                  (its schema in ``sqlite_schema.py``, its WAL upkeep in ``sqlite_wal.py``)
     postgres.py   shared: several brokers on one database, the chain head serialised by a
                   transaction-scoped advisory lock (``[journal] url = "postgresql://..."``)
 

@@ -9,10 +9,10 @@ where the canonical bytes cover every column except ``hash`` and ``prev_hash`` (
 prefix).  Sealed blobs enter as their SHA-256, so the chain covers them without the key and
 checking the chain needs no key at all.
 
-Each backend's schema (``sqlite.py``, ``postgres.py``) makes a fork or a gap impossible -- ``seq``
-is the primary key and a trigger refuses a row that does not extend the chain by exactly one --
-and refuses updates and deletes of rows and checkpoints.  ``EVENT_COLUMNS`` is the column order
-every backend stores and ``verify`` reads; nothing here knows a database.
+Each backend's schema (``sqlite_schema.py``, ``postgres.py``) makes a fork or a gap impossible
+-- ``seq`` is the primary key and a trigger refuses a row that does not extend the chain by
+exactly one -- and refuses updates and deletes of rows and checkpoints.  ``EVENT_COLUMNS`` is
+the column order every backend stores and ``verify`` reads; nothing here knows a database.
 """
 
 from __future__ import annotations

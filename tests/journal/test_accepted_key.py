@@ -12,8 +12,7 @@ from typing import Any
 
 import pytest
 
-from affidavit.journal import Journal, JournalError, JournalReader
-from affidavit.journal import sqlite as journal_sqlite
+from affidavit.journal import Journal, JournalError, JournalReader, sqlite_schema
 from affidavit.journal.rows import AlteredRow
 from affidavit.journal.sqlite import SCHEMA_VERSION, SqliteTables
 from affidavit.statemachine import Event
@@ -124,7 +123,7 @@ async def test_an_older_broker_neither_writes_nor_reads_a_schema_5_journal(
     """A schema-4 broker would bind a deleted key anew: it refuses the file instead."""
     db = tmp_path / "j.db"
     await _fill(db)
-    monkeypatch.setattr(journal_sqlite, "SCHEMA_VERSION", 4)
+    monkeypatch.setattr(sqlite_schema, "SCHEMA_VERSION", 4)
     newer = rf"newer affidavit \(schema {SCHEMA_VERSION}; this one knows schema 4"
     with pytest.raises(JournalError, match=newer):
         JournalReader.open(db)

@@ -12,8 +12,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from affidavit.journal import Journal, JournalReader
-from affidavit.journal import sqlite as sqlite_backend
+from affidavit.journal import Journal, JournalReader, sqlite_wal
 
 from .helpers import happy
 
@@ -54,7 +53,7 @@ async def test_a_checkpointer_that_cannot_start_does_not_fail_a_committed_write(
         raise RuntimeError("can't start new thread")
 
     async with Journal.open(path) as j:
-        monkeypatch.setattr(sqlite_backend, "CHECKPOINT_COMMITS", 1)
+        monkeypatch.setattr(sqlite_wal, "CHECKPOINT_COMMITS", 1)
         monkeypatch.setattr(threading.Thread, "start", no_thread)
         stored = [await j.append(ev, barrier=True) for ev in happy("inv-1")]
         monkeypatch.undo()
@@ -76,7 +75,7 @@ async def test_a_size_the_checkpointer_cannot_read_does_not_fail_the_transaction
         raise sqlite3.OperationalError("disk I/O error")
 
     async with Journal.open(path) as j:
-        monkeypatch.setattr(sqlite_backend._Checkpointer, "pages", staticmethod(unreadable))
+        monkeypatch.setattr(sqlite_wal._Checkpointer, "pages", staticmethod(unreadable))
         stored = [await j.append(ev, barrier=True) for ev in happy("inv-1")]
         monkeypatch.undo()
         assert [e.seq for e in stored] == list(range(1, len(stored) + 1))
@@ -100,7 +99,7 @@ async def test_the_wal_starts_over_while_writes_keep_coming(
     writer caught up itself the WAL grew by every page written for as long as writes came
     (~80 KB a broker call, without bound).  Here 16 tasks append without a pause: the WAL
     must start over again and again and stay a small part of all that was written."""
-    monkeypatch.setattr(sqlite_backend, "CHECKPOINT_COMMITS", 16)
+    monkeypatch.setattr(sqlite_wal, "CHECKPOINT_COMMITS", 16)
     path = tmp_path / "j.db"
     rounds = 0
     async with Journal.open(path) as j:

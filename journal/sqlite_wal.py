@@ -1,0 +1,137 @@
+"""The SQLite writer's connection (WAL, ``synchronous=FULL``) and the thread that checkpoints its
+WAL beside it (``_Checkpointer``); ``sqlite.py`` is the backend that uses both."""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+import threading
+from pathlib import Path
+
+from .errors import JournalError
+
+__all__ = ["BUSY_TIMEOUT_MS", "CHECKPOINT_COMMITS", "CHECKPOINT_PAGES"]
+
+BUSY_TIMEOUT_MS = 30_000
+
+
+CHECKPOINT_PAGES = 1024
+"""The database grew by this many pages (4 MiB) since the last checkpoint: run one."""
+CHECKPOINT_COMMITS = 256
+"""Or this many commits went by (rows updated in place do not grow the file)."""
+
+
+class _Checkpointer:
+    """Copies the WAL into the database file from a thread and connection of its own (a
+    ``PASSIVE`` checkpoint, which never blocks the writer), instead of SQLite's automatic
+    checkpoint inside the writer's ``COMMIT``: that one copied ~40 MiB and fsynced the WAL
+    and the file in the middle of a 50 MiB result, stalling every chunk behind it for ~0.4 s
+    (issue 15).  The checkpoint connection keeps ``synchronous=FULL``: the WAL is synced before
+    frames are copied and the file after, before the WAL may be reused -- what the automatic
+    checkpoint did.  A failed checkpoint is retried at the next trigger; the WAL only grows.
+
+    SQLite writes the WAL from its start again only when a write transaction begins with every
+    frame already copied.  A busy writer always committed something while the thread copied,
+    so that never happened: the WAL grew by every page the broker wrote (~80 KB a call) for
+    as long as calls kept coming.  So once the thread has copied all it found, the writer's
+    thread copies the few frames committed meanwhile itself, between two transactions
+    (``catch_up``): its next transaction then starts the WAL over, and the file stays the
+    size of one cycle's frames."""
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self._wake = threading.Event()
+        self._stop = False
+        self._thread: threading.Thread | None = None
+        self._pages: int | None = None
+        self._commits = 0
+        self._copied_all = False
+        """The thread's last checkpoint found no frame it could not copy (no reader held one
+        back): a catch-up by the writer can then copy every frame."""
+
+    @staticmethod
+    def pages(conn: sqlite3.Connection) -> int:
+        """The database's size in pages, read by the writer inside its transaction, before
+        ``COMMIT``: what it will be once committed.  Read after ``COMMIT`` instead, the pragma
+        began a read transaction of its own -- four more ``fcntl`` locks on the -shm file and
+        ~5 us per commit (issue 15, ``tests/benchmarks/call_timeline.py``)."""
+        return int(conn.execute("PRAGMA page_count").fetchone()[0])
+
+    def committed(self, pages: int | None) -> None:
+        """After each writer commit, with its ``pages`` (None: unread, counted as unchanged):
+        wake the thread when enough was written since."""
+        self._commits += 1
+        if pages is None:
+            pages = self._pages or 0
+        if self._pages is None:
+            self._pages = pages
+        if pages - self._pages < CHECKPOINT_PAGES and self._commits < CHECKPOINT_COMMITS:
+            return
+        self._pages, self._commits = pages, 0
+        if self._thread is None:
+            self._thread = threading.Thread(
+                target=self._main, name="affidavit-journal-checkpoint", daemon=True
+            )
+            self._thread.start()
+        self._wake.set()
+
+    def _main(self) -> None:
+        conn: sqlite3.Connection | None = None
+        try:
+            while True:
+                self._wake.wait()
+                self._wake.clear()
+                if self._stop:
+                    return
+                with contextlib.suppress(sqlite3.Error):
+                    if conn is None:
+                        conn = sqlite3.connect(str(self._path), isolation_level=None)
+                        conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+                    busy, frames, copied = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+                    self._copied_all = not busy and frames == copied
+        finally:
+            if conn is not None:
+                conn.close()
+
+    def catch_up(self, conn: sqlite3.Connection) -> None:
+        """On the writer's thread, between its transactions, after the thread copied all it
+        found: copy what was committed since, so the next transaction restarts the WAL.  A
+        few frames, not the cycle's; an error leaves it for the next cycle."""
+        if not self._copied_all:
+            return
+        self._copied_all = False
+        with contextlib.suppress(sqlite3.Error):
+            conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+
+    def close(self) -> None:
+        """Stop the thread (after the checkpoint it is running, if any)."""
+        self._stop = True
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+
+def _connect_writer(path: Path) -> sqlite3.Connection:
+    """The single writer's connection: WAL, ``synchronous=FULL``.  Raises ``sqlite3.Error`` or
+    ``JournalError``; the caller closes what it opened."""
+    conn = sqlite3.connect(
+        str(path),
+        isolation_level=None,
+        check_same_thread=False,
+        timeout=BUSY_TIMEOUT_MS / 1000,
+    )
+    try:
+        conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+        mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+        if str(mode).lower() != "wal":
+            raise JournalError(f"{path}: cannot switch the journal to WAL mode")
+        conn.execute("PRAGMA synchronous=FULL")
+        # No checkpoint inside the writer's COMMIT: ``_Checkpointer`` runs them beside it.  Cap
+        # the WAL file left behind after one.
+        conn.execute("PRAGMA wal_autocheckpoint=0")
+        conn.execute("PRAGMA journal_size_limit=67108864")
+    except BaseException:
+        conn.close()
+        raise
+    return conn
