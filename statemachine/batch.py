@@ -20,11 +20,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Final, NoReturn
+from typing import TYPE_CHECKING, Any, Final
 
 from .contract import CODES, Code, EvidenceSource, Outcome, Phase, Retry
 from .events import Event
-from .record import ImpossibleEvent
+from .rules_common import _refuse
 
 if TYPE_CHECKING:
     from .projection import Projector
@@ -49,10 +49,6 @@ def _mixed_atomic(batch: Mapping[str, Any], items: Sequence[Mapping[str, Any]]) 
     applied = all(i["outcome"] == "committed" and i["code"] is None for i in items)
     refused = all(i["outcome"] == "rejected" for i in items)
     return not (applied or refused)
-
-
-def _refuse(p: Projector, event: Event, reason: str) -> NoReturn:
-    raise ImpossibleEvent(event, p._state, reason)
 
 
 def _is_id(value: object) -> bool:

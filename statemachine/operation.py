@@ -31,12 +31,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Final, NoReturn
+from typing import TYPE_CHECKING, Any, Final
 
 from .contract import EvidenceSource
 from .events import Event, EventKind
 from .graph import can_reach, reachable
-from .record import ImpossibleEvent
+from .rules_common import _refuse
 
 if TYPE_CHECKING:
     from .projection import Projector
@@ -162,10 +162,6 @@ def invocation_of(op_id: str) -> str | None:
 
 
 # --- the fold: what each event does to the submitting invocation's record ----------------------
-
-
-def _refuse(p: Projector, event: Event, reason: str) -> NoReturn:
-    raise ImpossibleEvent(event, p._state, reason)
 
 
 def _destination(p: Projector, event: Event, state: str) -> str:
