@@ -52,7 +52,8 @@ transaction (~0.5 ms each on PostgreSQL) their check would hold the head past th
 
 @dataclass(frozen=True, slots=True)
 class Reclaimed:
-    """One final record's uncommitted chunks, dropped (or, in a dry run, droppable)."""
+    """What one final record's uncommitted chunks, dropped (or, in a dry run, droppable),
+    measured (``reclaim_op(measure=True)``)."""
 
     invocation_id: str
     chunks: int
@@ -67,20 +68,28 @@ class Reclaimed:
 class Reclamation:
     """What one reclaim did (``Journal.reclaim``)."""
 
-    dropped: list[Reclaimed]
+    dropped: list[str]
     """The final records whose chunks were dropped (a dry run: would be), by invocation id."""
     kept: list[str]
     """The records with uncommitted chunks that are still open (an attempt under way, here or
     on another broker, or one a stopped broker left for a daemon's start-up recovery): kept."""
+    measured: list[Reclaimed]
+    """What each of ``dropped`` had stored, in its order -- only when asked (``measure``: the
+    command line shows it; a daemon's start-up does not, and spends no reads on it under the
+    chain head); else empty."""
 
 
-def reclaim_op(candidates: Sequence[str], *, dry_run: bool = False) -> Callable[[Txn], Reclamation]:
+def reclaim_op(
+    candidates: Sequence[str], *, dry_run: bool = False, measure: bool = False
+) -> Callable[[Txn], Reclamation]:
     """The writer op: of ``candidates`` (``Tables.unmarked_chunk_owners``, read outside the
     writer's transaction), drop the chunk rows of each still without a marker whose record is
     final; answer those, with what was dropped.  A candidate with a marker is only taken out
     of ``chunk_owners``.  Every record is checked before the first row is deleted, so a refusal
     (an altered row) leaves the transaction with nothing written.  ``dry_run``: the same
-    checks, nothing written."""
+    checks, nothing written.  ``measure``: also what each dropped record had stored
+    (``Tables.chunk_sizes``: two reads each, in the transaction that holds the chain head --
+    so only when asked)."""
 
     def op(txn: Txn) -> Reclamation:
         txn.preload(set(candidates))  # their events in a few reads, not one read each
@@ -91,12 +100,12 @@ def reclaim_op(candidates: Sequence[str], *, dry_run: bool = False) -> Callable[
         for iid in candidates:
             if iid not in marked:
                 (drop if STATES[txn.projector(iid).state].final else kept).append(iid)
-        done = [Reclaimed(iid, *tables.chunk_sizes(iid)) for iid in drop]
+        measured = [Reclaimed(iid, *tables.chunk_sizes(iid)) for iid in drop] if measure else []
         if not dry_run:
             for iid in sorted(marked):
                 tables.disown_chunks(iid)
             for iid in drop:
                 tables.drop_unmarked_chunks(iid)
-        return Reclamation(done, kept)
+        return Reclamation(drop, kept, measured)
 
     return op

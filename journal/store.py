@@ -503,12 +503,12 @@ class Journal(JournalReader):
         """Drop the stored chunks no committed result names, of every final record
         (``reclaim.py``: side storage, outside the chain -- ``verify`` is unaffected); return the
         invocations whose chunks were dropped.  Nothing is appended (``reclaim``)."""
-        return [r.invocation_id for r in (await self.reclaim()).dropped]
+        return (await self.reclaim()).dropped
 
-    async def reclaim(self, *, dry_run: bool = False) -> reclaim.Reclamation:
-        """``reclaim_chunks``, answering what each dropped invocation had stored (chunk rows,
-        auditor copies, bytes) and which records keep theirs, still open; ``dry_run``: what it
-        would drop now, nothing written (``affidavit journal reclaim``).
+    async def reclaim(self, *, dry_run: bool = False, measure: bool = False) -> reclaim.Reclamation:
+        """``reclaim_chunks``, also answering which records keep theirs, still open, and with
+        ``measure`` what each dropped invocation had stored (chunk rows, auditor copies, bytes);
+        ``dry_run``: what it would drop now, nothing written (``affidavit journal reclaim``).
 
         The candidates are read off the event loop, on a connection of their own (the shared
         reader's is not thread-safe): a read of ``chunk_owners`` (``reclaim.py``), small, but a
@@ -517,13 +517,14 @@ class Journal(JournalReader):
         that connection; between batches nothing is left half-done (each batch is one
         transaction)."""
         candidates = await trio.to_thread.run_sync(self._reclaim_candidates, abandon_on_cancel=True)
-        done = reclaim.Reclamation([], [])
+        done = reclaim.Reclamation([], [], [])
         for start in range(0, len(candidates), reclaim.BATCH):  # the head held per batch
             batch = candidates[start : start + reclaim.BATCH]
-            op = reclaim.reclaim_op(batch, dry_run=dry_run)
+            op = reclaim.reclaim_op(batch, dry_run=dry_run, measure=measure)
             part = await self._writer.submit(op, barrier=False)
             done.dropped.extend(part.dropped)
             done.kept.extend(part.kept)
+            done.measured.extend(part.measured)
         return done
 
     def _reclaim_candidates(self) -> list[str]:

@@ -100,7 +100,7 @@ def _reclaim(args: argparse.Namespace) -> int:
 
     async def main() -> Reclamation:
         async with Journal.open(location, **opening) as journal:
-            return await journal.reclaim(dry_run=args.dry_run)
+            return await journal.reclaim(dry_run=args.dry_run, measure=True)
 
     done = run_journal(main)
     _report(args, done)
@@ -110,14 +110,14 @@ def _reclaim(args: argparse.Namespace) -> int:
 def _report(args: argparse.Namespace, done: Reclamation) -> None:
     from affidavit.cli.journal import _out, print_json
 
-    chunks = sum(r.chunks for r in done.dropped)
-    audit = sum(r.audit for r in done.dropped)
-    size = sum(r.bytes for r in done.dropped)
+    chunks = sum(r.chunks for r in done.measured)
+    audit = sum(r.audit for r in done.measured)
+    size = sum(r.bytes for r in done.measured)
     if args.json:
         print_json(
             {
                 "dry_run": args.dry_run,
-                "records": [_record(r) for r in done.dropped],
+                "records": [_record(r) for r in done.measured],
                 "chunks": chunks,
                 "auditor_copies": audit,
                 "bytes": size,
@@ -125,7 +125,7 @@ def _report(args: argparse.Namespace, done: Reclamation) -> None:
             }
         )
         return
-    for r in done.dropped:
+    for r in done.measured:
         _out(f"{r.invocation_id}  {r.chunks} chunks, {r.audit} auditor copies, {r.bytes} bytes")
     verb = "would reclaim" if args.dry_run else "reclaimed"
     _out(

@@ -63,9 +63,9 @@ def test_only_unmarked_chunks_are_named_and_reclaim_reads_only_them(
             await _committed(j, "inv-c")
             await _interrupted(j, "inv-i")
             before = _owners(place)
-            dry = await j.reclaim(dry_run=True)
+            dry = await j.reclaim(dry_run=True, measure=True)
             after_dry = _owners(place)
-            return before, after_dry, [dry, await j.reclaim()]
+            return before, after_dry, [dry, await j.reclaim(measure=True)]
 
     before, after_dry, (dry, done) = trio.run(main)
     # The committed result's marker took it out in its own transaction; the interrupted one
@@ -73,7 +73,8 @@ def test_only_unmarked_chunks_are_named_and_reclaim_reads_only_them(
     assert before == ["inv-i"] and after_dry == ["inv-i"]
     assert seen == [["inv-i"], ["inv-i"]]
     assert dry == done and done.kept == [] and len(done.dropped) == 1
-    (gone,) = done.dropped
+    assert done.dropped == ["inv-i"]
+    (gone,) = done.measured
     assert (gone.invocation_id, gone.chunks, gone.audit) == ("inv-i", 2, 2)
     assert gone.bytes > 2 * len(b"part")  # sealed: the plaintext and a nonce and tag each
     assert _owners(place) == []

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import trio
 
-from affidavit.journal import SigningKey, reclaim
+from affidavit.journal import SigningKey, reclaim, tables
 from affidavit.statemachine import Event, EventKind
 
 from ..helpers import happy
@@ -120,4 +120,40 @@ def test_a_reclaim_of_many_records_holds_the_chain_head_one_batch_at_a_time(
     assert sorted(trio.run(main)) == iids
     assert sizes == [3, 3, 1]
     assert [_count(place, iid) for iid in iids] == [(0, 0)] * 7
+    _verify(place)
+
+
+def test_a_start_up_reclaim_measures_nothing_under_the_chain_head(
+    place: Place, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``reclaim_chunks`` (a daemon's start-up) throws the sizes away: it does not read them
+    (``Tables.chunk_sizes``, two reads per dropped record) in the transactions that hold the
+    chain head.  The command line's ``reclaim(measure=True)`` does, and gets them."""
+    measured: list[str] = []
+    real_sizes = tables.Tables.chunk_sizes
+
+    def spied(self: tables.Tables, iid: str) -> tuple[int, int, int]:
+        measured.append(iid)
+        return real_sizes(self, iid)
+
+    monkeypatch.setattr(tables.Tables, "chunk_sizes", spied)
+    closing = {"code": "REMOTE_OUTCOME_UNKNOWN", "generation": 0}
+
+    async def interrupted(j: Any, iid: str) -> None:
+        for ev in happy(iid)[:-1]:  # through REMOTE_RESPONSE_STARTED
+            await j.append(ev, barrier=True)
+        await j.put_result_chunk(iid, "body", 0, b"part", generation=0)
+        await j.append(Event(EventKind.ATTEMPT_INTERRUPTED, iid, closing), barrier=True)
+
+    async def main() -> tuple[list[str], reclaim.Reclamation]:
+        async with place.open() as j:
+            await interrupted(j, "inv-a")
+            started = await j.reclaim_chunks()
+            await interrupted(j, "inv-b")
+            return started, await j.reclaim(measure=True)
+
+    started, asked = trio.run(main)
+    assert started == ["inv-a"]
+    assert asked.dropped == ["inv-b"] and measured == ["inv-b"]
+    assert [(r.invocation_id, r.chunks) for r in asked.measured] == [("inv-b", 1)]
     _verify(place)
