@@ -108,6 +108,8 @@ async def test_an_unusable_ca_file_names_its_config_field_through_the_daemon(
         _setup_refused(env, tls.ca_file, srv)
         record = await cli(d, "record", env["invocation_id"], "--json")
         assert json.loads(record.stdout)["record"]["field"] == FIELD, record.stdout
+        # The record view (its events' attrs too) names the key, never the file's path.
+        assert tls.ca_file.encode() not in record.stdout, record.stdout
 
 
 async def test_a_retry_stopped_by_an_unusable_ca_file_does_not_say_nothing_was_sent(
