@@ -4,10 +4,10 @@
 an envelope and a record view are rendered from the projected record and its events' attrs, not
 from an exception -- so every event a failure path records must itself be free of location.
 Each failure path here runs with the journal (and its broker key files) in a canary-named
-directory and, for the credential, a key file in another; the fault raised carries the canary
-in its own words, as a driver's or the OS's would.  Neither the envelope nor the record view the
-daemon and the MCP server answer with (``views.record_view``) may name either directory -- the
-operator's sealed detail and log may."""
+directory (a PostgreSQL journal: a canary-named database) and, for the credential, a key file
+in another; the fault raised carries the canary in its own words, as a driver's or the OS's
+would.  Neither the envelope nor the record view the daemon and the MCP server answer with
+(``views.record_view``) may name any of them -- the operator's sealed detail and log may."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ from affidavit.journal import segments
 from affidavit.statemachine import EventKind
 from affidavit.views import record_view
 from tests.http.hostile import HostileServer, Reply, scripts
+from tests.postgres import Cluster
 
 from .helpers import FakeResolver, custom_resolver, http_target, open_broker, write_config
 from .test_journal_faults import DiskFull
@@ -157,3 +158,41 @@ async def test_a_key_file_that_fails_is_not_named(tmp_path: Path, present: bool)
                 assert kinds[-1] is EventKind.CREDENTIAL_FAILED, kinds
                 _assert_unplaced(_shown(broker, env), tmp_path)
         assert srv.requests == []
+
+
+async def test_a_gate_read_a_canary_database_declines_does_not_name_it(
+    tmp_path: Path, token: str, pg: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PostgreSQL: the dispatch gate's read of the database's clock declined in words that name
+    the database, its host and user (as libpq's do): SETUP_FAILED at ``journal_read``."""
+    pytest.importorskip("psycopg")
+    from affidavit.journal import ReadFailed
+    from affidavit.journal.reader import JournalReader
+
+    from .test_gate_read_declined import _decline_gate_clock
+    from .test_journal_away_approved_dispatch import _approved
+
+    database = "canary_db_3c8d"
+    pg.sql(f'CREATE DATABASE "{database}"')
+    url = pg.url(database)
+    where = f"connection to server at 127.0.0.1:{pg.port}, user {pg.user}, database {database}"
+    declined = _decline_gate_clock(monkeypatch)
+    declining = JournalReader.database_now
+
+    def database_now(self: JournalReader, purpose: str | None = None) -> float | None:
+        try:
+            return declining(self, purpose)
+        except ReadFailed:
+            raise ReadFailed(f"journal {url}: {where}: canceling statement") from None
+
+    monkeypatch.setattr(JournalReader, "database_now", database_now)
+    async with HostileServer.running(scripts.serve(Reply(201, body=b"{}"))) as srv:
+        with trio.fail_after(LIMIT):
+            async with _approved(tmp_path, srv.url, url) as (broker, iid):
+                env = await broker.dispatch_approved(iid)
+                assert declined == ["gate"] and env is not None, env
+                assert env["error"]["code"] == "SETUP_FAILED", env
+                shown = _shown(broker, env)
+        assert srv.requests == []
+    for canary in (database, pg.password, f"127.0.0.1:{pg.port}", "postgresql://"):
+        assert canary not in shown, (canary, shown)
