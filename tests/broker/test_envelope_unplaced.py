@@ -196,3 +196,20 @@ async def test_a_gate_read_a_canary_database_declines_does_not_name_it(
         assert srv.requests == []
     for canary in (database, pg.password, f"127.0.0.1:{pg.port}", "postgresql://"):
         assert canary not in shown, (canary, shown)
+
+
+@pytest.mark.parametrize("key", ["drop", "boom"], ids=["query-fails", "answer-matches-neither"])
+async def test_an_inconclusive_reconciliation_does_not_name_the_journal(
+    tmp_path: Path, token: str, key: str
+) -> None:
+    """RECONCILE_INCONCLUSIVE: its reason and the query's code, on the original's record."""
+    from .test_reconcile import _unknown, payments
+
+    async with payments(_home(tmp_path)) as (_srv, b):
+        iid = await _unknown(b, key)
+        answer = await b.reconcile(iid, query=True)
+        assert answer["reconciled"] is False, answer
+        kinds = [e.kind for e in b.events(iid)]
+        assert kinds[-1] is EventKind.RECONCILE_INCONCLUSIVE, kinds
+        shown = json.dumps(answer) + _shown(b, answer["envelope"]) + _shown(b, answer["query"])
+        _assert_unplaced(shown, tmp_path)
