@@ -16,7 +16,7 @@ from . import views
 from .errors import JournalUnavailable
 from .reader_base import ReaderBase
 from .rows import AlteredRow
-from .summary import SessionSummary
+from .summary import AsOf, SessionSummary
 from .tables import Tables
 
 __all__ = ["ViewingReader"]
@@ -139,12 +139,13 @@ class ViewingReader(ReaderBase):
         at = self._clock()
         return self._read(lambda t: _by_session(views.fold_each(t, None, at)), "the sessions view")
 
-    def summarized_sessions(self, summary: SessionSummary) -> list[dict[str, Any]]:
+    def summarized_sessions(self, summary: SessionSummary) -> tuple[list[dict[str, Any]], AsOf]:
         """``sessions()``, from ``summary`` brought up to this journal's head (reading only
-        the invocations with an event since it last read): the same entries."""
+        the invocations with an event since it last read): the same entries, and what they
+        are as of."""
         at = self._clock()
 
-        def run(t: Tables) -> list[dict[str, Any]]:
+        def run(t: Tables) -> tuple[list[dict[str, Any]], AsOf]:
             with self.snapshot():
                 return summary.sessions(t, at)
 
@@ -152,18 +153,18 @@ class ViewingReader(ReaderBase):
 
     def summarized_tallies(
         self, summary: SessionSummary, since: float | None = None, session: str | None = None
-    ) -> dict[Hashable, int]:
+    ) -> tuple[dict[Hashable, int], AsOf | None]:
         """How many records have each of ``summary``'s tallies, brought up to this journal's
         head as ``summarized_sessions``: ``views.metrics_of`` makes the metrics of the whole
         view from it (``views.metrics_key``: the same as ``metrics(iter_actions())``, or
         ``metrics(iter_actions(session=session, since=since))`` given either).  A session's
-        are folded now (``summary.as_of()`` None) while nothing is kept, and when the kept
+        are folded now (what they are as of: None) while nothing is kept, and when the kept
         fold meets an altered row (it may be another session's)."""
         at = self._clock()
         if session is not None and not summary.kept:  # (not the whole journal for a session)
-            return summary.tallies_of(self.iter_actions(session=session, since=since, now=at))
+            return summary.tallies_of(self.iter_actions(session=session, since=since, now=at)), None
 
-        def run(t: Tables) -> dict[Hashable, int]:
+        def run(t: Tables) -> tuple[dict[Hashable, int], AsOf]:
             with self.snapshot():
                 return summary.tallies(t, at, since, session)
 
@@ -174,22 +175,23 @@ class ViewingReader(ReaderBase):
                 raise
             # The row the kept fold met altered may be another session's: this session's
             # records folded now, as ``iter_actions`` folds them (which fails if it is theirs).
-            return summary.tallies_of(self.iter_actions(session=session, since=since, now=at))
+            return summary.tallies_of(self.iter_actions(session=session, since=since, now=at)), None
 
     def summarized_page(
         self, summary: SessionSummary, limit: int
-    ) -> tuple[dict[Hashable, int], list[Record], int]:
+    ) -> tuple[dict[Hashable, int], list[Record], int, AsOf]:
         """``summarized_tallies`` and ``newest_actions(limit)`` read in one snapshot, so the
-        counts and the page are of one journal head (the console's unfiltered actions page)."""
+        counts and the page are of one journal head (the console's unfiltered actions page),
+        and what the counts are as of."""
         if limit < 0:
             raise ValueError("limit must be >= 0")
         at = self._now(None, "the actions view")
 
-        def run(t: Tables) -> tuple[dict[Hashable, int], list[Record], int]:
+        def run(t: Tables) -> tuple[dict[Hashable, int], list[Record], int, AsOf]:
             with self.snapshot():
-                tallies = summary.tallies(t, at)
+                tallies, as_of = summary.tallies(t, at)
                 records, total = views.newest(t, limit, None, at, summary.count(t, at))
-                return tallies, [self.current(r, at) for r in records], total
+                return tallies, [self.current(r, at) for r in records], total, as_of
 
         return self._read(run, "the actions view")
 

@@ -204,15 +204,14 @@ class SessionSummary:
         self._verified: tuple[float, float, int, bool] | None = None
         """The last whole verify told of (``verified``): when it started and completed,
         through, intact."""
-        self._answered = threading.local()
-        """``as_of``: per thread, what the last answer it was given is as of."""
 
-    def sessions(self, tables: Tables, now: float) -> list[dict[str, Any]]:
-        """Brought up to the head, then its entries.  Call inside one read transaction."""
+    def sessions(self, tables: Tables, now: float) -> tuple[list[dict[str, Any]], AsOf]:
+        """Brought up to the head, then its entries and what they are as of (taken under the
+        lock with them: another thread's answer is its own).  Call inside one read
+        transaction."""
         with self._lock:
             state = self._refresh(tables, now)
-            self._mark(state)
-            return [s.entry() for s in state.sessions.values()]
+            return [s.entry() for s in state.sessions.values()], self._as_of(state)
 
     def tallies(
         self,
@@ -220,17 +219,18 @@ class SessionSummary:
         now: float,
         since: float | None = None,
         session: str | None = None,
-    ) -> dict[Hashable, int]:
+    ) -> tuple[dict[Hashable, int], AsOf]:
         """Brought up to the head, then how many records have each tally -- of those whose
         first event is at ``since`` or later, if given (``JournalReader.iter_actions``'
         ``since``: O(invocations) in memory, no row read but the changed ones'), of
         ``session``'s records only, if given (``iter_actions``' ``session``: every event of an
-        invocation carries its session; O(the session's invocations))."""
+        invocation carries its session; O(the session's invocations)) -- and what they are
+        as of, as ``sessions``."""
         with self._lock:
             state = self._refresh(tables, now)
-            self._mark(state)
+            as_of = self._as_of(state)
             if since is None and session is None:
-                return dict(state.tallies)
+                return dict(state.tallies), as_of
             if session is None:
                 invs: Iterable[_Inv] = state.invs.values()
             else:
@@ -240,7 +240,7 @@ class SessionSummary:
             for inv in invs:
                 if (since is None or inv.first_at >= since) and inv.tally is not None:
                     out[inv.tally] = out.get(inv.tally, 0) + 1
-            return out
+            return out, as_of
 
     @property
     def kept(self) -> bool:
@@ -250,8 +250,8 @@ class SessionSummary:
         return self._state.through != 0
 
     def tallies_of(self, records: Iterable[Record]) -> dict[Hashable, int]:
-        """How many of ``records`` (folded now, not kept) have each tally; ``as_of`` is then
-        None: the answer is of every row as it is."""
+        """How many of ``records`` (folded now, not kept) have each tally: no ``AsOf`` -- the
+        answer is of every row as it is."""
         tally = self._tally
         if tally is None:
             raise ValueError("this summary keeps no tallies")
@@ -260,15 +260,7 @@ class SessionSummary:
             key = tally(rec)
             if key is not None:
                 out[key] = out.get(key, 0) + 1
-        self._answered.as_of = None
         return out
-
-    def as_of(self) -> AsOf | None:
-        """What the last answer of ``sessions`` or ``tallies`` given to this thread is as of
-        (None before one): ask it in the thread that was answered, right after -- another
-        thread may bring the summary further meanwhile, and its answer is its own."""
-        as_of: AsOf | None = getattr(self._answered, "as_of", None)
-        return as_of
 
     def verified(self, at: float, through: int, ok: bool, *, started: float) -> None:
         """A whole verify that started reading at ``started`` completed at ``at``, through
@@ -285,9 +277,10 @@ class SessionSummary:
         with self._lock:
             self._state = _State()
 
-    def _mark(self, state: _State) -> None:
+    def _as_of(self, state: _State) -> AsOf:
+        """What an answer from ``state`` is as of (called holding the lock)."""
         started, at, through, ok = self._verified or (None, None, None, None)
-        self._answered.as_of = AsOf(state.through, started, at, through, ok)
+        return AsOf(state.through, started, at, through, ok)
 
     def count(self, tables: Tables, now: float) -> int | None:
         """How many invocations the journal has, brought up to the head -- None when nothing

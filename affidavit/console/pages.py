@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from affidavit.approvals import pending_page
-from affidavit.journal import AlteredRow, JournalReader, SessionSummary
+from affidavit.journal import AlteredRow, AsOf, JournalReader, SessionSummary
 from affidavit.statemachine import Code, Outcome, Phase
 from affidavit.views import (
     Newest,
@@ -174,14 +174,8 @@ def actions_page(
 
 
 def _unfiltered_page(reader: JournalReader, summary: SessionSummary) -> dict[str, Any]:
-    tallies, records, total = reader.summarized_page(summary, MAX_ROWS)
-    return {**_page(metrics_of(tallies), records, total), "as_of": _as_of(summary)}
-
-
-def _as_of(summary: SessionSummary) -> dict[str, Any] | None:
-    """What the kept answer just given (in this thread) is as of (``SessionSummary.as_of``)."""
-    as_of = summary.as_of()
-    return None if as_of is None else as_of.to_json()
+    tallies, records, total, as_of = reader.summarized_page(summary, MAX_ROWS)
+    return {**_page(metrics_of(tallies), records, total), "as_of": as_of.to_json()}
 
 
 def _page(found: Mapping[str, Any], records: list[Any], total: int) -> dict[str, Any]:
@@ -270,8 +264,12 @@ def journal_page(
 def journal_sessions(reader: JournalReader, summary: SessionSummary | None) -> dict[str, Any]:
     """The sessions, or why they cannot be read: a row the fold meets altered does not hide
     the verify above it (the journal's own words, as every surface shows them)."""
+    as_of: AsOf | None = None  # (folded now)
     try:
-        sessions = reader.sessions() if summary is None else reader.summarized_sessions(summary)
+        if summary is None:
+            sessions = reader.sessions()
+        else:
+            sessions, as_of = reader.summarized_sessions(summary)
     except AlteredRow as exc:
         return {
             "sessions": [],
@@ -279,8 +277,8 @@ def journal_sessions(reader: JournalReader, summary: SessionSummary | None) -> d
             "sessions_error": str(exc),
             "sessions_as_of": None,
         }
-    as_of = None if summary is None else _as_of(summary)
-    return {**_newest_sessions(sessions), "sessions_error": None, "sessions_as_of": as_of}
+    marker = None if as_of is None else as_of.to_json()
+    return {**_newest_sessions(sessions), "sessions_error": None, "sessions_as_of": marker}
 
 
 def _newest_sessions(sessions: list[dict[str, Any]]) -> dict[str, Any]:

@@ -62,6 +62,7 @@ from affidavit.engine import (
 )
 from affidavit.journal import (
     AlteredRow,
+    AsOf,
     JournalError,
     JournalReader,
     JournalUnavailable,
@@ -361,8 +362,8 @@ class Api:
         # Cut to the page in the reading thread too: sorting many sessions is the agents' to
         # make long, and the event loop is every client's.
         def view(j: JournalReader) -> dict[str, Any]:
-            page = newest_sessions(j.summarized_sessions(summary), limit)
-            return {**page, "as_of": _as_of(summary)}
+            sessions, as_of = j.summarized_sessions(summary)
+            return {**newest_sessions(sessions, limit), "as_of": _as_of(as_of)}
 
         page = await self._read(view, "the sessions view", summarized=True)
         await req.respond_json(page)
@@ -375,8 +376,8 @@ class Api:
             # Every record, or a session's (since a time): kept counts (``summary``): O(what
             # was appended since + the session's invocations), not a fold of the session's
             # events per request (2.6-3.2 s for a session of 21k invocations).
-            tallies = j.summarized_tallies(summary, since, session)
-            return {**metrics_of(tallies), "as_of": _as_of(summary)}
+            tallies, as_of = j.summarized_tallies(summary, since, session)
+            return {**metrics_of(tallies), "as_of": _as_of(as_of)}
 
         # (A session's while nothing is kept is its own fold: it does not take the kept
         # views' turn -- the ``kept`` hint is read here, on the event loop.)
@@ -436,10 +437,9 @@ class Api:
             return await self.read(view)
 
 
-def _as_of(summary: SessionSummary) -> dict[str, Any] | None:
-    """What a kept answer just given (in this thread) is as of (``SessionSummary.as_of``): the
-    last seq folded, and when the last whole verify completed and its verdict."""
-    as_of = summary.as_of()
+def _as_of(as_of: AsOf | None) -> dict[str, Any] | None:
+    """What a kept answer is as of (``AsOf``, given with it; None: folded now): the last seq
+    folded, and when the last whole verify completed and its verdict."""
     return None if as_of is None else as_of.to_json()
 
 

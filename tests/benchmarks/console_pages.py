@@ -114,7 +114,7 @@ def since(j: JournalReader, summary: SessionSummary, rounds: int) -> None:
     old_t, new_t, same = [], [], True
     for _ in range(rounds):
         o, old = timed(lambda: metrics(j.iter_actions(since=at)))
-        n, new = timed(lambda: metrics_of(j.summarized_tallies(summary, at)))
+        n, new = timed(lambda: metrics_of(j.summarized_tallies(summary, at)[0]))
         old_t.append(o)
         new_t.append(n)
         same = same and old == new

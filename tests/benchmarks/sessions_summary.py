@@ -42,13 +42,13 @@ def one(journal: str, how: str, rounds: int) -> None:
     def request() -> tuple[float, bytes]:
         t = time.perf_counter()
         with JournalReader.open(journal) as j:
-            got = j.sessions() if how == "full" else j.summarized_sessions(summary)
+            got = j.sessions() if how == "full" else j.summarized_sessions(summary)[0]
             body = json_body(newest_sessions(got, 100))
             if metrics_too:
                 counts = (
                     metrics(j.iter_actions())
                     if how == "full"
-                    else metrics_of(j.summarized_tallies(summary))
+                    else metrics_of(j.summarized_tallies(summary)[0])
                 )
                 body += json_body(counts)
         return time.perf_counter() - t, body

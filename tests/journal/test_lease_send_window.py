@@ -108,7 +108,7 @@ async def test_a_reader_given_todays_lease_invites_only_the_retry_it_takes(tmp_p
         assert {r.invocation_id: r.retry for r in j.iter_actions()} == judged
         newest, total = j.newest_actions(10)
         assert total == 3 and {r.invocation_id: r.retry for r in newest} == judged
-        _, page, total = j.summarized_page(SessionSummary(metrics_key), 10)
+        _, page, total, _ = j.summarized_page(SessionSummary(metrics_key), 10)
         assert total == 3 and {r.invocation_id: r.retry for r in page} == judged
         lease = await j.acquire_lease("inv-far", "broker-1", ttl=WINDOW + 40, same_key=True)
         assert lease.generation == 1

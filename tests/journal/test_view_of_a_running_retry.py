@@ -102,7 +102,7 @@ async def test_the_counts_and_the_code_filter_of_a_running_retry_agree_with_its_
         (shown,) = _views(j)[:1]
         assert shown["code"] is None
         counted = metrics(j.iter_actions())
-        kept = metrics_of(j.summarized_tallies(SessionSummary(metrics_key)))
+        kept = metrics_of(j.summarized_tallies(SessionSummary(metrics_key))[0])
         for counts in (counted, kept):
             assert counts["by_code_outcome"] == [
                 {"code": "OK", "outcome": "unknown", "count": 1}

@@ -66,13 +66,14 @@ def _both(place: Place, summary: SessionSummary) -> tuple[Any, Any]:
                 return ("JournalError", str(exc))
 
     full_metrics = one(lambda r: metrics(r.iter_actions()))
-    assert one(lambda r: metrics_of(r.summarized_tallies(summary))) == full_metrics
+    assert one(lambda r: metrics_of(r.summarized_tallies(summary)[0])) == full_metrics
     for since in SINCE:  # the metrics since a time: the kept counts of those accepted since
         full_since = one(lambda r, s=since: metrics(r.iter_actions(since=s)))
-        assert one(lambda r, s=since: metrics_of(r.summarized_tallies(summary, s))) == full_since
+        kept_since = one(lambda r, s=since: metrics_of(r.summarized_tallies(summary, s)[0]))
+        assert kept_since == full_since
     for name, since in (("alice", None), ("bob", SINCE[1]), ("nobody", None)):  # a session's
         full_of = one(lambda r, n=name, s=since: metrics(r.iter_actions(session=n, since=s)))
-        kept_of = one(lambda r, n=name, s=since: metrics_of(r.summarized_tallies(summary, s, n)))
+        kept_of = one(lambda r, n=name, s=since: metrics_of(r.summarized_tallies(summary, s, n)[0]))
         assert kept_of == full_of, (name, since)
     # The newest page with the kept count (``/v1/actions``, MCP): the same page and total.
     newest = one(lambda r: _ids(r.newest_actions(2)))
@@ -82,7 +83,7 @@ def _both(place: Place, summary: SessionSummary) -> tuple[Any, Any]:
     assert one(lambda r: _shape(pages.actions_page(r, pages.ActionFilters(), summary))) == (
         full_page
     )
-    return one(lambda r: r.sessions()), one(lambda r: r.summarized_sessions(summary))
+    return one(lambda r: r.sessions()), one(lambda r: r.summarized_sessions(summary)[0])
 
 
 def _ids(page: tuple[list[Any], int]) -> tuple[list[str], int]:
@@ -357,7 +358,7 @@ def test_a_count_in_an_older_snapshot_does_not_fold_the_journal_again(place: Pla
         with place.reader() as r:
             spy = _Counting(r.tables)
             r.tables = spy  # type: ignore[assignment]
-            tallies, records, total = r.summarized_page(summary, 2)
+            tallies, records, total, _ = r.summarized_page(summary, 2)
             assert [x.invocation_id for x in records] == ["inv-3", "inv-4"]
     finally:
         SessionSummary.tallies = real  # type: ignore[method-assign]
@@ -371,43 +372,84 @@ def test_a_count_in_an_older_snapshot_does_not_fold_the_journal_again(place: Pla
     assert kept == full
 
 
-def test_each_answer_says_what_it_is_as_of_in_the_thread_it_was_given(place: Place) -> None:
-    """``as_of``: the seq the answer folded through and the last whole verify told of -- the
-    answer this thread was given, not one another thread was given since (which may be of a
+def test_each_answer_says_what_it_is_as_of(place: Place) -> None:
+    """The marker comes with the answer it describes: the seq that answer folded through and
+    the last whole verify told of -- not one another answer was given since (which may be of a
     newer head)."""
     _fill(place, [happy("inv-1", "alice")])
     summary = SessionSummary(metrics_key)
-    assert summary.as_of() is None  # nothing answered yet
     with place.reader() as r:
-        r.summarized_sessions(summary)
+        _, mine = r.summarized_sessions(summary)
         head = r.head()[0]
-    mine = summary.as_of()
     assert mine == AsOf(head, None, None, None, None)
     _fill(place, [interrupted("inv-2", "bob")])
-
-    def other() -> None:
-        with place.reader() as r:
-            r.summarized_tallies(summary)
-            theirs.append((r.head()[0], summary.as_of()))
-
-    theirs: list[Any] = []
-    t = threading.Thread(target=other)
-    t.start()
-    t.join(10.0)
-    [(newer, as_of)] = theirs
-    assert newer > head and as_of == AsOf(newer, None, None, None, None)
-    assert summary.as_of() == mine  # this thread's answer is still as of the older head
+    with place.reader() as r:
+        _, theirs = r.summarized_tallies(summary)
+        newer = r.head()[0]
+    assert newer > head and theirs == AsOf(newer, None, None, None, None)
+    assert mine == AsOf(head, None, None, None, None)  # the first answer's, as it was
     summary.verified(1_700_000_100.0, newer, True, started=1_700_000_040.0)
     with place.reader() as r:
-        r.summarized_tallies(summary, 0.0)
-    assert summary.as_of() == AsOf(newer, 1_700_000_040.0, 1_700_000_100.0, newer, True)
+        _, as_of = r.summarized_tallies(summary, 0.0)
+    assert as_of == AsOf(newer, 1_700_000_040.0, 1_700_000_100.0, newer, True)
     # broken: folded again at the next answer
     summary.verified(1_700_000_200.0, 3, False, started=1_700_000_150.0)
     with place.reader() as r:
         spy = _Counting(r.tables)
-        summary.sessions(spy, 1e9)  # type: ignore[arg-type]
+        _, as_of = summary.sessions(spy, 1e9)  # type: ignore[arg-type]
     assert "grouped_events" in spy.read, spy.read
-    assert summary.as_of() == AsOf(newer, 1_700_000_150.0, 1_700_000_200.0, 3, False)
+    assert as_of == AsOf(newer, 1_700_000_150.0, 1_700_000_200.0, 3, False)
+
+
+def test_answers_interleaved_in_threads_each_carry_their_own_marker(place: Place) -> None:
+    """Two threads take turns on one summary, each after an append of its own: each answer's
+    marker is the head of the snapshot it was read in, and its counts are that head's -- also
+    when the answer is handed to another thread (a view's worker thread answers the event
+    loop).  (With the marker kept per thread -- ``as_of()`` read after the call -- the
+    interleaving was right too, but an answer handed to another thread had that thread's
+    marker: None, or an older answer's.)"""
+    _fill(place, [happy("inv-0", "alice")])
+    summary = SessionSummary(metrics_key)
+    turn = [threading.Event(), threading.Event()]
+    got: list[list[tuple[int, int, AsOf | None]]] = [[], []]
+
+    def worker(me: int) -> None:
+        for i in range(3):
+            assert turn[me].wait(10.0)  # bounded: the other thread hands the turn over
+            turn[me].clear()
+            _fill(place, [interrupted(f"inv-{me}-{i}", SESSIONS[me])])
+            with place.reader() as r:
+                tallies, as_of = r.summarized_tallies(summary)
+                got[me].append((r.head()[0], sum(tallies.values()), as_of))
+            turn[1 - me].set()
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in (0, 1)]
+    for t in threads:
+        t.start()
+    turn[0].set()
+    for t in threads:
+        t.join(30.0)
+    assert not any(t.is_alive() for t in threads)
+    answers = sorted(got[0] + got[1], key=lambda g: g[0])
+    assert len(answers) == 6 and len({g[0] for g in answers}) == 6  # six heads, each newer
+    for n, (head, counted, as_of) in enumerate(answers):
+        assert as_of == AsOf(head, None, None, None, None), (n, head, as_of)
+        assert counted == n + 2  # inv-0 and the n + 1 appended so far
+    # An answer handed over: read in a thread of its own, its marker still its own.
+    box: list[Any] = []
+    helper = threading.Thread(
+        target=lambda: box.append(_read(place, lambda r: r.summarized_sessions(summary)))
+    )
+    helper.start()
+    helper.join(10.0)
+    [(sessions, as_of)] = box
+    assert as_of == AsOf(answers[-1][0], None, None, None, None)
+    assert sum(s["actions"] for s in sessions) == 7
+
+
+def _read(place: Place, view: Any) -> Any:
+    with place.reader() as r:
+        return view(r)
 
 
 def test_a_sessions_metrics_are_its_kept_counts_once_a_fold_is_kept(place: Place) -> None:
@@ -420,20 +462,22 @@ def test_a_sessions_metrics_are_its_kept_counts_once_a_fold_is_kept(place: Place
     with place.reader() as r:
         spy = _Counting(r.tables)
         r.tables = spy  # type: ignore[assignment]
-        cold = metrics_of(r.summarized_tallies(summary, None, "bob"))
+        tallies, as_of = r.summarized_tallies(summary, None, "bob")
+        cold = metrics_of(tallies)
         assert spy.read == {"grouped_events": 4 * 7}, spy.read  # bob's 4 invocations only
-        assert summary.as_of() is None and not summary.kept
+        assert as_of is None and not summary.kept  # (folded now)
         r.summarized_sessions(summary)  # kept now (another view folded the journal)
         spy.read.clear()
-        kept = metrics_of(r.summarized_tallies(summary, None, "bob"))
+        tallies, as_of = r.summarized_tallies(summary, None, "bob")
+        kept = metrics_of(tallies)
         assert spy.read == {}, spy.read  # nothing read again
-        assert summary.as_of() is not None
+        assert as_of == AsOf(r.head()[0], None, None, None, None)
         assert kept == cold == metrics(r.iter_actions(session="bob"))
     _fill(place, [interrupted("inv-new", "bob")])
     with place.reader() as r:
         spy = _Counting(r.tables)
         r.tables = spy  # type: ignore[assignment]
-        kept = metrics_of(r.summarized_tallies(summary, None, "bob"))
+        kept = metrics_of(r.summarized_tallies(summary, None, "bob")[0])
         assert spy.read == {"fold_rows_of": 5}, spy.read  # the appended invocation alone
         assert kept["invocations"] == 5
     full, kept_all = _both(place, summary)
