@@ -165,7 +165,6 @@ async def test_a_gate_read_a_canary_database_declines_does_not_name_it(
 ) -> None:
     """PostgreSQL: the dispatch gate's read of the database's clock declined in words that name
     the database, its host and user (as libpq's do): SETUP_FAILED at ``journal_read``."""
-    pytest.importorskip("psycopg")
     from affidavit.journal import ReadFailed
     from affidavit.journal.reader import JournalReader
 

@@ -27,7 +27,6 @@ from .kit import WAIT, api_target, write_daemon_config
 async def test_a_refused_connection_is_answered_without_the_server_or_database(
     tmp_path: Path, pg: Cluster, pg_url: str, token: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    pytest.importorskip("psycopg")
     monkeypatch.setenv(TOKEN_ENV, token)
     url = urlsplit(pg_url)
     database = url.path.lstrip("/")

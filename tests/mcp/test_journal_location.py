@@ -70,7 +70,6 @@ async def test_an_embedded_answer_does_not_name_the_journal_database(
     """A PostgreSQL journal's event row altered in place (by its superuser) after another
     broker on the same journal wrote it (``affidavit call``): ``get_record`` answers
     JOURNAL_UNREADABLE in the journal's own words, which name the database."""
-    pytest.importorskip("psycopg")
     url = urlsplit(pg_url)
     database = url.path.lstrip("/")
     assert url.password, pg_url  # the canary
