@@ -7,9 +7,11 @@ daemon hold; the database behind it is a backend (``backend.py``: SQLite or Post
 Where the parts live: ``backend.py`` chooses the backend (``sqlite.py``, ``postgres.py``),
 ``connect.py`` binds the keys, ``writer.py`` is the writer task with group commit (its
 requests in ``requests.py``, each batch's transaction in ``commit.py``), ``txn.py`` one
-transaction's rows (projection check and hash chain), ``leases.py`` and ``results.py`` the writes
-of their tables, ``tables.py`` every statement, ``reader.py`` every read (``Journal`` is a
-``JournalReader`` too), ``views.py`` the action and session folds.
+transaction's rows (projection check and hash chain), ``leases.py`` and ``results_write.py``
+the writes of their tables (``results_read.py`` reads results back), ``tables.py`` every
+statement, ``reader.py`` every read (``Journal`` is a ``JournalReader`` too; its parts in
+``reader_base.py``, ``reader_proofs.py``, ``reader_views.py``), ``views.py`` the action and
+session folds, ``reclaim.py`` the chunks of results never committed.
 """
 
 from __future__ import annotations
