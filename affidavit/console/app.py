@@ -12,8 +12,8 @@
     GET  /invocations/{id}              timeline, attempts, result, lifecycle; POST .../reconcile
     GET  /invocations/{id}/result.json  the stored envelope, as a download
     GET  /journal                       verify status, the last signed checkpoint, sessions
-                                        (POST /journal/verify: a whole verify -- or the
-                                        one that runs, joined -- then 303 to it)
+                                        (POST /journal/verify: a whole verify, then 303
+                                        to it -- while one runs, 303 at once: joined)
     GET  /static/{console.css,console.js}
 
 Every request must name the console in ``Host`` (its bound address, or

@@ -353,11 +353,11 @@ async def test_presses_while_a_whole_verify_runs_join_it_and_hold_no_view_thread
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The operator presses 'Verify the whole journal now' as many times as the daemon has view
-    threads while one runs: the later presses join the running verify on the event loop (one
-    verify in all, each press answered 303 with its result), and the journal and actions pages
-    are answered meanwhile -- a press that waited its turn in a view thread took one each, and
-    with every view thread held the views stalled until the verify ended.  The console reads
-    in worker threads through the daemon's limiter (``VIEW_THREADS``)."""
+    threads while one runs: the later presses join the running verify (one verify in all, each
+    press answered 303 -- a joined one at once: test_verify_joined.py), and the journal and
+    actions pages are answered meanwhile -- a press that waited its turn in a view thread took
+    one each, and with every view thread held the views stalled until the verify ended.  The
+    console reads in worker threads through the daemon's limiter (``VIEW_THREADS``)."""
     from affidavit.daemon.app import VIEW_THREADS
 
     path = operator_config(tmp_path, monkeypatch, {"pay": http_target("http://127.0.0.1:9")})
