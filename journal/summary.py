@@ -333,7 +333,9 @@ class SessionSummary:
 
     def _update(self, state: _State, tables: Tables, head: int, now: float) -> None:
         """Re-fold the invocations with an event in ``(through, head]``; ``state`` is changed
-        only once every one of them folded."""
+        only once every one of them folded and none needs the whole journal folded again
+        (``_Rebuild``: a fold that may meet an altered row and fail -- ``state``, the kept one,
+        must then be as it was, not half brought up while it still says the old seq)."""
         touched = sorted(tables.touched_after(state.through))
         folded: list[tuple[str, _Inv, float, Hashable]] = []
         for i in range(0, len(touched), _BATCH):
@@ -342,17 +344,19 @@ class SessionSummary:
                 folded.extend(_folded(rows, now, self._tally))
             finally:
                 close_rows(rows)
-        fresh = []
-        for iid, inv, first_at, tally in folded:
-            known = state.invs.get(iid)
+        fresh, seen = [], []
+        for iid, inv, first_at, tally in folded:  # (decided whole before anything changes:
+            known = state.invs.get(iid)  # a rebuild that fails leaves ``state`` as it was)
             if known is None:
                 fresh.append((iid, inv, first_at, tally))
             elif (known.session, known.pos, known.first_at) != (inv.session, inv.pos, first_at):
                 raise _Rebuild  # not how the broker writes (a row altered): fold it all again
             else:
-                state.sessions[known.session].change(known, inv.outcome, inv.last_at)
-                if tally != known.tally:
-                    state.retally(known, tally)
+                seen.append((known, inv, tally))
+        for known, inv, tally in seen:
+            state.sessions[known.session].change(known, inv.outcome, inv.last_at)
+            if tally != known.tally:
+                state.retally(known, tally)
         fresh.sort(key=lambda f: f[1].pos)
         for iid, inv, first_at, tally in fresh:
             state.add(iid, inv, first_at, tally)
