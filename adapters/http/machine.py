@@ -369,11 +369,12 @@ class HttpExchange:
             # Our own request was unencodable; h11's message may quote a header value.
             raise ValueError("request head could not be encoded") from None
         assert head is not None
+        # Not the head's size: it is the caller's own bytes plus the injected credential, and
+        # the facts reach the record a caller reads -- the credential's length by subtraction.
         facts = {
             "hop": self.hop,
             "method": method,
             "header_names": sorted({n.lower() for n, _ in headers}),
-            "head_bytes": len(head),
             "expects_body": has_body,
         }
         return facts, head
