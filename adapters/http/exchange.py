@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 import trio
@@ -65,10 +65,11 @@ _WITH_BODY: Final = frozenset({"POST", "PUT", "PATCH"})
 
 @dataclass(frozen=True, slots=True)
 class _Head:
-    """The request line and headers as they will be written."""
+    """The request line and headers as they will be written (the credential in them: neither is
+    in ``repr``)."""
 
-    target: str
-    headers: list[tuple[str, str]]
+    target: str = field(repr=False)
+    headers: list[tuple[str, str]] = field(repr=False)
     has_body: bool
     expect_continue: bool
 

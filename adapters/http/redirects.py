@@ -127,9 +127,11 @@ def _carries_secret(request: HttpRequest, redactor: Redactor, url: str) -> bool:
 
 @dataclass(frozen=True)
 class NextHop:
+    """The next hop's request; a kept credential is in ``url`` and ``headers``: not in ``repr``."""
+
     method: str
-    url: str
-    headers: list[tuple[str, str]]
+    url: str = field(repr=False)
+    headers: list[tuple[str, str]] = field(repr=False)
     body: bytes
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 import urllib.parse
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 __all__ = ["BadUrl", "Url", "parse_url", "query_values", "set_query"]
 
@@ -18,7 +18,8 @@ class Url:
     scheme: str
     host: str
     port: int
-    path_query: str
+    path_query: str = field(repr=False)
+    """The request target; the credential query parameter (if any) is in it: not in ``repr``."""
 
     @property
     def authority(self) -> str:

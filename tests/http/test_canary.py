@@ -12,6 +12,9 @@ import trio
 
 from affidavit.adapters.base import AttemptInterrupted, SetupError
 from affidavit.adapters.http import HttpClient, HttpRequest, RedirectDecision, Timeouts
+from affidavit.adapters.http.exchange import _Head
+from affidavit.adapters.http.redirects import Plan, next_hop
+from affidavit.adapters.http.urls import parse_url
 
 from .fakes import FakeEngine
 from .hostile import HostileServer, Peer, Reply, scripts
@@ -144,3 +147,23 @@ async def test_the_scheme_word_of_the_credential_is_not_a_secret(authorization: 
             with trio.fail_after(10):
                 res = await client.perform(req, FakeEngine().ctx)
     assert list(challenge) in res.summary["headers"]
+
+
+def test_no_driver_value_that_holds_the_credential_prints_it() -> None:
+    """The driver's own values that carry the injected credential -- the parsed URL (its query),
+    the request head as it will be written, a redirect's next request with the credential kept
+    -- show none of it in ``repr``/``str``: a debug line, an assertion message or a traceback
+    printer that shows locals would otherwise print it."""
+    req = request("http://origin.example/p")
+    url = parse_url(req.url)
+    head = _Head(url.path_query, list(req.headers), True, False)
+    plan = Plan(
+        disposition="follow",
+        next_url="http://origin.example/q",
+        next_method="POST",
+        keep_credential=True,
+    )
+    nxt = next_hop(req, plan, "POST", list(req.headers), b"{}")
+    assert CANARY in url.path_query and CANARY in nxt.url  # sanity: they do hold it
+    assert any(CANARY in v for _, v in nxt.headers)
+    assert_clean(req, url, head, nxt, plan)
