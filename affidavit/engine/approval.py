@@ -245,6 +245,10 @@ async def request_approval(
             attrs, payload = request_attrs(
                 engine, action, target, policy, credential.version, prepared, uid
             )
+            # The credential was resolved only for its version and the resolved injection:
+            # dropped now, not held for the wait (which may last the approval's ``wait``).  The
+            # approved request resolves it again, as it is then (docs/security.md).
+            del credential, prepared, prepared_or_refused
             await recorder.write(
                 Event(E.APPROVAL_REQUESTED, iid, attrs), barrier=True, payload=payload
             )
