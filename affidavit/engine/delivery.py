@@ -40,6 +40,7 @@ from .attempt import (
     stamped,
 )
 from .contracts import Reader
+from .echoed import without_received_size, without_size_headers
 from .readable import stream_cut
 from .recorder import reference_payload, result_payload
 from .recovery import closing_event
@@ -160,6 +161,9 @@ async def _commit(
     iid, generation = attempt.iid, attempt.generation
     streams = await sink.finish()
     digest = sink.digest()
+    # A stream that echoed a secret: what measures the bytes received goes (``echoed.py``).
+    redacted = [name for name in streams if sink.redacted(name)]
+    observed = without_received_size(observed, redacted)
     attrs: dict[str, Any] = {
         "outcome": result.outcome.value,
         "code": result.code.value if result.code else None,
@@ -198,7 +202,10 @@ async def _commit(
     await recorder.write_many(rows)
     # The summary holds what the remote wrote besides the streams (header names and values,
     # the reason phrase): the same forms go (docs/redaction.md, "Surfaces").
-    summary = {**sink.scrub(result.summary), "streams": streams}
+    summary = {
+        **sink.scrub(without_size_headers(result.summary, bool(redacted))),
+        "streams": streams,
+    }
     try:
         committed = await journal.commit_result(
             Event(E.RESULT_COMMITTED, iid, {"sha256": digest, "generation": generation}),

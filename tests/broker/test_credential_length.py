@@ -8,6 +8,7 @@ length is one subtraction away.
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ import trio
 
 from affidavit.statemachine import EventKind
 from affidavit.views.records import record_view
-from tests.http.hostile import HostileServer, Reply, scripts
+from tests.http.hostile import HostileServer, Received, Reply, scripts
 
 from .helpers import assert_ok, http_target, open_broker, write_config
 
@@ -68,3 +69,55 @@ async def test_the_protocol_facts_a_caller_reads_do_not_measure_the_credential(
     # Sent (the injected values differ in length by 35 bytes), and measured nowhere:
     assert len(one.requests) == len(other.requests) == 1
     assert facts["short"] == facts["long"]
+
+
+def _echo(req: Received) -> Reply:
+    """An endpoint that echoes the credential it was sent (a debug page, a login error)."""
+    said = req.header("authorization") or req.header("x-api-key") or req.target
+    return Reply(
+        200,
+        headers=[("ETag", f'"{hashlib.md5(said.encode()).hexdigest()}"')],
+        body=f"you sent: {said}".encode(),
+    )
+
+
+@pytest.mark.parametrize("inject", ["bearer", "header:X-Api-Key", "query:api_key"])
+async def test_an_echoed_credential_is_not_measured_by_what_the_caller_reads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, inject: str
+) -> None:
+    """The echo is redacted; the size of what was received (the driver's counts, the remote's
+    Content-Length) and a header digesting it (ETag) would still give the credential's length
+    -- or let a guess be checked offline -- so they are withheld (docs/redaction.md)."""
+    monkeypatch.setenv("SHORT_SECRET", "s3cret-value-1")
+    monkeypatch.setenv("LONG_SECRET", "s3cret-" + "L" * 41)
+    async with (
+        HostileServer.running(scripts.serve(_echo)) as one,
+        HostileServer.running(scripts.serve(_echo)) as other,
+    ):
+        targets = {
+            "short": http_target(one.url, credential="env:SHORT_SECRET", inject=inject),
+            "long": http_target(other.url, credential="env:LONG_SECRET", inject=inject),
+        }
+        cfg = write_config(tmp_path, targets)
+        seen: dict[str, Any] = {}
+        async with open_broker(cfg) as broker:
+            for name in targets:
+                with trio.fail_after(20):
+                    env = await broker.call({"target": name, "method": "GET", "path": "/p"})
+                rec = assert_ok(broker, env)
+                view = record_view(rec, broker.events(env["invocation_id"]))
+                kind = EventKind.PROTOCOL_OBSERVED.value
+                observed = [e["attrs"]["facts"] for e in view["events"] if e["kind"] == kind]
+                fetched = await broker.fetch_result(env["invocation_id"])
+                seen[name] = {
+                    "facts": _numbers(observed),
+                    "evidence": _numbers(env["evidence"]["http"]),
+                    "headers": [env["result"]["headers"], fetched["result"]["headers"]],
+                    "body": env["result"]["body"],
+                }
+    assert len(one.requests) == len(other.requests) == 1
+    assert "[REDACTED]" in seen["short"]["body"]  # sanity: it was echoed, and redacted
+    for part in seen["short"]:
+        assert seen["short"][part] == seen["long"][part], part
+    names = {n.lower() for n, _ in seen["short"]["headers"][0]}
+    assert not names & {"content-length", "etag"}

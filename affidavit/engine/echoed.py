@@ -1,0 +1,80 @@
+"""What a result whose streams echoed a secret may still say of the bytes received.
+
+docs/redaction.md, "What was received": where redaction replaced something in a stream, the
+size and hash of the bytes received would give the secret away -- its length by subtraction
+(the caller reads the redacted stream beside it), its value by hashing guesses offline.
+``REMOTE_RESPONSE_COMPLETE`` withholds them (``delivery.received_evidence``).  They were
+still in two other places a caller reads:
+
+* the protocol summary (PROTOCOL_OBSERVED, the record's ``evidence.<protocol>``): the
+  driver's byte counts -- HTTP's ``body_bytes``, ``total``, ``response_bytes``, SSH's
+  ``stdout_bytes`` -- facts recorded as the bytes arrived;
+* the result's headers: the remote's own ``Content-Length``, ``Content-Range`` and the
+  headers that digest the body (``Digest``, ``Content-Digest``, ``Repr-Digest``,
+  ``Content-MD5``, an ``ETag``, which servers commonly make a hash of the content).
+
+``without_received_size`` drops them once the sink has finished and knows which streams it
+redacted; ``received_withheld: "redacted"`` says that they were dropped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import replace
+from typing import Any, Final
+
+from affidavit.statemachine import Event, EventKind
+
+__all__ = ["without_received_size", "without_size_headers"]
+
+_COUNTS: Final = frozenset(
+    {"bytes", "total", "body_bytes", "response_bytes", "received_bytes", "decoded_bytes"}
+)
+"""The drivers' facts that count received bytes (besides ``<stream>_bytes``)."""
+_SIZE_HEADERS: Final = frozenset(
+    {
+        "content-length",
+        "content-range",
+        "digest",
+        "content-digest",
+        "repr-digest",
+        "content-md5",
+        "etag",
+    }
+)
+"""Response headers that measure or digest the body (RFC 9110 §8.6, §14.4, §8.8.3; RFC 9530)."""
+
+
+def without_received_size(
+    observed: Iterable[tuple[Event, None]], redacted: Iterable[str]
+) -> list[tuple[Event, None]]:
+    """``observed`` (the attempt's milestones and protocol summary) without the received byte
+    counts, if any stream in ``redacted`` had a secret replaced."""
+    streams = set(redacted)
+    rows = list(observed)
+    if not streams:
+        return rows
+    counts = _COUNTS | {f"{name}_bytes" for name in streams}
+    out: list[tuple[Event, None]] = []
+    for event, payload in rows:
+        facts = event.attrs.get("facts")
+        if event.kind is EventKind.PROTOCOL_OBSERVED and isinstance(facts, Mapping):
+            kept: dict[str, Any] = {k: v for k, v in facts.items() if k not in counts}
+            kept["received_withheld"] = "redacted"
+            event = replace(event, attrs={**event.attrs, "facts": kept})
+        out.append((event, payload))
+    return out
+
+
+def without_size_headers(summary: Mapping[str, Any], redacted: bool) -> Mapping[str, Any]:
+    """The result ``summary`` without the headers that measure or digest its body, if
+    ``redacted`` (a secret was replaced in a stream of the result)."""
+    headers = summary.get("headers")
+    if not redacted or not isinstance(headers, list):
+        return summary
+    kept = [
+        h
+        for h in headers
+        if not (isinstance(h, list | tuple) and h and str(h[0]).lower() in _SIZE_HEADERS)
+    ]
+    return {**summary, "headers": kept}
