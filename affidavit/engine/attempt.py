@@ -45,6 +45,7 @@ from affidavit.statemachine import (
 
 from .approval import Grant, approval_now
 from .control import CallControl
+from .echoed import without_received_counts, without_received_size
 from .sink import StreamSink
 
 if TYPE_CHECKING:
@@ -125,6 +126,8 @@ class Attempt:
     n: int
     scrub: Callable[[Any], Any]
     """Redacts the secrets' forms from remote-controlled facts before they are journaled."""
+    redacted: Callable[[], list[str]]
+    """The result streams redaction has replaced something in so far (``echoed.py``)."""
     control: CallControl | None = None
     """The host's handle on the call (the daemon's): a stop before the gate wins."""
     grant: tuple[Grant, str] | None = None
@@ -288,6 +291,7 @@ def _new_attempt(
         machine=ProtocolMachine(binding.table),
         n=n,
         scrub=sink.scrub,
+        redacted=sink.redacted_streams,
     )
 
 
@@ -349,6 +353,7 @@ async def _try_once(
         # The facts carry remote-controlled strings (an exit-signal name): the remote may echo
         # the credential it was sent, so they are scrubbed like the observed facts.
         facts = attempt.scrub({k: v for k, v in exc.facts.items() if _jsonable(v)})
+        facts = without_received_counts(facts, attempt.redacted())  # an echo is not measured
         return None, _interrupted(iid, exc.code, facts), False
     except JournalError as exc:
         # The gate's own reads and writes (the database's clock for an approval's expiry, its
@@ -660,7 +665,7 @@ def observed_events(attempt: Attempt) -> list[tuple[Event, None]]:
             "generation": attempt.generation,
         }
         out.append((Event(E.PROTOCOL_OBSERVED, attempt.iid, summary), None))
-    return out
+    return without_received_size(out, attempt.redacted())
 
 
 async def record_observed(engine: Engine, attempt: Attempt) -> None:

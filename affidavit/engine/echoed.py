@@ -14,7 +14,10 @@ still in two other places a caller reads:
   ``Content-MD5``, an ``ETag``, which servers commonly make a hash of the content).
 
 ``without_received_size`` drops them once the sink has finished and knows which streams it
-redacted; ``received_withheld: "redacted"`` says that they were dropped.
+redacted (``delivery._commit``); ``received_withheld: "redacted"`` says that they were
+dropped.  An attempt that ends without a result drops them too (``attempt.observed_events``,
+ATTEMPT_INTERRUPTED's facts) where redaction replaced something, or would in the bytes it
+still held back when the answer was cut (``StreamSink.redacted_streams``).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from typing import Any, Final
 
 from affidavit.statemachine import Event, EventKind
 
-__all__ = ["without_received_size", "without_size_headers"]
+__all__ = ["without_received_counts", "without_received_size", "without_size_headers"]
 
 _COUNTS: Final = frozenset(
     {"bytes", "total", "body_bytes", "response_bytes", "received_bytes", "decoded_bytes"}
@@ -45,6 +48,18 @@ _SIZE_HEADERS: Final = frozenset(
 """Response headers that measure or digest the body (RFC 9110 §8.6, §14.4, §8.8.3; RFC 9530)."""
 
 
+def without_received_counts(facts: Mapping[str, Any], redacted: Iterable[str]) -> dict[str, Any]:
+    """``facts`` (a driver's, top level) without the received byte counts, if any stream in
+    ``redacted`` had a secret replaced; ``received_withheld`` then says so."""
+    streams = set(redacted)
+    if not streams:
+        return dict(facts)
+    counts = _COUNTS | {f"{name}_bytes" for name in streams}
+    kept: dict[str, Any] = {k: v for k, v in facts.items() if k not in counts}
+    kept["received_withheld"] = "redacted"
+    return kept
+
+
 def without_received_size(
     observed: Iterable[tuple[Event, None]], redacted: Iterable[str]
 ) -> list[tuple[Event, None]]:
@@ -54,13 +69,11 @@ def without_received_size(
     rows = list(observed)
     if not streams:
         return rows
-    counts = _COUNTS | {f"{name}_bytes" for name in streams}
     out: list[tuple[Event, None]] = []
     for event, payload in rows:
         facts = event.attrs.get("facts")
         if event.kind is EventKind.PROTOCOL_OBSERVED and isinstance(facts, Mapping):
-            kept: dict[str, Any] = {k: v for k, v in facts.items() if k not in counts}
-            kept["received_withheld"] = "redacted"
+            kept = without_received_counts(facts, streams)
             event = replace(event, attrs={**event.attrs, "facts": kept})
         out.append((event, payload))
     return out

@@ -140,6 +140,16 @@ class StreamSink:
         whole.update(st["redactor"].pending)
         return st["fed_bytes"], whole.hexdigest()
 
+    def redacted_streams(self) -> list[str]:
+        """The streams in which redaction replaced something, or would replace something in
+        the bytes it still holds back (an answer cut right after an echo: never flushed)."""
+        out = []
+        for name, st in self._streams.items():
+            held = st["redactor"].pending
+            if st["fed"] is not None or (held and st["redactor"].sub(held) != held):
+                out.append(name)
+        return out
+
     def redacted(self, name: str) -> bool:
         """After ``finish``: whether redaction replaced anything in stream ``name`` (a stream
         never fed was not)."""

@@ -17,7 +17,7 @@ import trio
 
 from affidavit.statemachine import EventKind
 from affidavit.views.records import record_view
-from tests.http.hostile import HostileServer, Received, Reply, scripts
+from tests.http.hostile import HostileServer, Peer, Received, Reply, scripts
 
 from .helpers import assert_ok, http_target, open_broker, write_config
 
@@ -121,3 +121,52 @@ async def test_an_echoed_credential_is_not_measured_by_what_the_caller_reads(
         assert seen["short"][part] == seen["long"][part], part
     names = {n.lower() for n, _ in seen["short"]["headers"][0]}
     assert not names & {"content-length", "etag"}
+
+
+async def _cut_echo(peer: Peer) -> None:
+    """Echo the credential in a body cut short: the attempt ends without a result."""
+    req = await peer.read_request()
+    if req is None:
+        return
+    said = req.header("authorization") or ""
+    await peer.send_raw(
+        b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\nyou sent: " + said.encode() + b"\n"
+    )
+    await peer.close()
+
+
+async def test_an_echo_in_an_answer_cut_short_is_not_measured_either(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SHORT_SECRET", "s3cret-value-1")
+    monkeypatch.setenv("LONG_SECRET", "s3cret-" + "L" * 41)
+    async with (
+        HostileServer.running(_cut_echo) as one,
+        HostileServer.running(_cut_echo) as other,
+    ):
+        targets = {
+            "short": http_target(one.url, credential="env:SHORT_SECRET"),
+            "long": http_target(other.url, credential="env:LONG_SECRET"),
+        }
+        cfg = write_config(tmp_path, targets)
+        seen: dict[str, Any] = {}
+        async with open_broker(cfg) as broker:
+            for name in targets:
+                with trio.fail_after(20):
+                    env = await broker.call({"target": name, "method": "GET", "path": "/p"})
+                assert env["error"]["code"] == "REMOTE_RESULT_INCOMPLETE", env
+                rec = broker.record(env["invocation_id"])
+                assert rec is not None
+                view = record_view(rec, broker.events(env["invocation_id"]))
+                attrs = [
+                    e["attrs"]
+                    for e in view["events"]
+                    if e["kind"]
+                    in (EventKind.PROTOCOL_OBSERVED.value, EventKind.ATTEMPT_INTERRUPTED.value)
+                ]
+                seen[name] = _numbers(
+                    [{k: v for k, v in a.items() if k != "generation"} for a in attrs]
+                )
+    assert len(one.requests) == len(other.requests) == 1
+    a, b = seen["short"], seen["long"]
+    assert a == b, {k: (a.get(k), b.get(k)) for k in a.keys() | b.keys() if a.get(k) != b.get(k)}
