@@ -3,7 +3,9 @@
 The project keeps a secret's length out of every record a caller reads (a ``file:``
 credential's version is not its size: ``affidavit.secrets.credentials.resolve``).  The request
 head's size is the caller's own bytes plus the injected credential: recorded, the credential's
-length is one subtraction away.
+length is one subtraction away.  So is the size of an answer that echoed the credential, beside
+its redacted copy (docs/redaction.md, "What was received"): the counts go, complete answer or
+cut short, and so do the headers that measure or digest such a body.
 """
 
 from __future__ import annotations
