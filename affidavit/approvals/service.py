@@ -16,12 +16,14 @@ waiting caller or by the daemon (``affidavit.engine.approval.dispatch_approved``
 from __future__ import annotations
 
 import hashlib
+import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from affidavit.engine.approval import expire_if_due
 from affidavit.engine.recovery import act_failure
 from affidavit.journal import (
+    AlteredRow,
     ApprovalLapsed,
     JournalError,
     JournalReader,
@@ -58,6 +60,19 @@ __all__ = [
 
 E = EventKind
 MAX_NOTE = 2000
+log = logging.getLogger("affidavit.approvals")
+
+UNOPENED = (
+    "the sealed request cannot be read with this broker's key file (the broker's log says why; "
+    "`affidavit journal verify` tells whether the row was altered)"
+)
+ALTERED = (
+    "the sealed request does not open with the key this journal records as its own: the row "
+    "was altered (`affidavit journal verify`)"
+)
+"""``request_unreadable``: fixed words, never the journal's own (``journal <path>: ...``,
+``broker key file <path>``) -- the view answers an operator on the daemon's socket, where no
+answer names where the journal or its keys live (``engine.unplaced``).  The log keeps them."""
 
 
 def check_note(note: str | None, *, required: bool = False) -> str | None:
@@ -128,7 +143,9 @@ def approval_view(
     except (JournalUnavailable, ReadFailed):  # unread (away, or declined once), not sealed
         raise
     except JournalError as exc:
-        sealed, view["request_unreadable"] = None, str(exc)
+        log.warning("%s: the sealed request: %s", record.invocation_id, exc)
+        sealed = None
+        view["request_unreadable"] = ALTERED if isinstance(exc, AlteredRow) else UNOPENED
     view["request"] = dict(sealed.get("request", {})) if sealed is not None else None
     # Sealed since the reference left the attrs (a caller reads those); older records: attrs.
     view["credential"] = (sealed or {}).get("credential", attrs.get("credential"))
