@@ -62,7 +62,14 @@ def unplaced(
     path).  One holding a character no id the broker gives holds (``act_``/``op_`` and
     Crockford base32) -- a ``/`` of a path or URL, a ``"`` of a quoted name -- could hold what
     is taken out, and the journal's words quoting it are not told at all (``withheld``): taken
-    out of them, the location would be taken out of the caller's guess too, when right."""
+    out of them, the location would be taken out of the caller's guess too, when right.
+
+    Not ``echoed``: what an altered row holds, quoted by the words that report it (a binding
+    row's scope and the invocation it names, ``journal/bindings.py``).  Those words are said
+    only of a row someone with write access to the journal altered (the broker writes no row
+    its reads refuse) -- who knows where the journal lives -- and they never quote the
+    caller's idempotency key (``bindings.py``: scope, invocations and seq only).  No guess of
+    the caller's is in them, so taking the location out of them tells the caller nothing."""
     if code not in JOURNAL_WORDS:
         return message
     for text in echoed:
