@@ -199,10 +199,16 @@ def content(reader: JournalReader, invocation_id: str, name: str) -> bytes:
     view = approval_view(reader, record)
     request = view.get("request")
     if not isinstance(request, Mapping):
+        unread = view.get("request_unreadable")  # (not sealed away: it did not open)
+        why = (
+            unread
+            if unread is not None
+            else "it is sealed to a key this broker lacks (only an auditor can read it)"
+        )
         raise OperatorError(
             "REQUEST_SEALED",
-            f"the request of {invocation_id} is sealed to a key this broker lacks (only an "
-            "auditor can read it): its content cannot be shown here",
+            f"the request of {invocation_id} cannot be read here -- {why}: its content "
+            "cannot be shown",
         )
     digest = request.get(f"{name}_sha256")
     if not isinstance(digest, str) or f"{name}_bytes" not in request:

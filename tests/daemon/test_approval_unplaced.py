@@ -96,7 +96,7 @@ async def test_no_approval_route_names_the_journal_or_a_key_file(
                 key.chmod(0o600)
                 body = await _ask(socket, "GET", f"/v1/approvals/{iid}/content/body")
                 error = json.loads(body)["api_error"]
-                assert error["code"] == "REQUEST_SEALED", error
+                assert error["code"] == "REQUEST_SEALED" and ALTERED in error["message"], error
                 shown.append(body.decode())
                 decided = await _ask(socket, "POST", f"/v1/approvals/{iid}/approve", b"{}")
                 assert json.loads(decided)["request_unreadable"] == UNOPENED, decided
