@@ -397,15 +397,17 @@ class SqliteBackend:
 
 def unusable(path: Path, exc: BaseException | None = None) -> JournalError:
     """The error for a journal that cannot be opened: one line naming the path and the reason
-    an operator can act on (SQLite's own says "unable to open database file" for most)."""
+    an operator can act on (SQLite's own says "unable to open database file" for most).  Its
+    directory goes unnamed: the path names it, and a caller is told the words without the path
+    (``engine.unplaced``), which finds the path only whole."""
     if path.is_dir():
         why = "it is a directory"
     elif not path.parent.is_dir():
-        why = f"its directory {path.parent} does not exist"
+        why = "its directory does not exist"
     elif path.exists() and not os.access(path, os.W_OK):
         why = "it is read-only"
     elif not os.access(path.parent, os.W_OK):
-        why = f"its directory {path.parent} is read-only"
+        why = "its directory is read-only"
     else:
         why = str(exc) if exc is not None else "unknown error"
     return JournalError(
@@ -422,7 +424,7 @@ def unreadable(path: Path, exc: BaseException) -> JournalError:
     elif not os.access(path.parent, os.W_OK):
         # A WAL journal's reader writes its -shm file beside it: a read-only directory (without
         # that file writable there already) refuses even a read.
-        why = f"{exc}; its directory {path.parent} is read-only, and SQLite writes the -shm file"
+        why = f"{exc}; its directory is read-only, and SQLite writes the -shm file"
     else:
         why = str(exc)
     return JournalError(
