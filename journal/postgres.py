@@ -273,6 +273,10 @@ _DEFAULTS = {
 }
 
 
+_CLIENT_HOST = re.compile(r'for host "[^"]*"')
+"""The server's words for a connection ``pg_hba.conf`` turns away (``no pg_hba.conf entry for
+host "10.0.0.7", user ...``): the address is the *client's*, this broker's host -- no part of
+the journal's URL, so ``engine.unplaced`` would not find it in what a caller is told."""
 _SERVER_SAID = re.compile(r"\b(?:FATAL|ERROR|PANIC):\s")
 """A failed connection attempt's message quoting the server's own error."""
 _SERVER_AWAY = (
@@ -672,7 +676,7 @@ class PostgresBackend:
             text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         if self._password:
             text = text.replace(self._password, "***")
-        return text
+        return _CLIENT_HOST.sub("for this broker's host", text)
 
     def open_error(self, exc: BaseException) -> JournalError:
         return JournalError(f"cannot open journal {self.where}: {self.describe(exc)}")
