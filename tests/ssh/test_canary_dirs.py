@@ -3,8 +3,8 @@ directory -- the private key (the target's ``file:`` credential), the ``known_ho
 config and the journal: a call that runs, one refused by the host (a known_hosts that pins
 another key), one whose key sshd does not authorise, a key file readable by others, one that
 is gone, a public key given as the credential and a port that refuses.  No envelope, record
-view or result answer names any of those directories (libssh's words stay in the operator's
-detail); the daemon's log names the key file."""
+view, result, catalog or health answer names any of those directories (libssh's words stay in
+the operator's detail); the daemon's log names the key file."""
 
 from __future__ import annotations
 
@@ -78,6 +78,8 @@ async def test_no_ssh_answer_names_a_directory_the_broker_keeps_files_in(
                 for sub in ("", "/result"):
                     route = f"/v1/invocations/{env['invocation_id']}{sub}"
                     answers[f"view {name}{sub}"] = await _ask(socket, "GET", route)
+            for route in ("catalog", "actions", "health"):
+                answers[route] = await _ask(socket, "GET", f"/v1/{route}")
     finally:
         stop(daemon)
     assert codes == {
