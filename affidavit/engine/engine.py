@@ -58,17 +58,6 @@ RECOVERY_WORKERS = 32
 
 log = logging.getLogger("affidavit.engine")
 
-
-def new_holder() -> str:
-    """This broker's name as a lease holder: random, never its host's name or its pid -- the
-    holder is in every record's ``evidence.lease`` and lease event, which a caller reads (of
-    this broker's and, on a shared journal, of another host's).  The log maps it to both
-    (the operator's)."""
-    holder = f"broker-{secrets.token_hex(6)}"
-    log.info("lease holder %s is host %s, pid %d", holder, socket.gethostname(), os.getpid())
-    return holder
-
-
 Deliver = delivery.Deliver
 """Sends an envelope to the caller; raising means the transfer failed (RESULT_DELIVERY_FAILED).
 ``STORE_ONLY``: nobody waits; the result is stored for a later fetch."""
@@ -91,7 +80,7 @@ class Engine:
         self.config = config
         self.journal = journal
         self.bindings = dict(bindings)
-        self.holder = holder or new_holder()
+        self.holder = holder or f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
         self.vault = vault
         self.settings = settings if settings is not None else EngineSettings()
         # Every record this broker reads judges its key-bound hints by the lease a same-key
