@@ -25,7 +25,11 @@ from .signing import Anchor, Checkpoint
 from .tables import Tables
 from .verify import Trust, verify_after, verify_journal
 
-__all__ = ["ProvingReader", "default_signing_key"]
+__all__ = ["HOLDER_LABEL", "HOLDER_PREFIX", "ProvingReader", "default_signing_key"]
+
+HOLDER_LABEL = "lease holder"
+"""The purpose a holder's tag is keyed under: no other keyed digest shares it."""
+HOLDER_PREFIX = "hmac-sha256:"
 
 
 def _segments_hint(report: VerifyReport, tables: Tables) -> VerifyReport:
@@ -89,6 +93,16 @@ class ProvingReader(ReaderBase):
             self._key_recorded = stored is not None
             self._key = key
         return self._key
+
+    def holder_tag(self, invocation_id: str, holder: str) -> str:
+        """A lease's ``holder`` as a caller is shown it (``statemachine.HolderTag``): this
+        journal's keyed digest (``BrokerKey.digest``, label ``HOLDER_LABEL``) of the invocation
+        id and the recorded holder, NUL-separated, as ``hmac-sha256:<hex>``.  The same in every
+        process of the journal for the same holder of the same invocation, another for another
+        holder; without the broker key it cannot be reversed or checked against a guessed
+        ``hostname:pid``.  An operator maps it back (``affidavit journal holder``)."""
+        data = invocation_id.encode("utf-8") + b"\0" + holder.encode("utf-8")
+        return HOLDER_PREFIX + self._broker_key().digest(HOLDER_LABEL, data)
 
     def broker_key_matches(self) -> bool | None:
         """Whether the broker key file is this journal's: its id against the one the journal

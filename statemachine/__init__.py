@@ -43,7 +43,15 @@ from .retry import (
     send_window,
     within_send_window,
 )
-from .withheld import KEYED_PREFIX, WITHHELD, caller_event, caller_record, hashes_withheld
+from .withheld import (
+    HOLDER_WITHHELD,
+    KEYED_PREFIX,
+    WITHHELD,
+    HolderTag,
+    caller_event,
+    caller_record,
+    hashes_withheld,
+)
 
 __all__ = [
     "ATTEMPT_KINDS",
@@ -51,6 +59,7 @@ __all__ = [
     "CODES",
     "CURRENT_CODE_STATES",
     "DISPATCHED_STATES",
+    "HOLDER_WITHHELD",
     "INITIAL",
     "KEYED_PREFIX",
     "STATES",
@@ -63,6 +72,7 @@ __all__ = [
     "Event",
     "EventKind",
     "EvidenceSource",
+    "HolderTag",
     "ImpossibleEvent",
     "Operation",
     "Outcome",

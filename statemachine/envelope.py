@@ -25,7 +25,7 @@ from typing import Any
 from .contract import CODES, Code, EvidenceSource, Outcome, Phase, Retry
 from .operation import STATES as OPERATION_STATES
 from .record import Record
-from .withheld import caller_record
+from .withheld import HolderTag, caller_record
 
 __all__ = [
     "CURRENT_CODE_STATES",
@@ -44,10 +44,14 @@ __all__ = [
 ENVELOPE_SCHEMA_ID = "https://affidavit.dev/schema/envelope-v1.json"
 
 
-def render_envelope(record: Record, result: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def render_envelope(
+    record: Record, result: Mapping[str, Any] | None = None, *, holder: HolderTag | None = None
+) -> dict[str, Any]:
     """The caller-facing envelope for ``record``; ``result`` is the stored (redacted) result.
-    A hash recorded before hashes were keyed is withheld (``withheld.py``)."""
-    record = caller_record(record)
+    Its lease's holder is shown as ``holder`` tags it (the journal's ``holder_tag``; none: as
+    ``HOLDER_WITHHELD``), never as recorded, and a hash recorded before hashes were keyed is
+    withheld (``withheld.py``)."""
+    record = caller_record(record, holder)
     env: dict[str, Any] = {"invocation_id": record.invocation_id}
     if not record.final:
         # Not finished (running elsewhere, waiting for a human, or its broker stopped and its

@@ -14,23 +14,45 @@ fingerprints beside it keyed (ACTION_ACCEPTED and PREFLIGHT_VALIDATED are writte
 the approval comes after them).  A record holding a fingerprint but no keyed ``config_hash``
 (a plain one, or none: stopped between the two events) is withheld too -- never more shown than
 the record proves safe.
+
+A lease's holder is recorded as ``hostname:pid:hex`` (``evidence.lease.holder``; the ``holder``
+attr of ACTION_ACCEPTED, the lease events and LEASE_LOST): on a shared journal, other brokers'
+host names and pids, which a caller has no need of.  A caller is shown a ``HolderTag`` of it
+instead -- the journal's keyed digest of the invocation and the recorded holder
+(``JournalReader.holder_tag``; docs/contract.md, "The lease holder"): the same for every answer
+under the same holder of that invocation, another for another holder, and neither reversible
+nor checkable against a guessed host name without the journal's key.  A rendering given no
+tag shows ``HOLDER_WITHHELD``: never the recorded value.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
 from .events import Event, EventKind
 from .record import Record
 
-__all__ = ["KEYED_PREFIX", "WITHHELD", "caller_event", "caller_record", "hashes_withheld"]
+__all__ = [
+    "HOLDER_WITHHELD",
+    "KEYED_PREFIX",
+    "WITHHELD",
+    "HolderTag",
+    "caller_event",
+    "caller_record",
+    "hashes_withheld",
+]
 
 KEYED_PREFIX = "hmac-sha256:"
 """How a keyed config hash begins (``affidavit.engine.snapshot`` writes it): not ``sha256:``, so
 a keyed hash is told apart from the plain one records written before it hold."""
 WITHHELD = "withheld: recorded before keyed hashes"
+
+HolderTag = Callable[[str, str], str]
+"""(invocation id, recorded holder) -> the holder as a caller is shown it."""
+HOLDER_WITHHELD = "withheld"
+"""The holder a rendering given no ``HolderTag`` shows."""
 
 
 def hashes_withheld(record: Record) -> bool:
@@ -57,8 +79,20 @@ def _without(mapping: Mapping[str, Any], *keys: str) -> dict[str, Any]:
     return out
 
 
-def caller_record(record: Record) -> Record:
-    """``record`` as a caller may see it: itself, unless it holds a plain hash (see above)."""
+def _shown_holder(iid: str, holder: object, tag: HolderTag | None) -> object:
+    if type(holder) is not str:
+        return holder  # none recorded (None): nothing to hide
+    return HOLDER_WITHHELD if tag is None else tag(iid, holder)
+
+
+def caller_record(record: Record, holder: HolderTag | None = None) -> Record:
+    """``record`` as a caller may see it: its lease's holder as ``holder`` tags it (see
+    above), and a plain hash withheld."""
+    lease = record.evidence.get("lease")
+    if isinstance(lease, Mapping) and "holder" in lease:
+        shown = _shown_holder(record.invocation_id, lease["holder"], holder)
+        evidence = {**record.evidence, "lease": {**lease, "holder": shown}}
+        record = replace(record, evidence=evidence)
     if not hashes_withheld(record):
         return record
     evidence = _without(record.evidence, "config_hash", "fingerprint")
@@ -75,9 +109,13 @@ def caller_record(record: Record) -> Record:
     )
 
 
-def caller_event(event: Event, withheld: bool) -> Event:
+def caller_event(event: Event, withheld: bool, holder: HolderTag | None = None) -> Event:
     """``event`` as a caller may see it, ``withheld`` being ``hashes_withheld`` of its record:
-    the hashes ACTION_ACCEPTED, PREFLIGHT_VALIDATED and the approval events name, masked."""
+    a ``holder`` attr (ACTION_ACCEPTED, the lease events, LEASE_LOST) as ``holder`` tags it,
+    and the hashes ACTION_ACCEPTED, PREFLIGHT_VALIDATED and the approval events name, masked."""
+    if "holder" in event.attrs:
+        shown = _shown_holder(event.invocation_id, event.attrs["holder"], holder)
+        event = replace(event, attrs={**event.attrs, "holder": shown})
     if not withheld:
         return event
     attrs = event.attrs

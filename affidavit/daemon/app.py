@@ -312,7 +312,8 @@ class Api:
             events = self.broker.events(invocation_id)
         except JournalError as exc:
             raise _journal_problem(exc, f"the record of {invocation_id}") from None
-        await req.respond_json(record_view(rec, events))  # a caller's: plain hashes withheld
+        # A caller's: its lease holder tagged, plain hashes withheld.
+        await req.respond_json(record_view(rec, events, holder=self.broker.journal.holder_tag))
 
     async def actions(self, req: Request) -> None:
         """The newest ``limit`` records matching the filters (default ``ACTIONS_LIMIT``, at
@@ -328,6 +329,9 @@ class Api:
         limit = _limit_param(req, ACTIONS_LIMIT, MAX_ACTIONS_LIMIT)
 
         summary = self.summary  # (its count, when it keeps one: not counted again)
+        # The broker's own journal tags the holders: it holds the broker key (a view's
+        # read-only connection may not load it); the digest takes no connection.
+        encode = record_json_encoder(holder=self.broker.journal.holder_tag)
 
         def body(j: JournalReader) -> bytes:
             # Each record as `affidavit actions --json` writes it: one C encoder call per
@@ -342,7 +346,7 @@ class Api:
                 until=until,
                 summary=summary,
             )
-            texts = ",".join(map(record_json_encoder(), page.records))
+            texts = ",".join(map(encode, page.records))
             return (
                 f'{{"actions":[{texts}],"limit":{limit},"total":{page.total},'
                 f'"truncated":{"true" if page.truncated else "false"}}}\n'

@@ -27,7 +27,6 @@ from affidavit.statemachine import (
     EvidenceSource,
     ImpossibleEvent,
     Record,
-    render_envelope,
 )
 from affidavit.statemachine.lifecycle import TRANSITIONS
 
@@ -229,14 +228,14 @@ async def _commit(
         # decoding them into one JSON value is what made a 50 MiB answer cost 150 MB (issue 15).
         summary = json_copy(summary)
         payload = reference_payload(iid, summary, committed.attrs["sha256"], sink.limit)
-        return render_envelope(record, payload), True
+        return recorder.render(record, payload), True
     # The result the journal just stored: commit_result(expect=) verified, in the committing
     # transaction, that the stored streams hash to exactly these bytes, and its event
     # carries the stored result's hash -- reading it back would only decrypt and re-hash the
     # same bytes.  The summary goes through JSON as the stored copy did, so this payload
     # equals what fetch_result reads (tests/broker/test_inline_result.py).
     stored = Stored(json_copy(summary), kept, committed.attrs["sha256"])
-    return render_envelope(record, result_payload(stored)), True
+    return recorder.render(record, result_payload(stored)), True
 
 
 def received_evidence(result: RemoteResult, sink: StreamSink) -> dict[str, Any]:
@@ -321,7 +320,7 @@ async def _store_failed(engine: Engine, complete: Event) -> tuple[dict[str, Any]
     if pending:
         # Only the failure is shown: a complete response that is not on record is not proven.
         events = [*engine.journal.events(iid), pending[-1]]
-        return render_envelope(recorder.projected(events, recorder.hint_now())), False
+        return recorder.render(recorder.projected(events, recorder.hint_now())), False
     return recorder.envelope(await recorder.record(iid)), False
 
 
@@ -383,7 +382,7 @@ async def deliver_stored(engine: Engine, record: Record, deliver: Deliver | None
     # Rendered as the record will stand once delivered (as _commit renders a store failure):
     # the caller is told what the journal will say, and the journal says it only afterwards.
     stored = engine.journal.read_result(iid)
-    envelope = render_envelope(
+    envelope = recorder.render(
         recorder.projected([*engine.journal.events(iid), delivered], recorder.hint_now()),
         result_payload(stored) if stored is not None else None,
     )

@@ -231,12 +231,12 @@ class Recorder:
         outcome, fetch_result while it runs or holds a result, else its own hint) and without
         its result, items or job: another attempt's, or none, never this caller's."""
         if in_progress:
-            env = render_envelope(record)
+            env = self.render(record)
             env.pop("result", None)
             env["error"] = in_progress_error(record)
             return env
         if lost is not None:
-            env = render_envelope(record)
+            env = self.render(record)
             for own in ("result", "items", "operation"):
                 env.pop(own, None)
             env["error"] = lease_lost_error(record, lost, dispatched=dispatched)
@@ -254,7 +254,12 @@ class Recorder:
             payload = result_payload(stream.read())
         else:
             payload = reference_payload(iid, stream.summary, stream.sha256, limit)
-        return render_envelope(record, payload)
+        return self.render(record, payload)
+
+    def render(self, record: Record, result: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """``render_envelope`` with the lease holder as this journal tags it for a caller
+        (``JournalReader.holder_tag``): every envelope the engine answers is rendered here."""
+        return render_envelope(record, result, holder=self.journal.holder_tag)
 
 
 class _StoredLike(Protocol):

@@ -178,7 +178,8 @@ class Embedded:
             events = self.broker.events(invocation_id)
         except JournalError as exc:
             return self._journal_error(exc, f"the record of {invocation_id}", invocation_id)
-        return record_view(rec, events)  # a caller's: plain hashes withheld
+        # A caller's: its lease holder tagged, plain hashes withheld.
+        return record_view(rec, events, holder=self.broker.journal.holder_tag)
 
     async def actions(self, session: str | None, outcome: str | None, limit: int) -> dict[str, Any]:
         from affidavit.journal import JournalError
@@ -190,7 +191,8 @@ class Embedded:
             page = actions_page(self.broker.journal, limit, session=session, outcome=outcome)
         except JournalError as exc:
             return self._journal_error(exc, "the actions view")
-        actions = [record_to_json(r) for r in page.records]
+        tag = self.broker.journal.holder_tag
+        actions = [record_to_json(r, holder=tag) for r in page.records]
         return {"actions": actions, "total": page.total, "truncated": page.truncated}
 
     async def poll_operation(self, operation_id: str) -> dict[str, Any]:

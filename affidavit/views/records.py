@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, cast
 from affidavit.statemachine import (
     STATES,
     Event,
+    HolderTag,
     Outcome,
     Phase,
     Record,
@@ -112,23 +113,34 @@ def shown_code(rec: Record) -> str:
     return "OK" if code is None else code.value
 
 
-def record_to_json(rec: Record, *, operator: bool = False) -> dict[str, Any]:
+def record_to_json(
+    rec: Record, *, operator: bool = False, holder: HolderTag | None = None
+) -> dict[str, Any]:
     """A projected record as plain JSON (enums as their values).  A caller's (``operator``
-    False, the default) withholds a hash recorded before hashes were keyed (``caller_record``:
-    it would confirm a guessed credential reference); an operator's view shows it."""
-    return _record_fields(rec if operator else caller_record(rec), plain)
+    False, the default) shows its lease's holder as ``holder`` tags it (the journal's
+    ``holder_tag``; none: withheld) and withholds a hash recorded before hashes were keyed
+    (``caller_record``: it would confirm a guessed credential reference); an operator's view
+    shows both as recorded."""
+    return _record_fields(rec if operator else caller_record(rec, holder), plain)
 
 
-def record_view(rec: Record, events: Iterable[Event], *, operator: bool = False) -> dict[str, Any]:
+def record_view(
+    rec: Record,
+    events: Iterable[Event],
+    *,
+    operator: bool = False,
+    holder: HolderTag | None = None,
+) -> dict[str, Any]:
     """One invocation's record and its events, as ``record`` answers: for a caller, the
-    hashes its record withholds are withheld from the events' attrs too (``caller_event``)."""
+    holder and the hashes its record withholds are withheld from the events' attrs too
+    (``caller_event``)."""
     if operator:
         events_json = list(map(event_to_json, events))
         return {"record": record_to_json(rec, operator=True), "events": events_json}
     withheld = hashes_withheld(rec)
     return {
-        "record": record_to_json(rec),
-        "events": [event_to_json(caller_event(e, withheld)) for e in events],
+        "record": record_to_json(rec, holder=holder),
+        "events": [event_to_json(caller_event(e, withheld, holder)) for e in events],
     }
 
 
@@ -174,9 +186,11 @@ def _view_as_dict(value: Any) -> Any:
     raise TypeError(f"{type(value).__name__} is not JSON serializable")
 
 
-def record_json_encoder(*, operator: bool = False) -> Callable[[Record], str]:
-    """``json.dumps(record_to_json(rec, operator=operator), sort_keys=True)`` as one call per
-    record (a caller's withholds what ``record_to_json`` does), the same
+def record_json_encoder(
+    *, operator: bool = False, holder: HolderTag | None = None
+) -> Callable[[Record], str]:
+    """``json.dumps(record_to_json(rec, operator=operator, holder=holder), sort_keys=True)`` as
+    one call per record (a caller's withholds what ``record_to_json`` does), the same
     text (tests/test_views_json.py compares the two) at about half the cost (issue 15:
     ``affidavit actions --json`` over 1M events; 41 -> 17-25 us a record there).
 
@@ -221,7 +235,7 @@ def record_json_encoder(*, operator: bool = False) -> Callable[[Record], str]:
 
     def record_json(rec: Record) -> str:
         if not operator:
-            rec = caller_record(rec)  # itself, unless it holds a plain hash
+            rec = caller_record(rec, holder)  # its holder tagged, a plain hash withheld
         b = rec.budget
         # ``shown_error`` inlined for a final record (``current_code``: its own code), a call
         # fewer per record (~5% of a small record's encoding); the test in every state holds it.

@@ -220,13 +220,17 @@ async def test_four_daemons_share_one_journal_and_fence_a_killed_ones_calls(
         kinds = [e["kind"] for e in await other.events(retry["invocation_id"])]
         assert "ATTEMPT_INTERRUPTED" in kinds and "RETRY_LEASE_ACQUIRED" in kinds
         assert len(remote.received) == sent_before + 1  # exactly the retry was sent
+        # A caller is shown the dead daemon's holder as a keyed tag, never its host and pid:
+        # the recorded one is the operator's (the journal read here).
+        shown = (await other.events(retry["invocation_id"]))[0]["attrs"]["holder"]
+        with JournalReader.open(pg_url) as r:
+            dead = r.events(retry["invocation_id"])[0].attrs["holder"]
         # The dead daemon's generation 0 is fenced: a DISPATCH_STARTED under it is refused in
         # the same transaction that checks the lease (as if it had only been paused).
-        events = await other.events(retry["invocation_id"])
-        dead = events[0]["attrs"]["holder"]
         async with Journal.open(
             pg_url, key_file=tmp_path / "shared.key", signing_key=tmp_path / "x.key"
         ) as j:
+            assert shown != dead and shown == j.holder_tag(retry["invocation_id"], dead)
             with pytest.raises((LeaseLost, ImpossibleEvent)):
                 await j.append(
                     Event(EventKind.DISPATCH_STARTED, retry["invocation_id"], {"attempt": 9}),

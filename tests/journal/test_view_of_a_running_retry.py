@@ -30,9 +30,9 @@ def _views(j: Journal) -> list[dict]:
     rec = j.record(IID, now=time.time())
     assert rec is not None
     return [
-        record_to_json(rec),
+        record_to_json(rec, holder=j.holder_tag),
         record_to_json(rec, operator=True),
-        json.loads(record_json_encoder()(rec)),
+        json.loads(record_json_encoder(holder=j.holder_tag)(rec)),
         json.loads(record_json_encoder(operator=True)(rec)),
     ]
 
@@ -76,10 +76,11 @@ async def test_a_record_at_rest_is_shown_no_lease_deadline(tmp_path: Path) -> No
         await j.append(Event(E.ATTEMPT_INTERRUPTED, IID, {"code": "REMOTE_RESULT_INCOMPLETE"}))
         rec = j.record(IID, now=time.time())
         assert rec is not None and rec.final and lease.expires_at > time.time()
-        shown = [*_views(j), render_envelope(rec)["evidence"]]
-        for view in shown:
+        shown = [*_views(j), render_envelope(rec, holder=j.holder_tag)["evidence"]]
+        tag = j.holder_tag(IID, "broker-2")  # a caller's; an operator's view: as recorded
+        for view, holder in zip(shown, [tag, "broker-2", tag, "broker-2", tag], strict=True):
             evidence = view.get("evidence", view)
-            want = {"generation": 1, "holder": "broker-2", "seq": lease.seq}
+            want = {"generation": 1, "holder": holder, "seq": lease.seq}
             assert evidence["lease"] == want, view
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from affidavit.statemachine import (
+    HOLDER_WITHHELD,
     WITHHELD,
     Event,
     EventKind,
@@ -69,3 +70,33 @@ def test_a_record_refused_before_its_fingerprint_has_nothing_withheld() -> None:
     rec, _events = _record(None, None)
     assert not hashes_withheld(rec)
     assert caller_record(rec) is rec
+
+
+def test_a_caller_is_shown_the_holder_as_tagged_and_withheld_without_a_tag() -> None:
+    """The recorded holder (``hostname:pid:hex``) reaches no caller-facing rendering: the
+    envelope, the record and each event show the tag it is given -- of this invocation and
+    holder -- and, given none, ``HOLDER_WITHHELD``, never the recorded value."""
+    recorded = "broker-host:4242:1f2e3d4c"
+    op = {"target": "api", "protocol": "http", "fingerprint": None}
+    accepted = Event(
+        EventKind.ACTION_ACCEPTED,
+        IID,
+        {"operation": op, "holder": recorded, "lease_expires_at": 2e9},
+        seq=1,
+    )
+    p = Projector(IID)
+    p.apply(accepted)
+    rec = p.record()
+    assert rec.evidence["lease"]["holder"] == recorded  # the record, as the operator reads it
+
+    def tag(iid: str, holder: str) -> str:
+        return f"tag({iid},{len(holder)})"
+
+    shown = tag(IID, recorded)
+    assert render_envelope(rec, holder=tag)["evidence"]["lease"]["holder"] == shown
+    assert caller_record(rec, tag).evidence["lease"]["holder"] == shown
+    assert caller_event(accepted, False, tag).attrs["holder"] == shown
+    assert render_envelope(rec)["evidence"]["lease"]["holder"] == HOLDER_WITHHELD
+    assert caller_record(rec).evidence["lease"]["holder"] == HOLDER_WITHHELD
+    assert caller_event(accepted, False).attrs["holder"] == HOLDER_WITHHELD
+    assert accepted.attrs["holder"] == recorded and rec.evidence["lease"]["holder"] == recorded
