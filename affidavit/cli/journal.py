@@ -10,7 +10,9 @@ secret-free columns.
 
 With ``--socket PATH`` (or ``$AFFIDAVIT_SOCKET``) ``actions``, ``record``, ``sessions`` and
 ``metrics`` ask the daemon instead and print the same bytes: both paths render the same plain
-JSON (``affidavit.views``), here, from data.
+JSON (``affidavit.views``), here, from data -- but for a lease's holder, which the daemon (a
+caller's view) shows as its tag and the embedded view (the operator's) as recorded
+(``journal holder`` maps one to the other).
 
 Exit status: 0 success; 1 ``journal verify`` (or ``anchor``) found a bad row; 2 usage or
 config error (for example no journal at the path, an unreadable key or anchor file), or a view

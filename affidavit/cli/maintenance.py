@@ -1,5 +1,6 @@
 """Journal maintenance on the command line: ``affidavit journal verify|anchor|public-key|migrate|
-audit-keygen|audit-open`` (and ``reclaim``, ``reclaim.py``; ``open-sealed``, ``sealed.py``) --
+audit-keygen|audit-open`` (and ``reclaim``, ``reclaim.py``; ``open-sealed``, ``sealed.py``;
+``holder``, ``holder.py``) --
 the ``journal`` command group, declared by ``affidavit.cli.journal`` beside the views.
 
 ``verify`` and ``anchor`` open the journal read-only and check the hash chain, the signed
@@ -140,6 +141,10 @@ def add_command(sub: Any) -> None:
     from affidavit.cli import sealed
 
     sealed.add_command(jsub)  # journal open-sealed: the broker's own copy, with the broker key
+
+    from affidavit.cli import holder
+
+    holder.add_command(jsub)  # journal holder: a shown lease holder mapped back, with the key
 
 
 def _trust_args(p: argparse.ArgumentParser) -> None:

@@ -26,11 +26,14 @@ import argparse
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from affidavit.cli import UsageError, config_refusal, text_arg
 
-__all__ = ["add_command"]
+if TYPE_CHECKING:
+    from affidavit.journal import JournalReader
+
+__all__ = ["add_command", "check_key", "key_file_of"]
 
 
 def add_command(jsub: Any) -> None:
@@ -53,7 +56,7 @@ def add_command(jsub: Any) -> None:
     op.set_defaults(handler=_open_sealed)
 
 
-def _key_file(args: argparse.Namespace) -> Path:
+def key_file_of(args: argparse.Namespace) -> Path:
     """``--key-file``, else the config's ``[journal] key_file`` (or the default beside
     ``--journal``), as the other journal commands find the signing key."""
     from affidavit.config import CONFIG_ENV, DEFAULT_CONFIG, ConfigError, load_config
@@ -76,35 +79,42 @@ def _key_file(args: argparse.Namespace) -> Path:
         raise config_refusal(exc) from None
 
 
-def _open_sealed(args: argparse.Namespace) -> int:
+def check_key(j: JournalReader, key_file: Path) -> None:
+    """Refuse a broker key file that is not ``j``'s own: missing, not 0600 or not a key
+    (FILE_UNUSABLE), another journal's (FILE_UNUSABLE), or one the journal records no id to
+    check it against (JOURNAL_UNREADABLE)."""
     from affidavit.journal import AlteredRow, JournalError, JournalUnavailable, ReadFailed
 
+    try:
+        matches = j.broker_key_matches()
+    except (JournalUnavailable, ReadFailed, AlteredRow):
+        raise  # the journal's, answered by ``reading``
+    except JournalError as exc:  # the key file: missing, not 0600, not a key
+        raise UsageError(str(exc), "FILE_UNUSABLE") from None
+    if matches is False:
+        raise UsageError(
+            f"broker key file {key_file} does not match this journal (its id is not the "
+            "one the journal records): pass the broker's [journal] key_file",
+            "FILE_UNUSABLE",
+        )
+    if matches is None:
+        raise UsageError(
+            f"the journal records no broker key id, so broker key file {key_file} cannot be "
+            "checked against it (every broker records it before its first event: the "
+            "journal was altered; `affidavit journal verify`)",
+            "JOURNAL_UNREADABLE",
+        )
+
+
+def _open_sealed(args: argparse.Namespace) -> int:
     from .journal import reading
 
     iid = args.invocation_id
     text_arg(iid, "the invocation id")
-    key_file = _key_file(args)
+    key_file = key_file_of(args)
     opened: list[dict[str, Any]] = []
     with reading(args, f"the sealed payloads of {iid}", key_file=key_file) as j:
-        try:
-            matches = j.broker_key_matches()
-        except (JournalUnavailable, ReadFailed, AlteredRow):
-            raise  # the journal's, answered by ``reading``
-        except JournalError as exc:  # the key file: missing, not 0600, not a key
-            raise UsageError(str(exc), "FILE_UNUSABLE") from None
-        if matches is False:
-            raise UsageError(
-                f"broker key file {key_file} does not match this journal (its id is not the "
-                "one the journal records): pass the broker's [journal] key_file",
-                "FILE_UNUSABLE",
-            )
-        if matches is None:
-            raise UsageError(
-                f"the journal records no broker key id, so broker key file {key_file} cannot be "
-                "checked against it (every broker records it before its first event: the "
-                "journal was altered; `affidavit journal verify`)",
-                "JOURNAL_UNREADABLE",
-            )
+        check_key(j, key_file)
         events = j.events(iid)
         if not events:
             raise UsageError(f"no invocation {iid} in the journal", "NO_SUCH_INVOCATION")

@@ -369,6 +369,31 @@ def _operation_section() -> list[str]:
     return out
 
 
+def _holder_section() -> list[str]:
+    return [
+        "## The lease holder",
+        "",
+        "The journal records a lease's holder as `hostname:pid:hex` (the broker process and a "
+        "random part; the `holder` attr of ACTION_ACCEPTED, DISPATCH_LEASE_ACQUIRED, "
+        "RETRY_LEASE_ACQUIRED and LEASE_LOST). A caller is never shown it: on a shared journal "
+        "it names other brokers' hosts and pids. Every caller-facing answer -- the envelope's "
+        "`evidence.lease.holder`, the record, events and actions views of the daemon and MCP "
+        "(`statemachine.caller_record`, `caller_event`) -- shows instead "
+        "`hmac-sha256:<hex>`, the HMAC-SHA256 under the journal's broker key (`[journal] "
+        "key_file`; purpose label `lease holder`) of the invocation id, a NUL byte and the "
+        "recorded holder (`JournalReader.holder_tag`). It is derived from the record alone: "
+        "the same in every broker of the journal and across restarts, equal for two answers "
+        "under the same holder of an invocation (with `generation` and `seq`, the same lease), "
+        "different for another holder; without the key it cannot be reversed, nor checked "
+        "against a guessed host name and pid, and it links no two invocations. A rendering "
+        "given no key shows `withheld`, never the recorded value. Operators see the recorded "
+        "holder (`affidavit record`, `affidavit actions` run embedded, the console); "
+        "`affidavit journal holder ID [SHOWN]` lists an invocation's recorded holders beside "
+        "the value a caller is shown for each, or maps a shown value back to its holder "
+        "(NO_SUCH_HOLDER, exit 2, when none of the invocation's holders is shown so).",
+    ]
+
+
 def _example_envelope() -> str:
     iid = "act_01JEXAMPLE"
     events = [
@@ -551,6 +576,7 @@ def contract_markdown(protocols: Mapping[str, ProtocolTable] | None = None) -> s
             )
     else:
         out.append("No protocol table is registered.")
+    out += ["", *_holder_section()]
     out += [
         "",
         "## Example envelope",
