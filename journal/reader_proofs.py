@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +79,8 @@ class ProvingReader(ReaderBase):
     """The keys a reader opens and checks with, the checkpoints covering its rows, and
     ``verify``."""
 
+    _holder_digest: Callable[[bytes], str] | None = None
+
     def _broker_key(self) -> BrokerKey:
         if self._key is None:
             if self._key_file is None:
@@ -101,8 +103,10 @@ class ProvingReader(ReaderBase):
         process of the journal for the same holder of the same invocation, another for another
         holder; without the broker key it cannot be reversed or checked against a guessed
         ``hostname:pid``.  An operator maps it back (``affidavit journal holder``)."""
-        data = invocation_id.encode("utf-8") + b"\0" + holder.encode("utf-8")
-        return HOLDER_PREFIX + self._broker_key().digest(HOLDER_LABEL, data)
+        digest = self._holder_digest
+        if digest is None:  # (made once: a view tags a page of records)
+            digest = self._holder_digest = self._broker_key().digester(HOLDER_LABEL)
+        return HOLDER_PREFIX + digest(invocation_id.encode("utf-8") + b"\0" + holder.encode())
 
     def broker_key_matches(self) -> bool | None:
         """Whether the broker key file is this journal's: its id against the one the journal

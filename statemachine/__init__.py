@@ -49,6 +49,7 @@ from .withheld import (
     WITHHELD,
     HolderTag,
     caller_event,
+    caller_evidence,
     caller_record,
     hashes_withheld,
 )
@@ -87,6 +88,7 @@ __all__ = [
     "Step",
     "build_machine",
     "caller_event",
+    "caller_evidence",
     "caller_record",
     "compute_retry",
     "current_code",

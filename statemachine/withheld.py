@@ -40,6 +40,7 @@ __all__ = [
     "WITHHELD",
     "HolderTag",
     "caller_event",
+    "caller_evidence",
     "caller_record",
     "hashes_withheld",
 ]
@@ -85,13 +86,23 @@ def _shown_holder(iid: str, holder: object, tag: HolderTag | None) -> object:
     return HOLDER_WITHHELD if tag is None else tag(iid, holder)
 
 
+def caller_evidence(
+    iid: str, evidence: Mapping[str, Any], holder: HolderTag | None
+) -> Mapping[str, Any]:
+    """``evidence`` (of invocation ``iid``) with its lease's holder as ``holder`` tags it;
+    itself when it names no lease holder."""
+    lease = evidence.get("lease")
+    if not isinstance(lease, Mapping) or "holder" not in lease:
+        return evidence
+    shown = _shown_holder(iid, lease["holder"], holder)
+    return {**evidence, "lease": {**lease, "holder": shown}}
+
+
 def caller_record(record: Record, holder: HolderTag | None = None) -> Record:
     """``record`` as a caller may see it: its lease's holder as ``holder`` tags it (see
     above), and a plain hash withheld."""
-    lease = record.evidence.get("lease")
-    if isinstance(lease, Mapping) and "holder" in lease:
-        shown = _shown_holder(record.invocation_id, lease["holder"], holder)
-        evidence = {**record.evidence, "lease": {**lease, "holder": shown}}
+    evidence = caller_evidence(record.invocation_id, record.evidence, holder)
+    if evidence is not record.evidence:
         record = replace(record, evidence=evidence)
     if not hashes_withheld(record):
         return record

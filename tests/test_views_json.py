@@ -37,6 +37,34 @@ def test_the_encoder_writes_what_record_to_json_encodes(state: str) -> None:
     mine = json.JSONEncoder(sort_keys=True).encode(record_to_json(rec, operator=True))
     assert record_json_encoder(operator=True)(rec) == mine
     assert json.loads(want)["state"] == state
+    tagged = json.JSONEncoder(sort_keys=True).encode(record_to_json(rec, holder=_tag))
+    assert record_json_encoder(holder=_tag)(rec) == tagged
+
+
+def _tag(iid: str, holder: str) -> str:
+    return f"tag:{iid}:{holder[::-1]}"
+
+
+@pytest.mark.parametrize("final", [False, True])
+def test_a_callers_encoder_tags_the_holder_of_a_keyed_record_as_record_to_json_does(
+    final: bool,
+) -> None:
+    """A record whose hashes are keyed takes the encoder's own path for a caller (its lease
+    holder tagged without a copy of the record): the same bytes as ``record_to_json``."""
+    op = {"target": "api", "protocol": "http", "fingerprint": None}
+    p = Projector(IID)
+    accepted = {"operation": op, "holder": "host:42:ab", "lease_expires_at": 2e9}
+    p.apply(Event(EventKind.ACTION_ACCEPTED, IID, accepted, seq=1))
+    p.apply(Event(EventKind.PREFLIGHT_VALIDATED, IID, {"config_hash": "hmac-sha256:c0"}, seq=2))
+    if final:
+        failed = {"code": "CONNECTION_REFUSED", "stage": "tcp"}
+        p.apply(Event(EventKind.SETUP_FAILED, IID, failed, seq=3))
+    rec = p.record(now=5.0)
+    assert rec.final is final and rec.evidence["lease"]["holder"] == "host:42:ab"
+    tagged = json.JSONEncoder(sort_keys=True).encode(record_to_json(rec, holder=_tag))
+    assert record_json_encoder(holder=_tag)(rec) == tagged
+    assert json.loads(tagged)["evidence"]["lease"]["holder"] == "tag:act_test:ba:24:tsoh"
+    assert "host:42" not in tagged
 
 
 def test_the_encoder_refuses_what_json_cannot_hold() -> None:

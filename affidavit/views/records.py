@@ -22,6 +22,7 @@ from affidavit.statemachine import (
     Record,
     Retry,
     caller_event,
+    caller_evidence,
     caller_record,
     current_code,
     hashes_withheld,
@@ -234,8 +235,15 @@ def record_json_encoder(
         return encode(v)
 
     def record_json(rec: Record) -> str:
-        if not operator:
-            rec = caller_record(rec, holder)  # its holder tagged, a plain hash withheld
+        if operator:
+            evidence = shown_evidence(rec)
+        elif hashes_withheld(rec):  # rare: recorded before hashes were keyed
+            rec = caller_record(rec, holder)  # its holder tagged, its plain hashes withheld
+            evidence = shown_evidence(rec)
+        else:
+            # Its lease holder tagged without a copy of the record (``caller_record``'s
+            # ``dataclasses.replace`` tripled the cost of a record's encoding).
+            evidence = caller_evidence(rec.invocation_id, shown_evidence(rec), holder)
         b = rec.budget
         # ``shown_error`` inlined for a final record (``current_code``: its own code), a call
         # fewer per record (~5% of a small record's encoding); the test in every state holds it.
@@ -251,7 +259,7 @@ def record_json_encoder(
             f'"used": {text(b.used)}}}, '
             f'"code": {"null" if code is None else string(code)}, '
             f'"events": {text(rec.events)}, '
-            f'"evidence": {encode(shown_evidence(rec))}, '
+            f'"evidence": {encode(evidence)}, '
             f'"field": {"null" if field is None else text(field)}, '
             f'"final": {final[rec.state]}, '
             f'"fingerprint": {text(rec.fingerprint)}, '
