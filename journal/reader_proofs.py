@@ -98,7 +98,7 @@ class ProvingReader(ReaderBase):
 
     def holder_tag(self, invocation_id: str, holder: str) -> str:
         """A lease's ``holder`` as a caller is shown it (``statemachine.HolderTag``): this
-        journal's keyed digest (``BrokerKey.digest``, label ``HOLDER_LABEL``) of the invocation
+        journal's keyed digest (``BrokerKey.digester``, label ``HOLDER_LABEL``) of the invocation
         id and the recorded holder, NUL-separated, as ``hmac-sha256:<hex>``.  The same in every
         process of the journal for the same holder of the same invocation, another for another
         holder; without the broker key it cannot be reversed or checked against a guessed
@@ -106,7 +106,10 @@ class ProvingReader(ReaderBase):
         digest = self._holder_digest
         if digest is None:  # (made once: a view tags a page of records)
             digest = self._holder_digest = self._broker_key().digester(HOLDER_LABEL)
-        return HOLDER_PREFIX + digest(invocation_id.encode("utf-8") + b"\0" + holder.encode())
+        # ``surrogatepass``: a row's JSON may hold a lone surrogate (an altered row); tagged, not
+        # a traceback in a caller's view.
+        data = f"{invocation_id}\0{holder}".encode("utf-8", "surrogatepass")
+        return HOLDER_PREFIX + digest(data)
 
     def broker_key_matches(self) -> bool | None:
         """Whether the broker key file is this journal's: its id against the one the journal
