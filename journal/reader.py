@@ -32,7 +32,7 @@ from .rows import (
     lease_from_row,
     unfoldable,
 )
-from .sealing import open_audit_payload, payload_aad
+from .sealing import open_audit_payload
 from .signing import Checkpoint
 from .tables import Tables
 
@@ -107,7 +107,7 @@ class JournalReader(ViewingReader, ProvingReader):
             return None
         key = self._broker_key()
         try:
-            data = key.open(row[2], payload_aad(row[0], row[1]))
+            data = key.open_payload(row[2], row[0], row[1], seq)
         except JournalError:
             if not self._key_recorded:
                 raise

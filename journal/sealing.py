@@ -4,8 +4,10 @@ Two keys (DESIGN, "Journal"):
 
 * the **broker key** — 32 random bytes in a 0600 file — seals what the broker must read back
   (stored results, payloads).  AES-256-GCM, random 96-bit nonce, associated data binding the
-  ciphertext to its place (invocation, kind/stream, index) so a sealed blob moved to another row
-  does not open.
+  ciphertext to its place so a sealed blob moved to another row does not open: an event payload
+  to its event (invocation, kind, seq: sealed by the single writer, which assigns the seq --
+  ``UnsealedPayload``), a result chunk to its invocation, stream and index (the chained marker
+  lists each sealed chunk's SHA-256, so one moved from another attempt is refused by its hash).
 * the optional **auditor public key** (X25519).  Each audit copy is sealed to it with an
   ephemeral X25519 key (ECIES: X25519 -> HKDF-SHA256 -> AES-256-GCM), so the broker can append
   what it cannot read back — Sallyport's write-only journal.
@@ -39,7 +41,9 @@ __all__ = [
     "AuditOpener",
     "AuditSealer",
     "BrokerKey",
+    "UnsealedPayload",
     "chunk_aad",
+    "event_payload_aad",
     "generate_auditor_keypair",
     "load_auditor_private_key",
     "open_audit",
@@ -56,6 +60,9 @@ __all__ = [
 _KEY_HEADER = "affidavit-journal-key-v1 "
 _BROKER_V1 = b"\x01"
 _AUDIT_V1 = b"\x02"
+_BROKER_EVENT = b"\x03"
+"""A broker-key blob of an event payload bound to its seq (``event_payload_aad``); ``_BROKER_V1``
+payloads, bound to their invocation and kind alone, are the journals written before it."""
 _NONCE = 12
 _POOL_BYTES = 4096
 
@@ -176,12 +183,12 @@ class BrokerKey:
 
         return digest
 
-    def seal(self, data: bytes, aad: bytes) -> bytes:
+    def seal(self, data: bytes, aad: bytes, version: bytes = _BROKER_V1) -> bytes:
         nonce = random_bytes(_NONCE)
-        return _BROKER_V1 + nonce + self._aead.encrypt(nonce, data, aad)
+        return version + nonce + self._aead.encrypt(nonce, data, aad)
 
-    def open(self, sealed: bytes, aad: bytes) -> bytes:
-        if sealed[:1] != _BROKER_V1 or len(sealed) < 1 + _NONCE + 16:
+    def open(self, sealed: bytes, aad: bytes, version: bytes = _BROKER_V1) -> bytes:
+        if sealed[:1] != version or len(sealed) < 1 + _NONCE + 16:
             raise JournalError(f"sealed blob is not a broker-key blob (key file {self.path})")
         try:
             return self._aead.decrypt(sealed[1 : 1 + _NONCE], sealed[1 + _NONCE :], aad)
@@ -190,6 +197,36 @@ class BrokerKey:
                 f"sealed data does not open with broker key file {self.path} "
                 "(wrong key, or the row was altered)"
             ) from None
+
+    def seal_payload(self, data: bytes, invocation_id: str, kind: str, seq: int) -> bytes:
+        """An event payload sealed to its event: ``event_payload_aad``, marked ``_BROKER_EVENT``."""
+        return self.seal(data, event_payload_aad(invocation_id, kind, seq), _BROKER_EVENT)
+
+    def open_payload(self, sealed: bytes, invocation_id: str, kind: str, seq: int) -> bytes:
+        """Open an event's payload by the form its first byte says it was sealed in: bound to
+        the event (``seal_payload``), or -- a journal written before that -- to its invocation
+        and kind alone.  Never one form after the other: a payload sealed to its event and
+        relabelled as the old form does not open (its associated data is not the old form's),
+        and one moved to another event does not either.  ``JournalError`` otherwise."""
+        if sealed[:1] == _BROKER_EVENT:
+            return self.open(sealed, event_payload_aad(invocation_id, kind, seq), _BROKER_EVENT)
+        return self.open(sealed, payload_aad(invocation_id, kind))
+
+
+class UnsealedPayload:
+    """An event payload's canonical JSON, sealed with the broker key by the single writer once
+    the event's seq is assigned (``Txn.insert``): the seq is what tells two events of one
+    invocation and kind apart, and it is known only there.  One AES-GCM seal per payload,
+    moved from the submitting task to the writer thread, not added (issue 15)."""
+
+    __slots__ = ("data", "key")
+
+    def __init__(self, key: BrokerKey, data: bytes) -> None:
+        self.key = key
+        self.data = data
+
+    def seal(self, invocation_id: str, kind: str, seq: int) -> bytes:
+        return self.key.seal_payload(self.data, invocation_id, kind, seq)
 
 
 def _derive(shared: bytes, eph_pub: bytes, recipient_pub: bytes) -> bytes:
@@ -329,8 +366,17 @@ def _aad(*parts: str | int) -> bytes:
 
 
 def payload_aad(invocation_id: str, kind: str) -> bytes:
-    """Associated data of an event payload (broker copy and audit copy)."""
+    """Associated data of an event payload's audit copy, and of a broker copy written before
+    ``event_payload_aad`` (a ``_BROKER_V1`` blob).  The audit copy is sealed in the submitting
+    task (an X25519 exchange each: not in the single writer) and handed to the auditor only
+    from a row proven against a signed checkpoint (``JournalReader.audit_copy``)."""
     return _aad("payload", invocation_id, kind)
+
+
+def event_payload_aad(invocation_id: str, kind: str, seq: int) -> bytes:
+    """Associated data of an event payload's broker copy: bound to the event, its seq included,
+    so it does not open in another event of the same invocation and kind."""
+    return _aad("payload-event", invocation_id, kind, seq)
 
 
 def chunk_aad(invocation_id: str, stream: str, index: int) -> bytes:

@@ -38,7 +38,7 @@ from .errors import ApprovalLapsed, IdempotencyRecord, JournalError, Lease
 from .reader import JournalReader, default_signing_key
 from .requests import Around, Batch, Fail, Hook, Posted
 from .rows import BARRIER_VALUES, attrs_json, decode_attrs
-from .sealing import AuditSealer, BrokerKey, payload_aad
+from .sealing import AuditSealer, BrokerKey, UnsealedPayload, payload_aad
 from .segments import SegmentStore
 from .signing import SigningKey
 from .txn import Txn
@@ -296,7 +296,9 @@ class Journal(JournalReader):
 
     def _seal_payload(
         self, event: Event, payload: Mapping[str, Any] | None
-    ) -> tuple[bytes | None, bytes | None]:
+    ) -> tuple[UnsealedPayload | None, bytes | None]:
+        """The payload's broker copy, for the single writer to seal once the event's seq is
+        assigned (``UnsealedPayload``), and its audit copy, sealed here."""
         if payload is None:
             return None, None
         try:
@@ -306,11 +308,11 @@ class Journal(JournalReader):
                 f"{event.kind.value} payload of invocation {event.invocation_id} is not JSON: "
                 f"{type(exc).__name__}"
             ) from None
-        aad = payload_aad(event.invocation_id, event.kind.value)
         assert self._key is not None
-        mine = self._key.seal(data, aad) if self._payload_copy else None
-        audit = self._audit.seal(data, aad) if self._audit is not None else None
-        return mine, audit
+        mine = UnsealedPayload(self._key, data) if self._payload_copy else None
+        if self._audit is None:
+            return mine, None
+        return mine, self._audit.seal(data, payload_aad(event.invocation_id, event.kind.value))
 
     async def append(
         self,

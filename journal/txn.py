@@ -28,6 +28,7 @@ from .chain import json_string as _string
 from .chain import row_digest
 from .errors import JournalError
 from .rows import attrs_json, close_rows, decode_attrs, event_from_row, unfoldable
+from .sealing import UnsealedPayload
 from .tables import Tables
 
 if TYPE_CHECKING:
@@ -206,13 +207,14 @@ class Txn:
         self,
         event: Event,
         attrs_text: str,
-        payload: bytes | None = None,
+        payload: bytes | UnsealedPayload | None = None,
         audit: bytes | None = None,
         attrs: Mapping[str, Any] | None = None,
     ) -> Event:
         """Validate (projection), chain and queue one row; return the stored event.  ``attrs``
         is ``attrs_text`` decoded, so the writer's projection holds exactly what a reader of the
-        file folds (see ``Journal.record``)."""
+        file folds (see ``Journal.record``).  An ``UnsealedPayload`` is sealed here, bound to
+        the seq this row is given."""
         w = self.writer
         iid = event.invocation_id
         proj = w.projectors.get(iid)
@@ -266,6 +268,8 @@ class Txn:
         )
         kind_v = kind._value_  # not .value: a Python-level property, twice per row
         source_v = event.source._value_
+        if isinstance(payload, UnsealedPayload):
+            payload = payload.seal(iid, kind_v, seq)
         # The digest first: once the projection has applied the event, nothing may fail before
         # its row is queued (``Journal.record`` serves that projection as the file's state).
         if (

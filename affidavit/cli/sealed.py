@@ -16,8 +16,8 @@ module is below none of them (tests/test_layers.py: nothing but the CLI imports 
 
 Verified: a key file that is missing, not 0600, not a key, or not this journal's key is
 FILE_UNUSABLE naming the file; a blob that does not open with the journal's own key (AES-GCM,
-bound to its invocation and event kind) was altered, and is refused -- nothing is printed then,
-never a partial or garbage plaintext.
+bound to its event: invocation, kind and seq) was altered or moved from another event, and is
+refused -- nothing is printed then, never a partial or garbage plaintext.
 """
 
 from __future__ import annotations
