@@ -268,7 +268,7 @@ class Txn:
         )
         kind_v = kind._value_  # not .value: a Python-level property, twice per row
         source_v = event.source._value_
-        if isinstance(payload, UnsealedPayload):
+        if payload is not None and isinstance(payload, UnsealedPayload):
             payload = payload.seal(iid, kind_v, seq)
         # The digest first: once the projection has applied the event, nothing may fail before
         # its row is queued (``Journal.record`` serves that projection as the file's state).
