@@ -20,10 +20,12 @@ envelopes whose phase, outcome and retry hint come from the journal.  Exceptions
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+import trio
 
 from affidavit.approvals import Operator, OperatorError, OperatorPolicy
 from affidavit.approvals import service as approvals
@@ -31,7 +33,7 @@ from affidavit.config import Config, load_config
 from affidavit.engine import CallControl, Deliver, Engine, EngineSettings
 from affidavit.engine import approval as engine_approval
 from affidavit.engine.delivery import STORE_ONLY
-from affidavit.journal import Journal, ResultStream
+from affidavit.journal import Journal, JournalReader, ResultStream
 from affidavit.protocols import Binding, load_bindings
 from affidavit.protocols.catalog import catalog
 from affidavit.reconcile import service as reconcile
@@ -42,6 +44,8 @@ from affidavit.statemachine import Event, Record, operation_json
 from .wire import check_timeout
 
 __all__ = ["Broker"]
+
+T = TypeVar("T")
 
 
 class Broker:
@@ -303,3 +307,22 @@ class Broker:
 
     def events(self, invocation_id: str) -> list[Event]:
         return self.journal.events(invocation_id)
+
+    async def view(self, read: Callable[[JournalReader], T], limiter: trio.CapacityLimiter) -> T:
+        """``read`` -- a view or an operator's read (a record and its events, the actions,
+        the sessions, the metrics, the approvals, a verify) -- on a read-only connection of its
+        own, in a worker thread of ``limiter`` (a host's own, never trio's default threads,
+        which the calls' journal opens share): a slow database (a lock another session holds,
+        a long scan, a stalled server) stalls that read alone, never the calls on the event
+        loop.  Hints are judged as the broker's own reads judge them (``send_windows``); an
+        approval's request is opened with the broker key.  A ``JournalError`` is raised as
+        the read raised it."""
+        location, key_file = self.config.journal.location, self.config.journal.key_file
+        windows = self.journal.send_windows
+
+        def run() -> T:
+            with JournalReader.open(location, key_file=key_file) as reader:
+                reader.send_windows = windows
+                return read(reader)
+
+        return await trio.to_thread.run_sync(run, limiter=limiter)

@@ -69,7 +69,7 @@ from affidavit.journal import (
     ReadFailed,
     SessionSummary,
 )
-from affidavit.statemachine import Outcome, Phase
+from affidavit.statemachine import Event, Outcome, Phase, Record
 from affidavit.text import printable
 from affidavit.views import (
     actions_page,
@@ -303,15 +303,18 @@ class Api:
         await req.respond_json(envelope)
 
     async def record(self, req: Request, invocation_id: str) -> None:
-        try:
-            rec = self.broker.record(invocation_id)
-            if rec is None:
-                raise ApiProblem(
-                    404, "NO_SUCH_INVOCATION", f"no invocation {invocation_id} in the journal"
-                )
-            events = self.broker.events(invocation_id)
-        except JournalError as exc:
-            raise _journal_problem(exc, f"the record of {invocation_id}") from None
+        """The record and its events, read in a view thread (``read``): a database slow to
+        answer this read stalls it alone, never the calls."""
+
+        def both(j: JournalReader) -> tuple[Record | None, list[Event]]:
+            rec = j.record(invocation_id)
+            return rec, (j.events(invocation_id) if rec is not None else [])
+
+        rec, events = await self._read(both, f"the record of {invocation_id}")
+        if rec is None:
+            raise ApiProblem(
+                404, "NO_SUCH_INVOCATION", f"no invocation {invocation_id} in the journal"
+            )
         # A caller's: its lease holder tagged, plain hashes withheld.
         await req.respond_json(record_view(rec, events, holder=self.broker.journal.holder_tag))
 
@@ -423,15 +426,7 @@ class Api:
         a ``JournalError`` themselves) -- one of the views' own ``VIEW_THREADS``: a request
         waits for one on the event loop, holding no thread."""
 
-        key_file = self.broker.config.journal.key_file  # (an approval's request is sealed)
-        windows = self.broker.journal.send_windows  # the hints judged as the broker's own reads
-
-        def run() -> Any:
-            with JournalReader.open(self.journal.location, key_file=key_file) as reader:
-                reader.send_windows = windows
-                return view(reader)
-
-        return await trio.to_thread.run_sync(run, limiter=self.view_threads)
+        return await self.broker.view(view, self.view_threads)
 
     async def read_summarized(self, view: Callable[[JournalReader], Any]) -> Any:
         """``read``, for a view that brings ``summary`` to the head: one at a time

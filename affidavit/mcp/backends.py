@@ -101,11 +101,19 @@ def _unknown_id(invocation_id: str) -> dict[str, Any]:
     return refusal("INVALID_FIELD", "invocation_id", "no such invocation in the journal")
 
 
+VIEW_THREADS = 2
+"""Worker threads the embedded broker's views (``record``, ``actions``) hold at once: their
+own, never trio's default ones -- which the calls' journal opens share."""
+
+
 class Embedded:
     def __init__(self, broker: Broker) -> None:
         self.broker = broker
         self._controls: set[Any] = set()
         self._stopped = False
+        self._view_threads = trio.CapacityLimiter(VIEW_THREADS)
+        """The views' threads (``Broker.view``): a database slow to answer a view stalls that
+        view alone, never the calls running on the event loop."""
 
     @classmethod
     @asynccontextmanager
@@ -168,32 +176,39 @@ class Embedded:
         return _unknown_id(invocation_id) if envelope is None else envelope
 
     async def record(self, invocation_id: str) -> dict[str, Any]:
-        from affidavit.journal import JournalError
+        from affidavit.journal import JournalError, JournalReader
         from affidavit.views import record_view
 
+        tag = self.broker.journal.holder_tag  # (the broker's own reader holds the broker key)
+
+        def both(j: JournalReader) -> dict[str, Any] | None:
+            rec = j.record(invocation_id)
+            return None if rec is None else record_view(rec, j.events(invocation_id), holder=tag)
+
         try:
-            rec = self.broker.record(invocation_id)
-            if rec is None:
-                return _unknown_id(invocation_id)
-            events = self.broker.events(invocation_id)
+            view = await self.broker.view(both, self._view_threads)
         except JournalError as exc:
             return self._journal_error(exc, f"the record of {invocation_id}", invocation_id)
         # A caller's: its lease holder tagged, plain hashes withheld.
-        return record_view(rec, events, holder=self.broker.journal.holder_tag)
+        return _unknown_id(invocation_id) if view is None else view
 
     async def actions(self, session: str | None, outcome: str | None, limit: int) -> dict[str, Any]:
-        from affidavit.journal import JournalError
+        from affidavit.journal import JournalError, JournalReader
         from affidavit.views import actions_page, record_to_json
 
-        try:
+        tag = self.broker.journal.holder_tag  # (the broker's own reader holds the broker key)
+
+        def page(j: JournalReader) -> dict[str, Any]:
             # The newest ``limit``: memory O(limit), and without an outcome filter only the
             # page's rows read, not O(journal) (``views.actions_page``).
-            page = actions_page(self.broker.journal, limit, session=session, outcome=outcome)
+            found = actions_page(j, limit, session=session, outcome=outcome)
+            actions = [record_to_json(r, holder=tag) for r in found.records]
+            return {"actions": actions, "total": found.total, "truncated": found.truncated}
+
+        try:
+            return await self.broker.view(page, self._view_threads)
         except JournalError as exc:
             return self._journal_error(exc, "the actions view")
-        tag = self.broker.journal.holder_tag
-        actions = [record_to_json(r, holder=tag) for r in page.records]
-        return {"actions": actions, "total": page.total, "truncated": page.truncated}
 
     async def poll_operation(self, operation_id: str) -> dict[str, Any]:
         """A journal that could not take the poll is answered as the daemon answers it (its

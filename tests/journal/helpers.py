@@ -216,12 +216,15 @@ def decline_record_once(monkeypatch: Any, iid: str) -> list[str]:
 
 
 def decline_every_record(monkeypatch: Any) -> None:
-    """Every ``Journal.record`` is declined by the database, as a busy journal declines it
-    (SQLITE_BUSY past the busy timeout; on PostgreSQL a statement timeout): inside the
-    journal's own ``_read``, which words it -- ``journal <where>: the record of invocation
-    <id> cannot be read: ...``, the location and the caller's id in one line."""
+    """Every record read -- the writing journal's (``Journal.record``) and a view's own
+    reader's (``JournalReader.record``: ``Broker.view``) -- is declined by the database, as a
+    busy journal declines it (SQLITE_BUSY past the busy timeout; on PostgreSQL a statement
+    timeout): inside the journal's own ``_read``, which words it -- ``journal <where>: the
+    record of invocation <id> cannot be read: ...``, the location and the caller's id in one
+    line."""
     import sqlite3
 
+    from affidavit.journal import JournalReader
     from affidavit.journal.store import Journal
 
     def busy(_tables: Any) -> None:
@@ -229,10 +232,11 @@ def decline_every_record(monkeypatch: Any) -> None:
         exc.sqlite_errorcode = 5  # type: ignore[attr-defined]  # SQLITE_BUSY
         raise exc
 
-    def record(self: Journal, invocation_id: str, now: Any = None) -> Any:
+    def record(self: JournalReader, invocation_id: str, now: Any = None) -> Any:
         return self._read(busy, f"the record of invocation {invocation_id}")
 
     monkeypatch.setattr(Journal, "record", record)
+    monkeypatch.setattr(JournalReader, "record", record)
 
 
 def alter_record(monkeypatch: Any, iid: str, words: str) -> None:
