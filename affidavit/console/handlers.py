@@ -21,7 +21,7 @@ import trio
 from affidavit.api.broker import Broker
 from affidavit.api.wire import parse_time
 from affidavit.approvals import Operator, OperatorError, service
-from affidavit.engine import read_failure
+from affidavit.engine import read_failure, stored_envelope
 from affidavit.journal import (
     AlteredRow,
     JournalError,
@@ -230,14 +230,28 @@ class Handlers:
 
     async def _envelope(self, iid: str) -> dict[str, Any] | None:
         """The stored envelope, read as a resumed read from chunk 0: it records nothing (the
-        console is not the caller; its look is no delivery)."""
+        console is not the caller; its look is no delivery).  A closed record's is read in a
+        view thread (``read``: a database slow to answer it stalls this page alone, never the
+        calls); an open one's through the broker (``Broker.fetch_result``), on the event loop,
+        which closes it first if its holder's lease ran out (recovery's write)."""
+
+        def stored(r: JournalReader) -> dict[str, Any] | bool | None:
+            record = r.record(iid)
+            if record is None:
+                return None
+            return stored_envelope(r, record, 0) if record.final else False
+
         try:
-            return await self.broker.fetch_result(iid, from_chunk=0)
+            found: dict[str, Any] | bool | None = await self.read(stored)
+            if found is False:
+                found = await self.broker.fetch_result(iid, from_chunk=0)
         except (JournalUnavailable, ReadFailed, AlteredRow) as exc:  # not unverified: unread
             # (away, declined) or a row altered in place (JOURNAL_UNREADABLE, the journal's words)
             raise _journal_refusal(exc, read_failure(exc, f"the result of {iid}")) from None
         except JournalError as exc:
             raise Refused(500, f"the stored result does not verify: {exc}") from None
+        assert not isinstance(found, bool)
+        return found
 
 
 def _operator(req: Request) -> Operator:

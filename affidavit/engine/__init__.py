@@ -9,6 +9,7 @@ from affidavit.engine.engine import Deliver, Engine
 from affidavit.engine.ids import new_invocation_id
 from affidavit.engine.location import JOURNAL_WORDS, unplaced
 from affidavit.engine.operations import OperationError, poll_failure
+from affidavit.engine.recorder import stored_envelope
 from affidavit.engine.recovery import (
     READ_DECLINED,
     UNREADABLE,
@@ -37,6 +38,7 @@ __all__ = [
     "new_invocation_id",
     "poll_failure",
     "read_failure",
+    "stored_envelope",
     "tune_collector",
     "unplaced",
     "unread",

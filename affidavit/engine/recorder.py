@@ -14,7 +14,7 @@ from typing import Any, Protocol, TypeVar
 
 import trio
 
-from affidavit.journal import Journal, JournalUnavailable, Posted, ResultStream
+from affidavit.journal import Journal, JournalReader, JournalUnavailable, Posted, ResultStream
 from affidavit.statemachine import (
     BARRIER_KINDS,
     Event,
@@ -25,7 +25,7 @@ from affidavit.statemachine import (
     render_envelope,
 )
 
-__all__ = ["Recorder", "reference_payload", "result_payload", "resume_table"]
+__all__ = ["Recorder", "reference_payload", "result_payload", "resume_table", "stored_envelope"]
 
 T = TypeVar("T")
 
@@ -241,15 +241,14 @@ class Recorder:
                 env.pop(own, None)
             env["error"] = lease_lost_error(record, lost, dispatched=dispatched)
             return env
+        if from_chunk is not None:
+            return stored_envelope(self.journal, record, from_chunk)
         iid = record.invocation_id
         stream = self.journal.result_stream(iid)  # the marker and summary, verified
         limit = self.inline_limit
         payload: dict[str, Any] | None
         if stream is None:
             payload = None
-        elif from_chunk is not None:
-            payload = result_payload(stream.read(from_chunk))
-            payload["resume"] = resume_table(stream, from_chunk)
         elif whole or limit is None or sum(s.bytes for s in stream.streams.values()) <= limit:
             payload = result_payload(stream.read())
         else:
@@ -260,6 +259,19 @@ class Recorder:
         """``render_envelope`` with the lease holder as this journal tags it for a caller
         (``JournalReader.holder_tag``): every envelope the engine answers is rendered here."""
         return render_envelope(record, result, holder=self.journal.holder_tag)
+
+
+def stored_envelope(journal: JournalReader, record: Record, from_chunk: int) -> dict[str, Any]:
+    """The envelope of ``record`` with each stream of its stored result from ``from_chunk`` on
+    (verified; ``JournalError`` if it fails) and a ``resume`` table -- a resumed read, which
+    records nothing: the broker's own (``Recorder.envelope``) or a view's, on a reader of its
+    own in a worker thread (the console's)."""
+    stream = journal.result_stream(record.invocation_id)  # the marker and summary, verified
+    payload: dict[str, Any] | None = None
+    if stream is not None:
+        payload = result_payload(stream.read(from_chunk))
+        payload["resume"] = resume_table(stream, from_chunk)
+    return render_envelope(record, payload)
 
 
 class _StoredLike(Protocol):

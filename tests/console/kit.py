@@ -169,10 +169,14 @@ def operator_config(
 
 
 @contextlib.asynccontextmanager
-async def served(broker: Any, tmp: Path, **console: Any) -> AsyncIterator[tuple[str, Any]]:
+async def served(
+    broker: Any, tmp: Path, *, threads: bool = False, **console: Any
+) -> AsyncIterator[tuple[str, Any]]:
     """``broker``'s console served in this process on a free loopback port, as the daemon
     serves it (hypercorn over a trio listener): (its origin, the ``Console``); ``console``:
-    more of its settings (``public_origin=``)."""
+    more of its settings (``public_origin=``).  Its reads are made on the event loop, on the
+    broker's own journal -- or, with ``threads``, as the daemon makes them (``Broker.view``:
+    a reader of their own, in worker threads)."""
     from hypercorn.app_wrappers import ASGIWrapper
     from hypercorn.config import Config
     from hypercorn.trio.tcp_server import TCPServer
@@ -184,7 +188,11 @@ async def served(broker: Any, tmp: Path, **console: Any) -> AsyncIterator[tuple[
     [listener] = await trio.open_tcp_listeners(0, host="127.0.0.1")
     origin = f"http://127.0.0.1:{listener.socket.getsockname()[1]}"
 
+    limiter = trio.CapacityLimiter(2)
+
     async def read(view: Callable[[Any], T]) -> T:
+        if threads:
+            return await broker.view(view, limiter)  # type: ignore[no-any-return]
         return view(broker.journal)
 
     console = Console(broker, read, TokenStore(tmp / "console-tokens"), origin=origin, **console)
