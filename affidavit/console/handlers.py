@@ -235,11 +235,15 @@ class Handlers:
         calls); an open one's through the broker (``Broker.fetch_result``), on the event loop,
         which closes it first if its holder's lease ran out (recovery's write)."""
 
+        # The envelope as the caller was answered it: its lease holder tagged by the broker's
+        # own reader, which holds the broker key (``affidavit journal holder`` maps it back).
+        tag = self.broker.journal.holder_tag
+
         def stored(r: JournalReader) -> dict[str, Any] | bool | None:
             record = r.record(iid)
             if record is None:
                 return None
-            return stored_envelope(r, record, 0) if record.final else False
+            return stored_envelope(r, record, 0, holder=tag) if record.final else False
 
         try:
             found: dict[str, Any] | bool | None = await self.read(stored)

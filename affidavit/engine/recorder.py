@@ -18,6 +18,7 @@ from affidavit.journal import Journal, JournalReader, JournalUnavailable, Posted
 from affidavit.statemachine import (
     BARRIER_KINDS,
     Event,
+    HolderTag,
     Record,
     in_progress_error,
     lease_lost_error,
@@ -242,7 +243,7 @@ class Recorder:
             env["error"] = lease_lost_error(record, lost, dispatched=dispatched)
             return env
         if from_chunk is not None:
-            return stored_envelope(self.journal, record, from_chunk)
+            return stored_envelope(self.journal, record, from_chunk, holder=self.journal.holder_tag)
         iid = record.invocation_id
         stream = self.journal.result_stream(iid)  # the marker and summary, verified
         limit = self.inline_limit
@@ -261,17 +262,24 @@ class Recorder:
         return render_envelope(record, result, holder=self.journal.holder_tag)
 
 
-def stored_envelope(journal: JournalReader, record: Record, from_chunk: int) -> dict[str, Any]:
+def stored_envelope(
+    journal: JournalReader,
+    record: Record,
+    from_chunk: int,
+    *,
+    holder: HolderTag | None = None,
+) -> dict[str, Any]:
     """The envelope of ``record`` with each stream of its stored result from ``from_chunk`` on
     (verified; ``JournalError`` if it fails) and a ``resume`` table -- a resumed read, which
     records nothing: the broker's own (``Recorder.envelope``) or a view's, on a reader of its
-    own in a worker thread (the console's)."""
+    own in a worker thread (the console's).  Its lease holder as ``holder`` tags it
+    (``render_envelope``): a caller's resumed read shows the tag its whole fetch shows."""
     stream = journal.result_stream(record.invocation_id)  # the marker and summary, verified
     payload: dict[str, Any] | None = None
     if stream is not None:
         payload = result_payload(stream.read(from_chunk))
         payload["resume"] = resume_table(stream, from_chunk)
-    return render_envelope(record, payload)
+    return render_envelope(record, payload, holder=holder)
 
 
 class _StoredLike(Protocol):
