@@ -185,7 +185,11 @@ def _on_approval_granted(p: Projector, event: Event) -> None:
     if event.attrs.get("fingerprint") != requested:
         # The grant names what the operator saw; anything else approves nothing.
         _refuse(p, event, f"attrs.fingerprint must be the requested {requested}")
-    p._evidence["approval"] = _decided(p, event, "granted")
+    decided = _decided(p, event, "granted")
+    if event.attrs.get("blind") is True:  # granted without the request read (approvals.decide)
+        decided["blind"] = True
+        decided["unreadable"] = event.attrs.get("unreadable")
+    p._evidence["approval"] = decided
     p._code = None
 
 

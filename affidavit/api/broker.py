@@ -210,10 +210,17 @@ class Broker:
         return approvals.show(self.journal, invocation_id)
 
     async def approve(
-        self, invocation_id: str, *, note: str | None = None, operator: Operator | None = None
+        self,
+        invocation_id: str,
+        *,
+        note: str | None = None,
+        operator: Operator | None = None,
+        blind: bool = False,
     ) -> dict[str, Any]:
-        """Approve a pending request (APPROVAL_GRANTED with the operator and the note)."""
-        return await self._decide(invocation_id, True, note, operator)
+        """Approve a pending request (APPROVAL_GRANTED with the operator and the note).  One
+        whose sealed request cannot be read here is refused REQUEST_UNREADABLE unless
+        ``blind`` (then the grant records that it was blind)."""
+        return await self._decide(invocation_id, True, note, operator, blind)
 
     async def deny(
         self, invocation_id: str, *, note: str | None = None, operator: Operator | None = None
@@ -222,12 +229,18 @@ class Broker:
         return await self._decide(invocation_id, False, note, operator)
 
     async def _decide(
-        self, invocation_id: str, approve: bool, note: str | None, operator: Operator | None
+        self,
+        invocation_id: str,
+        approve: bool,
+        note: str | None,
+        operator: Operator | None,
+        blind: bool = False,
     ) -> dict[str, Any]:
         who = operator or Operator.current()
+        policy = self.operator_policy
         try:
             return await approvals.decide(
-                self._engine, self.operator_policy, who, invocation_id, approve=approve, note=note
+                self._engine, policy, who, invocation_id, approve=approve, note=note, blind=blind
             )
         finally:
             self._engine.recorder.done()  # as a call's: nothing kept for this task after it

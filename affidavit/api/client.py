@@ -288,10 +288,16 @@ class Client:
         view: dict[str, Any] = await self._get(approval_path(invocation_id))
         return view
 
-    async def approve(self, invocation_id: str, *, note: str | None = None) -> dict[str, Any]:
+    async def approve(
+        self, invocation_id: str, *, note: str | None = None, blind: bool = False
+    ) -> dict[str, Any]:
         """Approve a pending request as this peer (``ApiError`` 403 for a non-operator or the
-        requester itself, 409 when it is no longer pending)."""
-        return await self._post_json(approval_path(invocation_id, "/approve"), {"note": note})
+        requester itself, 409 when it is no longer pending, or REQUEST_UNREADABLE when its
+        sealed request cannot be read and ``blind`` is not given)."""
+        body: dict[str, Any] = {"note": note}
+        if blind:
+            body["blind"] = True
+        return await self._post_json(approval_path(invocation_id, "/approve"), body)
 
     async def deny(self, invocation_id: str, *, note: str | None = None) -> dict[str, Any]:
         return await self._post_json(approval_path(invocation_id, "/deny"), {"note": note})

@@ -24,12 +24,16 @@ __all__ = ["Operator", "OperatorError", "OperatorPolicy"]
 
 class OperatorError(Exception):
     """An operator action that is refused or impossible; ``code`` is stable, ``status`` the
-    daemon API's HTTP status, ``message`` for the human."""
+    daemon API's HTTP status, ``message`` for the human, ``field`` the part of the request to
+    change when one is (``blind``)."""
 
-    def __init__(self, code: str, message: str, status: int = 409) -> None:
+    def __init__(
+        self, code: str, message: str, status: int = 409, field: str | None = None
+    ) -> None:
         self.code = code
         self.message = message
         self.status = status
+        self.field = field
         super().__init__(message)
 
 

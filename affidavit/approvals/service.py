@@ -70,6 +70,7 @@ ALTERED = (
     "the sealed request does not open with the key this journal records as its own: the row "
     "was altered (`affidavit journal verify`)"
 )
+SEALED_AWAY = "it is sealed to a key this broker lacks (only an auditor can read it)"
 """``request_unreadable``: fixed words, never the journal's own (``journal <path>: ...``,
 ``broker key file <path>``) -- the view answers an operator on the daemon's socket, where no
 answer names where the journal or its keys live (``engine.unplaced``).  The log keeps them."""
@@ -138,6 +139,9 @@ def approval_view(
         "operator": approval.get("operator"),
         "note": approval.get("note"),
     }
+    if approval.get("blind") is True:  # granted with the request unread (``decide``)
+        view["blind"] = True
+        view["unreadable"] = approval.get("unreadable")
     try:
         sealed = reader.payload(requested.seq) if requested.seq is not None else None
     except (JournalUnavailable, ReadFailed):  # unread (away, or declined once), not sealed
@@ -200,11 +204,7 @@ def content(reader: JournalReader, invocation_id: str, name: str) -> bytes:
     request = view.get("request")
     if not isinstance(request, Mapping):
         unread = view.get("request_unreadable")  # (not sealed away: it did not open)
-        why = (
-            unread
-            if unread is not None
-            else "it is sealed to a key this broker lacks (only an auditor can read it)"
-        )
+        why = unread if unread is not None else SEALED_AWAY
         raise OperatorError(
             "REQUEST_SEALED",
             f"the request of {invocation_id} cannot be read here -- {why}: its content "
@@ -253,6 +253,28 @@ def content(reader: JournalReader, invocation_id: str, name: str) -> bytes:
     return data
 
 
+def _blindness(
+    reader: JournalReader, record: Record, invocation_id: str, blind: bool
+) -> dict[str, Any]:
+    """What a grant adds about its reading: nothing when the sealed request is readable here;
+    ``blind`` and the fixed words of why (``unreadable``) when it is not and the operator said
+    ``blind``; else ``OperatorError`` REQUEST_UNREADABLE."""
+    view = approval_view(reader, record)
+    if isinstance(view.get("request"), Mapping):
+        return {}
+    why = view.get("request_unreadable") or SEALED_AWAY
+    if not blind:
+        raise OperatorError(
+            "REQUEST_UNREADABLE",
+            f"blind: the request of {invocation_id} cannot be read here -- {why}: approving "
+            "it is approving blind; deny it, or approve it blind (--blind, "
+            '{"blind": true}) and the grant records that nobody read it',
+            409,
+            "blind",
+        )
+    return {"blind": True, "unreadable": why}
+
+
 def _approval_record(reader: JournalReader, invocation_id: str) -> Record:
     record = reader.record(invocation_id)
     if record is None or not isinstance(record.evidence.get("approval"), Mapping):
@@ -284,13 +306,21 @@ async def decide(
     *,
     approve: bool,
     note: str | None = None,
+    blind: bool = False,
 ) -> dict[str, Any]:
     """Record ``operator``'s decision on a pending request; return the approval's view.
 
     Refused (``OperatorError``): not an operator (403); the requester's own uid while
     ``allow_self_approval`` is off (403); no such approval (404); not pending any more --
-    decided, or expired, which is recorded now as APPROVAL_EXPIRED (409).  A journal that
-    cannot be read or written raises its ``JournalError`` (``decision_failure`` answers it)."""
+    decided, or expired, which is recorded now as APPROVAL_EXPIRED (409); an approval of a
+    request whose sealed content this broker cannot read (the view's ``request`` is None:
+    its row altered, the key file unusable, sealed to another key) without ``blind``
+    (409 REQUEST_UNREADABLE, field ``blind``): approving what nobody could read is approving
+    blind, so it is only done when the operator says so, and the grant records ``blind`` and
+    why (``unreadable``).  Blind or not, the grant names the fingerprint APPROVAL_REQUESTED
+    recorded in the clear -- computed from the request as accepted, before it was sealed --
+    and the dispatch gate sends only a request with that fingerprint.  A journal that cannot
+    be read or written raises its ``JournalError`` (``decision_failure`` answers it)."""
     policy.require(operator, "approve or deny")
     note = check_note(note)
     journal = engine.journal
@@ -309,11 +339,9 @@ async def decide(
     policy.require_not_requester(operator, (requested.attrs.get("requester") or {}).get("uid"))
     who = operator.attrs()
     if approve:
-        event = Event(
-            E.APPROVAL_GRANTED,
-            invocation_id,
-            {"fingerprint": approval["fingerprint"], "operator": who, "note": note},
-        )
+        attrs = {"fingerprint": approval["fingerprint"], "operator": who, "note": note}
+        attrs.update(_blindness(journal, record, invocation_id, blind))
+        event = Event(E.APPROVAL_GRANTED, invocation_id, attrs)
     else:
         event = Event(
             E.APPROVAL_DENIED,

@@ -6,6 +6,7 @@
                                                  exact bytes, on stdout (checked: its SHA-256
                                                  is the one the approval shows)
     affidavit approvals approve ID [--note T]    APPROVAL_GRANTED; the request is then sent once
+                        [--blind]               ... even one whose request cannot be read here
     affidavit approvals deny ID [--note T]       APPROVAL_DENIED; it is never sent
     affidavit reconcile ID --query               run the target's reconciliation query
     affidavit reconcile ID --attest committed|rejected --note TEXT
@@ -69,8 +70,15 @@ def add_commands(sub: Any) -> None:
         d = asub.add_parser(verb, help=f"{what} (operators only)")
         d.add_argument("invocation_id")
         d.add_argument("--note", help="why, kept in the journal with your identity")
+        if verb == "approve":
+            d.add_argument(
+                "--blind",
+                action="store_true",
+                help="approve even though the sealed request cannot be read here (refused "
+                "REQUEST_UNREADABLE otherwise); the grant records that it was blind",
+            )
         _options(d)
-        d.set_defaults(handler=_decide, verb=verb)
+        d.set_defaults(handler=_decide, verb=verb, blind=False)
 
     r = sub.add_parser("reconcile", help="settle an unknown outcome: query the remote, or attest")
     r.add_argument("invocation_id")
@@ -248,12 +256,14 @@ def _decide(args: argparse.Namespace) -> int:
         from affidavit.api.wire import approval_path
 
         path = approval_path(iid, f"/{args.verb}")
-        _print(_daemon_answer(socket, "POST", path, {"note": note}))
+        body: dict[str, Any] = {"note": note, **({"blind": True} if args.blind else {})}
+        _print(_daemon_answer(socket, "POST", path, body))
         return 0
 
     async def decide(broker: Any) -> Any:
-        decision = broker.approve if args.verb == "approve" else broker.deny
-        return await decision(iid, note=note)
+        if args.verb == "approve":
+            return await broker.approve(iid, note=note, blind=args.blind)
+        return await broker.deny(iid, note=note)
 
     from affidavit.approvals import service
 

@@ -67,7 +67,7 @@ def _require(api: Api, req: Request, action: str) -> Operator:
 
 
 def _problem(exc: OperatorError) -> ApiProblem:
-    return ApiProblem(exc.status, exc.code, exc.message)
+    return ApiProblem(exc.status, exc.code, exc.message, exc.field)
 
 
 async def _run(
@@ -131,9 +131,19 @@ async def decide(api: Api, req: Request, invocation_id: str, verb: str) -> None:
     body = _fields(await req.json_object(), DECISION_FIELDS)
     who = _require(api, req, "approve or deny")
     note = _note(body)
-    decision = api.broker.approve if verb == "approve" else api.broker.deny
+    blind = body.get("blind", False)
+    if not isinstance(blind, bool) or (blind and verb != "approve"):
+        raise ApiProblem(
+            400, "BAD_REQUEST", "blind: expected true or false, and only to approve", "blind"
+        )
+
+    def decision() -> Awaitable[dict[str, Any]]:
+        if verb == "approve":
+            return api.broker.approve(invocation_id, note=note, operator=who, blind=blind)
+        return api.broker.deny(invocation_id, note=note, operator=who)
+
     view = await _run(
-        lambda: decision(invocation_id, note=note, operator=who),
+        decision,
         lambda exc: service.decision_failure(exc, invocation_id),
     )
     await req.respond_json(view)
@@ -173,7 +183,7 @@ async def reconcile(api: Api, req: Request, invocation_id: str) -> None:
     await req.respond_json(answer)
 
 
-DECISION_FIELDS = ("note",)
+DECISION_FIELDS = ("note", "blind")
 RECONCILE_FIELDS = ("query", "attest", "note")
 
 

@@ -98,7 +98,11 @@ async def test_no_approval_route_names_the_journal_or_a_key_file(
                 error = json.loads(body)["api_error"]
                 assert error["code"] == "REQUEST_SEALED" and ALTERED in error["message"], error
                 shown.append(body.decode())
-                decided = await _ask(socket, "POST", f"/v1/approvals/{iid}/approve", b"{}")
+                approve = f"/v1/approvals/{iid}/approve"
+                refused = await _ask(socket, "POST", approve, b"{}")  # not blind: refused
+                assert json.loads(refused)["api_error"]["code"] == "REQUEST_UNREADABLE", refused
+                shown.append(refused.decode())
+                decided = await _ask(socket, "POST", approve, b'{"blind": true}')
                 assert json.loads(decided)["request_unreadable"] == UNOPENED, decided
                 shown.append(decided.decode())
                 listed = await _ask(socket, "GET", "/v1/approvals")
