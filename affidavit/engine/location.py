@@ -12,7 +12,7 @@ import contextlib
 import os
 import re
 from collections.abc import Iterable
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 from affidavit.journal.backend import is_url
 from affidavit.journal.backend import where as journal_where
@@ -114,19 +114,49 @@ def _keyless(message: str, keys: Iterable[str | os.PathLike[str] | None]) -> str
 
 def _unnamed(message: str, location: str | os.PathLike[str]) -> str:
     """``message`` without the PostgreSQL server's and database's names as the driver words
-    them: its preamble (``_SERVER``) and the URL's host, database and user, quoted."""
+    them: its preamble (``_SERVER``), and every host, host address, database and user the URL
+    names (``_names``), quoted (``"db"``, ``'db'``), in any case -- libpq quotes what it names.
+    Never unquoted: a bare name (``db``, ``localhost``) is an id's characters, and a caller's id
+    echoed in the words (``echoed``) taken out when it equals a host would confirm the guess."""
     if not is_url(location):
         return message
     message = _SERVER.sub("connection to the journal's server failed", message)
-    try:
-        url = urlsplit(str(location))
-        names = (url.hostname, unquote(url.path.lstrip("/")), unquote(url.username or ""))
-    except ValueError:  # (a URL the journal opened parses: a bound, not a case)
-        return message
-    for name in names:
-        if name:
-            message = message.replace(f'"{name}"', "(the journal's)")
+    for name in sorted(_names(str(location)), key=len, reverse=True):
+        quoted = re.escape(name)
+        message = re.sub(f"\"{quoted}\"|'{quoted}'", "(the journal's)", message, flags=re.I)
     return message
+
+
+def _names(url: str) -> set[str]:
+    """Every host and host address, database and user a libpq URL names: as libpq reads it
+    (psycopg's ``conninfo_to_dict``: ``host=a,b`` lists, ``?host=``, ``?hostaddr=``,
+    ``?dbname=``, ``?user=``), and as the URL is written -- each host of a multi-host
+    authority, each value of a parameter given twice (libpq keeps the last).  A URL that cannot
+    be parsed at all is left for ``where`` (the URL itself) to take out."""
+    read: list[tuple[str, str]] = []
+    try:
+        from psycopg.conninfo import conninfo_to_dict
+
+        read += [(k, str(v)) for k, v in conninfo_to_dict(url).items() if v is not None]
+    except Exception:  # no psycopg (a SQLite install), or libpq refuses it: as written, below
+        pass
+    with contextlib.suppress(ValueError):
+        parts = urlsplit(url)
+        user, at, hostports = parts.netloc.rpartition("@")
+        read += [("user", unquote(user.partition(":")[0]))] if at else []
+        for host in hostports.split(","):
+            bracketed = host.startswith("[") and "]" in host
+            name = host[1 : host.index("]")] if bracketed else host.split(":")[0]
+            read.append(("host", unquote(name)))
+        read.append(("dbname", unquote(parts.path.lstrip("/"))))
+        read += parse_qsl(parts.query)
+    names: set[str] = set()
+    for key, value in read:
+        if key in ("host", "hostaddr"):
+            names.update(h.strip() for h in value.split(","))
+        elif key in ("dbname", "user"):
+            names.add(value)
+    return {name for name in names if name}
 
 
 def withheld(text: str) -> str:
