@@ -12,17 +12,19 @@ from __future__ import annotations
 import base64
 import hashlib
 import re
+import sqlite3
 from pathlib import Path
 from typing import Any
 
-from affidavit.journal.sealing import BrokerKey
+from affidavit.journal.chain import canonical_json
+from affidavit.journal.sealing import BrokerKey, payload_aad
 from affidavit.protocols import get as protocol
 from affidavit.protocols.http.action import BODY_SHOWN
 from affidavit.protocols.ssh.action import STDIN_SHOWN
 from tests.broker.approvalkit import reseal_accepted
 from tests.daemon.kit import cli, embedded
 
-from .kit import CHARGE, World, console_world, get, log_in
+from .kit import CHARGE, World, console_world, get, log_in, post
 
 # Past the view's limit, with the part that matters at the end, out of the card's sight.
 PADDED = "x" * (BODY_SHOWN + 1000) + '\n{"amount": 5000000, "to": "mallory"}'
@@ -136,6 +138,47 @@ async def test_an_action_sealed_beyond_the_broker_s_key_is_said_to_be_unreadable
         assert status == 409 and b"REQUEST_SEALED" in data
         assert b"auditor" in data and b"cannot be read by this broker" in data
         assert b"mallory" not in data
+
+
+async def test_a_request_the_broker_cannot_read_is_not_approved_from_the_console(
+    tmp_path: Path, token: str
+) -> None:
+    """No approve button for it, and an approval posted anyway is refused REQUEST_UNREADABLE:
+    the console grants nothing blind (``affidavit approvals approve --blind`` does)."""
+    async with console_world(tmp_path, token, wait="0s") as world:
+        iid = await _pending(world, body=PADDED)
+        other = BrokerKey.create(tmp_path / "another.key")
+        _seal_view(world.daemon.journal, iid, other)
+        cookie, csrf = await log_in(world)
+        status, _, page = await get(f"{world.origin}/approvals", cookie=cookie)
+        assert status == 200 and f"/approvals/{iid}/approve".encode() not in page
+        status, _, page = await post(
+            f"{world.origin}/approvals/{iid}/approve",
+            {"csrf": csrf, "note": "looks fine"},
+            {"Origin": world.origin, "Cookie": cookie},
+        )
+        assert status == 409 and b"REQUEST_UNREADABLE" in page, page
+        kinds = [e["kind"] for e in (await world.record(iid))["events"]]
+        assert "APPROVAL_GRANTED" not in kinds, kinds
+    assert world.pay.requests == []
+
+
+def _seal_view(journal: Path, iid: str, key: BrokerKey) -> None:
+    """APPROVAL_REQUESTED's payload (the operator's view) sealed with ``key`` instead, in
+    place (the append-only trigger dropped: the daemon reopening the journal puts it back)."""
+    conn = sqlite3.connect(journal)
+    try:
+        (seq,) = conn.execute(
+            "SELECT seq FROM events WHERE invocation_id = ? AND kind = 'APPROVAL_REQUESTED'",
+            (iid,),
+        ).fetchone()
+        conn.execute("DROP TRIGGER IF EXISTS events_no_update")
+        view = canonical_json({"request": {}}).encode()
+        sealed = key.seal(view, payload_aad(iid, "APPROVAL_REQUESTED"))
+        conn.execute("UPDATE events SET payload = ? WHERE seq = ?", (sealed, seq))
+        conn.commit()
+    finally:
+        conn.close()
 
 
 async def test_the_command_line_writes_the_same_bytes_through_the_daemon_and_embedded(
