@@ -13,6 +13,9 @@ still in two other places a caller reads:
   headers that digest the body (``Digest``, ``Content-Digest``, ``Repr-Digest``,
   ``Content-MD5``, an ``ETag``, which servers commonly make a hash of the content).
 
+An attempt cut short records the driver's facts (ATTEMPT_INTERRUPTED): SSH's hold each stream's
+SHA-256 of the bytes received besides its count -- an echoed stream's goes too.
+
 ``without_received_size`` drops them once the sink has finished and knows which streams it
 redacted (``delivery._commit``); ``received_withheld: "redacted"`` says that they were
 dropped.  An attempt that ends without a result drops them too (``attempt.observed_events``,
@@ -50,11 +53,13 @@ _SIZE_HEADERS: Final = frozenset(
 
 def without_received_counts(facts: Mapping[str, Any], redacted: Iterable[str]) -> dict[str, Any]:
     """``facts`` (a driver's, top level) without the received byte counts, if any stream in
-    ``redacted`` had a secret replaced; ``received_withheld`` then says so."""
+    ``redacted`` had a secret replaced, nor that stream's ``<stream>_sha256`` (SSH's
+    ``result_facts`` hash the bytes received, before redaction: a guess of the secret would be
+    checked against it offline); ``received_withheld`` then says so."""
     streams = set(redacted)
     if not streams:
         return dict(facts)
-    counts = _COUNTS | {f"{name}_bytes" for name in streams}
+    counts = _COUNTS | {f"{name}_{what}" for name in streams for what in ("bytes", "sha256")}
     kept: dict[str, Any] = {k: v for k, v in facts.items() if k not in counts}
     kept["received_withheld"] = "redacted"
     return kept
