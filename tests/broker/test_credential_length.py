@@ -172,3 +172,60 @@ async def test_an_echo_in_an_answer_cut_short_is_not_measured_either(
     assert len(one.requests) == len(other.requests) == 1
     a, b = seen["short"], seen["long"]
     assert a == b, {k: (a.get(k), b.get(k)) for k in a.keys() | b.keys() if a.get(k) != b.get(k)}
+
+
+async def _cut_head_echo(peer: Peer) -> None:
+    """Echo the credential in a response header, then cut the body: the attempt ends without
+    a result, and the echo is in no stream (the head is parsed, never sunk)."""
+    req = await peer.read_request()
+    if req is None:
+        return
+    said = req.header("authorization") or ""
+    await peer.send_raw(
+        b"HTTP/1.1 200 OK\r\nX-Echo: " + said.encode() + b"\r\nContent-Length: 100000\r\n\r\nok"
+    )
+    await peer.close()
+
+
+async def _cut_in_head_echo(peer: Peer) -> None:
+    """Echo the credential in a response head cut before its end: nothing of it is parsed."""
+    req = await peer.read_request()
+    if req is None:
+        return
+    said = req.header("authorization") or ""
+    await peer.send_raw(b"HTTP/1.1 200 OK\r\nX-Echo: " + said.encode() + b"\r\n")
+    await peer.close()
+
+
+@pytest.mark.parametrize("serve", [_cut_head_echo, _cut_in_head_echo])
+async def test_an_echo_in_the_head_of_an_answer_cut_short_is_not_measured(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, serve: Any
+) -> None:
+    """The bytes received (``response_bytes``) count the head: a header echoing the credential
+    would give its length by subtraction from what the caller expects of the rest."""
+    monkeypatch.setenv("SHORT_SECRET", "s3cret-value-1")
+    monkeypatch.setenv("LONG_SECRET", "s3cret-" + "L" * 41)
+    async with HostileServer.running(serve) as one, HostileServer.running(serve) as other:
+        targets = {
+            "short": http_target(one.url, credential="env:SHORT_SECRET"),
+            "long": http_target(other.url, credential="env:LONG_SECRET"),
+        }
+        cfg = write_config(tmp_path, targets)
+        seen: dict[str, Any] = {}
+        async with open_broker(cfg) as broker:
+            for name in targets:
+                with trio.fail_after(20):
+                    env = await broker.call({"target": name, "method": "GET", "path": "/p"})
+                assert env["error"]["outcome"] == "unknown", env
+                rec = broker.record(env["invocation_id"])
+                assert rec is not None
+                view = record_view(rec, broker.events(env["invocation_id"]))
+                kinds = (EventKind.PROTOCOL_OBSERVED.value, EventKind.ATTEMPT_INTERRUPTED.value)
+                attrs = [e["attrs"] for e in view["events"] if e["kind"] in kinds]
+                assert attrs
+                seen[name] = _numbers(
+                    [{k: v for k, v in a.items() if k != "generation"} for a in attrs]
+                )
+    assert len(one.requests) == len(other.requests) == 1
+    a, b = seen["short"], seen["long"]
+    assert a == b, {k: (a.get(k), b.get(k)) for k in a.keys() | b.keys() if a.get(k) != b.get(k)}
