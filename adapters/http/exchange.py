@@ -201,6 +201,7 @@ class _Hop:
         self.ex.proxy_judge = lambda status, hdrs: is_proxy_answer(
             status, hdrs, via_forward_proxy=forward_proxy
         )
+        self.ex.head_echoed = self._head_echoed
         self.during = "write"
         """What the hop was doing (write, expect_continue, read): reported when it fails."""
         self.sha = hashlib.sha256()
@@ -410,6 +411,17 @@ class _Hop:
             self.ctx.observe(obs.step, obs.facts)
         out = self.interruption(exc.detail)
         return AttemptInterrupted(exc.code, exc.detail, {**out.facts, **exc.facts})
+
+    def _head_echoed(self) -> bool:
+        """Whether the response head holds a secret: the final head parsed (its reason, its
+        header fields), or the bytes received and not parsed yet (a head cut short)."""
+        red, head = self.redactor, self.head
+        if head is not None and (
+            red.contains(head.reason) or any(red.contains(f"{n}: {v}") for n, v in head.headers)
+        ):
+            return True
+        unparsed = self.conn.h11.trailing_data[0]
+        return bool(unparsed) and red.contains(bytes(unparsed).decode("latin-1"))
 
     def interruption(self, detail: str) -> AttemptInterrupted:
         ex, conn = self.ex, self.conn

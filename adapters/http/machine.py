@@ -313,6 +313,10 @@ class HttpExchange:
     proxy_judge: Callable[[int, tuple[tuple[str, str], ...]], bool] | None = None
     """Set by the driver: does this final response head come from a proxy about its own
     attempt?  Then the proxy_* events fire and the exchange can never complete."""
+    head_echoed: Callable[[], bool] | None = None
+    """Set by the driver: does a response head received on this exchange (parsed, or bytes
+    still unparsed) hold a secret?  Then ``response_bytes``, which counts the head, would
+    measure it (docs/redaction.md, "What was received"): ``progress`` withholds it."""
     proxy_response: bool = False
     eof_ends_body: bool = False
     """Set by the driver: can the transport's end of stream prove a close-delimited body whole?
@@ -503,13 +507,18 @@ class HttpExchange:
         return Observation(step, {"hop": self.hop, **self.progress(), **(facts or {})})
 
     def progress(self) -> dict[str, Any]:
-        """Secret-free progress facts for an early end."""
-        return {
+        """Secret-free progress facts for an early end.  ``response_bytes`` counts the head:
+        withheld (``received_withheld``) when the head echoed a secret (``head_echoed``)."""
+        facts: dict[str, Any] = {
             "response_bytes": self.bytes_received,
             "final_response_started": self.final_response_started or self._pending(),
             "informational": list(self.informational_seen),
             "body_bytes": self.body_bytes_received,
         }
+        if self.head_echoed is not None and self.head_echoed():
+            del facts["response_bytes"]
+            facts["received_withheld"] = "redacted"
+        return facts
 
     @property
     def finished(self) -> bool:
