@@ -229,3 +229,21 @@ async def test_an_echo_in_the_head_of_an_answer_cut_short_is_not_measured(
     assert len(one.requests) == len(other.requests) == 1
     a, b = seen["short"], seen["long"]
     assert a == b, {k: (a.get(k), b.get(k)) for k in a.keys() | b.keys() if a.get(k) != b.get(k)}
+
+
+async def _cut_after_informational_echo(peer: Peer) -> None:
+    """Echo the credential in an informational (1xx) head, then close: no final response."""
+    req = await peer.read_request()
+    if req is None:
+        return
+    said = req.header("authorization") or ""
+    await peer.send_raw(b"HTTP/1.1 103 Early Hints\r\nX-Echo: " + said.encode() + b"\r\n\r\n")
+    await peer.close()
+
+
+async def test_an_echo_in_an_informational_head_is_not_measured(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await test_an_echo_in_the_head_of_an_answer_cut_short_is_not_measured(
+        tmp_path, monkeypatch, _cut_after_informational_echo
+    )
