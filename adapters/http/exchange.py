@@ -202,6 +202,8 @@ class _Hop:
             status, hdrs, via_forward_proxy=forward_proxy
         )
         self.ex.head_echoed = self._head_echoed
+        self.informational_echo = False
+        """An informational (1xx) head of this hop held a secret (``_head_echoed``)."""
         self.during = "write"
         """What the hop was doing (write, expect_continue, read): reported when it fails."""
         self.sha = hashlib.sha256()
@@ -354,6 +356,8 @@ class _Hop:
         ctx, plan = self.ctx, self.plan
         for obs in observations:
             ctx.observe(obs.step, obs.facts)
+            if obs.status is None and obs.headers and not self.informational_echo:
+                self.informational_echo = self._echoes(obs)  # a 1xx head's fields
             if obs.status is not None:
                 self.head = obs
                 plan_response(
@@ -412,16 +416,19 @@ class _Hop:
         out = self.interruption(exc.detail)
         return AttemptInterrupted(exc.code, exc.detail, {**out.facts, **exc.facts})
 
+    def _echoes(self, head: Observation) -> bool:
+        red = self.redactor
+        return red.contains(head.reason) or any(red.contains(f"{n}: {v}") for n, v in head.headers)
+
     def _head_echoed(self) -> bool:
-        """Whether the response head holds a secret: the final head parsed (its reason, its
-        header fields), or the bytes received and not parsed yet (a head cut short)."""
-        red, head = self.redactor, self.head
-        if head is not None and (
-            red.contains(head.reason) or any(red.contains(f"{n}: {v}") for n, v in head.headers)
-        ):
+        """Whether a response head holds a secret: an informational one, the final head parsed
+        (its reason, its header fields), or the bytes received and not parsed yet (a head cut
+        short)."""
+        head = self.head
+        if self.informational_echo or (head is not None and self._echoes(head)):
             return True
         unparsed = self.conn.h11.trailing_data[0]
-        return bool(unparsed) and red.contains(bytes(unparsed).decode("latin-1"))
+        return bool(unparsed) and self.redactor.contains(bytes(unparsed).decode("latin-1"))
 
     def interruption(self, detail: str) -> AttemptInterrupted:
         ex, conn = self.ex, self.conn

@@ -437,7 +437,13 @@ class HttpExchange:
             if type(ev) is h11.InformationalResponse:
                 self.informational_seen.append(ev.status_code)
                 step = self.machine.fire("informational")
-                out.append(Observation(step, {"hop": self.hop, "status": ev.status_code}))
+                # Its fields ride along (no ``status``: not the final head) for ``head_echoed``.
+                fields_ = tuple(
+                    (n.decode("latin-1"), v.decode("latin-1")) for n, v in ev.headers.raw_items()
+                )
+                reason = ev.reason.decode("latin-1")
+                seen = {"hop": self.hop, "status": ev.status_code}
+                out.append(Observation(step, seen, reason=reason, headers=fields_))
             elif type(ev) is h11.Response:
                 self.final_response_started = True
                 self.final_status = ev.status_code
