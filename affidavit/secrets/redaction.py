@@ -74,6 +74,7 @@ __all__ = [
 ]
 
 _LEAVES = frozenset({int, float, bool, type(None)})
+_new = object.__new__
 """Types ``scrub`` returns as they are, without a call (exact types: no string subclass)."""
 
 _MEMO_TEXTS = 4096
@@ -98,9 +99,13 @@ class Redactor:
     def fresh(self) -> Redactor:
         """A new redactor (no input held) of the same values, sharing this one's plan: a
         stream that starts late in a call redacts with the plan its call began with, never
-        one rebuilt into the cache after its credential rotated."""
-        other = Redactor(())
+        one rebuilt into the cache after its credential rotated.  Made without ``__init__``:
+        its plan lookup (the cache's lock, for the empty tuple) was thrown away at once, once
+        per stream of every call (issue 15)."""
+        other: Redactor = _new(Redactor)
         other._plan = self._plan
+        other._buf = b""
+        other.changed = False
         return other
 
     @property
@@ -201,9 +206,11 @@ class Redactor:
         return False
 
     def scrub(self, value: Any) -> Any:
-        """A JSON-able ``value`` with every string (mapping keys included) scrubbed."""
+        """A JSON-able ``value`` with every string (mapping keys included) scrubbed.  A number,
+        bool or None holds no text, so no secret: returned as is, without the walk (half the
+        facts a call scrubs are such: a hop, a status, ``reused_connection``; issue 15)."""
         plan = self._plan
-        if plan is None:
+        if plan is None or type(value) in _LEAVES:
             return value
         return self._walk(value, plan.clean)
 

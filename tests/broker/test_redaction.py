@@ -380,3 +380,37 @@ def test_a_tuple_that_cannot_be_a_key_is_refused_as_any_iterable_is() -> None:
         _plan_for(values)
     with pytest.raises(TypeError):
         _plan_for(list(values))
+
+
+def test_a_number_bool_or_none_is_scrubbed_without_the_walk(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 15: a value that holds no text cannot hold a secret -- ``scrub`` returns it as
+    is, without entering the walk (a dozen such facts per call); anything else is walked."""
+    r = Redactor([_TOK.encode()])
+
+    def no_walk(value: object, clean: object) -> object:
+        raise AssertionError("walked a value that holds no text")
+
+    monkeypatch.setattr(r, "_walk", no_walk)
+    for leaf in (0, 7, 2.5, True, False, None):
+        assert r.scrub(leaf) is leaf
+    with pytest.raises(AssertionError, match="walked"):
+        r.scrub([1])
+
+
+def test_fresh_shares_the_plan_without_looking_one_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 15: ``fresh`` (once per stream of every call) copies the plan it shares; it does
+    not build a redactor of no values first (a lookup in the plan cache, under its lock)."""
+    import affidavit.secrets.redaction as redaction
+
+    r = Redactor([_TOK.encode()])
+
+    def no_lookup(secrets: object) -> object:
+        raise AssertionError("fresh looked a plan up")
+
+    monkeypatch.setattr(redaction, "_plan_for", no_lookup)
+    other = r.fresh()
+    assert other._plan is r._plan and other.pending == b"" and not other.changed
+    assert other.feed(b"x " + _TOK.encode() + b" y") + other.flush() == b"x [REDACTED] y"
+    assert other.changed and not r.changed

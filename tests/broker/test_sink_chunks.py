@@ -105,3 +105,13 @@ def test_fed_of_a_stream_not_started_is_the_empty_hash() -> None:
     sink = StreamSink(_Journal(), "act_1", (SECRET,), keep_limit=1 << 30)  # type: ignore[arg-type]
     assert sink.fed("body") == (0, hashlib.sha256(b"").hexdigest())
     assert sink.fed("other") == (0, hashlib.sha256(b"").hexdigest())
+
+
+def test_the_sinks_scrub_is_its_redactors_own() -> None:
+    """Issue 15: ``sink.scrub`` (a dozen values per call, ``Attempt.scrub``) is the redactor's
+    bound method, not a sink method calling it -- and it scrubs as the redactor does."""
+    sink = StreamSink(_Journal(), "act_1", (SECRET,), keep_limit=1 << 30)  # type: ignore[arg-type]
+    assert getattr(sink.scrub, "__func__", None) is Redactor.scrub
+    value = {"h": [SECRET.decode(), "clean"], "n": 3}
+    assert sink.scrub(value) == Redactor([SECRET]).scrub(value)
+    assert SECRET.decode() not in str(sink.scrub(value))
