@@ -35,10 +35,14 @@ def prepare_request(
     engine: Engine, action: Any, target: Any, binding: Binding, key: str | None
 ) -> tuple[Credential, Prepared]:
     """Resolve the target's credential and prepare the request with it (``CredentialError``)."""
+    ref = target.credential
+    path = engine.config.path
     credential = resolve(
-        target.credential,
+        ref,
         vault=engine.vault,
-        base_dir=engine.config.path.parent if engine.config.path else None,
+        # Only a ``file:`` reference is read relative to the config's directory: not a
+        # ``Path.parent`` made on every call for the others (issue 15).
+        base_dir=path.parent if path and isinstance(ref, str) and ref.startswith("file:") else None,
         versioner=engine.journal.keyed_digest,
     )
     prepared = binding.prepare(action, target, credential, key)

@@ -337,3 +337,45 @@ async def test_a_success_shows_the_credential_version_not_its_reference(tmp_path
         nursery.cancel_scope.cancel()
     assert env["evidence"]["credential"]["version"]
     assert token.name not in seen and CANARY not in seen
+
+
+class _NoParent(type(Path())):  # type: ignore[misc]
+    """A config path whose directory must not be asked for."""
+
+    @property
+    def parent(self) -> Path:  # type: ignore[override]
+        raise AssertionError("the config's directory was computed for a non-file reference")
+
+
+def test_the_credential_step_reads_a_relative_file_from_the_config_dir_only_for_file_refs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 15: ``prepare_request`` computes the config's directory only for a ``file:``
+    reference (the only kind read relative to it), not on every call of an ``env:`` one --
+    and a relative ``file:`` reference is still read from that directory."""
+    from types import SimpleNamespace
+
+    from affidavit.engine.credential import prepare_request
+    from affidavit.secrets.redaction_plan import release
+
+    (tmp_path / "tok").write_bytes(CANARY.encode())
+    (tmp_path / "tok").chmod(0o600)
+    monkeypatch.setenv("AFFIDAVIT_TEST_CRED_DIR", "env-secret-value")
+    seen: list[bytes] = []
+
+    def prepare(action: object, target: object, credential: object, key: object) -> object:
+        seen.append(credential.value)  # type: ignore[attr-defined]
+        return SimpleNamespace(secrets=(credential.value,))  # type: ignore[attr-defined]
+
+    binding = SimpleNamespace(prepare=prepare)
+    journal = SimpleNamespace(keyed_digest=lambda label, data: "d" * 64)
+    for ref, path in (
+        ("env:AFFIDAVIT_TEST_CRED_DIR", _NoParent(tmp_path / "affidavit.toml")),
+        ("file:tok", tmp_path / "affidavit.toml"),
+    ):
+        engine = SimpleNamespace(config=SimpleNamespace(path=path), vault=None, journal=journal)
+        try:
+            prepare_request(engine, {}, SimpleNamespace(credential=ref), binding, None)  # type: ignore[arg-type]
+        finally:
+            release(id(engine))  # the credential's redaction plans, as a closing broker does
+    assert seen == [b"env-secret-value", CANARY.encode()]

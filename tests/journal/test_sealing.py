@@ -181,3 +181,21 @@ def test_a_forked_child_never_repeats_its_parents_random_bytes() -> None:
     os.waitpid(pid, 0)
     assert len(child) == 32
     assert child != random_bytes(32)
+
+
+@pytest.mark.parametrize(
+    ("label", "data"),
+    [("credential-version:env:X", b"tok"), ("é-label", b""), ("", b"\x00\xff" * 300)],
+)
+def test_keyed_digest_is_the_hmac_of_label_nul_data(
+    label: str, data: bytes, tmp_path: Path
+) -> None:
+    """Issue 15: ``BrokerKey.digest`` in one shot (``hmac.digest``) gives the bytes the HMAC
+    object gave: HMAC-SHA256 under the derived key of ``label`` UTF-8, a NUL, then ``data``."""
+    import hashlib
+    import hmac
+
+    key = BrokerKey.create(tmp_path / "k")
+    mac = hmac.new(key._mac_key, label.encode("utf-8") + b"\0", hashlib.sha256)
+    mac.update(data)
+    assert key.digest(label, data) == mac.hexdigest()
