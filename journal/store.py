@@ -400,12 +400,15 @@ class Journal(JournalReader):
         not stop the others; ``Posted.wait()`` raises the first refusal, else returns the
         stored events.  ``shield``: not cancellable while it waits for room in a full queue
         (``append``'s ``shield``)."""
-        rows = []
+        rows: list[tuple[Any, ...]] = []
         for event, payload in items:
             if event.kind in BARRIER_KINDS:
                 raise ValueError(f"{event.kind.value} is a durability barrier: use append()")
             text = attrs_json(event)
-            rows.append((event, text, *self._seal_payload(event, payload), decode_attrs(text)))
+            if payload is None:  # most of them: no ``_seal_payload`` call to say (None, None)
+                rows.append((event, text, None, None, decode_attrs(text)))
+            else:
+                rows.append((event, text, *self._seal_payload(event, payload), decode_attrs(text)))
         return await self._writer.post(None, tuple(rows), many=True, shield=shield)
 
     async def acquire_lease(

@@ -244,3 +244,29 @@ async def test_a_lost_tail_fails_the_commit_instead_of_completing_an_older_attem
                 )
         assert j.read_result("inv-1") is None
         assert E.RESULT_COMMITTED not in [e.kind for e in j.events("inv-1")]
+
+
+async def test_posting_events_without_payload_seals_nothing(
+    place: Place, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 15: ``post_many`` hands ``_seal_payload`` only the events that carry a payload
+    (one in seven per call); the others' rows are stored and chained all the same."""
+    async with place.open() as j:
+        sealed: list[object] = []
+        real = j._seal_payload
+
+        def seal(event: Event, payload: object) -> object:
+            sealed.append(payload)
+            return real(event, payload)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(j, "_seal_payload", seal)
+        accepted, validated, authorized, dispatch = until_dispatch("inv-1")
+        with trio.fail_after(LIMIT):
+            posted = await j.post_many(
+                [(accepted, {"action": {"path": "/x"}}), (validated, None), (authorized, None)]
+            )
+            await j.append(dispatch, barrier=True)
+            await posted.wait()
+        assert sealed == [{"action": {"path": "/x"}}]
+        assert [e.kind for e in j.events("inv-1")] == [e.kind for e in until_dispatch("inv-1")]
+        assert j.payload(1) == {"action": {"path": "/x"}} and j.verify().ok
