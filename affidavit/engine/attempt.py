@@ -633,6 +633,12 @@ def _gate_left(attempt: Attempt) -> None:
         attempt.control.dispatching = False
 
 
+_KINDS = {k._value_: k for k in EventKind}
+"""Each kind by its value: a milestone's kind looked up in a dict, not through ``EventKind``'s
+call (``EnumType.__call__`` and ``Enum.__new__``, Python frames; twice per call, issue 15).
+A value no kind has still goes to ``EventKind`` and its ``ValueError``."""
+
+
 def _observer(attempt: Attempt) -> Callable[[Step, Mapping[str, Any]], None]:
     milestones = attempt.machine.table.milestones
 
@@ -646,7 +652,7 @@ def _observer(attempt: Attempt) -> Callable[[Step, Mapping[str, Any]], None]:
             # milestone waits on the attempt and is appended, in order, when it ends; it is
             # diagnostic-grade evidence that recovery never depends on.
             attrs = {**_milestone_attrs(facts), "generation": attempt.generation}
-            attempt.pending.append(Event(EventKind(kind), attempt.iid, attrs))
+            attempt.pending.append(Event(_KINDS.get(kind) or EventKind(kind), attempt.iid, attrs))
 
     return observe
 
@@ -656,7 +662,8 @@ def observed_events(attempt: Attempt) -> list[tuple[Event, None]]:
     out: list[tuple[Event, None]] = [(ev, None) for ev in attempt.pending]
     if attempt.steps:
         # Facts carry remote-controlled strings (response header names, a redirect's origin).
-        facts = attempt.scrub({k: v for k, v in attempt.facts.items() if _jsonable(v)})
+        # ``_jsonable`` inline: a call per fact (~15 per call) was most of the filter (issue 15).
+        facts = attempt.scrub({k: v for k, v in attempt.facts.items() if isinstance(v, _JSONABLE)})
         facts["path"] = attempt.steps
         summary = {
             "protocol": attempt.machine.table.name,
