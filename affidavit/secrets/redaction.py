@@ -74,8 +74,8 @@ __all__ = [
 ]
 
 _LEAVES = frozenset({int, float, bool, type(None)})
-_new = object.__new__
 """Types ``scrub`` returns as they are, without a call (exact types: no string subclass)."""
+_new = object.__new__
 
 _MEMO_TEXTS = 4096
 _MEMO_CHARS = 256
