@@ -28,7 +28,8 @@ A name whose marker is stored after all (an older broker's commit) is only taken
 
 Not reclaimed here: on a SQLite journal a long result's bytes go to segment files and become
 rows only with the commit (``segments.py``), so an interrupted attempt leaves unreferenced bytes
-in a segment, not rows; a segment only grows.
+in a segment, not rows.  ``Journal.reclaim(segments=True)`` (``affidavit journal reclaim``)
+then gives those back too (``compact.py``).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from dataclasses import dataclass
 
 from affidavit.statemachine import STATES
 
+from .compact import Compaction
 from .txn import Txn
 
 __all__ = ["BATCH", "Reclaimed", "Reclamation", "reclaim_op"]
@@ -77,6 +79,9 @@ class Reclamation:
     """What each of ``dropped`` had stored, in its order -- only when asked (``measure``: the
     command line shows it; a daemon's start-up does not, and spends no reads on it under the
     chain head); else empty."""
+    compacted: Compaction | None = None
+    """What the compaction of the segment files returned (``compact.py``): only when asked
+    (``Journal.reclaim(segments=True)``) and on a SQLite journal."""
 
 
 def reclaim_op(

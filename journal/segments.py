@@ -41,10 +41,12 @@ there chunks go to the database as they arrive (``results.PostingWriter``).
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import os
 import queue
 import threading
+import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -88,7 +90,7 @@ class _Segment:
     its descriptor is closed once neither will use it again (``retired`` and not ``syncing``),
     never while one of them might -- a reused descriptor number would be another file."""
 
-    __slots__ = ("end", "failed", "fd", "name", "retired", "synced", "syncing")
+    __slots__ = ("end", "failed", "fd", "name", "retired", "synced", "syncing", "users")
 
     def __init__(self, name: str, fd: int) -> None:
         self.name = name
@@ -103,6 +105,9 @@ class _Segment:
         self.syncing = False
         self.retired = False
         """The segment thread has moved on from it (a failed one, or at close)."""
+        self.users: weakref.WeakSet[SegmentWriter] = weakref.WeakSet()
+        """The writers with bytes here: a retired segment is kept open (and locked) while one
+        of them may still commit."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +152,9 @@ class SegmentStore:
         )
         self._current: _Segment | None = None
         self._segments: list[_Segment] = []
+        self._retired: list[_Segment] = []
+        """Retired segments kept open, and so locked: a result synced there before the
+        segment failed may still commit, naming bytes a compaction must not take."""
         self._flushing: set[SegmentWriter] = set()
         self._sync_asked = False
         self._stop = False
@@ -168,10 +176,11 @@ class SegmentStore:
         for t in self._threads:
             t.join()
         self._threads.clear()
-        for seg in self._segments:
+        for fd in [seg.fd for seg in (*self._segments, *self._retired)]:
             with contextlib.suppress(OSError):
-                os.close(seg.fd)
+                os.close(fd)
         self._segments.clear()
+        self._retired.clear()
         self._current = None
 
     # -- the segment thread ---------------------------------------------------------------------
@@ -235,6 +244,7 @@ class SegmentStore:
             entry = _Spilled(seg, at, len(sealed), digests[step * i], plain_size, copy)
             new.append((stream, entry))
         with self._lock:
+            seg.users.add(writer)
             for stream, entry in new:
                 writer._entries.setdefault(stream, []).append(entry)
             if seg.end - seg.synced >= SYNC_BYTES:
@@ -285,6 +295,11 @@ class SegmentStore:
         )
         seg = _Segment(name, fd)
         try:
+            # Held until the store closes (``close``, a retired one too): bytes written here and
+            # not yet named by a commit are in flight, which a compaction must not touch
+            # (``compact.py`` skips a segment it cannot lock).  Blocking: a compaction locks an
+            # empty segment only for an instant, and leaves it.
+            fcntl.flock(fd, fcntl.LOCK_EX)
             _fsync_dir(self.directory)
         except BaseException:
             os.close(fd)
@@ -295,11 +310,21 @@ class SegmentStore:
         return seg
 
     def _close_if_idle(self, seg: _Segment) -> None:
-        """Under the lock: close a retired segment's descriptor once no thread may use it."""
+        """Under the lock: close a retired segment's descriptor once no thread may use it and
+        no result with bytes in it may still commit (every one failed, or is gone) -- its
+        ``flock`` goes with it, and a compaction may then take its unnamed bytes.  Those kept
+        for a result still able to commit are looked at again each time."""
         if seg.retired and not seg.syncing and seg in self._segments:
             self._segments.remove(seg)
-            with contextlib.suppress(OSError):
-                os.close(seg.fd)
+            self._retired.append(seg)
+        kept: list[_Segment] = []
+        for old in self._retired:
+            if any(w._error is None for w in old.users):
+                kept.append(old)
+            else:
+                with contextlib.suppress(OSError):
+                    os.close(old.fd)
+        self._retired = kept
 
     def _error(self, exc: BaseException) -> ResultStoreFailed:
         why = exc.strerror if isinstance(exc, OSError) and exc.strerror else repr(exc)

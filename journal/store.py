@@ -17,10 +17,11 @@ session folds, ``reclaim.py`` the chunks of results never committed.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -29,7 +30,7 @@ import trio
 
 from affidavit.statemachine import BARRIER_KINDS, Event, EventKind, Record
 
-from . import leases, reclaim, results
+from . import compact, leases, reclaim, results
 from .backend import Lock, open_backend
 from .chain import canonical_json
 from .checkpoints import Keys
@@ -512,7 +513,9 @@ class Journal(JournalReader):
         invocations whose chunks were dropped.  Nothing is appended (``reclaim``)."""
         return (await self.reclaim()).dropped
 
-    async def reclaim(self, *, dry_run: bool = False, measure: bool = False) -> reclaim.Reclamation:
+    async def reclaim(
+        self, *, dry_run: bool = False, measure: bool = False, segments: bool = False
+    ) -> reclaim.Reclamation:
         """``reclaim_chunks``, also answering which records keep theirs, still open, and with
         ``measure`` what each dropped invocation had stored (chunk rows, auditor copies, bytes);
         ``dry_run``: what it would drop now, nothing written (``affidavit journal reclaim``).
@@ -532,7 +535,36 @@ class Journal(JournalReader):
             done.dropped.extend(part.dropped)
             done.kept.extend(part.kept)
             done.measured.extend(part.measured)
+        if segments and self.backend.segments is not None:
+            compacted = await trio.to_thread.run_sync(
+                self._compact_segments, dry_run, abandon_on_cancel=False
+            )
+            done = dataclasses.replace(done, compacted=compacted)
         return done
+
+    def _compact_segments(self, dry_run: bool) -> compact.Compaction:
+        """``compact.compact`` of this journal's segment files, their reference rows read on a
+        connection opened (and closed) here, in the calling thread."""
+        backend, what = self.backend, "the result segments' references"
+        conn = backend.connect("tool")
+
+        def read_refs(names: Sequence[str]) -> Iterator[tuple[Any, Any, Any]]:
+            marks = ",".join("?" * len(names))
+            sql = f"SELECT segment, pos, size FROM result_segments WHERE segment IN ({marks})"
+            return iter(conn.execute(sql, tuple(names)).fetchall()) if names else iter(())
+
+        try:
+            return compact.compact(backend.segments, read_refs, dry_run=dry_run)
+        except backend.errors as exc:
+            raise self._error(what, exc) from None
+        except OSError as exc:
+            raise JournalError(
+                f"journal {self.where}: compacting the result segments failed: "
+                f"{exc.strerror or exc}"
+            ) from None
+        finally:
+            with contextlib.suppress(Exception):
+                backend.close(conn)
 
     def _reclaim_candidates(self) -> list[str]:
         """``Tables.unmarked_chunk_owners`` on a read-only connection opened (and closed) here,

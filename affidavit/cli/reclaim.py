@@ -8,6 +8,12 @@ attempt under way, or one a stopped broker left open: a daemon's start-up recove
 Nothing is appended, so the chain and ``verify`` are unchanged.  ``--dry-run`` lists what would
 go -- the same checks in the same writer transactions, nothing written.
 
+On a SQLite journal it then compacts the result segment files (``affidavit.journal.compact``):
+the bytes of long results that never committed -- named by no ``result_segments`` row, in a
+segment no running writer holds -- go back to the filesystem (a segment no row names is
+removed, the tail past its last named byte cut, the blocks between punched out on Linux).
+``--dry-run`` reports the bytes that would go; ``--json`` has them under ``segments``.
+
 It opens the journal as a writer, with the journal's sealing and signing keys (the config's, or
 ``<path>.key`` and ``<path>.signing.key`` beside ``--journal PATH``): both must exist -- a key
 it made anew would not be the journal's.  A SQLite journal a daemon owns is refused
@@ -100,7 +106,7 @@ def _reclaim(args: argparse.Namespace) -> int:
 
     async def main() -> Reclamation:
         async with Journal.open(location, **opening) as journal:
-            return await journal.reclaim(dry_run=args.dry_run, measure=True)
+            return await journal.reclaim(dry_run=args.dry_run, measure=True, segments=True)
 
     done = run_journal(main)
     _report(args, done)
@@ -122,6 +128,7 @@ def _report(args: argparse.Namespace, done: Reclamation) -> None:
                 "auditor_copies": audit,
                 "bytes": size,
                 "kept_open": done.kept,
+                "segments": _segments(done),
             }
         )
         return
@@ -137,6 +144,22 @@ def _report(args: argparse.Namespace, done: Reclamation) -> None:
             f"kept those of {len(done.kept)} open record(s) (an attempt under way, or one a "
             "stopped broker left open: a daemon's start-up recovery closes it)"
         )
+    seg = _segments(done)
+    if seg is not None:
+        _out(
+            f"{verb} {seg['bytes']} bytes of result segment files no committed result names: "
+            f"{seg['files']} file(s) looked at, {seg['removed']} removed whole"
+            + (f", {seg['busy']} left (held by a running writer)" if seg["busy"] else "")
+        )
+
+
+def _segments(done: Reclamation) -> dict[str, int] | None:
+    """The segment compaction's account (None: the journal has no segment files -- a shared
+    one)."""
+    c = done.compacted
+    if c is None:
+        return None
+    return {"files": c.segments, "removed": c.removed, "busy": c.busy, "bytes": c.bytes}
 
 
 def _record(r: Reclaimed) -> dict[str, Any]:

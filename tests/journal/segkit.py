@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import trio
 
-from affidavit.journal import Journal
+from affidavit.journal import Journal, JournalReader
 from affidavit.journal import segments as seg_mod
 from affidavit.statemachine import Event
 from affidavit.statemachine import EventKind as E
@@ -102,3 +102,46 @@ def stall_writes(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
 
     monkeypatch.setattr(seg_mod.os, "pwritev", stalled)
     return gate
+
+
+# -- a journal with bytes to compact (test_segment_compact.py, test_reclaim_cli.py) ---------
+
+CUT = {"code": "REMOTE_OUTCOME_UNKNOWN", "generation": 0}
+DONE = body(30, 1234)
+"""The committed result (30 chunks spilled, ~2 MiB of segment)."""
+
+
+async def interrupt(j: Journal, iid: str, chunks: int) -> None:
+    """A long body ``chunks`` chunks in, written to a segment, then the attempt interrupted:
+    bytes no reference will ever name."""
+    for ev in happy(iid)[:-1]:
+        await j.append(ev, barrier=True)
+    writer = await put_all(j, iid, body(chunks))
+    with trio.fail_after(LIMIT):
+        await writer.drain()
+    await j.append(Event(E.ATTEMPT_INTERRUPTED, iid, CUT), barrier=True)
+
+
+async def build(db: Path) -> None:
+    """Segment A: cut-1's bytes, inv-done's, cut-2's (a gap, the committed bytes, a tail);
+    segment B (a second writer): cut-3's only."""
+    async with Journal.open(db) as j:
+        await interrupt(j, "inv-cut-1", 40)
+        await store(j, "inv-done", DONE)
+        await interrupt(j, "inv-cut-2", 40)
+    async with Journal.open(db) as j:
+        await interrupt(j, "inv-cut-3", 40)
+    assert len(segments(db)) == 2
+
+
+def allocated(db: Path) -> int:
+    return sum(os.stat(p).st_blocks * 512 for p in segments(db))
+
+
+def check(db: Path) -> None:
+    """The journal opens, verifies, and the committed result reads back byte-identical."""
+    with JournalReader.open(db) as r:
+        report = r.verify()
+        assert report.ok, report
+        res = r.read_result("inv-done")
+        assert res is not None and res.streams == {"body": DONE}

@@ -1,0 +1,238 @@
+"""Returning the bytes of interrupted attempts in segment files (SQLite; ``segments.py``).
+
+A segment only grows: a long result's chunks are written to it as they arrive and become
+evidence only with the commit, which writes one ``result_segments`` row per chunk.  An attempt
+that never committed (a crash, a cancellation, a storage fault mid-body) leaves bytes no row
+names -- sealed, unreadable without the broker key, and of no use: nothing can ever name them,
+since only the process that wrote them holds where they are, and only until it closes the
+journal.  ``compact`` gives them back to the filesystem, at ``affidavit journal reclaim``:
+
+* Only a segment no live writer holds.  A writing process holds an exclusive ``flock`` on each
+  segment it opened until its journal closes (``SegmentStore``), so its bytes in flight --
+  written, maybe synced, not yet named by a commit -- are never touched: such a segment is
+  skipped (``busy``) and taken at a later reclaim.  A segment is locked here *before* its rows
+  are read, so every commit that will ever name its bytes is already in them.  An empty one is
+  left alone (a writer may be between creating and locking it; it holds no block anyway).
+* Only bytes no ``result_segments`` row names, whatever the row's record: a reference of a
+  committed result, or one left by hand, keeps its range.  A row whose numbers are not sane
+  keeps the whole segment.
+* A segment no row names is removed (``unlink``, then the directory synced); else its tail past
+  the last named byte is cut (``ftruncate``) and, on Linux, the unnamed blocks between are
+  punched out (``fallocate(FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE)``: the offsets of the
+  named bytes do not move, so no row changes).  Where punching is not supported (another OS,
+  a filesystem without it) the gaps between named chunks stay; the rest is still returned.
+
+Nothing in the database changes, and every step leaves a segment whose named bytes are as they
+were: a crash (or an error) between any two steps leaves a journal that opens and verifies,
+and a rerun finds what is left and finishes (``tests/journal/test_segment_compact.py``).
+Punching a hole already punched, or cutting a tail already cut, returns nothing and costs
+nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import errno
+import fcntl
+import os
+import stat
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .segment_tables import MAX_BLOB, is_segment_name
+
+__all__ = ["Compaction", "compact"]
+
+_PUNCH = 0x02 | 0x01
+"""``FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE`` (linux/falloc.h)."""
+_GROUP = 128
+"""Segments locked and looked up together (one read of their rows; their descriptors open)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Compaction:
+    """What one compaction of the segment files did (a dry run: would do)."""
+
+    segments: int
+    """Segment files looked at."""
+    removed: int
+    """Of those, files no reference names: removed whole."""
+    busy: int
+    """Files a live writer holds (a result may be in flight there): left for a later reclaim."""
+    bytes: int
+    """Allocated bytes returned to the filesystem (a dry run: that would be)."""
+
+
+def _step(name: str) -> None:
+    """A point between two steps of a compaction; tests make it raise, as a crash would."""
+
+
+def compact(
+    directory: Path | None,
+    read_refs: Callable[[Sequence[str]], Iterator[tuple[Any, Any, Any]]],
+    *,
+    dry_run: bool = False,
+) -> Compaction:
+    """Compact every segment file in ``directory`` that no live writer holds; ``read_refs``
+    answers the (segment, pos, size) reference rows of the named segments."""
+    if directory is None or not directory.is_dir():
+        return Compaction(0, 0, 0, 0)
+    names = sorted(e.name for e in os.scandir(directory) if is_segment_name(e.name))
+    seen = removed = busy = returned = 0
+    for start in range(0, len(names), _GROUP):
+        held: dict[str, int] = {}
+        try:
+            for name in names[start : start + _GROUP]:
+                fd = _lock(directory / name)
+                seen += 1
+                if fd is None:
+                    busy += 1
+                else:
+                    held[name] = fd
+            _step("locked")
+            spans: dict[str, list[tuple[int, int]] | None] = {name: [] for name in held}
+            for seg, pos, size in read_refs(list(held)):
+                got = spans.get(seg)
+                if got is None:
+                    continue
+                if type(pos) is int and type(size) is int and pos >= 0 and 0 <= size <= MAX_BLOB:
+                    got.append((pos, pos + size))
+                else:
+                    spans[seg] = None  # not sane: keep the whole segment
+            for name, fd in held.items():
+                named = spans[name]
+                if named is None:
+                    continue
+                gone, freed = _compact_one(directory, name, fd, named, dry_run)
+                removed += gone
+                returned += freed
+        finally:
+            for fd in held.values():
+                os.close(fd)
+    return Compaction(seen, removed, busy, returned)
+
+
+def _lock(path: Path) -> int | None:
+    """``path`` opened for writing and locked exclusive, or None: a writer holds it (or it
+    is not a regular file, or is gone)."""
+    flags = os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file")
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def _compact_one(
+    directory: Path, name: str, fd: int, named: list[tuple[int, int]], dry_run: bool
+) -> tuple[int, int]:
+    """(1 if removed, bytes returned) for one locked segment."""
+    st = os.fstat(fd)
+    size, allocated = st.st_size, st.st_blocks * 512
+    if size == 0:
+        return 0, 0
+    if not named:
+        if not dry_run:
+            os.unlink(directory / name)
+            _step("unlinked")
+            _fsync_dir(directory)
+        return 1, allocated
+    block = max(st.st_blksize, 512)
+    end = min(max(e for _, e in named), size)
+    gaps = [(_up(a, block), _down(b, block)) for a, b in _gaps(sorted(named), end)]
+    gaps = [(a, b) for a, b in gaps if a < b]
+    punch = _punch_fn()
+    if dry_run:
+        freed = _data(fd, _up(end, block), size) if end < size else 0
+        if punch is not None:
+            freed += sum(_data(fd, a, b) for a, b in gaps)
+        return 0, freed
+    if end < size:
+        os.ftruncate(fd, end)
+        _step("truncated")
+    if punch is not None:
+        for a, b in gaps:
+            if punch(fd, _PUNCH, a, b - a) != 0:
+                if ctypes.get_errno() in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+                    break  # not on this filesystem: the gaps stay
+                raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
+            _step("punched")
+    os.fsync(fd)
+    return 0, max(allocated - os.fstat(fd).st_blocks * 512, 0)
+
+
+def _gaps(spans: list[tuple[int, int]], end: int) -> Iterator[tuple[int, int]]:
+    """The ranges below ``end`` no span covers (``spans`` sorted)."""
+    at = 0
+    for a, b in spans:
+        if a > at:
+            yield at, min(a, end)
+        at = max(at, b)
+        if at >= end:
+            return
+
+
+def _up(n: int, block: int) -> int:
+    return -(-n // block) * block
+
+
+def _down(n: int, block: int) -> int:
+    return n // block * block
+
+
+def _data(fd: int, start: int, stop: int) -> int:
+    """Bytes of ``[start, stop)`` the file holds data for (all of them where holes cannot be
+    told apart)."""
+    seek_data, seek_hole = getattr(os, "SEEK_DATA", None), getattr(os, "SEEK_HOLE", None)
+    if seek_data is None or seek_hole is None:
+        return max(stop - start, 0)
+    total, at = 0, start
+    while at < stop:
+        try:
+            data = os.lseek(fd, at, seek_data)
+        except OSError:  # ENXIO: no data past ``at``
+            break
+        if data >= stop:
+            break
+        hole = min(os.lseek(fd, data, seek_hole), stop)
+        total += hole - data
+        at = hole
+    return total
+
+
+_fallocate: Any = None
+
+
+def _punch_fn() -> Any:
+    """libc's ``fallocate`` (Linux), or None."""
+    global _fallocate
+    if _fallocate is None:
+        _fallocate = False
+        if sys.platform.startswith("linux"):
+            with contextlib.suppress(OSError, AttributeError):
+                libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+                fn = libc.fallocate
+                fn.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong]
+                fn.restype = ctypes.c_int
+                _fallocate = fn
+    return _fallocate or None
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
