@@ -27,12 +27,15 @@ Nothing read changes: the marker lists every sealed chunk's SHA-256 (chained thr
 RESULT_COMMITTED), and a chunk read through a reference is checked against it before it is
 opened, exactly as one read from a row (``segment_tables.py``).
 
-A segment only grows, and only the bytes below its end -- each written whole before the end
-moves past it -- are ever referenced: bytes of an attempt that never committed stay there,
-unreferenced, and a write that failed part-way is written over by the next.  A writing process
-has a segment of its own (random name, opened anew after a fork), so two processes on one
-journal never write the same file.  An ``fdatasync`` that fails leaves what it covered unknown:
-every result with bytes in that segment not yet synced fails, and the segment takes no more.
+A segment only grows while it is written, and only the bytes below its end -- each written whole
+before the end moves past it -- are ever referenced: bytes of an attempt that never committed
+stay there, unreferenced, until a reclaim compacts the segment (``compact.py``), and a write
+that failed part-way is written over by the next.  A writing process has a segment of its own
+(random name, opened anew after a fork), so two processes on one journal never write the same
+file; it holds an exclusive ``flock`` on each of its segments while a result there may still
+commit (until ``close``), which is what keeps a compaction off bytes in flight.  An
+``fdatasync`` that fails leaves what it covered unknown: every result with bytes in that
+segment not yet synced fails, and the segment takes no more.
 
 A shared journal (PostgreSQL) has none: its brokers on other hosts must read every result, so
 there chunks go to the database as they arrive (``results.PostingWriter``).
@@ -88,7 +91,8 @@ plaintext when an auditor's copy is still to be sealed."""
 class _Segment:
     """One segment file.  Only the segment thread writes it and only the sync thread syncs it;
     its descriptor is closed once neither will use it again (``retired`` and not ``syncing``),
-    never while one of them might -- a reused descriptor number would be another file."""
+    never while one of them might -- a reused descriptor number would be another file -- and
+    no result with bytes in it may still commit (its ``flock`` goes with the descriptor)."""
 
     __slots__ = ("end", "failed", "fd", "name", "retired", "synced", "syncing", "users")
 
