@@ -5,7 +5,8 @@ evidence only with the commit, which writes one ``result_segments`` row per chun
 that never committed (a crash, a cancellation, a storage fault mid-body) leaves bytes no row
 names -- sealed, unreadable without the broker key, and of no use: nothing can ever name them,
 since only the process that wrote them holds where they are, and only until it closes the
-journal.  ``compact`` gives them back to the filesystem, at ``affidavit journal reclaim``:
+journal.  ``compact`` gives them back to the filesystem, at ``affidavit journal reclaim`` and at
+a daemon's start-up reclaim:
 
 * Only a segment no live writer holds.  A writing process holds an exclusive ``flock`` on each
   segment it opened until its journal closes (``SegmentStore``), so its bytes in flight --

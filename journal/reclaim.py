@@ -28,8 +28,8 @@ A name whose marker is stored after all (an older broker's commit) is only taken
 
 Not reclaimed here: on a SQLite journal a long result's bytes go to segment files and become
 rows only with the commit (``segments.py``), so an interrupted attempt leaves unreferenced bytes
-in a segment, not rows.  ``Journal.reclaim(segments=True)`` (``affidavit journal reclaim``)
-then gives those back too (``compact.py``).
+in a segment, not rows.  ``Journal.reclaim(segments=True)`` (``affidavit journal reclaim``, a
+daemon's start-up) then gives those back too (``compact.py``).
 """
 
 from __future__ import annotations

@@ -519,6 +519,8 @@ class Journal(JournalReader):
         """``reclaim_chunks``, also answering which records keep theirs, still open, and with
         ``measure`` what each dropped invocation had stored (chunk rows, auditor copies, bytes);
         ``dry_run``: what it would drop now, nothing written (``affidavit journal reclaim``).
+        ``segments`` (SQLite): then compact the segment files (``compact.py``), in a thread
+        abandoned on cancellation (every step is crash-safe; the next reclaim finishes it).
 
         The candidates are read off the event loop, on a connection of their own (the shared
         reader's is not thread-safe): a read of ``chunk_owners`` (``reclaim.py``), small, but a
@@ -537,7 +539,7 @@ class Journal(JournalReader):
             done.measured.extend(part.measured)
         if segments and self.backend.segments is not None:
             compacted = await trio.to_thread.run_sync(
-                self._compact_segments, dry_run, abandon_on_cancel=False
+                self._compact_segments, dry_run, abandon_on_cancel=True
             )
             done = dataclasses.replace(done, compacted=compacted)
         return done

@@ -114,9 +114,14 @@ async def _reclaim_chunks(broker: Broker) -> None:
     background once the socket is bound (``Daemon._serve``): its read of the chunk tables grows
     with them, and the daemon serves meanwhile; a shutdown cancels it.  Upkeep only: a journal
     that refuses it -- or any other failure -- is logged, and the daemon serves all the same:
-    its calls meet that journal as they would have."""
+    its calls meet that journal as they would have.
+
+    Then, on SQLite, the segment bytes of results that never committed are given back
+    (``journal/compact.py``): the daemon is the journal's only writer, and its own segments --
+    results in flight -- are locked, so left alone.  Cancelled by a shutdown, the compaction's
+    thread is abandoned: every step of it is crash-safe, the next start finishes it."""
     try:
-        dropped = await broker.journal.reclaim_chunks()
+        done = await broker.journal.reclaim(segments=True)
     except JournalError as exc:
         log.warning("start-up reclamation of uncommitted result chunks not done: %s", exc)
         return
@@ -125,6 +130,16 @@ async def _reclaim_chunks(broker: Broker) -> None:
             "start-up reclamation of uncommitted result chunks failed: %s", type(exc).__name__
         )
         return
+    dropped = done.dropped
+    if done.compacted is not None and done.compacted.bytes:
+        c = done.compacted
+        log.info(
+            "start-up returned %d bytes of result segment files no committed result names "
+            "(%d file(s) looked at, %d removed whole)",
+            c.bytes,
+            c.segments,
+            c.removed,
+        )
     if dropped:
         # A caller leaves such records by the thousand (every call it cancels mid-body): the
         # first few are named, never one log line of every id.

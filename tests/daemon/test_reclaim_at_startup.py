@@ -21,6 +21,7 @@ from affidavit.daemon.server import Daemon
 from affidavit.journal import JournalReader
 from affidavit.journal.tables import Tables
 from tests.broker.helpers import TOKEN_ENV
+from tests.journal import segkit as kit
 from tests.journal.helpers import happy
 
 from .kit import WAIT, api_target, start_daemon, stop, wait_until, write_daemon_config
@@ -68,6 +69,32 @@ async def test_start_up_reclaims_the_chunks_of_an_attempt_stopped_mid_body(
         rec = reader.record("inv-mid")
         assert rec is not None and rec.state == "interrupted" and rec.outcome.value == "unknown"
         assert reader.read_result("inv-mid") is None
+
+
+async def test_start_up_returns_the_segment_bytes_of_results_that_never_committed(
+    tmp_path: Path, token: str
+) -> None:
+    """A broker stopped with long results cut mid-body left their bytes in segment files: the
+    restarted daemon gives them back (``journal/compact.py``) -- the files' allocated size
+    drops by what it logs -- and the committed result still reads back whole."""
+    socket = tmp_path / "affidavit.sock"
+    config = write_daemon_config(tmp_path, api_target("http://127.0.0.1:9"), socket=socket)
+    journal = Path(load_config(config).journal.location)
+    async with Broker.open(config) as broker:
+        await kit.interrupt(broker.journal, "inv-cut-1", 40)
+        await kit.store(broker.journal, "inv-done", kit.DONE)
+        await kit.interrupt(broker.journal, "inv-cut-2", 40)
+    before = kit.allocated(journal)
+    daemon = await start_daemon(config, socket, tmp_path / "daemon.log", token)
+    await wait_until(lambda: "start-up returned" in daemon.log_text(), "the start-up compaction")
+    stop(daemon)
+    freed = before - kit.allocated(journal)
+    assert freed > 2 * 40 * kit.CHUNK * 0.9
+    assert (
+        f"start-up returned {freed} bytes of result segment files no committed result names "
+        "(1 file(s) looked at, 0 removed whole)" in daemon.log_text()
+    )
+    kit.check(journal)
 
 
 async def test_start_up_names_the_first_records_it_reclaimed_not_every_one(
