@@ -93,7 +93,7 @@ def compact(
                 seen += 1
                 if fd is None:
                     busy += 1
-                else:
+                elif fd >= 0:
                     held[name] = fd
             _step("locked")
             spans: dict[str, list[tuple[int, int]] | None] = {name: [] for name in held}
@@ -119,20 +119,29 @@ def compact(
 
 
 def _lock(path: Path) -> int | None:
-    """``path`` opened for writing and locked exclusive, or None: a writer holds it (or it
-    is not a regular file, or is gone)."""
+    """``path`` opened for writing and locked exclusive; None: a writer holds it; -1: nothing
+    to do (not a regular file, gone, or empty -- let go at once: its writer may be waiting to
+    lock it)."""
     flags = os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
     try:
         fd = os.open(path, flags)
     except OSError:
-        return None
+        return -1
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise OSError(errno.EINVAL, "not a regular file")
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                os.close(fd)
+                return None
+            raise
+        if os.fstat(fd).st_size == 0:
+            raise OSError(errno.ENODATA, "empty")
     except OSError:
         os.close(fd)
-        return None
+        return -1
     return fd
 
 
@@ -142,8 +151,6 @@ def _compact_one(
     """(1 if removed, bytes returned) for one locked segment."""
     st = os.fstat(fd)
     size, allocated = st.st_size, st.st_blocks * 512
-    if size == 0:
-        return 0, 0
     if not named:
         if not dry_run:
             os.unlink(directory / name)

@@ -86,6 +86,19 @@ async def test_a_segment_a_live_writer_holds_is_left_alone(tmp_path: Path) -> No
     kit.check(db)
 
 
+async def test_an_empty_segment_is_left_for_the_writer_that_made_it(tmp_path: Path) -> None:
+    """A writer creates its segment, then locks it: an empty one may be in that instant, so it
+    is neither removed nor held (nor counted busy) -- its writer would write to a name gone."""
+    db = tmp_path / "j.db"
+    await kit.build(db)
+    empty = Path(f"{db}.results") / ("ab" * 16 + ".seg")
+    empty.touch(mode=0o600)
+    got = await _reclaim(db)
+    assert (got.segments, got.busy, got.removed) == (3, 0, 1)
+    assert empty.exists()
+    kit.check(db)
+
+
 async def _commit(j: Journal, writer: object) -> None:
     with trio.fail_after(kit.LIMIT):
         await j.commit_result(
