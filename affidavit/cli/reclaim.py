@@ -44,11 +44,14 @@ def add_command(jsub: Any) -> None:
 
     rc = jsub.add_parser(
         "reclaim",
-        help="drop the stored chunks of results that never committed (of closed records only)",
+        help="drop the stored chunks of results that never committed (of closed records only) "
+        "and give their bytes in result segment files back",
     )
     common_options(rc)
     rc.add_argument(
-        "--dry-run", action="store_true", help="list what would be dropped; change nothing"
+        "--dry-run",
+        action="store_true",
+        help="list what would be dropped, and the segment bytes that would go; change nothing",
     )
     rc.set_defaults(handler=_reclaim)
 
