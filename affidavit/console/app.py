@@ -53,7 +53,6 @@ from typing import Any
 from urllib.parse import quote, urlsplit
 
 import jinja2
-import trio
 
 import affidavit
 from affidavit.api.broker import Broker
@@ -116,8 +115,6 @@ class Console(Handlers):
         date per request (the daemon's, shared with ``/v1/sessions`` and ``/v1/metrics``)."""
         self.verified = KeptVerify(self.summary)
         """The journal page's verify: the last whole one, extended to the head per request."""
-        self.verifying: trio.Event | None = None
-        """Set when the whole verify that runs (``_verify_whole``) ends; None when none runs."""
         self.tokens = tokens
         self.sessions = Sessions()
         self.origins = frozenset(o for o in (origin, public_origin) if o)

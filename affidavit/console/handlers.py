@@ -46,7 +46,6 @@ class Handlers:
     read_summarized: Read
     summary: SessionSummary
     verified: KeptVerify
-    verifying: trio.Event | None
     templates: jinja2.Environment
 
     if TYPE_CHECKING:
@@ -148,21 +147,26 @@ class Handlers:
         await req.answer(200, self._render("journal.html", req, **data, **sessions))
 
     async def _verify_whole(self) -> None:
-        """The operator's press: a whole verify -- or, while one runs, that one (one at a time
-        per journal).  A press meanwhile joins it and is answered at once: it is sent to the
-        page, which says since when the whole verify runs (and, once it ended, when it started
-        and finished).  A joined press waited for the verify to end (~41 s at 1M events),
-        holding its connection: a client pressing again and again held as many connections
-        (before that, a view thread each: the views stalled).  Only the press that runs it
-        waits for it -- one at a time -- and a failure is answered to it."""
-        if self.verifying is not None:
-            return
-        self.verifying = done = trio.Event()
+        """The operator's press: a whole verify begun in the background -- or, while one runs,
+        that one (one at a time) -- answered at once: the press is sent to the page, which says
+        since when the whole verify runs (marked before this answer: ``KeptVerify.begin``) and,
+        once it ended, when it started and finished, or why it failed (until the next one
+        ends).  A press held its connection for the verify (~41 s at 1M events).  The run is a
+        task of the event loop the console is served on (the daemon's, for its lifetime),
+        reading in a worker thread as every view does (the daemon's limiter)."""
+        if self.verified.begin():
+            trio.lowlevel.spawn_system_task(self._whole_verify)
+
+    async def _whole_verify(self) -> None:
+        """The whole verify ``_verify_whole`` began; one that did not read is kept as failed
+        (``KeptVerify.failed``: a no-op when the verify recorded it itself)."""
         try:
             await self._verified(whole=True)
-        finally:
-            self.verifying = None
-            done.set()
+        except Refused as exc:
+            self.verified.failed(exc.code or "JOURNAL_UNREADABLE", exc.message)
+        except Exception:
+            log.exception("console: the whole journal verify failed")
+            self.verified.failed("CONSOLE_FAILED", "the console failed; see its log")
 
     async def _verified(self, whole: bool) -> dict[str, Any]:
         """The journal page but its sessions (read on their own: a whole verify that runs does

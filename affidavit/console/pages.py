@@ -241,6 +241,7 @@ def journal_page(
             "checked_through": None,
             "unread_through": None,
             "running": None,
+            "failure": None,
         }
     else:
         verified = kept.page(reader, whole)

@@ -25,7 +25,10 @@ reported while it is there).
 
 A request that is no whole verify does not wait for one that runs (~41 s at 1M events): it is
 answered at once with the last answer given and since when the whole verify runs (``running``)
--- a thread is not held per request for its length.
+-- a thread is not held per request for its length.  An operator's press marks the whole
+verify running (``begin``, which decides start or join) before it is answered, and the verify
+runs in the background; one that could not read the journal is kept as failed (``failed``: its
+code and words) until the next whole verify ends.
 """
 
 from __future__ import annotations
@@ -36,7 +39,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from affidavit.journal import JournalReader, SessionSummary, VerifyReport
+from affidavit.engine import read_failure
+from affidavit.journal import JournalError, JournalReader, SessionSummary, VerifyReport
 
 __all__ = ["KeptVerify"]
 
@@ -72,10 +76,44 @@ class KeptVerify:
         self._shown: tuple[VerifyReport, float, int] | None = None
         """The report shown, when it was made, and the last row it did not read again (the
         rows through it were checked by the whole verify or an earlier extension)."""
+        self._guard = threading.Lock()
+        """Held a moment: decides whether a press starts a whole verify or joins one."""
         self._running: float | None = None
-        """When the whole verify that runs began (set under the lock; read without it)."""
+        """When the whole verify that runs began (set under ``_guard``; read without it)."""
+        self._failure: dict[str, Any] | None = None
+        """The last whole verify that did not read (its code, message, when), until the next
+        one ends."""
         self._last: dict[str, Any] | None = None
         """The last answer given (one attribute: read whole without the lock)."""
+
+    @property
+    def running(self) -> float | None:
+        """When the whole verify that runs began; None when none runs."""
+        return self._running
+
+    def begin(self) -> bool:
+        """An operator's press: True when it starts a whole verify (``running`` is marked now,
+        before the press is answered: the page it is sent to says so even before the verify's
+        thread has begun), False when one runs already (the press joins it).  Its run is
+        ``page(reader, whole=True)``, in the background; ``failed`` when that did not read."""
+        with self._guard:
+            if self._running is not None:
+                return False
+            self._running = self._clock()
+            return True
+
+    def failed(self, code: str, message: str) -> None:
+        """The whole verify begun did not read the journal (it could not be opened, the read
+        failed): shown with its code until the next whole verify ends; nothing else kept."""
+        with self._guard:
+            started, self._running = self._running, None
+            if started is not None:
+                self._failure = {
+                    "code": code,
+                    "message": message,
+                    "started_at": started,
+                    "at": self._clock(),
+                }
 
     def page(self, reader: JournalReader, whole: bool = False) -> dict[str, Any]:
         """The report to show, the whole verify's (``started_at``, ``at`` it finished,
@@ -84,22 +122,29 @@ class KeptVerify:
         they were not read this time (``unread_through``: an extension reads only the rows
         after the last one an earlier request checked); None when the shown report is the
         whole verify's own.  ``running``: when the whole verify that runs began -- a request
-        that is no whole verify is answered at once with the last answer (``report`` None
-        before the first), not held for it; None when none runs."""
+        that is no whole verify is answered with the last answer (``report`` None before the
+        first), never held for it; None when none runs.  ``failure``: the last whole verify
+        that did not read."""
         asked = self._started
-        if not whole and not self._lock.acquire(blocking=False):
-            running = self._running
-            if running is not None:  # not waited for: the last answer, and since when
-                last = self._last
-                return {**(last or _NOTHING), "running": running}
-            self._lock.acquire()  # an extension runs: rows appended since, not the journal
-        elif whole:
+        if whole:
             self._lock.acquire()
+        else:
+            if not self._lock.acquire(blocking=False):
+                if self._running is not None:
+                    return self._waiting()
+                self._lock.acquire()  # an extension runs: rows appended since, not the journal
+            if self._running is not None:  # begun, its thread not yet here: not waited for
+                self._lock.release()
+                return self._waiting()
         try:
             self._last = answer = self._answer(reader, whole, asked)
             return answer
         finally:
             self._lock.release()
+
+    def _waiting(self) -> dict[str, Any]:
+        """The last answer given, since when the whole verify runs, and the last failure."""
+        return {**(self._last or _NOTHING), "running": self._running, "failure": self._failure}
 
     def _answer(self, reader: JournalReader, whole: bool, asked: int) -> dict[str, Any]:
         if whole and self._answered > asked:
@@ -116,15 +161,25 @@ class KeptVerify:
                 self._keep(extended, unread)
                 return self._view()
         self._started += 1
-        self._running = started = self._clock()
+        with self._guard:  # (marked by ``begin`` when an operator's press began it)
+            if self._running is None:
+                self._running = self._clock()
+            started = self._running
         try:
             report = reader.verify()  # (raises: the journal was not read; nothing kept)
-        finally:
-            self._running = None
+        except JournalError as exc:
+            _, code, message = read_failure(exc, "the whole journal verify")
+            self.failed(code, message)
+            raise
+        except BaseException:
+            self.failed("CONSOLE_FAILED", "the console failed; see its log")
+            raise
         self._answered = self._started
         at = self._clock()
         self._whole, self._shown = _Whole(report, at, started), (report, at, report.count)
         self._base = report if report.ok else None
+        with self._guard:
+            self._running, self._failure = None, None
         if self._summary is not None:  # the kept views say when; broken: they read it all again
             self._summary.verified(at, report.count, report.ok, started=started)
         return self._view()
@@ -151,6 +206,7 @@ class KeptVerify:
             "checked_through": shown.count if since else None,
             "unread_through": unread if since else None,
             "running": None,
+            "failure": self._failure,
         }
 
 
@@ -160,5 +216,6 @@ _NOTHING: dict[str, Any] = {
     "checked_at": None,
     "checked_through": None,
     "unread_through": None,
+    "failure": None,
 }
 """What is shown while the first whole verify runs: no report yet."""

@@ -210,6 +210,14 @@ async def served(
             nursery.cancel_scope.cancel()
 
 
+async def settled(console: Any, bound: float = 20.0) -> None:
+    """Until the whole verify a press began in the background has ended (bounded: a guard
+    against a hang, never a speed asserted)."""
+    with trio.fail_after(bound):
+        while console.verified.running is not None:
+            await trio.sleep(0.01)
+
+
 async def log_in_to(console: Any, origin: str) -> tuple[str, str]:
     """Log in to an in-process console (``served``) as this process's user: (Cookie, CSRF)."""
     from affidavit.approvals import Operator

@@ -25,7 +25,7 @@ from affidavit.journal import JournalReader
 from tests.broker.helpers import http_target, open_broker
 from tests.http.hostile import HostileServer, Reply, scripts
 
-from .kit import get, log_in_to, operator_config, post, served
+from .kit import get, log_in_to, operator_config, post, served, settled
 
 
 def _counting(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
@@ -96,6 +96,7 @@ async def test_the_journal_page_extends_its_verify_and_verifies_whole_on_request
         )
         # Post/Redirect/Get: the answer is no page a reload would post again.
         assert (status, headers["location"], body) == (303, "/journal", b"")
+        await settled(console)
         assert calls["verify"] == 2
         _, _, page = await get(f"{origin}/journal", cookie=cookie)
         assert _verify_line(page).startswith("BROKEN at seq 2: row 2 was altered")
@@ -163,6 +164,7 @@ async def test_a_whole_verify_that_finds_a_row_altered_has_the_kept_views_read_i
             f"{origin}/journal/verify", {"csrf": csrf}, {"Origin": origin, "Cookie": cookie}
         )
         assert status == 303
+        await settled(console)
         _, _, page = await get(f"{origin}/journal", cookie=cookie)
         assert _verify_line(page).startswith("BROKEN at seq 1")
         m = re.search(rb'id="sessions-error">([^<]*)<', page)
@@ -195,6 +197,7 @@ async def test_a_row_an_earlier_extension_checked_is_not_claimed_checked_again(
         assert f"seq {whole + 1}..{first} were checked by earlier visits" in text
         assert f"Rows up to seq {whole}," not in text
         await post(f"{origin}/journal/verify", {"csrf": csrf}, {"Origin": origin, "Cookie": cookie})
+        await settled(console)
         _, _, page = await get(f"{origin}/journal", cookie=cookie)
         assert _verify_line(page).startswith(f"BROKEN at seq {whole + 1}")
 
@@ -335,6 +338,7 @@ async def test_a_visit_while_a_whole_verify_runs_is_answered_at_once_with_the_la
         async with trio.open_nursery() as nursery:
             nursery.start_soon(press)
             await visit(nursery)  # the first: nothing kept yet
+        await settled(console)
         assert late == [False] and b'id="verify-running"' in pages[0], pages
         assert b"no report yet" in pages[0]
         running.clear()
@@ -342,6 +346,7 @@ async def test_a_visit_while_a_whole_verify_runs_is_answered_at_once_with_the_la
         async with trio.open_nursery() as nursery:
             nursery.start_soon(press)
             await visit(nursery)  # a report is kept now: it is shown
+        await settled(console)
         assert late == [False, False] and b'id="verify-running"' in pages[1], pages
         assert _verify_line(pages[1]).startswith("intact"), pages[1][-2000:]
         assert pressed == [303, 303]
@@ -421,6 +426,7 @@ async def test_presses_while_a_whole_verify_runs_join_it_and_hold_no_view_thread
                     views.start_soon(visit, "actions")
             answered = sorted(seen)
             go.set()
+        await settled(console)
         assert answered == ["actions", "journal"], answered
         assert b'id="verify-running"' in seen["journal"], seen["journal"][-2000:]
         assert pressed == [303] * (VIEW_THREADS + 1)
@@ -481,6 +487,7 @@ async def test_the_kept_views_say_the_seq_they_folded_and_the_last_whole_verify(
             f"{origin}/journal/verify", {"csrf": csrf}, {"Origin": origin, "Cookie": cookie}
         )
         assert status == 303
+        await settled(console)
         for where, id in (("actions", "counts-as-of"), ("journal", "sessions-as-of")):
             _, _, page = await get(f"{origin}/{where}", cookie=cookie)
             line = _as_of(page, id)
@@ -493,6 +500,7 @@ async def test_the_kept_views_say_the_seq_they_folded_and_the_last_whole_verify(
         _alter(tmp_path / "journal.db", 2)  # found by the next whole verify: folded again
         now[0] += 60.0
         await post(f"{origin}/journal/verify", {"csrf": csrf}, {"Origin": origin, "Cookie": cookie})
+        await settled(console)
         _, _, page = await get(f"{origin}/actions", cookie=cookie)
         line = _as_of(page, "counts-as-of")
         assert line.startswith(f"Kept: folded through seq {third} "), line

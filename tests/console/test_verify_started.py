@@ -19,7 +19,7 @@ from affidavit.console.verified import KeptVerify
 from affidavit.journal import JournalReader
 from tests.broker.helpers import http_target, open_broker
 
-from .kit import get, log_in_to, operator_config, post, served
+from .kit import get, log_in_to, operator_config, post, served, settled
 
 LONG = 41.0  # how long the verify takes, by the console's clock
 
@@ -52,6 +52,7 @@ async def test_a_whole_verify_is_shown_with_the_seq_it_read_and_when_it_started_
             f"{origin}/journal/verify", {"csrf": csrf}, {"Origin": origin, "Cookie": cookie}
         )
         assert status == 303
+        await settled(console)
         await b.call({"target": "nope", "method": "GET", "path": "/"})  # after it: not claimed
         assert b.journal.head()[0] > read
         want = (
