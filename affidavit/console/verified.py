@@ -25,10 +25,11 @@ reported while it is there).
 
 A request that is no whole verify does not wait for one that runs (~41 s at 1M events): it is
 answered at once with the last answer given and since when the whole verify runs (``running``)
--- a thread is not held per request for its length.  An operator's press marks the whole
-verify running (``begin``, which decides start or join) before it is answered, and the verify
-runs in the background; one that could not read the journal is kept as failed (``failed``: its
-code and words) until the next whole verify ends.
+-- a thread is not held per request for its length, nor when it waited for an extension's turn
+and a whole verify took the lock first.  An operator's press marks the whole verify running
+(``begin``, which decides start or join) before it is answered, and the verify runs in the
+background; one that could not read the journal is kept as failed (``failed``: its code and
+words) until the next whole verify ends.
 """
 
 from __future__ import annotations
@@ -43,6 +44,9 @@ from affidavit.engine import read_failure
 from affidavit.journal import JournalError, JournalReader, SessionSummary, VerifyReport
 
 __all__ = ["KeptVerify"]
+
+_LOOK = 0.05
+"""Seconds a visit waits for the lock before it looks again whether a whole verify runs."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,16 +127,17 @@ class KeptVerify:
         after the last one an earlier request checked); None when the shown report is the
         whole verify's own.  ``running``: when the whole verify that runs began -- a request
         that is no whole verify is answered with the last answer (``report`` None before the
-        first), never held for it; None when none runs.  ``failure``: the last whole verify
-        that did not read."""
+        first), never held for it: not when it finds the lock held by an extension that a
+        whole verify then takes either (it looks again every ``_LOOK`` seconds whether one
+        runs); None when none runs.  ``failure``: the last whole verify that did not
+        read."""
         asked = self._started
         if whole:
             self._lock.acquire()
         else:
-            if not self._lock.acquire(blocking=False):
+            while not self._lock.acquire(timeout=_LOOK):
                 if self._running is not None:
                     return self._waiting()
-                self._lock.acquire()  # an extension runs: rows appended since, not the journal
             if self._running is not None:  # begun, its thread not yet here: not waited for
                 self._lock.release()
                 return self._waiting()

@@ -3,7 +3,8 @@ the console is served on, reading in a worker thread): the press is answered at 
 its connection for the verify, ~41 s at 1M events -- and the journal page says since when it
 runs, then how it ended: verified through seq N, BROKEN at the altered row, or failed with the
 error's code (kept until the next whole verify ends).  The page a press is sent to says it
-runs even before the verify's thread has begun.
+runs even before the verify's thread has begun, and a visit never waits for a whole verify,
+not even when it found the lock held by an extension first.
 
 The console is served in this process as the daemon serves it (a real loopback socket), its
 views read in worker threads through a limiter as the daemon's; requests are plain HTTP."""
@@ -197,3 +198,41 @@ async def test_a_whole_verify_that_could_not_read_is_shown_failed_until_the_next
         await settled(console)
         _, _, page = await get(f"{origin}/journal", cookie=cookie)
         assert _line(page, "verify-failed") is None, page[-2500:]
+
+
+async def test_a_visit_waiting_for_an_extension_is_answered_once_a_whole_verify_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A visit that finds the lock held by an extension (rows appended since) waits for it; a
+    whole verify begun meanwhile may take the lock next and hold it its whole length: the
+    visit is answered with the last report and the running line instead of waiting on."""
+    path = operator_config(tmp_path, monkeypatch, {"pay": http_target("http://127.0.0.1:9")})
+    async with open_broker(path) as b, served(b, tmp_path) as (origin, console):
+        _threaded(console, tmp_path / "journal.db", [])
+        cookie, csrf = await log_in_to(console, origin)
+        await b.call({"target": "nope", "method": "GET", "path": "/"})
+        await get(f"{origin}/journal", cookie=cookie)  # a report kept
+        await b.call({"target": "nope", "method": "GET", "path": "/"})  # rows to extend over
+        form, headers = {"csrf": csrf}, {"Origin": origin, "Cookie": cookie}
+        pages: list[bytes] = []
+
+        async def visit() -> None:
+            pages.append((await get(f"{origin}/journal", cookie=cookie))[2])
+
+        with _held(monkeypatch, "verify_since") as (extending, let_go):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(visit)  # its extension holds the lock
+                await _until(extending)
+                nursery.start_soon(visit)  # waits for the lock
+                await trio.sleep(0.3)  # (it has come in)
+                status, _, _ = await post(f"{origin}/journal/verify", form, headers)
+                assert status == 303
+                with trio.fail_after(BOUND):  # (held until the extension ends: never here)
+                    while not pages:
+                        await trio.sleep(0.01)
+                assert not let_go.is_set()
+                let_go.set()
+            await settled(console)
+        line = _line(pages[0], "verify-running") or ""
+        assert line.startswith("A whole verify is running since"), pages[0][-2000:]
+        assert (_line(pages[0], "verify") or "").startswith("intact")
