@@ -37,6 +37,12 @@ def _line(page: bytes, id: str) -> str | None:
     return None if m is None else " ".join(m.group(1).decode().split())
 
 
+def _paragraph(page: bytes, id: str) -> str | None:
+    """The paragraph ``id`` as its HTML (markup kept: what it shows escaped)."""
+    m = re.search(rf'id="{id}">(.*?)</p>'.encode(), page, re.S)
+    return None if m is None else " ".join(m.group(1).decode().split())
+
+
 def _threaded(console: Any, db: Path, gate: list[trio.Event]) -> None:
     """The console reads in worker threads, as the daemon's; a read begun while ``gate`` holds
     an event waits for it first (before its thread and the journal)."""
@@ -180,7 +186,7 @@ async def test_a_whole_verify_that_could_not_read_is_shown_failed_until_the_next
         real = JournalReader.verify
 
         def declined(self: JournalReader, *a: Any, **k: Any) -> Any:
-            raise ReadFailed("canceling statement due to statement timeout")
+            raise ReadFailed("canceling statement due to \u202estatement timeout")
 
         monkeypatch.setattr(JournalReader, "verify", declined)
         with trio.fail_after(BOUND):
@@ -189,15 +195,16 @@ async def test_a_whole_verify_that_could_not_read_is_shown_failed_until_the_next
         await settled(console)
         for _ in range(2):  # visits after it: the failure stays shown
             _, _, page = await get(f"{origin}/journal", cookie=cookie)
-            line = _line(page, "verify-failed") or ""
-            assert "failed" in line and "JOURNAL_READ_DECLINED" in line, page[-2500:]
-            assert "statement timeout" in line, line
+            line = _paragraph(page, "verify-failed") or ""
+            assert "failed" in line and "<code>JOURNAL_READ_DECLINED</code>" in line, line
+            assert "\u202e" not in line, line  # shown as its escape, never reordering it
+            assert '"U+202E">\\u202e</span>statement timeout' in line, line
             assert (_line(page, "verify") or "").startswith("intact")  # the last that read
         monkeypatch.setattr(JournalReader, "verify", real)
         await post(f"{origin}/journal/verify", form, headers)
         await settled(console)
         _, _, page = await get(f"{origin}/journal", cookie=cookie)
-        assert _line(page, "verify-failed") is None, page[-2500:]
+        assert _paragraph(page, "verify-failed") is None, page[-2500:]
 
 
 async def test_a_visit_waiting_for_an_extension_is_answered_once_a_whole_verify_runs(
