@@ -88,8 +88,9 @@ class Writer:
         """Queued writes, oldest first (each hand-off takes up to ``MAX_BATCH`` at once)."""
         self._space = trio.lowlevel.ParkingLot()
         """Writers waiting for room in a full queue (``MAX_QUEUED``)."""
-        self._idle: trio.lowlevel.Task | None = None
-        """The writer task, while no batch is in the writer thread (``_hand_off_idle``)."""
+        self._runner: trio.lowlevel.Task | None = None
+        """The writer task while it waits to be told to stop (``stop``), or that the writer
+        thread stopped (``_die``): not woken per batch (``_done``)."""
         self._closed = True
         """No writes taken: not started yet, or stopping."""
         self.token: trio.lowlevel.TrioToken | None = None
@@ -100,7 +101,8 @@ class Writer:
         self._thread: threading.Thread | None = None
         self._instrument: _HandOffAtIoWait | None = None
         self._inflight: _Handoff | None = None
-        """The batch ``_hand_off_idle`` handed over for the idle writer task, until it wakes."""
+        """The batch in the writer thread, from ``_hand_off_idle`` until ``_done`` (None: the
+        thread is idle)."""
         self._dead: BaseException | None = None
         """What stopped the writer thread (not an ``Exception``: a ``KeyboardInterrupt``, a
         ``SystemExit``...): every write queued then was failed, and none is taken since."""
@@ -188,27 +190,29 @@ class Writer:
 
     def _done(self, handoff: _Handoff) -> None:
         """On the trio thread, as soon as the loop learns a batch ended: wake its waiting
-        writers and the writer task in this same scheduling pass, rather than waking the
-        writer task to wake them one pass later (issue 15: each pass of the loop between a
-        COMMIT and the next batch's hand-off is latency at concurrency 1).  Raises nothing:
-        it runs as a ``run_sync_soon`` callback."""
+        writers in this same scheduling pass, rather than waking the writer task to wake them
+        one pass later (issue 15: each pass of the loop between a COMMIT and the next batch's
+        hand-off is latency at concurrency 1).  The writer task is not woken either (a task
+        step per batch, run before the submitter's in half the passes): the thread being idle
+        again (``_inflight`` None) is all ``_hand_off_idle`` needs to hand it the next batch.
+        Raises nothing: it runs as a ``run_sync_soon`` callback."""
         batch, error = handoff.batch, handoff.error
         if error is not None and not isinstance(error, Exception):  # the writer thread stopped
             self._die(error, handoff)
             return
-        if error is not None:  # a bug, not a storage fault: fail the batch
+        if error is not None:  # a bug, not a storage fault: fail the batch, and go on
             self.forget()
             for r in batch:
                 r.error = JournalError(f"journal writer failed: {error!r}")
-            if isinstance(error, Exception):  # and go on (anything else ends the writer task)
-                handoff.error = None
         self.busy = False
+        self._inflight = None
         for r in batch:
             r.finished = True
             if r.parked:
                 assert r.task is not None
                 trio.lowlevel.reschedule(r.task)
-        trio.lowlevel.reschedule(handoff.task)
+        if self._closed:  # ``stop`` waits for the queue to drain
+            self._wake_runner()
 
     def _die(self, error: BaseException, handoff: _Handoff | None) -> None:
         """On the trio thread, once the writer thread stopped with ``error`` (not an
@@ -221,6 +225,7 @@ class Writer:
             handoff = self._inflight  # handed over, never taken: the thread stopped before
         self._dead = error
         self._closed = True
+        self._inflight = None
         self.forget()
         self.busy = False
         where, name = self.backend.where, type(error).__name__
@@ -243,11 +248,7 @@ class Writer:
             r.error = write_error(r, why)
         self._answer(queued)
         self._space.unpark_all()
-        if handoff is not None:
-            handoff.error = error
-            trio.lowlevel.reschedule(handoff.task)
-        else:
-            self._wake_runner()
+        self._wake_runner()  # which raises ``error`` again
 
     @staticmethod
     def _answer(batch: list[Req[Any]]) -> None:
@@ -259,7 +260,7 @@ class Writer:
                 trio.lowlevel.reschedule(r.task)
 
     def _wake_runner(self) -> None:
-        task, self._idle = self._idle, None
+        task, self._runner = self._runner, None
         if task is not None:
             trio.lowlevel.reschedule(task)
 
@@ -272,11 +273,9 @@ class Writer:
         up), and the thread, woken while the loop still ran the rest of that iteration, then
         waited for the GIL -- a second wake-up.  Raises nothing (an instrument that raised
         would be removed): ``put`` on an unbounded queue does not."""
-        task = self._idle
-        if task is None or not self._pending:
+        if self._inflight is not None or not self._pending or self._dead is not None:
             return
-        self._idle = None
-        handoff = _Handoff(self._take(), task)
+        handoff = _Handoff(self._take())
         self._inflight = handoff
         self._batches.put(handoff)
 
@@ -289,19 +288,16 @@ class Writer:
         return batch
 
     async def _run(self) -> None:
-        pending = self._pending
+        """The writer task: holds the nursery ``stop`` waits on until what was queued is
+        answered, and raises what stopped the writer thread (``_die``).  ``_hand_off_idle``
+        hands what is queued to the thread at the end of the loop iteration that queued it,
+        and ``_done`` answers it: neither wakes this task, but for ``stop`` or ``_die``."""
         with trio.CancelScope(shield=True):
-            while pending or not self._closed:
-                # ``_hand_off_idle`` hands what is queued to the thread at the end of the loop
-                # iteration that queued it, and ``_done`` wakes us once it is committed; or
-                # ``stop`` does, and what is still queued is handed off the same way.
-                self._idle = trio.lowlevel.current_task()
+            while self._dead is None and (
+                not self._closed or self._pending or self._inflight is not None
+            ):
+                self._runner = trio.lowlevel.current_task()
                 await trio.lowlevel.wait_task_rescheduled(cannot_abort)
-                handoff, self._inflight = self._inflight, None
-                if handoff is not None and handoff.error is not None:
-                    raise handoff.error
-                if self._dead is not None:  # the thread stopped between batches (``_die``)
-                    raise self._dead
             if self._dead is not None:
                 raise self._dead
 
@@ -451,12 +447,10 @@ class _HandOffAtIoWait(trio.abc.Instrument):
 
 
 class _Handoff:
-    """One batch handed to the writer thread, the writer task waiting for it, and what the
-    thread raised."""
+    """One batch handed to the writer thread, and what the thread raised."""
 
-    __slots__ = ("batch", "error", "task")
+    __slots__ = ("batch", "error")
 
-    def __init__(self, batch: list[Req[Any]], task: trio.lowlevel.Task) -> None:
+    def __init__(self, batch: list[Req[Any]]) -> None:
         self.batch = batch
-        self.task = task
         self.error: BaseException | None = None

@@ -272,11 +272,11 @@ def unstick(writer: Writer) -> None:
 
 def unstick_handed(writer: Writer) -> None:
     """Only when a batch handed to a thread that stopped was left unanswered (the bug): answer
-    it and wake the writer task waiting for it, so that the test fails instead of hanging."""
+    it and wake the writer task, so that the test fails instead of hanging."""
     handoff = writer._inflight
     if handoff is None or handoff.batch[0].finished:
         return
     writer._inflight = None
     writer._pending.extend(handoff.batch)
     unstick(writer)
-    trio.lowlevel.reschedule(handoff.task)
+    writer._wake_runner()

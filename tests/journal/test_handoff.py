@@ -14,6 +14,7 @@ from typing import Any
 import trio
 
 from affidavit.journal import Batch, Journal, JournalReader
+from affidavit.journal.writer import Writer
 
 from .helpers import accepted, until_dispatch
 
@@ -45,7 +46,7 @@ class Recorded:
 
 
 @contextmanager
-def instrumented(it: Iterations) -> Iterator[None]:
+def instrumented(it: trio.abc.Instrument) -> Iterator[None]:
     trio.lowlevel.add_instrument(it)
     try:
         yield
@@ -93,3 +94,35 @@ async def test_writes_queued_by_every_task_of_an_iteration_share_one_transaction
         assert [(b.writes, b.barrier) for b in batches] == [(8, True)]
     with JournalReader.open(tmp_path / "j.db") as r:
         assert all(r.record(f"t{i}", now=0.0) is not None for i in range(8))
+
+
+class WriterTaskSteps(trio.abc.Instrument):
+    """Counts the steps of the writer task (the one running ``Writer._run``)."""
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    def after_task_step(self, task: trio.lowlevel.Task) -> None:
+        if getattr(task.coro, "cr_code", None) is Writer._run.__code__:
+            self.n += 1
+
+
+async def test_a_commit_wakes_its_writers_and_not_the_writer_task(tmp_path: Path) -> None:
+    """Issue 15, concurrency 1: the loop learning a batch committed wakes the tasks waiting
+    for it, and the next batch is handed off at the end of that iteration without the
+    writer task taking a step per batch (one it ran before the submitter's in half the
+    passes).  It still wakes to drain what is queued when the journal closes."""
+    steps = WriterTaskSteps()
+    async with Journal.open(tmp_path / "j.db") as j:
+        await j.append(accepted("warm"), barrier=True)
+        await trio.sleep(0)
+        with instrumented(steps):
+            for ev in until_dispatch("a"):
+                await j.append(ev, barrier=True)
+            posted = await j.post(accepted("b"))
+            await posted.wait()
+            assert steps.n == 0, f"the writer task stepped {steps.n} times"
+            await j.post(accepted("c"))  # queued, not waited for: the close commits it
+    with JournalReader.open(tmp_path / "j.db") as r:
+        assert [e.kind for e in r.events("a")] == [e.kind for e in until_dispatch("a")]
+        assert r.record("c", now=0.0) is not None
