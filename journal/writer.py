@@ -103,6 +103,9 @@ class Writer:
         self._inflight: _Handoff | None = None
         """The batch in the writer thread, from ``_hand_off_idle`` until ``_done`` (None: the
         thread is idle)."""
+        self._woken = False
+        """``_done`` woke writers in this loop iteration: they run in the next one, and what
+        they queue there joins what was queued meanwhile."""
         self._dead: BaseException | None = None
         """What stopped the writer thread (not an ``Exception``: a ``KeyboardInterrupt``, a
         ``SystemExit``...): every write queued then was failed, and none is taken since."""
@@ -211,6 +214,9 @@ class Writer:
             if r.parked:
                 assert r.task is not None
                 trio.lowlevel.reschedule(r.task)
+                # They run in the next iteration (so there is one: never set with nobody
+                # woken, or what is queued would wait in the loop's sleep).
+                self._woken = True
         if self._closed:  # ``stop`` waits for the queue to drain
             self._wake_runner()
 
@@ -273,8 +279,9 @@ class Writer:
         up), and the thread, woken while the loop still ran the rest of that iteration, then
         waited for the GIL -- a second wake-up.  Raises nothing (an instrument that raised
         would be removed): ``put`` on an unbounded queue does not."""
-        if self._inflight is not None or not self._pending or self._dead is not None:
-            return
+        woken, self._woken = self._woken, False
+        if woken or self._inflight is not None or not self._pending or self._dead is not None:
+            return  # (woken: the writers a commit woke have not run yet; they do next)
         handoff = _Handoff(self._take())
         self._inflight = handoff
         self._batches.put(handoff)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import queue
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -126,3 +127,44 @@ async def test_a_commit_wakes_its_writers_and_not_the_writer_task(tmp_path: Path
     with JournalReader.open(tmp_path / "j.db") as r:
         assert [e.kind for e in r.events("a")] == [e.kind for e in until_dispatch("a")]
         assert r.record("c", now=0.0) is not None
+
+
+async def test_writes_queued_during_a_commit_wait_for_the_writers_it_wakes(
+    tmp_path: Path,
+) -> None:
+    """What is queued while a batch is in the writer thread is not handed off the moment the
+    loop learns it committed, but one iteration later, with what the writers that commit
+    woke queue first thing (group commit: one transaction, not two)."""
+    batches: list[int] = []
+    posted = threading.Event()
+
+    @contextmanager
+    def held(batch: Batch) -> Iterator[None]:  # the writer thread
+        batches.append(batch.writes)
+        if len(batches) == 1:
+            assert posted.wait(10), "the other task never queued its write"
+        yield
+
+    async with Journal.open(tmp_path / "j.db") as j:
+        await j.append(accepted("warm"), barrier=True)
+        await trio.sleep(0)
+        writer = j._writer
+        j.around_transaction = held
+        first, second = until_dispatch("a")[:2]
+
+        async def a() -> None:
+            await j.append(first, barrier=True)
+            await j.append(second, barrier=True)  # queued as the commit's answer wakes us
+
+        async def b() -> None:
+            for _ in range(1000):
+                if writer._inflight is not None:
+                    break
+                await trio.sleep(0)
+            await j.post(accepted("b"))  # queued while the first batch is in the thread
+            posted.set()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(a)
+            nursery.start_soon(b)
+        assert batches == [1, 2]
