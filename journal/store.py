@@ -140,6 +140,9 @@ class Journal(JournalReader):
                 )
             self._writer = Writer(backend, backend.connect("writer"), clock)
             self._key, signer = self._bind(self._key_file, self.signing_key_file)
+            # ``bind_keys`` recorded the key's id, or found it recorded and matching: a sealed
+            # row it cannot open was altered (``payload``), as any reader of the journal says.
+            self._key_recorded = True
             backend.opened()  # after the opening transaction: the head is not held
             self._writer.signer = signer
             self._writer.keys = (

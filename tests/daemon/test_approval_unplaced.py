@@ -103,7 +103,7 @@ async def test_no_approval_route_names_the_journal_or_a_key_file(
                 assert json.loads(refused)["api_error"]["code"] == "REQUEST_UNREADABLE", refused
                 shown.append(refused.decode())
                 decided = await _ask(socket, "POST", approve, b'{"blind": true}')
-                assert json.loads(decided)["request_unreadable"] == UNOPENED, decided
+                assert json.loads(decided)["request_unreadable"] == ALTERED, decided
                 shown.append(decided.decode())
                 listed = await _ask(socket, "GET", "/v1/approvals")
                 shown.append(listed.decode())
