@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import re
 import sys
 from collections.abc import Sequence
 
@@ -44,6 +45,7 @@ __all__ = [
     "daemon_text",
     "journal_refusal",
     "main",
+    "refusal",
     "text_arg",
     "time_arg",
 ]
@@ -81,6 +83,24 @@ class UsageError(Exception):
     def __init__(self, message: str, code: str | None = None) -> None:
         super().__init__(message)
         self.code = code
+
+
+def refusal(message: str, code: str | None, field: str | None = None) -> UsageError:
+    """A refusal with its stable ``code`` and the ``field`` path it names, in the one shape
+    every command prints it in, embedded and through the daemon alike:
+    ``affidavit: CODE: <field>: <message>``.  A message that names its own code and field
+    first (``INVALID_FIELD at timeout: ...``, ``action refused: INVALID_FIELD at action: ...``:
+    the action's refusal, which the daemon answers HTTP 400 ``BAD_JSON``) is printed as it
+    stands, as embedded; the field is not repeated when the message starts with it
+    (``blind: ...``)."""
+    if _NAMES_ITS_CODE.match(message.removeprefix("action refused: ")):
+        return UsageError(message)
+    if field and not message.startswith(f"{field}: "):
+        message = f"{field}: {message}"
+    return UsageError(message, code)
+
+
+_NAMES_ITS_CODE = re.compile(r"[A-Z][A-Z0-9_]* at [^ :]+: ")
 
 
 def config_refusal(exc: Any, hint: str = "") -> UsageError:
@@ -243,14 +263,16 @@ def ask_daemon(
 
 
 def daemon_refusal(exc: Exception) -> UsageError:
-    """The daemon's refusal as the command line says it: a journal failure (``JOURNAL_*``)
-    with its code, as the same failure embedded (``journal_refusal``); every other refusal in
-    the daemon's words alone, which name their code where one applies (``INVALID_FIELD at
-    timeout: ...``, ``action refused: ...``) -- the same line as embedded."""
+    """The daemon's refusal as the command line says it: an API refusal (``ApiError``) with
+    its code and field path (``refusal``) -- the line the same refusal prints embedded; no
+    answer (``DaemonUnavailable``, ``AnswerLost``) in the client's words, with its own code
+    when it has one (an unsafe socket was never asked: ``DAEMON_SOCKET_UNSAFE``)."""
+    from affidavit.api.wire import ApiError
+
+    if isinstance(exc, ApiError):
+        return refusal(exc.message, exc.code, exc.field)
     code = getattr(exc, "code", None)
-    # An unsafe socket was never asked: its code is the client's own.
-    own = isinstance(code, str) and (code.startswith("JOURNAL_") or code == "DAEMON_SOCKET_UNSAFE")
-    return UsageError(str(exc), code if own else None)
+    return UsageError(str(exc), code if isinstance(code, str) else None)
 
 
 def daemon_json(response: Response) -> Any:

@@ -38,8 +38,10 @@ from affidavit.cli import (
     add_socket_arg,
     ask_daemon,
     daemon_json,
+    daemon_refusal,
     daemon_socket,
     journal_refusal,
+    refusal,
     text_arg,
     timeout_arg,
 )
@@ -111,7 +113,7 @@ def _operator_errors(work: Callable[[], T]) -> T:
     try:
         return work()
     except OperatorError as exc:
-        raise UsageError(f"{exc.code}: {exc.message}") from None
+        raise refusal(exc.message, exc.code, exc.field) from None
 
 
 def _daemon_answer(socket: DaemonSocket, method: str, target: str, body: Any = None) -> Any:
@@ -236,7 +238,7 @@ def _content(args: argparse.Namespace, iid: str, name: str) -> int:
 
         response = ask_daemon(socket, "GET", approval_path(iid, f"/content/{quote(name, safe='')}"))
         if response.status != 200:
-            raise UsageError(str(response.error()))
+            raise daemon_refusal(response.error())
         data = response.body
     else:
         from affidavit import approvals

@@ -243,7 +243,9 @@ def _result(args: argparse.Namespace) -> int:
 
     envelope = run_journal(main)
     if envelope is None:
-        raise UsageError(f"no invocation {args.invocation_id} in {_where(config)}")
+        raise UsageError(
+            f"no invocation {args.invocation_id} in {_where(config)}", "NO_SUCH_INVOCATION"
+        )
     if not delivering:
         _print(envelope)
     return 1 if "error" in envelope else 0
@@ -286,7 +288,7 @@ async def _raw_result(config: Any, args: argparse.Namespace) -> int:
         if stored is None:
             envelope = await broker.fetch_result(iid)
             if envelope is None:
-                raise UsageError(f"no invocation {iid} in {_where(config)}")
+                raise UsageError(f"no invocation {iid} in {_where(config)}", "NO_SUCH_INVOCATION")
             err = envelope.get("error") or {}
             print(
                 f"affidavit: invocation {iid} has no stored result (outcome "

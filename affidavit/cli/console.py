@@ -20,7 +20,14 @@ import sys
 import time
 from typing import Any
 
-from affidavit.cli import UsageError, add_socket_arg, ask_daemon, daemon_json, daemon_socket
+from affidavit.cli import (
+    UsageError,
+    add_socket_arg,
+    ask_daemon,
+    daemon_json,
+    daemon_socket,
+    refusal,
+)
 
 __all__ = ["add_commands"]
 
@@ -67,7 +74,7 @@ def _embedded(args: argparse.Namespace) -> dict[str, Any]:
     try:
         OperatorPolicy.of(config.service).require(who, "open the operator console")
     except OperatorError as exc:
-        raise UsageError(f"{exc.code}: {exc.message}") from None
+        raise refusal(exc.message, exc.code, exc.field) from None
     # The link goes to whoever listens there: it must be this user's daemon (a port nobody
     # holds could be bound by any local user, who would then receive the login).
     owners = listener_owners(address)

@@ -305,7 +305,9 @@ def _record(args: argparse.Namespace) -> int:
             events = j.events(args.invocation_id)
             rec = j.record(args.invocation_id)
         if rec is None:
-            raise UsageError(f"no invocation {args.invocation_id} in the journal")
+            raise UsageError(
+                f"no invocation {args.invocation_id} in the journal", "NO_SUCH_INVOCATION"
+            )
         # Embedded: whoever reads the journal is its operator, shown what was recorded.
         data = record_view(rec, events, operator=True)
     if args.json:
