@@ -177,7 +177,7 @@ def _parsed(value: str | None, what: str, parse: Callable[[str], T]) -> T | None
     try:
         return parse(value)
     except ValueError as exc:
-        raise UsageError(f"{what}: {exc}") from None
+        raise UsageError(f"{what}: {exc}", "INVALID_FIELD") from None
 
 
 def text_arg(value: str | None, what: str) -> str | None:
@@ -188,7 +188,7 @@ def text_arg(value: str | None, what: str) -> str | None:
         try:
             value.encode("utf-8")
         except UnicodeEncodeError:
-            raise UsageError(f"{what} is not valid UTF-8 text") from None
+            raise UsageError(f"{what} is not valid UTF-8 text", "INVALID_FIELD") from None
     return value
 
 

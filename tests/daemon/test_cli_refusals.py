@@ -28,7 +28,9 @@ CASES: list[tuple[tuple[str, ...], str | None]] = [
     (("record", NOPE, "--json"), "NO_SUCH_INVOCATION"),
     (("call", "--timeout", "0"), None),  # its words name the code: "INVALID_FIELD at timeout"
     (("call", "-"), None),  # "action refused: INVALID_FIELD at action: ..."
-    (("actions", "--since", "bogus"), None),
+    (("actions", "--since", "bogus"), "INVALID_FIELD"),  # read here, either way
+    (("result", NOPE, "--from-chunk", "x"), "INVALID_FIELD"),
+    (("actions", "--session", "s\udcff"), "INVALID_FIELD"),  # argv bytes that are not UTF-8
 ]
 LINE = re.compile(r"affidavit: (?:([A-Z][A-Z0-9_]+): )?(.*)\n")
 
