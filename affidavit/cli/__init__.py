@@ -265,14 +265,23 @@ def ask_daemon(
 def daemon_refusal(exc: Exception) -> UsageError:
     """The daemon's refusal as the command line says it: an API refusal (``ApiError``) with
     its code and field path (``refusal``) -- the line the same refusal prints embedded; no
-    answer (``DaemonUnavailable``, ``AnswerLost``) in the client's words, with its own code
-    when it has one (an unsafe socket was never asked: ``DAEMON_SOCKET_UNSAFE``)."""
-    from affidavit.api.wire import ApiError
+    answer in the client's words, with the code MCP gives it (``mcp.backends``): an unsafe
+    socket was never asked (``DAEMON_SOCKET_UNSAFE``), nothing answers on it
+    (``DAEMON_UNAVAILABLE``), the connection ended before a whole answer (``ANSWER_LOST``)."""
+    from affidavit.api.wire import AnswerLost, ApiError, DaemonUnavailable
 
     if isinstance(exc, ApiError):
         return refusal(exc.message, exc.code, exc.field)
     code = getattr(exc, "code", None)
-    return UsageError(str(exc), code if isinstance(code, str) else None)
+    if not isinstance(code, str):
+        code = (
+            "ANSWER_LOST"
+            if isinstance(exc, AnswerLost)
+            else "DAEMON_UNAVAILABLE"
+            if isinstance(exc, DaemonUnavailable)
+            else None
+        )
+    return UsageError(str(exc), code)
 
 
 def daemon_json(response: Response) -> Any:

@@ -65,3 +65,6 @@ async def test_each_refusal_has_the_same_code_field_and_status_both_ways(
             assert asked == alone, (argv, asked, alone)
             assert asked[:2] == (2, code), (argv, asked)
         assert srv.requests == []
+    # Nobody answers on the socket any more: the code MCP gives it, not the message alone.
+    gone = _shape(await cli(daemon, "approvals", "show", NOPE), daemon.journal)
+    assert gone[:2] == (2, "DAEMON_UNAVAILABLE"), gone

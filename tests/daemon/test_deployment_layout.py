@@ -176,7 +176,8 @@ async def test_the_documented_layout_serves_an_agent_of_another_user_and_nothing
             assert stranger.returncode == 2, stranger
             line = stranger.stderr.decode()
             assert line.startswith(
-                f"affidavit: cannot reach the affidavit daemon at {socket} (Permission denied: "
+                f"affidavit: DAEMON_UNAVAILABLE: cannot reach the affidavit daemon at {socket} "
+                "(Permission denied: "
             ), line
             assert "the socket's group" in line and "Traceback" not in line, line
             by_client = await run(as_user(STRANGER, "-c", CLIENT_SCRIPT), env=told)
