@@ -329,7 +329,14 @@ class Broker:
         a long scan, a stalled server) stalls that read alone, never the calls on the event
         loop.  Hints are judged as the broker's own reads judge them (``send_windows``); an
         approval's request is opened with the broker key.  A ``JournalError`` is raised as
-        the read raised it."""
+        the read raised it.
+
+        Cancellable: its connection has no statement timeout (a long scan is a view's right),
+        so a cancelled view -- a shutdown past its grace, a caller gone -- abandons its thread
+        rather than wait as long as the database holds the read (a daemon asked to stop
+        stopped only when the database let go).  The thread keeps its ``limiter`` slot until
+        the read ends, then closes its connection; it only reads, so nothing is left half
+        done (a view that folds ``summary`` does so under that summary's own lock)."""
         location, key_file = self.config.journal.location, self.config.journal.key_file
         windows = self.journal.send_windows
 
@@ -338,4 +345,4 @@ class Broker:
                 reader.send_windows = windows
                 return read(reader)
 
-        return await trio.to_thread.run_sync(run, limiter=limiter)
+        return await trio.to_thread.run_sync(run, limiter=limiter, abandon_on_cancel=True)
