@@ -56,6 +56,12 @@ def add_command(jsub: Any) -> None:
     op.set_defaults(handler=_open_sealed)
 
 
+KEY_FIX = (
+    "name the broker's own key file: --key-file FILE, or --config with its [journal] key_file "
+    "(beside --journal PATH it is PATH.key)"
+)
+
+
 def key_file_of(args: argparse.Namespace) -> Path:
     """``--key-file``, else the config's ``[journal] key_file`` (or the default beside
     ``--journal``), as the other journal commands find the signing key."""
@@ -90,11 +96,14 @@ def check_key(j: JournalReader, key_file: Path) -> None:
     except (JournalUnavailable, ReadFailed, AlteredRow):
         raise  # the journal's, answered by ``reading``
     except JournalError as exc:  # the key file: missing, not 0600, not a key
-        raise UsageError(str(exc), "FILE_UNUSABLE") from None
+        why = str(exc)
+        if "chmod" not in why:  # a mode has its fix in its words; missing or not a key: this
+            why += f"; {KEY_FIX}"
+        raise UsageError(why, "FILE_UNUSABLE") from None
     if matches is False:
         raise UsageError(
             f"broker key file {key_file} does not match this journal (its id is not the "
-            "one the journal records): pass the broker's [journal] key_file",
+            f"one the journal records); {KEY_FIX}",
             "FILE_UNUSABLE",
         )
     if matches is None:

@@ -144,6 +144,9 @@ async def test_a_wrong_or_unusable_key_file_is_named_and_nothing_is_shown(
         assert (code, out) == (2, ""), (key, out)
         assert err.startswith("affidavit: FILE_UNUSABLE: ") and str(key) in err, err
         assert why in err and "Traceback" not in err, err
+        # and the fix: which key file to name, and how (the mode's is its chmod)
+        fix = "chmod 600" if key == loose else "--key-file FILE, or --config"
+        assert fix in err, err
         assert CANARY not in err
 
 
