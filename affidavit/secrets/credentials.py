@@ -196,7 +196,11 @@ def resolve(
             data, st = read_small_file(path, MAX_CREDENTIAL_BYTES, private=True)
         except FileMissing as exc:
             raise CredentialError(
-                Code.CREDENTIAL_MISSING, exc.public, ref=ref, detail=f"{exc}{where}"
+                Code.CREDENTIAL_MISSING,
+                exc.public,
+                ref=ref,
+                detail=f"{exc}{where}: create it (mode 0600, the broker's user's) or name "
+                "another file in the target's credential",
             ) from None
         except FileRefused as exc:
             # The reason names the file's type, size or the OS's error -- never its contents.
@@ -205,14 +209,25 @@ def resolve(
             ) from None
         data = trim_final_newline(data)
         if not data:
-            raise CredentialError(Code.CREDENTIAL_MISSING, "file is empty", ref=ref)
+            raise CredentialError(
+                Code.CREDENTIAL_MISSING,
+                "file is empty",
+                ref=ref,
+                detail=f"file {path} is empty: write the credential into it",
+            )
         # Not the size: the version is in the record a caller reads, and a single-line file's
         # size is the secret's length.  ctime moves with every write (and with a utime that
         # puts mtime back), the inode with a replacing rename.
         return Credential(ref, data, f"{st.st_mtime_ns}:{st.st_ctime_ns}:{st.st_ino}")
     # vault
     if vault is None:
-        raise CredentialError(Code.CREDENTIAL_MISSING, "no vault is configured", ref=ref)
+        raise CredentialError(
+            Code.CREDENTIAL_MISSING,
+            "no vault is configured",
+            ref=ref,
+            detail="no vault is configured: set [vault] path, then `affidavit vault init` and "
+            f"`affidavit vault put {name}` as the broker's user",
+        )
     try:
         value, version = vault.get(name)
     except VaultLocked as exc:
@@ -225,7 +240,10 @@ def resolve(
         ) from None
     except EntryMissing as exc:
         raise CredentialError(
-            Code.CREDENTIAL_MISSING, "no vault entry with that name", ref=ref, detail=str(exc)
+            Code.CREDENTIAL_MISSING,
+            "no vault entry with that name",
+            ref=ref,
+            detail=f"{exc} (store it: `affidavit vault put {name}` as the broker's user)",
         ) from None
     except VaultMissing as exc:
         raise CredentialError(
@@ -240,7 +258,12 @@ def resolve(
             detail=str(exc),
         ) from None
     if not value:
-        raise CredentialError(Code.CREDENTIAL_MISSING, "vault entry is empty", ref=ref)
+        raise CredentialError(
+            Code.CREDENTIAL_MISSING,
+            "vault entry is empty",
+            ref=ref,
+            detail=f"vault entry is empty (store the value: `affidavit vault put {name}`)",
+        )
     return Credential(ref, value, str(version))
 
 

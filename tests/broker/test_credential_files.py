@@ -278,9 +278,35 @@ def test_a_missing_relative_credential_file_names_where_it_was_looked_for(tmp_pa
     assert caught.value.code is Code.CREDENTIAL_MISSING
     assert caught.value.detail == (
         f"file:secrets/tok: file not found (read as {tmp_path / 'secrets' / 'tok'}: relative "
-        "to the config file's directory)"
+        "to the config file's directory): create it (mode 0600, the broker's user's) or name "
+        "another file in the target's credential"
     )
     assert caught.value.message == "file not found"  # the caller's: no reference, no path
+
+
+def test_each_missing_credential_tells_the_operator_the_fix(tmp_path: Path) -> None:
+    """A credential that is absent or empty: the operator's words (the log line, the sealed
+    CREDENTIAL_FAILED) say what to do -- create or fill the file, configure the vault, store the
+    entry -- not only what is wrong; the caller's stay the short ones, without a path or name."""
+    empty = tmp_path / "empty.tok"
+    empty.write_bytes(b"\n")
+    empty.chmod(0o600)
+    v = Vault.init(tmp_path / "s.vault", "pass phrase", n_log2=10)
+    v.unlock("pass phrase")
+    cases = [
+        (f"file:{tmp_path / 'absent.tok'}", None, "file not found", "create it (mode 0600"),
+        (f"file:{empty}", None, "file is empty", "write the credential into it"),
+        ("vault:api", None, "no vault is configured", "set [vault] path"),
+        ("vault:api", v, "no vault entry with that name", "`affidavit vault put api`"),
+    ]
+    for ref, vault, public, fix in cases:
+        with pytest.raises(CredentialError) as caught:
+            resolve(ref, vault=vault)
+        assert caught.value.code is Code.CREDENTIAL_MISSING, ref
+        assert caught.value.message == public, ref
+        assert caught.value.detail.startswith(f"{ref}: "), caught.value.detail
+        assert fix in caught.value.detail, caught.value.detail
+        assert str(tmp_path) not in caught.value.message
 
 
 def test_symlinked_credential_is_judged_by_the_file_it_names(tmp_path: Path) -> None:
