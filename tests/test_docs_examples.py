@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import itertools
 import re
 import shlex
 import tomllib
@@ -255,3 +256,85 @@ def test_the_deployment_vault_steps_work_in_their_order(tmp_path: Path) -> None:
             timeout=60,
         )
         assert done.returncode == 0, (step, done.stderr.decode())
+
+
+# What ``journal holder`` and ``journal open-sealed`` print, line by line: docs/journal.md's
+# example output and the program's own must both have these shapes, so neither drifts alone.
+SHAPES = {
+    "journal holder": [
+        r"invocation act_\S+: \d+ lease holder\(s\) recorded",
+        r"  [^ :]+:\d+:[0-9a-f]+",
+        r"    shown as hmac-sha256:[0-9a-f]+…?",
+        r"    in \d+ [A-Z_]+(, \d+ [A-Z_]+)*",
+    ],
+    "journal open-sealed": [
+        r"invocation act_\S+: \d+ payload\(s\) opened with \S+",
+        r" +\d+  \d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z  [A-Z_]+",
+        r" {12}\{.*\}",
+        r" {12}detail: .+",
+    ],
+}
+
+
+def _shown_output(command: str) -> list[str]:
+    """The untyped block right after the ``sh`` block that runs ``affidavit <command>``."""
+    text = (ROOT / "docs" / "journal.md").read_text(encoding="utf-8")
+    blocks = list(FENCE.finditer(text))
+    for m, after in itertools.pairwise(blocks):
+        if m.group(1) == "sh" and f"affidavit {command} " in m.group(2) and after.group(1) == "":
+            return after.group(2).splitlines()
+    raise AssertionError(f"docs/journal.md shows no output of `affidavit {command}`")
+
+
+def _unshaped(command: str, lines: list[str]) -> list[str]:
+    return [ln for ln in lines if not any(re.fullmatch(p, ln) for p in SHAPES[command])]
+
+
+def test_the_documented_holder_and_sealed_output_is_what_the_commands_print(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One invocation whose credential is missing (nothing is sent): ``journal holder`` lists its
+    holder, maps the shown tag back, and ``journal open-sealed`` opens the accepted action and
+    the CREDENTIAL_FAILED detail -- each line in a shape the docs' example has too.  A missing
+    key file is refused with its code and the fix."""
+    import trio
+
+    from affidavit.api.broker import Broker
+    from affidavit.cli import main as cli_main
+    from affidavit.config import load_config
+    from tests.broker.helpers import write_config
+
+    monkeypatch.delenv("AFF_DOCS_UNSET", raising=False)
+    target = {"kind": "http", "url": "http://127.0.0.1:9", "methods": ["GET"]}
+    cfg = write_config(tmp_path, {"api": {**target, "credential": "env:AFF_DOCS_UNSET"}})
+
+    async def call() -> dict[str, Any]:
+        with trio.fail_after(15):
+            async with Broker.open(config=load_config(cfg)) as broker:
+                return await broker.call({"target": "api", "method": "GET", "path": "/"})
+
+    env = trio.run(call)
+    assert env["error"]["code"] == "CREDENTIAL_MISSING", env
+    iid, shown = env["invocation_id"], env["evidence"]["lease"]["holder"]
+
+    def run(*argv: str) -> tuple[int, list[str], str]:
+        code = cli_main([*argv, "--config", str(cfg)])
+        done = capsys.readouterr()
+        return code, done.out.splitlines(), done.err
+
+    for command in SHAPES:
+        doc = _shown_output(command)
+        assert doc and _unshaped(command, doc) == [], doc
+        code, out, err = run(*command.split(), iid)
+        assert code == 0 and out and err == "", (out, err)
+        assert _unshaped(command, out) == [], out
+        # every shape the docs show, the program prints (and the other way round)
+        used = {p for p in SHAPES[command] for ln in out if re.fullmatch(p, ln)}
+        assert used == {p for p in SHAPES[command] for ln in doc if re.fullmatch(p, ln)}
+    code, out, err = run("journal", "holder", iid, shown)
+    assert code == 0 and len(out) == 1 and re.fullmatch(SHAPES["journal holder"][1][2:], out[0])
+    code, out, err = run("journal", "holder", iid, "hmac-sha256:00")
+    assert (code, out) == (2, []) and err.startswith("affidavit: NO_SUCH_HOLDER: "), err
+    code, out, err = run("journal", "holder", iid, "--key-file", str(tmp_path / "absent.key"))
+    assert (code, out) == (2, []) and err.startswith("affidavit: FILE_UNUSABLE: "), err
+    assert "--key-file FILE, or --config" in err and "Traceback" not in err, err
