@@ -78,10 +78,30 @@ def _broker_key(backend: Backend, tables: Tables, key_file: Path) -> BrokerKey:
         key = BrokerKey.load(key_file) if key_file.exists() else BrokerKey.create(key_file)
         tables.insert_meta("key_id", key.key_id)
         return key
+    if not key_file.exists():
+        raise _recorded_key_missing("broker key file", key_file, backend.where, "key_file")
     key = BrokerKey.load(key_file)
     if key.key_id != recorded:
-        raise JournalError(f"broker key file {key_file} does not match journal {backend.where}")
+        raise JournalError(
+            f"broker key file {key_file} does not match journal {backend.where}: "
+            + _OWN_KEY.format(setting="key_file")
+        )
     return key
+
+
+_OWN_KEY = (
+    "name the journal's own with [journal] {setting} (a key file made anew would not match "
+    "the key the journal records)"
+)
+
+
+def _recorded_key_missing(what: str, key_file: Path, where: str, setting: str) -> JournalError:
+    """A journal that records a key whose file is not there: say where to look, not only
+    that it is missing (the usual cause: a journal copied or moved without its key files)."""
+    return JournalError(
+        f"{what} {key_file} does not exist, but journal {where} records its key: restore the "
+        "file the journal was made with (mode 0600), or " + _OWN_KEY.format(setting=setting)
+    )
 
 
 def _register(backend: Backend, tables: Tables, key_file: Path) -> SigningKey:
@@ -106,6 +126,8 @@ def _single_signer(
     seq, h = tables.head()
     recorded = tables.meta("signing_key_id")
     if recorded is not None:
+        if not key_file.exists():
+            raise _recorded_key_missing("signing key file", key_file, where, "signing_key")
         signer = SigningKey.load(key_file)
         if signer.key_id != recorded:
             raise JournalError(

@@ -65,6 +65,25 @@ def _locked_vault(tmp: Path) -> Path:
     return cfg
 
 
+def _key_gone(name: str) -> Callable[[Path], Path]:
+    """A journal moved or copied without one of its key files."""
+
+    def make(tmp: Path) -> Path:
+        cfg = _initialized(tmp)
+        (tmp / name).unlink()
+        return cfg
+
+    return make
+
+
+def _another_journals_key(tmp: Path) -> Path:
+    cfg = _initialized(tmp)
+    (tmp / "other").mkdir()
+    _initialized(tmp / "other")
+    (tmp / "affidavit.db.key").write_bytes((tmp / "other" / "affidavit.db.key").read_bytes())
+    return cfg
+
+
 @dataclass(frozen=True)
 class Mistake:
     args: tuple[str, ...]
@@ -117,6 +136,24 @@ MISTAKES = {
         _initialized,
         "FILE_UNUSABLE",
         ("cannot write public key file /nonexistent/affidavit-test/journal.pub",),
+    ),
+    "the journal's broker key file is gone": Mistake(
+        ("call", "-"),
+        _key_gone("affidavit.db.key"),
+        "JOURNAL_UNUSABLE",
+        ("affidavit.db.key does not exist", "restore the file", "[journal] key_file"),
+    ),
+    "the journal's signing key file is gone": Mistake(
+        ("call", "-"),
+        _key_gone("affidavit.db.signing.key"),
+        "JOURNAL_UNUSABLE",
+        ("affidavit.db.signing.key does not exist", "restore the file", "[journal] signing_key"),
+    ),
+    "another journal's broker key file": Mistake(
+        ("call", "-"),
+        _another_journals_key,
+        "JOURNAL_UNUSABLE",
+        ("affidavit.db.key does not match journal", "[journal] key_file"),
     ),
     "vault locked": Mistake(
         ("vault", "put", "tok"), _locked_vault, "VAULT_LOCKED", ("affidavit vault unlock",)
