@@ -132,7 +132,8 @@ def _single_signer(
         if signer.key_id != recorded:
             raise JournalError(
                 f"signing key file {key_file} does not match journal {where} (it records key "
-                f"{recorded}, the file holds {signer.key_id})"
+                f"{recorded}, the file holds {signer.key_id}): "
+                + _OWN_KEY.format(setting="signing_key")
             )
         if seq:
             keys: Keys = {signer.key_id: signer.public_raw}

@@ -76,12 +76,15 @@ def _key_gone(name: str) -> Callable[[Path], Path]:
     return make
 
 
-def _another_journals_key(tmp: Path) -> Path:
-    cfg = _initialized(tmp)
-    (tmp / "other").mkdir()
-    _initialized(tmp / "other")
-    (tmp / "affidavit.db.key").write_bytes((tmp / "other" / "affidavit.db.key").read_bytes())
-    return cfg
+def _another_journals(name: str) -> Callable[[Path], Path]:
+    def make(tmp: Path) -> Path:
+        cfg = _initialized(tmp)
+        (tmp / "other").mkdir()
+        _initialized(tmp / "other")
+        (tmp / name).write_bytes((tmp / "other" / name).read_bytes())
+        return cfg
+
+    return make
 
 
 @dataclass(frozen=True)
@@ -151,9 +154,15 @@ MISTAKES = {
     ),
     "another journal's broker key file": Mistake(
         ("call", "-"),
-        _another_journals_key,
+        _another_journals("affidavit.db.key"),
         "JOURNAL_UNUSABLE",
         ("affidavit.db.key does not match journal", "[journal] key_file"),
+    ),
+    "another journal's signing key file": Mistake(
+        ("call", "-"),
+        _another_journals("affidavit.db.signing.key"),
+        "JOURNAL_UNUSABLE",
+        ("affidavit.db.signing.key does not match journal", "[journal] signing_key"),
     ),
     "vault locked": Mistake(
         ("vault", "put", "tok"), _locked_vault, "VAULT_LOCKED", ("affidavit vault unlock",)
