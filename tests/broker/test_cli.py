@@ -194,6 +194,11 @@ async def test_result_of_an_error_exits_1_and_unknown_id_exits_2(tmp_path: Path)
     missing = await _cli("result", "act_NOSUCHINVOCATION", "--config", str(cfg))
     assert missing.returncode == 2
     assert b"no invocation act_NOSUCHINVOCATION" in missing.stderr
+    assert missing.stderr.startswith(b"affidavit: NO_SUCH_INVOCATION: "), missing.stderr
+    for args in (("result", "act_NOSUCHINVOCATION", "--raw"), ("record", "act_NOSUCHINVOCATION")):
+        other = await _cli(*args, "--config", str(cfg))
+        assert other.returncode == 2 and other.stdout == b"", other
+        assert other.stderr.startswith(b"affidavit: NO_SUCH_INVOCATION: "), other.stderr
     assert missing.stdout == b""
 
 

@@ -128,7 +128,7 @@ async def test_the_same_refusal_both_ways_for_an_unknown_invocation(
         local = await embedded("record", "act_NOPE", "--journal", str(daemon.journal))
         assert (through.returncode, through.stderr) == (local.returncode, local.stderr)
         assert through.returncode == 2
-        assert b"no invocation act_NOPE" in through.stderr
+        assert through.stderr.startswith(b"affidavit: NO_SUCH_INVOCATION: no invocation act_NOPE")
         via_socket = await cli(daemon, "result", "act_NOPE")
         from affidavit.api.wire import blocking_request
 
