@@ -89,8 +89,8 @@ def _poll(args: argparse.Namespace) -> int:
 
     try:
         answer = trio.run(main)
-    except OperationError as exc:
-        raise UsageError(str(exc)) from None
+    except OperationError as exc:  # the daemon's 422 code, here as through it
+        raise UsageError(str(exc), "OPERATION_ERROR") from None
     except JournalError as exc:  # the daemon's words, then the journal's own (``failure_line``)
         failure = poll_failure(exc, op_id)
         raise journal_refusal(exc, failure_line(exc, failure), failure[1]) from None

@@ -413,6 +413,7 @@ async def test_the_cli_lists_and_polls_operations_with_exit_codes_by_evidence(
     assert "error" not in answer["poll"] and answer["poll"]["result"]["status"] == 200
     assert ended.returncode == 0 and json.loads(ended.stdout)["poll"] is None
     assert unknown.returncode == 2 and b"no operation op_nope" in unknown.stderr
+    assert unknown.stderr.startswith(b"affidavit: OPERATION_ERROR: "), unknown.stderr
     for p in (listed, table, pending, done, ended, unknown):
         assert b"Traceback" not in p.stderr + p.stdout
     assert [r.method for r in srv.requests] == ["POST", "GET", "GET"]
