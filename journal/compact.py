@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from .segment_tables import MAX_BLOB, is_segment_name
+from .segments import _fsync_dir
 
 __all__ = ["Compaction", "compact"]
 
@@ -236,11 +237,3 @@ def _punch_fn() -> Any:
                 fn.restype = ctypes.c_int
                 _fallocate = fn
     return _fallocate or None
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
