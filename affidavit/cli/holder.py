@@ -28,6 +28,7 @@ __all__ = ["add_command"]
 def add_command(jsub: Any) -> None:
     """``journal holder`` (declared by ``affidavit.cli.journal``: the ``journal`` group)."""
     from .journal import common_options
+    from .sealed import key_file_option
 
     h = jsub.add_parser(
         "holder",
@@ -37,30 +38,19 @@ def add_command(jsub: Any) -> None:
     common_options(h)
     h.add_argument("invocation_id", metavar="INVOCATION_ID")
     h.add_argument("shown", metavar="SHOWN", nargs="?", help="the holder a caller was shown")
-    h.add_argument(
-        "--key-file",
-        metavar="FILE",
-        help="the broker key file (default: [journal] key_file of the config, or the .key "
-        "file beside --journal)",
-    )
+    key_file_option(h)
     h.set_defaults(handler=_holder)
 
 
 def _holder(args: argparse.Namespace) -> int:
-    from .journal import _out, print_json, reading
-    from .sealed import check_key, key_file_of
+    from .journal import _out, print_json
+    from .sealed import keyed_events
 
     iid = args.invocation_id
-    text_arg(iid, "the invocation id")
     if args.shown is not None:
         text_arg(args.shown, "the shown holder")
-    key_file = key_file_of(args)
     holders: dict[str, dict[str, Any]] = {}
-    with reading(args, f"the lease holders of {iid}", key_file=key_file) as j:
-        check_key(j, key_file)
-        events = j.events(iid)
-        if not events:
-            raise UsageError(f"no invocation {iid} in the journal", "NO_SUCH_INVOCATION")
+    with keyed_events(args, "the lease holders") as (j, key_file, events):
         for ev in events:
             recorded = ev.attrs.get("holder")
             if type(recorded) is not str:

@@ -23,8 +23,10 @@ refused -- nothing is printed then, never a partial or garbage plaintext.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -32,8 +34,9 @@ from affidavit.cli import UsageError, config_refusal, text_arg
 
 if TYPE_CHECKING:
     from affidavit.journal import JournalReader
+    from affidavit.statemachine import Event
 
-__all__ = ["add_command", "check_key", "key_file_of"]
+__all__ = ["add_command", "check_key", "key_file_of", "key_file_option", "keyed_events"]
 
 
 def add_command(jsub: Any) -> None:
@@ -47,13 +50,18 @@ def add_command(jsub: Any) -> None:
     )
     common_options(op)
     op.add_argument("invocation_id", metavar="INVOCATION_ID")
-    op.add_argument(
+    key_file_option(op)
+    op.set_defaults(handler=_open_sealed)
+
+
+def key_file_option(parser: argparse.ArgumentParser) -> None:
+    """``--key-file``, as ``key_file_of`` reads it (``open-sealed``, ``holder``)."""
+    parser.add_argument(
         "--key-file",
         metavar="FILE",
         help="the broker key file (default: [journal] key_file of the config, or the .key "
         "file beside --journal)",
     )
-    op.set_defaults(handler=_open_sealed)
 
 
 KEY_FIX = (
@@ -115,18 +123,31 @@ def check_key(j: JournalReader, key_file: Path) -> None:
         )
 
 
-def _open_sealed(args: argparse.Namespace) -> int:
+@contextlib.contextmanager
+def keyed_events(
+    args: argparse.Namespace, what: str
+) -> Iterator[tuple[JournalReader, Path, list[Event]]]:
+    """The journal ``args`` names, opened with the broker key file (``key_file_of``, checked:
+    ``check_key``), its key file and the events of ``args.invocation_id`` -- NO_SUCH_INVOCATION
+    when it records none.  ``what``: what is read, for a journal that cannot be read
+    (``reading``)."""
     from .journal import reading
 
     iid = args.invocation_id
     text_arg(iid, "the invocation id")
     key_file = key_file_of(args)
-    opened: list[dict[str, Any]] = []
-    with reading(args, f"the sealed payloads of {iid}", key_file=key_file) as j:
+    with reading(args, f"{what} of {iid}", key_file=key_file) as j:
         check_key(j, key_file)
         events = j.events(iid)
         if not events:
             raise UsageError(f"no invocation {iid} in the journal", "NO_SUCH_INVOCATION")
+        yield j, key_file, events
+
+
+def _open_sealed(args: argparse.Namespace) -> int:
+    iid = args.invocation_id
+    opened: list[dict[str, Any]] = []
+    with keyed_events(args, "the sealed payloads") as (j, key_file, events):
         for ev in events:
             assert ev.seq is not None  # a stored event has its seq
             # A blob that does not open with this journal's own key is an ``AlteredRow``:
