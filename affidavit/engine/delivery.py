@@ -39,7 +39,7 @@ from .attempt import (
     stamped,
 )
 from .contracts import Reader
-from .echoed import without_received_size, without_size_headers
+from .echoed import without_size_headers
 from .readable import stream_cut
 from .recorder import reference_payload, result_payload
 from .recovery import closing_event
@@ -160,9 +160,10 @@ async def _commit(
     iid, generation = attempt.iid, attempt.generation
     streams = await sink.finish()
     digest = sink.digest()
-    # A stream that echoed a secret: what measures the bytes received goes (``echoed.py``).
+    # A stream that echoed a secret: what measures the bytes received goes (``echoed.py``):
+    # from the result's headers here; ``observed`` was stripped by ``observed_events``, from
+    # ``redacted_streams`` -- the same streams, the redactor's held-back bytes counted.
     redacted = [name for name in streams if sink.redacted(name)]
-    observed = without_received_size(observed, redacted)
     attrs: dict[str, Any] = {
         "outcome": result.outcome.value,
         "code": result.code.value if result.code else None,

@@ -16,11 +16,13 @@ still in two other places a caller reads:
 An attempt cut short records the driver's facts (ATTEMPT_INTERRUPTED): SSH's hold each stream's
 SHA-256 of the bytes received besides its count -- an echoed stream's goes too.
 
-``without_received_size`` drops them once the sink has finished and knows which streams it
-redacted (``delivery._commit``); ``received_withheld: "redacted"`` says that they were
-dropped.  An attempt that ends without a result drops them too (``attempt.observed_events``,
-ATTEMPT_INTERRUPTED's facts) where redaction replaced something, or would in the bytes it
-still held back when the answer was cut (``StreamSink.redacted_streams``).
+``without_received_size`` drops them from the protocol summary (``attempt.observed_events``)
+and ``without_received_counts`` from ATTEMPT_INTERRUPTED's facts, where redaction replaced
+something in a stream or would in the bytes it still holds back (``StreamSink.redacted_streams``:
+what ``StreamSink.finish`` flushes is scanned as ``sub`` scans it, so for a result these are
+the streams ``StreamSink.redacted`` names once it finished); ``without_size_headers`` drops the
+result's headers (``delivery._commit``).  ``received_withheld: "redacted"`` says that they were
+dropped.
 """
 
 from __future__ import annotations
