@@ -23,6 +23,7 @@ def _attempt(table: object) -> SimpleNamespace:
         pending=[],
         generation=3,
         iid="act_1",
+        redacted=lambda: [],  # no stream had a secret replaced (``echoed.py``)
     )
 
 
