@@ -121,16 +121,15 @@ class KeptVerify:
 
     def page(self, reader: JournalReader, whole: bool = False) -> dict[str, Any]:
         """The report to show, the whole verify's (``started_at``, ``at`` it finished,
-        ``through``) and when the rows
-        after it were last checked (``checked_at``, ``checked_through``) and through which row
-        they were not read this time (``unread_through``: an extension reads only the rows
-        after the last one an earlier request checked); None when the shown report is the
-        whole verify's own.  ``running``: when the whole verify that runs began -- a request
-        that is no whole verify is answered with the last answer (``report`` None before the
-        first), never held for it: not when it finds the lock held by an extension that a
-        whole verify then takes either (it looks again every ``_LOOK`` seconds whether one
-        runs); None when none runs.  ``failure``: the last whole verify that did not
-        read."""
+        ``through``) and when the rows after it were last checked (``checked_at``,
+        ``checked_through``) and through which row they were not read this time
+        (``unread_through``: an extension reads only the rows after the last one an earlier
+        request checked); None when the shown report is the whole verify's own.  ``running``:
+        when the whole verify that runs began -- a request that is no whole verify is answered
+        with the last answer (``report`` None before the first), never held for it: not when it
+        finds the lock held by an extension that a whole verify then takes either (it looks
+        again every ``_LOOK`` seconds whether one runs); None when none runs.  ``failure``: the
+        last whole verify that did not read."""
         asked = self._started
         if whole:
             self._lock.acquire()
