@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 
 import trio
 
+from affidavit.journal import JournalReader
 from tests.broker.approvalkit import PaymentsApi, reconcile_target
 from tests.broker.helpers import TOKEN_ENV, http_target, write_config
 from tests.daemon.kit import WAIT, DaemonProc, cli, running_daemon, start_caller, wait_until
@@ -208,6 +209,38 @@ async def served(
             yield origin, console
         finally:
             nursery.cancel_scope.cancel()
+
+
+def read_in_threads(
+    console: Any,
+    db: Path,
+    *,
+    limiter: trio.CapacityLimiter | None = None,
+    gate: list[trio.Event] | None = None,
+) -> None:
+    """The in-process console (``served``) reads in worker threads, as the daemon serves it:
+    each view opens ``db`` in its own thread (``limiter``: the daemon's, ``VIEW_THREADS``;
+    None: trio's default threads).  A read begun while ``gate`` holds an event waits for it
+    first (before its thread and the journal)."""
+
+    async def threaded(view: Any) -> Any:
+        if gate:
+            await gate.pop().wait()
+
+        def run() -> Any:
+            with JournalReader.open(db) as reader:
+                return view(reader)
+
+        return await trio.to_thread.run_sync(run, limiter=limiter)
+
+    console.read = console.read_summarized = threaded
+
+
+def page_line(page: bytes, id: str) -> str | None:
+    """The text of the element ``id`` of a console page, its whitespace folded (None: not
+    there)."""
+    m = re.search(rf'id="{id}">([^<]*)<'.encode(), page)
+    return None if m is None else " ".join(m.group(1).decode().split())
 
 
 async def settled(console: Any, bound: float = 20.0) -> None:

@@ -25,7 +25,7 @@ from affidavit.journal import JournalReader
 from tests.broker.helpers import http_target, open_broker
 from tests.http.hostile import HostileServer, Reply, scripts
 
-from .kit import get, log_in_to, operator_config, post, served, settled
+from .kit import get, log_in_to, operator_config, post, read_in_threads, served, settled
 
 
 def _counting(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
@@ -288,15 +288,8 @@ async def test_a_visit_while_a_whole_verify_runs_is_answered_at_once_with_the_la
     path = operator_config(tmp_path, monkeypatch, {"pay": http_target("http://127.0.0.1:9")})
     db = tmp_path / "journal.db"
 
-    async def threaded(view: Any) -> Any:
-        def run() -> Any:
-            with JournalReader.open(db) as reader:
-                return view(reader)
-
-        return await trio.to_thread.run_sync(run)
-
     async with open_broker(path) as b, served(b, tmp_path) as (origin, console):
-        console.read = console.read_summarized = threaded
+        read_in_threads(console, db)
         cookie, csrf = await log_in_to(console, origin)
         await b.call({"target": "nope", "method": "GET", "path": "/"})
         real = JournalReader.verify
@@ -367,17 +360,8 @@ async def test_presses_while_a_whole_verify_runs_join_it_and_hold_no_view_thread
 
     path = operator_config(tmp_path, monkeypatch, {"pay": http_target("http://127.0.0.1:9")})
     db = tmp_path / "journal.db"
-    limiter = trio.CapacityLimiter(VIEW_THREADS)
-
-    async def threaded(view: Any) -> Any:
-        def run() -> Any:
-            with JournalReader.open(db) as reader:
-                return view(reader)
-
-        return await trio.to_thread.run_sync(run, limiter=limiter)
-
     async with open_broker(path) as b, served(b, tmp_path) as (origin, console):
-        console.read = console.read_summarized = threaded
+        read_in_threads(console, db, limiter=trio.CapacityLimiter(VIEW_THREADS))
         cookie, csrf = await log_in_to(console, origin)
         await b.call({"target": "nope", "method": "GET", "path": "/"})
         _, _, page = await get(f"{origin}/journal", cookie=cookie)  # a report kept

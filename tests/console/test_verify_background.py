@@ -26,15 +26,10 @@ from affidavit.daemon.app import VIEW_THREADS
 from affidavit.journal import JournalReader, ReadFailed
 from tests.broker.helpers import http_target, open_broker
 
-from .kit import get, log_in_to, operator_config, post, served, settled
+from .kit import get, log_in_to, operator_config, page_line, post, read_in_threads, served, settled
 
 BOUND = 10.0
 """Seconds any wait here may take at most: a guard against a hang, never a speed asserted."""
-
-
-def _line(page: bytes, id: str) -> str | None:
-    m = re.search(rf'id="{id}">([^<]*)<'.encode(), page)
-    return None if m is None else " ".join(m.group(1).decode().split())
 
 
 def _paragraph(page: bytes, id: str) -> str | None:
@@ -44,21 +39,9 @@ def _paragraph(page: bytes, id: str) -> str | None:
 
 
 def _threaded(console: Any, db: Path, gate: list[trio.Event]) -> None:
-    """The console reads in worker threads, as the daemon's; a read begun while ``gate`` holds
-    an event waits for it first (before its thread and the journal)."""
-    limiter = trio.CapacityLimiter(VIEW_THREADS)
-
-    async def threaded(view: Any) -> Any:
-        if gate:
-            await gate.pop().wait()
-
-        def run() -> Any:
-            with JournalReader.open(db) as reader:
-                return view(reader)
-
-        return await trio.to_thread.run_sync(run, limiter=limiter)
-
-    console.read = console.read_summarized = threaded
+    """The console reads in worker threads through a limiter, as the daemon's; a read begun
+    while ``gate`` holds an event waits for it first."""
+    read_in_threads(console, db, limiter=trio.CapacityLimiter(VIEW_THREADS), gate=gate)
 
 
 @contextmanager
@@ -104,13 +87,13 @@ async def test_the_press_that_starts_a_whole_verify_is_answered_before_it_ends(
             await _until(running)
             assert not go.is_set()  # answered while the verify is held
             _, _, page = await get(f"{origin}/journal", cookie=cookie)
-            line = _line(page, "verify-running") or ""
+            line = page_line(page, "verify-running") or ""
             assert line.startswith("A whole verify is running since"), page[-2000:]
             go.set()
             await settled(console)
         _, _, page = await get(f"{origin}/journal", cookie=cookie)
-        assert _line(page, "verify-running") is None
-        when = _line(page, "verify-when") or ""
+        assert page_line(page, "verify-running") is None
+        when = page_line(page, "verify-when") or ""
         assert when.startswith(f"Whole journal verified through seq {b.journal.head()[0]} ")
         assert "(started " in when and ", finished " in when, when
 
@@ -137,7 +120,7 @@ async def test_the_page_a_press_is_sent_to_says_the_verify_runs_before_its_threa
                 _, _, page = await get(f"{origin}/journal", cookie=cookie)
         finally:
             begun.set()
-        line = _line(page, "verify-running") or ""
+        line = page_line(page, "verify-running") or ""
         assert line.startswith("A whole verify is running since"), page[-2000:]
         await settled(console)
 
@@ -168,9 +151,9 @@ async def test_a_whole_verify_that_finds_a_row_altered_is_shown_broken_after_the
             await settled(console)
         for _ in range(2):  # kept until the next whole verify
             _, _, page = await get(f"{origin}/journal", cookie=cookie)
-            line = _line(page, "verify") or ""
+            line = page_line(page, "verify") or ""
             assert line.startswith("BROKEN at seq 2: row 2 was altered"), line
-            assert "(broken)" in (_line(page, "verify-when") or "")
+            assert "(broken)" in (page_line(page, "verify-when") or "")
 
 
 async def test_a_whole_verify_that_could_not_read_is_shown_failed_until_the_next_one(
@@ -199,7 +182,7 @@ async def test_a_whole_verify_that_could_not_read_is_shown_failed_until_the_next
             assert "failed" in line and "<code>JOURNAL_READ_DECLINED</code>" in line, line
             assert "\u202e" not in line, line  # shown as its escape, never reordering it
             assert '"U+202E">\\u202e</span>statement timeout' in line, line
-            assert (_line(page, "verify") or "").startswith("intact")  # the last that read
+            assert (page_line(page, "verify") or "").startswith("intact")  # the last that read
         monkeypatch.setattr(JournalReader, "verify", real)
         await post(f"{origin}/journal/verify", form, headers)
         await settled(console)
@@ -240,6 +223,6 @@ async def test_a_visit_waiting_for_an_extension_is_answered_once_a_whole_verify_
                 assert not let_go.is_set()
                 let_go.set()
             await settled(console)
-        line = _line(pages[0], "verify-running") or ""
+        line = page_line(pages[0], "verify-running") or ""
         assert line.startswith("A whole verify is running since"), pages[0][-2000:]
-        assert (_line(pages[0], "verify") or "").startswith("intact")
+        assert (page_line(pages[0], "verify") or "").startswith("intact")

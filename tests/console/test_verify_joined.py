@@ -9,7 +9,6 @@ views read in worker threads through the daemon's limiter; the presses are plain
 
 from __future__ import annotations
 
-import re
 import threading
 from pathlib import Path
 from typing import Any
@@ -21,16 +20,11 @@ from affidavit.daemon.app import VIEW_THREADS
 from affidavit.journal import JournalReader
 from tests.broker.helpers import http_target, open_broker
 
-from .kit import get, log_in_to, operator_config, post, served, settled
+from .kit import get, log_in_to, operator_config, page_line, post, read_in_threads, served, settled
 
 PRESSES = 3 * VIEW_THREADS
 BOUND = 10.0
 """Seconds any wait here may take at most: a guard against a hang, never a speed asserted."""
-
-
-def _line(page: bytes, id: str) -> str | None:
-    m = re.search(rf'id="{id}">([^<]*)<'.encode(), page)
-    return None if m is None else " ".join(m.group(1).decode().split())
 
 
 async def test_presses_while_a_whole_verify_runs_are_answered_before_it_ends(
@@ -38,21 +32,12 @@ async def test_presses_while_a_whole_verify_runs_are_answered_before_it_ends(
 ) -> None:
     path = operator_config(tmp_path, monkeypatch, {"pay": http_target("http://127.0.0.1:9")})
     db = tmp_path / "journal.db"
-    limiter = trio.CapacityLimiter(VIEW_THREADS)
-
-    async def threaded(view: Any) -> Any:
-        def run() -> Any:
-            with JournalReader.open(db) as reader:
-                return view(reader)
-
-        return await trio.to_thread.run_sync(run, limiter=limiter)
-
     async with open_broker(path) as b, served(b, tmp_path) as (origin, console):
-        console.read = console.read_summarized = threaded
+        read_in_threads(console, db, limiter=trio.CapacityLimiter(VIEW_THREADS))
         cookie, csrf = await log_in_to(console, origin)
         await b.call({"target": "nope", "method": "GET", "path": "/"})
         _, _, page = await get(f"{origin}/journal", cookie=cookie)  # a report kept
-        assert (_line(page, "verify") or "").startswith("intact")
+        assert (page_line(page, "verify") or "").startswith("intact")
         real = JournalReader.verify
         verifies: list[int] = []
         running, go = threading.Event(), threading.Event()
@@ -95,7 +80,7 @@ async def test_presses_while_a_whole_verify_runs_are_answered_before_it_ends(
                 assert not go.is_set() and first == [(303, "/journal")]
                 assert joined == [(303, "/journal")] * PRESSES
                 _, _, page = await get(f"{origin}/journal", cookie=cookie)
-                assert (_line(page, "verify-running") or "").startswith(
+                assert (page_line(page, "verify-running") or "").startswith(
                     "A whole verify is running since"
                 ), page[-2000:]
                 go.set()
@@ -104,8 +89,8 @@ async def test_presses_while_a_whole_verify_runs_are_answered_before_it_ends(
         await settled(console)
         assert verifies == [1]  # one verify for every press
         _, _, page = await get(f"{origin}/journal", cookie=cookie)
-        assert _line(page, "verify-running") is None, page[-2000:]
+        assert page_line(page, "verify-running") is None, page[-2000:]
         head = b.journal.head()[0]
-        when = _line(page, "verify-when") or ""
+        when = page_line(page, "verify-when") or ""
         assert when.startswith(f"Whole journal verified through seq {head} (started "), when
         assert ", finished " in when, when
