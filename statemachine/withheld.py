@@ -1,4 +1,5 @@
-"""Hashes a caller is not shown: those recorded before the config hash was keyed.
+"""What a caller is not shown as recorded: the hashes recorded before the config hash was
+keyed, and a lease's holder.
 
 ``config_hash`` (PREFLIGHT_VALIDATED, APPROVAL_REQUESTED) is ``hmac-sha256:``, keyed by the
 journal's key, and the request fingerprint (ACTION_ACCEPTED, ``"v": 2``) and the approval
