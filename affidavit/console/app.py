@@ -12,8 +12,9 @@
     GET  /invocations/{id}              timeline, attempts, result, lifecycle; POST .../reconcile
     GET  /invocations/{id}/result.json  the stored envelope, as a download
     GET  /journal                       verify status, the last signed checkpoint, sessions
-                                        (POST /journal/verify: a whole verify, then 303
-                                        to it -- while one runs, 303 at once: joined)
+                                        (POST /journal/verify: a whole verify begun in
+                                        the background -- or the one that runs, joined --
+                                        and 303 to the page at once)
     GET  /static/{console.css,console.js}
 
 Every request must name the console in ``Host`` (its bound address, or
