@@ -70,7 +70,7 @@ PHASES = (
     "result_delivery",
 )
 """The contract's ``Outcome`` and ``Phase`` values, written out: importing the contract costs
-the parser ~0.1 s (tests/cli/test_light_imports.py checks these equal the enums)."""
+the parser ~0.1 s (tests/daemon/test_thin_client.py checks these equal the enums)."""
 
 
 def add_commands(sub: Any) -> None:
