@@ -7,8 +7,6 @@ back byte-identical; ``affidavit journal verify`` passes."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import trio
@@ -19,24 +17,13 @@ from tests.http.hostile import HostileServer, Peer
 from tests.journal import segkit as kit
 
 from .helpers import http_target, open_broker, write_config
+from .test_reclaim_cli import _cli
 
 LIMIT = 30
 CUT = 48 * 65536
 """What the first answer sends of the 4x longer body it announces, then closes (3 MiB)."""
 WHOLE = kit.body(20, 77)
 """The second answer's body, sent whole (20 full chunks and a tail: it spills)."""
-
-
-async def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[bytes]:
-    with trio.fail_after(LIMIT):
-        return await trio.run_process(
-            [sys.executable, "-m", "affidavit", *args],
-            capture_stdout=True,
-            capture_stderr=True,
-            check=False,
-            env={**os.environ, "AFFIDAVIT_CONFIG": str(cwd / "none.toml")},
-            cwd=str(cwd),
-        )
 
 
 async def test_a_body_cut_mid_way_returns_its_segment_bytes_at_reclaim(
