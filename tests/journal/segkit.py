@@ -3,6 +3,7 @@ results stored as the engine's sink stores them, and what a segment journal hold
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import sqlite3
@@ -102,6 +103,22 @@ def stall_writes(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
 
     monkeypatch.setattr(seg_mod.os, "pwritev", stalled)
     return gate
+
+
+def fail_a_sync(monkeypatch: pytest.MonkeyPatch, *, armed: bool) -> dict[str, bool]:
+    """Make the segment thread's next ``fdatasync`` fail with EIO once the returned switch's
+    ``"next"`` is True (``armed``: from the start); it turns itself off as it fails one."""
+    fail = {"next": armed}
+    real = os.fdatasync
+
+    def fdatasync(fd: int) -> None:
+        if fail["next"]:
+            fail["next"] = False
+            raise OSError(errno.EIO, "Input/output error")
+        real(fd)
+
+    monkeypatch.setattr(seg_mod.os, "fdatasync", fdatasync)
+    return fail
 
 
 # -- a journal with bytes to compact (test_segment_compact.py, test_reclaim_cli.py) ---------

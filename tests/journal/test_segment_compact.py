@@ -6,7 +6,6 @@ any two steps leaves a journal that opens and verifies, and a rerun finishes the
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import os
 from pathlib import Path
@@ -16,7 +15,6 @@ import trio
 
 from affidavit.journal import Journal, ResultStoreFailed
 from affidavit.journal import compact as compact_mod
-from affidavit.journal import segments as seg_mod
 from affidavit.statemachine import Event
 from affidavit.statemachine import EventKind as E
 
@@ -116,16 +114,7 @@ async def test_a_failed_segment_stays_held_while_a_result_synced_there_may_commi
     result goes to a new one), yet the synced result may still commit -- so its writer keeps
     the segment locked, and a reclaim beside it leaves it alone."""
     db = tmp_path / "j.db"
-    real = os.fdatasync
-    fail = {"next": False}
-
-    def fdatasync(fd: int) -> None:
-        if fail["next"]:
-            fail["next"] = False
-            raise OSError(errno.EIO, "Input/output error")
-        real(fd)
-
-    monkeypatch.setattr(seg_mod.os, "fdatasync", fdatasync)
+    fail = kit.fail_a_sync(monkeypatch, armed=False)
     async with Journal.open(db) as live:
         for ev in happy("inv-done"):
             await live.append(ev)

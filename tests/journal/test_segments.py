@@ -168,16 +168,7 @@ async def test_a_failed_sync_fails_the_result_and_later_chunks_go_to_a_new_segme
     (the kernel may have dropped those pages): the result fails, and the segment takes no more
     bytes."""
     db = tmp_path / "j.db"
-    real = os.fdatasync
-    fail = {"next": True}
-
-    def fdatasync(fd: int) -> None:
-        if fail["next"]:
-            fail["next"] = False
-            raise OSError(errno.EIO, "Input/output error")
-        real(fd)
-
-    monkeypatch.setattr(seg_mod.os, "fdatasync", fdatasync)
+    kit.fail_a_sync(monkeypatch, armed=True)
     async with Journal.open(db) as j:
         for ev in happy("inv-e"):
             await j.append(ev)
