@@ -74,8 +74,12 @@ class ReaderBase:
         hints by it (``within_send_window``): a ``lease_margin`` raised since a record was
         accepted makes the retry's lease longer than the ``send_window`` the record holds, and
         the lease check (``leases.acquire_op``) refuses what the hint would still invite."""
+        self._role = "tool" if readonly else "reader"
+        """The connection's kind, kept when a lost one is replaced (``_read``): a read-only
+        reader's has no statement timeout (a view's long scan is its right), the writing
+        journal's own reader's has one."""
         self._rconn: Any = None
-        self._rconn = self.backend.connect("tool" if readonly else "reader")
+        self._rconn = self.backend.connect(self._role)
         self.tables = self.backend.tables(self._rconn)
 
     def close(self) -> None:
@@ -88,6 +92,23 @@ class ReaderBase:
         if self._rconn is not None:
             with contextlib.suppress(Exception):
                 self.backend.close(self._rconn)
+
+    def reset(self) -> None:
+        """This reader as if just opened, for another read on the same connection (the
+        broker's idle view readers): the streams a read left closed, a transaction it left
+        open ended, and what it learned dropped -- ``send_windows``, the broker key, the
+        checkpoints found valid, the keys the journal recorded -- so the next read proves what
+        it shows from the records as they are then, as a new reader would.  A database error
+        is raised as the backend's (its owner closes the reader instead of keeping it)."""
+        for stream in list(self._streams):
+            stream.close()
+        self.backend.rollback(self._rconn)
+        self.tables = self.backend.tables(self._rconn)
+        self.send_windows = None
+        self._key = None
+        self._key_recorded = False
+        self._known_checkpoints = {}
+        self._recorded = None
 
     # -- reading, with a lost connection tried again once -------------------------------------
     # (then ``JournalUnavailable``: an async caller may wait and read again -- ``Recorder``)
@@ -106,7 +127,7 @@ class ReaderBase:
         with contextlib.suppress(Exception):
             backend.close(self._rconn)
         try:
-            self._rconn = backend.connect("reader")
+            self._rconn = backend.connect(self._role)
         except JournalUnavailable as exc:  # no new connection: the database is still away
             raise JournalUnavailable(f"{what} cannot be read: {exc}") from None
         except JournalError as exc:  # a server that answers and refuses: not away

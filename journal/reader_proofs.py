@@ -81,6 +81,10 @@ class ProvingReader(ReaderBase):
 
     _holder_digest: Callable[[bytes], str] | None = None
 
+    def reset(self) -> None:
+        super().reset()
+        self._holder_digest = None
+
     def _broker_key(self) -> BrokerKey:
         if self._key is None:
             if self._key_file is None:
