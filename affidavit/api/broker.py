@@ -20,6 +20,7 @@ envelopes whose phase, outcome and retry hint come from the journal.  Exceptions
 
 from __future__ import annotations
 
+import threading
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -41,6 +42,7 @@ from affidavit.secrets import redaction
 from affidavit.secrets.vault import Vault
 from affidavit.statemachine import Event, Record, operation_json
 
+from .readers import ViewReaders
 from .wire import check_timeout
 
 __all__ = ["Broker"]
@@ -53,6 +55,13 @@ class Broker:
         self.config = config
         self.journal = journal
         self._engine = engine
+        self.view_readers = ViewReaders(config.journal.location, config.journal.key_file)
+        """The idle read-only readers ``view`` reads on (closed by ``close``)."""
+
+    def close(self) -> None:
+        """The idle view readers closed (``open`` does it on leaving); a view still reading
+        in an abandoned thread closes its own when its read ends."""
+        self.view_readers.close()
 
     @classmethod
     @asynccontextmanager
@@ -88,9 +97,11 @@ class Broker:
                 engine = Engine(
                     config, journal, bindings, holder=holder, vault=vault, settings=settings
                 )
+                broker = cls(config, journal, engine)
                 try:
-                    yield cls(config, journal, engine)
+                    yield broker
                 finally:
+                    broker.close()
                     # The engine's credentials leave the redaction cache with it.
                     redaction.release(id(engine))
         finally:
@@ -323,26 +334,45 @@ class Broker:
 
     async def view(self, read: Callable[[JournalReader], T], limiter: trio.CapacityLimiter) -> T:
         """``read`` -- a view or an operator's read (a record and its events, the actions,
-        the sessions, the metrics, the approvals, a verify) -- on a read-only connection of its
-        own, in a worker thread of ``limiter`` (a host's own, never trio's default threads,
-        which the calls' journal opens share): a slow database (a lock another session holds,
-        a long scan, a stalled server) stalls that read alone, never the calls on the event
-        loop.  Hints are judged as the broker's own reads judge them (``send_windows``); an
-        approval's request is opened with the broker key.  A ``JournalError`` is raised as
-        the read raised it.
+        the sessions, the metrics, the approvals, a verify) -- on a read-only connection no
+        other read uses meanwhile, in a worker thread of ``limiter`` (a host's own, never
+        trio's default threads, which the calls' journal opens share): a slow database (a lock
+        another session holds, a long scan, a stalled server) stalls that read alone, never the
+        calls on the event loop.  The reader is one of the broker's idle ones when one waits
+        (``ViewReaders``: no new connection per view), reset as a new one (its own clock and
+        snapshot per read), given back after a clean read -- at most ``limiter``'s threads
+        wait idle -- and closed after one that raised.  Hints are judged as the broker's own
+        reads judge them (``send_windows``, as they are at this call); an approval's request
+        is opened with the broker key.  A ``JournalError`` is raised as the read raised it.
 
         Cancellable: its connection has no statement timeout (a long scan is a view's right),
         so a cancelled view -- a shutdown past its grace, a caller gone -- abandons its thread
         rather than wait as long as the database holds the read (a daemon asked to stop
         stopped only when the database let go).  The thread keeps its ``limiter`` slot until
-        the read ends, then closes its connection; it only reads, so nothing is left half
-        done (a view that folds ``summary`` does so under that summary's own lock)."""
-        location, key_file = self.config.journal.location, self.config.journal.key_file
-        windows = self.journal.send_windows
+        the read ends, then closes its reader (never given back); it only reads, so nothing is
+        left half done (a view that folds ``summary`` does so under that summary's own
+        lock)."""
+        readers, windows = self.view_readers, self.journal.send_windows
+        total = limiter.total_tokens
+        keep = int(total) if total != float("inf") else 1 << 16
+        abandoned = threading.Event()
 
         def run() -> T:
-            with JournalReader.open(location, key_file=key_file) as reader:
+            reader = readers.take()
+            try:
                 reader.send_windows = windows
-                return read(reader)
+                got = read(reader)
+            except BaseException:
+                readers.discard(reader)
+                raise
+            if abandoned.is_set():
+                readers.discard(reader)
+            else:
+                readers.give_back(reader, keep)
+            return got
 
-        return await trio.to_thread.run_sync(run, limiter=limiter, abandon_on_cancel=True)
+        try:
+            return await trio.to_thread.run_sync(run, limiter=limiter, abandon_on_cancel=True)
+        except trio.Cancelled:
+            abandoned.set()
+            raise

@@ -12,13 +12,14 @@ from __future__ import annotations
 import contextlib
 import json
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
 
+from affidavit.api.broker import Broker
 from affidavit.api.client import Client
 from affidavit.config import load_config
 from affidavit.daemon.app import VIEW_THREADS
@@ -98,14 +99,16 @@ async def test_a_flood_of_views_during_the_first_fold_holds_few_threads_and_call
         return real_newest(self, *a, **k)
 
     monkeypatch.setattr(JournalReader, "newest_actions", held_newest)
-    real_open = JournalReader.open
+    real_view = Broker.view
 
-    @contextlib.contextmanager
-    def counted_open(*a: Any, **k: Any) -> Iterator[JournalReader]:
-        with readers.inside(), real_open(*a, **k) as reader:  # one per view thread
-            yield reader
+    async def counted_view(self: Broker, read: Callable[[JournalReader], Any], *a: Any) -> Any:
+        def inside(reader: JournalReader) -> Any:
+            with readers.inside():  # one per view thread
+                return read(reader)
 
-    monkeypatch.setattr(JournalReader, "open", counted_open)
+        return await real_view(self, inside, *a)
+
+    monkeypatch.setattr(Broker, "view", counted_view)
     answers: list[tuple[int, bytes]] = []
     default = trio.to_thread.current_default_thread_limiter()
     async with (

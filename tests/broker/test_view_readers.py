@@ -1,0 +1,83 @@
+"""``Broker.view`` reads on the broker's idle readers (``ViewReaders``): a reader is given back
+after a clean read and taken by the next view, with the broker's ``send_windows`` as they are
+at that view; one whose read raised is closed, never handed to another view; the broker's
+``close`` closes the idle ones, and a reader a view gives back after it is closed then."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import trio
+
+from affidavit.api.broker import Broker
+from affidavit.api.readers import ViewReaders
+from affidavit.journal import Journal, JournalError, JournalReader
+
+
+async def _broker(tmp_path: Path) -> Any:
+    """What ``Broker.view`` uses of a broker, on a real SQLite journal."""
+    path = tmp_path / "j.db"
+    async with Journal.open(path):
+        pass
+    readers = ViewReaders(path, tmp_path / "j.db.key")
+    return SimpleNamespace(view_readers=readers, journal=SimpleNamespace(send_windows={"a": 1.0}))
+
+
+def _closed(reader: JournalReader) -> bool:
+    try:
+        reader._rconn.execute("SELECT 1")
+    except sqlite3.ProgrammingError:
+        return True
+    return False
+
+
+async def test_a_clean_read_gives_its_reader_to_the_next_view(tmp_path: Path) -> None:
+    broker = await _broker(tmp_path)
+    limiter = trio.CapacityLimiter(2)
+    seen: list[tuple[JournalReader, Any]] = []
+
+    def read(reader: JournalReader) -> tuple[int, str]:
+        seen.append((reader, reader.send_windows))
+        return reader.head()
+
+    await Broker.view(broker, read, limiter)
+    broker.journal.send_windows = {"a": 2.0}  # (a reload since: judged as it is now)
+    await Broker.view(broker, read, limiter)
+    assert seen[0][0] is seen[1][0]
+    assert [w for _, w in seen] == [{"a": 1.0}, {"a": 2.0}]
+    assert broker.view_readers.opened == 1
+
+
+async def test_a_reader_whose_read_raised_is_closed_not_reused(tmp_path: Path) -> None:
+    broker = await _broker(tmp_path)
+    limiter = trio.CapacityLimiter(2)
+    used: list[JournalReader] = []
+
+    def failing(reader: JournalReader) -> None:
+        used.append(reader)
+        raise JournalError("journal x: the connection was lost")
+
+    with pytest.raises(JournalError):
+        await Broker.view(broker, failing, limiter)
+    assert _closed(used[0])
+    await Broker.view(broker, used.append, limiter)
+    assert used[1] is not used[0]
+    assert broker.view_readers.idle() == 1
+
+
+async def test_close_closes_the_idle_readers_and_one_given_back_after(tmp_path: Path) -> None:
+    broker = await _broker(tmp_path)
+    limiter = trio.CapacityLimiter(2)
+    used: list[JournalReader] = []
+    late = broker.view_readers.take()  # a view still reading when the broker closes
+    await Broker.view(broker, used.append, limiter)
+    assert used[0] is not late and broker.view_readers.idle() == 1
+    Broker.close(broker)
+    assert _closed(used[0])
+    broker.view_readers.give_back(late, 2)
+    assert _closed(late)
+    assert broker.view_readers.idle() == 0
