@@ -6,6 +6,7 @@ at that view; one whose read raised is closed, never handed to another view; the
 from __future__ import annotations
 
 import sqlite3
+import threading
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -80,4 +81,33 @@ async def test_close_closes_the_idle_readers_and_one_given_back_after(tmp_path: 
     assert _closed(used[0])
     broker.view_readers.give_back(late, 2)
     assert _closed(late)
+    assert broker.view_readers.idle() == 0
+
+
+async def test_a_reader_whose_view_was_abandoned_is_closed_when_its_read_ends(
+    tmp_path: Path,
+) -> None:
+    broker = await _broker(tmp_path)
+    limiter = trio.CapacityLimiter(2)
+    used: list[JournalReader] = []
+    entered, release = threading.Event(), threading.Event()
+
+    def held(reader: JournalReader) -> None:
+        used.append(reader)
+        entered.set()
+        assert release.wait(10)
+
+    with trio.move_on_after(10) as scope:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(Broker.view, broker, held, limiter)
+            assert await trio.to_thread.run_sync(entered.wait, 10)
+            nursery.cancel_scope.cancel()  # the caller gone: the view abandons its thread
+    assert not scope.cancelled_caught
+    release.set()
+    for _ in range(200):  # until the thread has let its slot go (its read ended)
+        if limiter.borrowed_tokens == 0:
+            break
+        await trio.sleep(0.01)
+    assert limiter.borrowed_tokens == 0
+    assert _closed(used[0])
     assert broker.view_readers.idle() == 0
