@@ -25,7 +25,7 @@ from typing import Any
 from .contract import CODES, Code, EvidenceSource, Outcome, Phase, Retry
 from .operation import STATES as OPERATION_STATES
 from .record import Record
-from .withheld import HolderTag, caller_record
+from .withheld import HolderTag, caller_evidence, caller_record, hashes_withheld
 
 __all__ = [
     "CURRENT_CODE_STATES",
@@ -51,7 +51,12 @@ def render_envelope(
     Its lease's holder is shown as ``holder`` tags it (the journal's ``holder_tag``; none: as
     ``HOLDER_WITHHELD``), never as recorded, and a hash recorded before hashes were keyed is
     withheld (``withheld.py``)."""
-    record = caller_record(record, holder)
+    if hashes_withheld(record):
+        record = caller_record(record, holder)  # rare: its hashes masked, its holder tagged
+        shown = shown_evidence(record)
+    else:
+        # Only its evidence names the holder: tag it there, not in a copy of the whole record.
+        shown = caller_evidence(record.invocation_id, shown_evidence(record), holder)
     env: dict[str, Any] = {"invocation_id": record.invocation_id}
     if not record.final:
         # Not finished (running elsewhere, waiting for a human, or its broker stopped and its
@@ -82,7 +87,7 @@ def render_envelope(
     items = shown_items(record)
     if items is not None:
         env["items"] = [dict(i) for i in items]
-    evidence = dict(shown_evidence(record))
+    evidence = dict(shown)
     evidence["outcome"] = record.outcome.value
     evidence["phase"] = record.phase.value
     evidence["attempts"] = [dict(a) for a in record.attempts]

@@ -100,3 +100,60 @@ def test_a_caller_is_shown_the_holder_as_tagged_and_withheld_without_a_tag() -> 
     assert caller_record(rec).evidence["lease"]["holder"] == HOLDER_WITHHELD
     assert caller_event(accepted, False).attrs["holder"] == HOLDER_WITHHELD
     assert accepted.attrs["holder"] == recorded and rec.evidence["lease"]["holder"] == recorded
+
+
+def _variants() -> list[Record]:
+    """A record in every lifecycle state, its config hash plain (withheld) and keyed, with and
+    without a lease (holder, deadline) in its evidence."""
+    from dataclasses import replace
+
+    from affidavit.statemachine.lifecycle import STATES
+
+    from .lifecycle_helpers import projector_in
+
+    lease = {"generation": 2, "holder": "host:9:ab", "expires_at": 2e9, "seq": 3}
+    out = []
+    for state in sorted(STATES):
+        rec = projector_in(state).record()
+        keyed = {**rec.evidence, "config_hash": "hmac-sha256:" + "cd" * 32}
+        for evidence in (rec.evidence, keyed):
+            out.append(replace(rec, evidence=evidence))
+            out.append(replace(rec, evidence={**evidence, "lease": lease}))
+    return out
+
+
+def test_an_envelope_renders_as_from_the_caller_record() -> None:
+    """``render_envelope`` tags the holder in the evidence alone (no copy of the record): its
+    output, byte for byte, is the envelope of ``caller_record`` -- the record rebuilt with the
+    holder tagged and the plain hashes withheld, as it rendered before."""
+    import json
+
+    def tag(iid: str, holder: str) -> str:
+        return f"tag({iid},{holder[::-1]})"
+
+    def kept(iid: str, holder: str) -> str:
+        return holder  # already tagged by caller_record
+
+    records = _variants()
+    assert any(not hashes_withheld(r) and "lease" in r.evidence and r.final for r in records)
+    for rec in records:
+        for holder in (None, tag):
+            new = render_envelope(rec, {"status": 200}, holder=holder)
+            old = render_envelope(caller_record(rec, holder), {"status": 200}, holder=kept)
+            assert json.dumps(new) == json.dumps(old), rec.state
+            assert "host:9:ab" not in json.dumps(new)
+
+
+def test_an_envelope_of_a_keyed_record_copies_no_record(monkeypatch: Any) -> None:
+    """Tagging the holder rebuilds no ``Record`` (``dataclasses.replace``: every field read and
+    passed again, once per envelope); only a record with hashes to withhold is rebuilt."""
+    import affidavit.statemachine.withheld as withheld
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("the record was rebuilt")
+
+    monkeypatch.setattr(withheld, "replace", refuse)
+    records = [r for r in _variants() if not hashes_withheld(r) and "lease" in r.evidence]
+    assert records
+    for rec in records:
+        assert render_envelope(rec)["evidence"]["lease"]["holder"] == HOLDER_WITHHELD
