@@ -657,8 +657,10 @@ def _observer(attempt: Attempt) -> Callable[[Step, Mapping[str, Any]], None]:
     return observe
 
 
-def observed_events(attempt: Attempt) -> list[tuple[Event, None]]:
-    """The attempt's milestones and protocol summary, to write (``Recorder.write_many``)."""
+def observed_events(attempt: Attempt, *, withhold: bool = True) -> list[tuple[Event, None]]:
+    """The attempt's milestones and protocol summary, to write (``Recorder.write_many``).
+    ``withhold`` False: the received sizes are left in, for a caller that withholds them
+    itself once the sink has finished (``delivery._commit``: a committed result)."""
     out: list[tuple[Event, None]] = [(ev, None) for ev in attempt.pending]
     if attempt.steps:
         # Facts carry remote-controlled strings (response header names, a redirect's origin).
@@ -672,7 +674,7 @@ def observed_events(attempt: Attempt) -> list[tuple[Event, None]]:
             "generation": attempt.generation,
         }
         out.append((Event(E.PROTOCOL_OBSERVED, attempt.iid, summary), None))
-    return without_received_size(out, attempt.redacted())
+    return without_received_size(out, attempt.redacted()) if withhold else out
 
 
 async def record_observed(engine: Engine, attempt: Attempt) -> None:

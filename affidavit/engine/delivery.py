@@ -39,7 +39,7 @@ from .attempt import (
     stamped,
 )
 from .contracts import Reader
-from .echoed import without_size_headers
+from .echoed import without_received_size, without_size_headers
 from .readable import stream_cut
 from .recorder import reference_payload, result_payload
 from .recovery import closing_event
@@ -101,7 +101,10 @@ async def conclude(
         # The chunks still in flight settle first: the diagnostic events posted next must not
         # share (and fail with) a transaction that refuses a chunk.
         await sink.drain()
-        observed = observed_events(attempt)
+        # A result to commit (no failure): ``_commit`` withholds the sizes of the streams that
+        # echoed a secret once the sink has finished, which then knows them without a scan of
+        # the bytes its redactors hold back (``redacted_streams``: one per stream per call).
+        observed = observed_events(attempt, withhold=failure is not None)
         if isinstance(failure, LeaseRefusal):
             await recorder.write_many(observed)
             return await lease_refused(engine, attempt, failure)
@@ -160,10 +163,11 @@ async def _commit(
     iid, generation = attempt.iid, attempt.generation
     streams = await sink.finish()
     digest = sink.digest()
-    # A stream that echoed a secret: what measures the bytes received goes (``echoed.py``):
-    # from the result's headers here; ``observed`` was stripped by ``observed_events``, from
-    # ``redacted_streams`` -- the same streams, the redactor's held-back bytes counted.
+    # A stream that echoed a secret: what measures the bytes received goes (``echoed.py``),
+    # from ``observed`` (left unstripped by ``conclude``) and the result's headers -- the
+    # finished sink knows those streams without scanning held-back bytes (``redacted``).
     redacted = [name for name in streams if sink.redacted(name)]
+    observed = without_received_size(observed, redacted)
     attrs: dict[str, Any] = {
         "outcome": result.outcome.value,
         "code": result.code.value if result.code else None,

@@ -16,13 +16,14 @@ still in two other places a caller reads:
 An attempt cut short records the driver's facts (ATTEMPT_INTERRUPTED): SSH's hold each stream's
 SHA-256 of the bytes received besides its count -- an echoed stream's goes too.
 
-``without_received_size`` drops them from the protocol summary (``attempt.observed_events``)
-and ``without_received_counts`` from ATTEMPT_INTERRUPTED's facts, where redaction replaced
-something in a stream or would in the bytes it still holds back (``StreamSink.redacted_streams``:
-what ``StreamSink.finish`` flushes is scanned as ``sub`` scans it, so for a result these are
-the streams ``StreamSink.redacted`` names once it finished); ``without_size_headers`` drops the
-result's headers (``delivery._commit``).  ``received_withheld: "redacted"`` says that they were
-dropped.
+``without_received_size`` drops them from the protocol summary and ``without_size_headers``
+from the result's headers once the sink has finished and knows which streams it redacted
+(``delivery._commit``, ``StreamSink.redacted``).  An attempt that ends without a result drops
+them too (``attempt.observed_events``, and ``without_received_counts`` from ATTEMPT_INTERRUPTED's
+facts) where redaction replaced something, or would in the bytes it still held back when the
+answer was cut (``StreamSink.redacted_streams``: what ``finish`` would flush, scanned as
+``sub`` scans it -- the same streams ``redacted`` would name).  ``received_withheld:
+"redacted"`` says that they were dropped.
 """
 
 from __future__ import annotations

@@ -233,3 +233,53 @@ async def test_an_echo_in_an_informational_head_is_not_measured(
 ) -> None:
     _, seen = await _cut_short_numbers(tmp_path, monkeypatch, _cut_after_informational_echo)
     _assert_same(seen)
+
+
+def _echo_last(req: Received) -> Reply:
+    """The credential echoed as the body's last bytes: still held back by the redactor when the
+    adapter is done reading, replaced only when the sink finishes."""
+    return Reply(200, body=b"you sent: " + (req.header("authorization") or "").encode())
+
+
+async def test_a_committed_result_is_withheld_from_once_without_a_scan_of_held_bytes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A complete answer's received sizes are withheld once, by ``delivery._commit`` after the
+    sink finished (it then knows which streams echoed a secret): not also before, by scanning
+    the bytes each redactor still holds back (``StreamSink.redacted_streams``: ``Redactor.sub``
+    per stream per call, issue 15).  An echo in the held-back tail is withheld all the same."""
+    import affidavit.engine.attempt as attempt_mod
+    import affidavit.engine.delivery as delivery_mod
+    from affidavit.engine.echoed import without_received_size as withheld
+    from affidavit.secrets.redaction import Redactor
+
+    calls = {"withheld": 0, "sub": 0}
+    sub = Redactor.sub
+
+    def counted(*args: Any) -> Any:
+        calls["withheld"] += 1
+        return withheld(*args)
+
+    def counted_sub(self: Redactor, data: bytes) -> bytes:
+        calls["sub"] += 1
+        return sub(self, data)
+
+    monkeypatch.setattr(delivery_mod, "without_received_size", counted, raising=False)
+    monkeypatch.setattr(attempt_mod, "without_received_size", counted)
+    monkeypatch.setattr(Redactor, "sub", counted_sub)
+    monkeypatch.setenv("ECHO_SECRET", "s3cret-value-1")
+    async with HostileServer.running(scripts.serve(_echo_last)) as server:
+        cfg = write_config(tmp_path, {"api": http_target(server.url, credential="env:ECHO_SECRET")})
+        async with open_broker(cfg) as broker:
+            for path in ("/a", "/b"):
+                calls.update(withheld=0, sub=0)
+                with trio.fail_after(20):
+                    env = await broker.call({"target": "api", "method": "GET", "path": path})
+                rec = assert_ok(broker, env)
+                assert calls == {"withheld": 1, "sub": 0}, path
+                assert env["result"]["body"].endswith("[REDACTED]")
+                view = record_view(rec, broker.events(env["invocation_id"]))
+                kind = EventKind.PROTOCOL_OBSERVED.value
+                (facts,) = [e["attrs"]["facts"] for e in view["events"] if e["kind"] == kind]
+                assert facts["received_withheld"] == "redacted"
+                assert not {"body_bytes", "response_bytes", "total"} & set(facts)
