@@ -1,0 +1,71 @@
+"""Which streams echoed a secret: what the sink tells before ``finish`` (by scanning the bytes
+its redactors hold back) is what it tells after (``redacted``) -- so ``delivery._commit`` asks
+only after, and a committed result's sizes are withheld as they were (issue 15)."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import trio
+
+from affidavit.engine.sink import StreamSink
+
+SECRET = b"s3cret-value-1"
+
+
+class _Writer:
+    async def put(self, name: str, index: int, chunk: bytes, *, last: bool = False) -> None:
+        pass
+
+    async def drain(self) -> None:
+        pass
+
+    async def flush(self) -> None:
+        pass
+
+
+class _Journal:
+    def result_writer(self, iid: str, generation: int | None) -> _Writer:
+        return _Writer()
+
+
+def _bodies() -> list[bytes]:
+    s = SECRET
+    return [
+        b"",
+        b"ok",
+        b"x" * 100,
+        s,
+        b"you sent: " + s,  # the echo in the held-back tail
+        s + b" and more text after it, longer than the secret",
+        b"a" * 70000 + s,  # past a chunk
+        b"you sent: " + s[:-1],  # a prefix only: nothing replaced
+        b"Bearer " + s + b"\r\n",
+    ]
+
+
+async def _sets(streams: dict[str, bytes], step: int) -> tuple[set[str], set[str]]:
+    sink = StreamSink(_Journal(), "act_1", (SECRET,), keep_limit=1 << 20)  # type: ignore[arg-type]
+    for name, data in streams.items():
+        for i in range(0, len(data), step):
+            await sink(name, data[i : i + step])
+    before = set(sink.redacted_streams())
+    done = await sink.finish()
+    after = {name for name in done if sink.redacted(name)}
+    assert not any(st["redactor"].pending for st in sink._streams.values())
+    return before, after
+
+
+def test_the_streams_told_redacted_before_finish_are_those_after() -> None:
+    async def main() -> None:
+        seen: list[Any] = []
+        for body, other in itertools.product(_bodies(), repeat=2):
+            for step in (1, 3, 7, 4096) if len(body + other) < 1000 else (4096, 65536):
+                streams = {"stdout": body, "stderr": other}
+                before, after = await _sets(streams, step)
+                assert before == after, (body[-20:], other[-20:], step)
+                seen.append(after)
+        assert {"stdout"} in seen and {"stdout", "stderr"} in seen and set() in seen
+
+    trio.run(main)
