@@ -163,11 +163,19 @@ async def _commit(
     iid, generation = attempt.iid, attempt.generation
     streams = await sink.finish()
     digest = sink.digest()
-    # A stream that echoed a secret: what measures the bytes received goes (``echoed.py``),
-    # from ``observed`` (left unstripped by ``conclude``) and the result's headers -- the
-    # finished sink knows those streams without scanning held-back bytes (``redacted``).
+    # A stream that echoed a secret, or was not scanned whole (withheld, truncated: the adapter
+    # received it, ``received_evidence`` names it): what measures the bytes received goes
+    # (``echoed.py``), from ``observed`` (left unstripped by ``conclude``) and the result's
+    # headers -- the finished sink knows those streams without scanning held-back bytes
+    # (``redacted``).  A withheld stream may have reached no sink at all (a ``br`` body).
+    cut: list[str] = []
+    received = received_evidence(result, sink, cut)
     redacted = [name for name in streams if sink.redacted(name)]
-    observed = without_received_size(observed, redacted)
+    why = "redacted"
+    if cut:
+        why = "unscanned"
+        redacted.extend(cut)
+    observed = without_received_size(observed, redacted, why)
     attrs: dict[str, Any] = {
         "outcome": result.outcome.value,
         "code": result.code.value if result.code else None,
@@ -187,7 +195,7 @@ async def _commit(
     ):
         if k in result.facts:
             attrs[k] = sink.scrub(result.facts[k])
-    attrs.update(received_evidence(result, sink))
+    attrs.update(received)
     if result.retry_after is not None:
         attrs["retry_after"] = result.retry_after
     complete = Event(E.REMOTE_RESPONSE_COMPLETE, iid, attrs, source=EvidenceSource.REMOTE_RESPONSE)
@@ -243,13 +251,16 @@ async def _commit(
     return recorder.render(record, result_payload(stored)), True
 
 
-def received_evidence(result: RemoteResult, sink: StreamSink) -> dict[str, Any]:
+def received_evidence(
+    result: RemoteResult, sink: StreamSink, cut: list[str] | None = None
+) -> dict[str, Any]:
     """What the adapter says it received of each stream, before decoding and redaction: facts
     ``<stream>_bytes`` and ``<stream>_sha256`` (HTTP's wire body: docs/redaction.md).  They are
     recorded only for a stream scanned whole in which redaction replaced nothing: the hash of
     bytes holding a secret (echoed, or compressed where no scan saw it) would let whoever reads
     the record test guesses of that secret offline, and their count would give its length.
-    Otherwise ``<stream>_received_withheld`` says why (``redacted`` or ``unscanned``)."""
+    Otherwise ``<stream>_received_withheld`` says why (``redacted`` or ``unscanned``); the
+    ``unscanned`` streams' names are appended to ``cut``."""
     out: dict[str, Any] = {}
     for key in result.facts:
         if not key.endswith("_sha256"):
@@ -259,6 +270,8 @@ def received_evidence(result: RemoteResult, sink: StreamSink) -> dict[str, Any]:
         # buffered part), was not scanned whole: what it received past the scan is unseen.
         if stream_cut(result.summary, name):
             out[f"{name}_received_withheld"] = "unscanned"
+            if cut is not None:
+                cut.append(name)
         elif sink.redacted(name):
             out[f"{name}_received_withheld"] = "redacted"
         else:

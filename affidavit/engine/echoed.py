@@ -54,25 +54,29 @@ _SIZE_HEADERS: Final = frozenset(
 """Response headers that measure or digest the body (RFC 9110 §8.6, §14.4, §8.8.3; RFC 9530)."""
 
 
-def without_received_counts(facts: Mapping[str, Any], redacted: Iterable[str]) -> dict[str, Any]:
+def without_received_counts(
+    facts: Mapping[str, Any], redacted: Iterable[str], reason: str = "redacted"
+) -> dict[str, Any]:
     """``facts`` (a driver's, top level) without the received byte counts, if any stream in
-    ``redacted`` had a secret replaced, nor that stream's ``<stream>_sha256`` (SSH's
-    ``result_facts`` hash the bytes received, before redaction: a guess of the secret would be
-    checked against it offline); ``received_withheld`` then says so."""
+    ``redacted`` had a secret replaced (or was not scanned whole: ``reason`` "unscanned"), nor
+    that stream's ``<stream>_sha256`` (SSH's ``result_facts`` hash the bytes received, before
+    redaction: a guess of the secret would be checked against it offline);
+    ``received_withheld`` then says so (``reason``)."""
     streams = set(redacted)
     if not streams:
         return dict(facts)
     counts = _COUNTS | {f"{name}_{what}" for name in streams for what in ("bytes", "sha256")}
     kept: dict[str, Any] = {k: v for k, v in facts.items() if k not in counts}
-    kept["received_withheld"] = "redacted"
+    kept["received_withheld"] = reason
     return kept
 
 
 def without_received_size(
-    observed: Iterable[tuple[Event, None]], redacted: Iterable[str]
+    observed: Iterable[tuple[Event, None]], redacted: Iterable[str], reason: str = "redacted"
 ) -> list[tuple[Event, None]]:
     """``observed`` (the attempt's milestones and protocol summary) without the received byte
-    counts, if any stream in ``redacted`` had a secret replaced."""
+    counts, if any stream in ``redacted`` had a secret replaced (or, ``reason`` "unscanned",
+    was not scanned whole)."""
     streams = set(redacted)
     rows = list(observed)
     if not streams:
@@ -81,7 +85,7 @@ def without_received_size(
     for event, payload in rows:
         facts = event.attrs.get("facts")
         if event.kind is EventKind.PROTOCOL_OBSERVED and isinstance(facts, Mapping):
-            kept = without_received_counts(facts, streams)
+            kept = without_received_counts(facts, streams, reason)
             event = replace(event, attrs={**event.attrs, "facts": kept})
         out.append((event, payload))
     return out
@@ -89,7 +93,8 @@ def without_received_size(
 
 def without_size_headers(summary: Mapping[str, Any], redacted: bool) -> Mapping[str, Any]:
     """The result ``summary`` without the headers that measure or digest its body, if
-    ``redacted`` (a secret was replaced in a stream of the result)."""
+    ``redacted`` (a secret was replaced in a stream of the result, or one was not scanned
+    whole)."""
     headers = summary.get("headers")
     if not redacted or not isinstance(headers, list):
         return summary

@@ -17,7 +17,8 @@ What is stored and returned then (the caller reads it in the result's summary):
   stored), ``corrupt_encoding`` (the stream does not decode, or ends early) or
   ``decoded_size_limit`` (a decompression bomb: more than ``MAX_RATIO`` times the bytes received,
   plus ``SIZE_FLOOR``).  Whatever decoded before the failure was scanned and is kept, with
-  ``body_truncated``; the rest is withheld.
+  ``body_truncated``; the rest is withheld, and so is every size and hash of it a caller could
+  read (``engine/echoed.py``): no ``received_bytes``/``decoded_bytes`` here.
 
 Memory stays bounded: each step of decompression produces at most ``STEP`` bytes, which go to the
 sink (and the journal) before the next step.
@@ -219,12 +220,13 @@ class BodyDecoding:
                 self._withheld = exc.reason
         if self._withheld is None:
             return {"content_encoding_decoded": ", ".join(decoder.codings)}
+        # No size of it: the body was not scanned whole, so it may echo a secret, and beside
+        # bytes the caller chose its size is an oracle on the secret (CRIME); the engine drops
+        # the other measures of it (``engine/echoed.py``, ``received_withheld: "unscanned"``).
         out: dict[str, Any] = {
             "body_withheld": {
                 "reason": self._withheld,
                 "content_encoding": ", ".join(decoder.codings),
-                "received_bytes": self._received,
-                "decoded_bytes": decoder.decoded,
             }
         }
         if decoder.decoded:
