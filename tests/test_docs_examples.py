@@ -338,3 +338,104 @@ def test_the_documented_holder_and_sealed_output_is_what_the_commands_print(
     code, out, err = run("journal", "holder", iid, "--key-file", str(tmp_path / "absent.key"))
     assert (code, out) == (2, []) and err.startswith("affidavit: FILE_UNUSABLE: "), err
     assert "--key-file FILE, or --config" in err and "Traceback" not in err, err
+
+
+def _documented_signatures() -> dict[str, Any]:
+    from affidavit import Client
+    from affidavit.adapters.base import AttemptInterrupted, RemoteResult, SetupError
+    from affidavit.protocols.spec import (
+        ActionField,
+        ActionSpec,
+        ProtocolSpec,
+        ReconcileContract,
+        ResultContracts,
+    )
+
+    return {
+        c.__name__: c
+        for c in (
+            ActionField,
+            ActionSpec,
+            AttemptInterrupted,
+            Client,
+            ProtocolSpec,
+            ReconcileContract,
+            RemoteResult,
+            ResultContracts,
+            SetupError,
+        )
+    }
+
+
+def test_every_documented_constructor_names_its_parameters_and_the_required_ones() -> None:
+    """A doc that shows ``ReconcileContract(query=…, verdict=…)`` or ``SetupError(code, stage)``
+    teaches a plugin author to write exactly that: every keyword it names is a parameter, a
+    positional placeholder is the parameter's own name at that place, and no required parameter
+    is left out (a left-out one is a TypeError the first time the author's code runs)."""
+    import inspect
+
+    known = _documented_signatures()
+    call = re.compile(r"\b(" + "|".join(known) + r")\(([^()`]*)\)")
+    bad, seen = [], set()
+    for doc in DOCS:
+        text = doc.read_text(encoding="utf-8")
+        for m in call.finditer(text):
+            where = f"{doc.relative_to(ROOT)}:{text.count(chr(10), 0, m.start()) + 1}"
+            params = list(inspect.signature(known[m[1]]).parameters.values())
+            named: set[str] = set()
+            args = [a.strip() for a in m[2].replace("\n", " ").split(",") if a.strip()]
+            for i, arg in enumerate(args):
+                kw = re.match(r"(\w+)\s*=", arg)
+                if kw:
+                    name = kw[1]
+                elif re.fullmatch(r"\w+", arg) and i < len(params):
+                    name = arg
+                    if params[i].name != name:
+                        bad.append(f"{where}: {m[0]}: argument {i} is {params[i].name!r}")
+                else:
+                    name = params[i].name if i < len(params) else "?"
+                named.add(name)
+            names = {p.name for p in params}
+            required = {
+                p.name for p in params if p.default is p.empty and p.kind is not p.VAR_KEYWORD
+            }
+            if named - names:
+                bad.append(f"{where}: {m[0]}: no parameter {sorted(named - names)}")
+            if required - named:
+                bad.append(f"{where}: {m[0]}: leaves out required {sorted(required - named)}")
+            seen.add(m[1])
+    assert bad == []
+    assert {"ReconcileContract", "ResultContracts", "SetupError", "Client"} <= seen, seen
+
+
+def test_every_file_and_test_a_doc_points_to_exists() -> None:
+    """ "The code is `affidavit/secrets/redaction.py`", "proven by
+    `test_exit_signal_is_committed_...`": a reader follows these to check a promise.  Every
+    repository path a doc names (``adapters/ssh/driver.py``, ``tests/mcp/test_tools.py``;
+    ``affidavit/`` may be left out, as in ``secrets/redaction_plan.py``, or added, as in
+    ``affidavit/statemachine``) is there, and every test
+    named (a ``test_`` word; one ending in ``…`` is a prefix) is a test function or a test file."""
+    roots = "affidavit|adapters|journal|statemachine|tests|docs|diagrams|benchmarks|secrets"
+    path = re.compile(rf"(?<![\w/.-])((?:{roots})/[\w./-]*\w)")
+    tests = ROOT / "tests"
+    defined = {
+        m[1]
+        for f in tests.rglob("*.py")
+        for m in re.finditer(r"^\s*(?:async )?def (test_\w+)", f.read_text(encoding="utf-8"), re.M)
+    } | {f.stem for f in tests.rglob("test_*.py")}
+    bad = []
+    for doc in DOCS:
+        text = doc.read_text(encoding="utf-8")
+        for m in path.finditer(text):
+            where = f"{doc.relative_to(ROOT)}:{text.count(chr(10), 0, m.start()) + 1}"
+            if text.startswith("-<", m.end()):  # a pattern: diagrams/protocol-<name>.mmd
+                continue
+            # the package affidavit.adapters (…) is the checkout's adapters/ (pyproject.toml)
+            tries = (m[1], f"affidavit/{m[1]}", m[1].removeprefix("affidavit/"))
+            if not any((ROOT / p).exists() for p in tries):
+                bad.append(f"{where}: {m[1]}")
+        for m in re.finditer(r"\b(test_\w+)(…)?", text):
+            where = f"{doc.relative_to(ROOT)}:{text.count(chr(10), 0, m.start()) + 1}"
+            if not (m[1] in defined or (m[2] and any(d.startswith(m[1]) for d in defined))):
+                bad.append(f"{where}: {m[0]}")
+    assert bad == []
