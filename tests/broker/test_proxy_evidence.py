@@ -320,6 +320,9 @@ def test_a_redirect_origin_reached_through_a_forward_proxy_needs_the_same_trust(
         load_config(cfg)
     assert info.value.field == "targets.api.redirect_origins[1]"
     assert "trust_forward_proxy" in info.value.message
+    # the target's url is https://: the fault is the redirect origin, not "an http:// target"
+    assert "redirect to this http:// origin" in info.value.message, info.value.message
+    assert "http:// target" not in info.value.message, info.value.message
     cfg = write_config(tmp_path, {"api": {**target, "trust_forward_proxy": True}})
     assert load_config(cfg).targets["api"].trust_forward_proxy is True
 

@@ -225,6 +225,12 @@ FORWARD_PROXY_UNTRUSTED = (
     "the origin's result; set trust_forward_proxy = true to accept that, or use an https:// "
     "target (a CONNECT tunnel: TLS to the origin through the proxy)"
 )
+FORWARD_REDIRECT_UNTRUSTED = (
+    "a redirect to this http:// origin goes through the target's proxy as plain HTTP, to a "
+    "forward proxy: it sees the credential and can write any answer itself, and its 2xx or 3xx "
+    "would count as the origin's result; set trust_forward_proxy = true to accept that, or list "
+    "only https:// origins (reached through a CONNECT tunnel, as the target's url is)"
+)
 
 
 def _trust_forward_proxy(r: Read) -> Literal[True] | None:
@@ -259,7 +265,7 @@ def _redirect_origins(r: Read) -> frozenset[str]:
     # A redirect to an http:// origin goes through the target's proxy as a forward proxy too.
     if r.values["proxy"] is not None and not r.values["origin"].startswith("http://"):
         if first_http is not None and not r.values["trust_forward_proxy"]:
-            raise r.error(FORWARD_PROXY_UNTRUSTED, f"[{first_http}]")
+            raise r.error(FORWARD_REDIRECT_UNTRUSTED, f"[{first_http}]")
         if r.values["trust_forward_proxy"] and first_http is None:
             raise ConfigError(
                 r.section.path("trust_forward_proxy"),
