@@ -439,3 +439,35 @@ def test_every_file_and_test_a_doc_points_to_exists() -> None:
             if not (m[1] in defined or (m[2] and any(d.startswith(m[1]) for d in defined))):
                 bad.append(f"{where}: {m[0]}")
     assert bad == []
+
+
+def test_every_setting_a_doc_names_exists() -> None:
+    """Prose names settings as ``[service] lease_margin``, ``service.lease_margin`` or
+    ``targets.NAME.proxy`` (the field paths errors print): each is a key its table's schema
+    reads, so a renamed setting cannot live on in a doc that tells an operator to set it."""
+    from affidavit.config.loader import JOURNAL, VAULT
+    from affidavit.config.service import SERVICE
+    from affidavit.protocols.http import HTTP_TARGET
+    from affidavit.protocols.ssh import SSH_TARGET
+
+    tables = {"journal": JOURNAL.allowed, "vault": VAULT.allowed, "service": SERVICE.allowed}
+    target_keys = set(HTTP_TARGET.allowed) | set(SSH_TARGET.allowed)
+    named = re.compile(
+        r"\[(journal|service|vault)\] `?([a-z_]+)"
+        r"|(?<![\w./])(journal|service|vault)\.([a-z_]+)\b(?![./])"
+        r"|\btargets\.(?:NAME|<name>|[a-z_]+)\.([a-z_]+)"
+    )
+    bad, seen = [], 0
+    for doc in DOCS:
+        text = doc.read_text(encoding="utf-8")
+        for m in named.finditer(text):
+            where = f"{doc.relative_to(ROOT)}:{text.count(chr(10), 0, m.start()) + 1}"
+            table, key = (m[1], m[2]) if m[1] else (m[3], m[4]) if m[3] else ("targets", m[5])
+            if key in ("md", "py", "db", "key", "pub", "toml", "vault", "sock", "postgres"):
+                continue  # a file: journal.md, affidavit.vault
+            keys = target_keys if table == "targets" else tables[table]
+            seen += 1
+            if key not in keys:
+                bad.append(f"{where}: {m[0]!r}: {table} has no {key!r}")
+    assert bad == []
+    assert seen > 30, seen
