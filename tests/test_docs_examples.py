@@ -471,3 +471,26 @@ def test_every_setting_a_doc_names_exists() -> None:
                 bad.append(f"{where}: {m[0]!r}: {table} has no {key!r}")
     assert bad == []
     assert seen > 30, seen
+
+
+def test_the_documented_config_error_line_is_what_the_command_line_prints(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """docs/configuration.md shows one config error as the command line prints it
+    (``affidavit: CONFIG_INVALID: <file>: targets.billing.inject: must be ...``): a target with
+    an inject scheme none of those prints exactly that line, with its own file, and exits 2."""
+    from affidavit.cli import main as cli_main
+
+    text = (ROOT / "docs" / "configuration.md").read_text(encoding="utf-8")
+    shown = re.search(
+        r"^affidavit: CONFIG_INVALID: (\S+): (targets\.billing\.inject: .+)$", text, re.M
+    )
+    assert shown is not None
+    cfg = tmp_path / "affidavit.toml"
+    cfg.write_text(
+        '[targets.billing]\nkind = "http"\nurl = "https://api.example.com"\nmethods = ["GET"]\n'
+        'credential = "env:TOKEN"\ninject = "token"\n'
+    )
+    assert cli_main(["actions", "--config", str(cfg)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"affidavit: CONFIG_INVALID: {cfg}: {shown[2]}", (err, shown[0])
