@@ -88,6 +88,9 @@ async def test_a_body_the_broker_cannot_scan_is_withheld_and_the_result_says_so(
     # No size of it: an unscanned body's size is an oracle on a secret it may echo
     # (tests/broker/test_unscanned_sizes.py).
     assert withheld == {"reason": reason, "content_encoding": withheld["content_encoding"]}
+    # docs/redaction.md: the codings in order, each as itself if decoded here, else "other"
+    named = {"br": "other", "gzip, zstd": "gzip, other"}.get(coding, coding)
+    assert withheld["content_encoding"] == named
     # What decoded before the failure was scanned and is kept, marked as a prefix; the rest
     # (all of it for a coding the broker does not know) never reaches the caller.
     assert result.get("body", "").encode() == kept
