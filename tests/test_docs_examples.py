@@ -130,6 +130,16 @@ def _refusal(argv: list[str]) -> str | None:
     return None
 
 
+# What a shell line puts before the command it runs: ``VAR=value`` assignments (docs/mcp.md's
+# ``AFFIDAVIT_DAEMON_UID=affidavit affidavit mcp ...``), ``sudo -u USER`` and util-linux's
+# ``setpriv --reuid ... --groups ...`` (docs/deployment.md): the command after them is checked too.
+LAUNCHER = re.compile(
+    r"^(?:[A-Z_][A-Z0-9_]*=\S*\s+)+"
+    r"|^sudo(?:\s+-[ug]\s+\S+)*\s+"
+    r"|^setpriv\s.*?(?=\baffidavit\s+(?!affidavit\b)[a-z])"
+)
+
+
 def _commands() -> Iterator[tuple[str, str, bool]]:
     """(where, command, whole): fenced shell lines are whole commands; an inline mention in
     prose (`affidavit result`) may leave out a required argument."""
@@ -142,7 +152,7 @@ def _commands() -> Iterator[tuple[str, str, bool]]:
             body = re.sub(r"\\\n\s*", " ", m.group(2))
             for n, line in enumerate(body.splitlines()):
                 for part in re.split(r"\|(?=\s)|&&|;", line):
-                    part = part.strip()
+                    part = LAUNCHER.sub("", part.strip())
                     if part.startswith("affidavit "):
                         yield f"{doc.relative_to(ROOT)}:{start + n}", part, True
         for m in re.finditer(r"`(affidavit [^`]*)`", text):
