@@ -504,3 +504,20 @@ def test_the_documented_config_error_line_is_what_the_command_line_prints(
     assert cli_main(["actions", "--config", str(cfg)]) == 2
     err = capsys.readouterr().err.strip()
     assert err == f"affidavit: CONFIG_INVALID: {cfg}: {shown[2]}", (err, shown[0])
+
+
+def test_every_documented_mcp_server_entry_runs_an_affidavit_command_that_exists() -> None:
+    """An ``mcpServers`` entry (docs/mcp.md, README.md) is pasted into an MCP client as is:
+    its ``command`` is ``affidavit`` and its ``args`` are a command line the parser takes."""
+    import json
+
+    entries = []
+    for where, body in _blocks("json"):
+        if '"mcpServers"' in body:
+            entries += [(where, e) for e in json.loads(body)["mcpServers"].values()]
+    assert len(entries) >= 3, entries
+    bad = []
+    for where, entry in entries:
+        if entry["command"] != "affidavit" or _refusal(entry["args"]) is not None:
+            bad.append(f"{where}: {entry}: {_refusal(entry['args'])}")
+    assert bad == []
