@@ -78,11 +78,14 @@ COMMAND_MODULES: tuple[str, ...] = tuple(dict.fromkeys(COMMANDS.values()))
 
 class UsageError(Exception):
     """A usage or configuration problem: printed on stderr, exit status 2 -- after its stable
-    ``code`` when it has one (``affidavit: CONFIG_INVALID: <file>: <field>: <message>``)."""
+    ``code`` when it has one (``affidavit: CONFIG_INVALID: <file>: <field>: <message>``);
+    ``field``: the option or field path to fix, when there is one.  Under ``--json`` it is
+    also one ``{"api_error": {...}}`` object on stdout (``error_json``)."""
 
-    def __init__(self, message: str, code: str | None = None) -> None:
+    def __init__(self, message: str, code: str | None = None, field: str | None = None) -> None:
         super().__init__(message)
         self.code = code
+        self.field = field
 
 
 def refusal(message: str, code: str | None, field: str | None = None) -> UsageError:
@@ -91,16 +94,34 @@ def refusal(message: str, code: str | None, field: str | None = None) -> UsageEr
     ``affidavit: CODE: <field>: <message>``.  A message that names its own code and field
     first (``INVALID_FIELD at timeout: ...``, ``action refused: INVALID_FIELD at action: ...``:
     the action's refusal, which the daemon answers HTTP 400 ``BAD_JSON``) is printed as it
-    stands, as embedded; the field is not repeated when the message starts with it
-    (``blind: ...``)."""
-    if _NAMES_ITS_CODE.match(message.removeprefix("action refused: ")):
-        return UsageError(message)
+    stands, as embedded, and carries the code and field it names; the field is not repeated
+    when the message starts with it (``blind: ...``)."""
+    named = _NAMES_ITS_CODE.match(message.removeprefix("action refused: "))
+    if named:
+        return UsageError(message, named[1], named[2])
     if field and not message.startswith(f"{field}: "):
         message = f"{field}: {message}"
-    return UsageError(message, code)
+    return UsageError(message, code, field)
 
 
-_NAMES_ITS_CODE = re.compile(r"[A-Z][A-Z0-9_]* at [^ :]+: ")
+_NAMES_ITS_CODE = re.compile(r"([A-Z][A-Z0-9_]*) at ([^ :]+): ")
+
+
+def error_json(message: str, code: str | None, field: str | None) -> dict[str, Any]:
+    """A refusal under ``--json``: the daemon's own API error shape (``api_error_body``:
+    ``code``, ``message``, ``field`` when there is one), so a script parses one shape whether
+    the command ran embedded or asked the daemon.  The message is the stderr line's, without
+    the field it starts with (given apart); a message naming its own code keeps its words.
+    A refusal with no stable code yet has ``"code": null``."""
+    named = _NAMES_ITS_CODE.match(message.removeprefix("action refused: "))
+    if named and code is None:
+        code, field = named[1], named[2]
+    if field and not named and message.startswith(f"{field}: "):
+        message = message[len(field) + 2 :]
+    error: dict[str, Any] = {"code": code, "message": message}
+    if field is not None:
+        error["field"] = field
+    return {"api_error": error}
 
 
 def config_refusal(exc: Any, hint: str = "") -> UsageError:
@@ -168,7 +189,7 @@ def timeout_arg(value: str | None) -> float | None:
     try:
         return parse_timeout(value)
     except ValueError as exc:
-        raise UsageError(str(exc)) from None
+        raise refusal(str(exc), None) from None
 
 
 def _parsed(value: str | None, what: str, parse: Callable[[str], T]) -> T | None:
@@ -177,7 +198,7 @@ def _parsed(value: str | None, what: str, parse: Callable[[str], T]) -> T | None
     try:
         return parse(value)
     except ValueError as exc:
-        raise UsageError(f"{what}: {exc}", "INVALID_FIELD") from None
+        raise UsageError(f"{what}: {exc}", "INVALID_FIELD", what) from None
 
 
 def text_arg(value: str | None, what: str) -> str | None:
@@ -188,7 +209,8 @@ def text_arg(value: str | None, what: str) -> str | None:
         try:
             value.encode("utf-8")
         except UnicodeEncodeError:
-            raise UsageError(f"{what} is not valid UTF-8 text", "INVALID_FIELD") from None
+            field = what if what.startswith("--") else None  # an option, not "the invocation id"
+            raise UsageError(f"{what} is not valid UTF-8 text", "INVALID_FIELD", field) from None
     return value
 
 
@@ -232,14 +254,18 @@ def daemon_socket(args: argparse.Namespace, *embedded_only: str) -> DaemonSocket
         if named is not None:
             raise UsageError(
                 "--daemon-uid names whose socket to trust: give the daemon's socket too "
-                f"(--socket or ${SOCKET_ENV})"
+                f"(--socket or ${SOCKET_ENV})",
+                "INVALID_FIELD",
+                "--daemon-uid",
             )
         return None
     for name in embedded_only:
         if getattr(args, name, None):
             raise UsageError(
                 f"--{name} is for embedded use; the daemon at {path} has its own "
-                f"(drop --socket or unset {SOCKET_ENV})"
+                f"(drop --socket or unset {SOCKET_ENV})",
+                "INVALID_FIELD",
+                f"--{name}",
             )
     try:
         uid = None if named is None else parse_daemon_uid(named, "--daemon-uid")
@@ -407,7 +433,7 @@ def _main(argv: Sequence[str] | None) -> int:
     try:
         status: int = args.handler(args)
     except UsageError as exc:
-        _complain(str(exc), exc.code)
+        _complain(str(exc), exc.code, exc.field, args)
         return 2
     except KeyboardInterrupt:
         return 130
@@ -427,7 +453,7 @@ def _main(argv: Sequence[str] | None) -> int:
     except OSError as exc:
         # A file the command needs (config, key, vault) cannot be used; never a traceback.
         where = f"{exc.filename}: " if exc.filename else ""
-        _complain(f"{where}{exc.strerror or type(exc).__name__}", "FILE_UNUSABLE")
+        _complain(f"{where}{exc.strerror or type(exc).__name__}", "FILE_UNUSABLE", None, args)
         return 2
     except Exception as exc:
         # An unusable journal (missing directory, a directory, read-only, disk full) is the
@@ -437,18 +463,27 @@ def _main(argv: Sequence[str] | None) -> int:
         if journal is None or not isinstance(exc, journal.JournalError):
             raise
         refusal = journal_refusal(exc)
-        _complain(str(refusal), refusal.code)
+        _complain(str(refusal), refusal.code, None, args)
         return 2
     return status
 
 
-def _complain(message: str, code: str | None = None) -> None:
-    """An error message as one line on stderr, after its stable code if it has one: it may
+def _complain(message: str, code: str | None, field: str | None, args: argparse.Namespace) -> None:
+    """An error message as one line on stderr, after its stable code if it has one and the
+    message does not start by naming it (``CHUNK_OUT_OF_RANGE at from_chunk: ...``): it may
     echo an argument, a config key or a remote's words, so even a line feed in it is shown
-    escaped (``\\n``), never a new line."""
+    escaped (``\\n``), never a new line.  Under ``--json`` it is also one ``error_json``
+    object on stdout, ASCII (``ensure_ascii`` escapes what ``printable`` would)."""
     from affidavit.text import printable
 
-    head = f"{code}: " if code else ""
+    if getattr(args, "json", False) is True:
+        import json
+        from contextlib import suppress
+
+        with suppress(BrokenPipeError):  # the reader went away: stderr still says it
+            print(json.dumps(error_json(message, code, field), sort_keys=True), flush=True)
+    named = _NAMES_ITS_CODE.match(message.removeprefix("action refused: "))
+    head = f"{code}: " if code and not (named and named[1] == code) else ""
     print(f"affidavit: {head}{printable(message)}", file=sys.stderr)
 
 

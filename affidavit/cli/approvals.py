@@ -229,7 +229,11 @@ def _content(args: argparse.Namespace, iid: str, name: str) -> int:
     """``show --content NAME``: the bytes ``approvals.content`` vouches for, raw on stdout --
     never to a terminal, which the agent's bytes could drive."""
     if sys.stdout.isatty():
-        raise UsageError("--content writes raw bytes: redirect it to a file (> FILE)")
+        raise UsageError(
+            "--content writes raw bytes: redirect it to a file (> FILE)",
+            "RAW_TO_TERMINAL",
+            "--content",
+        )
     socket = daemon_socket(args, "config")
     if socket is not None:
         from urllib.parse import quote
@@ -282,7 +286,9 @@ def _reconcile(args: argparse.Namespace) -> int:
     assert iid is not None
     args.timeout = timeout_arg(args.timeout)
     if args.attest is not None and not (note or "").strip():
-        raise UsageError("--attest needs a --note saying what you checked")
+        raise UsageError(
+            "--attest needs a --note saying what you checked", "INVALID_FIELD", "--note"
+        )
     socket = daemon_socket(args, "config")
     if socket is not None:
         from affidavit.api.wire import invocation_path, target

@@ -32,6 +32,7 @@ from affidavit.cli import (
     daemon_json,
     daemon_socket,
     journal_refusal,
+    refusal,
     text_arg,
     timeout_arg,
 )
@@ -207,17 +208,25 @@ def _result(args: argparse.Namespace) -> int:
     text_arg(args.stream, "--stream")
     args.from_chunk = count_arg(args.from_chunk, "--from-chunk")
     if args.stream is not None and not args.raw:
-        raise UsageError("--stream goes with --raw")
+        raise UsageError("--stream goes with --raw", "INVALID_FIELD", "--stream")
     if args.raw and sys.stdout.isatty():
         # The remote's bytes, exactly: to a terminal, its ESC sequences would drive it.  Piping
         # through `cat` is the explicit way to want that anyway.
-        raise UsageError("--raw writes the remote's bytes: redirect it to a file or a pipe")
+        raise UsageError(
+            "--raw writes the remote's bytes: redirect it to a file or a pipe",
+            "RAW_TO_TERMINAL",
+            "--raw",
+        )
     socket = daemon_socket(args, "config")
     if socket is not None:
         from affidavit.api.wire import invocation_path, target
 
         if args.raw:
-            raise UsageError("--raw reads the journal itself; the daemon serves envelopes")
+            raise UsageError(
+                "--raw reads the journal itself; the daemon serves envelopes",
+                "INVALID_FIELD",
+                "--raw",
+            )
         path = target(
             invocation_path(args.invocation_id, "/result"), {"from_chunk": args.from_chunk}
         )
@@ -263,13 +272,14 @@ def _print_answer(envelope: dict[str, Any]) -> int:
     return 1 if "error" in envelope else 0
 
 
-def _past_the_end(start: int, what: str, count: int) -> str:
+def _past_the_end(start: int, what: str, count: int) -> UsageError:
     """``result --raw --from-chunk`` beyond the stream's end (``CHUNK_OUT_OF_RANGE``): the
     chunks there are, 0 to ``count - 1``; ``count`` itself is the end (nothing left)."""
     held = f"has chunks 0 to {count - 1}" if count else "has no chunks"
-    return (
+    return refusal(
         f"CHUNK_OUT_OF_RANGE at from_chunk: {what} {held}; --from-chunk {start} is past its "
-        f"end (give 0 to {count}; {count} is the end: nothing left)"
+        f"end (give 0 to {count}; {count} is the end: nothing left)",
+        "CHUNK_OUT_OF_RANGE",
     )
 
 
@@ -301,19 +311,25 @@ async def _raw_result(config: Any, args: argparse.Namespace) -> int:
         if name is None:
             if len(names) > 1:
                 raise UsageError(
-                    f"the result has streams {', '.join(names)}: pick one with --stream"
+                    f"the result has streams {', '.join(names)}: pick one with --stream",
+                    "INVALID_FIELD",
+                    "--stream",
                 )
             if not names:
                 if start > 0:
-                    raise UsageError(_past_the_end(start, "the result has no stream", 0))
+                    raise _past_the_end(start, "the result has no stream", 0)
                 return 0  # an empty result: no stream, no bytes
             name = names[0]
         if name not in stored.streams:
-            raise UsageError(f"the result has no stream {name!r} (it has: {', '.join(names)})")
+            raise UsageError(
+                f"the result has no stream {name!r} (it has: {', '.join(names)})",
+                "INVALID_FIELD",
+                "--stream",
+            )
         count = stored.streams[name].chunks
         if start > count:
             # Past the end: nothing to write, and an empty exit 0 read as "that was all".
-            raise UsageError(_past_the_end(start, f"stream {name!r}", count))
+            raise _past_the_end(start, f"stream {name!r}", count)
         out = sys.stdout.buffer
         written, index = 0, start
         try:

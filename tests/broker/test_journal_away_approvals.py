@@ -13,6 +13,7 @@ where to look (``service.decision_failure``) -- never "unreadable", never grante
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from collections.abc import AsyncIterator
@@ -93,7 +94,11 @@ async def test_approvals_commands_exit_2_naming_what_and_decide_nothing(
                         done = await run([*PYTHON_M, *args, "--config", str(cfg)], env=env)
                     err = done.stderr.decode()
                     assert done.returncode == 2, (args, done)
-                    assert done.stdout == b"", (args, done.stdout)
+                    if "--json" in args:  # the refusal itself, as the stderr line says it
+                        refused = json.loads(done.stdout)["api_error"]
+                        assert err == f"affidavit: JOURNAL_UNAVAILABLE: {refused['message']}\n"
+                    else:
+                        assert done.stdout == b"", (args, done.stdout)
                     assert err.startswith(f"affidavit: JOURNAL_UNAVAILABLE: {unread(what)} -- "), (
                         args,
                         err,

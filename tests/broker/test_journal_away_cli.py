@@ -59,9 +59,18 @@ async def _stored(tmp_path: Path, pg_url: str) -> tuple[Path, str]:
 
 def _says_away(rc: int, out: str, err: str, what: str, pg: Cluster) -> None:
     """Exit 2, one line on stderr: the daemon's words for ``what``, then the journal's (where:
-    the URL, its password redacted), no traceback; on stdout no record."""
+    the URL, its password redacted), no traceback; on stdout no record -- under ``--json``
+    only the refusal, as one ``{"api_error": ...}`` object saying what the stderr line says."""
     assert rc == 2, (rc, out, err)
-    assert "act_" not in out, out
+    if not out.startswith("{"):
+        assert "act_" not in out, out  # a table's heading at most
+    else:
+        assert out.endswith("}\n") and out.count("\n") == 1, out
+        refused = json.loads(out)
+        assert list(refused) == ["api_error"], out
+        assert refused["api_error"]["code"] == "JOURNAL_UNAVAILABLE", out
+        assert err == f"affidavit: JOURNAL_UNAVAILABLE: {refused['api_error']['message']}\n", out
+    assert pg.password not in out, out
     assert err.startswith(f"affidavit: JOURNAL_UNAVAILABLE: {unread(what)} -- "), err
     assert err.endswith("\n") and err.count("\n") == 1, err
     assert "Traceback" not in err, err
@@ -92,7 +101,7 @@ async def test_record_and_actions_exit_2_naming_what_while_the_database_is_stopp
                         done = await run([*PYTHON_M, *args, flag, value], env=env)
                     err = done.stderr.decode()
                     _says_away(done.returncode, done.stdout.decode(), err, what, pg)
-                    assert done.stdout == b"", done.stdout
+                    assert (done.stdout == b"") == ("--json" not in args), done.stdout
                     assert " -- cannot connect to journal " in err, err
         # Back: the same commands answer.
         for args, _ in _commands(iid):
@@ -251,7 +260,7 @@ async def test_journal_checks_and_operations_exit_2_naming_what_while_the_databa
                         rc = await trio.to_thread.run_sync(main, [*args, flag, value])
                     out, err = capsys.readouterr()
                     _says_away(rc, out, err, what, pg)
-                    assert out == "", (args, out)
+                    assert (out == "") == ("--json" not in args), (args, out)
                     assert " -- cannot connect to journal " in err, err
         # Back: the same commands answer.
         for args, _, _ in _checks(iid, seq, priv):

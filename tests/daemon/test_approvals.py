@@ -106,7 +106,10 @@ async def test_an_agent_asks_an_operator_approves_and_the_daemon_sends_once(
             ("reconcile", iid, "--attest", "committed", "--note", "trust me"),
         ):
             refused = await as_nobody(daemon, *args)
-            assert refused.returncode == 2 and refused.stdout == b"", args
+            assert refused.returncode == 2, args
+            # Under --json the refusal itself, in the daemon's API error shape; nothing else.
+            assert refused.stdout == b"" or list(json.loads(refused.stdout)) == ["api_error"]
+            assert (refused.stdout == b"") == ("--json" not in args), refused
             assert f"uid {NOBODY} may not".encode() in refused.stderr, refused.stderr
         assert srv.requests == []
 

@@ -3,20 +3,40 @@ embedded: ``affidavit: CODE: [field: ]message`` on stderr, exit status 2, never 
 Through the socket the daemon's ``api_error`` code used to be dropped (``affidavit: no
 approval was requested for ...``) where embedded printed it.  One refusal per command family
 that can run through the daemon, each run both ways against a real daemon's unix socket and,
-once it is stopped, embedded on the same journal."""
+once it is stopped, embedded on the same journal.  Under ``--json`` a refusal is also one
+``{"api_error": {...}}`` object on stdout -- the daemon's own API error shape -- identical both
+ways; before, stdout was empty and a script had only the stderr line to parse."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import subprocess
 from pathlib import Path
+
+import trio
 
 from tests.http.hostile import HostileServer, Reply, scripts
 
-from .kit import Run, api_target, cli, embedded, start_daemon, stop, write_daemon_config
+from .kit import (
+    PYTHON,
+    DaemonProc,
+    Run,
+    api_target,
+    cli,
+    client_env,
+    embedded,
+    start_daemon,
+    stop,
+    write_daemon_config,
+)
 
 NOPE = "act_01J00000000000000000000000"
 CASES: list[tuple[tuple[str, ...], str | None]] = [
+    # Argument refusals checked before any request: once without a code.
+    (("reconcile", NOPE, "--attest", "committed"), "INVALID_FIELD"),  # no --note
+    (("result", NOPE, "--stream", "body"), "INVALID_FIELD"),  # --stream goes with --raw
     (("approvals", "show", NOPE), "NO_SUCH_APPROVAL"),
     (("approvals", "show", NOPE, "--content", "body"), "NO_SUCH_APPROVAL"),
     (("approvals", "approve", NOPE, "--note", "checked"), "NO_SUCH_APPROVAL"),
@@ -31,18 +51,40 @@ CASES: list[tuple[tuple[str, ...], str | None]] = [
     (("actions", "--since", "bogus"), "INVALID_FIELD"),  # read here, either way
     (("result", NOPE, "--from-chunk", "x"), "INVALID_FIELD"),
     (("actions", "--session", "s\udcff"), "INVALID_FIELD"),  # argv bytes that are not UTF-8
+    (("actions", "--since", "bogus", "--json"), "INVALID_FIELD"),
+    (("actions", "--session", "s\udcff", "--json"), "INVALID_FIELD"),
+    (("metrics", "--since", "bogus", "--json"), "INVALID_FIELD"),
 ]
+FIELDS = {  # the field each --json refusal names (no key: it names none)
+    ("actions", "--since", "bogus", "--json"): "--since",
+    ("actions", "--session", "s\udcff", "--json"): "--session",
+    ("metrics", "--since", "bogus", "--json"): "--since",
+}
 LINE = re.compile(r"affidavit: (?:([A-Z][A-Z0-9_]+): )?(.*)\n")
 
 
-def _shape(run: Run, journal: Path) -> tuple[int, str | None, str]:
-    """(exit status, code, message) of one refusal: exactly one line on stderr."""
+def _shape(run: Run, journal: Path, *argv: str) -> tuple[int, str | None, str, object]:
+    """(exit status, code, message, the JSON error) of one refusal: exactly one line on
+    stderr; under ``--json`` also exactly one JSON object on stdout, else nothing there."""
     text = run.stderr.decode()
-    assert "Traceback" not in text and run.stdout == b"", run
+    assert "Traceback" not in text, run
     match = LINE.fullmatch(text)
     assert match is not None, text
     # Embedded, `result` names the journal's file; the daemon never tells where it lives.
-    return run.returncode, match[1], match[2].replace(str(journal), "the journal")
+    message = match[2].replace(str(journal), "the journal")
+    if "--json" not in argv:
+        assert run.stdout == b"", run
+        return run.returncode, match[1], message, None
+    out = run.stdout.decode("ascii")
+    assert out.endswith("}\n") and out.count("\n") == 1, out
+    error = json.loads(out)["api_error"]
+    assert set(error) <= {"code", "message", "field"}, error
+    # The same refusal as the stderr line: its code; its words, a leading field given apart.
+    assert error["code"] == match[1], (error, text)
+    lead = f"{error['field']}: " if "field" in error else ""
+    assert match[2] in (lead + error["message"], error["message"]), (error, text)
+    error["message"] = error["message"].replace(str(journal), "the journal")
+    return run.returncode, match[1], message, error
 
 
 async def test_each_refusal_has_the_same_code_field_and_status_both_ways(
@@ -56,15 +98,63 @@ async def test_each_refusal_has_the_same_code_field_and_status_both_ways(
         daemon = await start_daemon(config, socket, log, token)
         try:
             for argv, _ in CASES:
-                through.append(_shape(await cli(daemon, *argv, stdin=b"{no"), daemon.journal))
+                asked = await cli(daemon, *argv, stdin=b"{no")
+                assert token.encode() not in asked.stdout + asked.stderr
+                through.append(_shape(asked, daemon.journal, *argv))
         finally:
             stop(daemon)
         for (argv, code), asked in zip(CASES, through, strict=True):
             here = await embedded(*argv, "--config", str(config), stdin=b"{no", token=token)
-            alone = _shape(here, daemon.journal)
+            assert token.encode() not in here.stdout + here.stderr
+            alone = _shape(here, daemon.journal, *argv)
             assert asked == alone, (argv, asked, alone)
             assert asked[:2] == (2, code), (argv, asked)
+            if "--json" in argv:
+                assert isinstance(asked[3], dict) and asked[3].get("field") == FIELDS.get(argv)
         assert srv.requests == []
     # Nobody answers on the socket any more: the code MCP gives it, not the message alone.
     gone = _shape(await cli(daemon, "approvals", "show", NOPE), daemon.journal)
     assert gone[:2] == (2, "DAEMON_UNAVAILABLE"), gone
+
+
+def _to_a_terminal(argv: list[str]) -> Run:
+    """``argv`` with its stdout a terminal (a pty), stderr captured (bounded)."""
+    main, tty = os.openpty()
+    try:
+        done = subprocess.run(
+            argv, stdout=tty, stderr=subprocess.PIPE, env=client_env(), check=False, timeout=60
+        )
+    finally:
+        os.close(tty)
+        os.close(main)
+    return Run(done.returncode, b"", done.stderr)
+
+
+async def test_raw_bytes_to_a_terminal_and_raw_through_the_socket_are_refused_with_a_code(
+    tmp_path: Path, token: str
+) -> None:
+    """``result --raw`` and ``approvals show --content`` refuse a terminal before asking
+    anyone: ``RAW_TO_TERMINAL``, through the socket and embedded alike.  ``--raw`` through the
+    socket (the daemon serves envelopes) is ``INVALID_FIELD``.  Each used to have no code."""
+    socket, log = tmp_path / "affidavit.sock", tmp_path / "daemon.log"
+    async with HostileServer.running(scripts.serve(Reply(200, body=b"{}"))) as srv:
+        config = write_daemon_config(tmp_path, api_target(srv.url), socket=socket)
+        daemon: DaemonProc = await start_daemon(config, socket, log, token)
+        try:
+            piped = _shape(await cli(daemon, "result", NOPE, "--raw"), daemon.journal)
+            assert piped[:3] == (
+                2,
+                "INVALID_FIELD",
+                "--raw reads the journal itself; the daemon serves envelopes",
+            )
+            for argv in (("result", NOPE, "--raw"), ("approvals", "show", NOPE, "--content", "b")):
+                for way in (("--socket", str(socket)), ("--config", str(config))):
+                    command = [PYTHON, "-m", "affidavit", *argv, *way]
+                    run = await trio.to_thread.run_sync(_to_a_terminal, command)
+                    assert token.encode() not in run.stderr
+                    shown = _shape(run, daemon.journal)
+                    assert shown[:2] == (2, "RAW_TO_TERMINAL"), (argv, way, shown)
+                    assert "redirect it to a file" in shown[2], shown
+        finally:
+            stop(daemon)
+        assert srv.requests == []
