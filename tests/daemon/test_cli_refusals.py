@@ -158,3 +158,24 @@ async def test_raw_bytes_to_a_terminal_and_raw_through_the_socket_are_refused_wi
         finally:
             stop(daemon)
         assert srv.requests == []
+
+
+async def test_options_for_the_other_way_are_refused_at_the_option_under_json(
+    tmp_path: Path, token: str
+) -> None:
+    """``--journal`` beside a socket and ``--daemon-uid`` without one had no code: now
+    ``INVALID_FIELD`` at the option, and under ``--json`` the object names it too."""
+    socket, log = tmp_path / "affidavit.sock", tmp_path / "daemon.log"
+    async with HostileServer.running(scripts.serve(Reply(200, body=b"{}"))) as srv:
+        config = write_daemon_config(tmp_path, api_target(srv.url), socket=socket)
+        daemon = await start_daemon(config, socket, log, token)
+        try:
+            beside = await cli(daemon, "actions", "--json", "--journal", "j.db")
+        finally:
+            stop(daemon)
+    alone = await embedded("actions", "--json", "--daemon-uid", "0", "--config", str(config))
+    for run, field in ((beside, "--journal"), (alone, "--daemon-uid")):
+        assert token.encode() not in run.stdout + run.stderr
+        shown = _shape(run, daemon.journal, "--json")
+        assert shown[:2] == (2, "INVALID_FIELD"), shown
+        assert isinstance(shown[3], dict) and shown[3]["field"] == field, shown
