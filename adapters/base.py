@@ -72,6 +72,11 @@ class AttemptContext:
     """The target's ``max_result``: the most bytes of a result ``sink`` takes (all its streams
     together) before it raises ``ResultTooLarge``.  A layer that turns received bytes into others
     before the sink (HTTP's decoding) holds what it receives to it as well."""
+    withhold: Callable[[str], None] | None = None
+    """If set, ``withhold(stream)``: a layer between the driver and ``sink`` (HTTP's decoding)
+    passes ``stream`` on not scanned whole (a ``br`` body): the engine then treats it as a
+    stream redaction replaced something in -- none of its sizes or hashes reach a caller,
+    ``received_withheld: "unscanned"`` (``engine/echoed.py``)."""
 
 
 class SetupError(Exception):

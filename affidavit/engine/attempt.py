@@ -126,8 +126,9 @@ class Attempt:
     n: int
     scrub: Callable[[Any], Any]
     """Redacts the secrets' forms from remote-controlled facts before they are journaled."""
-    redacted: Callable[[], list[str]]
-    """The result streams redaction has replaced something in so far (``echoed.py``)."""
+    withheld: Callable[[], tuple[list[str], str]]
+    """The result streams redaction has replaced something in so far, or that were not scanned
+    whole, and why (``StreamSink.withheld``, ``echoed.py``)."""
     control: CallControl | None = None
     """The host's handle on the call (the daemon's): a stop before the gate wins."""
     grant: tuple[Grant, str] | None = None
@@ -291,7 +292,7 @@ def _new_attempt(
         machine=ProtocolMachine(binding.table),
         n=n,
         scrub=sink.scrub,
-        redacted=sink.redacted_streams,
+        withheld=sink.withheld,
     )
 
 
@@ -308,6 +309,7 @@ async def _try_once(
         attempt=attempt.n,
         fed=sink.fed,
         result_limit=sink.max_result,
+        withhold=sink.withhold,
     )
     try:
         return await binding.perform(prepared, ctx), None, False
@@ -353,7 +355,7 @@ async def _try_once(
         # The facts carry remote-controlled strings (an exit-signal name): the remote may echo
         # the credential it was sent, so they are scrubbed like the observed facts.
         facts = attempt.scrub({k: v for k, v in exc.facts.items() if _jsonable(v)})
-        facts = without_received_counts(facts, attempt.redacted())  # an echo is not measured
+        facts = without_received_counts(facts, *attempt.withheld())  # an echo is not measured
         return None, _interrupted(iid, exc.code, facts), False
     except JournalError as exc:
         # The gate's own reads and writes (the database's clock for an approval's expiry, its
@@ -674,7 +676,7 @@ def observed_events(attempt: Attempt, *, withhold: bool = True) -> list[tuple[Ev
             "generation": attempt.generation,
         }
         out.append((Event(E.PROTOCOL_OBSERVED, attempt.iid, summary), None))
-    return without_received_size(out, attempt.redacted()) if withhold else out
+    return without_received_size(out, *attempt.withheld()) if withhold else out
 
 
 async def record_observed(engine: Engine, attempt: Attempt) -> None:

@@ -22,8 +22,11 @@ from the result's headers once the sink has finished and knows which streams it 
 them too (``attempt.observed_events``, and ``without_received_counts`` from ATTEMPT_INTERRUPTED's
 facts) where redaction replaced something, or would in the bytes it still held back when the
 answer was cut (``StreamSink.redacted_streams``: what ``finish`` would flush, scanned as
-``sub`` scans it -- the same streams ``redacted`` would name).  ``received_withheld:
-"redacted"`` says that they were dropped.
+``sub`` scans it -- the same streams ``redacted`` would name), and where a stream was not
+scanned whole (``StreamSink.withheld``: HTTP's decoding reports a ``br``, corrupt or bomb body
+through ``AttemptContext.withhold`` as soon as it knows, so a body cut off by a stall or a close
+is not measured either).  ``received_withheld: "redacted"`` (or ``"unscanned"``) says that they
+were dropped.
 """
 
 from __future__ import annotations

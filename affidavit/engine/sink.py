@@ -73,6 +73,8 @@ class StreamSink:
         at a time); ``commit_result(writer=)`` takes its account of what it stored instead of
         reading the chunks back.  ``generation``: the attempt's; a chunk of a stale one is
         refused (a store failure), never written over the attempt that took over."""
+        self.unscanned: list[str] = []
+        """The streams a layer before the sink passed on not scanned whole (``withhold``)."""
         self.store_failed = False
         """The journal refused a chunk (disk full, I/O error): nothing more is stored, and the
         adapter reads the response to its end all the same -- its outcome is still worth
@@ -149,6 +151,20 @@ class StreamSink:
             if st["fed"] is not None or (held and st["redactor"].sub(held) != held):
                 out.append(name)
         return out
+
+    def withhold(self, name: str) -> None:
+        """``AttemptContext.withhold``: stream ``name`` was not scanned whole -- it may echo a
+        secret that no redactor saw (HTTP's decoding: a ``br`` body, a corrupt one, a bomb)."""
+        if name not in self.unscanned:
+            self.unscanned.append(name)
+
+    def withheld(self) -> tuple[list[str], str]:
+        """The streams whose received sizes and hashes an attempt ending without a result
+        withholds (``echoed.without_received_counts``), and why: those redaction replaced
+        something in (``redacted_streams``) and, ``unscanned`` then, those not scanned whole."""
+        if self.unscanned:
+            return self.redacted_streams() + self.unscanned, "unscanned"
+        return self.redacted_streams(), "redacted"
 
     def redacted(self, name: str) -> bool:
         """After ``finish``: whether redaction replaced anything in stream ``name`` (a stream

@@ -116,3 +116,64 @@ async def test_a_corrupt_or_bomb_body_is_measured_nowhere_a_caller_reads(
     complete = [e for e in view["events"] if e["kind"] == "REMOTE_RESPONSE_COMPLETE"]
     assert complete[0]["attrs"]["body_received_withheld"] == "unscanned"
     assert "body_sha256" not in complete[0]["attrs"]
+
+
+_GZIP_HEAD = gzip.compress(b"")[:10]
+
+
+def _cut(how: str, coding: str, pad: int) -> Any:
+    """A body echoing the Authorization -- ``br``, or ``gzip`` whose deflate data is corrupt
+    (block type 3) --, its head promising one byte more than is sent, then a stall past the
+    target's total timeout or a close: the attempt ends without a result
+    (ATTEMPT_INTERRUPTED), never committed."""
+
+    async def script(peer: Any) -> None:
+        req = await peer.read_request()
+        if req is None:
+            return
+        text = f'{{"a": "{req.header("authorization")}", "pad": "{"x" * pad}"}}'.encode()
+        if coding == "gzip":
+            text = _GZIP_HEAD + b"\xff" + text
+        head = (
+            f"HTTP/1.1 200 OK\r\nContent-Encoding: {coding}\r\nContent-Length: {len(text) + 1}\r\n"
+        )
+        await peer.send_raw(head.encode() + b"\r\n" + text)
+        if how == "close":
+            await peer.close()
+        else:
+            await trio.sleep_forever()
+
+    return script
+
+
+async def _seen_cut(tmp: Path, how: str, coding: str, pad: int) -> list[tuple[str, Any]]:
+    with trio.fail_after(20):
+        async with HostileServer.running(_cut(how, coding, pad)) as srv:
+            target = http_target(srv.url, timeout={"connect": 0.5, "total": 0.5})
+            cfg = write_config(tmp, {"t": target})
+            async with open_broker(cfg) as broker:
+                env = await broker.call({"target": "t", "method": "GET", "path": "/"})
+                assert env["error"]["outcome"] == "unknown", env
+                iid = env["invocation_id"]
+                rec = broker.record(iid)
+                assert rec is not None
+                events = broker.events(iid)
+                assert "ATTEMPT_INTERRUPTED" in {e.kind.value for e in events}
+                view = record_view(rec, events, holder=broker.journal.holder_tag)
+                for where in (env["evidence"]["http"], view["record"]["evidence"]["http"]):
+                    assert where["received_withheld"] == "unscanned"
+                return _sizes({"envelope": env, "view": view})
+
+
+@pytest.mark.parametrize("coding", ["br", "gzip"])
+@pytest.mark.parametrize("how", ["stall", "close"])
+async def test_an_interrupted_unscanned_body_is_measured_nowhere_a_caller_reads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str, coding: str
+) -> None:
+    seen = []
+    for n, (token, pad) in enumerate([("tok-" + "a" * 8, 3), ("tok-" + "b" * 40, 50)]):
+        monkeypatch.setenv(TOKEN_ENV, token)
+        (tmp_path / str(n)).mkdir()
+        seen.append(await _seen_cut(tmp_path / str(n), how, coding, pad))
+    # The bytes received were counted as they arrived; nothing of them may differ now.
+    assert seen[0] == seen[1]

@@ -165,6 +165,7 @@ class BodyDecoding:
             attempt=ctx.attempt,
             fed=self._fed if ctx.fed is not None else None,
             result_limit=ctx.result_limit,
+            withhold=ctx.withhold,
         )
 
     def _observe(self, step: Step, facts: Mapping[str, Any]) -> None:
@@ -177,6 +178,10 @@ class BodyDecoding:
             self._received = 0
             if applied:  # only a decoded body is hashed here (``_fed``)
                 self._raw = hashlib.sha256()
+            if self._decoder is not None and not self._decoder.supported and self._ctx.withhold:
+                # None of it will be scanned -- not even a first piece ``max_result`` refuses
+                # before the decoder sees it; an empty body still says nothing withheld.
+                self._ctx.withhold("body")
         self._ctx.observe(step, facts)
 
     async def _sink(self, name: str, data: bytes) -> None:
@@ -193,10 +198,18 @@ class BodyDecoding:
         try:
             await self._decoder.feed(data, self._forward)
         except Withheld as exc:
-            self._withheld = exc.reason
+            self._withhold(exc.reason)
         except ResultTooLarge as exc:
             # The decoded bytes passed the limit in the sink: say what was received as well.
             raise ResultTooLarge(exc.limit, self._received, exc.received) from None
+
+    def _withhold(self, reason: str) -> None:
+        """The rest of the body is not scanned: the engine is told (``AttemptContext.withhold``)
+        as soon as it is known, so an attempt cut off before a result -- a stall, a close --
+        still measures it nowhere a caller reads (``engine/echoed.py``)."""
+        self._withheld = reason
+        if self._ctx.withhold is not None:
+            self._ctx.withhold("body")
 
     def _fed(self, name: str) -> tuple[int, str]:
         """What the adapter passed to the sink: a decoded body is not the bytes received, so
@@ -217,7 +230,7 @@ class BodyDecoding:
             try:
                 await decoder.finish(self._forward)
             except Withheld as exc:
-                self._withheld = exc.reason
+                self._withhold(exc.reason)
         if self._withheld is None:
             return {"content_encoding_decoded": ", ".join(decoder.codings)}
         # No size of it: the body was not scanned whole, so it may echo a secret, and beside
