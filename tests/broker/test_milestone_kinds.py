@@ -23,7 +23,7 @@ def _attempt(table: object) -> SimpleNamespace:
         pending=[],
         generation=3,
         iid="act_1",
-        redacted=lambda: [],  # no stream had a secret replaced (``echoed.py``)
+        withheld=lambda: ([], "redacted"),  # no stream withheld (``echoed.py``)
     )
 
 
