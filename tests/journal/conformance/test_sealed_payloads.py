@@ -68,7 +68,14 @@ def _refused(place: Place, seq: int, capsys: pytest.CaptureFixture[str]) -> None
     with place.reader() as r, pytest.raises(JournalError, match="the row was altered"):
         r.payload(seq)
     code, out, err = _open_sealed(place, capsys)
-    assert (code, out) == (2, ""), out
+    # Under --json the refusal is also one object on stdout (the CLI's ``api_error``), and no
+    # opened payload: the code and the words the stderr line says.
+    assert code == 2, out
+    answer = json.loads(out)
+    assert list(answer) == ["api_error"], out
+    refusal = answer["api_error"]
+    assert refusal["code"] == "JOURNAL_UNREADABLE", out
+    assert refusal["message"] in err, (out, err)
     assert err.startswith("affidavit: JOURNAL_UNREADABLE: "), err
     assert f"the payload of seq {seq} cannot be read" in err and "Traceback" not in err, err
 
