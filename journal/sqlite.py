@@ -40,7 +40,7 @@ from .sqlite_schema import (
     _unbuilt,
 )
 from .sqlite_schema import _split_sql as _split_sql
-from .sqlite_wal import BUSY_TIMEOUT_MS, _Checkpointer, _connect_writer
+from .sqlite_wal import BUSY_TIMEOUT_MS, _Checkpointer, _connect_writer, create_private
 from .tables import SQL, Tables
 
 __all__ = [
@@ -258,6 +258,7 @@ class SqliteBackend:
             self._checkpointers[id(conn)] = _Checkpointer(path)
             return conn
         if role == "reader":
+            create_private(path)  # (the writing journal's reader opens it first)
             try:
                 conn = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
                 conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")

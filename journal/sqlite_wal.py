@@ -4,6 +4,7 @@ WAL beside it (``_Checkpointer``); ``sqlite.py`` is the backend that uses both."
 from __future__ import annotations
 
 import contextlib
+import os
 import sqlite3
 import threading
 from pathlib import Path
@@ -112,9 +113,20 @@ class _Checkpointer:
             self._thread = None
 
 
+def create_private(path: Path) -> None:
+    """A journal not there yet created 0600 before SQLite opens it, not with the process umask
+    (0644 under the usual 022): the journal is the broker's alone -- an agent on the host reads
+    none of it -- and SQLite gives its ``-wal`` and ``-shm`` files the main file's mode.  A
+    journal already there keeps its mode (the operator's; docs/deployment.md).  Anything else
+    (no directory, read-only) is left for ``sqlite3.connect`` to say as it always did."""
+    with contextlib.suppress(OSError):
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
+
+
 def _connect_writer(path: Path) -> sqlite3.Connection:
     """The single writer's connection: WAL, ``synchronous=FULL``.  Raises ``sqlite3.Error`` or
     ``JournalError``; the caller closes what it opened."""
+    create_private(path)
     conn = sqlite3.connect(
         str(path),
         isolation_level=None,
