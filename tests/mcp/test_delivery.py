@@ -213,12 +213,23 @@ async def test_a_call_the_client_cancels_after_dispatch_runs_on_and_is_fetched(
                 await wait_for(remotes.holds.event("received"))
                 nursery.cancel_scope.cancel()
         assert not waited.cancelled_caught
+        # The server reads its input in order: once a request sent after the cancellation is
+        # answered, the cancellation was read -- only then may the remote answer.  (Released
+        # at once, a loaded server could finish the call and answer it before reading the
+        # cancellation: RESULT_DELIVERED, rightly, and not the case under test.)
+        await mcp.call("list_targets")
         remotes.holds.event("release").set()
 
-        async def failed() -> bool:
-            return (await the_call(mcp, session))["kinds"][-1] == "RESULT_DELIVERY_FAILED"
+        seen: list[list[str]] = []
 
-        await wait_until(failed, "the lost answer is recorded")
+        async def failed() -> bool:
+            seen.append((await the_call(mcp, session))["kinds"])
+            return seen[-1][-1] == "RESULT_DELIVERY_FAILED"
+
+        try:
+            await wait_until(failed, "the lost answer is recorded")
+        except AssertionError:
+            raise AssertionError(f"kinds: {seen[-1] if seen else None}") from None
         record = await the_call(mcp, session)
         fetched = await mcp.call("fetch_result", {"invocation_id": record["invocation_id"]})
         assert structured(fetched)["result"]["body"] == "late and done"
