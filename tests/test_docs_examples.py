@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from affidavit.cli import build_parser
+from affidavit.cli import ArgvRefused, build_parser
 from affidavit.config import config_from_dict
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -120,13 +120,13 @@ def _argvs(command: str) -> list[list[str]]:
 
 
 def _refusal(argv: list[str]) -> str | None:
-    err = io.StringIO()
     try:
-        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        with contextlib.redirect_stdout(io.StringIO()):
             build_parser().parse_args(argv)
-    except SystemExit as exc:
-        if exc.code:
-            return err.getvalue().strip().splitlines()[-1]
+    except ArgvRefused as exc:
+        return exc.message
+    except SystemExit as exc:  # --help: not a refusal
+        assert not exc.code, exc
     return None
 
 

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "COMMANDS",
+    "ArgvRefused",
     "DaemonSocket",
     "UsageError",
     "add_socket_arg",
@@ -112,7 +113,8 @@ def error_json(message: str, code: str | None, field: str | None) -> dict[str, A
     ``code``, ``message``, ``field`` when there is one), so a script parses one shape whether
     the command ran embedded or asked the daemon.  The message is the stderr line's, without
     the field it starts with (given apart); a message naming its own code keeps its words.
-    A refusal with no stable code yet has ``"code": null``."""
+    Every refusal has a code (tests/broker/test_cli_codes.py); one without would have
+    ``"code": null``."""
     named = _NAMES_ITS_CODE.match(message.removeprefix("action refused: "))
     if named and code is None:
         code, field = named[1], named[2]
@@ -189,7 +191,7 @@ def timeout_arg(value: str | None) -> float | None:
     try:
         return parse_timeout(value)
     except ValueError as exc:
-        raise refusal(str(exc), None) from None
+        raise refusal(str(exc), "INVALID_FIELD") from None
 
 
 def _parsed(value: str | None, what: str, parse: Callable[[str], T]) -> T | None:
@@ -357,10 +359,34 @@ class _Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
-        """argparse's usage error, its message one line: it echoes the arguments it refuses."""
+        """argparse's usage error (an unknown command or option, a missing argument, a value
+        not among the choices), raised as ``ArgvRefused`` for ``main`` to print; its message
+        one line: it echoes the arguments it refuses."""
         from affidavit.text import printable
 
-        super().error(printable(message))
+        raise ArgvRefused(printable(message), self.format_usage())
+
+
+class ArgvRefused(SystemExit):
+    """argparse's refusal of the command line: ``INVALID_ARGUMENT``, exit status 2 as
+    argparse's own (a ``SystemExit``, for a caller of ``parse_args``).  ``field``: the
+    argument it names (``argument --since: ...``, ``arguments are required: ID``), if one;
+    ``message`` starts with it.  ``main`` prints the usage, then the refusal's line -- or,
+    under ``--json``, the refusal as one ``api_error`` object instead of the usage."""
+
+    code = "INVALID_ARGUMENT"
+
+    def __init__(self, message: str, usage: str) -> None:
+        super().__init__(2)
+        named = _ARGPARSE_NAMES.fullmatch(message)
+        self.field = named and (named[1] or named[2])
+        self.message = message if named is None or named[1] is None else message[9:]
+        self.usage = usage
+
+
+_ARGPARSE_NAMES = re.compile(
+    r"argument ([^ :]+(?:/[^ :]+)*): .*|the following arguments are required: ([^ ,]+)", re.S
+)
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
@@ -429,7 +455,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _main(argv: Sequence[str] | None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser(argv[0] if argv else None)
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except ArgvRefused as exc:
+        wants_json = "--json" in argv[: argv.index("--") if "--" in argv else None]
+        if not wants_json:
+            sys.stderr.write(exc.usage)
+        _complain(exc.message, exc.code, exc.field, argparse.Namespace(json=wants_json))
+        return 2
     try:
         status: int = args.handler(args)
     except UsageError as exc:
