@@ -120,7 +120,7 @@ def _read_bytes(source: str, limit: int, more: Callable[[], int] | None = None) 
             with open(source, "rb") as fh:
                 data = _read_on(fh, limit, more)
     except OSError as exc:
-        raise UsageError(f"cannot read action {source}: {exc.strerror}") from None
+        raise UsageError(f"cannot read action {source}: {exc.strerror}", "FILE_UNUSABLE") from None
     return data
 
 
@@ -130,7 +130,10 @@ def _read_on(fh: Any, limit: int, more: Callable[[], int] | None) -> bytes:
         limit = max(limit, more())
         data += fh.read(limit + 1 - len(data))
     if len(data) > limit:
-        raise UsageError(f"action refused: PAYLOAD_LIMIT at action: is larger than {limit} bytes")
+        raise refusal(
+            f"action refused: PAYLOAD_LIMIT at action: is larger than {limit} bytes",
+            "PAYLOAD_LIMIT",
+        )
     return data
 
 
@@ -153,8 +156,8 @@ def _read_action(source: str, config: Any) -> Any:
     try:
         return load_action_json(_read_bytes(source, limit), limit)
     except ActionInvalid as exc:
-        raise UsageError(
-            f"action refused: {exc.code.value} at {exc.field}: {exc.message}"
+        raise refusal(
+            f"action refused: {exc.code.value} at {exc.field}: {exc.message}", exc.code.value
         ) from None
 
 
@@ -289,7 +292,7 @@ async def _raw_result(config: Any, args: argparse.Namespace) -> int:
     message (exit 2) says which chunk and how much was written before it.  A ``--from-chunk``
     past the stream's end is ``CHUNK_OUT_OF_RANGE`` (exit 2), naming the chunks there are."""
     from affidavit.api.broker import Broker
-    from affidavit.journal import JournalError
+    from affidavit.journal import AlteredRow, JournalError, JournalUnavailable, ReadFailed
 
     iid = args.invocation_id
     start = args.from_chunk or 0
@@ -340,9 +343,14 @@ async def _raw_result(config: Any, args: argparse.Namespace) -> int:
                 index += 1
         except JournalError as exc:
             out.flush()
+            # A chunk that fails verification is RESULT_UNVERIFIED, as the daemon answers it;
+            # a journal away or a read declined, the journal's code (``journal_refusal``).
+            read = isinstance(exc, (JournalUnavailable, ReadFailed, AlteredRow))
+            stopped = journal_refusal(exc) if read else UsageError(str(exc), "RESULT_UNVERIFIED")
             raise UsageError(
-                f"{exc} -- output stopped before chunk {index} of stream {name!r} "
-                f"({index - start} verified chunks, {written} bytes written from chunk {start})"
+                f"{stopped} -- output stopped before chunk {index} of stream {name!r} "
+                f"({index - start} verified chunks, {written} bytes written from chunk {start})",
+                stopped.code,
             ) from None
     return 0
 
@@ -388,12 +396,12 @@ def _init(args: argparse.Namespace) -> int:
 
     path = config_path(args.config)
     if path.exists() and not args.force:
-        raise UsageError(f"{path} exists; use --force to overwrite")
+        raise UsageError(f"{path} exists; use --force to overwrite", "FILE_EXISTS")
     url = args.journal_url
     if url is not None and (
         not url.startswith(("postgresql://", "postgres://")) or any(c in url for c in '"\\\n')
     ):
-        raise UsageError("--journal-url: expected a postgresql:// URL")
+        raise refusal("expected a postgresql:// URL", "INVALID_FIELD", "--journal-url")
     try:
         path.write_text(sample_config(url), encoding="utf-8")
     except OSError as exc:

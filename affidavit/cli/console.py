@@ -68,7 +68,8 @@ def _embedded(args: argparse.Namespace) -> dict[str, Any]:
     if address is None:
         raise UsageError(
             "no [service] console in the config: ask the daemon that serves one "
-            "(affidavit console-url --socket PATH)"
+            "(affidavit console-url --socket PATH)",
+            "CONSOLE_UNAVAILABLE",
         )
     who = Operator.current()
     try:
@@ -84,14 +85,16 @@ def _embedded(args: argparse.Namespace) -> dict[str, Any]:
             f"nothing listens on {where}: is the daemon running? (or ask it: --socket PATH)"
             if not owners
             else f"{where} is served by uid {', '.join(map(str, sorted(owners)))}, not by this "
-            f"user's (uid {os.geteuid()}) daemon: no login link is sent there"
+            f"user's (uid {os.geteuid()}) daemon: no login link is sent there",
+            "CONSOLE_UNAVAILABLE",
         )
     try:
         token, expires = TokenStore(token_dir(config.journal.path)).mint(who)
     except OSError as exc:
         raise UsageError(
             f"cannot write a login token beside the journal: {exc.strerror or exc} "
-            "(run as the daemon's user, or use --socket)"
+            "(run as the daemon's user, or use --socket)",
+            "FILE_UNUSABLE",
         ) from None
     base = config.service.console_public_origin or console_origin(*address)
     return {"url": login_url(base, token), "expires_at": expires}

@@ -9,7 +9,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from affidavit.cli import UsageError
+from affidavit.cli import UsageError, refusal
 
 __all__ = ["add_commands"]
 
@@ -21,7 +21,7 @@ def _root(args: argparse.Namespace) -> Path | None:
     if root is None:
         return find_root(Path.cwd())
     if not root.is_dir():
-        raise UsageError(f"--root {root}: not a directory")
+        raise refusal("not a directory", "INVALID_FIELD", "--root")
     return root
 
 
@@ -34,11 +34,13 @@ def _run(args: argparse.Namespace) -> int:
         return _svg(args, args.svg)
     root = _root(args)
     if root is None:
-        raise UsageError("run inside the affidavit checkout, or pass --root DIR")
+        raise refusal(
+            "run inside the affidavit checkout, or pass --root DIR", "INVALID_FIELD", "--root"
+        )
     try:
         files = generated_files()
     except DiagramError as exc:
-        raise UsageError(str(exc)) from exc
+        raise UsageError(str(exc), "DIAGRAM_FAILED") from exc
     if args.check:
         report = check_files(root, files)
         if report.ok:
@@ -67,25 +69,28 @@ def _svg(args: argparse.Namespace, dest: Path) -> int:
     root = _root(args)
     if root is not None and dest.resolve() == (root / DIAGRAM_DIR).resolve():
         # An SVG there is an extra file to --check (and `affidavit diagrams` removes it).
-        raise UsageError(
-            f"--svg {dest}: SVGs are not committed; render them elsewhere (e.g. --svg /tmp/svg)"
+        raise refusal(
+            f"{dest}: SVGs are not committed; render them elsewhere (e.g. --svg /tmp/svg)",
+            "INVALID_FIELD",
+            "--svg",
         )
     dot = shutil.which("dot")
     if dot is None:
         raise UsageError(
             "--svg needs Graphviz's `dot` on PATH (install graphviz); the committed .mmd and "
-            ".dot files need no tool"
+            ".dot files need no tool",
+            "DEPENDENCY_MISSING",
         )
     try:
         svgs = svg_files(dot)
     except DiagramError as exc:
-        raise UsageError(str(exc)) from exc
+        raise UsageError(str(exc), "DIAGRAM_FAILED") from exc
     try:
         dest.mkdir(parents=True, exist_ok=True)
         for name, text in svgs.items():
             (dest / name).write_text(text, encoding="utf-8")
     except OSError as exc:
-        raise UsageError(f"--svg {dest}: {exc.strerror or exc}") from exc
+        raise refusal(f"{dest}: {exc.strerror or exc}", "FILE_UNUSABLE", "--svg") from exc
     for name in svgs:
         print(f"wrote   {dest / name}")
     return 0

@@ -167,7 +167,9 @@ def _signing_key_path(args: argparse.Namespace) -> Path:
         if _is_url(args.journal):
             raise UsageError(
                 "a PostgreSQL journal has no signing key beside it: pass --signing-key (or "
-                "--config, whose [journal] signing_key is this broker's)"
+                "--config, whose [journal] signing_key is this broker's)",
+                "INVALID_FIELD",
+                "--signing-key",
             )
         return default_signing_key(Path(args.journal))
     explicit = args.config or os.environ.get(CONFIG_ENV)
@@ -273,7 +275,7 @@ def _anchor(args: argparse.Namespace) -> int:
         )
         return 1
     if anchor is None:
-        raise UsageError("the journal has no signed checkpoint to anchor yet")
+        raise UsageError("the journal has no signed checkpoint to anchor yet", "NO_CHECKPOINT")
     text = json.dumps(anchor.to_json(), indent=2, sort_keys=True) + "\n"
     _write_out(args.out, text.encode("utf-8"), "anchor file")
     if args.out:
@@ -304,7 +306,8 @@ def _migrate(args: argparse.Namespace) -> int:
         if not path.exists():
             raise UsageError(
                 f"no signing key at {path} to verify the source with: pass --public-key FILE "
-                "(the source's, from `affidavit journal public-key`)"
+                "(the source's, from `affidavit journal public-key`)",
+                "FILE_UNUSABLE",
             )
         keys = [_journal_call(SigningKey.load, path).public_raw]
     return run(args, source, keys)
@@ -316,7 +319,7 @@ def _audit_keygen(args: argparse.Namespace) -> int:
     try:
         generate_auditor_keypair(args.private, args.public)
     except FileExistsError as exc:
-        raise UsageError(f"{exc.filename} exists; not overwriting a key") from None
+        raise UsageError(f"{exc.filename} exists; not overwriting a key", "FILE_EXISTS") from None
     except OSError as exc:
         raise UsageError(f"cannot write {exc.filename}: {exc.strerror}", "FILE_UNUSABLE") from None
     _out(f"auditor private key {args.private} (keep it off the broker host); public key "
@@ -341,7 +344,9 @@ def _audit_open(args: argparse.Namespace) -> int:
             "host). The auditor copy is sealed to the auditor's public key, so anyone can make "
             "one; only a checkpoint signed with a key you trust says which copy the broker "
             "wrote. --trust-journal-key checks with the key the journal records itself instead, "
-            "which whoever rewrites the journal can replace"
+            "which whoever rewrites the journal can replace",
+            "INVALID_FIELD",
+            "--public-key",
         )
     with reading(args, f"the auditor copy of {what}", public_keys) as j:
         if not public_keys:
@@ -356,6 +361,6 @@ def _audit_open(args: argparse.Namespace) -> int:
             stored = j.audit_result(args.result, args.key)
             value = None if stored is None else result_payload(stored)
     if value is None:
-        raise UsageError(f"{what} has no auditor copy in the journal")
+        raise UsageError(f"{what} has no auditor copy in the journal", "NO_AUDITOR_COPY")
     print_json(value)
     return 0

@@ -72,7 +72,8 @@ def _mcp(args: argparse.Namespace) -> int:
         if exc.name is None or exc.name.split(".")[0] not in ("mcp", "mcp_types"):
             raise
         raise UsageError(
-            "affidavit mcp needs the MCP SDK, an optional part: pip install 'affidavit[mcp]'"
+            "affidavit mcp needs the MCP SDK, an optional part: pip install 'affidavit[mcp]'",
+            "DEPENDENCY_MISSING",
         ) from None
 
     try:
@@ -96,4 +97,4 @@ def _embedded_failure(exc: Exception) -> None:
     if isinstance(exc, JournalError):
         raise journal_refusal(exc) from None
     if isinstance(exc, OSError):
-        raise UsageError(f"cannot start: {exc.strerror or exc}") from None
+        raise UsageError(f"cannot start: {exc.strerror or exc}", "SERVE_FAILED") from None

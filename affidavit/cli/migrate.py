@@ -16,7 +16,7 @@ import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
-from affidavit.cli import UsageError, journal_refusal
+from affidavit.cli import journal_refusal, refusal
 from affidavit.cli.journal import print_json
 
 __all__ = ["run"]
@@ -31,9 +31,15 @@ def run(args: argparse.Namespace, source: str | Path, public_keys: Sequence[byte
     from affidavit.journal.migrate import migrate
 
     if not is_url(args.to):
-        raise UsageError("--to: expected a postgresql:// URL (the new shared journal)")
+        raise refusal(
+            "expected a postgresql:// URL (the new shared journal)", "INVALID_FIELD", "--to"
+        )
     if isinstance(source, str) and is_url(source):
-        raise UsageError("the source is already a shared journal: migrate copies a SQLite file")
+        raise refusal(
+            "the source is already a shared journal: migrate copies a SQLite file",
+            "INVALID_FIELD",
+            "--journal" if args.journal else None,
+        )
     try:
         done = migrate(
             source, args.to, public_keys=public_keys, accept_unsigned=args.accept_unsigned

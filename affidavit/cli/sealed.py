@@ -81,7 +81,9 @@ def key_file_of(args: argparse.Namespace) -> Path:
         if args.journal.startswith(("postgresql://", "postgres://")):
             raise UsageError(
                 "a PostgreSQL journal has no key file beside it: pass --key-file (or --config, "
-                "whose [journal] key_file is the brokers' sealing key)"
+                "whose [journal] key_file is the brokers' sealing key)",
+                "INVALID_FIELD",
+                "--key-file",
             )
         return Path(f"{args.journal}.key")
     explicit = args.config or os.environ.get(CONFIG_ENV)

@@ -14,7 +14,7 @@ import os
 import sys
 from typing import Any
 
-from affidavit.cli import UsageError, config_refusal, journal_refusal
+from affidavit.cli import UsageError, config_refusal, journal_refusal, refusal
 
 __all__ = ["add_commands"]
 
@@ -58,7 +58,7 @@ def _serve(args: argparse.Namespace) -> int:
         try:
             console = console_address(args.console, config.service.console_allow_remote)
         except ValueError as exc:
-            raise UsageError(f"--console: {exc}") from None
+            raise refusal(str(exc), "INVALID_FIELD", "--console") from None
     from affidavit.engine import tune_collector
 
     tune_collector()  # this process serves calls at concurrency: engine/collector.py

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from affidavit.cli import UsageError, config_refusal
+from affidavit.cli import UsageError, config_refusal, refusal
 
 __all__ = ["PASSPHRASE_ENV_SHOWN", "add_commands"]
 
@@ -105,7 +105,7 @@ def _passphrase(args: argparse.Namespace, *, confirm: bool) -> str:
         try:
             passphrase = trim_final_newline(line).decode("utf-8")
         except UnicodeDecodeError:
-            raise UsageError("the passphrase is not valid UTF-8") from None
+            raise UsageError("the passphrase is not valid UTF-8", "PASSPHRASE_INVALID") from None
     elif os.environ.get(PASSPHRASE_ENV):
         passphrase = os.environ[PASSPHRASE_ENV]
     elif sys.stdin.isatty():
@@ -113,11 +113,14 @@ def _passphrase(args: argparse.Namespace, *, confirm: bool) -> str:
 
         passphrase = getpass.getpass("Vault passphrase: ")
         if confirm and getpass.getpass("Repeat passphrase: ") != passphrase:
-            raise UsageError("the passphrases differ")
+            raise UsageError("the passphrases differ", "PASSPHRASE_INVALID")
     else:
-        raise UsageError(f"no passphrase: use a terminal, --passphrase-stdin or ${PASSPHRASE_ENV}")
+        raise UsageError(
+            f"no passphrase: use a terminal, --passphrase-stdin or ${PASSPHRASE_ENV}",
+            "PASSPHRASE_INVALID",
+        )
     if not passphrase:
-        raise UsageError("the passphrase must not be empty")
+        raise UsageError("the passphrase must not be empty", "PASSPHRASE_INVALID")
     return passphrase
 
 
@@ -139,7 +142,9 @@ def _put(args: argparse.Namespace) -> int:
     from affidavit.secrets.vault import Vault, VaultError, valid_entry_name
 
     if not valid_entry_name(args.name):
-        raise UsageError("entry names are 1-128 characters of A-Z a-z 0-9 _ . -")
+        raise refusal(
+            "entry names are 1-128 characters of A-Z a-z 0-9 _ . -", "INVALID_FIELD", "name"
+        )
     path = _vault_path(args)
     try:
         vault = Vault.open(path)
@@ -154,9 +159,9 @@ def _put(args: argparse.Namespace) -> int:
         else:
             value = trim_final_newline(sys.stdin.buffer.read(MAX_VALUE + 1))
         if len(value) > MAX_VALUE:
-            raise UsageError(f"the value is larger than {MAX_VALUE} bytes")
+            raise refusal(f"is larger than {MAX_VALUE} bytes", "PAYLOAD_LIMIT", "value")
         if not value:
-            raise UsageError("the value is empty (it is read from stdin)")
+            raise refusal("is empty (it is read from stdin)", "INVALID_FIELD", "value")
         version = vault.put(args.name, value)
     except VaultError as exc:
         raise UsageError(str(exc), exc.code) from None

@@ -156,6 +156,8 @@ async def test_a_corrupted_chunk_in_the_middle_stops_the_stream_at_that_chunk(
     err = p.stderr.decode()
     assert "chunk 150" in err and "Traceback" not in err
     assert "output stopped before chunk 150" in err
+    # With the code the daemon answers such a result with (it used to print none).
+    assert err.startswith("affidavit: RESULT_UNVERIFIED: "), err
     # Resuming before the bad chunk still works up to it; after it, cleanly past it.
     after = _cli(copy, "result", copy.iid, "--from-chunk", "151", "--raw")
     assert after.returncode == 0 and after.stdout == BODY[151 * RESULT_CHUNK :]

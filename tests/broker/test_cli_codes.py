@@ -1,0 +1,202 @@
+"""Every refusal of the command line carries a stable code, never a traceback: argparse's own
+(an unknown option, a missing argument or value, a value not among the choices) is
+``INVALID_ARGUMENT`` -- its usage text, then ``affidavit: INVALID_ARGUMENT: ...``; under
+``--json`` one ``{"api_error": {...}}`` object on stdout instead of the usage -- exit status 2
+as argparse's.  Each sub-command is walked with a bad option, each option that takes a value
+without it and with a bad choice, each command with its required arguments left out (a bounded
+list, built from the parser); then a refusal a handler makes of a bad value, one per command
+family.  Before, argparse printed its usage with no code and ``--json`` got no JSON, and
+``vault``, ``init``, ``journal`` ... refused with ``affidavit: <message>`` alone.  Every
+refusal written in ``affidavit/cli`` names its code, and each code is in docs/configuration.md
+(or the contract's table)."""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import contextlib
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import affidavit.cli
+from affidavit.cli import ArgvRefused, build_parser
+
+ROOT = Path(__file__).resolve().parents[2]
+LINE = re.compile(r"affidavit: ([A-Z][A-Z0-9_]+)(?::| at) (.+)")  # "CODE at field: " names it
+NOPE = "act_01J00000000000000000000000"
+
+
+def _leaves(
+    parser: argparse.ArgumentParser, path: tuple[str, ...] = ()
+) -> Iterator[tuple[tuple[str, ...], argparse.ArgumentParser]]:
+    """(command words, parser) of every parser, groups (``vault``, ``journal``) too."""
+    yield path, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from _leaves(sub, (*path, name))
+
+
+def _argv_cases() -> Iterator[tuple[tuple[str, ...], str | None]]:
+    """(argv, the field the refusal names) -- argv without ``--json``."""
+    for path, parser in _leaves(build_parser()):
+        if not path:
+            yield ("no-such-command",), "COMMAND"
+            continue
+        yield (*path, "--no-such-option"), None
+        actions = parser._actions
+        if any(a.required for a in actions):  # an argument, an option or a sub-command
+            yield path, None  # left out
+        for a in actions:
+            if not a.option_strings or a.nargs in (0, "?"):  # a flag, --help, an optional value
+                continue
+            yield (*path, a.option_strings[-1]), a.option_strings[-1]  # no value
+            if a.choices is not None:
+                yield (*path, a.option_strings[-1], "no-such-choice"), a.option_strings[-1]
+
+
+ARGV = list(_argv_cases())
+
+
+def _main(argv: list[str]) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        status = affidavit.cli.main(argv)
+    return status, out.getvalue(), err.getvalue()
+
+
+def test_the_walk_is_bounded_and_covers_every_command() -> None:
+    commands = {argv[0] for argv, _ in ARGV}
+    assert set(affidavit.cli.COMMANDS) <= commands
+    assert 60 <= len(ARGV) <= 400, len(ARGV)
+
+
+@pytest.mark.parametrize("argv, field", ARGV, ids=[" ".join(a) for a, _ in ARGV])
+def test_argparse_refusals_carry_invalid_argument(argv: tuple[str, ...], field: str | None) -> None:
+    # The parser alone first: a case that parses would run its handler here.
+    with pytest.raises(ArgvRefused), contextlib.redirect_stdout(io.StringIO()):
+        build_parser().parse_args(argv)
+    status, out, err = _main(list(argv))
+    assert (status, out) == (2, ""), (status, out, err)
+    assert err.startswith("usage: affidavit") and "Traceback" not in err, err
+    last = LINE.fullmatch(err.splitlines()[-1])
+    assert last is not None and last[1] == "INVALID_ARGUMENT", err
+    if field is not None:
+        assert field in last[2], err
+    status, out, err = _main([*argv, "--json"])
+    assert status == 2 and "usage:" not in err, err  # no usage under --json
+    assert err.count("\n") == 1 and err.startswith("affidavit: INVALID_ARGUMENT: "), err
+    error = json.loads(out)["api_error"]
+    assert error["code"] == "INVALID_ARGUMENT" and error["message"], error
+    if field is not None:
+        assert error.get("field") == field, error
+
+
+def test_json_after_the_separator_is_an_argument_not_the_flag() -> None:
+    status, out, err = _main(["record", "--", "--json", "extra"])
+    assert (status, out) == (2, "") and err.startswith("usage: "), err
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    tmp = tmp_path_factory.mktemp("clicodes")
+    done = _cli(tmp, "init", "--config", str(tmp / "affidavit.toml"))
+    assert done.returncode == 0, done.stderr
+    (tmp / "auditor.key").write_text("")
+    return tmp
+
+
+def _cli(cwd: Path, *argv: str, stdin: bytes = b"") -> subprocess.CompletedProcess[bytes]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AFFIDAVIT_")}
+    return subprocess.run(
+        [sys.executable, "-m", "affidavit", *argv],
+        input=stdin,
+        capture_output=True,
+        cwd=cwd,
+        env=env,
+        timeout=60,
+        check=False,
+    )
+
+
+PG = "postgresql://nobody@127.0.0.1:9/none"
+HANDLER_CASES: list[tuple[tuple[str, ...], str, str | None]] = [
+    # (argv, code, field): a bad value a handler refuses (cwd: an `affidavit init` directory)
+    (("init",), "FILE_EXISTS", None),
+    (("init", "--config", "new.toml", "--journal-url", "mysql://x"), "INVALID_FIELD",
+     "--journal-url"),
+    (("actions", "--since", "bogus", "--json"), "INVALID_FIELD", "--since"),
+    (("result", NOPE, "--from-chunk", "x"), "INVALID_FIELD", "--from-chunk"),
+    (("call", "-", "--timeout", "0"), "INVALID_FIELD", "timeout"),
+    (("serve", "--console", "not an address"), "INVALID_FIELD", "--console"),
+    (("mcp", "--shutdown-grace", "soon"), "INVALID_FIELD", "--shutdown-grace"),
+    (("console-url", "--json"), "CONSOLE_UNAVAILABLE", None),
+    (("diagrams", "--root", "no-such-dir"), "INVALID_FIELD", "--root"),
+    (("journal", "anchor"), "NO_CHECKPOINT", None),
+    (("journal", "public-key", "--journal", PG), "INVALID_FIELD", "--signing-key"),
+    (("journal", "open-sealed", NOPE, "--journal", PG), "INVALID_FIELD", "--key-file"),
+    (("journal", "migrate", "--to", "sqlite.db"), "INVALID_FIELD", "--to"),
+    (("journal", "audit-open", "--key", "auditor.key", "--seq", "1", "--json"), "INVALID_FIELD",
+     "--public-key"),
+    (("journal", "audit-keygen", "affidavit.toml", "new.pub"), "FILE_EXISTS", None),
+    (("vault", "put", "not a name"), "INVALID_FIELD", "name"),
+    (("vault", "init"), "PASSPHRASE_INVALID", None),  # no terminal, no stdin, no variable
+    (("vault", "init", "--passphrase-stdin"), "PASSPHRASE_INVALID", None),  # empty
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "argv, code, field", HANDLER_CASES, ids=[" ".join(c[0]) for c in HANDLER_CASES]
+)
+def test_handler_refusals_carry_their_code(
+    home: Path, argv: tuple[str, ...], code: str, field: str | None
+) -> None:
+    done = _cli(home, *argv, stdin=b"\n")
+    err = done.stderr.decode()
+    assert done.returncode == 2 and "Traceback" not in err, err
+    line = LINE.fullmatch(err.rstrip("\n"))
+    assert line is not None and line[1] == code, err
+    if field is not None:
+        assert field in line[2], err
+    if "--json" in argv:
+        error = json.loads(done.stdout)["api_error"]
+        assert (error["code"], error.get("field")) == (code, field), error
+    else:
+        assert done.stdout == b"", done.stdout
+
+
+def _documented() -> set[str]:
+    docs = ROOT / "docs"
+    text = (docs / "configuration.md").read_text() + (docs / "contract.md").read_text()
+    return set(re.findall(r"^\| `([A-Z][A-Z0-9_]+)`", text, re.M)) | set(
+        re.findall(r"`([A-Z][A-Z0-9_]+)`", text.split("The codes an operator meets")[1][:6000])
+    )
+
+
+def test_every_refusal_in_the_cli_names_a_documented_code() -> None:
+    """``UsageError(message, code, ...)`` / ``refusal(message, code, ...)``: a code given
+    (a literal one documented), never left out or None."""
+    documented, bad = _documented(), []
+    for path in sorted((ROOT / "affidavit" / "cli").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not (
+                isinstance(node, ast.Call)
+                and getattr(node.func, "id", None) in ("UsageError", "refusal")
+            ):
+                continue
+            code = node.args[1] if len(node.args) > 1 else None
+            code = code or next((k.value for k in node.keywords if k.arg == "code"), None)
+            where = f"{path.name}:{node.lineno}"
+            if code is None or (isinstance(code, ast.Constant) and code.value is None):
+                bad.append(f"{where}: no code")
+            elif isinstance(code, ast.Constant) and code.value not in documented:
+                bad.append(f"{where}: {code.value} is not in docs/configuration.md")
+    assert bad == []
