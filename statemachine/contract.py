@@ -317,7 +317,9 @@ CODES: dict[Code, CodeInfo] = {
         Retry.RECONCILE,
         "The remote result grew past the target's `max_result`: the broker stopped reading,"
         " closed the connection and returns nothing of it.  The remote may have run"
-        " (`evidence.result_size_limit`: the limit and the bytes received).  Sent again, the"
+        " (`evidence.result_size_limit`: the limit and the bytes received -- or, for a result"
+        " that echoed a secret or was not scanned whole, `received_withheld` (`redacted` |"
+        " `unscanned`) instead of any count: docs/redaction.md).  Sent again, the"
         " same request meets the same limit: an idempotent operation is hinted"
         " `after_correction` (raise `max_result` or ask for less); any other one `reconcile`,"
         " with an idempotency key too (the remote answers a same-key resend with the result it"

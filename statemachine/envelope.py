@@ -387,12 +387,27 @@ def envelope_schema() -> dict[str, Any]:
                         "type": "object",
                         "description": "Why the attempt ended RESULT_SIZE_LIMIT: the target's "
                         "max_result and the bytes of the result received when the broker stopped "
-                        "reading (decoded_bytes: what a compressed body had decoded to).",
-                        "required": ["limit", "received_bytes"],
+                        "reading (decoded_bytes: what a compressed body had decoded to); for a "
+                        "result that echoed a secret or was not scanned whole, received_withheld "
+                        "(redacted | unscanned) instead of the counts (docs/redaction.md).",
+                        "required": ["limit"],
+                        "oneOf": [
+                            {"required": ["received_bytes"]},
+                            {
+                                "required": ["received_withheld"],
+                                "not": {
+                                    "anyOf": [
+                                        {"required": ["received_bytes"]},
+                                        {"required": ["decoded_bytes"]},
+                                    ]
+                                },
+                            },
+                        ],
                         "properties": {
                             "limit": {"type": "integer", "minimum": 0},
                             "received_bytes": {"type": "integer", "minimum": 0},
                             "decoded_bytes": {"type": "integer", "minimum": 0},
+                            "received_withheld": {"enum": ["redacted", "unscanned"]},
                         },
                     },
                 },

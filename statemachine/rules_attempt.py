@@ -207,17 +207,37 @@ def _on_interrupted(p: Projector, event: Event) -> None:
 def _result_size_limit(p: Projector, event: Event, code: Code | None) -> Mapping[str, Any] | None:
     """attrs.result_size_limit: the evidence RESULT_SIZE_LIMIT stands on, and only it -- the
     target's ``max_result`` and the bytes received past it (``decoded_bytes`` too when a body
-    was decoded before it was stored)."""
+    was decoded before it was stored), or, for a result that echoed a secret or was not
+    scanned whole, ``received_withheld`` ("redacted" | "unscanned") instead of the counts."""
     value = event.attrs.get("result_size_limit")
     if code is not Code.RESULT_SIZE_LIMIT:
         if value is not None:
             _refuse(p, event, "attrs.result_size_limit goes only with RESULT_SIZE_LIMIT")
         return None
-    if not _is_mapping(value) or not all(
-        _is_int(value.get(k)) and value[k] >= 0 for k in ("limit", "received_bytes")
-    ):
-        _refuse(p, event, "RESULT_SIZE_LIMIT needs attrs.result_size_limit {limit, received_bytes}")
+    if not _is_mapping(value) or not _size_evidence(value):
+        _refuse(
+            p,
+            event,
+            "RESULT_SIZE_LIMIT needs attrs.result_size_limit {limit, received_bytes} or "
+            '{limit, received_withheld: "redacted" | "unscanned"}',
+        )
     return value
+
+
+_RECEIVED_WITHHELD = frozenset({"redacted", "unscanned"})
+
+
+def _size_evidence(value: Mapping[str, Any]) -> bool:
+    """``{limit, received_bytes, decoded_bytes?}``, or ``{limit, received_withheld}`` without
+    a count beside it (a withheld count is not told anywhere)."""
+    withheld = value.get("received_withheld")
+    if withheld is None:
+        wanted: tuple[str, ...] = ("limit", "received_bytes")
+    elif withheld in _RECEIVED_WITHHELD and not {"received_bytes", "decoded_bytes"} & set(value):
+        wanted = ("limit",)
+    else:
+        return False
+    return all(_is_int(value.get(k)) and value[k] >= 0 for k in wanted)
 
 
 _HOPS = frozenset({"origin", "proxy"})

@@ -425,11 +425,23 @@ def _interrupted(iid: str, code: Code, facts: Mapping[str, Any] | None = None) -
     return Event(E.ATTEMPT_INTERRUPTED, iid, attrs)
 
 
+_WITHHELD_WHY = {
+    "redacted": "the result echoed a secret",
+    "unscanned": "the result was not scanned whole",
+}
+
+
 def _too_large_message(over: Mapping[str, Any]) -> str:
-    decoded = over.get("decoded_bytes")
-    got = f"{over.get('received_bytes')} bytes received"
-    if decoded is not None:
-        got += f", {decoded} decoded"
+    """The message beside ``over``: its counts, unless they are withheld (``echoed.py``: the
+    stream echoed a secret or was not scanned whole) -- then the limit alone."""
+    why = _WITHHELD_WHY.get(str(over.get("received_withheld")))
+    if why is not None:
+        got = f"the bytes received are not told: {why}"
+    else:
+        decoded = over.get("decoded_bytes")
+        got = f"{over.get('received_bytes')} bytes received"
+        if decoded is not None:
+            got += f", {decoded} decoded"
     return (
         f"The result passed this target's max_result ({over.get('limit')} bytes; {got}): the "
         "broker stopped reading and closed the connection.  The request was dispatched; nothing "

@@ -14,7 +14,13 @@ still in two other places a caller reads:
   ``Content-MD5``, an ``ETag``, which servers commonly make a hash of the content).
 
 An attempt cut short records the driver's facts (ATTEMPT_INTERRUPTED): SSH's hold each stream's
-SHA-256 of the bytes received besides its count -- an echoed stream's goes too.
+SHA-256 of the bytes received besides its count -- an echoed stream's goes too.  One cut at
+``max_result`` records ``result_size_limit`` (the limit, the bytes received, the bytes decoded:
+the record's ``evidence.result_size_limit``, the event's attr and message, the protocol
+summary's copy): where the rest goes, it keeps only ``limit`` and says ``received_withheld``.
+The piece that crossed the limit is in that count, so the sink scans it before it raises
+(``StreamSink._scan``), and a compressed body stopped there was not decoded whole
+(``unscanned``: ``decoding._cut_unscanned``).
 
 ``without_received_size`` drops them from the protocol summary and ``without_size_headers``
 from the result's headers once the sink has finished and knows which streams it redacted
@@ -71,6 +77,9 @@ def without_received_counts(
     counts = _COUNTS | {f"{name}_{what}" for name in streams for what in ("bytes", "sha256")}
     kept: dict[str, Any] = {k: v for k, v in facts.items() if k not in counts}
     kept["received_withheld"] = reason
+    over = kept.get("result_size_limit")
+    if isinstance(over, Mapping):  # the bytes received when the limit stopped the attempt
+        kept["result_size_limit"] = {"limit": over.get("limit"), "received_withheld": reason}
     return kept
 
 

@@ -66,3 +66,10 @@ async def test_an_echo_in_an_interrupted_ssh_answer_is_not_hashed_for_the_caller
     # Nowhere a caller reads: the event, the record's protocol evidence, the envelope.
     for shown in (ended["attrs"], view["record"]["evidence"], env["evidence"]):
         assert "stdout_sha256" not in _keys(shown), shown
+        # Nor the bytes received when max_result stopped it: the key's length is in them.
+        assert not {"received_bytes", "decoded_bytes"} & _keys(shown), shown
+    over = {"limit": LIMIT, "received_withheld": "redacted"}
+    assert ended["attrs"]["result_size_limit"] == env["evidence"]["result_size_limit"] == over
+    assert env["evidence"]["ssh"]["result_size_limit"] == over
+    for message in (ended["attrs"]["message"], env["error"]["message"]):
+        assert "bytes received are not told" in message, message

@@ -462,6 +462,35 @@ def test_result_size_limit_stands_only_on_its_evidence() -> None:
     assert rec.evidence["result_size_limit"] == over
 
 
+def test_result_size_limit_with_its_counts_withheld() -> None:
+    """A result that echoed a secret or was not scanned whole is cut at the limit with its
+    counts withheld (engine/echoed.py): ``{limit, received_withheld}`` stands, and only with a
+    known reason and no count beside it."""
+    for bad in (
+        {"limit": 1024, "received_withheld": "because"},
+        {"limit": 1024, "received_withheld": "redacted", "received_bytes": 1500},
+        {"limit": 1024, "received_withheld": "unscanned", "decoded_bytes": 9000},
+        {"received_withheld": "redacted"},
+    ):
+        p = projector_in("dispatched")
+        with pytest.raises(ImpossibleEvent):
+            p.apply(
+                Event(
+                    E.ATTEMPT_INTERRUPTED,
+                    IID,
+                    {"code": "RESULT_SIZE_LIMIT", "result_size_limit": bad},
+                )
+            )
+    for reason in ("redacted", "unscanned"):
+        over = {"limit": 1024, "received_withheld": reason}
+        p = projector_in("dispatched")
+        attrs = {"code": "RESULT_SIZE_LIMIT", "result_size_limit": over}
+        p.apply(Event(E.ATTEMPT_INTERRUPTED, IID, attrs))
+        rec = p.record()
+        assert (rec.state, rec.code) == ("interrupted", Code.RESULT_SIZE_LIMIT)
+        assert rec.evidence["result_size_limit"] == over
+
+
 def test_result_size_limit_evidence_is_the_attempts_own() -> None:
     """A retry's attempt starts without the previous attempt's result_size_limit."""
     p = projector_in("dispatched")
