@@ -10,7 +10,8 @@ reports.
 A result is bounded by its target's ``max_result`` (all streams together): a remote that sends
 without end fills no disk.  The piece that would pass it is not stored; ``ResultTooLarge`` is
 raised to the adapter, which stops reading and closes the connection -- the attempt ends
-``unknown`` (RESULT_SIZE_LIMIT) and the chunks stored so far are never committed.
+``unknown`` (RESULT_SIZE_LIMIT) and the chunks stored so far are never committed.  That piece is
+still scanned (``_scan``): the count the evidence would tell includes it.
 """
 
 from __future__ import annotations
@@ -102,7 +103,9 @@ class StreamSink:
             received = self._received + len(data)
             self._received = received
             if received > limit:
-                # Nothing of this piece is stored, nor of any after it.
+                # Nothing of this piece is stored, nor of any after it; but the count told
+                # holds it, so it is scanned (``_scan``).
+                self._scan(name, data)
                 raise ResultTooLarge(limit, received)
         st = self._stream(name)
         redactor: Redactor = st["redactor"]
@@ -118,6 +121,17 @@ class StreamSink:
             _cut(st["buf"], piece, chunks)
         for chunk in chunks:
             await self._put(name, st, chunk)
+
+    def _scan(self, name: str, data: bytes) -> None:
+        """The piece that passed ``max_result``, scanned and not stored: where it echoes a
+        secret, ``redacted_streams`` names its stream, and the attempt's record withholds the
+        count it is in (``echoed.without_received_counts``: ``result_size_limit`` too) -- or a
+        credential whose echo arrived in the piece that crossed the limit would be measured."""
+        st = self._stream(name)
+        redactor: Redactor = st["redactor"]
+        held = redactor.pending
+        redactor.feed_pieces(data)
+        self._fork(st, redactor, held)
 
     @staticmethod
     def _fork(st: dict[str, Any], redactor: Redactor, held: bytes) -> None:

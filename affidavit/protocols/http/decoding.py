@@ -26,7 +26,9 @@ sink (and the journal) before the next step.
 The target's ``max_result`` bounds both sides of a decoded body: the bytes received (counted here,
 withheld or not: a body the broker does not store is still not read without end) and the decoded
 bytes stored (counted by the engine's sink).  Past either, ``ResultTooLarge``: the adapter stops
-reading and closes the connection (RESULT_SIZE_LIMIT, outcome unknown).
+reading and closes the connection (RESULT_SIZE_LIMIT, outcome unknown).  The body was then not
+decoded whole, so its counts are ``unscanned`` (``_cut_unscanned``): ``result_size_limit`` says
+the limit and no size.
 """
 
 from __future__ import annotations
@@ -191,6 +193,7 @@ class BodyDecoding:
         self._received += len(data)
         limit = self._ctx.result_limit
         if limit is not None and self._received > limit:
+            self._cut_unscanned()
             raise ResultTooLarge(limit, self._received, self._decoder.decoded)
         self._raw.update(data)
         if self._withheld is not None:
@@ -201,7 +204,16 @@ class BodyDecoding:
             self._withhold(exc.reason)
         except ResultTooLarge as exc:
             # The decoded bytes passed the limit in the sink: say what was received as well.
+            self._cut_unscanned()
             raise ResultTooLarge(exc.limit, self._received, exc.received) from None
+
+    def _cut_unscanned(self) -> None:
+        """Stopped at ``max_result``: the piece received last was not decoded (the bytes
+        received passed the limit) or not to its end (the decoded ones did), so the body was
+        not scanned whole -- its counts, a CRIME-style oracle beside bytes the caller chose,
+        are withheld as ``unscanned`` (``engine/echoed.py``), ``result_size_limit``'s too."""
+        if self._ctx.withhold is not None:
+            self._ctx.withhold("body")
 
     def _withhold(self, reason: str) -> None:
         """The rest of the body is not scanned: the engine is told (``AttemptContext.withhold``)
