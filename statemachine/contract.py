@@ -318,7 +318,7 @@ CODES: dict[Code, CodeInfo] = {
         "The remote result grew past the target's `max_result`: the broker stopped reading,"
         " closed the connection and returns nothing of it.  The remote may have run"
         " (`evidence.result_size_limit`: the limit and the bytes received -- or, for a result"
-        " that echoed a secret or was not scanned whole, `received_withheld` (`redacted` |"
+        " that echoed a secret or was not scanned whole, `received_withheld` (`redacted` or"
         " `unscanned`) instead of any count: docs/redaction.md).  Sent again, the"
         " same request meets the same limit: an idempotent operation is hinted"
         " `after_correction` (raise `max_result` or ask for less); any other one `reconcile`,"
