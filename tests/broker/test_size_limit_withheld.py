@@ -23,11 +23,14 @@ import jsonschema
 import pytest
 import trio
 
+from affidavit.adapters.base import ResultTooLarge
+from affidavit.engine.sink import StreamSink
 from affidavit.statemachine import envelope_schema
 from affidavit.views import record_view
 from tests.http.hostile import HostileServer, Peer, Received, Reply, Script, scripts
 
 from .helpers import TOKEN_ENV, assert_error, http_target, open_broker, write_config
+from .test_result_size_limit import _Journal
 from .test_unscanned_sizes import _sizes
 
 LIMIT = 4096
@@ -146,3 +149,17 @@ async def test_a_clean_body_cut_at_max_result_still_says_what_was_received(
     assert "received_withheld" not in over
     assert env["evidence"]["http"]["result_size_limit"] == over
     assert f"{over['received_bytes']} bytes received" in env["error"]["message"]
+
+
+@pytest.mark.parametrize("echo", [b"", b"tok-secret-value"])
+async def test_the_piece_that_crosses_max_result_is_scanned_not_stored(echo: bytes) -> None:
+    """Any protocol's streams (SSH's stdout and stderr too): an echo in the piece the sink
+    refuses marks its stream, whose counts the attempt's record then withholds."""
+    journal = _Journal()
+    sink = StreamSink(journal, "act_1", (b"tok-secret-value",), 1 << 20, max_result=100)  # type: ignore[arg-type]
+    await sink("stdout", b"o" * 90)
+    with pytest.raises(ResultTooLarge):
+        await sink("stderr", b"e" * 5 + echo + b"e" * 10)
+    assert sink.withheld() == ((["stderr"] if echo else []), "redacted")
+    await sink.writer.flush()
+    assert journal.writer.stored <= 90
