@@ -225,6 +225,7 @@ def _result_size_limit(p: Projector, event: Event, code: Code | None) -> Mapping
 
 
 _RECEIVED_WITHHELD = frozenset({"redacted", "unscanned"})
+_COUNTED = frozenset({"received_bytes", "decoded_bytes"})
 
 
 def _size_evidence(value: Mapping[str, Any]) -> bool:
@@ -233,7 +234,7 @@ def _size_evidence(value: Mapping[str, Any]) -> bool:
     withheld = value.get("received_withheld")
     if withheld is None:
         wanted: tuple[str, ...] = ("limit", "received_bytes")
-    elif withheld in _RECEIVED_WITHHELD and not {"received_bytes", "decoded_bytes"} & set(value):
+    elif type(withheld) is str and withheld in _RECEIVED_WITHHELD and not _COUNTED & set(value):
         wanted = ("limit",)
     else:
         return False

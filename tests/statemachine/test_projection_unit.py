@@ -471,6 +471,7 @@ def test_result_size_limit_with_its_counts_withheld() -> None:
         {"limit": 1024, "received_withheld": "redacted", "received_bytes": 1500},
         {"limit": 1024, "received_withheld": "unscanned", "decoded_bytes": 9000},
         {"received_withheld": "redacted"},
+        {"limit": 1024, "received_withheld": ["redacted"]},  # unhashable: refused, not raised
     ):
         p = projector_in("dispatched")
         with pytest.raises(ImpossibleEvent):
