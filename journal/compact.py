@@ -23,6 +23,17 @@ a daemon's start-up reclaim:
   named bytes do not move, so no row changes).  Where punching is not supported (another OS,
   a filesystem without it) the gaps between named chunks stay; the rest is still returned.
 
+Only on a journal where every writer locks its segments (``SEGMENT_LOCKS``, schema 7): a broker
+of an earlier affidavit writes its segment without the lock, so its bytes in flight -- or just
+named by a commit this compaction's read did not see -- would look unreferenced, and a removed
+file would take a committed result with it.  Until the journal records that no such broker can
+be writing (made here, or opened by its daemon since: ``SqliteBackend.create``), the compaction
+is refused (``UNPROVEN``) and nothing is touched.
+
+Whether holes can be punched is probed once per compaction, on a scratch file in the segment
+directory (``probe_holes``): a dry run then reports what the real run would return on this
+filesystem, and both say which (``Compaction.holes``).
+
 Nothing in the database changes, and every step leaves a segment whose named bytes are as they
 were: a crash (or an error) between any two steps leaves a journal that opens and verifies,
 and a rerun finds what is left and finishes (``tests/journal/test_segment_compact.py``).
@@ -48,10 +59,12 @@ from typing import Any
 from .segment_tables import MAX_BLOB, is_segment_name
 from .segments import _fsync_dir
 
-__all__ = ["Compaction", "compact"]
+__all__ = ["UNPROVEN", "Compaction", "compact", "probe_holes", "refusal_message"]
 
 _PUNCH = 0x02 | 0x01
 """``FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE`` (linux/falloc.h)."""
+UNPROVEN = "SEGMENT_WRITERS_UNPROVEN"
+"""The refusal's stable code: a writer that leaves its segments unlocked may be writing."""
 _GROUP = 128
 """Segments locked and looked up together (one read of their rows; their descriptors open)."""
 
@@ -68,6 +81,22 @@ class Compaction:
     """Files a live writer holds (a result may be in flight there): left for a later reclaim."""
     bytes: int
     """Allocated bytes returned to the filesystem (a dry run: that would be)."""
+    holes: bool = False
+    """The segment directory's filesystem punches holes (``probe_holes``): the gaps between
+    named chunks count (a dry run) and are returned; else only whole files and tails are."""
+    refused: str | None = None
+    """``UNPROVEN``: nothing was looked at (``unproven`` says why); else None."""
+
+
+def refusal_message(where: str) -> str:
+    """What an operator is told of ``UNPROVEN`` (stable words, no path but the journal's)."""
+    return (
+        f"journal {where}: result segment files not compacted ({UNPROVEN}): a broker of an "
+        "earlier affidavit may still be writing this journal, and it does not lock its segment "
+        "files, so bytes it is writing would look unreferenced. Stop every broker of an earlier "
+        "version; the journal's daemon (affidavit serve) then records that none is left when it "
+        "starts, and compacts them"
+    )
 
 
 def _step(name: str) -> None:
@@ -85,6 +114,7 @@ def compact(
     if directory is None or not directory.is_dir():
         return Compaction(0, 0, 0, 0)
     names = sorted(e.name for e in os.scandir(directory) if is_segment_name(e.name))
+    holes = probe_holes(directory) if names else False
     seen = removed = busy = returned = 0
     for start in range(0, len(names), _GROUP):
         held: dict[str, int] = {}
@@ -110,13 +140,13 @@ def compact(
                 named = spans[name]
                 if named is None:
                     continue
-                gone, freed = _compact_one(directory, name, fd, named, dry_run)
+                gone, freed = _compact_one(directory, name, fd, named, dry_run, holes)
                 removed += gone
                 returned += freed
         finally:
             for fd in held.values():
                 os.close(fd)
-    return Compaction(seen, removed, busy, returned)
+    return Compaction(seen, removed, busy, returned, holes)
 
 
 def _lock(path: Path) -> int | None:
@@ -147,7 +177,7 @@ def _lock(path: Path) -> int | None:
 
 
 def _compact_one(
-    directory: Path, name: str, fd: int, named: list[tuple[int, int]], dry_run: bool
+    directory: Path, name: str, fd: int, named: list[tuple[int, int]], dry_run: bool, holes: bool
 ) -> tuple[int, int]:
     """(1 if removed, bytes returned) for one locked segment."""
     st = os.fstat(fd)
@@ -162,7 +192,7 @@ def _compact_one(
     end = min(max(e for _, e in named), size)
     gaps = [(_up(a, block), _down(b, block)) for a, b in _gaps(sorted(named), end)]
     gaps = [(a, b) for a, b in gaps if a < b]
-    punch = _punch_fn()
+    punch = _punch_fn() if holes else None
     if dry_run:
         freed = _data(fd, _up(end, block), size) if end < size else 0
         if punch is not None:
@@ -219,6 +249,31 @@ def _data(fd: int, start: int, stop: int) -> int:
         total += hole - data
         at = hole
     return total
+
+
+def probe_holes(directory: Path) -> bool:
+    """Whether a hole can be punched in a file of ``directory``: tried on a scratch file there
+    (two blocks written, the first punched; removed at once, its name no segment's), so that a
+    dry run answers what the real run would return, not what Linux could.  Anything that fails
+    on the way answers no: a report never counts bytes a run could not return."""
+    punch = _punch_fn()
+    if punch is None:
+        return False
+    path = directory / f".punch-probe-{os.urandom(8).hex()}"
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError:
+        return False
+    try:
+        block = max(os.fstat(fd).st_blksize, 512)
+        os.pwrite(fd, b"\1" * (2 * block), 0)
+        return bool(punch(fd, _PUNCH, 0, block) == 0)
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(path)
 
 
 _fallocate: Any = None

@@ -32,7 +32,15 @@ from typing import Any
 from .errors import JournalError
 from .tables import Tables
 
-__all__ = ["MAX_BLOB", "SEGMENT_SCHEMA", "SEGMENT_SQL", "SegmentTables", "is_segment_name"]
+__all__ = [
+    "MAX_BLOB",
+    "SEGMENT_LOCKS",
+    "SEGMENT_REFS",
+    "SEGMENT_SCHEMA",
+    "SEGMENT_SQL",
+    "SegmentTables",
+    "is_segment_name",
+]
 
 MAX_BLOB = 1 << 20
 """No stored chunk is larger (64 KiB of plaintext, sealed): a reference naming more is altered."""
@@ -59,8 +67,18 @@ CREATE TABLE IF NOT EXISTS result_segments (
   size          INTEGER NOT NULL CHECK (size >= 0),
   PRIMARY KEY (invocation_id, audit, stream, idx)
 );
+CREATE INDEX IF NOT EXISTS result_segments_segment ON result_segments (segment);
 """
-"""Schema 4: one row per chunk stored in a segment (``segments.py``)."""
+"""Schema 4: one row per chunk stored in a segment (``segments.py``); schema 7: indexed by
+segment, which a compaction looks its rows up by (``SEGMENT_REFS``)."""
+
+SEGMENT_REFS = "SELECT segment, pos, size FROM result_segments WHERE segment IN ({})"
+"""The reference rows of some segments (``{}``: one ``?`` each), which a compaction keeps
+(``compact.py``): through ``result_segments_segment`` -- before schema 7 it scanned every
+reference row of the journal (``tests/benchmarks/reclaim_candidates.py --segments``)."""
+SEGMENT_LOCKS = "segment_locks"
+"""The ``meta`` row that proves every writer of the journal locks its segment files: no writer
+of an earlier affidavit can still be writing there (``compact.py``, ``SqliteBackend.create``)."""
 
 _REF_COLUMNS = "invocation_id, audit, stream, idx, segment, pos, size"
 _CHUNK_TABLES = {False: "result_chunks", True: "result_audit"}

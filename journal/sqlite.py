@@ -27,7 +27,7 @@ from urllib.parse import quote
 from .errors import JournalError
 from .lock import WriterLock
 from .rows import FOLD_COLUMNS
-from .segment_tables import SEGMENT_SQL, SegmentTables
+from .segment_tables import SEGMENT_LOCKS, SEGMENT_SQL, SegmentTables
 from .signing import Checkpoint
 from .sqlite_schema import _EXTEND_CHAIN_BEFORE as _EXTEND_CHAIN_BEFORE  # tests compare it
 from .sqlite_schema import (
@@ -247,6 +247,9 @@ class SqliteBackend:
         self.segments: Path | None = Path(f"{path}.results")
         self._sync: dict[int, str] = {}
         self._checkpointers: dict[int, _Checkpointer] = {}
+        self.sole = False
+        """This process holds the journal's writer lock exclusive (``writer_lock``: the daemon):
+        no other writer, of this version or an earlier one, has it open."""
 
     def tables(self, conn: Any) -> Tables:
         return SqliteTables(conn, self.segments)
@@ -303,6 +306,9 @@ class SqliteBackend:
         owned = conn.execute(
             "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'chunk_owners'"
         ).fetchone()
+        fresh = not conn.execute(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'events'"
+        ).fetchone()
         building = _unbuilt(conn, SESSION_INDEX, self.where)
         started = time.monotonic()
         # executescript() would COMMIT first; run the statements inside our transaction.
@@ -325,6 +331,22 @@ class SqliteBackend:
             "INSERT INTO meta (name, value) VALUES ('schema', ?) ON CONFLICT (name) DO UPDATE "
             "SET value = max(CAST(value AS INTEGER), CAST(excluded.value AS INTEGER))",
             (str(SCHEMA_VERSION),),
+        )
+        if fresh or self.sole:
+            self._prove_segment_locks(conn)
+
+    def _prove_segment_locks(self, conn: Any) -> None:
+        """Record ``segment_locks``: no writer that leaves its segment files unlocked (a broker
+        of an earlier affidavit) can be writing this journal -- so a compaction may take what
+        an unlocked segment's rows do not name (``compact.py``).  Proven, in the transaction
+        that makes the schema 7 (which an earlier broker refuses to open), by a journal made
+        here (no writer ever opened it before) or by the writer lock held exclusive (the daemon:
+        any other writer, of any version, holds it shared while it has the journal open).  An
+        earlier broker that opened the journal before can be told apart no other way: its
+        segments carry no mark."""
+        conn.execute(
+            "INSERT INTO meta (name, value) VALUES (?, ?) ON CONFLICT (name) DO NOTHING",
+            (SEGMENT_LOCKS, str(SCHEMA_VERSION)),
         )
 
     def opened(self) -> None:
@@ -393,7 +415,9 @@ class SqliteBackend:
         return unusable(self.file, exc)
 
     def writer_lock(self, owner: str | None) -> WriterLock:
-        return WriterLock.acquire(self.file, owner)
+        lock = WriterLock.acquire(self.file, owner)
+        self.sole = lock.exclusive
+        return lock
 
 
 def unusable(path: Path, exc: BaseException | None = None) -> JournalError:

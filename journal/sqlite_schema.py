@@ -28,7 +28,11 @@ every chunk row; a writer opening a journal from before fills it, once, by that 
 ``events_session`` indexes the events by ``(session_id, seq, invocation_id)`` for the session
 views (a session's page and total read its rows, not the journal's); no schema version marks
 it -- every broker's writes keep it and none relies on it -- and a writer opening a journal
-without it builds it, logged (``_unbuilt``).
+without it builds it, logged (``_unbuilt``).  Schema 7 indexes ``result_segments`` by segment
+(``result_segments_segment``: a compaction reads a segment's rows, not the table) and marks the
+journal as written only by brokers that lock their segment files: a broker from before refuses
+it (``_refuse_newer``), and the ``meta`` row ``segment_locks`` records that none can still be
+writing, which a compaction requires (``compact.py``, ``SqliteBackend.create``).
 """
 
 from __future__ import annotations
@@ -47,7 +51,7 @@ __all__ = ["EXTEND_CHAIN", "SCHEMA", "SCHEMA_VERSION", "SESSION_INDEX"]
 log = logging.getLogger("affidavit.journal")
 
 SESSION_INDEX = "events_session"
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 EXTEND_CHAIN = f"""CREATE TRIGGER IF NOT EXISTS events_extend_chain BEFORE INSERT ON events
 WHEN coalesce((SELECT NEW.seq IS NOT seq + 1 OR NEW.prev_hash IS NOT hash FROM events

@@ -40,6 +40,7 @@ from .reader import JournalReader, default_signing_key
 from .requests import Around, Batch, Fail, Hook, Posted
 from .rows import BARRIER_VALUES, attrs_json, decode_attrs
 from .sealing import AuditSealer, BrokerKey, UnsealedPayload, payload_aad
+from .segment_tables import SEGMENT_LOCKS, SEGMENT_REFS
 from .segments import SegmentStore
 from .signing import SigningKey
 from .txn import Txn
@@ -549,16 +550,19 @@ class Journal(JournalReader):
 
     def _compact_segments(self, dry_run: bool) -> compact.Compaction:
         """``compact.compact`` of this journal's segment files, their reference rows read on a
-        connection opened (and closed) here, in the calling thread."""
+        connection opened (and closed) here, in the calling thread -- refused (``refused``,
+        nothing touched) while a writer of an earlier affidavit, which leaves its segments
+        unlocked, may still write the journal (no ``SEGMENT_LOCKS``: ``compact.py``)."""
         backend, what = self.backend, "the result segments' references"
         conn = backend.connect("tool")
 
         def read_refs(names: Sequence[str]) -> Iterator[tuple[Any, Any, Any]]:
-            marks = ",".join("?" * len(names))
-            sql = f"SELECT segment, pos, size FROM result_segments WHERE segment IN ({marks})"
+            sql = SEGMENT_REFS.format(",".join("?" * len(names)))
             return iter(conn.execute(sql, tuple(names)).fetchall()) if names else iter(())
 
         try:
+            if backend.tables(conn).meta(SEGMENT_LOCKS) is None:
+                return compact.Compaction(0, 0, 0, 0, refused=compact.UNPROVEN)
             return compact.compact(backend.segments, read_refs, dry_run=dry_run)
         except backend.errors as exc:
             raise self._error(what, exc) from None

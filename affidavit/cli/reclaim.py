@@ -12,7 +12,11 @@ On a SQLite journal it then compacts the result segment files (``affidavit.journ
 the bytes of long results that never committed -- named by no ``result_segments`` row, in a
 segment no running writer holds -- go back to the filesystem (a segment no row names is
 removed, the tail past its last named byte cut, the blocks between punched out on Linux).
-``--dry-run`` reports the bytes that would go; ``--json`` has them under ``segments``.
+``--dry-run`` reports the bytes that would go on this filesystem -- whether it can punch holes
+is tried on a scratch file there, and the report says which (``holes``); ``--json`` has them
+under ``segments``.  A journal a broker of an earlier affidavit may still write (it leaves its
+segment files unlocked) is not compacted: the chunk report is printed, then exit 2 with
+``SEGMENT_WRITERS_UNPROVEN`` -- its daemon's next start records that none is left.
 
 It opens the journal as a writer, with the journal's sealing and signing keys (the config's, or
 ``<path>.key`` and ``<path>.signing.key`` beside ``--journal PATH``): both must exist -- a key
@@ -112,11 +116,17 @@ def _reclaim(args: argparse.Namespace) -> int:
             return await journal.reclaim(dry_run=args.dry_run, measure=True, segments=True)
 
     done = run_journal(main)
-    _report(args, done)
+    _report(args, done, str(location))
+    if done.compacted is not None and done.compacted.refused is not None:
+        if args.json:
+            return 2  # the refusal's code and message are in the report's ``segments``
+        from affidavit.journal.compact import refusal_message
+
+        raise UsageError(refusal_message(str(location)), code=done.compacted.refused)
     return 0
 
 
-def _report(args: argparse.Namespace, done: Reclamation) -> None:
+def _report(args: argparse.Namespace, done: Reclamation, where: str) -> None:
     from affidavit.cli.journal import _out, print_json
 
     chunks = sum(r.chunks for r in done.measured)
@@ -131,7 +141,7 @@ def _report(args: argparse.Namespace, done: Reclamation) -> None:
                 "auditor_copies": audit,
                 "bytes": size,
                 "kept_open": done.kept,
-                "segments": _segments(done),
+                "segments": _segments(done, where),
             }
         )
         return
@@ -147,22 +157,37 @@ def _report(args: argparse.Namespace, done: Reclamation) -> None:
             f"kept those of {len(done.kept)} open record(s) (an attempt under way, or one a "
             "stopped broker left open: a daemon's start-up recovery closes it)"
         )
-    seg = _segments(done)
-    if seg is not None:
+    seg = _segments(done, where)
+    if seg is not None and "refused" not in seg:
         _out(
             f"{verb} {seg['bytes']} bytes of result segment files no committed result names: "
             f"{seg['files']} file(s) looked at, {seg['removed']} removed whole"
             + (f", {seg['busy']} left (held by a running writer)" if seg["busy"] else "")
+            + (
+                "; holes punched between committed chunks"
+                if seg["holes"]
+                else "; this filesystem cannot punch holes: only whole files and tails count"
+            )
         )
 
 
-def _segments(done: Reclamation) -> dict[str, int] | None:
+def _segments(done: Reclamation, where: str) -> dict[str, Any] | None:
     """The segment compaction's account (None: the journal has no segment files -- a shared
-    one)."""
+    one; ``refused`` and ``message``: not compacted, ``compact.refusal_message``)."""
+    from affidavit.journal.compact import refusal_message
+
     c = done.compacted
     if c is None:
         return None
-    return {"files": c.segments, "removed": c.removed, "busy": c.busy, "bytes": c.bytes}
+    if c.refused is not None:
+        return {"refused": c.refused, "message": refusal_message(where)}
+    return {
+        "files": c.segments,
+        "removed": c.removed,
+        "busy": c.busy,
+        "bytes": c.bytes,
+        "holes": c.holes,
+    }
 
 
 def _record(r: Reclaimed) -> dict[str, Any]:

@@ -65,6 +65,7 @@ from affidavit.console import Console, TokenStore, token_dir
 from affidavit.engine import EngineSettings
 from affidavit.journal import JournalError
 from affidavit.journal.backend import where as journal_where
+from affidavit.journal.compact import refusal_message
 
 from .admission import ConsoleCap, Server
 from .app import Api
@@ -131,7 +132,9 @@ async def _reclaim_chunks(broker: Broker) -> None:
         )
         return
     dropped = done.dropped
-    if done.compacted is not None and done.compacted.bytes:
+    if done.compacted is not None and done.compacted.refused is not None:
+        log.warning("%s", refusal_message(broker.journal.where))
+    elif done.compacted is not None and done.compacted.bytes:
         c = done.compacted
         log.info(
             "start-up returned %d bytes of result segment files no committed result names "

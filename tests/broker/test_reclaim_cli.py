@@ -125,15 +125,45 @@ async def test_reclaim_returns_the_segment_bytes_of_interrupted_results(tmp_path
     assert done.returncode == 0, done.stderr
     last = done.stdout.decode().splitlines()[-1]
     freed = before - kit.allocated(db)
+    mode = (
+        "holes punched between committed chunks"
+        if seg["holes"]
+        else "this filesystem cannot punch holes: only whole files and tails count"
+    )
     assert last == (
         f"reclaimed {freed} bytes of result segment files no committed result names: "
-        "2 file(s) looked at, 1 removed whole"
+        f"2 file(s) looked at, 1 removed whole; {mode}"
     )
     assert freed >= seg["bytes"] * 0.95
     kit.check(db)
     verify = await _cli("journal", "verify", "--journal", str(db), cwd=tmp_path)
     _clean(verify)
     assert verify.returncode == 0, verify.stdout + verify.stderr
+
+
+async def test_segments_an_earlier_broker_may_write_are_refused_with_a_code(
+    tmp_path: Path,
+) -> None:
+    """A journal upgraded from schema 6 by an embedded writer: an earlier broker (its segments
+    unlocked) may still write it, so the segments are not compacted -- the chunk report is
+    printed, then exit 2 with the stable code and what to do; nothing is touched."""
+    from tests.journal.test_segment_compact_older import OLDER
+
+    db = tmp_path / "j.db"
+    await kit.build(db)
+    kit.tamper(db, *OLDER)
+    before = kit.allocated(db)
+    done = await _cli("journal", "reclaim", "--journal", str(db), "--json", cwd=tmp_path)
+    assert b"Traceback" not in done.stderr
+    assert done.returncode == 2, done.stderr
+    seg = json.loads(done.stdout)["segments"]
+    assert seg["refused"] == "SEGMENT_WRITERS_UNPROVEN" and "affidavit serve" in seg["message"]
+    text = await _cli("journal", "reclaim", "--journal", str(db), cwd=tmp_path)
+    assert text.returncode == 2 and b"Traceback" not in text.stderr
+    assert b"reclaimed the uncommitted chunks of 0 closed record(s)" in text.stdout
+    assert text.stderr.startswith(b"affidavit: SEGMENT_WRITERS_UNPROVEN: "), text.stderr
+    assert kit.allocated(db) == before and len(kit.segments(db)) == 2
+    kit.check(db)
 
 
 async def test_a_journal_a_daemon_owns_is_refused(tmp_path: Path) -> None:
