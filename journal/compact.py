@@ -251,15 +251,23 @@ def _data(fd: int, start: int, stop: int) -> int:
     return total
 
 
+_PROBE = ".punch-probe-"
+
+
 def probe_holes(directory: Path) -> bool:
     """Whether a hole can be punched in a file of ``directory``: tried on a scratch file there
-    (two blocks written, the first punched; removed at once, its name no segment's), so that a
-    dry run answers what the real run would return, not what Linux could.  Anything that fails
-    on the way answers no: a report never counts bytes a run could not return."""
+    (two blocks written, the first punched; removed at once -- or, left by a crash, by the next
+    probe -- its name no segment's), so that a dry run answers what the real run would return,
+    not what Linux could.  Anything that fails on the way answers no: a report never counts
+    bytes a run could not return."""
     punch = _punch_fn()
     if punch is None:
         return False
-    path = directory / f".punch-probe-{os.urandom(8).hex()}"
+    for entry in os.scandir(directory):  # a crashed probe's (one running now keeps its fd)
+        if entry.name.startswith(_PROBE):
+            with contextlib.suppress(OSError):
+                os.unlink(entry.path)
+    path = directory / f"{_PROBE}{os.urandom(8).hex()}"
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     except OSError:
