@@ -10,6 +10,12 @@ The rows are written directly (committed: a marker row per invocation, ten chunk
 invocations with two uncommitted chunks each and their ``chunk_owners`` row): the read is what
 is measured, not how the rows came.  ``--pg``: on a PostgreSQL cluster made for the run
 (``tests/postgres.py``).  A script, not a test.
+
+``--segments`` (SQLite): the segment compaction's read instead (``SEGMENT_REFS``, one group of
+``compact._GROUP`` segment names) over ``--chunks`` reference rows in ``result_segments``,
+through its index (schema 7) and, the index dropped, by the scan it replaced -- timed, and
+counted in SQLite VM steps (a progress handler called every step: load-independent).  Both
+must answer the same rows.
 """
 
 from __future__ import annotations
@@ -77,12 +83,56 @@ def place(pg: bool, tmp: Path) -> Iterator[str]:
         yield cluster.database()
 
 
+def segment_refs(location: str, chunks: int, rounds: int) -> None:
+    import sqlite3
+
+    from affidavit.journal.compact import _GROUP
+    from affidavit.journal.segment_tables import SEGMENT_REFS
+
+    per = 100  # reference rows per segment (~6 MiB of 64 KiB chunks)
+    names = [f"{n:032x}.seg" for n in range(chunks // per)]
+    rows = [(f"inv-{n:08d}", 0, "body", n, names[n // per], n % per * 65552, 65552)
+            for n in range(len(names) * per)]  # fmt: skip
+    conn = sqlite3.connect(location, isolation_level=None)
+    conn.execute("BEGIN")  # (autocommit: one transaction, not one fsync per row)
+    conn.executemany("INSERT INTO result_segments VALUES (?,?,?,?,?,?,?)", rows)
+    conn.execute("COMMIT")
+    group = names[len(names) // 2 :][:_GROUP]
+    sql, args = SEGMENT_REFS.format(",".join("?" * len(group))), tuple(group)
+
+    def measured() -> tuple[float, int, list[Any]]:
+        steps = [0]
+
+        def step() -> int:
+            steps[0] += 1
+            return 0
+
+        took, got = timed(lambda: sorted(conn.execute(sql, args).fetchall()), rounds)
+        conn.set_progress_handler(step, 1)  # once, untimed: a call per step
+        conn.execute(sql, args).fetchall()
+        conn.set_progress_handler(None, 1)
+        return took, steps[0], got
+
+    after, after_steps, new = measured()
+    plan = " ".join(str(r[-1]) for r in conn.execute("EXPLAIN QUERY PLAN " + sql, args))
+    conn.execute("DROP INDEX result_segments_segment")
+    before, before_steps, old = measured()
+    conn.close()
+    assert old == new and len(new) == len(group) * per, (len(old), len(new))
+    print(
+        f"sqlite: {len(rows)} reference rows in {len(names)} segments, the rows of {len(group)}: "
+        f"scan {before * 1000:.2f} ms / {before_steps} VM steps, index {after * 1000:.2f} ms / "
+        f"{after_steps} VM steps (median of {rounds}; plan: {plan})"
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--chunks", type=int, default=200_000)
     ap.add_argument("--size", type=int, default=256, help="bytes per chunk row")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--pg", action="store_true")
+    ap.add_argument("--segments", action="store_true", help="the segment compaction's read")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as d, place(args.pg, Path(d)) as location:
 
@@ -91,6 +141,9 @@ def main() -> None:
                 pass
 
         trio.run(create)
+        if args.segments:
+            segment_refs(location, args.chunks, args.rounds)
+            return
         backend = open_backend(location)
         conn = backend.connect("tool")
         if args.pg:
