@@ -140,13 +140,18 @@ class ResultStoreFailed(JournalWriteError):
 
 
 class LeaseBusy(JournalError):
-    """Another holder's lease on the invocation has not expired."""
+    """A lease on the invocation has not expired (another holder's, or another task's of this
+    holder: a dispatch lease is busy even to its holder).  The holder is data
+    (``current.holder``, for an operator's tools), never words: a recorded holder is
+    ``hostname:pid:hex`` -- where the broker runs -- and callers are shown only its keyed tag
+    (``JournalReader.holder_tag``), so the message, one refactor away from an envelope, names
+    the lease by its generation and end alone."""
 
     def __init__(self, current: Lease) -> None:
         self.current = current
         super().__init__(
-            f"invocation {current.invocation_id} is leased to {current.holder!r} "
-            f"(generation {current.generation}) until {current.expires_at:.3f}"
+            f"invocation {current.invocation_id} is leased (generation {current.generation}) "
+            f"until {current.expires_at:.3f}"
         )
 
 
@@ -203,13 +208,10 @@ class LeaseLost(JournalError):
         self.generation = generation
         self.current = current
         self.seq = seq
-        now = (
-            f"generation {current.generation} held by {current.holder!r}"
-            if current is not None
-            else "no lease"
-        )
+        # The holders are data (``holder``, ``current.holder``), not words: as ``LeaseBusy``.
+        now = f"generation {current.generation}" if current is not None else "no lease"
         super().__init__(
-            f"lease generation {generation} of {holder!r} on invocation {invocation_id} "
+            f"lease generation {generation} on invocation {invocation_id} "
             f"is stale or expired (current: {now})"
         )
 

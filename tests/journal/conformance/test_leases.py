@@ -377,3 +377,40 @@ async def test_a_barrier_runs_its_meanwhile_once_and_a_refused_one_never(place: 
         )
         assert ran == ["live"]
         assert j.events("inv-1")[-1].kind is E.DISPATCH_STARTED
+
+
+async def test_a_lease_refusal_says_nothing_of_the_recorded_holder(place: Place) -> None:
+    """Canary: a recorded holder is ``hostname:pid:hex`` -- where the broker runs -- and callers
+    see only its keyed tag (``JournalReader.holder_tag``).  ``LeaseBusy`` and ``LeaseLost`` carry
+    the holders as data for an operator's tools, but neither their words nor what every
+    caller-facing surface renders of a journal error (``read_failure``, ``call_failure``,
+    ``act_failure``) holds them."""
+    from affidavit.engine.recovery import act_failure, call_failure, read_failure
+
+    mine, theirs = "canary-host-7:4242:5eed1e55", "canary-host-9:4343:0ddba11"
+    clock = Clock()
+    async with place.open(clock=clock) as j:
+        await _interrupted(j)
+        first = await j.acquire_lease("inv-1", mine, ttl=5)
+        with pytest.raises(LeaseBusy) as busy:
+            await j.acquire_lease("inv-1", theirs, ttl=5)
+        _stall(place, clock, 6)
+        await j.acquire_lease("inv-1", theirs, ttl=5)
+        with pytest.raises(LeaseLost) as lost:
+            await j.append(Event(E.DISPATCH_STARTED, "inv-1"), lease=(mine, first.generation))
+    assert busy.value.current.holder == mine  # the data an operator's tool reads
+    assert lost.value.holder == mine
+    assert lost.value.current is not None and lost.value.current.holder == theirs
+    for exc in (busy.value, lost.value):
+        shown = [str(exc), repr(exc), *map(str, exc.args)]
+        shown += [
+            read_failure(exc, "the record")[2],
+            call_failure(exc, "inv-1")[2],
+            act_failure(exc, "the record", "the decision", "`affidavit result inv-1`")[2],
+        ]
+        for text in shown:
+            for holder in (mine, theirs):
+                for part in holder.split(":"):
+                    assert part not in text, (type(exc).__name__, text)
+    assert "inv-1" in str(busy.value) and "generation 1" in str(busy.value)
+    assert "stale or expired" in str(lost.value)
