@@ -58,6 +58,9 @@ def _mcp(args: argparse.Namespace) -> int:
 
     import trio
 
+    from affidavit.secrets.coredump import forbid_core_dumps
+
+    core_left = forbid_core_dumps()  # first: run embedded, this process resolves credentials
     socket = daemon_socket(args, "config")
     grace = _grace(args.shutdown_grace)
     logging.basicConfig(
@@ -66,6 +69,8 @@ def _mcp(args: argparse.Namespace) -> int:
         format="%(asctime)s affidavit mcp[%(process)d] %(levelname)s %(message)s",
     )
     logging.getLogger("mcp").setLevel(logging.WARNING)
+    for words in core_left:
+        logging.getLogger("affidavit.mcp").warning("core dumps: %s", words)
     try:
         from affidavit.mcp import run
     except ModuleNotFoundError as exc:

@@ -4,7 +4,8 @@ Runs until SIGTERM or SIGINT, then stops accepting, lets calls in flight finish 
 ``[service] shutdown_grace`` and exits 0.  Exit 2 when it cannot start: a bad config, a journal
 another process writes, a live daemon already on the socket -- the message says which.
 Log lines go to stderr; none carries a secret (only ids, uids, codes and counts).  The process
-runs with umask 077: the files it creates are readable by its own user only.
+runs with umask 077: the files it creates are readable by its own user only; it writes no core
+file (``secrets.coredump``).
 """
 
 from __future__ import annotations
@@ -43,7 +44,10 @@ def _serve(args: argparse.Namespace) -> int:
     from affidavit.config import ConfigError, console_address, load_config
     from affidavit.daemon import DaemonError, serve
     from affidavit.journal import JournalError
+    from affidavit.secrets.coredump import forbid_core_dumps
 
+    # First thing, before a config or a credential is read: no core file of this process.
+    core_left = forbid_core_dumps()
     # Everything the daemon creates -- journal, WAL, sealing key, lock -- is its user's alone
     # (0600); the socket is the one file others reach (0660, set where it is bound).
     os.umask(0o077)
@@ -67,6 +71,8 @@ def _serve(args: argparse.Namespace) -> int:
         level=logging.INFO,
         format="%(asctime)s affidavit serve[%(process)d] %(levelname)s %(message)s",
     )
+    for words in core_left:
+        logging.getLogger("affidavit.serve").warning("core dumps: %s", words)
     try:
         trio.run(functools.partial(serve, config, socket_path=args.socket, console=console))
     except JournalError as exc:

@@ -1,0 +1,102 @@
+"""No core file of ``affidavit serve`` or ``affidavit mcp`` (``secrets.coredump``): each runs with
+``RLIMIT_CORE`` 0 and, on Linux, not dumpable -- observed from outside, in ``/proc/<pid>``.
+
+Run as root, a process's ``/proc/<pid>`` files are root's whether it is dumpable or not; so the
+broker runs as ``nobody`` (``kit.as_user``).  Dropping privileges itself makes a process not
+dumpable (``fs.suid_dumpable`` 0), and the test's shell may have no core limit at all: the
+child is first given back what an ordinary start has -- an unlimited core size, dumpable again
+-- so only the broker's own start can take them away.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import trio
+
+from tests.external import require_module, require_root
+
+from .kit import NOBODY, WAIT, as_user, write_daemon_config
+
+# The ordinary start the broker must harden: run after ``as_user`` dropped to nobody.
+AS_STARTED = """
+import ctypes, runpy, sys
+ctypes.CDLL(None).prctl(4, 1, 0, 0, 0)  # PR_SET_DUMPABLE 1, as after an execve
+sys.argv = ["affidavit", *sys.argv[1:]]
+runpy.run_module("affidavit", run_name="__main__", alter_sys=True)
+"""
+
+
+def _unlimited(argv: list[str]) -> list[str]:
+    """``argv`` with no limit on its core file size (``prlimit`` runs as root, before the drop)."""
+    prlimit = shutil.which("prlimit")
+    assert prlimit is not None, "util-linux prlimit"
+    return [prlimit, "--core=unlimited:unlimited", *argv]
+
+
+@pytest.fixture
+def home() -> Iterator[Path]:
+    """A directory of nobody's (``0700``) under one of root's: config, journal and socket."""
+    require_root()
+    top = Path(tempfile.mkdtemp(prefix="affidavit-core-"))
+    top.chmod(0o755)
+    home = top / "broker"
+    home.mkdir(mode=0o700)
+    os.chown(home, NOBODY, NOBODY)
+    try:
+        yield home
+    finally:
+        shutil.rmtree(top)
+
+
+def _hardened(pid: int) -> tuple[str, int]:
+    """(``Max core file size`` row of ``/proc/<pid>/limits``, owner of ``/proc/<pid>/fd``): root
+    owns a process's ``/proc`` entries once it is not dumpable."""
+    row = next(r for r in Path(f"/proc/{pid}/limits").read_text().splitlines() if "core" in r)
+    return " ".join(row.split()[4:6]), os.stat(f"/proc/{pid}/fd").st_uid
+
+
+async def _watch(*argv: str) -> tuple[str, int] | None:
+    """Start ``affidavit ARGV`` as nobody, as an ordinary start would have it, and read its
+    ``_hardened`` until it is ("0 0", root) or a bound passes (importing every module before
+    the drop takes a while on a loaded machine); what was last read."""
+    proc = await trio.lowlevel.open_process(
+        _unlimited(as_user(NOBODY, "-c", AS_STARTED, *argv)),
+        stdin=subprocess.PIPE,  # ``mcp`` serves until its client closes stdin
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    seen = None
+    try:
+        with trio.move_on_after(3 * WAIT):
+            while seen != ("0 0", 0) and proc.poll() is None:
+                await trio.sleep(0.05)
+                seen = _hardened(proc.pid)
+        assert proc.poll() is None, f"exited {proc.returncode}"
+    finally:
+        proc.kill()
+        await proc.wait()
+    return seen
+
+
+async def test_serve_runs_without_core_dumps_and_not_dumpable(home: Path) -> None:
+    socket = home / "affidavit.sock"
+    # No target: a protocol's entry point is looked up after the drop, where nobody cannot
+    # read the installation's metadata (/root/.pyenv); a daemon serves without one.
+    config = write_daemon_config(home, {}, socket=socket)
+    os.chown(config, NOBODY, NOBODY)
+    assert await _watch("serve", "--config", str(config)) == ("0 0", 0)
+
+
+async def test_the_mcp_server_runs_without_core_dumps_and_not_dumpable(home: Path) -> None:
+    """The proxy form (``--socket``): it reads no config, and is hardened all the same -- the
+    embedded form resolves credentials in this process."""
+    require_module("mcp", "mcp")
+    argv = ["mcp", "--socket", str(home / "affidavit.sock"), "--daemon-uid", str(NOBODY)]
+    assert await _watch(*argv) == ("0 0", 0)
