@@ -73,6 +73,7 @@ from .errors import (
     ResultStoreFailed,
     VerifyReport,
 )
+from .exposure import Exposure, exposure, journal_exposures, warn_exposed
 from .lock import JournalLocked
 from .reader import JournalReader
 from .requests import Batch, Posted
@@ -95,6 +96,7 @@ __all__ = [
     "Checkpoint",
     "ChunkLog",
     "CommitUnknown",
+    "Exposure",
     "IdempotencyMismatch",
     "IdempotencyRecord",
     "Journal",
@@ -118,12 +120,15 @@ __all__ = [
     "StoredResult",
     "StreamInfo",
     "VerifyReport",
+    "exposure",
     "generate_auditor_keypair",
     "is_url",
+    "journal_exposures",
     "json_copy",
     "load_anchor",
     "load_public_key",
     "open_audit_payload",
     "public_key_pem",
     "random_bytes",
+    "warn_exposed",
 ]

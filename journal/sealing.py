@@ -36,6 +36,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from .errors import JournalError
+from .exposure import exposure, warn_exposed
 
 __all__ = [
     "AuditOpener",
@@ -119,6 +120,9 @@ def read_secret_file(path: Path, what: str) -> bytes:
             f"{what} {path} is readable by group or others (mode "
             f"{stat.S_IMODE(st.st_mode):04o}); it must be 0600: chmod 600 {path}"
         )
+    owner = exposure(path, what)  # the mode is refused above; another owner is said
+    if owner is not None:
+        warn_exposed([owner])
     try:
         return path.read_bytes()
     except OSError as exc:

@@ -25,6 +25,7 @@ from typing import Any, ClassVar, TypeVar
 from urllib.parse import quote
 
 from .errors import JournalError
+from .exposure import journal_exposures, warn_exposed
 from .lock import WriterLock
 from .rows import FOLD_COLUMNS
 from .segment_tables import SEGMENT_LOCKS, SEGMENT_SQL, SegmentTables
@@ -250,11 +251,19 @@ class SqliteBackend:
         self.sole = False
         """This process holds the journal's writer lock exclusive (``writer_lock``: the daemon):
         no other writer, of this version or an earlier one, has it open."""
+        self._looked = False
 
     def tables(self, conn: Any) -> Tables:
         return SqliteTables(conn, self.segments)
 
     def connect(self, role: str) -> sqlite3.Connection:
+        conn = self._connect(role)
+        if not self._looked:  # once the file (and a writer's WAL) is there: exposure.py
+            self._looked = True
+            warn_exposed(journal_exposures(self.file))
+        return conn
+
+    def _connect(self, role: str) -> sqlite3.Connection:
         path = self.file
         if role == "writer":
             conn = _connect_writer(path)

@@ -34,7 +34,15 @@ from affidavit.config import Config, load_config
 from affidavit.engine import CallControl, Deliver, Engine, EngineSettings
 from affidavit.engine import approval as engine_approval
 from affidavit.engine.delivery import STORE_ONLY
-from affidavit.journal import Journal, JournalReader, ResultStream
+from affidavit.journal import (
+    Exposure,
+    Journal,
+    JournalReader,
+    ResultStream,
+    exposure,
+    journal_exposures,
+    warn_exposed,
+)
 from affidavit.protocols import Binding, load_bindings
 from affidavit.protocols.catalog import catalog
 from affidavit.reconcile import service as reconcile
@@ -45,9 +53,25 @@ from affidavit.statemachine import Event, Record, operation_json
 from .readers import ViewReaders
 from .wire import check_timeout
 
-__all__ = ["Broker"]
+__all__ = ["Broker", "exposed_files"]
 
 T = TypeVar("T")
+
+
+def exposed_files(config: Config) -> list[Exposure]:
+    """The broker's files named by ``config`` that another user may reach or that another user
+    owns (``journal.exposure``): a SQLite journal and its ``-wal``/``-shm``, the broker key, the
+    signing key, the vault and its unlock file.  (The auditor's public key is public.)"""
+    files: list[Exposure | None] = []
+    if config.journal.url is None:
+        files += journal_exposures(config.journal.path)
+    files.append(exposure(config.journal.key_file, "broker key file"))
+    files.append(exposure(config.journal.signing_key, "signing key file"))
+    if config.vault_path:
+        vault = Vault(config.vault_path)
+        files.append(exposure(vault.path, "vault file"))
+        files.append(exposure(vault.unlock_path, "vault unlock file"))
+    return [e for e in files if e is not None]
 
 
 class Broker:
@@ -83,6 +107,7 @@ class Broker:
         # A configured vault is handed over even before its file exists: a lookup then says
         # the vault file is missing (CREDENTIAL_MISSING), not that no vault is configured.
         vault = Vault(config.vault_path) if config.vault_path else None
+        warn_exposed(exposed_files(config))  # the operator's log, once a file (`serve` refuses)
         # Only the configured kinds: an HTTP-only config never imports the SSH library.
         bindings: dict[str, Binding] = load_bindings({t.kind for t in config.targets.values()})
         try:

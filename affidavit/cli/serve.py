@@ -2,10 +2,11 @@
 
 Runs until SIGTERM or SIGINT, then stops accepting, lets calls in flight finish within
 ``[service] shutdown_grace`` and exits 0.  Exit 2 when it cannot start: a bad config, a journal
-another process writes, a live daemon already on the socket -- the message says which.
-Log lines go to stderr; none carries a secret (only ids, uids, codes and counts).  The process
-runs with umask 077: the files it creates are readable by its own user only; it writes no core
-file (``secrets.coredump``).
+another process writes, a live daemon already on the socket, group or others able to reach the
+journal, a key or the vault or another user owning one (FILES_EXPOSED, unless
+``--allow-exposed-files``) -- the message says which.  Log lines go to stderr; none carries a
+secret (only ids, uids, codes and counts).  The process runs with umask 077: the files it
+creates are readable by its own user only; it writes no core file (``secrets.coredump``).
 """
 
 from __future__ import annotations
@@ -32,6 +33,12 @@ def add_commands(sub: Any) -> None:
         help="also serve the operator console here (default: [service] console; loopback "
         "only unless [service] console_allow_remote)",
     )
+    p.add_argument(
+        "--allow-exposed-files",
+        action="store_true",
+        help="start even though group/others can reach the journal, a key or the vault, or "
+        "another user owns one (each is logged); default: refuse (FILES_EXPOSED)",
+    )
     p.set_defaults(handler=_serve)
 
 
@@ -57,6 +64,7 @@ def _serve(args: argparse.Namespace) -> int:
         raise config_refusal(exc) from None
     except OSError as exc:
         raise UsageError(f"cannot read config: {exc.strerror}", "CONFIG_UNREADABLE") from None
+    _refuse_exposed(config, allowed=args.allow_exposed_files)
     console = None
     if args.console is not None:
         try:
@@ -80,3 +88,21 @@ def _serve(args: argparse.Namespace) -> int:
     except DaemonError as exc:
         raise UsageError(str(exc), exc.code) from None
     return 0
+
+
+def _refuse_exposed(config: Any, *, allowed: bool) -> None:
+    """Refuse to serve (FILES_EXPOSED, exit 2) while another user can reach or owns the journal,
+    a key or the vault -- the daemon is the boundary that keeps them from every other account
+    (docs/deployment.md, "Files others can reach") -- naming each file and the command that
+    mends it.  ``allowed`` (``--allow-exposed-files``): serve, and log each (``Broker.open``)."""
+    from affidavit.api.broker import exposed_files
+
+    exposed = exposed_files(config)
+    if not exposed or allowed:
+        return
+    files = "; ".join(map(str, exposed))
+    raise UsageError(  # one line, as every refusal (a newline would be shown escaped)
+        f"another user can reach or owns the broker's files: {files} -- mend them, or start "
+        "with --allow-exposed-files to serve anyway (each is then logged)",
+        "FILES_EXPOSED",
+    )

@@ -1,0 +1,114 @@
+"""A journal file others can reach, or another user owns, is named on the operator's log -- with
+the ``chmod``/``chown`` that mends it -- by every process that opens the journal: the embedded
+broker, a reader, a CLI command (``journal/exposure.py``; docs/deployment.md, "Files others can
+reach").  Real files, real modes; a private journal says nothing."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import trio
+
+from affidavit.journal import Journal, JournalReader
+from tests.external import require_root
+from tests.journal.helpers import accepted
+
+NOBODY = 65534
+
+
+def _make(db: Path) -> None:
+    """A journal with one event, closed; its WAL kept (as a killed broker leaves it)."""
+
+    async def run() -> None:
+        async with Journal.open(db) as journal:
+            await journal.append(accepted(f"inv-{os.urandom(4).hex()}"), barrier=True)
+
+    trio.run(run)
+    Path(f"{db}-wal").touch(mode=0o600)
+
+
+def _open_and_close(db: Path) -> None:
+    async def run() -> None:
+        async with Journal.open(db):
+            pass
+
+    trio.run(run)
+
+
+def _said(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "affidavit.journal"]
+
+
+@pytest.mark.parametrize("suffix", ["", "-wal"])
+def test_a_journal_file_others_can_read_is_named_with_its_chmod(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, suffix: str
+) -> None:
+    db = tmp_path / "journal.db"
+    _make(db)
+    loose = Path(f"{db}{suffix}")
+    loose.chmod(0o644)  # as an earlier version's umask made it
+    caplog.set_level(logging.WARNING, logger="affidavit.journal")
+    _open_and_close(db)
+    what = "journal" if not suffix else "journal WAL file"
+    want = f"{what} {loose} is accessible by group or others (mode 0644): chmod 600 {loose}"
+    assert want in _said(caplog)
+    assert len([m for m in _said(caplog) if str(loose) in m]) == 1  # once, however many opens
+
+
+def test_a_reader_names_it_too_and_a_private_journal_says_nothing(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    db = tmp_path / "journal.db"
+    _make(db)
+    caplog.set_level(logging.WARNING, logger="affidavit.journal")
+    _open_and_close(db)
+    JournalReader.open(db).close()
+    assert not [m for m in _said(caplog) if "accessible" in m or "owned" in m]
+    db.chmod(0o606)  # others alone
+    JournalReader.open(db).close()
+    # (SQLite gives a -wal it makes anew the main file's mode: named as well.)
+    want = f"journal {db} is accessible by group or others (mode 0606): chmod 600 {db}"
+    assert want in _said(caplog)
+
+
+def test_a_journal_and_a_key_another_user_owns_are_named_with_their_chown(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    require_root()
+    db = tmp_path / "journal.db"
+    _make(db)
+    key = Path(f"{db}.key")
+    for path in (db, key):
+        os.chown(path, NOBODY, NOBODY)  # still 0600: root reads it, nobody could replace it
+    caplog.set_level(logging.WARNING, logger="affidavit.journal")
+    _open_and_close(db)
+    said = _said(caplog)
+    for what, path in (("journal", db), ("broker key file", key)):
+        want = (
+            f"{what} {path} is owned by uid {NOBODY}, not by this process's uid 0: chown 0 {path}"
+        )
+        assert want in said, said
+
+
+def test_a_cli_command_names_it_on_stderr_without_a_traceback(tmp_path: Path) -> None:
+    db = tmp_path / "journal.db"
+    _make(db)
+    db.chmod(0o644)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AFFIDAVIT_")}
+    done = subprocess.run(
+        [sys.executable, "-m", "affidavit", "actions", "--journal", str(db)],
+        capture_output=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=60,
+        check=False,
+    )
+    err = done.stderr.decode()
+    assert done.returncode == 0, err
+    assert f"journal {db} is accessible by group or others (mode 0644): chmod 600 {db}" in err
+    assert "Traceback" not in err
