@@ -32,6 +32,7 @@ SERVICE_BASE = {
     "affidavit.adapters.<proto>",
     "affidavit.text",
     "affidavit.strictjson",
+    "affidavit.coredump",
 }
 ALLOWED: Mapping[str, frozenset[str]] = {
     "affidavit.statemachine": frozenset(),
@@ -40,6 +41,9 @@ ALLOWED: Mapping[str, frozenset[str]] = {
     "affidavit.text": frozenset(),
     # JSON read strictly (no field named twice, no NaN): a leaf the MCP proxy loads too.
     "affidavit.strictjson": frozenset(),
+    # Core dumps off for the process that calls it (serve, mcp; an embedder's choice): a leaf
+    # that the MCP proxy loads too, so not under ``affidavit.secrets``.
+    "affidavit.coredump": frozenset(),
     "affidavit.journal": frozenset({"affidavit.statemachine", "affidavit.strictjson"}),
     "affidavit.adapters": frozenset({"affidavit.statemachine"}),  # adapters/__init__, base
     "affidavit.adapters.<proto>": frozenset({"affidavit.statemachine", "affidavit.adapters"}),

@@ -58,7 +58,7 @@ def _mcp(args: argparse.Namespace) -> int:
 
     import trio
 
-    from affidavit.secrets.coredump import forbid_core_dumps
+    from affidavit.coredump import forbid_core_dumps
 
     core_left = forbid_core_dumps()  # first: run embedded, this process resolves credentials
     socket = daemon_socket(args, "config")

@@ -6,7 +6,7 @@ another process writes, a live daemon already on the socket, group or others abl
 journal, a key or the vault or another user owning one (FILES_EXPOSED, unless
 ``--allow-exposed-files``) -- the message says which.  Log lines go to stderr; none carries a
 secret (only ids, uids, codes and counts).  The process runs with umask 077: the files it
-creates are readable by its own user only; it writes no core file (``secrets.coredump``).
+creates are readable by its own user only; it writes no core file (``affidavit.coredump``).
 """
 
 from __future__ import annotations
@@ -49,9 +49,9 @@ def _serve(args: argparse.Namespace) -> int:
     import trio
 
     from affidavit.config import ConfigError, console_address, load_config
+    from affidavit.coredump import forbid_core_dumps
     from affidavit.daemon import DaemonError, serve
     from affidavit.journal import JournalError
-    from affidavit.secrets.coredump import forbid_core_dumps
 
     # First thing, before a config or a credential is read: no core file of this process.
     core_left = forbid_core_dumps()

@@ -1,4 +1,4 @@
-"""No core file of ``affidavit serve`` or ``affidavit mcp`` (``secrets.coredump``): each runs with
+"""No core file of ``affidavit serve`` or ``affidavit mcp`` (``coredump``): each runs with
 ``RLIMIT_CORE`` 0 and, on Linux, not dumpable -- observed from outside, in ``/proc/<pid>``.
 
 Run as root, a process's ``/proc/<pid>`` files are root's whether it is dumpable or not; so the
