@@ -31,7 +31,9 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from .chain import canonical_json
+from affidavit.statemachine.events import unfrozen_twin
+
+from .chain import canonical_json, json_string
 from .errors import JournalError
 from .sealing import read_pem_key, write_secret_file
 
@@ -50,6 +52,7 @@ __all__ = [
 
 ANCHOR_FORMAT = "affidavit-anchor-v1"
 _DOMAIN = b"affidavit-checkpoint-v1\n"
+_DOMAIN_TEXT = _DOMAIN.decode("ascii")
 
 
 def key_id_of(public_raw: bytes) -> str:
@@ -87,8 +90,32 @@ class Checkpoint:
     signature: bytes
 
 
+_UnfrozenCheckpoint = unfrozen_twin(Checkpoint)
+_new = object.__new__
+
+
 def checkpoint_message(seq: int, hash_: str, prev: int, at: float, adopted: bool) -> bytes:
-    """The exact bytes that are signed: a domain tag, then canonical JSON of the fields."""
+    """The exact bytes that are signed: a domain tag, then canonical JSON of the fields.
+
+    For the types the writer signs and a reader reads back (exact ``int``, finite ``float``,
+    ``str``, ``bool``) the JSON is written here directly, keys in their sorted order and each
+    value as the encoder writes it -- ``int.__repr__``, ``float.__repr__``, the C string
+    encoder -- instead of encoding a dict with ``sort_keys`` (issue 15: once per transaction in
+    the single writer, once per checkpoint in ``verify``).  Anything else takes
+    ``canonical_json`` itself, so the bytes are the encoder's in every case
+    (tests/journal/test_signing_fast.py)."""
+    if (
+        type(seq) is int
+        and type(prev) is int
+        and type(at) is float
+        and at - at == 0.0  # finite: canonical_json refuses NaN and Infinity
+        and type(hash_) is str
+        and type(adopted) is bool
+    ):
+        return (
+            f'{_DOMAIN_TEXT}{{"adopted":{"true" if adopted else "false"},"at":{at!r},'
+            f'"hash":{json_string(hash_)},"prev":{prev},"seq":{seq}}}'
+        ).encode()
     body = {"adopted": adopted, "at": at, "hash": hash_, "prev": prev, "seq": seq}
     return _DOMAIN + canonical_json(body).encode("utf-8")
 
@@ -120,7 +147,7 @@ class SigningKey:
     deterministic (RFC 8032): one key signs one message one way, so the recorded checkpoints
     are the same bytes either library would write (tests/journal/test_signing_nacl.py)."""
 
-    __slots__ = ("_priv", "_signer", "key_id", "path", "public_raw")
+    __slots__ = ("_priv", "_signer", "_sk", "key_id", "path", "public_raw")
 
     def __init__(self, private: Ed25519PrivateKey, path: Path) -> None:
         self._priv = private
@@ -129,11 +156,17 @@ class SigningKey:
         self.key_id = key_id_of(self.public_raw)
         # Here, not at the module's import: only a broker that signs loads libsodium (~10 ms);
         # readers -- `affidavit actions`, `journal verify`, the console -- verify with
-        # cryptography alone.
-        from nacl.signing import SigningKey as NaclSigningKey
+        # cryptography alone.  The binding itself, not ``nacl.signing.SigningKey.sign``: that
+        # wraps each signature in a ``SignedMessage`` and three encoder calls (issue 15: once
+        # per transaction in the single writer).  ``_sk`` is libsodium's 64-byte secret key
+        # (seed and public key), made from the same 32-byte seed.
+        from nacl.bindings import crypto_sign, crypto_sign_seed_keypair
 
         raw = serialization.Encoding.Raw, serialization.PrivateFormat.Raw
-        self._signer = NaclSigningKey(private.private_bytes(*raw, serialization.NoEncryption()))
+        _pk, self._sk = crypto_sign_seed_keypair(
+            private.private_bytes(*raw, serialization.NoEncryption())
+        )
+        self._signer = crypto_sign
 
     @classmethod
     def create(cls, path: str | os.PathLike[str]) -> SigningKey:
@@ -157,8 +190,21 @@ class SigningKey:
         return cls(key, p)
 
     def sign(self, seq: int, hash_: str, prev: int, at: float, adopted: bool = False) -> Checkpoint:
-        sig = self._signer.sign(checkpoint_message(seq, hash_, prev, at, adopted)).signature
-        return Checkpoint(seq, hash_, prev, at, adopted, self.key_id, sig)
+        # crypto_sign answers signature || message: the signature is its first 64 bytes.
+        sig = self._signer(checkpoint_message(seq, hash_, prev, at, adopted), self._sk)[:64]
+        # Built as ``stored_event`` builds an Event (``unfrozen_twin``): the frozen
+        # ``__init__`` stores each of its 7 fields through ``object.__setattr__``.
+        cp: Any = _new(_UnfrozenCheckpoint)
+        cp.seq = seq
+        cp.hash = hash_
+        cp.prev = prev
+        cp.at = at
+        cp.adopted = adopted
+        cp.key_id = self.key_id
+        cp.signature = sig
+        cp.__class__ = Checkpoint
+        checkpoint: Checkpoint = cp
+        return checkpoint
 
 
 def load_public_key(path: str | os.PathLike[str]) -> bytes:
