@@ -190,8 +190,9 @@ def test_a_forked_child_never_repeats_its_parents_random_bytes() -> None:
 def test_keyed_digest_is_the_hmac_of_label_nul_data(
     label: str, data: bytes, tmp_path: Path
 ) -> None:
-    """Issue 15: ``BrokerKey.digest`` in one shot (``hmac.digest``) gives the bytes the HMAC
-    object gave: HMAC-SHA256 under the derived key of ``label`` UTF-8, a NUL, then ``data``."""
+    """Issue 15: ``BrokerKey.digest`` through the label's keyed state made once and copied
+    (``digester``) gives the bytes the one-shot HMAC gave: HMAC-SHA256 under the derived key of
+    ``label`` UTF-8, a NUL, then ``data`` -- the first time and every time after."""
     import hashlib
     import hmac
 
@@ -199,3 +200,24 @@ def test_keyed_digest_is_the_hmac_of_label_nul_data(
     mac = hmac.new(key._mac_key, label.encode("utf-8") + b"\0", hashlib.sha256)
     mac.update(data)
     assert key.digest(label, data) == mac.hexdigest()
+    assert key.digest(label, data) == mac.hexdigest()  # the kept state, copied again
+    one_shot = hmac.digest(key._mac_key, label.encode("utf-8") + b"\0" + data, "sha256")
+    assert key.digest(label, data) == one_shot.hex()
+    assert key.digest(label, data + b"x") != one_shot.hex()  # the copy, not the state, took it
+
+
+def test_keyed_digest_keeps_a_bounded_number_of_label_states(tmp_path: Path) -> None:
+    """Issue 15: the label states ``digest`` keeps are bounded (a label names a credential
+    reference, and a reloaded config may bring new ones): past the bound it starts over, and
+    every digest stays the HMAC of its label and data."""
+    import hashlib
+    import hmac
+
+    from affidavit.journal import sealing
+
+    key = BrokerKey.create(tmp_path / "k")
+    for i in range(sealing._LABELS + 3):
+        label = f"credential-version:env:V{i}"
+        want = hmac.new(key._mac_key, label.encode() + b"\0" + b"v", hashlib.sha256).hexdigest()
+        assert key.digest(label, b"v") == want
+        assert len(key._digesters) <= sealing._LABELS
