@@ -206,7 +206,7 @@ class _Hop:
         """An informational (1xx) head of this hop held a secret (``_head_echoed``)."""
         self.during = "write"
         """What the hop was doing (write, expect_continue, read): reported when it fails."""
-        self.sha = hashlib.sha256()
+        self._sha: Any = None
         self.sink_hashes: bool | None = None
         """The body goes to the sink, which hashes what it is given anyway (``ctx.fed``): the
         wire hash is the sink's, not a second pass over every byte here (issue 15).  Decided
@@ -228,6 +228,15 @@ class _Hop:
         # peer's silence.
         self.io = trio.CancelScope()
         self.read_size = READ_SIZE
+
+    @property
+    def sha(self) -> Any:
+        """The hasher of this hop's body bytes where the sink does not hash them (``_sink``),
+        or of bytes that are not the result: made on first use -- a hop whose body the sink
+        hashes makes none (issue 15)."""
+        if self._sha is None:
+            self._sha = hashlib.sha256()
+        return self._sha
 
     # -- 1. the dispatch gate -------------------------------------------------------------------
 
@@ -470,7 +479,8 @@ class _Hop:
     def _body_sha256(self) -> str:
         """The hex SHA-256 of the body bytes received in this hop."""
         if not self.sink_hashes:
-            return self.sha.hexdigest()
+            mine: str = self.sha.hexdigest()
+            return mine
         assert self.ctx.fed is not None
         fed, digest = self.ctx.fed("body")
         if fed != self.sunk:  # the sink's stream is this hop's body, or the hash is not its

@@ -93,19 +93,20 @@ class Pool:
                     },
                 )
                 continue
+            origin = target.origin
             step(
                 ctx,
                 "reuse",
                 {
                     "hop": hop,
                     "connection": conn.id,
-                    "origin": target.origin,
+                    "origin": origin,
                     "requests_before": conn.requests,
                     "peer": conn.peer,
                     "via_proxy": conn.via_proxy,
                 },
             )
-            log.debug("reusing connection %s to %s", conn.id, target.origin)
+            log.debug("reusing connection %s to %s", conn.id, origin)
             return conn, True
         conn = await open_connection(
             request, ctx, hop, target, key, ssl_context=self.ssl_context, new_id=self._new_id

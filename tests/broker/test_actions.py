@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import dataclasses
+import hashlib
 import json
 import struct
 import time
@@ -416,6 +417,29 @@ def test_fingerprint_changes_with_the_request(change: dict[str, Any]) -> None:
     assert fp(http(**{"body": "b", "headers": {"X-A": "2"}, **change})) != fp(
         http(body="b", headers={"X-A": "2"})
     )
+
+
+@pytest.mark.parametrize(
+    "action",
+    [
+        http(),
+        http(body=""),
+        http(body="b"),
+        http(method="GET", body=None),
+        http(body_base64="AA=="),
+    ],
+)
+def test_the_body_hash_is_the_sha256_of_the_body_also_without_one(action: dict[str, Any]) -> None:
+    """Issue 15: a request without a body (a GET) takes the empty body's hash made once, not a
+    hash per call: the identity the fingerprint covers is the same bytes either way."""
+    from affidavit.protocols.http.action import identity
+
+    parsed = parse_action(action, CONFIG)
+    target = CONFIG.targets[parsed.target]
+    assert isinstance(parsed, HttpAction) and isinstance(target, HttpTarget)
+    ident = identity(parsed, target)
+    assert ident["body_sha256"] == hashlib.sha256(parsed.body).hexdigest()
+    assert list(ident) == ["method", "path", "headers", "body_sha256"]
 
 
 def test_fingerprint_changes_with_the_target_snapshot() -> None:

@@ -296,13 +296,18 @@ def full_path(action: HttpAction, target: HttpTarget) -> str:
     return target.base_path + action.path
 
 
+_EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
+"""The body hash of a request without a body (most: GET), hashed once (issue 15)."""
+
+
 def identity(action: HttpAction, target: HttpTarget) -> dict[str, Any]:
     """Method, full path, sorted caller headers and the body hash."""
+    body = action.body
     return {
         "method": action.method,
         "path": full_path(action, target),
         "headers": [list(h) for h in sorted(action.headers)],
-        "body_sha256": hashlib.sha256(action.body).hexdigest(),
+        "body_sha256": hashlib.sha256(body).hexdigest() if body else _EMPTY_SHA256,
     }
 
 

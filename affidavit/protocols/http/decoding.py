@@ -158,7 +158,8 @@ class BodyDecoding:
         self._decoder: BodyDecoder | None = None
         self._withheld: str | None = None
         self._received = 0
-        self._raw = hashlib.sha256()
+        self._raw: Any = None
+        """The received bytes' hasher, made only for a body that is decoded (``_observe``)."""
         self.context = AttemptContext(
             machine=ctx.machine,
             gate=ctx.gate,
