@@ -99,6 +99,22 @@ class Backend(Protocol):
 
     def close(self, conn: Any) -> None: ...
 
+    def unchanged(self, conn: Any) -> bool:
+        """Whether what ``connect`` checked of a ``tool`` connection still holds, at the cost
+        of a header read or one query (an idle view reader taken again, ``ReaderBase.fresh``):
+        SQLite, the file at the path is the one it opened and its schema is the one it
+        checked; PostgreSQL, the journal's recorded schema is the one it read.  False (never
+        raises) when not, or not known: its owner opens a new connection, whose checks say
+        what is wrong now."""
+        ...
+
+    def bound_waits(self, conn: Any, seconds: float) -> None:
+        """A connection that waits at most ``seconds`` for a lock another session holds, then
+        fails the statement with an error ``transient`` calls the database declining (SQLite:
+        its busy timeout; PostgreSQL: ``lock_timeout``) -- a view's read, never a long scan,
+        which no such bound cuts short."""
+        ...
+
     def create(self, conn: Any) -> None:
         """Create or upgrade the schema (idempotent), inside the transaction ``begin`` opened."""
         ...

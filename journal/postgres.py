@@ -290,6 +290,8 @@ _SERVER_AWAY = (
 again: away, like no server at all."""
 
 
+_SCHEMA_ROW = "SELECT value FROM meta WHERE name = 'schema'"
+
 _TRANSIENT_CLASSES = ("40", "53")
 """SQLSTATE classes of a read worth trying again: transaction rollback (serialization failure,
 deadlock) and insufficient resources (too many connections, out of memory, disk full)."""
@@ -330,6 +332,8 @@ class PostgresBackend:
         self._conninfo = pg_conninfo.make_conninfo("", **params)
         self.reconnect_within = float(reconnect_within)
         self._pipes: dict[int, Any] = {}
+        self._checked: dict[int, object] = {}
+        """A ``tool`` connection's recorded schema when it connected."""
         self._idle_timeout_ms = int(idle_timeout_ms)
         self._index_due = False
         self.index_wait_ms = INDEX_WAIT_MS
@@ -364,7 +368,9 @@ class PostgresBackend:
                         f"no journal at {self.where} (create it with `affidavit init` or a "
                         "broker's first start)"
                     )
-            self._refuse_newer(conn)
+            schema = self._refuse_newer(conn)
+            if role == "tool":
+                self._checked[id(conn)] = schema
             if role == "writer":
                 self._refuse_not_durable(conn)
         except psycopg.Error as exc:
@@ -376,13 +382,32 @@ class PostgresBackend:
             raise
         return conn
 
-    def _refuse_newer(self, conn: Any) -> None:
+    def _refuse_newer(self, conn: Any) -> object:
         """A journal a newer broker wrote (a schema this one does not know) is neither written
-        nor read: what this broker would make of it is not what it holds (as on SQLite)."""
+        nor read: what this broker would make of it is not what it holds (as on SQLite).
+        Returns the recorded schema (None without one: ``unchanged`` then never holds)."""
         if not conn.execute("SELECT to_regclass('meta') IS NOT NULL").fetchone()[0]:
-            return
-        row = conn.execute("SELECT value FROM meta WHERE name = 'schema'").fetchone()
-        refuse_newer_schema(None if row is None else row[0], SCHEMA_VERSION, self.where)
+            return None
+        row = conn.execute(_SCHEMA_ROW).fetchone()
+        recorded = None if row is None else row[0]
+        refuse_newer_schema(recorded, SCHEMA_VERSION, self.where)
+        return recorded
+
+    def unchanged(self, conn: Any) -> bool:
+        """The schema the journal records is the one read at connect: another broker of the
+        shared journal -- a newer one, its tables' owner -- may have upgraded it since, and
+        this one would read it as the schema it knows.  One query."""
+        checked = self._checked.get(id(conn))
+        if checked is None or conn.closed:
+            return False
+        try:
+            row = conn.execute(_SCHEMA_ROW).fetchone()
+        except psycopg.Error:
+            return False
+        return row is not None and row[0] == checked
+
+    def bound_waits(self, conn: Any, seconds: float) -> None:
+        conn.execute(f"SET lock_timeout = {max(1, int(seconds * 1000))}")
 
     def _refuse_not_durable(self, conn: Any) -> None:
         """A writer refuses a server that would acknowledge a commit it may lose in a crash:
@@ -427,6 +452,7 @@ class PostgresBackend:
             )
 
     def close(self, conn: Any) -> None:
+        self._checked.pop(id(conn), None)
         self._pipes.pop(id(conn), None)
         conn.close()
 

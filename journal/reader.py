@@ -54,12 +54,17 @@ class JournalReader(ViewingReader, ProvingReader):
         *,
         key_file: str | os.PathLike[str] | None = None,
         public_keys: Sequence[bytes] = (),
+        lock_wait: float | None = None,
     ) -> JournalReader:
         """``public_keys``: the signing public keys (raw Ed25519, one per broker of a shared
         journal) every read checks checkpoints with -- an auditor's, kept apart from the
         journal.  Without them reads trust the keys the journal records itself
-        (``key_source``), which whoever rewrites the journal can replace."""
-        return cls(path, key_file=key_file, readonly=True, public_keys=public_keys)
+        (``key_source``), which whoever rewrites the journal can replace.  ``lock_wait``:
+        seconds a read waits at most for a lock another session holds, then ``ReadFailed``
+        (a daemon's views); by default the backend's own (SQLite's busy timeout; none)."""
+        return cls(
+            path, key_file=key_file, readonly=True, public_keys=public_keys, lock_wait=lock_wait
+        )
 
     def __enter__(self) -> JournalReader:
         return self

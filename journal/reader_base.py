@@ -44,6 +44,7 @@ class ReaderBase:
         clock: Callable[[], float] = time.time,
         backend: Backend | None = None,
         public_keys: Sequence[bytes] = (),
+        lock_wait: float | None = None,
     ) -> None:
         self.backend = backend if backend is not None else open_backend(path)
         self.path = self.backend.path
@@ -78,9 +79,23 @@ class ReaderBase:
         """The connection's kind, kept when a lost one is replaced (``_read``): a read-only
         reader's has no statement timeout (a view's long scan is its right), the writing
         journal's own reader's has one."""
+        self._lock_wait = lock_wait
+        """Seconds a read waits at most for a lock another session holds (``bound_waits``; a
+        view's), then the database declines it (``ReadFailed``); None: the connection's own."""
         self._rconn: Any = None
-        self._rconn = self.backend.connect(self._role)
+        self._rconn = self._connect()
         self.tables = self.backend.tables(self._rconn)
+
+    def _connect(self) -> Any:
+        conn = self.backend.connect(self._role)
+        if self._lock_wait is not None:
+            try:
+                self.backend.bound_waits(conn, self._lock_wait)
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    self.backend.close(conn)
+                raise
+        return conn
 
     def close(self) -> None:
         # A stream its consumer left part-way (``affidavit actions | head``: the write failed)
@@ -92,6 +107,12 @@ class ReaderBase:
         if self._rconn is not None:
             with contextlib.suppress(Exception):
                 self.backend.close(self._rconn)
+
+    def fresh(self) -> bool:
+        """Whether what opening this reader checked still holds (``Backend.unchanged``: the
+        same file, the same schema), cheaply -- an idle reader taken again; False: open a new
+        one, as its checks then say what is wrong."""
+        return self._rconn is not None and self.backend.unchanged(self._rconn)
 
     def reset(self) -> None:
         """This reader as if just opened, for another read on the same connection (the
@@ -127,7 +148,7 @@ class ReaderBase:
         with contextlib.suppress(Exception):
             backend.close(self._rconn)
         try:
-            self._rconn = backend.connect(self._role)
+            self._rconn = self._connect()
         except JournalUnavailable as exc:  # no new connection: the database is still away
             raise JournalUnavailable(f"{what} cannot be read: {exc}") from None
         except JournalError as exc:  # a server that answers and refuses: not away

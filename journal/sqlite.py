@@ -252,6 +252,8 @@ class SqliteBackend:
         """This process holds the journal's writer lock exclusive (``writer_lock``: the daemon):
         no other writer, of this version or an earlier one, has it open."""
         self._looked = False
+        self._checked: dict[int, tuple[int, int, int]] = {}
+        """A ``tool`` connection's file (device, inode) and schema cookie when it was checked."""
 
     def tables(self, conn: Any) -> Tables:
         return SqliteTables(conn, self.segments)
@@ -277,7 +279,12 @@ class SqliteBackend:
             except sqlite3.Error as exc:
                 raise unusable(path, exc) from None
             return conn
-        if not path.exists():
+        try:
+            # Before the file is opened: one replaced in between is then found replaced.
+            st = path.stat()
+        except OSError:
+            st = None
+        if st is None:
             raise JournalError(
                 f"no journal at {path} (create it with `affidavit init`, or name the right one "
                 "with [journal] path or --journal)"
@@ -293,15 +300,35 @@ class SqliteBackend:
             conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
             conn.execute("SELECT 1 FROM events LIMIT 1").fetchall()
             _refuse_newer(conn, path)
+            cookie = conn.execute("PRAGMA schema_version").fetchone()[0]
         except sqlite3.Error as exc:
             conn.close()
             raise unreadable(path, exc) from None
         except JournalError:
             conn.close()
             raise
+        self._checked[id(conn)] = (st.st_dev, st.st_ino, cookie)
         return conn
 
+    def unchanged(self, conn: Any) -> bool:
+        """The file at the path is still the one opened (not replaced or removed) and its schema
+        cookie is the one checked (``PRAGMA schema_version``: any table or index made, changed
+        or dropped bumps it) -- a stat and a header read."""
+        checked = self._checked.get(id(conn))
+        if checked is None:
+            return False
+        try:
+            st = self.file.stat()
+            cookie = conn.execute("PRAGMA schema_version").fetchone()[0]
+        except (OSError, sqlite3.Error):
+            return False
+        return (st.st_dev, st.st_ino, cookie) == checked
+
+    def bound_waits(self, conn: Any, seconds: float) -> None:
+        conn.execute(f"PRAGMA busy_timeout={max(1, int(seconds * 1000))}")
+
     def close(self, conn: Any) -> None:
+        self._checked.pop(id(conn), None)
         checkpointer = self._checkpointers.pop(id(conn), None)
         if checkpointer is not None:
             checkpointer.close()

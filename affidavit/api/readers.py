@@ -5,42 +5,83 @@ and its set-up queries -- for every record or page a caller asks for.
 A reader is taken by one view thread at a time and given back after a clean read, reset to what
 a new reader knows (``JournalReader.reset``: no snapshot, key or proof carried into the next
 read); one whose read raised (a lost connection, an altered row, anything) or whose view was
-abandoned is closed instead.  At most ``keep`` (the returning view's limiter's threads) wait
-idle; ``close`` (the broker's) closes them, and a reader given back after it is closed there
-and then -- never kept, never used after."""
+abandoned is closed instead.  An idle reader taken again is first checked to be reading what
+a new one would (``JournalReader.fresh``: the same file, the same recorded schema -- a stat
+and a header read on SQLite, one query on PostgreSQL); one that is not is closed and a new one
+opened, whose own checks then answer (a journal upgraded by a newer broker is refused, a
+removed file is "no journal").  At most ``keep`` (the returning view's limiter's threads) wait
+idle, none longer than ``IDLE_FOR`` (``prune``, on every take and give-back and from the
+daemon's upkeep): a quiet daemon holds no database sessions and no descriptor of a journal
+file replaced or removed meanwhile.  Each reader waits at most ``VIEW_WAIT`` for a lock another
+session holds (``lock_wait``), then the database declines the read (``ReadFailed``, 503
+``JOURNAL_READ_DECLINED``).  ``close`` (the broker's) closes the idle ones, and a reader given
+back after it is closed there and then -- never kept, never used after."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import threading
+import time
+from collections.abc import Callable
 
-from affidavit.journal import JournalReader
+import trio
 
-__all__ = ["ViewReaders"]
+from affidavit.journal import JournalReader, ReadFailed
+
+__all__ = ["IDLE_FOR", "VIEW_WAIT", "BoundedTurn", "ViewReaders"]
+
+IDLE_FOR = 60.0
+"""Seconds an idle reader is kept at most (then closed by the next ``prune``)."""
+
+VIEW_WAIT = 10.0
+"""Seconds a view waits at most -- for one of its limiter's threads (``Broker.view``), for the
+kept views' turn (the daemon's ``read_summarized``), for a lock the database holds on what it
+reads (``lock_wait``) -- before it is answered ``JOURNAL_READ_DECLINED`` (503, ``Retry-After``):
+a caller holding every view thread, or a session holding a lock, parks no other request.  A
+view's long scan is not cut short: a read that is under way is its right."""
 
 
 class ViewReaders:
     """Idle read-only readers of one journal; thread-safe (taken and given back in view
-    threads, closed on the event loop)."""
+    threads, pruned and closed on the event loop)."""
 
     def __init__(
-        self, location: str | os.PathLike[str], key_file: str | os.PathLike[str] | None
+        self,
+        location: str | os.PathLike[str],
+        key_file: str | os.PathLike[str] | None,
+        *,
+        lock_wait: float | None = VIEW_WAIT,
+        idle_for: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._location = location
         self._key_file = key_file
+        self._lock_wait = lock_wait
+        self._idle_for = IDLE_FOR if idle_for is None else idle_for
+        self._clock = clock
         self._lock = threading.Lock()
-        self._idle: list[JournalReader] = []
+        self._idle: list[tuple[JournalReader, float]] = []
+        """Idle readers and when each was given back, oldest first (taken from the end)."""
         self._closed = False
         self.opened = 0
         """Readers opened so far (each a connection: the pool's measure)."""
 
     def take(self) -> JournalReader:
-        """An idle reader, else a new one (``JournalError`` as ``JournalReader.open`` raises)."""
+        """An idle reader still reading what a new one would, else a new one (``JournalError``
+        as ``JournalReader.open`` raises)."""
         with self._lock:
-            if self._idle:
-                return self._idle.pop()
-        reader = JournalReader.open(self._location, key_file=self._key_file)
+            stale = self._stale()
+            reader = self._idle.pop()[0] if self._idle else None
+        for old in stale:
+            self.discard(old)
+        if reader is not None:
+            if reader.fresh():
+                return reader
+            self.discard(reader)
+        reader = JournalReader.open(
+            self._location, key_file=self._key_file, lock_wait=self._lock_wait
+        )
         with self._lock:
             self.opened += 1
         return reader
@@ -54,10 +95,36 @@ class ViewReaders:
             self.discard(reader)
             return
         with self._lock:
-            if not self._closed and len(self._idle) < keep:
-                self._idle.append(reader)
-                return
-        self.discard(reader)
+            stale = self._stale()
+            kept = not self._closed and len(self._idle) < keep
+            if kept:
+                self._idle.append((reader, self._clock()))
+        for old in stale:
+            self.discard(old)
+        if not kept:
+            self.discard(reader)
+
+    @property
+    def idle_for(self) -> float:
+        return self._idle_for
+
+    def prune(self) -> int:
+        """Close the readers idle longer than ``idle_for``; how many."""
+        with self._lock:
+            stale = self._stale()
+        for old in stale:
+            self.discard(old)
+        return len(stale)
+
+    def _stale(self) -> list[JournalReader]:
+        """(Under the lock.)  The readers idle too long, taken out of the pool."""
+        since = self._clock() - self._idle_for
+        cut = 0
+        while cut < len(self._idle) and self._idle[cut][1] <= since:
+            cut += 1
+        stale = [reader for reader, _ in self._idle[:cut]]
+        del self._idle[:cut]
+        return stale
 
     @staticmethod
     def discard(reader: JournalReader) -> None:
@@ -73,5 +140,31 @@ class ViewReaders:
         with self._lock:
             self._closed = True
             idle, self._idle = self._idle, []
-        for reader in idle:
+        for reader, _ in idle:
             self.discard(reader)
+
+
+class BoundedTurn:
+    """``limiter`` as ``trio.to_thread.run_sync`` takes one, its wait for a thread bounded:
+    after ``wait`` seconds a view is declined (``ReadFailed``: every view thread stayed busy)
+    instead of waiting as long as the views that hold them read.  A thread it got is released
+    by trio when the thread ends -- an abandoned view's too (``Broker.view``)."""
+
+    def __init__(self, limiter: trio.CapacityLimiter, wait: float) -> None:
+        self._limiter = limiter
+        self._wait = wait
+
+    async def acquire_on_behalf_of(self, borrower: object) -> None:
+        with trio.move_on_after(self._wait):
+            await self._limiter.acquire_on_behalf_of(borrower)
+            return
+        raise busy(self._wait, "every view thread")
+
+    def release_on_behalf_of(self, borrower: object) -> None:
+        self._limiter.release_on_behalf_of(borrower)
+
+
+def busy(wait: float, what: str) -> ReadFailed:
+    """The refusal of a view that waited ``wait`` seconds for ``what`` in vain: nothing was
+    read, nothing is known to be wrong with the journal (503 ``JOURNAL_READ_DECLINED``)."""
+    return ReadFailed(f"the journal was not read: {what} stayed busy for {wait:g} s")
