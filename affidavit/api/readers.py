@@ -34,6 +34,12 @@ __all__ = ["IDLE_FOR", "VIEW_WAIT", "BoundedTurn", "ViewReaders"]
 IDLE_FOR = 60.0
 """Seconds an idle reader is kept at most (then closed by the next ``prune``)."""
 
+FRESH_FOR = 1.0
+"""Seconds a reader's check (``JournalReader.fresh``, or its opening) holds: one taken again
+within them is not checked again -- on PostgreSQL the check is a query, ~1 in 7 of a record
+view's, paid at most once a second per reader under load.  A view then reads with what was
+checked at most this long ago, as a new reader opened that long ago and reading since would."""
+
 VIEW_WAIT = 10.0
 """Seconds a view waits at most -- for one of its limiter's threads (``Broker.view``), for the
 kept views' turn (the daemon's ``read_summarized``), for a lock the database holds on what it
@@ -53,16 +59,20 @@ class ViewReaders:
         *,
         lock_wait: float | None = VIEW_WAIT,
         idle_for: float | None = None,
+        fresh_for: float = FRESH_FOR,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._location = location
         self._key_file = key_file
         self._lock_wait = lock_wait
         self._idle_for = IDLE_FOR if idle_for is None else idle_for
+        self._fresh_for = fresh_for
         self._clock = clock
         self._lock = threading.Lock()
         self._idle: list[tuple[JournalReader, float]] = []
         """Idle readers and when each was given back, oldest first (taken from the end)."""
+        self._checked: dict[int, float] = {}
+        """By reader (its id, while open): when it was last checked, or opened."""
         self._closed = False
         self.opened = 0
         """Readers opened so far (each a connection: the pool's measure)."""
@@ -76,7 +86,11 @@ class ViewReaders:
         for old in stale:
             self.discard(old)
         if reader is not None:
+            now = self._clock()
+            if now - self._checked.get(id(reader), -float("inf")) < self._fresh_for:
+                return reader
             if reader.fresh():
+                self._checked[id(reader)] = now
                 return reader
             self.discard(reader)
         reader = JournalReader.open(
@@ -84,6 +98,7 @@ class ViewReaders:
         )
         with self._lock:
             self.opened += 1
+            self._checked[id(reader)] = self._clock()
         return reader
 
     def give_back(self, reader: JournalReader, keep: int) -> None:
@@ -126,8 +141,8 @@ class ViewReaders:
         del self._idle[:cut]
         return stale
 
-    @staticmethod
-    def discard(reader: JournalReader) -> None:
+    def discard(self, reader: JournalReader) -> None:
+        self._checked.pop(id(reader), None)
         with contextlib.suppress(Exception):
             reader.close()
 

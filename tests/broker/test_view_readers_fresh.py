@@ -6,8 +6,9 @@ shared journal another (newer) broker upgraded was read as the schema this one k
 new reader is refused; a SQLite file replaced under the path was read as the file it had open,
 where a new reader reads the new one.  And idle readers stayed open for the process's life: on
 PostgreSQL idle sessions, on SQLite open descriptors keeping a replaced or removed file alive.
-Now a reader taken again is checked first (``JournalReader.fresh``), and one idle longer than
-``idle_for`` is closed on the pool's next take, give-back or ``prune``."""
+Now a reader taken again is checked first (``JournalReader.fresh``; at most once per
+``fresh_for``), and one idle longer than ``idle_for`` is closed on the pool's next take,
+give-back or ``prune``."""
 
 from __future__ import annotations
 
@@ -57,11 +58,16 @@ async def test_a_reader_of_a_file_replaced_under_the_path_is_not_taken_again(
     other.parent.mkdir()
     await _journal(path, tmp_path, 1)
     await _journal(other, tmp_path / "other", 3)
-    readers = ViewReaders(path, tmp_path / "k.key")
+    clock = _Clock()
+    readers = ViewReaders(path, tmp_path / "k.key", clock=clock)
     first = readers.take()
     seen = first.head()
     readers.give_back(first, 2)
     os.replace(other, path)  # (the file a new reader opens now)
+    # Checked at most once a second (``fresh_for``): within it, as a reader opened then.
+    assert readers.take() is first
+    readers.give_back(first, 2)
+    clock.now += 1.0
     again = readers.take()
     assert again is not first and _closed(first)
     with JournalReader.open(path, key_file=tmp_path / "k.key") as new:
@@ -71,7 +77,7 @@ async def test_a_reader_of_a_file_replaced_under_the_path_is_not_taken_again(
 async def test_a_reader_of_a_removed_file_says_no_journal_as_a_new_one(tmp_path: Path) -> None:
     path = tmp_path / "j.db"
     await _journal(path, tmp_path)
-    readers = ViewReaders(path, tmp_path / "k.key")
+    readers = ViewReaders(path, tmp_path / "k.key", fresh_for=0.0)
     readers.give_back(readers.take(), 2)
     path.unlink()
     with pytest.raises(JournalError, match="no journal at"):
@@ -84,7 +90,7 @@ async def test_a_reader_of_a_journal_upgraded_since_is_refused_as_a_new_one(
 ) -> None:
     path = tmp_path / "j.db"
     await _journal(path, tmp_path)
-    readers = ViewReaders(path, tmp_path / "k.key")
+    readers = ViewReaders(path, tmp_path / "k.key", fresh_for=0.0)
     first = readers.take()
     readers.give_back(first, 2)
     conn = sqlite3.connect(path, isolation_level=None)
@@ -135,7 +141,7 @@ async def test_a_reader_of_a_shared_journal_upgraded_since_is_refused_as_a_new_o
 ) -> None:
     await _journal(pg_url, tmp_path)
     database = pg_url.rsplit("/", 1)[1]
-    readers = ViewReaders(pg_url, tmp_path / "k.key")
+    readers = ViewReaders(pg_url, tmp_path / "k.key", fresh_for=0.0)
     first = readers.take()
     readers.give_back(first, 2)
     assert readers.take() is first  # unchanged: taken again
