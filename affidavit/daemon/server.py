@@ -108,6 +108,17 @@ LOGGED_IDS = 20
 """Invocation ids a start-up log line names at most (``_reclaim_chunks``)."""
 
 
+async def _prune_view_readers(broker: Broker) -> None:
+    """Upkeep for the daemon's life: the view readers idle longer than their bound closed
+    (``ViewReaders.prune``) even when no view comes to prune them -- a quiet daemon holds no
+    database session, and no descriptor of a journal file replaced or removed meanwhile.
+    Closed in a thread: a database's goodbye is not the event loop's to wait for."""
+    readers = broker.view_readers
+    while True:
+        await trio.sleep(readers.idle_for / 2)
+        await trio.to_thread.run_sync(readers.prune)
+
+
 async def _reclaim_chunks(broker: Broker) -> None:
     """Start-up upkeep, once the records a stopped broker left open are closed: drop the stored
     result chunks no committed result names, of closed records (``journal/reclaim.py``: side
@@ -360,6 +371,7 @@ class Daemon:
                         )
                     # Upkeep once the socket answers, never before (a shutdown cancels it).
                     outer.start_soon(_reclaim_chunks, api.broker)
+                    outer.start_soon(_prune_view_readers, api.broker)
                     task_status.started()
                     await self.shutdown.wait()
                     # Stop accepting: no new connection, and the socket file goes at once (a
