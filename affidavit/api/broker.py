@@ -50,7 +50,8 @@ from affidavit.secrets import redaction
 from affidavit.secrets.vault import Vault
 from affidavit.statemachine import Event, Record, operation_json
 
-from .readers import ViewReaders
+from . import readers as view_readers
+from .readers import BoundedTurn, ViewReaders
 from .wire import check_timeout
 
 __all__ = ["Broker", "exposed_files"]
@@ -79,7 +80,12 @@ class Broker:
         self.config = config
         self.journal = journal
         self._engine = engine
-        self.view_readers = ViewReaders(config.journal.location, config.journal.key_file)
+        self.view_wait = view_readers.VIEW_WAIT
+        """Seconds a view waits at most for a thread, or for a lock the database holds
+        (``readers.VIEW_WAIT``), then ``ReadFailed``."""
+        self.view_readers = ViewReaders(
+            config.journal.location, config.journal.key_file, lock_wait=self.view_wait
+        )
         """The idle read-only readers ``view`` reads on (closed by ``close``)."""
 
     def close(self) -> None:
@@ -370,6 +376,11 @@ class Broker:
         reads judge them (``send_windows``, as they are at this call); an approval's request
         is opened with the broker key.  A ``JournalError`` is raised as the read raised it.
 
+        Bounded waits (``view_wait``): a view that found every ``limiter`` thread busy that
+        long, or whose read met a lock another session held that long (the reader's
+        ``lock_wait``), is ``ReadFailed`` -- unread this once, 503 ``JOURNAL_READ_DECLINED``
+        -- never parked behind the views or the session that hold them.
+
         Cancellable: its connection has no statement timeout (a long scan is a view's right),
         so a cancelled view -- a shutdown past its grace, a caller gone -- abandons its thread
         rather than wait as long as the database holds the read (a daemon asked to stop
@@ -397,7 +408,12 @@ class Broker:
             return got
 
         try:
-            return await trio.to_thread.run_sync(run, limiter=limiter, abandon_on_cancel=True)
+            turn = BoundedTurn(limiter, self.view_wait)
+            return await trio.to_thread.run_sync(
+                run,
+                limiter=turn,  # type: ignore[arg-type]  # (trio takes any limiter-like object)
+                abandon_on_cancel=True,
+            )
         except trio.Cancelled:
             abandoned.set()
             raise

@@ -42,6 +42,7 @@ import trio
 
 import affidavit
 from affidavit.api.broker import Broker
+from affidavit.api.readers import busy
 from affidavit.api.wire import (
     ACTIONS_LIMIT,
     MAX_ACTIONS_LIMIT,
@@ -96,6 +97,9 @@ _INVOCATION = re.compile(r"/v1/invocations/([^/]+)(/result|/reconcile)?")
 _OPERATION = re.compile(r"/v1/operations/([^/]+)/poll")
 _APPROVAL = re.compile(r"/v1/approvals/([^/]+)(/approve|/deny|/content/[a-z][a-z0-9_]*)?")
 _PROMETHEUS = b"text/plain; version=0.0.4; charset=utf-8"
+
+READ_RETRY_AFTER = 1
+"""``Retry-After`` (seconds) of a read declined this once (503 ``JOURNAL_READ_DECLINED``)."""
 
 VIEW_THREADS = 4
 """Worker threads the views (the socket's and the console's) hold at once (``Api.read``): their
@@ -157,7 +161,7 @@ class Api:
         )
         if message == problem.message:
             return problem
-        return ApiProblem(problem.status, problem.code, message)
+        return ApiProblem(problem.status, problem.code, message, problem.field, problem.retry_after)
 
     def _route(self, req: Request) -> tuple[Callable[..., Awaitable[None]], tuple[str, ...]]:
         """The handler and its arguments, matched on the path as sent (``req.target``): an id
@@ -431,9 +435,17 @@ class Api:
     async def read_summarized(self, view: Callable[[JournalReader], Any]) -> Any:
         """``read``, for a view that brings ``summary`` to the head: one at a time
         (``summary_turn``) -- they take turns on its lock anyway, and one that waits for
-        another's fold waits on the event loop, not in a thread of ``read``'s."""
-        async with self.summary_turn:
+        another's fold waits on the event loop, not in a thread of ``read``'s -- at most the
+        broker's ``view_wait``, then declined (``ReadFailed``), as a wait for a thread is."""
+        wait = self.broker.view_wait
+        with trio.move_on_after(wait) as waiting:
+            await self.summary_turn.acquire()
+        if waiting.cancelled_caught:
+            raise busy(wait, "the kept views' turn")
+        try:
             return await self.read(view)
+        finally:
+            self.summary_turn.release()
 
 
 def _as_of(as_of: AsOf | None) -> dict[str, Any] | None:
@@ -511,7 +523,9 @@ def _journal_problem(exc: JournalError, what: str) -> ApiProblem:
         log.warning("%s: the journal did not answer now: %s", shown, why)
     else:
         log.error("%s: %s", shown, why)
-    return ApiProblem(status, code, message)
+    # Declined this once (a lock, a statement timeout, every view thread busy): say when.
+    after = READ_RETRY_AFTER if isinstance(exc, ReadFailed) else None
+    return ApiProblem(status, code, message, retry_after=after)
 
 
 def _withdraw(running: Running) -> None:

@@ -59,13 +59,22 @@ def body_limit(targets: Iterable[object]) -> int:
 class ApiProblem(Exception):
     """An API-level refusal: answered with ``status`` and ``{"api_error": ...}``.  ``field``:
     the request's part to fix (a body field, a query parameter), when one is -- as an
-    envelope's error names it; the message starts with it too."""
+    envelope's error names it; the message starts with it too.  ``retry_after``: seconds after
+    which the same request may succeed, sent as ``Retry-After`` (a read declined this once)."""
 
-    def __init__(self, status: int, code: str, message: str, field: str | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        message: str,
+        field: str | None = None,
+        retry_after: int | None = None,
+    ) -> None:
         self.status = status
         self.code = code
         self.message = message
         self.field = field
+        self.retry_after = retry_after
         super().__init__(message)
 
 
@@ -224,18 +233,22 @@ class Request:
         content_type: bytes = b"application/json",
         *,
         close: bool = False,
+        headers: list[tuple[bytes, bytes]] | None = None,
     ) -> None:
         """The whole answer in one write (link.py: one answer, one write); ``link.broken``
         says afterwards whether it failed."""
         self.answered = True
-        await self._conn.answer(status, [(b"content-type", content_type)], body, close=close)
+        sent = [(b"content-type", content_type), *(headers or ())]
+        await self._conn.answer(status, sent, body, close=close)
 
     async def respond_json(self, value: Any) -> None:
         await self.respond(200, json_body(value))
 
     async def respond_problem(self, problem: ApiProblem, *, close: bool = False) -> None:
+        after = problem.retry_after
         await self.respond(
             problem.status,
             api_error_body(problem.code, problem.message, problem.field),
             close=close,
+            headers=None if after is None else [(b"retry-after", b"%d" % after)],
         )

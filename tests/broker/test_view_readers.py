@@ -25,7 +25,8 @@ async def _broker(tmp_path: Path) -> Any:
     async with Journal.open(path):
         pass
     readers = ViewReaders(path, tmp_path / "j.db.key")
-    return SimpleNamespace(view_readers=readers, journal=SimpleNamespace(send_windows={"a": 1.0}))
+    journal = SimpleNamespace(send_windows={"a": 1.0})
+    return SimpleNamespace(view_readers=readers, journal=journal, view_wait=10.0)
 
 
 def _closed(reader: JournalReader) -> bool:
