@@ -3,10 +3,33 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from tests.postgres import Cluster, running_cluster
+
+_CHECKOUT = Path(__file__).resolve().parent.parent
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Refuse to test another checkout's code.  ``affidavit.journal``, ``.adapters`` and
+    ``.statemachine`` live in top-level folders that an editable install maps by name
+    (pyproject's ``package-dir``): with two checkouts on one machine, ``PYTHONPATH`` pointing
+    at this one still imports those three from the one that was installed -- the tests would
+    pass or fail on code they were not given, and say nothing."""
+    import affidavit
+    import affidavit.adapters
+    import affidavit.journal
+    import affidavit.statemachine
+
+    for module in (affidavit, affidavit.adapters, affidavit.journal, affidavit.statemachine):
+        where = Path(module.__file__ or "").resolve()
+        if not where.is_relative_to(_CHECKOUT):
+            raise pytest.UsageError(
+                f"{module.__name__} is imported from {where.parent}, not from this checkout "
+                f"({_CHECKOUT}): run `pip install -e .` here (or use this checkout's venv)"
+            )
 
 
 @pytest.fixture(scope="session")
