@@ -248,10 +248,15 @@ def _result(args: argparse.Namespace) -> int:
         _print(envelope)
 
     async def main() -> dict[str, Any] | None:
+        from affidavit.journal import JournalError
+
         async with Broker.open(config=config) as broker:
-            return await broker.fetch_result(
-                args.invocation_id, from_chunk=args.from_chunk, deliver=deliver
-            )
+            try:
+                return await broker.fetch_result(
+                    args.invocation_id, from_chunk=args.from_chunk, deliver=deliver
+                )
+            except JournalError as exc:  # as the daemon answers it, not JOURNAL_UNUSABLE
+                raise _result_refusal(exc, args.invocation_id) from None
 
     envelope = run_journal(main)
     if envelope is None:
@@ -275,6 +280,16 @@ def _print_answer(envelope: dict[str, Any]) -> int:
     return 1 if "error" in envelope else 0
 
 
+def _result_refusal(exc: Exception, invocation_id: str) -> UsageError:
+    """A read of a stored result that met a ``JournalError`` (``result_failure``): the code
+    and words the daemon answers for it -- RESULT_UNVERIFIED for a result that fails its
+    verification -- so ``affidavit result`` says the same embedded and through the socket."""
+    from affidavit.engine import result_failure
+
+    _status, code, message = result_failure(exc, invocation_id)
+    return UsageError(message, code)
+
+
 def _past_the_end(start: int, what: str, count: int) -> UsageError:
     """``result --raw --from-chunk`` beyond the stream's end (``CHUNK_OUT_OF_RANGE``): the
     chunks there are, 0 to ``count - 1``; ``count`` itself is the end (nothing left)."""
@@ -292,14 +307,17 @@ async def _raw_result(config: Any, args: argparse.Namespace) -> int:
     message (exit 2) says which chunk and how much was written before it.  A ``--from-chunk``
     past the stream's end is ``CHUNK_OUT_OF_RANGE`` (exit 2), naming the chunks there are."""
     from affidavit.api.broker import Broker
-    from affidavit.journal import AlteredRow, JournalError, JournalUnavailable, ReadFailed
+    from affidavit.journal import JournalError
 
     iid = args.invocation_id
     start = args.from_chunk or 0
     async with Broker.open(config=config) as broker:
-        stored = broker.result_stream(iid)
+        try:  # the marker and summary, verified; else the stored envelope
+            stored = broker.result_stream(iid)
+            envelope = await broker.fetch_result(iid) if stored is None else None
+        except JournalError as exc:
+            raise _result_refusal(exc, iid) from None
         if stored is None:
-            envelope = await broker.fetch_result(iid)
             if envelope is None:
                 raise UsageError(f"no invocation {iid} in {_where(config)}", "NO_SUCH_INVOCATION")
             err = envelope.get("error") or {}
@@ -344,9 +362,8 @@ async def _raw_result(config: Any, args: argparse.Namespace) -> int:
         except JournalError as exc:
             out.flush()
             # A chunk that fails verification is RESULT_UNVERIFIED, as the daemon answers it;
-            # a journal away or a read declined, the journal's code (``journal_refusal``).
-            read = isinstance(exc, (JournalUnavailable, ReadFailed, AlteredRow))
-            stopped = journal_refusal(exc) if read else UsageError(str(exc), "RESULT_UNVERIFIED")
+            # a journal away, a read declined or a row altered, the daemon's code as well.
+            stopped = _result_refusal(exc, iid)
             raise UsageError(
                 f"{stopped} -- output stopped before chunk {index} of stream {name!r} "
                 f"({index - start} verified chunks, {written} bytes written from chunk {start})",

@@ -12,10 +12,12 @@ from affidavit.engine.operations import OperationError, poll_failure
 from affidavit.engine.recorder import stored_envelope
 from affidavit.engine.recovery import (
     READ_DECLINED,
+    RESULT_UNVERIFIED,
     UNREADABLE,
     CallNotRecorded,
     call_failure,
     read_failure,
+    result_failure,
     unread,
     unreadable,
     unrecorded,
@@ -27,6 +29,7 @@ __all__ = [
     "JOURNAL_WORDS",
     "READ_DECLINED",
     "RESULT_CHUNK",
+    "RESULT_UNVERIFIED",
     "UNREADABLE",
     "CallControl",
     "CallNotRecorded",
@@ -38,6 +41,7 @@ __all__ = [
     "new_invocation_id",
     "poll_failure",
     "read_failure",
+    "result_failure",
     "stored_envelope",
     "tune_collector",
     "unplaced",

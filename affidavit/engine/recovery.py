@@ -34,6 +34,7 @@ from .recorder import Recorder
 
 __all__ = [
     "READ_DECLINED",
+    "RESULT_UNVERIFIED",
     "UNREADABLE",
     "CallNotRecorded",
     "act_failure",
@@ -41,6 +42,7 @@ __all__ = [
     "journal_refused",
     "read_failure",
     "recover_stale",
+    "result_failure",
     "unread",
     "unreadable",
     "unrecorded",
@@ -237,6 +239,20 @@ def read_failure(exc: Exception, what: str) -> tuple[int, str, str]:
     return 500, UNREADABLE, str(exc)
 
 
+def result_failure(exc: Exception, invocation_id: str) -> tuple[int, str, str]:
+    """A read of the stored result of ``invocation_id`` (``fetch_result``, ``result --raw``)
+    that ended in a ``JournalError``, as every surface answers it, embedded or through the
+    daemon: (HTTP status, code, message).  The record unread (a shared journal away): 503
+    JOURNAL_UNAVAILABLE (``unreadable``); declined this once or a row altered in place:
+    ``read_failure``; else a stored result that fails its verification: 500
+    ``RESULT_UNVERIFIED`` with the journal's words -- never its bytes."""
+    if isinstance(exc, JournalUnavailable):
+        return 503, CallNotRecorded.code, unreadable(invocation_id)
+    if isinstance(exc, (ReadFailed, AlteredRow)):
+        return read_failure(exc, f"the result of {invocation_id}")
+    return 500, RESULT_UNVERIFIED, str(exc)
+
+
 def call_failure(exc: Exception, invocation_id: str | None) -> tuple[int, str, str]:
     """A call that ended without an envelope because of the journal, as every surface answers
     it: (HTTP status, code, message).  A row the journal proves altered (``AlteredRow``: a
@@ -284,6 +300,9 @@ def act_failure(exc: Exception, what: str, act: str, check: str) -> tuple[int, s
 
 READ_DECLINED = "JOURNAL_READ_DECLINED"
 """The code for a read the database declined this once (``ReadFailed``)."""
+RESULT_UNVERIFIED = "RESULT_UNVERIFIED"
+"""The code for a stored result that fails its verification (a chunk, its marker or summary
+altered): never its bytes."""
 UNREADABLE = "JOURNAL_UNREADABLE"
 """The code for a read the journal refused for another reason than being away (a table or a
 row altered, a database the broker may not read): a fault of the journal, not of its network,

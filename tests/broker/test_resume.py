@@ -82,6 +82,7 @@ def copy(stored: Stored, tmp_path: Path) -> Stored:
                     a.backup(b)
                 a.close()
                 b.close()
+                os.chmod(tmp_path / name, 0o600)  # the journal refuses one others may read
             else:
                 (tmp_path / name).write_bytes(src.read_bytes())
                 os.chmod(tmp_path / name, 0o600)

@@ -1,0 +1,52 @@
+"""A stored result that fails verification, read with ``affidavit result`` embedded and through
+the daemon: the same code (RESULT_UNVERIFIED), the same exit status (2), no field, and never its
+bytes -- embedded used to say JOURNAL_UNUSABLE (the journal's file or key cannot be used), which
+sends an operator to fix permissions on a journal that is fine but for one altered chunk."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from affidavit.cli import error_json
+from tests.http.hostile import Reply, scripts
+from tests.journal.helpers import flip_stored_byte
+
+from .kit import Run, action_bytes, cli, embedded, serving, stop
+
+
+def _refusal(run: Run) -> tuple[int, str | None, str | None]:
+    """(exit status, code, field) of a one-line refusal on stderr, as ``--json`` would give."""
+    line = run.stderr.decode()
+    assert run.stdout == b"" and line.count("\n") == 1 and "Traceback" not in line, line
+    code, _, rest = line.removeprefix("affidavit: ").partition(": ")
+    error = error_json(rest.strip(), code, None)["api_error"]
+    return run.returncode, error["code"], error.get("field")
+
+
+async def test_a_corrupted_chunk_is_result_unverified_embedded_and_through_the_daemon(
+    tmp_path: Path, token: str
+) -> None:
+    body = b"secret-free stored body " * 40
+    async with serving(tmp_path, scripts.serve(Reply(200, body=body)), token=token) as (
+        _srv,
+        daemon,
+    ):
+        called = await cli(daemon, "call", "-", stdin=action_bytes("/r"))
+        assert called.returncode == 0, called.stderr
+        iid = called.json()["invocation_id"]
+        flip_stored_byte(daemon.journal, iid, "body", 0)
+        through = [
+            await cli(daemon, "result", iid, *extra) for extra in ([], ["--from-chunk", "0"])
+        ]
+    stop(daemon)  # the journal is the daemon's while it runs: embedded reads it after
+    config = str(daemon.config)
+    alone = [
+        await embedded("result", iid, "--config", config, *extra, token=token)
+        for extra in ([], ["--from-chunk", "0"])
+    ]
+    raw = await embedded("result", iid, "--raw", "--config", config, token=token)
+    for run in [*through, *alone]:
+        assert _refusal(run) == (2, "RESULT_UNVERIFIED", None), run
+        assert b"chunk 0" in run.stderr and b"stored body" not in run.stderr
+    assert raw.returncode == 2 and raw.stdout == b""
+    assert raw.stderr.startswith(b"affidavit: RESULT_UNVERIFIED: "), raw.stderr
