@@ -86,6 +86,9 @@ class Compaction:
     named chunks count (a dry run) and are returned; else only whole files and tails are."""
     refused: str | None = None
     """``UNPROVEN``: nothing was looked at (``unproven`` says why); else None."""
+    absent: bool = False
+    """No segment directory (no long result was ever stored in a file): nothing to compact,
+    nothing looked at -- not "0 files looked at"."""
 
 
 def refusal_message(where: str) -> str:
@@ -112,7 +115,7 @@ def compact(
     """Compact every segment file in ``directory`` that no live writer holds; ``read_refs``
     answers the (segment, pos, size) reference rows of the named segments."""
     if directory is None or not directory.is_dir():
-        return Compaction(0, 0, 0, 0)
+        return Compaction(0, 0, 0, 0, absent=True)
     names = sorted(e.name for e in os.scandir(directory) if is_segment_name(e.name))
     holes = probe_holes(directory) if names else False
     seen = removed = busy = returned = 0

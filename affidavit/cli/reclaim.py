@@ -14,8 +14,9 @@ segment no running writer holds -- go back to the filesystem (a segment no row n
 removed, the tail past its last named byte cut, the blocks between punched out on Linux).
 ``--dry-run`` reports the bytes that would go on this filesystem -- whether it can punch holes
 is tried on a scratch file there, and the report says which (``holes``); ``--json`` has them
-under ``segments``.  A journal a broker of an earlier affidavit may still write (it leaves its
-segment files unlocked) is not compacted: the chunk report is printed, then exit 2 with
+under ``segments`` (``null`` when there are no segment files: nothing to compact).  A journal
+a broker of an earlier affidavit may still write (it leaves its segment files unlocked) is not
+compacted: the chunk report is printed, then exit 2 with
 ``SEGMENT_WRITERS_UNPROVEN`` -- its daemon's next start records that none is left.
 
 It opens the journal as a writer, with the journal's sealing and signing keys (the config's, or
@@ -158,7 +159,9 @@ def _report(args: argparse.Namespace, done: Reclamation, where: str) -> None:
             "stopped broker left open: a daemon's start-up recovery closes it)"
         )
     seg = _segments(done, where)
-    if seg is not None and "refused" not in seg:
+    if done.compacted is not None and done.compacted.absent:
+        _out(f"no result segment files ({where}.results does not exist): nothing to compact")
+    elif seg is not None and "refused" not in seg:
         _out(
             f"{verb} {seg['bytes']} bytes of result segment files no committed result names: "
             f"{seg['files']} file(s) looked at, {seg['removed']} removed whole"
@@ -172,12 +175,13 @@ def _report(args: argparse.Namespace, done: Reclamation, where: str) -> None:
 
 
 def _segments(done: Reclamation, where: str) -> dict[str, Any] | None:
-    """The segment compaction's account (None: the journal has no segment files -- a shared
-    one; ``refused`` and ``message``: not compacted, ``compact.refusal_message``)."""
+    """The segment compaction's account (None: the journal has no segment files, nothing to
+    compact -- a shared one, or a SQLite one without a segment directory; ``refused`` and
+    ``message``: not compacted, ``compact.refusal_message``)."""
     from affidavit.journal.compact import refusal_message
 
     c = done.compacted
-    if c is None:
+    if c is None or c.absent:
         return None
     if c.refused is not None:
         return {"refused": c.refused, "message": refusal_message(where)}

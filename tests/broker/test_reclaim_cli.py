@@ -83,6 +83,11 @@ async def test_dry_run_lists_then_reclaim_drops_the_closed_records_chunks(tmp_pa
     assert lines[0].startswith("inv-closed  3 chunks, 0 auditor copies, ")
     assert lines[1].startswith("would reclaim the uncommitted chunks of 1 closed record(s): 3 ")
     assert lines[2].startswith("kept those of 1 open record(s)")
+    # Its chunks are rows: no segment directory, nothing to compact -- not "0 file(s) looked at".
+    assert not Path(f"{db}.results").exists()
+    assert lines[3:] == [
+        f"no result segment files ({db}.results does not exist): nothing to compact"
+    ]
     assert _state(db) == (events, chunks)  # nothing changed
 
     done = await _cli("journal", "reclaim", "--journal", str(db), "--json", cwd=tmp_path)
@@ -93,6 +98,7 @@ async def test_dry_run_lists_then_reclaim_drops_the_closed_records_chunks(tmp_pa
     assert record["invocation_id"] == "inv-closed" and record["chunks"] == 3
     assert record["bytes"] > 3000 and report["bytes"] == record["bytes"]
     assert (report["dry_run"], report["chunks"], report["kept_open"]) == (False, 3, ["inv-open"])
+    assert report["segments"] is None  # as on PostgreSQL: no segment files to compact
     # Only the closed record's chunks went; nothing was appended and the chain verifies.
     assert _state(db) == (events, {"inv-closed": 0, "inv-open": 3, "inv-done": 1})
 
