@@ -298,6 +298,7 @@ class HttpExchange:
         head = ex.start_request(method, target, headers, has_body)     # fires send_headers
         -> write head; ex.body_bytes(body) -> write; ex.body_written()  # fires send_body
         ex.receive(data) / ex.receive(b"") -> [Observation, ...]       # fires response steps
+        (the driver: ``receive(data, piecewise=True)``, then ``more()`` while ``held``)
         ex.abort("peer_closed" | ...)                                  # on any early end
     """
 
@@ -328,6 +329,9 @@ class HttpExchange:
     """The final response's body is delimited by the connection's close (RFC 9112 §6.3: no
     Transfer-Encoding, no Content-Length, a status and method that allow a body)."""
     http_version: str = ""
+    held: bool = False
+    """``receive(piecewise=True)`` stopped after a body piece: h11 may hold more events
+    (``more``)."""
     """The final response's HTTP version as h11 parsed it (``"1.1"``, ``"1.0"``)."""
 
     # -- setup --------------------------------------------------------------------------------
@@ -409,8 +413,13 @@ class HttpExchange:
 
     # -- response -----------------------------------------------------------------------------
 
-    def receive(self, data: bytes) -> list[Observation]:
+    def receive(self, data: bytes, *, piecewise: bool = False) -> list[Observation]:
         """Feed bytes read from the transport (``b""`` = EOF) and fire every resulting step.
+
+        ``piecewise``: stop after the first body piece (``held`` is then set; ``more`` fires the
+        rest).  The driver decides on a piece (``max_result``) before the end of message that
+        may follow it in the same read is fired: a body past the limit ends ``closed_early``
+        whatever the read boundaries, never ``framing_complete`` first.
 
         Raises ``FramingError`` after firing ``malformed`` or ``peer_closed`` when the response
         cannot complete; partial body bytes already returned were only ever *chunks* — the
@@ -420,6 +429,15 @@ class HttpExchange:
             self.conn.receive_data(data)
         except RuntimeError as e:  # data after EOF: our bug, not the peer's
             raise FramingError("bytes after end of stream") from e
+        return self._pull(piecewise)
+
+    def more(self) -> list[Observation]:
+        """The steps of the events h11 holds past the body piece ``receive(piecewise=True)``
+        stopped at (``held``), up to the next piece."""
+        self.held = False
+        return self._pull(True)
+
+    def _pull(self, piecewise: bool) -> list[Observation]:
         out: list[Observation] = []
         while True:
             try:
@@ -484,6 +502,9 @@ class HttpExchange:
                         data=chunk,
                     )
                 )
+                if piecewise:
+                    self.held = True
+                    return out
             elif type(ev) is h11.EndOfMessage:
                 if self.close_delimited and not self.eof_ends_body and not self.proxy_response:
                     # h11 ends a close-delimited body at EOF; over plain TCP that EOF proves
