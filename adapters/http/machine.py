@@ -329,10 +329,10 @@ class HttpExchange:
     """The final response's body is delimited by the connection's close (RFC 9112 §6.3: no
     Transfer-Encoding, no Content-Length, a status and method that allow a body)."""
     http_version: str = ""
+    """The final response's HTTP version as h11 parsed it (``"1.1"``, ``"1.0"``)."""
     held: bool = False
     """``receive(piecewise=True)`` stopped after a body piece: h11 may hold more events
     (``more``)."""
-    """The final response's HTTP version as h11 parsed it (``"1.1"``, ``"1.0"``)."""
 
     # -- setup --------------------------------------------------------------------------------
 
