@@ -28,7 +28,7 @@ of an earlier affidavit writes its segment without the lock, so its bytes in fli
 named by a commit this compaction's read did not see -- would look unreferenced, and a removed
 file would take a committed result with it.  Until the journal records that no such broker can
 be writing (made here, or opened by its daemon since: ``SqliteBackend.create``), the compaction
-is refused (``UNPROVEN``) and nothing is touched.
+of a directory with segment files is refused (``UNPROVEN``) and nothing is touched.
 
 Whether holes can be punched is probed once per compaction, on a scratch file in the segment
 directory (``probe_holes``): a dry run then reports what the real run would return on this
@@ -85,7 +85,8 @@ class Compaction:
     """The segment directory's filesystem punches holes (``probe_holes``): the gaps between
     named chunks count (a dry run) and are returned; else only whole files and tails are."""
     refused: str | None = None
-    """``UNPROVEN``: nothing was looked at (``unproven`` says why); else None."""
+    """``UNPROVEN``: there were segment files and none was looked at (``refusal_message``
+    says why); else None."""
     absent: bool = False
     """No segment directory (no long result was ever stored in a file): nothing to compact,
     nothing looked at -- not "0 files looked at"."""
@@ -110,13 +111,20 @@ def compact(
     directory: Path | None,
     read_refs: Callable[[Sequence[str]], Iterator[tuple[Any, Any, Any]]],
     *,
+    proven: bool,
     dry_run: bool = False,
 ) -> Compaction:
     """Compact every segment file in ``directory`` that no live writer holds; ``read_refs``
-    answers the (segment, pos, size) reference rows of the named segments."""
+    answers the (segment, pos, size) reference rows of the named segments.  ``proven``: no
+    writer that leaves its segments unlocked can be writing (``SEGMENT_LOCKS``); if not, a
+    directory with segment files is refused (``UNPROVEN``, none touched) -- one without is
+    not: the files listed here are the only ones a compaction takes, so none is nothing to
+    refuse."""
     if directory is None or not directory.is_dir():
         return Compaction(0, 0, 0, 0, absent=True)
     names = sorted(e.name for e in os.scandir(directory) if is_segment_name(e.name))
+    if names and not proven:
+        return Compaction(0, 0, 0, 0, refused=UNPROVEN)
     holes = probe_holes(directory) if names else False
     seen = removed = busy = returned = 0
     for start in range(0, len(names), _GROUP):

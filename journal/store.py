@@ -551,8 +551,9 @@ class Journal(JournalReader):
     def _compact_segments(self, dry_run: bool) -> compact.Compaction:
         """``compact.compact`` of this journal's segment files, their reference rows read on a
         connection opened (and closed) here, in the calling thread -- refused (``refused``,
-        nothing touched) while a writer of an earlier affidavit, which leaves its segments
-        unlocked, may still write the journal (no ``SEGMENT_LOCKS``: ``compact.py``)."""
+        nothing touched) where there are segment files while a writer of an earlier affidavit,
+        which leaves its segments unlocked, may still write the journal (no ``SEGMENT_LOCKS``:
+        ``compact.py``)."""
         backend, what = self.backend, "the result segments' references"
         conn = backend.connect("tool")
 
@@ -561,9 +562,8 @@ class Journal(JournalReader):
             return iter(conn.execute(sql, tuple(names)).fetchall()) if names else iter(())
 
         try:
-            if backend.tables(conn).meta(SEGMENT_LOCKS) is None:
-                return compact.Compaction(0, 0, 0, 0, refused=compact.UNPROVEN)
-            return compact.compact(backend.segments, read_refs, dry_run=dry_run)
+            proven = backend.tables(conn).meta(SEGMENT_LOCKS) is not None
+            return compact.compact(backend.segments, read_refs, proven=proven, dry_run=dry_run)
         except backend.errors as exc:
             raise self._error(what, exc) from None
         except OSError as exc:

@@ -16,7 +16,7 @@ removed, the tail past its last named byte cut, the blocks between punched out o
 is tried on a scratch file there, and the report says which (``holes``); ``--json`` has them
 under ``segments`` (``null`` when there are no segment files: nothing to compact).  A journal
 a broker of an earlier affidavit may still write (it leaves its segment files unlocked) is not
-compacted: the chunk report is printed, then exit 2 with
+compacted -- if it has segment files at all: the chunk report is printed, then exit 2 with
 ``SEGMENT_WRITERS_UNPROVEN`` -- its daemon's next start records that none is left.
 
 It opens the journal as a writer, with the journal's sealing and signing keys (the config's, or

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from affidavit.journal import Journal
+from affidavit.journal import Journal, JournalReader
 from affidavit.journal import compact as compact_mod
 from affidavit.journal.segment_tables import SEGMENT_LOCKS, SEGMENT_REFS
 
@@ -141,3 +141,25 @@ async def _dry_run(db: Path) -> compact_mod.Compaction:
             done = await j.reclaim(dry_run=True, segments=True)
     assert done.compacted is not None
     return done.compacted
+
+
+@pytest.mark.parametrize("directory", [False, True], ids=["no-segment-directory", "empty"])
+async def test_a_journal_without_segment_files_is_not_refused(
+    tmp_path: Path, directory: bool
+) -> None:
+    """Nothing to compact is nothing to refuse: an upgraded journal that never stored a long
+    result (no segment directory, or an empty one) is reported compacted with nothing -- not
+    ``UNPROVEN`` (``journal reclaim`` exited 2 for every such journal) -- and no segment file
+    is there for the compaction to take."""
+    db = tmp_path / "j.db"
+    async with Journal.open(db):
+        pass
+    kit.tamper(db, *OLDER)
+    if directory:
+        Path(f"{db}.results").mkdir(mode=0o700)
+    got = await _reclaim(db)
+    assert got.refused is None
+    assert (got.segments, got.removed, got.busy, got.bytes) == (0, 0, 0, 0)
+    assert _meta(db, SEGMENT_LOCKS) == []  # still unproven: a later segment file is refused
+    with JournalReader.open(db) as r:
+        assert r.verify().ok
