@@ -392,7 +392,10 @@ def envelope_schema() -> dict[str, Any]:
                         "(redacted | unscanned) instead of the counts (docs/redaction.md).",
                         "required": ["limit"],
                         "oneOf": [
-                            {"required": ["received_bytes"]},
+                            {
+                                "required": ["received_bytes"],
+                                "not": {"required": ["received_withheld"]},
+                            },
                             {
                                 "required": ["received_withheld"],
                                 "not": {

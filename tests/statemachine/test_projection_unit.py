@@ -506,3 +506,52 @@ def test_result_size_limit_evidence_is_the_attempts_own() -> None:
     ):
         assert p.apply(make_event(p, kind, dest, None)) == dest
     assert "result_size_limit" not in p.record().evidence
+
+
+def _size_limit_schema() -> dict[str, Any]:
+    """The envelope schema's ``result_size_limit`` object (``envelope_schema``)."""
+    from affidavit.statemachine import envelope_schema
+
+    found: list[dict[str, Any]] = []
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            props = node.get("properties")
+            if isinstance(props, dict) and {"limit", "received_withheld"} <= set(props):
+                found.append(node)
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    walk(envelope_schema())
+    assert len(found) == 1
+    return found[0]
+
+
+def test_the_envelope_schema_admits_the_result_size_limit_the_projection_does() -> None:
+    """What the schema tells clients ``result_size_limit`` can be is what a record can hold:
+    counts beside ``received_withheld`` are refused by both (a withheld count is told
+    nowhere), not let through by the schema's first ``oneOf`` branch."""
+    import jsonschema
+
+    validator = jsonschema.Draft202012Validator(_size_limit_schema())
+    for value in (
+        {"limit": 1024, "received_bytes": 1500},
+        {"limit": 1024, "received_bytes": 1500, "decoded_bytes": 9000},
+        {"limit": 1024, "received_withheld": "redacted"},
+        {"limit": 1024, "received_withheld": "unscanned"},
+        {"limit": 1024, "received_withheld": "redacted", "received_bytes": 1500},
+        {"limit": 1024, "received_withheld": "unscanned", "received_bytes": 1, "decoded_bytes": 2},
+        {"limit": 1024, "received_withheld": "because"},
+        {"limit": 1024},
+    ):
+        p = projector_in("dispatched")
+        attrs = {"code": "RESULT_SIZE_LIMIT", "result_size_limit": value}
+        try:
+            p.apply(Event(E.ATTEMPT_INTERRUPTED, IID, attrs))
+            projected = True
+        except ImpossibleEvent:
+            projected = False
+        assert validator.is_valid(value) == projected, value
