@@ -68,8 +68,13 @@ def exposure(path: Path, what: str) -> Exposure | None:
 
 
 def journal_exposures(path: Path) -> list[Exposure]:
-    """Those of a SQLite journal at ``path`` and its ``-wal`` and ``-shm`` files."""
-    found = (exposure(Path(f"{path}{suffix}"), what) for suffix, what in JOURNAL_FILES)
+    """Those of a SQLite journal at ``path`` and its ``-wal`` and ``-shm`` files -- beside the
+    file a link at ``path`` names, where SQLite keeps them (its unix VFS resolves links)."""
+    real = os.path.realpath(path)
+    found = (
+        exposure(Path(f"{real if suffix else path}{suffix}"), what)
+        for suffix, what in JOURNAL_FILES
+    )
     return [e for e in found if e is not None]
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from affidavit.journal import Journal, JournalReader
+from affidavit.journal import Journal, JournalReader, journal_exposures
 from tests.external import require_root
 from tests.journal.helpers import accepted
 
@@ -112,3 +112,23 @@ def test_a_cli_command_names_it_on_stderr_without_a_traceback(tmp_path: Path) ->
     assert done.returncode == 0, err
     assert f"journal {db} is accessible by group or others (mode 0644): chmod 600 {db}" in err
     assert "Traceback" not in err
+
+
+def test_a_linked_journals_wal_is_looked_for_beside_the_file_it_names(tmp_path: Path) -> None:
+    """SQLite keeps a linked journal's ``-wal``/``-shm`` beside the file the link names, not
+    beside the link: that is where they are looked at (a loose WAL was not named at all).
+    (Asked directly: SQLite itself gives an *empty* WAL it opens the journal's mode.)"""
+    (tmp_path / "real").mkdir()
+    real = tmp_path / "real" / "journal.db"
+    _make(real)
+    link = tmp_path / "linked.db"
+    link.symlink_to(real)
+    wal = Path(f"{real}-wal")
+    wal.write_bytes(b"\0" * 32)
+    wal.chmod(0o644)
+    found = journal_exposures(link)
+    assert [(e.path, e.what, e.fix) for e in found] == [
+        (wal, "journal WAL file", f"chmod 600 {wal}")
+    ]
+    real.chmod(0o640)
+    assert [e.path for e in journal_exposures(link)] == [link, wal]  # the journal as named
