@@ -369,12 +369,13 @@ class _Parser(argparse.ArgumentParser):
 
 class ArgvRefused(SystemExit):
     """argparse's refusal of the command line: ``INVALID_ARGUMENT``, exit status 2 as
-    argparse's own (a ``SystemExit``, for a caller of ``parse_args``).  ``field``: the
-    argument it names (``argument --since: ...``, ``arguments are required: ID``), if one;
-    ``message`` starts with it.  ``main`` prints the usage, then the refusal's line -- or,
-    under ``--json``, the refusal as one ``api_error`` object instead of the usage."""
+    argparse's own (a ``SystemExit``, for a caller of ``parse_args``: its ``code`` is that
+    status; the stable code is ``error_code``).  ``field``: the argument it names (``argument
+    --since: ...``, ``arguments are required: ID``), if one; ``message`` starts with it.
+    ``main`` prints the usage, then the refusal's line -- or, under ``--json``, the refusal as
+    one ``api_error`` object instead of the usage."""
 
-    code = "INVALID_ARGUMENT"
+    error_code = "INVALID_ARGUMENT"
 
     def __init__(self, message: str, usage: str) -> None:
         super().__init__(2)
@@ -461,7 +462,7 @@ def _main(argv: Sequence[str] | None) -> int:
         wants_json = "--json" in argv[: argv.index("--") if "--" in argv else None]
         if not wants_json:
             sys.stderr.write(exc.usage)
-        _complain(exc.message, exc.code, exc.field, argparse.Namespace(json=wants_json))
+        _complain(exc.message, exc.error_code, exc.field, argparse.Namespace(json=wants_json))
         return 2
     try:
         status: int = args.handler(args)

@@ -200,3 +200,19 @@ def test_every_refusal_in_the_cli_names_a_documented_code() -> None:
             elif isinstance(code, ast.Constant) and code.value not in documented:
                 bad.append(f"{where}: {code.value} is not in docs/configuration.md")
     assert bad == []
+
+
+def test_an_argv_refusal_is_still_argparses_exit_status_2() -> None:
+    """``ArgvRefused`` is a ``SystemExit`` for a caller of ``parse_args``: its ``code`` is the
+    exit status 2, as argparse's own -- the stable code is ``error_code`` (a class attribute
+    ``code`` shadowed the status: an uncaught refusal exited 1, printing only the code)."""
+    with pytest.raises(ArgvRefused) as caught, contextlib.redirect_stdout(io.StringIO()):
+        build_parser().parse_args(["no-such-command"])
+    assert caught.value.code == 2
+    assert caught.value.error_code == "INVALID_ARGUMENT"
+    run = subprocess.run(
+        [sys.executable, "-c", "from affidavit.cli import build_parser\n"
+         "build_parser().parse_args(['no-such-command'])"],
+        capture_output=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert run.returncode == 2, run
