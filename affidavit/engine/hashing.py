@@ -8,11 +8,9 @@ next piece.  What is hashed, and in which order, does not change: one piece at a
 started only once the one before it is done -- the digest is that of the same bytes hashed in
 line, and the bytes waiting to be hashed are one piece (bounded by the adapter's largest read),
 never a queue.  Every read of the state (``copy``, ``digest``, ``hexdigest``) and every next
-``update`` first waits for the piece in flight.  The sink awaits ``settled`` before its next
-piece and before ``finish`` reads the digest, so that the event loop is not the one kept waiting
-(other calls' tasks run meanwhile); only a read between the two -- ``fed``, which the HTTP
-adapter asks for at the body's end -- may wait on the event loop's thread, for at most the last
-piece's hash (about a millisecond per MiB).
+``update`` first waits for the piece in flight; the sink awaits ``settled`` before its next
+``update``, so that the event loop is not the one kept waiting (other calls' tasks run
+meanwhile).
 """
 
 from __future__ import annotations
