@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from affidavit.adapters.base import ResultTooLarge
-from affidavit.engine.hashing import OffThreadHash
 from affidavit.journal import Journal, ResultStoreFailed
 from affidavit.secrets.redaction import Redactor
 
@@ -90,8 +89,7 @@ class StreamSink:
                 "redactor": self._scrubber.fresh(),
                 "buf": bytearray(),
                 "index": 0,
-                # Hashed beside the event loop, a large piece while its chunks are sealed.
-                "sha": OffThreadHash(),
+                "sha": hashlib.sha256(),
                 "bytes": 0,
                 "kept": [],
                 "fed": None,
@@ -100,12 +98,6 @@ class StreamSink:
         return st
 
     async def __call__(self, name: str, data: bytes) -> None:
-        st = self._streams.get(name)
-        if st is not None:
-            # The last piece's hash ran while its chunks were sealed and this one was read; its
-            # end is awaited before anything of this piece is taken or counted (a cancellation
-            # here takes none of it).
-            await st["sha"].settled()
         limit = self.max_result
         if limit is not None:
             received = self._received + len(data)
@@ -124,9 +116,8 @@ class StreamSink:
         if st["fed"] is not None:
             st["fed"].update(data)
         chunks: list[bytes] = []
-        sha: OffThreadHash = st["sha"]
         for piece in pieces:
-            sha.update(piece)
+            st["sha"].update(piece)
             _cut(st["buf"], piece, chunks)
         for chunk in chunks:
             await self._put(name, st, chunk)
@@ -240,7 +231,6 @@ class StreamSink:
         out: dict[str, dict[str, Any]] = {}
         await self.drain()
         for name, st in sorted(self._streams.items()):
-            await st["sha"].settled()  # (else ``hexdigest`` below would block the event loop)
             held = st["redactor"].pending
             tail = st["redactor"].flush()
             self._fork(st, st["redactor"], held)
