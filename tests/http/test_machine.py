@@ -236,3 +236,58 @@ def test_an_unencodable_head_s_error_carries_nothing_of_h11_s_message() -> None:
         ex.start_request("GET", "/", [("Host", "example")], has_body=False)
     assert canary not in str(info.value)
     assert info.value.__cause__ is None and info.value.__suppress_context__
+
+
+def _steps(reads: list[bytes], *, piecewise: bool) -> tuple[list[tuple[str, bytes]], str, bool]:
+    """Every step and body piece ``reads`` fire, in order, as the driver takes them
+    (``piecewise``: ``receive`` then ``more`` while ``held``) or in one go per read."""
+    m, ex = _exchange()
+    _send_get(m, ex)
+    out: list[tuple[str, bytes]] = []
+    try:
+        for data in reads:
+            out += [(o.step.event, o.data) for o in ex.receive(data, piecewise=piecewise)]
+            for _ in range(64):  # bounded: a few pieces per read here
+                if not ex.held:
+                    break
+                out += [(o.step.event, o.data) for o in ex.more()]
+            assert not ex.held
+    except FramingError as e:
+        out += [(o.step.event, o.data) for o in e.observations]
+        out.append(("FramingError", b""))
+    return out, m.state, ex.reusable
+
+
+@pytest.mark.parametrize(
+    "reads",
+    [
+        [b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nabcHTTP/1.1 200 OK\r\n\r\n"],
+        [b"HTTP/1.1 103 EH\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nabc"],
+        [
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+            b"3\r\nabc\r\n2\r\nde\r\n0\r\nX: 1\r\n\r\n"
+        ],
+        [b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\nZZ\r\n"],
+        [b"HTTP/1.1 200 OK\r\n\r\nabc", b""],
+        [b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\nabc", b"def", b""],
+        [b"HTTP/1.1 204 No Content\r\n\r\nxyz"],
+        [b"HTTP/1.1 302 Found\r\nLocation: /b\r\nContent-Length: 2\r\n\r\nhi"],
+    ],
+    ids=["extra", "1xx-final", "chunked-trailers", "chunked-bad", "close", "cut", "204", "302"],
+)
+def test_piecewise_fires_the_same_steps_once_each_and_leaves_nothing_held(
+    reads: list[bytes],
+) -> None:
+    """Taken a piece at a time, a read fires exactly the steps it fires in one go (none lost,
+    none fired twice), ``held`` cleared once h11 has nothing more."""
+    assert _steps(reads, piecewise=True) == _steps(reads, piecewise=False)
+
+
+def test_piecewise_stops_after_a_piece_before_the_end_of_message_read_with_it() -> None:
+    m, ex = _exchange()
+    _send_get(m, ex)
+    obs = ex.receive(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nabc", piecewise=True)
+    assert [o.step.event for o in obs] == ["response_headers", "body"] and ex.held
+    assert m.state == "body" and m.allows("result_size_limit")
+    assert [o.step.event for o in ex.more()] == ["end"] and not ex.held
+    assert m.state == "framing_complete"
