@@ -71,6 +71,7 @@ from .errors import (
     LeaseLost,
     ReadFailed,
     ResultStoreFailed,
+    ResultUnverified,
     VerifyReport,
 )
 from .exposure import Exposure, exposure, journal_exposures, warn_exposed
@@ -114,6 +115,7 @@ __all__ = [
     "ReadFailed",
     "ResultStoreFailed",
     "ResultStream",
+    "ResultUnverified",
     "ResultWriter",
     "SessionSummary",
     "SigningKey",

@@ -90,6 +90,13 @@ class JournalError(Exception):
     """The journal cannot do what was asked (bad key, corrupt row, closed journal, misuse)."""
 
 
+class ResultUnverified(JournalError):
+    """A stored result that fails its verification (a chunk, its marker or its summary against
+    the chained hashes): a verdict on the bytes, not a journal that could not be read -- every
+    surface answers it RESULT_UNVERIFIED (``engine.result_failure``, ``engine.call_failure``),
+    never the bytes.  The message names the invocation, stream and chunk, never a value."""
+
+
 class HeadHeld(JournalError):
     """A write's bounded wait for the chain head ran out: another session held it longer than
     the journal lets a write wait (on PostgreSQL ``[journal] reconnect``: a broker's lost

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 from affidavit.statemachine import EventKind
 
 from .chain import canonical_json
-from .errors import JournalError
+from .errors import JournalError, ResultUnverified
 from .sealing import BrokerKey, chunk_aad, summary_aad
 from .signing import Checkpoint
 from .tables import Tables
@@ -117,8 +117,8 @@ class ResultStream:
         self._fetch = fetch
         self._key = key
 
-    def _bad(self, stream: str, what: str) -> JournalError:
-        return JournalError(
+    def _bad(self, stream: str, what: str) -> ResultUnverified:
+        return ResultUnverified(
             f"stored result of invocation {self.invocation_id} (seq {self.seq}) fails "
             f"verification: stream {stream!r} {what}"
         )
@@ -241,59 +241,59 @@ def load_marker(
             return None
         seq, sha, streams_json, summary_blob = marker
         if type(seq) is not int:  # not a row the broker wrote
-            raise JournalError(
+            raise ResultUnverified(
                 f"stored result of invocation {invocation_id} fails verification: its results "
                 "row was altered (its seq is not a number)"
             )
         ev = store.tables.event_at(seq)
     bad = f"stored result of invocation {invocation_id} (seq {seq}) fails verification"
     if ev is None or ev[0] != EventKind.RESULT_COMMITTED.value or ev[1] != invocation_id:
-        raise JournalError(f"{bad}: no RESULT_COMMITTED event at its seq")
+        raise ResultUnverified(f"{bad}: no RESULT_COMMITTED event at its seq")
     try:
         cp = covered(seq)
     except JournalError as exc:
         if type(exc) is not JournalError:  # the journal could not be read (not a verdict)
             raise
-        raise JournalError(f"{bad}: its RESULT_COMMITTED event row: {exc}") from None
+        raise ResultUnverified(f"{bad}: its RESULT_COMMITTED event row: {exc}") from None
     try:
         chained = json.loads(ev[2])
         declared = json.loads(streams_json)
         streams = _stream_table(declared)
     except (TypeError, ValueError, KeyError):
-        raise JournalError(f"{bad}: its marker or event is not readable") from None
+        raise ResultUnverified(f"{bad}: its marker or event is not readable") from None
     if not isinstance(chained, dict) or chained.get("sha256") != sha:
-        raise JournalError(f"{bad}: marker hash differs from the chained event")
+        raise ResultUnverified(f"{bad}: marker hash differs from the chained event")
     if whole_sha256(declared) != sha:
-        raise JournalError(f"{bad}: whole-result hash differs")
+        raise ResultUnverified(f"{bad}: whole-result hash differs")
     summary_blob = bytes(summary_blob)
     if "marker_sha256" in chained or not cp.adopted:
         # Written by a signing broker: the current format, whole.  (Per-chunk hashes and
         # signing came together, so only rows the adopted checkpoint covers predate them.)
         missing = [k for k in CURRENT_RESULT_ATTRS if not isinstance(chained.get(k), str)]
         if missing:
-            raise JournalError(
+            raise ResultUnverified(
                 f"{bad}: its RESULT_COMMITTED event was altered: it lacks "
                 + ", ".join(missing)
                 + ", which every result stored since the journal was signed carries"
             )
         if _sha(canonical_json(declared).encode("utf-8")) != chained["marker_sha256"]:
-            raise JournalError(f"{bad}: marker differs from the chained event")
+            raise ResultUnverified(f"{bad}: marker differs from the chained event")
         if _sha(summary_blob) != chained["sealed_summary_sha256"]:
-            raise JournalError(f"{bad}: sealed summary differs from the chained event")
+            raise ResultUnverified(f"{bad}: sealed summary differs from the chained event")
     return Marker(invocation_id, int(seq), sha, streams, chained, summary_blob)
 
 
 def _opened_summary(marker: Marker, plain: bytes) -> Mapping[str, Any]:
     want = marker.attrs.get("summary_sha256")
     if want is not None and _sha(plain) != want:
-        raise JournalError(
+        raise ResultUnverified(
             f"stored result of invocation {marker.invocation_id} (seq {marker.seq}) fails "
             "verification: summary differs from the chained event"
         )
     try:
         summary: Mapping[str, Any] = json.loads(plain)
     except ValueError:
-        raise JournalError(
+        raise ResultUnverified(
             f"stored result of invocation {marker.invocation_id}: summary is not JSON"
         ) from None
     return summary

@@ -195,8 +195,15 @@ def _call(args: argparse.Namespace) -> int:
         _print(envelope)
 
     async def main() -> dict[str, Any]:
+        from affidavit.engine import call_failure
+        from affidavit.journal import ResultUnverified
+
         async with Broker.open(config=config) as broker:
-            return await broker.call(action, timeout=args.timeout, deliver=deliver)
+            try:
+                return await broker.call(action, timeout=args.timeout, deliver=deliver)
+            except ResultUnverified as exc:  # a same-key replay: as the daemon answers it
+                _status, code, message = call_failure(exc, None)
+                raise UsageError(message, code) from None
 
     envelope = run_journal(main)
     if not delivering:

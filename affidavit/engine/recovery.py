@@ -18,6 +18,7 @@ from affidavit.journal import (
     JournalWriteError,
     LeaseBusy,
     ReadFailed,
+    ResultUnverified,
 )
 from affidavit.statemachine import (
     Code,
@@ -262,7 +263,17 @@ def call_failure(exc: Exception, invocation_id: str | None) -> tuple[int, str, s
     not committed, a shared journal away): 503 JOURNAL_UNAVAILABLE (``unrecorded``) -- except a
     read the database declined this once (``ReadFailed``: a statement timeout, a lock not
     granted), which is 503 JOURNAL_READ_DECLINED, as every read answers it: the journal is not
-    away, and reading the record again may succeed."""
+    away, and reading the record again may succeed.  A stored result the call answers with (a
+    same-key call replaying it) that fails its verification (``ResultUnverified``) is 500
+    RESULT_UNVERIFIED with the journal's words, as a fetch of it is (``result_failure``):
+    never the result, nor an outage that passes -- the same call meets it again."""
+    if isinstance(exc, ResultUnverified):
+        return (
+            500,
+            RESULT_UNVERIFIED,
+            f"the call ended without an envelope: {exc} (`affidavit journal verify` lists what "
+            "was altered)",
+        )
     if isinstance(exc, ReadFailed):
         if invocation_id is None:
             where = "before the call was accepted: nothing was sent"
