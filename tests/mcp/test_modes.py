@@ -64,6 +64,24 @@ async def test_a_stored_chunk_that_fails_verification_is_result_unverified(
 
 
 @pytest.mark.parametrize("mode", MODES)
+async def test_a_same_key_call_replaying_a_corrupted_chunk_is_result_unverified(
+    tmp_path: Path, remotes: Remotes, token: str, mode: str
+) -> None:
+    # A same-key call answers with the stored result: one that fails verification is
+    # RESULT_UNVERIFIED (``call_failure``), as its fetch is -- never JOURNAL_UNAVAILABLE ("the
+    # journal could not record the call"), which nothing in the journal backs.
+    keyed = {"target": "pay", "method": "POST", "path": "/p", "body": "1", "idempotency_key": "k1"}
+    async with session(mode, tmp_path, remotes, token) as (mcp, _):
+        iid = structured(await mcp.call("http_request", keyed))["invocation_id"]
+        flip_stored_byte(tmp_path / "journal.db", iid, "body", 0, at=0)
+        result = await mcp.call("http_request", keyed)
+        answer = structured(result)
+    assert result.is_error is True, answer
+    assert answer["api_error"]["code"] == "RESULT_UNVERIFIED", answer
+    assert "chunk 0" in answer["api_error"]["message"] and "result" not in answer
+
+
+@pytest.mark.parametrize("mode", MODES)
 async def test_the_canary_is_in_no_mcp_message_and_no_log_line(
     tmp_path: Path, remotes: Remotes, token: str, mode: str
 ) -> None:
