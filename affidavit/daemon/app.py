@@ -53,20 +53,17 @@ from affidavit.api.wire import (
 )
 from affidavit.console import TokenStore
 from affidavit.engine import (
-    CallNotRecorded,
     OperationError,
     call_failure,
     poll_failure,
     read_failure,
+    result_failure,
     unplaced,
-    unreadable,
 )
 from affidavit.journal import (
-    AlteredRow,
     AsOf,
     JournalError,
     JournalReader,
-    JournalUnavailable,
     ReadFailed,
     SessionSummary,
 )
@@ -287,15 +284,9 @@ class Api:
             envelope = await self.broker.fetch_result(
                 invocation_id, from_chunk=from_chunk, deliver=deliver
             )
-        except JournalUnavailable:  # the record unread: nothing is known to be wrong with it
-            raise ApiProblem(503, CallNotRecorded.code, unreadable(invocation_id)) from None
-        except (ReadFailed, AlteredRow) as exc:
-            # Declined this once (a statement timeout): unread, not wrong; a row altered in
-            # place: JOURNAL_UNREADABLE with the journal's words, as a call meeting it is
-            # answered -- neither is a stored result that failed its verification.
-            raise _journal_problem(exc, f"the result of {invocation_id}") from None
-        except JournalError as exc:  # a stored result that fails verification: never its bytes
-            raise ApiProblem(500, "RESULT_UNVERIFIED", str(exc)) from None
+        except JournalError as exc:  # as every surface answers it (``result_failure``)
+            failure = result_failure(exc, invocation_id)
+            raise _journal_problem(exc, f"the result of {invocation_id}", failure) from None
         if req.answered or req.link.hung_up.is_set():
             return
         if envelope is None:
@@ -509,15 +500,18 @@ async def _deliver(req: Request, envelope: dict[str, Any], scope: trio.CancelSco
         raise ClientGone("the answer could not be written whole")
 
 
-def _journal_problem(exc: JournalError, what: str) -> ApiProblem:
+def _journal_problem(
+    exc: JournalError, what: str, failure: tuple[int, str, str] | None = None
+) -> ApiProblem:
     """A read the journal could not answer (``read_failure``): 503 JOURNAL_UNAVAILABLE when a
     shared journal is away beyond ``[journal] reconnect``, or JOURNAL_READ_DECLINED when the
     database declined it once (unread, nothing known to be wrong with it), else 500
     JOURNAL_UNREADABLE with the journal's own one-line words (altered, refused) -- never
     blurred.  One line in the daemon's log either way, never a traceback: ``what`` and the
     journal's words may name a caller's id (decoded from the path: ``%0A`` a line break), so
-    both are escaped (``printable``) -- never a line of the caller's own in the log."""
-    status, code, message = read_failure(exc, what)
+    both are escaped (``printable``) -- never a line of the caller's own in the log.
+    ``failure``: the read's own answer (``result_failure``) instead of ``read_failure``'s."""
+    status, code, message = failure or read_failure(exc, what)
     shown, why = printable(what), printable(str(exc))
     if status == 503:
         log.warning("%s: the journal did not answer now: %s", shown, why)

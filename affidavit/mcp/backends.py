@@ -160,19 +160,16 @@ class Embedded:
     async def fetch_result(
         self, invocation_id: str, from_chunk: int | None, exchange: Exchange
     ) -> dict[str, Any]:
-        from affidavit.engine import CallNotRecorded, unreadable
-        from affidavit.journal import AlteredRow, JournalError, JournalUnavailable, ReadFailed
+        from affidavit.engine import result_failure
+        from affidavit.journal import JournalError
 
         try:
             envelope = await self.broker.fetch_result(
                 invocation_id, from_chunk=from_chunk, deliver=exchange.deliver
             )
-        except JournalUnavailable:  # the record unread (as the daemon answers: 503)
-            return self._api_error(CallNotRecorded.code, unreadable(invocation_id), invocation_id)
-        except (ReadFailed, AlteredRow) as exc:  # declined once / a row altered: as the daemon
-            return self._journal_error(exc, f"the result of {invocation_id}", invocation_id)
-        except JournalError as exc:  # a stored result that fails verification: never its bytes
-            return self._api_error("RESULT_UNVERIFIED", str(exc), invocation_id)
+        except JournalError as exc:  # as the daemon answers it (``result_failure``)
+            _status, code, message = result_failure(exc, invocation_id)
+            return self._api_error(code, message, invocation_id)
         return _unknown_id(invocation_id) if envelope is None else envelope
 
     async def record(self, invocation_id: str) -> dict[str, Any]:
