@@ -21,13 +21,10 @@ import trio
 from affidavit.api.broker import Broker
 from affidavit.api.wire import parse_time
 from affidavit.approvals import Operator, OperatorError, service
-from affidavit.engine import read_failure, stored_envelope
+from affidavit.engine import read_failure, result_failure, stored_envelope
 from affidavit.journal import (
-    AlteredRow,
     JournalError,
     JournalReader,
-    JournalUnavailable,
-    ReadFailed,
     SessionSummary,
 )
 from affidavit.reconcile import service as reconciling
@@ -253,11 +250,10 @@ class Handlers:
             found: dict[str, Any] | bool | None = await self.read(stored)
             if found is False:
                 found = await self.broker.fetch_result(iid, from_chunk=0)
-        except (JournalUnavailable, ReadFailed, AlteredRow) as exc:  # not unverified: unread
-            # (away, declined) or a row altered in place (JOURNAL_UNREADABLE, the journal's words)
-            raise _journal_refusal(exc, read_failure(exc, f"the result of {iid}")) from None
-        except JournalError as exc:
-            raise Refused(500, f"the stored result does not verify: {exc}") from None
+        except JournalError as exc:  # its status, code and words as every surface's
+            # (``result_failure``): RESULT_UNVERIFIED for a stored result that fails its
+            # verification; unread (away, declined) or a row altered in place as a read's.
+            raise _journal_refusal(exc, result_failure(exc, iid)) from None
         assert not isinstance(found, bool)
         return found
 

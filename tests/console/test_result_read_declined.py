@@ -12,7 +12,7 @@ import trio
 
 from tests.broker.helpers import http_target, open_broker
 from tests.http.hostile import HostileServer, Reply, scripts
-from tests.journal.helpers import alter_record, decline_record_once
+from tests.journal.helpers import alter_record, decline_record_once, flip_stored_byte
 
 from .kit import WAIT, get, log_in_to, operator_config, served
 
@@ -58,4 +58,30 @@ async def test_a_result_that_meets_an_altered_row_is_unreadable_as_a_call_is(
     assert status == 500, page
     assert b"JOURNAL_UNREADABLE" in page and words in page, page
     assert b"does not verify" not in page
+    assert len(srv.requests) == 1
+
+
+async def test_a_result_that_fails_verification_is_result_unverified_as_elsewhere(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A corrupted stored chunk: the invocation page and the download are 500 with the code the
+    daemon, MCP and ``affidavit result`` give (RESULT_UNVERIFIED, ``result_failure``), naming
+    the chunk -- never its bytes, and never a page without the code."""
+    body = b"secret-free stored body " * 40
+    async with HostileServer.running(scripts.serve(Reply(200, body=body))) as srv:
+        path = operator_config(tmp_path, monkeypatch, {"api": http_target(srv.url)})
+        with trio.fail_after(WAIT):
+            async with open_broker(path) as b, served(b, tmp_path) as (origin, console):
+                env = await b.call({"target": "api", "method": "GET", "path": "/r"})
+                iid = env["invocation_id"]
+                cookie, _csrf = await log_in_to(console, origin)
+                flip_stored_byte(tmp_path / "journal.db", iid, "body", 0, at=0)
+                pages = [
+                    await get(f"{origin}/invocations/{iid}{tail}", cookie=cookie)
+                    for tail in ("/result.json", "")
+                ]
+    for status, _, page in pages:
+        assert status == 500, page
+        assert b"RESULT_UNVERIFIED" in page and b"chunk 0" in page, page
+        assert b"stored body" not in page
     assert len(srv.requests) == 1
