@@ -45,8 +45,11 @@ def _main(args: list[str], stdin: bytes = b"") -> tuple[int, str, str]:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             try:
                 code = affidavit.cli.main(args)
-            except SystemExit as exc:  # argparse's usage error
-                code = exc.code if isinstance(exc.code, int) else 2
+            except SystemExit as exc:  # argparse's usage error: its exit status, an int
+                # Never mapped: a code that is not an int (an ``ArgvRefused`` whose stable code
+                # shadowed it) exits 1 printing only the code -- the bug this would hide.
+                assert isinstance(exc.code, int), f"SystemExit.code {exc.code!r} is no exit status"
+                code = exc.code
     finally:
         sys.stdin = saved
     return code, out.getvalue(), err.getvalue()
