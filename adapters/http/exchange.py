@@ -221,12 +221,12 @@ class _Hop:
         self.head: Observation | None = None
         self.ahead: tuple[_Head, tuple[dict[str, Any], bytes]] | None = None
         """The request head made while the gate's barrier committed (``prepare``), not sent."""
-        # One cancel scope for the whole exchange, re-armed per phase (``io.deadline``), instead
-        # of a new ``fail_after`` scope per handoff and per read: a stalled peer still times out
-        # per write and per read (``Timeouts``), at a fraction of the cost.  The deadline is
-        # lifted while received bytes are handled: the sink's journal writes are not the
-        # peer's silence.
-        self.io = trio.CancelScope()
+        # One cancel scope for the whole exchange (made by ``transfer``), re-armed per phase
+        # (``io.deadline``), instead of a new ``fail_after`` scope per handoff and per read: a
+        # stalled peer still times out per write and per read (``Timeouts``), at a fraction of
+        # the cost.  The deadline is lifted while received bytes are handled: the sink's
+        # journal writes are not the peer's silence.
+        self.io: trio.CancelScope | None = None
         self.read_size = READ_SIZE
 
     @property
@@ -301,19 +301,21 @@ class _Hop:
         """Write the request and read the response to its end (``trio.TooSlowError`` when a
         write or a wait for bytes outlasts its limit).  The head is the one made ahead
         (``pass_gate``), else made now."""
-        ctx, ex, io, stream = self.ctx, self.ex, self.io, self.conn.stream
+        ctx, ex, stream = self.ctx, self.ex, self.conn.stream
         ahead, self.ahead = self.ahead, None
         head, encoded = ahead if ahead is not None else (self.request_head(headers, body), None)
         del ahead
         expect = head.expect_continue
         t = self.request.timeouts
+        # Made armed with the write's limit (nothing awaits before the write): one deadline
+        # change less per call than arming it after entering (issue 15).
+        io = self.io = trio.CancelScope(deadline=trio.current_time() + t.write)
         with io:
             obs, data = ex.start_request(
                 self.method, head.target, head.headers, has_body=head.has_body, encoded=encoded
             )
             encoded = None
             ctx.observe(obs.step, obs.facts)
-            io.deadline = trio.current_time() + t.write
             await stream.send_all(data)
             if expect:
                 self.during = "expect_continue"
@@ -363,6 +365,7 @@ class _Hop:
     async def _receive(self, limit: float) -> bytes:
         """One read, within ``limit`` seconds of the peer's silence."""
         io = self.io
+        assert io is not None  # (``transfer``'s)
         io.deadline = trio.current_time() + limit
         size = self.read_size
         data = await self.conn.stream.receive_some(size)

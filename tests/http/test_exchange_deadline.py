@@ -104,3 +104,25 @@ async def test_a_callers_cancellation_is_not_reported_as_a_timeout(
             await client.perform(req(srv.url + "/"), fe.ctx)
     assert outer.cancelled_caught
     assert fe.events[-1] == "cancelled" and fe.machine.dispatched
+
+
+async def test_a_request_head_the_peer_never_reads_times_out_as_a_write(
+    client: HttpClient, autojump_clock: MockClock
+) -> None:
+    """The scope is made armed with the write's limit (``transfer``): the head's own write is
+    bounded too, not only the body's -- a head larger than the socket buffers, to a peer that
+    reads nothing, ends as a write timeout after dispatch."""
+    big = "h" * (16 * 1024 * 1024)  # more than loopback socket buffers hold
+    async with HostileServer.running(scripts.silent()) as srv:
+        fe = FakeEngine()
+        request = HttpRequest(
+            "GET",
+            srv.url + "/",
+            [("Authorization", "Bearer tok-abcdef"), ("X-Big", big)],
+            timeouts=Timeouts(connect=2.0, write=0.3, read=READ),
+        )
+        with trio.fail_after(10), pytest.raises(AttemptInterrupted) as info:
+            await client.perform(request, fe.ctx)
+    assert info.value.code is Code.REMOTE_OUTCOME_UNKNOWN
+    assert info.value.facts["during"] == "write"
+    assert fe.machine.dispatched and fe.events[-1] == "timed_out"
