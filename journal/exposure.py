@@ -47,11 +47,13 @@ class Exposure:
 def exposure(path: Path, what: str) -> Exposure | None:
     """The exposure of the file at ``path`` (its target, if a link), or None: it is this
     process's user's and neither group nor others have a mode bit on it -- or it is not there,
-    or cannot be looked at (whoever opens it says why)."""
+    is no regular file, or cannot be looked at (whoever opens it says why)."""
     try:
         st = os.stat(path)
     except (OSError, ValueError):
         return None
+    if not stat.S_ISREG(st.st_mode):
+        return None  # a directory, a device...: whoever opens it says it is no journal or key
     whys: list[str] = []
     fixes: list[str] = []
     quoted = shlex.quote(str(path))

@@ -116,16 +116,18 @@ def test_a_read_only_journal_is_exit_2_for_a_call_and_readable_for_the_views(
     journal = home / "journal.db"
     cfg = _config(tmp_path, journal)
     assert _run(["call"], cfg).returncode == 1  # connection refused: one recorded call
+    # Read-only to their owner and closed to others (a mode others could read is a warning
+    # line of its own: journal/exposure.py).
     for f in home.iterdir():
-        os.chmod(f, 0o644 if where == "directory" else 0o444)
-    os.chmod(home, 0o555 if where == "directory" else 0o755)
+        os.chmod(f, 0o600 if where == "directory" else 0o400)
+    os.chmod(home, 0o500 if where == "directory" else 0o700)
     preexec = _honour_permissions()
     try:
         _check_read_only(cfg, journal, preexec)
     finally:
-        os.chmod(home, 0o755)
+        os.chmod(home, 0o700)
         for f in home.iterdir():
-            os.chmod(f, 0o644)
+            os.chmod(f, 0o600)
 
 
 def _check_read_only(cfg: Path, journal: Path, preexec: Callable[[], None] | None) -> None:
