@@ -23,8 +23,11 @@ from affidavit.api.wire import parse_time
 from affidavit.approvals import Operator, OperatorError, service
 from affidavit.engine import read_failure, result_failure, stored_envelope
 from affidavit.journal import (
+    AlteredRow,
     JournalError,
     JournalReader,
+    JournalUnavailable,
+    ReadFailed,
     SessionSummary,
 )
 from affidavit.reconcile import service as reconciling
@@ -250,9 +253,10 @@ class Handlers:
             found: dict[str, Any] | bool | None = await self.read(stored)
             if found is False:
                 found = await self.broker.fetch_result(iid, from_chunk=0)
-        except JournalError as exc:  # its status, code and words as every surface's
-            # (``result_failure``): RESULT_UNVERIFIED for a stored result that fails its
-            # verification; unread (away, declined) or a row altered in place as a read's.
+        except (JournalUnavailable, ReadFailed, AlteredRow) as exc:  # not unverified: unread
+            # (away, declined) or a row altered in place, in the words of every console page
+            raise _journal_refusal(exc, read_failure(exc, f"the result of {iid}")) from None
+        except JournalError as exc:  # RESULT_UNVERIFIED, as every surface (``result_failure``)
             raise _journal_refusal(exc, result_failure(exc, iid)) from None
         assert not isinstance(found, bool)
         return found
