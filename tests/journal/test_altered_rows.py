@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import os
 import shutil
 import sqlite3
 import subprocess
@@ -235,6 +236,7 @@ def _copy(src: Path, to: Path) -> Path:
         a.backup(b)
     a.close()
     b.close()
+    os.chmod(db, 0o600)  # private, as the broker makes one: else every opener warns of it
     for suffix in (".key", ".signing.key"):
         shutil.copy2(f"{src}{suffix}", f"{db}{suffix}")
     return db
