@@ -561,11 +561,22 @@ class HttpExchange:
 
     @property
     def reusable(self) -> bool:
-        """Both sides finished cleanly with keep-alive and nothing unasked-for was read past the
-        response: the connection may go back to the pool.  (Bytes already in h11's buffer are
-        invisible to the pool's readability check, and would answer the next request.)"""
+        """Both sides finished cleanly with keep-alive, the final response was fully framed
+        (``finished``), the peer has not closed its side and nothing unasked-for was read past
+        the response: the connection may go back to the pool.  (Bytes already in h11's buffer
+        are invisible to the pool's readability check, and would answer the next request.)
+
+        h11 alone is not enough: it ends a close-delimited HTTP/1.1 body at the peer's EOF with
+        both sides ``DONE``, though the exchange ended ``closed_early`` (a TCP FIN proves no
+        such body whole) and the stream is closed."""
         conn = self.conn
-        return conn.our_state is h11.DONE and conn.their_state is h11.DONE and not self._pending()
+        return (
+            conn.our_state is h11.DONE
+            and conn.their_state is h11.DONE
+            and self.finished
+            and not self._receive_closed()
+            and not self._pending()
+        )
 
     # -- internals ----------------------------------------------------------------------------
 

@@ -291,3 +291,30 @@ def test_piecewise_stops_after_a_piece_before_the_end_of_message_read_with_it() 
     assert m.state == "body" and m.allows("result_size_limit")
     assert [o.step.event for o in ex.more()] == ["end"] and not ex.held
     assert m.state == "framing_complete"
+
+
+def test_a_close_delimited_body_cut_by_a_fin_leaves_the_connection_unreusable() -> None:
+    """h11 ends an HTTP/1.1 body without Content-Length or Connection: close at the peer's EOF
+    with both sides DONE; the exchange ended ``closed_early`` there, and ``reusable`` says so
+    on its own (not only because the driver closes on ``FramingError``)."""
+    m, ex = _exchange()
+    _send_get(m, ex)
+    ex.receive(b"HTTP/1.1 200 OK\r\n\r\nabc")
+    with pytest.raises(FramingError):
+        ex.receive(b"")
+    assert ex.conn.our_state is h11.DONE and ex.conn.their_state is h11.DONE
+    assert m.state == "closed_early" and not ex.reusable
+
+
+@pytest.mark.parametrize("proxy", [False, True], ids=["origin-over-tls", "proxy-error"])
+def test_a_response_complete_at_the_peer_s_close_is_not_reusable(proxy: bool) -> None:
+    """A close-delimited body proven whole at EOF (TLS's close_notify; a proxy's own error)
+    completes its framing, but the peer has closed: the connection is not pooled."""
+    m, ex = _exchange()
+    ex.eof_ends_body = not proxy
+    ex.proxy_judge = lambda status, headers: proxy
+    _send_get(m, ex)
+    ex.receive(b"HTTP/1.1 502 Bad Gateway\r\n\r\nabc")
+    assert [o.step.event for o in ex.receive(b"")] == ["proxy_end" if proxy else "end"]
+    assert ex.finished and ex.conn.their_state is h11.DONE
+    assert not ex.reusable
