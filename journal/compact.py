@@ -59,12 +59,16 @@ from typing import Any
 from .segment_tables import MAX_BLOB, is_segment_name
 from .segments import _fsync_dir
 
-__all__ = ["UNPROVEN", "Compaction", "compact", "probe_holes", "refusal_message"]
+__all__ = ["NOT_A_DIRECTORY", "UNPROVEN", "Compaction", "compact", "probe_holes", "refusal_message"]
 
 _PUNCH = 0x02 | 0x01
 """``FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE`` (linux/falloc.h)."""
 UNPROVEN = "SEGMENT_WRITERS_UNPROVEN"
 """The refusal's stable code: a writer that leaves its segments unlocked may be writing."""
+NOT_A_DIRECTORY = "SEGMENT_DIR_UNUSABLE"
+"""The refusal's stable code: ``<path>.results`` is there but is not a directory (a regular
+file, a dangling link, ...): no segment files can be in it, and none was looked at -- not
+"there is no segment directory"."""
 _GROUP = 128
 """Segments locked and looked up together (one read of their rows; their descriptors open)."""
 
@@ -85,15 +89,23 @@ class Compaction:
     """The segment directory's filesystem punches holes (``probe_holes``): the gaps between
     named chunks count (a dry run) and are returned; else only whole files and tails are."""
     refused: str | None = None
-    """``UNPROVEN``: there were segment files and none was looked at (``refusal_message``
-    says why); else None."""
+    """``UNPROVEN``: there were segment files and none was looked at; ``NOT_A_DIRECTORY``: the
+    segment directory's path is something else (``refusal_message`` says why); else None."""
     absent: bool = False
     """No segment directory (no long result was ever stored in a file): nothing to compact,
     nothing looked at -- not "0 files looked at"."""
 
 
-def refusal_message(where: str) -> str:
-    """What an operator is told of ``UNPROVEN`` (stable words, no path but the journal's)."""
+def refusal_message(where: str, code: str = UNPROVEN) -> str:
+    """What an operator is told of a refusal ``code`` (stable words, no path but the
+    journal's)."""
+    if code == NOT_A_DIRECTORY:
+        return (
+            f"journal {where}: result segment files not compacted ({NOT_A_DIRECTORY}): "
+            f"{where}.results is not a directory. A broker keeps a long result's bytes in "
+            "segment files there, and makes the directory when it stores the first; move what "
+            "is at that path away"
+        )
     return (
         f"journal {where}: result segment files not compacted ({UNPROVEN}): a broker of an "
         "earlier affidavit may still be writing this journal, and it does not lock its segment "
@@ -120,8 +132,10 @@ def compact(
     directory with segment files is refused (``UNPROVEN``, none touched) -- one without is
     not: the files listed here are the only ones a compaction takes, so none is nothing to
     refuse."""
-    if directory is None or not directory.is_dir():
+    if directory is None or not os.path.lexists(directory):
         return Compaction(0, 0, 0, 0, absent=True)
+    if not directory.is_dir():
+        return Compaction(0, 0, 0, 0, refused=NOT_A_DIRECTORY)
     names = sorted(e.name for e in os.scandir(directory) if is_segment_name(e.name))
     if names and not proven:
         return Compaction(0, 0, 0, 0, refused=UNPROVEN)

@@ -17,7 +17,9 @@ is tried on a scratch file there, and the report says which (``holes``); ``--jso
 under ``segments`` (``null`` when there are no segment files: nothing to compact).  A journal
 a broker of an earlier affidavit may still write (it leaves its segment files unlocked) is not
 compacted -- if it has segment files at all: the chunk report is printed, then exit 2 with
-``SEGMENT_WRITERS_UNPROVEN`` -- its daemon's next start records that none is left.
+``SEGMENT_WRITERS_UNPROVEN`` -- its daemon's next start records that none is left.  Likewise
+when ``<path>.results`` is there but is not a directory: ``SEGMENT_DIR_UNUSABLE``, never "does
+not exist".
 
 It opens the journal as a writer, with the journal's sealing and signing keys (the config's, or
 ``<path>.key`` and ``<path>.signing.key`` beside ``--journal PATH``): both must exist -- a key
@@ -123,7 +125,8 @@ def _reclaim(args: argparse.Namespace) -> int:
             return 2  # the refusal's code and message are in the report's ``segments``
         from affidavit.journal.compact import refusal_message
 
-        raise UsageError(refusal_message(str(location)), code=done.compacted.refused)
+        code = done.compacted.refused
+        raise UsageError(refusal_message(str(location), code), code=code)
     return 0
 
 
@@ -184,7 +187,7 @@ def _segments(done: Reclamation, where: str) -> dict[str, Any] | None:
     if c is None or c.absent:
         return None
     if c.refused is not None:
-        return {"refused": c.refused, "message": refusal_message(where)}
+        return {"refused": c.refused, "message": refusal_message(where, c.refused)}
     return {
         "files": c.segments,
         "removed": c.removed,

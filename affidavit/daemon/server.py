@@ -144,7 +144,7 @@ async def _reclaim_chunks(broker: Broker) -> None:
         return
     dropped = done.dropped
     if done.compacted is not None and done.compacted.refused is not None:
-        log.warning("%s", refusal_message(broker.journal.where))
+        log.warning("%s", refusal_message(broker.journal.where, done.compacted.refused))
     elif done.compacted is not None and done.compacted.bytes:
         c = done.compacted
         log.info(

@@ -172,6 +172,29 @@ async def test_segments_an_earlier_broker_may_write_are_refused_with_a_code(
     kit.check(db)
 
 
+async def test_a_segment_path_that_is_not_a_directory_is_named_so(tmp_path: Path) -> None:
+    """``<path>.results`` a regular file: the reclaim says what is true -- not a directory, a
+    stable code, exit 2 after the chunk report -- never "does not exist"; the file stays."""
+    db = tmp_path / "j.db"
+    await _journal(db)
+    results = Path(f"{db}.results")
+    results.write_bytes(b"someone's notes")
+    text = await _cli("journal", "reclaim", "--journal", str(db), cwd=tmp_path)
+    _clean(text)
+    assert text.returncode == 2
+    assert b"does not exist" not in text.stdout + text.stderr
+    assert b"reclaimed the uncommitted chunks of 1 closed record(s)" in text.stdout
+    err = text.stderr.decode()
+    assert err.startswith("affidavit: SEGMENT_DIR_UNUSABLE: "), err
+    assert f"{db}.results is not a directory" in err
+    done = await _cli("journal", "reclaim", "--journal", str(db), "--json", cwd=tmp_path)
+    _clean(done)
+    assert done.returncode == 2
+    seg = json.loads(done.stdout)["segments"]
+    assert seg["refused"] == "SEGMENT_DIR_UNUSABLE" and "is not a directory" in seg["message"]
+    assert results.read_bytes() == b"someone's notes"
+
+
 async def test_a_journal_a_daemon_owns_is_refused(tmp_path: Path) -> None:
     """The daemon holds ``<journal>.lock`` exclusive (``lock.py``) and reclaims at its own
     start: a second writer is refused, naming it."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -166,3 +167,27 @@ async def test_a_crash_between_steps_leaves_a_journal_a_rerun_finishes(
     kit.check(db)
     assert len(kit.segments(db)) == 1
     assert kit.allocated(db) == target
+
+
+@pytest.mark.parametrize("kind", ["file", "dangling-link"])
+def test_a_segment_path_that_is_not_a_directory_is_refused_not_absent(
+    tmp_path: Path, kind: str
+) -> None:
+    """``<path>.results`` there but not a directory: refused with its own code (none looked at,
+    nothing touched) -- not "no segment directory", which only an absent path is."""
+    where = tmp_path / "j.db.results"
+    assert compact_mod.compact(where, lambda names: iter(()), proven=True).absent
+    if kind == "file":
+        where.write_bytes(b"not a segment directory")
+    else:
+        where.symlink_to(tmp_path / "gone")
+
+    def no_read(names: object) -> Iterator[tuple[object, object, object]]:
+        raise AssertionError("nothing is read")
+
+    got = compact_mod.compact(where, no_read, proven=True)
+    assert got.refused == compact_mod.NOT_A_DIRECTORY == "SEGMENT_DIR_UNUSABLE"
+    assert not got.absent and (got.segments, got.bytes) == (0, 0)
+    assert os.path.lexists(where)
+    message = compact_mod.refusal_message("j.db", got.refused)
+    assert "j.db.results is not a directory" in message and "does not exist" not in message
