@@ -108,6 +108,13 @@ class Backend(Protocol):
         what is wrong now."""
         ...
 
+    def require_writer_file(self) -> None:
+        """``JournalReplaced`` when the journal's path no longer names the file this process's
+        writer opened (SQLite: replaced or removed under it; a stat) -- checked at each writer
+        transaction's start and each check of a view reader, so nothing is answered from a
+        file the writer is not writing.  Nothing to check without a writer, or on PostgreSQL."""
+        ...
+
     def bound_waits(self, conn: Any, seconds: float) -> None:
         """A connection that waits at most ``seconds`` for a lock another session holds, then
         fails the statement with an error ``transient`` calls the database declining (SQLite:

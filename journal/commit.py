@@ -32,7 +32,15 @@ import trio
 
 from . import checkpoints
 from .connect import recorded_keys
-from .errors import CommitUnknown, HeadHeld, JournalError, JournalWriteError, ResultStoreFailed
+from .errors import (
+    CommitUnknown,
+    HeadHeld,
+    JournalError,
+    JournalReplaced,
+    JournalWriteError,
+    ResultStoreFailed,
+    ResultStoreReplaced,
+)
 from .requests import Batch, Fail, Req
 from .tables import Tables
 from .txn import Txn
@@ -132,9 +140,13 @@ def _fail(w: Writer, batch: list[Req[Any]], exc: BaseException) -> None:
         why = f"write refused: {exc}"
     else:
         why = f"journal {w.backend.where}: write not committed: {w.backend.describe(exc)}"
+    replaced = isinstance(exc, JournalReplaced)  # kept: answered as itself (503, no retry)
     for r in batch:
         r.result = None
-        cls = ResultStoreFailed if r.result_store else JournalWriteError
+        if r.result_store:
+            cls: type[JournalWriteError] = ResultStoreReplaced if replaced else ResultStoreFailed
+        else:
+            cls = JournalReplaced if replaced else JournalWriteError
         r.error = cls(why)
 
 

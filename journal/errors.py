@@ -16,6 +16,7 @@ __all__ = [
     "IdempotencyRecord",
     "JournalError",
     "JournalNotDurable",
+    "JournalReplaced",
     "JournalUnavailable",
     "JournalWriteError",
     "KeyRetentionPassed",
@@ -24,6 +25,7 @@ __all__ = [
     "LeaseLost",
     "ReadFailed",
     "ResultStoreFailed",
+    "ResultStoreReplaced",
     "VerifyReport",
 ]
 
@@ -134,6 +136,18 @@ class JournalWriteError(JournalError):
     transaction was rolled back: nothing of it is durable and every earlier row is intact."""
 
 
+class JournalReplaced(JournalWriteError):
+    """The SQLite file at the journal's path is not the one this process's writer has open: it
+    was replaced (renamed over, deleted and made again) or removed since the writer opened it
+    (``SqliteBackend.require_writer_file``).  Refused before anything is read from or written
+    to it: the writer would go on writing the file it holds while a reader opened by the path
+    read another -- a record answered from a file the writer is not writing.  A fault that does
+    not pass (``code``, 503 with no ``Retry-After``): the broker must be restarted on the file
+    now at the path.  A write refused so wrote nothing (``begin``, before the transaction)."""
+
+    code = "JOURNAL_REPLACED"
+
+
 class CommitUnknown(JournalWriteError):
     """The connection to a shared journal was lost while a transaction was committing, and no
     new connection could read whether it landed.  The write may or may not be durable: the
@@ -144,6 +158,11 @@ class CommitUnknown(JournalWriteError):
 class ResultStoreFailed(JournalWriteError):
     """A storage fault while storing a result (chunk or completeness marker).  The engine
     records RESULT_STORE_FAILED and renders only what the durable record proves."""
+
+
+class ResultStoreReplaced(ResultStoreFailed, JournalReplaced):
+    """``JournalReplaced`` refusing a result's write: a ``ResultStoreFailed`` still, as every
+    storage fault storing a result is to the engine."""
 
 
 class LeaseBusy(JournalError):

@@ -406,6 +406,9 @@ class PostgresBackend:
             return False
         return row is not None and row[0] == checked
 
+    def require_writer_file(self) -> None:
+        pass  # a database, not a file a path names: nothing can be put in its place
+
     def bound_waits(self, conn: Any, seconds: float) -> None:
         conn.execute(f"SET lock_timeout = {max(1, int(seconds * 1000))}")
 

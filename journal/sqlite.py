@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 from urllib.parse import quote
 
-from .errors import JournalError
+from .errors import JournalError, JournalReplaced
 from .exposure import journal_exposures, warn_exposed
 from .lock import WriterLock
 from .rows import FOLD_COLUMNS
@@ -254,6 +254,9 @@ class SqliteBackend:
         self._looked = False
         self._checked: dict[int, tuple[int, int, int]] = {}
         """A ``tool`` connection's file (device, inode) and schema cookie when it was checked."""
+        self._writer_file: tuple[int, int] | None = None
+        """The (device, inode) of the file the first writer connection opened, read just
+        before it was opened (``require_writer_file``); None: no writer here."""
 
     def tables(self, conn: Any) -> Tables:
         return SqliteTables(conn, self.segments)
@@ -268,8 +271,19 @@ class SqliteBackend:
     def _connect(self, role: str) -> sqlite3.Connection:
         path = self.file
         if role == "writer":
+            # Made first (0600) so that it can be read before SQLite opens it: a file put in
+            # its place in between is then found replaced at the first transaction, never
+            # taken for the one read here.
+            create_private(path)
+            try:
+                made = path.stat()
+            except OSError:  # (no directory, ...: said by the open, as it always was)
+                made = None
             conn = _connect_writer(path)
-            self._checkpointers[id(conn)] = _Checkpointer(path)
+            if self._writer_file is None:
+                made = made or path.stat()
+                self._writer_file = (made.st_dev, made.st_ino)
+            self._checkpointers[id(conn)] = _Checkpointer(path, self.writes_path)
             return conn
         if role == "reader":
             create_private(path)  # (the writing journal's reader opens it first)
@@ -324,6 +338,45 @@ class SqliteBackend:
             return False
         return (st.st_dev, st.st_ino, cookie) == checked
 
+    def writes_path(self) -> bool:
+        """The file at the path is the one this process's writer opened (or there is no writer
+        here): one ``stat``."""
+        pinned = self._writer_file
+        if pinned is None:
+            return True
+        try:
+            st = os.stat(self.file)
+        except OSError:
+            return False
+        return (st.st_dev, st.st_ino) == pinned
+
+    def require_writer_file(self) -> None:
+        """``JournalReplaced`` unless the file at the path is the one this process's writer
+        opened: renamed over, deleted and made again, or removed, the writer would write the
+        file it holds while a reader opened by the path read another.  Checked at each writer
+        transaction's start (``begin``) and each check of a view reader (``ViewReaders``): a
+        ``stat`` each, never one per row."""
+        if not self.writes_path():
+            raise self._replaced()
+
+    def _replaced(self) -> JournalReplaced:
+        return JournalReplaced(
+            f"journal {self.where}: the file at this path is not the one this broker has been "
+            "writing (replaced or removed since it opened it): nothing is read from or written "
+            "to it here (JOURNAL_REPLACED); stop this broker and start it again to use the file "
+            "now at the path"
+        )
+
+    @staticmethod
+    def _fold_wal(conn: Any) -> None:
+        """The writer's file gone from its path: its WAL is still named by the path (SQLite
+        leaves the WAL of a moved file as it is when it closes), and whoever opens the path
+        next would apply its frames to the file now there -- rows of this journal in another.
+        So every frame is copied into the file this writer holds and the WAL emptied
+        (``TRUNCATE``); an error (a reader holding frames back) leaves it for the next try."""
+        with contextlib.suppress(sqlite3.Error):
+            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+
     def bound_waits(self, conn: Any, seconds: float) -> None:
         conn.execute(f"PRAGMA busy_timeout={max(1, int(seconds * 1000))}")
 
@@ -332,6 +385,8 @@ class SqliteBackend:
         checkpointer = self._checkpointers.pop(id(conn), None)
         if checkpointer is not None:
             checkpointer.close()
+            if not self.writes_path():  # (a writer's: what it committed since, folded in)
+                self._fold_wal(conn)
         conn.close()
 
     def create(self, conn: Any) -> None:
@@ -389,6 +444,9 @@ class SqliteBackend:
         pass  # the session index is built in the opening transaction (``create``)
 
     def begin(self, conn: Any, *, barrier: bool, wait: float | None = None) -> str:
+        if not self.writes_path():  # before the transaction: a refusal writes nothing
+            self._fold_wal(conn)
+            raise self._replaced()
         want = "FULL" if barrier else "NORMAL"
         if self._sync.get(id(conn), "FULL") != want:
             conn.execute(f"PRAGMA synchronous={want}")

@@ -7,6 +7,7 @@ import contextlib
 import os
 import sqlite3
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from .errors import JournalError
@@ -39,8 +40,12 @@ class _Checkpointer:
     (``catch_up``): its next transaction then starts the WAL over, and the file stays the
     size of one cycle's frames."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, writes_path: Callable[[], bool] = lambda: True) -> None:
         self._path = path
+        self._writes_path = writes_path
+        """Whether the file at ``path`` is still the writer's (``SqliteBackend.writes_path``):
+        the thread's connection is opened by the path, on its first checkpoint -- never onto a
+        file put in the writer's place, whose WAL (named by the path too) is not its own."""
         self._wake = threading.Event()
         self._stop = False
         self._thread: threading.Thread | None = None
@@ -86,6 +91,8 @@ class _Checkpointer:
                     return
                 with contextlib.suppress(sqlite3.Error):
                     if conn is None:
+                        if not self._writes_path():
+                            continue
                         conn = sqlite3.connect(str(self._path), isolation_level=None)
                         conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
                     busy, frames, copied = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()

@@ -84,7 +84,10 @@ class Broker:
         """Seconds a view waits at most for a thread, or for a lock the database holds
         (``readers.VIEW_WAIT``), then ``ReadFailed``."""
         self.view_readers = ViewReaders(
-            config.journal.location, config.journal.key_file, lock_wait=self.view_wait
+            config.journal.location,
+            config.journal.key_file,
+            lock_wait=self.view_wait,
+            writer_file=journal.backend.require_writer_file,
         )
         """The idle read-only readers ``view`` reads on (closed by ``close``)."""
 

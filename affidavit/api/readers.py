@@ -9,7 +9,11 @@ abandoned is closed instead.  An idle reader taken again is first checked to be 
 a new one would (``JournalReader.fresh``: the same file, the same recorded schema -- a stat
 and a header read on SQLite, one query on PostgreSQL); one that is not is closed and a new one
 opened, whose own checks then answer (a journal upgraded by a newer broker is refused, a
-removed file is "no journal").  At most ``keep`` (the returning view's limiter's threads) wait
+removed file is "no journal").  The broker's pool also checks, before a reader is opened, after,
+and with every check of an idle one, that the path still names the file its writer writes
+(``writer_file``: ``Backend.require_writer_file``): a SQLite file replaced or removed under a
+running broker is refused (``JournalReplaced``, 503 ``JOURNAL_REPLACED``), never read in the
+writer's place.  At most ``keep`` (the returning view's limiter's threads) wait
 idle, none longer than ``IDLE_FOR`` (``prune``, on every take and give-back and from the
 daemon's upkeep): a quiet daemon holds no database sessions and no descriptor of a journal
 file replaced or removed meanwhile.  Each reader waits at most ``VIEW_WAIT`` for a lock another
@@ -61,8 +65,13 @@ class ViewReaders:
         idle_for: float | None = None,
         fresh_for: float = FRESH_FOR,
         clock: Callable[[], float] = time.monotonic,
+        writer_file: Callable[[], None] | None = None,
     ) -> None:
         self._location = location
+        self._writer_file = writer_file
+        """The writing journal's ``Backend.require_writer_file`` (the broker's): run with every
+        check of a reader -- before one is opened, after, and when an idle one is checked
+        again -- so a view never reads a file put in the writer's place (``JournalReplaced``)."""
         self._key_file = key_file
         self._lock_wait = lock_wait
         self._idle_for = IDLE_FOR if idle_for is None else idle_for
@@ -85,17 +94,33 @@ class ViewReaders:
             reader = self._idle.pop()[0] if self._idle else None
         for old in stale:
             self.discard(old)
+        check = self._writer_file
         if reader is not None:
             now = self._clock()
             if now - self._checked.get(id(reader), -float("inf")) < self._fresh_for:
                 return reader
-            if reader.fresh():
+            try:
+                if check is not None:
+                    check()
+                fresh = reader.fresh()
+            except BaseException:
+                self.discard(reader)
+                raise
+            if fresh:
                 self._checked[id(reader)] = now
                 return reader
             self.discard(reader)
+        if check is not None:
+            check()  # nothing opened by the path unless it names the writer's file
         reader = JournalReader.open(
             self._location, key_file=self._key_file, lock_wait=self._lock_wait
         )
+        if check is not None:
+            try:
+                check()  # (replaced while it opened: the file it opened may be the new one)
+            except BaseException:
+                self.discard(reader)
+                raise
         with self._lock:
             self.opened += 1
             self._checked[id(reader)] = self._clock()

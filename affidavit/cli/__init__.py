@@ -140,9 +140,17 @@ def journal_refusal(
     on its socket), ``JOURNAL_UNAVAILABLE`` (a shared journal's database is away: try again),
     ``JOURNAL_READ_DECLINED`` (the database declined a read this once: ``read_failure``'s words),
     ``JOURNAL_NOT_DURABLE`` (a shared journal's database would lose acknowledged commits in a
-    crash: the message names the setting and the fix) or ``JOURNAL_UNUSABLE`` (the file, its
-    directory or a key cannot be used as this user: the message names it and the fix)."""
-    from affidavit.journal import JournalLocked, JournalNotDurable, JournalUnavailable, ReadFailed
+    crash: the message names the setting and the fix), ``JOURNAL_REPLACED`` (the SQLite file
+    at the path is not the one this process writes: ``JournalReplaced``) or
+    ``JOURNAL_UNUSABLE`` (the file, its directory or a key cannot be used as this user: the
+    message names it and the fix)."""
+    from affidavit.journal import (
+        JournalLocked,
+        JournalNotDurable,
+        JournalReplaced,
+        JournalUnavailable,
+        ReadFailed,
+    )
 
     if code is None and message is None and isinstance(exc, ReadFailed):
         # Unread, not unusable: the same read may succeed (as every surface answers it).
@@ -154,6 +162,8 @@ def journal_refusal(
             code = "JOURNAL_LOCKED"
         elif isinstance(exc, JournalNotDurable):
             code = "JOURNAL_NOT_DURABLE"
+        elif isinstance(exc, JournalReplaced):
+            code = JournalReplaced.code
         elif isinstance(exc, JournalUnavailable):
             code = "JOURNAL_UNAVAILABLE"
         else:

@@ -14,6 +14,7 @@ import re
 from collections.abc import Iterable
 from urllib.parse import parse_qsl, unquote, urlsplit
 
+from affidavit.journal import JournalReplaced
 from affidavit.journal.backend import is_url
 from affidavit.journal.backend import where as journal_where
 
@@ -26,6 +27,7 @@ JOURNAL_WORDS = frozenset(
         UNREADABLE,
         READ_DECLINED,
         CallNotRecorded.code,
+        JournalReplaced.code,
         "RESULT_UNVERIFIED",
         "CONSOLE_TOKENS",
     }

@@ -14,6 +14,7 @@ import time
 
 from affidavit.journal import (
     AlteredRow,
+    JournalReplaced,
     JournalUnavailable,
     JournalWriteError,
     LeaseBusy,
@@ -231,10 +232,14 @@ def read_failure(exc: Exception, what: str) -> tuple[int, str, str]:
     status, code, message) -- 503 JOURNAL_UNAVAILABLE (``unread``) when a shared journal is
     away beyond ``[journal] reconnect``, 503 ``READ_DECLINED`` with the database's words when it
     declined the read this once (``ReadFailed``: a statement timeout, a lock not granted; the
-    same read may succeed), else 500 ``UNREADABLE`` with the journal's own one-line words
-    (altered, refused): never blurred."""
+    same read may succeed), 503 ``JOURNAL_REPLACED`` with the journal's words when the file at
+    its path is no longer the one the broker writes (``JournalReplaced``: nothing read; it
+    lasts until the broker is restarted), else 500 ``UNREADABLE`` with the journal's own
+    one-line words (altered, refused): never blurred."""
     if isinstance(exc, JournalUnavailable):
         return 503, CallNotRecorded.code, unread(what)
+    if isinstance(exc, JournalReplaced):
+        return 503, JournalReplaced.code, f"{exc} ({what} not read)"
     if isinstance(exc, ReadFailed):
         return 503, READ_DECLINED, f"{exc} (the same read may succeed: try again)"
     return 500, UNREADABLE, str(exc)
@@ -249,7 +254,7 @@ def result_failure(exc: Exception, invocation_id: str) -> tuple[int, str, str]:
     ``RESULT_UNVERIFIED`` with the journal's words -- never its bytes."""
     if isinstance(exc, JournalUnavailable):
         return 503, CallNotRecorded.code, unreadable(invocation_id)
-    if isinstance(exc, (ReadFailed, AlteredRow)):
+    if isinstance(exc, (ReadFailed, AlteredRow, JournalReplaced)):
         return read_failure(exc, f"the result of {invocation_id}")
     return 500, RESULT_UNVERIFIED, str(exc)
 
@@ -266,7 +271,11 @@ def call_failure(exc: Exception, invocation_id: str | None) -> tuple[int, str, s
     away, and reading the record again may succeed.  A stored result the call answers with (a
     same-key call replaying it) that fails its verification (``ResultUnverified``) is 500
     RESULT_UNVERIFIED with the journal's words, as a fetch of it is (``result_failure``):
-    never the result, nor an outage that passes -- the same call meets it again."""
+    never the result, nor an outage that passes -- the same call meets it again.  The file at
+    the journal's path no longer the one the broker writes (``JournalReplaced``, refused before
+    its transaction began): 503 JOURNAL_REPLACED with the journal's words."""
+    if isinstance(exc, JournalReplaced):
+        return 503, JournalReplaced.code, f"the call ended without an envelope: {exc}"
     if isinstance(exc, ResultUnverified):
         return (
             500,
@@ -297,9 +306,12 @@ def act_failure(exc: Exception, what: str, act: str, check: str) -> tuple[int, s
     shared journal away beyond ``[journal] reconnect``, perhaps while committing): 503
     JOURNAL_UNAVAILABLE -- ``act`` may or may not be recorded; ``check``, once the journal is
     back, tells which.  A read failed (``what``, before anything was written): as
-    ``read_failure``."""
+    ``read_failure`` -- as is a refusal of the act's write because the file at the journal's
+    path is not the one the broker writes (``JournalReplaced``: nothing written)."""
     if isinstance(exc, CallNotRecorded):
         return 503, CallNotRecorded.code, str(exc)
+    if isinstance(exc, JournalReplaced):
+        return read_failure(exc, what)
     if isinstance(exc, JournalWriteError):
         return (
             503,

@@ -1,0 +1,110 @@
+"""A SQLite journal file replaced under a running writer (renamed over, or deleted and made
+again): the writer holds the file it opened and would go on writing it, while a reader opened by
+the path reads the new one -- a record answered from a file the writer is not writing.  So the
+writer's transaction start and every check of a view reader compare the path's (device, inode)
+with the writer's file, and refuse with ``JournalReplaced`` (``JOURNAL_REPLACED``): nothing is
+written, nothing is read from the file at the path.  A journal opened again on the new file
+writes and reads it as any other."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from affidavit.api.readers import ViewReaders
+from affidavit.journal import Journal, JournalReader, JournalReplaced, JournalWriteError
+from affidavit.journal.errors import ResultStoreFailed
+
+from .helpers import happy
+
+
+def _keys(tmp: Path) -> dict[str, Path]:
+    return {"key_file": tmp / "k.key", "signing_key": tmp / "k.sk"}
+
+
+async def _other(path: Path, tmp: Path) -> None:
+    """Another journal with the same keys, at ``path`` (its WAL folded in at close)."""
+    async with Journal.open(path, **_keys(tmp)) as j:
+        for ev in happy("act_other"):
+            await j.append(ev)
+
+
+@pytest.mark.parametrize("how", ["renamed-over", "moved-aside", "removed", "recreated"])
+async def test_a_replaced_file_refuses_the_writer_and_the_view_readers(
+    tmp_path: Path, how: str
+) -> None:
+    path, other, moved = tmp_path / "j.db", tmp_path / "other.db", tmp_path / "moved.db"
+    await _other(other, tmp_path)
+    async with Journal.open(path, **_keys(tmp_path)) as j:
+        for ev in happy("act_1")[:2]:
+            await j.append(ev, barrier=True)
+        readers = ViewReaders(
+            path, tmp_path / "k.key", fresh_for=0.0, writer_file=j.backend.require_writer_file
+        )
+        readers.give_back(readers.take(), 2)  # an idle reader of the writer's file
+        head = j.head()
+        if how == "renamed-over":
+            os.replace(other, path)
+        elif how == "moved-aside":
+            path.rename(moved)
+            os.replace(other, path)
+        elif how == "removed":
+            path.unlink()
+        else:  # deleted, and a new file made at the path
+            path.unlink()
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)  # (private)
+            with os.fdopen(fd, "wb") as f:
+                f.write(other.read_bytes())
+        with pytest.raises(JournalReplaced, match="JOURNAL_REPLACED") as refused:
+            await j.append(happy("act_1")[2], barrier=True)
+        assert isinstance(refused.value, JournalWriteError) and refused.value.code == (
+            "JOURNAL_REPLACED"
+        )
+        with pytest.raises(ResultStoreFailed) as store:
+            await j.put_result_chunk("act_1", "body", 0, b"x")
+        assert isinstance(store.value, JournalReplaced)
+        # The idle reader (of the writer's file) and a new one (by the path) alike.
+        with pytest.raises(JournalReplaced):
+            readers.take()
+        assert readers.idle() == 0
+        with pytest.raises(JournalReplaced):
+            readers.take()
+        assert j.head() == head  # nothing written to the file it holds either
+        readers.close()
+    if how == "moved-aside":  # what the writer committed is in the file it held, whole
+        with JournalReader.open(moved, key_file=tmp_path / "k.key") as r:
+            assert r.verify().ok and len(r.events("act_1")) == 2
+    if how == "removed":
+        return
+    # Opened again on the file now at the path -- none of the other file's rows in it (its WAL,
+    # still named by the path, was folded into the file it belongs to and emptied), written
+    # and read as any journal.
+    async with Journal.open(path, **_keys(tmp_path)) as again:
+        await again.append(happy("act_2")[0], barrier=True)
+        readers = ViewReaders(
+            path, tmp_path / "k.key", fresh_for=0.0, writer_file=again.backend.require_writer_file
+        )
+        reader = readers.take()
+        assert {a.invocation_id for a in reader.list_actions()} == {"act_other", "act_2"}
+        readers.give_back(reader, 2)
+        readers.close()
+    with JournalReader.open(path, key_file=tmp_path / "k.key") as r:
+        assert r.verify().ok
+
+
+async def test_the_file_the_writer_opened_passes_the_check(tmp_path: Path) -> None:
+    """Unreplaced, nothing changes: the writer writes, a view reader is taken and taken again."""
+    path = tmp_path / "j.db"
+    async with Journal.open(path, **_keys(tmp_path)) as j:
+        j.backend.require_writer_file()
+        readers = ViewReaders(
+            path, tmp_path / "k.key", fresh_for=0.0, writer_file=j.backend.require_writer_file
+        )
+        first = readers.take()
+        readers.give_back(first, 2)
+        for ev in happy("act_1"):
+            await j.append(ev, barrier=True)
+        assert readers.take() is first
+        readers.close()
