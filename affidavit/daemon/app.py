@@ -24,7 +24,9 @@ connections: h11server.py), 403 peer refused (on accept, before a byte is read:
 ``refusal``), 404, 405, 413, 503 overloaded, shutting down or journal unavailable
 (``JOURNAL_UNAVAILABLE``: a call the journal could not record has no envelope to render; a
 record or a view it could not read is named) or a read it declined this once
-(``JOURNAL_READ_DECLINED``: a statement timeout, a lock not granted), 500 a journal that
+(``JOURNAL_READ_DECLINED``: a statement timeout, a lock not granted) -- a read's with
+``Retry-After`` (``READ_RETRY``), a call's never -- or a SQLite file replaced under the daemon
+(``JOURNAL_REPLACED``, no ``Retry-After``), 500 a journal that
 answers but cannot be read (``JOURNAL_UNREADABLE``: altered, refused) -- ``{"api_error":
 {"code", "message"}}``.
 """
@@ -35,7 +37,7 @@ import functools
 import logging
 import re
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Final
 from urllib.parse import unquote
 
 import trio
@@ -53,6 +55,8 @@ from affidavit.api.wire import (
 )
 from affidavit.console import TokenStore
 from affidavit.engine import (
+    READ_DECLINED,
+    CallNotRecorded,
     OperationError,
     call_failure,
     poll_failure,
@@ -64,7 +68,6 @@ from affidavit.journal import (
     AsOf,
     JournalError,
     JournalReader,
-    ReadFailed,
     SessionSummary,
 )
 from affidavit.statemachine import Event, Outcome, Phase, Record
@@ -97,6 +100,20 @@ _PROMETHEUS = b"text/plain; version=0.0.4; charset=utf-8"
 
 READ_RETRY_AFTER = 1
 """``Retry-After`` (seconds) of a read declined this once (503 ``JOURNAL_READ_DECLINED``)."""
+UNAVAILABLE_RETRY_AFTER = 5
+"""``Retry-After`` (seconds) of a read a shared journal could not answer, its database away
+beyond ``[journal] reconnect`` (503 ``JOURNAL_UNAVAILABLE``): the broker already tried that
+long, so sooner would mostly meet the same outage; a small constant, not a promise."""
+READ_RETRY: Final = {
+    READ_DECLINED: READ_RETRY_AFTER,
+    CallNotRecorded.code: UNAVAILABLE_RETRY_AFTER,
+}
+"""``Retry-After`` of a read's answer, by its code (``_journal_problem``): only the journal's
+transient refusals.  Not ``JOURNAL_REPLACED`` (the file at the path is not the one the broker
+writes: only a restart mends it), nor a 500 (altered, unverified: the same read meets it again).
+A call's or an act's answer never carries one (``Api.calls``, ``operators.act_problem``): it
+may have been recorded or sent, and resending it is the caller's decision from its record, not
+a timer's."""
 
 VIEW_THREADS = 4
 """Worker threads the views (the socket's and the console's) hold at once (``Api.read``): their
@@ -517,9 +534,9 @@ def _journal_problem(
         log.warning("%s: the journal did not answer now: %s", shown, why)
     else:
         log.error("%s: %s", shown, why)
-    # Declined this once (a lock, a statement timeout, every view thread busy): say when.
-    after = READ_RETRY_AFTER if isinstance(exc, ReadFailed) else None
-    return ApiProblem(status, code, message, retry_after=after)
+    # Declined this once (a lock, a statement timeout, every view thread busy), or a shared
+    # journal away: say when to read again (``READ_RETRY``).
+    return ApiProblem(status, code, message, retry_after=READ_RETRY.get(code))
 
 
 def _withdraw(running: Running) -> None:
