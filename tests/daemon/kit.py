@@ -37,6 +37,7 @@ __all__ = [
     "action_bytes",
     "api_target",
     "as_user",
+    "ask",
     "cli",
     "client_env",
     "curl_api",
@@ -347,3 +348,22 @@ async def start_caller(daemon: DaemonProc, body: bytes) -> trio.Process:
     await caller.stdin.send_all(body)
     await caller.stdin.aclose()
     return caller
+
+
+async def ask(
+    socket: Path, method: str, path: str, body: bytes = b""
+) -> tuple[int, dict[str, str], bytes]:
+    """One request on its own connection: status, headers (lower-cased names), body."""
+    stream = await trio.open_unix_socket(str(socket))
+    async with stream:
+        head = f"{method} {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n"
+        if body:
+            head += f"content-type: application/json\r\ncontent-length: {len(body)}\r\n"
+        await stream.send_all(head.encode() + b"\r\n" + body)
+        data = b""
+        while chunk := await stream.receive_some(65536):
+            data += chunk
+    top, _, payload = data.partition(b"\r\n\r\n")
+    lines = top.decode("latin-1").split("\r\n")
+    headers = dict(line.lower().split(": ", 1) for line in lines[1:])
+    return int(lines[0].split(" ", 2)[1]), headers, payload

@@ -24,29 +24,12 @@ from tests.broker.helpers import TOKEN_ENV
 from tests.http.hostile import HostileServer, Reply, scripts
 from tests.journal.helpers import happy
 
-from .kit import WAIT, api_target, write_daemon_config
+from .kit import WAIT, api_target, ask, write_daemon_config
 
 ACTION = json.dumps({"target": "api", "method": "GET", "path": "/r"}).encode()
 
 
-async def _ask(socket: Path, method: str, path: str, body: bytes = b"") -> tuple[int, dict, bytes]:
-    """One request on its own connection: status, headers (lower-cased names), body."""
-    stream = await trio.open_unix_socket(str(socket))
-    async with stream:
-        head = f"{method} {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n"
-        if body:
-            head += f"content-type: application/json\r\ncontent-length: {len(body)}\r\n"
-        await stream.send_all(head.encode() + b"\r\n" + body)
-        data = b""
-        while chunk := await stream.receive_some(65536):
-            data += chunk
-    top, _, payload = data.partition(b"\r\n\r\n")
-    lines = top.decode("latin-1").split("\r\n")
-    headers = dict(line.lower().split(": ", 1) for line in lines[1:])
-    return int(lines[0].split(" ", 2)[1]), headers, payload
-
-
-def _refused(answer: tuple[int, dict, bytes], journal: Path) -> None:
+def _refused(answer: tuple[int, dict[str, str], bytes], journal: Path) -> None:
     status, headers, body = answer
     assert status == 503, answer
     assert "retry-after" not in headers, headers
@@ -69,8 +52,8 @@ async def test_a_journal_replaced_under_the_daemon_is_refused_then_restarted_on(
             daemon = Daemon(config)
             await nursery.start(daemon.run)
             with trio.fail_after(WAIT):
-                assert (await _ask(socket, "POST", "/v1/calls", ACTION))[0] == 200
-                assert (await _ask(socket, "GET", "/v1/actions"))[0] == 200
+                assert (await ask(socket, "POST", "/v1/calls", ACTION))[0] == 200
+                assert (await ask(socket, "GET", "/v1/actions"))[0] == 200
                 keys = {
                     "key_file": config.journal.key_file,
                     "signing_key": config.journal.signing_key,
@@ -82,9 +65,9 @@ async def test_a_journal_replaced_under_the_daemon_is_refused_then_restarted_on(
                     os.replace(other, journal)
                 else:
                     journal.unlink()
-                call = await _ask(socket, "POST", "/v1/calls", ACTION)
+                call = await ask(socket, "POST", "/v1/calls", ACTION)
                 await trio.sleep(FRESH_FOR)  # the idle view reader's check is due again
-                view = await _ask(socket, "GET", "/v1/actions")
+                view = await ask(socket, "GET", "/v1/actions")
             daemon.shutdown.set()
         _refused(call, journal)
         _refused(view, journal)
@@ -96,9 +79,9 @@ async def test_a_journal_replaced_under_the_daemon_is_refused_then_restarted_on(
             daemon = Daemon(config)
             await nursery.start(daemon.run)
             with trio.fail_after(WAIT):
-                status, _, body = await _ask(socket, "POST", "/v1/calls", ACTION)
+                status, _, body = await ask(socket, "POST", "/v1/calls", ACTION)
                 assert status == 200, body
-                status, _, body = await _ask(socket, "GET", "/v1/actions?limit=10")
+                status, _, body = await ask(socket, "GET", "/v1/actions?limit=10")
             daemon.shutdown.set()
         assert status == 200, body
         shown = {a["invocation_id"] for a in json.loads(body)["actions"]}

@@ -26,8 +26,8 @@ from affidavit.journal.store import Journal
 from tests.broker.helpers import TOKEN_ENV
 from tests.http.hostile import HostileServer, Reply, scripts
 
-from .kit import WAIT, api_target, write_daemon_config
-from .test_journal_replaced import ACTION, _ask
+from .kit import WAIT, api_target, ask, write_daemon_config
+from .test_journal_replaced import ACTION
 
 FAILURES = {
     "JOURNAL_UNAVAILABLE": lambda: JournalUnavailable(
@@ -57,15 +57,15 @@ async def test_reads_say_when_to_read_again_and_calls_never_do(
         daemon = Daemon(load_config(config))
         await nursery.start(daemon.run)
         with trio.fail_after(WAIT):
-            status, _, body = await _ask(socket, "POST", "/v1/calls", ACTION)
+            status, _, body = await ask(socket, "POST", "/v1/calls", ACTION)
             assert status == 200, body
             iid = json.loads(body)["invocation_id"]
             with monkeypatch.context() as m:  # the views' readers and the broker's own
                 m.setattr(JournalReader, "record", failing)
                 m.setattr(Journal, "record", failing)
-                record = await _ask(socket, "GET", f"/v1/invocations/{iid}")
-                result = await _ask(socket, "GET", f"/v1/invocations/{iid}/result")
-                call = await _ask(socket, "POST", "/v1/calls", ACTION)
+                record = await ask(socket, "GET", f"/v1/invocations/{iid}")
+                result = await ask(socket, "GET", f"/v1/invocations/{iid}/result")
+                call = await ask(socket, "POST", "/v1/calls", ACTION)
         daemon.shutdown.set()
     after = {"JOURNAL_UNAVAILABLE": UNAVAILABLE_RETRY_AFTER, "JOURNAL_READ_DECLINED": 1}[code]
     assert READ_RETRY_AFTER == 1

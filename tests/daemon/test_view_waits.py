@@ -31,27 +31,11 @@ from tests.broker.helpers import TOKEN_ENV
 from tests.http.hostile import HostileServer, Reply, scripts
 from tests.postgres import Cluster
 
-from .kit import WAIT, api_target, write_daemon_config
+from .kit import WAIT, api_target, ask, write_daemon_config
 from .test_view_read_stuck import GET, _held, _keys, _waiting, gated_journal
 
 BOUND = 0.5
 """The daemon's ``VIEW_WAIT`` here."""
-
-
-async def _get(socket: Path, path: str) -> tuple[int, dict[str, str], bytes]:
-    """One GET on its own connection: status, headers (lower-cased names), body."""
-    stream = await trio.open_unix_socket(str(socket))
-    async with stream:
-        await stream.send_all(
-            f"GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n".encode()
-        )
-        data = b""
-        while chunk := await stream.receive_some(65536):
-            data += chunk
-    head, _, body = data.partition(b"\r\n\r\n")
-    lines = head.decode("latin-1").split("\r\n")
-    headers = dict(line.lower().split(": ", 1) for line in lines[1:])
-    return int(lines[0].split(" ", 2)[1]), headers, body
 
 
 def _declined(answer: tuple[int, dict[str, str], bytes], words: str) -> None:
@@ -88,12 +72,12 @@ async def test_a_record_read_the_database_holds_is_declined_after_the_bound(
             with _held(pg_url):
                 # (held past the bound many times over: a read that waits on is never answered)
                 with trio.fail_after(WAIT):
-                    answer = await _get(socket, f"/v1/invocations/{gated}")
+                    answer = await ask(socket, "GET", f"/v1/invocations/{gated}")
                     left = await trio.to_thread.run_sync(_waiting, pg_url)
             _declined(answer, "lock timeout")
             assert left == 0  # the read gave the lock up: no session still waits on it
             with trio.fail_after(WAIT):  # the lock let go: the same read answers
-                status, _, body = await _get(socket, f"/v1/invocations/{gated}")
+                status, _, body = await ask(socket, "GET", f"/v1/invocations/{gated}")
             assert status == 200, body
             assert json.loads(body)["record"]["invocation_id"] == gated
         daemon.shutdown.set()
@@ -135,7 +119,7 @@ async def test_views_that_find_every_view_thread_or_the_kept_turn_busy_are_decli
             monkeypatch.setattr(SessionSummary, "_build", held_build)
 
             async def one(path: str) -> None:
-                answers.append(await _get(socket, path))
+                answers.append(await ask(socket, "GET", path))
 
             try:
                 async with trio.open_nursery() as holders:
@@ -146,8 +130,8 @@ async def test_views_that_find_every_view_thread_or_the_kept_turn_busy_are_decli
                     with trio.fail_after(WAIT):
                         for _ in range(VIEW_THREADS):
                             await trio.to_thread.run_sync(inside.acquire)
-                        record = await _get(socket, f"/v1/invocations/{iid}")
-                        sessions = await _get(socket, "/v1/sessions")
+                        record = await ask(socket, "GET", f"/v1/invocations/{iid}")
+                        sessions = await ask(socket, "GET", "/v1/sessions")
                         envelope = await client.call(GET)  # the calls run meanwhile
                     release.set()
             finally:
