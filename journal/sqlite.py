@@ -156,6 +156,9 @@ class SqliteTables(SegmentTables):
         The rows stored are the same."""
         execute = self.conn.execute
         n, i = len(rows), 0
+        if n == 1:  # the one-row statement, its row bound as it is (no flattening)
+            execute(_INSERT_RUN[1], rows[0])
+            return
         for size in _RUN_SIZES:
             while n - i >= size:
                 execute(_INSERT_RUN[size], [v for row in rows[i : i + size] for v in row])
