@@ -98,7 +98,8 @@ class Recorder:
     ) -> None:
         """``append`` for a caller already inside a shielded section.  ``payload`` is sealed
         (broker copy, and an auditor copy when an auditor key is configured), never plaintext."""
-        self._writing[trio.lowlevel.current_task()] = event.invocation_id
+        task = trio.lowlevel.current_task()  # looked up once per write (issue 15)
+        self._writing[task] = event.invocation_id
         if barrier or event.kind in BARRIER_KINDS:
             await self.journal.append(event, barrier=True, payload=payload)
             return
@@ -107,7 +108,6 @@ class Recorder:
         # on it).  Queue order puts it before every later write of this call; ``record``
         # settles it before the journal is read for the envelope.
         posted = await self.journal.post(event, payload=payload)
-        task = trio.lowlevel.current_task()
         mine = self._posted.get(task)
         if mine is None:
             self._posted[task] = [posted]
@@ -153,9 +153,10 @@ class Recorder:
         self._posted.pop(trio.lowlevel.current_task(), None)
 
     def done(self) -> None:
-        """The call is over: forget everything kept for it."""
-        self.forget()
-        iid = self._writing.pop(trio.lowlevel.current_task(), None)
+        """The call is over: forget everything kept for it (its task looked up once)."""
+        task = trio.lowlevel.current_task()
+        self._posted.pop(task, None)
+        iid = self._writing.pop(task, None)
         if iid is not None:
             self._doubted.discard(iid)
 

@@ -1,0 +1,82 @@
+"""What a warm call costs the trio loop in Python frames of the broker's own, pinned where issue 15
+(c=1) cut them -- counted with ``sys.setprofile``, never timed -- and the behaviour those cuts keep.
+
+* The recorder looks its call's task up once per write and once when the call is done.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import trio
+
+from tests.http.hostile import HostileServer, Reply, scripts
+
+from .helpers import assert_ok, event_kinds, http_target, open_broker, write_config
+
+LIMIT = 10
+GET = {"target": "api", "method": "GET", "path": "/thing"}
+ROOT = str(Path(__file__).resolve().parents[2])
+
+
+def _ours(frame: FrameType | None) -> str | None:
+    """``file:function`` of a frame of this repository's code (None: a library's, or none)."""
+    if frame is None:
+        return None
+    path = frame.f_code.co_filename
+    if not path.startswith(ROOT) or "/tests/" in path:
+        return None
+    return f"{path[len(ROOT) + 1 :]}:{frame.f_code.co_name}"
+
+
+@contextmanager
+def counted(names: set[str]) -> Iterator[Counter[tuple[str, str | None]]]:
+    """Python calls of functions named ``names`` on this thread, by (name, the caller if it is
+    the broker's own code)."""
+    seen: Counter[tuple[str, str | None]] = Counter()
+
+    def profile(frame: FrameType, event: str, arg: Any) -> None:
+        if event == "call" and frame.f_code.co_name in names:
+            seen[(frame.f_code.co_name, _ours(frame.f_back))] += 1
+
+    sys.setprofile(profile)
+    try:
+        yield seen
+    finally:
+        sys.setprofile(None)
+
+
+async def _warm_call(tmp_path: Path, names: set[str]) -> Counter[tuple[str, str | None]]:
+    async with HostileServer.running(scripts.serve(Reply(200, body=b"ok"))) as srv:
+        cfg = write_config(tmp_path, {"api": http_target(srv.url)})
+        async with open_broker(cfg) as broker:
+            with trio.fail_after(LIMIT):
+                await broker.call(GET)  # warm: the connection is pooled
+                with counted(names) as seen:
+                    env = await broker.call(GET)
+            assert_ok(broker, env)
+            assert len(event_kinds(broker, env["invocation_id"])) == 10
+    return seen
+
+
+async def test_the_recorder_looks_its_task_up_once_per_write(tmp_path: Path, token: str) -> None:
+    seen = await _warm_call(tmp_path, {"current_task"})
+    by_recorder = {
+        caller: n
+        for (_, caller), n in seen.items()
+        if caller is not None and caller.startswith("affidavit/engine/recorder.py")
+    }
+    # One RESULT_DELIVERED write, two write_many (the preamble with CREDENTIAL_AUTHORIZED; the
+    # response events), two settles (RESULT_COMMITTED's record, the delivery), the call's end.
+    assert by_recorder == {
+        "affidavit/engine/recorder.py:write": 1,
+        "affidavit/engine/recorder.py:write_many": 2,
+        "affidavit/engine/recorder.py:settle": 2,
+        "affidavit/engine/recorder.py:done": 1,
+    }
