@@ -1,6 +1,8 @@
 """What a warm call costs the trio loop in Python frames of the broker's own, pinned where issue 15
 (c=1) cut them -- counted with ``sys.setprofile``, never timed -- and the behaviour those cuts keep.
 
+* The journal writer's hand-off at each I/O wait is ``Writer._hand_off_idle`` called by trio
+  itself, not through a method of the instrument.
 * The recorder looks its call's task up once per write and once when the call is done.
 """
 
@@ -63,6 +65,14 @@ async def _warm_call(tmp_path: Path, names: set[str]) -> Counter[tuple[str, str 
             assert_ok(broker, env)
             assert len(event_kinds(broker, env["invocation_id"])) == 10
     return seen
+
+
+async def test_the_writer_hand_off_at_each_io_wait_is_called_by_trio_itself(
+    tmp_path: Path, token: str
+) -> None:
+    seen = await _warm_call(tmp_path, {"before_io_wait", "_hand_off_idle"})
+    assert seen[("_hand_off_idle", None)] > 0  # trio's instrument call, at each I/O wait
+    assert not any(name == "before_io_wait" for name, _ in seen)  # no frame in between
 
 
 async def test_the_recorder_looks_its_task_up_once_per_write(tmp_path: Path, token: str) -> None:
