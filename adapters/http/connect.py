@@ -105,7 +105,9 @@ class Connection:
         connection would read them as the next request's answer.  A TLS stream whose buffers
         cannot be inspected counts as holding bytes: never reused rather than maybe lied to."""
         stream = self.stream
-        if not isinstance(stream, trio.SSLStream):
+        # A plain TCP stream is no ``SSLStream``: said without the ABC's Python-level
+        # ``__instancecheck__`` (three per call on a pooled connection; issue 15).
+        if type(stream) is trio.SocketStream or not isinstance(stream, trio.SSLStream):
             return False
         try:
             incoming = stream._incoming  # trio's private MemoryBIO; no public accessor exists

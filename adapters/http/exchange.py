@@ -196,7 +196,11 @@ class _Hop:
         self.redirects = redirects
         self.ex = HttpExchange(ctx.machine, conn.h11, hop)
         # Only TLS (opened with https_compatible=False) ends a stream with proof: close_notify.
-        self.ex.eof_ends_body = isinstance(conn.stream, trio.SSLStream)
+        # (A plain ``SocketStream`` said so without the ABC's ``__instancecheck__``.)
+        stream = conn.stream
+        self.ex.eof_ends_body = type(stream) is not trio.SocketStream and isinstance(
+            stream, trio.SSLStream
+        )
         forward_proxy = conn.forward_proxy
         self.ex.proxy_judge = lambda status, hdrs: is_proxy_answer(
             status, hdrs, via_forward_proxy=forward_proxy

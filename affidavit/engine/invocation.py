@@ -240,7 +240,11 @@ async def start(
             **({"link": dict(link)} if link else {}),
         },
     )
-    accepted_payload = {"action": dict(action)} if isinstance(action, Mapping) else None
+    accepted_payload = (
+        {"action": dict(action)}
+        if type(action) is dict or isinstance(action, Mapping)  # (a dict: no ABC check)
+        else None
+    )
     validated = Event(E.PREFLIGHT_VALIDATED, iid, {"config_hash": engine.snapshot.hash(target)})
     preamble: Preamble = ((accepted, accepted_payload), (validated, None))
     if take_over:

@@ -206,15 +206,25 @@ def check_shape(obj: object) -> None:
         nodes += 1
         if nodes > MAX_NODES:
             raise ActionInvalid(Code.PAYLOAD_LIMIT, "action", f"holds more than {MAX_NODES} values")
-        if type(value) in _SCALARS:
+        kind = type(value)
+        if kind in _SCALARS:
             continue  # most values: no ``Mapping`` ABC check each (issue 15)
-        if isinstance(value, Mapping | list | tuple):
-            if depth > MAX_DEPTH:
-                raise ActionInvalid(
-                    Code.PAYLOAD_LIMIT, "action", f"nests deeper than {MAX_DEPTH} levels"
-                )
-            children = value.values() if isinstance(value, Mapping) else value
-            stack.extend((child, depth + 1) for child in children)
+        # A dict, list or tuple is told by its exact type, without the ABC's Python-level
+        # ``__instancecheck__`` (two per call for the action object alone; issue 15).
+        children: Iterable[object]
+        if type(value) is dict or (
+            kind is not list and kind is not tuple and isinstance(value, Mapping)
+        ):
+            children = value.values()
+        elif isinstance(value, list | tuple):
+            children = value
+        else:
+            continue
+        if depth > MAX_DEPTH:
+            raise ActionInvalid(
+                Code.PAYLOAD_LIMIT, "action", f"nests deeper than {MAX_DEPTH} levels"
+            )
+        stack.extend((child, depth + 1) for child in children)
 
 
 def bounded(value: object) -> dict[str, Any]:
@@ -238,7 +248,8 @@ def accepted_session(obj: object) -> tuple[str | None, dict[str, Any] | None]:
     """The ``session`` to journal with ACTION_ACCEPTED, and, when the caller's value is refused,
     its ``bounded`` description (then the session is None).  Runs before anything is journaled,
     whatever the action: a non-UTF-8 or 5 MB session is recorded bounded, never whole."""
-    if not isinstance(obj, Mapping) or obj.get("session") is None:
+    # A dict (every action from JSON) is told by its type, without the ABC's check (issue 15).
+    if not (type(obj) is dict or isinstance(obj, Mapping)) or obj.get("session") is None:
         return None, None
     try:
         return session(obj), None
@@ -249,7 +260,7 @@ def accepted_session(obj: object) -> tuple[str | None, dict[str, Any] | None]:
 def parse_action(obj: object, config: Configured) -> Action:
     """Validate a caller's action (already JSON-decoded) against ``config``."""
     check_shape(obj)
-    if not isinstance(obj, Mapping):
+    if not (type(obj) is dict or isinstance(obj, Mapping)):  # (a dict: no ABC check)
         raise ActionInvalid(Code.INVALID_FIELD, "action", "must be a JSON object")
     for key in obj:
         if not isinstance(key, str):
