@@ -13,7 +13,8 @@
                                        ``?limit=N`` only: {"sessions", "limit", "total",
                                        "truncated"}
     GET  /v1/metrics                   Prometheus text (``?format=json``: ``metrics --json``)
-    GET  /v1/health                    {"ok": true, ...}
+    GET  /v1/health                    {"ok": true, ...}; 503 JOURNAL_REPLACED when the SQLite
+                                       file at the journal's path is not the one it writes
     ...  /v1/approvals[/{id}[/approve|/deny|/content/{name}]],
          POST /v1/invocations/{id}/reconcile, POST /v1/console/login: the operator routes
          (``operators.py``)
@@ -68,6 +69,7 @@ from affidavit.journal import (
     AsOf,
     JournalError,
     JournalReader,
+    JournalReplaced,
     SessionSummary,
 )
 from affidavit.statemachine import Event, Outcome, Phase, Record
@@ -411,6 +413,13 @@ class Api:
             raise ApiProblem(400, "BAD_REQUEST", "format: expected prometheus or json", "format")
 
     async def health(self, req: Request) -> None:
+        # Not "ok" over a journal every call and view is refused: a SQLite file replaced
+        # under the daemon answers 503 JOURNAL_REPLACED here too (one stat, as the writer's
+        # check at each transaction; nothing on PostgreSQL).
+        try:
+            self.broker.journal.backend.require_writer_file()
+        except JournalReplaced as exc:
+            raise _journal_problem(exc, "the journal's health") from None
         await req.respond_json(
             {
                 "ok": True,

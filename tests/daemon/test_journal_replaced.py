@@ -1,8 +1,9 @@
 """A SQLite journal file replaced under a running daemon (renamed over, or removed): the daemon's
 writer holds the file it opened, and its view readers would open the one now at the path -- a
 view answered from a file the writer is not writing, a call's record in a file nobody reads.
-Each call and each view is refused instead, 503 ``JOURNAL_REPLACED`` with no ``Retry-After``
-(trying again will not mend it: the daemon must be restarted), nothing sent to the target; the
+Each call and each view is refused instead, and ``GET /v1/health`` says so: 503
+``JOURNAL_REPLACED`` with no ``Retry-After`` (trying again will not mend it: the daemon must be
+restarted), nothing sent to the target; the
 daemon restarted on the file now at the path calls and reads it as any journal.
 
 The daemon runs in this process (``Daemon.run``); the caller is on its real socket."""
@@ -54,6 +55,7 @@ async def test_a_journal_replaced_under_the_daemon_is_refused_then_restarted_on(
             with trio.fail_after(WAIT):
                 assert (await ask(socket, "POST", "/v1/calls", ACTION))[0] == 200
                 assert (await ask(socket, "GET", "/v1/actions"))[0] == 200
+                healthy = await ask(socket, "GET", "/v1/health")
                 keys = {
                     "key_file": config.journal.key_file,
                     "signing_key": config.journal.signing_key,
@@ -68,9 +70,13 @@ async def test_a_journal_replaced_under_the_daemon_is_refused_then_restarted_on(
                 call = await ask(socket, "POST", "/v1/calls", ACTION)
                 await trio.sleep(FRESH_FOR)  # the idle view reader's check is due again
                 view = await ask(socket, "GET", "/v1/actions")
+                health = await ask(socket, "GET", "/v1/health")
             daemon.shutdown.set()
         _refused(call, journal)
         _refused(view, journal)
+        # Health says so too, never "ok" while every call and view is refused.
+        assert healthy[0] == 200 and json.loads(healthy[2])["ok"] is True, healthy
+        _refused(health, journal)
         assert len(srv.requests) == 1  # the refused call sent nothing
         if how == "removed":
             return
