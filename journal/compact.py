@@ -59,7 +59,15 @@ from typing import Any
 from .segment_tables import MAX_BLOB, is_segment_name
 from .segments import _fsync_dir
 
-__all__ = ["NOT_A_DIRECTORY", "UNPROVEN", "Compaction", "compact", "probe_holes", "refusal_message"]
+__all__ = [
+    "NOT_A_DIRECTORY",
+    "UNPROVEN",
+    "Compaction",
+    "compact",
+    "not_a_directory",
+    "probe_holes",
+    "refusal_message",
+]
 
 _PUNCH = 0x02 | 0x01
 """``FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE`` (linux/falloc.h)."""
@@ -115,6 +123,14 @@ def refusal_message(where: str, code: str = UNPROVEN) -> str:
     )
 
 
+def not_a_directory(directory: Path | None) -> bool:
+    """``directory`` (a journal's segment directory, ``Backend.segments``) is there but is not
+    a directory (``NOT_A_DIRECTORY``): a regular file, a dangling link, ... -- no long result's
+    bytes can be stored in it.  One ``lstat`` and one ``stat``; False when absent (the first
+    long result makes it) or None (no segment files: PostgreSQL)."""
+    return directory is not None and os.path.lexists(directory) and not directory.is_dir()
+
+
 def _step(name: str) -> None:
     """A point between two steps of a compaction; tests make it raise, as a crash would."""
 
@@ -132,10 +148,10 @@ def compact(
     directory with segment files is refused (``UNPROVEN``, none touched) -- one without is
     not: the files listed here are the only ones a compaction takes, so none is nothing to
     refuse."""
-    if directory is None or not os.path.lexists(directory):
-        return Compaction(0, 0, 0, 0, absent=True)
-    if not directory.is_dir():
+    if not_a_directory(directory):
         return Compaction(0, 0, 0, 0, refused=NOT_A_DIRECTORY)
+    if directory is None or not directory.is_dir():
+        return Compaction(0, 0, 0, 0, absent=True)
     names = sorted(e.name for e in os.scandir(directory) if is_segment_name(e.name))
     if names and not proven:
         return Compaction(0, 0, 0, 0, refused=UNPROVEN)

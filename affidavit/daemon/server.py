@@ -65,7 +65,7 @@ from affidavit.console import Console, TokenStore, token_dir
 from affidavit.engine import EngineSettings
 from affidavit.journal import JournalError
 from affidavit.journal.backend import where as journal_where
-from affidavit.journal.compact import refusal_message
+from affidavit.journal.compact import NOT_A_DIRECTORY, not_a_directory, refusal_message
 
 from .admission import ConsoleCap, Server
 from .app import Api
@@ -167,6 +167,22 @@ async def _reclaim_chunks(broker: Broker) -> None:
         )
 
 
+def _refuse_unusable_segments(broker: Broker) -> None:
+    """No start on a SQLite journal whose ``<path>.results`` is there but is not a directory
+    (``SEGMENT_DIR_UNUSABLE``, as the start-up reclaim names it): every call with a long
+    result would be sent, then end ``RESULT_STORE_FAILED`` -- refused now, before recovery
+    writes anything and before the socket is bound, rather than call by call later."""
+    if not_a_directory(broker.journal.backend.segments):
+        where = broker.journal.where
+        raise DaemonError(
+            f"journal {where}: {where}.results is not a directory ({NOT_A_DIRECTORY}): a "
+            "broker keeps a long result's bytes in segment files there, so every call with "
+            "one would be sent and its result not stored; move what is at that path away, "
+            "then start the daemon again",
+            NOT_A_DIRECTORY,
+        )
+
+
 class _OperatorUids:
     """Whether a local uid is an operator (``OperatorPolicy.admits_uid``) or the declared
     console proxy's (through which operators come), remembered per uid: the console asks once
@@ -250,6 +266,7 @@ class Daemon:
         owner = f"affidavit serve (pid {os.getpid()}) on {self.socket_path}"
         settings = EngineSettings(lease_margin=self.config.service.lease_margin)
         async with Broker.open(config=self.config, owner=owner, settings=settings) as broker:
+            _refuse_unusable_segments(broker)
             recovered = await broker.recover()
             if recovered:
                 log.warning(
