@@ -152,7 +152,9 @@ class Console(Handlers):
             await self._route(req)
         except Refused as exc:
             page = self._render("error.html", req, message=exc.message, code=exc.code)
-            await req.answer(exc.status, page)
+            after = exc.retry_after
+            retry = None if after is None else [(b"retry-after", b"%d" % after)]
+            await req.answer(exc.status, page, headers=retry)
         except Exception:
             log.exception("console: %s %s failed", req.method, req.shown_path)
             page = self._render(

@@ -34,7 +34,7 @@ from affidavit.reconcile import service as reconciling
 
 from . import pages
 from .auth import Session
-from .request import AUTO, Read, Refused, Request, _fields, _journal_refusal, log
+from .request import AUTO, Read, Refused, Request, _fields, _journal_refusal, log, read_refusal
 from .verified import KeptVerify
 
 
@@ -130,7 +130,7 @@ class Handlers:
                 log.warning("console: refused the %s of %s: %s", name, iid, exc.message)
             raise Refused(exc.status, exc.message, exc.code) from None
         except JournalError as exc:  # 503 JOURNAL_UNAVAILABLE when away: nothing served
-            raise _journal_refusal(exc, read_failure(exc, f"the approval of {iid}")) from None
+            raise read_refusal(exc, read_failure(exc, f"the approval of {iid}")) from None
         file = re.sub(r"[^A-Za-z0-9_.-]", "_", f"{iid}.{name}")
         disposition = f'attachment; filename="{file}.bin"'.encode()
         await req.answer(
@@ -228,7 +228,7 @@ class Handlers:
         try:
             return await (self.read_summarized if summarized else self.read)(view)
         except JournalError as exc:  # 503 JOURNAL_UNAVAILABLE naming ``what`` when away
-            raise _journal_refusal(exc, read_failure(exc, what)) from None
+            raise read_refusal(exc, read_failure(exc, what)) from None
         except OperatorError as exc:
             raise Refused(500, f"the journal could not be read: {exc}") from None
 
@@ -255,9 +255,9 @@ class Handlers:
                 found = await self.broker.fetch_result(iid, from_chunk=0)
         except (JournalUnavailable, ReadFailed, AlteredRow) as exc:  # not unverified: unread
             # (away, declined) or a row altered in place, in the words of every console page
-            raise _journal_refusal(exc, read_failure(exc, f"the result of {iid}")) from None
+            raise read_refusal(exc, read_failure(exc, f"the result of {iid}")) from None
         except JournalError as exc:  # RESULT_UNVERIFIED, as every surface (``result_failure``)
-            raise _journal_refusal(exc, result_failure(exc, iid)) from None
+            raise read_refusal(exc, result_failure(exc, iid)) from None
         assert not isinstance(found, bool)
         return found
 

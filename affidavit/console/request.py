@@ -16,6 +16,7 @@ from urllib.parse import parse_qsl
 
 import trio
 
+from affidavit.engine import READ_RETRY
 from affidavit.journal import JournalError, JournalReader
 from affidavit.text import printable
 
@@ -45,10 +46,15 @@ request is the browser's, not the operator's, and restarts no idle clock (``Sess
 
 
 class Refused(Exception):
-    """Answer ``status`` with the error page saying ``message``."""
+    """Answer ``status`` with the error page saying ``message``; ``retry_after``: seconds sent
+    as ``Retry-After`` (a read page the journal declined this once, or could not answer now:
+    ``read_refusal``)."""
 
-    def __init__(self, status: int, message: str, code: str = "") -> None:
+    def __init__(
+        self, status: int, message: str, code: str = "", retry_after: int | None = None
+    ) -> None:
         self.status, self.message, self.code = status, message, code
+        self.retry_after = retry_after
         super().__init__(message)
 
 
@@ -180,6 +186,15 @@ def _journal_refusal(exc: JournalError, failure: tuple[int, str, str]) -> Refuse
     status, code, message = failure
     log.warning("console: %s: %s", printable(message), printable(str(exc)))  # a path's id
     return Refused(status, message, code)
+
+
+def read_refusal(exc: JournalError, failure: tuple[int, str, str]) -> Refused:
+    """``_journal_refusal`` of a read page, with the ``Retry-After`` the daemon's reads send for
+    the same code (``READ_RETRY``: 1 s declined, 5 s unavailable; none for the rest).  Never a
+    decision's: it may have been recorded."""
+    refused = _journal_refusal(exc, failure)
+    refused.retry_after = READ_RETRY.get(refused.code)
+    return refused
 
 
 def _cookie(value: str, *, expire: bool = False, secure: bool = False) -> bytes:

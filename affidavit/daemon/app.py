@@ -38,7 +38,7 @@ import functools
 import logging
 import re
 from collections.abc import Awaitable, Callable
-from typing import Any, Final
+from typing import Any
 from urllib.parse import unquote
 
 import trio
@@ -56,8 +56,7 @@ from affidavit.api.wire import (
 )
 from affidavit.console import TokenStore
 from affidavit.engine import (
-    READ_DECLINED,
-    CallNotRecorded,
+    READ_RETRY,
     OperationError,
     call_failure,
     poll_failure,
@@ -99,23 +98,6 @@ _INVOCATION = re.compile(r"/v1/invocations/([^/]+)(/result|/reconcile)?")
 _OPERATION = re.compile(r"/v1/operations/([^/]+)/poll")
 _APPROVAL = re.compile(r"/v1/approvals/([^/]+)(/approve|/deny|/content/[a-z][a-z0-9_]*)?")
 _PROMETHEUS = b"text/plain; version=0.0.4; charset=utf-8"
-
-READ_RETRY_AFTER = 1
-"""``Retry-After`` (seconds) of a read declined this once (503 ``JOURNAL_READ_DECLINED``)."""
-UNAVAILABLE_RETRY_AFTER = 5
-"""``Retry-After`` (seconds) of a read a shared journal could not answer, its database away
-beyond ``[journal] reconnect`` (503 ``JOURNAL_UNAVAILABLE``): the broker already tried that
-long, so sooner would mostly meet the same outage; a small constant, not a promise."""
-READ_RETRY: Final = {
-    READ_DECLINED: READ_RETRY_AFTER,
-    CallNotRecorded.code: UNAVAILABLE_RETRY_AFTER,
-}
-"""``Retry-After`` of a read's answer, by its code (``_journal_problem``): only the journal's
-transient refusals.  Not ``JOURNAL_REPLACED`` (the file at the path is not the one the broker
-writes: only a restart mends it), nor a 500 (altered, unverified: the same read meets it again).
-A call's or an act's answer never carries one (``Api.calls``, ``operators.act_problem``): it
-may have been recorded or sent, and resending it is the caller's decision from its record, not
-a timer's."""
 
 VIEW_THREADS = 4
 """Worker threads the views (the socket's and the console's) hold at once (``Api.read``): their

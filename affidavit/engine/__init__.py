@@ -12,7 +12,10 @@ from affidavit.engine.operations import OperationError, poll_failure
 from affidavit.engine.recorder import stored_envelope
 from affidavit.engine.recovery import (
     READ_DECLINED,
+    READ_RETRY,
+    READ_RETRY_AFTER,
     RESULT_UNVERIFIED,
+    UNAVAILABLE_RETRY_AFTER,
     UNREADABLE,
     CallNotRecorded,
     call_failure,
@@ -28,8 +31,11 @@ from affidavit.engine.sink import RESULT_CHUNK
 __all__ = [
     "JOURNAL_WORDS",
     "READ_DECLINED",
+    "READ_RETRY",
+    "READ_RETRY_AFTER",
     "RESULT_CHUNK",
     "RESULT_UNVERIFIED",
+    "UNAVAILABLE_RETRY_AFTER",
     "UNREADABLE",
     "CallControl",
     "CallNotRecorded",

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from typing import Final
 
 from affidavit.journal import (
     AlteredRow,
@@ -36,7 +37,10 @@ from .recorder import Recorder
 
 __all__ = [
     "READ_DECLINED",
+    "READ_RETRY",
+    "READ_RETRY_AFTER",
     "RESULT_UNVERIFIED",
+    "UNAVAILABLE_RETRY_AFTER",
     "UNREADABLE",
     "CallNotRecorded",
     "act_failure",
@@ -345,3 +349,22 @@ class CallNotRecorded(JournalUnavailable):
     def __init__(self, invocation_id: str | None) -> None:
         self.invocation_id = invocation_id
         super().__init__(unrecorded(invocation_id))
+
+
+READ_RETRY_AFTER = 1
+"""``Retry-After`` (seconds) of a read declined this once (503 ``JOURNAL_READ_DECLINED``)."""
+UNAVAILABLE_RETRY_AFTER = 5
+"""``Retry-After`` (seconds) of a read a shared journal could not answer, its database away
+beyond ``[journal] reconnect`` (503 ``JOURNAL_UNAVAILABLE``): the broker already tried that
+long, so sooner would mostly meet the same outage; a small constant, not a promise."""
+READ_RETRY: Final = {
+    READ_DECLINED: READ_RETRY_AFTER,
+    CallNotRecorded.code: UNAVAILABLE_RETRY_AFTER,
+}
+"""``Retry-After`` of a read's answer, by its code (the daemon's ``_journal_problem``, the
+console's read pages): only the journal's transient refusals.  Not ``JOURNAL_REPLACED`` (the
+file at the path is not the one the broker writes: only a restart mends it), nor a 500
+(altered, unverified: the same read meets it again).  A call's or an act's answer never carries
+one (the daemon's ``Api.calls``, ``operators.act_problem``; the console's decisions): it may
+have been recorded or sent, and resending it is the caller's decision from its record, not a
+timer's."""

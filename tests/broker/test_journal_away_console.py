@@ -1,6 +1,7 @@
 """The operator console (served by the daemon) on a shared journal whose database is away
 (beyond ``[journal] reconnect``): every page and every act answers the operator with the error
-page -- 503 and JOURNAL_UNAVAILABLE, naming what could not be read, as the daemon's API does --
+page -- 503 and JOURNAL_UNAVAILABLE, naming what could not be read, as the daemon's API does
+(a read page with ``Retry-After: 5``, an act without) --
 and nothing is decided or recorded; never the "the console failed" 500 with a traceback in the
 daemon's log (which approve, deny and reconcile used to give), never a 500 "the journal could
 not be read" (the pages) or "the stored result does not verify" (the result's download), never
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import trio
 
-from affidavit.engine import unread
+from affidavit.engine import UNAVAILABLE_RETRY_AFTER, unread
 from tests.console.kit import csrf_of, get, post
 from tests.daemon.kit import WAIT, cli, start_daemon, stop, wait_until, write_daemon_config
 from tests.external import free_port
@@ -89,9 +90,16 @@ async def test_the_console_answers_503_on_every_page_and_act_and_decides_nothing
                         "the journal view": [await get(f"{origin}/journal", cookie=cookie)],
                     }
                     for what, pages in answers.items():
-                        for status, _headers, page in pages:
+                        for n, (status, headers, page) in enumerate(pages):
                             text = page.decode()
                             assert status == 503, (what, status, text)
+                            # A read page says when to read again, as the daemon's reads
+                            # (READ_RETRY); an act (approve, deny, reconcile) never does.
+                            act = what.startswith("the approval of") or (
+                                what.startswith("the record of") and n == 0
+                            )
+                            after = None if act else str(UNAVAILABLE_RETRY_AFTER)
+                            assert headers.get("retry-after") == after, (what, n, headers)
                             shown = f"<code>JOURNAL_UNAVAILABLE</code>: {unread(what)}</p>"
                             assert shown in text, (what, text)
                             clean(text, pg.password, "the console failed")

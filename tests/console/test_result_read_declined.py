@@ -1,7 +1,8 @@
 """The console, as the daemon and MCP (tests/daemon/test_fetch_read_declined.py): a stored result
 whose read the database declined this once (``ReadFailed``: a statement timeout, a lock not
 granted) is 503 JOURNAL_READ_DECLINED, "try again" -- never a 500 page saying the stored result
-does not verify, which nothing in the journal backs."""
+does not verify, which nothing in the journal backs -- with ``Retry-After: 1``, as the daemon's
+reads (``READ_RETRY``)."""
 
 from __future__ import annotations
 
@@ -29,10 +30,11 @@ async def test_a_result_whose_read_is_declined_once_is_read_declined_not_unverif
                 cookie, _csrf = await log_in_to(console, origin)
                 declined = decline_record_once(monkeypatch, iid)
                 url = f"{origin}/invocations/{iid}/result.json"
-                status, _, page = await get(url, cookie=cookie)
+                status, headers, page = await get(url, cookie=cookie)
                 again, _, body = await get(url, cookie=cookie)
     assert declined == [iid]
     assert status == 503, page
+    assert headers.get("retry-after") == "1", headers  # as the daemon's reads (READ_RETRY)
     assert b"JOURNAL_READ_DECLINED" in page and b"try again" in page, page
     assert b"does not verify" not in page
     assert again == 200 and b'"stored"' in body
@@ -54,8 +56,9 @@ async def test_a_result_that_meets_an_altered_row_is_unreadable_as_a_call_is(
                 cookie, _csrf = await log_in_to(console, origin)
                 alter_record(monkeypatch, iid, words.decode())
                 url = f"{origin}/invocations/{iid}/result.json"
-                status, _, page = await get(url, cookie=cookie)
+                status, headers, page = await get(url, cookie=cookie)
     assert status == 500, page
+    assert "retry-after" not in headers, headers  # the same read meets it again
     assert b"JOURNAL_UNREADABLE" in page and words in page, page
     assert b"does not verify" not in page
     assert len(srv.requests) == 1

@@ -1,4 +1,4 @@
-"""``Retry-After`` on the daemon's journal answers, by code (``app.READ_RETRY``): a read -- a
+"""``Retry-After`` on the daemon's journal answers, by code (``engine.READ_RETRY``): a read -- a
 record, a stored result -- the journal could not answer this once says when to read again:
 ``JOURNAL_READ_DECLINED`` after 1 s, ``JOURNAL_UNAVAILABLE`` (a shared journal's database away
 beyond ``[journal] reconnect``) after 5 s; a read changes nothing, so reading again is safe.  A
@@ -19,8 +19,8 @@ import pytest
 import trio
 
 from affidavit.config import load_config
-from affidavit.daemon.app import READ_RETRY_AFTER, UNAVAILABLE_RETRY_AFTER
 from affidavit.daemon.server import Daemon
+from affidavit.engine import READ_RETRY_AFTER, UNAVAILABLE_RETRY_AFTER
 from affidavit.journal import JournalReader, JournalUnavailable, ReadFailed
 from affidavit.journal.store import Journal
 from tests.broker.helpers import TOKEN_ENV
