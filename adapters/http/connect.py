@@ -29,6 +29,7 @@ from affidavit.adapters.base import AttemptContext, SetupError
 from affidavit.statemachine import Code
 
 from .classify import header_value, parse_proxy_status
+from .receive_buffer import client_connection
 from .request import HttpRequest, Timeouts
 from .urls import BadUrl, Url, parse_url
 
@@ -231,7 +232,7 @@ async def open_connection(
         key=key,
         stream=stream,
         socket_stream=sock_stream,
-        h11=h11.Connection(h11.CLIENT),
+        h11=client_connection(),
         peer=peer,
         via_proxy=proxy.hostport if proxy else None,
         forward_proxy=proxy is not None and target.scheme == "http",

@@ -45,6 +45,8 @@ import h11
 
 from affidavit.statemachine import ProtocolMachine, ProtocolTable, Step, register
 
+from .receive_buffer import client_connection
+
 __all__ = [
     "ABORT_EVENTS",
     "CONTENT_CODINGS",
@@ -303,7 +305,7 @@ class HttpExchange:
     """
 
     machine: ProtocolMachine
-    conn: h11.Connection = field(default_factory=lambda: h11.Connection(h11.CLIENT))
+    conn: h11.Connection = field(default_factory=client_connection)
     hop: int = 1
     bytes_received: int = 0
     final_response_started: bool = False
@@ -492,7 +494,10 @@ class HttpExchange:
                     )
                 )
             elif type(ev) is h11.Data:
-                chunk = bytes(ev.data)
+                # Not copied to ``bytes``: h11 made this bytearray for this event alone (a
+                # slice of its buffer, or the buffer itself handed over: receive_buffer.py) and
+                # nothing writes to it; the redactor's join copies it once (issue 15).
+                chunk = ev.data
                 self.body_bytes_received += len(chunk)
                 step = self.machine.fire("proxy_body" if self.proxy_response else "body")
                 out.append(
