@@ -72,8 +72,10 @@ def _serve(args: argparse.Namespace) -> int:
         except ValueError as exc:
             raise refusal(str(exc), "INVALID_FIELD", "--console") from None
     from affidavit.engine import tune_collector
+    from affidavit.heap import keep_freed_buffers
 
     tune_collector()  # this process serves calls at concurrency: engine/collector.py
+    heap_left = keep_freed_buffers()  # large results' read buffers reused: affidavit/heap.py
     logging.basicConfig(
         stream=sys.stderr,
         level=logging.INFO,
@@ -81,6 +83,8 @@ def _serve(args: argparse.Namespace) -> int:
     )
     for words in core_left:
         logging.getLogger("affidavit.serve").warning("core dumps: %s", words)
+    for words in heap_left:
+        logging.getLogger("affidavit.serve").warning("heap: %s", words)
     try:
         trio.run(functools.partial(serve, config, socket_path=args.socket, console=console))
     except JournalError as exc:

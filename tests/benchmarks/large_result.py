@@ -1,7 +1,7 @@
 """A large response: broker ``call()`` against httpx streaming the same body, side by side.
 
     .venv/bin/python tests/benchmarks/large_result.py [--mib N] [--rounds R] [--dir DIR]
-                                                      [--ab OLD_CHECKOUT]
+                                                      [--ab OLD_CHECKOUT] [--as-served]
 
 One loopback server (``http_overhead.py --serve``, its own process) answers ``GET /v1/big/N``
 with N bytes.  Each client runs in a process of its own, in interleaved rounds (medians):
@@ -11,6 +11,8 @@ with N bytes.  Each client runs in a process of its own, in interleaved rounds (
 * ``broker``: ``Broker.call`` with its journal on: the body redacted, hashed, sealed and
   journaled in 64 KiB chunks, RESULT_COMMITTED durable before the envelope is returned; above
   the inline limit (1 MiB) the envelope carries the result's size, hash and fetch reference.
+  With ``--as-served`` its process first sets what ``affidavit serve`` sets for itself at start
+  (``affidavit.heap.keep_freed_buffers``; an ``--ab`` checkout without it stays untouched).
 
 Per client: seconds for the call, MiB/s, the process's CPU seconds during the call (all its
 threads; for the broker also its main thread, the one reading the response), and peak RSS growth
@@ -172,6 +174,13 @@ def child(args: argparse.Namespace) -> None:
     else:
         if args.src:
             http_overhead._use_source(Path(args.src))
+        if args.as_served:
+            try:
+                from affidavit.heap import keep_freed_buffers
+            except ImportError:  # (an --ab checkout from before it existed: untouched)
+                pass
+            else:
+                keep_freed_buffers()
         with tempfile.TemporaryDirectory(prefix="affidavit-bench-", dir=args.dir) as d:
             out = trio.run(_broker, args.port, size, Path(d))
     print(json.dumps(out))
@@ -186,6 +195,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--dir", type=Path, help="where the journal goes (default: a temp dir)")
     parser.add_argument("--ab", metavar="SRC", help="also measure the broker from SRC (A/B)")
+    parser.add_argument(
+        "--as-served", action="store_true", help="the broker's process set up as serve's"
+    )
     args = parser.parse_args()
     os.environ.setdefault(TOKEN_ENV, "bench-" + os.urandom(12).hex())
     if args.client:
@@ -208,6 +220,8 @@ def main() -> None:
                     cmd += ["--dir", str(args.dir)]
                 if src:
                     cmd += ["--src", src]
+                if args.as_served and name == "broker":
+                    cmd += ["--as-served"]
                 out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True).stdout
                 results[label].append(json.loads(out.strip().splitlines()[-1]))
             loads.append(os.getloadavg()[0])
