@@ -14,8 +14,9 @@ settings keep freed buffers for the next read instead (2.1k-2.4k faults, the cal
 * ``M_TRIM_THRESHOLD`` 32 MiB: free memory at the heap's top is given back to the system only
   past that -- what one large result's reads need stays mapped, and is reused.
 
-Process-wide, so only ``affidavit serve`` and ``affidavit mcp`` call it, as they forbid core
-dumps: an embedded broker leaves its host's allocator as it is.  Environment settings
+Process-wide, so only ``affidavit serve`` and ``affidavit mcp`` without ``--socket`` (it runs
+the calls itself) call it, as they forbid core dumps: a broker embedded in another program
+leaves its host's allocator as it is.  Environment settings
 (``MALLOC_MMAP_THRESHOLD_``, ``MALLOC_TRIM_THRESHOLD_``, ``GLIBC_TUNABLES``) are the operator's
 and win: nothing is set then.  Not glibc (musl, macOS): nothing to do.
 """

@@ -81,6 +81,13 @@ def _mcp(args: argparse.Namespace) -> int:
             "DEPENDENCY_MISSING",
         ) from None
 
+    if socket is None:  # embedded: this process runs the calls, as ``serve``'s does
+        from affidavit.engine import tune_collector
+        from affidavit.heap import keep_freed_buffers
+
+        tune_collector()
+        for words in keep_freed_buffers():
+            logging.getLogger("affidavit.mcp").warning("heap: %s", words)
     try:
         path, uid = (None, None) if socket is None else (socket.path, socket.uid)
         trio.run(

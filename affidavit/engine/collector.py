@@ -10,7 +10,8 @@ needs the cycle collector to be freed promptly: its per-call state is released b
 counting when the call ends, and result bytes are not tracked by the collector at all.
 
 The collector's settings are the process's, not one broker's: ``affidavit serve`` tunes its own
-process; an embedding application decides for its own (``tune_collector`` is public for it).
+process, as does ``affidavit mcp`` without ``--socket`` (it runs the calls itself); an
+embedding application decides for its own (``tune_collector`` is public for it).
 """
 
 from __future__ import annotations

@@ -63,7 +63,7 @@ def test_a_second_large_body_faults_in_no_fresh_buffers() -> None:
 
 def test_serve_sets_them_and_an_embedded_broker_does_not() -> None:
     root = Path(__file__).resolve().parents[2]
-    serve = (root / "affidavit" / "cli" / "serve.py").read_text(encoding="utf-8")
-    assert "keep_freed_buffers()" in serve
+    for runner in ("serve.py", "mcp.py"):  # the two that run calls in a process of their own
+        assert "keep_freed_buffers()" in (root / "affidavit" / "cli" / runner).read_text("utf-8")
     for embedded in ("affidavit/api/broker.py", "affidavit/engine/engine.py"):
         assert "keep_freed_buffers" not in (root / embedded).read_text(encoding="utf-8")
