@@ -224,7 +224,7 @@ def _transaction(
             # write anything, so a refusal needs no savepoint; one that wrote first is a
             # bug, and the whole batch is rolled back rather than half-kept.
             op = r.op
-            if op is None:  # a plain append: its row joins the pending run of rows
+            if op is None:  # a plain append: its row joins the pending executemany
                 if r.many:
                     r.result = _insert_each(insert, r, errors)
                     continue

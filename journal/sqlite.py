@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 from urllib.parse import quote
 
-from .chain import EVENT_COLUMNS
 from .errors import JournalError, JournalReplaced
 from .exposure import journal_exposures, warn_exposed
 from .lock import WriterLock
@@ -63,18 +62,6 @@ _BY_FIRST = (
     + " FROM invocations CROSS JOIN events ON events.invocation_id = invocations.invocation_id"
 )
 """Each invocation's events (``FOLD_COLUMNS``) through ``invocations`` (schema 3)."""
-
-
-_RUN_SIZES = (64, 32, 16, 8, 4, 2, 1)
-"""How many rows one ``INSERT`` of a run holds (``SqliteTables.insert_events``): a run is
-written as the fewest statements of these sizes (one per bit of its length under 128), so
-seven statement texts serve every run."""
-
-_INSERT_RUN = {
-    n: f"INSERT INTO events ({EVENT_COLUMNS}) VALUES "
-    + ",".join(["(" + ",".join("?" * len(EVENT_COLUMNS.split(", "))) + ")"] * n)
-    for n in _RUN_SIZES
-}
 
 
 def _missing_table(exc: sqlite3.Error) -> bool:
@@ -146,23 +133,6 @@ class SqliteTables(SegmentTables):
     }
 
     __slots__ = ()
-
-    def insert_events(self, rows: list[tuple[Any, ...]]) -> None:
-        """A run of rows as a few multi-row ``INSERT``s (``_RUN_SIZES``), not one statement
-        a row: the triggers still run for every row (the chain trigger refuses any that does
-        not extend the chain, and the whole statement with it), but SQLite opens one
-        statement journal and halts one program per statement, not per row (issue 15: ~40%
-        of the writer thread's instructions per append at 64 tasks went to ``executemany``).
-        The rows stored are the same."""
-        execute = self.conn.execute
-        n, i = len(rows), 0
-        if n == 1:  # the one-row statement, its row bound as it is (no flattening)
-            execute(_INSERT_RUN[1], rows[0])
-            return
-        for size in _RUN_SIZES:
-            while n - i >= size:
-                execute(_INSERT_RUN[size], [v for row in rows[i : i + size] for v in row])
-                i += size
 
     def grouped_events(self, session: str | None = None) -> Iterator[Any]:
         """Read through ``invocations`` (schema 3) when it indexes exactly every invocation's

@@ -71,8 +71,8 @@ def _with_attrs(event: Event, attrs: dict[str, Any]) -> tuple[Event, str, Mappin
 
 class Txn:
     """State of one writer transaction: the chain head as this transaction extends it, and the
-    rows computed but not yet handed to the database (one ``Tables.insert_events`` per run
-    of appends)."""
+    rows computed but not yet handed to the database (one ``executemany`` per run of
+    appends)."""
 
     __slots__ = ("clocked", "digest", "hash", "null", "offset", "rows", "seq", "tables", "writer")
 
