@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 from urllib.parse import quote
 
-from .errors import JournalError, JournalReplaced
+from .errors import JournalError, JournalReplaced, JournalWriteError, ReadFailed
 from .exposure import journal_exposures, warn_exposed
 from .lock import WriterLock
 from .rows import FOLD_COLUMNS
@@ -281,7 +281,11 @@ class SqliteBackend:
                 made = None
             conn = _connect_writer(path)
             if self._writer_file is None:
-                made = made or path.stat()
+                try:
+                    made = made or path.stat()
+                except OSError:
+                    conn.close()
+                    raise
                 self._writer_file = (made.st_dev, made.st_ino)
             self._checkpointers[id(conn)] = _Checkpointer(path, self.writes_path)
             return conn
@@ -340,14 +344,16 @@ class SqliteBackend:
 
     def writes_path(self) -> bool:
         """The file at the path is the one this process's writer opened (or there is no writer
-        here): one ``stat``."""
+        here): one ``stat``.  Nothing at the path is False; a ``stat`` that fails otherwise
+        (a directory's mode changed, an I/O error) raises its ``OSError``: not a replacement."""
         pinned = self._writer_file
         if pinned is None:
             return True
         try:
             st = os.stat(self.file)
-        except OSError:
-            return False
+        except (FileNotFoundError, NotADirectoryError):
+            return False  # removed
+        # Any other error (EACCES, EIO, ESTALE) proves nothing either way: it propagates.
         return (st.st_dev, st.st_ino) == pinned
 
     def require_writer_file(self) -> None:
@@ -356,7 +362,14 @@ class SqliteBackend:
         file it holds while a reader opened by the path read another.  Checked at each writer
         transaction's start (``begin``) and each check of a view reader (``ViewReaders``): a
         ``stat`` each, never one per row."""
-        if not self.writes_path():
+        try:
+            writes = self.writes_path()
+        except OSError as exc:
+            raise ReadFailed(
+                f"journal {self.where}: the file at its path could not be checked "
+                f"({exc.strerror or type(exc).__name__}); the same read may succeed"
+            ) from None
+        if not writes:
             raise self._replaced()
 
     def _replaced(self) -> JournalReplaced:
@@ -368,14 +381,23 @@ class SqliteBackend:
         )
 
     @staticmethod
-    def _fold_wal(conn: Any) -> None:
+    def _fold_wal(conn: Any, *, wait: bool) -> None:
         """The writer's file gone from its path: its WAL is still named by the path (SQLite
         leaves the WAL of a moved file as it is when it closes), and whoever opens the path
         next would apply its frames to the file now there -- rows of this journal in another.
         So every frame is copied into the file this writer holds and the WAL emptied
-        (``TRUNCATE``); an error (a reader holding frames back) leaves it for the next try."""
+        (``TRUNCATE``); an error (a reader holding frames back) leaves it for the next try.
+        ``wait=False`` (a refused transaction's): no wait for a reader's lock -- the single
+        writer thread is not held up by a view still reading, it tries again at the next
+        refusal; ``close`` waits as the connection's busy timeout says."""
         with contextlib.suppress(sqlite3.Error):
-            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+            waits = conn.execute("PRAGMA busy_timeout").fetchone()[0]
+            if not wait:
+                conn.execute("PRAGMA busy_timeout=0")
+            try:
+                conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+            finally:
+                conn.execute(f"PRAGMA busy_timeout={int(waits)}")
 
     def bound_waits(self, conn: Any, seconds: float) -> None:
         conn.execute(f"PRAGMA busy_timeout={max(1, int(seconds * 1000))}")
@@ -385,8 +407,12 @@ class SqliteBackend:
         checkpointer = self._checkpointers.pop(id(conn), None)
         if checkpointer is not None:
             checkpointer.close()
-            if not self.writes_path():  # (a writer's: what it committed since, folded in)
-                self._fold_wal(conn)
+            try:
+                moved = not self.writes_path()
+            except OSError:
+                moved = True  # (unproven either way: folding into its own file is harmless)
+            if moved:  # (a writer's: what it committed since, folded in)
+                self._fold_wal(conn, wait=True)
         conn.close()
 
     def create(self, conn: Any) -> None:
@@ -444,8 +470,15 @@ class SqliteBackend:
         pass  # the session index is built in the opening transaction (``create``)
 
     def begin(self, conn: Any, *, barrier: bool, wait: float | None = None) -> str:
-        if not self.writes_path():  # before the transaction: a refusal writes nothing
-            self._fold_wal(conn)
+        try:
+            writes = self.writes_path()
+        except OSError as exc:  # before the transaction: a refusal writes nothing
+            raise JournalWriteError(
+                f"journal {self.where}: the file at its path could not be checked "
+                f"({exc.strerror or type(exc).__name__}); nothing was written"
+            ) from None
+        if not writes:
+            self._fold_wal(conn, wait=False)
             raise self._replaced()
         want = "FULL" if barrier else "NORMAL"
         if self._sync.get(id(conn), "FULL") != want:

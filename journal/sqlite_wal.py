@@ -89,11 +89,22 @@ class _Checkpointer:
                 self._wake.clear()
                 if self._stop:
                     return
-                with contextlib.suppress(sqlite3.Error):
+                with contextlib.suppress(sqlite3.Error, OSError):
                     if conn is None:
+                        # Opened by the path only while it names the writer's file, checked
+                        # before and after: a file put there in between is never checkpointed
+                        # with the writer's WAL (an error of the check: not this time).
                         if not self._writes_path():
                             continue
-                        conn = sqlite3.connect(str(self._path), isolation_level=None)
+                        opened = sqlite3.connect(str(self._path), isolation_level=None)
+                        try:
+                            same = self._writes_path()
+                        except OSError:
+                            same = False
+                        if not same:
+                            opened.close()
+                            continue
+                        conn = opened
                         conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
                     busy, frames, copied = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
                     self._copied_all = not busy and frames == copied

@@ -68,7 +68,6 @@ from affidavit.journal import (
     AsOf,
     JournalError,
     JournalReader,
-    JournalReplaced,
     SessionSummary,
 )
 from affidavit.statemachine import Event, Outcome, Phase, Record
@@ -120,6 +119,8 @@ class Api:
         request (not folded again)."""
         self.view_threads = trio.CapacityLimiter(VIEW_THREADS)
         """The views' worker threads (``read``)."""
+        self.health_said: set[str] = set()
+        """The journal codes ``health`` has logged: once each, not once a probe."""
         self.summary_turn = trio.Lock()
         """The views that bring ``summary`` to the head take turns here, on the event loop
         (``read_summarized``): its first fold (~20 s at 1M events) holds one thread, not one
@@ -397,11 +398,16 @@ class Api:
     async def health(self, req: Request) -> None:
         # Not "ok" over a journal every call and view is refused: a SQLite file replaced
         # under the daemon answers 503 JOURNAL_REPLACED here too (one stat, as the writer's
-        # check at each transaction; nothing on PostgreSQL).
+        # check at each transaction; nothing on PostgreSQL) -- on a thread, so a hung mount
+        # stalls this probe, not the event loop; logged once, not at every probe.
         try:
-            self.broker.journal.backend.require_writer_file()
-        except JournalReplaced as exc:
-            raise _journal_problem(exc, "the journal's health") from None
+            await trio.to_thread.run_sync(self.broker.journal.backend.require_writer_file)
+        except JournalError as exc:
+            problem = _journal_problem(exc, "the journal's health", quiet=True)
+            if problem.code not in self.health_said:
+                self.health_said.add(problem.code)
+                _journal_problem(exc, "the journal's health")
+            raise problem from None
         await req.respond_json(
             {
                 "ok": True,
@@ -509,7 +515,7 @@ async def _deliver(req: Request, envelope: dict[str, Any], scope: trio.CancelSco
 
 
 def _journal_problem(
-    exc: JournalError, what: str, failure: tuple[int, str, str] | None = None
+    exc: JournalError, what: str, failure: tuple[int, str, str] | None = None, quiet: bool = False
 ) -> ApiProblem:
     """A read the journal could not answer (``read_failure``): 503 JOURNAL_UNAVAILABLE when a
     shared journal is away beyond ``[journal] reconnect``, or JOURNAL_READ_DECLINED when the
@@ -518,10 +524,13 @@ def _journal_problem(
     blurred.  One line in the daemon's log either way, never a traceback: ``what`` and the
     journal's words may name a caller's id (decoded from the path: ``%0A`` a line break), so
     both are escaped (``printable``) -- never a line of the caller's own in the log.
-    ``failure``: the read's own answer (``result_failure``) instead of ``read_failure``'s."""
+    ``failure``: the read's own answer (``result_failure``) instead of ``read_failure``'s;
+    ``quiet``: no log line (the caller logs it once)."""
     status, code, message = failure or read_failure(exc, what)
     shown, why = printable(what), printable(str(exc))
-    if status == 503:
+    if quiet:
+        pass
+    elif status == 503:
         log.warning("%s: the journal did not answer now: %s", shown, why)
     else:
         log.error("%s: %s", shown, why)

@@ -277,9 +277,15 @@ def call_failure(exc: Exception, invocation_id: str | None) -> tuple[int, str, s
     RESULT_UNVERIFIED with the journal's words, as a fetch of it is (``result_failure``):
     never the result, nor an outage that passes -- the same call meets it again.  The file at
     the journal's path no longer the one the broker writes (``JournalReplaced``, refused before
-    its transaction began): 503 JOURNAL_REPLACED with the journal's words."""
+    its transaction began): 503 JOURNAL_REPLACED with the journal's words and the invocation:
+    one refused past its dispatch may have been sent, and its record is in the file the
+    broker held."""
     if isinstance(exc, JournalReplaced):
-        return 503, JournalReplaced.code, f"the call ended without an envelope: {exc}"
+        if invocation_id is None:
+            where = "before the call was accepted: nothing was sent"
+        else:  # its record, whatever it says, is in the file the broker held, not at the path
+            where = f"{invocation_id}: whether it was sent is recorded in the file this broker held"
+        return 503, JournalReplaced.code, f"the call ended without an envelope: {exc} ({where})"
     if isinstance(exc, ResultUnverified):
         return (
             500,

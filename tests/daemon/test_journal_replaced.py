@@ -42,7 +42,11 @@ def _refused(answer: tuple[int, dict[str, str], bytes], journal: Path) -> None:
 
 @pytest.mark.parametrize("how", ["renamed-over", "removed"])
 async def test_a_journal_replaced_under_the_daemon_is_refused_then_restarted_on(
-    tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch, how: str
+    tmp_path: Path,
+    token: str,
+    monkeypatch: pytest.MonkeyPatch,
+    how: str,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     monkeypatch.setenv(TOKEN_ENV, token)
     socket = tmp_path / "affidavit.sock"
@@ -71,12 +75,16 @@ async def test_a_journal_replaced_under_the_daemon_is_refused_then_restarted_on(
                 await trio.sleep(FRESH_FOR)  # the idle view reader's check is due again
                 view = await ask(socket, "GET", "/v1/actions")
                 health = await ask(socket, "GET", "/v1/health")
+                again = await ask(socket, "GET", "/v1/health")  # (a monitor probes on)
             daemon.shutdown.set()
         _refused(call, journal)
         _refused(view, journal)
         # Health says so too, never "ok" while every call and view is refused.
         assert healthy[0] == 200 and json.loads(healthy[2])["ok"] is True, healthy
         _refused(health, journal)
+        _refused(again, journal)
+        said = [r for r in caplog.records if r.getMessage().startswith("the journal's health")]
+        assert len(said) == 1, said  # logged once, not at every probe
         assert len(srv.requests) == 1  # the refused call sent nothing
         if how == "removed":
             return

@@ -108,3 +108,87 @@ async def test_the_file_the_writer_opened_passes_the_check(tmp_path: Path) -> No
             await j.append(ev, barrier=True)
         assert readers.take() is first
         readers.close()
+
+
+async def test_a_stat_that_fails_otherwise_is_not_taken_for_a_replacement(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """EACCES, EIO, ESTALE on the path's ``stat`` prove nothing about which file is there: the
+    write is refused as a storage fault (nothing written), a view's check as a read declined
+    this once -- never JOURNAL_REPLACED, and the WAL is not folded on that word."""
+    import errno
+
+    from affidavit.journal import ReadFailed
+    from affidavit.journal import sqlite as sqlite_backend
+
+    path = tmp_path / "j.db"
+    async with Journal.open(path, **_keys(tmp_path)) as j:
+        await j.append(happy("act_1")[0], barrier=True)
+        head = j.head()
+        real = os.stat
+        folds: list[str] = []
+
+        def failing(p: object, *args: object, **kw: object) -> os.stat_result:
+            if Path(str(p)) == path:
+                raise OSError(errno.EIO, os.strerror(errno.EIO))
+            return real(p, *args, **kw)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(sqlite_backend.os, "stat", failing)
+        monkeypatch.setattr(
+            sqlite_backend.SqliteBackend,
+            "_fold_wal",
+            staticmethod(lambda *a, **k: folds.append("x")),
+        )
+        with pytest.raises(JournalWriteError) as refused:
+            await j.append(happy("act_1")[1], barrier=True)
+        assert not isinstance(refused.value, JournalReplaced)
+        assert "could not be checked" in str(refused.value)
+        with pytest.raises(ReadFailed, match="could not be checked"):
+            j.backend.require_writer_file()
+        assert folds == []
+        monkeypatch.setattr(sqlite_backend.os, "stat", real)
+        assert j.head() == head  # nothing written; and the journal goes on once it can check
+        await j.append(happy("act_1")[1], barrier=True)
+
+
+async def test_a_refused_transaction_folds_the_wal_without_waiting_for_readers(
+    tmp_path: Path,
+) -> None:
+    """The fold at a refused transaction's start never waits on a reader's lock (the single
+    writer thread would be held for the busy timeout): busy_timeout 0 around its checkpoint,
+    the connection's own restored after."""
+    import sqlite3
+
+    path, other = tmp_path / "j.db", tmp_path / "other.db"
+    await _other(other, tmp_path)
+    seen: list[str] = []
+    async with Journal.open(path, **_keys(tmp_path)) as j:
+        await j.append(happy("act_1")[0], barrier=True)
+        os.replace(other, path)
+        conn: sqlite3.Connection = j._writer.conn
+        conn.set_trace_callback(seen.append)
+        with pytest.raises(JournalReplaced):
+            await j.append(happy("act_1")[1], barrier=True)
+        conn.set_trace_callback(None)
+        waits = conn.execute("PRAGMA busy_timeout").fetchone()[0]
+    fold = [s for s in seen if "busy_timeout" in s or "wal_checkpoint" in s]
+    assert waits > 0 and fold == [
+        "PRAGMA busy_timeout",  # (the connection's own, read)
+        "PRAGMA busy_timeout=0",
+        "PRAGMA wal_checkpoint(TRUNCATE)",
+        f"PRAGMA busy_timeout={waits}",
+    ]
+
+
+def test_a_call_refused_so_names_its_invocation_and_never_says_nothing_was_sent() -> None:
+    """A call whose write is refused past its dispatch may have been sent: its answer names the
+    invocation and where its record is, as JOURNAL_UNAVAILABLE's does; only a call refused
+    before it was accepted says nothing was sent."""
+    from affidavit.engine.recovery import call_failure
+
+    exc = JournalReplaced("journal j.db: the file at this path is not the one ...")
+    status, code, message = call_failure(exc, "act_1")
+    assert (status, code) == (503, "JOURNAL_REPLACED")
+    assert "act_1: whether it was sent is recorded in the file this broker held" in message
+    assert "nothing was sent" not in message
+    assert call_failure(exc, None)[2].endswith("before the call was accepted: nothing was sent)")

@@ -8,6 +8,7 @@ import sqlite3
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -153,3 +154,44 @@ async def test_the_writer_starts_no_read_transaction_after_its_commit(tmp_path: 
         ), seen[n : n + 3]
     with JournalReader.open(path) as r:
         assert r.verify().ok
+
+
+def test_the_checkpoint_thread_drops_a_connection_to_a_file_put_there_as_it_opened(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The thread opens its connection by the path: checked before the open and again after
+    (a file put in the writer's place in between would be checkpointed with the writer's WAL,
+    named by the path too), it closes what it opened when the second check says another file."""
+    path = tmp_path / "j.db"
+    writer = sqlite3.connect(path, isolation_level=None)
+    writer.execute("PRAGMA journal_mode=WAL")
+    writer.execute("CREATE TABLE t (x)")
+    answers = [True, False]  # the writer's file before the open; another one after
+    asked = []
+
+    def writes_path() -> bool:
+        asked.append(1)
+        return answers[len(asked) - 1] if len(asked) <= len(answers) else False
+
+    opened: list[sqlite3.Connection] = []
+    real = sqlite3.connect
+
+    def connect(*args: Any, **kwargs: Any) -> sqlite3.Connection:
+        conn = real(*args, **kwargs)
+        opened.append(conn)
+        return conn
+
+    monkeypatch.setattr(sqlite_wal.sqlite3, "connect", connect)
+    cp = sqlite_wal._Checkpointer(path, writes_path)
+    cp._thread = threading.Thread(target=cp._main, daemon=True)
+    cp._thread.start()
+    cp._wake.set()
+    for _ in range(500):  # bounded: 5 s
+        if len(asked) >= 2:
+            break
+        time.sleep(0.01)
+    cp.close()
+    assert len(asked) == 2 and len(opened) == 1
+    with pytest.raises(sqlite3.ProgrammingError):  # closed, never used
+        opened[0].execute("SELECT 1")
+    writer.close()
