@@ -31,6 +31,9 @@ from .test_actions import make_config
 LIMIT = 10
 GET = {"target": "api", "method": "GET", "path": "/thing"}
 ROOT = str(Path(__file__).resolve().parents[2])
+PACKAGES = tuple(f"{ROOT}/{part}/" for part in ("affidavit", "adapters", "journal", "statemachine"))
+"""The broker's own code: a virtualenv inside the checkout (``.venv/``, trio's and h11's files
+under ``ROOT``) is a library's."""
 
 
 def _ours(frame: FrameType | None) -> str | None:
@@ -38,7 +41,7 @@ def _ours(frame: FrameType | None) -> str | None:
     if frame is None:
         return None
     path = frame.f_code.co_filename
-    if not path.startswith(ROOT) or "/tests/" in path:
+    if not path.startswith(PACKAGES):
         return None
     return f"{path[len(ROOT) + 1 :]}:{frame.f_code.co_name}"
 
