@@ -25,6 +25,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -104,6 +105,18 @@ def require_root() -> None:
     ``AFFIDAVIT_REQUIRE_PROGRAMS=1`` (CI runs as root)."""
     if os.geteuid() != 0:
         _skip_or_fail("needs root to switch uid", f"running as uid {os.geteuid()}")
+
+
+def require_glibc() -> None:
+    """Tests of glibc's allocator (``affidavit/heap.py``): skipped elsewhere (musl, macOS) with
+    the reason ``glibc's allocator only``, a failure when ``AFFIDAVIT_REQUIRE_PROGRAMS=1`` (CI
+    runs on Debian's glibc)."""
+    try:
+        version = os.confstr("CS_GNU_LIBC_VERSION")
+    except (AttributeError, ValueError, OSError):
+        version = None
+    if not sys.platform.startswith("linux") or not version:
+        _skip_or_fail("glibc's allocator only", f"{sys.platform}, no glibc version")
 
 
 def require_module(name: str, extra: str) -> None:

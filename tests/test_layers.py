@@ -33,6 +33,7 @@ SERVICE_BASE = {
     "affidavit.text",
     "affidavit.strictjson",
     "affidavit.coredump",
+    "affidavit.heap",
 }
 ALLOWED: Mapping[str, frozenset[str]] = {
     "affidavit.statemachine": frozenset(),
@@ -44,6 +45,9 @@ ALLOWED: Mapping[str, frozenset[str]] = {
     # Core dumps off for the process that calls it (serve, mcp; an embedder's choice): a leaf
     # that the MCP proxy loads too, so not under ``affidavit.secrets``.
     "affidavit.coredump": frozenset(),
+    # glibc's allocator thresholds for the process that calls it (serve, mcp run embedded): a
+    # leaf, as ``coredump`` is.
+    "affidavit.heap": frozenset(),
     "affidavit.journal": frozenset({"affidavit.statemachine", "affidavit.strictjson"}),
     "affidavit.adapters": frozenset({"affidavit.statemachine"}),  # adapters/__init__, base
     "affidavit.adapters.<proto>": frozenset({"affidavit.statemachine", "affidavit.adapters"}),

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
+from tests.external import require_glibc
 
 _READS = """
 import resource, sys
@@ -35,11 +35,6 @@ reads()
 print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 """
 
-linux_glibc = pytest.mark.skipif(
-    not sys.platform.startswith("linux") or os.confstr("CS_GNU_LIBC_VERSION") is None,
-    reason="glibc's allocator only",
-)
-
 
 def _faults(mode: str, **env: str) -> int:
     environ = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
@@ -55,8 +50,8 @@ def _faults(mode: str, **env: str) -> int:
     return int(out.stdout)
 
 
-@linux_glibc
 def test_a_second_large_body_faults_in_no_fresh_buffers() -> None:
+    require_glibc()
     # 48 reads of ~1 MiB, five buffers each: untuned, glibc faulted in ~65k pages here.
     assert _faults("tuned") < 1000
 
