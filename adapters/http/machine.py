@@ -496,7 +496,7 @@ class HttpExchange:
             elif type(ev) is h11.Data:
                 # Not copied to ``bytes``: h11 made this bytearray for this event alone (a
                 # slice of its buffer, or the buffer itself handed over: receive_buffer.py) and
-                # nothing writes to it; the redactor's join copies it once (issue 15).
+                # nothing writes to it; the sink copies it once, into its stored chunks (issue 15).
                 chunk = ev.data
                 self.body_bytes_received += len(chunk)
                 step = self.machine.fire("proxy_body" if self.proxy_response else "body")
