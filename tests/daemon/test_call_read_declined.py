@@ -16,21 +16,18 @@ import trio
 
 from affidavit.api.client import Client
 from affidavit.api.wire import ApiError
-from affidavit.config import load_config
-from affidavit.daemon.server import Daemon
 from affidavit.journal import ReadFailed
 from affidavit.journal.store import Journal
 from tests.broker.helpers import TOKEN_ENV
-from tests.http.hostile import HostileServer, Reply, scripts
+from tests.http.hostile import Reply, scripts
 
-from .kit import WAIT, api_target, write_daemon_config
+from .kit import WAIT, in_process
 
 
 async def test_a_call_whose_record_read_is_declined_is_read_declined(
     tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv(TOKEN_ENV, token)
-    socket = tmp_path / "affidavit.sock"
     declined: list[str] = []
 
     def record(self: Journal, invocation_id: str, now: Any = None) -> Any:
@@ -39,13 +36,7 @@ async def test_a_call_whose_record_read_is_declined_is_read_declined(
             "journal x: the record cannot be read: canceling statement due to statement timeout"
         )
 
-    async with (
-        HostileServer.running(scripts.serve(Reply(200, body=b"ok"))) as srv,
-        trio.open_nursery() as nursery,
-    ):
-        config = write_daemon_config(tmp_path, api_target(srv.url), socket=socket)
-        daemon = Daemon(load_config(config))
-        await nursery.start(daemon.run)
+    async with in_process(tmp_path, scripts.serve(Reply(200, body=b"ok"))) as (srv, socket):
         with trio.fail_after(WAIT):
             async with Client.open(socket) as client:
                 monkeypatch.setattr(Journal, "record", record)
@@ -56,7 +47,6 @@ async def test_a_call_whose_record_read_is_declined_is_read_declined(
                 iid = declined[0]
                 # The record, read again, tells what happened.
                 again = await client.fetch_result(iid)
-        daemon.shutdown.set()
     assert (caught.value.status, caught.value.code) == (503, "JOURNAL_READ_DECLINED"), caught.value
     message = str(caught.value)
     assert "statement timeout" in message and f"affidavit result {iid}" in message, message

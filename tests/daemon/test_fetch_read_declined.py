@@ -16,27 +16,18 @@ import trio
 
 from affidavit.api.client import Client
 from affidavit.api.wire import ApiError
-from affidavit.config import load_config
-from affidavit.daemon.server import Daemon
 from tests.broker.helpers import TOKEN_ENV
-from tests.http.hostile import HostileServer, Reply, scripts
+from tests.http.hostile import Reply, scripts
 from tests.journal.helpers import alter_record, decline_record_once
 
-from .kit import WAIT, api_target, write_daemon_config
+from .kit import WAIT, in_process
 
 
 async def test_a_fetch_whose_read_is_declined_once_is_read_declined_not_unverified(
     tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv(TOKEN_ENV, token)
-    socket = tmp_path / "affidavit.sock"
-    async with (
-        HostileServer.running(scripts.serve(Reply(200, body=b"stored"))) as srv,
-        trio.open_nursery() as nursery,
-    ):
-        config = write_daemon_config(tmp_path, api_target(srv.url), socket=socket)
-        daemon = Daemon(load_config(config))
-        await nursery.start(daemon.run)
+    async with in_process(tmp_path, scripts.serve(Reply(200, body=b"stored"))) as (srv, socket):
         with trio.fail_after(WAIT):
             async with Client.open(socket) as client:
                 envelope = await client.call({"target": "api", "method": "GET", "path": "/r"})
@@ -45,7 +36,6 @@ async def test_a_fetch_whose_read_is_declined_once_is_read_declined_not_unverifi
                 with pytest.raises(ApiError) as caught:
                     await client.fetch_result(iid)
                 again = await client.fetch_result(iid)
-        daemon.shutdown.set()
     assert declined == [iid]
     assert (caught.value.status, caught.value.code) == (503, "JOURNAL_READ_DECLINED")
     assert "try again" in str(caught.value)
@@ -60,15 +50,8 @@ async def test_a_fetch_that_meets_an_altered_row_is_unreadable_as_a_call_is(
     the fetch answers as a call meeting it does -- 500 JOURNAL_UNREADABLE with the journal's own
     words (``read_failure``), never RESULT_UNVERIFIED, never the token."""
     monkeypatch.setenv(TOKEN_ENV, token)
-    socket = tmp_path / "affidavit.sock"
     words = "the event row at seq 2 was altered: its payload"
-    async with (
-        HostileServer.running(scripts.serve(Reply(200, body=b"stored"))) as srv,
-        trio.open_nursery() as nursery,
-    ):
-        config = write_daemon_config(tmp_path, api_target(srv.url), socket=socket)
-        daemon = Daemon(load_config(config))
-        await nursery.start(daemon.run)
+    async with in_process(tmp_path, scripts.serve(Reply(200, body=b"stored"))) as (srv, socket):
         with trio.fail_after(WAIT):
             async with Client.open(socket) as client:
                 envelope = await client.call({"target": "api", "method": "GET", "path": "/r"})
@@ -76,7 +59,6 @@ async def test_a_fetch_that_meets_an_altered_row_is_unreadable_as_a_call_is(
                 alter_record(monkeypatch, iid, words)
                 with pytest.raises(ApiError) as caught:
                     await client.fetch_result(iid)
-        daemon.shutdown.set()
     assert (caught.value.status, caught.value.code) == (500, "JOURNAL_UNREADABLE")
     assert words in str(caught.value)
     assert token not in str(caught.value)

@@ -18,15 +18,13 @@ from typing import Any
 import pytest
 import trio
 
-from affidavit.config import load_config
-from affidavit.daemon.server import Daemon
 from affidavit.engine import READ_RETRY_AFTER, UNAVAILABLE_RETRY_AFTER
 from affidavit.journal import JournalReader, JournalUnavailable, ReadFailed
 from affidavit.journal.store import Journal
 from tests.broker.helpers import TOKEN_ENV
-from tests.http.hostile import HostileServer, Reply, scripts
+from tests.http.hostile import Reply, scripts
 
-from .kit import WAIT, api_target, ask, write_daemon_config
+from .kit import WAIT, ask, in_process
 from .test_journal_replaced import ACTION
 
 FAILURES = {
@@ -44,18 +42,11 @@ async def test_reads_say_when_to_read_again_and_calls_never_do(
     tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch, code: str
 ) -> None:
     monkeypatch.setenv(TOKEN_ENV, token)
-    socket = tmp_path / "affidavit.sock"
 
     def failing(self: Any, invocation_id: str, now: Any = None) -> Any:
         raise FAILURES[code]()
 
-    async with (
-        HostileServer.running(scripts.serve(Reply(200, body=b"ok"))) as srv,
-        trio.open_nursery() as nursery,
-    ):
-        config = write_daemon_config(tmp_path, api_target(srv.url), socket=socket)
-        daemon = Daemon(load_config(config))
-        await nursery.start(daemon.run)
+    async with in_process(tmp_path, scripts.serve(Reply(200, body=b"ok"))) as (_, socket):
         with trio.fail_after(WAIT):
             status, _, body = await ask(socket, "POST", "/v1/calls", ACTION)
             assert status == 200, body
@@ -66,7 +57,6 @@ async def test_reads_say_when_to_read_again_and_calls_never_do(
                 record = await ask(socket, "GET", f"/v1/invocations/{iid}")
                 result = await ask(socket, "GET", f"/v1/invocations/{iid}/result")
                 call = await ask(socket, "POST", "/v1/calls", ACTION)
-        daemon.shutdown.set()
     after = {"JOURNAL_UNAVAILABLE": UNAVAILABLE_RETRY_AFTER, "JOURNAL_READ_DECLINED": 1}[code]
     assert READ_RETRY_AFTER == 1
     for what, (status, headers, body) in (("record", record), ("result", result)):

@@ -16,12 +16,10 @@ import trio
 import affidavit.api.readers
 from affidavit.api.client import Client
 from affidavit.api.readers import ViewReaders
-from affidavit.config import load_config
-from affidavit.daemon.server import Daemon
 from tests.broker.helpers import TOKEN_ENV
-from tests.http.hostile import HostileServer, Reply, scripts
+from tests.http.hostile import Reply, scripts
 
-from .kit import WAIT, api_target, write_daemon_config
+from .kit import WAIT, in_process
 from .test_view_threads import _get
 
 GET = {"target": "api", "method": "GET", "path": "/r"}
@@ -40,14 +38,7 @@ async def test_a_quiet_daemon_closes_its_idle_view_readers(
         pools.append(self)
 
     monkeypatch.setattr(ViewReaders, "__init__", kept)
-    socket = tmp_path / "affidavit.sock"
-    async with (
-        HostileServer.running(scripts.serve(Reply(200, body=b"ok"))) as srv,
-        trio.open_nursery() as nursery,
-    ):
-        config = write_daemon_config(tmp_path, api_target(srv.url), socket=socket)
-        daemon = Daemon(load_config(config))
-        await nursery.start(daemon.run)
+    async with in_process(tmp_path, scripts.serve(Reply(200, body=b"ok"))) as (_, socket):
         [pool] = pools
         with trio.fail_after(WAIT):
             async with Client.open(socket) as client:
@@ -58,4 +49,3 @@ async def test_a_quiet_daemon_closes_its_idle_view_readers(
             # No view comes: the reader the view gave back is closed all the same.
             while pool.idle():
                 await trio.sleep(0.05)
-        daemon.shutdown.set()

@@ -22,14 +22,12 @@ import trio
 import affidavit.api.readers
 from affidavit.api.broker import Broker
 from affidavit.api.client import Client
-from affidavit.config import load_config
 from affidavit.daemon.app import VIEW_THREADS
-from affidavit.daemon.server import Daemon
 from affidavit.journal import JournalReader, SessionSummary
 from tests.broker.helpers import TOKEN_ENV
-from tests.http.hostile import HostileServer, Reply, scripts
+from tests.http.hostile import Reply, scripts
 
-from .kit import WAIT, api_target, write_daemon_config
+from .kit import WAIT, in_process
 
 FLOOD = 8
 """Requests of each kind sent while the fold is held."""
@@ -74,7 +72,6 @@ async def test_a_flood_of_views_during_the_first_fold_holds_few_threads_and_call
     monkeypatch.setenv(TOKEN_ENV, token)
     # The flood waits while the fold is held, however loaded the machine: not declined here.
     monkeypatch.setattr(affidavit.api.readers, "VIEW_WAIT", 3 * WAIT)
-    socket = tmp_path / "affidavit.sock"
     folding, release = threading.Event(), threading.Event()
     readers, in_summary = _Gauge(), _Gauge()
 
@@ -114,13 +111,7 @@ async def test_a_flood_of_views_during_the_first_fold_holds_few_threads_and_call
     monkeypatch.setattr(Broker, "view", counted_view)
     answers: list[tuple[int, bytes]] = []
     default = trio.to_thread.current_default_thread_limiter()
-    async with (
-        HostileServer.running(scripts.serve(Reply(200, body=b"ok"))) as srv,
-        trio.open_nursery() as nursery,
-    ):
-        config = write_daemon_config(tmp_path, api_target(srv.url), socket=socket)
-        daemon = Daemon(load_config(config))
-        await nursery.start(daemon.run)
+    async with in_process(tmp_path, scripts.serve(Reply(200, body=b"ok"))) as (_, socket):
         with trio.fail_after(WAIT):
             async with Client.open(socket) as client:
                 await client.call({"target": "api", "method": "GET", "path": "/r"})
@@ -143,7 +134,6 @@ async def test_a_flood_of_views_during_the_first_fold_holds_few_threads_and_call
                     assert (await client.health())["ok"] is True
                     held = (in_summary.peak, readers.peak)
                     release.set()
-        daemon.shutdown.set()
     assert len(answers) == 3 * FLOOD
     assert all(status == 200 for status, _ in answers), answers
     assert all(json.loads(body)["total"] == 1 for status, body in answers if b'"sessions"' in body)

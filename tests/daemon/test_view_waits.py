@@ -23,15 +23,13 @@ import trio
 
 import affidavit.api.readers
 from affidavit.api.client import Client
-from affidavit.config import load_config
 from affidavit.daemon.app import VIEW_THREADS
-from affidavit.daemon.server import Daemon
 from affidavit.journal import Journal, JournalReader, SessionSummary
 from tests.broker.helpers import TOKEN_ENV
-from tests.http.hostile import HostileServer, Reply, scripts
+from tests.http.hostile import Reply, scripts
 from tests.postgres import Cluster
 
-from .kit import WAIT, api_target, ask, write_daemon_config
+from .kit import WAIT, ask, in_process
 from .test_view_read_stuck import GET, _held, _keys, _waiting, gated_journal
 
 BOUND = 0.5
@@ -56,31 +54,25 @@ async def test_a_record_read_the_database_holds_is_declined_after_the_bound(
     async with Journal.open(pg_url, **_keys(tmp_path, "owner")):
         pass  # the schema, created by its owner
     database, journal = gated_journal(pg, pg_url, tmp_path)
-    socket = tmp_path / "affidavit.sock"
     async with (
-        HostileServer.running(scripts.serve(Reply(200, body=b"ok"))) as srv,
-        trio.open_nursery() as nursery,
+        in_process(tmp_path, scripts.serve(Reply(200, body=b"ok")), journal=journal) as (_, socket),
+        Client.open(socket) as client,
     ):
-        config = write_daemon_config(tmp_path, api_target(srv.url), socket=socket, journal=journal)
-        daemon = Daemon(load_config(config))
-        await nursery.start(daemon.run)
-        async with Client.open(socket) as client:
+        with trio.fail_after(WAIT):
+            gated = str((await client.call(GET))["invocation_id"])
+            await client.call(GET)  # (the chain's head is not the gated invocation's)
+        pg.sql("INSERT INTO gated VALUES (%s)", database, (gated,))
+        with _held(pg_url):
+            # (held past the bound many times over: a read that waits on is never answered)
             with trio.fail_after(WAIT):
-                gated = str((await client.call(GET))["invocation_id"])
-                await client.call(GET)  # (the chain's head is not the gated invocation's)
-            pg.sql("INSERT INTO gated VALUES (%s)", database, (gated,))
-            with _held(pg_url):
-                # (held past the bound many times over: a read that waits on is never answered)
-                with trio.fail_after(WAIT):
-                    answer = await ask(socket, "GET", f"/v1/invocations/{gated}")
-                    left = await trio.to_thread.run_sync(_waiting, pg_url)
-            _declined(answer, "lock timeout")
-            assert left == 0  # the read gave the lock up: no session still waits on it
-            with trio.fail_after(WAIT):  # the lock let go: the same read answers
-                status, _, body = await ask(socket, "GET", f"/v1/invocations/{gated}")
-            assert status == 200, body
-            assert json.loads(body)["record"]["invocation_id"] == gated
-        daemon.shutdown.set()
+                answer = await ask(socket, "GET", f"/v1/invocations/{gated}")
+                left = await trio.to_thread.run_sync(_waiting, pg_url)
+        _declined(answer, "lock timeout")
+        assert left == 0  # the read gave the lock up: no session still waits on it
+        with trio.fail_after(WAIT):  # the lock let go: the same read answers
+            status, _, body = await ask(socket, "GET", f"/v1/invocations/{gated}")
+        assert status == 200, body
+        assert json.loads(body)["record"]["invocation_id"] == gated
 
 
 async def test_views_that_find_every_view_thread_or_the_kept_turn_busy_are_declined(
@@ -103,40 +95,34 @@ async def test_views_that_find_every_view_thread_or_the_kept_turn_busy_are_decli
         assert release.wait(WAIT)
         return real_build(self, *a, **k)
 
-    socket = tmp_path / "affidavit.sock"
     answers: list[tuple[int, dict[str, str], bytes]] = []
     async with (
-        HostileServer.running(scripts.serve(Reply(200, body=b"ok"))) as srv,
-        trio.open_nursery() as nursery,
+        in_process(tmp_path, scripts.serve(Reply(200, body=b"ok"))) as (_, socket),
+        Client.open(socket) as client,
     ):
-        config = write_daemon_config(tmp_path, api_target(srv.url), socket=socket)
-        daemon = Daemon(load_config(config))
-        await nursery.start(daemon.run)
-        async with Client.open(socket) as client:
-            with trio.fail_after(WAIT):
-                iid = str((await client.call(GET))["invocation_id"])
-            monkeypatch.setattr(JournalReader, "newest_actions", held_newest)
-            monkeypatch.setattr(SessionSummary, "_build", held_build)
+        with trio.fail_after(WAIT):
+            iid = str((await client.call(GET))["invocation_id"])
+        monkeypatch.setattr(JournalReader, "newest_actions", held_newest)
+        monkeypatch.setattr(SessionSummary, "_build", held_build)
 
-            async def one(path: str) -> None:
-                answers.append(await ask(socket, "GET", path))
+        async def one(path: str) -> None:
+            answers.append(await ask(socket, "GET", path))
 
-            try:
-                async with trio.open_nursery() as holders:
-                    # The kept views' fold holds one thread and the turn; slow pages the rest.
-                    holders.start_soon(one, "/v1/sessions")
-                    for _ in range(VIEW_THREADS - 1):
-                        holders.start_soon(one, "/v1/actions?session=s")
-                    with trio.fail_after(WAIT):
-                        for _ in range(VIEW_THREADS):
-                            await trio.to_thread.run_sync(inside.acquire)
-                        record = await ask(socket, "GET", f"/v1/invocations/{iid}")
-                        sessions = await ask(socket, "GET", "/v1/sessions")
-                        envelope = await client.call(GET)  # the calls run meanwhile
-                    release.set()
-            finally:
+        try:
+            async with trio.open_nursery() as holders:
+                # The kept views' fold holds one thread and the turn; slow pages the rest.
+                holders.start_soon(one, "/v1/sessions")
+                for _ in range(VIEW_THREADS - 1):
+                    holders.start_soon(one, "/v1/actions?session=s")
+                with trio.fail_after(WAIT):
+                    for _ in range(VIEW_THREADS):
+                        await trio.to_thread.run_sync(inside.acquire)
+                    record = await ask(socket, "GET", f"/v1/invocations/{iid}")
+                    sessions = await ask(socket, "GET", "/v1/sessions")
+                    envelope = await client.call(GET)  # the calls run meanwhile
                 release.set()
-        daemon.shutdown.set()
+        finally:
+            release.set()
     _declined(record, "every view thread stayed busy")
     _declined(sessions, "the kept views' turn stayed busy")
     assert envelope["result"]["status"] == 200, envelope
