@@ -20,10 +20,8 @@ import pytest
 import trio
 
 from affidavit.api.client import Client
-from affidavit.config import load_config
 from affidavit.daemon import server as daemon_server
 from affidavit.daemon.admission import Server
-from affidavit.daemon.server import Daemon
 from tests.broker.helpers import TOKEN_ENV
 from tests.http.hostile import HostileServer, Reply, scripts, unresponsive_listener
 
@@ -36,11 +34,11 @@ from .kit import (
     cli,
     client_env,
     curl_api,
+    in_process,
     run,
     running_daemon,
     start_caller,
     wait_until,
-    write_daemon_config,
 )
 
 
@@ -248,11 +246,7 @@ async def test_an_answer_not_taken_within_write_wait_is_not_recorded_delivered(
     monkeypatch.setattr(daemon_server, "Server", functools.partial(Server, write_wait=0.3))
     monkeypatch.setenv(TOKEN_ENV, token)
     big = Reply(200, headers=[("Content-Type", "text/plain")], body=b"x" * 900_000)
-    socket = tmp_path / "affidavit.sock"
-    async with HostileServer.running(scripts.serve(big)) as srv, trio.open_nursery() as nursery:
-        config = write_daemon_config(tmp_path, api_target(srv.url), socket=socket)
-        daemon = Daemon(load_config(config))
-        await nursery.start(daemon.run)
+    async with in_process(tmp_path, scripts.serve(big)) as (srv, socket):
         stream = await trio.open_unix_socket(str(socket))
         body = action_bytes()
         await stream.send_all(
@@ -269,7 +263,6 @@ async def test_an_answer_not_taken_within_write_wait_is_not_recorded_delivered(
             while data := await stream.receive_some(1 << 20):
                 unread += len(data)
         await stream.aclose()
-        daemon.shutdown.set()
     assert record["state"] == "delivery_failed_committed"
     assert (record["phase"], record["outcome"], record["retry"]) == (
         "result_delivery",

@@ -14,14 +14,12 @@ import pytest
 import trio
 
 from affidavit.api.wire import blocking_request
-from affidavit.config import load_config
-from affidavit.daemon.server import Daemon
 from tests.broker.helpers import TOKEN_ENV
 from tests.broker.test_journal_away_mid_call import journal_table
-from tests.http.hostile import HostileServer, Reply, scripts
+from tests.http.hostile import Reply, scripts
 from tests.postgres import Cluster
 
-from .kit import WAIT, api_target, write_daemon_config
+from .kit import WAIT, in_process
 
 
 async def test_a_connection_refused_by_pg_hba_is_answered_without_the_brokers_address(
@@ -32,16 +30,9 @@ async def test_a_connection_refused_by_pg_hba_is_answered_without_the_brokers_ad
     database = urlsplit(url).path.lstrip("/")
     hba = pg.data / "pg_hba.conf"
     kept = hba.read_text()
-    socket = tmp_path / "affidavit.sock"
     said = []
-    async with (
-        HostileServer.running(scripts.serve(Reply(200))) as srv,
-        trio.open_nursery() as nursery,
-    ):
-        journal = journal_table(tmp_path, url)
-        config = write_daemon_config(tmp_path, api_target(srv.url), socket=socket, journal=journal)
-        daemon = Daemon(load_config(config))
-        await nursery.start(daemon.run)
+    journal = journal_table(tmp_path, url)
+    async with in_process(tmp_path, scripts.serve(Reply(200)), journal=journal) as (_, socket):
         # The daemon's own connection stays; each view's reader connects anew and is refused.
         hba.write_text(f"host {database} all 127.0.0.1/32 reject\n" + kept)
         pg.sql("SELECT pg_reload_conf()")
@@ -55,7 +46,6 @@ async def test_a_connection_refused_by_pg_hba_is_answered_without_the_brokers_ad
         finally:
             hba.write_text(kept)
             pg.sql("SELECT pg_reload_conf()")
-            daemon.shutdown.set()
     for status, error in said:
         assert (status, error["code"]) == (500, "JOURNAL_UNREADABLE"), said
         message = error["message"]

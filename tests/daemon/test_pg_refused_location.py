@@ -14,14 +14,12 @@ import pytest
 import trio
 
 from affidavit.api.wire import blocking_request
-from affidavit.config import load_config
-from affidavit.daemon.server import Daemon
 from tests.broker.helpers import TOKEN_ENV
 from tests.broker.test_journal_away_mid_call import journal_table
-from tests.http.hostile import HostileServer, Reply, scripts
+from tests.http.hostile import Reply, scripts
 from tests.postgres import Cluster
 
-from .kit import WAIT, api_target, write_daemon_config
+from .kit import WAIT, in_process
 
 
 async def test_a_refused_connection_is_answered_without_the_server_or_database(
@@ -31,16 +29,9 @@ async def test_a_refused_connection_is_answered_without_the_server_or_database(
     url = urlsplit(pg_url)
     database = url.path.lstrip("/")
     assert url.hostname and url.port and database
-    socket = tmp_path / "affidavit.sock"
     said = []
-    async with (
-        HostileServer.running(scripts.serve(Reply(200))) as srv,
-        trio.open_nursery() as nursery,
-    ):
-        journal = journal_table(tmp_path, pg_url)
-        config = write_daemon_config(tmp_path, api_target(srv.url), socket=socket, journal=journal)
-        daemon = Daemon(load_config(config))
-        await nursery.start(daemon.run)
+    journal = journal_table(tmp_path, pg_url)
+    async with in_process(tmp_path, scripts.serve(Reply(200)), journal=journal) as (_, socket):
         # The daemon's own connection stays; each view's reader connects anew and is refused.
         pg.sql(f'ALTER DATABASE "{database}" WITH ALLOW_CONNECTIONS false')
         try:
@@ -52,7 +43,6 @@ async def test_a_refused_connection_is_answered_without_the_server_or_database(
                     said.append((answer.status, json.loads(answer.body)["api_error"]))
         finally:
             pg.sql(f'ALTER DATABASE "{database}" WITH ALLOW_CONNECTIONS true')
-            daemon.shutdown.set()
     for status, error in said:
         assert (status, error["code"]) == (500, "JOURNAL_UNREADABLE"), said
         message = error["message"]

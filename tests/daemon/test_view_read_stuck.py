@@ -22,15 +22,13 @@ import pytest
 import trio
 
 from affidavit.api.client import Client
-from affidavit.config import load_config
-from affidavit.daemon.server import Daemon
 from affidavit.journal import Journal
 from affidavit.journal.postgres import grant_statements
 from tests.broker.helpers import TOKEN_ENV
-from tests.http.hostile import HostileServer, Reply, scripts
+from tests.http.hostile import Reply, scripts
 from tests.postgres import Cluster
 
-from .kit import api_target, write_daemon_config
+from .kit import in_process
 from .test_view_threads import _get
 
 GATE = 4242
@@ -135,14 +133,8 @@ async def test_a_record_view_the_database_holds_does_not_stall_the_calls(
     async with Journal.open(pg_url, **_keys(tmp_path, "owner")):
         pass  # the schema, created by its owner
     database, journal = gated_journal(pg, pg_url, tmp_path)
-    socket = tmp_path / "affidavit.sock"
-    async with (
-        HostileServer.running(scripts.serve(Reply(200, body=b"ok"))) as srv,
-        trio.open_nursery() as nursery,
-    ):
-        config = write_daemon_config(tmp_path, api_target(srv.url), socket=socket, journal=journal)
-        daemon = Daemon(load_config(config))
-        await nursery.start(daemon.run)
+    ok = scripts.serve(Reply(200, body=b"ok"))
+    async with in_process(tmp_path, ok, journal=journal) as (_, socket):
         with trio.fail_after(LIMIT):
             async with Client.open(socket) as client:
 
@@ -156,7 +148,6 @@ async def test_a_record_view_the_database_holds_does_not_stall_the_calls(
                 answers = await stuck_meanwhile(
                     pg_url, lambda: _get(socket, f"/v1/invocations/{gated}"), call
                 )
-        daemon.shutdown.set()
     [(status, body)] = answers
     assert status == 200, body
     assert json.loads(body)["record"]["invocation_id"] == gated

@@ -18,15 +18,13 @@ import pytest
 import trio
 
 from affidavit.api.client import Client
-from affidavit.config import load_config
 from affidavit.daemon.app import VIEW_THREADS
-from affidavit.daemon.server import Daemon
 from affidavit.journal.postgres import PostgresBackend
 from tests.broker.helpers import TOKEN_ENV
-from tests.http.hostile import HostileServer, Reply, scripts
+from tests.http.hostile import Reply, scripts
 from tests.postgres import Cluster
 
-from .kit import api_target, write_daemon_config
+from .kit import in_process
 from .test_view_threads import _get
 
 VIEWS = 3 * VIEW_THREADS
@@ -73,14 +71,8 @@ async def test_record_views_reuse_their_readers_and_replace_a_lost_one(
     database = pg_url.rsplit("/", 1)[1]
     journal = {"url": pg_url, "key_file": str(tmp_path / "k.key")}
     journal["signing_key"] = str(tmp_path / "k.sk")
-    socket = tmp_path / "affidavit.sock"
-    async with (
-        HostileServer.running(scripts.serve(Reply(200, body=b"ok"))) as srv,
-        trio.open_nursery() as nursery,
-    ):
-        config = write_daemon_config(tmp_path, api_target(srv.url), socket=socket, journal=journal)
-        daemon = Daemon(load_config(config))
-        await nursery.start(daemon.run)
+    ok = scripts.serve(Reply(200, body=b"ok"))
+    async with in_process(tmp_path, ok, journal=journal) as (_, socket):
         with trio.fail_after(LIMIT):
             async with Client.open(socket) as client:
                 first = str((await client.call(GET))["invocation_id"])
@@ -103,4 +95,3 @@ async def test_record_views_reuse_their_readers_and_replace_a_lost_one(
                 after = await _actions(socket)
                 assert len(after) == seen + 1, (seen, after)
                 assert second in json.dumps(after)
-        daemon.shutdown.set()
