@@ -135,6 +135,8 @@ class Broker:
                 try:
                     yield broker
                 finally:
+                    with trio.CancelScope(shield=True):
+                        await broker.settled()  # the calls' queued deliveries, failures logged
                     broker.close()
                     # The engine's credentials leave the redaction cache with it.
                     redaction.release(id(engine))
@@ -222,6 +224,7 @@ class Broker:
         The seam for every interface that polls (``affidavit operation poll``, the daemon, the
         MCP tool ``poll_operation``): each calls this, none re-implements it.  ``control``:
         the poll's, as ``call``'s (a host's shutdown stops it where it is)."""
+        await self.settled()  # the submission's record as its caller was told it
         return await self._engine.poll_operation(
             operation_id, timeout=check_timeout(timeout), control=control
         )
@@ -283,6 +286,7 @@ class Broker:
     ) -> dict[str, Any]:
         who = operator or Operator.current()
         policy = self.operator_policy
+        await self.settled()
         try:
             return await approvals.decide(
                 self._engine, policy, who, invocation_id, approve=approve, note=note, blind=blind
@@ -308,6 +312,7 @@ class Broker:
         ``control``: the query's, as ``call``'s (a host's shutdown stops it where it is)."""
         if query == (attest is not None):
             raise OperatorError("BAD_REQUEST", "give exactly one of query or attest", 400)
+        await self.settled()  # the record as its caller was told it (its delivery included)
         try:
             if query:
                 timeout = check_timeout(timeout)
@@ -355,6 +360,16 @@ class Broker:
         ``[journal] reconnect``: ``affidavit.engine.CallNotRecorded``, as ``call`` raises."""
         return await self._engine.dispatch_approved(invocation_id, STORE_ONLY, control)
 
+    async def settled(self) -> None:
+        """Wait until the deliveries this broker's calls queued are committed (an in-process
+        ``call`` returns its envelope before its RESULT_DELIVERED is: issue 15).  Every async
+        read here (``fetch_result``, ``view``, ``poll_operation``, operator actions) and
+        ``open``'s exit wait for them themselves; the synchronous reads below (``record``,
+        ``events``, ``operations``, ``approvals``, ``approval``) run on the event loop's
+        thread, where the journal's writer cannot be waited for -- they show what is
+        committed, a delivery still queued not yet: await this first to read it."""
+        await self._engine.recorder.delivered()
+
     def record(self, invocation_id: str) -> Record | None:
         """The invocation's record as the journal proves it now: its retry hint computed at
         this moment (the broker's clock), never at the record's last event -- a same-key
@@ -391,6 +406,7 @@ class Broker:
         the read ends, then closes its reader (never given back); it only reads, so nothing is
         left half done (a view that folds ``summary`` does so under that summary's own
         lock)."""
+        await self.settled()  # a call's queued delivery shows in the view that follows it
         readers, windows = self.view_readers, self.journal.send_windows
         total = limiter.total_tokens
         keep = int(total) if total != float("inf") else 1 << 16

@@ -119,9 +119,10 @@ async def conclude(
         if not committed or deliver is STORE_ONLY:
             return envelope
         if deliver is None:
-            # In-process return: handing the dict back is the complete transfer.
-            await recorder.write(Event(E.RESULT_DELIVERED, iid, {"channel": "return"}))
-            await recorder.settle()  # whoever reads the journal next sees the delivery
+            # In-process return: handing the dict back is the complete transfer.  Its record
+            # is queued, not waited for (issue 15: not a barrier); every read of this broker
+            # waits for it first (``Recorder.delivered``), so none records a second delivery.
+            await recorder.deliver_later(Event(E.RESULT_DELIVERED, iid, {"channel": "return"}))
             return envelope
     assert deliver is not None  # (the scope cannot swallow a return; mypy cannot tell)
     return await _deliver(engine, iid, envelope, deliver)
@@ -352,10 +353,11 @@ async def _deliver(
         log.warning("delivery of %s failed: %s", iid, type(exc).__name__)
         return recorder.envelope(await _delivery_failed(engine, iid, "deliver"))
     # Not a barrier (DESIGN, "Durability barriers": recovery never depends on it; a delivery
-    # lost with a crash leaves the result stored and fetchable -- a read).  It rides along like
-    # the in-process return's, settled so the next reader sees it: no fsync of its own per call.
-    await recorder.append(Event(E.RESULT_DELIVERED, iid, {"channel": "deliver"}))
-    await recorder.settle()
+    # lost with a crash leaves the result stored and fetchable -- a read).  Queued like the
+    # in-process return's, not waited for: the daemon serves the connection's next request
+    # once this call returns (issue 15); every read of this broker waits for it first.
+    with trio.CancelScope(shield=True):
+        await recorder.deliver_later(Event(E.RESULT_DELIVERED, iid, {"channel": "deliver"}))
     return envelope
 
 

@@ -178,6 +178,8 @@ class Engine:
         handed it over whole; a resumed read (``from_chunk``) records nothing."""
         if from_chunk is not None and from_chunk < 0:
             raise ValueError("from_chunk must be >= 0")
+        # Its in-process return's delivery, if still queued, first: never a second one here.
+        await self.recorder.delivered(invocation_id)
         # Waits out a shared journal away within its reconnect window, as a write would.
         # The hint is the one at this read (docs/contract.md, "When the hint is computed").
         record = await self.recorder.read(lambda: self.journal.record(invocation_id))

@@ -9,6 +9,7 @@ exception or from what the engine holds in memory.
 from __future__ import annotations
 
 import base64
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
@@ -30,6 +31,8 @@ __all__ = ["Recorder", "reference_payload", "result_payload", "resume_table", "s
 
 T = TypeVar("T")
 
+log = logging.getLogger("affidavit.engine")
+
 
 class Recorder:
     """Writes and reads one engine's calls.  The only per-call state it keeps is each running
@@ -46,6 +49,11 @@ class Recorder:
         """The invocation each running call last wrote for (``writing``)."""
         self._doubted: set[str] = set()
         """Invocations whose DISPATCH_STARTED may yet land (``doubt``)."""
+        self._delivering: dict[str, Posted[Any]] = {}
+        """RESULT_DELIVERED writes queued by ``deliver_later`` whose commit nobody has seen yet,
+        by invocation (the writer's queue is FIFO: they commit in the order posted)."""
+        self._delivery_turn = trio.Lock()
+        """One task at a time waits for a queued write (``Posted.wait``)."""
 
     def writing(self) -> str | None:
         """The invocation this call last wrote an event for: whose record a journal failure
@@ -160,11 +168,42 @@ class Recorder:
         if iid is not None:
             self._doubted.discard(iid)
 
+    async def deliver_later(self, event: Event) -> None:
+        """Queue ``event`` -- an in-process return's RESULT_DELIVERED, written after the
+        envelope was handed back -- without waiting for its commit (issue 15: not a barrier,
+        and a transaction on the caller's path for nothing).  Every read of this broker waits
+        for it first (``delivered``); a write that fails is logged, never raised into a later
+        call: the result stays stored and undelivered (fetchable)."""
+        pending = self._delivering
+        for key, posted in list(pending.items()):  # the answered ones: failures logged
+            if posted.finished:
+                del pending[key]
+                await _answered(key, posted)  # (finished: no checkpoint)
+        pending[event.invocation_id] = await self.journal.post(event)
+
+    async def delivered(self, iid: str | None = None) -> None:
+        """Wait for the queued RESULT_DELIVERED writes (``deliver_later``): ``iid``'s, else
+        all of them -- so a read sees what this broker told its callers.  Free when none is
+        queued.  A write that failed is logged (the invocation, the error's class), never
+        raised.  Uncancellable once waiting, as every journal write is."""
+        pending = self._delivering
+        if not pending or (iid is not None and iid not in pending):
+            return
+        async with self._delivery_turn:  # ``Posted.wait``: one waiter at a time
+            for key, posted in list(pending.items()):
+                if iid is None or key == iid:
+                    await _answered(key, posted)
+                    if pending.get(key) is posted:
+                        del pending[key]
+
     async def record(self, iid: str, now: float | None = None) -> Record:
         """The invocation's record, its hint computed at ``now``, else now by the clock its
         idempotency key's retention is recorded in: the database's on a shared journal
-        (docs/journal.md, "Clocks"), this broker's own on SQLite."""
+        (docs/journal.md, "Clocks"), this broker's own on SQLite.  A delivery of it still
+        queued (``deliver_later``) is waited for first: the record shows it."""
         await self.settle()
+        if self._delivering:
+            await self.delivered(iid)
         journal = self.journal
         record = await self.read(lambda: journal.record(iid, now=now))
         assert record is not None, iid
@@ -261,6 +300,19 @@ class Recorder:
         """``render_envelope`` with the lease holder as this journal tags it for a caller
         (``JournalReader.holder_tag``): every envelope the engine answers is rendered here."""
         return render_envelope(record, result, holder=self.journal.holder_tag)
+
+
+async def _answered(iid: str, posted: Posted[Any]) -> None:
+    """Wait for a queued delivery write; log its failure (no secret: the invocation and the
+    error's class), never raise it."""
+    try:
+        await posted.wait()
+    except Exception as exc:
+        log.warning(
+            "recording the delivery of %s failed (%s): its result stays stored, undelivered",
+            iid,
+            type(exc).__name__,
+        )
 
 
 def stored_envelope(

@@ -1,0 +1,239 @@
+"""An in-process ``call`` returns its envelope before its RESULT_DELIVERED commits (issue 15: the
+third transaction of a call is not a barrier, and was on the caller's path for nothing), and
+every read of the broker still sees that delivery: queued, each read waits for it first
+(``Recorder.delivered``) -- in the calling task or another; ``fetch_result`` right after the
+call records no second delivery; a delivery write that fails is logged, never raised into a
+later call, and the result stays stored (fetchable)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from affidavit.api import Broker
+from affidavit.journal import Batch, JournalReader, JournalWriteError
+from affidavit.statemachine import Event, EventKind
+from tests.http.hostile import HostileServer, Reply, scripts
+
+from .helpers import http_target, open_broker, raw_kinds, write_config
+from .http_rows import IDEM, POST
+
+E = EventKind
+LIMIT = 10
+GET = {"target": "api", "method": "GET", "path": "/thing"}
+
+
+def _transactions(broker: Broker) -> list[bool]:
+    """Whether each writer transaction from now on is a barrier (``before_commit``)."""
+    seen: list[bool] = []
+
+    def counted(batch: Batch) -> None:
+        seen.append(batch.barrier)
+
+    broker.journal.before_commit = counted
+    return seen
+
+
+def _deliveries(broker: Broker, iid: str) -> list[str]:
+    return [e.attrs["channel"] for e in broker.events(iid) if e.kind is E.RESULT_DELIVERED]
+
+
+async def test_call_returns_before_its_delivery_commits(tmp_path: Path, token: str) -> None:
+    async with HostileServer.running(scripts.serve(Reply(200, body=b"ok"))) as srv:
+        cfg = write_config(tmp_path, {"api": http_target(srv.url)})
+        async with open_broker(cfg) as broker:
+            with trio.fail_after(LIMIT):
+                await broker.call(GET)
+                await broker.settled()
+                seen = _transactions(broker)
+                env = await broker.call(GET)
+                # Two barrier transactions on the caller's path; the delivery is queued.
+                assert seen == [True, True]
+                iid = env["invocation_id"]
+                assert E.RESULT_DELIVERED.value not in raw_kinds(tmp_path / "journal.db", iid)
+                await broker.settled()
+            assert seen == [True, True, False]
+            assert _deliveries(broker, iid) == ["return"]
+
+
+async def test_a_channel_delivery_is_queued_after_the_handover_too(
+    tmp_path: Path, token: str
+) -> None:
+    """The daemon's (and MCP's) answer: ``deliver`` writes the envelope to the client, then the
+    call returns -- the daemon serves the connection's next request only then (daemon/app.py
+    ``call`` waits for the call; h11server.py ``serve`` reads the next head after the handler)
+    -- so its RESULT_DELIVERED is queued as the in-process return's is."""
+    handed: list[str] = []
+
+    async def deliver(envelope: dict[str, Any]) -> None:
+        handed.append(envelope["invocation_id"])
+
+    async with HostileServer.running(scripts.serve(Reply(200, body=b"ok"))) as srv:
+        cfg = write_config(tmp_path, {"api": http_target(srv.url)})
+        async with open_broker(cfg) as broker:
+            with trio.fail_after(LIMIT):
+                await broker.call(GET)
+                await broker.settled()
+                seen = _transactions(broker)
+                env = await broker.call(GET, deliver=deliver)
+                assert seen == [True, True]
+                iid = env["invocation_id"]
+                assert handed == [iid]
+                fetched = await broker.fetch_result(iid)  # a read right after: no 2nd delivery
+                assert fetched is not None and fetched["result"] == env["result"]
+                await broker.settled()
+            assert seen == [True, True, False]
+            assert _deliveries(broker, iid) == ["deliver"]
+
+
+Read = Callable[[Broker, str], Awaitable[list[str]]]
+
+
+async def _fetched(broker: Broker, iid: str) -> list[str]:
+    env = await broker.fetch_result(iid)
+    assert env is not None and "error" not in env
+    return [e.kind.value for e in broker.events(iid)]
+
+
+async def _viewed(broker: Broker, iid: str) -> list[str]:
+    events = await broker.view(lambda j: j.events(iid), trio.CapacityLimiter(1))
+    return [e.kind.value for e in events]
+
+
+async def _recorded(broker: Broker, iid: str) -> list[str]:
+    record = await broker._engine.recorder.record(iid)
+    return [record.state]
+
+
+async def _settled(broker: Broker, iid: str) -> list[str]:
+    await broker.settled()
+    return [e.kind.value for e in broker.events(iid)]
+
+
+READS: dict[str, tuple[Read, str]] = {
+    "fetch_result": (_fetched, E.RESULT_DELIVERED.value),
+    "view": (_viewed, E.RESULT_DELIVERED.value),
+    "recorder.record": (_recorded, "delivered_committed"),
+    "settled": (_settled, E.RESULT_DELIVERED.value),
+}
+
+
+@pytest.mark.parametrize("other_task", [False, True], ids=["same-task", "other-task"])
+@pytest.mark.parametrize("kind", sorted(READS))
+async def test_every_read_right_after_a_call_sees_its_delivery(
+    tmp_path: Path, token: str, kind: str, other_task: bool
+) -> None:
+    read, last = READS[kind]
+    async with HostileServer.running(scripts.serve(Reply(200, body=b"ok"))) as srv:
+        cfg = write_config(tmp_path, {"api": http_target(srv.url)})
+        async with open_broker(cfg) as broker:
+            with trio.fail_after(LIMIT):
+                got: list[list[str]] = []
+                if other_task:
+                    called = trio.Event()
+                    box: dict[str, str] = {}
+
+                    async def reader() -> None:
+                        await called.wait()
+                        got.append(await read(broker, box["iid"]))
+
+                    async with trio.open_nursery() as nursery:
+                        nursery.start_soon(reader)
+                        env = await broker.call(GET)
+                        box["iid"] = env["invocation_id"]
+                        called.set()
+                else:
+                    env = await broker.call(GET)
+                    got.append(await read(broker, env["invocation_id"]))
+                iid = env["invocation_id"]
+                assert got[0][-1] == last
+                await broker.settled()
+                # One delivery, the call's own: no read delivered it a second time.
+                assert _deliveries(broker, iid) == ["return"]
+
+
+async def test_close_waits_for_the_queued_delivery(tmp_path: Path, token: str) -> None:
+    async with HostileServer.running(scripts.serve(Reply(200, body=b"ok"))) as srv:
+        cfg = write_config(tmp_path, {"api": http_target(srv.url)})
+        async with open_broker(cfg) as broker:
+            with trio.fail_after(LIMIT):
+                env = await broker.call(GET)
+    assert raw_kinds(tmp_path / "journal.db", env["invocation_id"])[-1] == "RESULT_DELIVERED"
+
+
+class _Refused:
+    """A queued write whose transaction failed (what ``Posted`` answers then)."""
+
+    finished = True
+
+    async def wait(self) -> Any:
+        raise JournalWriteError("journal: disk I/O error (injected)")
+
+
+async def test_a_failed_delivery_write_is_logged_and_the_result_stays_fetchable(
+    tmp_path: Path, token: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with HostileServer.running(scripts.serve(Reply(200, body=b"ok"))) as srv:
+        cfg = write_config(tmp_path, {"api": http_target(srv.url)})
+        async with open_broker(cfg) as broker:
+            journal = broker.journal
+            real = journal.post
+
+            async def post(event: Event, **kw: Any) -> Any:
+                if event.kind is E.RESULT_DELIVERED:
+                    return _Refused()
+                return await real(event, **kw)
+
+            monkeypatch.setattr(journal, "post", post)
+            with trio.fail_after(LIMIT), caplog.at_level(logging.WARNING, "affidavit.engine"):
+                first = await broker.call(GET)
+                assert "result" in first and "error" not in first
+                second = await broker.call(GET)  # no exception from the first one's write
+                assert "result" in second and "error" not in second
+                await broker.settled()
+                iid = first["invocation_id"]
+                assert broker.events(iid)[-1].kind is E.RESULT_COMMITTED  # stored, undelivered
+                monkeypatch.setattr(journal, "post", real)
+                fetched = await broker.fetch_result(iid)  # the result stays fetchable
+                assert fetched is not None and fetched["result"] == first["result"]
+                assert _deliveries(broker, iid) == ["fetch"]
+    logged = [r.getMessage() for r in caplog.records if "delivery of" in r.getMessage()]
+    assert any(iid in m and "JournalWriteError" in m for m in logged), logged
+    assert not any(token in r.getMessage() for r in caplog.records)
+
+
+async def test_calls_and_fetches_record_the_same_events_in_the_same_order(
+    tmp_path: Path, token: str
+) -> None:
+    """The facts a sequence of calls and fetches records, per invocation, with the delivery
+    queued: each call's events end with its one RESULT_DELIVERED (``return``), a fetch of a
+    delivered result records nothing, a resumed read nothing; the journal verifies."""
+    async with HostileServer.running(scripts.serve(Reply(200, body=b"ok"))) as srv:
+        cfg = write_config(tmp_path, {"api": http_target(srv.url, idempotency=IDEM)})
+        async with open_broker(cfg) as broker:
+            with trio.fail_after(LIMIT):
+                a = (await broker.call(GET))["invocation_id"]
+                await broker.fetch_result(a)
+                b = (await broker.call({**POST, "idempotency_key": "k-1"}))["invocation_id"]
+                again = await broker.call({**POST, "idempotency_key": "k-1"})
+                assert again["invocation_id"] == b and "error" not in again
+                await broker.fetch_result(b, from_chunk=0)
+                await broker.fetch_result(b)
+                c = (await broker.call(GET))["invocation_id"]
+                await broker.settled()
+            table = {
+                iid: [(e.kind.value, e.attrs.get("channel")) for e in broker.events(iid)]
+                for iid in (a, b, c)
+            }
+    for iid, rows in table.items():
+        assert rows[0] == ("ACTION_ACCEPTED", None), iid
+        assert rows[-2:] == [("RESULT_COMMITTED", None), ("RESULT_DELIVERED", "return")], iid
+        assert [k for k, _ in rows].count("RESULT_DELIVERED") == 1, iid
+    assert table[a] == table[c]  # the same facts, in the same order, call after call
+    with JournalReader.open(tmp_path / "journal.db") as reader:
+        assert reader.verify().ok
