@@ -64,7 +64,11 @@ class EventKind(StrEnum):
     """Durable barrier: the result and its hash are stored under the invocation id.  attrs:
     sha256, chunks, bytes, generation."""
     RESULT_DELIVERED = "RESULT_DELIVERED"
-    """The caller's channel confirmed complete transfer."""
+    """The caller's channel confirmed complete transfer.  attrs: channel (return: the envelope
+    handed back in process; deliver: the daemon's or MCP's answer written whole; fetch).  Not a
+    barrier: written after the hand-over and queued without waiting for its commit (the call
+    returns first); every read through the same broker waits for it, so none records a second
+    delivery.  A crash right after may lose it: the result stays stored and fetchable."""
     # --- stopping before dispatch ------------------------------------------------------------
     PREFLIGHT_FAILED = "PREFLIGHT_FAILED"
     """Validation refused the action.  attrs: code (a validation code), field; generation when

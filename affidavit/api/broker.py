@@ -4,6 +4,7 @@
         envelope = await broker.call({"target": "billing", "method": "GET", "path": "/v1/x"})
         again = await broker.fetch_result(envelope["invocation_id"])   # a read, never a re-run
         rest = await broker.fetch_result(envelope["invocation_id"], from_chunk=3)  # resume
+        await broker.settled()      # the call's RESULT_DELIVERED, queued: for the sync reads
         record = broker.record(envelope["invocation_id"])              # the projected record
         polled = await broker.poll_operation(envelope["operation"]["id"])  # after a 202
 
