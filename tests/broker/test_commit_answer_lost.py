@@ -91,6 +91,7 @@ async def test_a_result_commit_whose_answer_was_lost_is_the_stored_result(
                     broker.journal.before_commit = None
                     broker.journal.around_transaction = None
                     assert lose.restored and proxy.lost_answers == 1
+                    await broker.settled()  # its delivery, queued (for the sync reads)
                     rec = assert_ok(broker, env)
                     iid = env["invocation_id"]
                     kinds = event_kinds(broker, iid)

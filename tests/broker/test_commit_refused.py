@@ -393,6 +393,7 @@ async def test_on_a_sqlite_journal_the_commit_writes_its_own_rows_and_the_result
                 env = await broker.call(POST)
                 broker.journal.around_transaction = None
                 assert hook.done == env["invocation_id"] and hook.committed_next
+                await broker.settled()  # its delivery, queued (for the sync reads)
                 rec = assert_ok(broker, env)
                 assert rec.state == "delivered_committed"
                 iid = env["invocation_id"]
