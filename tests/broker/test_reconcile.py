@@ -362,6 +362,7 @@ async def test_a_query_that_read_the_remote_before_a_retry_dispatched_does_not_c
                 while "refused" not in out:
                     await trio.sleep(0.01)
                 srv.event("release_retry").set()
+        await b.settled()  # the calls' deliveries, queued (for the sync reads)
         record = b.record(iid)
         assert record is not None
         kinds = event_kinds(b, iid)

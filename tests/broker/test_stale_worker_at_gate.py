@@ -84,6 +84,7 @@ async def test_a_worker_stopped_at_its_gate_answers_with_the_record_and_nothing_
                 while stalled.envelope is None:
                     await trio.sleep(0.01)
                 srv.event("release_b").set()
+            await b.settled()  # the calls' deliveries, queued (for the sync reads)
             record = b.record(iid)
             assert record is not None
             events = b.events(iid)
