@@ -26,7 +26,11 @@ async def _broker(tmp_path: Path) -> Any:
         pass
     readers = ViewReaders(path, tmp_path / "j.db.key")
     journal = SimpleNamespace(send_windows={"a": 1.0})
-    return SimpleNamespace(view_readers=readers, journal=journal, view_wait=10.0)
+
+    async def settled() -> None:  # no call queued a delivery here
+        pass
+
+    return SimpleNamespace(view_readers=readers, journal=journal, view_wait=10.0, settled=settled)
 
 
 def _closed(reader: JournalReader) -> bool:
