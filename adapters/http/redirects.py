@@ -15,7 +15,7 @@ from typing import Any, Final
 from .classify import Redactor, header_value, is_proxy_answer
 from .machine import Observation
 from .request import HttpRequest, RedirectDecision
-from .urls import BadUrl, Url, parse_url, query_values, set_query
+from .urls import BadUrl, Url, drop_fragment, join_url, parse_url, query_values, set_query
 
 __all__ = ["REDIRECT_STATUSES", "NextHop", "Plan", "next_hop", "plan_response"]
 
@@ -62,14 +62,14 @@ def plan_response(
         }
         return
     try:
-        nxt = urllib.parse.urljoin(target.absolute, location.strip())
+        nxt = join_url(target.absolute, location.strip())
         parse_url(nxt)
     except (BadUrl, ValueError) as e:
         plan.redirect_facts = {"redirect_not_followed": {"reason": str(e)}}
         return
     if request.credential_query:
         nxt = set_query(nxt, request.credential_query, [])
-    nxt = urllib.parse.urldefrag(nxt).url
+    nxt = drop_fragment(nxt)
     new_method = method
     if (head.status == 303 and method != "HEAD") or (
         head.status in (301, 302) and method == "POST"

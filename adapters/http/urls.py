@@ -10,7 +10,16 @@ import re
 import urllib.parse
 from dataclasses import dataclass, field
 
-__all__ = ["BadUrl", "Url", "parse_url", "query_values", "set_query"]
+__all__ = [
+    "BadUrl",
+    "Url",
+    "drop_fragment",
+    "join_url",
+    "parse_url",
+    "query_values",
+    "set_query",
+    "split_url",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +56,13 @@ class BadUrl(ValueError):
 
 _VISIBLE_ASCII = re.compile(r"[\x21-\x7e]+")
 
+split_url = getattr(urllib.parse.urlsplit, "__wrapped__", urllib.parse.urlsplit)
+"""``urlsplit`` without its cache.  CPython keeps the last 128 URLs ``urlsplit`` was given in a
+module-level ``lru_cache``; a URL that carries a secret -- the credential (``query:``
+injection), a Location that may echo it, a journal URL's password -- would outlive its use
+there (docs/security.md, "Credential lifetime").  Every split of such a URL goes through this
+one; where no cache wraps ``urlsplit``, it is the function itself."""
+
 
 def parse_url(url: str, *, schemes: frozenset[str] = frozenset({"http", "https"})) -> Url:
     """``BadUrl`` unless ``url`` is an absolute http(s) URL without userinfo, written in visible
@@ -57,7 +73,7 @@ def parse_url(url: str, *, schemes: frozenset[str] = frozenset({"http", "https"}
     if not _VISIBLE_ASCII.fullmatch(url):
         raise BadUrl("URL must be visible ASCII")
     try:
-        parts = urllib.parse.urlsplit(url)
+        parts = split_url(url)
         port = parts.port
     except ValueError as e:
         raise BadUrl("URL does not parse") from e
@@ -76,15 +92,39 @@ def parse_url(url: str, *, schemes: frozenset[str] = frozenset({"http", "https"}
 def query_values(url: str, name: str | None) -> list[str]:
     if not name:
         return []
-    q = urllib.parse.urlsplit(url).query
+    q = split_url(url).query
     return [v for k, v in urllib.parse.parse_qsl(q, keep_blank_values=True) if k == name]
 
 
 def set_query(url: str, name: str, values: list[str]) -> str:
     """``url`` with every ``name`` parameter removed, then ``values`` appended under it."""
-    parts = urllib.parse.urlsplit(url)
+    parts = split_url(url)
     kept = [
         (k, v) for k, v in urllib.parse.parse_qsl(parts.query, keep_blank_values=True) if k != name
     ]
     kept += [(name, v) for v in values]
     return urllib.parse.urlunsplit(parts._replace(query=urllib.parse.urlencode(kept)))
+
+
+def join_url(base: str, reference: str) -> str:
+    """``urljoin(base, reference)``, urllib's split cache emptied after it: ``urljoin`` splits
+    both through the cached ``urlsplit``, and here the base is the request URL (the credential
+    in its query) and the reference a Location (which may echo it)."""
+    try:
+        return urllib.parse.urljoin(base, reference)
+    finally:
+        _forget_splits()
+
+
+def drop_fragment(url: str) -> str:
+    """``urldefrag(url).url``, urllib's split cache emptied after it (as ``join_url``)."""
+    try:
+        return urllib.parse.urldefrag(url).url
+    finally:
+        _forget_splits()
+
+
+def _forget_splits() -> None:
+    clear = getattr(urllib.parse.urlsplit, "cache_clear", None)
+    if clear is not None:
+        clear()

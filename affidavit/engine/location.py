@@ -12,8 +12,9 @@ import contextlib
 import os
 import re
 from collections.abc import Iterable
-from urllib.parse import parse_qsl, unquote, urlsplit
+from urllib.parse import parse_qsl, unquote
 
+from affidavit.adapters.http.urls import split_url
 from affidavit.journal import JournalReplaced
 from affidavit.journal.backend import is_url
 from affidavit.journal.backend import where as journal_where
@@ -143,7 +144,7 @@ def _names(url: str) -> set[str]:
     except Exception:  # no psycopg (a SQLite install), or libpq refuses it: as written, below
         pass
     with contextlib.suppress(ValueError):
-        parts = urlsplit(url)
+        parts = split_url(url)  # its password must not stay in urllib's cache
         user, at, hostports = parts.netloc.rpartition("@")
         read += [("user", unquote(user.partition(":")[0]))] if at else []
         for host in hostports.split(","):

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import urllib.parse
 from typing import Any
 
 from affidavit import __version__
 from affidavit.adapters.base import AttemptContext, RemoteResult
 from affidavit.adapters.http import HTTP_TABLE, HttpClient, HttpRequest, RedirectDecision, Timeouts
+from affidavit.adapters.http.urls import split_url
 from affidavit.protocols.spec import Prepared
 from affidavit.secrets.credentials import Credential, apply_query, inject_http
 from affidavit.secrets.redaction import redactor
@@ -126,7 +126,7 @@ def _redirect_policy(target: HttpTarget) -> Any:
             if origin not in target.redirect_origins:
                 return RedirectDecision(False, False, "origin is not in redirect_origins")
             return RedirectDecision(True, keep_credential=False, reason="other origin")
-        path = urllib.parse.urlsplit(url).path
+        path = split_url(url).path  # a Location: it may echo the credential
         # A caller's path may hold no "." or ".." segment (also percent-encoded); a Location
         # that does may climb out of the base path once the server normalizes it.
         in_scope = not has_dot_segment(path) and (

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from affidavit.adapters.http.urls import split_url
 from affidavit.schema import (
     COMMON,
     MISSING,
@@ -126,7 +127,7 @@ def parse_url(
 ) -> tuple[str, str, int, str, urllib.parse.SplitResult]:
     if any(c.isspace() for c in value):
         raise ValueError(f"{what} must not contain whitespace")
-    parts = urllib.parse.urlsplit(value)
+    parts = split_url(value)  # a redirect's Location too (origin_of): it may echo the credential
     scheme = parts.scheme.lower()
     if scheme not in schemes:
         raise ValueError(f"{what} must start with " + " or ".join(f"{s}://" for s in schemes))
