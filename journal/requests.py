@@ -104,15 +104,24 @@ class Posted(Generic[T]):
     def finished(self) -> bool:
         return self._req.finished
 
-    async def wait(self) -> T:
+    async def wait(self, *, cancellable: bool = False) -> T:
         """The write's answer once its transaction ended (raising its error, if it failed).
-        Not cancellable, like every journal write; one task at a time may wait."""
+        Not cancellable, like every journal write -- unless ``cancellable``: a reader that
+        only wants to see the write (it was queued by someone else, who answers for it) may
+        give up waiting; the write goes on.  One task at a time may wait."""
         req = self._req
         if not req.finished:
             assert not req.parked, "another task already waits for this write"
             req.task = trio.lowlevel.current_task()
             req.parked = True
-            await trio.lowlevel.wait_task_rescheduled(cannot_abort)
+
+            def leave(_: Any) -> trio.lowlevel.Abort:
+                # On the loop thread, as the writer's wake-up is: either runs first, never both.
+                req.parked = False
+                req.task = None
+                return trio.lowlevel.Abort.SUCCEEDED
+
+            await trio.lowlevel.wait_task_rescheduled(leave if cancellable else cannot_abort)
         if req.error is not None:
             raise req.error
         return req.result  # type: ignore[return-value]

@@ -67,8 +67,10 @@ class EventKind(StrEnum):
     """The caller's channel confirmed complete transfer.  attrs: channel (return: the envelope
     handed back in process; deliver: the daemon's or MCP's answer written whole; fetch).  Not a
     barrier: written after the hand-over and queued without waiting for its commit (the call
-    returns first); every read through the same broker waits for it, so none records a second
-    delivery.  A crash right after may lose it: the result stays stored and fetchable."""
+    returns first).  The broker's async reads wait for it (a fetch right after records no second
+    delivery; a view no longer than ``view_wait``); its synchronous reads show what is committed
+    (``Broker.settled`` first).  A crash right after may lose it: the result stays stored and
+    fetchable."""
     # --- stopping before dispatch ------------------------------------------------------------
     PREFLIGHT_FAILED = "PREFLIGHT_FAILED"
     """Validation refused the action.  attrs: code (a validation code), field; generation when

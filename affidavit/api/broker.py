@@ -361,15 +361,16 @@ class Broker:
         ``[journal] reconnect``: ``affidavit.engine.CallNotRecorded``, as ``call`` raises."""
         return await self._engine.dispatch_approved(invocation_id, STORE_ONLY, control)
 
-    async def settled(self) -> None:
+    async def settled(self, *, cancellable: bool = False) -> None:
         """Wait until the deliveries this broker's calls queued are committed (an in-process
         ``call`` returns its envelope before its RESULT_DELIVERED is: issue 15).  Every async
         read here (``fetch_result``, ``view``, ``poll_operation``, operator actions) and
         ``open``'s exit wait for them themselves; the synchronous reads below (``record``,
         ``events``, ``operations``, ``approvals``, ``approval``) run on the event loop's
         thread, where the journal's writer cannot be waited for -- they show what is
-        committed, a delivery still queued not yet: await this first to read it."""
-        await self._engine.recorder.delivered()
+        committed, a delivery still queued not yet: await this first to read it.  Not
+        cancellable unless ``cancellable`` (then the writes go on, unwaited)."""
+        await self._engine.recorder.delivered(cancellable=cancellable)
 
     def record(self, invocation_id: str) -> Record | None:
         """The invocation's record as the journal proves it now: its retry hint computed at
@@ -407,7 +408,12 @@ class Broker:
         the read ends, then closes its reader (never given back); it only reads, so nothing is
         left half done (a view that folds ``summary`` does so under that summary's own
         lock)."""
-        await self.settled()  # a call's queued delivery shows in the view that follows it
+        # A call's queued delivery shows in the view that follows it -- waited for no longer
+        # than a view waits for anything (``view_wait``), and cancellably: a writer held up (a
+        # shared journal reconnecting) leaves the view to show what is committed, a result
+        # ``stored`` and not yet delivered, with the same outcome and hint.
+        with trio.move_on_after(self.view_wait):
+            await self.settled(cancellable=True)
         readers, windows = self.view_readers, self.journal.send_windows
         total = limiter.total_tokens
         keep = int(total) if total != float("inf") else 1 << 16

@@ -35,8 +35,10 @@ log = logging.getLogger("affidavit.engine")
 
 
 class Recorder:
-    """Writes and reads one engine's calls.  The only per-call state it keeps is each running
-    call's posted-but-unsettled diagnostic events, keyed by the call's trio task."""
+    """Writes and reads one engine's calls.  The per-call state it keeps: each running call's
+    posted-but-unsettled diagnostic events (by trio task), the invocation it last wrote for,
+    and the RESULT_DELIVERED writes queued after a hand-over until a read has seen them land
+    (by invocation; ``deliver_later``)."""
 
     def __init__(self, journal: Journal, inline_limit: int | None = None) -> None:
         self.journal = journal
@@ -49,9 +51,9 @@ class Recorder:
         """The invocation each running call last wrote for (``writing``)."""
         self._doubted: set[str] = set()
         """Invocations whose DISPATCH_STARTED may yet land (``doubt``)."""
-        self._delivering: dict[str, Posted[Any]] = {}
-        """RESULT_DELIVERED writes queued by ``deliver_later`` whose commit nobody has seen yet,
-        by invocation (the writer's queue is FIFO: they commit in the order posted)."""
+        self._delivering: dict[str, _Delivery] = {}
+        """RESULT_DELIVERED writes ``deliver_later`` queued (or is queueing) whose commit nobody
+        has seen yet, by invocation (the writer's queue is FIFO: they commit in that order)."""
         self._delivery_turn = trio.Lock()
         """One task at a time waits for a queued write (``Posted.wait``)."""
 
@@ -175,25 +177,36 @@ class Recorder:
         for it first (``delivered``); a write that fails is logged, never raised into a later
         call: the result stays stored and undelivered (fetchable)."""
         pending = self._delivering
-        for key, posted in list(pending.items()):  # the answered ones: failures logged
-            if posted.finished:
+        for key, entry in list(pending.items()):  # the answered ones: failures logged
+            if entry.posted is not None and entry.posted.finished:
                 del pending[key]
-                await _answered(key, posted)  # (finished: no checkpoint)
-        pending[event.invocation_id] = await self.journal.post(event)
+                await _answered(key, entry.posted)  # (finished: no checkpoint)
+        # Registered before the post, which waits while the writer's queue is full: a read in
+        # that wait (a fetch on another connection) must find the delivery to wait for, or
+        # it would record a second one.
+        entry = pending[event.invocation_id] = _Delivery()
+        try:
+            entry.posted = await self.journal.post(event)
+        finally:
+            entry.queued.set()  # (a post that raised: nothing to wait for, see ``_answered``)
 
-    async def delivered(self, iid: str | None = None) -> None:
+    async def delivered(self, iid: str | None = None, *, cancellable: bool = False) -> None:
         """Wait for the queued RESULT_DELIVERED writes (``deliver_later``): ``iid``'s, else
         all of them -- so a read sees what this broker told its callers.  Free when none is
         queued.  A write that failed is logged (the invocation, the error's class), never
-        raised.  Uncancellable once waiting, as every journal write is."""
+        raised.  Uncancellable once waiting, as every journal write is -- unless
+        ``cancellable`` (a view bounds its wait): the writes go on, unwaited."""
         pending = self._delivering
         if not pending or (iid is not None and iid not in pending):
             return
         async with self._delivery_turn:  # ``Posted.wait``: one waiter at a time
-            for key, posted in list(pending.items()):
+            for key, entry in list(pending.items()):
                 if iid is None or key == iid:
-                    await _answered(key, posted)
-                    if pending.get(key) is posted:
+                    with trio.CancelScope(shield=not cancellable):
+                        await entry.queued.wait()
+                    if entry.posted is not None:
+                        await _answered(key, entry.posted, cancellable=cancellable)
+                    if pending.get(key) is entry:
                         del pending[key]
 
     async def record(self, iid: str, now: float | None = None) -> Record:
@@ -302,11 +315,22 @@ class Recorder:
         return render_envelope(record, result, holder=self.journal.holder_tag)
 
 
-async def _answered(iid: str, posted: Posted[Any]) -> None:
+class _Delivery:
+    """A RESULT_DELIVERED write ``deliver_later`` queues: ``queued`` is set once the post
+    returned (``posted``: None if it raised -- its error went to the call that posted it)."""
+
+    __slots__ = ("posted", "queued")
+
+    def __init__(self) -> None:
+        self.posted: Posted[Any] | None = None
+        self.queued = trio.Event()
+
+
+async def _answered(iid: str, posted: Posted[Any], *, cancellable: bool = False) -> None:
     """Wait for a queued delivery write; log its failure (no secret: the invocation and the
     error's class), never raise it."""
     try:
-        await posted.wait()
+        await posted.wait(cancellable=cancellable)
     except Exception as exc:
         log.warning(
             "recording the delivery of %s failed (%s): its result stays stored, undelivered",

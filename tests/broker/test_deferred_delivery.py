@@ -8,6 +8,7 @@ later call, and the result stays stored (fetchable)."""
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -171,7 +172,7 @@ class _Refused:
 
     finished = True
 
-    async def wait(self) -> Any:
+    async def wait(self, **_: Any) -> Any:
         raise JournalWriteError("journal: disk I/O error (injected)")
 
 
@@ -237,3 +238,84 @@ async def test_calls_and_fetches_record_the_same_events_in_the_same_order(
     assert table[a] == table[c]  # the same facts, in the same order, call after call
     with JournalReader.open(tmp_path / "journal.db") as reader:
         assert reader.verify().ok
+
+
+async def test_a_view_waits_for_a_held_up_delivery_no_longer_than_view_wait(
+    tmp_path: Path, token: str
+) -> None:
+    """The writer held up on the delivery's transaction (a shared journal reconnecting, a slow
+    disk): a view does not wait for it past ``view_wait``, nor past its caller's cancellation
+    -- it shows what is committed, the result stored and not yet delivered -- and once the
+    writer goes on, the delivery lands and the next view shows it."""
+    release = threading.Event()
+    async with HostileServer.running(scripts.serve(Reply(200, body=b"ok"))) as srv:
+        cfg = write_config(tmp_path, {"api": http_target(srv.url)})
+        async with open_broker(cfg) as broker:
+            broker.view_wait = 0.3
+
+            def hold(batch: Batch) -> None:  # in the writer's thread
+                if not batch.barrier:
+                    release.wait(LIMIT)
+
+            with trio.fail_after(LIMIT):  # a first call: its path's one-time writes done
+                await broker.call(GET)
+                await broker.settled()
+            broker.journal.before_commit = hold  # then only the delivery is no barrier
+            try:
+                with trio.fail_after(LIMIT):
+                    env = await broker.call(GET)
+                    iid = env["invocation_id"]
+                    started = trio.current_time()
+                    seen = await _viewed(broker, iid)
+                    assert trio.current_time() - started < 0.3 + 2.0
+                    assert seen[-1] == E.RESULT_COMMITTED.value  # committed, not yet delivered
+                    with trio.move_on_after(0.1) as gave_up:  # the caller's own bound
+                        broker.view_wait = LIMIT
+                        await _viewed(broker, iid)
+                    assert gave_up.cancelled_caught
+            finally:
+                release.set()
+            with trio.fail_after(LIMIT):
+                assert (await _viewed(broker, iid))[-1] == E.RESULT_DELIVERED.value
+                assert _deliveries(broker, iid) == ["return"]
+
+
+async def test_a_fetch_while_the_delivery_waits_for_queue_room_records_no_second_one(
+    tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``deliver_later``'s post waits while the writer's queue is full; the caller already has
+    its envelope.  A fetch of the same invocation in that wait (another connection) finds the
+    delivery registered, waits for it, and records no delivery of its own."""
+    room = trio.Event()
+    async with HostileServer.running(scripts.serve(Reply(200, body=b"ok"))) as srv:
+        cfg = write_config(tmp_path, {"api": http_target(srv.url)})
+        async with open_broker(cfg) as broker:
+            journal = broker.journal
+            real = journal.post
+
+            async def post(event: Event, **kw: Any) -> Any:
+                if event.kind is E.RESULT_DELIVERED:
+                    await room.wait()  # a full queue
+                return await real(event, **kw)
+
+            monkeypatch.setattr(journal, "post", post)
+            fetched: list[dict[str, Any] | None] = []
+            with trio.fail_after(LIMIT):
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(broker.call, GET)
+                    while not (listed := journal.list_actions()) or not listed[0].state.startswith(
+                        "stored"
+                    ):
+                        await trio.sleep(0.01)
+                    iid = listed[0].invocation_id
+
+                    async def fetch() -> None:
+                        fetched.append(await broker.fetch_result(iid))
+
+                    nursery.start_soon(fetch)
+                    await trio.sleep(0.2)
+                    assert fetched == []  # waiting for the call's delivery
+                    room.set()
+                await broker.settled()
+                assert fetched and fetched[0] is not None and "result" in fetched[0]
+                assert _deliveries(broker, iid) == ["return"]

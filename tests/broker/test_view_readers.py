@@ -27,7 +27,7 @@ async def _broker(tmp_path: Path) -> Any:
     readers = ViewReaders(path, tmp_path / "j.db.key")
     journal = SimpleNamespace(send_windows={"a": 1.0})
 
-    async def settled() -> None:  # no call queued a delivery here
+    async def settled(*, cancellable: bool = False) -> None:  # no call queued a delivery here
         pass
 
     return SimpleNamespace(view_readers=readers, journal=journal, view_wait=10.0, settled=settled)
