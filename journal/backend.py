@@ -17,10 +17,11 @@ the views, recovery and the daemon hold ``Journal`` / ``JournalReader`` and neve
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, Protocol
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import SplitResult, parse_qsl, urlencode, urlsplit, urlunsplit
 
 from .errors import JournalError
 from .tables import Tables
@@ -35,12 +36,18 @@ def is_url(location: str | os.PathLike[str]) -> bool:
     return isinstance(location, str) and location.startswith(URL_SCHEMES)
 
 
+_split: Callable[[str], SplitResult] = getattr(urlsplit, "__wrapped__", urlsplit)
+"""``urlsplit`` without CPython's module-wide cache of its last 128 URLs, which would keep a
+journal URL's password (as ``adapters/http/urls.split_url`` keeps a query credential out of
+it; the journal may not import the adapters)."""
+
+
 def redact(url: str) -> str:
     """The URL with any password replaced: the authority's, and every parameter whose name
     holds ``password`` -- libpq's ``password=`` and ``sslpassword=`` (the client key's
     passphrase) alike."""
     try:
-        parts = urlsplit(url)
+        parts = _split(url)
         netloc = parts.netloc
         if "@" in netloc:
             userinfo, _, hostport = netloc.rpartition("@")

@@ -24,6 +24,20 @@ bodies included: a case-changed echo of it (an error page that upper-cases the r
 still carries nearly all its entropy, and even folded it is no plausible chance match.  A
 shorter value is matched in bodies in each form's own case (short text: in any case)."""
 
+
+def compile_secret(source: bytes, flags: int = 0) -> re.Pattern[bytes]:
+    """``re.compile(source, flags)`` for a source that spells out a credential, then
+    ``re.purge()``: ``re`` keeps the patterns compiled through it (their sources included) in
+    a module-wide cache of hundreds, which would hold the credential after its plan is dropped
+    (docs/security.md, "Credential lifetime": until it rotates or the broker closes).  Every
+    module's cached patterns go with it and compile again on their next use -- rare: a plan
+    is built once per credential value."""
+    try:
+        return re.compile(source, flags)
+    finally:
+        re.purge()
+
+
 # JSON's two-character escapes (RFC 8259 §7), by code point.
 _JSON_SHORT = {0x22: b'"', 0x5C: b"\\", 0x2F: b"/", 0x08: b"b", 0x0C: b"f", 0x0A: b"n"}
 _JSON_SHORT |= {0x0D: b"r", 0x09: b"t"}
@@ -295,7 +309,7 @@ def _escapes(needles: Iterable[bytes]) -> tuple[set[bytes], tuple[Escape, ...]]:
         patterns.append((b"\\", _alternation(alts)))
     if plus:
         patterns.append((b"+", _lookahead(plus)))
-    return extra, tuple((b, re.compile(re.escape(b) + rest)) for b, rest in patterns)
+    return extra, tuple((b, compile_secret(re.escape(b) + rest)) for b, rest in patterns)
 
 
 def _lookahead(followers: set[bytes]) -> bytes:

@@ -27,6 +27,7 @@ from .redaction_forms import (
     _slot_regex,
     _value_slots,
     _width,
+    compile_secret,
     secret_forms,
 )
 
@@ -91,7 +92,7 @@ class _Plan:
         bodies hold no candidate, and compiling the pattern of a credential costs more than
         scanning megabytes."""
         if self._pattern is None:
-            self._pattern = re.compile(self._source())
+            self._pattern = compile_secret(self._source())
         return self._pattern
 
     def may_hold_any_case(self, raw: bytes) -> bool:
@@ -111,7 +112,7 @@ class _Plan:
         name is lower-cased by every parser.  ``pattern`` itself when no value is short."""
         if self._pattern_any_case is None:
             if self._exact:
-                self._pattern_any_case = re.compile(self._source(True), re.IGNORECASE)
+                self._pattern_any_case = compile_secret(self._source(True), re.IGNORECASE)
             else:
                 self._pattern_any_case = self.pattern
         return self._pattern_any_case

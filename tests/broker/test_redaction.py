@@ -414,3 +414,34 @@ def test_fresh_shares_the_plan_without_looking_one_up(monkeypatch: pytest.Monkey
     assert other._plan is r._plan and other.pending == b"" and not other.changed
     assert other.feed(b"x " + _TOK.encode() + b" y") + other.flush() == b"x [REDACTED] y"
     assert other.changed and not r.changed
+
+
+def test_the_patterns_built_from_a_credential_are_not_left_in_re_s_cache() -> None:
+    """A plan's patterns spell the credential out in every form (docs/redaction.md); ``re``
+    keeps the sources of the patterns compiled through it in a module-wide cache, which would
+    hold them past the plan (docs/security.md, "Credential lifetime": until the credential
+    rotates or the broker closes).  Read directly (there is no public view of the cache)."""
+    import re
+
+    caches = [getattr(re, name) for name in ("_cache", "_cache2") if hasattr(re, name)]
+    if not caches:
+        pytest.skip("this Python's re keeps no pattern cache: nothing to hold a credential")
+
+    def cached() -> set[object]:
+        return {key[1] for cache in caches for key in list(cache) if isinstance(key, tuple)}
+
+    probe = rb"probe-" + os.urandom(6).hex().encode()
+    re.compile(probe)
+    assert probe in cached()  # the probe sees what re's cache holds
+    tok = b"Cache-" + base64.b32encode(os.urandom(10))  # long: every form, any case
+    short = b"sh" + os.urandom(3).hex().encode()  # short: exact case; its own text pattern
+    r = Redactor([tok, short])
+    assert r.sub(b"x " + base64.b64encode(tok) + b" %s y" % short) == b"x [REDACTED] [REDACTED] y"
+    assert r.scrub_text(f"x {short.decode().upper()} {tok.decode().lower()} y") == (
+        "x [REDACTED] [REDACTED] y"
+    )
+    plan = r._plan
+    assert plan is not None
+    built = [plan.pattern, plan.pattern_any_case, *(p for _, p in plan.escapes)]
+    assert len(built) >= 3
+    assert cached().isdisjoint(p.pattern for p in built)

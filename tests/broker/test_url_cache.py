@@ -76,3 +76,15 @@ async def test_a_query_credential_is_not_left_in_urllibs_cache(
     assert any(CANARY in r.target for r in echoing.requests)
     assert [r.target.startswith("/landing") for r in echoing.requests] == [False, True]
     assert [url for url in _cached_urls() if CANARY in url] == []
+
+
+def test_a_journal_urls_password_is_not_left_in_urllibs_cache(probe_works: None) -> None:
+    """A PostgreSQL journal's URL is redacted for every message that names it (``where``), and
+    its location read for the checks at start (``engine/location.py``): both split it."""
+    from affidavit.engine.location import JOURNAL_WORDS, unplaced
+    from affidavit.journal.backend import where
+
+    url = f"postgresql://broker:{CANARY}@db.invalid:5432/journal?sslpassword={CANARY}"
+    assert CANARY not in where(url)
+    unplaced(sorted(JOURNAL_WORDS)[0], 'connection to server at "db.invalid" failed', url)
+    assert [key for key in _cached_urls() if CANARY in key] == []
