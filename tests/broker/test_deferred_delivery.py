@@ -287,6 +287,8 @@ async def test_a_fetch_while_the_delivery_waits_for_queue_room_records_no_second
     its envelope.  A fetch of the same invocation in that wait (another connection) finds the
     delivery registered, waits for it, and records no delivery of its own."""
     room = trio.Event()
+    waiting: list[str] = []  # the invocation whose delivery waits for room
+    entered = trio.Event()
     async with HostileServer.running(scripts.serve(Reply(200, body=b"ok"))) as srv:
         cfg = write_config(tmp_path, {"api": http_target(srv.url)})
         async with open_broker(cfg) as broker:
@@ -295,6 +297,8 @@ async def test_a_fetch_while_the_delivery_waits_for_queue_room_records_no_second
 
             async def post(event: Event, **kw: Any) -> Any:
                 if event.kind is E.RESULT_DELIVERED:
+                    waiting.append(event.invocation_id)
+                    entered.set()
                     await room.wait()  # a full queue
                 return await real(event, **kw)
 
@@ -303,11 +307,8 @@ async def test_a_fetch_while_the_delivery_waits_for_queue_room_records_no_second
             with trio.fail_after(LIMIT):
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(broker.call, GET)
-                    while not (listed := journal.list_actions()) or not listed[0].state.startswith(
-                        "stored"
-                    ):
-                        await trio.sleep(0.01)
-                    iid = listed[0].invocation_id
+                    await entered.wait()  # the caller has its envelope; the post waits
+                    (iid,) = waiting
 
                     async def fetch() -> None:
                         fetched.append(await broker.fetch_result(iid))
