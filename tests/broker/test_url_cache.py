@@ -47,8 +47,9 @@ def _echo_location(req: Received) -> Reply:
 @pytest.fixture
 def probe_works() -> None:
     """The probe sees what the cache holds: a URL split through the cached function is found."""
-    if not hasattr(urllib.parse.urlsplit, "cache_info"):
-        pytest.skip("this Python's urlsplit keeps no cache: nothing to hold the credential")
+    # Every CPython the broker supports (3.11+) caches it; one that does not fails here, for
+    # the test to be rewritten -- never skipped silently (tests/external.py's rule).
+    assert hasattr(urllib.parse.urlsplit, "cache_info"), "urlsplit keeps no cache here"
     urllib.parse.urlsplit(f"https://probe.invalid/?k={CANARY}-probe")
     assert any(f"{CANARY}-probe" in url for url in _cached_urls())
     urllib.parse.urlsplit.cache_clear()
