@@ -176,21 +176,34 @@ class _Refused:
         raise JournalWriteError("journal: disk I/O error (injected)")
 
 
+def _on_delivery_post(
+    monkeypatch: pytest.MonkeyPatch, broker: Broker, hook: Callable[[Event], Awaitable[Any]]
+) -> Callable[[], None]:
+    """Run ``hook`` at each RESULT_DELIVERED post; what it returns, when not None, is the post's
+    answer (else the real post's).  Returns the undo."""
+    journal = broker.journal
+    real = journal.post
+
+    async def post(event: Event, **kw: Any) -> Any:
+        if event.kind is E.RESULT_DELIVERED and (answer := await hook(event)) is not None:
+            return answer
+        return await real(event, **kw)
+
+    monkeypatch.setattr(journal, "post", post)
+    return lambda: monkeypatch.setattr(journal, "post", real)
+
+
+async def _refused(_: Event) -> _Refused:
+    return _Refused()
+
+
 async def test_a_failed_delivery_write_is_logged_and_the_result_stays_fetchable(
     tmp_path: Path, token: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     async with HostileServer.running(scripts.serve(Reply(200, body=b"ok"))) as srv:
         cfg = write_config(tmp_path, {"api": http_target(srv.url)})
         async with open_broker(cfg) as broker:
-            journal = broker.journal
-            real = journal.post
-
-            async def post(event: Event, **kw: Any) -> Any:
-                if event.kind is E.RESULT_DELIVERED:
-                    return _Refused()
-                return await real(event, **kw)
-
-            monkeypatch.setattr(journal, "post", post)
+            undo = _on_delivery_post(monkeypatch, broker, _refused)
             with trio.fail_after(LIMIT), caplog.at_level(logging.WARNING, "affidavit.engine"):
                 first = await broker.call(GET)
                 assert "result" in first and "error" not in first
@@ -199,7 +212,7 @@ async def test_a_failed_delivery_write_is_logged_and_the_result_stays_fetchable(
                 await broker.settled()
                 iid = first["invocation_id"]
                 assert broker.events(iid)[-1].kind is E.RESULT_COMMITTED  # stored, undelivered
-                monkeypatch.setattr(journal, "post", real)
+                undo()
                 fetched = await broker.fetch_result(iid)  # the result stays fetchable
                 assert fetched is not None and fetched["result"] == first["result"]
                 assert _deliveries(broker, iid) == ["fetch"]
@@ -292,17 +305,13 @@ async def test_a_fetch_while_the_delivery_waits_for_queue_room_records_no_second
     async with HostileServer.running(scripts.serve(Reply(200, body=b"ok"))) as srv:
         cfg = write_config(tmp_path, {"api": http_target(srv.url)})
         async with open_broker(cfg) as broker:
-            journal = broker.journal
-            real = journal.post
 
-            async def post(event: Event, **kw: Any) -> Any:
-                if event.kind is E.RESULT_DELIVERED:
-                    waiting.append(event.invocation_id)
-                    entered.set()
-                    await room.wait()  # a full queue
-                return await real(event, **kw)
+            async def full_queue(event: Event) -> None:
+                waiting.append(event.invocation_id)
+                entered.set()
+                await room.wait()
 
-            monkeypatch.setattr(journal, "post", post)
+            _on_delivery_post(monkeypatch, broker, full_queue)
             fetched: list[dict[str, Any] | None] = []
             with trio.fail_after(LIMIT):
                 async with trio.open_nursery() as nursery:
