@@ -26,7 +26,16 @@ from urllib.parse import SplitResult, parse_qsl, urlencode, urlsplit, urlunsplit
 from .errors import JournalError
 from .tables import Tables
 
-__all__ = ["URL_SCHEMES", "Backend", "Lock", "is_url", "open_backend", "redact", "where"]
+__all__ = [
+    "URL_SCHEMES",
+    "Backend",
+    "Lock",
+    "is_url",
+    "open_backend",
+    "redact",
+    "split_url",
+    "where",
+]
 
 URL_SCHEMES = ("postgresql://", "postgres://")
 
@@ -36,10 +45,11 @@ def is_url(location: str | os.PathLike[str]) -> bool:
     return isinstance(location, str) and location.startswith(URL_SCHEMES)
 
 
-_split: Callable[[str], SplitResult] = getattr(urlsplit, "__wrapped__", urlsplit)
+split_url: Callable[[str], SplitResult] = getattr(urlsplit, "__wrapped__", urlsplit)
 """``urlsplit`` without CPython's module-wide cache of its last 128 URLs, which would keep a
-journal URL's password (as ``adapters/http/urls.split_url`` keeps a query credential out of
-it; the journal may not import the adapters)."""
+journal URL's password: every split of one goes through this (``redact`` here, the engine's
+``location``), as ``adapters/http/urls.split_url`` keeps a query credential out of it (the
+journal and the adapters may not import each other)."""
 
 
 def redact(url: str) -> str:
@@ -47,7 +57,7 @@ def redact(url: str) -> str:
     holds ``password`` -- libpq's ``password=`` and ``sslpassword=`` (the client key's
     passphrase) alike."""
     try:
-        parts = _split(url)
+        parts = split_url(url)
         netloc = parts.netloc
         if "@" in netloc:
             userinfo, _, hostport = netloc.rpartition("@")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 import urllib.parse
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 __all__ = [
@@ -56,12 +57,15 @@ class BadUrl(ValueError):
 
 _VISIBLE_ASCII = re.compile(r"[\x21-\x7e]+")
 
-split_url = getattr(urllib.parse.urlsplit, "__wrapped__", urllib.parse.urlsplit)
+split_url: Callable[[str], urllib.parse.SplitResult] = getattr(
+    urllib.parse.urlsplit, "__wrapped__", urllib.parse.urlsplit
+)
 """``urlsplit`` without its cache.  CPython keeps the last 128 URLs ``urlsplit`` was given in a
 module-level ``lru_cache``; a URL that carries a secret -- the credential (``query:``
-injection), a Location that may echo it, a journal URL's password -- would outlive its use
-there (docs/security.md, "Credential lifetime").  Every split of such a URL goes through this
-one; where no cache wraps ``urlsplit``, it is the function itself."""
+injection) or a Location that may echo it -- would outlive its use there (docs/security.md,
+"Credential lifetime"; a journal URL's password: ``journal/backend.split_url``).  Every split
+of such a URL goes through this one; where no cache wraps ``urlsplit``, it is the function
+itself."""
 
 
 def parse_url(url: str, *, schemes: frozenset[str] = frozenset({"http", "https"})) -> Url:

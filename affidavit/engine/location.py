@@ -14,9 +14,8 @@ import re
 from collections.abc import Iterable
 from urllib.parse import parse_qsl, unquote
 
-from affidavit.adapters.http.urls import split_url
 from affidavit.journal import JournalReplaced
-from affidavit.journal.backend import is_url
+from affidavit.journal.backend import is_url, split_url
 from affidavit.journal.backend import where as journal_where
 
 from .recovery import READ_DECLINED, UNREADABLE, CallNotRecorded
