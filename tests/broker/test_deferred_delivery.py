@@ -40,6 +40,13 @@ def _transactions(broker: Broker) -> list[bool]:
     return seen
 
 
+async def _warm_then_count(broker: Broker) -> list[bool]:
+    """A first call and its delivery (the path's one-time writes done), then ``_transactions``."""
+    await broker.call(GET)
+    await broker.settled()
+    return _transactions(broker)
+
+
 def _deliveries(broker: Broker, iid: str) -> list[str]:
     return [e.attrs["channel"] for e in broker.events(iid) if e.kind is E.RESULT_DELIVERED]
 
@@ -49,9 +56,7 @@ async def test_call_returns_before_its_delivery_commits(tmp_path: Path, token: s
         cfg = write_config(tmp_path, {"api": http_target(srv.url)})
         async with open_broker(cfg) as broker:
             with trio.fail_after(LIMIT):
-                await broker.call(GET)
-                await broker.settled()
-                seen = _transactions(broker)
+                seen = await _warm_then_count(broker)
                 env = await broker.call(GET)
                 # Two barrier transactions on the caller's path; the delivery is queued.
                 assert seen == [True, True]
@@ -78,9 +83,7 @@ async def test_a_channel_delivery_is_queued_after_the_handover_too(
         cfg = write_config(tmp_path, {"api": http_target(srv.url)})
         async with open_broker(cfg) as broker:
             with trio.fail_after(LIMIT):
-                await broker.call(GET)
-                await broker.settled()
-                seen = _transactions(broker)
+                seen = await _warm_then_count(broker)
                 env = await broker.call(GET, deliver=deliver)
                 assert seen == [True, True]
                 iid = env["invocation_id"]
