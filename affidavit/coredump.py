@@ -1,10 +1,12 @@
 """No core file of a process that holds credentials and keys (docs/security.md, "Memory").
 
-A crash of ``affidavit serve`` or ``affidavit mcp`` -- a signal, an abort in a C library --
-would have the kernel write the process's memory to a core file: every credential it resolved,
-the broker key, the vault's key.  Both commands call ``forbid_core_dumps`` first thing.  A
-library never does it for its host (``Broker.open`` leaves the embedding process as it is:
-process-wide state is its owner's choice, docs/deployment.md says how).
+A crash of ``affidavit serve``, ``affidavit mcp``, an embedded ``affidavit call`` or a command
+reading a key -- a signal, an abort in a C library -- would have the kernel write the process's
+memory to a core file: every credential it resolved, the broker key, the signing key, the
+vault's key.  The command line calls ``forbid_core_dumps`` before any such command runs (its
+``holds_secrets``, ``affidavit.cli``).  A library never does it for its host (``Broker.open``
+leaves the embedding process as it is: process-wide state is its owner's choice,
+docs/deployment.md says how).
 
 Two settings, each on its own:
 

@@ -1,4 +1,6 @@
-"""Fixtures every test directory may use: a real PostgreSQL server (``tests/postgres.py``)."""
+"""Fixtures every test directory may use: a real PostgreSQL server (``tests/postgres.py``), and
+``core_dumps_forbidden`` -- which every test has: ``affidavit.cli.main`` run in the test's own
+process does not harden it."""
 
 from __future__ import annotations
 
@@ -45,3 +47,20 @@ def pg() -> Iterator[Cluster]:
 def pg_url(pg: Cluster) -> str:
     """A fresh, empty database's URL (the superuser's canary password in it)."""
     return pg.database()
+
+
+@pytest.fixture(autouse=True)
+def core_dumps_forbidden(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Each time a command run in this process asked to forbid core dumps (``affidavit.cli``
+    does before a command that holds secrets), recorded here instead: made real, the test
+    process would stay not dumpable with ``RLIMIT_CORE`` 0 -- and so would every child it
+    starts after -- for the rest of the session.  tests/daemon/test_core_dumps.py watches the
+    real settings in a child ``affidavit``."""
+    asked: list[str] = []
+
+    def record() -> list[str]:
+        asked.append("forbid")
+        return []
+
+    monkeypatch.setattr("affidavit.coredump.forbid_core_dumps", record)
+    return asked

@@ -9,6 +9,12 @@ Building the parser imports every command module, so their top level imports not
 handlers import the engine, journal, config or trio when they run.  That keeps ``--help`` quick
 and lets ``call|result|record|actions|sessions|metrics --socket PATH`` (or
 ``$AFFIDAVIT_SOCKET``) reach the daemon without loading any of them (tests/cli/).
+
+Every command says whether it holds secrets (``holds_secrets`` among its parser's defaults:
+``SECRETS_ALWAYS``, ``SECRETS_EMBEDDED`` or ``SECRETS_NONE``).  One that loads a credential, the
+broker key, the signing key, an auditor's private key or the vault's key or values runs with
+core dumps forbidden (``affidavit.coredump``), set here before its handler runs; a thin client
+asking the daemon holds none and is left as it started (docs/deployment.md, "Core files").
 """
 
 from __future__ import annotations
@@ -32,6 +38,9 @@ if TYPE_CHECKING:
 
 __all__ = [
     "COMMANDS",
+    "SECRETS_ALWAYS",
+    "SECRETS_EMBEDDED",
+    "SECRETS_NONE",
     "ArgvRefused",
     "DaemonSocket",
     "UsageError",
@@ -75,6 +84,14 @@ COMMANDS: dict[str, str] = {
 parsers: all of them cost a start ~20-30 ms (argparse), a third of what a thin client may spend
 in all.  tests/daemon/test_thin_client.py checks this map against what the modules declare."""
 COMMAND_MODULES: tuple[str, ...] = tuple(dict.fromkeys(COMMANDS.values()))
+
+SECRETS_ALWAYS = "always"
+"""``holds_secrets``: the command loads a credential or a key however it is run."""
+SECRETS_EMBEDDED = "embedded"
+"""``holds_secrets``: it does when run embedded; asking the daemon (``--socket`` or
+``$AFFIDAVIT_SOCKET``) it holds none."""
+SECRETS_NONE = "none"
+"""``holds_secrets``: it loads no credential and no key (a read-only view, a public key)."""
 
 
 class UsageError(Exception):
@@ -474,6 +491,8 @@ def _main(argv: Sequence[str] | None) -> int:
             sys.stderr.write(exc.usage)
         _complain(exc.message, exc.error_code, exc.field, argparse.Namespace(json=wants_json))
         return 2
+    if _holds_secrets(args):
+        _forbid_core_dumps()
     try:
         status: int = args.handler(args)
     except UsageError as exc:
@@ -510,6 +529,27 @@ def _main(argv: Sequence[str] | None) -> int:
         _complain(str(refusal), refusal.code, None, args)
         return 2
     return status
+
+
+def _holds_secrets(args: argparse.Namespace) -> bool:
+    """Whether the command ``args`` runs will load a credential or a key: what its parser's
+    ``holds_secrets`` says (a command that says nothing is taken to, the safe side), a
+    ``SECRETS_EMBEDDED`` one only when no daemon socket is given (a thin client)."""
+    holds = getattr(args, "holds_secrets", SECRETS_ALWAYS)
+    if holds == SECRETS_EMBEDDED:
+        from affidavit.api.wire import socket_path
+
+        return socket_path(getattr(args, "socket", None)) is None
+    return holds != SECRETS_NONE
+
+
+def _forbid_core_dumps() -> None:
+    """No core file of this process (``affidavit.coredump``), before the command reads a
+    config or a key; what could not be done is a warning on stderr, and the command runs on."""
+    from affidavit import coredump
+
+    for words in coredump.forbid_core_dumps():
+        print(f"affidavit: warning: core dumps: {words}", file=sys.stderr)
 
 
 def _complain(message: str, code: str | None, field: str | None, args: argparse.Namespace) -> None:

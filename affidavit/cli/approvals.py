@@ -33,6 +33,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from affidavit.cli import (
+    SECRETS_EMBEDDED,
     DaemonSocket,
     UsageError,
     add_socket_arg,
@@ -56,7 +57,7 @@ def add_commands(sub: Any) -> None:
     p = sub.add_parser("approvals", help="requests waiting for an operator; approve or deny one")
     _options(p)
     p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.set_defaults(handler=_list)
+    p.set_defaults(handler=_list, holds_secrets=SECRETS_EMBEDDED)
     asub = p.add_subparsers(dest="approvals_command", metavar="APPROVALS_COMMAND")
     show = asub.add_parser("show", help="one invocation's approval, whatever became of it")
     show.add_argument("invocation_id")
@@ -67,7 +68,7 @@ def add_commands(sub: Any) -> None:
         "what the approval view shows only when small (its SHA-256 is checked)",
     )
     _options(show)
-    show.set_defaults(handler=_show)
+    show.set_defaults(handler=_show, holds_secrets=SECRETS_EMBEDDED)
     for verb, what in (("approve", "approve: it is then sent once"), ("deny", "deny: never sent")):
         d = asub.add_parser(verb, help=f"{what} (operators only)")
         d.add_argument("invocation_id")
@@ -80,7 +81,7 @@ def add_commands(sub: Any) -> None:
                 "REQUEST_UNREADABLE otherwise); the grant records that it was blind",
             )
         _options(d)
-        d.set_defaults(handler=_decide, verb=verb, blind=False)
+        d.set_defaults(handler=_decide, holds_secrets=SECRETS_EMBEDDED, verb=verb, blind=False)
 
     r = sub.add_parser("reconcile", help="settle an unknown outcome: query the remote, or attest")
     r.add_argument("invocation_id")
@@ -98,7 +99,7 @@ def add_commands(sub: Any) -> None:
     r.add_argument("--note", help="what you checked (kept in the journal with your identity)")
     r.add_argument("--timeout", help="caller timeout in seconds for the query", metavar="SECONDS")
     _options(r)
-    r.set_defaults(handler=_reconcile)
+    r.set_defaults(handler=_reconcile, holds_secrets=SECRETS_EMBEDDED)
 
 
 def _options(p: argparse.ArgumentParser) -> None:

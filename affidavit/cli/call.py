@@ -22,6 +22,8 @@ from collections.abc import Awaitable, Callable
 from functools import partial
 
 from affidavit.cli import (
+    SECRETS_ALWAYS,
+    SECRETS_EMBEDDED,
     DaemonSocket,
     Terminated,
     UsageError,
@@ -55,7 +57,7 @@ def add_commands(sub: Any) -> None:
         "--timeout", help="caller timeout in seconds (> 0, at most 100 years)", metavar="SECONDS"
     )
     add_socket_arg(p)
-    p.set_defaults(handler=_call)
+    p.set_defaults(handler=_call, holds_secrets=SECRETS_EMBEDDED)
 
     p = sub.add_parser("result", help="print the stored envelope of an invocation (no re-run)")
     p.add_argument("invocation_id")
@@ -78,7 +80,7 @@ def add_commands(sub: Any) -> None:
         "has more than one",
     )
     add_socket_arg(p)
-    p.set_defaults(handler=_result)
+    p.set_defaults(handler=_result, holds_secrets=SECRETS_EMBEDDED)
 
     p = sub.add_parser("init", help="write a commented sample config and an empty journal")
     p.add_argument("--config", help="where to write the config (default: ./affidavit.toml)")
@@ -89,7 +91,7 @@ def add_commands(sub: Any) -> None:
         help="a shared PostgreSQL journal (postgresql://user@host/db) instead of a SQLite file: "
         "its schema is created (or checked) now; keep the password in PGPASSWORD or ~/.pgpass",
     )
-    p.set_defaults(handler=_init)
+    p.set_defaults(handler=_init, holds_secrets=SECRETS_ALWAYS)
 
 
 def load_or_usage(path: str | None) -> Any:

@@ -21,6 +21,7 @@ import time
 from typing import Any
 
 from affidavit.cli import (
+    SECRETS_NONE,
     UsageError,
     add_socket_arg,
     ask_daemon,
@@ -39,7 +40,7 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--config", help="config file (default: $AFFIDAVIT_CONFIG or ./affidavit.toml)")
     add_socket_arg(p)
     p.add_argument("--json", action="store_true", help='print {"url", "expires_at"}')
-    p.set_defaults(handler=_console_url)
+    p.set_defaults(handler=_console_url, holds_secrets=SECRETS_NONE)
 
 
 def _console_url(args: argparse.Namespace) -> int:

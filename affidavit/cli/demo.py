@@ -17,6 +17,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from affidavit.cli import SECRETS_ALWAYS
+
 __all__ = ["add_commands"]
 
 
@@ -24,7 +26,7 @@ def add_commands(sub: Any) -> None:
     p = sub.add_parser("demo", help="run a scripted tour against a local server (no network)")
     p.add_argument("--keep", action="store_true", help="keep the temporary config and journal")
     p.add_argument("--json", action="store_true", help="print full envelopes as JSON lines")
-    p.set_defaults(handler=_demo)
+    p.set_defaults(handler=_demo, holds_secrets=SECRETS_ALWAYS)
 
 
 def _demo(args: argparse.Namespace) -> int:

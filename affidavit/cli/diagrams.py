@@ -9,7 +9,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from affidavit.cli import UsageError, refusal
+from affidavit.cli import SECRETS_NONE, UsageError, refusal
 
 __all__ = ["add_commands"]
 
@@ -117,4 +117,4 @@ def add_commands(subparsers: Any) -> None:
     p.add_argument(
         "--root", type=Path, default=None, help="checkout root (default: found from cwd)"
     )
-    p.set_defaults(handler=_run)
+    p.set_defaults(handler=_run, holds_secrets=SECRETS_NONE)

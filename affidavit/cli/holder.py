@@ -20,7 +20,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from affidavit.cli import UsageError, text_arg
+from affidavit.cli import SECRETS_ALWAYS, UsageError, text_arg
 
 __all__ = ["add_command"]
 
@@ -39,7 +39,7 @@ def add_command(jsub: Any) -> None:
     h.add_argument("invocation_id", metavar="INVOCATION_ID")
     h.add_argument("shown", metavar="SHOWN", nargs="?", help="the holder a caller was shown")
     key_file_option(h)
-    h.set_defaults(handler=_holder)
+    h.set_defaults(handler=_holder, holds_secrets=SECRETS_ALWAYS)
 
 
 def _holder(args: argparse.Namespace) -> int:

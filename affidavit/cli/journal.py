@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from affidavit.cli import (
+    SECRETS_NONE,
     DaemonSocket,
     UsageError,
     add_socket_arg,
@@ -85,16 +86,16 @@ def add_commands(sub: Any) -> None:
     a.add_argument("--phase", choices=PHASES)
     a.add_argument("--since", help="accepted at or after (ISO 8601 or epoch seconds)")
     a.add_argument("--until", help="accepted at or before (ISO 8601 or epoch seconds)")
-    a.set_defaults(handler=_actions)
+    a.set_defaults(handler=_actions, holds_secrets=SECRETS_NONE)
 
     r = sub.add_parser("record", help="one invocation's events and projected record")
     common_options(r, socket=True)
     r.add_argument("invocation_id")
-    r.set_defaults(handler=_record)
+    r.set_defaults(handler=_record, holds_secrets=SECRETS_NONE)
 
     s = sub.add_parser("sessions", help="sessions with their action counts")
     common_options(s, socket=True)
-    s.set_defaults(handler=_sessions)
+    s.set_defaults(handler=_sessions, holds_secrets=SECRETS_NONE)
 
     m = sub.add_parser(
         "metrics", help="invocation counts by phase and outcome (and by code), never merged"
@@ -103,7 +104,7 @@ def add_commands(sub: Any) -> None:
     m.add_argument("--session", help="only this session")
     m.add_argument("--since", help="accepted at or after (ISO 8601 or epoch seconds)")
     m.add_argument("--prometheus", action="store_true", help="Prometheus text exposition format")
-    m.set_defaults(handler=_metrics)
+    m.set_defaults(handler=_metrics, holds_secrets=SECRETS_NONE)
 
 
 def common_options(p: argparse.ArgumentParser, *, socket: bool = False) -> None:

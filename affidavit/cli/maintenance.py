@@ -23,7 +23,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from affidavit.cli import UsageError, config_refusal, count_arg, text_arg
+from affidavit.cli import (
+    SECRETS_ALWAYS,
+    SECRETS_NONE,
+    UsageError,
+    config_refusal,
+    count_arg,
+    text_arg,
+)
 from affidavit.cli.journal import (
     _err,
     _is_url,
@@ -58,7 +65,7 @@ def add_command(sub: Any) -> None:
         action="store_true",
         help="accept rows written before the journal was signed, on the hash chain alone",
     )
-    v.set_defaults(handler=_verify)
+    v.set_defaults(handler=_verify, holds_secrets=SECRETS_NONE)
 
     an = jsub.add_parser(
         "anchor", help="verify, then export the signed head (seq, hash, signature, key) to keep"
@@ -66,7 +73,7 @@ def add_command(sub: Any) -> None:
     common_options(an)
     _trust_args(an)
     an.add_argument("--out", metavar="FILE", help="write it here (default: stdout)")
-    an.set_defaults(handler=_anchor)
+    an.set_defaults(handler=_anchor, holds_secrets=SECRETS_NONE)
 
     pk = jsub.add_parser(
         "public-key", help="export the signing key's public half (PEM) for auditors"
@@ -76,7 +83,7 @@ def add_command(sub: Any) -> None:
         "--signing-key", metavar="FILE", help="default: [journal] signing_key of the config"
     )
     pk.add_argument("--out", metavar="FILE", help="write it here (default: stdout)")
-    pk.set_defaults(handler=_public_key)
+    pk.set_defaults(handler=_public_key, holds_secrets=SECRETS_ALWAYS)
 
     mg = jsub.add_parser(
         "migrate",
@@ -99,7 +106,7 @@ def add_command(sub: Any) -> None:
         "and register in the new journal (default: the public half of the config's [journal] "
         "signing_key -- never the key the file records)",
     )
-    mg.set_defaults(handler=_migrate)
+    mg.set_defaults(handler=_migrate, holds_secrets=SECRETS_ALWAYS)
 
     from affidavit.cli import reclaim
 
@@ -111,7 +118,7 @@ def add_command(sub: Any) -> None:
     )
     kg.add_argument("private", metavar="PRIVATE", help="auditor private key file (created 0600)")
     kg.add_argument("public", metavar="PUBLIC", help="public key file for auditor_public_key")
-    kg.set_defaults(handler=_audit_keygen)
+    kg.set_defaults(handler=_audit_keygen, holds_secrets=SECRETS_ALWAYS)
 
     ao = jsub.add_parser(
         "audit-open",
@@ -136,7 +143,7 @@ def add_command(sub: Any) -> None:
     which = ao.add_mutually_exclusive_group(required=True)
     which.add_argument("--seq", metavar="N", help="the event whose sealed payload to open")
     which.add_argument("--result", metavar="ID", help="the invocation whose result to open")
-    ao.set_defaults(handler=_audit_open)
+    ao.set_defaults(handler=_audit_open, holds_secrets=SECRETS_ALWAYS)
 
     from affidavit.cli import sealed
 

@@ -14,7 +14,14 @@ import argparse
 import sys
 from typing import Any
 
-from affidavit.cli import UsageError, add_socket_arg, config_refusal, daemon_socket, journal_refusal
+from affidavit.cli import (
+    SECRETS_ALWAYS,
+    UsageError,
+    add_socket_arg,
+    config_refusal,
+    daemon_socket,
+    journal_refusal,
+)
 
 __all__ = ["add_commands"]
 
@@ -32,7 +39,7 @@ def add_commands(sub: Any) -> None:
         'a duration like "2m"; default: [service] shutdown_grace embedded, 30 through the '
         "daemon, whose own grace is the daemon's)",
     )
-    p.set_defaults(handler=_mcp)
+    p.set_defaults(handler=_mcp, holds_secrets=SECRETS_ALWAYS)
 
 
 def _grace(value: str | None) -> float | None:
@@ -58,9 +65,6 @@ def _mcp(args: argparse.Namespace) -> int:
 
     import trio
 
-    from affidavit.coredump import forbid_core_dumps
-
-    core_left = forbid_core_dumps()  # first: run embedded, this process resolves credentials
     socket = daemon_socket(args, "config")
     grace = _grace(args.shutdown_grace)
     logging.basicConfig(
@@ -69,8 +73,6 @@ def _mcp(args: argparse.Namespace) -> int:
         format="%(asctime)s affidavit mcp[%(process)d] %(levelname)s %(message)s",
     )
     logging.getLogger("mcp").setLevel(logging.WARNING)
-    for words in core_left:
-        logging.getLogger("affidavit.mcp").warning("core dumps: %s", words)
     try:
         from affidavit.mcp import run
     except ModuleNotFoundError as exc:

@@ -20,7 +20,14 @@ import json
 import sys
 from typing import Any
 
-from affidavit.cli import UsageError, journal_refusal, text_arg, timeout_arg
+from affidavit.cli import (
+    SECRETS_ALWAYS,
+    SECRETS_NONE,
+    UsageError,
+    journal_refusal,
+    text_arg,
+    timeout_arg,
+)
 from affidavit.cli.call import load_or_usage
 from affidavit.cli.journal import common_options, failure_line, print_json, reading
 
@@ -30,7 +37,7 @@ __all__ = ["add_commands"]
 def add_commands(sub: Any) -> None:
     p = sub.add_parser("operations", help="list the jobs 202 responses accepted, with their state")
     common_options(p)
-    p.set_defaults(handler=_list)
+    p.set_defaults(handler=_list, holds_secrets=SECRETS_NONE)
 
     op = sub.add_parser("operation", help="one job accepted by a 202")
     osub = op.add_subparsers(dest="operation_command", metavar="OPERATION_COMMAND")
@@ -45,7 +52,7 @@ def add_commands(sub: Any) -> None:
     poll.add_argument(
         "--timeout", help="caller timeout in seconds for the query", metavar="SECONDS"
     )
-    poll.set_defaults(handler=_poll)
+    poll.set_defaults(handler=_poll, holds_secrets=SECRETS_ALWAYS)
 
 
 def _list(args: argparse.Namespace) -> int:

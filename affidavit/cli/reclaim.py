@@ -38,7 +38,7 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from affidavit.cli import UsageError, config_refusal
+from affidavit.cli import SECRETS_ALWAYS, UsageError, config_refusal
 
 if TYPE_CHECKING:
     from affidavit.journal.reclaim import Reclaimed, Reclamation
@@ -60,7 +60,7 @@ def add_command(jsub: Any) -> None:
         action="store_true",
         help="list what would be dropped, and the segment bytes that would go; change nothing",
     )
-    rc.set_defaults(handler=_reclaim)
+    rc.set_defaults(handler=_reclaim, holds_secrets=SECRETS_ALWAYS)
 
 
 def _opening(args: argparse.Namespace) -> dict[str, Any]:

@@ -30,7 +30,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from affidavit.cli import UsageError, config_refusal, text_arg
+from affidavit.cli import SECRETS_ALWAYS, UsageError, config_refusal, text_arg
 
 if TYPE_CHECKING:
     from affidavit.journal import JournalReader
@@ -51,7 +51,7 @@ def add_command(jsub: Any) -> None:
     common_options(op)
     op.add_argument("invocation_id", metavar="INVOCATION_ID")
     key_file_option(op)
-    op.set_defaults(handler=_open_sealed)
+    op.set_defaults(handler=_open_sealed, holds_secrets=SECRETS_ALWAYS)
 
 
 def key_file_option(parser: argparse.ArgumentParser) -> None:

@@ -6,7 +6,8 @@ another process writes, a live daemon already on the socket, group or others abl
 journal, a key or the vault or another user owning one (FILES_EXPOSED, unless
 ``--allow-exposed-files``) -- the message says which.  Log lines go to stderr; none carries a
 secret (only ids, uids, codes and counts).  The process runs with umask 077: the files it
-creates are readable by its own user only; it writes no core file (``affidavit.coredump``).
+creates are readable by its own user only; it writes no core file (``affidavit.coredump``: the
+command line forbids them before this runs).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import os
 import sys
 from typing import Any
 
-from affidavit.cli import UsageError, config_refusal, journal_refusal, refusal
+from affidavit.cli import SECRETS_ALWAYS, UsageError, config_refusal, journal_refusal, refusal
 
 __all__ = ["add_commands"]
 
@@ -39,7 +40,7 @@ def add_commands(sub: Any) -> None:
         help="start even though group/others can reach the journal, a key or the vault, or "
         "another user owns one (each is logged); default: refuse (FILES_EXPOSED)",
     )
-    p.set_defaults(handler=_serve)
+    p.set_defaults(handler=_serve, holds_secrets=SECRETS_ALWAYS)
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -49,12 +50,10 @@ def _serve(args: argparse.Namespace) -> int:
     import trio
 
     from affidavit.config import ConfigError, console_address, load_config
-    from affidavit.coredump import forbid_core_dumps
     from affidavit.daemon import DaemonError, serve
     from affidavit.journal import JournalError
 
-    # First thing, before a config or a credential is read: no core file of this process.
-    core_left = forbid_core_dumps()
+    # No core file of this process: ``affidavit.cli`` forbade them before this ran.
     # Everything the daemon creates -- journal, WAL, sealing key, lock -- is its user's alone
     # (0600); the socket is the one file others reach (0660, set where it is bound).
     os.umask(0o077)
@@ -81,8 +80,6 @@ def _serve(args: argparse.Namespace) -> int:
         level=logging.INFO,
         format="%(asctime)s affidavit serve[%(process)d] %(levelname)s %(message)s",
     )
-    for words in core_left:
-        logging.getLogger("affidavit.serve").warning("core dumps: %s", words)
     for words in heap_left:
         logging.getLogger("affidavit.serve").warning("heap: %s", words)
     try:

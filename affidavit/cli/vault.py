@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from affidavit.cli import UsageError, config_refusal, refusal
+from affidavit.cli import SECRETS_ALWAYS, UsageError, config_refusal, refusal
 
 __all__ = ["PASSPHRASE_ENV_SHOWN", "add_commands"]
 
@@ -47,7 +47,7 @@ def add_commands(subparsers: Any) -> None:
         help=f"read the passphrase from the first line of stdin (else ${PASSPHRASE_ENV_SHOWN} or a "
         "prompt)",
     )
-    p.set_defaults(handler=_init)
+    p.set_defaults(handler=_init, holds_secrets=SECRETS_ALWAYS)
 
     p = sub.add_parser(
         "put",
@@ -58,16 +58,16 @@ def add_commands(subparsers: Any) -> None:
     )
     common(p)
     p.add_argument("name", help="entry name (A-Z a-z 0-9 _ . -)")
-    p.set_defaults(handler=_put)
+    p.set_defaults(handler=_put, holds_secrets=SECRETS_ALWAYS)
 
     p = sub.add_parser("list", help="list entries with their versions (never values)")
     common(p)
     p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.set_defaults(handler=_list)
+    p.set_defaults(handler=_list, holds_secrets=SECRETS_ALWAYS)
 
     p = sub.add_parser("lock", help="forget the stored key; every process sees the vault locked")
     common(p)
-    p.set_defaults(handler=_lock)
+    p.set_defaults(handler=_lock, holds_secrets=SECRETS_ALWAYS)
 
     p = sub.add_parser("unlock", help="derive the key and store it for the broker (0600 file)")
     common(p)
@@ -76,7 +76,7 @@ def add_commands(subparsers: Any) -> None:
         action="store_true",
         help="read the passphrase from the first line of stdin",
     )
-    p.set_defaults(handler=_unlock)
+    p.set_defaults(handler=_unlock, holds_secrets=SECRETS_ALWAYS)
 
 
 def _vault_path(args: argparse.Namespace) -> Path:

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-import affidavit.coredump
 import affidavit.engine
 from affidavit.cli.serve import _serve
 from affidavit.engine.collector import YOUNG_THRESHOLD
@@ -47,9 +46,6 @@ def test_affidavit_serve_tunes_its_process_before_serving(
     order: list[str] = []
     monkeypatch.setattr(affidavit.engine, "tune_collector", lambda: order.append("tuned"))
     monkeypatch.setattr(trio, "run", lambda *a, **k: order.append("served"))
-    # ``_serve`` runs in this test's process: it keeps its core-dump settings (tested with a real
-    # ``serve`` in tests/daemon/test_core_dumps.py).
-    monkeypatch.setattr(affidavit.coredump, "forbid_core_dumps", lambda: [])
     cfg = write_config(tmp_path, {"api": http_target("http://127.0.0.1:9")})
     args = argparse.Namespace(config=str(cfg), socket=None, console=None, allow_exposed_files=False)
     umask = os.umask(0o022)

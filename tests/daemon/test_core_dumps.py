@@ -1,5 +1,7 @@
-"""No core file of ``affidavit serve`` or ``affidavit mcp`` (``coredump``): each runs with
-``RLIMIT_CORE`` 0 and, on Linux, not dumpable -- observed from outside, in ``/proc/<pid>``.
+"""No core file of an ``affidavit`` command that holds secrets (``coredump``): ``serve``, ``mcp``,
+an embedded ``call``, a command loading a key -- each runs with ``RLIMIT_CORE`` 0 and, on Linux,
+not dumpable, observed from outside, in ``/proc/<pid>``; one that loads none (``diagrams``, a
+view, a thin client asking the daemon) is left as it started.
 
 Run as root, a process's ``/proc/<pid>`` files are root's whether it is dumpable or not; so the
 broker runs as ``nobody`` (``kit.as_user``).  Dropping privileges itself makes a process not
@@ -22,7 +24,7 @@ import trio
 
 from tests.external import require_module, require_root
 
-from .kit import NOBODY, WAIT, as_user, write_daemon_config
+from .kit import NOBODY, WAIT, as_user, client_env, write_daemon_config
 
 # The ordinary start the broker must harden: run after ``as_user`` dropped to nobody.
 AS_STARTED = """
@@ -100,3 +102,105 @@ async def test_the_mcp_server_runs_without_core_dumps_and_not_dumpable(home: Pat
     require_module("mcp", "mcp")
     argv = ["mcp", "--socket", str(home / "affidavit.sock"), "--daemon-uid", str(NOBODY)]
     assert await _watch(*argv) == ("0 0", 0)
+
+
+# As ``AS_STARTED``, with ``MODULE:NAME`` (the first argument) replaced by a pause: the command
+# runs up to where it would call it, says so on stdout and waits for stdin to close.
+PAUSED = """
+import ctypes, importlib, os, runpy, sys
+ctypes.CDLL(None).prctl(4, 1, 0, 0, 0)
+where, name = sys.argv[1].split(":")
+*path, last = name.split(".")
+owner = importlib.import_module(where)
+for part in path:
+    owner = getattr(owner, part)
+def pause(*args, **kwargs):
+    os.write(1, b"paused\\n")
+    while os.read(0, 1):
+        pass
+    os._exit(0)
+setattr(owner, last, pause)
+sys.argv = ["affidavit", *sys.argv[2:]]
+runpy.run_module("affidavit", run_name="__main__", alter_sys=True)
+"""
+
+HARDENED = ("0 0", 0)
+AS_STARTED_SEEN = ("unlimited unlimited", NOBODY)
+
+
+async def _paused_at(where: str, *argv: str) -> tuple[str, int]:
+    """``_hardened`` of ``affidavit ARGV``, run as nobody as an ordinary start would have it,
+    while it stands where it would call ``where`` (``MODULE:NAME``)."""
+    proc = await trio.lowlevel.open_process(
+        _unlimited(as_user(NOBODY, "-c", PAUSED, where, *argv)),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=client_env(),  # no $AFFIDAVIT_SOCKET: a command runs embedded unless told
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    said = b""
+    try:
+        with trio.move_on_after(3 * WAIT):
+            while not said.endswith(b"paused\n"):
+                more = await proc.stdout.receive_some(64)
+                if not more:
+                    break
+                said += more
+        if said.endswith(b"paused\n"):
+            return _hardened(proc.pid)
+    finally:
+        proc.kill()
+        await proc.wait()
+    with trio.move_on_after(WAIT):
+        said += await proc.stderr.receive_some(4096)
+    raise AssertionError(f"never reached {where}: {said!r}")
+
+
+@pytest.fixture
+def action(home: Path) -> Path:
+    path = home / "action.json"
+    path.write_text('{"target": "api", "method": "GET", "path": "/"}')
+    os.chown(path, NOBODY, NOBODY)
+    return path
+
+
+async def test_an_embedded_call_opens_its_broker_without_core_dumps(
+    home: Path, action: Path
+) -> None:
+    """``call --config``: this process resolves the credentials and holds the broker key."""
+    config = write_daemon_config(home, {}, socket=home / "affidavit.sock")
+    os.chown(config, NOBODY, NOBODY)
+    where = "affidavit.api.broker:Broker.open"
+    assert await _paused_at(where, "call", "--config", str(config), str(action)) == HARDENED
+
+
+async def test_a_command_loading_the_signing_key_runs_without_core_dumps(home: Path) -> None:
+    key = str(home / "signing.key")
+    where = "affidavit.journal:SigningKey.load"
+    assert await _paused_at(where, "journal", "public-key", "--signing-key", key) == HARDENED
+
+
+async def test_the_vault_commands_run_without_core_dumps(home: Path) -> None:
+    where = "affidavit.secrets.vault:Vault.open"
+    assert await _paused_at(where, "vault", "lock", "--vault", str(home / "vault")) == HARDENED
+
+
+async def test_a_thin_client_call_is_left_as_it_started(home: Path, action: Path) -> None:
+    """Through the daemon's socket ``call`` holds no secret: nothing is changed."""
+    argv = ["call", "--socket", str(home / "affidavit.sock"), str(action)]
+    where = "affidavit.cli.call:ask_daemon"
+    assert await _paused_at(where, *argv) == AS_STARTED_SEEN
+
+
+@pytest.mark.parametrize(
+    ("where", "argv"),
+    [
+        ("affidavit.cli.diagrams:_run", ["diagrams", "--check"]),
+        ("affidavit.journal:JournalReader.open", ["actions", "--journal", "j.db"]),
+    ],
+)
+async def test_a_command_loading_no_secret_is_left_as_it_started(
+    home: Path, where: str, argv: list[str]
+) -> None:
+    assert await _paused_at(where, *argv) == AS_STARTED_SEEN
