@@ -75,7 +75,7 @@ from .errors import (
     ResultUnverified,
     VerifyReport,
 )
-from .exposure import Exposure, exposure, journal_exposures, warn_exposed
+from .exposure import Exposure, config_exposure, exposure, journal_exposures, warn_exposed
 from .lock import JournalLocked
 from .reader import JournalReader
 from .requests import Batch, Posted
@@ -124,6 +124,7 @@ __all__ = [
     "StoredResult",
     "StreamInfo",
     "VerifyReport",
+    "config_exposure",
     "exposure",
     "generate_auditor_keypair",
     "is_url",

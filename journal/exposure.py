@@ -1,12 +1,26 @@
-"""Files of the broker's that others may reach: a SQLite journal and its ``-wal``/``-shm``, the key
-files, the vault -- mode bits for group or others, or another user as owner.
+"""Files of the broker's that others may reach: a SQLite journal and its ``-wal``/``-shm``, its
+writer lock and its long results' segment files and their directory, the key files, the vault --
+and the config that names them all.
 
-The broker creates each of them 0600 (``sqlite_wal.create_private``, ``sealing.write_secret_file``,
-the vault's own writes), but a file an earlier version created under the umask keeps its 0644,
-and an operator may copy or restore one as another user.  Whoever can read the journal reads
-every record (targets, paths, what was sent and received, sealed payloads' sizes); whoever can
-write it can delete what the chain then only proves missing; another owner can replace it.  So
-every process that opens the journal says so, once per file, on the operator's log (stderr
+The broker creates each of its own files 0600 and the segment directory 0700 whatever the umask
+(``sqlite_wal.create_private``, ``lock.py``, ``segments.py``, ``sealing.write_secret_file``, the
+vault's own writes), but a file an earlier version created under the umask keeps its 0644, and
+an operator may copy or restore one as another user.  Whoever can read the journal reads every
+record (targets, paths, what was sent and received, sealed payloads' sizes); whoever can write
+it, or a segment file, can delete what the chain then only proves missing -- the result is lost;
+whoever can write the segment directory can swap its files, and whoever can list it sees every
+long result's size grow, and when; whoever can open the lock file can hold it (flock needs no
+write) and keep a daemon from starting; another owner can replace any of them.  So these are
+the broker's alone (``PRIVATE``: no bit for group or others, this process's user the owner).
+
+The config is the operator's, not the broker's: it names targets, credential references (never
+a value: ``env:``/``file:``/``vault:``) and the journal, so others reading it is normal, and
+root owning it is the usual layout (``root:affidavit 0640``).  Whoever can *write* it can point
+a target's credential at their own host, so group/others' write bits and an owner other than
+this process's user or root are exposures (``CONFIG``); a PostgreSQL journal's URL may carry
+its password, and then others' read bit is one too (``CONFIG_WITH_PASSWORD``).
+
+Every process that opens the journal says so, once per file, on the operator's log (stderr
 without one) -- naming the file and the command that fixes it, never refusing: a reader of the
 journal needs no secret kept.  ``affidavit serve``, the boundary, refuses to start instead
 (docs/deployment.md, "Files others can reach").
@@ -23,12 +37,49 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Exposure", "exposure", "journal_exposures", "warn_exposed"]
+__all__ = [
+    "CONFIG",
+    "CONFIG_WITH_PASSWORD",
+    "PRIVATE",
+    "PRIVATE_DIR",
+    "Exposure",
+    "Rule",
+    "config_exposure",
+    "exposure",
+    "journal_exposures",
+    "warn_exposed",
+]
 
 log = logging.getLogger("affidavit.journal")
 
 JOURNAL_FILES = (("", "journal"), ("-wal", "journal WAL file"), ("-shm", "journal shm file"))
 """A SQLite journal's files: suffix, and what a message calls it."""
+
+
+@dataclass(frozen=True)
+class Rule:
+    """What no one else may have on a file: ``bits``, the mode bits group and others may not
+    have (``why`` says what they would be), and its owner -- this process's user, or root too
+    (``root_may_own``); ``directory``: it is one (else a regular file)."""
+
+    bits: int
+    why: str
+    root_may_own: bool = False
+    directory: bool = False
+
+
+PRIVATE = Rule(0o077, "accessible by group or others")
+"""The broker's own files: its user's, no bit for anyone else."""
+PRIVATE_DIR = Rule(0o077, "accessible by group or others", directory=True)
+"""The broker's own directory (the segments'): the same."""
+CONFIG = Rule(0o022, "writable by group or others", root_may_own=True)
+"""The config: others may read it (references, never a secret), not write it; root may own it."""
+CONFIG_WITH_PASSWORD = Rule(
+    0o026,
+    "writable by group or others, or readable by others with the journal URL's password in it",
+    root_may_own=True,
+)
+"""The config whose ``[journal] url`` holds a password: nor may others read it."""
 
 
 @dataclass(frozen=True)
@@ -44,39 +95,69 @@ class Exposure:
         return f"{self.what} {self.path} is {self.why}: {self.fix}"
 
 
-def exposure(path: Path, what: str) -> Exposure | None:
-    """The exposure of the file at ``path`` (its target, if a link), or None: it is this
-    process's user's and neither group nor others have a mode bit on it -- or it is not there,
-    is no regular file, or cannot be looked at (whoever opens it says why)."""
+def exposure(path: Path, what: str, rule: Rule = PRIVATE) -> Exposure | None:
+    """The exposure of the file or directory at ``path`` (its target, if a link) under
+    ``rule``, or None: its owner and mode keep the rule -- or it is not there, is not of the
+    rule's kind (a regular file, or a directory), or cannot be looked at (whoever opens it
+    says why)."""
     try:
         st = os.stat(path)
     except (OSError, ValueError):
         return None
-    if not stat.S_ISREG(st.st_mode):
+    if not (stat.S_ISDIR if rule.directory else stat.S_ISREG)(st.st_mode):
         return None  # a directory, a device...: whoever opens it says it is no journal or key
     whys: list[str] = []
     fixes: list[str] = []
     quoted = shlex.quote(str(path))
     uid = os.geteuid()
-    if st.st_uid != uid:
-        whys.append(f"owned by uid {st.st_uid}, not by this process's uid {uid}")
+    if st.st_uid != uid and not (rule.root_may_own and st.st_uid == 0):
+        whys.append(
+            f"owned by uid {st.st_uid}, not by this process's uid {uid}"
+            + (" or root" if rule.root_may_own and uid != 0 else "")
+        )
         fixes.append(f"chown {uid} {quoted}")
-    if st.st_mode & 0o077:
-        whys.append(f"accessible by group or others (mode {stat.S_IMODE(st.st_mode):04o})")
-        fixes.append(f"chmod 600 {quoted}")
+    mode = stat.S_IMODE(st.st_mode)
+    if mode & rule.bits:
+        whys.append(f"{rule.why} (mode {mode:04o})")
+        fixes.append(f"chmod {mode & ~rule.bits:03o} {quoted}")
     if not whys:
         return None
     return Exposure(Path(path), what, " and ".join(whys), " && ".join(fixes))
 
 
+def config_exposure(path: Path, journal_url: str | None) -> Exposure | None:
+    """That of the config file at ``path`` (``CONFIG``; ``CONFIG_WITH_PASSWORD`` when its
+    ``journal_url`` holds a password)."""
+    rule = CONFIG
+    if journal_url is not None:
+        from .postgres import url_password  # (psycopg: only for a PostgreSQL journal)
+
+        if url_password(journal_url):
+            rule = CONFIG_WITH_PASSWORD
+    return exposure(path, "config file", rule)
+
+
 def journal_exposures(path: Path) -> list[Exposure]:
     """Those of a SQLite journal at ``path`` and its ``-wal`` and ``-shm`` files -- beside the
-    file a link at ``path`` names, where SQLite keeps them (its unix VFS resolves links)."""
+    file a link at ``path`` names, where SQLite keeps them (its unix VFS resolves links) -- and
+    of the files the broker keeps beside ``path`` as named: its writer lock ``<path>.lock``
+    (``lock.py``), its long results' directory ``<path>.results`` and the segment files in it
+    (``segments.py``)."""
+    from .segment_tables import is_segment_name  # (it imports tables, which import this)
+
     real = os.path.realpath(path)
-    found = (
+    found = [
         exposure(Path(f"{real if suffix else path}{suffix}"), what)
         for suffix, what in JOURNAL_FILES
-    )
+    ]
+    found.append(exposure(Path(f"{path}.lock"), "journal lock file"))
+    results = Path(f"{path}.results")
+    found.append(exposure(results, "result segment directory", PRIVATE_DIR))
+    try:
+        names = sorted(n for n in os.listdir(results) if is_segment_name(n))
+    except OSError:  # none yet (the first long result makes it), or not a directory
+        names = []
+    found += (exposure(results / name, "result segment file") for name in names)
     return [e for e in found if e is not None]
 
 

@@ -53,6 +53,7 @@ __all__ = [
     "PostgresBackend",
     "PostgresTables",
     "grant_statements",
+    "url_password",
 ]
 
 log = logging.getLogger("affidavit.journal")
@@ -202,7 +203,9 @@ def grant_statements(role: str) -> list[str]:
     ]
 
 
-def _password(url: str) -> str | None:
+def url_password(url: str) -> str | None:
+    """The password a libpq URL or conninfo carries (in its user part or a ``password=``
+    parameter), or None."""
     try:
         value = pg_conninfo.conninfo_to_dict(url).get("password")
         return str(value) if value else None
@@ -322,7 +325,7 @@ class PostgresBackend:
         self, url: str, *, reconnect_within: float = 10.0, idle_timeout_ms: int = 60_000
     ) -> None:
         self.where = redact(url)
-        self._password = _password(url)
+        self._password = url_password(url)
         try:
             params = pg_conninfo.conninfo_to_dict(url)
         except psycopg.Error as exc:

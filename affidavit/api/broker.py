@@ -40,6 +40,7 @@ from affidavit.journal import (
     Journal,
     JournalReader,
     ResultStream,
+    config_exposure,
     exposure,
     journal_exposures,
     warn_exposed,
@@ -62,9 +63,12 @@ T = TypeVar("T")
 
 def exposed_files(config: Config) -> list[Exposure]:
     """The broker's files named by ``config`` that another user may reach or that another user
-    owns (``journal.exposure``): a SQLite journal and its ``-wal``/``-shm``, the broker key, the
-    signing key, the vault and its unlock file.  (The auditor's public key is public.)"""
+    owns (``journal.exposure``): a SQLite journal and its ``-wal``/``-shm``, its lock and its
+    result segments, the broker key, the signing key, the vault and its unlock file -- and the
+    config itself, which others may read but not write.  (The auditor's public key is public.)"""
     files: list[Exposure | None] = []
+    if config.path is not None:
+        files.append(config_exposure(config.path, config.journal.url))
     if config.journal.url is None:
         files += journal_exposures(config.journal.path)
     files.append(exposure(config.journal.key_file, "broker key file"))

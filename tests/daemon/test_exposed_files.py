@@ -1,7 +1,8 @@
-"""``affidavit serve`` is the boundary that keeps the journal, the keys and the vault from every
-other account: it refuses to start while group or others can reach one of them (FILES_EXPOSED,
-exit 2, each file named with the ``chmod`` that mends it; never a traceback), and serves with
-``--allow-exposed-files``, logging each (docs/deployment.md, "Files others can reach")."""
+"""``affidavit serve`` is the boundary that keeps the journal (its lock and result segments too),
+the keys and the vault from every other account: it refuses to start while group or others can
+reach one of them, or write its config (FILES_EXPOSED, exit 2, each file named with the
+``chmod`` that mends it; never a traceback), and serves with ``--allow-exposed-files``, logging
+each (docs/deployment.md, "Files others can reach")."""
 
 from __future__ import annotations
 
@@ -10,12 +11,19 @@ from pathlib import Path
 
 import pytest
 
-from affidavit.journal import Journal
+from affidavit.journal import Journal, config_exposure
 from affidavit.secrets.vault import Vault
+from tests.external import require_root
 
-from .kit import PYTHON, client_env, run, start_daemon, stop, write_daemon_config
+from .kit import NOBODY, PYTHON, as_user, client_env, run, start_daemon, stop, write_daemon_config
 
-LOOSE = ("journal.db", "journal.db.key", "journal.db.signing.key", "affidavit.vault")
+LOOSE = (
+    "journal.db",
+    "journal.db.lock",
+    "journal.db.key",
+    "journal.db.signing.key",
+    "affidavit.vault",
+)
 
 
 def _home(tmp: Path) -> tuple[Path, Path]:
@@ -28,7 +36,7 @@ def _home(tmp: Path) -> tuple[Path, Path]:
 
 
 async def _made(tmp: Path) -> None:
-    """The journal, its keys and the vault, each 0600 as the broker makes them."""
+    """The journal, its lock and keys and the vault, each 0600 as the broker makes them."""
     async with Journal.open(tmp / "journal.db"):
         pass
     Vault.init(tmp / "affidavit.vault", "a passphrase", n_log2=10)
@@ -72,3 +80,82 @@ async def test_serve_with_the_override_serves_and_logs_each_file(
         assert "WARNING" in log and want in log, log
     assert "Traceback" not in log
     assert os.stat(db).st_mode & 0o777 == 0o640  # named, not changed: the operator's to mend
+
+
+async def _refusal(config: Path) -> str:
+    """``affidavit serve``'s refusal: its one line, after the code."""
+    done = await run(
+        [PYTHON, "-m", "affidavit", "serve", "--config", str(config)], env=client_env()
+    )
+    err = done.stderr.decode()
+    assert done.returncode == 2, err
+    assert err.startswith("affidavit: FILES_EXPOSED: "), err
+    assert "--allow-exposed-files" in err and "Traceback" not in err
+    assert err.count("\n") == 1, err
+    return err
+
+
+@pytest.mark.parametrize("mode", [0o664, 0o646])
+async def test_serve_refuses_a_config_others_can_write(tmp_path: Path, mode: int) -> None:
+    """Whoever can write it can point a target's credential at their own host."""
+    config, _ = _home(tmp_path)
+    await _made(tmp_path)
+    config.chmod(mode)
+    err = await _refusal(config)
+    fix = f"chmod {mode & ~0o022:o} {config}"
+    assert f"config file {config} is writable by group or others (mode {mode:04o}): {fix}" in err
+    assert err.count("chmod") == 1, err
+
+
+async def test_serve_refuses_a_results_directory_others_can_enter(tmp_path: Path) -> None:
+    config, _ = _home(tmp_path)
+    await _made(tmp_path)
+    results = tmp_path / "journal.db.results"
+    results.mkdir(mode=0o700)
+    results.chmod(0o755)
+    err = await _refusal(config)
+    want = f"result segment directory {results} is accessible by group or others (mode 0755)"
+    assert f"{want}: chmod 700 {results} -- " in err, err
+
+
+async def test_serve_refuses_a_config_another_user_owns(tmp_path: Path) -> None:
+    require_root()
+    config, _ = _home(tmp_path)
+    await _made(tmp_path)
+    os.chown(config, NOBODY, NOBODY)  # 0644: nobody could rewrite it
+    err = await _refusal(config)
+    want = f"config file {config} is owned by uid {NOBODY}, not by this process's uid 0"
+    assert f"{want}: chown 0 {config} -- " in err, err
+
+
+_LOOK = (
+    "import sys; from pathlib import Path; from affidavit.journal import config_exposure; "
+    "print(config_exposure(Path(sys.argv[1]), None))"
+)
+
+
+async def test_a_config_root_owns_is_fine_for_a_daemon_of_another_user(
+    shared_socket_dir: Path,
+) -> None:
+    """The usual layout (``root:affidavit 0640``, or 0644): root owns the config, the daemon's
+    user reads it.  Root owning it is fine; another user, or a write bit for others, is not."""
+    config = shared_socket_dir / "affidavit.toml"
+    config.touch(mode=0o644)
+    assert config_exposure(config, None) is None  # (and to root itself)
+
+    async def looked() -> str:
+        done = await run(as_user(NOBODY, "-c", _LOOK, str(config)), env=client_env())
+        assert done.returncode == 0, done.stderr.decode()
+        return done.stdout.decode().strip()
+
+    assert await looked() == "None"
+    config.chmod(0o664)
+    want = f"config file {config} is writable by group or others (mode 0664): chmod 644 {config}"
+    assert await looked() == want
+    config.chmod(0o644)
+    os.chown(config, 1000, 1000)  # a login user's
+    want = (
+        f"config file {config} is owned by uid 1000, not by this process's uid {NOBODY} or "
+        f"root: chown {NOBODY} {config}"
+    )
+    assert await looked() == want

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from affidavit.journal import Journal, JournalReader, journal_exposures
+from affidavit.journal import Journal, JournalReader, config_exposure, journal_exposures
 from tests.external import require_root
 from tests.journal.helpers import accepted
 
@@ -132,3 +132,110 @@ def test_a_linked_journals_wal_is_looked_for_beside_the_file_it_names(tmp_path: 
     ]
     real.chmod(0o640)
     assert [e.path for e in journal_exposures(link)] == [link, wal]  # the journal as named
+
+
+SEGMENT = "0" * 32 + ".seg"  # a segment file's name (``segment_tables.is_segment_name``)
+
+
+def _with_segment(db: Path) -> tuple[Path, Path]:
+    """``<db>.results`` and a segment file in it, 0700 and 0600 as ``segments.py`` makes them."""
+    results = Path(f"{db}.results")
+    results.mkdir(mode=0o700)
+    segment = results / SEGMENT
+    segment.touch(mode=0o600)
+    return results, segment
+
+
+def test_the_lock_the_results_directory_and_its_segments_are_the_brokers_alone(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Whoever can open the lock can hold it (flock needs no write bit): no daemon starts.
+    Whoever can list or enter the results directory sees each long result's size, and when;
+    whoever can write it or a segment can swap or delete a result the chain then only proves
+    missing.  Each is named with the mode that mends it (a directory's is 700); made by the
+    broker they say nothing."""
+    db = tmp_path / "journal.db"
+    _make(db)
+    results, segment = _with_segment(db)
+    lock = Path(f"{db}.lock")
+    assert lock.stat().st_mode & 0o777 == 0o600  # the writer made it, 0600 whatever the umask
+    (results / "notes.txt").touch(mode=0o644)  # no segment's name: the broker never reads it
+    assert journal_exposures(db) == []
+    lock.chmod(0o604)
+    results.chmod(0o751)
+    segment.chmod(0o660)
+    caplog.set_level(logging.WARNING, logger="affidavit.journal")
+    JournalReader.open(db).close()  # a reader says it too: they are the journal's
+    said = _said(caplog)
+    for want in (
+        f"journal lock file {lock} is accessible by group or others (mode 0604): chmod 600 {lock}",
+        f"result segment directory {results} is accessible by group or others (mode 0751): "
+        f"chmod 700 {results}",
+        f"result segment file {segment} is accessible by group or others (mode 0660): "
+        f"chmod 600 {segment}",
+    ):
+        assert want in said, said
+    assert not [m for m in said if "notes.txt" in m]
+
+
+def test_a_segment_and_a_lock_another_user_owns_are_named_with_their_chown(tmp_path: Path) -> None:
+    """Even 0600: another user could replace or delete it (root owning one, when the broker is
+    not root, is said too -- the broker could not write or compact it: a ``sudo`` left it)."""
+    require_root()
+    db = tmp_path / "journal.db"
+    _make(db)
+    results, segment = _with_segment(db)
+    lock = Path(f"{db}.lock")
+    for path in (results, segment, lock):
+        os.chown(path, NOBODY, NOBODY)
+    found = {e.path: e for e in journal_exposures(db)}
+    assert sorted(found) == sorted([results, segment, lock])
+    for path in (results, segment, lock):
+        assert found[path].fix == f"chown 0 {path}"
+        assert found[path].why == f"owned by uid {NOBODY}, not by this process's uid 0"
+
+
+PG = "postgresql://broker@db.example/affidavit"
+
+
+@pytest.mark.parametrize(
+    ("url", "mode", "why", "fix"),
+    [
+        (None, 0o664, "writable by group or others (mode 0664)", "chmod 644"),
+        (None, 0o602, "writable by group or others (mode 0602)", "chmod 600"),
+        (PG, 0o620, "writable by group or others (mode 0620)", "chmod 600"),
+        (PG.replace("broker@", "broker:hunter2@"), 0o644, None, "chmod 640"),
+        (f"{PG}?password=hunter2", 0o604, None, "chmod 600"),
+    ],
+)
+def test_a_config_others_can_write_or_read_its_password_in_is_named_with_its_chmod(
+    tmp_path: Path, url: str | None, mode: int, why: str | None, fix: str
+) -> None:
+    """Whoever can write the config can point a target's credential at their own host; a
+    journal URL's password in it makes others' read one too -- never quoted in the message."""
+    config = tmp_path / "affidavit.toml"
+    config.touch()
+    config.chmod(mode)
+    found = config_exposure(config, url)
+    assert found is not None
+    assert str(found).startswith(f"config file {config} is "), found
+    why = why or f"readable by others with the journal URL's password in it (mode {mode:04o})"
+    assert why in found.why and found.fix == f"{fix} {config}"
+    assert "hunter2" not in str(found)
+
+
+@pytest.mark.parametrize(
+    ("url", "mode"),
+    [(None, 0o644), (None, 0o640), (None, 0o444), (PG, 0o644), (f"{PG}?sslmode=require", 0o604)],
+)
+def test_a_config_others_may_only_read_says_nothing(
+    tmp_path: Path, url: str | None, mode: int
+) -> None:
+    """It holds references (``env:``/``file:``/``vault:``), never a credential: reading it is
+    normal -- unless its journal URL holds a password (above); with one, the group may."""
+    config = tmp_path / "affidavit.toml"
+    config.touch()
+    config.chmod(mode)
+    assert config_exposure(config, url) is None
+    config.chmod(0o640)
+    assert config_exposure(config, PG.replace("broker@", "broker:hunter2@")) is None
