@@ -3,11 +3,11 @@
 Runs until SIGTERM or SIGINT, then stops accepting, lets calls in flight finish within
 ``[service] shutdown_grace`` and exits 0.  Exit 2 when it cannot start: a bad config, a journal
 another process writes, a live daemon already on the socket, group or others able to reach the
-journal, a key or the vault or another user owning one (FILES_EXPOSED, unless
-``--allow-exposed-files``) -- the message says which.  Log lines go to stderr; none carries a
-secret (only ids, uids, codes and counts).  The process runs with umask 077: the files it
-creates are readable by its own user only; it writes no core file (``affidavit.coredump``: the
-command line forbids them before this runs).
+journal (its lock, its result segments), a key or the vault or another user owning one, or to
+write the config (FILES_EXPOSED, unless ``--allow-exposed-files``) -- the message says which.
+Log lines go to stderr; none carries a secret (only ids, uids, codes and counts).  The process
+runs with umask 077: the files it creates are readable by its own user only; it writes no core
+file (``affidavit.coredump``: the command line forbids them before this runs).
 """
 
 from __future__ import annotations
@@ -38,7 +38,8 @@ def add_commands(sub: Any) -> None:
         "--allow-exposed-files",
         action="store_true",
         help="start even though group/others can reach the journal, a key or the vault, or "
-        "another user owns one (each is logged); default: refuse (FILES_EXPOSED)",
+        "write the config, or another user owns one (each is logged); default: refuse "
+        "(FILES_EXPOSED)",
     )
     p.set_defaults(handler=_serve, holds_secrets=SECRETS_ALWAYS)
 
@@ -93,9 +94,10 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _refuse_exposed(config: Any, *, allowed: bool) -> None:
     """Refuse to serve (FILES_EXPOSED, exit 2) while another user can reach or owns the journal,
-    a key or the vault -- the daemon is the boundary that keeps them from every other account
-    (docs/deployment.md, "Files others can reach") -- naming each file and the command that
-    mends it.  ``allowed`` (``--allow-exposed-files``): serve, and log each (``Broker.open``)."""
+    a key or the vault, or can write the config -- the daemon is the boundary that keeps them
+    from every other account (docs/deployment.md, "Files others can reach") -- naming each file
+    and the command that mends it.  ``allowed`` (``--allow-exposed-files``): serve, and log
+    each (``Broker.open``)."""
     from affidavit.api.broker import exposed_files
 
     exposed = exposed_files(config)

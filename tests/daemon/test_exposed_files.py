@@ -6,11 +6,13 @@ each (docs/deployment.md, "Files others can reach")."""
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
 import pytest
 
+from affidavit.api.broker import Broker
 from affidavit.journal import Journal, config_exposure
 from affidavit.secrets.vault import Vault
 from tests.external import require_root
@@ -159,3 +161,19 @@ async def test_a_config_root_owns_is_fine_for_a_daemon_of_another_user(
         f"root: chown {NOBODY} {config}"
     )
     assert await looked() == want
+
+
+async def test_an_embedded_broker_only_warns_once_of_a_config_others_can_write(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """It runs as its caller, whose files they are: it opens, and says so once."""
+    config, _ = _home(tmp_path)
+    await _made(tmp_path)
+    config.chmod(0o666)
+    caplog.set_level(logging.WARNING, logger="affidavit.journal")
+    for _ in range(2):
+        async with Broker.open(config):
+            pass
+    want = f"config file {config} is writable by group or others (mode 0666): chmod 644 {config}"
+    said = [r.getMessage() for r in caplog.records if r.name == "affidavit.journal"]
+    assert said.count(want) == 1, said
