@@ -177,3 +177,21 @@ async def test_an_embedded_broker_only_warns_once_of_a_config_others_can_write(
     want = f"config file {config} is writable by group or others (mode 0666): chmod 644 {config}"
     said = [r.getMessage() for r in caplog.records if r.name == "affidavit.journal"]
     assert said.count(want) == 1, said
+
+
+async def test_serve_refuses_a_config_others_can_read_the_journal_password_in(
+    tmp_path: Path,
+) -> None:
+    """A PostgreSQL journal's password in ``[journal] url``: the one secret a config can hold.
+    Refused before the journal is reached, naming the file, never the password."""
+    journal = {
+        "url": "postgresql://broker:hunter2@127.0.0.1:9/affidavit",
+        "key_file": str(tmp_path / "journal.key"),
+        "signing_key": str(tmp_path / "journal.signing.key"),
+    }
+    config = write_daemon_config(tmp_path, {}, socket=tmp_path / "s.sock", journal=journal)
+    config.chmod(0o644)
+    err = await _refusal(config)
+    want = "readable by others with the journal URL's password in it (mode 0644)"
+    assert f"config file {config} is " in err and f"{want}: chmod 640 {config} -- " in err, err
+    assert "hunter2" not in err
