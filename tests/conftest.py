@@ -4,6 +4,7 @@ process does not harden it."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,6 +21,11 @@ def pytest_configure(config: pytest.Config) -> None:
     (pyproject's ``package-dir``): with two checkouts on one machine, ``PYTHONPATH`` pointing
     at this one still imports those three from the one that was installed -- the tests would
     pass or fail on code they were not given, and say nothing."""
+    # The files the tests write themselves (configs, keys they plant) get this process's umask:
+    # under a desktop's 002 a config would be group-writable, which every broker warns of and
+    # ``affidavit serve`` refuses (FILES_EXPOSED).  The tests that check those rules set their
+    # files' modes themselves; the rest run as under CI's 022, whoever runs them.
+    os.umask(0o022)
     import affidavit
     import affidavit.adapters
     import affidavit.journal

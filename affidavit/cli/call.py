@@ -418,6 +418,7 @@ def run_journal(main: Callable[[], Awaitable[T]]) -> T:
 
 def _init(args: argparse.Namespace) -> int:
     from affidavit.config import config_path, sample_config
+    from affidavit.config.sample import write_config
     from affidavit.journal import Journal
 
     path = config_path(args.config)
@@ -429,7 +430,7 @@ def _init(args: argparse.Namespace) -> int:
     ):
         raise refusal("expected a postgresql:// URL", "INVALID_FIELD", "--journal-url")
     try:
-        path.write_text(sample_config(url), encoding="utf-8")
+        write_config(path, sample_config(url))
     except OSError as exc:
         raise UsageError(f"cannot write {path}: {exc.strerror}", "FILE_UNUSABLE") from None
     config = load_or_usage(str(path))

@@ -196,13 +196,14 @@ async def run_demo(
     """Run every scene against a fresh server; print and return the envelopes."""
     from affidavit.api.broker import Broker
     from affidavit.config import load_config
+    from affidavit.config.sample import write_config
 
     server = DemoServer()
     envelopes: list[dict[str, Any]] = []
     async with trio.open_nursery() as nursery:
         port = await nursery.start(server.serve)
         cfg = tmp / "affidavit.toml"
-        cfg.write_text(demo_config(tmp, port), encoding="utf-8")
+        write_config(cfg, demo_config(tmp, port))
         async with Broker.open(config=load_config(cfg)) as broker:
             for n, (title, action, timeout) in enumerate(SCENES, 1):
                 envelope = await broker.call(action, timeout=timeout)

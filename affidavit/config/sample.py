@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-__all__ = ["sample_config"]
+import os
+from pathlib import Path
+
+__all__ = ["sample_config", "write_config"]
 
 _SAMPLE = """\
 # Affidavit configuration.  Relative paths resolve against this file's directory.
@@ -97,3 +100,15 @@ def sample_config(journal_url: str | None = None) -> str:
     start = _SAMPLE.index("[journal]")
     end = _SAMPLE.index("[vault]")
     return _SAMPLE[:start] + _SHARED.format(url=journal_url) + "\n" + _SAMPLE[end:]
+
+
+def write_config(path: Path, text: str) -> None:
+    """Write a config the broker generated (``affidavit init``, the demo's): a new file 0600
+    from its first byte, whatever the umask -- under a umask of 002 (many desktops' default) it
+    would be group-writable, which the broker names as an exposure and ``affidavit serve``
+    refuses (docs/deployment.md, "Files others can reach"), and a journal URL in it may carry a
+    password.  A file already there is rewritten in place and keeps its owner's mode.
+    ``OSError`` as ``open`` raises it."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +14,7 @@ from typing import Any
 
 import trio
 
+from affidavit.api.broker import exposed_files
 from affidavit.config import load_config
 from affidavit.journal import JournalReader
 from tests.http.hostile import HostileServer, Reply, scripts
@@ -222,6 +224,31 @@ async def test_init_writes_a_loadable_config_and_an_empty_journal(tmp_path: Path
     # The journal is never replaced, and the message says so (it said "an empty journal").
     assert b"kept the existing journal at" in forced.stdout, forced.stdout
     assert b"empty journal" not in forced.stdout
+
+
+async def test_init_writes_its_config_private_whatever_the_umask(tmp_path: Path) -> None:
+    """A new config is 0600 from its first byte: under a desktop's umask 002 it would be
+    group-writable, an exposure ``affidavit serve`` refuses (FILES_EXPOSED); ``--force`` rewrites
+    one in place and keeps the mode its owner gave it."""
+    target = tmp_path / "affidavit.toml"
+    env = {**os.environ, TOKEN_ENV: "cli-token-" + "x" * 8}
+    argv = [sys.executable, "-m", "affidavit", "init", "--config", str(target)]
+    with trio.fail_after(LIMIT):
+        p = await trio.run_process(
+            argv,
+            env=env,
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+            preexec_fn=lambda: os.umask(0o002),
+        )
+    assert p.returncode == 0, p.stderr
+    assert stat.S_IMODE(target.stat().st_mode) == 0o600
+    assert exposed_files(load_config(target)) == []
+    target.chmod(0o640)
+    forced = await _cli("init", "--config", str(target), "--force")
+    assert forced.returncode == 0, forced.stderr
+    assert stat.S_IMODE(target.stat().st_mode) == 0o640
 
 
 async def test_init_default_location_is_the_current_directory(tmp_path: Path) -> None:

@@ -69,7 +69,11 @@ def test_demo_cli_runs_offline(tmp_path: Path) -> None:
         capture_output=True,
         text=True,
         timeout=60,
+        # A desktop's usual umask: the demo's own config is not left group-writable (which the
+        # broker would warn of as an exposure, on the README's first command).
+        preexec_fn=lambda: os.umask(0o002),
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.count("why:") == 6
     assert "Traceback" not in proc.stderr
+    assert "config file" not in proc.stderr, proc.stderr
