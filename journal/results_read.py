@@ -145,15 +145,20 @@ class ResultStream:
                 raise self._bad(stream, f"is incomplete: chunk {idx} is missing")
             if hashlib.sha256(data).hexdigest() != info.sealed[idx]:
                 raise self._bad(stream, f"chunk {idx} differs from its chained hash")
-            try:
-                chunk = self._key.open(data, chunk_aad(self.invocation_id, stream, idx))
-            except JournalError as exc:
-                raise self._bad(stream, f"chunk {idx} does not open: {exc}") from None
+            chunk = self._open(data, stream, idx)
             if plain is not None:
                 plain.update(chunk)
             yield chunk
         if plain is not None and plain.hexdigest() != info.sha256:
             raise self._bad(stream, "is incomplete or altered (plaintext hash differs)")
+
+    def _open(self, data: bytes, stream: str, idx: int) -> bytes:
+        """A chunk opened with the broker key; one that does not open is ``ResultUnverified``
+        (a verdict on the stored bytes, as every other check's), whatever the chunk's age."""
+        try:
+            return self._key.open(data, chunk_aad(self.invocation_id, stream, idx))
+        except JournalError as exc:
+            raise self._bad(stream, f"chunk {idx} does not open: {exc}") from None
 
     def _legacy_stream(self, stream: str, info: StreamInfo) -> list[bytes]:
         out: list[bytes] = []
@@ -161,7 +166,7 @@ class ResultStream:
             data = self._fetch(stream, idx)
             if data is None:
                 raise self._bad(stream, f"is incomplete: chunk {idx} is missing")
-            out.append(self._key.open(data, chunk_aad(self.invocation_id, stream, idx)))
+            out.append(self._open(data, stream, idx))
         if hashlib.sha256(b"".join(out)).hexdigest() != info.sha256:
             raise self._bad(stream, "is incomplete or altered")
         return out
@@ -321,7 +326,14 @@ def open_result(
     if marker is None:
         return None
     key = broker_key()
-    summary = _opened_summary(marker, key.open(marker.summary_blob, summary_aad(invocation_id)))
+    try:
+        plain = key.open(marker.summary_blob, summary_aad(invocation_id))
+    except JournalError as exc:  # a verdict on the stored bytes (``ResultUnverified``)
+        raise ResultUnverified(
+            f"stored result of invocation {invocation_id} (seq {marker.seq}) fails "
+            f"verification: its summary does not open: {exc}"
+        ) from None
+    summary = _opened_summary(marker, plain)
     fetch = _fetcher(store, invocation_id)
     return ResultStream(
         invocation_id, marker.seq, marker.sha256, summary, marker.streams, fetch, key

@@ -32,9 +32,10 @@ async def _ask(socket: Path, method: str, target: str, body: bytes | None = None
     return bytes(answer.body)
 
 
-def _old_and_altered(db: Path, iid: str, signing_key: Path) -> None:
+def _old_and_altered(db: Path, iid: str, signing_key: Path, part: str = "chunk") -> None:
     """Make ``iid``'s result one from before signing and per-chunk hashes (as
-    ``test_tamper._legacy_unsigned``), then flip a byte of its sealed chunk."""
+    ``test_tamper._legacy_unsigned``), then flip a byte of its sealed chunk (``part``
+    ``"chunk"``) or of its sealed summary (``"summary"``)."""
     conn = sqlite3.connect(db)
     seq, attrs = conn.execute(
         "SELECT seq, attrs FROM events WHERE invocation_id = ? AND kind = 'RESULT_COMMITTED'",
@@ -57,7 +58,11 @@ def _old_and_altered(db: Path, iid: str, signing_key: Path) -> None:
         (
             "UPDATE result_chunks SET data = substr(data, 1, 20) || "
             "CASE WHEN substr(data, 21, 1) = X'00' THEN X'01' ELSE X'00' END || substr(data, 22) "
-            "WHERE invocation_id = ? AND idx = 0",
+            "WHERE invocation_id = ? AND idx = 0"
+            if part == "chunk"
+            else "UPDATE results SET summary = substr(summary, 1, 20) || "
+            "CASE WHEN substr(summary, 21, 1) = X'00' THEN X'01' ELSE X'00' END || "
+            "substr(summary, 22) WHERE invocation_id = ?",
             (iid,),
         ),
     )
@@ -100,6 +105,14 @@ async def _old_result(tmp: Path, token: str, url: str) -> Old:
 UNVERIFIED = "sealed data does not open with broker key file (wrong key, or the row was altered)"
 
 
+def _unverified(iid: str) -> str:
+    """The answer's words for ``iid``'s old result whose chunk 0 does not open."""
+    return (
+        f"stored result of invocation {iid} (seq 9) fails verification: stream 'body' chunk 0 "
+        f"does not open: {UNVERIFIED}"
+    )
+
+
 async def test_no_socket_answer_names_a_key_file_kept_away_from_the_journal(
     tmp_path: Path, token: str
 ) -> None:
@@ -111,7 +124,9 @@ async def test_no_socket_answer_names_a_key_file_kept_away_from_the_journal(
                 body = await _ask(old.socket, "GET", f"/v1/invocations/{old.iid}/result")
                 shown = [body.decode()]
                 error = json.loads(body)["api_error"]
-                assert error == {"code": "RESULT_UNVERIFIED", "message": UNVERIFIED}, error
+                assert error == {"code": "RESULT_UNVERIFIED", "message": _unverified(old.iid)}, (
+                    error
+                )
                 for guess in (str(old.key), str(old.key) + "x"):  # echoed as sent, either way
                     target = f"/v1/invocations/{quote(guess, safe='')}/result"
                     said = json.loads(await _ask(old.socket, "GET", target))["api_error"]
@@ -135,7 +150,10 @@ async def test_no_embedded_mcp_answer_names_a_key_file_kept_away_from_the_journa
             ]
     got = structured(answer)
     assert answer.is_error is True, got
-    assert got["api_error"] == {"code": "RESULT_UNVERIFIED", "message": UNVERIFIED}, got
+    assert got["api_error"] == {
+        "code": "RESULT_UNVERIFIED",
+        "message": _unverified(old.iid),
+    }, got
     shown = json.dumps(got) + "".join(getattr(c, "text", "") for c in answer.content)
     assert CANARY not in shown, shown
     right, wrong = (structured(said) for said in guessed)  # the same, right or wrong
