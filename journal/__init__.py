@@ -73,6 +73,7 @@ from .errors import (
     ReadFailed,
     ResultStoreFailed,
     ResultUnverified,
+    SealUnopened,
     VerifyReport,
 )
 from .exposure import Exposure, config_exposure, exposure, journal_exposures, warn_exposed
@@ -119,6 +120,7 @@ __all__ = [
     "ResultStream",
     "ResultUnverified",
     "ResultWriter",
+    "SealUnopened",
     "SessionSummary",
     "SigningKey",
     "StoredResult",

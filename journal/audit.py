@@ -16,7 +16,7 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from .errors import JournalError
+from .errors import JournalError, ResultUnverified
 from .results import SUMMARY_STREAM, Store, StoredResult, load_marker
 from .sealing import AuditOpener, chunk_aad, summary_aad
 from .signing import Checkpoint
@@ -34,7 +34,9 @@ def read_result(
     """The auditor copy of a stored result, verified; None without a completeness marker.
     Its RESULT_COMMITTED row must be covered by a trusted checkpoint (``covered``), whatever
     the result's age: the copies are sealed to a public key.
-    ``JournalError`` if the result has no auditor copy or any part of it fails verification."""
+    ``JournalError`` if the result has no auditor copy; ``ResultUnverified`` if any part of it
+    fails verification (``SealUnopened``: a proven copy the key does not open -- not the
+    auditor key it was sealed to)."""
     marker = load_marker(store, invocation_id, covered=covered)
     if marker is None:
         return None
@@ -46,23 +48,23 @@ def read_result(
     blobs = {(str(s), int(i)): d for s, i, d in store.tables.chunks(True, invocation_id)}
     summary_blob = blobs.get((SUMMARY_STREAM, 0))
     if summary_blob is None or hashlib.sha256(summary_blob).hexdigest() != want_summary:
-        raise JournalError(f"{bad}: the summary copy differs from the chained event")
+        raise ResultUnverified(f"{bad}: the summary copy differs from the chained event")
     summary_plain = opener.open(summary_blob, summary_aad(invocation_id))
     if hashlib.sha256(summary_plain).hexdigest() != marker.attrs.get("summary_sha256"):
-        raise JournalError(f"{bad}: the summary differs from the chained event")
+        raise ResultUnverified(f"{bad}: the summary differs from the chained event")
     streams: dict[str, bytes] = {}
     for name, info in marker.streams.items():
         if info.audit is None:
-            raise JournalError(f"{bad}: stream {name!r} has no auditor copy")
+            raise ResultUnverified(f"{bad}: stream {name!r} has no auditor copy")
         parts: list[bytes] = []
         for idx, want in enumerate(info.audit):
             blob = blobs.get((name, idx))
             if blob is None or hashlib.sha256(blob).hexdigest() != want:
-                raise JournalError(f"{bad}: stream {name!r} copy {idx} differs from its hash")
+                raise ResultUnverified(f"{bad}: stream {name!r} copy {idx} differs from its hash")
             parts.append(opener.open(blob, chunk_aad(invocation_id, name, idx)))
         body = b"".join(parts)
         if hashlib.sha256(body).hexdigest() != info.sha256:
-            raise JournalError(f"{bad}: stream {name!r} differs from the chained event")
+            raise ResultUnverified(f"{bad}: stream {name!r} differs from the chained event")
         streams[name] = body
     summary: Mapping[str, Any] = json.loads(summary_plain)
     return StoredResult(invocation_id, summary, streams, marker.sha256, marker.seq)

@@ -99,6 +99,14 @@ class ResultUnverified(JournalError):
     never the bytes.  The message names the invocation, stream and chunk, never a value."""
 
 
+class SealUnopened(JournalError):
+    """A sealed blob the key given does not open (its AEAD tag refused, or not a blob of that
+    key's form): the wrong key, or the bytes altered -- a reader that proved the bytes against
+    the signed chain first knows it is the key (``journal audit-open``: FILE_UNUSABLE at
+    ``--key``).  The message names the key file -- an operator's words: a caller-facing
+    surface withholds it (``engine.unplaced``) -- never a byte of the blob."""
+
+
 class HeadHeld(JournalError):
     """A write's bounded wait for the chain head ran out: another session held it longer than
     the journal lets a write wait (on PostgreSQL ``[journal] reconnect``: a broker's lost

@@ -12,7 +12,7 @@ Two keys (DESIGN, "Journal"):
   ephemeral X25519 key (ECIES: X25519 -> HKDF-SHA256 -> AES-256-GCM), so the broker can append
   what it cannot read back — Sallyport's write-only journal.
 
-A wrong key is a ``JournalError`` naming the key file, never garbage plaintext.
+A wrong key is a ``SealUnopened`` naming the key file, never garbage plaintext.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-from .errors import JournalError
+from .errors import JournalError, SealUnopened
 from .exposure import exposure, warn_exposed
 
 __all__ = [
@@ -208,11 +208,11 @@ class BrokerKey:
 
     def open(self, sealed: bytes, aad: bytes, version: bytes = _BROKER_V1) -> bytes:
         if sealed[:1] != version or len(sealed) < 1 + _NONCE + 16:
-            raise JournalError(f"sealed blob is not a broker-key blob (key file {self.path})")
+            raise SealUnopened(f"sealed blob is not a broker-key blob (key file {self.path})")
         try:
             return self._aead.decrypt(sealed[1 : 1 + _NONCE], sealed[1 + _NONCE :], aad)
         except InvalidTag:
-            raise JournalError(
+            raise SealUnopened(
                 f"sealed data does not open with broker key file {self.path} "
                 "(wrong key, or the row was altered)"
             ) from None
@@ -336,7 +336,7 @@ class AuditOpener:
 
     def open(self, sealed: bytes, aad: bytes) -> bytes:
         if sealed[:1] != _AUDIT_V1 or len(sealed) < 1 + 32 + _NONCE + 16:
-            raise JournalError("sealed blob is not an audit copy")
+            raise SealUnopened(f"sealed blob is not an audit copy (auditor key file {self.path})")
         eph_pub = sealed[1:33]
         nonce = sealed[33 : 33 + _NONCE]
         try:
@@ -345,7 +345,7 @@ class AuditOpener:
                 nonce, sealed[33 + _NONCE :], aad
             )
         except (InvalidTag, ValueError):
-            raise JournalError(
+            raise SealUnopened(
                 f"audit copy does not open with auditor key file {self.path} "
                 "(wrong key, or the row was altered)"
             ) from None

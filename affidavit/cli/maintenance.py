@@ -334,8 +334,29 @@ def _audit_keygen(args: argparse.Namespace) -> int:
     return 0
 
 
+AUDIT_KEY_FIX = (
+    "name with --key FILE the private half of the auditor_public_key the broker had when it "
+    "wrote the copy"
+)
+
+
+def _auditor_key(path: str) -> None:
+    """Refuse an auditor private key file that cannot be used (missing, readable by others,
+    not an X25519 PEM key): FILE_UNUSABLE at ``--key``, before the journal is read."""
+    from affidavit.journal import AuditOpener, JournalError
+
+    try:
+        AuditOpener.load(path)
+    except JournalError as exc:
+        why = str(exc)
+        raise UsageError(
+            why if "chmod" in why else f"{why}; {AUDIT_KEY_FIX}", "FILE_UNUSABLE", "--key"
+        ) from None
+
+
 def _audit_open(args: argparse.Namespace) -> int:
     from affidavit.engine.recorder import result_payload
+    from affidavit.journal import ResultUnverified, SealUnopened
 
     args.seq = count_arg(args.seq, "--seq")
     if args.seq is not None:
@@ -355,6 +376,7 @@ def _audit_open(args: argparse.Namespace) -> int:
             "INVALID_FIELD",
             "--public-key",
         )
+    _auditor_key(args.key)
     with reading(args, f"the auditor copy of {what}", public_keys) as j:
         if not public_keys:
             keys = ", ".join(j.trusted_key_ids()) or "none"
@@ -362,11 +384,21 @@ def _audit_open(args: argparse.Namespace) -> int:
                 f"note: checking with signing key {keys} recorded in the journal itself "
                 "(--trust-journal-key): not independent of the journal; pass --public-key"
             )
-        if args.seq is not None:
-            value: Any = j.audit_payload(args.seq, args.key)
-        else:
-            stored = j.audit_result(args.result, args.key)
-            value = None if stored is None else result_payload(stored)
+        try:
+            if args.seq is not None:
+                value: Any = j.audit_payload(args.seq, args.key)
+            else:
+                stored = j.audit_result(args.result, args.key)
+                value = None if stored is None else result_payload(stored)
+        except SealUnopened as exc:  # the copy is proven first: the key is not its
+            raise UsageError(
+                f"{exc}; the copy is proven by the signed chain, so the key is not the one it "
+                f"was sealed to: {AUDIT_KEY_FIX}",
+                "FILE_UNUSABLE",
+                "--key",
+            ) from None
+        except ResultUnverified as exc:  # as `affidavit result` answers the broker's copy
+            raise UsageError(str(exc), "RESULT_UNVERIFIED") from None
     if value is None:
         raise UsageError(f"{what} has no auditor copy in the journal", "NO_AUDITOR_COPY")
     print_json(value)

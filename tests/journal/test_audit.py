@@ -110,6 +110,56 @@ async def test_audit_open_on_the_command_line(
         assert "--seq: expected a whole number" in err and "Traceback" not in err, err
 
 
+def _audit_open_json(
+    capsys: pytest.CaptureFixture[str], db: Path, key: Path, *which: str
+) -> dict[str, str]:
+    """``journal audit-open --json`` refused: its ``api_error`` (exit 2, nothing else out)."""
+    base = ["journal", "audit-open", "--journal", str(db), "--key", str(key), "--json"]
+    assert cli_main([*base, "--public-key", str(journal_pub(db)), *which]) == 2
+    out, err = capsys.readouterr()
+    assert "Traceback" not in err, err
+    error: dict[str, str] = json.loads(out)["api_error"]
+    return error
+
+
+async def test_audit_open_names_the_key_to_fix_or_the_result_that_fails(
+    tmp_path: Path, keys: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A key that cannot open a proven copy (another auditor's, missing, not 0600) is the
+    ``--key`` file to fix (FILE_UNUSABLE), not an unreadable journal; a result copy that fails
+    its verification is RESULT_UNVERIFIED, as ``affidavit result`` answers the broker's copy.
+    Never a byte of what is sealed."""
+    priv, pub = keys
+    db = tmp_path / "j.db"
+    await _store(db, pub)
+    other = tmp_path / "other.pem"
+    assert cli_main(["journal", "audit-keygen", str(other), str(tmp_path / "other.pub")]) == 0
+    capsys.readouterr()
+    loose = tmp_path / "loose.pem"
+    loose.write_bytes(priv.read_bytes())
+    loose.chmod(0o644)
+    cases = {
+        other: "the key is not the one it was sealed to",
+        tmp_path / "absent.pem": "does not exist",
+        loose: "chmod 600",
+    }
+    for key, why in cases.items():
+        for which in (["--seq", "1"], ["--result", "inv-a"]):
+            error = _audit_open_json(capsys, db, key, *which)
+            assert (error["code"], error["field"]) == ("FILE_UNUSABLE", "--key"), error
+            assert str(key) in error["message"] and why in error["message"], error
+            assert "deploy" not in error["message"] and "line one" not in error["message"]
+    conn = sqlite3.connect(db, isolation_level=None)
+    conn.execute(
+        "UPDATE result_audit SET data = zeroblob(length(data)) "
+        "WHERE invocation_id = 'inv-a' AND stream = 'stdout' AND idx = 1"
+    )
+    conn.close()
+    error = _audit_open_json(capsys, db, priv, "--result", "inv-a")
+    assert error["code"] == "RESULT_UNVERIFIED" and "copy 1 differs" in error["message"], error
+    assert "field" not in error and "line two" not in error["message"], error
+
+
 async def test_without_an_auditor_key_there_is_no_copy_to_open(
     tmp_path: Path, keys: tuple[Path, Path]
 ) -> None:
