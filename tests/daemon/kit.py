@@ -248,28 +248,25 @@ async def run(
 
 
 _DROP_PRIVILEGES = """
-import importlib, os, pkgutil, runpy, sys
-import encodings.idna  # socket.getaddrinfo's codec, looked up lazily: after the drop is too late
-import sqlite3, journal.sqlite  # a daemon's journal, opened lazily
-import nacl.signing  # a daemon's checkpoint signer, imported when its key is made (signing.py)
-import affidavit
-for info in pkgutil.walk_packages(affidavit.__path__, "affidavit."):
-    if not info.name.endswith(".__main__"):
-        try:
-            importlib.import_module(info.name)
-        except ModuleNotFoundError:
-            pass  # a module of an optional extra that is not installed
-# `affidavit mcp`: anyio imports its parts lazily, on first use (anyio._lazyimport).
-for name in ("anyio", "anyio._backends._trio"):
-    try:
-        package = importlib.import_module(name)
-    except ImportError:
-        continue
-    for info in pkgutil.walk_packages(getattr(package, "__path__", []), name + "."):
-        try:
-            importlib.import_module(info.name)
-        except Exception:
-            pass  # an optional part (another backend's library)
+import os, runpy, sys
+# Where Python is installed (/root/.pyenv: /root is 0700) the other uid cannot reach: each
+# sys.path directory there is opened now and reached after the drop as /proc/self/fd/N, which
+# the kernel resolves without searching the directories above it.  Nothing is imported first.
+home = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}
+opened = {}
+for entry in sys.path:
+    if any(entry.startswith(h + os.sep) for h in home) and os.path.isdir(entry):
+        opened[entry] = f"/proc/self/fd/{os.open(entry, os.O_RDONLY | os.O_DIRECTORY)}"
+def reached(path):
+    for entry in sorted(opened, key=len, reverse=True):
+        if path == entry or path.startswith(entry + os.sep):
+            return opened[entry] + path[len(entry):]
+    return path
+sys.path[:] = map(reached, sys.path)
+for module in list(sys.modules.values()):  # encodings, importlib's own: imported at start-up
+    if isinstance(getattr(module, "__path__", None), list):
+        module.__path__[:] = map(reached, module.__path__)
+sys.path_importer_cache.clear()
 uid, gid, groups, mode, what, *rest = sys.argv[1:]
 uid, gid, groups = int(uid), int(gid), sorted(int(g) for g in groups.split(",") if g)
 os.setgroups(groups)
@@ -290,10 +287,12 @@ def as_user(uid: int, *argv: str, gid: int | None = None, groups: Sequence[int] 
     by default ``uid``, with the supplementary ``groups``) -- a client of another user, or a
     daemon run as its own user, for root-run tests.
 
-    The child imports every affidavit module (and so their dependencies) first and drops its
-    privileges after: the interpreter and site-packages may live where another uid cannot read
-    (``/root/.pyenv``, mode 0700), which says nothing about the broker.  Every file the client
-    opens and every connection it makes happens as ``uid``."""
+    The child drops its privileges before it imports anything of the broker's.  The interpreter
+    and site-packages may live where another uid cannot read (``/root/.pyenv``, ``/root`` mode
+    0700), which says nothing about the broker: the child opens those ``sys.path`` directories
+    first, as root, and imports from them through ``/proc/self/fd`` -- lazily, as a process of
+    that uid would, its installed metadata (the protocols' entry points) included.  Every file
+    of the broker's the child opens and every connection it makes happens as ``uid``."""
     require_root()
     mode, what, *rest = argv
     assert mode in ("-m", "-c"), mode

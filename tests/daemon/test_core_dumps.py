@@ -66,8 +66,7 @@ def _hardened(pid: int) -> tuple[str, int]:
 
 async def _watch(*argv: str) -> tuple[str, int] | None:
     """Start ``affidavit ARGV`` as nobody, as an ordinary start would have it, and read its
-    ``_hardened`` until it is ("0 0", root) or a bound passes (importing every module before
-    the drop takes a while on a loaded machine); what was last read."""
+    ``_hardened`` until it is ("0 0", root) or a bound passes; what was last read."""
     proc = await trio.lowlevel.open_process(
         _unlimited(as_user(NOBODY, "-c", AS_STARTED, *argv)),
         stdin=subprocess.PIPE,  # ``mcp`` serves until its client closes stdin
@@ -89,8 +88,7 @@ async def _watch(*argv: str) -> tuple[str, int] | None:
 
 async def test_serve_runs_without_core_dumps_and_not_dumpable(home: Path) -> None:
     socket = home / "affidavit.sock"
-    # No target: a protocol's entry point is looked up after the drop, where nobody cannot
-    # read the installation's metadata (/root/.pyenv); a daemon serves without one.
+    # No target: a daemon serves without one.
     config = write_daemon_config(home, {}, socket=socket)
     os.chown(config, NOBODY, NOBODY)
     assert await _watch("serve", "--config", str(config)) == ("0 0", 0)
