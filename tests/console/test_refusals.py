@@ -18,7 +18,7 @@ import trio
 from affidavit.api.wire import blocking_request
 from affidavit.config import ConfigError, config_from_dict
 from affidavit.console import COOKIE
-from tests.daemon.kit import as_user, cli, client_env, embedded, run, write_daemon_config
+from tests.daemon.kit import HUNG, as_user, cli, client_env, embedded, run, write_daemon_config
 from tests.external import free_port
 
 from .kit import CHARGE, World, console_world, get, log_in, post
@@ -348,14 +348,14 @@ async def test_an_embedded_link_goes_only_to_this_user_s_listener(tmp_path: Path
         f"s.bind(('127.0.0.1', {port}))\n"
         "s.listen()\n"
         "print('listening', flush=True)\n"
-        "time.sleep(30)\n"
+        f"time.sleep({2 * HUNG})\n"
     )
     squatter = await trio.lowlevel.open_process(
         as_user(65534, "-c", listen), stdout=subprocess.PIPE, env=client_env()
     )
     try:
         assert squatter.stdout is not None
-        with trio.fail_after(20):
+        with trio.fail_after(HUNG):
             assert b"listening" in await squatter.stdout.receive_some(100)
         refused = await embedded("console-url", "--config", str(config))
         assert refused.returncode == 2 and refused.stdout == b""

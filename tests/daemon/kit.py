@@ -6,8 +6,8 @@
 
 The daemon is a child process started with ``python -m affidavit serve`` (its own environment:
 the credential lives there, not in the clients').  The remote it calls is a ``HostileServer``
-in the test's own process.  Every wait is bounded (``WAIT``); a daemon that outlives its test is
-killed.
+in the test's own process.  Every wait is bounded (``WAIT``; a child process's start-up and end
+``HUNG``); a daemon that outlives its test is killed.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from tests.broker.helpers import TOKEN_ENV, http_target, write_config
 from tests.external import require_root
 
 __all__ = [
+    "HUNG",
     "NOBODY",
     "WAIT",
     "DaemonProc",
@@ -54,7 +55,11 @@ __all__ = [
 ]
 
 WAIT = 20.0
-"""The bound on any wait in these tests (start-up, an event, a shutdown)."""
+"""The bound on any wait in these tests for an event."""
+HUNG = 60.0
+"""The bound on a child process's start-up (its socket answers) or its end: a ceiling for a hung
+one, never a timing -- nothing waits it out on success, and on a loaded machine (two cores,
+several test runs at once) a Python that imports the broker can take several seconds."""
 NOBODY = 65534
 """The uid (and gid) of ``nobody``: the other user a test runs a client as (root only)."""
 PYTHON = sys.executable
@@ -84,7 +89,7 @@ class DaemonProc:
     def signal(self, signum: int) -> None:
         self.proc.send_signal(signum)
 
-    async def wait(self, timeout: float = WAIT) -> int:
+    async def wait(self, timeout: float = HUNG) -> int:
         with trio.fail_after(timeout):
             while self.proc.poll() is None:
                 await trio.sleep(0.02)
@@ -136,7 +141,7 @@ async def start_daemon(
     out.close()
     daemon = DaemonProc(config, socket, journal or config.parent / "journal.db", log, proc)
     try:
-        await wait_until(lambda: _answers(daemon), "the daemon answers on its socket")
+        await wait_until(lambda: _answers(daemon), "the daemon answers on its socket", HUNG)
     except BaseException:
         stop(daemon)
         raise
@@ -230,17 +235,17 @@ def stop(daemon: DaemonProc) -> None:
     if daemon.proc.poll() is None:
         daemon.proc.send_signal(signal.SIGTERM)
         try:
-            daemon.proc.wait(timeout=WAIT)
+            daemon.proc.wait(timeout=HUNG)
         except subprocess.TimeoutExpired:
             daemon.proc.kill()
-            daemon.proc.wait(timeout=WAIT)
+            daemon.proc.wait(timeout=HUNG)
 
 
 async def run(
     argv: Sequence[str], *, stdin: bytes = b"", env: Mapping[str, str] | None = None
 ) -> Run:
     """Run a program to its end (bounded) and capture its output."""
-    with trio.fail_after(WAIT):
+    with trio.fail_after(HUNG):
         proc = await trio.run_process(
             list(argv), stdin=stdin, capture_stdout=True, capture_stderr=True, check=False, env=env
         )

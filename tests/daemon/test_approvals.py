@@ -26,8 +26,8 @@ from tests.broker.approvalkit import PaymentsApi, reconcile_target
 from tests.http.hostile import HostileServer, Reply, scripts
 
 from .kit import (
+    HUNG,
     NOBODY,
-    WAIT,
     DaemonProc,
     Run,
     api_target,
@@ -73,7 +73,7 @@ def _verified(daemon: DaemonProc) -> None:
         [sys.executable, "-m", "affidavit", "journal", "verify", "--config", str(daemon.config)],
         capture_output=True,
         env=client_env(),
-        timeout=WAIT,
+        timeout=HUNG,
         check=False,
     )
     assert done.returncode == 0, done.stdout + done.stderr

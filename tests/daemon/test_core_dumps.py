@@ -24,7 +24,7 @@ import trio
 
 from tests.external import require_module, require_root
 
-from .kit import NOBODY, WAIT, as_user, client_env, write_daemon_config
+from .kit import HUNG, NOBODY, WAIT, as_user, client_env, write_daemon_config
 
 # The ordinary start the broker must harden: run after ``as_user`` dropped to nobody.
 AS_STARTED = """
@@ -66,7 +66,8 @@ def _hardened(pid: int) -> tuple[str, int]:
 
 async def _watch(*argv: str) -> tuple[str, int] | None:
     """Start ``affidavit ARGV`` as nobody, as an ordinary start would have it, and read its
-    ``_hardened`` until it is ("0 0", root) or a bound passes; what was last read."""
+    ``_hardened`` until it is ("0 0", root) or a bound passes (a ceiling: a start takes
+    seconds on a loaded machine); what was last read."""
     proc = await trio.lowlevel.open_process(
         _unlimited(as_user(NOBODY, "-c", AS_STARTED, *argv)),
         stdin=subprocess.PIPE,  # ``mcp`` serves until its client closes stdin
@@ -75,7 +76,7 @@ async def _watch(*argv: str) -> tuple[str, int] | None:
     )
     seen = None
     try:
-        with trio.move_on_after(3 * WAIT):
+        with trio.move_on_after(HUNG):
             while seen != ("0 0", 0) and proc.poll() is None:
                 await trio.sleep(0.05)
                 seen = _hardened(proc.pid)
