@@ -34,6 +34,7 @@ from tests.external import require_root
 from tests.http.hostile import HostileServer, Peer, Reply, scripts
 
 from .kit import (
+    HUNG,
     NOBODY,
     PYTHON,
     WAIT,
@@ -50,24 +51,25 @@ from .kit import (
     write_daemon_config,
 )
 
-GRACE = 3.0
-"""The draining daemon's ``shutdown_grace``."""
-GAP = 6.0
-"""How long the first daemon waits between ``bind`` and ``listen``."""
+GRACE = HUNG
+"""The draining daemon's ``shutdown_grace``: a ceiling; its call in flight ends on the test's cue
+(a new daemon refused), never by the grace running out."""
 
-SLOW_LISTEN = """
+HELD_LISTEN = """
 import socket, sys, time
 from pathlib import Path
-marker, gap = Path(sys.argv[1]), float(sys.argv[2])
+marker, release, bound = Path(sys.argv[1]), Path(sys.argv[2]), float(sys.argv[3])
 real = socket.socket.listen
 def listen(self, *args):
     if self.family == socket.AF_UNIX:
         marker.write_text("bound")  # the socket file exists; nobody listens on it yet
-        time.sleep(gap)
+        deadline = time.monotonic() + bound
+        while not release.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)  # until the test lets it listen (a ceiling for a test that hung)
     return real(self, *args)
 socket.socket.listen = listen
 from affidavit.cli import main
-sys.exit(main(sys.argv[3:]))
+sys.exit(main(sys.argv[4:]))
 """
 
 
@@ -81,7 +83,7 @@ async def test_a_daemon_starting_while_another_is_between_bind_and_listen_is_ref
     tmp_path: Path, token: str
 ) -> None:
     sock = tmp_path / "affidavit.sock"
-    marker = tmp_path / "bound"
+    marker, release = tmp_path / "bound", tmp_path / "listen"
     async with HostileServer.running(scripts.serve(Reply(200))) as srv:
         first_cfg = daemon_config(tmp_path, "a", srv.url, sock)
         second_cfg = daemon_config(tmp_path, "b", srv.url, sock)
@@ -91,9 +93,10 @@ async def test_a_daemon_starting_while_another_is_between_bind_and_listen_is_ref
                 [
                     PYTHON,
                     "-c",
-                    SLOW_LISTEN,
+                    HELD_LISTEN,
                     str(marker),
-                    str(GAP),
+                    str(release),
+                    str(2 * HUNG),
                     "serve",
                     "--config",
                     str(first_cfg),
@@ -105,8 +108,18 @@ async def test_a_daemon_starting_while_another_is_between_bind_and_listen_is_ref
             )
         first = DaemonProc(first_cfg, sock, first_cfg.parent / "journal.db", log, proc)
         try:
-            await wait_until(marker.exists, "the first daemon has bound its socket")
+            await wait_until(marker.exists, "the first daemon has bound its socket", HUNG)
             inode = os.lstat(sock).st_ino
+
+            def settled() -> bool:
+                """The second gave up, or took the path: its socket is not the first's."""
+                if second.poll() is not None:
+                    return True
+                try:
+                    return os.lstat(sock).st_ino != inode
+                except FileNotFoundError:
+                    return True
+
             second = subprocess.Popen(
                 [PYTHON, "-m", "affidavit", "serve", "--config", str(second_cfg)],
                 stdin=subprocess.DEVNULL,
@@ -114,12 +127,13 @@ async def test_a_daemon_starting_while_another_is_between_bind_and_listen_is_ref
                 stderr=subprocess.PIPE,
                 env=daemon_env(token),
             )
-            try:
-                _, err = second.communicate(timeout=GAP + 10)
-            except subprocess.TimeoutExpired:
+            # The first stays between bind and listen until the second is done: no race on time.
+            await wait_until(settled, "the second daemon gives up or takes the path", HUNG)
+            if second.poll() is None:
                 second.kill()
                 _, err = second.communicate()
-                raise AssertionError(f"the second daemon serves too:\n{err.decode()}") from None
+                raise AssertionError(f"the second daemon took the path:\n{err.decode()}")
+            _, err = second.communicate()
             assert second.returncode == 2, err
             # Told the truth: the first holds the lock and has not yet listened.
             assert b"is starting on" in err and b"is locked" in err, err
@@ -127,14 +141,15 @@ async def test_a_daemon_starting_while_another_is_between_bind_and_listen_is_ref
 
             # The first daemon's socket is still the one at the path, and it answers there.
             assert os.lstat(sock).st_ino == inode
-            await wait_until(lambda: _answers(first), "the first daemon answers")
+            release.write_text("listen")
+            await wait_until(lambda: _answers(first), "the first daemon answers", HUNG)
             assert os.lstat(sock).st_ino == inode
             proc.send_signal(signal.SIGTERM)
             assert await first.wait() == 0
         finally:
             if proc.poll() is None:
                 proc.kill()
-                proc.wait(timeout=WAIT)
+                proc.wait(timeout=HUNG)
     assert not sock.exists()  # removed by its daemon, before its lock went
 
 
@@ -158,7 +173,7 @@ async def test_two_daemons_started_at_once_on_one_path_one_serves_the_other_is_r
             procs.append(DaemonProc(cfg, sock, cfg.parent / "journal.db", log, proc))
         try:
             await wait_until(
-                lambda: any(d.proc.poll() is not None for d in procs), "one of them gives up"
+                lambda: any(d.proc.poll() is not None for d in procs), "one of them gives up", HUNG
             )
             (loser,) = [d for d in procs if d.proc.poll() is not None]
             (winner,) = [d for d in procs if d is not loser]
@@ -166,7 +181,7 @@ async def test_two_daemons_started_at_once_on_one_path_one_serves_the_other_is_r
             told = loser.log_text()
             assert "a daemon already listens on" in told or "is starting on" in told, told
             assert "Traceback" not in loser.log_text()
-            await wait_until(lambda: _answers(winner), "the other serves")
+            await wait_until(lambda: _answers(winner), "the other serves", HUNG)
             assert "listening on" in winner.log_text()
             assert "listening on" not in loser.log_text()
             winner.signal(signal.SIGTERM)
@@ -175,7 +190,7 @@ async def test_two_daemons_started_at_once_on_one_path_one_serves_the_other_is_r
             for d in procs:
                 if d.proc.poll() is None:
                     d.proc.kill()
-                    d.proc.wait(timeout=WAIT)
+                    d.proc.wait(timeout=HUNG)
 
 
 def test_two_claims_on_one_path_the_second_is_refused_until_the_first_lets_go(
@@ -383,11 +398,10 @@ async def test_a_name_squatted_in_a_sticky_directory_is_refused_for_the_director
     os.chown(squat, NOBODY, NOBODY)
     async with HostileServer.running(scripts.serve(Reply(200))) as srv:
         cfg = daemon_config(tmp_path, "a", srv.url, where / "affidavit.sock")
-        with trio.fail_after(WAIT):
-            done = await run(
-                [sys.executable, "-m", "affidavit", "serve", "--config", str(cfg)],
-                env=daemon_env(token),
-            )
+        done = await run(
+            [sys.executable, "-m", "affidavit", "serve", "--config", str(cfg)],
+            env=daemon_env(token),
+        )
     assert done.returncode == 2
     assert b"affidavit: SOCKET_DIRECTORY_UNSAFE: " in done.stderr, done.stderr
     assert b"(mode 1777, sticky)" in done.stderr, done.stderr
@@ -412,11 +426,10 @@ async def test_serve_in_a_directory_others_can_write_exits_2_and_says_why(
     where.chmod(0o777)
     async with HostileServer.running(scripts.serve(Reply(200))) as srv:
         cfg = daemon_config(tmp_path, "a", srv.url, where / "affidavit.sock")
-        with trio.fail_after(WAIT):
-            done = await run(
-                [sys.executable, "-m", "affidavit", "serve", "--config", str(cfg)],
-                env=daemon_env(token),
-            )
+        done = await run(
+            [sys.executable, "-m", "affidavit", "serve", "--config", str(cfg)],
+            env=daemon_env(token),
+        )
     assert done.returncode == 2
     assert b"is writable by others (mode 0777)" in done.stderr, done.stderr
     assert b"Traceback" not in done.stderr
@@ -480,12 +493,12 @@ async def test_a_daemon_started_while_another_drains_is_told_it_is_shutting_down
     the same path is refused with the truth (it is stopping; start again after its grace),
     not "a daemon already listens"; once the old one has exited, the new one starts."""
     sock = tmp_path / "affidavit.sock"
-    held = trio.Event()
+    held, answer = trio.Event(), trio.Event()
 
     async def slow(peer: Peer) -> None:
         if await peer.read_request() is not None:
             held.set()
-            await trio.sleep(GRACE + 5)
+            await answer.wait()  # in flight until the new daemon has been refused
             await peer.respond(Reply(200))
 
     async with HostileServer.running(slow) as srv:
@@ -505,6 +518,7 @@ async def test_a_daemon_started_while_another_drains_is_told_it_is_shutting_down
                 serve = [sys.executable, "-m", "affidavit", "serve", "--config", str(new_cfg)]
                 refused = await run(serve, env=daemon_env(token))
                 assert old.proc.poll() is None  # still draining when it was refused
+                answer.set()
                 nursery.cancel_scope.cancel()
             assert await old.wait() == 0
             new = await start_daemon(new_cfg, sock, tmp_path / "new.log", token)
