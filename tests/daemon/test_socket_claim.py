@@ -504,7 +504,8 @@ async def test_a_daemon_started_while_another_drains_is_told_it_is_shutting_down
     async with HostileServer.running(slow) as srv:
         home = tmp_path / "old"
         home.mkdir()
-        targets = api_target(srv.url)
+        # The call in flight must outlast the new daemon's start: not ended by its own timeout.
+        targets = api_target(srv.url, timeout={"connect": 2, "total": HUNG})
         old_cfg = write_daemon_config(home, targets, socket=sock, service={"shutdown_grace": GRACE})
         old = await start_daemon(old_cfg, sock, tmp_path / "old.log", token)
         try:
