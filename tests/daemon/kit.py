@@ -253,14 +253,18 @@ async def run(
 
 
 _DROP_PRIVILEGES = """
-import os, runpy, sys
-# Where Python is installed (/root/.pyenv: /root is 0700) the other uid cannot reach: each
-# sys.path directory there is opened now and reached after the drop as /proc/self/fd/N, which
-# the kernel resolves without searching the directories above it.  Nothing is imported first.
-home = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}
+import importlib, os, runpy, sys
+# Where Python is installed (/root/.pyenv: /root is 0700), or the checkout an editable install
+# maps the broker's packages to, the other uid may not reach: each sys.path directory and each
+# of those packages' directories is opened now and reached after the drop as /proc/self/fd/N,
+# which the kernel resolves without searching the directories above it.  Only the package
+# roots are imported first (their directories, by the editable finder's map); every module in
+# them is imported after the drop, lazily.
 opened = {}
-for entry in sys.path:
-    if any(entry.startswith(h + os.sep) for h in home) and os.path.isdir(entry):
+roots = ("affidavit", "affidavit.journal", "affidavit.adapters", "affidavit.statemachine")
+packaged = [e for name in roots for e in importlib.import_module(name).__path__]
+for entry in [*sys.path, *packaged]:
+    if entry not in opened and os.path.isdir(entry):
         opened[entry] = f"/proc/self/fd/{os.open(entry, os.O_RDONLY | os.O_DIRECTORY)}"
 def reached(path):
     for entry in sorted(opened, key=len, reverse=True):
@@ -292,11 +296,12 @@ def as_user(uid: int, *argv: str, gid: int | None = None, groups: Sequence[int] 
     by default ``uid``, with the supplementary ``groups``) -- a client of another user, or a
     daemon run as its own user, for root-run tests.
 
-    The child drops its privileges before it imports anything of the broker's.  The interpreter
-    and site-packages may live where another uid cannot read (``/root/.pyenv``, ``/root`` mode
-    0700), which says nothing about the broker: the child opens those ``sys.path`` directories
-    first, as root, and imports from them through ``/proc/self/fd`` -- lazily, as a process of
-    that uid would, its installed metadata (the protocols' entry points) included.  Every file
+    The child drops its privileges before it imports the broker's modules (only its package
+    roots).  The interpreter, site-packages and the checkout may live where another uid cannot
+    read (``/root/.pyenv``, ``/root`` mode 0700), which says nothing about the broker: the child
+    opens those directories first, as root, and imports from them through ``/proc/self/fd`` --
+    lazily, as a process of that uid would, its installed metadata (the protocols' entry
+    points) included.  Every file
     of the broker's the child opens and every connection it makes happens as ``uid``."""
     require_root()
     mode, what, *rest = argv
