@@ -28,6 +28,7 @@ journal needs no secret kept.  ``affidavit serve``, the boundary, refuses to sta
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shlex
@@ -59,13 +60,23 @@ JOURNAL_FILES = (("", "journal"), ("-wal", "journal WAL file"), ("-shm", "journa
 @dataclass(frozen=True)
 class Rule:
     """What no one else may have on a file: ``bits``, the mode bits group and others may not
-    have (``why`` says what they would be), and its owner -- this process's user, or root too
-    (``root_may_own``); ``directory``: it is one (else a regular file)."""
+    have (``why`` says what they would be; those of them in ``read_bits``, ``read_why``), and
+    its owner -- this process's user, or root too (``root_may_own``); ``directory``: it is one
+    (else a regular file)."""
 
     bits: int
     why: str
     root_may_own: bool = False
     directory: bool = False
+    read_bits: int = 0
+    read_why: str = ""
+
+    def words(self, found: int) -> str:
+        """What the offending bits ``found`` (some of ``bits``) make the file."""
+        said = [self.why] if found & ~self.read_bits else []
+        if found & self.read_bits:
+            said.append(self.read_why)
+        return " and ".join(said)
 
 
 PRIVATE = Rule(0o077, "accessible by group or others")
@@ -76,8 +87,10 @@ CONFIG = Rule(0o022, "writable by group or others", root_may_own=True)
 """The config: others may read it (references, never a secret), not write it; root may own it."""
 CONFIG_WITH_PASSWORD = Rule(
     0o026,
-    "writable by group or others, or readable by others with the journal URL's password in it",
+    "writable by group or others",
     root_may_own=True,
+    read_bits=0o004,
+    read_why="readable by others with the journal URL's password in it",
 )
 """The config whose ``[journal] url`` holds a password: nor may others read it."""
 
@@ -118,31 +131,64 @@ def exposure(path: Path, what: str, rule: Rule = PRIVATE) -> Exposure | None:
         fixes.append(f"chown {uid} {quoted}")
     mode = stat.S_IMODE(st.st_mode)
     if mode & rule.bits:
-        whys.append(f"{rule.why} (mode {mode:04o})")
+        whys.append(f"{rule.words(mode & rule.bits)} (mode {mode:04o})")
         fixes.append(f"chmod {mode & ~rule.bits:03o} {quoted}")
     if not whys:
         return None
     return Exposure(Path(path), what, " and ".join(whys), " && ".join(fixes))
 
 
-def config_exposure(path: Path, journal_url: str | None) -> Exposure | None:
+def config_exposure(
+    path: Path, journal_url: str | None, agent_gids: Iterable[int] = ()
+) -> Exposure | None:
     """That of the config file at ``path`` (``CONFIG``; ``CONFIG_WITH_PASSWORD`` when its
-    ``journal_url`` holds a password)."""
-    rule = CONFIG
-    if journal_url is not None:
+    ``journal_url`` holds a password -- and then its group may read it only if that group is
+    none of ``agent_gids``, the groups the daemon's socket admits: a password every agent can
+    read lets them write the journal)."""
+    if journal_url is None or not _holds_password(journal_url):
+        return exposure(path, "config file", CONFIG)
+    found = exposure(path, "config file", CONFIG_WITH_PASSWORD)
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError):
+        return found
+    if not (stat.S_ISREG(st.st_mode) and st.st_mode & 0o040 and st.st_gid in set(agent_gids)):
+        return found
+    why = (
+        f"readable by group {st.st_gid}, which the daemon's socket admits, with the password in it"
+    )
+    fix = f"chgrp <the daemon's group> {shlex.quote(str(path))}"
+    if found is None:
+        return Exposure(Path(path), "config file", why, fix)
+    return Exposure(Path(path), "config file", f"{found.why} and {why}", f"{found.fix} && {fix}")
+
+
+def _holds_password(url: str) -> bool:
+    """Whether a PostgreSQL journal URL or conninfo carries a password: libpq's reading of it
+    (``postgres.url_password``); without psycopg installed (the journal cannot be opened then,
+    and says so), any sign of one -- a user part with a password, or the word at all."""
+    try:
         from .postgres import url_password  # (psycopg: only for a PostgreSQL journal)
+    except ImportError:
+        from .backend import split_url
 
-        if url_password(journal_url):
-            rule = CONFIG_WITH_PASSWORD
-    return exposure(path, "config file", rule)
+        try:
+            has = split_url(url).password is not None
+        except ValueError:
+            has = False
+        return has or "password" in url.lower()
+    return url_password(url) is not None
 
 
-def journal_exposures(path: Path) -> list[Exposure]:
+def journal_exposures(path: Path, *, segments: bool = False) -> list[Exposure]:
     """Those of a SQLite journal at ``path`` and its ``-wal`` and ``-shm`` files -- beside the
     file a link at ``path`` names, where SQLite keeps them (its unix VFS resolves links) -- and
     of the files the broker keeps beside ``path`` as named: its writer lock ``<path>.lock``
     (``lock.py``), its long results' directory ``<path>.results`` and the segment files in it
-    (``segments.py``)."""
+    (``segments.py``).  The segment files are listed and looked at when the directory is
+    exposed, else only if ``segments`` (a broker's start, ``exposed_files``): in a directory
+    that is this user's alone no one else reaches them, and every reader of the journal (the
+    daemon's view pool, each CLI view) would list and stat them all at its first connect."""
     from .segment_tables import is_segment_name  # (it imports tables, which import this)
 
     real = os.path.realpath(path)
@@ -152,11 +198,12 @@ def journal_exposures(path: Path) -> list[Exposure]:
     ]
     found.append(exposure(Path(f"{path}.lock"), "journal lock file"))
     results = Path(f"{path}.results")
-    found.append(exposure(results, "result segment directory", PRIVATE_DIR))
-    try:
-        names = sorted(n for n in os.listdir(results) if is_segment_name(n))
-    except OSError:  # none yet (the first long result makes it), or not a directory
-        names = []
+    directory = exposure(results, "result segment directory", PRIVATE_DIR)
+    found.append(directory)
+    names: list[str] = []
+    if segments or directory is not None:
+        with contextlib.suppress(OSError):  # none yet, not a directory, or gone meanwhile
+            names = sorted(n for n in os.listdir(results) if is_segment_name(n))
     found += (exposure(results / name, "result segment file") for name in names)
     return [e for e in found if e is not None]
 

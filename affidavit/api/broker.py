@@ -68,9 +68,10 @@ def exposed_files(config: Config) -> list[Exposure]:
     config itself, which others may read but not write.  (The auditor's public key is public.)"""
     files: list[Exposure | None] = []
     if config.path is not None:
-        files.append(config_exposure(config.path, config.journal.url))
+        agents = (*config.service.allow_gids, *config.service.operator_gids)
+        files.append(config_exposure(config.path, config.journal.url, agents))
     if config.journal.url is None:
-        files += journal_exposures(config.journal.path)
+        files += journal_exposures(config.journal.path, segments=True)
     files.append(exposure(config.journal.key_file, "broker key file"))
     files.append(exposure(config.journal.signing_key, "signing key file"))
     if config.vault_path:

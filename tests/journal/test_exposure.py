@@ -239,3 +239,66 @@ def test_a_config_others_may_only_read_says_nothing(
     assert config_exposure(config, url) is None
     config.chmod(0o640)
     assert config_exposure(config, PG.replace("broker@", "broker:hunter2@")) is None
+
+
+def test_a_segment_in_a_private_directory_is_looked_at_by_a_start_not_by_each_reader(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """In a directory that is this user's alone no one else reaches a segment: a reader's open
+    does not list and stat them all (the daemon's view pool opens readers often); a broker's
+    start (``exposed_files``: ``segments=True``) still names one left open or another's."""
+    db = tmp_path / "journal.db"
+    _make(db)
+    _, segment = _with_segment(db)
+    segment.chmod(0o644)
+    listed: list[str] = []
+    real_listdir = os.listdir
+
+    def counting(path: str | os.PathLike[str]) -> list[str]:
+        listed.append(str(path))
+        return real_listdir(path)
+
+    caplog.set_level(logging.WARNING, logger="affidavit.journal")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(os, "listdir", counting)
+        JournalReader.open(db).close()
+    assert not [p for p in listed if p.endswith(".results")], listed
+    assert not [m for m in _said(caplog) if str(segment) in m]
+    found = {e.path: e for e in journal_exposures(db, segments=True)}
+    assert found[segment].fix == f"chmod 600 {segment}"
+
+
+def test_a_password_in_the_config_is_no_traceback_without_psycopg(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without psycopg (the PostgreSQL extra not installed) the config's check still runs --
+    the journal's open then says what to install -- and errs on the side of a password."""
+    config = tmp_path / "affidavit.toml"
+    config.touch()
+    config.chmod(0o644)
+    for name in [m for m in sys.modules if m.endswith("journal.postgres")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "psycopg", None)  # ``import psycopg``: ImportError
+    found = config_exposure(config, PG.replace("broker@", "broker:hunter2@"))
+    assert found is not None and "password" in found.why and "hunter2" not in str(found)
+    assert config_exposure(config, f"{PG}?password=hunter2") is not None
+    assert config_exposure(config, PG) is None
+
+
+def test_a_password_the_agents_group_can_read_is_named(tmp_path: Path) -> None:
+    """``root:affidavit 0640`` is the documented layout; the same mode with the group the
+    daemon's socket admits (``allow_gids``, ``operator_gids``) hands every agent the journal's
+    password -- write access to the evidence."""
+    config = tmp_path / "affidavit.toml"
+    config.touch()
+    config.chmod(0o640)
+    url = PG.replace("broker@", "broker:hunter2@")
+    group = config.stat().st_gid
+    assert config_exposure(config, url, agent_gids=(group + 1,)) is None
+    found = config_exposure(config, url, agent_gids=(group,))
+    assert found is not None and f"readable by group {group}" in found.why
+    assert "hunter2" not in str(found)
+    assert config_exposure(config, None, agent_gids=(group,)) is None  # no password: fine
+    config.chmod(0o644)
+    both = config_exposure(config, url, agent_gids=(group,))
+    assert both is not None and "readable by others" in both.why and "chmod 640" in both.fix
