@@ -391,12 +391,13 @@ def _audit_open(args: argparse.Namespace) -> int:
                 stored = j.audit_result(args.result, args.key)
                 value = None if stored is None else result_payload(stored)
         except SealUnopened as exc:  # the copy is proven first: the key is not its
-            raise UsageError(
-                f"{exc}; the copy is proven by the signed chain, so the key is not the one it "
-                f"was sealed to: {AUDIT_KEY_FIX}",
-                "FILE_UNUSABLE",
-                "--key",
-            ) from None
+            proof = (
+                "the copy is proven by the signed chain, so the key is not the one it was sealed to"
+                if public_keys
+                else "the key is not the one it was sealed to, or the journal was rewritten "
+                "(proven only with the key it records itself: pass --public-key)"
+            )
+            raise UsageError(f"{exc}; {proof}: {AUDIT_KEY_FIX}", "FILE_UNUSABLE", "--key") from None
         except ResultUnverified as exc:  # as `affidavit result` answers the broker's copy
             raise UsageError(str(exc), "RESULT_UNVERIFIED") from None
     if value is None:

@@ -149,6 +149,14 @@ async def test_audit_open_names_the_key_to_fix_or_the_result_that_fails(
             assert (error["code"], error["field"]) == ("FILE_UNUSABLE", "--key"), error
             assert str(key) in error["message"] and why in error["message"], error
             assert "deploy" not in error["message"] and "line one" not in error["message"]
+    # Proven only with the key the journal records itself, the copy may be a rewriter's: the
+    # message does not claim the key is at fault, and says how to prove it.
+    trusting = ["journal", "audit-open", "--journal", str(db), "--key", str(other), "--json"]
+    assert cli_main([*trusting, "--trust-journal-key", "--seq", "1"]) == 2
+    error = json.loads(capsys.readouterr().out)["api_error"]
+    assert (error["code"], error["field"]) == ("FILE_UNUSABLE", "--key"), error
+    assert "or the journal was rewritten" in error["message"], error
+    assert "proven by the signed chain" not in error["message"], error
     conn = sqlite3.connect(db, isolation_level=None)
     conn.execute(
         "UPDATE result_audit SET data = zeroblob(length(data)) "
