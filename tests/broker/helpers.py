@@ -20,6 +20,7 @@ import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import trio
 
@@ -97,6 +98,11 @@ def write_config(
         lines.append("")
     path = tmp / name
     path.write_text("\n".join(lines), encoding="utf-8")
+    url = (journal or {}).get("url")
+    if isinstance(url, str) and (urlsplit(url).password is not None or "password=" in url):
+        # A journal URL with its password in it: not for others to read (FILES_EXPOSED), as
+        # docs/deployment.md asks of an operator's config (the group may).
+        path.chmod(0o640)
     return path
 
 
