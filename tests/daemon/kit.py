@@ -7,7 +7,9 @@
 The daemon is a child process started with ``python -m affidavit serve`` (its own environment:
 the credential lives there, not in the clients').  The remote it calls is a ``HostileServer``
 in the test's own process.  Every wait is bounded (``WAIT``; a child process's start-up and end
-``HUNG``); a daemon that outlives its test is killed.
+``HUNG``) and watches the daemons it names (``wait_until(..., watch=[daemon])``): one that exits
+first ends the wait at once with its exit status and what it printed (``ChildExited``), never
+with the ceiling.  A daemon that outlives its test is killed.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ __all__ = [
     "HUNG",
     "NOBODY",
     "WAIT",
+    "ChildExited",
     "DaemonProc",
     "Run",
     "action",
@@ -44,6 +47,7 @@ __all__ = [
     "curl_api",
     "embedded",
     "in_process",
+    "launch",
     "run",
     "running_daemon",
     "serving",
@@ -96,6 +100,16 @@ class DaemonProc:
         return self.proc.returncode
 
 
+class ChildExited(AssertionError):
+    """A wait ended because a daemon it watched had exited: its exit status and what it
+    printed, in the message and as attributes."""
+
+    def __init__(self, what: str, returncode: int, output: str) -> None:
+        super().__init__(f"{what}: the daemon exited {returncode} first; it printed:\n{output}")
+        self.returncode = returncode
+        self.output = output
+
+
 def daemon_env(token: str | None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("AFFIDAVIT_")}
     if token is not None:
@@ -120,6 +134,27 @@ def write_daemon_config(
     return path
 
 
+def launch(
+    config: Path,
+    socket: Path,
+    log: Path,
+    token: str | None,
+    command: Sequence[str] | None = None,
+    journal: Path | None = None,
+) -> DaemonProc:
+    """Start ``affidavit serve --config CONFIG`` (or ``command``: it ``as_user``, or a script
+    that runs it) with its output in ``log``; wait for nothing."""
+    with log.open("ab") as out:
+        proc = subprocess.Popen(
+            list(command or [PYTHON, "-m", "affidavit", "serve", "--config", str(config)]),
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=out,
+            env=daemon_env(token),
+        )
+    return DaemonProc(config, socket, journal or config.parent / "journal.db", log, proc)
+
+
 async def start_daemon(
     config: Path,
     socket: Path,
@@ -128,20 +163,12 @@ async def start_daemon(
     command: Sequence[str] | None = None,
     journal: Path | None = None,
 ) -> DaemonProc:
-    """Start ``affidavit serve`` (or ``command``, e.g. it ``as_user``) and wait (bounded) until
-    its socket answers ``/v1/health``."""
-    out = log.open("ab")
-    proc = subprocess.Popen(
-        list(command or [PYTHON, "-m", "affidavit", "serve", "--config", str(config)]),
-        stdin=subprocess.DEVNULL,
-        stdout=out,
-        stderr=out,
-        env=daemon_env(token),
-    )
-    out.close()
-    daemon = DaemonProc(config, socket, journal or config.parent / "journal.db", log, proc)
+    """``launch``, and wait (bounded, watching it) until its socket answers ``/v1/health``."""
+    daemon = launch(config, socket, log, token, command, journal)
     try:
-        await wait_until(lambda: _answers(daemon), "the daemon answers on its socket", HUNG)
+        await wait_until(
+            lambda: _answers(daemon), "the daemon answers on its socket", HUNG, watch=[daemon]
+        )
     except BaseException:
         stop(daemon)
         raise
@@ -150,8 +177,6 @@ async def start_daemon(
 
 async def _answers(daemon: DaemonProc) -> bool:
     """Any HTTP answer counts (a daemon that refuses this test's uid answers 403)."""
-    if daemon.proc.poll() is not None:
-        raise AssertionError(f"the daemon exited {daemon.proc.returncode}:\n{daemon.log_text()}")
     if not daemon.socket.exists():
         return False
     from affidavit.api.wire import ClientError, blocking_request
@@ -335,8 +360,13 @@ async def embedded(*args: str, stdin: bytes = b"", token: str | None = None) -> 
     return await run([PYTHON, "-m", "affidavit", *args], stdin=stdin, env=env)
 
 
-async def wait_until(predicate: Any, what: str, timeout: float = WAIT) -> Any:
-    """Poll an async or plain predicate until it returns something truthy (bounded)."""
+async def wait_until(
+    predicate: Any, what: str, timeout: float = WAIT, *, watch: Sequence[DaemonProc] = ()
+) -> Any:
+    """Poll an async or plain predicate until it returns something truthy (bounded).  A daemon
+    of ``watch`` that has exited while the predicate is still false ends the wait at once:
+    ``ChildExited`` with its status and log -- it will not make the predicate true by the
+    ceiling."""
     try:
         with trio.fail_after(timeout):
             while True:
@@ -345,6 +375,9 @@ async def wait_until(predicate: Any, what: str, timeout: float = WAIT) -> Any:
                     value = await value
                 if value:
                     return value
+                for daemon in watch:
+                    if daemon.proc.poll() is not None:
+                        raise ChildExited(what, daemon.proc.returncode, daemon.log_text())
                 await trio.sleep(0.05)
     except trio.TooSlowError:
         raise AssertionError(f"not within {timeout} s: {what}") from None

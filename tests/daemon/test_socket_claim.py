@@ -44,6 +44,7 @@ from .kit import (
     api_target,
     as_user,
     daemon_env,
+    launch,
     run,
     start_daemon,
     stop,
@@ -87,28 +88,15 @@ async def test_a_daemon_starting_while_another_is_between_bind_and_listen_is_ref
     async with HostileServer.running(scripts.serve(Reply(200))) as srv:
         first_cfg = daemon_config(tmp_path, "a", srv.url, sock)
         second_cfg = daemon_config(tmp_path, "b", srv.url, sock)
-        log = tmp_path / "a.log"
-        with log.open("ab") as out:
-            proc = subprocess.Popen(
-                [
-                    PYTHON,
-                    "-c",
-                    HELD_LISTEN,
-                    str(marker),
-                    str(release),
-                    str(2 * HUNG),
-                    "serve",
-                    "--config",
-                    str(first_cfg),
-                ],
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=out,
-                env=daemon_env(token),
-            )
-        first = DaemonProc(first_cfg, sock, first_cfg.parent / "journal.db", log, proc)
+        held = [PYTHON, "-c", HELD_LISTEN, str(marker), str(release), str(2 * HUNG)]
+        first = launch(
+            first_cfg, sock, tmp_path / "a.log", token, [*held, "serve", "--config", str(first_cfg)]
+        )
+        proc = first.proc
         try:
-            await wait_until(marker.exists, "the first daemon has bound its socket", HUNG)
+            await wait_until(
+                marker.exists, "the first daemon has bound its socket", HUNG, watch=[first]
+            )
             inode = os.lstat(sock).st_ino
 
             def settled() -> bool:
@@ -128,7 +116,9 @@ async def test_a_daemon_starting_while_another_is_between_bind_and_listen_is_ref
                 env=daemon_env(token),
             )
             # The first stays between bind and listen until the second is done: no race on time.
-            await wait_until(settled, "the second daemon gives up or takes the path", HUNG)
+            await wait_until(
+                settled, "the second daemon gives up or takes the path", HUNG, watch=[first]
+            )
             if second.poll() is None:
                 second.kill()
                 _, err = second.communicate()
@@ -142,7 +132,9 @@ async def test_a_daemon_starting_while_another_is_between_bind_and_listen_is_ref
             # The first daemon's socket is still the one at the path, and it answers there.
             assert os.lstat(sock).st_ino == inode
             release.write_text("listen")
-            await wait_until(lambda: _answers(first), "the first daemon answers", HUNG)
+            await wait_until(
+                lambda: _answers(first), "the first daemon answers", HUNG, watch=[first]
+            )
             assert os.lstat(sock).st_ino == inode
             proc.send_signal(signal.SIGTERM)
             assert await first.wait() == 0
@@ -161,16 +153,7 @@ async def test_two_daemons_started_at_once_on_one_path_one_serves_the_other_is_r
         procs: list[DaemonProc] = []
         for name in ("a", "b"):
             cfg = daemon_config(tmp_path, name, srv.url, sock)
-            log = tmp_path / f"{name}.log"
-            with log.open("ab") as out:
-                proc = subprocess.Popen(
-                    [PYTHON, "-m", "affidavit", "serve", "--config", str(cfg)],
-                    stdin=subprocess.DEVNULL,
-                    stdout=out,
-                    stderr=out,
-                    env=daemon_env(token),
-                )
-            procs.append(DaemonProc(cfg, sock, cfg.parent / "journal.db", log, proc))
+            procs.append(launch(cfg, sock, tmp_path / f"{name}.log", token))
         try:
             await wait_until(
                 lambda: any(d.proc.poll() is not None for d in procs), "one of them gives up", HUNG
@@ -181,7 +164,7 @@ async def test_two_daemons_started_at_once_on_one_path_one_serves_the_other_is_r
             told = loser.log_text()
             assert "a daemon already listens on" in told or "is starting on" in told, told
             assert "Traceback" not in loser.log_text()
-            await wait_until(lambda: _answers(winner), "the other serves", HUNG)
+            await wait_until(lambda: _answers(winner), "the other serves", HUNG, watch=[winner])
             assert "listening on" in winner.log_text()
             assert "listening on" not in loser.log_text()
             winner.signal(signal.SIGTERM)
