@@ -3,7 +3,9 @@
 unprivileged user when we are root (PostgreSQL refuses to run as root; CI runs as root).
 
 One ``Cluster`` per test session (``tests/conftest.py``'s ``pg`` fixture); each test takes a
-fresh database of it (``Cluster.database``).  The superuser's password is a canary: tests check
+fresh database of it (``Cluster.database``).  A server never outlives the process that started
+it, however that process ends (``tests/pgowner.py``: a watchdog, and at each start the servers
+of owners gone are stopped).  The superuser's password is a canary: tests check
 it never reaches a message, a log line or a record.  ``restart``/``stop``/``start`` run
 ``pg_ctl`` for the failure tests; ``terminate`` ends one session from another connection
 (``pg_terminate_backend``), which is how a lost connection is simulated deterministically.
@@ -23,6 +25,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from tests import pgowner
 from tests.external import POSTGRES, free_port
 
 __all__ = ["Cluster", "Proxy", "running_cluster"]
@@ -42,7 +45,14 @@ def _demote() -> dict[str, Any]:
 class Cluster:
     """A running PostgreSQL server owned by this process."""
 
-    def __init__(self, bindir: Path, root: Path, port: int, password: str) -> None:
+    def __init__(
+        self,
+        bindir: Path,
+        root: Path,
+        port: int,
+        password: str,
+        watchdog: subprocess.Popen[bytes] | None = None,
+    ) -> None:
         self.bindir = bindir
         self.root = root
         self.data = root / "data"
@@ -50,6 +60,8 @@ class Cluster:
         self.password = password
         self.user = "affidavit"
         self.log = root / "postgres.log"
+        self.watchdog = watchdog
+        """``pgowner.claim``'s: it stops the server and removes ``root`` if we go first."""
 
     # -- life ---------------------------------------------------------------------------------
 
@@ -60,13 +72,16 @@ class Cluster:
         """``initdb`` and start a new cluster.  Durable settings (a broker refuses a server
         without them: ``JournalNotDurable``); for tests its data lives in ``/dev/shm`` where
         there is one, so an fsync costs nothing (no power loss is simulated); benchmarks pass
-        ``tmpfs=False`` for a real disk."""
+        ``tmpfs=False`` for a real disk.  First the servers there whose owner is gone are
+        stopped (``pgowner.reap_stale``); this one is owned by this process."""
         postgres = Path(POSTGRES.require())
         shm = Path("/dev/shm")
         usable = tmpfs and shm.is_dir() and os.access(shm, os.W_OK)
-        where = str(shm) if usable else None
-        root = Path(tempfile.mkdtemp(prefix="affidavit-pg-", dir=where))
+        where = shm if usable else Path(tempfile.gettempdir())
+        pgowner.reap_stale(where)
+        root = Path(tempfile.mkdtemp(prefix=pgowner.PREFIX, dir=where))
         root.chmod(0o700)
+        watchdog = pgowner.claim(root)
         demote = _demote()
         if demote:
             os.chown(root, demote["user"], demote["group"])
@@ -75,23 +90,27 @@ class Cluster:
         pwfile.write_text(password + "\n")
         if demote:
             os.chown(pwfile, demote["user"], demote["group"])
-        cluster = cls(postgres.parent, root, free_port(), password)
-        cluster._run(
-            "initdb",
-            "-D", str(cluster.data), "-U", cluster.user, f"--pwfile={pwfile}",
-            "--auth-host=scram-sha-256", "--auth-local=trust", "-E", "UTF8", "--no-sync",
-            "--locale=C",
-        )  # fmt: skip
-        pwfile.unlink()
-        conf = cluster.data / "postgresql.conf"
-        with conf.open("a") as f:
-            f.write(
-                f"listen_addresses = '127.0.0.1'\nport = {cluster.port}\n"
-                f"unix_socket_directories = '{root}'\nfsync = {'on' if fsync else 'off'}\n"
-                f"full_page_writes = {'on' if full_page_writes else 'off'}\n"
-                "max_connections = 200\nshared_buffers = 64MB\n"
-            )
-        cluster.start()
+        cluster = cls(postgres.parent, root, free_port(), password, watchdog)
+        try:
+            cluster._run(
+                "initdb",
+                "-D", str(cluster.data), "-U", cluster.user, f"--pwfile={pwfile}",
+                "--auth-host=scram-sha-256", "--auth-local=trust", "-E", "UTF8", "--no-sync",
+                "--locale=C",
+            )  # fmt: skip
+            pwfile.unlink()
+            conf = cluster.data / "postgresql.conf"
+            with conf.open("a") as f:
+                f.write(
+                    f"listen_addresses = '127.0.0.1'\nport = {cluster.port}\n"
+                    f"unix_socket_directories = '{root}'\nfsync = {'on' if fsync else 'off'}\n"
+                    f"full_page_writes = {'on' if full_page_writes else 'off'}\n"
+                    "max_connections = 200\nshared_buffers = 64MB\n"
+                )
+            cluster.start()
+        except BaseException:
+            cluster.destroy()  # and release its watchdog
+            raise
         return cluster
 
     def _run(
@@ -123,6 +142,13 @@ class Cluster:
         with contextlib.suppress(subprocess.SubprocessError, OSError):
             self._run("pg_ctl", "-D", str(self.data), "-m", "immediate", "-w", "stop", check=False)
         shutil.rmtree(self.root, ignore_errors=True)
+        if self.watchdog is not None:
+            pgowner.release(self.watchdog)
+            self.watchdog = None
+
+    def postmaster(self) -> int | None:
+        """The running server's pid (``pgowner.postmaster``), None when it is not running."""
+        return pgowner.postmaster(self.data)
 
     # -- databases and sessions ------------------------------------------------------------------
 
