@@ -28,7 +28,12 @@ every chunk row; a writer opening a journal from before fills it, once, by that 
 ``events_session`` indexes the events by ``(session_id, seq, invocation_id)`` for the session
 views (a session's page and total read its rows, not the journal's); no schema version marks
 it -- every broker's writes keep it and none relies on it -- and a writer opening a journal
-without it builds it, logged (``_unbuilt``).  Schema 7 indexes ``result_segments`` by segment
+without it builds it, logged (``_unbuilt``).  It holds only the events of a session
+(``WHERE session_id IS NOT NULL``): every session query asks ``session_id = ?``, which SQLite
+answers from the partial index with the same plans, while an event of no session (a CLI,
+daemon or library call) wrote ~1.9 pages of it to the WAL at each commit for entries nothing
+reads (issue 15, ``tests/benchmarks/wal_pages.py``).  A journal made before keeps the full
+index it has (its rows and answers are the same).  Schema 7 indexes ``result_segments`` by segment
 (``result_segments_segment``: a compaction reads a segment's rows, not the table) and marks the
 journal as written only by brokers that lock their segment files: a broker from before refuses
 it (``_refuse_newer``), and the ``meta`` row ``segment_locks`` records that none can still be
@@ -94,7 +99,8 @@ CREATE TABLE IF NOT EXISTS events (
   hash          TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS events_invocation ON events (invocation_id, seq);
-CREATE INDEX IF NOT EXISTS events_session ON events (session_id, seq, invocation_id);
+CREATE INDEX IF NOT EXISTS events_session ON events (session_id, seq, invocation_id)
+  WHERE session_id IS NOT NULL;
 CREATE INDEX IF NOT EXISTS events_accepted_key ON events
   (json_extract(attrs, '$.operation.idempotency.key'))
   WHERE kind = 'ACTION_ACCEPTED' AND json_valid(attrs)
