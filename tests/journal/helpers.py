@@ -81,6 +81,15 @@ def db_files(path: object) -> list[str]:
     return [p, p + "-wal", p + "-shm"]
 
 
+def sql(db: Path, *statements: str) -> list[tuple[Any, ...]]:
+    """The rows of each statement, in order, run on a connection of their own (autocommit)."""
+    conn = sqlite3.connect(db, isolation_level=None)
+    try:
+        return [row for s in statements for row in conn.execute(s).fetchall()]
+    finally:
+        conn.close()
+
+
 def copy_segments(db: Path, to_db: Path) -> None:
     """Copy a SQLite journal's segment directory (``<journal>.results``, long results' chunks)
     beside another copy of the journal, if it has one."""

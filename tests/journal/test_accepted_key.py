@@ -6,7 +6,6 @@ broker wrote is not opened by an older one (``_refuse_newer``)."""
 
 from __future__ import annotations
 
-import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +16,8 @@ from affidavit.journal.rows import AlteredRow
 from affidavit.journal.sqlite import SCHEMA_VERSION, SqliteTables
 from affidavit.statemachine import Event
 from affidavit.statemachine import EventKind as E
+
+from .helpers import sql
 
 SCOPE = "payments.create"
 ODD_KEY = 'k\u00e9"\\\n\x01\u2028\U0001f600'
@@ -41,26 +42,18 @@ async def _fill(db: Path) -> dict[str, int]:
     return seqs
 
 
-def _sql(db: Path, *statements: str) -> list[tuple[Any, ...]]:
-    conn = sqlite3.connect(db, isolation_level=None)
-    try:
-        return [row for s in statements for row in conn.execute(s).fetchall()]
-    finally:
-        conn.close()
-
-
 def _index(db: Path) -> list[tuple[Any, ...]]:
-    return _sql(db, "SELECT name FROM sqlite_master WHERE name = 'events_accepted_key'")
+    return sql(db, "SELECT name FROM sqlite_master WHERE name = 'events_accepted_key'")
 
 
 async def test_a_deleted_binding_is_refused_at_the_next_bind(tmp_path: Path) -> None:
     db = tmp_path / "j.db"
     seqs = await _fill(db)
-    assert _sql(db, "SELECT value FROM meta WHERE name = 'schema'") == [(str(SCHEMA_VERSION),)]
-    plan = _sql(db, "EXPLAIN QUERY PLAN " + SqliteTables.SQL["accepted_with_key"].replace(
+    assert sql(db, "SELECT value FROM meta WHERE name = 'schema'") == [(str(SCHEMA_VERSION),)]
+    plan = sql(db, "EXPLAIN QUERY PLAN " + SqliteTables.SQL["accepted_with_key"].replace(
         "?", "'k'"))  # fmt: skip
     assert "USING INDEX events_accepted_key" in " ".join(str(row[3]) for row in plan)
-    _sql(db, "DELETE FROM idempotency WHERE invocation_id IN ('inv-a', 'inv-b')")
+    sql(db, "DELETE FROM idempotency WHERE invocation_id IN ('inv-a', 'inv-b')")
     async with Journal.open(db) as j:
         for iid, key in (("inv-a", "key-a"), ("inv-b", ODD_KEY)):
             with pytest.raises(AlteredRow, match="binding was altered") as exc:
@@ -72,7 +65,7 @@ async def test_a_deleted_binding_is_refused_at_the_next_bind(tmp_path: Path) -> 
         assert (await j.bind_idempotency(SCOPE, "key-n", "fp", "inv-n", None)).key == "key-n"
         bound = await j.bind_idempotency(SCOPE, "key-c", "sha256:inv-c", "inv-x", 2e9)
         assert bound.invocation_id == "inv-c"  # found: the chain is not asked
-    assert _sql(db, "SELECT count(*) FROM idempotency WHERE scope = 'payments.create'") == [(2,)]
+    assert sql(db, "SELECT count(*) FROM idempotency WHERE scope = 'payments.create'") == [(2,)]
     with JournalReader.open(db) as r:
         report = r.verify()
     assert (report.ok, report.first_bad_seq) == (False, seqs["inv-a"])
@@ -87,7 +80,7 @@ async def test_a_journal_from_before_schema_5_gains_the_index_when_a_writer_open
     index leaves out (``verify`` reports that row) -- in its opening transaction."""
     db = tmp_path / "old.db"
     seqs = await _fill(db)
-    _sql(
+    sql(
         db,
         "DROP INDEX events_accepted_key",
         "UPDATE meta SET value = '4' WHERE name = 'schema'",
@@ -97,12 +90,12 @@ async def test_a_journal_from_before_schema_5_gains_the_index_when_a_writer_open
     )
     with JournalReader.open(db) as r:  # read-only: no upgrade
         assert r.record("inv-a") is not None
-    assert _index(db) == [] and _sql(db, "SELECT value FROM meta WHERE name = 'schema'") == [("4",)]
+    assert _index(db) == [] and sql(db, "SELECT value FROM meta WHERE name = 'schema'") == [("4",)]
     async with Journal.open(db) as j:
         assert _index(db) == [("events_accepted_key",)]
         with pytest.raises(AlteredRow, match="binding was altered"):
             await j.bind_idempotency(SCOPE, "key-a", "sha256:inv-a", "inv-new", 2e9)
-    assert _sql(db, "SELECT value FROM meta WHERE name = 'schema'") == [(str(SCHEMA_VERSION),)]
+    assert sql(db, "SELECT value FROM meta WHERE name = 'schema'") == [(str(SCHEMA_VERSION),)]
 
 
 async def test_a_dropped_index_answers_the_same(tmp_path: Path) -> None:
@@ -110,7 +103,7 @@ async def test_a_dropped_index_answers_the_same(tmp_path: Path) -> None:
     the file), the same query reads the table and finds the same event."""
     db = tmp_path / "j.db"
     seqs = await _fill(db)
-    _sql(db, "DROP INDEX events_accepted_key", "DELETE FROM idempotency WHERE key = 'key-a'")
+    sql(db, "DROP INDEX events_accepted_key", "DELETE FROM idempotency WHERE key = 'key-a'")
     with JournalReader.open(db) as r:
         assert r.tables.accepted_with_key(SCOPE, "key-a") == (seqs["inv-a"], "inv-a")
         assert r.tables.accepted_with_key(SCOPE, ODD_KEY) == (seqs["inv-b"], "inv-b")

@@ -5,7 +5,6 @@ through it as through the full index a journal made before keeps."""
 
 from __future__ import annotations
 
-import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -13,18 +12,10 @@ from affidavit.journal import Journal, JournalReader
 from affidavit.journal.sqlite import SqliteTables
 from affidavit.statemachine import EventKind as E
 
-from .helpers import happy
+from .helpers import happy, sql
 
 _FULL = "CREATE INDEX events_session ON events (session_id, seq, invocation_id)"
 """The index as journals made before keep it."""
-
-
-def _sql(db: Path, *statements: str) -> list[tuple[Any, ...]]:
-    conn = sqlite3.connect(db, isolation_level=None)
-    try:
-        return [row for s in statements for row in conn.execute(s).fetchall()]
-    finally:
-        conn.close()
 
 
 async def _fill(db: Path) -> None:
@@ -50,7 +41,7 @@ def _views(db: Path) -> list[Any]:
 
 def _entries(db: Path) -> int:
     """The entries of ``events_session`` (its leaf cells: a one-level index is its root)."""
-    rows = _sql(db, "SELECT sum(ncell) FROM dbstat WHERE name = 'events_session' AND "
+    rows = sql(db, "SELECT sum(ncell) FROM dbstat WHERE name = 'events_session' AND "
                 "pagetype = 'leaf'")  # fmt: skip
     return int(rows[0][0] or 0)
 
@@ -58,12 +49,12 @@ def _entries(db: Path) -> int:
 async def test_events_of_no_session_take_no_entry(tmp_path: Path) -> None:
     db = tmp_path / "j.db"
     await _fill(db)
-    rows = _sql(db, "SELECT count(*), count(session_id) FROM events")[0]
+    rows = sql(db, "SELECT count(*), count(session_id) FROM events")[0]
     assert rows[0] > rows[1] > 0  # both kinds were written
     assert _entries(db) == rows[1]
     # A session query still goes through the index, as with the full one.
     for name in ("session_events", "session_invocation_count"):
-        plan = _sql(db, "EXPLAIN QUERY PLAN " + SqliteTables.SQL[name].replace("?", "'sess-a'"))
+        plan = sql(db, "EXPLAIN QUERY PLAN " + SqliteTables.SQL[name].replace("?", "'sess-a'"))
         assert "INDEX events_session" in " ".join(str(row[3]) for row in plan), plan
 
 
@@ -71,11 +62,11 @@ async def test_the_views_read_the_same_through_the_full_index(tmp_path: Path) ->
     db = tmp_path / "j.db"
     await _fill(db)
     partial = _views(db)
-    _sql(db, "DROP INDEX events_session", _FULL)
-    assert _entries(db) == _sql(db, "SELECT count(*) FROM events")[0][0]
+    sql(db, "DROP INDEX events_session", _FULL)
+    assert _entries(db) == sql(db, "SELECT count(*) FROM events")[0][0]
     assert _views(db) == partial
     # A writer opening a journal with the full index keeps it: its rows and answers are the
     # same, and rebuilding it would read every event at start-up.
     async with Journal.open(db) as j:
         await j.append(happy("inv-late", None)[0])
-    assert _sql(db, "SELECT sql FROM sqlite_master WHERE name = 'events_session'") == [(_FULL,)]
+    assert sql(db, "SELECT sql FROM sqlite_master WHERE name = 'events_session'") == [(_FULL,)]
