@@ -16,7 +16,7 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from .errors import JournalError, ResultUnverified
+from .errors import NoAuditorCopy, ResultUnverified
 from .results import SUMMARY_STREAM, Store, StoredResult, load_marker
 from .sealing import AuditOpener, chunk_aad, summary_aad
 from .signing import Checkpoint
@@ -34,7 +34,8 @@ def read_result(
     """The auditor copy of a stored result, verified; None without a completeness marker.
     Its RESULT_COMMITTED row must be covered by a trusted checkpoint (``covered``), whatever
     the result's age: the copies are sealed to a public key.
-    ``JournalError`` if the result has no auditor copy; ``ResultUnverified`` if any part of it
+    ``NoAuditorCopy`` if its chained event names no auditor copy of it (stored while no
+    auditor key was configured); ``ResultUnverified`` if any part of it
     fails verification (``SealUnopened``: a proven copy the key does not open -- not the
     auditor key it was sealed to)."""
     marker = load_marker(store, invocation_id, covered=covered)
@@ -43,7 +44,9 @@ def read_result(
     bad = f"auditor copy of the result of invocation {invocation_id} (seq {marker.seq})"
     want_summary = marker.attrs.get("audit_summary_sha256")
     if want_summary is None:
-        raise JournalError(f"{bad} does not exist (no auditor key was configured when stored)")
+        if any(info.audit is not None for info in marker.streams.values()):
+            raise ResultUnverified(f"{bad}: stream copies listed, no summary copy chained")
+        raise NoAuditorCopy(f"{bad} does not exist (no auditor key was configured when stored)")
     opener = AuditOpener.load(private_key_file)
     blobs = {(str(s), int(i)): d for s, i, d in store.tables.chunks(True, invocation_id)}
     summary_blob = blobs.get((SUMMARY_STREAM, 0))

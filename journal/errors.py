@@ -99,6 +99,14 @@ class ResultUnverified(JournalError):
     never the bytes.  The message names the invocation, stream and chunk, never a value."""
 
 
+class NoAuditorCopy(JournalError):
+    """A stored result whose chained RESULT_COMMITTED names no auditor copy of its summary nor
+    of any stream (stored while no auditor key was configured): what the records prove, not a
+    journal that cannot be read -- ``journal audit-open`` answers it NO_AUDITOR_COPY.  A marker
+    that lists a stream's auditor copy without the event naming the summary's is not this: the
+    records contradict each other (``ResultUnverified``)."""
+
+
 class SealUnopened(JournalError):
     """A sealed blob the key given does not open (its AEAD tag refused, or not a blob of that
     key's form): the wrong key, or the bytes altered -- a reader that proved the bytes against

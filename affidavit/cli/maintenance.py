@@ -356,7 +356,7 @@ def _auditor_key(path: str) -> None:
 
 def _audit_open(args: argparse.Namespace) -> int:
     from affidavit.engine.recorder import result_payload
-    from affidavit.journal import ResultUnverified, SealUnopened
+    from affidavit.journal import NoAuditorCopy, ResultUnverified, SealUnopened
 
     args.seq = count_arg(args.seq, "--seq")
     if args.seq is not None:
@@ -400,6 +400,8 @@ def _audit_open(args: argparse.Namespace) -> int:
             raise UsageError(f"{exc}; {proof}: {AUDIT_KEY_FIX}", "FILE_UNUSABLE", "--key") from None
         except ResultUnverified as exc:  # as `affidavit result` answers the broker's copy
             raise UsageError(str(exc), "RESULT_UNVERIFIED") from None
+        except NoAuditorCopy as exc:  # what the chained event proves: not an unreadable journal
+            raise UsageError(str(exc), "NO_AUDITOR_COPY") from None
     if value is None:
         raise UsageError(f"{what} has no auditor copy in the journal", "NO_AUDITOR_COPY")
     print_json(value)
