@@ -48,7 +48,8 @@ def poll_failure(exc: Exception, op_id: str) -> tuple[int, str, str]:
     """A poll the journal could not take, as every surface answers it (``act_failure``): the
     poll's own call not recorded (``CallNotRecorded``'s words), its OPERATION_POLLED write
     failed -- 503 JOURNAL_UNAVAILABLE, ``affidavit operations`` tells once the journal is
-    back -- or the operation unread (503, or 500 JOURNAL_UNREADABLE)."""
+    back -- or the operation unread (503, or 500 JOURNAL_UNREADABLE); the poll's own stored
+    answer failing its verification: 500 RESULT_UNVERIFIED, the operation as it was."""
     return act_failure(
         exc, f"the operation {op_id}", f"the poll of {op_id}", "`affidavit operations`"
     )

@@ -317,9 +317,21 @@ def act_failure(exc: Exception, what: str, act: str, check: str) -> tuple[int, s
     JOURNAL_UNAVAILABLE -- ``act`` may or may not be recorded; ``check``, once the journal is
     back, tells which.  A read failed (``what``, before anything was written): as
     ``read_failure`` -- as is a refusal of the act's write because the file at the journal's
-    path is not the one the broker writes (``JournalReplaced``: nothing written)."""
+    path is not the one the broker writes (``JournalReplaced``: nothing written).  The stored
+    result of the act's own call (a poll's, a query's) failing its verification
+    (``ResultUnverified``, a sealed summary or chunk the broker key does not open among them)
+    is 500 RESULT_UNVERIFIED with the journal's words, as a fetch of it and a same-key call
+    replaying it are: a verdict on the stored bytes, not a journal that cannot be read --
+    nothing of it is read, so nothing of it is folded into what ``act`` would have recorded."""
     if isinstance(exc, CallNotRecorded):
         return 503, CallNotRecorded.code, str(exc)
+    if isinstance(exc, ResultUnverified):
+        return (
+            500,
+            RESULT_UNVERIFIED,
+            f"{exc} (nothing of it is taken into {act}; {check} tells what is recorded, "
+            "`affidavit journal verify` what was altered)",
+        )
     if isinstance(exc, JournalReplaced):
         return read_failure(exc, what)
     if isinstance(exc, JournalWriteError):
