@@ -97,32 +97,44 @@ SECRETS_NONE = "none"
 class UsageError(Exception):
     """A usage or configuration problem: printed on stderr, exit status 2 -- after its stable
     ``code`` when it has one (``affidavit: CONFIG_INVALID: <file>: <field>: <message>``);
-    ``field``: the option or field path to fix, when there is one.  Under ``--json`` it is
-    also one ``{"api_error": {...}}`` object on stdout (``error_json``)."""
+    ``field``: the option or field path to fix, when there is one, which its message then
+    starts with, once (``with_field``): the plain line carries it as ``--json`` does.  Under
+    ``--json`` it is also one ``{"api_error": {...}}`` object on stdout (``error_json``)."""
 
     def __init__(self, message: str, code: str | None = None, field: str | None = None) -> None:
-        super().__init__(message)
+        super().__init__(with_field(message, field))
         self.code = code
         self.field = field
+
+
+def with_field(message: str, field: str | None) -> str:
+    """``message`` led by the ``field`` it refuses, once: ``<field>: <message>``, unless it
+    starts with the field already (``blind: ...``, ``--stream goes with --raw``) or names its
+    own code and field first (``INVALID_FIELD at timeout: ...``) -- never twice."""
+    if not field or _NAMES_ITS_CODE.match(message.removeprefix("action refused: ")):
+        return message
+    if message.startswith(field) and not _NAME_GOES_ON.match(message, len(field)):
+        return message
+    return f"{field}: {message}"
 
 
 def refusal(message: str, code: str | None, field: str | None = None) -> UsageError:
     """A refusal with its stable ``code`` and the ``field`` path it names, in the one shape
     every command prints it in, embedded and through the daemon alike:
-    ``affidavit: CODE: <field>: <message>``.  A message that names its own code and field
-    first (``INVALID_FIELD at timeout: ...``, ``action refused: INVALID_FIELD at action: ...``:
-    the action's refusal, which the daemon answers HTTP 400 ``BAD_JSON``) is printed as it
-    stands, as embedded, and carries the code and field it names; the field is not repeated
-    when the message starts with it (``blind: ...``)."""
+    ``affidavit: CODE: <field>: <message>`` (``with_field``).  A message that names its own
+    code and field first (``INVALID_FIELD at timeout: ...``, ``action refused: INVALID_FIELD
+    at action: ...``: the action's refusal, which the daemon answers HTTP 400 ``BAD_JSON``) is
+    printed as it stands, as embedded, and carries the code and field it names."""
     named = _NAMES_ITS_CODE.match(message.removeprefix("action refused: "))
     if named:
         return UsageError(message, named[1], named[2])
-    if field and not message.startswith(f"{field}: "):
-        message = f"{field}: {message}"
     return UsageError(message, code, field)
 
 
 _NAMES_ITS_CODE = re.compile(r"([A-Z][A-Z0-9_]*) at ([^ :]+): ")
+_NAME_GOES_ON = re.compile(r"[\w.\[\]-]")
+"""A character that would make a message's start a longer name than the field (``--key`` in
+``--key-file``, ``timeout`` in ``timeouts.call``)."""
 
 
 def error_json(message: str, code: str | None, field: str | None) -> dict[str, Any]:

@@ -216,3 +216,49 @@ def test_an_argv_refusal_is_still_argparses_exit_status_2() -> None:
         capture_output=True, timeout=60, check=False,
     )  # fmt: skip
     assert run.returncode == 2, run
+
+
+FIELD_CASES: list[tuple[tuple[str, ...], str, str]] = [
+    *((argv, code, field) for argv, code, field in HANDLER_CASES if field is not None),
+    # A ``UsageError(field=...)`` raised directly, its message not led by the field: the line
+    # used to drop it (only ``--json`` had it).
+    (("reconcile", NOPE, "--attest", "committed"), "INVALID_FIELD", "--note"),
+    (("journal", "audit-open", "--key", "auditor.key", "--seq", "1"), "INVALID_FIELD",
+     "--public-key"),
+    # Led by the field already: never twice.
+    (("result", NOPE, "--stream", "body"), "INVALID_FIELD", "--stream"),
+]  # fmt: skip
+
+
+def _takes_json(argv: tuple[str, ...]) -> bool:
+    """Whether the command ``argv`` names has a ``--json`` option."""
+    leaves = dict(_leaves(build_parser()))
+    words = next(p for n in range(len(argv), 0, -1) if (p := argv[:n]) in leaves)
+    return any("--json" in a.option_strings for a in leaves[words]._actions)
+
+
+@pytest.mark.parametrize(
+    "argv, code, field", FIELD_CASES, ids=[" ".join(c[0]) for c in FIELD_CASES]
+)
+def test_the_plain_line_carries_the_field_once_as_json_does(
+    home: Path, argv: tuple[str, ...], code: str, field: str
+) -> None:
+    """``affidavit: CODE: <field>: <message>`` (docs/configuration.md), where ``--json`` gives
+    the code, the field and the message apart -- the field once: not added to a message that
+    starts with it."""
+    bare = tuple(a for a in argv if a != "--json")
+    plain = _cli(home, *bare, stdin=b"\n")
+    line = plain.stderr.decode()
+    assert plain.returncode == 2, line
+    if line.startswith(f"affidavit: {code} at {field}: "):  # the message names both itself
+        return
+    assert line.startswith(f"affidavit: {code}: "), line
+    rest = line.removeprefix(f"affidavit: {code}: ").rstrip("\n")
+    assert rest.startswith(field) and not rest.startswith(f"{field}: {field}"), line
+    if _takes_json(bare):
+        as_json = _cli(home, *bare, "--json", stdin=b"\n")
+        error = json.loads(as_json.stdout)["api_error"]
+        assert (error["code"], error.get("field")) == (code, field), error
+        message = error["message"]
+        led = message if message.startswith(field) else f"{field}: {message}"
+        assert line == f"affidavit: {code}: {led}\n", (line, error)

@@ -182,7 +182,10 @@ def test_usage_errors_of_result_resume(stored: Stored) -> None:
         (["--from-chunk", "\u00b2"], b"--from-chunk: expected a whole number"),
         (["--from-chunk", "9" * 5000], b"--from-chunk: expected a whole number"),
         (["--stream", "body"], b"affidavit: INVALID_FIELD: --stream goes with --raw"),
-        (["--raw", "--stream", "stderr"], b"INVALID_FIELD: the result has no stream 'stderr'"),
+        (
+            ["--raw", "--stream", "stderr"],
+            b"INVALID_FIELD: --stream: the result has no stream 'stderr'",
+        ),
     ]:
         p = _cli(stored, "result", stored.iid, *args)
         assert p.returncode == 2 and msg in p.stderr and b"Traceback" not in p.stderr, args
@@ -201,7 +204,9 @@ async def test_streams_are_addressed_by_name(tmp_path: Path) -> None:
     s = Stored(cfg, tmp_path / "journal.db", "inv-2", "unused")
     both = _cli(s, "result", "inv-2", "--raw")
     assert both.returncode == 2 and b"pick one with --stream" in both.stderr
-    assert both.stderr.startswith(b"affidavit: INVALID_FIELD: the result has streams "), both
+    assert both.stderr.startswith(b"affidavit: INVALID_FIELD: --stream: the result has streams "), (
+        both
+    )
     assert _cli(s, "result", "inv-2", "--raw", "--stream", "stdout").stdout == b"out-0 out-1"
     assert _cli(
         s, "result", "inv-2", "--raw", "--stream", "stdout", "--from-chunk", "1"
