@@ -48,6 +48,7 @@ __all__ = [
     "config_exposure",
     "exposure",
     "journal_exposures",
+    "summarised",
     "warn_exposed",
 ]
 
@@ -103,6 +104,10 @@ class Exposure:
     what: str
     why: str
     fix: str
+    bits: int = 0
+    """The mode bits found that the rule forbids (0: none)."""
+    owner: int | None = None
+    """The uid found owning it, when that is not allowed (None: the owner is fine)."""
 
     def __str__(self) -> str:
         return f"{self.what} {self.path} is {self.why}: {self.fix}"
@@ -123,7 +128,8 @@ def exposure(path: Path, what: str, rule: Rule = PRIVATE) -> Exposure | None:
     fixes: list[str] = []
     quoted = shlex.quote(str(path))
     uid = os.geteuid()
-    if st.st_uid != uid and not (rule.root_may_own and st.st_uid == 0):
+    foreign = st.st_uid != uid and not (rule.root_may_own and st.st_uid == 0)
+    if foreign:
         whys.append(
             f"owned by uid {st.st_uid}, not by this process's uid {uid}"
             + (" or root" if rule.root_may_own and uid != 0 else "")
@@ -135,7 +141,10 @@ def exposure(path: Path, what: str, rule: Rule = PRIVATE) -> Exposure | None:
         fixes.append(f"chmod {mode & ~rule.bits:03o} {quoted}")
     if not whys:
         return None
-    return Exposure(Path(path), what, " and ".join(whys), " && ".join(fixes))
+    owner = st.st_uid if foreign else None
+    return Exposure(
+        Path(path), what, " and ".join(whys), " && ".join(fixes), mode & rule.bits, owner
+    )
 
 
 def config_exposure(
@@ -204,8 +213,60 @@ def journal_exposures(path: Path, *, segments: bool = False) -> list[Exposure]:
     if segments or directory is not None:
         with contextlib.suppress(OSError):  # none yet, not a directory, or gone meanwhile
             names = sorted(n for n in os.listdir(results) if is_segment_name(n))
-    found += (exposure(results / name, "result segment file") for name in names)
+    found += (exposure(results / name, SEGMENT_FILE) for name in names)
     return [e for e in found if e is not None]
+
+
+SEGMENT_FILE = "result segment file"
+"""What an exposure names a segment file (``journal_exposures``)."""
+EXAMPLES = 3
+"""Exposed segment files of one directory a summary names (``summarised``): past that many, one
+entry stands for them all."""
+
+
+def summarised(exposures: Iterable[Exposure]) -> list[str]:
+    """``exposures`` as a refusal lists them, one entry each -- except the segment files of a
+    results directory, once more than ``EXAMPLES`` of them: a ``chmod -R`` on a directory of
+    thousands would make a line of thousands of entries.  Those are one entry: the directory,
+    how many, a few by name, and one command that mends them all (``find``, as many files as
+    there are; each file's own command is what it runs on it: ``chown`` to this process's uid
+    first, then group and others' bits cleared -- the rule of the broker's own files)."""
+    exposures = list(exposures)
+    segments: dict[Path, list[Exposure]] = {}
+    for e in exposures:
+        if e.what == SEGMENT_FILE:
+            segments.setdefault(e.path.parent, []).append(e)
+    many = {d: found for d, found in segments.items() if len(found) > EXAMPLES}
+    said: list[str] = []
+    for e in exposures:
+        directory = e.path.parent if e.what == SEGMENT_FILE else None
+        if directory not in many:
+            said.append(str(e))
+        elif e is many[directory][0]:
+            said.append(_summary(directory, many[directory]))
+    return said
+
+
+def _summary(directory: Path, found: list[Exposure]) -> str:
+    """One entry for the exposed segment files ``found`` in ``directory``."""
+    uid = os.geteuid()
+    find = f"find {shlex.quote(str(directory))} -maxdepth 1 -type f -name '*.seg'"
+    whys: list[str] = []
+    fixes: list[str] = []
+    if any(e.owner is not None for e in found):
+        whys.append(f"owned by another uid than this process's uid {uid}")
+        fixes.append(f"{find} ! -user {uid} -exec chown {uid} {{}} +")
+    bits = 0
+    for e in found:
+        bits |= e.bits
+    if bits:
+        whys.append(f"accessible by group or others (bits {bits:03o} among them)")
+        fixes.append(f"{find} -perm /077 -exec chmod go= {{}} +")
+    names = ", ".join(e.path.name for e in found[:EXAMPLES])
+    return (
+        f"{len(found)} result segment files in {directory} are {' or '.join(whys)} "
+        f"(e.g. {names}): {' && '.join(fixes)}"
+    )
 
 
 _warned: set[tuple[str, str]] = set()

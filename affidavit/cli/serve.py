@@ -99,11 +99,12 @@ def _refuse_exposed(config: Any, *, allowed: bool) -> None:
     and the command that mends it.  ``allowed`` (``--allow-exposed-files``): serve, and log
     each (``Broker.open``)."""
     from affidavit.api.broker import exposed_files
+    from affidavit.journal.exposure import summarised
 
     exposed = exposed_files(config)
     if not exposed or allowed:
         return
-    files = "; ".join(map(str, exposed))
+    files = "; ".join(summarised(exposed))  # a results directory's many segments: one entry
     raise UsageError(  # one line, as every refusal (a newline would be shown escaped)
         f"another user can reach or owns the broker's files: {files} -- mend them, or start "
         "with --allow-exposed-files to serve anyway (each is then logged)",

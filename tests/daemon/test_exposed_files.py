@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from affidavit.api.broker import Broker
+from affidavit.api.broker import Broker, exposed_files
+from affidavit.config import load_config
 from affidavit.journal import Journal, config_exposure
 from affidavit.secrets.vault import Vault
 from tests.external import require_root
@@ -195,3 +196,76 @@ async def test_serve_refuses_a_config_others_can_read_the_journal_password_in(
     want = "readable by others with the journal URL's password in it (mode 0644)"
     assert f"config file {config} is " in err and f"{want}: chmod 640 {config} -- " in err, err
     assert "hunter2" not in err
+
+
+def _segments(tmp: Path, count: int, mode: int) -> list[Path]:
+    """``count`` files named as segment files (``segment_tables.is_segment_name``) in the
+    journal's results directory (0700, as the broker makes it), each ``mode``."""
+    results = tmp / "journal.db.results"
+    results.mkdir(mode=0o700, exist_ok=True)
+    made = [results / f"{n:032x}.seg" for n in range(count)]
+    for path in made:
+        path.write_bytes(b"sealed")
+        path.chmod(mode)
+    return made
+
+
+async def test_many_exposed_segment_files_are_one_entry_with_one_command_for_them_all(
+    tmp_path: Path,
+) -> None:
+    """A ``chmod -R`` on a big results directory: one entry -- the directory, how many, a few
+    by name, one command that mends them all -- where the refusal listed each file (a line of
+    thousands of entries); the other files keep their own entry."""
+    config, _ = _home(tmp_path)
+    await _made(tmp_path)
+    segments = _segments(tmp_path, 300, 0o644)
+    db = tmp_path / "journal.db"
+    db.chmod(0o640)
+    err = await _refusal(config)
+    results = tmp_path / "journal.db.results"
+    assert f"300 result segment files in {results} are accessible by group or others" in err, err
+    assert f"(e.g. {segments[0].name}, {segments[1].name}, {segments[2].name})" in err, err
+    assert err.count(".seg") == 4 and len(err) < 1500, err  # 3 examples and the command's
+    assert f"journal {db} is accessible by group or others (mode 0640): chmod 600 {db}" in err
+    fix = err.split(" are accessible by group or others ")[1].split(": ", 1)[1].split("; ")[0]
+    done = await run(["sh", "-c", fix.split(" -- mend them")[0]], env=client_env())
+    assert done.returncode == 0, done
+    assert {p.stat().st_mode & 0o777 for p in segments} == {0o600}
+    db.chmod(0o600)
+    assert exposed_files(load_config(config)) == []
+
+
+async def test_a_few_exposed_segment_files_keep_their_own_entries(tmp_path: Path) -> None:
+    config, _ = _home(tmp_path)
+    await _made(tmp_path)
+    segments = _segments(tmp_path, 3, 0o604)
+    err = await _refusal(config)
+    for path in segments:
+        want = f"result segment file {path} is accessible by group or others (mode 0604)"
+        assert f"{want}: chmod 600 {path}" in err, err
+    assert "result segment files in" not in err, err
+
+
+async def test_segment_files_another_user_owns_are_summed_up_with_their_chown(
+    tmp_path: Path,
+) -> None:
+    require_root()  # to give them to another user
+    config, _ = _home(tmp_path)
+    await _made(tmp_path)
+    segments = _segments(tmp_path, 10, 0o600)
+    for path in segments[:4]:
+        os.chown(path, NOBODY, -1)
+    segments[5].chmod(0o660)
+    err = await _refusal(config)
+    results = tmp_path / "journal.db.results"
+    uid = os.geteuid()
+    assert (
+        f"5 result segment files in {results} are owned by another uid than this process's uid "
+        f"{uid} or accessible by group or others (bits 060 among them)"
+    ) in err, err
+    fix = err.split(f" (e.g. {segments[0].name}, ")[1].split(": ", 1)[1].split(" -- mend")[0]
+    assert f"-exec chown {uid} {{}} +" in fix and "-exec chmod go= {} +" in fix, fix
+    done = await run(["sh", "-c", fix], env=client_env())
+    assert done.returncode == 0, done
+    assert {(p.stat().st_uid, p.stat().st_mode & 0o777) for p in segments} == {(uid, 0o600)}
+    assert exposed_files(load_config(config)) == []
