@@ -3,7 +3,8 @@
 the chained hash is the bytes the broker wrote) answer RESULT_UNVERIFIED with the journal's
 words, as a fetch of that result and a same-key call replaying one do
 (``engine.recovery.act_failure``) -- never JOURNAL_UNREADABLE, which says the journal could not
-be read.  Through the daemon and embedded; nothing of the answer is taken into the operation or
+be read.  Through the daemon (its route, ``affidavit mcp --socket``) and embedded (the
+command, ``affidavit mcp``); nothing of the answer is taken into the operation or
 the record (no OPERATION_POLLED, no RECONCILED), never a byte of the answer, and through the
 daemon never where the journal lives."""
 
@@ -19,22 +20,18 @@ import trio
 
 from affidavit.api.client import Client
 from affidavit.api.wire import ApiError
+from tests.broker.approvalkit import reconcile_target
+from tests.broker.test_operations import ACCEPTED, JOBS
+from tests.external import require_module
 from tests.http.hostile import Peer, Reply, Script
 
-from .kit import WAIT, Run, cli, embedded, serving, stop
+from .kit import TOKEN_ENV, WAIT, Run, cli, client_env, embedded, serving, stop
 from .test_result_unverified_cli import _refusal
 
 CHUNK = 64 * 1024
 FIRST = b"v" * (24 * CHUNK)  # past the segment store's held chunks and its first batch
 REST = b"v" * CHUNK
-JOBS = {"status": "json:/state", "succeeded": ["done"], "failed": ["error"]}
-IDEM = {"header": "Idempotency-Key", "scope": "charges", "retention": "24h"}
-QUERY = {
-    "path": "/v1/charges?idempotency_key={idempotency_key}",
-    "committed_if": "status:200",
-    "rejected_if": "status:404",
-    "settle": "0s",
-}
+PAYMENTS = reconcile_target("unused")["api"]  # its key contract and reconciliation query
 
 
 def _segments(tmp: Path) -> dict[Path, int]:
@@ -76,10 +73,13 @@ def _remote(tmp: Path, first: Reply | None) -> Script:
                 await peer.respond(first)
                 continue
             before = _segments(tmp)
-            head = f"HTTP/1.1 200 OK\r\nContent-Length: {len(FIRST) + len(REST)}\r\n\r\n"
+            length = len(FIRST) + len(REST)
+            head = f"HTTP/1.1 200 OK\r\nContent-Length: {length}\r\nConnection: close\r\n\r\n"
             await peer.send_raw(head.encode() + FIRST)
             await _flip_what_arrives(tmp, before)
             await peer.send_raw(REST)
+            await peer.close()  # written past h11: the next request comes on a new connection
+            return
 
     return script
 
@@ -101,6 +101,21 @@ def _words(said: str, tmp: Path | None = None) -> str:
     return said
 
 
+async def _mcp(args: list[str], tool: str, arguments: dict[str, str], tmp: Path, **env: str) -> str:
+    """``affidavit mcp ARGS``'s answer to one ``tool`` call: an ``api_error`` coded
+    RESULT_UNVERIFIED (its log in ``tmp``); its message."""
+    require_module("mcp", "dev")
+    from tests.mcp.kit import connected, structured
+
+    async with connected(args, {**client_env(), **env}, tmp / "mcp.log") as mcp:
+        result = await mcp.call(tool, arguments)
+    answer = structured(result)
+    assert (
+        result.is_error is True and answer.get("api_error", {}).get("code") == "RESULT_UNVERIFIED"
+    ), answer
+    return str(answer["api_error"]["message"])
+
+
 def _unverified(run: Run, tmp: Path | None = None) -> str:
     """A command's one-line refusal: exit 2, RESULT_UNVERIFIED, the journal's words."""
     assert _refusal(run) == (2, "RESULT_UNVERIFIED", None), run
@@ -110,10 +125,10 @@ def _unverified(run: Run, tmp: Path | None = None) -> str:
 async def test_a_poll_whose_answer_fails_verification_is_result_unverified(
     tmp_path: Path, token: str
 ) -> None:
-    accepted = Reply(202, headers=[("Location", "/v1/jobs/j123")], body=b'{"id":"j123"}')
     submit = {"target": "api", "method": "POST", "path": "/jobs", "body": "{}"}
-    script = _remote(tmp_path, accepted)
-    async with serving(tmp_path, script, token=token, overrides={"operations": JOBS}) as (
+    script = _remote(tmp_path, ACCEPTED)
+    overrides = {"operations": JOBS["operations"]}
+    async with serving(tmp_path, script, token=token, overrides=overrides) as (
         srv,
         daemon,
     ):
@@ -123,15 +138,20 @@ async def test_a_poll_whose_answer_fails_verification_is_result_unverified(
         async with Client.open(daemon.socket) as client:
             with pytest.raises(ApiError) as info:
                 await client.poll_operation(op_id)
+        polled = {"operation_id": op_id}
+        said = [await _mcp(["--socket", str(daemon.socket)], "poll_operation", polled, tmp_path)]
         stop(daemon)
         config = str(daemon.config)
         run = await embedded("operation", "poll", op_id, "--config", config, token=token)
+        mcp = ["--config", config]
+        embedded_mcp = await _mcp(mcp, "poll_operation", polled, tmp_path, **{TOKEN_ENV: token})
         journal = daemon.journal
     exc = info.value
     assert (exc.status, exc.code) == (500, "RESULT_UNVERIFIED"), exc
-    for said in (_words(exc.message, tmp_path), _unverified(run)):
-        assert f"the poll of {op_id}" in said and "`affidavit operations`" in said, said
-    assert len(srv.requests) == 3  # the submission, then one query per poll: none sent again
+    said = [_words(m, tmp_path) for m in (exc.message, *said)]  # a caller of the daemon's
+    for words in (*said, _unverified(run), _words(embedded_mcp)):
+        assert f"the poll of {op_id}" in words and "`affidavit operations`" in words, words
+    assert len(srv.requests) == 5  # the submission, then one query per poll: none sent again
     assert _kinds(journal, "OPERATION_POLLED", "OPERATION_POLL_FAILED") == 0
 
 
@@ -140,7 +160,7 @@ async def test_a_reconciliation_query_whose_answer_fails_verification_is_result_
 ) -> None:
     charge = {"target": "api", "method": "POST", "path": "/v1/charges", "body": "{}"}
     keyed = json.dumps({**charge, "idempotency_key": "k-1"}).encode()
-    overrides = {"idempotency": IDEM, "reconcile": QUERY}
+    overrides = {k: PAYMENTS[k] for k in ("idempotency", "reconcile")}
     operators = {"operator_uids": [os.geteuid()]}
     script = _remote(tmp_path, None)
     async with serving(tmp_path, script, token=token, overrides=overrides, service=operators) as (
@@ -151,13 +171,18 @@ async def test_a_reconciliation_query_whose_answer_fails_verification_is_result_
         envelope = called.json()
         assert envelope["error"]["outcome"] == "unknown", envelope
         iid = envelope["invocation_id"]
-        runs = [await cli(daemon, "reconcile", iid, "--query")]
+        queried = {"invocation_id": iid}
+        run = await cli(daemon, "reconcile", iid, "--query")
+        said = [await _mcp(["--socket", str(daemon.socket)], "reconcile_query", queried, tmp_path)]
         stop(daemon)
         config = str(daemon.config)
-        runs.append(await embedded("reconcile", iid, "--query", "--config", config, token=token))
+        runs = [await embedded("reconcile", iid, "--query", "--config", config, token=token)]
+        mcp = ["--config", config]
+        embedded_mcp = await _mcp(mcp, "reconcile_query", queried, tmp_path, **{TOKEN_ENV: token})
         journal = daemon.journal
-    for said in (_unverified(runs[0], tmp_path), _unverified(runs[1])):
-        assert f"the reconciliation of {iid}" in said, said
-        assert f"`affidavit record {iid}`" in said, said
-    assert [r.method for r in srv.requests] == ["POST", "GET", "GET"]
+    said = [_unverified(run, tmp_path), *(_words(m, tmp_path) for m in said)]
+    for words in (*said, _unverified(runs[0]), _words(embedded_mcp)):
+        assert f"the reconciliation of {iid}" in words, words
+        assert f"`affidavit record {iid}`" in words, words
+    assert [r.method for r in srv.requests] == ["POST", "GET", "GET", "GET", "GET"]
     assert _kinds(journal, "RECONCILED", "RECONCILE_INCONCLUSIVE") == 0
