@@ -77,7 +77,14 @@ from .errors import (
     SealUnopened,
     VerifyReport,
 )
-from .exposure import Exposure, config_exposure, exposure, journal_exposures, warn_exposed
+from .exposure import (
+    Exposure,
+    config_exposure,
+    directory_exposures,
+    exposure,
+    journal_exposures,
+    warn_exposed,
+)
 from .lock import JournalLocked
 from .reader import JournalReader
 from .requests import Batch, Posted
@@ -129,6 +136,7 @@ __all__ = [
     "StreamInfo",
     "VerifyReport",
     "config_exposure",
+    "directory_exposures",
     "exposure",
     "generate_auditor_keypair",
     "is_url",

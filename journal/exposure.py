@@ -20,6 +20,16 @@ a target's credential at their own host, so group/others' write bits and an owne
 this process's user or root are exposures (``CONFIG``); a PostgreSQL journal's URL may carry
 its password, and then others' read bit is one too (``CONFIG_WITH_PASSWORD``).
 
+A ``file:`` credential is the secret itself: the broker's alone, as its keys (``PRIVATE``).
+Whoever can write a directory on the path to any of these files can rename or replace the file
+in it, whatever the file's own mode -- a swapped config points a credential at their host -- so
+each directory, up to ``/``, as written and as resolved (as OpenSSH's StrictModes walks to
+``authorized_keys``; a directory above could be renamed away with everything under it), is
+held to ``DIRECTORY``: no write bit for group or others unless sticky (in ``/tmp`` only a
+file's owner can rename it, and the file's own owner is checked), this user's or root's.  On a
+read-only mount no one writes: a write bit or another owner there is no exposure (nor could a
+``chmod`` mend it); a read bit still is.
+
 Every process that opens the journal says so, once per file, on the operator's log (stderr
 without one) -- naming the file and the command that fixes it, never refusing: a reader of the
 journal needs no secret kept.  ``affidavit serve``, the boundary, refuses to start instead
@@ -41,11 +51,14 @@ from pathlib import Path
 __all__ = [
     "CONFIG",
     "CONFIG_WITH_PASSWORD",
+    "DIRECTORY",
     "PRIVATE",
     "PRIVATE_DIR",
     "Exposure",
     "Rule",
     "config_exposure",
+    "directories_to",
+    "directory_exposures",
     "exposure",
     "journal_exposures",
     "summarised",
@@ -63,7 +76,8 @@ class Rule:
     """What no one else may have on a file: ``bits``, the mode bits group and others may not
     have (``why`` says what they would be; those of them in ``read_bits``, ``read_why``), and
     its owner -- this process's user, or root too (``root_may_own``); ``directory``: it is one
-    (else a regular file)."""
+    (else a regular file); ``sticky_may_write``: group and others may write it when it is
+    sticky."""
 
     bits: int
     why: str
@@ -71,6 +85,7 @@ class Rule:
     directory: bool = False
     read_bits: int = 0
     read_why: str = ""
+    sticky_may_write: bool = False
 
     def words(self, found: int) -> str:
         """What the offending bits ``found`` (some of ``bits``) make the file."""
@@ -94,11 +109,21 @@ CONFIG_WITH_PASSWORD = Rule(
     read_why="readable by others with the journal URL's password in it",
 )
 """The config whose ``[journal] url`` holds a password: nor may others read it."""
+DIRECTORY = Rule(
+    0o022, "writable by group or others", root_may_own=True, directory=True, sticky_may_write=True
+)
+"""A directory on the path to one of them: no one else may rename what is in it (sticky: only
+a file's owner may, and the files are checked); root may own it."""
+_LINK = Rule(0, "", root_may_own=True)
+"""A link on that path: its mode means nothing, its owner may replace it in a sticky directory."""
+_WRITE = 0o022
+_READ = 0o044
 
 
 @dataclass(frozen=True)
 class Exposure:
-    """``path`` (a ``what``) others may reach: ``why``, and the shell command that mends it."""
+    """``path`` (a ``what``) others may reach: ``why``, and the shell command that mends it;
+    ``holding``: for a directory, the files on whose path it is."""
 
     path: Path
     what: str
@@ -108,9 +133,11 @@ class Exposure:
     """The mode bits found that the rule forbids (0: none)."""
     owner: int | None = None
     """The uid found owning it, when that is not allowed (None: the owner is fine)."""
+    holding: str = ""
 
     def __str__(self) -> str:
-        return f"{self.what} {self.path} is {self.why}: {self.fix}"
+        on = f" (on the path to the {self.holding})" if self.holding else ""
+        return f"{self.what} {self.path}{on} is {self.why}: {self.fix}"
 
 
 def exposure(path: Path, what: str, rule: Rule = PRIVATE) -> Exposure | None:
@@ -124,27 +151,83 @@ def exposure(path: Path, what: str, rule: Rule = PRIVATE) -> Exposure | None:
         return None
     if not (stat.S_ISDIR if rule.directory else stat.S_ISREG)(st.st_mode):
         return None  # a directory, a device...: whoever opens it says it is no journal or key
+    return _judged(Path(path), what, rule, st)
+
+
+def _judged(
+    path: Path, what: str, rule: Rule, st: os.stat_result, holding: str = ""
+) -> Exposure | None:
+    """``path``'s exposure under ``rule``, ``st`` what ``stat`` (``lstat`` for a link: never
+    on a read-only mount, then -- the mount is the target's) says of it."""
+    uid = os.geteuid()
+    mode = stat.S_IMODE(st.st_mode)
+    bits = rule.bits & ~_WRITE if rule.sticky_may_write and mode & stat.S_ISVTX else rule.bits
+    foreign = st.st_uid != uid and not (rule.root_may_own and st.st_uid == 0)
+    if (foreign or mode & bits & _WRITE) and not stat.S_ISLNK(st.st_mode) and _read_only(path):
+        bits &= ~_WRITE  # no one writes here; another owner could only read, if others may not
+        foreign = foreign and bool(rule.bits & _READ)
     whys: list[str] = []
     fixes: list[str] = []
     quoted = shlex.quote(str(path))
-    uid = os.geteuid()
-    foreign = st.st_uid != uid and not (rule.root_may_own and st.st_uid == 0)
     if foreign:
         whys.append(
             f"owned by uid {st.st_uid}, not by this process's uid {uid}"
             + (" or root" if rule.root_may_own and uid != 0 else "")
         )
         fixes.append(f"chown {uid} {quoted}")
-    mode = stat.S_IMODE(st.st_mode)
-    if mode & rule.bits:
-        whys.append(f"{rule.words(mode & rule.bits)} (mode {mode:04o})")
-        fixes.append(f"chmod {mode & ~rule.bits:03o} {quoted}")
+    if mode & bits:
+        whys.append(f"{rule.words(mode & bits)} (mode {mode:04o})")
+        fixes.append(f"chmod {mode & ~bits:03o} {quoted}")
     if not whys:
         return None
     owner = st.st_uid if foreign else None
-    return Exposure(
-        Path(path), what, " and ".join(whys), " && ".join(fixes), mode & rule.bits, owner
+    return Exposure(path, what, " and ".join(whys), " && ".join(fixes), mode & bits, owner, holding)
+
+
+def _read_only(path: Path) -> bool:
+    """Whether ``path`` is on a read-only mount (a config mounted ``:ro``, a secret volume)."""
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except (OSError, ValueError):
+        return False
+
+
+def directories_to(*starts: Path) -> list[tuple[Path, os.stat_result]]:
+    """The directories ``starts`` (absolute) and every one (or link) above each, nearest first,
+    each once, with what ``lstat`` says of it (``OSError`` if one cannot be looked at)."""
+    seen: dict[Path, os.stat_result] = {}
+    for start in starts:
+        for where in (start, *start.parents):
+            if where not in seen:
+                seen[where] = os.lstat(where)
+    return list(seen.items())
+
+
+def directory_exposures(files: Iterable[tuple[Path, str]]) -> list[Exposure]:
+    """Those of the directories on the path to each file (a ``what``) of ``files``: its own,
+    as written and as the file resolves (a link's target's), and every one above, to ``/``
+    (``DIRECTORY``; a link on the way: only its owner).  A path that cannot be walked is left
+    to whoever opens the file (it says why); a missing file's directory is still looked at
+    (whoever can write it can put the file there first)."""
+    seen: dict[Path, tuple[os.stat_result, list[str]]] = {}
+    for path, what in files:
+        starts = (Path(os.path.abspath(path)).parent, Path(os.path.realpath(path)).parent)
+        with contextlib.suppress(OSError, ValueError):
+            for where, st in directories_to(*starts):
+                held = seen.setdefault(where, (st, []))[1]
+                if what not in held:
+                    held.append(what)
+    found = (
+        _judged(
+            where,
+            "directory",
+            _LINK if stat.S_ISLNK(st.st_mode) else DIRECTORY,
+            st,
+            held[0] if len(held) == 1 else f"{', the '.join(held[:-1])} and the {held[-1]}",
+        )
+        for where, (st, held) in seen.items()
     )
+    return [e for e in found if e is not None]
 
 
 def config_exposure(

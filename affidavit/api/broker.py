@@ -41,6 +41,7 @@ from affidavit.journal import (
     JournalReader,
     ResultStream,
     config_exposure,
+    directory_exposures,
     exposure,
     journal_exposures,
     warn_exposed,
@@ -64,21 +65,37 @@ T = TypeVar("T")
 def exposed_files(config: Config) -> list[Exposure]:
     """The broker's files named by ``config`` that another user may reach or that another user
     owns (``journal.exposure``): a SQLite journal and its ``-wal``/``-shm``, its lock and its
-    result segments, the broker key, the signing key, the vault and its unlock file -- and the
-    config itself, which others may read but not write.  (The auditor's public key is public.)"""
+    result segments, the broker key, the signing key, the vault, its unlock file and its lock,
+    each ``file:`` credential -- and the config itself, which others may read but not write --
+    then the directories on the path to each, which no one else may write (unless sticky) or
+    own.  (The auditor's public key is public.)"""
     files: list[Exposure | None] = []
+    placed: list[tuple[Path, str]] = []  # the files whose directories are looked at
     if config.path is not None:
         agents = (*config.service.allow_gids, *config.service.operator_gids)
         files.append(config_exposure(config.path, config.journal.url, agents))
+        placed.append((config.path, "config file"))
     if config.journal.url is None:
         files += journal_exposures(config.journal.path, segments=True)
-    files.append(exposure(config.journal.key_file, "broker key file"))
-    files.append(exposure(config.journal.signing_key, "signing key file"))
+        placed.append((config.journal.path, "journal"))
+    for path, what in (
+        (config.journal.key_file, "broker key file"),
+        (config.journal.signing_key, "signing key file"),
+    ):
+        files.append(exposure(path, what))
+        placed.append((path, what))
     if config.vault_path:
         vault = Vault(config.vault_path)
         files.append(exposure(vault.path, "vault file"))
         files.append(exposure(vault.unlock_path, "vault unlock file"))
-    return [e for e in files if e is not None]
+        files.append(exposure(vault.lock_path, "vault lock file"))
+        placed.append((vault.path, "vault file"))
+    for ref in sorted({t.credential for t in config.targets.values()}):
+        if ref.startswith("file:"):  # the loader made the path absolute
+            path = Path(ref.removeprefix("file:"))
+            files.append(exposure(path, "credential file"))  # (looked at, never read)
+            placed.append((path, "credential file"))
+    return [e for e in files if e is not None] + directory_exposures(placed)
 
 
 class Broker:

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import trio
 
+from affidavit.journal.exposure import directories_to
+
 __all__ = [
     "BACKLOG",
     "SOCKET_MODE",
@@ -105,7 +107,7 @@ def _check_directory(path: Path) -> None:
     way: whoever can write a directory above could rename the socket's away and put their own
     in its place, exactly as in the socket's own directory."""
     own = Path(os.path.realpath(path.parent))
-    for where, st in _path_to(path.parent):
+    for where, st in directories_to(Path(os.path.abspath(path.parent)), Path(own)):
         if st.st_uid not in (0, os.geteuid()):
             if where == own and _sticky(where.parent):
                 raise DaemonError(
@@ -171,17 +173,6 @@ def _sticky(directory: Path) -> bool:
     except OSError:
         return False
     return bool(st.st_mode & stat.S_ISVTX and st.st_mode & (stat.S_IWGRP | stat.S_IWOTH))
-
-
-def _path_to(directory: Path) -> list[tuple[Path, os.stat_result]]:
-    """``directory`` and the directories (and links) above it, nearest first, as written
-    (absolute) and as resolved, each once, with what ``lstat`` says of it."""
-    seen: dict[Path, os.stat_result] = {}
-    for start in (Path(os.path.abspath(directory)), Path(os.path.realpath(directory))):
-        for where in (start, *start.parents):
-            if where not in seen:
-                seen[where] = os.lstat(where)
-    return list(seen.items())
 
 
 def _lock(path: Path) -> int:

@@ -183,7 +183,7 @@ class Vault:
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
         self.unlock_path = self.path.with_name(self.path.name + ".unlock")
-        self._lock_path = self.path.with_name(self.path.name + ".lock")
+        self.lock_path = self.path.with_name(self.path.name + ".lock")
         self._env_cache: tuple[str, bytes, bytes] | None = None
 
     def __repr__(self) -> str:
@@ -295,12 +295,12 @@ class Vault:
         """Serialize read-modify-write across processes (two concurrent ``put``s must not lose
         one another's entry)."""
         try:
-            fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+            fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o600)
         except OSError as exc:
             # A missing directory or a read-only one: a clear error, never a traceback (the
             # message is the OS's reason and our own path, no caller value).
             raise VaultError(
-                f"{self._lock_path}: cannot open the lock file: {exc.strerror}"
+                f"{self.lock_path}: cannot open the lock file: {exc.strerror}"
             ) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)

@@ -152,6 +152,10 @@ async def test_a_config_root_owns_is_fine_for_a_daemon_of_another_user(
         return done.stdout.decode().strip()
 
     assert await looked() == "None"
+    dirs = "from affidavit.journal import directory_exposures as d; "
+    looks = f"{dirs}import sys; from pathlib import Path; print(d([(Path(sys.argv[1]), 'c')]))"
+    done = await run(as_user(NOBODY, "-c", looks, str(config)), env=client_env())
+    assert done.stdout.decode().strip() == "[]", done  # root's directories, up to /: normal
     config.chmod(0o664)
     want = f"config file {config} is writable by group or others (mode 0664): chmod 644 {config}"
     assert await looked() == want
@@ -269,3 +273,56 @@ async def test_segment_files_another_user_owns_are_summed_up_with_their_chown(
     assert done.returncode == 0, done
     assert {(p.stat().st_uid, p.stat().st_mode & 0o777) for p in segments} == {(uid, 0o600)}
     assert exposed_files(load_config(config)) == []
+
+
+async def test_serve_refuses_a_journal_directory_its_group_can_write(tmp_path: Path) -> None:
+    """Whoever can write the directory can swap the journal, its keys or the config in it,
+    whatever their own modes: refused, naming the directory and its ``chmod``."""
+    home = tmp_path / "home"
+    home.mkdir()
+    config, _ = _home(home)
+    await _made(home)
+    home.chmod(0o770)
+    err = await _refusal(config)
+    held = (
+        "the config file, the journal, the broker key file, the signing key file and the vault file"
+    )
+    want = f"directory {home} (on the path to {held}) is writable by group or others (mode 0770)"
+    assert f"{want}: chmod 750 {home} -- " in err, err
+    assert err.count("chmod") == 1, err  # the files themselves are private
+
+
+async def test_serve_refuses_a_vault_lock_file_others_can_open(tmp_path: Path) -> None:
+    """Whoever can open it can hold its flock and stall every vault write."""
+    config, _ = _home(tmp_path)
+    await _made(tmp_path)
+    lock = tmp_path / "affidavit.vault.lock"
+    lock.touch(mode=0o600)
+    lock.chmod(0o604)
+    err = await _refusal(config)
+    want = f"vault lock file {lock} is accessible by group or others (mode 0604)"
+    assert f"{want}: chmod 600 {lock} -- " in err, err
+
+
+async def test_serve_refuses_a_credential_file_others_can_read_never_saying_its_content(
+    tmp_path: Path,
+) -> None:
+    """A ``file:`` credential others can read has leaked already: refused at start, not only
+    at the first call that would use it (CREDENTIAL_INVALID then)."""
+    secret = tmp_path / "token"
+    secret.write_text("s3cr3t-canary-value\n")
+    secret.chmod(0o640)
+    target = {"kind": "http", "url": "http://127.0.0.1:9", "methods": ["GET"]}
+    target |= {"credential": f"file:{secret}", "inject": "bearer"}
+    config = write_daemon_config(tmp_path, {"api": target}, socket=tmp_path / "s.sock")
+    await _made(tmp_path)
+    err = await _refusal(config)
+    want = f"credential file {secret} is accessible by group or others (mode 0640)"
+    assert f"{want}: chmod 600 {secret} -- " in err, err
+    assert "s3cr3t" not in err
+    require_root()
+    secret.chmod(0o600)
+    os.chown(secret, NOBODY, NOBODY)  # its owner could swap it (and reads it)
+    err = await _refusal(config)
+    assert f"credential file {secret} is owned by uid {NOBODY}" in err, err
+    assert f"chown 0 {secret} -- " in err and "s3cr3t" not in err, err

@@ -5,16 +5,25 @@ reach").  Real files, real modes; a private journal says nothing."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import trio
 
-from affidavit.journal import Journal, JournalReader, config_exposure, journal_exposures
+from affidavit.journal import (
+    Journal,
+    JournalReader,
+    config_exposure,
+    directory_exposures,
+    exposure,
+    journal_exposures,
+)
 from tests.external import require_root
 from tests.journal.helpers import accepted
 
@@ -302,3 +311,98 @@ def test_a_password_the_agents_group_can_read_is_named(tmp_path: Path) -> None:
     config.chmod(0o644)
     both = config_exposure(config, url, agent_gids=(group,))
     assert both is not None and "readable by others" in both.why and "chmod 640" in both.fix
+
+
+def test_a_directory_others_can_write_on_the_path_to_a_file_is_named_with_its_chmod(
+    tmp_path: Path,
+) -> None:
+    """Whoever can write a directory can rename or replace the files in it, whatever their own
+    modes -- and whoever can write one above can rename the directory itself away."""
+    above, home = tmp_path / "srv", tmp_path / "srv" / "affidavit"
+    home.mkdir(parents=True)
+    db, config = home / "journal.db", home / "affidavit.toml"
+    files = [(db, "journal"), (config, "config file")]  # (a missing file's directory too)
+    assert directory_exposures(files) == []
+    home.chmod(0o775)
+    above.chmod(0o757)
+    said = [str(e) for e in directory_exposures(files)]
+    assert said == [
+        f"directory {home} (on the path to the journal and the config file) is writable by "
+        f"group or others (mode 0775): chmod 755 {home}",
+        f"directory {above} (on the path to the journal and the config file) is writable by "
+        f"group or others (mode 0757): chmod 755 {above}",
+    ]
+
+
+def test_a_sticky_directory_is_fine_its_files_owners_are_checked_instead(tmp_path: Path) -> None:
+    """In a sticky directory (``/tmp``) only a file's owner renames it: the file's own owner
+    rule decides (``/tmp`` itself is above every ``tmp_path``)."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    assert directory_exposures([(shared / "journal.db", "journal")]) == []
+    shared.chmod(0o0777)
+    found = directory_exposures([(shared / "journal.db", "journal")])
+    assert [(e.path, e.fix) for e in found] == [(shared, f"chmod 755 {shared}")]
+
+
+def test_a_directory_another_user_owns_is_named_with_its_chown(tmp_path: Path) -> None:
+    require_root()
+    home = tmp_path / "home"
+    home.mkdir(mode=0o755)
+    os.chown(home, NOBODY, NOBODY)  # 0755: no write bit, but its owner may rename anything
+    (found,) = directory_exposures([(home / "affidavit.toml", "config file")])
+    assert str(found) == (
+        f"directory {home} (on the path to the config file) is owned by uid {NOBODY}, not by "
+        f"this process's uid 0: chown 0 {home}"
+    )
+
+
+def test_the_directory_a_linked_file_resolves_into_is_looked_at_too(tmp_path: Path) -> None:
+    private, loose = tmp_path / "private", tmp_path / "loose"
+    private.mkdir(mode=0o700)
+    loose.mkdir()
+    loose.chmod(0o777)
+    (loose / "broker.key").touch(mode=0o600)
+    (private / "broker.key").symlink_to(loose / "broker.key")
+    found = directory_exposures([(private / "broker.key", "broker key file")])
+    assert [(e.path, e.holding) for e in found] == [(loose, "broker key file")]
+
+
+@contextlib.contextmanager
+def _read_only_mount(where: Path, files: dict[str, int]) -> Iterator[Path]:
+    """A tmpfs at ``where`` (a directory 0777 in it) holding ``files`` (name: mode, nobody's), then
+    remounted read-only -- as a config or a secret mounted ``:ro`` into a container."""
+    require_root()
+    where.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(where)], capture_output=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
+    try:
+        (where / "d").mkdir()
+        (where / "d").chmod(0o777)
+        for name, mode in files.items():
+            (where / "d" / name).write_text("[journal]\n")
+            (where / "d" / name).chmod(mode)
+            os.chown(where / "d" / name, NOBODY, NOBODY)  # another user's: no matter on ro
+        subprocess.run(["mount", "-o", "remount,ro", str(where)], check=True, timeout=30)
+        yield where / "d"
+    finally:
+        subprocess.run(["umount", str(where)], check=True, timeout=30)
+
+
+def test_on_a_read_only_mount_write_bits_are_no_exposure_read_bits_still_are(
+    tmp_path: Path,
+) -> None:
+    """No one writes a read-only mount (nor could the ``chmod`` be run): a config 0664 or a
+    directory 0777 there is fine; a key others can read is read all the same."""
+    files = {"affidavit.toml": 0o664, "broker.key": 0o644}
+    with _read_only_mount(tmp_path / "ro", files) as d:
+        config, key = d / "affidavit.toml", d / "broker.key"
+        assert config_exposure(config, None) is None
+        assert directory_exposures([(config, "config file")]) == []
+        found = exposure(key, "broker key file")
+        assert found is not None and found.fix == f"chown 0 {key} && chmod 600 {key}", found
+        assert found is not None and f"owned by uid {NOBODY}" in found.why  # its owner reads it
+        found = config_exposure(config, "postgresql://u:pw@127.0.0.1/x")
+        assert found is not None and found.fix == f"chown 0 {config} && chmod 660 {config}"
