@@ -3,8 +3,9 @@
 Runs until SIGTERM or SIGINT, then stops accepting, lets calls in flight finish within
 ``[service] shutdown_grace`` and exits 0.  Exit 2 when it cannot start: a bad config, a journal
 another process writes, a live daemon already on the socket, group or others able to reach the
-journal (its lock, its result segments), a key or the vault or another user owning one, or to
-write the config (FILES_EXPOSED, unless ``--allow-exposed-files``) -- the message says which.
+journal (its lock, its result segments), a key, the vault (its lock) or a ``file:`` credential or
+another user owning one, or to write the config or a directory on the path to any of them
+(FILES_EXPOSED, unless ``--allow-exposed-files``) -- the message says which.
 Log lines go to stderr; none carries a secret (only ids, uids, codes and counts).  The process
 runs with umask 077: the files it creates are readable by its own user only; it writes no core
 file (``affidavit.coredump``: the command line forbids them before this runs).
@@ -37,9 +38,9 @@ def add_commands(sub: Any) -> None:
     p.add_argument(
         "--allow-exposed-files",
         action="store_true",
-        help="start even though group/others can reach the journal, a key or the vault, or "
-        "write the config, or another user owns one (each is logged); default: refuse "
-        "(FILES_EXPOSED)",
+        help="start even though group/others can reach the journal, a key, the vault or a "
+        "file: credential, or write the config or a directory above one, or another user owns "
+        "one (each is logged); default: refuse (FILES_EXPOSED)",
     )
     p.set_defaults(handler=_serve, holds_secrets=SECRETS_ALWAYS)
 
@@ -94,7 +95,8 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _refuse_exposed(config: Any, *, allowed: bool) -> None:
     """Refuse to serve (FILES_EXPOSED, exit 2) while another user can reach or owns the journal,
-    a key or the vault, or can write the config -- the daemon is the boundary that keeps them
+    a key, the vault or a ``file:`` credential, or can write the config or a directory on the
+    path to one of them -- the daemon is the boundary that keeps them
     from every other account (docs/deployment.md, "Files others can reach") -- naming each file
     and the command that mends it.  ``allowed`` (``--allow-exposed-files``): serve, and log
     each (``Broker.open``)."""

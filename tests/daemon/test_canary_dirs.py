@@ -40,7 +40,7 @@ async def test_no_answer_names_a_directory_the_broker_keeps_files_in(
         d.mkdir()
     loose, ca = secrets / "loose.token", secrets / "ca.pem"
     loose.write_text("tok")
-    loose.chmod(0o644)
+    loose.chmod(0o600)  # loosened after the start, which refuses it (FILES_EXPOSED)
     shutil.copy(SYSTEM_CA, ca)
     journal = {
         "path": str(home / "journal.db"),
@@ -62,6 +62,7 @@ async def test_no_answer_names_a_directory_the_broker_keeps_files_in(
             f.write(f"\n[vault]\npath = {json.dumps(str(secrets / 'gone.vault'))}\n")
         daemon = await start_daemon(config, socket, log, token)
         try:
+            loose.chmod(0o644)  # each call refuses it: CREDENTIAL_INVALID
             with trio.fail_after(WAIT):
                 ca.unlink()
                 for name in ("api", "loose", "vaulted", "tls"):

@@ -31,7 +31,7 @@ async def test_no_socket_route_and_no_mcp_tool_returns_the_sealed_detail(
 ) -> None:
     loose = tmp_path / "loose-token-file"
     loose.write_text(CANARY)
-    loose.chmod(0o644)  # refused: the detail names the file and its mode
+    loose.chmod(0o600)
     target = {
         "kind": "http",
         "url": "http://127.0.0.1:9",
@@ -41,6 +41,7 @@ async def test_no_socket_route_and_no_mcp_tool_returns_the_sealed_detail(
     }
     seen: list[bytes] = []
     async with running_daemon(tmp_path, {"api": target}, token=None) as daemon:
+        loose.chmod(0o644)  # (after the start, which refuses it) the call's detail names it
         body = json.dumps({"target": "api", "method": "GET", "path": "/"}).encode()
         answer = await trio.to_thread.run_sync(
             blocking_request, str(daemon.socket), "POST", "/v1/calls", body

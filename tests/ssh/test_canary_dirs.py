@@ -57,7 +57,7 @@ async def test_no_ssh_answer_names_a_directory_the_broker_keeps_files_in(
         "box": target(sshd.port, _private(keys / "id", ssh_keys.client_key)),
         "pinned": target(sshd.port, _private(keys / "id2", ssh_keys.client_key), wrong),
         "stranger": target(sshd.port, _private(keys / "other", ssh_keys.other_key)),
-        "loose": target(sshd.port, _private(keys / "loose", ssh_keys.client_key, 0o644)),
+        "loose": target(sshd.port, _private(keys / "loose", ssh_keys.client_key)),
         "gone": target(sshd.port, f"file:{keys / 'gone'}"),
         "public": target(sshd.port, _private(keys / "id.pub", pub)),
         "refused": target(9, _private(keys / "id3", ssh_keys.client_key), nine),
@@ -69,6 +69,7 @@ async def test_no_ssh_answer_names_a_directory_the_broker_keeps_files_in(
     codes: dict[str, str | None] = {}
     daemon = await start_daemon(config, socket, log, None)
     try:
+        (keys / "loose").chmod(0o644)  # after the start, which refuses it: each call does
         with trio.fail_after(WAIT * 2):
             for name in targets:
                 call = json.dumps({"target": name, "command": "echo hi"}).encode()
