@@ -174,7 +174,7 @@ def _judged(
             f"owned by uid {st.st_uid}, not by this process's uid {uid}"
             + (" or root" if rule.root_may_own and uid != 0 else "")
         )
-        fixes.append(f"chown {uid} {quoted}")
+        fixes.append(f"chown {'-h ' if stat.S_ISLNK(st.st_mode) else ''}{uid} {quoted}")
     if mode & bits:
         whys.append(f"{rule.words(mode & bits)} (mode {mode:04o})")
         fixes.append(f"chmod {mode & ~bits:03o} {quoted}")
@@ -220,7 +220,7 @@ def directory_exposures(files: Iterable[tuple[Path, str]]) -> list[Exposure]:
     found = (
         _judged(
             where,
-            "directory",
+            "link" if stat.S_ISLNK(st.st_mode) else "directory",
             _LINK if stat.S_ISLNK(st.st_mode) else DIRECTORY,
             st,
             held[0] if len(held) == 1 else f"{', the '.join(held[:-1])} and the {held[-1]}",

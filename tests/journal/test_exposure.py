@@ -369,6 +369,20 @@ def test_the_directory_a_linked_file_resolves_into_is_looked_at_too(tmp_path: Pa
     assert [(e.path, e.holding) for e in found] == [(loose, "broker key file")]
 
 
+def test_a_link_on_the_way_another_user_owns_is_named_by_its_owner(tmp_path: Path) -> None:
+    """In a sticky directory its owner may replace it; its mode means nothing."""
+    require_root()
+    (tmp_path / "real").mkdir(mode=0o700)
+    link = tmp_path / "state"
+    link.symlink_to(tmp_path / "real")
+    os.lchown(link, NOBODY, NOBODY)
+    (found,) = directory_exposures([(link / "journal.db", "journal")])
+    assert str(found) == (
+        f"link {link} (on the path to the journal) is owned by uid {NOBODY}, not by this "
+        f"process's uid 0: chown -h 0 {link}"  # (the link, not what it names)
+    )
+
+
 @contextlib.contextmanager
 def _read_only_mount(where: Path, files: dict[str, int]) -> Iterator[Path]:
     """A tmpfs at ``where`` (a directory 0777 in it) holding ``files`` (name: mode, nobody's), then
