@@ -52,11 +52,27 @@ def _start_time(pid: int) -> int | None:
     return None if fields[0] in ("Z", "X") else int(fields[19])
 
 
-def owner_alive(root: Path) -> bool | None:
-    """Whether the process ``root/owner`` records still runs; None without a readable record."""
+def _here() -> str | None:
+    """This process's pid namespace and boot: where a recorded pid names the same process
+    (another container sharing ``/dev/shm``, a reboot: the pid means nothing), or None."""
     try:
-        pid, started = map(int, (root / OWNER).read_text().split())
+        ns = os.stat("/proc/self/ns/pid").st_ino
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return None
+    return f"{ns}:{boot}"
+
+
+def owner_alive(root: Path) -> bool | None:
+    """Whether the process ``root/owner`` records still runs; None without a readable record,
+    or one made in another pid namespace or boot (its pid cannot be looked up from here)."""
+    try:
+        pid_s, started_s, where = (root / OWNER).read_text().split()
+        pid, started = int(pid_s), int(started_s)
     except (OSError, ValueError):
+        return None
+    here = _here()
+    if here is None or where != here:
         return None
     return _start_time(pid) == started
 
@@ -77,13 +93,25 @@ def postmaster(data: Path) -> int | None:
 
 def reap(root: Path) -> None:
     """Stop the server of ``root`` (immediate shutdown: SIGQUIT, SIGKILL past ``STOP_WAIT``) and
-    remove the directory."""
-    pid = postmaster(root / "data")
-    if pid is not None:
+    remove the directory.  The process is held by a pidfd from before its command line is
+    checked, so a pid reused in between is never signalled; a server that outlives SIGKILL
+    keeps its files.  (Only a directory whose owner record was made in this pid namespace and
+    boot is reaped by another process: ``owner_alive``.)"""
+    data = root / "data"
+    try:
+        pid = int((data / "postmaster.pid").read_text().split("\n", 1)[0])
+        handle = os.pidfd_open(pid)
+    except (OSError, ValueError):
+        shutil.rmtree(root, ignore_errors=True)  # no pid file, or no such process
+        return
+    try:
+        if postmaster(data) != pid:
+            shutil.rmtree(root, ignore_errors=True)  # that pid is some other process now
+            return
         started = _start_time(pid)
         for signum in (signal.SIGQUIT, signal.SIGKILL):
             try:
-                os.kill(pid, signum)
+                signal.pidfd_send_signal(handle, signum)
             except ProcessLookupError:
                 break
             deadline = time.monotonic() + STOP_WAIT
@@ -91,6 +119,10 @@ def reap(root: Path) -> None:
                 time.sleep(0.05)
             if _start_time(pid) != started:
                 break
+        else:
+            return  # it outlived SIGKILL: its files stay with it
+    finally:
+        os.close(handle)
     shutil.rmtree(root, ignore_errors=True)
 
 
@@ -108,9 +140,11 @@ def reap_stale(parent: Path) -> list[Path]:
 
 def claim(root: Path) -> subprocess.Popen[bytes]:
     """Record this process as ``root``'s owner and start its watchdog (``release`` it)."""
-    record = root / f"{OWNER}.new"
-    record.write_text(f"{os.getpid()} {_start_time(os.getpid())}\n")
-    record.rename(root / OWNER)
+    started, here = _start_time(os.getpid()), _here()
+    if started is not None and here is not None:  # (no /proc: no record, never swept)
+        record = root / f"{OWNER}.new"
+        record.write_text(f"{os.getpid()} {started} {here}\n")
+        record.rename(root / OWNER)
     return subprocess.Popen(
         [sys.executable, "-I", __file__, str(root)],
         stdin=subprocess.PIPE,

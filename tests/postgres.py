@@ -81,17 +81,16 @@ class Cluster:
         pgowner.reap_stale(where)
         root = Path(tempfile.mkdtemp(prefix=pgowner.PREFIX, dir=where))
         root.chmod(0o700)
-        watchdog = pgowner.claim(root)
-        demote = _demote()
-        if demote:
-            os.chown(root, demote["user"], demote["group"])
         password = "pg-canary-" + secrets.token_hex(8)
-        pwfile = root / "pw"
-        pwfile.write_text(password + "\n")
-        if demote:
-            os.chown(pwfile, demote["user"], demote["group"])
-        cluster = cls(postgres.parent, root, free_port(), password, watchdog)
+        cluster = cls(postgres.parent, root, free_port(), password, pgowner.claim(root))
         try:
+            demote = _demote()
+            if demote:
+                os.chown(root, demote["user"], demote["group"])
+            pwfile = root / "pw"
+            pwfile.write_text(password + "\n")
+            if demote:
+                os.chown(pwfile, demote["user"], demote["group"])
             cluster._run(
                 "initdb",
                 "-D", str(cluster.data), "-U", cluster.user, f"--pwfile={pwfile}",
@@ -141,6 +140,9 @@ class Cluster:
     def destroy(self) -> None:
         with contextlib.suppress(subprocess.SubprocessError, OSError):
             self._run("pg_ctl", "-D", str(self.data), "-m", "immediate", "-w", "stop", check=False)
+        # A server pg_ctl could not stop is killed (pgowner.reap), never left running with its
+        # directory gone: no later sweep would find it then.
+        pgowner.reap(self.root)
         shutil.rmtree(self.root, ignore_errors=True)
         if self.watchdog is not None:
             pgowner.release(self.watchdog)

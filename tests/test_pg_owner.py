@@ -30,6 +30,9 @@ CHECKOUT = Path(__file__).resolve().parent.parent
 GONE = 60.0
 """The ceiling on a server's end once its owner is gone."""
 
+HERE = pgowner._here() or ""
+"""This process's pid namespace and boot, as an owner record names them."""
+
 OWNER = """
 import sys
 from tests.postgres import Cluster
@@ -150,7 +153,7 @@ def test_a_process_the_pid_file_names_that_is_not_the_directorys_postgres_is_lef
         root = tmp_path / f"{pgowner.PREFIX}stale"
         (root / "data").mkdir(parents=True)
         (root / "data" / "postmaster.pid").write_text(f"{bystander.pid}\n{root / 'data'}\n")
-        (root / "owner").write_text(f"{gone.pid} {pgowner._start_time(gone.pid)}\n")
+        (root / "owner").write_text(f"{gone.pid} {pgowner._start_time(gone.pid)} {HERE}\n")
         assert pgowner.owner_alive(root) is True
         gone.kill()
         gone.wait()
@@ -165,14 +168,25 @@ def test_a_process_the_pid_file_names_that_is_not_the_directorys_postgres_is_lef
             proc.wait()
 
 
-def test_an_owner_record_names_this_process_by_pid_and_start_time(tmp_path: Path) -> None:
+def test_an_owner_record_names_this_process_by_pid_start_time_namespace_and_boot(
+    tmp_path: Path,
+) -> None:
     root = tmp_path / f"{pgowner.PREFIX}mine"
     root.mkdir()
     assert pgowner.owner_alive(root) is None  # no record: not ours to judge
-    (root / "owner").write_text(f"{os.getpid()} {pgowner._start_time(os.getpid())}\n")
+    started = pgowner._start_time(os.getpid())
+    (root / "owner").write_text(f"{os.getpid()} {started} {HERE}\n")
     assert pgowner.owner_alive(root) is True
-    (root / "owner").write_text(f"{os.getpid()} 1\n")  # this pid, another process's start
+    (root / "owner").write_text(f"{os.getpid()} 1 {HERE}\n")  # this pid, another process's start
     assert pgowner.owner_alive(root) is False
+    # Made in another pid namespace (a container sharing /dev/shm) or before a reboot: its pid
+    # names nothing here, so its owner is not judged gone -- a live session's cluster stays.
+    ns, boot = HERE.split(":", 1)
+    for where in (f"{int(ns) + 1}:{boot}", f"{ns}:another-boot"):
+        (root / "owner").write_text(f"{os.getpid() + 10**6} {started} {where}\n")
+        assert pgowner.owner_alive(root) is None
+    (root / "owner").write_text(f"{os.getpid()} {started}\n")  # the record of an older kit
+    assert pgowner.owner_alive(root) is None
     (root / "owner").write_text("garbage\n")
     assert pgowner.owner_alive(root) is None
     assert pgowner.reap_stale(tmp_path) == [] and root.exists()
