@@ -333,7 +333,8 @@ def summarised(exposures: Iterable[Exposure]) -> list[str]:
 def _summary(directory: Path, found: list[Exposure]) -> str:
     """One entry for the exposed segment files ``found`` in ``directory``."""
     uid = os.geteuid()
-    find = f"find {shlex.quote(str(directory))} -maxdepth 1 -type f -name '*.seg'"
+    # ``directory/``: find descends into a results directory that is a link, too.
+    find = f"find {shlex.quote(str(directory) + '/')} -maxdepth 1 -type f -name '*.seg'"
     whys: list[str] = []
     fixes: list[str] = []
     if any(e.owner is not None for e in found):

@@ -239,6 +239,25 @@ async def test_many_exposed_segment_files_are_one_entry_with_one_command_for_the
     assert exposed_files(load_config(config)) == []
 
 
+async def test_the_one_command_mends_a_results_directory_that_is_a_link(tmp_path: Path) -> None:
+    """The broker follows a results directory that is a link (only segment files are opened
+    ``O_NOFOLLOW``); so does the command it prints -- ``find DIR`` would not descend into it,
+    change nothing and exit 0, and serve would refuse again."""
+    config, _ = _home(tmp_path)
+    await _made(tmp_path)
+    real = tmp_path / "elsewhere"
+    real.mkdir(mode=0o700)
+    (tmp_path / "journal.db.results").symlink_to(real)
+    segments = _segments(tmp_path, 5, 0o644)
+    err = await _refusal(config)
+    assert "5 result segment files in " in err, err
+    fix = err.split(" are accessible by group or others ")[1].split(": ", 1)[1].split(" -- mend")[0]
+    done = await run(["sh", "-c", fix.split("; ")[0]], env=client_env())
+    assert done.returncode == 0, done
+    assert {p.stat().st_mode & 0o777 for p in segments} == {0o600}
+    assert exposed_files(load_config(config)) == []
+
+
 async def test_a_few_exposed_segment_files_keep_their_own_entries(tmp_path: Path) -> None:
     config, _ = _home(tmp_path)
     await _made(tmp_path)
