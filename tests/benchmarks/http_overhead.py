@@ -231,7 +231,8 @@ def paced_fsync_probe(directory: Path, n: int, times: list[float], pause: float 
     some virtual disks a flush after a few idle milliseconds costs several times a back-to-back
     one (issue 15: 0.16 vs ~0.6 ms on its 2-core VM, bare SQLite commits alike), so the c=1
     verdict below is shown against both probes.  The page is preallocated and synced first: no
-    sample pays for the file growing."""
+    sample pays for the file growing.  ``pause=0`` is the control: the same write and flush back
+    to back, so the difference is the idle time's alone."""
     path = directory / "fsync-probe-paced"
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     page = b"x" * 4096
@@ -420,6 +421,7 @@ def run(args: argparse.Namespace, port: int, probe_dir: Path) -> None:
     results: dict[str, list[dict[str, Any]]] = {label: [] for label, _, _ in clients}
     fsyncs: list[float] = []
     paced: list[float] = []
+    in_place: list[float] = []
     loads = [os.getloadavg()[0]]
     for r in range(args.rounds):
         # Rotate the order each round so no client always runs first (or right after another).
@@ -427,6 +429,7 @@ def run(args: argparse.Namespace, port: int, probe_dir: Path) -> None:
         for label, name, src in order:
             fsync_probe(probe_dir, 20, fsyncs)
             paced_fsync_probe(probe_dir, 20, paced)
+            paced_fsync_probe(probe_dir, 20, in_place, pause=0.0)  # the control: no pause
             results[label].append(_run_child(args, name, port, src))
         loads.append(os.getloadavg()[0])
 
@@ -438,8 +441,8 @@ def run(args: argparse.Namespace, port: int, probe_dir: Path) -> None:
     print(f"server: h11+trio keep-alive on 127.0.0.1:{port}, its own process; so is each client")
     print(
         f"journal and fsync probes on {probe_dir}: fsync back to back (write 64 B + os.fsync) "
-        f"{ms(fsync_s)} ms; after {PAUSE * 1000:.0f} ms idle (4 KiB in place + fdatasync) "
-        f"{ms(paced_s)} ms"
+        f"{ms(fsync_s)} ms; 4 KiB in place + fdatasync back to back "
+        f"{ms(statistics.median(in_place))} ms, after {PAUSE * 1000:.0f} ms idle {ms(paced_s)} ms"
     )
     print(
         f"{args.rounds} interleaved rounds, medians; 1-min load average over the run "
