@@ -95,7 +95,7 @@ Handler = Callable[["Api", Request], Awaitable[None]]
 
 _INVOCATION = re.compile(r"/v1/invocations/([^/]+)(/result|/reconcile)?")
 _OPERATION = re.compile(r"/v1/operations/([^/]+)/poll")
-_APPROVAL = re.compile(r"/v1/approvals/([^/]+)(/approve|/deny|/content/[a-z][a-z0-9_]*)?")
+_APPROVAL = re.compile(r"/v1/approvals/([^/]+)(/approve|/deny|/content/[^/]+)?")
 _PROMETHEUS = b"text/plain; version=0.0.4; charset=utf-8"
 
 VIEW_THREADS = 4

@@ -39,6 +39,8 @@ CASES: list[tuple[tuple[str, ...], str | None]] = [
     (("result", NOPE, "--stream", "body"), "INVALID_FIELD"),  # --stream goes with --raw
     (("approvals", "show", NOPE), "NO_SUCH_APPROVAL"),
     (("approvals", "show", NOPE, "--content", "body"), "NO_SUCH_APPROVAL"),
+    # A content name off the protocols' pattern: the daemon used to answer NOT_FOUND (no route).
+    (("approvals", "show", NOPE, "--content", "Content-Type"), "NO_SUCH_APPROVAL"),
     (("approvals", "approve", NOPE, "--note", "checked"), "NO_SUCH_APPROVAL"),
     (("approvals", "deny", NOPE), "NO_SUCH_APPROVAL"),
     (("reconcile", NOPE, "--attest", "committed", "--note", "checked"), "NO_SUCH_INVOCATION"),
