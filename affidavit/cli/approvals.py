@@ -181,7 +181,7 @@ def _list(args: argparse.Namespace) -> int:
     from affidavit.text import printable
 
     head = ("INVOCATION", "TARGET", "EXPIRES IN", "REQUESTER", "CREDENTIAL")
-    print(f"{head[0]:28} {head[1]:12} {head[2]:>10}  {head[3]:9} {head[4]:24} WHAT")
+    print(f"{head[0]:30} {head[1]:12} {head[2]:>10}  {head[3]:9} {head[4]:24} WHAT")
     for row in rows:
         # By the clock the view judged ``expired`` in (the database's on a shared journal),
         # never this host's: ``expires_at`` is in that clock's time.
@@ -191,7 +191,7 @@ def _list(args: argparse.Namespace) -> int:
         # Escaped: a command or URL came from the caller, and must not drive the terminal.
         print(
             printable(
-                f"{row['invocation_id']:28} {row['target'] or '-':12} {expires:>10}  "
+                f"{row['invocation_id']:30} {row['target'] or '-':12} {expires:>10}  "
                 f"{requester!s:9} {row['credential'] or '-':24} {_what(row.get('request'))}"
             )
         )

@@ -282,10 +282,10 @@ def _print_actions(as_json: bool, rows: Iterable[dict[str, Any]]) -> int:
 
         write_array(map(json.JSONEncoder(sort_keys=True).encode, rows))
         return 0
-    _out(f"{'INVOCATION':28} {'SESSION':14} {'PHASE':20} {'OUTCOME':14} {'RETRY':20} CODE")
+    _out(f"{'INVOCATION':30} {'SESSION':14} {'PHASE':20} {'OUTCOME':14} {'RETRY':20} CODE")
     for r in rows:
         _out(
-            f"{r['invocation_id']:28} {r['session'] or '-':14} {r['phase']:20} "
+            f"{r['invocation_id']:30} {r['session'] or '-':14} {r['phase']:20} "
             f"{r['outcome']:14} {r['retry']:20} {r['code'] or '-'}"
         )
     return 0

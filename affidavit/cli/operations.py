@@ -66,12 +66,12 @@ def _list(args: argparse.Namespace) -> int:
         return 0
     from affidavit.text import printable
 
-    print(f"{'OPERATION':28} {'STATE':10} {'POLLS':>5}  {'JOB':24} SUBMITTED BY")
+    print(f"{'OPERATION':29} {'STATE':10} {'POLLS':>5}  {'JOB':24} SUBMITTED BY")
     for o in ops:
         # Escaped: the job id is the remote's, and must neither start a row nor drive the terminal.
         print(
             printable(
-                f"{o['id']:28} {o['state']:10} {o['polls']:>5}  {o['job_id'] or '-'!s:24} "
+                f"{o['id']:29} {o['state']:10} {o['polls']:>5}  {o['job_id'] or '-'!s:24} "
                 f"{o['invocation_id']}"
             )
         )

@@ -42,6 +42,7 @@ async def test_an_embedded_caller_waits_and_an_operator_approves_from_another_pr
                     await trio.sleep(0.1)
             table = await affidavit_cli("approvals", "--config", cfg)
             assert b"env:AFFIDAVIT_TEST_TOKEN" in table.stdout and b"POST http" in table.stdout
+            _lined_up(table.stdout, "TARGET", " api ")
             assert token.encode() not in table.stdout + listed.stdout
             iid = json.loads(listed.stdout)[0]["invocation_id"]
             approved = await affidavit_cli("approvals", "approve", iid, "--config", cfg)
@@ -53,6 +54,7 @@ async def test_an_embedded_caller_waits_and_an_operator_approves_from_another_pr
         assert json.loads(shown.stdout)["approval"] == "granted"
         again = await affidavit_cli("approvals", "deny", iid, "--config", cfg)
         assert again.returncode == 2 and b"NOT_PENDING" in again.stderr
+        _lined_up((await affidavit_cli("actions", "--config", cfg)).stdout, "SESSION", " - ")
     assert len(srv.requests) == 1
 
 
@@ -100,3 +102,10 @@ async def _call(cfg: str, action: dict[str, Any], **kw: Any) -> Any:
         check=False,
         **kw,
     )
+
+
+def _lined_up(table: bytes, column: str, value: str) -> None:
+    """The table's second column starts under its heading: an invocation id is 30 characters
+    (``act_`` and a 26-character ULID), and a 28-wide first column pushed every row two right."""
+    header, row = table.decode().splitlines()[:2]
+    assert row.startswith("act_") and row.index(value) + 1 == header.index(column), table

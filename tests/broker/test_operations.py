@@ -406,6 +406,8 @@ async def test_the_cli_lists_and_polls_operations_with_exit_codes_by_evidence(
     (row,) = json.loads(listed.stdout)
     assert (row["id"], row["state"], row["job_id"]) == (op_id, "pending", "j123")
     assert op_id in table.stdout.decode() and "pending" in table.stdout.decode()
+    head, line = table.stdout.decode().splitlines()  # STATE starts under its heading (ids: 29)
+    assert line.index(" pending ") + 1 == head.index("STATE"), table.stdout
     assert pending.returncode == 0, pending.stderr
     assert json.loads(pending.stdout)["operation"]["state"] == "pending"
     answer = json.loads(done.stdout)
