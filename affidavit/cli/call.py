@@ -446,7 +446,15 @@ def _init(args: argparse.Namespace) -> int:
         ):
             pass
 
-    run_journal(create)
+    try:
+        run_journal(create)
+    except UsageError as exc:  # the config stays: a rerun of the same command finds it there
+        raise UsageError(
+            f"{exc} ({path} is written all the same: the broker's first start opens the "
+            "journal; `affidavit init --force` writes the config again)",
+            exc.code,
+            exc.field,
+        ) from None
     if kept:  # --force rewrites the config, never a journal's records
         print(f"wrote {path}; kept the existing journal at {_where(config)} as it was")
     elif file is None:

@@ -226,6 +226,22 @@ async def test_init_writes_a_loadable_config_and_an_empty_journal(tmp_path: Path
     assert b"empty journal" not in forced.stdout
 
 
+async def test_init_whose_journal_cannot_be_opened_says_its_config_is_written(
+    tmp_path: Path,
+) -> None:
+    """The config is written before the journal is opened: when that fails (a database not
+    reachable: nothing listens on loopback port 1), the refusal says so -- the same command
+    again answered only FILE_EXISTS, with no word of where that file came from."""
+    target = tmp_path / "affidavit.toml"
+    url = "postgresql://affidavit@127.0.0.1:1/affidavit"
+    p = await _cli("init", "--config", str(target), "--journal-url", url)
+    assert p.returncode == 2 and p.stdout == b"", p
+    assert p.stderr.startswith(b"affidavit: JOURNAL_UNAVAILABLE: "), p.stderr
+    assert f"({target} is written all the same".encode() in p.stderr, p.stderr
+    assert b"affidavit init --force" in p.stderr and target.is_file()
+    assert load_config(target).journal.url == url
+
+
 async def test_init_writes_its_config_private_whatever_the_umask(tmp_path: Path) -> None:
     """A new config is 0600 from its first byte: under a desktop's umask 002 it would be
     group-writable, an exposure ``affidavit serve`` refuses (FILES_EXPOSED); ``--force`` rewrites
