@@ -230,7 +230,8 @@ def config_path(explicit: str | None) -> Path:
 
 def load_config(path: str | Path | None = None) -> Config:
     """Read and validate a config file.  Relative paths inside resolve against its directory."""
-    p = config_path(str(path) if path is not None else None)
+    # Absolute from the start: every error names the file as the field errors do.
+    p = Path(os.path.abspath(config_path(str(path) if path is not None else None)))
     try:
         raw = p.read_bytes()
     except FileNotFoundError:
@@ -247,8 +248,7 @@ def load_config(path: str | Path | None = None) -> Config:
         raise ConfigError("", "config file is not UTF-8", p) from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError("", f"invalid TOML: {exc}", p) from None
-    absolute = Path(os.path.abspath(p))
-    return config_from_dict(data, base_dir=absolute.parent, path=absolute)
+    return config_from_dict(data, base_dir=p.parent, path=p)
 
 
 def config_from_dict(

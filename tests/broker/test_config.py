@@ -235,6 +235,22 @@ def test_missing_file_and_bad_toml_are_one_line_errors(tmp_path: Path) -> None:
         load_config(p)
 
 
+def test_every_config_error_names_the_file_by_its_absolute_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Named relatively (``--config affidavit.toml``, the default), a TOML or UTF-8 error
+    named the file as given while a field's error named it absolutely: the same file, two
+    names in one log."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "affidavit.toml").write_text("[targets\nkind=")
+    (tmp_path / "bin.toml").write_bytes(b"\xff\xfe")
+    (tmp_path / "field.toml").write_text("[targets.api]\nkind = 7\n")
+    for name in ("affidavit.toml", "bin.toml", "field.toml", "nope.toml"):
+        with pytest.raises(ConfigError) as info:
+            load_config(name)
+        assert str(info.value).startswith(f"{tmp_path / name}: "), info.value
+
+
 def _replace(text: str, old: str, new: str) -> str:
     assert old in text, old
     return text.replace(old, new, 1)
