@@ -78,6 +78,7 @@ from .errors import (
     VerifyReport,
 )
 from .exposure import (
+    TRUST_ANCHOR,
     Exposure,
     config_exposure,
     directory_exposures,
@@ -97,6 +98,7 @@ from .summary import AsOf, SessionSummary
 
 __all__ = [
     "GENESIS",
+    "TRUST_ANCHOR",
     "AlteredRow",
     "Anchor",
     "ApprovalLapsed",

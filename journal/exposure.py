@@ -20,6 +20,12 @@ a target's credential at their own host, so group/others' write bits and an owne
 this process's user or root are exposures (``CONFIG``); a PostgreSQL journal's URL may carry
 its password, and then others' read bit is one too (``CONFIG_WITH_PASSWORD``).
 
+The files that decide whom the broker trusts -- a target's CA bundle or ``known_hosts`` (any
+field a protocol declares ``trust_anchor``), the auditor's public key the journal seals audit
+copies to -- are public material, held to the config's rule (``TRUST_ANCHOR``): others may read
+them, but whoever can write one (or owns it) can add their own CA or host key and receive the
+credential, or have every audit copy of a payload and result sealed to their own key.
+
 A ``file:`` credential is the secret itself: the broker's alone, as its keys (``PRIVATE``).
 Whoever can write a directory on the path to any of these files can rename or replace the file
 in it, whatever the file's own mode -- a swapped config points a credential at their host -- so
@@ -54,6 +60,7 @@ __all__ = [
     "DIRECTORY",
     "PRIVATE",
     "PRIVATE_DIR",
+    "TRUST_ANCHOR",
     "Exposure",
     "Rule",
     "config_exposure",
@@ -109,6 +116,10 @@ CONFIG_WITH_PASSWORD = Rule(
     read_why="readable by others with the journal URL's password in it",
 )
 """The config whose ``[journal] url`` holds a password: nor may others read it."""
+TRUST_ANCHOR = CONFIG
+"""A file that decides whom the broker trusts (a CA bundle, a ``known_hosts``, the auditor's
+public key): public, so others may read it; not write it; root may own it (the system's CA
+bundle)."""
 DIRECTORY = Rule(
     0o022, "writable by group or others", root_may_own=True, directory=True, sticky_may_write=True
 )

@@ -31,11 +31,12 @@ import trio
 
 from affidavit.approvals import Operator, OperatorError, OperatorPolicy
 from affidavit.approvals import service as approvals
-from affidavit.config import Config, load_config
+from affidavit.config import Config, load_config, trust_anchors
 from affidavit.engine import CallControl, Deliver, Engine, EngineSettings
 from affidavit.engine import approval as engine_approval
 from affidavit.engine.delivery import STORE_ONLY
 from affidavit.journal import (
+    TRUST_ANCHOR,
     Exposure,
     Journal,
     JournalReader,
@@ -66,9 +67,10 @@ def exposed_files(config: Config) -> list[Exposure]:
     """The broker's files named by ``config`` that another user may reach or that another user
     owns (``journal.exposure``): a SQLite journal and its ``-wal``/``-shm``, its lock and its
     result segments, the broker key, the signing key, the vault, its unlock file and its lock,
-    each ``file:`` credential -- and the config itself, which others may read but not write --
-    then the directories on the path to each, which no one else may write (unless sticky) or
-    own.  (The auditor's public key is public.)"""
+    each ``file:`` credential -- the config itself, and the files that decide whom the broker
+    trusts (the auditor's public key, each file a target's fields declare ``trust_anchor``: a
+    CA bundle, a ``known_hosts``), which others may read but not write -- then the directories
+    on the path to each, which no one else may write (unless sticky) or own."""
     files: list[Exposure | None] = []
     placed: list[tuple[Path, str]] = []  # the files whose directories are looked at
     if config.path is not None:
@@ -95,7 +97,30 @@ def exposed_files(config: Config) -> list[Exposure]:
             path = Path(ref.removeprefix("file:"))
             files.append(exposure(path, "credential file"))  # (looked at, never read)
             placed.append((path, "credential file"))
+    anchors = _trust_anchors(config)
+    if config.journal.auditor_public_key is not None:
+        anchors.insert(0, (config.journal.auditor_public_key, "auditor public key file"))
+    for path, what in anchors:
+        files.append(exposure(path, what, TRUST_ANCHOR))  # (public: others may read it)
+        placed.append((path, what))
     return [e for e in files if e is not None] + directory_exposures(placed)
+
+
+def _trust_anchors(config: Config) -> list[tuple[Path, str]]:
+    """Each file the config's targets declare a trust anchor (``schema.trust_anchors``), once,
+    with what it is and whose: ``CA file of target billing`` (``of targets a and b``)."""
+    whose: dict[tuple[Path, str], list[str]] = {}
+    for name in sorted(config.targets):
+        for anchor in trust_anchors(config.targets[name]):
+            whose.setdefault(anchor, []).append(name)
+    return [
+        (path, f"{what} of target{'s' if len(names) > 1 else ''} {_listed(names)}")
+        for (path, what), names in whose.items()
+    ]
+
+
+def _listed(names: list[str]) -> str:
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
 
 
 class Broker:

@@ -1,7 +1,8 @@
 """``affidavit.toml``: the broker's configuration — locating and loading it (``loader``), the
 sample ``affidavit init`` writes (``sample``), and, re-exported from ``affidavit.schema``, the
 error type, the target snapshot the engine binds to each invocation and a target's result
-limit (``result_limit``: its ``max_result`` or the default)."""
+limit (``result_limit``: its ``max_result`` or the default) and the files that decide whom it
+trusts (``trust_anchors``)."""
 
 from affidavit.schema import (
     ConfigError,
@@ -12,6 +13,7 @@ from affidavit.schema import (
     result_limit,
     snapshot,
     snapshot_hash,
+    trust_anchors,
 )
 
 from .address import console_address, console_origin, is_loopback
@@ -51,4 +53,5 @@ __all__ = [
     "send_windows",
     "snapshot",
     "snapshot_hash",
+    "trust_anchors",
 ]

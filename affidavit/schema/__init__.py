@@ -32,6 +32,7 @@ from .target import (
     schema_of,
     snapshot,
     snapshot_hash,
+    trust_anchors,
 )
 from .values import check_host, host_for_url, host_setting, parse_duration
 
@@ -70,4 +71,5 @@ __all__ = [
     "schema_of",
     "snapshot",
     "snapshot_hash",
+    "trust_anchors",
 ]

@@ -151,6 +151,12 @@ class Field:
     """The snapshot leaves the field out while its value is None.  For a setting added after
     journals were written: targets that do not use it keep their snapshot hash, and so every
     fingerprint (a same-key retry across the upgrade still matches); once set, it binds."""
+    trust_anchor: str = ""
+    """The value (a ``Path``, or None: unset) names a file that decides whom the broker trusts
+    -- a CA bundle, a host key list -- and this is what a message calls it (``"CA file"``).
+    Others may read such a file; whoever can write it, or own it, or a directory on its path,
+    could make the broker hand the credential to them: a broker's start checks every one the
+    config's targets declare (``affidavit.api.broker.exposed_files``, ``journal.exposure``)."""
 
     def __post_init__(self) -> None:
         if self.key == "":

@@ -46,6 +46,7 @@ __all__ = [
     "schema_of",
     "snapshot",
     "snapshot_hash",
+    "trust_anchors",
 ]
 
 MAX_BUDGET = 100
@@ -195,6 +196,19 @@ class TargetSchema(Schema[T]):
         """The fields besides ``COMMON``, as the protocol's docs table lists them."""
         return tuple(f for f in self.fields if not any(f is c for c in COMMON))
 
+    def trust_anchors(self, target: T) -> tuple[tuple[Path, str], ...]:
+        """The files ``target`` names in its fields declared ``trust_anchor``, each with what
+        that field calls it (an unset field names none)."""
+        found: list[tuple[Path, str]] = []
+        for f in self.fields:
+            if f.trust_anchor:
+                value = getattr(target, f.name)
+                if value is not None and not isinstance(value, Path):
+                    raise TypeError(f"trust anchor field {f.name!r} holds no Path")
+                if value is not None:
+                    found.append((value, f.trust_anchor))
+        return tuple(found)
+
     def read_target(self, name: str, section: Section, context: LoadContext) -> T:
         """``section`` is ``targets.<name>``, whose ``kind`` chose this schema."""
         section.seen.add("kind")
@@ -248,6 +262,12 @@ _CANONICAL = compact_encoder(sort_keys=True, allow_nan=False)
 def canonical_json(value: object) -> bytes:
     """Sorted keys, no whitespace, UTF-8: one byte string per value, for hashing."""
     return _CANONICAL(value).encode("utf-8")
+
+
+def trust_anchors(target: object) -> tuple[tuple[Path, str], ...]:
+    """The files that decide whom ``target`` trusts, as its schema declares them
+    (``Field.trust_anchor``): each path and what it is."""
+    return schema_of(target).trust_anchors(target)
 
 
 def snapshot(target: object) -> dict[str, Any]:

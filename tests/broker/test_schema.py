@@ -40,6 +40,7 @@ from affidavit.schema import (
     doc_table,
     snapshot,
     snapshot_hash,
+    trust_anchors,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -127,7 +128,10 @@ def test_parsing_and_unknown_keys_follow_the_declaration() -> None:
 def test_every_attribute_of_a_builtin_target_is_bound(kind: str) -> None:
     schema = registered()[kind].target
     attrs = {f.name for f in dataclasses.fields(schema.cls)}  # type: ignore[arg-type]
-    assert all(f.binding for f in schema.fields)
+    # The one exception: SSH's ``known_hosts`` path, kept for the start's exposure check
+    # (``trust_anchor``); the keys read from it are ``host_keys``, which binds.
+    unbound = [f.name for f in schema.fields if not f.binding]
+    assert unbound == (["known_hosts"] if kind == "ssh" else [])
     assert {"kind", "name", *(f.name for f in schema.fields)} == attrs
 
 
@@ -158,6 +162,27 @@ def _table_keys(field: Field) -> tuple[str, ...]:
     """The keys of a table-valued field (its parser is ``Schema.parse_table`` of a schema)."""
     owner = getattr(field.parse, "__self__", None)
     return tuple(getattr(owner, "keys", ()))
+
+
+def test_a_field_declared_a_trust_anchor_names_its_file_and_what_it_is() -> None:
+    """``trust_anchors`` is what a broker's start checks (``api.broker.exposed_files``): each
+    set field declared ``trust_anchor``, its path resolved against the config's directory."""
+    pins = Field(
+        "pins",
+        lambda r: r.resolve_path(r.string()) if r.present else None,
+        default=None,
+        doc="pinned keys",
+        trust_anchor="pin file",
+    )
+    schema = TargetSchema("box", _target_class("pins"), (HOST, *COMMON, pins))
+    assert trust_anchors(_load(schema, pins="pins.txt")) == (
+        (Path("/etc/affidavit/pins.txt"), "pin file"),
+    )
+    assert trust_anchors(_load(schema)) == ()
+    words = Field("words", lambda r: r.string(), default="", doc="no path", trust_anchor="x")
+    bad = TargetSchema("box", _target_class("words"), (HOST, *COMMON, words))
+    with pytest.raises(TypeError, match="trust anchor field 'words' holds no Path"):
+        trust_anchors(_load(bad, words="a"))
 
 
 def test_the_snapshot_hash_of_an_unhashable_target_is_computed_each_time() -> None:

@@ -6,6 +6,7 @@ each (docs/deployment.md, "Files others can reach")."""
 
 from __future__ import annotations
 
+import base64
 import logging
 import os
 from pathlib import Path
@@ -345,3 +346,142 @@ async def test_serve_refuses_a_credential_file_others_can_read_never_saying_its_
     err = await _refusal(config)
     assert f"credential file {secret} is owned by uid {NOBODY}" in err, err
     assert f"chown 0 {secret} -- " in err and "s3cr3t" not in err, err
+
+
+# --- the files that decide whom the broker trusts -----------------------------------------------
+
+
+def _trusting(tmp: Path, *, ca: Path, known_hosts: Path) -> Path:
+    """A daemon config whose HTTPS target trusts ``ca`` and whose SSH target pins the host keys
+    in ``known_hosts`` (one line for 127.0.0.1 written there when it is not there yet)."""
+    if not known_hosts.exists():
+        key = base64.b64encode(b"\0\0\0\x0bssh-ed25519\0\0\0\x20" + b"\x01" * 32).decode()
+        known_hosts.write_text(f"127.0.0.1 ssh-ed25519 {key}\n", encoding="utf-8")
+        known_hosts.chmod(0o644)
+    web = {"kind": "http", "url": "https://127.0.0.1:9", "methods": ["GET"]}
+    web |= {"credential": "env:T", "ca_file": str(ca)}
+    box = {"kind": "ssh", "host": "127.0.0.1", "user": "bob", "credential": "env:T"}
+    box |= {"known_hosts": str(known_hosts)}
+    return write_daemon_config(
+        tmp,
+        {"web": web, "box": box},
+        socket=tmp / "s.sock",
+        journal={"path": str(tmp / "journal.db")},
+    )
+
+
+async def test_serve_refuses_a_ca_file_and_known_hosts_their_group_can_write(
+    tmp_path: Path,
+) -> None:
+    """Whoever can write the CA bundle adds their own CA and reads the credential off the TLS
+    connection; whoever can write ``known_hosts`` pins their own host key and receives it."""
+    ca, known_hosts = tmp_path / "ca.pem", tmp_path / "known_hosts"
+    ca.write_text("-----BEGIN CERTIFICATE-----\n", encoding="utf-8")
+    config = _trusting(tmp_path, ca=ca, known_hosts=known_hosts)
+    await _made(tmp_path)
+    ca.chmod(0o664)
+    known_hosts.chmod(0o664)
+    err = await _refusal(config)
+    named = (("CA file of target web", ca), ("known_hosts file of target box", known_hosts))
+    for what, path in named:
+        want = f"{what} {path} is writable by group or others (mode 0664): chmod 644 {path}"
+        assert want in err, err
+    assert err.count("chmod") == 2 and "BEGIN" not in err and "AAAA" not in err, err
+
+
+async def test_serve_refuses_an_auditor_public_key_others_can_write(tmp_path: Path) -> None:
+    """Swapped, every audit copy of a payload and a result is sealed to the swapper's key."""
+    config, _ = _home(tmp_path)
+    await _made(tmp_path)
+    private, public = tmp_path / "auditor.key", tmp_path / "auditor.pub"
+    done = await run(
+        [PYTHON, "-m", "affidavit", "journal", "audit-keygen", str(private), str(public)],
+        env=client_env(),
+    )
+    assert done.returncode == 0, done.stderr.decode()
+    text = config.read_text(encoding="utf-8")
+    config.write_text(
+        text.replace("[journal]\n", f'[journal]\nauditor_public_key = "{public}"\n', 1),
+        encoding="utf-8",
+    )
+    assert load_config(config).journal.auditor_public_key == public
+    public.chmod(0o646)
+    err = await _refusal(config)
+    want = f"auditor public key file {public} is writable by group or others (mode 0646)"
+    assert f"{want}: chmod 644 {public} -- " in err, err
+
+
+async def test_trust_anchors_others_may_read_say_nothing_but_their_directory_is_looked_at(
+    tmp_path: Path,
+) -> None:
+    """Public material: a 0644 CA file and known_hosts of this user's are fine; a directory
+    others can write on the path to one is named as for any file of the broker's."""
+    anchors = tmp_path / "anchors"
+    anchors.mkdir()
+    ca, known_hosts = anchors / "ca.pem", anchors / "known_hosts"
+    ca.write_text("-----BEGIN CERTIFICATE-----\n", encoding="utf-8")
+    ca.chmod(0o644)
+    config = _trusting(tmp_path, ca=ca, known_hosts=known_hosts)
+    await _made(tmp_path)
+    assert exposed_files(load_config(config)) == []
+    anchors.chmod(0o775)
+    said = [str(e) for e in exposed_files(load_config(config))]
+    held = "the known_hosts file of target box and the CA file of target web"
+    assert said == [
+        f"directory {anchors} (on the path to {held}) is writable by group or others "
+        f"(mode 0775): chmod 755 {anchors}"
+    ]
+
+
+_ANCHORS = (
+    "import sys; from affidavit.api.broker import exposed_files; "
+    "from affidavit.config import load_config; "
+    "print([str(e) for e in exposed_files(load_config(sys.argv[1]))])"
+)
+
+
+async def test_the_system_ca_bundle_and_the_daemon_users_known_hosts_are_fine(
+    shared_socket_dir: Path,
+) -> None:
+    """The README's layout, as the daemon's user: root owns the system CA bundle, the daemon's
+    user its 0644 ``known_hosts`` -- nothing named; another user's ``known_hosts`` is."""
+    require_root()
+    system = Path("/etc/ssl/certs/ca-certificates.crt")
+    if not system.is_file():
+        pytest.skip("no system CA bundle at /etc/ssl/certs/ca-certificates.crt")
+    known_hosts = shared_socket_dir / "known_hosts"
+    config = _trusting(shared_socket_dir, ca=system, known_hosts=known_hosts)
+    os.chown(known_hosts, NOBODY, NOBODY)
+
+    async def looked() -> str:
+        done = await run(as_user(NOBODY, "-c", _ANCHORS, str(config)), env=client_env())
+        assert done.returncode == 0, done.stderr.decode()
+        return done.stdout.decode().strip()
+
+    assert await looked() == "[]"
+    os.chown(known_hosts, 1000, 1000)  # a login user's: they could pin their own host key
+    want = (
+        f"known_hosts file of target box {known_hosts} is owned by uid 1000, not by this "
+        f"process's uid {NOBODY} or root: chown {NOBODY} {known_hosts}"
+    )
+    assert await looked() == f"[{want!r}]"
+
+
+async def test_an_embedded_broker_warns_of_a_known_hosts_others_can_write_and_opens(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``affidavit mcp`` run embedded, or any ``Broker.open``: a warning, not a refusal."""
+    ca, known_hosts = tmp_path / "ca.pem", tmp_path / "known_hosts"
+    ca.write_text("-----BEGIN CERTIFICATE-----\n", encoding="utf-8")
+    config = _trusting(tmp_path, ca=ca, known_hosts=known_hosts)
+    await _made(tmp_path)
+    known_hosts.chmod(0o646)
+    caplog.set_level(logging.WARNING, logger="affidavit.journal")
+    async with Broker.open(config):
+        pass
+    want = (
+        f"known_hosts file of target box {known_hosts} is writable by group or others "
+        f"(mode 0646): chmod 644 {known_hosts}"
+    )
+    said = [r.getMessage() for r in caplog.records if r.name == "affidavit.journal"]
+    assert said == [want], said

@@ -340,6 +340,7 @@ HTTP_TARGET = TargetSchema(
             default=None,
             shown="system trust",
             doc="PEM bundle to trust instead (https only; must exist)",
+            trust_anchor="CA file",
         ),
         Field(
             "proxy",

@@ -9,6 +9,7 @@ import binascii
 import re
 import struct
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 from affidavit.adapters.ssh.known_hosts import known_host_keys
@@ -17,7 +18,6 @@ from affidavit.schema import (
     ApprovalPolicy,
     ConfigError,
     Field,
-    Key,
     Read,
     TargetSchema,
     Timeouts,
@@ -62,6 +62,9 @@ class SshTarget:
     """Which commands wait for an operator's yes (``affidavit.schema.approval``)."""
     reconcile: ReconcileCommand | None
     """The command that settles an unknown outcome (``reconcile.py``)."""
+    known_hosts: Path | None = None
+    """The ``known_hosts`` file ``host_keys`` were read from (None: given inline); not bound
+    (the keys are), looked at by a broker's start (``Field.trust_anchor``)."""
     auth: Literal["password"] | None = None
     """``"password"``: the credential is sent as a password.  None (``auth = "key"``, the
     default): it must be a private key -- a token or a ``.pub`` file is refused before
@@ -146,6 +149,12 @@ def _host_keys(r: Read) -> tuple[str, ...]:
     return keys
 
 
+def _known_hosts(r: Read) -> Path | None:
+    """The file ``host_keys`` read the pinned keys from (None: they are given inline), kept
+    so that a broker's start can check who may write it (``Field.trust_anchor``)."""
+    return r.resolve_path(r.string()) if r.present else None
+
+
 SSH_TARGET = TargetSchema(
     "ssh",
     SshTarget,
@@ -159,14 +168,17 @@ SSH_TARGET = TargetSchema(
             key="host_key",
             shown="one of these two",
             doc='pinned key `"ssh-ed25519 AAAA…"` (or an array, for rotation)',
-            also=(
-                Key(
-                    "known_hosts",
-                    "",
-                    "OpenSSH known_hosts file; entries for `host` (`[host]:port` when not 22), "
-                    "hashed entries supported, `@revoked` honoured, `@cert-authority` ignored",
-                ),
-            ),
+        ),
+        Field(
+            "known_hosts",
+            _known_hosts,
+            default=None,
+            shown="",
+            doc="OpenSSH known_hosts file; entries for `host` (`[host]:port` when not 22), "
+            "hashed entries supported, `@revoked` honoured, `@cert-authority` ignored",
+            binding=False,
+            reason="the keys read from it bind, as host_keys; the path alone changes no peer",
+            trust_anchor="known_hosts file",
         ),
         *COMMON,
         Field(
