@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 from affidavit.adapters.base import AttemptContext, RemoteResult
@@ -72,6 +73,9 @@ class ToyTarget:
     timeout: Timeouts
     max_result: int | None
     idempotent_lines: frozenset[str]
+    trust_file: Path | None = None
+    """A file naming whom the toy trusts (a trust anchor: what a CA bundle is to HTTP); the
+    driver reads nothing from it -- it shows that a declared anchor is checked at start."""
     kind: Literal["toy"] = "toy"
 
 
@@ -87,6 +91,14 @@ TOY_TARGET = TargetSchema(
             lambda r: frozenset(r.string_list()),
             default=[],
             doc="lines this server documents as safe to repeat",
+        ),
+        Field(
+            "trust_file",
+            lambda r: r.resolve_path(r.string()) if r.present else None,
+            default=None,
+            unset_omitted=True,
+            doc="a file naming whom the toy trusts",
+            trust_anchor="toy trust file",
         ),
     ),
 )

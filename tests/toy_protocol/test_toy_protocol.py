@@ -10,6 +10,7 @@ acted on, and (seed: "never claim more than the records prove") the outcome the 
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -66,7 +67,7 @@ def test_a_toy_target_loads_through_its_own_schema() -> None:
             {"colour": "red"},
             "targets.box.colour",
             "unknown setting (allowed: kind, description, host, port, credential, budget, "
-            "timeout, max_result, idempotent_lines)",
+            "timeout, max_result, idempotent_lines, trust_file)",
         ),
     ],
 )
@@ -208,24 +209,74 @@ async def test_a_token_echoed_by_the_toy_server_is_redacted(
     assert TOKEN.encode() not in (tmp_path / "journal.db").read_bytes()
 
 
+async def _affidavit(
+    args: list[str], env: dict[str, str], stdin: bytes = b""
+) -> subprocess.CompletedProcess[bytes]:
+    """``python -m affidavit ARGS`` in a fresh process with ``env``, within ``LIMIT``."""
+    with trio.fail_after(LIMIT):
+        return await trio.run_process(
+            [sys.executable, "-m", "affidavit", *args],
+            stdin=stdin,
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+            env=env,
+        )
+
+
 async def test_a_bad_toy_setting_stops_the_cli_with_the_field_path(
     tmp_path: Path, plugin_env: dict[str, str]
 ) -> None:
     cfg = tmp_path / "affidavit.toml"
     cfg.write_text('[targets.box]\nkind = "toy"\nport = 0\ncredential = "env:T"\n')
-    with trio.fail_after(LIMIT):
-        p = await trio.run_process(
-            [sys.executable, "-m", "affidavit", "call", "--config", str(cfg)],
-            stdin=b"{}",
-            capture_stdout=True,
-            capture_stderr=True,
-            check=False,
-            env=plugin_env,
-        )
+    p = await _affidavit(["call", "--config", str(cfg)], plugin_env, stdin=b"{}")
     assert p.returncode == 2
     assert p.stderr.decode() == (
         f"affidavit: CONFIG_INVALID: {cfg}: targets.box.port: must be between 1 and 65535\n"
     )
+
+
+# --- trust anchors ------------------------------------------------------------------------------
+
+
+def _anchored(tmp: Path, mode: int) -> tuple[Path, Path]:
+    """A config whose toy target names a trust file of ``mode``, and that file."""
+    trusted = tmp / "toy-trust"
+    trusted.write_text("toy-server\n")
+    trusted.chmod(mode)
+    cfg = tmp / "affidavit.toml"
+    cfg.write_text(
+        f'[journal]\npath = "{tmp / "journal.db"}"\n[targets.box]\nkind = "toy"\nport = 7000\n'
+        f'credential = "env:T"\ntrust_file = "{trusted}"\n'
+    )
+    return cfg, trusted
+
+
+async def test_an_installed_protocols_trust_anchor_is_checked_at_start_without_an_edit(
+    tmp_path: Path, plugin_env: dict[str, str]
+) -> None:
+    """The toy declares ``trust_file`` a trust anchor (``Field.trust_anchor``): ``affidavit
+    serve``, finding the toy only through its entry point, refuses while its group can write
+    it -- with no edit to journal/exposure.py or the broker."""
+    cfg, trusted = _anchored(tmp_path, 0o664)
+    p = await _affidavit(["serve", "--config", str(cfg)], plugin_env)
+    err = p.stderr.decode()
+    assert p.returncode == 2, err
+    assert err.startswith("affidavit: FILES_EXPOSED: "), err
+    want = f"toy trust file of target box {trusted} is writable by group or others (mode 0664)"
+    assert f"{want}: chmod 644 {trusted} -- " in err, err
+    assert "toy-server" not in err and "Traceback" not in err
+
+
+@pytest.mark.usefixtures("toy_registered")
+def test_a_toy_trust_file_others_may_only_read_says_nothing(tmp_path: Path) -> None:
+    from affidavit.api.broker import exposed_files
+    from affidavit.config import load_config
+
+    cfg, trusted = _anchored(tmp_path, 0o644)
+    assert exposed_files(load_config(cfg)) == []
+    trusted.chmod(0o646)
+    assert [e.path for e in exposed_files(load_config(cfg))] == [trusted]
 
 
 # --- diagrams and model checks -----------------------------------------------------------------
