@@ -185,6 +185,34 @@ def test_a_field_declared_a_trust_anchor_names_its_file_and_what_it_is() -> None
         trust_anchors(_load(bad, words="a"))
 
 
+def test_the_docs_name_every_trust_anchor_the_start_checks() -> None:
+    """Each built-in trust anchor -- and the auditor's public key -- is named where the
+    exposure check is explained: deployment's "Files others can reach", security's "Who else
+    can reach", configuration's FILES_EXPOSED row."""
+    docs = {
+        name: (ROOT / "docs" / name).read_text(encoding="utf-8")
+        for name in ("deployment.md", "security.md", "configuration.md")
+    }
+    deployment = docs["deployment.md"]
+    places = {
+        "deployment": deployment[deployment.index("### Files others can reach") :],
+        "security": docs["security.md"].split("### Who else can reach")[1].split("\n### ")[0],
+        "configuration": next(
+            line
+            for line in docs["configuration.md"].splitlines()
+            if line.startswith("| `FILES_EXPOSED`")
+        ),
+    }
+    anchors = [f for t in (HTTP_TARGET, SSH_TARGET) for f in t.fields if f.trust_anchor]
+    assert sorted(f.key for f in anchors) == ["ca_file", "known_hosts"]
+    for where, text in places.items():
+        for key in (*(f.key for f in anchors), "auditor_public_key"):
+            assert f"`{key}`" in text, (where, key)
+    for f in anchors:
+        assert f"`{f.trust_anchor} of target" in places["deployment"], f.trust_anchor
+    assert "`auditor public key file`" in places["deployment"]
+
+
 def test_the_snapshot_hash_of_an_unhashable_target_is_computed_each_time() -> None:
     """Hashes are remembered per (frozen, hashable) target; a target holding a list is not
     hashable and must still be bound by its current value."""
