@@ -33,8 +33,9 @@ each directory, up to ``/``, as written and as resolved (as OpenSSH's StrictMode
 ``authorized_keys``; a directory above could be renamed away with everything under it), is
 held to ``DIRECTORY``: no write bit for group or others unless sticky (in ``/tmp`` only a
 file's owner can rename it, and the file's own owner is checked), this user's or root's.  On a
-read-only mount no one writes: a write bit or another owner there is no exposure (nor could a
-``chmod`` mend it); a read bit still is.
+file system mounted read-only as a whole no one writes: a write bit or another owner there is no
+exposure (nor could a ``chmod`` mend it); a read bit still is.  A read-only *bind* mount is
+judged as any other: its source stays writable to whoever its modes let (``_read_only``).
 
 Every process that opens the journal says so, once per file, on the operator's log (stderr
 without one) -- naming the file and the command that fixes it, never refusing: a reader of the
@@ -196,11 +197,26 @@ def _judged(
 
 
 def _read_only(path: Path) -> bool:
-    """Whether ``path`` is on a read-only mount (a config mounted ``:ro``, a secret volume)."""
+    """Whether ``path`` is on a file system mounted read-only as a whole (a squashfs, a tmpfs
+    remounted ``ro``, a container's read-only root), so that no mount of it anywhere writes.
+    Not a read-only *bind* mount (``ProtectSystem=strict``, ``docker -v src:dst:ro``): that
+    mount is read-only, its source is not -- whoever may write the source changes the file
+    under the broker.  Linux: the super block's options in ``/proc/self/mountinfo``; elsewhere
+    never (judged as any other file)."""
     try:
-        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
-    except (OSError, ValueError):
+        if not os.statvfs(path).f_flag & os.ST_RDONLY:
+            return False
+        st = os.stat(path)
+        device = f"{os.major(st.st_dev)}:{os.minor(st.st_dev)}"
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                fields = line.split()
+                if len(fields) > 2 and fields[2] == device and " - " in line:
+                    super_options = line.rsplit(" - ", 1)[1].split()[2:3]
+                    return bool(super_options) and "ro" in super_options[0].split(",")
+    except (OSError, ValueError, IndexError):
         return False
+    return False
 
 
 def directories_to(*starts: Path) -> list[tuple[Path, os.stat_result]]:

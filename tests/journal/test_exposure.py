@@ -420,3 +420,32 @@ def test_on_a_read_only_mount_write_bits_are_no_exposure_read_bits_still_are(
         assert found is not None and f"owned by uid {NOBODY}" in found.why  # its owner reads it
         found = config_exposure(config, "postgresql://u:pw@127.0.0.1/x")
         assert found is not None and found.fix == f"chown 0 {config} && chmod 660 {config}"
+
+
+def test_a_read_only_bind_mount_of_files_others_can_write_is_judged_by_its_source(
+    tmp_path: Path,
+) -> None:
+    """``ProtectSystem=strict`` (docs/deployment.md's unit) and ``docker -v src:dst:ro`` make
+    read-only *bind* mounts: read-only there, while whoever may write the source changes the
+    files under the broker. Only a file system read-only as a whole is exempt (above)."""
+    require_root()
+    source, view = tmp_path / "src", tmp_path / "view"
+    source.mkdir()
+    view.mkdir()
+    source.chmod(0o777)
+    config = source / "affidavit.toml"
+    config.write_text("[journal]\n")
+    config.chmod(0o666)
+    done = subprocess.run(["mount", "--bind", str(source), str(view)], capture_output=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot bind-mount here: {done.stderr.decode().strip()}")
+    try:
+        subprocess.run(["mount", "-o", "remount,bind,ro", str(view)], check=True, timeout=30)
+        seen = view / "affidavit.toml"
+        assert os.statvfs(seen).f_flag & os.ST_RDONLY  # the mount is read-only...
+        found = config_exposure(seen, None)
+        assert found is not None and "writable by group or others (mode 0666)" in found.why
+        named = [e.path for e in directory_exposures([(seen, "config file")])]
+        assert view in named, named  # ...its source is not
+    finally:
+        subprocess.run(["umount", str(view)], check=True, timeout=30)
