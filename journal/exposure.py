@@ -230,15 +230,32 @@ def directories_to(*starts: Path) -> list[tuple[Path, os.stat_result]]:
     return list(seen.items())
 
 
+def _link_hops(path: Path) -> list[Path]:
+    """Where the walk starts for ``path``: each link on the way to the file, one ``readlink``
+    at a time (itself: judged as a link, and every directory above it -- whoever can write the
+    directory holding a link in the middle of a chain re-points it), then the directory of the
+    path it ends at.  Ends after 40 links, as the kernel does."""
+    hop = Path(os.path.abspath(path))
+    hops: list[Path] = []
+    with contextlib.suppress(OSError, ValueError):
+        for _ in range(40):
+            target = os.readlink(hop)
+            hops.append(hop)
+            hop = Path(os.path.normpath(os.path.join(hop.parent, target)))
+    hops.append(hop.parent)
+    return hops
+
+
 def directory_exposures(files: Iterable[tuple[Path, str]]) -> list[Exposure]:
     """Those of the directories on the path to each file (a ``what``) of ``files``: its own,
-    as written and as the file resolves (a link's target's), and every one above, to ``/``
+    as written, at each link of a chain (``_link_hops``) and as the file resolves, and every
+    one above, to ``/``
     (``DIRECTORY``; a link on the way: only its owner).  A path that cannot be walked is left
     to whoever opens the file (it says why); a missing file's directory is still looked at
     (whoever can write it can put the file there first)."""
     seen: dict[Path, tuple[os.stat_result, list[str]]] = {}
     for path, what in files:
-        starts = (Path(os.path.abspath(path)).parent, Path(os.path.realpath(path)).parent)
+        starts = (*_link_hops(Path(path)), Path(os.path.realpath(path)).parent)
         with contextlib.suppress(OSError, ValueError):
             for where, st in directories_to(*starts):
                 held = seen.setdefault(where, (st, []))[1]

@@ -449,3 +449,20 @@ def test_a_read_only_bind_mount_of_files_others_can_write_is_judged_by_its_sourc
         assert view in named, named  # ...its source is not
     finally:
         subprocess.run(["umount", str(view)], check=True, timeout=30)
+
+
+def test_a_directory_holding_a_link_in_the_middle_of_a_chain_is_walked(tmp_path: Path) -> None:
+    """``a/l1 -> b/l2 -> c/f``: whoever can write ``b`` re-points ``l2`` at their own CA or
+    config. The path as written and the one it resolves to never pass through ``b``."""
+    a, b, c = (tmp_path / n for n in "abc")
+    for d in (a, b, c):
+        d.mkdir(mode=0o700)
+    target = c / "f"
+    target.write_text("[journal]\n")
+    (b / "l2").symlink_to(target)
+    (a / "l1").symlink_to(b / "l2")
+    b.chmod(0o777)
+    named = [e.path for e in directory_exposures([(a / "l1", "config file")])]
+    assert named == [b], named
+    b.chmod(0o700)
+    assert directory_exposures([(a / "l1", "config file")]) == []
