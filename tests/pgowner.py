@@ -100,10 +100,16 @@ def reap(root: Path) -> None:
     data = root / "data"
     try:
         pid = int((data / "postmaster.pid").read_text().split("\n", 1)[0])
-        handle = os.pidfd_open(pid)
     except (OSError, ValueError):
-        shutil.rmtree(root, ignore_errors=True)  # no pid file, or no such process
+        shutil.rmtree(root, ignore_errors=True)  # no pid file: no server
         return
+    try:
+        handle = os.pidfd_open(pid)
+    except ProcessLookupError:
+        shutil.rmtree(root, ignore_errors=True)  # its server is gone
+        return
+    except (OSError, AttributeError):
+        return  # no pidfd here (an old kernel, a seccomp profile): its files stay
     try:
         if postmaster(data) != pid:
             shutil.rmtree(root, ignore_errors=True)  # that pid is some other process now

@@ -18,7 +18,6 @@ import itertools
 import os
 import pwd
 import secrets
-import shutil
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -143,7 +142,6 @@ class Cluster:
         # A server pg_ctl could not stop is killed (pgowner.reap), never left running with its
         # directory gone: no later sweep would find it then.
         pgowner.reap(self.root)
-        shutil.rmtree(self.root, ignore_errors=True)
         if self.watchdog is not None:
             pgowner.release(self.watchdog)
             self.watchdog = None

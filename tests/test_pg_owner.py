@@ -10,6 +10,7 @@ would be.  Every wait has a ceiling (``GONE``), never a timing."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import signal
 import subprocess
@@ -190,3 +191,31 @@ def test_an_owner_record_names_this_process_by_pid_start_time_namespace_and_boot
     (root / "owner").write_text("garbage\n")
     assert pgowner.owner_alive(root) is None
     assert pgowner.reap_stale(tmp_path) == [] and root.exists()
+
+
+def test_without_a_pidfd_a_live_pid_files_directory_is_left_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An old kernel or a seccomp profile without ``pidfd_open``: the server the pid file names
+    cannot be held, so neither it nor its files are touched (only a pid that is gone frees the
+    directory)."""
+    live = subprocess.Popen(["sleep", str(GONE)])
+    try:
+        root = tmp_path / f"{pgowner.PREFIX}nopidfd"
+        (root / "data").mkdir(parents=True)
+        (root / "data" / "postmaster.pid").write_text(f"{live.pid}\n{root / 'data'}\n")
+
+        def no_pidfd(pid: int) -> int:
+            raise OSError(errno.ENOSYS, "pidfd_open")
+
+        monkeypatch.setattr(os, "pidfd_open", no_pidfd)
+        pgowner.reap(root)
+        assert root.exists() and live.poll() is None
+        monkeypatch.undo()
+        live.kill()
+        live.wait()
+        pgowner.reap(root)
+        assert not root.exists()
+    finally:
+        live.kill()
+        live.wait()
