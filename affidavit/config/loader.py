@@ -8,6 +8,7 @@ file, the field path to fix (``targets.billing.inject``) and why — never a tra
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import tomllib
@@ -230,8 +231,11 @@ def config_path(explicit: str | None) -> Path:
 
 def load_config(path: str | Path | None = None) -> Config:
     """Read and validate a config file.  Relative paths inside resolve against its directory."""
-    # Absolute from the start: every error names the file as the field errors do.
-    p = Path(os.path.abspath(config_path(str(path) if path is not None else None)))
+    p = config_path(str(path) if path is not None else None)
+    # Absolute from the start: every error names the file as the field errors do (as given
+    # when there is no working directory to resolve it against: one removed under us).
+    with contextlib.suppress(OSError):
+        p = Path(os.path.abspath(p))
     try:
         raw = p.read_bytes()
     except FileNotFoundError:

@@ -714,3 +714,16 @@ def test_redirect_origins_are_normalized_and_need_follow_redirects(tmp_path: Pat
     with pytest.raises(ConfigError) as info:
         load(tmp_path, without_follow)
     assert info.value.field == "targets.billing.redirect_origins"
+
+
+def test_a_config_named_from_a_removed_working_directory_is_not_found_as_given(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    monkeypatch.chdir(gone)
+    gone.rmdir()
+    with pytest.raises(ConfigError) as info:
+        load_config("affidavit.toml")
+    assert info.value.code == "CONFIG_NOT_FOUND", info.value
+    assert str(info.value).startswith("affidavit.toml: config file not found"), info.value
