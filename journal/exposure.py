@@ -196,6 +196,10 @@ def _judged(
     return Exposure(path, what, " and ".join(whys), " && ".join(fixes), mode & bits, owner, holding)
 
 
+MOUNTINFO = Path("/proc/self/mountinfo")
+"""Where this process's mounts and their file systems' super block options are listed."""
+
+
 def _read_only(path: Path) -> bool:
     """Whether ``path`` is on a file system mounted read-only as a whole (a squashfs, a tmpfs
     remounted ``ro``, a container's read-only root), so that no mount of it anywhere writes.
@@ -208,7 +212,7 @@ def _read_only(path: Path) -> bool:
             return False
         st = os.stat(path)
         device = f"{os.major(st.st_dev)}:{os.minor(st.st_dev)}"
-        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
+        with open(MOUNTINFO, encoding="utf-8", errors="replace") as f:
             for line in f:
                 fields = line.split()
                 if len(fields) > 2 and fields[2] == device and " - " in line:

@@ -49,6 +49,7 @@ __all__ = [
     "ProgramFailed",
     "free_port",
     "listening",
+    "require_file",
     "require_module",
     "require_root",
 ]
@@ -97,6 +98,15 @@ def _skip_or_fail(reason: str, detail: str) -> None:
     if _flag(REQUIRE_ENV):
         pytest.fail(f"{reason} ({detail}; {REQUIRE_ENV}=1 forbids the skip)")
     pytest.skip(reason)
+
+
+def require_file(path: str, package: str) -> Path:
+    """A file a package installs (the system CA bundle): its path; otherwise skipped with the
+    reason ``<package> not installed``, or a failure when ``AFFIDAVIT_REQUIRE_PROGRAMS=1``
+    (``.ci/run`` installs the package)."""
+    if not Path(path).is_file():
+        _skip_or_fail(f"{package} not installed", f"no {path}")
+    return Path(path)
 
 
 def require_root() -> None:

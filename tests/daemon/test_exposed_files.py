@@ -17,7 +17,7 @@ from affidavit.api.broker import Broker, exposed_files
 from affidavit.config import load_config
 from affidavit.journal import Journal, config_exposure
 from affidavit.secrets.vault import Vault
-from tests.external import require_root
+from tests.external import require_file, require_root
 
 from .kit import NOBODY, PYTHON, as_user, client_env, run, start_daemon, stop, write_daemon_config
 
@@ -446,9 +446,7 @@ async def test_the_system_ca_bundle_and_the_daemon_users_known_hosts_are_fine(
     """The README's layout, as the daemon's user: root owns the system CA bundle, the daemon's
     user its 0644 ``known_hosts`` -- nothing named; another user's ``known_hosts`` is."""
     require_root()
-    system = Path("/etc/ssl/certs/ca-certificates.crt")
-    if not system.is_file():
-        pytest.skip("no system CA bundle at /etc/ssl/certs/ca-certificates.crt")
+    system = require_file("/etc/ssl/certs/ca-certificates.crt", "ca-certificates")
     known_hosts = shared_socket_dir / "known_hosts"
     config = _trusting(shared_socket_dir, ca=system, known_hosts=known_hosts)
     os.chown(known_hosts, NOBODY, NOBODY)

@@ -5,13 +5,13 @@ reach").  Real files, real modes; a private journal says nothing."""
 
 from __future__ import annotations
 
-import contextlib
+import importlib
 import logging
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -26,6 +26,9 @@ from affidavit.journal import (
 )
 from tests.external import require_root
 from tests.journal.helpers import accepted
+
+exposure_module = importlib.import_module("affidavit.journal.exposure")
+"""The module (``affidavit.journal.exposure`` is also the name of its function)."""
 
 NOBODY = 65534
 
@@ -383,72 +386,74 @@ def test_a_link_on_the_way_another_user_owns_is_named_by_its_owner(tmp_path: Pat
     )
 
 
-@contextlib.contextmanager
-def _read_only_mount(where: Path, files: dict[str, int]) -> Iterator[Path]:
-    """A tmpfs at ``where`` (a directory 0777 in it) holding ``files`` (name: mode, nobody's), then
-    remounted read-only -- as a config or a secret mounted ``:ro`` into a container."""
-    require_root()
-    where.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(where)], capture_output=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
-    try:
-        (where / "d").mkdir()
-        (where / "d").chmod(0o777)
-        for name, mode in files.items():
-            (where / "d" / name).write_text("[journal]\n")
-            (where / "d" / name).chmod(mode)
-            os.chown(where / "d" / name, NOBODY, NOBODY)  # another user's: no matter on ro
-        subprocess.run(["mount", "-o", "remount,ro", str(where)], check=True, timeout=30)
-        yield where / "d"
-    finally:
-        subprocess.run(["umount", str(where)], check=True, timeout=30)
+def _mounted_read_only(
+    monkeypatch: pytest.MonkeyPatch, where: Path, files: dict[str, int], *, whole: bool
+) -> Path:
+    """A directory 0777 under ``where`` holding ``files`` (name: mode, nobody's), seen as on a
+    read-only mount: ``statvfs`` says ``ST_RDONLY`` for it, and the mount table lists its device
+    with super block options ``ro`` (``whole``: a file system read-only as a whole, a squashfs
+    or a tmpfs remounted ``ro``) or ``rw`` (a read-only *bind* mount of a writable source).  No
+    real mount: CI may run without the privilege to make one.  What the kernel reports in both
+    cases was checked on a real tmpfs remounted ``ro`` and a real ``mount --bind`` remounted
+    ``bind,ro`` (the mount flag ro in both; the super block ro only in the first)."""
+    require_root()  # to give the files to another user
+    d = where / "d"
+    d.mkdir(parents=True)
+    d.chmod(0o777)
+    for name, mode in files.items():
+        (d / name).write_text("[journal]\n")
+        (d / name).chmod(mode)
+        os.chown(d / name, NOBODY, NOBODY)  # another user's: no matter on a whole ro fs
+    st = os.stat(d)
+    device = f"{os.major(st.st_dev)}:{os.minor(st.st_dev)}"
+    table = where / "mountinfo"
+    table.write_text(
+        "22 27 0:21 / /proc rw,relatime - proc proc rw\n"
+        f"90 27 {device} / {where} ro,relatime - tmpfs tmpfs {'ro' if whole else 'rw'},size=1m\n"
+    )
+    monkeypatch.setattr(exposure_module, "MOUNTINFO", table)
+    real = os.statvfs
+
+    class ReadOnly:
+        def __init__(self, path: Any) -> None:
+            self.f_flag = real(path).f_flag | (os.ST_RDONLY if Path(path).is_relative_to(d) else 0)
+
+    monkeypatch.setattr(os, "statvfs", ReadOnly)
+    return d
 
 
-def test_on_a_read_only_mount_write_bits_are_no_exposure_read_bits_still_are(
-    tmp_path: Path,
+def test_on_a_read_only_file_system_write_bits_are_no_exposure_read_bits_still_are(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """No one writes a read-only mount (nor could the ``chmod`` be run): a config 0664 or a
-    directory 0777 there is fine; a key others can read is read all the same."""
+    """No one writes a file system mounted read-only as a whole (nor could the ``chmod`` be
+    run): a config 0664 or a directory 0777 there is fine; a key others can read is read all
+    the same."""
     files = {"affidavit.toml": 0o664, "broker.key": 0o644}
-    with _read_only_mount(tmp_path / "ro", files) as d:
-        config, key = d / "affidavit.toml", d / "broker.key"
-        assert config_exposure(config, None) is None
-        assert directory_exposures([(config, "config file")]) == []
-        found = exposure(key, "broker key file")
-        assert found is not None and found.fix == f"chown 0 {key} && chmod 600 {key}", found
-        assert found is not None and f"owned by uid {NOBODY}" in found.why  # its owner reads it
-        found = config_exposure(config, "postgresql://u:pw@127.0.0.1/x")
-        assert found is not None and found.fix == f"chown 0 {config} && chmod 660 {config}"
+    d = _mounted_read_only(monkeypatch, tmp_path / "ro", files, whole=True)
+    config, key = d / "affidavit.toml", d / "broker.key"
+    assert config_exposure(config, None) is None
+    assert directory_exposures([(config, "config file")]) == []
+    found = exposure(key, "broker key file")
+    assert found is not None and found.fix == f"chown 0 {key} && chmod 600 {key}", found
+    assert found is not None and f"owned by uid {NOBODY}" in found.why  # its owner reads it
+    found = config_exposure(config, "postgresql://u:pw@127.0.0.1/x")
+    assert found is not None and found.fix == f"chown 0 {config} && chmod 660 {config}"
 
 
 def test_a_read_only_bind_mount_of_files_others_can_write_is_judged_by_its_source(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``ProtectSystem=strict`` (docs/deployment.md's unit) and ``docker -v src:dst:ro`` make
     read-only *bind* mounts: read-only there, while whoever may write the source changes the
     files under the broker. Only a file system read-only as a whole is exempt (above)."""
-    require_root()
-    source, view = tmp_path / "src", tmp_path / "view"
-    source.mkdir()
-    view.mkdir()
-    source.chmod(0o777)
-    config = source / "affidavit.toml"
-    config.write_text("[journal]\n")
-    config.chmod(0o666)
-    done = subprocess.run(["mount", "--bind", str(source), str(view)], capture_output=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot bind-mount here: {done.stderr.decode().strip()}")
-    try:
-        subprocess.run(["mount", "-o", "remount,bind,ro", str(view)], check=True, timeout=30)
-        seen = view / "affidavit.toml"
-        assert os.statvfs(seen).f_flag & os.ST_RDONLY  # the mount is read-only...
-        found = config_exposure(seen, None)
-        assert found is not None and "writable by group or others (mode 0666)" in found.why
-        named = [e.path for e in directory_exposures([(seen, "config file")])]
-        assert view in named, named  # ...its source is not
-    finally:
-        subprocess.run(["umount", str(view)], check=True, timeout=30)
+    d = _mounted_read_only(monkeypatch, tmp_path / "bind", {"affidavit.toml": 0o666}, whole=False)
+    config = d / "affidavit.toml"
+    assert os.statvfs(config).f_flag & os.ST_RDONLY  # the mount is read-only...
+    found = config_exposure(config, None)
+    assert found is not None and "writable by group or others (mode 0666)" in found.why
+    assert found is not None and f"owned by uid {NOBODY}" in found.why
+    named = [e.path for e in directory_exposures([(config, "config file")])]
+    assert d in named, named  # ...its source is not
 
 
 def test_a_directory_holding_a_link_in_the_middle_of_a_chain_is_walked(tmp_path: Path) -> None:
