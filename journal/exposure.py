@@ -253,10 +253,9 @@ def _link_hops(path: Path) -> list[Path]:
 def directory_exposures(files: Iterable[tuple[Path, str]]) -> list[Exposure]:
     """Those of the directories on the path to each file (a ``what``) of ``files``: its own,
     as written, at each link of a chain (``_link_hops``) and as the file resolves, and every
-    one above, to ``/``
-    (``DIRECTORY``; a link on the way: only its owner).  A path that cannot be walked is left
-    to whoever opens the file (it says why); a missing file's directory is still looked at
-    (whoever can write it can put the file there first)."""
+    one above, to ``/`` (``DIRECTORY``; a link on the way: only its owner).  A path that cannot
+    be walked is left to whoever opens the file (it says why); a missing file's directory is
+    still looked at (whoever can write it can put the file there first)."""
     seen: dict[Path, tuple[os.stat_result, list[str]]] = {}
     for path, what in files:
         starts = (*_link_hops(Path(path)), Path(os.path.realpath(path)).parent)
