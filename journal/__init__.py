@@ -78,6 +78,7 @@ from .errors import (
     VerifyReport,
 )
 from .exposure import (
+    CREDENTIAL,
     TRUST_ANCHOR,
     Exposure,
     config_exposure,
@@ -97,6 +98,7 @@ from .store import Journal
 from .summary import AsOf, SessionSummary
 
 __all__ = [
+    "CREDENTIAL",
     "GENESIS",
     "TRUST_ANCHOR",
     "AlteredRow",

@@ -14,11 +14,11 @@ write) and keep a daemon from starting; another owner can replace any of them.  
 the broker's alone (``PRIVATE``: no bit for group or others, this process's user the owner).
 
 The config is the operator's, not the broker's: it names targets, credential references (never
-a value: ``env:``/``file:``/``vault:``) and the journal, so others reading it is normal, and
-root owning it is the usual layout (``root:affidavit 0640``).  Whoever can *write* it can point
-a target's credential at their own host, so group/others' write bits and an owner other than
-this process's user or root are exposures (``CONFIG``); a PostgreSQL journal's URL may carry
-its password, and then others' read bit is one too (``CONFIG_WITH_PASSWORD``).
+a value: ``env:``/``file:``/``systemd:``/``vault:``) and the journal, so others reading it is
+normal, and root owning it is the usual layout (``root:affidavit 0640``).  Whoever can *write*
+it can point a target's credential at their own host, so group/others' write bits and an owner
+other than this process's user or root are exposures (``CONFIG``); a PostgreSQL journal's URL
+may carry its password, and then others' read bit is one too (``CONFIG_WITH_PASSWORD``).
 
 The files that decide whom the broker trusts -- a target's CA bundle or ``known_hosts`` (any
 field a protocol declares ``trust_anchor``), the auditor's public key the journal seals audit
@@ -26,7 +26,9 @@ copies to -- are public material, held to the config's rule (``TRUST_ANCHOR``): 
 them, but whoever can write one (or owns it) can add their own CA or host key and receive the
 credential, or have every audit copy of a payload and result sealed to their own key.
 
-A ``file:`` credential is the secret itself: the broker's alone, as its keys (``PRIVATE``).
+A ``file:`` or ``systemd:`` credential is the secret itself: the broker's alone, as its keys
+(``CREDENTIAL``) -- or root's, lent to this user by an ACL entry, as systemd's
+``LoadCredential=`` makes it (root ``0400`` plus ``user:<the service>:r``).
 Whoever can write a directory on the path to any of these files can rename or replace the file
 in it, whatever the file's own mode -- a swapped config points a credential at their host -- so
 each directory, up to ``/``, as written and as resolved (as OpenSSH's StrictModes walks to
@@ -36,6 +38,14 @@ file's owner can rename it, and the file's own owner is checked), this user's or
 file system mounted read-only as a whole no one writes: a write bit or another owner there is no
 exposure (nor could a ``chmod`` mend it); a read bit still is.  A read-only *bind* mount is
 judged as any other: its source stays writable to whoever its modes let (``_read_only``).
+
+With a POSIX access ACL the group bits ``stat`` shows are the ACL's mask: then its entries are
+judged instead (``affidavit.acl``) -- a named user other than this user and root, a named group,
+the owning group, with effective access the rule forbids, each named (``user:1000 can read``)
+with the ``setfacl`` that mends it.  Default ACLs are not judged (they only seed new files; the
+files are judged), and an ACL that cannot be read leaves the mode bits to judge, the mask as the
+group's: never less than before.  Only a file whose group bits are set is asked for its ACL
+(with none set, no entry but the owner's and others' has access): one more ``getxattr`` for few.
 
 Every process that opens the journal says so, once per file, on the operator's log (stderr
 without one) -- naming the file and the command that fixes it, never refusing: a reader of the
@@ -55,9 +65,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from affidavit.acl import Grant, access_entries, grants, read_may, setfacl
+
 __all__ = [
     "CONFIG",
     "CONFIG_WITH_PASSWORD",
+    "CREDENTIAL",
     "DIRECTORY",
     "PRIVATE",
     "PRIVATE_DIR",
@@ -94,6 +107,9 @@ class Rule:
     read_bits: int = 0
     read_why: str = ""
     sticky_may_write: bool = False
+    root_may_lend: bool = False
+    """Root may own it when its access ACL lets this process's user read it: how systemd's
+    ``LoadCredential=`` hands a service its credential (``affidavit.acl.read_may``)."""
 
     def words(self, found: int) -> str:
         """What the offending bits ``found`` (some of ``bits``) make the file."""
@@ -105,6 +121,10 @@ class Rule:
 
 PRIVATE = Rule(0o077, "accessible by group or others")
 """The broker's own files: its user's, no bit for anyone else."""
+CREDENTIAL = Rule(0o077, "accessible by group or others", root_may_lend=True)
+"""A credential (``file:``, ``systemd:``): as the broker's own, or root's lent by an ACL entry
+naming this process's user (the file ``LoadCredential=`` places: ``root``, ``0400`` and
+``user:<the service>:r``, shown ``0440``)."""
 PRIVATE_DIR = Rule(0o077, "accessible by group or others", directory=True)
 """The broker's own directory (the segments'): the same."""
 CONFIG = Rule(0o022, "writable by group or others", root_may_own=True)
@@ -146,6 +166,8 @@ class Exposure:
     owner: int | None = None
     """The uid found owning it, when that is not allowed (None: the owner is fine)."""
     holding: str = ""
+    granted: tuple[str, ...] = ()
+    """Those an access ACL lets in that the rule does not (``user:1000``), if any."""
 
     def __str__(self) -> str:
         on = f" (on the path to the {self.holding})" if self.holding else ""
@@ -170,14 +192,24 @@ def _judged(
     path: Path, what: str, rule: Rule, st: os.stat_result, holding: str = ""
 ) -> Exposure | None:
     """``path``'s exposure under ``rule``, ``st`` what ``stat`` (``lstat`` for a link: never
-    on a read-only mount, then -- the mount is the target's) says of it."""
+    on a read-only mount, then -- the mount is the target's) says of it.  With an access ACL
+    the group bits are its mask: its entries are judged instead (``_acl``)."""
     uid = os.geteuid()
     mode = stat.S_IMODE(st.st_mode)
+    link = stat.S_ISLNK(st.st_mode)
     bits = rule.bits & ~_WRITE if rule.sticky_may_write and mode & stat.S_ISVTX else rule.bits
-    foreign = st.st_uid != uid and not (rule.root_may_own and st.st_uid == 0)
-    if (foreign or mode & bits & _WRITE) and not stat.S_ISLNK(st.st_mode) and _read_only(path):
+    entries = None if link or not mode & 0o070 else _acl(path)
+    foreign = st.st_uid != uid and not (
+        st.st_uid == 0
+        and (rule.root_may_own or (rule.root_may_lend and read_may(entries or (), uid)))
+    )
+    if (foreign or mode & bits & _WRITE) and not link and _read_only(path):
         bits &= ~_WRITE  # no one writes here; another owner could only read, if others may not
         foreign = foreign and bool(rule.bits & _READ)
+    granted: list[Grant] = []
+    if entries is not None:
+        granted = grants(entries, st.st_gid, (bits >> 3) & 7, uid)
+        bits &= ~0o070  # the mask: the entries above say who has what
     whys: list[str] = []
     fixes: list[str] = []
     quoted = shlex.quote(str(path))
@@ -186,14 +218,30 @@ def _judged(
             f"owned by uid {st.st_uid}, not by this process's uid {uid}"
             + (" or root" if rule.root_may_own and uid != 0 else "")
         )
-        fixes.append(f"chown {'-h ' if stat.S_ISLNK(st.st_mode) else ''}{uid} {quoted}")
+        fixes.append(f"chown {'-h ' if link else ''}{uid} {quoted}")
     if mode & bits:
         whys.append(f"{rule.words(mode & bits)} (mode {mode:04o})")
         fixes.append(f"chmod {mode & ~bits:03o} {quoted}")
+    if granted:
+        whys.append(f"reachable through its access ACL ({'; '.join(map(str, granted))})")
+        fixes.append(setfacl(granted, str(path)))
     if not whys:
         return None
     owner = st.st_uid if foreign else None
-    return Exposure(path, what, " and ".join(whys), " && ".join(fixes), mode & bits, owner, holding)
+    held = tuple(g.who for g in granted)
+    return Exposure(
+        path, what, " and ".join(whys), " && ".join(fixes), mode & bits, owner, holding, held
+    )
+
+
+def _acl(path: Path) -> tuple[tuple[int, int, int], ...] | None:
+    """``path``'s access ACL entries (``affidavit.acl``), or None: it has none -- or it cannot
+    be read, and then the mode bits are judged as they show (the mask as the group's: never
+    less than an ACL grants)."""
+    try:
+        return access_entries(path)
+    except (OSError, ValueError):
+        return None
 
 
 MOUNTINFO = Path("/proc/self/mountinfo")
@@ -393,6 +441,9 @@ def _summary(directory: Path, found: list[Exposure]) -> str:
     if bits:
         whys.append(f"accessible by group or others (bits {bits:03o} among them)")
         fixes.append(f"{find} -perm /077 -exec chmod go= {{}} +")
+    if any(e.granted for e in found):
+        whys.append("reachable through their access ACLs")
+        fixes.append(f"{find} -exec setfacl -b {{}} +")
     names = ", ".join(e.path.name for e in found[:EXAMPLES])
     return (
         f"{len(found)} result segment files in {directory} are {' or '.join(whys)} "

@@ -24,6 +24,7 @@ import importlib
 import os
 import shutil
 import socket
+import struct
 import subprocess
 import sys
 import time
@@ -51,6 +52,7 @@ __all__ = [
     "listening",
     "require_file",
     "require_module",
+    "require_posix_acl",
     "require_root",
 ]
 
@@ -115,6 +117,29 @@ def require_root() -> None:
     ``AFFIDAVIT_REQUIRE_PROGRAMS=1`` (CI runs as root)."""
     if os.geteuid() != 0:
         _skip_or_fail("needs root to switch uid", f"running as uid {os.geteuid()}")
+
+
+def require_posix_acl(path: Path, *entries: tuple[int, int, int]) -> None:
+    """Set the access ACL of ``entries`` (``(tag, perm, id)``, ``affidavit.acl``'s tags; id
+    ignored but for USER and GROUP) on ``path`` -- as ``setfacl`` does, through the
+    ``system.posix_acl_access`` attribute.  Where the file system or the platform takes none
+    (no ``os.setxattr``, ENOTSUP) or this user may not set it: skipped with the reason ``needs
+    POSIX ACL support``, or a failure when ``AFFIDAVIT_REQUIRE_PROGRAMS=1`` (CI's /tmp takes
+    them)."""
+    from affidavit.acl import ACCESS, GROUP, USER, VERSION
+
+    raw = struct.pack("<I", VERSION) + b"".join(
+        struct.pack("<HHI", tag, perm, who if tag in (USER, GROUP) else 0xFFFFFFFF)
+        for tag, perm, who in sorted(entries)  # the kernel takes them in this order only
+    )
+    setxattr = getattr(os, "setxattr", None)
+    if setxattr is None:
+        _skip_or_fail("needs POSIX ACL support", "no os.setxattr on this platform")
+        return
+    try:
+        setxattr(path, ACCESS, raw)
+    except OSError as exc:
+        _skip_or_fail("needs POSIX ACL support", f"setxattr on {path}: {exc.strerror}")
 
 
 def require_glibc() -> None:

@@ -5,6 +5,7 @@ reason ``<package> not installed`` when it is missing, a failure instead when
 from __future__ import annotations
 
 import ast
+import errno
 import os
 import subprocess
 import sys
@@ -188,3 +189,30 @@ def test_every_skip_goes_through_the_rule_that_ci_turns_into_a_failure() -> None
     mine = {ROOT / "tests" / "external.py", Path(__file__).resolve()}
     found = [s for p in sorted((ROOT / "tests").rglob("*.py")) if p not in mine for s in _skips(p)]
     assert found == []
+
+
+def test_a_test_needing_posix_acls_skips_with_the_reason_or_fails_when_required(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The ACL exposure tests set ``system.posix_acl_access``: a file system without ACLs (or
+    a platform without extended attributes) skips them by the same rule as a program."""
+    from affidavit.acl import GROUP_OBJ, OTHER, USER_OBJ, access_entries
+    from tests.external import require_posix_acl
+
+    path = tmp_path / "f"
+    path.write_bytes(b"")
+
+    def unsupported(*args: object) -> None:
+        raise OSError(errno.ENOTSUP, "Operation not supported")
+
+    base = ((USER_OBJ, 6, 0), (GROUP_OBJ, 0, 0), (OTHER, 0, 0))
+    with monkeypatch.context() as m:
+        m.setattr(os, "setxattr", unsupported)
+        m.delenv(REQUIRE_ENV, raising=False)
+        with pytest.raises(pytest.skip.Exception, match="needs POSIX ACL support"):
+            require_posix_acl(path, *base)
+        m.setenv(REQUIRE_ENV, "1")
+        with pytest.raises(pytest.fail.Exception, match="needs POSIX ACL support"):
+            require_posix_acl(path, *base)
+    require_posix_acl(path, *base)  # this machine's /tmp takes them (CI's too)
+    assert access_entries(path) in (None, ())  # a minimal ACL is the mode bits: none kept

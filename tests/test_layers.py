@@ -34,6 +34,7 @@ SERVICE_BASE = {
     "affidavit.strictjson",
     "affidavit.coredump",
     "affidavit.heap",
+    "affidavit.acl",
 }
 ALLOWED: Mapping[str, frozenset[str]] = {
     "affidavit.statemachine": frozenset(),
@@ -48,14 +49,19 @@ ALLOWED: Mapping[str, frozenset[str]] = {
     # glibc's allocator thresholds for the process that calls it (serve, mcp run embedded): a
     # leaf, as ``coredump`` is.
     "affidavit.heap": frozenset(),
-    "affidavit.journal": frozenset({"affidavit.statemachine", "affidavit.strictjson"}),
+    # Who else a file's POSIX ACL lets in: a leaf the journal's exposure checks and the
+    # secrets' file reads both judge by.
+    "affidavit.acl": frozenset(),
+    "affidavit.journal": frozenset(
+        {"affidavit.statemachine", "affidavit.strictjson", "affidavit.acl"}
+    ),
     "affidavit.adapters": frozenset({"affidavit.statemachine"}),  # adapters/__init__, base
     "affidavit.adapters.<proto>": frozenset({"affidavit.statemachine", "affidavit.adapters"}),
     # The service, bottom to top.
     # The lazy ``affidavit.Broker`` and ``affidavit.sdk`` (``import affidavit`` is enough).
     "affidavit": frozenset({"affidavit.api", "affidavit.sdk"}),
     "affidavit.__main__": frozenset({"affidavit.cli"}),
-    "affidavit.secrets": frozenset({"affidavit.statemachine"}),
+    "affidavit.secrets": frozenset({"affidavit.statemachine", "affidavit.acl"}),
     "affidavit.views": frozenset({"affidavit.statemachine", "affidavit.journal", "affidavit.text"}),
     # The schema language knows no protocol; protocols declare their target schemas with it,
     # and config finds a target's protocol in the registry — so schema < protocols < config.

@@ -10,7 +10,8 @@ blocks ``open`` until something writes to it (the whole daemon freezes, SIGTERM 
   it the broker's controlling terminal.
 * ``fstat`` on the opened descriptor (no check-then-open race): only a regular file is read.
 * ``private``: no group or other permission bits -- for a credential and the vault's unlock
-  key, the rule ``journal.sealing.read_secret_file`` applies to ``key_file`` and ``signing_key``.
+  key, the rule ``journal.sealing.read_secret_file`` applies to ``key_file`` and ``signing_key``;
+  with an access ACL, no entry but this user's (and root's) reaching it (``affidavit.acl``).
 * at most ``limit`` bytes: the size is checked before reading and the read itself stops one byte
   past the limit (a file may grow, and ``/proc`` files report size 0).
 
@@ -21,9 +22,12 @@ what is wrong with it, never a byte of the contents.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 from pathlib import Path
+
+from affidavit.acl import access_entries, grants, setfacl
 
 __all__ = ["FileMissing", "FileRefused", "read_small_file"]
 
@@ -61,6 +65,26 @@ def _size(n: int) -> str:
     return f"{n // 1024} KiB" if n % 1024 == 0 else f"{n} bytes"
 
 
+def _refuse_shared(fd: int, st: os.stat_result, path: Path) -> None:
+    """``FileRefused`` if group or others may access the open file ``fd`` at ``path``: by its
+    mode bits -- or, with an access ACL, whose mask the group bits are, by its entries (a
+    named user other than this process's and root, a named group, the owning group: systemd's
+    ``LoadCredential=`` file, root's ``0400`` plus ``user:<the service>:r``, is private)."""
+    mode = stat.S_IMODE(st.st_mode)
+    entries = None
+    if mode & 0o070 and not mode & 0o007:
+        with contextlib.suppress(OSError, ValueError):  # unreadable: the mode bits decide
+            entries = access_entries(fd)
+    if entries is None and mode & 0o077:
+        said = f"file is accessible by group or others (mode {mode:04o})"
+        raise FileRefused(f"{said}; it must be 0600: chmod 600 {path}", f"{said}; it must be 0600")
+    found = grants(entries or (), st.st_gid, 7, os.geteuid())
+    if found:
+        said = f"file is reachable through its access ACL ({'; '.join(map(str, found))})"
+        rule = "only the broker's user may read it"
+        raise FileRefused(f"{said}; {rule}: {setfacl(found, str(path))}", f"{said}; {rule}")
+
+
 def read_small_file(
     path: Path, limit: int, *, private: bool = False
 ) -> tuple[bytes, os.stat_result]:
@@ -78,11 +102,8 @@ def read_small_file(
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise FileRefused(f"is {_what(st.st_mode)}, not a regular file")
-        if private and st.st_mode & 0o077:
-            mode = f"file is accessible by group or others (mode {stat.S_IMODE(st.st_mode):04o})"
-            raise FileRefused(
-                f"{mode}; it must be 0600: chmod 600 {path}", f"{mode}; it must be 0600"
-            )
+        if private:
+            _refuse_shared(fd, st, path)
         too_large = FileRefused(f"file is larger than the {_size(limit)} limit")
         if st.st_size > limit:
             raise too_large
