@@ -21,6 +21,7 @@ envelopes whose phase, outcome and retry hint come from the journal.  Exceptions
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
@@ -36,6 +37,7 @@ from affidavit.engine import CallControl, Deliver, Engine, EngineSettings
 from affidavit.engine import approval as engine_approval
 from affidavit.engine.delivery import STORE_ONLY
 from affidavit.journal import (
+    CREDENTIAL,
     TRUST_ANCHOR,
     Exposure,
     Journal,
@@ -51,6 +53,7 @@ from affidavit.protocols import Binding, load_bindings
 from affidavit.protocols.catalog import catalog
 from affidavit.reconcile import service as reconcile
 from affidavit.secrets import redaction
+from affidavit.secrets.credentials import CREDENTIALS_DIRECTORY, systemd_path
 from affidavit.secrets.vault import Vault
 from affidavit.statemachine import Event, Record, operation_json
 
@@ -67,7 +70,8 @@ def exposed_files(config: Config) -> list[Exposure]:
     """The broker's files named by ``config`` that another user may reach or that another user
     owns (``journal.exposure``): a SQLite journal and its ``-wal``/``-shm``, its lock and its
     result segments, the broker key, the signing key, the vault, its unlock file and its lock,
-    each ``file:`` credential -- the config itself, and the files that decide whom the broker
+    each ``file:`` and ``systemd:`` credential (root's lent by an ACL, as systemd does, too) --
+    the config itself, and the files that decide whom the broker
     trusts (the auditor's public key, each file a target's fields declare ``trust_anchor``: a
     CA bundle, a ``known_hosts``), which others may read but not write -- then the directories
     on the path to each, which no one else may write (unless sticky) or own."""
@@ -92,11 +96,9 @@ def exposed_files(config: Config) -> list[Exposure]:
         files.append(exposure(vault.unlock_path, "vault unlock file"))
         files.append(exposure(vault.lock_path, "vault lock file"))
         placed.append((vault.path, "vault file"))
-    for ref in sorted({t.credential for t in config.targets.values()}):
-        if ref.startswith("file:"):  # the loader made the path absolute
-            path = Path(ref.removeprefix("file:"))
-            files.append(exposure(path, "credential file"))  # (looked at, never read)
-            placed.append((path, "credential file"))
+    for path, what in _credential_files(config):
+        files.append(exposure(path, what, CREDENTIAL))  # (looked at, never read)
+        placed.append((path, what))
     anchors = _trust_anchors(config)
     if config.journal.auditor_public_key is not None:
         anchors.insert(0, (config.journal.auditor_public_key, "auditor public key file"))
@@ -104,6 +106,20 @@ def exposed_files(config: Config) -> list[Exposure]:
         files.append(exposure(path, what, TRUST_ANCHOR))  # (public: others may read it)
         placed.append((path, what))
     return [e for e in files if e is not None] + directory_exposures(placed)
+
+
+def _credential_files(config: Config) -> list[tuple[Path, str]]:
+    """The file each ``file:`` and ``systemd:`` credential names (``systemd:``: in
+    ``$CREDENTIALS_DIRECTORY``, none without it -- the call then says what the unit lacks),
+    once, with what a message calls it."""
+    found: list[tuple[Path, str]] = []
+    for ref in sorted({t.credential for t in config.targets.values()}):
+        kind, _, name = ref.partition(":")
+        if kind == "file":  # the loader made the path absolute
+            found.append((Path(name), "credential file"))
+        elif kind == "systemd" and os.environ.get(CREDENTIALS_DIRECTORY):
+            found.append((systemd_path(ref, name), "systemd credential file"))
+    return found
 
 
 def _trust_anchors(config: Config) -> list[tuple[Path, str]]:

@@ -3,10 +3,11 @@
 Runs until SIGTERM or SIGINT, then stops accepting, lets calls in flight finish within
 ``[service] shutdown_grace`` and exits 0.  Exit 2 when it cannot start: a bad config, a journal
 another process writes, a live daemon already on the socket, group or others able to reach the
-journal (its lock, its result segments), a key, the vault (its lock) or a ``file:`` credential or
-another user owning one, or to write the config, a file that decides whom the broker trusts (a
-target's ``ca_file`` or ``known_hosts``, the auditor's public key) or a directory on the path to
-any of them (FILES_EXPOSED, unless ``--allow-exposed-files``) -- the message says which.
+journal (its lock, its result segments), a key, the vault (its lock) or a ``file:`` or
+``systemd:`` credential (by its mode bits or its POSIX ACL's entries) or another user owning
+one, or to write the config, a file that decides whom the broker trusts (a target's
+``ca_file`` or ``known_hosts``, the auditor's public key) or a directory on the path to any of
+them (FILES_EXPOSED, unless ``--allow-exposed-files``) -- the message says which.
 Log lines go to stderr; none carries a secret (only ids, uids, codes and counts).  The process
 runs with umask 077: the files it creates are readable by its own user only; it writes no core
 file (``affidavit.coredump``: the command line forbids them before this runs).
@@ -40,9 +41,9 @@ def add_commands(sub: Any) -> None:
         "--allow-exposed-files",
         action="store_true",
         help="start even though group/others can reach the journal, a key, the vault or a "
-        "file: credential, or write the config, a CA file, a known_hosts, the auditor's public "
-        "key or a directory above one, or another user owns one (each is logged); default: "
-        "refuse (FILES_EXPOSED)",
+        "file:/systemd: credential, or write the config, a CA file, a known_hosts, the "
+        "auditor's public key or a directory above one, or another user owns one (each is "
+        "logged); default: refuse (FILES_EXPOSED)",
     )
     p.set_defaults(handler=_serve, holds_secrets=SECRETS_ALWAYS)
 
@@ -97,11 +98,11 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _refuse_exposed(config: Any, *, allowed: bool) -> None:
     """Refuse to serve (FILES_EXPOSED, exit 2) while another user can reach or owns the journal,
-    a key, the vault or a ``file:`` credential, or can write the config, a file that decides
-    whom the broker trusts (``exposed_files``) or a directory on the path to one of them -- the
-    daemon is the boundary that keeps them
-    from every other account (docs/deployment.md, "Files others can reach") -- naming each file
-    and the command that mends it.  ``allowed`` (``--allow-exposed-files``): serve, and log
+    a key, the vault or a ``file:``/``systemd:`` credential, or can write the config, a file
+    that decides whom the broker trusts (``exposed_files``) or a directory on the path to one of
+    them -- the daemon is the boundary that keeps them from every other account
+    (docs/deployment.md, "Files others can reach") -- naming each file and the command that
+    mends it.  ``allowed`` (``--allow-exposed-files``): serve, and log
     each (``Broker.open``)."""
     from affidavit.api.broker import exposed_files
     from affidavit.journal.exposure import summarised

@@ -39,7 +39,7 @@ url = "https://api.example.com/v1"   # origin plus an optional base path
 methods = ["GET", "POST"]             # what callers may send
 idempotent = ["GET"]                  # methods THIS service treats as idempotent (retried on
                                       # unknown outcome); never assumed from the method name
-credential = "env:EXAMPLE_TOKEN"      # env:NAME | file:PATH | vault:NAME
+credential = "env:EXAMPLE_TOKEN"      # env:NAME | file:PATH | systemd:NAME | vault:NAME
 inject = "bearer"                     # bearer | basic | header:NAME | query:NAME
 # ca_file = "ca.pem"                  # trust only this CA bundle
 # proxy = "http://127.0.0.1:3128"   # CONNECT tunnel (http:// url: trust_forward_proxy)

@@ -116,7 +116,9 @@ TIMEOUTS = Schema(
 )
 
 CREDENTIAL = Field(
-    "credential", _credential, doc="`env:NAME`, `file:PATH` or `vault:NAME` (see below)"
+    "credential",
+    _credential,
+    doc="`env:NAME`, `file:PATH`, `systemd:NAME` or `vault:NAME` (see below)",
 )
 BUDGET = Field(
     "budget",

@@ -40,6 +40,7 @@ from .redaction import REDACTED, Redactor, redactor, secret_forms
 from .vault import EntryMissing, Vault, VaultCorrupt, VaultError, VaultLocked, VaultMissing
 
 __all__ = [
+    "CREDENTIALS_DIRECTORY",
     "INJECTION_SCHEMES",
     "MAX_CREDENTIAL_BYTES",
     "REDACTED",
@@ -55,12 +56,17 @@ __all__ = [
     "redactor",
     "resolve",
     "secret_forms",
+    "systemd_name_valid",
+    "systemd_path",
     "trim_final_newline",
 ]
 
 MAX_CREDENTIAL_BYTES = 64 * 1024
 """A ``file:`` credential larger than this is refused (CREDENTIAL_INVALID): a token, a password
 or a private key is a few KiB at most, and the file is read inside the event loop."""
+
+CREDENTIALS_DIRECTORY = "CREDENTIALS_DIRECTORY"
+"""The environment variable systemd sets to a unit's credentials directory (``systemd:``)."""
 
 INJECTION_SCHEMES = ("bearer", "basic", "header:NAME", "query:NAME")
 
@@ -138,9 +144,10 @@ def trim_final_newline(data: bytes) -> bytes:
 
 
 def parse_ref(ref: str) -> tuple[str, str]:
-    """Split ``env:NAME`` / ``file:PATH`` / ``vault:NAME``.  Anything else is UNKNOWN_CREDENTIAL
-    (seed: "unknown credential references" are rejected at validation).  Used by the config
-    loader too, so a bad reference fails at load time, not on the first call."""
+    """Split ``env:NAME`` / ``file:PATH`` / ``systemd:NAME`` / ``vault:NAME``.  Anything else is
+    UNKNOWN_CREDENTIAL (seed: "unknown credential references" are rejected at validation).
+    Used by the config loader too, so a bad reference fails at load time, not on the first
+    call."""
     if isinstance(ref, str):
         kind, sep, name = ref.partition(":")
         if sep:
@@ -150,11 +157,51 @@ def parse_ref(ref: str) -> tuple[str, str]:
                 return kind, name
             if kind == "vault" and _VAULT_NAME.fullmatch(name):
                 return kind, name
+            if kind == "systemd":
+                if systemd_name_valid(name):
+                    return kind, name
+                raise CredentialError(
+                    Code.UNKNOWN_CREDENTIAL,
+                    "a systemd:NAME credential's NAME is a file name in the credentials "
+                    "directory: not empty, no '/', not '.' or '..', no control characters, at "
+                    "most 255 bytes",
+                )
     # Never echo the reference: a malformed one is often the secret pasted in by mistake.
     raise CredentialError(
         Code.UNKNOWN_CREDENTIAL,
-        "credential reference must be env:NAME, file:PATH or vault:NAME",
+        "credential reference must be env:NAME, file:PATH, systemd:NAME or vault:NAME",
     )
+
+
+def systemd_name_valid(name: str) -> bool:
+    """Whether ``name`` can name a credential in ``$CREDENTIALS_DIRECTORY``: a file name there
+    (systemd's own rule, ``credential_name_valid``: not empty, no ``/``, not ``.`` or ``..``,
+    at most NAME_MAX bytes), and no control character (it is shown in the operator's words)."""
+    return (
+        name not in ("", ".", "..")
+        and "/" not in name
+        and name.isprintable()
+        and len(name.encode("utf-8", "surrogateescape")) <= 255
+    )
+
+
+def systemd_path(ref: str, name: str) -> Path:
+    """Where ``systemd:NAME`` is: ``$CREDENTIALS_DIRECTORY/NAME`` -- the directory systemd
+    makes for a unit with ``LoadCredential=`` (``/run/credentials/<unit>/``, a private
+    read-only file system).  CREDENTIAL_MISSING when the variable is unset: the unit loads no
+    credential (or the broker was not started by systemd)."""
+    directory = os.environ.get(CREDENTIALS_DIRECTORY, "")
+    if not directory:
+        raise CredentialError(
+            Code.CREDENTIAL_MISSING,
+            "no systemd credentials are passed to the broker",
+            ref=ref,
+            detail=f"${CREDENTIALS_DIRECTORY} is not set: the broker was not started by a "
+            f"systemd unit with a credential -- add LoadCredential={name}:/path/to/the/file "
+            f"(or LoadCredentialEncrypted={name}:...) to the unit's [Service] section, or use "
+            "file:PATH outside systemd",
+        )
+    return Path(directory) / name
 
 
 def resolve(
@@ -184,12 +231,17 @@ def resolve(
             )
         digest = (versioner or _process_versioner)("credential-version:" + ref, raw)
         return Credential(ref, raw, "env:hmac-sha256:" + digest[:32])
-    if kind == "file":
+    if kind in ("file", "systemd"):
         path = Path(name)
         # A relative path is read from the config file's directory, not the working one: say
         # which file that was, or the operator looks for it where it is not.
         where = ""
-        if not path.is_absolute() and base_dir is not None:
+        create = "create it (mode 0600, the broker's user's) or name another file"
+        if kind == "systemd":
+            path = systemd_path(ref, name)
+            where = f" (read as {path}: the unit's credentials directory)"
+            create = f"add LoadCredential={name}:/path/to/the/file to the unit, or name another"
+        elif not path.is_absolute() and base_dir is not None:
             path = base_dir / path
             where = f" (read as {path}: relative to the config file's directory)"
         try:
@@ -199,8 +251,7 @@ def resolve(
                 Code.CREDENTIAL_MISSING,
                 exc.public,
                 ref=ref,
-                detail=f"{exc}{where}: create it (mode 0600, the broker's user's) or name "
-                "another file in the target's credential",
+                detail=f"{exc}{where}: {create} in the target's credential",
             ) from None
         except FileRefused as exc:
             # The reason names the file's type, size or the OS's error -- never its contents.

@@ -13,11 +13,12 @@ from pathlib import Path
 
 import pytest
 
+from affidavit.acl import GROUP_OBJ, MASK, OTHER, USER, USER_OBJ
 from affidavit.api.broker import Broker, exposed_files
 from affidavit.config import load_config
 from affidavit.journal import Journal, config_exposure
 from affidavit.secrets.vault import Vault
-from tests.external import require_file, require_root
+from tests.external import require_file, require_posix_acl, require_root
 
 from .kit import NOBODY, PYTHON, as_user, client_env, run, start_daemon, stop, write_daemon_config
 
@@ -346,6 +347,39 @@ async def test_serve_refuses_a_credential_file_others_can_read_never_saying_its_
     err = await _refusal(config)
     assert f"credential file {secret} is owned by uid {NOBODY}" in err, err
     assert f"chown 0 {secret} -- " in err and "s3cr3t" not in err, err
+
+
+async def test_serve_starts_with_the_credential_systemd_lends_it_and_names_one_lent_to_others(
+    tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``LoadCredential=``'s file -- root's, ``0400`` plus ``user:<the daemon>:r``, shown
+    ``0440`` -- is private: judged by its ACL, not its group bits (which are the mask); an
+    entry for another user is named as such, with the ``setfacl`` that removes it."""
+    creds = tmp_path / "credentials"
+    creds.mkdir(mode=0o500)
+    secret = creds / "token"
+    secret.write_text("s3cr3t-canary-value\n")
+    os.chown(secret, 0, 0)
+    secret.chmod(0o400)
+    lent = ((USER_OBJ, 4, 0), (GROUP_OBJ, 0, 0), (MASK, 4, 0), (OTHER, 0, 0))
+    require_posix_acl(secret, (USER, 4, os.geteuid()), *lent)
+    monkeypatch.setenv("CREDENTIALS_DIRECTORY", str(creds))
+    target = {"kind": "http", "url": "http://127.0.0.1:9", "methods": ["GET"]}
+    target |= {"credential": "systemd:token", "inject": "bearer"}
+    socket = tmp_path / "s.sock"
+    config = write_daemon_config(tmp_path, {"api": target}, socket=socket)
+    await _made(tmp_path)
+    daemon = await start_daemon(config, socket, tmp_path / "daemon.log", token)
+    try:
+        log = daemon.log_text()
+    finally:
+        stop(daemon)
+    assert "WARNING" not in log and "s3cr3t" not in log, log
+    require_posix_acl(secret, (USER, 4, 1000), *lent)
+    err = await _refusal(config)
+    said = "is reachable through its access ACL (user:1000 can read)"
+    assert f"systemd credential file {secret} {said}: setfacl -x u:1000 {secret} -- " in err, err
+    assert "group or others" not in err and "s3cr3t" not in err, err
 
 
 # --- the files that decide whom the broker trusts -----------------------------------------------
