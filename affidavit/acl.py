@@ -32,6 +32,7 @@ __all__ = [
     "access_entries",
     "grants",
     "read_may",
+    "readable_groups",
     "setfacl",
 ]
 
@@ -121,6 +122,17 @@ def setfacl(found: list[Grant], path: str) -> str:
     """One ``setfacl`` command per grant that takes its access away on ``path``."""
     quoted = shlex.quote(path)
     return " && ".join(f"setfacl {g.fix} {quoted}" for g in found)
+
+
+def readable_groups(entries: tuple[tuple[int, int, int], ...], gid: int) -> list[tuple[int, bool]]:
+    """The groups ``entries`` let read (masked): the owning group ``gid`` (False) and each
+    named one (True)."""
+    mask = _mask(entries)
+    return [
+        (gid, False) if tag == GROUP_OBJ else (who, True)
+        for tag, perm, who in entries
+        if tag in (GROUP_OBJ, GROUP) and perm & mask & 4
+    ]
 
 
 def read_may(entries: tuple[tuple[int, int, int], ...], uid: int) -> bool:

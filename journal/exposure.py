@@ -65,7 +65,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from affidavit.acl import Grant, access_entries, grants, read_may, setfacl
+from affidavit.acl import Grant, access_entries, grants, read_may, readable_groups, setfacl
 
 __all__ = [
     "CONFIG",
@@ -339,12 +339,24 @@ def config_exposure(
         st = os.stat(path)
     except (OSError, ValueError):
         return found
-    if not (stat.S_ISREG(st.st_mode) and st.st_mode & 0o040 and st.st_gid in set(agent_gids)):
+    if not (stat.S_ISREG(st.st_mode) and st.st_mode & 0o040):
         return found
+    entries = _acl(Path(path))  # with one, the group bits are its mask: who reads is in it
+    admitted = set(agent_gids)
+    groups = [(st.st_gid, False)] if entries is None else readable_groups(entries, st.st_gid)
+    readers = [
+        (g, f"setfacl -x g:{g}" if named else "chgrp <the daemon's group>")
+        for g, named in groups
+        if g in admitted
+    ]
+    if not readers:
+        return found
+    listed = ", ".join(str(g) for g, _ in readers)
     why = (
-        f"readable by group {st.st_gid}, which the daemon's socket admits, with the password in it"
+        f"readable by group{'s' if len(readers) > 1 else ''} {listed}, which the daemon's "
+        "socket admits, with the password in it"
     )
-    fix = f"chgrp <the daemon's group> {shlex.quote(str(path))}"
+    fix = " && ".join(f"{command} {shlex.quote(str(path))}" for _, command in readers)
     if found is None:
         return Exposure(Path(path), "config file", why, fix)
     return Exposure(Path(path), "config file", f"{found.why} and {why}", f"{found.fix} && {fix}")

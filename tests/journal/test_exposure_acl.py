@@ -9,7 +9,14 @@ from pathlib import Path
 import pytest
 
 from affidavit.acl import GROUP, GROUP_OBJ, MASK, OTHER, USER, USER_OBJ, Unreadable, access_entries
-from affidavit.journal.exposure import CONFIG, DIRECTORY, PRIVATE, directory_exposures, exposure
+from affidavit.journal.exposure import (
+    CONFIG,
+    DIRECTORY,
+    PRIVATE,
+    config_exposure,
+    directory_exposures,
+    exposure,
+)
 from tests.external import require_posix_acl
 
 
@@ -117,3 +124,24 @@ def test_an_unreadable_acl_leaves_the_mode_bits_to_judge(
     found = exposure(path, "journal", PRIVATE)
     assert found is not None
     assert found.why == "accessible by group or others (mode 0640)"  # never less than before
+
+
+def test_a_config_with_a_password_is_named_for_the_groups_its_acl_lets_read(
+    tmp_path: Path,
+) -> None:
+    """The agents' group reading the journal's password: by the ACL, the owning group may have
+    nothing (the group bits are the mask a named user's entry needs) and a named group may read."""
+    config = _file(tmp_path, 0o640)
+    url = "postgresql://broker:hunter2@db.example/affidavit"
+    owning = config.stat().st_gid
+    base = ((USER_OBJ, 6, 0), (MASK, 4, 0), (OTHER, 0, 0))
+    require_posix_acl(config, *base, (GROUP_OBJ, 0, 0), (USER, 4, 1000))
+    assert config.stat().st_mode & 0o777 == 0o640
+    assert config_exposure(config, url, agent_gids=(owning,)) is None  # the mask, not a reader
+    require_posix_acl(config, *base, (GROUP_OBJ, 0, 0), (GROUP, 4, 998))
+    found = config_exposure(config, url, agent_gids=(owning, 998))
+    assert found is not None and "hunter2" not in str(found)
+    assert found.why == (
+        "readable by group 998, which the daemon's socket admits, with the password in it"
+    )
+    assert found.fix == f"setfacl -x g:998 {config}"
