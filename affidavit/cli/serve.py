@@ -87,6 +87,8 @@ def _serve(args: argparse.Namespace) -> int:
     )
     for words in heap_left:
         logging.getLogger("affidavit.serve").warning("heap: %s", words)
+    for words in _systemd_unready(config):
+        logging.getLogger("affidavit.serve").warning("%s", words)
     try:
         trio.run(functools.partial(serve, config, socket_path=args.socket, console=console))
     except JournalError as exc:
@@ -94,6 +96,31 @@ def _serve(args: argparse.Namespace) -> int:
     except DaemonError as exc:
         raise UsageError(str(exc), exc.code) from None
     return 0
+
+
+def _systemd_unready(config: Any) -> list[str]:
+    """What the start says of each ``systemd:`` credential it cannot find -- no
+    ``$CREDENTIALS_DIRECTORY`` (the unit has no ``LoadCredential=``), or no such file in it --
+    before a call fails on it (CREDENTIAL_MISSING).  Looked at, never read."""
+    from affidavit.secrets.credentials import CredentialError, systemd_path
+
+    said: list[str] = []
+    for ref in sorted({t.credential for t in config.targets.values()}):
+        kind, _, name = ref.partition(":")
+        if kind != "systemd":
+            continue
+        try:
+            path = systemd_path(ref, name)
+        except CredentialError as exc:
+            said.append(f"{exc.detail} (a call with it is refused: CREDENTIAL_MISSING)")
+            continue
+        if not os.path.lexists(path):
+            said.append(
+                f"{ref}: no file {path} in the unit's credentials directory: add "
+                f"LoadCredential={name}:/path/to/the/file to the unit (a call with it is "
+                "refused: CREDENTIAL_MISSING)"
+            )
+    return said
 
 
 def _refuse_exposed(config: Any, *, allowed: bool) -> None:

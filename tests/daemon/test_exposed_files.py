@@ -382,6 +382,43 @@ async def test_serve_starts_with_the_credential_systemd_lends_it_and_names_one_l
     assert "group or others" not in err and "s3cr3t" not in err, err
 
 
+async def test_serve_says_at_start_which_systemd_credential_it_cannot_find(
+    tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No ``$CREDENTIALS_DIRECTORY`` (a unit without ``LoadCredential=``), or no file of that
+    name in it: the start names the reference and the line to add, before a call fails on it;
+    it still starts (an ``env:`` variable unset does not stop it either)."""
+    target = {"kind": "http", "url": "http://127.0.0.1:9", "methods": ["GET"]}
+    targets = {
+        "a": target | {"credential": "systemd:billing_token", "inject": "bearer"},
+        "b": target | {"credential": "systemd:other", "inject": "bearer"},
+    }
+    socket = tmp_path / "s.sock"
+    config = write_daemon_config(tmp_path, targets, socket=socket)
+    await _made(tmp_path)
+    monkeypatch.delenv("CREDENTIALS_DIRECTORY", raising=False)
+    daemon = await start_daemon(config, socket, tmp_path / "daemon.log", token)
+    try:
+        log = daemon.log_text()
+    finally:
+        stop(daemon)
+    want = "WARNING systemd:billing_token: $CREDENTIALS_DIRECTORY is not set"
+    assert want in log and "add LoadCredential=billing_token:/path/to/the/file" in log, log
+    assert "WARNING systemd:other: $CREDENTIALS_DIRECTORY is not set" in log, log
+    creds = tmp_path / "credentials"
+    creds.mkdir(mode=0o500)
+    (creds / "other").write_bytes(b"x")
+    (creds / "other").chmod(0o400)
+    monkeypatch.setenv("CREDENTIALS_DIRECTORY", str(creds))
+    daemon = await start_daemon(config, socket, tmp_path / "daemon2.log", token)
+    try:
+        log = daemon.log_text()
+    finally:
+        stop(daemon)
+    want = f"WARNING systemd:billing_token: no file {creds / 'billing_token'} in the unit's"
+    assert want in log and "systemd:other" not in log, log
+
+
 # --- the files that decide whom the broker trusts -----------------------------------------------
 
 
