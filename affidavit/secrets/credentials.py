@@ -14,7 +14,8 @@ stopped the call."  Hence:
   reference.  A *malformed* reference is not echoed at all: the classic way to get one is pasting
   the secret itself into ``credential = "…"``.
 * ``Credential`` carries a non-secret ``version`` (vault entry version, file
-  mtime+ctime+inode, or for ``env:`` a keyed digest of the value, ``Versioner``) for the engine
+  mtime+ctime+inode, or for ``env:`` and ``systemd:`` a keyed digest of the value,
+  ``Versioner``) for the engine
   to journal, and its ``repr``/``str`` never show the value.
 * ``redactor`` (``affidavit.secrets.redaction``, re-exported here) scrubs the injected values,
   in every form docs/redaction.md lists, out of anything the remote echoes back before it
@@ -133,6 +134,13 @@ class Credential:
     __str__ = __repr__
 
 
+def _keyed_version(kind: str, ref: str, value: bytes, versioner: Versioner | None) -> str:
+    """``<kind>:hmac-sha256:<digest>``: the version of a credential whose source has none of
+    its own (``Versioner``)."""
+    digest = (versioner or _process_versioner)("credential-version:" + ref, value)
+    return f"{kind}:hmac-sha256:{digest[:32]}"
+
+
 def trim_final_newline(data: bytes) -> bytes:
     """Drop the final newline editors and ``echo`` add (a token sent with it would be a malformed
     header) — only for single-line values, so a PEM/OpenSSH private key keeps its exact bytes."""
@@ -229,8 +237,7 @@ def resolve(
                 ref=ref,
                 detail=f"environment variable {name} is not set or empty {where}",
             )
-        digest = (versioner or _process_versioner)("credential-version:" + ref, raw)
-        return Credential(ref, raw, "env:hmac-sha256:" + digest[:32])
+        return Credential(ref, raw, _keyed_version(kind, ref, raw, versioner))
     if kind in ("file", "systemd"):
         path = Path(name)
         # A relative path is read from the config file's directory, not the working one: say
@@ -269,6 +276,11 @@ def resolve(
         # Not the size: the version is in the record a caller reads, and a single-line file's
         # size is the secret's length.  ctime moves with every write (and with a utime that
         # puts mtime back), the inode with a replacing rename.
+        if kind == "systemd":
+            # systemd writes a fresh copy at every start of the unit: its inode and times
+            # would make every restart a new version (an approval granted before it stale),
+            # so the value decides, as for env:.
+            return Credential(ref, data, _keyed_version(kind, ref, data, versioner))
         return Credential(ref, data, f"{st.st_mtime_ns}:{st.st_ctime_ns}:{st.st_ino}")
     # vault
     if vault is None:

@@ -5,6 +5,7 @@ plus ``user:<the service>:r``, shown ``0440`` (affidavit/acl.py, journal/exposur
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 from collections.abc import Iterator
@@ -69,10 +70,23 @@ def _refused(ref: str, code: Code) -> CredentialError:
 
 def test_the_credential_systemd_lends_the_daemon_is_read_with_its_version(creds: Path) -> None:
     path = _lent(creds, "billing_token", f"{CANARY}\n".encode(), os.geteuid())
-    got = resolve("systemd:billing_token", vault=None)
+
+    def versioner(label: str, value: bytes) -> str:
+        return hashlib.sha256(label.encode() + b"\0" + value).hexdigest()
+
+    got = resolve("systemd:billing_token", vault=None, versioner=versioner)
     assert got.value == CANARY.encode()  # the final newline dropped, as for file:
-    st = path.stat()
-    assert got.version == f"{st.st_mtime_ns}:{st.st_ctime_ns}:{st.st_ino}"
+    # The value decides, keyed (as env:): systemd writes a fresh copy at every start of the
+    # unit, and its inode or times would make an approval granted before a restart stale.
+    version = versioner("credential-version:systemd:billing_token", CANARY.encode())
+    assert got.version == f"systemd:hmac-sha256:{version[:32]}"
+    path.unlink()
+    _lent(creds, "billing_token", f"{CANARY}\n".encode(), os.geteuid())  # the next start's
+    assert resolve("systemd:billing_token", vault=None, versioner=versioner) == got
+    path.unlink()
+    _lent(creds, "billing_token", b"another value", os.geteuid())
+    other = resolve("systemd:billing_token", vault=None, versioner=versioner)
+    assert other.version != got.version
     assert exposed_files(_config(creds.parent.parent, "systemd:billing_token")) == []
 
 
