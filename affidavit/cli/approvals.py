@@ -287,9 +287,7 @@ def _reconcile(args: argparse.Namespace) -> int:
     assert iid is not None
     args.timeout = timeout_arg(args.timeout)
     if args.attest is not None and not (note or "").strip():
-        raise UsageError(
-            "--attest needs a --note saying what you checked", "INVALID_FIELD", "--note"
-        )
+        raise UsageError("required with --attest: say what you checked", "INVALID_FIELD", "--note")
     socket = daemon_socket(args, "config")
     if socket is not None:
         from affidavit.api.wire import invocation_path, target

@@ -341,7 +341,7 @@ async def _raw_result(config: Any, args: argparse.Namespace) -> int:
         if name is None:
             if len(names) > 1:
                 raise UsageError(
-                    f"the result has streams {', '.join(names)}: pick one with --stream",
+                    f"the result has streams {', '.join(names)}: pick one",
                     "INVALID_FIELD",
                     "--stream",
                 )

@@ -35,7 +35,9 @@ def _run(args: argparse.Namespace) -> int:
     root = _root(args)
     if root is None:
         raise refusal(
-            "run inside the affidavit checkout, or pass --root DIR", "INVALID_FIELD", "--root"
+            "the checkout's directory, needed unless you run inside the affidavit checkout",
+            "INVALID_FIELD",
+            "--root",
         )
     try:
         files = generated_files()
@@ -70,7 +72,7 @@ def _svg(args: argparse.Namespace, dest: Path) -> int:
     if root is not None and dest.resolve() == (root / DIAGRAM_DIR).resolve():
         # An SVG there is an extra file to --check (and `affidavit diagrams` removes it).
         raise refusal(
-            f"{dest}: SVGs are not committed; render them elsewhere (e.g. --svg /tmp/svg)",
+            f"{dest}: SVGs are not committed; render them elsewhere (e.g. /tmp/svg)",
             "INVALID_FIELD",
             "--svg",
         )

@@ -173,7 +173,7 @@ def _signing_key_path(args: argparse.Namespace) -> Path:
     if args.journal:
         if _is_url(args.journal):
             raise UsageError(
-                "a PostgreSQL journal has no signing key beside it: pass --signing-key (or "
+                "required with a PostgreSQL journal, which has no signing key beside it (or "
                 "--config, whose [journal] signing_key is this broker's)",
                 "INVALID_FIELD",
                 "--signing-key",
@@ -367,7 +367,7 @@ def _audit_open(args: argparse.Namespace) -> int:
     public_keys = _public_keys_arg(args)
     if not public_keys and not args.trust_journal_key:
         raise UsageError(
-            "audit-open needs --public-key FILE: the journal's signing public key, kept apart "
+            "audit-open needs the journal's signing public key (a FILE), kept apart "
             "from the journal (`affidavit journal public-key --out journal.pub` on the broker "
             "host). The auditor copy is sealed to the auditor's public key, so anyone can make "
             "one; only a checkpoint signed with a key you trust says which copy the broker "

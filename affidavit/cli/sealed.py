@@ -80,8 +80,8 @@ def key_file_of(args: argparse.Namespace) -> Path:
     if args.journal:
         if args.journal.startswith(("postgresql://", "postgres://")):
             raise UsageError(
-                "a PostgreSQL journal has no key file beside it: pass --key-file (or --config, "
-                "whose [journal] key_file is the brokers' sealing key)",
+                "required with a PostgreSQL journal, which has no key file beside it (or "
+                "--config, whose [journal] key_file is the brokers' sealing key)",
                 "INVALID_FIELD",
                 "--key-file",
             )

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
-from affidavit.secrets.credentials import CredentialError, parse_ref
+from affidavit.secrets.credentials import REFERENCE_FORMS, CredentialError, parse_ref
 from affidavit.strictjson import compact_encoder
 
 from .fields import Field, LoadContext, Read, Schema
@@ -83,8 +83,9 @@ def _credential(r: Read) -> str:
     ref: str = r.string()
     try:
         kind, name = parse_ref(ref)
-    except CredentialError as exc:
-        raise r.error(exc.message) from None
+    except CredentialError:
+        # Not parse_ref's "credential reference must be ...": the field path names it already.
+        raise r.error(f"must be {REFERENCE_FORMS}") from None
     if kind == "vault" and not r.context.has_vault:
         raise r.error("a vault: reference needs a [vault] section")
     if kind == "file":

@@ -45,6 +45,7 @@ __all__ = [
     "INJECTION_SCHEMES",
     "MAX_CREDENTIAL_BYTES",
     "REDACTED",
+    "REFERENCE_FORMS",
     "Credential",
     "CredentialError",
     "Injection",
@@ -151,6 +152,10 @@ def trim_final_newline(data: bytes) -> bytes:
     return data
 
 
+REFERENCE_FORMS = "env:NAME, file:PATH, systemd:NAME or vault:NAME"
+"""What a credential reference may be (``parse_ref``), as its refusals word it."""
+
+
 def parse_ref(ref: str) -> tuple[str, str]:
     """Split ``env:NAME`` / ``file:PATH`` / ``systemd:NAME`` / ``vault:NAME``.  Anything else is
     UNKNOWN_CREDENTIAL (seed: "unknown credential references" are rejected at validation).
@@ -177,7 +182,7 @@ def parse_ref(ref: str) -> tuple[str, str]:
     # Never echo the reference: a malformed one is often the secret pasted in by mistake.
     raise CredentialError(
         Code.UNKNOWN_CREDENTIAL,
-        "credential reference must be env:NAME, file:PATH, systemd:NAME or vault:NAME",
+        f"credential reference must be {REFERENCE_FORMS}",
     )
 
 

@@ -227,6 +227,10 @@ FIELD_CASES: list[tuple[tuple[str, ...], str, str]] = [
      "--public-key"),
     # Led by the field already: never twice.
     (("result", NOPE, "--stream", "body"), "INVALID_FIELD", "--stream"),
+    # Outside the checkout (the module's directory), and --svg into the checkout's diagrams.
+    (("diagrams",), "INVALID_FIELD", "--root"),
+    (("diagrams", "--root", str(ROOT), "--svg", str(ROOT / "diagrams")), "INVALID_FIELD",
+     "--svg"),
 ]  # fmt: skip
 
 
@@ -245,7 +249,8 @@ def test_the_plain_line_carries_the_field_once_as_json_does(
 ) -> None:
     """``affidavit: CODE: <field>: <message>`` (docs/configuration.md), where ``--json`` gives
     the code, the field and the message apart -- the field once: not added to a message that
-    starts with it."""
+    starts with it, nor named again by the message (``--note: --attest needs a --note ...``
+    read it twice)."""
     bare = tuple(a for a in argv if a != "--json")
     plain = _cli(home, *bare, stdin=b"\n")
     line = plain.stderr.decode()
@@ -255,6 +260,7 @@ def test_the_plain_line_carries_the_field_once_as_json_does(
     assert line.startswith(f"affidavit: {code}: "), line
     rest = line.removeprefix(f"affidavit: {code}: ").rstrip("\n")
     assert rest.startswith(field) and not rest.startswith(f"{field}: {field}"), line
+    assert not re.search(rf"(?<![\w-]){re.escape(field)}(?![\w-])", rest[len(field) :]), line
     if _takes_json(bare):
         as_json = _cli(home, *bare, "--json", stdin=b"\n")
         error = json.loads(as_json.stdout)["api_error"]

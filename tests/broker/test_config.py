@@ -12,6 +12,7 @@ import hashlib
 import hmac
 import json
 import os
+import re
 import struct
 from pathlib import Path
 from typing import Any
@@ -363,6 +364,15 @@ def test_every_http_field_is_validated_with_its_path(
     err = error(tmp_path, _replace(BASE, old, new))
     assert err.field == field
     assert str(err) == f"{tmp_path / 'affidavit.toml'}: {field}: {err.message}"
+    _names_its_field_once(err)
+
+
+def _names_its_field_once(err: ConfigError) -> None:
+    """The path names the setting: its message does not start with the name again
+    (``targets.billing.url: url must start with ...``, ``... credential: credential reference
+    must be ...`` read it twice)."""
+    name = re.sub(r"\[\d+\]$", "", err.field).rsplit(".", 1)[-1]
+    assert not re.match(rf"{re.escape(name)}\b", err.message), str(err)
 
 
 SSH_LINE_ERRORS = [
@@ -416,7 +426,9 @@ SSH_LINE_ERRORS = [
 def test_every_ssh_field_is_validated_with_its_path(
     tmp_path: Path, old: str, new: str, field: str
 ) -> None:
-    assert error(tmp_path, _replace(BASE, old, new)).field == field
+    err = error(tmp_path, _replace(BASE, old, new))
+    assert err.field == field
+    _names_its_field_once(err)
 
 
 def test_a_pasted_ssh_keyscan_line_says_to_drop_the_host_name(tmp_path: Path) -> None:

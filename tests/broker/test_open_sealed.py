@@ -201,7 +201,7 @@ async def test_unknown_invocation_and_a_postgres_journal_without_a_key_file(
     code, out, err = _run(capsys, "act_nope", "--config", str(cfg))
     assert (code, out) == (2, "") and "NO_SUCH_INVOCATION" in err and "act_nope" in err, err
     code, out, err = _run(capsys, "act_nope", "--journal", "postgresql://u@127.0.0.1:9/x")
-    assert (code, out) == (2, "") and "pass --key-file" in err, err
+    assert (code, out) == (2, "") and "--key-file: required with a PostgreSQL journal" in err, err
 
 
 async def test_a_payload_sealed_to_the_auditor_alone_is_said_not_left_out(

@@ -178,7 +178,7 @@ async def test_audit_open_without_a_pinned_key_refuses_or_says_whose_key_it_trus
 ) -> None:
     b = built
     err = _refused(b, capsys, "--seq", "1")
-    assert "audit-open needs --public-key FILE" in err
+    assert "--public-key: audit-open needs the journal's signing public key" in err
     capsys.readouterr()
     assert b.cli("--seq", "1", "--trust-journal-key") == 0
     out, err = capsys.readouterr()
@@ -289,7 +289,7 @@ async def test_a_journal_resigned_with_a_key_recorded_in_it_is_refused_with_the_
     err = _refused(b, capsys, "--seq", "1", *pin)
     assert "the auditor copy of seq 1 is not proven, not opened" in err
     # Without a pinned key, audit-open refuses; trusting the file, it says whose key it used.
-    assert "needs --public-key" in _refused(b, capsys, "--seq", "1")
+    assert "--public-key: audit-open needs" in _refused(b, capsys, "--seq", "1")
     capsys.readouterr()
     assert b.cli("--seq", "1", "--trust-journal-key") == 0
     _, err = capsys.readouterr()

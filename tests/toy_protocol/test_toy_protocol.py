@@ -59,7 +59,7 @@ def test_a_toy_target_loads_through_its_own_schema() -> None:
         ({"port": None}, "targets.box.port", "is required"),
         ({"port": 0}, "targets.box.port", "must be between 1 and 65535"),
         ({"host": "a b"}, "targets.box.host", "is not a valid host name"),
-        ({"credential": "TOKEN"}, "targets.box.credential", "credential reference must be"),
+        ({"credential": "TOKEN"}, "targets.box.credential", "must be env:NAME"),
         ({"budget": 0}, "targets.box.budget", "must be between 1 and 100"),
         ({"timeout": {"connect": 9, "total": 1}}, "targets.box.timeout.connect", "must not"),
         ({"idempotent_lines": "x"}, "targets.box.idempotent_lines", "must be an array"),

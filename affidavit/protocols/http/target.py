@@ -123,33 +123,36 @@ class HttpTarget:
 
 
 def parse_url(
-    value: str, schemes: tuple[str, ...], what: str
+    value: str, schemes: tuple[str, ...]
 ) -> tuple[str, str, int, str, urllib.parse.SplitResult]:
+    """``(scheme, host, port, path, parts)`` of an absolute URL.  ``ValueError``'s message
+    leaves the URL's name out: the config reports it at the setting's field path
+    (``targets.x.url: must start with ...``), which names it already."""
     if any(c.isspace() for c in value):
-        raise ValueError(f"{what} must not contain whitespace")
+        raise ValueError("must not contain whitespace")
     parts = split_url(value)  # a redirect's Location too (origin_of): it may echo the credential
     scheme = parts.scheme.lower()
     if scheme not in schemes:
-        raise ValueError(f"{what} must start with " + " or ".join(f"{s}://" for s in schemes))
+        raise ValueError("must start with " + " or ".join(f"{s}://" for s in schemes))
     if "@" in parts.netloc:
         # Credentials in a URL end up in logs, snapshots and journal rows.
-        raise ValueError(f"{what} must not embed user:password; use `credential`")
+        raise ValueError("must not embed user:password; use `credential`")
     if not parts.hostname:
-        raise ValueError(f"{what} has no host")
+        raise ValueError("has no host")
     try:
         port = parts.port
     except ValueError:
-        raise ValueError(f"{what} has an invalid port") from None
+        raise ValueError("has an invalid port") from None
     host = check_host(parts.hostname)
     if port == 0:
-        raise ValueError(f"{what} has an invalid port")
+        raise ValueError("has an invalid port")
     return scheme, host, port or _DEFAULT_PORT[scheme], parts.path, parts
 
 
 def origin_of(url: str) -> str:
     """The normalized origin ``scheme://host:port`` of an absolute http(s) URL, as targets'
     ``origin`` and ``redirect_origins`` are stored.  Raises ``ValueError`` for anything else."""
-    scheme, host, port, _path, _parts = parse_url(url, ("http", "https"), "url")
+    scheme, host, port, _path, _parts = parse_url(url, ("http", "https"))
     return f"{scheme}://{host_for_url(host)}:{port}"
 
 
@@ -159,7 +162,7 @@ def origin_of(url: str) -> str:
 def _url(r: Read) -> str:
     raw: str = r.string()
     try:
-        scheme, host, port, path, parts = parse_url(raw, ("http", "https"), "url")
+        scheme, host, port, path, parts = parse_url(raw, ("http", "https"))
     except ValueError as exc:
         raise r.error(str(exc)) from None
     if parts.query or parts.fragment or "?" in raw or "#" in raw:
@@ -212,7 +215,7 @@ def _proxy(r: Read) -> str | None:
     if not raw:
         return None
     try:
-        _, host, port, path, parts = parse_url(raw, ("http",), "proxy")
+        _, host, port, path, parts = parse_url(raw, ("http",))
     except ValueError as exc:
         raise r.error(str(exc)) from None
     if path not in ("", "/") or parts.query or parts.fragment:
@@ -252,7 +255,7 @@ def _redirect_origins(r: Read) -> frozenset[str]:
     first_http: int | None = None
     for i, raw in enumerate(r.string_list()):
         try:
-            _s, _h, _p, path, parts = parse_url(raw, ("http", "https"), "origin")
+            _s, _h, _p, path, parts = parse_url(raw, ("http", "https"))
             normalized = origin_of(raw)
         except ValueError as exc:
             raise r.error(str(exc), f"[{i}]") from None
