@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -52,7 +53,10 @@ def _console_url(args: argparse.Namespace) -> int:
     if args.json:
         sys.stdout.write(json.dumps(answer, sort_keys=True) + "\n")
     else:
-        left = int(float(answer["expires_at"]) - time.time())
+        # The link expires TOKEN_TTL (300 s) after it was minted, a moment ago: the seconds
+        # left rounded up name the moment it expires by ("within 300 s", as docs/console.md
+        # shows it); a floor said 299 of a link minted milliseconds before.
+        left = max(0, math.ceil(float(answer["expires_at"]) - time.time()))
         print(answer["url"])
         print(f"(one use, within {left} s)", file=sys.stderr)
     return 0
