@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, TypeVar
@@ -170,17 +170,22 @@ class Broker:
         holder: str | None = None,
         settings: EngineSettings | None = None,
         owner: str | None = None,
+        exposed: Sequence[Exposure] | None = None,
     ) -> AsyncIterator[Broker]:
         """Open the journal named by the config and the protocol bindings; close both after.
         ``settings`` overrides the engine's own numbers (lease margin, inline result limit).
         ``owner`` (the daemon's description, naming its socket) opens the journal as its only
-        writer; without it, a journal a daemon owns raises ``JournalLocked`` naming it."""
+        writer; without it, a journal a daemon owns raises ``JournalLocked`` naming it.
+        ``exposed``: ``exposed_files(config)`` as this start found it already (``affidavit
+        serve`` looked before it would refuse), logged as it is; None: looked at here."""
         if config is None:
             config = load_config(config_path)
         # A configured vault is handed over even before its file exists: a lookup then says
         # the vault file is missing (CREDENTIAL_MISSING), not that no vault is configured.
         vault = Vault(config.vault_path) if config.vault_path else None
-        warn_exposed(exposed_files(config))  # the operator's log, once a file (`serve` refuses)
+        if exposed is None:
+            exposed = exposed_files(config)  # a journal of thousands of segments: not twice
+        warn_exposed(exposed)  # the operator's log, once a file (`serve` refuses)
         # Only the configured kinds: an HTTP-only config never imports the SSH library.
         bindings: dict[str, Binding] = load_bindings({t.kind for t in config.targets.values()})
         try:

@@ -18,9 +18,12 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from affidavit.cli import SECRETS_ALWAYS, UsageError, config_refusal, journal_refusal, refusal
+
+if TYPE_CHECKING:
+    from affidavit.journal import Exposure
 
 __all__ = ["add_commands"]
 
@@ -68,7 +71,7 @@ def _serve(args: argparse.Namespace) -> int:
         raise config_refusal(exc) from None
     except OSError as exc:
         raise UsageError(f"cannot read config: {exc.strerror}", "CONFIG_UNREADABLE") from None
-    _refuse_exposed(config, allowed=args.allow_exposed_files)
+    exposed = _refuse_exposed(config, allowed=args.allow_exposed_files)
     console = None
     if args.console is not None:
         try:
@@ -90,7 +93,12 @@ def _serve(args: argparse.Namespace) -> int:
     for words in _systemd_unready(config):
         logging.getLogger("affidavit.serve").warning("%s", words)
     try:
-        trio.run(functools.partial(serve, config, socket_path=args.socket, console=console))
+        # The exposures found above are the ones logged: a journal with thousands of result
+        # segments is not listed and stat'ed twice at every start.
+        start = functools.partial(
+            serve, config, socket_path=args.socket, console=console, exposed=exposed
+        )
+        trio.run(start)
     except JournalError as exc:
         raise journal_refusal(exc) from None
     except DaemonError as exc:
@@ -123,20 +131,21 @@ def _systemd_unready(config: Any) -> list[str]:
     return said
 
 
-def _refuse_exposed(config: Any, *, allowed: bool) -> None:
+def _refuse_exposed(config: Any, *, allowed: bool) -> list[Exposure]:
     """Refuse to serve (FILES_EXPOSED, exit 2) while another user can reach or owns the journal,
     a key, the vault or a ``file:``/``systemd:`` credential, or can write the config, a file
     that decides whom the broker trusts (``exposed_files``) or a directory on the path to one of
     them -- the daemon is the boundary that keeps them from every other account
     (docs/deployment.md, "Files others can reach") -- naming each file and the command that
     mends it.  ``allowed`` (``--allow-exposed-files``): serve, and log
-    each (``Broker.open``)."""
+    each (``Broker.open``, which is handed the list this returns: what it found, so that the
+    start looks once)."""
     from affidavit.api.broker import exposed_files
     from affidavit.journal.exposure import summarised
 
     exposed = exposed_files(config)
     if not exposed or allowed:
-        return
+        return exposed
     files = "; ".join(summarised(exposed))  # a results directory's many segments: one entry
     raise UsageError(  # one line, as every refusal (a newline would be shown escaped)
         f"another user can reach or owns the broker's files: {files} -- mend them, or start "

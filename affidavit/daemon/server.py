@@ -46,7 +46,7 @@ import resource
 import signal
 import socket
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 import trio
@@ -63,7 +63,7 @@ from affidavit.approvals import Operator, OperatorPolicy
 from affidavit.config import Config, console_origin, is_loopback
 from affidavit.console import Console, TokenStore, token_dir
 from affidavit.engine import EngineSettings
-from affidavit.journal import JournalError
+from affidavit.journal import Exposure, JournalError
 from affidavit.journal.backend import where as journal_where
 from affidavit.journal.compact import NOT_A_DIRECTORY, not_a_directory, refusal_message
 
@@ -222,8 +222,12 @@ class Daemon:
         *,
         socket_path: str | os.PathLike[str] | None = None,
         console: tuple[str, int] | None = None,
+        exposed: Sequence[Exposure] | None = None,
     ):
         self.config = config
+        self.exposed = exposed
+        """The files ``affidavit serve`` found exposed before it started this (``Broker.open``
+        logs them); None: the broker looks."""
         self.socket_path = Path(socket_path) if socket_path else config.service.socket
         self.console_address = console or config.service.console
         """Where the operator console listens (already checked: ``console_address``)."""
@@ -265,7 +269,9 @@ class Daemon:
     async def _run(self, task_status: trio.TaskStatus[None]) -> None:
         owner = f"affidavit serve (pid {os.getpid()}) on {self.socket_path}"
         settings = EngineSettings(lease_margin=self.config.service.lease_margin)
-        async with Broker.open(config=self.config, owner=owner, settings=settings) as broker:
+        async with Broker.open(
+            config=self.config, owner=owner, settings=settings, exposed=self.exposed
+        ) as broker:
             _refuse_unusable_segments(broker)
             recovered = await broker.recover()
             if recovered:
@@ -478,11 +484,12 @@ async def serve(
     *,
     socket_path: str | os.PathLike[str] | None = None,
     console: tuple[str, int] | None = None,
+    exposed: Sequence[Exposure] | None = None,
 ) -> None:
     """Run the daemon until SIGTERM or SIGINT (``affidavit serve``); ``console`` overrides
-    ``[service] console``."""
+    ``[service] console``; ``exposed``: the files found exposed at the start (``Daemon``)."""
     _raise_open_files()
-    await Daemon(config, socket_path=socket_path, console=console).run()
+    await Daemon(config, socket_path=socket_path, console=console, exposed=exposed).run()
 
 
 def _raise_open_files() -> None:

@@ -10,6 +10,7 @@ import base64
 import logging
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -554,3 +555,56 @@ async def test_an_embedded_broker_warns_of_a_known_hosts_others_can_write_and_op
     )
     said = [r.getMessage() for r in caplog.records if r.name == "affidavit.journal"]
     assert said == [want], said
+
+
+class _Started(Exception):
+    """Raised where the daemon has opened its broker: the start is over."""
+
+
+def test_a_start_looks_for_exposed_files_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``affidavit serve --allow-exposed-files`` logs what it found before it would have
+    refused: ``Broker.open`` is handed that list.  It looked again, listing and stat'ing every
+    result segment file twice at each start."""
+    import trio
+
+    import affidavit.api.broker as broker_module
+    import affidavit.daemon.server as server_module
+    import affidavit.engine
+    import affidavit.heap
+    from affidavit.cli import build_parser
+    from affidavit.cli.serve import _serve
+
+    config, socket = _home(tmp_path)
+    trio.run(_made, tmp_path)
+    segments = _segments(tmp_path, 5, 0o644)
+    looks: list[int] = []
+    real = broker_module.exposed_files
+
+    def counted(cfg: Any) -> list[Any]:
+        found = real(cfg)
+        looks.append(len(found))
+        return found
+
+    def started(broker: Any) -> None:
+        raise _Started
+
+    monkeypatch.setattr(broker_module, "exposed_files", counted)
+    monkeypatch.setattr(server_module, "_refuse_unusable_segments", started)
+    # The process-wide settings a real start makes, kept out of the test's process.
+    monkeypatch.setattr(server_module, "_raise_open_files", lambda: None)
+    monkeypatch.setattr(affidavit.engine, "tune_collector", lambda: None)
+    monkeypatch.setattr(affidavit.heap, "keep_freed_buffers", lambda: [])
+    caplog.set_level(logging.WARNING, logger="affidavit.journal")
+    argv = ["serve", "--config", str(config), "--socket", str(socket), "--allow-exposed-files"]
+    umask = os.umask(0o077)
+    try:
+        with pytest.raises(BaseException) as stopped:
+            _serve(build_parser().parse_args(argv))
+    finally:
+        os.umask(umask)
+    assert stopped.type is _Started, stopped
+    assert looks == [5]  # once, at the start: the five segment files (and nothing else)
+    said = [r.getMessage() for r in caplog.records if r.name == "affidavit.journal"]
+    assert all(any(str(p) in line for line in said) for p in segments), said  # logged
