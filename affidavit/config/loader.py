@@ -8,7 +8,6 @@ file, the field path to fix (``targets.billing.inject``) and why — never a tra
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import tomllib
@@ -220,22 +219,20 @@ VAULT = Schema(
 
 
 def config_path(explicit: str | None) -> Path:
-    """``--config`` beats ``$AFFIDAVIT_CONFIG`` beats ``./affidavit.toml``."""
-    if explicit:
-        return Path(explicit)
-    env = os.environ.get(CONFIG_ENV)
-    if env:
-        return Path(env)
-    return Path(DEFAULT_CONFIG)
+    """``--config`` beats ``$AFFIDAVIT_CONFIG`` beats ``./affidavit.toml`` -- made absolute, so
+    that every message names the file one way (``affidavit init``'s, every error's, as the field
+    errors do), or as given when there is no working directory to resolve it against (one
+    removed under us)."""
+    named = Path(explicit or os.environ.get(CONFIG_ENV) or DEFAULT_CONFIG)
+    try:
+        return Path(os.path.abspath(named))
+    except OSError:
+        return named
 
 
 def load_config(path: str | Path | None = None) -> Config:
     """Read and validate a config file.  Relative paths inside resolve against its directory."""
     p = config_path(str(path) if path is not None else None)
-    # Absolute from the start: every error names the file as the field errors do (as given
-    # when there is no working directory to resolve it against: one removed under us).
-    with contextlib.suppress(OSError):
-        p = Path(os.path.abspath(p))
     try:
         raw = p.read_bytes()
     except FileNotFoundError:

@@ -268,18 +268,25 @@ async def test_init_writes_its_config_private_whatever_the_umask(tmp_path: Path)
 
 
 async def test_init_default_location_is_the_current_directory(tmp_path: Path) -> None:
+    """Named absolutely, as every other command names a file (a config error's, the journal's
+    in the same line): ``wrote affidavit.toml`` said nothing of where."""
     env = {k: v for k, v in os.environ.items() if k != "AFFIDAVIT_CONFIG"}
-    p = await trio.run_process(
-        [sys.executable, "-m", "affidavit", "init"],
-        cwd=str(tmp_path),
-        env=env,
-        capture_stdout=True,
-        capture_stderr=True,
-        check=False,
-    )
-    assert p.returncode == 0, p.stderr
-    assert (tmp_path / "affidavit.toml").is_file()
-    assert (tmp_path / "affidavit.db").is_file()
+    (tmp_path / "etc").mkdir()
+    for argv, config in (((), "affidavit.toml"), (("--config", "etc/a.toml"), "etc/a.toml")):
+        p = await trio.run_process(
+            [sys.executable, "-m", "affidavit", "init", *argv],
+            cwd=str(tmp_path),
+            env=env,
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+        )
+        assert p.returncode == 0, p.stderr
+        assert (tmp_path / config).is_file()
+        journal = (tmp_path / config).parent / "affidavit.db"
+        assert journal.is_file()
+        said = f"wrote {tmp_path / config} and an empty journal at {journal}\n"
+        assert p.stdout.decode().startswith(said), p.stdout
 
 
 async def test_bad_timeout_and_non_utf8_identifiers_are_usage_errors(tmp_path: Path) -> None:

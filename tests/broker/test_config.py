@@ -215,8 +215,9 @@ def test_config_path_precedence(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     assert config_path("/explicit.toml") == Path("/explicit.toml")
     assert config_path(None) == Path("/from/env.toml")
     monkeypatch.delenv(CONFIG_ENV)
-    assert config_path(None) == Path("affidavit.toml")
     monkeypatch.chdir(tmp_path)
+    assert config_path(None) == tmp_path / "affidavit.toml"  # absolute, as messages name it
+    assert config_path("etc/a.toml") == tmp_path / "etc/a.toml"
     write(tmp_path, sample_config())
     assert set(load_config().targets) == {"example", "deploy"}
 
