@@ -421,19 +421,25 @@ def summarised(exposures: Iterable[Exposure]) -> list[str]:
     how many, a few by name, and one command that mends them all (``find``, as many files as
     there are; each file's own command is what it runs on it: ``chown`` to this process's uid
     first, then group and others' bits cleared -- the rule of the broker's own files)."""
+    return [words for _key, words in _entries(exposures)]
+
+
+def _entries(exposures: Iterable[Exposure]) -> list[tuple[tuple[str, str], str]]:
+    """``summarised``'s entries, each with what it is about: ``(path, why)`` of a file, or
+    ``(directory, SEGMENT_FILE)`` of the summary of its segment files."""
     exposures = list(exposures)
     segments: dict[Path, list[Exposure]] = {}
     for e in exposures:
         if e.what == SEGMENT_FILE:
             segments.setdefault(e.path.parent, []).append(e)
     many = {d: found for d, found in segments.items() if len(found) > EXAMPLES}
-    said: list[str] = []
+    said: list[tuple[tuple[str, str], str]] = []
     for e in exposures:
         directory = e.path.parent if e.what == SEGMENT_FILE else None
         if directory not in many:
-            said.append(str(e))
+            said.append(((str(e.path), e.why), str(e)))
         elif e is many[directory][0]:
-            said.append(_summary(directory, many[directory]))
+            said.append(((str(directory), SEGMENT_FILE), _summary(directory, many[directory])))
     return said
 
 
@@ -469,10 +475,12 @@ _warned_lock = threading.Lock()
 
 def warn_exposed(exposures: Iterable[Exposure]) -> None:
     """One warning line on the operator's log for each exposure this process has not warned of
-    yet (a journal is opened by many readers; the same words once are enough)."""
-    for e in exposures:
+    yet (a journal is opened by many readers; the same words once are enough) -- the entries
+    of a refusal (``summarised``): a results directory's many exposed segment files are one
+    line, once, where each had its own (10k segment files, 10k lines at every start)."""
+    for key, words in _entries(exposures):
         with _warned_lock:
-            if (str(e.path), e.why) in _warned:
+            if key in _warned:
                 continue
-            _warned.add((str(e.path), e.why))
-        log.warning("%s", e)
+            _warned.add(key)
+        log.warning("%s", words)

@@ -607,4 +607,39 @@ def test_a_start_looks_for_exposed_files_once(
     assert stopped.type is _Started, stopped
     assert looks == [5]  # once, at the start: the five segment files (and nothing else)
     said = [r.getMessage() for r in caplog.records if r.name == "affidavit.journal"]
-    assert all(any(str(p) in line for line in said) for p in segments), said  # logged
+    assert [line for line in said if ".seg" in line] == [
+        f"5 result segment files in {segments[0].parent} are accessible by group or others "
+        f"(bits 044 among them) (e.g. {segments[0].name}, {segments[1].name}, "
+        f"{segments[2].name}): find {segments[0].parent}/ -maxdepth 1 -type f -name '*.seg' "
+        "-perm /077 -exec chmod go= {} +"
+    ], said  # logged, the refusal's one entry for them all
+
+
+async def test_many_exposed_segment_files_are_one_warning_line_for_every_reader(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A broker that opens (embedded, or ``serve --allow-exposed-files``) and every reader of
+    the journal (here: its results directory is exposed, so they list its files) log the
+    refusal's entries: 400 exposed segment files are one line naming how many and the one
+    ``find`` that mends them -- it was 400 lines, at every start."""
+    from affidavit.journal import JournalReader
+
+    config, _ = _home(tmp_path)
+    await _made(tmp_path)
+    segments = _segments(tmp_path, 400, 0o640)
+    results = tmp_path / "journal.db.results"
+    results.chmod(0o750)
+    caplog.set_level(logging.WARNING, logger="affidavit.journal")
+    with JournalReader.open(tmp_path / "journal.db"):
+        pass
+    async with Broker.open(config):
+        pass
+    said = [r.getMessage() for r in caplog.records if r.name == "affidavit.journal"]
+    seg_lines = [line for line in said if "result segment file" in line]
+    assert len(seg_lines) == 1, said  # once: the reader's; the broker's is the same words
+    assert seg_lines[0].startswith(f"400 result segment files in {results} are "), seg_lines
+    assert "-exec chmod go= {} +" in seg_lines[0], seg_lines
+    assert not any(segments[399].name in line for line in said), said
+    want = f"result segment directory {results} is accessible by group or others (mode 0750)"
+    assert sum(line.startswith(want) for line in said) == 1, said
+    assert len(said) < 10, said
