@@ -138,8 +138,6 @@ class Field:
     fields that reads no key of its own."""
     shown: str | None = None
     """The default as the docs show it, where the value alone would mislead."""
-    also: tuple[Key, ...] = ()
-    """Further keys this field reads (e.g. ``known_hosts`` beside ``host_key``)."""
     binding: bool = True
     """Part of the snapshot an invocation is bound to (seed: "If any bound value changes, create
     a new invocation").  Only a field that cannot change what is sent, or to whom, may opt out,
@@ -168,10 +166,13 @@ class Field:
 
     @property
     def keys(self) -> tuple[Key, ...]:
+        """The key it reads, as the docs list it (none: a derived value).  A field reads one
+        key: another key is a field of its own (SSH's ``known_hosts`` beside ``host_key``),
+        which declares its default, whether it binds and whether it is a trust anchor."""
         if self.key is None:
-            return self.also
+            return ()
         shown = _shown(self.default) if self.shown is None else self.shown
-        return (Key(self.key, shown, self.doc), *self.also)
+        return (Key(self.key, shown, self.doc),)
 
 
 class Schema(Generic[T]):

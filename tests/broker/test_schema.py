@@ -8,6 +8,7 @@ binding unless somebody declares, with a reason, that it cannot change what is s
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import json
 import math
@@ -274,3 +275,20 @@ def test_canonical_json_refuses_what_json_dumps_refuses() -> None:
     for bad in (float("nan"), {"x": math.inf}, {1j: 1}, object()):
         with pytest.raises((TypeError, ValueError)):
             canonical_json(bad)
+
+
+def test_every_option_a_field_offers_is_used_by_a_declaration() -> None:
+    """An option no schema sets is a promise nothing keeps (``Field.also`` documented further
+    keys a field reads, long after the one field that did got a field of its own): each of
+    ``Field``'s options is given by some ``Field(...)`` of the broker's or the toy protocol's
+    (the example a protocol author copies)."""
+    root = Path(__file__).resolve().parents[2]
+    given: set[str] = set()
+    for where in (root / "affidavit", root / "tests" / "toy_protocol"):
+        for path in where.rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Field":
+                    given.update(k.arg for k in node.keywords if k.arg)
+                    given.update(f.name for f in dataclasses.fields(Field)[: len(node.args)])
+    options = {f.name for f in dataclasses.fields(Field)}
+    assert options - given == set()
