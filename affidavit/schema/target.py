@@ -83,9 +83,11 @@ def _credential(r: Read) -> str:
     ref: str = r.string()
     try:
         kind, name = parse_ref(ref)
-    except CredentialError:
+    except CredentialError as exc:
         # Not parse_ref's "credential reference must be ...": the field path names it already.
-        raise r.error(f"must be {REFERENCE_FORMS}") from None
+        # (A systemd: reference with a bad NAME keeps its own words: what a NAME may be.)
+        generic = exc.message == f"credential reference must be {REFERENCE_FORMS}"
+        raise r.error(f"must be {REFERENCE_FORMS}" if generic else exc.message) from None
     if kind == "vault" and not r.context.has_vault:
         raise r.error("a vault: reference needs a [vault] section")
     if kind == "file":
