@@ -27,7 +27,7 @@ import os
 import stat
 from pathlib import Path
 
-from affidavit.acl import access_entries, grants, setfacl
+from affidavit.acl import access_entries, grants, read_may, setfacl
 
 __all__ = ["FileMissing", "FileRefused", "read_small_file"]
 
@@ -75,6 +75,15 @@ def _refuse_shared(fd: int, st: os.stat_result, path: Path) -> None:
     if mode & 0o070 and not mode & 0o007:
         with contextlib.suppress(OSError, ValueError):  # unreadable: the mode bits decide
             entries = access_entries(fd)
+        # Only a file of this process's user, or root's lent to it by an entry, is judged by
+        # its ACL: any other owner can rewrite the secret and re-grant itself -- a user's own
+        # 0400 file plus ``user:<the broker>:r`` shows 0440 and names no one else, yet is as
+        # shared as the mode bits say.
+        euid = os.geteuid()
+        if entries is not None and not (
+            st.st_uid == euid or (st.st_uid == 0 and read_may(entries, euid))
+        ):
+            entries = None
     if entries is None and mode & 0o077:
         said = f"file is accessible by group or others (mode {mode:04o})"
         raise FileRefused(f"{said}; it must be 0600: chmod 600 {path}", f"{said}; it must be 0600")

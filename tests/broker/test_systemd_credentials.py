@@ -119,6 +119,21 @@ def test_the_daemons_own_user_lent_the_file_by_root_is_no_exposure(
     ]
 
 
+def test_another_users_file_lent_to_the_broker_by_its_acl_is_refused_as_its_mode_says(
+    creds: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A user's own ``0400`` file plus ``user:<the broker>:r`` shows ``0440`` and its ACL names
+    no one else -- but its owner can rewrite the secret: read as its mode bits say (refused),
+    as before ACLs were read.  Root's file lent the same way is systemd's and is read."""
+    path = _lent(creds, "tok", CANARY.encode(), 4321)
+    monkeypatch.setattr(os, "geteuid", lambda: 4321)
+    os.chown(path, OTHER_UID, OTHER_UID)  # (chown clears no ACL entry: still user:4321:r)
+    err = _refused("systemd:tok", Code.CREDENTIAL_INVALID)
+    assert err.message == "file is accessible by group or others (mode 0440); it must be 0600"
+    os.chown(path, 0, 0)
+    assert resolve("systemd:tok", vault=None).value == CANARY.encode()
+
+
 def test_without_credentials_directory_the_call_says_what_the_unit_lacks(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
