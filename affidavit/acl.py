@@ -33,6 +33,7 @@ __all__ = [
     "grants",
     "read_may",
     "readable_groups",
+    "readable_users",
     "setfacl",
 ]
 
@@ -133,6 +134,12 @@ def readable_groups(entries: tuple[tuple[int, int, int], ...], gid: int) -> list
         for tag, perm, who in entries
         if tag in (GROUP_OBJ, GROUP) and perm & mask & 4
     ]
+
+
+def readable_users(entries: tuple[tuple[int, int, int], ...]) -> list[int]:
+    """The named users ``entries`` let read (masked)."""
+    mask = _mask(entries)
+    return [who for tag, perm, who in entries if tag == USER and perm & mask & 4]
 
 
 def read_may(entries: tuple[tuple[int, int, int], ...], uid: int) -> bool:

@@ -65,7 +65,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from affidavit.acl import Grant, access_entries, grants, read_may, readable_groups, setfacl
+from affidavit.acl import (
+    Grant,
+    access_entries,
+    grants,
+    read_may,
+    readable_groups,
+    readable_users,
+    setfacl,
+)
 
 __all__ = [
     "CONFIG",
@@ -326,12 +334,16 @@ def directory_exposures(files: Iterable[tuple[Path, str]]) -> list[Exposure]:
 
 
 def config_exposure(
-    path: Path, journal_url: str | None, agent_gids: Iterable[int] = ()
+    path: Path,
+    journal_url: str | None,
+    agent_gids: Iterable[int] = (),
+    agent_uids: Iterable[int] = (),
 ) -> Exposure | None:
     """That of the config file at ``path`` (``CONFIG``; ``CONFIG_WITH_PASSWORD`` when its
     ``journal_url`` holds a password -- and then its group may read it only if that group is
     none of ``agent_gids``, the groups the daemon's socket admits: a password every agent can
-    read lets them write the journal)."""
+    read lets them write the journal; a user an access ACL names only if it is none of
+    ``agent_uids`` and in none of those groups)."""
     if journal_url is None or not _holds_password(journal_url):
         return exposure(path, "config file", CONFIG)
     found = exposure(path, "config file", CONFIG_WITH_PASSWORD)
@@ -345,21 +357,36 @@ def config_exposure(
     admitted = set(agent_gids)
     groups = [(st.st_gid, False)] if entries is None else readable_groups(entries, st.st_gid)
     readers = [
-        (g, f"setfacl -x g:{g}" if named else "chgrp <the daemon's group>")
+        (f"group {g}", f"setfacl -x g:{g}" if named else "chgrp <the daemon's group>")
         for g, named in groups
         if g in admitted
     ]
+    users = set(agent_uids)
+    readers += [
+        (f"user {u}", f"setfacl -x u:{u}")
+        for u in readable_users(entries or ())
+        if u not in (os.geteuid(), 0) and (u in users or _in_any(u, admitted))
+    ]
     if not readers:
         return found
-    listed = ", ".join(str(g) for g, _ in readers)
-    why = (
-        f"readable by group{'s' if len(readers) > 1 else ''} {listed}, which the daemon's "
-        "socket admits, with the password in it"
-    )
+    listed = ", ".join(who for who, _ in readers)
+    why = f"readable by {listed}, which the daemon's socket admits, with the password in it"
     fix = " && ".join(f"{command} {shlex.quote(str(path))}" for _, command in readers)
     if found is None:
         return Exposure(Path(path), "config file", why, fix)
     return Exposure(Path(path), "config file", f"{found.why} and {why}", f"{found.fix} && {fix}")
+
+
+def _in_any(uid: int, gids: set[int]) -> bool:
+    """Whether ``uid``'s account is in one of ``gids`` (its primary group or one that lists it);
+    a uid no account names counts as in them: who it is cannot be told (``config_exposure``)."""
+    import pwd
+
+    try:
+        account = pwd.getpwuid(uid)
+        return bool(set(os.getgrouplist(account.pw_name, account.pw_gid)) & gids)
+    except (KeyError, OSError):
+        return bool(gids)
 
 
 def _holds_password(url: str) -> bool:
