@@ -86,8 +86,8 @@ def _credential(r: Read) -> str:
     except CredentialError as exc:
         # Not parse_ref's "credential reference must be ...": the field path names it already.
         # (A systemd: reference with a bad NAME keeps its own words: what a NAME may be.)
-        generic = exc.message == f"credential reference must be {REFERENCE_FORMS}"
-        raise r.error(f"must be {REFERENCE_FORMS}" if generic else exc.message) from None
+        named = ref.partition(":")[0] == "systemd"
+        raise r.error(exc.message if named else f"must be {REFERENCE_FORMS}") from None
     if kind == "vault" and not r.context.has_vault:
         raise r.error("a vault: reference needs a [vault] section")
     if kind == "file":

@@ -176,8 +176,8 @@ def parse_ref(ref: str) -> tuple[str, str]:
                 raise CredentialError(
                     Code.UNKNOWN_CREDENTIAL,
                     "a systemd:NAME credential's NAME is a file name in the credentials "
-                    "directory: not empty, no '/', not '.' or '..', no control characters, at "
-                    "most 255 bytes",
+                    "directory: printable ASCII, not empty, no '/' or ':', not '.' or '..', at "
+                    "most 255 characters",
                 )
     # Never echo the reference: a malformed one is often the secret pasted in by mistake.
     raise CredentialError(
@@ -187,14 +187,14 @@ def parse_ref(ref: str) -> tuple[str, str]:
 
 
 def systemd_name_valid(name: str) -> bool:
-    """Whether ``name`` can name a credential in ``$CREDENTIALS_DIRECTORY``: a file name there
-    (systemd's own rule, ``credential_name_valid``: not empty, no ``/``, not ``.`` or ``..``,
-    at most NAME_MAX bytes), and no control character (it is shown in the operator's words)."""
+    """Whether ``name`` can name a credential in ``$CREDENTIALS_DIRECTORY``: systemd's own
+    rule (``credential_name_valid``: a file name -- not empty, no ``/``, not ``.`` or ``..`` --
+    and an fd name -- printable ASCII, no ``:``, at most 255 characters), so that the
+    ``LoadCredential=NAME:...`` the start suggests names this credential and no other."""
     return (
         name not in ("", ".", "..")
-        and "/" not in name
-        and name.isprintable()
-        and len(name.encode("utf-8", "surrogateescape")) <= 255
+        and len(name) <= 255
+        and all(" " <= c <= "~" and c not in "/:" for c in name)
     )
 
 
@@ -204,6 +204,17 @@ def systemd_path(ref: str, name: str) -> Path:
     read-only file system).  CREDENTIAL_MISSING when the variable is unset: the unit loads no
     credential (or the broker was not started by systemd)."""
     directory = os.environ.get(CREDENTIALS_DIRECTORY, "")
+    if directory and not _absolute_normalised(directory):
+        # systemd sets it so (its get_credentials_dir() refuses anything else): one that is not
+        # was set by someone else, and would be read relative to the working directory.
+        raise CredentialError(
+            Code.CREDENTIAL_MISSING,
+            "no systemd credentials are passed to the broker",
+            ref=ref,
+            detail=f"${CREDENTIALS_DIRECTORY} is not an absolute, normalised path, as systemd "
+            "sets it: the broker was not started by a systemd unit with a credential -- start "
+            f"it from one with LoadCredential={name}:/path/to/the/file",
+        )
     if not directory:
         raise CredentialError(
             Code.CREDENTIAL_MISSING,
@@ -215,6 +226,13 @@ def systemd_path(ref: str, name: str) -> Path:
             "file:PATH outside systemd",
         )
     return Path(directory) / name
+
+
+def _absolute_normalised(path: str) -> bool:
+    """systemd's ``path_is_absolute() && path_is_normalized()``: no ``.``/``..`` component, no
+    ``//`` (a final ``/`` is allowed)."""
+    parts = path.split("/")
+    return path.startswith("/") and not any(p in (".", "..") for p in parts) and "//" not in path
 
 
 def resolve(

@@ -134,6 +134,20 @@ def test_another_users_file_lent_to_the_broker_by_its_acl_is_refused_as_its_mode
     assert resolve("systemd:tok", vault=None).value == CANARY.encode()
 
 
+@pytest.mark.parametrize("directory", ["relative/dir", "/run/credentials/../../tmp", "/a//b"])
+def test_a_credentials_directory_systemd_would_not_set_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, directory: str
+) -> None:
+    """Relative (read from the working directory) or unnormalised: not systemd's, which sets an
+    absolute, normalised path -- refused before any file is opened there."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "relative" / "dir").mkdir(parents=True)
+    (tmp_path / "relative" / "dir" / "tok").write_bytes(CANARY.encode())
+    monkeypatch.setenv("CREDENTIALS_DIRECTORY", directory)
+    err = _refused("systemd:tok", Code.CREDENTIAL_MISSING)
+    assert "not an absolute, normalised path" in err.detail
+
+
 def test_without_credentials_directory_the_call_says_what_the_unit_lacks(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -161,7 +175,9 @@ def test_a_missing_empty_or_oversized_credential_keeps_the_file_rules(creds: Pat
     assert "FIFO" in _refused("systemd:fifo", Code.CREDENTIAL_INVALID).message
 
 
-@pytest.mark.parametrize("name", ["", ".", "..", "a/b", "../etc/shadow", "x" * 256])
+@pytest.mark.parametrize(
+    "name", ["", ".", "..", "a/b", "../etc/shadow", "x" * 256, "a:b", "t\u00f6ken"]
+)
 def test_a_bad_name_is_refused_at_load_with_its_field_never_echoed(
     tmp_path: Path, name: str
 ) -> None:
@@ -171,6 +187,7 @@ def test_a_bad_name_is_refused_at_load_with_its_field_never_echoed(
     assert "systemd:NAME credential's NAME is a file name" in str(info.value)
     if len(name) > 2:  # (not '.', '..': the rule names them)
         assert name not in str(info.value)
+    # (':' too: LoadCredential=a:b:/path would name another credential, "a")
     # (a control character is refused before, by the config's strings: resolve's own rule)
     assert _refused(f"systemd:{name or 'a'}\n", Code.UNKNOWN_CREDENTIAL).message.startswith(
         "a systemd:NAME credential's NAME is a file name"
