@@ -111,13 +111,16 @@ class SqliteTables(SegmentTables):
         "first_events_through": "SELECT count(*) FROM invocations WHERE first_seq <= ?",
         "first_event_at_rank": "SELECT first_seq FROM invocations WHERE first_seq <= ? ORDER BY "
         "first_seq LIMIT 1 OFFSET ?",
-        # Exactly one ``invocations`` row per invocation, at its first event (rows of ``f``
-        # missing from the index, and the index's count against ``f``'s): one pass over
-        # ``events_invocation`` and a primary-key lookup per invocation, no sort.
-        "first_events_indexed": "SELECT (SELECT count(*) FROM invocations) = count(*) AND "
-        "coalesce(sum(NOT EXISTS (SELECT 1 FROM invocations AS i WHERE i.first_seq = f.first "
-        "AND i.invocation_id = f.iid)), 0) = 0 FROM (SELECT invocation_id AS iid, min(seq) AS "
-        "first FROM events GROUP BY invocation_id) AS f",
+        # Exactly one ``invocations`` row per invocation, at its first event: every row at the
+        # first seq of its invocation (one seek into ``events_invocation`` each) -- so no two
+        # rows name one invocation (``first_seq`` is the key) -- and as many rows as there are
+        # invocations (one pass over ``events_invocation``, without the join of each group to
+        # the index the query before made: 0.58 -> 0.42 s over 1M events).  A NULL id, which
+        # only an altered schema admits, is a group of its own, whose row cannot be found.
+        "first_events_indexed": "SELECT (SELECT count(*) FROM invocations) = (SELECT count(*) "
+        "FROM (SELECT 1 FROM events GROUP BY invocation_id)) AND NOT EXISTS (SELECT 1 FROM "
+        "invocations AS i WHERE (SELECT min(seq) FROM events WHERE events.invocation_id = "
+        "i.invocation_id) IS NOT i.first_seq)",
         **{
             k: v.replace("SELECT data", "SELECT " + _BLOB.format("data")).replace(
                 "idx, data FROM", "idx, " + _BLOB.format("data") + " FROM"

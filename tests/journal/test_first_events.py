@@ -106,6 +106,14 @@ def test_an_index_that_does_not_match_the_events_is_not_used(tmp_path: Path) -> 
         "UPDATE invocations SET first_seq = first_seq + 1000 WHERE invocation_id = 'a'",
         "INSERT INTO invocations SELECT max(seq) + 1, 'a' FROM events",  # a second 'a'
         "UPDATE invocations SET invocation_id = 'zz' WHERE invocation_id = 'c'",
+        # At a later event of its own invocation (the count kept, each id named once).
+        "UPDATE invocations SET first_seq = (SELECT max(seq) FROM events WHERE invocation_id "
+        "= 'a') WHERE invocation_id = 'a'",
+        # Two invocations' rows swapped: each at a first event, of the other invocation.
+        "UPDATE invocations SET invocation_id = CASE invocation_id WHEN 'a' THEN 'b' WHEN 'b' "
+        "THEN 'a' ELSE invocation_id END",
+        # An invocation named twice and another left out: the count kept.
+        "UPDATE invocations SET invocation_id = 'a' WHERE invocation_id = 'c'",
     ]
     for edit in edits:
         copy = tmp_path / f"edited{edits.index(edit)}.db"
