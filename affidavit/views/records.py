@@ -209,18 +209,21 @@ def record_json_encoder(
     make = json.encoder.c_make_encoder  # type: ignore[attr-defined]
     if make is None:  # an interpreter without the C accelerator
         encoder = json.JSONEncoder(sort_keys=True, check_circular=False, default=_view_as_dict)
-        encode: Callable[[Any], str] = encoder.encode
+        chunks: Callable[[Any, int], Iterable[str]] = encoder.iterencode
     else:
         chunks = make(
             None, _view_as_dict, json.encoder.encode_basestring_ascii, None, ": ", ", ", True,
             False, True,
         )  # fmt: skip
 
-        def encode(value: Any) -> str:
-            return "".join(chunks(value, 0))
-
-    string, int_text, final = json.encoder.encode_basestring_ascii, int.__repr__, _FINAL
+    string, int_text, finals, join = (
+        json.encoder.encode_basestring_ascii,
+        int.__repr__,
+        _FINAL,
+        "".join,
+    )
     fetch = string(_FETCH)  # ``shown_retry`` of a record not final
+    proxy = MappingProxyType
 
     def text(v: Any) -> str:
         t = type(v)
@@ -232,7 +235,7 @@ def record_json_encoder(
             return int_text(v)
         if t is bool:
             return "true" if v else "false"
-        return encode(v)
+        return join(chunks(v, 0))
 
     def record_json(rec: Record) -> str:
         if operator:
@@ -245,47 +248,61 @@ def record_json_encoder(
             # ``dataclasses.replace`` tripled the cost of a record's encoding).
             evidence = caller_evidence(rec.invocation_id, shown_evidence(rec), holder)
         b = rec.budget
+        state = rec.state
+        is_final = finals[state]  # ``rec.final``, without the property's call (two a record)
         # ``shown_error`` inlined for a final record (``current_code``: its own code), a call
         # fewer per record (~5% of a small record's encoding); the test in every state holds it.
-        code, message, field = (rec.code, rec.message, rec.field) if rec.final else shown_error(rec)
+        code, message, field = (rec.code, rec.message, rec.field) if is_final else shown_error(rec)
+        # A record's own read-only views copied here, not by the encoder's fallback (a Python
+        # call each, and the C encoder's slow path): the usual record has one attempt.
+        attempts = rec.attempts
+        if len(attempts) == 1 and type(a := attempts[0]) is proxy:
+            attempts_text = f"[{join(chunks(a.copy(), 0))}]"
+        else:
+            attempts_text = join(chunks(attempts, 0))
+        if type(evidence) is proxy:
+            evidence = evidence.copy()
         v: Any  # each inline test below names its value
         # Keys in sorted order, as ``sort_keys`` writes them.  The state, its phase, outcome
         # and retry hint are strings (enums: str subclasses) by construction.  The values most
-        # often None (or False) are tested here, not in ``text``: a call fewer each (~3% of
-        # the encoding).
+        # often None, False, an ``int`` or a ``str`` are written here, not by ``text``: a call
+        # fewer each (issue 15: ~10 calls a record).
         return (
-            f'{{"attempts": {encode(rec.attempts)}, '
-            f'"budget": {{"left": {text(b.left)}, "total": {text(b.total)}, '
-            f'"used": {text(b.used)}}}, '
+            f'{{"attempts": {attempts_text}, '
+            f'"budget": {{"left": {int_text(v) if type(v := b.left) is int else text(v)}, '
+            f'"total": {int_text(v) if type(v := b.total) is int else text(v)}, '
+            f'"used": {int_text(v) if type(v := b.used) is int else text(v)}}}, '
             f'"code": {"null" if code is None else string(code)}, '
-            f'"events": {text(rec.events)}, '
-            f'"evidence": {encode(evidence)}, '
+            f'"events": {int_text(v) if type(v := rec.events) is int else text(v)}, '
+            f'"evidence": {join(chunks(evidence, 0))}, '
             f'"field": {"null" if field is None else text(field)}, '
-            f'"final": {final[rec.state]}, '
-            f'"fingerprint": {text(rec.fingerprint)}, '
-            f'"generation": {text(rec.generation)}, '
-            f'"idempotency": {"null" if (v := rec.idempotency) is None else encode(v)}, '
+            f'"final": {"true" if is_final else "false"}, '
+            f'"fingerprint": {string(v) if type(v := rec.fingerprint) is str else text(v)}, '
+            f'"generation": {int_text(v) if type(v := rec.generation) is int else text(v)}, '
+            f'"idempotency": '
+            f"{'null' if (v := rec.idempotency) is None else join(chunks(v, 0))}, "
             f'"idempotent": {"false" if (v := rec.idempotent) is False else text(v)}, '
-            f'"invocation_id": {text(rec.invocation_id)}, '
-            f'"items": {"null" if (v := shown_items(rec)) is None else encode(v)}, '
-            f'"last_seq": {text(rec.last_seq)}, '
-            f'"message": {text(message)}, '
-            f'"operation": {"null" if (v := rec.operation) is None else encode(v)}, '
+            f'"invocation_id": '
+            f"{string(v) if type(v := rec.invocation_id) is str else text(v)}, "
+            f'"items": {"null" if (v := shown_items(rec)) is None else join(chunks(v, 0))}, '
+            f'"last_seq": {int_text(v) if type(v := rec.last_seq) is int else text(v)}, '
+            f'"message": {string(v) if type(v := message) is str else text(v)}, '
+            f'"operation": {"null" if (v := rec.operation) is None else join(chunks(v, 0))}, '
             f'"outcome": {string(rec.outcome)}, '
             f'"phase": {string(rec.phase)}, '
-            f'"protocol": {text(rec.protocol)}, '
-            f'"retry": {string(rec.retry) if rec.final else fetch}, '
+            f'"protocol": {string(v) if type(v := rec.protocol) is str else text(v)}, '
+            f'"retry": {string(rec.retry) if is_final else fetch}, '
             f'"retry_after": {"null" if (v := rec.retry_after) is None else text(v)}, '
-            f'"session": {text(rec.session)}, '
-            f'"state": {string(rec.state)}, '
-            f'"target": {text(rec.target)}}}'
+            f'"session": {string(v) if type(v := rec.session) is str else text(v)}, '
+            f'"state": {string(state)}, '
+            f'"target": {string(v) if type(v := rec.target) is str else text(v)}}}'
         )
 
     return record_json
 
 
-_FINAL = {state: "true" if spec.final else "false" for state, spec in STATES.items()}
-"""``Record.final`` as JSON, per state."""
+_FINAL = {state: spec.final for state, spec in STATES.items()}
+"""``Record.final`` per state."""
 
 
 def event_to_json(ev: Event) -> dict[str, Any]:
