@@ -196,3 +196,16 @@ def test_the_encoder_writes_printable_ascii_only_which_actions_json_writes_unesc
     text = record_json_encoder()(rec)
     assert text.isascii() and printable(text) == text
     assert json.loads(text)["message"] == hostile
+
+
+@pytest.mark.parametrize("state", ["completed_committed", "interrupted", "awaiting_approval"])
+def test_without_the_c_accelerator_the_encoder_writes_the_same_text(
+    state: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An interpreter without ``_json``'s encoder: the pure-Python one, the same bytes."""
+    p = _record_in(state)
+    rec = p.record(now=5.0)
+    want = record_json_encoder(operator=True)(rec)
+    monkeypatch.setattr(json.encoder, "c_make_encoder", None)
+    assert record_json_encoder(operator=True)(rec) == want
+    assert want == json.JSONEncoder(sort_keys=True).encode(record_to_json(rec, operator=True))

@@ -209,7 +209,7 @@ def record_json_encoder(
     make = json.encoder.c_make_encoder  # type: ignore[attr-defined]
     if make is None:  # an interpreter without the C accelerator
         encoder = json.JSONEncoder(sort_keys=True, check_circular=False, default=_view_as_dict)
-        chunks: Callable[[Any, int], Iterable[str]] = encoder.iterencode
+        chunks: Callable[[Any, Any], Iterable[str]] = encoder.iterencode
     else:
         chunks = make(
             None, _view_as_dict, json.encoder.encode_basestring_ascii, None, ": ", ", ", True,
