@@ -56,9 +56,11 @@ def _console_url(args: argparse.Namespace) -> int:
         # The link expires TOKEN_TTL (300 s) after it was minted, a moment ago: the seconds
         # left rounded up name the moment it expires by ("within 300 s", as docs/console.md
         # shows it); a floor said 299 of a link minted milliseconds before.
-        left = max(0, math.ceil(float(answer["expires_at"]) - time.time()))
+        left = math.ceil(float(answer["expires_at"]) - time.time())
         print(answer["url"])
-        print(f"(one use, within {left} s)", file=sys.stderr)
+        # (a clock the daemon and this process disagree on can leave none: say so, not "0 s")
+        said = f"within {left} s" if left > 0 else "already expired: ask for another"
+        print(f"(one use, {said})", file=sys.stderr)
     return 0
 
 
