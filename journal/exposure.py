@@ -225,6 +225,11 @@ def _judged(
         whys.append(
             f"owned by uid {st.st_uid}, not by this process's uid {uid}"
             + (" or root" if rule.root_may_own and uid != 0 else "")
+            + (
+                f" (or root's, lent by an access ACL entry user:{uid}:r)"
+                if rule.root_may_lend and not rule.root_may_own and uid != 0
+                else ""
+            )
         )
         fixes.append(f"chown {'-h ' if link else ''}{uid} {quoted}")
     if mode & bits:
@@ -453,7 +458,8 @@ def summarised(exposures: Iterable[Exposure]) -> list[str]:
 
 def _entries(exposures: Iterable[Exposure]) -> list[tuple[tuple[str, str], str]]:
     """``summarised``'s entries, each with what it is about: ``(path, why)`` of a file, or
-    ``(directory, SEGMENT_FILE)`` of the summary of its segment files."""
+    ``(directory, SEGMENT_FILE and the reasons)`` of the summary of its segment files (another
+    reason found later -- another owner, an ACL, more bits -- is another entry)."""
     exposures = list(exposures)
     segments: dict[Path, list[Exposure]] = {}
     for e in exposures:
@@ -466,7 +472,13 @@ def _entries(exposures: Iterable[Exposure]) -> list[tuple[tuple[str, str], str]]
         if directory not in many:
             said.append(((str(e.path), e.why), str(e)))
         elif e is many[directory][0]:
-            said.append(((str(directory), SEGMENT_FILE), _summary(directory, many[directory])))
+            found = many[directory]
+            bits = 0
+            for f in found:
+                bits |= f.bits
+            owned, granted = any(f.owner is not None for f in found), any(f.granted for f in found)
+            key = (str(directory), f"{SEGMENT_FILE} owned={owned} bits={bits:o} acl={granted}")
+            said.append((key, _summary(directory, found)))
     return said
 
 

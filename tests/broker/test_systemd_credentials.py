@@ -114,7 +114,8 @@ def test_the_daemons_own_user_lent_the_file_by_root_is_no_exposure(
     _lent(creds, "tok", CANARY.encode(), 4322)  # lent to someone else
     whys = [e.why for e in exposed_files(config)]
     assert whys == [
-        "owned by uid 0, not by this process's uid 4321 and reachable through its access ACL "
+        "owned by uid 0, not by this process's uid 4321 (or root's, lent by an access ACL entry "
+        "user:4321:r) and reachable through its access ACL "
         "(user:4322 can read)"
     ]
 

@@ -643,3 +643,11 @@ async def test_many_exposed_segment_files_are_one_warning_line_for_every_reader(
     want = f"result segment directory {results} is accessible by group or others (mode 0750)"
     assert sum(line.startswith(want) for line in said) == 1, said
     assert len(said) < 10, said
+    # Another reason found later in this process (other users' read bit now): said again.
+    caplog.clear()
+    for path in segments[:5]:
+        path.chmod(0o644)
+    with JournalReader.open(tmp_path / "journal.db"):
+        pass
+    again = [r.getMessage() for r in caplog.records if "result segment file" in r.getMessage()]
+    assert len(again) == 1 and "(bits 044 among them)" in again[0], again
