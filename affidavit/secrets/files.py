@@ -83,7 +83,13 @@ def _refuse_shared(fd: int, st: os.stat_result, path: Path) -> None:
         if entries is not None and not (
             st.st_uid == euid or (st.st_uid == 0 and read_may(entries, euid))
         ):
-            entries = None
+            # (not "chmod 600": its owner's own file, that would take the broker's entry away)
+            said = (
+                f"file is owned by uid {st.st_uid}, not by the broker's user (uid {euid}), and "
+                "lent to it by an access ACL: its owner can rewrite it"
+            )
+            rule = "the broker's user must own it (or root lend it)"
+            raise FileRefused(f"{said}; {rule}: chown {euid} {path}", f"{said}; {rule}")
     if entries is None and mode & 0o077:
         said = f"file is accessible by group or others (mode {mode:04o})"
         raise FileRefused(f"{said}; it must be 0600: chmod 600 {path}", f"{said}; it must be 0600")

@@ -120,17 +120,25 @@ def test_the_daemons_own_user_lent_the_file_by_root_is_no_exposure(
     ]
 
 
-def test_another_users_file_lent_to_the_broker_by_its_acl_is_refused_as_its_mode_says(
+def test_another_users_file_lent_to_the_broker_by_its_acl_is_refused_for_its_owner(
     creds: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A user's own ``0400`` file plus ``user:<the broker>:r`` shows ``0440`` and its ACL names
-    no one else -- but its owner can rewrite the secret: read as its mode bits say (refused),
-    as before ACLs were read.  Root's file lent the same way is systemd's and is read."""
+    no one else -- but its owner can rewrite the secret: refused, naming the owner and its
+    ``chown`` (not the mode's ``chmod 600``, which would take the broker's entry away).  Root's
+    file lent the same way is systemd's and is read."""
     path = _lent(creds, "tok", CANARY.encode(), 4321)
     monkeypatch.setattr(os, "geteuid", lambda: 4321)
     os.chown(path, OTHER_UID, OTHER_UID)  # (chown clears no ACL entry: still user:4321:r)
     err = _refused("systemd:tok", Code.CREDENTIAL_INVALID)
-    assert err.message == "file is accessible by group or others (mode 0440); it must be 0600"
+    assert err.message == (
+        f"file is owned by uid {OTHER_UID}, not by the broker's user (uid 4321), and lent to it "
+        "by an access ACL: its owner can rewrite it; the broker's user must own it (or root "
+        "lend it)"
+    )
+    assert err.detail.endswith(
+        f": chown 4321 {path} (read as {path}: the unit's credentials directory)"
+    ), err.detail
     os.chown(path, 0, 0)
     assert resolve("systemd:tok", vault=None).value == CANARY.encode()
 
