@@ -114,11 +114,23 @@ def test_an_index_that_does_not_match_the_events_is_not_used(tmp_path: Path) -> 
         "THEN 'a' ELSE invocation_id END",
         # An invocation named twice and another left out: the count kept.
         "UPDATE invocations SET invocation_id = 'a' WHERE invocation_id = 'c'",
+        # The table rebuilt without its key, then the first row twice and 'c' left out: each
+        # row at a first event, the count kept -- only the key ruled out a repeat (review).
+        (
+            "DROP TRIGGER events_first_of_invocation",
+            "CREATE TABLE inv2 (first_seq INTEGER, invocation_id TEXT)",
+            "INSERT INTO inv2 SELECT first_seq, invocation_id FROM invocations",
+            "DROP TABLE invocations",
+            "ALTER TABLE inv2 RENAME TO invocations",
+            "UPDATE invocations SET first_seq = (SELECT min(first_seq) FROM invocations), "
+            "invocation_id = (SELECT invocation_id FROM invocations ORDER BY first_seq LIMIT 1) "
+            "WHERE invocation_id = 'c'",
+        ),
     ]
-    for edit in edits:
-        copy = tmp_path / f"edited{edits.index(edit)}.db"
+    for n, edit in enumerate(edits):
+        copy = tmp_path / f"edited{n}.db"
         copy.write_bytes(db.read_bytes())
-        _sql(copy, edit)
+        _sql(copy, *((edit,) if isinstance(edit, str) else edit))
         with JournalReader.open(copy) as r:
             assert not _indexed(r), edit
             assert list(r.iter_actions(now=5.0)) == want, edit
