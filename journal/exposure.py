@@ -342,13 +342,12 @@ def config_exposure(
     path: Path,
     journal_url: str | None,
     agent_gids: Iterable[int] = (),
-    agent_uids: Iterable[int] = (),
 ) -> Exposure | None:
     """That of the config file at ``path`` (``CONFIG``; ``CONFIG_WITH_PASSWORD`` when its
     ``journal_url`` holds a password -- and then its group may read it only if that group is
     none of ``agent_gids``, the groups the daemon's socket admits: a password every agent can
-    read lets them write the journal; a user an access ACL names only if it is none of
-    ``agent_uids`` and in none of those groups)."""
+    read lets them write the journal; no user an access ACL names may, but the daemon's and
+    root)."""
     if journal_url is None or not _holds_password(journal_url):
         return exposure(path, "config file", CONFIG)
     found = exposure(path, "config file", CONFIG_WITH_PASSWORD)
@@ -362,36 +361,28 @@ def config_exposure(
     admitted = set(agent_gids)
     groups = [(st.st_gid, False)] if entries is None else readable_groups(entries, st.st_gid)
     readers = [
-        (f"group {g}", f"setfacl -x g:{g}" if named else "chgrp <the daemon's group>")
+        (
+            f"group {g}, which the daemon's socket admits",
+            f"setfacl -x g:{g}" if named else "chgrp <the daemon's group>",
+        )
         for g, named in groups
         if g in admitted
     ]
-    users = set(agent_uids)
+    # A user an entry names could be an agent the socket admits by a group its account does
+    # not list (a unit's SupplementaryGroups=, sg, a container): each is named, whoever it is.
     readers += [
-        (f"user {u}", f"setfacl -x u:{u}")
+        (f"user {u} (an access ACL entry)", f"setfacl -x u:{u}")
         for u in readable_users(entries or ())
-        if u not in (os.geteuid(), 0) and (u in users or _in_any(u, admitted))
+        if u not in (os.geteuid(), 0)
     ]
     if not readers:
         return found
-    listed = ", ".join(who for who, _ in readers)
-    why = f"readable by {listed}, which the daemon's socket admits, with the password in it"
+    listed = "; ".join(who for who, _ in readers)
+    why = f"readable by {listed}, with the password in it"
     fix = " && ".join(f"{command} {shlex.quote(str(path))}" for _, command in readers)
     if found is None:
         return Exposure(Path(path), "config file", why, fix)
     return Exposure(Path(path), "config file", f"{found.why} and {why}", f"{found.fix} && {fix}")
-
-
-def _in_any(uid: int, gids: set[int]) -> bool:
-    """Whether ``uid``'s account is in one of ``gids`` (its primary group or one that lists it);
-    a uid no account names counts as in them: who it is cannot be told (``config_exposure``)."""
-    import pwd
-
-    try:
-        account = pwd.getpwuid(uid)
-        return bool(set(os.getgrouplist(account.pw_name, account.pw_gid)) & gids)
-    except (KeyError, OSError):
-        return bool(gids)
 
 
 def _holds_password(url: str) -> bool:

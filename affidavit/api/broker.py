@@ -78,10 +78,8 @@ def exposed_files(config: Config) -> list[Exposure]:
     files: list[Exposure | None] = []
     placed: list[tuple[Path, str]] = []  # the files whose directories are looked at
     if config.path is not None:
-        service = config.service
-        agents = (*service.allow_gids, *service.operator_gids)
-        users = (*(service.allow_uids or ()), *service.operator_uids)
-        files.append(config_exposure(config.path, config.journal.url, agents, users))
+        agents = (*config.service.allow_gids, *config.service.operator_gids)
+        files.append(config_exposure(config.path, config.journal.url, agents))
         placed.append((config.path, "config file"))
     if config.journal.url is None:
         files += journal_exposures(config.journal.path, segments=True)
