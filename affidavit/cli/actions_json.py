@@ -16,6 +16,7 @@ give.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import subprocess
@@ -83,11 +84,24 @@ class _Array:
             return
         out.flush()  # what the text layer holds goes first
         while chunk:
-            buffer.write(chunk)
+            _write_all(buffer, chunk)
             chunk = spool.read(_COPY)
 
     def close(self) -> None:
         ascii_json_stdout().write("[]\n" if self.sep == "[\n" else "\n]\n")
+
+
+def _write_all(buffer: IO[bytes], chunk: bytes) -> None:
+    """All of ``chunk`` to ``buffer`` -- a raw ``FileIO`` under ``python -u`` or
+    ``PYTHONUNBUFFERED`` (a container image's habit) may take part of it, a signal arriving
+    mid-write, and says how much: the rest is written again, never dropped.  None (a
+    non-blocking descriptor that is full) is an error, not a short view."""
+    view = memoryview(chunk)
+    while view:
+        n = buffer.write(view)
+        if n is None:
+            raise BlockingIOError(errno.EAGAIN, "standard output is non-blocking and full")
+        view = view[n:]
 
 
 def write_array(texts: Iterable[str]) -> None:

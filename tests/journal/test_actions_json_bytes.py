@@ -141,3 +141,32 @@ def test_a_buffered_standard_output_gets_the_childs_half_after_the_first(journal
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.decode("ascii") == _expected(journal, {})
+
+
+def test_a_raw_standard_output_that_takes_part_of_a_write_gets_all_of_it(
+    journal: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under ``python -u`` standard output's ``buffer`` is a raw ``FileIO``, whose ``write`` may
+    take part of the bytes (a signal mid-write) and says how many: the rest is written again."""
+    want = _expected(journal, {})
+    monkeypatch.setattr(JournalReader, "now", lambda self, purpose=None: NOW)
+    monkeypatch.setattr(actions_json, "SPLIT_MIN_EVENTS", 1)
+    raw = io.BytesIO()
+    short: list[int] = []
+
+    class Raw:
+        def write(self, data: Any) -> int:
+            n = max(1, len(data) // 3)  # a third at most, each time
+            short.append(n)
+            return raw.write(bytes(data[:n]))
+
+    class Text(io.StringIO):
+        buffer = Raw()
+
+        def write(self, s: str) -> int:
+            return raw.write(s.encode("ascii"))
+
+    monkeypatch.setattr(actions_json, "ascii_json_stdout", Text)
+    assert cli_main(["actions", "--json", "--journal", str(journal)]) == 0
+    assert len(short) > 1  # the child's half came through the raw writes, in parts
+    assert raw.getvalue().decode("ascii") == want
