@@ -449,8 +449,9 @@ def summarised(exposures: Iterable[Exposure]) -> list[str]:
 
 def _entries(exposures: Iterable[Exposure]) -> list[tuple[tuple[str, str], str]]:
     """``summarised``'s entries, each with what it is about: ``(path, why)`` of a file, or
-    ``(directory, SEGMENT_FILE and the reasons)`` of the summary of its segment files (another
-    reason found later -- another owner, an ACL, more bits -- is another entry)."""
+    ``(directory, SEGMENT_FILE and the reasons)`` of the summary of its segment files (other
+    reasons found later -- another owner, an ACL, other bits, or fewer of them after a partial
+    fix -- are another entry, said again)."""
     exposures = list(exposures)
     segments: dict[Path, list[Exposure]] = {}
     for e in exposures:
