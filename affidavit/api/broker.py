@@ -53,7 +53,7 @@ from affidavit.protocols import Binding, load_bindings
 from affidavit.protocols.catalog import catalog
 from affidavit.reconcile import service as reconcile
 from affidavit.secrets import redaction
-from affidavit.secrets.credentials import CREDENTIALS_DIRECTORY, systemd_path
+from affidavit.secrets.credentials import CREDENTIALS_DIRECTORY, CredentialError, systemd_path
 from affidavit.secrets.vault import Vault
 from affidavit.statemachine import Event, Record, operation_json
 
@@ -118,7 +118,10 @@ def _credential_files(config: Config) -> list[tuple[Path, str]]:
         if kind == "file":  # the loader made the path absolute
             found.append((Path(name), "credential file"))
         elif kind == "systemd" and os.environ.get(CREDENTIALS_DIRECTORY):
-            found.append((systemd_path(ref, name), "systemd credential file"))
+            try:
+                found.append((systemd_path(ref, name), "systemd credential file"))
+            except CredentialError:  # a directory systemd would not name: the call says so
+                continue
     return found
 
 

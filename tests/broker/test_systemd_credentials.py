@@ -155,6 +155,8 @@ def test_a_credentials_directory_systemd_would_not_set_is_refused(
     monkeypatch.setenv("CREDENTIALS_DIRECTORY", directory)
     err = _refused("systemd:tok", Code.CREDENTIAL_MISSING)
     assert "not an absolute, normalised path" in err.detail
+    # ... and a start looks at no file there, nor fails: the call says why it has none
+    assert exposed_files(_config(tmp_path, "systemd:tok")) == []
 
 
 def test_without_credentials_directory_the_call_says_what_the_unit_lacks(
