@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import io
 import json
 import os
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import IO, TYPE_CHECKING, Any
 
 from affidavit.cli import ascii_json_stdout
@@ -47,7 +48,7 @@ class _Array:
         self.sep = opening
 
     def items(self, texts: Iterable[str]) -> None:
-        write = ascii_json_stdout().write
+        write = _text_writer()
         block: list[str] = []
         add = block.append
         try:
@@ -74,7 +75,7 @@ class _Array:
         if not chunk:
             return
         out = ascii_json_stdout()
-        out.write(self.sep)
+        _text_writer()(self.sep)
         self.sep = ",\n"
         buffer = getattr(out, "buffer", None)
         if buffer is None:
@@ -88,10 +89,24 @@ class _Array:
             chunk = spool.read(_COPY)
 
     def close(self) -> None:
-        ascii_json_stdout().write("[]\n" if self.sep == "[\n" else "\n]\n")
+        _text_writer()("[]\n" if self.sep == "[\n" else "\n]\n")
 
 
-def _write_all(buffer: IO[bytes], chunk: bytes) -> None:
+def _text_writer() -> Callable[[str], object]:
+    """What writes the view's ASCII text to standard output, whole.  Under ``python -u`` or
+    ``PYTHONUNBUFFERED`` the text layer writes straight to a raw ``FileIO`` and drops what a
+    short write did not take (a pipe's reader stopped and continued, ``SIGSTOP``/``SIGCONT``,
+    cut the view short, exit status 0): then the text goes to the raw file through
+    ``_write_all``, after what the text layer holds."""
+    out = ascii_json_stdout()
+    raw = getattr(out, "buffer", None)
+    if not isinstance(raw, io.RawIOBase):
+        return out.write  # type: ignore[no-any-return]
+    out.flush()
+    return lambda text: _write_all(raw, text.encode("ascii"))
+
+
+def _write_all(buffer: IO[bytes] | io.RawIOBase, chunk: bytes) -> None:
     """All of ``chunk`` to ``buffer`` -- a raw ``FileIO`` under ``python -u`` or
     ``PYTHONUNBUFFERED`` (a container image's habit) may take part of it, a signal arriving
     mid-write, and says how much: the rest is written again, never dropped.  None (a
