@@ -117,12 +117,14 @@ class SqliteTables(SegmentTables):
         # invocations (one pass over ``events_invocation``, without the join of each group to
         # the index the query before made: 0.58 -> 0.42 s over 1M events).  A NULL id, which
         # only an altered schema admits, is a group of its own, whose row cannot be found; a
-        # table rebuilt without its key (which rules out a repeated row) is not used at all.
+        # table rebuilt without its key (which rules out a repeated row) is not used at all,
+        # nor one with a NULL key (a key not the rowid's admits it: an id with no events).
         "first_events_indexed": "SELECT (SELECT group_concat(name) FROM "
         "pragma_table_info('invocations') WHERE pk > 0) = 'first_seq' AND (SELECT count(*) "
         "FROM invocations) = (SELECT count(*) FROM (SELECT 1 FROM events GROUP BY "
-        "invocation_id)) AND NOT EXISTS (SELECT 1 FROM invocations AS i WHERE (SELECT min(seq) "
-        "FROM events WHERE events.invocation_id = i.invocation_id) IS NOT i.first_seq)",
+        "invocation_id)) AND NOT EXISTS (SELECT 1 FROM invocations AS i WHERE i.first_seq IS NULL "
+        "OR (SELECT min(seq) FROM events WHERE events.invocation_id = i.invocation_id) IS NOT "
+        "i.first_seq)",
         **{
             k: v.replace("SELECT data", "SELECT " + _BLOB.format("data")).replace(
                 "idx, data FROM", "idx, " + _BLOB.format("data") + " FROM"

@@ -126,6 +126,17 @@ def test_an_index_that_does_not_match_the_events_is_not_used(tmp_path: Path) -> 
             "invocation_id = (SELECT invocation_id FROM invocations ORDER BY first_seq LIMIT 1) "
             "WHERE invocation_id = 'c'",
         ),
+        # Rebuilt keyed as before but not as the rowid, which admits a NULL key: c's row made
+        # (NULL, 'ghost') -- an id with no events, whose min(seq) IS NULL (review).
+        (
+            "DROP TRIGGER events_first_of_invocation",
+            "CREATE TABLE inv2 (first_seq INT PRIMARY KEY, invocation_id TEXT)",
+            "INSERT INTO inv2 SELECT first_seq, invocation_id FROM invocations",
+            "DROP TABLE invocations",
+            "ALTER TABLE inv2 RENAME TO invocations",
+            "UPDATE invocations SET first_seq = NULL, invocation_id = 'ghost' "
+            "WHERE invocation_id = 'c'",
+        ),
     ]
     for n, edit in enumerate(edits):
         copy = tmp_path / f"edited{n}.db"
