@@ -116,15 +116,20 @@ start), which a reader -- ``affidavit actions``, ``journal verify``, ``actions -
 processes -- never uses."""
 
 
-def __getattr__(name: str) -> Any:
-    module = _WRITER_SIDE.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
+if not TYPE_CHECKING:  # (seen by mypy, it would type any misspelled name as Any)
 
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
-    globals()[name] = value  # asked once
-    return value
+    def __getattr__(name: str) -> Any:
+        module = _WRITER_SIDE.get(name)
+        if module is None:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        import importlib
+
+        value = getattr(importlib.import_module(f".{module}", __name__), name)
+        globals()[name] = value  # asked once
+        return value
+
+    def __dir__() -> list[str]:
+        return sorted({*globals(), *_WRITER_SIDE})
 
 
 __all__ = [
