@@ -1,6 +1,7 @@
 """Instructions per appended event on the 64-task group-commit path, counted by callgrind.
 
     .venv/bin/python tests/benchmarks/append_instructions.py [--src CHECKOUT] [--per-task N]
+                                                             [--mode full|handoff]
 
 64 trio tasks each append ``N`` and then ``3N`` invocations of 7 barrier events (the events of
 ``journal_append.py``, invocations named ``w<task>-<n>``) to a fresh journal on ``/dev/shm``,
@@ -11,13 +12,14 @@ counts do not depend on the machine's load (wall-clock rates here do, by 2x: iss
 compare two commits on a shared machine; callgrind runs the threads one at a time, so every
 transaction takes the 64 queued rows.  ``--mode handoff`` replaces the writer thread's
 transaction by nothing (as ``journal_append.py``'s hand-off): the trio side alone.  ``--src``
-imports the journal of another checkout (``git archive main | tar -x -C DIR``).
+imports the journal of another checkout (``git archive main | tar -x -C DIR``) ahead of this
+environment's editable install (``http_overhead._use_source``); each run prints where it
+imported the journal from.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import subprocess
 import sys
@@ -28,15 +30,22 @@ from typing import Any
 HERE = Path(__file__).resolve()
 
 
-def _child(per_task: int, mode: str) -> None:
+def _child(per_task: int, mode: str, src: str | None) -> None:
     import shutil
 
     import trio
 
     sys.path.insert(0, str(HERE.parent))
+    if src is not None:  # before the broker is imported: another checkout's journal
+        import http_overhead
+
+        http_overhead._use_source(Path(src).resolve())
     import journal_append as ja
 
+    import affidavit.journal
     from affidavit.journal import Journal
+
+    print(f"journal from {affidavit.journal.__file__}")
 
     if mode == "handoff":
         from affidavit.journal import writer
@@ -67,14 +76,16 @@ def _child(per_task: int, mode: str) -> None:
 
 
 def _count(per_task: int, mode: str, src: str | None) -> int:
-    env = dict(os.environ)
-    if src is not None:
-        env["PYTHONPATH"] = src
-    out = Path(tempfile.mkdtemp()) / "callgrind.out"
-    cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", sys.executable]
-    cmd += [str(HERE), "--child", str(per_task), "--mode", mode]
-    done = subprocess.run(cmd, env=env, stderr=subprocess.PIPE, text=True, check=True)
-    out.unlink(missing_ok=True)
+    with tempfile.TemporaryDirectory() as d:
+        out = Path(d) / "callgrind.out"
+        cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", sys.executable]
+        cmd += [str(HERE), "--child", str(per_task), "--mode", mode]
+        if src is not None:
+            cmd += ["--src", src]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"the counted run failed ({done.returncode}):\n{done.stderr[-4000:]}")
+    print(done.stdout.strip())
     found = re.search(r"Collected : (\d+)", done.stderr)
     if found is None:
         raise SystemExit(f"no callgrind total in:\n{done.stderr}")
@@ -89,7 +100,7 @@ def main() -> None:
     ap.add_argument("--child", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child is not None:
-        _child(args.child, args.mode)
+        _child(args.child, args.mode, args.src)
         return
     n = args.per_task
     one, three = _count(n, args.mode, args.src), _count(3 * n, args.mode, args.src)
