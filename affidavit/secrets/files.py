@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 import stat
 from pathlib import Path
 
@@ -66,34 +67,41 @@ def _size(n: int) -> str:
 
 
 def _refuse_shared(fd: int, st: os.stat_result, path: Path) -> None:
-    """``FileRefused`` if group or others may access the open file ``fd`` at ``path``: by its
-    mode bits -- or, with an access ACL, whose mask the group bits are, by its entries (a
-    named user other than this process's and root, a named group, the owning group: systemd's
-    ``LoadCredential=`` file, root's ``0400`` plus ``user:<the service>:r``, is private)."""
+    """``FileRefused`` if another user than this process's and root owns the open file ``fd``
+    at ``path`` (its owner can rewrite the secret, and grant itself any access), or group or
+    others may access it: by its mode bits -- or, with an access ACL, whose mask the group bits
+    are, by its entries (a named user other than this process's and root, a named group, the
+    owning group: systemd's ``LoadCredential=`` file, root's ``0400`` plus ``user:<the
+    service>:r``, is private).  The caller's words (``FileRefused.public``) name no uid."""
+    euid = os.geteuid()
+    quoted = shlex.quote(str(path))
+    if st.st_uid not in (euid, 0):
+        said = "file is owned by another user, who can rewrite it"
+        rule = "the broker's user must own it (or root lend it)"
+        raise FileRefused(
+            f"file is owned by uid {st.st_uid}, not by the broker's user (uid {euid}) or root, "
+            f"who can rewrite it; {rule}: chown {euid} {quoted}",
+            f"{said}; {rule}",
+        )
     mode = stat.S_IMODE(st.st_mode)
     entries = None
     if mode & 0o070 and not mode & 0o007:
         with contextlib.suppress(OSError, ValueError):  # unreadable: the mode bits decide
             entries = access_entries(fd)
-        # Only a file of this process's user, or root's lent to it by an entry, is judged by
-        # its ACL: any other owner can rewrite the secret and re-grant itself -- a user's own
-        # 0400 file plus ``user:<the broker>:r`` shows 0440 and names no one else, yet is as
-        # shared as the mode bits say.
-        euid = os.geteuid()
-        if entries is not None and not (
-            st.st_uid == euid or (st.st_uid == 0 and read_may(entries, euid))
-        ):
-            # (not "chmod 600": its owner's own file, that would take the broker's entry away)
-            said = (
-                f"file is owned by uid {st.st_uid}, not by the broker's user (uid {euid}), and "
-                "lent to it by an access ACL: its owner can rewrite it"
-            )
-            rule = "the broker's user must own it (or root lend it)"
-            raise FileRefused(f"{said}; {rule}: chown {euid} {path}", f"{said}; {rule}")
+        # Root's file is judged by its ACL only when lent to this user by an entry (systemd's);
+        # otherwise the group bits show who reads it, as they say.
+        if entries is not None and st.st_uid != euid and not read_may(entries, euid):
+            entries = None
     if entries is None and mode & 0o077:
         said = f"file is accessible by group or others (mode {mode:04o})"
-        raise FileRefused(f"{said}; it must be 0600: chmod 600 {path}", f"{said}; it must be 0600")
-    found = grants(entries or (), st.st_gid, 7, os.geteuid())
+        # Root's file the broker reads through its group: chmod 600 alone would lock it out.
+        fix = (
+            f"chmod 600 {quoted}"
+            if st.st_uid == euid
+            else f"chown {euid} {quoted} && chmod 600 {quoted}"
+        )
+        raise FileRefused(f"{said}; it must be 0600: {fix}", f"{said}; it must be 0600")
+    found = grants(entries or (), st.st_gid, 7, euid)
     if found:
         said = f"file is reachable through its access ACL ({'; '.join(map(str, found))})"
         rule = "only the broker's user may read it"

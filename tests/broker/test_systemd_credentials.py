@@ -131,13 +131,32 @@ def test_another_users_file_lent_to_the_broker_by_its_acl_is_refused_for_its_own
     monkeypatch.setattr(os, "geteuid", lambda: 4321)
     os.chown(path, OTHER_UID, OTHER_UID)  # (chown clears no ACL entry: still user:4321:r)
     err = _refused("systemd:tok", Code.CREDENTIAL_INVALID)
+    # The caller's words name no uid; the operator's name the owner and the fix.
     assert err.message == (
-        f"file is owned by uid {OTHER_UID}, not by the broker's user (uid 4321), and lent to it "
-        "by an access ACL: its owner can rewrite it; the broker's user must own it (or root "
-        "lend it)"
+        "file is owned by another user, who can rewrite it; the broker's user must own it (or "
+        "root lend it)"
+    )
+    assert f"file is owned by uid {OTHER_UID}, not by the broker's user (uid 4321) or root" in (
+        err.detail
     )
     assert err.detail.endswith(
         f": chown 4321 {path} (read as {path}: the unit's credentials directory)"
+    ), err.detail
+    # Without any ACL, a 0600 file of another user too (a root broker reads it: its owner can
+    # still rewrite it) -- and root's file read through its group is told chown, then chmod.
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    plain = creds / "plain"
+    plain.write_bytes(CANARY.encode())
+    plain.chmod(0o600)
+    os.chown(plain, OTHER_UID, OTHER_UID)
+    assert "owned by another user" in _refused("systemd:plain", Code.CREDENTIAL_INVALID).message
+    monkeypatch.setattr(os, "geteuid", lambda: 4321)
+    os.chown(plain, 0, 0)
+    plain.chmod(0o640)
+    err = _refused("systemd:plain", Code.CREDENTIAL_INVALID)
+    assert err.detail.endswith(
+        f"it must be 0600: chown 4321 {plain} && chmod 600 {plain} "
+        f"(read as {plain}: the unit's credentials directory)"
     ), err.detail
     os.chown(path, 0, 0)
     assert resolve("systemd:tok", vault=None).value == CANARY.encode()
