@@ -74,8 +74,8 @@ def _refuse_shared(fd: int, st: os.stat_result, path: Path) -> None:
     owning group: systemd's ``LoadCredential=`` file, root's ``0400`` plus ``user:<the
     service>:r``, is private).  The caller's words (``FileRefused.public``) name no uid."""
     euid = os.geteuid()
-    quoted = shlex.quote(str(path))
     if st.st_uid not in (euid, 0):
+        quoted = shlex.quote(str(path))
         said = "file is owned by another user, who can rewrite it"
         rule = "the broker's user must own it (or root lend it)"
         raise FileRefused(
@@ -94,6 +94,7 @@ def _refuse_shared(fd: int, st: os.stat_result, path: Path) -> None:
             entries = None
     if entries is None and mode & 0o077:
         said = f"file is accessible by group or others (mode {mode:04o})"
+        quoted = shlex.quote(str(path))
         # Root's file the broker reads through its group: chmod 600 alone would lock it out.
         fix = (
             f"chmod 600 {quoted}"
@@ -101,7 +102,7 @@ def _refuse_shared(fd: int, st: os.stat_result, path: Path) -> None:
             else f"chown {euid} {quoted} && chmod 600 {quoted}"
         )
         raise FileRefused(f"{said}; it must be 0600: {fix}", f"{said}; it must be 0600")
-    found = grants(entries or (), st.st_gid, 7, euid)
+    found = grants(entries, st.st_gid, 7, euid) if entries is not None else []
     if found:
         said = f"file is reachable through its access ACL ({'; '.join(map(str, found))})"
         rule = "only the broker's user may read it"
