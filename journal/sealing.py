@@ -22,7 +22,6 @@ import hashlib
 import hmac
 import json
 import os
-import stat
 import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -35,8 +34,9 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
+from affidavit.secrets.files import FileExposed, FileMissing, FileRefused, read_small_file
+
 from .errors import JournalError, SealUnopened
-from .exposure import exposure, warn_exposed
 
 __all__ = [
     "AuditOpener",
@@ -59,6 +59,9 @@ __all__ = [
 ]
 
 _KEY_HEADER = "affidavit-journal-key-v1 "
+MAX_KEY_FILE_BYTES = 1 << 20
+"""The most of a key file read (a broker key is 70 bytes, a PEM Ed25519 or X25519 key about
+120): a larger file is no key, and is refused before it is read."""
 _BROKER_V1 = b"\x01"
 _AUDIT_V1 = b"\x02"
 _BROKER_EVENT = b"\x03"
@@ -111,22 +114,24 @@ def write_secret_file(path: Path, data: bytes) -> None:
 
 
 def read_secret_file(path: Path, what: str) -> bytes:
+    """The contents of a key file (``what``: ``broker key file``, ``signing key file``, ...),
+    read as a credential is (``affidavit.secrets.files.read_small_file``, ``private``): one rule
+    for every secret the broker reads from a file.  Refused (``JournalError``, naming ``what``
+    and the path, never a byte of it) when anyone but this user -- or root -- may read it: by
+    its mode bits or, with a POSIX access ACL (whose mask the group bits then are), by an entry
+    naming another user, a group or the owning group -- each with the ``setfacl`` that takes it
+    away; or when another user than this one or root owns it.  Root's file lent to this user by
+    an ACL entry (systemd's ``LoadCredential=``) is read.  Never blocks (a FIFO is refused) and
+    reads at most ``MAX_KEY_FILE_BYTES``."""
     try:
-        st = path.stat()
-    except FileNotFoundError:
+        data, _ = read_small_file(path, MAX_KEY_FILE_BYTES, private=True, subject=f"{what} {path}")
+    except FileMissing:
         raise JournalError(f"{what} {path} does not exist") from None
-    if st.st_mode & 0o077:
-        raise JournalError(
-            f"{what} {path} is readable by group or others (mode "
-            f"{stat.S_IMODE(st.st_mode):04o}); it must be 0600: chmod 600 {path}"
-        )
-    owner = exposure(path, what)  # the mode is refused above; another owner is said
-    if owner is not None:
-        warn_exposed([owner])
-    try:
-        return path.read_bytes()
-    except OSError as exc:
-        raise JournalError(f"cannot read {what} {path}: {exc.strerror}") from None
+    except FileExposed as exc:
+        raise JournalError(str(exc)) from None
+    except FileRefused as exc:
+        raise JournalError(f"cannot read {what} {path}: {exc}") from None
+    return data
 
 
 _LABELS = 256

@@ -9,9 +9,11 @@ blocks ``open`` until something writes to it (the whole daemon freezes, SIGTERM 
   writer; on a regular file the flag has no effect.  ``O_NOCTTY``: naming a terminal never makes
   it the broker's controlling terminal.
 * ``fstat`` on the opened descriptor (no check-then-open race): only a regular file is read.
-* ``private``: no group or other permission bits -- for a credential and the vault's unlock
-  key, the rule ``journal.sealing.read_secret_file`` applies to ``key_file`` and ``signing_key``;
-  with an access ACL, no entry but this user's (and root's) reaching it (``affidavit.acl``).
+* ``private``: this user's (or root's) and no one else's -- no group or other permission bits,
+  and with an access ACL no entry but this user's (and root's) reaching it (``affidavit.acl``).
+  One rule for a credential, the vault's unlock key and the journal's key files
+  (``journal.sealing.read_secret_file``: ``key_file``, ``signing_key``, the auditor's private
+  key), which all read through here (``FileExposed``).
 * at most ``limit`` bytes: the size is checked before reading and the read itself stops one byte
   past the limit (a file may grow, and ``/proc`` files report size 0).
 
@@ -30,7 +32,7 @@ from pathlib import Path
 
 from affidavit.acl import access_entries, grants, read_may, setfacl
 
-__all__ = ["FileMissing", "FileRefused", "read_small_file"]
+__all__ = ["FileExposed", "FileMissing", "FileRefused", "read_small_file"]
 
 _OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOCTTY", 0)
 
@@ -46,6 +48,12 @@ class FileRefused(Exception):
 
 class FileMissing(FileRefused):
     """There is no file at the path."""
+
+
+class FileExposed(FileRefused):
+    """A ``private`` file someone else may reach, or another user owns: the words say who and
+    how, and the command that mends it (``str()``), naming the file as the caller's
+    ``subject``."""
 
 
 def _what(mode: int) -> str:
@@ -66,21 +74,22 @@ def _size(n: int) -> str:
     return f"{n // 1024} KiB" if n % 1024 == 0 else f"{n} bytes"
 
 
-def _refuse_shared(fd: int, st: os.stat_result, path: Path) -> None:
-    """``FileRefused`` if another user than this process's and root owns the open file ``fd``
-    at ``path`` (its owner can rewrite the secret, and grant itself any access), or group or
-    others may access it: by its mode bits -- or, with an access ACL, whose mask the group bits
-    are, by its entries (a named user other than this process's and root, a named group, the
-    owning group: systemd's ``LoadCredential=`` file, root's ``0400`` plus ``user:<the
-    service>:r``, is private).  The caller's words (``FileRefused.public``) name no uid."""
+def _refuse_shared(fd: int, st: os.stat_result, path: Path, subject: str = "file") -> None:
+    """``FileExposed`` (its words about ``subject``) if another user than this process's and
+    root owns the open file ``fd`` at ``path`` (its owner can rewrite the secret, and grant
+    itself any access), or group or others may access it: by its mode bits -- or, with an
+    access ACL, whose mask the group bits are, by its entries (a named user other than this
+    process's and root, a named group, the owning group: systemd's ``LoadCredential=`` file,
+    root's ``0400`` plus ``user:<the service>:r``, is private).  The caller's words
+    (``FileRefused.public``) name no uid."""
     euid = os.geteuid()
     if st.st_uid not in (euid, 0):
         quoted = shlex.quote(str(path))
         said = "file is owned by another user, who can rewrite it"
         rule = "the broker's user must own it (or root lend it)"
-        raise FileRefused(
-            f"file is owned by uid {st.st_uid}, not by the broker's user (uid {euid}) or root, "
-            f"who can rewrite it; {rule}: chown {euid} {quoted}",
+        raise FileExposed(
+            f"{subject} is owned by uid {st.st_uid}, not by the broker's user (uid {euid}) or "
+            f"root, who can rewrite it; {rule}: chown {euid} {quoted}",
             f"{said}; {rule}",
         )
     mode = stat.S_IMODE(st.st_mode)
@@ -93,7 +102,7 @@ def _refuse_shared(fd: int, st: os.stat_result, path: Path) -> None:
         if entries is not None and st.st_uid != euid and not read_may(entries, euid):
             entries = None
     if entries is None and mode & 0o077:
-        said = f"file is accessible by group or others (mode {mode:04o})"
+        said = f"is accessible by group or others (mode {mode:04o})"
         quoted = shlex.quote(str(path))
         # Root's file the broker reads through its group: chmod 600 alone would lock it out.
         fix = (
@@ -101,20 +110,24 @@ def _refuse_shared(fd: int, st: os.stat_result, path: Path) -> None:
             if st.st_uid == euid
             else f"chown {euid} {quoted} && chmod 600 {quoted}"
         )
-        raise FileRefused(f"{said}; it must be 0600: {fix}", f"{said}; it must be 0600")
+        raise FileExposed(
+            f"{subject} {said}; it must be 0600: {fix}", f"file {said}; it must be 0600"
+        )
     found = grants(entries, st.st_gid, 7, euid) if entries is not None else []
     if found:
-        said = f"file is reachable through its access ACL ({'; '.join(map(str, found))})"
+        said = f"is reachable through its access ACL ({'; '.join(map(str, found))})"
         rule = "only the broker's user may read it"
-        raise FileRefused(f"{said}; {rule}: {setfacl(found, str(path))}", f"{said}; {rule}")
+        fix = setfacl(found, str(path))
+        raise FileExposed(f"{subject} {said}; {rule}: {fix}", f"file {said}; {rule}")
 
 
 def read_small_file(
-    path: Path, limit: int, *, private: bool = False
+    path: Path, limit: int, *, private: bool = False, subject: str = "file"
 ) -> tuple[bytes, os.stat_result]:
     """The contents of the regular file at ``path`` (at most ``limit`` bytes) and its ``fstat``.
     ``FileMissing`` if absent, ``FileRefused`` (a reason) otherwise.  ``private``: refuse a file
-    group or others may access, as ``[journal] key_file`` and ``signing_key`` are refused
+    anyone but this user (or root) may read, or another user owns (``FileExposed``, its words
+    about ``subject``), as ``[journal] key_file`` and ``signing_key`` are refused
     (``journal.sealing.read_secret_file``): a secret others can read is already disclosed."""
     try:
         fd = os.open(path, _OPEN_FLAGS)
@@ -127,7 +140,7 @@ def read_small_file(
         if not stat.S_ISREG(st.st_mode):
             raise FileRefused(f"is {_what(st.st_mode)}, not a regular file")
         if private:
-            _refuse_shared(fd, st, path)
+            _refuse_shared(fd, st, path, subject)
         too_large = FileRefused(f"file is larger than the {_size(limit)} limit")
         if st.st_size > limit:
             raise too_large

@@ -1,0 +1,155 @@
+"""The journal's key files (``[journal] key_file``, ``signing_key``) are read under a
+credential file's rule (``journal.sealing.read_secret_file`` through
+``affidavit.secrets.files.read_small_file``): refused when anyone but the broker's user (or
+root) may read one -- by its mode bits or, with a POSIX access ACL, whose mask the group bits
+then show, by an entry -- with the command that mends it.  The mode bits alone refused a
+private file with an ACL (its mask shows as group bits) and said ``chmod 600``, which leaves
+the entry that grants the key to someone else in place; a file another user owns was only
+named on the log."""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+import pytest
+import trio
+
+from affidavit.acl import GROUP_OBJ, MASK, OTHER, USER, USER_OBJ
+from affidavit.journal import Journal, JournalError
+from affidavit.journal.sealing import BrokerKey, read_secret_file
+from tests.external import require_posix_acl
+
+ME = 4321
+"""The broker's user in the tests that are not root's (``os.geteuid`` patched)."""
+
+
+def _journal(tmp_path: Path) -> tuple[Path, Path, Path]:
+    """A journal made and closed: its path, broker key and signing key."""
+    db = tmp_path / "j.db"
+
+    async def make() -> None:
+        async with Journal.open(db):
+            pass
+
+    trio.run(make)
+    return db, Path(f"{db}.key"), Path(f"{db}.signing.key")
+
+
+def _opens(db: Path) -> None:
+    async def run() -> None:
+        async with Journal.open(db):
+            pass
+
+    trio.run(run)
+
+
+@pytest.mark.parametrize("which", ["broker key file", "signing key file"])
+def test_a_key_an_acl_entry_lends_to_another_user_is_refused_with_its_setfacl(
+    tmp_path: Path, which: str
+) -> None:
+    db, key, signing = _journal(tmp_path)
+    path = key if which == "broker key file" else signing
+    secret = path.read_bytes()
+    base = [(USER_OBJ, 6, 0), (GROUP_OBJ, 0, 0), (OTHER, 0, 0)]
+    require_posix_acl(path, *base, (USER, 4, 1000), (MASK, 4, 0))
+    assert path.stat().st_mode & 0o777 == 0o640  # the mask: no group can read it
+    with pytest.raises(JournalError) as refused:
+        _opens(db)
+    said = str(refused.value)
+    assert said == (
+        f"{which} {path} is reachable through its access ACL (user:1000 can read); only the "
+        f"broker's user may read it: setfacl -x u:1000 {path}"
+    )
+    assert "chmod" not in said and secret.decode(errors="replace").strip() not in said
+    # What ``setfacl -x u:1000`` leaves (the mask recomputed from what remains): read again.
+    require_posix_acl(path, *base, (MASK, 0, 0))
+    assert path.stat().st_mode & 0o777 == 0o600
+    _opens(db)
+
+
+def test_a_private_key_whose_acl_names_only_this_user_and_root_is_read(tmp_path: Path) -> None:
+    """Refused before on its mask (``0640``, "chmod 600"): no one else can read it."""
+    db, key, _ = _journal(tmp_path)
+    require_posix_acl(
+        key,
+        (USER_OBJ, 6, 0),
+        (USER, 4, os.geteuid()),
+        (USER, 4, 0),
+        (GROUP_OBJ, 0, 0),
+        (MASK, 4, 0),
+        (OTHER, 0, 0),
+    )
+    assert key.stat().st_mode & 0o777 == 0o640
+    _opens(db)
+
+
+def test_roots_key_lent_to_the_brokers_user_is_read_and_its_group_is_not(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """systemd's ``LoadCredential=`` layout (root's, ``0400``, ``user:<the service>:r``) holds
+    a key as it holds a credential; root's file its group reads is refused with the ``chown``
+    that keeps the broker reading it (``chmod 600`` alone would lock it out)."""
+    _, key, _ = _journal(tmp_path)
+    monkeypatch.setattr(os, "geteuid", lambda: ME)
+    if os.stat(key).st_uid != 0:  # (a non-root run: its own files are not root's)
+        pytest.skip("needs the key file owned by root: run as root")
+    key.chmod(0o400)
+    base = [(USER_OBJ, 4, 0), (USER, 4, ME), (OTHER, 0, 0)]
+    require_posix_acl(key, *base, (GROUP_OBJ, 0, 0), (MASK, 4, 0))
+    assert isinstance(BrokerKey.load(key), BrokerKey)
+    require_posix_acl(key, *base, (GROUP_OBJ, 4, 0), (MASK, 4, 0))
+    with pytest.raises(JournalError) as refused:
+        BrokerKey.load(key)
+    gid = os.stat(key).st_gid
+    assert str(refused.value) == (
+        f"broker key file {key} is reachable through its access ACL (the owning group {gid} "
+        f"can read); only the broker's user may read it: setfacl -m g::--- {key}"
+    )
+
+
+def test_a_key_another_user_owns_is_refused_with_its_chown(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its owner reads the key and can replace it: only named on the log before."""
+    _, key, _ = _journal(tmp_path)
+    if os.geteuid() == 0:  # root reads it whoever owns it
+        owner, broker = 65534, 0
+        os.chown(key, owner, owner)
+    else:  # (a non-root run: the broker as another user, its key still 0600)
+        owner = os.stat(key).st_uid
+        broker = owner + 1
+        monkeypatch.setattr(os, "geteuid", lambda: broker)
+    with pytest.raises(JournalError) as refused:
+        read_secret_file(key, "broker key file")
+    assert str(refused.value) == (
+        f"broker key file {key} is owned by uid {owner}, not by the broker's user (uid "
+        f"{broker}) or root, who can rewrite it; the broker's user must own it (or root lend "
+        f"it): chown {broker} {key}"
+    )
+
+
+def test_a_fifo_at_a_key_files_path_is_refused_at_once(tmp_path: Path) -> None:
+    """Read as a plain file, a FIFO blocked the open until something wrote to it."""
+    fifo = tmp_path / "broker.key"
+    os.mkfifo(fifo, 0o600)
+    got: list[str] = []
+
+    def load() -> None:
+        try:
+            BrokerKey.load(fifo)
+        except JournalError as exc:
+            got.append(str(exc))
+
+    reader = threading.Thread(target=load, daemon=True)
+    reader.start()
+    reader.join(10)
+    if reader.is_alive():  # blocked: let it go before failing
+        fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+        os.close(fd)
+        reader.join(10)
+        pytest.fail("reading a FIFO key file blocked")
+    assert got == [
+        f"cannot read broker key file {fifo}: is a FIFO (named pipe), not a regular file"
+    ]
