@@ -12,7 +12,7 @@ names each one that reaches further than a rule allows, with its effective (mask
 Default ACLs (``system.posix_acl_default``) only seed new files in a directory: the files
 themselves are judged, not them.
 
-A leaf (``os``, ``struct``), below ``journal.exposure`` and ``affidavit.secrets.files``, which
+A leaf (``os``, ``struct``), below ``journal.exposure`` and ``affidavit.privatefile``, which
 both judge files by it.  No ACL (ENODATA), a file system without them (ENOTSUP) or a platform
 without extended attributes: None, and the mode bits are the whole truth.
 """

@@ -34,7 +34,7 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-from affidavit.secrets.files import FileExposed, FileMissing, FileRefused, read_small_file
+from affidavit.privatefile import FileExposed, FileMissing, FileRefused, read_small_file
 
 from .errors import JournalError, SealUnopened
 
@@ -115,7 +115,7 @@ def write_secret_file(path: Path, data: bytes) -> None:
 
 def read_secret_file(path: Path, what: str) -> bytes:
     """The contents of a key file (``what``: ``broker key file``, ``signing key file``, ...),
-    read as a credential is (``affidavit.secrets.files.read_small_file``, ``private``): one rule
+    read as a credential is (``affidavit.privatefile.read_small_file``, ``private``): one rule
     for every secret the broker reads from a file.  Refused (``JournalError``, naming ``what``
     and the path, never a byte of it) when anyone but this user -- or root -- may read it: by
     its mode bits or, with a POSIX access ACL (whose mask the group bits then are), by an entry

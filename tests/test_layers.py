@@ -35,6 +35,7 @@ SERVICE_BASE = {
     "affidavit.coredump",
     "affidavit.heap",
     "affidavit.acl",
+    "affidavit.privatefile",
 }
 ALLOWED: Mapping[str, frozenset[str]] = {
     "affidavit.statemachine": frozenset(),
@@ -52,8 +53,12 @@ ALLOWED: Mapping[str, frozenset[str]] = {
     # Who else a file's POSIX ACL lets in: a leaf the journal's exposure checks and the
     # secrets' file reads both judge by.
     "affidavit.acl": frozenset(),
+    # A small file read without blocking, bounded -- and, for a secret, only if no one else
+    # can reach it: one rule for the credentials, the vault's unlock key and the journal's key
+    # files, which the journal reads itself.
+    "affidavit.privatefile": frozenset({"affidavit.acl"}),
     "affidavit.journal": frozenset(
-        {"affidavit.statemachine", "affidavit.strictjson", "affidavit.acl"}
+        {"affidavit.statemachine", "affidavit.strictjson", "affidavit.acl", "affidavit.privatefile"}
     ),
     "affidavit.adapters": frozenset({"affidavit.statemachine"}),  # adapters/__init__, base
     "affidavit.adapters.<proto>": frozenset({"affidavit.statemachine", "affidavit.adapters"}),
@@ -61,7 +66,9 @@ ALLOWED: Mapping[str, frozenset[str]] = {
     # The lazy ``affidavit.Broker`` and ``affidavit.sdk`` (``import affidavit`` is enough).
     "affidavit": frozenset({"affidavit.api", "affidavit.sdk"}),
     "affidavit.__main__": frozenset({"affidavit.cli"}),
-    "affidavit.secrets": frozenset({"affidavit.statemachine", "affidavit.acl"}),
+    "affidavit.secrets": frozenset(
+        {"affidavit.statemachine", "affidavit.acl", "affidavit.privatefile"}
+    ),
     "affidavit.views": frozenset({"affidavit.statemachine", "affidavit.journal", "affidavit.text"}),
     # The schema language knows no protocol; protocols declare their target schemas with it,
     # and config finds a target's protocol in the registry — so schema < protocols < config.

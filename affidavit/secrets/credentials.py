@@ -34,9 +34,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from affidavit.privatefile import FileMissing, FileRefused, read_small_file
 from affidavit.statemachine import Code
 
-from .files import FileMissing, FileRefused, read_small_file
 from .redaction import REDACTED, Redactor, redactor, secret_forms
 from .vault import EntryMissing, Vault, VaultCorrupt, VaultError, VaultLocked, VaultMissing
 

@@ -48,7 +48,7 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.scrypt import Scrypt
 
-from .files import FileMissing, FileRefused, read_small_file
+from affidavit.privatefile import FileMissing, FileRefused, read_small_file
 
 __all__ = [
     "MAX_VAULT_BYTES",
@@ -310,7 +310,7 @@ class Vault:
 
     def _read_raw(self) -> bytes:
         # Read inside the event loop on every vault: reference: never block on a FIFO, never
-        # read a device or an unbounded file (affidavit/secrets/files.py).
+        # read a device or an unbounded file (affidavit/privatefile.py).
         try:
             return read_small_file(self.path, MAX_VAULT_BYTES)[0]
         except FileMissing:

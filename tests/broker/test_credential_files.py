@@ -1,5 +1,5 @@
 """A ``file:`` credential is read inside the event loop, so it must never block the broker or
-exhaust its memory (affidavit/secrets/files.py): a FIFO, a device, a directory or a file over
+exhaust its memory (affidavit/privatefile.py): a FIFO, a device, a directory or a file over
 ``MAX_CREDENTIAL_BYTES`` is CREDENTIAL_INVALID (credential_injection, not_attempted, nothing
 sent), its message naming the reference and what is wrong -- never a byte of the contents."""
 

@@ -1,6 +1,6 @@
 """The journal's key files (``[journal] key_file``, ``signing_key``) are read under a
 credential file's rule (``journal.sealing.read_secret_file`` through
-``affidavit.secrets.files.read_small_file``): refused when anyone but the broker's user (or
+``affidavit.privatefile.read_small_file``): refused when anyone but the broker's user (or
 root) may read one -- by its mode bits or, with a POSIX access ACL, whose mask the group bits
 then show, by an entry -- with the command that mends it.  The mode bits alone refused a
 private file with an ACL (its mask shows as group bits) and said ``chmod 600``, which leaves

@@ -17,6 +17,9 @@ blocks ``open`` until something writes to it (the whole daemon freezes, SIGTERM 
 * at most ``limit`` bytes: the size is checked before reading and the read itself stops one byte
   past the limit (a file may grow, and ``/proc`` files report size 0).
 
+A leaf below ``affidavit.secrets`` (credentials, the vault) and ``journal.sealing`` (the key
+files), which read every secret file through it: the journal may import it, not the secrets.
+
 Symlinks are followed, as for ``[journal] key_file`` and ``signing_key`` (a mounted secret is
 often a symlink); the file the link names is what is checked.  Every message names the path and
 what is wrong with it, never a byte of the contents.
