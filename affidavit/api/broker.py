@@ -69,8 +69,9 @@ T = TypeVar("T")
 def exposed_files(config: Config) -> list[Exposure]:
     """The broker's files named by ``config`` that another user may reach or that another user
     owns (``journal.exposure``): a SQLite journal and its ``-wal``/``-shm``, its lock and its
-    result segments, the broker key, the signing key, the vault, its unlock file and its lock,
-    each ``file:`` and ``systemd:`` credential (root's lent by an ACL, as systemd does, too) --
+    result segments, the vault, its unlock file and its lock, the broker key, the signing key
+    and each ``file:`` and ``systemd:`` credential (these root's lent by an ACL, as systemd
+    does, too) --
     the config itself, and the files that decide whom the broker
     trusts (the auditor's public key, each file a target's fields declare ``trust_anchor``: a
     CA bundle, a ``known_hosts``), which others may read but not write -- then the directories
@@ -88,7 +89,9 @@ def exposed_files(config: Config) -> list[Exposure]:
         (config.journal.key_file, "broker key file"),
         (config.journal.signing_key, "signing key file"),
     ):
-        files.append(exposure(path, what))
+        # A credential's rule, as the journal reads them (``sealing.read_secret_file``): root's
+        # key lent to this user by an ACL entry (systemd's ``LoadCredential=``) is read.
+        files.append(exposure(path, what, CREDENTIAL))
         placed.append((path, what))
     if config.vault_path:
         vault = Vault(config.vault_path)

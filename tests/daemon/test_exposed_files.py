@@ -383,6 +383,35 @@ async def test_serve_starts_with_the_credential_systemd_lends_it_and_names_one_l
     assert "group or others" not in err and "s3cr3t" not in err, err
 
 
+async def test_a_key_file_root_lends_the_daemons_user_is_held_as_a_credential(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The key files are read under a credential's rule (``journal.sealing.read_secret_file``):
+    the start judges them by it too -- root's key lent to the daemon's user by an ACL entry is
+    not another owner's; one lent to another user is named with its ``setfacl``."""
+    require_root()
+    config, _ = _home(tmp_path)
+    await _made(tmp_path)
+    key = tmp_path / "journal.db.key"
+    key.chmod(0o400)  # root's, as the test runs
+    me = 4321
+    lent = ((USER_OBJ, 4, 0), (GROUP_OBJ, 0, 0), (MASK, 4, 0), (OTHER, 0, 0))
+    require_posix_acl(key, (USER, 4, me), *lent)
+    monkeypatch.setattr(os, "geteuid", lambda: me)
+
+    def said() -> list[str]:
+        return [str(e) for e in exposed_files(load_config(config)) if e.path == key]
+
+    assert said() == []
+    require_posix_acl(key, (USER, 4, 1000), *lent)
+    want = "reachable through its access ACL (user:1000 can read)"
+    assert said() == [
+        f"broker key file {key} is owned by uid 0, not by this process's uid {me} "
+        f"(or root's, lent by an access ACL entry user:{me}:r) and {want}: "
+        f"chown {me} {key} && setfacl -x u:1000 {key}"
+    ]
+
+
 async def test_serve_says_at_start_which_systemd_credential_it_cannot_find(
     tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
