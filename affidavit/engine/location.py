@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shlex
 from collections.abc import Iterable
 from urllib.parse import parse_qsl, unquote
 
@@ -98,8 +99,9 @@ _SERVER = re.compile(
 
 def _keyless(message: str, keys: Iterable[str | os.PathLike[str] | None]) -> str:
     """``message`` without the paths of the key files ``keys`` (as given, absolute, resolved):
-    ``key file <path>`` is ``key file``, a path elsewhere (``chmod 600 <path>``) ``the key
-    file``.  Longest first: one path may be the start of another (``x.key``, ``x.key2``)."""
+    ``key file <path>`` is ``key file``, a path elsewhere (``chmod 600 <path>``, quoted for
+    the shell or not) ``the key file``.  Longest first: one path may be the start of another
+    (``x.key``, ``x.key2``)."""
     paths: set[str] = set()
     for key in keys:
         if key is None:
@@ -108,6 +110,8 @@ def _keyless(message: str, keys: Iterable[str | os.PathLike[str] | None]) -> str
         paths.add(os.path.abspath(key))
         with contextlib.suppress(OSError, ValueError):  # (a key the broker loaded resolves)
             paths.add(os.path.realpath(key))
+    # As the words that mend a key file quote it for the shell (``chmod 600 '<path>'``).
+    paths |= {shlex.quote(p) for p in paths if p}
     for path in sorted((p for p in paths if p), key=len, reverse=True):
         if path in message:
             message = message.replace(f"file {path}", "file").replace(path, "the key file")

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
 
+import pytest
 import trio
 
 from affidavit.api.wire import blocking_request
@@ -173,7 +174,7 @@ def test_every_key_file_goes_as_configured_absolute_and_resolved(tmp_path: Path)
     keys = (given, signing, auditor, Path(f"{db}.key"))
     words = [
         f"broker key file {given} does not match this journal",
-        f"broker key file {real / 'broker.key'} is readable by group or others (mode 0644); "
+        f"broker key file {real / 'broker.key'} is accessible by group or others (mode 0644); "
         f"it must be 0600: chmod 600 {real / 'broker.key'}",
         f"signing key file {signing} does not match journal {db}",
         f"audit copy does not open with auditor key file {real / 'auditor.pub'} (wrong key)",
@@ -191,3 +192,28 @@ def test_every_key_file_goes_as_configured_absolute_and_resolved(tmp_path: Path)
         assert said == withheld(guess), said
     # Not the journal's words: an answer echoing the caller is left as it is.
     assert unplaced("NOT_FOUND", words[0], db, (), keys) == words[0]
+
+
+def test_a_key_files_path_quoted_for_the_shell_goes_too(tmp_path: Path) -> None:
+    """The words that refuse a key file quote its path in the command that mends it (``chmod
+    600 '<path>'``, ``setfacl``): a path with a quote in it, quoted, is not the path as
+    configured -- it went as well, or it reached the caller."""
+    from affidavit.journal import JournalError
+    from affidavit.journal.sealing import read_secret_file
+
+    keydir = tmp_path / f"{CANARY} it's"
+    keydir.mkdir()
+    key = keydir / "broker.key"
+    key.write_bytes(b"x")
+    key.chmod(0o644)
+    db = tmp_path / "j.db"
+    with pytest.raises(JournalError) as refused:
+        read_secret_file(key, "broker key file")
+    message = str(refused.value)
+    assert "chmod 600 '" in message and CANARY in message, message
+    said = unplaced("JOURNAL_UNREADABLE", message, db, (), (key,))
+    assert CANARY not in said and "it's" not in said, said
+    assert said == (
+        "broker key file is accessible by group or others (mode 0644); it must be 0600: "
+        "chmod 600 the key file"
+    ), said
