@@ -130,9 +130,10 @@ class Rule:
 PRIVATE = Rule(0o077, "accessible by group or others")
 """The broker's own files: its user's, no bit for anyone else."""
 CREDENTIAL = Rule(0o077, "accessible by group or others", root_may_lend=True)
-"""A credential (``file:``, ``systemd:``): as the broker's own, or root's lent by an ACL entry
-naming this process's user (the file ``LoadCredential=`` places: ``root``, ``0400`` and
-``user:<the service>:r``, shown ``0440``)."""
+"""A credential (``file:``, ``systemd:``) and a key file (``[journal] key_file``,
+``signing_key``: read under a credential's rule, ``sealing.read_secret_file``): as the broker's
+own, or root's lent by an ACL entry naming this process's user (the file ``LoadCredential=``
+places: ``root``, ``0400`` and ``user:<the service>:r``, shown ``0440``)."""
 PRIVATE_DIR = Rule(0o077, "accessible by group or others", directory=True)
 """The broker's own directory (the segments'): the same."""
 CONFIG = Rule(0o022, "writable by group or others", root_may_own=True)

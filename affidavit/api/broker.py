@@ -71,10 +71,9 @@ def exposed_files(config: Config) -> list[Exposure]:
     owns (``journal.exposure``): a SQLite journal and its ``-wal``/``-shm``, its lock and its
     result segments, the vault, its unlock file and its lock, the broker key, the signing key
     and each ``file:`` and ``systemd:`` credential (these root's lent by an ACL, as systemd
-    does, too) --
-    the config itself, and the files that decide whom the broker
-    trusts (the auditor's public key, each file a target's fields declare ``trust_anchor``: a
-    CA bundle, a ``known_hosts``), which others may read but not write -- then the directories
+    does, too) -- the config itself, and the files that decide whom the broker trusts (the
+    auditor's public key, each file a target's fields declare ``trust_anchor``: a CA bundle, a
+    ``known_hosts``), which others may read but not write -- then the directories
     on the path to each, which no one else may write (unless sticky) or own."""
     files: list[Exposure | None] = []
     placed: list[tuple[Path, str]] = []  # the files whose directories are looked at
