@@ -103,6 +103,12 @@ def _expected(rec: Record) -> str:
     return json.JSONEncoder(sort_keys=True).encode(record_to_json(rec))
 
 
+def _attempt(**changed: Any) -> MappingProxyType[str, Any]:
+    """An attempt as the fold makes it (``rules_attempt``), read-only, with ``changed``."""
+    made = {"n": 1, "generation": 0, "stage": "dispatch", "outcome": "unknown", "code": None}
+    return MappingProxyType({**made, "seq": 7, **changed})
+
+
 _ODD: list[dict[str, Any]] = [
     # What a fold may hold where a field's usual type is not: values taken from attrs as they
     # are (message, field, session), numbers of every JSON kind, text needing escapes.
@@ -113,6 +119,21 @@ _ODD: list[dict[str, Any]] = [
     {"idempotent": True, "generation": 2**70, "events": 0, "retry_after": float("nan")},
     {"idempotency": MappingProxyType({"key": "k", "expires_at": 1.5e300}), "idempotent": 1},
     {"budget": Budget(5, 7), "last_seq": 2**63, "invocation_id": "act_\u00ff"},
+    # Attempts: the fold's six keys holding what attrs may hold, a key more or fewer, several,
+    # none, a plain dict, a list (``attempt_json`` writes the fold's own, the encoder the rest).
+    {"attempts": (_attempt(code="E_X", generation=None, n=True, outcome=None, seq=1.5),)},
+    {"attempts": (_attempt(code=["c", {"b": 1, "a": 2}], outcome={"x": 1}, stage=2**64),)},
+    {"attempts": (_attempt(stage='caf\u00e9 "q"\n', generation=False, n=-3, seq=None),)},
+    {"attempts": (_attempt(extra=1),), "events": 2},
+    {"attempts": (MappingProxyType({"n": 1, "seq": 2}),)},
+    {"attempts": (_attempt(), _attempt(n=2, code="E"), MappingProxyType({"z": 0}))},
+    {"attempts": ()},
+    {
+        "attempts": (
+            {"stage": "dispatch", "code": None, "seq": 4, "n": 1, "generation": 0, "outcome": "u"},
+        )
+    },
+    {"attempts": [_attempt(), _attempt(n=2)]},
 ]
 
 

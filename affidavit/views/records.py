@@ -224,6 +224,7 @@ def record_json_encoder(
     )
     fetch = string(_FETCH)  # ``shown_retry`` of a record not final
     proxy = MappingProxyType
+    attempt_keys = _ATTEMPT_KEYS
 
     def text(v: Any) -> str:
         t = type(v)
@@ -236,6 +237,23 @@ def record_json_encoder(
         if t is bool:
             return "true" if v else "false"
         return join(chunks(v, 0))
+
+    def attempt_json(a: Any) -> str:
+        # An attempt the fold made (``rules_attempt``: these six keys) written here, its keys
+        # in sorted order, each value as ``text`` writes it: the C encoder's sort of the
+        # items and encoding of each key cost ~18k instructions an attempt, this ~10k
+        # (issue 15, callgrind).  Any other mapping goes to the encoder.
+        if type(a) is not proxy or a.keys() != attempt_keys:
+            return join(chunks(a, 0))
+        v: Any
+        return (
+            f'{{"code": {"null" if (v := a["code"]) is None else text(v)}, '
+            f'"generation": {int_text(v) if type(v := a["generation"]) is int else text(v)}, '
+            f'"n": {int_text(v) if type(v := a["n"]) is int else text(v)}, '
+            f'"outcome": {string(v) if type(v := a["outcome"]) is str else text(v)}, '
+            f'"seq": {int_text(v) if type(v := a["seq"]) is int else text(v)}, '
+            f'"stage": {string(v) if type(v := a["stage"]) is str else text(v)}}}'
+        )
 
     def record_json(rec: Record) -> str:
         if operator:
@@ -253,13 +271,15 @@ def record_json_encoder(
         # ``shown_error`` inlined for a final record (``current_code``: its own code), a call
         # fewer per record (~5% of a small record's encoding); the test in every state holds it.
         code, message, field = (rec.code, rec.message, rec.field) if is_final else shown_error(rec)
-        # A record's own read-only views copied here, not by the encoder's fallback (a Python
-        # call each, and the C encoder's slow path): the usual record has one attempt.
+        # A record's attempts written here (``attempt_json``), not by the encoder (its
+        # fallback for a read-only view is a Python call each): the usual record has one.
         attempts = rec.attempts
-        if len(attempts) == 1 and type(a := attempts[0]) is proxy:
-            attempts_text = f"[{join(chunks(a.copy(), 0))}]"
-        else:
+        if type(attempts) is not tuple:
             attempts_text = join(chunks(attempts, 0))
+        elif len(attempts) == 1:
+            attempts_text = f"[{attempt_json(attempts[0])}]"
+        else:
+            attempts_text = f"[{', '.join(map(attempt_json, attempts))}]"
         if type(evidence) is proxy:
             evidence = evidence.copy()
         v: Any  # each inline test below names its value
@@ -303,6 +323,8 @@ def record_json_encoder(
 
 _FINAL = {state: spec.final for state, spec in STATES.items()}
 """``Record.final`` per state."""
+_ATTEMPT_KEYS = frozenset(("code", "generation", "n", "outcome", "seq", "stage"))
+"""The keys of an attempt the fold makes (``statemachine/rules_attempt.py``)."""
 
 
 def event_to_json(ev: Event) -> dict[str, Any]:
