@@ -13,7 +13,9 @@ blocks ``open`` until something writes to it (the whole daemon freezes, SIGTERM 
   and with an access ACL no entry but this user's (and root's) reaching it (``affidavit.acl``).
   One rule for a credential, the vault's unlock key and the journal's key files
   (``journal.sealing.read_secret_file``: ``key_file``, ``signing_key``, the auditor's private
-  key), which all read through here (``FileExposed``).
+  key), which all read through here (``FileExposed``) -- and that the start judges them by
+  (``journal.exposure.CREDENTIAL``).  Run as root, another user's file is refused too, with
+  the advice to run as its owner: a ``chown`` to root would lock that user (the daemon's) out.
 * at most ``limit`` bytes: the size is checked before reading and the read itself stops one byte
   past the limit (a file may grow, and ``/proc`` files report size 0).
 
@@ -83,17 +85,28 @@ def _refuse_shared(fd: int, st: os.stat_result, path: Path, subject: str = "file
     itself any access), or group or others may access it: by its mode bits -- or, with an
     access ACL, whose mask the group bits are, by its entries (a named user other than this
     process's and root, a named group, the owning group: systemd's ``LoadCredential=`` file,
-    root's ``0400`` plus ``user:<the service>:r``, is private).  The caller's words
-    (``FileRefused.public``) name no uid."""
+    root's ``0400`` plus ``user:<the service>:r``, is private).  Another user's file read as
+    root is refused saying to run as its owner, not to ``chown`` it to root (the daemon's
+    user could not read it then).  The caller's words (``FileRefused.public``) name no uid,
+    gid nor path; the operator's (``str()``) name them and the command that mends it."""
     euid = os.geteuid()
     if st.st_uid not in (euid, 0):
-        quoted = shlex.quote(str(path))
         said = "file is owned by another user, who can rewrite it"
-        rule = "the broker's user must own it (or root lend it)"
+        if euid == 0:
+            # Root running a command on the daemon's files (``sudo affidavit journal ...``): a
+            # chown to root would lock their owner, the daemon's user, out of them.
+            raise FileExposed(
+                f"{subject} is owned by uid {st.st_uid}, who can rewrite it, and this process "
+                f"runs as root; run this as its owner, not as root (sudo -u '#{st.st_uid}' "
+                "affidavit ...): a chown to root would lock its owner out",
+                f"{said}; run the broker as its owner, not as root",
+            )
+        quoted = shlex.quote(str(path))
         raise FileExposed(
-            f"{subject} is owned by uid {st.st_uid}, not by the broker's user (uid {euid}) or "
-            f"root, who can rewrite it; {rule}: chown {euid} {quoted}",
-            f"{said}; {rule}",
+            f"{subject} is owned by uid {st.st_uid}, not by this process's user (uid {euid}) "
+            f"or root, who can rewrite it; this process's user must own it (or root lend it): "
+            f"chown {euid} {quoted}",
+            f"{said}; the broker's user must own it (or root lend it)",
         )
     mode = stat.S_IMODE(st.st_mode)
     entries = None
@@ -119,9 +132,13 @@ def _refuse_shared(fd: int, st: os.stat_result, path: Path, subject: str = "file
     found = grants(entries, st.st_gid, 7, euid) if entries is not None else []
     if found:
         said = f"is reachable through its access ACL ({'; '.join(map(str, found))})"
-        rule = "only the broker's user may read it"
         fix = setfacl(found, str(path))
-        raise FileExposed(f"{subject} {said}; {rule}: {fix}", f"file {said}; {rule}")
+        # The caller's words name no uid nor gid of the entries'.
+        raise FileExposed(
+            f"{subject} {said}; only this process's user may read it: {fix}",
+            "file is reachable through its access ACL by another user or group; only the "
+            "broker's user may read it",
+        )
 
 
 def read_small_file(

@@ -78,6 +78,7 @@ from .errors import (
     ResultUnverified,
     SealUnopened,
     VerifyReport,
+    told,
 )
 from .exposure import (
     CREDENTIAL,
@@ -186,5 +187,6 @@ __all__ = [
     "open_audit_payload",
     "public_key_pem",
     "random_bytes",
+    "told",
     "warn_exposed",
 ]

@@ -27,6 +27,7 @@ __all__ = [
     "ResultStoreFailed",
     "ResultStoreReplaced",
     "VerifyReport",
+    "told",
 ]
 
 
@@ -89,7 +90,21 @@ class VerifyReport:
 
 
 class JournalError(Exception):
-    """The journal cannot do what was asked (bad key, corrupt row, closed journal, misuse)."""
+    """The journal cannot do what was asked (bad key, corrupt row, closed journal, misuse).
+    ``public``: the words a caller of the broker is told instead of ``str()`` (``told``), when
+    those hold what only the operator may read -- a key file refused for its owner or an ACL
+    entry names their uids (``sealing.read_secret_file``); None: ``str()`` is fit for both."""
+
+    def __init__(self, *args: object, public: str | None = None) -> None:
+        super().__init__(*args)
+        self.public = public
+
+
+def told(exc: BaseException) -> str:
+    """What a caller of the broker is told of ``exc``: its ``public`` words, if it has them
+    (``JournalError``), else ``str()``.  The operator's log and CLI keep ``str()``."""
+    public = getattr(exc, "public", None) if isinstance(exc, JournalError) else None
+    return str(exc) if public is None else public
 
 
 class ResultUnverified(JournalError):

@@ -127,10 +127,12 @@ def read_secret_file(path: Path, what: str) -> bytes:
         data, _ = read_small_file(path, MAX_KEY_FILE_BYTES, private=True, subject=f"{what} {path}")
     except FileMissing:
         raise JournalError(f"{what} {path} does not exist") from None
-    except FileExposed as exc:
-        raise JournalError(str(exc)) from None
+    except FileExposed as exc:  # (a caller is told neither the path nor a uid: ``told``)
+        raise JournalError(str(exc), public=what + exc.public.removeprefix("file")) from None
     except FileRefused as exc:
-        raise JournalError(f"cannot read {what} {path}: {exc}") from None
+        raise JournalError(
+            f"cannot read {what} {path}: {exc}", public=f"cannot read {what}: {exc.public}"
+        ) from None
     return data
 
 
@@ -298,18 +300,21 @@ def load_auditor_private_key(path: str | os.PathLike[str]) -> X25519PrivateKey:
 
 def read_pem_key(path: Path, what: str, kind: type) -> Any:
     """A PEM key file holding a key of ``kind`` (an instance of it, typed by the caller): a
-    private key is read as a secret file (0600 only), a public one as any file.
+    private key is read as a secret file (``read_secret_file``), a public one as any small
+    file (``read_small_file``: a regular file, at most ``MAX_KEY_FILE_BYTES``).
     ``JournalError`` naming ``what`` and the file otherwise."""
     private = kind in (X25519PrivateKey, Ed25519PrivateKey)
     if private:
         raw = read_secret_file(path, what)
-    else:
+    else:  # never blocks on a FIFO, nor reads a device or an unbounded file
         try:
-            raw = path.read_bytes()
-        except FileNotFoundError:
+            raw, _ = read_small_file(path, MAX_KEY_FILE_BYTES)
+        except FileMissing:
             raise JournalError(f"{what} {path} does not exist") from None
-        except OSError as exc:
-            raise JournalError(f"cannot read {what} {path}: {exc.strerror}") from None
+        except FileRefused as exc:
+            raise JournalError(
+                f"cannot read {what} {path}: {exc}", public=f"cannot read {what}: {exc.public}"
+            ) from None
     try:
         if private:
             key: object = serialization.load_pem_private_key(raw, password=None)

@@ -21,6 +21,7 @@ from affidavit.journal import (
     LeaseBusy,
     ReadFailed,
     ResultUnverified,
+    told,
 )
 from affidavit.statemachine import (
     Code,
@@ -239,14 +240,15 @@ def read_failure(exc: Exception, what: str) -> tuple[int, str, str]:
     same read may succeed), 503 ``JOURNAL_REPLACED`` with the journal's words when the file at
     its path is no longer the one the broker writes (``JournalReplaced``: nothing read; it
     lasts until the broker is restarted), else 500 ``UNREADABLE`` with the journal's own
-    one-line words (altered, refused): never blurred."""
+    one-line words (altered, refused): never blurred -- those a caller may read (``told``: a
+    key file refused, without its owner's uid or an ACL entry's)."""
     if isinstance(exc, JournalUnavailable):
         return 503, CallNotRecorded.code, unread(what)
     if isinstance(exc, JournalReplaced):
         return 503, JournalReplaced.code, f"{exc} ({what} not read)"
     if isinstance(exc, ReadFailed):
         return 503, READ_DECLINED, f"{exc} (the same read may succeed: try again)"
-    return 500, UNREADABLE, str(exc)
+    return 500, UNREADABLE, told(exc)
 
 
 def result_failure(exc: Exception, invocation_id: str) -> tuple[int, str, str]:
@@ -260,7 +262,7 @@ def result_failure(exc: Exception, invocation_id: str) -> tuple[int, str, str]:
         return 503, CallNotRecorded.code, unreadable(invocation_id)
     if isinstance(exc, (ReadFailed, AlteredRow, JournalReplaced)):
         return read_failure(exc, f"the result of {invocation_id}")
-    return 500, RESULT_UNVERIFIED, str(exc)
+    return 500, RESULT_UNVERIFIED, told(exc)
 
 
 def call_failure(exc: Exception, invocation_id: str | None) -> tuple[int, str, str]:

@@ -16,9 +16,11 @@ from urllib.parse import quote
 import pytest
 import trio
 
+from affidavit.acl import GROUP_OBJ, MASK, OTHER, USER, USER_OBJ
 from affidavit.api.wire import blocking_request
 from affidavit.engine.location import unplaced, withheld
 from tests.broker.helpers import TOKEN_ENV
+from tests.external import require_posix_acl
 from tests.http.hostile import HostileServer, Reply, scripts
 from tests.journal.test_tamper import _rechain_from, _sql
 from tests.mcp.kit import connected, structured
@@ -26,6 +28,8 @@ from tests.mcp.kit import connected, structured
 from .kit import WAIT, api_target, client_env, start_daemon, stop, write_daemon_config
 
 CANARY = "CANARY-keydir-7c21"
+CANARY_UID = 48213
+"""A uid an ACL entry names: the operator's words say it, a caller's never."""
 
 
 async def _ask(socket: Path, method: str, target: str, body: bytes | None = None) -> bytes:
@@ -217,3 +221,46 @@ def test_a_key_files_path_quoted_for_the_shell_goes_too(tmp_path: Path) -> None:
         "broker key file is accessible by group or others (mode 0644); it must be 0600: "
         "chmod 600 the key file"
     ), said
+
+
+@pytest.mark.parametrize("how", ["acl", "owner"])
+def test_a_key_file_refused_tells_the_caller_no_uid_nor_path(tmp_path: Path, how: str) -> None:
+    """A view reader loads the broker key when first asked for a payload, after start: a key
+    file refused then reached the caller with the operator's words, which name the uid of an
+    ACL entry or of the owner, and the command that mends it.  The caller is told the public
+    words (``JournalError.public``, ``told``) -- as a credential's refusal says them; the
+    operator's (``str()``, the daemon's log) keep uid, path and fix."""
+    from affidavit.engine import read_failure, result_failure
+    from affidavit.journal import JournalError
+    from affidavit.journal.sealing import BrokerKey
+
+    keys = tmp_path / CANARY
+    keys.mkdir()
+    key = keys / "broker.key"
+    BrokerKey.create(key)
+    if how == "acl":
+        base = [(USER_OBJ, 6, 0), (GROUP_OBJ, 0, 0), (OTHER, 0, 0)]
+        require_posix_acl(key, *base, (USER, 4, CANARY_UID), (MASK, 4, 0))
+        public = (
+            "broker key file is reachable through its access ACL by another user or group; "
+            "only the broker's user may read it"
+        )
+    else:
+        if os.geteuid() != 0:
+            pytest.skip("chown to another user: run as root")
+        os.chown(key, CANARY_UID, CANARY_UID)
+        public = (
+            "broker key file is owned by another user, who can rewrite it; run the broker as "
+            "its owner, not as root"
+        )
+    with pytest.raises(JournalError) as refused:
+        BrokerKey.load(key)
+    operator = str(refused.value)
+    assert str(CANARY_UID) in operator and CANARY in operator, operator
+    db = tmp_path / "j.db"
+    for _status, code, message in (
+        read_failure(refused.value, "the record of act_1"),
+        result_failure(refused.value, "act_1"),
+    ):
+        said = unplaced(code, message, db, ("act_1",), (key,))
+        assert said == public, said

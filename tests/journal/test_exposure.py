@@ -89,7 +89,7 @@ def test_a_reader_names_it_too_and_a_private_journal_says_nothing(
     assert want in _said(caplog)
 
 
-def test_a_journal_another_user_owns_is_named_and_a_key_it_owns_refused_with_their_chown(
+def test_a_journal_another_user_owns_is_named_and_a_key_it_owns_refused_for_root_to_run_as_it(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The journal another user owns is named on the log (a reader needs no secret kept); a key
@@ -105,9 +105,10 @@ def test_a_journal_another_user_owns_is_named_and_a_key_it_owns_refused_with_the
     caplog.set_level(logging.WARNING, logger="affidavit.journal")
     with pytest.raises(JournalError) as refused:
         _open_and_close(db)
-    assert str(refused.value) == (
-        f"broker key file {key} is owned by uid {NOBODY}, not by the broker's user (uid 0) or "
-        f"root, who can rewrite it; the broker's user must own it (or root lend it): chown 0 {key}"
+    assert str(refused.value) == (  # not "chown 0": it would lock the daemon's user out
+        f"broker key file {key} is owned by uid {NOBODY}, who can rewrite it, and this process "
+        f"runs as root; run this as its owner, not as root (sudo -u '#{NOBODY}' affidavit ...): "
+        "a chown to root would lock its owner out"
     )
     os.chown(key, 0, 0)
     _open_and_close(db)

@@ -3,9 +3,9 @@ credential file's rule (``journal.sealing.read_secret_file`` through
 ``affidavit.privatefile.read_small_file``): refused when anyone but the broker's user (or
 root) may read one -- by its mode bits or, with a POSIX access ACL, whose mask the group bits
 then show, by an entry -- with the command that mends it.  The mode bits alone refused a
-private file with an ACL (its mask shows as group bits) and said ``chmod 600``, which leaves
-the entry that grants the key to someone else in place; a file another user owns was only
-named on the log."""
+private file with an ACL (its mask shows as group bits) and said ``chmod 600``, which masks
+the entry (``setfacl -x`` removes it) where a ``setfacl`` names who it lets in; a file another
+user owns was only named on the log."""
 
 from __future__ import annotations
 
@@ -59,8 +59,8 @@ def test_a_key_an_acl_entry_lends_to_another_user_is_refused_with_its_setfacl(
         _opens(db)
     said = str(refused.value)
     assert said == (
-        f"{which} {path} is reachable through its access ACL (user:1000 can read); only the "
-        f"broker's user may read it: setfacl -x u:1000 {path}"
+        f"{which} {path} is reachable through its access ACL (user:1000 can read); only this "
+        f"process's user may read it: setfacl -x u:1000 {path}"
     )
     assert "chmod" not in said and secret.decode(errors="replace").strip() not in said
     # What ``setfacl -x u:1000`` leaves (the mask recomputed from what remains): read again.
@@ -105,28 +105,51 @@ def test_roots_key_lent_to_the_brokers_user_is_read_and_its_group_is_not(
     gid = os.stat(key).st_gid
     assert str(refused.value) == (
         f"broker key file {key} is reachable through its access ACL (the owning group {gid} "
-        f"can read); only the broker's user may read it: setfacl -m g::--- {key}"
+        f"can read); only this process's user may read it: setfacl -m g::--- {key}"
     )
 
 
 def test_a_key_another_user_owns_is_refused_with_its_chown(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Its owner reads the key and can replace it: only named on the log before."""
+    """Its owner reads the key and can replace it: only named on the log before.  The words
+    name this process's user, not "the broker's": an auditor's private key is read so too."""
     _, key, _ = _journal(tmp_path)
-    if os.geteuid() == 0:  # root reads it whoever owns it
-        owner, broker = 65534, 0
+    if os.geteuid() == 0:
+        owner = 65534
         os.chown(key, owner, owner)
-    else:  # (a non-root run: the broker as another user, its key still 0600)
+    else:
         owner = os.stat(key).st_uid
-        broker = owner + 1
-        monkeypatch.setattr(os, "geteuid", lambda: broker)
+    broker = owner + 1  # (the broker as another user, not root; the key still 0600)
+    monkeypatch.setattr(os, "geteuid", lambda: broker)
     with pytest.raises(JournalError) as refused:
         read_secret_file(key, "broker key file")
     assert str(refused.value) == (
-        f"broker key file {key} is owned by uid {owner}, not by the broker's user (uid "
-        f"{broker}) or root, who can rewrite it; the broker's user must own it (or root lend "
-        f"it): chown {broker} {key}"
+        f"broker key file {key} is owned by uid {owner}, not by this process's user (uid "
+        f"{broker}) or root, who can rewrite it; this process's user must own it (or root "
+        f"lend it): chown {broker} {key}"
+    )
+
+
+def test_root_is_told_to_run_as_the_owner_of_a_key_not_to_chown_it(tmp_path: Path) -> None:
+    """``sudo affidavit journal reclaim`` on the daemon's journal: its key is the daemon's
+    user's.  Following "chown 0 <key>" would lock the daemon out (its user cannot read a root
+    0600 key, and it refuses one root owns unlent): the words say to run as the owner."""
+    if os.geteuid() != 0:
+        pytest.skip("chown to another user: run as root")
+    _, key, _ = _journal(tmp_path)
+    os.chown(key, 65534, 65534)
+    with pytest.raises(JournalError) as refused:
+        read_secret_file(key, "broker key file")
+    said = str(refused.value)
+    assert said == (
+        f"broker key file {key} is owned by uid 65534, who can rewrite it, and this process "
+        "runs as root; run this as its owner, not as root (sudo -u '#65534' affidavit ...): a "
+        "chown to root would lock its owner out"
+    )
+    assert refused.value.public == (
+        "broker key file is owned by another user, who can rewrite it; run the broker as its "
+        "owner, not as root"
     )
 
 
@@ -153,3 +176,42 @@ def test_a_fifo_at_a_key_files_path_is_refused_at_once(tmp_path: Path) -> None:
     assert got == [
         f"cannot read broker key file {fifo}: is a FIFO (named pipe), not a regular file"
     ]
+
+
+def test_a_fifo_or_a_huge_file_at_a_public_key_files_path_is_refused_at_once(
+    tmp_path: Path,
+) -> None:
+    """The auditor's public key (which ``serve`` reads) and a public signing key were read
+    whole with ``read_bytes``: a FIFO blocked the open, a huge file was read into memory."""
+    from affidavit.journal.sealing import MAX_KEY_FILE_BYTES, AuditSealer
+    from affidavit.journal.signing import load_public_key
+
+    fifo = tmp_path / "auditor.pub"
+    os.mkfifo(fifo, 0o644)
+    got: list[str] = []
+
+    def load() -> None:
+        for read in (AuditSealer.load, load_public_key):
+            try:
+                read(fifo)
+            except JournalError as exc:
+                got.append(str(exc))
+
+    reader = threading.Thread(target=load, daemon=True)
+    reader.start()
+    reader.join(10)
+    if reader.is_alive():  # blocked: let it go before failing
+        fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+        os.close(fd)
+        reader.join(10)
+        pytest.fail("reading a FIFO public key file blocked")
+    fifo_words = "is a FIFO (named pipe), not a regular file"
+    assert got == [
+        f"cannot read auditor public key file {fifo}: {fifo_words}",
+        f"cannot read public key file {fifo}: {fifo_words}",
+    ]
+    huge = tmp_path / "huge.pub"
+    with huge.open("wb") as f:
+        f.truncate(MAX_KEY_FILE_BYTES + 1)  # (sparse: no MiB written)
+    with pytest.raises(JournalError, match="is larger than the 1024 KiB limit"):
+        load_public_key(huge)
