@@ -36,7 +36,8 @@ each directory, up to ``/``, as written and as resolved (as OpenSSH's StrictMode
 held to ``DIRECTORY``: no write bit for group or others unless sticky (in ``/tmp`` only a
 file's owner can rename it, and the file's own owner is checked), this user's or root's.  On a
 file system mounted read-only as a whole no one writes: a write bit or another owner there is no
-exposure (nor could a ``chmod`` mend it); a read bit still is.  A read-only *bind* mount is
+exposure (nor could a ``chmod`` mend it); a read bit still is -- and a credential's or key
+file's every bit is, as its read refuses them (``CREDENTIAL``).  A read-only *bind* mount is
 judged as any other: its source stays writable to whoever its modes let (``_read_only``).
 
 With a POSIX access ACL the group bits ``stat`` shows are the ACL's mask: then its entries are
@@ -118,6 +119,9 @@ class Rule:
     root_may_lend: bool = False
     """Root may own it when its access ACL lets this process's user read it: how systemd's
     ``LoadCredential=`` hands a service its credential (``affidavit.acl.read_may``)."""
+    as_read: bool = False
+    """Judged as ``affidavit.privatefile`` reads it (``private``), which refuses any bit for
+    group or others: a read-only mount excuses no write bit nor write-only ACL entry."""
 
     def words(self, found: int) -> str:
         """What the offending bits ``found`` (some of ``bits``) make the file."""
@@ -129,11 +133,12 @@ class Rule:
 
 PRIVATE = Rule(0o077, "accessible by group or others")
 """The broker's own files: its user's, no bit for anyone else."""
-CREDENTIAL = Rule(0o077, "accessible by group or others", root_may_lend=True)
+CREDENTIAL = Rule(0o077, "accessible by group or others", root_may_lend=True, as_read=True)
 """A credential (``file:``, ``systemd:``) and a key file (``[journal] key_file``,
 ``signing_key``: read under a credential's rule, ``sealing.read_secret_file``): as the broker's
 own, or root's lent by an ACL entry naming this process's user (the file ``LoadCredential=``
-places: ``root``, ``0400`` and ``user:<the service>:r``, shown ``0440``)."""
+places: ``root``, ``0400`` and ``user:<the service>:r``, shown ``0440``) -- and the vault's
+unlock file, read so too.  Judged as read (``as_read``): on a read-only mount as elsewhere."""
 PRIVATE_DIR = Rule(0o077, "accessible by group or others", directory=True)
 """The broker's own directory (the segments'): the same."""
 CONFIG = Rule(0o022, "writable by group or others", root_may_own=True)
@@ -212,7 +217,9 @@ def _judged(
         st.st_uid == 0
         and (rule.root_may_own or (rule.root_may_lend and read_may(entries or (), uid)))
     )
-    if (foreign or mode & bits & _WRITE) and not link and _read_only(path):
+    # (A file the broker reads as a secret is refused for a write bit wherever it is mounted:
+    # start-up judges it as the read will.)
+    if (foreign or mode & bits & _WRITE) and not link and not rule.as_read and _read_only(path):
         bits &= ~_WRITE  # no one writes here; another owner could only read, if others may not
         foreign = foreign and bool(rule.bits & _READ)
     granted: list[Grant] = []

@@ -95,7 +95,8 @@ def exposed_files(config: Config) -> list[Exposure]:
     if config.vault_path:
         vault = Vault(config.vault_path)
         files.append(exposure(vault.path, "vault file"))
-        files.append(exposure(vault.unlock_path, "vault unlock file"))
+        # Read as a credential is (``Vault._key``: ``read_small_file``, ``private``).
+        files.append(exposure(vault.unlock_path, "vault unlock file", CREDENTIAL))
         files.append(exposure(vault.lock_path, "vault lock file"))
         placed.append((vault.path, "vault file"))
     for path, what in _credential_files(config):

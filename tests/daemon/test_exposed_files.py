@@ -412,6 +412,33 @@ async def test_a_key_file_root_lends_the_daemons_user_is_held_as_a_credential(
     ]
 
 
+async def test_a_vault_unlock_file_root_lends_the_daemons_user_is_judged_as_it_is_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The vault reads its unlock file as a credential (``read_small_file``, ``private``):
+    root's, lent the daemon's user by an ACL entry, it is read -- and the start, which judged
+    it as the broker's own file (``PRIVATE``), refused it for root owning it.  Judged now as
+    it is read (``CREDENTIAL``)."""
+    from affidavit.privatefile import read_small_file
+
+    require_root()
+    config, _ = _home(tmp_path)
+    await _made(tmp_path)
+    vault = Vault(tmp_path / "affidavit.vault")
+    vault.unlock("a passphrase")
+    unlock = vault.unlock_path
+    unlock.chmod(0o400)  # root's, as the test runs
+    me = 4321
+    lent = ((USER_OBJ, 4, 0), (GROUP_OBJ, 0, 0), (MASK, 4, 0), (OTHER, 0, 0))
+    require_posix_acl(unlock, (USER, 4, me), *lent)
+    monkeypatch.setattr(os, "geteuid", lambda: me)
+    assert read_small_file(unlock, 1 << 16, private=True)[0]  # read...
+    assert [e for e in exposed_files(load_config(config)) if e.path == unlock] == []  # ...passed
+    require_posix_acl(unlock, (USER, 4, 1000), *lent)  # lent to someone else: named
+    [found] = [e for e in exposed_files(load_config(config)) if e.path == unlock]
+    assert "reachable through its access ACL (user:1000 can read)" in found.why, found
+
+
 async def test_serve_says_at_start_which_systemd_credential_it_cannot_find(
     tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

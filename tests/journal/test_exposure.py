@@ -449,6 +449,26 @@ def test_on_a_read_only_file_system_write_bits_are_no_exposure_read_bits_still_a
     assert found is not None and found.fix == f"chown 0 {config} && chmod 660 {config}"
 
 
+def test_a_key_file_others_may_write_is_refused_on_a_read_only_file_system_as_its_read_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A key file (``CREDENTIAL``) is read under ``private``, which refuses any bit for group
+    or others: start-up passed a root's key at 0620 on a file system read-only as a whole,
+    and the read then refused it.  They agree now; a config's write bits there still pass."""
+    from affidavit.journal import CREDENTIAL
+    from affidavit.journal.sealing import read_secret_file
+
+    files = {"broker.key": 0o620, "affidavit.toml": 0o664}
+    d = _mounted_read_only(monkeypatch, tmp_path / "ro", files, whole=True)
+    key = d / "broker.key"
+    os.chown(key, 0, 0)  # (root's: the broker's own)
+    found = exposure(key, "broker key file", CREDENTIAL)
+    assert found is not None and found.why == "accessible by group or others (mode 0620)", found
+    with pytest.raises(JournalError, match=r"accessible by group or others \(mode 0620\)"):
+        read_secret_file(key, "broker key file")
+    assert config_exposure(d / "affidavit.toml", None) is None
+
+
 def test_a_read_only_bind_mount_of_files_others_can_write_is_judged_by_its_source(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
