@@ -2,7 +2,8 @@
 
     statemachine/   imports nothing of ours
     adapters/       statemachine only; a protocol's package never imports another protocol's
-    journal/        statemachine only; adapters and journal never import each other
+    journal/        statemachine, and the leaves strictjson, acl and privatefile; adapters and
+                    journal never import each other
     affidavit/      the service: may import all three, and its own sub-packages only downwards
 
 import-linter (grimp) would be the usual tool, but it only builds graphs of top-level packages
@@ -51,7 +52,7 @@ ALLOWED: Mapping[str, frozenset[str]] = {
     # leaf, as ``coredump`` is.
     "affidavit.heap": frozenset(),
     # Who else a file's POSIX ACL lets in: a leaf the journal's exposure checks and the
-    # secrets' file reads both judge by.
+    # secret-file reads (``affidavit.privatefile``) both judge by.
     "affidavit.acl": frozenset(),
     # A small file read without blocking, bounded -- and, for a secret, only if no one else
     # can reach it: one rule for the credentials, the vault's unlock key and the journal's key
