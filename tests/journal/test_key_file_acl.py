@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -153,45 +154,13 @@ def test_root_is_told_to_run_as_the_owner_of_a_key_not_to_chown_it(tmp_path: Pat
     )
 
 
-def test_a_fifo_at_a_key_files_path_is_refused_at_once(tmp_path: Path) -> None:
-    """Read as a plain file, a FIFO blocked the open until something wrote to it."""
-    fifo = tmp_path / "broker.key"
-    os.mkfifo(fifo, 0o600)
+def _refusals_of_fifo(fifo: Path, *reads: Callable[[Path], object]) -> list[str]:
+    """Each of ``reads`` of the FIFO ``fifo``'s ``JournalError`` words, in a thread: one still
+    blocked after 10 s is let go (a writer opened, then closed) and the test fails."""
     got: list[str] = []
 
     def load() -> None:
-        try:
-            BrokerKey.load(fifo)
-        except JournalError as exc:
-            got.append(str(exc))
-
-    reader = threading.Thread(target=load, daemon=True)
-    reader.start()
-    reader.join(10)
-    if reader.is_alive():  # blocked: let it go before failing
-        fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
-        os.close(fd)
-        reader.join(10)
-        pytest.fail("reading a FIFO key file blocked")
-    assert got == [
-        f"cannot read broker key file {fifo}: is a FIFO (named pipe), not a regular file"
-    ]
-
-
-def test_a_fifo_or_a_huge_file_at_a_public_key_files_path_is_refused_at_once(
-    tmp_path: Path,
-) -> None:
-    """The auditor's public key (which ``serve`` reads) and a public signing key were read
-    whole with ``read_bytes``: a FIFO blocked the open, a huge file was read into memory."""
-    from affidavit.journal.sealing import MAX_KEY_FILE_BYTES, AuditSealer
-    from affidavit.journal.signing import load_public_key
-
-    fifo = tmp_path / "auditor.pub"
-    os.mkfifo(fifo, 0o644)
-    got: list[str] = []
-
-    def load() -> None:
-        for read in (AuditSealer.load, load_public_key):
+        for read in reads:
             try:
                 read(fifo)
             except JournalError as exc:
@@ -204,11 +173,35 @@ def test_a_fifo_or_a_huge_file_at_a_public_key_files_path_is_refused_at_once(
         fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
         os.close(fd)
         reader.join(10)
-        pytest.fail("reading a FIFO public key file blocked")
-    fifo_words = "is a FIFO (named pipe), not a regular file"
+        pytest.fail(f"reading a FIFO at {fifo.name} blocked")
+    return got
+
+
+FIFO_WORDS = "is a FIFO (named pipe), not a regular file"
+
+
+def test_a_fifo_at_a_key_files_path_is_refused_at_once(tmp_path: Path) -> None:
+    """Read as a plain file, a FIFO blocked the open until something wrote to it."""
+    fifo = tmp_path / "broker.key"
+    os.mkfifo(fifo, 0o600)
+    got = _refusals_of_fifo(fifo, BrokerKey.load)
+    assert got == [f"cannot read broker key file {fifo}: {FIFO_WORDS}"]
+
+
+def test_a_fifo_or_a_huge_file_at_a_public_key_files_path_is_refused_at_once(
+    tmp_path: Path,
+) -> None:
+    """The auditor's public key (which ``serve`` reads) and a public signing key were read
+    whole with ``read_bytes``: a FIFO blocked the open, a huge file was read into memory."""
+    from affidavit.journal.sealing import MAX_KEY_FILE_BYTES, AuditSealer
+    from affidavit.journal.signing import load_public_key
+
+    fifo = tmp_path / "auditor.pub"
+    os.mkfifo(fifo, 0o644)
+    got = _refusals_of_fifo(fifo, AuditSealer.load, load_public_key)
     assert got == [
-        f"cannot read auditor public key file {fifo}: {fifo_words}",
-        f"cannot read public key file {fifo}: {fifo_words}",
+        f"cannot read auditor public key file {fifo}: {FIFO_WORDS}",
+        f"cannot read public key file {fifo}: {FIFO_WORDS}",
     ]
     huge = tmp_path / "huge.pub"
     with huge.open("wb") as f:
