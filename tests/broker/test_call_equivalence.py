@@ -1,0 +1,131 @@
+"""What a fixed set of calls answers and records, pinned: the envelope of each call and every
+event of its record (kind, source, attrs), through one broker -- a 200, a 404, a redirect
+followed, a body echoing the credential (redacted), a request refused in validation and a call
+with an idempotency key.  A change to the call path for speed (issue 15) must leave all of it as
+it is; a change meant to alter it updates ``GOLDEN`` and says why.
+
+What differs from run to run is replaced before hashing (``_normalized``): the invocation ids
+(by their order), the server's port, wall-clock times and durations, the lease holder, and the
+digests keyed by the journal's random key (config hash, fingerprint, holder tag) -- each by a
+placeholder naming it, so the rest (every other field, its type, the order of the events) is
+compared whole.  The journal's own rows are pinned by tests/journal/test_append_bytes.py."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from tests.http.hostile import HostileServer, Received, Reply, scripts
+
+from .helpers import TOKEN_ENV, http_target, open_broker, write_config
+
+GOLDEN = "b7b6ef3e88c120e441e98724f2bd970bda0d9a2af94b16ad3206785bfbc43d27"
+
+TOKEN = "tok-equivalence-0123456789abcdef"
+
+_VARYING = frozenset(
+    {
+        "at",
+        "lease_expires_at",
+        "expires_at",
+        "created_at",
+        "holder",
+        "config_hash",
+        "fingerprint",
+        "peer",
+        "connection",
+        "elapsed_ms",
+        "send_window",
+        "version",
+        "marker_sha256",
+        "sealed_summary_sha256",
+        "summary_sha256",
+    }
+)
+"""Keys whose values change from run to run: times, the connection, and what is keyed by the
+journal's random key or covers what is (the credential's version, the stored result's marker
+and sealed summary -- the summary itself is in the envelope)."""
+
+
+def _reply(req: Received) -> Reply:
+    json_ = [("content-type", "application/json")]
+    if req.target == "/ok":
+        return Reply(200, [*json_, ("x-request-id", "req-1")], b'{"ok":true}')
+    if req.target == "/missing":
+        return Reply(404, json_, b'{"error":"no such thing"}', reason=b"Not Found")
+    if req.target == "/moved":
+        return Reply(307, [("location", "/ok")])
+    if req.target == "/echo":
+        seen = (req.header("authorization") or "").encode()
+        return Reply(200, [("content-type", "text/plain")], b"you sent: " + seen)
+    return Reply(500)
+
+
+CALLS: list[dict[str, Any]] = [
+    {"target": "api", "method": "GET", "path": "/ok"},
+    {"target": "api", "method": "GET", "path": "/missing", "session": "eq-1"},
+    {"target": "api", "method": "GET", "path": "/moved"},
+    {"target": "api", "method": "GET", "path": "/echo"},
+    {"target": "api", "method": "GET", "path": "/ok", "color": "blue"},
+    {"target": "api", "method": "PUT", "path": "/ok", "body": "{}", "idempotency_key": "k-1"},
+    {"target": "nowhere", "method": "GET", "path": "/ok"},
+]
+
+
+def _walk(value: Any, key: str | None, subs: list[tuple[str, str]]) -> Any:
+    if key in _VARYING and value is not None:
+        return f"<{key}>"
+    if isinstance(value, dict):
+        return {k: _walk(v, k, subs) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_walk(v, None, subs) for v in value]
+    if isinstance(value, str):
+        for old, new in subs:
+            value = value.replace(old, new)
+        return re.sub(r"hmac-sha256:[0-9a-f]{64}", "<hmac>", value)
+    if isinstance(value, float):
+        return "<float>"  # every float on this path is a time or a duration
+    return value
+
+
+def _normalized(out: list[Any], port: int, iids: list[str]) -> Iterator[str]:
+    subs = [(iid, f"<iid{n}>") for n, iid in enumerate(iids)] + [(str(port), "<port>")]
+    for item in out:
+        yield json.dumps(_walk(item, None, subs), sort_keys=True)
+
+
+async def _run(tmp_path: Path) -> tuple[list[str], str]:
+    async with HostileServer.running(scripts.serve(_reply)) as srv:
+        target = http_target(srv.url, follow_redirects=True)
+        target["idempotency"] = {"header": "Idempotency-Key", "scope": "eq", "retention": "1h"}
+        cfg = write_config(tmp_path, {"api": target})
+        out: list[Any] = []
+        iids: list[str] = []
+        async with open_broker(cfg) as broker:
+            for action in CALLS:
+                with trio.fail_after(10):
+                    env = await broker.call(action)
+                iids.append(env["invocation_id"])
+                out.append(env)
+            for iid in iids:
+                out.extend(
+                    [e.kind.value, e.source.value, e.observer, e.attrs] for e in broker.events(iid)
+                )
+        port = int(srv.url.rsplit(":", 1)[1])
+    lines = list(_normalized(out, port, iids))
+    return lines, hashlib.sha256("\n".join(lines).encode()).hexdigest()
+
+
+def test_calls_answer_and_record_as_pinned(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(TOKEN_ENV, TOKEN)
+    lines, digest = trio.run(_run, tmp_path)
+    text = "\n".join(lines)
+    assert TOKEN not in text  # (the echo is redacted in the envelope and the record)
+    assert digest == GOLDEN, text
