@@ -158,8 +158,11 @@ async def _result(
     """The final response as the attempt's result: classified, summarised and scrubbed."""
     if sink_buffer and res.buffered_body:
         await ctx.sink("body", res.buffered_body)
-    cls = classify_response(res.status, res.headers, via_forward_proxy=False)
-    ps = redactor.scrub(parse_proxy_status(header_value(res.headers, "proxy-status")))
+    proxy_status = parse_proxy_status(header_value(res.headers, "proxy-status"))
+    cls = classify_response(
+        res.status, res.headers, via_forward_proxy=False, proxy_status=proxy_status
+    )
+    ps = redactor.scrub(proxy_status)
     summary = {
         "status": res.status,
         "reason": redactor.scrub(res.reason),

@@ -30,6 +30,7 @@ from affidavit.journal import (
     LeaseLost,
 )
 from affidavit.protocols import Binding, Prepared
+from affidavit.secrets.redaction import LEAVES
 from affidavit.statemachine import (
     CODES,
     Code,
@@ -584,9 +585,12 @@ def _gate(engine: Engine, attempt: Attempt) -> Any:
             if problem is not None:
                 raise _Refused(_approval_refusal(problem))
         attrs: dict[str, Any] = {"generation": attempt.generation, "attempt": attempt.n}
+        scrub = attempt.scrub
         for k in ("connection", "reused_connection", "peer", "hop", "origin", "via_proxy"):
             if k in facts:
-                attrs[k] = attempt.scrub(facts[k])
+                v = facts[k]
+                # A number, bool or None (most of them) is what ``scrub`` returns it as: no call.
+                attrs[k] = v if type(v) in LEAVES else scrub(v)
         # A withdrawal or stop asked for before this line wins (nothing is written); from the
         # next line on the call is dispatching and a withdrawal is refused.  No checkpoint in
         # between: both sides run on one trio thread (control.py).
@@ -665,7 +669,12 @@ def _observer(attempt: Attempt) -> Callable[[Step, Mapping[str, Any]], None]:
             # The observer is synchronous (adapters call it inside their I/O loop), so the
             # milestone waits on the attempt and is appended, in order, when it ends; it is
             # diagnostic-grade evidence that recovery never depends on.
-            attrs = {**_milestone_attrs(facts), "generation": attempt.generation}
+            # (``_milestone_attrs`` inline: two calls a milestone, issue 15)
+            attrs = (
+                {"status": facts["status"], "generation": attempt.generation}
+                if "status" in facts
+                else {"generation": attempt.generation}
+            )
             attempt.pending.append(Event(_KINDS.get(kind) or EventKind(kind), attempt.iid, attrs))
 
     return observe
@@ -695,10 +704,6 @@ async def record_observed(engine: Engine, attempt: Attempt) -> None:
     """Queue the attempt's milestones and protocol summary, one write (caller holds a
     shield)."""
     await engine.recorder.write_many(observed_events(attempt))
-
-
-def _milestone_attrs(facts: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: facts[k] for k in ("status",) if k in facts}
 
 
 _JSONABLE = (str, int, float, bool, type(None), list, dict)

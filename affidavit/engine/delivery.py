@@ -21,6 +21,7 @@ import trio
 
 from affidavit.adapters.base import RemoteResult
 from affidavit.journal import JournalError, JournalWriteError, json_copy
+from affidavit.secrets.redaction import LEAVES
 from affidavit.statemachine import (
     Event,
     EventKind,
@@ -183,6 +184,7 @@ async def _commit(
         "response_sha256": digest,
         "generation": generation,
     }
+    facts, scrub = result.facts, sink.scrub
     # ``redirect_not_followed``: why a 3xx is the result (a redirect an approved request does
     # not follow, an origin the target does not list): adapter-fixed reasons, scrubbed.
     for k in (
@@ -194,8 +196,9 @@ async def _commit(
         "evidence_from",
         "redirect_not_followed",
     ):
-        if k in result.facts:
-            attrs[k] = sink.scrub(result.facts[k])
+        if k in facts:
+            v = facts[k]
+            attrs[k] = v if type(v) in LEAVES else scrub(v)  # (a number: no ``scrub`` call)
     attrs.update(received)
     if result.retry_after is not None:
         attrs["retry_after"] = result.retry_after
@@ -208,10 +211,9 @@ async def _commit(
     # ride along with RESULT_COMMITTED's transaction, queued after the tail chunk (no
     # checkpoint since the drain: the same transaction as before, issue 15).
     rows = [*observed, (complete, None)]
+    kept = sink.kept()  # (once: the streams are finished, it stays the same)
     if reading is not None:
-        rows.extend(
-            (stamped(event, generation), None) for event in reading(iid, result, sink.kept())
-        )
+        rows.extend((stamped(event, generation), None) for event in reading(iid, result, kept))
     await recorder.write_many(rows)
     # The summary holds what the remote wrote besides the streams (header names and values,
     # the reason phrase): the same forms go (docs/redaction.md, "Surfaces").
@@ -235,7 +237,6 @@ async def _commit(
         # (_store_failed).
         return await _store_failed(engine, complete)
     record = await recorder.record(iid)
-    kept = sink.kept()
     if kept is None:
         # Larger than the inline limit: the envelope says what was stored and how to fetch
         # it, and the body stays in the journal -- reading megabytes back, decrypting and

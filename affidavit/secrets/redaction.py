@@ -62,6 +62,7 @@ from .redaction_scan import REDACTED, _scan
 from .redaction_scan import _escape_hits as _escape_hits
 
 __all__ = [
+    "LEAVES",
     "LONG_VALUE",
     "MIN_ANY_CASE",
     "REDACTED",
@@ -75,6 +76,9 @@ __all__ = [
 
 _LEAVES = frozenset({int, float, bool, type(None)})
 """Types ``scrub`` returns as they are, without a call (exact types: no string subclass)."""
+LEAVES = _LEAVES
+"""``_LEAVES`` for a caller that skips the ``scrub`` call itself for such a value: a number,
+bool or None is returned as it is (the engine's gate and result facts, issue 15)."""
 _new = object.__new__
 
 _MEMO_TEXTS = 4096

@@ -8,7 +8,7 @@ import pytest
 
 from affidavit.adapters.http import Redactor, classify_response, parse_proxy_status
 from affidavit.adapters.http import parse_retry_after as pra
-from affidavit.adapters.http.classify import is_proxy_answer
+from affidavit.adapters.http.classify import header_value, is_proxy_answer
 from affidavit.statemachine import Code, Outcome
 
 NOW = 1_700_000_000.0
@@ -115,6 +115,20 @@ def test_proxy_generated_errors_are_attributed_to_the_proxy(
         assert c.outcome is None and c.code is None
     # The question a response head is asked before its body gets the same answer.
     assert is_proxy_answer(status, headers, via_forward_proxy=via_forward_proxy) == (hop == "proxy")
+    # And so does a caller that parsed the Proxy-Status itself (the driver's result).
+    parsed = parse_proxy_status(header_value(headers, "proxy-status"))
+    assert (
+        classify_response(status, headers, via_forward_proxy=via_forward_proxy, proxy_status=parsed)
+        == c
+    )
+
+
+def test_header_value_joins_every_field_of_the_name() -> None:
+    headers = [("Via", "a"), ("x-other", "b"), ("via", "c, d"), ("VIA", "")]
+    assert header_value(headers, "via") == "a, c, d, "  # RFC 9110 5.3, in order, any case
+    assert header_value(headers, "x-other") == "b"
+    assert header_value(headers, "proxy-status") is None
+    assert header_value([], "via") is None
 
 
 def test_redactor_scrubs_whole_values_and_bearer_tokens() -> None:
