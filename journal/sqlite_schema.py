@@ -37,7 +37,17 @@ index it has (its rows and answers are the same).  Schema 7 indexes ``result_seg
 (``result_segments_segment``: a compaction reads a segment's rows, not the table) and marks the
 journal as written only by brokers that lock their segment files: a broker from before refuses
 it (``_refuse_newer``), and the ``meta`` row ``segment_locks`` records that none can still be
-writing, which a compaction requires (``compact.py``, ``SqliteBackend.create``).
+writing, which a compaction requires (``compact.py``, ``SqliteBackend.create``).  Schema 8
+fills ``invocations`` from the chain's own trigger (``EXTEND_CHAIN``: one trigger program a row
+instead of two, and the first-of-invocation probe only for ``ACTION_ACCEPTED`` rows -- issue
+15) and drops ``events_first_of_invocation``; a writer opening a journal from before replaces
+its two triggers in its opening transaction (``_replace_chain_trigger``).  A broker of schema 7
+refuses it: it would make its AFTER trigger again beside this one, and the second insert of
+each first event into ``invocations`` would refuse the append.  A journal made from schema 8
+on has ``result_chunks`` ``WITHOUT ROWID`` (one B-tree keyed by its primary key instead of a
+rowid table and that key's index: ~0.7 fewer WAL frames a RESULT_COMMITTED,
+``tests/benchmarks/wal_pages.py``); one made before keeps its table, read by the same
+statements (each names the key or orders by it).
 """
 
 from __future__ import annotations
@@ -56,27 +66,52 @@ __all__ = ["EXTEND_CHAIN", "SCHEMA", "SCHEMA_VERSION", "SESSION_INDEX"]
 log = logging.getLogger("affidavit.journal")
 
 SESSION_INDEX = "events_session"
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
+
+_CHAIN_REFUSED = "'journal rows must extend the hash chain by one'"
+_CHAIN_WHEN = f"""coalesce((SELECT NEW.seq IS NOT seq + 1 OR NEW.prev_hash IS NOT hash FROM events
+               ORDER BY seq DESC LIMIT 1),
+              NEW.seq IS NOT 1 OR NEW.prev_hash IS NOT '{GENESIS}')"""
 
 EXTEND_CHAIN = f"""CREATE TRIGGER IF NOT EXISTS events_extend_chain BEFORE INSERT ON events
-WHEN coalesce((SELECT NEW.seq IS NOT seq + 1 OR NEW.prev_hash IS NOT hash FROM events
-               ORDER BY seq DESC LIMIT 1),
-              NEW.seq IS NOT 1 OR NEW.prev_hash IS NOT '{GENESIS}')
-BEGIN SELECT RAISE(ABORT, 'journal rows must extend the hash chain by one'); END;"""
-"""The chain's insert trigger: one lookup of the last row (``seq`` is the rowid: a seek to the
-table's end) answers both rules -- ``seq`` = its ``seq`` + 1 and ``prev_hash`` = its ``hash``,
-or, on an empty table, ``seq`` 1 after ``GENESIS``.  Issue 15: the trigger runs once per row in
-the single writer; it made two lookups before (``_EXTEND_CHAIN_BEFORE``), ~2.7k instructions a
-row more (callgrind) for the same refusals."""
+BEGIN
+SELECT RAISE(ABORT, {_CHAIN_REFUSED}) WHERE {_CHAIN_WHEN};
+INSERT INTO invocations (first_seq, invocation_id) SELECT NEW.seq, NEW.invocation_id
+WHERE NEW.kind = 'ACTION_ACCEPTED'
+  AND NOT EXISTS (SELECT 1 FROM events WHERE invocation_id = NEW.invocation_id);
+END;"""
+"""The events' one insert trigger (schema 8), both jobs in one program run per row: first the
+chain's refusal -- one lookup of the last row (``seq`` is the rowid: a seek to the table's end)
+answers both rules, ``seq`` = its ``seq`` + 1 and ``prev_hash`` = its ``hash``, or, on an
+empty table, ``seq`` 1 after ``GENESIS`` -- then, for a row the writer marks as a first
+(``ACTION_ACCEPTED``: the only event a new invocation's projection takes) that has no earlier
+event of its invocation (one probe of ``events_invocation``; BEFORE the insert, so the row
+itself is not there yet), the ``invocations`` row naming it.  A RAISE rolls the statement
+back, that insert with it.  Issue 15: the trigger runs once per row in the single writer;
+schema 7 had two (this one's refusal and ``events_first_of_invocation``, AFTER INSERT, probing
+every row), ~2.7k instructions a row more for the same refusals and the same index
+(docs/design-notes.md).  A first event of another kind -- no writer of this broker makes one,
+only someone writing the file -- is not indexed: the table then does not match the events, and
+the view sorts instead (``first_events_indexed``): it is an index, not evidence."""
+
+_EXTEND_CHAIN_7 = f"""CREATE TRIGGER events_extend_chain BEFORE INSERT ON events
+WHEN {_CHAIN_WHEN}
+BEGIN SELECT RAISE(ABORT, {_CHAIN_REFUSED}); END"""
+"""Schemas 3-7's chain trigger as ``sqlite_master.sql`` holds it (SQLite keeps the statement
+without ``IF NOT EXISTS`` and its ``;``): the same refusal, beside ``_FIRST_OF_INVOCATION_7``."""
+
+_FIRST_OF_INVOCATION_7 = """CREATE TRIGGER events_first_of_invocation AFTER INSERT ON events
+WHEN NOT EXISTS (SELECT 1 FROM events WHERE invocation_id = NEW.invocation_id AND seq < NEW.seq)
+BEGIN INSERT INTO invocations (first_seq, invocation_id) VALUES (NEW.seq, NEW.invocation_id); END"""
+"""Schemas 3-7's trigger filling ``invocations``, as stored; ``EXTEND_CHAIN`` does its job."""
 
 _EXTEND_CHAIN_BEFORE = f"""CREATE TRIGGER events_extend_chain BEFORE INSERT ON events
 WHEN NEW.seq IS NOT (SELECT coalesce(max(seq), 0) + 1 FROM events)
   OR NEW.prev_hash IS NOT coalesce((SELECT hash FROM events WHERE seq = NEW.seq - 1),
                                    '{GENESIS}')
 BEGIN SELECT RAISE(ABORT, 'journal rows must extend the hash chain by one'); END"""
-"""The trigger as journals from before ``EXTEND_CHAIN`` hold it (``sqlite_master.sql``: SQLite
-keeps the statement without ``IF NOT EXISTS`` and its ``;``); a writer opening one replaces it
-(``_replace_chain_trigger``)."""
+"""The chain trigger as journals from before ``_EXTEND_CHAIN_7`` hold it, two lookups a row; a
+writer opening one replaces it (``_replace_chain_trigger``)."""
 
 SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS meta (
@@ -105,7 +140,6 @@ CREATE INDEX IF NOT EXISTS events_accepted_key ON events
   (json_extract(attrs, '$.operation.idempotency.key'))
   WHERE kind = 'ACTION_ACCEPTED' AND json_valid(attrs)
     AND json_extract(attrs, '$.operation.idempotency.key') IS NOT NULL;
-{EXTEND_CHAIN}
 CREATE TRIGGER IF NOT EXISTS events_no_update BEFORE UPDATE ON events
 BEGIN SELECT RAISE(ABORT, 'journal events are append-only'); END;
 CREATE TRIGGER IF NOT EXISTS events_no_delete BEFORE DELETE ON events
@@ -114,16 +148,14 @@ CREATE TABLE IF NOT EXISTS invocations (
   first_seq     INTEGER PRIMARY KEY,
   invocation_id TEXT NOT NULL
 );
-CREATE TRIGGER IF NOT EXISTS events_first_of_invocation AFTER INSERT ON events
-WHEN NOT EXISTS (SELECT 1 FROM events WHERE invocation_id = NEW.invocation_id AND seq < NEW.seq)
-BEGIN INSERT INTO invocations (first_seq, invocation_id) VALUES (NEW.seq, NEW.invocation_id); END;
+{EXTEND_CHAIN}
 CREATE TABLE IF NOT EXISTS result_chunks (
   invocation_id TEXT NOT NULL,
   stream        TEXT NOT NULL,
   idx           INTEGER NOT NULL CHECK (idx >= 0),
   data          BLOB NOT NULL,
   PRIMARY KEY (invocation_id, stream, idx)
-);
+) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS chunk_owners (
   invocation_id TEXT PRIMARY KEY
 );
@@ -191,15 +223,35 @@ def _unbuilt(conn: sqlite3.Connection, index: str, where: str) -> bool:
 
 
 def _replace_chain_trigger(conn: sqlite3.Connection) -> None:
-    """A journal from before ``EXTEND_CHAIN`` gets it, in the writer's opening transaction: the
-    same refusals with one lookup per row.  Only that exact predecessor is replaced: a trigger
-    someone else defined is left for ``verify`` and the signed checkpoints to judge."""
-    row = conn.execute(
-        "SELECT sql FROM sqlite_master WHERE type = 'trigger' AND name = 'events_extend_chain'"
-    ).fetchone()
-    if row is not None and row[0] == _EXTEND_CHAIN_BEFORE:
+    """A journal from before schema 8 gets ``EXTEND_CHAIN`` in place of its two insert triggers,
+    in the writer's opening transaction: the same refusals and the same ``invocations`` rows
+    with one trigger program a row.  Only those exact predecessors are replaced (the chain's
+    as schemas 3-7 or the ones before held it; ``events_first_of_invocation`` as schemas 3-7
+    held it, or none): a trigger someone else defined is left for ``verify`` and the signed
+    checkpoints to judge -- and so is the chain trigger beside another such trigger, which might
+    insert into ``invocations`` too: twice, the insert's key would refuse every append.  With
+    ``EXTEND_CHAIN`` in place, the schema-7 trigger beside it goes (the chain's was dropped
+    and made again by ``SCHEMA``), for the same reason."""
+    found = dict(
+        conn.execute(
+            "SELECT name, sql FROM sqlite_master WHERE type = 'trigger' AND name IN "
+            "('events_extend_chain', 'events_first_of_invocation')"
+        ).fetchall()
+    )
+    chain, first = found.get("events_extend_chain"), found.get("events_first_of_invocation")
+    if first not in (None, _FIRST_OF_INVOCATION_7):
+        return
+    if chain in (_EXTEND_CHAIN_BEFORE, _EXTEND_CHAIN_7):
         conn.execute("DROP TRIGGER events_extend_chain")
         conn.execute(EXTEND_CHAIN)
+        chain = _stored(EXTEND_CHAIN)
+    if first is not None and chain == _stored(EXTEND_CHAIN):
+        conn.execute("DROP TRIGGER events_first_of_invocation")
+
+
+def _stored(create: str) -> str:
+    """A ``CREATE ... IF NOT EXISTS ...;`` statement as ``sqlite_master.sql`` holds it."""
+    return create.replace(" IF NOT EXISTS", "", 1).rstrip(";")
 
 
 def _refuse_newer(conn: sqlite3.Connection, path: Path) -> None:

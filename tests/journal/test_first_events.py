@@ -12,7 +12,7 @@ import pytest
 import trio
 
 from affidavit.journal import Journal, JournalReader
-from affidavit.journal.sqlite import SCHEMA_VERSION, SqliteTables
+from affidavit.journal.sqlite import _EXTEND_CHAIN_BEFORE, SCHEMA_VERSION, SqliteTables
 from affidavit.statemachine import Event
 
 from .helpers import Ticking, append_interleaved, happy, interrupted
@@ -68,10 +68,11 @@ def test_the_trigger_indexes_each_invocations_first_event(tmp_path: Path) -> Non
 def test_a_journal_from_before_schema_3_reads_then_gains_the_index(tmp_path: Path) -> None:
     db = tmp_path / "old.db"
     _write(db, [happy("a")[:4], interrupted("b"), happy("c")])
-    # As schema 2 left it: no index, no trigger.
+    # As schema 2 left it: no index, the chain's trigger of then (which filled none).
     _sql(
         db,
-        "DROP TRIGGER events_first_of_invocation",
+        "DROP TRIGGER events_extend_chain",
+        _EXTEND_CHAIN_BEFORE,
         "DROP TABLE invocations",
         "UPDATE meta SET value = '2' WHERE name = 'schema'",
     )
@@ -117,7 +118,7 @@ def test_an_index_that_does_not_match_the_events_is_not_used(tmp_path: Path) -> 
         # The table rebuilt without its key, then the first row twice and 'c' left out: each
         # row at a first event, the count kept -- only the key ruled out a repeat (review).
         (
-            "DROP TRIGGER events_first_of_invocation",
+            "DROP TRIGGER events_extend_chain",  # (it names the table)
             "CREATE TABLE inv2 (first_seq INTEGER, invocation_id TEXT)",
             "INSERT INTO inv2 SELECT first_seq, invocation_id FROM invocations",
             "DROP TABLE invocations",
@@ -129,7 +130,7 @@ def test_an_index_that_does_not_match_the_events_is_not_used(tmp_path: Path) -> 
         # Rebuilt keyed as before but not as the rowid, which admits a NULL key: c's row made
         # (NULL, 'ghost') -- an id with no events, whose min(seq) IS NULL (review).
         (
-            "DROP TRIGGER events_first_of_invocation",
+            "DROP TRIGGER events_extend_chain",  # (it names the table)
             "CREATE TABLE inv2 (first_seq INT PRIMARY KEY, invocation_id TEXT)",
             "INSERT INTO inv2 SELECT first_seq, invocation_id FROM invocations",
             "DROP TABLE invocations",
