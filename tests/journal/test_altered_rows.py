@@ -156,6 +156,18 @@ def alterations(draw: st.DrawFn) -> Alteration:
     return Alteration(table, column, row, draw(VALUES))
 
 
+def _row_key(conn: sqlite3.Connection, table: str) -> str:
+    """What names a row of ``table``: its rowid, or a WITHOUT ROWID table's key columns
+    (``result_chunks`` from schema 8 on)."""
+    (sql,) = conn.execute("SELECT sql FROM sqlite_master WHERE name = ?", (table,)).fetchone()
+    if not str(sql).rstrip().upper().endswith("WITHOUT ROWID"):
+        return "rowid"
+    columns = conn.execute(
+        "SELECT name FROM pragma_table_info(?) WHERE pk > 0 ORDER BY pk", (table,)
+    ).fetchall()
+    return ", ".join(str(c) for (c,) in columns)
+
+
 def _reshaped(text: str, path: int, value: Any) -> str:
     """``text`` (a JSON object) with one of its members, or a member's member, set to
     ``value`` (or removed, for ``...``)."""
@@ -189,18 +201,18 @@ def alter(db: Path, a: Alteration) -> bool:
             "SELECT name FROM sqlite_master WHERE type = 'trigger'"
         ).fetchall():
             conn.execute(f"DROP TRIGGER {name}")
-        rowids = [r[0] for r in conn.execute(f"SELECT rowid FROM {a.table} ORDER BY rowid")]
-        if not rowids:
+        key = _row_key(conn, a.table)
+        where = f"({key}) = ({', '.join('?' * (key.count(',') + 1))})"
+        keys = conn.execute(f"SELECT {key} FROM {a.table} ORDER BY {key}").fetchall()
+        if not keys:
             return False
-        rowid = rowids[a.row % len(rowids)]
+        row = keys[a.row % len(keys)]
         if a.value is None:
-            (old,) = conn.execute(
-                f"SELECT {a.column} FROM {a.table} WHERE rowid = ?", (rowid,)
-            ).fetchone()
+            (old,) = conn.execute(f"SELECT {a.column} FROM {a.table} WHERE {where}", row).fetchone()
             expr, params = "?", (_reshaped(old, a.path, a.json_value),)
         else:
             expr, params = a.value
-        conn.execute(f"UPDATE {a.table} SET {a.column} = {expr} WHERE rowid = ?", (*params, rowid))
+        conn.execute(f"UPDATE {a.table} SET {a.column} = {expr} WHERE {where}", (*params, *row))
         return True
     except sqlite3.IntegrityError:
         return False

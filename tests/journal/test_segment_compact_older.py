@@ -22,6 +22,7 @@ import trio
 from affidavit.journal import Journal, JournalReader
 from affidavit.journal import compact as compact_mod
 from affidavit.journal.segment_tables import SEGMENT_LOCKS, SEGMENT_REFS
+from affidavit.journal.sqlite import SCHEMA_VERSION
 
 from . import segkit as kit
 
@@ -67,14 +68,14 @@ async def test_a_journal_an_earlier_broker_may_still_write_is_not_compacted(
     assert _on_disk(db) == before
     assert (got.segments, got.removed, got.bytes) == (0, 0, 0)
     assert got.refused == compact_mod.UNPROVEN
-    assert _meta(db, "schema") == [("7",)] and _meta(db, SEGMENT_LOCKS) == []
+    assert _meta(db, "schema") == [(str(SCHEMA_VERSION),)] and _meta(db, SEGMENT_LOCKS) == []
     kit.check(db)
 
     # Its daemon starts: the writer lock exclusive, no writer of any version is left.
     theirs.unlink()  # (the earlier broker stopped; its bytes were never named)
     got = await _reclaim(db, owner="test daemon")
     assert got.refused is None and got.removed == 1 and got.bytes > 0
-    assert _meta(db, SEGMENT_LOCKS) == [("7",)]
+    assert _meta(db, SEGMENT_LOCKS) == [(str(SCHEMA_VERSION),)]
     assert len(kit.segments(db)) == 1
     kit.check(db)
 
@@ -89,7 +90,7 @@ async def test_a_journal_made_here_records_that_no_earlier_broker_wrote_it(
     db = tmp_path / "j.db"
     async with Journal.open(db):
         pass
-    assert _meta(db, SEGMENT_LOCKS) == [("7",)]
+    assert _meta(db, SEGMENT_LOCKS) == [(str(SCHEMA_VERSION),)]
 
 
 async def test_a_segments_rows_are_read_through_the_index_an_upgrade_builds(
