@@ -9,11 +9,10 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from affidavit.journal import Journal, JournalError, JournalReader, sqlite, sqlite_schema
+from affidavit.journal import JournalError, JournalReader, sqlite, sqlite_schema
 from affidavit.journal.chain import GENESIS
 from affidavit.journal.sqlite import SCHEMA, SCHEMA_VERSION, SqliteTables, _split_sql
 from affidavit.journal.sqlite_schema import (
@@ -23,7 +22,8 @@ from affidavit.journal.sqlite_schema import (
     _stored,
 )
 
-from .helpers import Ticking, append_interleaved, happy, interrupted
+from .helpers import happy, interrupted
+from .test_first_events import _indexed, _sql, _write
 
 _INSERT = f"INSERT INTO events VALUES ({','.join('?' * 13)})"
 _TRUTH = "SELECT min(seq), invocation_id FROM events GROUP BY invocation_id ORDER BY 1"
@@ -132,28 +132,6 @@ def test_a_first_event_of_another_kind_is_not_indexed_and_the_view_sorts(tmp_pat
         got = list(tables.grouped_events())
         assert got == list(super(SqliteTables, tables).grouped_events())
         assert got[-1][2] == "z"
-
-
-def _write(path: Path, runs: list[list[object]]) -> None:
-    async def fill() -> None:
-        async with Journal.open(path, clock=Ticking()) as j:
-            await append_interleaved(j, runs)  # type: ignore[arg-type]
-
-    trio.run(fill)
-
-
-def _sql(path: Path, *statements: str) -> list[tuple[object, ...]]:
-    conn = sqlite3.connect(path, isolation_level=None)
-    try:
-        return [row for stmt in statements for row in conn.execute(stmt).fetchall()]
-    finally:
-        conn.close()
-
-
-def _indexed(r: JournalReader) -> bool:
-    tables = r.tables
-    assert isinstance(tables, SqliteTables)
-    return tables._first_events_indexed()
 
 
 def _triggers(path: Path) -> dict[str, str]:
