@@ -37,9 +37,21 @@ from pathlib import Path
 
 from affidavit.acl import access_entries, grants, read_may, setfacl
 
-__all__ = ["FileExposed", "FileMissing", "FileRefused", "read_small_file"]
+__all__ = ["FileExposed", "FileMissing", "FileRefused", "read_small_file", "run_as_owner"]
 
 _OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOCTTY", 0)
+
+
+def run_as_owner(uid: int) -> str:
+    """What a root process is told of a file user ``uid`` owns (the daemon's, most often: ``sudo
+    affidavit journal ...`` on its journal or keys): to run as that user, not to ``chown`` the
+    file to root -- which would lock its owner, the daemon, out.  The one wording: the key
+    files' and credentials' refusals (``_refuse_shared``) and the journal's warnings
+    (``journal.exposure``) say it so."""
+    return (
+        f"run this as its owner, not as root (sudo -u '#{uid}' affidavit ...): a chown to root "
+        "would lock its owner out"
+    )
 
 
 class FileRefused(Exception):
@@ -97,8 +109,7 @@ def _refuse_shared(fd: int, st: os.stat_result, path: Path, subject: str = "file
             # chown to root would lock their owner, the daemon's user, out of them.
             raise FileExposed(
                 f"{subject} is owned by uid {st.st_uid}, who can rewrite it, and this process "
-                f"runs as root; run this as its owner, not as root (sudo -u '#{st.st_uid}' "
-                "affidavit ...): a chown to root would lock its owner out",
+                f"runs as root; {run_as_owner(st.st_uid)}",
                 f"{said}; run the broker as its owner, not as root",
             )
         quoted = shlex.quote(str(path))

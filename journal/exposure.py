@@ -75,6 +75,7 @@ from affidavit.acl import (
     readable_users,
     setfacl,
 )
+from affidavit.privatefile import run_as_owner
 
 __all__ = [
     "CONFIG",
@@ -249,10 +250,21 @@ def _judged(
     if not whys:
         return None
     owner = st.st_uid if foreign else None
+    fix = " && ".join(fixes) if owner is None else _owned_fix(fixes, [owner])
     held = tuple(g.who for g in granted)
-    return Exposure(
-        path, what, " and ".join(whys), " && ".join(fixes), mode & bits, owner, holding, held
-    )
+    return Exposure(path, what, " and ".join(whys), fix, mode & bits, owner, holding, held)
+
+
+def _owned_fix(commands: list[str], owners: list[int]) -> str:
+    """The fix of a file (or files) ``owners`` own, not this process's user: ``commands`` (a
+    ``chown`` to this user first) -- unless this process is root.  Root (``sudo affidavit
+    journal verify``, ``reclaim``, ``migrate`` on the daemon's journal) is told to run as the
+    owner (``privatefile.run_as_owner``, most of them's), the ``chown`` to root only for a
+    broker root runs: a journal's file root owns is one its owner, the daemon, cannot open."""
+    if os.geteuid() != 0:
+        return " && ".join(commands)
+    most = max(set(owners), key=owners.count)
+    return f"{run_as_owner(most)}; unless root runs the broker: {' && '.join(commands)}"
 
 
 def _acl(path: Path) -> tuple[tuple[int, int, int], ...] | None:
@@ -489,7 +501,8 @@ def _summary(directory: Path, found: list[Exposure]) -> str:
     find = f"find {shlex.quote(str(directory) + '/')} -maxdepth 1 -type f -name '*.seg'"
     whys: list[str] = []
     fixes: list[str] = []
-    if any(e.owner is not None for e in found):
+    owners = [e.owner for e in found if e.owner is not None]
+    if owners:
         whys.append(f"owned by another uid than this process's uid {uid}")
         fixes.append(f"{find} ! -user {uid} -exec chown {uid} {{}} +")
     bits = 0
@@ -502,10 +515,9 @@ def _summary(directory: Path, found: list[Exposure]) -> str:
         whys.append("reachable through their access ACLs")
         fixes.append(f"{find} -exec setfacl -b {{}} +")
     names = ", ".join(e.path.name for e in found[:EXAMPLES])
-    return (
-        f"{len(found)} result segment files in {directory} are {' or '.join(whys)} "
-        f"(e.g. {names}): {' && '.join(fixes)}"
-    )
+    fix = _owned_fix(fixes, owners) if owners else " && ".join(fixes)
+    said = " or ".join(whys)
+    return f"{len(found)} result segment files in {directory} are {said} (e.g. {names}): {fix}"
 
 
 _warned: set[tuple[str, str]] = set()

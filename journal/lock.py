@@ -20,6 +20,8 @@ import fcntl
 import os
 from pathlib import Path
 
+from affidavit.privatefile import run_as_owner
+
 from .errors import JournalError
 
 __all__ = ["JournalLocked", "WriterLock"]
@@ -35,6 +37,38 @@ class JournalLocked(JournalError):
         super().__init__(message)
 
 
+def _refuse_root_on_theirs(journal: Path) -> None:
+    """``JournalError`` if this process is root and another user owns the journal (its
+    directory, while there is none): a root writer (``sudo affidavit journal reclaim``, an
+    embedded ``call``) creates root's files beside it -- this lock, result segments and their
+    directory, a signing key, the journal itself -- each ``0600``, which its owner, the
+    daemon's user, then cannot open (SQLite gives a ``-wal`` and ``-shm`` root makes the main
+    file's owner; nothing else does).  Refused before anything is made, with the advice to
+    run as the owner (``privatefile.run_as_owner``); a reader makes none of them."""
+    if os.geteuid() != 0:
+        return
+    where, what = journal, f"journal {journal}"
+    try:
+        st = os.stat(where)
+    except FileNotFoundError:
+        where, what = Path(os.path.abspath(journal)).parent, f"the directory of journal {journal}"
+        try:
+            st = os.stat(where)
+        except OSError:
+            return  # (opening it says why)
+    except OSError:
+        return
+    if st.st_uid == 0:
+        return
+    raise JournalError(
+        f"{what} is owned by uid {st.st_uid} and this process runs as root, which would make "
+        "the files a writer creates beside it (its lock, result segments, keys) root's, which "
+        f"its owner cannot open; {run_as_owner(st.st_uid)}",
+        public="the journal is owned by another user and the broker runs as root; run the "
+        "broker as its owner",
+    )
+
+
 class WriterLock:
     def __init__(self, fd: int, path: Path, *, exclusive: bool) -> None:
         self._fd: int | None = fd
@@ -45,6 +79,7 @@ class WriterLock:
     def acquire(cls, journal: Path, owner: str | None = None) -> WriterLock:
         """Shared for an embedded writer (``owner=None``); exclusive for an owner, which then
         writes ``owner`` into the lock file for the writers it refuses."""
+        _refuse_root_on_theirs(Path(journal))
         path = Path(f"{journal}.lock")
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)

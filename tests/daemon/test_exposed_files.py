@@ -131,7 +131,10 @@ async def test_serve_refuses_a_config_another_user_owns(tmp_path: Path) -> None:
     os.chown(config, NOBODY, NOBODY)  # 0644: nobody could rewrite it
     err = await _refusal(config)
     want = f"config file {config} is owned by uid {NOBODY}, not by this process's uid 0"
-    assert f"{want}: chown 0 {config} -- " in err, err
+    # Run as root: to run as its owner first -- the chown only if root runs the broker.
+    fix = f"run this as its owner, not as root (sudo -u '#{NOBODY}' affidavit ...)"
+    assert f"{want}: {fix}" in err, err
+    assert f"; unless root runs the broker: chown 0 {config} -- " in err, err
 
 
 _LOOK = (
@@ -289,7 +292,10 @@ async def test_segment_files_another_user_owns_are_summed_up_with_their_chown(
         f"5 result segment files in {results} are owned by another uid than this process's uid "
         f"{uid} or accessible by group or others (bits 060 among them)"
     ) in err, err
-    fix = err.split(f" (e.g. {segments[0].name}, ")[1].split(": ", 1)[1].split(" -- mend")[0]
+    said = err.split(f" (e.g. {segments[0].name}, ")[1].split(": ", 1)[1].split(" -- mend")[0]
+    # Root is told to run as their owner; the commands are for a broker root runs (this one).
+    advice, fix = said.split("; unless root runs the broker: ")
+    assert advice.startswith(f"run this as its owner, not as root (sudo -u '#{NOBODY}' "), said
     assert f"-exec chown {uid} {{}} +" in fix and "-exec chmod go= {} +" in fix, fix
     done = await run(["sh", "-c", fix], env=client_env())
     assert done.returncode == 0, done

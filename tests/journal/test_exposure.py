@@ -24,6 +24,7 @@ from affidavit.journal import (
     directory_exposures,
     exposure,
     journal_exposures,
+    told,
 )
 from tests.external import require_root
 from tests.journal.helpers import accepted
@@ -89,20 +90,28 @@ def test_a_reader_names_it_too_and_a_private_journal_says_nothing(
     assert want in _said(caplog)
 
 
+def _run_as(owner: int, command: str) -> str:
+    """What root is told of a file ``owner`` owns: to run as it -- a chown to root locks the
+    daemon out -- and ``command`` (the chown) only if root runs the broker."""
+    return (
+        f"run this as its owner, not as root (sudo -u '#{owner}' affidavit ...): a chown to root "
+        f"would lock its owner out; unless root runs the broker: {command}"
+    )
+
+
 def test_a_journal_another_user_owns_is_named_and_a_key_it_owns_refused_for_root_to_run_as_it(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """The journal another user owns is named on the log (a reader needs no secret kept); a key
-    file it owns is refused, as a credential file is (``read_secret_file``): its owner reads the
-    key, and can replace it -- it was only named until the key files took the credentials'
-    rule."""
+    """The journal another user owns is named on the log (a reader needs no secret kept) --
+    root told to run as its owner, not to chown it (the daemon's user could not open it then);
+    a key file it owns is refused, as a credential file is (``read_secret_file``): its owner
+    reads the key, and can replace it -- it was only named until the key files took the
+    credentials' rule."""
     require_root()
     db = tmp_path / "journal.db"
     _make(db)
     key = Path(f"{db}.key")
-    for path in (db, key):
-        os.chown(path, NOBODY, NOBODY)  # still 0600: root reads it, nobody could replace it
-    caplog.set_level(logging.WARNING, logger="affidavit.journal")
+    os.chown(key, NOBODY, NOBODY)  # still 0600: root reads it, nobody could replace it
     with pytest.raises(JournalError) as refused:
         _open_and_close(db)
     assert str(refused.value) == (  # not "chown 0": it would lock the daemon's user out
@@ -111,9 +120,45 @@ def test_a_journal_another_user_owns_is_named_and_a_key_it_owns_refused_for_root
         "a chown to root would lock its owner out"
     )
     os.chown(key, 0, 0)
-    _open_and_close(db)
-    want = f"journal {db} is owned by uid {NOBODY}, not by this process's uid 0: chown 0 {db}"
-    assert want in _said(caplog), _said(caplog)
+    os.chown(db, NOBODY, NOBODY)
+    caplog.set_level(logging.WARNING, logger="affidavit.journal")
+    JournalReader.open(db).close()
+    want = f"journal {db} is owned by uid {NOBODY}, not by this process's uid 0: "
+    assert want + _run_as(NOBODY, f"chown 0 {db}") in _said(caplog), _said(caplog)
+
+
+def test_root_writing_a_journal_another_user_owns_is_refused_before_it_makes_a_file(
+    tmp_path: Path,
+) -> None:
+    """``sudo affidavit journal reclaim`` on the daemon's journal made root's ``.lock`` beside
+    it (then refused the key): the daemon, its owner, could no longer open its lock.  Refused
+    before anything is made, saying to run as the owner; a caller is told no uid nor path."""
+    require_root()
+    db = tmp_path / "journal.db"
+    _make(db)
+    lock = Path(f"{db}.lock")
+    lock.unlink()  # (restored from a backup without it, say)
+    os.chown(db, NOBODY, NOBODY)
+    before = sorted(tmp_path.iterdir())
+    with pytest.raises(JournalError) as refused:
+        _open_and_close(db)
+    assert str(refused.value) == (
+        f"journal {db} is owned by uid {NOBODY} and this process runs as root, which would make "
+        "the files a writer creates beside it (its lock, result segments, keys) root's, which its "
+        f"owner cannot open; run this as its owner, not as root (sudo -u '#{NOBODY}' "
+        "affidavit ...): a chown to root would lock its owner out"
+    )
+    assert sorted(tmp_path.iterdir()) == before  # no lock, no -wal: nothing of root's
+    public = told(refused.value)
+    assert str(NOBODY) not in public and str(tmp_path) not in public, public
+    fresh = tmp_path / "theirs"
+    fresh.mkdir()
+    os.chown(fresh, NOBODY, NOBODY)  # no journal yet: root would make it, and its lock
+    with pytest.raises(JournalError, match=r"^the directory of journal .* uid 65534 .*sudo -u"):
+        _open_and_close(fresh / "journal.db")
+    assert list(fresh.iterdir()) == []
+    os.chown(db, 0, 0)
+    _open_and_close(db)  # root's own journal: written as before
 
 
 def test_a_cli_command_names_it_on_stderr_without_a_traceback(tmp_path: Path) -> None:
@@ -199,7 +244,9 @@ def test_the_lock_the_results_directory_and_its_segments_are_the_brokers_alone(
     assert not [m for m in said if "notes.txt" in m]
 
 
-def test_a_segment_and_a_lock_another_user_owns_are_named_with_their_chown(tmp_path: Path) -> None:
+def test_a_segment_and_a_lock_another_user_owns_are_named_root_told_to_run_as_it(
+    tmp_path: Path,
+) -> None:
     """Even 0600: another user could replace or delete it (root owning one, when the broker is
     not root, is said too -- the broker could not write or compact it: a ``sudo`` left it)."""
     require_root()
@@ -212,7 +259,7 @@ def test_a_segment_and_a_lock_another_user_owns_are_named_with_their_chown(tmp_p
     found = {e.path: e for e in journal_exposures(db)}
     assert sorted(found) == sorted([results, segment, lock])
     for path in (results, segment, lock):
-        assert found[path].fix == f"chown 0 {path}"
+        assert found[path].fix == _run_as(NOBODY, f"chown 0 {path}")
         assert found[path].why == f"owned by uid {NOBODY}, not by this process's uid 0"
 
 
@@ -358,7 +405,7 @@ def test_a_sticky_directory_is_fine_its_files_owners_are_checked_instead(tmp_pat
     assert [(e.path, e.fix) for e in found] == [(shared, f"chmod 755 {shared}")]
 
 
-def test_a_directory_another_user_owns_is_named_with_its_chown(tmp_path: Path) -> None:
+def test_a_directory_another_user_owns_is_named_root_told_to_run_as_it(tmp_path: Path) -> None:
     require_root()
     home = tmp_path / "home"
     home.mkdir(mode=0o755)
@@ -366,7 +413,7 @@ def test_a_directory_another_user_owns_is_named_with_its_chown(tmp_path: Path) -
     (found,) = directory_exposures([(home / "affidavit.toml", "config file")])
     assert str(found) == (
         f"directory {home} (on the path to the config file) is owned by uid {NOBODY}, not by "
-        f"this process's uid 0: chown 0 {home}"
+        f"this process's uid 0: {_run_as(NOBODY, f'chown 0 {home}')}"
     )
 
 
@@ -391,7 +438,7 @@ def test_a_link_on_the_way_another_user_owns_is_named_by_its_owner(tmp_path: Pat
     (found,) = directory_exposures([(link / "journal.db", "journal")])
     assert str(found) == (
         f"link {link} (on the path to the journal) is owned by uid {NOBODY}, not by this "
-        f"process's uid 0: chown -h 0 {link}"  # (the link, not what it names)
+        f"process's uid 0: {_run_as(NOBODY, f'chown -h 0 {link}')}"  # (the link, not its target)
     )
 
 
@@ -443,10 +490,12 @@ def test_on_a_read_only_file_system_write_bits_are_no_exposure_read_bits_still_a
     assert config_exposure(config, None) is None
     assert directory_exposures([(config, "config file")]) == []
     found = exposure(key, "broker key file")
-    assert found is not None and found.fix == f"chown 0 {key} && chmod 600 {key}", found
+    assert found is not None, found
+    assert found.fix == _run_as(NOBODY, f"chown 0 {key} && chmod 600 {key}"), found
     assert found is not None and f"owned by uid {NOBODY}" in found.why  # its owner reads it
     found = config_exposure(config, "postgresql://u:pw@127.0.0.1/x")
-    assert found is not None and found.fix == f"chown 0 {config} && chmod 660 {config}"
+    assert found is not None, found
+    assert found.fix == _run_as(NOBODY, f"chown 0 {config} && chmod 660 {config}"), found
 
 
 def test_a_key_file_others_may_write_is_refused_on_a_read_only_file_system_as_its_read_does(
