@@ -7,11 +7,14 @@ mistake is made, the code, and the words that must be in the line."""
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from tests.external import require_root
 
 from .helpers import TOKEN_ENV, http_target, run_cli, write_config
 
@@ -199,3 +202,32 @@ def test_a_locked_vault_at_call_time_says_how_to_unlock_it(tmp_path: Path) -> No
     error = json.loads(done.stdout)["error"]
     assert (error["code"], error["field"]) == ("VAULT_LOCKED", "targets.api.credential")
     assert "affidavit vault unlock" in error["message"], error
+
+
+CANARY = "CANARY-vaultdir-4e91"
+CANARY_UID = 47311
+
+
+def test_a_refused_unlock_file_tells_the_caller_no_path_nor_uid(tmp_path: Path) -> None:
+    """``VaultLocked`` carries the unlock file's path and its refusal's words (here: owned by
+    uid N, run as root -- run as its owner); the caller's envelope gets the fixed words of
+    ``credentials.resolve`` (VAULT_LOCKED), the operator's log the rest."""
+    require_root()  # to give the unlock file to another user
+    home = tmp_path / CANARY
+    home.mkdir()
+    cfg = _locked_vault(home)
+    done = run_cli("vault", "unlock", "--config", str(cfg), "--passphrase-stdin", stdin=b"pw\n")
+    assert done.returncode == 0, done.stderr
+    unlock = home / "v.unlock"
+    os.chown(unlock, CANARY_UID, CANARY_UID)  # refused when read as root: its owner rewrites it
+    cfg.write_text(cfg.read_text().replace(f'"env:{TOKEN_ENV}"', '"vault:tok"'))
+    done = run_cli("call", "-", "--config", str(cfg), stdin=ACTION)
+    assert done.returncode == 1, done.stderr
+    error = json.loads(done.stdout)["error"]
+    assert (error["code"], error["field"]) == ("VAULT_LOCKED", "targets.api.credential")
+    shown = done.stdout.decode()
+    for secret in (CANARY, str(CANARY_UID), "v.unlock", str(tmp_path)):
+        assert secret not in shown, (secret, shown)
+    # The operator's log names the file and the fix (run as its owner, not chown it to root).
+    assert f"{unlock}: cannot read the unlock file" in done.stderr.decode(), done.stderr
+    assert f"sudo -u '#{CANARY_UID}'" in done.stderr.decode(), done.stderr
