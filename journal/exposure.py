@@ -52,8 +52,8 @@ Every process that opens the journal says so, once per file, on the operator's l
 without one) -- naming the file and the command that fixes it, never refusing: a reader of the
 journal needs no secret kept.  Run as root, a file another user owns is mended by running as
 that user, not by a ``chown`` to root that would lock the daemon out (``_owned_fix``); a root
-*writer* of such a journal is refused (``lock.py``).  ``affidavit serve``, the boundary, refuses to start instead
-(docs/deployment.md, "Files others can reach").
+*writer* of such a journal is refused (``lock.py``).  ``affidavit serve``, the boundary,
+refuses to start instead (docs/deployment.md, "Files others can reach").
 """
 
 from __future__ import annotations
