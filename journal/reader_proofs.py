@@ -95,7 +95,10 @@ class ProvingReader(ReaderBase):
             key = BrokerKey.load(self._key_file)
             stored = self._read(lambda t: t.meta("key_id"), "the broker key's id")
             if stored is not None and stored != key.key_id:
-                raise JournalError(f"broker key file {self._key_file} does not match this journal")
+                raise JournalError(
+                    f"broker key file {self._key_file} does not match this journal",
+                    public="broker key file does not match this journal",
+                )
             self._key_recorded = stored is not None
             self._key = key
         return self._key

@@ -126,7 +126,9 @@ def read_secret_file(path: Path, what: str) -> bytes:
     try:
         data, _ = read_small_file(path, MAX_KEY_FILE_BYTES, private=True, subject=f"{what} {path}")
     except FileMissing:
-        raise JournalError(f"{what} {path} does not exist") from None
+        raise JournalError(
+            f"{what} {path} does not exist", public=f"{what} does not exist"
+        ) from None
     except FileExposed as exc:  # (a caller is told neither the path nor a uid: ``told``)
         raise JournalError(str(exc), public=what + exc.public.removeprefix("file")) from None
     except FileRefused as exc:
@@ -164,7 +166,10 @@ class BrokerKey:
         try:
             write_secret_file(p, (_KEY_HEADER + base64.b64encode(key).decode() + "\n").encode())
         except OSError as exc:
-            raise JournalError(f"cannot create broker key file {p}: {exc.strerror}") from None
+            raise JournalError(
+                f"cannot create broker key file {p}: {exc.strerror}",
+                public=f"cannot create broker key file: {exc.strerror}",
+            ) from None
         return cls(key, p)
 
     @classmethod
@@ -179,7 +184,10 @@ class BrokerKey:
             if len(key) != 32:
                 raise ValueError
         except ValueError:
-            raise JournalError(f"broker key file {p} is not an affidavit journal key") from None
+            raise JournalError(
+                f"broker key file {p} is not an affidavit journal key",
+                public="broker key file is not an affidavit journal key",
+            ) from None
         return cls(key, p)
 
     def digest(self, label: str, data: bytes) -> str:
@@ -310,7 +318,9 @@ def read_pem_key(path: Path, what: str, kind: type) -> Any:
         try:
             raw, _ = read_small_file(path, MAX_KEY_FILE_BYTES)
         except FileMissing:
-            raise JournalError(f"{what} {path} does not exist") from None
+            raise JournalError(
+                f"{what} {path} does not exist", public=f"{what} does not exist"
+            ) from None
         except FileRefused as exc:
             raise JournalError(
                 f"cannot read {what} {path}: {exc}", public=f"cannot read {what}: {exc.public}"
@@ -322,10 +332,14 @@ def read_pem_key(path: Path, what: str, kind: type) -> Any:
             key = serialization.load_pem_public_key(raw)
     except (ValueError, TypeError):
         sort = "private" if private else "public"
-        raise JournalError(f"{what} {path} is not a PEM {sort} key") from None
+        raise JournalError(
+            f"{what} {path} is not a PEM {sort} key", public=f"{what} is not a PEM {sort} key"
+        ) from None
     if not isinstance(key, kind):
         label = kind.__name__.replace("PrivateKey", "").replace("PublicKey", "")
-        raise JournalError(f"{what} {path} is not an {label} key")
+        raise JournalError(
+            f"{what} {path} is not an {label} key", public=f"{what} is not an {label} key"
+        )
     return key
 
 

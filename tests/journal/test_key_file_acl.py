@@ -154,9 +154,12 @@ def test_root_is_told_to_run_as_the_owner_of_a_key_not_to_chown_it(tmp_path: Pat
     )
 
 
-def _refusals_of_fifo(fifo: Path, *reads: Callable[[Path], object]) -> list[str]:
-    """Each of ``reads`` of the FIFO ``fifo``'s ``JournalError`` words, in a thread: one still
-    blocked after 10 s is let go (a writer opened, then closed) and the test fails."""
+def _refusals_of_fifo(
+    fifo: Path, *reads: Callable[[Path], object], say: Callable[[JournalError], str] = str
+) -> list[str]:
+    """Each of ``reads`` of the FIFO ``fifo``'s ``JournalError`` words (``say``: the
+    operator's, ``str``), in a thread: one still blocked after 10 s is let go (a writer opened,
+    then closed) and the test fails."""
     got: list[str] = []
 
     def load() -> None:
@@ -164,7 +167,7 @@ def _refusals_of_fifo(fifo: Path, *reads: Callable[[Path], object]) -> list[str]
             try:
                 read(fifo)
             except JournalError as exc:
-                got.append(str(exc))
+                got.append(say(exc))
 
     reader = threading.Thread(target=load, daemon=True)
     reader.start()

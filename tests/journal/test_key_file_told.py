@@ -1,0 +1,113 @@
+"""A caller of the broker is told why a key file is refused, never where it lives
+(``journal.told``): a view's reader loads the broker key again on every view, so a caller can
+make the broker read a key file moved, replaced or made loose since it started.  The
+operator's words (``str``) keep the path."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import trio
+
+from affidavit.journal import Journal, JournalError, JournalReader, told
+from affidavit.journal.sealing import BrokerKey, load_auditor_private_key, read_pem_key
+
+from .test_key_file_acl import _refusals_of_fifo
+
+
+def _made(db: Path, key: Path | None = None) -> None:
+    async def make() -> None:
+        async with Journal.open(db, key_file=key):
+            pass
+
+    trio.run(make)
+
+
+def _refused(read: object, path: Path) -> JournalError:
+    with pytest.raises(JournalError) as caught:
+        read(path)  # type: ignore[operator]
+    return caught.value
+
+
+def _both(exc: JournalError, path: Path) -> tuple[str, str]:
+    """The operator's words (naming ``path``) and the caller's (naming no part of it)."""
+    assert str(path) in str(exc), str(exc)
+    said = told(exc)
+    assert str(path.parent) not in said and path.name not in said, said
+    return str(exc), said
+
+
+def test_a_missing_key_file_is_told_without_its_path(tmp_path: Path) -> None:
+    gone = tmp_path / "gone.key"
+    _, said = _both(_refused(BrokerKey.load, gone), gone)
+    assert said == "broker key file does not exist", said
+    _, said = _both(_refused(load_auditor_private_key, gone), gone)
+    assert said == "auditor private key file does not exist", said
+    from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PublicKey
+
+    _, said = _both(
+        _refused(lambda p: read_pem_key(p, "public key file", X25519PublicKey), gone), gone
+    )
+    assert said == "public key file does not exist", said
+
+
+def test_a_key_file_of_the_wrong_kind_is_told_without_its_path(tmp_path: Path) -> None:
+    junk = tmp_path / "junk.key"
+    fd = os.open(junk, os.O_WRONLY | os.O_CREAT, 0o600)
+    os.write(fd, b"not a key")
+    os.close(fd)
+    _, said = _both(_refused(BrokerKey.load, junk), junk)
+    assert said == "broker key file is not an affidavit journal key", said
+    _, said = _both(_refused(load_auditor_private_key, junk), junk)
+    assert said == "auditor private key file is not a PEM private key", said
+    ed = tmp_path / "ed.key"  # a PEM private key of another kind
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    pem = Ed25519PrivateKey.generate().private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+    fd = os.open(ed, os.O_WRONLY | os.O_CREAT, 0o600)
+    os.write(fd, pem)
+    os.close(fd)
+    _, said = _both(_refused(load_auditor_private_key, ed), ed)
+    assert said == "auditor private key file is not an X25519 key", said
+
+
+def test_a_loose_or_fifo_key_file_is_told_without_its_path(tmp_path: Path) -> None:
+    db = tmp_path / "j.db"
+    _made(db)
+    key = Path(f"{db}.key")
+    key.chmod(0o620)  # write-only for the group: refused all the same
+    _, said = _both(_refused(BrokerKey.load, key), key)
+    assert said.startswith("broker key file "), said
+    fifo = tmp_path / "fifo.key"
+    os.mkfifo(fifo, 0o600)
+    got = _refusals_of_fifo(fifo, BrokerKey.load, say=told)
+    assert got == ["cannot read broker key file: is a FIFO (named pipe), not a regular file"]
+
+
+def test_a_key_file_replaced_under_a_reader_is_told_without_its_path(tmp_path: Path) -> None:
+    """A view's reader reloads its key (``reset``): the key moved away, then another key put at
+    its path -- neither answer names it."""
+    db = tmp_path / "j.db"
+    key = tmp_path / "broker.key"
+    _made(db, key)
+    _made(tmp_path / "other.db", tmp_path / "other.key")
+    with JournalReader.open(db, key_file=key) as reader:
+        key.rename(tmp_path / "moved.key")
+        reader.reset()
+        with pytest.raises(JournalError) as caught:
+            reader.holder_tag("act_1", "host:1")
+        _, said = _both(caught.value, key)
+        assert said == "broker key file does not exist", said
+        (tmp_path / "other.key").rename(key)
+        reader.reset()
+        with pytest.raises(JournalError) as caught:
+            reader.holder_tag("act_1", "host:1")
+        _, said = _both(caught.value, key)
+        assert said == "broker key file does not match this journal", said
