@@ -292,6 +292,17 @@ class Redactor:
                     vals.add(part)
         self._values = sorted(vals, key=len, reverse=True)
 
+    def number(self, value: float) -> bool:
+        """Whether ``value`` -- a number parsed from the remote's words: a Proxy-Status
+        ``received-status`` or ``rcode`` (up to 15 digits), a ``Retry-After`` -- may be a
+        credential echoed: its decimal form holds a secret, or its digits (at least
+        ``MIN_LEN``) are part of one (a leading zero parsed away, a long secret cut)."""
+        text = str(int(value)) if type(value) is float and value.is_integer() else str(value)
+        if self.contains(text) or self.contains(str(value)):
+            return True
+        digits = text.lstrip("-")
+        return len(digits) >= self.MIN_LEN and any(digits in v for v in self._values)
+
     def contains(self, text: str) -> bool:
         for v in self._values:  # noqa: SIM110 (a loop: no generator frame for ``any``, issue 15)
             if v in text:
@@ -307,3 +318,16 @@ class Redactor:
         if isinstance(value, list | tuple):
             return [self.scrub(v) for v in value]
         return value
+
+    def scrub_parsed(self, value: Any) -> Any:
+        """``scrub`` of what was parsed from the remote's words (``parse_proxy_status``): a
+        number too -- ``received_status``, ``rcode`` -- is ``[redacted]`` when it may be a
+        credential echoed (``number``).  Not ``scrub``'s rule: the broker's own counts (bytes,
+        hops) are no echo, and one that happened to be part of a secret would be lost."""
+        if type(value) is int or type(value) is float:
+            return "[redacted]" if self.number(value) else value
+        if isinstance(value, dict):
+            return {k: self.scrub_parsed(v) for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return [self.scrub_parsed(v) for v in value]
+        return self.scrub(value)

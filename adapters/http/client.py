@@ -115,7 +115,9 @@ class HttpClient:
                 )
             hops.append(res.hop_summary)
             if plan.disposition == "proxy_error":
-                ps = redactor.scrub(parse_proxy_status(header_value(res.headers, "proxy-status")))
+                ps = redactor.scrub_parsed(
+                    parse_proxy_status(header_value(res.headers, "proxy-status"))
+                )
                 via = res.hop_summary["via_proxy"]
                 raise AttemptInterrupted(
                     Code.REMOTE_OUTCOME_UNKNOWN,
@@ -162,7 +164,7 @@ async def _result(
     cls = classify_response(
         res.status, res.headers, via_forward_proxy=False, proxy_status=proxy_status
     )
-    ps = redactor.scrub(proxy_status)
+    ps = redactor.scrub_parsed(proxy_status)
     summary = {
         "status": res.status,
         "reason": redactor.scrub(res.reason),
@@ -194,7 +196,13 @@ async def _result(
         **redactor.scrub(dict(extra)),
     }
     assert cls.outcome is not None
-    return RemoteResult(cls.outcome, cls.code, facts, summary, cls.retry_after)
+    retry = cls.retry_after  # a number (the schema's): a credential echoed in it is dropped
+    if retry is not None and (
+        redactor.contains(str(retry))
+        or redactor.contains(header_value(res.headers, "retry-after") or "")
+    ):
+        retry = None
+    return RemoteResult(cls.outcome, cls.code, facts, summary, retry)
 
 
 def _attribution(res: HopResult, proxy_status: list[dict[str, Any]] | None) -> str | None:

@@ -589,7 +589,8 @@ def _gate(engine: Engine, attempt: Attempt) -> Any:
         for k in ("connection", "reused_connection", "peer", "hop", "origin", "via_proxy"):
             if k in facts:
                 v = facts[k]
-                # A number, bool or None (most of them) is what ``scrub`` returns it as: no call.
+                # A number, bool or None (most of them) is what ``scrub`` returns it as: no call
+                # (``scrub`` is number-blind: these are the broker's own, not parsed remote words).
                 attrs[k] = v if type(v) in LEAVES else scrub(v)
         # A withdrawal or stop asked for before this line wins (nothing is written); from the
         # next line on the call is dispatching and a withdrawal is refused.  No checkpoint in

@@ -198,7 +198,10 @@ async def _commit(
     ):
         if k in facts:
             v = facts[k]
-            attrs[k] = v if type(v) in LEAVES else scrub(v)  # (a number: no ``scrub`` call)
+            # A number: no ``scrub`` call -- ``scrub`` is number-blind; a number the remote
+            # may echo a credential in is redacted where it is parsed (adapters/http:
+            # ``Redactor.scrub_parsed``, ``retry_after``).
+            attrs[k] = v if type(v) in LEAVES else scrub(v)
     attrs.update(received)
     if result.retry_after is not None:
         attrs["retry_after"] = result.retry_after
