@@ -214,7 +214,9 @@ async def _commit(
     # ride along with RESULT_COMMITTED's transaction, queued after the tail chunk (no
     # checkpoint since the drain: the same transaction as before, issue 15).
     rows = [*observed, (complete, None)]
-    kept = sink.kept()  # (once: the streams are finished, it stays the same)
+    # The kept streams are joined once (the streams are finished: they stay the same), and
+    # only when something reads them: before the commit for ``reading``, else after it.
+    kept = sink.kept() if reading is not None else None
     if reading is not None:
         rows.extend((stamped(event, generation), None) for event in reading(iid, result, kept))
     await recorder.write_many(rows)
@@ -240,6 +242,8 @@ async def _commit(
         # (_store_failed).
         return await _store_failed(engine, complete)
     record = await recorder.record(iid)
+    if reading is None:
+        kept = sink.kept()
     if kept is None:
         # Larger than the inline limit: the envelope says what was stored and how to fetch
         # it, and the body stays in the journal -- reading megabytes back, decrypting and
