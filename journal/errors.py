@@ -93,7 +93,14 @@ class JournalError(Exception):
     """The journal cannot do what was asked (bad key, corrupt row, closed journal, misuse).
     ``public``: the words a caller of the broker is told instead of ``str()`` (``told``), when
     those hold what only the operator may read -- a key file refused for its owner or an ACL
-    entry names their uids (``sealing.read_secret_file``); None: ``str()`` is fit for both."""
+    entry names their uids (``sealing.read_secret_file``); None: ``str()`` is fit for both.
+
+    The rule: a message that names a key file's path or a uid sets ``public`` (every key
+    file's read: ``sealing``, ``reader_proofs``); one that names the journal's own location
+    need not -- the daemon's and MCP's answers take it out (``engine.location.unplaced``), as
+    they take out every configured key file's path.  ``told`` is not the caller's only filter:
+    the same answer reaches the operator's CLI (``engine.read_failure``), so a message the
+    operator needs stays ``str()`` unless it names what a caller may not read."""
 
     def __init__(self, *args: object, public: str | None = None) -> None:
         super().__init__(*args)
