@@ -98,9 +98,8 @@ class JournalError(Exception):
     The rule: a message that names a key file's path or a uid sets ``public`` (every key
     file's read: ``sealing``, ``reader_proofs``); one that names the journal's own location
     need not -- the daemon's and MCP's answers take it out (``engine.location.unplaced``), as
-    they take out every configured key file's path.  ``told`` is not the caller's only filter:
-    the same answer reaches the operator's CLI (``engine.read_failure``), so a message the
-    operator needs stays ``str()`` unless it names what a caller may not read."""
+    they take out every configured key file's path.  The operator's command line answers with
+    ``str()`` (``engine.read_failure(..., operator=True)``): the path and uid it must mend."""
 
     def __init__(self, *args: object, public: str | None = None) -> None:
         super().__init__(*args)

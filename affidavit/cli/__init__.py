@@ -185,7 +185,7 @@ def journal_refusal(
         # Unread, not unusable: the same read may succeed (as every surface answers it).
         from affidavit.engine import read_failure
 
-        _status, code, message = read_failure(exc, "the journal")
+        _status, code, message = read_failure(exc, "the journal", operator=True)
     if code is None:
         if isinstance(exc, JournalLocked):
             code = "JOURNAL_LOCKED"

@@ -295,7 +295,7 @@ def _result_refusal(exc: Exception, invocation_id: str) -> UsageError:
     verification -- so ``affidavit result`` says the same embedded and through the socket."""
     from affidavit.engine import result_failure
 
-    _status, code, message = result_failure(exc, invocation_id)
+    _status, code, message = result_failure(exc, invocation_id, operator=True)
     return UsageError(message, code)
 
 

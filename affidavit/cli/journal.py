@@ -191,7 +191,7 @@ def read_refusal(exc: Exception, what: str) -> UsageError:
     """``read_failure``'s code and message for the command line (``failure_line``)."""
     from affidavit.engine.recovery import read_failure
 
-    answer = read_failure(exc, what)
+    answer = read_failure(exc, what, operator=True)
     return journal_refusal(exc, failure_line(exc, answer), answer[1])
 
 

@@ -232,7 +232,7 @@ def unread(what: str) -> str:
     return f"the journal cannot be read now ({what}); read it again once the journal is back"
 
 
-def read_failure(exc: Exception, what: str) -> tuple[int, str, str]:
+def read_failure(exc: Exception, what: str, *, operator: bool = False) -> tuple[int, str, str]:
     """A read of ``what`` the journal could not answer, as every surface answers it: (HTTP
     status, code, message) -- 503 JOURNAL_UNAVAILABLE (``unread``) when a shared journal is
     away beyond ``[journal] reconnect``, 503 ``READ_DECLINED`` with the database's words when it
@@ -241,28 +241,33 @@ def read_failure(exc: Exception, what: str) -> tuple[int, str, str]:
     its path is no longer the one the broker writes (``JournalReplaced``: nothing read; it
     lasts until the broker is restarted), else 500 ``UNREADABLE`` with the journal's own
     one-line words (altered, refused): never blurred -- those a caller may read (``told``: a
-    key file refused, without its owner's uid or an ACL entry's)."""
+    key file refused, without its owner's uid or an ACL entry's).  ``operator``: the answer is
+    the operator's own (the command line, run here): the journal's whole words, paths and uids
+    included -- they are what the operator mends."""
     if isinstance(exc, JournalUnavailable):
         return 503, CallNotRecorded.code, unread(what)
     if isinstance(exc, JournalReplaced):
         return 503, JournalReplaced.code, f"{exc} ({what} not read)"
     if isinstance(exc, ReadFailed):
         return 503, READ_DECLINED, f"{exc} (the same read may succeed: try again)"
-    return 500, UNREADABLE, told(exc)
+    return 500, UNREADABLE, str(exc) if operator else told(exc)
 
 
-def result_failure(exc: Exception, invocation_id: str) -> tuple[int, str, str]:
+def result_failure(
+    exc: Exception, invocation_id: str, *, operator: bool = False
+) -> tuple[int, str, str]:
     """A read of the stored result of ``invocation_id`` (``fetch_result``, ``result --raw``)
     that ended in a ``JournalError``, as every surface answers it, embedded or through the
     daemon: (HTTP status, code, message).  The record unread (a shared journal away): 503
     JOURNAL_UNAVAILABLE (``unreadable``); declined this once or a row altered in place:
     ``read_failure``; else a stored result that fails its verification: 500
-    ``RESULT_UNVERIFIED`` with the journal's words -- never its bytes."""
+    ``RESULT_UNVERIFIED`` with the journal's words -- never its bytes.  ``operator``: as
+    ``read_failure``'s."""
     if isinstance(exc, JournalUnavailable):
         return 503, CallNotRecorded.code, unreadable(invocation_id)
     if isinstance(exc, (ReadFailed, AlteredRow, JournalReplaced)):
-        return read_failure(exc, f"the result of {invocation_id}")
-    return 500, RESULT_UNVERIFIED, told(exc)
+        return read_failure(exc, f"the result of {invocation_id}", operator=operator)
+    return 500, RESULT_UNVERIFIED, str(exc) if operator else told(exc)
 
 
 def call_failure(exc: Exception, invocation_id: str | None) -> tuple[int, str, str]:

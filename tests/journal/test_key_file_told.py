@@ -111,3 +111,27 @@ def test_a_key_file_replaced_under_a_reader_is_told_without_its_path(tmp_path: P
             reader.holder_tag("act_1", "host:1")
         _, said = _both(caught.value, key)
         assert said == "broker key file does not match this journal", said
+
+
+def test_the_operators_command_line_is_told_the_path_a_caller_is_not(tmp_path: Path) -> None:
+    """The same refusal, answered by the daemon to a caller (``read_failure``,
+    ``result_failure``) and by the command line to the operator who runs it: only the
+    operator's names the file to mend."""
+    from affidavit.cli import journal_refusal
+    from affidavit.cli.call import _result_refusal
+    from affidavit.cli.journal import read_refusal
+    from affidavit.engine import read_failure, result_failure
+
+    gone = tmp_path / "gone.key"
+    exc = _refused(BrokerKey.load, gone)
+    for _status, _code, said in (
+        read_failure(exc, "the actions view"),
+        result_failure(exc, "act_x"),
+    ):
+        assert str(gone) not in said and gone.name not in said, said
+    for refusal in (
+        read_refusal(exc, "the actions view"),
+        _result_refusal(exc, "act_x"),
+        journal_refusal(exc),
+    ):
+        assert str(gone) in str(refusal), str(refusal)
