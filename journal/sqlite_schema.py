@@ -89,7 +89,7 @@ event of its invocation (one probe of ``events_invocation``; BEFORE the insert, 
 itself is not there yet), the ``invocations`` row naming it.  A RAISE rolls the statement
 back, that insert with it.  Issue 15: the trigger runs once per row in the single writer;
 schema 7 had two (this one's refusal and ``events_first_of_invocation``, AFTER INSERT, probing
-every row), ~2.7k instructions a row more for the same refusals and the same index
+every row), ~2.8k instructions a row more for the same refusals and the same index
 (docs/design-notes.md).  A first event of another kind -- no writer of this broker makes one,
 only someone writing the file -- is not indexed: the table then does not match the events, and
 the view sorts instead (``first_events_indexed``): it is an index, not evidence."""
