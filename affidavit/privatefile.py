@@ -42,16 +42,19 @@ __all__ = ["FileExposed", "FileMissing", "FileRefused", "read_small_file", "run_
 _OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOCTTY", 0)
 
 
-def run_as_owner(uid: int) -> str:
+def run_as_owner(uid: int, chown: str | None = None) -> str:
     """What a root process is told of a file user ``uid`` owns (the daemon's, most often: ``sudo
-    affidavit journal ...`` on its journal or keys): to run as that user, not to ``chown`` the
-    file to root -- which would lock its owner, the daemon, out.  The one wording: the key
-    files' and credentials' refusals (``_refuse_shared``) and the journal's warnings
-    (``journal.exposure``) say it so."""
-    return (
-        f"run this as its owner, not as root (sudo -u '#{uid}' affidavit ...): a chown to root "
-        "would lock its owner out"
+    affidavit journal ...`` on its journal or keys): to run as that user (in a container: as
+    its uid), not to ``chown`` the file to root -- which would lock its owner, the daemon, out
+    -- or, if root is to run the broker from now on, ``chown`` (the command giving root the
+    file, if any).  The one wording: the key files' and credentials' refusals
+    (``_refuse_shared``), the journal's warnings (``journal.exposure``) and a root writer's
+    refusal (``journal.lock``) say it so."""
+    said = (
+        f"run this as its owner, not as root (sudo -u '#{uid}' affidavit ...; in a container: "
+        f"--user {uid}): a chown to root would lock its owner out"
     )
+    return f"{said}; or, if root is to run the broker from now on: {chown}" if chown else said
 
 
 class FileRefused(Exception):
@@ -104,15 +107,16 @@ def _refuse_shared(fd: int, st: os.stat_result, path: Path, subject: str = "file
     euid = os.geteuid()
     if st.st_uid not in (euid, 0):
         said = "file is owned by another user, who can rewrite it"
+        quoted = shlex.quote(str(path))
         if euid == 0:
             # Root running a command on the daemon's files (``sudo affidavit journal ...``): a
-            # chown to root would lock their owner, the daemon's user, out of them.
+            # chown to root would lock their owner, the daemon's user, out of them -- unless
+            # root is to run the broker from now on.
             raise FileExposed(
                 f"{subject} is owned by uid {st.st_uid}, who can rewrite it, and this process "
-                f"runs as root; {run_as_owner(st.st_uid)}",
+                f"runs as root; {run_as_owner(st.st_uid, f'chown 0 {quoted}')}",
                 f"{said}; run the broker as its owner, not as root",
             )
-        quoted = shlex.quote(str(path))
         raise FileExposed(
             f"{subject} is owned by uid {st.st_uid}, not by this process's user (uid {euid}) "
             f"or root, who can rewrite it; this process's user must own it (or root lend it): "

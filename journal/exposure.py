@@ -51,8 +51,10 @@ group's: never less than before.  Only a file whose group bits are set is asked 
 Every process that opens the journal says so, once per file, on the operator's log (stderr
 without one) -- naming the file and the command that fixes it, never refusing: a reader of the
 journal needs no secret kept.  Run as root, a file another user owns is mended by running as
-that user, not by a ``chown`` to root that would lock the daemon out (``_owned_fix``); a root
-*writer* of such a journal is refused (``lock.py``).  ``affidavit serve``, the boundary,
+that user, not by a ``chown`` to root that would lock the daemon out -- that only if root is to
+run the broker from now on; ``affidavit serve`` is that broker, and is told the ``chown`` alone
+(``_owned_fix``).  A root one-off or embedded *writer* of such a journal is refused
+(``lock.py``).  ``affidavit serve``, the boundary,
 refuses to start instead (docs/deployment.md, "Files others can reach").
 """
 
@@ -64,7 +66,8 @@ import os
 import shlex
 import stat
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -94,6 +97,7 @@ __all__ = [
     "directory_exposures",
     "exposure",
     "journal_exposures",
+    "serving",
     "summarised",
     "warn_exposed",
 ]
@@ -232,6 +236,7 @@ def _judged(
     whys: list[str] = []
     fixes: list[str] = []
     quoted = shlex.quote(str(path))
+    chown = ""
     if foreign:
         whys.append(
             f"owned by uid {st.st_uid}, not by this process's uid {uid}"
@@ -242,7 +247,7 @@ def _judged(
                 else ""
             )
         )
-        fixes.append(f"chown {'-h ' if link else ''}{uid} {quoted}")
+        chown = f"chown {'-h ' if link else ''}{uid} {quoted}"
     if mode & bits:
         whys.append(f"{rule.words(mode & bits)} (mode {mode:04o})")
         fixes.append(f"chmod {mode & ~bits:03o} {quoted}")
@@ -252,21 +257,41 @@ def _judged(
     if not whys:
         return None
     owner = st.st_uid if foreign else None
-    fix = " && ".join(fixes) if owner is None else _owned_fix(fixes, [owner])
+    fix = " && ".join(fixes) if owner is None else _owned_fix(chown, fixes, [owner])
     held = tuple(g.who for g in granted)
     return Exposure(path, what, " and ".join(whys), fix, mode & bits, owner, holding, held)
 
 
-def _owned_fix(commands: list[str], owners: list[int]) -> str:
-    """The fix of a file (or files) ``owners`` own, not this process's user: ``commands`` (a
-    ``chown`` to this user first) -- unless this process is root.  Root (``sudo affidavit
-    journal verify``, ``reclaim``, ``migrate`` on the daemon's journal) is told to run as the
-    owner (``privatefile.run_as_owner``, most of them's), the ``chown`` to root only for a
-    broker root runs: a journal's file root owns is one its owner, the daemon, cannot open."""
-    if os.geteuid() != 0:
-        return " && ".join(commands)
+_serving: ContextVar[bool] = ContextVar("serving", default=False)
+"""Whether the broker's daemon is judging its files (``serving``)."""
+
+
+@contextlib.contextmanager
+def serving() -> Iterator[None]:
+    """While in it, the files are judged for the broker's daemon (``affidavit serve``, at its
+    start): a file another user owns is mended by a ``chown`` to this process's user, root too
+    -- root running the broker will own every file it makes from then on, and the file's owner
+    is no daemon to be locked out (``_owned_fix``)."""
+    token = _serving.set(True)
+    try:
+        yield
+    finally:
+        _serving.reset(token)
+
+
+def _owned_fix(chown: str, commands: list[str], owners: list[int]) -> str:
+    """The fix of a file (or files) ``owners`` own, not this process's user: ``chown`` (to this
+    user), then ``commands`` (group and others' bits, ACL entries) -- unless this process is
+    root and no daemon (``serving``).  Root (``sudo affidavit journal verify``, ``reclaim``,
+    ``migrate`` on the daemon's journal) is told ``commands`` (the owner's daemon needs them
+    too), and to run as the owner (``privatefile.run_as_owner``, most of them's) -- the
+    ``chown`` to root only if root is to run the broker from now on: a file of the journal's
+    root owns is one its owner, the daemon, cannot open."""
+    if os.geteuid() != 0 or _serving.get():
+        return " && ".join([chown, *commands])
     most = max(set(owners), key=owners.count)
-    return f"{run_as_owner(most)}; unless root runs the broker: {' && '.join(commands)}"
+    advice = run_as_owner(most, chown)
+    return f"{' && '.join(commands)}; and {advice}" if commands else advice
 
 
 def _acl(path: Path) -> tuple[tuple[int, int, int], ...] | None:
@@ -506,7 +531,6 @@ def _summary(directory: Path, found: list[Exposure]) -> str:
     owners = [e.owner for e in found if e.owner is not None]
     if owners:
         whys.append(f"owned by another uid than this process's uid {uid}")
-        fixes.append(f"{find} ! -user {uid} -exec chown {uid} {{}} +")
     bits = 0
     for e in found:
         bits |= e.bits
@@ -517,7 +541,8 @@ def _summary(directory: Path, found: list[Exposure]) -> str:
         whys.append("reachable through their access ACLs")
         fixes.append(f"{find} -exec setfacl -b {{}} +")
     names = ", ".join(e.path.name for e in found[:EXAMPLES])
-    fix = _owned_fix(fixes, owners) if owners else " && ".join(fixes)
+    chown = f"{find} ! -user {uid} -exec chown {uid} {{}} +"
+    fix = _owned_fix(chown, fixes, owners) if owners else " && ".join(fixes)
     said = " or ".join(whys)
     return f"{len(found)} result segment files in {directory} are {said} (e.g. {names}): {fix}"
 

@@ -145,8 +145,9 @@ def test_root_is_told_to_run_as_the_owner_of_a_key_not_to_chown_it(tmp_path: Pat
     said = str(refused.value)
     assert said == (
         f"broker key file {key} is owned by uid 65534, who can rewrite it, and this process "
-        "runs as root; run this as its owner, not as root (sudo -u '#65534' affidavit ...): a "
-        "chown to root would lock its owner out"
+        "runs as root; run this as its owner, not as root (sudo -u '#65534' affidavit ...; in a "
+        "container: --user 65534): a chown to root would lock its owner out; or, if root is to run "
+        f"the broker from now on: chown 0 {key}"
     )
     assert refused.value.public == (
         "broker key file is owned by another user, who can rewrite it; run the broker as its "
