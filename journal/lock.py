@@ -18,6 +18,7 @@ import contextlib
 import errno
 import fcntl
 import os
+import shlex
 from pathlib import Path
 
 from affidavit.privatefile import run_as_owner
@@ -39,19 +40,24 @@ class JournalLocked(JournalError):
 
 def _refuse_root_on_theirs(journal: Path) -> None:
     """``JournalError`` if this process is root and another user owns the journal (its
-    directory, while there is none): a root writer (``sudo affidavit journal reclaim``, an
-    embedded ``call``) creates root's files beside it -- this lock, result segments and their
-    directory, a signing key, the journal itself -- each ``0600``, which its owner, the
-    daemon's user, then cannot open (SQLite gives a ``-wal`` and ``-shm`` root makes the main
-    file's owner; nothing else does).  Refused before anything is made, with the advice to
-    run as the owner (``privatefile.run_as_owner``); a reader makes none of them."""
+    directory, while there is none -- that of the file a link names, where SQLite makes it):
+    a root one-off or embedded writer (``sudo affidavit journal reclaim``, an embedded
+    ``call``) creates root's files beside it -- this lock, result segments and their directory,
+    a signing key, the journal itself -- each ``0600``, which its owner, the daemon's user,
+    then cannot open (SQLite gives a ``-wal`` and ``-shm`` root makes the main file's owner;
+    nothing else does).  Refused before anything is made, with both ways forward: run as the
+    owner, or, if root is to run the broker from now on, ``chown 0`` the journal and its
+    directory (``privatefile.run_as_owner``).  A reader makes none of them; the daemon (an
+    owner) is left to its start's check of the files (``--allow-exposed-files``: a root
+    daemon that will own all it makes from now on)."""
     if os.geteuid() != 0:
         return
-    where, what = journal, f"journal {journal}"
+    real = Path(os.path.realpath(journal))  # (os.stat follows a link: so does this)
+    where, what = real, f"journal {journal}"
     try:
         st = os.stat(where)
     except FileNotFoundError:
-        where, what = Path(os.path.abspath(journal)).parent, f"the directory of journal {journal}"
+        where, what = real.parent, f"the directory of journal {journal}"
         try:
             st = os.stat(where)
         except OSError:
@@ -60,12 +66,15 @@ def _refuse_root_on_theirs(journal: Path) -> None:
         return
     if st.st_uid == 0:
         return
+    theirs = " ".join(
+        shlex.quote(str(p)) for p in ((real, real.parent) if where == real else (where,))
+    )
     raise JournalError(
         f"{what} is owned by uid {st.st_uid} and this process runs as root, which would make "
         "the files a writer creates beside it (its lock, result segments, keys) root's, which "
-        f"its owner cannot open; {run_as_owner(st.st_uid)}",
-        public="the journal is owned by another user and the broker runs as root; run the "
-        "broker as its owner",
+        f"its owner cannot open; {run_as_owner(st.st_uid, f'chown 0 {theirs}')}",
+        public="the journal or its directory is owned by another user and the broker runs as "
+        "root; run the broker as its owner",
     )
 
 
@@ -79,7 +88,8 @@ class WriterLock:
     def acquire(cls, journal: Path, owner: str | None = None) -> WriterLock:
         """Shared for an embedded writer (``owner=None``); exclusive for an owner, which then
         writes ``owner`` into the lock file for the writers it refuses."""
-        _refuse_root_on_theirs(Path(journal))
+        if owner is None:
+            _refuse_root_on_theirs(Path(journal))
         path = Path(f"{journal}.lock")
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)

@@ -26,6 +26,7 @@ from affidavit.journal import (
     journal_exposures,
     told,
 )
+from affidavit.journal.lock import WriterLock
 from tests.external import require_root
 from tests.journal.helpers import accepted
 
@@ -90,12 +91,13 @@ def test_a_reader_names_it_too_and_a_private_journal_says_nothing(
     assert want in _said(caplog)
 
 
-def _run_as(owner: int, command: str) -> str:
+def _run_as(owner: int, chown: str) -> str:
     """What root is told of a file ``owner`` owns: to run as it -- a chown to root locks the
-    daemon out -- and ``command`` (the chown) only if root runs the broker."""
+    daemon out -- or ``chown`` if root is to run the broker from now on."""
     return (
-        f"run this as its owner, not as root (sudo -u '#{owner}' affidavit ...): a chown to root "
-        f"would lock its owner out; unless root runs the broker: {command}"
+        f"run this as its owner, not as root (sudo -u '#{owner}' affidavit ...; in a container: "
+        f"--user {owner}): a chown to root would lock its owner out; or, if root is to run the "
+        f"broker from now on: {chown}"
     )
 
 
@@ -114,10 +116,9 @@ def test_a_journal_another_user_owns_is_named_and_a_key_it_owns_refused_for_root
     os.chown(key, NOBODY, NOBODY)  # still 0600: root reads it, nobody could replace it
     with pytest.raises(JournalError) as refused:
         _open_and_close(db)
-    assert str(refused.value) == (  # not "chown 0": it would lock the daemon's user out
+    assert str(refused.value) == (  # "chown 0" only for a root-run broker: it locks out the owner
         f"broker key file {key} is owned by uid {NOBODY}, who can rewrite it, and this process "
-        f"runs as root; run this as its owner, not as root (sudo -u '#{NOBODY}' affidavit ...): "
-        "a chown to root would lock its owner out"
+        f"runs as root; {_run_as(NOBODY, f'chown 0 {key}')}"
     )
     os.chown(key, 0, 0)
     os.chown(db, NOBODY, NOBODY)
@@ -142,23 +143,71 @@ def test_root_writing_a_journal_another_user_owns_is_refused_before_it_makes_a_f
     before = sorted(tmp_path.iterdir())
     with pytest.raises(JournalError) as refused:
         _open_and_close(db)
-    assert str(refused.value) == (
+    assert str(refused.value) == (  # both ways forward: as its owner, or root's from now on
         f"journal {db} is owned by uid {NOBODY} and this process runs as root, which would make "
         "the files a writer creates beside it (its lock, result segments, keys) root's, which its "
-        f"owner cannot open; run this as its owner, not as root (sudo -u '#{NOBODY}' "
-        "affidavit ...): a chown to root would lock its owner out"
+        f"owner cannot open; {_run_as(NOBODY, f'chown 0 {db} {tmp_path}')}"
     )
     assert sorted(tmp_path.iterdir()) == before  # no lock, no -wal: nothing of root's
     public = told(refused.value)
     assert str(NOBODY) not in public and str(tmp_path) not in public, public
+    assert public.startswith("the journal or its directory is owned by another user"), public
     fresh = tmp_path / "theirs"
     fresh.mkdir()
     os.chown(fresh, NOBODY, NOBODY)  # no journal yet: root would make it, and its lock
-    with pytest.raises(JournalError, match=r"^the directory of journal .* uid 65534 .*sudo -u"):
+    with pytest.raises(JournalError) as refused:
         _open_and_close(fresh / "journal.db")
+    assert str(refused.value).startswith(f"the directory of journal {fresh}/journal.db is owned")
+    assert str(refused.value).endswith(_run_as(NOBODY, f"chown 0 {fresh}")), refused.value
     assert list(fresh.iterdir()) == []
     os.chown(db, 0, 0)
     _open_and_close(db)  # root's own journal: written as before
+
+
+def test_a_dangling_link_as_the_journal_is_judged_by_its_targets_directory(tmp_path: Path) -> None:
+    """SQLite makes the journal where the link points: that directory's owner is the one root's
+    files would lock out, not the link's own directory's (root's here)."""
+    require_root()
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    os.chown(theirs, NOBODY, NOBODY)
+    link = tmp_path / "journal.db"
+    link.symlink_to(theirs / "journal.db")  # dangling: no journal yet
+    with pytest.raises(JournalError) as refused:
+        _open_and_close(link)
+    assert str(refused.value).startswith(f"the directory of journal {link} is owned by uid "), (
+        refused.value
+    )
+    assert str(refused.value).endswith(_run_as(NOBODY, f"chown 0 {theirs}")), refused.value
+    assert list(theirs.iterdir()) == [] and not Path(f"{link}.lock").exists()
+
+
+def test_root_as_the_journals_daemon_is_left_to_its_starts_check(tmp_path: Path) -> None:
+    """A root daemon (an owner of the lock) on a journal another user owns -- a container's
+    bind mount, a root_squash'd NFS -- is not refused by its lock: ``serve`` refuses it at start
+    unless ``--allow-exposed-files`` (root then owns all it makes from now on)."""
+    require_root()
+    db = tmp_path / "journal.db"
+    _make(db)
+    os.chown(db, NOBODY, NOBODY)
+    with pytest.raises(JournalError):
+        WriterLock.acquire(db).release()  # a one-off writer: refused
+    WriterLock.acquire(db, owner="the daemon").release()
+
+
+def test_root_is_told_the_mode_unconditionally_the_chown_only_for_a_root_run_broker(
+    tmp_path: Path,
+) -> None:
+    """The owner's daemon needs the chmod too: only the chown to root waits on root running
+    the broker."""
+    require_root()
+    db = tmp_path / "journal.db"
+    _make(db)
+    os.chown(db, NOBODY, NOBODY)
+    db.chmod(0o640)
+    found = exposure(db, "journal")
+    assert found is not None
+    assert found.fix == f"chmod 600 {db}; and {_run_as(NOBODY, f'chown 0 {db}')}", found.fix
 
 
 def test_a_cli_command_names_it_on_stderr_without_a_traceback(tmp_path: Path) -> None:
@@ -491,11 +540,11 @@ def test_on_a_read_only_file_system_write_bits_are_no_exposure_read_bits_still_a
     assert directory_exposures([(config, "config file")]) == []
     found = exposure(key, "broker key file")
     assert found is not None, found
-    assert found.fix == _run_as(NOBODY, f"chown 0 {key} && chmod 600 {key}"), found
+    assert found.fix == f"chmod 600 {key}; and {_run_as(NOBODY, f'chown 0 {key}')}", found
     assert found is not None and f"owned by uid {NOBODY}" in found.why  # its owner reads it
     found = config_exposure(config, "postgresql://u:pw@127.0.0.1/x")
     assert found is not None, found
-    assert found.fix == _run_as(NOBODY, f"chown 0 {config} && chmod 660 {config}"), found
+    assert found.fix == f"chmod 660 {config}; and {_run_as(NOBODY, f'chown 0 {config}')}", found
 
 
 def test_a_key_file_others_may_write_is_refused_on_a_read_only_file_system_as_its_read_does(
