@@ -141,12 +141,13 @@ def _refuse_exposed(config: Any, *, allowed: bool) -> list[Exposure]:
     each (``Broker.open``, which is handed the list this returns: what it found, so that the
     start looks once)."""
     from affidavit.api.broker import exposed_files
-    from affidavit.journal.exposure import summarised
+    from affidavit.journal.exposure import serving, summarised
 
-    exposed = exposed_files(config)
-    if not exposed or allowed:
-        return exposed
-    files = "; ".join(summarised(exposed))  # a results directory's many segments: one entry
+    with serving():  # root here is the broker: told the chown to root, as any daemon its chown
+        exposed = exposed_files(config)
+        if not exposed or allowed:
+            return exposed
+        files = "; ".join(summarised(exposed))  # a results directory's many segments: one entry
     raise UsageError(  # one line, as every refusal (a newline would be shown escaped)
         f"another user can reach or owns the broker's files: {files} -- mend them, or start "
         "with --allow-exposed-files to serve anyway (each is then logged)",

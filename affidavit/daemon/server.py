@@ -66,6 +66,7 @@ from affidavit.engine import EngineSettings
 from affidavit.journal import Exposure, JournalError
 from affidavit.journal.backend import where as journal_where
 from affidavit.journal.compact import NOT_A_DIRECTORY, not_a_directory, refusal_message
+from affidavit.journal.exposure import serving
 
 from .admission import ConsoleCap, Server
 from .app import Api
@@ -261,7 +262,8 @@ class Daemon:
             )
         self._lock = lock = claim_socket_path(self.socket_path)
         try:
-            await self._run(task_status)
+            with serving():  # its files' warnings: root here is the broker (journal.exposure)
+                await self._run(task_status)
         finally:
             os.close(lock)  # only now may another daemon take the path
         log.info("stopped")

@@ -67,6 +67,16 @@ async def test_serve_refuses_a_file_others_can_reach_naming_it_and_its_chmod(
     assert err.count("chmod 600") == 1 and err.count("\n") == 1, err  # that file alone, one line
 
 
+async def _served_anyway(config: Path, socket: Path, tmp: Path, token: str) -> str:
+    """The log of ``affidavit serve --allow-exposed-files``, started (ready) and stopped."""
+    serve = [PYTHON, "-m", "affidavit", "serve", "--config", str(config), "--allow-exposed-files"]
+    daemon = await start_daemon(config, socket, tmp / "daemon.log", token, serve)
+    try:
+        return daemon.log_text()
+    finally:
+        stop(daemon)
+
+
 async def test_serve_with_the_override_serves_and_logs_each_file(
     tmp_path: Path, token: str
 ) -> None:
@@ -75,17 +85,35 @@ async def test_serve_with_the_override_serves_and_logs_each_file(
     db, vault = tmp_path / "journal.db", tmp_path / "affidavit.vault"
     db.chmod(0o640)
     vault.chmod(0o604)
-    serve = [PYTHON, "-m", "affidavit", "serve", "--config", str(config), "--allow-exposed-files"]
-    daemon = await start_daemon(config, socket, tmp_path / "daemon.log", token, serve)
-    try:
-        log = daemon.log_text()
-    finally:
-        stop(daemon)
+    log = await _served_anyway(config, socket, tmp_path, token)
     for path, mode in ((db, "0640"), (vault, "0604")):
         want = f"is accessible by group or others (mode {mode}): chmod 600 {path}"
         assert "WARNING" in log and want in log, log
     assert "Traceback" not in log
     assert os.stat(db).st_mode & 0o777 == 0o640  # named, not changed: the operator's to mend
+
+
+async def test_a_root_daemon_on_a_journal_another_user_owns_is_told_the_chown_and_may_serve(
+    tmp_path: Path, token: str
+) -> None:
+    """A container run as root on a bind mount uid 1000 owns, a root_squash'd NFS: ``serve`` is
+    the broker root runs -- told the ``chown 0`` alone, and with ``--allow-exposed-files`` it
+    serves (its lock refused a root writer of another user's journal: no way forward)."""
+    require_root()
+    config, socket = _home(tmp_path)
+    await _made(tmp_path)
+    db = tmp_path / "journal.db"
+    os.chown(db, NOBODY, NOBODY)
+    for path in _segments(tmp_path, 5, 0o600):  # their summary: said again on the daemon's log
+        os.chown(path, NOBODY, -1)
+    err = await _refusal(config)
+    assert (
+        f"journal {db} is owned by uid {NOBODY}, not by this process's uid 0: chown 0 {db}" in err
+    )
+    assert "run this as its owner" not in err, err
+    log = await _served_anyway(config, socket, tmp_path, token)
+    assert f"chown 0 {db}" in log and "Traceback" not in log, log
+    assert "-exec chown 0 {} +" in log and "run this as its owner" not in log, log
 
 
 async def _refusal(config: Path) -> str:
@@ -131,10 +159,10 @@ async def test_serve_refuses_a_config_another_user_owns(tmp_path: Path) -> None:
     os.chown(config, NOBODY, NOBODY)  # 0644: nobody could rewrite it
     err = await _refusal(config)
     want = f"config file {config} is owned by uid {NOBODY}, not by this process's uid 0"
-    # Run as root: to run as its owner first -- the chown only if root runs the broker.
-    fix = f"run this as its owner, not as root (sudo -u '#{NOBODY}' affidavit ...)"
-    assert f"{want}: {fix}" in err, err
-    assert f"; unless root runs the broker: chown 0 {config} -- " in err, err
+    # serve is the broker root runs: told the chown alone (a config root may own), not to run
+    # as its owner -- nor that a chown to root would lock a daemon out.
+    assert f"{want}: chown 0 {config} -- " in err, err
+    assert "run this as its owner" not in err and "lock its owner out" not in err, err
 
 
 _LOOK = (
@@ -292,10 +320,8 @@ async def test_segment_files_another_user_owns_are_summed_up_with_their_chown(
         f"5 result segment files in {results} are owned by another uid than this process's uid "
         f"{uid} or accessible by group or others (bits 060 among them)"
     ) in err, err
-    said = err.split(f" (e.g. {segments[0].name}, ")[1].split(": ", 1)[1].split(" -- mend")[0]
-    # Root is told to run as their owner; the commands are for a broker root runs (this one).
-    advice, fix = said.split("; unless root runs the broker: ")
-    assert advice.startswith(f"run this as its owner, not as root (sudo -u '#{NOBODY}' "), said
+    # serve, the broker root runs, is told the chown to root with the chmod: no run-as advice.
+    fix = err.split(f" (e.g. {segments[0].name}, ")[1].split(": ", 1)[1].split(" -- mend")[0]
     assert f"-exec chown {uid} {{}} +" in fix and "-exec chmod go= {} +" in fix, fix
     done = await run(["sh", "-c", fix], env=client_env())
     assert done.returncode == 0, done
