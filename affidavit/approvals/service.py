@@ -284,17 +284,21 @@ def _approval_record(reader: JournalReader, invocation_id: str) -> Record:
     return record
 
 
-def decision_failure(exc: Exception, invocation_id: str) -> tuple[int, str, str]:
+def decision_failure(
+    exc: Exception, invocation_id: str, *, operator: bool = False
+) -> tuple[int, str, str]:
     """A decision the journal could not take, as every interface answers it (``act_failure``):
     (HTTP status, code, message).  Its write failed (a shared journal away beyond ``[journal]
     reconnect``, perhaps while committing): 503 JOURNAL_UNAVAILABLE -- the decision may or may
     not be recorded, and ``approvals show`` tells which once the journal is back.  A read
-    failed (the approval unread, nothing decided): ``read_failure``'s answer for it."""
+    failed (the approval unread, nothing decided): ``read_failure``'s answer for it.
+    ``operator``: the command line's own decision (``act_failure``)."""
     return act_failure(
         exc,
         f"the approval of {invocation_id}",
         f"the decision on {invocation_id}",
         f"`affidavit approvals show {invocation_id}`",
+        operator=operator,
     )
 
 

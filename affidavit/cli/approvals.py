@@ -274,7 +274,7 @@ def _decide(args: argparse.Namespace) -> int:
 
     from affidavit.approvals import service
 
-    _print(_embedded(args, decide, lambda exc: service.decision_failure(exc, iid)))
+    _print(_embedded(args, decide, lambda exc: service.decision_failure(exc, iid, operator=True)))
     return 0
 
 
@@ -304,7 +304,7 @@ def _reconcile(args: argparse.Namespace) -> int:
 
         from affidavit.reconcile import service
 
-        answer = _embedded(args, reconcile, lambda exc: service.failure(exc, iid))
+        answer = _embedded(args, reconcile, lambda exc: service.failure(exc, iid, operator=True))
     _print(answer)
     return 0 if answer["reconciled"] else 1
 

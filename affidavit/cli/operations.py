@@ -99,7 +99,7 @@ def _poll(args: argparse.Namespace) -> int:
     except OperationError as exc:  # the daemon's 422 code, here as through it
         raise UsageError(str(exc), "OPERATION_ERROR") from None
     except JournalError as exc:  # the daemon's words, then the journal's own (``failure_line``)
-        failure = poll_failure(exc, op_id)
+        failure = poll_failure(exc, op_id, operator=True)
         raise journal_refusal(exc, failure_line(exc, failure), failure[1]) from None
     sys.stdout.write(json.dumps(answer, sort_keys=True, indent=2) + "\n")
     last = answer["operation"]["last_poll"] or {}

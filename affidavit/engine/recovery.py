@@ -316,7 +316,9 @@ def call_failure(exc: Exception, invocation_id: str | None) -> tuple[int, str, s
     return 503, CallNotRecorded.code, unrecorded(invocation_id)
 
 
-def act_failure(exc: Exception, what: str, act: str, check: str) -> tuple[int, str, str]:
+def act_failure(
+    exc: Exception, what: str, act: str, check: str, *, operator: bool = False
+) -> tuple[int, str, str]:
     """An operator's act (a decision, an attestation, a reconciliation query) the journal
     could not take, as every surface answers it: (HTTP status, code, message).  A call of its
     own not recorded (a query: ``CallNotRecorded``): its words.  The act's write failed (a
@@ -329,7 +331,8 @@ def act_failure(exc: Exception, what: str, act: str, check: str) -> tuple[int, s
     (``ResultUnverified``, a sealed summary or chunk the broker key does not open among them)
     is 500 RESULT_UNVERIFIED with the journal's words, as a fetch of it and a same-key call
     replaying it are: a verdict on the stored bytes, not a journal that cannot be read --
-    nothing of it is read, so nothing of it is folded into what ``act`` would have recorded."""
+    nothing of it is read, so nothing of it is folded into what ``act`` would have recorded.
+    ``operator``: as ``read_failure``'s (the command line, run here: the journal's whole words)."""
     if isinstance(exc, CallNotRecorded):
         return 503, CallNotRecorded.code, str(exc)
     if isinstance(exc, ResultUnverified):
@@ -340,14 +343,14 @@ def act_failure(exc: Exception, what: str, act: str, check: str) -> tuple[int, s
             "`affidavit journal verify` what was altered)",
         )
     if isinstance(exc, JournalReplaced):
-        return read_failure(exc, what)
+        return read_failure(exc, what, operator=operator)
     if isinstance(exc, JournalWriteError):
         return (
             503,
             CallNotRecorded.code,
             f"the journal could not record {act} ({check} once it is back tells whether it was)",
         )
-    return read_failure(exc, what)
+    return read_failure(exc, what, operator=operator)
 
 
 READ_DECLINED = "JOURNAL_READ_DECLINED"

@@ -135,3 +135,54 @@ def test_the_operators_command_line_is_told_the_path_a_caller_is_not(tmp_path: P
         journal_refusal(exc),
     ):
         assert str(gone) in str(refusal), str(refusal)
+
+
+def test_the_operators_acts_on_the_command_line_are_told_the_path_a_caller_is_not(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``affidavit operation poll``, ``approvals approve/deny`` and ``reconcile`` run embedded
+    answer a journal that refused a key file as the operator's own (``act_failure``'s
+    ``operator``): the path to mend; the same failure answered to a caller names none of it."""
+    import argparse
+
+    from affidavit.api.broker import Broker
+    from affidavit.approvals.service import decision_failure
+    from affidavit.cli import UsageError, approvals, operations
+    from affidavit.engine import poll_failure
+    from affidavit.reconcile.service import failure
+
+    gone = tmp_path / "gone.key"
+    exc = _refused(BrokerKey.load, gone)
+    for _status, _code, said in (
+        poll_failure(exc, "op_x"),
+        decision_failure(exc, "act_x"),
+        failure(exc, "act_x"),
+    ):
+        assert str(gone) not in said and gone.name not in said, said
+
+    class RefusedOpen:  # as ``Broker.open`` does: checkpoints (run_journal's watcher parks), then
+        async def __aenter__(self) -> None:  # the journal's refusal
+            for _ in range(2):
+                await trio.lowlevel.checkpoint()
+            raise exc
+
+        async def __aexit__(self, *_: object) -> None:
+            return None
+
+    def refused_open(**_: object) -> RefusedOpen:
+        return RefusedOpen()
+
+    monkeypatch.setattr(Broker, "open", refused_open)
+    for module in (operations, approvals):
+        monkeypatch.setattr(module, "load_or_usage", lambda _path: object())
+    monkeypatch.setattr(approvals, "daemon_socket", lambda _args, _option: None)
+    common = {"config": None, "note": None, "timeout": None, "invocation_id": "act_x"}
+    for run, extra in (
+        (operations._poll, {"operation_id": "op_x"}),
+        (approvals._decide, {"verb": "approve", "blind": False}),
+        (approvals._decide, {"verb": "deny", "blind": False}),
+        (approvals._reconcile, {"query": True, "attest": None}),
+    ):
+        with pytest.raises(UsageError) as caught:
+            run(argparse.Namespace(**common, **extra))
+        assert str(gone) in str(caught.value), (run, str(caught.value))
