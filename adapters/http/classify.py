@@ -57,16 +57,25 @@ def header_value(headers: Iterable[tuple[str, str]], name: str) -> str | None:
     return ", ".join(vals) if vals is not None else None
 
 
+_DELTA_SECONDS = re.compile(r"[0-9]{1,15}")
+
+
 def parse_retry_after(value: str | None, *, now: float | None = None) -> float | None:
-    """RFC 9110 §10.2.3: delta-seconds or an HTTP-date; None when absent or unparseable."""
+    """RFC 9110 §10.2.3: delta-seconds or an HTTP-date; None when absent or unparseable.
+    delta-seconds is ASCII digits (RFC 9110 §1.2: ``1*DIGIT``), up to 15 of them (as
+    ``_INT``'s): ``str.isdigit`` took "²" -- a latin-1 byte h11 passes -- which ``int`` refuses,
+    and a long run overflowed ``float``: an exception out of a complete response's
+    classification made a recorded answer an unknown outcome."""
     if value is None:
         return None
     value = value.strip()
-    if value.isdigit():
+    if _DELTA_SECONDS.fullmatch(value):
         return float(int(value))
-    try:
+    if value.isdigit():  # a digit run too long or not ASCII: no HTTP-date either
+        return None
+    try:  # OverflowError: a year of many digits ("Sun, 06 Nov 99999999999999 ...")
         when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError, IndexError):
+    except (TypeError, ValueError, IndexError, OverflowError):
         return None
     if when.tzinfo is None:  # asctime form carries no zone; HTTP-dates are GMT (RFC 9110 §5.6.7)
         return None
@@ -296,12 +305,16 @@ class Redactor:
         """Whether ``value`` -- a number parsed from the remote's words: a Proxy-Status
         ``received-status`` or ``rcode`` (up to 15 digits), a ``Retry-After`` -- may be a
         credential echoed: its decimal form holds a secret, or its digits (at least
-        ``MIN_LEN``) are part of one (a leading zero parsed away, a long secret cut)."""
+        ``MIN_LEN``) are part of one (a leading zero parsed away, a long secret cut) -- fewer
+        digits too when, with the zeros parsing took away (up to ``MIN_LEN``), they are:
+        ``received-status=00042`` is 42, the secret "00042"'s digits."""
         text = str(int(value)) if type(value) is float and value.is_integer() else str(value)
         if self.contains(text) or self.contains(str(value)):
             return True
         digits = text.lstrip("-")
-        return len(digits) >= self.MIN_LEN and any(digits in v for v in self._values)
+        if len(digits) < self.MIN_LEN:
+            digits = digits.rjust(self.MIN_LEN, "0")
+        return any(digits in v for v in self._values)
 
     def contains(self, text: str) -> bool:
         for v in self._values:  # noqa: SIM110 (a loop: no generator frame for ``any``, issue 15)

@@ -198,8 +198,7 @@ async def _result(
     assert cls.outcome is not None
     retry = cls.retry_after  # a number (the schema's): a credential echoed in it is dropped
     if retry is not None and (
-        redactor.contains(str(retry))
-        or redactor.contains(header_value(res.headers, "retry-after") or "")
+        redactor.number(retry) or redactor.contains(header_value(res.headers, "retry-after") or "")
     ):
         retry = None
     return RemoteResult(cls.outcome, cls.code, facts, summary, retry)

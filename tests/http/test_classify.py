@@ -47,6 +47,28 @@ def test_retry_after_delta_seconds_and_http_date() -> None:
     assert pra(None) is None
 
 
+@pytest.mark.parametrize(
+    "value",
+    [
+        "\xb2",
+        "\xb9\xb2",
+        "\u0664\u0662",
+        "9" * 16,
+        "9" * 400,
+        "1" * 5000,
+        "Sun, 06 Nov 99999999999999 08:49:37 GMT",
+    ],
+)
+def test_retry_after_not_ascii_delta_seconds_nor_a_date_is_none(value: str) -> None:
+    """delta-seconds is ASCII digits, up to 15 (``str.isdigit``/``int`` took or refused
+    others, ``float`` overflowed): never an exception out of a complete response."""
+    assert pra(value, now=NOW) is None
+
+
+def test_retry_after_fifteen_digits_is_read() -> None:
+    assert pra("9" * 15, now=NOW) == float("9" * 15)
+
+
 def test_throttle_carries_retry_after() -> None:
     c = classify_response(429, [("Retry-After", "7")], via_forward_proxy=False)
     assert c.retry_after == 7.0
