@@ -53,7 +53,7 @@ journal's random key or covers what is (the stored result's marker and sealed su
 summary itself is in the envelope).  Each is replaced by a placeholder naming the key and the
 value's type: the type stays pinned."""
 
-_HMAC = re.compile(r"hmac-sha256:[0-9a-f]{32,64}")
+_HMAC = re.compile(r"hmac-sha256:(?:[0-9a-f]{64}|[0-9a-f]{32})(?![0-9a-f])")
 """A digest keyed by the journal's random key (a config hash, a holder tag: 64 hex; a
 credential's version: 32)."""
 

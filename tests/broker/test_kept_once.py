@@ -21,7 +21,9 @@ from .helpers import TOKEN_ENV, http_target, open_broker, write_config
 GET = {"target": "api", "method": "GET", "path": "/"}
 
 
-async def _call(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fail: bool) -> list[str]:
+async def _call(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fail: bool
+) -> tuple[list[str], dict[str, Any]]:
     said: list[str] = []
     kept = StreamSink.kept
 
@@ -46,18 +48,23 @@ async def _call(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fail: bool) -> 
             with trio.fail_after(10):
                 env = await broker.call(GET)
     said.append(env.get("error", {}).get("code") or "ok")
-    return said
+    return said, env
 
 
 def test_a_plain_results_streams_are_joined_once_after_its_commit(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv(TOKEN_ENV, "tok-kept-once-0123")
-    assert trio.run(_call, tmp_path, monkeypatch, False) == ["commit", "kept", "ok"]
+    said, env = trio.run(_call, tmp_path, monkeypatch, False)
+    assert said == ["commit", "kept", "ok"]
+    # Joined after the commit, the envelope's inline result is still the 32 bytes served.
+    assert env["result"]["body"] == "x" * 32, env["result"]
 
 
 def test_a_result_whose_commit_fails_joins_no_stream(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv(TOKEN_ENV, "tok-kept-once-0123")
-    assert trio.run(_call, tmp_path, monkeypatch, True) == ["commit", "RESULT_STORE_FAILED"]
+    said, env = trio.run(_call, tmp_path, monkeypatch, True)
+    assert said == ["commit", "RESULT_STORE_FAILED"]
+    assert "result" not in env, env
