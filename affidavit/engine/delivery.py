@@ -198,9 +198,12 @@ async def _commit(
     ):
         if k in facts:
             v = facts[k]
-            # A number: no ``scrub`` call -- ``scrub`` is number-blind; a number the remote
-            # may echo a credential in is redacted where it is parsed (adapters/http:
-            # ``Redactor.scrub_parsed``, ``retry_after``).
+            # A number: no ``scrub`` call -- ``scrub`` is number-blind; a number an HTTP
+            # remote may echo a credential in is redacted where it is parsed (adapters/http:
+            # ``Redactor.scrub_parsed``, ``retry_after``).  An SSH ``exit_status`` is not: a
+            # process's exit status is 8 bits (0-255, three digits: under ``MIN_LEN``'s four),
+            # so only an sshd inventing one sends more -- and that server was sent the password
+            # it would echo (a private key never leaves the broker): it needs no echo to tell it.
             attrs[k] = v if type(v) in LEAVES else scrub(v)
     attrs.update(received)
     if result.retry_after is not None:
