@@ -399,15 +399,21 @@ def run_journal(main: Callable[[], Awaitable[T]]) -> T:
     async def guarded() -> T:
         # No nursery around ``main``: its exceptions (JournalError, UsageError...) must reach
         # the caller as themselves, not wrapped in an exception group.
+        ended = False
         with trio.open_signal_receiver(signal.SIGTERM) as signals, trio.CancelScope() as scope:
 
             async def watch() -> None:
+                if ended:  # ``main`` ended before this task first ran: the receiver is closed
+                    return
                 async for _ in signals:
                     scope.cancel()
                     return
 
             trio.lowlevel.spawn_system_task(watch)  # cancelled when the run ends
-            return await main()
+            try:
+                return await main()
+            finally:
+                ended = True
         raise Terminated  # only SIGTERM cancels ``scope``
 
     try:

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 
 from affidavit.api.broker import exposed_files
@@ -355,3 +356,22 @@ async def test_sigterm_during_an_embedded_call_records_where_it_stood_and_exits_
         (rec,) = r.list_actions()
     assert rec.outcome.value == "unknown" and rec.phase.value == "remote_execution"
     assert rec.code is not None and rec.code.value == "CALLER_CANCELLED"
+
+
+def test_a_journal_refused_before_the_first_checkpoint_is_one_line_not_trios_crash() -> None:
+    """``run_journal``'s SIGTERM watcher first runs after ``main``: a ``main`` refused at once
+    (no checkpoint before the journal's refusal) left it iterating a closed receiver -- a
+    ``TrioInternalError`` traceback instead of the refusal's one line."""
+    from affidavit.cli import UsageError
+    from affidavit.cli.call import run_journal
+    from affidavit.journal import JournalError
+
+    async def refused() -> None:
+        raise JournalError("the journal refused at once")
+
+    async def answered() -> int:
+        return 7
+
+    with pytest.raises(UsageError, match="the journal refused at once"):
+        run_journal(refused)
+    assert run_journal(answered) == 7

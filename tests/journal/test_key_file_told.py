@@ -160,10 +160,8 @@ def test_the_operators_acts_on_the_command_line_are_told_the_path_a_caller_is_no
     ):
         assert str(gone) not in said and gone.name not in said, said
 
-    class RefusedOpen:  # as ``Broker.open`` does: checkpoints (run_journal's watcher parks), then
-        async def __aenter__(self) -> None:  # the journal's refusal
-            for _ in range(2):
-                await trio.lowlevel.checkpoint()
+    class RefusedOpen:  # as ``Broker.open`` does: the journal's refusal
+        async def __aenter__(self) -> None:
             raise exc
 
         async def __aexit__(self, *_: object) -> None:
