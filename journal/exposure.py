@@ -279,6 +279,11 @@ def serving() -> Iterator[None]:
         _serving.reset(token)
 
 
+def is_serving() -> bool:
+    """Whether this context is the broker's daemon judging its files (``serving``)."""
+    return _serving.get()
+
+
 def _owned_fix(chown: str, commands: list[str], owners: list[int]) -> str:
     """The fix of a file (or files) ``owners`` own, not this process's user: ``chown`` (to this
     user), then ``commands`` (group and others' bits, ACL entries) -- unless this process is

@@ -24,6 +24,7 @@ from pathlib import Path
 from affidavit.privatefile import run_as_owner
 
 from .errors import JournalError
+from .exposure import is_serving
 
 __all__ = ["JournalLocked", "WriterLock"]
 
@@ -48,7 +49,8 @@ def _refuse_root_on_theirs(journal: Path) -> None:
     nothing else does).  Refused before anything is made, with both ways forward: run as the
     owner, or, if root is to run the broker from now on, ``chown 0`` the journal and its
     directory (``privatefile.run_as_owner``).  A reader makes none of them; the daemon (an
-    owner) is left to its start's check of the files (``--allow-exposed-files``: a root
+    owner, inside ``exposure.serving``: an ``owner=`` alone is any embedded program's) is left
+    to its start's check of the files (``--allow-exposed-files``: a root
     daemon that will own all it makes from now on)."""
     if os.geteuid() != 0:
         return
@@ -88,7 +90,7 @@ class WriterLock:
     def acquire(cls, journal: Path, owner: str | None = None) -> WriterLock:
         """Shared for an embedded writer (``owner=None``); exclusive for an owner, which then
         writes ``owner`` into the lock file for the writers it refuses."""
-        if owner is None:
+        if owner is None or not is_serving():  # an ``owner`` outside a daemon: a one-off
             _refuse_root_on_theirs(Path(journal))
         path = Path(f"{journal}.lock")
         try:

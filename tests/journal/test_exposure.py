@@ -192,7 +192,10 @@ def test_root_as_the_journals_daemon_is_left_to_its_starts_check(tmp_path: Path)
     os.chown(db, NOBODY, NOBODY)
     with pytest.raises(JournalError):
         WriterLock.acquire(db).release()  # a one-off writer: refused
-    WriterLock.acquire(db, owner="the daemon").release()
+    with pytest.raises(JournalError):  # an embedded program naming itself an owner: refused
+        WriterLock.acquire(db, owner="not the daemon").release()
+    with exposure_module.serving():
+        WriterLock.acquire(db, owner="the daemon").release()
 
 
 def test_root_is_told_the_mode_unconditionally_the_chown_only_for_a_root_run_broker(
