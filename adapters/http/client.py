@@ -188,7 +188,7 @@ async def _result(
             proxy=res.hop_summary["via_proxy"],
             status=res.status,
             proxy_status=ps,
-            attribution=_attribution(res, ps),
+            attribution=_attribution(res, proxy_status),  # a word: judged on what was sent
         ),
         "peer": res.peer,
         "body_bytes": res.body_bytes,

@@ -28,7 +28,15 @@ from affidavit.statemachine import EventKind
 from tests.external import TINYPROXY, free_port, listening
 from tests.http.hostile import HostileServer, Peer, Reply, scripts
 
-from .helpers import assert_error, assert_ok, closed_port, http_target, open_broker, write_config
+from .helpers import (
+    TOKEN_ENV,
+    assert_error,
+    assert_ok,
+    closed_port,
+    http_target,
+    open_broker,
+    write_config,
+)
 from .http_rows import GET, LIMIT, POST
 
 E = EventKind
@@ -163,6 +171,24 @@ async def test_an_origins_error_the_proxy_attributes_is_the_origins_committed_re
     assert _attrs(events, E.REMOTE_RESPONSE_COMPLETE)["evidence_from"] == hop
     assert env["result"]["body"] == "origin says"
     assert len(origin.requests) == 1
+
+
+async def test_a_received_status_a_secret_holds_still_attributes_the_origins_answer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The recorded ``received_status`` is redacted when a secret holds its digits (``0502``
+    here), but the attribution -- a word, on whose say-so the answer is the origin's -- is
+    judged on what the proxy sent: redacting the number must not demote the evidence to the
+    operator's trust."""
+    monkeypatch.setenv(TOKEN_ENV, "tok-80502-not-a-status")
+    async with (
+        HostileServer.running(scripts.serve(Reply(502, body=b"origin says"))) as origin,
+        HostileServer.running(scripts.forward_proxy(relayed_marker=True)) as proxy,
+    ):
+        env, _events = await _call(tmp_path, origin.url, proxy.url, POST)
+    hop = env["evidence"]["evidence_from"]
+    assert hop["proxy_status"] == [{"proxy": "hostile", "received_status": "[redacted]"}], hop
+    assert hop["attribution"] == "received_status", hop
 
 
 async def test_a_direct_response_names_the_origin(tmp_path: Path, token: str) -> None:
