@@ -390,6 +390,7 @@ def run_journal(main: Callable[[], Awaitable[T]]) -> T:
     a call in progress records where it stood -- ``CALLER_CANCELLED``, ``unknown`` once
     dispatched -- before the process ends (``Terminated``, exit 143).  Its default action
     ended the process at once and left the record open until a daemon's start-up recovery."""
+    import contextlib
     import signal
 
     import trio
@@ -403,11 +404,14 @@ def run_journal(main: Callable[[], Awaitable[T]]) -> T:
         with trio.open_signal_receiver(signal.SIGTERM) as signals, trio.CancelScope() as scope:
 
             async def watch() -> None:
-                if ended:  # ``main`` ended before this task first ran: the receiver is closed
+                # ``main`` ended before this task first ran, or as the signal came: the
+                # receiver is closed (trio re-raises a signal it holds then).
+                if ended:
                     return
-                async for _ in signals:
-                    scope.cancel()
-                    return
+                with contextlib.suppress(RuntimeError, KeyError):
+                    async for _ in signals:
+                        scope.cancel()
+                        return
 
             trio.lowlevel.spawn_system_task(watch)  # cancelled when the run ends
             try:
