@@ -20,7 +20,7 @@ from affidavit.acl import GROUP_OBJ, MASK, OTHER, USER, USER_OBJ
 from affidavit.api.wire import blocking_request
 from affidavit.engine.location import unplaced, withheld
 from tests.broker.helpers import TOKEN_ENV
-from tests.external import require_posix_acl
+from tests.external import require_posix_acl, require_root
 from tests.http.hostile import HostileServer, Reply, scripts
 from tests.journal.test_tamper import _rechain_from, _sql
 from tests.mcp.kit import connected, structured
@@ -246,8 +246,7 @@ def test_a_key_file_refused_tells_the_caller_no_uid_nor_path(tmp_path: Path, how
             "only the broker's user may read it"
         )
     else:
-        if os.geteuid() != 0:
-            pytest.skip("chown to another user: run as root")
+        require_root()  # to chown the key to another user
         os.chown(key, CANARY_UID, CANARY_UID)
         public = (
             "broker key file is owned by another user, who can rewrite it; run the broker as "

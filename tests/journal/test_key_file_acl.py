@@ -20,7 +20,7 @@ import trio
 from affidavit.acl import GROUP_OBJ, MASK, OTHER, USER, USER_OBJ
 from affidavit.journal import Journal, JournalError
 from affidavit.journal.sealing import BrokerKey, read_secret_file
-from tests.external import require_posix_acl
+from tests.external import require_posix_acl, require_root
 
 ME = 4321
 """The broker's user in the tests that are not root's (``os.geteuid`` patched)."""
@@ -92,10 +92,9 @@ def test_roots_key_lent_to_the_brokers_user_is_read_and_its_group_is_not(
     """systemd's ``LoadCredential=`` layout (root's, ``0400``, ``user:<the service>:r``) holds
     a key as it holds a credential; root's file its group reads is refused with the ``chown``
     that keeps the broker reading it (``chmod 600`` alone would lock it out)."""
+    require_root()  # the key file root's (a non-root run's own files are not)
     _, key, _ = _journal(tmp_path)
     monkeypatch.setattr(os, "geteuid", lambda: ME)
-    if os.stat(key).st_uid != 0:  # (a non-root run: its own files are not root's)
-        pytest.skip("needs the key file owned by root: run as root")
     key.chmod(0o400)
     base = [(USER_OBJ, 4, 0), (USER, 4, ME), (OTHER, 0, 0)]
     require_posix_acl(key, *base, (GROUP_OBJ, 0, 0), (MASK, 4, 0))
@@ -136,8 +135,7 @@ def test_root_is_told_to_run_as_the_owner_of_a_key_not_to_chown_it(tmp_path: Pat
     """``sudo affidavit journal reclaim`` on the daemon's journal: its key is the daemon's
     user's.  Following "chown 0 <key>" would lock the daemon out (its user cannot read a root
     0600 key, and it refuses one root owns unlent): the words say to run as the owner."""
-    if os.geteuid() != 0:
-        pytest.skip("chown to another user: run as root")
+    require_root()  # to chown the key to another user
     _, key, _ = _journal(tmp_path)
     os.chown(key, 65534, 65534)
     with pytest.raises(JournalError) as refused:
