@@ -113,7 +113,7 @@ def write_secret_file(path: Path, data: bytes) -> None:
         os.close(fd)
 
 
-def read_secret_file(path: Path, what: str) -> bytes:
+def read_secret_file(path: Path, what: str, *, private: bool = True) -> bytes:
     """The contents of a key file (``what``: ``broker key file``, ``signing key file``, ...),
     read as a credential is (``affidavit.privatefile.read_small_file``, ``private``): one rule
     for every secret the broker reads from a file.  Refused (``JournalError``, naming ``what``
@@ -122,9 +122,12 @@ def read_secret_file(path: Path, what: str) -> bytes:
     naming another user, a group or the owning group -- each with the ``setfacl`` that takes it
     away; or when another user than this one or root owns it.  Root's file lent to this user by
     an ACL entry (systemd's ``LoadCredential=``) is read.  Never blocks (a FIFO is refused) and
-    reads at most ``MAX_KEY_FILE_BYTES``."""
+    reads at most ``MAX_KEY_FILE_BYTES``.  ``private=False``: a public key's file, any small
+    regular file, refused only as missing or unreadable, with the same words."""
     try:
-        data, _ = read_small_file(path, MAX_KEY_FILE_BYTES, private=True, subject=f"{what} {path}")
+        data, _ = read_small_file(
+            path, MAX_KEY_FILE_BYTES, private=private, subject=f"{what} {path}"
+        )
     except FileMissing:
         raise JournalError(
             f"{what} {path} does not exist", public=f"{what} does not exist"
@@ -308,23 +311,11 @@ def load_auditor_private_key(path: str | os.PathLike[str]) -> X25519PrivateKey:
 
 def read_pem_key(path: Path, what: str, kind: type) -> Any:
     """A PEM key file holding a key of ``kind`` (an instance of it, typed by the caller): a
-    private key is read as a secret file (``read_secret_file``), a public one as any small
-    file (``read_small_file``: a regular file, at most ``MAX_KEY_FILE_BYTES``).
+    private key is read as a secret file, a public one as any small regular file (both
+    ``read_secret_file``: at most ``MAX_KEY_FILE_BYTES``).
     ``JournalError`` naming ``what`` and the file otherwise."""
     private = kind in (X25519PrivateKey, Ed25519PrivateKey)
-    if private:
-        raw = read_secret_file(path, what)
-    else:  # never blocks on a FIFO, nor reads a device or an unbounded file
-        try:
-            raw, _ = read_small_file(path, MAX_KEY_FILE_BYTES)
-        except FileMissing:
-            raise JournalError(
-                f"{what} {path} does not exist", public=f"{what} does not exist"
-            ) from None
-        except FileRefused as exc:
-            raise JournalError(
-                f"cannot read {what} {path}: {exc}", public=f"cannot read {what}: {exc.public}"
-            ) from None
+    raw = read_secret_file(path, what, private=private)  # never blocks, nor reads unbounded
     try:
         if private:
             key: object = serialization.load_pem_private_key(raw, password=None)
