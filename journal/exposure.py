@@ -457,12 +457,13 @@ def _holds_password(url: str) -> bool:
 def journal_exposures(path: Path, *, segments: bool = False) -> list[Exposure]:
     """Those of a SQLite journal at ``path`` and its ``-wal`` and ``-shm`` files -- beside the
     file a link at ``path`` names, where SQLite keeps them (its unix VFS resolves links) -- and
-    of the files the broker keeps beside ``path`` as named: its writer lock ``<path>.lock``
-    (``lock.py``), its long results' directory ``<path>.results`` and the segment files in it
-    (``segments.py``).  The segment files are listed and looked at when the directory is
-    exposed, else only if ``segments`` (a broker's start, ``exposed_files``): in a directory
-    that is this user's alone no one else reaches them, and every reader of the journal (the
-    daemon's view pool, each CLI view) would list and stat them all at its first connect."""
+    of its writer lock ``<path>.lock`` beside that file too (``lock.lock_path``), and of the
+    files the broker keeps beside ``path`` as named: its long results' directory
+    ``<path>.results`` and the segment files in it (``segments.py``).  The segment files are
+    listed and looked at when the directory is exposed, else only if ``segments`` (a broker's
+    start, ``exposed_files``): in a directory that is this user's alone no one else reaches
+    them, and every reader of the journal (the daemon's view pool, each CLI view) would list
+    and stat them all at its first connect."""
     from .segment_tables import is_segment_name  # (it imports tables, which import this)
 
     real = os.path.realpath(path)
@@ -470,7 +471,7 @@ def journal_exposures(path: Path, *, segments: bool = False) -> list[Exposure]:
         exposure(Path(f"{real if suffix else path}{suffix}"), what)
         for suffix, what in JOURNAL_FILES
     ]
-    found.append(exposure(Path(f"{path}.lock"), "journal lock file"))
+    found.append(exposure(Path(f"{real}.lock"), "journal lock file"))
     results = Path(f"{path}.results")
     directory = exposure(results, "result segment directory", PRIVATE_DIR)
     found.append(directory)

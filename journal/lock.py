@@ -1,6 +1,7 @@
 """Who may write a journal: any number of embedded writers, or one owner (the daemon) alone.
 
-An advisory lock on ``<journal>.lock`` (flock(2)).  Embedded writers (``affidavit call``,
+An advisory lock on ``<journal>.lock`` (flock(2)) beside the file the journal is, whatever name
+it is opened under (``lock_path``).  Embedded writers (``affidavit call``,
 ``Broker.open``) take it shared, so several of them may still share a journal as before (SQLite
 serialises their transactions).  An owner -- ``affidavit serve`` -- takes it exclusive: it
 starts only when no embedded writer has the journal open, and while it runs every embedded
@@ -19,6 +20,7 @@ import errno
 import fcntl
 import os
 import shlex
+import stat
 from pathlib import Path
 
 from affidavit.privatefile import run_as_owner
@@ -26,7 +28,7 @@ from affidavit.privatefile import run_as_owner
 from .errors import JournalError
 from .exposure import is_serving
 
-__all__ = ["JournalLocked", "WriterLock"]
+__all__ = ["JournalLocked", "WriterLock", "lock_path"]
 
 _MAX_OWNER = 4096
 
@@ -37,6 +39,45 @@ class JournalLocked(JournalError):
     def __init__(self, message: str, owner: str | None) -> None:
         self.owner = owner
         super().__init__(message)
+
+
+def lock_path(journal: Path) -> Path:
+    """The journal's lock: ``<journal>.lock`` beside the file ``journal`` names -- through a
+    link (a chain of them, a dangling one: where the first open makes the journal), ``..`` and
+    a relative name all resolved (``os.path.realpath``) -- in the directory SQLite keeps its
+    ``-wal`` and ``-shm`` (its unix VFS resolves links too), and the one the root refusal
+    judges: a daemon's journal opened through a link is refused as through its own name (it
+    was given a lock of its own beside the link, and wrote beside the daemon).  Not a lock of
+    the inode (the journal file itself): SQLite's locks are POSIX ones, which the close of
+    *any* descriptor of the file drops for the whole process -- so a second name, a hard link,
+    is refused instead (``_refuse_other_names``)."""
+    return Path(f"{os.path.realpath(journal)}.lock")
+
+
+def _refuse_other_names(journal: Path) -> None:
+    """``JournalError`` if the journal's file has more than one name (a hard link): SQLite keeps
+    a ``-wal`` and ``-shm`` beside the name it was opened under, so a writer under another name
+    writes a WAL of its own into the same file -- two writers unaware of each other, the
+    corruption SQLite warns of (its "How To Corrupt", multiple links) -- and its lock
+    (``lock_path``) would be another file too.  Every writer checks as it opens: once the file
+    has a second name no writer opens it under either (one open already keeps it; the next
+    under another name is refused).  Refused before anything is made; a journal not there yet
+    has no links, a directory's are not names of a file (opening it says what it is)."""
+    try:
+        st = os.stat(journal)
+    except OSError:
+        return  # (none yet; or opening it says why)
+    links = st.st_nlink
+    if stat.S_ISREG(st.st_mode) and links > 1:
+        real = os.path.realpath(journal)
+        raise JournalError(
+            f"journal {journal} has {links} names (hard links): SQLite keeps a -wal beside the "
+            "name a journal is opened under, so a writer under another name would write a WAL "
+            "of its own into the same file; remove the other names (`find / -samefile "
+            f"{shlex.quote(real)}` lists them)",
+            public="the journal file has other names (hard links), which would each get a WAL "
+            "of their own; the operator must remove them",
+        )
 
 
 def _refuse_root_on_theirs(journal: Path) -> None:
@@ -92,7 +133,8 @@ class WriterLock:
         writes ``owner`` into the lock file for the writers it refuses."""
         if owner is None or not is_serving():  # an ``owner`` outside a daemon: a one-off
             _refuse_root_on_theirs(Path(journal))
-        path = Path(f"{journal}.lock")
+        _refuse_other_names(journal)
+        path = lock_path(journal)
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         except OSError as exc:
