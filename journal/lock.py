@@ -28,7 +28,7 @@ from affidavit.privatefile import run_as_owner
 from .errors import JournalError
 from .exposure import is_serving
 
-__all__ = ["JournalLocked", "WriterLock", "lock_path"]
+__all__ = ["JournalLocked", "WriterLock", "lock_path", "refuse_root_on_theirs"]
 
 _MAX_OWNER = 4096
 
@@ -80,19 +80,20 @@ def _refuse_other_names(journal: Path) -> None:
         )
 
 
-def _refuse_root_on_theirs(journal: Path) -> None:
+def refuse_root_on_theirs(journal: Path) -> None:
     """``JournalError`` if this process is root and another user owns the journal (its
     directory, while there is none -- that of the file a link names, where SQLite makes it):
     a root one-off or embedded writer (``sudo affidavit journal reclaim``, an embedded
     ``call``) creates root's files beside it -- this lock, result segments and their directory,
-    a signing key, the journal itself -- each ``0600``, which its owner, the daemon's user,
-    then cannot open (SQLite gives a ``-wal`` and ``-shm`` root makes the main file's owner;
-    nothing else does).  Refused before anything is made, with both ways forward: run as the
-    owner, or, if root is to run the broker from now on, ``chown 0`` the journal and its
-    directory (``privatefile.run_as_owner``).  A reader makes none of them; the daemon (an
+    a signing key, the journal itself, the console's login tokens and their directory (a root
+    ``affidavit console-url``, which calls this first) -- each ``0600``, which its owner, the
+    daemon's user, then cannot open (SQLite gives a ``-wal`` and ``-shm`` root makes the main
+    file's owner; nothing else does).  Refused before anything is made, with both ways forward:
+    run as the owner, or, if root is to run the broker from now on, ``chown 0`` the journal and
+    its directory (``privatefile.run_as_owner``).  A reader makes none of them; the daemon (an
     owner, inside ``exposure.serving``: an ``owner=`` alone is any embedded program's) is left
-    to its start's check of the files (``--allow-exposed-files``: a root
-    daemon that will own all it makes from now on)."""
+    to its start's check of the files (``--allow-exposed-files``: a root daemon that will own
+    all it makes from now on)."""
     if os.geteuid() != 0:
         return
     real = Path(os.path.realpath(journal))  # (os.stat follows a link: so does this)
@@ -114,8 +115,9 @@ def _refuse_root_on_theirs(journal: Path) -> None:
     )
     raise JournalError(
         f"{what} is owned by uid {st.st_uid} and this process runs as root, which would make "
-        "the files a writer creates beside it (its lock, result segments, keys) root's, which "
-        f"its owner cannot open; {run_as_owner(st.st_uid, f'chown 0 {theirs}')}",
+        "the files a writer creates beside it (its lock, result segments, keys, console login "
+        "tokens) root's, which its owner cannot open; "
+        f"{run_as_owner(st.st_uid, f'chown 0 {theirs}')}",
         public="the journal or its directory is owned by another user and the broker runs as "
         "root; run the broker as its owner",
     )
@@ -132,7 +134,7 @@ class WriterLock:
         """Shared for an embedded writer (``owner=None``); exclusive for an owner, which then
         writes ``owner`` into the lock file for the writers it refuses."""
         if owner is None or not is_serving():  # an ``owner`` outside a daemon: a one-off
-            _refuse_root_on_theirs(Path(journal))
+            refuse_root_on_theirs(Path(journal))
         _refuse_other_names(journal)
         path = lock_path(journal)
         try:

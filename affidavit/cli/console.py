@@ -69,6 +69,7 @@ def _embedded(args: argparse.Namespace) -> dict[str, Any]:
     from affidavit.cli.call import load_or_usage
     from affidavit.config import console_origin
     from affidavit.console import TokenStore, listener_owners, login_url, token_dir
+    from affidavit.journal.lock import refuse_root_on_theirs
 
     config = load_or_usage(args.config)
     address = config.service.console
@@ -78,6 +79,11 @@ def _embedded(args: argparse.Namespace) -> dict[str, Any]:
             "(affidavit console-url --socket PATH)",
             "CONSOLE_UNAVAILABLE",
         )
+    # Root minting beside another user's journal would make the token directory and its files
+    # root's, 0700 and 0600: the daemon, their owner's, could then neither redeem nor mint a
+    # link, nor remove them.  Refused before anything is made, as a root one-off writer of
+    # that journal is (journal.lock: run as its owner); a root daemon mints through --socket.
+    refuse_root_on_theirs(config.journal.path)
     who = Operator.current()
     try:
         OperatorPolicy.of(config.service).require(who, "open the operator console")

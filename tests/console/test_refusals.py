@@ -2,13 +2,15 @@
 session, a forged or missing CSRF token, a foreign origin, a reused or unknown login token, a
 decision the service's rules refuse, a non-operator asking for a link, a non-loopback bind; a
 login link opened but not confirmed, another Host name (DNS rebinding), an Origin that is not
-the console's, an embedded link to a port this user's daemon does not hold."""
+the console's, an embedded link to a port this user's daemon does not hold, root minting a
+link beside another user's journal."""
 
 from __future__ import annotations
 
 import json
 import os
 import re
+import socket
 import subprocess
 from pathlib import Path
 
@@ -18,8 +20,17 @@ import trio
 from affidavit.api.wire import blocking_request
 from affidavit.config import ConfigError, config_from_dict
 from affidavit.console import COOKIE
-from tests.daemon.kit import HUNG, as_user, cli, client_env, embedded, run, write_daemon_config
-from tests.external import free_port
+from tests.daemon.kit import (
+    HUNG,
+    NOBODY,
+    as_user,
+    cli,
+    client_env,
+    embedded,
+    run,
+    write_daemon_config,
+)
+from tests.external import free_port, require_root
 
 from .kit import CHARGE, World, console_world, get, log_in, post
 
@@ -364,6 +375,43 @@ async def test_an_embedded_link_goes_only_to_this_user_s_listener(tmp_path: Path
     finally:
         squatter.kill()
         await squatter.wait()
+
+
+async def test_root_minting_beside_another_user_s_journal_is_refused_before_it_makes_a_file(
+    tmp_path: Path,
+) -> None:
+    """A root ``console-url`` (embedded) on the daemon's journal made ``<journal>.console-tokens/``
+    and its token root's, 0700 and 0600: the daemon, their owner's, could then neither redeem
+    nor mint a link, nor remove them.  Refused as a root one-off writer of that journal is
+    (journal.lock), before anything is made -- even with root's own listener on the console's
+    port, which let the link through before -- saying to run as the owner."""
+    require_root()
+    theirs = tmp_path / "theirs"
+    theirs.mkdir(mode=0o700)
+    os.chown(theirs, NOBODY, NOBODY)
+    journal = theirs / "journal.db"
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    port = listener.getsockname()[1]
+    config = write_daemon_config(
+        tmp_path,
+        {},
+        socket=tmp_path / "s.sock",
+        service={"console": f"127.0.0.1:{port}", "operator_uids": [0, NOBODY]},
+        journal={"path": str(journal)},
+    )
+    with listener:
+        for made in (False, True):  # no journal yet (its directory is judged), then the daemon's
+            if made:
+                journal.touch(mode=0o600)
+                os.chown(journal, NOBODY, NOBODY)
+            refused = await embedded("console-url", "--config", str(config))
+            assert refused.returncode == 2 and refused.stdout == b"", refused
+            said = refused.stderr.decode()
+            assert "JOURNAL_UNUSABLE" in said and "and this process runs as root" in said, said
+            assert f"run this as its owner, not as root (sudo -u '#{NOBODY}' affidavit" in said
+            assert sorted(p.name for p in theirs.iterdir()) == (["journal.db"] if made else [])
 
 
 async def _request_with_host(

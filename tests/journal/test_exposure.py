@@ -145,8 +145,9 @@ def test_root_writing_a_journal_another_user_owns_is_refused_before_it_makes_a_f
         _open_and_close(db)
     assert str(refused.value) == (  # both ways forward: as its owner, or root's from now on
         f"journal {db} is owned by uid {NOBODY} and this process runs as root, which would make "
-        "the files a writer creates beside it (its lock, result segments, keys) root's, which its "
-        f"owner cannot open; {_run_as(NOBODY, f'chown 0 {db} {tmp_path}')}"
+        "the files a writer creates beside it (its lock, result segments, keys, console login "
+        "tokens) root's, which its owner cannot open; "
+        f"{_run_as(NOBODY, f'chown 0 {db} {tmp_path}')}"
     )
     assert sorted(tmp_path.iterdir()) == before  # no lock, no -wal: nothing of root's
     public = told(refused.value)
