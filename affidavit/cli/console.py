@@ -41,6 +41,12 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--config", help="config file (default: $AFFIDAVIT_CONFIG or ./affidavit.toml)")
     add_socket_arg(p)
     p.add_argument("--json", action="store_true", help='print {"url", "expires_at"}')
+    # Holds no secret (docs/deployment.md, "Core files"): it loads no credential and no key,
+    # and the link's token is no more than its own uid's -- it logs in once, within five
+    # minutes, as the operator who asked: the uid this process runs as (embedded) or the
+    # socket peer the daemon names (--socket).  This process's memory and its core file (0600)
+    # are that uid's and root's, who can each ask for a link of their own; and a loopback
+    # console serves a login only to that uid (docs/console.md, "Security model").
     p.set_defaults(handler=_console_url, holds_secrets=SECRETS_NONE)
 
 

@@ -83,10 +83,24 @@ def test_a_thin_client_call_leaves_the_process_alone(
     assert core_dumps_forbidden == []
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["actions", "--journal", "none.db"],
+        # A login link is its own uid's (once, within 300 s, as the operator who asked): who
+        # could read it in this process's memory or core could ask for one (docs/deployment.md).
+        ["console-url", "--config", "none.toml"],
+        ["console-url", "--socket", "nobody-listens.sock"],
+    ],
+)
 def test_a_command_loading_no_secret_leaves_the_process_alone(
-    core_dumps_forbidden: list[str], tmp_path: Path
+    core_dumps_forbidden: list[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    argv: list[str],
 ) -> None:
-    assert main(["actions", "--journal", str(tmp_path / "none.db")]) == 2
+    monkeypatch.chdir(tmp_path)
+    assert main(argv) == 2  # no journal, no config, no daemon
     assert core_dumps_forbidden == []
 
 
