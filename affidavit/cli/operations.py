@@ -9,8 +9,10 @@ envelope or null}``.
 
 Exit status: 0 the poll read the job's state (or the job had already ended: nothing was sent);
 1 the poll got no readable answer and the state was kept; 2 usage or config error (an unknown
-operation, or one with no status resource the broker may query), or a journal that could not
-take the poll (``poll_failure``'s words, then the journal's own).
+operation, or one with no status resource the broker may query), a journal that cannot be
+opened (the daemon's, or unusable: ``run_journal``'s codes, as ``call``'s) or that could not take
+the poll (``poll_failure``'s words, then the journal's own); 143 SIGTERM stopped it, the poll's
+own record closed where it stood (``run_journal``).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from affidavit.cli import (
     text_arg,
     timeout_arg,
 )
-from affidavit.cli.call import load_or_usage
+from affidavit.cli.call import load_or_usage, run_journal
 from affidavit.cli.journal import common_options, failure_line, print_json, reading
 
 __all__ = ["add_commands"]
@@ -79,8 +81,6 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _poll(args: argparse.Namespace) -> int:
-    import trio
-
     from affidavit.api.broker import Broker
     from affidavit.engine import OperationError, poll_failure
     from affidavit.journal import JournalError
@@ -92,15 +92,17 @@ def _poll(args: argparse.Namespace) -> int:
 
     async def main() -> dict[str, Any]:
         async with Broker.open(config=config) as broker:
-            return await broker.poll_operation(op_id, timeout=args.timeout)
+            try:
+                return await broker.poll_operation(op_id, timeout=args.timeout)
+            except OperationError as exc:  # the daemon's 422 code, here as through it
+                raise UsageError(str(exc), "OPERATION_ERROR") from None
+            except JournalError as exc:  # the daemon's words, then the journal's (failure_line)
+                failure = poll_failure(exc, op_id, operator=True)
+                raise journal_refusal(exc, failure_line(exc, failure), failure[1]) from None
 
-    try:
-        answer = trio.run(main)
-    except OperationError as exc:  # the daemon's 422 code, here as through it
-        raise UsageError(str(exc), "OPERATION_ERROR") from None
-    except JournalError as exc:  # the daemon's words, then the journal's own (``failure_line``)
-        failure = poll_failure(exc, op_id, operator=True)
-        raise journal_refusal(exc, failure_line(exc, failure), failure[1]) from None
+    # As every embedded journal command: SIGTERM closes the poll's record where it stood (exit
+    # 143), a journal that cannot be opened (the daemon's, unusable) is its own code.
+    answer = run_journal(main)
     sys.stdout.write(json.dumps(answer, sort_keys=True, indent=2) + "\n")
     last = answer["operation"]["last_poll"] or {}
     read_a_state = answer["poll"] is None or "state" in last
