@@ -15,7 +15,8 @@ blocks ``open`` until something writes to it (the whole daemon freezes, SIGTERM 
   (``journal.sealing.read_secret_file``: ``key_file``, ``signing_key``, the auditor's private
   key), which all read through here (``FileExposed``) -- and that the start judges them by
   (``journal.exposure.CREDENTIAL``).  Run as root, another user's file is refused too, with
-  the advice to run as its owner: a ``chown`` to root would lock that user (the daemon's) out.
+  the advice to run as its owner: a ``chown`` to root would lock that user (the daemon's) out
+  -- unless this is root's daemon (``serving``), the broker root runs: the ``chown`` alone.
 * at most ``limit`` bytes: the size is checked before reading and the read itself stops one byte
   past the limit (a file may grow, and ``/proc`` files report size 0).
 
@@ -33,13 +34,47 @@ import contextlib
 import os
 import shlex
 import stat
+from collections.abc import Iterator
+from contextvars import ContextVar
 from pathlib import Path
 
 from affidavit.acl import access_entries, grants, read_may, setfacl
 
-__all__ = ["FileExposed", "FileMissing", "FileRefused", "read_small_file", "run_as_owner"]
+__all__ = [
+    "FileExposed",
+    "FileMissing",
+    "FileRefused",
+    "is_serving",
+    "read_small_file",
+    "run_as_owner",
+    "serving",
+]
 
 _OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOCTTY", 0)
+
+
+_serving: ContextVar[bool] = ContextVar("serving", default=False)
+"""Whether the broker's daemon is judging its files (``serving``)."""
+
+
+@contextlib.contextmanager
+def serving() -> Iterator[None]:
+    """While in it, the files are judged for the broker's daemon (``affidavit serve``, from its
+    start to its end): a file another user owns is mended by a ``chown`` to this process's
+    user, root too -- root running the broker will own every file it makes from then on, and
+    the file's owner is no daemon to be locked out (``journal.exposure._owned_fix``, a key
+    file's or credential's refusal here, ``journal.lock``).  Here, below the journal, as every
+    secret file's read asks it."""
+    token = _serving.set(True)
+    try:
+        yield
+    finally:
+        _serving.reset(token)
+
+
+def is_serving() -> bool:
+    """Whether this context is the broker's daemon judging its files (``serving``)."""
+    return _serving.get()
 
 
 def run_as_owner(uid: int, chown: str | None = None) -> str:
@@ -108,14 +143,20 @@ def _refuse_shared(fd: int, st: os.stat_result, path: Path, subject: str = "file
     if st.st_uid not in (euid, 0):
         said = "file is owned by another user, who can rewrite it"
         quoted = shlex.quote(str(path))
-        if euid == 0:
+        if euid == 0 and not is_serving():
             # Root running a command on the daemon's files (``sudo affidavit journal ...``): a
             # chown to root would lock their owner, the daemon's user, out of them -- unless
-            # root is to run the broker from now on.
+            # root is to run the broker from now on.  Root's daemon is that broker: the chown.
             raise FileExposed(
                 f"{subject} is owned by uid {st.st_uid}, who can rewrite it, and this process "
                 f"runs as root; {run_as_owner(st.st_uid, f'chown 0 {quoted}')}",
                 f"{said}; run the broker as its owner, not as root",
+            )
+        if euid == 0:  # root's daemon (``serving``): it must own the file from now on
+            raise FileExposed(
+                f"{subject} is owned by uid {st.st_uid}, who can rewrite it, and the broker "
+                f"runs as root: root must own it: chown 0 {quoted}",
+                f"{said}; the broker's user must own it",
             )
         raise FileExposed(
             f"{subject} is owned by uid {st.st_uid}, not by this process's user (uid {euid}) "

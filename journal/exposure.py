@@ -66,8 +66,7 @@ import os
 import shlex
 import stat
 import threading
-from collections.abc import Iterable, Iterator
-from contextvars import ContextVar
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -80,7 +79,7 @@ from affidavit.acl import (
     readable_users,
     setfacl,
 )
-from affidavit.privatefile import run_as_owner
+from affidavit.privatefile import is_serving, run_as_owner, serving
 
 __all__ = [
     "CONFIG",
@@ -96,6 +95,7 @@ __all__ = [
     "directories_to",
     "directory_exposures",
     "exposure",
+    "is_serving",
     "journal_exposures",
     "serving",
     "summarised",
@@ -262,28 +262,6 @@ def _judged(
     return Exposure(path, what, " and ".join(whys), fix, mode & bits, owner, holding, held)
 
 
-_serving: ContextVar[bool] = ContextVar("serving", default=False)
-"""Whether the broker's daemon is judging its files (``serving``)."""
-
-
-@contextlib.contextmanager
-def serving() -> Iterator[None]:
-    """While in it, the files are judged for the broker's daemon (``affidavit serve``, at its
-    start): a file another user owns is mended by a ``chown`` to this process's user, root too
-    -- root running the broker will own every file it makes from then on, and the file's owner
-    is no daemon to be locked out (``_owned_fix``)."""
-    token = _serving.set(True)
-    try:
-        yield
-    finally:
-        _serving.reset(token)
-
-
-def is_serving() -> bool:
-    """Whether this context is the broker's daemon judging its files (``serving``)."""
-    return _serving.get()
-
-
 def _owned_fix(chown: str, commands: list[str], owners: list[int]) -> str:
     """The fix of a file (or files) ``owners`` own, not this process's user: ``chown`` (to this
     user), then ``commands`` (group and others' bits, ACL entries) -- unless this process is
@@ -292,7 +270,7 @@ def _owned_fix(chown: str, commands: list[str], owners: list[int]) -> str:
     too), and to run as the owner (``privatefile.run_as_owner``, most of them's) -- the
     ``chown`` to root only if root is to run the broker from now on: a file of the journal's
     root owns is one its owner, the daemon, cannot open."""
-    if os.geteuid() != 0 or _serving.get():
+    if os.geteuid() != 0 or is_serving():
         return " && ".join([chown, *commands])
     most = max(set(owners), key=owners.count)
     advice = run_as_owner(most, chown)

@@ -19,6 +19,7 @@ import trio
 
 from affidavit.acl import GROUP_OBJ, MASK, OTHER, USER, USER_OBJ
 from affidavit.journal import Journal, JournalError
+from affidavit.journal.exposure import CREDENTIAL, exposure, serving
 from affidavit.journal.sealing import BrokerKey, read_secret_file
 from tests.external import require_posix_acl, require_root
 
@@ -151,6 +152,31 @@ def test_root_is_told_to_run_as_the_owner_of_a_key_not_to_chown_it(tmp_path: Pat
         "broker key file is owned by another user, who can rewrite it; run the broker as its "
         "owner, not as root"
     )
+
+
+def test_a_root_daemon_is_told_the_chown_of_a_key_alone_as_of_its_journal(
+    tmp_path: Path,
+) -> None:
+    """Root's daemon (``serving``) is the broker root runs from now on: a key file another user
+    owns is still refused (its owner can rewrite it), mended by a ``chown 0`` -- as the
+    journal's own files are told (``exposure._owned_fix``) -- not "run this as its owner",
+    which a daemon that switched owner would follow by locking the other out."""
+    require_root()  # to chown the key to another user
+    _, key, _ = _journal(tmp_path)
+    os.chown(key, 65534, 65534)
+    with serving(), pytest.raises(JournalError) as refused:
+        read_secret_file(key, "broker key file")
+    assert str(refused.value) == (
+        f"broker key file {key} is owned by uid 65534, who can rewrite it, and the broker runs "
+        f"as root: root must own it: chown 0 {key}"
+    )
+    assert refused.value.public == (
+        "broker key file is owned by another user, who can rewrite it; the broker's user must "
+        "own it"
+    )
+    with serving():  # the start's judgement of the same file (``exposed_files``): one advice
+        judged = exposure(key, "broker key file", CREDENTIAL)
+    assert judged is not None and judged.fix == f"chown 0 {key}", judged
 
 
 def _refusals_of_fifo(
