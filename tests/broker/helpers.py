@@ -211,6 +211,18 @@ async def affidavit_cli(
         )
 
 
+async def signalled(proc: Any, signum: int, limit: float = 30) -> tuple[int, bytes]:
+    """Send ``signum`` to the running ``python -m affidavit`` ``proc`` (its stderr a pipe):
+    its exit status and all it wrote to stderr, within ``limit`` seconds."""
+    proc.send_signal(signum)
+    said = b""
+    with trio.fail_after(limit):
+        code: int = await proc.wait()
+        while chunk := await proc.stderr.receive_some(65536):
+            said += chunk
+    return code, said
+
+
 def run_cli(*args: str, env: Mapping[str, str] | None = None, stdin: bytes = b"") -> Any:
     """Run ``python -m affidavit ARGS`` synchronously (for CLI tests outside trio)."""
     import subprocess

@@ -20,7 +20,7 @@ from affidavit.config import load_config
 from affidavit.journal import JournalReader
 from tests.http.hostile import HostileServer, Reply, scripts
 
-from .helpers import TOKEN_ENV, http_target, write_config
+from .helpers import TOKEN_ENV, http_target, signalled, write_config
 
 LIMIT = 30
 
@@ -341,12 +341,7 @@ async def test_sigterm_during_an_embedded_call_records_where_it_stood_and_exits_
             await proc.stdin.aclose()
             with trio.fail_after(LIMIT):
                 await srv.event("received").wait()
-            proc.send_signal(signal.SIGTERM)
-            with trio.fail_after(LIMIT):
-                code = await proc.wait()
-                said = b""
-                while chunk := await proc.stderr.receive_some(65536):
-                    said += chunk
+            code, said = await signalled(proc, signal.SIGTERM, LIMIT)
         finally:
             if proc.returncode is None:
                 proc.kill()

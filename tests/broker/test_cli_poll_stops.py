@@ -21,7 +21,14 @@ from affidavit.journal import JournalReader
 from affidavit.journal.lock import WriterLock
 from tests.http.hostile import HostileServer, Peer, Script
 
-from .helpers import TOKEN_ENV, affidavit_cli, http_target, open_broker, write_config
+from .helpers import (
+    TOKEN_ENV,
+    affidavit_cli,
+    http_target,
+    open_broker,
+    signalled,
+    write_config,
+)
 from .test_operations import ACCEPTED, JOBS, SUBMIT
 
 LIMIT = 30
@@ -64,12 +71,7 @@ async def test_sigterm_during_a_poll_records_where_it_stood_and_exits_143(
             assert proc.stderr is not None
             with trio.fail_after(LIMIT):
                 await srv.event("received").wait()
-            proc.send_signal(signal.SIGTERM)
-            said = b""
-            with trio.fail_after(LIMIT):
-                code = await proc.wait()
-                while chunk := await proc.stderr.receive_some(65536):
-                    said += chunk
+            code, said = await signalled(proc, signal.SIGTERM, LIMIT)
         finally:
             if proc.returncode is None:
                 proc.kill()
