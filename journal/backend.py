@@ -17,7 +17,7 @@ the views, recovery and the daemon hold ``Journal`` / ``JournalReader`` and neve
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, Protocol
@@ -193,9 +193,9 @@ class Backend(Protocol):
         can act on."""
         ...
 
-    def writer_lock(self, owner: str | None) -> Lock | None:
+    def writer_lock(self, owner: str | None, keys: Sequence[Path] = ()) -> Lock | None:
         """Who may write: SQLite's ``<journal>.lock`` (``lock.py``); None where writers share
-        the database by design."""
+        the database by design.  ``keys``: the journal's key files, named in a refusal."""
         ...
 
     reconnect_within: float

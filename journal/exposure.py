@@ -97,6 +97,7 @@ __all__ = [
     "exposure",
     "is_serving",
     "journal_exposures",
+    "journal_files",
     "serving",
     "summarised",
     "warn_exposed",
@@ -432,26 +433,36 @@ def _holds_password(url: str) -> bool:
     return url_password(url) is not None
 
 
-def journal_exposures(path: Path, *, segments: bool = False) -> list[Exposure]:
-    """Those of a SQLite journal at ``path`` and its ``-wal`` and ``-shm`` files -- beside the
-    file a link at ``path`` names, where SQLite keeps them (its unix VFS resolves links) -- and
-    of its writer lock ``<path>.lock`` beside that file too (``lock.lock_path``), and of the
-    files the broker keeps beside ``path`` as named: its long results' directory
-    ``<path>.results`` and the segment files in it (``segments.py``).  The segment files are
-    listed and looked at when the directory is exposed, else only if ``segments`` (a broker's
-    start, ``exposed_files``): in a directory that is this user's alone no one else reaches
-    them, and every reader of the journal (the daemon's view pool, each CLI view) would list
-    and stat them all at its first connect."""
-    from .segment_tables import is_segment_name  # (it imports tables, which import this)
-
+def journal_files(path: Path) -> list[tuple[Path, str, Rule]]:
+    """The files a SQLite journal at ``path`` is, but for its key files (configured apart) and
+    the segment files in its results directory: the journal and its ``-wal`` and ``-shm`` --
+    beside the file a link at ``path`` names, where SQLite keeps them (its unix VFS resolves
+    links) -- its writer lock ``<path>.lock`` beside that file too (``lock.lock_path``) and its
+    long results' directory ``<path>.results`` (``segments.py``), last; each with what a
+    message calls it and the rule it is held to.  The one list: the exposure checks and a root
+    writer's refusal (``lock.py``) name these."""
     real = os.path.realpath(path)
-    found = [
-        exposure(Path(f"{real if suffix else path}{suffix}"), what)
+    files = [
+        (Path(f"{real if suffix else path}{suffix}"), what, PRIVATE)
         for suffix, what in JOURNAL_FILES
     ]
-    found.append(exposure(Path(f"{real}.lock"), "journal lock file"))
-    results = Path(f"{path}.results")
-    directory = exposure(results, "result segment directory", PRIVATE_DIR)
+    files.append((Path(f"{real}.lock"), "journal lock file", PRIVATE))
+    files.append((Path(f"{path}.results"), "result segment directory", PRIVATE_DIR))
+    return files
+
+
+def journal_exposures(path: Path, *, segments: bool = False) -> list[Exposure]:
+    """Those of the files of a SQLite journal at ``path`` (``journal_files``) and of the
+    segment files in its results directory.  The segment files are listed and looked at when
+    the directory is exposed, else only if ``segments`` (a broker's start, ``exposed_files``):
+    in a directory that is this user's alone no one else reaches them, and every reader of the
+    journal (the daemon's view pool, each CLI view) would list and stat them all at its first
+    connect."""
+    from .segment_tables import is_segment_name  # (it imports tables, which import this)
+
+    *files, (results, what, rule) = journal_files(path)
+    found = [exposure(file, said, judged) for file, said, judged in files]
+    directory = exposure(results, what, rule)
     found.append(directory)
     names: list[str] = []
     if segments or directory is not None:

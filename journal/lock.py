@@ -21,12 +21,13 @@ import fcntl
 import os
 import shlex
 import stat
+from collections.abc import Sequence
 from pathlib import Path
 
 from affidavit.privatefile import run_as_owner
 
 from .errors import JournalError
-from .exposure import is_serving
+from .exposure import is_serving, journal_files
 
 __all__ = ["JournalLocked", "WriterLock", "lock_path", "refuse_root_on_theirs"]
 
@@ -80,20 +81,20 @@ def _refuse_other_names(journal: Path) -> None:
         )
 
 
-def refuse_root_on_theirs(journal: Path) -> None:
-    """``JournalError`` if this process is root and another user owns the journal (its
-    directory, while there is none -- that of the file a link names, where SQLite makes it):
-    a root one-off or embedded writer (``sudo affidavit journal reclaim``, an embedded
-    ``call``) creates root's files beside it -- this lock, result segments and their directory,
-    a signing key, the journal itself, the console's login tokens and their directory (a root
-    ``affidavit console-url``, which calls this first) -- each ``0600``, which its owner, the
-    daemon's user, then cannot open (SQLite gives a ``-wal`` and ``-shm`` root makes the main
-    file's owner; nothing else does).  Refused before anything is made, with both ways forward:
-    run as the owner, or, if root is to run the broker from now on, ``chown 0`` the journal and
-    its directory (``privatefile.run_as_owner``).  A reader makes none of them; the daemon (an
-    owner, inside ``exposure.serving``: an ``owner=`` alone is any embedded program's) is left
-    to its start's check of the files (``--allow-exposed-files``: a root daemon that will own
-    all it makes from now on)."""
+def refuse_root_on_theirs(journal: Path, keys: Sequence[Path] = ()) -> None:
+    """``JournalError`` if this process is root and another user owns the journal (its directory,
+    while there is none -- that of the file a link names, where SQLite makes it): a root one-off or
+    embedded writer (``sudo affidavit journal reclaim``, an embedded ``call``) creates root's files
+    beside it -- this lock, result segments and their directory, a signing key, the journal itself,
+    the console's login tokens and their directory (a root ``affidavit console-url``, which calls
+    this first) -- each ``0600``, which its owner, the daemon's user, then cannot open (SQLite gives
+    a ``-wal`` and ``-shm`` root makes the main file's owner; nothing else does). Refused before
+    anything is made, with both ways forward: run as the owner, or, if root is to run the broker
+    from now on, give root every file of the journal's (``_root_from_now_on``;
+    ``privatefile.run_as_owner``). A reader makes none of them; the daemon (an owner, inside
+    ``exposure.serving``: an ``owner=`` alone is any embedded program's) is left to its start's
+    check of the files (``--allow-exposed-files``: a root daemon that will own all it makes from now
+    on)."""
     if os.geteuid() != 0:
         return
     real = Path(os.path.realpath(journal))  # (os.stat follows a link: so does this)
@@ -110,17 +111,66 @@ def refuse_root_on_theirs(journal: Path) -> None:
         return
     if st.st_uid == 0:
         return
-    theirs = " ".join(
-        shlex.quote(str(p)) for p in ((real, real.parent) if where == real else (where,))
-    )
     raise JournalError(
         f"{what} is owned by uid {st.st_uid} and this process runs as root, which would make "
         "the files a writer creates beside it (its lock, result segments, keys, console login "
         "tokens) root's, which its owner cannot open; "
-        f"{run_as_owner(st.st_uid, f'chown 0 {theirs}')}",
+        f"{run_as_owner(st.st_uid, _root_from_now_on(journal, keys))}",
         public="the journal or its directory is owned by another user and the broker runs as "
         "root; run the broker as its owner",
     )
+
+
+def _root_from_now_on(journal: Path, keys: Sequence[Path]) -> str:
+    """The commands giving root every file of the journal at ``journal`` another user owns
+    (``exposure.journal_files``, its segment files and ``keys``: a root-run broker is refused
+    or warned of each), and the directory SQLite keeps it in when that is another's: with
+    ``chown -R`` when it holds the journal's files alone, else never -- a shared directory
+    (``$HOME``, a mount) is not the journal's to give away: its files are to move to one of
+    their own."""
+    files = [path for path, _, _ in journal_files(journal)] + list(keys)
+    home = Path(os.path.realpath(journal)).parent
+    try:
+        home_st = os.stat(home)
+        held = set(os.listdir(home))
+    except OSError:  # (gone meanwhile: opening it says why)
+        home_st, held = None, set()
+    mine = {p.name for p in files if _within(p, home)}
+    root_home = home_st is None or home_st.st_uid == 0
+    own = not root_home and held <= mine  # another's directory of the journal's alone
+    said = [f"chown -R 0 {shlex.quote(str(home))}"] if own else []
+    theirs = [p for p in files if _theirs(p) and not (own and _within(p, home))]
+    if theirs:
+        results = Path(f"{journal}.results")
+        plain = [shlex.quote(str(p)) for p in theirs if p != results]
+        said += [f"chown 0 {' '.join(plain)}"] if plain else []
+        said += [f"chown -R 0 {shlex.quote(str(results))}"] if results in theirs else []
+    if root_home or own:
+        return " && ".join(said) or f"chown 0 {shlex.quote(str(journal))}"
+    move = (
+        f"keep the journal in a directory of its own root owns ({home} holds other files: a "
+        "chown of it would take them from their owner)"
+    )
+    return f"{' && '.join(said)}, and {move}" if said else move
+
+
+def _theirs(path: Path) -> bool:
+    """Whether a file at ``path`` is there and root does not own it -- nor, for a directory
+    (the results'), every file in it."""
+    try:
+        st = os.stat(path)
+        if st.st_uid != 0:
+            return True
+        if not stat.S_ISDIR(st.st_mode):
+            return False
+        with os.scandir(path) as entries:
+            return any(e.stat(follow_symlinks=False).st_uid != 0 for e in entries)
+    except OSError:
+        return False
+
+
+def _within(path: Path, directory: Path) -> bool:
+    return Path(os.path.realpath(path.parent)) == directory
 
 
 class WriterLock:
@@ -130,11 +180,14 @@ class WriterLock:
         self.exclusive = exclusive
 
     @classmethod
-    def acquire(cls, journal: Path, owner: str | None = None) -> WriterLock:
+    def acquire(
+        cls, journal: Path, owner: str | None = None, *, keys: Sequence[Path] = ()
+    ) -> WriterLock:
         """Shared for an embedded writer (``owner=None``); exclusive for an owner, which then
-        writes ``owner`` into the lock file for the writers it refuses."""
+        writes ``owner`` into the lock file for the writers it refuses.  ``keys``: the
+        journal's key files, which a root writer's refusal names (``refuse_root_on_theirs``)."""
         if owner is None or not is_serving():  # an ``owner`` outside a daemon: a one-off
-            refuse_root_on_theirs(Path(journal))
+            refuse_root_on_theirs(Path(journal), keys)
         _refuse_other_names(journal)
         path = lock_path(journal)
         try:

@@ -713,5 +713,5 @@ class PostgresBackend:
     def open_error(self, exc: BaseException) -> JournalError:
         return JournalError(f"cannot open journal {self.where}: {self.describe(exc)}")
 
-    def writer_lock(self, owner: str | None) -> None:
+    def writer_lock(self, owner: str | None, keys: Sequence[Path] = ()) -> None:
         return None

@@ -30,6 +30,11 @@ __all__ = ["ReaderBase", "pinned_keys"]
 T = TypeVar("T")
 
 
+def default_key_file(path: Path) -> Path:
+    """Where the broker key lives unless configured: ``<journal>.key``."""
+    return Path(f"{path}.key")
+
+
 class ReaderBase:
     """A reader's connection, its reads and its clock; the keys it was given.  ``path`` is a
     SQLite file or a ``postgresql://`` URL (``where`` names it in messages, without a
@@ -54,7 +59,7 @@ class ReaderBase:
         if key_file is not None:
             self._key_file: Path | None = Path(key_file)
         else:
-            self._key_file = Path(f"{self.path}.key") if self.path is not None else None
+            self._key_file = default_key_file(self.path) if self.path is not None else None
         self._key: BrokerKey | None = None
         self._key_recorded = False
         """The key's id is the one the journal records: a blob it cannot open was altered."""

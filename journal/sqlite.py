@@ -19,7 +19,7 @@ import logging
 import os
 import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 from urllib.parse import quote
@@ -548,8 +548,8 @@ class SqliteBackend:
     def open_error(self, exc: BaseException) -> JournalError:
         return unusable(self.file, exc)
 
-    def writer_lock(self, owner: str | None) -> WriterLock:
-        lock = WriterLock.acquire(self.file, owner)
+    def writer_lock(self, owner: str | None, keys: Sequence[Path] = ()) -> WriterLock:
+        lock = WriterLock.acquire(self.file, owner, keys=keys)
         self.sole = lock.exclusive
         return lock
 

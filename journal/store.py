@@ -37,6 +37,7 @@ from .checkpoints import Keys
 from .connect import bind_keys
 from .errors import ApprovalLapsed, IdempotencyRecord, JournalError, Lease
 from .reader import JournalReader, default_signing_key
+from .reader_base import default_key_file
 from .requests import Around, Batch, Fail, Hook, Posted
 from .rows import BARRIER_VALUES, attrs_json, decode_attrs
 from .sealing import AuditSealer, BrokerKey, UnsealedPayload, payload_aad
@@ -115,7 +116,16 @@ class Journal(JournalReader):
         backend = open_backend(path, options=options)
         self._owner = owner
         # Before anything else: a journal the daemon owns is not opened for writing at all.
-        self._writer_lock: Lock | None = backend.writer_lock(owner)
+        named = backend.path  # its key files, which a root writer's refusal names (``lock.py``)
+        keys = (
+            ()
+            if named is None
+            else (
+                default_key_file(named) if key_file is None else Path(key_file),
+                default_signing_key(named) if signing_key is None else Path(signing_key),
+            )
+        )
+        self._writer_lock: Lock | None = backend.writer_lock(owner, keys)
         try:
             super().__init__(path, key_file=key_file, readonly=False, clock=clock, backend=backend)
         except BaseException:

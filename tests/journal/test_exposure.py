@@ -139,15 +139,20 @@ def test_root_writing_a_journal_another_user_owns_is_refused_before_it_makes_a_f
     _make(db)
     lock = Path(f"{db}.lock")
     lock.unlink()  # (restored from a backup without it, say)
-    os.chown(db, NOBODY, NOBODY)
+    wal, key, results = Path(f"{db}-wal"), Path(f"{db}.key"), Path(f"{db}.results")
+    results.mkdir(mode=0o700)
+    (results / "seg-0001").touch(mode=0o600)  # (root's: in a directory of theirs)
+    for theirs in (db, wal, key, results):
+        os.chown(theirs, NOBODY, NOBODY)
     before = sorted(tmp_path.iterdir())
     with pytest.raises(JournalError) as refused:
         _open_and_close(db)
+    # Every file of the journal's another user owns (its directory is root's: not named).
+    gives_root = f"chown 0 {db} {wal} {key} && chown -R 0 {results}"
     assert str(refused.value) == (  # both ways forward: as its owner, or root's from now on
         f"journal {db} is owned by uid {NOBODY} and this process runs as root, which would make "
         "the files a writer creates beside it (its lock, result segments, keys, console login "
-        "tokens) root's, which its owner cannot open; "
-        f"{_run_as(NOBODY, f'chown 0 {db} {tmp_path}')}"
+        f"tokens) root's, which its owner cannot open; {_run_as(NOBODY, gives_root)}"
     )
     assert sorted(tmp_path.iterdir()) == before  # no lock, no -wal: nothing of root's
     public = told(refused.value)
@@ -159,9 +164,11 @@ def test_root_writing_a_journal_another_user_owns_is_refused_before_it_makes_a_f
     with pytest.raises(JournalError) as refused:
         _open_and_close(fresh / "journal.db")
     assert str(refused.value).startswith(f"the directory of journal {fresh}/journal.db is owned")
-    assert str(refused.value).endswith(_run_as(NOBODY, f"chown 0 {fresh}")), refused.value
+    # A directory of the journal's alone (empty, here) is given whole.
+    assert str(refused.value).endswith(_run_as(NOBODY, f"chown -R 0 {fresh}")), refused.value
     assert list(fresh.iterdir()) == []
-    os.chown(db, 0, 0)
+    for theirs in (db, wal, key, results):
+        os.chown(theirs, 0, 0)
     _open_and_close(db)  # root's own journal: written as before
 
 
@@ -179,7 +186,7 @@ def test_a_dangling_link_as_the_journal_is_judged_by_its_targets_directory(tmp_p
     assert str(refused.value).startswith(f"the directory of journal {link} is owned by uid "), (
         refused.value
     )
-    assert str(refused.value).endswith(_run_as(NOBODY, f"chown 0 {theirs}")), refused.value
+    assert str(refused.value).endswith(_run_as(NOBODY, f"chown -R 0 {theirs}")), refused.value
     assert list(theirs.iterdir()) == [] and not Path(f"{link}.lock").exists()
 
 

@@ -1,0 +1,92 @@
+"""A root writer's refusal of a journal another user owns (``lock._refuse_root_on_theirs``):
+its "if root is to run the broker from now on" names every file of the journal's another user
+owns -- the journal, its ``-wal``/``-shm``, lock, results directory (``chown -R``) and its key
+files wherever they are configured (``exposure.journal_files``, the list the exposure checks
+use, and the store's keys) -- and the directory SQLite keeps it in only when that directory
+holds the journal's files alone: a shared one (``$HOME``, a mount) is never to be given to
+root, its journal is to move.  It named the journal and its directory, whatever they held.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import trio
+
+from affidavit.journal import Journal, JournalError
+from tests.external import require_root
+
+from .test_exposure import NOBODY, _make, _run_as
+
+
+def _refused(db: Path, **keys: Path) -> str:
+    async def run() -> None:
+        async with Journal.open(db, **keys):
+            pass
+
+    with pytest.raises(JournalError) as refused:
+        trio.run(run)
+    return str(refused.value)
+
+
+def _give(owner: int, *paths: Path) -> None:
+    for path in paths:
+        os.chown(path, owner, owner)
+
+
+def test_a_directory_of_the_journals_alone_is_given_whole_a_key_elsewhere_by_name(
+    tmp_path: Path,
+) -> None:
+    require_root()
+    home, keys = tmp_path / "journal", tmp_path / "keys"
+    home.mkdir()
+    keys.mkdir()
+    db = home / "journal.db"
+    key, signing = keys / "broker.key", keys / "signing.key"
+    _make_with(db, key_file=key, signing_key=signing)
+    _give(NOBODY, home, *home.iterdir(), key)
+    before = sorted(home.iterdir())
+    said = _refused(db, key_file=key, signing_key=signing)
+    assert said.endswith(_run_as(NOBODY, f"chown -R 0 {home} && chown 0 {key}")), said
+    assert sorted(home.iterdir()) == before  # nothing of root's made
+
+
+def test_a_shared_directory_is_never_given_to_root_its_journal_moves(tmp_path: Path) -> None:
+    require_root()
+    home = tmp_path / "alice"
+    home.mkdir()
+    db = home / "journal.db"
+    _make(db)
+    (home / "notes.txt").write_text("alice's own")
+    _give(NOBODY, home, *home.iterdir())
+    said = _refused(db)
+    files = " ".join(str(p) for p in (db, Path(f"{db}-wal"), Path(f"{db}.lock")))
+    keys = f"{db}.key {db}.signing.key"
+    assert said.endswith(
+        _run_as(
+            NOBODY,
+            f"chown 0 {files} {keys}, and keep the journal in a directory of its own root owns "
+            f"({home} holds other files: a chown of it would take them from their owner)",
+        )
+    ), said
+    assert f"chown -R 0 {home}" not in said and f"chown 0 {home} " not in said
+    # No journal there yet: nothing to give, the journal to be named elsewhere.
+    (home / "journal.db").unlink()
+    for leftover in home.glob("journal.db*"):
+        leftover.unlink()
+    said = _refused(db)
+    assert said.startswith(f"the directory of journal {db} is owned by uid {NOBODY}"), said
+    assert said.endswith(
+        "if root is to run the broker from now on: keep the journal in a directory of its own "
+        f"root owns ({home} holds other files: a chown of it would take them from their owner)"
+    ), said
+
+
+def _make_with(db: Path, **keys: Path) -> None:
+    async def run() -> None:
+        async with Journal.open(db, **keys):
+            pass
+
+    trio.run(run)
