@@ -9,10 +9,11 @@ envelope or null}``.
 
 Exit status: 0 the poll read the job's state (or the job had already ended: nothing was sent);
 1 the poll got no readable answer and the state was kept; 2 usage or config error (an unknown
-operation, or one with no status resource the broker may query), a journal the daemon owns
-(JOURNAL_LOCKED naming its socket, as ``call`` says) or that could not take the poll
-(``poll_failure``'s words, then the journal's own); 143 SIGTERM stopped it, the poll's own
-record closed where it stood (``run_journal``).
+operation, or one with no status resource the broker may query), a journal that could not
+take the poll (``poll_failure``'s words, then the journal's own: a shared journal away at the
+opening too) or that could not be opened (the daemon's, unusable...: ``run_journal``'s codes,
+as ``call`` says them); 143 SIGTERM stopped it, the poll's own record closed where it stood
+(``run_journal``).
 """
 
 from __future__ import annotations
@@ -83,7 +84,7 @@ def _list(args: argparse.Namespace) -> int:
 def _poll(args: argparse.Namespace) -> int:
     from affidavit.api.broker import Broker
     from affidavit.engine import OperationError, poll_failure
-    from affidavit.journal import JournalError, JournalLocked
+    from affidavit.journal import JournalError, JournalUnavailable
 
     op_id = text_arg(args.operation_id, "the operation id")
     assert op_id is not None
@@ -91,14 +92,16 @@ def _poll(args: argparse.Namespace) -> int:
     config = load_or_usage(args.config)
 
     async def main() -> dict[str, Any]:
+        opened = False
         try:
             async with Broker.open(config=config) as broker:
+                opened = True
                 return await broker.poll_operation(op_id, timeout=args.timeout)
         except OperationError as exc:  # the daemon's 422 code, here as through it
             raise UsageError(str(exc), "OPERATION_ERROR") from None
-        except JournalLocked:  # the daemon's journal: ask it (run_journal's JOURNAL_LOCKED)
-            raise
         except JournalError as exc:  # the daemon's words, then the journal's (failure_line)
+            if not opened and not isinstance(exc, JournalUnavailable):
+                raise  # not opened (the daemon's, unusable...): run_journal's code, as call's
             failure = poll_failure(exc, op_id, operator=True)
             raise journal_refusal(exc, failure_line(exc, failure), failure[1]) from None
 

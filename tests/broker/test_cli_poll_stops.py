@@ -102,3 +102,20 @@ async def test_a_poll_of_a_journal_the_daemon_owns_is_journal_locked(
     assert err.startswith("affidavit: JOURNAL_LOCKED: "), err
     assert "affidavit serve on /run/a.sock" in err and "Traceback" not in err
     assert [r.method for r in srv.requests] == ["POST"]  # nothing was queried
+
+
+async def test_a_poll_of_a_journal_that_cannot_be_opened_is_journal_unusable(
+    tmp_path: Path, token: str
+) -> None:
+    """As ``call`` says it: the file is the operator's to mend (not a read that failed)."""
+    (tmp_path / "journal.db").mkdir()  # a directory where the journal should be
+    cfg = write_config(tmp_path, {"jobs": http_target("http://127.0.0.1:9/v1", **JOBS)})
+    p = await affidavit_cli(
+        "operation", "poll", "op_x", "--config", str(cfg), env={TOKEN_ENV: token}
+    )
+    err = p.stderr.decode()
+    assert p.returncode == 2, err
+    assert err == (
+        f"affidavit: JOURNAL_UNUSABLE: cannot open journal {tmp_path}/journal.db: it is a "
+        "directory (fix that, or name another journal with [journal] path or --journal)\n"
+    ), err
