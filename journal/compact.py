@@ -56,6 +56,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .names import beside
 from .segment_tables import MAX_BLOB, is_segment_name
 from .segments import _fsync_dir
 
@@ -110,9 +111,9 @@ def refusal_message(where: str, code: str = UNPROVEN) -> str:
     if code == NOT_A_DIRECTORY:
         return (
             f"journal {where}: result segment files not compacted ({NOT_A_DIRECTORY}): "
-            f"{where}.results is not a directory. A broker keeps a long result's bytes in "
-            "segment files there, and makes the directory when it stores the first; move what "
-            "is at that path away"
+            f"{beside(where, '.results')} is not a directory. A broker keeps a long result's "
+            "bytes in segment files there, and makes the directory when it stores the first; "
+            "move what is at that path away"
         )
     return (
         f"journal {where}: result segment files not compacted ({UNPROVEN}): a broker of an "

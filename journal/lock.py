@@ -28,6 +28,7 @@ from affidavit.privatefile import run_as_owner
 
 from .errors import JournalError
 from .exposure import is_serving, journal_files
+from .names import beside
 
 __all__ = ["JournalLocked", "WriterLock", "lock_path", "refuse_root_on_theirs"]
 
@@ -52,7 +53,7 @@ def lock_path(journal: Path) -> Path:
     the inode (the journal file itself): SQLite's locks are POSIX ones, which the close of
     *any* descriptor of the file drops for the whole process -- so a second name, a hard link,
     is refused instead (``_refuse_other_names``)."""
-    return Path(f"{os.path.realpath(journal)}.lock")
+    return beside(journal, ".lock")
 
 
 def _refuse_other_names(journal: Path) -> None:

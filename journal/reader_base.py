@@ -20,6 +20,7 @@ from affidavit.statemachine import Record, within_send_window
 from . import checkpoints
 from .backend import Backend, open_backend
 from .errors import JournalError, JournalUnavailable, ReadFailed
+from .names import beside, refuse_left_beside
 from .rows import AlteredRow
 from .sealing import BrokerKey
 from .signing import key_id_of
@@ -31,8 +32,9 @@ T = TypeVar("T")
 
 
 def default_key_file(path: Path) -> Path:
-    """Where the broker key lives unless configured: ``<journal>.key``."""
-    return Path(f"{path}.key")
+    """Where the broker key lives unless configured: ``<journal>.key`` beside the file ``path``
+    names (``names.beside``)."""
+    return beside(path, ".key")
 
 
 class ReaderBase:
@@ -60,6 +62,8 @@ class ReaderBase:
             self._key_file: Path | None = Path(key_file)
         else:
             self._key_file = default_key_file(self.path) if self.path is not None else None
+        if self.path is not None and self._key_file is not None:  # (``path``: the name given)
+            refuse_left_beside(path, ".key", "sealing key", self._key_file)
         self._key: BrokerKey | None = None
         self._key_recorded = False
         """The key's id is the one the journal records: a blob it cannot open was altered."""

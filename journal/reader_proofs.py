@@ -19,6 +19,7 @@ from .chain import GENESIS
 from .checkpoints import Keys
 from .connect import recorded_keys
 from .errors import JournalError, VerifyReport
+from .names import beside
 from .reader_base import ReaderBase, pinned_keys
 from .sealing import BrokerKey
 from .signing import Anchor, Checkpoint
@@ -48,8 +49,9 @@ def _segments_hint(report: VerifyReport, tables: Tables) -> VerifyReport:
 
 
 def default_signing_key(path: Path) -> Path:
-    """Where the signing key lives unless configured: ``<journal>.signing.key``."""
-    return Path(f"{path}.signing.key")
+    """Where the signing key lives unless configured: ``<journal>.signing.key`` beside the
+    file ``path`` names (``names.beside``)."""
+    return beside(path, ".signing.key")
 
 
 class _Source:

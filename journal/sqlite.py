@@ -27,6 +27,7 @@ from urllib.parse import quote
 from .errors import JournalError, JournalReplaced, JournalWriteError, ReadFailed
 from .exposure import journal_exposures, warn_exposed
 from .lock import WriterLock
+from .names import journal_file, refuse_left_beside
 from .rows import FOLD_COLUMNS
 from .segment_tables import SEGMENT_LOCKS, SEGMENT_SQL, SegmentTables
 from .signing import Checkpoint
@@ -249,10 +250,15 @@ class SqliteBackend:
     reconnect_within = 0.0
 
     def __init__(self, path: Path) -> None:
-        self.path: Path | None = path
+        refuse_left_beside(path, ".results", "result segment directory")
+        self.path: Path | None = journal_file(path)
+        """The file the name given is (``names.py``): what every file the journal keeps beside
+        itself is named after -- its keys' defaults (``ReaderBase``), its segment directory."""
         self.file = path
+        """The name given: SQLite opens it (resolving a link, as the lock does) and every
+        message names it as the operator did."""
         self.where = str(path)
-        self.segments: Path | None = Path(f"{path}.results")
+        self.segments: Path | None = Path(f"{self.path}.results")
         self._sync: dict[int, str] = {}
         self._checkpointers: dict[int, _Checkpointer] = {}
         self.sole = False

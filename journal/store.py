@@ -36,6 +36,7 @@ from .chain import canonical_json
 from .checkpoints import Keys
 from .connect import bind_keys
 from .errors import ApprovalLapsed, IdempotencyRecord, JournalError, Lease
+from .names import refuse_left_beside
 from .reader import JournalReader, default_signing_key
 from .reader_base import default_key_file
 from .requests import Around, Batch, Fail, Hook, Posted
@@ -144,6 +145,8 @@ class Journal(JournalReader):
                     f"journal {self.where}: a shared journal needs its key files named "
                     "([journal] key_file and signing_key)"
                 )
+            if self.path is not None:  # before ``_bind`` makes one that is not there
+                refuse_left_beside(path, ".signing.key", "signing key", self.signing_key_file)
             if self._key_file is None:
                 raise JournalError(
                     f"journal {self.where}: a shared journal needs its key files named "

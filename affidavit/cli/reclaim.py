@@ -71,6 +71,7 @@ def _opening(args: argparse.Namespace) -> dict[str, Any]:
     from affidavit.config import ConfigError, load_config
     from affidavit.journal import JournalError
     from affidavit.journal.backend import open_backend
+    from affidavit.journal.names import beside, refuse_left_beside
 
     location = _journal_path(args)
     try:  # "no journal at ...": never create one here
@@ -80,10 +81,10 @@ def _opening(args: argparse.Namespace) -> dict[str, Any]:
         raise journal_refusal(exc) from None
     if args.journal and not _is_url(args.journal):
         path = Path(args.journal)
-        found: dict[str, Any] = {
+        found: dict[str, Any] = {  # the keys beside the file a link names (names.py)
             "path": path,
-            "key_file": Path(f"{path}.key"),
-            "signing_key": Path(f"{path}.signing.key"),
+            "key_file": beside(path, ".key"),
+            "signing_key": beside(path, ".signing.key"),
         }
     else:
         try:
@@ -97,7 +98,13 @@ def _opening(args: argparse.Namespace) -> dict[str, Any]:
             "auditor_public_key": journal.auditor_public_key,
             "reconnect_within": journal.reconnect,
         }
-    for what, name in (("sealing key", "key_file"), ("signing key", "signing_key")):
+    keys = (("sealing key", "key_file", ".key"), ("signing key", "signing_key", ".signing.key"))
+    for what, name, suffix in keys:
+        if not _is_url(str(location)):  # one left beside a link's name: the ``mv`` that fixes it
+            try:
+                refuse_left_beside(location, suffix, what, found[name])
+            except JournalError as exc:
+                raise journal_refusal(exc) from None
         if not found[name].is_file():
             raise UsageError(
                 f"no {what} at {found[name]}: reclaim opens the journal with its own keys "
@@ -132,6 +139,7 @@ def _reclaim(args: argparse.Namespace) -> int:
 
 def _report(args: argparse.Namespace, done: Reclamation, where: str) -> None:
     from affidavit.cli.journal import _out, print_json
+    from affidavit.journal.names import beside
 
     chunks = sum(r.chunks for r in done.measured)
     audit = sum(r.audit for r in done.measured)
@@ -163,7 +171,8 @@ def _report(args: argparse.Namespace, done: Reclamation, where: str) -> None:
         )
     seg = _segments(done, where)
     if done.compacted is not None and done.compacted.absent:
-        _out(f"no result segment files ({where}.results does not exist): nothing to compact")
+        results = beside(where, ".results")  # (beside the file a link names)
+        _out(f"no result segment files ({results} does not exist): nothing to compact")
     elif seg is not None and "refused" not in seg:
         _out(
             f"{verb} {seg['bytes']} bytes of result segment files no committed result names: "

@@ -85,7 +85,9 @@ def key_file_of(args: argparse.Namespace) -> Path:
                 "INVALID_FIELD",
                 "--key-file",
             )
-        return Path(f"{args.journal}.key")
+        from affidavit.journal.names import beside
+
+        return beside(args.journal, ".key")  # (beside the file a link names)
     explicit = args.config or os.environ.get(CONFIG_ENV)
     if not explicit and not Path(DEFAULT_CONFIG).exists():
         return Path("affidavit.db.key")

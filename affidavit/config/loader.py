@@ -124,7 +124,10 @@ def _broker_file(suffix: str, what: str) -> Callable[[Read], Path]:
             return r.resolve_path(raw)
         if r.values["url"]:
             raise r.error(f"is required with url: {what}")
-        return Path(f"{r.values['path']}{suffix}")
+        # Beside the file the path names (a link resolved), as the journal keeps its other
+        # files (journal/names.py; this layer may not import it): where a link's old key lies
+        # instead, the journal's open refuses with the ``mv`` that fixes it.
+        return Path(f"{os.path.realpath(r.values['path'])}{suffix}")
 
     return parse
 

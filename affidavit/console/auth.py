@@ -54,8 +54,12 @@ _HASHED = 64  # hex SHA-256: the file name of a stored token
 
 
 def token_dir(journal_path: Path) -> Path:
-    """Where login tokens wait: ``<journal>.console-tokens/`` (the daemon's user's alone)."""
-    return journal_path.with_name(journal_path.name + ".console-tokens")
+    """Where login tokens wait: ``<journal>.console-tokens/`` (the daemon's user's alone),
+    beside the file a link names (``journal.names``: the daemon and ``console-url`` agree
+    whatever name each was given)."""
+    from affidavit.journal.names import beside
+
+    return beside(journal_path, ".console-tokens")
 
 
 def _digest(token: str) -> str:

@@ -174,9 +174,9 @@ def _refuse_unusable_segments(broker: Broker) -> None:
     result would be sent, then end ``RESULT_STORE_FAILED`` -- refused now, before recovery
     writes anything and before the socket is bound, rather than call by call later."""
     if not_a_directory(broker.journal.backend.segments):
-        where = broker.journal.where
+        where, results = broker.journal.where, broker.journal.backend.segments
         raise DaemonError(
-            f"journal {where}: {where}.results is not a directory ({NOT_A_DIRECTORY}): a "
+            f"journal {where}: {results} is not a directory ({NOT_A_DIRECTORY}): a "
             "broker keeps a long result's bytes in segment files there, so every call with "
             "one would be sent and its result not stored; move what is at that path away, "
             "then start the daemon again",
