@@ -54,8 +54,8 @@ def refuse_left_beside(
     raise JournalError(
         f"journal {given} is the file {journal_file(given)}, whose {what} is kept beside it "
         f"({used}), but it is beside the name given ({old}), where an earlier affidavit kept "
-        f"it: move it there (`mv {shlex.quote(str(old))} {shlex.quote(str(used))}`) and start "
-        "again",
+        f"it: move it there (`mv {shlex.quote(str(old))} {shlex.quote(str(used))}`), then open "
+        "the journal again",
         public=f"the journal's {what} is beside another name of the journal file than the "
         "file's own; the operator must move it",
     )

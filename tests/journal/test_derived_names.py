@@ -1,25 +1,20 @@
 """A journal's derived files follow the file, not the name it is opened under (``names.py``).
 
 The long results' ``<journal>.results/``, the default ``<journal>.key`` and
-``<journal>.signing.key`` and the console's token directory were made beside the name given: a
-journal opened through a link in another directory read its long results as altered ("chunk 0
-differs from its chained hash") and ``verify`` blamed a missing results directory.  Files an
-earlier version left beside a link only are refused with the ``mv`` that fixes it -- never a
-fresh key, never a claim of tampering."""
+``<journal>.signing.key`` were made beside the name given: a journal opened through a link in
+another directory read its long results as altered ("chunk 0 differs from its chained hash")
+and ``verify`` blamed a missing results directory.  Files an earlier version left beside a link
+only are refused with the ``mv`` that fixes it -- never a fresh key, never a claim of tampering.
+The broker's, the CLI's and the console's ways in: tests/broker/test_journal_link_names.py."""
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import trio
 
-from affidavit.config import load_config
-from affidavit.console import token_dir
 from affidavit.journal import Journal, JournalError, JournalReader
 
 from . import segkit as kit
@@ -119,64 +114,3 @@ def test_a_key_configured_elsewhere_is_not_refused_for_one_left_beside_the_link(
     Path(f"{link}.key").write_bytes(b"an old file no one uses")
     with JournalReader.open(link, key_file=key) as r:
         assert r.verify().ok
-
-
-def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[bytes]:
-    return subprocess.run(
-        [sys.executable, "-m", "affidavit", *args],
-        capture_output=True,
-        check=False,
-        timeout=60,
-        env={**os.environ, "AFFIDAVIT_CONFIG": str(cwd / "none.toml")},
-        cwd=str(cwd),
-    )
-
-
-def test_verify_and_reclaim_through_a_link_find_the_segments(
-    names: tuple[Path, Path], tmp_path: Path
-) -> None:
-    real, link = names
-    trio.run(kit.build, real)
-    verify = _cli("journal", "verify", "--journal", str(link), cwd=tmp_path)
-    assert verify.returncode == 0, verify.stdout + verify.stderr
-    assert b"1 stored results match their chained hashes" in verify.stdout
-    dry = _cli("journal", "reclaim", "--journal", str(link), "--dry-run", "--json", cwd=tmp_path)
-    assert dry.returncode == 0, dry.stderr
-    seg = json.loads(dry.stdout)["segments"]
-    assert (seg["files"], seg["removed"]) == (2, 1)
-    kit.check(real)
-
-
-@pytest.mark.parametrize(
-    ("command", "code"),
-    [
-        (("verify",), "JOURNAL_UNREADABLE"),  # (a read's code for a journal it cannot open)
-        (("reclaim", "--dry-run"), "JOURNAL_UNUSABLE"),
-    ],
-)
-def test_the_cli_refuses_a_key_beside_the_link_only_with_a_stable_code(
-    names: tuple[Path, Path], tmp_path: Path, command: tuple[str, ...], code: str
-) -> None:
-    real, link = names
-    old = _left_beside_the_link(real, link, ".key")
-    done = _cli("journal", *command, "--journal", str(link), cwd=tmp_path)
-    err = done.stderr.decode()
-    assert done.returncode == 2 and "Traceback" not in err, err
-    assert err.startswith(f"affidavit: {code}: "), err
-    assert f"mv {old} {real}.key" in err
-    assert not os.path.lexists(f"{real}.key")
-
-
-def test_the_configs_default_keys_and_the_consoles_tokens_are_beside_the_file(
-    names: tuple[Path, Path], tmp_path: Path
-) -> None:
-    real, link = names
-    config = tmp_path / "affidavit.toml"
-    config.write_text(f'[journal]\npath = "{link}"\n')
-    journal = load_config(str(config)).journal
-    assert journal.path == link  # (messages name it as the operator did)
-    assert (journal.key_file, journal.signing_key) == (
-        Path(f"{real}.key"),
-        Path(f"{real}.signing.key"),
-    )
-    assert token_dir(link) == token_dir(real) == Path(f"{real}.console-tokens")
