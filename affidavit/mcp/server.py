@@ -57,7 +57,7 @@ from .tools import (
     render,
     visible_name,
 )
-from .transport import StdioTransport
+from .transport import StdioTransport, shown_id
 
 __all__ = ["McpSession", "new_session_id", "serve"]
 
@@ -245,11 +245,13 @@ class McpSession:
                 # A journal that cannot be written, a broken binding: the type only (an
                 # exception's text may quote remote bytes).
                 name = type(exc).__name__
-                log.error("request %r ended without an answer: %s", request_id, name)
+                log.error("request %s ended without an answer: %s", shown_id(request_id), name)
                 answer = api_error("INTERNAL", f"the broker failed ({name})")
             exchange.hand_over(answer)
             if exchange.written is not None and not await exchange.written.wait():
-                log.warning("the answer to request %r was not written (client gone)", request_id)
+                log.warning(
+                    "the answer to request %s was not written (client gone)", shown_id(request_id)
+                )
         finally:
             self.running -= 1
             if not self.running:

@@ -38,6 +38,7 @@ the protocol runs on private duplicates (as the SDK's ``stdio_server`` does).
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
 import os
@@ -52,7 +53,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from mcp.shared.dispatcher import coerce_request_id
 from mcp.shared.message import ServerMessageMetadata, SessionMessage
 
-__all__ = ["FAULT_LOG_EVERY", "MAX_LINE", "Outcome", "StdioTransport"]
+__all__ = ["FAULT_LOG_EVERY", "MAX_LINE", "Outcome", "StdioTransport", "shown_id"]
 
 log = logging.getLogger("affidavit.mcp")
 
@@ -281,7 +282,7 @@ class StdioTransport:
         that one runs on, and that its answer is still to come -- never that it failed."""
         if request_id is not None and coerce_request_id(request_id) in self._open:
             what = (
-                f"request id {_quote(request_id)} is already in flight: this one ({what}) was "
+                f"request id {shown_id(request_id)} is already in flight: this one ({what}) was "
                 "refused and nothing ran for it; the first one runs on and is answered under "
                 "the same id"
             )
@@ -357,9 +358,20 @@ def _int(digits: str) -> Any:
     return _Huge if len(digits) > MAX_DIGITS else int(digits)
 
 
-def _quote(request_id: Any) -> str:
+SHOWN_ID = 40
+"""Characters of a request id (as JSON) quoted whole in a message or a log line."""
+
+
+def shown_id(request_id: Any) -> str:
+    """A client's request id as a message or a log line quotes it: as JSON (escaped, ASCII)
+    when at most ``SHOWN_ID`` characters, else its length and a short hash -- a client chooses
+    its ids, strings up to the message limit (MiBs): one echoed whole per line would let it
+    write MiBs of log per request, and a cut one would not tell two ids apart."""
     text = json.dumps(request_id)
-    return text if len(text) <= 40 else text[:37] + "..."
+    if len(text) <= SHOWN_ID:
+        return text
+    digest = hashlib.sha256(text.encode("ascii")).hexdigest()[:12]
+    return f"<an id of {len(text)} characters, sha256 {digest}>"
 
 
 def _id_fault(value: Any) -> str | None:

@@ -591,3 +591,26 @@ async def test_no_caller_chosen_text_forges_or_colours_a_log_line(
     assert "protocol fault" in log  # the duplicated field and the broken line were logged
     assert "\x1b" not in log and "\u202e" not in log
     assert all(LOG_LINE.match(x) for x in log.splitlines()), log
+
+
+async def test_a_huge_request_id_cancelled_is_logged_by_its_length_and_hash(
+    tmp_path: Path, remotes: Remotes, token: str
+) -> None:
+    """A client chooses its ids (any string up to the message limit): one cancelled while its
+    call runs on is logged once the call's answer cannot be written -- by its length and a
+    short hash, never whole (a 1 MB id used to write 1 MB of log per cancelled request)."""
+    big = "I" * 1_000_000
+    async with raw_server(tmp_path, remotes, token) as raw:
+        await raw.send(call(big, "http_request", HELD))
+        await wait_for(remotes.holds.event("received"))
+        cancel = {"requestId": big, "reason": "test"}
+        await raw.send({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": cancel})
+        remotes.holds.event("release").set()
+        with trio.fail_after(WAIT):  # the held call ends, its answer unwritten, and is logged
+            while "was not written" not in raw.stderr():
+                await trio.sleep(0.05)
+        await raw.send(call(8, "list_targets", {}))
+        assert "result" in await raw.answer(8)  # the session is still open
+        log = raw.stderr()
+    assert len(log) < 4096, len(log)
+    assert "the answer to request <an id of 1000002 characters, sha256 " in log
