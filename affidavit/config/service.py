@@ -183,7 +183,9 @@ SERVICE = Schema(
             _max_calls,
             default=256,
             doc="calls running at once in the daemon, and in each embedded `affidavit mcp` "
-            "session; one more is answered overloaded (503 / OVERLOADED), nothing run",
+            "session -- a job's poll and a reconciliation query count as calls (each reaches "
+            "the remote); one more is answered overloaded (503 / OVERLOADED), nothing run (an "
+            "operator's attestation, which sends nothing, is never refused so)",
         ),
         Field(
             "operator_uids",

@@ -83,7 +83,7 @@ from affidavit.views import (
 )
 
 from . import operators
-from .calls import Calls, Overloaded, Running
+from .calls import Calls, Running
 from .http import ApiProblem, ClientGone, Request, api_error_body
 from .peer import Peer, PeerPolicy
 
@@ -225,12 +225,7 @@ class Api:
                 requester=req.peer.uid,  # it may not approve its own request
             )
 
-        try:
-            running = self.calls.start(run)
-        except Overloaded:
-            raise ApiProblem(
-                503, "OVERLOADED", f"{self.calls.limit} calls are running; call again later"
-            ) from None
+        running = self.calls.start(run)  # or 503 OVERLOADED (``Overloaded``), nothing run
         withdraw = functools.partial(_withdraw, running)
         req.link.on_hang_up.add(withdraw)
         if req.link.hung_up.is_set():
@@ -262,7 +257,8 @@ class Api:
         if not self.calls.accepting:
             raise ApiProblem(503, "SHUTTING_DOWN", "the broker is shutting down; call again later")
         try:
-            with self.calls.linked() as control:  # stopped at the grace's end, as a call
+            # Refused OVERLOADED past ``max_calls`` and stopped at the grace's end, as a call.
+            with self.calls.linked() as control:
                 answer = await self.broker.poll_operation(
                     operation_id, timeout=timeout, control=control
                 )

@@ -24,6 +24,8 @@ import trio
 from affidavit.engine import CallControl
 from affidavit.journal import AlteredRow, JournalError
 
+from .http import ApiProblem
+
 __all__ = ["Calls", "Overloaded", "Running"]
 
 log = logging.getLogger("affidavit.daemon")
@@ -32,8 +34,12 @@ Run = Callable[["Running"], Awaitable[dict[str, Any]]]
 """A call's work: the caller's action, or an approved one the dispatcher sends."""
 
 
-class Overloaded(Exception):
-    """``[service] max_calls`` calls are running; the caller should try again later."""
+class Overloaded(ApiProblem):
+    """``[service] max_calls`` calls are running; the caller should try again later: the
+    API's 503 OVERLOADED, nothing sent."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(503, "OVERLOADED", f"{limit} calls are running; call again later")
 
 
 class Running:
@@ -77,7 +83,7 @@ class Calls:
 
     def start(self, run: Run) -> Running:
         if len(self.running) >= self.limit:
-            raise Overloaded
+            raise Overloaded(self.limit)
         assert self._nursery is not None, "Calls.run is not running"
         call = Running()
         self.running.add(call)
@@ -86,11 +92,16 @@ class Calls:
         return call
 
     @contextlib.contextmanager
-    def linked(self) -> Iterator[CallControl]:
+    def linked(self, capped: bool = True) -> Iterator[CallControl]:
         """The control of a poll or a reconciliation query that its request's handler runs
         itself (a linked call to the remote): counted among the calls in flight, so the grace
         waits for it and its end stops it where it is (BROKER_SHUTDOWN) -- never left to be
-        cut off later as if its caller had gone.  Not refused OVERLOADED (it never was)."""
+        cut off later as if its caller had gone.  ``Overloaded`` when ``limit`` calls are
+        running, as a call is: each reaches the remote, and the cap is on what is in flight
+        (the call a poll follows has ended, so it holds no slot then).  ``capped=False``: an
+        operator's attestation, which sends nothing, is counted but never refused."""
+        if capped and len(self.running) >= self.limit:
+            raise Overloaded(self.limit)
         call = Running()
         self.running.add(call)
         self._idle = trio.Event()

@@ -168,7 +168,8 @@ async def reconcile(api: Api, req: Request, invocation_id: str) -> None:
         raise ApiProblem(503, "SHUTTING_DOWN", "the broker is shutting down; call again later")
 
     async def work() -> dict[str, Any]:
-        with api.calls.linked() as control:  # a query is stopped at the grace's end, as a call
+        # A query is a call: refused OVERLOADED past ``max_calls``, stopped at the grace's end.
+        with api.calls.linked(capped=query) as control:
             return await api.broker.reconcile(
                 invocation_id,
                 query=query,
