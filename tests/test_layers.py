@@ -33,6 +33,7 @@ SERVICE_BASE = {
     "affidavit.adapters.<proto>",
     "affidavit.text",
     "affidavit.strictjson",
+    "affidavit.session",
     "affidavit.coredump",
     "affidavit.heap",
     "affidavit.acl",
@@ -45,6 +46,9 @@ ALLOWED: Mapping[str, frozenset[str]] = {
     "affidavit.text": frozenset(),
     # JSON read strictly (no field named twice, no NaN): a leaf the MCP proxy loads too.
     "affidavit.strictjson": frozenset(),
+    # What a session name may be: one rule for the action parser and the MCP tools, a leaf
+    # the MCP proxy loads too.
+    "affidavit.session": frozenset(),
     # Core dumps off for the process that calls it (serve, mcp; an embedder's choice): a leaf
     # that the MCP proxy loads too, so not under ``affidavit.secrets``.
     "affidavit.coredump": frozenset(),
@@ -77,7 +81,13 @@ ALLOWED: Mapping[str, frozenset[str]] = {
     # The registry and the common action parsing: they find protocols through entry points,
     # never by importing one (a protocol is added without editing them).
     "affidavit.protocols": frozenset(
-        {"affidavit.schema", "affidavit.statemachine", "affidavit.adapters", "affidavit.strictjson"}
+        {
+            "affidavit.schema",
+            "affidavit.statemachine",
+            "affidavit.adapters",
+            "affidavit.strictjson",
+            "affidavit.session",
+        }
     ),
     "affidavit.protocols.<proto>": frozenset(
         {
@@ -156,6 +166,7 @@ ALLOWED: Mapping[str, frozenset[str]] = {
             "affidavit.reconcile",
             "affidavit.views",
             "affidavit.journal",
+            "affidavit.session",
         }
     ),
     "affidavit.docgen": frozenset({"affidavit.statemachine", "affidavit.adapters"}),

@@ -20,6 +20,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from affidavit.session import MAX_SESSION, SESSION_CHARS, SESSION_WORDS
+
 __all__ = [
     "CONTRACT",
     "READ_TOOLS",
@@ -85,6 +87,7 @@ def api_error(code: str, message: str, field: str | None = None) -> dict[str, An
     return {"api_error": error}
 
 
+_VISIBLE_CHARS = r"[\x21-\x7e]+"
 _VISIBLE = re.compile(r"[\x21-\x7e]{1,255}")
 
 
@@ -103,6 +106,11 @@ class Param:
     required: bool = False
     values: tuple[str, ...] = ()
     maximum: int | None = None
+    chars: str = _VISIBLE_CHARS
+    """A string's pattern (matched whole; Python's and ECMA-262's alike)."""
+    max_length: int = 255
+    words: str = "1-255 visible ASCII characters"
+    """How a refusal of a string that breaks ``chars`` or ``max_length`` says it."""
 
     def schema(self) -> dict[str, Any]:
         out: dict[str, Any] = {"type": self.type, "description": self.doc}
@@ -110,7 +118,7 @@ class Param:
             if self.values:
                 out["enum"] = list(self.values)
             else:
-                out.update(maxLength=255, pattern="^(?:[\\x21-\\x7e]+)$")
+                out.update(maxLength=self.max_length, pattern=f"^(?:{self.chars})$")
         else:
             out["minimum"] = 0
             if self.maximum is not None:
@@ -133,8 +141,10 @@ class Param:
             raise ArgumentError(self.name, "must be a string")
         if self.values and value not in self.values:
             raise ArgumentError(self.name, "must be one of " + ", ".join(self.values))
-        if not self.values and not _VISIBLE.fullmatch(value):
-            raise ArgumentError(self.name, "must be 1-255 visible ASCII characters")
+        if not self.values and (
+            len(value) > self.max_length or re.fullmatch(self.chars, value) is None
+        ):
+            raise ArgumentError(self.name, f"must be {self.words}")
         return value
 
 
@@ -196,7 +206,13 @@ READ_TOOLS: dict[str, ReadTool] = {
             "`total` says how many there are, `truncated` true that older ones were left out. "
             "A read.",
             (
-                Param("session", "the session to list (default: this connection's)"),
+                Param(
+                    "session",
+                    "the session to list (default: this connection's)",
+                    chars=SESSION_CHARS,
+                    max_length=MAX_SESSION,
+                    words=SESSION_WORDS,
+                ),
                 Param("outcome", "only this outcome", values=OUTCOMES),
                 Param("limit", "at most this many, newest (default 50)", "integer", maximum=1000),
             ),

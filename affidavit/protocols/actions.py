@@ -26,6 +26,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 
 from affidavit.schema import Target, canonical_json, snapshot_hash
+from affidavit.session import MAX_SESSION, SESSION, SESSION_WORDS
 from affidavit.statemachine import Code
 from affidavit.strictjson import DuplicateField, NotJsonNumber
 from affidavit.strictjson import loads as strict_loads
@@ -68,13 +69,12 @@ BOUNDED_PREFIX = 64
 
 # Visible ASCII only: these fields travel in headers, journal attrs and envelopes.
 VISIBLE = re.compile(r"[\x21-\x7e]+")
-_SESSION = re.compile(r"[\x20-\x7e]+")
 
 SESSION_FIELD = ActionField(
     "session",
     "groups invocations (one agent run); never part of what is sent",
-    max_length=MAX_TOKEN_FIELD,
-    pattern=_SESSION.pattern,
+    max_length=MAX_SESSION,
+    pattern=SESSION.pattern,
 )
 """The common ``session`` field, as ``session()`` reads it."""
 
@@ -120,10 +120,8 @@ def string(obj: Mapping[str, Any], key: str, *, required: bool) -> str | None:
 def session(obj: Mapping[str, Any]) -> str | None:
     """The common ``session`` field (who asked; never part of the fingerprint)."""
     value = string(obj, "session", required=False)
-    if value is not None and (len(value) > MAX_TOKEN_FIELD or not _SESSION.fullmatch(value)):
-        raise ActionInvalid(
-            Code.INVALID_FIELD, "session", "must be 1-255 printable ASCII characters"
-        )
+    if value is not None and (len(value) > MAX_SESSION or not SESSION.fullmatch(value)):
+        raise ActionInvalid(Code.INVALID_FIELD, "session", f"must be {SESSION_WORDS}")
     return value
 
 

@@ -305,3 +305,24 @@ async def test_a_removed_binding_answers_the_journals_words_not_an_outage(
         assert "has no binding row, but the ACTION_ACCEPTED at seq" in problem["message"]
         assert "k9" not in problem["message"]
         assert len(remotes.ok.requests) == sent
+
+
+async def test_an_action_s_session_with_a_space_lists_its_actions(
+    tmp_path: Path, remotes: Remotes, token: str
+) -> None:
+    """A session an action may name (printable ASCII, the space too) is one ``list_actions``
+    takes: its published schema is the action tools' ``session`` schema (one definition), and
+    an agent lists its own ``"run 1"`` session's actions.  It used to refuse the space."""
+    cfg = remotes.config(tmp_path)
+    async with connected(["--config", str(cfg)], remotes.env(token), tmp_path / "mcp.log") as mcp:
+        tools = {t.name: t.input_schema for t in (await mcp.session.list_tools()).tools}
+        listed = tools["list_actions"]["properties"]["session"]
+        named = tools["http_request"]["properties"]["session"]
+        assert (listed["pattern"], listed["maxLength"]) == (named["pattern"], named["maxLength"])
+        action = {"target": "ok", "method": "GET", "path": "/a", "session": "run 1"}
+        iid = structured(await mcp.call("http_request", action))["invocation_id"]
+        result = await mcp.call("list_actions", {"session": "run 1"})
+        assert result.is_error is False, structured(result)
+        assert [a["invocation_id"] for a in structured(result)["actions"]] == [iid]
+        refused = structured(await mcp.call("list_actions", {"session": "run\t1"}))
+        assert refused["error"]["field"] == "session", refused
