@@ -382,11 +382,19 @@ class Broker:
     ) -> dict[str, Any]:
         """Settle an unknown outcome: ``query=True`` runs the target's reconciliation query as a
         linked invocation; ``attest="committed" | "rejected"`` (with a ``note``; operators
-        only) records what an operator found.  Returns ``{"reconciled", "envelope"`` (the
+        only) records what an operator found -- a ``note`` with a query is refused
+        (INVALID_FIELD), never dropped.  Returns ``{"reconciled", "envelope"`` (the
         reconciled invocation's) ``, "query"`` (the query's envelope, for ``query``)``}``.
         ``control``: the query's, as ``call``'s (a host's shutdown stops it where it is)."""
         if query == (attest is not None):
             raise OperatorError("BAD_REQUEST", "give exactly one of query or attest", 400)
+        if query and note is not None:  # never dropped unsaid: a query records no note
+            raise OperatorError(
+                "INVALID_FIELD",
+                "note: only an attestation takes a note, a query records none",
+                400,
+                "note",
+            )
         await self.settled()  # the record as its caller was told it (its delivery included)
         try:
             if query:
