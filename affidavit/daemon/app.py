@@ -263,7 +263,7 @@ class Api:
                     operation_id, timeout=timeout, control=control
                 )
         except OperationError as exc:
-            raise ApiProblem(422, "OPERATION_ERROR", str(exc)) from None
+            raise ApiProblem(422, "OPERATION_ERROR", str(exc), exc.field) from None
         except JournalError as exc:
             raise operators.act_problem(exc, poll_failure(exc, operation_id)) from None
         await req.respond_json(answer)

@@ -41,7 +41,14 @@ E = EventKind
 
 
 class OperationError(Exception):
-    """No such operation, or it cannot be queried (its message says why, for the operator)."""
+    """No such operation, or it cannot be queried (its message says why, for the operator).
+    ``field``: ``"operation_id"`` when the id names no operation -- the one case where the
+    caller should correct what it sent (the daemon's 422 names it, MCP answers INVALID_FIELD
+    there); None when the operation exists but cannot be queried now."""
+
+    def __init__(self, message: str, field: str | None = None) -> None:
+        self.field = field
+        super().__init__(message)
 
 
 def poll_failure(exc: Exception, op_id: str, *, operator: bool = False) -> tuple[int, str, str]:
@@ -65,7 +72,7 @@ def find(engine: Engine, op_id: str) -> Record:
     iid = invocation_of(op_id)
     record = engine.journal.record(iid) if iid is not None else None
     if record is None or record.operation is None or record.operation["id"] != op_id:
-        raise OperationError(f"no operation {op_id} in the journal")
+        raise OperationError(f"no operation {op_id} in the journal", "operation_id")
     return record
 
 

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
-from .tools import api_error, refusal
+from .tools import act_refused, api_error, refusal
 
 if TYPE_CHECKING:
     from affidavit.api.broker import Broker
@@ -217,7 +217,7 @@ class Embedded:
             with self._control() as control:
                 return await self.broker.poll_operation(operation_id, control=control)
         except OperationError as exc:  # the id sent, echoed as sent: no journal words to unplace
-            return refusal("INVALID_FIELD", "operation_id", str(exc))
+            return act_refused("OPERATION_ERROR", str(exc), exc.field, "operation_id")
         except JournalError as exc:
             _status, code, message = poll_failure(exc, operation_id)
             return self._api_error(code, message, operation_id)
@@ -233,8 +233,8 @@ class Embedded:
         try:
             with self._control() as control:
                 return await self.broker.reconcile(invocation_id, query=True, control=control)
-        except OperatorError as exc:
-            return refusal("INVALID_FIELD", "invocation_id", f"{exc.code}: {exc.message}")
+        except OperatorError as exc:  # its words name the id sent, echoed as sent
+            return act_refused(exc.code, exc.message, exc.field, "invocation_id")
         except JournalError as exc:
             _status, code, message = service.failure(exc, invocation_id)
             return self._api_error(code, message, invocation_id)
@@ -330,10 +330,8 @@ class Daemon:
             with self._hung_up_at_stop():
                 answer = await self.client.poll_operation(operation_id)
             return _stopped_before_answer() if answer is None else answer
-        except ApiError as exc:
-            if exc.code == "OPERATION_ERROR":
-                return refusal("INVALID_FIELD", "operation_id", exc.message)
-            return api_error(exc.code, exc.message, exc.field)
+        except ApiError as exc:  # the daemon's refusal (OVERLOADED too): as embedded
+            return act_refused(exc.code, exc.message, exc.field, "operation_id")
         except Exception as exc:
             return _client_failure(exc, _LOST_CALL)
 
@@ -345,10 +343,8 @@ class Daemon:
             with self._hung_up_at_stop():
                 answer = await self.client.reconcile(invocation_id, query=True)
             return _stopped_before_answer() if answer is None else answer
-        except ApiError as exc:
-            if exc.status in (400, 404, 409):  # the service's refusal: nothing was queried
-                return refusal("INVALID_FIELD", "invocation_id", f"{exc.code}: {exc.message}")
-            return api_error(exc.code, exc.message, exc.field)
+        except ApiError as exc:  # the daemon's refusal (OVERLOADED too): as embedded
+            return act_refused(exc.code, exc.message, exc.field, "invocation_id")
         except Exception as exc:
             return _client_failure(exc, _LOST_CALL)
 

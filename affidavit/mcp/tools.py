@@ -28,6 +28,7 @@ __all__ = [
     "ArgumentError",
     "Param",
     "ReadTool",
+    "act_refused",
     "action_tool_doc",
     "api_error",
     "is_error",
@@ -85,6 +86,21 @@ def api_error(code: str, message: str, field: str | None = None) -> dict[str, An
     if field is not None:
         error["field"] = field
     return {"api_error": error}
+
+
+def act_refused(code: str, message: str, field: str | None, argument: str) -> dict[str, Any]:
+    """A poll or a reconciliation query the broker refused before anything was sent, answered
+    as the daemon's socket API answers it -- one mapping for both backends (embedded: the
+    ``OperatorError`` or ``OperationError``; through the daemon: its 4xx).  A refusal naming
+    the tool's ``argument`` as the part to fix (the id names nothing: NO_SUCH_INVOCATION, an
+    unknown operation) is ``INVALID_FIELD`` there, retry after_correction, as fetch_result
+    answers an unknown id; any other keeps the daemon's code as an ``api_error`` --
+    STILL_RUNNING (query again once the call ends), NOT_UNKNOWN, NO_QUERY, OPERATION_ERROR
+    (a job with nothing to query) -- never dressed as a validation refusal whose
+    after_correction would have the agent change an argument that is right."""
+    if field == argument:
+        return refusal("INVALID_FIELD", argument, message)
+    return api_error(code, message, field)
 
 
 _VISIBLE_CHARS = r"[\x21-\x7e]+"

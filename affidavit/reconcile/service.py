@@ -95,7 +95,9 @@ async def _unknown_at_rest(engine: Engine, invocation_id: str) -> Record:
     """The invocation, when it is unknown and no attempt of it is running."""
     record = engine.journal.record(invocation_id)
     if record is None:
-        raise OperatorError("NO_SUCH_INVOCATION", f"no invocation {invocation_id}", 404)
+        raise OperatorError(
+            "NO_SUCH_INVOCATION", f"no invocation {invocation_id}", 404, "invocation_id"
+        )
     if not record.final:
         # A holder whose lease ran out is gone: close its attempt with what it proves first.
         record = await recover_stale(engine.recorder, record)

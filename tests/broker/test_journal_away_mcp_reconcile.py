@@ -54,7 +54,7 @@ async def test_reconcile_query_answers_journal_unavailable_and_the_server_lives_
                 again = structured(await mcp.call("get_record", {"invocation_id": iid}))
                 assert again["record"]["invocation_id"] == iid, again
                 settled = structured(await mcp.call("reconcile_query", {"invocation_id": iid}))
-                assert "api_error" not in settled, settled
-                assert settled["error"]["field"] == "invocation_id", settled  # not unknown
+                # Read and refused as the daemon refuses it (not unknown), no longer away.
+                assert settled["api_error"]["code"] == "NOT_UNKNOWN", settled
     assert len(srv.requests) == 1  # the call itself; no query was sent
     clean((tmp_path / "mcp.log").read_text(encoding="utf-8", errors="replace"), pg.password)
