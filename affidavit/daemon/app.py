@@ -59,6 +59,7 @@ from affidavit.engine import (
     READ_RETRY,
     OperationError,
     call_failure,
+    internal_failure,
     poll_failure,
     read_failure,
     result_failure,
@@ -245,9 +246,8 @@ class Api:
                 raise ApiProblem(
                     *call_failure(running.journal_failed, running.control.invocation_id)
                 )
-            raise ApiProblem(
-                500, "INTERNAL", f"the call failed inside the broker ({running.failure})"
-            )
+            # Not the journal's: the invocation named, whose record says what happened.
+            raise ApiProblem(*internal_failure(str(running.failure), running.control.invocation_id))
         await req.respond_json(running.envelope)
 
     async def poll(self, req: Request, operation_id: str) -> None:

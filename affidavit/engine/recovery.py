@@ -46,6 +46,7 @@ __all__ = [
     "CallNotRecorded",
     "act_failure",
     "closing_event",
+    "internal_failure",
     "journal_refused",
     "read_failure",
     "recover_stale",
@@ -214,6 +215,20 @@ def unrecorded(invocation_id: str | None) -> str:
         f"the journal could not record the call ({invocation_id}: `affidavit result "
         f"{invocation_id}` once it is back tells whether it was sent)"
     )
+
+
+def internal_failure(name: str, invocation_id: str | None) -> tuple[int, str, str]:
+    """A call that ended without an envelope for a reason not the journal's (a bug: ``name``,
+    the exception's type only -- its text may quote remote bytes), as every surface answers it:
+    500 INTERNAL, naming the invocation once one was accepted, so that its caller finds it --
+    whose record says whether it was sent (an open one is closed, once its lease runs out, with
+    what its events prove: unknown if dispatched), never more.  ``None``: nothing was recorded,
+    so nothing was sent (``unrecorded``)."""
+    if invocation_id is None:
+        where = "before the call was accepted: nothing was sent"
+    else:
+        where = f"{invocation_id}: `affidavit result {invocation_id}` tells whether it was sent"
+    return 500, "INTERNAL", f"the call failed inside the broker ({name}; {where})"
 
 
 def unreadable(invocation_id: str) -> str:

@@ -20,6 +20,7 @@ journal, the config and the credentials (tests/mcp/test_modes.py).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 from typing import TYPE_CHECKING, Any, Protocol
@@ -33,6 +34,8 @@ if TYPE_CHECKING:
     from affidavit.api.client import Client
 
 __all__ = ["Backend", "Daemon", "Embedded", "Exchange", "Undelivered"]
+
+log = logging.getLogger("affidavit.mcp")
 
 
 class Undelivered(Exception):
@@ -127,7 +130,7 @@ class Embedded:
         return self.broker.catalog()
 
     async def call(self, action: Mapping[str, Any], exchange: Exchange) -> dict[str, Any]:
-        from affidavit.engine import call_failure
+        from affidavit.engine import call_failure, internal_failure
         from affidavit.journal import JournalError
 
         with self._control() as control:
@@ -139,6 +142,13 @@ class Embedded:
                 # No durable record to render an envelope from: the daemon's answer to the
                 # same, so that a client hears the same whichever broker it has.
                 _, code, message = call_failure(exc, control.invocation_id)
+                return self._api_error(code, message)
+            except Exception as exc:
+                # Not the journal's (a bug): the type only (its text may quote remote bytes),
+                # and the invocation, as the daemon answers it -- its record says the rest.
+                name = type(exc).__name__
+                log.error("a call ended without an envelope: %s", name)
+                _, code, message = internal_failure(name, control.invocation_id)
                 return self._api_error(code, message)
 
     @contextmanager
