@@ -28,7 +28,7 @@ from affidavit.privatefile import run_as_owner
 
 from .errors import JournalError
 from .exposure import is_serving, journal_files
-from .names import beside
+from .names import beside, journal_file
 
 __all__ = ["JournalLocked", "WriterLock", "lock_path", "refuse_root_on_theirs"]
 
@@ -56,7 +56,7 @@ def lock_path(journal: Path) -> Path:
     return beside(journal, ".lock")
 
 
-def _refuse_other_names(journal: Path) -> None:
+def _refuse_other_names(journal: Path, real: Path) -> None:
     """``JournalError`` if the journal's file has more than one name (a hard link): SQLite keeps
     a ``-wal`` and ``-shm`` beside the name it was opened under, so a writer under another name
     writes a WAL of its own into the same file -- two writers unaware of each other, the
@@ -66,23 +66,34 @@ def _refuse_other_names(journal: Path) -> None:
     under another name is refused).  Refused before anything is made; a journal not there yet
     has no links, a directory's are not names of a file (opening it says what it is)."""
     try:
-        st = os.stat(journal)
+        st = os.stat(real)
     except OSError:
         return  # (none yet; or opening it says why)
     links = st.st_nlink
     if stat.S_ISREG(st.st_mode) and links > 1:
-        real = os.path.realpath(journal)
+        mount = _mount_point(real)
         raise JournalError(
             f"journal {journal} has {links} names (hard links): SQLite keeps a -wal beside the "
             "name a journal is opened under, so a writer under another name would write a WAL "
-            "of its own into the same file; remove the other names (`find / -samefile "
-            f"{shlex.quote(real)}` lists them)",
+            "of its own into the same file; remove the other names (`find "
+            f"{shlex.quote(str(mount))} -xdev -samefile {shlex.quote(str(real))}` lists them)",
             public="the journal file has other names (hard links), which would each get a WAL "
             "of their own; the operator must remove them",
         )
 
 
-def refuse_root_on_theirs(journal: Path, keys: Sequence[Path] = ()) -> None:
+def _mount_point(path: Path) -> Path:
+    """The mount point of the file system ``path`` (resolved) is on: every hard link of a
+    file is on it, so a search for them need not cross into any other."""
+    where = path.parent
+    while not os.path.ismount(where) and where != where.parent:
+        where = where.parent
+    return where
+
+
+def refuse_root_on_theirs(
+    journal: Path, keys: Sequence[Path] = (), real: Path | None = None
+) -> None:
     """``JournalError`` if this process is root and another user owns the journal (its directory,
     while there is none -- that of the file a link names, where SQLite makes it): a root one-off or
     embedded writer (``sudo affidavit journal reclaim``, an embedded ``call``) creates root's files
@@ -95,10 +106,11 @@ def refuse_root_on_theirs(journal: Path, keys: Sequence[Path] = ()) -> None:
     ``privatefile.run_as_owner``). A reader makes none of them; the daemon (an owner, inside
     ``exposure.serving``: an ``owner=`` alone is any embedded program's) is left to its start's
     check of the files (``--allow-exposed-files``: a root daemon that will own all it makes from now
-    on)."""
+    on).  ``real``: the file ``journal`` names, as the caller resolved it once (``names.py``);
+    else resolved here."""
     if os.geteuid() != 0:
         return
-    real = Path(os.path.realpath(journal))  # (os.stat follows a link: so does this)
+    real = journal_file(journal) if real is None else real  # (os.stat follows a link too)
     where, what = real, f"journal {journal}"
     try:
         st = os.stat(where)
@@ -116,38 +128,39 @@ def refuse_root_on_theirs(journal: Path, keys: Sequence[Path] = ()) -> None:
         f"{what} is owned by uid {st.st_uid} and this process runs as root, which would make "
         "the files a writer creates beside it (its lock, result segments, keys, console login "
         "tokens) root's, which its owner cannot open; "
-        f"{run_as_owner(st.st_uid, _root_from_now_on(journal, keys))}",
+        f"{run_as_owner(st.st_uid, _root_from_now_on(real, keys))}",
         public="the journal or its directory is owned by another user and the broker runs as "
         "root; run the broker as its owner",
     )
 
 
-def _root_from_now_on(journal: Path, keys: Sequence[Path]) -> str:
-    """The commands giving root every file of the journal at ``journal`` another user owns
-    (``exposure.journal_files``, its segment files and ``keys``: a root-run broker is refused
-    or warned of each), and the directory SQLite keeps it in when that is another's: with
-    ``chown -R`` when it holds the journal's files alone, else never -- a shared directory
+def _root_from_now_on(real: Path, keys: Sequence[Path]) -> str:
+    """The commands giving root every file of the journal ``real`` (resolved: every path said
+    is absolute, as the files are found) another user owns (``exposure.journal_files``, the
+    files in its directories -- segments, login tokens -- and ``keys``: a root-run broker is
+    refused or warned of each), and the directory SQLite keeps it in when that is another's:
+    with ``chown -R`` when it holds the journal's files alone, else never -- a shared directory
     (``$HOME``, a mount) is not the journal's to give away: its files are to move to one of
     their own."""
-    files = [path for path, _, _ in journal_files(journal)] + list(keys)
-    home = Path(os.path.realpath(journal)).parent
+    listed = journal_files(real)
+    trees = {path for path, _, rule in listed if rule.directory}  # (chown -R: their files too)
+    files = [path for path, _, _ in listed] + [journal_file(k) for k in keys]
+    home = real.parent
     try:
         home_st = os.stat(home)
         held = set(os.listdir(home))
     except OSError:  # (gone meanwhile: opening it says why)
         home_st, held = None, set()
-    mine = {p.name for p in files if _within(p, home)}
+    mine = {p.name for p in files if p.parent == home}
     root_home = home_st is None or home_st.st_uid == 0
     own = not root_home and held <= mine  # another's directory of the journal's alone
-    said = [f"chown -R 0 {shlex.quote(str(home))}"] if own else []
-    theirs = [p for p in files if _theirs(p) and not (own and _within(p, home))]
-    if theirs:
-        results = Path(f"{journal}.results")
-        plain = [shlex.quote(str(p)) for p in theirs if p != results]
-        said += [f"chown 0 {' '.join(plain)}"] if plain else []
-        said += [f"chown -R 0 {shlex.quote(str(results))}"] if results in theirs else []
+    said = [f"chown -R 0 -- {shlex.quote(str(home))}"] if own else []
+    theirs = [p for p in files if _theirs(p) and not (own and p.parent == home)]
+    plain = [shlex.quote(str(p)) for p in theirs if p not in trees]
+    said += [f"chown 0 -- {' '.join(plain)}"] if plain else []
+    said += [f"chown -R 0 -- {shlex.quote(str(p))}" for p in theirs if p in trees]
     if root_home or own:
-        return " && ".join(said) or f"chown 0 {shlex.quote(str(journal))}"
+        return " && ".join(said) or f"chown 0 -- {shlex.quote(str(real))}"
     move = (
         f"keep the journal in a directory of its own root owns ({home} holds other files: a "
         "chown of it would take them from their owner)"
@@ -170,10 +183,6 @@ def _theirs(path: Path) -> bool:
         return False
 
 
-def _within(path: Path, directory: Path) -> bool:
-    return Path(os.path.realpath(path.parent)) == directory
-
-
 class WriterLock:
     def __init__(self, fd: int, path: Path, *, exclusive: bool) -> None:
         self._fd: int | None = fd
@@ -182,15 +191,25 @@ class WriterLock:
 
     @classmethod
     def acquire(
-        cls, journal: Path, owner: str | None = None, *, keys: Sequence[Path] = ()
+        cls,
+        journal: Path,
+        owner: str | None = None,
+        *,
+        keys: Sequence[Path] = (),
+        real: Path | None = None,
     ) -> WriterLock:
         """Shared for an embedded writer (``owner=None``); exclusive for an owner, which then
         writes ``owner`` into the lock file for the writers it refuses.  ``keys``: the
-        journal's key files, which a root writer's refusal names (``refuse_root_on_theirs``)."""
+        journal's key files, which a root writer's refusal names (``refuse_root_on_theirs``).
+        ``real``: the file ``journal`` names, resolved once by the caller, which opens that
+        same file (``SqliteBackend``); else resolved here."""
+        real = journal_file(journal) if real is None else real
         if owner is None or not is_serving():  # an ``owner`` outside a daemon: a one-off
-            refuse_root_on_theirs(Path(journal), keys)
-        _refuse_other_names(journal)
-        path = lock_path(journal)
+            refuse_root_on_theirs(Path(journal), keys, real)
+        _refuse_other_names(journal, real)
+        path = lock_path(real)
+        mode = fcntl.LOCK_EX if owner is not None else fcntl.LOCK_SH
+        _refuse_held_beside_name(journal, path, mode, owner is not None)
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         except OSError as exc:
@@ -199,7 +218,6 @@ class WriterLock:
                 "exist and be writable by this user: fix that, or name another journal with "
                 "[journal] path or --journal)"
             ) from None
-        mode = fcntl.LOCK_EX if owner is not None else fcntl.LOCK_SH
         try:
             fcntl.flock(fd, mode | fcntl.LOCK_NB)
         except OSError as exc:
@@ -229,6 +247,34 @@ class WriterLock:
         if self.exclusive:
             with contextlib.suppress(OSError):
                 os.ftruncate(fd, 0)
+        os.close(fd)
+
+
+def _refuse_held_beside_name(journal: Path, path: Path, mode: int, as_owner: bool) -> None:
+    """``JournalLocked`` if ``<journal>.lock`` -- beside the name given, where an earlier
+    affidavit took the lock of a journal opened through a link -- is another file than the
+    lock (``path``) and a process holds it as this one could not share: a daemon of that
+    version, running still, would otherwise write the journal beside this writer, each
+    holding a lock of its own.  Probed (taken and let go at once) on a descriptor of its own,
+    never created: the usual case, the name given is the file's, costs nothing."""
+    old = Path(f"{journal}.lock")
+    if old == path:
+        return
+    try:
+        fd = os.open(old, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError:
+        return  # (none there: nothing held)
+    try:
+        with contextlib.suppress(FileNotFoundError):  # (the lock not made yet: another file)
+            if os.path.samestat(os.fstat(fd), os.stat(path)):
+                return  # (the same file under another name)
+        try:
+            fcntl.flock(fd, mode | fcntl.LOCK_NB)
+        except OSError as exc:
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                raise _refusal(journal, _read_owner(fd), as_owner) from None
+            # (another error: a lock it cannot take is no holder found)
+    finally:
         os.close(fd)
 
 

@@ -251,12 +251,16 @@ class SqliteBackend:
 
     def __init__(self, path: Path) -> None:
         refuse_left_beside(path, ".results", "result segment directory")
-        self.path: Path | None = journal_file(path)
-        """The file the name given is (``names.py``): what every file the journal keeps beside
-        itself is named after -- its keys' defaults (``ReaderBase``), its segment directory."""
+        self.real = journal_file(path)
+        """The file the name given is (``names.py``), resolved once, here: what SQLite opens
+        (every role), the lock is taken beside (``writer_lock``), and every file the journal
+        keeps beside itself is named after -- its keys' defaults (``ReaderBase``), its segment
+        directory.  A link re-pointed later moves none of them apart."""
+        self.path: Path | None = self.real
         self.file = path
-        """The name given: SQLite opens it (resolving a link, as the lock does) and every
-        message names it as the operator did."""
+        """The name given: every message names it as the operator did, and a writer checks it
+        still leads to the file it opened (``writes_path``: a link re-pointed, a file renamed
+        over it)."""
         self.where = str(path)
         self.segments: Path | None = Path(f"{self.path}.results")
         self._sync: dict[int, str] = {}
@@ -282,37 +286,38 @@ class SqliteBackend:
         return conn
 
     def _connect(self, role: str) -> sqlite3.Connection:
-        path = self.file
+        path, real = self.file, self.real  # (named as given; opened as resolved once)
         if role == "writer":
             # Made first (0600) so that it can be read before SQLite opens it: a file put in
-            # its place in between is then found replaced at the first transaction, never
-            # taken for the one read here.
-            create_private(path)
+            # its place in between -- or a link given re-pointed since the lock was taken
+            # beside ``real`` -- is then found replaced at the first transaction, never taken
+            # for the one read here.
+            create_private(real)
             try:
-                made = path.stat()
+                made = real.stat()
             except OSError:  # (no directory, ...: said by the open, as it always was)
                 made = None
-            conn = _connect_writer(path)
+            conn = _connect_writer(real)
             if self._writer_file is None:
                 try:
-                    made = made or path.stat()
+                    made = made or real.stat()
                 except OSError:
                     conn.close()
                     raise
                 self._writer_file = (made.st_dev, made.st_ino)
-            self._checkpointers[id(conn)] = _Checkpointer(path, self.writes_path)
+            self._checkpointers[id(conn)] = _Checkpointer(real, self.writes_path)
             return conn
         if role == "reader":
-            create_private(path)  # (the writing journal's reader opens it first)
+            create_private(real)  # (the writing journal's reader opens it first)
             try:
-                conn = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
+                conn = sqlite3.connect(str(real), isolation_level=None, check_same_thread=False)
                 conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
             except sqlite3.Error as exc:
                 raise unusable(path, exc) from None
             return conn
         try:
             # Before the file is opened: one replaced in between is then found replaced.
-            st = path.stat()
+            st = real.stat()
         except OSError:
             st = None
         if st is None:
@@ -320,7 +325,7 @@ class SqliteBackend:
                 f"no journal at {path} (create it with `affidavit init`, or name the right one "
                 "with [journal] path or --journal)"
             )
-        uri = f"file:{quote(str(path.resolve()))}?mode=ro"
+        uri = f"file:{quote(str(real))}?mode=ro"
         try:
             # connect() itself fails on a directory or an unopenable file ("disk I/O
             # error"): the same clear JournalError as a file that is not a journal.
@@ -349,7 +354,7 @@ class SqliteBackend:
         if checked is None:
             return False
         try:
-            st = self.file.stat()
+            st = self.real.stat()
             cookie = conn.execute("PRAGMA schema_version").fetchone()[0]
         except (OSError, sqlite3.Error):
             return False
@@ -555,7 +560,7 @@ class SqliteBackend:
         return unusable(self.file, exc)
 
     def writer_lock(self, owner: str | None, keys: Sequence[Path] = ()) -> WriterLock:
-        lock = WriterLock.acquire(self.file, owner, keys=keys)
+        lock = WriterLock.acquire(self.file, owner, keys=keys, real=self.real)
         self.sole = lock.exclusive
         return lock
 

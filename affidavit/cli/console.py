@@ -89,7 +89,9 @@ def _embedded(args: argparse.Namespace) -> dict[str, Any]:
     # root's, 0700 and 0600: the daemon, their owner's, could then neither redeem nor mint a
     # link, nor remove them.  Refused before anything is made, as a root one-off writer of
     # that journal is (journal.lock: run as its owner); a root daemon mints through --socket.
-    refuse_root_on_theirs(config.journal.path)
+    refuse_root_on_theirs(
+        config.journal.path, (config.journal.key_file, config.journal.signing_key)
+    )
     who = Operator.current()
     try:
         OperatorPolicy.of(config.service).require(who, "open the operator console")

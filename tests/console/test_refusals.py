@@ -390,6 +390,12 @@ async def test_root_minting_beside_another_user_s_journal_is_refused_before_it_m
     theirs.mkdir(mode=0o700)
     os.chown(theirs, NOBODY, NOBODY)
     journal = theirs / "journal.db"
+    keys = tmp_path / "keys"  # configured elsewhere: root is told them too
+    keys.mkdir()
+    key, signing = keys / "broker.key", keys / "signing.key"
+    for made in (key, signing):
+        made.touch(mode=0o600)
+        os.chown(made, NOBODY, NOBODY)
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen()
@@ -399,7 +405,7 @@ async def test_root_minting_beside_another_user_s_journal_is_refused_before_it_m
         {},
         socket=tmp_path / "s.sock",
         service={"console": f"127.0.0.1:{port}", "operator_uids": [0, NOBODY]},
-        journal={"path": str(journal)},
+        journal={"path": str(journal), "key_file": str(key), "signing_key": str(signing)},
     )
     with listener:
         for made in (False, True):  # no journal yet (its directory is judged), then the daemon's
@@ -411,6 +417,7 @@ async def test_root_minting_beside_another_user_s_journal_is_refused_before_it_m
             said = refused.stderr.decode()
             assert "JOURNAL_UNUSABLE" in said and "and this process runs as root" in said, said
             assert f"run this as its owner, not as root (sudo -u '#{NOBODY}' affidavit" in said
+            assert said.rstrip().endswith(f"chown -R 0 -- {theirs} && chown 0 -- {key} {signing}")
             assert sorted(p.name for p in theirs.iterdir()) == (["journal.db"] if made else [])
 
 

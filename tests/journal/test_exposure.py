@@ -148,7 +148,7 @@ def test_root_writing_a_journal_another_user_owns_is_refused_before_it_makes_a_f
     with pytest.raises(JournalError) as refused:
         _open_and_close(db)
     # Every file of the journal's another user owns (its directory is root's: not named).
-    gives_root = f"chown 0 {db} {wal} {key} && chown -R 0 {results}"
+    gives_root = f"chown 0 -- {db} {wal} {key} && chown -R 0 -- {results}"
     assert str(refused.value) == (  # both ways forward: as its owner, or root's from now on
         f"journal {db} is owned by uid {NOBODY} and this process runs as root, which would make "
         "the files a writer creates beside it (its lock, result segments, keys, console login "
@@ -165,7 +165,7 @@ def test_root_writing_a_journal_another_user_owns_is_refused_before_it_makes_a_f
         _open_and_close(fresh / "journal.db")
     assert str(refused.value).startswith(f"the directory of journal {fresh}/journal.db is owned")
     # A directory of the journal's alone (empty, here) is given whole.
-    assert str(refused.value).endswith(_run_as(NOBODY, f"chown -R 0 {fresh}")), refused.value
+    assert str(refused.value).endswith(_run_as(NOBODY, f"chown -R 0 -- {fresh}")), refused.value
     assert list(fresh.iterdir()) == []
     for theirs in (db, wal, key, results):
         os.chown(theirs, 0, 0)
@@ -186,7 +186,7 @@ def test_a_dangling_link_as_the_journal_is_judged_by_its_targets_directory(tmp_p
     assert str(refused.value).startswith(f"the directory of journal {link} is owned by uid "), (
         refused.value
     )
-    assert str(refused.value).endswith(_run_as(NOBODY, f"chown -R 0 {theirs}")), refused.value
+    assert str(refused.value).endswith(_run_as(NOBODY, f"chown -R 0 -- {theirs}")), refused.value
     assert list(theirs.iterdir()) == [] and not Path(f"{link}.lock").exists()
 
 
@@ -302,6 +302,22 @@ def test_the_lock_the_results_directory_and_its_segments_are_the_brokers_alone(
     ):
         assert want in said, said
     assert not [m for m in said if "notes.txt" in m]
+
+
+def test_the_consoles_token_directory_is_the_brokers_alone(tmp_path: Path) -> None:
+    """``<journal>.console-tokens/`` is held to the token store's own rule (this user's, 0700:
+    ``console.auth.TokenStore``), named with the journal's other files -- so a root writer's
+    refusal gives it root too (``lock.py``), where it judged the directory holding it shared."""
+    db = tmp_path / "journal.db"
+    _make(db)
+    tokens = Path(f"{db}.console-tokens")
+    tokens.mkdir(mode=0o700)
+    assert journal_exposures(db) == []
+    tokens.chmod(0o755)
+    assert [str(e) for e in journal_exposures(db)] == [
+        f"console token directory {tokens} is accessible by group or others (mode 0755): "
+        f"chmod 700 {tokens}"
+    ]
 
 
 def test_a_segment_and_a_lock_another_user_owns_are_named_root_told_to_run_as_it(

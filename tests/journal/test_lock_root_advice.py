@@ -49,7 +49,7 @@ def test_a_directory_of_the_journals_alone_is_given_whole_a_key_elsewhere_by_nam
     _give(NOBODY, home, *home.iterdir(), key)
     before = sorted(home.iterdir())
     said = _refused(db, key_file=key, signing_key=signing)
-    assert said.endswith(_run_as(NOBODY, f"chown -R 0 {home} && chown 0 {key}")), said
+    assert said.endswith(_run_as(NOBODY, f"chown -R 0 -- {home} && chown 0 -- {key}")), said
     assert sorted(home.iterdir()) == before  # nothing of root's made
 
 
@@ -67,11 +67,11 @@ def test_a_shared_directory_is_never_given_to_root_its_journal_moves(tmp_path: P
     assert said.endswith(
         _run_as(
             NOBODY,
-            f"chown 0 {files} {keys}, and keep the journal in a directory of its own root owns "
+            f"chown 0 -- {files} {keys}, and keep the journal in a directory of its own root owns "
             f"({home} holds other files: a chown of it would take them from their owner)",
         )
     ), said
-    assert f"chown -R 0 {home}" not in said and f"chown 0 {home} " not in said
+    assert f"chown -R 0 -- {home}" not in said and f"chown 0 -- {home} " not in said
     # No journal there yet: nothing to give, the journal to be named elsewhere.
     (home / "journal.db").unlink()
     for leftover in home.glob("journal.db*"):
@@ -90,3 +90,57 @@ def _make_with(db: Path, **keys: Path) -> None:
             pass
 
     trio.run(run)
+
+
+def _theirs_through(tmp_path: Path, *, shared: bool) -> tuple[Path, Path]:
+    """``tmp_path/data/j.db`` with a long results' directory (a segment file in it) and the
+    console's login tokens' directory, all another user's, and a link ``tmp_path/links/j.db``
+    to it; ``shared``: ``data`` holds a file of its owner's too."""
+    data, links = tmp_path / "data", tmp_path / "links"
+    data.mkdir()
+    links.mkdir()
+    db = data / "j.db"
+    _make(db)
+    for made in (Path(f"{db}.results"), Path(f"{db}.console-tokens")):
+        made.mkdir(mode=0o700, exist_ok=True)
+        (made / "theirs").touch(mode=0o600)
+        _give(NOBODY, made / "theirs")
+    if shared:
+        (data / "notes.txt").write_text("theirs")
+    _give(NOBODY, data, *data.iterdir())
+    (links / "j.db").symlink_to(db)
+    return db, links / "j.db"
+
+
+def test_through_a_link_or_a_relative_name_a_directory_of_the_journals_alone_is_given_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Judged from the name given, the journal's directory (beside a link's: another one) held
+    "other files" -- the journal itself, the console's token directory -- and the results
+    directory (``<link>.results``) was never the one found: it was told ``chown 0``, its
+    segment files left the other user's.  Every path said is absolute (a relative journal was
+    said as given, beside absolute ones)."""
+    require_root()
+    db, link = _theirs_through(tmp_path, shared=False)
+    want = _run_as(NOBODY, f"chown -R 0 -- {db.parent}")
+    assert _refused(link).endswith(want), _refused(link)
+    monkeypatch.chdir(tmp_path)
+    assert _refused(Path("links/j.db")).endswith(want)
+    assert _refused(Path("data/j.db")).endswith(want)
+
+
+def test_in_a_shared_directory_the_results_and_tokens_directories_are_given_with_their_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    require_root()
+    db, link = _theirs_through(tmp_path, shared=True)
+    files = f"{db} {db}-wal {db}.lock {db}.key {db}.signing.key"
+    trees = f"chown -R 0 -- {db}.console-tokens && chown -R 0 -- {db}.results"
+    want = _run_as(
+        NOBODY,
+        f"chown 0 -- {files} && {trees}, and keep the journal in a directory of its own root "
+        f"owns ({db.parent} holds other files: a chown of it would take them from their owner)",
+    )
+    assert _refused(link).endswith(want), _refused(link)
+    monkeypatch.chdir(tmp_path)
+    assert _refused(Path("links/j.db")).endswith(want), _refused(Path("links/j.db"))
