@@ -46,6 +46,7 @@ __all__ = [
     "FileRefused",
     "is_serving",
     "read_small_file",
+    "root_copy",
     "run_as_owner",
     "serving",
 ]
@@ -92,6 +93,20 @@ def run_as_owner(uid: int, chown: str | None = None) -> str:
     return f"{said}; or, if root is to run the broker from now on: {chown}" if chown else said
 
 
+def root_copy(path: Path) -> str:
+    """What root is told of a target's credential another user owns, for root to run the
+    broker with: a copy of its own -- the file is most often another service's secret, which a
+    ``chown`` to root would lock that service out of.  The journal's own key files are the
+    broker's: their owner's ``chown`` stays (``run_as_owner``).  The one wording: a credential's
+    read (``read_small_file``, ``credential``) and the start's check (``journal.exposure``)."""
+    src = shlex.quote(os.path.abspath(path))
+    return (
+        f"give root a copy of its own (install -o 0 -m 600 {src} DST, DST a new file in a "
+        "directory only root writes) and point the target's credential at file:DST; a chown "
+        "of this one would lock out its owner"
+    )
+
+
 class FileRefused(Exception):
     """The file exists but must not be read; ``str()`` says why (never its contents).
     ``public``: the same without the file's path (for a caller who must not learn it)."""
@@ -129,7 +144,9 @@ def _size(n: int) -> str:
     return f"{n // 1024} KiB" if n % 1024 == 0 else f"{n} bytes"
 
 
-def _refuse_shared(fd: int, st: os.stat_result, path: Path, subject: str = "file") -> None:
+def _refuse_shared(
+    fd: int, st: os.stat_result, path: Path, subject: str = "file", credential: bool = False
+) -> None:
     """``FileExposed`` (its words about ``subject``) if another user than this process's and
     root owns the open file ``fd`` at ``path`` (its owner can rewrite the secret, and grant
     itself any access), or group or others may access it: by its mode bits -- or, with an
@@ -138,24 +155,26 @@ def _refuse_shared(fd: int, st: os.stat_result, path: Path, subject: str = "file
     root's ``0400`` plus ``user:<the service>:r``, is private).  Another user's file read as
     root is refused saying to run as its owner, not to ``chown`` it to root (the daemon's
     user could not read it then).  The caller's words (``FileRefused.public``) name no uid,
-    gid nor path; the operator's (``str()``) name them and the command that mends it."""
+    gid nor path; the operator's (``str()``) name them and the command that mends it --
+    for root and a target's ``credential``, a copy of root's own (``root_copy``)."""
     euid = os.geteuid()
     if st.st_uid not in (euid, 0):
         said = "file is owned by another user, who can rewrite it"
         quoted = shlex.quote(str(path))
+        root_fix = root_copy(path) if credential else f"chown 0 {quoted}"
         if euid == 0 and not is_serving():
             # Root running a command on the daemon's files (``sudo affidavit journal ...``): a
             # chown to root would lock their owner, the daemon's user, out of them -- unless
             # root is to run the broker from now on.  Root's daemon is that broker: the chown.
             raise FileExposed(
                 f"{subject} is owned by uid {st.st_uid}, who can rewrite it, and this process "
-                f"runs as root; {run_as_owner(st.st_uid, f'chown 0 {quoted}')}",
+                f"runs as root; {run_as_owner(st.st_uid, root_fix)}",
                 f"{said}; run the broker as its owner, not as root",
             )
         if euid == 0:  # root's daemon (``serving``): it must own the file from now on
             raise FileExposed(
                 f"{subject} is owned by uid {st.st_uid}, who can rewrite it, and the broker "
-                f"runs as root: root must own it: chown 0 {quoted}",
+                f"runs as root: root must own it: {root_fix}",
                 f"{said}; the broker's user must own it",
             )
         raise FileExposed(
@@ -198,7 +217,12 @@ def _refuse_shared(fd: int, st: os.stat_result, path: Path, subject: str = "file
 
 
 def read_small_file(
-    path: Path, limit: int, *, private: bool = False, subject: str = "file"
+    path: Path,
+    limit: int,
+    *,
+    private: bool = False,
+    subject: str = "file",
+    credential: bool = False,
 ) -> tuple[bytes, os.stat_result]:
     """The contents of the regular file at ``path`` (at most ``limit`` bytes) and its ``fstat``.
     ``FileMissing`` if absent, ``FileRefused`` (a reason) otherwise.  ``private``: refuse a file
@@ -216,7 +240,7 @@ def read_small_file(
         if not stat.S_ISREG(st.st_mode):
             raise FileRefused(f"is {_what(st.st_mode)}, not a regular file")
         if private:
-            _refuse_shared(fd, st, path, subject)
+            _refuse_shared(fd, st, path, subject, credential)
         too_large = FileRefused(f"file is larger than the {_size(limit)} limit")
         if st.st_size > limit:
             raise too_large

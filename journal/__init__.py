@@ -82,6 +82,7 @@ from .errors import (
 )
 from .exposure import (
     CREDENTIAL,
+    TARGET_CREDENTIAL,
     TRUST_ANCHOR,
     Exposure,
     config_exposure,
@@ -136,6 +137,7 @@ if not TYPE_CHECKING:  # (seen by mypy, it would type any misspelled name as Any
 __all__ = [
     "CREDENTIAL",
     "GENESIS",
+    "TARGET_CREDENTIAL",
     "TRUST_ANCHOR",
     "AlteredRow",
     "Anchor",

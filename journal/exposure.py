@@ -67,7 +67,7 @@ import shlex
 import stat
 import threading
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from affidavit.acl import (
@@ -79,7 +79,7 @@ from affidavit.acl import (
     readable_users,
     setfacl,
 )
-from affidavit.privatefile import is_serving, run_as_owner, serving
+from affidavit.privatefile import is_serving, root_copy, run_as_owner, serving
 
 __all__ = [
     "CONFIG",
@@ -88,6 +88,7 @@ __all__ = [
     "DIRECTORY",
     "PRIVATE",
     "PRIVATE_DIR",
+    "TARGET_CREDENTIAL",
     "TRUST_ANCHOR",
     "Exposure",
     "Rule",
@@ -130,6 +131,9 @@ class Rule:
     as_read: bool = False
     """Judged as ``affidavit.privatefile`` reads it (``private``), which refuses any bit for
     group or others: a read-only mount excuses no write bit nor write-only ACL entry."""
+    copied: bool = False
+    """Another user's file root is to take a copy of, not ``chown`` (``privatefile.root_copy``:
+    a target's credential, most often another service's)."""
 
     def words(self, found: int) -> str:
         """What the offending bits ``found`` (some of ``bits``) make the file."""
@@ -147,6 +151,9 @@ CREDENTIAL = Rule(0o077, "accessible by group or others", root_may_lend=True, as
 own, or root's lent by an ACL entry naming this process's user (the file ``LoadCredential=``
 places: ``root``, ``0400`` and ``user:<the service>:r``, shown ``0440``) -- and the vault's
 unlock file, read so too.  Judged as read (``as_read``): on a read-only mount as elsewhere."""
+TARGET_CREDENTIAL = replace(CREDENTIAL, copied=True)
+"""A target's ``file:`` or ``systemd:`` credential: a key file's rule, but root is told to take
+a copy of another user's, not to ``chown`` it -- it is most often another service's secret."""
 PRIVATE_DIR = Rule(0o077, "accessible by group or others", directory=True)
 """The broker's own directory (the segments'): the same."""
 CONFIG = Rule(0o022, "writable by group or others", root_may_own=True)
@@ -248,7 +255,11 @@ def _judged(
                 else ""
             )
         )
-        chown = f"chown {'-h ' if link else ''}{uid} {quoted}"
+        chown = (
+            root_copy(path)
+            if rule.copied and uid == 0 and not link
+            else f"chown {'-h ' if link else ''}{uid} {quoted}"
+        )
     if mode & bits:
         whys.append(f"{rule.words(mode & bits)} (mode {mode:04o})")
         fixes.append(f"chmod {mode & ~bits:03o} {quoted}")

@@ -38,6 +38,7 @@ from affidavit.engine import approval as engine_approval
 from affidavit.engine.delivery import STORE_ONLY
 from affidavit.journal import (
     CREDENTIAL,
+    TARGET_CREDENTIAL,
     TRUST_ANCHOR,
     Exposure,
     Journal,
@@ -100,7 +101,7 @@ def exposed_files(config: Config) -> list[Exposure]:
         files.append(exposure(vault.lock_path, "vault lock file"))
         placed.append((vault.path, "vault file"))
     for path, what in _credential_files(config):
-        files.append(exposure(path, what, CREDENTIAL))  # (looked at, never read)
+        files.append(exposure(path, what, TARGET_CREDENTIAL))  # (looked at, never read)
         placed.append((path, what))
     anchors = _trust_anchors(config)
     if config.journal.auditor_public_key is not None:

@@ -275,7 +275,7 @@ def resolve(
             path = base_dir / path
             where = f" (read as {path}: relative to the config file's directory)"
         try:
-            data, st = read_small_file(path, MAX_CREDENTIAL_BYTES, private=True)
+            data, st = read_small_file(path, MAX_CREDENTIAL_BYTES, private=True, credential=True)
         except FileMissing as exc:
             raise CredentialError(
                 Code.CREDENTIAL_MISSING,

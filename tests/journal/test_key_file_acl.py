@@ -19,8 +19,9 @@ import trio
 
 from affidavit.acl import GROUP_OBJ, MASK, OTHER, USER, USER_OBJ
 from affidavit.journal import Journal, JournalError
-from affidavit.journal.exposure import CREDENTIAL, exposure, serving
+from affidavit.journal.exposure import CREDENTIAL, TARGET_CREDENTIAL, exposure, serving
 from affidavit.journal.sealing import BrokerKey, read_secret_file
+from affidavit.privatefile import FileRefused, read_small_file
 from tests.external import require_posix_acl, require_root
 
 ME = 4321
@@ -177,6 +178,34 @@ def test_a_root_daemon_is_told_the_chown_of_a_key_alone_as_of_its_journal(
     with serving():  # the start's judgement of the same file (``exposed_files``): one advice
         judged = exposure(key, "broker key file", CREDENTIAL)
     assert judged is not None and judged.fix == f"chown 0 {key}", judged
+
+
+def test_root_is_told_to_copy_a_targets_credential_another_user_owns_never_to_chown_it(
+    tmp_path: Path,
+) -> None:
+    """A ``file:`` credential is most often another service's secret: ``chown 0`` on it, as a
+    key file is told, locks that service out.  Root -- its daemon, or a one-off -- is told to
+    take a copy of its own and point the target at it; the start's judgement says the same."""
+    require_root()  # to chown the credential to another user
+    secret = tmp_path / "token"
+    secret.write_text("s3cr3t-canary\n")
+    secret.chmod(0o600)
+    os.chown(secret, 65534, 65534)
+    copy = (
+        f"give root a copy of its own (install -o 0 -m 600 {secret} DST, DST a new file in a "
+        "directory only root writes) and point the target's credential at file:DST; a chown "
+        "of this one would lock out its owner"
+    )
+    with serving(), pytest.raises(FileRefused) as refused:
+        read_small_file(secret, 1024, private=True, subject="credential file", credential=True)
+    assert str(refused.value).endswith(f"runs as root: root must own it: {copy}"), refused.value
+    with serving():
+        judged = exposure(secret, "credential file", TARGET_CREDENTIAL)
+    assert judged is not None and judged.fix == copy, judged
+    with pytest.raises(FileRefused) as refused:  # a one-off: as its owner, or root's copy
+        read_small_file(secret, 1024, private=True, credential=True)
+    assert str(refused.value).endswith(f"if root is to run the broker from now on: {copy}")
+    assert "chown 0" not in str(refused.value) and "s3cr3t" not in str(refused.value)
 
 
 def _refusals_of_fifo(
