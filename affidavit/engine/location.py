@@ -18,6 +18,7 @@ from urllib.parse import parse_qsl, unquote
 from affidavit.journal import JournalReplaced
 from affidavit.journal.backend import is_url, split_url
 from affidavit.journal.backend import where as journal_where
+from affidavit.journal.names import journal_file
 
 from .recovery import READ_DECLINED, UNREADABLE, CallNotRecorded
 
@@ -80,13 +81,26 @@ def unplaced(
             return withheld(text)
     message = _keyless(message, keys)
     message = _unnamed(message, location)
-    for where in dict.fromkeys((journal_where(location), str(location))):
+    # Longest first: a relative name given (``j.db``) ends the resolved path it names.
+    for where in sorted(_named(location), key=len, reverse=True):
         if not where or where not in message:
             continue
         message = message.replace(f"journal at {where}", "journal")
         message = message.replace(f"journal {where}", "the journal")
         message = message.replace(where, "the journal")
     return message
+
+
+def _named(location: str | os.PathLike[str]) -> set[str]:
+    """Every way the journal's words name the journal at ``location``: the URL as messages
+    name it and as configured; a file as given, and resolved (``names.journal_file``) -- the
+    directory its derived files are named after (``<file>.results/``, the segment files'
+    messages)."""
+    said = {journal_where(location), str(location)}
+    if not is_url(location):
+        with contextlib.suppress(OSError, ValueError):
+            said.add(str(journal_file(location)))
+    return said
 
 
 _ID_CHARS = re.compile(r"[A-Za-z0-9_-]*")
