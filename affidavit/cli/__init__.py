@@ -201,8 +201,9 @@ def journal_refusal(
 
 
 class Terminated(Exception):
-    """SIGTERM stopped a command that uses the journal, after it recorded where its call
-    stood (``call.run_journal``): exit status 143, as the signal's own would be."""
+    """SIGTERM stopped a command that uses the journal -- after it recorded where its call
+    stood, if it had begun one (``call.run_journal``): exit status 143, as the signal's own
+    would be."""
 
 
 def count_arg(value: str | None, what: str) -> int | None:
@@ -514,7 +515,9 @@ def _main(argv: Sequence[str] | None) -> int:
         return 130
     except Terminated:
         print(
-            "affidavit: stopped by SIGTERM; where the call stood is recorded "
+            # Stopped before the broker opened, or before it took the call, nothing is: say
+            # only what a record would hold.
+            "affidavit: stopped by SIGTERM; if the call had begun, where it stood is recorded "
             "(affidavit actions lists it)",
             file=sys.stderr,
         )

@@ -76,7 +76,10 @@ async def test_sigterm_during_a_poll_records_where_it_stood_and_exits_143(
             if proc.returncode is None:
                 proc.kill()
     assert code == 143, said
-    assert said.startswith(b"affidavit: stopped by SIGTERM"), said
+    # Only what the records hold: a poll stopped before its broker opened recorded nothing.
+    assert said.startswith(
+        b"affidavit: stopped by SIGTERM; if the call had begun, where it stood is recorded "
+    ), said
     assert b"Traceback" not in said
     with JournalReader.open(load_config(cfg).journal.path) as r:
         poll = [rec for rec in r.list_actions() if rec.operation is None]
