@@ -8,6 +8,7 @@ too -- the last test shows it -- but a process is what an operator has)."""
 from __future__ import annotations
 
 import os
+import re
 import selectors
 import subprocess
 import sys
@@ -152,6 +153,12 @@ def test_a_journal_with_a_second_name_is_refused_to_every_writer_before_anything
             async with Journal.open(name, owner=owner):
                 pass
         assert info.value.public is not None and str(tmp_path) not in info.value.public
+        # The names are on the file's own file system: searched from its mount point, -xdev.
+        found = re.search(r"`find (\S+) -xdev -samefile (\S+)` lists them", str(info.value))
+        assert found is not None, info.value
+        mount, file = Path(found[1]), Path(found[2])
+        assert file == Path(os.path.realpath(name)) and os.path.ismount(mount), info.value
+        assert file.is_relative_to(mount) and mount.stat().st_dev == file.stat().st_dev
 
     for name in (hard, db):
         trio.run(refused, name, None)
