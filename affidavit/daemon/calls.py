@@ -119,10 +119,12 @@ class Calls:
             call.failure = type(exc).__name__
             if isinstance(exc, JournalError):
                 call.journal_failed = exc
+            # Which invocation: set by the engine once it wrote for one (``Engine._answered``).
+            iid = call.control.invocation_id or "none accepted"
             if isinstance(exc, AlteredRow):  # the journal's own words: where, which seq
-                log.error("a call ended without an envelope: %s: %s", call.failure, exc)
+                log.error("a call ended without an envelope (%s): %s: %s", iid, call.failure, exc)
             else:
-                log.error("a call ended without an envelope: %s", call.failure)
+                log.error("a call ended without an envelope (%s): %s", iid, call.failure)
         finally:
             self._over(call)
 

@@ -36,7 +36,13 @@ from typing import Any, TypeVar
 import trio
 
 from affidavit.config import Config, send_windows
-from affidavit.journal import Journal, JournalUnavailable, JournalWriteError, ResultStream
+from affidavit.journal import (
+    Journal,
+    JournalError,
+    JournalUnavailable,
+    JournalWriteError,
+    ResultStream,
+)
 from affidavit.protocols import Binding
 from affidavit.statemachine import Record
 
@@ -45,7 +51,7 @@ from .approval import ApprovalBoard
 from .control import CallControl
 from .delivery import deliver_stored
 from .recorder import Recorder
-from .recovery import CallNotRecorded, journal_refused, recover_stale
+from .recovery import CallNotRecorded, internal_close, journal_refused, recover_stale
 from .settings import EngineSettings
 from .snapshot import ConfigSnapshot
 
@@ -159,6 +165,20 @@ class Engine:
                 or self.recorder.writing()
             )
             raise CallNotRecorded(iid) from exc
+        except JournalError:
+            raise  # the journal's own failure: answered from what it holds (``call_failure``)
+        except Exception:
+            # Not the journal's (a bug): the record is closed now with that cause and what
+            # its events prove -- not left IN_PROGRESS until its lease runs out, then closed as
+            # if the broker had stopped -- and the failure goes on to the host, which names
+            # the invocation (``internal_failure``).
+            iid = invocation_id or self.recorder.writing()
+            if control is not None:
+                iid = control.invocation_id or iid
+                control.invocation_id = iid
+            with trio.CancelScope(shield=True):
+                await internal_close(self.recorder, iid, self.holder)
+            raise
         finally:
             # Normally settled already; after an exception, forget what is left.
             self.recorder.done()

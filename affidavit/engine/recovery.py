@@ -15,6 +15,7 @@ from typing import Final
 
 from affidavit.journal import (
     AlteredRow,
+    JournalError,
     JournalReplaced,
     JournalUnavailable,
     JournalWriteError,
@@ -46,6 +47,7 @@ __all__ = [
     "CallNotRecorded",
     "act_failure",
     "closing_event",
+    "internal_close",
     "internal_failure",
     "journal_refused",
     "read_failure",
@@ -60,6 +62,9 @@ E = EventKind
 _AFTER_DISPATCH = {
     "broker_stopped": "The broker stopped after dispatch, before a result was recorded.",
     "journal": "The journal refused a write after dispatch; no result was recorded.",
+    "internal": (
+        "A failure inside the broker ended the call after dispatch; no result was recorded."
+    ),
 }
 _BEFORE_DISPATCH_MESSAGE = {
     # (stage, an earlier attempt dispatched): the message of the SETUP_FAILED that closes an
@@ -78,6 +83,14 @@ _BEFORE_DISPATCH_MESSAGE = {
     ("journal", True): (
         "The journal refused a write before this retry's dispatch; the retry sent nothing, and"
         " an earlier attempt's outcome stays unknown."
+    ),
+    (
+        "internal",
+        False,
+    ): "A failure inside the broker ended the call before dispatch; nothing was sent.",
+    ("internal", True): (
+        "A failure inside the broker ended this retry before its dispatch; the retry sent"
+        " nothing, and an earlier attempt's outcome stays unknown."
     ),
 }
 _LEASES = frozenset({E.RETRY_LEASE_ACQUIRED, E.DISPATCH_LEASE_ACQUIRED})
@@ -203,6 +216,44 @@ async def journal_refused(recorder: Recorder, iid: str | None, error: JournalWri
     return await recorder.record(iid)
 
 
+async def internal_close(recorder: Recorder, iid: str | None, holder: str) -> None:
+    """Close at once the record of a call that a failure inside the broker (a bug, not the
+    journal's) ended without an envelope, with what its events prove and that cause (``stage``
+    ``internal``) -- never left open until its lease runs out, to be closed then as if the
+    broker had stopped.  Only an attempt this broker holds (``holder``: the lease's last
+    taker) and whose state the record proves: one whose DISPATCH_STARTED may yet land
+    (``doubted``) without being read is left to recovery, as is any failure of this close
+    (the original failure is the caller's answer either way).  The call's queued diagnostic
+    events (its preflight's, before its first barrier) are waited for first: read without
+    them, the record would not be found."""
+    try:
+        await recorder.settle()
+        if iid is None:
+            return
+        events = await recorder.read(lambda: recorder.journal.events(iid))
+        if _holder(events) != holder:
+            return  # another worker's attempt (or none): not this failure's to close
+        now = await recorder.read(recorder.hint_now)
+        record = recorder.projected(events, now)
+        if recorder.doubted(iid) and not record.evidence.get("dispatch_started"):
+            return
+        closing = None if record.final else closing_event(record, "internal")
+        if closing is not None:
+            with contextlib.suppress(ImpossibleEvent):  # closed first, or taken over
+                await recorder.append(closing, barrier=True)
+    except JournalError:
+        recorder.forget()  # the record stays as durable: recovery closes it later
+
+
+def _holder(events: list[Event]) -> str | None:
+    """Who took the record's current lease (its first attempt's, or the last one taken)."""
+    holder = None
+    for ev in events:
+        if ev.kind is E.ACTION_ACCEPTED or ev.kind in _LEASES:
+            holder = ev.attrs.get("holder")
+    return holder
+
+
 def unrecorded(invocation_id: str | None) -> str:
     """What a caller is told when the journal could not record its call, so that no envelope
     can be rendered from a durable record (the daemon's 503 JOURNAL_UNAVAILABLE, and
@@ -217,17 +268,21 @@ def unrecorded(invocation_id: str | None) -> str:
     )
 
 
-def internal_failure(name: str, invocation_id: str | None) -> tuple[int, str, str]:
+def internal_failure(
+    name: str, invocation_id: str | None, fetch: str = "`affidavit result {}`"
+) -> tuple[int, str, str]:
     """A call that ended without an envelope for a reason not the journal's (a bug: ``name``,
     the exception's type only -- its text may quote remote bytes), as every surface answers it:
-    500 INTERNAL, naming the invocation once one was accepted, so that its caller finds it --
-    whose record says whether it was sent (an open one is closed, once its lease runs out, with
-    what its events prove: unknown if dispatched), never more.  ``None``: nothing was recorded,
-    so nothing was sent (``unrecorded``)."""
+    500 INTERNAL, naming the invocation once one was recorded, so that its caller finds it --
+    whose record says whether it was sent (closed at once by ``internal_close`` with what its
+    events prove: unknown if dispatched), never more.  ``fetch``: how the surface's caller reads
+    it (``{}``: the id) -- the CLI's and the daemon's ``affidavit result``, MCP's
+    ``fetch_result``.  ``None``: the call wrote nothing (``Engine._answered`` names the
+    invocation it last wrote for), so nothing was sent."""
     if invocation_id is None:
-        where = "before the call was accepted: nothing was sent"
+        where = "before anything was recorded: nothing was sent"
     else:
-        where = f"{invocation_id}: `affidavit result {invocation_id}` tells whether it was sent"
+        where = f"{invocation_id}: {fetch.format(invocation_id)} tells whether it was sent"
     return 500, "INTERNAL", f"the call failed inside the broker ({name}; {where})"
 
 

@@ -37,6 +37,9 @@ __all__ = ["Backend", "Daemon", "Embedded", "Exchange", "Undelivered"]
 
 log = logging.getLogger("affidavit.mcp")
 
+FETCH_RESULT = "the fetch_result tool (invocation_id {})"
+"""How an agent reads an invocation's record (``internal_failure``): it has no CLI."""
+
 
 class Undelivered(Exception):
     """The answer was not written to the client (raised into the engine's ``deliver``)."""
@@ -147,8 +150,9 @@ class Embedded:
                 # Not the journal's (a bug): the type only (its text may quote remote bytes),
                 # and the invocation, as the daemon answers it -- its record says the rest.
                 name = type(exc).__name__
-                log.error("a call ended without an envelope: %s", name)
-                _, code, message = internal_failure(name, control.invocation_id)
+                iid = control.invocation_id  # set by the engine once it wrote for one
+                log.error("a call ended without an envelope (%s): %s", iid or "none accepted", name)
+                _, code, message = internal_failure(name, iid, FETCH_RESULT)
                 return self._api_error(code, message)
 
     @contextmanager

@@ -82,3 +82,73 @@ async def test_the_embedded_mcp_server_names_the_invocation_as_the_daemon_does(
     assert record.invocation_id in error["message"] and "Broken" in error["message"], answer
     assert token not in str(answer)
     assert len(srv.requests) == 1
+
+
+async def _failing(*args: Any, **kwargs: Any) -> Any:
+    """A step of the engine failing on cue (a bug), its text quoting remote bytes."""
+    raise Broken("remote bytes")
+
+
+async def test_a_failure_after_dispatch_closes_the_record_at_once_with_its_cause(
+    tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Storing the result failing after a 200 (a bug): the record is closed at once, unknown,
+    with what happened -- it used to stay IN_PROGRESS until its lease ran out (the target's
+    total timeout + 30 s), then be closed 'The broker stopped after dispatch' by recovery,
+    although the broker never stopped.  The log line names the invocation."""
+    import affidavit.engine.delivery as delivery
+
+    monkeypatch.setenv(TOKEN_ENV, token)
+    async with in_process(tmp_path, scripts.serve(Reply(200, body=b"done"))) as (srv, socket):
+        with trio.fail_after(WAIT):
+            async with Client.open(socket) as client:
+                with monkeypatch.context() as patched:
+                    patched.setattr(delivery, "_commit", _failing)
+                    with pytest.raises(ApiError) as caught:
+                        await client.call({"target": "api", "method": "POST", "path": "/r"})
+                [row] = (await client.actions())["actions"]
+                iid = row["invocation_id"]
+                fetched = await client.fetch_result(iid)
+                events = await client.events(iid)
+    assert caught.value.code == "INTERNAL" and iid in str(caught.value)
+    assert fetched is not None
+    error = fetched["error"]
+    assert (error["code"], error["outcome"], error["retry"]) == (
+        "REMOTE_OUTCOME_UNKNOWN",
+        "unknown",
+        "reconcile",
+    ), fetched
+    assert "failure inside the broker" in error["message"] and "stopped" not in error["message"]
+    assert events[-1]["kind"] == "ATTEMPT_INTERRUPTED", events
+    assert len(srv.requests) == 1
+    [line] = [r.getMessage() for r in caplog.records if "without an envelope" in r.getMessage()]
+    assert iid in line and "Broken" in line and "remote bytes" not in line, line
+
+
+async def test_a_failure_before_dispatch_closes_the_record_not_attempted(
+    tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Embedded (an agent's MCP session): the attempt failing before its dispatch gate (a
+    bug) is closed at once, nothing sent, SETUP_FAILED at stage ``internal``; the answer points
+    the agent at its own ``fetch_result`` tool, not at a CLI it does not have."""
+    import affidavit.engine.invocation as invocation
+    from affidavit.mcp.backends import Embedded, Exchange
+    from tests.broker.helpers import http_target, open_broker, write_config
+
+    monkeypatch.setenv(TOKEN_ENV, token)
+    async with HostileServer.running(scripts.serve(Reply(200, body=b"done"))) as srv:
+        cfg = write_config(tmp_path, {"api": http_target(srv.url)})
+        async with open_broker(cfg) as broker:
+            with monkeypatch.context() as patched, trio.fail_after(WAIT):
+                patched.setattr(invocation, "run_tries", _failing)
+                action = {"target": "api", "method": "POST", "path": "/r"}
+                answer = await Embedded(broker).call(action, Exchange())
+            [record] = broker.journal.list_actions()
+            events = broker.journal.events(record.invocation_id)
+    message = answer["api_error"]["message"]
+    assert record.invocation_id in message and "fetch_result" in message, answer
+    assert "affidavit result" not in message
+    assert (record.final, record.outcome.value) == (True, "not_attempted"), record
+    assert events[-1].kind.value == "SETUP_FAILED" and events[-1].attrs["stage"] == "internal"
+    assert "failure inside the broker" in events[-1].attrs["message"]
+    assert srv.requests == []
