@@ -86,8 +86,7 @@ class Calls:
             raise Overloaded(self.limit)
         assert self._nursery is not None, "Calls.run is not running"
         call = Running()
-        self.running.add(call)
-        self._idle = trio.Event()
+        self._add(call)
         self._nursery.start_soon(self._one, run, call)
         return call
 
@@ -103,8 +102,7 @@ class Calls:
         if capped and len(self.running) >= self.limit:
             raise Overloaded(self.limit)
         call = Running()
-        self.running.add(call)
-        self._idle = trio.Event()
+        self._add(call)
         try:
             yield call.control
         finally:
@@ -127,6 +125,14 @@ class Calls:
                 log.error("a call ended without an envelope (%s): %s", iid, call.failure)
         finally:
             self._over(call)
+
+    def _add(self, call: Running) -> None:
+        self.running.add(call)
+        if self._idle.is_set():
+            # A new Event only once the old one is set: ``drain`` may be waiting on the one
+            # in use (a call joining one in flight -- an attestation accepted while draining
+            # -- would otherwise leave it waiting out the whole grace with none running).
+            self._idle = trio.Event()
 
     def _over(self, call: Running) -> None:
         call.done.set()
