@@ -183,9 +183,10 @@ SERVICE = Schema(
             _max_calls,
             default=256,
             doc="calls running at once in the daemon, and in each embedded `affidavit mcp` "
-            "session -- a job's poll and a reconciliation query count as calls (each reaches "
-            "the remote); one more is answered overloaded (503 / OVERLOADED), nothing run (an "
-            "operator's attestation, which sends nothing, is never refused so)",
+            "session -- a job's poll and a reconciliation query (the socket's or the console's) "
+            "count as calls (each reaches the remote); one more is answered overloaded (503 / "
+            "OVERLOADED), nothing run (an operator's attestation, which sends nothing, is never "
+            "refused so)",
         ),
         Field(
             "operator_uids",

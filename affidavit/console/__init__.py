@@ -5,7 +5,9 @@ reconciliations -- through the same ``Broker`` functions as the CLI and the daem
 from .app import COOKIE, Console
 from .auth import IDLE_TTL, TOKEN_TTL, Sessions, TokenDirError, TokenStore, login_url, token_dir
 from .diagram import lifecycle_svg, path_of
+from .handlers import Slot
 from .peer import listener_owners, socket_owner
+from .request import Refused
 from .text import visible
 
 __all__ = [
@@ -13,7 +15,9 @@ __all__ = [
     "IDLE_TTL",
     "TOKEN_TTL",
     "Console",
+    "Refused",
     "Sessions",
+    "Slot",
     "TokenDirError",
     "TokenStore",
     "lifecycle_svg",

@@ -63,7 +63,7 @@ from affidavit.text import utc_time
 from affidavit.views import metrics_key
 
 from .auth import Session, Sessions, TokenDirError, TokenStore
-from .handlers import Handlers
+from .handlers import Handlers, Slot, unlinked
 from .peer import is_loopback
 from .request import (
     AUTO,
@@ -105,8 +105,11 @@ class Console(Handlers):
         proxy_uid: int | None = None,
         summary: SessionSummary | None = None,
         read_summarized: Read | None = None,
+        slot: Slot = unlinked,
     ) -> None:
         self.broker = broker
+        self.slot = slot
+        """Where a reconciliation runs among the calls in flight (``Slot``)."""
         self.read = read
         self.read_summarized = read_summarized or read
         """``read`` for a view that brings ``summary`` to the head (the daemon's: they take

@@ -8,9 +8,11 @@ they see only a request that passed those checks.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlencode
 
@@ -21,7 +23,7 @@ import trio
 from affidavit.api.broker import Broker
 from affidavit.api.wire import parse_time
 from affidavit.approvals import Operator, OperatorError, service
-from affidavit.engine import read_failure, result_failure, stored_envelope
+from affidavit.engine import CallControl, read_failure, result_failure, stored_envelope
 from affidavit.journal import (
     AlteredRow,
     JournalError,
@@ -37,11 +39,23 @@ from .auth import Session
 from .request import AUTO, Read, Refused, Request, _fields, _journal_refusal, log, read_refusal
 from .verified import KeptVerify
 
+Slot = Callable[[bool], AbstractContextManager[CallControl | None]]
+"""A reconciliation's place among the calls in flight, entered around it (``capped``: a query,
+which reaches the remote): the daemon's ``Calls.console`` -- its ``max_calls``, its shutdown
+grace and stop cause, and its refusals (``Refused`` 503 OVERLOADED, SHUTTING_DOWN) -- or
+``unlinked``, none of them."""
+
+
+def unlinked(capped: bool) -> AbstractContextManager[CallControl | None]:
+    """No host's calls to count it among (a console served on its own, in tests)."""
+    return contextlib.nullcontext()
+
 
 class Handlers:
     """``Console``'s pages and decisions, over the state ``Console.__init__`` sets up."""
 
     broker: Broker
+    slot: Slot
     read: Read
     read_summarized: Read
     summary: SessionSummary
@@ -199,15 +213,20 @@ class Handlers:
         if how not in ("query", "committed", "rejected"):
             raise Refused(400, "how: choose query, committed or rejected", "BAD_REQUEST")
         try:
-            answer = await self.broker.reconcile(
-                iid,
-                query=how == "query",
-                attest=None if how == "query" else how,
-                note=form.get("note") or None,
-                operator=who,
-            )
+            # A query is a call: the daemon's cap, grace and stop cause are its, as on the socket.
+            with self.slot(how == "query") as control:
+                answer = await self.broker.reconcile(
+                    iid,
+                    query=how == "query",
+                    attest=None if how == "query" else how,
+                    note=form.get("note") or None,
+                    operator=who,
+                    control=control,
+                )
         except OperatorError as exc:
             problem = Refused(exc.status, exc.message, exc.code)
+            return await self._invocation(req, iid, problem)
+        except Refused as problem:  # overloaded, shutting down: nothing sent
             return await self._invocation(req, iid, problem)
         except JournalError as exc:  # the page itself could not be read now: the error page
             raise _journal_refusal(exc, reconciling.failure(exc, iid)) from None

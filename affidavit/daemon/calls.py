@@ -21,6 +21,7 @@ from typing import Any
 
 import trio
 
+from affidavit.console.request import Refused
 from affidavit.engine import CallControl
 from affidavit.journal import AlteredRow, JournalError
 
@@ -82,8 +83,7 @@ class Calls:
             await trio.sleep_forever()
 
     def start(self, run: Run) -> Running:
-        if len(self.running) >= self.limit:
-            raise Overloaded(self.limit)
+        self._room(True)
         assert self._nursery is not None, "Calls.run is not running"
         call = Running()
         self._add(call)
@@ -99,14 +99,36 @@ class Calls:
         running, as a call is: each reaches the remote, and the cap is on what is in flight
         (the call a poll follows has ended, so it holds no slot then).  ``capped=False``: an
         operator's attestation, which sends nothing, is counted but never refused."""
-        if capped and len(self.running) >= self.limit:
-            raise Overloaded(self.limit)
+        self._room(capped)
         call = Running()
         self._add(call)
         try:
             yield call.control
         finally:
             self._over(call)
+
+    @contextlib.contextmanager
+    def console(self, capped: bool) -> Iterator[CallControl]:
+        """``linked`` for the operator console's reconciliation (a query: ``capped``), with the
+        socket's refusals as the console's pages: 503 SHUTTING_DOWN once stopping, 503
+        OVERLOADED past ``max_calls`` -- nothing sent either way.  A query run outside them
+        bypassed the cap and the grace, and was cut off at the end as if its caller had gone
+        (CALLER_CANCELLED, not BROKER_SHUTDOWN)."""
+        try:
+            if capped and not self.accepting:
+                raise ApiProblem(
+                    503, "SHUTTING_DOWN", "the broker is shutting down; call again later"
+                )
+            self._room(capped)
+        except ApiProblem as exc:
+            raise Refused(exc.status, exc.message, exc.code) from None
+        with self.linked(capped) as control:  # (no checkpoint since the check: room is left)
+            yield control
+
+    def _room(self, capped: bool) -> None:
+        """``Overloaded`` when ``limit`` calls are running and this one is ``capped``."""
+        if capped and len(self.running) >= self.limit:
+            raise Overloaded(self.limit)
 
     async def _one(self, run: Run, call: Running) -> None:
         try:

@@ -302,6 +302,7 @@ class Daemon:
                     proxy_uid=proxy,
                     summary=api.summary,
                     read_summarized=api.read_summarized,
+                    slot=calls.console,
                 )
                 log.info("operator console on %s", api.console_url)
                 if public is not None and proxy is None and is_loopback(self.console_address[0]):
