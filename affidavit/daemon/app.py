@@ -84,7 +84,7 @@ from affidavit.views import (
 )
 
 from . import operators
-from .calls import Calls, Running
+from .calls import Calls, Running, internal_problem
 from .http import ApiProblem, ClientGone, Request, api_error_body
 from .peer import Peer, PeerPolicy
 
@@ -256,6 +256,7 @@ class Api:
         timeout = req.timeout_param()
         if not self.calls.accepting:
             raise ApiProblem(503, "SHUTTING_DOWN", "the broker is shutting down; call again later")
+        control = None
         try:
             # Refused OVERLOADED past ``max_calls`` and stopped at the grace's end, as a call.
             with self.calls.linked() as control:
@@ -266,6 +267,10 @@ class Api:
             raise ApiProblem(422, "OPERATION_ERROR", str(exc), exc.field) from None
         except JournalError as exc:
             raise operators.act_problem(exc, poll_failure(exc, operation_id)) from None
+        except ApiProblem:
+            raise  # OVERLOADED: nothing run
+        except Exception as exc:  # a bug: named, as a call's (never the h11 server's traceback)
+            raise internal_problem(exc, control, "a poll") from None
         await req.respond_json(answer)
 
     # -- reads ------------------------------------------------------------------------------------

@@ -22,12 +22,12 @@ from typing import Any
 import trio
 
 from affidavit.console.request import Refused
-from affidavit.engine import CallControl
+from affidavit.engine import CallControl, internal_failure
 from affidavit.journal import AlteredRow, JournalError
 
 from .http import ApiProblem
 
-__all__ = ["Calls", "Overloaded", "Running"]
+__all__ = ["Calls", "Overloaded", "Running", "internal_problem"]
 
 log = logging.getLogger("affidavit.daemon")
 
@@ -41,6 +41,18 @@ class Overloaded(ApiProblem):
 
     def __init__(self, limit: int) -> None:
         super().__init__(503, "OVERLOADED", f"{limit} calls are running; call again later")
+
+
+def internal_problem(exc: Exception, control: CallControl | None, what: str) -> ApiProblem:
+    """A poll or a reconciliation query its request's handler ran (``Calls.linked``) that failed
+    inside the broker (a bug, not the journal's), answered as a call is: one log line naming
+    its linked invocation and the exception's type only (its text may quote remote bytes) --
+    never a traceback -- and 500 INTERNAL naming it (``internal_failure``), whose record the
+    engine closed (``Engine._answered``)."""
+    name = type(exc).__name__
+    iid = control.invocation_id if control is not None else None
+    log.error("%s ended without an answer (%s): %s", what, iid or "none recorded", name)
+    return ApiProblem(*internal_failure(name, iid))
 
 
 class Running:

@@ -33,6 +33,7 @@ from affidavit.journal import JournalError, JournalReader
 from affidavit.reconcile import service as reconciling
 from affidavit.text import printable
 
+from .calls import internal_problem
 from .http import ApiProblem, Request
 
 if TYPE_CHECKING:
@@ -169,16 +170,22 @@ async def reconcile(api: Api, req: Request, invocation_id: str) -> None:
 
     async def work() -> dict[str, Any]:
         # A query is a call: refused OVERLOADED past ``max_calls``, stopped at the grace's end.
-        with api.calls.linked(capped=query) as control:
-            return await api.broker.reconcile(
-                invocation_id,
-                query=query,
-                attest=attest,
-                note=note,
-                operator=who,
-                timeout=timeout,
-                control=control,
-            )
+        control = None
+        try:
+            with api.calls.linked(capped=query) as control:
+                return await api.broker.reconcile(
+                    invocation_id,
+                    query=query,
+                    attest=attest,
+                    note=note,
+                    operator=who,
+                    timeout=timeout,
+                    control=control,
+                )
+        except (ApiProblem, OperatorError, JournalError):
+            raise  # refusals, and the journal's own failure: ``_run``'s to answer
+        except Exception as exc:  # a bug: named, as a call's (never the h11 server's traceback)
+            raise internal_problem(exc, control, "a reconciliation") from None
 
     answer = await _run(work, lambda exc: reconciling.failure(exc, invocation_id))
     await req.respond_json(answer)

@@ -133,7 +133,7 @@ class Embedded:
         return self.broker.catalog()
 
     async def call(self, action: Mapping[str, Any], exchange: Exchange) -> dict[str, Any]:
-        from affidavit.engine import call_failure, internal_failure
+        from affidavit.engine import call_failure
         from affidavit.journal import JournalError
 
         with self._control() as control:
@@ -147,13 +147,7 @@ class Embedded:
                 _, code, message = call_failure(exc, control.invocation_id)
                 return self._api_error(code, message)
             except Exception as exc:
-                # Not the journal's (a bug): the type only (its text may quote remote bytes),
-                # and the invocation, as the daemon answers it -- its record says the rest.
-                name = type(exc).__name__
-                iid = control.invocation_id  # set by the engine once it wrote for one
-                log.error("a call ended without an envelope (%s): %s", iid or "none accepted", name)
-                _, code, message = internal_failure(name, iid, FETCH_RESULT)
-                return self._api_error(code, message)
+                return self._internal(exc, control, "a call")
 
     @contextmanager
     def _control(self) -> Iterator[Any]:
@@ -235,6 +229,8 @@ class Embedded:
         except JournalError as exc:
             _status, code, message = poll_failure(exc, operation_id)
             return self._api_error(code, message, operation_id)
+        except Exception as exc:
+            return self._internal(exc, control, "a poll")
 
     async def reconcile_query(self, invocation_id: str) -> dict[str, Any]:
         """The query form only (``affidavit.reconcile``): attesting is an operator's.  A
@@ -252,6 +248,8 @@ class Embedded:
         except JournalError as exc:
             _status, code, message = service.failure(exc, invocation_id)
             return self._api_error(code, message, invocation_id)
+        except Exception as exc:
+            return self._internal(exc, control, "a reconciliation")
 
     def stop(self) -> None:
         """The process is told to stop: every call is stopped where it is, recorded
@@ -259,6 +257,18 @@ class Embedded:
         self._stopped = True
         for control in list(self._controls):
             control.stop()
+
+    def _internal(self, exc: Exception, control: Any, what: str) -> dict[str, Any]:
+        """A call, a poll or a query that failed inside the broker (a bug, not the journal's),
+        answered as the daemon answers it: the type only (its text may quote remote bytes) and
+        the invocation the engine recorded for it, closed at once (``Engine._answered``)."""
+        from affidavit.engine import internal_failure
+
+        name = type(exc).__name__
+        iid = control.invocation_id  # set by the engine once it wrote for one
+        log.error("%s ended without an answer (%s): %s", what, iid or "none recorded", name)
+        _, code, message = internal_failure(name, iid, FETCH_RESULT)
+        return self._api_error(code, message)
 
     def _journal_error(self, exc: Exception, what: str, echoed: str = "") -> dict[str, Any]:
         """A read the journal could not answer, as the daemon answers it

@@ -235,12 +235,13 @@ async def in_process(
     *,
     journal: Mapping[str, Any] | None = None,
     service: Mapping[str, Any] | None = None,
+    overrides: Mapping[str, Any] | None = None,
 ) -> AsyncIterator[tuple[Any, Path]]:
     """A scripted remote (``HostileServer``) and a daemon whose target ``api`` is it, run in this
     process (``Daemon.run``, as ``affidavit serve`` runs it) so that a test can fail or hold its
     reads on cue: yields the remote and the daemon's socket, where the caller is.  The credential
     is the test's own environment's (``TOKEN_ENV``).  Shut down on leaving, as ``serve`` is on
-    SIGTERM."""
+    SIGTERM.  ``overrides``: of the target's settings."""
     from affidavit.config import load_config
     from affidavit.daemon.server import Daemon
     from tests.http.hostile import HostileServer
@@ -248,7 +249,11 @@ async def in_process(
     socket = tmp / "affidavit.sock"
     async with HostileServer.running(script) as srv, trio.open_nursery() as nursery:
         config = write_daemon_config(
-            tmp, api_target(srv.url), socket=socket, journal=journal, service=service
+            tmp,
+            api_target(srv.url, **(overrides or {})),
+            socket=socket,
+            journal=journal,
+            service=service,
         )
         daemon = Daemon(load_config(config))
         await nursery.start(daemon.run)

@@ -21,7 +21,7 @@ from affidavit.engine.recorder import Recorder
 from tests.broker.helpers import TOKEN_ENV
 from tests.http.hostile import HostileServer, Reply, scripts
 
-from .kit import WAIT, in_process
+from .kit import WAIT, action, in_process
 
 
 class Broken(RuntimeError):
@@ -152,3 +152,73 @@ async def test_a_failure_before_dispatch_closes_the_record_not_attempted(
     assert events[-1].kind.value == "SETUP_FAILED" and events[-1].attrs["stage"] == "internal"
     assert "failure inside the broker" in events[-1].attrs["message"]
     assert srv.requests == []
+
+
+@pytest.mark.parametrize("what", ["poll", "query"])
+async def test_a_poll_or_a_query_failing_inside_the_broker_names_its_invocation(
+    tmp_path: Path,
+    token: str,
+    what: str,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A job's poll or a reconciliation query (a linked invocation its request's handler runs)
+    failing inside the broker is answered as a call is: 500 INTERNAL naming the linked
+    invocation (closed at once), one log line with the type only.  It used to reach the HTTP
+    server's catch-all: a whole traceback in the daemon's log, 'the daemon failed', no id."""
+    import affidavit.engine.delivery as delivery
+
+    from .test_max_calls import OVERRIDES, remote
+
+    monkeypatch.setenv(TOKEN_ENV, token)
+    async with in_process(tmp_path, remote, overrides=OVERRIDES) as (_, socket):
+        with trio.fail_after(WAIT):
+            async with Client.open(socket) as client:
+                op_id = (await client.call(action("/v1/jobs", "POST")))["operation"]["id"]
+                dropped = action("/v1/drop", "POST", body="{}", idempotency_key="K1")
+                iid = (await client.call(dropped))["invocation_id"]
+                with monkeypatch.context() as patched, pytest.raises(ApiError) as caught:
+                    patched.setattr(delivery, "_commit", _failing)
+                    if what == "poll":
+                        await client.poll_operation(op_id)
+                    else:
+                        await client.reconcile(iid, query=True)
+                rows = (await client.actions())["actions"]
+    linked = rows[-1]["invocation_id"]  # the poll's or the query's own invocation
+    assert len(rows) == 3 and linked != iid, rows
+    said = str(caught.value)
+    assert (caught.value.status, caught.value.code) == (500, "INTERNAL"), said
+    assert linked in said and "Broken" in said and "remote bytes" not in said, said
+    assert not any(r.exc_info for r in caplog.records), "a traceback was logged"
+    [line] = [r.getMessage() for r in caplog.records if "ended without an answer" in r.getMessage()]
+    assert linked in line and "Broken" in line, line
+
+
+async def test_the_embedded_mcp_server_answers_a_failed_query_as_the_daemon_does(
+    tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``reconcile_query`` embedded: INTERNAL naming the query's own invocation and the agent's
+    ``fetch_result`` -- it used to be the MCP server's 'the broker failed (Broken)', no id."""
+    import affidavit.engine.delivery as delivery
+    from affidavit.mcp.backends import Embedded
+    from tests.broker.helpers import http_target, open_broker, write_config
+    from tests.http.hostile import HostileServer
+
+    from .test_max_calls import OVERRIDES, remote
+
+    monkeypatch.setenv(TOKEN_ENV, token)
+    async with HostileServer.running(remote) as srv:
+        cfg = write_config(tmp_path, {"api": http_target(srv.url, **OVERRIDES)})
+        async with open_broker(cfg) as broker:
+            with trio.fail_after(WAIT):
+                dropped = action("/v1/drop", "POST", body="{}", idempotency_key="K1")
+                iid = (await broker.call(dropped))["invocation_id"]
+                with monkeypatch.context() as patched:
+                    patched.setattr(delivery, "_commit", _failing)
+                    answer = await Embedded(broker).reconcile_query(iid)
+            query = broker.journal.list_actions()[-1]
+    message = answer["api_error"]["message"]
+    assert answer["api_error"]["code"] == "INTERNAL", answer
+    assert query.invocation_id != iid and query.invocation_id in message, answer
+    assert "fetch_result" in message and "Broken" in message and "remote bytes" not in message
+    assert query.final, query  # closed at once
