@@ -389,13 +389,7 @@ class Broker:
         ``control``: the query's, as ``call``'s (a host's shutdown stops it where it is)."""
         if query == (attest is not None):
             raise OperatorError("BAD_REQUEST", "give exactly one of query or attest", 400)
-        if query and note is not None:  # never dropped unsaid: a query records no note
-            raise OperatorError(
-                "INVALID_FIELD",
-                "note: only an attestation takes a note, a query records none",
-                400,
-                "note",
-            )
+        reconcile.note_refused(query, note)  # never dropped unsaid: a query records no note
         await self.settled()  # the record as its caller was told it (its delivery included)
         try:
             if query:

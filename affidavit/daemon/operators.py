@@ -165,6 +165,10 @@ async def reconcile(api: Api, req: Request, invocation_id: str) -> None:
     who = _require(api, req, "attest an outcome") if attest is not None else operator_of(req)
     timeout = req.timeout_param()
     note = _note(body)
+    try:  # before any slot is asked for: never 503 OVERLOADED first, then 400 on a retry
+        reconciling.note_refused(query, note)
+    except OperatorError as exc:
+        raise _problem(exc) from None
     if query and not api.calls.accepting:  # a query is a call: none is taken once stopping
         raise ApiProblem(503, "SHUTTING_DOWN", "the broker is shutting down; call again later")
 

@@ -68,6 +68,7 @@ __all__ = [
     "PROXY_ANSWERED",
     "attest",
     "failure",
+    "note_refused",
     "query",
 ]
 
@@ -89,6 +90,19 @@ def failure(exc: Exception, invocation_id: str, *, operator: bool = False) -> tu
         f"`affidavit record {invocation_id}`",
         operator=operator,
     )
+
+
+def note_refused(query: bool, note: str | None) -> None:
+    """A ``note`` with a query is refused (INVALID_FIELD at ``note``), never dropped unsaid: a
+    query records none.  Checked before anything else -- a refusal that depends only on what
+    was sent, so that the same request is never answered 503 OVERLOADED, then 400."""
+    if query and note is not None:
+        raise OperatorError(
+            "INVALID_FIELD",
+            "note: only an attestation takes a note, a query records none",
+            400,
+            "note",
+        )
 
 
 async def _unknown_at_rest(engine: Engine, invocation_id: str) -> Record:
