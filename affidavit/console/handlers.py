@@ -213,6 +213,7 @@ class Handlers:
         if how not in ("query", "committed", "rejected"):
             raise Refused(400, "how: choose query, committed or rejected", "BAD_REQUEST")
         try:
+            reconciling.note_refused(how == "query", form.get("note") or None)  # before a slot
             # A query is a call: the daemon's cap, grace and stop cause are its, as on the socket.
             with self.slot(how == "query") as control:
                 answer = await self.broker.reconcile(
