@@ -30,6 +30,10 @@ async def test_a_console_query_past_max_calls_is_refused_overloaded_and_sends_no
             status, _, page = await post(reconcile, {"csrf": csrf, "how": "query"}, same)
             assert status == 503 and b"OVERLOADED" in page, page
             assert [r.method for r in world.ledger.requests] == ["POST"]  # no query sent
+            # A note with it is refused for what was sent, cap full or not (never 503 first).
+            form = {"csrf": csrf, "how": "query", "note": "checked"}
+            status, _, page = await post(reconcile, form, same)
+            assert status == 400 and b"INVALID_FIELD" in page, page
             # The slot freed (the request denied, its caller answered), the same query runs.
             deny = f"{world.origin}/approvals/{pending}/deny"
             status, _, _ = await post(deny, {"csrf": csrf}, same)
