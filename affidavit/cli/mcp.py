@@ -75,6 +75,7 @@ def _mcp(args: argparse.Namespace) -> int:
     logging.getLogger("mcp").setLevel(logging.WARNING)
     try:
         from affidavit.mcp import run
+        from affidavit.mcp.transport import BoundedLog
     except ModuleNotFoundError as exc:
         if exc.name is None or exc.name.split(".")[0] not in ("mcp", "mcp_types"):
             raise
@@ -82,6 +83,8 @@ def _mcp(args: argparse.Namespace) -> int:
             "affidavit mcp needs the MCP SDK, an optional part: pip install 'affidavit[mcp]'",
             "DEPENDENCY_MISSING",
         ) from None
+    for handler in logging.getLogger().handlers:  # the SDK's lines quote client ids whole
+        handler.addFilter(BoundedLog())
 
     if socket is None:  # embedded: this process runs the calls, as ``serve``'s does
         from affidavit.engine import tune_collector

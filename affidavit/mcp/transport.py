@@ -53,7 +53,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from mcp.shared.dispatcher import coerce_request_id
 from mcp.shared.message import ServerMessageMetadata, SessionMessage
 
-__all__ = ["FAULT_LOG_EVERY", "MAX_LINE", "Outcome", "StdioTransport", "shown_id"]
+__all__ = ["FAULT_LOG_EVERY", "MAX_LINE", "BoundedLog", "Outcome", "StdioTransport", "shown_id"]
 
 log = logging.getLogger("affidavit.mcp")
 
@@ -360,18 +360,42 @@ def _int(digits: str) -> Any:
 
 SHOWN_ID = 40
 """Characters of a request id (as JSON) quoted whole in a message or a log line."""
+SHOWN_PATH = 200
+"""Characters of a field's path quoted whole (a duplicate field's, ``_ambiguous``)."""
+SHOWN_LOG = 2000
+"""Characters of an SDK log record's message written whole (``BoundedLog``)."""
+
+
+def bounded(text: str, limit: int, what: str, keep: int = 0) -> str:
+    """``text`` whole when at most ``limit`` characters, else its first ``keep`` ones, its
+    length and a short hash: a client chooses what it sends (up to the message limit, MiBs) --
+    echoed whole per line it would write MiBs of log per request, and a cut alone would not
+    tell two apart."""
+    if len(text) <= limit:
+        return text
+    digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:12]
+    head = f"{text[:keep]}... " if keep else ""
+    return f"{head}<{what} of {len(text)} characters, sha256 {digest}>"
 
 
 def shown_id(request_id: Any) -> str:
     """A client's request id as a message or a log line quotes it: as JSON (escaped, ASCII)
-    when at most ``SHOWN_ID`` characters, else its length and a short hash -- a client chooses
-    its ids, strings up to the message limit (MiBs): one echoed whole per line would let it
-    write MiBs of log per request, and a cut one would not tell two ids apart."""
-    text = json.dumps(request_id)
-    if len(text) <= SHOWN_ID:
-        return text
-    digest = hashlib.sha256(text.encode("ascii")).hexdigest()[:12]
-    return f"<an id of {len(text)} characters, sha256 {digest}>"
+    when at most ``SHOWN_ID`` characters, else its length and a short hash (``bounded``)."""
+    return bounded(json.dumps(request_id), SHOWN_ID, "an id")
+
+
+class BoundedLog(logging.Filter):
+    """Bounds the message of each record of the MCP SDK's loggers (``mcp.*``), which quote a
+    client's request id whole (``%r``: "shutdown error response for request ...", at
+    WARNING): ``SHOWN_LOG`` characters, else its start, length and hash (``bounded``).  A
+    handler's filter -- a logger's would not see its children's records."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.name == "mcp" or record.name.startswith("mcp."):
+            message = record.getMessage()
+            if len(message) > SHOWN_LOG:
+                record.msg, record.args = bounded(message, SHOWN_LOG, "a message", 200), None
+        return True
 
 
 def _id_fault(value: Any) -> str | None:
@@ -422,6 +446,7 @@ def _ambiguous(line: bytes) -> tuple[str, str] | None:
         strictjson.loads(line.decode("utf-8", "surrogateescape"), "message")
     except strictjson.DuplicateField as exc:
         field = exc.path.replace("message.params.arguments", "action", 1)
+        field = bounded(field, SHOWN_PATH, "a path", 64)  # nested ~200 deep: KBs per line
         return field, f"INVALID_FIELD at {field}: {exc.what}"
     except strictjson.NotJsonNumber as exc:
         return "message", f"INVALID_FIELD at message: {exc.what}"

@@ -25,7 +25,7 @@ import trio
 import trio.testing
 from mcp.shared.message import ServerMessageMetadata, SessionMessage
 
-from affidavit.mcp.transport import FAULT_LOG_EVERY, StdioTransport
+from affidavit.mcp.transport import FAULT_LOG_EVERY, BoundedLog, StdioTransport
 
 from .conftest import Remotes, wait_for
 from .kit import PYTHON, WAIT, connected, structured
@@ -360,6 +360,21 @@ MALFORMED: list[tuple[bytes, int, str]] = [
         -32600,  # where it is, the parser does not say: the message is not strictly JSON
         "INVALID_FIELD at message: holds NaN, which is not a JSON number",
     ),
+    # Named twice ~150 levels down under long keys: its path is KBs, told by its start, its
+    # length and a hash (it used to be quoted whole: ~13 KB per answer and log line).
+    (
+        b'{"jsonrpc":"2.0","id":15,"method":"tools/call","params":{"name":"http_request",'
+        b'"arguments":{"target":"ok","method":"GET","path":"/","headers":'
+        + b'{"'
+        + b"k" * 60
+        + b'":' * 1
+        + (b'{"' + b"k" * 60 + b'":') * 149
+        + b'{"X":1,"X":2}'
+        + b"}" * 150
+        + b"}}}",
+        -32602,
+        "INVALID_FIELD at action.headers.kkkk",
+    ),
     (
         b'{"jsonrpc":"2.0","id":14,"method":"tools/list","method":"tools/call","params":'
         b'{"name":"http_request","arguments":{"target":"ok","method":"GET","path":"/"}}}',
@@ -379,6 +394,7 @@ async def test_a_malformed_message_is_answered_with_an_error_naming_the_fault(
             answer = await raw.answer(request_id)
             assert answer["error"]["code"] == code, (data[:80], answer)
             assert fault in answer["error"]["message"], answer
+            assert len(answer["error"]["message"]) < 1024, answer  # a path told, not quoted
             assert CANARY not in json.dumps(answer)
 
         # No id to read: a parse error, id null.
@@ -614,3 +630,30 @@ async def test_a_huge_request_id_cancelled_is_logged_by_its_length_and_hash(
         log = raw.stderr()
     assert len(log) < 4096, len(log)
     assert "the answer to request <an id of 1000002 characters, sha256 " in log
+
+
+def test_an_sdk_log_record_quoting_a_huge_id_is_bounded() -> None:
+    """The SDK logs a client's request id whole (``%r``: "shutdown error response for request
+    ..." at WARNING); ``affidavit mcp`` bounds each of its records on its handler
+    (``BoundedLog``): the start, the length and a hash, never a 1 MB line.  Others pass as
+    they are."""
+    import io
+    import logging
+
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.addFilter(BoundedLog())
+    sdk, ours = logging.getLogger("mcp.shared.jsonrpc_dispatcher"), logging.getLogger("t.mcp")
+    for logger in (sdk, ours):
+        logger.addHandler(handler)
+    try:
+        describe = f"shutdown error response for request {'I' * 1_000_000!r}"
+        sdk.warning("%s gave up: transport write blocked", describe)
+        ours.warning("%s", "x" * 3000)
+    finally:
+        for logger in (sdk, ours):
+            logger.removeHandler(handler)
+    first, second = stream.getvalue().splitlines()
+    assert first.startswith("shutdown error response for request 'IIII"), first[:80]
+    assert len(first) < 400 and "<a message of 1000071 characters, sha256 " in first, first
+    assert second == "x" * 3000
