@@ -222,3 +222,24 @@ async def test_the_embedded_mcp_server_answers_a_failed_query_as_the_daemon_does
     assert query.invocation_id != iid and query.invocation_id in message, answer
     assert "fetch_result" in message and "Broken" in message and "remote bytes" not in message
     assert query.final, query  # closed at once
+
+
+async def test_a_refused_action_failing_inside_the_broker_names_the_invocation_it_recorded(
+    tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A validation refusal is recorded (ACTION_ACCEPTED, PREFLIGHT_FAILED) before the call's
+    control knows its invocation: rendering it failing, the answer names the invocation the
+    call wrote for (``Engine._answered``) -- it used to say 'before the call was accepted'."""
+    from affidavit.mcp.backends import Embedded, Exchange
+    from tests.broker.helpers import http_target, open_broker, write_config
+
+    monkeypatch.setenv(TOKEN_ENV, token)
+    cfg = write_config(tmp_path, {"api": http_target("http://127.0.0.1:9")})
+    async with open_broker(cfg) as broker:
+        with monkeypatch.context() as patched, trio.fail_after(WAIT):
+            patched.setattr(Recorder, "render", _broken(token))
+            answer = await Embedded(broker).call({"target": "nope"}, Exchange())
+        [record] = broker.journal.list_actions()
+    message = answer["api_error"]["message"]
+    assert record.invocation_id in message and "accepted" not in message, answer
+    assert record.state == "validation_failed", record
