@@ -84,10 +84,9 @@ _BEFORE_DISPATCH_MESSAGE = {
         "The journal refused a write before this retry's dispatch; the retry sent nothing, and"
         " an earlier attempt's outcome stays unknown."
     ),
-    (
-        "internal",
-        False,
-    ): "A failure inside the broker ended the call before dispatch; nothing was sent.",
+    ("internal", False): (
+        "A failure inside the broker ended the call before dispatch; nothing was sent."
+    ),
     ("internal", True): (
         "A failure inside the broker ended this retry before its dispatch; the retry sent"
         " nothing, and an earlier attempt's outcome stays unknown."
