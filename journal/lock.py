@@ -184,8 +184,11 @@ def _theirs(path: Path) -> bool:
 
 
 class WriterLock:
-    def __init__(self, fd: int, path: Path, *, exclusive: bool) -> None:
+    def __init__(
+        self, fd: int, path: Path, *, exclusive: bool, beside_name: int | None = None
+    ) -> None:
         self._fd: int | None = fd
+        self._beside_name = beside_name  # (``<given>.lock``, held with it: ``_hold_beside_name``)
         self.path = path
         self.exclusive = exclusive
 
@@ -209,7 +212,6 @@ class WriterLock:
         _refuse_other_names(journal, real)
         path = lock_path(real)
         mode = fcntl.LOCK_EX if owner is not None else fcntl.LOCK_SH
-        _refuse_held_beside_name(journal, path, mode, owner is not None)
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         except OSError as exc:
@@ -226,56 +228,108 @@ class WriterLock:
             if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
                 raise JournalError(f"cannot lock {path}: {exc.strerror}") from None
             raise _refusal(journal, held, owner is not None) from None
-        lock = cls(fd, path, exclusive=owner is not None)
+        try:
+            beside_name = _hold_beside_name(journal, path, fd, mode, owner is not None)
+        except BaseException:
+            os.close(fd)
+            raise
+        for held_fd in (fd, beside_name):
+            if held_fd is not None:
+                _describe(held_fd, owner)
+        return cls(fd, path, exclusive=owner is not None, beside_name=beside_name)
+
+    def release(self) -> None:
+        """Let go (of ``<given>.lock`` too, when held).  An owner clears its description
+        first; a shared holder only closes -- it never takes the lock exclusive on its way out,
+        not even for an instant: an embedded writer opening the journal in that instant was
+        refused as if a daemon owned it."""
+        fds = (self._beside_name, self._fd)
+        self._fd = self._beside_name = None
+        for fd in fds:
+            if fd is None:
+                continue
+            if self.exclusive:
+                with contextlib.suppress(OSError):
+                    os.ftruncate(fd, 0)
+            os.close(fd)
+
+
+def _describe(fd: int, owner: str | None) -> None:
+    """An owner's description into a lock it holds exclusive, for the writers it refuses; held
+    shared, no owner is alive: a description in the file is a killed owner's, cleared.  (A lock
+    this process cannot write, or a FIFO, keeps what it has.)"""
+    with contextlib.suppress(OSError):
         if owner is not None:
             os.ftruncate(fd, 0)
             os.pwrite(fd, owner.encode("utf-8")[:_MAX_OWNER], 0)
-        else:
-            # Held shared, no owner is alive: a description in the file is a killed owner's.
-            with contextlib.suppress(OSError):
-                if os.fstat(fd).st_size:
-                    os.ftruncate(fd, 0)
-        return lock
-
-    def release(self) -> None:
-        """Let go.  An owner clears its description first; a shared holder only closes -- it
-        never takes the lock exclusive on its way out, not even for an instant: an embedded
-        writer opening the journal in that instant was refused as if a daemon owned it."""
-        fd, self._fd = self._fd, None
-        if fd is None:
-            return
-        if self.exclusive:
-            with contextlib.suppress(OSError):
-                os.ftruncate(fd, 0)
-        os.close(fd)
+        elif os.fstat(fd).st_size:
+            os.ftruncate(fd, 0)
 
 
-def _refuse_held_beside_name(journal: Path, path: Path, mode: int, as_owner: bool) -> None:
-    """``JournalLocked`` if ``<journal>.lock`` -- beside the name given, where an earlier
-    affidavit took the lock of a journal opened through a link -- is another file than the
-    lock (``path``) and a process holds it as this one could not share: a daemon of that
-    version, running still, would otherwise write the journal beside this writer, each
-    holding a lock of its own.  Probed (taken and let go at once) on a descriptor of its own,
-    never created: the usual case, the name given is the file's, costs nothing."""
+def _hold_beside_name(
+    journal: Path, path: Path, lock_fd: int, mode: int, as_owner: bool
+) -> int | None:
+    """``<journal>.lock`` -- beside the name given, where an earlier affidavit took the lock of
+    a journal opened through a link -- when it is there and another file than the lock
+    (``path``, open as ``lock_fd``): taken in the lock's own mode and held with it (its
+    descriptor returned, let go by ``WriterLock.release``), so a broker of that version is kept
+    out while this writer runs, however late it starts, and refuses this one only while it
+    really holds it (``JournalLocked``) -- never for a probe's instant.  Never created (none
+    there: ``None``; a broker of that version starting later makes it and is not kept out).
+    Its cost: a comparison when the name given is the file's absolute one; else an open, and
+    two fstats when there is a file (a relative name's is the lock itself, under another
+    name)."""
     old = Path(f"{journal}.lock")
     if old == path:
-        return
+        return None  # (the name given is the file's: its lock is the lock)
+    fd = _open_existing(old)
+    if fd is None:
+        return None
     try:
-        fd = os.open(old, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
-    except OSError:
-        return  # (none there: nothing held)
-    try:
-        with contextlib.suppress(FileNotFoundError):  # (the lock not made yet: another file)
-            if os.path.samestat(os.fstat(fd), os.stat(path)):
-                return  # (the same file under another name)
-        try:
-            fcntl.flock(fd, mode | fcntl.LOCK_NB)
-        except OSError as exc:
-            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-                raise _refusal(journal, _read_owner(fd), as_owner) from None
-            # (another error: a lock it cannot take is no holder found)
-    finally:
+        if os.path.samestat(os.fstat(fd), os.fstat(lock_fd)):
+            os.close(fd)
+            return None  # (the same file under another name: held already)
+        fcntl.flock(fd, mode | fcntl.LOCK_NB)
+    except OSError as exc:
+        held = _read_owner(fd) if not as_owner else None  # (refused shared: an owner holds it)
         os.close(fd)
+        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+            raise _refusal_beside_name(journal, old, held, as_owner) from None
+        return None  # (another error: a lock it cannot take is no holder found)
+    return fd
+
+
+def _open_existing(path: Path) -> int | None:
+    """A descriptor of the file at ``path`` if there is one, never creating it: read-write when
+    this user may (an owner's description goes in), else read-only (a flock needs neither);
+    non-blocking, a FIFO there would hang the open."""
+    flags = os.O_CLOEXEC | os.O_NONBLOCK
+    for access in (os.O_RDWR, os.O_RDONLY):
+        try:
+            return os.open(path, access | flags)
+        except FileNotFoundError:
+            return None
+        except OSError:
+            continue
+    return None
+
+
+def _refusal_beside_name(
+    journal: Path, old: Path, held_by: str | None, as_owner: bool
+) -> JournalLocked:
+    """Refused by ``<journal>.lock`` held: shared, this one was refused by an exclusive holder,
+    an owner, whose description the file holds (it writes its own as it takes it); exclusive,
+    by any holder -- an embedded writer or an owner, which ``old`` does not tell apart -- so no
+    one is named."""
+    if held_by is not None:
+        return _refusal(journal, held_by, as_owner)
+    who = "an owner (a daemon)" if not as_owner else "another process"
+    return JournalLocked(
+        f"journal {journal}: {who} holds its lock {old} -- an earlier affidavit's lock of a "
+        "journal opened through that name"
+        + ("; a daemon must be its only writer -- stop that process first" if as_owner else ""),
+        None,
+    )
 
 
 def _read_owner(fd: int) -> str | None:

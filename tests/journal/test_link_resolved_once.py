@@ -123,7 +123,8 @@ def test_an_earlier_embedded_writer_beside_the_link_refuses_an_owner_only(linked
         _open_and_close(linked)
         with pytest.raises(JournalLocked) as refused:
             WriterLock.acquire(linked, owner="a new daemon")
-        assert "open in another process (an embedded broker)" in str(refused.value)
+        assert f"another process holds its lock {old}" in str(refused.value)
+        assert refused.value.owner is None  # (shared or not, the old lock does not say)
     old.unlink()
     WriterLock.acquire(linked, owner="a new daemon").release()
     _open_and_close(linked)
