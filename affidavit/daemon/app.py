@@ -157,7 +157,12 @@ class Api:
         daemon's log keeps it.  ``echoed``: the ids of the path, the caller's own text."""
         journal = self.journal
         message = unplaced(
-            problem.code, problem.message, journal.location, echoed, journal.key_files
+            problem.code,
+            problem.message,
+            journal.location,
+            echoed,
+            journal.key_files,
+            self.broker.journal.path,
         )
         if message == problem.message:
             return problem

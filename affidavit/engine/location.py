@@ -46,10 +46,13 @@ def unplaced(
     location: str | os.PathLike[str],
     echoed: Iterable[str] = (),
     keys: Iterable[str | os.PathLike[str] | None] = (),
+    opened: str | os.PathLike[str] | None = None,
 ) -> str:
     """``message`` (an answer coded ``code``) without where the journal at ``location`` lives:
     ``the journal`` stands for it -- for the file's path, for the URL as messages name it
     (``journal_where``: without its password) and for the URL as configured, password and all.
+    ``opened``: the file the journal's backend opened (``Journal.path``: the name resolved once,
+    at its open), whose segments' words name it -- a link re-pointed since resolves elsewhere.
     Nor where its key files (``keys``: ``JournalConfig.key_files``) live, wherever that is:
     the journal's words name them (``broker key file <path> does not match this journal``);
     each path as configured and resolved goes (``_keyless``), before the journal's -- a key
@@ -82,7 +85,7 @@ def unplaced(
     message = _keyless(message, keys)
     message = _unnamed(message, location)
     # Longest first: a relative name given (``j.db``) ends the resolved path it names.
-    for where in sorted(_named(location), key=len, reverse=True):
+    for where in sorted(_named(location, opened), key=len, reverse=True):
         if not where or where not in message:
             continue
         message = message.replace(f"journal at {where}", "journal")
@@ -91,12 +94,15 @@ def unplaced(
     return message
 
 
-def _named(location: str | os.PathLike[str]) -> set[str]:
+def _named(location: str | os.PathLike[str], opened: str | os.PathLike[str] | None) -> set[str]:
     """Every way the journal's words name the journal at ``location``: the URL as messages
-    name it and as configured; a file as given, and resolved (``names.journal_file``) -- the
+    name it and as configured; a file as given, as its backend ``opened`` it, and as it resolves
+    now (``names.journal_file``; a reader opened since, by the name, resolved it so) -- the
     directory its derived files are named after (``<file>.results/``, the segment files'
     messages)."""
     said = {journal_where(location), str(location)}
+    if opened is not None:
+        said.add(os.fspath(opened))
     if not is_url(location):
         with contextlib.suppress(OSError, ValueError):
             said.add(str(journal_file(location)))

@@ -287,7 +287,9 @@ class Embedded:
         from affidavit.engine import unplaced
 
         journal = self.broker.config.journal
-        message = unplaced(code, message, journal.location, (echoed,), journal.key_files)
+        message = unplaced(
+            code, message, journal.location, (echoed,), journal.key_files, self.broker.journal.path
+        )
         return api_error(code, message)
 
 

@@ -55,3 +55,23 @@ def test_a_segment_failure_of_a_linked_journal_names_neither_path_to_a_caller(
         assert told == "result segment the journal.results/seg-000001 cannot be read: " + (
             "Permission denied"
         )
+
+
+def test_a_segment_failure_after_the_link_is_re_pointed_names_neither_path(
+    tmp_path: Path,
+) -> None:
+    """The backend reads the file it opened (``SqliteBackend.real``, resolved once); the link
+    re-pointed since resolves elsewhere, so resolving it again at the message named the wrong
+    file and told the caller the one opened, whole (the reviewer's unpl.py).  The surfaces
+    (the daemon's, MCP's) pass the path the backend opened."""
+    old, new = tmp_path / CANARY / "a", tmp_path / CANARY / "b"
+    old.mkdir(parents=True)
+    new.mkdir()
+    link = tmp_path / "current.db"
+    link.symlink_to(old / "j.db")
+    backend = SqliteBackend(link)
+    said = f"journal {link}: result segment {backend.segments}/w1.seg unreadable"
+    link.unlink()
+    link.symlink_to(new / "j.db")
+    told = unplaced("JOURNAL_UNREADABLE", said, link, opened=backend.path)
+    assert told == "the journal: result segment the journal.results/w1.seg unreadable", told
