@@ -96,14 +96,18 @@ def run_as_owner(uid: int, chown: str | None = None) -> str:
 def root_copy(path: Path) -> str:
     """What root is told of a target's credential another user owns, for root to run the
     broker with: a copy of its own -- the file is most often another service's secret, which a
-    ``chown`` to root would lock that service out of.  The journal's own key files are the
-    broker's: their owner's ``chown`` stays (``run_as_owner``).  The one wording: a credential's
-    read (``read_small_file``, ``credential``) and the start's check (``journal.exposure``)."""
+    ``chown`` to root would lock that service out of.  The copy's place is suggested from the
+    file's name (``/etc/affidavit/<name>``: a directory only root writes); the command apart
+    from the prose, to paste as it is.  The journal's own key files are the broker's: their
+    owner's ``chown`` stays (``run_as_owner``).  The one wording: a credential's read
+    (``read_small_file``, ``credential``) and the start's check (``journal.exposure``)."""
     src = shlex.quote(os.path.abspath(path))
+    dst = f"/etc/affidavit/{Path(path).name}"
     return (
-        f"give root a copy of its own (install -o 0 -m 600 {src} DST, DST a new file in a "
-        "directory only root writes) and point the target's credential at file:DST; a chown "
-        "of this one would lock out its owner"
+        "give root a copy of its own, a new file in a directory only root writes "
+        f"(`install -D -o 0 -m 600 -- {src} {shlex.quote(dst)}`, or another such place), then "
+        f"point the target's credential at file:{dst}; the copy must be made again whenever "
+        "its owner rotates the original. A chown of the original would lock out its owner"
     )
 
 

@@ -268,6 +268,11 @@ def _judged(
         fixes.append(setfacl(granted, str(path)))
     if not whys:
         return None
+    if foreign and rule.copied and uid == 0 and not link and fixes:
+        # Root copies another's credential (private, whatever the original's bits): a chmod or
+        # setfacl of the original changes another service's file -- its owner's to make.
+        fixes = []
+        chown += "; who else may read the original is for its owner to mend"
     owner = st.st_uid if foreign else None
     fix = " && ".join(fixes) if owner is None else _owned_fix(chown, fixes, [owner])
     held = tuple(g.who for g in granted)

@@ -380,7 +380,7 @@ async def test_serve_refuses_a_credential_file_others_can_read_never_saying_its_
     err = await _refusal(config)
     assert f"credential file {secret} is owned by uid {NOBODY}" in err, err
     # Most often another service's secret: root copies it, a chown would lock that one out.
-    assert f"(install -o 0 -m 600 {secret} DST, DST a new file" in err, err
+    assert f"(`install -D -o 0 -m 600 -- {secret} /etc/affidavit/token`" in err, err
     assert f"chown 0 {secret}" not in err and "s3cr3t" not in err, err
 
 

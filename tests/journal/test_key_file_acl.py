@@ -10,6 +10,7 @@ user owns was only named on the log."""
 from __future__ import annotations
 
 import os
+import shlex
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -192,9 +193,11 @@ def test_root_is_told_to_copy_a_targets_credential_another_user_owns_never_to_ch
     secret.chmod(0o600)
     os.chown(secret, 65534, 65534)
     copy = (
-        f"give root a copy of its own (install -o 0 -m 600 {secret} DST, DST a new file in a "
-        "directory only root writes) and point the target's credential at file:DST; a chown "
-        "of this one would lock out its owner"
+        "give root a copy of its own, a new file in a directory only root writes "
+        f"(`install -D -o 0 -m 600 -- {secret} /etc/affidavit/token`, or another such place), "
+        "then point the target's credential at file:/etc/affidavit/token; the copy must be "
+        "made again whenever its owner rotates the original. A chown of the original would "
+        "lock out its owner"
     )
     with serving(), pytest.raises(FileRefused) as refused:
         read_small_file(secret, 1024, private=True, subject="credential file", credential=True)
@@ -206,6 +209,36 @@ def test_root_is_told_to_copy_a_targets_credential_another_user_owns_never_to_ch
         read_small_file(secret, 1024, private=True, credential=True)
     assert str(refused.value).endswith(f"if root is to run the broker from now on: {copy}")
     assert "chown 0" not in str(refused.value) and "s3cr3t" not in str(refused.value)
+
+
+def test_root_copying_another_services_credential_never_mends_the_original(
+    tmp_path: Path,
+) -> None:
+    """The reviewer's case: a ``0640`` credential uid 1234 owns, judged for a root daemon.
+    Root is to copy it -- and was told, joined by ``&&`` to that prose, to ``chmod 600`` the
+    original, another service's file.  Its bits are its owner's to mend; the copy is private
+    whatever they are.  The command stands apart from the words, to paste."""
+    require_root()
+    secret = tmp_path / "token"
+    secret.write_text("s3cr3t-canary\n")
+    secret.chmod(0o640)
+    os.chown(secret, 1234, 1234)
+    with serving():
+        judged = exposure(secret, "credential file", TARGET_CREDENTIAL)
+    assert judged is not None and "mode 0640" in judged.why, judged
+    assert "&&" not in judged.fix and "chmod" not in judged.fix, judged.fix
+    assert "setfacl" not in judged.fix and f"chown 0 {secret}" not in judged.fix, judged.fix
+    command = judged.fix.split("`")[1]
+    assert shlex.split(command) == [
+        *("install", "-D", "-o", "0", "-m", "600", "--", str(secret), "/etc/affidavit/token")
+    ], judged.fix
+    assert judged.fix.endswith("who else may read the original is for its owner to mend")
+    root = tmp_path / "root-owned"  # root's own, no copy: the chmod is root's to make
+    root.write_text("s3cr3t-canary\n")
+    root.chmod(0o640)
+    with serving():
+        judged = exposure(root, "credential file", TARGET_CREDENTIAL)
+    assert judged is not None and judged.fix == f"chmod 600 {root}", judged
 
 
 def _refusals_of_fifo(
