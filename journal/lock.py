@@ -157,10 +157,10 @@ def _root_from_now_on(real: Path, keys: Sequence[Path]) -> str:
     said = [f"chown -R 0 -- {shlex.quote(str(home))}"] if own else []
     theirs = [p for p in files if _theirs(p) and not (own and p.parent == home)]
     plain = [shlex.quote(str(p)) for p in theirs if p not in trees]
-    said += [f"chown 0 -- {' '.join(plain)}"] if plain else []
+    said += [f"chown -h 0 -- {' '.join(plain)}"] if plain else []  # (-h: a link, not its file)
     said += [f"chown -R 0 -- {shlex.quote(str(p))}" for p in theirs if p in trees]
     if root_home or own:
-        return " && ".join(said) or f"chown 0 -- {shlex.quote(str(real))}"
+        return " && ".join(said) or f"chown -h 0 -- {shlex.quote(str(real))}"
     move = (
         f"keep the journal in a directory of its own root owns ({home} holds other files: a "
         "chown of it would take them from their owner)"
@@ -170,9 +170,11 @@ def _root_from_now_on(real: Path, keys: Sequence[Path]) -> str:
 
 def _theirs(path: Path) -> bool:
     """Whether a file at ``path`` is there and root does not own it -- nor, for a directory
-    (the results'), every file in it."""
+    (the results'), every file in it.  The name itself (``lstat``): a link planted at
+    ``<journal>.lock`` or ``-wal`` is judged, and given (``chown -h``), as the link -- never
+    the file it points at, which root's pasted ``chown`` would have taken from its owner."""
     try:
-        st = os.stat(path)
+        st = os.lstat(path)
         if st.st_uid != 0:
             return True
         if not stat.S_ISDIR(st.st_mode):

@@ -148,7 +148,7 @@ def test_root_writing_a_journal_another_user_owns_is_refused_before_it_makes_a_f
     with pytest.raises(JournalError) as refused:
         _open_and_close(db)
     # Every file of the journal's another user owns (its directory is root's: not named).
-    gives_root = f"chown 0 -- {db} {wal} {key} && chown -R 0 -- {results}"
+    gives_root = f"chown -h 0 -- {db} {wal} {key} && chown -R 0 -- {results}"
     assert str(refused.value) == (  # both ways forward: as its owner, or root's from now on
         f"journal {db} is owned by uid {NOBODY} and this process runs as root, which would make "
         "the files a writer creates beside it (its lock, result segments, keys, console login "

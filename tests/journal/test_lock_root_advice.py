@@ -10,6 +10,7 @@ root, its journal is to move.  It named the journal and its directory, whatever 
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -49,7 +50,7 @@ def test_a_directory_of_the_journals_alone_is_given_whole_a_key_elsewhere_by_nam
     _give(NOBODY, home, *home.iterdir(), key)
     before = sorted(home.iterdir())
     said = _refused(db, key_file=key, signing_key=signing)
-    assert said.endswith(_run_as(NOBODY, f"chown -R 0 -- {home} && chown 0 -- {key}")), said
+    assert said.endswith(_run_as(NOBODY, f"chown -R 0 -- {home} && chown -h 0 -- {key}")), said
     assert sorted(home.iterdir()) == before  # nothing of root's made
 
 
@@ -67,8 +68,8 @@ def test_a_shared_directory_is_never_given_to_root_its_journal_moves(tmp_path: P
     assert said.endswith(
         _run_as(
             NOBODY,
-            f"chown 0 -- {files} {keys}, and keep the journal in a directory of its own root owns "
-            f"({home} holds other files: a chown of it would take them from their owner)",
+            f"chown -h 0 -- {files} {keys}, and keep the journal in a directory of its own root "
+            f"owns ({home} holds other files: a chown of it would take them from their owner)",
         )
     ), said
     assert f"chown -R 0 -- {home}" not in said and f"chown 0 -- {home} " not in said
@@ -138,9 +139,33 @@ def test_in_a_shared_directory_the_results_and_tokens_directories_are_given_with
     trees = f"chown -R 0 -- {db}.console-tokens && chown -R 0 -- {db}.results"
     want = _run_as(
         NOBODY,
-        f"chown 0 -- {files} && {trees}, and keep the journal in a directory of its own root "
+        f"chown -h 0 -- {files} && {trees}, and keep the journal in a directory of its own root "
         f"owns ({db.parent} holds other files: a chown of it would take them from their owner)",
     )
     assert _refused(link).endswith(want), _refused(link)
     monkeypatch.chdir(tmp_path)
     assert _refused(Path("links/j.db")).endswith(want), _refused(Path("links/j.db"))
+
+
+def test_a_link_planted_at_the_lock_is_given_as_a_link_never_its_file(tmp_path: Path) -> None:
+    """``<journal>.lock`` (or ``-wal``), a link another user planted to a file of theirs -- or
+    of a third's: root's pasted ``chown 0 -- <journal>.lock`` followed it and took that file
+    from its owner.  Judged by ``lstat`` and given with ``chown -h``: the link, not its file."""
+    require_root()
+    home = tmp_path / "journal"  # root's: the files are named one by one
+    home.mkdir()
+    db = home / "journal.db"
+    _make(db)
+    victim = tmp_path / "victim.conf"
+    victim.write_text("another service's")
+    _give(NOBODY, db, victim)
+    lock = Path(f"{db}.lock")
+    lock.unlink()
+    lock.symlink_to(victim)
+    os.lchown(lock, NOBODY, NOBODY)
+    said = _refused(db)
+    pasted = said.rsplit("from now on: ", 1)[1]
+    assert pasted.startswith("chown -h 0 -- ") and str(lock) in pasted, said
+    subprocess.run(["sh", "-c", pasted], check=True, timeout=30)
+    assert victim.stat().st_uid == NOBODY  # its file untouched
+    assert os.lstat(lock).st_uid == 0 and db.stat().st_uid == 0
