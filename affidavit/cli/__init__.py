@@ -200,6 +200,16 @@ def journal_refusal(
     return UsageError(str(exc) if message is None else message, code=code)
 
 
+def _stood(command: str) -> str:
+    """What a command SIGTERM stopped may say was kept: a call's (``call``, ``operation poll``:
+    its own invocation) where it stood, if it had begun -- stopped before the broker opened, or
+    before it took the call, nothing is; any other (``init``, ``journal reclaim``,
+    ``approvals``...) has no call of its own to speak of: only what it wrote."""
+    if command in ("call", "operation"):
+        return "if the call had begun, where it stood is recorded (affidavit actions lists it)"
+    return f"what `affidavit {command}` had written to the journal is kept"
+
+
 class Terminated(Exception):
     """SIGTERM stopped a command that uses the journal -- after it recorded where its call
     stood, if it had begun one (``call.run_journal``): exit status 143, as the signal's own
@@ -514,13 +524,7 @@ def _main(argv: Sequence[str] | None) -> int:
     except KeyboardInterrupt:
         return 130
     except Terminated:
-        print(
-            # Stopped before the broker opened, or before it took the call, nothing is: say
-            # only what a record would hold.
-            "affidavit: stopped by SIGTERM; if the call had begun, where it stood is recorded "
-            "(affidavit actions lists it)",
-            file=sys.stderr,
-        )
+        print(f"affidavit: stopped by SIGTERM; {_stood(args.command)}", file=sys.stderr)
         return 143
     except BrokenPipeError:
         # The reader went away (`affidavit actions | head`): not our failure to report.

@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import trio
 
 from affidavit.config import load_config
@@ -122,3 +123,22 @@ async def test_a_poll_of_a_journal_that_cannot_be_opened_is_journal_unusable(
         f"affidavit: JOURNAL_UNUSABLE: cannot open journal {tmp_path}/journal.db: it is a "
         "directory (fix that, or name another journal with [journal] path or --journal)\n"
     ), err
+
+
+def test_sigterm_words_claim_no_call_for_a_command_without_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``init`` stopped as its journal opens (SIGTERM inside ``run_journal``): it has no call,
+    and was told "if the call had begun, where it stood is recorded"."""
+    from affidavit import cli
+    from affidavit.cli import call
+
+    def stopped(main: object) -> None:
+        raise cli.Terminated
+
+    monkeypatch.setattr(call, "run_journal", stopped)
+    assert cli.main(["init", "--config", str(tmp_path / "affidavit.toml")]) == 143
+    said = capsys.readouterr().err
+    assert said == (
+        "affidavit: stopped by SIGTERM; what `affidavit init` had written to the journal is kept\n"
+    ), said
