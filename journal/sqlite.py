@@ -347,9 +347,10 @@ class SqliteBackend:
         return conn
 
     def unchanged(self, conn: Any) -> bool:
-        """The file at the path is still the one opened (not replaced or removed) and its schema
-        cookie is the one checked (``PRAGMA schema_version``: any table or index made, changed
-        or dropped bumps it) -- a stat and a header read."""
+        """The file opened (``real``, the name given as resolved once: a stat of that, not of
+        the name given -- ``writes_path`` judges the name) is still there, not replaced or
+        removed, and its schema cookie is the one checked (``PRAGMA schema_version``: any table
+        or index made, changed or dropped bumps it) -- a stat and a header read."""
         checked = self._checked.get(id(conn))
         if checked is None:
             return False
