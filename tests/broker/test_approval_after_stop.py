@@ -30,8 +30,10 @@ CHARGE = {
 }
 
 
-class _Stopped(Exception):
-    """The broker stopping right after the preamble was queued, before APPROVAL_REQUESTED."""
+class _Stopped(BaseException):
+    """The broker stopping right after the preamble was queued, before APPROVAL_REQUESTED: not
+    an ``Exception`` -- a failure inside the broker is closed at once (``internal_close``), a
+    stopped process is closed by the next start's recovery, which this test is about."""
 
 
 async def test_a_retry_of_a_request_closed_before_its_approval_asks_for_it(
