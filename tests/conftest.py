@@ -40,6 +40,18 @@ def pytest_configure(config: pytest.Config) -> None:
             )
 
 
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """``-n auto``: one worker per CPU, at most 4 -- each worker may start sshd, PostgreSQL and
+    chromium of its own, and the fault-injection tests' deadlines assume a machine not
+    oversubscribed -- and none (everything in this process) on a single CPU, where a worker
+    would only add its start-up."""
+    return workers_for(os.cpu_count() or 1)
+
+
+def workers_for(cpus: int) -> int:
+    return 0 if cpus <= 1 else min(cpus, 4)
+
+
 @pytest.fixture(scope="session")
 def pg() -> Iterator[Cluster]:
     """One PostgreSQL server for the session (skipped with ``postgresql not installed`` without

@@ -31,7 +31,7 @@ def _pytest(args: list[str], cwd: Path, **env: str) -> subprocess.CompletedProce
     full = {k: v for k, v in os.environ.items() if k not in (REQUIRE_ENV, HIDE_ENV)}
     full.update(env, PYTHONPATH=str(ROOT))
     return subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-rsfE", "-p", "no:cacheprovider", *args],
+        [sys.executable, "-m", "pytest", "-n", "0", "-q", "-rsfE", "-p", "no:cacheprovider", *args],
         cwd=cwd,
         env=full,
         capture_output=True,
