@@ -69,17 +69,24 @@ class Cluster:
 
     @classmethod
     def create(
-        cls, *, fsync: bool = True, full_page_writes: bool = True, tmpfs: bool = True
+        cls,
+        *,
+        fsync: bool = True,
+        full_page_writes: bool = True,
+        tmpfs: bool = True,
+        where: Path | None = None,
     ) -> Cluster:
         """``initdb`` and start a new cluster.  Durable settings (a broker refuses a server
         without them: ``JournalNotDurable``); for tests its data lives in ``/dev/shm`` where
         there is one, so an fsync costs nothing (no power loss is simulated); benchmarks pass
         ``tmpfs=False`` for a real disk.  First the servers there whose owner is gone are
-        stopped (``pgowner.reap_stale``); this one is owned by this process."""
+        stopped (``pgowner.reap_stale``); this one is owned by this process.  ``where``: another
+        parent directory (tests/test_pg_owner.py's, which no other session's start sweeps)."""
         postgres = Path(POSTGRES.require())
-        shm = Path("/dev/shm")
-        usable = tmpfs and shm.is_dir() and os.access(shm, os.W_OK)
-        where = shm if usable else Path(tempfile.gettempdir())
+        if where is None:
+            shm = Path("/dev/shm")
+            usable = tmpfs and shm.is_dir() and os.access(shm, os.W_OK)
+            where = shm if usable else Path(tempfile.gettempdir())
         pgowner.reap_stale(where)
         root = Path(tempfile.mkdtemp(prefix=pgowner.PREFIX, dir=where))
         root.chmod(0o700)
@@ -204,8 +211,10 @@ class Cluster:
 
 
 @contextlib.contextmanager
-def running_cluster(*, fsync: bool = True, full_page_writes: bool = True) -> Iterator[Cluster]:
-    cluster = Cluster.create(fsync=fsync, full_page_writes=full_page_writes)
+def running_cluster(
+    *, fsync: bool = True, full_page_writes: bool = True, where: Path | None = None
+) -> Iterator[Cluster]:
+    cluster = Cluster.create(fsync=fsync, full_page_writes=full_page_writes, where=where)
     try:
         yield cluster
     finally:

@@ -5,7 +5,10 @@ teardown.  Its watchdog then stops the server and removes its directory; with th
 killed too, the next cluster's start does.  A live owner's server, a directory without an owner
 record (another checkout's code) and a process that is not the directory's postgres are left
 alone.  The owners here are child processes running ``Cluster.create``, killed as a test run
-would be.  Every wait has a ceiling (``GONE``), never a timing."""
+would be.  Their clusters live in a directory of the test's own (``parent``): another session's
+start -- another xdist worker's -- sweeps only its own parent, so it never reaps the orphan a
+test planted before the test's own next start does.  Every wait has a ceiling (``GONE``), never
+a timing."""
 
 from __future__ import annotations
 
@@ -36,8 +39,9 @@ HERE = pgowner._here() or ""
 
 OWNER = """
 import sys
+from pathlib import Path
 from tests.postgres import Cluster
-cluster = Cluster.create()
+cluster = Cluster.create(where=Path(sys.argv[1]))
 print(cluster.root, cluster.watchdog.pid, cluster.postmaster(), flush=True)
 sys.stdin.buffer.read()  # until the test closes it -- or kills this process
 cluster.destroy()
@@ -59,13 +63,29 @@ def postgres() -> str:
 
 
 @pytest.fixture
-def owners() -> Iterator[Callable[[], Owner]]:
-    """Start owners (child processes holding a cluster); whatever is left is ended after."""
+def parent() -> Iterator[Path]:
+    """Where this test's clusters live: in /dev/shm as every test cluster (tests/postgres.py),
+    but a directory no other start sweeps.  ``0711``: a server run as another user (as root,
+    tests/postgres.py demotes it) reaches its own directory in it."""
+    shm = Path("/dev/shm")
+    base = shm if shm.is_dir() and os.access(shm, os.W_OK) else None
+    where = Path(tempfile.mkdtemp(prefix="affidavit-pg-owner-test-", dir=base))
+    where.chmod(0o711)
+    yield where
+    for left in where.glob(pgowner.PREFIX + "*"):
+        pgowner.reap(left)
+    where.rmdir()
+
+
+@pytest.fixture
+def owners(parent: Path) -> Iterator[Callable[[], Owner]]:
+    """Start owners (child processes holding a cluster in ``parent``); whatever is left is ended
+    after."""
     started: list[Owner] = []
 
     def start() -> Owner:
         proc = subprocess.Popen(
-            [sys.executable, "-c", OWNER],
+            [sys.executable, "-c", OWNER, str(parent)],
             cwd=CHECKOUT,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -119,7 +139,7 @@ def test_an_owner_killed_has_its_server_stopped_and_removed_by_its_watchdog(
 
 
 def test_the_next_start_stops_a_dead_owners_server_and_leaves_a_live_owners_alone(
-    postgres: str, owners: Callable[[], Owner]
+    postgres: str, owners: Callable[[], Owner], parent: Path
 ) -> None:
     stale, live = owners(), owners()
     kill(stale.watchdog)  # the whole run killed, its watchdog with it
@@ -130,7 +150,7 @@ def test_the_next_start_stops_a_dead_owners_server_and_leaves_a_live_owners_alon
     assert running(stale.postmaster) and stale.root.exists()  # the orphan the next start finds
     unclaimed = Path(tempfile.mkdtemp(prefix=pgowner.PREFIX, dir=stale.root.parent))
     try:
-        with running_cluster() as cluster:  # the next session's start
+        with running_cluster(where=parent) as cluster:  # the next session's start
             assert cluster.root != stale.root and cluster.root.parent == stale.root.parent
             assert not stale.root.exists()
             assert not running(stale.postmaster)
