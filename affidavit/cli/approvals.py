@@ -41,12 +41,11 @@ from affidavit.cli import (
     daemon_json,
     daemon_refusal,
     daemon_socket,
-    journal_refusal,
     refusal,
     text_arg,
     timeout_arg,
 )
-from affidavit.cli.call import load_or_usage, run_journal
+from affidavit.cli.call import acting, load_or_usage, run_journal
 
 __all__ = ["add_commands"]
 
@@ -125,28 +124,13 @@ def _daemon_answer(socket: DaemonSocket, method: str, target: str, body: Any = N
 def _embedded(
     args: argparse.Namespace,
     work: Callable[[Any], Awaitable[T]],
-    failure: Callable[[Exception], tuple[int, str, str]] | None = None,
+    failure: Callable[[Exception], tuple[int, str, str]],
 ) -> T:
     """``work(broker)`` in a broker of this process (the journal written here); ``failure``
-    answers a journal that could not do it (``decision_failure``), else its own words."""
-    from affidavit.api.broker import Broker
-    from affidavit.journal import JournalError
-
+    answers a journal that could not do it (``decision_failure``), one that could not be
+    opened is answered as ``call`` answers it (``acting``)."""
     config = load_or_usage(args.config)
-
-    async def main() -> T:
-        try:
-            async with Broker.open(config=config) as broker:
-                return await work(broker)
-        except JournalError as exc:
-            if failure is None:
-                raise
-            from affidavit.cli.journal import failure_line
-
-            answer = failure(exc)
-            raise journal_refusal(exc, failure_line(exc, answer), answer[1]) from None
-
-    return _operator_errors(lambda: run_journal(main))
+    return _operator_errors(lambda: run_journal(lambda: acting(config, work, failure)))
 
 
 def _reading(args: argparse.Namespace, view: Callable[[Any], T], what: str) -> T:

@@ -39,7 +39,7 @@ from affidavit.cli import (
     timeout_arg,
 )
 
-__all__ = ["add_commands", "load_or_usage", "run_journal"]
+__all__ = ["acting", "add_commands", "load_or_usage", "run_journal"]
 
 TYPE_CHECKING = False  # not typing's: see affidavit/__init__.py
 
@@ -424,6 +424,35 @@ def run_journal(main: Callable[[], Awaitable[T]]) -> T:
         return trio.run(guarded)
     except JournalError as exc:
         raise journal_refusal(exc) from None
+
+
+async def acting(
+    config: Any,
+    work: Callable[[Any], Awaitable[T]],
+    failure: Callable[[Exception], tuple[int, str, str]],
+) -> T:
+    """``work(broker)`` in a broker of this process, for a command that acts on the journal
+    (``operation poll``, ``approvals approve/deny``, ``reconcile``; inside ``run_journal``).
+    A journal the open refused -- a daemon's (``JournalLocked``), one that cannot be used --
+    is raised as itself: ``run_journal``'s code and words, as ``call`` says it (the act's
+    ``failure`` called it JOURNAL_UNREADABLE, a journal it never read).  Once open, or a
+    shared journal away (within reach of the act's words: what was not done), a
+    ``JournalError`` is the act's ``failure`` (the daemon's words, then the journal's own:
+    ``failure_line``)."""
+    from affidavit.api.broker import Broker
+    from affidavit.cli.journal import failure_line
+    from affidavit.journal import JournalError, JournalUnavailable
+
+    opened = False
+    try:
+        async with Broker.open(config=config) as broker:
+            opened = True
+            return await work(broker)
+    except JournalError as exc:
+        if not opened and not isinstance(exc, JournalUnavailable):
+            raise
+        answer = failure(exc)
+        raise journal_refusal(exc, failure_line(exc, answer), answer[1]) from None
 
 
 def _init(args: argparse.Namespace) -> int:

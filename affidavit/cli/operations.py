@@ -27,12 +27,11 @@ from affidavit.cli import (
     SECRETS_ALWAYS,
     SECRETS_NONE,
     UsageError,
-    journal_refusal,
     text_arg,
     timeout_arg,
 )
-from affidavit.cli.call import load_or_usage, run_journal
-from affidavit.cli.journal import common_options, failure_line, print_json, reading
+from affidavit.cli.call import acting, load_or_usage, run_journal
+from affidavit.cli.journal import common_options, print_json, reading
 
 __all__ = ["add_commands"]
 
@@ -84,26 +83,20 @@ def _list(args: argparse.Namespace) -> int:
 def _poll(args: argparse.Namespace) -> int:
     from affidavit.api.broker import Broker
     from affidavit.engine import OperationError, poll_failure
-    from affidavit.journal import JournalError, JournalUnavailable
 
     op_id = text_arg(args.operation_id, "the operation id")
     assert op_id is not None
     args.timeout = timeout_arg(args.timeout)
     config = load_or_usage(args.config)
 
+    async def poll(broker: Broker) -> dict[str, Any]:
+        return await broker.poll_operation(op_id, timeout=args.timeout)
+
     async def main() -> dict[str, Any]:
-        opened = False
-        try:
-            async with Broker.open(config=config) as broker:
-                opened = True
-                return await broker.poll_operation(op_id, timeout=args.timeout)
+        try:  # a journal that failed it: the daemon's words, then the journal's (``acting``)
+            return await acting(config, poll, lambda exc: poll_failure(exc, op_id, operator=True))
         except OperationError as exc:  # the daemon's 422 code, here as through it
             raise UsageError(str(exc), "OPERATION_ERROR") from None
-        except JournalError as exc:  # the daemon's words, then the journal's (failure_line)
-            if not opened and not isinstance(exc, JournalUnavailable):
-                raise  # not opened (the daemon's, unusable...): run_journal's code, as call's
-            failure = poll_failure(exc, op_id, operator=True)
-            raise journal_refusal(exc, failure_line(exc, failure), failure[1]) from None
 
     # As every embedded journal command: SIGTERM closes the poll's record where it stood (exit
     # 143), a journal that cannot be opened (the daemon's, unusable) is its own code.
