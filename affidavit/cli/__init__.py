@@ -213,7 +213,8 @@ def _stood(command: str) -> str:
 class Terminated(Exception):
     """SIGTERM stopped a command that uses the journal -- after it recorded where its call
     stood, if it had begun one (``call.run_journal``): exit status 143, as the signal's own
-    would be."""
+    would be.  Its text, if any, is what the command says was kept instead of ``_stood``'s
+    (the demo's: whether its temporary journal was, and where)."""
 
 
 def count_arg(value: str | None, what: str) -> int | None:
@@ -523,8 +524,8 @@ def _main(argv: Sequence[str] | None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
-    except Terminated:
-        print(f"affidavit: stopped by SIGTERM; {_stood(args.command)}", file=sys.stderr)
+    except Terminated as exc:
+        print(f"affidavit: stopped by SIGTERM; {str(exc) or _stood(args.command)}", file=sys.stderr)
         return 143
     except BrokenPipeError:
         # The reader went away (`affidavit actions | head`): not our failure to report.

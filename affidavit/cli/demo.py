@@ -35,14 +35,21 @@ def _demo(args: argparse.Namespace) -> int:
     import secrets
     import tempfile
 
-    import trio
-
+    from affidavit.cli import Terminated
+    from affidavit.cli.call import run_journal
     from affidavit.cli.tour import run_demo
 
     os.environ.setdefault("AFFIDAVIT_DEMO_TOKEN", "demo-" + secrets.token_urlsafe(16))
     tmp = Path(tempfile.mkdtemp(prefix="affidavit-demo-"))
     try:
-        trio.run(functools.partial(run_demo, tmp, sys.stdout, as_json=args.json, keep=args.keep))
+        # As every command writing a journal: SIGTERM closes the call in flight where it stood
+        # (CALLER_CANCELLED) before the process ends, exit 143 -- not killed mid-call.
+        run_journal(functools.partial(run_demo, tmp, sys.stdout, as_json=args.json, keep=args.keep))
+    except Terminated:
+        if args.keep:
+            where = tmp / "demo.db"
+            raise Terminated(f"where a call under way stood is recorded in {where}, kept") from None
+        raise Terminated("the demo's temporary config and journal are removed") from None
     finally:
         if not args.keep:
             for p in sorted(tmp.iterdir(), reverse=True):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -77,3 +78,53 @@ def test_demo_cli_runs_offline(tmp_path: Path) -> None:
     assert proc.stdout.count("why:") == 6
     assert "Traceback" not in proc.stderr
     assert "config file" not in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("keep", [True, False])
+async def test_demo_stopped_by_sigterm_closes_its_records_and_exits_143(
+    tmp_path: Path, keep: bool
+) -> None:
+    """SIGTERM mid-tour, as every other command writing a journal takes it (``run_journal``):
+    the call under way is closed where it stood (CALLER_CANCELLED), exit 143, one line, no
+    traceback; without ``--keep`` the temporary directory goes, as after a whole tour.  Its
+    default action killed the process at once: the record left open (until a daemon's
+    recovery), the temporary directory left behind even without ``--keep``."""
+    from affidavit.journal import JournalReader
+    from tests.broker.helpers import signalled
+
+    env = {**os.environ, "HOME": str(tmp_path), "TMPDIR": str(tmp_path), "PYTHONUNBUFFERED": "1"}
+    proc = await trio.lowlevel.open_process(
+        [sys.executable, "-m", "affidavit", "demo", *(["--keep"] if keep else [])],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        assert proc.stdout is not None
+        seen = b""
+        with trio.fail_after(30):
+            # Scene 3 told: scene 4 (a call held 0.5 s by its caller's timeout) is under way.
+            while seen.count(b"why:") < 3:
+                chunk = await proc.stdout.receive_some(65536)
+                assert chunk, seen
+                seen += chunk
+        code, said = await signalled(proc, signal.SIGTERM, 30)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+    lines = [ln for ln in said.decode().splitlines() if not ln.startswith("affidavit: warning:")]
+    assert code == 143, said
+    assert len(lines) == 1 and lines[0].startswith("affidavit: stopped by SIGTERM; "), said
+    assert "Traceback" not in said.decode()
+    kept = list(tmp_path.glob("affidavit-demo-*/demo.db"))
+    if not keep:
+        assert kept == [] and list(tmp_path.glob("affidavit-demo-*")) == []
+        assert lines[0].endswith("the demo's temporary config and journal are removed"), lines
+        return
+    [journal] = kept
+    assert lines[0].endswith(f"is recorded in {journal}, kept"), lines
+    with JournalReader.open(journal) as reader:
+        records = reader.list_actions()
+    assert len(records) >= 3, records
+    assert all(r.final for r in records), [(r.invocation_id, r.state) for r in records]
