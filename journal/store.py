@@ -344,6 +344,7 @@ class Journal(JournalReader):
         deadline: float | None = None,
         meanwhile: Callable[[], None] | None = None,
         valid_until: float | None = None,
+        cancellable: bool = False,
     ) -> Event:
         """Append one event; return it with ``seq`` and ``at`` assigned.
 
@@ -360,7 +361,9 @@ class Journal(JournalReader):
         returns or raises -- or never (``Writer.submit``).  ``valid_until``: an approved
         dispatch's approval expiry -- written only while the clock leases are judged by (the
         database's on a shared journal), read in the same transaction, is before it; else
-        ``ApprovalLapsed``, nothing written."""
+        ``ApprovalLapsed``, nothing written.  ``cancellable``: the wait for the answer, once
+        queued, may be given up (``Writer.submit``) -- the write goes on, landing or not
+        unread: only for a write recovery would make all the same (``internal_close``)."""
         attrs_text = attrs_json(event)
         # Encoded and decoded here, in the submitting task, not in the single writer.
         decoded = decode_attrs(attrs_text)
@@ -371,7 +374,12 @@ class Journal(JournalReader):
         barrier = barrier or event.kind._value_ in BARRIER_VALUES
         if lease is None and not lapsed and valid_until is None:
             return await self._writer.submit(
-                None, args, barrier=barrier, shield=shield, meanwhile=meanwhile
+                None,
+                args,
+                barrier=barrier,
+                shield=shield,
+                meanwhile=meanwhile,
+                cancellable=cancellable,
             )
         clock = self._clock
 
@@ -389,7 +397,9 @@ class Journal(JournalReader):
                 return Fail(ApprovalLapsed(iid))
             return txn.insert(*args)
 
-        return await self._writer.submit(op, barrier=barrier, shield=shield, meanwhile=meanwhile)
+        return await self._writer.submit(
+            op, barrier=barrier, shield=shield, meanwhile=meanwhile, cancellable=cancellable
+        )
 
     async def post(
         self, event: Event, *, payload: Mapping[str, Any] | None = None

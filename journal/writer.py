@@ -389,10 +389,13 @@ class Writer:
         result_store: bool = False,
         shield: bool = False,
         meanwhile: Callable[[], None] | None = None,
+        cancellable: bool = False,
     ) -> T:
         """Queue a write and wait for its transaction's answer.  ``shield``: a wait for room in
         a full queue is not cancellable either, so the whole call is -- a shielded cancel scope
         only on that rare path, instead of one the caller enters on every call (issue 15).
+        ``cancellable``: once queued, the wait for the answer may be given up (``Posted.wait``):
+        the write goes on, its answer unread -- only for a write nothing depends on landing.
         ``meanwhile`` (a barrier's): run on the loop, as a callback, while the transaction's
         COMMIT is under way -- once its rows are written and none of them refused, before its
         answer (``_signal_meanwhile``); or not at all (refused, failed first).  It must not
@@ -412,6 +415,8 @@ class Writer:
             pending.append(req)
         if meanwhile is not None:
             req.meanwhile = meanwhile
+        if cancellable:
+            return await Posted(req).wait(cancellable=True)
         # Once queued, the write will happen: wait for its answer without being cancellable,
         # so a caller never loses track of a barrier that did commit (seed: classify by the
         # last proven boundary).  A pending cancellation is delivered at the next checkpoint.

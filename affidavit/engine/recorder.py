@@ -82,9 +82,16 @@ class Recorder:
         lapsed: bool = False,
         deadline: float | None = None,
         valid_until: float | None = None,
+        cancellable: bool = False,
     ) -> None:
         """``lapsed``/``deadline``: a recovery's closing event; ``valid_until``: an approval's
-        expiry, checked in the writing transaction (``Journal.append``)."""
+        expiry, checked in the writing transaction (``Journal.append``).  ``cancellable``: a
+        barrier whose answer may be given up, the write going on (``Journal.append``): a close
+        recovery would make all the same (``internal_close``), never a call's own boundary."""
+        if cancellable:
+            self._writing[trio.lowlevel.current_task()] = event.invocation_id
+            await self.journal.append(event, barrier=True, cancellable=True)
+            return
         # Shielded: a caller's cancellation must not leave it unclear whether a record landed.
         with trio.CancelScope(shield=True):
             if lapsed or valid_until is not None:
@@ -144,14 +151,15 @@ class Recorder:
         else:
             mine.append(posted)
 
-    async def settle(self) -> None:
+    async def settle(self, *, cancellable: bool = False) -> None:
         """Wait for this call's posted events (committed by now, unless the write that follows
-        them has not returned yet); raise the first one's failure, as ``append`` would have."""
+        them has not returned yet); raise the first one's failure, as ``append`` would have.
+        ``cancellable``: the wait may be given up (``Posted.wait``), the writes going on."""
         posted = self._posted.pop(trio.lowlevel.current_task(), None)
         error: BaseException | None = None
         for p in posted or ():
             try:
-                await p.wait()
+                await p.wait(cancellable=cancellable)
             except Exception as exc:
                 error = error or exc
         if error is not None:

@@ -13,6 +13,8 @@ import contextlib
 import time
 from typing import Final
 
+import trio
+
 from affidavit.journal import (
     AlteredRow,
     JournalError,
@@ -38,6 +40,7 @@ from .approval import APPROVAL_STATES, expire_if_due
 from .recorder import Recorder
 
 __all__ = [
+    "INTERNAL_CLOSE_WAIT",
     "READ_DECLINED",
     "READ_RETRY",
     "READ_RETRY_AFTER",
@@ -215,6 +218,11 @@ async def journal_refused(recorder: Recorder, iid: str | None, error: JournalWri
     return await recorder.record(iid)
 
 
+INTERNAL_CLOSE_WAIT: Final = 5.0
+"""Seconds ``internal_close`` waits for the journal at most: no longer than a stopping daemon
+waits for its stopped calls to record where they stood (``Calls.drain``: at least 5 s)."""
+
+
 async def internal_close(recorder: Recorder, iid: str | None, holder: str) -> None:
     """Close at once the record of a call that a failure inside the broker (a bug, not the
     journal's) ended without an envelope, with what its events prove and that cause (``stage``
@@ -224,24 +232,34 @@ async def internal_close(recorder: Recorder, iid: str | None, holder: str) -> No
     (``doubted``) without being read is left to recovery, as is any failure of this close
     (the original failure is the caller's answer either way).  The call's queued diagnostic
     events (its preflight's, before its first barrier) are waited for first: read without
-    them, the record would not be found."""
-    try:
-        await recorder.settle()
-        if iid is None:
-            return
-        events = await recorder.read(lambda: recorder.journal.events(iid))
-        if _holder(events) != holder:
-            return  # another worker's attempt (or none): not this failure's to close
-        now = await recorder.read(recorder.hint_now)
-        record = recorder.projected(events, now)
-        if recorder.doubted(iid) and not record.evidence.get("dispatch_started"):
-            return
-        closing = None if record.final else closing_event(record, "internal")
-        if closing is not None:
-            with contextlib.suppress(ImpossibleEvent):  # closed first, or taken over
-                await recorder.append(closing, barrier=True)
-    except JournalError:
-        recorder.forget()  # the record stays as durable: recovery closes it later
+    them, the record would not be found.
+
+    Shielded from its caller (``Engine._answered``), so bounded here: a journal that has not
+    answered within ``INTERNAL_CLOSE_WAIT`` is waited for no more -- a hung write held the
+    call, and a stopping daemon's shutdown, for as long as it hung.  What was queued goes on
+    unwaited: the close lands, or the record stays open for recovery, which closes it with
+    what the journal then proves (``recover_stale``: the broker stopped).  Nothing of it is
+    claimed either way."""
+    with trio.move_on_after(INTERNAL_CLOSE_WAIT) as bound:
+        try:
+            await recorder.settle(cancellable=True)
+            if iid is None:
+                return
+            events = await recorder.read(lambda: recorder.journal.events(iid))
+            if _holder(events) != holder:
+                return  # another worker's attempt (or none): not this failure's to close
+            now = await recorder.read(recorder.hint_now)
+            record = recorder.projected(events, now)
+            if recorder.doubted(iid) and not record.evidence.get("dispatch_started"):
+                return
+            closing = None if record.final else closing_event(record, "internal")
+            if closing is not None:
+                with contextlib.suppress(ImpossibleEvent):  # closed first, or taken over
+                    await recorder.append(closing, barrier=True, cancellable=True)
+        except JournalError:
+            recorder.forget()  # the record stays as durable: recovery closes it later
+    if bound.cancelled_caught:
+        recorder.forget()  # the journal did not answer in time: as above
 
 
 def _holder(events: list[Event]) -> str | None:

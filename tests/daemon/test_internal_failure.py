@@ -243,3 +243,66 @@ async def test_a_refused_action_failing_inside_the_broker_names_the_invocation_i
     message = answer["api_error"]["message"]
     assert record.invocation_id in message and "accepted" not in message, answer
     assert record.state == "validation_failed", record
+
+
+async def test_a_close_the_journal_does_not_answer_holds_neither_the_call_nor_the_shutdown(
+    tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The close of a call failing inside the broker (``internal_close``) is shielded from its
+    caller, and was unbounded: a journal write hanging there held the call's answer, and the
+    daemon's shutdown behind it, for as long as it hung -- past any grace.  It is waited for
+    ``INTERNAL_CLOSE_WAIT`` at most: the caller is answered 500 INTERNAL, the daemon stops, and
+    the record, its close never written (the disk fails it in the end), is closed by the next
+    start's recovery with what the journal proves: dispatched, so unknown -- the broker
+    stopped.  The hang is the real writer's: its transaction held open in the writer thread."""
+    import sqlite3
+    import threading
+
+    import affidavit.engine.delivery as delivery
+    import affidavit.engine.recovery as recovery
+    from affidavit.engine.engine import Engine
+    from affidavit.journal import Batch
+
+    monkeypatch.setenv(TOKEN_ENV, token)
+    monkeypatch.setattr(recovery, "INTERNAL_CLOSE_WAIT", 1.0)
+    release = threading.Event()
+
+    def hang(batch: Batch) -> None:
+        # Bounded: a test that fails still ends (the hang then fails the batch, as a disk would).
+        release.wait(WAIT * 3)
+        raise sqlite3.OperationalError("disk I/O error")
+
+    async def failing(engine: Engine, *args: Any) -> Any:
+        await engine.recorder.settle()  # the attempt's queued events land; then the disk hangs
+        engine.journal.before_commit = hang
+        raise Broken("remote bytes")
+
+    async with in_process(tmp_path, scripts.serve(Reply(200, body=b"done"))) as (srv, socket):
+        with trio.fail_after(WAIT):
+            async with Client.open(socket) as client:
+                with monkeypatch.context() as patched:
+                    patched.setattr(delivery, "_commit", failing)
+                    with pytest.raises(ApiError) as caught:
+                        await client.call({"target": "api", "method": "POST", "path": "/r"})
+        release.set()  # the journal answers at last: the close failed, nothing of it written
+        stopping = trio.current_time()
+    stopped = trio.current_time() - stopping
+    assert (caught.value.status, caught.value.code) == (500, "INTERNAL"), caught.value
+    assert stopped < WAIT, stopped  # (a bound on a hang, not a timing)
+    iid = str(caught.value).split("(Broken; ", 1)[1].split(":", 1)[0]
+    assert iid.startswith("act_"), caught.value
+    async with in_process(tmp_path, scripts.serve(Reply(200, body=b"done"))) as (_, socket):
+        with trio.fail_after(WAIT):
+            async with Client.open(socket) as client:
+                fetched = await client.fetch_result(iid)
+                events = await client.events(iid)
+    assert fetched is not None
+    error = fetched["error"]
+    assert (error["code"], error["outcome"], error["retry"]) == (
+        "REMOTE_OUTCOME_UNKNOWN",
+        "unknown",
+        "reconcile",
+    ), fetched
+    assert error["message"].startswith("The broker stopped after dispatch"), error
+    assert events[-1]["kind"] == "ATTEMPT_INTERRUPTED", events
+    assert len(srv.requests) == 1
