@@ -29,6 +29,10 @@ within every run, and both group-commit ratios are printed (then nothing else is
 the p50 latency of one task's append and each checkout's hand-off alone: a barrier write whose
 transaction does nothing, queued and answered from one task (the writer thread's work replaced).
 ``--src DIR`` measures that checkout in place of this one (two commits while the worktree changes).
+Each side's cycle -- the time from one transaction to the next -- is split into the transaction
+(its ``COMMIT``, the WAL write and fsync, shown apart) and the loop's turn (waking the writers,
+building and queueing their next rows, the hand-off): at 64 tasks every writer waits in the same
+transaction, so the three add up, and the split says which a change shortened.
 """
 
 from __future__ import annotations
@@ -112,19 +116,27 @@ def _happy(iid: str) -> list[Event]:
 @dataclass
 class WriterStats:
     """Counts the writer's transactions through ``Journal.around_transaction`` (one call is one
-    SQLite transaction), and its CPU time (``time.thread_time`` in the writer thread)."""
+    SQLite transaction), its CPU time (``time.thread_time`` in the writer thread), the wall time
+    of its transactions (``wall``) and of their ``COMMIT`` alone (``commit``: from
+    ``Journal.before_commit`` to the transaction's end -- the WAL write and, for a barrier, its
+    fsync).  A group commit's cycle is the transaction's wall time plus the loop's turn (waking
+    the writers, building and queueing their next rows): these split it."""
 
     txns: int = 0
     requests: int = 0
     cpu: float = 0.0
+    wall: float = 0.0
+    commit: float = 0.0
     profile: cProfile.Profile | None = None
+    _commit_at: float = 0.0
 
     def install(self, journal: Journal) -> None:
         @contextlib.contextmanager
         def counted(batch: Batch) -> Iterator[None]:
             self.txns += 1
             self.requests += batch.writes
-            c0 = time.thread_time()
+            c0, w0 = time.thread_time(), time.perf_counter()
+            self._commit_at = 0.0
             if self.profile is not None:
                 self.profile.enable()
             try:
@@ -132,9 +144,22 @@ class WriterStats:
             finally:
                 if self.profile is not None:
                     self.profile.disable()
+                end = time.perf_counter()
                 self.cpu += time.thread_time() - c0
+                self.wall += end - w0
+                if self._commit_at:
+                    self.commit += end - self._commit_at
+
+        def commit_starts(_batch: Batch) -> None:
+            self._commit_at = time.perf_counter()
 
         journal.around_transaction = counted
+        journal.before_commit = commit_starts
+
+    def per_txn_ms(self) -> tuple[float, float]:
+        """Mean wall time of a transaction and of its ``COMMIT``, milliseconds."""
+        n = max(self.txns, 1)
+        return self.wall / n * 1e3, self.commit / n * 1e3
 
 
 async def _journal_rate(
@@ -298,6 +323,9 @@ def _child(base: Path, tasks: int, seconds: float, ids: Callable[[int, int], str
     rate = trio.run(_journal_rate, path, tasks, seconds, ids, st, None, lat)
     cpu = (time.process_time() - cpu) / max(len(lat), 1) * 1e6
     out = {"rate": rate, "batch": st.requests / max(st.txns, 1), "lat": statistics.median(lat)}
+    txn, commit = st.per_txn_ms()
+    cycle = 1e3 / max(st.txns / max(len(lat), 1) * rate, 1e-9)  # ms from one txn to the next
+    out.update(cycle=cycle, txn=txn, commit=commit, loop=cycle - txn)
     print(json.dumps({**out, "cpu": st.cpu / max(st.requests, 1) * 1e6, "proc": cpu}))
 
 
@@ -336,6 +364,12 @@ def _ab(args: argparse.Namespace, base: Path) -> None:
             f"  {'64 tasks':10} {_cell(many)}  ({med(64, 'batch'):.1f} per txn; CPU per "
             f"append: process {med(64, 'proc'):.1f} us, writer thread {med(64, 'cpu'):.1f} us)"
         )
+        for tasks in (1, 64):
+            print(
+                f"  {tasks:2} task(s), a transaction's cycle {med(tasks, 'cycle'):.3f} ms: the "
+                f"transaction {med(tasks, 'txn'):.3f} ms (its COMMIT {med(tasks, 'commit'):.3f} "
+                f"ms), the loop's turn {med(tasks, 'loop'):.3f} ms  (medians of each)"
+            )
         ratio = statistics.median(many) / statistics.median(one)
         print(f"  64 tasks / 1 task = {ratio:.1f}x  (target >= 20x)  {_verdict(ratio >= 20)}")
 
