@@ -11,7 +11,10 @@ each transaction the frames SQLite appended to the ``-wal`` for it are read from
 (``wal_pages.WalFrames``) and, at the end, each page's B-tree from ``dbstat`` (the journal only
 appends: no page changes hands).  Frames do not depend on the machine's load, unlike the
 COMMIT's fsync they make longer (``journal_append.py --ab`` shows that COMMIT's wall time), so a
-change's before and after compare exactly.  ``--probe`` then prices each median frame count on
+change's before and after compare exactly.  ``--variants`` runs the 8-session workload again
+on journals whose ``events_session`` is redefined before the writer opens them (``VARIANTS``:
+what other definitions of that index would write; the queries are not changed, so only the
+frames mean anything).  ``--probe`` then prices each median frame count on
 this disk: raw ``sqlite3`` WAL ``synchronous=FULL`` commits of about that many pages, the counts
 alternating in blocks (the disk's noise spread over all), median COMMIT wall time.  Issue 15.
 """
@@ -38,6 +41,31 @@ from wal_pages import WalFrames
 
 from affidavit.journal import Batch, Journal
 from affidavit.statemachine import Event
+
+VARIANTS = {
+    "first events only": "CREATE INDEX events_session ON events (session_id, seq, "
+    "invocation_id) WHERE session_id IS NOT NULL AND kind = 'ACTION_ACCEPTED'",
+    "(session_id, seq)": "CREATE INDEX events_session ON events (session_id, seq) "
+    "WHERE session_id IS NOT NULL",
+}
+"""Other definitions of ``events_session`` (``--variants``), measured for their frames only."""
+
+
+async def _create(path: Path) -> None:
+    async with Journal.open(path):
+        pass
+
+
+def _redefined(path: Path, ddl: str) -> None:
+    """A new journal at ``path`` whose ``events_session`` is ``ddl``."""
+    trio.run(_create, path)
+    conn = sqlite3.connect(path)
+    try:
+        conn.execute("DROP INDEX events_session")
+        conn.execute(ddl)
+        conn.commit()
+    finally:
+        conn.close()
 
 
 def _events(iid: str, sessions: int, n: int) -> list[Event]:
@@ -119,13 +147,21 @@ def main() -> None:
     ap.add_argument("--sessions", default="8,1,0", help="session counts to measure, in turn")
     ap.add_argument("--seconds", type=float, default=2.0, help="per session count")
     ap.add_argument("--dir", default=None, help="where the journals go (default: tmp)")
+    ap.add_argument("--variants", action="store_true", help="other events_session definitions")
     ap.add_argument("--probe", action="store_true", help="price the frame counts on this disk")
     args = ap.parse_args()
     base = Path(tempfile.mkdtemp(prefix="affidavit-frames-", dir=args.dir))
     print(f"{args.tasks} tasks, 7 barrier appends an invocation; frames per barrier commit")
     medians = []
-    for sessions in (int(s) for s in args.sessions.split(",")):
-        path = base / f"s{sessions}.db"
+    runs: list[tuple[str, int, str | None]] = [
+        (f"{n} session(s)", n, None) for n in (int(s) for s in args.sessions.split(","))
+    ]
+    if args.variants:
+        runs += [(f"8 sessions, events_session {name}", 8, ddl) for name, ddl in VARIANTS.items()]
+    for i, (label, sessions, ddl) in enumerate(runs):
+        path = base / f"run{i}.db"
+        if ddl is not None:
+            _redefined(path, ddl)
         commits = trio.run(_run, path, args.tasks, sessions, args.seconds)
         with sqlite3.connect(path) as conn:
             owner = dict(conn.execute("SELECT pageno, name FROM dbstat").fetchall())
@@ -136,7 +172,7 @@ def main() -> None:
         for _, pages in commits:
             trees.update(owner.get(p, "(free)") for p in pages)
         print(
-            f"\n{sessions} session(s): {len(commits)} commits of "
+            f"\n{label}: {len(commits)} commits of "
             f"{statistics.mean(w for w, _ in commits):.1f} appends, frames median "
             f"{statistics.median(totals)}, mean {statistics.mean(totals):.2f}"
         )
