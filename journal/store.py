@@ -84,6 +84,34 @@ class _Opener:
                 await trio.to_thread.run_sync(self._journal.close)
 
 
+CANCELLABLE_KINDS = frozenset(
+    {EventKind.SETUP_FAILED, EventKind.ATTEMPT_INTERRUPTED, EventKind.RESULT_STORE_FAILED}
+)
+"""The events a ``cancellable`` append may write: those that close an attempt with what its
+record proves (``recovery.closing_event``) -- recovery would write the same one later."""
+
+
+def _refuse_cancellable(
+    event: Event,
+    lease: tuple[str, int] | None,
+    lapsed: bool,
+    valid_until: float | None,
+    meanwhile: Callable[[], None] | None,
+) -> None:
+    """``Journal.append(cancellable=True)`` of anything but a plain closing event: a
+    ``ValueError`` naming what was refused (the caller's bug, never the journal's)."""
+    if event.kind not in CANCELLABLE_KINDS:
+        raise ValueError(f"cancellable append of {event.kind.value}: only a closing event")
+    for name, given in (
+        ("lease", lease is not None),
+        ("lapsed", lapsed),
+        ("valid_until", valid_until is not None),
+        ("meanwhile", meanwhile is not None),
+    ):
+        if given:
+            raise ValueError(f"cancellable append with {name}: its answer cannot be given up")
+
+
 class Journal(JournalReader):
     """The writing journal.  Use ``async with Journal.open(path_or_url) as j``.
 
@@ -363,7 +391,12 @@ class Journal(JournalReader):
         database's on a shared journal), read in the same transaction, is before it; else
         ``ApprovalLapsed``, nothing written.  ``cancellable``: the wait for the answer, once
         queued, may be given up (``Writer.submit``) -- the write goes on, landing or not
-        unread: only for a write recovery would make all the same (``internal_close``)."""
+        unread: only for a write recovery would make all the same (``internal_close``), so
+        only a closing event (``CANCELLABLE_KINDS``) with no lease, ``lapsed``,
+        ``valid_until`` or ``meanwhile`` -- anything else is a ``ValueError``, nothing queued:
+        a boundary whose answer was given up would leave unclear what the record proves."""
+        if cancellable:
+            _refuse_cancellable(event, lease, lapsed, valid_until, meanwhile)
         attrs_text = attrs_json(event)
         # Encoded and decoded here, in the submitting task, not in the single writer.
         decoded = decode_attrs(attrs_text)

@@ -401,6 +401,10 @@ class Writer:
         answer (``_signal_meanwhile``); or not at all (refused, failed first).  It must not
         raise and must not depend on the write being durable: work the submitter would do
         right after it (issue 15, c=1: the loop is idle during the fsync)."""
+        if cancellable and (op is not None or meanwhile is not None or result_store):
+            # A checked write (a lease's, an expiry's), a result or a callback during the
+            # COMMIT: each is a boundary its caller acts on -- never answered unread.
+            raise ValueError("a cancellable write is a plain insert: no op, meanwhile or result")
         task = trio.lowlevel.current_task()
         pending = self._pending
         if self._closed or len(pending) >= MAX_QUEUED:  # refused, or back-pressure: wait

@@ -87,10 +87,19 @@ class Recorder:
         """``lapsed``/``deadline``: a recovery's closing event; ``valid_until``: an approval's
         expiry, checked in the writing transaction (``Journal.append``).  ``cancellable``: a
         barrier whose answer may be given up, the write going on (``Journal.append``): a close
-        recovery would make all the same (``internal_close``), never a call's own boundary."""
+        recovery would make all the same (``internal_close``), never a call's own boundary --
+        the journal refuses (``ValueError``) any other event, and ``lapsed`` or
+        ``valid_until`` with it."""
         if cancellable:
             self._writing[trio.lowlevel.current_task()] = event.invocation_id
-            await self.journal.append(event, barrier=True, cancellable=True)
+            await self.journal.append(
+                event,
+                barrier=True,
+                lapsed=lapsed,
+                deadline=deadline,
+                valid_until=valid_until,
+                cancellable=True,
+            )
             return
         # Shielded: a caller's cancellation must not leave it unclear whether a record landed.
         with trio.CancelScope(shield=True):
