@@ -10,6 +10,7 @@ attempt": until the lease expires a resuming caller is answered from the record.
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from typing import Final
 
@@ -62,8 +63,10 @@ __all__ = [
 ]
 
 E = EventKind
+log = logging.getLogger("affidavit.engine")
 _AFTER_DISPATCH = {
     "broker_stopped": "The broker stopped after dispatch, before a result was recorded.",
+    "lease_lapsed": "The attempt's lease ran out after dispatch; no result was recorded.",
     "journal": "The journal refused a write after dispatch; no result was recorded.",
     "internal": (
         "A failure inside the broker ended the call after dispatch; no result was recorded."
@@ -77,6 +80,13 @@ _BEFORE_DISPATCH_MESSAGE = {
     ("broker_stopped", False): "The broker stopped before dispatch; nothing was sent.",
     ("broker_stopped", True): (
         "The broker stopped before this retry's dispatch; the retry sent nothing, and an"
+        " earlier attempt's outcome stays unknown."
+    ),
+    # A lease that ran out proves no more than that: its holder may have stopped, or may
+    # still run and have given up a close the journal did not take (``internal_close``).
+    ("lease_lapsed", False): "The attempt's lease ran out before dispatch; nothing was sent.",
+    ("lease_lapsed", True): (
+        "The retry's lease ran out before its dispatch; the retry sent nothing, and an"
         " earlier attempt's outcome stays unknown."
     ),
     ("journal", False): (
@@ -104,7 +114,9 @@ async def recover_stale(recorder: Recorder, record: Record, *, holder_gone: bool
     """Close ``record``'s stale attempt if its holder's lease has expired -- or at once when the
     caller knows the holder is gone (``holder_gone``: the daemon at start-up, holding the
     journal's exclusive lock); return the record as the journal then holds it (unchanged while
-    the lease runs, or when nothing can be proven beyond what it says)."""
+    the lease runs, or when nothing can be proven beyond what it says).  Its words claim what
+    is known: "the broker stopped" only when the holder is gone, else only that the attempt's
+    lease ran out -- its holder may still run (a close it gave up: ``internal_close``)."""
     if record.state in APPROVAL_STATES:
         # Waiting for an operator or a dispatcher is no stale attempt: it ends when decided,
         # dispatched or expired -- and only the expiry is for a reader to record.
@@ -119,7 +131,7 @@ async def recover_stale(recorder: Recorder, record: Record, *, holder_gone: bool
     deadline = None if expires is None else float(expires)
     if not holder_gone and deadline is not None and time.time() < deadline:
         return record
-    closing = closing_event(record, "broker_stopped")
+    closing = closing_event(record, "broker_stopped" if holder_gone else "lease_lapsed")
     if closing is None:
         return record
     # This host's clock said the lease ran out; the journal judges it again in the closing
@@ -238,8 +250,9 @@ async def internal_close(recorder: Recorder, iid: str | None, holder: str) -> No
     answered within ``INTERNAL_CLOSE_WAIT`` is waited for no more -- a hung write held the
     call, and a stopping daemon's shutdown, for as long as it hung.  What was queued goes on
     unwaited: the close lands, or the record stays open for recovery, which closes it with
-    what the journal then proves (``recover_stale``: the broker stopped).  Nothing of it is
-    claimed either way."""
+    what the journal then proves (``recover_stale``: its lease ran out, or the broker stopped
+    if it restarts first) -- logged, naming the invocation.  Nothing of it is claimed to the
+    caller either way."""
     with trio.move_on_after(INTERNAL_CLOSE_WAIT) as bound:
         try:
             await recorder.settle(cancellable=True)
@@ -260,6 +273,13 @@ async def internal_close(recorder: Recorder, iid: str | None, holder: str) -> No
             recorder.forget()  # the record stays as durable: recovery closes it later
     if bound.cancelled_caught:
         recorder.forget()  # the journal did not answer in time: as above
+        if iid is not None:
+            log.warning(
+                "the close of %s was not answered by the journal within %s s: left to "
+                "recovery once its lease runs out",
+                iid,
+                INTERNAL_CLOSE_WAIT,
+            )
 
 
 def _holder(events: list[Event]) -> str | None:

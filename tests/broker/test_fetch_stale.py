@@ -57,6 +57,12 @@ async def test_fetch_of_a_crashed_dispatch(
             assert (env["error"]["code"], env["error"]["retry"]) == (code, retry)
             assert env["error"]["outcome"] == "unknown"
             assert env["evidence"]["dispatch_started"] is True
+            if code != "IN_PROGRESS":
+                # A lease that ran out proves no more: its holder may still run (a close it
+                # gave up, ``internal_close``) -- never "the broker stopped", which only a
+                # daemon's start-up recovery knows (``holder_gone``).
+                said = "The attempt's lease ran out after dispatch; no result was recorded."
+                assert env["error"]["message"] == said, env["error"]
             record = broker.record("act_crashed")
             assert record is not None and record.outcome.value == "unknown"
             assert "result" not in env or env["result"] is None
@@ -90,6 +96,9 @@ async def test_fetch_of_a_retry_whose_worker_died_before_its_own_dispatch(
             assert env["error"]["outcome"] == "unknown"
             assert env["error"]["retry"] != "fetch_result"
             assert env["evidence"]["dispatch_started"] is True
+            assert env["error"]["message"].startswith(
+                "The retry's lease ran out before its dispatch; the retry sent nothing"
+            ), env["error"]
             record = broker.record(iid)
             assert record is not None and record.final
             assert record.outcome.value == "unknown"

@@ -246,7 +246,7 @@ async def test_a_refused_action_failing_inside_the_broker_names_the_invocation_i
 
 
 async def test_a_close_the_journal_does_not_answer_holds_neither_the_call_nor_the_shutdown(
-    tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The close of a call failing inside the broker (``internal_close``) is shielded from its
     caller, and was unbounded: a journal write hanging there held the call's answer, and the
@@ -291,6 +291,9 @@ async def test_a_close_the_journal_does_not_answer_holds_neither_the_call_nor_th
     assert stopped < WAIT, stopped  # (a bound on a hang, not a timing)
     iid = str(caught.value).split("(Broken; ", 1)[1].split(":", 1)[0]
     assert iid.startswith("act_"), caught.value
+    # The close given up is said, naming the invocation: its record stays open until recovery.
+    gave_up = [r for r in caplog.records if r.levelname == "WARNING" and iid in r.getMessage()]
+    assert gave_up and "not answered" in gave_up[0].getMessage(), caplog.records
     async with in_process(tmp_path, scripts.serve(Reply(200, body=b"done"))) as (_, socket):
         with trio.fail_after(WAIT):
             async with Client.open(socket) as client:
