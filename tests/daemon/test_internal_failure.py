@@ -245,7 +245,7 @@ async def test_a_refused_action_failing_inside_the_broker_names_the_invocation_i
     assert record.state == "validation_failed", record
 
 
-@pytest.mark.parametrize("hung", ["close"])
+@pytest.mark.parametrize("hung", ["close", "settle"])
 async def test_a_close_the_journal_does_not_answer_does_not_hold_the_call(
     tmp_path: Path,
     token: str,
