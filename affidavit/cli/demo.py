@@ -46,13 +46,23 @@ def _demo(args: argparse.Namespace) -> int:
         # (CALLER_CANCELLED) before the process ends, exit 143 -- not killed mid-call.
         run_journal(functools.partial(run_demo, tmp, sys.stdout, as_json=args.json, keep=args.keep))
     except Terminated:
-        if args.keep:
-            where = tmp / "demo.db"
-            raise Terminated(f"where a call under way stood is recorded in {where}, kept") from None
-        raise Terminated("the demo's temporary config and journal are removed") from None
+        raise Terminated(_kept(tmp, keep=args.keep)) from None
     finally:
         if not args.keep:
             for p in sorted(tmp.iterdir(), reverse=True):
                 p.unlink()
             tmp.rmdir()
     return 0
+
+
+def _kept(tmp: Path, *, keep: bool) -> str:
+    """What a demo SIGTERM stopped says was kept: only what is there -- the journal if the
+    broker had opened it (where each call stood, a call under way closed CALLER_CANCELLED:
+    ``run_journal``), never that a call was under way (the signal may land before the broker
+    opens, or between two calls)."""
+    if not keep:
+        return "the demo's temporary directory is removed"
+    journal = tmp / "demo.db"
+    if journal.exists():
+        return f"its journal is kept: `affidavit actions --journal {journal}` lists its calls"
+    return f"it had not opened its journal; {tmp} is kept"

@@ -80,32 +80,26 @@ def test_demo_cli_runs_offline(tmp_path: Path) -> None:
     assert "config file" not in proc.stderr, proc.stderr
 
 
-@pytest.mark.parametrize("keep", [True, False])
-async def test_demo_stopped_by_sigterm_closes_its_records_and_exits_143(
-    tmp_path: Path, keep: bool
-) -> None:
-    """SIGTERM mid-tour, as every other command writing a journal takes it (``run_journal``):
-    the call under way is closed where it stood (CALLER_CANCELLED), exit 143, one line, no
-    traceback; without ``--keep`` the temporary directory goes, as after a whole tour.  Its
-    default action killed the process at once: the record left open (until a daemon's
-    recovery), the temporary directory left behind even without ``--keep``."""
-    from affidavit.journal import JournalReader
+async def _stopped_at(tmp_path: Path, hold: str, keep: bool) -> tuple[int, list[str]]:
+    """Run the demo held at ``hold`` (``demo_child.py``), SIGTERM it once it is there: its
+    exit status and stderr's lines (warnings aside)."""
     from tests.broker.helpers import signalled
 
     env = {**os.environ, "HOME": str(tmp_path), "TMPDIR": str(tmp_path), "PYTHONUNBUFFERED": "1"}
+    child = Path(__file__).with_name("demo_child.py")
     proc = await trio.lowlevel.open_process(
-        [sys.executable, "-m", "affidavit", "demo", *(["--keep"] if keep else [])],
+        [sys.executable, str(child), hold, *(["--keep"] if keep else [])],
         cwd=tmp_path,
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
+    marker = {"slow": b"demo-child: /slow received", "open": b"demo-child: opening"}[hold]
     try:
         assert proc.stdout is not None
         seen = b""
         with trio.fail_after(30):
-            # Scene 3 told: scene 4 (a call held 0.5 s by its caller's timeout) is under way.
-            while seen.count(b"why:") < 3:
+            while marker not in seen:
                 chunk = await proc.stdout.receive_some(65536)
                 assert chunk, seen
                 seen += chunk
@@ -113,18 +107,58 @@ async def test_demo_stopped_by_sigterm_closes_its_records_and_exits_143(
     finally:
         if proc.returncode is None:
             proc.kill()
+    assert "Traceback" not in said.decode(), said
     lines = [ln for ln in said.decode().splitlines() if not ln.startswith("affidavit: warning:")]
-    assert code == 143, said
     assert len(lines) == 1 and lines[0].startswith("affidavit: stopped by SIGTERM; "), said
-    assert "Traceback" not in said.decode()
+    return code, lines
+
+
+@pytest.mark.parametrize("keep", [True, False])
+async def test_demo_stopped_by_sigterm_closes_the_call_under_way_and_exits_143(
+    tmp_path: Path, keep: bool
+) -> None:
+    """SIGTERM mid-tour, as every other command writing a journal takes it (``run_journal``):
+    the call under way -- its request received whole by the tour's server, which holds it
+    (its own 0.5 s timeout lifted: only the signal ends it) -- is closed where it stood,
+    CALLER_CANCELLED and unknown once dispatched; exit 143, one line, no traceback; without
+    ``--keep`` the temporary directory goes, as after a whole tour.  Its default action killed
+    the process at once: the record left open (until a daemon's recovery), the temporary
+    directory left behind even without ``--keep``."""
+    from affidavit.journal import JournalReader
+    from affidavit.statemachine import Code
+
+    code, lines = await _stopped_at(tmp_path, "slow", keep)
+    assert code == 143, lines
     kept = list(tmp_path.glob("affidavit-demo-*/demo.db"))
     if not keep:
         assert kept == [] and list(tmp_path.glob("affidavit-demo-*")) == []
-        assert lines[0].endswith("the demo's temporary config and journal are removed"), lines
+        assert lines[0].endswith("the demo's temporary directory is removed"), lines
         return
     [journal] = kept
-    assert lines[0].endswith(f"is recorded in {journal}, kept"), lines
+    assert lines[0].endswith(f"`affidavit actions --journal {journal}` lists its calls"), lines
     with JournalReader.open(journal) as reader:
         records = reader.list_actions()
-    assert len(records) >= 3, records
+    assert len(records) == 4, records  # three scenes told, the fourth under way; no fifth
     assert all(r.final for r in records), [(r.invocation_id, r.state) for r in records]
+    [cancelled] = [r for r in records if r.code is Code.CALLER_CANCELLED]
+    assert cancelled.outcome.value == "unknown", cancelled
+    assert cancelled.evidence.get("dispatch_started") is True, cancelled
+
+
+@pytest.mark.parametrize("keep", [True, False])
+async def test_demo_stopped_before_its_broker_opened_names_no_journal(
+    tmp_path: Path, keep: bool
+) -> None:
+    """SIGTERM before the broker opened its journal: nothing was recorded, so the line names
+    no journal (it said "where a call under way stood is recorded in .../demo.db", a file that
+    was never written, of a call never begun)."""
+    code, lines = await _stopped_at(tmp_path, "open", keep)
+    assert code == 143, lines
+    assert list(tmp_path.glob("affidavit-demo-*/demo.db")) == []
+    assert "demo.db" not in lines[0] and "call" not in lines[0], lines
+    if keep:
+        [tmp] = list(tmp_path.glob("affidavit-demo-*"))
+        assert lines[0].endswith(f"it had not opened its journal; {tmp} is kept"), lines
+    else:
+        assert list(tmp_path.glob("affidavit-demo-*")) == []
+        assert lines[0].endswith("the demo's temporary directory is removed"), lines
