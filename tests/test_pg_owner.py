@@ -65,11 +65,14 @@ def postgres() -> str:
 @pytest.fixture
 def parent() -> Iterator[Path]:
     """Where this test's clusters live: in /dev/shm as every test cluster (tests/postgres.py),
-    but a directory no other start sweeps.  ``0711``: a server run as another user (as root,
+    but a directory no other start sweeps -- nor looks into: its name is not a cluster's
+    (``pgowner.PREFIX``), which every other session's start, another xdist worker's included,
+    reaps in /dev/shm when its owner is gone.  ``0711``: a server run as another user (as root,
     tests/postgres.py demotes it) reaches its own directory in it."""
     shm = Path("/dev/shm")
     base = shm if shm.is_dir() and os.access(shm, os.W_OK) else None
-    where = Path(tempfile.mkdtemp(prefix="affidavit-pg-owner-test-", dir=base))
+    where = Path(tempfile.mkdtemp(prefix="affidavit-test-pgowner-", dir=base))
+    assert not where.name.startswith(pgowner.PREFIX), "other starts would sweep it"
     where.chmod(0o711)
     yield where
     for left in where.glob(pgowner.PREFIX + "*"):
