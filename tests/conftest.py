@@ -5,7 +5,8 @@ process does not harden it."""
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+import warnings
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import pytest
@@ -40,12 +41,36 @@ def pytest_configure(config: pytest.Config) -> None:
             )
 
 
+AUTO_ENV = "PYTEST_XDIST_AUTO_NUM_WORKERS"
+"""xdist's own variable: ``-n auto`` means exactly this many workers when it is set."""
+
+
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
-    """``-n auto``: one worker per CPU, at most 4 -- each worker may start sshd, PostgreSQL and
-    chromium of its own, and the fault-injection tests' deadlines assume a machine not
-    oversubscribed -- and none (everything in this process) on a single CPU, where a worker
-    would only add its start-up."""
-    return workers_for(os.cpu_count() or 1)
+    """``-n auto``: what ``PYTEST_XDIST_AUTO_NUM_WORKERS`` says when it is set, as xdist's
+    own hook does (this one replaces it); else one worker per CPU this process may run on, at
+    most 4 -- each worker may start sshd, PostgreSQL and chromium of its own, and the
+    fault-injection tests' deadlines assume a machine not oversubscribed -- and none
+    (everything in this process) on a single CPU, where a worker would only add its start-up."""
+    return auto_workers(os.environ)
+
+
+def auto_workers(environ: Mapping[str, str]) -> int:
+    raw = environ.get(AUTO_ENV, "")
+    if raw:
+        try:
+            return int(raw)
+        except ValueError:  # xdist's words and rule: ignored
+            warnings.warn(f"{AUTO_ENV} is not a number: {raw!r}. Ignoring it.", stacklevel=1)
+    return workers_for(usable_cpus())
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on: its affinity mask (a cgroup cpuset or ``taskset``
+    narrows it; ``os.cpu_count()`` counts the machine's), where the platform has one."""
+    affinity = getattr(os, "sched_getaffinity", None)
+    if affinity is not None:
+        return len(affinity(0))
+    return os.cpu_count() or 1
 
 
 def workers_for(cpus: int) -> int:
