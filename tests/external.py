@@ -28,7 +28,7 @@ import struct
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,12 +40,15 @@ __all__ = [
     "CURL",
     "DOT",
     "HIDE_ENV",
+    "PORT_ATTEMPTS",
     "POSTGRES",
     "PROGRAMS",
     "REQUIRE_ENV",
     "SSHD",
     "SSH_KEYGEN",
     "TINYPROXY",
+    "Listening",
+    "PortTaken",
     "Program",
     "ProgramFailed",
     "free_port",
@@ -169,6 +172,16 @@ class ProgramFailed(RuntimeError):
     its log."""
 
 
+class PortTaken(ProgramFailed):
+    """Another process held the port: the program exited (the address in use) or never held
+    it itself.  ``listening`` starts it again on another port."""
+
+
+PORT_ATTEMPTS = 3
+"""How many free ports a server is started on before its start fails: a free port is only free
+when asked -- another xdist worker may start its own server there before ours binds it."""
+
+
 def free_port() -> int:
     """A loopback port nobody listens on right now (bound, then released)."""
     with socket.socket() as s:
@@ -176,37 +189,130 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@contextlib.contextmanager
-def listening(
-    argv: Sequence[str], port: int, log: Path, *, start_wait: float = 10.0
-) -> Iterator[subprocess.Popen[bytes]]:
-    """Run ``argv`` (a daemon kept in the foreground) with its output in ``log``; wait, at most
-    ``start_wait`` seconds, until it accepts connections on 127.0.0.1:``port``; stop it (by its
-    own pid: terminate, then kill) when the block ends.  ``ProgramFailed`` with the log if it
-    exits or does not listen in time."""
-    out = log.open("wb")
-    proc = subprocess.Popen(list(argv), stdout=out, stderr=subprocess.STDOUT)
+def listeners(port: int) -> set[int] | None:
+    """The socket inodes listening on TCP ``port`` (any address, IPv4 or IPv6) in this network
+    namespace, from ``/proc/net/tcp{,6}``; None where there is no such table (not Linux)."""
+    found: set[int] | None = None
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            rows = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        found = found or set()
+        for row in rows:
+            # sl local_address rem_address st ... inode: "0100007F:1F90", state 0A is LISTEN
+            fields = row.split()
+            if (
+                len(fields) > 9
+                and fields[3] == "0A"
+                and int(fields[1].rsplit(":", 1)[1], 16) == port
+            ):
+                found.add(int(fields[9]))
+    return found
+
+
+def holds(pid: int, inodes: set[int]) -> bool | None:
+    """Whether process ``pid`` has one of the sockets ``inodes`` open (``/proc/<pid>/fd``);
+    None when its descriptors cannot be read."""
+    fds = Path(f"/proc/{pid}/fd")
+    try:
+        links = {os.readlink(fd) for fd in fds.iterdir()}
+    except OSError:  # not ours to read, or gone
+        return None
+    return not links.isdisjoint(f"socket:[{i}]" for i in inodes)
+
+
+def _answers(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+    except OSError:
+        return False
+    return True
+
+
+def _owns(proc: subprocess.Popen[bytes], port: int) -> bool | None:
+    """True when ``proc`` itself holds a listening socket on ``port``, False when only other
+    processes do, None when nobody listens there (yet).  What /proc cannot tell -- no such
+    table (not Linux), descriptors we may not read -- is taken as ours while the port answers:
+    the most a portable check can do."""
+    inodes = listeners(port)
+    if inodes is None:
+        return True if _answers(port) else None
+    if not inodes:
+        return None
+    return holds(proc.pid, inodes) is not False
+
+
+def _start(argv: Sequence[str], port: int, log: Path, start_wait: float) -> subprocess.Popen[bytes]:
+    """``argv`` started with its output in ``log``, once it holds its listening socket on
+    ``port``.  ``PortTaken`` when another process listens there and ours exits or does not
+    listen in ``start_wait`` seconds; ``ProgramFailed`` otherwise.  Not left running on failure."""
+    with log.open("wb") as out:
+        proc = subprocess.Popen(list(argv), stdout=out, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + start_wait
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    out.flush()
-                    text = log.read_text(errors="replace")
-                    raise ProgramFailed(f"{argv[0]} did not listen on {port}: {text}") from None
-                time.sleep(0.05)
-        yield proc
-    finally:
-        proc.terminate()
+        while (owns := _owns(proc, port)) is not True:
+            exited = proc.poll() is not None
+            if exited or time.monotonic() > deadline:
+                text = log.read_text(errors="replace")
+                why = "exited" if exited else f"did not listen in {start_wait} s"
+                if owns is False or "Address already in use" in text:  # another holds it
+                    raise PortTaken(f"{argv[0]} {why}, another process on {port}: {text}")
+                raise ProgramFailed(f"{argv[0]} {why}, nothing on {port}: {text}")
+            time.sleep(0.05)
+        if proc.poll() is not None:  # listened, and is gone already
+            raise ProgramFailed(f"{argv[0]} exited: {log.read_text(errors='replace')}")
+    except BaseException:
+        _stop(proc)
+        raise
+    return proc
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    """By its own pid: terminate, then kill."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=10)
+
+
+@dataclass(frozen=True)
+class Listening:
+    proc: subprocess.Popen[bytes]
+    port: int
+
+
+@contextlib.contextmanager
+def listening(
+    argv_at: Callable[[int], Sequence[str]],
+    log: Path,
+    *,
+    start_wait: float = 10.0,
+    attempts: int = PORT_ATTEMPTS,
+) -> Iterator[Listening]:
+    """Run ``argv_at(port)`` (a daemon kept in the foreground, told to listen on
+    127.0.0.1:``port``, a ``free_port()``) with its output in ``log``; wait, at most
+    ``start_wait`` seconds, until the process itself holds its listening socket there -- a port
+    that answers may be another process's, another xdist worker's server that took the port
+    first; stop it (by its own pid: terminate, then kill) when the block ends.  Where another
+    process holds the port (``PortTaken``), it is started again on another, ``attempts`` times
+    in all.  ``ProgramFailed`` with the log if it exits or does not listen in time."""
+    for attempt in range(1, attempts + 1):
+        port = free_port()
         try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
-        out.close()
+            proc = _start(argv_at(port), port, log, start_wait)
+            break
+        except PortTaken:
+            if attempt == attempts:
+                raise
+    else:
+        raise ValueError(f"attempts={attempts}: at least one is made")
+    try:
+        yield Listening(proc, port)
+    finally:
+        _stop(proc)
 
 
 SSHD = Program("sshd", "openssh-server", dirs=SBIN)

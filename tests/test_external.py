@@ -7,13 +7,25 @@ from __future__ import annotations
 import ast
 import errno
 import os
+import socket
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.external import HIDE_ENV, PROGRAMS, REQUIRE_ENV, Program
+from tests import external
+from tests.external import (
+    HIDE_ENV,
+    PROGRAMS,
+    REQUIRE_ENV,
+    PortTaken,
+    Program,
+    ProgramFailed,
+    free_port,
+    listening,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 PYTHON = Path(sys.executable)
@@ -216,3 +228,110 @@ def test_a_test_needing_posix_acls_skips_with_the_reason_or_fails_when_required(
             require_posix_acl(path, *base)
     require_posix_acl(path, *base)  # this machine's /tmp takes them (CI's too)
     assert access_entries(path) in (None, ())  # a minimal ACL is the mode bits: none kept
+
+
+# -- listening: a server of our own on a free port ----------------------------------------------
+
+SERVER = """
+import os, socket, sys
+open(sys.argv[2], "a").write(f"{os.getpid()}\\n")
+s = socket.socket()
+s.bind(("127.0.0.1", int(sys.argv[1])))
+s.listen()
+while True:
+    c, _ = s.accept()
+    c.sendall(str(os.getpid()).encode())
+    c.close()
+"""
+"""A server on the port it is given (EADDRINUSE when it is taken); it answers with its pid and
+notes it in a file first."""
+
+NO_LISTENER = """
+import os, sys, time
+open(sys.argv[2], "a").write(f"{os.getpid()}\\n")
+time.sleep(60)
+"""
+"""A program that lives and never listens."""
+
+
+@pytest.fixture
+def held() -> Iterator[int]:
+    """A loopback port another listener holds: here this process, as another xdist worker's
+    server would, having taken the port ``free_port`` just released."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        yield int(s.getsockname()[1])
+
+
+def _started(pids: Path) -> list[int]:
+    return [int(line) for line in pids.read_text().split()] if pids.exists() else []
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def test_a_port_another_listener_took_is_not_our_servers_start_it_starts_on_another(
+    tmp_path: Path, held: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ports = iter([held])
+    monkeypatch.setattr(external, "free_port", lambda: next(ports, 0) or free_port())
+    pids, given = tmp_path / "pids", []
+
+    def argv_at(port: int) -> list[str]:
+        given.append(port)
+        return [sys.executable, "-c", SERVER, str(port), str(pids)]
+
+    with listening(argv_at, tmp_path / "log", start_wait=20) as served:
+        assert given[0] == held and served.port == given[-1] != held
+        with socket.create_connection(("127.0.0.1", served.port), timeout=5) as c:
+            assert c.recv(64) == str(served.proc.pid).encode()  # ours, not the other's
+        first, *_, last = _started(pids)
+        assert _gone(first) and last == served.proc.pid  # the first exited: address in use
+    assert served.proc.poll() is not None
+
+
+def test_a_live_program_while_another_holds_its_port_never_counts_as_started(
+    tmp_path: Path, held: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The port answers -- another's socket -- and our program lives: not a start.  After
+    ``start_wait`` on each of ``attempts`` ports: ``PortTaken``, every program stopped."""
+    monkeypatch.setattr(external, "free_port", lambda: held)
+    pids = tmp_path / "pids"
+
+    def argv_at(port: int) -> list[str]:
+        return [sys.executable, "-c", NO_LISTENER, str(port), str(pids)]
+
+    taken = f"did not listen in 0.5 s, another process on {held}"
+    with (
+        pytest.raises(PortTaken, match=taken),
+        listening(argv_at, tmp_path / "log", start_wait=0.5, attempts=2),
+    ):
+        pytest.fail("another process's socket counted as our server's start")
+    started = _started(pids)
+    assert len(started) == 2 and all(_gone(pid) for pid in started)
+
+
+def test_a_program_that_exits_with_its_port_free_fails_at_once_with_its_log(
+    tmp_path: Path,
+) -> None:
+    """Nobody else on the port: the program's own failure, not a taken port -- not retried."""
+    runs = tmp_path / "runs"
+
+    def argv_at(port: int) -> list[str]:
+        with runs.open("a") as f:
+            f.write(f"{port}\n")
+        return [sys.executable, "-c", "import sys; sys.exit('bad config line 3')"]
+
+    with (
+        pytest.raises(ProgramFailed, match=r"exited, nothing on .*bad config line 3") as failed,
+        listening(argv_at, tmp_path / "log", start_wait=20),
+    ):
+        pytest.fail("an exited program counted as started")
+    assert not isinstance(failed.value, PortTaken)
+    assert len(runs.read_text().split()) == 1

@@ -25,7 +25,7 @@ import trio
 from affidavit.config import load_config
 from affidavit.schema import ConfigError
 from affidavit.statemachine import EventKind
-from tests.external import TINYPROXY, free_port, listening
+from tests.external import TINYPROXY, listening
 from tests.http.hostile import HostileServer, Peer, Reply, scripts
 
 from .helpers import (
@@ -207,14 +207,17 @@ async def test_a_direct_response_names_the_origin(tmp_path: Path, token: str) ->
 def _tinyproxy(tmp_path: Path, extra: str = "") -> Iterator[str]:
     """tinyproxy listening on a loopback port, with a config written here; yields its URL."""
     exe = TINYPROXY.require()
-    port = free_port()
     conf = tmp_path / "tinyproxy.conf"
-    conf.write_text(
-        f"Port {port}\nListen 127.0.0.1\nTimeout 5\nMaxClients 8\nAllow 127.0.0.1\nLogLevel Info\n"
-        + extra
-    )
-    with listening([exe, "-d", "-c", str(conf)], port, tmp_path / "tinyproxy.log"):
-        yield f"http://127.0.0.1:{port}"
+
+    def argv_at(port: int) -> list[str]:
+        conf.write_text(
+            f"Port {port}\nListen 127.0.0.1\nTimeout 5\nMaxClients 8\nAllow 127.0.0.1\n"
+            "LogLevel Info\n" + extra
+        )
+        return [exe, "-d", "-c", str(conf)]
+
+    with listening(argv_at, tmp_path / "tinyproxy.log") as served:
+        yield f"http://127.0.0.1:{served.port}"
 
 
 @pytest.fixture

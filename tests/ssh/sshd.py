@@ -24,7 +24,7 @@ from cryptography.hazmat.primitives.serialization import (
 )
 
 from affidavit.adapters.ssh import SshTarget, SshTimeouts
-from tests.external import SSHD, ProgramFailed, free_port, listening
+from tests.external import SSHD, ProgramFailed, listening
 
 
 class SshdUnavailable(RuntimeError):
@@ -109,25 +109,27 @@ def start_sshd(d: Path, keys: SshKeys | None = None, program: str | None = None)
     keys = keys or make_keys(d)
     _keypair(d / "host")
     (d / "authorized_keys").write_bytes(keys.client_key_path.with_suffix(".pub").read_bytes())
-    port = free_port()
     cfg = d / "sshd_config"
-    cfg.write_text(
-        f"Port {port}\nListenAddress 127.0.0.1\nHostKey {d / 'host'}\nPidFile none\n"
-        f"AuthorizedKeysFile {d / 'authorized_keys'}\nPermitRootLogin prohibit-password\n"
-        "StrictModes no\nUsePAM no\nPasswordAuthentication no\n"
-        "KbdInteractiveAuthentication no\nLogLevel ERROR\nMaxStartups 100:30:200\n"
-        "MaxSessions 50\n"
-    )
+
+    def argv_at(port: int) -> list[str]:
+        cfg.write_text(
+            f"Port {port}\nListenAddress 127.0.0.1\nHostKey {d / 'host'}\nPidFile none\n"
+            f"AuthorizedKeysFile {d / 'authorized_keys'}\nPermitRootLogin prohibit-password\n"
+            "StrictModes no\nUsePAM no\nPasswordAuthentication no\n"
+            "KbdInteractiveAuthentication no\nLogLevel ERROR\nMaxStartups 100:30:200\n"
+            "MaxSessions 50\n"
+        )
+        return [program, "-D", "-e", "-f", str(cfg)]
+
     if os.geteuid() == 0:
         os.makedirs("/run/sshd", exist_ok=True)
-    argv = [program, "-D", "-e", "-f", str(cfg)]
     try:
-        with listening(argv, port, d / "sshd.log"):
+        with listening(argv_at, d / "sshd.log") as served:
             host_pin = " ".join((d / "host.pub").read_text().split()[:2])
             kh = d / "known_hosts"
-            kh.write_text(f"[127.0.0.1]:{port} {host_pin}\n")
+            kh.write_text(f"[127.0.0.1]:{served.port} {host_pin}\n")
             yield Sshd(
-                port=port,
+                port=served.port,
                 user=getpass.getuser(),
                 host_pin=host_pin,
                 keys=keys,
