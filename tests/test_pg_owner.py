@@ -62,6 +62,10 @@ def postgres() -> str:
     return POSTGRES.require()
 
 
+PARENT = "affidavit-test-pgowner-"
+"""The name prefix of the parent directory of this file's clusters."""
+
+
 @pytest.fixture
 def parent() -> Iterator[Path]:
     """Where this test's clusters live: in /dev/shm as every test cluster (tests/postgres.py),
@@ -71,8 +75,8 @@ def parent() -> Iterator[Path]:
     tests/postgres.py demotes it) reaches its own directory in it."""
     shm = Path("/dev/shm")
     base = shm if shm.is_dir() and os.access(shm, os.W_OK) else None
-    where = Path(tempfile.mkdtemp(prefix="affidavit-test-pgowner-", dir=base))
-    assert not where.name.startswith(pgowner.PREFIX), "other starts would sweep it"
+    assert not PARENT.startswith(pgowner.PREFIX), "other starts would look into it"
+    where = Path(tempfile.mkdtemp(prefix=PARENT, dir=base))
     where.chmod(0o711)
     yield where
     for left in where.glob(pgowner.PREFIX + "*"):
