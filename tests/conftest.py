@@ -5,12 +5,14 @@ process does not harden it."""
 from __future__ import annotations
 
 import os
+import socket
 import warnings
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import pytest
 
+from tests import external
 from tests.postgres import Cluster, running_cluster
 
 _CHECKOUT = Path(__file__).resolve().parent.parent
@@ -90,6 +92,20 @@ def pg() -> Iterator[Cluster]:
 def pg_url(pg: Cluster) -> str:
     """A fresh, empty database's URL (the superuser's canary password in it)."""
     return pg.database()
+
+
+@pytest.fixture
+def taken_port(monkeypatch: pytest.MonkeyPatch) -> Iterator[int]:
+    """A loopback port another listener holds -- this process, as another xdist worker's
+    server would -- which ``tests.external.free_port`` hands out first (then free ones): the
+    race a port picked free loses."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = int(s.getsockname()[1])
+        first, free = iter([port]), external.free_port
+        monkeypatch.setattr(external, "free_port", lambda: next(first, 0) or free())
+        yield port
 
 
 @pytest.fixture(autouse=True)

@@ -31,6 +31,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
@@ -53,6 +54,7 @@ __all__ = [
     "ProgramFailed",
     "free_port",
     "listening",
+    "on_free_port",
     "require_file",
     "require_module",
     "require_posix_acl",
@@ -61,6 +63,8 @@ __all__ = [
 
 REQUIRE_ENV = "AFFIDAVIT_REQUIRE_PROGRAMS"
 HIDE_ENV = "AFFIDAVIT_HIDE_PROGRAMS"
+
+T = TypeVar("T")
 
 SBIN = ("/usr/local/sbin", "/usr/sbin", "/sbin")
 """Where daemons are installed; not on an ordinary user's PATH on Debian and Ubuntu."""
@@ -189,6 +193,20 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def on_free_port(start: Callable[[int], T], *, attempts: int = PORT_ATTEMPTS) -> tuple[T, int]:
+    """``start(port)`` on a ``free_port()``: (what it returns, the port).  When it raises
+    ``PortTaken`` -- another process holds the port -- it is called again on another port,
+    ``attempts`` times in all; the last ``PortTaken`` is raised."""
+    for attempt in range(1, attempts + 1):
+        port = free_port()
+        try:
+            return start(port), port
+        except PortTaken:
+            if attempt == attempts:
+                raise
+    raise ValueError(f"attempts={attempts}: at least one is made")
+
+
 def listeners(port: int) -> set[int] | None:
     """The socket inodes listening on TCP ``port`` (any address, IPv4 or IPv6) in this network
     namespace, from ``/proc/net/tcp{,6}``; None where there is no such table (not Linux)."""
@@ -299,16 +317,9 @@ def listening(
     first; stop it (by its own pid: terminate, then kill) when the block ends.  Where another
     process holds the port (``PortTaken``), it is started again on another, ``attempts`` times
     in all.  ``ProgramFailed`` with the log if it exits or does not listen in time."""
-    for attempt in range(1, attempts + 1):
-        port = free_port()
-        try:
-            proc = _start(argv_at(port), port, log, start_wait)
-            break
-        except PortTaken:
-            if attempt == attempts:
-                raise
-    else:
-        raise ValueError(f"attempts={attempts}: at least one is made")
+    proc, port = on_free_port(
+        lambda port: _start(argv_at(port), port, log, start_wait), attempts=attempts
+    )
     try:
         yield Listening(proc, port)
     finally:

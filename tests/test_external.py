@@ -10,7 +10,6 @@ import os
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,7 +22,6 @@ from tests.external import (
     PortTaken,
     Program,
     ProgramFailed,
-    free_port,
     listening,
 )
 
@@ -254,16 +252,6 @@ time.sleep(60)
 """A program that lives and never listens."""
 
 
-@pytest.fixture
-def held() -> Iterator[int]:
-    """A loopback port another listener holds: here this process, as another xdist worker's
-    server would, having taken the port ``free_port`` just released."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        s.listen()
-        yield int(s.getsockname()[1])
-
-
 def _started(pids: Path) -> list[int]:
     return [int(line) for line in pids.read_text().split()] if pids.exists() else []
 
@@ -277,10 +265,8 @@ def _gone(pid: int) -> bool:
 
 
 def test_a_port_another_listener_took_is_not_our_servers_start_it_starts_on_another(
-    tmp_path: Path, held: int, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, taken_port: int
 ) -> None:
-    ports = iter([held])
-    monkeypatch.setattr(external, "free_port", lambda: next(ports, 0) or free_port())
     pids, given = tmp_path / "pids", []
 
     def argv_at(port: int) -> list[str]:
@@ -288,7 +274,7 @@ def test_a_port_another_listener_took_is_not_our_servers_start_it_starts_on_anot
         return [sys.executable, "-c", SERVER, str(port), str(pids)]
 
     with listening(argv_at, tmp_path / "log", start_wait=20) as served:
-        assert given[0] == held and served.port == given[-1] != held
+        assert given[0] == taken_port and served.port == given[-1] != taken_port
         with socket.create_connection(("127.0.0.1", served.port), timeout=5) as c:
             assert c.recv(64) == str(served.proc.pid).encode()  # ours, not the other's
         first, *_, last = _started(pids)
@@ -297,17 +283,17 @@ def test_a_port_another_listener_took_is_not_our_servers_start_it_starts_on_anot
 
 
 def test_a_live_program_while_another_holds_its_port_never_counts_as_started(
-    tmp_path: Path, held: int, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, taken_port: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The port answers -- another's socket -- and our program lives: not a start.  After
     ``start_wait`` on each of ``attempts`` ports: ``PortTaken``, every program stopped."""
-    monkeypatch.setattr(external, "free_port", lambda: held)
+    monkeypatch.setattr(external, "free_port", lambda: taken_port)  # every time
     pids = tmp_path / "pids"
 
     def argv_at(port: int) -> list[str]:
         return [sys.executable, "-c", NO_LISTENER, str(port), str(pids)]
 
-    taken = f"did not listen in 0.5 s, another process on {held}"
+    taken = f"did not listen in 0.5 s, another process on {taken_port}"
     with (
         pytest.raises(PortTaken, match=taken),
         listening(argv_at, tmp_path / "log", start_wait=0.5, attempts=2),
