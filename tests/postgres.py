@@ -28,11 +28,13 @@ from pathlib import Path
 from typing import Any
 
 from tests import pgowner
-from tests.external import POSTGRES, free_port
+from tests.external import POSTGRES, PortTaken, on_free_port
 
 __all__ = ["Cluster", "Proxy", "running_cluster"]
 
 _USER = "nobody"
+PORT_CONF = "port.conf"
+"""In the data directory, included by postgresql.conf: the port, written at each first start."""
 _counter = itertools.count(1)
 
 
@@ -91,7 +93,7 @@ class Cluster:
         root = Path(tempfile.mkdtemp(prefix=pgowner.PREFIX, dir=where))
         root.chmod(0o700)
         password = "pg-canary-" + secrets.token_hex(8)
-        cluster = cls(postgres.parent, root, free_port(), password, pgowner.claim(root))
+        cluster = cls(postgres.parent, root, 0, password, pgowner.claim(root))
         try:
             demote = _demote()
             if demote:
@@ -110,17 +112,31 @@ class Cluster:
             conf = cluster.data / "postgresql.conf"
             with conf.open("a") as f:
                 f.write(
-                    f"listen_addresses = '127.0.0.1'\nport = {cluster.port}\n"
+                    f"listen_addresses = '127.0.0.1'\ninclude '{PORT_CONF}'\n"
                     f"unix_socket_directories = '{root}'\nfsync = {'on' if fsync else 'off'}\n"
                     f"full_page_writes = {'on' if full_page_writes else 'off'}\n"
                     "max_connections = 200\nshared_buffers = 64MB\n"
                 )
-            cluster.start()
+            on_free_port(cluster._start_on)
             cluster._stretch_once()
         except BaseException:
             cluster.destroy()  # and release its watchdog
             raise
         return cluster
+
+    def _start_on(self, port: int) -> None:
+        """The first start, on ``port``: ``PortTaken`` when another process held it (the
+        server's log says so), and ``tests.external.on_free_port`` picks another."""
+        (self.data / PORT_CONF).write_text(f"port = {port}\n")
+        self.port = port
+        before = len(self.log.read_bytes()) if self.log.exists() else 0
+        try:
+            self.start()
+        except subprocess.CalledProcessError:
+            said = self.log.read_bytes()[before:].decode(errors="replace")
+            if "Address already in use" in said:
+                raise PortTaken(f"port {port}: {said}") from None
+            raise
 
     def _stretch_once(self) -> None:
         """Store the superuser's password as a SCRAM-SHA-256 verifier of one PBKDF2 iteration
