@@ -19,6 +19,7 @@ sbin directories that hiding from PATH alone would not cover).
 from __future__ import annotations
 
 import contextlib
+import errno
 import glob
 import importlib
 import os
@@ -28,7 +29,7 @@ import struct
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -41,6 +42,7 @@ __all__ = [
     "CURL",
     "DOT",
     "HIDE_ENV",
+    "IN_USE",
     "PORT_ATTEMPTS",
     "POSTGRES",
     "PROGRAMS",
@@ -55,6 +57,8 @@ __all__ = [
     "free_port",
     "listening",
     "on_free_port",
+    "on_free_port_async",
+    "port_taken",
     "require_file",
     "require_module",
     "require_posix_acl",
@@ -193,16 +197,42 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+IN_USE = os.strerror(errno.EADDRINUSE)
+"""``Address already in use``: how a server -- ours, OpenSSH, PostgreSQL -- says it lost the
+race for its port."""
+
+
+def port_taken(exc: BaseException) -> bool:
+    """Whether ``exc`` says another process held the port: ``PortTaken``, or an error whose
+    message carries ``IN_USE`` (a daemon of ours that could not bind its console: its log or
+    ``DaemonError`` in the message)."""
+    return isinstance(exc, PortTaken) or IN_USE in str(exc)
+
+
 def on_free_port(start: Callable[[int], T], *, attempts: int = PORT_ATTEMPTS) -> tuple[T, int]:
-    """``start(port)`` on a ``free_port()``: (what it returns, the port).  When it raises
-    ``PortTaken`` -- another process holds the port -- it is called again on another port,
-    ``attempts`` times in all; the last ``PortTaken`` is raised."""
+    """``start(port)`` on a ``free_port()``: (what it returns, the port).  When it fails
+    because another process holds the port (``port_taken``) it is called again on another,
+    ``attempts`` times in all; the last failure is raised."""
     for attempt in range(1, attempts + 1):
         port = free_port()
         try:
             return start(port), port
-        except PortTaken:
-            if attempt == attempts:
+        except Exception as exc:
+            if attempt == attempts or not port_taken(exc):
+                raise
+    raise ValueError(f"attempts={attempts}: at least one is made")
+
+
+async def on_free_port_async(
+    start: Callable[[int], Awaitable[T]], *, attempts: int = PORT_ATTEMPTS
+) -> tuple[T, int]:
+    """``on_free_port`` for a start that is awaited (a daemon started under trio)."""
+    for attempt in range(1, attempts + 1):
+        port = free_port()
+        try:
+            return await start(port), port
+        except Exception as exc:
+            if attempt == attempts or not port_taken(exc):
                 raise
     raise ValueError(f"attempts={attempts}: at least one is made")
 
@@ -274,7 +304,7 @@ def _start(argv: Sequence[str], port: int, log: Path, start_wait: float) -> subp
             if exited or time.monotonic() > deadline:
                 text = log.read_text(errors="replace")
                 why = "exited" if exited else f"did not listen in {start_wait} s"
-                if owns is False or "Address already in use" in text:  # another holds it
+                if owns is False or IN_USE in text:  # another holds it
                     raise PortTaken(f"{argv[0]} {why}, another process on {port}: {text}")
                 raise ProgramFailed(f"{argv[0]} {why}, nothing on {port}: {text}")
             time.sleep(0.05)

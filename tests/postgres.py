@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from tests import pgowner
-from tests.external import POSTGRES, PortTaken, on_free_port
+from tests.external import IN_USE, POSTGRES, PortTaken, on_free_port
 
 __all__ = ["Cluster", "Proxy", "running_cluster"]
 
@@ -134,7 +134,7 @@ class Cluster:
             self.start()
         except subprocess.CalledProcessError:
             said = self.log.read_bytes()[before:].decode(errors="replace")
-            if "Address already in use" in said:
+            if IN_USE in said:
                 raise PortTaken(f"port {port}: {said}") from None
             raise
 

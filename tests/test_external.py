@@ -13,16 +13,21 @@ import sys
 from pathlib import Path
 
 import pytest
+import trio
 
 from tests import external
 from tests.external import (
     HIDE_ENV,
+    IN_USE,
+    PORT_ATTEMPTS,
     PROGRAMS,
     REQUIRE_ENV,
     PortTaken,
     Program,
     ProgramFailed,
     listening,
+    on_free_port,
+    on_free_port_async,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -321,3 +326,70 @@ def test_a_program_that_exits_with_its_port_free_fails_at_once_with_its_log(
         pytest.fail("an exited program counted as started")
     assert not isinstance(failed.value, PortTaken)
     assert len(runs.read_text().split()) == 1
+
+
+def _bound(port: int) -> socket.socket:
+    """A listener of ours on ``port``: the kernel's own ``Address already in use`` if taken."""
+    s = socket.socket()
+    try:
+        s.bind(("127.0.0.1", port))
+    except OSError:
+        s.close()
+        raise
+    s.listen()
+    return s
+
+
+def test_a_start_that_finds_its_port_taken_is_made_again_on_another(taken_port: int) -> None:
+    mine, port = on_free_port(_bound)
+    with mine:
+        assert port != taken_port and mine.getsockname()[1] == port
+
+
+async def test_an_awaited_start_that_finds_its_port_taken_is_made_again_on_another(
+    taken_port: int,
+) -> None:
+    tried: list[int] = []
+
+    async def start(port: int) -> socket.socket:
+        tried.append(port)
+        await trio.sleep(0)
+        return _bound(port)
+
+    mine, port = await on_free_port_async(start)
+    with mine:
+        assert tried == [taken_port, port] and port != taken_port
+
+
+async def test_a_start_failing_for_another_reason_is_not_made_again() -> None:
+    tried: list[int] = []
+
+    def start(port: int) -> None:
+        tried.append(port)
+        raise ChildProcessError("bad config line 3")
+
+    async def start_awaited(port: int) -> None:
+        start(port)
+
+    with pytest.raises(ChildProcessError, match="bad config line 3"):
+        on_free_port(start)
+    with pytest.raises(ChildProcessError, match="bad config line 3"):
+        await on_free_port_async(start_awaited)
+    assert len(tried) == 2  # once each
+
+
+async def test_a_port_taken_every_time_fails_after_the_bounded_attempts(
+    taken_port: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(external, "free_port", lambda: taken_port)  # every time
+    tried: list[int] = []
+
+    async def start(port: int) -> socket.socket:
+        tried.append(port)
+        return _bound(port)
+
+    with pytest.raises(OSError, match=IN_USE):
+        await on_free_port_async(start)
+    with pytest.raises(OSError, match=IN_USE):
+        on_free_port(_bound, attempts=2)
+    assert tried == [taken_port] * PORT_ATTEMPTS

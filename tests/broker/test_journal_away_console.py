@@ -19,8 +19,16 @@ import trio
 
 from affidavit.engine import UNAVAILABLE_RETRY_AFTER, unread
 from tests.console.kit import csrf_of, get, post
-from tests.daemon.kit import WAIT, cli, start_daemon, stop, wait_until, write_daemon_config
-from tests.external import free_port
+from tests.daemon.kit import (
+    WAIT,
+    DaemonProc,
+    cli,
+    start_daemon,
+    stop,
+    wait_until,
+    write_daemon_config,
+)
+from tests.external import on_free_port_async
 from tests.http.hostile import HostileServer, Reply, scripts
 from tests.postgres import Cluster
 
@@ -35,22 +43,26 @@ LIMIT = 20
 async def test_the_console_answers_503_on_every_page_and_act_and_decides_nothing(
     tmp_path: Path, token: str, pg: Cluster, pg_url: str
 ) -> None:
-    port = free_port()
-    origin = f"http://127.0.0.1:{port}"
     async with HostileServer.running(scripts.serve(Reply(201, body=b"{}"))) as srv:
         socket = tmp_path / "affidavit.sock"
-        cfg = write_daemon_config(
-            tmp_path,
-            {"api": http_target(srv.url, approval={"methods": ["POST"]})},
-            socket=socket,
-            service={
-                "operator_uids": [os.geteuid()],
-                "allow_self_approval": True,
-                "console": f"127.0.0.1:{port}",
-            },
-            journal=journal_table(tmp_path, pg_url),
-        )
-        daemon = await start_daemon(cfg, socket, tmp_path / "daemon.log", token)
+        journal = journal_table(tmp_path, pg_url)
+
+        async def daemon_on(port: int) -> DaemonProc:
+            cfg = write_daemon_config(
+                tmp_path,
+                {"api": http_target(srv.url, approval={"methods": ["POST"]})},
+                socket=socket,
+                service={
+                    "operator_uids": [os.geteuid()],
+                    "allow_self_approval": True,
+                    "console": f"127.0.0.1:{port}",
+                },
+                journal=journal,
+            )
+            return await start_daemon(cfg, socket, tmp_path / "daemon.log", token)
+
+        daemon, port = await on_free_port_async(daemon_on)
+        origin = f"http://127.0.0.1:{port}"
         try:
             with trio.fail_after(WAIT * 3):
                 done = await cli(daemon, "call", "-", stdin=_json(ACTION))

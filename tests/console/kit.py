@@ -21,7 +21,7 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -32,7 +32,7 @@ from affidavit.journal import JournalReader
 from tests.broker.approvalkit import PaymentsApi, reconcile_target
 from tests.broker.helpers import TOKEN_ENV, http_target, write_config
 from tests.daemon.kit import WAIT, DaemonProc, cli, running_daemon, start_caller, wait_until
-from tests.external import CHROMEDRIVER, CHROMIUM, free_port
+from tests.external import CHROMEDRIVER, CHROMIUM, on_free_port_async
 from tests.http.hostile import HostileServer, Reply, scripts
 
 __all__ = [
@@ -104,9 +104,6 @@ class World:
         return str(rows[-1]["invocation_id"])
 
 
-PORT_ATTEMPTS = 3
-
-
 @contextlib.asynccontextmanager
 async def console_world(
     tmp: Path,
@@ -132,11 +129,12 @@ async def console_world(
             "flaky": http_target(flaky.url),
             "ledger": reconcile_target(ledger.url)["api"],
         }
+
         # The port is picked once the servers above listen (an ephemeral port they are given
-        # may be the one free_port just released), and picked again, at most twice, if another
-        # process takes it before the daemon binds it: a free port is only free when asked.
-        for attempt in range(PORT_ATTEMPTS):
-            port = free_port()
+        # may be the one free_port just released), and picked again if another process takes
+        # it before the daemon binds it (on_free_port_async): a free port is only free when
+        # asked.
+        def daemon_on(port: int) -> Awaitable[DaemonProc]:
             settings = {
                 "operator_uids": [os.geteuid()],
                 "allow_self_approval": True,
@@ -144,15 +142,11 @@ async def console_world(
                 **(service or {}),
             }
             settings = {k: v for k, v in settings.items() if v is not None}
-            try:
-                daemon = await stack.enter_async_context(
-                    running_daemon(tmp, targets, token=token, service=settings)
-                )
-            except AssertionError as exc:
-                if "Address already in use" in str(exc) and attempt + 1 < PORT_ATTEMPTS:
-                    continue
-                raise
-            break
+            return stack.enter_async_context(
+                running_daemon(tmp, targets, token=token, service=settings)
+            )
+
+        daemon, port = await on_free_port_async(daemon_on)
         yield World(daemon, pay, flaky, ledger, f"http://127.0.0.1:{port}")
 
 

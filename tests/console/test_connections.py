@@ -26,7 +26,7 @@ from affidavit.config import load_config
 from affidavit.console import request as console_request
 from affidavit.daemon import server as daemon_server
 from affidavit.daemon.admission import ConsoleCap, _console_owner
-from affidavit.daemon.server import Daemon, DaemonError
+from affidavit.daemon.server import Daemon
 from tests.broker.helpers import TOKEN_ENV
 from tests.daemon.kit import (
     WAIT,
@@ -37,7 +37,7 @@ from tests.daemon.kit import (
     wait_until,
     write_daemon_config,
 )
-from tests.external import free_port, require_root
+from tests.external import on_free_port_async, require_root
 
 from .kit import get
 
@@ -79,16 +79,13 @@ async def daemon_with_console(
         write_daemon_config(tmp, api_target("http://127.0.0.1:9"), socket=socket, service=settings)
     )
     async with trio.open_nursery() as nursery:
-        for attempt in range(3):  # a free port is only free when asked
-            port = free_port()
+
+        async def daemon_on(port: int) -> Daemon:
             daemon = Daemon(config, console=("127.0.0.1", port))
-            try:
-                await nursery.start(daemon.run)
-            except DaemonError as exc:
-                if "Address already in use" in str(exc) and attempt < 2:
-                    continue
-                raise
-            break
+            await nursery.start(daemon.run)
+            return daemon
+
+        daemon, port = await on_free_port_async(daemon_on)  # a free port is only free when asked
         assert daemon.console_cap is not None
         try:
             yield daemon, daemon.console_cap, port

@@ -21,13 +21,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.daemon.fuzzkit import CANARY, READ_WAIT, Daemon, fuzz_daemon, parse_answers
-from tests.external import free_port
+from tests.external import on_free_port
 
 
 @pytest.fixture(scope="module")
 def console(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Daemon, int]]:
-    port = free_port()
-    with fuzz_daemon(tmp_path_factory.mktemp("consolefuzz"), console=f"127.0.0.1:{port}") as d:
+    tmp = tmp_path_factory.mktemp("consolefuzz")
+    with contextlib.ExitStack() as stack:
+        d, port = on_free_port(
+            lambda port: stack.enter_context(fuzz_daemon(tmp, console=f"127.0.0.1:{port}"))
+        )
         yield d, port
 
 

@@ -18,8 +18,8 @@ from pathlib import Path
 import trio
 
 from tests.broker.helpers import http_target
-from tests.daemon.kit import WAIT, cli, start_daemon, stop, write_daemon_config
-from tests.external import free_port
+from tests.daemon.kit import WAIT, DaemonProc, cli, start_daemon, stop, write_daemon_config
+from tests.external import on_free_port_async
 
 from .kit import csrf_of, post
 
@@ -44,17 +44,21 @@ sys.exit(main(sys.argv[1:-1]))
 async def test_a_daemon_stops_at_once_while_a_whole_verify_runs(tmp_path: Path, token: str) -> None:
     runner, begun = tmp_path / "run.py", tmp_path / "verifying"
     runner.write_text(RUNNER)
-    port = free_port()
     socket = tmp_path / "affidavit.sock"
-    service = {
-        "operator_uids": [os.geteuid()],
-        "allow_self_approval": True,
-        "console": f"127.0.0.1:{port}",
-    }
     targets = {"pay": http_target("http://127.0.0.1:9")}
-    config = write_daemon_config(tmp_path, targets, socket=socket, service=service)
-    command = [sys.executable, str(runner), "serve", "--config", str(config), str(begun)]
-    daemon = await start_daemon(config, socket, tmp_path / "daemon.log", token, command=command)
+
+    async def daemon_on(port: int) -> DaemonProc:
+        service = {
+            "operator_uids": [os.geteuid()],
+            "allow_self_approval": True,
+            "console": f"127.0.0.1:{port}",
+        }
+        config = write_daemon_config(tmp_path, targets, socket=socket, service=service)
+        command = [sys.executable, str(runner), "serve", "--config", str(config), str(begun)]
+        log = tmp_path / "daemon.log"
+        return await start_daemon(config, socket, log, token, command=command)
+
+    daemon, port = await on_free_port_async(daemon_on)
     try:
         with trio.fail_after(WAIT):
             url = (await cli(daemon, "console-url")).stdout.decode().strip()
