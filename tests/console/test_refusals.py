@@ -342,23 +342,27 @@ async def test_an_embedded_link_goes_only_to_this_user_s_listener(tmp_path: Path
     """``affidavit console-url`` embedded prints a link to ``[service] console`` only when this
     user's daemon listens there: a free port could be taken by any local user, who would then
     receive the operator's login."""
-    port = free_port()
     me = os.geteuid()
-    config = write_daemon_config(
-        tmp_path,
-        {},
-        socket=tmp_path / "s.sock",
-        service={"console": f"127.0.0.1:{port}", "operator_uids": [me]},
-    )
-    refused = await embedded("console-url", "--config", str(config))
+
+    def config_for(port: int) -> Path:
+        return write_daemon_config(
+            tmp_path,
+            {},
+            socket=tmp_path / "s.sock",
+            service={"console": f"127.0.0.1:{port}", "operator_uids": [me]},
+        )
+
+    refused = await embedded("console-url", "--config", str(config_for(free_port())))
     assert refused.returncode == 2 and b"nothing listens on" in refused.stderr
     assert refused.stdout == b""
+    # The squatter takes a port of the kernel's choosing (a free port picked here could be
+    # taken by another xdist worker before it binds) and says which.
     listen = (
         "import socket, sys, time\n"
         "s = socket.socket()\n"
-        f"s.bind(('127.0.0.1', {port}))\n"
+        "s.bind(('127.0.0.1', 0))\n"
         "s.listen()\n"
-        "print('listening', flush=True)\n"
+        "print(f'listening {s.getsockname()[1]}', flush=True)\n"
         f"time.sleep({2 * HUNG})\n"
     )
     squatter = await trio.lowlevel.open_process(
@@ -366,8 +370,13 @@ async def test_an_embedded_link_goes_only_to_this_user_s_listener(tmp_path: Path
     )
     try:
         assert squatter.stdout is not None
+        said = b""
         with trio.fail_after(HUNG):
-            assert b"listening" in await squatter.stdout.receive_some(100)
+            while not said.endswith(b"\n") and (more := await squatter.stdout.receive_some(100)):
+                said += more
+        assert said.startswith(b"listening "), said
+        port = int(said.split()[1])
+        config = config_for(port)
         refused = await embedded("console-url", "--config", str(config))
         assert refused.returncode == 2 and refused.stdout == b""
         assert b"is served by uid 65534" in refused.stderr
