@@ -373,11 +373,17 @@ def envelope_schema() -> dict[str, Any]:
                         "description": "Why this attempt's complete 3xx is its result and was "
                         "not followed: reason (an approved request follows no redirect, an "
                         "origin the target does not list, a Location carrying the credential or "
-                        "not visible ASCII) and origin; or the hop, code and stage at which the "
-                        "next hop's connection failed before a byte of it was written.",
+                        "not visible ASCII, a redirect that would change the request -- a 303, "
+                        "or a POST's 301/302: method names the GET it asks for) and origin; or "
+                        "the hop, code and stage at which the next hop's connection failed "
+                        "before a byte of it was written; or the hop, method, origin and status "
+                        "of a next hop sent without the credential that refused it (4xx, 429, "
+                        "503: it decides nothing of the request sent with the credential).",
                         "properties": {
                             "reason": {"type": "string"},
                             "origin": {"type": "string"},
+                            "method": {"type": "string"},
+                            "status": {"type": "integer"},
                             "hop": {"type": "integer"},
                             "code": {"type": "string"},
                             "stage": {"type": "string"},

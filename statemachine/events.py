@@ -58,8 +58,10 @@ class EventKind(StrEnum):
     stored response's hash, and what was received of each stream where it reveals no secret
     (``body_sha256``/``body_bytes`` or ``body_received_withheld``: docs/redaction.md),
     generation; remote_request_id (X-Request-Id), and for a 3xx that is the result
-    redirect_not_followed (why: reason and origin, or the next hop's failed setup), both also
-    in the envelope's evidence."""
+    redirect_not_followed (why: reason and origin -- and method for a redirect that would have
+    changed the request --, or the next hop's failed setup, or the hop, method, origin and
+    status of a next hop sent without the credential that refused it), both also in the
+    envelope's evidence."""
     RESULT_COMMITTED = "RESULT_COMMITTED"
     """Durable barrier: the result and its hash are stored under the invocation id.  attrs:
     sha256, chunks, bytes, generation."""

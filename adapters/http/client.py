@@ -25,7 +25,7 @@ from .classify import Redactor, classify_response, evidence_from, header_value, 
 from .connect import HopSetupFailed
 from .exchange import HopResult, exchange
 from .pool import Pool
-from .redirects import Plan, next_hop
+from .redirects import REFUSED_WITHOUT_CREDENTIAL, Plan, carries_credential, next_hop
 from .request import HttpRequest, secret_values
 from .urls import BadUrl, parse_url
 
@@ -74,6 +74,7 @@ class HttpClient:
         url = request.url
         headers = list(request.headers)
         body = request.body
+        credential = first_credential = carries_credential(request)
         hops: list[dict[str, Any]] = []
         redirects = 0
         pending_result: HopResult | None = None
@@ -86,7 +87,7 @@ class HttpClient:
                 if hop == 1:
                     raise SetupError(Code.SETUP_FAILED, "url", str(e)) from None
                 raise AssertionError("redirect target was validated before following") from e
-            plan = Plan()
+            plan = Plan(credential_dropped=first_credential and not credential)
             try:
                 res = await exchange(
                     self._pool,
@@ -109,6 +110,19 @@ class HttpClient:
                     "hop": hop,
                     "code": e.code.value,
                     "stage": e.stage,
+                }
+                return await _result(
+                    pending_result, ctx, hops, redactor, pending_facts, sink_buffer=True
+                )
+            if plan.disposition == "refused":
+                # A hop without the credential refused: that answers a request the caller did
+                # not make (no 401 there is "these credentials were rejected").  The complete
+                # 3xx that led there is the result; the hop is named beside it, not in ``hops``
+                # (the chain to the result: engine/readable.py reads its last origin).
+                assert pending_result is not None
+                pending_facts["redirect_not_followed"] = {
+                    "reason": REFUSED_WITHOUT_CREDENTIAL,
+                    **{k: res.hop_summary[k] for k in ("hop", "method", "origin", "status")},
                 }
                 return await _result(
                     pending_result, ctx, hops, redactor, pending_facts, sink_buffer=True
@@ -145,6 +159,7 @@ class HttpClient:
             pending_facts = {"redirects": redirects - 1}
             nxt = next_hop(request, plan, method, headers, body)
             method, url, headers, body = nxt.method, nxt.url, nxt.headers, nxt.body
+            credential = nxt.credential
             hop += 1
 
 

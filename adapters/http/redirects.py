@@ -4,6 +4,13 @@ Design notes, "Redirect hops": each followed hop is a new dispatch boundary with
 evidence.  The target's policy decides whether to follow and whether the credential goes along;
 a 3xx that is not followed is the result.  The credential query parameter never reaches the
 policy or the evidence.
+
+Only the caller's request is followed, as the caller made it: a redirect RFC 9110 would answer
+with a GET without content (303 after anything but GET/HEAD, 301/302 after a POST) is not
+followed -- the 3xx answers the request sent (the server processed it: RFC 9110 §15.4.4), and a
+GET's 404 there would be read as the rejection of a POST that was carried out.  And a hop sent
+without the credential (another origin, or outside the base path) that is refused (4xx, 429,
+503) decides nothing of the caller's action: the 3xx that led there stands as the result.
 """
 
 from __future__ import annotations
@@ -12,24 +19,48 @@ import urllib.parse
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from .classify import Redactor, header_value, is_proxy_answer
+from affidavit.statemachine import Outcome
+
+from .classify import Redactor, classify_response, header_value, is_proxy_answer
 from .machine import Observation
 from .request import HttpRequest, RedirectDecision
 from .urls import BadUrl, Url, drop_fragment, join_url, parse_url, query_values, set_query
 
-__all__ = ["REDIRECT_STATUSES", "NextHop", "Plan", "next_hop", "plan_response"]
+__all__ = [
+    "CHANGES_REQUEST",
+    "REDIRECT_STATUSES",
+    "REFUSED_WITHOUT_CREDENTIAL",
+    "NextHop",
+    "Plan",
+    "carries_credential",
+    "next_hop",
+    "plan_response",
+]
 
 REDIRECT_STATUSES: Final = frozenset({301, 302, 303, 307, 308})
-_CONTENT_HEADERS: Final = frozenset({"content-type", "content-encoding", "content-language"})
+
+CHANGES_REQUEST: Final = (
+    "the redirect would change the request (a GET without its content): the 3xx answers the "
+    "request sent"
+)
+"""``redirect_not_followed.reason`` of a 303 (or a POST's 301/302): stable text."""
+
+REFUSED_WITHOUT_CREDENTIAL: Final = (
+    "the next hop, sent without the credential, was refused: its answer says nothing of the "
+    "request sent with it"
+)
+"""``redirect_not_followed.reason`` when the 3xx stands because that hop was refused (its hop,
+method, origin and status beside it): stable text."""
 
 
 @dataclass
 class Plan:
     """What to do with the response being read, decided at its head."""
 
-    disposition: str = "sink"  # sink | follow | proxy_error
+    disposition: str = "sink"  # sink | follow | proxy_error | refused
+    credential_dropped: bool = False
+    """Set before the hop: the request carried the credential and this hop does not."""
     next_url: str | None = None
-    next_method: str = ""
     keep_credential: bool = False
     redirect_facts: dict[str, Any] = field(default_factory=dict)
 
@@ -48,6 +79,10 @@ def plan_response(
     assert head.status is not None
     if is_proxy_answer(head.status, head.headers, via_forward_proxy=forward_proxy):
         plan.disposition = "proxy_error"
+        return
+    if plan.credential_dropped and _refusal(head, forward_proxy):
+        # Its body is read past and hashed, never stored: the result is the 3xx before it.
+        plan.disposition = "refused"
         return
     if head.status not in REDIRECT_STATUSES or not request.follow_redirects:
         return
@@ -70,16 +105,20 @@ def plan_response(
     if request.credential_query:
         nxt = set_query(nxt, request.credential_query, [])
     nxt = drop_fragment(nxt)
-    new_method = method
-    if (head.status == 303 and method != "HEAD") or (
-        head.status in (301, 302) and method == "POST"
-    ):
-        new_method = "GET"
+    new_origin = parse_url(nxt).origin
+    if _switches_to_get(head.status, method):
+        plan.redirect_facts = {
+            "redirect_not_followed": {
+                "reason": CHANGES_REQUEST,
+                "origin": new_origin,
+                "method": "GET",
+            }
+        }
+        return
     if request.redirect_policy is None:
         decision = RedirectDecision(False, False, "no redirect policy")
     else:
-        decision = request.redirect_policy(new_method, nxt)
-    new_origin = parse_url(nxt).origin
+        decision = request.redirect_policy(method, nxt)
     if (
         decision.allowed
         and not decision.keep_credential
@@ -100,13 +139,27 @@ def plan_response(
         return
     plan.disposition = "follow"
     plan.next_url = nxt
-    plan.next_method = new_method
     plan.keep_credential = decision.keep_credential
     plan.redirect_facts = {
         "to_origin": new_origin,
-        "method": new_method,
+        "method": method,
         "credential_kept": decision.keep_credential,
     }
+
+
+def _switches_to_get(status: int, method: str) -> bool:
+    """RFC 9110 §15.4.4: a 303 is followed with GET (HEAD stays HEAD); §15.4.2/3: user agents
+    turn a POST into a GET after 301/302.  Either drops the content: another request."""
+    return (status == 303 and method not in ("GET", "HEAD")) or (
+        status in (301, 302) and method == "POST"
+    )
+
+
+def _refusal(head: Observation, forward_proxy: bool) -> bool:
+    """Whether the response, as the result, would be a rejection (``classify_response``)."""
+    assert head.status is not None
+    cls = classify_response(head.status, head.headers, via_forward_proxy=forward_proxy)
+    return cls.outcome is Outcome.REJECTED
 
 
 def _carries_secret(request: HttpRequest, redactor: Redactor, url: str) -> bool:
@@ -133,6 +186,8 @@ class NextHop:
     url: str = field(repr=False)
     headers: list[tuple[str, str]] = field(repr=False)
     body: bytes
+    credential: bool
+    """Whether this request holds the credential."""
 
 
 def next_hop(
@@ -142,13 +197,9 @@ def next_hop(
     headers: list[tuple[str, str]],
     body: bytes,
 ) -> NextHop:
-    """The request of the hop ``plan`` follows: method and content rewritten as RFC 9110 says,
-    the credential kept or dropped as the policy decided."""
+    """The request of the hop ``plan`` follows: the same method and content (a redirect that
+    would change them is not followed), the credential kept or dropped as the policy decided."""
     assert plan.next_url is not None
-    if plan.next_method != method:
-        # RFC 9110 §15.4.4 (303) and §15.4.2/3 (POST after 301/302): GET, no content.
-        body = b""
-        headers = [(n, v) for n, v in headers if n.lower() not in _CONTENT_HEADERS]
     if plan.keep_credential:
         url = plan.next_url
         if request.credential_query:
@@ -160,4 +211,17 @@ def next_hop(
     else:
         url = plan.next_url
         headers = [(n, v) for n, v in headers if n.lower() not in request.credential_headers]
-    return NextHop(plan.next_method, url, headers, body)
+    return NextHop(method, url, headers, body, _carries(request, url, headers))
+
+
+def _carries(request: HttpRequest, url: str, headers: list[tuple[str, str]]) -> bool:
+    """Whether a hop's request holds the credential: a credential header, or the query value
+    (a hop back into scope after one that dropped the header gets only the query back)."""
+    if any(n.lower() in request.credential_headers for n, _ in headers):
+        return True
+    return bool(request.credential_query and query_values(url, request.credential_query))
+
+
+def carries_credential(request: HttpRequest) -> bool:
+    """Whether the caller's request (the first hop) holds the credential."""
+    return _carries(request, request.url, request.headers)

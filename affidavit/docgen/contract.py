@@ -506,6 +506,19 @@ def contract_markdown(protocols: Mapping[str, ProtocolTable] | None = None) -> s
         "reconciliation (docs/proxies.md). Through a CONNECT tunnel the answer is the "
         "origin's.",
         "",
+        "Nor is it decided by an answer to another request. A redirect that would change the "
+        "request -- a 303 after anything but GET or HEAD, a POST's 301 or 302: RFC 9110 has "
+        "the next hop GET without the content -- is not followed: the complete 3xx is the "
+        "result, committed (the server processed the request, RFC 9110 §15.4.4), "
+        "`evidence.redirect_not_followed` naming the GET it asks for and the Location's origin "
+        "(the Location itself is among the result's headers unless it echoes the credential). "
+        "A followed hop sent without the credential (another origin in `redirect_origins`, or "
+        "a path outside the base path) that answers with what would be a rejection (4xx, 429, "
+        "503) is no `REMOTE_REJECTED` or `REMOTE_THROTTLED` -- its 401 is no proof that the "
+        "credential was rejected: the 3xx that led there stays the result, "
+        "`redirect_not_followed` naming that hop, its origin and status "
+        '(docs/design-notes.md, "Redirect hops").',
+        "",
         "Nothing is decided from a body that was not received whole: a reconciliation verdict, "
         "a job's state read by a poll, the job id of a 202 and a batch's item outcomes are read "
         "only from a body neither withheld (`body_withheld`: `corrupt_encoding` -- a gzip "
@@ -513,7 +526,8 @@ def contract_markdown(protocols: Mapping[str, ProtocolTable] | None = None) -> s
         "`body_truncated`, even when the prefix parses. A reconciliation query or a poll "
         "settles nothing on an answer a followed redirect fetched from another origin than the "
         "target's (`redirect_origins`): RECONCILE_INCONCLUSIVE / OPERATION_POLL_FAILED with "
-        "the reason.",
+        "the reason; from such an answer no batch item outcome and no 202's job id is read "
+        "either.",
     ]
     out += [
         "",

@@ -45,14 +45,17 @@ def reader(action: Any, target: Any) -> Reader | None:
     contracts = contracts_of(target)
     if contracts is None:
         return None
+    origin = getattr(target, "origin", None)
 
     def read(iid: str, result: RemoteResult, kept: Mapping[str, bytes] | None) -> list[Event]:
         # ``kept`` is None when the result was too large to keep in memory: it is not read
         # back, and the reading says only what a result without a body says.  So is a body
         # withheld or cut (``readable.py``): a prefix of a 207 may parse and name outcomes the
-        # rest would have contradicted; no item outcome, no job id is taken from it.
+        # rest would have contradicted; no item outcome, no job id is taken from it.  Nor from
+        # an answer a followed redirect fetched from another origin, sent without the
+        # credential: it says nothing of what the target did with the items.
         body = None
-        if kept is not None and unreadable(result.summary) is None:
+        if kept is not None and unreadable(result.summary, origin=origin) is None:
             body = kept.get("body", b"")
         reading = contracts.read(action, target, result, body)
         out: list[Event] = []

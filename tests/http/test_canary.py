@@ -157,12 +157,7 @@ def test_no_driver_value_that_holds_the_credential_prints_it() -> None:
     req = request("http://origin.example/p")
     url = parse_url(req.url)
     head = _Head(url.path_query, list(req.headers), True, False)
-    plan = Plan(
-        disposition="follow",
-        next_url="http://origin.example/q",
-        next_method="POST",
-        keep_credential=True,
-    )
+    plan = Plan(disposition="follow", next_url="http://origin.example/q", keep_credential=True)
     nxt = next_hop(req, plan, "POST", list(req.headers), b"{}")
     assert CANARY in url.path_query and CANARY in nxt.url  # sanity: they do hold it
     assert any(CANARY in v for _, v in nxt.headers)

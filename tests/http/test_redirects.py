@@ -11,6 +11,7 @@ import trio
 
 from affidavit.adapters.base import RemoteResult
 from affidavit.adapters.http import HttpClient, HttpRequest, RedirectDecision, Timeouts
+from affidavit.adapters.http.redirects import CHANGES_REQUEST, REFUSED_WITHOUT_CREDENTIAL
 from affidavit.statemachine import Outcome
 
 from .fakes import FakeEngine
@@ -108,15 +109,44 @@ async def test_redirect_to_another_origin_strips_the_credential(client: HttpClie
     assert follow["to_origin"] == other.origin and follow["credential_kept"] is False
 
 
-async def test_303_turns_post_into_get_without_body(client: HttpClient) -> None:
-    routes = {"/submit": Reply(303, headers=[("Location", "/status")]), "/status": Reply(200)}
+@pytest.mark.parametrize(
+    ("method", "status"),
+    [("POST", 303), ("PUT", 303), ("DELETE", 303), ("PATCH", 303), ("POST", 301), ("POST", 302)],
+)
+async def test_a_redirect_that_would_change_the_request_is_not_followed(
+    client: HttpClient, method: str, status: int
+) -> None:
+    """RFC 9110 would have the next hop GET without content: another request, whose 404 would
+    have been read as this one's rejection (seed: "A complete ... response determines the
+    outcome of the first HTTP exchange").  The 3xx is the result."""
+    routes = {
+        "/pay": Reply(status, headers=[("Location", "/receipt/1")], body=b"see"),
+        "/receipt/1": Reply(404, body=b"no such receipt"),
+    }
     async with HostileServer.running(by_path(routes)) as srv:
         policy = Policy(srv.origin)
-        await perform(client, req(srv.url + "/submit", policy, "POST", b'{"a":1}'))
-    second = srv.requests[1]
-    assert (second.method, second.body) == ("GET", b"")
-    assert second.header("content-type") is None and second.header("content-length") is None
-    assert policy.calls[0][0] == "GET"
+        fe, res = await perform(client, req(srv.url + "/pay", policy, method, b'{"a":1}'))
+    assert [r.method for r in srv.requests] == [method]  # no GET was sent
+    assert (res.outcome, res.code, res.facts["status"]) == (Outcome.COMMITTED, None, status)
+    assert res.facts["redirect_not_followed"] == {
+        "reason": CHANGES_REQUEST,
+        "origin": srv.origin,
+        "method": "GET",
+    }
+    assert policy.calls == [] and len(fe.gates) == 1 and fe.body == b"see"
+    assert ["Location", "/receipt/1"] in res.summary["headers"]
+
+
+@pytest.mark.parametrize(("method", "status"), [("GET", 303), ("HEAD", 303), ("PUT", 301)])
+async def test_a_redirect_that_keeps_the_request_is_followed(
+    client: HttpClient, method: str, status: int
+) -> None:
+    routes = {"/a": Reply(status, headers=[("Location", "/b")]), "/b": Reply(200)}
+    async with HostileServer.running(by_path(routes)) as srv:
+        body = b"{}" if method == "PUT" else b""
+        _fe, res = await perform(client, req(srv.url + "/a", Policy(srv.origin), method, body))
+    assert [(r.method, r.body) for r in srv.requests] == [(method, body)] * 2
+    assert res.facts["status"] == 200 and "redirect_not_followed" not in res.facts
 
 
 async def test_policy_refusal_returns_the_3xx_as_committed(client: HttpClient) -> None:
@@ -223,3 +253,59 @@ async def test_a_location_that_carries_the_credential_is_not_followed_elsewhere(
     assert other.requests == [] and other.connections == 0
     assert res.facts["status"] == 302
     assert res.facts["redirect_not_followed"]["reason"] == "the Location carries the credential"
+
+
+@pytest.mark.parametrize("status", [401, 403, 404, 429, 503])
+async def test_a_refusal_of_a_hop_sent_without_the_credential_leaves_the_3xx_as_the_result(
+    client: HttpClient, status: int
+) -> None:
+    """The other origin was sent the request without the credential: its 401 does not say
+    these credentials were rejected, nor its 429 that this request was throttled."""
+    refusal = Reply(status, headers=[("Retry-After", "1")], body=b"who are you")
+    async with HostileServer.running(scripts.serve(refusal)) as other:
+        location = other.url + "/elsewhere"
+        async with HostileServer.running(scripts.redirect(location, 307)) as first:
+            fe, res = await perform(client, req(first.url + "/start", Policy(first.origin), "PUT"))
+    assert len(other.requests) == 1 and not carries_credential(other.requests[0])
+    assert (res.outcome, res.code, res.facts["status"]) == (Outcome.COMMITTED, None, 307)
+    assert res.facts["redirect_not_followed"] == {
+        "reason": REFUSED_WITHOUT_CREDENTIAL,
+        "hop": 2,
+        "method": "PUT",
+        "origin": other.origin,
+        "status": status,
+    }
+    assert [h["origin"] for h in res.summary["hops"]] == [first.origin]
+    assert fe.body == b"moved"  # the refusal's body is read past, never stored
+
+
+async def test_a_refusal_of_a_hop_that_kept_the_credential_is_the_result(
+    client: HttpClient,
+) -> None:
+    routes = {"/a": Reply(307, headers=[("Location", "/b")]), "/b": Reply(401, body=b"no")}
+    async with HostileServer.running(by_path(routes)) as srv:
+        fe, res = await perform(client, req(srv.url + "/a", Policy(srv.origin), "PUT"))
+    assert all(carries_credential(r) for r in srv.requests) and len(srv.requests) == 2
+    assert (res.outcome, res.facts["status"]) == (Outcome.REJECTED, 401)
+    assert "redirect_not_followed" not in res.facts and fe.body == b"no"
+
+
+async def test_a_refusal_after_a_redirect_of_a_request_without_credential_is_the_result(
+    client: HttpClient,
+) -> None:
+    """Nothing was dropped: the refusal answers the request as the caller made it."""
+    async with HostileServer.running(scripts.serve(Reply(403, body=b"no"))) as other:
+        location = other.url + "/x"
+        async with HostileServer.running(scripts.redirect(location, 307)) as first:
+            request = HttpRequest(
+                "PUT",
+                first.url + "/start",
+                [],
+                b"{}",
+                follow_redirects=True,
+                redirect_policy=Policy(first.origin),
+                timeouts=FAST,
+            )
+            _fe, res = await perform(client, request)
+    assert len(other.requests) == 1
+    assert (res.outcome, res.facts["status"]) == (Outcome.REJECTED, 403)

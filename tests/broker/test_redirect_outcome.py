@@ -1,0 +1,142 @@
+"""A redirect never lets an answer to another request decide the caller's action.
+
+Seed: "A redirect creates a second dispatch boundary.  A complete 307 or 308 response
+determines the outcome of the first HTTP exchange, but following it creates a new request";
+"A complete 401 proves that the server rejected these credentials for the request".  A 303 --
+or a POST's 301/302 -- would be followed with a GET without content (RFC 9110 §15.4.4: the
+server processed the POST), so the GET's 404 would make a payment that was made read
+``rejected``/``after_correction``, and a caller that corrects and resends pays twice.  A hop to
+another origin is sent without the credential, so its 401 says nothing of the credential.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.parse
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from affidavit.adapters.http.redirects import CHANGES_REQUEST, REFUSED_WITHOUT_CREDENTIAL
+from tests.http.hostile import HostileServer, Received, Reply, scripts
+
+from .helpers import assert_ok, http_target, open_broker, write_config
+from .http_rows import LIMIT
+
+PAY = {"target": "api", "method": "POST", "path": "/pay", "body": '{"amount":100}'}
+BATCH = {
+    "items": "json:/results",
+    "request_items": "json:/items",
+    "item_id": "json:/id",
+    "item_status": "json:/status",
+    "ok": [200, 201],
+}
+ITEMS = [{"id": n, "op": "set"} for n in (1, 2)]
+REJECTED_ITEMS = json.dumps({"results": [{"id": n, "status": 422} for n in (1, 2)]}).encode()
+
+
+def _routes(status: int, then: Reply) -> Any:
+    """``/pay`` and ``/batch`` answer ``status`` to ``/receipt/1``, which answers ``then``."""
+
+    def route(r: Received) -> Reply:
+        if urllib.parse.urlsplit(r.target).path == "/receipt/1":
+            return then
+        return Reply(status, headers=[("Location", "/receipt/1")], body=b"see other")
+
+    return scripts.serve(route)
+
+
+async def _call(tmp_path: Path, url: str, action: dict[str, Any], **target: Any) -> Any:
+    cfg = write_config(tmp_path, {"api": http_target(url, follow_redirects=True, **target)})
+    async with open_broker(cfg) as broker:
+        with trio.fail_after(LIMIT):
+            env = await broker.call(action)
+        rec = assert_ok(broker, env)  # committed, no error: never rejected
+        return env, rec
+
+
+@pytest.mark.parametrize("status", [303, 301, 302])
+async def test_a_post_redirected_to_a_get_is_answered_by_its_own_3xx(
+    tmp_path: Path, token: str, status: int
+) -> None:
+    async with HostileServer.running(_routes(status, Reply(404, body=b"gone"))) as srv:
+        env, rec = await _call(tmp_path, srv.url, PAY)
+    assert [r.method for r in srv.requests] == ["POST"]  # the GET was never sent
+    assert env["result"]["status"] == status and env["result"]["body"] == "see other"
+    assert env["evidence"]["redirect_not_followed"] == {
+        "reason": CHANGES_REQUEST,
+        "origin": srv.origin,
+        "method": "GET",
+    }
+    assert rec.evidence["status"] == status and rec.retry.value == "never"
+
+
+async def test_a_batch_redirected_to_a_get_takes_no_item_outcome_from_the_get(
+    tmp_path: Path, token: str
+) -> None:
+    call = {
+        "target": "api",
+        "method": "POST",
+        "path": "/batch",
+        "body": json.dumps({"items": ITEMS}),
+    }
+    script = _routes(303, Reply(200, body=REJECTED_ITEMS))
+    async with HostileServer.running(script) as srv:
+        env, _rec = await _call(tmp_path, srv.url, call, batch=BATCH)
+    assert [r.method for r in srv.requests] == ["POST"]
+    # The 303 names no item: each is unknown, to reconcile -- none "rejected", to resend.
+    assert [(i["outcome"], i["code"], i["retry"]) for i in env["items"]] == [
+        ("unknown", "REMOTE_RESULT_INCOMPLETE", "reconcile")
+    ] * 2
+
+
+@pytest.mark.parametrize("status", [401, 403, 429])
+async def test_a_refusal_where_the_credential_was_not_sent_is_no_rejection(
+    tmp_path: Path, token: str, status: int
+) -> None:
+    refusal = Reply(status, headers=[("Retry-After", "1")], body=b"who are you")
+    async with HostileServer.running(scripts.serve(refusal)) as other:
+        moved = scripts.redirect(other.url + "/pay", 307)
+        async with HostileServer.running(moved) as srv:
+            env, rec = await _call(
+                tmp_path,
+                srv.url,
+                {**PAY, "method": "PUT"},
+                redirect_origins=[other.origin],
+            )
+    assert token in str(srv.requests[0].headers)
+    assert len(other.requests) == 1 and token not in str(other.requests[0].headers)
+    assert env["result"]["status"] == 307 and env["result"]["body"] == "moved"
+    assert env["evidence"]["redirect_not_followed"] == {
+        "reason": REFUSED_WITHOUT_CREDENTIAL,
+        "hop": 2,
+        "method": "PUT",
+        "origin": other.origin,
+        "status": status,
+    }
+    assert rec.evidence["status"] == 307
+
+
+async def test_a_batch_answered_from_another_origin_takes_no_item_outcome_from_it(
+    tmp_path: Path, token: str
+) -> None:
+    """engine/readable.py: another origin's answer says nothing of the target's state."""
+    applied = json.dumps({"results": [{"id": n, "status": 200} for n in (1, 2)]}).encode()
+    call = {
+        "target": "api",
+        "method": "POST",
+        "path": "/batch",
+        "body": json.dumps({"items": ITEMS}),
+    }
+    async with HostileServer.running(scripts.serve(Reply(200, body=applied))) as other:
+        moved = scripts.redirect(other.url + "/batch", 307)
+        async with HostileServer.running(moved) as srv:
+            env, _rec = await _call(
+                tmp_path, srv.url, call, batch=BATCH, redirect_origins=[other.origin]
+            )
+    assert len(other.requests) == 1 and env["result"]["status"] == 200
+    assert [(i["outcome"], i["code"]) for i in env["items"]] == [
+        ("unknown", "REMOTE_RESULT_INCOMPLETE")
+    ] * 2
