@@ -564,6 +564,7 @@ def _gate(engine: Engine, attempt: Attempt) -> Any:
                 # a reconciliation): this stale worker must not send the next hop (the
                 # gate raises; the adapter never writes).
                 raise LeaseRefusal(recorded=False) from None
+            _next_hop_milestones(attempt)
             return
         # Re-check the bound config immediately before the write (seed: "re-check it
         # immediately before the write"); a change means a new invocation -- and for an
@@ -641,6 +642,16 @@ def _gate(engine: Engine, attempt: Attempt) -> Any:
         attempt.dispatch_recorded = True
 
     return gate
+
+
+def _next_hop_milestones(attempt: Attempt) -> None:
+    """A later hop is dispatched: the milestones of the hops before it (its request sent, its
+    response's head and status) are dropped, unwritten, and this hop's are recorded -- the
+    evidence describes the hop that decides, never a response that hop did not give (design
+    notes, "Redirect hops").  Each hop's status stays in the result's ``hops``."""
+    kinds = set(attempt.machine.table.milestones.values())
+    attempt.pending = [ev for ev in attempt.pending if ev.kind.value not in kinds]
+    attempt.milestones_seen.clear()
 
 
 def _gate_left(attempt: Attempt) -> None:

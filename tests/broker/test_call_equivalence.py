@@ -28,7 +28,7 @@ from tests.http.hostile import HostileServer, Received, Reply, scripts
 
 from .helpers import TOKEN_ENV, http_target, open_broker, write_config
 
-GOLDEN = "448e6cad370a1e2a8ed791a172a165e9c8551594233296e851fe60ba18dce1db"
+GOLDEN = "3af590777d32b4666e91efcc727d63903de44ae1c4e5816f4d59c56d476bb60f"
 
 TOKEN = "tok-equivalence-0123456789abcdef"
 

@@ -20,6 +20,7 @@ import pytest
 import trio
 
 from affidavit.adapters.http.redirects import CHANGES_REQUEST, REFUSED_WITHOUT_CREDENTIAL
+from affidavit.statemachine import EventKind
 from tests.http.hostile import HostileServer, Received, Reply, scripts
 
 from .helpers import assert_ok, http_target, open_broker, write_config
@@ -140,3 +141,41 @@ async def test_a_batch_answered_from_another_origin_takes_no_item_outcome_from_i
     assert [(i["outcome"], i["code"]) for i in env["items"]] == [
         ("unknown", "REMOTE_RESULT_INCOMPLETE")
     ] * 2
+
+
+async def _interrupted(tmp_path: Path, script: Any) -> tuple[dict[str, Any], Any, Any]:
+    """A PUT answered 307 to another origin, whose hop ends as ``script`` ends it: (envelope,
+    record, the invocation's events)."""
+    async with HostileServer.running(script) as other:
+        moved = scripts.redirect(other.url + "/put", 307)
+        async with HostileServer.running(moved) as srv:
+            target = http_target(srv.url, follow_redirects=True, redirect_origins=[other.origin])
+            cfg = write_config(tmp_path, {"api": target})
+            async with open_broker(cfg) as broker:
+                with trio.fail_after(LIMIT):
+                    env = await broker.call({**PAY, "method": "PUT"})
+                rec = broker.record(env["invocation_id"])
+                events = broker.events(env["invocation_id"])
+    assert len(other.requests) == 1  # the second hop was dispatched
+    return env, rec, events
+
+
+async def test_a_next_hop_closed_unanswered_claims_no_response(tmp_path: Path, token: str) -> None:
+    """The first hop's 307 is no response of the hop that decided: the evidence shows none."""
+    env, rec, events = await _interrupted(tmp_path, scripts.apply_then_close())
+    assert env["error"]["code"] == "REMOTE_OUTCOME_UNKNOWN"
+    for evidence in (env["evidence"], rec.evidence):
+        assert "status" not in evidence
+        assert evidence["response_headers_received"] is False
+    assert [e.kind for e in events].count(EventKind.REMOTE_RESPONSE_STARTED) == 0
+    assert [e.kind for e in events].count(EventKind.REQUEST_SENT) == 1  # the second hop's
+
+
+async def test_a_next_hop_cut_mid_body_shows_its_own_status(tmp_path: Path, token: str) -> None:
+    env, rec, events = await _interrupted(tmp_path, scripts.cut_mid_body())
+    assert env["error"]["code"] == "REMOTE_RESULT_INCOMPLETE"
+    for evidence in (env["evidence"], rec.evidence):
+        assert evidence["status"] == evidence["evidence_from"]["status"] == 200
+        assert evidence["response_headers_received"] is True
+    started = [e.attrs for e in events if e.kind is EventKind.REMOTE_RESPONSE_STARTED]
+    assert [a["status"] for a in started] == [200]
