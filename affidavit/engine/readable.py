@@ -59,8 +59,9 @@ def unreadable(summary: Mapping[str, Any], *, origin: str | None = None) -> str 
     """Why the stored result ``summary`` may not be read to decide anything, or None.
 
     A stream withheld or truncated: ``PARTIAL_BODY``.  With ``origin`` (the target's, as
-    ``origin_of`` normalizes it -- for reconciliation queries and polls, which are asked of
-    the target itself): a final hop on any other origin, ``OTHER_ORIGIN``."""
+    ``origin_of`` normalizes it -- for reconciliation queries, polls, and a batch's items or a
+    202's job read from the result, which only the target can answer for): a final hop on any
+    other origin, ``OTHER_ORIGIN``."""
     if any(stream_cut(summary, name) for name in _streams(summary)):
         return PARTIAL_BODY
     hops = summary.get("hops")
