@@ -15,6 +15,7 @@ import errno
 import fcntl
 import hashlib
 import logging
+import os
 import select
 import ssl
 import termios
@@ -82,21 +83,53 @@ class Connection:
         return bool(readable)
 
     def unread_bytes(self) -> bool:
-        """Does anything the peer sent wait unread -- in the TLS layer or in the socket's
-        receive queue (``FIONREAD``)?  Unlike ``looks_stale`` an EOF or a reset is not counted:
-        those end a request written after them as ``unknown``, but bytes would be read as its
-        answer."""
-        if self.tls_buffered():
-            return True
+        """Has the peer sent anything nobody asked for that would be read as an answer?  Plain
+        TCP: bytes in the socket's receive queue (``FIONREAD``).  TLS: application data only
+        (``_tls_application_data``) -- a TLS 1.3 server's session tickets, sent after the
+        handshake (OpenSSL sends them at once), are not an answer.  Unlike ``looks_stale`` an EOF
+        or a reset is not counted: those end a request written after them as ``unknown``, but
+        bytes would be read as its answer.  Over TLS the check decrypts what waits: a connection
+        it answers True for must be dropped (the bytes it read are gone)."""
+        if type(self.stream) is not trio.SocketStream and isinstance(self.stream, trio.SSLStream):
+            return self._tls_application_data(self.stream)
+        return self._queued() > 0
+
+    def _queued(self) -> int:
+        """Bytes in the socket's receive queue (``FIONREAD``); 0 for a closed socket."""
         try:
             fd = self.socket_stream.socket.fileno()
             if fd < 0:
-                return False
+                return 0
             buf = array.array("i", [0])
             fcntl.ioctl(fd, termios.FIONREAD, buf, True)
         except (OSError, ValueError):
-            return False
-        return buf[0] > 0
+            return 0
+        return buf[0]
+
+    def _tls_application_data(self, stream: trio.SSLStream[trio.abc.Stream]) -> bool:
+        """Decrypted application data waits, or comes out of the records received so far: the
+        socket's queue is moved into trio's incoming BIO (what trio's own read does) and the TLS
+        object asked, without blocking, for one byte.  Handshake messages (session tickets, a
+        key update) are consumed there as a read would; a record not whole yet stays in the BIO
+        and is not counted (its kind is unknown until it is whole).  A stream whose TLS layer
+        cannot be inspected counts as holding data: dropped rather than maybe lied to."""
+        try:
+            if stream.pending():
+                return True
+            incoming, tls = stream._incoming, stream._ssl_object  # trio's; no public accessor
+            queued = self._queued()
+            if queued:
+                incoming.write(os.read(self.socket_stream.socket.fileno(), queued))
+            if not incoming.pending:
+                return False
+            try:
+                return bool(tls.read(1))  # b"": close_notify -- an end, not an answer
+            except (ssl.SSLWantReadError, ssl.SSLZeroReturnError):
+                return False
+        except AttributeError:
+            return True
+        except (OSError, ValueError):
+            return False  # a broken stream: the write and read end it ``unknown``
 
     def tls_buffered(self) -> bool:
         """Bytes the TLS layer holds that nobody has read: decrypted (``SSLObject.pending``) or

@@ -19,9 +19,10 @@ The steps, in order (``exchange()``):
 4. ``finish`` -- a reusable connection (nothing read past the response, in h11 or in the TLS
    layer) goes back to the pool, any other is closed.
 
-A reused connection is checked again after the gate, right before its first byte: holding
-unread bytes then (sent before the request was written, so never its answer), it is dropped
-unwritten as a setup failure at stage ``reused_connection``.
+Every connection is checked after the gate, right before its first byte: holding unread bytes
+then (sent before the request was written, so never its answer; over TLS, application data --
+not a TLS 1.3 server's session tickets), it is dropped unwritten as a setup failure at stage
+``reused_connection`` (a pooled one) or ``peer_spoke_first`` (a fresh one).
 """
 
 from __future__ import annotations
@@ -106,20 +107,22 @@ async def exchange(
     conn, reused = await pool.acquire(request, ctx, hop, target)
     h = _Hop(request, ctx, conn, reused, hop, method, target, redactor, plan, redirects)
     await h.pass_gate(pool, headers, body)
-    if reused and conn.unread_bytes():
-        # The pool checked before the gate; the gate (a durable journal write) took time.
-        # Bytes that arrived meanwhile were sent before this request was written, so they can
-        # never be its answer: nothing is written and the connection is dropped.  The engine
-        # still sees its own DISPATCH_STARTED and keeps the outcome ``unknown``.  (An EOF or a
-        # reset in that window is left to the write and read below: ``unknown`` as well.)
+    if conn.unread_bytes():
+        # Bytes waiting now were sent before this request was written, so they can never be
+        # its answer: nothing is written and the connection is dropped.  A pooled connection
+        # was checked before the gate, but the gate (a durable journal write) took time; a
+        # fresh one's peer may speak first (right after accepting, or after the TLS handshake).
+        # The engine still sees its own DISPATCH_STARTED and keeps the outcome ``unknown``.
+        # (An EOF or a reset in that window is left to the write and read below: ``unknown``
+        # as well.)
         h.ahead = None  # the head made ahead, credential and all, is dropped unsent
         await trio.aclose_forcefully(conn.stream)
         raise setup_failed(
             ctx,
             hop,
             Code.SETUP_FAILED,
-            "reused_connection",
-            "pooled connection received bytes before the request was written",
+            "reused_connection" if reused else "peer_spoke_first",
+            "peer sent bytes before the request was written",
             connection=conn.id,
         )
     conn.requests += 1

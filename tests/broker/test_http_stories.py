@@ -259,6 +259,47 @@ async def test_bytes_arriving_during_the_gate_are_never_the_answer_and_nothing_i
         assert [r.target for r in srv.requests] == ["/thing"]  # the POST was never written
 
 
+async def test_a_peer_that_speaks_first_is_never_the_answer_and_nothing_is_written(
+    tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fresh connection's peer sends ``201 Created`` as soon as it accepts and never reads.
+    Those bytes predate the request: it is not written and the 201 is no result -- taken as
+    the answer, the call was ``committed`` while the server had parsed no request at all.  The
+    record holds DISPATCH_STARTED, so the outcome is ``unknown``."""
+    unsolicited = b'HTTP/1.1 201 Created\r\nContent-Length: 13\r\n\r\n{"id":"fake"}'
+
+    async def script(peer: Peer) -> None:
+        await peer.send_raw(unsolicited)
+        peer.server.event("sent").set()
+        await peer.read_request()
+        await trio.sleep(1)
+
+    async with HostileServer.running(script) as srv:
+        async with open_broker(_cfg(tmp_path, srv.url)) as broker:
+            original = broker.journal.append
+
+            async def append(event: Any, **kw: Any) -> Any:
+                stored = await original(event, **kw)
+                if event.kind is E.DISPATCH_STARTED:
+                    await srv.event("sent").wait()
+                    await trio.sleep(0.05)  # the bytes reach the client's socket
+                return stored
+
+            monkeypatch.setattr(broker.journal, "append", append)
+            with trio.fail_after(LIMIT):
+                env = await broker.call(POST)
+            assert_error(
+                broker,
+                env,
+                phase="remote_execution",
+                outcome="unknown",
+                retry="reconcile",
+                code="REMOTE_OUTCOME_UNKNOWN",
+            )
+            assert "result" not in env and "fake" not in repr(env)
+        assert srv.requests == []  # the POST was never written
+
+
 # -- idempotency -----------------------------------------------------------------------------
 
 
