@@ -51,6 +51,8 @@ __all__ = [
     "ABORT_EVENTS",
     "CONTENT_CODINGS",
     "HTTP_TABLE",
+    "MAX_INFORMATIONAL",
+    "MAX_INFORMATIONAL_BYTES",
     "FramingError",
     "HttpExchange",
     "Observation",
@@ -68,6 +70,16 @@ ABORT_EVENTS: Final = (
 """Ways an unfinished exchange ends early; all lead to ``closed_early`` (outcome decided by the
 last proven boundary, never by which of these it was).  ``result_size_limit``: the body grew past
 the target's ``max_result`` and the broker stopped reading it."""
+
+MAX_INFORMATIONAL: Final = 16
+"""Interim (1xx) responses one hop accepts before its final one; one more makes the exchange
+``malformed``.  RFC 9110 §15.2 sets no limit, but each costs a step of evidence and re-arms the
+read deadline, so a peer sending them without end would grow both until the target's total
+timeout.  Go's net/http stops at 5; a few more leave room for ``102 Processing`` repeated during
+a long operation and ``103 Early Hints`` before the answer."""
+MAX_INFORMATIONAL_BYTES: Final = 64 * 1024
+"""Bytes of one hop's interim (1xx) heads together; past it the exchange is ``malformed``.  h11
+bounds each head alone (16 KiB, ``max_incomplete_event_size``), the final one included."""
 
 CONTENT_CODINGS: Final = frozenset({"gzip", "x-gzip", "deflate", "identity"})
 """Content codings (RFC 9110 §8.4.1) named as themselves in ``content_coding``; any other is
@@ -335,6 +347,10 @@ class HttpExchange:
     held: bool = False
     """``receive(piecewise=True)`` stopped after a body piece: h11 may hold more events
     (``more``)."""
+    interim_refused: bool = False
+    """The interim (1xx) responses passed ``MAX_INFORMATIONAL`` or ``MAX_INFORMATIONAL_BYTES``:
+    the exchange ended ``malformed`` with no final head parsed, and the bytes left unparsed are
+    no sign of one (``response_started``)."""
 
     # -- setup --------------------------------------------------------------------------------
 
@@ -455,6 +471,7 @@ class HttpExchange:
             # h11 makes these classes themselves, never subclasses; anything else is refused
             # below as it was.
             if type(ev) is h11.InformationalResponse:
+                self._bound_interim(out)
                 self.informational_seen.append(ev.status_code)
                 step = self.machine.fire("informational")
                 # Its fields ride along (no ``status``: not the final head) for ``head_echoed``.
@@ -531,6 +548,20 @@ class HttpExchange:
             else:  # pragma: no cover - h11 emits no other client-side events
                 raise FramingError(f"unexpected h11 event {type(ev).__name__}", out)
 
+    def _bound_interim(self, out: list[Observation]) -> None:
+        """Refuse an interim response past ``MAX_INFORMATIONAL``, or interim heads past
+        ``MAX_INFORMATIONAL_BYTES`` (the bytes h11 has parsed so far: every one of them was a
+        1xx head, no final one has come)."""
+        if len(self.informational_seen) >= MAX_INFORMATIONAL:
+            reason = f"more than {MAX_INFORMATIONAL} informational (1xx) responses"
+        elif self.bytes_received - len(self.conn.trailing_data[0]) > MAX_INFORMATIONAL_BYTES:
+            reason = f"informational (1xx) heads past {MAX_INFORMATIONAL_BYTES} bytes"
+        else:
+            return
+        self.interim_refused = True
+        self._fire_abort(out, "malformed")
+        raise FramingError(reason, out)
+
     def abort(self, event: str, facts: Mapping[str, Any] | None = None) -> Observation | None:
         """Record an early end (timeout, reset, cancellation) if the exchange is unfinished."""
         if not self.machine.allows(event):
@@ -543,7 +574,7 @@ class HttpExchange:
         withheld (``received_withheld``) when the head echoed a secret (``head_echoed``)."""
         facts: dict[str, Any] = {
             "response_bytes": self.bytes_received,
-            "final_response_started": self.final_response_started or self._pending(),
+            "final_response_started": self.response_started,
             "informational": list(self.informational_seen),
             "body_bytes": self.body_bytes_received,
         }
@@ -562,7 +593,7 @@ class HttpExchange:
         """Did any byte of a *final* response arrive (parsed or still buffered)?  Decides
         REMOTE_RESULT_INCOMPLETE (a result was cut) versus REMOTE_OUTCOME_UNKNOWN (nothing of a
         result arrived)."""
-        return self.final_response_started or self._pending()
+        return self.final_response_started or (self._pending() and not self.interim_refused)
 
     @property
     def reusable(self) -> bool:

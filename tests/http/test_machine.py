@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from affidavit.adapters.http import HTTP_TABLE, FramingError, HttpExchange
+from affidavit.adapters.http.machine import MAX_INFORMATIONAL, MAX_INFORMATIONAL_BYTES
 from affidavit.statemachine import ProtocolMachine, ProtocolViolation, registered
 from tests.statemachine.lifecycle_helpers import protocol_paths, protocol_walks
 
@@ -136,6 +137,45 @@ def test_informational_response_does_not_complete() -> None:
     assert [o.step.event for o in obs] == ["informational"]
     assert not m.complete and ex.informational_seen == [103]
     assert not ex.response_started
+
+
+def test_interim_responses_past_the_bound_are_malformed_not_a_started_result() -> None:
+    """``MAX_INFORMATIONAL`` 1xx answers pass; the next makes the exchange malformed.  No final
+    head was parsed: the flood still unparsed is no sign of one (``response_started``), and the
+    statuses kept are the bound's number -- however many the peer sent in the same read."""
+    m, ex = _exchange()
+    _send_get(m, ex)
+    head = b"HTTP/1.1 102 Processing\r\n\r\n"
+    with pytest.raises(FramingError) as info:
+        ex.receive(head * (MAX_INFORMATIONAL + 50))
+    assert m.history[-1].event == "malformed" and m.state == "closed_early"
+    assert ex.informational_seen == [102] * MAX_INFORMATIONAL
+    assert not ex.response_started and ex.progress()["final_response_started"] is False
+    assert str(info.value) == f"more than {MAX_INFORMATIONAL} informational (1xx) responses"
+
+
+def test_the_bound_number_of_interim_responses_still_reaches_the_final_one() -> None:
+    m, ex = _exchange()
+    _send_get(m, ex)
+    ex.receive(b"HTTP/1.1 102 Processing\r\n\r\n" * MAX_INFORMATIONAL)
+    ex.receive(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+    assert m.complete and ex.informational_seen == [102] * MAX_INFORMATIONAL
+
+
+def test_interim_heads_past_their_byte_bound_are_malformed() -> None:
+    """Few interim heads, each under h11's own 16 KiB, together past
+    ``MAX_INFORMATIONAL_BYTES``: the head that crosses it is refused."""
+    m, ex = _exchange()
+    _send_get(m, ex)
+    big = b"HTTP/1.1 103 Early Hints\r\nLink: <" + b"a" * 12_000 + b">\r\n\r\n"
+    crossing = MAX_INFORMATIONAL_BYTES // len(big) + 1
+    assert crossing < MAX_INFORMATIONAL
+    with pytest.raises(FramingError) as info:
+        for _ in range(crossing):
+            ex.receive(big)
+    assert ex.informational_seen == [103] * (crossing - 1)
+    assert m.state == "closed_early" and not ex.response_started
+    assert "heads past" in str(info.value)
 
 
 def test_close_before_any_response_is_not_a_cut_result() -> None:
