@@ -169,8 +169,13 @@ class EventKind(StrEnum):
     # --- diagnostics ---------------------------------------------------------------------
     PROTOCOL_OBSERVED = "PROTOCOL_OBSERVED"
     """A protocol machine's fine-grained step (e.g. http.informational, ssh.exec_accepted).
-    attrs: protocol, state, plus facts; generation, when an attempt observed it.  Improves the
-    evidence, never changes the outcome."""
+    attrs: protocol, state, plus facts; generation, when an attempt observed it.  The facts'
+    `path` lists the states the machine went through, a run of one state repeated once (a
+    self-loop: every body piece is a `body` step), with `path_repeats` [index in `path`, steps in
+    that run] for each run that repeats; past 64 runs only the first and the last 32 are listed,
+    and `path_left_out` {after: index in `path`, runs, steps} counts what came between
+    `path[after - 1]` and `path[after]` (affidavit/engine/steps.py).  Improves the evidence,
+    never changes the outcome."""
 
 
 BARRIER_KINDS: frozenset[EventKind] = frozenset(

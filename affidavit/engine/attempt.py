@@ -48,6 +48,7 @@ from .approval import Grant, approval_now
 from .control import CallControl
 from .echoed import without_received_counts, without_received_size
 from .sink import StreamSink
+from .steps import StepPath
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -139,7 +140,9 @@ class Attempt:
     hops: int = 0
     milestones_seen: set[str] = field(default_factory=set)
     pending: list[Event] = field(default_factory=list)
-    steps: list[str] = field(default_factory=list)
+    steps: StepPath = field(default_factory=StepPath)
+    """The states the protocol machine went through: run-length encoded and bounded (a peer
+    decides how many steps a call takes: ``steps.py``)."""
     facts: dict[str, Any] = field(default_factory=dict)
 
 
@@ -701,7 +704,7 @@ def observed_events(attempt: Attempt, *, withhold: bool = True) -> list[tuple[Ev
         # Facts carry remote-controlled strings (response header names, a redirect's origin).
         # ``_jsonable`` inline: a call per fact (~15 per call) was most of the filter (issue 15).
         facts = attempt.scrub({k: v for k, v in attempt.facts.items() if isinstance(v, _JSONABLE)})
-        facts["path"] = attempt.steps
+        facts.update(attempt.steps.facts())  # the table's own state names and counts
         summary = {
             "protocol": attempt.machine.table.name,
             "state": attempt.machine.state,

@@ -9,6 +9,7 @@ import pytest
 
 import affidavit.engine.attempt as attempt_mod
 from affidavit.adapters.http.machine import HTTP_TABLE
+from affidavit.engine.steps import StepPath
 from affidavit.statemachine import EventKind
 from affidavit.statemachine.protocol import Step
 
@@ -16,7 +17,7 @@ from affidavit.statemachine.protocol import Step
 def _attempt(table: object) -> SimpleNamespace:
     return SimpleNamespace(
         machine=SimpleNamespace(table=table),
-        steps=[],
+        steps=StepPath(),
         facts={},
         milestones_seen=set(),
         dispatch_recorded=True,
@@ -57,7 +58,7 @@ def test_the_protocol_summary_keeps_the_json_facts_without_a_call_per_fact(
 
     monkeypatch.setattr(attempt_mod, "_jsonable", no_call)
     attempt = _attempt(HTTP_TABLE)
-    attempt.steps = ["headers_sent"]
+    attempt.steps.append("headers_sent")
     attempt.machine.state = "headers_sent"
     attempt.facts = {"a": "x", "b": 1, "c": None, "d": [1], "e": {"f": 2}, "g": (1,), "h": b"x"}
     attempt.scrub = lambda value: value

@@ -1,0 +1,67 @@
+"""The protocol summary's path is run-length encoded and bounded, and still accounts for every
+step (affidavit/engine/steps.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from affidavit.engine.steps import HEAD_RUNS, TAIL_RUNS, StepPath
+
+
+def _path(states: list[str]) -> dict[str, Any]:
+    p = StepPath()
+    for s in states:
+        p.append(s)
+    return p.facts()
+
+
+def test_a_path_without_repeats_reads_as_the_list_of_states() -> None:
+    states = ["idle", "dns_resolved", "tcp_connected", "headers_sent", "framing_complete"]
+    assert _path(states) == {"path": states}
+    assert not StepPath()
+
+
+def test_a_self_loop_is_one_entry_with_its_count() -> None:
+    facts = _path(["headers_sent", "body_sent", "response_headers", *["body"] * 200_000, "end"])
+    assert facts == {
+        "path": ["headers_sent", "body_sent", "response_headers", "body", "end"],
+        "path_repeats": [[3, 200_000]],
+    }
+
+
+def test_past_the_bound_the_first_and_last_runs_are_kept_and_the_rest_counted() -> None:
+    """SSH's stdout and stderr chunks alternating: no run repeats, every step a new run."""
+    states = ["exec_accepted", *["stdout", "stderr"] * 10_000, "stdout", "closed"]
+    facts = _path(states)
+    path = facts["path"]
+    assert len(path) == HEAD_RUNS + TAIL_RUNS
+    assert path[:HEAD_RUNS] == states[:HEAD_RUNS] and path[HEAD_RUNS:] == states[-TAIL_RUNS:]
+    left = len(states) - HEAD_RUNS - TAIL_RUNS
+    assert facts["path_left_out"] == {"after": HEAD_RUNS, "runs": left, "steps": left}
+
+
+STATES = st.sampled_from(["a", "b", "c"])
+
+
+@given(st.one_of(st.lists(STATES, max_size=60), st.lists(STATES, min_size=150, max_size=400)))
+def test_every_step_is_listed_counted_in_a_run_or_left_out(states: list[str]) -> None:
+    facts = _path(states)
+    counts = [1] * len(facts["path"])
+    for i, n in facts.get("path_repeats", []):
+        assert n > 1
+        counts[i] = n
+    left = facts.get("path_left_out", {"runs": 0, "steps": 0})
+    assert sum(counts) + left["steps"] == len(states)
+    assert len(facts["path"]) <= HEAD_RUNS + TAIL_RUNS
+    # Expanded, the kept runs are the start and the end of what happened.
+    expanded = [s for s, n in zip(facts["path"], counts, strict=True) for _ in range(n)]
+    if not left["runs"]:
+        assert expanded == states
+    else:
+        after = facts["path_left_out"]["after"]
+        head = sum(counts[:after])
+        assert expanded[:head] == states[:head]
+        assert expanded[head:] == states[len(states) - (len(expanded) - head) :]
