@@ -57,7 +57,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     import trio
 
-    from affidavit.config import ConfigError, console_address, load_config
+    from affidavit.config import ConfigError, console_address, load_config, served_through_tls
     from affidavit.daemon import DaemonError, serve
     from affidavit.journal import JournalError
 
@@ -76,6 +76,7 @@ def _serve(args: argparse.Namespace) -> int:
     if args.console is not None:
         try:
             console = console_address(args.console, config.service.console_allow_remote)
+            served_through_tls(console[0], config.service.console_public_origin)
         except ValueError as exc:
             raise refusal(str(exc), "INVALID_FIELD", "--console") from None
     from affidavit.engine import tune_collector

@@ -16,7 +16,7 @@ from affidavit.schema import (
     trust_anchors,
 )
 
-from .address import console_address, console_origin, is_loopback
+from .address import console_address, console_origin, is_loopback, served_through_tls
 from .loader import (
     CONFIG_ENV,
     DEFAULT_CONFIG,
@@ -51,6 +51,7 @@ __all__ = [
     "result_limit",
     "sample_config",
     "send_windows",
+    "served_through_tls",
     "snapshot",
     "snapshot_hash",
     "trust_anchors",

@@ -2,15 +2,22 @@
 
 Read where it is given -- ``[service] console`` (a config error at that field) and
 ``affidavit serve --console`` (a usage error) -- by this one function.  The console is an
-operator channel over plain HTTP: on any other address its login links and session cookies
-would cross a network (docs/console.md, "Security model")."""
+operator channel over plain HTTP: on any other address its login links, session cookies and
+CSRF tokens would cross a network in clear, so there it is served only behind a TLS proxy
+(``served_through_tls``; docs/console.md, "Security model")."""
 
 from __future__ import annotations
 
 import ipaddress
 from urllib.parse import urlsplit
 
-__all__ = ["console_address", "console_origin", "is_loopback", "public_origin"]
+__all__ = [
+    "console_address",
+    "console_origin",
+    "is_loopback",
+    "public_origin",
+    "served_through_tls",
+]
 
 
 def is_loopback(host: str) -> bool:
@@ -42,6 +49,21 @@ def console_address(text: str, allow_remote: bool = False) -> tuple[str, int]:
             "only, unless [service] console_allow_remote = true (then put TLS in front of it)"
         )
     return host, int(port_text)
+
+
+def served_through_tls(host: str, public: str | None) -> None:
+    """``ValueError`` unless a console bound to ``host`` is on loopback or is served through
+    TLS: its public origin (``[service] console_public_origin``) ``https://``.  Over plain HTTP
+    to the network a sniffer on the way reads the login link, the session cookie (not
+    ``Secure``) and the CSRF token -- and approves requests with them."""
+    if is_loopback(host) or (public or "").startswith("https://"):
+        return
+    raise ValueError(
+        f"{host} is not a loopback address and the console speaks plain HTTP: serve it "
+        "through a TLS proxy and set [service] console_public_origin to its https:// origin "
+        f"(got {'none' if public is None else repr(public)}), or bind it to loopback and use "
+        "an SSH tunnel"
+    )
 
 
 def console_origin(host: str, port: int) -> str:

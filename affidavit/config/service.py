@@ -14,7 +14,7 @@ from pathlib import Path
 
 from affidavit.schema import Field, Read, Schema, parse_duration
 
-from .address import console_address, is_loopback, public_origin
+from .address import console_address, is_loopback, public_origin, served_through_tls
 
 __all__ = ["MIN_SHARED_LEASE_MARGIN", "SERVICE", "ServiceConfig"]
 
@@ -107,12 +107,14 @@ def _console(r: Read) -> tuple[str, int] | None:
 
 
 def _public_origin(r: Read) -> str | None:
-    if r.raw() is None:
-        return None
+    console = r.values["console"]
     try:
-        return public_origin(r.string(max_len=300))
+        origin = None if r.raw() is None else public_origin(r.string(max_len=300))
+        if console is not None:
+            served_through_tls(console[0], origin)  # a remote console: through TLS only
     except ValueError as exc:
         raise r.error(str(exc)) from None
+    return origin
 
 
 def _proxy_user(r: Read) -> int | None:
@@ -229,7 +231,8 @@ SERVICE = Schema(
             "console_allow_remote",
             Read.boolean,
             default=False,
-            doc="let `console` name an address other than loopback (put TLS in front of it)",
+            doc="let `console` name an address other than loopback (served only through a TLS "
+            "proxy: needs an `https://` `console_public_origin`)",
         ),
         Field(
             "console",
@@ -247,7 +250,7 @@ SERVICE = Schema(
             doc='the console\'s origin behind a TLS proxy (`"https://console.example:8443"`): '
             "its pages are accepted under that name too (declare `console_proxy_user` too, "
             "or direct connections to the loopback listener are not owner-checked: see "
-            "[console](console.md))",
+            "[console](console.md)); required, and `https://`, for a non-loopback `console`",
         ),
         Field(
             "console_proxy_user",

@@ -60,7 +60,7 @@ from hypercorn.typing import ConnectionState
 
 from affidavit.api.broker import Broker
 from affidavit.approvals import Operator, OperatorPolicy
-from affidavit.config import Config, console_origin, is_loopback
+from affidavit.config import Config, console_origin, is_loopback, served_through_tls
 from affidavit.console import Console, TokenStore, token_dir
 from affidavit.engine import EngineSettings
 from affidavit.journal import Exposure, JournalError
@@ -260,6 +260,13 @@ class Daemon:
                 f"[service] console_proxy_user applies to a loopback console only, not "
                 f"{self.console_address[0]}: a peer on another machine cannot be identified"
             )
+        if self.console_address is not None:  # (``serve(console=...)``: not the config's)
+            try:
+                served_through_tls(
+                    self.console_address[0], self.config.service.console_public_origin
+                )
+            except ValueError as exc:
+                raise DaemonError(f"console: {exc}") from None
         self._lock = lock = claim_socket_path(self.socket_path)
         try:
             with serving():  # its files' warnings: root here is the broker (journal.exposure)

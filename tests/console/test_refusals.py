@@ -213,9 +213,9 @@ def test_a_non_loopback_console_needs_an_explicit_setting(tmp_path: Path) -> Non
     for address in ("127.0.0.1:8470", "[::1]:8470", "localhost:0"):
         loaded = config_from_dict({**base, "service": {"console": address}}, base_dir=tmp_path)
         assert loaded.service.console is not None
+    remote = {"console_allow_remote": True, "console_public_origin": "https://console.example"}
     allowed = config_from_dict(
-        {**base, "service": {"console": "0.0.0.0:8470", "console_allow_remote": True}},
-        base_dir=tmp_path,
+        {**base, "service": {"console": "0.0.0.0:8470", **remote}}, base_dir=tmp_path
     )
     assert allowed.service.console == ("0.0.0.0", 8470)
 

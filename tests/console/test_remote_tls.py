@@ -1,0 +1,90 @@
+"""A console bound beyond loopback is served only through TLS (docs/console.md, "Security
+model"): over plain HTTP to the network a sniffer reads the login link, the session cookie and
+the CSRF token, and approves requests with them.  So a non-loopback ``console`` needs an
+``https://`` ``console_public_origin`` -- refused otherwise, in the config (at that field), on
+``affidavit serve --console`` (exit 2, at the flag) and when the daemon is started with one."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from affidavit.config import ConfigError, config_from_dict
+from affidavit.daemon import Daemon, DaemonError
+from tests.daemon.kit import run, write_daemon_config
+from tests.external import free_port
+
+REMOTE = ("0.0.0.0:8470", "192.0.2.1:8470", "[::]:8470", "[2001:db8::1]:8470")
+
+
+def _load(tmp_path: Path, **service: Any) -> Any:
+    base = {"journal": {"path": str(tmp_path / "j.db")}}
+    return config_from_dict({**base, "service": service}, base_dir=tmp_path)
+
+
+@pytest.mark.parametrize("address", REMOTE)
+@pytest.mark.parametrize("public", [None, "http://console.example", "http://192.0.2.1:8470"])
+def test_a_remote_console_without_an_https_public_origin_is_a_config_error(
+    tmp_path: Path, address: str, public: str | None
+) -> None:
+    settings = {"console": address, "console_allow_remote": True}
+    if public is not None:
+        settings["console_public_origin"] = public
+    with pytest.raises(ConfigError) as info:
+        _load(tmp_path, **settings)
+    assert info.value.code == "CONFIG_INVALID"
+    assert info.value.field == "service.console_public_origin"
+    assert "https://" in info.value.message and "plain HTTP" in info.value.message
+
+
+@pytest.mark.parametrize("address", REMOTE)
+def test_a_remote_console_behind_an_https_origin_is_accepted(tmp_path: Path, address: str) -> None:
+    public = "https://Console.Example:8443"
+    loaded = _load(
+        tmp_path, console=address, console_allow_remote=True, console_public_origin=public
+    )
+    assert loaded.service.console is not None
+    assert loaded.service.console_public_origin == "https://console.example:8443"
+
+
+def test_a_loopback_console_still_takes_plain_http_and_an_http_public_origin(
+    tmp_path: Path,
+) -> None:
+    assert _load(tmp_path, console="127.0.0.1:8470").service.console == ("127.0.0.1", 8470)
+    for public in ("http://console.example", "https://console.example"):
+        loaded = _load(tmp_path, console="[::1]:8470", console_public_origin=public)
+        assert loaded.service.console_public_origin == public
+
+
+async def test_serve_refuses_a_remote_console_flag_without_an_https_origin(
+    tmp_path: Path,
+) -> None:
+    for n, public in enumerate((None, "http://console.example")):
+        service = {"console_allow_remote": True}
+        if public is not None:
+            service["console_public_origin"] = public
+        where = tmp_path / str(n)
+        where.mkdir()
+        config = write_daemon_config(where, {}, socket=where / "s.sock", service=service)
+        flag = f"0.0.0.0:{free_port()}"
+        done = await run(
+            [sys.executable, "-m", "affidavit", "serve", "--config", str(config), "--console", flag]
+        )
+        assert done.returncode == 2, done.stderr
+        assert b"INVALID_FIELD" in done.stderr and b"--console" in done.stderr
+        assert b"plain HTTP" in done.stderr and b"Traceback" not in done.stderr
+        assert not (where / "s.sock").exists()
+
+
+async def test_the_daemon_refuses_a_remote_console_given_to_it_without_tls(
+    tmp_path: Path,
+) -> None:
+    """``serve(config, console=...)`` (the config's address was checked when it was loaded;
+    this one was not): refused before the socket or the journal is touched."""
+    config = _load(tmp_path, socket=str(tmp_path / "s.sock"))
+    with pytest.raises(DaemonError, match="plain HTTP"):
+        await Daemon(config, console=("192.0.2.1", 8470)).run()
+    assert not (tmp_path / "s.sock").exists() and not (tmp_path / "j.db").exists()
