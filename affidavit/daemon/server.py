@@ -26,8 +26,9 @@ Life of the daemon:
    ASGI machinery cost as much CPU per request as the broker's work).
    With ``--console HOST:PORT`` (or ``[service] console``) the operator console
    (``affidavit.console``, docs/console.md) is served on that TCP address too -- loopback unless
-   ``console_allow_remote`` -- by hypercorn, per connection (``TCPServer``): the console is a
-   full ASGI app; its users are operators logged in with a one-time token, never socket peers.
+   ``console_allow_remote``, and then only through TLS -- by hypercorn, per connection
+   (``TCPServer``), HTTP/1.1 only (``_H11Only``: never h2c): the console is a full ASGI
+   app; its users are operators logged in with a one-time token, never socket peers.
    Its port is open to every local uid, so its connections are capped too (``ConsoleCap``,
    admission.py), and one that has not sent a whole request head within ``CONSOLE_HEAD_WAIT``
    of opening (or of its last answer) is closed: a flood of them can neither take the
@@ -40,6 +41,7 @@ Life of the daemon:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import resource
@@ -49,11 +51,13 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
+import h11
 import trio
 from hypercorn.app_wrappers import ASGIWrapper
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.events import Event as HypercornEvent
 from hypercorn.events import Updated
+from hypercorn.protocol.h11 import H11Protocol
 from hypercorn.trio.tcp_server import TCPServer
 from hypercorn.trio.worker_context import WorkerContext
 from hypercorn.typing import ConnectionState
@@ -440,8 +444,30 @@ class Daemon:
             self.shutdown.set()
 
 
+class _H2Refused(Exception):
+    """A console request asked for HTTP/2 (``_H11Only``): answered 400, the connection ends."""
+
+
+class _H11Only(H11Protocol):
+    """hypercorn's HTTP/1.1, never switching to HTTP/2 in clear (h2c).
+
+    hypercorn (0.18) has no setting for it: a request ``PRI * HTTP/2.0`` (the prior-knowledge
+    preface, RFC 9113 §3.3) or one with ``Upgrade: h2c`` (RFC 7540 §3.2) turns the connection
+    into HTTP/2, where ``h11_max_incomplete_size`` (``CONSOLE_MAX_HEAD``) bounds no header
+    block and one connection -- ``ConsoleCap``'s unit -- carries many requests at once.  No
+    browser speaks h2c: either is answered 400 (``connection: close``) and the connection ends,
+    before the application sees it."""
+
+    async def _check_protocol(self, event: h11.Request) -> None:
+        upgrade = [v for n, v in event.headers if n.lower() == b"upgrade"]
+        if event.http_version == b"2.0" or any(b"h2c" in v.lower() for v in upgrade):
+            await self._send_error_response(400)
+            raise _H2Refused
+
+
 class _ConsoleServer(TCPServer):
-    """hypercorn's connection, except that one its client has closed is let go at once.
+    """hypercorn's connection, except that it speaks HTTP/1.1 only (``_H11Only``), and that
+    one its client has closed is let go at once.
 
     hypercorn (0.18, pinned) keeps an idle connection whose client sent its end -- its
     descriptor, and its place under ``ConsoleCap`` -- until ``keep_alive_timeout`` runs out:
@@ -453,7 +479,13 @@ class _ConsoleServer(TCPServer):
     _ended = False
 
     async def _read_data(self) -> None:
-        await super()._read_data()
+        # (``run`` made the connection's HTTP/1.1 protocol, not yet fed a byte: replaced.)
+        w = self.protocol
+        w.protocol = _H11Only(
+            w.app, w.config, w.context, w.task_group, w.state, w.ssl, w.client, w.server, w.send
+        )
+        with contextlib.suppress(_H2Refused):  # (answered; ``run`` closes the connection)
+            await super()._read_data()
         self._ended = True
         await self.idle_task.stop()
 
