@@ -38,7 +38,11 @@ Headers on every answer (docs/console.md, "Security model"): a strict Content-Se
 DENY, ``Referrer-Policy: same-origin`` -- not ``no-referrer``, under which browsers send
 ``Origin: null`` with a form POST and the origin check could not tell the console from a
 stranger; same-origin still sends nothing to another site -- nosniff, and ``Cache-Control:
-no-store`` on everything that is not a static file.
+no-store`` on everything that is not a static file, and ``Cross-Origin-Resource-Policy:
+same-origin`` (no other origin's page may embed an answer: a port of 127.0.0.1 is another).
+A request another site's page made (``Sec-Fetch-Site`` ``same-site`` or ``cross-site``) is
+refused, 403, unless it is a top-level navigation GET; only a request that passed every check
+restarts the session's idle clock.
 
 This module is the console's front door: routing, the Host, session, peer, origin and CSRF
 checks, static files and the login.  The pages and decisions it routes to are ``handlers.py``
@@ -205,12 +209,18 @@ class Console(Handlers):
         if path == "/login" and method == "POST":
             return await self._login(req)
         req.session = self._session(req)
+        _same_site_or_navigation(req)
         if method == "POST":
             form = await self._checked_form(req)  # 403 before anything else is looked at
         elif method != "GET":
             raise Refused(405, f"{method} is not used here")
         elif req.session is None:
             return await req.redirect("/login")
+        # Only now is the request the operator's: it restarts the idle clock -- a refused one
+        # (a stranger's, a hostile page's 403'd post or image) never does, nor does a live
+        # page's own reload (``AUTO``): nobody is at it.
+        if not (method == "GET" and req.query.get(AUTO) == "1"):
+            self.sessions.touch(req.session)  # type: ignore[arg-type]
         if path in ("/", "/approvals") and method == "GET":
             return await self._approvals(req)
         if path == "/actions" and method == "GET":
@@ -274,12 +284,7 @@ class Console(Handlers):
         else:
             session = live[0]
         self._require_peer(req, session.operator, "a session cookie")
-        # The operator's request restarts the idle clock -- a stranger's refused one does not
-        # (an agent holding the cookie would otherwise keep it alive), nor does a live page's
-        # own reload (``AUTO``): nobody is at it.
-        if not (req.method == "GET" and req.query.get(AUTO) == "1"):
-            self.sessions.touch(session)
-        return session
+        return session  # (not touched: the request may yet be refused -- ``_route``)
 
     def _require_peer(self, req: Request, operator: Operator, what: str) -> None:
         if not self.check_peer or req.via_proxy:
@@ -346,6 +351,25 @@ class Console(Handlers):
         page = self._render("welcome.html", req)
         cookie = _cookie(req.session.id, secure=self.secure_cookie)
         await req.answer(200, page, headers=[(b"set-cookie", cookie)])
+
+
+def _same_site_or_navigation(req: Request) -> None:
+    """403 for a request another site's page made (``Sec-Fetch-Site``, Fetch Metadata: a
+    browser sends it and a page cannot forge it) unless it is a top-level navigation GET -- a
+    link the operator followed.  ``same-site`` counts too: a page an agent serves on another
+    port of 127.0.0.1 is the same site (a site ignores ports), and its ``<img>`` or form would
+    otherwise reach the console with the operator's cookie and keep the session alive.  A
+    request without the header (not a browser's, or an old one) is left to the other checks."""
+    site = req.headers.get("sec-fetch-site")
+    if site not in ("same-site", "cross-site"):
+        return
+    navigation = (
+        req.headers.get("sec-fetch-mode") == "navigate"
+        and req.headers.get("sec-fetch-dest") == "document"
+    )
+    if req.method == "GET" and navigation:
+        return
+    raise Refused(403, "refused: another site's page made this request; nothing done")
 
 
 def _when(at: Any) -> str:

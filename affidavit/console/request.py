@@ -148,6 +148,7 @@ class Request:
             (b"x-frame-options", b"DENY"),
             (b"referrer-policy", b"same-origin"),
             (b"x-content-type-options", b"nosniff"),
+            (b"cross-origin-resource-policy", b"same-origin"),
             (b"cache-control", cache),
             *(headers or []),
         ]

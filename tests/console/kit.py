@@ -263,9 +263,13 @@ async def csrf_of(origin: str, cookie: str) -> str:
     return m.group(1).decode()
 
 
-async def get(url: str, *, cookie: str | None = None) -> tuple[int, dict[str, str], bytes]:
+async def get(
+    url: str, *, cookie: str | None = None, headers: dict[str, str] | None = None
+) -> tuple[int, dict[str, str], bytes]:
     """A plain GET (no redirect followed): (status, headers lower-cased, body)."""
-    return await _request("GET", url, None, {"Cookie": cookie} if cookie else {})
+    return await _request(
+        "GET", url, None, {**({"Cookie": cookie} if cookie else {}), **(headers or {})}
+    )
 
 
 async def post(

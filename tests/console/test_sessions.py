@@ -131,6 +131,86 @@ async def test_a_stranger_s_refused_request_does_not_keep_the_session_alive(
         assert (status, headers["location"]) == (303, "/login")
 
 
+FETCHED_BY = {
+    "an image": {
+        "Sec-Fetch-Site": "same-site",
+        "Sec-Fetch-Mode": "no-cors",
+        "Sec-Fetch-Dest": "image",
+    },
+    "a script's fetch": {
+        "Sec-Fetch-Site": "cross-site",
+        "Sec-Fetch-Mode": "cors",
+        "Sec-Fetch-Dest": "empty",
+    },
+    "a frame": {
+        "Sec-Fetch-Site": "same-site",
+        "Sec-Fetch-Mode": "navigate",
+        "Sec-Fetch-Dest": "iframe",
+    },
+}
+"""Requests a page on another port of 127.0.0.1 (the same site) or another site makes with the
+operator's cookie, as the browser labels them (Fetch Metadata)."""
+
+
+async def test_a_request_refused_after_its_session_was_found_does_not_keep_it_alive(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The operator's browser, on a hostile page of another loopback port, sends the console
+    the session cookie with that page's posts (their Origin or CSRF token wrong: 403) and its
+    images: refused, and none of them restarts the idle clock -- else the page could keep the
+    session alive forever."""
+    path = operator_config(tmp_path, monkeypatch, {"pay": http_target("http://127.0.0.1:9")})
+    async with open_broker(path) as b, served(b, tmp_path) as (origin, console):
+        cookie, csrf = await log_in_to(console, origin)
+        session = console.sessions.get(cookie.split("=", 1)[1], used=False)
+        assert session is not None
+        session.last_seen -= IDLE_TTL - 60
+        idle_since = session.last_seen
+        other = origin.rsplit(":", 1)[0] + ":9"  # the attacker's page: another port
+        for form, origin_header in (
+            ({"csrf": csrf}, other),
+            ({"csrf": "forged"}, origin),
+            ({}, origin),
+        ):
+            headers = {"Origin": origin_header, "Cookie": cookie}
+            status, _, _ = await post(f"{origin}/journal/verify", form, headers)
+            assert status == 403, (form, origin_header)
+            assert session.last_seen == idle_since, (form, origin_header)
+        for what, fetch in FETCHED_BY.items():
+            status, headers, _ = await get(f"{origin}/approvals", cookie=cookie, headers=fetch)
+            assert status == 403, what
+            assert headers["cross-origin-resource-policy"] == "same-origin"
+            assert session.last_seen == idle_since, what
+        # ... so it ends after the idle time, whatever that page sent.
+        session.last_seen -= 61
+        status, headers, _ = await get(f"{origin}/approvals", cookie=cookie)
+        assert (status, headers["location"]) == (303, "/login")
+
+
+async def test_a_link_the_operator_follows_from_another_site_is_served(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A top-level navigation GET from another site (a link in a chat, a ticket) is the
+    operator's: served, and it restarts the idle clock; so does a same-origin request."""
+    path = operator_config(tmp_path, monkeypatch, {"pay": http_target("http://127.0.0.1:9")})
+    async with open_broker(path) as b, served(b, tmp_path) as (origin, console):
+        cookie, _ = await log_in_to(console, origin)
+        session = console.sessions.get(cookie.split("=", 1)[1], used=False)
+        assert session is not None
+        for site in ("cross-site", "same-site", "same-origin", "none"):
+            fetch = {
+                "Sec-Fetch-Site": site,
+                "Sec-Fetch-Mode": "navigate",
+                "Sec-Fetch-Dest": "document",
+            }
+            session.last_seen -= IDLE_TTL - 60
+            idle_since = session.last_seen
+            status, headers, _ = await get(f"{origin}/approvals", cookie=cookie, headers=fetch)
+            assert status == 200, site
+            assert headers["cross-origin-resource-policy"] == "same-origin"
+            assert session.last_seen > idle_since, site
+
+
 async def test_the_list_pages_show_a_bounded_number_of_rows_whatever_an_agent_made(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
