@@ -73,7 +73,10 @@ def console_origin(host: str, port: int) -> str:
 
 def public_origin(text: str) -> str:
     """``[service] console_public_origin`` as browsers send it in ``Origin``: a scheme, a host
-    and perhaps a port -- no path, no user -- lower-cased; ``ValueError`` saying what to fix."""
+    and perhaps a port -- no path, no user -- lower-cased, without the scheme's default port
+    (a browser sends ``https://console.example`` for ``https://console.example:443``, and
+    ``Host: console.example``: kept, every form would be refused); ``ValueError`` saying what
+    to fix."""
     parts = urlsplit(text)
     try:
         port = parts.port
@@ -92,4 +95,7 @@ def public_origin(text: str) -> str:
             f'expected an origin such as "https://console.example:8443" (scheme, host, '
             f"optional port; no path), got {text!r}"
         )
-    return f"{parts.scheme}://{parts.netloc.lower()}"
+    host = parts.hostname  # lower-cased; an IPv6 address without its brackets
+    host = f"[{host}]" if ":" in host else host
+    default = {"http": 80, "https": 443}[parts.scheme]
+    return f"{parts.scheme}://{host}" + ("" if port in (None, default) else f":{port}")

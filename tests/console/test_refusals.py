@@ -293,15 +293,24 @@ async def test_another_host_name_is_refused_and_origins_are_the_console_s(
         assert await _events(world, iid) == before
 
 
-async def test_behind_a_tls_proxy_the_public_origin_is_accepted(tmp_path: Path, token: str) -> None:
+@pytest.mark.parametrize(
+    ("written", "sent"),
+    [
+        ("https://console.example:8443", "console.example:8443"),
+        ("https://console.example:443", "console.example"),  # as browsers send it
+    ],
+)
+async def test_behind_a_tls_proxy_the_public_origin_is_accepted(
+    tmp_path: Path, token: str, written: str, sent: str
+) -> None:
     """``[service] console_public_origin``: the login link names it, and forms posted from it
     are accepted (a proxy is the TCP peer there, so the peer check is off: docs/console.md)."""
-    public = {"console_public_origin": "https://console.example:8443"}
+    public = {"console_public_origin": written}
     async with console_world(tmp_path, token, service=public, wait="0s") as world:
         iid = (await world.call(dict(CHARGE)))["invocation_id"]
         url = (await cli(world.daemon, "console-url")).stdout.decode().strip()
-        assert url.startswith("https://console.example:8443/login?token=")
-        proxied = {"Origin": "https://console.example:8443", "Host": "console.example:8443"}
+        assert url.startswith(f"https://{sent}/login?token=")
+        proxied = {"Origin": f"https://{sent}", "Host": sent}
         status, headers, _ = await post(
             f"{world.origin}/login", {"token": url.split("=", 1)[1]}, proxied
         )
@@ -310,9 +319,7 @@ async def test_behind_a_tls_proxy_the_public_origin_is_accepted(tmp_path: Path, 
         # the public host (cookies ignore ports).
         assert "; Secure" in headers["set-cookie"], headers["set-cookie"]
         cookie = headers["set-cookie"].split(";")[0]
-        status, _, page = await _request_with_host(
-            world, "/approvals", "console.example:8443", cookie
-        )
+        status, _, page = await _request_with_host(world, "/approvals", sent, cookie)
         assert status == 200
         m = re.search(rb'name="csrf" value="([^"]+)"', page)
         assert m is not None
@@ -336,6 +343,26 @@ def test_a_public_origin_is_an_origin(tmp_path: Path) -> None:
         base_dir=tmp_path,
     )
     assert good.service.console_public_origin == "https://console.example:8443"
+
+
+def test_a_public_origin_is_written_as_browsers_send_it(tmp_path: Path) -> None:
+    """Without its scheme's default port: browsers send ``Origin: https://console.example``
+    (and ``Host: console.example``) for ``https://console.example:443`` -- kept, that port made
+    every form 403 and every page 421."""
+    base = {"journal": {"path": str(tmp_path / "j.db")}}
+    written = {
+        "https://Console.Example:443": "https://console.example",
+        "https://console.example:443/": "https://console.example",
+        "http://console.example:80": "http://console.example",
+        "https://[2001:DB8::1]:443": "https://[2001:db8::1]",
+        "https://console.example:80": "https://console.example:80",
+        "http://console.example:443": "http://console.example:443",
+        "https://[2001:db8::1]:8443": "https://[2001:db8::1]:8443",
+    }
+    for given, origin in written.items():
+        service = {"console_public_origin": given}
+        loaded = config_from_dict({**base, "service": service}, base_dir=tmp_path)
+        assert loaded.service.console_public_origin == origin, given
 
 
 async def test_an_embedded_link_goes_only_to_this_user_s_listener(tmp_path: Path) -> None:
