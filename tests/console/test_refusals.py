@@ -95,11 +95,15 @@ async def test_state_changes_need_the_session_csrf_token_and_the_origin(
         cookie, csrf = await _session(world)
         approve = f"{world.origin}/approvals/{iid}/approve"
         same = {"Origin": world.origin, "Cookie": cookie}
+        other_port = f"http://127.0.0.1:{free_port()}"
         for form, headers in (
             ({"note": "x"}, same),  # no token
             ({"csrf": "forged", "note": "x"}, same),
             ({"csrf": csrf[:-1], "note": "x"}, same),
             ({"csrf": csrf}, {"Origin": "http://evil.example", "Cookie": cookie}),
+            # The realistic attacker: a page an agent serves on another port of loopback.
+            ({"csrf": csrf}, {"Origin": other_port, "Cookie": cookie}),
+            ({"csrf": csrf}, {"Referer": f"{other_port}/approvals", "Cookie": cookie}),
             ({"csrf": csrf}, {"Cookie": cookie}),  # neither Origin nor Referer
             ({"csrf": csrf}, {"Origin": world.origin}),  # no session
         ):
@@ -116,7 +120,20 @@ async def test_state_changes_need_the_session_csrf_token_and_the_origin(
         referer = {"Referer": f"{world.origin}/approvals", "Cookie": cookie}
         status, headers, _ = await post(approve, {"csrf": csrf, "note": "ok"}, referer)
         assert (status, headers["location"]) == (303, "/approvals")
-        assert "APPROVAL_GRANTED" in await _events(world, iid)
+        me = {"uid": os.geteuid(), "via": "console"}
+        assert await _decided(world, iid, "APPROVAL_GRANTED") == (me, "ok")
+        # ... as is a denial.
+        denied = (await world.call(dict(CHARGE)))["invocation_id"]
+        deny = f"{world.origin}/approvals/{denied}/deny"
+        status, headers, _ = await post(deny, {"csrf": csrf, "note": "no"}, same)
+        assert (status, headers["location"]) == (303, "/approvals")
+        assert await _decided(world, denied, "APPROVAL_DENIED") == (me, "no")
+
+
+async def _decided(world: World, iid: str, kind: str) -> tuple[dict[str, object], str]:
+    """The one ``kind`` event of ``iid``: (its operator's uid and via, its note)."""
+    [attrs] = [e["attrs"] for e in (await world.record(iid))["events"] if e["kind"] == kind]
+    return {k: attrs["operator"][k] for k in ("uid", "via")}, attrs["note"]
 
 
 async def test_the_service_rules_decide_and_their_refusal_is_shown(
