@@ -63,7 +63,7 @@ import affidavit
 from affidavit.api.broker import Broker
 from affidavit.approvals import Operator
 from affidavit.journal import SessionSummary
-from affidavit.text import utc_time
+from affidavit.text import printable, utc_time
 from affidavit.views import metrics_key
 
 from .auth import Session, Sessions, TokenDirError, TokenStore
@@ -158,14 +158,20 @@ class Console(Handlers):
         try:
             await self._route(req)
         except Refused as exc:
-            page = self._render("error.html", req, message=exc.message, code=exc.code)
+            page = self._render(
+                "error.html", req, message=exc.message, code=exc.code, field=exc.field
+            )
             after = exc.retry_after
             retry = None if after is None else [(b"retry-after", b"%d" % after)]
             await req.answer(exc.status, page, headers=retry)
         except Exception:
             log.exception("console: %s %s failed", req.method, req.shown_path)
             page = self._render(
-                "error.html", req, message="the console failed; see its log", code=""
+                "error.html",
+                req,
+                message="the console failed; see its log",
+                code="CONSOLE_FAILED",
+                field=None,
             )
             await req.answer(500, page)
 
@@ -183,7 +189,7 @@ class Console(Handlers):
     async def _route(self, req: Request) -> None:
         path, method = req.path, req.method
         if req.headers.get("host") not in self.hosts:
-            raise Refused(421, "this console is not served under that name")
+            raise Refused(421, "this console is not served under that name", "HOST_REFUSED")
         if self.proxy_uid is not None:
             req.via_proxy = req.owner() == self.proxy_uid
             if req.via_proxy and req.headers.get("host") != self.public_host:
@@ -197,11 +203,13 @@ class Console(Handlers):
                     req.headers.get("host"),
                 )
                 raise Refused(
-                    421, "through the proxy this console is served only as its public origin"
+                    421,
+                    "through the proxy this console is served only as its public origin",
+                    "HOST_REFUSED",
                 )
         if req.repeated:  # one of its values would be dropped unseen
             message = f"{_shown(req.repeated[0], 'query')}: query parameter given twice"
-            raise Refused(400, message, "INVALID_FIELD")
+            raise Refused(400, message, "INVALID_FIELD", field=_shown(req.repeated[0], "query"))
         if path.startswith("/static/"):
             return await self._static(req, path.removeprefix("/static/"))
         if path == "/login" and method == "GET":
@@ -213,7 +221,9 @@ class Console(Handlers):
         if method == "POST":
             form = await self._checked_form(req)  # 403 before anything else is looked at
         elif method != "GET":
-            raise Refused(405, f"{method} is not used here")
+            raise Refused(
+                405, f"{_shown(method, 'this method')} is not used here", "METHOD_NOT_ALLOWED"
+            )
         elif req.session is None:
             return await req.redirect("/login")
         # Only now is the request the operator's: it restarts the idle clock -- a refused one
@@ -250,7 +260,7 @@ class Console(Handlers):
                 return await self._download(req, iid)
             if sub is None and method == "GET":
                 return await self._invocation(req, iid)
-        raise Refused(404, "no such page")
+        raise Refused(404, "no such page", "NOT_FOUND")
 
     def _session(self, req: Request) -> Session | None:
         """The request's session: alive, its operator still one, and (on loopback) the owner of
@@ -280,7 +290,8 @@ class Console(Handlers):
             session = next((s for s in live if s.operator.uid == owner), live[0])
         elif len(live) > 1:
             log.warning("console: refused %s %s: two session cookies", req.method, req.shown_path)
-            raise Refused(403, "refused: this request carries two console sessions; nothing done")
+            message = "refused: this request carries two console sessions; nothing done"
+            raise Refused(403, message, "SESSION_AMBIGUOUS")
         else:
             session = live[0]
         self._require_peer(req, session.operator, "a session cookie")
@@ -299,7 +310,8 @@ class Console(Handlers):
                 operator.uid,
                 "an unidentified peer" if uid is None else f"uid {uid}",
             )
-            raise Refused(403, "refused: this connection is not the operator's; nothing done")
+            message = "refused: this connection is not the operator's; nothing done"
+            raise Refused(403, message, "PEER_REFUSED")
 
     def _same_origin(self, req: Request) -> None:
         origin = req.headers.get("origin")
@@ -309,22 +321,25 @@ class Console(Handlers):
             origin = f"{parts.scheme}://{parts.netloc}" if parts else None
         allowed = {self.public_origin} if req.via_proxy else self.origins
         if origin not in allowed:
-            raise Refused(403, "refused: the request did not come from a console page")
+            message = "refused: the request did not come from a console page"
+            raise Refused(403, message, "ORIGIN_REFUSED")
 
     async def _checked_form(self, req: Request) -> dict[str, str]:
         """A POST's form, once its session, origin and CSRF token are proven; else 403."""
         if req.session is None:
-            raise Refused(403, "not logged in (ask for a link with `affidavit console-url`)")
+            message = "not logged in (ask for a link with `affidavit console-url`)"
+            raise Refused(403, message, "NOT_LOGGED_IN")
         self._same_origin(req)
         form = await req.form()
         if not req.session.csrf_ok(form.get("csrf")):
-            raise Refused(403, "refused: the form's CSRF token is missing or wrong; nothing done")
+            message = "refused: the form's CSRF token is missing or wrong; nothing done"
+            raise Refused(403, message, "CSRF_REFUSED", field="csrf")
         return form
 
     async def _static(self, req: Request, name: str) -> None:
         kind = STATIC.get(name)
         if kind is None or req.method != "GET":
-            raise Refused(404, "no such file")
+            raise Refused(404, "no such file", "NOT_FOUND")
         data = resources.files("affidavit.console").joinpath("static", name).read_bytes()
         await req.answer(200, data, kind, cache=b"max-age=300")
 
@@ -342,7 +357,11 @@ class Console(Handlers):
             # got hold of an operator's link is refused, and the link still works for them.
             who = self.tokens.redeem(token, lambda w: self._require_peer(req, w, "a login token"))
         except TokenDirError as exc:
-            raise Refused(500, str(exc)) from None
+            # Its path and owners are for the daemon's log, not for anyone posting /login.
+            log.error("console: login tokens unusable: %s", printable(str(exc)))
+            raise Refused(
+                500, "the console cannot read login tokens; see its log", "FILE_UNUSABLE"
+            ) from None
         if who is not None and not self.broker.operator_policy.is_operator(who):
             who = None  # no longer an operator (the config changed since the link was made)
         if who is None:
@@ -369,7 +388,9 @@ def _same_site_or_navigation(req: Request) -> None:
     )
     if req.method == "GET" and navigation:
         return
-    raise Refused(403, "refused: another site's page made this request; nothing done")
+    raise Refused(
+        403, "refused: another site's page made this request; nothing done", "SITE_REFUSED"
+    )
 
 
 def _when(at: Any) -> str:

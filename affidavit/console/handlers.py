@@ -111,7 +111,7 @@ class Handlers:
     async def _invocation(self, req: Request, iid: str, problem: Refused | None = None) -> None:
         data = await self._reading(lambda r: pages.invocation_page(r, iid), f"the record of {iid}")
         if data is None:
-            raise Refused(404, f"no invocation {iid} in the journal")
+            raise Refused(404, f"no invocation {iid} in the journal", "NO_SUCH_INVOCATION")
         result = None
         if data["record"]["final"]:
             result = pages.result_view(await self._envelope(iid))
@@ -128,7 +128,7 @@ class Handlers:
     async def _download(self, req: Request, iid: str) -> None:
         envelope = await self._envelope(iid)
         if envelope is None:
-            raise Refused(404, f"no invocation {iid} in the journal")
+            raise Refused(404, f"no invocation {iid} in the journal", "NO_SUCH_INVOCATION")
         body = json.dumps(envelope, sort_keys=True, indent=2).encode("utf-8") + b"\n"
         name = re.sub(r"[^A-Za-z0-9_.-]", "_", iid)
         disposition = f'attachment; filename="{name}.json"'.encode()
@@ -211,7 +211,8 @@ class Handlers:
         who = _operator(req)
         how = form.get("how")
         if how not in ("query", "committed", "rejected"):
-            raise Refused(400, "how: choose query, committed or rejected", "BAD_REQUEST")
+            message = "how: choose query, committed or rejected"
+            raise Refused(400, message, "BAD_REQUEST", field="how")
         try:
             reconciling.note_refused(how == "query", form.get("note") or None)  # before a slot
             # A query is a call: the daemon's cap, grace and stop cause are its, as on the socket.
@@ -250,7 +251,7 @@ class Handlers:
         except JournalError as exc:  # 503 JOURNAL_UNAVAILABLE naming ``what`` when away
             raise read_refusal(exc, read_failure(exc, what)) from None
         except OperatorError as exc:
-            raise Refused(500, f"the journal could not be read: {exc}") from None
+            raise Refused(500, f"the journal could not be read: {exc}", exc.code) from None
 
     async def _envelope(self, iid: str) -> dict[str, Any] | None:
         """The stored envelope, read as a resumed read from chunk 0: it records nothing (the
@@ -295,7 +296,8 @@ def _filters(query: Mapping[str, str]) -> pages.ActionFilters:
     def pick(name: str, allowed: list[str]) -> str | None:
         value = query.get(name) or None
         if value is not None and value not in allowed:
-            raise Refused(400, f"{name}: expected one of {', '.join(allowed)}")
+            message = f"{name}: expected one of {', '.join(allowed)}"
+            raise Refused(400, message, "INVALID_FIELD", field=name)
         return value
 
     def when(name: str) -> float | None:
@@ -303,7 +305,7 @@ def _filters(query: Mapping[str, str]) -> pages.ActionFilters:
         try:
             return parse_time(value) if value else None
         except ValueError as exc:
-            raise Refused(400, f"{name}: {exc}") from None
+            raise Refused(400, f"{name}: {exc}", "INVALID_FIELD", field=name) from None
 
     return pages.ActionFilters(
         session=query.get("session") or None,

@@ -46,14 +46,21 @@ request is the browser's, not the operator's, and restarts no idle clock (``Sess
 
 
 class Refused(Exception):
-    """Answer ``status`` with the error page saying ``message``; ``retry_after``: seconds sent
-    as ``Retry-After`` (a read page the journal declined this once, or could not answer now:
-    ``read_refusal``)."""
+    """Answer ``status`` with the error page saying ``message`` under its stable ``code``
+    (docs/console.md, "Refusals"), and ``field`` -- the query parameter or form field at
+    fault -- when there is one; ``retry_after``: seconds sent as ``Retry-After`` (a read page
+    the journal declined this once, or could not answer now: ``read_refusal``)."""
 
     def __init__(
-        self, status: int, message: str, code: str = "", retry_after: int | None = None
+        self,
+        status: int,
+        message: str,
+        code: str,
+        retry_after: int | None = None,
+        *,
+        field: str | None = None,
     ) -> None:
-        self.status, self.message, self.code = status, message, code
+        self.status, self.message, self.code, self.field = status, message, code, field
         self.retry_after = retry_after
         super().__init__(message)
 
@@ -113,23 +120,24 @@ class Request:
             while True:
                 message = await self.receive()
                 if message["type"] == "http.disconnect":
-                    raise Refused(400, "the request was cut off")
+                    raise Refused(400, "the request was cut off", "BAD_REQUEST")
                 data += message.get("body", b"")
                 if len(data) > MAX_FORM:
-                    raise Refused(413, "the form is too large")
+                    raise Refused(413, "the form is too large", "FORM_TOO_LARGE")
                 if not message.get("more_body", False):
                     break
         if waited.cancelled_caught:
-            raise Refused(408, f"the form did not arrive within {FORM_WAIT:g} s")
+            raise Refused(408, f"the form did not arrive within {FORM_WAIT:g} s", "FORM_TIMEOUT")
         try:
             pairs = parse_qsl(data.decode("utf-8"), keep_blank_values=True)
         except UnicodeDecodeError:
-            raise Refused(400, "the form is not UTF-8") from None
+            raise Refused(400, "the form is not UTF-8", "BAD_REQUEST", field="form") from None
         # A field given twice is refused, never one of its values kept unseen: of
         # ``how=query&how=committed`` the last would attest what the page's button did not say.
         repeated = _repeated(pairs)
         if repeated:
-            raise Refused(400, f"{_shown(repeated[0], 'form')}: field given twice", "INVALID_FIELD")
+            name = _shown(repeated[0], "form")
+            raise Refused(400, f"{name}: field given twice", "INVALID_FIELD", field=name)
         return dict(pairs)
 
     async def answer(
@@ -167,7 +175,8 @@ def _fields(form: dict[str, str], known: tuple[str, ...]) -> None:
     text, or is long, is not echoed: ``form`` stands for it."""
     for key in sorted(form):
         if key not in known:
-            raise Refused(400, f"{_shown(key, 'form')}: unknown field", "INVALID_FIELD")
+            name = _shown(key, "form")
+            raise Refused(400, f"{name}: unknown field", "INVALID_FIELD", field=name)
 
 
 def _shown(name: str, instead: str) -> str:

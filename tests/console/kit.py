@@ -230,6 +230,13 @@ def read_in_threads(
     console.read = console.read_summarized = threaded
 
 
+def refusal(page: bytes | str) -> tuple[str, str | None] | None:
+    """The stable code of an error page, and the field it names (None: not an error page)."""
+    text = page.decode("utf-8", "replace") if isinstance(page, bytes) else page
+    m = re.search(r'id="problem" data-code="([A-Z_]*)"(?: data-field="([^"]*)")?>', text)
+    return None if m is None else (m.group(1), m.group(2))
+
+
 def page_line(page: bytes, id: str) -> str | None:
     """The text of the element ``id`` of a console page, its whitespace folded (None: not
     there)."""

@@ -25,7 +25,7 @@ from affidavit.approvals import Operator
 from affidavit.console import COOKIE
 from tests.broker.helpers import http_target, open_broker
 
-from .kit import WAIT, Browser, console_world, log_in_to, operator_config, served
+from .kit import WAIT, Browser, console_world, log_in_to, operator_config, refusal, served
 
 OTHER_GID = 4242
 """A group named an operator group, so that a session of another operator (uid 65534 in it)
@@ -101,7 +101,7 @@ async def test_where_no_connection_is_checked_two_live_sessions_are_refused(
         second = c.sessions.start(Operator.current())
         status, page = await _get(f"{origin}/approvals", [f"{COOKIE}={second.id}; {cookie}"])
         assert status == 403 and _csrf(page) is None
-        assert b"two console sessions" in page
+        assert refusal(page) == ("SESSION_AMBIGUOUS", None)
         status, page = await _get(f"{origin}/approvals", [f"{COOKIE}=junk; {cookie}"])
         assert (status, _csrf(page)) == (200, csrf)
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from tests.daemon.kit import as_user, client_env, run
 
-from .kit import CHARGE, console_world, csrf_of, get, log_in, post
+from .kit import CHARGE, console_world, csrf_of, get, log_in, post, refusal
 
 NOBODY = 65534
 
@@ -59,7 +59,7 @@ async def test_a_session_cookie_in_another_uid_s_hands_is_refused(
         for what in ("get", "content", "approve", "reconcile", "login"):
             status, page = answers[what]
             assert status == 403, (what, status)
-            assert "not the operator" in page, what
+            assert refusal(page) == ("PEER_REFUSED", None), what
         assert (await world.record(iid))["events"] == before  # nothing recorded
         assert await world.pending() != []
         log = world.daemon.log_text()

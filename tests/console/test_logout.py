@@ -15,7 +15,7 @@ from affidavit.console import COOKIE
 from tests.broker.helpers import http_target, open_broker
 from tests.external import free_port
 
-from .kit import get, log_in_to, operator_config, post, served
+from .kit import get, log_in_to, operator_config, post, refusal, served
 
 
 async def test_logging_out_ends_the_session_and_its_cookie_no_longer_works(
@@ -34,10 +34,9 @@ async def test_logging_out_ends_the_session_and_its_cookie_no_longer_works(
         # The old cookie, kept by a client that ignores the expiry, is no session.
         status, headers, _ = await get(f"{origin}/approvals", cookie=cookie)
         assert (status, headers["location"]) == (303, "/login")
-        status, _, page = await post(f"{origin}/journal/verify", {"csrf": csrf}, same)
-        assert status == 403 and b"not logged in" in page
-        status, _, page = await post(f"{origin}/logout", {"csrf": csrf}, same)
-        assert status == 403 and b"not logged in" in page
+        for after in ("/journal/verify", "/logout"):
+            status, _, page = await post(f"{origin}{after}", {"csrf": csrf}, same)
+            assert (status, refusal(page)) == (403, ("NOT_LOGGED_IN", None)), after
 
 
 async def test_a_logout_without_the_token_or_from_another_origin_is_refused(
@@ -47,15 +46,15 @@ async def test_a_logout_without_the_token_or_from_another_origin_is_refused(
     async with open_broker(path) as b, served(b, tmp_path) as (origin, console):
         cookie, csrf = await log_in_to(console, origin)
         other_port = f"http://127.0.0.1:{free_port()}"
-        for form, headers in (
-            ({}, {"Origin": origin}),
-            ({"csrf": "forged"}, {"Origin": origin}),
-            ({"csrf": csrf}, {"Origin": other_port}),
-            ({"csrf": csrf}, {"Referer": f"{other_port}/"}),
-            ({"csrf": csrf}, {}),  # neither Origin nor Referer
+        for form, headers, code in (
+            ({}, {"Origin": origin}, "CSRF_REFUSED"),
+            ({"csrf": "forged"}, {"Origin": origin}, "CSRF_REFUSED"),
+            ({"csrf": csrf}, {"Origin": other_port}, "ORIGIN_REFUSED"),
+            ({"csrf": csrf}, {"Referer": f"{other_port}/"}, "ORIGIN_REFUSED"),
+            ({"csrf": csrf}, {}, "ORIGIN_REFUSED"),  # neither Origin nor Referer
         ):
-            status, got, _ = await post(f"{origin}/logout", form, {**headers, "Cookie": cookie})
-            assert status == 403, (form, headers)
+            status, got, page = await post(f"{origin}/logout", form, {**headers, "Cookie": cookie})
+            assert (status, (refusal(page) or ("",))[0]) == (403, code), (form, headers)
             assert "set-cookie" not in got, (form, headers)
         status, _, _ = await get(f"{origin}/approvals", cookie=cookie)
         assert status == 200  # still logged in

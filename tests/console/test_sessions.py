@@ -19,7 +19,7 @@ from affidavit.console.auth import IDLE_TTL
 from tests.broker.helpers import http_target, open_broker
 from tests.daemon.kit import as_user, client_env, run
 
-from .kit import get, log_in_to, operator_config, post, served
+from .kit import get, log_in_to, operator_config, post, refusal, served
 
 NOBODY = 65534
 
@@ -167,18 +167,18 @@ async def test_a_request_refused_after_its_session_was_found_does_not_keep_it_al
         session.last_seen -= IDLE_TTL - 60
         idle_since = session.last_seen
         other = origin.rsplit(":", 1)[0] + ":9"  # the attacker's page: another port
-        for form, origin_header in (
-            ({"csrf": csrf}, other),
-            ({"csrf": "forged"}, origin),
-            ({}, origin),
+        for form, origin_header, code in (
+            ({"csrf": csrf}, other, ("ORIGIN_REFUSED", None)),
+            ({"csrf": "forged"}, origin, ("CSRF_REFUSED", "csrf")),
+            ({}, origin, ("CSRF_REFUSED", "csrf")),
         ):
             headers = {"Origin": origin_header, "Cookie": cookie}
-            status, _, _ = await post(f"{origin}/journal/verify", form, headers)
-            assert status == 403, (form, origin_header)
+            status, _, page = await post(f"{origin}/journal/verify", form, headers)
+            assert (status, refusal(page)) == (403, code), (form, origin_header)
             assert session.last_seen == idle_since, (form, origin_header)
         for what, fetch in FETCHED_BY.items():
-            status, headers, _ = await get(f"{origin}/approvals", cookie=cookie, headers=fetch)
-            assert status == 403, what
+            status, headers, page = await get(f"{origin}/approvals", cookie=cookie, headers=fetch)
+            assert (status, refusal(page)) == (403, ("SITE_REFUSED", None)), what
             assert headers["cross-origin-resource-policy"] == "same-origin"
             assert session.last_seen == idle_since, what
         # ... so it ends after the idle time, whatever that page sent.
