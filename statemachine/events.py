@@ -38,7 +38,9 @@ class EventKind(StrEnum):
     same_idempotency_key only while the key outlasts it -- absent from older records, which
     judge the key at the moment itself)."""
     PREFLIGHT_VALIDATED = "PREFLIGHT_VALIDATED"
-    """The action is valid against the bound config snapshot.  attrs: config_hash."""
+    """The action is valid against the bound config snapshot.  attrs: config_hash, and
+    account_hash (the keyed hash of what decides the remote account reached: origin,
+    credential reference, idempotency scope -- absent from older records)."""
     CREDENTIAL_AUTHORIZED = "CREDENTIAL_AUTHORIZED"
     """The credential was resolved (never its value).  attrs: version, the injection's
     secret-free facts (inject for HTTP; auth, client_key for SSH), generation -- not the

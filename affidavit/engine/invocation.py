@@ -245,7 +245,15 @@ async def start(
         if type(action) is dict or isinstance(action, Mapping)  # (a dict: no ABC check)
         else None
     )
-    validated = Event(E.PREFLIGHT_VALIDATED, iid, {"config_hash": engine.snapshot.hash(target)})
+    validated = Event(
+        E.PREFLIGHT_VALIDATED,
+        iid,
+        {
+            "config_hash": engine.snapshot.hash(target),
+            # Which remote account the dispatch reaches: what a later query must reach too.
+            "account_hash": engine.snapshot.account_hash(target),
+        },
+    )
     preamble: Preamble = ((accepted, accepted_payload), (validated, None))
     if take_over:
         # A barrier of its own: the projection refuses a second ACTION_ACCEPTED, so exactly

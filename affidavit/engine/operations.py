@@ -44,7 +44,9 @@ class OperationError(Exception):
     """No such operation, or it cannot be queried (its message says why, for the operator).
     ``field``: ``"operation_id"`` when the id names no operation -- the one case where the
     caller should correct what it sent (the daemon's 422 names it, MCP answers INVALID_FIELD
-    there); None when the operation exists but cannot be queried now."""
+    there); ``"targets.<name>"`` when the target now reaches another account than the
+    submission did (the operator's setting to look at); None when the operation exists but
+    cannot be queried now."""
 
     def __init__(self, message: str, field: str | None = None) -> None:
         self.field = field
@@ -90,6 +92,15 @@ async def poll(
     contracts = contracts_of(target) if target is not None else None
     if target is None or contracts is None or target.kind != record.protocol:
         raise OperationError(f"the target of {op_id} is no longer configured as it was")
+    moved = engine.snapshot.moved(engine.journal.events(record.invocation_id), target)
+    if moved is not None:
+        # The poll runs against the target as configured now: another origin, credential or
+        # scope reads another account's job (ConfigSnapshot.moved).  Nothing is sent.
+        raise OperationError(
+            f"the target {target.name} may no longer reach what {op_id} was submitted to: "
+            f"{moved}; nothing was polled",
+            f"targets.{target.name}",
+        )
     try:
         action = dict(contracts.poll(target, op))
     except ValueError as exc:

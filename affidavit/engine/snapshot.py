@@ -10,20 +10,29 @@ is not told, and the rest of it is mostly defaults and what the catalog shows --
 the caller's evidence (``config_hash``, and the request fingerprint built on it) would confirm a
 guessed reference offline.  Keyed by the journal's key, it is the same on every broker of a
 shared journal and across restarts, so a same-key retry elsewhere still matches.
+
+Beside it PREFLIGHT_VALIDATED records ``account_hash``, the keyed hash of the part of the snapshot
+that decides which remote account a call reaches (``affidavit.schema.account``: its origin,
+credential reference and idempotency scope).  A reconciliation query or an operation's poll is
+sent with the target as configured *now*, and speaks for a record only if that is the account
+the record's dispatch reached (``moved``): a query of another origin that finds nothing would
+settle as "rejected" an effect the first origin holds.  The whole snapshot is not required to
+match -- a timeout, or the ``reconcile`` setting itself, may be added or changed since.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
-from affidavit.config import Config, ConfigError, canonical_json, load_config, snapshot
-from affidavit.statemachine import KEYED_PREFIX
+from affidavit.config import Config, ConfigError, account, canonical_json, load_config, snapshot
+from affidavit.statemachine import KEYED_PREFIX, Event, EventKind
 
 __all__ = ["ConfigSnapshot"]
 
 _PURPOSE = "config-snapshot"
+_ACCOUNT = "config-account"
 
 
 class ConfigSnapshot:
@@ -35,6 +44,7 @@ class ConfigSnapshot:
         self._digest = digest
         self._stat = self._file_stat()
         self._hashes: dict[str, tuple[Any, str]] = {}
+        self._accounts: dict[str, tuple[Any, str]] = {}
         self._seen: tuple[tuple[int, int] | None, Config | None, dict[str, str]] | None = None
         """The file as last read after it changed: its stat, the config it held (None: not a
         valid one) and the keyed hashes of its targets asked so far -- one read and one hash
@@ -53,6 +63,41 @@ class ConfigSnapshot:
     def hash_of(self, target: Any) -> str:
         """The keyed hash of any target's canonical snapshot, not remembered."""
         return KEYED_PREFIX + self._digest(_PURPOSE, canonical_json(snapshot(target)))
+
+    def account_hash(self, target: Any) -> str:
+        """The keyed hash of the account ``target`` reaches (``affidavit.schema.account``),
+        computed once per target value, like ``hash``."""
+        cached = self._accounts.get(target.name)
+        if cached is not None and cached[0] is target:
+            return cached[1]
+        value = KEYED_PREFIX + self._digest(_ACCOUNT, canonical_json(account(target)))
+        self._accounts[target.name] = (target, value)
+        return value
+
+    def moved(self, events: Iterable[Event], target: Any) -> str | None:
+        """Why ``target`` as configured now may reach another account than the record of
+        ``events`` dispatched to -- its origin, credential reference or idempotency scope
+        changed since -- or None when it reaches the same.  A record written before
+        ``account_hash`` was recorded proves its account only through the whole snapshot: it
+        is the same only while that is."""
+        validated = None
+        for event in events:
+            if event.kind is EventKind.PREFLIGHT_VALIDATED:
+                validated = event.attrs
+        if validated is None:
+            return "the record binds no configuration"
+        recorded = validated.get("account_hash")
+        if recorded is not None:
+            if recorded == self.account_hash(target):
+                return None
+            return "its origin, credential or idempotency scope changed since the dispatch"
+        if validated.get("config_hash") == self.hash(target):
+            return None
+        return (
+            "its configuration changed since the dispatch, and the record (written before the "
+            "account was recorded apart) cannot tell whether the origin, credential or "
+            "idempotency scope did"
+        )
 
     def changed(self, target_name: str, expected_hash: str) -> bool:
         """Whether the config file now binds ``target_name`` to anything but ``expected_hash``

@@ -95,7 +95,8 @@ def act_refused(code: str, message: str, field: str | None, argument: str) -> di
     the tool's ``argument`` as the part to fix (the id names nothing: NO_SUCH_INVOCATION, an
     unknown operation) is ``INVALID_FIELD`` there, retry after_correction, as fetch_result
     answers an unknown id; any other keeps the daemon's code as an ``api_error`` --
-    STILL_RUNNING (query again once the call ends), NOT_UNKNOWN, NO_QUERY, OPERATION_ERROR
+    STILL_RUNNING (query again once the call ends), NOT_UNKNOWN, NO_QUERY, CONFIG_CHANGED (the
+    target now reaches another account than the dispatch did), OPERATION_ERROR
     (a job with nothing to query) -- never dressed as a validation refusal whose
     after_correction would have the agent change an argument that is right."""
     if field == argument:

@@ -18,11 +18,12 @@ original connection."  Two ways, one set of rules for every interface:
   invocation id); anything else -- the query refused, unknown itself, a body withheld or cut
   (``PARTIAL_BODY``), an answer a redirect fetched from another origin (``OTHER_ORIGIN``), or
   an answer neither or both match -- is RECONCILE_INCONCLUSIVE and the invocation stays
-  unknown.  An *absent* finding settles it only if the query was sent at least the target's
-  ``settle`` after the attempt ended (a request the broker gave up on may still be in the
-  remote's queues: ``affidavit.protocols.settle``); sooner, it is inconclusive with
-  ``not_before``.  A read: anyone the broker answers may run it
-  (the MCP server offers it, never ``attest``).
+  unknown.  The query is refused (``CONFIG_CHANGED``, nothing sent) when the target now
+  reaches another account than the dispatch did (``ConfigSnapshot.moved``).  An *absent*
+  finding settles it only if the query was sent at least the target's ``settle`` after the
+  attempt ended (a request the broker gave up on may still be in the remote's queues:
+  ``affidavit.protocols.settle``); sooner, it is inconclusive with ``not_before``.  A read:
+  anyone the broker answers may run it (the MCP server offers it, never ``attest``).
 
 Either way the original DISPATCH_STARTED and ATTEMPT_INTERRUPTED stay as recorded: the event is
 appended after them, and the envelope shows the new outcome with ``evidence.source``.
@@ -217,6 +218,18 @@ async def query(
     if target is None or spec is None or spec.reconcile is None or target.kind != record.protocol:
         raise OperatorError(
             "NO_QUERY", f"the target of {invocation_id} is not configured as it was", 400
+        )
+    moved = engine.snapshot.moved(engine.journal.events(invocation_id), target)
+    if moved is not None:
+        # The query runs against the target as configured now: another origin, credential or
+        # scope observes another account, whose "absent" would settle as rejected an effect
+        # the first one holds.  Nothing is sent; an operator who looked can attest.
+        raise OperatorError(
+            "CONFIG_CHANGED",
+            f"the target {target.name} may no longer reach what {invocation_id} was sent to: "
+            f"{moved}; nothing was queried (attest the outcome after inspecting the remote)",
+            409,
+            f"targets.{target.name}",
         )
     values = {
         "invocation_id": invocation_id,

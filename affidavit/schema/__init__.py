@@ -6,7 +6,7 @@ with it (``TargetSchema``: ``COMMON`` plus the protocol's own fields).  It knows
 """
 
 from .approval import ApprovalPolicy, approval_field
-from .fields import Field, Key, LoadContext, Read, Schema, doc_table
+from .fields import Field, Key, LoadContext, Read, Schema, doc_table, same
 from .section import (
     CONFIG_INVALID,
     CONFIG_NOT_FOUND,
@@ -26,6 +26,7 @@ from .target import (
     Target,
     TargetSchema,
     Timeouts,
+    account,
     canonical_json,
     canonical_value,
     result_limit,
@@ -58,6 +59,7 @@ __all__ = [
     "Target",
     "TargetSchema",
     "Timeouts",
+    "account",
     "approval_field",
     "canonical_json",
     "canonical_value",
@@ -68,6 +70,7 @@ __all__ = [
     "kind_of",
     "parse_duration",
     "result_limit",
+    "same",
     "schema_of",
     "snapshot",
     "snapshot_hash",

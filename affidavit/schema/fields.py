@@ -25,7 +25,7 @@ from typing import Any, Generic, TypeVar, cast
 
 from .section import MISSING, ConfigError, Section
 
-__all__ = ["Field", "Key", "LoadContext", "Read", "Schema", "doc_table"]
+__all__ = ["Field", "Key", "LoadContext", "Read", "Schema", "doc_table", "same"]
 
 T = TypeVar("T")
 
@@ -108,6 +108,11 @@ class Key:
     doc: str
 
 
+def same(value: Any) -> Any:
+    """A field's ``account`` part when the whole value decides the account."""
+    return value
+
+
 def _shown(default: Any) -> str:
     if default is MISSING:
         return "required"
@@ -155,6 +160,13 @@ class Field:
     Others may read such a file; whoever can write it, or own it, or a directory on its path,
     could make the broker hand the credential to them: a broker's start checks every one the
     config's targets declare (``affidavit.api.broker.exposed_files``, ``journal.exposure``)."""
+    account: Callable[[Any], Any] | None = None
+    """The value decides which remote account a call of the target reaches and observes -- its
+    origin, its credential reference, its idempotency scope -- and this gives the part of it
+    that does (the value itself: ``same``).  A reconciliation query or an operation's poll runs
+    against the target as configured now: it may only speak for a record whose dispatch reached
+    the same account (``affidavit.engine.snapshot.ConfigSnapshot.moved``), whatever else of the
+    target changed since (a timeout; the ``reconcile`` setting itself)."""
 
     def __post_init__(self) -> None:
         if self.key == "":

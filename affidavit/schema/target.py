@@ -27,7 +27,7 @@ from typing import Any, Protocol, TypeVar
 from affidavit.secrets.credentials import REFERENCE_FORMS, CredentialError, parse_ref
 from affidavit.strictjson import compact_encoder
 
-from .fields import Field, LoadContext, Read, Schema
+from .fields import Field, LoadContext, Read, Schema, same
 from .section import ConfigError, Section, kind_of
 
 __all__ = [
@@ -40,6 +40,7 @@ __all__ = [
     "Target",
     "TargetSchema",
     "Timeouts",
+    "account",
     "canonical_json",
     "canonical_value",
     "result_limit",
@@ -122,6 +123,7 @@ CREDENTIAL = Field(
     "credential",
     _credential,
     doc="`env:NAME`, `file:PATH`, `systemd:NAME` or `vault:NAME` (see below)",
+    account=same,
 )
 BUDGET = Field(
     "budget",
@@ -190,6 +192,7 @@ class TargetSchema(Schema[T]):
         self._bound = tuple(
             (f.name, f.encode or canonical_value, f.unset_omitted) for f in self.fields if f.binding
         )
+        self._account = tuple((f.name, f.account) for f in self.fields if f.account is not None)
 
     @property
     def allowed(self) -> tuple[str, ...]:
@@ -226,6 +229,12 @@ class TargetSchema(Schema[T]):
             if value is None and unset_omitted:
                 continue
             out[name] = encode(value)
+        return out
+
+    def account(self, target: T) -> dict[str, Any]:
+        out: dict[str, Any] = {"kind": self.kind}
+        for name, part in self._account:
+            out[name] = canonical_value(part(getattr(target, name)))
         return out
 
 
@@ -280,6 +289,14 @@ def snapshot(target: object) -> dict[str, Any]:
     bound to.  Credential *references* are included (changing the selected secret must change
     the binding); credential values never are — they are not even loaded here."""
     return schema_of(target).snapshot(target)
+
+
+def account(target: object) -> dict[str, Any]:
+    """What of ``target`` decides which remote account a call of it reaches and observes (the
+    fields declared ``account``: the credential reference, and the protocol's origin and
+    idempotency scope), canonical and secret-free like ``snapshot()``, which holds it all too.
+    Not the target's name: a renamed target is not found at all."""
+    return schema_of(target).account(target)
 
 
 _HASHES: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()

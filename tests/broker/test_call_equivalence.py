@@ -28,7 +28,7 @@ from tests.http.hostile import HostileServer, Received, Reply, scripts
 
 from .helpers import TOKEN_ENV, http_target, open_broker, write_config
 
-GOLDEN = "3af590777d32b4666e91efcc727d63903de44ae1c4e5816f4d59c56d476bb60f"
+GOLDEN = "d3d8fd0544047f8990f244c139170f66344e635bbccaeee9196579a71a44c283"
 
 TOKEN = "tok-equivalence-0123456789abcdef"
 

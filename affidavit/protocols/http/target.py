@@ -29,6 +29,7 @@ from affidavit.schema import (
     check_host,
     host_for_url,
     parse_duration,
+    same,
 )
 from affidavit.secrets.credentials import parse_inject
 
@@ -301,6 +302,11 @@ def _retention(r: Read) -> float:
         raise r.error(str(exc)) from None
 
 
+def _scope(contract: IdempotencyContract | None) -> str | None:
+    """What a key is deduplicated within: a query for it asks within this scope."""
+    return None if contract is None else contract.scope
+
+
 IDEMPOTENCY = Schema(
     IdempotencyContract,
     (
@@ -321,7 +327,7 @@ HTTP_TARGET = TargetSchema(
             doc="`http(s)://host[:port][/base/path]` — no user:password, query or fragment, "
             "no `.`/`..` segments",
         ),
-        Field("origin", lambda r: origin_of(r.values["url"]), key=None),
+        Field("origin", lambda r: origin_of(r.values["url"]), key=None, account=same),
         Field("base_path", lambda r: urllib.parse.urlsplit(r.values["url"]).path, key=None),
         Field("methods", _methods, doc="methods callers may send (normalized to upper case)"),
         Field(
@@ -387,6 +393,7 @@ HTTP_TARGET = TargetSchema(
             default=None,
             doc="`{ header, scope, retention }`: the service's documented key-deduplication "
             "contract",
+            account=_scope,
         ),
         Field(
             "operations",

@@ -23,6 +23,7 @@ from affidavit.schema import (
     Timeouts,
     approval_field,
     host_setting,
+    same,
 )
 
 from .reconcile import ReconcileCommand, parse_reconcile
@@ -159,9 +160,9 @@ SSH_TARGET = TargetSchema(
     "ssh",
     SshTarget,
     (
-        Field("host", host_setting, doc="host name or IP address"),
-        Field("port", lambda r: r.integer(1, 65535), default=22, doc="TCP port"),
-        Field("user", _user, doc="remote user name"),
+        Field("host", host_setting, doc="host name or IP address", account=same),
+        Field("port", lambda r: r.integer(1, 65535), default=22, doc="TCP port", account=same),
+        Field("user", _user, doc="remote user name", account=same),
         Field(
             "host_keys",
             _host_keys,

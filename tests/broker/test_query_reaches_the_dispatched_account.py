@@ -1,0 +1,238 @@
+"""A reconciliation query or an operation's poll speaks for a record only if it reaches the remote
+account the record's dispatch reached.
+
+Seed, "Idempotency is defined by the remote contract": "Query the remote state by a stable
+identifier, reconcile it, and decide whether a new action is needed."  The query runs against the
+target as configured *now*.  Re-pointed at another origin (or given another credential, or
+another idempotency scope), it observes another account: a 404 there would settle as
+``rejected`` -- hint ``after_correction``, "send it again" -- a charge the first origin holds.
+So PREFLIGHT_VALIDATED records ``account_hash`` and the query is refused (``CONFIG_CHANGED``,
+nothing sent) when the target's account differs; any other change (a timeout, the ``reconcile``
+setting itself) leaves the query as it was.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from affidavit.approvals import OperatorError
+from affidavit.config import account, load_config, snapshot
+from affidavit.engine import OperationError
+from affidavit.engine.snapshot import ConfigSnapshot
+from affidavit.statemachine import EventKind as E
+from tests.http.hostile import HostileServer, Received, Reply, scripts
+
+from .approvalkit import PaymentsApi, reconcile_target, verify_ok
+from .helpers import event_kinds, http_target, open_broker, write_config
+from .http_rows import IDEM, LIMIT
+
+CHARGE = {
+    "target": "api",
+    "method": "POST",
+    "path": "/v1/charges",
+    "body": json.dumps({"drop": True}),
+    "idempotency_key": "pay-1",
+}
+CHARGES = reconcile_target("http://127.0.0.1:9")["api"]["idempotency"]
+
+
+async def _unknown_at(tmp_path: Path, targets: dict[str, Any]) -> str:
+    """A charge the origin applied and dropped unanswered: unknown, by a broker of its own."""
+    cfg = write_config(tmp_path, targets)
+    async with open_broker(cfg) as b:
+        with trio.fail_after(LIMIT):
+            env = await b.call(CHARGE)
+        assert env["error"]["outcome"] == "unknown", env
+        iid = str(env["invocation_id"])
+        validated = next(e for e in b.events(iid) if e.kind is E.PREFLIGHT_VALIDATED)
+        assert "account_hash" in validated.attrs
+    return iid
+
+
+def _moved_origin(a: HostileServer, b: HostileServer) -> dict[str, Any]:
+    return reconcile_target(b.url)
+
+
+def _other_credential(a: HostileServer, b: HostileServer) -> dict[str, Any]:
+    return reconcile_target(a.url, credential="env:OTHER_TOKEN")
+
+
+def _other_scope(a: HostileServer, b: HostileServer) -> dict[str, Any]:
+    targets = reconcile_target(a.url)
+    targets["api"]["idempotency"] = {**CHARGES, "scope": "refunds"}
+    return targets
+
+
+@pytest.mark.parametrize(
+    "changed", [_moved_origin, _other_credential, _other_scope], ids=lambda f: f.__name__[1:]
+)
+async def test_a_query_of_a_target_that_reaches_another_account_is_refused_unsent(
+    tmp_path: Path,
+    token: str,
+    monkeypatch: pytest.MonkeyPatch,
+    changed: Callable[[HostileServer, HostileServer], dict[str, Any]],
+) -> None:
+    """The review's reproduction: origin A applied the charge and dropped the connection; the
+    target now names origin B (which never saw it: 404), another credential or another scope.
+    The query is refused CONFIG_CHANGED at ``targets.api``; nothing reaches either origin and
+    the invocation stays unknown -- never ``reconciled_rejected`` while A holds the charge."""
+    monkeypatch.setenv("OTHER_TOKEN", "tok-other")
+    a_api, b_api = PaymentsApi(), PaymentsApi()
+    async with HostileServer.running(a_api.script) as a, HostileServer.running(b_api.script) as b:
+        iid = await _unknown_at(tmp_path, reconcile_target(a.url))
+        assert a_api.applied == ["pay-1"]
+        cfg = write_config(tmp_path, changed(a, b))
+        async with open_broker(cfg) as broker:
+            with pytest.raises(OperatorError) as refused, trio.fail_after(LIMIT):
+                await broker.reconcile(iid, query=True)
+            assert (refused.value.code, refused.value.field) == ("CONFIG_CHANGED", "targets.api")
+            assert "nothing was queried" in refused.value.message
+            rec = broker.record(iid)
+            assert rec is not None and rec.outcome.value == "unknown"
+            assert E.RECONCILED not in event_kinds(broker, iid)
+            assert E.RECONCILE_INCONCLUSIVE not in event_kinds(broker, iid)
+            verify_ok(broker)
+    assert [r.method for r in a.requests] == ["POST"]
+    assert b.requests == []
+
+
+@pytest.mark.parametrize(
+    "later",
+    [
+        {},
+        {"timeout": {"connect": 3, "total": 5}},
+    ],
+    ids=["unchanged", "timeout-changed"],
+)
+async def test_a_query_of_a_target_changed_only_elsewhere_still_reconciles(
+    tmp_path: Path, token: str, later: dict[str, Any]
+) -> None:
+    """The account is what must match, not the whole snapshot: the charge was sent before the
+    ``reconcile`` setting existed (its config hash differs from the target's now) and, in one
+    row, with another connect timeout -- the query still runs, and settles it committed."""
+    api = PaymentsApi()
+    async with HostileServer.running(api.script) as srv:
+        first = http_target(srv.url, idempotency=CHARGES)
+        iid = await _unknown_at(tmp_path, {"api": first})
+        cfg = write_config(tmp_path, reconcile_target(srv.url, **later))
+        async with open_broker(cfg) as broker:
+            with trio.fail_after(LIMIT):
+                answer = await broker.reconcile(iid, query=True)
+            assert answer["reconciled"] is True, answer
+            assert answer["envelope"]["evidence"]["state"] == "reconciled_committed"
+            verify_ok(broker)
+    assert [r.method for r in srv.requests] == ["POST", "GET"]
+
+
+@pytest.mark.parametrize(
+    ("later", "reconciled"),
+    [({}, True), ({"timeout": {"connect": 3, "total": 5}}, False)],
+    ids=["unchanged-reconciles", "changed-is-refused"],
+)
+async def test_a_record_from_before_the_account_was_recorded_is_judged_by_its_whole_snapshot(
+    tmp_path: Path, token: str, later: dict[str, Any], reconciled: bool
+) -> None:
+    """An older record holds no ``account_hash``: only its ``config_hash`` says what it was sent
+    to, and that covers the account only while the whole snapshot is the same.  Unchanged, the
+    query runs; changed at all, it is refused -- nothing says the account did not change."""
+    api = PaymentsApi()
+    async with HostileServer.running(api.script) as srv:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(ConfigSnapshot, "account_hash", lambda _self, _target: None)
+            cfg = write_config(tmp_path, reconcile_target(srv.url))
+            async with open_broker(cfg) as b:
+                with trio.fail_after(LIMIT):
+                    env = await b.call(CHARGE)
+            iid = env["invocation_id"]
+        cfg = write_config(tmp_path, reconcile_target(srv.url, **later))
+        async with open_broker(cfg) as broker:
+            if reconciled:
+                with trio.fail_after(LIMIT):
+                    answer = await broker.reconcile(iid, query=True)
+                assert answer["envelope"]["evidence"]["state"] == "reconciled_committed"
+            else:
+                with pytest.raises(OperatorError) as refused:
+                    await broker.reconcile(iid, query=True)
+                assert refused.value.code == "CONFIG_CHANGED"
+                assert "written before the account was recorded" in refused.value.message
+    assert [r.method for r in srv.requests] == ["POST", "GET"] if reconciled else ["POST"]
+
+
+def _jobs(url: str, **overrides: Any) -> dict[str, Any]:
+    ops = {"status": "json:/state", "succeeded": ["done"], "failed": ["error"]}
+    return {"jobs": http_target(url + "/v1", operations=ops, idempotency=IDEM, **overrides)}
+
+
+def _job_api(req: Received) -> Reply:
+    if req.method == "POST":
+        return Reply(202, headers=[("Location", "/v1/jobs/j1")], body=b'{"id":"j1"}')
+    return Reply(200, body=b'{"state": "done"}')
+
+
+@pytest.mark.parametrize(
+    ("moved", "polled"), [(True, False), (False, True)], ids=["moved-origin", "timeout-changed"]
+)
+async def test_a_poll_of_a_target_that_reaches_another_account_is_refused_unsent(
+    tmp_path: Path, token: str, moved: bool, polled: bool
+) -> None:
+    """The poll path has the same hazard: a job submitted to origin A, its status read from
+    origin B.  Refused (OPERATION_ERROR at ``targets.jobs``), nothing sent; a target changed
+    only in its timeout is polled as before."""
+    async with (
+        HostileServer.running(scripts.serve(_job_api)) as a,
+        HostileServer.running(scripts.serve(_job_api)) as b,
+    ):
+        async with open_broker(write_config(tmp_path, _jobs(a.url))) as broker:
+            with trio.fail_after(LIMIT):
+                env = await broker.call(
+                    {"target": "jobs", "method": "POST", "path": "/jobs", "body": "{}"}
+                )
+            op_id = env["operation"]["id"]
+        later = _jobs(b.url) if moved else _jobs(a.url, timeout={"connect": 3, "total": 5})
+        async with open_broker(write_config(tmp_path, later)) as broker:
+            if polled:
+                with trio.fail_after(LIMIT):
+                    answer = await broker.poll_operation(op_id)
+                assert answer["operation"]["state"] == "succeeded"
+            else:
+                with pytest.raises(OperationError) as refused:
+                    await broker.poll_operation(op_id)
+                assert refused.value.field == "targets.jobs"
+                assert "nothing was polled" in str(refused.value)
+                [op] = broker.operations()
+                assert (op["id"], op["state"]) == (op_id, "pending")
+    assert [r.method for r in a.requests] == (["POST", "GET"] if polled else ["POST"])
+    assert b.requests == []
+
+
+_PIN = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIAEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEB"
+
+
+@pytest.mark.parametrize(
+    ("change", "same"),
+    [
+        ({"host": "127.0.0.2"}, False),
+        ({"port": 2222}, False),
+        ({"user": "carol"}, False),
+        ({"credential": "env:OTHER"}, False),
+        ({"timeout": {"connect": 3, "total": 10}}, True),
+        ({"max_result": 4096}, True),
+    ],
+    ids=["host", "port", "user", "credential", "timeout", "max_result"],
+)
+def test_an_ssh_targets_account_is_its_host_port_user_and_credential(
+    tmp_path: Path, change: dict[str, Any], same: bool
+) -> None:
+    """SSH's account: which host, port and user the command runs as, with which credential."""
+    box = {"kind": "ssh", "host": "127.0.0.1", "user": "bob", "credential": "env:T"}
+    box |= {"host_key": _PIN}
+    before = load_config(write_config(tmp_path, {"box": box})).targets["box"]
+    after = load_config(write_config(tmp_path, {"box": box | change})).targets["box"]
+    assert snapshot(before) != snapshot(after)
+    assert (account(before) == account(after)) is same
