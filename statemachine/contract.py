@@ -220,13 +220,17 @@ CODES: dict[Code, CodeInfo] = {
         _V,
         _NA,
         Retry.AFTER_CORRECTION,
-        "The target configuration changed between validation and dispatch; start a new invocation.",
+        "The target configuration changed between validation and dispatch (start a new"
+        " invocation), or since this idempotency key was bound to this same request: the"
+        " message names the invocation it is bound to and what its record says -- fetch or"
+        " reconcile that one; a new key would send the request again.",
     ),
     Code.IDEMPOTENCY_MISMATCH: CodeInfo(
         _V,
         _NA,
         Retry.AFTER_CORRECTION,
-        "The idempotency key was already bound to a request with a different fingerprint.",
+        "The idempotency key was already bound to a different request (method, path, headers,"
+        " body; command, stdin): correct the request, or use a new key for a new one.",
     ),
     Code.CREDENTIAL_MISSING: CodeInfo(
         _CI, _NA, Retry.AFTER_CORRECTION, "The referenced secret does not exist or is empty."

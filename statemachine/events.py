@@ -32,9 +32,11 @@ class EventKind(StrEnum):
     # --- the seed's durable happy path -----------------------------------------------------
     ACTION_ACCEPTED = "ACTION_ACCEPTED"
     """An invocation exists.  attrs: operation (target, protocol, idempotent, fingerprint,
-    idempotency contract or None, budget), session.  The contract: key, scope, header,
-    retention_s, expires_at (when the remote forgets the key) and send_window (seconds a
-    retry with the target's default timeout may send: its lease; the hint says
+    request_fingerprint when a key is bound (the request alone, keyed: a same-key call under a
+    changed configuration is CONFIG_CHANGED by it, not IDEMPOTENCY_MISMATCH -- absent from
+    older records), idempotency contract or None, budget), session.  The contract: key,
+    scope, header, retention_s, expires_at (when the remote forgets the key) and send_window
+    (seconds a retry with the target's default timeout may send: its lease; the hint says
     same_idempotency_key only while the key outlasts it -- absent from older records, which
     judge the key at the moment itself)."""
     PREFLIGHT_VALIDATED = "PREFLIGHT_VALIDATED"

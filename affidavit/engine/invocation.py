@@ -31,8 +31,8 @@ from affidavit.protocols.actions import (
     accepted_session,
     fingerprint,
     is_idempotent,
-    legacy_fingerprint,
     parse_action,
+    request_fingerprint,
 )
 from affidavit.statemachine import (
     Code,
@@ -63,6 +63,7 @@ from .control import CallControl
 from .credential import Preamble, prepare_after
 from .delivery import conclude
 from .ids import new_invocation_id
+from .rebound import refusal
 from .recorder import Recorder
 from .recovery import recover_stale
 from .sink import StreamSink
@@ -151,31 +152,9 @@ async def start(
         try:
             bound = await journal.bind_idempotency(scope, key, fp, iid, expires)
         except IdempotencyMismatch as exc:
-            # Refused for the fingerprint the binding row holds: only once the chained event
-            # proves it (a row given another fingerprint is altered, not a mismatch).
-            journal.bound_record(exc.existing)
-            if exc.existing.fingerprint == legacy_fingerprint(parsed, target):
-                # The same request, bound before the target hash was keyed: its record's
-                # binding cannot be matched with this one, and is not another request either.
-                return await refuse_new(
-                    recorder,
-                    iid,
-                    session,
-                    target,
-                    Code.CONFIG_CHANGED,
-                    f"targets.{target.name}",
-                    "this idempotency key was bound by an earlier broker version; reconcile "
-                    "that invocation, then start a new one with a new key.",
-                )
-            return await refuse_new(
-                recorder,
-                iid,
-                session,
-                target,
-                Code.IDEMPOTENCY_MISMATCH,
-                "idempotency_key",
-                "this idempotency key is bound to a request with a different fingerprint",
-            )
+            # Another request, or this one under a changed configuration (``rebound.py``).
+            code, field_path, message = refusal(engine, exc, parsed, target)
+            return await refuse_new(recorder, iid, session, target, code, field_path, message)
         if bound.invocation_id != iid:
             # Another call bound this key first: the invocation is its.  Nothing of this call
             # may be written into that record unless the journal says this call may act (a
@@ -219,6 +198,11 @@ async def start(
         "idempotency": idem,
         "budget": target.budget,
     }
+    if key is not None:
+        # The request alone: a same-key call under another configuration is told apart from
+        # another request by it (``rebound.py``).
+        keyed = engine.journal.keyed_digest
+        operation["request_fingerprint"] = request_fingerprint(parsed, target, keyed)
     # The first attempt's lease (generation 0): every other worker takes its holder for gone
     # once it runs out, and recovers the record; the attempt ends within it (``run_tries``).
     lease_ends = now + engine.lease_ttl(target, timeout)

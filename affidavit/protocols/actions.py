@@ -22,12 +22,12 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol
 
 from affidavit.schema import Target, canonical_json, snapshot_hash
 from affidavit.session import MAX_SESSION, SESSION, SESSION_WORDS
-from affidavit.statemachine import Code
+from affidavit.statemachine import KEYED_PREFIX, Code
 from affidavit.strictjson import DuplicateField, NotJsonNumber
 from affidavit.strictjson import loads as strict_loads
 
@@ -52,6 +52,7 @@ __all__ = [
     "load_action_json",
     "no_ctl",
     "parse_action",
+    "request_fingerprint",
     "session",
     "strict_json",
     "string",
@@ -334,14 +335,28 @@ def legacy_fingerprint(action: Action, target: Target) -> str:
     return _fingerprint(action, target, 1, snapshot_hash(target))
 
 
-def _fingerprint(action: Action, target: Target, version: int, target_hash: str) -> str:
+def request_fingerprint(action: Action, target: Target, keyed: Callable[[str, bytes], str]) -> str:
+    """The request alone, without the target's snapshot: what the protocol says identifies it
+    (``fingerprint``'s request part).  ACTION_ACCEPTED records it beside the fingerprint, so
+    that a same-key call whose fingerprint differs tells the same request under a changed
+    configuration (CONFIG_CHANGED, naming the invocation the key is bound to) from another
+    request (IDEMPOTENCY_MISMATCH).  Keyed (``keyed``: the journal's ``keyed_digest``) for
+    the reason the fingerprint is: a plain digest of a short body confirms a guess of it."""
+    doc = {"v": 1, **_request(action, target)}
+    return KEYED_PREFIX + keyed("request-fingerprint", canonical_json(doc))
+
+
+def _request(action: Action, target: Target) -> dict[str, Any]:
     if action.kind != target.kind:
         raise TypeError(f"a {action.kind} action needs a {action.kind} target, not {target.kind}")
     spec = get(target.kind)
     if spec is None:
         raise TypeError(f"no protocol is registered as {target.kind!r}")
-    doc = {"v": version, "kind": target.kind, "target": target_hash}
-    doc.update(spec.action.fingerprint(action, target))
+    return {"kind": target.kind, **spec.action.fingerprint(action, target)}
+
+
+def _fingerprint(action: Action, target: Target, version: int, target_hash: str) -> str:
+    doc = {"v": version, "target": target_hash, **_request(action, target)}
     return "sha256:" + hashlib.sha256(canonical_json(doc)).hexdigest()
 
 

@@ -28,7 +28,7 @@ from tests.http.hostile import HostileServer, Received, Reply, scripts
 
 from .helpers import TOKEN_ENV, http_target, open_broker, write_config
 
-GOLDEN = "d3d8fd0544047f8990f244c139170f66344e635bbccaeee9196579a71a44c283"
+GOLDEN = "b0581e35fa11d7d387a78280c5a524a672935f8ade239627e7ea235e81830c55"
 
 TOKEN = "tok-equivalence-0123456789abcdef"
 

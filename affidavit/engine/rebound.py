@@ -1,0 +1,96 @@
+"""A same-key call whose fingerprint is not the one the key is bound to: another request, or the
+same request under a changed target configuration.
+
+Seed, "Idempotency is defined by the remote contract": "A retry must use the same key and an
+identical fingerprint.  Reusing the key with a modified body must fail locally with
+``IDEMPOTENCY_MISMATCH``."  The fingerprint covers the target's snapshot too (its keyed hash), so
+any edit of the target -- a connect timeout 2 -> 3 -- changes it.  Answered IDEMPOTENCY_MISMATCH,
+"bound to a request with a different fingerprint", the identical request invites the natural
+reaction "new key, resend", which makes a duplicate.  So the request part is compared on its
+own: the same request is refused ``CONFIG_CHANGED``, naming the invocation the key is bound to
+and what its record says (fetch it, or reconcile it: that is where the request went), and only
+a different request is ``IDEMPOTENCY_MISMATCH``.
+
+The request part is ACTION_ACCEPTED's ``operation.request_fingerprint``; a record written before
+it was recorded is recognized as ``legacy_fingerprint`` recognizes a v1 one, by recomputing:
+its fingerprint with the config hash its own PREFLIGHT_VALIDATED recorded.  Either way only what
+the chained record holds is compared; the binding row itself proves nothing (``bound_record``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from affidavit.journal import IdempotencyMismatch
+from affidavit.protocols.actions import fingerprint, legacy_fingerprint, request_fingerprint
+from affidavit.statemachine import Code, EventKind, Record
+
+if TYPE_CHECKING:
+    from .engine import Engine
+
+__all__ = ["refusal"]
+
+
+def refusal(
+    engine: Engine, exc: IdempotencyMismatch, action: Any, target: Any
+) -> tuple[Code, str, str]:
+    """What a new invocation refused for ``exc`` answers: (code, field, message)."""
+    journal = engine.journal
+    # Refused for the fingerprint the binding row holds only once the chained event proves it
+    # (a row given another fingerprint is altered, not a mismatch: ``AlteredRow``).
+    record = journal.bound_record(exc.existing)
+    if exc.existing.fingerprint == legacy_fingerprint(action, target):
+        # The same request, bound before the target hash was keyed: its binding cannot be
+        # matched with this one, and is not another request either.
+        return (
+            Code.CONFIG_CHANGED,
+            f"targets.{target.name}",
+            f"this idempotency key was bound by an earlier broker version to "
+            f"{_named(record, exc)}; act on that invocation (reconcile it if unknown), then "
+            "start a new one with a new key.",
+        )
+    if record is not None and _same_request(engine, record, exc, action, target):
+        return (
+            Code.CONFIG_CHANGED,
+            f"targets.{target.name}",
+            f"this idempotency key is bound to {_named(record, exc)} for this same request, "
+            f"under the target's configuration as it was then; the target's configuration "
+            f"changed since.  Act on that invocation (fetch its result; reconcile it if "
+            f"unknown): a new key would send the request again.",
+        )
+    return (
+        Code.IDEMPOTENCY_MISMATCH,
+        "idempotency_key",
+        "this idempotency key is bound to a different request (another method, path, "
+        "headers or body; another command or stdin)",
+    )
+
+
+def _same_request(
+    engine: Engine, record: Record, exc: IdempotencyMismatch, action: Any, target: Any
+) -> bool:
+    accepted = validated = None
+    for event in engine.journal.events(record.invocation_id):
+        if event.kind is EventKind.ACTION_ACCEPTED and accepted is None:
+            accepted = event.attrs
+        elif event.kind is EventKind.PREFLIGHT_VALIDATED and validated is None:
+            validated = event.attrs
+    recorded = ((accepted or {}).get("operation") or {}).get("request_fingerprint")
+    if recorded is not None:
+        return bool(recorded == request_fingerprint(action, target, engine.journal.keyed_digest))
+    # Recorded before the request part was: its fingerprint, recomputed with the config hash
+    # it was built on (its own PREFLIGHT_VALIDATED), is the one bound only for this request.
+    config_hash = (validated or {}).get("config_hash")
+    return type(config_hash) is str and fingerprint(action, target, config_hash) == (
+        exc.existing.fingerprint
+    )
+
+
+def _named(record: Record | None, exc: IdempotencyMismatch) -> str:
+    """The invocation the key is bound to, and what its record says now."""
+    iid = exc.existing.invocation_id
+    if record is None:
+        return f"invocation {iid} (nothing recorded yet)"
+    if not record.final:
+        return f"invocation {iid} (not finished: {record.state})"
+    return f"invocation {iid} (outcome {record.outcome.value}, retry {record.retry.value})"

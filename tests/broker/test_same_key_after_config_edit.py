@@ -1,0 +1,213 @@
+"""A same-key call after the target's configuration changed is told apart from a modified request.
+
+Seed, "Idempotency is defined by the remote contract": "A retry must use the same key and an
+identical fingerprint.  Reusing the key with a modified body must fail locally with
+``IDEMPOTENCY_MISMATCH``."  The fingerprint covers the target's snapshot, so a connect timeout
+edited 2 -> 3 changed it, and the identical call was answered IDEMPOTENCY_MISMATCH ("a request
+with a different fingerprint") in an invocation that did not name the original: the natural
+reaction, a new key and a resend, makes a duplicate.  Now the request part is compared alone
+(ACTION_ACCEPTED's ``request_fingerprint``): the same request is ``CONFIG_CHANGED`` naming the
+invocation the key is bound to and what its record says, nothing sent; a modified one stays
+``IDEMPOTENCY_MISMATCH``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+import affidavit.engine.invocation as invocation
+from affidavit.api.broker import Broker
+from affidavit.config import load_config
+from affidavit.protocols.actions import parse_action, request_fingerprint
+from affidavit.statemachine import EventKind as E
+from tests.http.hostile import HostileServer, Peer, Reply, Script
+
+from .approvalkit import verify_ok
+from .helpers import assert_error, http_target, open_broker, write_config
+from .http_rows import IDEM, LIMIT
+
+CHARGE = {
+    "target": "api",
+    "method": "POST",
+    "path": "/v1/charges",
+    "body": '{"amount": 5}',
+    "idempotency_key": "charge-1",
+}
+EDITED = {"timeout": {"connect": 3, "total": 5}}  # http_target's connect timeout is 2
+
+
+def _server(drop_first: bool) -> tuple[Script, list[bytes]]:
+    """Answers each POST 201 (the first closed unanswered when ``drop_first``); records bodies."""
+    received: list[bytes] = []
+
+    async def script(peer: Peer) -> None:
+        while True:
+            req = await peer.read_request()
+            if req is None:
+                return
+            received.append(req.body or b"")
+            if drop_first and len(received) == 1:
+                await peer.close()
+                return
+            await peer.respond(Reply(201, body=b'{"id": "ch_1"}'))
+
+    return script, received
+
+
+def _targets(url: str, **extra: Any) -> dict[str, Any]:
+    return {"api": http_target(url, idempotency=IDEM, **extra)}
+
+
+async def _first(tmp_path: Path, url: str) -> str:
+    """The charge, by a broker with the target as first configured: its invocation id."""
+    async with open_broker(write_config(tmp_path, _targets(url))) as b:
+        with trio.fail_after(LIMIT):
+            env = await b.call(CHARGE)
+    return str(env["invocation_id"])
+
+
+def _accepted(b: Broker, iid: str) -> dict[str, Any]:
+    return dict(next(e.attrs for e in b.events(iid) if e.kind is E.ACTION_ACCEPTED))
+
+
+@pytest.mark.parametrize(
+    ("drop_first", "named"),
+    [(False, "outcome committed, retry never"), (True, "outcome unknown, retry")],
+    ids=["committed-original", "unknown-original"],
+)
+async def test_the_same_request_after_a_config_edit_is_config_changed_naming_the_original(
+    tmp_path: Path, token: str, drop_first: bool, named: str
+) -> None:
+    """The review's reproduction: the call commits (or its connection drops: unknown), the
+    connect timeout is edited 2 -> 3, the identical call comes again.  CONFIG_CHANGED at
+    ``targets.api``, its message naming the original and what its record says; nothing sent
+    again, the original as it was."""
+    script, received = _server(drop_first)
+    async with HostileServer.running(script) as srv:
+        iid = await _first(tmp_path, srv.url)
+        async with open_broker(write_config(tmp_path, _targets(srv.url, **EDITED))) as b:
+            before = b.record(iid)
+            with trio.fail_after(LIMIT):
+                env = await b.call(CHARGE)
+            assert_error(
+                b,
+                env,
+                phase="validation",
+                outcome="not_attempted",
+                retry="after_correction",
+                code="CONFIG_CHANGED",
+            )
+            assert env["error"]["field"] == "targets.api"
+            message = env["error"]["message"]
+            assert f"invocation {iid} ({named}" in message, message
+            assert "a new key would send the request again" in message
+            assert env["invocation_id"] != iid
+            assert b.record(iid) == before  # the original, as it was
+            verify_ok(b)
+    assert len(received) == 1  # nothing sent again
+
+
+@pytest.mark.parametrize("edited", [False, True], ids=["same-config", "config-edited"])
+async def test_a_modified_body_under_the_same_key_is_idempotency_mismatch(
+    tmp_path: Path, token: str, edited: bool
+) -> None:
+    """A different request under the key stays IDEMPOTENCY_MISMATCH at ``idempotency_key``,
+    whether or not the configuration changed too; its message names no invocation."""
+    script, received = _server(False)
+    async with HostileServer.running(script) as srv:
+        iid = await _first(tmp_path, srv.url)
+        later = _targets(srv.url, **(EDITED if edited else {}))
+        async with open_broker(write_config(tmp_path, later)) as b:
+            with trio.fail_after(LIMIT):
+                env = await b.call({**CHARGE, "body": '{"amount": 6}'})
+            assert_error(
+                b,
+                env,
+                phase="validation",
+                outcome="not_attempted",
+                retry="after_correction",
+                code="IDEMPOTENCY_MISMATCH",
+            )
+            assert env["error"]["field"] == "idempotency_key"
+            assert iid not in env["error"]["message"]
+    assert received == [b'{"amount": 5}']
+
+
+async def test_a_record_from_before_the_request_fingerprint_is_recognized_by_its_config_hash(
+    tmp_path: Path, token: str
+) -> None:
+    """A record written before ``request_fingerprint`` was recorded: its fingerprint,
+    recomputed with the config hash its PREFLIGHT_VALIDATED holds, says it was this request --
+    CONFIG_CHANGED, as for a new record.  (A modified body still is a mismatch: above.)"""
+    script, received = _server(False)
+    async with HostileServer.running(script) as srv:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(invocation, "request_fingerprint", lambda _a, _t, _k: None)
+            iid = await _first(tmp_path, srv.url)
+        async with open_broker(write_config(tmp_path, _targets(srv.url, **EDITED))) as b:
+            assert _accepted(b, iid)["operation"]["request_fingerprint"] is None
+            with trio.fail_after(LIMIT):
+                env = await b.call(CHARGE)
+            assert env["error"]["code"] == "CONFIG_CHANGED", env["error"]
+            assert f"invocation {iid} (outcome committed" in env["error"]["message"]
+    assert len(received) == 1
+
+
+async def test_the_recorded_request_fingerprint_is_keyed(tmp_path: Path, token: str) -> None:
+    """What ACTION_ACCEPTED records of the request alone is keyed by the journal's key, like
+    the fingerprint: a plain digest of ``{"amount": 5}`` would confirm a guessed body."""
+    script, _received = _server(False)
+    async with (
+        HostileServer.running(script) as srv,
+        open_broker(write_config(tmp_path, _targets(srv.url))) as b,
+    ):
+        with trio.fail_after(LIMIT):
+            env = await b.call(CHARGE)
+        recorded = _accepted(b, env["invocation_id"])["operation"]["request_fingerprint"]
+        action, target = parse_action(CHARGE, b.config), b.config.targets["api"]
+        assert recorded == request_fingerprint(action, target, b.journal.keyed_digest)
+    plain = request_fingerprint(action, target, lambda _label, data: _sha256(data))
+    assert recorded.startswith("hmac-sha256:") and recorded != plain
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+async def test_brokers_of_a_shared_journal_with_different_configs_name_the_original(
+    tmp_path: Path, pg_url: str, token: str
+) -> None:
+    """Two brokers on one PostgreSQL journal, their targets differing in a timeout: the same
+    call through the second is CONFIG_CHANGED naming the first's invocation, nothing resent."""
+    script, received = _server(True)
+    async with HostileServer.running(script) as srv:
+        cfg = []
+        for n, extra in (("a.toml", {}), ("b.toml", EDITED)):
+            journal = {
+                "url": pg_url,
+                "key_file": str(tmp_path / "k"),
+                "signing_key": str(tmp_path / n),
+            }
+            path = write_config(
+                tmp_path, _targets(srv.url, **extra), journal=journal, name=f"{n}.toml"
+            )
+            cfg.append(load_config(path))
+        async with (
+            Broker.open(config=cfg[0], holder="worker-A") as a,
+            Broker.open(config=cfg[1], holder="worker-B") as b,
+        ):
+            with trio.fail_after(LIMIT):
+                first = await a.call(CHARGE)
+                assert first["error"]["outcome"] == "unknown", first
+                second = await b.call(CHARGE)
+            assert second["error"]["code"] == "CONFIG_CHANGED", second["error"]
+            assert (
+                f"invocation {first['invocation_id']} (outcome unknown"
+                in (second["error"]["message"])
+            )
+    assert len(received) == 1
