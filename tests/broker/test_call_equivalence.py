@@ -28,7 +28,7 @@ from tests.http.hostile import HostileServer, Received, Reply, scripts
 
 from .helpers import TOKEN_ENV, http_target, open_broker, write_config
 
-GOLDEN = "b0581e35fa11d7d387a78280c5a524a672935f8ade239627e7ea235e81830c55"
+GOLDEN = "c92ac17393015838ee0b6775b2f0aa3602e5e3304fe93739b9314064282d61b0"
 
 TOKEN = "tok-equivalence-0123456789abcdef"
 
