@@ -211,12 +211,18 @@ class _Run:
             progressed = False
             # Each libssh call below may pump packets for the others: note what the channel
             # showed before them, so a change they made is seen before parking on the socket.
-            seen = (channel.is_eof(), channel.is_closed())
+            seen = (channel.is_eof(), channel.is_closed(), channel.window_size())
             state: tuple[Any, Any, Any] | None = None  # libssh's exit state, read this round
             try:
                 try:
-                    if stdin_open and pending:
-                        _rc, written = channel.write(bytes(pending[:CHUNK]))
+                    # Never more than the remote's window: ssh-python's write loops in C until
+                    # all it was given is written, and libssh answers 0 (not "again") while the
+                    # window is shut, so a larger write spun on the trio thread until the remote
+                    # read again.  A shut window is waited for like any packet (its adjust
+                    # arrives as one).
+                    room = min(len(pending), CHUNK, channel.window_size()) if stdin_open else 0
+                    if room:
+                        _rc, written = channel.write(bytes(pending[:room]))
                         pending = pending[written:]
                         progressed = written > 0
                     if stdin_open and not pending:
@@ -292,6 +298,9 @@ class _Run:
             if eof_fired and channel.is_closed():
                 # Seen on a live connection (checked above): a real CHANNEL_CLOSE.  libssh
                 # processes packets in order, so an exit report sent before it is already in.
+                if stdin_open and pending:
+                    # The remote's window stayed shut until it closed (``head -c 3``).
+                    self.stdin_unsent = len(pending)
                 facts = self.result_facts()
                 if not report.exited:
                     self.interrupted(
@@ -314,7 +323,7 @@ class _Run:
                     facts=facts,
                     summary=report.summary(),
                 )
-            if progressed or (channel.is_eof(), channel.is_closed()) != seen:
+            if progressed or (channel.is_eof(), channel.is_closed(), channel.window_size()) != seen:
                 park.moved()
                 continue
             await park()  # nothing observable changed

@@ -30,9 +30,12 @@ Commands (the first word selects the behaviour):
                    the pinned ed25519 key; ``other``: ``other_key``, an ed25519 key never
                    pinned), ``when`` ``first`` (then "out\n", exit-status 0, EOF, close) or
                    ``last`` (after "out\n", exit-status 0 and EOF; the close 0.3 s later)
+  stall <s>        read no stdin for s seconds (the receive window, once used up, stays shut),
+                   then read it to EOF and write its byte count, exit-status 0, close
 Users: "refuse" is denied every authentication; "pwuser" authenticates with password
 ``PASSWORD`` only; anyone else with any public key.  "rekeyer" is answered its session channel
-only after a key re-exchange signed with ``other_key``.
+only after a key re-exchange signed with ``other_key``.  "smallwin" gets a session channel whose
+receive window is ``SMALL_WINDOW`` bytes (asyncssh's default is 2 MiB).
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ from asyncssh.constants import MSG_CHANNEL_DATA, MSG_CHANNEL_REQUEST
 from asyncssh.packet import Boolean, String, UInt32
 
 PASSWORD = "correct horse battery staple"
+SMALL_WINDOW = 24 * 1024
 
 
 def big_output(n: int) -> bytes:
@@ -99,6 +103,7 @@ class _Session(asyncssh.SSHServerSession[str]):
         self._srv = server
         self._chan: Any = None
         self._command = ""
+        self._stdin = 0
 
     def connection_made(self, chan: Any) -> None:
         self._chan = chan
@@ -197,6 +202,12 @@ class _Session(asyncssh.SSHServerSession[str]):
             conn._transport.write_eof()
         elif verb == "rekey":
             self._rekey(conn, words[1], words[2] == "first")
+        elif verb == "stall":
+            # asyncssh resumes reading right after this call: pause on the next turn, which runs
+            # before the loop reads the stdin the client sends once the exec reply is in.  No
+            # data is delivered, so no window adjust is sent.
+            loop.call_soon(chan.pause_reading)
+            loop.call_later(float(words[1]), chan.resume_reading)
         elif verb == "echosig":
             # A remote that echoes the password it was given as an exit-signal name, then the
             # connection breaks: the name is remote-controlled text like any output.
@@ -222,7 +233,13 @@ class _Session(asyncssh.SSHServerSession[str]):
         else:
             asyncio.get_running_loop().call_later(0.3, chan.close)
 
+    def data_received(self, data: str, datatype: Any) -> None:
+        self._stdin += len(data)
+
     def eof_received(self) -> bool:
+        if self._command.startswith("stall"):
+            self._chan.write(f"{self._stdin}\n")
+            self._chan.exit(0)
         return True  # keep the channel half-open: our behaviours decide when to close
 
 
@@ -255,6 +272,8 @@ class _Server(asyncssh.SSHServer):
         self._srv.sessions_opened += 1
         if self._user == "rekeyer":  # re-keys with ``other_key`` before the session opens
             _start_rekey(self._conn, self._srv.other_key)
+        if self._user == "smallwin":
+            return self._conn.create_server_channel(window=SMALL_WINDOW), _Session(self._srv)
         return _Session(self._srv)
 
 

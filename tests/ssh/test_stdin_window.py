@@ -1,0 +1,85 @@
+"""stdin is written only into the server's open receive window, so a server that stops reading
+never holds the trio loop.
+
+ssh-python's ``Channel.write`` loops in C, without yielding, until every byte it was given is
+written; libssh 0.11 answers 0 (not "again") while the window is shut, and the binding counts 0
+as progress.  A write larger than the window therefore spun on the trio thread until the server
+opened the window again: the exec timeout, cancellation and every other task stopped with it.
+"""
+
+from __future__ import annotations
+
+import pytest
+import trio
+
+from affidavit.adapters.base import AttemptInterrupted
+from affidavit.adapters.ssh import perform, prepare_credential
+from affidavit.statemachine import Code, Outcome
+
+from .conftest import Recorder, SshKeys, hostile_target
+from .hostile import SMALL_WINDOW, HostileServer
+
+STDIN = b"x" * 100_000
+"""Four times the scripted server's small window."""
+
+
+async def _ticking(run: object) -> tuple[object, list[float], float]:
+    """Await ``run`` beside a 10 ms ticker on the same loop; the ticker's gaps, the time taken."""
+    gaps: list[float] = []
+    done = trio.Event()
+
+    async def ticker() -> None:
+        last = trio.current_time()
+        while not done.is_set():
+            await trio.sleep(0.01)
+            now = trio.current_time()
+            gaps.append(now - last)
+            last = now
+
+    outcome: list[object] = []
+
+    async def call() -> None:
+        try:
+            outcome.append(await run)  # type: ignore[misc]
+        except AttemptInterrupted as exc:
+            outcome.append(exc)
+        finally:
+            done.set()
+
+    start = trio.current_time()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(ticker)
+        nursery.start_soon(call)
+    return outcome[0], gaps, trio.current_time() - start
+
+
+async def test_a_server_that_stops_reading_stdin_lets_the_exec_timeout_fire_on_time(
+    hostile: HostileServer, ssh_keys: SshKeys
+) -> None:
+    # The server reads nothing for 6 s; its 24 KiB window is shut after the first write.  Before
+    # the fix the write spun 6 s, then the call came back complete, exit-status 0.
+    assert len(STDIN) > 4 * SMALL_WINDOW
+    rec = Recorder()
+    target = hostile_target(hostile, "smallwin", exec=1.0)
+    cred = prepare_credential(ssh_keys.client_key)
+    with trio.fail_after(20):
+        res, gaps, took = await _ticking(perform(target, cred, "stall 6", STDIN, rec.ctx))
+    assert isinstance(res, AttemptInterrupted), res
+    assert res.code == Code.REMOTE_OUTCOME_UNKNOWN and rec.events[-1] == "timed_out"
+    assert took < 3.0  # the 1 s exec timeout, not the server's 6 s
+    assert len(gaps) > 50 and max(gaps) < 0.25  # the loop was never held
+
+
+@pytest.mark.parametrize("pause", [0.0, 0.3])
+async def test_stdin_larger_than_the_window_is_delivered_whole_as_the_window_reopens(
+    hostile: HostileServer, ssh_keys: SshKeys, pause: float
+) -> None:
+    rec = Recorder()
+    target = hostile_target(hostile, "smallwin", exec=10.0)
+    cred = prepare_credential(ssh_keys.client_key)
+    with trio.fail_after(20):
+        res, gaps, _took = await _ticking(perform(target, cred, f"stall {pause}", STDIN, rec.ctx))
+    assert not isinstance(res, AttemptInterrupted), res
+    assert (res.outcome, res.code) == (Outcome.COMMITTED, None)  # type: ignore[attr-defined]
+    assert rec.stream("stdout") == b"%d\n" % len(STDIN)  # the server read every byte
+    assert max(gaps) < 0.25
