@@ -148,9 +148,11 @@ async def test_own_exec_timeout_is_outcome_unknown(sshd: Sshd) -> None:
 
 
 async def test_stdin_is_written_interleaved_with_reads(sshd: Sshd) -> None:
-    # 1 MiB through `cat` exceeds both channel windows: writing it all before reading would
-    # deadlock, so this proves stdin and stdout are pumped together.
-    data = bytes(range(256)) * 4096
+    # 4 MiB through `cat` exceeds both channel windows -- OpenSSH's session window is 2 MiB,
+    # libssh's own grows to about 1.28 MB -- and what the pipes in between hold: a driver that
+    # wrote all stdin before reading anything would deadlock.  (1 MiB fitted in the windows, so
+    # such a driver passed.)
+    data = bytes(range(256)) * 16384
     rec = Recorder()
     with trio.fail_after(20):
         res = await perform(
