@@ -22,7 +22,8 @@ Commands (the first word selects the behaviour):
                    ``k<NAME>`` exit-signal NAME), then EOF and close
   strayexit        write "partial\n", send exit-status 0 on a channel id the client never
                    opened, then EOF and close the session channel
-  lateout          write "out\n", EOF, then "late\n" on stdout after the EOF, exit-status 0, close
+  lateout [now]    write "out\n", EOF, then "late\n" on stdout after the EOF, exit-status 0, close
+                   (0.1 s apart; ``now``: at once, in one TCP segment)
   echosig          write "out\n", send an exit-signal named ``PASSWORD``, abort the connection
   big <n>          write ``big_output(n)`` (n bytes of numbered ASCII lines), exit-status 0
   exitdrop         write "out\n", exit-status 0, EOF, close, then close the TCP connection at once
@@ -42,6 +43,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 import threading
 from collections.abc import AsyncIterator
 from typing import Any
@@ -183,6 +185,17 @@ class _Session(asyncssh.SSHServerSession[str]):
             conn.send_packet(MSG_CHANNEL_REQUEST, stray + UInt32(0))
             loop.call_later(0.1, chan.write_eof)
             loop.call_later(0.15, chan.close)
+        elif verb == "lateout" and words[1:] == ["now"]:
+            # The same packets with no delay, corked into one TCP segment: the client's libssh
+            # takes "out", EOF and "late" off the socket in one read.
+            sock = conn.get_extra_info("socket")
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CORK, 1)
+            chan.write("out\n")
+            chan.write_eof()
+            conn.send_packet(MSG_CHANNEL_DATA, UInt32(chan._send_chan) + String(b"late\n"))
+            chan._send_request(b"exit-status", UInt32(0))
+            chan.close()
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CORK, 0)
         elif verb == "lateout":
             chan.write("out\n")
             chan.write_eof()

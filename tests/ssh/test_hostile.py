@@ -336,6 +336,21 @@ async def test_data_after_eof_is_no_result_and_found_at_once(
     assert rec.ctx.machine.state == "interrupted" and not rec.ctx.machine.complete
 
 
+async def test_data_after_eof_in_the_same_read_as_the_eof_cannot_be_told_apart(
+    hostile: HostileServer, key: bytes
+) -> None:
+    # A known limit, pinned (docs/ssh-driver.md, "Data after EOF"): libssh appends channel data
+    # to one buffer per stream and keeps EOF as a flag, so "out", EOF, "late" taken off the
+    # socket in one read read back as "out\nlate\n", then EOF -- the same as "out\nlate\n", EOF.
+    # ssh-python exposes no channel callbacks that would see the order.  If this fails, the
+    # driver has learnt to see it: make it stream_broken and update the doc.
+    for _ in range(3):
+        rec = Recorder()
+        res = await _run(hostile, key, "lateout now", rec)
+        assert (res.outcome, res.code, res.summary["exit_status"]) == (Outcome.COMMITTED, None, 0)
+        assert rec.stream("stdout") == b"out\nlate\n"
+
+
 @pytest.mark.parametrize("name", ["A" * 5000, "KI;LL", "KILL\x1b[2K"], ids=["5000", "semi", "esc"])
 async def test_an_exit_signal_whose_name_is_no_signal_name_is_no_exit_information(
     hostile: HostileServer, key: bytes, name: str
