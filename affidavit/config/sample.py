@@ -71,7 +71,7 @@ user = "deploy"
 host_key = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"
 # known_hosts = "known_hosts"
 credential = "vault:deploy_key"       # an OpenSSH private key stored in the vault
-idempotent_commands = []              # exact commands known to be safe to repeat
+idempotent_commands = []              # exact commands known to be safe to repeat (never with stdin)
 # approval = { commands = ["^deploy "] }   # these commands wait for an operator's yes, and so
 #   does any command with stdin, not simple (`;`, `$`, quotes, tabs...) or run by sh/sudo/env...;
 #   robust: { except_commands = ["uptime"] } (only these skip the wait) or "always"

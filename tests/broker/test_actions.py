@@ -499,6 +499,16 @@ def test_is_idempotent_reads_configuration_not_method_names() -> None:
     assert not is_idempotent(parse_action(ssh(), CONFIG), billing)
 
 
+@pytest.mark.parametrize("stdin", ["rm -rf", ""])
+def test_a_listed_command_with_stdin_is_not_idempotent(stdin: str) -> None:
+    # The listing vouches for the command line, not for the code its stdin feeds it (`sh`,
+    # `psql`): an unknown outcome would be sent again without a look.  No stdin is not an empty
+    # stdin; an empty one counts too, as it does for approval.
+    deploy = CONFIG.targets["deploy"]
+    action = parse_action(ssh(command="systemctl is-active app", stdin=stdin), CONFIG)
+    assert not is_idempotent(action, deploy)
+
+
 # --- the caller cannot shadow the credential (issue 9) ----------------------------------------
 # Servers do not read header and parameter names byte for byte: header names are
 # case-insensitive (RFC 9110 §5.1) and CGI, WSGI and nginx map "_" and "-" to the same

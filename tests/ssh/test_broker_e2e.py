@@ -311,3 +311,20 @@ async def test_large_output_is_stored_in_chunks_and_fetched_intact_without_reexe
     assert all(64 * 1024 < len(b) <= 64 * 1024 + 64 for b in blobs[:-1])
     assert b"".join(blobs).find(expected[:4096]) == -1  # sealed, never the plaintext
     assert hostile.exec_requests.count(command) == 1
+
+
+async def test_a_listed_idempotent_command_with_stdin_is_reconciled_not_sent_again(
+    tmp_path: Path, hostile: HostileServer
+) -> None:
+    # `drop` is listed as idempotent.  Without stdin its unknown outcome is safe to send again;
+    # with stdin the listing vouches for nothing the stdin feeds it (`sh`, `psql`).
+    target = ssh_target(hostile.port, "bob", hostile.pin, idempotent_commands=["drop"])
+    cfg = write_config(tmp_path, {"evil": target})
+    with trio.fail_after(LIMIT):
+        async with open_broker(cfg) as b:
+            plain = await b.call({"target": "evil", "command": "drop"})
+            assert_error(b, plain, phase="remote_execution", outcome="unknown",
+                         retry="backoff", code="REMOTE_OUTCOME_UNKNOWN")  # fmt: skip
+            fed = await b.call({"target": "evil", "command": "drop", "stdin": "rm -rf /srv\n"})
+            assert_error(b, fed, phase="remote_execution", outcome="unknown",
+                         retry="reconcile", code="REMOTE_OUTCOME_UNKNOWN")  # fmt: skip

@@ -158,8 +158,13 @@ def operator_contents(action: Mapping[str, Any]) -> dict[str, bytes]:
 
 
 def idempotent(action: SshAction, target: SshTarget) -> bool:
-    """The exact command is listed in the target's ``idempotent_commands``."""
-    return action.command in target.idempotent_commands
+    """The exact command is listed in the target's ``idempotent_commands`` and has no stdin.
+
+    A listing vouches for a command line, not for the input it runs: with stdin, ``sh``,
+    ``python3`` or ``psql`` run the caller's code, and an unknown outcome of an idempotent
+    operation is sent again without a look (``decide()``).  Any stdin, empty included, makes
+    the command not idempotent, as it defeats every approval pattern (``approval_reason``)."""
+    return action.stdin is None and action.command in target.idempotent_commands
 
 
 def describe(target: SshTarget) -> dict[str, Any]:
