@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import os
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -289,5 +288,4 @@ class Connection:
                 scope.shield = True
                 with contextlib.suppress(ssh.exceptions.BaseSSHError):
                     await io.call(channel.close)
-        with contextlib.suppress(OSError), socket.socket(fileno=os.dup(io.fd)) as dup:
-            dup.shutdown(socket.SHUT_RDWR)
+        io.end()

@@ -222,7 +222,14 @@ class _Run:
                     # arrives as one).
                     room = min(len(pending), CHUNK, channel.window_size()) if stdin_open else 0
                     if room:
-                        _rc, written = channel.write(bytes(pending[:room]))
+                        # On a worker thread: a key re-exchange holds even a write that fits.
+                        stall = self.t.timeouts.connect
+                        written = await io.write(channel, bytes(pending[:room]), stall)
+                        if written is None:
+                            self.lost(
+                                f"a key re-exchange the server started did not finish within "
+                                f"{stall}s (the connect timeout): the connection was ended"
+                            )
                         pending = pending[written:]
                         progressed = written > 0
                     if stdin_open and not pending:

@@ -8,7 +8,10 @@ describes library exceptions without secrets.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
+import os
+import socket
 import struct
 import termios
 from collections.abc import Callable
@@ -71,6 +74,56 @@ class Io:
             event.dopoll(0)
         finally:
             event.remove_session(self.session)
+
+    async def write(self, channel: Any, data: bytes, stall: float) -> int | None:
+        """``channel.write(data)`` on a worker thread: the bytes written, or None when the call
+        had not returned after ``stall`` seconds and the connection was ended for it.
+
+        ssh-python's write loops in C, without returning, until libssh has taken every byte.
+        ``data`` never exceeds the channel's window (the caller's rule), so libssh writes it in
+        one pass -- except while a key re-exchange is under way: libssh 0.11's
+        ``channel_write_common`` then answers 0 (``ssh_waitsession_unblocked``), which the
+        binding counts as progress, so a server that starts a re-exchange and never finishes
+        it held the calling thread for as long as it liked.  On the trio thread that froze
+        every task.  On a worker it holds only this call (it spins; the GIL is released): if
+        the call is cancelled or ``stall`` passes, the socket is shut down, libssh's next pump
+        reads its end and the write fails, and only then is the session touched again."""
+        token = trio.lowlevel.current_trio_token()
+        returned = trio.Event()
+
+        def work() -> Any:
+            try:
+                return channel.write(data)
+            finally:
+                token.run_sync_soon(returned.set)
+
+        abandoned = True
+        try:
+            with trio.move_on_after(stall):
+                try:
+                    _rc, written = await trio.to_thread.run_sync(work, abandon_on_cancel=True)
+                except trio.Cancelled:
+                    raise
+                except BaseException:
+                    abandoned = False  # the call itself raised: it has returned
+                    raise
+                abandoned = False
+                return int(written)
+        finally:
+            if abandoned:
+                # Cancelled, or the stall bound passed, with the call still running: end the
+                # connection so that it returns, and wait for that before anyone touches the
+                # session again (libssh's next pump reads the socket's end: microseconds).
+                self.end()
+                with trio.CancelScope(shield=True):
+                    await returned.wait()
+        return None
+
+    def end(self) -> None:
+        """End the TCP connection now.  A duplicate of the fd is shut down rather than the fd
+        closed: libssh owns the fd and closes it when the session is freed."""
+        with contextlib.suppress(OSError), socket.socket(fileno=os.dup(self.fd)) as dup:
+            dup.shutdown(socket.SHUT_RDWR)
 
     def pending(self) -> int:
         """Bytes waiting in the kernel's receive buffer of the socket (FIONREAD)."""

@@ -33,6 +33,9 @@ Commands (the first word selects the behaviour):
                    ``last`` (after "out\n", exit-status 0 and EOF; the close 0.3 s later)
   stall <s>        read no stdin for s seconds (the receive window, once used up, stays shut),
                    then read it to EOF and write its byte count, exit-status 0, close
+  rekeystall <s>   read no stdin for 0.2 s, then open the window again and start a key
+                   re-exchange (one TCP segment) that never finishes: nothing more is read;
+                   the connection dropped s seconds later (use with user "smallwin")
 Users: "refuse" is denied every authentication; "pwuser" authenticates with password
 ``PASSWORD`` only; anyone else with any public key.  "rekeyer" is answered its session channel
 only after a key re-exchange signed with ``other_key``.  "smallwin" gets a session channel whose
@@ -221,6 +224,9 @@ class _Session(asyncssh.SSHServerSession[str]):
             # data is delivered, so no window adjust is sent.
             loop.call_soon(chan.pause_reading)
             loop.call_later(float(words[1]), chan.resume_reading)
+        elif verb == "rekeystall":
+            loop.call_soon(chan.pause_reading)  # as ``stall``: the small window fills and stays
+            loop.call_later(0.2, self._rekeystall, conn, float(words[1]))
         elif verb == "echosig":
             # A remote that echoes the password it was given as an exit-signal name, then the
             # connection breaks: the name is remote-controlled text like any output.
@@ -249,6 +255,19 @@ class _Session(asyncssh.SSHServerSession[str]):
     def data_received(self, data: str, datatype: Any) -> None:
         self._stdin += len(data)
 
+    def _rekeystall(self, conn: Any, drop_after: float) -> None:
+        """Open the shut window and start a key re-exchange in one TCP segment, so the client
+        takes both in one read: it then has window to write into and a session libssh holds
+        blocked until the exchange ends.  The exchange never ends (nothing more is read); the
+        connection is dropped ``drop_after`` seconds later."""
+        sock = conn.get_extra_info("socket")
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CORK, 1)
+        self._chan.resume_reading()  # delivers the stdin held back: sends the window adjust
+        _start_rekey(conn, self._srv.host_key)
+        conn._transport.pause_reading()
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CORK, 0)
+        asyncio.get_running_loop().call_later(drop_after, conn.abort)
+
     def eof_received(self) -> bool:
         if self._command.startswith("stall"):
             self._chan.write(f"{self._stdin}\n")
@@ -264,6 +283,7 @@ class _Server(asyncssh.SSHServer):
 
     def connection_made(self, conn: Any) -> None:
         self._conn = conn
+        self._srv.connections.append(conn)
 
     def begin_auth(self, username: str) -> bool:
         self._user = username
@@ -297,6 +317,9 @@ class HostileServer:
     def __init__(self, extra_host_keys: tuple[str, ...] = ()) -> None:
         self.exec_requests: list[str] = []
         self.sessions_opened = 0
+        self.connections: list[Any] = []
+        """Every connection accepted: ``stop`` aborts those still open (one whose reading a
+        behaviour paused never sees the client's end)."""
         self.port = 0
         self._keys = [asyncssh.generate_private_key(t) for t in ("ssh-ed25519", *extra_host_keys)]
         self._key = self._keys[0]
@@ -332,6 +355,9 @@ class HostileServer:
         async def _close() -> None:
             self._server.close()
             await self._server.wait_closed()
+            for conn in self.connections:
+                conn.abort()
+            await asyncio.sleep(0)  # let the aborted transports close
 
         asyncio.run_coroutine_threadsafe(_close(), self._loop).result(timeout=10)
         self._loop.call_soon_threadsafe(self._loop.stop)

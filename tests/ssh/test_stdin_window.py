@@ -83,3 +83,37 @@ async def test_stdin_larger_than_the_window_is_delivered_whole_as_the_window_reo
     assert (res.outcome, res.code) == (Outcome.COMMITTED, None)  # type: ignore[attr-defined]
     assert rec.stream("stdout") == b"%d\n" % len(STDIN)  # the server read every byte
     assert max(gaps) < 0.25
+
+
+async def test_a_key_reexchange_that_never_ends_lets_the_exec_timeout_fire_on_time(
+    hostile: HostileServer, ssh_keys: SshKeys
+) -> None:
+    # The window is open, but the server started a key re-exchange it never finishes: libssh
+    # answers every write 0 until it ends, and ssh-python's write loop spun on the trio thread
+    # until the server dropped the connection (6 s here; never, for a patient server).
+    rec = Recorder()
+    target = hostile_target(hostile, "smallwin", exec=1.0)
+    cred = prepare_credential(ssh_keys.client_key)
+    with trio.fail_after(20):
+        res, gaps, took = await _ticking(perform(target, cred, "rekeystall 6", STDIN, rec.ctx))
+    assert isinstance(res, AttemptInterrupted), res
+    assert res.code == Code.REMOTE_OUTCOME_UNKNOWN and rec.events[-1] == "timed_out"
+    assert took < 3.0
+    assert len(gaps) > 50 and max(gaps) < 0.25
+
+
+async def test_a_key_reexchange_that_never_ends_is_given_the_connect_timeout(
+    hostile: HostileServer, ssh_keys: SshKeys
+) -> None:
+    # The exec timeout (an hour by default) is no bound for a stuck write: the re-exchange
+    # gets what the first exchange got, the connect timeout; then the connection is ended.
+    rec = Recorder()
+    target = hostile_target(hostile, "smallwin", exec=30.0, connect=1.5)
+    cred = prepare_credential(ssh_keys.client_key)
+    with trio.fail_after(20):
+        res, gaps, took = await _ticking(perform(target, cred, "rekeystall 6", STDIN, rec.ctx))
+    assert isinstance(res, AttemptInterrupted), res
+    assert res.code == Code.REMOTE_OUTCOME_UNKNOWN and rec.events[-1] == "connection_lost"
+    assert "key re-exchange" in res.detail and "1.5s" in res.detail
+    assert took < 4.0  # 1.5 s, not the server's 6 s
+    assert max(gaps) < 0.25
