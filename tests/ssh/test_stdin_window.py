@@ -117,3 +117,17 @@ async def test_a_key_reexchange_that_never_ends_is_given_the_connect_timeout(
     assert "key re-exchange" in res.detail and "1.5s" in res.detail
     assert took < 4.0  # 1.5 s, not the server's 6 s
     assert max(gaps) < 0.25
+
+
+async def test_a_caller_cancelling_during_a_stuck_reexchange_is_answered_at_once(
+    hostile: HostileServer, ssh_keys: SshKeys
+) -> None:
+    rec = Recorder()
+    target = hostile_target(hostile, "smallwin", exec=30.0)
+    cred = prepare_credential(ssh_keys.client_key)
+    start = trio.current_time()
+    with trio.fail_after(20):
+        with trio.move_on_after(1.0) as caller:
+            await perform(target, cred, "rekeystall 6", STDIN, rec.ctx)
+    assert caller.cancelled_caught and trio.current_time() - start < 3.0
+    assert rec.events[-1] == "cancelled" and rec.ctx.machine.dispatched
