@@ -227,8 +227,9 @@ class _Run:
                         written = await io.write(channel, bytes(pending[:room]), stall)
                         if written is None:
                             self.lost(
-                                f"a key re-exchange the server started did not finish within "
-                                f"{stall}s (the connect timeout): the connection was ended"
+                                f"a stdin write did not return within {stall}s of beginning (the "
+                                "connect timeout; a key re-exchange holds writes): the connection "
+                                "was ended"
                             )
                         pending = pending[written:]
                         progressed = written > 0

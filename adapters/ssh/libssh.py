@@ -14,6 +14,7 @@ import os
 import socket
 import struct
 import termios
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -77,7 +78,8 @@ class Io:
 
     async def write(self, channel: Any, data: bytes, stall: float) -> int | None:
         """``channel.write(data)`` on a worker thread: the bytes written, or None when the call
-        had not returned after ``stall`` seconds and the connection was ended for it.
+        was given up -- cancelled, or not returned ``stall`` seconds after it began -- and the
+        connection was ended for it (or the write never began).
 
         ssh-python's write loops in C, without returning, until libssh has taken every byte.
         ``data`` never exceeds the channel's window (the caller's rule), so libssh writes it in
@@ -85,38 +87,29 @@ class Io:
         ``channel_write_common`` then answers 0 (``ssh_waitsession_unblocked``), which the
         binding counts as progress, so a server that starts a re-exchange and never finishes
         it held the calling thread for as long as it liked.  On the trio thread that froze
-        every task.  On a worker it holds only this call (it spins; the GIL is released): if
-        the call is cancelled or ``stall`` passes, the socket is shut down, libssh's next pump
-        reads its end and the write fails, and only then is the session touched again."""
-        token = trio.lowlevel.current_trio_token()
-        returned = trio.Event()
+        every task.  On a worker it holds only this call (it spins; the GIL is released).
 
-        def work() -> Any:
-            try:
-                return channel.write(data)
-            finally:
-                token.run_sync_soon(returned.set)
-
-        abandoned = True
+        The session is never used by two threads at once: ``_Write`` says whether the worker
+        began the call.  Given up before it began, the worker never touches the session; given
+        up while it runs, the socket is shut down (libssh's next pump reads its end and the
+        write fails) and the session is touched again only once the call has returned.  The
+        workers are SSH writes' own (``_WRITERS``): a stuck one never holds a thread another
+        part of the broker (a DNS lookup) waits for, and the ``stall`` clock starts when the
+        call begins, not while it waits for a thread."""
+        op = _Write(channel, data, stall)
         try:
-            with trio.move_on_after(stall):
-                try:
-                    _rc, written = await trio.to_thread.run_sync(work, abandon_on_cancel=True)
-                except trio.Cancelled:
-                    raise
-                except BaseException:
-                    abandoned = False  # the call itself raised: it has returned
-                    raise
-                abandoned = False
-                return int(written)
+            with op.bound:  # its deadline is set when the call begins
+                _rc, written = await trio.to_thread.run_sync(
+                    op.run, abandon_on_cancel=True, limiter=_writers()
+                )
+                return None if written is None else int(written)
         finally:
-            if abandoned:
-                # Cancelled, or the stall bound passed, with the call still running: end the
-                # connection so that it returns, and wait for that before anyone touches the
-                # session again (libssh's next pump reads the socket's end: microseconds).
+            if op.give_up():
+                # It runs: end the connection so that it returns, and wait for that before
+                # anyone touches the session again (microseconds once the socket is shut).
                 self.end()
                 with trio.CancelScope(shield=True):
-                    await returned.wait()
+                    await op.returned.wait()
         return None
 
     def end(self) -> None:
@@ -194,3 +187,58 @@ def describe(exc: BaseException) -> str:
 def text(value: Any) -> str:
     """Remote bytes (a kex name, a signal name) as text; undecodable bytes replaced."""
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+_WRITERS: trio.lowlevel.RunVar[trio.CapacityLimiter] = trio.lowlevel.RunVar("ssh_writers")
+WRITERS = 8
+"""Stdin writes of SSH calls on worker threads at once (``Io.write``): each stuck one (a key
+re-exchange that never ends) spins a core until its ``stall``; the rest wait their turn."""
+
+
+def _writers() -> trio.CapacityLimiter:
+    try:
+        return _WRITERS.get()
+    except LookupError:
+        limiter = trio.CapacityLimiter(WRITERS)
+        _WRITERS.set(limiter)
+        return limiter
+
+
+class _Write:
+    """One ``channel.write`` handed to a worker: whether it began, is running or returned, under
+    a lock both threads take, so that a write given up before it began never begins."""
+
+    def __init__(self, channel: Any, data: bytes, stall: float) -> None:
+        self.channel, self.data, self.stall = channel, data, stall
+        self.token = trio.lowlevel.current_trio_token()
+        self.lock = threading.Lock()
+        self.state = "idle"  # -> "running" -> "returned", or "skipped"
+        self.returned = trio.Event()
+        self.bound = trio.CancelScope()
+        """Ends the wait ``stall`` seconds after the call began (``_began``)."""
+
+    def run(self) -> tuple[int, int | None]:
+        with self.lock:
+            if self.state != "idle":
+                return 0, None  # given up before it began: the session is not touched
+            self.state = "running"
+        self.token.run_sync_soon(self._began)
+        try:
+            rc, written = self.channel.write(self.data)
+            return rc, written
+        finally:
+            with self.lock:
+                self.state = "returned"
+            self.token.run_sync_soon(self.returned.set)
+
+    def _began(self) -> None:
+        self.bound.deadline = trio.current_time() + self.stall
+
+    def give_up(self) -> bool:
+        """On the way out of ``Io.write``: True when the call is still running (end the
+        connection and wait for ``returned``); a call that never began never will."""
+        with self.lock:
+            if self.state == "idle":
+                self.state = "skipped"
+                return False
+            return self.state == "running" and not self.returned.is_set()

@@ -1,0 +1,144 @@
+"""``Io.write`` hands one ``channel.write`` to a worker thread and never lets two threads use
+the session at once: a write given up before its thread began never begins; one given up while
+it runs ends the connection and is waited for; the ``stall`` clock starts when the call begins,
+not while it waits for a thread; SSH writes have threads of their own.  A fake channel stands in
+for libssh (no server needed); every wait is bounded."""
+
+from __future__ import annotations
+
+import socket
+import threading
+
+import pytest
+import trio
+
+from affidavit.adapters.ssh import libssh
+
+BOUND = 10.0
+"""The ceiling on every wait here (a hang fails, it does not stall the worker)."""
+
+
+class FakeChannel:
+    """``write`` blocks until ``release`` is set or the socket pair's far end reads EOF
+    (``Io.end`` shut it down); records every call and whether one overlapped another."""
+
+    def __init__(self, far: socket.socket) -> None:
+        self.far = far
+        self.release = threading.Event()
+        self.began = threading.Event()
+        self.calls = 0
+        self.busy = False
+        self.overlapped = False
+
+    def write(self, data: bytes) -> tuple[int, int]:
+        if self.busy:
+            self.overlapped = True
+        self.busy = True
+        self.calls += 1
+        self.began.set()
+        try:
+            self.far.settimeout(BOUND)
+            while not self.release.is_set():
+                try:
+                    self.far.settimeout(0.01)
+                    if self.far.recv(1) == b"":
+                        return -1, 0  # the connection ended under it: the write fails
+                except TimeoutError:
+                    continue
+            return 0, len(data)
+        finally:
+            self.busy = False
+
+
+@pytest.fixture
+def pair() -> object:
+    near, far = socket.socketpair()
+    yield near, far
+    near.close()
+    far.close()
+
+
+def _io(near: socket.socket) -> libssh.Io:
+    return libssh.Io(session=None, fd=near.fileno())
+
+
+async def test_a_write_that_returns_gives_its_count(pair: tuple[socket.socket, ...]) -> None:
+    near, far = pair
+    channel = FakeChannel(far)
+    channel.release.set()
+    with trio.fail_after(BOUND):
+        assert await _io(near).write(channel, b"abc", stall=BOUND) == 3
+    assert channel.calls == 1
+
+
+async def test_a_write_cancelled_before_its_thread_began_never_begins(
+    pair: tuple[socket.socket, ...],
+) -> None:
+    near, far = pair
+    channel = FakeChannel(far)
+    with trio.move_on_after(BOUND) as outer:
+        with trio.CancelScope() as scope:
+            scope.cancel()  # already cancelled when the write is asked for
+            await _io(near).write(channel, b"abc", stall=BOUND)
+    assert not outer.cancelled_caught, "the write hung on a call that never began"
+    await trio.sleep(0.2)  # a thread that would still begin has had its chance
+    assert channel.calls == 0
+
+
+async def test_a_write_that_waits_for_a_thread_is_not_timed_while_it_waits(
+    pair: tuple[socket.socket, ...], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With every SSH writer thread taken, a write waits for one without its stall running:
+    given one, it completes."""
+    near, far = pair
+    limiter = trio.CapacityLimiter(1)
+    monkeypatch.setattr(libssh, "_writers", lambda: limiter)
+    channel = FakeChannel(far)
+    channel.release.set()
+    with trio.fail_after(BOUND):
+        await limiter.acquire()
+        async with trio.open_nursery() as nursery:
+            got: list[int | None] = []
+
+            async def write() -> None:
+                got.append(await _io(near).write(channel, b"abcd", stall=0.05))
+
+            nursery.start_soon(write)
+            await trio.sleep(0.3)  # six stalls' worth, waiting for the thread
+            limiter.release()
+    assert got == [4]
+
+
+async def test_a_write_that_stalls_ends_the_connection_and_is_waited_for(
+    pair: tuple[socket.socket, ...],
+) -> None:
+    near, far = pair
+    channel = FakeChannel(far)  # never released: only the connection's end returns it
+    with trio.fail_after(BOUND):
+        assert await _io(near).write(channel, b"abc", stall=0.1) is None
+    assert channel.began.is_set() and not channel.busy  # returned before write() did
+
+
+async def test_a_write_cancelled_while_it_runs_is_waited_for_before_the_cancel_goes_on(
+    pair: tuple[socket.socket, ...],
+) -> None:
+    near, far = pair
+    channel = FakeChannel(far)
+    with trio.fail_after(BOUND):
+        with trio.CancelScope() as scope:
+            async with trio.open_nursery() as nursery:
+
+                async def cancel_once_running() -> None:
+                    await trio.to_thread.run_sync(channel.began.wait, BOUND)
+                    scope.cancel()
+
+                nursery.start_soon(cancel_once_running)
+                await _io(near).write(channel, b"abc", stall=BOUND)
+    assert scope.cancelled_caught
+    assert channel.calls == 1 and not channel.busy and not channel.overlapped
+
+
+async def test_ssh_writes_have_threads_of_their_own() -> None:
+    assert libssh._writers() is libssh._writers()
+    assert libssh._writers() is not trio.to_thread.current_default_thread_limiter()
+    assert libssh._writers().total_tokens == libssh.WRITERS
