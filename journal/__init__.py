@@ -77,6 +77,7 @@ from .errors import (
     ResultStoreFailed,
     ResultUnverified,
     SealUnopened,
+    SigningRecordsRemoved,
     VerifyReport,
     told,
 )
@@ -174,6 +175,7 @@ __all__ = [
     "SealUnopened",
     "SessionSummary",
     "SigningKey",
+    "SigningRecordsRemoved",
     "StoredResult",
     "StreamInfo",
     "VerifyReport",

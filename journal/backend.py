@@ -139,8 +139,10 @@ class Backend(Protocol):
         which no such bound cuts short."""
         ...
 
-    def create(self, conn: Any) -> None:
-        """Create or upgrade the schema (idempotent), inside the transaction ``begin`` opened."""
+    def create(self, conn: Any) -> str | None:
+        """Create or upgrade the schema (idempotent), inside the transaction ``begin`` opened.
+        Returns the schema the journal recorded before (None: a new journal, or one from before
+        the ``meta`` table) -- what ``connect`` tells a journal from before signing by."""
         ...
 
     def opened(self) -> None:

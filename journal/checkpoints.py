@@ -12,8 +12,11 @@ names the key that signed it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import json
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
+
+from affidavit.statemachine import EventKind
 
 from .chain import check_row, row_hash
 from .errors import JournalError
@@ -26,10 +29,13 @@ __all__ = [
     "adopt",
     "cover",
     "covering_problem",
+    "first_signing_era_row",
     "remember",
     "require_covered",
     "sign",
     "signed_by",
+    "signing_era",
+    "signing_era_row",
 ]
 
 Keys = Mapping[str, bytes]
@@ -61,6 +67,45 @@ def sign(tables: Tables, key: SigningKey, seq: int, hash_: str, prev: int, at: f
     cp = key.sign(seq, hash_, prev, at)
     tables.insert_checkpoint(cp)
     return cp
+
+
+_RESULT_COMMITTED = EventKind.RESULT_COMMITTED.value
+
+
+def signing_era_row(kind: Any, attrs: Any) -> bool:
+    """Whether an event row (its ``kind`` and ``attrs`` JSON) is one only a signing broker
+    writes: a RESULT_COMMITTED carrying ``marker_sha256`` -- per-chunk hashes and signing came
+    in one change (schema 2), so no broker from before signing wrote the field."""
+    if kind != _RESULT_COMMITTED or type(attrs) is not str:
+        return False
+    try:
+        parsed = json.loads(attrs)
+    except ValueError:  # not a row the broker wrote: the chain check says so
+        return False
+    return isinstance(parsed, dict) and "marker_sha256" in parsed
+
+
+def first_signing_era_row(rows: Iterable[Any]) -> int | None:
+    """The seq of the first of ``rows`` (``chain.EVENT_COLUMNS``) that ``signing_era_row``."""
+    return next((row[0] for row in rows if signing_era_row(row[4], row[8])), None)
+
+
+def signing_era(schema: str | None, signing_schema: int, era_row: int | None) -> str | None:
+    """Why a journal whose rows claim to predate signing was written by a signing broker --
+    its signing records were removed -- or None: it may be from before signing.  ``schema``:
+    the ``meta`` schema it recorded before a writer's open raised it (``Backend.create``), or
+    None when not to be counted (an adopted journal's is raised legitimately); a signing broker
+    records ``signing_schema`` or later and, in the same transaction, its key and an ``adopted``
+    checkpoint over any rows.  ``era_row``: the first of those rows a signing broker wrote
+    (``first_signing_era_row``)."""
+    if schema is not None and schema.isdigit() and int(schema) >= signing_schema:
+        return f"it records schema {schema}, which only signing brokers write"
+    if era_row is not None:
+        return (
+            f"its row {era_row} (RESULT_COMMITTED) carries marker_sha256, which only signing "
+            "brokers write"
+        )
+    return None
 
 
 def adopt(tables: Tables, key: SigningKey, clock: Callable[[], float]) -> None:

@@ -12,7 +12,10 @@ sealing key and the signing keys its checkpoints are checked with.
   once per broker, checks against keys kept elsewhere).
 * A SQLite journal written before signing existed (rows, no recorded signing key, no
   checkpoint, no signing key file yet) is *adopted*: the new key signs its head in a checkpoint
-  marked ``adopted``, which ``verify`` reports.
+  marked ``adopted``, which ``verify`` reports.  One that only looks so -- a schema or a row
+  only a signing broker writes (``checkpoints.signing_era``) -- had its signing records
+  removed, and is refused (``SigningRecordsRemoved``): adopting it would sign over whatever was
+  done to it meanwhile.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from pathlib import Path
 from . import checkpoints
 from .backend import Backend
 from .checkpoints import Keys
-from .errors import JournalError
+from .errors import JournalError, SigningRecordsRemoved
 from .sealing import BrokerKey
 from .signing import SigningKey, key_id_of
 from .tables import Tables
@@ -61,14 +64,16 @@ def bind_keys(
     key_file: Path,
     signing_key_file: Path,
     clock: Callable[[], float],
+    schema: str | None,
 ) -> tuple[BrokerKey, SigningKey]:
     """Inside the writer's first transaction, after ``Backend.create``: the sealing key and
-    this broker's signing key, each checked against (or recorded in) the journal."""
+    this broker's signing key, each checked against (or recorded in) the journal.  ``schema``:
+    the one the journal recorded before (``create``'s answer)."""
     key = _broker_key(backend, tables, key_file)
     if backend.multi_signer:
         signer = _register(backend, tables, signing_key_file)
     else:
-        signer = _single_signer(backend, tables, signing_key_file, clock)
+        signer = _single_signer(backend, tables, signing_key_file, clock, schema)
     return key, signer
 
 
@@ -120,7 +125,11 @@ def _register(backend: Backend, tables: Tables, key_file: Path) -> SigningKey:
 
 
 def _single_signer(
-    backend: Backend, tables: Tables, key_file: Path, clock: Callable[[], float]
+    backend: Backend,
+    tables: Tables,
+    key_file: Path,
+    clock: Callable[[], float],
+    schema: str | None,
 ) -> SigningKey:
     where = backend.where
     seq, h = tables.head()
@@ -139,18 +148,31 @@ def _single_signer(
             keys: Keys = {signer.key_id: signer.public_raw}
             checkpoints.require_covered(tables, where, seq, h, keys)
         return signer
-    if seq and (key_file.exists() or tables.checkpoint_count()):
-        # Rows, no recorded key, yet a key file or checkpoints: not a journal from before
-        # signing but one whose record of its key was removed.  Adopting it would sign over
-        # whatever was done to it.
-        raise JournalError(
-            f"journal {where} has rows but records no signing key, although "
-            + (f"signing key file {key_file} exists" if key_file.exists() else "it has checkpoints")
-            + ": its signing records were removed -- run `affidavit journal verify`"
-        )
+    if seq:
+        _refuse_removed(tables, where, key_file, schema)
     signer = SigningKey.load(key_file) if key_file.exists() else SigningKey.create(key_file)
     tables.insert_meta("signing_key_id", signer.key_id)
     tables.insert_meta("signing_public_key", base64.b64encode(signer.public_raw).decode("ascii"))
     if seq:
         checkpoints.adopt(tables, signer, clock)
     return signer
+
+
+def _refuse_removed(tables: Tables, where: str, key_file: Path, schema: str | None) -> None:
+    """Rows and no recorded signing key, yet a key file, checkpoints, or a schema or row only a
+    signing broker writes: not a journal from before signing but one whose record of its key
+    was removed (with the key file too, perhaps).  Adopting it would sign over whatever was
+    done to it -- a full scan of its rows, paid once, by the open that would adopt it."""
+    if key_file.exists():
+        why: str | None = f"signing key file {key_file} exists"
+    elif tables.checkpoint_count():
+        why = "it has checkpoints"
+    else:
+        era_row = checkpoints.first_signing_era_row(tables.event_rows())
+        why = checkpoints.signing_era(schema, tables.SIGNING_SCHEMA, era_row)
+    if why is not None:
+        raise SigningRecordsRemoved(
+            f"journal {where} has rows but records no signing key, although {why}: its "
+            "signing records were removed -- run `affidavit journal verify`; no broker signs "
+            "over it"
+        )

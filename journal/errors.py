@@ -26,6 +26,7 @@ __all__ = [
     "ReadFailed",
     "ResultStoreFailed",
     "ResultStoreReplaced",
+    "SigningRecordsRemoved",
     "VerifyReport",
     "told",
 ]
@@ -87,6 +88,10 @@ class VerifyReport:
     """Idempotency bindings proven by the chained ACTION_ACCEPTED of the invocation they name."""
     also: tuple[str, ...] = ()
     """Further problems found after the first."""
+    code: str | None = None
+    """A stable code for the first problem when a caller must tell it apart:
+    ``SIGNING_RECORDS_REMOVED`` (rows that look from before signing were written by a signing
+    broker; ``--accept-unsigned`` does not accept them)."""
 
 
 class JournalError(Exception):
@@ -111,6 +116,15 @@ def told(exc: BaseException) -> str:
     (``JournalError``), else ``str()``.  The operator's log and CLI keep ``str()``."""
     public = getattr(exc, "public", None) if isinstance(exc, JournalError) else None
     return str(exc) if public is None else public
+
+
+class SigningRecordsRemoved(JournalError):
+    """A journal with rows and no record of its signing key, whose rows or files show a signing
+    broker wrote it (``checkpoints.signing_era``): not a journal from before signing but one
+    whose signing records were removed -- to have a broker sign over rows rewritten meanwhile.
+    No broker adopts it and ``verify --accept-unsigned`` does not accept it."""
+
+    code = "SIGNING_RECORDS_REMOVED"
 
 
 class ResultUnverified(JournalError):

@@ -462,20 +462,20 @@ class PostgresBackend:
         self._pipes.pop(id(conn), None)
         conn.close()
 
-    def create(self, conn: Any) -> None:
+    def create(self, conn: Any) -> str | None:
         # The schema is several statements in one query: not in pipeline mode.
         pipe = self._pipes.pop(id(conn), None)
         if pipe is not None:
             pipe.__exit__(None, None, None)
         try:
-            self._create(conn)
+            return self._create(conn)
         finally:
             if pipe is not None:
                 again = conn.pipeline()
                 again.__enter__()
                 self._pipes[id(conn)] = again
 
-    def _create(self, conn: Any) -> None:
+    def _create(self, conn: Any) -> str | None:
         have = conn.execute("SELECT to_regclass('meta') IS NOT NULL").fetchone()[0]
         found = None
         if have:
@@ -485,7 +485,7 @@ class PostgresBackend:
                 # Current: a broker role needs no DDL privilege to open it.
                 self._refuse_ungranted(conn)
                 self._index_due = self._wants_index(conn)
-                return
+                return found
         try:
             conn.execute(SCHEMA)
         except psycopg.errors.InsufficientPrivilege:
@@ -508,6 +508,7 @@ class PostgresBackend:
             "SET value = excluded.value",
             (str(SCHEMA_VERSION),),
         )
+        return found
 
     def _refuse_ungranted(self, conn: Any) -> None:
         """A writer whose role may not write ``chunk_owners`` (granted before schema 2 added it)

@@ -76,6 +76,9 @@ class _Source:
     def bindings(self) -> Iterator[tuple[Any, ...]]:
         return self.tables.idempotency_rows()
 
+    def schema(self) -> tuple[str | None, int]:
+        return self.tables.meta("schema"), self.tables.SIGNING_SCHEMA
+
 
 class ProvingReader(ReaderBase):
     """The keys a reader opens and checks with, the checkpoints covering its rows, and

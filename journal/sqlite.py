@@ -76,6 +76,7 @@ class SqliteTables(SegmentTables):
     read-only journal from before a table existed reads as having none of its rows.  Long
     results' chunks may be references to segment files (schema 4, ``segments.py``)."""
 
+    SIGNING_SCHEMA: ClassVar[int] = 2
     NULL: ClassVar[Any] = float("nan")
     """SQL NULL in an event row: SQLite binds a NaN as NULL (``sqlite3_bind_double``; SQLite
     has no NaN), and Python's ``sqlite3`` binds an exact float directly, whereas every None
@@ -434,8 +435,8 @@ class SqliteBackend:
                 self._fold_wal(conn, wait=True)
         conn.close()
 
-    def create(self, conn: Any) -> None:
-        _refuse_newer(conn, self.file)
+    def create(self, conn: Any) -> str | None:
+        found = _refuse_newer(conn, self.file)
         indexed = conn.execute(
             "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'invocations'"
         ).fetchone()
@@ -470,6 +471,7 @@ class SqliteBackend:
         )
         if fresh or self.sole:
             self._prove_segment_locks(conn)
+        return found
 
     def _prove_segment_locks(self, conn: Any) -> None:
         """Record ``segment_locks``: no writer that leaves its segment files unlocked (a broker

@@ -254,15 +254,18 @@ def _stored(create: str) -> str:
     return create.replace(" IF NOT EXISTS", "", 1).rstrip(";")
 
 
-def _refuse_newer(conn: sqlite3.Connection, path: Path) -> None:
+def _refuse_newer(conn: sqlite3.Connection, path: Path) -> str | None:
     """A journal a newer broker wrote (a schema this one does not know -- schema 4 moved long
     results' chunks into segment files, which a broker from before reads as missing) is neither
-    written nor read here: what this broker would make of it is not what it holds."""
+    written nor read here: what this broker would make of it is not what it holds.  Returns
+    the schema it records (None: none)."""
     try:
         row = conn.execute("SELECT value FROM meta WHERE name = 'schema'").fetchone()
     except sqlite3.Error:  # a new file, or one from before the meta table
-        return
-    refuse_newer_schema(None if row is None else row[0], SCHEMA_VERSION, str(path))
+        return None
+    found = None if row is None else str(row[0])
+    refuse_newer_schema(found, SCHEMA_VERSION, str(path))
+    return found
 
 
 def _split_sql(script: str) -> Iterable[str]:

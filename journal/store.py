@@ -210,8 +210,10 @@ class Journal(JournalReader):
         backend, writer = self.backend, self._writer
         backend.begin(writer.conn, barrier=True)
         try:
-            backend.create(writer.conn)
-            bound = bind_keys(backend, writer.tables, key_file, signing_key_file, self._clock)
+            schema = backend.create(writer.conn)
+            bound = bind_keys(
+                backend, writer.tables, key_file, signing_key_file, self._clock, schema
+            )
             backend.commit(writer.conn)
         except BaseException:
             with contextlib.suppress(Exception):

@@ -182,6 +182,10 @@ class Tables:
     PLACEHOLDER: ClassVar[str] = "?"
     NULL: ClassVar[Any] = None
     """What an event row handed to ``insert_events`` holds for SQL NULL (``Txn.insert``)."""
+    SIGNING_SCHEMA: ClassVar[int] = 1
+    """The first schema (``meta`` row ``schema``) only signing brokers write: a journal that
+    records it or a later one was opened by a writer that signs (``checkpoints.signing_era``).
+    Every PostgreSQL journal; SQLite from schema 2, which came with signing."""
 
     __slots__ = ("conn",)
 

@@ -38,7 +38,8 @@ from affidavit.statemachine import EventKind
 
 from . import bindings
 from .chain import GENESIS, canonical_json, check_row
-from .errors import VerifyReport
+from .checkpoints import signing_era, signing_era_row
+from .errors import SigningRecordsRemoved, VerifyReport
 from .signing import Anchor, Checkpoint, key_id_of, verify_signature
 
 __all__ = ["Source", "Trust", "verify_after", "verify_journal"]
@@ -70,6 +71,11 @@ class Source(Protocol):
         """Idempotency rows as ``rows.IDEMPOTENCY_COLUMNS``."""
         ...
 
+    def schema(self) -> tuple[str | None, int]:
+        """The schema the journal records (``meta``), and the first one only signing brokers
+        write (``Tables.SIGNING_SCHEMA``)."""
+        ...
+
 
 @dataclass(frozen=True)
 class Trust:
@@ -95,18 +101,20 @@ class _Problems:
     seq: int | None = None
     reason: str = ""
     extra: list[str] = field(default_factory=list)
+    code: str | None = None
+    """The first problem's stable code, when it has one (``VerifyReport.code``)."""
 
-    def add(self, seq: int | None, reason: str) -> None:
+    def add(self, seq: int | None, reason: str, code: str | None = None) -> None:
         if seq is None:
             if self.seq is None and not self.reason:
-                self.reason = reason
+                self.reason, self.code = reason, code
             else:
                 self.extra.append(reason)
             return
         if self.seq is None or seq < self.seq:
             if self.reason:
                 self.extra.append(self.reason)
-            self.seq, self.reason = seq, reason
+            self.seq, self.reason, self.code = seq, reason, code
         else:
             self.extra.append(reason)
 
@@ -132,6 +140,8 @@ class _Walk:
     anchor_hash: str | None = None
     committed: dict[str, tuple[int, str]] = field(default_factory=dict)
     """RESULT_COMMITTED rows: invocation -> (seq, attrs JSON)."""
+    era_row: int | None = None
+    """The first row only a signing broker writes (``checkpoints.signing_era_row``)."""
     accepted: dict[str, tuple[int, bindings.Claim | None]] = field(default_factory=dict)
     """ACTION_ACCEPTED rows: invocation -> (seq, the idempotency key it names, if any)."""
 
@@ -140,7 +150,7 @@ def verify_journal(source: Source, trust: Trust) -> VerifyReport:
     problems = _Problems()
     walk = _walk(source, trust, problems)
     limit = problems.seq if problems.seq is not None else walk.rows + 1
-    _unsigned(walk, trust, problems)
+    _unsigned(walk, trust, problems, source.schema())
     if trust.anchor is not None:
         _check_anchor(walk, trust, trust.anchor, problems)
     results = _check_results(source, walk, limit, problems)
@@ -169,6 +179,7 @@ def _verdict(walk: _Walk, problems: _Problems) -> dict[str, Any]:
         "signed_at": walk.signed_at,
         "unsigned_through": walk.unsigned_through,
         "also": tuple(problems.extra),
+        "code": problems.code,
     }
 
 
@@ -312,6 +323,8 @@ def _walk(source: Source, trust: Trust, problems: _Problems) -> _Walk:
             walk.anchor_hash = walk.head
         if row[4] == _RESULT_COMMITTED:
             walk.committed[row[2]] = (seq, row[8])
+            if walk.era_row is None and signing_era_row(row[4], row[8]):
+                walk.era_row = seq
         elif row[4] == bindings.ACCEPTED:
             walk.accepted[row[2]] = (seq, bindings.claim_of(row[8]))
         if cp is not None and cp.seq == seq:
@@ -365,10 +378,16 @@ def _check_checkpoint(walk: _Walk, trust: Trust, cp: Checkpoint, problems: _Prob
     return True
 
 
-def _unsigned(walk: _Walk, trust: Trust, problems: _Problems) -> None:
-    """Rows after the last checkpoint, and rows from before signing not accepted."""
+def _unsigned(
+    walk: _Walk, trust: Trust, problems: _Problems, schema: tuple[str | None, int] | None = None
+) -> None:
+    """Rows after the last checkpoint, and rows from before signing not accepted -- never,
+    whatever ``accept_unsigned`` says, when a signing broker wrote them (``_removed``).
+    ``schema``: ``Source.schema()`` (a whole verify's)."""
     if walk.complete and walk.signed_seq < walk.rows:
         _unsigned_tail(walk, trust, problems)
+    if walk.unsigned_through and _removed(walk, problems, schema):
+        return
     if walk.unsigned_through and not trust.accept_unsigned:
         problems.add(
             1,
@@ -380,6 +399,26 @@ def _unsigned(walk: _Walk, trust: Trust, problems: _Problems) -> None:
             )
             + "; they rest on the hash chain alone -- pass --accept-unsigned to accept them",
         )
+
+
+def _removed(walk: _Walk, problems: _Problems, schema: tuple[str | None, int] | None) -> bool:
+    """Rows 1..``unsigned_through`` claimed to predate signing that a signing broker wrote
+    (``checkpoints.signing_era``): its signing records were removed.  The recorded schema
+    counts only for a journal with no checkpoint (an adoption raises it legitimately)."""
+    through = walk.unsigned_through or 0
+    recorded, first = schema if schema is not None else (None, 0)
+    era_row = walk.era_row if walk.era_row is not None and walk.era_row <= through else None
+    why = signing_era(recorded if walk.unsigned_at is None else None, first, era_row)
+    if why is None:
+        return False
+    problems.add(
+        1,
+        f"rows 1..{through} look written before this journal was signed, but {why}: its "
+        "signing records (checkpoints, recorded key) were removed -- --accept-unsigned does "
+        "not accept them",
+        SigningRecordsRemoved.code,
+    )
+    return True
 
 
 def _unsigned_tail(walk: _Walk, trust: Trust, problems: _Problems) -> None:

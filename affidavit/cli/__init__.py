@@ -170,7 +170,9 @@ def journal_refusal(
     ``JOURNAL_READ_DECLINED`` (the database declined a read this once: ``read_failure``'s words),
     ``JOURNAL_NOT_DURABLE`` (a shared journal's database would lose acknowledged commits in a
     crash: the message names the setting and the fix), ``JOURNAL_REPLACED`` (the SQLite file
-    at the path is not the one this process writes: ``JournalReplaced``) or
+    at the path is not the one this process writes: ``JournalReplaced``),
+    ``SIGNING_RECORDS_REMOVED`` (a journal that looks from before signing but was written by
+    a signing broker: ``SigningRecordsRemoved``, never adopted) or
     ``JOURNAL_UNUSABLE`` (the file, its directory or a key cannot be used as this user: the
     message names it and the fix)."""
     from affidavit.journal import (
@@ -179,6 +181,7 @@ def journal_refusal(
         JournalReplaced,
         JournalUnavailable,
         ReadFailed,
+        SigningRecordsRemoved,
     )
 
     if code is None and message is None and isinstance(exc, ReadFailed):
@@ -195,6 +198,8 @@ def journal_refusal(
             code = JournalReplaced.code
         elif isinstance(exc, JournalUnavailable):
             code = "JOURNAL_UNAVAILABLE"
+        elif isinstance(exc, SigningRecordsRemoved):
+            code = SigningRecordsRemoved.code
         else:
             code = "JOURNAL_UNUSABLE"
     return UsageError(str(exc) if message is None else message, code=code)

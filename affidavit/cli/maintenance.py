@@ -235,9 +235,16 @@ def _verify(args: argparse.Namespace) -> int:
                 "  note: checked with the public keys the journal records itself; pass "
                 "--public-key (one per broker) or --anchor for a check independent of it"
             )
+        elif report.key_source == "none":
+            _out(
+                "  note: checked on the hash chain alone (the journal records no signing key), "
+                "which whoever can write the file can re-compute; pass --public-key (one per "
+                "broker) or --anchor for a check independent of it"
+            )
     else:
+        code = f" ({report.code})" if report.code else ""
         _out(
-            f"journal BROKEN at seq {report.first_bad_seq}: {report.reason} "
+            f"journal BROKEN at seq {report.first_bad_seq}{code}: {report.reason} "
             f"({report.count} events before it are intact; checked with {key})"
         )
         for more in report.also:

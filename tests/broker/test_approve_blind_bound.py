@@ -26,8 +26,9 @@ CHARGE = {"target": "api", "method": "POST", "path": "/v1/charges", "body": '{"a
 
 def _seal_view_away(journal: Path, iid: str, key: BrokerKey) -> None:
     """APPROVAL_REQUESTED's payload (the operator's view) sealed with ``key`` instead, the
-    rows re-chained and the checkpoints and signing key gone (as ``test_approval_unplaced``):
-    a forger with write access and no key; the broker adopts the journal anew."""
+    rows re-chained, the checkpoints and signing key gone and the schema set back to 1 (as
+    ``test_approval_unplaced``): a forger with write access and no key, who passes the journal
+    off as one from before signing; the broker adopts the journal anew."""
     conn = sqlite3.connect(journal)
     try:
         (seq,) = conn.execute(
@@ -45,6 +46,7 @@ def _seal_view_away(journal: Path, iid: str, key: BrokerKey) -> None:
         journal,
         ("DELETE FROM checkpoints", ()),
         ("DELETE FROM meta WHERE name IN ('signing_key_id', 'signing_public_key')", ()),
+        ("UPDATE meta SET value = '1' WHERE name = 'schema'", ()),  # passed off as pre-signing
     )
     _rechain_from(journal, 1)
     for signing in journal.parent.glob("*sign*"):

@@ -36,7 +36,8 @@ async def _ask(socket: Path, method: str, target: str, body: bytes | None = None
 
 def _alter_sealed_request(db: Path, iid: str, signing_key: Path) -> None:
     """Flip a byte of the APPROVAL_REQUESTED event's sealed payload and re-chain the rows; the
-    signatures go (the daemon adopts the journal anew, as ``test_key_file_unplaced``)."""
+    signatures go and the schema is set back to 1, from before signing (the daemon adopts the
+    journal anew, as ``test_key_file_unplaced``)."""
     conn = sqlite3.connect(db)
     seq, payload = conn.execute(
         "SELECT seq, payload FROM events WHERE invocation_id = ? AND kind = 'APPROVAL_REQUESTED'",
@@ -50,6 +51,7 @@ def _alter_sealed_request(db: Path, iid: str, signing_key: Path) -> None:
         ("UPDATE events SET payload = ? WHERE seq = ?", (bytes(altered), seq)),
         ("DELETE FROM checkpoints", ()),
         ("DELETE FROM meta WHERE name IN ('signing_key_id', 'signing_public_key')", ()),
+        ("UPDATE meta SET value = '1' WHERE name = 'schema'", ()),  # passed off as pre-signing
     )
     _rechain_from(db, 1)
     os.unlink(signing_key)

@@ -60,6 +60,7 @@ def _old_and_altered(db: Path, iid: str, signing_key: Path, part: str = "chunk")
         ("UPDATE results SET streams = ? WHERE invocation_id = ?", (json.dumps(bare), iid)),
         ("DELETE FROM checkpoints", ()),
         ("DELETE FROM meta WHERE name IN ('signing_key_id', 'signing_public_key')", ()),
+        ("UPDATE meta SET value = '1' WHERE name = 'schema'", ()),  # as such a broker left it
         (
             "UPDATE result_chunks SET data = substr(data, 1, 20) || "
             "CASE WHEN substr(data, 21, 1) = X'00' THEN X'01' ELSE X'00' END || substr(data, 22) "

@@ -455,6 +455,7 @@ def _legacy_unsigned(b: Built) -> None:
         (f"UPDATE results SET streams = ? WHERE {_R}", (json.dumps(streams),)),
         ("DELETE FROM checkpoints", ()),
         ("DELETE FROM meta WHERE name IN ('signing_key_id', 'signing_public_key')", ()),
+        ("UPDATE meta SET value = '1' WHERE name = 'schema'", ()),  # as such a broker left it
     )
     _rechain_from(b.db, 1)
     os.unlink(f"{b.db}.signing.key")
