@@ -103,10 +103,13 @@ random_bytes = _RandomPool().take
 """``random_bytes(n)``: ``n`` fresh random bytes from the OS (see ``_RandomPool``)."""
 
 
-def write_secret_file(path: Path, data: bytes) -> None:
-    # O_EXCL: never clobber an existing key; mode 0600 from the first byte (no chmod race).
+def write_secret_file(path: Path, data: bytes, *, mode: int = 0o600) -> None:
+    # O_EXCL: never clobber an existing key; mode 0600 from the first byte (no chmod race); a
+    # wider ``mode`` (a public key's 0644) set whatever the umask.
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
+        if mode != 0o600:
+            os.fchmod(fd, mode)
         os.write(fd, data)
         os.fsync(fd)
     finally:
@@ -375,21 +378,32 @@ def generate_auditor_keypair(
     private_path: str | os.PathLike[str], public_path: str | os.PathLike[str]
 ) -> None:
     """Write a new auditor key pair: the private key 0600 (keep it off the broker host), the
-    public key for ``Journal.open(auditor_public_key=...)``."""
+    public key 0644 whatever the umask (``Journal.open(auditor_public_key=...)`` refuses a trust
+    anchor others may write).  Neither file is overwritten (``FileExistsError``): a public key
+    that cannot be created takes the new private key away again, so no half pair is left.
+    ``ValueError`` when both paths name the same file (the public key would overwrite the
+    private one, lost)."""
+    private, public = Path(private_path), Path(public_path)
+    if private.resolve() == public.resolve():
+        raise ValueError(f"{private} and {public} name the same file: the public key would "
+                         "overwrite the private one")  # fmt: skip
     priv = X25519PrivateKey.generate()
     write_secret_file(
-        Path(private_path),
+        private,
         priv.private_bytes(
             serialization.Encoding.PEM,
             serialization.PrivateFormat.PKCS8,
             serialization.NoEncryption(),
         ),
     )
-    Path(public_path).write_bytes(
-        priv.public_key().public_bytes(
-            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
-        )
+    pem = priv.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
     )
+    try:
+        write_secret_file(public, pem, mode=0o644)
+    except BaseException:
+        private.unlink()  # the file made above: no private key without its public half
+        raise
 
 
 # -- associated data: where a sealed blob belongs -----------------------------------------------

@@ -332,6 +332,8 @@ def _audit_keygen(args: argparse.Namespace) -> int:
 
     try:
         generate_auditor_keypair(args.private, args.public)
+    except ValueError as exc:
+        raise UsageError(str(exc), "INVALID_FIELD", "PUBLIC") from None
     except FileExistsError as exc:
         raise UsageError(f"{exc.filename} exists; not overwriting a key", "FILE_EXISTS") from None
     except OSError as exc:

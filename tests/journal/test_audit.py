@@ -6,11 +6,13 @@ broker's key does not open them; ``verify`` checks them without any key."""
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import stat
 from pathlib import Path
 
 import pytest
+import trio
 
 from affidavit.cli import main as cli_main
 from affidavit.journal import Journal, JournalError, JournalReader, SigningKey, public_key_pem
@@ -206,3 +208,48 @@ def test_audit_keygen_never_overwrites_a_key(
     assert cli_main(["journal", "audit-keygen", str(priv), str(pub)]) == 2
     assert "exists" in capsys.readouterr().err
     assert priv.read_bytes() == before
+
+
+def test_audit_keygen_refuses_one_file_for_both_halves(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``audit-keygen same.pem ./same.pem`` wrote the public key over the new private key:
+    the private half lost, exit 0."""
+    same = tmp_path / "same.pem"
+    assert cli_main(["journal", "audit-keygen", str(same), str(tmp_path / "." / "same.pem")]) == 2
+    err = capsys.readouterr().err
+    assert "INVALID_FIELD" in err and "PUBLIC" in err and "same file" in err
+    assert not same.exists()
+
+
+def test_audit_keygen_never_overwrites_a_public_key_nor_leaves_half_a_pair(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    priv, pub = tmp_path / "auditor.pem", tmp_path / "auditor.pub"
+    pub.write_bytes(b"the public key the broker trusts\n")
+    assert cli_main(["journal", "audit-keygen", str(priv), str(pub)]) == 2
+    assert "FILE_EXISTS" in capsys.readouterr().err
+    assert pub.read_bytes() == b"the public key the broker trusts\n"
+    assert not priv.exists()  # the private key made for it is taken away again
+
+
+@pytest.mark.parametrize("umask", [0o002, 0o077])
+def test_audit_keygen_makes_the_public_key_0644_whatever_the_umask(
+    tmp_path: Path, umask: int
+) -> None:
+    """Under umask 002 the public key was 0664, which the broker refuses as a trust anchor
+    (writable by group); under 077 it was 0600, which the broker's user may not read."""
+    priv, pub = tmp_path / "auditor.pem", tmp_path / "auditor.pub"
+    old = os.umask(umask)
+    try:
+        assert cli_main(["journal", "audit-keygen", str(priv), str(pub)]) == 0
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(pub.stat().st_mode) == 0o644
+    assert stat.S_IMODE(priv.stat().st_mode) == 0o600
+
+    async def opened() -> None:
+        async with Journal.open(tmp_path / "j.db", auditor_public_key=pub):
+            pass
+
+    trio.run(opened)
