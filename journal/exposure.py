@@ -96,6 +96,7 @@ __all__ = [
     "directories_to",
     "directory_exposures",
     "exposure",
+    "holds_password",
     "is_serving",
     "journal_exposures",
     "journal_files",
@@ -395,7 +396,7 @@ def config_exposure(
     none of ``agent_gids``, the groups the daemon's socket admits: a password every agent can
     read lets them write the journal; no user an access ACL names may, but the daemon's and
     root)."""
-    if journal_url is None or not _holds_password(journal_url):
+    if journal_url is None or not holds_password(journal_url):
         return exposure(path, "config file", CONFIG)
     found = exposure(path, "config file", CONFIG_WITH_PASSWORD)
     try:
@@ -432,7 +433,7 @@ def config_exposure(
     return Exposure(Path(path), "config file", f"{found.why} and {why}", f"{found.fix} && {fix}")
 
 
-def _holds_password(url: str) -> bool:
+def holds_password(url: str) -> bool:
     """Whether a PostgreSQL journal URL or conninfo carries a password: libpq's reading of it
     (``postgres.url_password``); without psycopg installed (the journal cannot be opened then,
     and says so), any sign of one -- a user part with a password, or the word at all."""

@@ -26,6 +26,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from tests import pgowner
 from tests.external import IN_USE, POSTGRES, PortTaken, on_free_port
@@ -390,3 +391,20 @@ def _shut(sock: Any) -> None:
         sock.shutdown(socket.SHUT_RDWR)
     with contextlib.suppress(OSError):
         sock.close()
+
+
+def password_apart(url: str) -> tuple[str, str]:
+    """``url`` without its password, and the password: a command line names the URL so
+    (``affidavit`` refuses one holding a password there, readable in ``/proc/<pid>/cmdline``)
+    and the password goes in ``PGPASSWORD``, where libpq reads it."""
+    parts = urlsplit(url)
+    password = parts.password or ""
+    netloc = parts.netloc.replace(f":{password}@", "@", 1)
+    return urlunsplit(parts._replace(netloc=netloc)), password
+
+
+def argv_url(url: str, monkeypatch: Any) -> str:
+    """``password_apart(url)``'s URL, its password set in this process's ``PGPASSWORD``."""
+    bare, password = password_apart(url)
+    monkeypatch.setenv("PGPASSWORD", password)
+    return bare

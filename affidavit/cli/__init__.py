@@ -523,6 +523,7 @@ def _main(argv: Sequence[str] | None) -> int:
     if _holds_secrets(args):
         _forbid_core_dumps()
     try:
+        _refuse_passwords(args)
         status: int = args.handler(args)
     except UsageError as exc:
         _complain(str(exc), exc.code, exc.field, args)
@@ -554,6 +555,34 @@ def _main(argv: Sequence[str] | None) -> int:
         _complain(str(refusal), refusal.code, None, args)
         return 2
     return status
+
+
+_URL_OPTIONS = (("journal", "--journal"), ("to", "--to"))
+"""The options that take a PostgreSQL journal's URL: (argparse dest, option)."""
+
+
+def _refuse_passwords(args: argparse.Namespace) -> None:
+    """A PostgreSQL URL with a password in it, given on the command line, is refused
+    (INVALID_FIELD at the option; the message holds neither URL nor password): every local
+    user -- an agent the broker serves included -- reads it in ``/proc/<pid>/cmdline``, and it
+    writes the journal.  libpq reads the password from ``~/.pgpass`` (or ``$PGPASSFILE``) or
+    ``$PGPASSWORD`` instead; the config's ``[journal] url`` may hold it (its file 0600)."""
+    for dest, option in _URL_OPTIONS:
+        value = getattr(args, dest, None)
+        if not isinstance(value, str) or not value.startswith(("postgresql://", "postgres://")):
+            continue
+        from affidavit.journal.exposure import holds_password
+
+        if holds_password(value):
+            config = " or in the config file's [journal] url (chmod 600)"
+            where = config if dest == "journal" else ""
+            raise UsageError(
+                "a password in a URL on the command line is readable by every local user "
+                "(/proc/<pid>/cmdline): give the URL without it and keep the password in "
+                f"~/.pgpass (or the file $PGPASSFILE names) or $PGPASSWORD{where}",
+                "INVALID_FIELD",
+                option,
+            )
 
 
 def _holds_secrets(args: argparse.Namespace) -> bool:

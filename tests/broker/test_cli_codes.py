@@ -128,6 +128,8 @@ def _cli(cwd: Path, *argv: str, stdin: bytes = b"") -> subprocess.CompletedProce
 
 
 PG = "postgresql://nobody@127.0.0.1:9/none"
+CANARY = "pw-canary-5e1a"
+PG_PASSWORD = f"postgresql://nobody:{CANARY}@127.0.0.1:9/none"
 HANDLER_CASES: list[tuple[tuple[str, ...], str, str | None]] = [
     # (argv, code, field): a bad value a handler refuses (cwd: an `affidavit init` directory)
     (("init",), "FILE_EXISTS", None),
@@ -144,6 +146,11 @@ HANDLER_CASES: list[tuple[tuple[str, ...], str, str | None]] = [
     (("journal", "public-key", "--journal", PG), "INVALID_FIELD", "--signing-key"),
     (("journal", "open-sealed", NOPE, "--journal", PG), "INVALID_FIELD", "--key-file"),
     (("journal", "migrate", "--to", "sqlite.db"), "INVALID_FIELD", "--to"),
+    # A URL's password on the command line: every local user reads /proc/<pid>/cmdline.
+    (("journal", "migrate", "--to", PG_PASSWORD), "INVALID_FIELD", "--to"),
+    (("journal", "verify", "--journal", PG_PASSWORD), "INVALID_FIELD", "--journal"),
+    (("actions", "--journal", PG_PASSWORD.replace(":" + CANARY + "@", "@") + "?password="
+      + CANARY), "INVALID_FIELD", "--journal"),
     (("journal", "audit-open", "--key", "auditor.key", "--seq", "1", "--json"), "INVALID_FIELD",
      "--public-key"),
     (("journal", "audit-keygen", "affidavit.toml", "new.pub"), "FILE_EXISTS", None),
@@ -166,6 +173,7 @@ def test_handler_refusals_carry_their_code(
     assert line is not None and line[1] == code, err
     if field is not None:
         assert field in line[2], err
+    assert CANARY not in err
     if "--json" in argv:
         error = json.loads(done.stdout)["api_error"]
         assert (error["code"], error.get("field")) == (code, field), error

@@ -19,7 +19,13 @@ from affidavit.journal import Journal, JournalError, JournalReader, SigningKey, 
 from affidavit.statemachine import Event, Outcome
 from affidavit.statemachine import EventKind as E
 from tests.journal.helpers import FINGERPRINT, accepted, happy, interrupted
-from tests.postgres import Cluster
+from tests.postgres import Cluster, argv_url
+
+
+@pytest.fixture
+def cli_url(pg_url: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    """``pg_url`` as a command line names it: its password in ``PGPASSWORD``."""
+    return argv_url(pg_url, monkeypatch)
 
 
 def _config(tmp: Path, journal: dict[str, object]) -> object:
@@ -89,7 +95,7 @@ async def _two_brokers(url: str, tmp: Path) -> None:
 
 
 def test_views_and_verify_take_a_url_and_one_public_key_per_broker(
-    pg: Cluster, pg_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    pg: Cluster, pg_url: str, cli_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     trio.run(_two_brokers, pg_url, tmp_path)
     pubs = []
@@ -99,25 +105,25 @@ def test_views_and_verify_take_a_url_and_one_public_key_per_broker(
             public_key_pem(SigningKey.load(tmp_path / f"{name}.signing.key").public_raw)
         )
         pubs += ["--public-key", str(pub)]
-    assert cli_main(["actions", "--journal", pg_url, "--json"]) == 0
+    assert cli_main(["actions", "--journal", cli_url, "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert [(r["invocation_id"], r["outcome"]) for r in rows] == [
         ("inv-a", "committed"),
         ("inv-b", "unknown"),
     ]
-    assert cli_main(["journal", "verify", "--journal", pg_url, *pubs]) == 0
+    assert cli_main(["journal", "verify", "--journal", cli_url, *pubs]) == 0
     out = capsys.readouterr().out
     assert "journal intact: 12 events" in out and "keys " in out and pg.password not in out
-    assert cli_main(["journal", "verify", "--journal", pg_url, *pubs[:2]]) == 1
+    assert cli_main(["journal", "verify", "--journal", cli_url, *pubs[:2]]) == 1
     assert "not signed by key" in capsys.readouterr().out
-    assert cli_main(["journal", "public-key", "--journal", pg_url]) == 2
+    assert cli_main(["journal", "public-key", "--journal", cli_url]) == 2
     assert "--signing-key" in capsys.readouterr().err
 
 
 def test_a_url_that_reaches_no_server_is_one_line_without_the_password(
-    pg: Cluster, capsys: pytest.CaptureFixture[str]
+    pg: Cluster, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    url = pg.url("postgres").replace(f":{pg.port}/", ":1/")
+    url = argv_url(pg.url("postgres").replace(f":{pg.port}/", ":1/"), monkeypatch)
     assert cli_main(["actions", "--journal", url]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "cannot connect" in err and pg.password not in err
@@ -141,14 +147,14 @@ async def _sqlite_journal(db: Path) -> None:
 
 
 def test_migrate_copies_a_sqlite_journal_verified_on_both_sides(
-    pg: Cluster, pg_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    pg: Cluster, pg_url: str, cli_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     db = tmp_path / "j.db"
     trio.run(_sqlite_journal, db)
     with JournalReader.open(db) as r:
         head = r.head()
         result = r.read_result("inv-r")
-    assert cli_main(["journal", "migrate", "--journal", str(db), "--to", pg_url, "--json"]) == 0
+    assert cli_main(["journal", "migrate", "--journal", str(db), "--to", cli_url, "--json"]) == 0
     done = json.loads(capsys.readouterr().out)
     assert done["copied"] == {
         "events": head[0], "checkpoints": done["copied"]["checkpoints"], "results": 1,
@@ -181,7 +187,7 @@ def test_migrate_copies_a_sqlite_journal_verified_on_both_sides(
         assert r.verify(public_keys=[old, new]).ok
         assert r.verify(public_keys=[old]).first_bad_seq == head[0] + 1
     # Never into a journal that is not empty; nothing changes there.
-    assert cli_main(["journal", "migrate", "--journal", str(db), "--to", pg_url]) == 2
+    assert cli_main(["journal", "migrate", "--journal", str(db), "--to", cli_url]) == 2
     err = capsys.readouterr().err
     assert "already holds a journal" in err and pg.password not in err
     with JournalReader.open(pg_url) as r:
@@ -189,7 +195,7 @@ def test_migrate_copies_a_sqlite_journal_verified_on_both_sides(
 
 
 def test_migrate_refuses_a_source_that_does_not_verify_and_copies_nothing(
-    pg_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    pg_url: str, cli_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     import sqlite3
 
@@ -199,7 +205,7 @@ def test_migrate_refuses_a_source_that_does_not_verify_and_copies_nothing(
     conn.execute("DROP TRIGGER events_no_update")
     conn.execute("UPDATE events SET attrs = '{}' WHERE seq = 2")
     conn.close()
-    assert cli_main(["journal", "migrate", "--journal", str(db), "--to", pg_url]) == 2
+    assert cli_main(["journal", "migrate", "--journal", str(db), "--to", cli_url]) == 2
     assert "does not verify with the given signing key (first bad seq 2" in capsys.readouterr().err
     with pytest.raises(JournalError, match="no journal"):
         JournalReader.open(pg_url)
@@ -208,7 +214,7 @@ def test_migrate_refuses_a_source_that_does_not_verify_and_copies_nothing(
 
 
 def test_migrate_verifies_the_source_with_the_brokers_key_never_the_one_it_records(
-    pg_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    pg_url: str, cli_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Someone who can write the file replaces the journal with a history of their own,
     signed with their own key and recording it.  The broker refuses to open it (its signing
@@ -232,7 +238,7 @@ def test_migrate_verifies_the_source_with_the_brokers_key_never_the_one_it_recor
     shutil.copy(forged, db)  # db.signing.key, the broker's own, stays
     with JournalReader.open(db) as r:
         assert r.verify().ok  # with the key the file records: "ok"
-    assert cli_main(["journal", "migrate", "--journal", str(db), "--to", pg_url]) == 2
+    assert cli_main(["journal", "migrate", "--journal", str(db), "--to", cli_url]) == 2
     err = capsys.readouterr().err
     assert "does not verify with the given signing key" in err and "nothing was copied" in err
     with pytest.raises(JournalError, match="no journal"):
@@ -240,7 +246,7 @@ def test_migrate_verifies_the_source_with_the_brokers_key_never_the_one_it_recor
     # The forger's key passed explicitly is the operator's choice; a key file that is no
     # key, or none at all, is a one-line refusal.
     (tmp_path / "nokey.pub").write_text("not a key")
-    argv = ["journal", "migrate", "--journal", str(db), "--to", pg_url]
+    argv = ["journal", "migrate", "--journal", str(db), "--to", cli_url]
     assert cli_main([*argv, "--public-key", str(tmp_path / "nokey.pub")]) == 2
     assert capsys.readouterr().err.count("\n") == 1
     Path(f"{db}.signing.key").unlink()
@@ -249,7 +255,7 @@ def test_migrate_verifies_the_source_with_the_brokers_key_never_the_one_it_recor
 
 
 def test_migrate_takes_the_sources_public_key_from_a_file(
-    pg_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    pg_url: str, cli_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Run away from the broker's key (an auditor's copy of the file): ``--public-key``."""
     db = tmp_path / "j.db"
@@ -257,7 +263,7 @@ def test_migrate_takes_the_sources_public_key_from_a_file(
     pub = tmp_path / "journal.pub"
     pub.write_bytes(public_key_pem(SigningKey.load(f"{db}.signing.key").public_raw))
     Path(f"{db}.signing.key").rename(tmp_path / "elsewhere.key")
-    argv = ["journal", "migrate", "--journal", str(db), "--to", pg_url, "--public-key", str(pub)]
+    argv = ["journal", "migrate", "--journal", str(db), "--to", cli_url, "--public-key", str(pub)]
     assert cli_main(argv) == 0
     capsys.readouterr()
     with JournalReader.open(pg_url) as r:

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from affidavit.cli import main as cli_main
 from affidavit.journal import Journal, JournalError, JournalReader
 from affidavit.journal.rows import AlteredRow, event_from_row, fold_events
-from tests.postgres import Cluster
+from tests.postgres import Cluster, argv_url
 
 from .helpers import happy
 
@@ -74,6 +74,7 @@ async def test_a_shared_journal_whose_seq_column_was_altered_reads_as_altered(
     tmp_path: Path,
     column_type: str,
     capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     keys = {"key_file": tmp_path / "shared.key", "signing_key": tmp_path / "a.signing.key"}
     async with Journal.open(pg_url, **keys) as j:
@@ -92,7 +93,7 @@ async def test_a_shared_journal_whose_seq_column_was_altered_reads_as_altered(
                 read()
             assert pg.password not in str(info.value)
     capsys.readouterr()
-    assert cli_main(["record", "inv-1", "--journal", pg_url]) == 2
+    assert cli_main(["record", "inv-1", "--journal", argv_url(pg_url, monkeypatch)]) == 2
     err = capsys.readouterr().err
     assert "its seq is not a number" in err and err.count("\n") == 1, err
     assert "Traceback" not in err and pg.password not in err, err
