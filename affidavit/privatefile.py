@@ -26,12 +26,15 @@ files), which read every secret file through it: the journal may import it, not 
 Symlinks are followed, as for ``[journal] key_file`` and ``signing_key`` (a mounted secret is
 often a symlink); the file the link names is what is checked.  Every message names the path and
 what is wrong with it, never a byte of the contents.
+
+Writing one is ``write_private_file``: the vault's files and the journal's key files alike.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import shlex
 import stat
 from collections.abc import Iterator
@@ -49,6 +52,7 @@ __all__ = [
     "root_copy",
     "run_as_owner",
     "serving",
+    "write_private_file",
 ]
 
 _OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOCTTY", 0)
@@ -263,3 +267,37 @@ def read_small_file(
         raise FileRefused(f"cannot read file ({exc.strerror})") from None
     finally:
         os.close(fd)
+
+
+def write_private_file(path: Path, data: bytes, *, replace: bool = True, mode: int = 0o600) -> None:
+    """Write ``data`` to ``path`` through a 0600 temp file beside it: written, fsynced, then
+    renamed over ``path`` (``replace``) or linked to it, never replacing one
+    (``FileExistsError``: a key is never clobbered), and the directory fsynced -- so a crash
+    leaves the old file or the whole new one, never a torn or short one, and a name the
+    journal records survives with it.  A write that fails leaves nothing behind (the temp file
+    is removed), so a retry is not blocked by a short file.  The secret never sits in a
+    wider-mode file; ``mode`` (a public key's 0644) is set on the temp file whatever the umask,
+    before it has a byte."""
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            if mode != 0o600:
+                os.fchmod(fh.fileno(), mode)
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        if replace:
+            os.replace(tmp, path)
+        else:
+            os.link(tmp, path)  # (EEXIST: FileExistsError, the temp file removed below)
+            os.unlink(tmp)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    dfd = os.open(path.parent, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)

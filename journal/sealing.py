@@ -34,7 +34,13 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-from affidavit.privatefile import FileExposed, FileMissing, FileRefused, read_small_file
+from affidavit.privatefile import (
+    FileExposed,
+    FileMissing,
+    FileRefused,
+    read_small_file,
+    write_private_file,
+)
 
 from .errors import JournalError, SealUnopened
 
@@ -104,16 +110,12 @@ random_bytes = _RandomPool().take
 
 
 def write_secret_file(path: Path, data: bytes, *, mode: int = 0o600) -> None:
-    # O_EXCL: never clobber an existing key; mode 0600 from the first byte (no chmod race); a
-    # wider ``mode`` (a public key's 0644) set whatever the umask.
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        if mode != 0o600:
-            os.fchmod(fd, mode)
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    """A new key file, durably: never replacing one (``FileExistsError``), 0600 from the first
+    byte (a public key's ``mode`` 0644 whatever the umask), its directory fsynced -- the journal
+    records the key's id with ``synchronous=FULL``, so a crash must not keep the journal and
+    lose its key -- and nothing left behind by a write that fails
+    (``privatefile.write_private_file``)."""
+    write_private_file(path, data, replace=False, mode=mode)
 
 
 def read_secret_file(path: Path, what: str, *, private: bool = True) -> bytes:

@@ -48,7 +48,7 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.scrypt import Scrypt
 
-from affidavit.privatefile import FileMissing, FileRefused, read_small_file
+from affidavit.privatefile import FileMissing, FileRefused, read_small_file, write_private_file
 
 __all__ = [
     "MAX_VAULT_BYTES",
@@ -138,28 +138,6 @@ def _check_value(key: bytes) -> bytes:
     return hmac.new(key, b"affidavit-vault-check", hashlib.sha256).digest()[:_CHECK_LEN]
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` via a 0600 temp file + fsync + rename, so a crash leaves the
-    old file or the new one, never a torn mix, and the secret never sits in a wider-mode file."""
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    dfd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
-
-
 class _Header:
     __slots__ = ("check", "n_log2", "p", "r", "raw", "salt")
 
@@ -227,7 +205,7 @@ class Vault:
             raise WrongPassphrase(f"{self.path}: wrong passphrase")
         self._decrypt(header, key, self._read_raw())  # tampering is reported at unlock already
         try:
-            _atomic_write(self.unlock_path, _UNLOCK_MAGIC + header.salt + key)
+            write_private_file(self.unlock_path, _UNLOCK_MAGIC + header.salt + key)
         except OSError as exc:
             raise VaultError(
                 f"{self.unlock_path}: cannot write the unlock file: {exc.strerror}"
@@ -382,6 +360,6 @@ class Vault:
         nonce = secrets.token_bytes(_NONCE_LEN)
         ct = AESGCM(key).encrypt(nonce, plain, header.raw)
         try:
-            _atomic_write(self.path, header.raw + nonce + ct)
+            write_private_file(self.path, header.raw + nonce + ct)
         except OSError as exc:
             raise VaultError(f"{self.path}: cannot write the vault file: {exc.strerror}") from None

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import stat
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -14,6 +16,7 @@ from affidavit.journal import (
     Journal,
     JournalError,
     JournalReader,
+    SigningKey,
     generate_auditor_keypair,
     open_audit_payload,
     random_bytes,
@@ -221,3 +224,50 @@ def test_keyed_digest_keeps_a_bounded_number_of_label_states(tmp_path: Path) -> 
         want = hmac.new(key._mac_key, label.encode() + b"\0" + b"v", hashlib.sha256).hexdigest()
         assert key.digest(label, b"v") == want
         assert len(key._digesters) <= sealing._LABELS
+
+
+KEY_FILES = [(BrokerKey.create, "broker key file"), (SigningKey.create, "signing key file")]
+
+
+@pytest.mark.parametrize(("create", "what"), KEY_FILES, ids=["broker", "signing"])
+def test_a_key_file_whose_write_fails_leaves_nothing_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, create: Any, what: str
+) -> None:
+    """A short file left by a failed write blocked every later creation (O_EXCL) and read as
+    "not an affidavit journal key"; now the key is written to a temp file that is removed."""
+    real = os.fsync
+
+    def full(fd: int) -> None:
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(JournalError, match=f"cannot create {what}"):
+        create(tmp_path / "j.key")
+    assert list(tmp_path.iterdir()) == []
+    monkeypatch.undo()
+    create(tmp_path / "j.key")  # not blocked by a leftover
+
+
+@pytest.mark.parametrize(("create", "what"), KEY_FILES, ids=["broker", "signing"])
+def test_a_new_key_file_is_synced_with_its_directory_and_never_replaces_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, create: Any, what: str
+) -> None:
+    """The journal records the key's id with synchronous=FULL: the key file's name must be as
+    durable (its directory fsynced), or a crash keeps the journal and loses its key."""
+    synced: list[int] = []
+    real = os.fsync
+
+    def noted(fd: int) -> None:
+        synced.append(stat.S_IFMT(os.fstat(fd).st_mode))
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", noted)
+    create(tmp_path / "j.key")
+    assert synced == [stat.S_IFREG, stat.S_IFDIR]
+    before = (tmp_path / "j.key").read_bytes()
+    with pytest.raises(JournalError, match=f"cannot create {what}"):
+        create(tmp_path / "j.key")
+    assert (tmp_path / "j.key").read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["j.key"]
