@@ -22,6 +22,7 @@ from affidavit.journal import JournalError
 from affidavit.journal.sealing import BrokerKey, payload_aad
 from affidavit.statemachine import Event
 from affidavit.statemachine import EventKind as E
+from tests.postgres import argv_url
 
 from ..helpers import interrupted
 from .conftest import Place
@@ -58,8 +59,12 @@ def _put(place: Place, seq: int, blob: bytes) -> None:
 
 
 def _open_sealed(place: Place, capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    where = ["--journal", place.location, "--key-file", str(place.key_file), "--json"]
-    code = cli_main(["journal", "open-sealed", "inv-1", *where])
+    with pytest.MonkeyPatch.context() as env:
+        location = place.location
+        if location.startswith("postgresql://"):
+            location = argv_url(location, env)  # (a password in argv is refused)
+        where = ["--journal", location, "--key-file", str(place.key_file), "--json"]
+        code = cli_main(["journal", "open-sealed", "inv-1", *where])
     done = capsys.readouterr()
     return code, done.out, done.err
 
