@@ -17,7 +17,7 @@ from affidavit.statemachine import STATES, Event
 from .chain import canonical_json
 from .errors import JournalError, ResultStoreFailed
 from .results_read import SUMMARY_STREAM, _sha, whole_sha256
-from .sealing import AuditSealer, BrokerKey, chunk_aad, seal_ident, summary_aad
+from .sealing import AuditSealer, BrokerKey, chunk_aad, summary_aad
 from .tables import Tables
 from .txn import Txn, row_args
 
@@ -161,22 +161,19 @@ class _Sealed:
 
     sha256: str
     """Hex SHA-256 of the sealed blob: the marker's entry for it."""
-    ident: bytes
-    """``seal_ident`` of the blob."""
-    size: int
-    """The sealed blob's length."""
     plain: int
     """The plaintext's length."""
-    audit: tuple[str, bytes, int] | None
-    """The auditor copy's (sha256, ident, size), if one was sealed."""
+    audit: str | None
+    """The auditor copy's hex SHA-256, if one was sealed."""
 
 
 class ChunkLog:
     """What one writer of a result (the engine's sink, one per invocation run) sealed and
     stored, chunk by chunk: each sealed blob's hash is taken in the writer thread as the chunk
-    is written (``chunk_op``), so the commit need not read 50 MiB back, decrypt it and hash it
-    twice on the barrier's critical path (issue 15).  The commit still reads what is stored and
-    refuses it unless every chunk is one of these (``commit_op``)."""
+    is written (``chunk_op``), so the commit need not decrypt 50 MiB on the barrier's critical
+    path (issue 15).  The commit reads what is stored, hashes it and refuses it unless every
+    chunk is byte for byte one of these (``commit_op``): the hash the marker records is then
+    the stored blob's, not only the writer's."""
 
     __slots__ = ("_chunks", "_posted")
 
@@ -203,10 +200,7 @@ class ChunkLog:
 
 
 def _sealed_entry(sealed: bytes, plain: int, audit_copy: bytes | None) -> _Sealed:
-    audit = None
-    if audit_copy is not None:
-        audit = (_sha(audit_copy), seal_ident(audit_copy), len(audit_copy))
-    return _Sealed(_sha(sealed), seal_ident(sealed), len(sealed), plain, audit)
+    return _Sealed(_sha(sealed), plain, None if audit_copy is None else _sha(audit_copy))
 
 
 def chunk_op(
@@ -321,8 +315,9 @@ def _logged_streams(
     left: set[str] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """``_stored_streams`` (and ``_audit_hashes``) from ``log``: every stored chunk -- read
-    inside the committing transaction -- must be one ``log`` recorded (same identity and
-    length: ``seal_ident``), every stream exactly the chunks its writer stored, and the
+    inside the committing transaction and hashed -- must be one ``log`` recorded (the same
+    SHA-256: a byte changed anywhere in it is refused), every stream exactly the chunks its
+    writer stored, and the
     streams exactly ``expect``'s, whose plaintext hashes the writer took as it sealed them.
     ``left``: the stored streams ``log`` never posted to are added to it and left out, not
     refused (``PostingWriter.prepare``: an earlier attempt's)."""
@@ -339,17 +334,17 @@ def _logged_streams(
             if table:
                 hashes = info.setdefault("audit", [])
                 copy = want.audit if want is not None else None
-                if copy is None or idx != len(hashes) or copy[1:] != (seal_ident(data), len(data)):
+                if copy is None or idx != len(hashes) or copy != _sha(data):
                     raise JournalError(
                         f"result of invocation {iid}: stream {stream!r} lacks auditor copies"
                     )
-                hashes.append(copy[0])
+                hashes.append(copy)
                 continue
             if idx != info["chunks"]:
                 raise JournalError(
                     f"result of invocation {iid}: stream {stream!r} lacks chunk {info['chunks']}"
                 )
-            if want is None or (want.ident, want.size) != (seal_ident(data), len(data)):
+            if want is None or want.sha256 != _sha(data):
                 raise ResultStoreFailed(
                     f"result of invocation {iid}: stored chunk {idx} of stream {stream!r} "
                     "differs from what was written"

@@ -59,7 +59,6 @@ __all__ = [
     "random_bytes",
     "read_pem_key",
     "read_secret_file",
-    "seal_ident",
     "summary_aad",
     "write_secret_file",
 ]
@@ -432,16 +431,6 @@ def event_payload_aad(invocation_id: str, kind: str, seq: int) -> bytes:
 def chunk_aad(invocation_id: str, stream: str, index: int) -> bytes:
     """Associated data of one stored result chunk."""
     return _aad("result", invocation_id, stream, index)
-
-
-def seal_ident(sealed: bytes) -> bytes:
-    """What tells one sealing of a chunk apart from every other: the blob's header (version,
-    the audit copy's ephemeral key, the random nonce) and its 16-byte GCM tag, which
-    authenticates the ciphertext under that nonce and the chunk's associated data.  A stored
-    blob with the same identity and length as one this process sealed is that blob (short of a
-    forged tag), so the commit compares these instead of reading every byte back
-    (``results.ChunkLog``)."""
-    return sealed[: 1 + 32 + _NONCE] + sealed[-16:]
 
 
 def summary_aad(invocation_id: str) -> bytes:

@@ -2,6 +2,7 @@
 
     .venv/bin/python tests/benchmarks/large_result.py [--mib N] [--rounds R] [--dir DIR]
                                                       [--ab OLD_CHECKOUT] [--as-served]
+                                                      [--postgres]
 
 One loopback server (``http_overhead.py --serve``, its own process) answers ``GET /v1/big/N``
 with N bytes.  Each client runs in a process of its own, in interleaved rounds (medians):
@@ -13,6 +14,10 @@ with N bytes.  Each client runs in a process of its own, in interleaved rounds (
   the inline limit (1 MiB) the envelope carries the result's size, hash and fetch reference.
   With ``--as-served`` its process first sets what ``affidavit serve`` sets for itself at start
   (``affidavit.heap.keep_freed_buffers``; an ``--ab`` checkout without it stays untouched).
+  With ``--postgres`` the journal is a shared one on a PostgreSQL server started for the run
+  (``tests/postgres.py``, ``fsync = on``), every broker process on the same database with its
+  own signing key: the result's chunks are rows there, read back and hashed by the commit
+  (on SQLite a long result's chunks go to segment files the commit does not read back).
 
 Per client: seconds for the call, MiB/s, the process's CPU seconds during the call (all its
 threads; for the broker also its main thread, the one reading the response), and peak RSS growth
@@ -26,6 +31,7 @@ the broker imported from another checkout (before/after).  A script, not a test.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
@@ -45,6 +51,10 @@ sys.path.insert(0, str(Path(__file__).parent))
 import http_overhead  # its server, config and --ab import hook
 
 TOKEN_ENV = http_overhead.TOKEN_ENV
+_PG_ENV = "AFFIDAVIT_BENCH_JOURNAL_URL"
+"""``--postgres``: the database's URL (password in it), handed to each broker process in its
+environment, not its argv; the shared broker key file beside it in ``_KEY_ENV``."""
+_KEY_ENV = "AFFIDAVIT_BENCH_KEY_FILE"
 
 
 def _current_rss_mib() -> float:
@@ -139,7 +149,16 @@ async def _broker(port: int, size: int, tmp: Path) -> dict[str, Any]:
     from affidavit.config import load_config
 
     cfg = tmp / "affidavit.toml"
-    cfg.write_text(http_overhead._config(tmp, port), encoding="utf-8")
+    config = http_overhead._config(tmp, port)
+    url = os.environ.get(_PG_ENV)
+    if url:
+        target = config.split("\n\n", 1)[1]  # the [targets.api] table
+        config = (
+            f'[journal]\nurl = "{url}"\nkey_file = "{os.environ[_KEY_ENV]}"\n'
+            f'signing_key = "{tmp / "signing.key"}"\n\n{target}'
+        )
+    cfg.touch(mode=0o600)  # (a URL's password in it: the broker refuses a config others read)
+    cfg.write_text(config, encoding="utf-8")
     async with Broker.open(config=load_config(cfg)) as broker:
         await broker.call({"target": "api", "method": "GET", "path": "/v1/ok"})
         with PeakRss() as rss:
@@ -198,6 +217,9 @@ def main() -> None:
     parser.add_argument(
         "--as-served", action="store_true", help="the broker's process set up as serve's"
     )
+    parser.add_argument(
+        "--postgres", action="store_true", help="the journal on a PostgreSQL started for the run"
+    )
     args = parser.parse_args()
     os.environ.setdefault(TOKEN_ENV, "bench-" + os.urandom(12).hex())
     if args.client:
@@ -209,6 +231,20 @@ def main() -> None:
     ]
     if args.ab:
         clients.append((f"broker call() @ {Path(args.ab).name}", "broker", args.ab))
+    with contextlib.ExitStack() as stack:
+        if args.postgres:
+            sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+            from tests.postgres import Cluster
+
+            cluster = Cluster.create(tmpfs=False)
+            stack.callback(cluster.destroy)
+            keys = stack.enter_context(tempfile.TemporaryDirectory(prefix="affidavit-bench-"))
+            os.environ[_PG_ENV] = cluster.database()
+            os.environ[_KEY_ENV] = str(Path(keys) / "shared.key")
+        _run(args, clients)
+
+
+def _run(args: argparse.Namespace, clients: list[tuple[str, str, str | None]]) -> None:
     results: dict[str, list[dict[str, Any]]] = {c[0]: [] for c in clients}
     loads = [os.getloadavg()[0]]
     with http_overhead._server() as port:
@@ -225,9 +261,10 @@ def main() -> None:
                 out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True).stdout
                 results[label].append(json.loads(out.strip().splitlines()[-1]))
             loads.append(os.getloadavg()[0])
+    where = "a PostgreSQL journal" if args.postgres else "a SQLite journal"
     print(
-        f"{args.mib} MiB response, {args.rounds} interleaved rounds (medians), 1-min load "
-        f"average {min(loads):.2f}..{max(loads):.2f} on {os.cpu_count()} cores"
+        f"{args.mib} MiB response, {where}, {args.rounds} interleaved rounds (medians), 1-min "
+        f"load average {min(loads):.2f}..{max(loads):.2f} on {os.cpu_count()} cores"
     )
     print("| client | seconds | MiB/s | CPU s (process / main thread) | peak RSS growth MiB |")
     print("|---|---|---|---|---|")

@@ -243,6 +243,46 @@ async def test_a_commit_refused_over_a_missing_chunk_is_result_store_failed_not_
         assert len(srv.requests) == 1
 
 
+def alter_middle(table: str) -> Tamper:
+    """Another connection changes one byte in the middle of the stream's chunk 1 (``table``:
+    ``result_chunks``, or ``result_audit`` for its auditor copy) -- its header, tag and length
+    kept, which is all the commit compared before it hashed the stored bytes."""
+
+    def tamper(conn: psycopg.Connection[Any], iid: str) -> None:
+        changed = conn.execute(
+            f"UPDATE {table} SET data = set_byte(data, length(data) / 2, "
+            "(get_byte(data, length(data) / 2) + 1) %% 256) "
+            "WHERE invocation_id = %s AND stream = 'body' AND idx = 1",
+            (iid,),
+        ).rowcount
+        assert changed == 1
+
+    return tamper
+
+
+@pytest.mark.parametrize("table", ["result_chunks", "result_audit"])
+async def test_a_chunk_changed_in_the_middle_before_the_commit_is_refused(
+    pg_url: str, tmp_path: Path, token: str, table: str
+) -> None:
+    """The marker records the SHA-256 of every sealed chunk: the commit hashes what is stored,
+    so a chunk altered anywhere between its transaction and the commit's is refused -- not
+    recorded under the hash of what the writer meant to store."""
+    priv, pub = tmp_path / "auditor.pem", tmp_path / "auditor.pub"
+    generate_auditor_keypair(priv, pub)
+    async with HostileServer.running(scripts.serve(Reply(201, body=b"c" * SIZES["inline"]))) as srv:
+        journal = shared_journal(pg_url, tmp_path, auditor_public_key=str(pub))
+        cfg = write_config(tmp_path, {"api": http_target(srv.url)}, journal=journal)
+        with trio.fail_after(LIMIT):
+            async with open_broker(cfg) as broker:
+                hook = BetweenTransactions(pg_url, alter_middle(table))
+                broker.journal.around_transaction = hook
+                env = await broker.call(POST)
+                broker.journal.around_transaction = None
+                assert hook.done == env["invocation_id"]
+                _assert_store_failed(broker, env, pg_url)
+        assert len(srv.requests) == 1
+
+
 # -- SQLite: nothing of a result is a row before its commit --------------------------------------
 
 SqliteTamper = Callable[[sqlite3.Connection, str], None]
