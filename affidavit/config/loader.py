@@ -56,8 +56,10 @@ _TARGET_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}")
 @dataclass(frozen=True)
 class JournalConfig:
     path: Path
-    url: str | None
-    """A shared PostgreSQL journal (``postgresql://...``); None: the SQLite file ``path``."""
+    url: str | None = field(repr=False)
+    """A shared PostgreSQL journal (``postgresql://...``); None: the SQLite file ``path``.  Out
+    of the repr: it may hold the database's password (a ``Config`` logged or in a traceback's
+    locals must not show it)."""
     key_file: Path
     signing_key: Path
     auditor_public_key: Path | None

@@ -38,6 +38,7 @@ def test_a_shared_journal_is_a_url_with_named_key_files(tmp_path: Path) -> None:
     config = _config(tmp_path, {"url": url, "key_file": "k", "signing_key": "s"})
     journal = config.journal  # type: ignore[attr-defined]
     assert journal.location == url
+    assert secret not in repr(journal) and secret not in repr(config)
     from affidavit.journal.backend import where
 
     assert where(journal.location) == "postgresql://broker:***@db.example:5432/affidavit"
