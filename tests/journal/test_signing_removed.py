@@ -19,7 +19,7 @@ import trio
 
 from affidavit.cli import journal_refusal
 from affidavit.cli import main as cli_main
-from affidavit.journal import Journal, JournalReader, SigningRecordsRemoved
+from affidavit.journal import Journal, JournalReader, SigningKey, SigningRecordsRemoved
 
 from . import test_tamper
 from .test_tamper import Built, _rechain_from, _sql
@@ -105,3 +105,24 @@ def test_a_journal_from_before_signing_is_checked_on_the_chain_alone_and_says_so
     assert "checked on the hash chain alone" in out and "independent of it" in out
     assert cli_main(["journal", "verify", "--journal", str(db), "--accept-unsigned", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["code"] is None
+
+
+def test_an_adopted_prefix_a_signing_broker_wrote_is_not_accepted(j: Built) -> None:
+    """A journal adopted with such rows in its adopted prefix -- by a broker from before this
+    check, which signed over them -- is reported, not accepted as from before signing."""
+    _strip_and_forge(j, "1")
+    os.unlink(f"{j.db}.signing.key")
+    key = SigningKey.create(f"{j.db}.signing.key")
+    conn = sqlite3.connect(j.db, isolation_level=None)
+    seq, head = conn.execute("SELECT seq, hash FROM events ORDER BY seq DESC LIMIT 1").fetchone()
+    cp = key.sign(seq, head, 0, 1767225600.0, adopted=True)
+    conn.execute(
+        "INSERT INTO checkpoints (seq, hash, prev, at, adopted, key_id, signature) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?)",
+        (cp.seq, cp.hash, cp.prev, cp.at, 1, cp.key_id, cp.signature),
+    )
+    conn.close()
+    with JournalReader.open(j.db) as r:
+        report = r.verify(public_key=key.public_raw, accept_unsigned=True)
+    assert (report.ok, report.first_bad_seq, report.code) == (False, 1, CODE)
+    assert "carries marker_sha256" in report.reason
