@@ -70,3 +70,11 @@ def test_the_test_command_runs_files_in_parallel_each_file_on_one_worker() -> No
     addopts = options["ini_options"]["addopts"].split()
     assert addopts[addopts.index("-n") + 1] == "auto"
     assert addopts[addopts.index("--dist") + 1] == "loadfile"
+
+
+def test_a_hung_test_fails_with_its_stacks_within_the_run() -> None:
+    """pytest-timeout's bound is on (pyproject): a test hung in a shielded wait fails its
+    worker with every thread's stack, not CI's whole run at CI's own limit."""
+    options = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]
+    ini = options["ini_options"]
+    assert 0 < ini["timeout"] <= 900 and ini["timeout_method"] == "thread"
