@@ -557,7 +557,7 @@ def _main(argv: Sequence[str] | None) -> int:
     return status
 
 
-_URL_OPTIONS = (("journal", "--journal"), ("to", "--to"))
+_URL_OPTIONS = (("journal", "--journal"), ("to", "--to"), ("journal_url", "--journal-url"))
 """The options that take a PostgreSQL journal's URL: (argparse dest, option)."""
 
 
@@ -575,7 +575,7 @@ def _refuse_passwords(args: argparse.Namespace) -> None:
 
         if holds_password(value):
             config = " or in the config file's [journal] url (chmod 600)"
-            where = config if dest == "journal" else ""
+            where = config if dest in ("journal", "journal_url") else ""
             raise UsageError(
                 "a password in a URL on the command line is readable by every local user "
                 "(/proc/<pid>/cmdline): give the URL without it and keep the password in "

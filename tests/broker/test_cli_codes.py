@@ -149,6 +149,8 @@ HANDLER_CASES: list[tuple[tuple[str, ...], str, str | None]] = [
     # A URL's password on the command line: every local user reads /proc/<pid>/cmdline.
     (("journal", "migrate", "--to", PG_PASSWORD), "INVALID_FIELD", "--to"),
     (("journal", "verify", "--journal", PG_PASSWORD), "INVALID_FIELD", "--journal"),
+    (("init", "--config", "new.toml", "--journal-url", PG_PASSWORD), "INVALID_FIELD",
+     "--journal-url"),
     (("actions", "--journal", PG_PASSWORD.replace(":" + CANARY + "@", "@") + "?password="
       + CANARY), "INVALID_FIELD", "--journal"),
     (("journal", "audit-open", "--key", "auditor.key", "--seq", "1", "--json"), "INVALID_FIELD",
