@@ -5,12 +5,16 @@ evidence.  The target's policy decides whether to follow and whether the credent
 a 3xx that is not followed is the result.  The credential query parameter never reaches the
 policy or the evidence.
 
-Only the caller's request is followed, as the caller made it: a redirect RFC 9110 would answer
-with a GET without content (303 after anything but GET/HEAD, 301/302 after a POST) is not
-followed -- the 3xx answers the request sent (the server processed it: RFC 9110 §15.4.4), and a
-GET's 404 there would be read as the rejection of a POST that was carried out.  And a hop sent
-without the credential (another origin, or outside the base path) that is refused (4xx, 429,
-503) decides nothing of the caller's action: the 3xx that led there stands as the result.
+Only the caller's request is followed, as the caller made it, and never sent again where that
+could repeat its effect: a redirect RFC 9110 would answer with a GET without content (303 after
+anything but GET/HEAD, 301/302 after a POST) is not followed, nor a 301/302 of a method other
+than GET, HEAD or one the target declares idempotent (``_resends``).  The 3xx is then the
+server's complete answer to the request sent; whether the server acted on the request is not
+recorded (a 303 suggests it did, a 301 that it did not) -- and a GET's 404, or a second
+PATCH's 409, would have been read as the rejection of a request that may have been carried
+out.  And a hop sent without the credential (another origin, or outside the base path) that is
+refused (4xx, 429, 503) decides nothing of the caller's action: the 3xx that led there stands as
+the result.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ __all__ = [
     "CHANGES_REQUEST",
     "REDIRECT_STATUSES",
     "REFUSED_WITHOUT_CREDENTIAL",
+    "RESENDS_REQUEST",
     "NextHop",
     "Plan",
     "carries_credential",
@@ -44,6 +49,12 @@ CHANGES_REQUEST: Final = (
     "request sent"
 )
 """``redirect_not_followed.reason`` of a 303 (or a POST's 301/302): stable text."""
+
+RESENDS_REQUEST: Final = (
+    "a 301 or 302 is followed only for GET, HEAD or a method the target declares idempotent: "
+    "the request sent again could repeat its effect; the 3xx answers the request sent"
+)
+"""``redirect_not_followed.reason`` of a 301/302 to a PUT, PATCH, DELETE...: stable text."""
 
 REFUSED_WITHOUT_CREDENTIAL: Final = (
     "the next hop, sent without the credential, was refused: its answer says nothing of the "
@@ -115,6 +126,15 @@ def plan_response(
             }
         }
         return
+    if _resends(head.status, method, request.idempotent_methods):
+        plan.redirect_facts = {
+            "redirect_not_followed": {
+                "reason": RESENDS_REQUEST,
+                "origin": new_origin,
+                "method": method,
+            }
+        }
+        return
     if request.redirect_policy is None:
         decision = RedirectDecision(False, False, "no redirect policy")
     else:
@@ -153,6 +173,18 @@ def _switches_to_get(status: int, method: str) -> bool:
     return (status == 303 and method not in ("GET", "HEAD")) or (
         status in (301, 302) and method == "POST"
     )
+
+
+def _resends(status: int, method: str, idempotent: frozenset[str]) -> bool:
+    """RFC 9110 §15.4.2/3: a 301 or 302 says the resource moved, not that the request was not
+    carried out -- post/redirect/get answers an applied ``PATCH /orders/7`` with ``302`` to
+    ``/orders/7``.  Sent again there, the request may take effect twice, and the second answer
+    (a 409) would decide the first's outcome.  So only a request the target declares safe to
+    repeat follows one (``idempotent``; GET and HEAD, whose 301/302 is what following
+    redirects is for).  A 307 or 308 is followed with any method the policy allows: it exists
+    to ask for the same request, unchanged, at the Location (§15.4.8/9; design notes,
+    "Redirect hops")."""
+    return status in (301, 302) and method not in ("GET", "HEAD") and method not in idempotent
 
 
 def _refusal(head: Observation, forward_proxy: bool) -> bool:

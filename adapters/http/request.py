@@ -52,6 +52,9 @@ class HttpRequest:
     redirect_policy: Callable[[str, str], RedirectDecision] | None = None
     """(method, absolute url) -> decision; the url passed has the credential query removed."""
     max_redirects: int = 5
+    idempotent_methods: frozenset[str] = frozenset()
+    """Upper-case methods the target declares idempotent: a 301 or 302 is followed, the request
+    sent again to its Location, only for these, GET and HEAD (``redirects.py``)."""
     timeouts: Timeouts = field(default_factory=Timeouts)
     expect_continue: bool = False
     credential_echo: Callable[[str], bool] | None = field(default=None, repr=False)

@@ -19,7 +19,11 @@ from typing import Any
 import pytest
 import trio
 
-from affidavit.adapters.http.redirects import CHANGES_REQUEST, REFUSED_WITHOUT_CREDENTIAL
+from affidavit.adapters.http.redirects import (
+    CHANGES_REQUEST,
+    REFUSED_WITHOUT_CREDENTIAL,
+    RESENDS_REQUEST,
+)
 from affidavit.statemachine import EventKind
 from tests.http.hostile import HostileServer, Received, Reply, scripts
 
@@ -72,6 +76,47 @@ async def test_a_post_redirected_to_a_get_is_answered_by_its_own_3xx(
         "method": "GET",
     }
     assert rec.evidence["status"] == status and rec.retry.value == "never"
+
+
+def _orders(status: int) -> Any:
+    """Post/redirect/get: the first request to ``/orders/7`` is applied and answered ``status``
+    to ``/orders/7``; the same request again conflicts (409)."""
+    seen: list[str] = []
+
+    def route(r: Received) -> Reply:
+        seen.append(r.method)
+        if r.method in ("GET", "HEAD") or len(seen) == 1:
+            return Reply(status, headers=[("Location", "/orders/7")], body=b"applied")
+        return Reply(409, body=b"already applied")
+
+    return scripts.serve(route)
+
+
+async def test_a_patch_answered_302_is_sent_once_and_answered_by_its_302(
+    tmp_path: Path, token: str
+) -> None:
+    call = {"target": "api", "method": "PATCH", "path": "/orders/7", "body": '{"qty":2}'}
+    async with HostileServer.running(_orders(302)) as srv:
+        env, _rec = await _call(tmp_path, srv.url, call, methods=["GET", "PATCH"])
+    assert [r.method for r in srv.requests] == ["PATCH"]  # never applied a second time
+    assert env["result"]["status"] == 302 and env["result"]["body"] == "applied"
+    assert env["evidence"]["redirect_not_followed"] == {
+        "reason": RESENDS_REQUEST,
+        "origin": srv.origin,
+        "method": "PATCH",
+    }
+
+
+async def test_a_put_the_target_declares_idempotent_follows_a_301(
+    tmp_path: Path, token: str
+) -> None:
+    routes = {"/a": Reply(301, headers=[("Location", "/b")]), "/b": Reply(200, body=b"put")}
+    script = scripts.serve(lambda r: routes[urllib.parse.urlsplit(r.target).path])
+    call = {"target": "api", "method": "PUT", "path": "/a", "body": "{}"}
+    async with HostileServer.running(script) as srv:
+        env, _rec = await _call(tmp_path, srv.url, call, idempotent=["GET", "PUT"])
+    assert [r.method for r in srv.requests] == ["PUT", "PUT"]
+    assert env["result"]["status"] == 200 and env["result"]["body"] == "put"
 
 
 async def test_a_batch_redirected_to_a_get_takes_no_item_outcome_from_the_get(

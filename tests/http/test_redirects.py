@@ -11,7 +11,11 @@ import trio
 
 from affidavit.adapters.base import RemoteResult
 from affidavit.adapters.http import HttpClient, HttpRequest, RedirectDecision, Timeouts
-from affidavit.adapters.http.redirects import CHANGES_REQUEST, REFUSED_WITHOUT_CREDENTIAL
+from affidavit.adapters.http.redirects import (
+    CHANGES_REQUEST,
+    REFUSED_WITHOUT_CREDENTIAL,
+    RESENDS_REQUEST,
+)
 from affidavit.statemachine import Outcome
 
 from .fakes import FakeEngine
@@ -137,16 +141,66 @@ async def test_a_redirect_that_would_change_the_request_is_not_followed(
     assert ["Location", "/receipt/1"] in res.summary["headers"]
 
 
-@pytest.mark.parametrize(("method", "status"), [("GET", 303), ("HEAD", 303), ("PUT", 301)])
+@pytest.mark.parametrize(
+    ("method", "status", "idempotent"),
+    [
+        ("GET", 303, ()),
+        ("HEAD", 303, ()),
+        ("GET", 301, ()),
+        ("HEAD", 302, ()),
+        ("PUT", 301, ("PUT",)),  # the target declares it idempotent: safe to send again
+        ("PATCH", 307, ()),  # 307/308 ask for the same request at the Location
+        ("DELETE", 308, ()),
+    ],
+)
 async def test_a_redirect_that_keeps_the_request_is_followed(
-    client: HttpClient, method: str, status: int
+    client: HttpClient, method: str, status: int, idempotent: tuple[str, ...]
 ) -> None:
     routes = {"/a": Reply(status, headers=[("Location", "/b")]), "/b": Reply(200)}
     async with HostileServer.running(by_path(routes)) as srv:
-        body = b"{}" if method == "PUT" else b""
-        _fe, res = await perform(client, req(srv.url + "/a", Policy(srv.origin), method, body))
+        body = b"{}" if method in ("PUT", "PATCH") else b""
+        request = req(
+            srv.url + "/a",
+            Policy(srv.origin),
+            method,
+            body,
+            idempotent_methods=frozenset(idempotent),
+        )
+        _fe, res = await perform(client, request)
     assert [(r.method, r.body) for r in srv.requests] == [(method, body)] * 2
     assert res.facts["status"] == 200 and "redirect_not_followed" not in res.facts
+
+
+@pytest.mark.parametrize(
+    ("method", "status"),
+    [("PATCH", 302), ("PATCH", 301), ("PUT", 301), ("PUT", 302), ("DELETE", 302)],
+)
+async def test_a_301_or_302_is_not_followed_with_a_request_unsafe_to_send_again(
+    client: HttpClient, method: str, status: int
+) -> None:
+    """Post/redirect/get: the PATCH was applied and answered 302 to the resource.  Sent again,
+    it applies twice, and the second answer (409) would decide the first request's outcome."""
+    routes = {
+        "/orders/7": Reply(status, headers=[("Location", "/orders/7")], body=b"applied"),
+    }
+    async with HostileServer.running(by_path(routes)) as srv:
+        policy = Policy(srv.origin)
+        request = req(
+            srv.url + "/orders/7",
+            policy,
+            method,
+            b'{"qty":2}',
+            idempotent_methods=frozenset({"GET"}),
+        )
+        fe, res = await perform(client, request)
+    assert [r.method for r in srv.requests] == [method]  # sent once
+    assert res.facts["status"] == status and fe.body == b"applied"
+    assert res.facts["redirect_not_followed"] == {
+        "reason": RESENDS_REQUEST,
+        "origin": srv.origin,
+        "method": method,
+    }
+    assert policy.calls == [] and len(fe.gates) == 1
 
 
 async def test_policy_refusal_returns_the_3xx_as_committed(client: HttpClient) -> None:

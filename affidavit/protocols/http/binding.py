@@ -77,6 +77,7 @@ class HttpBinding:
             proxy=target.proxy,
             follow_redirects=target.follow_redirects,
             redirect_policy=redirect_policy,
+            idempotent_methods=frozenset(target.idempotent),
             timeouts=Timeouts(
                 connect=target.timeout.connect,
                 write=target.timeout.total,
