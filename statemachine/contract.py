@@ -154,6 +154,7 @@ class Code(StrEnum):
     REMOTE_REJECTED = "REMOTE_REJECTED"
     REMOTE_THROTTLED = "REMOTE_THROTTLED"
     REMOTE_ERROR = "REMOTE_ERROR"
+    REMOTE_REDIRECTED = "REMOTE_REDIRECTED"
     REMOTE_COMMAND_FAILED = "REMOTE_COMMAND_FAILED"
     EXEC_REJECTED = "EXEC_REJECTED"
     RETRY_BUDGET_EXHAUSTED = "RETRY_BUDGET_EXHAUSTED"
@@ -358,6 +359,17 @@ CODES: dict[Code, CodeInfo] = {
         _CM,
         Retry.RECONCILE,
         "The remote answered completely with a server error; it may have changed state first.",
+    ),
+    Code.REMOTE_REDIRECTED: CodeInfo(
+        _RE,
+        _CM,
+        Retry.RECONCILE,
+        "The complete answer is a redirect (301, 302, 303, 307, 308) the broker did not follow --"
+        " `follow_redirects` is off, or `evidence.redirect_not_followed` (or `redirect_limit`)"
+        " says why.  The 3xx is the server's complete answer; whether the server acted on the"
+        " request is not recorded (RFC 9110: a 3xx asks for further action to fulfil it; a"
+        " 303 suggests the request was processed, a 301 or 307 that it was not): look before"
+        " sending it again.",
     ),
     Code.REMOTE_COMMAND_FAILED: CodeInfo(
         _RE,

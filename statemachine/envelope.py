@@ -374,11 +374,15 @@ def envelope_schema() -> dict[str, Any]:
                         "not followed: reason (an approved request follows no redirect, an "
                         "origin the target does not list, a Location carrying the credential or "
                         "not visible ASCII, a redirect that would change the request -- a 303, "
-                        "or a POST's 301/302: method names the GET it asks for) and origin; or "
+                        "or a POST's 301/302: method names the GET it asks for --, a 301/302 "
+                        "that would send a method the target does not declare idempotent "
+                        "again: method names it) and origin; or "
                         "the hop, code and stage at which the next hop's connection failed "
                         "before a byte of it was written; or the hop, method, origin and status "
                         "of a next hop sent without the credential that refused it (4xx, 429, "
-                        "503: it decides nothing of the request sent with the credential).",
+                        "503: it decides nothing of the request sent with the credential).  "
+                        "The code is REMOTE_REDIRECTED: the 3xx is the server's complete answer; "
+                        "whether the server acted on the request is not recorded.",
                         "properties": {
                             "reason": {"type": "string"},
                             "origin": {"type": "string"},

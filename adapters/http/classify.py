@@ -3,7 +3,9 @@
 Seed, "A complete remote result determines the execution outcome": a complete 401/403 is an
 authoritative rejection; 429/503 may permit backoff with the server's Retry-After; a complete 500
 is *known* (the application may have changed state first) — committed, never "failed to
-execute".  Seed, "Connection setup needs a precise end point": a proxy's complete error is
+execute"; a complete 3xx that is the result (a redirect not followed) is committed with
+``REMOTE_REDIRECTED``: the server's complete answer, which does not say whether it acted on
+the request.  Seed, "Connection setup needs a precise end point": a proxy's complete error is
 certainty about the proxy's own attempt, not about the origin; its hop is recorded and the
 origin's outcome stays unknown (RFC 9209 Proxy-Status says where forwarding failed).
 """
@@ -20,6 +22,7 @@ from typing import Any
 from affidavit.statemachine import Code, Outcome
 
 __all__ = [
+    "REDIRECT_STATUSES",
     "Classification",
     "Redactor",
     "classify_response",
@@ -31,6 +34,9 @@ __all__ = [
 ]
 
 THROTTLE_STATUSES = frozenset({429, 503})
+REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
+"""A final response with one of these is a redirect: followed (``redirects.py``) or, as the
+result, ``REMOTE_REDIRECTED``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -260,6 +266,12 @@ def classify_response(
     )
     if proxy_generated(status, ps, via_forward_proxy=via_forward_proxy):
         return Classification("proxy", None, None)
+    if status in REDIRECT_STATUSES:
+        # RFC 9110 §15.4: a 3xx says "further action needs to be taken by the user agent in order
+        # to fulfill the request".  Complete, so committed -- but no success: whether the server
+        # acted on the request is not recorded (a 303 suggests it did, a 301 or 307 that it did
+        # not), so a caller branching on the error reads this one.
+        return Classification("origin", Outcome.COMMITTED, Code.REMOTE_REDIRECTED)
     if 200 <= status < 400:
         # A success's Retry-After changes nothing of its own hint, but a batch's throttled
         # items take the time it specifies (statemachine/batch.py, ``items_view``).

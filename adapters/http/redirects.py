@@ -25,7 +25,13 @@ from typing import Any, Final
 
 from affidavit.statemachine import Outcome
 
-from .classify import Redactor, classify_response, header_value, is_proxy_answer
+from .classify import (
+    REDIRECT_STATUSES,
+    Redactor,
+    classify_response,
+    header_value,
+    is_proxy_answer,
+)
 from .machine import Observation
 from .request import HttpRequest, RedirectDecision
 from .urls import BadUrl, Url, drop_fragment, join_url, parse_url, query_values, set_query
@@ -41,8 +47,6 @@ __all__ = [
     "next_hop",
     "plan_response",
 ]
-
-REDIRECT_STATUSES: Final = frozenset({301, 302, 303, 307, 308})
 
 CHANGES_REQUEST: Final = (
     "the redirect would change the request (a GET without its content): the 3xx answers the "

@@ -178,6 +178,26 @@ def assert_ok(broker: Broker, env: Mapping[str, Any]) -> Record:
     return rec
 
 
+def assert_redirected(broker: Broker, env: Mapping[str, Any]) -> Record:
+    """A 3xx that is the result: committed, stored, and no success -- REMOTE_REDIRECTED,
+    ``reconcile`` (whether the server acted on the request is not recorded)."""
+    error = env.get("error")
+    assert error is not None and (error["code"], error["outcome"], error["retry"]) == (
+        "REMOTE_REDIRECTED",
+        "committed",
+        "reconcile",
+    ), error
+    assert 300 <= env["result"]["status"] < 400
+    rec = _record(broker, env["invocation_id"])
+    assert (rec.code.value if rec.code else None, rec.outcome.value, rec.retry.value) == (
+        "REMOTE_REDIRECTED",
+        "committed",
+        "reconcile",
+    )
+    assert EventKind.RESULT_COMMITTED in event_kinds(broker, env["invocation_id"])
+    return rec
+
+
 def raw_kinds(db: Path, iid: str | None = None) -> list[str]:
     """Event kinds on disk right now, read through a separate read-only SQLite connection —
     what a second process (or crash recovery) would see, independent of the broker's own."""

@@ -33,7 +33,15 @@ from affidavit.statemachine import EventKind
 from tests.http.hostile import HostileServer, Reply, scripts
 
 from .approvalkit import OPS, OPS_UID, approval_config, reseal_accepted, verify_ok
-from .helpers import TOKEN_ENV, GateStall, assert_error, assert_ok, event_kinds, open_broker
+from .helpers import (
+    TOKEN_ENV,
+    GateStall,
+    assert_error,
+    assert_ok,
+    assert_redirected,
+    event_kinds,
+    open_broker,
+)
 
 E = EventKind
 OK = Reply(200, body=b'{"ok": true}')
@@ -430,7 +438,7 @@ async def test_an_approved_request_is_not_redirected_to_a_request_nobody_approve
                 await b.approve(waiting["invocation_id"], operator=OPS)
 
             env, _ = await _decided_while_waiting(b, CHARGE, approve)
-            rec = assert_ok(b, env)
+            rec = assert_redirected(b, env)
             assert env["result"]["status"] == 307
             events = {e.kind: e.attrs for e in b.events(env["invocation_id"])}
             assert events[E.REMOTE_RESPONSE_COMPLETE]["redirect_not_followed"]["reason"] == (

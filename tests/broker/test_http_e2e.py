@@ -528,7 +528,7 @@ ROWS: dict[str, Row] = {
         for inject in ("bearer", "header:X-Api-Key", "query:api_key")
     },
     "307-to-an-origin-not-allowed-is-not-followed": Row(
-        None,
+        ("remote_execution", "committed", "reconcile", "REMOTE_REDIRECTED"),
         action=GET,
         target={"follow_redirects": True},
         redirect=307,

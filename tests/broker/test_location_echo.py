@@ -97,7 +97,7 @@ async def test_a_location_echoing_an_encoded_or_case_changed_credential_is_not_f
     # The token really went to the first server: its absence below is the broker's doing.
     assert any(CANARY in v for r in first.requests for _, v in r.headers)
     assert other.requests == [] and other.connections == 0
-    assert env.get("error") is None, env
+    assert env["error"]["code"] == "REMOTE_REDIRECTED", env
     assert env["result"]["status"] == 302
     _assert_clean("the envelope", json.dumps(env).encode())
     _assert_clean("the record", records.encode())

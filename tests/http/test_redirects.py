@@ -16,13 +16,14 @@ from affidavit.adapters.http.redirects import (
     REFUSED_WITHOUT_CREDENTIAL,
     RESENDS_REQUEST,
 )
-from affidavit.statemachine import Outcome
+from affidavit.statemachine import Code, Outcome
 
 from .fakes import FakeEngine
 from .hostile import HostileServer, Received, Reply, scripts
 
 FAST = Timeouts(connect=2.0, write=2.0, read=2.0)
 TOKEN = "Bearer redirect-secret-0001"
+REDIRECTED = (Outcome.COMMITTED, Code.REMOTE_REDIRECTED)
 QTOKEN = "qsecret-0002"
 
 
@@ -131,7 +132,7 @@ async def test_a_redirect_that_would_change_the_request_is_not_followed(
         policy = Policy(srv.origin)
         fe, res = await perform(client, req(srv.url + "/pay", policy, method, b'{"a":1}'))
     assert [r.method for r in srv.requests] == [method]  # no GET was sent
-    assert (res.outcome, res.code, res.facts["status"]) == (Outcome.COMMITTED, None, status)
+    assert (res.outcome, res.code, res.facts["status"]) == (*REDIRECTED, status)
     assert res.facts["redirect_not_followed"] == {
         "reason": CHANGES_REQUEST,
         "origin": srv.origin,
@@ -194,7 +195,12 @@ async def test_a_301_or_302_is_not_followed_with_a_request_unsafe_to_send_again(
         )
         fe, res = await perform(client, request)
     assert [r.method for r in srv.requests] == [method]  # sent once
-    assert res.facts["status"] == status and fe.body == b"applied"
+    assert (res.outcome, res.code, res.facts["status"]) == (
+        Outcome.COMMITTED,
+        Code.REMOTE_REDIRECTED,
+        status,
+    )
+    assert fe.body == b"applied"
     assert res.facts["redirect_not_followed"] == {
         "reason": RESENDS_REQUEST,
         "origin": srv.origin,
@@ -207,7 +213,7 @@ async def test_policy_refusal_returns_the_3xx_as_committed(client: HttpClient) -
     async with HostileServer.running(scripts.redirect("http://127.0.0.1:9/x", 302)) as srv:
         policy = Policy(srv.origin, allow=False)
         fe, res = await perform(client, req(srv.url + "/", policy))
-    assert (res.outcome, res.code, res.facts["status"]) == (Outcome.COMMITTED, None, 302)
+    assert (res.outcome, res.code, res.facts["status"]) == (*REDIRECTED, 302)
     assert res.facts["redirect_not_followed"]["reason"] == "target not allowed"
     assert len(fe.gates) == 1 and fe.body == b"moved"
 
@@ -216,7 +222,11 @@ async def test_too_many_redirects_returns_the_last_3xx_noting_the_limit(client: 
     async with HostileServer.running(scripts.redirect("/again", 307)) as srv:
         policy = Policy(srv.origin)
         fe, res = await perform(client, req(srv.url + "/", policy, max_redirects=2))
-    assert (res.outcome, res.facts["status"]) == (Outcome.COMMITTED, 307)
+    assert (res.outcome, res.code, res.facts["status"]) == (
+        Outcome.COMMITTED,
+        Code.REMOTE_REDIRECTED,
+        307,
+    )
     assert res.facts["redirect_limit"] == 2
     assert len(srv.requests) == 3 and len(fe.gates) == 3
 
@@ -224,7 +234,11 @@ async def test_too_many_redirects_returns_the_last_3xx_noting_the_limit(client: 
 async def test_redirect_hop_setup_failure_keeps_the_complete_3xx(client: HttpClient) -> None:
     async with HostileServer.running(scripts.redirect("http://127.0.0.1:1/x", 307)) as srv:
         fe, res = await perform(client, req(srv.url + "/", Policy(srv.origin)))
-    assert (res.outcome, res.facts["status"]) == (Outcome.COMMITTED, 307)
+    assert (res.outcome, res.code, res.facts["status"]) == (
+        Outcome.COMMITTED,
+        Code.REMOTE_REDIRECTED,
+        307,
+    )
     assert res.facts["redirect_not_followed"] == {
         "hop": 2,
         "code": "CONNECTION_REFUSED",
@@ -321,7 +335,7 @@ async def test_a_refusal_of_a_hop_sent_without_the_credential_leaves_the_3xx_as_
         async with HostileServer.running(scripts.redirect(location, 307)) as first:
             fe, res = await perform(client, req(first.url + "/start", Policy(first.origin), "PUT"))
     assert len(other.requests) == 1 and not carries_credential(other.requests[0])
-    assert (res.outcome, res.code, res.facts["status"]) == (Outcome.COMMITTED, None, 307)
+    assert (res.outcome, res.code, res.facts["status"]) == (*REDIRECTED, 307)
     assert res.facts["redirect_not_followed"] == {
         "reason": REFUSED_WITHOUT_CREDENTIAL,
         "hop": 2,

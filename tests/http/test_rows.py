@@ -228,10 +228,17 @@ async def test_complete_2xx_is_committed(client: HttpClient) -> None:
     assert [c[0] for c in fe.chunks] == ["body"]
 
 
-async def test_unfollowed_3xx_is_committed(client: HttpClient) -> None:
-    async with HostileServer.running(scripts.redirect("/elsewhere", 302)) as srv:
+@pytest.mark.parametrize("status", [301, 302, 303, 307, 308])
+async def test_unfollowed_3xx_is_committed_and_no_success(client: HttpClient, status: int) -> None:
+    """The server's complete answer, which does not say whether it acted on the request (RFC
+    9110 §15.4: further action is needed to fulfil it): REMOTE_REDIRECTED, never error-free."""
+    async with HostileServer.running(scripts.redirect("/elsewhere", status)) as srv:
         fe, res = await result(client, req(srv.url + "/"))
-    assert (res.outcome, res.code, res.facts["status"]) == (Outcome.COMMITTED, None, 302)
+    assert (res.outcome, res.code, res.facts["status"]) == (
+        Outcome.COMMITTED,
+        Code.REMOTE_REDIRECTED,
+        status,
+    )
     assert len(srv.requests) == 1 and len(fe.gates) == 1
 
 

@@ -371,7 +371,12 @@ HTTP_TARGET = TargetSchema(
             "follow_redirects",
             Read.boolean,
             default=False,
-            doc="follow redirects, re-validating every hop",
+            doc="follow redirects, re-validating every hop; a redirect that would change the "
+            "request (a 303, a POST's 301/302: a GET without the content) is not followed, "
+            "nor a 301/302 of a method other than GET, HEAD or one in `idempotent` (it "
+            "would be sent again), and a hop sent without the credential that refuses (4xx, "
+            "429, 503) decides nothing: the complete 3xx is the result either way, "
+            "`REMOTE_REDIRECTED` ([design notes](design-notes.md#redirect-hops))",
         ),
         Field(
             "redirect_origins",
