@@ -23,7 +23,7 @@ from affidavit.statemachine import Code
 
 from .classify import Redactor, classify_response, evidence_from, header_value, parse_proxy_status
 from .connect import HopSetupFailed
-from .exchange import HopResult, exchange
+from .exchange import HopRefused, HopResult, exchange
 from .pool import Pool
 from .redirects import REFUSED_WITHOUT_CREDENTIAL, Plan, carries_credential, next_hop
 from .request import HttpRequest, secret_values
@@ -102,6 +102,19 @@ class HttpClient:
                     plan,
                     redirects,
                 )
+            except HopRefused as e:
+                # A hop without the credential refused: that answers a request the caller did
+                # not make (no 401 there is "these credentials were rejected").  The complete
+                # 3xx that led there is the result; the hop is named beside it, not in ``hops``
+                # (the chain to the result: engine/readable.py reads its last origin).
+                assert pending_result is not None
+                pending_facts["redirect_not_followed"] = {
+                    "reason": REFUSED_WITHOUT_CREDENTIAL,
+                    **e.summary,
+                }
+                return await _result(
+                    pending_result, ctx, hops, redactor, pending_facts, sink_buffer=True
+                )
             except HopSetupFailed as e:
                 # The previous hop's complete 3xx stands as the result; the next request was
                 # never written (seed: each redirect hop is its own dispatch boundary).
@@ -110,19 +123,6 @@ class HttpClient:
                     "hop": hop,
                     "code": e.code.value,
                     "stage": e.stage,
-                }
-                return await _result(
-                    pending_result, ctx, hops, redactor, pending_facts, sink_buffer=True
-                )
-            if plan.disposition == "refused":
-                # A hop without the credential refused: that answers a request the caller did
-                # not make (no 401 there is "these credentials were rejected").  The complete
-                # 3xx that led there is the result; the hop is named beside it, not in ``hops``
-                # (the chain to the result: engine/readable.py reads its last origin).
-                assert pending_result is not None
-                pending_facts["redirect_not_followed"] = {
-                    "reason": REFUSED_WITHOUT_CREDENTIAL,
-                    **{k: res.hop_summary[k] for k in ("hop", "method", "origin", "status")},
                 }
                 return await _result(
                     pending_result, ctx, hops, redactor, pending_facts, sink_buffer=True

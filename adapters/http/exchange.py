@@ -16,6 +16,8 @@ The steps, in order (``exchange()``):
    too: "A failed write says almost nothing about what the other side has already read" (seed).
    A body past the target's ``max_result`` (the sink raises ``ResultTooLarge``) ends the hop
    too: RESULT_SIZE_LIMIT, the connection closed.
+   A hop sent without the credential whose head is a refusal (``redirects.py``) stops at that
+   head: ``HopRefused``, its body never read, the connection closed.
 4. ``finish`` -- a reusable connection (nothing read past the response, in h11 or in the TLS
    layer) goes back to the pool, any other is closed.
 
@@ -45,7 +47,7 @@ from .redirects import Plan, plan_response
 from .request import HttpRequest
 from .urls import Url
 
-__all__ = ["HopResult", "exchange"]
+__all__ = ["HopRefused", "HopResult", "exchange"]
 
 EXPECT_CONTINUE_WAIT: Final = 1.0
 """RFC 9110 §10.1.1: a client that sent ``Expect: 100-continue`` need not wait indefinitely."""
@@ -62,6 +64,21 @@ REDIRECT_BODY_BUFFER: Final = 64 * 1024
 becomes the result after all."""
 _DROP_REQUEST_HEADERS: Final = frozenset({"host", "content-length", "transfer-encoding", "expect"})
 _WITH_BODY: Final = frozenset({"POST", "PUT", "PATCH"})
+
+
+class _StopAtHead(Exception):
+    """The final head decided the hop is refused (``Plan.disposition``): nothing more of the
+    response is read."""
+
+
+class HopRefused(Exception):
+    """A hop sent without the credential answered with a refusal (``Plan.disposition``
+    ``refused``), stopped at its head; ``summary``: its hop, method, origin and status --
+    secret-free, what ``redirect_not_followed`` names."""
+
+    def __init__(self, summary: dict[str, Any]) -> None:
+        super().__init__("next hop refused")
+        self.summary = summary
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,6 +154,17 @@ async def exchange(
     }
     try:
         await h.transfer(headers, body)
+    except _StopAtHead:
+        # A hop sent without the credential refused (redirects.py): its answer decides
+        # nothing, so its body is not read -- neither held to max_result as if it were a
+        # result, nor waited for when it stalls -- and the connection, a response still
+        # running on it, is closed, never pooled.
+        obs = h.ex.refuse()
+        if obs is not None:
+            ctx.observe(obs.step, obs.facts)
+        await trio.aclose_forcefully(conn.stream)
+        summary = {k: hop_summary[k] for k in ("hop", "method", "origin")}
+        raise HopRefused({**summary, "status": h.ex.final_status}) from None
     except trio.TooSlowError:
         exc = h.interrupted("timed_out")
         await trio.aclose_forcefully(conn.stream)
@@ -383,7 +411,7 @@ class _Hop:
 
     async def _handle(self, observations: list[Observation]) -> None:
         ctx, plan = self.ctx, self.plan
-        for obs in observations:
+        for i, obs in enumerate(observations):
             ctx.observe(obs.step, obs.facts)
             if obs.status is None and obs.headers and not self.informational_echo:
                 self.informational_echo = self._echoes(obs)  # a 1xx head's fields
@@ -399,6 +427,12 @@ class _Hop:
                     self.redirects,
                     self.redactor,
                 )
+                if plan.disposition == "refused":
+                    # Steps h11 fired past the head in the same read are reported; their bytes
+                    # are not handled.
+                    for rest in observations[i + 1 :]:
+                        ctx.observe(rest.step, rest.facts)
+                    raise _StopAtHead
             if not obs.data:
                 continue
             if plan.disposition == "sink":

@@ -33,6 +33,8 @@ Post-dispatch (remote_execution)::
       (a proxy's own error: complete framing, yet never a completes transition)
     any unfinished state ─peer_closed | malformed | timed_out | transport_error | cancelled
       | result_size_limit─▶ closed_early
+    {response_headers, body} ─refused─▶ redirect_refused  (a hop sent without the credential
+      answered with a refusal: decided at its head, its body never read -- redirects.py)
 """
 
 from __future__ import annotations
@@ -141,6 +143,8 @@ _STATES: Final = {
     "redirect_connection_reused": "next hop: pooled connection taken",
     "redirect_setup_failed": "next hop: connection setup failed before its request was written",
     "redirect_abandoned": "next hop: the dispatch gate refused; nothing was written",
+    "redirect_refused": "next hop, sent without the credential, refused at its head: its body "
+    "is not read, the connection closed; the 3xx before it is the result",
 }
 
 _TRANSITIONS: Final[dict[str, dict[str, str]]] = {
@@ -167,8 +171,13 @@ _TRANSITIONS: Final[dict[str, dict[str, str]]] = {
     "headers_sent": {"send_body": "body_sent", **_RESPONSE_START, **_ABORT},
     "body_sent": {**_RESPONSE_START, **_ABORT},
     "informational": {"send_body": "body_sent", **_RESPONSE_START, **_ABORT},
-    "response_headers": {"body": "body", "end": "framing_complete", **_ABORT},
-    "body": {"body": "body", "end": "framing_complete", **_ABORT},
+    "response_headers": {
+        "body": "body",
+        "end": "framing_complete",
+        "refused": "redirect_refused",
+        **_ABORT,
+    },
+    "body": {"body": "body", "end": "framing_complete", "refused": "redirect_refused", **_ABORT},
     "framing_complete": {"follow_redirect": "redirect_pending"},
     "closed_early": {},
     "proxy_error_headers": {
@@ -200,6 +209,7 @@ _TRANSITIONS: Final[dict[str, dict[str, str]]] = {
     "redirect_connection_reused": {"send_headers": "headers_sent", **_REDIRECT_FAIL},
     "redirect_setup_failed": {},
     "redirect_abandoned": {},
+    "redirect_refused": {},
 }
 
 HTTP_TABLE: Final = register(
@@ -231,6 +241,7 @@ HTTP_TABLE: Final = register(
                 "proxy_error_complete",
                 "redirect_setup_failed",
                 "redirect_abandoned",
+                "redirect_refused",
             }
         ),
         doc="HTTP/1.1 over h11: setup, dispatch at the first request byte, completion at "
@@ -568,6 +579,15 @@ class HttpExchange:
             return None
         step = self.machine.fire(event)
         return Observation(step, {"hop": self.hop, **self.progress(), **(facts or {})})
+
+    def refuse(self) -> Observation | None:
+        """Fire ``refused``: the final head is a refusal the driver stops at (a hop sent without
+        the credential), its body not read on.  None when the response was already complete
+        (an empty body framed in the same read)."""
+        if not self.machine.allows("refused"):
+            return None
+        step = self.machine.fire("refused")
+        return Observation(step, {"hop": self.hop, "body_bytes": self.body_bytes_received})
 
     def progress(self) -> dict[str, Any]:
         """Secret-free progress facts for an early end.  ``response_bytes`` counts the head:

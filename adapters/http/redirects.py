@@ -96,7 +96,8 @@ def plan_response(
         plan.disposition = "proxy_error"
         return
     if plan.credential_dropped and _refusal(head, forward_proxy):
-        # Its body is read past and hashed, never stored: the result is the 3xx before it.
+        # The exchange stops at this head (its body is never read, the connection closed:
+        # exchange.py, ``HopRefused``): the result is the 3xx before it.
         plan.disposition = "refused"
         return
     if head.status not in REDIRECT_STATUSES or not request.follow_redirects:

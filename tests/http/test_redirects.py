@@ -377,3 +377,46 @@ async def test_a_refusal_after_a_redirect_of_a_request_without_credential_is_the
             _fe, res = await perform(client, request)
     assert len(other.requests) == 1
     assert (res.outcome, res.facts["status"]) == (Outcome.REJECTED, 403)
+
+
+def _refusing(head: bytes, body: bytes, *, then_stall: bool) -> Any:
+    """Read the request, send ``head`` and ``body`` (a client that closes cuts it short), then
+    stall with the connection open or close it."""
+
+    async def script(peer: Any) -> None:
+        if await peer.read_request() is None:
+            return
+        await peer.send_raw(head + body)
+        if then_stall:
+            await trio.sleep_forever()
+
+    return script
+
+
+@pytest.mark.parametrize(
+    ("head", "body_size", "stall"),
+    [
+        # A body far past max_result: read to the end it was RESULT_SIZE_LIMIT (unknown) for
+        # bytes never stored.
+        (b"HTTP/1.1 404 Not Found\r\nContent-Length: 3145728\r\n\r\n", 3 << 20, False),
+        # A body that stalls: read to the end it was unknown at the read deadline.
+        (b"HTTP/1.1 401 Unauthorized\r\nContent-Length: 1000\r\n\r\n", 7, True),
+    ],
+    ids=["404-body-past-max_result", "401-body-stalls"],
+)
+async def test_a_refused_hop_is_read_to_its_head_only_and_its_connection_closed(
+    client: HttpClient, head: bytes, body_size: int, stall: bool
+) -> None:
+    body = b"x" * body_size
+    async with HostileServer.running(_refusing(head, body, then_stall=stall)) as other:
+        location = other.url + "/elsewhere"
+        async with HostileServer.running(scripts.redirect(location, 307)) as first:
+            fe = FakeEngine()
+            fe.ctx.result_limit = 1 << 20
+            request = req(first.url + "/start", Policy(first.origin), "PUT", b"{}")
+            with trio.fail_after(10):
+                res = await client.perform(request, fe.ctx)
+    assert (res.outcome, res.code, res.facts["status"]) == (*REDIRECTED, 307)
+    assert res.facts["redirect_not_followed"]["status"] == int(head.split()[1])
+    assert fe.machine.state == "redirect_refused" and fe.body == b"moved"
+    assert client.idle_connections() == 1  # the first origin's; the refusing one was closed
