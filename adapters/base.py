@@ -140,3 +140,8 @@ class RemoteResult:
     facts: dict[str, Any] = field(default_factory=dict)
     summary: dict[str, Any] = field(default_factory=dict)
     retry_after: float | None = None
+    hop: int | None = None
+    """The hop whose response this is, when the adapter follows redirects and an earlier hop's
+    answer stands as the result (an HTTP 3xx whose next hop was refused or failed after its
+    gate): the engine then records that hop's milestones, not the later hop's.  None: the last
+    hop dispatched."""

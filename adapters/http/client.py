@@ -216,7 +216,7 @@ async def _result(
         redactor.number(retry) or redactor.contains(header_value(res.headers, "retry-after") or "")
     ):
         retry = None
-    return RemoteResult(cls.outcome, cls.code, facts, summary, retry)
+    return RemoteResult(cls.outcome, cls.code, facts, summary, retry, res.hop_summary["hop"])
 
 
 def _attribution(res: HopResult, proxy_status: list[dict[str, Any]] | None) -> str | None:

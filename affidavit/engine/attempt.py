@@ -140,6 +140,9 @@ class Attempt:
     hops: int = 0
     milestones_seen: set[str] = field(default_factory=set)
     pending: list[Event] = field(default_factory=list)
+    set_aside: dict[int, list[Event]] = field(default_factory=dict)
+    """An earlier hop's milestones, by its hop number, set aside when a later hop's gate passed
+    (``_next_hop_milestones``): restored if that hop's answer is the result after all."""
     steps: StepPath = field(default_factory=StepPath)
     """The states the protocol machine went through: run-length encoded and bounded (a peer
     decides how many steps a call takes: ``steps.py``)."""
@@ -316,7 +319,9 @@ async def _try_once(
         withhold=sink.withhold,
     )
     try:
-        return await binding.perform(prepared, ctx), None, False
+        result = await binding.perform(prepared, ctx)
+        _result_hop_milestones(attempt, result.hop)
+        return result, None, False
     except SetupError as exc:
         if _dispatched(attempt):
             # An adapter bug must never turn a dispatched attempt into not_attempted.
@@ -567,7 +572,7 @@ def _gate(engine: Engine, attempt: Attempt) -> Any:
                 # a reconciliation): this stale worker must not send the next hop (the
                 # gate raises; the adapter never writes).
                 raise LeaseRefusal(recorded=False) from None
-            _next_hop_milestones(attempt)
+            _next_hop_milestones(attempt, hop)
             return
         # Re-check the bound config immediately before the write (seed: "re-check it
         # immediately before the write"); a change means a new invocation -- and for an
@@ -647,14 +652,27 @@ def _gate(engine: Engine, attempt: Attempt) -> Any:
     return gate
 
 
-def _next_hop_milestones(attempt: Attempt) -> None:
-    """A later hop is dispatched: the milestones of the hops before it (its request sent, its
-    response's head and status) are dropped, unwritten, and this hop's are recorded -- the
+def _next_hop_milestones(attempt: Attempt, hop: int) -> None:
+    """Hop ``hop`` is dispatched: the milestones of the hop before it (its request sent, its
+    response's head and status) are set aside, unwritten, and this hop's are recorded -- the
     evidence describes the hop that decides, never a response that hop did not give (design
     notes, "Redirect hops").  Each hop's status stays in the result's ``hops``."""
     kinds = set(attempt.machine.table.milestones.values())
+    attempt.set_aside[hop - 1] = [ev for ev in attempt.pending if ev.kind.value in kinds]
     attempt.pending = [ev for ev in attempt.pending if ev.kind.value not in kinds]
     attempt.milestones_seen.clear()
+
+
+def _result_hop_milestones(attempt: Attempt, hop: int | None) -> None:
+    """The result is hop ``hop``'s answer (``RemoteResult.hop``): if a later hop's gate set its
+    milestones aside, they are the ones recorded again, the later hops' dropped -- a 3xx that
+    stands as the result is never journaled beside another hop's request and status."""
+    earlier = attempt.set_aside.get(hop) if hop is not None else None
+    if earlier is None:
+        return
+    kinds = set(attempt.machine.table.milestones.values())
+    attempt.pending = [ev for ev in attempt.pending if ev.kind.value not in kinds] + earlier
+    attempt.set_aside.clear()
 
 
 def _gate_left(attempt: Attempt) -> None:

@@ -235,3 +235,29 @@ async def test_a_next_hop_cut_mid_body_shows_its_own_status(tmp_path: Path, toke
         assert evidence["response_headers_received"] is True
     started = [e.attrs for e in events if e.kind is EventKind.REMOTE_RESPONSE_STARTED]
     assert [a["status"] for a in started] == [200]
+
+
+async def test_a_3xx_that_stands_is_journaled_with_its_own_hop_s_milestones(
+    tmp_path: Path, token: str
+) -> None:
+    """Hop 2's gate set hop 1's milestones aside; hop 2 was refused, so hop 1's 307 is the
+    result and its request and head are what the journal says -- never hop 2's REQUEST_SENT and
+    401 beside a REMOTE_RESPONSE_COMPLETE of 307."""
+    refusal = scripts.serve(Reply(401, body=b"who are you"))
+    env, rec, events = await _interrupted(tmp_path, refusal)
+    assert env["error"]["code"] == "REMOTE_REDIRECTED"
+    of = {
+        kind: [e.attrs.get("status") for e in events if e.kind is kind]
+        for kind in (
+            EventKind.REQUEST_SENT,
+            EventKind.REMOTE_RESPONSE_STARTED,
+            EventKind.REMOTE_RESPONSE_COMPLETE,
+        )
+    }
+    assert of == {
+        EventKind.REQUEST_SENT: [None],
+        EventKind.REMOTE_RESPONSE_STARTED: [307],
+        EventKind.REMOTE_RESPONSE_COMPLETE: [307],
+    }
+    for evidence in (env["evidence"], rec.evidence):
+        assert evidence["status"] == 307 and evidence["response_headers_received"] is True
