@@ -79,6 +79,9 @@ class HttpClient:
         redirects = 0
         pending_result: HopResult | None = None
         pending_facts: dict[str, Any] = {}
+        # The last followed 3xx answering a request that carried the credential: that hop's
+        # result, the chain up to it, the redirects before it.
+        credited: tuple[HopResult, list[dict[str, Any]], int] | None = None
         hop = 1
         while True:
             try:
@@ -104,17 +107,19 @@ class HttpClient:
                 )
             except HopRefused as e:
                 # A hop without the credential refused: that answers a request the caller did
-                # not make (no 401 there is "these credentials were rejected").  The complete
-                # 3xx that led there is the result; the hop is named beside it, not in ``hops``
-                # (the chain to the result: engine/readable.py reads its last origin).
-                assert pending_result is not None
-                pending_facts["redirect_not_followed"] = {
-                    "reason": REFUSED_WITHOUT_CREDENTIAL,
-                    **e.summary,
+                # not make (no 401 there is "these credentials were rejected").  The result is
+                # the last complete 3xx to a request that carried the credential -- never a
+                # 3xx of a hop it did not reach (target -> other origin -> back into scope
+                # without the header: the other origin's 307 answered no request of the
+                # caller's).  The refusing hop is named beside it, not in ``hops`` (the chain
+                # to the result: engine/readable.py reads its last origin).
+                assert credited is not None  # a refusal needs a dropped credential: hop 1 had it
+                stood, chain, before = credited
+                facts = {
+                    "redirects": before,
+                    "redirect_not_followed": {"reason": REFUSED_WITHOUT_CREDENTIAL, **e.summary},
                 }
-                return await _result(
-                    pending_result, ctx, hops, redactor, pending_facts, sink_buffer=True
-                )
+                return await _result(stood, ctx, chain, redactor, facts, sink_buffer=True)
             except HopSetupFailed as e:
                 # The previous hop's complete 3xx stands as the result; the next request was
                 # never written (seed: each redirect hop is its own dispatch boundary).
@@ -157,6 +162,8 @@ class HttpClient:
             log.debug("following redirect hop=%d to %s", hop + 1, parse_url(plan.next_url).origin)
             pending_result = res
             pending_facts = {"redirects": redirects - 1}
+            if credential:
+                credited = (res, list(hops), redirects - 1)
             nxt = next_hop(request, plan, method, headers, body)
             method, url, headers, body = nxt.method, nxt.url, nxt.headers, nxt.body
             credential = nxt.credential

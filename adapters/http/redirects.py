@@ -13,8 +13,8 @@ server's complete answer to the request sent; whether the server acted on the re
 recorded (a 303 suggests it did, a 301 that it did not) -- and a GET's 404, or a second
 PATCH's 409, would have been read as the rejection of a request that may have been carried
 out.  And a hop sent without the credential (another origin, or outside the base path) that is
-refused (4xx, 429, 503) decides nothing of the caller's action: the 3xx that led there stands as
-the result.
+refused (4xx, 429, 503) decides nothing of the caller's action: the last 3xx to a request that
+carried the credential stands as the result (``client.py``).
 """
 
 from __future__ import annotations

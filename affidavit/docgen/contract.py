@@ -519,7 +519,8 @@ def contract_markdown(protocols: Mapping[str, ProtocolTable] | None = None) -> s
         "A followed hop sent without the credential (another origin in `redirect_origins`, or "
         "a path outside the base path) that answers with what would be a rejection (4xx, 429, "
         "503) is no `REMOTE_REJECTED` or `REMOTE_THROTTLED` -- its 401 is no proof that the "
-        "credential was rejected: the 3xx that led there stays the result, "
+        "credential was rejected: the last 3xx to a request that carried the credential "
+        "stays the result, "
         "`redirect_not_followed` naming that hop, its origin and status "
         '(docs/design-notes.md, "Redirect hops").',
         "",

@@ -420,3 +420,44 @@ async def test_a_refused_hop_is_read_to_its_head_only_and_its_connection_closed(
     assert res.facts["redirect_not_followed"]["status"] == int(head.split()[1])
     assert fe.machine.state == "redirect_refused" and fe.body == b"moved"
     assert client.idle_connections() == 1  # the first origin's; the refusing one was closed
+
+
+async def test_after_a_refusal_the_result_is_the_last_3xx_the_credential_reached(
+    client: HttpClient,
+) -> None:
+    """Target 307 -> other origin 307 -> back to the target without the Authorization header
+    (dropped at the other origin; only a query credential is put back): its 401 decides
+    nothing, and the other origin's 307 answered no request the caller made -- the target's own
+    307 is the result."""
+    routes = {
+        "/a": Reply(307, headers=[("Location", "/placeholder")], body=b"first"),
+        "/b": Reply(401, body=b"who are you"),
+    }
+    async with HostileServer.running(by_path(routes)) as first:
+        back = first.url + "/b"
+        async with HostileServer.running(scripts.redirect(back, 307)) as other:
+            routes["/a"] = Reply(307, headers=[("Location", other.url + "/x")], body=b"first")
+            request = HttpRequest(
+                "PUT",
+                first.url + "/a",
+                [("Authorization", TOKEN)],
+                b"{}",
+                credential_headers=frozenset({"authorization"}),
+                follow_redirects=True,
+                redirect_policy=Policy(first.origin),
+                timeouts=FAST,
+            )
+            fe, res = await perform(client, request)
+    assert [urllib.parse.urlsplit(r.target).path for r in first.requests] == ["/a", "/b"]
+    assert carries_credential(first.requests[0]) and not carries_credential(first.requests[1])
+    assert (res.outcome, res.code, res.facts["status"]) == (*REDIRECTED, 307)
+    assert res.hop == 1 and fe.body == b"first"
+    assert [h["origin"] for h in res.summary["hops"]] == [first.origin]
+    assert res.facts["redirects"] == 0
+    assert res.facts["redirect_not_followed"] == {
+        "reason": REFUSED_WITHOUT_CREDENTIAL,
+        "hop": 3,
+        "method": "PUT",
+        "origin": first.origin,
+        "status": 401,
+    }
