@@ -261,3 +261,30 @@ async def test_a_3xx_that_stands_is_journaled_with_its_own_hop_s_milestones(
     }
     for evidence in (env["evidence"], rec.evidence):
         assert evidence["status"] == 307 and evidence["response_headers_received"] is True
+
+
+@pytest.mark.parametrize("location", ["/other", "/api-evil/x", "/api/../x"])
+async def test_a_refusal_outside_the_base_path_where_the_credential_was_not_sent_is_no_rejection(
+    tmp_path: Path, token: str, location: str
+) -> None:
+    """Same origin, outside the base path ``/api`` (a sibling sharing its prefix, a dot segment
+    climbing out -- resolved to ``/x`` when the Location is joined, RFC 3986 §5.2.4, before the
+    policy sees it): the hop goes without the bearer, so its 401 decides nothing."""
+
+    def route(r: Received) -> Reply:
+        if urllib.parse.urlsplit(r.target).path == "/api/start":
+            return Reply(307, headers=[("Location", location)], body=b"moved")
+        return Reply(401, body=b"who are you")
+
+    call = {"target": "api", "method": "PUT", "path": "/start", "body": "{}"}
+    async with HostileServer.running(scripts.serve(route)) as srv:
+        env, _rec = await _call(tmp_path, srv.url + "/api", call)
+    assert len(srv.requests) == 2
+    assert token in str(srv.requests[0].headers) and token not in str(srv.requests[1].headers)
+    assert env["result"]["status"] == 307 and env["result"]["body"] == "moved"
+    refused = env["evidence"]["redirect_not_followed"]
+    assert (refused["reason"], refused["hop"], refused["status"]) == (
+        REFUSED_WITHOUT_CREDENTIAL,
+        2,
+        401,
+    )

@@ -461,3 +461,50 @@ async def test_after_a_refusal_the_result_is_the_last_3xx_the_credential_reached
         "origin": first.origin,
         "status": 401,
     }
+
+
+async def test_a_hop_back_into_scope_carrying_only_the_query_credential_decides(
+    client: HttpClient,
+) -> None:
+    """The header was dropped at the other origin, the query credential put back: the hop
+    carried the credential (``_carries``, its query half), so its 401 is the result."""
+    routes = {"/b": Reply(401, body=b"rejected")}
+    async with (
+        HostileServer.running(by_path(routes)) as first,
+        HostileServer.running(scripts.redirect(first.url + "/b", 307)) as other,
+    ):
+        routes["/a"] = Reply(307, headers=[("Location", other.url + "/x")])
+        fe, res = await perform(client, req(first.url + "/a", Policy(first.origin), "PUT"))
+    back = first.requests[1]
+    assert QTOKEN in back.target and "redirect-secret-0001" not in str(back.headers)
+    assert (res.outcome, res.code, res.facts["status"]) == (
+        Outcome.REJECTED,
+        Code.REMOTE_REJECTED,
+        401,
+    )
+    assert "redirect_not_followed" not in res.facts and fe.body == b"rejected"
+
+
+async def test_a_query_credential_dropped_on_the_way_makes_a_refusal_decide_nothing(
+    client: HttpClient,
+) -> None:
+    """Only a query credential: the hop to another origin goes without it (``_carries``
+    computes that from the URL), so that origin's 401 is no rejection of it."""
+    async with (
+        HostileServer.running(scripts.serve(Reply(401, body=b"no"))) as other,
+        HostileServer.running(scripts.redirect(other.url + "/x", 307)) as first,
+    ):
+        request = HttpRequest(
+            "PUT",
+            first.url + f"/a?api_key={QTOKEN}",
+            [],
+            b"{}",
+            credential_query="api_key",
+            follow_redirects=True,
+            redirect_policy=Policy(first.origin),
+            timeouts=FAST,
+        )
+        _fe, res = await perform(client, request)
+    assert QTOKEN not in other.requests[0].target
+    assert (res.outcome, res.code, res.facts["status"]) == (*REDIRECTED, 307)
+    assert res.facts["redirect_not_followed"]["status"] == 401
