@@ -531,8 +531,9 @@ def contract_markdown(protocols: Mapping[str, ProtocolTable] | None = None) -> s
         "`body_truncated`, even when the prefix parses. A reconciliation query or a poll "
         "settles nothing on an answer a followed redirect fetched from another origin than the "
         "target's (`redirect_origins`): RECONCILE_INCONCLUSIVE / OPERATION_POLL_FAILED with "
-        "the reason; from such an answer no batch item outcome and no 202's job id is read "
-        "either.",
+        "the reason; from such an answer nothing is read for batch items or a 202's job -- "
+        "neither its body nor its headers (a relative Location there would have named a "
+        "status resource on the target): no BATCH_ITEMS_RECORDED, no OPERATION_ACCEPTED.",
     ]
     out += [
         "",

@@ -19,7 +19,7 @@ from affidavit.adapters.base import RemoteResult
 from affidavit.protocols import ResultContracts, get
 from affidavit.statemachine import Event, EventKind, EvidenceSource, operation_id
 
-from .readable import unreadable
+from .readable import from_elsewhere, unreadable
 
 __all__ = ["Reader", "batch_facts", "contracts_of", "reader"]
 
@@ -53,7 +53,11 @@ def reader(action: Any, target: Any) -> Reader | None:
         # withheld or cut (``readable.py``): a prefix of a 207 may parse and name outcomes the
         # rest would have contradicted; no item outcome, no job id is taken from it.  Nor from
         # an answer a followed redirect fetched from another origin, sent without the
-        # credential: it says nothing of what the target did with the items.
+        # credential: it says nothing of what the target did with the items -- nor its headers:
+        # a 202's relative Location there, resolved against the target's URL, named a status
+        # resource on the target that the target never gave, polled with the credential.
+        if origin is not None and from_elsewhere(result.summary, origin=origin):
+            return []
         body = None
         if kept is not None and unreadable(result.summary, origin=origin) is None:
             body = kept.get("body", b"")

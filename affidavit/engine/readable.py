@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Final
 
-__all__ = ["OTHER_ORIGIN", "PARTIAL_BODY", "stream_cut", "unreadable"]
+__all__ = ["OTHER_ORIGIN", "PARTIAL_BODY", "from_elsewhere", "stream_cut", "unreadable"]
 
 PARTIAL_BODY: Final = (
     "the answer's body was not received whole and verified (body_withheld or "
@@ -64,9 +64,16 @@ def unreadable(summary: Mapping[str, Any], *, origin: str | None = None) -> str 
     other origin, ``OTHER_ORIGIN``."""
     if any(stream_cut(summary, name) for name in _streams(summary)):
         return PARTIAL_BODY
-    hops = summary.get("hops")
-    if origin is not None and isinstance(hops, list) and hops:
-        last = hops[-1]
-        if not isinstance(last, Mapping) or last.get("origin") != origin:
-            return OTHER_ORIGIN
+    if origin is not None and from_elsewhere(summary, origin=origin):
+        return OTHER_ORIGIN
     return None
+
+
+def from_elsewhere(summary: Mapping[str, Any], *, origin: str) -> bool:
+    """Whether the stored result's final hop is on another origin than ``origin`` (the
+    target's): an answer a followed redirect fetched there, sent without the credential."""
+    hops = summary.get("hops")
+    if not isinstance(hops, list) or not hops:
+        return False
+    last = hops[-1]
+    return not isinstance(last, Mapping) or last.get("origin") != origin

@@ -462,3 +462,24 @@ async def test_a_poll_releases_what_the_recorder_kept_for_its_task(
             op_id = (await _submit(broker))["operation"]["id"]
             assert (await _poll(broker, op_id))["operation"]["state"] == "pending"
             assert broker._engine.recorder._writing == {}
+
+
+async def test_a_202_answered_from_another_origin_names_no_job(tmp_path: Path, token: str) -> None:
+    """POST -> 307 to an origin in redirect_origins (sent without the credential) -> 202 naming
+    a job: that origin's word says nothing of what the target accepted -- neither its body's job
+    id nor its Location, which resolved against the target's URL named a status resource on the
+    target (polled with the credential) that the target never gave (engine/contracts.py)."""
+    accepted = Reply(202, headers=[("Location", "/v1/jobs/j123")], body=b'{"id":"j123"}')
+    async with HostileServer.running(scripts.serve(accepted)) as other:
+        moved = scripts.redirect(other.url + "/v1/jobs", 307)
+        async with HostileServer.running(moved) as srv:
+            target = _target(srv, follow_redirects=True, redirect_origins=[other.url])
+            cfg = write_config(tmp_path, {"jobs": target})
+            async with open_broker(cfg) as broker:
+                env = await _submit(broker)
+                iid = env["invocation_id"]
+                kinds = event_kinds(broker, iid)
+                operations = broker.operations()
+    assert len(other.requests) == 1 and env["result"]["status"] == 202
+    assert "operation" not in env and operations == []
+    assert E.OPERATION_ACCEPTED not in kinds and E.RESULT_COMMITTED in kinds
