@@ -3,10 +3,12 @@
 Seed: "A redirect creates a second dispatch boundary.  A complete 307 or 308 response
 determines the outcome of the first HTTP exchange, but following it creates a new request";
 "A complete 401 proves that the server rejected these credentials for the request".  A 303 --
-or a POST's 301/302 -- would be followed with a GET without content (RFC 9110 §15.4.4: the
-server processed the POST), so the GET's 404 would make a payment that was made read
-``rejected``/``after_correction``, and a caller that corrects and resends pays twice.  A hop to
-another origin is sent without the credential, so its 401 says nothing of the credential.
+or a POST's 301/302 -- would be followed with a GET without content, so the GET's 404 would make
+a payment that may have been made read ``rejected``/``after_correction``, and a caller that
+corrects and resends pays twice; a PATCH's 301/302 would send the PATCH again.  A hop to another
+origin is sent without the credential, so its 401 says nothing of the credential.  The 3xx that
+stands is the server's complete answer; whether the server acted on the request is not recorded:
+REMOTE_REDIRECTED, ``reconcile``.
 """
 
 from __future__ import annotations
