@@ -27,9 +27,16 @@ from affidavit.adapters.http.redirects import (
     RESENDS_REQUEST,
 )
 from affidavit.statemachine import EventKind
-from tests.http.hostile import HostileServer, Received, Reply, scripts
+from tests.http.hostile import HostileServer, Peer, Received, Reply, scripts
 
-from .helpers import assert_ok, assert_redirected, http_target, open_broker, write_config
+from .helpers import (
+    assert_ok,
+    assert_redirected,
+    http_target,
+    open_broker,
+    stalled_call,
+    write_config,
+)
 from .http_rows import LIMIT
 
 PAY = {"target": "api", "method": "POST", "path": "/pay", "body": '{"amount":100}'}
@@ -290,3 +297,36 @@ async def test_a_refusal_outside_the_base_path_where_the_credential_was_not_sent
         2,
         401,
     )
+
+
+async def test_a_3xx_that_stands_after_the_next_hop_failed_past_its_gate_keeps_its_milestones(
+    tmp_path: Path, token: str
+) -> None:
+    """Hop 2's peer speaks first: its bytes are in the socket when hop 2's gate returns, so the
+    request is never written (peer_spoke_first) and hop 1's 307 is the result -- journaled with
+    hop 1's REQUEST_SENT and REMOTE_RESPONSE_STARTED, set aside at hop 2's gate, not with none."""
+
+    async def speaks_first(peer: Peer) -> None:
+        await peer.send_raw(b"HTTP/1.1 201 Created\r\nContent-Length: 2\r\n\r\n{}")
+        peer.server.event("sent").set()
+        await peer.read_request()
+
+    async with HostileServer.running(speaks_first) as other:
+        moved = scripts.redirect(other.url + "/put", 307)
+        async with HostileServer.running(moved) as srv:
+            target = http_target(srv.url, follow_redirects=True, redirect_origins=[other.origin])
+            async with open_broker(write_config(tmp_path, {"api": target})) as broker:
+                async with stalled_call(broker, {**PAY, "method": "PUT"}, limit=LIMIT, hop=2) as c:
+                    await other.event("sent").wait()
+                    await trio.sleep(0.1)  # the bytes reach the broker's socket
+                env = c.envelope
+                assert env is not None
+                assert_redirected(broker, env)
+                events = broker.events(env["invocation_id"])
+    assert other.requests == []  # never written
+    assert env["evidence"]["redirect_not_followed"]["stage"] == "peer_spoke_first"
+    of = {
+        kind: [e.attrs.get("status") for e in events if e.kind is kind]
+        for kind in (EventKind.REQUEST_SENT, EventKind.REMOTE_RESPONSE_STARTED)
+    }
+    assert of == {EventKind.REQUEST_SENT: [None], EventKind.REMOTE_RESPONSE_STARTED: [307]}
