@@ -41,8 +41,11 @@ stranger; same-origin still sends nothing to another site -- nosniff, and ``Cach
 no-store`` on everything that is not a static file, and ``Cross-Origin-Resource-Policy:
 same-origin`` (no other origin's page may embed an answer: a port of 127.0.0.1 is another).
 A request another site's page made (``Sec-Fetch-Site`` ``same-site`` or ``cross-site``) is
-refused, 403, unless it is a top-level navigation GET; only a request that passed every check
-restarts the session's idle clock.
+refused, 403, unless it is a top-level navigation GET; a prefetch or prerender
+(``Sec-Purpose``) is refused, 503.  Only a request that passed every check, and that a console
+page or the operator made (``Sec-Fetch-Site`` ``same-origin``, ``none`` or absent), restarts
+the session's idle clock.  ``Cross-Origin-Opener-Policy: same-origin``: a page that opened the
+console in a popup keeps no handle on it.
 
 This module is the console's front door: routing, the Host, session, peer, origin and CSRF
 checks, static files and the login.  The pages and decisions it routes to are ``handlers.py``
@@ -218,6 +221,7 @@ class Console(Handlers):
             return await self._login(req)
         req.session = self._session(req)
         _same_site_or_navigation(req)
+        _not_speculative(req)
         if method == "POST":
             form = await self._checked_form(req)  # 403 before anything else is looked at
         elif method != "GET":
@@ -226,10 +230,11 @@ class Console(Handlers):
             )
         elif req.session is None:
             return await req.redirect("/login")
-        # Only now is the request the operator's: it restarts the idle clock -- a refused one
-        # (a stranger's, a hostile page's 403'd post or image) never does, nor does a live
-        # page's own reload (``AUTO``): nobody is at it.
-        if not (method == "GET" and req.query.get(AUTO) == "1"):
+        # Only now may the request be the operator's: it restarts the idle clock -- a refused
+        # one (a stranger's, a hostile page's 403'd post or image) never does, nor does a live
+        # page's own reload (``AUTO``, nobody is at it), nor a navigation another page started
+        # (``_operator_s_own``).
+        if _operator_s_own(req) and not (method == "GET" and req.query.get(AUTO) == "1"):
             self.sessions.touch(req.session)  # type: ignore[arg-type]
         if path in ("/", "/approvals") and method == "GET":
             return await self._approvals(req)
@@ -391,6 +396,30 @@ def _same_site_or_navigation(req: Request) -> None:
     raise Refused(
         403, "refused: another site's page made this request; nothing done", "SITE_REFUSED"
     )
+
+
+def _not_speculative(req: Request) -> None:
+    """503 for a request the browser makes ahead of the operator (``Sec-Purpose: prefetch``,
+    ``prefetch;prerender``; the older ``Purpose: prefetch``): a page's speculation rules
+    (``<script type=speculationrules>``) make chromium fetch a console page with the cookie,
+    labelled a top-level navigation the operator started (``Sec-Fetch-Site: none``) -- a
+    hostile page on another port could keep a session alive forever without a click.  Nobody
+    asked for it: nothing is served (a prefetch answered other than 2xx is dropped, and the
+    operator's own navigation fetches the page again), and the idle clock stays."""
+    if "sec-purpose" in req.headers or "purpose" in req.headers:
+        raise Refused(
+            503, "refused: a prefetch is no request of the operator's", "PREFETCH_REFUSED"
+        )
+
+
+def _operator_s_own(req: Request) -> bool:
+    """Whether the request restarts the session's idle clock: only a console page's own
+    (``Sec-Fetch-Site: same-origin``), one the operator typed or opened from a bookmark
+    (``none``), or a client's that sends no Fetch Metadata.  A navigation another page
+    started (``same-site``: a page on another port of 127.0.0.1, which can re-navigate a
+    popup at will) is served -- it may be a link the operator followed -- but keeps nobody
+    logged in."""
+    return req.headers.get("sec-fetch-site") in (None, "same-origin", "none")
 
 
 def _when(at: Any) -> str:

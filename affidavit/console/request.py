@@ -157,6 +157,7 @@ class Request:
             (b"referrer-policy", b"same-origin"),
             (b"x-content-type-options", b"nosniff"),
             (b"cross-origin-resource-policy", b"same-origin"),
+            (b"cross-origin-opener-policy", b"same-origin"),
             (b"cache-control", cache),
             *(headers or []),
         ]

@@ -25,6 +25,7 @@ EVERY = {
     "referrer-policy": "same-origin",
     "x-content-type-options": "nosniff",
     "cross-origin-resource-policy": "same-origin",
+    "cross-origin-opener-policy": "same-origin",
 }
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import html
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -187,28 +188,68 @@ async def test_a_request_refused_after_its_session_was_found_does_not_keep_it_al
         assert (status, headers["location"]) == (303, "/login")
 
 
-async def test_a_link_the_operator_follows_from_another_site_is_served(
+NAVIGATION = {"Sec-Fetch-Mode": "navigate", "Sec-Fetch-Dest": "document"}
+
+
+async def test_only_the_operator_s_own_navigation_restarts_the_idle_clock(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A top-level navigation GET from another site (a link in a chat, a ticket) is the
-    operator's: served, and it restarts the idle clock; so does a same-origin request."""
+    """A console page's own request, an address typed or bookmarked, and a client's that sends
+    no Fetch Metadata restart the idle clock.  A navigation another page started is served (it
+    may be a link the operator followed) but restarts nothing: a page on another port of
+    127.0.0.1 (``same-site``: the browser sends it the SameSite=Strict cookie) can re-navigate
+    a popup at will.  (``cross-site`` never carries the cookie from a browser; from a client
+    that sends it anyway it is served the same way.)"""
     path = operator_config(tmp_path, monkeypatch, {"pay": http_target("http://127.0.0.1:9")})
     async with open_broker(path) as b, served(b, tmp_path) as (origin, console):
         cookie, _ = await log_in_to(console, origin)
         session = console.sessions.get(cookie.split("=", 1)[1], used=False)
         assert session is not None
-        for site in ("cross-site", "same-site", "same-origin", "none"):
-            fetch = {
-                "Sec-Fetch-Site": site,
-                "Sec-Fetch-Mode": "navigate",
-                "Sec-Fetch-Dest": "document",
-            }
-            session.last_seen -= IDLE_TTL - 60
+        for site, restarts in (
+            ("same-origin", True),
+            ("none", True),
+            (None, True),
+            ("same-site", False),
+            ("cross-site", False),
+        ):
+            fetch = NAVIGATION if site is None else {"Sec-Fetch-Site": site, **NAVIGATION}
+            session.last_seen = time.time() - (IDLE_TTL - 60)
             idle_since = session.last_seen
             status, headers, _ = await get(f"{origin}/approvals", cookie=cookie, headers=fetch)
             assert status == 200, site
-            assert headers["cross-origin-resource-policy"] == "same-origin"
-            assert session.last_seen > idle_since, site
+            assert headers["cross-origin-opener-policy"] == "same-origin"
+            assert (session.last_seen > idle_since) is restarts, site
+
+
+SPECULATIVE = {
+    "a prefetch": {"Sec-Purpose": "prefetch"},
+    "a prerender": {"Sec-Purpose": "prefetch;prerender"},
+    "an anonymous prefetch": {"Sec-Purpose": "prefetch;anonymous-client-ip"},
+    "an old browser's prefetch": {"Purpose": "prefetch"},
+}
+
+
+@pytest.mark.parametrize("what", sorted(SPECULATIVE))
+async def test_a_prefetch_or_prerender_is_refused_and_keeps_nobody_logged_in(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, what: str
+) -> None:
+    """Speculation rules on a page on another port made chromium fetch console pages with the
+    cookie, labelled as the operator's own navigation (``Sec-Fetch-Site: none``): only
+    ``Sec-Purpose`` tells them apart.  Refused, 503, not stored, and the clock stays."""
+    path = operator_config(tmp_path, monkeypatch, {"pay": http_target("http://127.0.0.1:9")})
+    async with open_broker(path) as b, served(b, tmp_path) as (origin, console):
+        cookie, _ = await log_in_to(console, origin)
+        session = console.sessions.get(cookie.split("=", 1)[1], used=False)
+        assert session is not None
+        session.last_seen -= IDLE_TTL - 60
+        idle_since = session.last_seen
+        fetch = {"Sec-Fetch-Site": "none", **NAVIGATION, **SPECULATIVE[what]}
+        for page in ("/approvals", "/journal", "/actions"):
+            status, headers, body = await get(f"{origin}{page}", cookie=cookie, headers=fetch)
+            assert (status, refusal(body)) == (503, ("PREFETCH_REFUSED", None)), page
+            assert headers["cache-control"] == "no-store"
+            assert b"<table" not in body  # nothing of the page
+            assert session.last_seen == idle_since, page
 
 
 async def test_the_list_pages_show_a_bounded_number_of_rows_whatever_an_agent_made(
