@@ -18,7 +18,8 @@
     GET  /static/{console.css,console.js}
 
 Every request must name the console in ``Host`` (its bound address, or
-``[service] console_public_origin``): another name is a DNS-rebinding page or a misdirected
+``[service] console_public_origin``; bound beyond loopback, only the latter -- the bound name
+is plain HTTP across the network): another name is a DNS-rebinding page or a misdirected
 request, 421.  Every page but /login and /static needs a session; without one the answer is a
 redirect to the login page.  On a loopback console the session's operator must also own the
 connecting socket (``peer.socket_owner``: a cookie reaches every port of 127.0.0.1, RFC 6265
@@ -65,6 +66,7 @@ import jinja2
 import affidavit
 from affidavit.api.broker import Broker
 from affidavit.approvals import Operator
+from affidavit.config import served_through_tls
 from affidavit.journal import SessionSummary
 from affidavit.text import printable, utc_time
 from affidavit.views import metrics_key
@@ -128,13 +130,18 @@ class Console(Handlers):
         """The journal page's verify: the last whole one, extended to the head per request."""
         self.tokens = tokens
         self.sessions = Sessions()
-        self.origins = frozenset(o for o in (origin, public_origin) if o)
+        host = urlsplit(origin).hostname or ""
+        # Bound beyond loopback, the console is served through TLS only: its TLS proxy's
+        # origin is the one it answers to.  Its bound name is refused (421): a login link or a
+        # cookie sent there would cross the network in clear.
+        served_through_tls(host, public_origin)
+        bound = () if is_loopback(host) else (origin,)
+        self.origins = frozenset(o for o in (origin, public_origin) if o and o not in bound)
         self.hosts = frozenset(urlsplit(o).netloc for o in self.origins)
         # Who is on the other end can be asked of the kernel only on loopback.  Through a proxy
         # the proxy is the peer: its connections (those of ``proxy_uid``) carry the cookie as
         # the only proof, and name the public origin; every other connection is checked as
         # without a proxy.  With a proxy whose user is not declared, nothing is checked.
-        host = urlsplit(origin).hostname or ""
         if proxy_uid is not None and (public_origin is None or not is_loopback(host)):
             raise ValueError("a proxy's user is declared for a loopback console behind a proxy")
         self.proxy_uid = proxy_uid

@@ -165,13 +165,14 @@ def operator_config(
 
 @contextlib.asynccontextmanager
 async def served(
-    broker: Any, tmp: Path, *, threads: bool = False, **console: Any
+    broker: Any, tmp: Path, *, threads: bool = False, bound: str | None = None, **console: Any
 ) -> AsyncIterator[tuple[str, Any]]:
     """``broker``'s console served in this process on a free loopback port, as the daemon
     serves it (hypercorn over a trio listener): (its origin, the ``Console``); ``console``:
-    more of its settings (``public_origin=``).  Its reads are made on the event loop, on the
-    broker's own journal -- or, with ``threads``, as the daemon makes them (``Broker.view``:
-    a reader of their own, in worker threads)."""
+    more of its settings (``public_origin=``); ``bound``: the origin it is told it is bound
+    to, when not that loopback port's (a remote console's, reached here over loopback).  Its
+    reads are made on the event loop, on the broker's own journal -- or, with ``threads``, as
+    the daemon makes them (``Broker.view``: a reader of their own, in worker threads)."""
     from hypercorn.app_wrappers import ASGIWrapper
     from hypercorn.config import Config
     from hypercorn.trio.tcp_server import TCPServer
@@ -190,7 +191,8 @@ async def served(
             return await broker.view(view, limiter)  # type: ignore[no-any-return]
         return view(broker.journal)
 
-    console = Console(broker, read, TokenStore(tmp / "console-tokens"), origin=origin, **console)
+    tokens = TokenStore(tmp / "console-tokens")
+    console = Console(broker, read, tokens, origin=bound or origin, **console)
     config, context = Config(), WorkerContext(None)
 
     async def connection(stream: trio.SocketStream) -> None:

@@ -12,10 +12,15 @@ from typing import Any
 
 import pytest
 
+from affidavit.approvals import Operator
 from affidavit.config import ConfigError, config_from_dict
+from affidavit.console import Console, TokenStore
 from affidavit.daemon import Daemon, DaemonError
+from tests.broker.helpers import http_target, open_broker
 from tests.daemon.kit import run, write_daemon_config
 from tests.external import free_port
+
+from .kit import get, operator_config, post, refusal, served
 
 REMOTE = ("0.0.0.0:8470", "192.0.2.1:8470", "[::]:8470", "[2001:db8::1]:8470")
 
@@ -88,3 +93,51 @@ async def test_the_daemon_refuses_a_remote_console_given_to_it_without_tls(
     with pytest.raises(DaemonError, match="plain HTTP"):
         await Daemon(config, console=("192.0.2.1", 8470)).run()
     assert not (tmp_path / "s.sock").exists() and not (tmp_path / "j.db").exists()
+
+
+BOUND, PUBLIC = "http://192.0.2.1:8470", "https://console.example"
+
+
+async def test_a_remote_console_answers_only_under_its_public_origin(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under its bound name (``http://192.0.2.1:8470``, plain HTTP across the network) a
+    remote console serves nothing: a login link opened or posted there is 421 and not used up,
+    a cookie sent there is 421; a form from that origin is 403 under the public name.  Under the
+    public origin (the TLS proxy's) it logs in and serves.  (Reached here over loopback: the
+    console is told it is bound to ``BOUND``.)"""
+    path = operator_config(tmp_path, monkeypatch, {"pay": http_target("http://127.0.0.1:9")})
+    async with (
+        open_broker(path) as b,
+        served(b, tmp_path, bound=BOUND, public_origin=PUBLIC) as (origin, console),
+    ):
+        token, _ = console.tokens.mint(Operator.current())
+        on_bound = {"Host": "192.0.2.1:8470", "Origin": BOUND}
+        on_public = {"Host": "console.example", "Origin": PUBLIC}
+        status, _, page = await get(f"{origin}/login?token={token}", headers=on_bound)
+        assert (status, refusal(page)) == (421, ("HOST_REFUSED", None))
+        status, _, page = await post(f"{origin}/login", {"token": token}, on_bound)
+        assert (status, refusal(page)) == (421, ("HOST_REFUSED", None))
+        from_bound = {**on_public, "Origin": BOUND}
+        status, _, page = await post(f"{origin}/login", {"token": token}, from_bound)
+        assert (status, refusal(page)) == (403, ("ORIGIN_REFUSED", None))
+
+        status, headers, _ = await post(f"{origin}/login", {"token": token}, on_public)
+        assert status == 200  # the link was not used up by the refusals
+        assert "; Secure" in headers["set-cookie"]
+        cookie = headers["set-cookie"].split(";")[0]
+        status, _, page = await get(f"{origin}/approvals", cookie=cookie, headers=on_bound)
+        assert (status, refusal(page)) == (421, ("HOST_REFUSED", None))
+        status, _, page = await get(f"{origin}/approvals", cookie=cookie, headers=on_public)
+        assert status == 200 and b'id="operator"' in page
+
+
+@pytest.mark.parametrize("public", [None, "http://console.example"])
+async def test_a_console_told_it_is_bound_beyond_loopback_needs_an_https_origin(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, public: str | None
+) -> None:
+    """``Console`` itself refuses, whoever builds it (the daemon checks first: above)."""
+    path = operator_config(tmp_path, monkeypatch, {"pay": http_target("http://127.0.0.1:9")})
+    async with open_broker(path) as b:
+        with pytest.raises(ValueError, match="plain HTTP"):
+            Console(b, b.view, TokenStore(tmp_path / "t"), origin=BOUND, public_origin=public)
