@@ -142,7 +142,7 @@ class Handlers:
         except OperatorError as exc:
             if exc.code == "CONTENT_MISMATCH":
                 log.warning("console: refused the %s of %s: %s", name, iid, exc.message)
-            raise Refused(exc.status, exc.message, exc.code) from None
+            raise Refused.of(exc) from None
         except JournalError as exc:  # 503 JOURNAL_UNAVAILABLE when away: nothing served
             raise read_refusal(exc, read_failure(exc, f"the approval of {iid}")) from None
         file = re.sub(r"[^A-Za-z0-9_.-]", "_", f"{iid}.{name}")
@@ -200,7 +200,7 @@ class Handlers:
         try:
             await decision(iid, note=form.get("note") or None, operator=who)
         except OperatorError as exc:
-            raise Refused(exc.status, exc.message, exc.code) from None
+            raise Refused.of(exc) from None
         except JournalError as exc:  # 503 JOURNAL_UNAVAILABLE when away: nothing decided
             raise _journal_refusal(exc, service.decision_failure(exc, iid)) from None
         _operator_session(req).notice = ("decided", iid, "")
@@ -226,8 +226,7 @@ class Handlers:
                     control=control,
                 )
         except OperatorError as exc:
-            problem = Refused(exc.status, exc.message, exc.code)
-            return await self._invocation(req, iid, problem)
+            return await self._invocation(req, iid, Refused.of(exc))
         except Refused as problem:  # overloaded, shutting down: nothing sent
             return await self._invocation(req, iid, problem)
         except JournalError as exc:  # the page itself could not be read now: the error page

@@ -16,6 +16,7 @@ from urllib.parse import parse_qsl
 
 import trio
 
+from affidavit.approvals import OperatorError
 from affidavit.engine import READ_RETRY
 from affidavit.journal import JournalError, JournalReader
 from affidavit.text import printable
@@ -63,6 +64,12 @@ class Refused(Exception):
         self.status, self.message, self.code, self.field = status, message, code, field
         self.retry_after = retry_after
         super().__init__(message)
+
+    @classmethod
+    def of(cls, exc: OperatorError) -> Refused:
+        """The refusal of a decision or a reconciliation, as the daemon's API answers it: its
+        status, code and field (``INVALID_FIELD`` at ``note``, never only its words)."""
+        return cls(exc.status, exc.message, exc.code, field=exc.field)
 
 
 class Request:

@@ -43,6 +43,21 @@ async def test_each_refusal_names_its_code_and_field(
         got["a form not UTF-8"] = status, refusal(page)
         status, _, page = await post(f"{origin}/journal/verify", {"csrf": csrf, "x": "1"}, same)
         got["an unknown field"] = status, refusal(page)
+        # The decisions' and reconciliations' own refusals (``OperatorError``), with their field;
+        # a reconciliation's is shown on the invocation's page.
+        action = {"target": "nope", "method": "GET", "path": "/"}
+        iid = (await b.call(action))["invocation_id"]
+        reconcile = f"{origin}/invocations/{iid}/reconcile"
+        for what, url, form in (
+            ("a note with a query", reconcile, {"how": "query", "note": "x"}),
+            ("not unknown", reconcile, {"how": "committed", "note": "x"}),
+            ("a how", reconcile, {"how": "maybe"}),
+            ("no such approval", f"{origin}/approvals/{iid}/approve", {}),
+        ):
+            status, _, page = await post(url, {"csrf": csrf, **form}, same)
+            got[what] = status, refusal(page)
+        status, _, page = await get(f"{origin}/approvals/{iid}/content/body", cookie=cookie)
+        got["no such content"] = status, refusal(page)
     assert got == {
         "no such page": (404, ("NOT_FOUND", None)),
         "no such file": (404, ("NOT_FOUND", None)),
@@ -53,6 +68,11 @@ async def test_each_refusal_names_its_code_and_field(
         "a method": (405, ("METHOD_NOT_ALLOWED", None)),
         "a form not UTF-8": (400, ("BAD_REQUEST", "form")),
         "an unknown field": (400, ("INVALID_FIELD", "x")),
+        "a note with a query": (400, ("INVALID_FIELD", "note")),
+        "not unknown": (409, ("NOT_UNKNOWN", None)),
+        "a how": (400, ("BAD_REQUEST", "how")),
+        "no such approval": (404, ("NO_SUCH_APPROVAL", None)),
+        "no such content": (404, ("NO_SUCH_APPROVAL", None)),
     }
 
 
