@@ -55,8 +55,8 @@ import h11
 import trio
 from hypercorn.app_wrappers import ASGIWrapper
 from hypercorn.config import Config as HypercornConfig
+from hypercorn.events import Closed, Updated
 from hypercorn.events import Event as HypercornEvent
-from hypercorn.events import Updated
 from hypercorn.protocol.h11 import H11Protocol
 from hypercorn.trio.tcp_server import TCPServer
 from hypercorn.trio.worker_context import WorkerContext
@@ -365,11 +365,7 @@ class Daemon:
         )
         cap = ConsoleCap(reserved=reserved)
         self.console_cap = cap if console is not None else None
-        hconfig = HypercornConfig()  # the console's
-        hconfig.keep_alive_timeout = CONSOLE_HEAD_WAIT
-        hconfig.h11_max_incomplete_size = CONSOLE_MAX_HEAD
-        hconfig.accesslog = None
-        hconfig.errorlog = logging.getLogger("affidavit.daemon.http")
+        hconfig = console_http_config()
         context = WorkerContext(None)
 
         async def connection(stream: trio.SocketStream) -> None:
@@ -389,9 +385,8 @@ class Daemon:
             await cap.serve(stream, serve_console)
 
         async def serve_console(stream: trio.SocketStream) -> None:
-            app = ASGIWrapper(self.console)  # type: ignore[arg-type]
-            server = _ConsoleServer(app, hconfig, context, ConnectionState({}), stream)  # type: ignore[arg-type]
-            await server.run()
+            assert self.console is not None
+            await serve_console_stream(self.console, hconfig, context, stream)
 
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async with trio.open_nursery() as outer:
@@ -444,6 +439,26 @@ class Daemon:
             self.shutdown.set()
 
 
+def console_http_config() -> HypercornConfig:
+    """hypercorn's settings for the console's connections (``CONSOLE_HEAD_WAIT``,
+    ``CONSOLE_MAX_HEAD``, read when called: a test may change them)."""
+    hconfig = HypercornConfig()
+    hconfig.keep_alive_timeout = CONSOLE_HEAD_WAIT
+    hconfig.h11_max_incomplete_size = CONSOLE_MAX_HEAD
+    hconfig.accesslog = None
+    hconfig.errorlog = logging.getLogger("affidavit.daemon.http")
+    return hconfig
+
+
+async def serve_console_stream(
+    console: Console, hconfig: HypercornConfig, context: WorkerContext, stream: trio.abc.Stream
+) -> None:
+    """One console connection, served until it ends (``_ConsoleServer``): the daemon's way,
+    which the console's tests serve it by too."""
+    app = ASGIWrapper(console)  # type: ignore[arg-type]
+    await _ConsoleServer(app, hconfig, context, ConnectionState({}), stream).run()  # type: ignore[arg-type]
+
+
 class _H2Refused(Exception):
     """A console request asked for HTTP/2 (``_H11Only``): answered 400, the connection ends."""
 
@@ -481,11 +496,22 @@ class _ConsoleServer(TCPServer):
     async def _read_data(self) -> None:
         # (``run`` made the connection's HTTP/1.1 protocol, not yet fed a byte: replaced.)
         w = self.protocol
-        w.protocol = _H11Only(
-            w.app, w.config, w.context, w.task_group, w.state, w.ssl, w.client, w.server, w.send
-        )
-        with contextlib.suppress(_H2Refused):  # (answered; ``run`` closes the connection)
-            await super()._read_data()
+        if type(w.protocol) is not H11Protocol:
+            # HTTP/2 chosen in a TLS handshake (ALPN h2): its SETTINGS are sent already, and an
+            # HTTP/1.1 answer now would be garbage to the client.  The console is served over
+            # plain TCP (TLS is its proxy's): a stream with TLS is the daemon's own mistake.
+            log.error(
+                "console: a connection speaks %s, not HTTP/1.1: closed (serve the console over "
+                "plain TCP; TLS belongs to its proxy)",
+                type(w.protocol).__name__,
+            )
+            await self.protocol_send(Closed())  # the stream, and the protocol's own tasks
+        else:
+            w.protocol = _H11Only(
+                w.app, w.config, w.context, w.task_group, w.state, w.ssl, w.client, w.server, w.send
+            )
+            with contextlib.suppress(_H2Refused):  # (answered; ``run`` closes the connection)
+                await super()._read_data()
         self._ended = True
         await self.idle_task.stop()
 

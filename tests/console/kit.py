@@ -168,18 +168,16 @@ async def served(
     broker: Any, tmp: Path, *, threads: bool = False, bound: str | None = None, **console: Any
 ) -> AsyncIterator[tuple[str, Any]]:
     """``broker``'s console served in this process on a free loopback port, as the daemon
-    serves it (hypercorn over a trio listener): (its origin, the ``Console``); ``console``:
+    serves it (``server.serve_console_stream``: its connection class and settings, over a trio
+    listener): (its origin, the ``Console``); ``console``:
     more of its settings (``public_origin=``); ``bound``: the origin it is told it is bound
     to, when not that loopback port's (a remote console's, reached here over loopback).  Its
     reads are made on the event loop, on the broker's own journal -- or, with ``threads``, as
     the daemon makes them (``Broker.view``: a reader of their own, in worker threads)."""
-    from hypercorn.app_wrappers import ASGIWrapper
-    from hypercorn.config import Config
-    from hypercorn.trio.tcp_server import TCPServer
     from hypercorn.trio.worker_context import WorkerContext
-    from hypercorn.typing import ConnectionState
 
     from affidavit.console import Console, TokenStore
+    from affidavit.daemon.server import console_http_config, serve_console_stream
 
     [listener] = await trio.open_tcp_listeners(0, host="127.0.0.1")
     origin = f"http://127.0.0.1:{listener.socket.getsockname()[1]}"
@@ -193,11 +191,10 @@ async def served(
 
     tokens = TokenStore(tmp / "console-tokens")
     console = Console(broker, read, tokens, origin=bound or origin, **console)
-    config, context = Config(), WorkerContext(None)
+    config, context = console_http_config(), WorkerContext(None)
 
     async def connection(stream: trio.SocketStream) -> None:
-        app = ASGIWrapper(console)  # type: ignore[arg-type]
-        await TCPServer(app, config, context, ConnectionState({}), stream).run()  # type: ignore[arg-type]
+        await serve_console_stream(console, config, context, stream)
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(trio.serve_listeners, connection, [listener])

@@ -193,24 +193,28 @@ async def test_one_local_uid_holds_at_most_its_share_of_the_console(
 async def test_a_console_connection_without_a_whole_head_within_the_head_wait_is_closed(
     tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Silent, half a head, or idle after an answer: each is closed once ``CONSOLE_HEAD_WAIT``
-    passes, and its place is free again; a whole request is still answered."""
+    """Silent, half a head, the first line of the HTTP/2 preface (``_H11Only`` sees no request
+    to refuse yet), or idle after an answer: each is closed once ``CONSOLE_HEAD_WAIT`` passes,
+    and its place is free again; a whole request is still answered."""
     monkeypatch.setenv(TOKEN_ENV, token)
     head_wait = 0.5
     async with daemon_with_console(tmp_path, monkeypatch, head_wait=head_wait) as (_, cap, port):
         silent = await trio.open_tcp_stream("127.0.0.1", port)
         half = await trio.open_tcp_stream("127.0.0.1", port)
         await half.send_all(b"GET /login HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n" % port)
+        preface = await trio.open_tcp_stream("127.0.0.1", port)
+        await preface.send_all(b"PRI * HTTP/2.0\r\n")
         served = await trio.open_tcp_stream("127.0.0.1", port)
         await served.send_all(b"GET /login HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n\r\n" % port)
-        await wait_until(lambda: cap.open == 3, "the three are being served")
+        await wait_until(lambda: cap.open == 4, "the four are being served")
         start = trio.current_time()
         assert await to_the_end(silent, head_wait + PROMPTLY) == b""
         assert await to_the_end(half, head_wait + PROMPTLY) == b""
+        assert await to_the_end(preface, head_wait + PROMPTLY) == b""
         answer = await to_the_end(served, head_wait + PROMPTLY)  # answered, then idle: closed
         assert answer.startswith(b"HTTP/1.1 200 "), answer[:200]
         assert trio.current_time() - start >= head_wait * 0.8
-        for stream in (silent, half, served):
+        for stream in (silent, half, preface, served):
             await stream.aclose()
         await wait_until(lambda: cap.open == 0, "their places are free")
 
