@@ -76,7 +76,9 @@ def public_origin(text: str) -> str:
     and perhaps a port -- no path, no user -- lower-cased, without the scheme's default port
     (a browser sends ``https://console.example`` for ``https://console.example:443``, and
     ``Host: console.example``: kept, every form would be refused); ``ValueError`` saying what
-    to fix."""
+    to fix.  A name beyond ASCII is refused, not converted: browsers send its IDNA form
+    (``xn--bcher-kva.example``), whose rules (UTS #46) Python's ``idna`` codec does not follow
+    -- write that form.  Port 0 is no port a browser can reach."""
     parts = urlsplit(text)
     try:
         port = parts.port
@@ -89,13 +91,18 @@ def public_origin(text: str) -> str:
         or parts.path not in ("", "/")
         or parts.query
         or parts.fragment
-        or port == -1
+        or port in (-1, 0)
     ):
         raise ValueError(
             f'expected an origin such as "https://console.example:8443" (scheme, host, '
             f"optional port; no path), got {text!r}"
         )
     host = parts.hostname  # lower-cased; an IPv6 address without its brackets
+    if not host.isascii():
+        raise ValueError(
+            f"{text!r}: write the host name as browsers send it, in its IDNA (punycode) form "
+            '("xn--...")'
+        )
     host = f"[{host}]" if ":" in host else host
     default = {"http": 80, "https": 443}[parts.scheme]
     return f"{parts.scheme}://{host}" + ("" if port in (None, default) else f":{port}")

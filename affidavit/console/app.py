@@ -147,6 +147,12 @@ class Console(Handlers):
         self.proxy_uid = proxy_uid
         self.public_origin = public_origin
         self.public_host = urlsplit(public_origin).netloc if public_origin else None
+        # ``Host`` as a proxy may forward it, with the scheme's default port the public origin
+        # leaves out (``console.example:443``): the same name (``_host``).
+        self.public_with_port = None
+        if public_origin and urlsplit(public_origin).port is None:
+            default = 443 if public_origin.startswith("https://") else 80
+            self.public_with_port = f"{self.public_host}:{default}"
         self.check_peer = is_loopback(host) and (public_origin is None or proxy_uid is not None)
         # Served through TLS, the session cookie is Secure: a browser then never sends it over
         # plain HTTP -- not to a server an agent runs on another port of the public host,
@@ -198,11 +204,12 @@ class Console(Handlers):
 
     async def _route(self, req: Request) -> None:
         path, method = req.path, req.method
-        if req.headers.get("host") not in self.hosts:
+        host = self._host(req)
+        if host not in self.hosts:
             raise Refused(421, "this console is not served under that name", "HOST_REFUSED")
         if self.proxy_uid is not None:
             req.via_proxy = req.owner() == self.proxy_uid
-            if req.via_proxy and req.headers.get("host") != self.public_host:
+            if req.via_proxy and host != self.public_host:
                 # The proxy serves the console under the public origin only: another name
                 # through it is a misrouted request (or not the proxy's at all).
                 log.warning(
@@ -273,6 +280,13 @@ class Console(Handlers):
             if sub is None and method == "GET":
                 return await self._invocation(req, iid)
         raise Refused(404, "no such page", "NOT_FOUND")
+
+    def _host(self, req: Request) -> str | None:
+        """``Host`` as the console's origins write it: lower-cased (a name is case-blind), and
+        the public origin's name with its scheme's default port is that name."""
+        host = req.headers.get("host")
+        host = None if host is None else host.lower()
+        return self.public_host if host == self.public_with_port else host
 
     def _session(self, req: Request) -> Session | None:
         """The request's session: alive, its operator still one, and (on loopback) the owner of

@@ -351,7 +351,15 @@ async def test_behind_a_tls_proxy_the_public_origin_is_accepted(
 
 def test_a_public_origin_is_an_origin(tmp_path: Path) -> None:
     base = {"journal": {"path": str(tmp_path / "j.db")}}
-    for bad in ("console.example", "https://console.example/path", "ftp://x", "https://u@x"):
+    for bad in (
+        "console.example",
+        "https://console.example/path",
+        "ftp://x",
+        "https://u@x",
+        "https://bücher.example",  # browsers send xn--bcher-kva.example: every page 421
+        "https://x:0",
+        "http://console.example:0",
+    ):
         with pytest.raises(ConfigError) as info:
             config_from_dict({**base, "service": {"console_public_origin": bad}}, base_dir=tmp_path)
         assert "service.console_public_origin" in str(info.value)

@@ -141,3 +141,24 @@ async def test_a_console_told_it_is_bound_beyond_loopback_needs_an_https_origin(
     async with open_broker(path) as b:
         with pytest.raises(ValueError, match="plain HTTP"):
             Console(b, b.view, TokenStore(tmp_path / "t"), origin=BOUND, public_origin=public)
+
+
+async def test_the_public_name_is_the_same_with_its_default_port_or_in_capitals(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A proxy may forward ``Host: console.example:443`` for ``https://console.example``, and
+    a name is case-blind: both are the public origin's name.  Another port is not."""
+    path = operator_config(tmp_path, monkeypatch, {"pay": http_target("http://127.0.0.1:9")})
+    async with (
+        open_broker(path) as b,
+        served(b, tmp_path, bound=BOUND, public_origin=PUBLIC) as (origin, _),
+    ):
+        for host, status in (
+            ("console.example", 200),
+            ("console.example:443", 200),
+            ("Console.EXAMPLE", 200),
+            ("console.example:80", 421),
+            ("console.example:8443", 421),
+        ):
+            got, _, _ = await get(f"{origin}/login", headers={"Host": host})
+            assert got == status, host
