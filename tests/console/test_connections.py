@@ -39,7 +39,7 @@ from tests.daemon.kit import (
 )
 from tests.external import on_free_port_async, require_root
 
-from .kit import get
+from .kit import get, post, refusal
 
 CAP = 4
 EXTRA = 3
@@ -241,9 +241,42 @@ async def test_a_console_form_whose_body_does_not_arrive_within_form_wait_is_408
         answer = await to_the_end(stalled, form_wait + PROMPTLY)
         assert answer.startswith(b"HTTP/1.1 408 "), answer[:200]
         assert b"did not arrive within 0.5 s" in answer
+        assert refusal(answer) == ("FORM_TIMEOUT", None)
         assert trio.current_time() - start >= form_wait * 0.8
         await stalled.aclose()
         await wait_until(lambda: cap.open == 0, "its place is free")
+
+
+async def test_a_console_form_cut_off_mid_body_is_refused_and_not_acted_on(
+    tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The head of a login POST, a valid token as part of its body, then the client's end of
+    the connection: answered 400 (hypercorn's own, bare: the body broke HTTP/1.1 framing, so
+    the console's BAD_REQUEST page never goes out), no session, and the token is not used up --
+    the part that came is never read as the form."""
+    from affidavit.approvals import Operator
+
+    monkeypatch.setenv(TOKEN_ENV, token)
+    operators = [os.geteuid()]
+    async with daemon_with_console(tmp_path, monkeypatch, operators=operators) as (d, cap, port):
+        assert d.console is not None
+        login, _ = d.console.tokens.mint(Operator.current())
+        origin = f"http://127.0.0.1:{port}"
+        cut = await trio.open_tcp_stream("127.0.0.1", port)
+        await cut.send_all(
+            b"POST /login HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nOrigin: %s\r\n"
+            b"Content-Type: application/x-www-form-urlencoded\r\nContent-Length: 200\r\n\r\n"
+            b"token=%s" % (port, origin.encode(), login.encode())
+        )
+        await trio.sleep(0.3)  # (the console may be reading the form by now, or not: either way)
+        await cut.send_eof()  # no more of it will come
+        answer = await to_the_end(cut)
+        await cut.aclose()
+        assert answer.startswith(b"HTTP/1.1 400 "), answer[:200]
+        assert b"set-cookie" not in answer.lower()
+        await wait_until(lambda: cap.open == 0, "its place is free")
+        status, headers, _ = await post(f"{origin}/login", {"token": login}, {"Origin": origin})
+        assert status == 200 and "set-cookie" in headers  # the link still works, once
 
 
 class _Strangers:

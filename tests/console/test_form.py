@@ -64,3 +64,39 @@ async def test_a_form_past_the_limit_is_answered_413_over_http(
         assert (status, refusal(page)) == (413, ("FORM_TOO_LARGE", None))
         assert "set-cookie" not in headers
         assert console.sessions._by_id == {}
+
+
+async def test_a_form_cut_off_mid_body_is_a_bad_request_and_not_acted_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Part of a login form (a whole valid token), then the client gone (``http.disconnect``):
+    400 BAD_REQUEST, never the part read as the form; the token is not used up.  Driven as
+    ASGI, message by message: over hypercorn a body cut mid-frame is its own bare 400
+    (``test_connections``)."""
+    from affidavit.approvals import Operator
+
+    path = operator_config(tmp_path, monkeypatch, {"pay": http_target("http://127.0.0.1:9")})
+    async with open_broker(path) as b, served(b, tmp_path) as (origin, console):
+        token, _ = console.tokens.mint(Operator.current())
+        messages = [
+            {"type": "http.request", "body": f"token={token}".encode(), "more_body": True},
+            {"type": "http.disconnect"},
+        ]
+        sent: list[dict[str, Any]] = []
+
+        async def receive() -> dict[str, Any]:
+            return messages.pop(0)
+
+        async def send(message: dict[str, Any]) -> None:
+            sent.append(message)
+
+        host = origin.removeprefix("http://").encode()
+        headers = [(b"host", host), (b"origin", origin.encode())]
+        scope = {"type": "http", "method": "POST", "path": "/login", "headers": headers}
+        await console(scope, receive, send)
+        start, body = sent
+        assert start["status"] == 400
+        assert b"set-cookie" not in dict(start["headers"])
+        assert refusal(body["body"]) == ("BAD_REQUEST", None) and b"cut off" in body["body"]
+        status, headers, _ = await post(f"{origin}/login", {"token": token}, {"Origin": origin})
+        assert status == 200 and "set-cookie" in headers  # the link still works, once

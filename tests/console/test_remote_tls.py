@@ -17,8 +17,8 @@ from affidavit.config import ConfigError, config_from_dict
 from affidavit.console import Console, TokenStore
 from affidavit.daemon import Daemon, DaemonError
 from tests.broker.helpers import http_target, open_broker
-from tests.daemon.kit import run, write_daemon_config
-from tests.external import free_port
+from tests.daemon.kit import DaemonProc, run, start_daemon, stop, write_daemon_config
+from tests.external import free_port, on_free_port_async
 
 from .kit import get, operator_config, post, refusal, served
 
@@ -162,3 +162,27 @@ async def test_the_public_name_is_the_same_with_its_default_port_or_in_capitals(
         ):
             got, _, _ = await get(f"{origin}/login", headers={"Host": host})
             assert got == status, host
+
+
+async def test_serve_takes_a_remote_console_flag_with_an_https_origin(tmp_path: Path) -> None:
+    """``affidavit serve --console 0.0.0.0:PORT`` with ``console_allow_remote`` and an
+    ``https://`` public origin starts, and its console answers under the public name only
+    (reached here over loopback, which 0.0.0.0 includes)."""
+    socket = tmp_path / "s.sock"
+    service = {"console_allow_remote": True, "console_public_origin": PUBLIC}
+    config = write_daemon_config(tmp_path, {}, socket=socket, service=service)
+
+    async def daemon_on(port: int) -> DaemonProc:
+        argv = [sys.executable, "-m", "affidavit", "serve", "--config", str(config)]
+        command = [*argv, "--console", f"0.0.0.0:{port}"]
+        return await start_daemon(config, socket, tmp_path / "daemon.log", None, command)
+
+    daemon, port = await on_free_port_async(daemon_on)
+    try:
+        loopback = f"http://127.0.0.1:{port}"
+        status, _, _ = await get(f"{loopback}/login", headers={"Host": "console.example"})
+        assert status == 200
+        status, _, page = await get(f"{loopback}/login", headers={"Host": f"0.0.0.0:{port}"})
+        assert (status, refusal(page)) == (421, ("HOST_REFUSED", None))
+    finally:
+        stop(daemon)

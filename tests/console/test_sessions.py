@@ -132,6 +132,7 @@ async def test_a_stranger_s_refused_request_does_not_keep_the_session_alive(
         assert (status, headers["location"]) == (303, "/login")
 
 
+NAVIGATION = {"Sec-Fetch-Mode": "navigate", "Sec-Fetch-Dest": "document"}
 FETCHED_BY = {
     "an image": {
         "Sec-Fetch-Site": "same-site",
@@ -182,13 +183,19 @@ async def test_a_request_refused_after_its_session_was_found_does_not_keep_it_al
             assert (status, refusal(page)) == (403, ("SITE_REFUSED", None)), what
             assert headers["cross-origin-resource-policy"] == "same-origin"
             assert session.last_seen == idle_since, what
+        # A form another port's page submits, even with the console's Origin and CSRF token
+        # (were they ever leaked): a navigation, but no GET -- refused for its site alone.
+        form_post = {"Sec-Fetch-Site": "same-site", **NAVIGATION, "Origin": origin}
+        status, _, page = await post(
+            f"{origin}/logout", {"csrf": csrf}, {**form_post, "Cookie": cookie}
+        )
+        assert (status, refusal(page)) == (403, ("SITE_REFUSED", None))
+        assert console.sessions.get(session.id, used=False) is session  # not logged out
+        assert session.last_seen == idle_since
         # ... so it ends after the idle time, whatever that page sent.
         session.last_seen -= 61
         status, headers, _ = await get(f"{origin}/approvals", cookie=cookie)
         assert (status, headers["location"]) == (303, "/login")
-
-
-NAVIGATION = {"Sec-Fetch-Mode": "navigate", "Sec-Fetch-Dest": "document"}
 
 
 async def test_only_the_operator_s_own_navigation_restarts_the_idle_clock(
