@@ -66,7 +66,6 @@ import jinja2
 import affidavit
 from affidavit.api.broker import Broker
 from affidavit.approvals import Operator
-from affidavit.config import served_through_tls
 from affidavit.journal import SessionSummary
 from affidavit.text import printable, utc_time
 from affidavit.views import metrics_key
@@ -133,8 +132,10 @@ class Console(Handlers):
         host = urlsplit(origin).hostname or ""
         # Bound beyond loopback, the console is served through TLS only: its TLS proxy's
         # origin is the one it answers to.  Its bound name is refused (421): a login link or a
-        # cookie sent there would cross the network in clear.
-        served_through_tls(host, public_origin)
+        # cookie sent there would cross the network in clear.  (The config and the daemon
+        # refuse such a console first: ``config.served_through_tls``.)
+        if not is_loopback(host) and not (public_origin or "").startswith("https://"):
+            raise ValueError("beyond loopback a console of plain HTTP needs an https:// origin")
         bound = () if is_loopback(host) else (origin,)
         self.origins = frozenset(o for o in (origin, public_origin) if o and o not in bound)
         self.hosts = frozenset(urlsplit(o).netloc for o in self.origins)
