@@ -107,21 +107,32 @@ class Connection:
         return buf[0]
 
     def _tls_application_data(self, stream: trio.SSLStream[trio.abc.Stream]) -> bool:
-        """Decrypted application data waits, or comes out of the records received so far: the
-        socket's queue is moved into trio's incoming BIO (what trio's own read does) and the TLS
-        object asked, without blocking, for one byte.  Handshake messages (session tickets, a
-        key update) are consumed there as a read would; a record not whole yet stays in the BIO
-        and is not counted (its kind is unknown until it is whole).  A stream whose TLS layer
-        cannot be inspected counts as holding data: dropped rather than maybe lied to."""
+        """Does application data wait, or records that may hold some?  The socket's queue is
+        moved into trio's incoming BIO (what trio's own read does) and the TLS object asked,
+        without blocking, for one byte; only whole records that give none (session tickets, a
+        key update: consumed there as a read would) let the request be written.
+
+        Counted as unread (True: refused, nothing written), besides application data: a
+        record not whole yet, or not of the one outer type a record after a TLS 1.3 handshake
+        has (``_whole_records``) -- its kind is unknown until it is whole, and OpenSSL moves a
+        partial record's bytes out of the BIO into its own buffer (``pending`` is 0 after the
+        read), so the records are framed here before OpenSSL sees them.  TLS 1.2 sends no
+        tickets after the handshake (RFC 5077 §3.3: before the server's Finished): its
+        renegotiation request (type 22) and alerts (21) are refused here, its application data
+        by the read.  A stream whose TLS layer cannot be inspected counts as holding data:
+        dropped rather than maybe lied to.
+
+        The records are framed from a record boundary: trio's handshake and reads leave
+        OpenSSL at one (it takes a record's bytes only once it needs that record)."""
         try:
-            if stream.pending():
-                return True
             incoming, tls = stream._incoming, stream._ssl_object  # trio's; no public accessor
+            data = incoming.read()
             queued = self._queued()
             if queued:
-                incoming.write(os.read(self.socket_stream.socket.fileno(), queued))
-            if not incoming.pending:
-                return False
+                data += os.read(self.socket_stream.socket.fileno(), queued)
+            incoming.write(data)
+            if not _whole_records(data):
+                return True
             try:
                 return bool(tls.read(1))  # b"": close_notify -- an end, not an answer
             except (ssl.SSLWantReadError, ssl.SSLZeroReturnError):
@@ -148,6 +159,19 @@ class Connection:
             return bool(stream.pending()) or bool(incoming.pending)
         except (AttributeError, ValueError, ssl.SSLError):
             return True
+
+
+def _whole_records(data: bytes) -> bool:
+    """Is ``data`` a run of whole TLS records (no bytes are), each of the one outer type a TLS
+    1.3 record after the handshake has: application_data, 23 -- tickets and alerts included
+    (RFC 8446 §5.2: a 5-byte header, its last two bytes the length)?  A header cut short
+    makes ``at`` pass ``end``."""
+    at, end = 0, len(data)
+    while at < end:
+        if data[at] != 23:
+            return False
+        at += 5 + int.from_bytes(data[at + 3 : at + 5], "big")
+    return at == end
 
 
 class HopSetupFailed(Exception):

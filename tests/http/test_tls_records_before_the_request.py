@@ -1,0 +1,212 @@
+"""TLS records a peer sends after the handshake and before the request: only whole records that
+carry no application data (a TLS 1.3 server's session tickets) let the request be written.
+
+Bytes that arrived before the request's first byte can never be its answer.  Over TLS the
+unread-bytes check after the gate (``Connection.unread_bytes``) decrypts what waits; here a peer
+driven record by record (a server-side ``ssl.SSLObject`` over memory BIOs, its bytes written to a
+loopback socket as each row says) sends, before the check:
+
+* the first bytes of an application-data record -- the rest follows once a request arrives, so
+  a client that wrote it would read ``201 Created {"id":"fake"}`` as the answer;
+* anything at all under TLS 1.2 (no post-handshake tickets there: its tickets come before
+  the server's Finished);
+* only its session tickets (TLS 1.3): no answer, the call completes.
+
+Refused means a setup failure at stage ``peer_spoke_first`` and not one byte written after the
+handshake (the peer counts every byte it receives).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ssl
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+import trio
+
+from affidavit.adapters.base import AttemptInterrupted, SetupError
+from affidavit.adapters.http import HttpClient, connect
+from affidavit.statemachine import Outcome
+
+from .fakes import FakeEngine
+from .hostile import TlsFixture
+from .test_tls_proxy_timeouts import req
+
+UNSOLICITED = b'HTTP/1.1 201 Created\r\nContent-Length: 13\r\n\r\n{"id":"fake"}'
+OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+
+
+Sent = tuple[bytes, bytes | None]
+Before = Callable[[ssl.SSLObject, ssl.MemoryBIO, ssl.MemoryBIO], Sent]
+"""A row: given the server's TLS object and its BIOs (in, out) once the handshake is done,
+the bytes to send before the check and those to send once a whole request arrived (None: an
+``OK`` answer)."""
+
+
+@dataclass
+class RecordPeer:
+    """One connection's TLS server, record by record, on a loopback listener."""
+
+    ctx: ssl.SSLContext
+    before: Before
+    sent: trio.Event = field(default_factory=trio.Event)
+    after_handshake: int = 0
+    """Bytes received from the client after the server's handshake ended."""
+    request: bytes = b""
+
+    async def serve(self, listener: trio.SocketListener) -> None:
+        stream = await listener.accept()
+        async with stream:
+            si, so = ssl.MemoryBIO(), ssl.MemoryBIO()
+            obj = self.ctx.wrap_bio(si, so, server_side=True)
+            while True:
+                try:
+                    obj.do_handshake()
+                    break
+                except ssl.SSLWantReadError:
+                    if so.pending:
+                        await stream.send_all(so.read())
+                    si.write(bytes(await stream.receive_some(65536)))
+            now, rest = self.before(obj, si, so)
+            await stream.send_all(now)
+            self.sent.set()
+            # a client that closes with the tickets unread resets the connection
+            with trio.move_on_after(3), contextlib.suppress(trio.BrokenResourceError):
+                await self._answer(stream, obj, si, so, rest)
+
+    async def _answer(
+        self,
+        stream: trio.SocketStream,
+        obj: ssl.SSLObject,
+        si: ssl.MemoryBIO,
+        so: ssl.MemoryBIO,
+        rest: bytes | None,
+    ) -> None:
+        """Read until a request head arrives (or EOF): answer it as the row says."""
+        while b"\r\n\r\n" not in self.request:
+            data = bytes(await stream.receive_some(65536))
+            if not data:
+                return
+            self.after_handshake += len(data)
+            si.write(data)
+            try:
+                while chunk := obj.read(65536):
+                    self.request += chunk
+            except ssl.SSLError:  # SSLWantReadError among them: all read for now
+                pass
+        if rest is None:
+            try:
+                obj.write(OK)
+            except ssl.SSLError:  # after its own close_notify or alert: nothing to say
+                return
+            rest = so.read()
+        await stream.send_all(rest)
+        await trio.sleep(1)  # the client reads its answer and closes
+
+
+def server_context(tls: TlsFixture, version: ssl.TLSVersion) -> ssl.SSLContext:
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = ctx.maximum_version = version
+    tls.good.configure_cert(ctx)
+    return ctx
+
+
+def tickets_only(obj: ssl.SSLObject, si: ssl.MemoryBIO, so: ssl.MemoryBIO) -> Sent:
+    return so.read(), None
+
+
+def partial_record(obj: ssl.SSLObject, si: ssl.MemoryBIO, so: ssl.MemoryBIO) -> Sent:
+    """The first 10 bytes of the record carrying ``UNSOLICITED``: its header and 5 more."""
+    first = so.read()
+    obj.write(UNSOLICITED)
+    record = so.read()
+    return first + record[:10], record[10:]
+
+
+def whole_record(obj: ssl.SSLObject, si: ssl.MemoryBIO, so: ssl.MemoryBIO) -> Sent:
+    first = so.read()
+    obj.write(UNSOLICITED)
+    return first + so.read(), None
+
+
+V13, V12 = ssl.TLSVersion.TLSv1_3, ssl.TLSVersion.TLSv1_2
+
+REFUSED = [
+    pytest.param(V13, partial_record, id="tls13-partial-record"),
+    pytest.param(V13, whole_record, id="tls13-whole-record"),
+    pytest.param(V12, partial_record, id="tls12-partial-record"),
+]
+
+
+async def _call(
+    client: HttpClient, tls: TlsFixture, version: ssl.TLSVersion, before: Before
+) -> tuple[RecordPeer, Any, Any]:
+    """One POST to a ``RecordPeer``; the gate holds until the peer's bytes reached the
+    client's socket.  Returns the peer, the result (or None) and the error (or None)."""
+    peer = RecordPeer(server_context(tls, version), before)
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    port = listeners[0].socket.getsockname()[1]
+
+    async def during_gate(facts: Mapping[str, Any]) -> None:
+        await peer.sent.wait()
+        await trio.sleep(0.2)  # let the bytes reach the client's socket
+
+    fe = FakeEngine(on_gate=during_gate)
+    res = err = None
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(peer.serve, listeners[0])
+        url = f"https://127.0.0.1:{port}/pay"
+        with trio.fail_after(10):
+            try:
+                res = await client.perform(req(url, "POST", b"x", ca_file=tls.ca_file), fe.ctx)
+            except (SetupError, AttemptInterrupted) as e:
+                err = e
+        await client.aclose()
+    await listeners[0].aclose()
+    assert fe.gates[0]["peer"]["tls_version"] == ("TLSv1.3" if version is V13 else "TLSv1.2")
+    return peer, res, err
+
+
+@pytest.mark.parametrize(("version", "before"), REFUSED)
+async def test_records_other_than_tickets_before_the_request_refuse_it_unwritten(
+    client: HttpClient, tls: TlsFixture, version: ssl.TLSVersion, before: Before
+) -> None:
+    peer, res, err = await _call(client, tls, version, before)
+    assert res is None, f"the request was written and answered: {res}"
+    assert isinstance(err, SetupError) and err.stage == "peer_spoke_first", err
+    assert peer.after_handshake == 0 and peer.request == b""
+
+
+@pytest.mark.parametrize("version", [V13, V12], ids=["tls13", "tls12"])
+async def test_tickets_alone_before_the_request_refuse_nothing(
+    client: HttpClient, tls: TlsFixture, version: ssl.TLSVersion
+) -> None:
+    """TLS 1.3: the server's session tickets (whole records, no application data) wait at the
+    check; TLS 1.2: nothing does (its tickets came before its Finished).  The call completes."""
+    peer, res, err = await _call(client, tls, version, tickets_only)
+    assert err is None and res is not None
+    assert res.outcome is Outcome.COMMITTED and res.facts["status"] == 200
+    assert peer.request.startswith(b"POST /pay HTTP/1.1\r\n")
+
+
+@pytest.mark.parametrize(
+    ("data", "whole"),
+    [
+        (b"", True),
+        (b"\x17\x03\x03\x00\x02ab", True),
+        (b"\x17\x03\x03\x00\x02ab\x17\x03\x03\x00\x00", True),
+        (b"\x17\x03\x03\x00\x02a", False),  # a record cut short
+        (b"\x17\x03\x03\x00\x02ab\x17\x03", False),  # a header cut short
+        (b"\x17", False),
+        (b"\x16\x03\x03\x00\x01\x00", False),  # TLS 1.2's HelloRequest: a handshake record
+        (b"\x15\x03\x03\x00\x02\x01\x00", False),  # an alert in the clear
+    ],
+)
+def test_only_whole_application_data_records_are_framed_as_whole(data: bytes, whole: bool) -> None:
+    """What OpenSSL may be shown to tell tickets from an answer: whole records of the one
+    outer type TLS 1.3 gives every record after the handshake.  (TLS 1.2's renegotiation
+    request is whole and gives no byte: only its type refuses it.)"""
+    assert connect._whole_records(data) is whole
