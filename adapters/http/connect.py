@@ -83,13 +83,14 @@ class Connection:
         return bool(readable)
 
     def unread_bytes(self) -> bool:
-        """Has the peer sent anything nobody asked for that would be read as an answer?  Plain
-        TCP: bytes in the socket's receive queue (``FIONREAD``).  TLS: application data only
-        (``_tls_application_data``) -- a TLS 1.3 server's session tickets, sent after the
-        handshake (OpenSSL sends them at once), are not an answer.  Unlike ``looks_stale`` an EOF
-        or a reset is not counted: those end a request written after them as ``unknown``, but
-        bytes would be read as its answer.  Over TLS the check decrypts what waits: a connection
-        it answers True for must be dropped (the bytes it read are gone)."""
+        """Has the peer sent anything nobody asked for that would be read as an answer, or
+        said it is done?  Plain TCP: bytes in the socket's receive queue (``FIONREAD``); unlike
+        ``looks_stale`` an EOF or a reset is not counted (those end a request written after
+        them as ``unknown``, but bytes would be read as its answer).  TLS: anything but a TLS
+        1.3 server's session tickets (``_tls_application_data``), sent after the handshake
+        (OpenSSL sends them at once) -- a close_notify or an alert included.  Over TLS the
+        check decrypts what waits: a connection it answers True for must be dropped (the
+        bytes it read are gone)."""
         if type(self.stream) is not trio.SocketStream and isinstance(self.stream, trio.SSLStream):
             return self._tls_application_data(self.stream)
         return self._queued() > 0
@@ -107,25 +108,29 @@ class Connection:
         return buf[0]
 
     def _tls_application_data(self, stream: trio.SSLStream[trio.abc.Stream]) -> bool:
-        """Does application data wait, or records that may hold some?  The socket's queue is
+        """Does anything but a TLS 1.3 server's session tickets wait?  The socket's queue is
         moved into trio's incoming BIO (what trio's own read does) and the TLS object asked,
-        without blocking, for one byte; only whole records that give none (session tickets, a
-        key update: consumed there as a read would) let the request be written.
+        without blocking, for one byte; only whole records that give none (tickets, a key
+        update: consumed there as a read would) let the request be written.
 
-        Counted as unread (True: refused, nothing written), besides application data: a
-        record not whole yet, or not of the one outer type a record after a TLS 1.3 handshake
-        has (``_whole_records``) -- its kind is unknown until it is whole, and OpenSSL moves a
-        partial record's bytes out of the BIO into its own buffer (``pending`` is 0 after the
-        read), so the records are framed here before OpenSSL sees them.  TLS 1.2 sends no
-        tickets after the handshake (RFC 5077 §3.3: before the server's Finished): its
-        renegotiation request (type 22) and alerts (21) are refused here, its application data
-        by the read.  A stream whose TLS layer cannot be inspected counts as holding data:
-        dropped rather than maybe lied to.
+        Counted as unread (True: refused, nothing written), besides application data:
+
+        * a record not whole yet, or not of the one outer type a record after a TLS 1.3
+          handshake has (``_whole_records``) -- its kind is unknown until it is whole, and
+          OpenSSL moves a partial record's bytes out of the BIO into its own buffer (``pending``
+          is 0 after the read), so the records are framed here before OpenSSL sees them.  TLS
+          1.2 sends no tickets after the handshake (RFC 5077 §3.3: before the server's
+          Finished): its renegotiation request (type 22) and alerts (21) are refused here, its
+          application data by the read;
+        * a close_notify (``b""``), an alert or a record that fails (``SSLError``): the peer is
+          done -- a request written to it proves nothing, and a pooled connection whose
+          keep-alive ran out during the gate is the common case;
+        * a stream whose TLS layer cannot be inspected: dropped rather than maybe lied to.
 
         The records are framed from a record boundary: trio's handshake and reads leave
         OpenSSL at one (it takes a record's bytes only once it needs that record)."""
         try:
-            incoming, tls = stream._incoming, stream._ssl_object  # trio's; no public accessor
+            incoming, tls = stream._incoming, stream._ssl_object  # trio's; checked at import
             data = incoming.read()
             queued = self._queued()
             if queued:
@@ -133,14 +138,12 @@ class Connection:
             incoming.write(data)
             if not _whole_records(data):
                 return True
-            try:
-                return bool(tls.read(1))  # b"": close_notify -- an end, not an answer
-            except (ssl.SSLWantReadError, ssl.SSLZeroReturnError):
-                return False
-        except AttributeError:
+            tls.read(1)  # b"" (close_notify) or a byte of application data
+        except ssl.SSLWantReadError:
+            return False  # nothing pending, or only whole records without application data
+        except (AttributeError, OSError, ValueError):  # ssl.SSLError among them
             return True
-        except (OSError, ValueError):
-            return False  # a broken stream: the write and read end it ``unknown``
+        return True
 
     def tls_buffered(self) -> bool:
         """Bytes the TLS layer holds that nobody has read: decrypted (``SSLObject.pending``) or

@@ -22,9 +22,10 @@ The steps, in order (``exchange()``):
    layer) goes back to the pool, any other is closed.
 
 Every connection is checked after the gate, right before its first byte: holding unread bytes
-then (sent before the request was written, so never its answer; over TLS, application data --
-not a TLS 1.3 server's session tickets), it is dropped unwritten as a setup failure at stage
-``reused_connection`` (a pooled one) or ``peer_spoke_first`` (a fresh one).
+then (sent before the request was written, so never its answer; over TLS, anything but a TLS
+1.3 server's session tickets, a close_notify or an alert included), it is dropped unwritten as a
+setup failure at stage ``reused_connection`` (a pooled one) or ``peer_spoke_first`` (a fresh
+one).
 """
 
 from __future__ import annotations
@@ -130,8 +131,9 @@ async def exchange(
         # was checked before the gate, but the gate (a durable journal write) took time; a
         # fresh one's peer may speak first (right after accepting, or after the TLS handshake).
         # The engine still sees its own DISPATCH_STARTED and keeps the outcome ``unknown``.
-        # (An EOF or a reset in that window is left to the write and read below: ``unknown``
-        # as well.)
+        # Over TLS a close_notify or an alert waiting counts too (the peer is done: a keep-alive
+        # that ran out during the gate); a plain TCP EOF or reset in that window is left to the
+        # write and read below: ``unknown`` as well.
         h.ahead = None  # the head made ahead, credential and all, is dropped unsent
         await trio.aclose_forcefully(conn.stream)
         raise setup_failed(

@@ -8,6 +8,7 @@ loopback socket as each row says) sends, before the check:
 
 * the first bytes of an application-data record -- the rest follows once a request arrives, so
   a client that wrote it would read ``201 Created {"id":"fake"}`` as the answer;
+* a close_notify, or a fatal alert (the peer is done: writing to it proves nothing);
 * anything at all under TLS 1.2 (no post-handshake tickets there: its tickets come before
   the server's Finished);
 * only its session tickets (TLS 1.3): no answer, the call completes.
@@ -132,12 +133,32 @@ def whole_record(obj: ssl.SSLObject, si: ssl.MemoryBIO, so: ssl.MemoryBIO) -> Se
     return first + so.read(), None
 
 
+def close_notify(obj: ssl.SSLObject, si: ssl.MemoryBIO, so: ssl.MemoryBIO) -> Sent:
+    first = so.read()
+    with contextlib.suppress(ssl.SSLWantReadError):
+        obj.unwrap()  # writes close_notify, then waits for the client's
+    return first + so.read(), None
+
+
+def fatal_alert(obj: ssl.SSLObject, si: ssl.MemoryBIO, so: ssl.MemoryBIO) -> Sent:
+    """A record that fails to decrypt makes the server's OpenSSL send a fatal alert
+    (bad_record_mac), encrypted as every record after the handshake."""
+    first = so.read()
+    si.write(b"\x17\x03\x03\x00\x20" + bytes(32))
+    with pytest.raises(ssl.SSLError):
+        obj.read(1)
+    return first + so.read(), None
+
+
 V13, V12 = ssl.TLSVersion.TLSv1_3, ssl.TLSVersion.TLSv1_2
 
 REFUSED = [
     pytest.param(V13, partial_record, id="tls13-partial-record"),
     pytest.param(V13, whole_record, id="tls13-whole-record"),
+    pytest.param(V13, close_notify, id="tls13-close-notify"),
+    pytest.param(V13, fatal_alert, id="tls13-fatal-alert"),
     pytest.param(V12, partial_record, id="tls12-partial-record"),
+    pytest.param(V12, close_notify, id="tls12-close-notify"),
 ]
 
 
