@@ -21,7 +21,7 @@ import ssl
 import termios
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import h11
 import trio
@@ -39,6 +39,7 @@ __all__ = [
     "Connection",
     "HopSetupFailed",
     "PoolKey",
+    "check_trio_tls",
     "errno_name",
     "open_connection",
     "setup_failed",
@@ -51,6 +52,32 @@ READ_SIZE = 65536
 
 PoolKey = tuple[str, str, int, str | None, str | None]
 """(scheme, host, port, proxy, CA file): connections are reused only under the same key."""
+
+
+def check_trio_tls(make_stream: Callable[..., object] = trio.SSLStream) -> None:
+    """The TLS checks (``Connection.tls_buffered``, ``_tls_application_data``) read trio's
+    private ``SSLStream._incoming`` (a ``MemoryBIO``) and ``_ssl_object`` (an ``SSLObject``):
+    trio has no public accessor for what its TLS layer holds.  A trio that renamed them would
+    make every HTTPS call refuse at the gate (unknown, nothing sent) -- safe but silent.  So
+    this runs once, at import (0.15 ms, measured), on a stream never connected, and raises
+    ``ImportError`` naming the trio version instead.  (``make_stream``: how a stream is
+    made, ``trio.SSLStream`` but in tests.)"""
+    probe = make_stream(
+        cast("trio.abc.Stream", None),  # never used: nothing is sent or received
+        ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT),
+        server_hostname="probe.invalid",
+    )
+    found = (getattr(probe, "_incoming", None), getattr(probe, "_ssl_object", None))
+    if not (isinstance(found[0], ssl.MemoryBIO) and isinstance(found[1], ssl.SSLObject)):
+        raise ImportError(
+            f"trio {trio.__version__} is not supported by affidavit's HTTP driver: its "
+            "SSLStream lacks _incoming (ssl.MemoryBIO) or _ssl_object (ssl.SSLObject), "
+            "which the driver reads to tell an unsolicited answer from session tickets "
+            "(adapters/http/connect.py); install the trio version the tests pass with"
+        )
+
+
+check_trio_tls()
 
 
 @dataclass(eq=False)
@@ -130,7 +157,7 @@ class Connection:
         The records are framed from a record boundary: trio's handshake and reads leave
         OpenSSL at one (it takes a record's bytes only once it needs that record)."""
         try:
-            incoming, tls = stream._incoming, stream._ssl_object  # trio's; checked at import
+            incoming, tls = stream._incoming, stream._ssl_object  # trio's (``check_trio_tls``)
             data = incoming.read()
             queued = self._queued()
             if queued:
@@ -158,7 +185,7 @@ class Connection:
         if type(stream) is trio.SocketStream or not isinstance(stream, trio.SSLStream):
             return False
         try:
-            incoming = stream._incoming  # trio's private MemoryBIO; no public accessor exists
+            incoming = stream._incoming  # trio's private MemoryBIO (``check_trio_tls``)
             return bool(stream.pending()) or bool(incoming.pending)
         except (AttributeError, ValueError, ssl.SSLError):
             return True
