@@ -182,9 +182,15 @@ class Step:
 
 
 class ProtocolMachine:
-    """A running instance of a ``ProtocolTable``; the adapter's sans-IO core drives it."""
+    """A running instance of a ``ProtocolTable``; the adapter's sans-IO core drives it.
 
-    __slots__ = ("_complete", "_dispatched", "_post", "_state", "_steps", "history", "table")
+    It keeps its state and two flags, never the steps it took: the peer decides how many
+    there are (every body piece or output chunk is one), so a list of them grew with the
+    response -- 1M one-byte chunks held 8.4 MB -- for no reader but tests.  ``fire`` returns
+    each ``Step`` to its caller; the attempt's bounded record of them is the protocol
+    summary's ``path`` (``affidavit/engine/steps.py``)."""
+
+    __slots__ = ("_complete", "_dispatched", "_post", "_state", "_steps", "table")
 
     def __init__(self, table: ProtocolTable) -> None:
         self.table = table
@@ -193,7 +199,6 @@ class ProtocolMachine:
         self._complete = False
         self._post = table.post_dispatch
         self._steps = table.steps
-        self.history: list[Step] = []
 
     @property
     def state(self) -> str:
@@ -225,7 +230,6 @@ class ProtocolMachine:
             self._dispatched = True
         if step.completed:
             self._complete = True
-        self.history.append(step)
         return step
 
     def fire_all(self, events: Iterable[str]) -> list[Step]:

@@ -152,7 +152,7 @@ _TRANSITIONS: Final[dict[str, dict[str, str]]] = {
         "resolve": "dns_resolved",
         "reuse": "connection_reused",
         # An idle pooled socket that turned readable (EOF/RST) is discarded before the
-        # boundary; a self-loop keeps that evidence in the history.
+        # boundary; a self-loop keeps that evidence in the protocol summary's path.
         "stale_connection_discarded": "idle",
         **_SETUP_FAIL,
     },

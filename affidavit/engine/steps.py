@@ -7,7 +7,9 @@ row, all of it held in memory until the attempt ended.  Here a run of one state 
 and again (a self-loop: ``body`` -> ``body``) is one entry with its count, and past
 ``HEAD_RUNS + TAIL_RUNS`` runs (SSH's stdout and stderr chunks alternating, say) only the first
 and the last are kept, with the number of runs and steps left out between them.  Nothing is
-made up: every step is either listed, in a run's count, or in what was left out.
+made up: every step is either listed, in a run's count, or in what was left out.  This is the
+attempt's only record of its steps: the protocol machine keeps none (``ProtocolMachine``), so
+the memory an attempt holds for them is bounded too, not only the row.
 
 ``facts()``, beside the summary's other facts:
 

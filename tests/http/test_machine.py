@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from affidavit.adapters.http import HTTP_TABLE, FramingError, HttpExchange
 from affidavit.adapters.http.machine import MAX_INFORMATIONAL, MAX_INFORMATIONAL_BYTES
-from affidavit.statemachine import ProtocolMachine, ProtocolViolation, registered
+from affidavit.statemachine import ProtocolMachine, ProtocolViolation, Step, registered
 from tests.statemachine.lifecycle_helpers import protocol_paths, protocol_walks
 
 ALL_EVENTS = sorted({ev for row in HTTP_TABLE.transitions.values() for ev in row})
@@ -82,6 +82,7 @@ def _check_walk(events: list[str]) -> set[tuple[str, str, str]]:
     m = ProtocolMachine(HTTP_TABLE)
     was_dispatched = False
     taken = set()
+    steps: list[Step] = []
     for ev in events:
         before = m.state
         if not m.allows(ev):
@@ -89,14 +90,14 @@ def _check_walk(events: list[str]) -> set[tuple[str, str, str]]:
                 m.fire(ev)
             assert m.state == before
             continue
-        m.fire(ev)
+        steps.append(m.fire(ev))
         taken.add((before, ev, m.state))
         if was_dispatched:
             assert m.state in HTTP_TABLE.post_dispatch
             assert m.dispatched
         was_dispatched = m.dispatched
         if m.complete:
-            assert any(s.dest == "framing_complete" for s in m.history)
+            assert any(s.dest == "framing_complete" for s in steps)
     return taken
 
 
@@ -148,7 +149,7 @@ def test_interim_responses_past_the_bound_are_malformed_not_a_started_result() -
     head = b"HTTP/1.1 102 Processing\r\n\r\n"
     with pytest.raises(FramingError) as info:
         ex.receive(head * (MAX_INFORMATIONAL + 50))
-    assert m.history[-1].event == "malformed" and m.state == "closed_early"
+    assert info.value.observations[-1].step.event == "malformed" and m.state == "closed_early"
     assert ex.informational_seen == [102] * MAX_INFORMATIONAL
     assert not ex.response_started and ex.progress()["final_response_started"] is False
     assert str(info.value) == f"more than {MAX_INFORMATIONAL} informational (1xx) responses"
@@ -210,9 +211,9 @@ def test_cut_responses_end_closed_early_with_a_started_result(data: bytes) -> No
 def test_malformed_framing_fires_malformed_without_eof() -> None:
     m, ex = _exchange()
     _send_get(m, ex)
-    with pytest.raises(FramingError):
+    with pytest.raises(FramingError) as info:
         ex.receive(b"HTTP/1.1 200 OK\r\nContent-Length: nope\r\n\r\n")
-    assert m.history[-1].event == "malformed" and m.state == "closed_early"
+    assert info.value.observations[-1].step.event == "malformed" and m.state == "closed_early"
 
 
 def test_expect_continue_body_follows_the_100() -> None:
