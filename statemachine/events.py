@@ -176,10 +176,11 @@ class EventKind(StrEnum):
     attrs: protocol, state, plus facts; generation, when an attempt observed it.  The facts'
     `path` lists the states the machine went through, a run of one state repeated once (a
     self-loop: every body piece is a `body` step), with `path_repeats` [index in `path`, steps in
-    that run] for each run that repeats; past 64 runs only the first and the last 32 are listed,
-    and `path_left_out` {after: index in `path`, runs, steps} counts what came between
-    `path[after - 1]` and `path[after]` (affidavit/engine/steps.py).  Improves the evidence,
-    never changes the outcome."""
+    that run] for each run that repeats ([] if none); past 64 runs only the first and the last 32
+    are listed, and `path_left_out` {after: index in `path`, runs, steps} counts what came
+    between `path[after - 1]` and `path[after]` (null if nothing was left out).  The three come
+    together, so a later summary (a retry's) replaces an earlier one's counts
+    (affidavit/engine/steps.py).  Improves the evidence, never changes the outcome."""
 
 
 BARRIER_KINDS: frozenset[EventKind] = frozenset(

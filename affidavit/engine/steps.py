@@ -11,12 +11,14 @@ made up: every step is either listed, in a run's count, or in what was left out.
 attempt's only record of its steps: the protocol machine keeps none (``ProtocolMachine``), so
 the memory an attempt holds for them is bounded too, not only the row.
 
-``facts()``, beside the summary's other facts:
+``facts()``, beside the summary's other facts -- always all three: the record's
+``evidence.<protocol>`` merges a later summary's facts over an earlier one's (a retry's), and
+an earlier attempt's counts must not stay beside a later attempt's path:
 
-* ``path`` -- each run's state once, in order (a path without repeats reads as it always did);
-* ``path_repeats`` -- only if a run repeats: ``[index in path, steps in that run]`` per such run;
-* ``path_left_out`` -- only if runs were left out: ``{"after": index in path, "runs", "steps"}``,
-  the runs that came between ``path[after - 1]`` and ``path[after]``.
+* ``path`` -- each run's state once, in order;
+* ``path_repeats`` -- ``[index in path, steps in that run]`` per run that repeats (``[]``: none);
+* ``path_left_out`` -- ``{"after": index in path, "runs", "steps"}``, the runs that came between
+  ``path[after - 1]`` and ``path[after]`` (``None``: none left out).
 """
 
 from __future__ import annotations
@@ -62,15 +64,10 @@ class StepPath:
             self._left_steps += self._counts.pop(HEAD_RUNS)
 
     def facts(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"path": list(self._states)}
-        if self._repeats:
-            repeats = [[i, n] for i, n in enumerate(self._counts) if n > 1]
-            if repeats:
-                out["path_repeats"] = repeats
-        if self._left_runs:
-            out["path_left_out"] = {
-                "after": HEAD_RUNS,
-                "runs": self._left_runs,
-                "steps": self._left_steps,
-            }
-        return out
+        repeats = [[i, n] for i, n in enumerate(self._counts) if n > 1] if self._repeats else []
+        left_out = (
+            {"after": HEAD_RUNS, "runs": self._left_runs, "steps": self._left_steps}
+            if self._left_runs
+            else None
+        )
+        return {"path": list(self._states), "path_repeats": repeats, "path_left_out": left_out}

@@ -65,5 +65,6 @@ def test_the_protocol_summary_keeps_the_json_facts_without_a_call_per_fact(
     [(event, payload)] = attempt_mod.observed_events(attempt)  # type: ignore[arg-type]
     assert payload is None and event.kind is EventKind.PROTOCOL_OBSERVED
     assert event.attrs["facts"] == {
-        "a": "x", "b": 1, "c": None, "d": [1], "e": {"f": 2}, "path": ["headers_sent"]
+        "a": "x", "b": 1, "c": None, "d": [1], "e": {"f": 2},
+        "path": ["headers_sent"], "path_repeats": [], "path_left_out": None,
     }  # fmt: skip

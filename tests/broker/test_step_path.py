@@ -9,6 +9,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from affidavit.engine.steps import HEAD_RUNS, TAIL_RUNS, StepPath
+from affidavit.statemachine import Event, EventKind
+from tests.statemachine.lifecycle_helpers import IID, projector_in
 
 
 def _path(states: list[str]) -> dict[str, Any]:
@@ -20,7 +22,7 @@ def _path(states: list[str]) -> dict[str, Any]:
 
 def test_a_path_without_repeats_reads_as_the_list_of_states() -> None:
     states = ["idle", "dns_resolved", "tcp_connected", "headers_sent", "framing_complete"]
-    assert _path(states) == {"path": states}
+    assert _path(states) == {"path": states, "path_repeats": [], "path_left_out": None}
     assert not StepPath()
 
 
@@ -29,6 +31,7 @@ def test_a_self_loop_is_one_entry_with_its_count() -> None:
     assert facts == {
         "path": ["headers_sent", "body_sent", "response_headers", "body", "end"],
         "path_repeats": [[3, 200_000]],
+        "path_left_out": None,
     }
 
 
@@ -43,6 +46,20 @@ def test_past_the_bound_the_first_and_last_runs_are_kept_and_the_rest_counted() 
     assert facts["path_left_out"] == {"after": HEAD_RUNS, "runs": left, "steps": left}
 
 
+def test_a_later_summary_leaves_no_count_of_an_earlier_one_in_the_record() -> None:
+    """The record's ``evidence.http`` merges each summary's facts over the last one's: a
+    retry's path without repeats, folded after a first attempt's with repeats and runs left
+    out, reads as the retry's alone -- not with the first attempt's counts pointing into it."""
+    first = _path(["headers_sent", *["body"] * 500, *["a", "b"] * 100, "closed_early"])
+    second = _path(["headers_sent", "body", "framing_complete"])
+    assert first["path_repeats"] and first["path_left_out"]
+    p = projector_in("dispatched")
+    for facts in (first, second):
+        attrs = {"protocol": "http", "state": "framing_complete", "facts": facts}
+        p.apply(Event(EventKind.PROTOCOL_OBSERVED, IID, attrs))
+    assert p.record().evidence["http"] == second
+
+
 STATES = st.sampled_from(["a", "b", "c"])
 
 
@@ -50,10 +67,10 @@ STATES = st.sampled_from(["a", "b", "c"])
 def test_every_step_is_listed_counted_in_a_run_or_left_out(states: list[str]) -> None:
     facts = _path(states)
     counts = [1] * len(facts["path"])
-    for i, n in facts.get("path_repeats", []):
+    for i, n in facts["path_repeats"]:
         assert n > 1
         counts[i] = n
-    left = facts.get("path_left_out", {"runs": 0, "steps": 0})
+    left = facts["path_left_out"] or {"runs": 0, "steps": 0}
     assert sum(counts) + left["steps"] == len(states)
     assert len(facts["path"]) <= HEAD_RUNS + TAIL_RUNS
     # Expanded, the kept runs are the start and the end of what happened.
