@@ -180,7 +180,9 @@ class EventKind(StrEnum):
     are listed, and `path_left_out` {after: index in `path`, runs, steps} counts what came
     between `path[after - 1]` and `path[after]` (null if nothing was left out).  The three come
     together, so a later summary (a retry's) replaces an earlier one's counts
-    (affidavit/engine/steps.py).  Improves the evidence, never changes the outcome."""
+    (affidavit/engine/steps.py).  With `received_withheld` the counts are null (a body in
+    1-byte chunks would count its size: affidavit/engine/echoed.py).  Improves the evidence,
+    never changes the outcome."""
 
 
 BARRIER_KINDS: frozenset[EventKind] = frozenset(

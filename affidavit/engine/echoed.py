@@ -8,7 +8,10 @@ still in two other places a caller reads:
 
 * the protocol summary (PROTOCOL_OBSERVED, the record's ``evidence.<protocol>``): the
   driver's byte counts -- HTTP's ``body_bytes``, ``total``, ``response_bytes``, SSH's
-  ``stdout_bytes`` -- facts recorded as the bytes arrived;
+  ``stdout_bytes`` -- facts recorded as the bytes arrived; and the path's step counts
+  (``engine/steps.py``): every body piece or output chunk is a step, so a body sent as 1-byte
+  chunks makes its run's count in ``path_repeats`` its size, and ``path_left_out``'s runs and
+  steps count chunks the same way (what ``len(path)`` was before the path was encoded);
 * the result's headers: the remote's own ``Content-Length``, ``Content-Range`` and the
   headers that digest the body (``Digest``, ``Content-Digest``, ``Repr-Digest``,
   ``Content-MD5``, an ``ETag``, which servers commonly make a hash of the content).
@@ -69,7 +72,9 @@ def without_received_counts(
     """``facts`` (a driver's, top level) without the received byte counts, if any stream in
     ``redacted`` had a secret replaced (or was not scanned whole: ``reason`` "unscanned"), nor
     that stream's ``<stream>_sha256`` (SSH's ``result_facts`` hash the bytes received, before
-    redaction: a guess of the secret would be checked against it offline);
+    redaction: a guess of the secret would be checked against it offline), nor the path's
+    step counts (``path_repeats``' and ``path_left_out``'s, made null: every run's -- which
+    run counts a stream's chunks is the protocol's to know, not this function's);
     ``received_withheld`` then says so (``reason``)."""
     streams = set(redacted)
     if not streams:
@@ -77,6 +82,12 @@ def without_received_counts(
     counts = _COUNTS | {f"{name}_{what}" for name in streams for what in ("bytes", "sha256")}
     kept: dict[str, Any] = {k: v for k, v in facts.items() if k not in counts}
     kept["received_withheld"] = reason
+    repeats = kept.get("path_repeats")
+    if isinstance(repeats, list):  # which runs repeated stays; how often goes
+        kept["path_repeats"] = [[run[0], None] for run in repeats if isinstance(run, list) and run]
+    left_out = kept.get("path_left_out")
+    if isinstance(left_out, Mapping):
+        kept["path_left_out"] = {"after": left_out.get("after"), "runs": None, "steps": None}
     over = kept.get("result_size_limit")
     if isinstance(over, Mapping):  # the bytes received when the limit stopped the attempt
         kept["result_size_limit"] = {"limit": over.get("limit"), "received_withheld": reason}

@@ -125,6 +125,48 @@ async def test_an_echoed_credential_is_not_measured_by_what_the_caller_reads(
     assert not names & {"content-length", "etag"}
 
 
+async def _echo_bytewise(peer: Peer) -> None:
+    """Echo the credential in a chunked body of 1-byte chunks: every chunk is a ``body`` step,
+    so the run's count in ``path_repeats`` is the body's size."""
+    while (req := await peer.read_request()) is not None:
+        body = f"you sent: {req.header('authorization')}".encode()
+        wire = b"".join(b"1\r\n%c\r\n" % c for c in body)
+        head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+        await peer.send_raw(head + wire + b"0\r\n\r\n")
+
+
+async def test_an_echo_in_one_byte_chunks_is_not_measured_by_its_step_count(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The body's size is withheld, and so is its run's count of steps: the path still says
+    the ``body`` run repeated, not how often."""
+    monkeypatch.setenv("SHORT_SECRET", "s3cret-value-1")
+    monkeypatch.setenv("LONG_SECRET", "s3cret-" + "L" * 41)
+    async with (
+        HostileServer.running(_echo_bytewise) as one,
+        HostileServer.running(_echo_bytewise) as other,
+    ):
+        targets = {
+            "short": http_target(one.url, credential="env:SHORT_SECRET"),
+            "long": http_target(other.url, credential="env:LONG_SECRET"),
+        }
+        cfg = write_config(tmp_path, targets)
+        seen: dict[str, Any] = {}
+        async with open_broker(cfg) as broker:
+            for name in targets:
+                with trio.fail_after(20):
+                    env = await broker.call({"target": name, "method": "GET", "path": "/p"})
+                rec = assert_ok(broker, env)
+                view = record_view(rec, broker.events(env["invocation_id"]))
+                kind = EventKind.PROTOCOL_OBSERVED.value
+                [facts] = [e["attrs"]["facts"] for e in view["events"] if e["kind"] == kind]
+                assert "[REDACTED]" in env["result"]["body"]  # sanity: echoed, and redacted
+                seen[name] = {"facts": _numbers(facts), "http": _numbers(env["evidence"]["http"])}
+    _assert_same(seen)
+    assert facts["received_withheld"] == "redacted"
+    assert [facts["path"][i] for i, n in facts["path_repeats"] if n is None] == ["body"]
+
+
 async def _cut_echo(peer: Peer) -> None:
     """Echo the credential in a body cut short: the attempt ends without a result."""
     req = await peer.read_request()

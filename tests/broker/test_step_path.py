@@ -8,6 +8,7 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
+from affidavit.engine.echoed import without_received_counts
 from affidavit.engine.steps import HEAD_RUNS, TAIL_RUNS, StepPath
 from affidavit.statemachine import Event, EventKind
 from tests.statemachine.lifecycle_helpers import IID, projector_in
@@ -58,6 +59,20 @@ def test_a_later_summary_leaves_no_count_of_an_earlier_one_in_the_record() -> No
         attrs = {"protocol": "http", "state": "framing_complete", "facts": facts}
         p.apply(Event(EventKind.PROTOCOL_OBSERVED, IID, attrs))
     assert p.record().evidence["http"] == second
+
+
+def test_a_size_withheld_takes_the_path_s_counts_with_it() -> None:
+    """Every output chunk is a step: where the bytes received are withheld (a stream echoed a
+    secret), the runs' counts and what was left out would count its chunks -- its size, for
+    1-byte chunks.  The path stays; which runs repeated stays; every count is null."""
+    states = ["exec_accepted", *["stdout", "stderr"] * 100, *["stdout"] * 7, "closed"]
+    facts = _path(states)
+    assert facts["path_repeats"] and facts["path_left_out"]
+    kept = without_received_counts(facts, ["stdout"])
+    assert kept["received_withheld"] == "redacted" and kept["path"] == facts["path"]
+    assert kept["path_repeats"] == [[i, None] for i, _n in facts["path_repeats"]]
+    assert kept["path_left_out"] == {"after": HEAD_RUNS, "runs": None, "steps": None}
+    assert without_received_counts(facts, []) == facts  # nothing withheld: all kept
 
 
 STATES = st.sampled_from(["a", "b", "c"])
