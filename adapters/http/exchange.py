@@ -130,10 +130,12 @@ async def exchange(
         # its answer: nothing is written and the connection is dropped.  A pooled connection
         # was checked before the gate, but the gate (a durable journal write) took time; a
         # fresh one's peer may speak first (right after accepting, or after the TLS handshake).
-        # The engine still sees its own DISPATCH_STARTED and keeps the outcome ``unknown``.
-        # Over TLS a close_notify or an alert waiting counts too (the peer is done: a keep-alive
-        # that ran out during the gate); a plain TCP EOF or reset in that window is left to the
-        # write and read below: ``unknown`` as well.
+        # On the first hop the engine still sees its own DISPATCH_STARTED and keeps the outcome
+        # ``unknown``; on a redirect hop ``setup_failed`` raises ``HopSetupFailed`` and the
+        # previous hop's complete 3xx stands as the result (``client.perform``).  Over TLS a
+        # close_notify or an alert waiting counts too (the peer is done: a keep-alive that ran
+        # out during the gate); a plain TCP EOF or reset in that window is left to the write
+        # and read below: ``unknown`` as well.
         h.ahead = None  # the head made ahead, credential and all, is dropped unsent
         await trio.aclose_forcefully(conn.stream)
         raise setup_failed(

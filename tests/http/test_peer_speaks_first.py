@@ -21,6 +21,7 @@ import trio
 
 from affidavit.adapters.base import SetupError
 from affidavit.adapters.http import HttpClient
+from affidavit.adapters.http.connect import Connection
 from affidavit.statemachine import Outcome
 
 from .fakes import FakeEngine
@@ -105,11 +106,20 @@ def ticketing_server(tls: TlsFixture) -> Iterator[tuple[int, threading.Event, li
 
 
 async def test_tls13_session_tickets_after_the_handshake_refuse_nothing(
-    client: HttpClient, tls: TlsFixture
+    client: HttpClient, tls: TlsFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The tickets wait on the client's socket when the request is about to be written (the
-    gate holds 0.2 s after the server's handshake ended): they are TLS handshake messages, not
-    an answer, and the call completes as with any server."""
+    gate holds 0.2 s after the server's handshake ended; the bytes queued are recorded at the
+    check): they are TLS handshake messages, not an answer, and the call completes as with any
+    server."""
+    queued: list[int] = []
+    check = Connection.unread_bytes
+
+    def recorded(conn: Connection) -> bool:
+        queued.append(conn._queued())
+        return check(conn)
+
+    monkeypatch.setattr(Connection, "unread_bytes", recorded)
     with ticketing_server(tls) as (port, shaken, tickets):
 
         async def during_gate(facts: Mapping[str, Any]) -> None:
@@ -121,6 +131,6 @@ async def test_tls13_session_tickets_after_the_handshake_refuse_nothing(
         with trio.fail_after(10):
             res = await client.perform(req(url, "POST", b"x", ca_file=tls.ca_file), fe.ctx)
         await client.aclose()  # the server's last recv returns
-    assert tickets[0] > 0
+    assert tickets[0] > 0 and len(queued) == 1 and queued[0] > 0  # really waiting at the check
     assert fe.gates[0]["peer"]["tls_version"] == "TLSv1.3"
     assert res.outcome is Outcome.COMMITTED and res.facts["status"] == 200 and fe.body == b"ok"
