@@ -59,24 +59,32 @@ class RecordPeer:
     request: bytes = b""
 
     async def serve(self, listener: trio.SocketListener) -> None:
-        stream = await listener.accept()
-        async with stream:
-            si, so = ssl.MemoryBIO(), ssl.MemoryBIO()
-            obj = self.ctx.wrap_bio(si, so, server_side=True)
-            while True:
-                try:
-                    obj.do_handshake()
-                    break
-                except ssl.SSLWantReadError:
-                    if so.pending:
-                        await stream.send_all(so.read())
-                    si.write(bytes(await stream.receive_some(65536)))
-            now, rest = self.before(obj, si, so)
-            await stream.send_all(now)
-            self.sent.set()
-            # a client that closes with the tickets unread resets the connection
-            with trio.move_on_after(3), contextlib.suppress(trio.BrokenResourceError):
-                await self._answer(stream, obj, si, so, rest)
+        """Accept one connection and play the row; every wait bounded (10 s in all)."""
+        with trio.move_on_after(10):
+            stream = await listener.accept()
+            async with stream:
+                await self._play(stream)
+
+    async def _play(self, stream: trio.SocketStream) -> None:
+        si, so = ssl.MemoryBIO(), ssl.MemoryBIO()
+        obj = self.ctx.wrap_bio(si, so, server_side=True)
+        while True:
+            try:
+                obj.do_handshake()
+                break
+            except ssl.SSLWantReadError:
+                if so.pending:
+                    await stream.send_all(so.read())
+                data = bytes(await stream.receive_some(65536))
+                if not data:
+                    return  # the client gave up on the handshake
+                si.write(data)
+        now, rest = self.before(obj, si, so)
+        await stream.send_all(now)
+        self.sent.set()
+        # a client that closes with the tickets unread resets the connection
+        with trio.move_on_after(3), contextlib.suppress(trio.BrokenResourceError):
+            await self._answer(stream, obj, si, so, rest)
 
     async def _answer(
         self,
