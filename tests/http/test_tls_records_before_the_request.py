@@ -57,6 +57,11 @@ class RecordPeer:
     after_handshake: int = 0
     """Bytes received from the client after the server's handshake ended."""
     request: bytes = b""
+    keep_alive_ends: trio.Event | None = None
+    """Set: after its answer the peer waits for it, then sends close_notify (its keep-alive ran
+    out) and sets ``closed``; ``after_close`` counts the bytes it receives after that."""
+    closed: trio.Event = field(default_factory=trio.Event)
+    after_close: int = 0
 
     async def serve(self, listener: trio.SocketListener) -> None:
         """Accept one connection and play the row; every wait bounded (10 s in all)."""
@@ -94,8 +99,8 @@ class RecordPeer:
         so: ssl.MemoryBIO,
         rest: bytes | None,
     ) -> None:
-        """Read until a request head arrives (or EOF): answer it as the row says."""
-        while b"\r\n\r\n" not in self.request:
+        """Read until a whole request arrives (or EOF): answer it as the row says."""
+        while not _whole_request(self.request):
             data = bytes(await stream.receive_some(65536))
             if not data:
                 return
@@ -113,7 +118,28 @@ class RecordPeer:
                 return
             rest = so.read()
         await stream.send_all(rest)
-        await trio.sleep(1)  # the client reads its answer and closes
+        if self.keep_alive_ends is None:
+            await trio.sleep(1)  # the client reads its answer and closes
+            return
+        await self.keep_alive_ends.wait()
+        with contextlib.suppress(ssl.SSLWantReadError):
+            obj.unwrap()
+        await stream.send_all(so.read())
+        self.closed.set()
+        while data := bytes(await stream.receive_some(65536)):
+            self.after_close += len(data)
+
+
+def _whole_request(data: bytes) -> bool:
+    """A head and as many body bytes as its Content-Length says (the client's requests here)."""
+    head, sep, body = data.partition(b"\r\n\r\n")
+    if not sep:
+        return False
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            return len(body) >= int(value)
+    return True
 
 
 def server_context(tls: TlsFixture, version: ssl.TLSVersion) -> ssl.SSLContext:
@@ -207,6 +233,37 @@ async def test_records_other_than_tickets_before_the_request_refuse_it_unwritten
     assert res is None, f"the request was written and answered: {res}"
     assert isinstance(err, SetupError) and err.stage == "peer_spoke_first", err
     assert peer.after_handshake == 0 and peer.request == b""
+
+
+async def test_a_close_notify_during_a_pooled_connection_s_gate_refuses_the_request_unwritten(
+    client: HttpClient, tls: TlsFixture
+) -> None:
+    """The common race: the server's keep-alive runs out (close_notify) while the next call's
+    gate holds, after the pool checked the connection.  The request is not written to a peer
+    that is done: a setup failure at stage ``reused_connection``."""
+    ends = trio.Event()
+    peer = RecordPeer(server_context(tls, V13), tickets_only, keep_alive_ends=ends)
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    port = listeners[0].socket.getsockname()[1]
+
+    async def during_gate(facts: Mapping[str, Any]) -> None:
+        ends.set()
+        await peer.closed.wait()
+        await trio.sleep(0.2)  # let the close_notify reach the client's socket
+
+    first, second = FakeEngine(), FakeEngine(on_gate=during_gate)
+    url = f"https://127.0.0.1:{port}/pay"
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(peer.serve, listeners[0])
+        with trio.fail_after(10):
+            res = await client.perform(req(url, "POST", b"x", ca_file=tls.ca_file), first.ctx)
+            with pytest.raises(SetupError) as info:
+                await client.perform(req(url, "POST", b"y", ca_file=tls.ca_file), second.ctx)
+        await client.aclose()
+    await listeners[0].aclose()
+    assert res.outcome is Outcome.COMMITTED
+    assert second.gates[0]["reused_connection"] is True
+    assert info.value.stage == "reused_connection" and peer.after_close == 0
 
 
 @pytest.mark.parametrize("version", [V13, V12], ids=["tls13", "tls12"])
