@@ -221,9 +221,10 @@ async def query(
         )
     moved = engine.snapshot.moved(engine.journal.events(invocation_id), target)
     if moved is not None:
-        # The query runs against the target as configured now: another origin, credential or
-        # scope observes another account, whose "absent" would settle as rejected an effect
-        # the first one holds.  Nothing is sent; an operator who looked can attest.
+        # The query runs against the target as configured now: another origin, base path,
+        # credential or scope observes another account, whose "absent" would settle as
+        # rejected an effect the first one holds.  Nothing is sent; an operator who looked can
+        # attest.
         raise OperatorError(
             "CONFIG_CHANGED",
             f"the target {target.name} may no longer reach what {invocation_id} was sent to: "

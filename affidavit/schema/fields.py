@@ -162,11 +162,11 @@ class Field:
     config's targets declare (``affidavit.api.broker.exposed_files``, ``journal.exposure``)."""
     account: Callable[[Any], Any] | None = None
     """The value decides which remote account a call of the target reaches and observes -- its
-    origin, its credential reference, its idempotency scope -- and this gives the part of it
-    that does (the value itself: ``same``).  A reconciliation query or an operation's poll runs
-    against the target as configured now: it may only speak for a record whose dispatch reached
-    the same account (``affidavit.engine.snapshot.ConfigSnapshot.moved``), whatever else of the
-    target changed since (a timeout; the ``reconcile`` setting itself)."""
+    origin and base path, its credential reference, its idempotency scope -- and this gives the
+    part of it that does (the value itself: ``same``).  A reconciliation query or an
+    operation's poll runs against the target as configured now: it may only speak for a record
+    whose dispatch reached the same account (``affidavit.engine.snapshot.ConfigSnapshot.moved``),
+    whatever else of the target changed since (a timeout; the ``reconcile`` setting itself)."""
 
     def __post_init__(self) -> None:
         if self.key == "":

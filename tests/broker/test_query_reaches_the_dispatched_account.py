@@ -69,8 +69,15 @@ def _other_scope(a: HostileServer, b: HostileServer) -> dict[str, Any]:
     return targets
 
 
+def _other_base_path(a: HostileServer, b: HostileServer) -> dict[str, Any]:
+    # The tenant in the base path (Twilio's /Accounts/AC..., Jira's /ex/jira/<cloudId>).
+    return reconcile_target(a.url + "/accounts/acctB")
+
+
 @pytest.mark.parametrize(
-    "changed", [_moved_origin, _other_credential, _other_scope], ids=lambda f: f.__name__[1:]
+    "changed",
+    [_moved_origin, _other_credential, _other_scope, _other_base_path],
+    ids=lambda f: f.__name__[1:],
 )
 async def test_a_query_of_a_target_that_reaches_another_account_is_refused_unsent(
     tmp_path: Path,

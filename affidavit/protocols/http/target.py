@@ -328,7 +328,14 @@ HTTP_TARGET = TargetSchema(
             "no `.`/`..` segments",
         ),
         Field("origin", lambda r: origin_of(r.values["url"]), key=None, account=same),
-        Field("base_path", lambda r: urllib.parse.urlsplit(r.values["url"]).path, key=None),
+        # The base path names the tenant at many services (Twilio's /Accounts/AC..., Jira's
+        # /ex/jira/<cloudId>): a query under another one asks another account.
+        Field(
+            "base_path",
+            lambda r: urllib.parse.urlsplit(r.values["url"]).path,
+            key=None,
+            account=same,
+        ),
         Field("methods", _methods, doc="methods callers may send (normalized to upper case)"),
         Field(
             "idempotent",
