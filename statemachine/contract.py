@@ -230,8 +230,9 @@ CODES: dict[Code, CodeInfo] = {
         _V,
         _NA,
         Retry.AFTER_CORRECTION,
-        "The idempotency key was already bound to a different request (method, path, headers,"
-        " body; command, stdin): correct the request, or use a new key for a new one.",
+        "The idempotency key was already bound in its scope to a different request (method,"
+        " path, headers, body; command, stdin; or another target declaring the same scope):"
+        " correct the request, or use a new key for a new one.",
     ),
     Code.CREDENTIAL_MISSING: CodeInfo(
         _CI, _NA, Retry.AFTER_CORRECTION, "The referenced secret does not exist or is empty."

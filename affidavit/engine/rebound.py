@@ -9,7 +9,10 @@ any edit of the target -- a connect timeout 2 -> 3 -- changes it.  Answered IDEM
 reaction "new key, resend", which makes a duplicate.  So the request part is compared on its
 own: the same request is refused ``CONFIG_CHANGED``, naming the invocation the key is bound to
 and what its record says (fetch it, or reconcile it: that is where the request went), and only
-a different request is ``IDEMPOTENCY_MISMATCH``.
+a different request is ``IDEMPOTENCY_MISMATCH``.  So is the same request bound by *another* target
+that declares the same scope (the remote's one key space, shared): its invocation is not named,
+nor its outcome -- this target never sent it, and "fetch it" would hand over another target's
+response.
 
 The request part is ACTION_ACCEPTED's ``operation.request_fingerprint``; a record written before
 it was recorded is recognized as ``legacy_fingerprint`` recognizes a v1 one, by recomputing:
@@ -30,6 +33,13 @@ if TYPE_CHECKING:
 
 __all__ = ["refusal"]
 
+_MISMATCH = (
+    Code.IDEMPOTENCY_MISMATCH,
+    "idempotency_key",
+    "this idempotency key is bound in its scope to a different request (another target, "
+    "method, path, headers or body; another command or stdin)",
+)
+
 
 def refusal(
     engine: Engine, exc: IdempotencyMismatch, action: Any, target: Any
@@ -39,6 +49,11 @@ def refusal(
     # Refused for the fingerprint the binding row holds only once the chained event proves it
     # (a row given another fingerprint is altered, not a mismatch: ``AlteredRow``).
     record = journal.bound_record(exc.existing)
+    if record is not None and record.target != target.name:
+        # Bound by another target that declares the same scope (one remote key space): not
+        # this target's invocation -- its record, its result and its advice are not this
+        # call's to read, and "fetch it" would answer with a request this target never sent.
+        return _MISMATCH
     if exc.existing.fingerprint == legacy_fingerprint(action, target):
         # The same request, bound before the target hash was keyed: its binding cannot be
         # matched with this one, and is not another request either.
@@ -58,12 +73,7 @@ def refusal(
             f"changed since.  Act on that invocation (fetch its result; reconcile it if "
             f"unknown): a new key would send the request again.",
         )
-    return (
-        Code.IDEMPOTENCY_MISMATCH,
-        "idempotency_key",
-        "this idempotency key is bound to a different request (another method, path, "
-        "headers or body; another command or stdin)",
-    )
+    return _MISMATCH
 
 
 def _same_request(

@@ -14,6 +14,7 @@ invocation the key is bound to and what its record says, nothing sent; a modifie
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 from typing import Any
 
@@ -210,4 +211,33 @@ async def test_brokers_of_a_shared_journal_with_different_configs_name_the_origi
                 f"invocation {first['invocation_id']} (outcome unknown"
                 in (second["error"]["message"])
             )
+    assert len(received) == 1
+
+
+async def test_the_same_request_bound_by_another_target_of_the_scope_is_a_mismatch_naming_nothing(
+    tmp_path: Path, token: str
+) -> None:
+    """prod and staging declare the same scope (one remote key space).  The charge commits on
+    prod under key K; the same call on staging under K is IDEMPOTENCY_MISMATCH at
+    ``idempotency_key`` naming nothing -- never CONFIG_CHANGED naming prod's invocation, whose
+    "fetch it" would hand staging's caller prod's response for a request staging never sent."""
+    script, received = _server(False)
+    async with HostileServer.running(script) as srv:
+        targets = {"prod": _targets(srv.url)["api"], "staging": _targets(srv.url)["api"]}
+        async with open_broker(write_config(tmp_path, targets)) as b:
+            with trio.fail_after(LIMIT):
+                first = await b.call({**CHARGE, "target": "prod"})
+                assert first.get("error") is None, first
+                env = await b.call({**CHARGE, "target": "staging"})
+            assert_error(
+                b,
+                env,
+                phase="validation",
+                outcome="not_attempted",
+                retry="after_correction",
+                code="IDEMPOTENCY_MISMATCH",
+            )
+            assert env["error"]["field"] == "idempotency_key"
+            assert first["invocation_id"] not in json.dumps(env)
+            verify_ok(b)
     assert len(received) == 1
