@@ -152,8 +152,18 @@ async def start(
         try:
             bound = await journal.bind_idempotency(scope, key, fp, iid, expires)
         except IdempotencyMismatch as exc:
-            # Another request, or this one under a changed configuration (``rebound.py``).
-            code, field_path, message = refusal(engine, exc, parsed, target)
+            # Another request, or this one under a changed configuration (``rebound.py``): only
+            # the bound invocation's chained record can tell.  Bound with nothing recorded yet,
+            # it tells neither -- its binder may be about to send it (another broker of a shared
+            # journal), so "another request: new key, send again" may make a duplicate.  The
+            # answer is that invocation as recorded (IN_PROGRESS, fetch_result), as for a call
+            # whose fingerprint matches (below).
+            record = journal.bound_record(exc.existing)
+            if record is None:
+                what = "the state of a key's binding"
+                at = await recorder.read(functools.partial(journal.now, what))
+                return recorder.envelope(Projector(exc.existing.invocation_id).record(at))
+            code, field_path, message = refusal(engine, exc, record, parsed, target)
             return await refuse_new(recorder, iid, session, target, code, field_path, message)
         if bound.invocation_id != iid:
             # Another call bound this key first: the invocation is its.  Nothing of this call

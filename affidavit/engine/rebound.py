@@ -42,14 +42,13 @@ _MISMATCH = (
 
 
 def refusal(
-    engine: Engine, exc: IdempotencyMismatch, action: Any, target: Any
+    engine: Engine, exc: IdempotencyMismatch, record: Record, action: Any, target: Any
 ) -> tuple[Code, str, str]:
-    """What a new invocation refused for ``exc`` answers: (code, field, message)."""
-    journal = engine.journal
-    # Refused for the fingerprint the binding row holds only once the chained event proves it
-    # (a row given another fingerprint is altered, not a mismatch: ``AlteredRow``).
-    record = journal.bound_record(exc.existing)
-    if record is not None and record.target != target.name:
+    """What a new invocation refused for ``exc`` answers: (code, field, message).  ``record``:
+    the bound invocation's (``bound_record``, which proves the binding row by the chained
+    ACTION_ACCEPTED: a row given another fingerprint is altered, not a mismatch) -- a key bound
+    with nothing recorded yet is not refused at all (the caller answers it IN_PROGRESS)."""
+    if record.target != target.name:
         # Bound by another target that declares the same scope (one remote key space): not
         # this target's invocation -- its record, its result and its advice are not this
         # call's to read, and "fetch it" would answer with a request this target never sent.
@@ -64,7 +63,7 @@ def refusal(
             f"{_named(record, exc)}; act on that invocation (reconcile it if unknown), then "
             "start a new one with a new key.",
         )
-    if record is not None and _same_request(engine, record, exc, action, target):
+    if _same_request(engine, record, exc, action, target):
         return (
             Code.CONFIG_CHANGED,
             f"targets.{target.name}",
@@ -96,11 +95,9 @@ def _same_request(
     )
 
 
-def _named(record: Record | None, exc: IdempotencyMismatch) -> str:
+def _named(record: Record, exc: IdempotencyMismatch) -> str:
     """The invocation the key is bound to, and what its record says now."""
     iid = exc.existing.invocation_id
-    if record is None:
-        return f"invocation {iid} (nothing recorded yet)"
     if not record.final:
         return f"invocation {iid} (not finished: {record.state})"
     return f"invocation {iid} (outcome {record.outcome.value}, retry {record.retry.value})"

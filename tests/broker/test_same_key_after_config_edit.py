@@ -241,3 +241,27 @@ async def test_the_same_request_bound_by_another_target_of_the_scope_is_a_mismat
             assert first["invocation_id"] not in json.dumps(env)
             verify_ok(b)
     assert len(received) == 1
+
+
+async def test_a_key_bound_with_nothing_recorded_yet_is_in_progress_never_a_mismatch(
+    tmp_path: Path, token: str
+) -> None:
+    """The key is bound (to another fingerprint) and its invocation has recorded nothing yet:
+    its binder -- another broker of a shared journal -- is writing its first events, and may
+    be about to send.  The records prove neither "another request" nor "the same": the call
+    is answered that invocation as recorded (IN_PROGRESS, fetch_result, naming it), never
+    IDEMPOTENCY_MISMATCH, whose "new key, send again" may make a duplicate.  Nothing sent."""
+    script, received = _server(False)
+    async with (
+        HostileServer.running(script) as srv,
+        open_broker(write_config(tmp_path, _targets(srv.url))) as b,
+    ):
+        other = "sha256:" + "0" * 64  # not this call's fingerprint
+        with trio.fail_after(LIMIT):
+            await b.journal.bind_idempotency(IDEM["scope"], "charge-1", other, "act_bound", None)
+            env = await b.call(CHARGE)
+        assert env["invocation_id"] == "act_bound", env
+        assert (env["error"]["code"], env["error"]["retry"]) == ("IN_PROGRESS", "fetch_result")
+        assert b.events("act_bound") == []  # nothing of this call written into it
+        verify_ok(b)
+    assert received == []
