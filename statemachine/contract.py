@@ -222,9 +222,10 @@ CODES: dict[Code, CodeInfo] = {
         _NA,
         Retry.AFTER_CORRECTION,
         "The target configuration changed between validation and dispatch (start a new"
-        " invocation), or since this idempotency key was bound to this same request: the"
-        " message names the invocation it is bound to and what its record says -- fetch or"
-        " reconcile that one; a new key would send the request again.",
+        " invocation), or since this idempotency key was bound to this same request:"
+        " `evidence.idempotency.bound_to` names the invocation it is bound to -- fetch or"
+        " reconcile that one (a new key would send the request again unless its record says"
+        " it was rejected or never sent).",
     ),
     Code.IDEMPOTENCY_MISMATCH: CodeInfo(
         _V,

@@ -337,6 +337,12 @@ def envelope_schema() -> dict[str, Any]:
                                 "recorded before keyed hashes' (statemachine/withheld.py).",
                             },
                             "remote_contract": {"type": ["string", "null"]},
+                            "bound_to": {
+                                "type": "string",
+                                "description": "A call refused CONFIG_CHANGED for its "
+                                "idempotency key: the invocation the key is bound to (fetch or "
+                                "reconcile that one).",
+                            },
                         },
                     },
                     "record_seq": {"type": ["integer", "null"]},

@@ -80,7 +80,9 @@ class EventKind(StrEnum):
     # --- stopping before dispatch ------------------------------------------------------------
     PREFLIGHT_FAILED = "PREFLIGHT_FAILED"
     """Validation refused the action.  attrs: code (a validation code), field; generation when
-    an attempt's gate refused it (config changed, approval stale or expired)."""
+    an attempt's gate refused it (config changed, approval stale or expired); bound_to, the
+    invocation a same-key call's key is bound to, when CONFIG_CHANGED names it (the envelope's
+    ``evidence.idempotency.bound_to``)."""
     APPROVAL_REQUESTED = "APPROVAL_REQUESTED"
     """A human approval was requested for the bound fingerprint (seed: "Before approval, bind
     the normalized target, the credential version, the resolved injection method, and the

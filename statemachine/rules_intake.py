@@ -120,8 +120,18 @@ def _on_preflight_failed(p: Projector, event: Event) -> None:
     if gen is not None and (type(gen) is not int or gen != p._generation):
         _stale(p, event, gen)
     code = _phase_code(p, event, _VALIDATION)  # validated before anything changes
+    bound_to = event.attrs.get("bound_to")
+    if bound_to is not None and type(bound_to) is not str:
+        _refuse(p, event, "bound_to must be a string")
     _refund_refused_retry(p)
     _set_error(p, event, code)
+    if bound_to is not None:
+        # The invocation the refused call's idempotency key is bound to (CONFIG_CHANGED): a
+        # field the caller acts on, not a name to parse out of the message.
+        p._evidence["idempotency"] = {
+            **(p._evidence.get("idempotency") or {}),
+            "bound_to": bound_to,
+        }
 
 
 def _on_credential_failed(p: Projector, event: Event) -> None:

@@ -163,8 +163,10 @@ async def start(
                 what = "the state of a key's binding"
                 at = await recorder.read(functools.partial(journal.now, what))
                 return recorder.envelope(Projector(exc.existing.invocation_id).record(at))
-            code, field_path, message = refusal(engine, exc, record, parsed, target)
-            return await refuse_new(recorder, iid, session, target, code, field_path, message)
+            no = refusal(engine, exc, record, parsed, target)
+            return await refuse_new(
+                recorder, iid, session, target, no.code, no.field, no.message, bound_to=no.bound_to
+            )
         if bound.invocation_id != iid:
             # Another call bound this key first: the invocation is its.  Nothing of this call
             # may be written into that record unless the journal says this call may act (a
@@ -299,8 +301,11 @@ async def refuse_new(
     field_path: str,
     message: str,
     refused_session: Mapping[str, Any] | None = None,
+    bound_to: str | None = None,
 ) -> dict[str, Any]:
-    """Accept and at once refuse a new invocation in validation (nothing attempted)."""
+    """Accept and at once refuse a new invocation in validation (nothing attempted).
+    ``bound_to``: the invocation the call's idempotency key is bound to, when the refusal
+    names it (``rebound.Refusal``)."""
     operation = {
         "target": target.name if target is not None else None,
         "protocol": target.kind if target is not None else None,
@@ -316,7 +321,12 @@ async def refuse_new(
         Event(
             E.PREFLIGHT_FAILED,
             iid,
-            {"code": code.value, "field": field_path, "message": message},
+            {
+                "code": code.value,
+                "field": field_path,
+                "message": message,
+                **({"bound_to": bound_to} if bound_to is not None else {}),
+            },
         ),
     )
 

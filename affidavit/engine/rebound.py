@@ -22,18 +22,29 @@ the chained record holds is compared; the binding row itself proves nothing (``b
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from affidavit.journal import IdempotencyMismatch
 from affidavit.protocols.actions import fingerprint, legacy_fingerprint, request_fingerprint
-from affidavit.statemachine import Code, EventKind, Record
+from affidavit.statemachine import Code, EventKind, Outcome, Record
 
 if TYPE_CHECKING:
     from .engine import Engine
 
-__all__ = ["refusal"]
+__all__ = ["Refusal", "refusal"]
 
-_MISMATCH = (
+
+class Refusal(NamedTuple):
+    code: Code
+    field: str
+    message: str
+    bound_to: str | None = None
+    """The invocation the key is bound to, when the answer names it: PREFLIGHT_FAILED's
+    ``bound_to``, the envelope's ``evidence.idempotency.bound_to`` -- a caller acts on it
+    without parsing the message (seed: "The message text should not be parsed")."""
+
+
+_MISMATCH = Refusal(
     Code.IDEMPOTENCY_MISMATCH,
     "idempotency_key",
     "this idempotency key is bound in its scope to a different request (another target, "
@@ -43,36 +54,30 @@ _MISMATCH = (
 
 def refusal(
     engine: Engine, exc: IdempotencyMismatch, record: Record, action: Any, target: Any
-) -> tuple[Code, str, str]:
-    """What a new invocation refused for ``exc`` answers: (code, field, message).  ``record``:
-    the bound invocation's (``bound_record``, which proves the binding row by the chained
-    ACTION_ACCEPTED: a row given another fingerprint is altered, not a mismatch) -- a key bound
-    with nothing recorded yet is not refused at all (the caller answers it IN_PROGRESS)."""
+) -> Refusal:
+    """What a new invocation refused for ``exc`` answers.  ``record``: the bound invocation's
+    (``bound_record``, which proves the binding row by the chained ACTION_ACCEPTED: a row given
+    another fingerprint is altered, not a mismatch) -- a key bound with nothing recorded yet is
+    not refused at all (the caller answers it IN_PROGRESS)."""
     if record.target != target.name:
         # Bound by another target that declares the same scope (one remote key space): not
         # this target's invocation -- its record, its result and its advice are not this
         # call's to read, and "fetch it" would answer with a request this target never sent.
         return _MISMATCH
+    iid = exc.existing.invocation_id
     if exc.existing.fingerprint == legacy_fingerprint(action, target):
         # The same request, bound before the target hash was keyed: its binding cannot be
         # matched with this one, and is not another request either.
-        return (
-            Code.CONFIG_CHANGED,
-            f"targets.{target.name}",
-            f"this idempotency key was bound by an earlier broker version to "
-            f"{_named(record, exc)}; act on that invocation (reconcile it if unknown), then "
-            "start a new one with a new key.",
-        )
-    if _same_request(engine, record, exc, action, target):
-        return (
-            Code.CONFIG_CHANGED,
-            f"targets.{target.name}",
-            f"this idempotency key is bound to {_named(record, exc)} for this same request, "
-            f"under the target's configuration as it was then; the target's configuration "
-            f"changed since.  Act on that invocation (fetch its result; reconcile it if "
-            f"unknown): a new key would send the request again.",
-        )
-    return _MISMATCH
+        why = "by an earlier broker version (its binding cannot be matched with this one)"
+    elif _same_request(engine, record, exc, action, target):
+        why = "under the target's configuration as it was then (it changed since)"
+    else:
+        return _MISMATCH
+    message = (
+        f"this idempotency key is bound to invocation {iid} for this same request, {why}; "
+        f"{_advice(record)}"
+    )
+    return Refusal(Code.CONFIG_CHANGED, f"targets.{target.name}", message, iid)
 
 
 def _same_request(
@@ -95,9 +100,25 @@ def _same_request(
     )
 
 
-def _named(record: Record, exc: IdempotencyMismatch) -> str:
-    """The invocation the key is bound to, and what its record says now."""
-    iid = exc.existing.invocation_id
+def _advice(record: Record) -> str:
+    """What to do about the invocation the key is bound to, by what its record says now --
+    never "a new key" while that would send again what took, or may have taken, effect."""
+    state = f"outcome {record.outcome.value}, retry {record.retry.value}"
     if not record.final:
-        return f"invocation {iid} (not finished: {record.state})"
-    return f"invocation {iid} (outcome {record.outcome.value}, retry {record.retry.value})"
+        return (
+            f"it has not finished ({record.state}): fetch its result later; a new key would "
+            "send the request again."
+        )
+    if record.outcome is Outcome.COMMITTED:
+        return f"it completed ({state}): fetch its result; a new key would send the request again."
+    if record.outcome is Outcome.UNKNOWN:
+        return (
+            f"its outcome is unknown ({state}): reconcile it first; a new key would send the "
+            "request again, a duplicate if it took effect."
+        )
+    if record.outcome is Outcome.REJECTED:
+        return (
+            f"the remote rejected it ({state}): fetch it to see why; a corrected request goes "
+            "under a new key."
+        )
+    return f"it was never sent ({state}): a new invocation with a new key sends the request."

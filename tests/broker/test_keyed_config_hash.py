@@ -137,6 +137,12 @@ async def test_a_same_key_retry_of_a_record_bound_before_the_upgrade_is_config_c
             )
             assert second["error"]["field"] == "targets.api"
             assert second["invocation_id"] != iid
+            # The original named as a field; its outcome unknown, the advice is to reconcile
+            # it -- never "start a new one with a new key" (a duplicate if it took effect).
+            assert second["evidence"]["idempotency"] == {"bound_to": iid}
+            message = second["error"]["message"]
+            assert "by an earlier broker version" in message and "reconcile it first" in message
+            assert "a new key would send the request again" in message, message
             after = b.record(iid)  # the earlier invocation is left as it was
             assert before is not None and after is not None and after.state == before.state
             verify_ok(b)

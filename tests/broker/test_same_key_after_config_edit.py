@@ -28,7 +28,7 @@ from affidavit.protocols.actions import parse_action, request_fingerprint
 from affidavit.statemachine import EventKind as E
 from tests.http.hostile import HostileServer, Peer, Reply, Script
 
-from .approvalkit import verify_ok
+from .approvalkit import approval_config, verify_ok
 from .helpers import assert_error, http_target, open_broker, write_config
 from .http_rows import IDEM, LIMIT
 
@@ -78,7 +78,10 @@ def _accepted(b: Broker, iid: str) -> dict[str, Any]:
 
 @pytest.mark.parametrize(
     ("drop_first", "named"),
-    [(False, "outcome committed, retry never"), (True, "outcome unknown, retry")],
+    [
+        (False, "it completed (outcome committed, retry never): fetch its result"),
+        (True, "its outcome is unknown (outcome unknown, retry same_idempotency_key): reconcile"),
+    ],
     ids=["committed-original", "unknown-original"],
 )
 async def test_the_same_request_after_a_config_edit_is_config_changed_naming_the_original(
@@ -86,7 +89,8 @@ async def test_the_same_request_after_a_config_edit_is_config_changed_naming_the
 ) -> None:
     """The review's reproduction: the call commits (or its connection drops: unknown), the
     connect timeout is edited 2 -> 3, the identical call comes again.  CONFIG_CHANGED at
-    ``targets.api``, its message naming the original and what its record says; nothing sent
+    ``targets.api``, ``evidence.idempotency.bound_to`` naming the original (a field: the
+    message is not to be parsed), the message advising by what its record says; nothing sent
     again, the original as it was."""
     script, received = _server(drop_first)
     async with HostileServer.running(script) as srv:
@@ -104,9 +108,10 @@ async def test_the_same_request_after_a_config_edit_is_config_changed_naming_the
                 code="CONFIG_CHANGED",
             )
             assert env["error"]["field"] == "targets.api"
+            assert env["evidence"]["idempotency"] == {"bound_to": iid}
             message = env["error"]["message"]
-            assert f"invocation {iid} ({named}" in message, message
-            assert "a new key would send the request again" in message
+            assert f"invocation {iid} for this same request" in message, message
+            assert named in message and "a new key would send the request again" in message
             assert env["invocation_id"] != iid
             assert b.record(iid) == before  # the original, as it was
             verify_ok(b)
@@ -135,7 +140,7 @@ async def test_a_modified_body_under_the_same_key_is_idempotency_mismatch(
                 code="IDEMPOTENCY_MISMATCH",
             )
             assert env["error"]["field"] == "idempotency_key"
-            assert iid not in env["error"]["message"]
+            assert iid not in json.dumps(env)
     assert received == [b'{"amount": 5}']
 
 
@@ -155,7 +160,8 @@ async def test_a_record_from_before_the_request_fingerprint_is_recognized_by_its
             with trio.fail_after(LIMIT):
                 env = await b.call(CHARGE)
             assert env["error"]["code"] == "CONFIG_CHANGED", env["error"]
-            assert f"invocation {iid} (outcome committed" in env["error"]["message"]
+            assert env["evidence"]["idempotency"] == {"bound_to": iid}
+            assert "it completed (outcome committed" in env["error"]["message"]
     assert len(received) == 1
 
 
@@ -207,10 +213,8 @@ async def test_brokers_of_a_shared_journal_with_different_configs_name_the_origi
                 assert first["error"]["outcome"] == "unknown", first
                 second = await b.call(CHARGE)
             assert second["error"]["code"] == "CONFIG_CHANGED", second["error"]
-            assert (
-                f"invocation {first['invocation_id']} (outcome unknown"
-                in (second["error"]["message"])
-            )
+            assert second["evidence"]["idempotency"] == {"bound_to": first["invocation_id"]}
+            assert "its outcome is unknown" in second["error"]["message"]
     assert len(received) == 1
 
 
@@ -265,3 +269,59 @@ async def test_a_key_bound_with_nothing_recorded_yet_is_in_progress_never_a_mism
         assert b.events("act_bound") == []  # nothing of this call written into it
         verify_ok(b)
     assert received == []
+
+
+async def _rejected_then_edited(tmp_path: Path, url: str) -> Path:
+    async with open_broker(write_config(tmp_path, _targets(url))) as b:
+        with trio.fail_after(LIMIT):
+            env = await b.call({**CHARGE, "path": "/v1/refused"})
+        assert env["error"]["outcome"] == "rejected", env
+    return write_config(tmp_path, _targets(url, **EDITED))
+
+
+async def _unsent_then_edited(tmp_path: Path, url: str) -> Path:
+    async with open_broker(write_config(tmp_path, _targets(url, credential="env:NO_SUCH"))) as b:
+        with trio.fail_after(LIMIT):
+            env = await b.call({**CHARGE, "path": "/v1/refused"})
+        assert env["error"]["code"] == "CREDENTIAL_MISSING", env
+    return write_config(tmp_path, _targets(url))
+
+
+async def _pending_then_edited(tmp_path: Path, url: str) -> Path:
+    target = {"idempotency": IDEM}
+    async with open_broker(approval_config(tmp_path, url, **target)) as b:
+        with trio.fail_after(LIMIT):
+            env = await b.call({**CHARGE, "path": "/v1/refused"})
+        assert env["error"]["code"] == "APPROVAL_PENDING", env
+    return approval_config(tmp_path, url, **target, **EDITED)
+
+
+@pytest.mark.parametrize(
+    ("original", "advice"),
+    [
+        (_rejected_then_edited, "the remote rejected it (outcome rejected"),
+        (_unsent_then_edited, "it was never sent (outcome not_attempted"),
+        (_pending_then_edited, "it has not finished (awaiting_approval): fetch its result later"),
+    ],
+    ids=["rejected", "never-sent", "pending"],
+)
+async def test_the_advice_follows_what_the_original_s_record_says(
+    tmp_path: Path, token: str, original: Any, advice: str
+) -> None:
+    """CONFIG_CHANGED advises by the original's record: a new key only where its record says
+    nothing took effect (rejected, never sent); "fetch it later" while it has not finished."""
+
+    async def script(peer: Peer) -> None:
+        while await peer.read_request() is not None:
+            await peer.respond(Reply(422, body=b'{"error": "refused"}'))
+
+    async with HostileServer.running(script) as srv:
+        cfg = await original(tmp_path, srv.url)
+        sent = len(srv.requests)
+        async with open_broker(cfg) as b:
+            with trio.fail_after(LIMIT):
+                env = await b.call({**CHARGE, "path": "/v1/refused"})
+            assert env["error"]["code"] == "CONFIG_CHANGED", env
+            assert advice in env["error"]["message"], env["error"]["message"]
+            assert "bound_to" in env["evidence"]["idempotency"]
+        assert len(srv.requests) == sent

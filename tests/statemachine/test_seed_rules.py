@@ -122,6 +122,19 @@ def test_validation_error_is_not_attempted_with_field_path_and_after_correction(
     assert decide(r, Operation(idempotent=True)) is Decision.STOP_FOR_CORRECTION
 
 
+def test_a_refusal_naming_the_bound_invocation_carries_it_as_evidence_not_only_prose() -> None:
+    """Seed: "The message text should not be parsed programmatically".  A CONFIG_CHANGED
+    refusal of a same-key call names the invocation the key is bound to in
+    ``evidence.idempotency.bound_to``; a row naming anything but a string is refused, the
+    record unchanged."""
+    inv = Inv()
+    assert inv.refused(E.PREFLIGHT_FAILED, code="CONFIG_CHANGED", field="t", bound_to=7) == (
+        "bound_to must be a string"
+    )
+    r = inv.ev(E.PREFLIGHT_FAILED, code="CONFIG_CHANGED", field="t", bound_to="act_1").rec()
+    assert render_envelope(r)["evidence"]["idempotency"] == {"bound_to": "act_1"}
+
+
 APPROVAL = {"fingerprint": "sha256:a990", "expires_at": 1_900_000_000.0}
 OPS = {"uid": 1001, "name": "ops", "via": "socket"}
 
