@@ -42,7 +42,8 @@ class EventKind(StrEnum):
     PREFLIGHT_VALIDATED = "PREFLIGHT_VALIDATED"
     """The action is valid against the bound config snapshot.  attrs: config_hash, and
     account_hash (the keyed hash of what decides the remote account reached: origin,
-    base path, credential reference, idempotency scope -- absent from older records)."""
+    base path, credential reference, idempotency scope, CA file content, pinned host keys, proxy --
+    absent from older records)."""
     CREDENTIAL_AUTHORIZED = "CREDENTIAL_AUTHORIZED"
     """The credential was resolved (never its value).  attrs: version, the injection's
     secret-free facts (inject for HTTP; auth, client_key for SSH), generation -- not the

@@ -13,7 +13,8 @@ shared journal and across restarts, so a same-key retry elsewhere still matches.
 
 Beside it PREFLIGHT_VALIDATED records ``account_hash``, the keyed hash of the part of the snapshot
 that decides which remote account a call reaches (``affidavit.schema.account``: its origin, base
-path, credential reference and idempotency scope).  A reconciliation query or an operation's
+path, credential reference, idempotency scope, and whom it trusts to answer: CA file content,
+pinned host keys, proxy).  A reconciliation query or an operation's
 poll is sent with the target as configured *now*, and speaks for a record only if that is the
 account the record's dispatch reached (``moved``): a query of another origin that finds nothing
 would settle as "rejected" an effect the first origin holds.  The whole snapshot is not required
@@ -76,10 +77,11 @@ class ConfigSnapshot:
 
     def moved(self, events: Iterable[Event], target: Any) -> str | None:
         """Why ``target`` as configured now may reach another account than the record of
-        ``events`` dispatched to -- its origin, base path, credential reference or
-        idempotency scope changed since -- or None when it reaches the same.  A record written
-        before ``account_hash`` was recorded proves its account only through the whole
-        snapshot: it is the same only while that is."""
+        ``events`` dispatched to -- its origin, base path, credential reference, idempotency
+        scope or whom it trusts to answer (CA file, pinned host keys, proxy) changed since -- or
+        None when it reaches the same.  A record written before ``account_hash`` was recorded
+        proves its account only through the whole snapshot: it is the same only while that is
+        (a CA file edited in place under the same path is not seen then)."""
         validated = None
         for event in events:
             if event.kind is EventKind.PREFLIGHT_VALIDATED:
@@ -91,14 +93,15 @@ class ConfigSnapshot:
             if recorded == self.account_hash(target):
                 return None
             return (
-                "its origin, base path, credential or idempotency scope changed since the dispatch"
+                "its origin, base path, credential, idempotency scope or whom it trusts to "
+                "answer (CA file, host keys, proxy) changed since the dispatch"
             )
         if validated.get("config_hash") == self.hash(target):
             return None
         return (
             "its configuration changed since the dispatch, and the record (written before the "
-            "account was recorded apart) cannot tell whether the origin, base path, "
-            "credential or idempotency scope did"
+            "account was recorded apart) cannot tell whether what decides the account it "
+            "reaches did"
         )
 
     def changed(self, target_name: str, expected_hash: str) -> bool:

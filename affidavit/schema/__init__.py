@@ -6,7 +6,7 @@ with it (``TargetSchema``: ``COMMON`` plus the protocol's own fields).  It knows
 """
 
 from .approval import ApprovalPolicy, approval_field
-from .fields import Field, Key, LoadContext, Read, Schema, doc_table, same
+from .fields import Field, Key, LoadContext, Read, Schema, content, doc_table, same
 from .section import (
     CONFIG_INVALID,
     CONFIG_NOT_FOUND,
@@ -64,6 +64,7 @@ __all__ = [
     "canonical_json",
     "canonical_value",
     "check_host",
+    "content",
     "doc_table",
     "host_for_url",
     "host_setting",

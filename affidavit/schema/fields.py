@@ -16,7 +16,9 @@ attribute cannot be added to a target without declaring how it is read and wheth
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
+import secrets
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +27,7 @@ from typing import Any, Generic, TypeVar, cast
 
 from .section import MISSING, ConfigError, Section
 
-__all__ = ["Field", "Key", "LoadContext", "Read", "Schema", "doc_table", "same"]
+__all__ = ["Field", "Key", "LoadContext", "Read", "Schema", "content", "doc_table", "same"]
 
 T = TypeVar("T")
 
@@ -113,6 +115,18 @@ def same(value: Any) -> Any:
     return value
 
 
+def content(path: Path | None) -> str | None:
+    """A file field's ``account`` part: what the file holds (``sha256:`` of its bytes), not its
+    name -- a CA bundle edited in place trusts other peers.  A file that cannot be read proves
+    nothing about whom it trusted: a fresh value each time, never the same account as any."""
+    if path is None:
+        return None
+    try:
+        return "sha256:" + hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError:
+        return "unreadable:" + secrets.token_hex(16)
+
+
 def _shown(default: Any) -> str:
     if default is MISSING:
         return "required"
@@ -162,11 +176,13 @@ class Field:
     config's targets declare (``affidavit.api.broker.exposed_files``, ``journal.exposure``)."""
     account: Callable[[Any], Any] | None = None
     """The value decides which remote account a call of the target reaches and observes -- its
-    origin and base path, its credential reference, its idempotency scope -- and this gives the
-    part of it that does (the value itself: ``same``).  A reconciliation query or an
-    operation's poll runs against the target as configured now: it may only speak for a record
-    whose dispatch reached the same account (``affidavit.engine.snapshot.ConfigSnapshot.moved``),
-    whatever else of the target changed since (a timeout; the ``reconcile`` setting itself)."""
+    origin and base path, its credential reference, its idempotency scope, whom it trusts to
+    answer (CA file content, pinned host keys, proxy) -- and this gives the part of it that
+    does (the value itself: ``same``; a file's bytes: ``content``).  A reconciliation query or
+    an operation's poll runs against the target as configured now: it may only speak for a
+    record whose dispatch reached the same account
+    (``affidavit.engine.snapshot.ConfigSnapshot.moved``), whatever else of the target changed
+    since (a timeout; the ``reconcile`` setting itself)."""
 
     def __post_init__(self) -> None:
         if self.key == "":

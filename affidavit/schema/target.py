@@ -294,8 +294,9 @@ def snapshot(target: object) -> dict[str, Any]:
 def account(target: object) -> dict[str, Any]:
     """What of ``target`` decides which remote account a call of it reaches and observes (the
     fields declared ``account``: the credential reference, and the protocol's origin, base
-    path and idempotency scope), canonical and secret-free like ``snapshot()``, which holds it
-    all too.  Not the target's name: a renamed target is not found at all."""
+    path, idempotency scope and whom it trusts to answer), canonical and secret-free like
+    ``snapshot()`` (which holds a file's path where this holds its content's digest).  Not the
+    target's name: a renamed target is not found at all."""
     return schema_of(target).account(target)
 
 

@@ -13,6 +13,7 @@ setting itself) leaves the query as it was.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -228,18 +229,46 @@ _PIN = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIAEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEB
         ({"port": 2222}, False),
         ({"user": "carol"}, False),
         ({"credential": "env:OTHER"}, False),
+        ({"host_key": _PIN.replace("AEBAQEB", "AEBAQEC")}, False),
         ({"timeout": {"connect": 3, "total": 10}}, True),
         ({"max_result": 4096}, True),
     ],
-    ids=["host", "port", "user", "credential", "timeout", "max_result"],
+    ids=["host", "port", "user", "credential", "host_key", "timeout", "max_result"],
 )
-def test_an_ssh_targets_account_is_its_host_port_user_and_credential(
+def test_an_ssh_targets_account_is_its_host_port_user_credential_and_pinned_keys(
     tmp_path: Path, change: dict[str, Any], same: bool
 ) -> None:
-    """SSH's account: which host, port and user the command runs as, with which credential."""
+    """SSH's account: which host, port and user the command runs as, with which credential,
+    and which host keys it trusts to be that host (another pin set may be another machine)."""
     box = {"kind": "ssh", "host": "127.0.0.1", "user": "bob", "credential": "env:T"}
     box |= {"host_key": _PIN}
     before = load_config(write_config(tmp_path, {"box": box})).targets["box"]
     after = load_config(write_config(tmp_path, {"box": box | change})).targets["box"]
     assert snapshot(before) != snapshot(after)
     assert (account(before) == account(after)) is same
+
+
+def _https(tmp_path: Path, url: str = "https://127.0.0.1:8443", **extra: Any) -> Any:
+    api = http_target(url, **extra)
+    return load_config(write_config(tmp_path, {"api": api})).targets["api"]
+
+
+def test_an_http_targets_account_covers_whom_it_trusts_to_answer(tmp_path: Path) -> None:
+    """What decides who answers for the account is in it: the CA bundle's content (edited in
+    place under the same path, it trusts other peers), and the proxy -- a trusted forward
+    proxy's 2xx counts as the origin's.  A timeout is not."""
+    ca = tmp_path / "ca.pem"
+    ca.write_text("-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n")
+    before = account(_https(tmp_path, ca_file=str(ca)))
+    assert account(_https(tmp_path, ca_file=str(ca), timeout={"connect": 3, "total": 9})) == (
+        before
+    )
+    ca.write_text("-----BEGIN CERTIFICATE-----\nBBBB\n-----END CERTIFICATE-----\n")
+    assert account(_https(tmp_path, ca_file=str(ca))) != before  # same path, other content
+    ca.unlink()
+    unreadable = dataclasses.replace(_https(tmp_path), ca_file=ca)
+    assert account(unreadable) != account(unreadable)  # proves nothing: never the same
+    plain = {"url": "http://127.0.0.1:8080", "trust_forward_proxy": True}
+    via_a = account(_https(tmp_path, **plain, proxy="http://127.0.0.1:3128"))
+    via_b = account(_https(tmp_path, **plain, proxy="http://127.0.0.1:3129"))
+    assert via_a != via_b

@@ -27,6 +27,7 @@ from affidavit.schema import (
     Timeouts,
     approval_field,
     check_host,
+    content,
     host_for_url,
     parse_duration,
     same,
@@ -357,6 +358,7 @@ HTTP_TARGET = TargetSchema(
             shown="system trust",
             doc="PEM bundle to trust instead (https only; must exist)",
             trust_anchor="CA file",
+            account=content,  # whom it trusts is what it holds
         ),
         Field(
             "proxy",
@@ -364,6 +366,9 @@ HTTP_TARGET = TargetSchema(
             default=None,
             doc="`http://host:port` proxy (no credentials in the URL): a CONNECT tunnel for an "
             "https:// url; for an http:// url a forward proxy, only with `trust_forward_proxy`",
+            # A trusted forward proxy's answers count as the origin's: another one answers for
+            # another account.  (A CONNECT proxy is included too: it costs an attestation.)
+            account=same,
         ),
         Field(
             "trust_forward_proxy",

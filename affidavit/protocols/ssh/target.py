@@ -169,6 +169,7 @@ SSH_TARGET = TargetSchema(
             key="host_key",
             shown="one of these two",
             doc='pinned key `"ssh-ed25519 AAAA…"` (or an array, for rotation)',
+            account=same,  # whom the query trusts to be the host
         ),
         Field(
             "known_hosts",
