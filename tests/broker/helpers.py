@@ -26,7 +26,7 @@ import trio
 
 from affidavit.api.broker import Broker
 from affidavit.config import load_config
-from affidavit.statemachine import EventKind, Record
+from affidavit.statemachine import Event, EventKind, Record
 
 __all__ = [
     "TOKEN_ENV",
@@ -34,6 +34,7 @@ __all__ = [
     "GateStall",
     "StalledCall",
     "affidavit_cli",
+    "as_written_before",
     "assert_error",
     "assert_ok",
     "closed_port",
@@ -48,6 +49,30 @@ __all__ = [
 ]
 
 TOKEN_ENV = "AFFIDAVIT_TEST_TOKEN"
+
+
+def as_written_before(kind: EventKind, *path: str) -> Callable[..., Event]:
+    """An ``Event`` constructor (to patch into the engine module that builds ``kind``) that
+    leaves out the attr at ``path`` -- ``("account_hash",)``, ``("operation",
+    "request_fingerprint")`` -- as a record written before that attr existed holds it: absent,
+    not None."""
+
+    def build(k: EventKind, iid: str, attrs: Mapping[str, Any] | None = None, **kw: Any) -> Event:
+        if k is kind and attrs is not None:
+            attrs = _leave_out(attrs, path)
+        return Event(k, iid, {} if attrs is None else attrs, **kw)
+
+    return build
+
+
+def _leave_out(attrs: Mapping[str, Any], path: tuple[str, ...]) -> dict[str, Any]:
+    head, *rest = path
+    out = dict(attrs)
+    if not rest:
+        out.pop(head, None)
+    elif isinstance(out.get(head), Mapping):
+        out[head] = _leave_out(out[head], tuple(rest))
+    return out
 
 
 def _toml_value(value: Any) -> str:

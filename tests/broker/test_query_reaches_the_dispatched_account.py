@@ -14,6 +14,7 @@ setting itself) leaves the query as it was.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -22,15 +23,15 @@ from typing import Any
 import pytest
 import trio
 
+import affidavit.engine.invocation as invocation
 from affidavit.approvals import OperatorError
-from affidavit.config import account, load_config, snapshot
+from affidavit.config import account, canonical_json, load_config, snapshot
 from affidavit.engine import OperationError
-from affidavit.engine.snapshot import ConfigSnapshot
 from affidavit.statemachine import EventKind as E
 from tests.http.hostile import HostileServer, Received, Reply, scripts
 
 from .approvalkit import PaymentsApi, reconcile_target, verify_ok
-from .helpers import event_kinds, http_target, open_broker, write_config
+from .helpers import as_written_before, event_kinds, http_target, open_broker, write_config
 from .http_rows import IDEM, LIMIT
 
 CHARGE = {
@@ -152,12 +153,17 @@ async def test_a_record_from_before_the_account_was_recorded_is_judged_by_its_wh
     api = PaymentsApi()
     async with HostileServer.running(api.script) as srv:
         with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(ConfigSnapshot, "account_hash", lambda _self, _target: None)
+            # As such a record holds it: no account_hash at all (not None).
+            mp.setattr(
+                invocation, "Event", as_written_before(E.PREFLIGHT_VALIDATED, "account_hash")
+            )
             cfg = write_config(tmp_path, reconcile_target(srv.url))
             async with open_broker(cfg) as b:
                 with trio.fail_after(LIMIT):
                     env = await b.call(CHARGE)
-            iid = env["invocation_id"]
+                iid = env["invocation_id"]
+                validated = next(e for e in b.events(iid) if e.kind is E.PREFLIGHT_VALIDATED)
+                assert "account_hash" not in validated.attrs
         cfg = write_config(tmp_path, reconcile_target(srv.url, **later))
         async with open_broker(cfg) as broker:
             if reconciled:
@@ -272,3 +278,22 @@ def test_an_http_targets_account_covers_whom_it_trusts_to_answer(tmp_path: Path)
     via_a = account(_https(tmp_path, **plain, proxy="http://127.0.0.1:3128"))
     via_b = account(_https(tmp_path, **plain, proxy="http://127.0.0.1:3129"))
     assert via_a != via_b
+
+
+async def test_the_recorded_account_hash_is_keyed(tmp_path: Path, token: str) -> None:
+    """The account hash is keyed by the journal's key, like the config hash: a plain SHA-256 of
+    the account (the credential reference among it) would confirm a guessed reference."""
+    api = PaymentsApi()
+    async with (
+        HostileServer.running(api.script) as srv,
+        open_broker(write_config(tmp_path, reconcile_target(srv.url))) as b,
+    ):
+        with trio.fail_after(LIMIT):
+            env = await b.call(CHARGE)
+        iid = env["invocation_id"]
+        validated = next(e for e in b.events(iid) if e.kind is E.PREFLIGHT_VALIDATED)
+        target = b.config.targets["api"]
+        recorded = validated.attrs["account_hash"]
+        assert recorded == b._engine.snapshot.account_hash(target)
+    plain = hashlib.sha256(canonical_json(account(target))).hexdigest()
+    assert recorded.startswith("hmac-sha256:") and plain not in recorded

@@ -14,6 +14,7 @@ invocation the key is bound to and what its record says, nothing sent; a modifie
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 from pathlib import Path
 from typing import Any
@@ -23,13 +24,13 @@ import trio
 
 import affidavit.engine.invocation as invocation
 from affidavit.api.broker import Broker
-from affidavit.config import load_config
-from affidavit.protocols.actions import parse_action, request_fingerprint
+from affidavit.config import canonical_json, load_config, snapshot
+from affidavit.protocols.actions import fingerprint, parse_action, request_fingerprint
 from affidavit.statemachine import EventKind as E
 from tests.http.hostile import HostileServer, Peer, Reply, Script
 
 from .approvalkit import approval_config, verify_ok
-from .helpers import assert_error, http_target, open_broker, write_config
+from .helpers import as_written_before, assert_error, http_target, open_broker, write_config
 from .http_rows import IDEM, LIMIT
 
 CHARGE = {
@@ -153,10 +154,12 @@ async def test_a_record_from_before_the_request_fingerprint_is_recognized_by_its
     script, received = _server(False)
     async with HostileServer.running(script) as srv:
         with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(invocation, "request_fingerprint", lambda _a, _t, _k: None)
+            # As such a record holds it: no request_fingerprint at all (not None).
+            old = as_written_before(E.ACTION_ACCEPTED, "operation", "request_fingerprint")
+            mp.setattr(invocation, "Event", old)
             iid = await _first(tmp_path, srv.url)
         async with open_broker(write_config(tmp_path, _targets(srv.url, **EDITED))) as b:
-            assert _accepted(b, iid)["operation"]["request_fingerprint"] is None
+            assert "request_fingerprint" not in _accepted(b, iid)["operation"]
             with trio.fail_after(LIMIT):
                 env = await b.call(CHARGE)
             assert env["error"]["code"] == "CONFIG_CHANGED", env["error"]
@@ -325,3 +328,65 @@ async def test_the_advice_follows_what_the_original_s_record_says(
             assert advice in env["error"]["message"], env["error"]["message"]
             assert "bound_to" in env["evidence"]["idempotency"]
         assert len(srv.requests) == sent
+
+
+def _keyed(label: str, data: bytes) -> str:
+    return hmac.new(b"journal-key", label.encode() + b"\0" + data, hashlib.sha256).hexdigest()
+
+
+_BOX = {"kind": "ssh", "host": "127.0.0.1", "user": "bob", "credential": "env:T"}
+_BOX["host_key"] = (
+    "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIAEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEB"
+)
+_RUN = {"target": "box", "command": "deploy r7", "stdin": "a", "idempotency_key": "r7"}
+
+
+@pytest.mark.parametrize(
+    ("target_edit", "call_edit", "same"),
+    [
+        ({"timeout": {"connect": 3, "total": 5}}, {}, True),
+        ({"credential": "env:OTHER"}, {}, True),
+        ({}, {"body": '{"amount": 6}'}, False),
+        ({}, {"path": "/v1/refunds"}, False),
+        ({}, {"headers": {"X-Trace": "1"}}, False),
+        ({"url": "http://127.0.0.1:9/v2"}, {}, False),
+        ({"kind": "ssh", "timeout": {"connect": 3, "total": 5}}, {}, True),
+        ({"kind": "ssh"}, {"stdin": "b"}, False),
+        ({"kind": "ssh"}, {"command": "deploy r8"}, False),
+    ],
+    ids=[
+        "timeout",
+        "credential",
+        "body",
+        "path",
+        "header",
+        "base-path",
+        "ssh-timeout",
+        "ssh-stdin",
+        "ssh-command",
+    ],
+)
+def test_the_recorded_request_fingerprint_and_the_recomputed_fingerprint_agree(
+    tmp_path: Path, target_edit: dict[str, Any], call_edit: dict[str, Any], same: bool
+) -> None:
+    """Two ways to tell the same request under an edited target: the recorded
+    ``request_fingerprint``, and the fingerprint recomputed with the config hash the record's
+    PREFLIGHT_VALIDATED holds (how a record without the field is judged).  They give one
+    verdict, so the field is kept as a shortcut that needs no PREFLIGHT_VALIDATED (a taker
+    that stopped between its ACTION_ACCEPTED and that event), not a second rule."""
+    ssh = target_edit.get("kind") == "ssh"
+    first_call = _RUN if ssh else CHARGE
+    first_target = dict(_BOX) if ssh else _targets("http://127.0.0.1:9")["api"]
+    name = "box" if ssh else "api"
+    later = {**first_target, **{k: v for k, v in target_edit.items() if k != "kind"}}
+    (a1, t1), (a2, t2) = (
+        (parse_action(call, cfg), cfg.targets[name])
+        for call, cfg in (
+            (first_call, load_config(write_config(tmp_path, {name: first_target}))),
+            ({**first_call, **call_edit}, load_config(write_config(tmp_path, {name: later}))),
+        )
+    )
+    h1 = "hmac-sha256:" + _keyed("config-snapshot", canonical_json(snapshot(t1)))
+    by_field = request_fingerprint(a2, t2, _keyed) == request_fingerprint(a1, t1, _keyed)
+    by_recompute = fingerprint(a2, t2, h1) == fingerprint(a1, t1, h1)
+    assert by_field is by_recompute is same

@@ -22,6 +22,7 @@ import pytest
 import trio
 
 from affidavit.api.broker import Broker
+from affidavit.approvals import OperatorError
 from affidavit.statemachine import EventKind
 from tests.broker.approvalkit import OPS, OPS_UID, verify_ok
 from tests.broker.helpers import assert_error, assert_ok, event_kinds, open_broker, write_config
@@ -217,3 +218,33 @@ async def test_a_pending_ssh_command_shows_its_stdin_in_the_console(
         assert "\u202e" not in shown and "\u2066" not in shown
         assert '<span class="ctl" title="U+202E">\\u202e</span> hs.live lruc' in shown
         assert '#<span class="ctl" title="U+2066">\\u2066</span>' in shown
+
+
+def _other_pin(hostile: HostileServer) -> str:
+    return " ".join(hostile.other_key.export_public_key("openssh").decode().split()[:2])
+
+
+@pytest.mark.parametrize("change", ["user", "host_key"])
+async def test_a_query_of_a_target_that_reaches_another_account_is_refused_unrun(
+    tmp_path: Path, hostile: HostileServer, change: str
+) -> None:
+    """A command dropped unanswered (unknown); the target then names another user, or pins
+    another host key (another machine may answer as this host).  ``reconcile --query`` is
+    refused CONFIG_CHANGED at ``targets.box``: no query command runs, the record stays
+    unknown -- its answer would speak for an account the dispatch never reached."""
+    rc = {"command": "exit {idempotency_key}", "committed_if": "exit:0", "rejected_if": "exit:1"}
+    target = ssh_target(hostile.port, "bob", hostile.pin, reconcile={**rc, "settle": "0s"})
+    later = {"user": "carol"} if change == "user" else {"host_key": _other_pin(hostile)}
+    before = len(hostile.exec_requests)
+    with trio.fail_after(LIMIT):
+        async with open_broker(_config(tmp_path, target)) as b:
+            env = await b.call({"target": "box", "command": "drop", "idempotency_key": "0"})
+            assert env["error"]["outcome"] == "unknown", env
+        async with open_broker(_config(tmp_path, {**target, **later})) as b:
+            with pytest.raises(OperatorError) as refused:
+                await b.reconcile(env["invocation_id"], query=True)
+            assert (refused.value.code, refused.value.field) == ("CONFIG_CHANGED", "targets.box")
+            record = b.record(env["invocation_id"])
+            assert record is not None and record.outcome.value == "unknown"
+            verify_ok(b)
+    assert hostile.exec_requests[before:] == ["drop"]
