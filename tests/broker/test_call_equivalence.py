@@ -28,7 +28,7 @@ from tests.http.hostile import HostileServer, Received, Reply, scripts
 
 from .helpers import TOKEN_ENV, http_target, open_broker, write_config
 
-GOLDEN = "c92ac17393015838ee0b6775b2f0aa3602e5e3304fe93739b9314064282d61b0"
+GOLDEN = "2704b2cedeb595f005f5c7e293dcbee6e605046f1e4e3211545ef5abd73865e6"
 
 TOKEN = "tok-equivalence-0123456789abcdef"
 

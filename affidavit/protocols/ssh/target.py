@@ -197,7 +197,9 @@ SSH_TARGET = TargetSchema(
             "idempotent_commands",
             lambda r: frozenset(r.string_list()),
             default=[],
-            doc="exact command strings known to be safe to repeat",
+            doc="exact command strings known to be safe to repeat; a call that sends stdin (even"
+            " empty) is never idempotent, since the listing cannot vouch for the input (`sh`,"
+            " `python3`, `psql` run the caller's code)",
         ),
         Field(
             "max_stdin",
