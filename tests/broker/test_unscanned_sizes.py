@@ -24,9 +24,10 @@ from tests.http.hostile import HostileServer, Received, Reply, scripts
 from .helpers import TOKEN_ENV, assert_ok, http_target, open_broker, write_config
 
 _SIZE = re.compile(r"bytes|sha256|total|length|digest|hash|md5|etag|range", re.I)
-_RUN = frozenset({"config_hash", "summary_sha256", "sealed_summary_sha256"})
-"""Hashes that differ between runs for reasons other than the body: the config and the summary
-name the server's port (a summary the caller reads whole anyway), a sealed blob's nonce."""
+_RUN = frozenset({"config_hash", "account_hash", "summary_sha256", "sealed_summary_sha256"})
+"""Hashes that differ between runs for reasons other than the body: the config, the account (a
+keyed hash of the target's origin and credential reference) and the summary name the server's
+port (a summary the caller reads whole anyway), a sealed blob's nonce."""
 
 
 def _sizes(value: Any, path: str = "") -> list[tuple[str, Any]]:
