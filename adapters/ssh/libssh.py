@@ -8,9 +8,7 @@ describes library exceptions without secrets.
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
-import os
 import socket
 import struct
 import termios
@@ -110,13 +108,25 @@ class Io:
                 self.end()
                 with trio.CancelScope(shield=True):
                     await op.returned.wait()
-        return None
+                op.outcome = None  # what it returned after the connection's end says nothing
+        # The stall passed.  A call that returned in that same instant (its answer not yet
+        # delivered when the bound fired) stands as it returned: nothing was ended for it.
+        return op.answer()
 
     def end(self) -> None:
-        """End the TCP connection now.  A duplicate of the fd is shut down rather than the fd
-        closed: libssh owns the fd and closes it when the session is freed."""
-        with contextlib.suppress(OSError), socket.socket(fileno=os.dup(self.fd)) as dup:
-            dup.shutdown(socket.SHUT_RDWR)
+        """End the TCP connection now: the fd is shut down, not closed (libssh owns it and
+        closes it when the session is freed), through a socket object lent the fd and detached
+        from it after -- no new descriptor, so a process out of them still ends it."""
+        try:
+            lent = socket.socket(fileno=self.fd)
+        except OSError:
+            return
+        try:
+            lent.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        finally:
+            lent.detach()
 
     def pending(self) -> int:
         """Bytes waiting in the kernel's receive buffer of the socket (FIONREAD)."""
@@ -216,20 +226,33 @@ class _Write:
         self.returned = trio.Event()
         self.bound = trio.CancelScope()
         """Ends the wait ``stall`` seconds after the call began (``_began``)."""
+        self.outcome: tuple[int, int] | BaseException | None = None
+        """What the call returned or raised, kept for a wait the stall ended in that instant."""
 
     def run(self) -> tuple[int, int | None]:
         with self.lock:
             if self.state != "idle":
                 return 0, None  # given up before it began: the session is not touched
             self.state = "running"
-        self.token.run_sync_soon(self._began)
         try:
+            self.token.run_sync_soon(self._began)
             rc, written = self.channel.write(self.data)
+            self.outcome = (rc, written)
             return rc, written
+        except BaseException as exc:
+            self.outcome = exc
+            raise
         finally:
             with self.lock:
                 self.state = "returned"
             self.token.run_sync_soon(self.returned.set)
+
+    def answer(self) -> int | None:
+        """After the stall ended the wait: the count a call that returned meanwhile wrote (its
+        error raised again), None when it was given up."""
+        if isinstance(self.outcome, BaseException):
+            raise self.outcome
+        return None if self.outcome is None else int(self.outcome[1])
 
     def _began(self) -> None:
         self.bound.deadline = trio.current_time() + self.stall

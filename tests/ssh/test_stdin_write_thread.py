@@ -85,6 +85,29 @@ async def test_a_write_cancelled_before_its_thread_began_never_begins(
     assert channel.calls == 0
 
 
+async def test_a_write_whose_thread_begins_after_it_was_given_up_never_writes(
+    pair: tuple[socket.socket, ...], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The thread is started (trio handed it the call) but reaches the call only after the
+    write was given up: it must not touch the session."""
+    near, far = pair
+    channel = FakeChannel(far)
+    late = threading.Event()
+
+    class Late(libssh._Write):
+        def run(self) -> tuple[int, int | None]:
+            late.wait(BOUND)
+            return super().run()
+
+    monkeypatch.setattr(libssh, "_Write", Late)
+    with trio.fail_after(BOUND):
+        with trio.move_on_after(0.05):
+            await _io(near).write(channel, b"abc", stall=BOUND)
+        late.set()  # the thread goes on, after the give-up
+        await trio.sleep(0.2)
+    assert channel.calls == 0
+
+
 async def test_a_write_that_waits_for_a_thread_is_not_timed_while_it_waits(
     pair: tuple[socket.socket, ...], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -105,6 +128,7 @@ async def test_a_write_that_waits_for_a_thread_is_not_timed_while_it_waits(
 
             nursery.start_soon(write)
             await trio.sleep(0.3)  # six stalls' worth, waiting for the thread
+            assert channel.calls == 0 and got == []  # it did wait: the writers' own limiter
             limiter.release()
     assert got == [4]
 
@@ -136,6 +160,40 @@ async def test_a_write_cancelled_while_it_runs_is_waited_for_before_the_cancel_g
                 await _io(near).write(channel, b"abc", stall=BOUND)
     assert scope.cancelled_caught
     assert channel.calls == 1 and not channel.busy and not channel.overlapped
+
+
+async def test_a_write_that_returns_as_its_stall_passes_stands_as_it_returned(
+    pair: tuple[socket.socket, ...],
+) -> None:
+    """The stall's bound fires with the call returned but its answer not yet delivered: the
+    count stands (nothing was ended for it), not "did not return"."""
+    _near, far = pair
+    channel = FakeChannel(far)
+    op = libssh._Write(channel, b"abcd", stall=BOUND)
+    channel.release.set()
+    op.run()  # returned, as a worker would have, before the wait read its answer
+    assert op.give_up() is False and op.answer() == 4
+    failing = libssh._Write(channel, b"x", stall=BOUND)
+    failing.outcome = OSError("Remote channel is closed")
+    with pytest.raises(OSError, match="closed"):
+        failing.answer()
+
+
+def test_ending_the_connection_needs_no_new_descriptor(
+    pair: tuple[socket.socket, ...], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Out of descriptors (``os.dup`` failing), the connection is still ended: the far end
+    reads EOF."""
+    near, far = pair
+
+    def no_fd(fd: int) -> int:
+        raise OSError(24, "Too many open files")
+
+    monkeypatch.setattr("os.dup", no_fd)
+    _io(near).end()
+    far.settimeout(BOUND)
+    assert far.recv(1) == b""
+    assert near.fileno() >= 0  # the fd is libssh's: shut down, never closed
 
 
 async def test_ssh_writes_have_threads_of_their_own() -> None:
