@@ -151,8 +151,9 @@ class Engine:
                 # the durable record proves, closed as recovery would close it.  Nothing durable
                 # at all: the journal is unusable, and that is raised (the CLI's exit 2 naming
                 # the path).
-                record = await journal_refused(self.recorder, self.recorder.writing(), exc)
-                return self.recorder.envelope(record)
+                return await journal_refused(
+                    self.recorder, self.recorder.writing(), exc, self.holder
+                )
         except CallNotRecorded:
             raise  # already says which invocation, its cause the journal's own words
         except JournalUnavailable as exc:

@@ -440,6 +440,7 @@ async def resume(
         version = (record.evidence.get("credential") or {}).get("version")
         granted_before = grant_of(record)
         policy = None if granted_before is not None or linked else needs_approval(action, target)
+        recorder.attempting(iid, lease.generation)
         held = (lease, held_until(taken, ttl))
         return await leased(held, timeout, granted_before, version, policy)
     # FETCH, RETURN_RECORDED_RESULT, RECONCILE, STOP_FOR_CORRECTION, RETRY_WHEN_ALLOWED:
@@ -473,6 +474,7 @@ async def run(
     within it."""
     if control is not None:
         control.invocation_id = iid
+    engine.recorder.attempting(iid, generation)
     if approval is not None:
         granted = await request_approval(
             engine, iid, action, target, binding, key, preamble, approval, timeout, control
@@ -481,6 +483,7 @@ async def run(
             return granted  # pending, denied, expired, or another process dispatches it
         (claimed, lease_ends), grant, timeout = granted
         generation, lease, preamble = claimed.generation, (engine.holder, claimed.generation), ()
+        engine.recorder.attempting(iid, generation)
     authorized = await _authorize(
         engine, iid, action, target, binding, key, preamble, bound_version, generation
     )

@@ -49,6 +49,8 @@ class Recorder:
         """Diagnostic events each running call posted and has not yet settled (see write)."""
         self._writing: dict[trio.lowlevel.Task, str] = {}
         """The invocation each running call last wrote for (``writing``)."""
+        self._attempts: dict[trio.lowlevel.Task, tuple[str, int]] = {}
+        """The attempt (invocation, lease generation) each running call holds (``attempting``)."""
         self._doubted: set[str] = set()
         """Invocations whose DISPATCH_STARTED may yet land (``doubt``)."""
         self._delivering: dict[str, _Delivery] = {}
@@ -61,6 +63,18 @@ class Recorder:
         """The invocation this call last wrote an event for: whose record a journal failure
         interrupted."""
         return self._writing.get(trio.lowlevel.current_task())
+
+    def attempting(self, iid: str, generation: int) -> None:
+        """This call now runs the attempt of ``generation`` of ``iid``: taken as its first
+        attempt (generation 0) or under a lease this broker won.  What closes a call's attempt
+        from inside (``journal_refused``, ``internal_close``) closes only that one: the broker's
+        holder names every task of it, and a record's current attempt may be another task's, or
+        another broker's that took the invocation over.  Forgotten with the call (``done``)."""
+        self._attempts[trio.lowlevel.current_task()] = (iid, generation)
+
+    def attempt(self) -> tuple[str, int] | None:
+        """The attempt this call runs (``attempting``), or None: it took none."""
+        return self._attempts.get(trio.lowlevel.current_task())
 
     def doubt(self, iid: str) -> None:
         """``iid``'s DISPATCH_STARTED was submitted and its commit is unknown
@@ -183,6 +197,7 @@ class Recorder:
         """The call is over: forget everything kept for it (its task looked up once)."""
         task = trio.lowlevel.current_task()
         self._posted.pop(task, None)
+        self._attempts.pop(task, None)
         iid = self._writing.pop(task, None)
         if iid is not None:
             self._doubted.discard(iid)

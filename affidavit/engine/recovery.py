@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from typing import Final
+from typing import Any, Final
 
 import trio
 
@@ -187,14 +187,24 @@ def closing_event(record: Record, stage: str) -> Event | None:
     return None
 
 
-async def journal_refused(recorder: Recorder, iid: str | None, error: JournalWriteError) -> Record:
-    """The record of a call the journal stopped (disk full, I/O error): what the durable events
-    prove, closed like a stopped broker's would be -- durably if the journal takes that one
-    small write, else in memory only, as the same closing recovery will write later.  Nothing
-    durable at all means the journal is unusable: ``error`` is raised again."""
+async def journal_refused(
+    recorder: Recorder, iid: str | None, error: JournalWriteError, holder: str
+) -> dict[str, Any]:
+    """The envelope of a call the journal stopped (disk full, I/O error): what the durable
+    events prove, its attempt closed like a stopped broker's would be -- durably if the journal
+    takes that one small write, else in memory only, as the same closing recovery will write
+    later.  Nothing durable at all means the journal is unusable: ``error`` is raised again.
+
+    Only the call's own attempt is closed (``Recorder.attempt``: the generation it runs, under
+    ``holder``): a call that resumes after its lease ran out (a journal away past it, then
+    ``CommitUnknown``) may find the record taken over by another worker's attempt, which is not
+    this failure's to end -- closed, it read ``interrupted`` while that worker's request was in
+    flight.  Such a call is answered LEASE_LOST from the record; one that took no attempt (it
+    failed before, or taking one) with the record as it stands."""
     recorder.forget()
     if iid is None:
         raise error
+    attempt = recorder.attempt()
     events = recorder.journal.events
     # Read as a call reads (``Recorder.read``): a shared journal away within its reconnect
     # window is waited out.
@@ -206,9 +216,10 @@ async def journal_refused(recorder: Recorder, iid: str | None, error: JournalWri
     # one running ahead answered ``reconcile`` for a key still well within retention.
     now = await recorder.read(recorder.hint_now)
     record = recorder.projected(durable, now)
-    closing = None if record.final else closing_event(record, "journal")
+    mine = _open_attempt(durable, record, iid, attempt, holder)
+    closing = None if mine is None else closing_event(record, "journal")
     if closing is None:
-        return record
+        return _answer(recorder, record, iid, attempt)
     try:
         await recorder.append(closing, barrier=True)
     except JournalWriteError:
@@ -221,13 +232,49 @@ async def journal_refused(recorder: Recorder, iid: str | None, error: JournalWri
             # misses it: the call is not recorded, and its record tells once the journal is
             # back.
             raise CallNotRecorded(iid) from error
-        return recorder.projected([*durable, closing], now)
+        record = recorder.projected(durable, now)
+        if _open_attempt(durable, record, iid, attempt, holder) is None:
+            return _answer(recorder, record, iid, attempt)  # taken over meanwhile
+        return recorder.envelope(recorder.projected([*durable, closing], now))
     except ImpossibleEvent:
         # Someone else closed the attempt first, or took the invocation over: the record, as
         # it stands, is the answer (folding the refused event in would be refused again).
         recorder.forget()
-        return recorder.projected(await recorder.read(lambda: events(iid)), now)
-    return await recorder.record(iid)
+        record = recorder.projected(await recorder.read(lambda: events(iid)), now)
+        return _answer(recorder, record, iid, attempt)
+    return recorder.envelope(await recorder.record(iid))
+
+
+def _open_attempt(
+    events: list[Event], record: Record, iid: str, attempt: tuple[str, int] | None, holder: str
+) -> int | None:
+    """The generation of ``attempt`` -- the one a call runs (``Recorder.attempt``) -- if it is
+    ``record``'s current, open attempt under ``holder``; else None: it took none, or another
+    worker's attempt (a newer lease, or another task of this broker) is the record's now, or
+    it is closed already."""
+    if attempt is None or attempt[0] != iid or record.final:
+        return None
+    generation = attempt[1]
+    if record.generation != generation or _holder(events) != holder:
+        return None
+    return generation
+
+
+def _answer(
+    recorder: Recorder, record: Record, iid: str, attempt: tuple[str, int] | None
+) -> dict[str, Any]:
+    """A failed call's envelope when its attempt is not the record's to close: LEASE_LOST from
+    the record when another attempt took the invocation over from the call's own
+    (``lease_lost_error``: the record's phase and outcome, no result of another attempt's as
+    if it were this call's); the record as it stands when the call ran no attempt of it, or
+    its attempt is the record's last (closed already)."""
+    if attempt is None or attempt[0] != iid or attempt[1] == record.generation:
+        return recorder.envelope(record)
+    generation = attempt[1]
+    dispatched = any(
+        a["generation"] == generation and a["stage"] == "dispatch" for a in record.attempts
+    )
+    return recorder.envelope(record, lost=generation, dispatched=dispatched)
 
 
 INTERNAL_CLOSE_WAIT: Final = 5.0
@@ -239,8 +286,9 @@ async def internal_close(recorder: Recorder, iid: str | None, holder: str) -> No
     """Close at once the record of a call that a failure inside the broker (a bug, not the
     journal's) ended without an envelope, with what its events prove and that cause (``stage``
     ``internal``) -- never left open until its lease runs out, to be closed then as if the
-    broker had stopped.  Only an attempt this broker holds (``holder``: the lease's last
-    taker) and whose state the record proves: one whose DISPATCH_STARTED may yet land
+    broker had stopped.  Only the attempt the call runs (``Recorder.attempt``: its
+    generation, still the record's and under ``holder`` -- the broker's, which every task of
+    it shares) and whose state the record proves: one whose DISPATCH_STARTED may yet land
     (``doubted``) without being read is left to recovery, as is any failure of this close
     (the original failure is the caller's answer either way).  The call's queued diagnostic
     events (its preflight's, before its first barrier) are waited for first: read without
@@ -259,10 +307,10 @@ async def internal_close(recorder: Recorder, iid: str | None, holder: str) -> No
             if iid is None:
                 return
             events = await recorder.read(lambda: recorder.journal.events(iid))
-            if _holder(events) != holder:
-                return  # another worker's attempt (or none): not this failure's to close
             now = await recorder.read(recorder.hint_now)
             record = recorder.projected(events, now)
+            if _open_attempt(events, record, iid, recorder.attempt(), holder) is None:
+                return  # another worker's attempt (or none): not this failure's to close
             if recorder.doubted(iid) and not record.evidence.get("dispatch_started"):
                 return
             closing = None if record.final else closing_event(record, "internal")
