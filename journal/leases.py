@@ -148,10 +148,12 @@ def acquire_op(
             and proj.record(now + ttl - window).retry is not Retry.SAME_IDEMPOTENCY_KEY
         ):
             return Fail(KeyRetentionPassed(invocation_id, now + ttl, lease=ttl))
-        # A holder may renew its own retry lease; a live dispatch lease is busy to everyone,
-        # its holder's other tasks too (two of them must not both send an approved request).
-        # A lease taken before the approval was asked is no dispatch lease of it (a retry that
-        # then asked for approval): nothing may be sent under it, so it keeps no one out.
+        # A live lease is busy to everyone, its holder's other tasks too: the holder names a
+        # broker, not a task, so two of its same-key calls must not both retry (each spending
+        # the budget, one told LEASE_LOST) nor both send an approved request.  Nothing renews
+        # a lease; a renewal would have to name the generation it renews.  A lease taken
+        # before the approval was asked is no dispatch lease of it (a retry that then asked
+        # for approval): nothing may be sent under it, so it keeps no one out.
         # Nor does the lease of an attempt that is over (the record rests in a final state at
         # that generation: its holder answered, or recovery closed it): nothing can be written
         # under it any more, and a same-key retry refused by it was told IN_PROGRESS -- "has
@@ -159,7 +161,6 @@ def acquire_op(
         if (
             current is not None
             and current.expires_at > now
-            and (current.holder != holder or kind is EventKind.DISPATCH_LEASE_ACQUIRED)
             and not (
                 kind is EventKind.DISPATCH_LEASE_ACQUIRED and _before_approval(record, current)
             )

@@ -485,8 +485,9 @@ class Journal(JournalReader):
     ) -> Lease:
         """Take the invocation's lease: bump the generation, write the lease row and its event
         -- RETRY_LEASE_ACQUIRED for a retry, DISPATCH_LEASE_ACQUIRED for the dispatch of an
-        approved invocation -- in one barrier transaction.  ``LeaseBusy`` if another holder's
-        lease is unexpired and its attempt not over (the record final at its generation);
+        approved invocation -- in one barrier transaction.  ``LeaseBusy`` if a lease is
+        unexpired (``holder``'s own too: it names a broker, whose tasks share it) and its
+        attempt not over (the record final at its generation);
         ``ImpossibleEvent`` if the lifecycle refuses the event; ``same_key``: a resend with the
         record's idempotency key, ``KeyRetentionPassed`` on a shared journal whose clock says
         the key's retention has passed, or on either backend when it would pass before the

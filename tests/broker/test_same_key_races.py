@@ -140,6 +140,57 @@ async def test_a_retry_refused_because_another_holder_has_the_lease_is_in_progre
         assert len(srv.requests) == 1
 
 
+async def test_same_key_retries_in_one_broker_take_one_lease_and_send_once(
+    tmp_path: Path, token: str
+) -> None:
+    """Concurrent same-key calls in ONE broker read the same unknown record and all decide to
+    retry.  Its tasks share one holder, and "a holder may renew its own retry lease" let each
+    take the lease over from the one before: two retry leases, a LEASE_LOST, the budget spent
+    from 1/3 to 3/3 by one real retry -- and the hint flipped to ``reconcile``.  A live retry
+    lease is busy to its own holder's other tasks too: one lease, one send, the others
+    IN_PROGRESS."""
+
+    async def remote(peer: Any) -> None:
+        if await peer.read_request() is None:
+            return
+        if peer.index == 0:
+            await peer.close()  # applied, unanswered: unknown
+            return
+        peer.server.event("retried").set()
+        await peer.server.event("release").wait()
+        await peer.respond(Reply(201, body=b'{"payment":"pay_1"}'))
+
+    async with HostileServer.running(remote) as srv:
+        cfg = write_config(tmp_path, {"api": http_target(srv.url, idempotency=IDEM)})
+        action = {**POST, "idempotency_key": "one-broker"}
+        async with open_broker(cfg) as broker:
+            with trio.fail_after(LIMIT):
+                first = await broker.call(action)
+            assert first["error"]["retry"] == "same_idempotency_key"
+            iid = first["invocation_id"]
+            envelopes: list[dict[str, Any]] = []
+
+            async def one() -> None:
+                envelopes.append(await broker.call(action))
+
+            with trio.fail_after(LIMIT):
+                async with trio.open_nursery() as nursery:
+                    for _ in range(WORKERS):
+                        nursery.start_soon(one)
+                    await srv.event("retried").wait()
+                    while len(envelopes) < WORKERS - 1:  # the others answer meanwhile
+                        await trio.sleep(0.01)
+                    srv.event("release").set()
+            kinds = event_kinds(broker, iid)
+            assert kinds.count(E.RETRY_LEASE_ACQUIRED) == 1, kinds
+            assert E.LEASE_LOST not in kinds, kinds
+            codes = sorted(e.get("error", {}).get("code", "ok") for e in envelopes)
+            assert codes == ["IN_PROGRESS"] * (WORKERS - 1) + ["ok"], envelopes
+            record = broker.record(iid)
+            assert record is not None and record.budget.used == 2
+        assert len(srv.requests) == 2
+
+
 async def test_a_key_bound_by_a_caller_that_stopped_before_recording_is_taken_over(
     tmp_path: Path, token: str
 ) -> None:

@@ -107,6 +107,21 @@ async def test_an_unexpired_lease_of_another_holder_is_busy(place: Place) -> Non
             await j.acquire_lease("inv-1", "w1", ttl=10)
 
 
+async def test_an_unexpired_retry_lease_is_busy_to_its_own_holder_too(place: Place) -> None:
+    """A holder names a broker, not a task: two same-key retries of one broker must not both
+    take the lease (each spending the budget, the first told LEASE_LOST at its gate)."""
+    clock = Clock()
+    async with place.open(clock=clock) as j:
+        await _interrupted(j)
+        first = await j.acquire_lease("inv-1", "w1", ttl=10)
+        with pytest.raises(LeaseBusy) as info:
+            await j.acquire_lease("inv-1", "w1", ttl=10)
+        assert info.value.current == first
+        assert j.lease("inv-1") == first
+        rec = j.record("inv-1")
+        assert rec is not None and rec.generation == 1 and rec.budget.used == 2
+
+
 async def test_the_lease_of_an_attempt_that_is_over_keeps_no_one_out(place: Place) -> None:
     """w1's retry attempt was closed (here by recovery, as the daemon's start-up closes a dead
     broker's; a holder that answered closes it alike) while w1's lease still runs: nothing can
@@ -142,14 +157,16 @@ async def test_a_stale_generation_is_refused_before_dispatch(place: Place) -> No
         lost = j.events("inv-1")[-1]
         assert lost.kind is E.LEASE_LOST and lost.attrs["generation"] == first.generation
         assert all(e.kind is not E.DISPATCH_STARTED for e in j.events("inv-1")[4:])
-        # A live lease dispatches.
-        clock.now -= 6
+        # A live lease dispatches (the stalled one ran out: its holder takes the next).
         second = await j.acquire_lease("inv-1", "w1", ttl=5)
         assert second.generation == first.generation + 1
         with pytest.raises(LeaseLost):
             await j.append(Event(E.DISPATCH_STARTED, "inv-1"), lease=("w1", first.generation))
         ev = await j.append(Event(E.DISPATCH_STARTED, "inv-1"), lease=("w1", second.generation))
         assert ev.kind is E.DISPATCH_STARTED
+        with pytest.raises(LeaseBusy):  # live: busy to its own holder's other tasks too
+            await j.acquire_lease("inv-1", "w1", ttl=5)
+        _stall(place, clock, 6)
         with pytest.raises(ImpossibleEvent):  # no retry lease while an attempt is in flight
             await j.acquire_lease("inv-1", "w1", ttl=5)
 
@@ -365,7 +382,6 @@ async def test_a_barrier_runs_its_meanwhile_once_and_a_refused_one_never(place: 
                 lease=("w1", first.generation),
                 meanwhile=lambda: ran.append("stale"),
             )
-        clock.now -= 6
         second = await j.acquire_lease("inv-1", "w1", ttl=5)
 
         def live() -> None:
