@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import logging
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
@@ -51,6 +52,8 @@ class Recorder:
         """The invocation each running call last wrote for (``writing``)."""
         self._attempts: dict[trio.lowlevel.Task, tuple[str, int]] = {}
         """The attempt (invocation, lease generation) each running call holds (``attempting``)."""
+        self._live: Counter[tuple[str, int]] = Counter()
+        """How many of this broker's calls run each attempt (``running``)."""
         self._doubted: set[str] = set()
         """Invocations whose DISPATCH_STARTED may yet land (``doubt``)."""
         self._delivering: dict[str, _Delivery] = {}
@@ -70,11 +73,27 @@ class Recorder:
         from inside (``journal_refused``, ``internal_close``) closes only that one: the broker's
         holder names every task of it, and a record's current attempt may be another task's, or
         another broker's that took the invocation over.  Forgotten with the call (``done``)."""
-        self._attempts[trio.lowlevel.current_task()] = (iid, generation)
+        task = trio.lowlevel.current_task()
+        self._release(self._attempts.get(task))
+        self._attempts[task] = (iid, generation)
+        self._live[iid, generation] += 1
 
     def attempt(self) -> tuple[str, int] | None:
         """The attempt this call runs (``attempting``), or None: it took none."""
         return self._attempts.get(trio.lowlevel.current_task())
+
+    def running(self, iid: str, generation: int) -> bool:
+        """A call of this broker runs the attempt of ``generation`` of ``iid``: it is live,
+        whatever a clock says of its lease -- recovery never closes it (``recover_stale``).  A
+        wall clock stepped forward made a lease look run out while its attempt, timed by trio's
+        monotonic clock, was still sending."""
+        return self._live[iid, generation] > 0
+
+    def _release(self, attempt: tuple[str, int] | None) -> None:
+        if attempt is not None:
+            self._live[attempt] -= 1
+            if self._live[attempt] <= 0:
+                del self._live[attempt]
 
     def doubt(self, iid: str) -> None:
         """``iid``'s DISPATCH_STARTED was submitted and its commit is unknown
@@ -197,7 +216,7 @@ class Recorder:
         """The call is over: forget everything kept for it (its task looked up once)."""
         task = trio.lowlevel.current_task()
         self._posted.pop(task, None)
-        self._attempts.pop(task, None)
+        self._release(self._attempts.pop(task, None))
         iid = self._writing.pop(task, None)
         if iid is not None:
             self._doubted.discard(iid)

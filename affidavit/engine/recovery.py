@@ -116,11 +116,17 @@ async def recover_stale(recorder: Recorder, record: Record, *, holder_gone: bool
     journal's exclusive lock); return the record as the journal then holds it (unchanged while
     the lease runs, or when nothing can be proven beyond what it says).  Its words claim what
     is known: "the broker stopped" only when the holder is gone, else only that the attempt's
-    lease ran out -- its holder may still run (a close it gave up: ``internal_close``)."""
+    lease ran out -- its holder may still run (a close it gave up: ``internal_close``).  Never
+    an attempt this broker is running (``Recorder.running``), whatever the clocks say."""
     if record.state in APPROVAL_STATES:
         # Waiting for an operator or a dispatcher is no stale attempt: it ends when decided,
         # dispatched or expired -- and only the expiry is for a reader to record.
         return await expire_if_due(recorder, record)
+    if recorder.running(record.invocation_id, record.generation):
+        # This broker runs the attempt: it is live, and ends within its lease by trio's
+        # monotonic clock.  A wall clock stepped forward must not close it, nor let a same-key
+        # call send again while its request is in flight.
+        return record
     events = recorder.journal.events(record.invocation_id)
     expires = None
     for ev in events:

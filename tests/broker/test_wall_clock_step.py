@@ -1,0 +1,73 @@
+"""A wall clock stepped forward while an attempt is in flight closes nothing of it: a same-key call
+is told IN_PROGRESS, and the request is sent once.
+
+Seed, "Idempotency is defined by the remote contract": "allow only one active attempt".  On a
+SQLite journal a lease's expiry is judged by the wall clock, while the attempt's own deadline is
+trio's monotonic clock: stepped +120 s (an NTP correction, an operator's ``date``) while A's POST
+was in flight, a same-key caller found A's lease "run out", closed A's attempt (interrupted,
+unknown) and -- as ``decide()`` allows for a verified deduplication contract -- sent a second
+POST overlapping the first.  An attempt its own broker is running is live whatever a clock says
+(``Recorder.running``).
+
+The wall clock is monkeypatched (``time.time``), the step a real one would make.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from affidavit.statemachine import EventKind
+from tests.http.hostile import HostileServer, Peer, Reply
+
+from .helpers import event_kinds, http_target, open_broker, write_config
+from .http_rows import IDEM, LIMIT, POST
+
+E = EventKind
+STEP = 120.0  # seconds the wall clock jumps: past A's lease (its timeout + lease_margin)
+ACTION = {**POST, "idempotency_key": "clock-step"}
+
+
+async def _held(peer: Peer) -> None:
+    """Every request is held until the test sets ``release``."""
+    if await peer.read_request() is None:
+        return
+    peer.server.event(f"received-{peer.index}").set()
+    await peer.server.event("release").wait()
+    await peer.respond(Reply(201, body=b'{"payment":"pay_1"}'))
+
+
+async def test_a_stepped_wall_clock_never_closes_an_attempt_its_broker_runs(
+    tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with HostileServer.running(_held) as srv:
+        cfg = write_config(tmp_path, {"api": http_target(srv.url, idempotency=IDEM)})
+        async with open_broker(cfg) as broker:
+            envs: dict[str, Any] = {}
+
+            async def call(name: str) -> None:
+                envs[name] = await broker.call(ACTION, timeout=5)
+
+            with trio.fail_after(LIMIT):
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(call, "a")
+                    await srv.event("received-0").wait()  # A's POST is in flight
+                    real = time.time
+                    monkeypatch.setattr(time, "time", lambda: real() + STEP)
+                    await call("b")  # the same key, while A runs
+                    srv.event("release").set()
+            monkeypatch.undo()
+            b = envs["b"]
+            assert b["error"]["code"] == "IN_PROGRESS", b
+            assert b["error"]["retry"] == "fetch_result", b
+            a = envs["a"]
+            assert "error" not in a, a  # A's attempt was not closed under it
+            iid = a["invocation_id"]
+            assert b["invocation_id"] == iid
+            kinds = event_kinds(broker, iid)
+            assert E.ATTEMPT_INTERRUPTED not in kinds and E.RETRY_LEASE_ACQUIRED not in kinds
+        assert len(srv.requests) == 1  # one POST
