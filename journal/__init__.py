@@ -20,6 +20,7 @@ The modules, by role (``store.py``'s docstring says how they fit together):
                     transaction, another writer caught up with, a lost connection survived
     txn.py          one transaction: projection check, hash chain, queued rows
     leases.py       lease and idempotency writes (checked inside the writer's transaction)
+    boot.py         a lease's end by the boot clock (CLOCK_BOOTTIME), judged on the same boot
     results.py      result chunks, the completeness marker, reading a result back verified
                     (whole, or chunk by chunk: ``ResultStream``) -- the names of these two:
     results_read.py   the marker checked against its event, a result opened verified
@@ -57,6 +58,7 @@ on every backend, and one conformance suite (tests/journal/conformance/) runs on
 from typing import TYPE_CHECKING, Any
 
 from .backend import Backend, is_url
+from .boot import boot_lapsed, boot_stamp
 from .chain import GENESIS
 from .errors import (
     ApprovalLapsed,
@@ -179,6 +181,8 @@ __all__ = [
     "StoredResult",
     "StreamInfo",
     "VerifyReport",
+    "boot_lapsed",
+    "boot_stamp",
     "config_exposure",
     "directory_exposures",
     "exposure",

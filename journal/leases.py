@@ -6,11 +6,13 @@ fingerprint, scope and retention are persisted before dispatch.  Each check runs
 writer's transaction, which holds the chain head (``Backend.begin``), so two processes sharing
 a file -- or two brokers sharing a database -- cannot both win.  Lease expiry is wall-clock time
 read inside that transaction (``lease_now``): on SQLite the journal's ``clock`` (one host); on
-a shared PostgreSQL the database's own ``clock_timestamp()``, so every broker takes, renews and
-judges a lease by one clock -- a broker whose clock runs ahead cannot take over, or close
+a shared PostgreSQL the database's own ``clock_timestamp()``, so every broker takes and judges
+a lease by one clock -- a broker whose clock runs ahead cannot take over, or close
 (``check_lapsed``), another's live attempt.  Generation 0's deadline is the ``lease_expires_at``
 its broker wrote into ACTION_ACCEPTED, which the writer records in that clock's time
-(``Txn.lease_offset``; docs/journal.md, "Clocks").
+(``Txn.lease_offset``; docs/journal.md, "Clocks").  A lease event also records its end by the
+boot clock (``lease_boot``, ``boot.py``): recovery on the same boot judges it by that clock
+too, which a wall clock stepped forward does not move.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from collections.abc import Callable, Mapping
 from affidavit.statemachine import Event, EventKind, ImpossibleEvent, Record, Retry, send_window
 
 from . import bindings
+from .boot import boot_stamp
 from .errors import (
     IdempotencyMismatch,
     IdempotencyRecord,
@@ -170,12 +173,12 @@ def acquire_op(
         recorded = record.generation
         generation = max(recorded, current.generation if current else 0) + 1
         expires = now + ttl
-        ev = Event(
-            kind,
-            invocation_id,
-            attrs={"generation": generation, "holder": holder, "expires_at": expires},
-            at=now,
-        )
+        attrs: dict[str, object] = {"generation": generation, "holder": holder}
+        attrs["expires_at"] = expires
+        boot = boot_stamp(ttl)  # its end by the boot clock too, for recovery on this boot
+        if boot is not None:
+            attrs["lease_boot"] = boot
+        ev = Event(kind, invocation_id, attrs=attrs, at=now)
         stored = txn.insert(*row_args(ev))
         assert stored.seq is not None
         txn.tables.put_lease(invocation_id, holder, generation, expires, stored.seq)

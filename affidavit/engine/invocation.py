@@ -24,7 +24,13 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from affidavit.config import result_limit
-from affidavit.journal import IdempotencyMismatch, KeyRetentionPassed, Lease, LeaseBusy
+from affidavit.journal import (
+    IdempotencyMismatch,
+    KeyRetentionPassed,
+    Lease,
+    LeaseBusy,
+    boot_stamp,
+)
 from affidavit.protocols import Binding, Prepared
 from affidavit.protocols.actions import (
     ActionInvalid,
@@ -217,7 +223,9 @@ async def start(
         operation["request_fingerprint"] = request_fingerprint(parsed, target, keyed)
     # The first attempt's lease (generation 0): every other worker takes its holder for gone
     # once it runs out, and recovers the record; the attempt ends within it (``run_tries``).
-    lease_ends = now + engine.lease_ttl(target, timeout)
+    ttl = engine.lease_ttl(target, timeout)
+    lease_ends = now + ttl
+    boot = boot_stamp(ttl)  # and by the boot clock, which does not step (``recover_stale``)
     batch = batch_facts(parsed, target)
     if batch is not None:
         operation["batch"] = batch  # the items sent, bound before anything is sent
@@ -233,6 +241,7 @@ async def start(
             "session": session,
             "holder": engine.holder,
             "lease_expires_at": lease_ends,
+            **({"lease_boot": boot} if boot is not None else {}),
             **({"link": dict(link)} if link else {}),
         },
     )

@@ -25,6 +25,7 @@ from affidavit.journal import (
     LeaseBusy,
     ReadFailed,
     ResultUnverified,
+    boot_lapsed,
     told,
 )
 from affidavit.statemachine import (
@@ -128,15 +129,20 @@ async def recover_stale(recorder: Recorder, record: Record, *, holder_gone: bool
         # call send again while its request is in flight.
         return record
     events = recorder.journal.events(record.invocation_id)
-    expires = None
+    expires = boot = None
     for ev in events:
         if ev.kind is E.ACTION_ACCEPTED:
-            expires = ev.attrs.get("lease_expires_at")
+            expires, boot = ev.attrs.get("lease_expires_at"), ev.attrs.get("lease_boot")
         elif ev.kind in _LEASES:
-            expires = ev.attrs.get("expires_at")
+            expires, boot = ev.attrs.get("expires_at"), ev.attrs.get("lease_boot")
     deadline = None if expires is None else float(expires)
-    if not holder_gone and deadline is not None and time.time() < deadline:
-        return record
+    if not holder_gone:
+        if deadline is not None and time.time() < deadline:
+            return record
+        # Taken on this boot: its end by the boot clock too (``boot_lapsed``) -- a wall clock
+        # stepped forward makes a live lease look run out to every process on the host.
+        if boot_lapsed(boot) is False:
+            return record
     closing = closing_event(record, "broker_stopped" if holder_gone else "lease_lapsed")
     if closing is None:
         return record

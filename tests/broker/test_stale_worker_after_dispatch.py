@@ -39,6 +39,7 @@ import trio
 from affidavit.api.broker import Broker
 from affidavit.config import load_config
 from affidavit.engine import EngineSettings
+from affidavit.journal import boot
 from affidavit.statemachine import Event, EventKind, Record
 from tests.http.hostile import HostileServer, Peer, Reply, Script
 
@@ -446,6 +447,8 @@ async def test_a_stale_worker_sends_no_next_hop_after_recovery_closed_its_attemp
             iid = action.invocation_id
             with monkeypatch.context() as m:
                 m.setattr(recovery, "time", _Ahead)
+                # B is on another host: A's lease, taken on A's boot, is judged by wall clock.
+                m.setattr(boot, "_boot_id", lambda: "another host's boot")
                 closed = await b.fetch_result(iid)  # A's lease has run out, by B's clock
             assert closed is not None and closed["evidence"]["state"] == "interrupted"
         record = b.record(iid)

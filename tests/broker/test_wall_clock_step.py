@@ -7,9 +7,11 @@ trio's monotonic clock: stepped +120 s (an NTP correction, an operator's ``date`
 was in flight, a same-key caller found A's lease "run out", closed A's attempt (interrupted,
 unknown) and -- as ``decide()`` allows for a verified deduplication contract -- sent a second
 POST overlapping the first.  An attempt its own broker is running is live whatever a clock says
-(``Recorder.running``).
+(``Recorder.running``); for another broker process on the host, a lease taken on this boot is
+judged by the boot clock too (``CLOCK_BOOTTIME``, which does not step: ``journal/boot.py``).
 
-The wall clock is monkeypatched (``time.time``), the step a real one would make.
+The wall clock is monkeypatched (``time.time``), the step a real one would make; the boot clock
+(``_boot_now`` in ``journal/boot.py``) and the boot id only where a case says so.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from typing import Any
 import pytest
 import trio
 
+from affidavit.api.broker import Broker
+from affidavit.journal import boot
 from affidavit.statemachine import EventKind
 from tests.http.hostile import HostileServer, Peer, Reply
 
@@ -71,3 +75,60 @@ async def test_a_stepped_wall_clock_never_closes_an_attempt_its_broker_runs(
             kinds = event_kinds(broker, iid)
             assert E.ATTEMPT_INTERRUPTED not in kinds and E.RETRY_LEASE_ACQUIRED not in kinds
         assert len(srv.requests) == 1  # one POST
+
+
+CASES = {
+    # wall clock stepped, the boot clock not: A's lease runs on -- IN_PROGRESS, one POST
+    "stepped": False,
+    # the lease really ran out (both clocks moved): B closes A's attempt and retries
+    "lapsed": True,
+    # the lease was taken on another boot (or host): only the wall clock can judge it
+    "other_boot": True,
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+async def test_another_broker_on_the_host_judges_a_lease_by_the_boot_clock(
+    tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch, case: str
+) -> None:
+    """B is a second broker on the same journal (another process on the host, as far as A's
+    attempts go): it knows nothing of A's running attempt, only its recorded lease."""
+    async with HostileServer.running(_held) as srv:
+        cfg = write_config(tmp_path, {"api": http_target(srv.url, idempotency=IDEM)})
+        async with open_broker(cfg) as a, open_broker(cfg) as b:
+            envs: dict[str, Any] = {}
+
+            async def call(name: str, broker: Broker) -> None:
+                envs[name] = await broker.call(ACTION, timeout=5)
+
+            with trio.fail_after(LIMIT):
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(call, "a", a)
+                    await srv.event("received-0").wait()  # A's POST is in flight
+                    real = time.time
+                    monkeypatch.setattr(time, "time", lambda: real() + STEP)
+                    if case == "lapsed":
+                        boot_now = boot._boot_now
+                        later = boot_now()
+                        assert later is not None
+                        monkeypatch.setattr(boot, "_boot_now", lambda: later + STEP)
+                    elif case == "other_boot":
+                        monkeypatch.setattr(boot, "_boot_id", lambda: "another-boot")
+                    nursery.start_soon(call, "b", b)
+                    if CASES[case]:
+                        await srv.event("received-1").wait()  # B's retry is in flight
+                    else:
+                        while "b" not in envs:
+                            await trio.sleep(0.01)
+                    srv.event("release").set()
+            monkeypatch.undo()
+            iid = envs["a"]["invocation_id"]
+            kinds = event_kinds(b, iid)
+        if not CASES[case]:
+            assert envs["b"]["error"]["code"] == "IN_PROGRESS", envs["b"]
+            assert "error" not in envs["a"], envs["a"]
+            assert E.ATTEMPT_INTERRUPTED not in kinds
+            assert len(srv.requests) == 1
+        else:
+            assert E.ATTEMPT_INTERRUPTED in kinds and E.RETRY_LEASE_ACQUIRED in kinds
+            assert len(srv.requests) == 2
