@@ -149,6 +149,9 @@ class _Run:
         """Hand the exec request over and wait for CHANNEL_SUCCESS / CHANNEL_FAILURE."""
         assert self.conn.io is not None
         io, channel = self.conn.io, self.conn.channel
+        # The gate's barrier is shielded: a deadline that struck while it committed is
+        # delivered here, before the first byte -- as HTTP's send_all delivers it.
+        await trio.lowlevel.checkpoint_if_cancelled()
         try:
             rc = channel.request_exec(self.command)  # writes the request into libssh's transport
             self.fire("exec_sent", {})
