@@ -35,7 +35,15 @@ from .requests import Fail
 from .rows import idempotency_from_row, lease_from_row
 from .txn import Txn, row_args
 
-__all__ = ["LEASE_KINDS", "acquire_op", "bind_op", "check_lapsed", "check_lease", "lease_now"]
+__all__ = [
+    "LEASE_KINDS",
+    "acquire_op",
+    "bind_op",
+    "check_first_deadline",
+    "check_lapsed",
+    "check_lease",
+    "lease_now",
+]
 
 
 def _current_lease(txn: Txn, iid: str) -> Lease | None:
@@ -95,6 +103,34 @@ def check_lease(
     except ImpossibleEvent:
         seq = None
     return Fail(LeaseLost(iid, holder, generation, current, seq))
+
+
+def check_first_deadline(txn: Txn, iid: str, clock: Callable[[], float]) -> Fail | None:
+    """The first attempt's dispatch gate (generation 0, no lease row): None while its lease
+    runs -- the ``lease_expires_at`` its broker wrote into ACTION_ACCEPTED, recorded in the
+    clock leases are judged by -- by that clock read in this transaction (``lease_now``: the
+    database's on a shared journal), as a retry's gate judges its lease row (``check_lease``);
+    else LEASE_LOST written (when the lifecycle allows it) and ``LeaseLost``.  Its broker
+    checked its own clock before the gate, but the write may wait (for the chain head, a busy
+    writer) past the lease's end, when another worker may take the holder for gone and close
+    the attempt: a request sent then overlaps a same-key retry.  A record at another generation
+    (a retry's gate checks its row) or with no recorded deadline is not judged here."""
+    proj = txn.projector(iid)
+    if proj.generation != 0:
+        return None
+    lease = proj.record().evidence.get("lease")
+    expires = lease.get("expires_at") if isinstance(lease, Mapping) else None
+    if not isinstance(expires, (int, float)) or lease_now(txn, clock) < expires:
+        return None
+    assert isinstance(lease, Mapping)
+    holder = lease.get("holder")
+    holder = holder if isinstance(holder, str) else ""
+    lost = Event(EventKind.LEASE_LOST, iid, attrs={"generation": 0, "holder": holder})
+    try:
+        seq = txn.insert(*row_args(lost)).seq
+    except ImpossibleEvent:
+        seq = None
+    return Fail(LeaseLost(iid, holder, 0, None, seq))
 
 
 def _dispatched(txn: Txn, iid: str, generation: int) -> bool:

@@ -379,7 +379,9 @@ class Journal(JournalReader):
         """Append one event; return it with ``seq`` and ``at`` assigned.
 
         Raises ``ImpossibleEvent`` (nothing written) if the lifecycle refuses it, ``LeaseLost``
-        if ``lease=(holder, generation)`` is stale or expired (checked in the same transaction),
+        if ``lease=(holder, generation)`` is stale or expired (checked in the same transaction)
+        -- or, for the first attempt's DISPATCH_STARTED (no lease), if ACTION_ACCEPTED's
+        ``lease_expires_at`` has passed (``leases.check_first_deadline``),
         ``JournalWriteError`` on a storage fault.  DISPATCH_STARTED and RESULT_COMMITTED are
         always barriers.  Once queued, the write is waited for uncancellably; ``shield``: so is
         a wait for room in a full queue before it (``Writer.submit``) -- the whole append is
@@ -407,7 +409,9 @@ class Journal(JournalReader):
         else:
             args = (event, attrs_text, *self._seal_payload(event, payload), decoded)
         barrier = barrier or event.kind._value_ in BARRIER_VALUES
-        if lease is None and not lapsed and valid_until is None:
+        # The first attempt's gate: no lease row, its deadline in ACTION_ACCEPTED.
+        first = lease is None and event.kind is EventKind.DISPATCH_STARTED
+        if lease is None and not lapsed and valid_until is None and not first:
             return await self._writer.submit(
                 None,
                 args,
@@ -422,6 +426,8 @@ class Journal(JournalReader):
             iid = event.invocation_id
             if lease is not None:
                 refused = leases.check_lease(txn, iid, lease, clock)
+            elif first:
+                refused = leases.check_first_deadline(txn, iid, clock)
             elif lapsed:
                 refused = leases.check_lapsed(txn, iid, deadline)
             else:

@@ -21,7 +21,7 @@ from affidavit.journal import (
 from affidavit.statemachine import Event, ImpossibleEvent, Outcome
 from affidavit.statemachine import EventKind as E
 
-from ..helpers import accepted, interrupted
+from ..helpers import accepted, interrupted, until_dispatch
 from .conftest import Place
 
 CHILD = Path(__file__).parent.parent / "child.py"
@@ -169,6 +169,29 @@ async def test_a_stale_generation_is_refused_before_dispatch(place: Place) -> No
         _stall(place, clock, 6)
         with pytest.raises(ImpossibleEvent):  # no retry lease while an attempt is in flight
             await j.acquire_lease("inv-1", "w1", ttl=5)
+
+
+async def test_the_first_attempt_s_gate_is_refused_once_its_deadline_passed(place: Place) -> None:
+    """Generation 0 has no lease row: its gate judges ACTION_ACCEPTED's ``lease_expires_at``
+    (recorded in the lease clock) by that clock, in the writing transaction, as a retry's gate
+    judges its row -- a DISPATCH_STARTED that waited for the writer past the deadline is
+    refused (LEASE_LOST written), never sent while another worker may close the attempt."""
+    clock = Clock()
+    async with place.open(clock=clock) as j:
+        for iid, left in (("inv-1", -1.0), ("inv-2", 60.0)):
+            first, *rest = until_dispatch(iid)[:3]
+            deadline = {"holder": "w1", "lease_expires_at": clock.now + left}
+            await j.append(Event(first.kind, iid, {**first.attrs, **deadline}))
+            for ev in rest:
+                await j.append(ev)
+        with pytest.raises(LeaseLost) as info:
+            await j.append(Event(E.DISPATCH_STARTED, "inv-1"))
+        assert (info.value.generation, info.value.holder) == (0, "w1")
+        kinds = [e.kind for e in j.events("inv-1")]
+        assert E.DISPATCH_STARTED not in kinds and kinds[-1] is E.LEASE_LOST, kinds
+        assert info.value.seq == j.events("inv-1")[-1].seq
+        ev = await j.append(Event(E.DISPATCH_STARTED, "inv-2"))  # within its deadline
+        assert ev.kind is E.DISPATCH_STARTED
 
 
 async def test_one_process_dispatches_an_approved_invocation_and_spends_no_budget(
