@@ -200,7 +200,10 @@ async def start(
             # The row's ``created_at`` is in the clock leases are judged by (the database's
             # on a shared journal): compared in that clock, never this broker's own.
             at = await recorder.read(functools.partial(journal.now, "the age of a key's binding"))
-            if at < bound.created_at + engine.lease_ttl(target, timeout):
+            # The binder's window is its lease -- at most the target's (``lease_ttl`` with no
+            # caller timeout) -- never this caller's: a short timeout here took over an
+            # invocation whose binder was still inside its own.
+            if at < bound.created_at + engine.lease_ttl(target, None):
                 # Bound a moment ago, nothing recorded yet: the binder is writing its first
                 # events.  In progress; fetch it, never send it again.
                 return recorder.envelope(Projector(bound.invocation_id).record(at))

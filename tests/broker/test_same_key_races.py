@@ -220,6 +220,33 @@ async def test_a_key_bound_by_a_caller_that_stopped_before_recording_is_taken_ov
         assert len(srv.requests) == 1
 
 
+async def test_a_caller_with_a_short_timeout_does_not_shorten_the_binder_s_window(
+    tmp_path: Path, token: str
+) -> None:
+    """The window in which a binding with no record is its binder's is the binder's lease --
+    at most the target's total timeout plus the margin -- not the second caller's: one with a
+    0.5 s timeout took over, 0.6 s after the binding, an invocation whose binder was still
+    inside its own 3 s lease (the binder, resuming, was told LEASE_LOST)."""
+    async with HostileServer.running(scripts.serve(Reply(201))) as srv:
+        cfg = write_config(
+            tmp_path,
+            {"api": http_target(srv.url, idempotency=IDEM, timeout={"connect": 1, "total": 3})},
+        )
+        action = {**POST, "idempotency_key": "orphan"}
+        settings = EngineSettings(lease_margin=0.0)
+        async with Broker.open(cfg, settings=settings) as broker:
+            bound = await broker.journal.bind_idempotency(
+                "payments.create", "orphan", _fingerprint(broker, action), "act_ORPHAN", None
+            )
+            await trio.sleep(0.6)  # past the short caller's own lease, inside the binder's
+            with trio.fail_after(LIMIT):
+                short = await broker.call(action, timeout=0.5)
+            assert short["invocation_id"] == bound.invocation_id
+            assert short["error"]["code"] == "IN_PROGRESS", short
+            assert broker.record("act_ORPHAN") is None
+        assert srv.requests == []
+
+
 def _fingerprint(broker: Broker, action: dict[str, Any]) -> str:
     from affidavit.protocols.actions import fingerprint, parse_action
 
