@@ -25,7 +25,9 @@ OP = {"target": "api", "protocol": "http", "idempotent": False, "fingerprint": "
 
 
 async def _crashed_record(db: Path, iid: str, lease_expires_at: float) -> None:
-    async with Journal.open(db) as j:
+    """A dead broker's record: written while its lease ran (the first attempt's gate refuses a
+    DISPATCH_STARTED after ``lease_expires_at``), its lease run out by now when it is past."""
+    async with Journal.open(db, clock=lambda: min(time.time(), lease_expires_at - 1.0)) as j:
         await j.append(
             Event(
                 E.ACTION_ACCEPTED,
