@@ -132,6 +132,9 @@ class HttpClient:
                 return await _result(
                     pending_result, ctx, hops, redactor, pending_facts, sink_buffer=True
                 )
+            # Whether this hop's request held the credential: only an answer to one that did
+            # is the target's word (engine/readable.py, ``from_elsewhere``).
+            res.hop_summary["credential_sent"] = credential
             hops.append(res.hop_summary)
             if plan.disposition == "proxy_error":
                 ps = redactor.scrub_parsed(

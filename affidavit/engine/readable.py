@@ -6,8 +6,8 @@ bomb: ``protocols/http/decoding.py``) and ``body_truncated`` (a prefix was kept:
 before the failure, or a 3xx's buffered part).  A JSON prefix such as ``{"found":"yes"}`` may
 still parse; what followed it -- the rest of the document, the gzip trailer that would have
 proved the bytes -- was never seen.  And a followed redirect may end on another origin
-(``redirect_origins``), whose answer was sent without the target's credential and says nothing
-of the target's state.
+(``redirect_origins``), or on the target's origin outside its base path: either hop's request
+went without the target's credential, and its answer says nothing of the target's state.
 
 So every reader that decides from a stored result -- a reconciliation verdict
 (``affidavit.reconcile``), a job's state read by a poll and the job a 202 names
@@ -33,10 +33,11 @@ PARTIAL_BODY: Final = (
 text, the ``reason`` of RECONCILE_INCONCLUSIVE and OPERATION_POLL_FAILED."""
 
 OTHER_ORIGIN: Final = (
-    "the answer came from another origin than the target's (a followed redirect): it settles "
-    "nothing"
+    "the answer came from another origin than the target's, or from outside its base path (a "
+    "followed redirect sent without the credential): it settles nothing"
 )
-"""Why a result whose final hop is not on the target's origin decides nothing -- stable text."""
+"""Why a result whose final hop is not on the target's origin, or went there without the
+credential, decides nothing -- stable text."""
 
 
 def stream_cut(summary: Mapping[str, Any], name: str) -> bool:
@@ -61,7 +62,7 @@ def unreadable(summary: Mapping[str, Any], *, origin: str | None = None) -> str 
     A stream withheld or truncated: ``PARTIAL_BODY``.  With ``origin`` (the target's, as
     ``origin_of`` normalizes it -- for reconciliation queries, polls, and a batch's items or a
     202's job read from the result, which only the target can answer for): a final hop on any
-    other origin, ``OTHER_ORIGIN``."""
+    other origin or sent without the credential, ``OTHER_ORIGIN``."""
     if any(stream_cut(summary, name) for name in _streams(summary)):
         return PARTIAL_BODY
     if origin is not None and from_elsewhere(summary, origin=origin):
@@ -71,9 +72,17 @@ def unreadable(summary: Mapping[str, Any], *, origin: str | None = None) -> str 
 
 def from_elsewhere(summary: Mapping[str, Any], *, origin: str) -> bool:
     """Whether the stored result's final hop is on another origin than ``origin`` (the
-    target's): an answer a followed redirect fetched there, sent without the credential."""
+    target's), or its request went without the credential: an answer a followed redirect
+    fetched elsewhere.  The origin alone does not say it: ``POST /v1/jobs`` -> 308 to
+    ``/legacy/jobs`` (same origin, outside the base path ``/v1``: the policy drops the
+    credential) -> 202 ``Location: status/j9`` named ``/status/j9`` a poll would have sent the
+    credential to.  ``credential_sent`` is the adapter's (``adapters/http/client.py``); a hop
+    recorded before it existed proves the credential went only as the caller's own request
+    (a single hop)."""
     hops = summary.get("hops")
     if not isinstance(hops, list) or not hops:
         return False
     last = hops[-1]
-    return not isinstance(last, Mapping) or last.get("origin") != origin
+    if not isinstance(last, Mapping) or last.get("origin") != origin:
+        return True
+    return last.get("credential_sent", len(hops) == 1) is not True

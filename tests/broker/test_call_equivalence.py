@@ -28,7 +28,7 @@ from tests.http.hostile import HostileServer, Received, Reply, scripts
 
 from .helpers import TOKEN_ENV, http_target, open_broker, write_config
 
-GOLDEN = "2704b2cedeb595f005f5c7e293dcbee6e605046f1e4e3211545ef5abd73865e6"
+GOLDEN = "6b420082a423ed1a84b69b3740cfb631c6017967345f355cc017e56ea4725687"
 
 TOKEN = "tok-equivalence-0123456789abcdef"
 

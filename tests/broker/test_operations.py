@@ -483,3 +483,31 @@ async def test_a_202_answered_from_another_origin_names_no_job(tmp_path: Path, t
     assert len(other.requests) == 1 and env["result"]["status"] == 202
     assert "operation" not in env and operations == []
     assert E.OPERATION_ACCEPTED not in kinds and E.RESULT_COMMITTED in kinds
+
+
+async def test_a_202_answered_outside_the_base_path_names_no_job(
+    tmp_path: Path, token: str
+) -> None:
+    """POST /v1/jobs -> 308 to /legacy/jobs: the target's origin, but outside its base path, so
+    sent without the credential -> 202 ``Location: status/j9``.  Read by its origin alone it
+    named ``/status/j9`` a poll would have sent the credential to; the final hop's request
+    carried no credential, so nothing of the answer is read (engine/readable.py)."""
+
+    def reply(req: Received) -> Reply:
+        if req.target == "/v1/jobs":
+            return Reply(308, headers=[("Location", "/legacy/jobs")])
+        return Reply(202, headers=[("Location", "status/j9")], body=b'{"id":"j9"}')
+
+    async with HostileServer.running(scripts.serve(reply)) as srv:
+        cfg = write_config(tmp_path, {"jobs": _target(srv, follow_redirects=True)})
+        async with open_broker(cfg) as broker:
+            env = await _submit(broker)
+            kinds = event_kinds(broker, env["invocation_id"])
+            operations = broker.operations()
+    legacy = srv.requests[-1]
+    assert [r.target for r in srv.requests] == ["/v1/jobs", "/legacy/jobs"]
+    assert legacy.header("authorization") is None and srv.requests[0].header("authorization")
+    hops = env["result"]["hops"]
+    assert [(h["status"], h["credential_sent"]) for h in hops] == [(308, True), (202, False)]
+    assert "operation" not in env and operations == []
+    assert E.OPERATION_ACCEPTED not in kinds and E.RESULT_COMMITTED in kinds
