@@ -511,3 +511,36 @@ async def test_a_202_answered_outside_the_base_path_names_no_job(
     assert [(h["status"], h["credential_sent"]) for h in hops] == [(308, True), (202, False)]
     assert "operation" not in env and operations == []
     assert E.OPERATION_ACCEPTED not in kinds and E.RESULT_COMMITTED in kinds
+
+
+@pytest.mark.parametrize(
+    ("location", "status_path"),
+    [("status/j9", None), ("/v1/v2/status/j9", "/v2/status/j9")],
+    ids=["relative: its base is the last hop's URL, not kept", "from the root"],
+)
+async def test_a_202_after_a_redirect_names_only_a_status_resource_independent_of_its_path(
+    tmp_path: Path, token: str, location: str, status_path: str | None
+) -> None:
+    """/v1/jobs -> 308 /v1/v2/jobs (in scope: the credential kept) -> 202.  A relative Location
+    resolves against the last hop's URL (/v1/v2/status/j9); resolved against the caller's it
+    named /v1/status/j9 -- another resource, polled with the credential.  The record keeps no
+    hop URL, so such a reference names no status resource; one from the root does."""
+
+    def reply(req: Received) -> Reply:
+        if req.target == "/v1/jobs":
+            return Reply(308, headers=[("Location", "/v1/v2/jobs")])
+        return Reply(202, headers=[("Location", location)], body=b'{"id":"j9"}')
+
+    async with HostileServer.running(scripts.serve(reply)) as srv:
+        cfg = write_config(tmp_path, {"jobs": _target(srv, follow_redirects=True)})
+        async with open_broker(cfg) as broker:
+            env = await _submit(broker)
+            accepted = next(
+                e for e in broker.events(env["invocation_id"]) if e.kind is E.OPERATION_ACCEPTED
+            )
+    assert [r.header("authorization") is not None for r in srv.requests] == [True, True]
+    assert [h["status"] for h in env["result"]["hops"]] == [308, 202]
+    assert accepted.attrs["job_id"] == "j9"
+    assert accepted.attrs["status_path"] == status_path
+    expected_url = None if status_path is None else srv.url + "/v1" + status_path
+    assert env["operation"]["status_url"] == expected_url

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from affidavit.adapters.base import RemoteResult
+from affidavit.adapters.http.urls import split_url
 from affidavit.schema import Field, Read, Schema
 from affidavit.statemachine import Outcome
 
@@ -124,7 +125,10 @@ def read_operation(
     job = scalar(select(contract.id, headers, doc))
     raw = select(contract.status_url, headers, doc)
     usable = isinstance(raw, str) and 0 < len(raw) <= MAX_URL
-    status_url, status_path = _status_resource(target, action, raw if usable else None)
+    redirected = len(result.summary.get("hops") or ()) > 1
+    status_url, status_path = _status_resource(
+        target, action, raw if usable else None, redirected=redirected
+    )
     return {
         "job_id": None if job is None else str(job),
         "status_url": status_url,
@@ -133,13 +137,23 @@ def read_operation(
 
 
 def _status_resource(
-    target: HttpTarget, action: Any, raw: str | None
+    target: HttpTarget, action: Any, raw: str | None, *, redirected: bool
 ) -> tuple[str | None, str | None]:
     """(absolute status URL, its path for an action on ``target``); the path is None when the
-    URL is not on the target's origin and base path -- the credential never goes elsewhere."""
+    URL is not on the target's origin and base path -- the credential never goes elsewhere.
+
+    A relative reference is resolved against the URL of the request the 202 answers (RFC 9110
+    §10.2.2).  After a followed redirect that is the last hop's, which the record does not keep
+    (its Location may echo the credential): ``/v1/jobs`` -> 308 ``/v1/v2/jobs`` -> 202
+    ``Location: status/j9`` is ``/v1/v2/status/j9``, and resolved against the caller's path it
+    named ``/v1/status/j9`` -- another resource, polled with the credential.  So after a
+    redirect only a reference that does not depend on the request's path is taken: absolute,
+    or from the root (the last hop is on the target's origin: engine/readable.py)."""
     from .target import origin_of  # (import cycle: target.py imports this module)
 
     if raw is None:
+        return None, None
+    if redirected and not _path_independent(raw.strip()):
         return None, None
     request_url = target.url + action.path  # (``url`` holds the base path, default port dropped)
     try:
@@ -153,6 +167,14 @@ def _status_resource(
         return url, None
     path = parts.path[len(base) :] or "/"
     return url, path + (f"?{parts.query}" if parts.query else "")
+
+
+def _path_independent(ref: str) -> bool:
+    """Whether resolving ``ref`` keeps none of the base URL's path: it has a scheme, an
+    authority (``//host/...``) or a path from the root.  ``?x``, ``#f``, ``""`` and ``a/b``
+    all keep it (RFC 3986 §5.2.2)."""
+    parts = split_url(ref)  # uncached: a Location may echo the credential
+    return bool(parts.scheme or ref.startswith("//") or parts.path.startswith("/"))
 
 
 def poll_action(target: HttpTarget, operation: Mapping[str, Any]) -> dict[str, Any]:
