@@ -33,8 +33,9 @@ Post-dispatch (remote_execution)::
       (a proxy's own error: complete framing, yet never a completes transition)
     any unfinished state ─peer_closed | malformed | timed_out | transport_error | cancelled
       | result_size_limit─▶ closed_early
-    {response_headers, body} ─refused─▶ redirect_refused  (a hop sent without the credential
-      answered with a refusal: decided at its head, its body never read -- redirects.py)
+    {response_headers, body, framing_complete} ─refused─▶ redirect_refused  (a hop sent
+      without the credential answered with a refusal: decided at its head, its body never read
+      -- redirects.py; from framing_complete when the whole refusal came in its head's read)
 """
 
 from __future__ import annotations
@@ -178,7 +179,9 @@ _TRANSITIONS: Final[dict[str, dict[str, str]]] = {
         **_ABORT,
     },
     "body": {"body": "body", "end": "framing_complete", "refused": "redirect_refused", **_ABORT},
-    "framing_complete": {"follow_redirect": "redirect_pending"},
+    # ``refused`` here too: a refusal framed whole in the read that brought its head (a 401
+    # with ``Content-Length: 0``) has reached ``end`` before the driver stops at it.
+    "framing_complete": {"follow_redirect": "redirect_pending", "refused": "redirect_refused"},
     "closed_early": {},
     "proxy_error_headers": {
         "proxy_body": "proxy_error_body",
@@ -582,8 +585,10 @@ class HttpExchange:
 
     def refuse(self) -> Observation | None:
         """Fire ``refused``: the final head is a refusal the driver stops at (a hop sent without
-        the credential), its body not read on.  None when the response was already complete
-        (an empty body framed in the same read)."""
+        the credential), its body not read on -- or read already, when the whole response came
+        in the head's read (h11 fired ``end``: ``framing_complete``, left for
+        ``redirect_refused`` all the same, since that answer is not the result).  None only when
+        the exchange ended otherwise first."""
         if not self.machine.allows("refused"):
             return None
         step = self.machine.fire("refused")

@@ -401,8 +401,11 @@ def _refusing(head: bytes, body: bytes, *, then_stall: bool) -> Any:
         (b"HTTP/1.1 404 Not Found\r\nContent-Length: 3145728\r\n\r\n", 3 << 20, False),
         # A body that stalls: read to the end it was unknown at the read deadline.
         (b"HTTP/1.1 401 Unauthorized\r\nContent-Length: 1000\r\n\r\n", 7, True),
+        # The whole refusal in the head's read: h11 has fired ``end`` (framing_complete) before
+        # the exchange stops at the head; the record read the 401 as a complete response.
+        (b"HTTP/1.1 401 Unauthorized\r\nContent-Length: 0\r\n\r\n", 0, False),
     ],
-    ids=["404-body-past-max_result", "401-body-stalls"],
+    ids=["404-body-past-max_result", "401-body-stalls", "401-empty-body-with-its-head"],
 )
 async def test_a_refused_hop_is_read_to_its_head_only_and_its_connection_closed(
     client: HttpClient, head: bytes, body_size: int, stall: bool
