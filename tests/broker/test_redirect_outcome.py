@@ -330,3 +330,54 @@ async def test_a_3xx_that_stands_after_the_next_hop_failed_past_its_gate_keeps_i
         for kind in (EventKind.REQUEST_SENT, EventKind.REMOTE_RESPONSE_STARTED)
     }
     assert of == {EventKind.REQUEST_SENT: [None], EventKind.REMOTE_RESPONSE_STARTED: [307]}
+
+
+async def test_a_3xx_that_stands_two_hops_back_is_journaled_with_hop_1_s_milestones(
+    tmp_path: Path, token: str
+) -> None:
+    """Target 307 -> other origin 308 -> back to the target without the bearer (dropped at the
+    other origin; in scope again, only a query credential is put back): hop 3's 401 is refused
+    and hop 1's 307 -- the last 3xx the credential reached -- is the result.  Hop 2's and hop
+    3's gates each set the hop before's milestones aside: hop 1's are the ones journaled, never
+    hop 2's (its 308) beside a REMOTE_RESPONSE_COMPLETE of 307.  Hop 2 answers 308 so the
+    milestones say whose they are: they hold only a status."""
+    routes = {"/b": Reply(401, body=b"who are you")}
+
+    def route(r: Received) -> Reply:
+        return routes[urllib.parse.urlsplit(r.target).path]
+
+    call = {"target": "api", "method": "PUT", "path": "/a", "body": "{}"}
+    async with (
+        HostileServer.running(scripts.serve(route)) as srv,
+        HostileServer.running(scripts.redirect(srv.url + "/b", 308)) as other,
+    ):
+        routes["/a"] = Reply(307, headers=[("Location", other.url + "/x")], body=b"first")
+        target = http_target(srv.url, follow_redirects=True, redirect_origins=[other.origin])
+        async with open_broker(write_config(tmp_path, {"api": target})) as broker:
+            with trio.fail_after(LIMIT):
+                env = await broker.call(call)
+            rec = assert_redirected(broker, env)
+            events = broker.events(env["invocation_id"])
+    assert [urllib.parse.urlsplit(r.target).path for r in srv.requests] == ["/a", "/b"]
+    assert token not in str(srv.requests[1].headers) and len(other.requests) == 1
+    assert env["result"]["status"] == 307 and env["result"]["body"] == "first"
+    first = env["result"]["hops"]
+    assert [(h["hop"], h["origin"], h["status"]) for h in first] == [(1, srv.origin, 307)]
+    refused = env["evidence"]["redirect_not_followed"]
+    assert (refused["hop"], refused["origin"], refused["status"]) == (3, srv.origin, 401)
+    of = {
+        kind: [e.attrs.get("status") for e in events if e.kind is kind]
+        for kind in (
+            EventKind.REQUEST_SENT,
+            EventKind.REMOTE_RESPONSE_STARTED,
+            EventKind.REMOTE_RESPONSE_COMPLETE,
+        )
+    }
+    assert of == {
+        EventKind.REQUEST_SENT: [None],
+        EventKind.REMOTE_RESPONSE_STARTED: [307],
+        EventKind.REMOTE_RESPONSE_COMPLETE: [307],
+    }
+    for evidence in (env["evidence"], rec.evidence):
+        assert (evidence["hop"], evidence["connection"]) == (1, first[0]["connection"])
+        assert evidence["status"] == 307 and evidence["response_headers_received"] is True
