@@ -77,10 +77,11 @@ class HttpClient:
         credential = first_credential = carries_credential(request)
         hops: list[dict[str, Any]] = []
         redirects = 0
-        pending_result: HopResult | None = None
-        pending_facts: dict[str, Any] = {}
-        # The last followed 3xx answering a request that carried the credential: that hop's
-        # result, the chain up to it, the redirects before it.
+        # The last followed 3xx answering a request that carried the credential (any, when the
+        # caller's carried none): that hop's result, the chain up to it, the redirects before
+        # it.  It is the result when a later hop is refused or cannot be set up (one rule for
+        # both: an answer to a request the credential did not reach is no answer to the
+        # caller's).
         credited: tuple[HopResult, list[dict[str, Any]], int] | None = None
         hop = 1
         while True:
@@ -121,17 +122,19 @@ class HttpClient:
                 }
                 return await _result(stood, ctx, chain, redactor, facts, sink_buffer=True)
             except HopSetupFailed as e:
-                # The previous hop's complete 3xx stands as the result; the next request was
-                # never written (seed: each redirect hop is its own dispatch boundary).
-                assert pending_result is not None
-                pending_facts["redirect_not_followed"] = {
-                    "hop": hop,
-                    "code": e.code.value,
-                    "stage": e.stage,
+                # The next request was never written (seed: each redirect hop is its own
+                # dispatch boundary), so a complete 3xx stands as the result: as for a refusal,
+                # the last one to a request that carried the credential.  Not merely the one
+                # before: target 307 -> other origin 307 -> back to the target, whose
+                # connection's peer spoke first -- the other origin's 307 answered a request
+                # without the credential, no request of the caller's.
+                assert credited is not None  # a later hop's setup failed: hop 1 was followed
+                stood, chain, before = credited
+                facts = {
+                    "redirects": before,
+                    "redirect_not_followed": {"hop": hop, "code": e.code.value, "stage": e.stage},
                 }
-                return await _result(
-                    pending_result, ctx, hops, redactor, pending_facts, sink_buffer=True
-                )
+                return await _result(stood, ctx, chain, redactor, facts, sink_buffer=True)
             # Whether this hop's request held the credential: only an answer to one that did
             # is the target's word (engine/readable.py, ``from_elsewhere``).
             res.hop_summary["credential_sent"] = credential
@@ -163,9 +166,7 @@ class HttpClient:
             step = ctx.machine.fire("follow_redirect")
             ctx.observe(step, {"hop": hop, "status": res.status, **plan.redirect_facts})
             log.debug("following redirect hop=%d to %s", hop + 1, parse_url(plan.next_url).origin)
-            pending_result = res
-            pending_facts = {"redirects": redirects - 1}
-            if credential:
+            if credential or not first_credential:  # (a request without one: every 3xx)
                 credited = (res, list(hops), redirects - 1)
             nxt = next_hop(request, plan, method, headers, body)
             method, url, headers, body = nxt.method, nxt.url, nxt.headers, nxt.body

@@ -248,6 +248,31 @@ async def test_redirect_hop_setup_failure_keeps_the_complete_3xx(client: HttpCli
     assert fe.body == b"moved"
 
 
+async def test_after_a_hop_setup_failure_the_result_is_the_last_3xx_the_credential_reached(
+    client: HttpClient,
+) -> None:
+    """Target 307 -> other origin 307 (sent without the credential) -> a hop that cannot be set
+    up: as after a refusal, the target's own 307 is the result -- the other origin's answered a
+    request without the credential, no request the caller made (one rule for both, client.py)."""
+    routes = {"/a": Reply(307, headers=[("Location", "/placeholder")], body=b"first")}
+    async with (
+        HostileServer.running(by_path(routes)) as first,
+        HostileServer.running(scripts.redirect("http://127.0.0.1:1/x", 307)) as other,
+    ):
+        routes["/a"] = Reply(307, headers=[("Location", other.url + "/x")], body=b"first")
+        fe, res = await perform(client, req(first.url + "/a", Policy(first.origin), "PUT"))
+    assert len(other.requests) == 1 and not carries_credential(other.requests[0])
+    assert (res.outcome, res.code, res.facts["status"]) == (*REDIRECTED, 307)
+    assert res.hop == 1 and fe.body == b"first"
+    assert [h["origin"] for h in res.summary["hops"]] == [first.origin]
+    assert res.facts["redirects"] == 0
+    assert res.facts["redirect_not_followed"] == {
+        "hop": 3,
+        "code": "CONNECTION_REFUSED",
+        "stage": "tcp_connect",
+    }
+
+
 async def test_without_a_policy_redirects_are_not_followed(client: HttpClient) -> None:
     async with HostileServer.running(scripts.redirect("/next", 301)) as srv:
         request = req(srv.url + "/", Policy(srv.origin))
