@@ -366,12 +366,13 @@ CODES: dict[Code, CodeInfo] = {
         _RE,
         _CM,
         Retry.RECONCILE,
-        "The complete answer is a redirect (301, 302, 303, 307, 308) the broker did not follow --"
-        " `follow_redirects` is off, or `evidence.redirect_not_followed` (or `redirect_limit`)"
-        " says why.  The 3xx is the server's complete answer; whether the server acted on the"
-        " request is not recorded (RFC 9110: a 3xx asks for further action to fulfil it; a"
-        " 303 suggests the request was processed, a 301 or 307 that it was not): look before"
-        " sending it again.",
+        "The complete answer is a redirect the broker did not follow: a 301, 302, 303, 307 or"
+        " 308 -- `follow_redirects` is off, or `evidence.redirect_not_followed` (or"
+        " `redirect_limit`) says why -- or any other 3xx but 304 (300, 305, 306, an"
+        " unregistered one: never followed).  The 3xx is the server's complete answer; whether"
+        " the server acted on the request is not recorded (RFC 9110: a 3xx asks for further"
+        " action to fulfil it; a 303 suggests the request was processed, a 301 or 307 that it"
+        " was not): look before sending it again.",
     ),
     Code.REMOTE_COMMAND_FAILED: CodeInfo(
         _RE,

@@ -37,6 +37,10 @@ THROTTLE_STATUSES = frozenset({429, 503})
 REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
 """A final response with one of these is a redirect: followed (``redirects.py``) or, as the
 result, ``REMOTE_REDIRECTED``."""
+NOT_MODIFIED = 304
+"""RFC 9110 §15.4.5: the answer to a conditional GET or HEAD the caller made (its own
+``If-None-Match`` / ``If-Modified-Since``): the representation it holds is current -- the one
+3xx that asks nothing further of the client."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -266,11 +270,13 @@ def classify_response(
     )
     if proxy_generated(status, ps, via_forward_proxy=via_forward_proxy):
         return Classification("proxy", None, None)
-    if status in REDIRECT_STATUSES:
+    if 300 <= status < 400 and status != NOT_MODIFIED:
         # RFC 9110 §15.4: a 3xx says "further action needs to be taken by the user agent in order
         # to fulfill the request".  Complete, so committed -- but no success: whether the server
         # acted on the request is not recorded (a 303 suggests it did, a 301 or 307 that it did
-        # not), so a caller branching on the error reads this one.
+        # not), so a caller branching on the error reads this one.  Every 3xx but 304: the
+        # ones never followed too -- 300 (a choice left to the client), 305 and 306
+        # (deprecated, reserved) and any unregistered one, which §15 has a client treat as 300.
         return Classification("origin", Outcome.COMMITTED, Code.REMOTE_REDIRECTED)
     if 200 <= status < 400:
         # A success's Retry-After changes nothing of its own hint, but a batch's throttled

@@ -19,9 +19,14 @@ NOW = 1_700_000_000.0
     [
         (200, Outcome.COMMITTED, None),
         (202, Outcome.COMMITTED, None),
+        # 304 answers the caller's own conditional request: its copy is current.
         (304, Outcome.COMMITTED, None),
-        (300, Outcome.COMMITTED, None),
-        *((s, Outcome.COMMITTED, Code.REMOTE_REDIRECTED) for s in (301, 302, 303, 307, 308)),
+        # Every other 3xx, followed or never (300, 305, 306, unregistered: RFC 9110 §15, "as
+        # 300"), asks for further action: no success.
+        *(
+            (s, Outcome.COMMITTED, Code.REMOTE_REDIRECTED)
+            for s in (300, 301, 302, 303, 305, 306, 307, 308, 309, 399)
+        ),
         (400, Outcome.REJECTED, Code.REMOTE_REJECTED),
         (401, Outcome.REJECTED, Code.REMOTE_REJECTED),
         (403, Outcome.REJECTED, Code.REMOTE_REJECTED),
