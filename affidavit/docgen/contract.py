@@ -530,7 +530,9 @@ def contract_markdown(protocols: Mapping[str, ProtocolTable] | None = None) -> s
         "without its trailer --, `unsupported_content_encoding`, `decoded_size_limit`) nor "
         "`body_truncated`, even when the prefix parses. A reconciliation query or a poll "
         "settles nothing on an answer a followed redirect fetched from another origin than the "
-        "target's (`redirect_origins`): RECONCILE_INCONCLUSIVE / OPERATION_POLL_FAILED with "
+        "target's (`redirect_origins`), or from its origin outside its base path -- a hop sent "
+        "without the credential (`summary.hops[].credential_sent`): RECONCILE_INCONCLUSIVE / "
+        "OPERATION_POLL_FAILED with "
         "the reason; from such an answer nothing is read for batch items or a 202's job -- "
         "neither its body nor its headers (a relative Location there would have named a "
         "status resource on the target): no BATCH_ITEMS_RECORDED, no OPERATION_ACCEPTED.",
