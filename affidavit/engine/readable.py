@@ -83,6 +83,7 @@ def from_elsewhere(summary: Mapping[str, Any], *, origin: str) -> bool:
     if not isinstance(hops, list) or not hops:
         return False
     last = hops[-1]
-    if not isinstance(last, Mapping) or last.get("origin") != origin:
+    # A decoded summary's hop is a dict: ``Mapping`` would be an ABC check on every call's path.
+    if not isinstance(last, dict) or last.get("origin") != origin:
         return True
     return last.get("credential_sent", len(hops) == 1) is not True
