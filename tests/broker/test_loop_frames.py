@@ -101,9 +101,12 @@ async def test_the_recorder_looks_its_task_up_once_per_write(tmp_path: Path, tok
         if caller is not None and caller.startswith("affidavit/engine/recorder.py")
     }
     # Two write_many (the preamble with CREDENTIAL_AUTHORIZED; the response events), one settle
-    # (RESULT_COMMITTED's record), the call's end.  The RESULT_DELIVERED queued after the
-    # hand-over (``deliver_later``) looks no task up: it is the engine's, kept by invocation.
+    # (RESULT_COMMITTED's record), the call's end, and the attempt the call takes (``attempting``:
+    # what closes a call's attempt from inside closes only its own).  The RESULT_DELIVERED queued
+    # after the hand-over (``deliver_later``) looks no task up: it is the engine's, kept by
+    # invocation.
     assert by_recorder == {
+        "affidavit/engine/recorder.py:attempting": 1,
         "affidavit/engine/recorder.py:write_many": 2,
         "affidavit/engine/recorder.py:settle": 1,
         "affidavit/engine/recorder.py:done": 1,
