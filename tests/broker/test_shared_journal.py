@@ -65,15 +65,26 @@ def test_a_shared_journal_is_a_url_with_named_key_files(tmp_path: Path) -> None:
 
 
 def test_init_writes_a_shared_config_and_creates_the_schema(
-    pg: Cluster, pg_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    pg: Cluster,
+    pg_url: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     config = tmp_path / "affidavit.toml"
-    assert cli_main(["init", "--config", str(config), "--journal-url", pg_url]) == 0
+    # The password on the command line is refused (every local user reads /proc/<pid>/cmdline)
+    # before anything is written; libpq takes it from PGPASSWORD instead.
+    assert cli_main(["init", "--config", str(config), "--journal-url", pg_url]) == 2
+    err = capsys.readouterr().err
+    assert "INVALID_FIELD" in err and "--journal-url" in err and pg.password not in err
+    assert not config.exists()
+    bare = argv_url(pg_url, monkeypatch)
+    assert cli_main(["init", "--config", str(config), "--journal-url", bare]) == 0
     out = capsys.readouterr().out
-    assert pg.password not in out and "***" in out
+    assert pg.password not in out
     loaded = load_config(config)
-    assert loaded.journal.url == pg_url
-    with JournalReader.open(pg_url) as r:
+    assert loaded.journal.url == bare
+    with JournalReader.open(bare) as r:
         assert r.head() == (0, "0" * 64) and r.verify().ok
     # Idempotent: a second broker's first open finds the schema and registers its own key.
     assert cli_main(["journal", "verify", "--config", str(config)]) == 0
