@@ -244,30 +244,50 @@ async def test_a_signal_just_after_the_input_ended_stops_at_once_before_the_grac
     assert session.ending.is_set() and session.grace.cancel_called
 
 
+async def _jobs_then_held(peer: Peer) -> None:
+    """A job's origin: its submission answered 202 with a status resource, every later
+    request (the poll) held for good."""
+    req = await peer.read_request()
+    if req is None:
+        return
+    if req.method == "POST":  # the submission: a job with a status resource
+        await peer.respond(Reply(202, headers=[("Location", "/v1/jobs/j1")], body=b"{}"))
+        return
+    peer.server.event("received").set()  # the poll: held for good
+    await trio.sleep_forever()
+
+
+OPS = {"status": "json:/state", "succeeded": ["done"], "failed": ["x"]}
+
+
 async def test_a_poll_held_by_its_remote_is_stopped_at_the_grace_as_broker_shutdown(
     tmp_path: Path, remotes: Remotes, token: str
 ) -> None:
     """``poll_operation`` sends a linked invocation to the remote as a call does: the grace's
     end stops it where it is (BROKER_SHUTDOWN), as it stops a call -- not left to run another
-    grace and then cut off as if its caller had cancelled it."""
-    targets = remotes.targets()
-    cfg = write_config(tmp_path, targets)
-    async with connected(["--config", str(cfg)], remotes.env(token), tmp_path / "mcp.log") as mcp:
-        job = {"target": "jobs", "method": "POST", "path": "/"}
-        op_id = (await mcp.call("http_request", job)).structured_content["operation"]["id"]
-    # The same target now answers its status resource from a remote that holds every request.
-    targets["jobs"] = {**targets["jobs"], "url": remotes.holds.url + "/v1", "timeout": SLOW}
-    cfg = write_config(tmp_path, targets)
-    with cfg.open("a", encoding="utf-8") as out:
-        out.write(f"[service]\nshutdown_grace = {GRACE}\n")
-    async with server(tmp_path, cfg, remotes, token) as raw:
-        await raw.send(call(1, "poll_operation", {"operation_id": op_id}))
-        await wait_for(remotes.holds.event("received"))
-        raw.proc.send_signal(signal.SIGTERM)
-        started = trio.current_time()
-        reply = await raw.answer(1)  # answers are still written after a signal
-        assert trio.current_time() - started < GRACE + 3  # not another grace and STOP_WAIT
-        assert await exits_within_grace(raw) == 0
+    grace and then cut off as if its caller had cancelled it.  The poll goes to the origin the
+    submission went to (a target re-pointed elsewhere is refused before anything is sent)."""
+    async with HostileServer.running(_jobs_then_held) as srv:
+        targets = {
+            **remotes.targets(),
+            "jobs": http_target(srv.url + "/v1", operations=OPS, timeout=SLOW),
+        }
+        cfg = write_config(tmp_path, targets)
+        with cfg.open("a", encoding="utf-8") as out:
+            out.write(f"[service]\nshutdown_grace = {GRACE}\n")
+        env = remotes.env(token)
+        async with connected(["--config", str(cfg)], env, tmp_path / "mcp.log") as mcp:
+            job = {"target": "jobs", "method": "POST", "path": "/"}
+            got = await mcp.call("http_request", job)
+            op_id = got.structured_content["operation"]["id"]
+        async with server(tmp_path, cfg, remotes, token) as raw:
+            await raw.send(call(1, "poll_operation", {"operation_id": op_id}))
+            await wait_for(srv.event("received"))
+            raw.proc.send_signal(signal.SIGTERM)
+            started = trio.current_time()
+            reply = await raw.answer(1)  # answers are still written after a signal
+            assert trio.current_time() - started < GRACE + 3  # not another grace and STOP_WAIT
+            assert await exits_within_grace(raw) == 0
     assert "result" in reply, reply
     polled: dict[str, Any] = reply["result"]["structuredContent"]
     error = polled["poll"]["error"]
@@ -284,19 +304,8 @@ async def test_the_proxy_stopped_at_the_grace_hangs_up_a_held_poll_and_says_it_s
     """Through the daemon, a poll held by its remote is hung up on at the grace's end as a call
     is, and answered that the proxy stopped -- not left running, to be cut off unanswered."""
 
-    async def jobs_then_held(peer: Peer) -> None:
-        req = await peer.read_request()
-        if req is None:
-            return
-        if req.method == "POST":  # the submission: a job with a status resource
-            await peer.respond(Reply(202, headers=[("Location", "/v1/jobs/j1")], body=b"{}"))
-            return
-        peer.server.event("received").set()  # the poll: held for good
-        await trio.sleep_forever()
-
-    ops = {"status": "json:/state", "succeeded": ["done"], "failed": ["x"]}
-    async with HostileServer.running(jobs_then_held) as srv:
-        targets = {"jobs": http_target(srv.url + "/v1", operations=ops, timeout=SLOW)}
+    async with HostileServer.running(_jobs_then_held) as srv:
+        targets = {"jobs": http_target(srv.url + "/v1", operations=OPS, timeout=SLOW)}
         async with (
             running_daemon(
                 tmp_path, targets, token=token, service={"shutdown_grace": 0.5}
