@@ -28,7 +28,7 @@ from tests.http.hostile import HostileServer, Received, Reply, scripts
 
 from .helpers import TOKEN_ENV, http_target, open_broker, write_config
 
-GOLDEN = "6b420082a423ed1a84b69b3740cfb631c6017967345f355cc017e56ea4725687"
+GOLDEN = "c2ed9b08e4a852b7a6be7e148a7a2897051e158b4abf62c6bde4b9037d9c50b4"
 
 TOKEN = "tok-equivalence-0123456789abcdef"
 
