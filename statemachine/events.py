@@ -184,8 +184,10 @@ class EventKind(StrEnum):
     between `path[after - 1]` and `path[after]` (null if nothing was left out).  The three come
     together, so a later summary (a retry's) replaces an earlier one's counts
     (affidavit/engine/steps.py).  With `received_withheld` the counts are null (a body in
-    1-byte chunks would count its size: affidavit/engine/echoed.py).  Improves the evidence,
-    never changes the outcome."""
+    1-byte chunks would count its size: affidavit/engine/echoed.py), and so are the byte counts
+    withheld (`body_bytes`, `total`, `<stream>_bytes`: null, not left out); every summary says
+    `received_withheld` (null if nothing was withheld), so a retry's shows neither an earlier
+    attempt's counts nor its word.  Improves the evidence, never changes the outcome."""
 
 
 BARRIER_KINDS: frozenset[EventKind] = frozenset(

@@ -604,7 +604,8 @@ class HttpExchange:
             "body_bytes": self.body_bytes_received,
         }
         if self.head_echoed is not None and self.head_echoed():
-            del facts["response_bytes"]
+            # Null, not absent: the record merges a retry's summary over the last one's.
+            facts["response_bytes"] = None
             facts["received_withheld"] = "redacted"
         return facts
 

@@ -35,7 +35,8 @@ answer was cut (``StreamSink.redacted_streams``: what ``finish`` would flush, sc
 scanned whole (``StreamSink.withheld``: HTTP's decoding reports a ``br``, corrupt or bomb body
 through ``AttemptContext.withhold`` as soon as it knows, so a body cut off by a stall or a close
 is not measured either).  ``received_withheld: "redacted"`` (or ``"unscanned"``) says that they
-were dropped.
+were dropped: made null, not left out, and the summary says ``received_withheld`` (null) when
+nothing was -- the record merges a retry's summary over the last one's.
 """
 
 from __future__ import annotations
@@ -80,7 +81,11 @@ def without_received_counts(
     if not streams:
         return dict(facts)
     counts = _COUNTS | {f"{name}_{what}" for name in streams for what in ("bytes", "sha256")}
+    # Null, not absent: the record's ``evidence.<protocol>`` merges each summary's facts over
+    # the last one's (``rules_attempt._on_observed``), so a key left out would show an earlier
+    # attempt's count beside this attempt's path.
     kept: dict[str, Any] = {k: v for k, v in facts.items() if k not in counts}
+    kept.update(dict.fromkeys(sorted(counts)))
     kept["received_withheld"] = reason
     repeats = kept.get("path_repeats")
     if isinstance(repeats, list):  # which runs repeated stays; how often goes
@@ -99,16 +104,18 @@ def without_received_size(
 ) -> list[tuple[Event, None]]:
     """``observed`` (the attempt's milestones and protocol summary) without the received byte
     counts, if any stream in ``redacted`` had a secret replaced (or, ``reason`` "unscanned",
-    was not scanned whole)."""
+    was not scanned whole).  The summary always says ``received_withheld`` -- null when
+    nothing was withheld -- so that a retry's summary, merged over an earlier attempt's in the
+    record, never shows the earlier one's word beside its own counts."""
     streams = set(redacted)
-    rows = list(observed)
-    if not streams:
-        return rows
     out: list[tuple[Event, None]] = []
-    for event, payload in rows:
+    for event, payload in observed:
         facts = event.attrs.get("facts")
         if event.kind is EventKind.PROTOCOL_OBSERVED and isinstance(facts, Mapping):
-            kept = without_received_counts(facts, streams, reason)
+            if streams:
+                kept = without_received_counts(facts, streams, reason)
+            else:  # the driver's own word (HTTP's ``progress``: a head that echoed) stands
+                kept = {"received_withheld": None, **facts}
             event = replace(event, attrs={**event.attrs, "facts": kept})
         out.append((event, payload))
     return out

@@ -67,4 +67,5 @@ def test_the_protocol_summary_keeps_the_json_facts_without_a_call_per_fact(
     assert event.attrs["facts"] == {
         "a": "x", "b": 1, "c": None, "d": [1], "e": {"f": 2},
         "path": ["headers_sent"], "path_repeats": [], "path_left_out": None,
+        "received_withheld": None,
     }  # fmt: skip

@@ -37,8 +37,11 @@ def key_env(ssh_keys: SshKeys) -> Iterator[None]:
 
 
 def _keys(value: Any) -> set[str]:
+    """The keys holding a value (a withheld count is null: ``engine/echoed.py``)."""
     if isinstance(value, dict):
-        return set(value) | {k for v in value.values() for k in _keys(v)}
+        return {k for k, v in value.items() if v is not None} | {
+            k for v in value.values() for k in _keys(v)
+        }
     if isinstance(value, list):
         return {k for v in value for k in _keys(v)}
     return set()
@@ -62,7 +65,7 @@ async def test_an_echo_in_an_interrupted_ssh_answer_is_not_hashed_for_the_caller
     [ended] = [e for e in view["events"] if e["kind"] == EventKind.ATTEMPT_INTERRUPTED.value]
     facts = ended["attrs"]["facts"]
     assert facts["received_withheld"] == "redacted"  # sanity: the echo was seen, and redacted
-    assert "stdout_bytes" not in facts
+    assert facts["stdout_bytes"] is None and "stdout_sha256" not in _keys(facts)
     # Nowhere a caller reads: the event, the record's protocol evidence, the envelope.
     for shown in (ended["attrs"], view["record"]["evidence"], env["evidence"]):
         assert "stdout_sha256" not in _keys(shown), shown
