@@ -109,7 +109,7 @@ class Connection:
             return True
         return bool(readable)
 
-    def unread_bytes(self) -> bool:
+    async def unread_bytes(self, connect_timeout: float) -> bool:
         """Has the peer sent anything nobody asked for that would be read as an answer, or
         said it is done?  Plain TCP: bytes in the socket's receive queue (``FIONREAD``); unlike
         ``looks_stale`` an EOF or a reset is not counted (those end a request written after
@@ -117,10 +117,26 @@ class Connection:
         1.3 server's session tickets (``_tls_application_data``), sent after the handshake
         (OpenSSL sends them at once) -- a close_notify or an alert included.  Over TLS the
         check decrypts what waits: a connection it answers True for must be dropped (the
-        bytes it read are gone)."""
-        if type(self.stream) is not trio.SocketStream and isinstance(self.stream, trio.SSLStream):
-            return self._tls_application_data(self.stream)
-        return self._queued() > 0
+        bytes it read are gone).
+
+        A ticket caught half-arrived (the only thing wrong is one last application-data
+        record not whole yet: a large stateless ticket, a TLS-terminating proxy merging
+        writes) is waited for, up to ``TICKET_PATIENCE`` (never past ``connect_timeout``),
+        and the records framed again once more bytes came; still partial then, or the peer
+        closed mid-record, it is refused as before."""
+        if type(self.stream) is trio.SocketStream or not isinstance(self.stream, trio.SSLStream):
+            return self._queued() > 0
+        verdict = self._tls_application_data(self.stream)
+        if verdict is not _PARTIAL:
+            return verdict is _UNREAD
+        deadline = trio.current_time() + min(TICKET_PATIENCE, connect_timeout)
+        while verdict is _PARTIAL:
+            with trio.move_on_at(deadline) as waited:
+                await trio.lowlevel.wait_readable(self.socket_stream.socket)
+            if waited.cancelled_caught or not self._queued():
+                return True  # still partial at the bound, or an EOF (a reset) mid-record
+            verdict = self._tls_application_data(self.stream)
+        return verdict is _UNREAD
 
     def _queued(self) -> int:
         """Bytes in the socket's receive queue (``FIONREAD``); 0 for a closed socket."""
@@ -134,16 +150,19 @@ class Connection:
             return 0
         return buf[0]
 
-    def _tls_application_data(self, stream: trio.SSLStream[trio.abc.Stream]) -> bool:
+    def _tls_application_data(self, stream: trio.SSLStream[trio.abc.Stream]) -> str:
         """Does anything but a TLS 1.3 server's session tickets wait?  The socket's queue is
         moved into trio's incoming BIO (what trio's own read does) and the TLS object asked,
         without blocking, for one byte; only whole records that give none (tickets, a key
-        update: consumed there as a read would) let the request be written.
+        update: consumed there as a read would) let the request be written (``_CLEAN``).
 
-        Counted as unread (True: refused, nothing written), besides application data:
+        ``_PARTIAL``: whole application-data records but for the last, not whole yet -- left
+        in the BIO unread by OpenSSL, to be framed again from the start once more arrived
+        (``unread_bytes``).  Counted as unread (``_UNREAD``: refused, nothing written),
+        besides application data:
 
-        * a record not whole yet, or not of the one outer type a record after a TLS 1.3
-          handshake has (``_whole_records``) -- its kind is unknown until it is whole, and
+        * a record not of the one outer type a record after a TLS 1.3 handshake has, or
+          longer than one may be (``_framing``) -- its kind is unknown until it is whole, and
           OpenSSL moves a partial record's bytes out of the BIO into its own buffer (``pending``
           is 0 after the read), so the records are framed here before OpenSSL sees them.  TLS
           1.2 sends no tickets after the handshake (RFC 5077 §3.3: before the server's
@@ -163,14 +182,15 @@ class Connection:
             if queued:
                 data += os.read(self.socket_stream.socket.fileno(), queued)
             incoming.write(data)
-            if not _whole_records(data):
-                return True
+            framing = _framing(data)
+            if framing is not _CLEAN:
+                return framing
             tls.read(1)  # b"" (close_notify) or a byte of application data
         except ssl.SSLWantReadError:
-            return False  # nothing pending, or only whole records without application data
+            return _CLEAN  # nothing pending, or only whole records without application data
         except (AttributeError, OSError, ValueError):  # ssl.SSLError among them
-            return True
-        return True
+            return _UNREAD
+        return _UNREAD
 
     def tls_buffered(self) -> bool:
         """Bytes the TLS layer holds that nobody has read: decrypted (``SSLObject.pending``) or
@@ -191,17 +211,33 @@ class Connection:
             return True
 
 
-def _whole_records(data: bytes) -> bool:
-    """Is ``data`` a run of whole TLS records (no bytes are), each of the one outer type a TLS
-    1.3 record after the handshake has: application_data, 23 -- tickets and alerts included
-    (RFC 8446 §5.2: a 5-byte header, its last two bytes the length)?  A header cut short
-    makes ``at`` pass ``end``."""
+_CLEAN, _PARTIAL, _UNREAD = "clean", "partial", "unread"
+"""What the TLS check finds waiting: only whole records without application data, those and
+one last application-data record not whole yet, or something that refuses the request."""
+
+TICKET_PATIENCE = 0.05
+"""Seconds a record half-arrived at the check is waited for (``unread_bytes``): a ticket's
+rest follows its first bytes at once on a loopback or a LAN; a peer that stops mid-record is
+refused after this, as it was at once before."""
+
+_MAX_RECORD = 2**14 + 256
+"""RFC 8446 §5.2: a TLSCiphertext's length MUST NOT exceed 2^14 + 256 bytes."""
+
+
+def _framing(data: bytes) -> str:
+    """Is ``data`` a run of whole TLS records (no bytes are: ``_CLEAN``), each of the one outer
+    type a TLS 1.3 record after the handshake has: application_data, 23 -- tickets and alerts
+    included (RFC 8446 §5.2: a 5-byte header, its last two bytes the length)?  ``_PARTIAL``
+    when the last one is of that type but not whole yet (its header cut short too);
+    ``_UNREAD`` for any other type or a length no record may have."""
     at, end = 0, len(data)
     while at < end:
         if data[at] != 23:
-            return False
+            return _UNREAD
+        if at + 5 <= end and int.from_bytes(data[at + 3 : at + 5], "big") > _MAX_RECORD:
+            return _UNREAD
         at += 5 + int.from_bytes(data[at + 3 : at + 5], "big")
-    return at == end
+    return _CLEAN if at == end else _PARTIAL
 
 
 class HopSetupFailed(Exception):

@@ -125,7 +125,7 @@ async def exchange(
     conn, reused = await pool.acquire(request, ctx, hop, target)
     h = _Hop(request, ctx, conn, reused, hop, method, target, redactor, plan, redirects)
     await h.pass_gate(pool, headers, body)
-    if conn.unread_bytes():
+    if await conn.unread_bytes(request.timeouts.connect):
         # Bytes waiting now were sent before this request was written, so they can never be
         # its answer: nothing is written and the connection is dropped.  A pooled connection
         # was checked before the gate, but the gate (a durable journal write) took time; a

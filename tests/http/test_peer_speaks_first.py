@@ -115,9 +115,9 @@ async def test_tls13_session_tickets_after_the_handshake_refuse_nothing(
     queued: list[int] = []
     check = Connection.unread_bytes
 
-    def recorded(conn: Connection) -> bool:
+    async def recorded(conn: Connection, connect_timeout: float) -> bool:
         queued.append(conn._queued())
-        return check(conn)
+        return await check(conn, connect_timeout)
 
     monkeypatch.setattr(Connection, "unread_bytes", recorded)
     with ticketing_server(tls) as (port, shaken, tickets):

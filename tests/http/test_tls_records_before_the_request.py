@@ -11,7 +11,9 @@ loopback socket as each row says) sends, before the check:
 * a close_notify, or a fatal alert (the peer is done: writing to it proves nothing);
 * anything at all under TLS 1.2 (no post-handshake tickets there: its tickets come before
   the server's Finished);
-* only its session tickets (TLS 1.3): no answer, the call completes.
+* only its session tickets (TLS 1.3): no answer, the call completes -- also when the last
+  ticket record is caught half-arrived and its rest follows within ``TICKET_PATIENCE``; one
+  whose rest never comes is refused.
 
 Refused means a setup failure at stage ``peer_spoke_first`` and not one byte written after the
 handshake (the peer counts every byte it receives).
@@ -62,6 +64,12 @@ class RecordPeer:
     out) and sets ``closed``; ``after_close`` counts the bytes it receives after that."""
     closed: trio.Event = field(default_factory=trio.Event)
     after_close: int = 0
+    held: list[bytes] = field(default_factory=list)
+    """Bytes a row keeps back: sent ``pause`` seconds after ``release`` is set (None: never)."""
+    release: trio.Event | None = None
+    pause: float = 0.0
+    eof_after_held: bool = False
+    """Set: the peer shuts its side down once ``held`` is sent (an EOF mid-record)."""
 
     async def serve(self, listener: trio.SocketListener) -> None:
         """Accept one connection and play the row; every wait bounded (10 s in all)."""
@@ -87,6 +95,12 @@ class RecordPeer:
         now, rest = self.before(obj, si, so)
         await stream.send_all(now)
         self.sent.set()
+        if self.release is not None:
+            await self.release.wait()
+            await trio.sleep(self.pause)
+            await stream.send_all(b"".join(self.held))
+            if self.eof_after_held:
+                await stream.send_eof()
         # a client that closes with the tickets unread resets the connection
         with trio.move_on_after(3), contextlib.suppress(trio.BrokenResourceError):
             await self._answer(stream, obj, si, so, rest)
@@ -153,6 +167,18 @@ def tickets_only(obj: ssl.SSLObject, si: ssl.MemoryBIO, so: ssl.MemoryBIO) -> Se
     return so.read(), None
 
 
+def split_ticket(peer: RecordPeer) -> Before:
+    """The tickets but the last record's last 10 bytes, kept back in ``peer.held``."""
+
+    def row(obj: ssl.SSLObject, si: ssl.MemoryBIO, so: ssl.MemoryBIO) -> Sent:
+        tickets = so.read()
+        assert connect._framing(tickets) == "clean"  # whole ticket records: cut the last
+        peer.held.append(tickets[-10:])
+        return tickets[:-10], None
+
+    return row
+
+
 def partial_record(obj: ssl.SSLObject, si: ssl.MemoryBIO, so: ssl.MemoryBIO) -> Sent:
     """The first 10 bytes of the record carrying ``UNSOLICITED``: its header and 5 more."""
     first = so.read()
@@ -188,6 +214,7 @@ V13, V12 = ssl.TLSVersion.TLSv1_3, ssl.TLSVersion.TLSv1_2
 
 REFUSED = [
     pytest.param(V13, partial_record, id="tls13-partial-record"),
+    pytest.param(V13, None, id="tls13-ticket-never-whole"),
     pytest.param(V13, whole_record, id="tls13-whole-record"),
     pytest.param(V13, close_notify, id="tls13-close-notify"),
     pytest.param(V13, fatal_alert, id="tls13-fatal-alert"),
@@ -197,17 +224,24 @@ REFUSED = [
 
 
 async def _call(
-    client: HttpClient, tls: TlsFixture, version: ssl.TLSVersion, before: Before
+    client: HttpClient,
+    tls: TlsFixture,
+    version: ssl.TLSVersion,
+    before: Before,
+    peer: RecordPeer | None = None,
 ) -> tuple[RecordPeer, Any, Any]:
     """One POST to a ``RecordPeer``; the gate holds until the peer's bytes reached the
-    client's socket.  Returns the peer, the result (or None) and the error (or None)."""
-    peer = RecordPeer(server_context(tls, version), before)
+    client's socket, then sets the peer's ``release`` (if any) as it ends.  Returns the peer,
+    the result (or None) and the error (or None)."""
+    peer = peer or RecordPeer(server_context(tls, version), before)
     listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
     port = listeners[0].socket.getsockname()[1]
 
     async def during_gate(facts: Mapping[str, Any]) -> None:
         await peer.sent.wait()
         await trio.sleep(0.2)  # let the bytes reach the client's socket
+        if peer.release is not None:
+            peer.release.set()
 
     fe = FakeEngine(on_gate=during_gate)
     res = err = None
@@ -227,9 +261,12 @@ async def _call(
 
 @pytest.mark.parametrize(("version", "before"), REFUSED)
 async def test_records_other_than_tickets_before_the_request_refuse_it_unwritten(
-    client: HttpClient, tls: TlsFixture, version: ssl.TLSVersion, before: Before
+    client: HttpClient, tls: TlsFixture, version: ssl.TLSVersion, before: Before | None
 ) -> None:
-    peer, res, err = await _call(client, tls, version, before)
+    """(None: a ticket record whose last 10 bytes never come.)"""
+    peer = RecordPeer(server_context(tls, version), lambda *_: (b"", None))
+    peer.before = before or split_ticket(peer)
+    peer, res, err = await _call(client, tls, version, peer.before, peer)
     assert res is None, f"the request was written and answered: {res}"
     assert isinstance(err, SetupError) and err.stage == "peer_spoke_first", err
     assert peer.after_handshake == 0 and peer.request == b""
@@ -279,20 +316,74 @@ async def test_tickets_alone_before_the_request_refuse_nothing(
 
 
 @pytest.mark.parametrize(
-    ("data", "whole"),
+    ("data", "framing"),
     [
-        (b"", True),
-        (b"\x17\x03\x03\x00\x02ab", True),
-        (b"\x17\x03\x03\x00\x02ab\x17\x03\x03\x00\x00", True),
-        (b"\x17\x03\x03\x00\x02a", False),  # a record cut short
-        (b"\x17\x03\x03\x00\x02ab\x17\x03", False),  # a header cut short
-        (b"\x17", False),
-        (b"\x16\x03\x03\x00\x01\x00", False),  # TLS 1.2's HelloRequest: a handshake record
-        (b"\x15\x03\x03\x00\x02\x01\x00", False),  # an alert in the clear
+        (b"", "clean"),
+        (b"\x17\x03\x03\x00\x02ab", "clean"),
+        (b"\x17\x03\x03\x00\x02ab\x17\x03\x03\x00\x00", "clean"),
+        (b"\x17\x03\x03\x00\x02a", "partial"),  # a record cut short
+        (b"\x17\x03\x03\x00\x02ab\x17\x03", "partial"),  # a header cut short
+        (b"\x17", "partial"),
+        (b"\x17\x03\x03\x41\x00", "partial"),  # 2^14 + 256 bytes: the most a record has
+        (b"\x17\x03\x03\x41\x01", "unread"),  # one more: no record is that long
+        (b"\x16\x03\x03\x00\x01\x00", "unread"),  # TLS 1.2's HelloRequest: a handshake record
+        (b"\x15\x03\x03\x00\x02\x01\x00", "unread"),  # an alert in the clear
+        (b"\x17\x03\x03\x00\x01a\x16\x03", "unread"),  # partial, but not of type 23
     ],
 )
-def test_only_whole_application_data_records_are_framed_as_whole(data: bytes, whole: bool) -> None:
+def test_only_application_data_records_are_framed_as_whole_or_partial(
+    data: bytes, framing: str
+) -> None:
     """What OpenSSL may be shown to tell tickets from an answer: whole records of the one
-    outer type TLS 1.3 gives every record after the handshake.  (TLS 1.2's renegotiation
-    request is whole and gives no byte: only its type refuses it.)"""
-    assert connect._whole_records(data) is whole
+    outer type TLS 1.3 gives every record after the handshake; a last one of that type not
+    whole yet is waited for.  (TLS 1.2's renegotiation request is whole and gives no byte:
+    only its type refuses it.)"""
+    assert connect._framing(data) == framing
+
+
+async def test_a_ticket_caught_half_arrived_is_waited_for_and_refuses_nothing(
+    client: HttpClient, tls: TlsFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The last ticket record's last 10 bytes come 20 ms after the check found it partial
+    (a large stateless ticket, a proxy merging writes): the check waits for them (within
+    ``TICKET_PATIENCE``), frames the records again, and the request is written."""
+    found: list[str] = []
+    check = connect.Connection._tls_application_data
+
+    def recorded(conn: connect.Connection, stream: Any) -> str:
+        found.append(check(conn, stream))
+        return found[-1]
+
+    monkeypatch.setattr(connect.Connection, "_tls_application_data", recorded)
+    peer = RecordPeer(server_context(tls, V13), tickets_only, release=trio.Event(), pause=0.02)
+    peer.before = split_ticket(peer)
+    peer, res, err = await _call(client, tls, V13, peer.before, peer)
+    assert found == ["partial", "clean"]  # really half-arrived at the check, then whole
+    assert err is None and res is not None and res.outcome is Outcome.COMMITTED
+    assert peer.request.startswith(b"POST /pay HTTP/1.1\r\n")
+
+
+def _ticket_cut_short(obj: ssl.SSLObject, si: ssl.MemoryBIO, so: ssl.MemoryBIO) -> Sent:
+    return so.read()[:-10], None
+
+
+async def test_an_eof_after_half_a_ticket_refuses_at_once(
+    client: HttpClient, tls: TlsFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The peer shuts its side after half its last ticket record: the socket reads as ready
+    with nothing more to frame, and the check refuses at once rather than framing the same
+    bytes again until ``TICKET_PATIENCE`` ran out."""
+    found: list[str] = []
+    check = connect.Connection._tls_application_data
+
+    def recorded(conn: connect.Connection, stream: Any) -> str:
+        found.append(check(conn, stream))
+        return found[-1]
+
+    monkeypatch.setattr(connect.Connection, "_tls_application_data", recorded)
+    peer = RecordPeer(
+        server_context(tls, V13), _ticket_cut_short, release=trio.Event(), eof_after_held=True
+    )
+    peer, res, err = await _call(client, tls, V13, peer.before, peer)
+    assert res is None and isinstance(err, SetupError) and err.stage == "peer_spoke_first"
+    assert found == ["partial"] and peer.after_handshake == 0

@@ -75,10 +75,10 @@ async def test_a_tls_stream_that_cannot_be_inspected_counts_as_holding_an_answer
     fe = FakeEngine()
     original = Connection.unread_bytes
 
-    def hidden(self: Connection) -> bool:
+    async def hidden(self: Connection, connect_timeout: float) -> bool:
         assert isinstance(self.stream, trio.SSLStream)
         del self.stream._incoming
-        return original(self)
+        return await original(self, connect_timeout)
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(Connection, "unread_bytes", hidden)
