@@ -92,6 +92,19 @@ class Connection:
     forward_proxy: bool
     idle_since: float = 0.0
     requests: int = 0
+    read_cut: bool = False
+    """A read was cancelled (or failed) mid-way (``receive_some``).  Over TLS OpenSSL may then
+    hold part of a record in its own buffer, which neither ``tls_buffered`` nor the check
+    before a request sees (it frames from a record boundary: an empty BIO reads as whole, and
+    the request would be written) -- so such a connection is never pooled (``Pool.release``)."""
+
+    async def receive_some(self, size: int) -> bytes:
+        """One read from the stream; one cut short marks the connection (``read_cut``)."""
+        try:
+            return bytes(await self.stream.receive_some(size))
+        except BaseException:  # trio.Cancelled among them
+            self.read_cut = True
+            raise
 
     def looks_stale(self) -> bool:
         """A pooled connection must be silent while idle.  Readable means EOF, a reset, or bytes

@@ -407,11 +407,11 @@ class _Hop:
         assert io is not None  # (``transfer``'s)
         io.deadline = trio.current_time() + limit
         size = self.read_size
-        data = await self.conn.stream.receive_some(size)
+        data = await self.conn.receive_some(size)
         io.deadline = math.inf
         if len(data) == size and size < MAX_READ_SIZE:
             self.read_size = size * 2
-        return bytes(data)
+        return data
 
     async def _handle(self, observations: list[Observation]) -> None:
         ctx, plan = self.ctx, self.plan

@@ -59,8 +59,9 @@ class Pool:
         return f"http-{self._next_id}"
 
     def release(self, conn: Connection) -> None:
-        """Keep ``conn`` for reuse (a closed pool closes it instead)."""
-        if self.closed:
+        """Keep ``conn`` for reuse (a closed pool closes it instead, as it does a connection
+        whose read was cut: ``Connection.read_cut``)."""
+        if self.closed or conn.read_cut:
             conn.socket_stream.socket.close()
             return
         conn.idle_since = trio.current_time()
