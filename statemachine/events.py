@@ -180,14 +180,16 @@ class EventKind(StrEnum):
     `path` lists the states the machine went through, a run of one state repeated once (a
     self-loop: every body piece is a `body` step), with `path_repeats` [index in `path`, steps in
     that run] for each run that repeats ([] if none); past 64 runs only the first and the last 32
-    are listed, and `path_left_out` {after: index in `path`, runs, steps} counts what came
-    between `path[after - 1]` and `path[after]` (null if nothing was left out).  The three come
-    together, so a later summary (a retry's) replaces an earlier one's counts
-    (affidavit/engine/steps.py).  With `received_withheld` the counts are null (a body in
-    1-byte chunks would count its size: affidavit/engine/echoed.py), and so are the byte counts
-    withheld (`body_bytes`, `total`, `<stream>_bytes`: null, not left out); every summary says
-    `received_withheld` (null if nothing was withheld), so a retry's shows neither an earlier
-    attempt's counts nor its word.  Improves the evidence, never changes the outcome."""
+    are listed, and `path_left_out` {after: index in `path`, runs, steps, states} counts what
+    came between `path[after - 1]` and `path[after]`, and names its states (null if nothing
+    was left out).  The three come together, so a later summary (a retry's) replaces an earlier
+    one's counts (affidavit/engine/steps.py).  With `received_withheld` the counts are null (a
+    body in 1-byte chunks would count its size: affidavit/engine/echoed.py), and a block of a
+    withheld stream's runs, with the states between them (SSH's stderr between stdout chunks)
+    and what was left out there, lists each state once, in the order they came; the byte
+    counts withheld (`body_bytes`, `total`, `<stream>_bytes`) are null, not left out, and every
+    summary says `received_withheld` (null if nothing was withheld), so a retry's shows neither
+    an earlier attempt's counts nor its word.  Improves the evidence, never changes the outcome."""
 
 
 BARRIER_KINDS: frozenset[EventKind] = frozenset(

@@ -11,7 +11,9 @@ still in two other places a caller reads:
   ``stdout_bytes`` -- facts recorded as the bytes arrived; and the path's step counts
   (``engine/steps.py``): every body piece or output chunk is a step, so a body sent as 1-byte
   chunks makes its run's count in ``path_repeats`` its size, and ``path_left_out``'s runs and
-  steps count chunks the same way (what ``len(path)`` was before the path was encoded);
+  steps count chunks the same way (what ``len(path)`` was before the path was encoded), and
+  with SSH's stdout and stderr alternating every chunk is a run of its own, so the number of
+  runs, and whether some were left out, counted them too (``_folded_path``);
 * the result's headers: the remote's own ``Content-Length``, ``Content-Range`` and the
   headers that digest the body (``Digest``, ``Content-Digest``, ``Repr-Digest``,
   ``Content-MD5``, an ``ETag``, which servers commonly make a hash of the content).
@@ -75,7 +77,8 @@ def without_received_counts(
     that stream's ``<stream>_sha256`` (SSH's ``result_facts`` hash the bytes received, before
     redaction: a guess of the secret would be checked against it offline), nor the path's
     step counts (``path_repeats``' and ``path_left_out``'s, made null: every run's -- which
-    run counts a stream's chunks is the protocol's to know, not this function's);
+    run counts a stream's chunks is the protocol's to know, not this function's), nor its
+    runs of the stream's chunks (``_folded_path``);
     ``received_withheld`` then says so (``reason``)."""
     streams = set(redacted)
     if not streams:
@@ -87,16 +90,66 @@ def without_received_counts(
     kept: dict[str, Any] = {k: v for k, v in facts.items() if k not in counts}
     kept.update(dict.fromkeys(sorted(counts)))
     kept["received_withheld"] = reason
-    repeats = kept.get("path_repeats")
-    if isinstance(repeats, list):  # which runs repeated stays; how often goes
-        kept["path_repeats"] = [[run[0], None] for run in repeats if isinstance(run, list) and run]
-    left_out = kept.get("path_left_out")
-    if isinstance(left_out, Mapping):
-        kept["path_left_out"] = {"after": left_out.get("after"), "runs": None, "steps": None}
+    kept.update(_folded_path(kept, streams))
     over = kept.get("result_size_limit")
     if isinstance(over, Mapping):  # the bytes received when the limit stopped the attempt
         kept["result_size_limit"] = {"limit": over.get("limit"), "received_withheld": reason}
     return kept
+
+
+_GAP: Final = ""
+"""The place of what ``path_left_out`` counts among the runs (no state is named "")."""
+
+
+def _folded_path(facts: Mapping[str, Any], streams: set[str]) -> dict[str, Any]:
+    """The step path (``engine/steps.py``) without what counts the withheld streams' chunks:
+    every count is null (which runs repeated stays), and each block of runs of those streams'
+    states -- with the states interleaved with them (SSH's stderr between stdout chunks) and
+    what was left out there, if it was only those states -- lists each of its states once, in
+    the order they first came.  Alternating every chunk, the number of runs was the number of
+    chunks, and so was whether any were left out (past 64 runs): no longer."""
+    path, repeats, left = facts.get("path"), facts.get("path_repeats"), facts.get("path_left_out")
+    if not isinstance(path, list) or not isinstance(repeats, list):
+        return {}
+    many = {run[0] for run in repeats if isinstance(run, list) and run}
+    runs = [(state, i in many) for i, state in enumerate(path)]  # (state, more than one step)
+    gap: frozenset[str] = frozenset()  # what was left out: its states
+    at = left.get("after") if isinstance(left, Mapping) else None
+    if type(at) is int and 0 <= at <= len(runs):
+        assert isinstance(left, Mapping)
+        states = left.get("states")
+        gap = frozenset({_GAP})  # its states unknown: never folded
+        if isinstance(states, list) and all(isinstance(x, str) and x for x in states):
+            gap = frozenset(states)
+        runs.insert(at, (_GAP, True))
+    between = {
+        state
+        for (before, _), (state, _), (after, _) in zip(runs, runs[1:], runs[2:], strict=False)
+        if before in streams and after in streams and state not in streams and state != _GAP
+    }
+    fold = streams | between
+    out: list[tuple[str, bool]] = []
+    block: dict[str, bool] = {}  # a block's states in the order they came: more than one step
+    for state, more in [*runs, (None, False)]:
+        if state == _GAP and gap <= fold:
+            block.update({name: name in block for name in gap})  # a step at least: one more?
+            continue
+        if state is not None and state in fold:
+            block[state] = state in block or more
+            continue
+        out.extend(block.items())
+        block = {}
+        if state is not None:
+            out.append((state, more))
+    left_at = next((i for i, (state, _) in enumerate(out) if state == _GAP), None)
+    kept = [(state, more) for state, more in out if state != _GAP]
+    return {
+        "path": [state for state, _ in kept],
+        "path_repeats": [[i, None] for i, (_, more) in enumerate(kept) if more],
+        "path_left_out": None
+        if left_at is None
+        else {"after": left_at, "runs": None, "steps": None, "states": sorted(gap - {_GAP})},
+    }
 
 
 def without_received_size(

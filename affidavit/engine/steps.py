@@ -17,8 +17,10 @@ an earlier attempt's counts must not stay beside a later attempt's path:
 
 * ``path`` -- each run's state once, in order;
 * ``path_repeats`` -- ``[index in path, steps in that run]`` per run that repeats (``[]``: none);
-* ``path_left_out`` -- ``{"after": index in path, "runs", "steps"}``, the runs that came between
-  ``path[after - 1]`` and ``path[after]`` (``None``: none left out).
+* ``path_left_out`` -- ``{"after": index in path, "runs", "steps", "states"}``, the runs that
+  came between ``path[after - 1]`` and ``path[after]`` and their states, sorted (``None``: none
+  left out).  The states let a withheld size (``engine/echoed.py``) fold what was left out into
+  the runs of the streams it withholds.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ class StepPath:
     """The run-length encoded, bounded path (see the module).  ``append`` is on every step's
     way: a comparison and an addition for a repeat, two appends for a new run."""
 
-    __slots__ = ("_counts", "_left_runs", "_left_steps", "_repeats", "_states")
+    __slots__ = ("_counts", "_left_runs", "_left_states", "_left_steps", "_repeats", "_states")
 
     def __init__(self) -> None:
         self._states: list[str] = []
@@ -46,6 +48,7 @@ class StepPath:
         self._repeats = False
         self._left_runs = 0
         self._left_steps = 0
+        self._left_states: set[str] = set()  # at most the table's states
 
     def __bool__(self) -> bool:
         return bool(self._states)
@@ -59,14 +62,19 @@ class StepPath:
         states.append(state)
         self._counts.append(1)
         if len(states) > HEAD_RUNS + TAIL_RUNS:  # the oldest run after the head goes
-            del states[HEAD_RUNS]
+            self._left_states.add(states.pop(HEAD_RUNS))
             self._left_runs += 1
             self._left_steps += self._counts.pop(HEAD_RUNS)
 
     def facts(self) -> dict[str, Any]:
         repeats = [[i, n] for i, n in enumerate(self._counts) if n > 1] if self._repeats else []
         left_out = (
-            {"after": HEAD_RUNS, "runs": self._left_runs, "steps": self._left_steps}
+            {
+                "after": HEAD_RUNS,
+                "runs": self._left_runs,
+                "steps": self._left_steps,
+                "states": sorted(self._left_states),
+            }
             if self._left_runs
             else None
         )

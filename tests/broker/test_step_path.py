@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -44,7 +45,12 @@ def test_past_the_bound_the_first_and_last_runs_are_kept_and_the_rest_counted() 
     assert len(path) == HEAD_RUNS + TAIL_RUNS
     assert path[:HEAD_RUNS] == states[:HEAD_RUNS] and path[HEAD_RUNS:] == states[-TAIL_RUNS:]
     left = len(states) - HEAD_RUNS - TAIL_RUNS
-    assert facts["path_left_out"] == {"after": HEAD_RUNS, "runs": left, "steps": left}
+    assert facts["path_left_out"] == {
+        "after": HEAD_RUNS,
+        "runs": left,
+        "steps": left,
+        "states": ["stderr", "stdout"],
+    }
 
 
 def test_a_later_summary_leaves_no_count_of_an_earlier_one_in_the_record() -> None:
@@ -64,15 +70,38 @@ def test_a_later_summary_leaves_no_count_of_an_earlier_one_in_the_record() -> No
 def test_a_size_withheld_takes_the_path_s_counts_with_it() -> None:
     """Every output chunk is a step: where the bytes received are withheld (a stream echoed a
     secret), the runs' counts and what was left out would count its chunks -- its size, for
-    1-byte chunks.  The path stays; which runs repeated stays; every count is null."""
-    states = ["exec_accepted", *["stdout", "stderr"] * 100, *["stdout"] * 7, "closed"]
-    facts = _path(states)
-    assert facts["path_repeats"] and facts["path_left_out"]
-    kept = without_received_counts(facts, ["stdout"])
+    1-byte chunks.  Which runs repeated stays; every count is null."""
+    facts = _path(["headers_sent", "response_headers", *["body"] * 7, "framing_complete"])
+    kept = without_received_counts(facts, ["body"])
     assert kept["received_withheld"] == "redacted" and kept["path"] == facts["path"]
-    assert kept["path_repeats"] == [[i, None] for i, _n in facts["path_repeats"]]
-    assert kept["path_left_out"] == {"after": HEAD_RUNS, "runs": None, "steps": None}
+    assert kept["path_repeats"] == [[2, None]] and kept["path_left_out"] is None
     assert without_received_counts(facts, []) == facts  # nothing withheld: all kept
+
+
+@pytest.mark.parametrize("chunks", [2, 10, 31, 32, 100, 5000])
+def test_a_withheld_stream_s_chunks_are_not_counted_by_the_path_s_runs(chunks: int) -> None:
+    """SSH's stdout and stderr alternating: every chunk is its own run, so the number of runs
+    -- and, past 64, whether some were left out -- counted the chunks (1-byte chunks: the
+    size).  Withheld, the block of stdout's runs and those between them lists each state once:
+    the same path whatever the number of chunks."""
+    states = ["exec_accepted", *["stdout", "stderr"] * chunks, "stdout", "exit_status", "closed"]
+    kept = without_received_counts(_path(states), ["stdout"])
+    assert kept["path"] == ["exec_accepted", "stdout", "stderr", "exit_status", "closed"]
+    assert kept["path_repeats"] == [[1, None], [2, None]] and kept["path_left_out"] is None
+
+
+def test_what_was_left_out_stays_where_it_held_a_state_of_no_withheld_stream() -> None:
+    """A state left out that is none of the withheld streams' (nor between their runs) is not
+    folded away: the path still says something came there, without its counts."""
+    states = ["a", *["b", "c"] * 40, "d", *["b", "c"] * 40, "e"]
+    kept = without_received_counts(_path(states), ["b"])
+    assert kept["path"] == ["a", "b", "c", "c", "b", "e"]
+    assert kept["path_left_out"] == {
+        "after": 3,
+        "runs": None,
+        "steps": None,
+        "states": ["b", "c", "d"],
+    }
 
 
 STATES = st.sampled_from(["a", "b", "c"])
