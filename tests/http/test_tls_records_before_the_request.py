@@ -200,6 +200,18 @@ def close_notify(obj: ssl.SSLObject, si: ssl.MemoryBIO, so: ssl.MemoryBIO) -> Se
     return first + so.read(), None
 
 
+def handshake_record(obj: ssl.SSLObject, si: ssl.MemoryBIO, so: ssl.MemoryBIO) -> Sent:
+    """A whole record of type 22 (handshake) after the handshake: TLS 1.2's HelloRequest
+    asking to renegotiate has that outer type; under TLS 1.3 no record after the handshake
+    may (RFC 8446 §5.2).  Its type alone refuses it, before OpenSSL sees it."""
+    return so.read() + b"\x16\x03\x03\x00\x20" + bytes(32), None
+
+
+def clear_alert(obj: ssl.SSLObject, si: ssl.MemoryBIO, so: ssl.MemoryBIO) -> Sent:
+    """A whole record of type 21 (alert) in the clear: a warning-level close_notify."""
+    return so.read() + b"\x15\x03\x03\x00\x02\x01\x00", None
+
+
 def fatal_alert(obj: ssl.SSLObject, si: ssl.MemoryBIO, so: ssl.MemoryBIO) -> Sent:
     """A record that fails to decrypt makes the server's OpenSSL send a fatal alert
     (bad_record_mac), encrypted as every record after the handshake."""
@@ -220,6 +232,10 @@ REFUSED = [
     pytest.param(V13, fatal_alert, id="tls13-fatal-alert"),
     pytest.param(V12, partial_record, id="tls12-partial-record"),
     pytest.param(V12, close_notify, id="tls12-close-notify"),
+    pytest.param(V13, handshake_record, id="tls13-type-22"),
+    pytest.param(V12, handshake_record, id="tls12-type-22"),
+    pytest.param(V13, clear_alert, id="tls13-type-21"),
+    pytest.param(V12, clear_alert, id="tls12-type-21"),
 ]
 
 
@@ -305,11 +321,21 @@ async def test_a_close_notify_during_a_pooled_connection_s_gate_refuses_the_requ
 
 @pytest.mark.parametrize("version", [V13, V12], ids=["tls13", "tls12"])
 async def test_tickets_alone_before_the_request_refuse_nothing(
-    client: HttpClient, tls: TlsFixture, version: ssl.TLSVersion
+    client: HttpClient, tls: TlsFixture, version: ssl.TLSVersion, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """TLS 1.3: the server's session tickets (whole records, no application data) wait at the
-    check; TLS 1.2: nothing does (its tickets came before its Finished).  The call completes."""
+    check (the bytes queued there are recorded); TLS 1.2: nothing does (its tickets came before
+    its Finished).  The call completes."""
+    queued: list[int] = []
+    check = connect.Connection._tls_application_data
+
+    def recorded(conn: connect.Connection, stream: Any) -> str:
+        queued.append(conn._queued())
+        return check(conn, stream)
+
+    monkeypatch.setattr(connect.Connection, "_tls_application_data", recorded)
     peer, res, err = await _call(client, tls, version, tickets_only)
+    assert len(queued) == 1 and (queued[0] > 0) is (version is V13)  # really waiting, or not
     assert err is None and res is not None
     assert res.outcome is Outcome.COMMITTED and res.facts["status"] == 200
     assert peer.request.startswith(b"POST /pay HTTP/1.1\r\n")
