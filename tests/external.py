@@ -1,6 +1,6 @@
 """Tests that need a program from outside Python (OpenSSH's ``sshd``, Graphviz's ``dot``,
-``tinyproxy``, curl, PostgreSQL's server, chromium and its chromedriver) -- or root, to run a
-client as another uid: one rule for all of them.
+``tinyproxy``, curl, PostgreSQL's server, chromium and its chromedriver, ``openssl``) -- or
+root, to run a client as another uid: one rule for all of them.
 
 ``PROGRAM.require()`` returns the program's path when it is installed.  When it is not, the
 test is skipped with the reason ``<package> not installed`` — a newcomer's ``python3 -m pytest``
@@ -43,6 +43,7 @@ __all__ = [
     "DOT",
     "HIDE_ENV",
     "IN_USE",
+    "OPENSSL",
     "PORT_ATTEMPTS",
     "POSTGRES",
     "PROGRAMS",
@@ -291,12 +292,14 @@ def _owns(proc: subprocess.Popen[bytes], port: int) -> bool | None:
     return holds(proc.pid, inodes) is not False
 
 
-def _start(argv: Sequence[str], port: int, log: Path, start_wait: float) -> subprocess.Popen[bytes]:
+def _start(
+    argv: Sequence[str], port: int, log: Path, start_wait: float, stdin: int | None = None
+) -> subprocess.Popen[bytes]:
     """``argv`` started with its output in ``log``, once it holds its listening socket on
     ``port``.  ``PortTaken`` when another process listens there and ours exits or does not
     listen in ``start_wait`` seconds; ``ProgramFailed`` otherwise.  Not left running on failure."""
     with log.open("wb") as out:
-        proc = subprocess.Popen(list(argv), stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(list(argv), stdin=stdin, stdout=out, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + start_wait
         while (owns := _owns(proc, port)) is not True:
@@ -317,13 +320,15 @@ def _start(argv: Sequence[str], port: int, log: Path, start_wait: float) -> subp
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
-    """By its own pid: terminate, then kill."""
+    """By its own pid: terminate, then kill (its stdin pipe, if any, closed after)."""
     proc.terminate()
     try:
         proc.wait(timeout=10)
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait(timeout=10)
+    if proc.stdin is not None:
+        proc.stdin.close()
 
 
 @dataclass(frozen=True)
@@ -339,6 +344,7 @@ def listening(
     *,
     start_wait: float = 10.0,
     attempts: int = PORT_ATTEMPTS,
+    stdin: int | None = None,
 ) -> Iterator[Listening]:
     """Run ``argv_at(port)`` (a daemon kept in the foreground, told to listen on
     127.0.0.1:``port``, a ``free_port()``) with its output in ``log``; wait, at most
@@ -346,9 +352,10 @@ def listening(
     that answers may be another process's, another xdist worker's server that took the port
     first; stop it (by its own pid: terminate, then kill) when the block ends.  Where another
     process holds the port (``PortTaken``), it is started again on another, ``attempts`` times
-    in all.  ``ProgramFailed`` with the log if it exits or does not listen in time."""
+    in all.  ``ProgramFailed`` with the log if it exits or does not listen in time.  ``stdin``:
+    ``subprocess.PIPE`` for a daemon driven by what is written to it (``openssl s_server``)."""
     proc, port = on_free_port(
-        lambda port: _start(argv_at(port), port, log, start_wait), attempts=attempts
+        lambda port: _start(argv_at(port), port, log, start_wait, stdin), attempts=attempts
     )
     try:
         yield Listening(proc, port)
@@ -371,6 +378,7 @@ POSTGRES = Program(
 )
 CHROMIUM = Program("chromium", "chromium")
 CHROMEDRIVER = Program("chromedriver", "chromium-driver")
+OPENSSL = Program("openssl", "openssl")
 
-PROGRAMS = (SSHD, SSH_KEYGEN, DOT, TINYPROXY, CURL, POSTGRES, CHROMIUM, CHROMEDRIVER)
+PROGRAMS = (SSHD, SSH_KEYGEN, DOT, TINYPROXY, CURL, POSTGRES, CHROMIUM, CHROMEDRIVER, OPENSSL)
 """Every program a test requires: ``.ci/run`` installs each one's package."""
