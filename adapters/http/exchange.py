@@ -125,7 +125,15 @@ async def exchange(
     conn, reused = await pool.acquire(request, ctx, hop, target)
     h = _Hop(request, ctx, conn, reused, hop, method, target, redactor, plan, redirects)
     await h.pass_gate(pool, headers, body)
-    if await conn.unread_bytes(request.timeouts.connect):
+    try:
+        unread = await conn.unread_bytes(request.timeouts.connect)
+    except BaseException:
+        # Cancelled while a ticket's rest was awaited (``unread_bytes``): nothing was written;
+        # the head made ahead is dropped unsent and the connection closed, not left open.
+        h.ahead = None
+        await trio.aclose_forcefully(conn.stream)
+        raise
+    if unread:
         # Bytes waiting now were sent before this request was written, so they can never be
         # its answer: nothing is written and the connection is dropped.  A pooled connection
         # was checked before the gate, but the gate (a durable journal write) took time; a

@@ -69,6 +69,8 @@ class RecordPeer:
     release: trio.Event | None = None
     pause: float = 0.0
     eof_after_held: bool = False
+    client_closed: trio.Event = field(default_factory=trio.Event)
+    """Set when the client's side ended (EOF or reset) while the peer waited for a request."""
     """Set: the peer shuts its side down once ``held`` is sent (an EOF mid-record)."""
 
     async def serve(self, listener: trio.SocketListener) -> None:
@@ -115,8 +117,12 @@ class RecordPeer:
     ) -> None:
         """Read until a whole request arrives (or EOF): answer it as the row says."""
         while not _whole_request(self.request):
-            data = bytes(await stream.receive_some(65536))
+            try:
+                data = bytes(await stream.receive_some(65536))
+            except trio.BrokenResourceError:
+                data = b""
             if not data:
+                self.client_closed.set()
                 return
             self.after_handshake += len(data)
             si.write(data)
@@ -413,3 +419,33 @@ async def test_an_eof_after_half_a_ticket_refuses_at_once(
     peer, res, err = await _call(client, tls, V13, peer.before, peer)
     assert res is None and isinstance(err, SetupError) and err.stage == "peer_spoke_first"
     assert found == ["partial"] and peer.after_handshake == 0
+
+
+async def test_a_call_cancelled_while_a_ticket_s_rest_is_awaited_closes_the_connection(
+    client: HttpClient, tls: TlsFixture
+) -> None:
+    """The caller's cancel lands during the wait for a ticket's rest (which never comes): the
+    request is not written and the connection is closed then -- the peer sees it end at once,
+    not when the client is garbage collected."""
+    peer = RecordPeer(server_context(tls, V13), _ticket_cut_short)
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    port = listeners[0].socket.getsockname()[1]
+    call = trio.CancelScope()
+
+    async def during_gate(facts: Mapping[str, Any]) -> None:
+        await peer.sent.wait()
+        await trio.sleep(0.2)  # the half ticket on the client's socket
+        call.deadline = trio.current_time() + connect.TICKET_PATIENCE / 5  # during the wait
+
+    fe = FakeEngine(on_gate=during_gate)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(peer.serve, listeners[0])
+        url = f"https://127.0.0.1:{port}/pay"
+        with call:
+            await client.perform(req(url, "POST", b"x", ca_file=tls.ca_file), fe.ctx)
+        assert call.cancelled_caught
+        with trio.fail_after(1):
+            await peer.client_closed.wait()
+        assert peer.after_handshake == 0
+        await client.aclose()
+    await listeners[0].aclose()
