@@ -3,6 +3,7 @@ step (affidavit/engine/steps.py)."""
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import pytest
@@ -126,3 +127,27 @@ def test_every_step_is_listed_counted_in_a_run_or_left_out(states: list[str]) ->
         head = sum(counts[:after])
         assert expanded[:head] == states[:head]
         assert expanded[head:] == states[len(states) - (len(expanded) - head) :]
+
+
+OUTPUT = st.sampled_from(["a", "stdout", "stderr"])
+
+
+@given(
+    st.one_of(
+        st.lists(OUTPUT, min_size=1, max_size=60), st.lists(OUTPUT, min_size=150, max_size=400)
+    )
+)
+def test_a_folded_path_still_names_every_state_and_repeats_none_twice(states: list[str]) -> None:
+    """Withheld, nothing is made up or lost: every state that came is in the path or among
+    those left out, no two neighbours in the path are the same state (but across what was
+    left out), and every repeat and
+    every count of what was left out is null."""
+    facts = _path(states)
+    kept = without_received_counts(facts, ["stdout"])
+    path, left = kept["path"], kept["path_left_out"]
+    assert left is None or left["states"] == facts["path_left_out"]["states"]  # kept: as it was
+    assert set(states) == set(path) | set(left["states"] if left else ())
+    cut = left["after"] if left else -1  # what was left out sits between path[cut - 1] and it
+    assert all(x != y for i, (x, y) in enumerate(itertools.pairwise(path)) if i + 1 != cut)
+    assert all(n is None for _, n in kept["path_repeats"])
+    assert left is None or (left["runs"], left["steps"]) == (None, None)
