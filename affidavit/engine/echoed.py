@@ -107,7 +107,8 @@ def _folded_path(facts: Mapping[str, Any], streams: set[str]) -> dict[str, Any]:
     states -- with the states interleaved with them (SSH's stderr between stdout chunks) and
     what was left out there, if it was only those states -- lists each of its states once, in
     the order they first came.  Alternating every chunk, the number of runs was the number of
-    chunks, and so was whether any were left out (past 64 runs): no longer."""
+    chunks, and so was whether any were left out (past 64 runs): no longer.  (A state seen
+    only among those left out is listed without a repeat: it came once at least.)"""
     path, repeats, left = facts.get("path"), facts.get("path_repeats"), facts.get("path_left_out")
     if not isinstance(path, list) or not isinstance(repeats, list):
         return {}
@@ -142,13 +143,14 @@ def _folded_path(facts: Mapping[str, Any], streams: set[str]) -> dict[str, Any]:
         if state is not None:
             out.append((state, more))
     left_at = next((i for i, (state, _) in enumerate(out) if state == _GAP), None)
+    left_states = None if _GAP in gap else sorted(gap)  # None: the facts did not name them
     kept = [(state, more) for state, more in out if state != _GAP]
     return {
         "path": [state for state, _ in kept],
         "path_repeats": [[i, None] for i, (_, more) in enumerate(kept) if more],
         "path_left_out": None
         if left_at is None
-        else {"after": left_at, "runs": None, "steps": None, "states": sorted(gap - {_GAP})},
+        else {"after": left_at, "runs": None, "steps": None, "states": left_states},
     }
 
 

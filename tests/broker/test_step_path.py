@@ -151,3 +151,13 @@ def test_a_folded_path_still_names_every_state_and_repeats_none_twice(states: li
     assert all(x != y for i, (x, y) in enumerate(itertools.pairwise(path)) if i + 1 != cut)
     assert all(n is None for _, n in kept["path_repeats"])
     assert left is None or (left["runs"], left["steps"]) == (None, None)
+
+
+def test_what_was_left_out_without_its_states_named_is_never_folded() -> None:
+    """Facts whose ``path_left_out`` names no states (made before it did): what was left out
+    may have held any state, so it stays where it was, its states unknown (null)."""
+    facts = _path(["exec_accepted", *["stdout", "stderr"] * 100, "closed"])
+    del facts["path_left_out"]["states"]
+    kept = without_received_counts(facts, ["stdout"])
+    assert kept["path_left_out"] == {"after": 3, "runs": None, "steps": None, "states": None}
+    assert kept["path"] == ["exec_accepted", "stdout", "stderr", "stderr", "stdout", "closed"]
