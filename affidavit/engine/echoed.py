@@ -166,7 +166,10 @@ def without_received_size(
     out: list[tuple[Event, None]] = []
     for event, payload in observed:
         facts = event.attrs.get("facts")
-        if event.kind is EventKind.PROTOCOL_OBSERVED and isinstance(facts, Mapping):
+        # ``type is dict`` first: the Mapping ABC check alone would run on every call's path.
+        if event.kind is EventKind.PROTOCOL_OBSERVED and (
+            type(facts) is dict or isinstance(facts, Mapping)
+        ):
             if streams:
                 kept = without_received_counts(facts, streams, reason)
             else:  # the driver's own word (HTTP's ``progress``: a head that echoed) stands
