@@ -28,7 +28,7 @@ from tests.http.hostile import HostileServer, Received, Reply, scripts
 
 from .helpers import TOKEN_ENV, http_target, open_broker, write_config
 
-GOLDEN = "c2ed9b08e4a852b7a6be7e148a7a2897051e158b4abf62c6bde4b9037d9c50b4"
+GOLDEN = "6ac59a734d79113c009b8aeaddecc3327636f4c39ee3386ebdf1c5a1348b3190"
 
 TOKEN = "tok-equivalence-0123456789abcdef"
 
