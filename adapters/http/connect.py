@@ -93,18 +93,28 @@ class Connection:
     idle_since: float = 0.0
     requests: int = 0
     read_cut: bool = False
-    """A read was cancelled (or failed) mid-way (``receive_some``).  Over TLS OpenSSL may then
-    hold part of a record in its own buffer, which neither ``tls_buffered`` nor the check
-    before a request sees (it frames from a record boundary: an empty BIO reads as whole, and
-    the request would be written) -- so such a connection is never pooled (``Pool.release``)."""
+    """A TLS read was cancelled (or failed) mid-way and no read has returned data since
+    (``receive_some``).  OpenSSL may then hold part of a record in its own buffer, which neither
+    ``tls_buffered`` nor the check before a request sees (it frames from a record boundary: an
+    empty BIO reads as whole, and the request would be written) -- so such a connection is never
+    pooled (``Pool.release``).  A later read that returns data ended that record (``SSL_read``
+    returns only a whole record's plaintext; what it keeps of one is ``tls_buffered``'s), and a
+    cut plain TCP read leaves nothing behind: neither marks it.  So the expect-continue wait,
+    cut on purpose before the response is read whole, does not keep its connection out of the
+    pool."""
 
     async def receive_some(self, size: int) -> bytes:
-        """One read from the stream; one cut short marks the connection (``read_cut``)."""
+        """One read from the stream; a TLS one cut short marks the connection (``read_cut``)
+        until a read returns data."""
         try:
-            return bytes(await self.stream.receive_some(size))
+            data = bytes(await self.stream.receive_some(size))
         except BaseException:  # trio.Cancelled among them
-            self.read_cut = True
+            if self.key[0] == "https":
+                self.read_cut = True
             raise
+        if data:
+            self.read_cut = False
+        return data
 
     def looks_stale(self) -> bool:
         """A pooled connection must be silent while idle.  Readable means EOF, a reset, or bytes
