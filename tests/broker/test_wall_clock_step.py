@@ -48,6 +48,9 @@ async def _held(peer: Peer) -> None:
 async def test_a_stepped_wall_clock_never_closes_an_attempt_its_broker_runs(
     tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # No boot clock to judge by (as on a host without one): only ``Recorder.running`` can
+    # keep A's attempt open, so this proves it, not the boot-clock check beside it.
+    monkeypatch.setattr(boot, "_boot_id", lambda: None)
     async with HostileServer.running(_held) as srv:
         cfg = write_config(tmp_path, {"api": http_target(srv.url, idempotency=IDEM)})
         async with open_broker(cfg) as broker:
@@ -74,6 +77,8 @@ async def test_a_stepped_wall_clock_never_closes_an_attempt_its_broker_runs(
             assert b["invocation_id"] == iid
             kinds = event_kinds(broker, iid)
             assert E.ATTEMPT_INTERRUPTED not in kinds and E.RETRY_LEASE_ACQUIRED not in kinds
+            (accepted,) = [e for e in broker.events(iid) if e.kind is E.ACTION_ACCEPTED]
+            assert accepted.attrs.get("lease_boot") is None  # no boot clock kept it open
         assert len(srv.requests) == 1  # one POST
 
 
