@@ -10,14 +10,18 @@ process on the same boot judges it by that clock: it neither steps nor stops whi
 sleeps.  Another boot or host -- or a platform without the clock -- judges by the recorded
 wall-clock expiry alone, as before.
 
-What it does not cover: a process restored into another time namespace (CRIU) on the same boot
-sees a ``CLOCK_BOOTTIME`` offset from the host's; a host that sleeps counts the sleep as the
-lease's time, as the wall clock does (the stalled worker is fenced by its generation).
+A stamp claims no more than its lease: one whose remaining boot time exceeds the lease's own
+length (its wall-clock expiry minus the time the lease was taken, plus ``SLACK``) is not judged
+-- a stamp of this boot with an expiry far ahead (written by anyone who can write the journal)
+would keep a record open for ever, and a process restored into another time namespace (CRIU,
+``podman restore``: the boot id is not namespaced, ``CLOCK_BOOTTIME`` is) reads a clock running
+behind the host's.  One running ahead only makes a lease look lapsed by it, and the wall clock
+has already said so.  A host that sleeps counts the sleep as the lease's time, as the wall clock
+does (the stalled worker is fenced by its generation).
 """
 
 from __future__ import annotations
 
-import functools
 import math
 import time
 from collections.abc import Mapping
@@ -26,16 +30,28 @@ from pathlib import Path
 __all__ = ["BOOT_ID", "boot_lapsed", "boot_stamp"]
 
 BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
+SLACK = 5.0
+"""Seconds a stamp's remaining boot time may exceed its lease's wall-clock length: the stamp is
+taken a moment after the lease's wall-clock start (a journal read may come between).  A clock
+offset within it holds a lapsed lease open at most this much longer."""
+
+_READ: dict[str, str] = {}
+"""This boot's id once read: only a success is kept -- a read that failed once (EMFILE) must not
+turn the boot clock off for the process's life."""
 
 
-@functools.cache
 def _boot_id() -> str | None:
-    """This boot's id, read once: None where the host has none (not Linux)."""
-    try:
-        boot = BOOT_ID.read_text(encoding="ascii").strip()
-    except (OSError, UnicodeDecodeError):
-        return None
-    return boot or None
+    """This boot's id: None where the host has none (not Linux) or it could not be read."""
+    boot = _READ.get("id")
+    if boot is None:
+        try:
+            boot = BOOT_ID.read_text(encoding="ascii").strip()
+        except (OSError, UnicodeDecodeError):
+            return None
+        if not boot:
+            return None
+        _READ["id"] = boot
+    return boot
 
 
 def _boot_now() -> float | None:
@@ -52,11 +68,12 @@ def boot_stamp(ttl: float) -> dict[str, object] | None:
     return {"id": boot, "expires_at": now + ttl}
 
 
-def boot_lapsed(stamp: object) -> bool | None:
+def boot_lapsed(stamp: object, length: float | None) -> bool | None:
     """Whether the lease ``stamp`` (``boot_stamp``'s, read back from a journal -- whoever wrote
     it) has run out by this boot's clock; None when it cannot say: no stamp, a malformed one,
-    another boot's or host's, or no such clock here."""
-    if not isinstance(stamp, Mapping):
+    another boot's or host's, no such clock here, or more time left by it than the lease's own
+    ``length`` (seconds: its recorded wall-clock expiry minus the time it was taken) allows."""
+    if not isinstance(stamp, Mapping) or length is None or not math.isfinite(length):
         return None
     boot, expires = stamp.get("id"), stamp.get("expires_at")
     if type(boot) is not str or not isinstance(expires, (int, float)) or isinstance(expires, bool):
@@ -64,4 +81,6 @@ def boot_lapsed(stamp: object) -> bool | None:
     now = _boot_now()
     if now is None or not math.isfinite(expires) or boot != _boot_id():
         return None
+    if expires - now > max(length, 0.0) + SLACK:
+        return None  # claims more than its lease: a forged stamp, or a clock running behind
     return now >= expires

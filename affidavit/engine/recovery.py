@@ -129,19 +129,23 @@ async def recover_stale(recorder: Recorder, record: Record, *, holder_gone: bool
         # call send again while its request is in flight.
         return record
     events = recorder.journal.events(record.invocation_id)
-    expires = boot = None
+    expires = boot = taken = None
     for ev in events:
         if ev.kind is E.ACTION_ACCEPTED:
             expires, boot = ev.attrs.get("lease_expires_at"), ev.attrs.get("lease_boot")
+            taken = ev.at
         elif ev.kind in _LEASES:
             expires, boot = ev.attrs.get("expires_at"), ev.attrs.get("lease_boot")
+            taken = ev.at
     deadline = None if expires is None else float(expires)
     if not holder_gone:
         if deadline is not None and time.time() < deadline:
             return record
         # Taken on this boot: its end by the boot clock too (``boot_lapsed``) -- a wall clock
-        # stepped forward makes a live lease look run out to every process on the host.
-        if boot_lapsed(boot) is False:
+        # stepped forward makes a live lease look run out to every process on the host.  Never
+        # for longer than the lease itself ran (its length by the wall clock, as recorded).
+        length = None if deadline is None or taken is None else deadline - float(taken)
+        if boot_lapsed(boot, length) is False:
             return record
     closing = closing_event(record, "broker_stopped" if holder_gone else "lease_lapsed")
     if closing is None:
