@@ -113,7 +113,8 @@ def check_first_deadline(txn: Txn, iid: str, clock: Callable[[], float]) -> Fail
     else LEASE_LOST written (when the lifecycle allows it) and ``LeaseLost``.  Its broker
     checked its own clock before the gate, but the write may wait (for the chain head, a busy
     writer) past the lease's end, when another worker may take the holder for gone and close
-    the attempt: a request sent then overlaps a same-key retry.  A record at another generation
+    the attempt: a request sent then overlaps a same-key retry.  The same for each redirect
+    hop's barrier after it (``Journal.append(first_gate=True)``).  A record at another generation
     (a retry's gate checks its row) or with no recorded deadline is not judged here."""
     proj = txn.projector(iid)
     if proj.generation != 0:
@@ -125,7 +126,10 @@ def check_first_deadline(txn: Txn, iid: str, clock: Callable[[], float]) -> Fail
     assert isinstance(lease, Mapping)
     holder = lease.get("holder")
     holder = holder if isinstance(holder, str) else ""
-    lost = Event(EventKind.LEASE_LOST, iid, attrs={"generation": 0, "holder": holder})
+    attrs: dict[str, object] = {"generation": 0, "holder": holder}
+    if _dispatched(txn, iid, 0):
+        attrs["after_dispatch"] = True  # a redirect's next hop: its first hop was sent
+    lost = Event(EventKind.LEASE_LOST, iid, attrs=attrs)
     try:
         seq = txn.insert(*row_args(lost)).seq
     except ImpossibleEvent:

@@ -97,6 +97,7 @@ def _refuse_cancellable(
     lapsed: bool,
     valid_until: float | None,
     meanwhile: Callable[[], None] | None,
+    first_gate: bool,
 ) -> None:
     """``Journal.append(cancellable=True)`` of anything but a plain closing event: a
     ``ValueError`` naming what was refused (the caller's bug, never the journal's)."""
@@ -105,6 +106,7 @@ def _refuse_cancellable(
     for name, given in (
         ("lease", lease is not None),
         ("lapsed", lapsed),
+        ("first_gate", first_gate),
         ("valid_until", valid_until is not None),
         ("meanwhile", meanwhile is not None),
     ):
@@ -375,12 +377,14 @@ class Journal(JournalReader):
         meanwhile: Callable[[], None] | None = None,
         valid_until: float | None = None,
         cancellable: bool = False,
+        first_gate: bool = False,
     ) -> Event:
         """Append one event; return it with ``seq`` and ``at`` assigned.
 
         Raises ``ImpossibleEvent`` (nothing written) if the lifecycle refuses it, ``LeaseLost``
         if ``lease=(holder, generation)`` is stale or expired (checked in the same transaction)
-        -- or, for the first attempt's DISPATCH_STARTED (no lease), if ACTION_ACCEPTED's
+        -- or, with ``first_gate`` (the first attempt's dispatch gate, which holds no lease: its
+        DISPATCH_STARTED and every redirect hop's barrier after it), if ACTION_ACCEPTED's
         ``lease_expires_at`` has passed (``leases.check_first_deadline``),
         ``JournalWriteError`` on a storage fault.  DISPATCH_STARTED and RESULT_COMMITTED are
         always barriers.  Once queued, the write is waited for uncancellably; ``shield``: so is
@@ -400,7 +404,9 @@ class Journal(JournalReader):
         ``valid_until`` or ``meanwhile`` -- anything else is a ``ValueError``, nothing queued:
         a boundary whose answer was given up would leave unclear what the record proves."""
         if cancellable:
-            _refuse_cancellable(event, lease, lapsed, valid_until, meanwhile)
+            _refuse_cancellable(event, lease, lapsed, valid_until, meanwhile, first_gate)
+        if first_gate and lease is not None:
+            raise ValueError("first_gate append with a lease: a retry's gate checks its lease")
         attrs_text = attrs_json(event)
         # Encoded and decoded here, in the submitting task, not in the single writer.
         decoded = decode_attrs(attrs_text)
@@ -409,9 +415,7 @@ class Journal(JournalReader):
         else:
             args = (event, attrs_text, *self._seal_payload(event, payload), decoded)
         barrier = barrier or event.kind._value_ in BARRIER_VALUES
-        # The first attempt's gate: no lease row, its deadline in ACTION_ACCEPTED.
-        first = lease is None and event.kind is EventKind.DISPATCH_STARTED
-        if lease is None and not lapsed and valid_until is None and not first:
+        if lease is None and not lapsed and valid_until is None and not first_gate:
             return await self._writer.submit(
                 None,
                 args,
@@ -426,7 +430,7 @@ class Journal(JournalReader):
             iid = event.invocation_id
             if lease is not None:
                 refused = leases.check_lease(txn, iid, lease, clock)
-            elif first:
+            elif first_gate:  # no lease row: its deadline is in ACTION_ACCEPTED
                 refused = leases.check_first_deadline(txn, iid, clock)
             elif lapsed:
                 refused = leases.check_lapsed(txn, iid, deadline)

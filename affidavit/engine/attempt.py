@@ -556,12 +556,14 @@ def _gate(engine: Engine, attempt: Attempt) -> Any:
                 },
             )
             try:
-                # The lease is checked in the appending transaction, as at the first hop.
+                # The lease is checked in the appending transaction, as at the first hop --
+                # the first attempt's (no lease row: ``first_gate``) by its recorded deadline.
                 # ``shield``: not cancellable (the first hop's append says why).
                 await journal.append(
                     hop_dispatch,
                     barrier=True,
                     lease=attempt.lease,
+                    first_gate=attempt.lease is None,
                     shield=True,
                     meanwhile=meanwhile,
                 )
@@ -620,6 +622,7 @@ def _gate(engine: Engine, attempt: Attempt) -> Any:
                 Event(E.DISPATCH_STARTED, attempt.iid, attrs),
                 barrier=True,
                 lease=attempt.lease,
+                first_gate=attempt.lease is None,
                 shield=True,
                 meanwhile=meanwhile,
                 valid_until=attempt.grant[0].expires_at if attempt.grant is not None else None,

@@ -504,6 +504,38 @@ async def test_a_retry_whose_lease_ran_out_sends_no_next_hop(
         assert claim not in err["message"].lower(), err["message"]
 
 
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+async def test_a_first_attempt_whose_lease_ran_out_sends_no_next_hop(
+    tmp_path: Path, token: str, backend: str, request: pytest.FixtureRequest
+) -> None:
+    # The first attempt holds no lease row: its gate judges ACTION_ACCEPTED's deadline in the
+    # appending transaction -- and a redirect's next hop is a dispatch boundary too.  Stopped
+    # before hop 2's gate until that deadline passed (nobody has acted yet), A must not send
+    # it: as a retry above, LEASE_LOST says the first hop was sent.
+    async with (
+        HostileServer.running(_redirecting("redirect")) as srv,
+        _brokers(tmp_path, srv.url, backend, request, follow_redirects=True) as (a, _b),
+    ):
+        async with stalled_call(a, HOP, limit=LIMIT, hop=2, timeout=A_TIMEOUT) as stalled:
+            (action,) = a.journal.list_actions()
+            iid = action.invocation_id
+            (accepted,) = [e for e in a.journal.events(iid) if e.kind is E.ACTION_ACCEPTED]
+            while time.time() <= accepted.attrs["lease_expires_at"] + 0.1:
+                await trio.sleep(0.05)  # A's lease runs out while it is stopped
+        record = a.record(iid)
+        assert record is not None
+        events = a.events(iid)
+    assert [r.target for r in srv.requests] == ["/v1/x"], record.evidence.get("steps")
+    (lost,) = [e for e in events if e.kind is E.LEASE_LOST]
+    assert (lost.attrs["generation"], lost.attrs["holder"]) == (0, "worker-A")
+    assert lost.attrs.get("after_dispatch") is True, dict(lost.attrs)
+    assert not [e for e in events if e.attrs.get("state") == "hop_dispatch"]
+    assert stalled.envelope is not None
+    err = stalled.envelope["error"]
+    assert (err["code"], err["outcome"]) == ("LEASE_LOST", "unknown"), err
+    assert "it had dispatched" in err["message"], err["message"]
+
+
 async def test_a_clock_ahead_does_not_close_a_live_attempt_on_a_shared_journal(
     tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
 ) -> None:

@@ -178,20 +178,55 @@ async def test_the_first_attempt_s_gate_is_refused_once_its_deadline_passed(plac
     refused (LEASE_LOST written), never sent while another worker may close the attempt."""
     clock = Clock()
     async with place.open(clock=clock) as j:
-        for iid, left in (("inv-1", -1.0), ("inv-2", 60.0)):
-            first, *rest = until_dispatch(iid)[:3]
-            deadline = {"holder": "w1", "lease_expires_at": clock.now + left}
-            await j.append(Event(first.kind, iid, {**first.attrs, **deadline}))
-            for ev in rest:
-                await j.append(ev)
+        await _first_attempts(j, clock, {"inv-1": -1.0, "inv-2": 60.0})
         with pytest.raises(LeaseLost) as info:
-            await j.append(Event(E.DISPATCH_STARTED, "inv-1"))
+            await j.append(Event(E.DISPATCH_STARTED, "inv-1"), first_gate=True)
         assert (info.value.generation, info.value.holder) == (0, "w1")
         kinds = [e.kind for e in j.events("inv-1")]
         assert E.DISPATCH_STARTED not in kinds and kinds[-1] is E.LEASE_LOST, kinds
         assert info.value.seq == j.events("inv-1")[-1].seq
-        ev = await j.append(Event(E.DISPATCH_STARTED, "inv-2"))  # within its deadline
+        ev = await j.append(Event(E.DISPATCH_STARTED, "inv-2"), first_gate=True)  # in time
         assert ev.kind is E.DISPATCH_STARTED
+        with pytest.raises(ValueError, match="first_gate"):  # a retry's gate checks its row
+            await j.append(Event(E.REQUEST_SENT, "inv-2"), lease=("w1", 1), first_gate=True)
+
+
+def _hop(iid: str, hop: int) -> Event:
+    facts = {f"hop{hop}": {"hop": hop}}
+    attrs = {"protocol": "http", "state": "hop_dispatch", "facts": facts, "generation": 0}
+    return Event(E.PROTOCOL_OBSERVED, iid, attrs)
+
+
+async def test_the_first_attempt_s_redirect_hop_is_gated_by_its_deadline(place: Place) -> None:
+    """A redirect's next hop is a dispatch boundary of its own: on the first attempt (no lease
+    row) its barrier is judged by ACTION_ACCEPTED's deadline as the first hop's was -- the
+    gate says so (``first_gate``), not the event's kind.  Past it, nothing of the hop is
+    written and LEASE_LOST says the attempt's first hop was sent."""
+    clock = Clock()
+    async with place.open(clock=clock) as j:
+        await _first_attempts(j, clock, {"inv-1": -1.0, "inv-2": 60.0})
+        for iid in ("inv-1", "inv-2"):
+            # Sent before the deadline passed (no gate: the deadline is in the past already).
+            await j.append(Event(E.DISPATCH_STARTED, iid, {"generation": 0}))
+            await j.append(Event(E.REQUEST_SENT, iid))
+        with pytest.raises(LeaseLost) as info:
+            await j.append(_hop("inv-1", 2), barrier=True, first_gate=True)
+        assert (info.value.generation, info.value.holder) == (0, "w1")
+        last = j.events("inv-1")[-1]
+        assert last.kind is E.LEASE_LOST and last.attrs["after_dispatch"] is True, last
+        assert E.PROTOCOL_OBSERVED not in [e.kind for e in j.events("inv-1")]
+        ev = await j.append(_hop("inv-2", 2), barrier=True, first_gate=True)  # in time
+        assert ev.kind is E.PROTOCOL_OBSERVED
+
+
+async def _first_attempts(j: Journal, clock: Clock, left: dict[str, float]) -> None:
+    """First attempts up to their gate, each with its deadline ``left[iid]`` s from now."""
+    for iid, seconds in left.items():
+        first, *rest = until_dispatch(iid)[:3]
+        deadline = {"holder": "w1", "lease_expires_at": clock.now + seconds}
+        await j.append(Event(first.kind, iid, {**first.attrs, **deadline}))
+        for ev in rest:
+            await j.append(ev)
 
 
 async def test_one_process_dispatches_an_approved_invocation_and_spends_no_budget(
