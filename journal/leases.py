@@ -42,6 +42,7 @@ __all__ = [
     "check_first_deadline",
     "check_lapsed",
     "check_lease",
+    "gate_now",
     "lease_now",
 ]
 
@@ -57,6 +58,16 @@ def lease_now(txn: Txn, clock: Callable[[], float]) -> float:
     ``Tables.lease_now`` itself: on SQLite it judges nothing, by no clock.)"""
     now = txn.tables.lease_now()
     return clock() if now is None else now
+
+
+def gate_now(txn: Txn, clock: Callable[[], float]) -> float:
+    """Now by the lease clock, for a dispatch gate: the writer's ``clock`` plus the
+    transaction's offset to the lease clock (``Txn.lease_offset``: read once per transaction,
+    so a group commit of N gates makes one round trip to a shared database, not N).  The
+    offset is read writer-clock first, so a round trip's delay only makes it larger: the gate
+    judges a deadline passed no later than the lease clock would -- stricter, never laxer."""
+    offset = txn.lease_offset()
+    return clock() if offset is None else txn.writer.clock() + offset  # the offset's own clock
 
 
 def check_lapsed(txn: Txn, iid: str, deadline: float | None) -> Fail | None:
@@ -88,7 +99,7 @@ def check_lease(
         current is not None
         and current.holder == holder
         and current.generation == generation
-        and current.expires_at > lease_now(txn, clock)
+        and current.expires_at > gate_now(txn, clock)
     ):
         return None
     attrs: dict[str, object] = {"generation": generation, "holder": holder}
@@ -108,7 +119,7 @@ def check_lease(
 def check_first_deadline(txn: Txn, iid: str, clock: Callable[[], float]) -> Fail | None:
     """The first attempt's dispatch gate (generation 0, no lease row): None while its lease
     runs -- the ``lease_expires_at`` its broker wrote into ACTION_ACCEPTED, recorded in the
-    clock leases are judged by -- by that clock read in this transaction (``lease_now``: the
+    clock leases are judged by -- by that clock in this transaction (``gate_now``: the
     database's on a shared journal), as a retry's gate judges its lease row (``check_lease``);
     else LEASE_LOST written (when the lifecycle allows it) and ``LeaseLost``.  Its broker
     checked its own clock before the gate, but the write may wait (for the chain head, a busy
@@ -119,11 +130,11 @@ def check_first_deadline(txn: Txn, iid: str, clock: Callable[[], float]) -> Fail
     proj = txn.projector(iid)
     if proj.generation != 0:
         return None
-    lease = proj.record().evidence.get("lease")
-    expires = lease.get("expires_at") if isinstance(lease, Mapping) else None
-    if not isinstance(expires, (int, float)) or lease_now(txn, clock) < expires:
+    lease = proj.lease  # not a whole record: this runs at every first dispatch
+    expires = None if lease is None else lease.get("expires_at")
+    if not isinstance(expires, (int, float)) or gate_now(txn, clock) < expires:
         return None
-    assert isinstance(lease, Mapping)
+    assert lease is not None
     holder = lease.get("holder")
     holder = holder if isinstance(holder, str) else ""
     attrs: dict[str, object] = {"generation": 0, "holder": holder}

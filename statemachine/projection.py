@@ -116,6 +116,13 @@ class Projector:
         record accepts."""
         return self._generation
 
+    @property
+    def lease(self) -> Mapping[str, Any] | None:
+        """``evidence.lease`` as folded so far (the current attempt's lease and deadline),
+        without building a record: the dispatch gate reads it in the writing transaction."""
+        lease = self._evidence.get("lease")
+        return lease if isinstance(lease, Mapping) else None
+
     # -- folding ------------------------------------------------------------------------------
 
     def apply(self, event: Event) -> str:

@@ -5,13 +5,17 @@ exists to prevent), while a lease that really ran out is still taken over and cl
 
 from __future__ import annotations
 
+import functools
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
 
 from affidavit.journal import Journal, LeaseBusy
+from affidavit.journal.postgres import PostgresTables
+from affidavit.journal.txn import Txn
 from affidavit.statemachine import Event
 from affidavit.statemachine import EventKind as E
 
@@ -154,3 +158,41 @@ async def test_a_clock_running_behind_records_the_first_deadline_in_database_tim
         await b.append(closing, barrier=True, lapsed=True, deadline=deadline)
         record = b.record("inv-1")
         assert record is not None and record.state == "interrupted"
+
+
+async def test_a_group_commit_of_first_dispatches_reads_the_database_clock_once(
+    pg_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every first attempt's gate judges its deadline by the database's clock, in the writing
+    transaction -- read once per transaction (``leases.gate_now``: the writer's clock plus the
+    transaction's offset), not once per gate: N dispatches committed together cost one
+    ``SELECT clock_timestamp()`` while they hold the chain head, not N."""
+    n = 8
+    async with Journal.open(pg_url, **_keys(tmp_path, "a")) as j:
+        for i in range(n):
+            for ev in _first_attempt(f"inv-{i}", time.time() + 60)[:3]:
+                await j.append(ev)
+        reads: list[int] = []
+        txns: list[int] = []
+        read_clock, start_txn = PostgresTables.lease_now, Txn.__init__
+
+        def counted_read(self: PostgresTables) -> float | None:
+            reads.append(1)
+            return read_clock(self)
+
+        def counted_txn(self: Txn, *args: Any) -> None:
+            txns.append(1)
+            start_txn(self, *args)
+
+        monkeypatch.setattr(PostgresTables, "lease_now", counted_read)
+        monkeypatch.setattr(Txn, "__init__", counted_txn)
+        async with trio.open_nursery() as nursery:
+            for i in range(n):
+                ev = Event(E.DISPATCH_STARTED, f"inv-{i}", {"attempt": 1})
+                nursery.start_soon(functools.partial(j.append, ev, first_gate=True))
+        monkeypatch.undo()
+        assert 0 < len(txns) < n, txns  # the writer committed them together (else: no proof)
+        assert len(reads) == len(txns), (len(reads), len(txns))
+        for i in range(n):
+            record = j.record(f"inv-{i}")
+            assert record is not None and record.state == "dispatched"
