@@ -301,3 +301,59 @@ async def test_a_retry_s_call_does_not_outlive_its_lease(
         f"the retry was still in flight when its lease ran out; then applied={api.applied}, "
         f"record={record.state}, A={out['a'].get('error', {}).get('code')}"
     )
+
+
+STEP = 120.0  # seconds the lease clock jumps while A's barrier waits: past A's lease
+
+
+@BACKENDS
+async def test_a_first_dispatch_whose_lease_ends_while_its_barrier_waits_sends_nothing(
+    tmp_path: Path,
+    token: str,
+    backend: str,
+    request: pytest.FixtureRequest,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A's broker checked its lease before its gate; the DISPATCH_STARTED barrier then waited
+    (for the writer, the chain head) while the lease clock went past the deadline -- stepped
+    forward on SQLite (the journal's clock is the host's wall clock), really run out on
+    PostgreSQL (the database's clock cannot be stepped from here).  The journal judges it again
+    in the writing transaction: the caller is told LEASE_LOST, nothing sent, and the record
+    says the lease was lost, never that a dispatch started."""
+    async with HostileServer.running(_remote) as srv:
+        targets = {"api": http_target(srv.url, idempotency=IDEM)}
+        async with _pair(tmp_path, targets, backend, request) as (a, _b):
+            journal = a.journal
+            real_append = journal.append
+            submitted: list[float] = []
+
+            async def waits(event: Any, **kw: Any) -> Any:
+                if event.kind is E.DISPATCH_STARTED and kw.get("first_gate"):
+                    if backend == "sqlite":
+                        monkeypatch.setattr(journal, "_clock", lambda: time.time() + STEP)
+                    else:  # the lease (A_TIMEOUT, no margin) was taken before the gate
+                        with trio.CancelScope(shield=True):  # as the append's own wait is
+                            await trio.sleep(A_TIMEOUT + 0.2)
+                    submitted.append(time.time())
+                return await real_append(event, **kw)
+
+            monkeypatch.setattr(journal, "append", waits)
+            with trio.fail_after(LIMIT):
+                env = await a.call(ACTION, timeout=A_TIMEOUT)
+            monkeypatch.undo()
+            iid = env["invocation_id"]
+            events = a.events(iid)
+            record = a.record(iid)
+    assert srv.requests == [] and not srv.event("a_received").is_set()  # nothing sent
+    error = env["error"]
+    assert (error["code"], error["outcome"]) == ("LEASE_LOST", "not_attempted"), error
+    assert "it sent nothing" in error["message"], error
+    kinds = [e.kind for e in events]
+    assert E.DISPATCH_STARTED not in kinds, kinds
+    (lost,) = [e for e in events if e.kind is E.LEASE_LOST]
+    assert (lost.attrs["generation"], lost.attrs["holder"]) == (0, "worker-A"), dict(lost.attrs)
+    assert "after_dispatch" not in lost.attrs
+    assert record is not None and not record.evidence.get("dispatch_started"), record.evidence
+    (accepted,) = [e for e in events if e.kind is E.ACTION_ACCEPTED]
+    if backend == "postgresql":  # the barrier really was submitted past the recorded deadline
+        assert submitted[0] > accepted.attrs["lease_expires_at"], (submitted, accepted.attrs)
