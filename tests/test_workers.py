@@ -78,3 +78,5 @@ def test_a_hung_test_fails_with_its_stacks_within_the_run() -> None:
     options = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]
     ini = options["ini_options"]
     assert 0 < ini["timeout"] <= 900 and ini["timeout_method"] == "thread"
+    # ... and the run ends there: a restarted worker re-ran the dead one's file and hung xdist.
+    assert "--max-worker-restart=0" in ini["addopts"].split()
