@@ -124,29 +124,34 @@ class Recorder:
         the journal refuses (``ValueError``) any other event, and ``lapsed`` or
         ``valid_until`` with it."""
         if cancellable:
-            self._writing[trio.lowlevel.current_task()] = event.invocation_id
-            await self.journal.append(
-                event,
-                barrier=True,
-                lapsed=lapsed,
-                deadline=deadline,
-                valid_until=valid_until,
-                cancellable=True,
-            )
+            await self._checked(event, lapsed, deadline, valid_until, cancellable=True)
             return
         # Shielded: a caller's cancellation must not leave it unclear whether a record landed.
         with trio.CancelScope(shield=True):
             if lapsed or valid_until is not None:
-                self._writing[trio.lowlevel.current_task()] = event.invocation_id
-                await self.journal.append(
-                    event,
-                    barrier=True,
-                    lapsed=lapsed,
-                    deadline=deadline,
-                    valid_until=valid_until,
-                )
+                await self._checked(event, lapsed, deadline, valid_until)
                 return
             await self.write(event, barrier=barrier)
+
+    async def _checked(
+        self,
+        event: Event,
+        lapsed: bool,
+        deadline: float | None,
+        valid_until: float | None,
+        *,
+        cancellable: bool = False,
+    ) -> None:
+        """A barrier whose condition the writing transaction checks (``Journal.append``)."""
+        self._writing[trio.lowlevel.current_task()] = event.invocation_id
+        await self.journal.append(
+            event,
+            barrier=True,
+            lapsed=lapsed,
+            deadline=deadline,
+            valid_until=valid_until,
+            cancellable=cancellable,
+        )
 
     async def write(
         self,
