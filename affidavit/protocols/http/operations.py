@@ -74,7 +74,9 @@ OPERATIONS = Schema(
             "status_url",
             selector_field("json", "header"),
             default="header:Location",
-            doc="where the 202 names the job's status resource",
+            doc="where the 202 names the job's status resource; after a followed redirect only an"
+            " absolute one or one from the root (`/v1/jobs/j9`) is taken: a relative one resolves"
+            " against the last hop's URL, which is not recorded",
         ),
         Field(
             "status",
