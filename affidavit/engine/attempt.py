@@ -726,6 +726,9 @@ def observed_events(attempt: Attempt, *, withhold: bool = True) -> list[tuple[Ev
         # ``_jsonable`` inline: a call per fact (~15 per call) was most of the filter (issue 15).
         facts = attempt.scrub({k: v for k, v in attempt.facts.items() if isinstance(v, _JSONABLE)})
         facts.update(attempt.steps.facts())  # the table's own state names and counts
+        # Always said (null unless withheld, here or by the driver: HTTP's ``progress``), so a
+        # retry's summary merged over an earlier one never keeps the earlier word.
+        facts.setdefault("received_withheld", None)
         summary = {
             "protocol": attempt.machine.table.name,
             "state": attempt.machine.state,

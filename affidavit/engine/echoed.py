@@ -172,7 +172,12 @@ def without_received_size(
         ):
             if streams:
                 kept = without_received_counts(facts, streams, reason)
-            else:  # the driver's own word (HTTP's ``progress``: a head that echoed) stands
+            elif "received_withheld" in facts:
+                # Already said (``observed_events`` always does; the driver's own word, HTTP's
+                # ``progress``, stands): no copy of every call's summary.
+                out.append((event, payload))
+                continue
+            else:
                 kept = {"received_withheld": None, **facts}
             event = replace(event, attrs={**event.attrs, "facts": kept})
         out.append((event, payload))
