@@ -262,13 +262,25 @@ def listeners(port: int) -> set[int] | None:
 
 def holds(pid: int, inodes: set[int]) -> bool | None:
     """Whether process ``pid`` has one of the sockets ``inodes`` open (``/proc/<pid>/fd``);
-    None when its descriptors cannot be read."""
-    fds = Path(f"/proc/{pid}/fd")
+    None when its descriptors cannot be read.  A descriptor closed between the listing and its
+    ``readlink`` (a program starting up opens and closes many) is one it no longer holds; a
+    process that is gone holds nothing."""
     try:
-        links = {os.readlink(fd) for fd in fds.iterdir()}
-    except OSError:  # not ours to read, or gone
+        fds = list(Path(f"/proc/{pid}/fd").iterdir())
+    except FileNotFoundError:
+        return False
+    except OSError:  # not ours to read
         return None
-    return not links.isdisjoint(f"socket:[{i}]" for i in inodes)
+    wanted = {f"socket:[{i}]" for i in inodes}
+    for fd in fds:
+        try:
+            if os.readlink(fd) in wanted:
+                return True
+        except FileNotFoundError:
+            continue
+        except OSError:
+            return None
+    return False
 
 
 def _answers(port: int) -> bool:

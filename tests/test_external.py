@@ -287,6 +287,31 @@ def test_a_port_another_listener_took_is_not_our_servers_start_it_starts_on_anot
     assert served.proc.poll() is not None
 
 
+def test_a_descriptor_closed_while_it_is_read_is_not_a_held_socket(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A program starting up closes descriptors between the listing of ``/proc/<pid>/fd`` and
+    their ``readlink``: it does not hold them -- not "cannot tell", which ``_owns`` takes as
+    ours (CI once counted a server that was about to fail with EADDRINUSE as started)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        inodes = external.listeners(s.getsockname()[1])
+        assert inodes and external.holds(os.getpid(), inodes) is True
+        real = os.readlink
+
+        def closing(path: object) -> str:
+            if str(path).endswith(f"/{s.fileno()}"):
+                raise FileNotFoundError(path)
+            return real(path)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(external.os, "readlink", closing)
+        assert external.holds(os.getpid(), inodes) is False
+    gone = subprocess.Popen([sys.executable, "-c", ""])
+    gone.wait()
+    assert external.holds(gone.pid, inodes) is False  # reaped: holds nothing
+
+
 def test_a_live_program_while_another_holds_its_port_never_counts_as_started(
     tmp_path: Path, taken_port: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -19,7 +19,7 @@ from tests.external import SSH_KEYGEN, SSHD
 from .hostile import HostileServer
 from .sshd import Sshd, SshdUnavailable, SshKeys, make_keys, start_sshd
 
-__all__ = ["GateRefused", "Recorder", "SshKeys", "Sshd", "hostile_target"]
+__all__ = ["LOOP_HELD", "GateRefused", "Recorder", "SshKeys", "Sshd", "hostile_target"]
 
 
 @pytest.fixture(scope="session")
@@ -64,6 +64,12 @@ def hostile() -> Iterator[HostileServer]:
         yield srv
     finally:
         srv.stop()
+
+
+LOOP_HELD = 1.0
+"""A gap between two 10 ms ticks of a task on the trio loop that says the loop was held:
+a write spinning on the trio thread holds it for the server's whole stall (at least 1.5 s in
+these tests); a loaded CI machine with a worker per CPU delays a tick by a few hundred ms."""
 
 
 def hostile_target(srv: HostileServer, user: str = "bob", **timeouts: float) -> SshTarget:

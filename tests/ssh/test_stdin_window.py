@@ -16,7 +16,7 @@ from affidavit.adapters.base import AttemptInterrupted
 from affidavit.adapters.ssh import perform, prepare_credential
 from affidavit.statemachine import Code, Outcome
 
-from .conftest import Recorder, SshKeys, hostile_target
+from .conftest import LOOP_HELD, Recorder, SshKeys, hostile_target
 from .hostile import SMALL_WINDOW, HostileServer
 
 STDIN = b"x" * 100_000
@@ -67,10 +67,10 @@ async def test_a_server_that_stops_reading_stdin_lets_the_exec_timeout_fire_on_t
     assert isinstance(res, AttemptInterrupted), res
     assert res.code == Code.REMOTE_OUTCOME_UNKNOWN and rec.events[-1] == "timed_out"
     assert took < 3.0  # the 1 s exec timeout, not the server's 6 s
-    assert len(gaps) > 50 and max(gaps) < 0.25  # the loop was never held
+    assert len(gaps) > 50 and max(gaps) < LOOP_HELD  # the loop was never held
 
 
-@pytest.mark.parametrize("pause", [0.0, 0.3])
+@pytest.mark.parametrize("pause", [0.0, 1.5])
 async def test_stdin_larger_than_the_window_is_delivered_whole_as_the_window_reopens(
     hostile: HostileServer, ssh_keys: SshKeys, pause: float
 ) -> None:
@@ -82,7 +82,7 @@ async def test_stdin_larger_than_the_window_is_delivered_whole_as_the_window_reo
     assert not isinstance(res, AttemptInterrupted), res
     assert (res.outcome, res.code) == (Outcome.COMMITTED, None)  # type: ignore[attr-defined]
     assert rec.stream("stdout") == b"%d\n" % len(STDIN)  # the server read every byte
-    assert max(gaps) < 0.25
+    assert max(gaps) < LOOP_HELD
 
 
 async def test_a_key_reexchange_that_never_ends_lets_the_exec_timeout_fire_on_time(
@@ -99,7 +99,7 @@ async def test_a_key_reexchange_that_never_ends_lets_the_exec_timeout_fire_on_ti
     assert isinstance(res, AttemptInterrupted), res
     assert res.code == Code.REMOTE_OUTCOME_UNKNOWN and rec.events[-1] == "timed_out"
     assert took < 3.0
-    assert len(gaps) > 50 and max(gaps) < 0.25
+    assert len(gaps) > 50 and max(gaps) < LOOP_HELD
 
 
 async def test_a_key_reexchange_that_never_ends_is_given_the_connect_timeout(
@@ -116,7 +116,7 @@ async def test_a_key_reexchange_that_never_ends_is_given_the_connect_timeout(
     assert res.code == Code.REMOTE_OUTCOME_UNKNOWN and rec.events[-1] == "connection_lost"
     assert "key re-exchange" in res.detail and "1.5s" in res.detail
     assert took < 4.0  # 1.5 s, not the server's 6 s
-    assert max(gaps) < 0.25
+    assert max(gaps) < LOOP_HELD
 
 
 async def test_a_caller_cancelling_during_a_stuck_reexchange_is_answered_at_once(
