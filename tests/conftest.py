@@ -12,7 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from tests import external
+from tests import external, hangs
+from tests.hangs import (  # noqa: F401 (hooks pytest finds here)
+    pytest_configure_node,
+    pytest_terminal_summary,
+    pytest_timeout_cancel_timer,
+    pytest_timeout_set_timer,
+)
 from tests.postgres import Cluster, running_cluster
 
 _CHECKOUT = Path(__file__).resolve().parent.parent
@@ -29,6 +35,7 @@ def pytest_configure(config: pytest.Config) -> None:
     # ``affidavit serve`` refuses (FILES_EXPOSED).  The tests that check those rules set their
     # files' modes themselves; the rest run as under CI's 022, whoever runs them.
     os.umask(0o022)
+    hangs.configure(config)
     import affidavit
     import affidavit.adapters
     import affidavit.journal
