@@ -77,14 +77,21 @@ answer names where the journal or its keys live (``engine.unplaced``).  The log 
 
 
 def check_note(note: str | None, *, required: bool = False) -> str | None:
-    """An operator's note as the journal keeps it (plain text: it is evidence, in the clear)."""
+    """An operator's note as the journal keeps it (plain text: it is evidence, in the clear);
+    refused with ``OperatorError`` at field ``note`` -- the name every interface gives it (the
+    console's form field, the daemon API's key, ``--note``)."""
     if note is None or not note.strip():
         if required:
-            raise OperatorError("NOTE_REQUIRED", "give a --note saying what was checked", 400)
+            raise OperatorError(
+                "NOTE_REQUIRED", "give a --note saying what was checked", 400, "note"
+            )
         return None
     if len(note) > MAX_NOTE:
         raise OperatorError(
-            "BAD_NOTE", f"a note is at most {MAX_NOTE} characters (this one has {len(note)})", 400
+            "BAD_NOTE",
+            f"a note is at most {MAX_NOTE} characters (this one has {len(note)})",
+            400,
+            "note",
         )
     # The rule every view escapes by (affidavit.text): a note is evidence, read on terminals
     # and in the console, so it holds nothing that would be shown as an escape (but a tab).
@@ -95,6 +102,7 @@ def check_note(note: str | None, *, required: bool = False) -> str | None:
             f"a note holds a control character ({escape_char(bad)}): one line of plain text, "
             "without control, bidi or zero-width characters",
             400,
+            "note",
         )
     return note
 

@@ -72,11 +72,21 @@ def test_a_note_is_refused_for_what_is_wrong_with_it() -> None:
     for bad, shown in (("ok\x1b[2J", "\\u001b"), ("a\nb", "\\n"), ("x\u202e", "\\u202e")):
         with pytest.raises(OperatorError) as info:
             check_note(bad)
-        assert info.value.code == "BAD_NOTE"
+        assert (info.value.code, info.value.field, info.value.status) == ("BAD_NOTE", "note", 400)
         assert f"a note holds a control character ({shown})" in info.value.message
     with pytest.raises(OperatorError) as info:
         check_note("x" * (MAX_NOTE + 1))
+    assert (info.value.code, info.value.field, info.value.status) == ("BAD_NOTE", "note", 400)
     assert f"at most {MAX_NOTE} characters (this one has {MAX_NOTE + 1})" in info.value.message
+    assert check_note(" \t", required=False) is None
+    for blank in (None, "", " \t"):
+        with pytest.raises(OperatorError) as info:
+            check_note(blank, required=True)
+        assert (info.value.code, info.value.field, info.value.status) == (
+            "NOTE_REQUIRED",
+            "note",
+            400,
+        )
 
 
 async def test_an_invocation_id_argument_is_echoed_escaped(tmp_path: Path) -> None:

@@ -52,6 +52,10 @@ async def test_each_refusal_names_its_code_and_field(
             ("a note with a query", reconcile, {"how": "query", "note": "x"}),
             ("not unknown", reconcile, {"how": "committed", "note": "x"}),
             ("a how", reconcile, {"how": "maybe"}),
+            ("no note", reconcile, {"how": "committed"}),
+            ("a blank note", reconcile, {"how": "rejected", "note": " "}),
+            ("a note too long", reconcile, {"how": "committed", "note": "x" * 2001}),
+            ("a note's control", f"{origin}/approvals/{iid}/approve", {"note": "ok\x1b[2J"}),
             ("no such approval", f"{origin}/approvals/{iid}/approve", {}),
         ):
             status, _, page = await post(url, {"csrf": csrf, **form}, same)
@@ -71,6 +75,10 @@ async def test_each_refusal_names_its_code_and_field(
         "a note with a query": (400, ("INVALID_FIELD", "note")),
         "not unknown": (409, ("NOT_UNKNOWN", None)),
         "a how": (400, ("BAD_REQUEST", "how")),
+        "no note": (400, ("NOTE_REQUIRED", "note")),
+        "a blank note": (400, ("NOTE_REQUIRED", "note")),
+        "a note too long": (400, ("BAD_NOTE", "note")),
+        "a note's control": (400, ("BAD_NOTE", "note")),
         "no such approval": (404, ("NO_SUCH_APPROVAL", None)),
         "no such content": (404, ("NO_SUCH_APPROVAL", None)),
     }
