@@ -126,12 +126,14 @@ ALLOWED: Mapping[str, frozenset[str]] = {
     "affidavit.sdk": frozenset({"affidavit.api"}),
     # The operator console: pages over the journal's views, decisions through the Broker; the
     # engine and reconcile only for how a journal that could not answer is told (read_failure,
-    # reconcile.service.failure), as every interface tells it.
+    # reconcile.service.failure), as every interface tells it; config (below the engine) only
+    # for the one rule its address is judged by, as the config judged it (``is_loopback``).
     "affidavit.console": frozenset(
         {
             "affidavit",  # __version__ in the page footer
             "affidavit.api",
             "affidavit.approvals",
+            "affidavit.config",
             "affidavit.engine",
             "affidavit.reconcile",
             "affidavit.views",

@@ -21,10 +21,19 @@ __all__ = [
 
 
 def is_loopback(host: str) -> bool:
+    """Whether ``host`` is a loopback IP address: in 127.0.0.0/8, or ``::1`` (a zone, ``%lo``,
+    changes nothing).  A name is not (``localhost`` is for ``console_address`` to turn into
+    127.0.0.1: the console binds addresses), nor an IPv4-mapped ``::ffff:127.0.0.1``: Python
+    3.13 counts those as loopback and 3.11 does not (gh-117566), and one rule -- the stricter
+    -- judges the console's address in the config, at ``affidavit serve`` and in the console
+    itself (``affidavit.console.app``) on every Python; write 127.0.0.1."""
     try:
-        return ipaddress.ip_address(host).is_loopback
+        ip = ipaddress.ip_address(host)
     except ValueError:
         return False
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        return False
+    return ip.is_loopback
 
 
 def console_address(text: str, allow_remote: bool = False) -> tuple[str, int]:

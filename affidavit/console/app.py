@@ -66,13 +66,13 @@ import jinja2
 import affidavit
 from affidavit.api.broker import Broker
 from affidavit.approvals import Operator
+from affidavit.config import is_loopback
 from affidavit.journal import SessionSummary
 from affidavit.text import printable, utc_time
 from affidavit.views import metrics_key
 
 from .auth import Session, Sessions, TokenDirError, TokenStore
 from .handlers import Handlers, Slot, unlinked
-from .peer import is_loopback
 from .request import (
     AUTO,
     COOKIE,

@@ -27,7 +27,7 @@ import struct
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["Address", "is_loopback", "listener_owners", "socket_owner"]
+__all__ = ["Address", "listener_owners", "socket_owner"]
 
 Address = tuple[str, int]
 _TABLES = (Path("/proc/net/tcp"), Path("/proc/net/tcp6"))
@@ -54,14 +54,6 @@ def _normal(address: Address) -> tuple[ipaddress.IPv4Address | ipaddress.IPv6Add
     if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
         ip = ip.ipv4_mapped
     return ip, int(address[1])
-
-
-def is_loopback(host: str) -> bool:
-    """Whether ``host`` is a loopback IP address (a name is not: the console binds addresses)."""
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def _rows() -> Iterator[tuple[str, str, str, int]]:
