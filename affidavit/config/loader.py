@@ -28,7 +28,7 @@ from affidavit.schema import (
     Schema,
     Section,
     Target,
-    parse_duration,
+    duration_setting,
 )
 
 from .service import MIN_SHARED_LEASE_MARGIN, SERVICE, ServiceConfig
@@ -140,13 +140,6 @@ _key_file = _broker_file(
 _signing_key = _broker_file(".signing.key", "this broker's own signing key file")
 
 
-def _seconds(r: Read) -> float:
-    try:
-        return parse_duration(r.raw())
-    except ValueError as exc:
-        raise r.error(str(exc)) from None
-
-
 def _existing_file(r: Read) -> Path | None:
     raw = r.string()
     if not raw:
@@ -200,7 +193,7 @@ JOURNAL = Schema(
         ),
         Field(
             "reconnect",
-            _seconds,
+            duration_setting,
             default=10,
             doc="with `url`: seconds a broker that lost the database keeps reconnecting before "
             "it fails the writes in flight (never claiming a commit it cannot read back), and "

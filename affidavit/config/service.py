@@ -12,7 +12,7 @@ import pwd
 from dataclasses import dataclass
 from pathlib import Path
 
-from affidavit.schema import Field, Read, Schema, parse_duration
+from affidavit.schema import Field, Read, Schema, duration_setting
 
 from .address import console_address, is_loopback, public_origin, served_through_tls
 
@@ -88,13 +88,6 @@ def _ids(r: Read) -> tuple[int, ...] | None:
 
 def _gids(r: Read) -> tuple[int, ...]:
     return _ids(r) or ()
-
-
-def _grace(r: Read) -> float:
-    try:
-        return parse_duration(r.raw())
-    except ValueError as exc:
-        raise r.error(str(exc)) from None
 
 
 def _console(r: Read) -> tuple[str, int] | None:
@@ -175,7 +168,7 @@ SERVICE = Schema(
         ),
         Field(
             "shutdown_grace",
-            _grace,
+            duration_setting,
             default=30,
             doc="seconds in-flight calls may finish after SIGTERM (`affidavit mcp`: or the end of "
             "its input) before they are stopped",
@@ -220,7 +213,7 @@ SERVICE = Schema(
         ),
         Field(
             "lease_margin",
-            _grace,
+            duration_setting,
             default=30,
             doc="seconds a call's lease outlives its timeout: after it, a daemon that stopped "
             "mid-call is presumed gone and another (on a shared journal) may close or retry the "

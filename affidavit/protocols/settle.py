@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from affidavit.schema import Field, Read, parse_duration
+from affidavit.schema import Field, Read, duration_setting
 
 __all__ = ["DEFAULT_SETTLE", "SETTLE", "settle_of"]
 
@@ -28,10 +28,7 @@ DEFAULT_SETTLE = 60.0
 
 
 def _settle(r: Read) -> float:
-    try:
-        return parse_duration(r.raw(), zero=True)
-    except ValueError as exc:
-        raise r.error(str(exc)) from None
+    return duration_setting(r, zero=True)
 
 
 SETTLE = Field(

@@ -35,7 +35,7 @@ from .target import (
     snapshot_hash,
     trust_anchors,
 )
-from .values import check_host, host_for_url, host_setting, parse_duration
+from .values import check_host, duration_setting, host_for_url, host_setting, parse_duration
 
 __all__ = [
     "BUDGET",
@@ -66,6 +66,7 @@ __all__ = [
     "check_host",
     "content",
     "doc_table",
+    "duration_setting",
     "host_for_url",
     "host_setting",
     "kind_of",

@@ -31,7 +31,7 @@ from typing import Any
 from .fields import Field, Read, Schema
 from .section import Section, kind_of
 from .target import canonical_value
-from .values import parse_duration
+from .values import duration_setting
 
 __all__ = ["MAX_TTL", "RUNNERS", "ApprovalPolicy", "approval_field", "not_simple"]
 
@@ -174,20 +174,14 @@ def _commands(r: Read) -> tuple[str, ...] | None:
 
 
 def _ttl(r: Read) -> float:
-    try:
-        ttl = parse_duration(r.raw())
-    except ValueError as exc:
-        raise r.error(str(exc)) from None
+    ttl = duration_setting(r)
     if ttl > MAX_TTL:
         raise r.error("must be at most 7 days")
     return ttl
 
 
 def _wait(r: Read) -> float:
-    try:
-        wait = parse_duration(r.raw(), zero=True)
-    except ValueError as exc:
-        raise r.error(str(exc)) from None
+    wait = duration_setting(r, zero=True)
     if wait > r.values["ttl"]:
         raise r.error("must not exceed ttl: the request would expire while the caller waits")
     return wait

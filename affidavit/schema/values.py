@@ -8,7 +8,14 @@ import re
 
 from .fields import Read
 
-__all__ = ["MAX_DURATION", "check_host", "host_for_url", "host_setting", "parse_duration"]
+__all__ = [
+    "MAX_DURATION",
+    "check_host",
+    "duration_setting",
+    "host_for_url",
+    "host_setting",
+    "parse_duration",
+]
 
 _HOST_LABEL = r"[A-Za-z0-9_](?:[A-Za-z0-9_\-]{0,61}[A-Za-z0-9_])?"
 _HOSTNAME = re.compile(rf"(?=.{{1,253}}$){_HOST_LABEL}(?:\.{_HOST_LABEL})*\.?")
@@ -36,6 +43,15 @@ def parse_duration(value: object, *, zero: bool = False) -> float:
     if seconds > MAX_DURATION:
         raise ValueError("must be at most 100 years (36500d)")
     return seconds
+
+
+def duration_setting(r: Read, *, zero: bool = False) -> float:
+    """A ``Field`` parser for a duration setting (``parse_duration``; ``zero``: ``0`` allowed),
+    refused at the field's path with ``parse_duration``'s words."""
+    try:
+        return parse_duration(r.raw(), zero=zero)
+    except ValueError as exc:
+        raise r.error(str(exc)) from None
 
 
 def check_host(host: str) -> str:

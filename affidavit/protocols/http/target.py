@@ -28,8 +28,8 @@ from affidavit.schema import (
     approval_field,
     check_host,
     content,
+    duration_setting,
     host_for_url,
-    parse_duration,
     same,
 )
 from affidavit.secrets.credentials import parse_inject
@@ -296,13 +296,6 @@ def _idempotency_header(r: Read) -> str:
     return header
 
 
-def _retention(r: Read) -> float:
-    try:
-        return parse_duration(r.raw())
-    except ValueError as exc:
-        raise r.error(str(exc)) from None
-
-
 def _scope(contract: IdempotencyContract | None) -> str | None:
     """What a key is deduplicated within: a query for it asks within this scope."""
     return None if contract is None else contract.scope
@@ -313,7 +306,7 @@ IDEMPOTENCY = Schema(
     (
         Field("header", _idempotency_header, doc="the header the service reads the key from"),
         Field("scope", lambda r: r.string(max_len=256), doc="what it deduplicates within"),
-        Field("retention_s", _retention, key="retention", doc="how long it keeps a key"),
+        Field("retention_s", duration_setting, key="retention", doc="how long it keeps a key"),
     ),
 )
 
