@@ -185,9 +185,9 @@ class Handlers:
     async def _verified(self, whole: bool) -> dict[str, Any]:
         """The journal page but its sessions (read on their own: a whole verify that runs does
         not hold them, nor they it)."""
-        summary, kept = self.summary, self.verified
+        kept = self.verified
         return await self._reading(  # type: ignore[no-any-return]
-            lambda r: pages.journal_page(r, summary, kept, whole, sessions=False),
+            lambda r: pages.journal_page(r, kept, whole),
             "the journal view",
         )
 

@@ -221,34 +221,16 @@ def result_view(envelope: Mapping[str, Any] | None) -> dict[str, Any] | None:
     return {"streams": streams, "meta_text": json.dumps(meta, sort_keys=True, indent=1)}
 
 
-def journal_page(
-    reader: JournalReader,
-    summary: SessionSummary | None = None,
-    kept: KeptVerify | None = None,
-    whole: bool = False,
-    sessions: bool = True,
-) -> dict[str, Any]:
-    """``affidavit journal verify`` (the recorded key) -- from ``kept`` when given: the last
-    whole verify extended to the head (``KeptVerify``; ``whole``: run a whole verify now) --
-    the last signed checkpoint -- what ``affidavit journal anchor`` would export -- and the
-    sessions (from ``summary`` when given: ``JournalReader.summarized_sessions``; not read
-    when ``sessions`` is False: ``journal_sessions`` reads them on their own)."""
-    if kept is None:
-        verified: dict[str, Any] = {
-            "report": dataclasses.asdict(reader.verify()),
-            "whole": None,
-            "checked_at": None,
-            "checked_through": None,
-            "unread_through": None,
-            "running": None,
-            "failure": None,
-        }
-    else:
-        verified = kept.page(reader, whole)
+def journal_page(reader: JournalReader, kept: KeptVerify, whole: bool = False) -> dict[str, Any]:
+    """The journal page but its sessions (``journal_sessions`` reads them on their own: a whole
+    verify that runs does not hold them, nor they it): ``affidavit journal verify`` (the
+    recorded key) as ``kept`` keeps it -- the last whole verify extended to the head
+    (``KeptVerify``; ``whole``: run a whole verify now) -- and the last signed checkpoint --
+    what ``affidavit journal anchor`` would export."""
     checkpoint = reader.latest_checkpoint()
     head_seq, head_hash = reader.head()
     return {
-        **verified,
+        **kept.page(reader, whole),
         "checkpoint": None
         if checkpoint is None
         else {
@@ -258,7 +240,6 @@ def journal_page(
             "key_id": checkpoint.key_id,
         },
         "head": {"seq": head_seq, "hash": head_hash},
-        **(journal_sessions(reader, summary) if sessions else {}),
     }
 
 
