@@ -179,7 +179,9 @@ async def attest(
     """Record what ``operator`` found; return the invocation's envelope."""
     policy.require(operator, "attest an outcome")
     if outcome not in ATTESTABLE:
-        raise OperatorError("BAD_OUTCOME", "--attest takes committed or rejected", 400)
+        raise OperatorError(
+            "BAD_OUTCOME", "--attest takes committed or rejected", 400, field="attest"
+        )
     checked = check_note(note, required=True)
     record = await _unknown_at_rest(engine, invocation_id)
     event = Event(

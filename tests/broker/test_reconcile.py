@@ -269,6 +269,8 @@ async def test_an_attestation_is_refused_unless_an_operator_says_what_they_found
         with pytest.raises(OperatorError) as info:
             await b.reconcile(iid, **kwargs)
         assert info.value.code == code
+        if code in ("NOTE_REQUIRED", "BAD_OUTCOME"):  # bad input: the field to fix
+            assert info.value.field == ("note" if code == "NOTE_REQUIRED" else "attest")
         rec = b.record(iid)
         assert rec is not None and rec.outcome.value == "unknown"
         assert E.RECONCILED not in event_kinds(b, iid)
