@@ -25,7 +25,8 @@ Every connection is checked after the gate, right before its first byte: holding
 then (sent before the request was written, so never its answer; over TLS, anything but a TLS
 1.3 server's session tickets, a close_notify or an alert included), it is dropped unwritten as a
 setup failure at stage ``reused_connection`` (a pooled one) or ``peer_spoke_first`` (a fresh
-one).
+one).  Cancelled while that check waits for a TLS ticket's rest, it is dropped unwritten too,
+the step ``setup_fail`` at stage ``ticket_wait`` saying so, and the cancellation propagates.
 """
 
 from __future__ import annotations
@@ -127,10 +128,17 @@ async def exchange(
     await h.pass_gate(pool, headers, body)
     try:
         unread = await conn.unread_bytes(request.timeouts.connect)
-    except BaseException:
+    except BaseException as e:
         # Cancelled while a ticket's rest was awaited (``unread_bytes``): nothing was written;
-        # the head made ahead is dropped unsent and the connection closed, not left open.
+        # the head made ahead is dropped unsent and the connection closed, not left open.  The
+        # step says so (stage ``ticket_wait``), written with the attempt's close by the engine's
+        # shielded cancellation path; the cause is the engine's to name (the caller, a deadline,
+        # a shutdown), so only the exception's type is kept.  The outcome stays ``unknown``:
+        # DISPATCH_STARTED is durable (docs/design-notes.md, "A cancel in the ticket wait").
         h.ahead = None
+        facts = {"stage": "ticket_wait", "connection": conn.id, "local_error": type(e).__name__}
+        failed = h.ex.setup("setup_fail", facts)
+        ctx.observe(failed.step, failed.facts)
         await trio.aclose_forcefully(conn.stream)
         raise
     if unread:

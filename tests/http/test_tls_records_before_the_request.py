@@ -426,7 +426,9 @@ async def test_a_call_cancelled_while_a_ticket_s_rest_is_awaited_closes_the_conn
 ) -> None:
     """The caller's cancel lands during the wait for a ticket's rest (which never comes): the
     request is not written and the connection is closed then -- the peer sees it end at once,
-    not when the client is garbage collected."""
+    not when the client is garbage collected -- and the step says so: ``setup_fail`` at stage
+    ``ticket_wait``, the machine never dispatched (tests/broker/test_ticket_wait_cancel.py: the
+    record and the envelope)."""
     peer = RecordPeer(server_context(tls, V13), _ticket_cut_short)
     listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
     port = listeners[0].socket.getsockname()[1]
@@ -447,5 +449,14 @@ async def test_a_call_cancelled_while_a_ticket_s_rest_is_awaited_closes_the_conn
         with trio.fail_after(1):
             await peer.client_closed.wait()
         assert peer.after_handshake == 0
+        assert fe.events[-1] == "setup_fail" and not fe.machine.dispatched
+        assert fe.facts_of("setup_fail") == [
+            {
+                "hop": 1,
+                "stage": "ticket_wait",
+                "connection": fe.gates[0]["connection"],
+                "local_error": "Cancelled",
+            }
+        ]
         await client.aclose()
     await listeners[0].aclose()
