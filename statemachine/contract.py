@@ -368,8 +368,11 @@ CODES: dict[Code, CodeInfo] = {
         Retry.RECONCILE,
         "The complete answer is a redirect the broker did not follow: a 301, 302, 303, 307 or"
         " 308 -- `follow_redirects` is off, or `evidence.redirect_not_followed` (or"
-        " `redirect_limit`) says why -- or any other 3xx but 304 (300, 305, 306, an"
-        " unregistered one: never followed).  The 3xx is the server's complete answer; whether"
+        " `redirect_limit`) says why -- or any other 3xx (300, 305, 306, an unregistered one:"
+        " never followed), a 304 included unless it answers a conditional GET or HEAD"
+        " (If-None-Match, If-Modified-Since; RFC 9110 §15.4.5): to any other request it is no"
+        " answer, and `evidence.redirect_not_followed.reason` says so.  The 3xx is the server's"
+        " complete answer; whether"
         " the server acted on the request is not recorded (RFC 9110: a 3xx asks for further"
         " action to fulfil it; a 303 suggests the request was processed, a 301 or 307 that it"
         " was not): look before sending it again.",

@@ -65,7 +65,8 @@ class EventKind(StrEnum):
     generation; remote_request_id (X-Request-Id), and for a 3xx that is the result
     redirect_not_followed (why: reason and origin -- and method for a redirect that would have
     changed the request --, or the next hop's failed setup, or the hop, method, origin and
-    status of a next hop sent without the credential that refused it), both also in the
+    status of a next hop sent without the credential that refused it, or the reason alone
+    for a 304 to a request that was not a conditional GET or HEAD), both also in the
     envelope's evidence."""
     RESULT_COMMITTED = "RESULT_COMMITTED"
     """Durable barrier: the result and its hash are stored under the invocation id.  attrs:

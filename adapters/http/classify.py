@@ -5,9 +5,10 @@ authoritative rejection; 429/503 may permit backoff with the server's Retry-Afte
 is *known* (the application may have changed state first) — committed, never "failed to
 execute"; a complete 3xx that is the result (a redirect not followed) is committed with
 ``REMOTE_REDIRECTED``: the server's complete answer, which does not say whether it acted on
-the request.  Seed, "Connection setup needs a precise end point": a proxy's complete error is
-certainty about the proxy's own attempt, not about the origin; its hop is recorded and the
-origin's outcome stays unknown (RFC 9209 Proxy-Status says where forwarding failed).
+the request -- a 304 too, unless it answers a conditional GET or HEAD (RFC 9110 §15.4.5).
+Seed, "Connection setup needs a precise end point": a proxy's complete error is certainty about
+the proxy's own attempt, not about the origin; its hop is recorded and the origin's outcome stays
+unknown (RFC 9209 Proxy-Status says where forwarding failed).
 """
 
 from __future__ import annotations
@@ -17,17 +18,19 @@ import re
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from affidavit.statemachine import Code, Outcome
 
 __all__ = [
+    "NOT_CONDITIONAL",
     "REDIRECT_STATUSES",
     "Classification",
     "Redactor",
     "classify_response",
     "evidence_from",
     "header_value",
+    "is_conditional",
     "is_proxy_answer",
     "parse_proxy_status",
     "parse_retry_after",
@@ -40,7 +43,17 @@ result, ``REMOTE_REDIRECTED``."""
 NOT_MODIFIED = 304
 """RFC 9110 §15.4.5: the answer to a conditional GET or HEAD the caller made (its own
 ``If-None-Match`` / ``If-Modified-Since``): the representation it holds is current -- the one
-3xx that asks nothing further of the client."""
+3xx that asks nothing further of the client.  To any other request it is no answer
+(``NOT_CONDITIONAL``)."""
+_MAKES_304: Final = frozenset({"if-none-match", "if-modified-since"})
+"""The preconditions a 304 answers (RFC 9110 §13.1.2/3, §15.4.5).  ``If-Match`` and
+``If-Unmodified-Since`` fail with 412, never 304; ``If-Range`` gives 200 or 206."""
+NOT_CONDITIONAL: Final = (
+    "a 304 answers only a conditional GET or HEAD (If-None-Match, If-Modified-Since); the "
+    "request sent was not one, so the 304 is no answer to it"
+)
+"""``redirect_not_followed.reason`` of a 304 to any other request (``classify_response``):
+stable text."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +64,8 @@ class Classification:
     """committed / rejected for an origin response; None when a proxy produced it (unknown)."""
     code: Code | None
     retry_after: float | None = None
+    reason: str | None = None
+    """Why a 3xx with no reason of its own is the result (``NOT_CONDITIONAL``), else None."""
 
 
 def header_value(headers: Iterable[tuple[str, str]], name: str) -> str | None:
@@ -252,17 +267,31 @@ _PARSE: Any = object()
 """``classify_response``'s ``proxy_status`` left out: parsed from the headers."""
 
 
+def is_conditional(method: str, headers: Iterable[tuple[str, str]]) -> bool:
+    """Whether a request sent with ``method`` and ``headers`` is one a 304 may answer: a GET
+    or HEAD with an ``If-None-Match`` or ``If-Modified-Since`` that is not empty (RFC 9110
+    §15.4.5).  Names as sent, case aside: a name a server might read as one of them (``_`` for
+    ``-``) does not count -- its 304 is then an error, never a clean result claimed on a
+    guess."""
+    if method.upper() not in ("GET", "HEAD"):
+        return False
+    return any(n.lower() in _MAKES_304 and v.strip() for n, v in headers)
+
+
 def classify_response(
     status: int,
     headers: Sequence[tuple[str, str]],
     *,
     via_forward_proxy: bool,
+    conditional: bool = False,
     now: float | None = None,
     proxy_status: Any = _PARSE,
 ) -> Classification:
     """Classify a complete final response (seed table; see module docstring).
-    ``proxy_status``: the response's Proxy-Status as ``parse_proxy_status`` returns it, when
-    the caller parsed it already (the driver's result does: once per response, not twice)."""
+    ``conditional``: the request it answers was conditional (``is_conditional``) -- only then
+    is a 304 a clean result.  ``proxy_status``: the response's Proxy-Status as
+    ``parse_proxy_status`` returns it, when the caller parsed it already (the driver's result
+    does: once per response, not twice)."""
     ps = (
         parse_proxy_status(header_value(headers, "proxy-status"))
         if proxy_status is _PARSE
@@ -270,13 +299,23 @@ def classify_response(
     )
     if proxy_generated(status, ps, via_forward_proxy=via_forward_proxy):
         return Classification("proxy", None, None)
+    if status == NOT_MODIFIED and not conditional:
+        # RFC 9110 §15.4.5: "a conditional GET or HEAD request has been received and would
+        # have resulted in a 200 (OK) response if it were not for the fact that the condition
+        # evaluated to false" -- a request that was not one gets no answer from it.  Complete
+        # and the origin's, so committed, as any 3xx result: no success, and whether the
+        # server acted on the request is not recorded -- look before sending it again.
+        return Classification(
+            "origin", Outcome.COMMITTED, Code.REMOTE_REDIRECTED, None, NOT_CONDITIONAL
+        )
     if 300 <= status < 400 and status != NOT_MODIFIED:
         # RFC 9110 §15.4: a 3xx says "further action needs to be taken by the user agent in order
         # to fulfill the request".  Complete, so committed -- but no success: whether the server
         # acted on the request is not recorded (a 303 suggests it did, a 301 or 307 that it did
-        # not), so a caller branching on the error reads this one.  Every 3xx but 304: the
-        # ones never followed too -- 300 (a choice left to the client), 305 and 306
-        # (deprecated, reserved) and any unregistered one, which §15 has a client treat as 300.
+        # not), so a caller branching on the error reads this one.  Every 3xx but a 304 to a
+        # conditional request (above): the ones never followed too -- 300 (a choice left to
+        # the client), 305 and 306 (deprecated, reserved) and any unregistered one, which §15
+        # has a client treat as 300.
         return Classification("origin", Outcome.COMMITTED, Code.REMOTE_REDIRECTED)
     if 200 <= status < 400:
         # A success's Retry-After changes nothing of its own hint, but a batch's throttled

@@ -188,7 +188,11 @@ async def _result(
         await ctx.sink("body", res.buffered_body)
     proxy_status = parse_proxy_status(header_value(res.headers, "proxy-status"))
     cls = classify_response(
-        res.status, res.headers, via_forward_proxy=False, proxy_status=proxy_status
+        res.status,
+        res.headers,
+        via_forward_proxy=False,
+        conditional=res.conditional,
+        proxy_status=proxy_status,
     )
     ps = redactor.scrub_parsed(proxy_status)
     summary = {
@@ -221,6 +225,8 @@ async def _result(
         "body_sha256": res.body_sha256,
         **redactor.scrub(dict(extra)),
     }
+    if cls.reason is not None:  # a 3xx result with no redirect reason of its own (a 304)
+        facts["redirect_not_followed"] = {"reason": cls.reason}
     assert cls.outcome is not None
     retry = cls.retry_after  # a number (the schema's): a credential echoed in it is dropped
     if retry is not None and (

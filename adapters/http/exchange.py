@@ -41,7 +41,7 @@ import trio
 from affidavit.adapters.base import AttemptContext, AttemptInterrupted, ResultTooLarge
 from affidavit.statemachine import Code
 
-from .classify import Redactor, evidence_from, is_proxy_answer
+from .classify import Redactor, evidence_from, is_conditional, is_proxy_answer
 from .connect import READ_SIZE, Connection, errno_name, setup_failed
 from .machine import FramingError, HttpExchange, Observation
 from .pool import Pool
@@ -107,6 +107,9 @@ class HopResult:
     buffered_complete: bool
     http_version: str
     """The response's HTTP version as h11 parsed it."""
+    conditional: bool
+    """The request this hop wrote is one a 304 may answer (``classify.is_conditional``), judged
+    on the method and headers as sent."""
 
 
 async def exchange(
@@ -274,6 +277,8 @@ class _Hop:
         self.buffered = bytearray()
         self.buffered_complete = True
         self.head: Observation | None = None
+        self.conditional = False
+        """The request head written is conditional (``HopResult.conditional``)."""
         self.ahead: tuple[_Head, tuple[dict[str, Any], bytes]] | None = None
         """The request head made while the gate's barrier committed (``prepare``), not sent."""
         # One cancel scope for the whole exchange (made by ``transfer``), re-armed per phase
@@ -360,6 +365,7 @@ class _Hop:
         ahead, self.ahead = self.ahead, None
         head, encoded = ahead if ahead is not None else (self.request_head(headers, body), None)
         del ahead
+        self.conditional = is_conditional(self.method, head.headers)
         expect = head.expect_continue
         t = self.request.timeouts
         # Made armed with the write's limit (nothing awaits before the write): one deadline
@@ -576,4 +582,5 @@ class _Hop:
             buffered_body=bytes(self.buffered) if self.plan.disposition == "follow" else None,
             buffered_complete=self.buffered_complete,
             http_version=self.ex.http_version,
+            conditional=self.conditional,
         )

@@ -18,14 +18,16 @@ import base64
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import pytest
 import trio
 
-from affidavit.statemachine import EventKind
+from affidavit.adapters.http.classify import NOT_CONDITIONAL
+from affidavit.statemachine import EventKind, envelope_schema
 from tests.http.hostile import Received, Reply, scripts
 
 from .helpers import assert_error
-from .http_rows import GET, IDEM, LIMIT, POST, Row, Seen, Then, run_row
+from .http_rows import GET, IDEM, LIMIT, POST, Got, Row, Seen, Then, run_row
 
 E = EventKind
 
@@ -126,6 +128,30 @@ def _result_status(status: int, body: str | None = None) -> Then:
             assert s.env["result"]["body"] == body
 
     return then
+
+
+def _not_modified(conditional: bool) -> Then:
+    """A 304 is the result either way (stored, fetchable); only a conditional GET's is clean --
+    to any other request the evidence says why it is no answer."""
+
+    async def then(s: Seen) -> None:
+        jsonschema.Draft202012Validator(envelope_schema()).validate(s.env)
+        assert s.env["result"]["status"] == 304
+        why = s.env["evidence"].get("redirect_not_followed")
+        assert why == (None if conditional else {"reason": NOT_CONDITIONAL})
+        fetched = await s.broker.fetch_result(s.iid)
+        assert fetched is not None and fetched["result"]["status"] == 304
+
+    return then
+
+
+def _sent_with(name: str | None) -> Got:
+    def received(s: Seen) -> None:
+        (got,) = s.server.requests
+        names = {n.lower() for n, _ in got.headers}
+        assert (name in names) if name is not None else not names & {"if-none-match"}
+
+    return received
 
 
 async def _retry_after_recorded(s: Seen) -> None:
@@ -486,6 +512,35 @@ ROWS: dict[str, Row] = {
         )
         for status in (429, 503)
     },
+    # RFC 9110 §15.4.5: a 304 answers a conditional GET or HEAD -- the caller's copy is
+    # current; to any other request it is no answer, so never a clean result.
+    **{
+        f"304-to-a-get-with-{header.lower()}-is-a-clean-result": Row(
+            None,
+            scripts.serve(Reply(304)),
+            action={**GET, "headers": {header: value}},
+            then=_not_modified(conditional=True),
+            received=_sent_with(header.lower()),
+        )
+        for header, value in (
+            ("If-None-Match", '"v1"'),
+            ("If-Modified-Since", "Sun, 06 Nov 1994 08:49:37 GMT"),
+        )
+    },
+    "304-to-an-unconditional-get-is-committed-and-no-success": Row(
+        ("remote_execution", "committed", "reconcile", "REMOTE_REDIRECTED"),
+        scripts.serve(Reply(304)),
+        action=GET,
+        then=_not_modified(conditional=False),
+        received=_sent_with(None),
+    ),
+    "304-to-a-post-with-if-none-match-is-committed-and-no-success": Row(
+        ("remote_execution", "committed", "reconcile", "REMOTE_REDIRECTED"),
+        scripts.serve(Reply(304)),
+        action={**POST, "headers": {"If-None-Match": '"v1"'}},
+        then=_not_modified(conditional=False),
+        received=_sent_with("if-none-match"),
+    ),
     # Seed: "A complete 500 is known ... Do not turn every 5xx into permission to retry a POST".
     "complete-500-on-post-is-committed-never-backoff": Row(
         ("remote_execution", "committed", "reconcile", "REMOTE_ERROR"),

@@ -8,7 +8,12 @@ import pytest
 
 from affidavit.adapters.http import Redactor, classify_response, parse_proxy_status
 from affidavit.adapters.http import parse_retry_after as pra
-from affidavit.adapters.http.classify import header_value, is_proxy_answer
+from affidavit.adapters.http.classify import (
+    NOT_CONDITIONAL,
+    header_value,
+    is_conditional,
+    is_proxy_answer,
+)
 from affidavit.statemachine import Code, Outcome
 
 NOW = 1_700_000_000.0
@@ -19,8 +24,9 @@ NOW = 1_700_000_000.0
     [
         (200, Outcome.COMMITTED, None),
         (202, Outcome.COMMITTED, None),
-        # 304 answers the caller's own conditional request: its copy is current.
-        (304, Outcome.COMMITTED, None),
+        # 304 answers only a conditional GET or HEAD (``test_a_304_is_clean_only_...``): to
+        # any other request -- this table's -- it is no answer.
+        (304, Outcome.COMMITTED, Code.REMOTE_REDIRECTED),
         # Every other 3xx, followed or never (300, 305, 306, unregistered: RFC 9110 §15, "as
         # 300"), asks for further action: no success.
         *(
@@ -40,6 +46,47 @@ NOW = 1_700_000_000.0
 def test_origin_status_table(status: int, outcome: Outcome, code: Code | None) -> None:
     c = classify_response(status, [], via_forward_proxy=False)
     assert (c.hop, c.outcome, c.code) == ("origin", outcome, code)
+
+
+@pytest.mark.parametrize(
+    ("method", "headers", "conditional"),
+    [
+        ("GET", [("If-None-Match", '"v1"')], True),
+        ("GET", [("if-modified-since", "Sun, 06 Nov 1994 08:49:37 GMT")], True),
+        ("HEAD", [("IF-NONE-MATCH", "*")], True),
+        ("head", [("If-None-Match", '"v1"')], True),
+        ("GET", [], False),
+        ("GET", [("If-None-Match", "  ")], False),  # empty: no precondition a server evaluates
+        ("GET", [("If-Match", '"v1"')], False),  # fails with 412, never 304
+        ("GET", [("If-Unmodified-Since", "Sun, 06 Nov 1994 08:49:37 GMT")], False),
+        ("GET", [("If-Range", '"v1"')], False),  # 200 or 206
+        ("GET", [("If_None_Match", '"v1"')], False),  # not the field as sent
+        ("POST", [("If-None-Match", '"v1"')], False),
+        ("PUT", [("If-None-Match", "*")], False),  # 412 when it exists, never 304
+        ("DELETE", [("If-Modified-Since", "Sun, 06 Nov 1994 08:49:37 GMT")], False),
+    ],
+)
+def test_a_304_is_clean_only_as_the_answer_to_a_conditional_get_or_head(
+    method: str, headers: list[tuple[str, str]], conditional: bool
+) -> None:
+    """RFC 9110 §15.4.5: a 304 says a conditional GET or HEAD "would have resulted in a 200
+    (OK) response if it were not for the fact that the condition evaluated to false".  To any
+    other request it answers nothing: committed (complete, the origin's) but no success,
+    REMOTE_REDIRECTED with the reason -- never a clean result."""
+    assert is_conditional(method, headers) is conditional
+    c = classify_response(304, [], via_forward_proxy=False, conditional=conditional)
+    if conditional:
+        assert (c.outcome, c.code, c.reason) == (Outcome.COMMITTED, None, None)
+    else:
+        assert (c.outcome, c.code, c.reason) == (
+            Outcome.COMMITTED,
+            Code.REMOTE_REDIRECTED,
+            NOT_CONDITIONAL,
+        )
+    # Only a 304 reads it: another status is classified as it always was.
+    for status in (200, 302, 404, 500):
+        plain = classify_response(status, [], via_forward_proxy=False)
+        assert classify_response(status, [], via_forward_proxy=False, conditional=True) == plain
 
 
 def test_retry_after_delta_seconds_and_http_date() -> None:

@@ -15,6 +15,7 @@ from trio.testing import MockClock
 
 from affidavit.adapters.base import AttemptInterrupted, RemoteResult, SetupError
 from affidavit.adapters.http import HttpClient, HttpRequest, Timeouts
+from affidavit.adapters.http.classify import NOT_CONDITIONAL
 from affidavit.statemachine import Code, Outcome
 
 from .fakes import FakeEngine
@@ -240,6 +241,46 @@ async def test_unfollowed_3xx_is_committed_and_no_success(client: HttpClient, st
         status,
     )
     assert len(srv.requests) == 1 and len(fe.gates) == 1
+
+
+@pytest.mark.parametrize(
+    ("method", "extra", "clean"),
+    [
+        ("GET", [("If-None-Match", '"v1"')], True),
+        ("HEAD", [("If-Modified-Since", "Sun, 06 Nov 1994 08:49:37 GMT")], True),
+        ("GET", [], False),
+        ("GET", [("If-Match", '"v1"')], False),
+        ("POST", [], False),
+        ("POST", [("If-None-Match", '"v1"')], False),
+    ],
+)
+async def test_a_304_is_a_clean_result_only_for_a_conditional_get_or_head(
+    client: HttpClient, method: str, extra: list[tuple[str, str]], clean: bool
+) -> None:
+    """RFC 9110 §15.4.5: a 304 answers a conditional GET or HEAD (the caller's copy is
+    current).  To any other request it is no answer: committed (complete, the origin's) but
+    REMOTE_REDIRECTED, ``redirect_not_followed.reason`` saying why -- judged on the request as
+    written (the server saw the same headers)."""
+    async with HostileServer.running(scripts.serve(Reply(304))) as srv:
+        body = b"{}" if method == "POST" else b""
+        request = HttpRequest(
+            method,
+            srv.url + "/doc",
+            [("Authorization", "Bearer tok-abcdef"), *extra],
+            body,
+            timeouts=FAST,
+        )
+        _fe, res = await result(client, request)
+    (got,) = srv.requests
+    assert got.method == method and {(n.lower(), v) for n, v in extra} <= {
+        (n.lower(), v) for n, v in got.headers
+    }
+    assert res.outcome is Outcome.COMMITTED and res.facts["status"] == 304
+    if clean:
+        assert res.code is None and "redirect_not_followed" not in res.facts
+    else:
+        assert res.code is Code.REMOTE_REDIRECTED
+        assert res.facts["redirect_not_followed"] == {"reason": NOT_CONDITIONAL}
 
 
 @pytest.mark.parametrize("status", [401, 403, 404, 409])
