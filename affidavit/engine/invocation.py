@@ -15,7 +15,6 @@ invocation from then on.
 
 from __future__ import annotations
 
-import functools
 import secrets
 import time
 from collections.abc import Mapping
@@ -64,6 +63,7 @@ from .approval import (
     request_approval,
 )
 from .attempt import lost_or_raise, run_tries
+from .binder import BinderGone, judge, record_or_gone
 from .contracts import batch_facts, reader
 from .control import CallControl
 from .credential import Preamble, prepare_after
@@ -80,6 +80,12 @@ if TYPE_CHECKING:
 __all__ = ["refuse_new", "resume", "start"]
 
 E = EventKind
+_MISMATCH_UNSENT = (
+    "this idempotency key is bound in its scope to a different request (another target, "
+    "method, path, headers or body; another command or stdin), whose call stopped before it "
+    "recorded anything: nothing was sent under the key; correct the request, or use a new key "
+    "for a new one"
+)
 
 
 async def start(
@@ -103,7 +109,7 @@ async def start(
     # whole (a 5 MB one grew the journal by 15 MB; a lone surrogate crashed the insert).
     session, refused_session = accepted_session(action)
     recorder = engine.recorder
-    take_over = False
+    took_over: dict[str, Any] | None = None
     try:
         parsed = parse_action(action, engine.config)
     except ActionInvalid as exc:
@@ -155,21 +161,32 @@ async def start(
             scope, expires = f"{target.kind}:{target.name}", None
             idem = {"key": key, "scope": scope, "remote_contract": "none"}
         journal = engine.journal
+        # This call holds what it binds from before the binding exists: another call of this
+        # broker never takes it for its stopped binder's (``binder.judge``).
+        recorder.attempting(iid, 0)
         try:
             bound = await journal.bind_idempotency(scope, key, fp, iid, expires)
         except IdempotencyMismatch as exc:
             # Another request, or this one under a changed configuration (``rebound.py``): only
             # the bound invocation's chained record can tell.  Bound with nothing recorded yet,
             # it tells neither -- its binder may be about to send it (another broker of a shared
-            # journal), so "another request: new key, send again" may make a duplicate.  The
-            # answer is that invocation as recorded (IN_PROGRESS, fetch_result), as for a call
-            # whose fingerprint matches (below).
-            record = journal.bound_record(exc.existing)
-            if record is None:
-                what = "the state of a key's binding"
-                at = await recorder.read(functools.partial(journal.now, what))
-                return recorder.envelope(Projector(exc.existing.invocation_id).record(at))
-            no = refusal(engine, exc, record, parsed, target)
+            # journal), so "another request: new key, send again" may make a duplicate; nor may
+            # the answer name that invocation, which may be another target's of a shared scope.
+            # Its record is waited for -- or for its binder to be provably gone, when nothing
+            # was sent under the key and a new one sends this request once.
+            found = await record_or_gone(engine, exc.existing, target)
+            if isinstance(found, BinderGone):
+                return await refuse_new(
+                    recorder,
+                    iid,
+                    session,
+                    target,
+                    Code.IDEMPOTENCY_MISMATCH,
+                    "idempotency_key",
+                    _MISMATCH_UNSENT,
+                    binder=found.evidence(),
+                )
+            no = refusal(engine, exc, found, parsed, target)
             return await refuse_new(
                 recorder, iid, session, target, no.code, no.field, no.message, bound_to=no.bound_to
             )
@@ -197,20 +214,21 @@ async def start(
                     requester=None if link is not None else requester,
                     linked=link is not None,
                 )
-            # The row's ``created_at`` is in the clock leases are judged by (the database's
-            # on a shared journal): compared in that clock, never this broker's own.
-            at = await recorder.read(functools.partial(journal.now, "the age of a key's binding"))
-            # The binder's window is its lease -- at most the target's (``lease_ttl`` with no
-            # caller timeout) -- never this caller's: a short timeout here took over an
-            # invocation whose binder was still inside its own.
-            if at < bound.created_at + engine.lease_ttl(target, None):
-                # Bound a moment ago, nothing recorded yet: the binder is writing its first
-                # events.  In progress; fetch it, never send it again.
+            # Nothing recorded yet: the binder's while it may still record (``binder.py``) --
+            # judged by its window, at most the target's (``lease_ttl`` with no caller
+            # timeout), never this caller's: a short timeout here took over an invocation whose
+            # binder was still inside its own.
+            at, gone = await judge(engine, bound, target)
+            if gone is None:
+                # The same fingerprint: this target's invocation, in progress; fetch it, never
+                # send it again.
                 return recorder.envelope(Projector(bound.invocation_id).record(at))
-            # The binder stopped between binding the key and recording anything: take the
-            # invocation over -- if this call wins its first event (below).
+            # The binder stopped between binding the key and recording anything: nothing was
+            # sent under it.  Take the invocation over -- if this call wins its first event
+            # (below), which records why.
             iid = bound.invocation_id
-            take_over = True
+            recorder.attempting(iid, 0)
+            took_over = gone.evidence()
     operation = {
         "target": target.name,
         "protocol": target.kind,
@@ -246,6 +264,7 @@ async def start(
             "lease_expires_at": lease_ends,
             **({"lease_boot": boot} if boot is not None else {}),
             **({"link": dict(link)} if link else {}),
+            **({"took_over": took_over} if took_over is not None else {}),
         },
     )
     accepted_payload = (
@@ -263,7 +282,7 @@ async def start(
         },
     )
     preamble: Preamble = ((accepted, accepted_payload), (validated, None))
-    if take_over:
+    if took_over is not None:
         # A barrier of its own: the projection refuses a second ACTION_ACCEPTED, so exactly
         # one taker wins the record, and a loser has written nothing into it.
         try:
@@ -314,10 +333,12 @@ async def refuse_new(
     message: str,
     refused_session: Mapping[str, Any] | None = None,
     bound_to: str | None = None,
+    binder: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Accept and at once refuse a new invocation in validation (nothing attempted).
     ``bound_to``: the invocation the call's idempotency key is bound to, when the refusal
-    names it (``rebound.Refusal``)."""
+    names it (``rebound.Refusal``); ``binder``: why the binder of the key, which recorded
+    nothing, is gone (``BinderGone.evidence``), when the refusal rests on that."""
     operation = {
         "target": target.name if target is not None else None,
         "protocol": target.kind if target is not None else None,
@@ -338,6 +359,7 @@ async def refuse_new(
                 "field": field_path,
                 "message": message,
                 **({"bound_to": bound_to} if bound_to is not None else {}),
+                **({"binder_gone": dict(binder)} if binder is not None else {}),
             },
         ),
     )

@@ -25,6 +25,7 @@ import trio
 import affidavit.engine.invocation as invocation
 from affidavit.api.broker import Broker
 from affidavit.config import canonical_json, load_config, snapshot
+from affidavit.engine import EngineSettings
 from affidavit.protocols.actions import fingerprint, parse_action, request_fingerprint
 from affidavit.statemachine import EventKind as E
 from tests.http.hostile import HostileServer, Peer, Reply, Script
@@ -250,27 +251,104 @@ async def test_the_same_request_bound_by_another_target_of_the_scope_is_a_mismat
     assert len(received) == 1
 
 
-async def test_a_key_bound_with_nothing_recorded_yet_is_in_progress_never_a_mismatch(
+async def test_a_different_request_waits_for_the_binder_s_record_and_never_names_it(
     tmp_path: Path, token: str
 ) -> None:
-    """The key is bound (to another fingerprint) and its invocation has recorded nothing yet:
-    its binder -- another broker of a shared journal -- is writing its first events, and may
-    be about to send.  The records prove neither "another request" nor "the same": the call
-    is answered that invocation as recorded (IN_PROGRESS, fetch_result, naming it), never
-    IDEMPOTENCY_MISMATCH, whose "new key, send again" may make a duplicate.  Nothing sent."""
+    """prod binds key K and has recorded nothing yet (its broker is between the binding and its
+    first event) when staging -- another target declaring the same scope, in another broker of
+    the journal -- calls under K.  The records prove neither "another request" nor "the same",
+    and prod's invocation is not staging's to see: the call waits for prod's record, then
+    answers from it -- IDEMPOTENCY_MISMATCH naming nothing -- never IN_PROGRESS naming prod's
+    invocation (its id went to staging's caller before).  prod's request is sent once."""
     script, received = _server(False)
-    async with (
-        HostileServer.running(script) as srv,
-        open_broker(write_config(tmp_path, _targets(srv.url))) as b,
-    ):
-        other = "sha256:" + "0" * 64  # not this call's fingerprint
-        with trio.fail_after(LIMIT):
-            await b.journal.bind_idempotency(IDEM["scope"], "charge-1", other, "act_bound", None)
-            env = await b.call(CHARGE)
-        assert env["invocation_id"] == "act_bound", env
-        assert (env["error"]["code"], env["error"]["retry"]) == ("IN_PROGRESS", "fetch_result")
-        assert b.events("act_bound") == []  # nothing of this call written into it
-        verify_ok(b)
+    async with HostileServer.running(script) as srv:
+        targets = {"prod": _targets(srv.url)["api"], "staging": _targets(srv.url)["api"]}
+        cfg = write_config(tmp_path, targets)
+        async with open_broker(cfg) as prod_broker, open_broker(cfg) as staging_broker:
+            bound, go = trio.Event(), trio.Event()
+            bind = prod_broker.journal.bind_idempotency
+
+            async def bind_then_stall(*args: Any) -> Any:
+                done = await bind(*args)
+                bound.set()
+                await go.wait()  # the binder's broker, between its binding and its first event
+                return done
+
+            prod_broker.journal.bind_idempotency = bind_then_stall  # type: ignore[method-assign]
+            answers: dict[str, dict[str, Any]] = {}
+
+            async def call(name: str, b: Broker) -> None:
+                answers[name] = await b.call({**CHARGE, "target": name})
+
+            with trio.fail_after(LIMIT):
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(call, "prod", prod_broker)
+                    await bound.wait()
+                    nursery.start_soon(call, "staging", staging_broker)
+                    await trio.sleep(0.3)
+                    assert "staging" not in answers, answers  # waits for the binder's record
+                    go.set()
+            prod, staging = answers["prod"], answers["staging"]
+            assert prod.get("error") is None, prod
+            assert_error(
+                staging_broker,
+                staging,
+                phase="validation",
+                outcome="not_attempted",
+                retry="after_correction",
+                code="IDEMPOTENCY_MISMATCH",
+            )
+            assert staging["error"]["field"] == "idempotency_key"
+            assert prod["invocation_id"] not in json.dumps(staging)
+            verify_ok(staging_broker)
+    assert len(received) == 1
+
+
+async def test_a_different_request_under_a_key_whose_binder_stopped_is_a_mismatch(
+    tmp_path: Path, token: str
+) -> None:
+    """The key is bound (to another fingerprint) and its binder stopped before it recorded
+    anything.  Nothing was sent under the key (DISPATCH_STARTED is durable before a byte is
+    sent, and a binder past its window is refused it), so once that window -- the target's
+    total timeout plus lease_margin from the binding -- is over, the call is
+    IDEMPOTENCY_MISMATCH as usual, naming nothing, with why on record; not IN_PROGRESS for
+    good.  Nothing is written into the bound invocation, nothing sent."""
+    script, received = _server(False)
+    async with HostileServer.running(script) as srv:
+        cfg = write_config(tmp_path, _targets(srv.url, timeout={"connect": 1, "total": 1}))
+        settings = EngineSettings(lease_margin=0.1)
+        async with Broker.open(config=load_config(cfg), settings=settings) as b:
+            other = "sha256:" + "0" * 64  # not this call's fingerprint
+            with trio.fail_after(LIMIT):
+                await b.journal.bind_idempotency(
+                    IDEM["scope"], "charge-1", other, "act_bound", None
+                )
+                start = trio.current_time()
+                env = await b.call(CHARGE)
+            assert trio.current_time() - start >= 1.0  # the binder's window: 1 s + 0.1 s
+            assert_error(
+                b,
+                env,
+                phase="validation",
+                outcome="not_attempted",
+                retry="after_correction",
+                code="IDEMPOTENCY_MISMATCH",
+            )
+            assert env["error"]["field"] == "idempotency_key"
+            assert "nothing was sent under the key" in env["error"]["message"]
+            assert "act_bound" not in json.dumps(env)
+            refused = next(
+                e for e in b.events(env["invocation_id"]) if e.kind is E.PREFLIGHT_FAILED
+            )
+            gone = refused.attrs["binder_gone"]
+            assert (gone["why"], gone["recorded"], gone["window"]) == (
+                "window_over",
+                "nothing",
+                1.1,
+            )
+            assert gone["judged_at"] >= gone["bound_at"] + 1.1
+            assert b.events("act_bound") == []  # nothing of this call written into it
+            verify_ok(b)
     assert received == []
 
 

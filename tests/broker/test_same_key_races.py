@@ -217,6 +217,16 @@ async def test_a_key_bound_by_a_caller_that_stopped_before_recording_is_taken_ov
             assert late["invocation_id"] == "act_ORPHAN"
             assert_ok(broker, late)
             assert event_kinds(broker, "act_ORPHAN").count(E.ACTION_ACCEPTED) == 1
+            # Recorded as a take-over, with why the binder was gone: its window was over.
+            accepted = broker.events("act_ORPHAN")[0].attrs
+            took = accepted["took_over"]
+            assert (took["why"], took["recorded"], took["window"]) == (
+                "window_over",
+                "nothing",
+                1.0,
+            )
+            assert took["bound_at"] == bound.created_at
+            assert took["judged_at"] >= bound.created_at + 1.0
         assert len(srv.requests) == 1
 
 

@@ -1,0 +1,113 @@
+"""A key bound with nothing recorded under it yet: its binder's, until the binder is provably gone.
+
+Seed, "Idempotency is defined by the remote contract": the key, fingerprint, scope and retention
+are persisted before dispatch.  The broker binds the key first (``bind_idempotency``), then writes
+the invocation's ACTION_ACCEPTED, and its dispatch gate makes DISPATCH_STARTED durable before a
+byte is sent.  A binding with no record under it proves that nothing was sent under it *yet*; it
+proves that nothing ever will be once its binder can no longer record, which is when either
+
+* this broker is the journal's only writer (``Journal.exclusive``: the daemon on its SQLite file,
+  holding its lock) and no call of its own holds the binding (``Recorder.running``, registered
+  before the key is bound): the binder was another process, which stopped before this one took
+  the lock; or
+* the binder's window is over, by the clock leases are judged by (``journal.now``: the
+  database's on a shared journal), and no call of this broker holds the binding.  The window is
+  the longest lease the binder can hold -- the target's total timeout plus ``lease_margin``
+  (``Engine.lease_ttl`` with no caller timeout) -- from the binding's ``created_at``, recorded in
+  that clock.  The binder's ACTION_ACCEPTED carries a lease that ends within it, and its dispatch
+  gate refuses a send after that end by the same clock (``journal.leases.check_first_deadline``):
+  a binder that stopped, or is merely slow, sends nothing once the window is over.  The binding
+  row holds no boot-clock stamp and needs none: nothing is in flight under a binding with no
+  record, and the gate that would let the binder send judges by the clock this judges by.
+
+Then the same request takes the invocation over (``invocation.start``, by winning its first
+event, whose ``took_over`` records ``BinderGone.evidence``), and a different request is
+IDEMPOTENCY_MISMATCH as usual.  While the binder may still record, the same request answers
+IN_PROGRESS -- the same fingerprint covers the same target, so that invocation is the caller's to
+see -- and a different one waits (``record_or_gone``) for the binder's record, whose answer
+``rebound.refusal`` gives, or for the binder to be gone: never IN_PROGRESS naming an invocation
+that may be another target's of a shared scope.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from affidavit.journal import IdempotencyRecord
+from affidavit.statemachine import Record
+
+if TYPE_CHECKING:
+    from .engine import Engine
+
+__all__ = ["BinderGone", "judge", "record_or_gone"]
+
+_POLL_FIRST, _POLL_MAX = 0.01, 0.25
+"""Seconds between the reads of ``record_or_gone``: a live binder records within milliseconds."""
+
+
+@dataclass(frozen=True, slots=True)
+class BinderGone:
+    """Why the binder of a binding with no record can no longer record or send."""
+
+    bound_at: float
+    """The binding's ``created_at`` (the lease clock)."""
+    judged_at: float
+    """When this was judged, by the same clock."""
+    window: float | None
+    """The binder's window (seconds from ``bound_at``) that is over; None: judged by
+    ``only_writer``."""
+
+    def evidence(self) -> dict[str, Any]:
+        """Secret-free facts for the journal: what a take-over or a refusal records."""
+        why = "window_over" if self.window is not None else "only_writer"
+        out: dict[str, Any] = {
+            "why": why,
+            "bound_at": self.bound_at,
+            "judged_at": self.judged_at,
+            "recorded": "nothing",
+        }
+        if self.window is not None:
+            out["window"] = self.window
+        return out
+
+
+async def judge(
+    engine: Engine, bound: IdempotencyRecord, target: Any
+) -> tuple[float, BinderGone | None]:
+    """Now by the lease clock, and whether the binder of ``bound`` (which has recorded nothing)
+    is provably gone (see the module's docstring); None while it may still record."""
+    journal = engine.journal
+    at = await engine.recorder.read(functools.partial(journal.now, "the age of a key's binding"))
+    if engine.recorder.running(bound.invocation_id, 0):
+        return at, None  # a call of this broker is its binder, and it is live
+    if journal.exclusive:
+        return at, BinderGone(bound.created_at, at, None)
+    window = engine.lease_ttl(target, None)
+    if at < bound.created_at + window:
+        return at, None
+    return at, BinderGone(bound.created_at, at, window)
+
+
+async def record_or_gone(
+    engine: Engine, bound: IdempotencyRecord, target: Any
+) -> Record | BinderGone:
+    """The record the binder of ``bound`` writes, or why it never will: waited for, polling,
+    for at most the binder's window (longer only while a call of this broker holds the binding,
+    which ends within its own lease).  The record is proven by its chained ACTION_ACCEPTED
+    (``bound_record``: ``AlteredRow`` otherwise)."""
+    journal = engine.journal
+    delay = _POLL_FIRST
+    while True:
+        record = journal.bound_record(bound)
+        if record is not None:
+            return record
+        _at, gone = await judge(engine, bound, target)
+        if gone is not None:
+            # Recorded between the two reads: its record answers, not the judgment.
+            return journal.bound_record(bound) or gone
+        await trio.sleep(delay)
+        delay = min(delay * 2, _POLL_MAX)
