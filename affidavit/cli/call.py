@@ -261,8 +261,9 @@ def _result(args: argparse.Namespace) -> int:
 
         async with Broker.open(config=config) as broker:
             try:
+                # The operator's read (the journal's owner): every target's, as ``record``.
                 return await broker.fetch_result(
-                    args.invocation_id, from_chunk=args.from_chunk, deliver=deliver
+                    args.invocation_id, from_chunk=args.from_chunk, deliver=deliver, operator=True
                 )
             except JournalError as exc:  # as the daemon answers it, not JOURNAL_UNUSABLE
                 raise _result_refusal(exc, args.invocation_id) from None
@@ -323,7 +324,7 @@ async def _raw_result(config: Any, args: argparse.Namespace) -> int:
     async with Broker.open(config=config) as broker:
         try:  # the marker and summary, verified; else the stored envelope
             stored = broker.result_stream(iid)
-            envelope = await broker.fetch_result(iid) if stored is None else None
+            envelope = await broker.fetch_result(iid, operator=True) if stored is None else None
         except JournalError as exc:
             raise _result_refusal(exc, iid) from None
         if stored is None:

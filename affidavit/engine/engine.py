@@ -190,13 +190,16 @@ class Engine:
         *,
         from_chunk: int | None = None,
         deliver: Deliver | None = None,
+        operator: bool = False,
     ) -> dict[str, Any] | None:
         """The stored envelope of an invocation: a read, never a re-execution.  ``from_chunk``:
         the result's streams from that chunk on (with a ``resume`` table), for a caller resuming
         an interrupted delivery.  ``JournalError`` if the stored result fails verification.
         A whole stored result that had not reached its caller is delivered by this read:
         RESULT_DELIVERED once it is returned, or once ``deliver`` (the daemon's answer) has
-        handed it over whole; a resumed read (``from_chunk``) records nothing."""
+        handed it over whole; a resumed read (``from_chunk``) records nothing.  None for an
+        unknown id -- and, unless ``operator`` (the console, the embedded CLI), for one a
+        caller may not read (``callable_by_caller``): the same answer, so ids cannot be probed."""
         if from_chunk is not None and from_chunk < 0:
             raise ValueError("from_chunk must be >= 0")
         # Its in-process return's delivery, if still queued, first: never a second one here.
@@ -204,8 +207,8 @@ class Engine:
         # Waits out a shared journal away within its reconnect window, as a write would.
         # The hint is the one at this read (docs/contract.md, "When the hint is computed").
         record = await self.recorder.read(lambda: self.journal.record(invocation_id))
-        if record is None:
-            return None
+        if record is None or not (operator or self.callable_by_caller(record)):
+            return None  # (before anything is written: a forbidden id is closed by no one here)
         try:
             if not record.final:
                 # A record whose holder's lease ran out belongs to a broker that stopped
@@ -229,6 +232,14 @@ class Engine:
             return await deliver_stored(self, record, deliver)
         finally:
             self.recorder.done()  # as a call's: nothing kept for this task once it is over
+
+    def callable_by_caller(self, record: Record) -> bool:
+        """A caller reads an invocation only on a target it may call: one this broker's
+        configuration names (every caller of a broker may call each of its targets; a target
+        removed from the configuration is no longer callable, nor its stored results readable
+        -- another broker of a shared journal, with other targets, keeps its own).  A record
+        that names no target was refused before one was resolved: it holds no target's result."""
+        return record.target is None or record.target in self.config.targets
 
     def result_stream(self, invocation_id: str) -> ResultStream | None:
         """The stored result for delivery chunk by chunk (the daemon's and MCP's seam):

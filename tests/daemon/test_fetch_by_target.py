@@ -1,0 +1,74 @@
+"""``fetch_result`` through the daemon's socket reads only invocations on a target the caller may
+call: one the daemon's configuration names (every peer it allows may call each of them).  A
+target removed from the configuration -- its access withdrawn -- took its stored results with it
+for callers: its invocation ids answer exactly as an unknown id does (404 NO_SUCH_INVOCATION, the
+same words), so a caller can neither read them nor tell that they exist.  An operator still
+reads them (``affidavit result`` embedded, the console)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from tests.broker.helpers import TOKEN_ENV, http_target, open_broker
+from tests.http.hostile import HostileServer, Reply, scripts
+
+from .kit import HUNG, api_target, ask, embedded, start_daemon, stop, write_daemon_config
+
+BODY = b"the old target's stored answer"
+
+
+async def made_on_two_targets(cfg: Path) -> tuple[str, str]:
+    """One call on ``api`` and one on ``old``, embedded: their invocation ids."""
+    ids = []
+    async with open_broker(cfg) as broker:
+        for name in ("api", "old"):
+            with trio.fail_after(HUNG):
+                env = await broker.call({"target": name, "method": "GET", "path": "/thing"})
+            assert env.get("error") is None, env
+            ids.append(str(env["invocation_id"]))
+    return ids[0], ids[1]
+
+
+def unknown_like(iid: str) -> str:
+    """An id of the same form that names nothing."""
+    return iid[:-4] + ("ZZZZ" if not iid.endswith("ZZZZ") else "YYYY")
+
+
+async def test_a_result_on_a_target_no_longer_configured_is_answered_as_an_unknown_id(
+    tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(TOKEN_ENV, token)  # the embedded calls' credential
+    async with HostileServer.running(scripts.serve(Reply(200, body=BODY))) as srv:
+        socket = tmp_path / "affidavit.sock"
+        both = {**api_target(srv.url), "old": http_target(srv.url)}
+        kept, old = await made_on_two_targets(write_daemon_config(tmp_path, both, socket=socket))
+        cfg = write_daemon_config(tmp_path, api_target(srv.url), socket=socket)  # "old" removed
+        daemon = await start_daemon(cfg, socket, tmp_path / "daemon.log", token)
+        try:
+            answers: dict[str, tuple[int, Any]] = {}
+            with trio.fail_after(HUNG):
+                for iid in (kept, old, unknown_like(old)):
+                    status, _h, body = await ask(socket, "GET", f"/v1/invocations/{iid}/result")
+                    answers[iid] = (status, json.loads(body))
+        finally:
+            stop(daemon)
+        status, envelope = answers[kept]
+        assert status == 200 and envelope["result"]["status"] == 200, envelope
+        status, refused = answers[old]
+        assert (status, refused["api_error"]["code"]) == (404, "NO_SUCH_INVOCATION"), refused
+        assert BODY.decode() not in json.dumps(refused)
+        # The same answer as an id that names nothing, word for word (but the id echoed).
+        unknown = answers[unknown_like(old)]
+        assert (status, refused) == (
+            unknown[0],
+            json.loads(json.dumps(unknown[1]).replace(unknown_like(old), old)),
+        )
+        # The operator reads it still: ``affidavit result`` embedded, the journal's owner.
+        shown = await embedded("result", old, "--config", str(cfg), token=token)
+        assert shown.returncode == 0, shown.stderr
+        assert json.loads(shown.stdout)["result"]["status"] == 200
