@@ -38,7 +38,11 @@ class EventKind(StrEnum):
     scope, header, retention_s, expires_at (when the remote forgets the key) and send_window
     (seconds a retry with the target's default timeout may send: its lease; the hint says
     same_idempotency_key only while the key outlasts it -- absent from older records, which
-    judge the key at the moment itself)."""
+    judge the key at the moment itself).  took_over, when this call took over an invocation
+    whose key its binder bound and then stopped before recording anything (nothing was sent
+    under it): why its binder is gone (``only_writer``: this broker is the journal's only
+    writer; ``window_over``: the binder's window, ``window`` seconds from ``bound_at``, was
+    over at ``judged_at``), and ``recorded: nothing``."""
     PREFLIGHT_VALIDATED = "PREFLIGHT_VALIDATED"
     """The action is valid against the bound config snapshot.  attrs: config_hash, and
     account_hash (the keyed hash of what decides the remote account reached: origin,
@@ -84,7 +88,8 @@ class EventKind(StrEnum):
     """Validation refused the action.  attrs: code (a validation code), field; generation when
     an attempt's gate refused it (config changed, approval stale or expired); bound_to, the
     invocation a same-key call's key is bound to, when CONFIG_CHANGED names it (the envelope's
-    ``evidence.idempotency.bound_to``)."""
+    ``evidence.idempotency.bound_to``); binder_gone, when IDEMPOTENCY_MISMATCH answers a key
+    whose binder stopped before recording anything (ACTION_ACCEPTED's took_over: why)."""
     APPROVAL_REQUESTED = "APPROVAL_REQUESTED"
     """A human approval was requested for the bound fingerprint (seed: "Before approval, bind
     the normalized target, the credential version, the resolved injection method, and the
