@@ -41,6 +41,7 @@ from affidavit.journal import IdempotencyRecord
 from affidavit.statemachine import Record
 
 if TYPE_CHECKING:
+    from .control import CallControl
     from .engine import Engine
 
 __all__ = ["BinderGone", "judge", "record_or_gone"]
@@ -93,21 +94,26 @@ async def judge(
 
 
 async def record_or_gone(
-    engine: Engine, bound: IdempotencyRecord, target: Any
-) -> Record | BinderGone:
+    engine: Engine, bound: IdempotencyRecord, target: Any, control: CallControl | None = None
+) -> Record | BinderGone | float:
     """The record the binder of ``bound`` writes, or why it never will: waited for, polling,
     for at most the binder's window (longer only while a call of this broker holds the binding,
     which ends within its own lease).  The record is proven by its chained ACTION_ACCEPTED
-    (``bound_record``: ``AlteredRow`` otherwise)."""
+    (``bound_record``: ``AlteredRow`` otherwise).  Now by the lease clock (a float) when this
+    call's caller went away or the broker stops it (``control.gone``) first: it has recorded
+    nothing, and its answer is not delivered (a withdrawn call's caller is gone; a stopped
+    one's delivery is cancelled with it)."""
     journal = engine.journal
     delay = _POLL_FIRST
     while True:
         record = journal.bound_record(bound)
         if record is not None:
             return record
-        _at, gone = await judge(engine, bound, target)
+        at, gone = await judge(engine, bound, target)
         if gone is not None:
             # Recorded between the two reads: its record answers, not the judgment.
             return journal.bound_record(bound) or gone
+        if control is not None and control.gone:
+            return at
         await trio.sleep(delay)
         delay = min(delay * 2, _POLL_MAX)

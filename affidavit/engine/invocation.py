@@ -174,7 +174,11 @@ async def start(
             # the answer name that invocation, which may be another target's of a shared scope.
             # Its record is waited for -- or for its binder to be provably gone, when nothing
             # was sent under the key and a new one sends this request once.
-            found = await record_or_gone(engine, exc.existing, target)
+            found = await record_or_gone(engine, exc.existing, target, control)
+            if isinstance(found, float):
+                # Its caller went away (or the broker stops it) first: nothing of this call is
+                # recorded, and nobody reads this answer (``record_or_gone``).
+                return recorder.envelope(Projector(exc.existing.invocation_id).record(found))
             if isinstance(found, BinderGone):
                 return await refuse_new(
                     recorder,

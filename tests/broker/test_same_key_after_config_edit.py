@@ -25,7 +25,7 @@ import trio
 import affidavit.engine.invocation as invocation
 from affidavit.api.broker import Broker
 from affidavit.config import canonical_json, load_config, snapshot
-from affidavit.engine import EngineSettings
+from affidavit.engine import CallControl, EngineSettings
 from affidavit.protocols.actions import fingerprint, parse_action, request_fingerprint
 from affidavit.statemachine import EventKind as E
 from tests.http.hostile import HostileServer, Peer, Reply, Script
@@ -349,6 +349,35 @@ async def test_a_different_request_under_a_key_whose_binder_stopped_is_a_mismatc
             assert gone["judged_at"] >= gone["bound_at"] + 1.1
             assert b.events("act_bound") == []  # nothing of this call written into it
             verify_ok(b)
+    assert received == []
+
+
+async def test_a_withdrawn_call_stops_waiting_for_the_binder_s_record(
+    tmp_path: Path, token: str
+) -> None:
+    """The wait for a binder's record ends when the call's caller goes away (the daemon's
+    withdrawal on a hang-up, its stop at the end of a shutdown's grace), not at the end of the
+    binder's window (30 s here): the call has recorded nothing, and nothing is sent."""
+    script, received = _server(False)
+    async with HostileServer.running(script) as srv:
+        cfg = write_config(tmp_path, _targets(srv.url, timeout={"connect": 1, "total": 30}))
+        async with open_broker(cfg) as b:
+            other = "sha256:" + "0" * 64  # not this call's fingerprint
+            await b.journal.bind_idempotency(IDEM["scope"], "charge-1", other, "act_bound", None)
+            control = CallControl()
+            answers: list[dict[str, Any]] = []
+
+            async def call() -> None:
+                answers.append(await b.call(CHARGE, control=control))
+
+            with trio.fail_after(LIMIT):
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(call)
+                    await trio.sleep(0.3)
+                    assert answers == []  # waiting for the binder's record
+                    assert control.withdraw()
+            assert answers[0]["invocation_id"] == "act_bound"  # nobody reads it: nothing new
+            assert b.journal.list_actions() == []  # nothing of this call recorded
     assert received == []
 
 
