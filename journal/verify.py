@@ -470,9 +470,7 @@ def _check_results(source: Source, walk: _Walk, limit: int, problems: _Problems)
             )
             continue
         if chained is None or chained[0] != seq:
-            if seq < limit:
-                problems.add(seq, f"results row of invocation {iid} names seq {seq}, which is "
-                             "not its RESULT_COMMITTED event")  # fmt: skip
+            _misplaced(iid, seq, chained, walk, limit, problems)
             continue
         if seq >= limit:
             continue
@@ -485,6 +483,28 @@ def _check_results(source: Source, walk: _Walk, limit: int, problems: _Problems)
             problems.add(seq, f"the result of invocation {iid} (seq {seq}) has no completeness "
                          "marker (its results row was removed)")  # fmt: skip
     return checked
+
+
+def _misplaced(
+    iid: str,
+    seq: int,
+    chained: tuple[int, str] | None,
+    walk: _Walk,
+    limit: int,
+    problems: _Problems,
+) -> None:
+    """A results row whose seq is not its invocation's RESULT_COMMITTED.  With a chained one,
+    it is judged there, whatever seq the row names (past the journal's end included: SQLite
+    checks no foreign key).  With none, it is reported at the seq it names when the walk read
+    that row, else once the walk read every row (no later row can be its event)."""
+    if chained is not None:
+        at, why = chained[0], f"not its RESULT_COMMITTED event (seq {chained[0]})"
+    else:
+        at, why = seq, "but the invocation has no RESULT_COMMITTED event"
+        if seq >= limit and not walk.complete:
+            return
+    if chained is None or at < limit:
+        problems.add(at, f"results row of invocation {iid} names seq {seq}, {why}")
 
 
 def _sha(data: bytes) -> str:

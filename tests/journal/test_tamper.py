@@ -311,7 +311,17 @@ RESULT_EDITS = {
         (),
     ),
     "marker removed": ("DELETE FROM results WHERE invocation_id = 'inv-r'", ()),
+    # SQLite checks no foreign key: a results row may name a seq the journal does not have.
+    "marker past the end": ("UPDATE results SET seq = 999999 WHERE invocation_id = 'inv-r'", ()),
+    "marker of no result": (
+        "INSERT INTO results SELECT 'inv-z', 999998, sha256, streams, summary FROM results "
+        "WHERE invocation_id = 'inv-r'",
+        (),
+    ),
 }
+ELSEWHERE = {"marker of no result": ("inv-z", 999998)}
+"""Edits reported at another invocation than inv-r, and another seq than its RESULT_COMMITTED:
+inv-z (committed, its result never stored) has no RESULT_COMMITTED to be judged at."""
 
 
 @pytest.mark.parametrize("trust", TRUST)
@@ -320,15 +330,16 @@ def test_a_corrupted_result_row_is_caught_at_its_result_committed(
     j: Built, trust: str, edit: str
 ) -> None:
     _sql(j.db, RESULT_EDITS[edit])
+    iid, at = ELSEWHERE.get(edit, ("inv-r", j.result_seq))
     report = _verify(j, trust)
-    assert (report.ok, report.first_bad_seq) == (False, j.result_seq), report
-    assert "inv-r" in report.reason
+    assert (report.ok, report.first_bad_seq) == (False, at), report
+    assert iid in report.reason
     with JournalReader.open(j.db) as r:
         if edit == "marker removed":
             assert r.read_result("inv-r") is None  # no marker: no result, never a partial one
         else:
-            with pytest.raises(JournalError, match="inv-r"):
-                r.read_result("inv-r")
+            with pytest.raises(JournalError, match=iid):
+                r.read_result(iid)
 
 
 _R = "invocation_id = 'inv-r'"

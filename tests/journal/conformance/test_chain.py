@@ -161,3 +161,44 @@ async def test_a_corrupted_result_chunk_is_caught_without_the_broker_key(place: 
     report = _verify(place)
     assert (report.ok, report.first_bad_seq) == (False, result_seq)
     assert "chunk 1 differs" in report.reason
+
+
+_MISPLACED = {
+    # inv-r's marker moved past the journal's end; a copy of it given to inv-z, whose result
+    # was never stored (so no RESULT_COMMITTED): (statement, what PostgreSQL's owner meets,
+    # invocation named, seq reported -- 0: inv-r's RESULT_COMMITTED).
+    "past the end": (
+        "UPDATE results SET seq = 999999 WHERE invocation_id = 'inv-r'",
+        "append-only",
+        "inv-r",
+        0,
+    ),
+    "of no result": (
+        "INSERT INTO results SELECT 'inv-z', 999998, sha256, streams, summary FROM results "
+        "WHERE invocation_id = 'inv-r'",
+        "foreign key",
+        "inv-z",
+        999998,
+    ),
+}
+
+
+@pytest.mark.parametrize("edit", sorted(_MISPLACED))
+async def test_a_results_row_naming_a_seq_that_is_not_its_event_is_caught(
+    place: Place, edit: str
+) -> None:
+    """A results row naming a seq past the journal's end is caught at its invocation's
+    RESULT_COMMITTED, or -- when it has none -- at the seq it names.  PostgreSQL's foreign key
+    refuses such a row to the owner; a superuser with triggers off (which turns foreign keys off
+    too) or anyone writing a SQLite file gets it in, and verify is what tells."""
+    result_seq = await _fill(place)
+    statement, refusal, iid, at = _MISPLACED[edit]
+    if place.kind == "postgresql":
+        with pytest.raises(Exception, match=refusal) as info:
+            place.write(statement)
+        assert "Journal" not in type(info.value).__name__
+        assert _verify(place).ok
+    place.tamper(statement)
+    report = _verify(place)
+    assert (report.ok, report.first_bad_seq) == (False, at or result_seq), report
+    assert f"results row of invocation {iid} names seq" in report.reason
