@@ -81,17 +81,37 @@ async def test_concurrent_barriers_share_commits(place: Place) -> None:
         assert j.verify().ok and j.verify().count == total
 
 
+_IN_FORCE = {
+    # What the write connection runs with, as the database reports it: SQLite's PRAGMA
+    # synchronous (2 FULL, 1 NORMAL), PostgreSQL's synchronous_commit.
+    "sqlite": ("PRAGMA synchronous", {"FULL": 2, "NORMAL": 1}),
+    "postgresql": ("SHOW synchronous_commit", {"FULL": "on", "NORMAL": "off"}),
+}
+
+
 async def test_barrier_kinds_are_always_committed_with_full_sync(place: Place) -> None:
-    modes: list[str] = []
+    """The durability a transaction commits under is read from the database inside it (the
+    ``before_commit`` hook runs on the writer thread, inside it, just before COMMIT) -- not only
+    the label ``Batch.synchronous`` that ``begin`` returns, which could say FULL over a
+    connection left at NORMAL."""
+    probe, expected = _IN_FORCE[place.kind]
+    modes: list[tuple[str, object]] = []
     async with place.open() as j:
-        j.before_commit = lambda batch: modes.append(batch.synchronous)
+
+        def read(batch: Batch) -> None:
+            modes.append((batch.synchronous, j.write_connection.execute(probe).fetchone()[0]))
+
+        j.before_commit = read
+        full, normal = ("FULL", expected["FULL"]), ("NORMAL", expected["NORMAL"])
         for ev in until_dispatch("inv-1")[:3]:
             await j.append(ev)  # diagnostics-grade: no barrier requested
-        assert modes == ["NORMAL"] * 3
+        assert modes == [normal] * 3
         await j.append(Event(E.DISPATCH_STARTED, "inv-1"), barrier=False)
-        assert modes[-1] == "FULL"
+        assert modes[-1] == full
         await j.append(Event(E.REQUEST_SENT, "inv-1"), barrier=True)
-        assert modes[-1] == "FULL"
+        assert modes[-1] == full
+        await j.append(Event(E.REMOTE_RESPONSE_STARTED, "inv-1"))  # and back again
+        assert modes[-1] == normal
 
 
 async def test_around_transaction_wraps_every_transaction_committed_or_not(
