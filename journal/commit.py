@@ -62,7 +62,9 @@ def attempts(w: Writer, batch: list[Req[Any]], barrier: bool) -> None:
     the COMMIT had been sent, the new connection first reads whether its last row is
     there: the writes succeed only if a re-read proves them durable (so the engine never
     dispatches on a DISPATCH_STARTED it cannot prove), and fail with ``CommitUnknown`` when
-    no re-read is possible."""
+    no re-read is possible.  A COMMIT that raised on SQLite fails its writes ``CommitUnknown``
+    too (``Backend.failed_commit_may_land``): no re-read can tell, the frames it wrote to the
+    -wal being visible only to the open after a crash."""
     backend = w.backend
     errors: tuple[type[BaseException], ...] = (*backend.errors, JournalError)
     deadline: float | None = None
@@ -73,7 +75,10 @@ def attempts(w: Writer, batch: list[Req[Any]], barrier: bool) -> None:
             return
         except errors as exc:
             if not backend.lost(exc):
-                _fail(w, batch, exc)
+                if w.committing and backend.failed_commit_may_land:
+                    _fail_unknown(w, batch, exc)
+                else:
+                    _fail(w, batch, exc)
                 return
             committing = w.committing
         w.forget()
@@ -150,6 +155,29 @@ def _fail(w: Writer, batch: list[Req[Any]], exc: BaseException) -> None:
         r.error = cls(why)
 
 
+def _fail_unknown(w: Writer, batch: list[Req[Any]], exc: BaseException) -> None:
+    # SQLite's COMMIT raised (the -wal's sync failed, say): its frames may be in the file.
+    w.forget()
+    _answer_failed(
+        batch,
+        f"journal {w.backend.where}: the commit failed ({w.backend.describe(exc)}): whether "
+        "the write is durable is unknown -- what SQLite wrote of it to the -wal before failing "
+        "is recovered by an open after a crash, unless the journal's next commit overwrites it",
+        unknown=True,
+    )
+
+
+def _answer_failed(batch: list[Req[Any]], why: str, *, unknown: bool) -> None:
+    """Fail every write of ``batch`` with ``why``: ``CommitUnknown`` when ``unknown`` (a
+    result's write: ``ResultStoreFailed`` either way), else ``JournalWriteError``."""
+    for r in batch:
+        r.result = None
+        if r.result_store:
+            r.error = ResultStoreFailed(why)
+        else:
+            r.error = CommitUnknown(why) if unknown else JournalWriteError(why)
+
+
 def _fail_unavailable(w: Writer, batch: list[Req[Any]], committing: bool) -> None:
     where, within = w.backend.where, w.backend.reconnect_within
     if committing and w.head_held:
@@ -172,12 +200,7 @@ def _fail_unavailable(w: Writer, batch: list[Req[Any]], committing: bool) -> Non
             f"journal {where}: the connection was lost and no new one could be made within "
             f"{within:g}s: write not committed"
         )
-    for r in batch:
-        r.result = None
-        if r.result_store:
-            r.error = ResultStoreFailed(why)
-        else:
-            r.error = CommitUnknown(why) if committing else JournalWriteError(why)
+    _answer_failed(batch, why, unknown=committing)
 
 
 def _transaction(

@@ -201,9 +201,11 @@ class JournalReplaced(JournalWriteError):
 
 class CommitUnknown(JournalWriteError):
     """The connection to a shared journal was lost while a transaction was committing, and no
-    new connection could read whether it landed.  The write may or may not be durable: the
-    caller must act as if it had failed (the engine does not dispatch on it) while the record,
-    read again later, says which it was."""
+    new connection could read whether it landed; or SQLite's COMMIT raised after writing the
+    transaction to the -wal (its fsync failed), where no read can tell: a crash before the
+    journal's next commit may recover it.  The write may or may not be durable: the caller must
+    act as if it had failed (the engine does not dispatch on it) while the record, read again
+    later, says which it was -- on SQLite, once a later commit has landed, or after a crash."""
 
 
 class ResultStoreFailed(JournalWriteError):

@@ -37,6 +37,7 @@ from typing import TypeVar
 import pytest
 
 __all__ = [
+    "CC",
     "CHROMEDRIVER",
     "CHROMIUM",
     "CURL",
@@ -391,6 +392,8 @@ POSTGRES = Program(
 CHROMIUM = Program("chromium", "chromium")
 CHROMEDRIVER = Program("chromedriver", "chromium-driver")
 OPENSSL = Program("openssl", "openssl")
+CC = Program("gcc", "gcc")
+"""With ``libc6-dev``'s headers: builds the LD_PRELOAD shim of tests/journal/failsync.c."""
 
-PROGRAMS = (SSHD, SSH_KEYGEN, DOT, TINYPROXY, CURL, POSTGRES, CHROMIUM, CHROMEDRIVER, OPENSSL)
+PROGRAMS = (SSHD, SSH_KEYGEN, DOT, TINYPROXY, CURL, POSTGRES, CHROMIUM, CHROMEDRIVER, OPENSSL, CC)
 """Every program a test requires: ``.ci/run`` installs each one's package."""

@@ -641,8 +641,9 @@ def _gate(engine: Engine, attempt: Attempt) -> Any:
             # journal that cannot be read now (a shared database gone: ``CommitUnknown``) tells
             # nothing: the gate stays entered -- never not_attempted on a guess -- and nothing
             # is sent either way (the gate raises; the adapter never writes).  A commit whose
-            # landing is unknown may land after any read: the record may not be closed
-            # not_attempted on a read alone (``Recorder.doubt``).
+            # landing is unknown may land after any read (a lost session's COMMIT on its way;
+            # on SQLite, a COMMIT that raised, recovered from the -wal after a crash): the
+            # record may not be closed not_attempted on a read alone (``Recorder.doubt``).
             if isinstance(exc, CommitUnknown):
                 engine.recorder.doubt(attempt.iid)
             with contextlib.suppress(JournalError):

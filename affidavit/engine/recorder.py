@@ -98,10 +98,11 @@ class Recorder:
     def doubt(self, iid: str) -> None:
         """``iid``'s DISPATCH_STARTED was submitted and its commit is unknown
         (``CommitUnknown``): the lost session may still hold the chain head, its COMMIT on its
-        way, so a read that finds no DISPATCH_STARTED does not prove it will not land.  Until
-        a write of the call takes the head again, nothing may close the record
-        ``not_attempted`` from such a read (``recovery.journal_refused``).  Forgotten with the
-        call (``done``)."""
+        way -- or, on SQLite, the COMMIT raised with its frames in the -wal, which an open after
+        a crash recovers -- so a read that finds no DISPATCH_STARTED does not prove it will
+        not land.  Until a write of the call commits again (taking the head; on SQLite,
+        written over those frames), nothing may close the record ``not_attempted`` from such a
+        read (``recovery.journal_refused``).  Forgotten with the call (``done``)."""
         self._doubted.add(iid)
 
     def doubted(self, iid: str) -> bool:

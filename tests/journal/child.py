@@ -11,12 +11,17 @@ file or a PostgreSQL URL (then $CHILD_KEY_FILE and $CHILD_SIGNING_KEY name the k
     python child.py bulk PATH           64 tasks append big-payload invocations forever,
                                         printing "durable SEQ" after each barrier
     python child.py worker PATH HOLDER  JSON commands on stdin, one JSON answer per line
+    python child.py syncfail PATH THEN  (LD_PRELOAD=failsync.so) append up to DISPATCH_STARTED,
+                                        whose -wal sync fails: print its error's class and the
+                                        last kind this process reads; THEN "commit": append a
+                                        SETUP_FAILED barrier first; then die (os._exit)
 
 Not collected by pytest (no test_ prefix).
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import sys
@@ -29,7 +34,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 from affidavit.journal import Batch, Journal, LeaseBusy, LeaseLost
 from affidavit.statemachine import Event, EventKind
-from tests.journal.helpers import happy
+from tests.journal.helpers import happy, until_dispatch
 
 
 def _open(path: str) -> Any:
@@ -122,6 +127,25 @@ async def worker(path: str, holder: str) -> None:
                 say(json.dumps({"ok": False, "error": "lost", "seq": exc.seq}))
 
 
+async def syncfail(path: str, then: str) -> None:
+    shim = ctypes.CDLL(os.environ["LD_PRELOAD"])
+    j = await _open(path).__aenter__()  # never closed: the process dies with it open
+    for ev in until_dispatch("inv-1")[:3]:
+        await j.append(ev, barrier=True)
+    shim.failsync_arm(1)
+    try:
+        await j.append(Event(EventKind.DISPATCH_STARTED, "inv-1"), barrier=True)
+        say("committed")
+    except Exception as exc:
+        say(type(exc).__name__)
+    say(j.events("inv-1")[-1].kind.value)
+    if then == "commit":
+        attrs = {"code": "SETUP_FAILED", "stage": "journal"}
+        await j.append(Event(EventKind.SETUP_FAILED, "inv-1", attrs), barrier=True)
+        say("closed")
+    os._exit(0)
+
+
 def main() -> None:
     mode, path, *rest = sys.argv[1:]
     if mode == "crash":
@@ -134,6 +158,8 @@ def main() -> None:
         trio.run(bulk, path)
     elif mode == "worker":
         trio.run(worker, path, rest[0])
+    elif mode == "syncfail":
+        trio.run(syncfail, path, rest[0])
 
 
 if __name__ == "__main__":
