@@ -132,16 +132,19 @@ async def exchange(
     try:
         unread = await conn.unread_bytes(request.timeouts.connect)
     except BaseException as e:
-        # Cancelled while a ticket's rest was awaited (``unread_bytes``): nothing was written;
-        # the head made ahead is dropped unsent and the connection closed, not left open.  The
-        # step says so (stage ``ticket_wait``), written with the attempt's close by the engine's
-        # shielded cancellation path; the cause is the engine's to name (the caller, a deadline,
-        # a shutdown), so only the exception's type is kept.  The outcome stays ``unknown``:
-        # DISPATCH_STARTED is durable (docs/design-notes.md, "A cancel in the ticket wait").
+        # Nothing was written: the head made ahead is dropped unsent and the connection closed,
+        # not left open.  Cancelled, it was in the wait for a ticket's rest (the check's only
+        # checkpoint): the step says so (stage ``ticket_wait``), written with the attempt's
+        # close by the engine's shielded cancellation path; the cause is the engine's to name
+        # (the caller, a deadline, a shutdown), so only the exception's type is kept.  The
+        # outcome stays ``unknown``: DISPATCH_STARTED is durable (docs/design-notes.md, "A
+        # cancel in the ticket wait").  Anything else raised by the check is no wait's end and
+        # claims no stage: it goes to the attempt's own failure path as it is.
         h.ahead = None
-        facts = {"stage": "ticket_wait", "connection": conn.id, "local_error": type(e).__name__}
-        failed = h.ex.setup("setup_fail", facts)
-        ctx.observe(failed.step, failed.facts)
+        if isinstance(e, trio.Cancelled):
+            facts = {"stage": "ticket_wait", "connection": conn.id, "local_error": "Cancelled"}
+            failed = h.ex.setup("setup_fail", facts)
+            ctx.observe(failed.step, failed.facts)
         await trio.aclose_forcefully(conn.stream)
         raise
     if unread:
@@ -365,7 +368,10 @@ class _Hop:
         ahead, self.ahead = self.ahead, None
         head, encoded = ahead if ahead is not None else (self.request_head(headers, body), None)
         del ahead
-        self.conditional = is_conditional(self.method, head.headers)
+        # Only the caller's own request (the first hop): a redirect hop carries the caller's
+        # validators to another resource (``redirects.next_hop``), which a 304 there does not
+        # answer for.
+        self.conditional = self.hop == 1 and is_conditional(self.method, head.headers)
         expect = head.expect_continue
         t = self.request.timeouts
         # Made armed with the write's limit (nothing awaits before the write): one deadline

@@ -11,6 +11,7 @@ import trio
 
 from affidavit.adapters.base import RemoteResult
 from affidavit.adapters.http import HttpClient, HttpRequest, RedirectDecision, Timeouts
+from affidavit.adapters.http.classify import NOT_CONDITIONAL
 from affidavit.adapters.http.redirects import (
     CHANGES_REQUEST,
     REFUSED_WITHOUT_CREDENTIAL,
@@ -536,3 +537,31 @@ async def test_a_query_credential_dropped_on_the_way_makes_a_refusal_decide_noth
     assert QTOKEN not in other.requests[0].target
     assert (res.outcome, res.code, res.facts["status"]) == (*REDIRECTED, 307)
     assert res.facts["redirect_not_followed"]["status"] == 401
+
+
+@pytest.mark.parametrize("status", [301, 302, 307, 308])
+async def test_a_304_on_a_followed_hop_is_no_answer_to_the_callers_validators(
+    client: HttpClient, status: int
+) -> None:
+    """The caller's ``If-None-Match`` names its copy of ``/doc``; followed to ``/moved`` it is
+    sent on, and a 304 there would say the caller's copy of another resource is current.
+    Only the caller's own request (the first hop) makes a 304 a clean result."""
+    routes = {
+        "/doc": Reply(status, headers=[("Location", "/moved")]),
+        "/moved": Reply(304),
+        "/plain": Reply(304),
+    }
+    async with HostileServer.running(by_path(routes)) as srv:
+        policy = Policy(srv.url)
+        conditional = req(srv.url + "/doc", policy)
+        conditional.headers.append(("If-None-Match", '"v1"'))
+        _fe, res = await perform(client, conditional)
+        first = req(srv.url + "/plain", policy)
+        first.headers.append(("If-None-Match", '"v1"'))
+        _fe, direct = await perform(client, first)
+    hops = [urllib.parse.urlsplit(r.target).path for r in srv.requests]
+    assert hops == ["/doc", "/moved", "/plain"]
+    assert ("If-None-Match", '"v1"') in srv.requests[1].headers  # sent on with the hop
+    assert (res.outcome, res.code, res.facts["status"]) == (*REDIRECTED, 304)
+    assert res.facts["redirect_not_followed"] == {"reason": NOT_CONDITIONAL}
+    assert (direct.outcome, direct.code, direct.facts["status"]) == (Outcome.COMMITTED, None, 304)

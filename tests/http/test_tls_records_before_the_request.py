@@ -460,3 +460,31 @@ async def test_a_call_cancelled_while_a_ticket_s_rest_is_awaited_closes_the_conn
         ]
         await client.aclose()
     await listeners[0].aclose()
+
+
+async def test_a_check_that_fails_without_a_cancel_claims_no_ticket_wait(
+    client: HttpClient, tls: TlsFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only a cancel ends the wait for a ticket's rest (the check's one checkpoint); anything
+    else the check raises is no such end: no ``ticket_wait`` step is claimed for it, the
+    request is still not written and the connection is closed."""
+
+    async def broken(self: connect.Connection, connect_timeout: float) -> bool:
+        raise OSError("FIONREAD failed")
+
+    monkeypatch.setattr(connect.Connection, "unread_bytes", broken)
+    fe = FakeEngine()
+    peer = RecordPeer(server_context(tls, V13), _ticket_cut_short)
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    port = listeners[0].socket.getsockname()[1]
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(peer.serve, listeners[0])
+        url = f"https://127.0.0.1:{port}/pay"
+        with trio.fail_after(10), pytest.raises(OSError, match="FIONREAD failed"):
+            await client.perform(req(url, "POST", b"x", ca_file=tls.ca_file), fe.ctx)
+        with trio.fail_after(1):
+            await peer.client_closed.wait()
+        assert peer.after_handshake == 0
+        assert [f.get("stage") for f in fe.facts_of("setup_fail")] == []
+        await client.aclose()
+    await listeners[0].aclose()
