@@ -9,11 +9,13 @@ opened the window again: the exec timeout, cancellation and every other task sto
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import trio
 
 from affidavit.adapters.base import AttemptInterrupted
-from affidavit.adapters.ssh import perform, prepare_credential
+from affidavit.adapters.ssh import connect, libssh, perform, prepare_credential
 from affidavit.statemachine import Code, Outcome
 
 from .conftest import LOOP_HELD, Recorder, SshKeys, hostile_target
@@ -119,6 +121,28 @@ async def test_a_key_reexchange_that_never_ends_is_given_the_connect_timeout(
     assert max(gaps) < LOOP_HELD
 
 
+async def test_a_key_reexchange_that_never_ends_is_waited_for_not_spun_on(
+    hostile: HostileServer, ssh_keys: SshKeys
+) -> None:
+    # While the re-exchange is under way libssh answers every write 0; ssh-python's write loop
+    # asked again at once, so the worker spun one core until the connect timeout ended the
+    # connection (CPU time ~ the wall time of the stall).  It now waits in libssh's poll on
+    # the socket.  CPU time of this process (its threads, the scripted server's included)
+    # against the wall time of the same call: load from other processes stretches the wall
+    # time, never this process's CPU time.
+    rec = Recorder()
+    target = hostile_target(hostile, "smallwin", exec=30.0, connect=2.0)
+    cred = prepare_credential(ssh_keys.client_key)
+    wall, cpu = time.monotonic(), time.process_time()
+    with trio.fail_after(20):
+        with pytest.raises(AttemptInterrupted) as caught:
+            await perform(target, cred, "rekeystall 6", STDIN, rec.ctx)
+    wall, cpu = time.monotonic() - wall, time.process_time() - cpu
+    assert rec.events[-1] == "connection_lost" and "key re-exchange" in caught.value.detail
+    assert wall > 2.0  # the stall lasted the connect timeout
+    assert cpu < wall / 4, f"{cpu:.2f}s of CPU in {wall:.2f}s"
+
+
 async def test_a_caller_cancelling_during_a_stuck_reexchange_is_answered_at_once(
     hostile: HostileServer, ssh_keys: SshKeys
 ) -> None:
@@ -131,3 +155,43 @@ async def test_a_caller_cancelling_during_a_stuck_reexchange_is_answered_at_once
             await perform(target, cred, "rekeystall 6", STDIN, rec.ctx)
     assert caller.cancelled_caught and trio.current_time() - start < 3.0
     assert rec.events[-1] == "cancelled" and rec.ctx.machine.dispatched
+
+
+async def test_a_blocking_libssh_call_waits_at_most_the_recheck(
+    hostile: HostileServer, ssh_keys: SshKeys
+) -> None:
+    # ``Io`` sets libssh's session timeout: without it a blocking call (the stdin write's, on
+    # its worker) waits in libssh's poll without end -- its closing flush, for a socket the
+    # kernel takes nothing more on, held the write until the connection was ended for it.
+    rec = Recorder()
+    conn = connect.Connection(
+        hostile_target(hostile), prepare_credential(ssh_keys.client_key), rec.ctx
+    )
+    with trio.fail_after(20):
+        await conn.setup()
+    assert conn.io is not None and conn.channel is not None
+    io, channel = conn.io, conn.channel
+
+    def blocking_read() -> float:
+        io.session.set_blocking(True)
+        start = time.monotonic()
+        try:
+            channel.read(16)  # nothing ever comes: no command was requested
+        except Exception:  # the watchdog ended the connection under it
+            pass
+        finally:
+            io.session.set_blocking(False)
+        return time.monotonic() - start
+
+    async def watchdog() -> None:
+        await trio.sleep(3.0)
+        io.end()  # a read that waits without end returns once the socket is shut down
+
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(watchdog)
+            took = await trio.to_thread.run_sync(blocking_read)
+            nursery.cancel_scope.cancel()
+    finally:
+        await conn.close()
+    assert libssh._RECHECK_SECONDS * 0.8 < took < 1.0, took

@@ -50,6 +50,21 @@ class FakeChannel:
             self.busy = False
 
 
+class FakeSession:
+    """What ``Io`` asks of the libssh session: its blocking mode (each change recorded) and
+    the option it sets."""
+
+    def __init__(self) -> None:
+        self.blocking: list[bool] = []
+        self.options: list[tuple[object, bytes]] = []
+
+    def set_blocking(self, blocking: bool) -> None:
+        self.blocking.append(bool(blocking))
+
+    def options_set(self, option: object, value: bytes) -> None:
+        self.options.append((option, value))
+
+
 @pytest.fixture
 def pair() -> object:
     near, far = socket.socketpair()
@@ -58,8 +73,8 @@ def pair() -> object:
     far.close()
 
 
-def _io(near: socket.socket) -> libssh.Io:
-    return libssh.Io(session=None, fd=near.fileno())
+def _io(near: socket.socket, session: FakeSession | None = None) -> libssh.Io:
+    return libssh.Io(session=session or FakeSession(), fd=near.fileno())
 
 
 async def test_a_write_that_returns_gives_its_count(pair: tuple[socket.socket, ...]) -> None:
@@ -69,6 +84,39 @@ async def test_a_write_that_returns_gives_its_count(pair: tuple[socket.socket, .
     with trio.fail_after(BOUND):
         assert await _io(near).write(channel, b"abc", stall=BOUND) == 3
     assert channel.calls == 1
+
+
+class Failing:
+    """A channel whose write raises, as libssh's does for a connection that died under it."""
+
+    def write(self, data: bytes) -> tuple[int, int]:
+        raise OSError("Socket error: disconnected")
+
+
+async def test_the_write_runs_on_a_blocking_session_and_leaves_it_non_blocking(
+    pair: tuple[socket.socket, ...],
+) -> None:
+    """Blocking, libssh waits in its poll while a key re-exchange holds the write instead of
+    answering 0 at once to ssh-python's loop (``test_stdin_window.py`` measures the CPU); every
+    other libssh call is made non-blocking, so the mode is given back however the call ends."""
+    near, far = pair
+    session = FakeSession()
+    channel = FakeChannel(far)
+    channel.release.set()
+    seen: list[list[bool]] = []
+    write = channel.write
+
+    def observed(data: bytes) -> tuple[int, int]:
+        seen.append(list(session.blocking))
+        return write(data)
+
+    channel.write = observed  # type: ignore[method-assign]
+    with trio.fail_after(BOUND):
+        assert await _io(near, session).write(channel, b"abc", stall=BOUND) == 3
+    assert seen == [[True]] and session.blocking == [True, False]
+    with trio.fail_after(BOUND), pytest.raises(OSError, match="disconnected"):
+        await _io(near, session).write(Failing(), b"abc", stall=BOUND)
+    assert session.blocking == [True, False, True, False]
 
 
 async def test_a_write_cancelled_before_its_thread_began_never_begins(
@@ -169,11 +217,11 @@ async def test_a_write_that_returns_as_its_stall_passes_stands_as_it_returned(
     count stands (nothing was ended for it), not "did not return"."""
     _near, far = pair
     channel = FakeChannel(far)
-    op = libssh._Write(channel, b"abcd", stall=BOUND)
+    op = libssh._Write(FakeSession(), channel, b"abcd", stall=BOUND)
     channel.release.set()
     op.run()  # returned, as a worker would have, before the wait read its answer
     assert op.give_up() is False and op.answer() == 4
-    failing = libssh._Write(channel, b"x", stall=BOUND)
+    failing = libssh._Write(FakeSession(), channel, b"x", stall=BOUND)
     failing.outcome = OSError("Remote channel is closed")
     with pytest.raises(OSError, match="closed"):
         failing.answer()
