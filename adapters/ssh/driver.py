@@ -55,6 +55,11 @@ __all__ = [
 CHUNK = 64 * 1024
 """Largest piece read from libssh and handed to the sink at once: output is never held whole."""
 
+_DRAIN_PASSES = 8
+"""Passes over both streams in one ``drain`` at most: a round whose drain did not learn the order
+makes no call that pumps and goes round again (reading on), so the bound only keeps a round --
+its host key and liveness checks -- from waiting on a stream that keeps delivering."""
+
 
 class _Run:
     """One attempt: fires machine events, observes them, classifies the end."""
@@ -201,6 +206,62 @@ class _Run:
         """The remote broke the channel's stream rules: what it sent is not one result."""
         self.interrupted("stream_broken", self.report.unproven(), detail)
 
+    async def read_stream(self, name: str, eof: dict[str, bool]) -> str:
+        """One ``read_nonblocking`` of ``name``: "data" (sunk), "none" or "eof".
+
+        A stream at EOF is still read: libssh keeps data that arrives after the channel's EOF,
+        and holds back the CHANNEL_CLOSE ("delayed close") until it is read -- unread, the wait
+        lasted until the exec timeout."""
+        channel = self.conn.channel
+        try:
+            _rc, data = channel.read_nonblocking(CHUNK, name == "stderr")
+        except ssh.exceptions.EOF:
+            eof[name] = True
+            return "eof"
+        if not data:
+            return "none"
+        self.check_host_key()  # not a byte from another key reaches the sink
+        if eof[name]:
+            self.stream_broken(f"{name} data after the channel's EOF (RFC 4254 §5.3)")
+        self.counts[name] += len(data)
+        self.hashes[name].update(data)
+        self.fire(name, {"bytes": len(data)})
+        try:
+            await self.ctx.sink(name, data)
+        except ResultTooLarge as exc:
+            self.too_large(exc)
+        return "data"
+
+    async def drain(self, eof: dict[str, bool]) -> tuple[bool, bool]:
+        """Read both streams until the order of what libssh holds is known; (known, moved).
+
+        libssh 0.11 appends a stream's data to one buffer and keeps the channel's EOF as a flag
+        (``channel_rcv_data``, ``channel_rcv_eof``), and a read answers EOF only once the
+        buffer is empty.  Data taken off the socket together with the EOF and read after it
+        therefore looks like any data -- and a call that pumps more packets before that read
+        (``get_exit_state``, a stdin write's flush) may append data sent *after* the EOF to the
+        same buffer, where it read back as the stream's own (measured: "out" and EOF, "late"
+        0.1 s after, a sink that took 0.3 s for "out": committed ``out\nlate\n``).  A read
+        pumps packets only while the flag is unset (``ssh_channel_poll``), so reads after it
+        drain the buffers without taking anything more off the socket.  The order is known
+        when the last read found nothing and was no EOF (the flag unset: a pump now adds data
+        sent before any EOF, or the EOF) or both streams answered EOF (both drained, the flag
+        set: whatever comes now is after the EOF and is caught).  Until then no call that
+        pumps is made; a bounded number of passes keeps each round short."""
+        moved = False
+        for _ in range(_DRAIN_PASSES):
+            was = dict(eof)
+            out = await self.read_stream("stdout", eof)
+            err = await self.read_stream("stderr", eof)
+            moved = moved or "data" in (out, err) or eof != was
+            if "data" in (out, err):
+                continue
+            if err == "none" or (out, err) == ("eof", "eof"):
+                return True, moved
+            # stdout found nothing, then the stderr read's pump brought the EOF in: stdout's
+            # buffer may hold data it brought as well.  The next pass reads it without a pump.
+        return False, moved
+
     async def collect(self) -> RemoteResult:
         assert self.conn.io is not None
         io, channel = self.conn.io, self.conn.channel
@@ -211,12 +272,15 @@ class _Run:
         eof_fired = False
         park = Park(io)
         while True:
-            progressed = False
             # Each libssh call below may pump packets for the others: note what the channel
             # showed before them, so a change they made is seen before parking on the socket.
             seen = (channel.is_eof(), channel.is_closed(), channel.window_size())
             state: tuple[Any, Any, Any] | None = None  # libssh's exit state, read this round
             try:
+                # Every call below that may take packets off the socket comes after a drain
+                # that knew the order (``drain``); a round whose drain did not ends here.
+                known, progressed = await self.drain(eof)
+                wrote = False
                 try:
                     # Never more than the remote's window: ssh-python's write loops in C until
                     # all it was given is written, and libssh answers 0 (not "again") while the
@@ -224,7 +288,8 @@ class _Run:
                     # read again.  A shut window is waited for like any packet (its adjust
                     # arrives as one).
                     room = min(len(pending), CHUNK, channel.window_size()) if stdin_open else 0
-                    if room:
+                    if known and room:
+                        wrote = True  # it may pump, whatever it answers
                         # On a worker thread: a key re-exchange holds even a write that fits.
                         stall = self.t.timeouts.connect
                         written = await io.write(channel, bytes(pending[:room]), stall)
@@ -235,8 +300,9 @@ class _Run:
                                 "was ended"
                             )
                         pending = pending[written:]
-                        progressed = written > 0
-                    if stdin_open and not pending:
+                        progressed = progressed or written > 0
+                    elif known and stdin_open and not pending:
+                        wrote = True  # its flush may pump: a round of its own, as a write's
                         channel.send_eof()
                         stdin_open = False
                 except ssh.exceptions.BaseSSHError:
@@ -248,30 +314,15 @@ class _Run:
                     stdin_open = False
                     self.stdin_unsent = len(pending)
                     progressed = True
-                for name in ("stdout", "stderr"):
-                    # A stream at EOF is still read: libssh keeps data that arrives after the
-                    # channel's EOF, and holds back the CHANNEL_CLOSE ("delayed close") until
-                    # it is read -- unread, the wait lasted until the exec timeout.
-                    try:
-                        _rc, data = channel.read_nonblocking(CHUNK, name == "stderr")
-                    except ssh.exceptions.EOF:
-                        progressed = progressed or not eof[name]
-                        eof[name] = True
-                        continue
-                    if data:
-                        self.check_host_key()  # not a byte from another key reaches the sink
-                    if data and eof[name]:
-                        self.stream_broken(f"{name} data after the channel's EOF (RFC 4254 §5.3)")
-                    if data:
-                        progressed = True
-                        self.counts[name] += len(data)
-                        self.hashes[name].update(data)
-                        self.fire(name, {"bytes": len(data)})
-                        try:
-                            await self.ctx.sink(name, data)
-                        except ResultTooLarge as exc:
-                            self.too_large(exc)
-                if eof["stdout"] and eof["stderr"] and not (channel.is_closed() and io.alive()):
+                if wrote:
+                    known, moved = await self.drain(eof)
+                    progressed = progressed or moved
+                if (
+                    known
+                    and eof["stdout"]
+                    and eof["stderr"]
+                    and not (channel.is_closed() and io.alive())
+                ):
                     # After EOF no read call reads packets, nor does get_exit_state() once
                     # libssh holds any exit report: the CHANNEL_CLOSE has to be pumped.  Before
                     # the exit state is read: a pump that processes the exit report and the
@@ -284,11 +335,13 @@ class _Run:
                     # else touches the socket after a CHANNEL_CLOSE: the reads answer from the
                     # channel's EOF flag, get_exit_state() from its "closed by the remote" flag.
                     io.pump()
-                if not report.exited:
+                if known and not report.exited:
                     # get_exit_state() also pumps packets: after EOF the read calls stop doing
                     # so, and exit-status / CHANNEL_CLOSE would never be processed.  Packets
                     # are processed in order, so a close seen below was preceded by any exit
-                    # report the remote sent -- read here, after the last pump.
+                    # report the remote sent -- read here, after the last pump.  With both
+                    # streams at EOF it pumps after ``io.pump`` without a drain between: what
+                    # it takes in is after the EOF, and caught by the next read.
                     state = channel.get_exit_state()
             except ssh.exceptions.BaseSSHError as exc:
                 if not io.alive():

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+import trio
 
 from affidavit.adapters.base import AttemptContext
 from affidavit.adapters.ssh import SSH_TABLE, SshTarget, SshTimeouts
@@ -85,6 +86,8 @@ class Recorder:
     """Everything the driver told the engine, in order."""
 
     gate_raises: BaseException | None = None
+    sink_delay: float = 0.0
+    """Seconds each chunk takes to store (the engine's sink journals it)."""
     gate_calls: list[dict[str, Any]] = field(default_factory=list)
     steps: list[tuple[Step, dict[str, Any]]] = field(default_factory=list)
     chunks: list[tuple[str, bytes]] = field(default_factory=list)
@@ -106,6 +109,8 @@ class Recorder:
 
     async def _sink(self, stream: str, data: bytes) -> None:
         self.chunks.append((stream, data))
+        if self.sink_delay:
+            await trio.sleep(self.sink_delay)
 
     @property
     def events(self) -> list[str]:

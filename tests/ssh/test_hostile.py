@@ -336,6 +336,23 @@ async def test_data_after_eof_is_no_result_and_found_at_once(
     assert rec.ctx.machine.state == "interrupted" and not rec.ctx.machine.complete
 
 
+async def test_data_after_eof_taken_in_while_the_data_before_it_was_stored_is_no_result(
+    hostile: HostileServer, key: bytes
+) -> None:
+    # "out" and EOF arrive in one read; the sink takes 0.3 s to store "out", meanwhile "late"
+    # arrives.  A read answers EOF only once the buffer is empty, so the EOF was not yet seen;
+    # the round's get_exit_state() then took "late" into the same buffer, and the result was
+    # committed as stdout "out\nlate\n".  Now no call pumps until a drain knew the order.
+    for _ in range(3):
+        rec = Recorder(sink_delay=0.3)
+        with pytest.raises(AttemptInterrupted) as ei:
+            await _run(hostile, key, "lateout split", rec)
+        assert rec.events[-1] == "stream_broken", rec.events
+        assert "data after the channel's EOF" in ei.value.detail
+        assert ei.value.code in (Code.REMOTE_OUTCOME_UNKNOWN, Code.REMOTE_RESULT_INCOMPLETE)
+        assert rec.stream("stdout") == b"out\n" and not rec.ctx.machine.complete
+
+
 async def test_data_after_eof_in_the_same_read_as_the_eof_cannot_be_told_apart(
     hostile: HostileServer, key: bytes
 ) -> None:

@@ -1,0 +1,139 @@
+"""The SSH driver's collect loop on bulk streams, this tree against another checkout, side by
+side in one run against one sshd on 127.0.0.1: ``perform()`` of each workload, every call a
+fresh connection, each (checkout, workload) cell a process of its own, rounds interleaved so
+drift hits both alike:
+
+  cat      ``cat`` with 8 MiB of stdin: stdin written while the same amount comes back
+  out      ``head -c 32M /dev/zero``: output only
+  wc       ``wc -c`` with 8 MiB of stdin: stdin only
+
+A script, not a test (it asserts nothing about time):
+
+    .venv/bin/python tests/benchmarks/ssh_streams.py --ab OLD_CHECKOUT [--calls N] [--rounds R]
+
+``OLD_CHECKOUT`` is a source tree (``git archive <rev> | tar -x -C DIR``); its packages are
+imported instead of this tree's through ``PYTHONPATH``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import trio
+
+HERE = Path(__file__).resolve().parents[2]
+MIB = 1024 * 1024
+WORKLOADS = {
+    "cat": ("cat", 8 * MIB),
+    "out": (f"head -c {32 * MIB} /dev/zero", 0),
+    "wc": ("wc -c", 8 * MIB),
+}
+
+
+def _client(spec: dict[str, Any], work: str, calls: int) -> None:
+    """In the cell's process: ``calls`` sequential ``perform()`` calls; prints ms/call, CPU s."""
+    from affidavit.adapters.base import AttemptContext
+    from affidavit.adapters.ssh import (
+        SSH_TABLE,
+        SshTarget,
+        SshTimeouts,
+        perform,
+        prepare_credential,
+    )
+    from affidavit.statemachine import ProtocolMachine, Step
+
+    async def gate(facts: Mapping[str, Any]) -> None:
+        return None
+
+    def observe(step: Step, facts: Mapping[str, Any]) -> None:
+        return None
+
+    async def sink(stream: str, data: bytes) -> None:
+        return None
+
+    command, size = WORKLOADS[work]
+    stdin = bytes(size) if size else None
+    target = SshTarget("127.0.0.1", spec["port"], spec["user"], (spec["pin"],), SshTimeouts())
+    cred = prepare_credential(Path(spec["key"]).read_bytes())
+
+    async def run() -> float:
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            ctx = AttemptContext(ProtocolMachine(SSH_TABLE), gate, observe, sink)
+            res = await perform(target, cred, command, stdin, ctx)
+            assert res.code is None, res
+        return (time.perf_counter() - t0) * 1000 / calls
+
+    cpu = time.process_time()
+    ms = trio.run(run)
+    print(json.dumps({"ms": ms, "cpu": (time.process_time() - cpu) / calls}))
+
+
+def main(args: argparse.Namespace) -> None:
+    sys.path.insert(0, str(HERE))  # run as a script from anywhere
+    from tests.ssh.sshd import start_sshd
+
+    trees = {"this": str(HERE), "ab": str(Path(args.ab).resolve())}
+    with tempfile.TemporaryDirectory() as d, start_sshd(Path(d)) as server:
+        spec = Path(d) / "spec.json"
+        spec.write_text(
+            json.dumps(
+                {"port": server.port, "user": server.user, "pin": server.host_pin,
+                 "key": str(server.client_key_path)}
+            )
+        )  # fmt: skip
+        cells: dict[tuple[str, str], list[dict[str, float]]] = {}
+        loads = [os.getloadavg()[0]]
+        for r in range(args.rounds):
+            for work in WORKLOADS:
+                order = list(trees.items()) if r % 2 == 0 else list(reversed(trees.items()))
+                for name, src in order:
+                    cmd = [sys.executable, __file__, "--client", work, "--spec", str(spec)]
+                    cmd += ["--calls", str(args.calls)]
+                    env = {**os.environ, "PYTHONPATH": src}
+                    out = subprocess.run(
+                        cmd, check=True, stdout=subprocess.PIPE, text=True, env=env
+                    ).stdout
+                    cells.setdefault((work, name), []).append(json.loads(out.splitlines()[-1]))
+            loads.append(os.getloadavg()[0])
+    print(
+        f"{args.calls} calls per cell, medians of {args.rounds} interleaved rounds, 1-min load "
+        f"average {min(loads):.2f}..{max(loads):.2f} on {os.cpu_count()} cores; ab = {args.ab}"
+    )
+    print(f"{'work':>6}{'this ms':>10}{'ab ms':>10}{'ratio':>8}{'per-round':>11}"
+          f"{'this CPU':>10}{'ab CPU':>9}")  # fmt: skip
+    for work in WORKLOADS:
+        this, ab = cells[(work, "this")], cells[(work, "ab")]
+        ms = [statistics.median(c["ms"] for c in cell) for cell in (this, ab)]
+        cpu = [statistics.median(c["cpu"] for c in cell) for cell in (this, ab)]
+        paired = statistics.median(t["ms"] / a["ms"] for t, a in zip(this, ab, strict=True))
+        print(
+            f"{work:>6}{ms[0]:>10.1f}{ms[1]:>10.1f}{ms[0] / ms[1]:>8.2f}{paired:>11.2f}"
+            f"{cpu[0]:>10.3f}{cpu[1]:>9.3f}"
+        )
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--ab", help="the other checkout (a source tree)")
+    parser.add_argument("--calls", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--client", choices=WORKLOADS, help=argparse.SUPPRESS)
+    parser.add_argument("--spec", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.client:
+        _client(json.loads(Path(args.spec).read_text()), args.client, args.calls)
+    elif not args.ab:
+        parser.error("--ab OLD_CHECKOUT is required")
+    else:
+        main(args)
