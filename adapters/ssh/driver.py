@@ -241,7 +241,7 @@ class _Run:
         therefore looks like any data -- and a call that pumps more packets before that read
         (``get_exit_state``, a stdin write's flush) may append data sent *after* the EOF to the
         same buffer, where it read back as the stream's own (measured: "out" and EOF, "late"
-        0.1 s after, a sink that took 0.3 s for "out": committed ``out\nlate\n``).  A read
+        0.5 s after, a sink that took 0.8 s for "out": committed ``out\nlate\n``).  A read
         pumps packets only while the flag is unset (``ssh_channel_poll``), so reads after it
         drain the buffers without taking anything more off the socket.  The order is known
         when the last read found nothing and was no EOF (the flag unset: a pump now adds data

@@ -24,7 +24,7 @@ Commands (the first word selects the behaviour):
                    opened, then EOF and close the session channel
   lateout [now|split]  write "out\n", EOF, then "late\n" on stdout after the EOF, exit-status 0,
                    close (0.1 s apart; ``now``: at once, in one TCP segment; ``split``: "out" and
-                   EOF in one segment, the rest 0.1 s, 0.2 s and 0.25 s later)
+                   EOF in one segment, the rest 0.5 s, 0.55 s and 0.6 s later)
   echosig          write "out\n", send an exit-signal named ``PASSWORD``, abort the connection
   big <n>          write ``big_output(n)`` (n bytes of numbered ASCII lines), exit-status 0
   exitdrop         write "out\n", exit-status 0, EOF, close, then close the TCP connection at once
@@ -202,17 +202,18 @@ class _Session(asyncssh.SSHServerSession[str]):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CORK, 0)
         elif verb == "lateout" and words[1:] == ["split"]:
             # "out" and EOF in one TCP segment (the client's libssh takes both in one read),
-            # "late" 0.1 s after them: the data in front of the EOF is not yet read when the
-            # client's next pump takes the late data in.
+            # "late" 0.5 s after them -- long enough for a loaded client to have read the
+            # segment first: the data in front of the EOF is not yet read (its sink is slower)
+            # when the client's next pump takes the late data in.
             sock = conn.get_extra_info("socket")
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CORK, 1)
             chan.write("out\n")
             chan.write_eof()
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CORK, 0)
             late = UInt32(chan._send_chan) + String(b"late\n")
-            loop.call_later(0.1, conn.send_packet, MSG_CHANNEL_DATA, late)
-            loop.call_later(0.2, chan._send_request, b"exit-status", UInt32(0))
-            loop.call_later(0.25, chan.close)
+            loop.call_later(0.5, conn.send_packet, MSG_CHANNEL_DATA, late)
+            loop.call_later(0.55, chan._send_request, b"exit-status", UInt32(0))
+            loop.call_later(0.6, chan.close)
         elif verb == "lateout":
             chan.write("out\n")
             chan.write_eof()

@@ -339,12 +339,13 @@ async def test_data_after_eof_is_no_result_and_found_at_once(
 async def test_data_after_eof_taken_in_while_the_data_before_it_was_stored_is_no_result(
     hostile: HostileServer, key: bytes
 ) -> None:
-    # "out" and EOF arrive in one read; the sink takes 0.3 s to store "out", meanwhile "late"
-    # arrives.  A read answers EOF only once the buffer is empty, so the EOF was not yet seen;
-    # the round's get_exit_state() then took "late" into the same buffer, and the result was
-    # committed as stdout "out\nlate\n".  Now no call pumps until a drain knew the order.
-    for _ in range(3):
-        rec = Recorder(sink_delay=0.3)
+    # "out" and EOF arrive in one read; the sink takes 0.8 s to store "out", meanwhile "late"
+    # arrives (0.5 s after them).  A read answers EOF only once the buffer is empty, so the EOF
+    # was not yet seen; the round's get_exit_state() then took "late" into the same buffer, and
+    # the result was committed as stdout "out\nlate\n".  Now no call pumps until a drain knew
+    # the order.
+    for _ in range(2):
+        rec = Recorder(sink_delay=0.8)
         with pytest.raises(AttemptInterrupted) as ei:
             await _run(hostile, key, "lateout split", rec)
         assert rec.events[-1] == "stream_broken", rec.events
