@@ -194,4 +194,4 @@ async def test_a_blocking_libssh_call_waits_at_most_the_recheck(
             nursery.cancel_scope.cancel()
     finally:
         await conn.close()
-    assert libssh._RECHECK_SECONDS * 0.8 < took < 1.0, took
+    assert libssh._RECHECK_SECONDS * 0.8 < took < 2.0, took  # without the timeout: 3 s
