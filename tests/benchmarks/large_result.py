@@ -19,10 +19,12 @@ with N bytes.  Each client runs in a process of its own, in interleaved rounds (
   own signing key: the result's chunks are rows there, read back and hashed by the commit
   (on SQLite a long result's chunks go to segment files the commit does not read back).
 
-Per client: seconds for the call, MiB/s, the process's CPU seconds during the call (all its
-threads; for the broker also its main thread, the one reading the response), and peak RSS growth
-over the process's RSS just before the call (the kernel's VmHWM, reset just before; the process is
-warmed by one small call first).
+Per client: seconds for the call (median, and the fastest and slowest round), MiB/s, the
+process's CPU seconds during the call (all its threads; for the broker also its main thread, the
+one reading the response), peak RSS growth over the process's RSS just before the call (the
+kernel's VmHWM, reset just before; the process is warmed by one small call first), and its
+throughput against httpx's: the medians' ratio, and the lowest and highest of each round's ratio
+against httpx's run of that round.
 On a loaded machine CPU seconds vary less than wall time.  Targets (issue
 15): broker >= 0.5x httpx's throughput, peak RSS growth <= 32 MiB.  ``--ab DIR`` also measures
 the broker imported from another checkout (before/after).  A script, not a test.
@@ -266,15 +268,27 @@ def _run(args: argparse.Namespace, clients: list[tuple[str, str, str | None]]) -
         f"{args.mib} MiB response, {where}, {args.rounds} interleaved rounds (medians), 1-min "
         f"load average {min(loads):.2f}..{max(loads):.2f} on {os.cpu_count()} cores"
     )
-    print("| client | seconds | MiB/s | CPU s (process / main thread) | peak RSS growth MiB |")
-    print("|---|---|---|---|---|")
+    print(
+        "| client | seconds (min..max) | MiB/s | CPU s (process / main thread) "
+        "| peak RSS growth MiB | x httpx (min..max) |"
+    )
+    print("|---|---|---|---|---|---|")
     med: dict[str, tuple[float, float]] = {}
+    httpx = [f["s"] for f in results["httpx streaming, trio"]]
     for label, _, _ in clients:
+        runs = results[label]
         s, rss, cpu, main = (
-            statistics.median(f[k] for f in results[label]) for k in ("s", "rss", "cpu", "main")
+            statistics.median(f[k] for f in runs) for k in ("s", "rss", "cpu", "main")
         )
         med[label] = (s, rss)
-        print(f"| {label} | {s:.3f} | {args.mib / s:.1f} | {cpu:.3f} / {main:.3f} | {rss:.1f} |")
+        # Each round's ratio against httpx's run of the same round: the spread the load gave.
+        ratios = [h / f["s"] for h, f in zip(httpx, runs, strict=True)]
+        fast, slow = min(f["s"] for f in runs), max(f["s"] for f in runs)
+        print(
+            f"| {label} | {s:.3f} ({fast:.3f}..{slow:.3f}) | {args.mib / s:.1f} "
+            f"| {cpu:.3f} / {main:.3f} | {rss:.1f} "
+            f"| {statistics.median(httpx) / s:.2f} ({min(ratios):.2f}..{max(ratios):.2f}) |"
+        )
     (hs, _), (bs, brss) = med["httpx streaming, trio"], med["broker call()"]
     ratio = hs / bs
     print(f"broker / httpx throughput: {ratio:.2f}x (target >= 0.5x: {_v(ratio >= 0.5)})")
