@@ -88,6 +88,7 @@ __all__ = [
     "BODY_BUDGET",
     "CONSOLE_MAX_CONNECTIONS",
     "MAX_CONNECTIONS",
+    "PARSE_THREADS",
     "ConsoleCap",
     "Server",
 ]
@@ -100,7 +101,14 @@ BODY_BUDGET = 256 * 1024 * 1024
 """Bytes of request bodies all of a ``Server``'s connections hold at once, at least (twice its
 ``max_body`` if that is more, so two of the largest bodies fit): each connection may send one
 of ``max_body`` bytes, but not all ``MAX_CONNECTIONS`` at once (``Request.body``: 503
-``BODIES_IN_FLIGHT`` when the rest would not fit)."""
+``BODIES_IN_FLIGHT`` when the rest would not fit).  It counts bytes as received: a body being
+parsed is held three to nine times over meanwhile (h11server.py says why), and at most
+``PARSE_THREADS`` bodies over ``FREE_BODY`` are parsed at once (the rest wait their turn)."""
+PARSE_THREADS = 2
+"""Worker threads a ``Server`` parses request bodies over ``FREE_BODY`` in at once
+(``Request._parsed``): their own, never trio's default ones -- which the calls' journal opens
+and closes share -- so a flood of large bodies waits its turn and takes no thread a call
+needs."""
 REFUSED_QUIET = 60.0
 """A spell of refused peers ends once this many seconds pass without one (``_RefusedPeers``)."""
 CONSOLE_MAX_CONNECTIONS = 64
@@ -189,6 +197,8 @@ class Server:
         """The bytes of request bodies its connections may hold at once (``BODY_BUDGET``)."""
         self.bodies = 0
         """The bytes of request bodies held now (``hold_body``)."""
+        self.parse_threads = trio.CapacityLimiter(PARSE_THREADS)
+        """The threads large bodies are parsed in (``PARSE_THREADS``)."""
         self.head_wait = head_wait
         self.body_wait = body_wait
         self.write_wait = write_wait

@@ -40,9 +40,14 @@ Limits a hostile or broken client meets (each answered, never a traceback in the
   read (no 100-continue);
 * the bodies all connections hold at once, past the first ``FREE_BODY`` (64 KiB) of each:
   at most ``Server.body_budget`` (256 MiB, or twice ``max_body`` if more) -- one that would
-  not fit is 503 ``BODIES_IN_FLIGHT``, then close (http.py ``Request.body``): each body is
-  held about three times over while it is read and parsed (the bytes, their text, the parsed
-  value), so 256 connections each sending ``max_body`` bytes are not all in memory at once;
+  not fit is 503 ``BODIES_IN_FLIGHT``, then close (http.py ``Request.body``), so 256
+  connections each sending ``max_body`` bytes are not all in memory at once.  While a body is
+  parsed it is held as its bytes, its text and the parsed value's strings: three times its
+  size if ASCII, up to five once a character is past U+00FF and nine past U+FFFF (the text
+  and its strings then take two or four bytes a character) -- plus at most ``MAX_NODES``
+  (10 000) other values, under 1 MB: a body holding more is refused before the parser runs
+  (``actions._prescan``; 16 MB of ``[[],[],...]`` was 5.3M lists, 740 MB, before).  A body
+  over ``FREE_BODY`` is parsed in a worker thread (``Request._parsed``), off the event loop;
 * ``Expect: 100-continue``: the interim 100 goes out when a route first reads the body;
 * HTTP/1.0 and ``Connection: close`` are honoured (h11); an answer given before the request's
   body was read whole carries ``Connection: close`` unless the rest is already buffered.
