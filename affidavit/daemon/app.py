@@ -563,10 +563,10 @@ def _enum_param(req: Request, name: str, enum: type[Outcome] | type[Phase]) -> s
 
 
 def _limit_param(req: Request, default: int, maximum: int) -> int:
-    """``?limit=``: a whole number from 0 to ``maximum`` (``default`` when absent); else 400
-    ``BAD_REQUEST`` naming it."""
+    """``?limit=``: a whole number from 0 to ``maximum`` (``default`` when absent); else --
+    an empty value too -- 400 ``BAD_REQUEST`` naming it."""
     raw = req.params.get("limit")
-    if not raw:
+    if raw is None:
         return default
     try:
         return parse_limit(raw, maximum)

@@ -218,22 +218,30 @@ class Request:
         return value
 
     def text_param(self, name: str) -> str | None:
-        return self.params.get(name) or None
+        """A query parameter's value, None when it is absent.  Given empty (``?session=``,
+        ``?since``): 400 ``BAD_REQUEST`` naming it, as a bad value of it is -- never read as
+        absent, which would list every session's records to a caller that meant one."""
+        raw = self.params.get(name)
+        if raw == "":
+            raise ApiProblem(
+                400, "BAD_REQUEST", f"{name}: empty (give a value, or leave it out)", name
+            )
+        return raw
 
     def count_param(self, name: str) -> int | None:
         raw = self.params.get(name)
-        if not raw:
+        if raw is None:
             return None
         try:
-            return parse_count(raw)
+            return parse_count(raw)  # refuses "" too
         except ValueError as exc:
             raise ApiProblem(400, "BAD_REQUEST", f"{name}: {exc}", name) from None
 
     def timeout_param(self) -> float | None:
         """``?timeout=`` as ``affidavit call --timeout`` reads it (``wire.parse_timeout``):
-        400 ``INVALID_FIELD`` in the same words."""
+        400 ``INVALID_FIELD`` in the same words -- an empty value too, as ``--timeout ''``."""
         raw = self.params.get("timeout")
-        if not raw:
+        if raw is None:
             return None
         try:
             return parse_timeout(raw)

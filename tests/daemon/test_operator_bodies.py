@@ -19,6 +19,16 @@ from tests.http.hostile import HostileServer, Reply, scripts
 from .kit import api_target, cli, running_daemon
 
 CHARGE = {"target": "api", "method": "POST", "path": "/v1/charges", "body": "{}"}
+ROUTES = (
+    ("POST", "/v1/calls", json.dumps(CHARGE).encode(), ("timeout",)),
+    ("POST", "/v1/operations/x/poll", None, ("timeout",)),
+    ("POST", "/v1/invocations/x/reconcile", b'{"query": true}', ("timeout",)),
+    ("GET", "/v1/invocations/x/result", None, ("from_chunk",)),
+    ("GET", "/v1/actions", None, ("session", "outcome", "phase", "since", "until", "limit")),
+    ("GET", "/v1/sessions", None, ("limit",)),
+    ("GET", "/v1/metrics", None, ("session", "since", "format")),
+)
+"""Every route that reads query parameters, with a body it takes, and the parameters."""
 
 
 async def _post(socket: Path, path: str, body: dict[str, Any]) -> tuple[int, str, str, Any]:
@@ -135,21 +145,12 @@ async def test_a_query_parameter_given_twice_is_refused_naming_it_on_every_route
         "limit": ("5", "50"),
         "format": ("json", "prometheus"),
     }
-    routes = (
-        ("POST", "/v1/calls", json.dumps(CHARGE).encode(), ("timeout",)),
-        ("POST", "/v1/operations/x/poll", None, ("timeout",)),
-        ("POST", "/v1/invocations/x/reconcile", b'{"query": true}', ("timeout",)),
-        ("GET", "/v1/invocations/x/result", None, ("from_chunk",)),
-        ("GET", "/v1/actions", None, ("session", "outcome", "phase", "since", "until", "limit")),
-        ("GET", "/v1/sessions", None, ("limit",)),
-        ("GET", "/v1/metrics", None, ("session", "since", "format")),
-    )
     async with (
         HostileServer.running(scripts.serve(Reply(200))) as srv,
         running_daemon(tmp_path, api_target(srv.url), token=token) as daemon,
     ):
         socket = str(daemon.socket)
-        for method, path, body, names in routes:
+        for method, path, body, names in ROUTES:
             for name in names:
                 one, other = values[name]
                 encoded = "".join(f"%{b:02X}" for b in name.encode())
@@ -177,3 +178,37 @@ async def test_a_query_parameter_given_twice_is_refused_naming_it_on_every_route
             blocking_request, socket, "GET", "/v1/actions?limit=5&outcome=unknown", None
         )
         assert once.status == 200 and once.json()["actions"] == [], once
+
+
+async def test_a_query_parameter_given_empty_is_refused_naming_it_on_every_route(
+    tmp_path: Path, token: str
+) -> None:
+    """``?timeout=`` (or ``?timeout``) is refused as ``--timeout ''`` is (400 ``INVALID_FIELD``
+    at ``timeout``), never read as absent -- the call ran under the target's own timeout, and
+    ``?session=`` listed every session's records.  Every other parameter likewise, with the
+    code a bad value of it gets (``BAD_REQUEST``); nothing is run."""
+    async with (
+        HostileServer.running(scripts.serve(Reply(200))) as srv,
+        running_daemon(tmp_path, api_target(srv.url), token=token) as daemon,
+    ):
+        socket = str(daemon.socket)
+        for method, path, body, names in ROUTES:
+            for name in names:
+                code = "INVALID_FIELD" if name == "timeout" else "BAD_REQUEST"
+                for target in (f"{path}?{name}=", f"{path}?{name}"):
+                    answer = await trio.to_thread.run_sync(
+                        blocking_request, socket, method, target, body
+                    )
+                    error = answer.error()
+                    assert (answer.status, error.code, error.field) == (400, code, name), (
+                        target,
+                        answer.status,
+                        error,
+                    )
+                    assert name in error.message, (target, error)
+        timeout = await trio.to_thread.run_sync(
+            blocking_request, socket, "POST", "/v1/calls?timeout=", json.dumps(CHARGE).encode()
+        )
+        words = await cli(daemon, "call", "-", "--timeout", "", stdin=json.dumps(CHARGE).encode())
+        assert f"affidavit: {timeout.error().message}\n".encode() == words.stderr, words.stderr
+        assert srv.requests == []
