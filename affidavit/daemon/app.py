@@ -20,11 +20,11 @@
          (``operators.py``)
 
 Everything else is the API's own trouble: 400 bad JSON or query (or a malformed request, with
-408, 415 for a Content-Encoding, 431, 501 for CONNECT or Upgrade and 503 for too many
-connections: h11server.py), 403 peer refused (on accept, before a byte is read:
-``refusal``), 404, 405, 413, 503 overloaded, shutting down or journal unavailable
-(``JOURNAL_UNAVAILABLE``: a call the journal could not record has no envelope to render; a
-record or a view it could not read is named) or a read it declined this once
+408, 415 for a Content-Encoding, 431, 501 for CONNECT, Upgrade or a Transfer-Encoding but
+chunked and 503 for too many connections: h11server.py), 403 peer refused (on accept,
+before a byte is read: ``refusal``), 404, 405, 413, 503 overloaded, shutting down or journal
+unavailable (``JOURNAL_UNAVAILABLE``: a call the journal could not record has no envelope to
+render; a record or a view it could not read is named) or a read it declined this once
 (``JOURNAL_READ_DECLINED``: a statement timeout, a lock not granted) -- a read's with
 ``Retry-After`` (``READ_RETRY``), a call's never -- or a SQLite file replaced under the daemon
 (``JOURNAL_REPLACED``, no ``Retry-After``), 500 a journal that
@@ -85,7 +85,7 @@ from affidavit.views import (
 
 from . import operators
 from .calls import Calls, Running, internal_problem
-from .http import ApiProblem, ClientGone, Request, api_error_body
+from .http import ApiProblem, ClientGone, Request, api_error_body, echoed, named
 from .peer import Peer, PeerPolicy
 
 __all__ = ["Api"]
@@ -147,7 +147,7 @@ class Api:
             await handler(self, req, *args)
         except ApiProblem as problem:
             if not req.answered:
-                await req.respond_problem(self._unplaced(problem, args))
+                await req.respond_problem(_echo_bounded(self._unplaced(problem, args), args))
         except ClientGone:
             pass
 
@@ -202,11 +202,11 @@ class Api:
                     methods = {"GET": operators.approval}
                     args = (m.group(1),)
         if methods is None:
-            raise ApiProblem(404, "NOT_FOUND", f"no such API path: {req.path}")
+            raise ApiProblem(404, "NOT_FOUND", f"no such API path: {echoed(req.path)}")
         handler = methods.get(req.method)
         if handler is None:
             allowed = ", ".join(sorted(methods))
-            raise ApiProblem(405, "METHOD_NOT_ALLOWED", f"{req.path} takes {allowed}")
+            raise ApiProblem(405, "METHOD_NOT_ALLOWED", f"{echoed(req.path)} takes {allowed}")
         return handler, tuple(unquote(a) for a in args)
 
     # -- calls ----------------------------------------------------------------------------------
@@ -497,7 +497,7 @@ def _check_params(req: Request, handler: Callable[..., Awaitable[None]]) -> None
     for it."""
     known = QUERY_PARAMS.get(handler, ())
     for name in sorted(req.params):
-        shown = name if 0 < len(name) <= 64 and name.isprintable() else "query"
+        shown = named(name, "query")
         if name not in known:
             takes = f"this route takes {', '.join(known)}" if known else "this route takes none"
             raise ApiProblem(
@@ -507,6 +507,20 @@ def _check_params(req: Request, handler: Callable[..., Awaitable[None]]) -> None
             raise ApiProblem(
                 400, "INVALID_FIELD", f"{shown}: query parameter given twice (give it once)", shown
             )
+
+
+def _echo_bounded(problem: ApiProblem, ids: tuple[str, ...]) -> ApiProblem:
+    """``problem`` quoting the ids of the request's path (``ids``) at most ``ECHO`` characters
+    each, escaped (``echoed``): the handlers' words quote them whole (``no operation X in the
+    journal``), and an id the broker gave is 30 printable characters -- 10 000 of the caller's
+    were echoed back, a line break in one split the message."""
+    message = problem.message
+    for shown, text in ((echoed(i), i) for i in ids):
+        if shown != text:
+            message = message.replace(text, shown)
+    if message == problem.message:
+        return problem
+    return ApiProblem(problem.status, problem.code, message, problem.field, problem.retry_after)
 
 
 async def _deliver(req: Request, envelope: dict[str, Any], scope: trio.CancelScope) -> None:

@@ -22,7 +22,8 @@ Each connection runs two tasks for its whole life:
 Limits a hostile or broken client meets (each answered, never a traceback in the log):
 
 * a malformed request line or header: 400, then close; a head over ``MAX_HEAD`` bytes: 431
-  (h11's ``max_incomplete_event_size``), then close;
+  (h11's ``max_incomplete_event_size``), then close; a ``Transfer-Encoding`` other than one
+  ``chunked``: 501 ``TRANSFER_ENCODING_REFUSED`` (RFC 9112 section 6.1), then close;
 * more than ``MAX_CONNECTIONS`` open at once: the longest-idle one makes room, or the new
   one is answered 503 unread (``admission.py``, whose ``Server`` holds a listener's
   connections);
@@ -106,6 +107,17 @@ TURN_AWAY_WAIT = 1.0
 INBOX = 64 * 1024
 """Bytes read ahead of the parser at most (see the module docstring)."""
 _RECV = 64 * 1024
+_REFUSED = {
+    400: ("BAD_REQUEST", "malformed request"),
+    431: ("HEAD_TOO_LARGE", f"request head over {MAX_HEAD} bytes"),
+    # RFC 9112 section 6.1: a transfer coding the server does not understand is "501 (Not
+    # Implemented)".  h11 reads chunked alone, and one Transfer-Encoding field.
+    501: (
+        "TRANSFER_ENCODING_REFUSED",
+        "a transfer coding other than chunked (once) is not served here",
+    ),
+}
+"""Status -> (code, message) of a request h11 refuses; its ``error_status_hint`` is one."""
 
 
 class Connection:
@@ -272,13 +284,13 @@ class Connection:
         return True
 
     async def _refuse(self, exc: h11.RemoteProtocolError) -> None:
-        """A request h11 could not parse: 400 (431 for a head over ``MAX_HEAD``), then close."""
-        status = exc.error_status_hint
-        code = "HEAD_TOO_LARGE" if status == 431 else "BAD_REQUEST"
+        """A request h11 could not parse: 400 -- or the status h11 hints, with a code of its
+        own (``_REFUSED``) -- then close."""
+        status = exc.error_status_hint if exc.error_status_hint in _REFUSED else 400
+        code, message = _REFUSED[status]
         log.info("refused a malformed request from %s (%d)", self.peer.describe(), status)
         if self.h11.our_state not in (h11.IDLE, h11.SEND_RESPONSE):
             return
-        message = f"request head over {MAX_HEAD} bytes" if status == 431 else "malformed request"
         await self.answer(
             status,
             [(b"content-type", b"application/json")],

@@ -21,6 +21,7 @@ import trio
 
 from affidavit.api.limits import ActionInvalid, action_size_limit, load_action_json
 from affidavit.api.wire import parse_count, parse_timeout
+from affidavit.text import printable
 
 from .link import Link
 from .peer import Peer
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
     from .h11server import Connection
 
 __all__ = [
+    "ECHO",
     "FREE_BODY",
     "MAX_BODY",
     "ApiProblem",
@@ -36,7 +38,9 @@ __all__ = [
     "Request",
     "api_error_body",
     "body_limit",
+    "echoed",
     "json_body",
+    "named",
 ]
 
 MAX_BODY = 16 * 1024 * 1024
@@ -48,6 +52,24 @@ FREE_BODY = 64 * 1024
 """The bytes of each request's body not counted against the server's ``body_budget`` (a
 request that small is never refused for others' bodies: 256 connections hold 16 MiB of them at
 most)."""
+
+
+ECHO = 64
+"""Characters of the caller's own text an answer quotes at most (``named``, ``echoed``): an id
+the broker gives has 30; a 10 000-character path segment was echoed whole."""
+
+
+def named(name: str, instead: str) -> str:
+    """A field or parameter name as an answer names it (its message and ``field``): itself when
+    it is printable text of 1 to ``ECHO`` characters, else ``instead`` (``body``, ``query``)."""
+    return name if 0 < len(name) <= ECHO and name.isprintable() else instead
+
+
+def echoed(text: str) -> str:
+    """The caller's ``text`` (an id from the path) as a message quotes it: anything unprintable
+    escaped (``printable``), and cut to ``ECHO`` characters, ``...`` marking the cut."""
+    shown = printable(text)
+    return shown if len(shown) <= ECHO else shown[: ECHO - 3] + "..."
 
 
 def body_limit(targets: Iterable[object]) -> int:

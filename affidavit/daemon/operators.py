@@ -34,7 +34,7 @@ from affidavit.reconcile import service as reconciling
 from affidavit.text import printable
 
 from .calls import internal_problem
-from .http import ApiProblem, Request
+from .http import ApiProblem, Request, named
 
 if TYPE_CHECKING:
     from .app import Api
@@ -206,7 +206,7 @@ def _fields(body: dict[str, Any], known: tuple[str, ...]) -> dict[str, Any]:
     that is not plain printable text, or is long, is not echoed: ``body`` stands for it."""
     for key in sorted(body):
         if key not in known:
-            shown = key if len(key) <= 64 and key.isprintable() else "body"
+            shown = named(key, "body")
             takes = f"the body takes {', '.join(known)}" if known else "the body takes no field"
             raise ApiProblem(400, "INVALID_FIELD", f"{shown}: unknown field ({takes})", shown)
     return body

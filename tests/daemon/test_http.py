@@ -140,6 +140,7 @@ def _api_error(body: bytes) -> str:
 
 
 BIG_HEAD = b"GET /x HTTP/1.1\r\nhost: a\r\nx-pad: " + b"p" * MAX_HEAD + b"\r\n\r\n"
+TE_HEAD = b"POST /v1/calls HTTP/1.1\r\nhost: a\r\ntransfer-encoding: %s\r\n\r\n0\r\n\r\n"
 
 
 @pytest.mark.parametrize("piece", [1 << 20, 1000], ids=["whole", "in-pieces"])
@@ -151,6 +152,11 @@ BIG_HEAD = b"GET /x HTTP/1.1\r\nhost: a\r\nx-pad: " + b"p" * MAX_HEAD + b"\r\n\r
         (b"GET /x HTTP/1.1\r\n\r\n", 400, "BAD_REQUEST"),  # HTTP/1.1 without host
         (b"GET /\xff HTTP/1.1\r\nhost: a\r\n\r\n", 400, "BAD_REQUEST"),
         (BIG_HEAD, 431, "HEAD_TOO_LARGE"),
+        # A transfer coding h11 does not implement: 501 (RFC 9112 section 6.1) with a code that
+        # says so -- it was 501 BAD_REQUEST, a status and a code that disagreed.
+        (TE_HEAD % b"gzip, chunked", 501, "TRANSFER_ENCODING_REFUSED"),
+        (TE_HEAD % b"gzip", 501, "TRANSFER_ENCODING_REFUSED"),
+        (TE_HEAD % b"chunked\r\ntransfer-encoding: chunked", 501, "TRANSFER_ENCODING_REFUSED"),
     ],
     ids=[
         "request-line",
@@ -158,6 +164,9 @@ BIG_HEAD = b"GET /x HTTP/1.1\r\nhost: a\r\nx-pad: " + b"p" * MAX_HEAD + b"\r\n\r
         "no-host",
         "raw-byte-target",
         "head-over-bound",
+        "gzip-chunked",
+        "gzip",
+        "transfer-encoding-twice",
     ],
 )
 async def test_a_malformed_or_oversized_head_is_refused_then_closed_without_a_traceback(

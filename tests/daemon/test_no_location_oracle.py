@@ -14,6 +14,7 @@ import trio
 
 from affidavit.api.wire import blocking_request
 from affidavit.config import load_config
+from affidavit.daemon.http import echoed
 from affidavit.daemon.server import Daemon
 from tests.broker.helpers import TOKEN_ENV
 from tests.http.hostile import HostileServer, Reply, scripts
@@ -31,15 +32,17 @@ async def test_a_guess_of_the_journal_s_path_is_echoed_as_sent_right_or_wrong(
     ):
         right, wrong = str(daemon.journal), str(daemon.journal) + "x"
         for guess in (right, wrong):
-            for target in (
-                "/v1/nope" + guess,  # NOT_FOUND names the path
-                "/v1/invocations/" + quote(guess, safe=""),  # NO_SUCH_INVOCATION names the id
+            for target, sent in (
+                ("/v1/nope" + guess, "/v1/nope" + guess),  # NOT_FOUND names the path
+                # NO_SUCH_INVOCATION names the id
+                ("/v1/invocations/" + quote(guess, safe=""), guess),
             ):
                 answer = await trio.to_thread.run_sync(
                     blocking_request, str(daemon.socket), "GET", target
                 )
                 message = json.loads(answer.body)["api_error"]["message"]
-                assert guess in message, (target, message)  # echoed as sent: no oracle
+                # Echoed as sent (cut to ``ECHO`` characters, as every id): no oracle.
+                assert echoed(sent) in message, (target, message)
                 assert "the journal" not in message.replace("in the journal", ""), message
             # OPERATION_ERROR names the operation id asked for: echoed as sent too.
             target = "/v1/operations/" + quote(guess, safe="") + "/poll"
@@ -48,7 +51,7 @@ async def test_a_guess_of_the_journal_s_path_is_echoed_as_sent_right_or_wrong(
             )
             problem = json.loads(answer.body)["api_error"]
             assert (answer.status, problem["code"]) == (422, "OPERATION_ERROR"), problem
-            assert problem["message"] == f"no operation {guess} in the journal", problem
+            assert problem["message"] == f"no operation {echoed(guess)} in the journal", problem
 
 
 async def test_a_guess_is_no_oracle_when_the_journal_declines_the_read(
@@ -80,7 +83,7 @@ async def test_a_guess_is_no_oracle_when_the_journal_declines_the_read(
                     )
                     error = json.loads(answer.body)["api_error"]
                     assert error["code"] == "JOURNAL_READ_DECLINED", error
-                    answers[guess, suffix] = error["message"].replace(guess, "<GUESS>")
+                    answers[guess, suffix] = error["message"].replace(echoed(guess), "<GUESS>")
         daemon.shutdown.set()
     for suffix in ("", "/result"):
         for guess in (right, "journal " + right):

@@ -41,3 +41,63 @@ async def test_an_id_holding_a_slash_is_no_other_route(tmp_path: Path, token: st
         # The id itself, unquoted as ever.
         found = await cli(d, "record", iid)
         assert found.returncode == 0, found
+
+
+async def test_an_id_or_path_is_echoed_at_most_64_printable_characters(
+    tmp_path: Path, token: str
+) -> None:
+    """A refusal quotes the caller's id (``no operation X in the journal``) or path at most
+    ``ECHO`` (64) characters, escaped: the 422 for an unknown operation echoed a 10 000-character
+    id whole, and a line break (``%0A``) in one into the message.  Its code and ``field`` stay;
+    a short printable id is quoted whole, as before."""
+    long_id, split_id = "op_" + "A" * 10_000, "op_X%0AINJECTED"
+    async with running_daemon(tmp_path, api_target("http://127.0.0.1:9"), token=token) as d:
+        for method, path, status, code, field, shown in (
+            (
+                "POST",
+                f"/v1/operations/{long_id}/poll",
+                422,
+                "OPERATION_ERROR",
+                "operation_id",
+                f"no operation {long_id[:61]}... in the journal",
+            ),
+            (
+                "POST",
+                f"/v1/operations/{split_id}/poll",
+                422,
+                "OPERATION_ERROR",
+                "operation_id",
+                "no operation op_X\\nINJECTED in the journal",
+            ),
+            (
+                "POST",
+                "/v1/operations/op_SHORT/poll",
+                422,
+                "OPERATION_ERROR",
+                "operation_id",
+                "no operation op_SHORT in the journal",
+            ),
+            (
+                "GET",
+                f"/v1/invocations/act_{'B' * 10_000}",
+                404,
+                "NO_SUCH_INVOCATION",
+                None,
+                f"no invocation act_{'B' * 57}... in the journal",
+            ),
+            (
+                "GET",
+                f"/v1/{'c' * 10_000}",
+                404,
+                "NOT_FOUND",
+                None,
+                f"no such API path: /v1/{'c' * 57}...",
+            ),
+            ("PUT", f"/v1/calls%0A{'d' * 100}", 404, "NOT_FOUND", None, "/v1/calls\\ndddd"),
+            ("PUT", "/v1/calls", 405, "METHOD_NOT_ALLOWED", None, "/v1/calls takes POST"),
+        ):
+            answer = await trio.to_thread.run_sync(blocking_request, str(d.socket), method, path)
+            error = answer.error()
+            assert (answer.status, error.code, error.field) == (status, code, field), error
+            assert shown in error.message and "\n" not in error.message, error.message
+            assert len(error.message) < 150, error.message
