@@ -3,10 +3,12 @@
 The HTTP driver (``h11server.py``) reads and writes the accepted trio stream through this thin
 wrapper, which notes the two facts delivery is judged by:
 
-* ``hung_up``: the client closed its end (end of stream or a broken read).  Seen while a call
-  runs, it means nobody is waiting: a call that has not reached its dispatch gate is withdrawn
-  (CALLER_CANCELLED, not_attempted); one that has runs on to its result.  The driver keeps
-  reading while a request is handled so that it is seen.
+* ``hung_up``: the client closed its end (end of stream or a broken read) -- or only shut its
+  write side (``shutdown(SHUT_WR)``, ``nc -N``): a read cannot tell a half-close from a close,
+  so a client keeps its write side open until its answer (docs/deployment.md, "A caller that
+  goes away").  Seen while a call runs, it means nobody is waiting: a call that has not
+  reached its dispatch gate is withdrawn (CALLER_CANCELLED, not_attempted); one that has runs
+  on to its result.  The driver keeps reading while a request is handled so that it is seen.
 * ``broken``: a write failed or was interrupted part-way (by the driver's ``WRITE_WAIT`` too:
   a client that does not read its answer).
 

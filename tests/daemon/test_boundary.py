@@ -123,6 +123,72 @@ async def test_a_client_gone_before_dispatch_withdraws_the_call(tmp_path: Path, 
     assert "DISPATCH_STARTED" not in events
 
 
+async def _half_close_then_read(socket: Path, request: bytes, *, sent: trio.Event | None) -> bytes:
+    """Send ``request``, then shut the write side (``shutdown(SHUT_WR)``, as ``nc -N`` or
+    ``socat`` does once its input ends) -- after ``sent`` is set, if given -- and read what the
+    daemon writes until it closes."""
+    stream = await trio.open_unix_socket(str(socket))
+    async with stream:
+        await stream.send_all(request)
+        if sent is not None:
+            await sent.wait()
+        await stream.send_eof()
+        answer = b""
+        with trio.fail_after(WAIT):
+            while chunk := await stream.receive_some():
+                answer += chunk
+    return answer
+
+
+async def test_a_caller_that_half_closes_after_its_request_has_hung_up(
+    tmp_path: Path, token: str
+) -> None:
+    """End of stream is a hang-up, a half-close included: a read on the socket cannot tell
+    ``shutdown(SHUT_WR)`` from a close, and withdrawing a call whose caller left is the point.
+    So the call is withdrawn (CALLER_CANCELLED, not_attempted) and nothing is written back;
+    a read is answered at once, before the end of the stream is seen (docs/deployment.md, "A
+    caller that goes away": keep the write side open until the answer)."""
+    body = action_bytes("/v1/charge", "POST", body="{}")
+    call = b"POST /v1/calls HTTP/1.1\r\nhost: a\r\ncontent-length: %d\r\n\r\n%s" % (
+        len(body),
+        body,
+    )
+    async with unresponsive_listener() as port:
+        target = api_target(f"http://127.0.0.1:{port}", timeout={"connect": 15, "total": 20})
+        async with (
+            running_daemon(tmp_path, target, token=token) as daemon,
+            Client.open(daemon.socket) as client,
+            trio.open_nursery() as nursery,
+        ):
+            connecting = trio.Event()
+            answers: list[bytes] = []
+
+            async def caller() -> None:
+                answers.append(await _half_close_then_read(daemon.socket, call, sent=connecting))
+
+            nursery.start_soon(caller)
+
+            async def in_setup() -> bool:
+                rows = (await client.actions())["actions"]
+                return bool(rows) and rows[0]["state"] == "authorized"
+
+            await wait_until(in_setup, "the call is in connection setup")
+            connecting.set()
+            with trio.fail_after(5):  # well before the 15 s connect timeout
+                record = await _final_record(client)
+            health = b"GET /v1/health HTTP/1.1\r\nhost: a\r\n\r\n"
+            read = await _half_close_then_read(daemon.socket, health, sent=None)
+            events = [e["kind"] for e in await client.events(str(record["invocation_id"]))]
+    assert answers == [b""]  # not a byte of an answer: the call's caller was gone
+    assert (record["code"], record["phase"], record["outcome"]) == (
+        "CALLER_CANCELLED",
+        "connection_setup",
+        "not_attempted",
+    )
+    assert "DISPATCH_STARTED" not in events
+    assert read.startswith(b"HTTP/1.1 200 "), read
+
+
 async def _events(socket: Path, iid: str) -> list[dict[str, object]]:
     async with Client.open(socket) as client:
         return await client.events(iid)
