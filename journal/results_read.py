@@ -123,23 +123,28 @@ class ResultStream:
             f"verification: stream {stream!r} {what}"
         )
 
-    def chunks(self, stream: str, from_chunk: int = 0) -> Iterator[bytes]:
-        """The stream's plaintext chunks from ``from_chunk`` on, each verified before it is
-        yielded (its sealed bytes against the chained hash, then the AEAD tag); reading from
-        chunk 0 to the end also checks the stream's plaintext hash.  ``KeyError`` for a stream
-        the result does not have."""
+    def chunks(
+        self, stream: str, from_chunk: int = 0, to_chunk: int | None = None
+    ) -> Iterator[bytes]:
+        """The stream's plaintext chunks from ``from_chunk`` on (up to ``to_chunk``, excluded,
+        when given: a page), each verified before it is yielded (its sealed bytes against the
+        chained hash, then the AEAD tag); reading from chunk 0 to the end also checks the
+        stream's plaintext hash.  ``KeyError`` for a stream the result does not have."""
         if from_chunk < 0:
             raise ValueError("from_chunk must be >= 0")
-        return self._chunks(stream, self.streams[stream], from_chunk)
+        return self._chunks(stream, self.streams[stream], from_chunk, to_chunk)
 
-    def _chunks(self, stream: str, info: StreamInfo, from_chunk: int) -> Iterator[bytes]:
+    def _chunks(
+        self, stream: str, info: StreamInfo, from_chunk: int, to_chunk: int | None
+    ) -> Iterator[bytes]:
+        end = info.chunks if to_chunk is None else min(to_chunk, info.chunks)
         if info.sealed is None:
             # A result from before per-chunk hashes: only the whole stream can be checked.
             whole = self._legacy_stream(stream, info)
-            yield from whole[from_chunk:]
+            yield from whole[from_chunk:end]
             return
-        plain = hashlib.sha256() if from_chunk == 0 else None
-        for idx in range(from_chunk, info.chunks):
+        plain = hashlib.sha256() if from_chunk == 0 and end == info.chunks else None
+        for idx in range(from_chunk, end):
             data = self._fetch(stream, idx)
             if data is None:
                 raise self._bad(stream, f"is incomplete: chunk {idx} is missing")
@@ -171,9 +176,11 @@ class ResultStream:
             raise self._bad(stream, "is incomplete or altered")
         return out
 
-    def read(self, from_chunk: int = 0) -> StoredResult:
-        """Every stream (from ``from_chunk`` on) as one ``StoredResult``."""
-        streams = {s: b"".join(self.chunks(s, from_chunk)) for s in self.streams}
+    def read(self, from_chunk: int = 0, to_chunk: int | None = None) -> StoredResult:
+        """Every stream (from ``from_chunk`` on, up to ``to_chunk`` excluded when given) as one
+        ``StoredResult``: held whole -- the embedded reads' (a process's own memory); the
+        daemon streams its answers chunk by chunk instead (``affidavit/daemon/results.py``)."""
+        streams = {s: b"".join(self.chunks(s, from_chunk, to_chunk)) for s in self.streams}
         return StoredResult(
             self.invocation_id, self.summary, streams, self.sha256, self.seq, from_chunk
         )

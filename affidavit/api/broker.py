@@ -264,19 +264,30 @@ class Broker:
         invocation_id: str,
         *,
         from_chunk: int | None = None,
+        chunks: int | None = None,
         deliver: Deliver | None = None,
         operator: bool = False,
+        defer: bool = False,
     ) -> dict[str, Any] | None:
         """The recorded envelope of an invocation — never a re-execution.  None if unknown id,
         or (unless ``operator``) an invocation on a target this broker's configuration does not
         name: a caller reads only what it may call, and cannot tell the two apart.
         ``from_chunk=N``: the result's streams from chunk N on, plus ``result.resume`` (each
-        stream's chunk count, size and hash) — to resume an interrupted delivery.  Raises
+        stream's chunk count, size and hash) — to resume an interrupted delivery;
+        ``chunks=M`` with it: a page, at most M chunks of each stream (``result.resume.next_chunk``
+        is where the next page starts, null after the last).  ``defer``: the streams are left
+        unread, ``Deferred`` (``engine.stored_payload``), for a writer that reads them chunk by
+        chunk (the daemon's answer; not JSON until it does).  Raises
         ``JournalError`` if the stored result fails verification (never altered bytes).  A whole
         result that had not reached its caller is recorded RESULT_DELIVERED by this read (after
         ``deliver``, when given, has handed the envelope over)."""
         return await self._engine.fetch_result(
-            invocation_id, from_chunk=from_chunk, deliver=deliver, operator=operator
+            invocation_id,
+            from_chunk=from_chunk,
+            chunks=chunks,
+            deliver=deliver,
+            operator=operator,
+            defer=defer,
         )
 
     def result_stream(self, invocation_id: str) -> ResultStream | None:

@@ -54,6 +54,7 @@ __all__ = [
     "invocation_path",
     "parse_count",
     "parse_daemon_uid",
+    "parse_page",
     "parse_time",
     "parse_timeout",
     "read_answer",
@@ -186,6 +187,24 @@ def socket_path(explicit: str | os.PathLike[str] | None) -> str | None:
 
 MAX_COUNT = 2**63 - 1
 """The largest chunk number or seq a request may name: the journal's integer columns' range."""
+
+
+RESULT_PAGE_CHUNKS = 64
+"""The chunks of each stream a page of a stored result holds when the caller names none
+(``?from_chunk=N`` alone, MCP's ``fetch_result``): 4 MiB of each stream at 64 KiB a chunk."""
+MAX_RESULT_PAGE_CHUNKS = 1024
+"""The most a page may hold (``?chunks=``, MCP's ``chunks``): 64 MiB of each stream -- what a
+client asks for in one answer, never what the daemon holds (it writes a page chunk by chunk)."""
+
+
+def parse_page(value: str) -> int:
+    """``?chunks=``: a whole number from 1 to ``MAX_RESULT_PAGE_CHUNKS``; ``ValueError`` says
+    what was expected."""
+    if not (value.isascii() and value.isdigit()) or len(value) > 19:
+        value = "-"
+    if value == "-" or not 1 <= int(value) <= MAX_RESULT_PAGE_CHUNKS:
+        raise ValueError(f"expected a whole number from 1 to {MAX_RESULT_PAGE_CHUNKS}")
+    return int(value)
 
 
 ACTIONS_LIMIT = 1000

@@ -85,6 +85,7 @@ from .link import GONE, Link
 from .peer import Peer
 
 __all__ = [
+    "ANSWER_BUDGET",
     "BODY_BUDGET",
     "CONSOLE_MAX_CONNECTIONS",
     "MAX_CONNECTIONS",
@@ -109,6 +110,13 @@ PARSE_THREADS = 2
 (``Request._parsed``): their own, never trio's default ones -- which the calls' journal opens
 and closes share -- so a flood of large bodies waits its turn and takes no thread a call
 needs."""
+ANSWER_BUDGET = 256 * 1024 * 1024
+"""Bytes of answers all of a ``Server``'s connections hold at once, at most (``hold_answer``):
+a stored result's answer is written a piece at a time (``results.py``: each holds its piece's
+worst case, ``results.PIECE_HOLD``, until its last byte is written) and a view's page while it
+is written (``/v1/actions``) -- past it, 503 ``ANSWERS_IN_FLIGHT`` with ``Retry-After``, before
+anything is read: N clients that do not read their answers cannot grow the daemon's memory
+without bound, as ``BODY_BUDGET`` keeps their request bodies."""
 REFUSED_QUIET = 60.0
 """A spell of refused peers ends once this many seconds pass without one (``_RefusedPeers``)."""
 CONSOLE_MAX_CONNECTIONS = 64
@@ -189,6 +197,7 @@ class Server:
         refused_quiet: float = REFUSED_QUIET,
         max_body: int = MAX_BODY,
         body_budget: int | None = None,
+        answer_budget: int | None = None,
     ) -> None:
         self.keep_alive = keep_alive
         self.max_body = max_body
@@ -199,6 +208,13 @@ class Server:
         """The bytes of request bodies held now (``hold_body``)."""
         self.parse_threads = trio.CapacityLimiter(PARSE_THREADS)
         """The threads large bodies are parsed in (``PARSE_THREADS``)."""
+        self.answer_budget = ANSWER_BUDGET if answer_budget is None else answer_budget
+        """The bytes of answers its connections may hold at once (``ANSWER_BUDGET``)."""
+        self.answers = 0
+        """The bytes of answers held now (``hold_answer``)."""
+        self.answers_peak = 0
+        """The most ``answers`` has been (what the budget let in, for the operators' eyes and
+        the tests')."""
         self.head_wait = head_wait
         self.body_wait = body_wait
         self.write_wait = write_wait
@@ -243,6 +259,18 @@ class Server:
     def drop_body(self, n: int) -> None:
         """A request's bodies are no longer held (its handling is over)."""
         self.bodies -= n
+
+    def hold_answer(self, n: int) -> bool:
+        """Count ``n`` bytes of an answer as held, if they fit in ``answer_budget``."""
+        if self.answers + n > self.answer_budget:
+            return False
+        self.answers += n
+        self.answers_peak = max(self.answers_peak, self.answers)
+        return True
+
+    def drop_answer(self, n: int) -> None:
+        """An answer's bytes are no longer held (written, or its writing given up)."""
+        self.answers -= n
 
     @property
     def idle(self) -> int:

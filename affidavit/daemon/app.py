@@ -2,8 +2,9 @@
 
     POST /v1/calls                     the envelope of ``affidavit call`` (HTTP 200, error or not)
     GET  /v1/invocations/{id}          {"record", "events"}, as ``affidavit record --json``
-    GET  /v1/invocations/{id}/result   the envelope of ``affidavit result`` (a read, no re-run;
-                                       ``?from_chunk=N`` resumes, as ``--from-chunk N``)
+    GET  /v1/invocations/{id}/result   the envelope of ``affidavit result`` (a read, no re-run),
+                                       written chunk by chunk (``results.py``);
+                                       ``?from_chunk=N[&chunks=M]`` a page of it (``result``)
     POST /v1/operations/{id}/poll      ``affidavit operation poll`` (one linked query of the job)
     GET  /v1/catalog                   the targets and each protocol's action schema (MCP tools)
     GET  /v1/actions                   ``affidavit actions --json`` (same filters), the newest
@@ -50,8 +51,10 @@ from affidavit.api.wire import (
     ACTIONS_LIMIT,
     MAX_ACTIONS_LIMIT,
     MAX_SESSIONS_LIMIT,
+    RESULT_PAGE_CHUNKS,
     SESSIONS_LIMIT,
     parse_limit,
+    parse_page,
     parse_time,
 )
 from affidavit.console import TokenStore
@@ -83,7 +86,7 @@ from affidavit.views import (
     record_view,
 )
 
-from . import operators
+from . import operators, results
 from .calls import Calls, Running, internal_problem
 from .http import ApiProblem, ClientGone, Request, api_error_body, echoed, named
 from .peer import Peer, PeerPolicy
@@ -284,26 +287,45 @@ class Api:
         await req.respond_json(self.broker.catalog())
 
     async def result(self, req: Request, invocation_id: str) -> None:
+        """The stored envelope, its streams read and written chunk by chunk, never held whole
+        nor read on the event loop (``results.py``).  Whole (no query): recorded
+        RESULT_DELIVERED once its last byte went into the socket, as ever.  ``?from_chunk=N``
+        (``&chunks=M``, default ``RESULT_PAGE_CHUNKS``, at most ``MAX_RESULT_PAGE_CHUNKS``; 400
+        ``INVALID_FIELD`` at ``chunks`` past it): a page, each stream's chunks N to N+M-1, with
+        ``result.resume.next_chunk`` -- a resumed read, which records nothing.  Each answer
+        holds ``PIECE_HOLD`` of the server's answer budget, or is 503 ``ANSWERS_IN_FLIGHT``."""
+
         async def deliver(envelope: dict[str, Any]) -> None:
-            await _deliver(req, envelope, trio.CancelScope())
+            await _deliver(req, envelope, trio.CancelScope(), functools.partial(write, req))
+
+        async def write(req: Request, envelope: dict[str, Any]) -> None:
+            await results.respond_result(self, req, envelope)
 
         from_chunk = req.count_param("from_chunk")
+        chunks = _page_param(req)
+        if chunks is not None and from_chunk is None:
+            from_chunk = 0
+        elif from_chunk is not None and chunks is None:
+            chunks = RESULT_PAGE_CHUNKS
+        what = f"the result of {invocation_id}"
         try:
-            envelope = await self.broker.fetch_result(
-                invocation_id, from_chunk=from_chunk, deliver=deliver
-            )
+            with results.held(req, results.PIECE_HOLD):
+                envelope = await self.broker.fetch_result(
+                    invocation_id, from_chunk=from_chunk, chunks=chunks, deliver=deliver, defer=True
+                )
+                if req.answered or req.link.hung_up.is_set():
+                    return
+                if envelope is None:
+                    # The words of `affidavit result` run embedded, but for where the journal
+                    # lives: a socket caller (an agent) has no business knowing its path or
+                    # database URL.
+                    raise ApiProblem(
+                        404, "NO_SUCH_INVOCATION", f"no invocation {invocation_id} in the journal"
+                    )
+                await write(req, envelope)
         except JournalError as exc:  # as every surface answers it (``result_failure``)
-            failure = result_failure(exc, invocation_id)
-            raise _journal_problem(exc, f"the result of {invocation_id}", failure) from None
-        if req.answered or req.link.hung_up.is_set():
-            return
-        if envelope is None:
-            # The words of `affidavit result` run embedded, but for where the journal lives: a
-            # socket caller (an agent) has no business knowing its path or database URL.
-            raise ApiProblem(
-                404, "NO_SUCH_INVOCATION", f"no invocation {invocation_id} in the journal"
-            )
-        await req.respond_json(envelope)
+            # (After part of the answer was written -- cut short -- only logged, by the same.)
+            raise _journal_problem(exc, what, result_failure(exc, invocation_id)) from None
 
     async def record(self, req: Request, invocation_id: str) -> None:
         """The record and its events, read in a view thread (``read``): a database slow to
@@ -358,7 +380,12 @@ class Api:
                 f'"truncated":{"true" if page.truncated else "false"}}}\n'
             ).encode()
 
-        await req.respond(200, await self._read(body, "the actions view"))
+        # The page is held until its last byte is written: counted in the answer budget
+        # (``results.held``; past it 503 ``ANSWERS_IN_FLIGHT``), so clients that do not read
+        # their pages cannot hold 10000 records each without bound.
+        data = await self._read(body, "the actions view")
+        with results.held(req, len(data)):
+            await req.respond(200, data)
 
     async def sessions(self, req: Request) -> None:
         """The ``limit`` sessions seen last (default ``SESSIONS_LIMIT``, at most
@@ -480,7 +507,7 @@ QUERY_PARAMS: dict[Callable[..., Awaitable[None]], tuple[str, ...]] = {
     Api.call: ("timeout",),
     Api.poll: ("timeout",),
     operators.reconcile: ("timeout",),
-    Api.result: ("from_chunk",),
+    Api.result: ("from_chunk", "chunks"),
     Api.actions: ("session", "outcome", "phase", "since", "until", "limit"),
     Api.sessions: ("limit",),
     Api.metrics: ("session", "since", "format"),
@@ -523,13 +550,19 @@ def _echo_bounded(problem: ApiProblem, ids: tuple[str, ...]) -> ApiProblem:
     return ApiProblem(problem.status, problem.code, message, problem.field, problem.retry_after)
 
 
-async def _deliver(req: Request, envelope: dict[str, Any], scope: trio.CancelScope) -> None:
-    """Answer with ``envelope``; raise ``ClientGone`` unless it was delivered -- the client had
-    not hung up and every byte went into its socket (link.py says why that is the line)."""
+async def _deliver(
+    req: Request,
+    envelope: dict[str, Any],
+    scope: trio.CancelScope,
+    write: Callable[[dict[str, Any]], Awaitable[None]] | None = None,
+) -> None:
+    """Answer with ``envelope`` (through ``write``, when given: a stored result's streams read
+    as they are written); raise ``ClientGone`` unless it was delivered -- the client had not
+    hung up and every byte went into its socket (link.py says why that is the line)."""
     if req.link.hung_up.is_set():
         raise ClientGone("the client hung up before its answer")
     with scope:
-        await req.respond_json(envelope)
+        await (write or req.respond_json)(envelope)
     if scope.cancelled_caught or req.link.broken:
         raise ClientGone("the answer could not be written whole")
 
@@ -564,6 +597,18 @@ def _withdraw(running: Running) -> None:
     reached its dispatch gate; the engine decides (affidavit/engine/control.py)."""
     if running.control.withdraw():
         log.info("the client hung up before dispatch; the call is withdrawn")
+
+
+def _page_param(req: Request) -> int | None:
+    """``?chunks=``: a page's chunks of each stream, 1 to ``MAX_RESULT_PAGE_CHUNKS``; else 400
+    ``INVALID_FIELD`` naming it."""
+    raw = req.params.get("chunks")
+    if not raw:
+        return None
+    try:
+        return parse_page(raw)
+    except ValueError as exc:
+        raise ApiProblem(400, "INVALID_FIELD", f"chunks: {exc}", "chunks") from None
 
 
 def _enum_param(req: Request, name: str, enum: type[Outcome] | type[Phase]) -> str | None:

@@ -63,7 +63,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import select
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING
 
 import h11
@@ -374,6 +374,36 @@ class Connection:
             data += conn.send(h11.Data(data=body))
         data += conn.send(h11.EndOfMessage())
         await self._write(data)
+
+    async def answer_parts(
+        self,
+        status: int,
+        headers: list[tuple[bytes, bytes]],
+        length: int,
+        parts: AsyncIterator[bytes],
+        *,
+        close: bool = False,
+    ) -> None:
+        """``answer``, its body ``length`` bytes written a part at a time as ``parts`` yields
+        them, each within ``WRITE_WAIT`` (a stored result's: app.py ``Api.result``).  A part
+        raising, or a write failing, leaves the answer cut short -- the link ``broken``, the
+        connection closed after it -- and the exception (not the write's failure) raised."""
+        self._settle()
+        headers.append((b"content-length", b"%d" % length))
+        if close or self.server.closing or self.h11.their_state is not h11.DONE:
+            headers.append((b"connection", b"close"))
+        await self._write(self.h11.send(h11.Response(status_code=status, headers=headers)) or b"")
+        if not self._head_only:
+            try:
+                async for part in parts:
+                    if self.link.broken:
+                        return
+                    await self._write(self.h11.send(h11.Data(data=part)) or b"")
+            except BaseException:
+                self.link.broken = True  # cut short: never a next request on it
+                raise
+        if not self.link.broken:
+            await self._write(self.h11.send(h11.EndOfMessage()) or b"")
 
     def _settle(self) -> None:
         """Read the rest of a request's body if it is already here (a route that answers

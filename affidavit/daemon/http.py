@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import json
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Iterable
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, unquote
 
@@ -27,6 +27,7 @@ from .link import Link
 from .peer import Peer
 
 if TYPE_CHECKING:
+    from .admission import Server
     from .h11server import Connection
 
 __all__ = [
@@ -173,6 +174,11 @@ class Request:
     def link(self) -> Link:
         return self._conn.link
 
+    @property
+    def server(self) -> Server:
+        """The listener's ``Server``: its budgets (``hold_body``, ``hold_answer``)."""
+        return self._conn.server
+
     async def body(self, limit: int = MAX_BODY) -> bytes | bytearray:
         """The whole body, at most ``limit`` bytes (an action's: the server's ``max_body``;
         any other route's: ``MAX_BODY``) -- else 413, before a byte is read when the declared
@@ -284,6 +290,13 @@ class Request:
         self.answered = True
         sent = [(b"content-type", content_type), *(headers or ())]
         await self._conn.answer(status, sent, body, close=close)
+
+    async def respond_parts(self, status: int, length: int, parts: AsyncIterator[bytes]) -> None:
+        """An answer of ``length`` bytes written a part at a time (``Connection.answer_parts``:
+        a stored result's, ``results.py``)."""
+        self.answered = True
+        headers = [(b"content-type", b"application/json")]
+        await self._conn.answer_parts(status, headers, length, parts)
 
     async def respond_json(self, value: Any) -> None:
         await self.respond(200, json_body(value))

@@ -9,7 +9,7 @@ from affidavit.engine.engine import Deliver, Engine
 from affidavit.engine.ids import new_invocation_id
 from affidavit.engine.location import JOURNAL_WORDS, unplaced
 from affidavit.engine.operations import OperationError, poll_failure
-from affidavit.engine.recorder import stored_envelope
+from affidavit.engine.recorder import Deferred, stored_envelope
 from affidavit.engine.recovery import (
     READ_DECLINED,
     READ_RETRY,
@@ -40,6 +40,7 @@ __all__ = [
     "UNREADABLE",
     "CallControl",
     "CallNotRecorded",
+    "Deferred",
     "Deliver",
     "Engine",
     "EngineSettings",

@@ -42,7 +42,7 @@ from .attempt import (
 from .contracts import Reader
 from .echoed import without_received_size, without_size_headers
 from .readable import stream_cut
-from .recorder import reference_payload, result_payload
+from .recorder import reference_payload, result_payload, stored_payload
 from .recovery import closing_event
 from .sink import Stored, StreamSink
 
@@ -395,16 +395,19 @@ async def _delivery_failed(engine: Engine, iid: str, channel: str) -> Record:
     return await recorder.record(iid)
 
 
-async def deliver_stored(engine: Engine, record: Record, deliver: Deliver | None) -> dict[str, Any]:
+async def deliver_stored(
+    engine: Engine, record: Record, deliver: Deliver | None, *, defer: bool = False
+) -> dict[str, Any]:
     """A stored result read again by its caller (``fetch_result``): seed, "treat repeated
     requests as reads" -- nothing is sent to the remote.  A result not yet delivered (never, or
     its first answer failed) is delivered by this read: RESULT_DELIVERED (channel ``fetch``) is
     recorded once the envelope was handed over whole (seed: "Mark RESULT_DELIVERED only after
     the protocol has confirmed complete transfer"); an in-process return is that transfer.  An
-    already delivered result is only read (no event per read)."""
+    already delivered result is only read (no event per read).  ``defer``: its streams
+    ``Deferred`` (``stored_payload``), for a ``deliver`` that reads them as it writes."""
     recorder = engine.recorder
     if record.state not in AWAITING_DELIVERY:
-        return recorder.envelope(record, whole=True)
+        return recorder.envelope(record, whole=True, defer=defer)
     iid = record.invocation_id
     delivered = Event(E.RESULT_DELIVERED, iid, {"channel": "fetch"})
     if deliver is None:
@@ -412,13 +415,19 @@ async def deliver_stored(engine: Engine, record: Record, deliver: Deliver | None
         return recorder.envelope(await recorder.record(iid), whole=True)
     # Rendered as the record will stand once delivered (as _commit renders a store failure):
     # the caller is told what the journal will say, and the journal says it only afterwards.
-    stored = engine.journal.read_result(iid)
+    stored = engine.journal.result_stream(iid)  # the marker and summary, verified
     envelope = recorder.render(
         recorder.projected([*engine.journal.events(iid), delivered], recorder.hint_now()),
-        result_payload(stored) if stored is not None else None,
+        stored_payload(stored, defer=defer) if stored is not None else None,
     )
     try:
         await deliver(envelope)
+    except JournalError:
+        # The stored result could not be read (``defer``: its writer reads it as it writes,
+        # and verifies it first): the read's failure, raised as itself as an unread result's
+        # is -- no delivery failed, none happened (an answer cut short is none); nothing is
+        # recorded and the result stays stored, undelivered.
+        raise
     except Exception as exc:
         log.warning("delivery of %s (fetched) failed: %s", iid, type(exc).__name__)
         if record.state.startswith("stored_"):

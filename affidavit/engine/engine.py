@@ -189,19 +189,27 @@ class Engine:
         invocation_id: str,
         *,
         from_chunk: int | None = None,
+        chunks: int | None = None,
         deliver: Deliver | None = None,
         operator: bool = False,
+        defer: bool = False,
     ) -> dict[str, Any] | None:
         """The stored envelope of an invocation: a read, never a re-execution.  ``from_chunk``:
         the result's streams from that chunk on (with a ``resume`` table), for a caller resuming
-        an interrupted delivery.  ``JournalError`` if the stored result fails verification.
-        A whole stored result that had not reached its caller is delivered by this read:
-        RESULT_DELIVERED once it is returned, or once ``deliver`` (the daemon's answer) has
-        handed it over whole; a resumed read (``from_chunk``) records nothing.  None for an
-        unknown id -- and, unless ``operator`` (the console, the embedded CLI), for one a
-        caller may not read (``callable_by_caller``): the same answer, so ids cannot be probed."""
+        an interrupted delivery; ``chunks``: at most that many of each stream's (a page, whose
+        ``resume.next_chunk`` says where the next starts).  ``defer``: the streams left unread,
+        ``Deferred`` (``stored_payload``), for a ``deliver`` -- or a caller -- that reads them
+        chunk by chunk as it writes (the daemon's).  ``JournalError`` if the stored result
+        fails verification.  A whole stored result that had not reached its caller is
+        delivered by this read: RESULT_DELIVERED once it is returned, or once ``deliver`` (the
+        daemon's answer) has handed it over whole; a resumed read (``from_chunk``) records
+        nothing.  None for an unknown id -- and, unless ``operator`` (the console, the embedded
+        CLI), for one a caller may not read (``callable_by_caller``): the same answer, so ids
+        cannot be probed."""
         if from_chunk is not None and from_chunk < 0:
             raise ValueError("from_chunk must be >= 0")
+        if chunks is not None and (chunks < 1 or from_chunk is None):
+            raise ValueError("chunks must be >= 1, with from_chunk")
         # Its in-process return's delivery, if still queued, first: never a second one here.
         await self.recorder.delivered(invocation_id)
         # Waits out a shared journal away within its reconnect window, as a write would.
@@ -228,8 +236,11 @@ class Engine:
                         or record
                     )
             if from_chunk is not None:
-                return self.recorder.envelope(record, from_chunk=from_chunk)
-            return await deliver_stored(self, record, deliver)
+                to_chunk = None if chunks is None else from_chunk + chunks
+                return self.recorder.envelope(
+                    record, from_chunk=from_chunk, to_chunk=to_chunk, defer=defer
+                )
+            return await deliver_stored(self, record, deliver, defer=defer)
         finally:
             self.recorder.done()  # as a call's: nothing kept for this task once it is over
 

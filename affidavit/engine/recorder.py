@@ -12,6 +12,7 @@ import base64
 import logging
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 import trio
@@ -28,7 +29,15 @@ from affidavit.statemachine import (
     render_envelope,
 )
 
-__all__ = ["Recorder", "reference_payload", "result_payload", "resume_table", "stored_envelope"]
+__all__ = [
+    "Deferred",
+    "Recorder",
+    "reference_payload",
+    "result_payload",
+    "resume_table",
+    "stored_envelope",
+    "stored_payload",
+]
 
 T = TypeVar("T")
 
@@ -324,8 +333,10 @@ class Recorder:
         lost: int | None = None,
         dispatched: bool = False,
         from_chunk: int | None = None,
+        to_chunk: int | None = None,
         in_progress: bool = False,
         whole: bool = False,
+        defer: bool = False,
     ) -> dict[str, Any]:
         """The envelope of ``record`` with its stored result (verified; ``JournalError`` if it
         fails).  ``from_chunk``: each stream from that chunk on, plus a ``resume`` table of
@@ -334,7 +345,9 @@ class Recorder:
         and is running a new attempt -- the record's last attempt is not the answer, and its
         result (if any) not the result.  A result larger than ``inline_limit`` is rendered by
         reference, as the call that stored it answered (a same-key call gets the same answer),
-        unless ``whole`` -- a fetch, which is what the reference names.
+        unless ``whole`` -- a fetch, which is what the reference names.  ``to_chunk``: with
+        ``from_chunk``, a page -- each stream's chunks up to that one, excluded.  ``defer``:
+        each stream a ``Deferred``, unread (``stored_payload``).
 
         ``lost``: the generation of this caller's worker, whose lease is no longer the
         invocation's -- refused at a dispatch gate, or (``dispatched``) after its dispatch.
@@ -353,7 +366,10 @@ class Recorder:
             env["error"] = lease_lost_error(record, lost, dispatched=dispatched)
             return env
         if from_chunk is not None:
-            return stored_envelope(self.journal, record, from_chunk, holder=self.journal.holder_tag)
+            tag = self.journal.holder_tag
+            return stored_envelope(
+                self.journal, record, from_chunk, to_chunk, holder=tag, defer=defer
+            )
         iid = record.invocation_id
         stream = self.journal.result_stream(iid)  # the marker and summary, verified
         limit = self.inline_limit
@@ -361,7 +377,7 @@ class Recorder:
         if stream is None:
             payload = None
         elif whole or limit is None or sum(s.bytes for s in stream.streams.values()) <= limit:
-            payload = result_payload(stream.read())
+            payload = stored_payload(stream, defer=defer)
         else:
             payload = reference_payload(iid, stream.summary, stream.sha256, limit)
         return self.render(record, payload)
@@ -400,20 +416,59 @@ def stored_envelope(
     journal: JournalReader,
     record: Record,
     from_chunk: int,
+    to_chunk: int | None = None,
     *,
     holder: HolderTag | None = None,
+    defer: bool = False,
 ) -> dict[str, Any]:
     """The envelope of ``record`` with each stream of its stored result from ``from_chunk`` on
-    (verified; ``JournalError`` if it fails) and a ``resume`` table -- a resumed read, which
-    records nothing: the broker's own (``Recorder.envelope``) or a view's, on a reader of its
-    own in a worker thread (the console's).  Its lease holder as ``holder`` tags it
-    (``render_envelope``): a caller's resumed read shows the tag its whole fetch shows."""
+    -- up to ``to_chunk`` (excluded) when given: a page -- (verified; ``JournalError`` if it
+    fails) and a ``resume`` table -- a resumed read, which records nothing: the broker's own
+    (``Recorder.envelope``) or a view's, on a reader of its own in a worker thread (the
+    console's).  Its lease holder as ``holder`` tags it (``render_envelope``): a caller's
+    resumed read shows the tag its whole fetch shows.  ``defer``: see ``stored_payload``."""
     stream = journal.result_stream(record.invocation_id)  # the marker and summary, verified
     payload: dict[str, Any] | None = None
     if stream is not None:
-        payload = result_payload(stream.read(from_chunk))
-        payload["resume"] = resume_table(stream, from_chunk)
+        payload = stored_payload(stream, from_chunk, to_chunk, defer=defer)
+        payload["resume"] = resume_table(stream, from_chunk, to_chunk)
     return render_envelope(record, payload, holder=holder)
+
+
+@dataclass(frozen=True, slots=True)
+class Deferred:
+    """A stream of a stored result left unread in its envelope: the chunks ``from_chunk`` to
+    ``to_chunk`` (excluded) of stream ``name``, which a writer reads, verifies and encodes a
+    few at a time as it writes the answer (the daemon's, ``affidavit/daemon/results.py``), so
+    that no answer holds a whole result.  Never JSON itself: rendered only by that writer."""
+
+    invocation_id: str
+    name: str
+    from_chunk: int
+    to_chunk: int
+    sha256: str
+    """The whole result's hash: the writer reads the same stored result (results never
+    change; a different one is refused)."""
+
+
+def stored_payload(
+    stream: ResultStream, from_chunk: int = 0, to_chunk: int | None = None, *, defer: bool = False
+) -> dict[str, Any]:
+    """``result_payload`` of the stored result's streams from ``from_chunk`` (to ``to_chunk``,
+    excluded, when given), read whole -- or, ``defer``, each stream a ``Deferred`` under its
+    own name (text or ``_base64`` is its writer's to decide), read by nobody yet."""
+    if not defer:
+        return result_payload(
+            stream.read(from_chunk) if to_chunk is None else stream.read(from_chunk, to_chunk)
+        )
+    out: dict[str, Any] = dict(stream.summary)
+    out.pop("streams", None)
+    for name, info in sorted(stream.streams.items()):
+        end = info.chunks if to_chunk is None else min(to_chunk, info.chunks)
+        start = min(from_chunk, end)
+        out[name] = Deferred(stream.invocation_id, name, start, end, stream.sha256)
+    out["sha256"] = stream.sha256
+    return out
 
 
 class _StoredLike(Protocol):
@@ -425,11 +480,16 @@ class _StoredLike(Protocol):
     def sha256(self) -> str: ...
 
 
-def resume_table(stream: ResultStream, from_chunk: int) -> dict[str, Any]:
-    """Where a resumed read starts, and each stream's whole extent (to check the reassembled
-    bytes against)."""
+def resume_table(
+    stream: ResultStream, from_chunk: int, to_chunk: int | None = None
+) -> dict[str, Any]:
+    """Where a resumed read starts, where the next page starts (``next_chunk``: ``to_chunk``
+    while a stream has chunks from there on, else null -- nothing left), and each stream's
+    whole extent (to check the reassembled bytes against)."""
+    more = to_chunk is not None and any(i.chunks > to_chunk for i in stream.streams.values())
     return {
         "from_chunk": from_chunk,
+        "next_chunk": to_chunk if more else None,
         "streams": {
             name: {"chunks": info.chunks, "bytes": info.bytes, "sha256": "sha256:" + info.sha256}
             for name, info in sorted(stream.streams.items())

@@ -1,0 +1,210 @@
+"""A stored result's answer, written chunk by chunk (``GET /v1/invocations/{id}/result``).
+
+The envelope comes from the engine with each stream unread (``engine.Deferred``); nothing of a
+stream is held whole, and nothing of it is read on the event loop.  Two passes, each a few
+chunks per trip to one of the views' threads (``Api.read``, the journal's own reader):
+
+1. ``_scan``: every chunk of the range read and verified (``ResultStream.chunks``) -- so a
+   stored result that fails verification is answered RESULT_UNVERIFIED before a byte is
+   written -- while it is decided whether the range is text (strict UTF-8, as
+   ``result_payload`` decides it) or ``_base64``, and how long its JSON string is: the answer
+   carries its ``Content-Length``, as every other;
+2. ``_pieces``: read, verified and encoded again, ``PIECE_CHUNKS`` at a time, each piece
+   written before the next is read.  The JSON is ``result_payload``'s, byte for byte: a string
+   encoded piece by piece is the string encoded whole (a decoder carries a character cut
+   between chunks over; base64 carries up to two bytes).
+
+Memory: each answer holds ``PIECE_HOLD`` bytes of the server's answer budget
+(``admission.ANSWER_BUDGET``) from before it is read until its last byte is written -- past the
+budget, 503 ``ANSWERS_IN_FLIGHT`` with ``Retry-After``: a client that does not read holds one
+piece, not its result three times over.  A piece is written within ``WRITE_WAIT``; a reader
+slower than that loses its answer (cut short: never delivered).
+"""
+
+from __future__ import annotations
+
+import base64
+import codecs
+import contextlib
+import functools
+import hashlib
+import json
+import secrets
+from collections.abc import AsyncGenerator, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from affidavit.engine import RESULT_CHUNK, Deferred
+from affidavit.journal import JournalReader, ResultStream, ResultUnverified
+
+from .http import ApiProblem, Request, json_body
+
+if TYPE_CHECKING:
+    from .app import Api
+
+__all__ = ["ANSWER_RETRY", "PIECE_CHUNKS", "PIECE_HOLD", "held", "respond_result"]
+
+PIECE_CHUNKS = 4
+"""Chunks read, verified and encoded per trip to a view thread while an answer is written."""
+SCAN_CHUNKS = 64
+"""Chunks verified per trip in the first pass (4 MiB: a trip is short, the threads shared)."""
+PIECE_HOLD = PIECE_CHUNKS * RESULT_CHUNK * 6 + 64 * 1024
+"""What one answer holds of the answer budget: a piece's worst case -- a JSON string escapes a
+byte into at most 6 (``\\u00XX``) -- plus its envelope's text (status, headers, hashes)."""
+ANSWER_RETRY = 5
+"""``Retry-After`` of a 503 ``ANSWERS_IN_FLIGHT``."""
+
+
+@contextlib.contextmanager
+def held(req: Request, n: int) -> Iterator[None]:
+    """Hold ``n`` bytes of the server's answer budget while the block runs; 503
+    ``ANSWERS_IN_FLIGHT`` (nothing read, nothing written) when they do not fit."""
+    server = req.server
+    if not server.hold_answer(n):
+        raise ApiProblem(
+            503,
+            "ANSWERS_IN_FLIGHT",
+            f"the daemon holds {server.answer_budget} bytes of answers at most, at once, and "
+            "others fill it: nothing was read; try again later",
+            retry_after=ANSWER_RETRY,
+        )
+    try:
+        yield
+    finally:
+        server.drop_answer(n)
+
+
+@dataclass
+class _Plan:
+    """One deferred stream: as text or base64, and its JSON string's length (no quotes)."""
+
+    deferred: Deferred
+    text: bool = True
+    length: int = 0
+    size: int = 0
+    decoder: Any = field(default_factory=lambda: codecs.getincrementaldecoder("utf-8")())
+    plain: Any = None
+    """SHA-256 of the plaintext, when the range is the whole stream (checked at its end, as
+    ``ResultStream.chunks`` checks a whole read)."""
+
+
+def _opened(r: JournalReader, d: Deferred) -> ResultStream:
+    """The stored result on a view's reader: the one the envelope was rendered from."""
+    stream = r.result_stream(d.invocation_id)
+    if stream is None or stream.sha256 != d.sha256:
+        raise ResultUnverified(
+            f"stored result of invocation {d.invocation_id} fails verification: it changed "
+            "while its answer was read"
+        )
+    return stream
+
+
+def _scan_some(r: JournalReader, plan: _Plan, start: int) -> int:
+    d = plan.deferred
+    stream = _opened(r, d)
+    info = stream.streams[d.name]
+    if start == d.from_chunk == 0 and d.to_chunk == info.chunks:
+        plan.plain = hashlib.sha256()
+    end = min(start + SCAN_CHUNKS, d.to_chunk)
+    # Each chunk is verified by ``chunks``; a range of a few is no whole read, so the whole
+    # stream's plaintext hash is checked here.
+    for chunk in stream.chunks(d.name, start, end):
+        plan.size += len(chunk)
+        if plan.plain is not None:
+            plan.plain.update(chunk)
+        if plan.text:
+            try:
+                plan.length += len(json.dumps(plan.decoder.decode(chunk))) - 2
+            except UnicodeDecodeError:
+                plan.text = False
+    if end == d.to_chunk:
+        if plan.plain is not None and plan.plain.hexdigest() != info.sha256:
+            raise ResultUnverified(
+                f"stored result of invocation {d.invocation_id} fails verification: stream "
+                f"{d.name!r} is incomplete or altered (plaintext hash differs)"
+            )
+        if plan.text:
+            try:
+                plan.decoder.decode(b"", final=True)
+            except UnicodeDecodeError:
+                plan.text = False
+        if not plan.text:
+            plan.length = (plan.size + 2) // 3 * 4
+    return end
+
+
+async def _scan(api: Api, d: Deferred) -> _Plan:
+    plan = _Plan(d)
+    at = d.from_chunk
+    while True:
+        at = await api.read(functools.partial(_scan_some, plan=plan, start=at))
+        if at >= d.to_chunk:
+            plan.decoder = codecs.getincrementaldecoder("utf-8")()  # fresh for the writing
+            return plan
+
+
+async def _pieces(api: Api, plan: _Plan) -> AsyncGenerator[bytes, None]:
+    """The stream's JSON string (no quotes), a piece per trip; the same bytes the scan
+    measured, or ``ResultUnverified``."""
+    d, carry, sent = plan.deferred, b"", 0
+
+    def piece(r: JournalReader, start: int) -> bytes:
+        nonlocal carry
+        end = min(start + PIECE_CHUNKS, d.to_chunk)
+        data = b"".join(_opened(r, d).chunks(d.name, start, end))
+        last = end == d.to_chunk
+        if plan.text:
+            return json.dumps(plan.decoder.decode(data, final=last))[1:-1].encode("ascii")
+        data = carry + data
+        cut = len(data) if last else len(data) // 3 * 3  # base64 of whole 3-byte groups
+        carry = data[cut:]
+        return base64.b64encode(data[:cut])
+
+    for start in range(d.from_chunk, d.to_chunk, PIECE_CHUNKS):
+        out = await api.read(functools.partial(piece, start=start))
+        sent += len(out)
+        yield out
+    if sent != plan.length:
+        raise ResultUnverified(
+            f"stored result of invocation {d.invocation_id} fails verification: stream "
+            f"{d.name!r} read differently twice"
+        )
+
+
+async def respond_result(api: Api, req: Request, envelope: dict[str, Any]) -> None:
+    """Answer with ``envelope``, its ``Deferred`` streams read as they are written (a plain
+    envelope: at once).  ``JournalError`` (``ResultUnverified`` among them) from the scan
+    before anything is written; from the writing, after the answer was cut short."""
+    result = envelope.get("result")
+    deferred = [v for v in result.values() if isinstance(v, Deferred)] if result else []
+    if not deferred:
+        await req.respond_json(envelope)
+        return
+    assert isinstance(result, dict)
+    plans = [await _scan(api, d) for d in deferred]
+    token = secrets.token_hex(16)  # unguessable: no summary text can hold it
+    shown: dict[str, Any] = {}
+    for key, value in result.items():
+        if isinstance(value, Deferred):
+            plan = plans[deferred.index(value)]
+            shown[key if plan.text else f"{key}_base64"] = f"{token}{deferred.index(value)}"
+        else:
+            shown[key] = value
+    body = json_body({**envelope, "result": shown})
+    marks = [b'"%s%d"' % (token.encode(), i) for i in range(len(plans))]
+    length = len(body) + sum(p.length + 2 - len(m) for p, m in zip(plans, marks, strict=True))
+
+    async def parts() -> AsyncGenerator[bytes, None]:
+        at = 0
+        for plan, mark in zip(plans, marks, strict=True):
+            cut = body.index(mark, at)
+            yield body[at:cut] + b'"'
+            async with contextlib.aclosing(_pieces(api, plan)) as pieces:
+                async for piece in pieces:
+                    yield piece
+            yield b'"'
+            at = cut + len(mark)
+        yield body[at:]
+
+    async with contextlib.aclosing(parts()) as written:
+        await req.respond_parts(200, length, written)

@@ -1,0 +1,204 @@
+"""A stored result's answer is written chunk by chunk (``affidavit/daemon/results.py``): the
+daemon never holds a result whole, never reads it on the event loop, pages it on request, and
+counts what its answers hold against one budget (503 ``ANSWERS_IN_FLIGHT`` past it).
+
+The review's finding these tests hold down: one 150 MB fetch took the daemon to 502 MB and
+stalled ``/v1/health`` 1.8 s; four at once, 1.79 GB and 6.1 s.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from affidavit.api.client import Client
+from affidavit.api.wire import MAX_RESULT_PAGE_CHUNKS
+from affidavit.engine import RESULT_CHUNK
+from tests.broker.helpers import TOKEN_ENV
+from tests.http.hostile import Reply, scripts
+
+from .kit import WAIT, ask, in_process, serving
+
+TEXT = b"a" + "\u00e9".encode() * 100_000
+"""Four chunks of UTF-8 text whose chunk boundaries cut a two-byte character in two."""
+BINARY = os.urandom(3 * RESULT_CHUNK + 1000)
+"""Bytes that are no UTF-8: base64, of a length no multiple of 3 (a group carried over)."""
+
+
+async def _stored(socket: Path) -> str:
+    async with Client.open(socket) as client:
+        envelope = await client.call({"target": "api", "method": "GET", "path": "/r"})
+    assert "error" not in envelope, envelope
+    return str(envelope["invocation_id"])
+
+
+def _compact(payload: bytes) -> dict[str, Any]:
+    """The answer, checked to be the bytes ``respond_json`` writes for what it parses to."""
+    value: dict[str, Any] = json.loads(payload)
+    assert payload == json.dumps(value, separators=(",", ":")).encode() + b"\n"
+    return value
+
+
+def _bytes_of(result: dict[str, Any]) -> bytes:
+    if "body" in result:
+        return str(result["body"]).encode()
+    return base64.b64decode(result["body_base64"])
+
+
+@pytest.mark.parametrize(
+    ("body", "key"), [(TEXT, "body"), (BINARY, "body_base64")], ids=["text", "binary"]
+)
+async def test_a_result_written_chunk_by_chunk_is_the_envelope_a_whole_one_is(
+    tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch, body: bytes, key: str
+) -> None:
+    """Text cut mid-character at chunk boundaries stays text; bytes that are not UTF-8 are
+    base64 carried across chunks; the answer is ``respond_json``'s bytes for that envelope."""
+    monkeypatch.setenv(TOKEN_ENV, token)
+    async with in_process(tmp_path, scripts.serve(Reply(200, body=body))) as (_srv, socket):
+        with trio.fail_after(WAIT):
+            iid = await _stored(socket)
+            status, headers, payload = await ask(socket, "GET", f"/v1/invocations/{iid}/result")
+    assert status == 200 and int(headers["content-length"]) == len(payload)
+    result = _compact(payload)["result"]
+    assert key in result and _bytes_of(result) == body
+    assert "resume" not in result
+
+
+async def test_a_page_holds_its_chunks_and_names_where_the_next_starts(
+    tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(TOKEN_ENV, token)
+    pages: list[dict[str, Any]] = []
+    async with in_process(tmp_path, scripts.serve(Reply(200, body=TEXT))) as (_srv, socket):
+        with trio.fail_after(WAIT):
+            iid = await _stored(socket)
+            path = f"/v1/invocations/{iid}/result"
+            at: int | None = 0
+            while at is not None and len(pages) < 8:  # four chunks: four pages of one
+                status, _h, payload = await ask(socket, "GET", f"{path}?from_chunk={at}&chunks=1")
+                assert status == 200, payload
+                pages.append(_compact(payload)["result"])
+                at = pages[-1]["resume"]["next_chunk"]
+            # A default page from a chunk alone, and a page from chunk 0 for ``chunks`` alone.
+            _s, _h, rest = await ask(socket, "GET", f"{path}?from_chunk=1")
+            _s, _h, first = await ask(socket, "GET", f"{path}?chunks=2")
+            refused = {
+                value: await ask(socket, "GET", f"{path}?from_chunk=0&chunks={value}")
+                for value in ("0", str(MAX_RESULT_PAGE_CHUNKS + 1), "x")
+            }
+    assert [p["resume"]["next_chunk"] for p in pages] == [1, 2, 3, None]
+    assert [p["resume"]["from_chunk"] for p in pages] == [0, 1, 2, 3]
+    assert b"".join(_bytes_of(p) for p in pages) == TEXT
+    assert _bytes_of(json.loads(rest)["result"]) == TEXT[RESULT_CHUNK:]
+    assert json.loads(rest)["result"]["resume"]["next_chunk"] is None
+    head = json.loads(first)["result"]
+    assert _bytes_of(head) == TEXT[: 2 * RESULT_CHUNK] and head["resume"]["next_chunk"] == 2
+    for value, (status, _h, payload) in refused.items():
+        error = json.loads(payload)["api_error"]
+        assert (status, error["code"], error["field"]) == (400, "INVALID_FIELD", "chunks"), value
+        assert f"from 1 to {MAX_RESULT_PAGE_CHUNKS}" in error["message"]
+
+
+async def test_answers_past_the_budget_are_refused_answers_in_flight_not_held(
+    tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A budget of one answer: a client that does not read its answer holds it; a second
+    fetch is refused 503 ``ANSWERS_IN_FLIGHT`` with ``Retry-After``, read once the first is
+    gone."""
+    from affidavit.daemon import admission, results
+
+    monkeypatch.setattr(admission, "ANSWER_BUDGET", results.PIECE_HOLD)
+    monkeypatch.setenv(TOKEN_ENV, token)
+    big = b"x" * (64 * RESULT_CHUNK)  # 4 MiB: more than the sockets' buffers take
+    async with in_process(tmp_path, scripts.serve(Reply(200, body=big))) as (_srv, socket):
+        with trio.fail_after(WAIT):
+            iid = await _stored(socket)
+            path = f"/v1/invocations/{iid}/result"
+            stalled = await trio.open_unix_socket(str(socket))
+            await stalled.send_all(f"GET {path} HTTP/1.1\r\nhost: x\r\n\r\n".encode())
+            assert (await stalled.receive_some(4096)).startswith(b"HTTP/1.1 200")
+            refused = await ask(socket, "GET", path)
+            await stalled.aclose()
+            while (again := await ask(socket, "GET", path))[0] == 503:
+                await trio.sleep(0.05)  # the daemon sees the hang-up at its next write
+    status, headers, payload = refused
+    assert status == 503 and headers["retry-after"] == str(results.ANSWER_RETRY)
+    assert json.loads(payload)["api_error"]["code"] == "ANSWERS_IN_FLIGHT"
+    assert again[0] == 200 and _bytes_of(json.loads(again[2])["result"]) == big
+
+
+def _peak_rss(pid: int) -> int:
+    """The process's resident high-water mark (``VmHWM``), in bytes."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmHWM")
+
+
+async def _drain(socket: Path, path: str) -> int:
+    """Read a whole answer, keeping none of it: its body's length, checked against its
+    ``Content-Length``."""
+    stream = await trio.open_unix_socket(str(socket))
+    async with stream:
+        await stream.send_all(
+            f"GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n".encode()
+        )
+        head = b""
+        while b"\r\n\r\n" not in head:
+            head += await stream.receive_some(65536)
+        top, _, got = head.partition(b"\r\n\r\n")
+        n = len(got)
+        while data := await stream.receive_some(1 << 20):
+            n += len(data)
+    length = next(ln for ln in top.split(b"\r\n") if ln.lower().startswith(b"content-length"))
+    assert int(length.split(b":")[1]) == n
+    return n
+
+
+async def test_slow_readers_of_a_large_result_hold_little_and_health_answers_meanwhile(
+    tmp_path: Path, token: str
+) -> None:
+    """A 48 MB result: four clients that stop reading their answers and two that read theirs
+    whole add a few MiB to the daemon's peak memory (whole answers added three times the
+    result each), and ``/v1/health`` from another client answers within a second all along
+    (a liveness bound: the event loop stalled seconds)."""
+    body = os.urandom(12 * 1024 * 1024).hex().encode() * 2  # 48 MiB of text
+    async with serving(tmp_path, scripts.serve(Reply(200, body=body)), token=token) as (_, daemon):
+        with trio.fail_after(4 * WAIT):
+            iid = await _stored(daemon.socket)
+            path = f"/v1/invocations/{iid}/result"
+            before = _peak_rss(daemon.proc.pid)
+            stalled = []
+            for _ in range(4):
+                stream = await trio.open_unix_socket(str(daemon.socket))
+                await stream.send_all(f"GET {path} HTTP/1.1\r\nhost: x\r\n\r\n".encode())
+                stalled.append(stream)
+            sizes: list[int] = []
+            waits: list[float] = []
+
+            async def read_whole() -> None:
+                sizes.append(await _drain(daemon.socket, path))
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(read_whole)
+                nursery.start_soon(read_whole)
+                while len(sizes) < 2 and len(waits) < 2000:
+                    start = trio.current_time()
+                    status, _h, _p = await ask(daemon.socket, "GET", "/v1/health")
+                    waits.append(trio.current_time() - start)
+                    assert status == 200
+                    await trio.sleep(0.02)
+            for stream in stalled:  # each answer begun: its head is in the socket
+                assert (await stream.receive_some(4096)).startswith(b"HTTP/1.1 200")
+            grown = _peak_rss(daemon.proc.pid) - before
+            for stream in stalled:
+                await stream.aclose()
+    assert sizes and all(n > len(body) for n in sizes)
+    assert grown < 64 * 1024 * 1024, f"peak RSS grew {grown >> 20} MiB"
+    assert len(waits) >= 3 and max(waits) < 1.0, f"health waited up to {max(waits):.2f} s"
