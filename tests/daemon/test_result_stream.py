@@ -202,3 +202,54 @@ async def test_slow_readers_of_a_large_result_hold_little_and_health_answers_mea
     assert sizes and all(n > len(body) for n in sizes)
     assert grown < 64 * 1024 * 1024, f"peak RSS grew {grown >> 20} MiB"
     assert len(waits) >= 3 and max(waits) < 1.0, f"health waited up to {max(waits):.2f} s"
+
+
+async def test_a_fetch_cut_short_is_no_delivery_and_a_whole_one_is(
+    tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Seed, "Mark RESULT_DELIVERED only after the protocol has confirmed complete transfer":
+    a stored result whose call's answer was never taken is fetched by a client that stops
+    reading -- the streamed answer is cut after ``write_wait``, nothing recorded -- then by one
+    that reads it: RESULT_DELIVERED (channel ``fetch``) once its last byte was written."""
+    import functools
+
+    from affidavit.daemon import server as daemon_server
+    from affidavit.daemon.admission import Server
+
+    monkeypatch.setattr(daemon_server, "Server", functools.partial(Server, write_wait=0.3))
+    monkeypatch.setenv(TOKEN_ENV, token)
+    body = b"y" * 900_000  # inline in the call's answer, and more than a socket's buffers
+    async with in_process(tmp_path, scripts.serve(Reply(200, body=body))) as (_srv, socket):
+        with trio.fail_after(WAIT):
+            call = await trio.open_unix_socket(str(socket))
+            sent = b'{"target":"api","method":"GET","path":"/r"}'
+            await call.send_all(
+                b"POST /v1/calls HTTP/1.1\r\nhost: x\r\ncontent-length: %d\r\n\r\n%s"
+                % (len(sent), sent)
+            )  # and never read
+            async with Client.open(socket) as client:
+                while not (rows := (await client.actions())["actions"]) or rows[0]["state"] != (
+                    "delivery_failed_committed"
+                ):
+                    await trio.sleep(0.05)
+                iid = str(rows[0]["invocation_id"])
+                path = f"/v1/invocations/{iid}/result"
+                stalled = await trio.open_unix_socket(str(socket))
+                await stalled.send_all(f"GET {path} HTTP/1.1\r\nhost: x\r\n\r\n".encode())
+                unread = len(await stalled.receive_some(4096))  # the answer has begun
+                await trio.sleep(1.0)  # past write_wait, not reading
+                while data := await stalled.receive_some(1 << 20):  # the end: cut short
+                    unread += len(data)
+                cut = [e["kind"] for e in await client.events(iid)]
+                fetched = await client.fetch_result(iid)
+                whole = [e["kind"] for e in await client.events(iid)]
+            await stalled.aclose()
+            await call.aclose()
+    assert cut[cut.index("RESULT_COMMITTED") :] == ["RESULT_COMMITTED", "RESULT_DELIVERY_FAILED"]
+    assert 0 < unread < len(body)
+    assert fetched is not None and fetched["result"]["body"] == body.decode()
+    assert whole[whole.index("RESULT_COMMITTED") :] == [
+        "RESULT_COMMITTED",
+        "RESULT_DELIVERY_FAILED",
+        "RESULT_DELIVERED",
+    ]
