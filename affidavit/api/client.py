@@ -31,9 +31,11 @@ from urllib.parse import quote
 import h11
 import trio
 
+from .pages import read_pages
 from .wire import (
     AFTER_BROKEN_SEND,
     HEADERS,
+    MAX_RESULT_PAGE_CHUNKS,
     READ_SIZE,
     AnswerLost,
     DaemonUnavailable,
@@ -191,15 +193,28 @@ class Client:
         return envelope
 
     async def fetch_result(
-        self, invocation_id: str, *, from_chunk: int | None = None
+        self, invocation_id: str, *, from_chunk: int | None = None, chunks: int | None = None
     ) -> dict[str, Any] | None:
         """The recorded envelope of an invocation -- never a re-execution.  None if unknown.
-        ``from_chunk=N`` resumes (as ``Broker.fetch_result``)."""
+        ``from_chunk=N`` resumes (as ``Broker.fetch_result``): to the end, read a page of
+        ``MAX_RESULT_PAGE_CHUNKS`` at a time and put together (``pages.read_pages``); with
+        ``chunks=M``, one page of at most M chunks of each stream (1 to
+        ``MAX_RESULT_PAGE_CHUNKS``), whose ``result.resume.next_chunk`` names the next."""
         if from_chunk is not None and from_chunk < 0:
             raise ValueError("from_chunk must be >= 0")
-        envelope: dict[str, Any] | None = await self._get_or_none(
-            target(invocation_path(invocation_id, "/result"), {"from_chunk": from_chunk})
-        )
+        if chunks is not None and not 1 <= chunks <= MAX_RESULT_PAGE_CHUNKS:
+            raise ValueError(f"chunks must be from 1 to {MAX_RESULT_PAGE_CHUNKS}")
+        path = invocation_path(invocation_id, "/result")
+
+        async def page(at: int, size: int = chunks or MAX_RESULT_PAGE_CHUNKS) -> Any:
+            return await self._get_or_none(target(path, {"from_chunk": at, "chunks": size}))
+
+        if chunks is not None:
+            envelope: dict[str, Any] | None = await page(from_chunk or 0)
+        elif from_chunk is not None:
+            envelope = await read_pages(page, from_chunk)
+        else:
+            envelope = await self._get_or_none(path)
         return envelope
 
     async def poll_operation(

@@ -231,7 +231,10 @@ def _result(args: argparse.Namespace) -> int:
         )
     socket = daemon_socket(args, "config")
     if socket is not None:
-        from affidavit.api.wire import invocation_path, target
+        import trio
+
+        from affidavit.api.pages import read_pages
+        from affidavit.api.wire import MAX_RESULT_PAGE_CHUNKS, invocation_path, target
 
         if args.raw:
             raise UsageError(
@@ -239,10 +242,21 @@ def _result(args: argparse.Namespace) -> int:
                 "INVALID_FIELD",
                 "--raw",
             )
-        path = target(
-            invocation_path(args.invocation_id, "/result"), {"from_chunk": args.from_chunk}
-        )
-        return _print_answer(daemon_json(ask_daemon(socket, "GET", path)))
+        path = invocation_path(args.invocation_id, "/result")
+        if args.from_chunk is None:
+            return _print_answer(daemon_json(ask_daemon(socket, "GET", path)))
+
+        async def page(at: int) -> Any:  # the daemon answers a page at a time: to the end
+            page = {"from_chunk": at, "chunks": MAX_RESULT_PAGE_CHUNKS}
+            return daemon_json(ask_daemon(socket, "GET", target(path, page)))
+
+        try:
+            envelope = trio.run(read_pages, page, args.from_chunk)
+        except ValueError as exc:  # no whole answer: as one cut short, ask again
+            message = f"the daemon's pages of the result do not fit together ({exc}): ask again"
+            raise UsageError(message, "ANSWER_LOST") from None
+        assert envelope is not None  # (an unknown id is the daemon's 404: a UsageError)
+        return _print_answer(envelope)
     from affidavit.api.broker import Broker
 
     config = load_or_usage(args.config)

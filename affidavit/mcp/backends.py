@@ -90,8 +90,11 @@ class Backend(Protocol):
     async def catalog(self) -> dict[str, Any]: ...
     async def call(self, action: Mapping[str, Any], exchange: Exchange) -> dict[str, Any]: ...
     async def fetch_result(
-        self, invocation_id: str, from_chunk: int | None, exchange: Exchange
-    ) -> dict[str, Any]: ...
+        self, invocation_id: str, from_chunk: int | None, chunks: int | None, exchange: Exchange
+    ) -> dict[str, Any]:
+        """The stored envelope; ``from_chunk`` with ``chunks``: a page of it."""
+        ...
+
     async def record(self, invocation_id: str) -> dict[str, Any]: ...
     async def actions(self, session: str | None, outcome: str | None, limit: int) -> dict[str, Any]:
         """The newest ``limit`` records, oldest first: ``{"actions", "total", "truncated"}``
@@ -166,14 +169,14 @@ class Embedded:
             self._controls.discard(control)
 
     async def fetch_result(
-        self, invocation_id: str, from_chunk: int | None, exchange: Exchange
+        self, invocation_id: str, from_chunk: int | None, chunks: int | None, exchange: Exchange
     ) -> dict[str, Any]:
         from affidavit.engine import result_failure
         from affidavit.journal import JournalError
 
         try:
             envelope = await self.broker.fetch_result(
-                invocation_id, from_chunk=from_chunk, deliver=exchange.deliver
+                invocation_id, from_chunk=from_chunk, chunks=chunks, deliver=exchange.deliver
             )
         except JournalError as exc:  # as the daemon answers it (``result_failure``)
             _status, code, message = result_failure(exc, invocation_id)
@@ -331,9 +334,11 @@ class Daemon:
         return api_error("CALLER_GONE", "the client stopped waiting; the daemon keeps the call")
 
     async def fetch_result(
-        self, invocation_id: str, from_chunk: int | None, exchange: Exchange
+        self, invocation_id: str, from_chunk: int | None, chunks: int | None, exchange: Exchange
     ) -> dict[str, Any]:
-        found = await self._ask(self.client.fetch_result(invocation_id, from_chunk=from_chunk))
+        found = await self._ask(
+            self.client.fetch_result(invocation_id, from_chunk=from_chunk, chunks=chunks)
+        )
         return _unknown_id(invocation_id) if found is None else found
 
     async def record(self, invocation_id: str) -> dict[str, Any]:

@@ -44,6 +44,7 @@ from mcp.server.lowlevel import Server
 from mcp.server.lowlevel.server import NotificationOptions
 
 import affidavit
+from affidavit.api.wire import RESULT_PAGE_CHUNKS
 
 from .backends import Backend, Exchange
 from .tools import (
@@ -187,8 +188,14 @@ class McpSession:
     async def _read(self, request_id: Any, name: str, args: dict[str, Any]) -> dict[str, Any]:
         backend = self.backend
         if name == "fetch_result":
-            iid, chunk = args["invocation_id"], args["from_chunk"]
-            return await self._run(request_id, lambda ex: backend.fetch_result(iid, chunk, ex))
+            # A resumed read is a page (``chunks``, by default ``RESULT_PAGE_CHUNKS``), from
+            # either backend alike: an agent pages a long result, never takes it whole again.
+            iid, chunk, size = args["invocation_id"], args["from_chunk"], args["chunks"]
+            if chunk is not None or size is not None:
+                chunk, size = chunk or 0, size or RESULT_PAGE_CHUNKS
+            return await self._run(
+                request_id, lambda ex: backend.fetch_result(iid, chunk, size, ex)
+            )
         if name == "poll_operation":
             op_id = args["operation_id"]
             return await self._run(request_id, lambda ex: backend.poll_operation(op_id))

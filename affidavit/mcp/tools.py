@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from affidavit.api.wire import MAX_COUNT, MAX_RESULT_PAGE_CHUNKS, RESULT_PAGE_CHUNKS
 from affidavit.session import MAX_SESSION, SESSION_CHARS, SESSION_WORDS
 
 __all__ = [
@@ -122,6 +123,7 @@ class Param:
     type: str = "string"
     required: bool = False
     values: tuple[str, ...] = ()
+    minimum: int = 0
     maximum: int | None = None
     chars: str = _VISIBLE_CHARS
     """A string's pattern (matched whole; Python's and ECMA-262's alike)."""
@@ -137,7 +139,7 @@ class Param:
             else:
                 out.update(maxLength=self.max_length, pattern=f"^(?:{self.chars})$")
         else:
-            out["minimum"] = 0
+            out["minimum"] = self.minimum
             if self.maximum is not None:
                 out["maximum"] = self.maximum
         return out
@@ -149,8 +151,8 @@ class Param:
                 raise ArgumentError(self.name, "is required", "MISSING_FIELD")
             return None
         if self.type == "integer":
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise ArgumentError(self.name, "must be a whole number >= 0")
+            if not isinstance(value, int) or isinstance(value, bool) or value < self.minimum:
+                raise ArgumentError(self.name, f"must be a whole number >= {self.minimum}")
             if self.maximum is not None and value > self.maximum:
                 raise ArgumentError(self.name, f"must be at most {self.maximum}")
             return value
@@ -199,9 +201,21 @@ READ_TOOLS: dict[str, ReadTool] = {
             "fetch_result",
             "The stored envelope of an invocation: a read -- nothing is sent to the remote "
             "again, whatever retry said. Use it after retry `fetch_result`, or to find out what "
-            "became of a call whose answer you lost. `from_chunk` resumes a long result "
-            "(its streams from that chunk on, with `result.resume`).",
-            (_ID, Param("from_chunk", "resume from this chunk", type="integer")),
+            "became of a call whose answer you lost. `from_chunk` resumes a long result a "
+            f"page at a time: `chunks` (default {RESULT_PAGE_CHUNKS}, at most "
+            f"{MAX_RESULT_PAGE_CHUNKS}) of each stream from that chunk on, with "
+            "`result.resume` -- its `next_chunk` is where the next page starts (null: none).",
+            (
+                _ID,
+                Param("from_chunk", "resume from this chunk", type="integer", maximum=MAX_COUNT),
+                Param(
+                    "chunks",
+                    "the page's chunks of each stream (with from_chunk)",
+                    type="integer",
+                    minimum=1,
+                    maximum=MAX_RESULT_PAGE_CHUNKS,
+                ),
+            ),
         ),
         ReadTool(
             "get_record",

@@ -253,3 +253,28 @@ async def test_a_fetch_cut_short_is_no_delivery_and_a_whole_one_is(
         "RESULT_DELIVERY_FAILED",
         "RESULT_DELIVERED",
     ]
+
+
+@pytest.mark.parametrize("body", [TEXT, BINARY], ids=["text", "binary"])
+async def test_the_client_reads_a_result_to_its_end_a_page_at_a_time(
+    tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch, body: bytes
+) -> None:
+    """``Client.fetch_result(from_chunk=N)`` still answers the streams from N to the end, as
+    ``Broker.fetch_result`` does embedded: pages of one chunk here, put together -- the
+    envelope one page of them all is, key for key (text judged on the whole, not per page)."""
+    from affidavit.api import client as client_module
+
+    monkeypatch.setenv(TOKEN_ENV, token)
+    async with in_process(tmp_path, scripts.serve(Reply(200, body=body))) as (_srv, socket):
+        with trio.fail_after(WAIT):
+            iid = await _stored(socket)
+            async with Client.open(socket) as client:
+                whole = await client.fetch_result(iid, from_chunk=1, chunks=8)
+                page = await client.fetch_result(iid, from_chunk=1, chunks=1)
+                monkeypatch.setattr(client_module, "MAX_RESULT_PAGE_CHUNKS", 1)
+                merged = await client.fetch_result(iid, from_chunk=1)
+    assert merged is not None and whole is not None and page is not None
+    assert list(merged["result"]) == list(whole["result"])
+    assert merged["result"] == whole["result"]
+    assert _bytes_of(merged["result"]) == body[RESULT_CHUNK:]
+    assert page["result"]["resume"]["next_chunk"] == 2

@@ -55,7 +55,7 @@ ASKS: dict[str, Callable[[Daemon], Awaitable[dict[str, Any]]]] = {
     "call": lambda d: d.call({"target": "api", "method": "GET"}, Exchange()),
     "list_actions": lambda d: d.actions(None, None, 10),
     "get_record": lambda d: d.record("act_1"),
-    "fetch_result": lambda d: d.fetch_result("act_1", None, Exchange()),
+    "fetch_result": lambda d: d.fetch_result("act_1", None, None, Exchange()),
     "poll_operation": lambda d: d.poll_operation("op_1"),
 }
 

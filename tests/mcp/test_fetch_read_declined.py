@@ -27,8 +27,8 @@ async def test_an_embedded_fetch_whose_read_is_declined_once_is_read_declined(
             called = await backend.call({"target": "ok", "method": "GET", "path": "/"}, Exchange())
             iid = called["invocation_id"]
             declined = decline_record_once(monkeypatch, iid)
-            answer = await backend.fetch_result(iid, 0, Exchange())
-            again = await backend.fetch_result(iid, 0, Exchange())
+            answer = await backend.fetch_result(iid, 0, None, Exchange())
+            again = await backend.fetch_result(iid, 0, None, Exchange())
     assert declined == [iid]
     assert answer["api_error"]["code"] == "JOURNAL_READ_DECLINED", answer
     assert "try again" in answer["api_error"]["message"]
@@ -47,7 +47,7 @@ async def test_an_embedded_fetch_that_meets_an_altered_row_is_unreadable_as_a_ca
             called = await backend.call({"target": "ok", "method": "GET", "path": "/"}, Exchange())
             iid = called["invocation_id"]
             alter_record(monkeypatch, iid, words)
-            answer = await backend.fetch_result(iid, 0, Exchange())
+            answer = await backend.fetch_result(iid, 0, None, Exchange())
     assert answer["api_error"]["code"] == "JOURNAL_UNREADABLE", answer
     assert words in answer["api_error"]["message"]
     assert token not in str(answer)

@@ -145,7 +145,7 @@ async def test_an_embedded_guess_is_no_oracle_when_the_journal_declines_the_read
                     if tool == "record":
                         answer = await backend.record(guess)
                     else:
-                        answer = await backend.fetch_result(guess, 0, Exchange())
+                        answer = await backend.fetch_result(guess, 0, None, Exchange())
                     error = answer["api_error"]
                     assert error["code"] == "JOURNAL_READ_DECLINED", answer
                     said[guess, tool] = error["message"].replace(guess, "<GUESS>")

@@ -231,3 +231,38 @@ async def test_list_actions_answers_the_newest_limit_and_says_what_it_left_out(
     assert too_many.is_error is True
     refused = structured(too_many)
     assert "limit" in str(refused), refused
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_fetch_result_pages_a_resumed_read_and_bounds_its_numbers(
+    tmp_path: Path, remotes: Remotes, token: str, mode: str
+) -> None:
+    """``from_chunk`` reads a page (``chunks``, by default ``RESULT_PAGE_CHUNKS``) whose
+    ``resume.next_chunk`` names the next; a ``from_chunk`` past the journal's numbers or a
+    ``chunks`` outside 1..``MAX_RESULT_PAGE_CHUNKS`` is the tool's own INVALID_FIELD naming it,
+    both ways (through the daemon it was the daemon's 400, an ``api_error``)."""
+    from affidavit.api.wire import MAX_COUNT, MAX_RESULT_PAGE_CHUNKS
+
+    async with session(mode, tmp_path, remotes, token) as (mcp, _):
+        called = structured(
+            await mcp.call("http_request", {"target": "ok", "method": "GET", "path": "/"})
+        )
+        iid = called["invocation_id"]
+        pages = [
+            structured(await mcp.call("fetch_result", {"invocation_id": iid, **extra}))
+            for extra in ({"from_chunk": 0}, {"from_chunk": 0, "chunks": 1}, {"chunks": 1})
+        ]
+        refused = [
+            (field, structured(await mcp.call("fetch_result", {"invocation_id": iid, **extra})))
+            for field, extra in (
+                ("from_chunk", {"from_chunk": MAX_COUNT + 1}),
+                ("chunks", {"from_chunk": 0, "chunks": 0}),
+                ("chunks", {"from_chunk": 0, "chunks": MAX_RESULT_PAGE_CHUNKS + 1}),
+            )
+        ]
+    for page in pages:
+        assert page["result"]["body"] == called["result"]["body"], page
+        assert page["result"]["resume"]["from_chunk"] == 0
+        assert page["result"]["resume"]["next_chunk"] is None  # one chunk: the only page
+    for field, answer in refused:
+        assert (answer["error"]["code"], answer["error"]["field"]) == ("INVALID_FIELD", field)
