@@ -43,6 +43,11 @@ close after their answer) -- and keeps their number bounded:
   and unanswered (the clients retry a read, and call anything else ``AnswerLost``, which never
   claims that it did not run).
 
+A ``Server`` also keeps the bytes its connections hold in memory bounded: request bodies
+(``BODY_BUDGET``, ``hold_body``: 503 ``BODIES_IN_FLIGHT``) and answers (``ANSWER_BUDGET``,
+``hold_answer``: a stored result's answer holds one piece of it while it is written -- results.py
+-- a view's page its length; 503 ``ANSWERS_IN_FLIGHT`` with ``Retry-After`` past it).
+
 The operator console's listener (TCP, each connection HTTP by hypercorn) has its own, simpler
 cap, ``ConsoleCap``: its port is open to every local uid, not only allowed peers, and without one
 any of them could take every descriptor the daemon has (the journal's, the socket's, its
