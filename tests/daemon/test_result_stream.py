@@ -278,3 +278,22 @@ async def test_the_client_reads_a_result_to_its_end_a_page_at_a_time(
     assert merged["result"] == whole["result"]
     assert _bytes_of(merged["result"]) == body[RESULT_CHUNK:]
     assert page["result"]["resume"]["next_chunk"] == 2
+
+
+async def test_a_view_page_counts_against_the_answer_budget_while_it_is_written(
+    tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``/v1/actions`` holds its page (up to 10000 records) until written: past the answer
+    budget it is 503 ``ANSWERS_IN_FLIGHT`` too, never one more page held."""
+    from affidavit.daemon import admission
+
+    monkeypatch.setattr(admission, "ANSWER_BUDGET", 200)  # less than one record's JSON
+    monkeypatch.setenv(TOKEN_ENV, token)
+    async with in_process(tmp_path, scripts.serve(Reply(200, body=b"ok"))) as (_srv, socket):
+        with trio.fail_after(WAIT):
+            await _stored(socket)
+            empty = await ask(socket, "GET", "/v1/actions?limit=0")
+            status, headers, payload = await ask(socket, "GET", "/v1/actions")
+    assert empty[0] == 200
+    assert status == 503 and headers["retry-after"] == "5"
+    assert json.loads(payload)["api_error"]["code"] == "ANSWERS_IN_FLIGHT"
