@@ -431,8 +431,10 @@ async def deliver_stored(
     except Exception as exc:
         log.warning("delivery of %s (fetched) failed: %s", iid, type(exc).__name__)
         if record.state.startswith("stored_"):
-            return recorder.envelope(await _delivery_failed(engine, iid, "fetch"), whole=True)
-        return recorder.envelope(await recorder.record(iid), whole=True)
+            return recorder.envelope(
+                await _delivery_failed(engine, iid, "fetch"), whole=True, defer=defer
+            )
+        return recorder.envelope(await recorder.record(iid), whole=True, defer=defer)
     await recorder.append(delivered)  # as in _deliver: no barrier of its own
     await recorder.settle()
     return envelope

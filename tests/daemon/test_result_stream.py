@@ -20,6 +20,7 @@ import trio
 from affidavit.api.client import Client
 from affidavit.api.wire import MAX_RESULT_PAGE_CHUNKS
 from affidavit.engine import RESULT_CHUNK
+from affidavit.journal import ResultStream
 from tests.broker.helpers import TOKEN_ENV
 from tests.http.hostile import Reply, scripts
 
@@ -210,7 +211,8 @@ async def test_a_fetch_cut_short_is_no_delivery_and_a_whole_one_is(
     """Seed, "Mark RESULT_DELIVERED only after the protocol has confirmed complete transfer":
     a stored result whose call's answer was never taken is fetched by a client that stops
     reading -- the streamed answer is cut after ``write_wait``, nothing recorded -- then by one
-    that reads it: RESULT_DELIVERED (channel ``fetch``) once its last byte was written."""
+    that reads it: RESULT_DELIVERED (channel ``fetch``) once its last byte was written.  Nor is
+    the result read whole for either (``ResultStream.read``), the failed one's envelope too."""
     import functools
 
     from affidavit.daemon import server as daemon_server
@@ -218,6 +220,12 @@ async def test_a_fetch_cut_short_is_no_delivery_and_a_whole_one_is(
 
     monkeypatch.setattr(daemon_server, "Server", functools.partial(Server, write_wait=0.3))
     monkeypatch.setenv(TOKEN_ENV, token)
+    reads: list[int] = []
+
+    def whole_read(self: ResultStream, *args: Any) -> Any:
+        reads.append(1)
+        raise AssertionError("the daemon read a stored result whole")
+
     body = b"y" * 900_000  # inline in the call's answer, and more than a socket's buffers
     async with in_process(tmp_path, scripts.serve(Reply(200, body=body))) as (_srv, socket):
         with trio.fail_after(WAIT):
@@ -234,6 +242,7 @@ async def test_a_fetch_cut_short_is_no_delivery_and_a_whole_one_is(
                     await trio.sleep(0.05)
                 iid = str(rows[0]["invocation_id"])
                 path = f"/v1/invocations/{iid}/result"
+                monkeypatch.setattr(ResultStream, "read", whole_read)  # from here on
                 stalled = await trio.open_unix_socket(str(socket))
                 await stalled.send_all(f"GET {path} HTTP/1.1\r\nhost: x\r\n\r\n".encode())
                 unread = len(await stalled.receive_some(4096))  # the answer has begun
@@ -245,6 +254,7 @@ async def test_a_fetch_cut_short_is_no_delivery_and_a_whole_one_is(
                 whole = [e["kind"] for e in await client.events(iid)]
             await stalled.aclose()
             await call.aclose()
+    assert reads == []  # neither answer, nor the failed one's envelope, held it whole
     assert cut[cut.index("RESULT_COMMITTED") :] == ["RESULT_COMMITTED", "RESULT_DELIVERY_FAILED"]
     assert 0 < unread < len(body)
     assert fetched is not None and fetched["result"]["body"] == body.decode()
