@@ -49,8 +49,9 @@ PIECE_CHUNKS = 4
 SCAN_CHUNKS = 64
 """Chunks verified per trip in the first pass (4 MiB: a trip is short, the threads shared)."""
 PIECE_HOLD = PIECE_CHUNKS * RESULT_CHUNK * 6 + 64 * 1024
-"""What one answer holds of the answer budget: a piece's worst case -- a JSON string escapes a
-byte into at most 6 (``\\u00XX``) -- plus its envelope's text (status, headers, hashes)."""
+"""What one answer holds of the answer budget from before it is read: a piece's worst case --
+a JSON string escapes a byte into at most 6 (``\\u00XX``) -- and 64 KiB for what else is read
+meanwhile; its envelope's text is held beside it once known (``respond_result``)."""
 ANSWER_RETRY = 5
 """``Retry-After`` of a 503 ``ANSWERS_IN_FLIGHT``."""
 
@@ -206,5 +207,8 @@ async def respond_result(api: Api, req: Request, envelope: dict[str, Any]) -> No
             at = cut + len(mark)
         yield body[at:]
 
-    async with contextlib.aclosing(parts()) as written:
-        await req.respond_parts(200, length, written)
+    # The envelope's own text (its summary: status, headers) is held while the answer is
+    # written, beside the piece: counted too (a remote's headers may be large).
+    with held(req, len(body)):
+        async with contextlib.aclosing(parts()) as written:
+            await req.respond_parts(200, length, written)

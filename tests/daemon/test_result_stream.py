@@ -114,7 +114,7 @@ async def test_answers_past_the_budget_are_refused_answers_in_flight_not_held(
     gone."""
     from affidavit.daemon import admission, results
 
-    monkeypatch.setattr(admission, "ANSWER_BUDGET", results.PIECE_HOLD)
+    monkeypatch.setattr(admission, "ANSWER_BUDGET", results.PIECE_HOLD + 64 * 1024)
     monkeypatch.setenv(TOKEN_ENV, token)
     big = b"x" * (64 * RESULT_CHUNK)  # 4 MiB: more than the sockets' buffers take
     async with in_process(tmp_path, scripts.serve(Reply(200, body=big))) as (_srv, socket):
