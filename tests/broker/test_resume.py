@@ -125,6 +125,23 @@ async def test_fetch_result_from_chunk_resumes_a_20_mib_result(stored: Stored) -
         assert past is not None and past["result"]["body"] == ""
 
 
+async def test_fetch_result_reads_a_page_and_names_where_the_next_starts(stored: Stored) -> None:
+    """``chunks=M``: chunks N to N+M-1 of each stream, ``resume.next_chunk`` N+M while chunks
+    remain, null on the last page (a resumed read to the end has it null too)."""
+    async with open_broker(stored.config) as broker:
+        page = await broker.fetch_result(stored.iid, from_chunk=100, chunks=3)
+        last = await broker.fetch_result(stored.iid, from_chunk=CHUNKS - 2, chunks=3)
+        rest = await broker.fetch_result(stored.iid, from_chunk=CHUNKS - 2)
+        with pytest.raises(ValueError, match="chunks"):
+            await broker.fetch_result(stored.iid, chunks=3)  # a page names where it starts
+    assert page is not None and last is not None and rest is not None
+    assert page["result"]["body"].encode() == BODY[100 * RESULT_CHUNK : 103 * RESULT_CHUNK]
+    assert page["result"]["resume"]["next_chunk"] == 103
+    assert last["result"]["body"].encode() == BODY[(CHUNKS - 2) * RESULT_CHUNK :]
+    assert last["result"]["resume"]["next_chunk"] is None
+    assert rest["result"] == last["result"]
+
+
 async def test_the_result_stream_seam_yields_verified_chunks(stored: Stored) -> None:
     async with open_broker(stored.config) as broker:
         stream = broker.result_stream(stored.iid)
