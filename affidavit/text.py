@@ -69,6 +69,19 @@ def printable(text: str, keep: str = "") -> str:
     return "".join(escape_char(p) if escaped else p for p, escaped in pieces(text, keep))
 
 
+ECHO = 64
+"""Characters of the caller's own text an answer quotes at most (``echoed``; the daemon's
+``named``): an id the broker gives has 30; a 10 000-character path segment was echoed whole."""
+
+
+def echoed(text: str) -> str:
+    """The caller's ``text`` (an id it sent) as a message quotes it: anything unprintable
+    escaped (``printable``), and cut to ``ECHO`` characters, ``...`` marking the cut -- the
+    same words embedded and through the daemon."""
+    shown = printable(text)
+    return shown if len(shown) <= ECHO else shown[: ECHO - 3] + "..."
+
+
 def utc_time(at: object, fmt: str) -> str:
     """``at`` (seconds since the epoch, a journal row's) as UTC in ``fmt``.  A value no clock
     shows -- infinite, NaN, past the platform's range: a row someone altered -- is shown as

@@ -39,7 +39,7 @@ from affidavit.statemachine import (
     Record,
     current_code,
 )
-from affidavit.text import escape_char, pieces
+from affidavit.text import echoed, escape_char, pieces
 
 from .operator import Operator, OperatorError, OperatorPolicy
 
@@ -287,7 +287,7 @@ def _approval_record(reader: JournalReader, invocation_id: str) -> Record:
     record = reader.record(invocation_id)
     if record is None or not isinstance(record.evidence.get("approval"), Mapping):
         raise OperatorError(
-            "NO_SUCH_APPROVAL", f"no approval was requested for {invocation_id}", 404
+            "NO_SUCH_APPROVAL", f"no approval was requested for {echoed(invocation_id)}", 404
         )
     return record
 

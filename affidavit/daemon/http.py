@@ -21,7 +21,7 @@ import trio
 
 from affidavit.api.limits import ActionInvalid, action_size_limit, load_action_json
 from affidavit.api.wire import parse_count, parse_timeout
-from affidavit.text import printable
+from affidavit.text import ECHO, echoed
 
 from .link import Link
 from .peer import Peer
@@ -55,22 +55,10 @@ request that small is never refused for others' bodies: 256 connections hold 16 
 most)."""
 
 
-ECHO = 64
-"""Characters of the caller's own text an answer quotes at most (``named``, ``echoed``): an id
-the broker gives has 30; a 10 000-character path segment was echoed whole."""
-
-
 def named(name: str, instead: str) -> str:
     """A field or parameter name as an answer names it (its message and ``field``): itself when
     it is printable text of 1 to ``ECHO`` characters, else ``instead`` (``body``, ``query``)."""
     return name if 0 < len(name) <= ECHO and name.isprintable() else instead
-
-
-def echoed(text: str) -> str:
-    """The caller's ``text`` (an id from the path) as a message quotes it: anything unprintable
-    escaped (``printable``), and cut to ``ECHO`` characters, ``...`` marking the cut."""
-    shown = printable(text)
-    return shown if len(shown) <= ECHO else shown[: ECHO - 3] + "..."
 
 
 def body_limit(targets: Iterable[object]) -> int:

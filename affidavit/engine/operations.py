@@ -26,6 +26,7 @@ from affidavit.statemachine import (
     invocation_of,
     operation_json,
 )
+from affidavit.text import echoed
 
 from .contracts import contracts_of
 from .readable import unreadable
@@ -74,7 +75,7 @@ def find(engine: Engine, op_id: str) -> Record:
     iid = invocation_of(op_id)
     record = engine.journal.record(iid) if iid is not None else None
     if record is None or record.operation is None or record.operation["id"] != op_id:
-        raise OperationError(f"no operation {op_id} in the journal", "operation_id")
+        raise OperationError(f"no operation {echoed(op_id)} in the journal", "operation_id")
     return record
 
 

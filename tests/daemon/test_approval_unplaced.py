@@ -19,6 +19,7 @@ import trio
 
 from affidavit.api.wire import blocking_request
 from affidavit.approvals.service import ALTERED, UNOPENED
+from affidavit.text import echoed
 from tests.http.hostile import HostileServer, Reply, scripts
 from tests.journal.test_tamper import _rechain_from, _sql
 
@@ -111,7 +112,7 @@ async def test_no_approval_route_names_the_journal_or_a_key_file(
                 shown.append(listed.decode())
                 for guess in (str(key), str(key) + "x"):  # echoed as sent, either way
                     said = await _ask(socket, "GET", f"/v1/approvals/{quote(guess, safe='')}")
-                    assert guess in json.loads(said)["api_error"]["message"], said
+                    assert echoed(guess) in json.loads(said)["api_error"]["message"], said
         finally:
             stop(daemon)
     assert KEY_DIR.encode() in log.read_bytes()  # the operator's log names it

@@ -19,6 +19,7 @@ import trio
 from affidavit.acl import GROUP_OBJ, MASK, OTHER, USER, USER_OBJ
 from affidavit.api.wire import blocking_request
 from affidavit.engine.location import unplaced, withheld
+from affidavit.text import echoed
 from tests.broker.helpers import TOKEN_ENV
 from tests.external import require_posix_acl, require_root
 from tests.http.hostile import HostileServer, Reply, scripts
@@ -136,7 +137,7 @@ async def test_no_socket_answer_names_a_key_file_kept_away_from_the_journal(
                 for guess in (str(old.key), str(old.key) + "x"):  # echoed as sent, either way
                     target = f"/v1/invocations/{quote(guess, safe='')}/result"
                     said = json.loads(await _ask(old.socket, "GET", target))["api_error"]
-                    assert guess in said["message"], said
+                    assert echoed(guess) in said["message"], said
         finally:
             stop(daemon)
     assert all(CANARY not in text for text in shown), shown

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from affidavit.text import echoed
 from tests.mcp.kit import structured
 
 from .conftest import Remotes
@@ -31,7 +32,7 @@ async def test_an_unknown_operation_is_the_same_refusal_in_both_modes_and_no_ora
                     "phase": "validation",
                     "outcome": "not_attempted",
                     "retry": "after_correction",
-                    "message": f"no operation {guess} in the journal",
+                    "message": f"no operation {echoed(guess)} in the journal",
                     "field": "operation_id",
                 }
             }, (mode, answer)
