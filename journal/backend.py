@@ -101,13 +101,6 @@ class Backend(Protocol):
     journal; otherwise one signing key, recorded when the journal was made, signs them all."""
     errors: tuple[type[BaseException], ...]
     """The driver's exceptions: a storage fault (or a lost connection, ``lost``)."""
-    failed_commit_may_land: bool
-    """Whether a COMMIT that raised, its connection not lost, may still have made its
-    transaction durable.  SQLite: yes -- it writes the transaction's frames to the -wal, then
-    syncs; when the sync fails (EIO) the frames are not visible to any connection, yet a crash
-    before the next commit lets the next open recover them (a later commit overwrites them).
-    PostgreSQL: no -- a flush that fails stops the server (a lost connection, ``lost``), and
-    any other error answers a COMMIT that rolled back."""
     segments: Path | None
     """Where long results' chunks are stored as files (``segments.py``; SQLite:
     ``<journal>.results/``), or None: in the database's tables, where a shared journal's brokers
@@ -184,6 +177,16 @@ class Backend(Protocol):
     def lost(self, exc: BaseException) -> bool:
         """Whether ``exc`` means the connection is gone: a transaction in flight was rolled
         back -- unless its COMMIT had been sent, when only a re-read can tell."""
+        ...
+
+    def commit_may_have_landed(self, exc: BaseException) -> bool:
+        """Whether a COMMIT that raised ``exc``, its connection not lost, may still have made
+        its transaction durable (then its writes fail ``CommitUnknown``).  SQLite: unless its
+        error code says the WAL write itself failed -- the commit frame, the last frame written,
+        is then not whole (``sqlite_wal.commit_frame_unwritten``); a failed sync (EIO) leaves
+        the frames in the -wal, where a crash before the next commit lets the next open recover
+        them.  PostgreSQL: no -- a flush that fails stops the server (a lost connection,
+        ``lost``), and any other error answers a COMMIT that rolled back."""
         ...
 
     def transient(self, exc: BaseException) -> bool:

@@ -63,8 +63,9 @@ def attempts(w: Writer, batch: list[Req[Any]], barrier: bool) -> None:
     there: the writes succeed only if a re-read proves them durable (so the engine never
     dispatches on a DISPATCH_STARTED it cannot prove), and fail with ``CommitUnknown`` when
     no re-read is possible.  A COMMIT that raised on SQLite fails its writes ``CommitUnknown``
-    too (``Backend.failed_commit_may_land``): no re-read can tell, the frames it wrote to the
-    -wal being visible only to the open after a crash."""
+    too, unless its error says the -wal write failed (``Backend.commit_may_have_landed``): no
+    re-read can tell, the frames it wrote to the -wal being visible only to the open after a
+    crash."""
     backend = w.backend
     errors: tuple[type[BaseException], ...] = (*backend.errors, JournalError)
     deadline: float | None = None
@@ -75,7 +76,7 @@ def attempts(w: Writer, batch: list[Req[Any]], barrier: bool) -> None:
             return
         except errors as exc:
             if not backend.lost(exc):
-                if w.committing and backend.failed_commit_may_land:
+                if w.committing and backend.commit_may_have_landed(exc):
                     _fail_unknown(w, batch, exc)
                 else:
                     _fail(w, batch, exc)

@@ -320,7 +320,6 @@ class PostgresBackend:
     multi_signer = True
     path: Path | None = None
     errors: tuple[type[BaseException], ...] = (psycopg.Error,)
-    failed_commit_may_land = False
 
     def __init__(
         self, url: str, *, reconnect_within: float = 10.0, idle_timeout_ms: int = 60_000
@@ -688,6 +687,9 @@ class PostgresBackend:
         # No SQLSTATE: the client lost the server; class 08: connection exceptions; 57P0x:
         # the server is shutting down or restarting (pg_terminate_backend, pg_ctl restart).
         return state is None or state.startswith(("08", "57P"))
+
+    def commit_may_have_landed(self, exc: BaseException) -> bool:
+        return False
 
     def away(self, exc: BaseException) -> bool:
         """Whether a failed connection attempt found the database away: no server answered

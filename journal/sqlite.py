@@ -42,7 +42,13 @@ from .sqlite_schema import (
     _unbuilt,
 )
 from .sqlite_schema import _split_sql as _split_sql
-from .sqlite_wal import BUSY_TIMEOUT_MS, _Checkpointer, _connect_writer, create_private
+from .sqlite_wal import (
+    BUSY_TIMEOUT_MS,
+    _Checkpointer,
+    _connect_writer,
+    commit_frame_unwritten,
+    create_private,
+)
 from .tables import SQL, Tables
 
 __all__ = [
@@ -249,7 +255,6 @@ class SqliteBackend:
     multi_signer = False
     errors: tuple[type[BaseException], ...] = (sqlite3.Error,)
     reconnect_within = 0.0
-    failed_commit_may_land = True
 
     def __init__(self, path: Path) -> None:
         refuse_left_beside(path, ".results", "result segment directory")
@@ -550,6 +555,9 @@ class SqliteBackend:
 
     def lost(self, exc: BaseException) -> bool:
         return False
+
+    def commit_may_have_landed(self, exc: BaseException) -> bool:
+        return not commit_frame_unwritten(exc)
 
     def transient(self, exc: BaseException) -> bool:
         code = getattr(exc, "sqlite_errorcode", None)

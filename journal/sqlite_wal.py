@@ -4,6 +4,7 @@ WAL beside it (``_Checkpointer``); ``sqlite.py`` is the backend that uses both."
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import sqlite3
 import threading
@@ -12,7 +13,7 @@ from pathlib import Path
 
 from .errors import JournalError
 
-__all__ = ["BUSY_TIMEOUT_MS", "CHECKPOINT_COMMITS", "CHECKPOINT_PAGES"]
+__all__ = ["BUSY_TIMEOUT_MS", "CHECKPOINT_COMMITS", "CHECKPOINT_PAGES", "commit_frame_unwritten"]
 
 BUSY_TIMEOUT_MS = 30_000
 
@@ -21,6 +22,40 @@ CHECKPOINT_PAGES = 1024
 """The database grew by this many pages (4 MiB) since the last checkpoint: run one."""
 CHECKPOINT_COMMITS = 256
 """Or this many commits went by (rows updated in place do not grow the file)."""
+
+
+SQLITE_FULL = 13
+SQLITE_IOERR_WRITE = 10 | (3 << 8)
+_FRAME_UNWRITTEN = frozenset({SQLITE_FULL, SQLITE_IOERR_WRITE})
+"""The error codes of a COMMIT whose write to the -wal failed (ENOSPC is SQLITE_FULL, any other
+errno -- EFBIG past a file size limit, EIO -- SQLITE_IOERR_WRITE; os_unix.c ``unixWrite``)."""
+
+
+def commit_frame_unwritten(exc: BaseException) -> bool:
+    """Whether the COMMIT that raised ``exc`` never wrote its commit frame whole, so no open
+    -- even after a crash -- recovers its transaction.  SQLite's ``sqlite3WalFrames`` (wal.c)
+    writes the transaction's frames in order, the commit frame (the one carrying the database
+    size) last -- the checksums it rewrites when the transaction overwrote frames of its own end
+    with the commit frame's too -- and returns at the first write that fails; recovery keeps
+    frames only up to the last valid commit frame, and a frame cut short does not check.  Only
+    then does it sync (SQLITE_IOERR_FSYNC: the frames are whole, and recovered after a crash)
+    and index the frames (SQLITE_IOERR_SHM*): those, and any code not listed here, may have
+    landed.  Unless the -wal is padded to a sector: then copies of the commit frame follow it,
+    and a write error may come after a whole commit frame -- SQLite pads only when built with
+    ``SQLITE_POWERSAFE_OVERWRITE=0`` (the writer names no ``psow`` in a URI), which
+    ``PRAGMA compile_options`` says."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    return code in _FRAME_UNWRITTEN and not _pads_wal()
+
+
+@functools.cache
+def _pads_wal() -> bool:
+    conn = sqlite3.connect(":memory:")
+    try:
+        options = {str(row[0]) for row in conn.execute("PRAGMA compile_options")}
+    finally:
+        conn.close()
+    return "POWERSAFE_OVERWRITE=0" in options
 
 
 class _Checkpointer:

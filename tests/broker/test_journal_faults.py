@@ -7,8 +7,9 @@ the broker knows more than a plain unknown expresses, yet the evidence will not 
 Return phase=result_delivery, include outcome=committed only when the durability contract allows
 this to be confirmed by the current record, and require immediate operator intervention."
 
-The faults are the journal's own: a ``before_commit`` hook that fails a transaction exactly as a
-full disk does (``sqlite3.OperationalError: database or disk is full``, rolled back), and the
+The faults are the journal's own: a ``before_commit`` hook that fails a transaction's COMMIT
+exactly as a full disk does (``sqlite3.OperationalError: database or disk is full``, code
+SQLITE_FULL, rolled back), and the
 segment files' writes or syncs failing as a full or failing disk's do.  The subprocess tests
 (test_unusable_journal.py) fill a real file limit.
 """
@@ -25,6 +26,7 @@ import pytest
 import trio
 
 from affidavit.journal import Batch, Journal, JournalWriteError, segments
+from affidavit.journal.sqlite_wal import SQLITE_FULL
 from affidavit.statemachine import EventKind
 from tests.http.hostile import HostileServer, Reply, scripts
 
@@ -45,7 +47,9 @@ POST = {"target": "api", "method": "POST", "path": "/charge", "body": "{}"}
 class DiskFull:
     """A ``before_commit`` hook: the first transaction that writes what ``refuse`` picks (new
     event kinds, new result chunks) fails as a full disk does; with ``stays_full`` so does every
-    transaction after it."""
+    transaction after it.  It fails at its COMMIT, as a real full disk does in WAL mode (a small
+    transaction's pages are written to the -wal only then): SQLITE_FULL, nothing of it in the
+    -wal (tests/journal/test_commit_write_failure.py fills a real file size limit so)."""
 
     def __init__(
         self, journal: Journal, refuse: Callable[[list[str], int], bool], stays_full: bool
@@ -56,6 +60,20 @@ class DiskFull:
         self.full = False
         self.failed = 0
         self.head = self._head()
+        self.refusing = False
+        backend = journal.backend
+        commit = backend.commit
+
+        def full_commit(conn: Any) -> None:
+            if not self.refusing:
+                commit(conn)
+                return
+            self.refusing = False
+            exc = sqlite3.OperationalError("database or disk is full")
+            exc.sqlite_errorcode = SQLITE_FULL  # type: ignore[attr-defined]
+            raise exc
+
+        backend.commit = full_commit  # type: ignore[method-assign]
 
     def _head(self) -> tuple[int, int]:
         seq = self.conn.execute("SELECT coalesce(max(seq), 0) FROM events").fetchone()[0]
@@ -71,7 +89,8 @@ class DiskFull:
         if (self.full and self.stays_full) or self.refuse(kinds, chunks - self.head[1]):
             self.full = True
             self.failed += 1
-            raise sqlite3.OperationalError("database or disk is full")
+            self.refusing = True  # its COMMIT fails
+            return
         self.head = (seq, chunks)
 
 

@@ -11,10 +11,12 @@ file or a PostgreSQL URL (then $CHILD_KEY_FILE and $CHILD_SIGNING_KEY name the k
     python child.py bulk PATH           64 tasks append big-payload invocations forever,
                                         printing "durable SEQ" after each barrier
     python child.py worker PATH HOLDER  JSON commands on stdin, one JSON answer per line
-    python child.py syncfail PATH THEN  (LD_PRELOAD=failsync.so) append up to DISPATCH_STARTED,
-                                        whose -wal sync fails: print its error's class and the
-                                        last kind this process reads; THEN "commit": append a
-                                        SETUP_FAILED barrier first; then die (os._exit)
+    python child.py refused PATH FAULT THEN
+                                        append up to DISPATCH_STARTED, whose COMMIT fails: FAULT
+                                        "sync" (LD_PRELOAD=failsync.so) its -wal sync, "size" its
+                                        -wal write (RLIMIT_FSIZE: EFBIG); print its error's class
+                                        and the last kind this process reads; THEN "commit":
+                                        append a SETUP_FAILED barrier first; then die (os._exit)
 
 Not collected by pytest (no test_ prefix).
 """
@@ -24,6 +26,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import resource
 import sys
 import time
 from typing import Any
@@ -127,12 +130,15 @@ async def worker(path: str, holder: str) -> None:
                 say(json.dumps({"ok": False, "error": "lost", "seq": exc.seq}))
 
 
-async def syncfail(path: str, then: str) -> None:
-    shim = ctypes.CDLL(os.environ["LD_PRELOAD"])
+async def refused(path: str, fault: str, then: str) -> None:
     j = await _open(path).__aenter__()  # never closed: the process dies with it open
     for ev in until_dispatch("inv-1")[:3]:
         await j.append(ev, barrier=True)
-    shim.failsync_arm(1)
+    if fault == "sync":
+        ctypes.CDLL(os.environ["LD_PRELOAD"]).failsync_arm(1)
+    else:  # "size": no file may grow past its size now -- the -wal's next frame is refused
+        wal = os.path.getsize(path + "-wal")
+        resource.setrlimit(resource.RLIMIT_FSIZE, (wal, resource.RLIM_INFINITY))
     try:
         await j.append(Event(EventKind.DISPATCH_STARTED, "inv-1"), barrier=True)
         say("committed")
@@ -158,8 +164,8 @@ def main() -> None:
         trio.run(bulk, path)
     elif mode == "worker":
         trio.run(worker, path, rest[0])
-    elif mode == "syncfail":
-        trio.run(syncfail, path, rest[0])
+    elif mode == "refused":
+        trio.run(refused, path, rest[0], rest[1])
 
 
 if __name__ == "__main__":

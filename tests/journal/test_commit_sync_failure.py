@@ -39,7 +39,7 @@ def _run(shim: Path, db: Path, then: str) -> list[str]:
     """The child's lines: the DISPATCH_STARTED write's error class, the last kind it reads
     back, and "closed" if it committed a SETUP_FAILED afterwards."""
     done = subprocess.run(
-        [sys.executable, str(CHILD), "syncfail", str(db), then],
+        [sys.executable, str(CHILD), "refused", str(db), "sync", then],
         env={**os.environ, "LD_PRELOAD": str(shim)},
         capture_output=True,
         text=True,
