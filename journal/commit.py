@@ -33,7 +33,6 @@ import trio
 from . import checkpoints
 from .connect import recorded_keys
 from .errors import (
-    CommitUnknown,
     HeadHeld,
     JournalError,
     JournalReplaced,
@@ -41,7 +40,7 @@ from .errors import (
     ResultStoreFailed,
     ResultStoreReplaced,
 )
-from .requests import Batch, Fail, Req
+from .requests import Batch, Fail, Req, write_error
 from .tables import Tables
 from .txn import Txn
 
@@ -170,13 +169,11 @@ def _fail_unknown(w: Writer, batch: list[Req[Any]], exc: BaseException) -> None:
 
 def _answer_failed(batch: list[Req[Any]], why: str, *, unknown: bool) -> None:
     """Fail every write of ``batch`` with ``why``: ``CommitUnknown`` when ``unknown`` (a
-    result's write: ``ResultStoreFailed`` either way), else ``JournalWriteError``."""
+    result's write: ``ResultStoreUnknown``, a ``ResultStoreFailed`` that carries the doubt),
+    else not committed."""
     for r in batch:
         r.result = None
-        if r.result_store:
-            r.error = ResultStoreFailed(why)
-        else:
-            r.error = CommitUnknown(why) if unknown else JournalWriteError(why)
+        r.error = write_error(r, why, unknown=unknown)
 
 
 def _fail_unavailable(w: Writer, batch: list[Req[Any]], committing: bool) -> None:

@@ -26,6 +26,7 @@ __all__ = [
     "ReadFailed",
     "ResultStoreFailed",
     "ResultStoreReplaced",
+    "ResultStoreUnknown",
     "SigningRecordsRemoved",
     "VerifyReport",
     "told",
@@ -211,6 +212,14 @@ class CommitUnknown(JournalWriteError):
 class ResultStoreFailed(JournalWriteError):
     """A storage fault while storing a result (chunk or completeness marker).  The engine
     records RESULT_STORE_FAILED and renders only what the durable record proves."""
+
+
+class ResultStoreUnknown(ResultStoreFailed, CommitUnknown):
+    """A result's write whose COMMIT may have landed (``CommitUnknown``): a store failure to the
+    code that stores the result, yet the record -- on SQLite read after a crash, before the
+    journal's next commit -- may hold it committed.  The engine never answers a store failure
+    the record may later contradict: unless a later write of the call settles it, the call is
+    not recorded (``CallNotRecorded``)."""
 
 
 class ResultStoreReplaced(ResultStoreFailed, JournalReplaced):

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import trio
 
-from .errors import JournalWriteError, ResultStoreFailed
+from .errors import CommitUnknown, JournalWriteError, ResultStoreFailed, ResultStoreUnknown
 
 if TYPE_CHECKING:
     from .txn import Txn
@@ -131,6 +131,10 @@ def cannot_abort(_: Any) -> trio.lowlevel.Abort:
     return trio.lowlevel.Abort.FAILED
 
 
-def write_error(r: Req[Any], why: str) -> JournalWriteError:
-    """The error a write failed by a stopped writer gets (``commit._fail``'s classes)."""
+def write_error(r: Req[Any], why: str, *, unknown: bool = False) -> JournalWriteError:
+    """The error of a write that failed: not committed, or whether it is durable ``unknown``
+    (``CommitUnknown``) -- a result's write (``result_store``) a ``ResultStoreFailed`` either
+    way."""
+    if unknown:
+        return ResultStoreUnknown(why) if r.result_store else CommitUnknown(why)
     return ResultStoreFailed(why) if r.result_store else JournalWriteError(why)

@@ -35,7 +35,7 @@ from affidavit.statemachine import Projector
 from . import checkpoints
 from .backend import Backend
 from .commit import attempts
-from .errors import CommitUnknown, JournalError, JournalWriteError
+from .errors import JournalError, JournalWriteError
 from .requests import Around, Batch, Fail, Hook, Posted, Req, cannot_abort, write_error
 from .signing import SigningKey
 from .txn import Txn
@@ -245,7 +245,7 @@ class Writer:
             else:
                 why = f"journal {where}: the writer stopped ({name}): write not committed"
             for r in handoff.batch:
-                r.error = CommitUnknown(why) if committing else write_error(r, why)
+                r.error = write_error(r, why, unknown=committing)
             self._answer(handoff.batch)
         queued = list(self._pending)
         self._pending.clear()

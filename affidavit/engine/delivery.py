@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from affidavit.adapters.base import RemoteResult
-from affidavit.journal import JournalError, JournalWriteError, json_copy
+from affidavit.journal import CommitUnknown, JournalError, JournalWriteError, json_copy
 from affidavit.secrets.redaction import LEAVES
 from affidavit.statemachine import (
     Event,
@@ -43,7 +43,7 @@ from .contracts import Reader
 from .echoed import without_received_size, without_size_headers
 from .readable import stream_cut
 from .recorder import reference_payload, result_payload, stored_payload
-from .recovery import closing_event
+from .recovery import CallNotRecorded, closing_event
 from .sink import Stored, StreamSink
 
 if TYPE_CHECKING:
@@ -236,14 +236,16 @@ async def _commit(
             expect=sink.expected(),
             writer=sink.writer,
         )
-    except JournalError:
+    except JournalError as exc:
         # ResultStoreFailed: a storage fault failed the whole batch, the rows posted above
         # with it -- or the commit op refused the stored chunks (nothing of it written) and the
         # rest of the batch committed, those rows included.  A plain JournalError is the same
         # refusal in other words ("lacks chunk N", "lacks auditor copies").  Which rows are
         # durable -- the commit too, when a shared journal lost its answer -- the record says
-        # (_store_failed).
-        return await _store_failed(engine, complete)
+        # (_store_failed); a commit that may yet land (ResultStoreUnknown) it says only later.
+        return await _store_failed(
+            engine, complete, exc if isinstance(exc, CommitUnknown) else None
+        )
     record = await recorder.record(iid)
     if reading is None:
         kept = sink.kept()
@@ -293,7 +295,9 @@ def received_evidence(
     return out
 
 
-async def _store_failed(engine: Engine, complete: Event) -> tuple[dict[str, Any], bool]:
+async def _store_failed(
+    engine: Engine, complete: Event, doubt: CommitUnknown | None = None
+) -> tuple[dict[str, Any], bool]:
     """A complete response whose storage failed (seed: "Return phase=result_delivery, include
     outcome=committed only when the durability contract allows this to be confirmed by the
     current record, and require immediate operator intervention").  The two small events that
@@ -303,7 +307,14 @@ async def _store_failed(engine: Engine, complete: Event) -> tuple[dict[str, Any]
     take is rendered in memory on top of the durable record, never claimed as durable:
     RESULT_STORE_FAILED, retry never, outcome unknown unless the complete response is on
     record.  Returns the envelope and whether the result is stored after all (as ``_commit``):
-    a commit whose answer a shared journal lost may have landed."""
+    a commit whose answer a shared journal lost may have landed.
+
+    ``doubt``: the commit's own error when it may yet land (``ResultStoreUnknown``) -- on SQLite
+    its frames, in the -wal but read by no connection, are recovered by an open after a crash
+    unless a later commit is written over them.  The first of the two small events to commit
+    settles that; if neither does, a store failure rendered in memory is a claim the record may
+    later contradict (RESULT_COMMITTED): the call is not recorded (``CallNotRecorded``), and its
+    record, read once the journal takes writes again, says which."""
     iid = complete.invocation_id
     generation = complete.attrs["generation"]
     recorder = engine.recorder
@@ -347,6 +358,9 @@ async def _store_failed(engine: Engine, complete: Event) -> tuple[dict[str, Any]
             recorder.forget()
             break
         pending.pop(0)
+        doubt = None  # a later commit landed: over the doubted one's frames, or after it
+    if pending and doubt is not None:
+        raise CallNotRecorded(iid) from doubt
     if pending:
         # Only the failure is shown: a complete response that is not on record is not proven.
         events = [*engine.journal.events(iid), pending[-1]]

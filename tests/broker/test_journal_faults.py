@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 import trio
 
+from affidavit.engine import CallNotRecorded
 from affidavit.journal import Batch, Journal, JournalWriteError, segments
 from affidavit.journal.sqlite_wal import SQLITE_FULL
 from affidavit.statemachine import EventKind
@@ -40,6 +41,7 @@ from .helpers import (
 )
 
 LIMIT = 30
+SQLITE_IOERR_FSYNC = 10 | (4 << 8)
 BIG = b"x" * (300 * 1024)  # several result chunks
 POST = {"target": "api", "method": "POST", "path": "/charge", "body": "{}"}
 
@@ -49,10 +51,16 @@ class DiskFull:
     event kinds, new result chunks) fails as a full disk does; with ``stays_full`` so does every
     transaction after it.  It fails at its COMMIT, as a real full disk does in WAL mode (a small
     transaction's pages are written to the -wal only then): SQLITE_FULL, nothing of it in the
-    -wal (tests/journal/test_commit_write_failure.py fills a real file size limit so)."""
+    -wal (tests/journal/test_commit_write_failure.py fills a real file size limit so).  ``first``
+    SQLITE_IOERR_FSYNC: the first refused COMMIT fails its sync instead, whether it landed
+    unknown (``CommitUnknown``), those after it full."""
 
     def __init__(
-        self, journal: Journal, refuse: Callable[[list[str], int], bool], stays_full: bool
+        self,
+        journal: Journal,
+        refuse: Callable[[list[str], int], bool],
+        stays_full: bool,
+        first: int = SQLITE_FULL,
     ) -> None:
         self.conn = journal.write_connection
         self.refuse = refuse
@@ -69,8 +77,10 @@ class DiskFull:
                 commit(conn)
                 return
             self.refusing = False
-            exc = sqlite3.OperationalError("database or disk is full")
-            exc.sqlite_errorcode = SQLITE_FULL  # type: ignore[attr-defined]
+            code = first if self.failed == 1 else SQLITE_FULL
+            words = "database or disk is full" if code == SQLITE_FULL else "disk I/O error"
+            exc = sqlite3.OperationalError(words)
+            exc.sqlite_errorcode = code  # type: ignore[attr-defined]
             raise exc
 
         backend.commit = full_commit  # type: ignore[method-assign]
@@ -151,20 +161,26 @@ async def test_a_complete_response_whose_chunks_cannot_be_stored_is_result_store
         assert len(srv.requests) == 1
 
 
+@pytest.mark.parametrize("first", [SQLITE_FULL, SQLITE_IOERR_FSYNC], ids=["full", "sync"])
 @pytest.mark.parametrize("size", [len(BIG), 2 * 1024 * 1024 + 5], ids=["inline", "by_reference"])
 async def test_a_result_commit_whose_whole_batch_fails_records_the_complete_response_again(
-    tmp_path: Path, token: str, size: int
+    tmp_path: Path, token: str, size: int, first: int
 ) -> None:
     """The disk fills at the commit's own transaction: the batch is rolled back whole -- the
     tail chunk, RESULT_COMMITTED and the complete response posted with them -- and the next
     small writes fit.  The complete response is appended again, once: the record confirms the
-    outcome (test_commit_refused.py: a commit refused while its batch committed)."""
+    outcome (test_commit_refused.py: a commit refused while its batch committed).  A commit
+    whose sync failed, whether it landed unknown, is settled so too: on SQLite the next commit
+    is written over its frames."""
     async with HostileServer.running(scripts.serve(Reply(201, body=b"c" * size))) as srv:
         cfg = write_config(tmp_path, {"api": http_target(srv.url)})
         with trio.fail_after(LIMIT):
             async with open_broker(cfg) as broker:
                 full = DiskFull(
-                    broker.journal, lambda kinds, _: "RESULT_COMMITTED" in kinds, stays_full=False
+                    broker.journal,
+                    lambda kinds, _: "RESULT_COMMITTED" in kinds,
+                    stays_full=False,
+                    first=first,
                 )
                 broker.journal.before_commit = full
                 env = await broker.call(POST)
@@ -179,6 +195,34 @@ async def test_a_result_commit_whose_whole_batch_fails_records_the_complete_resp
                 ]
                 assert EventKind.RESULT_COMMITTED not in kinds
                 assert broker.journal.read_result(env["invocation_id"]) is None
+        assert len(srv.requests) == 1
+
+
+async def test_a_result_commit_that_may_land_and_nothing_after_it_is_not_answered(
+    tmp_path: Path, token: str
+) -> None:
+    """RESULT_COMMITTED's sync fails (whether it landed unknown: on SQLite an open after a crash
+    before the next commit recovers it), and the disk is full for the writes after it: neither
+    the complete response nor RESULT_STORE_FAILED lands to settle it.  A store failure rendered
+    in memory is a claim the record may contradict: the call is not recorded (503
+    JOURNAL_UNAVAILABLE through the daemon), naming the invocation whose record will tell."""
+    async with HostileServer.running(scripts.serve(Reply(201, body=BIG))) as srv:
+        cfg = write_config(tmp_path, {"api": http_target(srv.url)})
+        with trio.fail_after(LIMIT):
+            async with open_broker(cfg) as broker:
+                full = DiskFull(
+                    broker.journal,
+                    lambda kinds, _: "RESULT_COMMITTED" in kinds,
+                    stays_full=True,
+                    first=SQLITE_IOERR_FSYNC,
+                )
+                broker.journal.before_commit = full
+                with pytest.raises(CallNotRecorded) as info:
+                    await broker.call(POST)
+                assert full.failed >= 2
+                iid = info.value.invocation_id
+                assert iid is not None and iid in str(info.value)
+                assert EventKind.RESULT_STORE_FAILED not in _kinds(broker, iid)
         assert len(srv.requests) == 1
 
 

@@ -5,11 +5,20 @@ success, and every earlier row stays intact and verifiable."""
 from __future__ import annotations
 
 import logging
+import sqlite3
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from affidavit.journal import Journal, JournalReader, JournalWriteError, ResultStoreFailed
+from affidavit.journal import (
+    CommitUnknown,
+    Journal,
+    JournalReader,
+    JournalWriteError,
+    ResultStoreFailed,
+    ResultStoreUnknown,
+)
 from affidavit.statemachine import Event
 from affidavit.statemachine import EventKind as E
 
@@ -48,6 +57,32 @@ async def test_disk_full_during_the_result_commit_is_result_store_failed(tmp_pat
         assert r.verify().ok
         res = r.read_result("inv-1")
         assert res is not None and res.streams == {"body": b"ok"}
+
+
+SQLITE_IOERR_FSYNC = 10 | (4 << 8)
+
+
+async def test_a_result_commit_that_may_have_landed_carries_the_doubt(tmp_path: Path) -> None:
+    """RESULT_COMMITTED's COMMIT raises after the -wal write (its sync failed): a store
+    failure to the result's writer (``ResultStoreFailed``) that says its commit may yet land
+    (``CommitUnknown``) -- the engine must not answer it as a plain store failure."""
+    async with Journal.open(tmp_path / "j.db") as j:
+        for ev in happy("inv-1"):
+            await j.append(ev, barrier=True)
+        await j.put_result_chunk("inv-1", "body", 0, b"ok")
+        commit = j.backend.commit
+
+        def sync_fails(conn: Any) -> None:
+            j.backend.commit = commit  # type: ignore[method-assign]
+            exc = sqlite3.OperationalError("disk I/O error")
+            exc.sqlite_errorcode = SQLITE_IOERR_FSYNC  # type: ignore[attr-defined]
+            raise exc
+
+        j.backend.commit = sync_fails  # type: ignore[method-assign]
+        with pytest.raises(ResultStoreUnknown, match="unknown") as info:
+            await j.commit_result(Event(E.RESULT_COMMITTED, "inv-1"), summary={"s": 1})
+        assert isinstance(info.value, ResultStoreFailed)
+        assert isinstance(info.value, CommitUnknown)
 
 
 async def test_disk_full_during_a_dispatch_barrier_is_an_error_not_a_success(
