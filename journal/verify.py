@@ -495,16 +495,30 @@ def _misplaced(
 ) -> None:
     """A results row whose seq is not its invocation's RESULT_COMMITTED.  With a chained one,
     it is judged there, whatever seq the row names (past the journal's end included: SQLite
-    checks no foreign key).  With none, it is reported at the seq it names when the walk read
-    that row, else once the walk read every row (no later row can be its event)."""
+    checks no foreign key).  With none, at the seq it names if the walk read that row.  Past the
+    rows read: once the walk read every row (no later row can be its event), at the journal's
+    end (``rows + 1``, as the anchor reports rows removed from the end: a RESULT_COMMITTED cut
+    off with them would explain it).  At a seq no row can have (0 or less): at journal level
+    (None).  Never at a seq the journal does not have ("BROKEN at seq 999998" of 40 rows)."""
     if chained is not None:
-        at, why = chained[0], f"not its RESULT_COMMITTED event (seq {chained[0]})"
-    else:
-        at, why = seq, "but the invocation has no RESULT_COMMITTED event"
-        if seq >= limit and not walk.complete:
-            return
-    if chained is None or at < limit:
-        problems.add(at, f"results row of invocation {iid} names seq {seq}, {why}")
+        if chained[0] < limit:
+            problems.add(
+                chained[0],
+                f"results row of invocation {iid} names seq {seq}, not its RESULT_COMMITTED "
+                f"event (seq {chained[0]})",
+            )
+        return
+    why = f"results row of invocation {iid} names seq {seq}, but the invocation has no "
+    if seq < 1:
+        problems.add(None, why + "RESULT_COMMITTED event, and no row has that seq")
+    elif seq <= walk.rows:
+        problems.add(seq, why + "RESULT_COMMITTED event")
+    elif walk.complete:
+        problems.add(
+            walk.rows + 1,
+            why + f"RESULT_COMMITTED event, and the journal ends at seq {walk.rows}: rows from "
+            f"{walk.rows + 1} on were removed, or the row was altered",
+        )
 
 
 def _sha(data: bytes) -> str:

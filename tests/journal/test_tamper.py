@@ -14,7 +14,7 @@ import json
 import os
 import shutil
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -318,10 +318,26 @@ RESULT_EDITS = {
         "WHERE invocation_id = 'inv-r'",
         (),
     ),
+    "marker of no result at a row": (
+        "INSERT INTO results SELECT 'inv-z', 2, sha256, streams, summary FROM results "
+        "WHERE invocation_id = 'inv-r'",
+        (),
+    ),
+    "marker of no result at seq 0": (
+        "INSERT INTO results SELECT 'inv-z', 0, sha256, streams, summary FROM results "
+        "WHERE invocation_id = 'inv-r'",
+        (),
+    ),
 }
-ELSEWHERE = {"marker of no result": ("inv-z", 999998)}
+ELSEWHERE: dict[str, Callable[[Built], int | None]] = {
+    "marker of no result": lambda j: j.rows + 1,
+    "marker of no result at a row": lambda j: 2,
+    "marker of no result at seq 0": lambda j: None,
+}
 """Edits reported at another invocation than inv-r, and another seq than its RESULT_COMMITTED:
-inv-z (committed, its result never stored) has no RESULT_COMMITTED to be judged at."""
+inv-z (committed, its result never stored) has no RESULT_COMMITTED to be judged at.  Never at a
+seq the journal does not have: past its end, at the end (as rows removed from it are); at a seq
+no row can have, at journal level (None)."""
 
 
 @pytest.mark.parametrize("trust", TRUST)
@@ -330,9 +346,10 @@ def test_a_corrupted_result_row_is_caught_at_its_result_committed(
     j: Built, trust: str, edit: str
 ) -> None:
     _sql(j.db, RESULT_EDITS[edit])
-    iid, at = ELSEWHERE.get(edit, ("inv-r", j.result_seq))
+    iid, at = ("inv-z", ELSEWHERE[edit](j)) if edit in ELSEWHERE else ("inv-r", j.result_seq)
     report = _verify(j, trust)
     assert (report.ok, report.first_bad_seq) == (False, at), report
+    assert report.count == (j.rows if at is None else at - 1), report
     assert iid in report.reason
     with JournalReader.open(j.db) as r:
         if edit == "marker removed":

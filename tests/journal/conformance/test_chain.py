@@ -166,7 +166,8 @@ async def test_a_corrupted_result_chunk_is_caught_without_the_broker_key(place: 
 _MISPLACED = {
     # inv-r's marker moved past the journal's end; a copy of it given to inv-z, whose result
     # was never stored (so no RESULT_COMMITTED): (statement, what PostgreSQL's owner meets,
-    # invocation named, seq reported -- 0: inv-r's RESULT_COMMITTED).
+    # invocation named, seq reported -- 0: inv-r's RESULT_COMMITTED; -1: the journal's end,
+    # its last row + 1, never a seq the journal does not have).
     "past the end": (
         "UPDATE results SET seq = 999999 WHERE invocation_id = 'inv-r'",
         "append-only",
@@ -178,7 +179,7 @@ _MISPLACED = {
         "WHERE invocation_id = 'inv-r'",
         "foreign key",
         "inv-z",
-        999998,
+        -1,
     ),
 }
 
@@ -188,11 +189,13 @@ async def test_a_results_row_naming_a_seq_that_is_not_its_event_is_caught(
     place: Place, edit: str
 ) -> None:
     """A results row naming a seq past the journal's end is caught at its invocation's
-    RESULT_COMMITTED, or -- when it has none -- at the seq it names.  PostgreSQL's foreign key
+    RESULT_COMMITTED, or -- when it has none -- at the journal's end.  PostgreSQL's foreign key
     refuses such a row to the owner; a superuser with triggers off (which turns foreign keys off
     too) or anyone writing a SQLite file gets it in, and verify is what tells."""
     result_seq = await _fill(place)
+    rows = _verify(place).count
     statement, refusal, iid, at = _MISPLACED[edit]
+    at = {0: result_seq, -1: rows + 1}[at]
     if place.kind == "postgresql":
         with pytest.raises(Exception, match=refusal) as info:
             place.write(statement)
@@ -200,5 +203,5 @@ async def test_a_results_row_naming_a_seq_that_is_not_its_event_is_caught(
         assert _verify(place).ok
     place.tamper(statement)
     report = _verify(place)
-    assert (report.ok, report.first_bad_seq) == (False, at or result_seq), report
+    assert (report.ok, report.first_bad_seq, report.count) == (False, at, at - 1), report
     assert f"results row of invocation {iid} names seq" in report.reason
