@@ -56,6 +56,7 @@ __all__ = [
     "PortTaken",
     "Program",
     "ProgramFailed",
+    "build_shim",
     "free_port",
     "listening",
     "on_free_port",
@@ -155,16 +156,57 @@ def require_posix_acl(path: Path, *entries: tuple[int, int, int]) -> None:
         _skip_or_fail("needs POSIX ACL support", f"setxattr on {path}: {exc.strerror}")
 
 
-def require_glibc() -> None:
-    """Tests of glibc's allocator (``affidavit/heap.py``): skipped elsewhere (musl, macOS) with
-    the reason ``glibc's allocator only``, a failure when ``AFFIDAVIT_REQUIRE_PROGRAMS=1`` (CI
-    runs on Debian's glibc)."""
+def require_glibc(reason: str = "glibc's allocator only") -> None:
+    """Tests of glibc's allocator (``affidavit/heap.py``), or of an ``LD_PRELOAD`` shim
+    (``build_shim``): skipped elsewhere (musl, macOS) with ``reason``, a failure when
+    ``AFFIDAVIT_REQUIRE_PROGRAMS=1`` (CI runs on Debian's glibc)."""
     try:
         version = os.confstr("CS_GNU_LIBC_VERSION")
     except (AttributeError, ValueError, OSError):
         version = None
     if not sys.platform.startswith("linux") or not version:
-        _skip_or_fail("glibc's allocator only", f"{sys.platform}, no glibc version")
+        _skip_or_fail(reason, f"{sys.platform}, no glibc version")
+
+
+BUILD_TIMEOUT = 60.0
+"""Seconds a shim's build may take (gcc on a loaded machine builds one in well under one)."""
+
+
+def build_shim(source: Path, out: Path) -> Path:
+    """``source`` (C, Linux and glibc: ``dlsym(RTLD_NEXT)``, ``/proc/self/fd``) built with gcc
+    into the ``LD_PRELOAD`` shim ``out``.  Skipped -- a failure when
+    ``AFFIDAVIT_REQUIRE_PROGRAMS=1`` -- off Linux/glibc (``LD_PRELOAD shims need Linux and
+    glibc``), without gcc (``gcc not installed``) or without the C library's headers and
+    startup files (``libc6-dev not installed``: gcc then fails to find ``dlfcn.h``, ``crti.o``
+    or ``-lc``).  Any other failure of the build, or one past ``BUILD_TIMEOUT``, fails the test
+    with gcc's output."""
+    require_glibc("LD_PRELOAD shims need Linux and glibc")
+    cc = CC.require()
+    try:
+        done = subprocess.run(
+            [cc, "-shared", "-fPIC", "-o", str(out), str(source), "-ldl"],
+            capture_output=True,
+            text=True,
+            timeout=BUILD_TIMEOUT,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"building {source.name} took longer than {BUILD_TIMEOUT:g}s")
+    if done.returncode != 0:
+        said = done.stderr + done.stdout
+        if any(words in said for words in _NO_LIBC_DEV):
+            _skip_or_fail("libc6-dev not installed", f"gcc: {said.strip().splitlines()[0]}")
+        pytest.fail(f"building {source.name} failed (exit {done.returncode}):\n{said}")
+    return out
+
+
+_NO_LIBC_DEV = (
+    ".h: No such file or directory",
+    "cannot find crt",
+    "cannot find -lc",
+    "cannot find -ldl",
+)
+"""What gcc says when the C library's development files (Debian: ``libc6-dev``) are missing."""
 
 
 def require_module(name: str, extra: str) -> None:

@@ -14,8 +14,9 @@ file or a PostgreSQL URL (then $CHILD_KEY_FILE and $CHILD_SIGNING_KEY name the k
     python child.py refused PATH FAULT THEN
                                         append up to DISPATCH_STARTED, whose COMMIT fails: FAULT
                                         "sync" (LD_PRELOAD=failsync.so) its -wal sync, "size" its
-                                        -wal write (RLIMIT_FSIZE: EFBIG); print its error's class
-                                        and the last kind this process reads; THEN "commit":
+                                        -wal write (RLIMIT_FSIZE: EFBIG); print "wal BYTES" (its
+                                        size before), the error's class and the last kind this
+                                        process reads; THEN "commit":
                                         append a SETUP_FAILED barrier first; then die (os._exit)
 
 Not collected by pytest (no test_ prefix).
@@ -134,13 +135,17 @@ async def refused(path: str, fault: str, then: str) -> None:
     j = await _open(path).__aenter__()  # never closed: the process dies with it open
     for ev in until_dispatch("inv-1")[:3]:
         await j.append(ev, barrier=True)
+    wal = os.path.getsize(path + "-wal")
+    say(f"wal {wal}")
     if fault == "sync":
         ctypes.CDLL(os.environ["LD_PRELOAD"]).failsync_arm(1)
     else:  # "size": no file may grow past its size now -- the -wal's next frame is refused
-        wal = os.path.getsize(path + "-wal")
         resource.setrlimit(resource.RLIMIT_FSIZE, (wal, resource.RLIM_INFINITY))
+    # Larger than the SETUP_FAILED written over it (a payload of pages that do not compress):
+    # its last frames, its commit frame among them, stay in the -wal past that commit.
+    payload = {"blob": os.urandom(24_000).hex()}
     try:
-        await j.append(Event(EventKind.DISPATCH_STARTED, "inv-1"), barrier=True)
+        await j.append(Event(EventKind.DISPATCH_STARTED, "inv-1"), barrier=True, payload=payload)
         say("committed")
     except Exception as exc:
         say(type(exc).__name__)
