@@ -288,6 +288,7 @@ def _transaction(
         w.committing = False
         w.known_head = txn.seq
         if cp is not None:
+            w.appended += 1
             w.signed_head = (cp.seq, cp.hash)
             checkpoints.remember(w.signed, cp)
     except BaseException:

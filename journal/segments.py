@@ -34,7 +34,8 @@ stay there, unreferenced, until a reclaim compacts the segment (``compact.py``),
 that failed part-way is written over by the next.  A writing process has a segment of its own
 (random name, opened anew after a fork), so two processes on one journal never write the same
 file; it holds an exclusive ``flock`` on each of its segments while a result there may still
-commit (until ``close``), which is what keeps a compaction off bytes in flight.  An
+commit, or may have committed unseen (``SegmentStore.doubt``) -- until ``close`` -- which is
+what keeps a compaction off bytes in flight.  An
 ``fdatasync`` that fails leaves what it covered unknown: every result with bytes in that
 segment not yet synced fails, and the segment takes no more.
 
@@ -160,6 +161,9 @@ class SegmentStore:
         self._retired: list[_Segment] = []
         """Retired segments kept open, and so locked: a result synced there before the
         segment failed may still commit, naming bytes a compaction must not take."""
+        self._doubts: list[tuple[set[_Segment], Callable[[], bool]]] = []
+        """Segments holding bytes of a result whose commit may yet land (``doubt``), and what
+        says it no longer can."""
         self._flushing: set[SegmentWriter] = set()
         self._sync_asked = False
         self._stop = False
@@ -169,6 +173,18 @@ class SegmentStore:
     def writer(self, invocation_id: str) -> SegmentWriter:
         """The writer of one result (one run of one invocation), on the trio thread."""
         return SegmentWriter(self, invocation_id, trio.lowlevel.current_trio_token())
+
+    def doubt(self, writer: SegmentWriter, settled: Callable[[], bool]) -> None:
+        """``writer``'s result ended ``CommitUnknown``: its rows, naming its bytes, may be
+        recovered by an open after a crash (SQLite: its frames in the -wal).  Its writer --
+        gone once its call ends -- no longer keeps a retired segment open and locked: every
+        segment it wrote to stays so until ``settled()`` (a later commit written over those
+        frames) or the store closes -- else a compaction could take bytes a recovered marker
+        names."""
+        with self._lock:
+            held = {e.segment for entries in writer._entries.values() for e in entries}
+            if held:
+                self._doubts.append((held, settled))
 
     def close(self) -> None:
         """Let the threads finish what is queued and stop; close the files."""
@@ -319,15 +335,17 @@ class SegmentStore:
 
     def _close_if_idle(self, seg: _Segment) -> None:
         """Under the lock: close a retired segment's descriptor once no thread may use it and
-        no result with bytes in it may still commit (every one failed, or is gone) -- its
-        ``flock`` goes with it, and a compaction may then take its unnamed bytes.  Those kept
-        for a result still able to commit are looked at again each time."""
+        no result with bytes in it may still commit (every one failed, or is gone) or may have
+        committed (``doubt``) -- its ``flock`` goes with it, and a compaction may then take its
+        unnamed bytes.  Those kept are looked at again each time."""
         if seg.retired and not seg.syncing and seg in self._segments:
             self._segments.remove(seg)
             self._retired.append(seg)
+        self._doubts = [d for d in self._doubts if not d[1]()]
+        doubted = set().union(*(held for held, _ in self._doubts))
         kept: list[_Segment] = []
         for old in self._retired:
-            if any(w._error is None for w in old.users):
+            if old in doubted or any(w._error is None for w in old.users):
                 kept.append(old)
             else:
                 with contextlib.suppress(OSError):

@@ -35,7 +35,7 @@ from .backend import Lock, open_backend
 from .chain import canonical_json
 from .checkpoints import Keys
 from .connect import bind_keys
-from .errors import ApprovalLapsed, IdempotencyRecord, JournalError, Lease
+from .errors import ApprovalLapsed, CommitUnknown, IdempotencyRecord, JournalError, Lease
 from .names import refuse_left_beside
 from .reader import JournalReader, default_signing_key
 from .reader_base import default_key_file
@@ -43,7 +43,7 @@ from .requests import Around, Batch, Fail, Hook, Posted
 from .rows import BARRIER_VALUES, attrs_json, decode_attrs
 from .sealing import AuditSealer, BrokerKey, UnsealedPayload, payload_aad
 from .segment_tables import SEGMENT_LOCKS, SEGMENT_REFS
-from .segments import SegmentStore
+from .segments import SegmentStore, SegmentWriter
 from .signing import SigningKey
 from .txn import Txn
 from .writer import Writer
@@ -672,7 +672,9 @@ class Journal(JournalReader):
 
         The marker holds each stream's chunk count and SHA-256 and the whole result's SHA-256;
         the returned event's attrs carry ``sha256``, ``chunks`` and ``bytes`` (and so does the
-        hash chain).  Any storage fault raises ``ResultStoreFailed``; nothing of it is kept.
+        hash chain).  Any storage fault raises ``ResultStoreFailed``; nothing of it is kept --
+        unless it is ``ResultStoreUnknown``: its COMMIT raised, and whether it landed is
+        unknown.
         ``expect`` ({stream: hex SHA-256 of its bytes}): the stored streams must be exactly
         these, or ``ResultStoreFailed`` is raised and nothing is written.  ``log`` (with
         ``expect``): the ``ChunkLog`` the chunks were posted with -- the stored chunks are then
@@ -685,4 +687,13 @@ class Journal(JournalReader):
         op = results.commit_op(self._key, self._audit, event, summary, expect, log, writer)
         if writer is not None:
             await writer.flush()
-        return await self._writer.submit(op, barrier=True, result_store=True)
+        try:
+            return await self._writer.submit(op, barrier=True, result_store=True)
+        except CommitUnknown:
+            # Its rows, naming the bytes in ``writer``'s segments, may be recovered after a
+            # crash: keep those segments locked from a compaction until a later commit is
+            # written over them (``Writer.appended``) or the store closes.
+            if self._segments is not None and isinstance(writer, SegmentWriter):
+                w, before = self._writer, self._writer.appended
+                self._segments.doubt(writer, lambda: w.appended != before)
+            raise

@@ -70,6 +70,10 @@ class Writer:
         self.sessions: dict[str, str | None] = {}
         self.known_head: int | None = None
         """The seq this writer last committed (None: unknown; the caches are empty)."""
+        self.appended = 0
+        """Transactions this writer committed that appended rows.  On SQLite each is written
+        over the frames a COMMIT that raised before it left in the -wal (``CommitUnknown``):
+        those are recovered by no open after it (``SegmentStore.doubt``)."""
         self.busy = False
         """A batch is in the writer thread: the cached projectors may be mid-change."""
         self.loop_thread: int | None = None

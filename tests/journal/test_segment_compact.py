@@ -6,15 +6,17 @@ any two steps leaves a journal that opens and verifies, and a rerun finishes the
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import os
+import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import trio
 
-from affidavit.journal import Journal, ResultStoreFailed
+from affidavit.journal import Journal, JournalReader, ResultStoreFailed, ResultStoreUnknown
 from affidavit.journal import compact as compact_mod
 from affidavit.statemachine import Event
 from affidavit.statemachine import EventKind as E
@@ -135,6 +137,65 @@ async def test_a_failed_segment_stays_held_while_a_result_synced_there_may_commi
         assert (got.segments, got.busy, got.removed) == (2, 2, 0)
         await _commit(live, done)
     kit.check(db)
+
+
+SQLITE_IOERR_FSYNC = 10 | (4 << 8)
+
+
+def _sync_fails_at_next_commit(j: Journal) -> None:
+    """The journal's next COMMIT raises as one whose -wal sync failed (whether it landed
+    unknown: ``CommitUnknown``); the commits after it go through."""
+    backend = j.backend
+    commit = backend.commit
+
+    def once(conn: object) -> None:
+        backend.commit = commit  # type: ignore[method-assign]
+        exc = sqlite3.OperationalError("disk I/O error")
+        exc.sqlite_errorcode = SQLITE_IOERR_FSYNC  # type: ignore[attr-defined]
+        raise exc
+
+    backend.commit = once  # type: ignore[method-assign]
+
+
+async def test_a_failed_segment_stays_held_while_a_result_there_may_have_committed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A result's commit ends ``CommitUnknown`` (its rows, naming its bytes, may be recovered by
+    an open after a crash) and its writer is gone with its call; then a sync fails and the
+    segment is retired.  No writer keeps it now, yet it stays locked -- a reclaim beside it
+    leaves the bytes those rows may name -- until a later commit is written over them."""
+    db = tmp_path / "j.db"
+    fail = kit.fail_a_sync(monkeypatch, armed=False)
+    async with Journal.open(db) as live:
+        for ev in happy("inv-done"):
+            await live.append(ev)
+        done = await kit.put_all(live, "inv-done", kit.DONE)
+        with trio.fail_after(kit.LIMIT):
+            await done.flush()
+        _sync_fails_at_next_commit(live)
+        with pytest.raises(ResultStoreUnknown):
+            await _commit(live, done)
+        del done  # its call ended
+        gc.collect()
+        fail["next"] = True
+        lost = await kit.put_all(live, "inv-lost", kit.body(6))
+        with trio.fail_after(kit.LIMIT), pytest.raises(ResultStoreFailed):
+            await lost.flush()
+        after = await kit.put_all(live, "inv-after", kit.body(6))  # retires the failed one
+        with trio.fail_after(kit.LIMIT):
+            await after.drain()
+        assert len(kit.segments(db)) == 2
+        got = await _reclaim(db)
+        assert (got.segments, got.busy, got.removed) == (2, 2, 0)
+
+        await live.append(happy("inv-later")[0], barrier=True)  # written over the doubted one
+        with trio.fail_after(kit.LIMIT):
+            await after.flush()  # a sync round: the retired segment is looked at again
+        got = await _reclaim(db)
+        assert (got.segments, got.busy) == (2, 1)  # the writer's current segment alone
+    with JournalReader.open(db) as r:
+        assert r.verify().ok
+        assert r.read_result("inv-done") is None  # the later commit settled it: never landed
 
 
 @pytest.mark.parametrize("step", ["locked", "unlinked", "truncated", "punched"])
