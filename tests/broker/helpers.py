@@ -17,6 +17,7 @@ import os
 import socket
 import sqlite3
 import sys
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ import trio
 
 from affidavit.api.broker import Broker
 from affidavit.config import load_config
+from affidavit.journal.boot import boot_lapsed
 from affidavit.statemachine import Event, EventKind, Record
 
 __all__ = [
@@ -414,3 +416,17 @@ async def stalled_call(
                 yield stalled
             finally:
                 stall.resume.set()
+
+
+async def until_lease_lapsed(accepted: Event, *, after: float = 0.0, step: float = 0.05) -> None:
+    """Wait until the first attempt's lease (``accepted``: its ACTION_ACCEPTED) has run out by
+    every clock recovery judges it by (``recovery.recover_stale``): the wall clock
+    (``lease_expires_at``, plus ``after``) and, taken on this boot, the boot clock
+    (``lease_boot``).  The boot stamp is made a little after the wall-clock deadline, so it ends
+    a little later -- tens of milliseconds on a loaded machine, where a recovery judged in
+    between found the lease live, closed nothing, and the stopped worker then committed."""
+    expires = float(accepted.attrs["lease_expires_at"])
+    length = expires - accepted.at
+    boot = accepted.attrs.get("lease_boot")
+    while time.time() <= expires + after or boot_lapsed(boot, length) is False:
+        await trio.sleep(step)

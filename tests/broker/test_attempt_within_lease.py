@@ -28,7 +28,7 @@ from affidavit.statemachine import EventKind
 from tests.http.hostile import HostileServer, Peer, Reply
 
 from .approvalkit import reconcile_target
-from .helpers import http_target, write_config
+from .helpers import http_target, until_lease_lapsed, write_config
 from .http_rows import IDEM, POST
 
 E = EventKind
@@ -114,8 +114,7 @@ async def test_a_first_attempt_whose_lease_ran_out_is_stopped_at_its_gate(
                     (action,) = b.journal.list_actions()
                     iid = action.invocation_id
                     (accepted,) = [e for e in b.journal.events(iid) if e.kind is E.ACTION_ACCEPTED]
-                    while time.time() <= accepted.attrs["lease_expires_at"]:
-                        await trio.sleep(0.05)  # A's lease runs out; nobody acts yet
+                    await until_lease_lapsed(accepted)  # A's lease runs out; nobody acts yet
                     resume.set()
                     with trio.move_on_after(1.0):
                         await srv.event("a_received").wait()  # A dispatched after all
@@ -222,8 +221,7 @@ async def test_a_reconciliation_cannot_close_a_first_attempt_dispatched_after_it
                 (action,) = b.journal.list_actions()
                 iid = action.invocation_id
                 (accepted,) = [e for e in b.journal.events(iid) if e.kind is E.ACTION_ACCEPTED]
-                while time.time() <= accepted.attrs["lease_expires_at"]:
-                    await trio.sleep(0.05)
+                await until_lease_lapsed(accepted)
                 resume.set()
                 with trio.move_on_after(1.0):
                     await srv.event("post_received").wait()

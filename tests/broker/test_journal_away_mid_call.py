@@ -15,7 +15,6 @@ real socket) holds its answer:
 
 from __future__ import annotations
 
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -33,7 +32,7 @@ from affidavit.statemachine import EventKind
 from tests.http.hostile import HostileServer, Peer, Reply, Script
 from tests.postgres import Cluster
 
-from .helpers import http_target, write_config
+from .helpers import http_target, until_lease_lapsed, write_config
 
 LIMIT = 60
 RECONNECT = 0.5
@@ -161,8 +160,7 @@ async def test_broker_call_names_the_invocation_and_the_record_tells_the_rest(
                 # The database is back: once the call's lease ran out, a read closes the record
                 # with what it proves -- dispatched, no result: unknown.
                 (accepted,) = [e for e in b.events(iid) if e.kind is EventKind.ACTION_ACCEPTED]
-                while time.time() <= accepted.attrs["lease_expires_at"]:
-                    await trio.sleep(0.1)
+                await until_lease_lapsed(accepted)
                 env = await b.fetch_result(iid)
                 assert env is not None and "result" not in env, env
                 err = env["error"]

@@ -43,7 +43,7 @@ from affidavit.journal import boot
 from affidavit.statemachine import Event, EventKind, Record
 from tests.http.hostile import HostileServer, Peer, Reply, Script
 
-from .helpers import http_target, stalled_call, write_config
+from .helpers import http_target, stalled_call, until_lease_lapsed, write_config
 from .http_rows import IDEM, POST
 
 E = EventKind
@@ -171,8 +171,7 @@ async def _scenario(tmp: Path, backend: str, when: str, request: pytest.FixtureR
                 (action,) = a.journal.list_actions()
                 iid = action.invocation_id
                 (accepted,) = [e for e in a.journal.events(iid) if e.kind is E.ACTION_ACCEPTED]
-                while time.time() <= accepted.attrs["lease_expires_at"]:
-                    await trio.sleep(0.05)  # A's lease runs out while A is stopped
+                await until_lease_lapsed(accepted)  # A's lease runs out while A is stopped
                 if when == "recovered_only":
                     closed = await b.fetch_result(iid)  # recovery closes A's attempt
                     assert closed is not None and closed["error"]["outcome"] == "unknown"
@@ -224,7 +223,7 @@ async def test_a_worker_whose_lease_ran_out_after_dispatch_writes_nothing_into_t
     # be confused with).  Every event of an attempt names its generation.
     lease_at = next((e.seq for e in run.events if e.kind is E.RETRY_LEASE_ACQUIRED), None)
     lost = [e for e in run.events if e.kind is E.LEASE_LOST]
-    assert [e.attrs["generation"] for e in lost] == [0], kinds
+    assert [e.attrs["generation"] for e in lost] == [0], (kinds, run.env_a)
     assert [w["generation"] for w in run.record.evidence["stale_workers"]] == [0]
     env_a = run.env_a
     err = env_a["error"]
@@ -340,8 +339,7 @@ async def test_a_stale_worker_s_result_chunk_does_not_replace_the_newer_attempt_
                 (action,) = a.journal.list_actions()
                 iid = action.invocation_id
                 (accepted,) = [e for e in a.journal.events(iid) if e.kind is E.ACTION_ACCEPTED]
-                while time.time() <= accepted.attrs["lease_expires_at"]:
-                    await trio.sleep(0.05)
+                await until_lease_lapsed(accepted)
                 nursery.start_soon(call, "b", b)
                 await b_stored.wait()
                 resume.set()
@@ -520,8 +518,7 @@ async def test_a_first_attempt_whose_lease_ran_out_sends_no_next_hop(
             (action,) = a.journal.list_actions()
             iid = action.invocation_id
             (accepted,) = [e for e in a.journal.events(iid) if e.kind is E.ACTION_ACCEPTED]
-            while time.time() <= accepted.attrs["lease_expires_at"] + 0.1:
-                await trio.sleep(0.05)  # A's lease runs out while it is stopped
+            await until_lease_lapsed(accepted, after=0.1)  # A's lease runs out while it is stopped
         record = a.record(iid)
         assert record is not None
         events = a.events(iid)

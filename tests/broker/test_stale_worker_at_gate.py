@@ -17,7 +17,6 @@ delivered, or -- with no retry at all -- once recovery alone closed A's attempt.
 from __future__ import annotations
 
 import dataclasses
-import time
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +29,7 @@ from affidavit.engine import CallControl, EngineSettings
 from affidavit.statemachine import EventKind
 from tests.http.hostile import HostileServer, Peer, Reply
 
-from .helpers import http_target, stalled_call, write_config
+from .helpers import http_target, stalled_call, until_lease_lapsed, write_config
 from .http_rows import IDEM, POST
 
 E = EventKind
@@ -69,8 +68,7 @@ async def test_a_worker_stopped_at_its_gate_answers_with_the_record_and_nothing_
                 (action,) = a.journal.list_actions()
                 iid = action.invocation_id
                 (accepted,) = [e for e in a.journal.events(iid) if e.kind is E.ACTION_ACCEPTED]
-                while time.time() <= accepted.attrs["lease_expires_at"]:
-                    await trio.sleep(0.05)  # A's lease runs out while A is stopped
+                await until_lease_lapsed(accepted)  # A's lease runs out while A is stopped
                 if when == "recovered_only":
                     closed = await b.fetch_result(iid)  # recovery closes A's attempt
                     assert closed is not None and closed["evidence"]["state"] == "setup_failed"

@@ -22,7 +22,6 @@ resumes and its first write fails, nothing written (the journal takes the next):
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +35,7 @@ from affidavit.journal import JournalWriteError
 from affidavit.statemachine import EventKind
 from tests.http.hostile import HostileServer, Peer, Reply
 
-from .helpers import http_target, write_config
+from .helpers import http_target, until_lease_lapsed, write_config
 from .http_rows import IDEM, POST
 
 E = EventKind
@@ -126,8 +125,7 @@ async def test_a_stale_worker_s_failure_never_closes_the_attempt_that_took_over(
                     (action,) = a.journal.list_actions()
                     iid = action.invocation_id
                     (accepted,) = [e for e in b.events(iid) if e.kind is E.ACTION_ACCEPTED]
-                    while time.time() <= accepted.attrs["lease_expires_at"]:
-                        await trio.sleep(0.05)  # A's lease runs out while A is stopped
+                    await until_lease_lapsed(accepted)  # A's lease runs out while A is stopped
                     nursery.start_soon(call_b)
                     await srv.event("b_received").wait()  # B's retry is in flight
                     if failure == "journal":
