@@ -58,7 +58,7 @@ CHUNK = 64 * 1024
 _DRAIN_PASSES = 8
 """Passes over both streams in one ``drain`` at most: a round whose drain did not learn the order
 makes no call that pumps and goes round again (reading on), so the bound only keeps a round --
-its host key and liveness checks -- from waiting on a stream that keeps delivering."""
+its host key and liveness checks -- from waiting on streams that keep delivering."""
 
 
 class _Run:
@@ -232,7 +232,7 @@ class _Run:
             self.too_large(exc)
         return "data"
 
-    async def drain(self, eof: dict[str, bool]) -> tuple[bool, bool]:
+    async def drain(self, eof: dict[str, bool], waiting: bool) -> tuple[bool, bool]:
         """Read both streams until the order of what libssh holds is known; (known, moved).
 
         libssh 0.11 appends a stream's data to one buffer and keeps the channel's EOF as a flag
@@ -244,22 +244,29 @@ class _Run:
         0.5 s after, a sink that took 0.8 s for "out": committed ``out\nlate\n``).  A read
         pumps packets only while the flag is unset (``ssh_channel_poll``), so reads after it
         drain the buffers without taking anything more off the socket.  The order is known
-        when the last read found nothing and was no EOF (the flag unset: a pump now adds data
-        sent before any EOF, or the EOF) or both streams answered EOF (both drained, the flag
-        set: whatever comes now is after the EOF and is caught).  Until then no call that
-        pumps is made; a bounded number of passes keeps each round short."""
+        when the last read found nothing and was no EOF -- its pump left the flag unset, so
+        everything either buffer holds came before any EOF, and a pump now adds more of it or
+        the EOF -- or both streams answered EOF (both drained, the flag set: whatever comes
+        now is after the EOF and is caught).  Until then no call that pumps is made.
+
+        ``waiting``: a call that pumps (a stdin write, ``send_eof``) waits for the order, so
+        the drain ends at the first read that knows it, output still arriving or not -- a
+        remote that prints without pause while it reads stdin never leaves both streams empty.
+        Otherwise it reads on while output arrives (fewer rounds per byte).  Each stream is
+        read at least once (data already in a buffer does not wake a park on the socket);
+        a bounded number of passes keeps each round short."""
         moved = False
-        for _ in range(_DRAIN_PASSES):
-            was = dict(eof)
-            out = await self.read_stream("stdout", eof)
-            err = await self.read_stream("stderr", eof)
-            moved = moved or "data" in (out, err) or eof != was
-            if "data" in (out, err):
-                continue
-            if err == "none" or (out, err) == ("eof", "eof"):
+        quiet = 0  # reads in a row that took no data
+        for i in range(2 * _DRAIN_PASSES):
+            name = ("stdout", "stderr")[i % 2]
+            was = eof[name]
+            got = await self.read_stream(name, eof)
+            moved = moved or got == "data" or eof[name] != was
+            quiet = 0 if got == "data" else quiet + 1
+            if eof["stdout"] and eof["stderr"]:
                 return True, moved
-            # stdout found nothing, then the stderr read's pump brought the EOF in: stdout's
-            # buffer may hold data it brought as well.  The next pass reads it without a pump.
+            if i and got == "none" and (waiting or quiet >= 2):
+                return True, moved
         return False, moved
 
     async def collect(self) -> RemoteResult:
@@ -279,7 +286,7 @@ class _Run:
             try:
                 # Every call below that may take packets off the socket comes after a drain
                 # that knew the order (``drain``); a round whose drain did not ends here.
-                known, progressed = await self.drain(eof)
+                known, progressed = await self.drain(eof, stdin_open)
                 wrote = False
                 try:
                     # Never more than the remote's window: ssh-python's write loops in C until
@@ -315,7 +322,7 @@ class _Run:
                     self.stdin_unsent = len(pending)
                     progressed = True
                 if wrote:
-                    known, moved = await self.drain(eof)
+                    known, moved = await self.drain(eof, stdin_open)
                     progressed = progressed or moved
                 if (
                     known

@@ -34,6 +34,10 @@ Commands (the first word selects the behaviour):
                    ``last`` (after "out\n", exit-status 0 and EOF; the close 0.3 s later)
   stall <s>        read no stdin for s seconds (the receive window, once used up, stays shut),
                    then read it to EOF and write its byte count, exit-status 0, close
+  flood <n> <to>   print "tick\n" every 0.2 ms (``to``: ``stdout``, ``stderr`` or ``both``, then
+                   alternately) until n bytes of stdin were read, then "done\n" on stdout,
+                   exit-status 0, EOF, close: a remote that never pauses its output while it
+                   needs stdin
   rekeystall <s>   read no stdin for 0.2 s, then open the window again and start a key
                    re-exchange (one TCP segment) that never finishes: nothing more is read;
                    the connection dropped s seconds later (use with user "smallwin")
@@ -110,6 +114,7 @@ class _Session(asyncssh.SSHServerSession[str]):
         self._chan: Any = None
         self._command = ""
         self._stdin = 0
+        self._flood: asyncio.Task[None] | None = None
 
     def connection_made(self, chan: Any) -> None:
         self._chan = chan
@@ -242,6 +247,8 @@ class _Session(asyncssh.SSHServerSession[str]):
         elif verb == "rekeystall":
             loop.call_soon(chan.pause_reading)  # as ``stall``: the small window fills and stays
             loop.call_later(0.2, self._rekeystall, conn, float(words[1]))
+        elif verb == "flood":
+            self._flood = loop.create_task(self._tick(int(words[1]), words[2]))
         elif verb == "echosig":
             # A remote that echoes the password it was given as an exit-signal name, then the
             # connection breaks: the name is remote-controlled text like any output.
@@ -266,6 +273,17 @@ class _Session(asyncssh.SSHServerSession[str]):
             chan.close()
         else:
             asyncio.get_running_loop().call_later(0.3, chan.close)
+
+    async def _tick(self, need: int, to: str) -> None:
+        chan, n = self._chan, 0
+        with contextlib.suppress(BrokenPipeError):  # the client gave up and closed the channel
+            while self._stdin < need:
+                err = to == "stderr" or (to == "both" and n % 2 == 1)
+                (chan.write_stderr if err else chan.write)("tick\n")
+                n += 1
+                await asyncio.sleep(0.0002)
+            chan.write("done\n")
+            chan.exit(0)
 
     def data_received(self, data: str, datatype: Any) -> None:
         self._stdin += len(data)
