@@ -5,7 +5,7 @@ gate/observe/sink calls."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -88,6 +88,8 @@ class Recorder:
     gate_raises: BaseException | None = None
     sink_delay: float = 0.0
     """Seconds each chunk takes to store (the engine's sink journals it)."""
+    on_chunk: Callable[[str, bytes], None] | None = None
+    """Called with each chunk as the sink takes it, before ``sink_delay``."""
     gate_calls: list[dict[str, Any]] = field(default_factory=list)
     steps: list[tuple[Step, dict[str, Any]]] = field(default_factory=list)
     chunks: list[tuple[str, bytes]] = field(default_factory=list)
@@ -109,6 +111,8 @@ class Recorder:
 
     async def _sink(self, stream: str, data: bytes) -> None:
         self.chunks.append((stream, data))
+        if self.on_chunk is not None:
+            self.on_chunk(stream, data)
         if self.sink_delay:
             await trio.sleep(self.sink_delay)
 

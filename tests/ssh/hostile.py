@@ -22,9 +22,10 @@ Commands (the first word selects the behaviour):
                    ``k<NAME>`` exit-signal NAME), then EOF and close
   strayexit        write "partial\n", send exit-status 0 on a channel id the client never
                    opened, then EOF and close the session channel
-  lateout [now|split]  write "out\n", EOF, then "late\n" on stdout after the EOF, exit-status 0,
-                   close (0.1 s apart; ``now``: at once, in one TCP segment; ``split``: "out" and
-                   EOF in one segment, the rest 0.5 s, 0.55 s and 0.6 s later)
+  lateout [now|split [hold]]  write "out\n", EOF, then "late\n" on stdout after the EOF,
+                   exit-status 0, close (0.1 s apart; ``now``: at once, in one TCP segment;
+                   ``split``: "out" and EOF in one segment, the rest once the test cues "late"
+                   (``HostileServer.cue``), 0.05 s apart; ``hold``: stdin never read)
   echosig          write "out\n", send an exit-signal named ``PASSWORD``, abort the connection
   big <n>          write ``big_output(n)`` (n bytes of numbered ASCII lines), exit-status 0
   exitdrop         write "out\n", exit-status 0, EOF, close, then close the TCP connection at once
@@ -114,7 +115,7 @@ class _Session(asyncssh.SSHServerSession[str]):
         self._chan: Any = None
         self._command = ""
         self._stdin = 0
-        self._flood: asyncio.Task[None] | None = None
+        self._task: asyncio.Task[None] | None = None  # a behaviour that runs on
 
     def connection_made(self, chan: Any) -> None:
         self._chan = chan
@@ -205,20 +206,19 @@ class _Session(asyncssh.SSHServerSession[str]):
             chan._send_request(b"exit-status", UInt32(0))
             chan.close()
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CORK, 0)
-        elif verb == "lateout" and words[1:] == ["split"]:
-            # "out" and EOF in one TCP segment (the client's libssh takes both in one read),
-            # "late" 0.5 s after them -- long enough for a loaded client to have read the
-            # segment first: the data in front of the EOF is not yet read (its sink is slower)
-            # when the client's next pump takes the late data in.
+        elif verb == "lateout" and words[1:2] == ["split"]:
+            # "out" and EOF in one TCP segment (the client's libssh takes both in one read);
+            # "late" once the test cues "late" -- when its sink has "out" in hand, so the data
+            # in front of the EOF is not yet read when the client's next pump can take the late
+            # data in.  ``hold``: no stdin is ever read (with "smallwin" the window stays shut).
+            if words[2:] == ["hold"]:
+                loop.call_soon(chan.pause_reading)
             sock = conn.get_extra_info("socket")
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CORK, 1)
             chan.write("out\n")
             chan.write_eof()
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CORK, 0)
-            late = UInt32(chan._send_chan) + String(b"late\n")
-            loop.call_later(0.5, conn.send_packet, MSG_CHANNEL_DATA, late)
-            loop.call_later(0.55, chan._send_request, b"exit-status", UInt32(0))
-            loop.call_later(0.6, chan.close)
+            self._task = loop.create_task(self._late_on_cue())
         elif verb == "lateout":
             chan.write("out\n")
             chan.write_eof()
@@ -248,7 +248,7 @@ class _Session(asyncssh.SSHServerSession[str]):
             loop.call_soon(chan.pause_reading)  # as ``stall``: the small window fills and stays
             loop.call_later(0.2, self._rekeystall, conn, float(words[1]))
         elif verb == "flood":
-            self._flood = loop.create_task(self._tick(int(words[1]), words[2]))
+            self._task = loop.create_task(self._tick(int(words[1]), words[2]))
         elif verb == "echosig":
             # A remote that echoes the password it was given as an exit-signal name, then the
             # connection breaks: the name is remote-controlled text like any output.
@@ -273,6 +273,19 @@ class _Session(asyncssh.SSHServerSession[str]):
             chan.close()
         else:
             asyncio.get_running_loop().call_later(0.3, chan.close)
+
+    async def _late_on_cue(self) -> None:
+        """``lateout split``: "late" on stdout once cued (at most 5 s), exit-status 0, close."""
+        chan = self._chan
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._srv.cued("late"), 5)
+        chan.get_extra_info("connection").send_packet(
+            MSG_CHANNEL_DATA, UInt32(chan._send_chan) + String(b"late\n")
+        )
+        await asyncio.sleep(0.05)
+        chan._send_request(b"exit-status", UInt32(0))
+        await asyncio.sleep(0.05)
+        chan.close()
 
     async def _tick(self, need: int, to: str) -> None:
         chan, n = self._chan, 0
@@ -367,6 +380,7 @@ class HostileServer:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._server: Any = None
+        self._cues: dict[str, asyncio.Event] = {}
 
     def start(self) -> HostileServer:
         self._thread.start()
@@ -383,6 +397,15 @@ class HostileServer:
             login_timeout=30,
         )
         self.port = self._server.sockets[0].getsockname()[1]
+
+    def cue(self, name: str) -> None:
+        """From any thread: let the behaviour waiting for ``name`` go on."""
+        self._loop.call_soon_threadsafe(lambda: self._cues.setdefault(name, asyncio.Event()).set())
+
+    async def cued(self, name: str) -> None:
+        """On the server's loop: wait until ``name`` is cued, and consume the cue."""
+        await self._cues.setdefault(name, asyncio.Event()).wait()
+        del self._cues[name]
 
     def stop(self) -> None:
         async def _close() -> None:

@@ -336,18 +336,28 @@ async def test_data_after_eof_is_no_result_and_found_at_once(
     assert rec.ctx.machine.state == "interrupted" and not rec.ctx.machine.complete
 
 
+@pytest.mark.parametrize("stdin", [None, b"x" * 100_000], ids=["no-stdin", "stdin-waiting"])
 async def test_data_after_eof_taken_in_while_the_data_before_it_was_stored_is_no_result(
-    hostile: HostileServer, key: bytes
+    hostile: HostileServer, key: bytes, stdin: bytes | None
 ) -> None:
-    # "out" and EOF arrive in one read; the sink takes 0.8 s to store "out", meanwhile "late"
-    # arrives (0.5 s after them).  A read answers EOF only once the buffer is empty, so the EOF
-    # was not yet seen; the round's get_exit_state() then took "late" into the same buffer, and
-    # the result was committed as stdout "out\nlate\n".  Now no call pumps until a drain knew
-    # the order.
+    # "out" and EOF arrive in one read; "late" is sent once the sink has "out" in hand, and
+    # arrives while it stores it (0.3 s).  A read answers EOF only once the buffer is empty, so
+    # the EOF was not yet seen; the round's get_exit_state() then took "late" into the same
+    # buffer, and the result was committed as stdout "out\nlate\n".  Now no call pumps until a
+    # drain knew the order.  With stdin waiting (never read, the window shut) the drain ends at
+    # the first read that knows it: a stderr read answering EOF is no such read.
+    def cue(stream: str, data: bytes) -> None:
+        if data == b"out\n":
+            hostile.cue("late")
+
+    hold = " hold" if stdin else ""
     for _ in range(2):
-        rec = Recorder(sink_delay=0.8)
-        with pytest.raises(AttemptInterrupted) as ei:
-            await _run(hostile, key, "lateout split", rec)
+        rec = Recorder(sink_delay=0.3, on_chunk=cue)
+        with trio.fail_after(10), pytest.raises(AttemptInterrupted) as ei:
+            target = hostile_target(hostile, "smallwin")
+            await perform(
+                target, prepare_credential(key), f"lateout split{hold}", stdin, rec.ctx
+            )  # fmt: skip
         assert rec.events[-1] == "stream_broken", rec.events
         assert "data after the channel's EOF" in ei.value.detail
         assert ei.value.code in (Code.REMOTE_OUTCOME_UNKNOWN, Code.REMOTE_RESULT_INCOMPLETE)
