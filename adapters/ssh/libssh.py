@@ -3,7 +3,8 @@
 Every libssh call on the trio thread is made with the session in non-blocking mode; when it
 answers "again" we park on ``trio.lowlevel.wait_readable/wait_writable`` for the direction libssh
 says it is waiting on.  The one exception, a stdin write on its worker thread (``Io.write``),
-runs blocking, its waits bounded by the session timeout.
+runs blocking: its waits in libssh's poll are bounded by the session timeout, its send() into
+a full socket by nothing but the write's stall bound or cancellation.
 What a failure proves is not decided here (see ``driver.py``); this module only moves bytes and
 describes library exceptions without secrets.
 """
@@ -54,6 +55,7 @@ class Io:
         # The longest a libssh call made in blocking mode -- only ``Io.write``'s, on its worker
         # -- waits in libssh's poll on the socket before it answers (SSH_TIMEOUT_DEFAULT in
         # ``ssh_handle_packets_termination``: the session's timeout, infinite while unset).
+        # Not a bound on its send(): see ``Io.write``.
         # libssh reads the option as a C ``long``; ssh-python's ``options_set_int_val`` hands
         # it an ``int`` (the upper half read from whatever follows on the stack), so the long
         # is passed as its native bytes.
@@ -100,8 +102,12 @@ class Io:
         call (``_Write.run``), so each of those rounds waits in libssh's poll on the socket
         for the exchange's next packet, at most ``_RECHECK_SECONDS``, instead of asking again
         at once: a non-blocking session polled with timeout 0, and the loop spun one core
-        until the bound (measured: 1.75 s of CPU in a 2.2 s stall).  The call's closing flush
-        waits the same way, at most as long, for a socket the kernel will not take more on.
+        until the bound (measured: 1.75 s of CPU in a 2.2 s stall).  That timeout does not
+        bound the bytes' way into the kernel: libssh makes the socket blocking again once it
+        is connected (``src/socket.c:360``), whatever the session's mode, so the packet is
+        handed over by a blocking send() that waits for as long as the remote reads nothing
+        off its socket (measured: a 64 KiB piece 3.0 s, until a server that stopped reading
+        dropped the connection).  Only ``stall`` and cancellation end that wait.
 
         The session is never used by two threads at once: ``_Write`` says whether the worker
         began the call.  Given up before it began, the worker never touches the session; given
@@ -218,7 +224,8 @@ def text(value: Any) -> str:
 _WRITERS: trio.lowlevel.RunVar[trio.CapacityLimiter] = trio.lowlevel.RunVar("ssh_writers")
 WRITERS = 8
 """Stdin writes of SSH calls on worker threads at once (``Io.write``): each stuck one (a key
-re-exchange that never ends) spins a core until its ``stall``; the rest wait their turn."""
+re-exchange that never ends, a remote that reads nothing off its socket) holds its thread,
+waiting in libssh's poll or in send(), until its ``stall``; the rest wait their turn."""
 
 
 def _writers() -> trio.CapacityLimiter:

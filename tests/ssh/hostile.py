@@ -39,6 +39,9 @@ Commands (the first word selects the behaviour):
                    alternately) until n bytes of stdin were read, then "done\n" on stdout,
                    exit-status 0, EOF, close: a remote that never pauses its output while it
                    needs stdin
+  deaf <s>         keep the session's window open but read nothing more off the TCP socket (its
+                   receive buffer shrunk to 4 KiB): a client's stdin write blocks in send() once
+                   the kernel's buffers are full; the connection dropped s seconds later
   rekeystall <s>   read no stdin for 0.2 s, then open the window again and start a key
                    re-exchange (one TCP segment) that never finishes: nothing more is read;
                    the connection dropped s seconds later (use with user "smallwin")
@@ -244,6 +247,10 @@ class _Session(asyncssh.SSHServerSession[str]):
             # data is delivered, so no window adjust is sent.
             loop.call_soon(chan.pause_reading)
             loop.call_later(float(words[1]), chan.resume_reading)
+        elif verb == "deaf":
+            conn.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            loop.call_soon(conn._transport.pause_reading)
+            loop.call_later(float(words[1]), conn.abort)
         elif verb == "rekeystall":
             loop.call_soon(chan.pause_reading)  # as ``stall``: the small window fills and stays
             loop.call_later(0.2, self._rekeystall, conn, float(words[1]))

@@ -9,6 +9,7 @@ opened the window again: the exec timeout, cancellation and every other task sto
 
 from __future__ import annotations
 
+import socket
 import time
 
 import pytest
@@ -157,12 +158,43 @@ async def test_a_caller_cancelling_during_a_stuck_reexchange_is_answered_at_once
     assert rec.events[-1] == "cancelled" and rec.ctx.machine.dispatched
 
 
+async def test_a_write_the_server_never_takes_off_its_socket_is_ended_at_the_stall_bound(
+    hostile: HostileServer, ssh_keys: SshKeys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The window is open, but the server reads nothing more off its socket.  libssh sets the
+    # socket blocking again once connected (src/socket.c:360), so a piece of stdin is handed to
+    # the kernel by a blocking send(): the session timeout (0.25 s) bounds none of that wait,
+    # only the stall bound (the connect timeout) and cancellation end it.  A small send buffer
+    # on the client's side makes the kernel's buffers full after a few KiB.
+    init = libssh.Io.__init__
+
+    def small_send_buffer(self: libssh.Io, session: object, fd: int) -> None:
+        init(self, session, fd)
+        lent = socket.socket(fileno=fd)
+        try:
+            lent.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+        finally:
+            lent.detach()
+
+    monkeypatch.setattr(libssh.Io, "__init__", small_send_buffer)
+    rec = Recorder()
+    target = hostile_target(hostile, "bob", exec=30.0, connect=1.0)
+    cred = prepare_credential(ssh_keys.client_key)
+    with trio.fail_after(20):
+        res, gaps, took = await _ticking(perform(target, cred, "deaf 6", STDIN * 10, rec.ctx))
+    assert isinstance(res, AttemptInterrupted), res
+    assert res.code == Code.REMOTE_OUTCOME_UNKNOWN and rec.events[-1] == "connection_lost"
+    assert "did not return within 1.0s" in res.detail
+    assert took < 4.0  # 1 s, not the server's 6 s
+    assert max(gaps) < LOOP_HELD  # the write waits on its worker, not on the trio thread
+
+
 async def test_a_blocking_libssh_call_waits_at_most_the_recheck(
     hostile: HostileServer, ssh_keys: SshKeys
 ) -> None:
     # ``Io`` sets libssh's session timeout: without it a blocking call (the stdin write's, on
-    # its worker) waits in libssh's poll without end -- its closing flush, for a socket the
-    # kernel takes nothing more on, held the write until the connection was ended for it.
+    # its worker) waits in libssh's poll without end -- for a key re-exchange's next packet.
+    # It bounds libssh's polls only, not a send() into a full socket (the test above).
     rec = Recorder()
     conn = connect.Connection(
         hostile_target(hostile), prepare_credential(ssh_keys.client_key), rec.ctx
