@@ -204,8 +204,11 @@ async def test_a_blocking_libssh_call_waits_at_most_the_recheck(
     assert conn.io is not None and conn.channel is not None
     io, channel = conn.io, conn.channel
 
+    began = trio.Event()
+
     def blocking_read() -> float:
         io.session.set_blocking(True)
+        trio.from_thread.run_sync(began.set)
         start = time.monotonic()
         try:
             channel.read(16)  # nothing ever comes: no command was requested
@@ -216,6 +219,9 @@ async def test_a_blocking_libssh_call_waits_at_most_the_recheck(
         return time.monotonic() - start
 
     async def watchdog() -> None:
+        # Counted from the read's start, as ``took`` is: a worker thread a loaded machine
+        # starts late must not shorten the wait the test would see without the timeout.
+        await began.wait()
         await trio.sleep(3.0)
         io.end()  # a read that waits without end returns once the socket is shut down
 
