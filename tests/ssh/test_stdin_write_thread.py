@@ -119,6 +119,42 @@ async def test_the_write_runs_on_a_blocking_session_and_leaves_it_non_blocking(
     assert session.blocking == [True, False, True, False]
 
 
+@pytest.mark.parametrize("end", ["stall", "cancel"])
+async def test_the_blocking_mode_is_given_back_once_a_write_given_up_returns(
+    pair: tuple[socket.socket, ...], end: str
+) -> None:
+    """Given up -- its stall passed, or trio abandoned the worker on a cancel -- the call
+    returns once the connection is ended under it, and only then is the session made
+    non-blocking again: never while the call still uses it, never left blocking."""
+    near, far = pair
+    session = FakeSession()
+    channel = FakeChannel(far)  # never released: only the connection's end returns it
+    modes: list[tuple[bool, bool]] = []  # (blocking, the channel's write still running)
+    set_blocking = session.set_blocking
+
+    def observed(blocking: bool) -> None:
+        modes.append((bool(blocking), channel.busy))
+        set_blocking(blocking)
+
+    session.set_blocking = observed  # type: ignore[method-assign]
+    io = _io(near, session)
+    with trio.fail_after(BOUND):
+        if end == "stall":
+            assert await io.write(channel, b"abc", stall=0.1) is None
+        else:
+            with trio.CancelScope() as scope:
+                async with trio.open_nursery() as nursery:
+
+                    async def cancel_once_running() -> None:
+                        await trio.to_thread.run_sync(channel.began.wait, BOUND)
+                        scope.cancel()
+
+                    nursery.start_soon(cancel_once_running)
+                    await io.write(channel, b"abc", stall=BOUND)
+            assert scope.cancelled_caught
+    assert modes == [(True, False), (False, False)] and channel.calls == 1
+
+
 async def test_a_write_cancelled_before_its_thread_began_never_begins(
     pair: tuple[socket.socket, ...],
 ) -> None:
