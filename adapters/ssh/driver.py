@@ -254,7 +254,9 @@ class _Run:
         remote that prints without pause while it reads stdin never leaves both streams empty.
         Otherwise it reads on while output arrives (fewer rounds per byte).  Each stream is
         read at least once (data already in a buffer does not wake a park on the socket);
-        a bounded number of passes keeps each round short."""
+        a bounded number of passes keeps each round short.  What it proves holds for the next
+        call's first read off the socket: a blocking stdin write may take several, and data
+        after an EOF taken in by a later one is not told apart (docs/ssh-driver.md)."""
         moved = False
         quiet = 0  # reads in a row that took no data
         for i in range(2 * _DRAIN_PASSES):

@@ -42,6 +42,8 @@ Commands (the first word selects the behaviour):
   deaf <s>         keep the session's window open but read nothing more off the TCP socket (its
                    receive buffer shrunk to 4 KiB): a client's stdin write blocks in send() once
                    the kernel's buffers are full; the connection dropped s seconds later
+  deaflate         as ``deaf``, and meanwhile "out\n" and EOF in one TCP segment, "late\n"
+                   0.1 s after them, exit-status 0, close; reading resumes 1 s in
   rekeystall <s>   read no stdin for 0.2 s, then open the window again and start a key
                    re-exchange (one TCP segment) that never finishes: nothing more is read;
                    the connection dropped s seconds later (use with user "smallwin")
@@ -251,6 +253,25 @@ class _Session(asyncssh.SSHServerSession[str]):
             conn.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
             loop.call_soon(conn._transport.pause_reading)
             loop.call_later(float(words[1]), conn.abort)
+        elif verb == "deaflate":
+            # As ``deaf``, while the client's write waits: "out" and EOF in one TCP segment,
+            # "late" 0.1 s later, exit-status 0, close; reading resumes after 1 s.
+            sock = conn.get_extra_info("socket")
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            loop.call_soon(conn._transport.pause_reading)
+
+            def out_eof() -> None:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CORK, 1)
+                chan.write("out\n")
+                chan.write_eof()
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CORK, 0)
+
+            late = UInt32(chan._send_chan) + String(b"late\n")
+            loop.call_later(0.3, out_eof)
+            loop.call_later(0.4, conn.send_packet, MSG_CHANNEL_DATA, late)
+            loop.call_later(0.45, chan._send_request, b"exit-status", UInt32(0))
+            loop.call_later(0.5, chan.close)
+            loop.call_later(1.0, conn._transport.resume_reading)
         elif verb == "rekeystall":
             loop.call_soon(chan.pause_reading)  # as ``stall``: the small window fills and stays
             loop.call_later(0.2, self._rekeystall, conn, float(words[1]))

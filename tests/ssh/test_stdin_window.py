@@ -158,17 +158,13 @@ async def test_a_caller_cancelling_during_a_stuck_reexchange_is_answered_at_once
     assert rec.events[-1] == "cancelled" and rec.ctx.machine.dispatched
 
 
-async def test_a_write_the_server_never_takes_off_its_socket_is_ended_at_the_stall_bound(
-    hostile: HostileServer, ssh_keys: SshKeys, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # The window is open, but the server reads nothing more off its socket.  libssh sets the
-    # socket blocking again once connected (src/socket.c:360), so a piece of stdin is handed to
-    # the kernel by a blocking send(): the session timeout (0.25 s) bounds none of that wait,
-    # only the stall bound (the connect timeout) and cancellation end it.  A small send buffer
-    # on the client's side makes the kernel's buffers full after a few KiB.
+@pytest.fixture
+def small_send_buffer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The client's socket gets a 4 KiB send buffer: a server that reads nothing off its socket
+    fills the kernel's buffers after a few KiB."""
     init = libssh.Io.__init__
 
-    def small_send_buffer(self: libssh.Io, session: object, fd: int) -> None:
+    def small(self: libssh.Io, session: object, fd: int) -> None:
         init(self, session, fd)
         lent = socket.socket(fileno=fd)
         try:
@@ -176,7 +172,16 @@ async def test_a_write_the_server_never_takes_off_its_socket_is_ended_at_the_sta
         finally:
             lent.detach()
 
-    monkeypatch.setattr(libssh.Io, "__init__", small_send_buffer)
+    monkeypatch.setattr(libssh.Io, "__init__", small)
+
+
+async def test_a_write_the_server_never_takes_off_its_socket_is_ended_at_the_stall_bound(
+    hostile: HostileServer, ssh_keys: SshKeys, small_send_buffer: None
+) -> None:
+    # The window is open, but the server reads nothing more off its socket.  libssh sets the
+    # socket blocking again once connected (src/socket.c:360), so a piece of stdin is handed to
+    # the kernel by a blocking send(): the session timeout (0.25 s) bounds none of that wait,
+    # only the stall bound (the connect timeout) and cancellation end it.
     rec = Recorder()
     target = hostile_target(hostile, "bob", exec=30.0, connect=1.0)
     cred = prepare_credential(ssh_keys.client_key)
@@ -187,6 +192,24 @@ async def test_a_write_the_server_never_takes_off_its_socket_is_ended_at_the_sta
     assert "did not return within 1.0s" in res.detail
     assert took < 4.0  # 1 s, not the server's 6 s
     assert max(gaps) < LOOP_HELD  # the write waits on its worker, not on the trio thread
+
+
+async def test_data_after_eof_taken_in_during_one_blocking_write_cannot_be_told_apart(
+    hostile: HostileServer, ssh_keys: SshKeys, small_send_buffer: None
+) -> None:
+    # A known limit, pinned (docs/ssh-driver.md, "What the drain proves holds for one read"):
+    # the stdin write runs blocking, and while its flush waits for a server that reads nothing
+    # off its socket, libssh takes "out" and EOF in one read and "late" in a later one, into
+    # one buffer -- no read of the driver's between them.  Read back as "out\nlate\n", then
+    # EOF: committed.  If this fails, the driver has learnt to see it: make it stream_broken
+    # and update the doc.
+    rec = Recorder()
+    target = hostile_target(hostile, "bob", exec=10.0)
+    cred = prepare_credential(ssh_keys.client_key)
+    with trio.fail_after(20):
+        res = await perform(target, cred, "deaflate", STDIN * 10, rec.ctx)
+    assert (res.outcome, res.code, res.summary["exit_status"]) == (Outcome.COMMITTED, None, 0)
+    assert rec.stream("stdout") == b"out\nlate\n"
 
 
 async def test_a_blocking_libssh_call_waits_at_most_the_recheck(
