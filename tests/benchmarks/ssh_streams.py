@@ -3,13 +3,19 @@ side in one run against one sshd on 127.0.0.1: ``perform()`` of each workload, e
 fresh connection, each (checkout, workload) cell a process of its own, rounds interleaved so
 drift hits both alike:
 
-  cat      ``cat`` with 8 MiB of stdin: stdin written while the same amount comes back
-  out      ``head -c 32M /dev/zero``: output only
-  wc       ``wc -c`` with 8 MiB of stdin: stdin only
+  cat       ``cat`` with 8 MiB of stdin: stdin written while the same amount comes back
+  out       ``head -c 32M /dev/zero``: output only
+  wc        ``wc -c`` with 8 MiB of stdin: stdin only
+  progress  a line of progress every 0.2 ms while ``head`` reads 8 MiB of stdin: output that
+            never pauses while the remote needs stdin (``python3`` on the server)
 
 A script, not a test (it asserts nothing about time):
 
     .venv/bin/python tests/benchmarks/ssh_streams.py --ab OLD_CHECKOUT [--calls N] [--rounds R]
+        [--sink-delay SECONDS] [--work NAME ...]
+
+``--sink-delay``: each chunk handed to the sink takes that long (the engine's sink journals
+every chunk); 0 by default.
 
 ``OLD_CHECKOUT`` is a source tree (``git archive <rev> | tar -x -C DIR``); its packages are
 imported instead of this tree's through ``PYTHONPATH``.
@@ -33,14 +39,22 @@ import trio
 
 HERE = Path(__file__).resolve().parents[2]
 MIB = 1024 * 1024
+PROGRESS = (
+    "python3 -c 'import sys, time\n"
+    "while True:\n"
+    '    sys.stdout.write("progress\\n"); sys.stdout.flush(); time.sleep(0.0002)\' & '
+    f"p=$!; head -c {8 * MIB} >/dev/null; kill $p; echo done"
+)
+"""Background jobs of a non-interactive shell read /dev/null: ``head`` gets the stdin."""
 WORKLOADS = {
     "cat": ("cat", 8 * MIB),
     "out": (f"head -c {32 * MIB} /dev/zero", 0),
     "wc": ("wc -c", 8 * MIB),
+    "progress": (PROGRESS, 8 * MIB),
 }
 
 
-def _client(spec: dict[str, Any], work: str, calls: int) -> None:
+def _client(spec: dict[str, Any], work: str, calls: int, sink_delay: float) -> None:
     """In the cell's process: ``calls`` sequential ``perform()`` calls; prints ms/call, CPU s."""
     from affidavit.adapters.base import AttemptContext
     from affidavit.adapters.ssh import (
@@ -59,7 +73,8 @@ def _client(spec: dict[str, Any], work: str, calls: int) -> None:
         return None
 
     async def sink(stream: str, data: bytes) -> None:
-        return None
+        if sink_delay:
+            await trio.sleep(sink_delay)
 
     command, size = WORKLOADS[work]
     stdin = bytes(size) if size else None
@@ -95,11 +110,11 @@ def main(args: argparse.Namespace) -> None:
         cells: dict[tuple[str, str], list[dict[str, float]]] = {}
         loads = [os.getloadavg()[0]]
         for r in range(args.rounds):
-            for work in WORKLOADS:
+            for work in args.work:
                 order = list(trees.items()) if r % 2 == 0 else list(reversed(trees.items()))
                 for name, src in order:
                     cmd = [sys.executable, __file__, "--client", work, "--spec", str(spec)]
-                    cmd += ["--calls", str(args.calls)]
+                    cmd += ["--calls", str(args.calls), "--sink-delay", str(args.sink_delay)]
                     env = {**os.environ, "PYTHONPATH": src}
                     out = subprocess.run(
                         cmd, check=True, stdout=subprocess.PIPE, text=True, env=env
@@ -108,17 +123,18 @@ def main(args: argparse.Namespace) -> None:
             loads.append(os.getloadavg()[0])
     print(
         f"{args.calls} calls per cell, medians of {args.rounds} interleaved rounds, 1-min load "
-        f"average {min(loads):.2f}..{max(loads):.2f} on {os.cpu_count()} cores; ab = {args.ab}"
+        f"average {min(loads):.2f}..{max(loads):.2f} on {os.cpu_count()} cores; ab = {args.ab}; "
+        f"sink delay {args.sink_delay * 1000:g} ms a chunk"
     )
-    print(f"{'work':>6}{'this ms':>10}{'ab ms':>10}{'ratio':>8}{'per-round':>11}"
+    print(f"{'work':>9}{'this ms':>10}{'ab ms':>10}{'ratio':>8}{'per-round':>11}"
           f"{'this CPU':>10}{'ab CPU':>9}")  # fmt: skip
-    for work in WORKLOADS:
+    for work in args.work:
         this, ab = cells[(work, "this")], cells[(work, "ab")]
         ms = [statistics.median(c["ms"] for c in cell) for cell in (this, ab)]
         cpu = [statistics.median(c["cpu"] for c in cell) for cell in (this, ab)]
         paired = statistics.median(t["ms"] / a["ms"] for t, a in zip(this, ab, strict=True))
         print(
-            f"{work:>6}{ms[0]:>10.1f}{ms[1]:>10.1f}{ms[0] / ms[1]:>8.2f}{paired:>11.2f}"
+            f"{work:>9}{ms[0]:>10.1f}{ms[1]:>10.1f}{ms[0] / ms[1]:>8.2f}{paired:>11.2f}"
             f"{cpu[0]:>10.3f}{cpu[1]:>9.3f}"
         )
 
@@ -128,11 +144,13 @@ if __name__ == "__main__":
     parser.add_argument("--ab", help="the other checkout (a source tree)")
     parser.add_argument("--calls", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--sink-delay", type=float, default=0.0)
+    parser.add_argument("--work", nargs="+", choices=WORKLOADS, default=list(WORKLOADS))
     parser.add_argument("--client", choices=WORKLOADS, help=argparse.SUPPRESS)
     parser.add_argument("--spec", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.client:
-        _client(json.loads(Path(args.spec).read_text()), args.client, args.calls)
+        _client(json.loads(Path(args.spec).read_text()), args.client, args.calls, args.sink_delay)
     elif not args.ab:
         parser.error("--ab OLD_CHECKOUT is required")
     else:
