@@ -42,7 +42,10 @@ class EventKind(StrEnum):
     whose key its binder bound and then stopped before recording anything (nothing was sent
     under it): why its binder is gone (``only_writer``: this broker is the journal's only
     writer; ``window_over``: the binder's window, ``window`` seconds from ``bound_at``, was
-    over at ``judged_at``), and ``recorded: nothing``."""
+    over at ``judged_at``), and ``recorded: nothing``.  fenced, instead, when a call with a
+    different request under the key closed such an invocation before answering
+    IDEMPOTENCY_MISMATCH (the same facts; the operation then names only the binding's key,
+    scope and fingerprint, no target): a binder that resumes is refused its first event."""
     PREFLIGHT_VALIDATED = "PREFLIGHT_VALIDATED"
     """The action is valid against the bound config snapshot.  attrs: config_hash, and
     account_hash (the keyed hash of what decides the remote account reached: origin,
@@ -89,7 +92,8 @@ class EventKind(StrEnum):
     an attempt's gate refused it (config changed, approval stale or expired); bound_to, the
     invocation a same-key call's key is bound to, when CONFIG_CHANGED names it (the envelope's
     ``evidence.idempotency.bound_to``); binder_gone, when IDEMPOTENCY_MISMATCH answers a key
-    whose binder stopped before recording anything (ACTION_ACCEPTED's took_over: why)."""
+    whose binder stopped before recording anything (ACTION_ACCEPTED's took_over: why) -- in the
+    refused call's record and in the bound invocation's, which that call closed (fenced)."""
     APPROVAL_REQUESTED = "APPROVAL_REQUESTED"
     """A human approval was requested for the bound fingerprint (seed: "Before approval, bind
     the normalized target, the credential version, the resolved injection method, and the

@@ -21,16 +21,20 @@ proves that nothing ever will be once its binder can no longer record, which is 
   record, and the gate that would let the binder send judges by the clock this judges by.
 
 Then the same request takes the invocation over (``invocation.start``, by winning its first
-event, whose ``took_over`` records ``BinderGone.evidence``), and a different request is
-IDEMPOTENCY_MISMATCH as usual.  While the binder may still record, the same request answers
-IN_PROGRESS -- the same fingerprint covers the same target, so that invocation is the caller's to
-see -- and a different one waits (``record_or_gone``) for the binder's record, whose answer
-``rebound.refusal`` gives, or for the binder to be gone: never IN_PROGRESS naming an invocation
-that may be another target's of a shared scope.
+event, whose ``took_over`` records ``BinderGone.evidence``), and a different request closes it
+first (``fence``: it wins the same first event and records PREFLIGHT_FAILED there, so a late
+binder is refused exactly as on a take-over) and is IDEMPOTENCY_MISMATCH as usual.  A mismatch
+once answered "nothing was sent under the key" while a binder whose window it misjudged could
+still send: the fence makes that answer true whatever the window.  While the binder may still
+record, the same request answers IN_PROGRESS -- the same fingerprint covers the same target, so
+that invocation is the caller's to see -- and a different one waits (``record_or_gone``) for the
+binder's record, whose answer ``rebound.refusal`` gives, or for the binder to be gone: never
+IN_PROGRESS naming an invocation that may be another target's of a shared scope.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -38,13 +42,13 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from affidavit.journal import IdempotencyRecord
-from affidavit.statemachine import Record
+from affidavit.statemachine import Code, Event, EventKind, ImpossibleEvent, Record
 
 if TYPE_CHECKING:
     from .control import CallControl
     from .engine import Engine
 
-__all__ = ["BinderGone", "judge", "record_or_gone"]
+__all__ = ["BinderGone", "fence", "judge", "record_or_gone"]
 
 _POLL_FIRST, _POLL_MAX = 0.01, 0.25
 """Seconds between the reads of ``record_or_gone``: a live binder records within milliseconds."""
@@ -117,3 +121,54 @@ async def record_or_gone(
             return at
         await trio.sleep(delay)
         delay = min(delay * 2, _POLL_MAX)
+
+
+_FENCED = (
+    "this invocation's call bound its idempotency key and recorded nothing within its window; "
+    "a call with a different request under the key closed it here: nothing was sent under the "
+    "key"
+)
+
+
+async def fence(engine: Engine, bound: IdempotencyRecord, gone: BinderGone) -> Record | None:
+    """Close the invocation ``bound`` names, whose binder is ``gone``, before a different request
+    is told that nothing was sent under the key: win its first event (ACTION_ACCEPTED, a barrier
+    of its own -- the projection refuses a second one) naming the binding's scope, key and
+    fingerprint (so ``bound_record`` proves it), then PREFLIGHT_FAILED with ``binder_gone``.  A
+    binder that resumes later has its ACTION_ACCEPTED refused, as a late binder is on a take-over,
+    and is answered LEASE_LOST, nothing sent.  None once closed; the binder's record when it
+    recorded first (its answer is ``rebound.refusal``'s).  The record names no target (the
+    binding does not say which) and nothing of the fencing call."""
+    iid, recorder = bound.invocation_id, engine.recorder
+    operation = {
+        "target": None,
+        "protocol": None,
+        "idempotent": False,
+        "fingerprint": bound.fingerprint,
+        "idempotency": {"key": bound.key, "scope": bound.scope},
+    }
+    evidence = gone.evidence()
+    accepted = Event(EventKind.ACTION_ACCEPTED, iid, {"operation": operation, "fenced": evidence})
+    closed = Event(
+        EventKind.PREFLIGHT_FAILED,
+        iid,
+        {
+            "code": Code.IDEMPOTENCY_MISMATCH.value,
+            "field": "idempotency_key",
+            "message": _FENCED,
+            "binder_gone": evidence,
+        },
+    )
+    with trio.CancelScope(shield=True):
+        try:
+            await recorder.write(accepted, barrier=True)
+        except ImpossibleEvent:
+            found = engine.journal.bound_record(bound)  # the binder (or a taker) was first
+            if found is None:
+                raise
+            return found
+        # Fenced from here: only its first event decides who may act in the record.  Closed by
+        # recovery meanwhile (it holds no lease), it stays fenced -- this close is then refused.
+        with contextlib.suppress(ImpossibleEvent):
+            await recorder.write(closed, barrier=True)
+    return None

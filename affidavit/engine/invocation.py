@@ -63,7 +63,7 @@ from .approval import (
     request_approval,
 )
 from .attempt import lost_or_raise, run_tries
-from .binder import BinderGone, judge, record_or_gone
+from .binder import BinderGone, fence, judge, record_or_gone
 from .contracts import batch_facts, reader
 from .control import CallControl
 from .credential import Preamble, prepare_after
@@ -179,6 +179,10 @@ async def start(
                 # Its caller went away (or the broker stops it) first: nothing of this call is
                 # recorded, and nobody reads this answer (``record_or_gone``).
                 return recorder.envelope(Projector(exc.existing.invocation_id).record(found))
+            if isinstance(found, BinderGone):
+                # "Nothing was sent" holds only once the binder can no longer send: close its
+                # invocation first (``fence``), unless it recorded first (answered from that).
+                found = await fence(engine, exc.existing, found) or found
             if isinstance(found, BinderGone):
                 return await refuse_new(
                     recorder,

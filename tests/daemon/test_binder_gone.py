@@ -5,9 +5,10 @@ DISPATCH_STARTED is durable before a byte is sent -- so a binding with nothing r
 whose binder is provably gone, has sent nothing.  A real broker process (``crashkit``) binds the
 key and SIGKILLs itself at that commit; then ``affidavit serve`` opens the journal as its only
 writer (every other writer is gone) and a caller on its socket calls under the key.  It used to
-answer IN_PROGRESS for good, naming the dead binder's invocation whatever the request.  Now a
-different request is IDEMPOTENCY_MISMATCH naming nothing, and the same request takes the
-invocation over at once, runs it (sent once), and records why (``took_over``).
+answer IN_PROGRESS for good, naming the dead binder's invocation whatever the request.  Now the
+same request takes the invocation over at once, runs it (sent once), and records why
+(``took_over``); a different request closes it first (``fenced``) and is IDEMPOTENCY_MISMATCH
+naming nothing.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 
 from tests.broker.http_rows import IDEM, POST
@@ -66,9 +68,13 @@ async def _killed_after_binding(cfg: Path, tmp: Path, token: str) -> str:
     return str(rows[0][1])
 
 
+@pytest.mark.parametrize("other_first", [False, True], ids=["same-first", "other-first"])
 async def test_a_key_whose_binder_was_killed_before_recording_is_taken_over_or_a_mismatch(
-    tmp_path: Path, token: str
+    tmp_path: Path, token: str, other_first: bool
 ) -> None:
+    """The same request first takes the orphan over and runs it; a different request first is
+    IDEMPOTENCY_MISMATCH naming nothing, having closed the orphan (``binder.fence``): the same
+    request after it is answered from that closed record, nothing sent."""
     async with HostileServer.running(scripts.serve(Reply(201))) as srv:
         socket = tmp_path / "affidavit.sock"
         # A long total timeout: the binder's window (60 s) is nowhere near over -- only the
@@ -79,21 +85,29 @@ async def test_a_key_whose_binder_was_killed_before_recording_is_taken_over_or_a
         daemon = await start_daemon(cfg, socket, tmp_path / "daemon.log", token)
         try:
             with trio.fail_after(HUNG):
-                other = await _call(socket, {**ACTION, "body": '{"amount":999}'})
-                error = other["error"]
-                assert error["code"] == "IDEMPOTENCY_MISMATCH", other
-                assert error["field"] == "idempotency_key", other
-                assert error["outcome"] == "not_attempted", other
-                assert orphan not in json.dumps(other)
+                if other_first:
+                    other = await _call(socket, {**ACTION, "body": '{"amount":999}'})
+                    error = other["error"]
+                    assert error["code"] == "IDEMPOTENCY_MISMATCH", other
+                    assert error["field"] == "idempotency_key", other
+                    assert error["outcome"] == "not_attempted", other
+                    assert orphan not in json.dumps(other)
                 same = await _call(socket, ACTION)
                 assert same["invocation_id"] == orphan, same
-                assert "error" not in same and same["result"]["status"] == 201, same
                 status, _h, body = await ask(socket, "GET", f"/v1/invocations/{orphan}")
             assert status == 200, body
             events = json.loads(body)["events"]
             assert [e["kind"] for e in events].count("ACTION_ACCEPTED") == 1
-            took = events[0]["attrs"]["took_over"]
-            assert (took["why"], took["recorded"]) == ("only_writer", "nothing"), took
+            if other_first:
+                assert same["error"]["code"] == "IDEMPOTENCY_MISMATCH", same
+                assert same["error"]["outcome"] == "not_attempted", same
+                fenced = events[0]["attrs"]["fenced"]
+                assert (fenced["why"], fenced["recorded"]) == ("only_writer", "nothing"), fenced
+            else:
+                assert "error" not in same and same["result"]["status"] == 201, same
+                took = events[0]["attrs"]["took_over"]
+                assert (took["why"], took["recorded"]) == ("only_writer", "nothing"), took
         finally:
             stop(daemon)
-    assert [r.body for r in srv.requests] == [POST["body"].encode()]
+    sent = [] if other_first else [POST["body"].encode()]
+    assert [r.body for r in srv.requests] == sent

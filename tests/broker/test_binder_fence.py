@@ -1,0 +1,122 @@
+"""A mismatch that answers "nothing was sent under the key" first makes it so (``binder.fence``).
+
+Two brokers of one journal file (a shared journal: neither is its only writer), one target
+``api`` each, configured differently: X's total timeout 30 s, Y's 1 s.  X binds ``charge-1``
+and stalls before recording anything; Y calls under the same key (another fingerprint: its
+target's configuration differs).  Y judged X gone by *its own* target's window (1 s +
+lease_margin) and answered IDEMPOTENCY_MISMATCH "nothing was sent ... use a new key" with
+nothing written into X's invocation: X resumed inside its own 30 s lease and sent, Y's caller
+resent under a new key, and the remote was charged twice.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from affidavit.api.broker import Broker
+from affidavit.config import load_config
+from affidavit.engine import EngineSettings
+from affidavit.statemachine import EventKind as E
+from tests.http.hostile import HostileServer, Peer, Reply
+
+from .approvalkit import verify_ok
+from .helpers import http_target, write_config
+from .http_rows import IDEM, LIMIT
+
+CHARGE = {
+    "target": "api",
+    "method": "POST",
+    "path": "/v1/charges",
+    "body": '{"amount": 5}',
+    "idempotency_key": "charge-1",
+}
+
+
+def _configs(tmp_path: Path, url: str) -> tuple[Path, Path]:
+    def one(total: int, name: str) -> Path:
+        timeout = {"connect": 1, "total": total}
+        return write_config(
+            tmp_path, {"api": http_target(url, idempotency=IDEM, timeout=timeout)}, name=name
+        )
+
+    return one(30, "x.toml"), one(1, "y.toml")
+
+
+async def _serve(peer: Peer, received: list[bytes]) -> None:
+    while True:
+        req = await peer.read_request()
+        if req is None:
+            return
+        received.append(req.body or b"")
+        await peer.respond(Reply(201, body=b'{"id": "ch_1"}'))
+
+
+def _stall_after_binding(broker: Broker, *, drop_deadline: bool = False) -> tuple[Any, Any]:
+    """X's broker stalls between its binding and its first event until ``go`` is set;
+    ``drop_deadline``: it binds as a broker from before the binding row held the binder's own
+    send deadline did."""
+    bound, go = trio.Event(), trio.Event()
+    bind = broker.journal.bind_idempotency
+
+    async def stalled(*args: Any, **kwargs: Any) -> Any:
+        if drop_deadline:
+            kwargs.pop("send_by", None)
+        done = await bind(*args, **kwargs)
+        bound.set()
+        await go.wait()
+        return done
+
+    broker.journal.bind_idempotency = stalled  # type: ignore[method-assign]
+    return bound, go
+
+
+async def test_a_binder_judged_gone_by_the_caller_s_window_is_fenced_and_sends_nothing(
+    tmp_path: Path, token: str
+) -> None:
+    """Y, judging by a window shorter than X's, closes X's invocation before it answers
+    "nothing was sent": X, resuming inside its own lease, is refused its first event (LEASE_LOST,
+    not_attempted) and sends nothing; Y's new-key resend is the one charge."""
+    received: list[bytes] = []
+
+    async def script(peer: Peer) -> None:
+        await _serve(peer, received)
+
+    async with HostileServer.running(script) as srv:
+        cx, cy = _configs(tmp_path, srv.url)
+        quick = EngineSettings(lease_margin=0.1)
+        async with (
+            Broker.open(config=load_config(cx)) as bx,
+            Broker.open(config=load_config(cy), settings=quick) as by,
+        ):
+            bound, go = _stall_after_binding(bx, drop_deadline=True)
+            out: dict[str, dict[str, Any]] = {}
+
+            async def x_call() -> None:
+                out["x"] = await bx.call(CHARGE)
+
+            with trio.fail_after(LIMIT):
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(x_call)
+                    await bound.wait()
+                    out["y"] = await by.call(CHARGE)
+                    go.set()  # X resumes well inside its own 30 s lease
+                again = await by.call({**CHARGE, "idempotency_key": "charge-2"})
+            x, y = out["x"], out["y"]
+            assert y["error"]["code"] == "IDEMPOTENCY_MISMATCH", y
+            assert "nothing was sent under the key" in y["error"]["message"]
+            assert x["error"]["code"] == "LEASE_LOST", x
+            assert x["error"]["outcome"] == "not_attempted", x
+            assert again.get("error") is None, again
+            # X's invocation is closed by Y's fence: its first event is Y's, naming the binding,
+            # and nothing of Y's own call (its invocation id) is written there.
+            events = bx.events(x["invocation_id"])
+            assert [e.kind for e in events][:2] == [E.ACTION_ACCEPTED, E.PREFLIGHT_FAILED]
+            assert events[0].attrs["fenced"]["why"] == "window_over"
+            assert events[1].attrs["binder_gone"]["recorded"] == "nothing"
+            assert y["invocation_id"] not in json.dumps([e.attrs for e in events])
+            verify_ok(bx)
+    assert received == [b'{"amount": 5}']
