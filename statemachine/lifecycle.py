@@ -151,7 +151,7 @@ TRANSITIONS: Final[MappingProxyType[str, MappingProxyType[E, str]]] = MappingPro
         **_DIAG,
         E.PREFLIGHT_VALIDATED: "validated",
         E.PREFLIGHT_FAILED: "validation_failed",
-        E.SETUP_FAILED: "setup_failed",               # recovery: its worker stopped here
+        E.SETUP_FAILED: "setup_failed",               # recovery; a call stopped waiting for a binder
     },
     "validation_failed": {**_DIAG},
     "validated": {

@@ -99,26 +99,25 @@ async def judge(
 
 async def record_or_gone(
     engine: Engine, bound: IdempotencyRecord, target: Any, control: CallControl | None = None
-) -> Record | BinderGone | float:
+) -> Record | BinderGone | None:
     """The record the binder of ``bound`` writes, or why it never will: waited for, polling,
     for at most the binder's window (longer only while a call of this broker holds the binding,
     which ends within its own lease).  The record is proven by its chained ACTION_ACCEPTED
-    (``bound_record``: ``AlteredRow`` otherwise).  Now by the lease clock (a float) when this
-    call's caller went away or the broker stops it (``control.gone``) first: it has recorded
-    nothing, and its answer is not delivered (a withdrawn call's caller is gone; a stopped
-    one's delivery is cancelled with it)."""
+    (``bound_record``: ``AlteredRow`` otherwise).  None when this call's caller went away or
+    the broker stops it (``control.gone``) first: the call ends with its own cause
+    (``control.code``), before anything was sent, naming nothing of ``bound``."""
     journal = engine.journal
     delay = _POLL_FIRST
     while True:
         record = journal.bound_record(bound)
         if record is not None:
             return record
-        at, gone = await judge(engine, bound, target)
+        _at, gone = await judge(engine, bound, target)
         if gone is not None:
             # Recorded between the two reads: its record answers, not the judgment.
             return journal.bound_record(bound) or gone
         if control is not None and control.gone:
-            return at
+            return None
         await trio.sleep(delay)
         delay = min(delay * 2, _POLL_MAX)
 

@@ -80,6 +80,7 @@ if TYPE_CHECKING:
 __all__ = ["refuse_new", "resume", "start"]
 
 E = EventKind
+_CANCELLED = Code.CALLER_CANCELLED.value
 _MISMATCH_UNSENT = (
     "this idempotency key is bound in its scope to a different request (another target, "
     "method, path, headers or body; another command or stdin), whose call stopped before it "
@@ -175,10 +176,19 @@ async def start(
             # Its record is waited for -- or for its binder to be provably gone, when nothing
             # was sent under the key and a new one sends this request once.
             found = await record_or_gone(engine, exc.existing, target, control)
-            if isinstance(found, float):
-                # Its caller went away (or the broker stops it) first: nothing of this call is
-                # recorded, and nobody reads this answer (``record_or_gone``).
-                return recorder.envelope(Projector(exc.existing.invocation_id).record(found))
+            if found is None:
+                # Its caller went away (or the broker stops it) first: this call's own ending,
+                # before anything was sent -- never the bound invocation, which may be another
+                # target's of a shared scope (an embedded caller reads this answer; MCP's stop
+                # may hand it to a client still connected).
+                code = control.code if control is not None else None
+                return await close_new(
+                    recorder,
+                    iid,
+                    session,
+                    target,
+                    Event(E.SETUP_FAILED, iid, {"stage": "accepted", "code": code or _CANCELLED}),
+                )
             if isinstance(found, BinderGone):
                 # "Nothing was sent" holds only once the binder can no longer send: close its
                 # invocation first (``fence``), unless it recorded first (answered from that).
@@ -347,6 +357,30 @@ async def refuse_new(
     ``bound_to``: the invocation the call's idempotency key is bound to, when the refusal
     names it (``rebound.Refusal``); ``binder``: why the binder of the key, which recorded
     nothing, is gone (``BinderGone.evidence``), when the refusal rests on that."""
+    refused = Event(
+        E.PREFLIGHT_FAILED,
+        iid,
+        {
+            "code": code.value,
+            "field": field_path,
+            "message": message,
+            **({"bound_to": bound_to} if bound_to is not None else {}),
+            **({"binder_gone": dict(binder)} if binder is not None else {}),
+        },
+    )
+    return await close_new(recorder, iid, session, target, refused, refused_session)
+
+
+async def close_new(
+    recorder: Recorder,
+    iid: str,
+    session: str | None,
+    target: Any,
+    ending: Event,
+    refused_session: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Accept a new invocation that ends at once with ``ending`` (nothing attempted): its
+    ACTION_ACCEPTED names the target and no request fingerprint."""
     operation = {
         "target": target.name if target is not None else None,
         "protocol": target.kind if target is not None else None,
@@ -357,20 +391,7 @@ async def refuse_new(
     if refused_session is not None:
         accepted["refused_session"] = dict(refused_session)
     await recorder.append(Event(E.ACTION_ACCEPTED, iid, accepted))
-    return await recorder.finish(
-        iid,
-        Event(
-            E.PREFLIGHT_FAILED,
-            iid,
-            {
-                "code": code.value,
-                "field": field_path,
-                "message": message,
-                **({"bound_to": bound_to} if bound_to is not None else {}),
-                **({"binder_gone": dict(binder)} if binder is not None else {}),
-            },
-        ),
-    )
+    return await recorder.finish(iid, ending)
 
 
 async def resume(

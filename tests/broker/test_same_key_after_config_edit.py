@@ -356,12 +356,19 @@ async def test_a_different_request_under_a_key_whose_binder_stopped_is_a_mismatc
     assert received == []
 
 
+@pytest.mark.parametrize(
+    ("stop", "code"),
+    [("withdraw", "CALLER_CANCELLED"), ("stop", "BROKER_SHUTDOWN")],
+    ids=["withdrawn", "stopped"],
+)
 async def test_a_withdrawn_call_stops_waiting_for_the_binder_s_record(
-    tmp_path: Path, token: str
+    tmp_path: Path, token: str, stop: str, code: str
 ) -> None:
     """The wait for a binder's record ends when the call's caller goes away (the daemon's
     withdrawal on a hang-up, its stop at the end of a shutdown's grace), not at the end of the
-    binder's window (30 s here): the call has recorded nothing, and nothing is sent."""
+    binder's window (30 s here): the call ends with its own cause, not_attempted, nothing sent
+    -- never answered IN_PROGRESS naming the bound invocation, which may be another target's
+    (an embedded caller reads this answer; MCP's stop may hand it to a client)."""
     script, received = _server(False)
     async with HostileServer.running(script) as srv:
         cfg = write_config(tmp_path, _targets(srv.url, timeout={"connect": 1, "total": 30}))
@@ -379,9 +386,21 @@ async def test_a_withdrawn_call_stops_waiting_for_the_binder_s_record(
                     nursery.start_soon(call)
                     await trio.sleep(0.3)
                     assert answers == []  # waiting for the binder's record
-                    assert control.withdraw()
-            assert answers[0]["invocation_id"] == "act_bound"  # nobody reads it: nothing new
-            assert b.journal.list_actions() == []  # nothing of this call recorded
+                    if stop == "withdraw":
+                        assert control.withdraw()
+                    else:
+                        control.stop()
+            env = answers[0]
+            assert_error(
+                b,
+                env,
+                phase="connection_setup",
+                outcome="not_attempted",
+                retry="backoff",
+                code=code,
+            )
+            assert "act_bound" not in json.dumps(env)
+            assert b.events("act_bound") == []  # nothing written into the bound invocation
     assert received == []
 
 
