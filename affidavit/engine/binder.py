@@ -98,14 +98,20 @@ async def judge(
 
 
 async def record_or_gone(
-    engine: Engine, bound: IdempotencyRecord, target: Any, control: CallControl | None = None
+    engine: Engine,
+    bound: IdempotencyRecord,
+    target: Any,
+    control: CallControl | None = None,
+    until: float | None = None,
 ) -> Record | BinderGone | None:
     """The record the binder of ``bound`` writes, or why it never will: waited for, polling,
     for at most the binder's window (longer only while a call of this broker holds the binding,
     which ends within its own lease).  The record is proven by its chained ACTION_ACCEPTED
     (``bound_record``: ``AlteredRow`` otherwise).  None when this call's caller went away or
-    the broker stops it (``control.gone``) first: the call ends with its own cause
-    (``control.code``), before anything was sent, naming nothing of ``bound``."""
+    the broker stops it (``control.gone``), or its deadline (``until``, trio's clock) comes,
+    first: the call ends with its own cause (``control.code``; the caller's stop, for a
+    deadline), before anything was sent, naming nothing of ``bound`` -- a short timeout no
+    longer held a call slot for the binder's whole window."""
     journal = engine.journal
     delay = _POLL_FIRST
     while True:
@@ -118,6 +124,11 @@ async def record_or_gone(
             return journal.bound_record(bound) or gone
         if control is not None and control.gone:
             return None
+        if until is not None:
+            left = until - trio.current_time()
+            if left <= 0:
+                return None
+            delay = min(delay, left)
         await trio.sleep(delay)
         delay = min(delay * 2, _POLL_MAX)
 

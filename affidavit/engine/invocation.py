@@ -104,7 +104,7 @@ async def start(
     query is the target's configured read and needs no approval.  ``requester``: the uid that
     asked (the daemon's socket peer; embedded, this process's), recorded with an approval
     request so that it cannot approve itself."""
-    now = time.time()
+    now, started = time.time(), trio.current_time()
     iid = new_invocation_id()
     # Validated before anything is journaled: a refused session is recorded bounded, never
     # whole (a 5 MB one grew the journal by 15 MB; a lone surrogate crashed the insert).
@@ -175,12 +175,14 @@ async def start(
             # the answer name that invocation, which may be another target's of a shared scope.
             # Its record is waited for -- or for its binder to be provably gone, when nothing
             # was sent under the key and a new one sends this request once.
-            found = await record_or_gone(engine, exc.existing, target, control)
+            until = None if timeout is None else started + timeout
+            found = await record_or_gone(engine, exc.existing, target, control, until)
             if found is None:
-                # Its caller went away (or the broker stops it) first: this call's own ending,
-                # before anything was sent -- never the bound invocation, which may be another
-                # target's of a shared scope (an embedded caller reads this answer; MCP's stop
-                # may hand it to a client still connected).
+                # Its caller went away, the broker stops it, or its deadline came first: this
+                # call's own ending (a deadline is the caller's stop, as before any dispatch:
+                # CALLER_CANCELLED, retry backoff), nothing sent -- never the bound invocation,
+                # which may be another target's of a shared scope (an embedded caller reads
+                # this answer; MCP's stop may hand it to a client still connected).
                 code = control.code if control is not None else None
                 return await close_new(
                     recorder,
