@@ -290,6 +290,12 @@ class Broker:
             defer=defer,
         )
 
+    def callable_by_caller(self, record: Record) -> bool:
+        """Whether a caller (not an operator) may read ``record``, or learn that it exists: it
+        is on a target this broker's configuration names (``Engine.callable_by_caller``).
+        The daemon's and MCP's record and list views ask it, as ``fetch_result`` does."""
+        return self._engine.callable_by_caller(record)
+
     def result_stream(self, invocation_id: str) -> ResultStream | None:
         """The stored result, chunk by chunk: ``stream.chunks(name, from_chunk)`` yields each
         chunk of stream ``name`` (``body``; ``stdout``/``stderr``) only after verifying it,

@@ -336,7 +336,10 @@ class Api:
             return rec, (j.events(invocation_id) if rec is not None else [])
 
         rec, events = await self._read(both, f"the record of {invocation_id}")
-        if rec is None:
+        # One on a target the caller may not call answers as an unknown id, word for word
+        # (``Broker.callable_by_caller``, as ``fetch_result``'s): it can be neither read nor
+        # probed for.
+        if rec is None or not self.broker.callable_by_caller(rec):
             raise ApiProblem(
                 404, "NO_SUCH_INVOCATION", f"no invocation {invocation_id} in the journal"
             )
@@ -373,6 +376,7 @@ class Api:
                 since=since,
                 until=until,
                 summary=summary,
+                readable=self.broker.callable_by_caller,
             )
             texts = ",".join(map(encode, page.records))
             return (

@@ -191,7 +191,9 @@ class Embedded:
 
         def both(j: JournalReader) -> dict[str, Any] | None:
             rec = j.record(invocation_id)
-            return None if rec is None else record_view(rec, j.events(invocation_id), holder=tag)
+            if rec is None or not self.broker.callable_by_caller(rec):
+                return None  # as an unknown id: neither read nor probed for (``fetch_result``)
+            return record_view(rec, j.events(invocation_id), holder=tag)
 
         try:
             view = await self.broker.view(both, self._view_threads)
@@ -209,7 +211,13 @@ class Embedded:
         def page(j: JournalReader) -> dict[str, Any]:
             # The newest ``limit``: memory O(limit), and without an outcome filter only the
             # page's rows read, not O(journal) (``views.actions_page``).
-            found = actions_page(j, limit, session=session, outcome=outcome)
+            found = actions_page(
+                j,
+                limit,
+                session=session,
+                outcome=outcome,
+                readable=self.broker.callable_by_caller,  # only what fetch_result reads
+            )
             actions = [record_to_json(r, holder=tag) for r in found.records]
             return {"actions": actions, "total": found.total, "truncated": found.truncated}
 

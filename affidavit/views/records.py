@@ -388,6 +388,7 @@ def actions_page(
     until: float | None = None,
     now: float | None = None,
     summary: SessionSummary | None = None,
+    readable: Callable[[Record], bool] | None = None,
 ) -> Newest:
     """``Newest(limit).take(reader.iter_actions(...))``: the newest ``limit`` records that
     match, oldest first, and how many match.  Without a filter but the session, every record
@@ -396,14 +397,18 @@ def actions_page(
     record's fold says (outcome, phase) or on when it was accepted has no exact count short of
     folding every record: those pages are streamed from the whole view as before.  ``now``:
     as ``list_actions``; ``summary``: the daemon's kept view, whose count (when it keeps one)
-    stands for counting every invocation again (``JournalReader.newest_actions``)."""
-    if outcome is None and phase is None and since is None and until is None:
+    stands for counting every invocation again (``JournalReader.newest_actions``).
+    ``readable``: a caller's list (the daemon's, MCP's) holds only the records it may read
+    (``Broker.callable_by_caller``: on a target the configuration names), page and count
+    alike -- a filter on the record, streamed like one on its fold (the database cannot tell
+    the targets a configuration names apart)."""
+    if readable is None and outcome is None and phase is None and since is None and until is None:
         records, total = reader.newest_actions(limit, session, now, summary)
         return Newest.of(limit, records, total)
     rows = reader.iter_actions(
         session=session, outcome=outcome, phase=phase, since=since, until=until, now=now
     )
-    return Newest(limit).take(rows)
+    return Newest(limit).take(rows if readable is None else filter(readable, rows))
 
 
 def newest_sessions(sessions: list[dict[str, Any]], limit: int) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from affidavit.api.readers import FRESH_FOR
 from affidavit.config import load_config
 from affidavit.daemon.server import Daemon
 from affidavit.journal import Journal
-from tests.broker.helpers import TOKEN_ENV
+from tests.broker.helpers import TOKEN_ENV, http_target
 from tests.http.hostile import HostileServer, Reply, scripts
 from tests.journal.helpers import happy
 
@@ -52,7 +52,10 @@ async def test_a_journal_replaced_under_the_daemon_is_refused_then_restarted_on(
     socket = tmp_path / "affidavit.sock"
     journal, other = tmp_path / "journal.db", tmp_path / "other.db"
     async with HostileServer.running(scripts.serve(Reply(200, body=b"ok"))) as srv:
-        config = load_config(write_daemon_config(tmp_path, api_target(srv.url), socket=socket))
+        # ``payments`` too: the other file's invocation is on it, and a caller's list shows
+        # only invocations on a target the daemon's configuration names.
+        targets = {**api_target(srv.url), "payments": http_target(srv.url)}
+        config = load_config(write_daemon_config(tmp_path, targets, socket=socket))
         async with trio.open_nursery() as nursery:
             daemon = Daemon(config)
             await nursery.start(daemon.run)

@@ -1,7 +1,8 @@
-"""The MCP ``fetch_result`` tool (the embedded server, a real ``affidavit mcp`` process) reads
-only invocations on a target the caller may call -- one the configuration names: an invocation
-on a target removed from it answers exactly as an unknown id does (INVALID_FIELD at
-``invocation_id``, the same words), so its stored result can be neither read nor probed for
+"""The MCP read tools (the embedded server, a real ``affidavit mcp`` process) read only
+invocations on a target the caller may call -- one the configuration names: an invocation on a
+target removed from it answers exactly as an unknown id does (INVALID_FIELD at
+``invocation_id``, the same words) from ``fetch_result`` and ``get_record``, and
+``list_actions`` neither lists nor counts it, so it can be neither read nor probed for
 (tests/daemon/test_fetch_by_target.py through the daemon's socket)."""
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.broker.helpers import TOKEN_ENV, http_target, write_config
-from tests.daemon.test_fetch_by_target import BODY, made_on_two_targets, unknown_like
+from tests.daemon.test_fetch_by_target import BODY, SESSION, made_on_two_targets, unknown_like
 from tests.http.hostile import HostileServer, Reply, scripts
 
 from .kit import connected, env_without_secrets, structured
@@ -28,14 +29,25 @@ async def test_fetch_result_of_a_target_no_longer_configured_is_an_unknown_id(
         env = env_without_secrets(**{TOKEN_ENV: token})
         async with connected(["--config", str(cfg)], env, tmp_path / "mcp.log") as mcp:
             answers = {
-                iid: structured(await mcp.call("fetch_result", {"invocation_id": iid}))
+                (tool, iid): structured(await mcp.call(tool, {"invocation_id": iid}))
+                for tool in ("fetch_result", "get_record")
                 for iid in (kept, old, unknown_like(old))
             }
-    assert answers[kept]["result"]["status"] == 200, answers[kept]
-    refused = answers[old]
-    assert (refused["error"]["code"], refused["error"]["field"]) == (
-        "INVALID_FIELD",
-        "invocation_id",
-    ), refused
-    assert BODY.decode() not in str(refused)
-    assert refused == answers[unknown_like(old)]
+            listed = [
+                structured(await mcp.call("list_actions", {"session": SESSION, **more}))
+                for more in ({}, {"outcome": "committed"})
+            ]
+    assert answers["fetch_result", kept]["result"]["status"] == 200, answers
+    assert answers["get_record", kept]["record"]["invocation_id"] == kept, answers
+    for tool in ("fetch_result", "get_record"):
+        refused = answers[tool, old]
+        assert (refused["error"]["code"], refused["error"]["field"]) == (
+            "INVALID_FIELD",
+            "invocation_id",
+        ), refused
+        assert BODY.decode() not in str(refused)
+        assert refused == answers[tool, unknown_like(old)]
+    for page in listed:
+        assert [a["invocation_id"] for a in page["actions"]] == [kept], page
+        assert (page["total"], page["truncated"]) == (1, False), page
+        assert old not in str(page)
