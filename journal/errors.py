@@ -57,6 +57,12 @@ class IdempotencyRecord:
     expires_at: float | None
     """Earliest time a retry with this key is no longer safe (end of the retention window)."""
     created_at: float
+    send_by: float | None = None
+    """When the binder's own first attempt may send no more: the lease end it writes into its
+    ACTION_ACCEPTED (its caller's timeout, its target's total, its ``lease_margin``), in the
+    clock leases are judged by -- what ``binder.judge`` waits out while nothing is recorded.
+    None for a row from before the column (SQLite schema 9, PostgreSQL schema 3) or bound
+    without it: judged by the window of the judging call's target, and fenced."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -253,6 +253,7 @@ def bind_op(
     invocation_id: str,
     expires_at: float | None,
     clock: Callable[[], float],
+    send_by: float | None = None,
 ) -> Callable[[Txn], IdempotencyRecord | Fail]:
     """Bind a key to a fingerprint; the first binding wins (see
     ``Journal.bind_idempotency``).  A key with no binding row that a chained ACTION_ACCEPTED
@@ -276,13 +277,16 @@ def bind_op(
         # The key's retention, computed by the binder's clock, recorded in that same clock as
         # ACTION_ACCEPTED's ``expires_at`` is (``Txn.lease_offset``): the row and the event
         # name one instant, not one an hour late because the binder's clock runs ahead.
-        expires = expires_at
-        offset = None if expires is None else txn.lease_offset()
-        if expires is not None and offset is not None:
-            expires += offset
-        rec = IdempotencyRecord(scope, key, fingerprint, invocation_id, expires, created)
+        # The binder's send deadline likewise: the lease end its ACTION_ACCEPTED will carry,
+        # which the writer records in that clock too -- so the row names the instant its
+        # dispatch gate judges by (``check_first_deadline``).
+        offset = None if expires_at is None and send_by is None else txn.lease_offset()
+        expires, deadline = (
+            (t if t is None or offset is None else t + offset) for t in (expires_at, send_by)
+        )
+        rec = IdempotencyRecord(scope, key, fingerprint, invocation_id, expires, created, deadline)
         txn.tables.insert_idempotency(
-            (scope, key, fingerprint, invocation_id, expires, rec.created_at)
+            (scope, key, fingerprint, invocation_id, expires, rec.created_at, deadline)
         )
         return rec
 

@@ -58,7 +58,10 @@ __all__ = [
 
 log = logging.getLogger("affidavit.journal")
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
+"""2: the table ``chunk_owners``; 3: the column ``idempotency.send_by`` (``IdempotencyRecord``:
+when the binder's first attempt may send no more) -- a broker of schema 2 refuses the journal,
+as it would bind without it and judge another's binding by its own window."""
 SESSION_INDEX = "events_session"
 SESSION_INDEX_DDL = (
     f"CREATE INDEX IF NOT EXISTS {SESSION_INDEX} ON events (session_id, seq, invocation_id)"
@@ -156,8 +159,10 @@ CREATE TABLE IF NOT EXISTS idempotency (
   invocation_id TEXT NOT NULL,
   expires_at    DOUBLE PRECISION,
   created_at    DOUBLE PRECISION NOT NULL,
+  send_by       DOUBLE PRECISION,
   PRIMARY KEY (scope, key)
 );
+ALTER TABLE idempotency ADD COLUMN IF NOT EXISTS send_by DOUBLE PRECISION;
 CREATE OR REPLACE FUNCTION affidavit_extend_chain() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
   last_seq  BIGINT;
@@ -494,15 +499,18 @@ class PostgresBackend:
             # An older schema, opened by a broker role that owns nothing: say what to do.
             raise JournalError(
                 f"journal {self.where} has schema {found or 1}; this affidavit upgrades it to "
-                f"schema {SCHEMA_VERSION} (a table chunk_owners, filled once), which only the "
+                f"schema {SCHEMA_VERSION} (a table chunk_owners, filled once; a column "
+                "idempotency.send_by), which only the "
                 "tables' owner may do: open it once as the owner (any writer does, e.g. "
                 "`affidavit journal reclaim --journal OWNER_URL --config ...`), then "
                 "grant the broker role chunk_owners (docs/journal.md)"
             ) from None
         # New, or from before schema 2: name the chunks no marker names (``chunk_owners``), once
         # -- inside the opening transaction, which holds the chain head: no chunk or marker of
-        # another broker comes between the scan and the schema's new number.
-        self.tables(conn).fill_chunk_owners()
+        # another broker comes between the scan and the schema's new number.  (Schema 3's
+        # column came with ``SCHEMA``: NULL in the rows bound before it.)
+        if found is None or int(found) < 2:
+            self.tables(conn).fill_chunk_owners()
         conn.execute(
             "INSERT INTO meta (name, value) VALUES ('schema', %s) ON CONFLICT (name) DO UPDATE "
             "SET value = excluded.value",

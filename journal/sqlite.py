@@ -37,6 +37,7 @@ from .sqlite_schema import (
     SCHEMA,
     SCHEMA_VERSION,
     SESSION_INDEX,
+    _add_send_by,
     _refuse_newer,
     _replace_chain_trigger,
     _unbuilt,
@@ -116,6 +117,12 @@ class SqliteTables(SegmentTables):
         "grouped_by_first": f"{_BY_FIRST} ORDER BY invocations.first_seq, events.seq",
         "grouped_span": f"{_BY_FIRST} WHERE invocations.first_seq >= ? AND "
         "invocations.first_seq < ? AND events.seq <= ? ORDER BY invocations.first_seq, events.seq",
+        # A read-only journal from before schema 9: its bindings as rows of today's columns.
+        **{
+            f"{k}_before_9": v.replace(", send_by FROM", ", NULL FROM")
+            for k, v in SQL.items()
+            if k in ("idempotency", "all_idempotency")
+        },
         "first_events_through": "SELECT count(*) FROM invocations WHERE first_seq <= ?",
         "first_event_at_rank": "SELECT first_seq FROM invocations WHERE first_seq <= ? ORDER BY "
         "first_seq LIMIT 1 OFFSET ?",
@@ -229,6 +236,21 @@ class SqliteTables(SegmentTables):
         except sqlite3.Error as exc:
             _absent(exc, None)
 
+    def idempotency(self, scope: str, key: str) -> Any:
+        try:
+            return super().idempotency(scope, key)
+        except sqlite3.Error as exc:
+            _before_send_by(exc)
+            return self.one("idempotency_before_9", (scope, key))
+
+    def idempotency_rows(self) -> Iterator[Any]:
+        try:
+            rows = list(super().idempotency_rows())  # (the statement fails at its first step)
+        except sqlite3.Error as exc:
+            _before_send_by(exc)
+            rows = list(self.rows("all_idempotency_before_9"))
+        yield from rows
+
 
 T = TypeVar("T")
 
@@ -238,6 +260,13 @@ def _absent(exc: sqlite3.Error, empty: T) -> T:
     if not _missing_table(exc):
         raise exc
     return empty
+
+
+def _before_send_by(exc: sqlite3.Error) -> None:
+    """Return for a read-only journal from before schema 9, whose bindings have no ``send_by``
+    (read as NULL: ``IdempotencyRecord.send_by``); else re-raise."""
+    if not (isinstance(exc, sqlite3.OperationalError) and "no such column: send_by" in str(exc)):
+        raise exc
 
 
 def _lenient_text(data: bytes) -> str:
@@ -470,6 +499,7 @@ class SqliteBackend:
             )
         if owned is None:  # new, or from before schema 6: name the chunks no marker names
             self.tables(conn).fill_chunk_owners()
+        _add_send_by(conn)
         conn.execute(
             "INSERT INTO meta (name, value) VALUES ('schema', ?) ON CONFLICT (name) DO UPDATE "
             "SET value = max(CAST(value AS INTEGER), CAST(excluded.value AS INTEGER))",

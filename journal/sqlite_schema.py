@@ -47,7 +47,12 @@ each first event into ``invocations`` would refuse the append.  A journal made f
 on has ``result_chunks`` ``WITHOUT ROWID`` (one B-tree keyed by its primary key instead of a
 rowid table and that key's index: ~0.7 fewer WAL frames a RESULT_COMMITTED,
 ``tests/benchmarks/wal_pages.py``); one made before keeps its table, read by the same
-statements (each names the key or orders by it).
+statements (each names the key or orders by it).  Schema 9 adds ``idempotency.send_by``: when
+the binder's first attempt may send no more, which a call judging a binding with nothing
+recorded under it waits out (``engine/binder.py``); a writer opening a journal from before adds
+the column (``_add_send_by``: its rows hold NULL, judged as before), a read-only reader reads
+its rows with NULL there (``SqliteTables.idempotency``), and a broker of schema 8 refuses it --
+it would bind without the column's deadline and judge another's binding by its own window.
 """
 
 from __future__ import annotations
@@ -66,7 +71,7 @@ __all__ = ["EXTEND_CHAIN", "SCHEMA", "SCHEMA_VERSION", "SESSION_INDEX"]
 log = logging.getLogger("affidavit.journal")
 
 SESSION_INDEX = "events_session"
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 
 _CHAIN_REFUSED = "'journal rows must extend the hash chain by one'"
 _CHAIN_WHEN = f"""coalesce((SELECT NEW.seq IS NOT seq + 1 OR NEW.prev_hash IS NOT hash FROM events
@@ -200,6 +205,7 @@ CREATE TABLE IF NOT EXISTS idempotency (
   invocation_id TEXT NOT NULL,
   expires_at    REAL,
   created_at    REAL NOT NULL,
+  send_by       REAL,
   PRIMARY KEY (scope, key)
 );
 {SEGMENT_SCHEMA.strip()}
@@ -247,6 +253,14 @@ def _replace_chain_trigger(conn: sqlite3.Connection) -> None:
         chain = _stored(EXTEND_CHAIN)
     if first is not None and chain == _stored(EXTEND_CHAIN):
         conn.execute("DROP TRIGGER events_first_of_invocation")
+
+
+def _add_send_by(conn: sqlite3.Connection) -> None:
+    """A journal from before schema 9 gains ``idempotency.send_by`` (NULL in its rows) in the
+    writer's opening transaction."""
+    columns = {r[1] for r in conn.execute("SELECT * FROM pragma_table_info('idempotency')")}
+    if "send_by" not in columns:
+        conn.execute("ALTER TABLE idempotency ADD COLUMN send_by REAL")
 
 
 def _stored(create: str) -> str:

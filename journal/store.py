@@ -514,10 +514,16 @@ class Journal(JournalReader):
         fingerprint: str,
         invocation_id: str,
         expires_at: float | None,
+        *,
+        send_by: float | None = None,
     ) -> IdempotencyRecord:
         """Bind an idempotency key to a request fingerprint (durable).  The first binding wins;
-        the same fingerprint returns it; another fingerprint raises ``IdempotencyMismatch``."""
-        op = leases.bind_op(scope, key, fingerprint, invocation_id, expires_at, self._clock)
+        the same fingerprint returns it; another fingerprint raises ``IdempotencyMismatch``.
+        ``send_by``: the lease end (this writer's clock) the binder's ACTION_ACCEPTED will carry
+        -- recorded, in the lease clock, as ``IdempotencyRecord.send_by``."""
+        op = leases.bind_op(
+            scope, key, fingerprint, invocation_id, expires_at, self._clock, send_by
+        )
         return await self._writer.submit(op, barrier=True)
 
     async def put_result_chunk(

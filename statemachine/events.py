@@ -41,8 +41,10 @@ class EventKind(StrEnum):
     judge the key at the moment itself).  took_over, when this call took over an invocation
     whose key its binder bound and then stopped before recording anything (nothing was sent
     under it): why its binder is gone (``only_writer``: this broker is the journal's only
-    writer; ``window_over``: the binder's window, ``window`` seconds from ``bound_at``, was
-    over at ``judged_at``), and ``recorded: nothing``.  fenced, instead, when a call with a
+    writer; ``send_by_passed``: the binder's own send deadline, ``send_by``, bound with the key,
+    had passed at ``judged_at``; ``window_over``, a binding from before that deadline was bound:
+    the window ``window`` seconds from ``bound_at`` was over at ``judged_at``), and
+    ``recorded: nothing``.  fenced, instead, when a call with a
     different request under the key closed such an invocation before answering
     IDEMPOTENCY_MISMATCH (the same facts; the operation then names only the binding's key,
     scope and fingerprint, no target): a binder that resumes is refused its first event."""

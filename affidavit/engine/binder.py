@@ -10,26 +10,32 @@ proves that nothing ever will be once its binder can no longer record, which is 
   holding its lock) and no call of its own holds the binding (``Recorder.running``, registered
   before the key is bound): the binder was another process, which stopped before this one took
   the lock; or
-* the binder's window is over, by the clock leases are judged by (``journal.now``: the
-  database's on a shared journal), and no call of this broker holds the binding.  The window is
-  the longest lease the binder can hold -- the target's total timeout plus ``lease_margin``
-  (``Engine.lease_ttl`` with no caller timeout) -- from the binding's ``created_at``, recorded in
-  that clock.  The binder's ACTION_ACCEPTED carries a lease that ends within it, and its dispatch
-  gate refuses a send after that end by the same clock (``journal.leases.check_first_deadline``):
-  a binder that stopped, or is merely slow, sends nothing once the window is over.  The binding
-  row holds no boot-clock stamp and needs none: nothing is in flight under a binding with no
-  record, and the gate that would let the binder send judges by the clock this judges by.
+* the binder's send deadline has passed, by the clock leases are judged by (``journal.now``:
+  the database's on a shared journal), and no call of this broker holds the binding.  The
+  deadline is bound with the key (``IdempotencyRecord.send_by``): the lease end the binder's
+  ACTION_ACCEPTED carries -- by its caller's timeout, its target's total and its broker's
+  ``lease_margin``, never the judging call's, whose target may be another of the scope or
+  configured otherwise (a 1 s target judged a 30 s binder gone after 1.1 s) -- recorded in that
+  clock.  The binder's dispatch gate refuses a send after that end by the same clock
+  (``journal.leases.check_first_deadline``): a binder that stopped, or is merely slow, sends
+  nothing once it has passed.  A binding from before the column holds none: it is judged by the
+  window of the judging call's target (its total timeout plus ``lease_margin`` from the
+  binding's ``created_at``: ``Engine.lease_ttl`` with no caller timeout), which may be shorter
+  than the binder's -- which the fence below makes safe.  The binding row holds no boot-clock
+  stamp and needs none: nothing is in flight under a binding with no record, and the gate that
+  would let the binder send judges by the clock this judges by.
 
 Then the same request takes the invocation over (``invocation.start``, by winning its first
 event, whose ``took_over`` records ``BinderGone.evidence``), and a different request closes it
 first (``fence``: it wins the same first event and records PREFLIGHT_FAILED there, so a late
 binder is refused exactly as on a take-over) and is IDEMPOTENCY_MISMATCH as usual.  A mismatch
 once answered "nothing was sent under the key" while a binder whose window it misjudged could
-still send: the fence makes that answer true whatever the window.  While the binder may still
-record, the same request answers IN_PROGRESS -- the same fingerprint covers the same target, so
-that invocation is the caller's to see -- and a different one waits (``record_or_gone``) for the
-binder's record, whose answer ``rebound.refusal`` gives, or for the binder to be gone: never
-IN_PROGRESS naming an invocation that may be another target's of a shared scope.
+still send: the fence makes that answer true however the binder was judged gone.  While the
+binder may still record, the same request answers IN_PROGRESS -- the same fingerprint covers the
+same target, so that invocation is the caller's to see -- and a different one waits
+(``record_or_gone``) for the binder's record, whose answer ``rebound.refusal`` gives, or for the
+binder to be gone: never IN_PROGRESS naming an invocation that may be another target's of a
+shared scope.
 """
 
 from __future__ import annotations
@@ -64,19 +70,22 @@ class BinderGone:
     """When this was judged, by the same clock."""
     window: float | None
     """The binder's window (seconds from ``bound_at``) that is over; None: judged by
-    ``only_writer``."""
+    ``only_writer`` or by ``send_by``."""
+    send_by: float | None = None
+    """The binder's own send deadline (``IdempotencyRecord.send_by``) that has passed."""
 
     def evidence(self) -> dict[str, Any]:
         """Secret-free facts for the journal: what a take-over or a refusal records."""
-        why = "window_over" if self.window is not None else "only_writer"
         out: dict[str, Any] = {
-            "why": why,
+            "why": "only_writer",
             "bound_at": self.bound_at,
             "judged_at": self.judged_at,
             "recorded": "nothing",
         }
-        if self.window is not None:
-            out["window"] = self.window
+        if self.send_by is not None:
+            out.update(why="send_by_passed", send_by=self.send_by)
+        elif self.window is not None:
+            out.update(why="window_over", window=self.window)
         return out
 
 
@@ -91,7 +100,11 @@ async def judge(
         return at, None  # a call of this broker is its binder, and it is live
     if journal.exclusive:
         return at, BinderGone(bound.created_at, at, None)
-    window = engine.lease_ttl(target, None)
+    if bound.send_by is not None:  # the binder's own deadline, bound with the key
+        if at < bound.send_by:
+            return at, None
+        return at, BinderGone(bound.created_at, at, None, bound.send_by)
+    window = engine.lease_ttl(target, None)  # a binding from before the deadline was bound
     if at < bound.created_at + window:
         return at, None
     return at, BinderGone(bound.created_at, at, window)

@@ -132,6 +132,11 @@ async def start(
         )
     idempotent = is_idempotent(parsed, target)
     fp = fingerprint(parsed, target, engine.snapshot.hash(target))
+    # The first attempt's lease (generation 0): every other worker takes its holder for gone
+    # once it runs out, and recovers the record; the attempt ends within it (``run_tries``).
+    # Its end is bound with the key too: how long the key is this call's with nothing recorded.
+    ttl = engine.lease_ttl(target, timeout)
+    lease_ends = now + ttl
     contract = getattr(target, "idempotency", None)
     key: str | None = getattr(parsed, "idempotency_key", None)
     if contract is not None and key is None and not idempotent:
@@ -166,7 +171,7 @@ async def start(
         # broker never takes it for its stopped binder's (``binder.judge``).
         recorder.attempting(iid, 0)
         try:
-            bound = await journal.bind_idempotency(scope, key, fp, iid, expires)
+            bound = await journal.bind_idempotency(scope, key, fp, iid, expires, send_by=lease_ends)
         except IdempotencyMismatch as exc:
             # Another request, or this one under a changed configuration (``rebound.py``): only
             # the bound invocation's chained record can tell.  Bound with nothing recorded yet,
@@ -262,10 +267,6 @@ async def start(
         # another request by it (``rebound.py``).
         keyed = engine.journal.keyed_digest
         operation["request_fingerprint"] = request_fingerprint(parsed, target, keyed)
-    # The first attempt's lease (generation 0): every other worker takes its holder for gone
-    # once it runs out, and recovers the record; the attempt ends within it (``run_tries``).
-    ttl = engine.lease_ttl(target, timeout)
-    lease_ends = now + ttl
     boot = boot_stamp(ttl)  # and by the boot clock, which does not step (``recover_stale``)
     batch = batch_facts(parsed, target)
     if batch is not None:

@@ -22,6 +22,7 @@ from affidavit.config import load_config
 from affidavit.engine import EngineSettings
 from affidavit.statemachine import EventKind as E
 from tests.http.hostile import HostileServer, Peer, Reply
+from tests.journal.helpers import sql
 
 from .approvalkit import verify_ok
 from .helpers import http_target, write_config
@@ -118,5 +119,51 @@ async def test_a_binder_judged_gone_by_the_caller_s_window_is_fenced_and_sends_n
             assert events[0].attrs["fenced"]["why"] == "window_over"
             assert events[1].attrs["binder_gone"]["recorded"] == "nothing"
             assert y["invocation_id"] not in json.dumps([e.attrs for e in events])
+            verify_ok(bx)
+    assert received == [b'{"amount": 5}']
+
+
+async def test_a_binder_is_judged_by_its_own_send_deadline_bound_with_the_key(
+    tmp_path: Path, token: str
+) -> None:
+    """The binding holds X's own send deadline (its 30 s lease end): Y, whose target says 1 s,
+    still waits after 1.5 s, and is answered from X's record once X goes on -- the same request
+    under another configuration, CONFIG_CHANGED naming X's invocation -- never a mismatch
+    inviting a resend; X's call is not cut off; the remote is charged once."""
+    received: list[bytes] = []
+
+    async def script(peer: Peer) -> None:
+        await _serve(peer, received)
+
+    async with HostileServer.running(script) as srv:
+        cx, cy = _configs(tmp_path, srv.url)
+        quick = EngineSettings(lease_margin=0.1)
+        async with (
+            Broker.open(config=load_config(cx)) as bx,
+            Broker.open(config=load_config(cy), settings=quick) as by,
+        ):
+            bound, go = _stall_after_binding(bx)
+            out: dict[str, dict[str, Any]] = {}
+
+            async def call(name: str, b: Broker) -> None:
+                out[name] = await b.call(CHARGE)
+
+            with trio.fail_after(LIMIT):
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(call, "x", bx)
+                    await bound.wait()
+                    nursery.start_soon(call, "y", by)
+                    await trio.sleep(1.5)  # past Y's own window (1 s + 0.1 s), inside X's
+                    assert "y" not in out, out["y"]  # still waiting for X's record
+                    go.set()
+            x, y = out["x"], out["y"]
+            assert x.get("error") is None, x
+            assert y["error"]["code"] == "CONFIG_CHANGED", y
+            assert y["evidence"]["idempotency"]["bound_to"] == x["invocation_id"], y
+            # The deadline bound with the key is the lease end X's ACTION_ACCEPTED carries.
+            accepted = bx.events(x["invocation_id"])[0].attrs
+            row = sql(tmp_path / "journal.db", "SELECT send_by FROM idempotency")
+            assert row == [(accepted["lease_expires_at"],)], (row, accepted)
+            assert "fenced" not in accepted
             verify_ok(bx)
     assert received == [b'{"amount": 5}']

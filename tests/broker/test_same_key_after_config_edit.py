@@ -268,8 +268,8 @@ async def test_a_different_request_waits_for_the_binder_s_record_and_never_names
             bound, go = trio.Event(), trio.Event()
             bind = prod_broker.journal.bind_idempotency
 
-            async def bind_then_stall(*args: Any) -> Any:
-                done = await bind(*args)
+            async def bind_then_stall(*args: Any, **kwargs: Any) -> Any:
+                done = await bind(*args, **kwargs)
                 bound.set()
                 await go.wait()  # the binder's broker, between its binding and its first event
                 return done

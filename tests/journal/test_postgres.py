@@ -31,7 +31,12 @@ from affidavit.journal import (
     JournalWriteError,
     SigningKey,
 )
-from affidavit.journal.postgres import SESSION_INDEX_BUILD, PostgresBackend, grant_statements
+from affidavit.journal.postgres import (
+    SCHEMA_VERSION,
+    SESSION_INDEX_BUILD,
+    PostgresBackend,
+    grant_statements,
+)
 from affidavit.statemachine import Event
 from affidavit.statemachine import EventKind as E
 from tests.postgres import Cluster, Proxy
@@ -833,6 +838,7 @@ async def test_a_broker_role_opening_a_schema_1_journal_is_told_to_have_the_owne
     async with Journal.open(pg_url, **_keys(tmp_path, "owner")):
         pass
     pg.sql("DROP TABLE chunk_owners", database)  # as schema 1 left it
+    pg.sql("ALTER TABLE idempotency DROP COLUMN send_by", database)  # (schema 3's)
     pg.sql("UPDATE meta SET value = '1' WHERE name = 'schema'", database)
     pg.sql("DROP ROLE IF EXISTS old_broker")
     pg.sql("CREATE ROLE old_broker LOGIN PASSWORD 'broker-pw'")
@@ -843,7 +849,7 @@ async def test_a_broker_role_opening_a_schema_1_journal_is_told_to_have_the_owne
         async with Journal.open(broker_url, **_keys(tmp_path, "broker")):
             pass
     message = str(refused.value)
-    assert "has schema 1; this affidavit upgrades it to schema 2" in message
+    assert f"has schema 1; this affidavit upgrades it to schema {SCHEMA_VERSION}" in message
     assert "only the tables' owner may do" in message and "broker-pw" not in message
     assert pg.sql("SELECT value FROM meta WHERE name = 'schema'", database) == [("1",)]
     async with Journal.open(pg_url, **_keys(tmp_path, "owner")):
@@ -854,7 +860,9 @@ async def test_a_broker_role_opening_a_schema_1_journal_is_told_to_have_the_owne
         for ev in happy("inv-1"):
             await j.append(ev)
         await j.put_result_chunk("inv-1", "body", 0, b"kept")
+        await j.bind_idempotency("scope", "key", "fp", "inv-2", None, send_by=time.time() + 9)
     assert pg.sql("SELECT invocation_id FROM chunk_owners", database) == [("inv-1",)]
+    assert pg.sql("SELECT count(send_by) FROM idempotency", database) == [(1,)]
 
 
 async def test_a_broker_role_not_granted_chunk_owners_is_refused_at_open_not_after_a_dispatch(

@@ -20,6 +20,7 @@ import trio
 from affidavit.cli import journal_refusal
 from affidavit.cli import main as cli_main
 from affidavit.journal import Journal, JournalReader, SigningKey, SigningRecordsRemoved
+from affidavit.journal.sqlite import SCHEMA_VERSION
 
 from . import test_tamper
 from .test_tamper import Built, _rechain_from, _sql
@@ -58,7 +59,7 @@ def _open_writer(db: Path) -> None:
 @pytest.mark.parametrize(
     ("schema", "why"),
     [
-        (None, "records schema 8, which only signing brokers write"),
+        (None, f"records schema {SCHEMA_VERSION}, which only signing brokers write"),
         ("1", "(RESULT_COMMITTED) carries marker_sha256"),  # the schema passed off as old too
     ],
 )
