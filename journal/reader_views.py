@@ -7,7 +7,7 @@ date from a ``SessionSummary``.  ``JournalReader`` (``reader.py``) is built on i
 from __future__ import annotations
 
 import itertools
-from collections.abc import Generator, Hashable, Iterable, Iterator
+from collections.abc import Callable, Generator, Hashable, Iterable, Iterator
 from typing import Any
 
 from affidavit.statemachine import Outcome, Phase, Record
@@ -123,6 +123,32 @@ class ViewingReader(ReaderBase):
 
             records, total = self._read(run, "the actions view")
         return [self.current(r, at) for r in records], total
+
+    def newest_readable(
+        self,
+        limit: int,
+        summary: SessionSummary,
+        readable: Callable[[str | None], bool],
+        now: float | None = None,
+    ) -> tuple[list[Record], int] | None:
+        """``newest_actions(limit, summary=summary)`` when no invocation of the journal is on a
+        target ``readable`` refuses (``SessionSummary.hidden``), read in the same snapshot --
+        a caller's page is then the whole view's, read alone; None when some is: that page
+        is the filtered view's (``views.actions_page`` streams it)."""
+        if limit < 0:
+            raise ValueError("limit must be >= 0")
+        at = self._now(now, "the actions view")
+
+        def run(t: Tables) -> tuple[list[Record], int] | None:
+            with self.snapshot():
+                if summary.hidden(t, at, readable):
+                    return None
+                return views.newest(t, limit, None, at, summary.count(t, at))
+
+        found = self._read(run, "the actions view")
+        if found is None:
+            return None
+        return [self.current(r, at) for r in found[0]], found[1]
 
     def action_spans(self, parts: int, min_events: int) -> list[tuple[int, int, int]] | None:
         """``iter_actions`` (without a session filter) cut into ``parts`` spans of about as

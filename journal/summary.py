@@ -53,13 +53,20 @@ class _Inv:
     event, never changes: counted into its session's ``first_seen`` once, and kept for the
     metrics ``since`` a time)."""
 
-    __slots__ = ("first_at", "last_at", "outcome", "pos", "session", "tally")
+    __slots__ = ("first_at", "last_at", "outcome", "pos", "session", "tally", "target")
 
     def __init__(
-        self, pos: int, session: str | None, outcome: str, first_at: float, last_at: float
+        self,
+        pos: int,
+        session: str | None,
+        outcome: str,
+        first_at: float,
+        last_at: float,
+        target: str | None = None,
     ) -> None:
         self.pos = pos  # the seq of its first event: the view's order
         self.session = session
+        self.target = target  # as its ACTION_ACCEPTED names it (``hidden``)
         self.outcome = outcome
         self.first_at = first_at
         self.last_at = last_at
@@ -305,6 +312,15 @@ class SessionSummary:
         finally:
             self._lock.release()
 
+    def hidden(self, tables: Tables, now: float, readable: Callable[[str | None], bool]) -> int:
+        """Brought up to the head (folded whole first, when nothing is kept yet), then how many
+        invocations are on a target ``readable`` refuses: none, and a caller's actions page is
+        the whole view's (``JournalReader.newest_readable``).  Call inside one read
+        transaction."""
+        with self._lock:
+            invs = self._refresh(tables, now).invs.values()
+            return sum(1 for inv in invs if not readable(inv.target))
+
     def _refresh(self, tables: Tables, now: float) -> _State:
         head, head_hash = tables.head()
         state = self._state
@@ -349,7 +365,12 @@ class SessionSummary:
             known = state.invs.get(iid)  # a rebuild that fails leaves ``state`` as it was)
             if known is None:
                 fresh.append((iid, inv, first_at, tally))
-            elif (known.session, known.pos, known.first_at) != (inv.session, inv.pos, first_at):
+            elif (known.session, known.pos, known.first_at, known.target) != (
+                inv.session,
+                inv.pos,
+                first_at,
+                inv.target,
+            ):
                 raise _Rebuild  # not how the broker writes (a row altered): fold it all again
             else:
                 seen.append((known, inv, tally))
@@ -397,7 +418,7 @@ def _folded(
             # (every event has its time: ``fold_events`` refuses a row without)
             at0 = first_at if first_at is not None else 0.0
             at1 = last_at if last_at is not None else 0.0
-            inv = _Inv(first[n], rec.session, rec.outcome.value, at0, at1)
+            inv = _Inv(first[n], rec.session, rec.outcome.value, at0, at1, rec.target)
             yield rec.invocation_id, inv, at0, None if tally is None else tally(rec)
     except ImpossibleEvent as exc:  # stored events the broker could not have written
         raise unfoldable(exc) from None

@@ -296,6 +296,10 @@ class Broker:
         The daemon's and MCP's record and list views ask it, as ``fetch_result`` does."""
         return self._engine.callable_by_caller(record)
 
+    def callable_target(self, target: str | None) -> bool:
+        """``callable_by_caller`` of a record on ``target``: what a caller's list holds."""
+        return self._engine.callable_target(target)
+
     def result_stream(self, invocation_id: str) -> ResultStream | None:
         """The stored result, chunk by chunk: ``stream.chunks(name, from_chunk)`` yields each
         chunk of stream ``name`` (``body``; ``stdout``/``stderr``) only after verifying it,

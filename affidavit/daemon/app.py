@@ -376,7 +376,7 @@ class Api:
                 since=since,
                 until=until,
                 summary=summary,
-                readable=self.broker.callable_by_caller,
+                readable=self.broker.callable_target,
             )
             texts = ",".join(map(encode, page.records))
             return (

@@ -250,7 +250,11 @@ class Engine:
         removed from the configuration is no longer callable, nor its stored results readable
         -- another broker of a shared journal, with other targets, keeps its own).  A record
         that names no target was refused before one was resolved: it holds no target's result."""
-        return record.target is None or record.target in self.config.targets
+        return self.callable_target(record.target)
+
+    def callable_target(self, target: str | None) -> bool:
+        """``callable_by_caller`` of a record naming ``target``."""
+        return target is None or target in self.config.targets
 
     def result_stream(self, invocation_id: str) -> ResultStream | None:
         """The stored result for delivery chunk by chunk (the daemon's and MCP's seam):

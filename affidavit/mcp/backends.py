@@ -216,7 +216,7 @@ class Embedded:
                 limit,
                 session=session,
                 outcome=outcome,
-                readable=self.broker.callable_by_caller,  # only what fetch_result reads
+                readable=self.broker.callable_target,  # only what fetch_result reads
             )
             actions = [record_to_json(r, holder=tag) for r in found.records]
             return {"actions": actions, "total": found.total, "truncated": found.truncated}

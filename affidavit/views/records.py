@@ -388,7 +388,7 @@ def actions_page(
     until: float | None = None,
     now: float | None = None,
     summary: SessionSummary | None = None,
-    readable: Callable[[Record], bool] | None = None,
+    readable: Callable[[str | None], bool] | None = None,
 ) -> Newest:
     """``Newest(limit).take(reader.iter_actions(...))``: the newest ``limit`` records that
     match, oldest first, and how many match.  Without a filter but the session, every record
@@ -398,17 +398,26 @@ def actions_page(
     folding every record: those pages are streamed from the whole view as before.  ``now``:
     as ``list_actions``; ``summary``: the daemon's kept view, whose count (when it keeps one)
     stands for counting every invocation again (``JournalReader.newest_actions``).
-    ``readable``: a caller's list (the daemon's, MCP's) holds only the records it may read
-    (``Broker.callable_by_caller``: on a target the configuration names), page and count
-    alike -- a filter on the record, streamed like one on its fold (the database cannot tell
-    the targets a configuration names apart)."""
-    if readable is None and outcome is None and phase is None and since is None and until is None:
+    ``readable``: a caller's list (the daemon's, MCP's) holds only the records on a target
+    it may read (``Broker.callable_target``: one the configuration names), page and count
+    alike.  With ``summary`` and no filter, the page is read alone as above while the kept
+    summary finds no invocation on another target (``JournalReader.newest_readable``);
+    otherwise it is streamed, as a filter on the fold is (the database cannot tell the
+    targets a configuration names apart)."""
+    plain = outcome is None and phase is None and since is None and until is None
+    if plain and readable is None:
         records, total = reader.newest_actions(limit, session, now, summary)
         return Newest.of(limit, records, total)
+    if plain and session is None and summary is not None and readable is not None:
+        found = reader.newest_readable(limit, summary, readable, now)
+        if found is not None:
+            return Newest.of(limit, *found)
     rows = reader.iter_actions(
         session=session, outcome=outcome, phase=phase, since=since, until=until, now=now
     )
-    return Newest(limit).take(rows if readable is None else filter(readable, rows))
+    if readable is not None:
+        rows = (r for r in rows if readable(r.target))
+    return Newest(limit).take(rows)
 
 
 def newest_sessions(sessions: list[dict[str, Any]], limit: int) -> dict[str, Any]:

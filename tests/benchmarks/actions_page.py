@@ -1,9 +1,11 @@
 """The daemon's ``GET /v1/actions`` answer over a large journal, the old way and the new, in one
 run: the body its route makes (``daemon.app``'s ``actions``), from the streamed view cut to a
 page (``Newest(limit).take(iter_actions(...))``, before) and from ``views.actions_page``
-(now), each the median of ``--rounds``; the two bodies must be the same bytes.  A third column,
-``readable``: ``actions_page`` with a caller's filter (``readable=``, every record readable
-here), as the daemon's and MCP's lists now read it -- streamed, like the first.
+(now), each the median of ``--rounds``; the bodies must be the same bytes.  Two more columns:
+``readable``, ``actions_page`` with a caller's filter (``readable=``, every target readable
+here) and no summary, as MCP's list reads it -- streamed, like the first; and ``kept``, the
+same with the daemon's kept summary (``summary=``, folded once before the rounds), as the
+daemon's ``/v1/actions`` reads it -- the page alone while no invocation is hidden.
 
     .venv/bin/python tests/benchmarks/actions_page.py --journal PATH [--rounds R]
 
@@ -23,7 +25,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from affidavit.journal import JournalReader  # noqa: E402
+from affidavit.journal import JournalReader, SessionSummary  # noqa: E402
 from affidavit.views import Newest, actions_page, record_json_encoder  # noqa: E402
 
 QUERIES: tuple[tuple[int, dict[str, Any]], ...] = (
@@ -54,10 +56,15 @@ def main() -> None:
     with JournalReader.open(args.journal) as j:
         events = j.head()[0]
         print(f"journal: {events:,} events")
+        summary = SessionSummary()
+        t = time.perf_counter()
+        j.newest_readable(0, summary, _every)  # the daemon's kept summary, folded once
+        print(f"summary folded once in {(time.perf_counter() - t) * 1000:.0f} ms")
         for limit, filters in QUERIES:
             old_t: list[float] = []
             new_t: list[float] = []
             kept_t: list[float] = []
+            summ_t: list[float] = []
             bodies: set[bytes] = set()
             for _ in range(args.rounds):
                 now = time.time()
@@ -71,14 +78,18 @@ def main() -> None:
                 t = time.perf_counter()
                 kept = body(actions_page(j, limit, now=now, readable=_every, **filters), limit)
                 kept_t.append(time.perf_counter() - t)
-                bodies |= {old, new, kept}
+                t = time.perf_counter()
+                page = actions_page(j, limit, now=now, readable=_every, summary=summary, **filters)
+                summ = body(page, limit)
+                summ_t.append(time.perf_counter() - t)
+                bodies |= {old, new, kept, summ}
             o, n = statistics.median(old_t), statistics.median(new_t)
-            k = statistics.median(kept_t)
+            k, m = statistics.median(kept_t), statistics.median(summ_t)
             same = "same bytes" if len(bodies) == 1 else "DIFFER"
             print(
                 f"limit={limit:<5} {filters!s:24} before {o * 1000:9.1f} ms  "
                 f"after {n * 1000:8.1f} ms  x{o / n:6.1f}  readable {k * 1000:9.1f} ms "
-                f"x{k / n:6.1f} of after  {same}"
+                f"x{k / n:6.1f} of after  kept {m * 1000:8.1f} ms x{m / n:5.1f}  {same}"
             )
 
 
