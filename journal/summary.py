@@ -33,6 +33,7 @@ whole verify finds it.
 from __future__ import annotations
 
 import dataclasses
+import sys
 import threading
 from collections.abc import Callable, Hashable, Iterable, Iterator
 from typing import Any
@@ -418,7 +419,9 @@ def _folded(
             # (every event has its time: ``fold_events`` refuses a row without)
             at0 = first_at if first_at is not None else 0.0
             at1 = last_at if last_at is not None else 0.0
-            inv = _Inv(first[n], rec.session, rec.outcome.value, at0, at1, rec.target)
+            # (a few targets, one string each: not one per invocation held)
+            target = None if rec.target is None else sys.intern(rec.target)
+            inv = _Inv(first[n], rec.session, rec.outcome.value, at0, at1, target)
             yield rec.invocation_id, inv, at0, None if tally is None else tally(rec)
     except ImpossibleEvent as exc:  # stored events the broker could not have written
         raise unfoldable(exc) from None
