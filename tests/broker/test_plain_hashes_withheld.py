@@ -84,7 +84,7 @@ async def test_an_old_records_plain_hashes_reach_no_caller_and_a_new_one_shows_k
                 pending = await b.fetch_result(iid)
                 await b.dispatch_approved(iid)
                 fetched = await b.fetch_result(iid)
-                by_mcp = await mcp.fetch_result(iid, None, Exchange())
+                by_mcp = await mcp.fetch_result(iid, None, None, Exchange())
             assert fetched is not None and fetched["error"]["code"] == "APPROVAL_STALE"
             rec = b.record(iid)
             assert rec is not None
