@@ -293,9 +293,15 @@ class Api:
         (``&chunks=M``, default ``RESULT_PAGE_CHUNKS``, at most ``MAX_RESULT_PAGE_CHUNKS``; 400
         ``INVALID_FIELD`` at ``chunks`` past it): a page, each stream's chunks N to N+M-1, with
         ``result.resume.next_chunk`` -- a resumed read, which records nothing.  Each answer
-        holds ``PIECE_HOLD`` of the server's answer budget, or is 503 ``ANSWERS_IN_FLIGHT``."""
+        holds ``PIECE_HOLD`` and its envelope's text of the server's answer budget while it is
+        read and written, or is 503 ``ANSWERS_IN_FLIGHT`` -- no delivery failure recorded
+        (``results.AnswersInFlight``).  An answer the engine tried (``deliver``) is never
+        written a second time here: the journal says how that one ended."""
+        tried = False
 
         async def deliver(envelope: dict[str, Any]) -> None:
+            nonlocal tried
+            tried = True
             await _deliver(req, envelope, trio.CancelScope(), functools.partial(write, req))
 
         async def write(req: Request, envelope: dict[str, Any]) -> None:
@@ -309,20 +315,30 @@ class Api:
             chunks = RESULT_PAGE_CHUNKS
         what = f"the result of {invocation_id}"
         try:
-            with results.held(req, results.PIECE_HOLD):
-                envelope = await self.broker.fetch_result(
-                    invocation_id, from_chunk=from_chunk, chunks=chunks, deliver=deliver, defer=True
+            # No hold across the record's reads (``results.py``): only its answer holds.
+            envelope = await self.broker.fetch_result(
+                invocation_id, from_chunk=from_chunk, chunks=chunks, deliver=deliver, defer=True
+            )
+            if req.answered or req.link.hung_up.is_set():
+                return
+            if tried:
+                # Its answer failed before a byte, for a reason not the journal's (a bug; the
+                # engine logged it and recorded the delivery failed): never written again
+                # beside the record -- a whole answer the journal calls undelivered.
+                raise ApiProblem(
+                    500,
+                    "INTERNAL",
+                    f"the answer of {invocation_id} failed inside the daemon; its result "
+                    "stays stored: fetch it again",
                 )
-                if req.answered or req.link.hung_up.is_set():
-                    return
-                if envelope is None:
-                    # The words of `affidavit result` run embedded, but for where the journal
-                    # lives: a socket caller (an agent) has no business knowing its path or
-                    # database URL.
-                    raise ApiProblem(
-                        404, "NO_SUCH_INVOCATION", f"no invocation {invocation_id} in the journal"
-                    )
-                await write(req, envelope)
+            if envelope is None:
+                # The words of `affidavit result` run embedded, but for where the journal
+                # lives: a socket caller (an agent) has no business knowing its path or
+                # database URL.
+                raise ApiProblem(
+                    404, "NO_SUCH_INVOCATION", f"no invocation {invocation_id} in the journal"
+                )
+            await write(req, envelope)
         except JournalError as exc:  # as every surface answers it (``result_failure``)
             # (After part of the answer was written -- cut short -- only logged, by the same.)
             raise _journal_problem(exc, what, result_failure(exc, invocation_id)) from None

@@ -15,10 +15,15 @@ chunks per trip to one of the views' threads (``Api.read``, the journal's own re
    between chunks over; base64 carries up to two bytes).
 
 Memory: each answer holds ``PIECE_HOLD`` bytes of the server's answer budget
-(``admission.ANSWER_BUDGET``) from before it is read until its last byte is written -- past the
-budget, 503 ``ANSWERS_IN_FLIGHT`` with ``Retry-After``: a client that does not read holds one
-piece, not its result three times over.  A piece is written within ``WRITE_WAIT``; a reader
-slower than that loses its answer (cut short: never delivered).
+(``admission.ANSWER_BUDGET``), and its envelope's text beside them, taken in one hold before
+its first chunk is read until its last byte is written -- past the budget, 503
+``ANSWERS_IN_FLIGHT`` with ``Retry-After`` (``AnswersInFlight``: the engine's ``NotAnswered``,
+so a refused fetch records no delivery failure): a client that does not read holds one piece,
+not its result three times over.  Not held across the record's own journal reads (the
+engine's, before ``respond_result``): a journal away would hold the budget for as long, and
+turn its outage into ``ANSWERS_IN_FLIGHT`` for every other answer.  A piece is written
+within ``WRITE_WAIT``; a reader slower than that loses its answer (cut short: never
+delivered).
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ from collections.abc import AsyncGenerator, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from affidavit.engine import RESULT_CHUNK, Deferred
+from affidavit.engine import RESULT_CHUNK, Deferred, NotAnswered
 from affidavit.journal import JournalReader, ResultStream, ResultUnverified
 
 from .http import ApiProblem, Request, json_body
@@ -42,7 +47,14 @@ from .http import ApiProblem, Request, json_body
 if TYPE_CHECKING:
     from .app import Api
 
-__all__ = ["ANSWER_RETRY", "PIECE_CHUNKS", "PIECE_HOLD", "held", "respond_result"]
+__all__ = [
+    "ANSWER_RETRY",
+    "PIECE_CHUNKS",
+    "PIECE_HOLD",
+    "AnswersInFlight",
+    "held",
+    "respond_result",
+]
 
 PIECE_CHUNKS = 4
 """Chunks read, verified and encoded per trip to a view thread while an answer is written."""
@@ -51,9 +63,14 @@ SCAN_CHUNKS = 64
 PIECE_HOLD = PIECE_CHUNKS * RESULT_CHUNK * 6 + 64 * 1024
 """What one answer holds of the answer budget from before it is read: a piece's worst case --
 a JSON string escapes a byte into at most 6 (``\\u00XX``) -- and 64 KiB for what else is read
-meanwhile; its envelope's text is held beside it once known (``respond_result``)."""
+meanwhile; its envelope's text is held beside it (``respond_result``)."""
 ANSWER_RETRY = 5
 """``Retry-After`` of a 503 ``ANSWERS_IN_FLIGHT``."""
+
+
+class AnswersInFlight(ApiProblem, NotAnswered):
+    """503 ``ANSWERS_IN_FLIGHT``: refused before a byte was read or written -- to the engine a
+    ``NotAnswered`` (no delivery failed), to the client an API problem with ``Retry-After``."""
 
 
 @contextlib.contextmanager
@@ -62,7 +79,7 @@ def held(req: Request, n: int) -> Iterator[None]:
     ``ANSWERS_IN_FLIGHT`` (nothing read, nothing written) when they do not fit."""
     server = req.server
     if not server.hold_answer(n):
-        raise ApiProblem(
+        raise AnswersInFlight(
             503,
             "ANSWERS_IN_FLIGHT",
             f"the daemon holds {server.answer_budget} bytes of answers at most, at once, and "
@@ -172,43 +189,55 @@ async def _pieces(api: Api, plan: _Plan) -> AsyncGenerator[bytes, None]:
         )
 
 
+def _shown(envelope: dict[str, Any], token: str, text: list[bool]) -> bytes:
+    """The envelope's text with each ``Deferred`` stream a mark (``token`` and its index) under
+    its key -- ``{key}_base64`` where ``text`` says it is not text."""
+    result = envelope["result"]
+    shown: dict[str, Any] = {}
+    at = 0
+    for key, value in result.items():
+        if isinstance(value, Deferred):
+            shown[key if text[at] else f"{key}_base64"] = f"{token}{at}"
+            at += 1
+        else:
+            shown[key] = value
+    return json_body({**envelope, "result": shown})
+
+
 async def respond_result(api: Api, req: Request, envelope: dict[str, Any]) -> None:
     """Answer with ``envelope``, its ``Deferred`` streams read as they are written (a plain
-    envelope: at once).  ``JournalError`` (``ResultUnverified`` among them) from the scan
-    before anything is written; from the writing, after the answer was cut short."""
+    envelope: at once), holding its share of the answer budget (``held``) from before the
+    first chunk is read: ``AnswersInFlight`` when it does not fit, nothing read or written.
+    ``JournalError`` (``ResultUnverified`` among them) from the scan before anything is
+    written; from the writing, after the answer was cut short."""
     result = envelope.get("result")
     deferred = [v for v in result.values() if isinstance(v, Deferred)] if result else []
     if not deferred:
-        await req.respond_json(envelope)
+        data = json_body(envelope)
+        with held(req, len(data)):
+            await req.respond(200, data)
         return
-    assert isinstance(result, dict)
-    plans = [await _scan(api, d) for d in deferred]
     token = secrets.token_hex(16)  # unguessable: no summary text can hold it
-    shown: dict[str, Any] = {}
-    for key, value in result.items():
-        if isinstance(value, Deferred):
-            plan = plans[deferred.index(value)]
-            shown[key if plan.text else f"{key}_base64"] = f"{token}{deferred.index(value)}"
-        else:
-            shown[key] = value
-    body = json_body({**envelope, "result": shown})
-    marks = [b'"%s%d"' % (token.encode(), i) for i in range(len(plans))]
-    length = len(body) + sum(p.length + 2 - len(m) for p, m in zip(plans, marks, strict=True))
-
-    async def parts() -> AsyncGenerator[bytes, None]:
-        at = 0
-        for plan, mark in zip(plans, marks, strict=True):
-            cut = body.index(mark, at)
-            yield body[at:cut] + b'"'
-            async with contextlib.aclosing(_pieces(api, plan)) as pieces:
-                async for piece in pieces:
-                    yield piece
-            yield b'"'
-            at = cut + len(mark)
-        yield body[at:]
-
     # The envelope's own text (its summary: status, headers) is held while the answer is
-    # written, beside the piece: counted too (a remote's headers may be large).
-    with held(req, len(body)):
+    # written, beside the piece: counted too (a remote's headers may be large) -- at its
+    # longest (every key ``_base64``) before the scan says which streams are text.
+    with held(req, PIECE_HOLD + len(_shown(envelope, token, [False] * len(deferred)))):
+        plans = [await _scan(api, d) for d in deferred]
+        body = _shown(envelope, token, [p.text for p in plans])
+        marks = [b'"%s%d"' % (token.encode(), i) for i in range(len(plans))]
+        length = len(body) + sum(p.length + 2 - len(m) for p, m in zip(plans, marks, strict=True))
+
+        async def parts() -> AsyncGenerator[bytes, None]:
+            at = 0
+            for plan, mark in zip(plans, marks, strict=True):
+                cut = body.index(mark, at)
+                yield body[at:cut] + b'"'
+                async with contextlib.aclosing(_pieces(api, plan)) as pieces:
+                    async for piece in pieces:
+                        yield piece
+                yield b'"'
+                at = cut + len(mark)
+            yield body[at:]
+
         async with contextlib.aclosing(parts()) as written:
             await req.respond_parts(200, length, written)

@@ -5,6 +5,7 @@ the parts in the order a call meets them."""
 
 from affidavit.engine.collector import tune_collector
 from affidavit.engine.control import CallControl
+from affidavit.engine.delivery import NotAnswered
 from affidavit.engine.engine import Deliver, Engine
 from affidavit.engine.ids import new_invocation_id
 from affidavit.engine.location import JOURNAL_WORDS, unplaced
@@ -44,6 +45,7 @@ __all__ = [
     "Deliver",
     "Engine",
     "EngineSettings",
+    "NotAnswered",
     "OperationError",
     "call_failure",
     "internal_failure",

@@ -51,9 +51,17 @@ if TYPE_CHECKING:
 
 Deliver = Callable[[dict[str, Any]], Awaitable[None]]
 
-__all__ = ["AWAITING_DELIVERY", "STORE_ONLY", "conclude", "deliver_stored"]
+__all__ = ["AWAITING_DELIVERY", "STORE_ONLY", "NotAnswered", "conclude", "deliver_stored"]
 
 log = logging.getLogger("affidavit.engine")
+
+
+class NotAnswered(Exception):
+    """A ``deliver`` refused before its first byte was written (the daemon's answer budget
+    full: 503 ``ANSWERS_IN_FLIGHT``, "nothing was read"): no delivery was attempted, so none
+    failed.  ``deliver_stored`` raises it as itself, as a ``JournalError``: nothing recorded,
+    the result stays stored and undelivered, fetched again later."""
+
 
 E = EventKind
 
@@ -436,11 +444,12 @@ async def deliver_stored(
     )
     try:
         await deliver(envelope)
-    except JournalError:
+    except (JournalError, NotAnswered):
         # The stored result could not be read (``defer``: its writer reads it as it writes,
-        # and verifies it first): the read's failure, raised as itself as an unread result's
-        # is -- no delivery failed, none happened (an answer cut short is none); nothing is
-        # recorded and the result stays stored, undelivered.
+        # and verifies it first), or the answer was refused before its first byte
+        # (``NotAnswered``): raised as itself, as an unread result's is -- no delivery failed,
+        # none happened (an answer cut short is none); nothing is recorded and the result
+        # stays stored, undelivered.
         raise
     except Exception as exc:
         log.warning("delivery of %s (fetched) failed: %s", iid, type(exc).__name__)

@@ -202,10 +202,11 @@ class Engine:
         chunk by chunk as it writes (the daemon's).  ``JournalError`` if the stored result
         fails verification.  A whole stored result that had not reached its caller is
         delivered by this read: RESULT_DELIVERED once it is returned, or once ``deliver`` (the
-        daemon's answer) has handed it over whole; a resumed read (``from_chunk``) records
-        nothing.  None for an unknown id -- and, unless ``operator`` (the console, the embedded
-        CLI), for one a caller may not read (``callable_by_caller``): the same answer, so ids
-        cannot be probed."""
+        daemon's answer) has handed it over whole -- a ``deliver`` refused before its first
+        byte (``NotAnswered``) raises that, nothing recorded; a resumed read (``from_chunk``)
+        records nothing.  None for an unknown id -- and, unless ``operator`` (the console, the
+        embedded CLI), for one a caller may not read (``callable_by_caller``): the same answer,
+        so ids cannot be probed."""
         if from_chunk is not None and from_chunk < 0:
             raise ValueError("from_chunk must be >= 0")
         if chunks is not None and (chunks < 1 or from_chunk is None):
