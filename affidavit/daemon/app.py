@@ -291,12 +291,12 @@ class Api:
         nor read on the event loop (``results.py``).  Whole (no query): recorded
         RESULT_DELIVERED once its last byte went into the socket, as ever.  ``?from_chunk=N``
         (``&chunks=M``, default ``RESULT_PAGE_CHUNKS``, at most ``MAX_RESULT_PAGE_CHUNKS``; 400
-        ``INVALID_FIELD`` at ``chunks`` past it): a page, each stream's chunks N to N+M-1, with
-        ``result.resume.next_chunk`` -- a resumed read, which records nothing.  Each answer
-        holds ``PIECE_HOLD`` and its envelope's text of the server's answer budget while it is
-        read and written, or is 503 ``ANSWERS_IN_FLIGHT`` -- no delivery failure recorded
-        (``results.AnswersInFlight``).  An answer the engine tried (``deliver``) is never
-        written a second time here: the journal says how that one ended."""
+        ``BAD_REQUEST`` at ``chunks`` past it, as at ``from_chunk``): a page, each stream's
+        chunks N to N+M-1, with ``result.resume.next_chunk`` -- a resumed read, which records
+        nothing.  Each answer holds ``PIECE_HOLD`` and its envelope's text of the server's
+        answer budget while it is read and written, or is 503 ``ANSWERS_IN_FLIGHT`` -- no
+        delivery failure recorded (``results.AnswersInFlight``).  An answer the engine tried
+        (``deliver``) is never written a second time here: the journal says how it ended."""
         tried = False
 
         async def deliver(envelope: dict[str, Any]) -> None:
@@ -620,15 +620,17 @@ def _withdraw(running: Running) -> None:
 
 
 def _page_param(req: Request) -> int | None:
-    """``?chunks=``: a page's chunks of each stream, 1 to ``MAX_RESULT_PAGE_CHUNKS``; else 400
-    ``INVALID_FIELD`` naming it."""
+    """``?chunks=``: a page's chunks of each stream, 1 to ``MAX_RESULT_PAGE_CHUNKS``; else --
+    an empty value too, never read as absent (a whole fetch, recorded delivered) -- 400
+    ``BAD_REQUEST`` naming it, as ``from_chunk`` (``count_param``) and every query parameter
+    but ``timeout`` is refused."""
     raw = req.params.get("chunks")
-    if not raw:
+    if raw is None:
         return None
     try:
-        return parse_page(raw)
+        return parse_page(raw)  # refuses "" too
     except ValueError as exc:
-        raise ApiProblem(400, "INVALID_FIELD", f"chunks: {exc}", "chunks") from None
+        raise ApiProblem(400, "BAD_REQUEST", f"chunks: {exc}", "chunks") from None
 
 
 def _enum_param(req: Request, name: str, enum: type[Outcome] | type[Phase]) -> str | None:

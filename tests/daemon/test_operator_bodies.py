@@ -14,21 +14,27 @@ from typing import Any
 import trio
 
 from affidavit.api.wire import blocking_request
+from affidavit.daemon import operators
+from affidavit.daemon.app import QUERY_PARAMS, Api
 from tests.http.hostile import HostileServer, Reply, scripts
 
 from .kit import api_target, cli, running_daemon
 
 CHARGE = {"target": "api", "method": "POST", "path": "/v1/charges", "body": "{}"}
-ROUTES = (
-    ("POST", "/v1/calls", json.dumps(CHARGE).encode(), ("timeout",)),
-    ("POST", "/v1/operations/x/poll", None, ("timeout",)),
-    ("POST", "/v1/invocations/x/reconcile", b'{"query": true}', ("timeout",)),
-    ("GET", "/v1/invocations/x/result", None, ("from_chunk",)),
-    ("GET", "/v1/actions", None, ("session", "outcome", "phase", "since", "until", "limit")),
-    ("GET", "/v1/sessions", None, ("limit",)),
-    ("GET", "/v1/metrics", None, ("session", "since", "format")),
-)
-"""Every route that reads query parameters, with a body it takes, and the parameters."""
+REQUESTS: dict[Any, tuple[str, str, bytes | None]] = {
+    Api.call: ("POST", "/v1/calls", json.dumps(CHARGE).encode()),
+    Api.poll: ("POST", "/v1/operations/x/poll", None),
+    operators.reconcile: ("POST", "/v1/invocations/x/reconcile", b'{"query": true}'),
+    Api.result: ("GET", "/v1/invocations/x/result", None),
+    Api.actions: ("GET", "/v1/actions", None),
+    Api.sessions: ("GET", "/v1/sessions", None),
+    Api.metrics: ("GET", "/v1/metrics", None),
+}
+"""A request (method, path, a body it takes) of each handler that reads query parameters."""
+ROUTES = tuple((*REQUESTS[handler], names) for handler, names in QUERY_PARAMS.items())
+"""Every route that reads query parameters and the parameters, as the daemon lists them
+(``app.QUERY_PARAMS``): a handler or parameter added there is tried here too -- a handler with
+no request above fails at import, a parameter with no values below in its test."""
 
 
 async def _post(socket: Path, path: str, body: dict[str, Any]) -> tuple[int, str, str, Any]:
@@ -137,6 +143,7 @@ async def test_a_query_parameter_given_twice_is_refused_naming_it_on_every_route
     values = {
         "timeout": ("1", "100"),
         "from_chunk": ("0", "1"),
+        "chunks": ("1", "2"),
         "session": ("a", "b"),
         "outcome": ("unknown", "committed"),
         "phase": ("validation", "result_delivery"),

@@ -91,7 +91,7 @@ async def test_a_page_holds_its_chunks_and_names_where_the_next_starts(
             _s, _h, first = await ask(socket, "GET", f"{path}?chunks=2")
             refused = {
                 value: await ask(socket, "GET", f"{path}?from_chunk=0&chunks={value}")
-                for value in ("0", str(MAX_RESULT_PAGE_CHUNKS + 1), "x")
+                for value in ("0", str(MAX_RESULT_PAGE_CHUNKS + 1), "x", "")
             }
     assert [p["resume"]["next_chunk"] for p in pages] == [1, 2, 3, None]
     assert [p["resume"]["from_chunk"] for p in pages] == [0, 1, 2, 3]
@@ -102,7 +102,7 @@ async def test_a_page_holds_its_chunks_and_names_where_the_next_starts(
     assert _bytes_of(head) == TEXT[: 2 * RESULT_CHUNK] and head["resume"]["next_chunk"] == 2
     for value, (status, _h, payload) in refused.items():
         error = json.loads(payload)["api_error"]
-        assert (status, error["code"], error["field"]) == (400, "INVALID_FIELD", "chunks"), value
+        assert (status, error["code"], error["field"]) == (400, "BAD_REQUEST", "chunks"), value
         assert f"from 1 to {MAX_RESULT_PAGE_CHUNKS}" in error["message"]
 
 
