@@ -46,7 +46,12 @@ close after their answer) -- and keeps their number bounded:
 A ``Server`` also keeps the bytes its connections hold in memory bounded: request bodies
 (``BODY_BUDGET``, ``hold_body``: 503 ``BODIES_IN_FLIGHT``) and answers (``ANSWER_BUDGET``,
 ``hold_answer``: a stored result's answer holds one piece of it while it is written -- results.py
--- a view's page its length; 503 ``ANSWERS_IN_FLIGHT`` with ``Retry-After`` past it).
+-- a view's page its length; 503 ``ANSWERS_IN_FLIGHT`` with ``Retry-After`` past it).  The
+answer budget is shared out as the connections are: no one uid holds more than
+``answer_per_uid`` of it (half by default), and the peers not ``reserved`` no more than
+``answer_others`` together (half) -- a piece is held for as long as its reader takes, and ~164
+slow readers of one uid (within its connection share) held all 256 MiB, every other fetch and
+``/v1/actions`` 503 for as long as they kept reading.
 
 The operator console's listener (TCP, each connection HTTP by hypercorn) has its own, simpler
 cap, ``ConsoleCap``: its port is open to every local uid, not only allowed peers, and without one
@@ -121,7 +126,9 @@ a stored result's answer is written a piece at a time (``results.py``: each hold
 worst case, ``results.PIECE_HOLD``, until its last byte is written) and a view's page while it
 is written (``/v1/actions``) -- past it, 503 ``ANSWERS_IN_FLIGHT`` with ``Retry-After``, before
 anything is read: N clients that do not read their answers cannot grow the daemon's memory
-without bound, as ``BODY_BUDGET`` keeps their request bodies."""
+without bound, as ``BODY_BUDGET`` keeps their request bodies.  One uid holds half of it at most,
+the peers who are not operators half together (``Server.answer_per_uid``, ``answer_others``),
+as they hold the connections."""
 REFUSED_QUIET = 60.0
 """A spell of refused peers ends once this many seconds pass without one (``_RefusedPeers``)."""
 CONSOLE_MAX_CONNECTIONS = 64
@@ -203,6 +210,8 @@ class Server:
         max_body: int = MAX_BODY,
         body_budget: int | None = None,
         answer_budget: int | None = None,
+        answer_per_uid: int | None = None,
+        answer_others: int | None = None,
     ) -> None:
         self.keep_alive = keep_alive
         self.max_body = max_body
@@ -220,6 +229,14 @@ class Server:
         self.answers_peak = 0
         """The most ``answers`` has been (what the budget let in, for the operators' eyes and
         the tests')."""
+        self.answer_per_uid = self.answer_budget // 2 if answer_per_uid is None else answer_per_uid
+        """Bytes of answers one peer uid may hold at once (half the budget unless given)."""
+        self.answer_others = self.answer_budget // 2 if answer_others is None else answer_others
+        """Bytes of answers the peers not ``reserved`` hold together, at most (half)."""
+        self.others_answers = 0
+        """Of ``answers``, those held for peers not ``reserved``."""
+        self._answers_by_uid: dict[int, int] = {}
+        """Bytes of answers held now, by peer uid (none listed with 0)."""
         self.head_wait = head_wait
         self.body_wait = body_wait
         self.write_wait = write_wait
@@ -265,17 +282,34 @@ class Server:
         """A request's bodies are no longer held (its handling is over)."""
         self.bodies -= n
 
-    def hold_answer(self, n: int) -> bool:
-        """Count ``n`` bytes of an answer as held, if they fit in ``answer_budget``."""
+    def hold_answer(self, n: int, uid: int, other: bool) -> str | None:
+        """Count ``n`` bytes of an answer to peer ``uid`` (``other``: one not ``reserved``) as
+        held, if they fit in ``answer_budget``, the uid's share (``answer_per_uid``) and --
+        ``other`` -- the joint share of the peers not reserved (``answer_others``): None.  Else
+        nothing is counted and the one they do not fit in is named: ``"all"``, ``"uid"`` or
+        ``"others"``."""
+        mine = self._answers_by_uid.get(uid, 0)
         if self.answers + n > self.answer_budget:
-            return False
+            return "all"
+        if mine + n > self.answer_per_uid:
+            return "uid"
+        if other and self.others_answers + n > self.answer_others:
+            return "others"
         self.answers += n
+        self._answers_by_uid[uid] = mine + n
+        self.others_answers += n if other else 0
         self.answers_peak = max(self.answers_peak, self.answers)
-        return True
+        return None
 
-    def drop_answer(self, n: int) -> None:
+    def drop_answer(self, n: int, uid: int, other: bool) -> None:
         """An answer's bytes are no longer held (written, or its writing given up)."""
         self.answers -= n
+        self.others_answers -= n if other else 0
+        left = self._answers_by_uid[uid] - n
+        if left:
+            self._answers_by_uid[uid] = left
+        else:
+            del self._answers_by_uid[uid]
 
     @property
     def idle(self) -> int:

@@ -163,6 +163,12 @@ class Request:
         return self._conn.link
 
     @property
+    def other(self) -> bool:
+        """Its peer is not one the server reserves places for (not an operator's): it counts
+        among the others, for connections and answers (``Server.reserved``)."""
+        return self._conn.other
+
+    @property
     def server(self) -> Server:
         """The listener's ``Server``: its budgets (``hold_body``, ``hold_answer``)."""
         return self._conn.server

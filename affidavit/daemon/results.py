@@ -76,20 +76,28 @@ class AnswersInFlight(ApiProblem, NotAnswered):
 @contextlib.contextmanager
 def held(req: Request, n: int) -> Iterator[None]:
     """Hold ``n`` bytes of the server's answer budget while the block runs; 503
-    ``ANSWERS_IN_FLIGHT`` (nothing read, nothing written) when they do not fit."""
-    server = req.server
-    if not server.hold_answer(n):
+    ``ANSWERS_IN_FLIGHT`` (nothing read, nothing written) when they do not fit in it, in the
+    peer uid's share of it, or in the share of the peers who are not operators
+    (``Server.hold_answer``)."""
+    server, uid, other = req.server, req.peer.uid, req.other
+    full = server.hold_answer(n, uid, other)
+    if full is not None:
+        most, whose = {
+            "all": (server.answer_budget, "others fill it"),
+            "uid": (server.answer_per_uid, f"for uid {uid}, and its other answers fill it"),
+            "others": (server.answer_others, "for peers who are not operators, and theirs fill it"),
+        }[full]
         raise AnswersInFlight(
             503,
             "ANSWERS_IN_FLIGHT",
-            f"the daemon holds {server.answer_budget} bytes of answers at most, at once, and "
-            "others fill it: nothing was read; try again later",
+            f"the daemon holds {most} bytes of answers at most, at once, {whose}: nothing was "
+            "read; try again later",
             retry_after=ANSWER_RETRY,
         )
     try:
         yield
     finally:
-        server.drop_answer(n)
+        server.drop_answer(n, uid, other)
 
 
 @dataclass

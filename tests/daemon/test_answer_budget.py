@@ -63,7 +63,8 @@ async def test_a_fetch_refused_answers_in_flight_records_no_delivery_failure(
     RESULT_DELIVERED, once."""
     from affidavit.daemon import admission, results
 
-    servers = _servers(monkeypatch, answer_budget=results.PIECE_HOLD + 10)
+    small = results.PIECE_HOLD + 10
+    servers = _servers(monkeypatch, answer_budget=small, answer_per_uid=small)
     monkeypatch.setenv(TOKEN_ENV, token)
     async with in_process(tmp_path, scripts.serve(Reply(200, body=b"paid")), **_GATED) as (
         _srv,
@@ -77,7 +78,7 @@ async def test_a_fetch_refused_answers_in_flight_records_no_delivery_failure(
                 after = [e["kind"] for e in await client.events(iid)]
                 state = (await client.record(iid))["state"]
                 for server in servers:
-                    server.answer_budget = admission.ANSWER_BUDGET
+                    server.answer_budget = server.answer_per_uid = admission.ANSWER_BUDGET
                 status, _h, payload = await ask(socket, "GET", f"/v1/invocations/{iid}/result")
                 delivered = [e["kind"] for e in await client.events(iid)]
     assert refused[0] == 503, refused

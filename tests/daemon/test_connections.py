@@ -67,16 +67,22 @@ class _Strangers:
 
 @contextlib.asynccontextmanager
 async def daemon_with_strangers(
-    tmp: Path, monkeypatch: pytest.MonkeyPatch, *, operators: list[int] | None
+    tmp: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    *,
+    operators: list[int] | None,
+    remote: str = "http://127.0.0.1:9",
+    **knobs: Any,
 ) -> AsyncIterator[tuple[Server, _Strangers]]:
     """A daemon in this process whose socket serves at most ``CAP`` connections, ``PER_UID``
     of one uid: (its socket's ``Server``, the strangers).  This process's uid and the two
-    agents are allowed; ``STRANGER`` is not.  ``operators``: its ``operator_uids``."""
+    agents are allowed; ``STRANGER`` is not.  ``operators``: its ``operator_uids``;
+    ``remote``: its target ``api``'s URL; ``knobs``: the ``Server``'s besides."""
     monkeypatch.setenv(TOKEN_ENV, "canary-connections")
     servers: list[Server] = []
 
     def make(**kwargs: Any) -> Server:
-        servers.append(Server(max_connections=CAP, max_per_uid=PER_UID, **kwargs))
+        servers.append(Server(max_connections=CAP, max_per_uid=PER_UID, **kwargs, **knobs))
         return servers[-1]
 
     socket = tmp / "affidavit.sock"
@@ -87,7 +93,7 @@ async def daemon_with_strangers(
     if operators:
         settings["operator_uids"] = operators
     config = load_config(
-        write_daemon_config(tmp, api_target("http://127.0.0.1:9"), socket=socket, service=settings)
+        write_daemon_config(tmp, api_target(remote), socket=socket, service=settings)
     )
     async with trio.open_nursery() as nursery:
         daemon = daemon_server.Daemon(config)
@@ -209,3 +215,65 @@ async def test_a_refused_peer_is_answered_403_on_accept_holding_no_place_and_log
     assert len(refused) == 1, said
     # At shutdown the spell is over: its count.
     assert any("5 connections were answered 403" in m for m in said), said
+
+
+@pytest.mark.parametrize(
+    ("operators", "answers", "second", "words"),
+    [
+        (False, 2, AGENT, f"for uid {AGENT}"),
+        (True, 3, OTHER_AGENT, "for peers who are not operators"),
+    ],
+    ids=["per_uid", "others_together"],
+)
+async def test_one_uid_or_the_agents_together_hold_their_share_of_the_answer_budget(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    operators: bool,
+    answers: int,
+    second: int,
+    words: str,
+) -> None:
+    """An answer holds its piece of the answer budget for as long as its reader takes: slow
+    readers of one uid (~164 at 52 KB/s, within its connection share) held all of it, and
+    every other fetch -- and ``/v1/actions`` -- was 503 ``ANSWERS_IN_FLIGHT`` for as long.
+    Now one uid holds half the budget at most (``Server.answer_per_uid``), and the peers who
+    are not operators half together (``answer_others``), as they hold the connections: with
+    an agent's answer stalled, the ``second``'s is refused naming the share it is past, while
+    this process's uid (an operator's, when there are operators) has its answer written."""
+    from affidavit.api.client import Client
+    from affidavit.daemon import results
+    from affidavit.engine import RESULT_CHUNK
+    from tests.http.hostile import HostileServer, Reply, scripts
+
+    from .kit import ask
+
+    one = results.PIECE_HOLD + 64 * 1024  # an answer's hold, its envelope's text within it
+    big = b"x" * (64 * RESULT_CHUNK)  # 4 MiB: more than the sockets' buffers take
+    async with (
+        HostileServer.running(scripts.serve(Reply(200, body=big))) as srv,
+        daemon_with_strangers(
+            tmp_path,
+            monkeypatch,
+            operators=[os.getuid()] if operators else None,
+            remote=srv.url,
+            answer_budget=answers * one,
+        ) as (server, strangers),
+    ):
+        assert server.answer_per_uid == server.answer_others == answers * one // 2
+        with trio.fail_after(WAIT):
+            async with Client.open(strangers.path) as client:
+                envelope = await client.call({"target": "api", "method": "GET", "path": "/r"})
+            path = f"/v1/invocations/{envelope['invocation_id']}/result"
+            get = f"GET {path} HTTP/1.1\r\nhost: x\r\n".encode()
+            stalled = await strangers.connect(AGENT)
+            await stalled.send_all(get + b"\r\n")  # and never read past its head
+            assert (await answer_of(stalled)).startswith(b"HTTP/1.1 200 ")
+            again = await strangers.connect(second)
+            await again.send_all(get + b"connection: close\r\n\r\n")
+            refused = await to_the_end(again, WAIT)
+            await again.aclose()
+            status, _h, payload = await ask(strangers.path, "GET", path)
+            await stalled.aclose()
+    assert refused.startswith(b"HTTP/1.1 503 "), refused[:200]
+    assert b"ANSWERS_IN_FLIGHT" in refused and words.encode() in refused
+    assert status == 200 and len(payload) > len(big)

@@ -111,10 +111,16 @@ async def test_answers_past_the_budget_are_refused_answers_in_flight_not_held(
 ) -> None:
     """A budget of one answer: a client that does not read its answer holds it; a second
     fetch is refused 503 ``ANSWERS_IN_FLIGHT`` with ``Retry-After``, read once the first is
-    gone."""
-    from affidavit.daemon import admission, results
+    gone.  (One uid's share is the whole budget here: this process is every client.)"""
+    import functools
 
-    monkeypatch.setattr(admission, "ANSWER_BUDGET", results.PIECE_HOLD + 64 * 1024)
+    from affidavit.daemon import results
+    from affidavit.daemon import server as daemon_server
+    from affidavit.daemon.admission import Server
+
+    one = results.PIECE_HOLD + 64 * 1024
+    budget = functools.partial(Server, answer_budget=one, answer_per_uid=one)
+    monkeypatch.setattr(daemon_server, "Server", budget)
     monkeypatch.setenv(TOKEN_ENV, token)
     big = b"x" * (64 * RESULT_CHUNK)  # 4 MiB: more than the sockets' buffers take
     async with in_process(tmp_path, scripts.serve(Reply(200, body=big))) as (_srv, socket):
