@@ -46,6 +46,7 @@ from .wire import (
     check_timeout,
     invocation_path,
     parse_daemon_uid,
+    retry_after_of,
     socket_path,
     target,
     unreachable,
@@ -75,6 +76,7 @@ class ResponseReader:
         self._conn = conn
         self._status = 0
         self._type = ""
+        self._retry_after: int | None = None
         self._body = bytearray()
         self.started = False
         """A byte of the answer arrived (a retry would no longer be a first try)."""
@@ -97,10 +99,12 @@ class ResponseReader:
                     for name, value in event.headers:
                         if name == b"content-type":
                             self._type = value.decode("latin-1")
+                        elif name == b"retry-after":
+                            self._retry_after = retry_after_of(value)
                 elif isinstance(event, h11.Data):
                     self._body += event.data
                 elif isinstance(event, h11.EndOfMessage):
-                    return Response(self._status, self._type, bytes(self._body))
+                    return Response(self._status, self._type, bytes(self._body), self._retry_after)
                 elif isinstance(event, h11.ConnectionClosed):
                     raise AnswerLost("the daemon closed the connection before answering")
         except h11.RemoteProtocolError as exc:

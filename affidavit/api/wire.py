@@ -38,6 +38,7 @@ __all__ = [
     "AFTER_BROKEN_SEND",
     "DAEMON_UID_ENV",
     "READ_SIZE",
+    "RESULT_CHUNK_BYTES",
     "SOCKET_ENV",
     "AnswerLost",
     "ApiError",
@@ -58,6 +59,7 @@ __all__ = [
     "parse_time",
     "parse_timeout",
     "read_answer",
+    "retry_after_of",
     "socket_path",
     "target",
     "trusted_uids",
@@ -116,25 +118,38 @@ class ApiError(ClientError):
     """The daemon answered with an API-level error (400 bad JSON, 403 peer refused, 404,
     503 overloaded, shutting down or too many connections) -- never an action's error, which
     is an envelope.  ``field``: the request's part to fix (a body field, a query parameter),
-    when the daemon named one."""
+    when the daemon named one.  ``retry_after``: its ``Retry-After`` in seconds, when it sent one
+    (a read declined this once, answers in flight: the same request may succeed then)."""
 
-    def __init__(self, status: int, code: str, message: str, field: str | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        message: str,
+        field: str | None = None,
+        retry_after: int | None = None,
+    ) -> None:
         self.status = status
         self.code = code
         self.message = message
         self.field = field
+        self.retry_after = retry_after
         super().__init__(message)
 
 
 class Response:
     """One complete answer.  (A plain class: ``dataclasses`` would import ``inspect``.)"""
 
-    __slots__ = ("body", "content_type", "status")
+    __slots__ = ("body", "content_type", "retry_after", "status")
 
-    def __init__(self, status: int, content_type: str, body: bytes) -> None:
+    def __init__(
+        self, status: int, content_type: str, body: bytes, retry_after: int | None = None
+    ) -> None:
         self.status = status
         self.content_type = content_type
         self.body = body
+        self.retry_after = retry_after
+        """``Retry-After`` in whole seconds (``retry_after_of``), None when absent or no such."""
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Response):
@@ -173,9 +188,19 @@ class Response:
                 str(err["code"]),
                 str(err["message"]),
                 field if isinstance(field, str) else None,
+                self.retry_after,
             )
         except (ValueError, KeyError, TypeError):
             return ApiError(self.status, "HTTP_ERROR", f"the daemon answered HTTP {self.status}")
+
+
+def retry_after_of(value: str | bytes | None) -> int | None:
+    """A ``Retry-After`` header's whole seconds (RFC 9110 §10.2.3's delay form, at most 19
+    digits); None when absent or anything else (an HTTP date: the daemon sends none)."""
+    if isinstance(value, bytes):
+        value = value.decode("latin-1")
+    value = (value or "").strip()
+    return int(value) if value.isascii() and value.isdigit() and len(value) <= 19 else None
 
 
 def socket_path(explicit: str | os.PathLike[str] | None) -> str | None:
@@ -189,6 +214,10 @@ MAX_COUNT = 2**63 - 1
 """The largest chunk number or seq a request may name: the journal's integer columns' range."""
 
 
+RESULT_CHUNK_BYTES = 64 * 1024
+"""A stored result's chunk, as the journal cuts it (``engine.RESULT_CHUNK``; the thin client
+does not import the engine): chunk K of a stream starts at byte K x this, and every chunk but a
+stream's last is full -- what a client checks the daemon's pages against (``pages.py``)."""
 RESULT_PAGE_CHUNKS = 64
 """The chunks of each stream a page of a stored result holds when the caller names none
 (``?from_chunk=N`` alone, MCP's ``fetch_result``): 4 MiB of each stream at 64 KiB a chunk."""
@@ -583,4 +612,9 @@ def read_answer(recv: Any) -> Response:
         if not chunk:
             raise AnswerLost("the daemon closed the connection in the middle of its answer")
         body += chunk
-    return Response(int(status), headers.get("content-type", ""), bytes(body[: int(length)]))
+    return Response(
+        int(status),
+        headers.get("content-type", ""),
+        bytes(body[: int(length)]),
+        retry_after_of(headers.get("retry-after")),
+    )

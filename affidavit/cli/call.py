@@ -32,6 +32,7 @@ from affidavit.cli import (
     config_refusal,
     count_arg,
     daemon_json,
+    daemon_refusal,
     daemon_socket,
     journal_refusal,
     refusal,
@@ -234,7 +235,12 @@ def _result(args: argparse.Namespace) -> int:
         import trio
 
         from affidavit.api.pages import read_pages
-        from affidavit.api.wire import MAX_RESULT_PAGE_CHUNKS, invocation_path, target
+        from affidavit.api.wire import (
+            MAX_RESULT_PAGE_CHUNKS,
+            ClientError,
+            invocation_path,
+            target,
+        )
 
         if args.raw:
             raise UsageError(
@@ -248,10 +254,13 @@ def _result(args: argparse.Namespace) -> int:
 
         async def page(at: int) -> Any:  # the daemon answers a page at a time: to the end
             page = {"from_chunk": at, "chunks": MAX_RESULT_PAGE_CHUNKS}
-            return daemon_json(ask_daemon(socket, "GET", target(path, page)))
+            # ``ApiError`` as itself: a 503 with Retry-After is asked again (``read_pages``).
+            return ask_daemon(socket, "GET", target(path, page)).json()
 
         try:
             envelope = trio.run(read_pages, page, args.from_chunk)
+        except ClientError as exc:  # the daemon's refusal, as every command says it
+            raise daemon_refusal(exc) from None
         except ValueError as exc:  # no whole answer: as one cut short, ask again
             message = f"the daemon's pages of the result do not fit together ({exc}): ask again"
             raise UsageError(message, "ANSWER_LOST") from None
