@@ -120,7 +120,10 @@ def test_text_that_is_no_json_is_left_to_the_parser_at_its_first_fault(
 
 
 def _json_values() -> st.SearchStrategy[Any]:
-    scalars = st.none() | st.booleans() | st.integers() | st.text(max_size=5)
+    # Floats: finite ones (NaN and Infinity are no JSON), written with exponents at their
+    # extremes (``1e-05``, ``1.7976931348623157e+308``); text of any code point but surrogates.
+    floats = st.floats(allow_nan=False, allow_infinity=False)
+    scalars = st.none() | st.booleans() | st.integers() | floats | st.text(max_size=5)
     return st.recursive(
         scalars,
         lambda inner: st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=3), inner),
@@ -136,14 +139,36 @@ def _depth(value: object) -> int:
     return 0
 
 
-@given(value=_json_values(), limit=st.integers(1, 60), indent=st.sampled_from([None, 0, 2]))
+_SPACE = st.text(alphabet=" \t\n\r", max_size=3)
+"""JSON's whitespace, all four kinds, between any two tokens."""
+
+
+@given(
+    value=_json_values(),
+    limit=st.integers(1, 60),
+    indent=st.sampled_from([None, 0, 2]),
+    ascii_only=st.booleans(),
+    space=st.tuples(_SPACE, _SPACE, _SPACE, _SPACE, _SPACE, _SPACE),
+)
 def test_the_scan_counts_values_as_check_shape_does(
-    value: Any, limit: int, indent: int | None
+    value: Any,
+    limit: int,
+    indent: int | None,
+    ascii_only: bool,
+    space: tuple[str, ...],
 ) -> None:
-    """Whatever the value and however it is written, the text is refused for its values exactly
-    when the parsed object would be -- checked at small limits."""
+    """Whatever the value and however it is written -- floats and exponents, non-ASCII text
+    raw or escaped, tabs, line breaks and carriage returns between the tokens -- the text is
+    refused for its values exactly when the parsed object would be, at small limits."""
     assume(_depth(value) <= MAX_DEPTH)
-    text = json.dumps(value, indent=indent).encode()
+    before, after, comma, item, colon, key = space
+    text = json.dumps(
+        value,
+        indent=indent,
+        ensure_ascii=ascii_only,
+        separators=(f"{comma},{item}", f"{colon}:{key}"),
+    )
+    text = (before + text + after).encode("utf-8")
     with mock.patch.object(actions, "MAX_NODES", limit):
         try:
             check_shape(value)

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 
 from affidavit.api.client import Client
@@ -177,18 +178,40 @@ async def test_api_level_trouble_has_its_own_status_and_never_an_envelope(
 
 
 async def test_a_resumed_result_is_the_same_through_the_daemon_as_embedded(
-    tmp_path: Path, token: str
+    tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """``affidavit result ID --from-chunk N`` (a read resuming an interrupted delivery): the
-    daemon answers exactly what the embedded command prints; ``--raw`` stays embedded-only."""
-    async with serving(tmp_path, scripts.serve(OK), token=token) as (_srv, daemon):
+    daemon's pages put together are exactly what the embedded command prints -- four pages of
+    one chunk here (the command run in this process, its page size made one chunk), a
+    character cut by the first page's end; ``--raw`` stays embedded-only."""
+    from affidavit.api import wire
+    from affidavit.cli import call as cli_call
+    from affidavit.cli import main
+    from affidavit.engine import RESULT_CHUNK
+
+    body = ("x" * (RESULT_CHUNK - 1) + "\u00e9" + "y" * (2 * RESULT_CHUNK)).encode()
+    asked: list[str] = []
+    ask = cli_call.ask_daemon
+
+    def counted(socket: Any, method: str, target: str, *rest: Any) -> Any:
+        asked.append(target)
+        return ask(socket, method, target, *rest)
+
+    served = scripts.serve(Reply(200, body=body))
+    async with serving(tmp_path, served, token=token) as (_srv, daemon):
         iid = (await cli(daemon, "call", "-", stdin=action_bytes())).json()["invocation_id"]
-        through = await cli(daemon, "result", iid, "--from-chunk", "0")
+        monkeypatch.setattr(wire, "MAX_RESULT_PAGE_CHUNKS", 1)
+        monkeypatch.setattr(cli_call, "ask_daemon", counted)
+        capsys.readouterr()
+        argv = ["result", iid, "--from-chunk", "0", "--socket", str(daemon.socket)]
+        code = await trio.to_thread.run_sync(main, argv)
+        through = capsys.readouterr()
         raw = await cli(daemon, "result", iid, "--raw")
     local = await embedded("result", iid, "--from-chunk", "0", "--config", str(daemon.config))
-    assert through.returncode == local.returncode == 0, through.stderr
-    assert through.stdout == local.stdout
-    assert "resume" in through.json()["result"]
+    assert code == local.returncode == 0, through.err
+    assert len(asked) == 4 and all("chunks=1" in t for t in asked), asked
+    assert through.out.encode() == local.stdout
+    assert json.loads(through.out)["result"]["body"] == body.decode()
     assert raw.returncode == 2 and b"--raw reads the journal itself" in raw.stderr
 
 

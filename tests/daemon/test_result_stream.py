@@ -275,25 +275,31 @@ async def test_a_fetch_cut_short_is_no_delivery_and_a_whole_one_is(
 async def test_the_client_reads_a_result_to_its_end_a_page_at_a_time(
     tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch, body: bytes
 ) -> None:
-    """``Client.fetch_result(from_chunk=N)`` still answers the streams from N to the end, as
-    ``Broker.fetch_result`` does embedded: pages of one chunk here, put together -- the
-    envelope one page of them all is, key for key (text judged on the whole, not per page)."""
+    """``Client.fetch_result(from_chunk=N)`` answers the streams from N to the end as
+    ``Broker.fetch_result(from_chunk=N)`` does embedded: pages of one chunk here, put
+    together -- the embedded result, key for key (text judged on the whole, not per page),
+    from chunk 1 and from chunk 0 (where each stream's hash is checked too)."""
     from affidavit.api import client as client_module
+    from affidavit.api.broker import Broker
 
     monkeypatch.setenv(TOKEN_ENV, token)
     async with in_process(tmp_path, scripts.serve(Reply(200, body=body))) as (_srv, socket):
         with trio.fail_after(WAIT):
             iid = await _stored(socket)
             async with Client.open(socket) as client:
-                whole = await client.fetch_result(iid, from_chunk=1, chunks=8)
                 page = await client.fetch_result(iid, from_chunk=1, chunks=1)
                 monkeypatch.setattr(client_module, "MAX_RESULT_PAGE_CHUNKS", 1)
-                merged = await client.fetch_result(iid, from_chunk=1)
-    assert merged is not None and whole is not None and page is not None
-    assert list(merged["result"]) == list(whole["result"])
-    assert merged["result"] == whole["result"]
-    assert _bytes_of(merged["result"]) == body[RESULT_CHUNK:]
-    assert page["result"]["resume"]["next_chunk"] == 2
+                merged = {n: await client.fetch_result(iid, from_chunk=n) for n in (0, 1)}
+    # Embedded, once the daemon is gone: it owns the journal while it runs.
+    async with Broker.open(tmp_path / "affidavit.toml") as broker:
+        embedded = {n: await broker.fetch_result(iid, from_chunk=n) for n in (0, 1)}
+    assert page is not None and page["result"]["resume"]["next_chunk"] == 2
+    for n in (0, 1):
+        got, want = merged[n], embedded[n]
+        assert got is not None and want is not None
+        assert list(got["result"]) == list(want["result"]), n
+        assert got["result"] == want["result"], n
+        assert _bytes_of(got["result"]) == body[n * RESULT_CHUNK :]
 
 
 async def test_a_view_page_counts_against_the_answer_budget_while_it_is_written(
