@@ -14,6 +14,9 @@ chunks per trip to one of the views' threads (``Api.read``, the journal's own re
    encoded piece by piece is the string encoded whole (a decoder carries a character cut
    between chunks over; base64 carries up to two bytes).
 
+A stream stored before per-chunk hashes can only be verified whole, and each read of it
+decrypts it whole: it is read once per answer instead (``_Plan.legacy``), its size held.
+
 Memory: each answer holds ``PIECE_HOLD`` bytes of the server's answer budget
 (``admission.ANSWER_BUDGET``), and its envelope's text beside them, taken in one hold before
 its first chunk is read until its last byte is written -- past the budget, 503
@@ -35,7 +38,7 @@ import functools
 import hashlib
 import json
 import secrets
-from collections.abc import AsyncGenerator, Iterator
+from collections.abc import AsyncGenerator, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -112,6 +115,13 @@ class _Plan:
     plain: Any = None
     """SHA-256 of the plaintext, when the range is the whole stream (checked at its end, as
     ``ResultStream.chunks`` checks a whole read)."""
+    legacy: int | None = None
+    """For a stream stored before per-chunk hashes (``StreamInfo.sealed`` None): the bytes
+    reading it holds.  Each ``chunks`` call of such a stream decrypts and hashes it whole --
+    read a few chunks a trip, the answer was quadratic in its size and each trip held it all
+    -- so it is read once per answer (``whole``), that size held of the budget first."""
+    whole: list[bytes] | None = None
+    """That stream's chunks of the range, read and verified once (``_read_whole``)."""
 
 
 def _opened(r: JournalReader, d: Deferred) -> ResultStream:
@@ -125,16 +135,35 @@ def _opened(r: JournalReader, d: Deferred) -> ResultStream:
     return stream
 
 
-def _scan_some(r: JournalReader, plan: _Plan, start: int) -> int:
+def _range(r: JournalReader, plan: _Plan, start: int, end: int) -> Iterable[bytes]:
+    """The range's chunks ``start`` to ``end`` (excluded), each verified: read from the
+    stored result on ``r`` -- or, for a stream from before per-chunk hashes, from the chunks
+    read once (``whole``), the stored result still checked to be the one rendered."""
     d = plan.deferred
     stream = _opened(r, d)
-    info = stream.streams[d.name]
+    if plan.whole is not None:
+        return plan.whole[start - d.from_chunk : end - d.from_chunk]
+    return stream.chunks(d.name, start, end)
+
+
+def _read_whole(r: JournalReader, plan: _Plan) -> list[bytes]:
+    d = plan.deferred
+    return list(_opened(r, d).chunks(d.name, d.from_chunk, d.to_chunk))  # one whole read
+
+
+def _scan_some(r: JournalReader, plan: _Plan, start: int) -> int:
+    d = plan.deferred
+    info = _opened(r, d).streams[d.name]
+    if info.sealed is None and plan.whole is None:
+        # Its chunks, plus their join for the stream's hash (``ResultStream._legacy_stream``).
+        plan.legacy = 2 * info.bytes
+        return start  # read once ``_scan`` holds that much
     if start == d.from_chunk == 0 and d.to_chunk == info.chunks:
         plan.plain = hashlib.sha256()
     end = min(start + SCAN_CHUNKS, d.to_chunk)
     # Each chunk is verified by ``chunks``; a range of a few is no whole read, so the whole
     # stream's plaintext hash is checked here.
-    for chunk in stream.chunks(d.name, start, end):
+    for chunk in _range(r, plan, start, end):
         plan.size += len(chunk)
         if plan.plain is not None:
             plan.plain.update(chunk)
@@ -159,11 +188,17 @@ def _scan_some(r: JournalReader, plan: _Plan, start: int) -> int:
     return end
 
 
-async def _scan(api: Api, d: Deferred) -> _Plan:
+async def _scan(api: Api, d: Deferred, hold: Callable[[int], object]) -> _Plan:
+    """The plan of ``d``'s answer; ``hold(n)``: hold ``n`` more bytes of the budget while the
+    answer lasts (a stream from before per-chunk hashes, read whole), or ``AnswersInFlight``."""
     plan = _Plan(d)
     at = d.from_chunk
     while True:
         at = await api.read(functools.partial(_scan_some, plan=plan, start=at))
+        if plan.legacy is not None and plan.whole is None:
+            hold(plan.legacy)
+            plan.whole = await api.read(functools.partial(_read_whole, plan=plan))
+            continue
         if at >= d.to_chunk:
             plan.decoder = codecs.getincrementaldecoder("utf-8")()  # fresh for the writing
             return plan
@@ -177,7 +212,7 @@ async def _pieces(api: Api, plan: _Plan) -> AsyncGenerator[bytes, None]:
     def piece(r: JournalReader, start: int) -> bytes:
         nonlocal carry
         end = min(start + PIECE_CHUNKS, d.to_chunk)
-        data = b"".join(_opened(r, d).chunks(d.name, start, end))
+        data = b"".join(_range(r, plan, start, end))
         last = end == d.to_chunk
         if plan.text:
             return json.dumps(plan.decoder.decode(data, final=last))[1:-1].encode("ascii")
@@ -212,6 +247,10 @@ def _shown(envelope: dict[str, Any], token: str, text: list[bool]) -> bytes:
     return json_body({**envelope, "result": shown})
 
 
+def _hold_more(stack: contextlib.ExitStack[Any], req: Request, n: int) -> None:
+    stack.enter_context(held(req, n))
+
+
 async def respond_result(api: Api, req: Request, envelope: dict[str, Any]) -> None:
     """Answer with ``envelope``, its ``Deferred`` streams read as they are written (a plain
     envelope: at once), holding its share of the answer budget (``held``) from before the
@@ -229,8 +268,12 @@ async def respond_result(api: Api, req: Request, envelope: dict[str, Any]) -> No
     # The envelope's own text (its summary: status, headers) is held while the answer is
     # written, beside the piece: counted too (a remote's headers may be large) -- at its
     # longest (every key ``_base64``) before the scan says which streams are text.
-    with held(req, PIECE_HOLD + len(_shown(envelope, token, [False] * len(deferred)))):
-        plans = [await _scan(api, d) for d in deferred]
+    with (
+        held(req, PIECE_HOLD + len(_shown(envelope, token, [False] * len(deferred)))),
+        contextlib.ExitStack() as more,
+    ):
+        hold = functools.partial(_hold_more, more, req)
+        plans = [await _scan(api, d, hold) for d in deferred]
         body = _shown(envelope, token, [p.text for p in plans])
         marks = [b'"%s%d"' % (token.encode(), i) for i in range(len(plans))]
         length = len(body) + sum(p.length + 2 - len(m) for p, m in zip(plans, marks, strict=True))
