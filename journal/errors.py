@@ -63,6 +63,11 @@ class IdempotencyRecord:
     clock leases are judged by -- what ``binder.judge`` waits out while nothing is recorded.
     None for a row from before the column (SQLite schema 9, PostgreSQL schema 3) or bound
     without it: judged by the window of the judging call's target, and fenced."""
+    target: str | None = None
+    """The binder's target (its configured name), bound beside ``send_by``: what a fence names
+    as the closed invocation's target, so only callers of a broker configuring that target see
+    it (a scope may be shared by several targets).  None for a row from before the column:
+    the fenced record is an operator's only (``binder.UNKNOWN_TARGET``)."""
 
 
 @dataclass(frozen=True, slots=True)

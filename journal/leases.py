@@ -254,6 +254,7 @@ def bind_op(
     expires_at: float | None,
     clock: Callable[[], float],
     send_by: float | None = None,
+    target: str | None = None,
 ) -> Callable[[Txn], IdempotencyRecord | Fail]:
     """Bind a key to a fingerprint; the first binding wins (see
     ``Journal.bind_idempotency``).  A key with no binding row that a chained ACTION_ACCEPTED
@@ -284,9 +285,11 @@ def bind_op(
         expires, deadline = (
             (t if t is None or offset is None else t + offset) for t in (expires_at, send_by)
         )
-        rec = IdempotencyRecord(scope, key, fingerprint, invocation_id, expires, created, deadline)
+        rec = IdempotencyRecord(
+            scope, key, fingerprint, invocation_id, expires, created, deadline, target
+        )
         txn.tables.insert_idempotency(
-            (scope, key, fingerprint, invocation_id, expires, rec.created_at, deadline)
+            (scope, key, fingerprint, invocation_id, expires, rec.created_at, deadline, target)
         )
         return rec
 

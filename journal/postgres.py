@@ -59,9 +59,10 @@ __all__ = [
 log = logging.getLogger("affidavit.journal")
 
 SCHEMA_VERSION = 3
-"""2: the table ``chunk_owners``; 3: the column ``idempotency.send_by`` (``IdempotencyRecord``:
-when the binder's first attempt may send no more) -- a broker of schema 2 refuses the journal,
-as it would bind without it and judge another's binding by its own window."""
+"""2: the table ``chunk_owners``; 3: the columns ``idempotency.send_by`` (``IdempotencyRecord``:
+when the binder's first attempt may send no more) and ``idempotency.target`` (its target, which
+a fence names) -- a broker of schema 2 refuses the journal, as it would bind without them and
+judge another's binding by its own window."""
 SESSION_INDEX = "events_session"
 SESSION_INDEX_DDL = (
     f"CREATE INDEX IF NOT EXISTS {SESSION_INDEX} ON events (session_id, seq, invocation_id)"
@@ -160,9 +161,11 @@ CREATE TABLE IF NOT EXISTS idempotency (
   expires_at    DOUBLE PRECISION,
   created_at    DOUBLE PRECISION NOT NULL,
   send_by       DOUBLE PRECISION,
+  target        TEXT,
   PRIMARY KEY (scope, key)
 );
 ALTER TABLE idempotency ADD COLUMN IF NOT EXISTS send_by DOUBLE PRECISION;
+ALTER TABLE idempotency ADD COLUMN IF NOT EXISTS target TEXT;
 CREATE OR REPLACE FUNCTION affidavit_extend_chain() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
   last_seq  BIGINT;

@@ -50,7 +50,9 @@ FOLD_COLUMNS = "seq, at, invocation_id, kind, source, observer, observer_seq, at
 """What a view's fold needs (``views.fold_each``): ``EVENT_READ_COLUMNS`` without the session,
 which the fold takes from ACTION_ACCEPTED's attrs -- one Python object fewer per row read."""
 LEASE_COLUMNS = "holder, generation, expires_at, seq"
-IDEMPOTENCY_COLUMNS = "scope, key, fingerprint, invocation_id, expires_at, created_at, send_by"
+IDEMPOTENCY_COLUMNS = (
+    "scope, key, fingerprint, invocation_id, expires_at, created_at, send_by, target"
+)
 
 KINDS = {k.value: k for k in EventKind}
 SOURCES = {s.value: s for s in EvidenceSource}
@@ -255,7 +257,7 @@ def idempotency_from_row(row: tuple[Any, ...] | None) -> IdempotencyRecord | Non
     a column is not of its type."""
     if row is None:
         return None
-    scope, key, fingerprint, invocation_id, expires_at, created_at, send_by = row
+    scope, key, fingerprint, invocation_id, expires_at, created_at, send_by, target = row
     if (
         type(scope) is not str
         or type(key) is not str
@@ -264,6 +266,7 @@ def idempotency_from_row(row: tuple[Any, ...] | None) -> IdempotencyRecord | Non
         or (expires_at is not None and type(expires_at) is not float)
         or type(created_at) is not float
         or (send_by is not None and type(send_by) is not float)
+        or (target is not None and type(target) is not str)
     ):
         raise AlteredRow("an idempotency row was altered: a column is not of its type")
     return IdempotencyRecord(
@@ -274,4 +277,5 @@ def idempotency_from_row(row: tuple[Any, ...] | None) -> IdempotencyRecord | Non
         expires_at=expires_at,
         created_at=created_at,
         send_by=send_by,
+        target=target,
     )

@@ -119,7 +119,7 @@ class SqliteTables(SegmentTables):
         "invocations.first_seq < ? AND events.seq <= ? ORDER BY invocations.first_seq, events.seq",
         # A read-only journal from before schema 9: its bindings as rows of today's columns.
         **{
-            f"{k}_before_9": v.replace(", send_by FROM", ", NULL FROM")
+            f"{k}_before_9": v.replace(", send_by, target FROM", ", NULL, NULL FROM")
             for k, v in SQL.items()
             if k in ("idempotency", "all_idempotency")
         },
@@ -264,8 +264,11 @@ def _absent(exc: sqlite3.Error, empty: T) -> T:
 
 def _before_send_by(exc: sqlite3.Error) -> None:
     """Return for a read-only journal from before schema 9, whose bindings have no ``send_by``
-    (read as NULL: ``IdempotencyRecord.send_by``); else re-raise."""
-    if not (isinstance(exc, sqlite3.OperationalError) and "no such column: send_by" in str(exc)):
+    nor ``target`` (read as NULL: ``IdempotencyRecord.send_by``, ``.target``); else re-raise."""
+    if not (
+        isinstance(exc, sqlite3.OperationalError)
+        and str(exc) in ("no such column: send_by", "no such column: target")
+    ):
         raise exc
 
 

@@ -49,8 +49,9 @@ rowid table and that key's index: ~0.7 fewer WAL frames a RESULT_COMMITTED,
 ``tests/benchmarks/wal_pages.py``); one made before keeps its table, read by the same
 statements (each names the key or orders by it).  Schema 9 adds ``idempotency.send_by``: when
 the binder's first attempt may send no more, which a call judging a binding with nothing
-recorded under it waits out (``engine/binder.py``); a writer opening a journal from before adds
-the column (``_add_send_by``: its rows hold NULL, judged as before), a read-only reader reads
+recorded under it waits out (``engine/binder.py``), and ``idempotency.target``: the binder's
+target, which a fence names; a writer opening a journal from before adds the columns
+(``_add_send_by``: its rows hold NULL, judged as before), a read-only reader reads
 its rows with NULL there (``SqliteTables.idempotency``), and a broker of schema 8 refuses it --
 it would bind without the column's deadline and judge another's binding by its own window.
 """
@@ -206,6 +207,7 @@ CREATE TABLE IF NOT EXISTS idempotency (
   expires_at    REAL,
   created_at    REAL NOT NULL,
   send_by       REAL,
+  target        TEXT,
   PRIMARY KEY (scope, key)
 );
 {SEGMENT_SCHEMA.strip()}
@@ -256,11 +258,13 @@ def _replace_chain_trigger(conn: sqlite3.Connection) -> None:
 
 
 def _add_send_by(conn: sqlite3.Connection) -> None:
-    """A journal from before schema 9 gains ``idempotency.send_by`` (NULL in its rows) in the
-    writer's opening transaction."""
+    """A journal from before schema 9 gains ``idempotency.send_by`` and ``idempotency.target``
+    (NULL in its rows) in the writer's opening transaction."""
     columns = {r[1] for r in conn.execute("SELECT * FROM pragma_table_info('idempotency')")}
     if "send_by" not in columns:
         conn.execute("ALTER TABLE idempotency ADD COLUMN send_by REAL")
+    if "target" not in columns:
+        conn.execute("ALTER TABLE idempotency ADD COLUMN target TEXT")
 
 
 def _stored(create: str) -> str:

@@ -516,13 +516,15 @@ class Journal(JournalReader):
         expires_at: float | None,
         *,
         send_by: float | None = None,
+        target: str | None = None,
     ) -> IdempotencyRecord:
         """Bind an idempotency key to a request fingerprint (durable).  The first binding wins;
         the same fingerprint returns it; another fingerprint raises ``IdempotencyMismatch``.
         ``send_by``: the lease end (this writer's clock) the binder's ACTION_ACCEPTED will carry
-        -- recorded, in the lease clock, as ``IdempotencyRecord.send_by``."""
+        -- recorded, in the lease clock, as ``IdempotencyRecord.send_by``; ``target``: the
+        binder's target name (``IdempotencyRecord.target``)."""
         op = leases.bind_op(
-            scope, key, fingerprint, invocation_id, expires_at, self._clock, send_by
+            scope, key, fingerprint, invocation_id, expires_at, self._clock, send_by, target
         )
         return await self._writer.submit(op, barrier=True)
 

@@ -106,7 +106,8 @@ SQL: dict[str, str] = {
     "generation = excluded.generation, expires_at = excluded.expires_at, seq = excluded.seq",
     "all_leases": f"SELECT invocation_id, {LEASE_COLUMNS} FROM leases ORDER BY invocation_id",
     "idempotency": f"SELECT {IDEMPOTENCY_COLUMNS} FROM idempotency WHERE scope = ? AND key = ?",
-    "insert_idempotency": f"INSERT INTO idempotency ({IDEMPOTENCY_COLUMNS}) VALUES (?,?,?,?,?,?,?)",
+    "insert_idempotency": f"INSERT INTO idempotency ({IDEMPOTENCY_COLUMNS}) "
+    "VALUES (?,?,?,?,?,?,?,?)",
     "all_idempotency": f"SELECT {IDEMPOTENCY_COLUMNS} FROM idempotency ORDER BY scope, key",
     # -- results -----------------------------------------------------------------------------
     "marker": "SELECT seq, sha256, streams, summary FROM results WHERE invocation_id = ?",

@@ -46,8 +46,10 @@ class EventKind(StrEnum):
     the window ``window`` seconds from ``bound_at`` was over at ``judged_at``), and
     ``recorded: nothing``.  fenced, instead, when a call with a
     different request under the key closed such an invocation before answering
-    IDEMPOTENCY_MISMATCH (the same facts; the operation then names only the binding's key,
-    scope and fingerprint, no target): a binder that resumes is refused its first event."""
+    IDEMPOTENCY_MISMATCH (the same facts; the operation then names only the binder's target,
+    bound with the key -- ``(unknown)``, which no caller reads, for a binding from before it
+    was bound -- and the binding's key, scope and fingerprint): a binder that resumes is
+    refused its first event."""
     PREFLIGHT_VALIDATED = "PREFLIGHT_VALIDATED"
     """The action is valid against the bound config snapshot.  attrs: config_hash, and
     account_hash (the keyed hash of what decides the remote account reached: origin,

@@ -28,7 +28,9 @@ proves that nothing ever will be once its binder can no longer record, which is 
 Then the same request takes the invocation over (``invocation.start``, by winning its first
 event, whose ``took_over`` records ``BinderGone.evidence``), and a different request closes it
 first (``fence``: it wins the same first event and records PREFLIGHT_FAILED there, so a late
-binder is refused exactly as on a take-over) and is IDEMPOTENCY_MISMATCH as usual.  A mismatch
+binder is refused exactly as on a take-over, naming the binder's target as bound with the key:
+the closed invocation is read and listed only where that target is configured) and is
+IDEMPOTENCY_MISMATCH as usual.  A mismatch
 once answered "nothing was sent under the key" while a binder whose window it misjudged could
 still send: the fence makes that answer true however the binder was judged gone.  While the
 binder may still record, the same request answers IN_PROGRESS -- the same fingerprint covers the
@@ -54,7 +56,13 @@ if TYPE_CHECKING:
     from .control import CallControl
     from .engine import Engine
 
-__all__ = ["BinderGone", "fence", "judge", "record_or_gone"]
+__all__ = ["UNKNOWN_TARGET", "BinderGone", "fence", "judge", "record_or_gone"]
+
+UNKNOWN_TARGET = "(unknown)"
+"""The target a fence names when the binding does not say (a row from before
+``IdempotencyRecord.target``): no configuration may name it (target names start with a letter or
+digit), so no caller reads or lists the record (``Engine.callable_target``) -- an operator's
+only, as it may be another target's of a shared scope."""
 
 _POLL_FIRST, _POLL_MAX = 0.01, 0.25
 """Seconds between the reads of ``record_or_gone``: a live binder records within milliseconds."""
@@ -160,11 +168,12 @@ async def fence(engine: Engine, bound: IdempotencyRecord, gone: BinderGone) -> R
     fingerprint (so ``bound_record`` proves it), then PREFLIGHT_FAILED with ``binder_gone``.  A
     binder that resumes later has its ACTION_ACCEPTED refused, as a late binder is on a take-over,
     and is answered LEASE_LOST, nothing sent.  None once closed; the binder's record when it
-    recorded first (its answer is ``rebound.refusal``'s).  The record names no target (the
-    binding does not say which) and nothing of the fencing call."""
+    recorded first (its answer is ``rebound.refusal``'s).  The record names the binder's target
+    (``IdempotencyRecord.target``; ``UNKNOWN_TARGET`` for a binding from before it: never the
+    fencing call's, nor None, which every caller reads) and nothing of the fencing call."""
     iid, recorder = bound.invocation_id, engine.recorder
     operation = {
-        "target": None,
+        "target": UNKNOWN_TARGET if bound.target is None else bound.target,
         "protocol": None,
         "idempotent": False,
         "fingerprint": bound.fingerprint,

@@ -249,8 +249,10 @@ class Engine:
         """A caller reads an invocation only on a target it may call: one this broker's
         configuration names (every caller of a broker may call each of its targets; a target
         removed from the configuration is no longer callable, nor its stored results readable
-        -- another broker of a shared journal, with other targets, keeps its own).  A record
-        that names no target was refused before one was resolved: it holds no target's result."""
+        -- another broker of a shared journal, with other targets, keeps its own; a fenced
+        invocation names its binder's target, or ``binder.UNKNOWN_TARGET``, which none names).
+        A record that names no target was refused before one was resolved: it holds no
+        target's result."""
         return self.callable_target(record.target)
 
     def callable_target(self, target: str | None) -> bool:

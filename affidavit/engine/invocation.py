@@ -171,7 +171,9 @@ async def start(
         # broker never takes it for its stopped binder's (``binder.judge``).
         recorder.attempting(iid, 0)
         try:
-            bound = await journal.bind_idempotency(scope, key, fp, iid, expires, send_by=lease_ends)
+            bound = await journal.bind_idempotency(
+                scope, key, fp, iid, expires, send_by=lease_ends, target=target.name
+            )
         except IdempotencyMismatch as exc:
             # Another request, or this one under a changed configuration (``rebound.py``): only
             # the bound invocation's chained record can tell.  Bound with nothing recorded yet,

@@ -7,6 +7,10 @@ target's configuration differs).  Y judged X gone by *its own* target's window (
 lease_margin) and answered IDEMPOTENCY_MISMATCH "nothing was sent ... use a new key" with
 nothing written into X's invocation: X resumed inside its own 30 s lease and sent, Y's caller
 resent under a new key, and the remote was charged twice.
+
+The fenced record names the binder's target, bound with the key: a scope shared by two targets
+(X ``pay``, Y ``api``) once had Y fence X's invocation with no target, which every caller of
+every broker read and listed (key, scope, fingerprint of another target's call).
 """
 
 from __future__ import annotations
@@ -20,7 +24,9 @@ import trio
 from affidavit.api.broker import Broker
 from affidavit.config import load_config
 from affidavit.engine import EngineSettings
+from affidavit.engine.binder import UNKNOWN_TARGET
 from affidavit.statemachine import EventKind as E
+from affidavit.views import actions_page
 from tests.http.hostile import HostileServer, Peer, Reply
 from tests.journal.helpers import sql
 
@@ -59,13 +65,14 @@ async def _serve(peer: Peer, received: list[bytes]) -> None:
 def _stall_after_binding(broker: Broker, *, drop_deadline: bool = False) -> tuple[Any, Any]:
     """X's broker stalls between its binding and its first event until ``go`` is set;
     ``drop_deadline``: it binds as a broker from before the binding row held the binder's own
-    send deadline did."""
+    send deadline and target did."""
     bound, go = trio.Event(), trio.Event()
     bind = broker.journal.bind_idempotency
 
     async def stalled(*args: Any, **kwargs: Any) -> Any:
         if drop_deadline:
             kwargs.pop("send_by", None)
+            kwargs.pop("target", None)
         done = await bind(*args, **kwargs)
         bound.set()
         await go.wait()
@@ -119,8 +126,73 @@ async def test_a_binder_judged_gone_by_the_caller_s_window_is_fenced_and_sends_n
             assert events[0].attrs["fenced"]["why"] == "window_over"
             assert events[1].attrs["binder_gone"]["recorded"] == "nothing"
             assert y["invocation_id"] not in json.dumps([e.attrs for e in events])
+            # The binding does not say whose target it was: no caller of either broker reads it.
+            assert events[0].attrs["operation"]["target"] == UNKNOWN_TARGET
+            for b in (bx, by):
+                assert not b.callable_by_caller(b.record(x["invocation_id"]))
+                assert x["invocation_id"] not in await _listed(b)
             verify_ok(bx)
     assert received == [b'{"amount": 5}']
+
+
+async def _listed(broker: Broker) -> list[str]:
+    """The ids a caller's unfiltered actions list of ``broker`` holds (as the daemon's)."""
+    page = await broker.view(
+        lambda j: actions_page(j, 50, readable=broker.callable_target), trio.CapacityLimiter(1)
+    )
+    assert page.total == len(page.records)
+    return [r.invocation_id for r in page.records]
+
+
+async def test_a_fenced_invocation_names_its_binder_s_target_not_the_fencing_one_s(
+    tmp_path: Path, token: str
+) -> None:
+    """Two targets share one scope: X's ``pay`` binds and stalls past its own 1 s deadline; Y's
+    ``api`` fences it.  The closed record names ``pay``: Y (which configures only ``api``)
+    neither reads nor lists it; X's callers do."""
+    received: list[bytes] = []
+
+    async def script(peer: Peer) -> None:
+        await _serve(peer, received)
+
+    async with HostileServer.running(script) as srv:
+        timeout = {"connect": 1, "total": 1}
+        cx = write_config(
+            tmp_path,
+            {"pay": http_target(srv.url, idempotency=IDEM, timeout=timeout)},
+            name="x.toml",
+        )
+        cy = write_config(tmp_path, {"api": http_target(srv.url, idempotency=IDEM)}, name="y.toml")
+        quick = EngineSettings(lease_margin=0.1)
+        async with (
+            Broker.open(config=load_config(cx), settings=quick) as bx,
+            Broker.open(config=load_config(cy), settings=quick) as by,
+        ):
+            bound, go = _stall_after_binding(bx)
+            out: dict[str, dict[str, Any]] = {}
+
+            async def x_call() -> None:
+                out["x"] = await bx.call({**CHARGE, "target": "pay"})
+
+            with trio.fail_after(LIMIT):
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(x_call)
+                    await bound.wait()
+                    out["y"] = await by.call(CHARGE)  # waits out X's own deadline, then fences
+                    go.set()
+            x, y = out["x"], out["y"]
+            assert y["error"]["code"] == "IDEMPOTENCY_MISMATCH", y
+            assert x["error"]["outcome"] == "not_attempted", x
+            xid = x["invocation_id"]
+            events = bx.events(xid)
+            assert events[0].attrs["fenced"]["why"] == "send_by_passed"
+            assert events[0].attrs["operation"]["target"] == "pay"
+            assert not by.callable_by_caller(by.record(xid))
+            assert xid not in await _listed(by)
+            assert bx.callable_by_caller(bx.record(xid))
+            assert xid in await _listed(bx)
+            verify_ok(bx)
+    assert received == []
 
 
 async def test_a_binder_is_judged_by_its_own_send_deadline_bound_with_the_key(

@@ -1,8 +1,9 @@
-"""``idempotency.send_by`` (SQLite schema 9, PostgreSQL schema 3): the binder's own send
-deadline, bound with the key in the clock leases are judged by (``IdempotencyRecord.send_by``;
-``engine/binder.py`` waits it out while nothing is recorded under the key).  A journal from
-before the column gains it when a writer opens it, its rows holding NULL (judged as before);
-a read-only SQLite reader of such a file reads its bindings with NULL there.  Both backends."""
+"""``idempotency.send_by`` and ``idempotency.target`` (SQLite schema 9, PostgreSQL schema 3):
+the binder's own send deadline, bound with the key in the clock leases are judged by
+(``IdempotencyRecord.send_by``; ``engine/binder.py`` waits it out while nothing is recorded
+under the key), and its target (which a fence names).  A journal from before the columns gains
+them when a writer opens it, its rows holding NULL (judged as before); a read-only reader of
+such a journal reads its bindings with NULL there.  Both backends."""
 
 from __future__ import annotations
 
@@ -29,8 +30,11 @@ def _accepted(iid: str, key: str) -> Event:
 
 
 async def _bind(place: Place, iid: str, key: str, send_by: float | None) -> object:
+    target = None if send_by is None else "api"  # bound as a broker of its schema binds
     async with place.open() as j:
-        bound = await j.bind_idempotency(SCOPE, key, "sha256:" + iid, iid, None, send_by=send_by)
+        bound = await j.bind_idempotency(
+            SCOPE, key, "sha256:" + iid, iid, None, send_by=send_by, target=target
+        )
         await j.append(_accepted(iid, key), barrier=True)
     return bound
 
@@ -42,8 +46,9 @@ def _schema(place: Place) -> str:
 def test_the_binder_s_deadline_is_bound_with_the_key(place: Place) -> None:
     deadline = time.time() + 30.0
     bound = trio.run(_bind, place, "inv-a", "key-a", deadline)
-    (stored,) = place.rows("SELECT send_by FROM idempotency")
+    (stored,) = place.rows("SELECT send_by, target FROM idempotency")
     assert bound.send_by == stored[0]  # type: ignore[attr-defined]
+    assert bound.target == stored[1] == "api"  # type: ignore[attr-defined]
     # In the lease clock: the writer's own on SQLite, the database's (moved by their offset,
     # a moment on one host) on PostgreSQL.
     assert abs(stored[0] - deadline) < (0.0 if place.kind == "sqlite" else 5.0) + 1e-9
@@ -62,25 +67,26 @@ def test_the_binder_s_deadline_is_bound_with_the_key(place: Place) -> None:
 
 
 def test_a_journal_from_before_the_column_gains_it(place: Place) -> None:
-    """As the previous schema left it: no column.  A writer's opening transaction adds it; the
-    binding made before reads NULL there, one made after holds its deadline."""
+    """As the previous schema left it: no columns.  A writer's opening transaction adds them;
+    the binding made before reads NULL there, one made after holds its deadline and target."""
     trio.run(_bind, place, "inv-old", "key-old", None)
     old = "8" if place.kind == "sqlite" else "2"
     place.tamper(
         "ALTER TABLE idempotency DROP COLUMN send_by",
+        "ALTER TABLE idempotency DROP COLUMN target",
         f"UPDATE meta SET value = '{old}' WHERE name = 'schema'",
     )
     if place.kind == "sqlite":  # read-only, no upgrade: its bindings read with NULL there
         with place.reader() as r:
             found = r.find_idempotency(SCOPE, "key-old")
-            assert found is not None and found.send_by is None, found
+            assert found is not None and found.send_by is found.target is None, found
             assert r.verify().ok  # (every binding row against its ACTION_ACCEPTED)
         assert place.rows("SELECT value FROM meta WHERE name = 'schema'") == [(old,)]
     deadline = time.time() + 30.0
     trio.run(_bind, place, "inv-new", "key-new", deadline)
-    rows = place.rows("SELECT key, send_by FROM idempotency ORDER BY key")
-    assert rows[0][0] == "key-new" and rows[0][1] is not None
-    assert rows[1] == ("key-old", None)
+    rows = place.rows("SELECT key, send_by, target FROM idempotency ORDER BY key")
+    assert rows[0][0] == "key-new" and rows[0][1] is not None and rows[0][2] == "api"
+    assert rows[1] == ("key-old", None, None)
     assert place.rows("SELECT value FROM meta WHERE name = 'schema'") == [(_schema(place),)]
 
 
