@@ -46,7 +46,7 @@ from psycopg.pq import TransactionStatus
 from .backend import redact, refuse_newer_schema
 from .chain import GENESIS
 from .errors import HeadHeld, JournalError, JournalNotDurable, JournalUnavailable
-from .tables import SQL, Tables, newest_statements
+from .tables import OLDER_BINDINGS, SQL, Tables, newest_statements
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -237,12 +237,29 @@ class PostgresTables(Tables):
                 "count(*) FROM (SELECT invocation_id FROM events{} GROUP BY invocation_id) AS d"
             ),
             "lease_now": "SELECT extract(epoch FROM clock_timestamp())::float8",
+            **OLDER_BINDINGS,
         },
         "%s",
     )
     PLACEHOLDER: ClassVar[str] = "%s"
 
-    __slots__ = ()
+    __slots__ = ("_older",)
+
+    def __init__(self, conn: Any, older: bool = False) -> None:
+        super().__init__(conn)
+        self._older = older
+        """A read-only connection to a journal that recorded a schema before 3 when it
+        connected: its binding rows have no ``send_by`` nor ``target`` (no writer has upgraded
+        it), read as NULL.  (Unlike SQLite, a failed statement would abort the read's
+        transaction: decided beforehand, by the schema, not by the error.)"""
+
+    def idempotency(self, scope: str, key: str) -> Any:
+        if self._older:
+            return self.one("idempotency_older", (scope, key))
+        return super().idempotency(scope, key)
+
+    def idempotency_rows(self) -> Iterator[Any]:
+        return self.rows("all_idempotency_older") if self._older else super().idempotency_rows()
 
     def one(self, name: str, params: Sequence[Any] = ()) -> Any:
         return None if _holds_nul(params) else super().one(name, params)
@@ -350,7 +367,11 @@ class PostgresBackend:
         self.index_wait_ms = INDEX_WAIT_MS
 
     def tables(self, conn: Any) -> Tables:
-        return PostgresTables(conn)
+        # A read-only reader (``tool``) of a journal no writer has upgraded to schema 3 (an
+        # auditor's ``journal verify`` before the brokers are): its bindings without the columns.
+        # Re-checked when the reader is taken again (``unchanged``).
+        checked = self._checked.get(id(conn), SCHEMA_VERSION)
+        return PostgresTables(conn, older=checked is None or int(str(checked)) < 3)
 
     def connect(self, role: str) -> psycopg.Connection[Any]:
         try:

@@ -50,7 +50,7 @@ from .sqlite_wal import (
     commit_frame_unwritten,
     create_private,
 )
-from .tables import SQL, Tables
+from .tables import OLDER_BINDINGS, SQL, Tables
 
 __all__ = [
     "BUSY_TIMEOUT_MS",
@@ -117,12 +117,7 @@ class SqliteTables(SegmentTables):
         "grouped_by_first": f"{_BY_FIRST} ORDER BY invocations.first_seq, events.seq",
         "grouped_span": f"{_BY_FIRST} WHERE invocations.first_seq >= ? AND "
         "invocations.first_seq < ? AND events.seq <= ? ORDER BY invocations.first_seq, events.seq",
-        # A read-only journal from before schema 9: its bindings as rows of today's columns.
-        **{
-            f"{k}_before_9": v.replace(", send_by, target FROM", ", NULL, NULL FROM")
-            for k, v in SQL.items()
-            if k in ("idempotency", "all_idempotency")
-        },
+        **OLDER_BINDINGS,  # a read-only journal from before schema 9
         "first_events_through": "SELECT count(*) FROM invocations WHERE first_seq <= ?",
         "first_event_at_rank": "SELECT first_seq FROM invocations WHERE first_seq <= ? ORDER BY "
         "first_seq LIMIT 1 OFFSET ?",
@@ -241,14 +236,14 @@ class SqliteTables(SegmentTables):
             return super().idempotency(scope, key)
         except sqlite3.Error as exc:
             _before_send_by(exc)
-            return self.one("idempotency_before_9", (scope, key))
+            return self.one("idempotency_older", (scope, key))
 
     def idempotency_rows(self) -> Iterator[Any]:
         try:
             rows = list(super().idempotency_rows())  # (the statement fails at its first step)
         except sqlite3.Error as exc:
             _before_send_by(exc)
-            rows = list(self.rows("all_idempotency_before_9"))
+            rows = list(self.rows("all_idempotency_older"))
         yield from rows
 
 

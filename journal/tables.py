@@ -161,6 +161,13 @@ SQL: dict[str, str] = {
     "meta_like": "SELECT name, value FROM meta WHERE name LIKE ? ORDER BY name",
     "insert_meta": "INSERT INTO meta (name, value) VALUES (?, ?)",
 }
+OLDER_BINDINGS = {
+    f"{k}_older": SQL[k].replace(", send_by, target FROM", ", NULL, NULL FROM")
+    for k in ("idempotency", "all_idempotency")
+}
+"""A read-only reader of a journal from before ``idempotency.send_by`` and ``.target`` (SQLite
+schema 9, PostgreSQL schema 3), which no writer has upgraded: its bindings as rows of today's
+columns, NULL there (``IdempotencyRecord.send_by``, ``.target``)."""
 
 
 def _checkpoint(row: Sequence[Any]) -> Checkpoint:
