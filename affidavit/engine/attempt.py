@@ -488,7 +488,10 @@ async def lease_lost(
     closed after its lease ran out: stopped before its dispatch (nothing was sent), or -- after
     it (``dispatched``) -- refused what it went on to write (what it received is not on
     record).  The record is the answer, with LEASE_LOST saying why this worker did not act on
-    it; LEASE_LOST is recorded unless the journal did already (``recorded``)."""
+    it; LEASE_LOST is recorded unless the journal did already (``recorded``).  A record a
+    fence closed (``binder.fence``: final IDEMPOTENCY_MISMATCH, which no attempt of the
+    invocation's own records) is answered with its own code, message and hint, as
+    ``fetch_result`` answers it: LEASE_LOST there said fetch_result, whose answer differed."""
     recorder = engine.recorder
     with contextlib.suppress(JournalError, ImpossibleEvent):  # refused with the stale write
         await recorder.settle()
@@ -500,6 +503,8 @@ async def lease_lost(
         with contextlib.suppress(ImpossibleEvent):
             await recorder.append(Event(E.LEASE_LOST, iid, attrs), barrier=True)
     record = await recorder.record(iid)
+    if record.final and record.code is Code.IDEMPOTENCY_MISMATCH and not dispatched:
+        return recorder.envelope(record)  # fenced before its first event: nothing was sent
     return recorder.envelope(record, lost=generation, dispatched=dispatched)
 
 

@@ -86,8 +86,9 @@ async def test_a_binder_judged_gone_by_the_caller_s_window_is_fenced_and_sends_n
     tmp_path: Path, token: str
 ) -> None:
     """Y, judging by a window shorter than X's, closes X's invocation before it answers
-    "nothing was sent": X, resuming inside its own lease, is refused its first event (LEASE_LOST,
-    not_attempted) and sends nothing; Y's new-key resend is the one charge."""
+    "nothing was sent": X, resuming inside its own lease, is refused its first event and sends
+    nothing -- answered from the closed record (IDEMPOTENCY_MISMATCH, not_attempted), as a
+    fetch of it is; Y's new-key resend is the one charge."""
     received: list[bytes] = []
 
     async def script(peer: Peer) -> None:
@@ -116,8 +117,12 @@ async def test_a_binder_judged_gone_by_the_caller_s_window_is_fenced_and_sends_n
             x, y = out["x"], out["y"]
             assert y["error"]["code"] == "IDEMPOTENCY_MISMATCH", y
             assert "nothing was sent under the key" in y["error"]["message"]
-            assert x["error"]["code"] == "LEASE_LOST", x
+            fetched = await bx.fetch_result(x["invocation_id"], operator=True)
+            assert fetched is not None
+            assert x["error"] == fetched["error"], (x, fetched)
+            assert x["error"]["code"] == "IDEMPOTENCY_MISMATCH", x
             assert x["error"]["outcome"] == "not_attempted", x
+            assert "nothing was sent under the key" in x["error"]["message"]
             assert again.get("error") is None, again
             # X's invocation is closed by Y's fence: its first event is Y's, naming the binding,
             # and nothing of Y's own call (its invocation id) is written there.
@@ -182,8 +187,11 @@ async def test_a_fenced_invocation_names_its_binder_s_target_not_the_fencing_one
                     go.set()
             x, y = out["x"], out["y"]
             assert y["error"]["code"] == "IDEMPOTENCY_MISMATCH", y
-            assert x["error"]["outcome"] == "not_attempted", x
             xid = x["invocation_id"]
+            fetched = await bx.fetch_result(xid)  # X's caller reads it: on X's target
+            assert fetched is not None and x["error"] == fetched["error"], (x, fetched)
+            assert x["error"]["code"] == "IDEMPOTENCY_MISMATCH", x
+            assert x["error"]["outcome"] == "not_attempted", x
             events = bx.events(xid)
             assert events[0].attrs["fenced"]["why"] == "send_by_passed"
             assert events[0].attrs["operation"]["target"] == "pay"
