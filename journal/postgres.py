@@ -520,14 +520,24 @@ class PostgresBackend:
         except psycopg.errors.InsufficientPrivilege:
             if not have:
                 raise
-            # An older schema, opened by a broker role that owns nothing: say what to do.
+            # An older schema, opened by a broker role that owns nothing: say what to do -- at
+            # schema 2 chunk_owners exists (and was granted: ``grant_statements``); only the
+            # columns are missing, which the existing grants on idempotency cover.
+            before_2 = found is None or int(found) < 2
+            what, then = (
+                (
+                    "a table chunk_owners, filled once, and",
+                    ", then grant the broker role chunk_owners",
+                )
+                if before_2
+                else ("", "; the broker role then opens it with the grants it has")
+            )
             raise JournalError(
                 f"journal {self.where} has schema {found or 1}; this affidavit upgrades it to "
-                f"schema {SCHEMA_VERSION} (a table chunk_owners, filled once; a column "
-                "idempotency.send_by), which only the "
-                "tables' owner may do: open it once as the owner (any writer does, e.g. "
-                "`affidavit journal reclaim --journal OWNER_URL --config ...`), then "
-                "grant the broker role chunk_owners (docs/journal.md)"
+                f"schema {SCHEMA_VERSION} ({what} the columns idempotency.send_by and "
+                "idempotency.target), which only the tables' owner may do: open it once as the "
+                "owner (any writer does, e.g. `affidavit journal reclaim --journal OWNER_URL "
+                f"--config ...`){then} (docs/journal.md)"
             ) from None
         # New, or from before schema 2: name the chunks no marker names (``chunk_owners``), once
         # -- inside the opening transaction, which holds the chain head: no chunk or marker of

@@ -838,7 +838,7 @@ async def test_a_broker_role_opening_a_schema_1_journal_is_told_to_have_the_owne
     async with Journal.open(pg_url, **_keys(tmp_path, "owner")):
         pass
     pg.sql("DROP TABLE chunk_owners", database)  # as schema 1 left it
-    pg.sql("ALTER TABLE idempotency DROP COLUMN send_by", database)  # (schema 3's)
+    pg.sql("ALTER TABLE idempotency DROP COLUMN send_by, DROP COLUMN target", database)  # (3's)
     pg.sql("UPDATE meta SET value = '1' WHERE name = 'schema'", database)
     pg.sql("DROP ROLE IF EXISTS old_broker")
     pg.sql("CREATE ROLE old_broker LOGIN PASSWORD 'broker-pw'")
@@ -851,6 +851,7 @@ async def test_a_broker_role_opening_a_schema_1_journal_is_told_to_have_the_owne
     message = str(refused.value)
     assert f"has schema 1; this affidavit upgrades it to schema {SCHEMA_VERSION}" in message
     assert "only the tables' owner may do" in message and "broker-pw" not in message
+    assert "grant the broker role chunk_owners" in message, message
     assert pg.sql("SELECT value FROM meta WHERE name = 'schema'", database) == [("1",)]
     async with Journal.open(pg_url, **_keys(tmp_path, "owner")):
         pass  # the owner's open upgrades it
@@ -863,6 +864,36 @@ async def test_a_broker_role_opening_a_schema_1_journal_is_told_to_have_the_owne
         await j.bind_idempotency("scope", "key", "fp", "inv-2", None, send_by=time.time() + 9)
     assert pg.sql("SELECT invocation_id FROM chunk_owners", database) == [("inv-1",)]
     assert pg.sql("SELECT count(send_by) FROM idempotency", database) == [(1,)]
+
+
+async def test_a_broker_role_opening_a_schema_2_journal_is_told_only_the_owner_s_open_is_due(
+    pg: Cluster, pg_url: str, tmp_path: Path
+) -> None:
+    """Schema 3 adds two columns to ``idempotency``: DDL again, but ``chunk_owners`` exists and
+    was granted -- the message once told the broker role to create and grant it all the same.
+    It says the owner opens it once, after which the role opens it with the grants it has."""
+    database = pg_url.rsplit("/", 1)[1]
+    async with Journal.open(pg_url, **_keys(tmp_path, "owner")):
+        pass
+    pg.sql("ALTER TABLE idempotency DROP COLUMN send_by, DROP COLUMN target", database)
+    pg.sql("UPDATE meta SET value = '2' WHERE name = 'schema'", database)
+    pg.sql("DROP ROLE IF EXISTS old_broker2")
+    pg.sql("CREATE ROLE old_broker2 LOGIN PASSWORD 'broker-pw'")
+    for statement in grant_statements("old_broker2"):
+        pg.sql(statement, database)  # schema 2's grants: chunk_owners among them
+    broker_url = pg.url(database, user="old_broker2", password="broker-pw")
+    with pytest.raises(JournalError) as refused:
+        async with Journal.open(broker_url, **_keys(tmp_path, "broker")):
+            pass
+    message = str(refused.value)
+    assert f"has schema 2; this affidavit upgrades it to schema {SCHEMA_VERSION}" in message
+    assert "idempotency.send_by and idempotency.target" in message, message
+    assert "chunk_owners" not in message and "broker-pw" not in message, message
+    async with Journal.open(pg_url, **_keys(tmp_path, "owner")):
+        pass  # the owner's open upgrades it
+    async with Journal.open(broker_url, **_keys(tmp_path, "broker")) as j:  # no new grant
+        await j.bind_idempotency("s", "k", "fp", "inv-2", None, send_by=time.time() + 9, target="t")
+    assert pg.sql("SELECT target FROM idempotency", database) == [("t",)]
 
 
 async def test_a_broker_role_not_granted_chunk_owners_is_refused_at_open_not_after_a_dispatch(
