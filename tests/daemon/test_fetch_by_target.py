@@ -3,8 +3,10 @@ configuration names (every peer it allows may call each of them).  A target remo
 configuration -- its access withdrawn -- took its invocations with it for callers: their ids
 answer exactly as an unknown id does (404 NO_SUCH_INVOCATION, the same words) at the result
 (``fetch_result``) and at the record (``GET /v1/invocations/{id}``), and ``/v1/actions`` lists
-them not, nor counts them -- so a caller can neither read them nor tell that they exist.  An
-operator still reads them (``affidavit result`` embedded, the console)."""
+them not, nor counts them -- so through these routes a caller can neither read them nor tell
+that they exist.  (``/v1/sessions`` and ``/v1/metrics`` still count them, unfiltered by target:
+docs/deployment.md; nothing here asserts otherwise.)  An operator still reads them
+(``affidavit result`` embedded, the console)."""
 
 from __future__ import annotations
 
