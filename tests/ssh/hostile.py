@@ -35,10 +35,10 @@ Commands (the first word selects the behaviour):
                    ``last`` (after "out\n", exit-status 0 and EOF; the close 0.3 s later)
   stall <s>        read no stdin for s seconds (the receive window, once used up, stays shut),
                    then read it to EOF and write its byte count, exit-status 0, close
-  flood <n> <to>   print "tick\n" every 0.2 ms (``to``: ``stdout``, ``stderr`` or ``both``, then
-                   alternately) until n bytes of stdin were read, then "done\n" on stdout,
-                   exit-status 0, EOF, close: a remote that never pauses its output while it
-                   needs stdin
+  flood <n> <to>   print "tick\n" every 0.2 ms (``to``: ``stdout``, ``stderr``, ``both``, then
+                   alternately, or ``each``, one line on each stream every time) until n bytes
+                   of stdin were read, then "done\n" on stdout, exit-status 0, EOF, close: a
+                   remote that never pauses its output while it needs stdin
   deaf <s>         keep the session's window open but read nothing more off the TCP socket (its
                    receive buffer shrunk to 4 KiB): a client's stdin write blocks in send() once
                    the kernel's buffers are full; the connection dropped s seconds later
@@ -319,8 +319,10 @@ class _Session(asyncssh.SSHServerSession[str]):
         chan, n = self._chan, 0
         with contextlib.suppress(BrokenPipeError):  # the client gave up and closed the channel
             while self._stdin < need:
-                err = to == "stderr" or (to == "both" and n % 2 == 1)
-                (chan.write_stderr if err else chan.write)("tick\n")
+                if to in ("stdout", "each") or (to == "both" and n % 2 == 0):
+                    chan.write("tick\n")
+                if to in ("stderr", "each") or (to == "both" and n % 2 == 1):
+                    chan.write_stderr("tick\n")
                 n += 1
                 await asyncio.sleep(0.0002)
             chan.write("done\n")
