@@ -61,6 +61,14 @@ makes no call that pumps and goes round again (reading on), so the bound only ke
 its host key and liveness checks -- from waiting on streams that keep delivering."""
 
 
+_STARVE = 0.05
+"""Seconds of drains that did not learn the order (output arriving on both streams at every
+read) after which a waiting stdin piece or ``send_eof`` is written anyway, each time (the
+starvation guard, docs/ssh-driver.md): long beside a pause a remote's output usually makes,
+short beside a sink's chunk and the stall bound.  It buys no proof: a remote that keeps §5.3's
+order sends nothing after its EOF for a write's pump to take in."""
+
+
 class _Run:
     """One attempt: fires machine events, observes them, classifies the end."""
 
@@ -251,7 +259,8 @@ class _Run:
 
         ``waiting``: a call that pumps (a stdin write, ``send_eof``) waits for the order, so
         the drain ends at the first read that knows it, output still arriving or not -- a
-        remote that prints without pause while it reads stdin never leaves both streams empty.
+        remote that prints without pause while it reads stdin never leaves both streams empty
+        (one that keeps both busy never gives such a read: ``_STARVE``).
         Otherwise it reads on while output arrives (fewer rounds per byte).  Each stream is
         read at least once (data already in a buffer does not wake a park on the socket);
         a bounded number of passes keeps each round short.  What it proves holds for the next
@@ -279,6 +288,8 @@ class _Run:
         stdin_open = True
         eof = {"stdout": False, "stderr": False}
         eof_fired = False
+        starve = min(_STARVE, self.t.timeouts.connect)  # never past the stall bound
+        unproven_since: float | None = None  # stdin waiting, and no drain knew the order since
         park = Park(io)
         while True:
             # Each libssh call below may pump packets for the others: note what the channel
@@ -287,8 +298,19 @@ class _Run:
             state: tuple[Any, Any, Any] | None = None  # libssh's exit state, read this round
             try:
                 # Every call below that may take packets off the socket comes after a drain
-                # that knew the order (``drain``); a round whose drain did not ends here.
+                # that knew the order (``drain``); a round whose drain did not ends here --
+                # but for a stdin write starved of that proof for ``starve`` (``_STARVE``).
+                began = trio.current_time()
                 known, progressed = await self.drain(eof, stdin_open)
+                if known or not stdin_open:
+                    unproven_since = None
+                elif unproven_since is None:
+                    unproven_since = began
+                # A remote that keeps both streams busy never lets a read find its stream empty:
+                # past ``starve`` the write goes out without the proof (``_STARVE``).
+                starved = (
+                    unproven_since is not None and trio.current_time() - unproven_since >= starve
+                )
                 wrote = False
                 try:
                     # Never more than the remote's window: ssh-python's write loops in C until
@@ -297,7 +319,7 @@ class _Run:
                     # read again.  A shut window is waited for like any packet (its adjust
                     # arrives as one).
                     room = min(len(pending), CHUNK, channel.window_size()) if stdin_open else 0
-                    if known and room:
+                    if (known or starved) and room:
                         wrote = True  # it may pump, whatever it answers
                         # On a worker thread: a key re-exchange holds even a write that fits.
                         stall = self.t.timeouts.connect
@@ -310,7 +332,7 @@ class _Run:
                             )
                         pending = pending[written:]
                         progressed = progressed or written > 0
-                    elif known and stdin_open and not pending:
+                    elif (known or starved) and stdin_open and not pending:
                         wrote = True  # its flush may pump: a round of its own, as a write's
                         channel.send_eof()
                         stdin_open = False
@@ -324,6 +346,7 @@ class _Run:
                     self.stdin_unsent = len(pending)
                     progressed = True
                 if wrote:
+                    unproven_since = None  # the next unproven write waits its own ``starve``
                     known, moved = await self.drain(eof, stdin_open)
                     progressed = progressed or moved
                 if (
