@@ -63,10 +63,10 @@ its host key and liveness checks -- from waiting on streams that keep delivering
 
 _STARVE = 0.05
 """Seconds of drains that did not learn the order (output arriving on both streams at every
-read) after which a waiting stdin piece or ``send_eof`` is written anyway, each time (the
-starvation guard, docs/ssh-driver.md): long beside a pause a remote's output usually makes,
-short beside a sink's chunk and the stall bound.  It buys no proof: a remote that keeps §5.3's
-order sends nothing after its EOF for a write's pump to take in."""
+read) after which waiting stdin (as much as the open window takes) or ``send_eof`` is written
+anyway, each time (the starvation guard, docs/ssh-driver.md): long beside a pause a remote's
+output usually makes, short beside a sink's chunk and the stall bound.  It buys no proof: a
+remote that keeps §5.3's order sends nothing after its EOF for a write's pump to take in."""
 
 
 class _Run:
@@ -323,15 +323,22 @@ class _Run:
                         wrote = True  # it may pump, whatever it answers
                         # On a worker thread: a key re-exchange holds even a write that fits.
                         stall = self.t.timeouts.connect
-                        written = await io.write(channel, bytes(pending[:room]), stall)
-                        if written is None:
-                            self.lost(
-                                f"a stdin write did not return within {stall}s of beginning (the "
-                                "connect timeout; a key re-exchange holds writes): the connection "
-                                "was ended"
-                            )
-                        pending = pending[written:]
-                        progressed = progressed or written > 0
+                        while room:
+                            written = await io.write(channel, bytes(pending[:room]), stall)
+                            if written is None:
+                                self.lost(
+                                    f"a stdin write did not return within {stall}s of beginning "
+                                    "(the connect timeout; a key re-exchange holds writes): the "
+                                    "connection was ended"
+                                )
+                            pending = pending[written:]
+                            progressed = progressed or written > 0
+                            # A proven write is one: its pump spends the proof.  A starved one
+                            # had none to spend, so it fills the open window piece by piece --
+                            # else a sink slower than the remote's output holds stdin to a
+                            # piece per two drains of slow reads.
+                            room = min(len(pending), CHUNK, channel.window_size())
+                            room = room if starved and written else 0
                     elif (known or starved) and stdin_open and not pending:
                         wrote = True  # its flush may pump: a round of its own, as a write's
                         channel.send_eof()

@@ -46,3 +46,20 @@ async def test_a_remote_printing_without_pause_while_it_reads_stdin_gets_its_std
     assert all(b"tick\n" in rec.stream(name) for name in streams)
     assert "stdin_unsent" not in res.facts
     assert took < 5, took  # not the exec timeout
+
+
+async def test_stdin_written_without_the_proof_fills_the_open_window(
+    hostile: HostileServer, ssh_keys: SshKeys
+) -> None:
+    """A proven write is one piece a round (its pump spends the proof); a starved one has none
+    to spend and fills the remote's open window.  One piece a round held 1 MB of stdin to
+    64 KiB per two drains of 16 slow reads (0.6 s): past the exec timeout."""
+    rec = Recorder(sink_delay=0.02)
+    target = hostile_target(hostile, "bob", exec=5.0)  # asyncssh's window (2 MiB) takes it all
+    with trio.fail_after(30):
+        res = await perform(
+            target, prepare_credential(ssh_keys.client_key), "flood 1000000 each",
+            b"x" * 1_000_000, rec.ctx,
+        )  # fmt: skip
+    assert (res.outcome, res.code, res.summary["exit_status"]) == (Outcome.COMMITTED, None, 0)
+    assert rec.stream("stdout").endswith(b"done\n") and b"tick\n" in rec.stream("stderr")
