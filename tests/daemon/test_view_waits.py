@@ -81,12 +81,13 @@ async def test_views_that_find_every_view_thread_or_the_kept_turn_busy_are_decli
     monkeypatch.setenv(TOKEN_ENV, token)
     monkeypatch.setattr(affidavit.api.readers, "VIEW_WAIT", BOUND)
     inside, release = threading.Semaphore(0), threading.Event()
-    real_newest = JournalReader.newest_actions
+    real_iter = JournalReader.iter_actions
 
-    def held_newest(self: JournalReader, *a: Any, **k: Any) -> Any:
+    def held_iter(self: JournalReader, *a: Any, **k: Any) -> Any:
+        # A caller's page of one session streams the session (views.records.newest_page).
         inside.release()
         assert release.wait(WAIT)  # bounded: held until the test has its answers
-        return real_newest(self, *a, **k)
+        return real_iter(self, *a, **k)
 
     real_build = SessionSummary._build
 
@@ -102,7 +103,7 @@ async def test_views_that_find_every_view_thread_or_the_kept_turn_busy_are_decli
     ):
         with trio.fail_after(WAIT):
             iid = str((await client.call(GET))["invocation_id"])
-        monkeypatch.setattr(JournalReader, "newest_actions", held_newest)
+        monkeypatch.setattr(JournalReader, "iter_actions", held_iter)
         monkeypatch.setattr(SessionSummary, "_build", held_build)
 
         async def one(path: str) -> None:
@@ -115,8 +116,8 @@ async def test_views_that_find_every_view_thread_or_the_kept_turn_busy_are_decli
                 for _ in range(VIEW_THREADS - 1):
                     holders.start_soon(one, "/v1/actions?session=s")
                 with trio.fail_after(WAIT):
-                    for _ in range(VIEW_THREADS):
-                        await trio.to_thread.run_sync(inside.acquire)
+                    for _ in range(VIEW_THREADS):  # each held (bounded: a miss fails, never hangs)
+                        assert await trio.to_thread.run_sync(lambda: inside.acquire(timeout=WAIT))
                     record = await ask(socket, "GET", f"/v1/invocations/{iid}")
                     sessions = await ask(socket, "GET", "/v1/sessions")
                     envelope = await client.call(GET)  # the calls run meanwhile
