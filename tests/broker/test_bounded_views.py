@@ -51,21 +51,23 @@ async def test_the_views_stream_and_keep_a_page(
 async def test_a_page_of_the_newest_actions_reads_no_other_record(
     tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """MCP ``list_actions`` and the daemon's ``/v1/actions`` (``views.actions_page``) without a
-    filter on what a record says read the page alone, never the whole view folded
-    (``fold_each``): the rows of the records shown and a count (``newest_actions``).  Filtered
-    by outcome, the page is still cut from the stream, every match counted."""
+    """A page without a filter on what a record says (``views.actions_page``) reads the page
+    alone, never the whole view folded (``fold_each``): the rows of the records shown and a
+    count (``newest_actions``).  Filtered by outcome, the page is still cut from the stream,
+    every match counted.  MCP ``list_actions`` holds only invocations on configured targets
+    (``readable``): with no kept summary to tell none is hidden, it streams the session --
+    slower (the closing note of stop 44 says so), never a page that lists another target's."""
     async with HostileServer.running(scripts.serve(OK)) as srv:
         cfg = write_config(tmp_path, {"api": http_target(srv.url)})
         async with open_broker(cfg) as b:
             action = {"target": "api", "method": "GET", "path": "/"}
             ids = [(await b.call({**action, "session": "s"}))["invocation_id"] for _ in range(3)]
             other = (await b.call({**action, "session": "t"}))["invocation_id"]
-            monkeypatch.setattr(journal_views, "fold_each", _whole)
-            monkeypatch.setattr(journal_views, "fold", _whole)
             listed = await Embedded(b).actions("s", None, 2)
             assert [a["invocation_id"] for a in listed["actions"]] == ids[-2:]
             assert (listed["total"], listed["truncated"]) == (3, True)
+            monkeypatch.setattr(journal_views, "fold_each", _whole)
+            monkeypatch.setattr(journal_views, "fold", _whole)
             page = actions_page(b.journal, 2)
             assert [r.invocation_id for r in page.records] == [ids[-1], other]
             assert (page.total, page.truncated) == (4, True)
