@@ -13,9 +13,9 @@ stopped the call."  Hence:
   reference, a path or a variable name (``message``); the operator's ``detail`` names the
   reference.  A *malformed* reference is not echoed at all: the classic way to get one is pasting
   the secret itself into ``credential = "…"``.
-* ``Credential`` carries a non-secret ``version`` (vault entry version, file
-  mtime+ctime+inode, or for ``env:`` and ``systemd:`` a keyed digest of the value,
-  ``Versioner``) for the engine
+* ``Credential`` carries a non-secret ``version`` (file mtime+ctime+inode; for ``env:`` and
+  ``systemd:`` a keyed digest of the value, ``Versioner``; for ``vault:`` the entry's counter
+  and that digest, ``N:vault:hmac-sha256:…``) for the engine
   to journal, and its ``repr``/``str`` never show the value.
 * ``redactor`` (``affidavit.secrets.redaction``, re-exported here) scrubs the injected values,
   in every form docs/redaction.md lists, out of anything the remote echoes back before it
@@ -350,7 +350,10 @@ def resolve(
             ref=ref,
             detail=f"vault entry is empty (store the value: `affidavit vault put {name}`)",
         )
-    return Credential(ref, value, str(version))
+    # The entry's counter alone repeats with another value in a re-created or restored vault
+    # (an approval granted for token A would match token B): the keyed digest of the value,
+    # as for env:, says which value it is; the counter stays in front for `vault list`.
+    return Credential(ref, value, f"{version}:{_keyed_version(kind, ref, value, versioner)}")
 
 
 # --- injection --------------------------------------------------------------------------------

@@ -18,8 +18,9 @@ File layout (all integers big-endian)::
     ct     ..  AES-GCM(key, nonce, payload JSON, aad = every header byte before the nonce)
 
 The payload holds every entry (names too: a name can itself be sensitive) with a per-entry
-version that ``put`` bumps.  The version is the non-secret fact the engine binds to an invocation
-(seed: "You may record the secret's identifier or its non-secret version").
+version that ``put`` bumps.  The engine binds that counter *and* a keyed digest of the value to an
+invocation (``credentials.resolve``: a re-created or restored vault repeats the counter with
+another value; seed: "You may record the secret's identifier or its non-secret version").
 
 Locking works across processes because the broker and ``affidavit vault unlock`` are separate
 processes: ``unlock`` derives the key and stores it in ``<vault>.unlock`` (mode 0600, atomic);

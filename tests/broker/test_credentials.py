@@ -209,9 +209,67 @@ def vault(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Vault:
 
 
 def test_vault_ref_returns_value_and_entry_version(vault: Vault) -> None:
-    cred = resolve("vault:api", vault=vault)
-    assert (cred.value, cred.version) == (CANARY_B + b"2", "2")
+    """The version is the entry's counter (what `vault list` shows), then the keyed digest of
+    the value (the journal's key in the engine), as for env:."""
+    seen: list[tuple[str, bytes]] = []
+    cred = resolve("vault:api", vault=vault, versioner=lambda *a: seen.append(a) or "cd" * 32)
+    assert (cred.value, cred.version) == (CANARY_B + b"2", "2:vault:hmac-sha256:" + "cd" * 16)
+    assert seen == [("credential-version:vault:api", CANARY_B + b"2")]
     no_leak(cred)
+
+
+def _recreated(path: Path, value: bytes) -> Vault:
+    """The operator deletes the vault (a lost passphrase, a compromise) and makes a new one,
+    storing ``value`` under the same name: the entry is back at version 1."""
+    path.unlink()
+    path.with_name(path.name + ".unlock").unlink(missing_ok=True)
+    v = Vault.init(path, "another", n_log2=10)
+    v.unlock("another")
+    v.put("api", value)
+    return v
+
+
+def test_a_recreated_vault_entry_with_another_value_is_another_version(
+    vault: Vault, tmp_path: Path
+) -> None:
+    """An approval, and a same-key retry, bind the credential's version: "version 1" of the
+    old vault and "version 1" of a re-created (or restored) one must not match when the values
+    differ, or a request approved with token A goes out with token B (rv45 finding 1)."""
+    path = tmp_path / "v.vault"
+    old = Vault(path)
+    old.unlock("pw")
+    old.put("fresh", CANARY_B + b"A")
+    before = resolve("vault:fresh", vault=old).version
+    again = _recreated(path, b"unrelated")
+    again.put("fresh", CANARY_B + b"B")
+    after = resolve("vault:fresh", vault=again).version
+    assert before.split(":")[0] == after.split(":")[0] == "1"
+    assert after != before
+
+
+def test_a_recreated_vault_entry_with_the_same_value_is_the_same_version(
+    vault: Vault, tmp_path: Path
+) -> None:
+    """The design: the version names the value at that counter.  A backup restored (or a vault
+    re-created) with the very value the entry held at that counter is the same credential, so
+    an approval granted for it stays good; another counter is another version (every `put`
+    is a new one, even of the same bytes -- the conservative side: an approval goes stale)."""
+    path = tmp_path / "v.vault"
+    before = resolve("vault:api", vault=vault).version  # version 2, CANARY_B + b"2"
+    again = _recreated(path, CANARY_B + b"1")
+    again.put("api", CANARY_B + b"2")
+    assert resolve("vault:api", vault=again).version == before
+    again.put("api", CANARY_B + b"2")
+    assert resolve("vault:api", vault=again).version != before
+
+
+def test_a_vault_version_reveals_nothing_of_the_value(vault: Vault) -> None:
+    """The version is journaled and shown to callers: neither the value nor its unkeyed hash."""
+    version = resolve("vault:api", vault=vault).version
+    value = CANARY_B + b"2"
+    assert CANARY not in version and base64.b64encode(value).decode() not in version
+    for digest in (hashlib.sha256(value).hexdigest(), hashlib.md5(value).hexdigest()):
+        assert digest[:32] not in version and digest[:16] not in version
 
 
 def test_locked_vault_is_vault_locked(vault: Vault) -> None:
