@@ -30,7 +30,7 @@ TYPE_CHECKING = False  # not typing's: see affidavit/__init__.py
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
-    from typing import Any, NoReturn, TypeVar
+    from typing import Any, BinaryIO, NoReturn, TypeVar
 
     from affidavit.api.wire import Response
 
@@ -56,6 +56,8 @@ __all__ = [
     "journal_refusal",
     "main",
     "refusal",
+    "stdin_bytes",
+    "stdin_is_terminal",
     "text_arg",
     "time_arg",
 ]
@@ -153,6 +155,20 @@ def error_json(message: str, code: str | None, field: str | None) -> dict[str, A
     if field is not None:
         error["field"] = field
     return {"api_error": error}
+
+
+def stdin_bytes(message: str, code: str, field: str | None = None) -> BinaryIO:
+    """Binary stdin; with none -- fd 0 closed (``<&-``), when Python sets ``sys.stdin`` to
+    None -- the refusal ``message`` with ``code`` (and ``field``), never the AttributeError
+    traceback reading ``None.buffer`` was (rv45 finding 8)."""
+    if sys.stdin is None:
+        raise refusal(message, code, field)
+    return sys.stdin.buffer
+
+
+def stdin_is_terminal() -> bool:
+    """Whether stdin is a terminal to prompt on: False when fd 0 is closed (``stdin_bytes``)."""
+    return sys.stdin is not None and sys.stdin.isatty()
 
 
 def config_refusal(exc: Any, hint: str = "") -> UsageError:

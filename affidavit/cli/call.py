@@ -36,6 +36,7 @@ from affidavit.cli import (
     daemon_socket,
     journal_refusal,
     refusal,
+    stdin_bytes,
     text_arg,
     timeout_arg,
 )
@@ -118,7 +119,8 @@ def _read_bytes(source: str, limit: int, more: Callable[[], int] | None = None) 
     larger limit to read on to."""
     try:
         if source == "-":
-            data = _read_on(sys.stdin.buffer, limit, more)
+            stdin = stdin_bytes("cannot read action -: stdin is closed", "FILE_UNUSABLE")
+            data = _read_on(stdin, limit, more)
         else:
             with open(source, "rb") as fh:
                 data = _read_on(fh, limit, more)

@@ -16,7 +16,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from affidavit.cli import SECRETS_ALWAYS, UsageError, config_refusal, refusal
+from affidavit.cli import (
+    SECRETS_ALWAYS,
+    UsageError,
+    config_refusal,
+    refusal,
+    stdin_bytes,
+    stdin_is_terminal,
+)
 
 __all__ = ["PASSPHRASE_ENV_SHOWN", "add_commands"]
 
@@ -101,14 +108,15 @@ def _passphrase(args: argparse.Namespace, *, confirm: bool) -> str:
     from affidavit.secrets.vault import PASSPHRASE_ENV
 
     if getattr(args, "passphrase_stdin", False):
-        line = sys.stdin.buffer.readline(4096)
+        stdin = stdin_bytes("--passphrase-stdin, but stdin is closed", "PASSPHRASE_INVALID")
+        line = stdin.readline(4096)
         try:
             passphrase = trim_final_newline(line).decode("utf-8")
         except UnicodeDecodeError:
             raise UsageError("the passphrase is not valid UTF-8", "PASSPHRASE_INVALID") from None
     elif os.environ.get(PASSPHRASE_ENV):
         passphrase = os.environ[PASSPHRASE_ENV]
-    elif sys.stdin.isatty():
+    elif stdin_is_terminal():
         import getpass
 
         passphrase = getpass.getpass("Vault passphrase: ")
@@ -152,12 +160,13 @@ def _put(args: argparse.Namespace) -> int:
             raise UsageError(
                 f"{path}: the vault is locked; run `affidavit vault unlock` first", "VAULT_LOCKED"
             )
-        if sys.stdin.isatty():
+        if stdin_is_terminal():
             import getpass
 
             value = getpass.getpass(f"Value for {args.name}: ").encode("utf-8")
         else:
-            value = trim_final_newline(sys.stdin.buffer.read(MAX_VALUE + 1))
+            stdin = stdin_bytes("is read from stdin, which is closed", "INVALID_FIELD", "value")
+            value = trim_final_newline(stdin.read(MAX_VALUE + 1))
         if len(value) > MAX_VALUE:
             raise refusal(f"is larger than {MAX_VALUE} bytes", "PAYLOAD_LIMIT", "value")
         if not value:

@@ -114,10 +114,12 @@ def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp
 
 
-def _cli(cwd: Path, *argv: str, stdin: bytes = b"") -> subprocess.CompletedProcess[bytes]:
+def _cli(cwd: Path, *argv: str, stdin: bytes | None = b"") -> subprocess.CompletedProcess[bytes]:
+    """``stdin=None``: fd 0 closed (``<&-``: Python's ``sys.stdin`` is then None)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("AFFIDAVIT_")}
+    closed = ["sh", "-c", 'exec "$@" <&-', "sh"] if stdin is None else []
     return subprocess.run(
-        [sys.executable, "-m", "affidavit", *argv],
+        [*closed, sys.executable, "-m", "affidavit", *argv],
         input=stdin,
         capture_output=True,
         cwd=cwd,
@@ -168,7 +170,49 @@ HANDLER_CASES: list[tuple[tuple[str, ...], str, str | None]] = [
 def test_handler_refusals_carry_their_code(
     home: Path, argv: tuple[str, ...], code: str, field: str | None
 ) -> None:
-    done = _cli(home, *argv, stdin=b"\n")
+    _assert_coded(_cli(home, *argv, stdin=b"\n"), argv, code, field)
+
+
+CLOSED_STDIN_CASES: list[tuple[tuple[str, ...], str, str | None]] = [
+    # (argv, code, field), run with stdin closed (`<&-`): each crashed reading None.buffer
+    # or None.isatty() with a traceback (rv45 finding 8).
+    (("vault", "put", "--vault", "open.vault", "x"), "INVALID_FIELD", "value"),
+    (("vault", "init", "--vault", "new.vault"), "PASSPHRASE_INVALID", None),
+    (("vault", "init", "--vault", "new.vault", "--passphrase-stdin"), "PASSPHRASE_INVALID",
+     None),
+    (("vault", "unlock", "--vault", "open.vault"), "PASSPHRASE_INVALID", None),
+    (("vault", "unlock", "--vault", "open.vault", "--passphrase-stdin"), "PASSPHRASE_INVALID",
+     None),
+    (("call", "-"), "FILE_UNUSABLE", None),
+    (("call", "--config", "affidavit.toml"), "FILE_UNUSABLE", None),  # the action defaults to -
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def open_vault(home: Path) -> Path:
+    """An unlocked vault in ``home`` (``vault put`` reads the value only from one)."""
+    from affidavit.secrets.vault import Vault
+
+    vault = Vault.init(home / "open.vault", "pw", n_log2=10)
+    vault.unlock("pw")
+    return vault.path
+
+
+@pytest.mark.parametrize(
+    "argv, code, field", CLOSED_STDIN_CASES, ids=[" ".join(c[0]) for c in CLOSED_STDIN_CASES]
+)
+def test_a_closed_stdin_is_a_coded_refusal(
+    home: Path, open_vault: Path, argv: tuple[str, ...], code: str, field: str | None
+) -> None:
+    _assert_coded(_cli(home, *argv, stdin=None), argv, code, field)
+    assert not (home / "new.vault").exists()
+
+
+def _assert_coded(
+    done: subprocess.CompletedProcess[bytes], argv: tuple[str, ...], code: str, field: str | None
+) -> None:
+    """Exit status 2 and one line, ``affidavit: CODE: ...`` naming ``field``; under
+    ``--json`` the same as an ``api_error`` on stdout, else nothing on stdout."""
     err = done.stderr.decode()
     assert done.returncode == 2 and "Traceback" not in err, err
     line = LINE.fullmatch(err.rstrip("\n"))
