@@ -28,6 +28,11 @@ from affidavit.cli import (
 __all__ = ["PASSPHRASE_ENV_SHOWN", "add_commands"]
 
 MAX_VALUE = 1024 * 1024
+"""Bytes of a value ``vault put`` stores; more is PAYLOAD_LIMIT, never a value cut short."""
+MAX_PASSPHRASE = 4096
+"""Bytes of a ``--passphrase-stdin`` line (its final newline aside); a longer one is
+PASSPHRASE_INVALID: cut, it would open the vault only from stdin, not from the variable or the
+prompt that give it whole (rv45 finding 7)."""
 PASSPHRASE_ENV_SHOWN = "AFFIDAVIT_VAULT_PASSPHRASE"
 """``affidavit.secrets.vault.PASSPHRASE_ENV`` for the help text: importing the vault (and
 cryptography) would cost every command's parser ~50 ms; a test checks the two agree."""
@@ -51,8 +56,8 @@ def add_commands(subparsers: Any) -> None:
     p.add_argument(
         "--passphrase-stdin",
         action="store_true",
-        help=f"read the passphrase from the first line of stdin (else ${PASSPHRASE_ENV_SHOWN} or a "
-        "prompt)",
+        help=f"read the passphrase from the first line of stdin, at most {MAX_PASSPHRASE} "
+        f"bytes (else ${PASSPHRASE_ENV_SHOWN} or a prompt)",
     )
     p.set_defaults(handler=_init, holds_secrets=SECRETS_ALWAYS)
 
@@ -81,7 +86,7 @@ def add_commands(subparsers: Any) -> None:
     p.add_argument(
         "--passphrase-stdin",
         action="store_true",
-        help="read the passphrase from the first line of stdin",
+        help=f"read the passphrase from the first line of stdin, at most {MAX_PASSPHRASE} bytes",
     )
     p.set_defaults(handler=_unlock, holds_secrets=SECRETS_ALWAYS)
 
@@ -109,9 +114,14 @@ def _passphrase(args: argparse.Namespace, *, confirm: bool) -> str:
 
     if getattr(args, "passphrase_stdin", False):
         stdin = stdin_bytes("--passphrase-stdin, but stdin is closed", "PASSPHRASE_INVALID")
-        line = stdin.readline(4096)
+        # Room for a final CRLF, and a byte more tells a longer line.
+        line = trim_final_newline(stdin.readline(MAX_PASSPHRASE + 2))
+        if len(line) > MAX_PASSPHRASE:
+            raise UsageError(
+                f"the passphrase is longer than {MAX_PASSPHRASE} bytes", "PASSPHRASE_INVALID"
+            )
         try:
-            passphrase = trim_final_newline(line).decode("utf-8")
+            passphrase = line.decode("utf-8")
         except UnicodeDecodeError:
             raise UsageError("the passphrase is not valid UTF-8", "PASSPHRASE_INVALID") from None
     elif os.environ.get(PASSPHRASE_ENV):
@@ -163,11 +173,14 @@ def _put(args: argparse.Namespace) -> int:
         if stdin_is_terminal():
             import getpass
 
-            value = getpass.getpass(f"Value for {args.name}: ").encode("utf-8")
+            raw = value = getpass.getpass(f"Value for {args.name}: ").encode("utf-8")
         else:
+            # Room for a final CRLF and a byte more: trimmed first, a value of MAX_VALUE and
+            # its newline hid whatever followed them -- stored cut, exit 0 (rv45 finding 6).
             stdin = stdin_bytes("is read from stdin, which is closed", "INVALID_FIELD", "value")
-            value = trim_final_newline(stdin.read(MAX_VALUE + 1))
-        if len(value) > MAX_VALUE:
+            raw = stdin.read(MAX_VALUE + 3)
+            value = trim_final_newline(raw)
+        if len(value) > MAX_VALUE or len(raw) > MAX_VALUE + 2:
             raise refusal(f"is larger than {MAX_VALUE} bytes", "PAYLOAD_LIMIT", "value")
         if not value:
             raise refusal("is empty (it is read from stdin)", "INVALID_FIELD", "value")

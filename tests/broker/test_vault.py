@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from affidavit.cli.vault import MAX_PASSPHRASE, MAX_VALUE
 from affidavit.secrets.credentials import CredentialError, resolve
 from affidavit.secrets.vault import (
     PASSPHRASE_ENV,
@@ -331,3 +332,48 @@ def test_cli_os_errors_are_clear_errors_not_tracebacks(tmp_path: Path) -> None:
     r = cli(tmp_path, "list", "--vault", "s.vault")
     assert r.returncode == 2 and b"cannot read the unlock file" in r.stderr, r.stderr
     assert b"Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize(
+    ("tail", "stored"),
+    [
+        (b"\n" + b"B" * 170, None),  # a line of MAX_VALUE, then more: was stored cut, exit 0
+        (b"\n\n", None),  # two lines: the final newline stays, one byte too many
+        (b"\nB", None),
+        (b"\r\n", b"A" * MAX_VALUE),  # the largest value, its final newline (CRLF) dropped
+        (b"\n", b"A" * MAX_VALUE),
+    ],
+    ids=["line-then-more", "two-newlines", "newline-then-a-byte", "max-crlf", "max-lf"],
+)
+def test_cli_put_never_stores_a_value_cut_short(
+    vault: Vault, tail: bytes, stored: bytes | None
+) -> None:
+    """``vault put`` stores what stdin held (less a single line's final newline) or refuses it
+    PAYLOAD_LIMIT: the size is checked on what was read, not only on what the trim left."""
+    r = cli(vault.path.parent, "put", "big", "--vault", "s.vault", stdin=b"A" * MAX_VALUE + tail)
+    if stored is None:
+        assert r.returncode == 2, r.stderr
+        assert r.stderr.startswith(b"affidavit: PAYLOAD_LIMIT: value: ") and r.stdout == b""
+        with pytest.raises(EntryMissing):
+            vault.get("big")
+    else:
+        assert r.returncode == 0, r.stderr
+        assert vault.get("big") == (stored, 1)
+
+
+def test_cli_a_passphrase_line_too_long_is_refused_never_cut(tmp_path: Path) -> None:
+    """``--passphrase-stdin`` took the first 4096 bytes of a longer line without a word: the
+    vault then opened only from stdin, never with the whole passphrase from the variable or
+    the prompt.  A longer line is PASSPHRASE_INVALID; one of 4096 bytes is taken whole."""
+    for line in (b"p" * 5000 + b"\n", b"p" * (MAX_PASSPHRASE + 1), b"p" * 4097 + b"\r\n"):
+        r = cli(tmp_path, "init", "--vault", "s.vault", "--passphrase-stdin", stdin=line)
+        assert r.returncode == 2 and b"Traceback" not in r.stderr, r.stderr
+        assert r.stderr == (
+            b"affidavit: PASSPHRASE_INVALID: the passphrase is longer than 4096 bytes\n"
+        )
+        assert not (tmp_path / "s.vault").exists()
+    longest = "p" * (MAX_PASSPHRASE - 1) + "q"
+    r = cli(tmp_path, "init", "--vault", "s.vault", "--passphrase-stdin", stdin=longest.encode())
+    assert r.returncode == 0, r.stderr
+    r = cli(tmp_path, "unlock", "--vault", "s.vault", env={PASSPHRASE_ENV: longest})
+    assert r.returncode == 0, r.stderr
