@@ -49,7 +49,10 @@ class EventKind(StrEnum):
     IDEMPOTENCY_MISMATCH (the same facts; the operation then names only the binder's target,
     bound with the key -- ``(unknown)``, which no caller reads, for a binding from before it
     was bound -- and the binding's key, scope and fingerprint): a binder that resumes is
-    refused its first event."""
+    refused its first event.  A fenced record is recognised by it (``Record.fenced``), from
+    this first write on: it takes no attempt of its own (PREFLIGHT_VALIDATED, a retry lease, and
+    an attempt's events naming a generation are refused), and its close is PREFLIGHT_FAILED
+    IDEMPOTENCY_MISMATCH with these facts as binder_gone, whoever writes it."""
     PREFLIGHT_VALIDATED = "PREFLIGHT_VALIDATED"
     """The action is valid against the bound config snapshot.  attrs: config_hash, and
     account_hash (the keyed hash of what decides the remote account reached: origin,

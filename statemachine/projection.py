@@ -53,6 +53,7 @@ class Projector:
         "_code",
         "_events",
         "_evidence",
+        "_fenced",
         "_field",
         "_fingerprint",
         "_generation",
@@ -105,6 +106,8 @@ class Projector:
         """The job this invocation's complete 202 accepted (``operation.py``), if any."""
         self._batch: Mapping[str, Any] | None = None
         """The items this invocation sent as a batch and their outcomes (``batch.py``)."""
+        self._fenced: Mapping[str, Any] | None = None
+        """ACTION_ACCEPTED's ``fenced``: a read-only view, set once (``Record.fenced``)."""
 
     @property
     def state(self) -> str:
@@ -256,6 +259,7 @@ class Projector:
         r.events = self._events
         r.field = self._field
         r.operation = self._operation
+        r.fenced = self._fenced
         if batch is not None:
             # A throttled item: the rule a throttled request gets, on this record's inputs
             # (in the state of a complete rejection: the item's own, not the parent's).

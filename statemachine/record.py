@@ -72,6 +72,10 @@ class Record:
     job_id, status_url, status_path, state, polls, last_poll, accepted_seq."""
     items: tuple[Mapping[str, Any], ...] | None = None
     """A batch's items, one per item sent: id, outcome, code, retry (``batch.py``)."""
+    fenced: Mapping[str, Any] | None = None
+    """Why its binder is gone, when a call with a different request under its idempotency key
+    fenced the invocation (ACTION_ACCEPTED's ``fenced``, its first event: chained, never
+    changed): nothing was sent under the key, and no attempt of its own is ever taken in it."""
 
     @property
     def final(self) -> bool:

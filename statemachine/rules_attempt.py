@@ -17,6 +17,7 @@ from .rules_common import (
     _CODE_BY_VALUE,
     _COMMITTED,
     _DELIVERY_FAILED,
+    _FENCED,
     _REMOTE_EXECUTION,
     _REMOTE_RESPONSE,
     _RESOLVED_BY_VALUE,
@@ -300,6 +301,8 @@ def _on_observed(p: Projector, event: Event) -> None:
         # other events only while it is open, so only here can a closed one's arrive.
         if p._state in _CLOSED:
             _closed(p, event, gen)
+        if p._fenced is not None:  # its binder's connection setup, its first event refused
+            _refuse(p, event, _FENCED)
     proto = attrs.get("protocol", "protocol")
     if not isinstance(proto, str) or not proto.isidentifier():
         _refuse(p, event, "attrs.protocol must be an identifier")

@@ -33,6 +33,11 @@ then applies its effect.  Returns the outcome that picks a split destination, el
 
 
 _RESOLVED = frozenset({Outcome.REJECTED, Outcome.COMMITTED})
+_FENCED = (
+    "the invocation is fenced (its ACTION_ACCEPTED's fenced): it takes no attempt of its own, "
+    "and nothing is ever sent in it"
+)
+"""Why a fenced record refuses PREFLIGHT_VALIDATED and a retry lease (``Record.fenced``)."""
 
 
 # Enum lookups by value through plain dicts: ``Code(raw)`` goes through EnumMeta.__call__ and an

@@ -15,6 +15,7 @@ from .rules_common import (
     _APPROVAL_PENDING,
     _CONNECTION_SETUP,
     _CREDENTIAL_INJECTION,
+    _FENCED,
     _NOT_ATTEMPTED,
     _VALIDATION,
     DEFAULT_BUDGET,
@@ -67,8 +68,12 @@ def _on_accepted(p: Projector, event: Event) -> None:
     batch = op.get("batch")
     if batch is not None:
         batch = check_batch(p, event, batch)
+    fenced = attrs.get("fenced")
+    if fenced is not None and not _is_mapping(fenced):
+        _refuse(p, event, "fenced must be an object")
     # -- validated: apply --
     p._batch = batch
+    p._fenced = None if fenced is None else MappingProxyType(dict(fenced))
     p._session = attrs.get("session")
     p._target = target
     p._protocol = protocol
@@ -111,14 +116,21 @@ def _check_idempotency(p: Projector, event: Event, idem: object) -> None:
 
 
 def _on_validated(p: Projector, event: Event) -> None:
+    if p._fenced is not None:
+        # Its binder's preamble after its refused ACTION_ACCEPTED (rows of one write are
+        # folded one by one): once, it went on to its dispatch in the fenced record and sent.
+        _refuse(p, event, _FENCED)
     if "config_hash" in event.attrs:
         p._evidence["config_hash"] = event.attrs["config_hash"]
 
 
 def _on_preflight_failed(p: Projector, event: Event) -> None:
     gen = event.attrs.get("generation")
-    if gen is not None and (type(gen) is not int or gen != p._generation):
-        _stale(p, event, gen)
+    if gen is not None:
+        if type(gen) is not int or gen != p._generation:
+            _stale(p, event, gen)
+        if p._fenced is not None:  # an attempt's gate: its binder's, its first event refused
+            _refuse(p, event, _FENCED)
     code = _phase_code(p, event, _VALIDATION)  # validated before anything changes
     bound_to = event.attrs.get("bound_to")
     if bound_to is not None and type(bound_to) is not str:

@@ -12,6 +12,7 @@ from .contract import CODES, EvidenceSource, Retry
 from .events import Event
 from .rules_common import (
     _COMMITTED,
+    _FENCED,
     _REMOTE_REJECTED,
     _SOURCE,
     _is_int,
@@ -27,6 +28,8 @@ _SECOND_OBSERVER = frozenset({EvidenceSource.REMOTE_QUERY, EvidenceSource.OPERAT
 
 
 def _on_lease(p: Projector, event: Event) -> None:
+    if p._fenced is not None:
+        _refuse(p, event, _FENCED)
     gen = event.attrs.get("generation")
     if not _is_int(gen) or gen <= p._generation:
         _refuse(p, event, f"lease generation must exceed {p._generation}")

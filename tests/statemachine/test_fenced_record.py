@@ -1,0 +1,90 @@
+"""A fenced record (``binder.fence``) is recognised by its first event's ``fenced`` fact
+(``Record.fenced``), and takes no attempt of its own: the projection refuses every event by
+which its binder -- whose ACTION_ACCEPTED was refused, the rest of its preamble written in the
+same queued write folded one by one -- or a later caller could act in it.
+
+Seed, "Idempotency is defined by the remote contract": a mismatch answered "nothing was sent
+under the key" must stay true; once, the binder's PREFLIGHT_VALIDATED and CREDENTIAL_AUTHORIZED
+landed in the fenced record between the fence's two writes, and it dispatched and sent.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from affidavit.statemachine import Event, EventKind, ImpossibleEvent, Projector
+
+from .lifecycle_helpers import IID, operation
+
+E = EventKind
+GONE = {
+    "why": "window_over",
+    "bound_at": 1.0,
+    "judged_at": 3.0,
+    "window": 1.1,
+    "recorded": "nothing",
+}
+
+
+def _fenced() -> Projector:
+    op = {**operation(key="charge-1"), "protocol": None, "target": "(unknown)"}
+    return Projector(IID).extend([Event(E.ACTION_ACCEPTED, IID, {"operation": op, "fenced": GONE})])
+
+
+def _refused(p: Projector, event: Event) -> str:
+    before = p.record()
+    with pytest.raises(ImpossibleEvent) as refused:
+        p.apply(event)
+    assert p.record() == before  # nothing of it folded
+    return refused.value.reason
+
+
+def test_a_fenced_record_says_so_from_its_first_event_to_its_close() -> None:
+    p = _fenced()
+    assert p.record().fenced == GONE and not p.record().final
+    close = {"code": "IDEMPOTENCY_MISMATCH", "field": "idempotency_key", "binder_gone": GONE}
+    p.apply(Event(E.PREFLIGHT_FAILED, IID, close))
+    record = p.record()
+    assert record.final and record.fenced == GONE
+    assert record.code is not None and record.code.value == "IDEMPOTENCY_MISMATCH"
+    with pytest.raises(TypeError):
+        record.fenced["why"] = "edited"  # type: ignore[index]
+    plain = Projector(IID).extend([Event(E.ACTION_ACCEPTED, IID, {"operation": operation()})])
+    assert plain.record().fenced is None
+
+
+@pytest.mark.parametrize(
+    ("kind", "attrs"),
+    [
+        (E.PREFLIGHT_VALIDATED, {"config_hash": "hmac-sha256:00"}),
+        (E.PROTOCOL_OBSERVED, {"protocol": "http", "state": "tcp_connected", "generation": 0}),
+        (E.PREFLIGHT_FAILED, {"code": "CONFIG_CHANGED", "field": "targets.api", "generation": 0}),
+    ],
+)
+def test_a_fenced_record_refuses_its_binder_s_attempt(
+    kind: EventKind, attrs: dict[str, Any]
+) -> None:
+    """Its binder's preamble and connection setup, and its gate's refusal: none is folded."""
+    assert "fenced" in _refused(_fenced(), Event(kind, IID, attrs))
+
+
+def test_a_fenced_record_closed_by_recovery_takes_no_retry_lease() -> None:
+    """Closed SETUP_FAILED by recovery (as a broker before the fence's own close was recovery's
+    did), it reads as fenced still, and no retry lease is taken in it -- a same-request call
+    took one there and sent."""
+    p = _fenced()
+    p.apply(
+        Event(
+            E.SETUP_FAILED, IID, {"code": "SETUP_FAILED", "stage": "lease_lapsed", "generation": 0}
+        )
+    )
+    assert p.record().fenced == GONE
+    lease = {"generation": 1, "holder": "b", "expires_at": 9.0}
+    assert "fenced" in _refused(p, Event(E.RETRY_LEASE_ACQUIRED, IID, lease))
+
+
+def test_a_fenced_fact_that_is_not_an_object_is_refused_with_its_field() -> None:
+    event = Event(E.ACTION_ACCEPTED, IID, {"operation": operation(), "fenced": "gone"})
+    assert _refused(Projector(IID), event) == "fenced must be an object"
