@@ -45,6 +45,7 @@ from affidavit.statemachine import (
 )
 
 from .approval import Grant, approval_now
+from .binder import close_fenced
 from .control import CallControl
 from .echoed import without_received_counts, without_received_size
 from .sink import StreamSink
@@ -469,14 +470,15 @@ def stamped(event: Event, generation: int) -> Event:
 async def superseded(engine: Engine, iid: str, generation: int) -> Record | None:
     """After a write of the attempt of ``generation`` was refused: the record, if it has moved
     past that attempt -- a newer lease's generation, or (the attempt's lease having run out)
-    recovery closed it -- else None: the refusal is not a lost lease, and the caller raises it.
-    The call's posted rows are settled first, the refused among them dropped (a stale attempt's
-    rows are refused with it)."""
+    recovery closed it, or it is fenced (``Record.fenced``: no attempt is its) -- else None:
+    the refusal is not a lost lease, and the caller raises it.  The call's posted rows are
+    settled first, the refused among them dropped (a stale attempt's rows are refused with
+    it)."""
     recorder = engine.recorder
     with contextlib.suppress(JournalError, ImpossibleEvent):
         await recorder.settle()
     record = await recorder.record(iid)
-    if record.generation != generation or record.final:
+    if record.fenced is not None or record.generation != generation or record.final:
         return record
     return None
 
@@ -488,13 +490,17 @@ async def lease_lost(
     closed after its lease ran out: stopped before its dispatch (nothing was sent), or -- after
     it (``dispatched``) -- refused what it went on to write (what it received is not on
     record).  The record is the answer, with LEASE_LOST saying why this worker did not act on
-    it; LEASE_LOST is recorded unless the journal did already (``recorded``).  A record a
-    fence closed (``binder.fence``: final IDEMPOTENCY_MISMATCH, which no attempt of the
-    invocation's own records) is answered with its own code, message and hint, as
-    ``fetch_result`` answers it: LEASE_LOST there said fetch_result, whose answer differed."""
+    it; LEASE_LOST is recorded unless the journal did already (``recorded``).  A fenced record
+    (``Record.fenced``: its binder was refused its first event, and nothing was sent) is
+    answered with its own code, message and hint, as ``fetch_result`` answers it: LEASE_LOST
+    there said fetch_result, whose answer differed."""
     recorder = engine.recorder
     with contextlib.suppress(JournalError, ImpossibleEvent):  # refused with the stale write
         await recorder.settle()
+    if not dispatched:
+        # Fenced, its binder refused its first event: closed as its fence closes it, if that
+        # call has not yet (``close_fenced``) -- never answered as an open record.
+        await close_fenced(recorder, await recorder.record(iid))
     if not recorded:
         # The projection refused our stale generation; record that we were stopped.
         attrs: dict[str, Any] = {"generation": generation, "holder": engine.holder}
@@ -503,7 +509,7 @@ async def lease_lost(
         with contextlib.suppress(ImpossibleEvent):
             await recorder.append(Event(E.LEASE_LOST, iid, attrs), barrier=True)
     record = await recorder.record(iid)
-    if record.final and record.code is Code.IDEMPOTENCY_MISMATCH and not dispatched:
+    if record.fenced is not None and not dispatched:
         return recorder.envelope(record)  # fenced before its first event: nothing was sent
     return recorder.envelope(record, lost=generation, dispatched=dispatched)
 

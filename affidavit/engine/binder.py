@@ -30,7 +30,11 @@ event, whose ``took_over`` records ``BinderGone.evidence``), and a different req
 first (``fence``: it wins the same first event and records PREFLIGHT_FAILED there, so a late
 binder is refused exactly as on a take-over, naming the binder's target as bound with the key:
 the closed invocation is read and listed only where that target is configured) and is
-IDEMPOTENCY_MISMATCH as usual.  A mismatch
+IDEMPOTENCY_MISMATCH as usual.  A fenced record is recognised by its first event's ``fenced``
+(``Record.fenced``), not by its close: between the fence's two writes it is fenced already, the
+projection refuses every attempt in it, and whoever finds it open -- its late binder, recovery,
+the same request -- closes it with the fence's own close (``close_fenced``), while a different
+request is answered as the fencing one was.  A mismatch
 once answered "nothing was sent under the key" while a binder whose window it misjudged could
 still send: the fence makes that answer true however the binder was judged gone.  While the
 binder may still record, the same request answers IN_PROGRESS -- the same fingerprint covers the
@@ -44,6 +48,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -55,8 +60,17 @@ from affidavit.statemachine import Code, Event, EventKind, ImpossibleEvent, Reco
 if TYPE_CHECKING:
     from .control import CallControl
     from .engine import Engine
+    from .recorder import Recorder
 
-__all__ = ["UNKNOWN_TARGET", "BinderGone", "fence", "judge", "record_or_gone"]
+__all__ = [
+    "UNKNOWN_TARGET",
+    "BinderGone",
+    "close_fenced",
+    "fence",
+    "fenced_close",
+    "judge",
+    "record_or_gone",
+]
 
 UNKNOWN_TARGET = "(unknown)"
 """The target a fence names when the binding does not say (a row from before
@@ -161,16 +175,52 @@ _FENCED = (
 )
 
 
+def fenced_close(record: Record) -> Event | None:
+    """The event that closes ``record`` when it is fenced and not yet closed: PREFLIGHT_FAILED,
+    IDEMPOTENCY_MISMATCH, with ``binder_gone`` its fence's evidence -- what ``fence`` writes
+    second, and what whoever finds it open writes instead (recovery, its late binder, a
+    same-request caller); None otherwise.  Built from the chained fact alone, so the closed
+    record reads the same whoever closes it."""
+    if record.fenced is None or record.state != "accepted":
+        return None
+    return _closing(record.invocation_id, record.fenced)
+
+
+def _closing(iid: str, evidence: Mapping[str, Any]) -> Event:
+    attrs = {
+        "code": Code.IDEMPOTENCY_MISMATCH.value,
+        "field": "idempotency_key",
+        "message": _FENCED,
+        "binder_gone": dict(evidence),
+    }
+    return Event(EventKind.PREFLIGHT_FAILED, iid, attrs)
+
+
+async def close_fenced(recorder: Recorder, record: Record) -> Record:
+    """``record`` closed as its fence closes it (``fenced_close``), if it is fenced and still
+    open -- a call that finds it so between the fence's two writes must neither wait for the
+    fencing call nor act in the record -- else as the journal holds it."""
+    closing = fenced_close(record)
+    if closing is None:
+        return record
+    with contextlib.suppress(ImpossibleEvent):  # closed first (``append`` is shielded)
+        await recorder.append(closing, barrier=True)
+    return await recorder.record(record.invocation_id)
+
+
 async def fence(engine: Engine, bound: IdempotencyRecord, gone: BinderGone) -> Record | None:
     """Close the invocation ``bound`` names, whose binder is ``gone``, before a different request
     is told that nothing was sent under the key: win its first event (ACTION_ACCEPTED, a barrier
     of its own -- the projection refuses a second one) naming the binding's scope, key and
-    fingerprint (so ``bound_record`` proves it), then PREFLIGHT_FAILED with ``binder_gone``.  A
-    binder that resumes later has its ACTION_ACCEPTED refused, as a late binder is on a take-over,
-    and is answered LEASE_LOST, nothing sent.  None once closed; the binder's record when it
-    recorded first (its answer is ``rebound.refusal``'s).  The record names the binder's target
-    (``IdempotencyRecord.target``; ``UNKNOWN_TARGET`` for a binding from before it: never the
-    fencing call's, nor None, which every caller reads) and nothing of the fencing call."""
+    fingerprint (so ``bound_record`` proves it) with ``fenced`` (``Record.fenced``: how a fenced
+    record is recognised), then PREFLIGHT_FAILED with ``binder_gone`` (``fenced_close``).  A
+    binder that resumes later has its ACTION_ACCEPTED refused, as a late binder is on a
+    take-over, and is answered from the closed record: IDEMPOTENCY_MISMATCH, nothing sent.
+    None once closed; the record when the binder, a taker or another fence recorded first (its
+    answer is ``rebound.refusal``'s, or the fence's when fenced).  The record names the binder's
+    target (``IdempotencyRecord.target``; ``UNKNOWN_TARGET`` for a binding from before it:
+    never the fencing call's, nor None, which every caller reads) and nothing of the fencing
+    call."""
     iid, recorder = bound.invocation_id, engine.recorder
     operation = {
         "target": UNKNOWN_TARGET if bound.target is None else bound.target,
@@ -181,16 +231,6 @@ async def fence(engine: Engine, bound: IdempotencyRecord, gone: BinderGone) -> R
     }
     evidence = gone.evidence()
     accepted = Event(EventKind.ACTION_ACCEPTED, iid, {"operation": operation, "fenced": evidence})
-    closed = Event(
-        EventKind.PREFLIGHT_FAILED,
-        iid,
-        {
-            "code": Code.IDEMPOTENCY_MISMATCH.value,
-            "field": "idempotency_key",
-            "message": _FENCED,
-            "binder_gone": evidence,
-        },
-    )
     with trio.CancelScope(shield=True):
         try:
             await recorder.write(accepted, barrier=True)
@@ -199,8 +239,10 @@ async def fence(engine: Engine, bound: IdempotencyRecord, gone: BinderGone) -> R
             if found is None:
                 raise
             return found
-        # Fenced from here: only its first event decides who may act in the record.  Closed by
-        # recovery meanwhile (it holds no lease), it stays fenced -- this close is then refused.
+        # Fenced from here: its first event says so, and no attempt of its own is taken in it.
+        # Whoever finds it open meanwhile -- recovery (it holds no lease), its late binder, a
+        # same-request caller -- closes it with this same event (``close_fenced``), which is
+        # then refused here: the record reads the same.
         with contextlib.suppress(ImpossibleEvent):
-            await recorder.write(closed, barrier=True)
+            await recorder.write(_closing(iid, evidence), barrier=True)
     return None

@@ -202,7 +202,10 @@ async def start(
                 # "Nothing was sent" holds only once the binder can no longer send: close its
                 # invocation first (``fence``), unless it recorded first (answered from that).
                 found = await fence(engine, exc.existing, found) or found
-            if isinstance(found, BinderGone):
+            # Fenced, by this call or by another before it (``Record.fenced``, its first
+            # event, even while that call has yet to close it): nothing was sent under the key.
+            if isinstance(found, BinderGone) or found.fenced is not None:
+                unsent = found.evidence() if isinstance(found, BinderGone) else found.fenced
                 return await refuse_new(
                     recorder,
                     iid,
@@ -211,7 +214,7 @@ async def start(
                     Code.IDEMPOTENCY_MISMATCH,
                     "idempotency_key",
                     _MISMATCH_UNSENT,
-                    binder=found.evidence(),
+                    binder=unsent,
                 )
             no = refusal(engine, exc, found, parsed, target)
             return await refuse_new(
@@ -544,9 +547,12 @@ async def run(
         control.invocation_id = iid
     engine.recorder.attempting(iid, generation)
     if approval is not None:
-        granted = await request_approval(
-            engine, iid, action, target, binding, key, preamble, approval, timeout, control
-        )
+        try:
+            granted = await request_approval(
+                engine, iid, action, target, binding, key, preamble, approval, timeout, control
+            )
+        except ImpossibleEvent as refused:  # its preamble, refused: a fence or taker was first
+            return await lost_or_raise(engine, iid, generation, refused, dispatched=False)
         if isinstance(granted, dict):
             return granted  # pending, denied, expired, or another process dispatches it
         (claimed, lease_ends), grant, timeout = granted

@@ -39,6 +39,7 @@ from affidavit.statemachine import (
 )
 
 from .approval import APPROVAL_STATES, expire_if_due
+from .binder import fenced_close
 from .recorder import Recorder
 
 __all__ = [
@@ -164,6 +165,11 @@ def closing_event(record: Record, stage: str) -> Event | None:
     the record is not in a state such an event can close.  It names the record's generation:
     should another worker take the next lease before it is appended (retry_pending allows it),
     the projection refuses it instead of ending that worker's attempt."""
+    fenced = fenced_close(record)
+    if fenced is not None:
+        # A fence's record, found between its two writes: closed as the fence closes it -- a
+        # SETUP_FAILED here let a same-request call take a retry lease in it and send.
+        return fenced
     iid = record.invocation_id
     gen = record.generation
     if record.state in _BEFORE_DISPATCH:
