@@ -13,7 +13,9 @@ of their own (BATCH_ITEMS_RECORDED, written by the protocol's reading of that re
 item shares what the parent's record proves -- ``not_attempted`` before dispatch, ``unknown``
 after it -- with the parent's code and retry hint: no item can be known better than the request
 that carried it.  A parent resolved without item outcomes (its store failed, or the response
-named none) leaves every item ``unknown``: the response did not say what happened to it.
+named none) leaves every item ``unknown``: the response did not say what happened to it --
+unless the batch is atomic and a second observer settled the parent (RECONCILED): then every
+item shares the reconciled outcome, with its ``source`` (the remote applied all or none).
 """
 
 from __future__ import annotations
@@ -121,8 +123,15 @@ def items_view(
     code: Code | None,
     retry: Retry,
     throttled: Callable[[], Retry],
+    reconciled: str | None = None,
 ) -> tuple[Mapping[str, Any], ...]:
     """The record's items: recorded outcomes, else what the parent proves (module docstring).
+
+    ``reconciled``: the source of the second observer that settled the parent (RECONCILED's
+    ``remote_query`` or ``operator_attested``), or None.  An atomic batch settled so gives each
+    item the parent's outcome, code and hint, with that ``source``; a batch the remote applies
+    item by item is never settled as a whole (the reconciliation service refuses it,
+    BATCH_NOT_ATOMIC), and one settled so before it did keeps every item ``unknown``.
 
     ``throttled``: the hint the whole request would get were it the one answered 429/503
     (``retry.retry_hint`` on this record: the operation's semantics, its idempotency key,
@@ -142,6 +151,16 @@ def items_view(
     if outcome in _UNRESOLVED:
         shared = {"outcome": outcome.value, "code": code.value if code else None}
         return tuple({"id": i, **shared, "retry": retry.value} for i in batch["ids"])
+    if reconciled is not None and batch["atomic"]:
+        # Settled as a whole by a second observer: the remote applied all of the items or none
+        # of them, so what was found of the effect is what happened to each.
+        whole = {
+            "outcome": outcome.value,
+            "code": code.value if code else None,
+            "retry": retry.value,
+            "source": reconciled,
+        }
+        return tuple({"id": i, **whole} for i in batch["ids"])
     return tuple(
         {
             "id": i,

@@ -306,6 +306,7 @@ def envelope_schema() -> dict[str, Any]:
                         "code": {"anyOf": [_enum(Code), {"type": "null"}]},
                         "retry": _enum(Retry),
                         "status": {"type": ["string", "integer", "null"]},
+                        "source": _enum(EvidenceSource),
                     },
                 },
             },

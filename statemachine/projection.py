@@ -269,6 +269,7 @@ class Projector:
                 code,
                 retry,
                 lambda: self._hint("completed_rejected", _REJECTED, _THROTTLED, now),
+                _reconciled_source(state, evidence),
             )
         else:
             r.items = None
@@ -279,6 +280,15 @@ class Projector:
 
 _REJECTED = Outcome.REJECTED
 _THROTTLED = Code.REMOTE_THROTTLED
+
+
+def _reconciled_source(state: str, evidence: Mapping[str, Any]) -> str | None:
+    """The source of the reconciliation that settled a ``reconciled_*`` record, else None."""
+    if not state.startswith("reconciled_"):
+        return None
+    found = evidence.get("reconciliation")
+    return found.get("source") if isinstance(found, Mapping) else None
+
 
 # --- the compiled table ------------------------------------------------------------------------
 

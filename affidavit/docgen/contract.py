@@ -347,7 +347,8 @@ def _operation_section() -> list[str]:
         "`reconcile`, or shares a whole request's rejection); until then every item shares the "
         "parent's outcome, code and hint "
         "(`not_attempted` before dispatch, `unknown` after it), and a parent resolved without "
-        "item outcomes leaves every item `unknown` / `REMOTE_RESULT_INCOMPLETE` / `reconcile`. "
+        "item outcomes leaves every item `unknown` / `REMOTE_RESULT_INCOMPLETE` / `reconcile` "
+        "(unless a reconciliation settled an atomic batch: below). "
         "An item is never `not_attempted` once its batch was dispatched.",
         "",
         "An item answered 429 or 503 (`REMOTE_THROTTLED`) gets the hint a whole request "
@@ -359,6 +360,12 @@ def _operation_section() -> list[str]:
         "the `POST`. BATCH_ITEMS_RECORDED keeps such an item's hint as `reconcile` (the "
         "response alone never makes a resend safe); the record computes the item's hint as it "
         "computes the parent's. An atomic batch's mixed answer leaves every item `reconcile`. "
+        'A batch is reconciled as a whole only when it was sent `atomic` (seed: "reconcile '
+        'the batch as a whole if the remote API applies changes atomically"): then every item '
+        "takes the reconciled outcome, code and hint, with the reconciliation's `source` "
+        "(`remote_query`, `operator_attested`). A batch the remote applies item by item is "
+        "never settled by one observation of the effect: its query and attestation are "
+        "refused `BATCH_NOT_ATOMIC` (409), nothing sent, the record left `unknown`. "
         "While the record rests in no final state (an attempt runs, a retry holds its lease, "
         "an operator is asked) every item says `fetch_result`, as the record does "
         "(`shown_items`): an item's own hint would invite a resend while an attempt is active. "

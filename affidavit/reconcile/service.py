@@ -25,6 +25,9 @@ original connection."  Two ways, one set of rules for every interface:
   ``affidavit.protocols.settle``); sooner, it is inconclusive with ``not_before``.  A read:
   anyone the broker answers may run it (the MCP server offers it, never ``attest``).
 
+Either way only a record that can be settled as a whole is: a batch whose remote applies its
+items one by one is refused ``BATCH_NOT_ATOMIC`` (``_not_whole``), nothing sent or recorded.
+
 Either way the original DISPATCH_STARTED and ATTEMPT_INTERRUPTED stay as recorded: the event is
 appended after them, and the envelope shows the new outcome with ``evidence.source``.
 
@@ -41,7 +44,7 @@ again).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from affidavit.approvals import Operator, OperatorError, OperatorPolicy, check_note
@@ -116,10 +119,41 @@ async def _unknown_at_rest(engine: Engine, invocation_id: str) -> Record:
     if not record.final:
         # A holder whose lease ran out is gone: close its attempt with what it proves first.
         record = await recover_stale(engine.recorder, record)
-    refusal = _not_at_rest(record)
+    refusal = _not_at_rest(record) or _not_whole(engine, record)
     if refusal is not None:
         raise refusal
     return record
+
+
+def _not_whole(engine: Engine, record: Record) -> OperatorError | None:
+    """BATCH_NOT_ATOMIC when ``record`` is a batch its remote does not apply atomically, else
+    None.  Seed: "Retry only the item for which the records and the remote contract permit it,
+    or reconcile the batch as a whole if the remote API applies changes atomically."  One
+    observation of "the effect" -- a query, an operator's finding -- says nothing of which
+    items of a batch applied item by item: settled as a whole, its parent claimed more than any
+    evidence (``rejected``/``after_correction`` invited a resend of items that may have
+    applied) under items still ``unknown``.  The batch is the one ACTION_ACCEPTED bound, never
+    the target's setting now."""
+    if record.items is None:
+        return None
+    batch = None
+    for event in engine.journal.events(record.invocation_id):
+        if event.kind is E.ACTION_ACCEPTED:
+            operation = event.attrs.get("operation")
+            batch = operation.get("batch") if isinstance(operation, Mapping) else None
+            break
+    if isinstance(batch, Mapping) and batch.get("atomic") is True:
+        return None
+    iid = record.invocation_id
+    return OperatorError(
+        "BATCH_NOT_ATOMIC",
+        f"{iid} is a batch whose remote applies its items one by one (atomic = false when it "
+        "was sent): one observation cannot tell which of them applied, so it is not settled as "
+        "a whole -- nothing was queried or recorded. Inspect each item on the remote before "
+        "sending any again; the record stays unknown",
+        409,
+        "invocation_id",
+    )
 
 
 def _not_at_rest(record: Record) -> OperatorError | None:

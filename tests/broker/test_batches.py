@@ -10,17 +10,23 @@ changes atomically."
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 
+from affidavit.api.broker import Broker
+from affidavit.approvals import OperatorError
 from affidavit.statemachine import EventKind, EvidenceSource
 from affidavit.views import metrics
 from tests.http.hostile import HostileServer, Peer, Reply, Script, scripts
 
+from .approvalkit import OPS, OPS_UID
 from .helpers import (
     affidavit_cli,
     assert_error,
@@ -314,3 +320,110 @@ async def test_metrics_on_the_command_line_count_items_apart(tmp_path: Path, tok
     assert 'affidavit_batch_items{outcome="committed",code="OK"} 3' in lines
     assert 'affidavit_batch_items{outcome="rejected",code="REMOTE_REJECTED"} 1' in lines
     assert 'affidavit_batch_items{outcome="committed",code="REMOTE_ERROR"} 1' in lines
+
+
+# --- reconciling a batch as a whole: only when the remote applies it atomically ---------------
+
+RECONCILE = {
+    "method": "GET",
+    "path": "/changes/{invocation_id}",
+    "committed_if": "status:200",
+    "rejected_if": "status:404",
+    "settle": "0s",
+}
+
+
+def _cut_then_absent(seen: list[str]) -> Script:
+    """The batch's 207 cut mid-body (every item unknown); every later request -- a
+    reconciliation query -- answered 404, "no such change"."""
+    cut = _cut_mid_body()
+
+    async def script(peer: Peer) -> None:
+        if not seen:
+            seen.append("POST")
+            await cut(peer)
+            return
+        req = await peer.read_request()
+        if req is not None:
+            seen.append(req.method)
+            await peer.respond(Reply(404, body=b"{}"))
+
+    return script
+
+
+@contextlib.asynccontextmanager
+async def _cut_batch(tmp_path: Path, atomic: bool) -> AsyncIterator[tuple[Broker, str, list[str]]]:
+    """A broker whose batch of five was cut mid-response (unknown), its invocation id, and the
+    methods the server received so far."""
+    seen: list[str] = []
+    async with HostileServer.running(_cut_then_absent(seen)) as srv:
+        batch = {**BATCH, "atomic": atomic}
+        target = http_target(srv.url, batch=batch, reconcile=RECONCILE)
+        path = write_config(tmp_path, {"bulk": target})
+        with path.open("a") as f:
+            f.write(f"[service]\noperator_uids = [{OPS_UID}]\n")
+        async with open_broker(path) as broker:
+            with trio.fail_after(LIMIT):
+                env = await broker.call(BATCH_CALL)
+            assert env["error"]["code"] == "REMOTE_RESULT_INCOMPLETE"
+            yield broker, env["invocation_id"], seen
+
+
+def _still_unknown(broker: Broker, iid: str) -> None:
+    record = broker.record(iid)
+    assert record is not None and record.outcome.value == "unknown"
+    assert record.items is not None
+    assert {(i["outcome"], i["retry"]) for i in record.items} == {("unknown", "reconcile")}
+    assert not {E.RECONCILED, E.RECONCILE_INCONCLUSIVE} & set(event_kinds(broker, iid))
+
+
+async def test_a_batch_applied_item_by_item_is_never_reconciled_as_a_whole(
+    tmp_path: Path, token: str
+) -> None:
+    # Seed: "reconcile the batch as a whole if the remote API applies changes atomically" --
+    # only then.  One query about "the effect" cannot say which of five items applied one by
+    # one: settled as a whole, the parent said rejected / after_correction (send them again)
+    # under items still unknown.  Refused before anything is sent or recorded.
+    async with _cut_batch(tmp_path, atomic=False) as (broker, iid, seen):
+        with trio.fail_after(LIMIT):
+            with pytest.raises(OperatorError) as queried:
+                await broker.reconcile(iid, query=True)
+            with pytest.raises(OperatorError) as attested:
+                await broker.reconcile(iid, attest="rejected", note="looked", operator=OPS)
+        for refused in (queried.value, attested.value):
+            assert (refused.code, refused.status, refused.field) == (
+                "BATCH_NOT_ATOMIC",
+                409,
+                "invocation_id",
+            )
+            assert "item" in refused.message and "nothing was queried" in refused.message
+        _still_unknown(broker, iid)
+        assert seen == ["POST"]  # no query reached the remote
+
+
+@pytest.mark.parametrize(
+    ("how", "outcome", "code", "retry", "source"),
+    [
+        ("attest", "committed", None, "never", "operator_attested"),
+        ("query", "rejected", "REMOTE_REJECTED", "after_correction", "remote_query"),
+    ],
+)
+async def test_an_atomic_batch_reconciled_as_a_whole_settles_every_item(
+    tmp_path: Path, token: str, how: str, outcome: str, code: str | None, retry: str, source: str
+) -> None:
+    # All or none applied: what the second observer found of the effect is each item's fate,
+    # and the items say so -- never ``unknown`` / ``reconcile`` under a settled parent.
+    async with _cut_batch(tmp_path, atomic=True) as (broker, iid, seen):
+        with trio.fail_after(LIMIT):
+            if how == "attest":
+                answer = await broker.reconcile(iid, attest=outcome, note="ok", operator=OPS)
+            else:
+                answer = await broker.reconcile(iid, query=True)
+        assert answer["reconciled"] is True
+        env = answer["envelope"]
+        assert env["evidence"]["outcome"] == outcome
+        assert env["items"] == [
+            {"id": n, "outcome": outcome, "code": code, "retry": retry, "source": source}
+            for n in range(1, 6)
+        ]
+        assert seen == (["POST"] if how == "attest" else ["POST", "GET"])
