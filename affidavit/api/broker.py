@@ -312,6 +312,7 @@ class Broker:
         *,
         timeout: float | None = None,
         control: CallControl | None = None,
+        requester: int | None = None,
     ) -> dict[str, Any]:
         """Query a job's status resource once, as a linked invocation of its target, and return
         ``{"operation": {...}, "poll": the poll's envelope}`` (``poll`` is None when the job had
@@ -323,10 +324,11 @@ class Broker:
 
         The seam for every interface that polls (``affidavit operation poll``, the daemon, the
         MCP tool ``poll_operation``): each calls this, none re-implements it.  ``control``:
-        the poll's, as ``call``'s (a host's shutdown stops it where it is)."""
+        the poll's, as ``call``'s (a host's shutdown stops it where it is); ``requester``: as
+        ``call``'s -- the poll waits for an operator when the target's approval covers it."""
         await self.settled()  # the submission's record as its caller was told it
         return await self._engine.poll_operation(
-            operation_id, timeout=check_timeout(timeout), control=control
+            operation_id, timeout=check_timeout(timeout), control=control, requester=requester
         )
 
     def catalog(self) -> dict[str, Any]:
@@ -404,13 +406,16 @@ class Broker:
         operator: Operator | None = None,
         timeout: float | None = None,
         control: CallControl | None = None,
+        requester: int | None = None,
     ) -> dict[str, Any]:
         """Settle an unknown outcome: ``query=True`` runs the target's reconciliation query as a
         linked invocation; ``attest="committed" | "rejected"`` (with a ``note``; operators
         only) records what an operator found -- a ``note`` with a query is refused
         (INVALID_FIELD), never dropped.  Returns ``{"reconciled", "envelope"`` (the
         reconciled invocation's) ``, "query"`` (the query's envelope, for ``query``)``}``.
-        ``control``: the query's, as ``call``'s (a host's shutdown stops it where it is)."""
+        ``control``: the query's, as ``call``'s (a host's shutdown stops it where it is);
+        ``requester``: as ``call``'s -- the query waits for an operator when the target's
+        approval covers it."""
         if query == (attest is not None):
             raise OperatorError("BAD_REQUEST", "give exactly one of query or attest", 400)
         reconcile.note_refused(query, note)  # never dropped unsaid: a query records no note
@@ -419,7 +424,11 @@ class Broker:
             if query:
                 timeout = check_timeout(timeout)
                 return await reconcile.query(
-                    self._engine, invocation_id, timeout=timeout, control=control
+                    self._engine,
+                    invocation_id,
+                    timeout=timeout,
+                    control=control,
+                    requester=requester,
                 )
             assert attest is not None
             envelope = await reconcile.attest(

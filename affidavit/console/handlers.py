@@ -224,6 +224,7 @@ class Handlers:
                     note=form.get("note") or None,
                     operator=who,
                     control=control,
+                    requester=who.uid,  # a query may not be approved by its asker
                 )
         except OperatorError as exc:
             return await self._invocation(req, iid, Refused.of(exc))

@@ -269,7 +269,10 @@ class Api:
             # Refused OVERLOADED past ``max_calls`` and stopped at the grace's end, as a call.
             with self.calls.linked() as control:
                 answer = await self.broker.poll_operation(
-                    operation_id, timeout=timeout, control=control
+                    operation_id,
+                    timeout=timeout,
+                    control=control,
+                    requester=req.peer.uid,  # it may not approve its own poll
                 )
         except OperationError as exc:
             raise ApiProblem(422, "OPERATION_ERROR", str(exc), exc.field) from None

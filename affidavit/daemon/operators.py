@@ -185,6 +185,7 @@ async def reconcile(api: Api, req: Request, invocation_id: str) -> None:
                     operator=who,
                     timeout=timeout,
                     control=control,
+                    requester=req.peer.uid,  # a query may not be approved by its asker
                 )
         except (ApiProblem, OperatorError, JournalError):
             raise  # refusals, and the journal's own failure: ``_run``'s to answer

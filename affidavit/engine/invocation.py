@@ -100,10 +100,12 @@ async def start(
 ) -> dict[str, Any]:
     """Accept ``action`` as a new invocation (or resume the one its idempotency key names) and
     run it; return its envelope.  ``link`` (secret-free) is recorded with ACTION_ACCEPTED: the
-    invocation this one serves, e.g. the submission whose job a poll queries -- such a linked
-    query is the target's configured read and needs no approval.  ``requester``: the uid that
-    asked (the daemon's socket peer; embedded, this process's), recorded with an approval
-    request so that it cannot approve itself."""
+    invocation this one serves, e.g. the submission whose job a poll queries.  A linked call
+    is a request like any other: the target's approval policy covers it as it covers any
+    action (a reconciliation query or a poll sent with the credential, unapproved, was a way
+    around ``approval = "always"``).  ``requester``: the uid that asked (the daemon's socket
+    peer; embedded, this process's), recorded with an approval request so that it cannot
+    approve itself."""
     now, started = time.time(), trio.current_time()
     iid = new_invocation_id()
     # Validated before anything is journaled: a refused session is recorded bounded, never
@@ -241,8 +243,7 @@ async def start(
                     timeout,
                     deliver,
                     control,
-                    requester=None if link is not None else requester,
-                    linked=link is not None,
+                    requester=requester,
                 )
             # Nothing recorded yet: the binder's while it may still record (``binder.py``) --
             # judged by its window, at most the target's (``lease_ttl`` with no caller
@@ -326,11 +327,10 @@ async def start(
                 timeout,
                 deliver,
                 control,
-                requester=None if link is not None else requester,
-                linked=link is not None,
+                requester=requester,
             )
         preamble = ((validated, None),)
-    policy = needs_approval(parsed, target) if link is None else None
+    policy = needs_approval(parsed, target)
     return await run(
         engine,
         iid,
@@ -415,12 +415,11 @@ async def resume(
     control: CallControl | None = None,
     *,
     requester: int | None = None,
-    linked: bool = False,
 ) -> dict[str, Any]:
     """The same idempotency key again: answer from the record, or -- when ``decide()`` allows
-    a retry -- take the invocation's lease and run one more try under it.  ``requester`` and
-    ``linked`` as ``start`` has them: a retry of an action that needs approval and was never
-    granted one asks for it first."""
+    a retry -- take the invocation's lease and run one more try under it.  ``requester`` as
+    ``start`` has it: a retry of an action that needs approval and was never granted one asks
+    for it first."""
     if control is not None:
         control.invocation_id = iid
     recorder = engine.recorder
@@ -510,7 +509,7 @@ async def resume(
         # never sends what no operator approved.
         version = (record.evidence.get("credential") or {}).get("version")
         granted_before = grant_of(record)
-        policy = None if granted_before is not None or linked else needs_approval(action, target)
+        policy = None if granted_before is not None else needs_approval(action, target)
         recorder.attempting(iid, lease.generation)
         held = (lease, held_until(taken, ttl))
         return await leased(held, timeout, granted_before, version, policy)

@@ -80,10 +80,17 @@ def find(engine: Engine, op_id: str) -> Record:
 
 
 async def poll(
-    engine: Engine, op_id: str, *, timeout: float | None = None, control: CallControl | None = None
+    engine: Engine,
+    op_id: str,
+    *,
+    timeout: float | None = None,
+    control: CallControl | None = None,
+    requester: int | None = None,
 ) -> dict[str, Any]:
     """Query the job's status resource once (unless the operation is already succeeded or
-    failed); return ``{"operation": ..., "poll": the poll's envelope or None}``."""
+    failed); return ``{"operation": ..., "poll": the poll's envelope or None}``.  The poll is
+    a call like any other: a target whose approval policy covers it waits for an operator
+    first (``requester`` asked: it may not approve its own poll)."""
     record = find(engine, op_id)
     op = record.operation
     assert op is not None
@@ -109,7 +116,9 @@ async def poll(
     if record.session is not None:
         action["session"] = record.session
     link = {"operation": op_id, "invocation": record.invocation_id}
-    envelope = await engine.call(action, timeout=timeout, link=link, control=control)
+    envelope = await engine.call(
+        action, timeout=timeout, link=link, control=control, requester=requester
+    )
     await _record_poll(engine, record.invocation_id, op_id, envelope, target, contracts)
     return {"operation": operation_json(find(engine, op_id)), "poll": envelope}
 

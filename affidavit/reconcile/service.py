@@ -23,7 +23,9 @@ original connection."  Two ways, one set of rules for every interface:
   finding settles it only if the query was sent at least the target's ``settle`` after the
   attempt ended (a request the broker gave up on may still be in the remote's queues:
   ``affidavit.protocols.settle``); sooner, it is inconclusive with ``not_before``.  A read:
-  anyone the broker answers may run it (the MCP server offers it, never ``attest``).
+  anyone the broker answers may ask for it (the MCP server offers it, never ``attest``) -- a
+  call like any other, under the target's approval policy: one that waited for an operator is
+  taken up by the next query, never asked for twice (``approved``).
 
 Either way only a record that can be settled as a whole is: a batch whose remote applies its
 items one by one is refused ``BATCH_NOT_ATOMIC`` (``_not_whole``), nothing sent or recorded.
@@ -53,6 +55,7 @@ from affidavit.engine.recovery import act_failure, recover_stale
 from affidavit.protocols import get
 from affidavit.statemachine import (
     TRANSITIONS,
+    Code,
     Event,
     EventKind,
     EvidenceSource,
@@ -61,6 +64,8 @@ from affidavit.statemachine import (
     Record,
 )
 from affidavit.text import utc_time
+
+from . import approved
 
 if TYPE_CHECKING:
     from affidavit.engine import CallControl, Engine
@@ -241,6 +246,7 @@ async def query(
     *,
     timeout: float | None = None,
     control: CallControl | None = None,
+    requester: int | None = None,
 ) -> dict[str, Any]:
     """Run the target's reconciliation query once; return ``{"reconciled": bool, "envelope":
     the reconciled invocation's, "query": the query's own envelope}``.  What the query found
@@ -255,7 +261,8 @@ async def query(
         raise OperatorError(
             "NO_QUERY", f"the target of {invocation_id} is not configured as it was", 400
         )
-    moved = engine.snapshot.moved(engine.journal.events(invocation_id), target)
+    events = engine.journal.events(invocation_id)
+    moved = engine.snapshot.moved(events, target)
     if moved is not None:
         # The query runs against the target as configured now: another origin, base path,
         # credential or scope observes another account, whose "absent" would settle as
@@ -268,19 +275,24 @@ async def query(
             409,
             f"targets.{target.name}",
         )
-    values = {
-        "invocation_id": invocation_id,
-        "idempotency_key": (record.idempotency or {}).get("key"),
-        "session": record.session,
-    }
-    try:
-        action = dict(spec.reconcile.query(target, values))
-    except ValueError as exc:
-        raise OperatorError("NO_QUERY", str(exc), 400) from None
-    if record.session is not None:
-        action["session"] = record.session
-    link = {"reconciles": invocation_id}
-    answer = await engine.call(action, timeout=timeout, link=link, control=control)
+    # A query that waited for an operator is taken up, never asked for twice (``approved``).
+    answer = await approved.earlier(engine, record, events, control)
+    if answer is None:
+        values = {
+            "invocation_id": invocation_id,
+            "idempotency_key": (record.idempotency or {}).get("key"),
+            "session": record.session,
+        }
+        try:
+            action = dict(spec.reconcile.query(target, values))
+        except ValueError as exc:
+            raise OperatorError("NO_QUERY", str(exc), 400) from None
+        if record.session is not None:
+            action["session"] = record.session
+        link = {"reconciles": invocation_id}
+        answer = await engine.call(
+            action, timeout=timeout, link=link, control=control, requester=requester
+        )
     query_id = answer["invocation_id"]
     settled, reason, seq = _settles(engine, query_id, target, spec.reconcile.verdict)
     not_before = None
@@ -309,6 +321,8 @@ async def query(
         )
     else:
         error = answer.get("error")
+        if error is not None and error.get("code") == Code.APPROVAL_PENDING.value:
+            reason = approved.WAITING
         event = Event(
             E.RECONCILE_INCONCLUSIVE,
             invocation_id,
