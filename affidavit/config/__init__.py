@@ -26,6 +26,8 @@ from .loader import (
     config_from_dict,
     config_path,
     load_config,
+    parse_config,
+    read_config,
     send_windows,
 )
 from .sample import sample_config
@@ -49,7 +51,9 @@ __all__ = [
     "console_origin",
     "is_loopback",
     "load_config",
+    "parse_config",
     "parse_duration",
+    "read_config",
     "result_limit",
     "sample_config",
     "send_windows",

@@ -17,6 +17,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from affidavit.privatefile import FileMissing, FileRefused, read_small_file
 from affidavit.protocols import ProtocolLoadError, get, kinds
 from affidavit.schema import (
     CONFIG_NOT_FOUND,
@@ -37,12 +38,15 @@ __all__ = [
     "CONFIG_ENV",
     "DEFAULT_CONFIG",
     "JOURNAL",
+    "MAX_CONFIG_BYTES",
     "VAULT",
     "Config",
     "JournalConfig",
     "config_from_dict",
     "config_path",
     "load_config",
+    "parse_config",
+    "read_config",
     "send_windows",
 ]
 
@@ -228,26 +232,42 @@ def config_path(explicit: str | None) -> Path:
         return named
 
 
-def load_config(path: str | Path | None = None) -> Config:
-    """Read and validate a config file.  Relative paths inside resolve against its directory."""
-    p = config_path(str(path) if path is not None else None)
+MAX_CONFIG_BYTES = 1 << 20
+"""The largest config file read (1 MiB: a config of a thousand targets is a tenth of it)."""
+
+
+def read_config(path: Path) -> tuple[bytes, os.stat_result]:
+    """The bytes of the config file at ``path`` and its ``fstat`` as read, through
+    ``read_small_file``: a FIFO there neither blocks the read nor a huge file swells it (the
+    running broker reads it again before a dispatch: ``engine.snapshot``).  Not ``private``:
+    the config names credentials, never holds them (its journal URL's password is the start's
+    ``exposed_files`` check)."""
     try:
-        raw = p.read_bytes()
-    except FileNotFoundError:
+        return read_small_file(path, MAX_CONFIG_BYTES, subject="config file")
+    except FileMissing:
         raise ConfigError(
-            "", "config file not found (create one with `affidavit init`)", p, CONFIG_NOT_FOUND
+            "", "config file not found (create one with `affidavit init`)", path, CONFIG_NOT_FOUND
         ) from None
-    except OSError as exc:
-        raise ConfigError(
-            "", f"cannot read config file ({exc.strerror})", p, CONFIG_UNREADABLE
-        ) from None
+    except FileRefused as exc:
+        raise ConfigError("", f"cannot read config file: {exc}", path, CONFIG_UNREADABLE) from None
+
+
+def parse_config(raw: bytes, path: Path) -> Config:
+    """Validate the bytes ``read_config`` read from ``path`` (relative paths inside resolve
+    against its directory)."""
     try:
         data = tomllib.loads(raw.decode("utf-8"))
     except UnicodeDecodeError:
-        raise ConfigError("", "config file is not UTF-8", p) from None
+        raise ConfigError("", "config file is not UTF-8", path) from None
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigError("", f"invalid TOML: {exc}", p) from None
-    return config_from_dict(data, base_dir=p.parent, path=p)
+        raise ConfigError("", f"invalid TOML: {exc}", path) from None
+    return config_from_dict(data, base_dir=path.parent, path=path)
+
+
+def load_config(path: str | Path | None = None) -> Config:
+    """Read and validate a config file.  Relative paths inside resolve against its directory."""
+    p = config_path(str(path) if path is not None else None)
+    return parse_config(read_config(p)[0], p)
 
 
 def config_from_dict(

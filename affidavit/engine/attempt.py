@@ -590,7 +590,7 @@ def _gate(engine: Engine, attempt: Attempt) -> Any:
         # Re-check the bound config immediately before the write (seed: "re-check it
         # immediately before the write"); a change means a new invocation -- and for an
         # approved one, that the approval does not cover what would be sent.
-        if engine.snapshot.changed(attempt.target_name, attempt.expected_hash):
+        if await engine.snapshot.changed(attempt.target_name, attempt.expected_hash):
             if attempt.grant is not None:
                 raise _Refused(_approval_refusal(Code.APPROVAL_STALE))
             # The field is the section to look at: the target's settings (or the target itself,

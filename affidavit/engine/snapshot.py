@@ -23,11 +23,25 @@ to match -- a timeout, or the ``reconcile`` setting itself, may be added or chan
 
 from __future__ import annotations
 
+import hashlib
 import os
+import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from affidavit.config import Config, ConfigError, account, canonical_json, load_config, snapshot
+import trio
+
+from affidavit.config import (
+    Config,
+    ConfigError,
+    account,
+    canonical_json,
+    parse_config,
+    read_config,
+    snapshot,
+)
 from affidavit.statemachine import KEYED_PREFIX, Event, EventKind
 
 __all__ = ["ConfigSnapshot"]
@@ -43,13 +57,10 @@ class ConfigSnapshot:
     def __init__(self, config: Config, digest: Callable[[str, bytes], str]) -> None:
         self.config = config
         self._digest = digest
-        self._stat = self._file_stat()
         self._hashes: dict[str, tuple[Any, str]] = {}
         self._accounts: dict[str, tuple[Any, str]] = {}
-        self._seen: tuple[tuple[int, int] | None, Config | None, dict[str, str]] | None = None
-        """The file as last read after it changed: its stat, the config it held (None: not a
-        valid one) and the keyed hashes of its targets asked so far -- one read and one hash
-        per edit, not per dispatch."""
+        self._seen: _Seen | None = None
+        """The file as ``changed`` last read it."""
 
     def hash(self, target: Any) -> str:
         """The keyed hash of one of ``self.config``'s (frozen) targets, computed once per target
@@ -104,40 +115,88 @@ class ConfigSnapshot:
             "reaches did"
         )
 
-    def changed(self, target_name: str, expected_hash: str) -> bool:
+    async def changed(self, target_name: str, expected_hash: str) -> bool:
         """Whether the config file now binds ``target_name`` to anything but ``expected_hash``
-        (an unreadable or invalid file counts as changed).  Cheap while the file's mtime and
-        size are those seen at start, or those it had when last read."""
+        (an unreadable or invalid file counts as changed).  The file is read again (off the
+        event loop, through ``read_config``: bounded, a FIFO refused) whenever its identity
+        ``_stat_key`` moved since the last read, or that read could not vouch for it
+        (``SETTLED_NS``); it is parsed and the target hashed once per content, not per
+        dispatch.  The first call reads it too: the config in memory was read before this
+        snapshot existed, and an edit in between would otherwise be the stat it trusts."""
         path = self.config.path
         if path is None:
-            return False
-        current = self._file_stat()
-        if current == self._stat:
             return False
         seen = self._seen
-        if seen is None or seen[0] != current or current is None:
-            try:
-                fresh: Config | None = load_config(path)
-            except (ConfigError, OSError):
-                fresh = None
-            seen = self._seen = (current, fresh, {})
-        _, fresh, hashes = seen
-        if fresh is None:
+        if seen is None or not seen.settled or seen.key != _stat_key(path):
+            seen = await trio.to_thread.run_sync(_read, path, seen, abandon_on_cancel=True)
+            self._seen = seen
+        if seen.config is None:
             return True
-        value = hashes.get(target_name)
+        value = seen.hashes.get(target_name)
         if value is None:
-            target = fresh.targets.get(target_name)
+            target = seen.config.targets.get(target_name)
             if target is None:
                 return True
-            value = hashes[target_name] = self.hash_of(target)
+            value = seen.hashes[target_name] = self.hash_of(target)
         return value != expected_hash
 
-    def _file_stat(self) -> tuple[int, int] | None:
-        path = self.config.path
-        if path is None:
-            return None
-        try:
-            st = os.stat(path)
-        except OSError:
-            return None
-        return (st.st_mtime_ns, st.st_size)
+
+SETTLED_NS = 2_000_000_000
+"""How long before a read the file's ctime must lie for its stat to vouch for the bytes read.
+
+The stat ``changed`` keys on is ``_stat_key``: device and inode (a rename over the file, or a
+replacement, is another inode), ctime (which no user-space call sets back: ``cp -p``, ``rsync
+-t`` and ``touch -r`` restore the mtime, not the ctime), mtime and size.  Even that misses one
+case: a timestamp is taken from a clock that may tick only every few milliseconds (Linux's
+coarse clock, one jiffy, before multigrain timestamps; a network file system's server clock),
+so a same-size write in place in the tick of the read leaves every field as the read saw it,
+and the broker would keep the content of a half-done edit for good.  As git does with a
+"racily clean" index entry, a read is trusted only once the file's ctime lies this far before
+it: until then every dispatch reads the file again (a read and a digest, no parse unless the
+bytes moved) -- for at most this long after an edit.  2 s covers any local tick, FAT's 2 s
+mtime and a server clock some way off ours; a server clock behind ours by more than that can
+still make a fresh stat look settled."""
+
+
+@dataclass(frozen=True)
+class _Seen:
+    """The config file as last read: its ``_stat_key`` (None: not read), whether that stat
+    vouches for the bytes (``SETTLED_NS``), their digest, the config they hold (None: not a
+    valid one) and the keyed hashes of its targets asked so far."""
+
+    key: tuple[int, ...] | None
+    settled: bool
+    digest: bytes
+    config: Config | None
+    hashes: dict[str, str] = field(default_factory=dict)
+
+
+def _stat_key(path: Path) -> tuple[int, ...] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return _key(st)
+
+
+def _key(st: os.stat_result) -> tuple[int, ...]:
+    return (st.st_dev, st.st_ino, st.st_ctime_ns, st.st_mtime_ns, st.st_size)
+
+
+def _read(path: Path, previous: _Seen | None) -> _Seen:
+    """Read and (when its bytes moved since ``previous``) parse the config at ``path``: in a
+    worker thread, so nothing here touches the snapshot."""
+    began = time.time_ns()
+    try:
+        raw, st = read_config(path)
+    except ConfigError:
+        return _Seen(None, False, b"", None)
+    settled = began - st.st_ctime_ns > SETTLED_NS
+    digest = hashlib.sha256(raw).digest()
+    if previous is not None and previous.digest == digest:
+        return _Seen(_key(st), settled, digest, previous.config, previous.hashes)
+    try:
+        fresh: Config | None = parse_config(raw, path)
+    except (ConfigError, OSError):
+        fresh = None
+    return _Seen(_key(st), settled, digest, fresh)

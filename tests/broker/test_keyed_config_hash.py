@@ -66,9 +66,11 @@ def _dropping_first() -> tuple[Script, list[str]]:
 @asynccontextmanager
 async def _as_before_the_upgrade() -> AsyncIterator[None]:
     """The engine as it hashed before the config hash was keyed: the plain ``snapshot_hash``
-    as ``config_hash``, the v1 request fingerprint built on it."""
+    as ``config_hash`` (and in the dispatch gate's re-check), the v1 request fingerprint built
+    on it."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(ConfigSnapshot, "hash", lambda _self, target: snapshot_hash(target))
+        mp.setattr(ConfigSnapshot, "hash_of", lambda _self, target: snapshot_hash(target))
         for module in (invocation, approval):
             mp.setattr(module, "fingerprint", lambda a, t, _h: legacy_fingerprint(a, t))
         yield
@@ -235,11 +237,11 @@ async def test_approval_requested_carries_exactly_the_attrs_its_contract_names(
     assert srv.requests == []
 
 
-def test_an_edited_config_is_read_once_per_edit_not_once_per_dispatch(
+async def test_an_edited_config_is_parsed_once_per_edit_not_once_per_dispatch(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """After an edit that leaves the target as bound (another target added), every dispatch
-    gate asks ``changed``: the file is read and the target hashed once for that edit; a second
+    gate asks ``changed``: the file is parsed and the target hashed once for that edit; a second
     edit that changes the target, and one that breaks the file, are each still seen."""
     import os
 
@@ -250,13 +252,13 @@ def test_an_edited_config_is_read_once_per_edit_not_once_per_dispatch(
     snap = ConfigSnapshot(load_config(path), lambda purpose, data: f"{purpose}:{data.hex()}")
     bound = snap.hash(snap.config.targets["api"])
     reads: list[Path] = []
-    real_load = snapshot_module.load_config
+    real_parse = snapshot_module.parse_config
 
-    def counting_load(p: Any) -> Any:
+    def counting_parse(raw: bytes, p: Path) -> Any:
         reads.append(p)
-        return real_load(p)
+        return real_parse(raw, p)
 
-    monkeypatch.setattr(snapshot_module, "load_config", counting_load)
+    monkeypatch.setattr(snapshot_module, "parse_config", counting_parse)
 
     def edit(targets: dict[str, Any], step: int) -> None:
         write_config(tmp_path, targets)
@@ -264,13 +266,13 @@ def test_an_edited_config_is_read_once_per_edit_not_once_per_dispatch(
         os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + step * 1_000_000_000))
 
     edit({"api": http_target(url), "other": http_target(url)}, 1)
-    assert [snap.changed("api", bound) for _ in range(5)] == [False] * 5
+    assert [await snap.changed("api", bound) for _ in range(5)] == [False] * 5
     assert len(reads) == 1
     edit({"api": http_target(url, methods=["GET"])}, 2)
-    assert [snap.changed("api", bound) for _ in range(3)] == [True] * 3
+    assert [await snap.changed("api", bound) for _ in range(3)] == [True] * 3
     assert len(reads) == 2
     path.write_text("[not toml")
     edit_st = os.stat(path)
     os.utime(path, ns=(edit_st.st_atime_ns, edit_st.st_mtime_ns + 3_000_000_000))
-    assert snap.changed("api", bound) and snap.changed("api", bound)
+    assert await snap.changed("api", bound) and await snap.changed("api", bound)
     assert len(reads) == 3

@@ -1,0 +1,173 @@
+"""The dispatch gate's re-check of the config file (seed: "re-check it immediately before the
+write") sees every edit, including one that keeps the file's size and mtime.
+
+``cp -p``, ``rsync -t``, ``install -p`` and ``touch -r`` put the old mtime back, and a rename
+over the file may bring one along: keyed on (mtime, size) alone the running broker went on
+dispatching under the config it started with.  The key is the file's identity as the kernel
+keeps it (``affidavit.engine.snapshot._stat_key``: device, inode, ctime, mtime, size); a read
+taken in the tick of the file's last change vouches for nothing (``SETTLED_NS``), and the read
+itself is bounded (``affidavit.config.read_config``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+import affidavit.engine.snapshot as snapshot_module
+from affidavit.config import ConfigError, load_config
+from affidavit.config.loader import MAX_CONFIG_BYTES
+from affidavit.engine.snapshot import ConfigSnapshot
+from tests.http.hostile import HostileServer, Reply, scripts
+
+from .helpers import assert_error, http_target, open_broker, write_config
+
+URL = "http://127.0.0.1:9/"
+LIMIT = 20
+
+
+def _snapshot(tmp_path: Path) -> tuple[Path, ConfigSnapshot, str]:
+    path = write_config(tmp_path, {"api": http_target(URL + "aaaa/")})
+    snap = ConfigSnapshot(load_config(path), lambda purpose, data: f"{purpose}:{data.hex()}")
+    return path, snap, snap.hash(snap.config.targets["api"])
+
+
+def _edited(path: Path) -> str:
+    """The config with the target's URL changed, the file's length kept."""
+    text = path.read_text()
+    edited = text.replace("aaaa/", "bbbb/")
+    assert edited != text and len(edited) == len(text)
+    return edited
+
+
+def _in_place(path: Path) -> None:
+    st = os.stat(path)
+    with path.open("r+") as f:  # the same inode, written over, mtime put back
+        f.write(_edited(path))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+def _renamed_over(path: Path) -> None:
+    st = os.stat(path)
+    new = path.with_name("new.toml")  # made as `cp -p` makes it, then renamed over
+    new.write_text(_edited(path))
+    os.utime(new, ns=(st.st_atime_ns, st.st_mtime_ns))
+    os.replace(new, path)
+
+
+@pytest.mark.parametrize("edit", [_in_place, _renamed_over], ids=["in_place", "renamed_over"])
+async def test_a_same_size_edit_with_the_old_mtime_is_seen_by_its_stat(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, edit: Callable[[Path], None]
+) -> None:
+    """With every read trusted at once (``SETTLED_NS`` 0), the stat alone must show the edit:
+    size and mtime are as before, the ctime (or the inode) is not."""
+    monkeypatch.setattr(snapshot_module, "SETTLED_NS", 0)
+    path, snap, bound = _snapshot(tmp_path)
+    assert not await snap.changed("api", bound)
+    await trio.sleep(0.05)  # past any timestamp tick: the edit's ctime is another one
+    before = os.stat(path)
+    edit(path)
+    after = os.stat(path)
+    assert (after.st_size, after.st_mtime_ns) == (before.st_size, before.st_mtime_ns)
+    assert await snap.changed("api", bound)
+
+
+async def test_a_read_in_the_tick_of_the_last_change_is_read_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file system whose clock did not tick between the read and a same-size write in place
+    (the stat reads the same as the read's): the read just after the file's last change vouches
+    for nothing, so the next dispatch reads the bytes again and sees the edit."""
+    path, snap, bound = _snapshot(tmp_path)
+    assert not await snap.changed("api", bound)
+    seen = snap._seen
+    assert seen is not None and not seen.settled
+    monkeypatch.setattr(snapshot_module, "_stat_key", lambda _path: seen.key)
+    with path.open("r+") as f:
+        f.write(_edited(path))
+    assert await snap.changed("api", bound)
+
+
+async def test_a_fresh_file_is_read_per_dispatch_but_parsed_once_and_a_settled_one_not_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What the re-check costs: while the file's last change is recent, every dispatch reads
+    and digests it, parsing it only once; once a read is settled, a stat per dispatch."""
+    reads: list[Path] = []
+    parses: list[Path] = []
+    real_read, real_parse = snapshot_module.read_config, snapshot_module.parse_config
+
+    def counting_read(p: Path) -> Any:
+        reads.append(p)
+        return real_read(p)
+
+    def counting_parse(raw: bytes, p: Path) -> Any:
+        parses.append(p)
+        return real_parse(raw, p)
+
+    monkeypatch.setattr(snapshot_module, "read_config", counting_read)
+    monkeypatch.setattr(snapshot_module, "parse_config", counting_parse)
+    _path, snap, bound = _snapshot(tmp_path)
+    assert [await snap.changed("api", bound) for _ in range(4)] == [False] * 4
+    assert (len(reads), len(parses)) == (4, 1)
+    monkeypatch.setattr(snapshot_module, "SETTLED_NS", 0)
+    assert [await snap.changed("api", bound) for _ in range(4)] == [False] * 4
+    assert (len(reads), len(parses)) == (5, 1)  # the one read that settled it
+
+
+@pytest.mark.parametrize("kind", ["fifo", "oversize"])
+async def test_a_config_replaced_by_a_fifo_or_a_huge_file_is_changed_without_blocking(
+    tmp_path: Path, kind: str
+) -> None:
+    """The reload reads through ``read_small_file``: a FIFO is refused at once (no writer is
+    waited for), a file past ``MAX_CONFIG_BYTES`` is not read into memory -- the target counts
+    as changed, and a start is refused CONFIG_UNREADABLE naming the file."""
+    path, snap, bound = _snapshot(tmp_path)
+    assert not await snap.changed("api", bound)
+    path.unlink()
+    if kind == "fifo":
+        os.mkfifo(path, 0o600)
+    else:
+        with path.open("wb") as f:
+            f.truncate(MAX_CONFIG_BYTES + 1)
+    with trio.fail_after(LIMIT):
+        assert await snap.changed("api", bound)
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    assert caught.value.code == "CONFIG_UNREADABLE"
+    assert caught.value.file == str(path)
+
+
+async def test_a_call_after_a_same_size_same_mtime_replacement_is_config_changed(
+    tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """End to end: a call goes out under the config (its read trusted at once: ``SETTLED_NS``
+    0), which is then replaced by a same-size copy carrying the old mtime; the next call is
+    refused and the server receives nothing more."""
+    monkeypatch.setattr(snapshot_module, "SETTLED_NS", 0)
+    call = {"target": "api", "method": "GET", "path": "/x"}
+    async with HostileServer.running(scripts.serve(Reply(200))) as srv:
+        cfg = write_config(tmp_path, {"api": http_target(srv.url + "/aaaa/")})
+        async with open_broker(cfg) as b:
+            with trio.fail_after(LIMIT):
+                first = await b.call(call)
+            assert first.get("error") is None, first
+            await trio.sleep(0.05)  # past any timestamp tick, as above
+            _renamed_over(cfg)
+            with trio.fail_after(LIMIT):
+                env = await b.call(call)
+            assert_error(
+                b,
+                env,
+                phase="validation",
+                outcome="not_attempted",
+                retry="after_correction",
+                code="CONFIG_CHANGED",
+            )
+            assert env["error"]["field"] == "targets.api"
+    assert len(srv.requests) == 1
