@@ -16,7 +16,7 @@ from . import views
 from .errors import JournalUnavailable
 from .reader_base import ReaderBase
 from .rows import AlteredRow
-from .summary import AsOf, SessionSummary
+from .summary import AsOf, Page, SessionSummary
 from .tables import Tables
 
 __all__ = ["ViewingReader"]
@@ -130,25 +130,56 @@ class ViewingReader(ReaderBase):
         summary: SessionSummary,
         readable: Callable[[str | None], bool],
         now: float | None = None,
+        session: str | None = None,
     ) -> tuple[list[Record], int] | None:
-        """``newest_actions(limit, summary=summary)`` when no invocation of the journal is on a
-        target ``readable`` refuses (``SessionSummary.hidden``), read in the same snapshot --
-        a caller's page is then the whole view's, read alone; None when some is: that page
-        is the filtered view's (``views.actions_page`` streams it)."""
+        """A caller's page: the last ``limit`` of ``iter_actions(session=session)``'s records
+        on a target ``readable`` accepts, in its order, and how many there are -- found in
+        ``summary`` brought to the head (``SessionSummary.readable_page``: a count per target,
+        the page scanned back from the newest), then only those records folded from their
+        rows (``views.fold_listed``), in the same snapshot.  The summary is derived, never
+        evidence: a record whose fold is not what it kept (its first seq, target or session:
+        a row altered since it was folded), or whose target ``readable`` refuses, is never
+        answered from it -- the summary is forgotten (folded again at the next request) and
+        the answer is None, as it is for a session's page while nothing is kept (a session is
+        not worth the whole journal's first fold) and when the kept fold meets an altered row
+        (it may be another session's): that page is the filtered stream
+        (``views.actions_page``).  ``now`` as ``list_actions``."""
         if limit < 0:
             raise ValueError("limit must be >= 0")
+        if session is not None and not summary.kept:
+            return None
         at = self._now(now, "the actions view")
 
-        def run(t: Tables) -> tuple[list[Record], int] | None:
+        def run(t: Tables) -> tuple[Page, dict[str, tuple[Record, int]]]:
             with self.snapshot():
-                if summary.hidden(t, at, readable):
-                    return None
-                return views.newest(t, limit, None, at, summary.count(t, at))
+                page = summary.readable_page(t, at, readable, limit, session)
+                iids = [iid for iid, _, _ in page.shown]
+                return page, views.fold_listed(t, iids, page.through, at)
 
-        found = self._read(run, "the actions view")
-        if found is None:
+        try:
+            page, folded = self._read(run, "the actions view")
+        except AlteredRow:
+            if session is None:
+                raise
             return None
-        return [self.current(r, at) for r in found[0]], found[1]
+        ok: dict[str | None, bool] = {}
+        records = []
+        for iid, pos, target in page.shown:
+            rec, first = folded.get(iid, (None, None))
+            if (
+                rec is None
+                or first != pos
+                or rec.target != target
+                or (session is not None and rec.session != session)
+            ):
+                summary.forget()  # (a row altered under it: fold it all again)
+                return None
+            if target not in ok:
+                ok[target] = bool(readable(target))
+            if not ok[target]:
+                return None
+            records.append(self.current(rec, at))
+        return records, page.total
 
     def action_spans(self, parts: int, min_events: int) -> list[tuple[int, int, int]] | None:
         """``iter_actions`` (without a session filter) cut into ``parts`` spans of about as

@@ -39,6 +39,7 @@ __all__ = [
     "idempotency_from_row",
     "json_copy",
     "lease_from_row",
+    "noting_firsts",
     "unfoldable",
 ]
 
@@ -127,6 +128,18 @@ def fold_events(rows: Iterable[Any]) -> Iterator[Event]:
 
 _Twin = unfrozen_twin(Event)
 _new = object.__new__
+
+
+def noting_firsts(rows: Iterable[Any], firsts: list[int]) -> Iterator[Any]:
+    """``rows`` (``FOLD_COLUMNS``, grouped by invocation) as they are, the seq of each run's
+    first row appended to ``firsts`` as the run begins: what ``fold_runs``' n-th run began
+    at is ``firsts[n]`` (an invocation's place in the view: ``SessionSummary``)."""
+    iid = None
+    for row in rows:
+        if row[2] != iid:
+            iid = row[2]
+            firsts.append(row[0])
+        yield row
 
 
 def attrs_json(event: Event) -> str:

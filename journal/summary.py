@@ -36,14 +36,14 @@ import dataclasses
 import sys
 import threading
 from collections.abc import Callable, Hashable, Iterable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 from affidavit.statemachine import ImpossibleEvent, Record, fold_runs
 
-from .rows import AlteredRow, close_rows, fold_events, unfoldable
+from .rows import AlteredRow, close_rows, fold_events, noting_firsts, unfoldable
 from .tables import Tables
 
-__all__ = ["AsOf", "SessionSummary"]
+__all__ = ["AsOf", "Page", "SessionSummary"]
 
 _BATCH = 500
 """Invocations whose events one statement reads (``Tables.fold_rows_of``)."""
@@ -54,10 +54,11 @@ class _Inv:
     event, never changes: counted into its session's ``first_seen`` once, and kept for the
     metrics ``since`` a time)."""
 
-    __slots__ = ("first_at", "last_at", "outcome", "pos", "session", "tally", "target")
+    __slots__ = ("first_at", "iid", "last_at", "outcome", "pos", "session", "tally", "target")
 
     def __init__(
         self,
+        iid: str,
         pos: int,
         session: str | None,
         outcome: str,
@@ -65,9 +66,10 @@ class _Inv:
         last_at: float,
         target: str | None = None,
     ) -> None:
+        self.iid = iid  # (the key it is held under: the same string, not a copy)
         self.pos = pos  # the seq of its first event: the view's order
         self.session = session
-        self.target = target  # as its ACTION_ACCEPTED names it (``hidden``)
+        self.target = target  # as its ACTION_ACCEPTED names it (``readable_page``)
         self.outcome = outcome
         self.first_at = first_at
         self.last_at = last_at
@@ -75,9 +77,20 @@ class _Inv:
 
 
 class _Session:
-    """One session's counts; ``members``: its invocations in order of their first event."""
+    """One session's counts; ``members``: its invocations in order of their first event;
+    ``targets``: how many of them are on each target (an invocation's never changes: a fold
+    that says otherwise folds the whole journal again, ``_update``)."""
 
-    __slots__ = ("actions", "counts", "first_seen", "last_seen", "members", "minpos", "name")
+    __slots__ = (
+        "actions",
+        "counts",
+        "first_seen",
+        "last_seen",
+        "members",
+        "minpos",
+        "name",
+        "targets",
+    )
 
     def __init__(self, name: str | None, first_at: float, last_at: float) -> None:
         self.name = name
@@ -87,11 +100,13 @@ class _Session:
         self.first_seen = first_at
         self.last_seen = last_at
         self.members: list[_Inv] = []
+        self.targets: dict[str | None, int] = {}
 
     def add(self, inv: _Inv, first_at: float) -> None:
         inv.session = self.name  # (one string per session, not one per invocation)
         self.members.append(inv)
         self.actions += 1
+        self.targets[inv.target] = self.targets.get(inv.target, 0) + 1
         self._count(inv)
         if first_at < self.first_seen:
             self.first_seen = first_at
@@ -146,12 +161,16 @@ class _Session:
 
 
 class _State:
-    __slots__ = ("hash", "invs", "keys", "sessions", "tallies", "through")
+    __slots__ = ("hash", "invs", "keys", "sessions", "tallies", "targets", "through")
 
     def __init__(self) -> None:
         self.through = 0
         self.hash: str | None = None
         self.invs: dict[str, _Inv] = {}
+        """Every invocation, in the view's order (``pos``): ``_update`` adds the new ones, in
+        order, after every kept one (their first event is past ``through``)."""
+        self.targets: dict[str | None, int] = {}
+        """How many invocations are on each target."""
         self.sessions: dict[str | None, _Session] = {}
         self.tallies: dict[Hashable, int] = {}
         """How many invocations have each tally."""
@@ -172,6 +191,7 @@ class _State:
 
     def add(self, iid: str, inv: _Inv, first_at: float, tally: Hashable) -> None:
         self.invs[iid] = inv
+        self.targets[inv.target] = self.targets.get(inv.target, 0) + 1
         self.retally(inv, tally)
         s = self.sessions.get(inv.session)
         if s is None:
@@ -197,6 +217,16 @@ class AsOf:
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+class Page(NamedTuple):
+    """``SessionSummary.readable_page``'s answer: the page's invocations, each as ``(id, the
+    seq of its first event, its target)``, in the view's order; how many there are in all;
+    the seq the summary was brought to (the rows to fold them through)."""
+
+    shown: tuple[tuple[str, int, str | None], ...]
+    total: int
+    through: int
 
 
 class SessionSummary:
@@ -313,14 +343,43 @@ class SessionSummary:
         finally:
             self._lock.release()
 
-    def hidden(self, tables: Tables, now: float, readable: Callable[[str | None], bool]) -> int:
-        """Brought up to the head (folded whole first, when nothing is kept yet), then how many
-        invocations are on a target ``readable`` refuses: none, and a caller's actions page is
-        the whole view's (``JournalReader.newest_readable``).  Call inside one read
-        transaction."""
+    def readable_page(
+        self,
+        tables: Tables,
+        now: float,
+        readable: Callable[[str | None], bool],
+        limit: int,
+        session: str | None = None,
+    ) -> Page:
+        """Brought up to the head (folded whole first, when nothing is kept yet), then a
+        caller's actions page as kept: the last ``limit`` invocations (of ``session``'s, if
+        given) on a target ``readable`` accepts, in the view's order, and how many such
+        invocations there are -- ``JournalReader.newest_readable`` folds those alone and
+        checks them against what is kept here.  ``readable`` is asked once per distinct target
+        (the total is a sum over targets; the page is found scanning back from the newest
+        until ``limit`` are found).  Call inside one read transaction."""
+        if limit < 0:
+            raise ValueError("limit must be >= 0")
         with self._lock:
-            invs = self._refresh(tables, now).invs.values()
-            return sum(1 for inv in invs if not readable(inv.target))
+            state = self._refresh(tables, now)
+            if session is None:
+                counts, invs = state.targets, reversed(state.invs.values())
+            else:
+                member = state.sessions.get(session)
+                if member is None:
+                    return Page((), 0, state.through)
+                counts, invs = member.targets, reversed(member.members)
+            ok = {target: bool(readable(target)) for target in counts}
+            total = sum(n for target, n in counts.items() if ok[target])
+            shown: list[tuple[str, int, str | None]] = []
+            if limit:
+                for inv in invs:
+                    if ok[inv.target]:
+                        shown.append((inv.iid, inv.pos, inv.target))
+                        if len(shown) == limit:
+                            break
+            shown.reverse()
+            return Page(tuple(shown), total, state.through)
 
     def _refresh(self, tables: Tables, now: float) -> _State:
         head, head_hash = tables.head()
@@ -404,24 +463,17 @@ def _folded(
     the invocation's ``_Inv``, its first event's time and its record's tally -- folded as
     ``views.fold_each`` folds it."""
     first: list[int] = []
-
-    def seqs(rows: Iterable[Any]) -> Iterator[Any]:
-        iid = None
-        for row in rows:
-            if row[2] != iid:
-                iid = row[2]
-                first.append(row[0])
-            yield row
-
     try:
-        for n, (p, first_at, last_at) in enumerate(fold_runs(fold_events(seqs(rows)))):
+        runs = fold_runs(fold_events(noting_firsts(rows, first)))
+        for n, (p, first_at, last_at) in enumerate(runs):
             rec = p.last_record(now)
             # (every event has its time: ``fold_events`` refuses a row without)
             at0 = first_at if first_at is not None else 0.0
             at1 = last_at if last_at is not None else 0.0
             # (a few targets, one string each: not one per invocation held)
             target = None if rec.target is None else sys.intern(rec.target)
-            inv = _Inv(first[n], rec.session, rec.outcome.value, at0, at1, target)
-            yield rec.invocation_id, inv, at0, None if tally is None else tally(rec)
+            iid = rec.invocation_id
+            inv = _Inv(iid, first[n], rec.session, rec.outcome.value, at0, at1, target)
+            yield iid, inv, at0, None if tally is None else tally(rec)
     except ImpossibleEvent as exc:  # stored events the broker could not have written
         raise unfoldable(exc) from None

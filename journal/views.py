@@ -9,15 +9,18 @@ durable events -- nothing is stored twice, so a view can never disagree with the
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from affidavit.statemachine import ImpossibleEvent, Projector, Record, fold_runs
 
-from .rows import close_rows, event_from_row, fold_events, unfoldable
+from .rows import close_rows, event_from_row, fold_events, noting_firsts, unfoldable
 from .tables import Tables
 
-__all__ = ["fold", "fold_each", "newest"]
+__all__ = ["fold", "fold_each", "fold_listed", "newest"]
+
+_BATCH = 500
+"""Invocations whose events one statement reads (``fold_listed``)."""
 
 
 def fold(
@@ -109,3 +112,27 @@ def newest(
     if total is None:  # nothing to show: no invocation, or ``limit`` 0
         return records, tables.invocation_count(session)
     return records, int(total)
+
+
+def fold_listed(
+    tables: Tables, iids: Sequence[str], through: int, now: float
+) -> dict[str, tuple[Record, int]]:
+    """The records of ``iids`` as ``fold_each`` folds them, from their events up to seq
+    ``through`` (``Tables.fold_rows_of``: their rows alone), each with the seq of its first
+    event (its place in the view) -- by invocation id; an id with no event is left out.  A
+    caller's page from a kept summary (``JournalReader.newest_readable``), which checks what
+    it kept against these."""
+    out: dict[str, tuple[Record, int]] = {}
+    for i in range(0, len(iids), _BATCH):
+        firsts: list[int] = []
+        rows = tables.fold_rows_of(iids[i : i + _BATCH], through)
+        try:
+            runs = fold_runs(fold_events(noting_firsts(rows, firsts)))
+            for n, (p, _, _) in enumerate(runs):
+                rec = p.last_record(now)
+                out[rec.invocation_id] = (rec, firsts[n])
+        except ImpossibleEvent as exc:  # stored events the broker could not have written
+            raise unfoldable(exc) from None
+        finally:
+            close_rows(rows)
+    return out

@@ -370,7 +370,7 @@ class Api:
         most ``MAX_ACTIONS_LIMIT``), oldest first, with how many matched (``total``) and
         whether some were left out (``truncated``).  The daemon holds the page, never the
         whole view (``affidavit actions`` run embedded lists it all); without a filter but
-        the session it reads only the page's rows and a count, not O(journal)
+        the session it reads only the page's rows, its count kept per target, not O(journal)
         (``views.actions_page``)."""
         session = req.text_param("session")
         outcome = _enum_param(req, "outcome", Outcome)
@@ -378,7 +378,7 @@ class Api:
         since, until = _time_param(req, "since"), _time_param(req, "until")
         limit = _limit_param(req, ACTIONS_LIMIT, MAX_ACTIONS_LIMIT)
 
-        summary = self.summary  # (its count, when it keeps one: not counted again)
+        summary = self.summary  # (its counts per target: a caller's page is read alone)
         # The broker's own journal tags the holders: it holds the broker key (a view's
         # read-only connection may not load it); the digest takes no connection.
         encode = record_json_encoder(holder=self.broker.journal.holder_tag)
@@ -406,7 +406,12 @@ class Api:
         # The page is held until its last byte is written: counted in the answer budget
         # (``results.held``; past it 503 ``ANSWERS_IN_FLIGHT``), so clients that do not read
         # their pages cannot hold 10000 records each without bound.
-        data = await self._read(body, "the actions view")
+        # A page from the kept summary takes the kept views' turn (as ``metrics``): a thread
+        # waits on its fold, not one per request; a filtered page, or a session's while
+        # nothing is kept, is streamed and does not.
+        plain = outcome is None and phase is None and since is None and until is None
+        kept = plain and (session is None or summary.kept)
+        data = await self._read(body, "the actions view", summarized=kept)
         with results.held(req, len(data)):
             await req.respond(200, data)
 

@@ -117,7 +117,14 @@ own, never trio's default ones -- which the calls' journal opens share."""
 
 class Embedded:
     def __init__(self, broker: Broker) -> None:
+        from affidavit.journal import SessionSummary
+
         self.broker = broker
+        self._summary = SessionSummary()
+        """The actions view kept (as the daemon keeps its own, ``Api.summary``): a caller's
+        list is read from its count per target and the page's rows, not streamed from the
+        whole journal when some invocation is on a target the configuration no longer names
+        (``views.actions_page``)."""
         self._controls: set[Any] = set()
         self._stopped = False
         self._view_threads = trio.CapacityLimiter(VIEW_THREADS)
@@ -210,12 +217,13 @@ class Embedded:
 
         def page(j: JournalReader) -> dict[str, Any]:
             # The newest ``limit``: memory O(limit), and without an outcome filter only the
-            # page's rows read, not O(journal) (``views.actions_page``).
+            # page's rows read, not O(journal), from the kept summary (``views.actions_page``).
             found = actions_page(
                 j,
                 limit,
                 session=session,
                 outcome=outcome,
+                summary=self._summary,
                 readable=self.broker.callable_target,  # only what fetch_result reads
             )
             actions = [record_to_json(r, holder=tag) for r in found.records]

@@ -394,22 +394,27 @@ def actions_page(
     match, oldest first, and how many match.  Without a filter but the session, every record
     the view has matches: the page is read alone (``JournalReader.newest_actions``: the rows
     of the records shown and a count in the database, not O(journal)).  A filter on what a
-    record's fold says (outcome, phase) or on when it was accepted has no exact count short of
-    folding every record: those pages are streamed from the whole view as before.  ``now``:
-    as ``list_actions``; ``summary``: the daemon's kept view, whose count (when it keeps one)
-    stands for counting every invocation again (``JournalReader.newest_actions``).
-    ``readable``: a caller's list (the daemon's, MCP's) holds only the records on a target
-    it may read (``Broker.callable_target``: one the configuration names), page and count
-    alike.  With ``summary`` and no filter, the page is read alone as above while the kept
-    summary finds no invocation on another target (``JournalReader.newest_readable``);
-    otherwise it is streamed, as a filter on the fold is (the database cannot tell the
-    targets a configuration names apart)."""
+    record's fold says (outcome, phase) or on when it was accepted (since, until) has no exact
+    count short of folding every record: those pages are streamed from the whole view (of the
+    session, given one) as before.  ``now``: as ``list_actions``; ``summary``: the daemon's
+    (or MCP's) kept view, whose count (when it keeps one) stands for counting every invocation
+    again (``JournalReader.newest_actions``).
+
+    ``readable``: a caller's list (the daemon's, MCP's) holds only the records on a target it
+    may read (``Broker.callable_target``: one the configuration names), page and count alike
+    -- which the database cannot tell apart (it does not know the configuration).  With
+    ``summary`` and no filter but the session, the page comes from the kept summary's count
+    per target, and only its records are folded (``JournalReader.newest_readable``: O(page),
+    however many invocations are on a target no longer named); it is streamed instead -- the
+    whole view, filtered -- while the summary cannot answer: a session's page while nothing
+    is kept yet (then the session alone is streamed, not the whole journal folded for it), or
+    a record it keeps that its rows no longer say (a row altered: never shown from it)."""
     plain = outcome is None and phase is None and since is None and until is None
     if plain and readable is None:
         records, total = reader.newest_actions(limit, session, now, summary)
         return Newest.of(limit, records, total)
-    if plain and session is None and summary is not None and readable is not None:
-        found = reader.newest_readable(limit, summary, readable, now)
+    if plain and summary is not None and readable is not None:
+        found = reader.newest_readable(limit, summary, readable, now, session)
         if found is not None:
             return Newest.of(limit, *found)
     rows = reader.iter_actions(

@@ -92,13 +92,16 @@ async def test_a_flood_of_views_during_the_first_fold_holds_few_threads_and_call
 
         monkeypatch.setattr(JournalReader, name, counted)
 
-    real_newest = JournalReader.newest_actions
+    # A session's page while nothing is kept streams the session (it needs no summary): held
+    # as long, where it starts (``views.actions_page`` asks the summary for the page first).
+    real_page, holding = JournalReader.newest_readable, _Gauge()
 
-    def held_newest(self: JournalReader, *a: Any, **k: Any) -> Any:
-        assert release.wait(WAIT)  # a view that needs no summary, held as long
-        return real_newest(self, *a, **k)
+    def held_page(self: JournalReader, *a: Any, **k: Any) -> Any:
+        with holding.inside():
+            assert release.wait(WAIT)
+        return real_page(self, *a, **k)
 
-    monkeypatch.setattr(JournalReader, "newest_actions", held_newest)
+    monkeypatch.setattr(JournalReader, "newest_readable", held_page)
     real_view = Broker.view
 
     async def counted_view(self: Broker, read: Callable[[JournalReader], Any], *a: Any) -> Any:
@@ -132,7 +135,7 @@ async def test_a_flood_of_views_during_the_first_fold_holds_few_threads_and_call
                     envelope = await client.call({"target": "api", "method": "GET", "path": "/r"})
                     assert envelope["result"]["status"] == 200, envelope
                     assert (await client.health())["ok"] is True
-                    held = (in_summary.peak, readers.peak)
+                    held = (in_summary.peak, readers.peak, holding.now)
                     release.set()
     assert len(answers) == 3 * FLOOD
     assert all(status == 200 for status, _ in answers), answers
@@ -141,4 +144,5 @@ async def test_a_flood_of_views_during_the_first_fold_holds_few_threads_and_call
     # at most VIEW_THREADS of them, none of trio's default ones.
     assert held[0] == 1, held
     assert held[1] <= VIEW_THREADS, held
+    assert held[2] >= 1, held  # (the pages were held in their threads meanwhile)
     assert borrowed == 0, borrowed
